@@ -1,0 +1,201 @@
+"""Typed contracts shared by every room of the harness (reference 0x02).
+
+A proposer returns a :class:`ProposalResult`: typed evidence, never output. Its five field
+classes are the probability semantics, the sampling relation, the topology, the proposal-state
+handle and the manifest hash. Nodes keep the proposal probability ``q`` and the ranking ``score``
+in separate optional fields so that a score can never be cast into a ``q`` by accident.
+
+Invalid values are rejected at construction (``__post_init__``), with the expected and the
+actual value in the message.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import torch
+
+ProbabilitySemantics = Literal["normalized_conditional", "score_only", "frequency", "absent"]
+SamplingRelation = Literal["iid", "without_replacement", "beam", "deterministic_lookup"]
+ProposalTopology = Literal["sequence", "set", "tree", "metadata_graph"]
+
+PROBABILITY_SEMANTICS: tuple[str, ...] = get_args(ProbabilitySemantics)
+SAMPLING_RELATIONS: tuple[str, ...] = get_args(SamplingRelation)
+PROPOSAL_TOPOLOGIES: tuple[str, ...] = get_args(ProposalTopology)
+
+#: ``parent`` / ``predictor_row`` value meaning "the already processed prefix frontier".
+PREFIX_FRONTIER = -1
+
+#: absolute tolerance used when checking that a probability vector sums to one.
+PROB_SUM_ATOL = 1e-5
+
+
+class ContractError(ValueError):
+    """A value violates a typed contract of the harness."""
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ContractError(f"{name} must be one of {list(allowed)}; got {value!r}")
+
+
+def check_probability_vector(p: torch.Tensor, *, name: str = "probability vector") -> None:
+    """Refuse anything that is not a finite, non-negative vector summing to one.
+
+    Works on ``[V]`` or batched ``[..., V]`` tensors.
+    """
+    if not torch.is_floating_point(p):
+        raise ContractError(f"{name} must be floating point; got dtype {p.dtype}")
+    if not bool(torch.isfinite(p).all()):
+        raise ContractError(f"{name} has non-finite entries")
+    if bool((p < 0).any()):
+        raise ContractError(f"{name} has negative entries (min {float(p.min())})")
+    sums = p.sum(dim=-1)
+    bad = (sums - 1.0).abs() > PROB_SUM_ATOL * max(1.0, p.shape[-1] ** 0.5)
+    if bool(bad.any()):
+        raise ContractError(f"{name} must sum to 1; got sums {sums[bad].tolist()[:4]}")
+
+
+@dataclass(frozen=True)
+class ProposalNode:
+    """One proposed token.
+
+    ``parent`` indexes an earlier node of the same :class:`ProposalResult` (``-1``: the node is a
+    first-token candidate, scored by the prefix frontier). ``q`` is the probability of ``token_id``
+    under the distribution it was actually drawn from (``ProposalResult.q_dists[i]``); ``score``
+    is a ranking score or frequency with no probability meaning.
+    """
+
+    token_id: int
+    parent: int = PREFIX_FRONTIER
+    q: float | None = None
+    score: float | None = None
+    source: str = "unknown"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.token_id, int) or isinstance(self.token_id, bool) or self.token_id < 0:
+            raise ContractError(f"token_id must be a non-negative int; got {self.token_id!r}")
+        if not isinstance(self.parent, int) or self.parent < PREFIX_FRONTIER:
+            raise ContractError(f"parent must be an int >= -1; got {self.parent!r}")
+        if self.q is not None and not (math.isfinite(self.q) and 0.0 <= self.q <= 1.0):
+            raise ContractError(f"q must be a probability in [0, 1]; got {self.q!r}")
+        if self.score is not None and not math.isfinite(self.score):
+            raise ContractError(f"score must be finite; got {self.score!r}")
+
+
+@dataclass(frozen=True)
+class ProposalStateHandle:
+    """Who owns provisional proposal-side state and at which committed length it is valid.
+
+    The handle is metadata: the engine uses it to check that proposal state is never published
+    as target state (0x05C, 0x0CB).
+    """
+
+    owner: str
+    committed_len: int = 0
+    generation: int = 0
+    kv_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.committed_len < 0 or self.generation < 0 or self.kv_bytes < 0:
+            raise ContractError(f"state handle counters must be non-negative; got {self}")
+
+
+NO_STATE = ProposalStateHandle(owner="none")
+
+
+@dataclass(frozen=True)
+class ProposalResult:
+    """Typed evidence from one proposer for one round (reference 0x02).
+
+    ``q_dists[i]`` (``[N, V]``) is the full distribution node ``i`` was drawn from; it is
+    required when ``probability_semantics == "normalized_conditional"`` and forbidden otherwise.
+    Nodes are in topological order (a parent precedes its children). Duplicate draws under one
+    parent are allowed (i.i.d. sampling); the topology compiler merges them into one row while
+    keeping the draw multiset for the verifier.
+    """
+
+    nodes: tuple[ProposalNode, ...]
+    probability_semantics: ProbabilitySemantics
+    sampling_relation: SamplingRelation
+    topology: ProposalTopology
+    state_handle: ProposalStateHandle
+    manifest_hash: str
+    q_dists: torch.Tensor | None = None
+    source: str = "unknown"
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_choice("probability_semantics", self.probability_semantics, PROBABILITY_SEMANTICS)
+        _check_choice("sampling_relation", self.sampling_relation, SAMPLING_RELATIONS)
+        _check_choice("topology", self.topology, PROPOSAL_TOPOLOGIES)
+        if not isinstance(self.manifest_hash, str) or not self.manifest_hash:
+            raise ContractError(f"manifest_hash must be a non-empty string; got {self.manifest_hash!r}")
+        if not isinstance(self.nodes, tuple):
+            object.__setattr__(self, "nodes", tuple(self.nodes))
+        for i, node in enumerate(self.nodes):
+            if not isinstance(node, ProposalNode):
+                raise ContractError(f"node {i} must be a ProposalNode; got {type(node).__name__}")
+            if node.parent >= i:
+                raise ContractError(f"node {i} has parent {node.parent}: parents must precede children")
+        has_q = any(n.q is not None for n in self.nodes)
+        if self.probability_semantics == "normalized_conditional":
+            if self.nodes and self.q_dists is None:
+                raise ContractError("normalized_conditional proposals must carry q_dists (the law sampled)")
+            if self.q_dists is not None:
+                if self.q_dists.dim() != 2 or self.q_dists.shape[0] != len(self.nodes):
+                    raise ContractError(
+                        f"q_dists must have shape [N={len(self.nodes)}, V]; got {tuple(self.q_dists.shape)}")
+                check_probability_vector(self.q_dists, name="q_dists")
+                for i, node in enumerate(self.nodes):
+                    qd = float(self.q_dists[i, node.token_id])
+                    if node.q is None or abs(node.q - qd) > 1e-6:
+                        raise ContractError(
+                            f"node {i}: q={node.q!r} disagrees with q_dists[{i}, {node.token_id}]={qd!r}")
+                    if qd <= 0.0:
+                        raise ContractError(f"node {i}: token {node.token_id} has zero mass in the law it was drawn from")
+        else:
+            if has_q or self.q_dists is not None:
+                raise ContractError(
+                    f"probability_semantics={self.probability_semantics!r} carries no q; "
+                    "a score or frequency must go in `score`, never in `q`")
+        if self.topology == "sequence":
+            for i, node in enumerate(self.nodes):
+                if node.parent != i - 1:
+                    raise ContractError(f"topology='sequence' requires a chain; node {i} has parent {node.parent}")
+        if self.topology == "set":
+            if any(n.parent != PREFIX_FRONTIER for n in self.nodes):
+                raise ContractError("topology='set' requires every node at the first position (parent -1)")
+
+    @property
+    def empty(self) -> bool:
+        return len(self.nodes) == 0
+
+    @classmethod
+    def empty_result(cls, *, source: str, manifest_hash: str,
+                     probability_semantics: ProbabilitySemantics = "absent",
+                     sampling_relation: SamplingRelation = "deterministic_lookup",
+                     state_handle: ProposalStateHandle = NO_STATE) -> "ProposalResult":
+        return cls(nodes=(), probability_semantics=probability_semantics,
+                   sampling_relation=sampling_relation, topology="sequence",
+                   state_handle=state_handle, manifest_hash=manifest_hash, source=source)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a verifier selected in one round.
+
+    ``accepted_rows``: candidate rows on one root-to-node path, root first (may be empty).
+    ``next_token``: the bonus token (all of the path accepted and sampled below its last node) or
+    the correction token; it is emitted and becomes the pending token of the next round (its KV is
+    computed by the next verify forward, 0x0CB).
+    """
+
+    accepted_rows: tuple[int, ...]
+    next_token: int
+
+    def __post_init__(self) -> None:
+        if self.next_token < 0:
+            raise ContractError(f"next_token must be a token id; got {self.next_token}")

@@ -1,0 +1,101 @@
+"""Proposer interface (reference 0x02, 0x03).
+
+A proposer owns its provisional state (draft KV, retrieval cursor, head state) and returns typed
+evidence for one round. It never publishes output and its state is never target state.
+
+Lifecycle per request: ``start(prompt_ids)`` -> repeated ``propose(committed)`` /
+``observe_commit(committed)`` -> ``finish()``. ``committed`` is every committed token id of the
+request so far, the pending bonus/correction token last (the target has not yet computed its KV).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from harness.contracts import ProposalResult
+from harness.random_source import RandomSource
+from harness.verifiers.base import Capabilities
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Topology parameters a proposer shapes its candidates to (candidate rows, root excluded)."""
+
+    shape: str  # sequence | sequences | set | expansion | tree (a parent array) | merged
+    max_nodes: int
+    max_depth: int
+    widths: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()  # explicit tree shape (e.g. a Sequoia tree), -1 = frontier
+
+    def __post_init__(self) -> None:
+        if self.max_nodes < 1 or self.max_depth < 1:
+            raise ValueError(f"max_nodes and max_depth must be >= 1; got {self.max_nodes}, {self.max_depth}")
+        if any(w < 1 for w in self.widths):
+            raise ValueError(f"widths must be >= 1; got {list(self.widths)}")
+
+
+@dataclass
+class ProposerStats:
+    """Proposal-side counters a proposer reports into the record."""
+
+    proposal_state_bytes: int = 0
+    retrieval_ms: float = 0.0
+    extras: dict = field(default_factory=dict)
+
+
+class Proposer(ABC):
+    name: ClassVar[str]
+    probability_semantics: ClassVar[str]
+    #: relation by topology shape, e.g. {"sequence": "iid", "expansion": "iid"}
+    sampling_relation: ClassVar[str]
+    shapes: ClassVar[frozenset[str]]
+
+    def __init__(self, *, budget: Budget, manifest_hash: str, policy=None) -> None:
+        if budget.shape not in self.shapes:
+            raise ValueError(
+                f"proposer {self.name!r} cannot build topology {budget.shape!r}; it supports {sorted(self.shapes)}")
+        self.budget = budget
+        self.manifest_hash = manifest_hash
+        self.policy = policy
+        self.stats = ProposerStats()
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            name=self.name,
+            probability_semantics=frozenset({self.probability_semantics}),
+            sampling_relations=frozenset({self.sampling_relation}),
+            topology=budget_topology(self.budget),
+        )
+
+    def start(self, prompt_ids: list[int]) -> None:
+        """A new request begins (prompt ids, last token pending)."""
+
+    @abstractmethod
+    def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
+        ...
+
+    def observe_commit(self, committed: list[int]) -> None:
+        """The target committed; roll provisional state back to ``committed`` (pending last)."""
+
+    def finish(self) -> None:
+        """Release per-request state."""
+
+    def state_bytes(self) -> int:
+        return 0
+
+
+def budget_topology(budget: Budget) -> str:
+    """The proposal topology (contract vocabulary) a budget shape produces."""
+    if budget.shape == "sequence":
+        return "sequence"
+    if budget.shape == "set":
+        return "set"
+    return "tree"
+
+
+def vector_probability(q: torch.Tensor, token: int) -> float:
+    return float(q[token])

@@ -1,0 +1,131 @@
+"""Built-in verifiers: greedy, membership, one-draft rejection, SpecInfer residual, Sequoia.
+
+Each is a short walk over the compiled tree from the frontier (node ``-1``) down one accepted
+path. ``target_probs[1 + node]`` is the target distribution at ``node``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.contracts import Selection
+from harness.random_source import RandomSource
+from harness.topology.compiler import CompiledTree
+from harness.verifiers.base import Verifier, register, walk_children
+
+ALL_SEMANTICS = frozenset({"normalized_conditional", "score_only", "frequency", "absent"})
+ALL_RELATIONS = frozenset({"iid", "without_replacement", "beam", "deterministic_lookup"})
+
+
+def positive_residual(residual: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``norm([residual - q]_+)`` (0x09A). ``[V]``. If no mass is left (only reachable through
+    rounding: rejection then had probability 0), the residual is returned unchanged."""
+    diff = (residual - q).clamp_min(0.0)
+    z = diff.sum()
+    if float(z) <= 1e-12:
+        return residual
+    return diff / z
+
+
+@register
+class GreedyVerifier(Verifier):
+    """Accept the child equal to the target argmax; emit the argmax where none matches."""
+
+    name = "greedy"
+    probability_semantics = ALL_SEMANTICS
+    sampling_relations = ALL_RELATIONS
+    temperatures = "zero"
+
+    def select(self, tree: CompiledTree, target_probs: torch.Tensor, rng: RandomSource) -> Selection:
+        argmax = target_probs.argmax(dim=-1).tolist()  # [1 + N]
+        node, path = -1, []
+        while True:
+            tok = int(argmax[node + 1])
+            child = walk_children(tree, node, tok)
+            if child is None:
+                return Selection(accepted_rows=tuple(path), next_token=tok)
+            path.append(child)
+            node = child
+
+
+@register
+class MembershipVerifier(Verifier):
+    """Sample from the target at each reached node; follow the child carrying that token.
+
+    Needs no q, so it is valid for deterministic, score-only, frequency and heterogeneous
+    (merged) candidate sets. The output is exactly a target sample path.
+    """
+
+    name = "membership"
+    probability_semantics = ALL_SEMANTICS
+    sampling_relations = ALL_RELATIONS
+
+    def select(self, tree: CompiledTree, target_probs: torch.Tensor, rng: RandomSource) -> Selection:
+        node, path = -1, []
+        while True:
+            tok = rng.categorical(target_probs[node + 1])
+            child = walk_children(tree, node, tok)
+            if child is None:
+                return Selection(accepted_rows=tuple(path), next_token=tok)
+            path.append(child)
+            node = child
+
+
+class _ResidualVerifier(Verifier):
+    """Multi-candidate residual update (SpecInfer 0x09A); with one draw per node it is the
+    one-draft rejection rule. Each draw is tested against the *current* residual with the law it
+    was drawn from; after a rejection the residual becomes norm([residual - q_i]_+)."""
+
+    probability_semantics = frozenset({"normalized_conditional"})
+    temperatures = "positive"
+
+    def select(self, tree: CompiledTree, target_probs: torch.Tensor, rng: RandomSource) -> Selection:
+        q_dists = tree.q_dists
+        node, path = -1, []
+        while True:
+            residual = target_probs[node + 1]
+            accepted = None
+            for draw in tree.draws[node + 1]:
+                if draw.q_index < 0 or q_dists is None:
+                    raise ValueError(f"verifier {self.name!r}: draw for row {draw.row} carries no q")
+                q = q_dists[draw.q_index].to(residual.dtype)
+                x = int(tree.token_ids[draw.row])
+                accept = min(1.0, float(residual[x]) / float(q[x]))
+                if rng.bernoulli(accept):
+                    accepted = draw.row
+                    break
+                residual = positive_residual(residual, q)
+            if accepted is None:
+                return Selection(accepted_rows=tuple(path), next_token=rng.categorical(residual))
+            path.append(accepted)
+            node = accepted
+
+
+@register
+class RejectionVerifier(_ResidualVerifier):
+    """One-draft p/q rejection on a sampled sequence (Leviathan et al.; 0x08A)."""
+
+    name = "rejection"
+    sampling_relations = frozenset({"iid"})
+    topologies = frozenset({"sequence"})
+
+
+@register
+class SpecInferVerifier(_ResidualVerifier):
+    """SpecInfer multi-step residual verification over i.i.d. sampled children (0x09A)."""
+
+    name = "specinfer"
+    sampling_relations = frozenset({"iid"})
+
+
+@register
+class SequoiaVerifier(_ResidualVerifier):
+    """Sequoia's verifier: the residual update paired with without-replacement sampling (0x0AB).
+
+    The proposal side removes each sampled token from later draws at the same parent and falls
+    back to a uniform law over unsampled tokens when the draft mass is exhausted; each draw
+    carries the law it was actually drawn from, and the residual update uses exactly that law.
+    """
+
+    name = "sequoia"
+    sampling_relations = frozenset({"without_replacement"})

@@ -1,0 +1,51 @@
+"""The sampling policy applied to the target and to q alike (temperature, top-k, top-p).
+
+At temperature 0 the policy's distribution is the one-hot of the argmax (lowest index on an exact
+tie, as ``torch.argmax``), so greedy verification is the same walk as membership verification.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingPolicy:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0):
+            raise ValueError(f"temperature must be >= 0; got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0; got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def probs(self, logits: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Distribution ``[..., V]`` from logits ``[..., V]`` under this policy."""
+        logits = logits.to(dtype)
+        if self.greedy:
+            idx = logits.argmax(dim=-1, keepdim=True)
+            return torch.zeros_like(logits).scatter_(-1, idx, 1.0)
+        scaled = logits / self.temperature
+        if self.top_k > 0 and self.top_k < scaled.shape[-1]:
+            kth = torch.topk(scaled, self.top_k, dim=-1).values[..., -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
+        if self.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+            cum = torch.cumsum(sorted_p, dim=-1)
+            # keep the smallest set whose mass reaches top_p (the first token is always kept)
+            drop_sorted = (cum - sorted_p) >= self.top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            probs = probs.masked_fill(drop, 0.0)
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+        return probs
