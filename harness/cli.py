@@ -1,0 +1,40 @@
+"""`harness` command: one entry point, subcommands routed to thin per-room mains.
+
+Each subcommand's main takes ``argv`` (the arguments after the subcommand) and returns an exit
+code. Modules are imported lazily so `harness tree` does not pay for torch model code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("harness.runner", "Hydra-composed run: gates, AR baseline + speculative arm, record"),
+    "oracles": ("harness.gates.oracle_cli", "run the exactness oracle suite and print a table"),
+    "tree": ("harness.topology.sequoia_cli", "Sequoia tree DP / hardware-aware selection (JSON)"),
+    "calibrate": ("harness.gates.calibrate", "write Sequoia calibration + hardware profile artifacts"),
+    "datastore": ("harness.workloads.datastore", "build / inspect REST datastores"),
+    "sweep": ("harness.sweep", "launch a named sweep from sweeps/"),
+    "compare": ("harness.tracking.compare", "compare arms with paired bootstrap CIs"),
+    "report": ("harness.tracking.report", "regenerate a report from stored records"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in {"-h", "--help"}:
+        print("usage: harness <command> [args...]\n\ncommands:")
+        for name, (_, doc) in SUBCOMMANDS.items():
+            print(f"  {name:<10} {doc}")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"harness: unknown command {name!r}; one of {sorted(SUBCOMMANDS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
