@@ -1,0 +1,399 @@
+"""Sequoia tree optimisation: acceptance vectors, the depth-indexed DP, hardware-aware choice.
+
+Reference 0x0AA (positional acceptance), 0x0AC (the DP), 0x0AD (hardware-aware objective).
+
+Conventions (issue 4), used throughout this module and `harness tree`:
+
+* ``n`` counts the root, as Sequoia does: ``n = candidate rows + 1``, the verify forward length.
+  ``topology.max_nodes`` and :class:`harness.proposers.base.Budget` count candidate rows instead;
+  :func:`tree_to_budget_parents` converts a tree found here to that form.
+* ``d`` counts edges from the root. Table entries are indexed by a depth *bound*: ``best(n, d)``
+  is the best tree with exactly ``n`` nodes and depth **at most** ``d``
+  (:attr:`TreeResult.depth` is the depth the tree actually has, ``<= d``).
+* ``G`` (expected generated tokens) includes the root's 1, so ``1 <= G <= min(n, d + 1)``.
+* A tree is a parent array with the root at index 0 (parent -1) and every parent before its
+  child, plus a rank per node: the rank-``j`` child of a node is the ``j``-th sibling tried, and is
+  reached with the selected-child probability ``p_j`` (``acceptance[j - 1]``). A node's children
+  carry ranks ``1..k``; the root's rank is 0.
+
+This module is pure numpy / stdlib (no torch), so `harness tree` starts fast.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: slack for sibling mass and for the 1 <= G <= min(n, d+1) check (float summation error)
+MASS_ATOL = 1e-12
+BOUND_ATOL = 1e-9
+
+
+# ---------------------------------------------------------------- acceptance vectors (0x0AA)
+
+
+def _as_floats(values: Sequence[float], *, name: str) -> list[float]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence | np.ndarray):
+        raise ValueError(f"{name} must be a sequence of numbers; got {type(values).__name__}")
+    out: list[float] = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
+            raise ValueError(f"{name}[{i}] must be a number; got {v!r}")
+        out.append(float(v))
+    return out
+
+
+def selected_child_probabilities(h: Sequence[float]) -> list[float]:
+    """Conditional sibling rates ``h`` -> selected-child probabilities ``p``.
+
+    ``h_j`` is the acceptance rate of sibling ``j`` given that siblings ``1..j-1`` were rejected;
+    ``p_j = h_j * prod_{i<j} (1 - h_i)`` (the chain rule, no independence assumed).
+    ``[0.82, 0.48, 0.24] -> [0.82, 0.0864, 0.022464]``.
+    """
+    rates = _as_floats(h, name="h")
+    for j, v in enumerate(rates):
+        if not math.isfinite(v) or not 0.0 <= v <= 1.0:
+            raise ValueError(f"conditional rate h[{j}] must be a finite number in [0, 1]; got {v}")
+    p: list[float] = []
+    none_yet = 1.0  # probability that siblings 1..j-1 were all rejected
+    for v in rates:
+        p.append(v * none_yet)
+        none_yet *= 1.0 - v
+    return p
+
+
+def validate_selected_child_probabilities(p: Sequence[float]) -> list[float]:
+    """Refuse anything that is not a selected-child probability vector; return it as floats.
+
+    Each ``p_j`` must be finite and in ``[0, 1]`` and the sibling mass ``sum p_j`` at most one
+    (the remainder is the chance that no represented child is selected). A vector of valid rates
+    whose sum exceeds one is most likely the conditional rates ``h``; the error says so.
+    """
+    probs = _as_floats(p, name="acceptance")
+    if not probs:
+        raise ValueError("acceptance must list at least one selected-child probability p_1; got []")
+    for j, v in enumerate(probs):
+        if not math.isfinite(v):
+            raise ValueError(f"selected-child probability p_{j + 1} is not finite; got {v}")
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"selected-child probability p_{j + 1} must be in [0, 1]; got {v}")
+    mass = math.fsum(probs)
+    if mass > 1.0 + MASS_ATOL:
+        raise ValueError(
+            f"sibling probability mass sum(p) must be <= 1 (at most one sibling is selected); got "
+            f"{mass:.6g} for {probs}. These look like conditional sibling rates h_j (acceptance "
+            f"given every earlier sibling was rejected), not selected-child probabilities p_j: "
+            f"convert them with p_j = h_j * prod_{{i<j}}(1 - h_i) "
+            f"(selected_child_probabilities(h), or `harness tree h=[...]`)")
+    return probs
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial rate ``successes / trials`` at normal quantile ``z``.
+
+    Delegates to :func:`scipy.stats.binomtest` (``method="wilson"``) at confidence
+    ``2 * Phi(z) - 1``; ``z = 1.96`` is the usual 95 % interval.
+    """
+    for name, v in (("successes", successes), ("trials", trials)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            raise ValueError(f"{name} must be an integer; got {v!r}")
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1 for an interval; got {trials}")
+    if not 0 <= successes <= trials:
+        raise ValueError(f"successes must be in [0, trials={trials}]; got {successes}")
+    if not math.isfinite(z) or z <= 0:
+        raise ValueError(f"z must be a positive finite quantile; got {z}")
+    from scipy.stats import binomtest, norm  # lazy: scipy.stats is slow to import
+
+    confidence = float(2.0 * norm.cdf(z) - 1.0)
+    ci = binomtest(int(successes), int(trials)).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+# ---------------------------------------------------------------- trees as parent arrays
+
+
+def _check_tree(parents: Sequence[int], ranks: Sequence[int] | None, branches: int | None) -> list[int]:
+    """Validate a root-inclusive parent array (and ranks); return the ranks (inferred if None)."""
+    par = [int(x) for x in parents]
+    if not par or par[0] != -1:
+        raise ValueError(f"parents must start with the root (parent -1) at index 0; got {par[:4]}")
+    for v in range(1, len(par)):
+        if not 0 <= par[v] < v:
+            raise ValueError(f"parents[{v}] must be an earlier node in [0, {v}); got {par[v]}")
+    if ranks is None:
+        seen: dict[int, int] = {}
+        rk = [0]
+        for v in range(1, len(par)):
+            seen[par[v]] = seen.get(par[v], 0) + 1
+            rk.append(seen[par[v]])
+    else:
+        rk = [int(x) for x in ranks]
+        if len(rk) != len(par):
+            raise ValueError(f"ranks must have one entry per node ({len(par)}); got {len(rk)}")
+        if rk[0] != 0:
+            raise ValueError(f"the root's rank must be 0; got {rk[0]}")
+    children: dict[int, list[int]] = {}
+    for v in range(1, len(par)):
+        children.setdefault(par[v], []).append(rk[v])
+    for u, got in children.items():
+        if sorted(got) != list(range(1, len(got) + 1)):
+            raise ValueError(f"the children of node {u} must carry ranks 1..{len(got)}; got {got}")
+        if branches is not None and len(got) > branches:
+            raise ValueError(
+                f"node {u} has {len(got)} children but acceptance has only {branches} slots")
+    return rk
+
+
+def tree_depth(parents: Sequence[int]) -> int:
+    """Depth in edges of a root-inclusive parent array (0 for the root alone)."""
+    _check_tree(parents, None, None)
+    depth = [0] * len(parents)
+    for v in range(1, len(parents)):
+        depth[v] = depth[parents[v]] + 1
+    return max(depth)
+
+
+def expected_tokens(parents: Sequence[int], ranks: Sequence[int] | None, acceptance: Sequence[float]) -> float:
+    """Expected generated tokens ``G = sum_v prod_{j in Path(v)} p_j`` of a tree (root counted).
+
+    Independent of the DP: it walks the parent array. ``ranks=None`` ranks children by order.
+    """
+    p = validate_selected_child_probabilities(acceptance)
+    rk = _check_tree(parents, ranks, len(p))
+    reach = [1.0] * len(parents)  # f(v): probability verification reaches node v
+    for v in range(1, len(parents)):
+        reach[v] = reach[parents[v]] * p[rk[v] - 1]
+    return math.fsum(reach)
+
+
+def tree_to_budget_parents(parents: Sequence[int]) -> tuple[int, ...]:
+    """Root-inclusive parent array (root = index 0) -> candidate-row parents for a proposer.
+
+    The root is dropped, so node ``v`` becomes candidate row ``v - 1`` (same order); a child of the
+    root gets ``-1`` (the prefix frontier), any other parent ``u`` becomes row ``u - 1``.
+    ``[-1, 0, 1, 0] -> (-1, 0, -1)``.
+    """
+    _check_tree(parents, None, None)
+    return tuple(-1 if int(u) == 0 else int(u) - 1 for u in list(parents)[1:])
+
+
+# ---------------------------------------------------------------- the depth-indexed DP (0x0AC)
+
+
+@dataclass(frozen=True)
+class TreeResult:
+    """One optimal tree. ``parents[0] == -1`` is the root; ``ranks[v]`` picks ``p_{ranks[v]}``."""
+
+    expected_tokens: float  # G, root included
+    nodes: int  # n, root included
+    depth: int  # actual depth in edges (<= the bound it was asked for)
+    parents: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+    @property
+    def candidate_rows(self) -> int:
+        return self.nodes - 1
+
+
+@dataclass(frozen=True, eq=False)
+class SequoiaTable:
+    """Filled DP. ``score[n, d, b]``: best G with exactly n nodes, depth <= d, b root children.
+
+    Arrays (index 0 along n is unused; it is -inf):
+      score  [N+1, D+1, B+1] float64, -inf = infeasible
+      split  [N+1, D+1, B+1] int64, nodes y in the left part (root + first b-1 subtrees), -1 = none
+      best_g [N+1, D+1]      float64, max_b score, -inf = infeasible
+      best_b [N+1, D+1]      int64, argmax_b (smallest on ties)
+    """
+
+    acceptance: tuple[float, ...]
+    max_nodes: int
+    max_depth: int
+    score: np.ndarray
+    split: np.ndarray
+    best_g: np.ndarray
+    best_b: np.ndarray
+
+    def _check_query(self, n: int, d: int) -> None:
+        if not (1 <= n <= self.max_nodes and 0 <= d <= self.max_depth):
+            raise ValueError(
+                f"(n, d) must satisfy 1 <= n <= {self.max_nodes} and 0 <= d <= {self.max_depth}; got ({n}, {d})")
+
+    def g(self, n: int, d: int) -> float | None:
+        """Best expected tokens with exactly n nodes and depth <= d; None where infeasible."""
+        self._check_query(n, d)
+        value = float(self.best_g[n, d])
+        return value if math.isfinite(value) else None
+
+    def best(self, n: int, d: int) -> TreeResult | None:
+        """The optimal tree with exactly n nodes (root included) and depth <= d; None if none fits."""
+        self._check_query(n, d)
+        if not math.isfinite(float(self.best_g[n, d])):
+            return None
+        parents: list[int] = [-1]
+        ranks: list[int] = [0]
+        self._emit(n, d, int(self.best_b[n, d]), 0, parents, ranks)
+        p = list(self.acceptance)
+        g = expected_tokens(parents, ranks, p)
+        if abs(g - float(self.best_g[n, d])) > BOUND_ATOL * max(1.0, g):
+            raise AssertionError(f"reconstructed tree scores {g}, the DP said {float(self.best_g[n, d])} at ({n}, {d})")
+        if len(parents) != n:
+            raise AssertionError(f"reconstructed {len(parents)} nodes at ({n}, {d})")
+        depth = tree_depth(parents)
+        if depth > d:
+            raise AssertionError(f"reconstructed depth {depth} > bound {d} at ({n}, {d})")
+        return TreeResult(expected_tokens=g, nodes=n, depth=depth, parents=tuple(parents), ranks=tuple(ranks))
+
+    def _emit(self, n: int, d: int, b: int, node: int, parents: list[int], ranks: list[int]) -> None:
+        """Append the children of ``node`` (a subtree of n nodes, depth <= d, b children), pre-order."""
+        subtrees: list[tuple[int, int]] = []  # (nodes, branch count) of child subtrees, rank b..1
+        while b > 0:
+            y = int(self.split[n, d, b])
+            m = n - y
+            subtrees.append((m, int(self.best_b[m, d - 1])))
+            n, b = y, b - 1
+        for rank, (m, mb) in enumerate(reversed(subtrees), start=1):
+            child = len(parents)
+            parents.append(node)
+            ranks.append(rank)
+            self._emit(m, d - 1, mb, child, parents, ranks)
+
+    def expected_tokens_table(self) -> list[list]:
+        """``[n, d, G]`` for every 1 <= n <= N and 0 <= d <= D (G None where infeasible)."""
+        return [[n, d, self.g(n, d)] for n in range(1, self.max_nodes + 1) for d in range(self.max_depth + 1)]
+
+
+def optimize_tree(*, acceptance: Sequence[float], max_nodes: int, max_depth: int) -> SequoiaTable:
+    """Fill Sequoia's T[n, d, b] (0x0AC) for n <= max_nodes (root included), d <= max_depth edges.
+
+    T[1, d, 0] = 1; T[n, d, b] = max_y T[y, d, b-1] + p_b * max_j T[n-y, d-1, j], where the left
+    part (y nodes) is the root with its first b-1 child subtrees and the right part (n-y nodes) is
+    the rank-b child's subtree. Vectorised over (n, y) for each (d, b).
+    """
+    p = validate_selected_child_probabilities(acceptance)
+    for name, v, lo in (("max_nodes", max_nodes, 1), ("max_depth", max_depth, 0)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}; got {v!r}")
+    N, D, B = int(max_nodes), int(max_depth), len(p)
+
+    score = np.full((N + 1, D + 1, B + 1), -np.inf)  # [N+1, D+1, B+1]
+    split = np.full((N + 1, D + 1, B + 1), -1, dtype=np.int64)  # [N+1, D+1, B+1]
+    best_g = np.full((N + 1, D + 1), -np.inf)  # [N+1, D+1]
+    best_b = np.zeros((N + 1, D + 1), dtype=np.int64)  # [N+1, D+1]
+
+    idx = np.arange(N + 1)
+    n_of = idx[:, None]  # [N+1, 1] total nodes n
+    y_of = idx[None, :]  # [1, N+1] left-part nodes y
+    m_of = n_of - y_of  # [N+1, N+1] right-part nodes n - y
+    valid = (y_of >= 1) & (m_of >= 1)  # [N+1, N+1]
+    m_idx = np.where(valid, m_of, 0)  # [N+1, N+1], 0 where invalid (score -inf there)
+
+    score[1, :, 0] = 1.0
+    for d in range(D + 1):
+        if d >= 1:
+            below = best_g[:, d - 1]  # [N+1] best subtree score one level down, by size
+            ok = np.isfinite(below)  # [N+1]; keeps 0 * -inf (a p_b = 0 slot) from making NaN
+            below0 = np.where(ok, below, 0.0)  # [N+1]
+            for b in range(1, B + 1):
+                right = np.where(ok, p[b - 1] * below0, -np.inf)  # [N+1] by size m
+                left = score[:, d, b - 1]  # [N+1] by size y
+                cand = np.where(valid, left[None, :] + right[m_idx], -np.inf)  # [N+1 (n), N+1 (y)]
+                y_best = cand.argmax(axis=1)  # [N+1], smallest y on ties
+                s = cand[idx, y_best]  # [N+1]
+                score[:, d, b] = s
+                split[:, d, b] = np.where(np.isfinite(s), y_best, -1)
+        best_b[:, d] = score[:, d, :].argmax(axis=1)  # smallest b on ties
+        best_g[:, d] = score[:, d, :].max(axis=1)
+
+    # every result checked: 1 <= G <= min(n, d + 1)
+    feasible = np.isfinite(best_g[1:])  # [N, D+1]
+    g = np.where(feasible, best_g[1:], 1.0)
+    cap = np.minimum(idx[1:, None], np.arange(D + 1)[None, :] + 1)  # [N, D+1]
+    bad = feasible & ((g < 1.0 - BOUND_ATOL) | (g > cap + BOUND_ATOL))
+    if bad.any():
+        n_bad, d_bad = (int(x) for x in np.argwhere(bad)[0])
+        raise AssertionError(
+            f"G out of [1, min(n, d+1)] at n={n_bad + 1}, d={d_bad}: {float(best_g[n_bad + 1, d_bad])}")
+    if not feasible[0].all():
+        raise AssertionError("the root-only tree must be feasible at every depth bound")
+
+    return SequoiaTable(acceptance=tuple(p), max_nodes=N, max_depth=D, score=score, split=split,
+                        best_g=best_g, best_b=best_b)
+
+
+# ---------------------------------------------------------------- hardware-aware choice (0x0AD)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The (n, d) minimising (t(n) + c0 + d*c) / G(n, d), with its tree."""
+
+    n: int  # nodes, root included
+    d: int  # depth in edges of the chosen tree
+    expected_tokens: float  # G(n, d)
+    time_per_token: float  # (t(n) + c0 + d*c) / G, in units of one autoregressive step t(1)
+    parents: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+    @property
+    def candidate_rows(self) -> int:
+        return self.n - 1
+
+
+def select_hardware_aware(
+    table: SequoiaTable,
+    *,
+    verify_cost: Sequence[float],
+    draft_cost: float,
+    draft_base_cost: float = 0.0,
+    min_nodes: int = 2,
+) -> Choice:
+    """Choose (n, d) minimising ``(t(n) + c0 + d*c) / G(n, d)`` over the filled table (0x0AD).
+
+    ``verify_cost[n-1] = t(n)``, the verify forward over n nodes normalised so ``t(1) = 1``
+    (at least ``table.max_nodes`` entries); ``draft_cost`` = c per depth step, ``draft_base_cost``
+    = c0 (the proposer's pass on the pending token; 0 reproduces the reference's (t(n)+dc)/G).
+
+    ``min_nodes`` is the smallest n searched. The default 2 (at least one candidate row) is the
+    reference toy's 2..N search. With ``min_nodes=1`` the root-only "tree" is plain autoregressive
+    decoding: G = 1 and time t(1) = 1, no draft cost paid (nothing is drafted).
+    Ties go to the smaller n, then the smaller d. ``d`` is the chosen tree's actual depth.
+    """
+    costs = _as_floats(verify_cost, name="verify_cost")
+    N = table.max_nodes
+    if len(costs) < N:
+        raise ValueError(f"verify_cost must give t(1..{N}) (max_nodes={N}); got {len(costs)} entries")
+    for i, t in enumerate(costs):
+        if not math.isfinite(t) or t <= 0:
+            raise ValueError(f"verify_cost t({i + 1}) must be finite and > 0; got {t}")
+    if abs(costs[0] - 1.0) > 1e-9:
+        raise ValueError(f"verify_cost must be normalised to one autoregressive step, t(1) = 1; got t(1) = {costs[0]}")
+    for name, v in (("draft_cost", draft_cost), ("draft_base_cost", draft_base_cost)):
+        if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
+    if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or not 1 <= min_nodes <= N:
+        raise ValueError(f"min_nodes must be an integer in [1, {N}]; got {min_nodes!r}")
+
+    best: tuple[float, int, int] | None = None  # (time, n, d bound)
+    for n in range(min_nodes, N + 1):
+        for d in range(table.max_depth + 1):
+            g = table.g(n, d)
+            if g is None:
+                continue
+            cost = costs[0] if n == 1 else costs[n - 1] + float(draft_base_cost) + d * float(draft_cost)
+            t = cost / g
+            if best is None or t < best[0]:
+                best = (t, n, d)
+    if best is None:
+        raise ValueError(
+            f"no feasible tree with {min_nodes} <= n <= {N} and depth <= {table.max_depth}")
+    _, n, d = best
+    tree = table.best(n, d)
+    assert tree is not None  # feasible by construction
+    cost = costs[0] if n == 1 else costs[n - 1] + float(draft_base_cost) + tree.depth * float(draft_cost)
+    return Choice(n=n, d=tree.depth, expected_tokens=tree.expected_tokens, time_per_token=cost / tree.expected_tokens,
+                  parents=tree.parents, ranks=tree.ranks)

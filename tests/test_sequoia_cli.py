@@ -1,0 +1,147 @@
+"""`harness tree` (issue 4, item 6): the Done-when command and its refusals."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from harness import cli
+from harness.topology.sequoia_cli import main
+
+DONE_WHEN = ["acceptance=[0.82,0.0864,0.022464]", "max_nodes=8", "max_depth=4",
+             "verify_cost=[1.0,1.0,1.03,1.08,1.16,1.28,1.43,1.62]", "draft_cost=0.09"]
+CHAIN5_G = 1 + 0.82 + 0.82**2 + 0.82**3 + 0.82**4
+
+
+def _run(capsys, argv: list[str]) -> tuple[int, dict | None, str]:
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, (json.loads(out) if rc == 0 else None), err
+
+
+def test_done_when_command_picks_five_node_chain(capsys):
+    rc = cli.main(["tree", *DONE_WHEN])  # through the dispatcher, as `harness tree ...`
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert out["objective"] == "min_time_per_token"
+    assert (out["nodes"], out["candidate_rows"], out["depth"]) == (5, 4, 4)
+    assert out["expected_tokens"] == pytest.approx(3.49588976, abs=1e-8)
+    assert out["parents"] == [-1, 0, 1, 2, 3]
+    assert out["budget_parents"] == [-1, 0, 1, 2]
+    chosen = out["chosen"]
+    assert (chosen["n"], chosen["d"], chosen["candidate_rows"]) == (5, 4, 4)
+    assert chosen["time_per_token"] == pytest.approx(0.4348, abs=1e-4)
+    assert chosen["expected_tokens"] == pytest.approx(3.49588976, abs=1e-8)
+    assert out["synthetic"] is True and out["cost_source"] == "command line"
+    table = out["expected_tokens_table"]
+    assert len(table) == 8 * 5 and table[0] == [1, 0, 1.0]
+    by_nd = {(n, d): g for n, d, g in table}
+    assert by_nd[(5, 4)] == pytest.approx(3.49588976, abs=1e-8)
+    assert by_nd[(2, 0)] is None and by_nd[(5, 1)] is None  # infeasible -> null
+    for (n, d), g in by_nd.items():
+        assert g is None or 1.0 <= g <= min(n, d + 1)
+
+
+def test_passing_h_as_acceptance_is_refused(capsys):
+    rc, _, err = _run(capsys, ["acceptance=[0.82,0.48,0.24]", "max_nodes=8", "max_depth=4"])
+    assert rc == 2
+    assert "1.54" in err and "conditional sibling rates h_j" in err and "h=[...]" in err
+
+
+def test_h_key_converts_and_reports_both(capsys):
+    rc, out, _ = _run(capsys, ["h=[0.82,0.48,0.24]", *DONE_WHEN[1:]])
+    assert rc == 0
+    assert out["h"] == [0.82, 0.48, 0.24]
+    assert out["acceptance"] == pytest.approx([0.82, 0.0864, 0.022464], abs=1e-15)
+    assert out["chosen"]["n"] == 5 and out["chosen"]["time_per_token"] == pytest.approx(0.4348, abs=1e-4)
+
+
+def test_without_costs_reports_max_g_tree(capsys):
+    rc, out, _ = _run(capsys, DONE_WHEN[:3])
+    assert rc == 0
+    assert out["objective"] == "max_expected_tokens" and "chosen" not in out and "synthetic" not in out
+    assert (out["nodes"], out["candidate_rows"]) == (8, 7)
+    # chain of 5, a rank-2 child of node 1, and a rank-2 root child with its own child
+    assert out["expected_tokens"] == pytest.approx(CHAIN5_G + 0.82 * 0.0864 + 0.0864 * (1 + 0.82), abs=1e-12)
+    assert out["expected_tokens"] == max(g for n, d, g in out["expected_tokens_table"] if g is not None)
+
+
+
+def test_without_costs_falls_back_to_largest_feasible_n(capsys):
+    rc, out, _ = _run(capsys, ["acceptance=[0.5]", "max_nodes=8", "max_depth=2"])
+    assert rc == 0
+    assert out["nodes"] == 3 and out["parents"] == [-1, 0, 1]
+    assert out["expected_tokens"] == pytest.approx(1.75)
+
+
+def test_stored_profile_is_not_synthetic(tmp_path, capsys):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"verify_cost": [1.0, 1.0, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62],
+                                "draft_cost": 0.09, "draft_base_cost": 0.0, "device": "cpu"}))
+    rc, out, _ = _run(capsys, [*DONE_WHEN[:3], f"profile={path}"])
+    assert rc == 0
+    assert out["synthetic"] is False and out["cost_source"] == str(path)
+    assert out["chosen"]["n"] == 5 and out["chosen"]["time_per_token"] == pytest.approx(0.4348, abs=1e-4)
+
+
+def test_profile_marked_synthetic_stays_synthetic(tmp_path, capsys):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"verify_cost": [1.0, 1.0, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62],
+                                "draft_cost": 0.09, "synthetic": True}))
+    rc, out, _ = _run(capsys, [*DONE_WHEN[:3], f"profile={path}"])
+    assert rc == 0 and out["synthetic"] is True
+
+
+def test_draft_base_cost_changes_the_time(capsys):
+    rc, out, _ = _run(capsys, [*DONE_WHEN, "draft_base_cost=0.2"])
+    assert rc == 0
+    chosen = out["chosen"]
+    g = chosen["expected_tokens"]
+    t = [1.0, 1.0, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62][chosen["n"] - 1]
+    assert chosen["time_per_token"] == pytest.approx((t + 0.2 + chosen["d"] * 0.09) / g)
+    assert chosen["time_per_token"] > 0.4348
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (DONE_WHEN[:3] + ["verify_cost=[1.0,1.0]"], "both verify_cost"),
+    (DONE_WHEN[:3] + ["draft_cost=0.09"], "both verify_cost"),
+    (DONE_WHEN + ["profile=/nonexistent/profile.json"], "already gives the costs"),
+    (DONE_WHEN[:3] + ["profile=/nonexistent/profile.json"], "cannot read hardware profile"),
+    (DONE_WHEN + ["colour=blue"], "unknown key"),
+    (DONE_WHEN + ["max_nodes=9"], "twice"),
+    (["acceptance=[0.82", "max_nodes=8", "max_depth=4"], "cannot parse"),
+    (["acceptance=0.82", "max_nodes=8", "max_depth=4"], "must be a list"),
+    (["acceptance=[0.82,abc]", "max_nodes=8", "max_depth=4"], "must be a number"),
+    (["acceptance=[0.82]", "max_nodes=8.5", "max_depth=4"], "max_nodes must be an integer"),
+    (["acceptance=[0.82]", "max_depth=4"], "max_nodes=<int> is required"),
+    (["acceptance=[0.82]", "h=[0.82]", "max_nodes=8", "max_depth=4"], "exactly one"),
+    (["max_nodes=8", "max_depth=4"], "exactly one"),
+    (["acceptance=[0.82]", "max_nodes", "max_depth=4"], "key=value"),
+    (["acceptance=[0.82]", "max_nodes=0", "max_depth=4"], "max_nodes must be an integer >= 1"),
+    (["acceptance=[0.82]", "max_nodes=8", "max_depth=4", "verify_cost=[2.0,1,1,1,1,1,1,1]", "draft_cost=0.1"],
+     "t\\(1\\) = 1"),
+    (["acceptance=[0.82]", "max_nodes=8", "max_depth=4", "verify_cost=[1.0,1.0]", "draft_cost=0.1"], "t\\(1..8\\)"),
+    (["acceptance=[0.82]", "max_nodes=8", "max_depth=4", "min_nodes=1"], "only with costs"),
+])
+def test_bad_input_exits_2_with_reason(capsys, argv, reason):
+    rc, _, err = _run(capsys, argv)
+    assert rc == 2
+    assert err.startswith("harness tree: error:")
+    assert re.search(reason, err), err
+
+
+def test_bad_profile_contents(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"draft_cost": 0.09}))
+    rc, _, err = _run(capsys, [*DONE_WHEN[:3], f"profile={path}"])
+    assert rc == 2 and "lacks ['verify_cost']" in err
+    path.write_text("[1, 2]")
+    rc, _, err = _run(capsys, [*DONE_WHEN[:3], f"profile={path}"])
+    assert rc == 2 and "JSON object" in err
+
+
+def test_help(capsys):
+    assert main(["--help"]) == 0
+    assert "max_nodes=N" in capsys.readouterr().out
