@@ -1,0 +1,167 @@
+"""Proposal-side child sampling through a :class:`~harness.random_source.RandomSource`.
+
+A proposer that samples its candidates (a draft model, the oracle's synthetic drafts) draws every
+child here, so that the law each child was drawn from is recorded next to it and the exactness
+oracle can enumerate the same code (reference 0x08, 0x09A, 0x0AB).
+
+Sampling relations (contract vocabulary):
+
+- ``"iid"``: ``k`` independent draws from ``q`` (SpecInfer's stochastic expansion). Duplicates
+  are kept as separate draws; the compiler merges them into one row and keeps every draw.
+- ``"without_replacement"``: Sequoia's per-parent process (0x0AB). Draw ``i`` is taken from ``q``
+  with the tokens of draws ``< i`` removed and the rest renormalised; once all nonzero ``q``
+  mass is sampled, the law is uniform over the still unsampled tokens. Each draw records the law
+  it was *actually* drawn from.
+- ``"beam"``: the deterministic top-``k`` of ``q`` (descending, lowest index first on a tie). No
+  law: the tokens come back with ``None`` and a proposal built from them is ``score_only``.
+
+Prefixes here are tuples of candidate tokens below the prefix frontier (``()`` is the frontier;
+the committed tokens are implicit), which is exactly ``CompiledTree.full_prefixes``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from harness.contracts import (
+    PREFIX_FRONTIER,
+    NO_STATE,
+    ContractError,
+    ProposalNode,
+    ProposalResult,
+    ProposalStateHandle,
+    check_probability_vector,
+)
+from harness.random_source import RandomSource
+
+#: relations :func:`sample_children` implements
+CHILD_RELATIONS: tuple[str, ...] = ("iid", "without_replacement", "beam")
+
+#: ``(prefixes) -> [len(prefixes), V]``: the proposal law below each prefix, one level at a time
+QLevelFn = Callable[[list[tuple[int, ...]]], torch.Tensor]
+
+
+def without_replacement_law(q: torch.Tensor, sampled: Sequence[int]) -> torch.Tensor:
+    """The law of the next without-replacement draw after ``sampled`` (0x0AB). ``[V]``.
+
+    ``q`` with the sampled tokens zeroed and renormalised; uniform over the unsampled tokens when
+    no nonzero ``q`` mass is left.
+    """
+    vocab = q.shape[-1]
+    if len(set(sampled)) >= vocab:
+        raise ValueError(f"cannot draw without replacement: all {vocab} tokens already sampled")
+    law = q.clone()  # [V]
+    taken = torch.zeros(vocab, dtype=torch.bool)  # [V]
+    if sampled:
+        taken[torch.tensor(list(sampled), dtype=torch.long)] = True
+    law = law.masked_fill(taken, 0.0)
+    z = float(law.sum())
+    if z > 0.0:
+        return law / z
+    fallback = (~taken).to(q.dtype)  # [V] uniform over unsampled tokens
+    return fallback / fallback.sum()
+
+
+def beam_tokens(q: torch.Tensor, k: int) -> list[int]:
+    """Deterministic top-``k`` tokens of ``q`` ``[V]``: descending, lowest index on a tie."""
+    order = torch.sort(q, descending=True, stable=True).indices  # [V]
+    return [int(t) for t in order[:k].tolist()]
+
+
+def sample_children(q: torch.Tensor, k: int, *, relation: str,
+                    rng: RandomSource) -> list[tuple[int, torch.Tensor | None]]:
+    """``k`` children below one parent whose proposal law is ``q`` ``[V]``.
+
+    Returns ``(token, law)`` per draw in draw order; ``law`` ``[V]`` is the distribution that
+    token was drawn from (``None`` for ``"beam"``, which draws nothing).
+    """
+    if q.dim() != 1:
+        raise ValueError(f"q must be a vector [V]; got shape {tuple(q.shape)}")
+    if k < 0:
+        raise ValueError(f"k must be >= 0; got {k}")
+    if relation not in CHILD_RELATIONS:
+        raise ValueError(f"relation must be one of {list(CHILD_RELATIONS)}; got {relation!r}")
+    check_probability_vector(q, name="q")
+    if relation == "beam":
+        if k > q.shape[0]:
+            raise ValueError(f"beam of width {k} over a vocabulary of {q.shape[0]}")
+        return [(t, None) for t in beam_tokens(q, k)]
+    out: list[tuple[int, torch.Tensor | None]] = []
+    if relation == "iid":
+        for _ in range(k):
+            out.append((rng.categorical(q), q))
+        return out
+    if k > q.shape[0]:
+        raise ValueError(f"{k} draws without replacement from a vocabulary of {q.shape[0]}")
+    sampled: list[int] = []
+    for _ in range(k):
+        law = without_replacement_law(q, sampled)  # [V]
+        tok = rng.categorical(law)
+        sampled.append(tok)
+        out.append((tok, law))
+    return out
+
+
+def sample_tree_proposal(
+    q_level: QLevelFn,
+    *,
+    widths: Sequence[int],
+    relation: str,
+    rng: RandomSource,
+    source: str = "sampled",
+    manifest_hash: str = "unhashed",
+    state_handle: ProposalStateHandle = NO_STATE,
+) -> ProposalResult:
+    """Expand a proposal tree level by level, ``widths[d]`` draws below each node of depth ``d``.
+
+    ``q_level(prefixes)`` returns ``[len(prefixes), V]``: the proposal law conditional on each
+    node's *own* prefix (one call per level, so a draft model can batch a level in one forward).
+    Under i.i.d. sampling a parent may draw one token twice: both draws are kept (the compiler
+    merges them into one row and the verifier sees both), and only the first is expanded further,
+    so every distinct row has exactly ``widths[d]`` draws below it.
+
+    ``iid``/``without_replacement`` give ``normalized_conditional`` evidence with ``q_dists``
+    ``[N, V]`` = the law of each draw; ``beam`` gives ``score_only`` evidence (score = ``q`` of
+    the token) and no ``q``.
+    """
+    if not widths or any(int(w) < 1 for w in widths):
+        raise ValueError(f"widths must be a non-empty sequence of ints >= 1; got {list(widths)}")
+    nodes: list[ProposalNode] = []
+    laws: list[torch.Tensor] = []
+    # frontier of expandable nodes: (node index or -1, prefix)
+    level: list[tuple[int, tuple[int, ...]]] = [(PREFIX_FRONTIER, ())]
+    for width in widths:
+        if not level:
+            break
+        qs = q_level([prefix for _, prefix in level])  # [len(level), V]
+        if qs.dim() != 2 or qs.shape[0] != len(level):
+            raise ContractError(f"q_level must return [{len(level)}, V]; got {tuple(qs.shape)}")
+        next_level: list[tuple[int, tuple[int, ...]]] = []
+        for (parent, prefix), q in zip(level, qs):
+            seen: set[int] = set()
+            for tok, law in sample_children(q, int(width), relation=relation, rng=rng):
+                if law is None:
+                    nodes.append(ProposalNode(token_id=tok, parent=parent, score=float(q[tok]), source=source))
+                else:
+                    nodes.append(ProposalNode(token_id=tok, parent=parent, q=float(law[tok]), source=source))
+                    laws.append(law)
+                if tok not in seen:
+                    seen.add(tok)
+                    next_level.append((len(nodes) - 1, prefix + (tok,)))
+        level = next_level
+    parents = [n.parent for n in nodes]
+    if all(p == i - 1 for i, p in enumerate(parents)):
+        topology = "sequence"
+    elif all(p == PREFIX_FRONTIER for p in parents):
+        topology = "set"
+    else:
+        topology = "tree"
+    if relation == "beam":
+        return ProposalResult(nodes=tuple(nodes), probability_semantics="score_only", sampling_relation="beam",
+                              topology=topology, state_handle=state_handle, manifest_hash=manifest_hash,
+                              source=source)
+    return ProposalResult(nodes=tuple(nodes), probability_semantics="normalized_conditional",
+                          sampling_relation=relation, topology=topology, state_handle=state_handle,
+                          manifest_hash=manifest_hash, q_dists=torch.stack(laws), source=source)

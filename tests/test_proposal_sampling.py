@@ -1,0 +1,136 @@
+"""Proposal-side child sampling: the laws recorded are the laws sampled (0x09A, 0x0AB)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.contracts import ContractError
+from harness.gates.oracle import enumerate_marginal
+from harness.proposers.sampling import (
+    beam_tokens,
+    sample_children,
+    sample_tree_proposal,
+    without_replacement_law,
+)
+from harness.random_source import TorchRandomSource
+from harness.topology.compiler import compile_tree
+
+Q_REF = torch.tensor([0.4, 0.4, 0.2], dtype=torch.float64)
+
+
+def _tokens(draws):
+    return tuple(t for t, _ in draws)
+
+
+def test_iid_pairs_have_product_law():
+    marg = enumerate_marginal(lambda rng: _tokens(sample_children(Q_REF, 2, relation="iid", rng=rng)))
+    assert len(marg) == 9  # all ordered pairs, duplicates included
+    assert marg[(0, 0)] == pytest.approx(0.16, abs=1e-15)
+    assert marg[(0, 2)] == pytest.approx(0.08, abs=1e-15)
+    assert marg[(2, 2)] == pytest.approx(0.04, abs=1e-15)
+
+
+def test_iid_draws_record_the_law_they_came_from():
+    draws = sample_children(Q_REF, 3, relation="iid", rng=TorchRandomSource(0))
+    assert len(draws) == 3
+    for _, law in draws:
+        assert torch.equal(law, Q_REF)
+
+
+def test_without_replacement_renormalises_after_each_draw():
+    q = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    marg = enumerate_marginal(lambda rng: _tokens(sample_children(q, 2, relation="without_replacement", rng=rng)))
+    assert set(marg) == {(0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1)}  # never a duplicate
+    assert marg[(0, 1)] == pytest.approx(0.5 * 0.3 / 0.5, abs=1e-15)
+    assert marg[(1, 0)] == pytest.approx(0.3 * 0.5 / 0.7, abs=1e-15)
+    assert marg[(2, 1)] == pytest.approx(0.2 * 0.3 / 0.8, abs=1e-15)
+    # the recorded law of the second draw after token 1: q without token 1
+    law = without_replacement_law(q, [1])
+    assert law.tolist() == pytest.approx([0.5 / 0.7, 0.0, 0.2 / 0.7], abs=1e-15)
+
+
+def test_without_replacement_uniform_fallback_when_q_is_exhausted():
+    q = torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    draws = sample_children(q, 3, relation="without_replacement", rng=TorchRandomSource(3))
+    assert draws[0][0] == 1
+    # second draw: q has no mass left -> uniform over the unsampled tokens {0, 2, 3}
+    assert draws[1][1].tolist() == pytest.approx([1 / 3, 0.0, 1 / 3, 1 / 3], abs=1e-15)
+    second = draws[1][0]
+    expected_third = [0.0 if t in (1, second) else 0.5 for t in range(4)]
+    assert draws[2][1].tolist() == pytest.approx(expected_third, abs=1e-15)
+    marg = enumerate_marginal(lambda rng: _tokens(sample_children(q, 3, relation="without_replacement", rng=rng)))
+    assert len(marg) == 6
+    assert marg[(1, 0, 2)] == pytest.approx(1 / 6, abs=1e-15)
+
+
+def test_without_replacement_refuses_more_draws_than_tokens():
+    with pytest.raises(ValueError, match="4 draws without replacement from a vocabulary of 3"):
+        sample_children(Q_REF, 4, relation="without_replacement", rng=TorchRandomSource(0))
+
+
+def test_beam_is_deterministic_top_k_without_a_law():
+    q = torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64)
+    assert beam_tokens(q, 2) == [2, 0]  # tie 0.3/0.3: lowest index first, not [2, 1]
+    draws = sample_children(q, 2, relation="beam", rng=TorchRandomSource(0))
+    assert draws == [(2, None), (0, None)]
+
+
+def test_bad_inputs_are_refused_at_the_boundary():
+    with pytest.raises(ValueError, match="relation must be one of"):
+        sample_children(Q_REF, 1, relation="nucleus", rng=TorchRandomSource(0))
+    with pytest.raises(ContractError, match="sum to 1"):
+        sample_children(torch.tensor([0.5, 0.6]), 1, relation="iid", rng=TorchRandomSource(0))
+
+
+def _table(prefix_laws):
+    def level(prefixes):
+        return torch.stack([prefix_laws[p] for p in prefixes])
+    return level
+
+
+def test_tree_children_carry_the_law_of_their_own_prefix():
+    laws = {
+        (): torch.tensor([0.0, 0.5, 0.5], dtype=torch.float64),
+        (1,): torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64),
+        (2,): torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64),
+    }
+    prop = sample_tree_proposal(_table(laws), widths=(2, 1), relation="without_replacement", rng=TorchRandomSource(0))
+    assert prop.probability_semantics == "normalized_conditional"
+    assert prop.sampling_relation == "without_replacement"
+    assert prop.topology == "tree"
+    roots = [n.token_id for n in prop.nodes if n.parent == -1]
+    assert sorted(roots) == [1, 2]
+    for i, node in enumerate(prop.nodes):
+        if node.parent >= 0:
+            parent_tok = prop.nodes[node.parent].token_id
+            assert node.token_id == {1: 0, 2: 2}[parent_tok]  # conditional on its own prefix
+            assert torch.equal(prop.q_dists[i], laws[(parent_tok,)])
+
+
+def test_iid_duplicates_are_kept_but_expanded_once():
+    laws = {(): torch.tensor([0.0, 1.0], dtype=torch.float64), (1,): torch.tensor([0.5, 0.5], dtype=torch.float64)}
+    prop = sample_tree_proposal(_table(laws), widths=(2, 3), relation="iid", rng=TorchRandomSource(0))
+    parents = [n.parent for n in prop.nodes]
+    assert parents == [-1, -1, 0, 0, 0]  # two draws of token 1, three children below the first only
+    tree = compile_tree([prop], 1)
+    assert tree.num_rows <= 3
+    assert len(tree.draws[0]) == 2 and tree.draws[0][0].row == tree.draws[0][1].row
+    assert len(tree.draws[1]) == 3
+
+
+def test_beam_tree_is_score_only():
+    laws = {(): torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64)}
+    prop = sample_tree_proposal(_table(laws), widths=(2,), relation="beam", rng=TorchRandomSource(0))
+    assert prop.probability_semantics == "score_only" and prop.q_dists is None
+    assert [n.token_id for n in prop.nodes] == [1, 2]
+    assert [n.score for n in prop.nodes] == [0.5, 0.3]
+    assert all(n.q is None for n in prop.nodes)
+    assert prop.topology == "set"
+
+
+def test_chain_is_a_sequence():
+    laws = {(): torch.tensor([0.2, 0.8]), (0,): torch.tensor([1.0, 0.0]), (1,): torch.tensor([0.0, 1.0])}
+    prop = sample_tree_proposal(_table(laws), widths=(1, 1), relation="iid", rng=TorchRandomSource(1))
+    assert prop.topology == "sequence"
+    assert [n.parent for n in prop.nodes] == [-1, 0]
