@@ -1,0 +1,151 @@
+"""`harness oracles`: run the exactness oracle suite and print one row per case.
+
+Rows: every exact, non-test-only registered verifier x the cases derived from its declarations
+(``harness.gates.oracle.verifier_cases``: structured shapes, random small instances and the
+reference's fixed cases) plus the SpecTr transport bound (``harness.gates.transport``) where it
+applies. Then the negative control: the test-only ``naive_multi_draft`` verifier (0x08B) must be
+CAUGHT, i.e. at least one of its cases must miss the target marginal by far more than the bound.
+Exit status 1 on any failed case or an uncaught negative control.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from harness.gates.oracle import MARGINAL_ATOL, check_case, exact_verifier_names, verifier_cases
+from harness.gates.transport import check_transport, transport_applies, transport_instances
+from harness.verifiers.base import VERIFIERS
+
+#: the deliberately wrong verifier run as the negative control
+NEGATIVE_CONTROL = "naive_multi_draft"
+#: a negative control counts as caught only if it misses by at least this much (>> MARGINAL_ATOL)
+CAUGHT_MIN_ERROR = 1e-4
+
+
+def _register_extras() -> None:
+    from harness import verifiers as _  # noqa: F401  (built-ins)
+    from harness.verifiers import broken as _broken  # noqa: F401  (the negative control)
+    from harness.verifiers import typical as _typical  # noqa: F401  (heuristic; not exact, not run)
+
+
+def run_suite(verifier_names: list[str] | None = None, *, relations: Iterable[str] | None = None,
+              seeds: Sequence[int] = (0, 1), random_count: int = 4, transport: bool = True,
+              negative_control: bool | None = None) -> list[dict]:
+    """Run the oracle cases; one dict per case.
+
+    ``verifier_names=None``: every exact, non-test-only verifier plus the negative control.
+    A list runs those verifiers only (a named test-only verifier is run like any other, so a
+    broken verifier fails its gate). ``relations`` keeps only cases of those sampling relations.
+    Row keys: ``verifier``, ``case``, ``kind`` ("marginal" | "transport"), ``max_abs_error``,
+    ``bound``, ``passed``, ``leaves``, ``seconds``, ``negative_control`` (True on rows of the
+    negative control, which are EXPECTED to fail).
+    """
+    _register_extras()
+    names = exact_verifier_names() if verifier_names is None else list(verifier_names)
+    for name in names:
+        if name not in VERIFIERS:
+            raise ValueError(f"unknown verifier {name!r}; registered: {sorted(VERIFIERS)}")
+    if negative_control is None:
+        negative_control = verifier_names is None
+    wanted = None if relations is None else set(relations)
+    rows: list[dict] = []
+
+    def run_one(name: str, is_control: bool) -> None:
+        verifier = VERIFIERS[name]()
+        if not verifier.exact:
+            raise ValueError(f"verifier {name!r} is heuristic (exact=False): the oracle does not apply")
+        for case in verifier_cases(verifier, seeds=seeds, random_count=random_count):
+            if wanted is not None and case.tags.get("relation") not in wanted:
+                continue
+            row = check_case(verifier, case)
+            row["negative_control"] = is_control
+            row["relation"] = case.tags.get("relation")
+            rows.append(row)
+        if transport and transport_applies(verifier) and (wanted is None or "iid" in wanted):
+            for case_name, p, q, k in transport_instances(count=max(2, random_count)):
+                if ("set" if k > 1 else "sequence") not in verifier.topologies:
+                    continue
+                row = check_transport(verifier, name=case_name, p=p, q=q, k=k)
+                row["negative_control"] = is_control
+                row["relation"] = "iid"
+                rows.append(row)
+
+    for name in names:
+        run_one(name, False)
+    if negative_control:
+        run_one(NEGATIVE_CONTROL, True)
+    return rows
+
+
+def negative_control_status(rows: list[dict]) -> dict:
+    """``caught`` iff a negative-control marginal case misses by >= ``CAUGHT_MIN_ERROR``."""
+    control = [r for r in rows if r.get("negative_control") and r["kind"] == "marginal"]
+    if not control:
+        return {"verifier": NEGATIVE_CONTROL, "status": "not run", "caught": False, "cases": 0}
+    worst = max(control, key=lambda r: r["max_abs_error"])
+    caught_cases = [r for r in control if r["max_abs_error"] >= CAUGHT_MIN_ERROR]
+    return {"verifier": NEGATIVE_CONTROL, "status": "caught" if caught_cases else "NOT CAUGHT",
+            "caught": bool(caught_cases), "cases": len(control), "cases_caught": len(caught_cases),
+            "max_abs_error": worst["max_abs_error"], "worst_case": worst["case"]}
+
+
+def summarize(rows: list[dict]) -> dict:
+    checked = [r for r in rows if not r.get("negative_control")]
+    failed = [r for r in checked if not r["passed"]]
+    control = negative_control_status(rows)
+    return {"cases": len(checked), "failed": len(failed), "marginal_bound": MARGINAL_ATOL,
+            "negative_control": control,
+            "passed": not failed and (control["caught"] or control["status"] == "not run")}
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [f"{'verifier':<18} {'case':<52} {'max abs error':>14} {'leaves':>8}  result"]
+    for r in rows:
+        if r.get("negative_control"):
+            continue
+        leaves = "" if r.get("leaves") is None else str(r["leaves"])
+        extra = ""
+        if r["kind"] == "transport":
+            extra = f"  (acceptance {r['acceptance']:.6f} <= optimum {r['optimum']:.6f})"
+        lines.append(f"{r['verifier']:<18} {r['case']:<52} {r['max_abs_error']:>14.3e} {leaves:>8}  "
+                     f"{'pass' if r['passed'] else 'FAIL'}{extra}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="harness oracles", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, default=None, help="write rows and summary as JSON here")
+    parser.add_argument("--verifier", action="append", default=None,
+                        help="run only this verifier (repeatable); default: every exact verifier")
+    parser.add_argument("--quick", action="store_true", help="one seed, two random instances per verifier")
+    parser.add_argument("--random", type=int, default=None, help="random instances per verifier (default 4)")
+    args = parser.parse_args([] if argv is None else argv)
+
+    t0 = time.perf_counter()
+    seeds = (0,) if args.quick else (0, 1)
+    random_count = args.random if args.random is not None else (2 if args.quick else 4)
+    try:
+        rows = run_suite(args.verifier, seeds=seeds, random_count=random_count,
+                         negative_control=True)
+    except ValueError as exc:
+        print(f"harness oracles: {exc}", file=sys.stderr)
+        return 2
+    summary = summarize(rows)
+    print(format_table(rows))
+    control = summary["negative_control"]
+    if control["caught"]:
+        print(f"\nnegative control {control['verifier']}: caught ({control['cases_caught']}/{control['cases']} cases "
+              f"miss the target; worst {control['max_abs_error']:.3e} on {control['worst_case']})")
+    else:
+        print(f"\nnegative control {control['verifier']}: {control['status']}")
+    print(f"{summary['cases']} cases, {summary['failed']} failed, bound {MARGINAL_ATOL:g}, "
+          f"{time.perf_counter() - t0:.1f} s: {'PASS' if summary['passed'] else 'FAIL'}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2, sort_keys=True))
+    return 0 if summary["passed"] else 1

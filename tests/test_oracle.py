@@ -1,0 +1,225 @@
+"""The enumeration oracle: exact branch probabilities over the real verifier code (0x08, 0x09A)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from harness.contracts import NO_STATE, ProposalNode, ProposalResult
+from harness.gates import oracle as O
+from harness.gates.oracle_cli import main as oracles_main
+from harness.gates.oracle_cli import negative_control_status, run_suite
+from harness.verifiers import VERIFIERS, get_verifier
+from harness.verifiers import broken as _broken  # noqa: F401  (registers the negative control)
+
+P_REF = (0.5, 0.3, 0.2)
+Q_REF = (0.4, 0.4, 0.2)
+
+
+# --------------------------------------------------------------------------- the enumerator
+
+
+def test_enumerator_gives_exact_branch_probabilities():
+    def fn(rng):
+        a = rng.bernoulli(0.3)
+        b = rng.categorical(torch.tensor([0.25, 0.0, 0.75]))
+        return (a, b)
+
+    marg = O.enumerate_marginal(fn)
+    assert marg == {(True, 0): pytest.approx(0.075, abs=1e-15), (True, 2): pytest.approx(0.225, abs=1e-15),
+                    (False, 0): pytest.approx(0.175, abs=1e-15), (False, 2): pytest.approx(0.525, abs=1e-15)}
+    # the zero-probability branch (token 1) is pruned: 4 leaves, not 6
+    assert len(list(O.enumerate_leaves(fn))) == 4
+
+
+def test_enumerator_follows_data_dependent_draw_sequences():
+    def fn(rng):  # number of flips depends on earlier flips: geometric truncated at 3
+        n = 0
+        while n < 3 and rng.bernoulli(0.5):
+            n += 1
+        return n
+
+    assert O.enumerate_marginal(fn) == {0: 0.5, 1: 0.25, 2: 0.125, 3: 0.125}
+
+
+def test_enumerator_normalises_categorical_like_the_torch_source():
+    marg = O.enumerate_marginal(lambda rng: rng.categorical(torch.tensor([2.0, 6.0])))
+    assert marg == {0: 0.25, 1: 0.75}
+
+
+def test_leaf_cap_is_asserted():
+    def fn(rng):
+        return tuple(rng.categorical(torch.full((4,), 0.25)) for _ in range(3))  # 64 leaves
+
+    with pytest.raises(O.OracleError, match="max_leaves=10"):
+        O.enumerate_marginal(fn, max_leaves=10)
+    assert len(O.enumerate_marginal(fn, max_leaves=64)) == 64
+
+
+def test_code_with_randomness_outside_its_source_is_refused():
+    state = {"calls": 0}
+
+    def fn(rng):  # the branch probability depends on hidden state, not on earlier draws
+        state["calls"] += 1
+        return rng.bernoulli(0.5 if state["calls"] == 1 else 0.4)
+
+    with pytest.raises(O.OracleError, match="changed on replay"):
+        O.enumerate_marginal(fn)
+
+
+def test_target_joint_and_completion():
+    p = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    joint = O.target_joint(lambda prefix: p, 2)
+    assert joint == {(0, 0): 0.25, (0, 1): 0.25, (1, 0): 0.25, (1, 1): 0.25}
+    completed = O.complete_to_length({(1,): 1.0}, lambda prefix: p, 2)
+    assert completed == {(1, 0): 0.5, (1, 1): 0.5}
+    assert O.max_abs_error(completed, joint) == 0.25
+
+
+# --------------------------------------------------------------------------- reference instances
+
+
+def _iid_set(q, k):
+    q_t = torch.tensor(q, dtype=torch.float64)
+    laws = O.PrefixLaws(vocab=len(q), seed=0, fixed={(): q_t})
+    return O._sampled(laws, (k,), "iid")
+
+
+def _first_token(marg, vocab):
+    return O.first_token_marginal(marg, vocab).tolist()
+
+
+def test_reference_specinfer_reproduces_p():
+    p = torch.tensor(P_REF, dtype=torch.float64)
+    marg = O.verifier_output_marginal(get_verifier("specinfer"), _iid_set(Q_REF, 2), lambda prefix: p)
+    assert _first_token(marg, 3) == pytest.approx(list(P_REF), abs=1e-12)
+
+
+def test_reference_naive_multi_draft_is_wrong():
+    # independent derivation: each draw tested against the ORIGINAL p, correction norm([p - q]_+)
+    p, q = P_REF, Q_REF
+    accept = [min(1.0, p[x] / q[x]) for x in range(3)]
+    resid = [max(0.0, p[x] - q[x]) for x in range(3)]
+    resid = [r / sum(resid) for r in resid]
+    expected = [0.0, 0.0, 0.0]
+    for x1 in range(3):
+        for x2 in range(3):
+            w = q[x1] * q[x2]
+            expected[x1] += w * accept[x1]
+            expected[x2] += w * (1 - accept[x1]) * accept[x2]
+            for y in range(3):
+                expected[y] += w * (1 - accept[x1]) * (1 - accept[x2]) * resid[y]
+    pt = torch.tensor(P_REF, dtype=torch.float64)
+    marg = O.verifier_output_marginal(get_verifier("naive_multi_draft"), _iid_set(Q_REF, 2), lambda prefix: pt)
+    got = _first_token(marg, 3)
+    assert got == pytest.approx(expected, abs=1e-12)
+    assert max(abs(a - b) for a, b in zip(got, P_REF)) > 1e-3  # the bug is visible
+
+
+def test_0x08B_duplicated_mass():
+    p = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    naive = O.verifier_output_marginal(get_verifier("naive_multi_draft"), _iid_set((0.0, 1.0), 3), lambda pr: p)
+    assert _first_token(naive, 2) == pytest.approx([2 ** -3, 1 - 2 ** -3], abs=1e-15)  # not (1/2, 1/2)
+    spec = O.verifier_output_marginal(get_verifier("specinfer"), _iid_set((0.0, 1.0), 3), lambda pr: p)
+    assert _first_token(spec, 2) == pytest.approx([0.5, 0.5], abs=1e-15)
+
+
+def test_oracle_catches_a_q_that_is_not_the_law_sampled():
+    p = torch.tensor(P_REF, dtype=torch.float64)
+    q_true = torch.tensor(Q_REF, dtype=torch.float64)
+    q_claimed = torch.tensor([0.3, 0.4, 0.3], dtype=torch.float64)
+
+    def lying(rng):
+        toks = [rng.categorical(q_true) for _ in range(2)]
+        nodes = tuple(ProposalNode(token_id=t, q=float(q_claimed[t])) for t in toks)
+        return ProposalResult(nodes=nodes, probability_semantics="normalized_conditional", sampling_relation="iid",
+                              topology="set", state_handle=NO_STATE, manifest_hash="x",
+                              q_dists=torch.stack([q_claimed, q_claimed]))
+
+    marg = O.verifier_output_marginal(get_verifier("specinfer"), lying, lambda prefix: p)
+    err = max(abs(a - b) for a, b in zip(_first_token(marg, 3), P_REF))
+    assert err > 1e-3
+
+
+# --------------------------------------------------------------------------- registry coverage
+
+
+@pytest.mark.parametrize("name", O.exact_verifier_names())
+def test_every_exact_verifier_passes_its_cases(name):
+    verifier = VERIFIERS[name]()
+    cases = O.verifier_cases(verifier, seeds=(0,), random_count=2)
+    assert cases, f"no oracle case derived for {name}"
+    for case in cases:
+        row = O.check_case(verifier, case)
+        assert row["passed"], f"{name} / {case.name}: marginal error {row['max_abs_error']:.3e}"
+        assert row["leaves"] <= O.MAX_LEAVES
+
+
+def test_registry_iteration_covers_the_builtins_and_hides_test_only():
+    names = O.exact_verifier_names()
+    assert {"greedy", "membership", "rejection", "specinfer", "sequoia"} <= set(names)
+    assert "naive_multi_draft" not in names
+    assert "naive_multi_draft" in O.exact_verifier_names(include_test_only=True)
+
+
+def test_cases_follow_declarations():
+    greedy = O.verifier_cases(VERIFIERS["greedy"](), seeds=(0,))
+    assert greedy and all(c.name.startswith("one_hot/") for c in greedy)  # temperature 0 only
+    rejection = O.verifier_cases(VERIFIERS["rejection"](), seeds=(0,))
+    assert all("/seq" in c.name or c.name.startswith("truncation/") for c in rejection)  # sequences only
+    membership = {c.tags.get("relation") for c in O.verifier_cases(VERIFIERS["membership"](), seeds=(0,))}
+    assert {"iid", "without_replacement", "beam", "deterministic_lookup"} <= membership
+    sequoia = [c.name for c in O.verifier_cases(VERIFIERS["sequoia"](), seeds=(0,))]
+    assert "fallback/uniform-after-exhaustion-k3" in sequoia
+    assert any(n.startswith("truncation/top_p") for n in sequoia)
+    assert any(n.startswith("truncation/top_k") for n in sequoia)
+    specinfer = [c.name for c in O.verifier_cases(VERIFIERS["specinfer"](), seeds=(0,))]
+    assert "reference/p.5.3.2-q.4.4.2-iid2" in specinfer and "0x08B/bernoulli-half-k3" in specinfer
+
+
+def test_random_cases_stay_small_and_varied():
+    cases = O.random_cases(VERIFIERS["specinfer"](), count=12, seed=3)
+    vocabs = {c.tags["vocab"] for c in cases}
+    assert max(vocabs) <= 6 and min(vocabs) >= 2 and len(vocabs) > 1
+    depths = {len(c.tags["widths"]) for c in cases}
+    assert depths <= {1, 2, 3} and len(depths) > 1
+    assert all(1 <= c.tags["widths"][0] <= 4 for c in cases)
+
+
+def test_sequoia_fallback_case_is_exact_and_naive_is_caught():
+    sequoia = VERIFIERS["sequoia"]()
+    case = next(c for c in O.verifier_cases(sequoia, seeds=()) if c.name == "fallback/uniform-after-exhaustion-k3")
+    assert O.check_case(sequoia, case)["passed"]
+    rows = run_suite(["naive_multi_draft"], seeds=(0,), random_count=1, transport=False)
+    assert rows and all(not r["passed"] for r in rows if r["case"].startswith(("reference", "0x08B")))
+    status = negative_control_status([dict(r, negative_control=True) for r in rows])
+    assert status["caught"] and status["max_abs_error"] >= 0.3
+
+
+def test_run_suite_filters_by_verifier_and_relation():
+    rows = run_suite(["rejection"], relations=["iid"], seeds=(0,), random_count=1)
+    assert rows and {r["verifier"] for r in rows} == {"rejection"}
+    assert all(r["passed"] for r in rows)
+    assert {r["kind"] for r in rows} == {"marginal", "transport"}
+    assert not any(r["negative_control"] for r in rows)
+    with pytest.raises(ValueError, match="unknown verifier"):
+        run_suite(["no_such_verifier"])
+
+
+def test_cli_prints_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "oracles.json"
+    rc = oracles_main(["--verifier", "rejection", "--quick", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "rejection" in text and "negative control naive_multi_draft: caught" in text
+    data = json.loads(out.read_text())
+    assert data["summary"]["passed"] is True
+    assert data["summary"]["negative_control"]["caught"] is True
+    assert all(r["passed"] for r in data["rows"] if not r["negative_control"])
+
+
+def test_cli_fails_when_a_named_verifier_is_broken(capsys):
+    assert oracles_main(["--verifier", "naive_multi_draft", "--quick", "--random", "0"]) == 1
+    assert "FAIL" in capsys.readouterr().out
