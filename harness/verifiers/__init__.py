@@ -1,6 +1,7 @@
 """Verifiers: pure selection functions over compiled trees (see ``base``)."""
 
 from harness.verifiers import builtin  # noqa: F401  (registers the built-in verifiers)
+from harness.verifiers import typical  # noqa: F401  (registers the heuristic `typical`, exact=False)
 from harness.verifiers.base import (  # noqa: F401
     VERIFIERS,
     Capabilities,
