@@ -12,7 +12,7 @@ import pytest
 from harness.workloads import corpora
 from harness.workloads.corpora import Document, InlineCorpus, StdlibCorpus
 from harness.workloads.datastore import (
-    SENTINEL, Datastore, DatastoreError, ExclusionItem, LeakageError, build_datastore,
+    SENTINEL, DatastoreError, ExclusionItem, LeakageError, build_datastore,
     build_suffix_array, check_leakage, datastore_from_token_ids, load_datastore, longest_match,
     main, tokenizer_fingerprint)
 

@@ -651,7 +651,7 @@ def exclusions_for(spec: str) -> list[ExclusionItem]:
 # CLI
 
 USAGE = """usage:
-  harness datastore build corpus=stdlib|sharegpt [out=DIR] [model=smollm2] [max_tokens=N]
+  harness datastore build corpus=stdlib|sharegpt [out=DIR | path=DIR] [model=smollm2] [max_tokens=N]
         [context_len=16] [continuation_len=8] [max_matches=64] [exclude=humaneval|sharegpt_heldout|none|F.jsonl]
         [roles=assistant] [overwrite=false] [progress=true]
   harness datastore info DIR [verify_corpus=false]"""
@@ -705,7 +705,7 @@ def main(argv: list[str]) -> int:
         if cmd != "build":
             raise DatastoreError(f"unknown datastore command {cmd!r}\n{USAGE}")
         opts = _parse_overrides(rest)
-        known = {"corpus", "out", "model", "max_tokens", "context_len", "continuation_len",
+        known = {"corpus", "out", "path", "model", "max_tokens", "context_len", "continuation_len",
                  "max_matches", "exclude", "roles", "overwrite", "progress"}
         unknown = sorted(set(opts) - known)
         if unknown:
@@ -723,7 +723,7 @@ def main(argv: list[str]) -> int:
         tokenizer = load_tokenizer(model)
         if tokenizer is None:
             raise DatastoreError(f"model {model!r} has no tokenizer; a datastore needs the target's tokenizer")
-        out = opts.get("out") or datastore_path(name, model=model)
+        out = opts.get("out") or opts.get("path") or datastore_path(name, model=model)
         max_tokens = opts.get("max_tokens")
         t0 = time.perf_counter()
         ds = build_datastore(
