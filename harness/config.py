@@ -1,0 +1,148 @@
+"""Structured-config schemas backing every config group (STYLE 6).
+
+Each YAML under ``conf/<group>/`` lists its schema (``base_<group>`` or a proposer-specific
+schema) first in its defaults, so a mistyped key or a wrong type fails at compose time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2"  # smollm2 | tiny | any HF checkpoint path or hub id (see name_or_path)
+    name_or_path: Optional[str] = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    attn_implementation: str = "sdpa"
+    num_layers: Optional[int] = None  # keep only the first k decoder layers (draft derivation)
+    seed: int = 0  # weights seed for model=tiny
+    trust_remote_code: bool = False  # explicit opt-in: runs code from the checkpoint
+    tiny: dict[str, Any] = field(default_factory=dict)  # LlamaConfig overrides for model=tiny
+
+
+@dataclass
+class ProposerConfig:
+    name: str = MISSING
+
+
+@dataclass
+class PromptLookupConfig(ProposerConfig):
+    name: str = "prompt_lookup"
+    max_ngram: int = 3
+    min_ngram: int = 1
+    max_matches: int = 8
+
+
+@dataclass
+class DraftModelConfig(ProposerConfig):
+    name: str = "draft_model"
+    sampling: str = "iid"  # iid | without_replacement | beam
+    model: ModelConfig = field(default_factory=ModelConfig)
+    description: str = ""
+
+
+@dataclass
+class RestConfig(ProposerConfig):
+    name: str = "rest"
+    datastore: str = "stdlib"  # a datastore name under the cache, or a directory
+    max_suffix: int = 16
+    min_suffix: int = 2
+    max_matches: int = 64
+    continuation_len: int = 8
+
+
+@dataclass
+class TopologyConfig:
+    name: str = "sequence"  # sequence | sequences | set | expansion | sequoia | merged | cartesian
+    max_nodes: int = 8  # candidate rows, root excluded
+    max_depth: int = 8
+    widths: list[int] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    tree_artifact: Optional[str] = None
+
+
+@dataclass
+class VerifierConfig:
+    name: str = "greedy"
+
+
+@dataclass
+class WorkloadConfig:
+    name: str = "humaneval"  # humaneval | sharegpt | jsonl
+    path: Optional[str] = None  # workload=jsonl
+    limit: Optional[int] = None
+    split: str = "eval"  # calibration | dev | train | eval (disjoint)
+    chat: bool = False  # apply the tokenizer's chat template
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    batch_size: int = 1
+    temp_kv_budget_bytes: Optional[int] = None
+    exact: bool = True  # refuse heuristic verifiers
+    warmup_tokens: int = 8
+
+
+@dataclass
+class GatesConfig:
+    enabled: bool = True
+    oracle: bool = True
+    equivalence: bool = True
+    statistical: bool = True  # chi-square first-token test at temperature > 0
+    skip_statistical: bool = False  # explicit override; the record states it
+    chi2_samples: int = 2000
+    chi2_top_m: int = 8
+    chi2_alpha: float = 1e-3
+    cache: bool = True
+
+
+@dataclass
+class TrackingConfig:
+    name: str = "none"  # none | wandb
+    mode: str = "offline"  # offline | online
+    project: str = "spec-harness"
+    entity: Optional[str] = None
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    proposer: Any = MISSING
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    gates: GatesConfig = field(default_factory=GatesConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    seed: int = 0
+    threads: Optional[int] = None  # torch threads; None = torch's default
+    experiment: Optional[str] = None
+    sweep: Optional[str] = None
+    concurrent_jobs: int = 1
+    output_dir: Optional[str] = None  # default: Hydra's run directory
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="proposer", name="base_prompt_lookup", node=PromptLookupConfig)
+    cs.store(group="proposer", name="base_draft_model", node=DraftModelConfig)
+    cs.store(group="proposer", name="base_rest", node=RestConfig)
+    cs.store(group="topology", name="base_topology", node=TopologyConfig)
+    cs.store(group="verifier", name="base_verifier", node=VerifierConfig)
+    cs.store(group="workload", name="base_workload", node=WorkloadConfig)
+    cs.store(group="tracking", name="base_tracking", node=TrackingConfig)
+
+
+register_configs()

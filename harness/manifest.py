@@ -1,0 +1,43 @@
+"""The immutable round manifest (reference 0x02B): frozen before the first proposal, hashed, and
+carried by every proposal result and record."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+COMPILER_VERSION = "compiler-1"
+RECORD_SCHEMA_VERSION = 1
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[str, Any] | None = None) -> dict:
+    c = OmegaConf.to_container(cfg, resolve=True)
+    manifest = {
+        "target": c["model"],
+        "sampling_policy": {k: c["generation"][k] for k in ("temperature", "top_p", "top_k")},
+        "rng_policy": {"seed": c["seed"], "source": "TorchRandomSource(seed + prompt index), one per arm"},
+        "proposer": c["proposer"],
+        "topology": c["topology"],
+        "topology_compiler": COMPILER_VERSION,
+        "verifier": {"name": c["verifier"]["name"], "exact_mode": c["generation"]["exact"]},
+        "generation": c["generation"],
+        "workload": c["workload"],
+        "batch_regime": {"batch_size": c["generation"]["batch_size"]},
+        "backend": {"device": c["model"]["device"], "dtype": c["model"]["dtype"],
+                    "attn_implementation": c["model"]["attn_implementation"], "threads": c.get("threads")},
+        "versions": versions,
+    }
+    if extra:
+        manifest.update(extra)
+    return manifest
+
+
+def manifest_hash(manifest: dict) -> str:
+    return hashlib.sha256(canonical_json(manifest).encode()).hexdigest()[:16]

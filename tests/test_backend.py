@@ -1,0 +1,92 @@
+"""Tree-attention equivalence, commit equivalence and KV accounting on the tiny model."""
+
+import pytest
+import torch
+
+from harness.contracts import ProposalNode, ProposalResult, NO_STATE
+from harness.target.backend import CausalLMBackend, kv_bytes_per_token
+from harness.topology.compiler import compile_tree
+
+
+def det_proposal(paths):
+    """Score-only proposal from token paths (merged into one node list, parents first)."""
+    nodes, index = [], {}
+    for path in paths:
+        parent, prefix = -1, ()
+        for tok in path:
+            prefix += (tok,)
+            if prefix not in index:
+                index[prefix] = len(nodes)
+                nodes.append(ProposalNode(token_id=tok, parent=parent, score=1.0, source="test"))
+            parent = index[prefix]
+    return ProposalResult(nodes=tuple(nodes), probability_semantics="score_only",
+                          sampling_relation="deterministic_lookup", topology="tree",
+                          state_handle=NO_STATE, manifest_hash="test")
+
+
+def sequential_logits(model, tokens):
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([tokens])).logits[0]
+
+
+PROMPT = [1, 5, 9, 14, 3, 7, 22, 8]
+PATHS = [[10, 11, 12], [10, 11, 13], [10, 11, 40], [10, 15], [30, 11]]  # 0x0C shape: A B {C,D,E}, A F, X B
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tree_rows_match_sequential_decoding(dtype):
+    from harness.target.loading import build_tiny_model
+
+    model = build_tiny_model(seed=1, dtype=dtype)
+    backend = CausalLMBackend(model)
+    seq = backend.prefill(PROMPT)
+    tree = compile_tree([det_proposal(PATHS)], prefix_len=len(PROMPT))
+    assert tree.num_rows == 8
+    out = backend.verify(seq, PROMPT[-1], tree)
+    # the verify input is [pending] + rows over a cache holding the prompt minus the pending token
+    assert out.logits.shape[0] == 1 + tree.num_rows
+    assert seq.cache_len == len(PROMPT) - 1 + 1 + tree.num_rows
+    full = sequential_logits(model, PROMPT)
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    assert torch.allclose(out.logits[0], full[-1], atol=tol)
+    for r in range(tree.num_rows):
+        path_tokens = [int(tree.token_ids[x]) for x in tree.path_to(r)]
+        ref = sequential_logits(model, PROMPT + path_tokens)[-1]
+        assert torch.allclose(out.logits[1 + r], ref, atol=tol), f"row {r} path {path_tokens}"
+
+
+def test_commit_non_contiguous_path_equals_sequential_cache(tiny_model):
+    backend = CausalLMBackend(tiny_model)
+    seq = backend.prefill(PROMPT)
+    committed = list(PROMPT)
+    for round_paths, accept_path in [
+        (PATHS, [10, 11, 13]),  # A -> B -> D: rows 0, 1, 3 (non-contiguous)
+        ([[4, 4, 4], [4, 6]], [4, 6]),
+        ([[50, 51], [52]], [52]),
+    ]:
+        tree = compile_tree([det_proposal(round_paths)], prefix_len=len(committed))
+        backend.verify(seq, committed[-1], tree)
+        rows, node = [], -1
+        for tok in accept_path:
+            node = next(c for c in tree.children(node) if int(tree.token_ids[c]) == tok)
+            rows.append(node)
+        backend.commit(seq, rows)
+        committed += accept_path + [7]  # 7 plays the correction token (pending next round)
+        assert seq.tokens == committed[:-1]
+    ref = backend.prefill(committed)
+    assert seq.cache_len == ref.cache_len
+    for a, b in zip(seq.cache.layers, ref.cache.layers):
+        assert torch.allclose(a.keys, b.keys, atol=1e-5)
+        assert torch.allclose(a.values, b.values, atol=1e-5)
+
+
+def test_temp_kv_bytes_equals_formula(tiny_model):
+    backend = CausalLMBackend(tiny_model)
+    seq = backend.prefill(PROMPT)
+    tree = compile_tree([det_proposal(PATHS)], prefix_len=len(PROMPT))
+    out = backend.verify(seq, PROMPT[-1], tree)
+    cfg = tiny_model.config
+    per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    assert kv_bytes_per_token(tiny_model) == per_token
+    # the verify forward adds the pending token's row plus N candidate rows
+    assert out.kv_bytes_added - per_token == tree.num_rows * per_token
