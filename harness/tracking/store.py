@@ -1,0 +1,348 @@
+"""Run records and the results store (issue 8, item 3).
+
+Every run writes ``<run_dir>/record.json`` (atomically) and ``<run_dir>/outputs.jsonl``. This
+module reads those records back:
+
+* :func:`load_record` validates one record (schema version, required keys, a few types) and
+  raises :class:`RecordError` naming the file, the key, the expected and the actual value.
+* :func:`aggregate` flattens every ``record.json`` under a folder (a sweep folder) into one
+  pandas row per run; :func:`write_store` writes that frame to Parquet (pyarrow);
+  :func:`rebuild_store` does both. The store holds nothing the records do not: delete it and
+  rebuild it.
+* :func:`read_results` gives reports and comparisons one entry point: a records folder or a
+  ``.parquet`` store.
+
+Column layout of the store (one row per run):
+
+* top-level fields: ``run_id``, ``experiment``, ``sweep``, ``created_at``, ``exact``,
+  ``manifest_hash``, ``schema_version``;
+* derived bookkeeping: ``record_dir`` (the run folder, relative to the records root),
+  ``gates_passed`` (every gate passed), ``section`` (``exact`` / ``heuristic`` /
+  ``cpu_budget_artifact``, see :func:`section_of`);
+* the axes as bare columns: ``proposer``, ``topology``, ``verifier``, ``temperature``,
+  ``batch_size``, ``workload``, ``model``;
+* the metrics under their record names (``speedup``, ``time_per_committed_token_ms``, ...);
+  dict-valued metrics are flattened with dots (``round_cost_ms.target_verify``);
+* ``config.*``, ``hardware.*``, ``artifacts.*``: dotted flattening of those record fields;
+* list-valued fields (``acceptance_by_depth``, ``per_prompt``, ``gates``, ``t_profile``, ...)
+  are JSON strings, so that Parquet round-trips them whatever their element types; decode them
+  with :func:`json_column`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+RECORD_FILENAME = "record.json"
+OUTPUTS_FILENAME = "outputs.jsonl"
+
+REQUIRED_TOP_LEVEL: tuple[str, ...] = (
+    "schema_version",
+    "run_id",
+    "experiment",
+    "sweep",
+    "created_at",
+    "exact",
+    "gates",
+    "config",
+    "manifest_hash",
+    "axes",
+    "metrics",
+    "per_prompt",
+    "hardware",
+    "artifacts",
+)
+OPTIONAL_TOP_LEVEL: tuple[str, ...] = ("t_profile",)
+
+AXES: tuple[str, ...] = (
+    "proposer",
+    "topology",
+    "verifier",
+    "temperature",
+    "batch_size",
+    "workload",
+    "model",
+)
+
+REQUIRED_METRICS: tuple[str, ...] = (
+    "time_per_committed_token_ms",
+    "ar_time_per_token_ms",
+    "speedup",
+    "ttft_ms",
+    "ar_ttft_ms",
+    "committed_tokens",
+    "rounds",
+    "mean_committed_per_round",
+    "acceptance_by_depth",
+    "reach_by_depth",
+    "accepted_length_hist",
+    "first_child_coverage",
+    "fallback_rate",
+    "round_cost_ms",
+    "temp_kv_bytes_peak",
+    "temp_kv_bytes_formula",
+    "proposal_state_bytes",
+    "peak_rss_bytes",
+    "greedy_identical",
+    "greedy_near_ties",
+    "throughput_tokens_per_s",
+    "itl_ms_p50",
+    "itl_ms_p95",
+    "concurrent_jobs",
+    "torch_threads",
+    "cpu_budget_artifact",
+)
+
+#: the round-cost ledger (reference 0x02C), in this order.
+ROUND_COST_STAGES: tuple[str, ...] = (
+    "proposal",
+    "retrieval",
+    "packing",
+    "target_verify",
+    "selection",
+    "temporary_state",
+)
+
+PER_PROMPT_KEYS: tuple[str, ...] = (
+    "prompt_id",
+    "category",
+    "spec_decode_ms",
+    "spec_tokens",
+    "ar_decode_ms",
+    "ar_tokens",
+)
+
+#: sections that comparisons and reports keep apart.
+SECTIONS: tuple[str, ...] = ("exact", "heuristic", "cpu_budget_artifact")
+
+_JSON_FIELDS: tuple[str, ...] = ("per_prompt", "gates", "t_profile")
+
+
+class RecordError(ValueError):
+    """A run record is missing, malformed, or of an unknown schema version."""
+
+
+# --------------------------------------------------------------------------------------------
+# one record
+
+
+def _require_keys(path: Path, where: str, obj: Mapping[str, Any], keys: Iterable[str]) -> None:
+    missing = [k for k in keys if k not in obj]
+    if missing:
+        raise RecordError(f"{path}: {where} is missing required keys {missing}; has {sorted(obj)}")
+
+
+def _require_type(path: Path, where: str, value: Any, kind: type | tuple[type, ...]) -> None:
+    if not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise RecordError(f"{path}: {where} must be {names}; got {type(value).__name__} {value!r}")
+
+
+def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, Any]:
+    """Check a record dict in memory; returns it unchanged or raises :class:`RecordError`."""
+    path = Path(path)
+    _require_type(path, "the record", record, dict)
+    if "schema_version" not in record:
+        raise RecordError(f"{path}: no schema_version; expected schema_version {SCHEMA_VERSION}")
+    if record["schema_version"] != SCHEMA_VERSION:
+        raise RecordError(
+            f"{path}: unsupported schema_version; expected {SCHEMA_VERSION}, "
+            f"got {record['schema_version']!r}"
+        )
+    _require_keys(path, "the record", record, REQUIRED_TOP_LEVEL)
+    _require_type(path, "run_id", record["run_id"], str)
+    _require_type(path, "exact", record["exact"], bool)
+    for name in ("gates", "config", "axes", "metrics", "hardware", "artifacts"):
+        _require_type(path, name, record[name], dict)
+    _require_keys(path, "axes", record["axes"], AXES)
+    _require_keys(path, "metrics", record["metrics"], REQUIRED_METRICS)
+    metrics = record["metrics"]
+    _require_type(path, "metrics.cpu_budget_artifact", metrics["cpu_budget_artifact"], bool)
+    for name in ("acceptance_by_depth", "reach_by_depth", "accepted_length_hist"):
+        _require_type(path, f"metrics.{name}", metrics[name], list)
+    _require_type(path, "metrics.round_cost_ms", metrics["round_cost_ms"], dict)
+    _require_keys(path, "metrics.round_cost_ms", metrics["round_cost_ms"], ROUND_COST_STAGES)
+    for gate, evidence in record["gates"].items():
+        _require_type(path, f"gates.{gate}", evidence, dict)
+        _require_keys(path, f"gates.{gate}", evidence, ("passed",))
+    _require_type(path, "per_prompt", record["per_prompt"], list)
+    for i, row in enumerate(record["per_prompt"]):
+        _require_type(path, f"per_prompt[{i}]", row, dict)
+        _require_keys(path, f"per_prompt[{i}]", row, PER_PROMPT_KEYS)
+    t_profile = record.get("t_profile")
+    if t_profile is not None:
+        _require_type(path, "t_profile", t_profile, dict)
+        _require_keys(path, "t_profile", t_profile, ("n", "t"))
+        if len(t_profile["n"]) != len(t_profile["t"]):
+            raise RecordError(
+                f"{path}: t_profile n and t must have the same length; "
+                f"got {len(t_profile['n'])} and {len(t_profile['t'])}"
+            )
+    return record
+
+
+def load_record(path: str | Path) -> dict[str, Any]:
+    """Read and validate one ``record.json`` (a file, or the run folder holding it)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RECORD_FILENAME
+    if not path.is_file():
+        raise RecordError(f"{path}: no such record file")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{path}: not valid JSON ({exc})") from exc
+    return validate_record(record, path=path)
+
+
+def section_of(*, exact: bool, cpu_budget_artifact: bool) -> str:
+    """Which section a run belongs to: CPU-budget artifacts first, then inexact heuristics."""
+    if cpu_budget_artifact:
+        return "cpu_budget_artifact"
+    if not exact:
+        return "heuristic"
+    return "exact"
+
+
+def iter_record_paths(records_root: str | Path) -> Iterator[Path]:
+    """Every ``record.json`` under ``records_root``, in sorted path order."""
+    root = Path(records_root)
+    if not root.is_dir():
+        raise RecordError(f"{root}: records root is not a folder")
+    yield from sorted(root.rglob(RECORD_FILENAME))
+
+
+# --------------------------------------------------------------------------------------------
+# flattening
+
+
+def _flatten(prefix: str, obj: Any, out: dict[str, Any]) -> None:
+    """Dicts are flattened with dots; lists are stored as JSON strings; scalars as they are."""
+    if isinstance(obj, Mapping):
+        if not obj and prefix:
+            out[prefix] = json.dumps({})
+        for key, value in obj.items():
+            _flatten(f"{prefix}.{key}" if prefix else str(key), value, out)
+    elif isinstance(obj, (list, tuple)):
+        out[prefix] = json.dumps(list(obj))
+    else:
+        if isinstance(obj, float) and not math.isfinite(obj):
+            obj = None  # "not measured" is None, never inf or NaN (STYLE 5)
+        out[prefix] = obj
+
+
+def flatten_record(record: Mapping[str, Any], *, record_dir: str = "") -> dict[str, Any]:
+    """One store row from one validated record."""
+    row: dict[str, Any] = {
+        "run_id": record["run_id"],
+        "experiment": record["experiment"],
+        "sweep": record["sweep"],
+        "created_at": record["created_at"],
+        "exact": record["exact"],
+        "manifest_hash": record["manifest_hash"],
+        "schema_version": record["schema_version"],
+        "record_dir": record_dir,
+        "gates_passed": all(bool(g.get("passed")) for g in record["gates"].values()),
+        "section": section_of(
+            exact=record["exact"],
+            cpu_budget_artifact=record["metrics"]["cpu_budget_artifact"],
+        ),
+    }
+    for name in AXES:
+        row[name] = record["axes"][name]
+    metrics: dict[str, Any] = {}
+    _flatten("", record["metrics"], metrics)
+    clash = sorted(set(metrics) & set(row))
+    if clash:
+        raise RecordError(f"run {record['run_id']}: metric names clash with store columns {clash}")
+    row.update(metrics)
+    for name in ("config", "hardware", "artifacts"):
+        _flatten(name, record[name], row)
+    for name in _JSON_FIELDS:
+        row[name] = json.dumps(record.get(name)) if record.get(name) is not None else None
+    return row
+
+
+def aggregate(records_root: str | Path) -> pd.DataFrame:
+    """Flatten every ``record.json`` under ``records_root`` into one row per run.
+
+    Raises :class:`RecordError` on an invalid record (naming its file) or on two records with
+    the same ``run_id``; an empty folder gives an empty frame with the fixed columns.
+    """
+    root = Path(records_root)
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, Path] = {}
+    for path in iter_record_paths(root):
+        record = load_record(path)
+        if record["run_id"] in seen:
+            raise RecordError(
+                f"duplicate run_id {record['run_id']!r}: {seen[record['run_id']]} and {path}"
+            )
+        seen[record["run_id"]] = path
+        rows.append(flatten_record(record, record_dir=path.parent.relative_to(root).as_posix()))
+    if not rows:
+        fixed = ["run_id", "experiment", "sweep", "created_at", "exact", "record_dir", "section"]
+        return pd.DataFrame(columns=[*fixed, *AXES, *REQUIRED_METRICS])
+    df = pd.DataFrame(rows)
+    return df.sort_values("run_id", kind="stable").reset_index(drop=True)
+
+
+def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """Object columns mixing value types (a config key that is a string in one run and a
+    number in another) cannot become one Arrow type: store those columns as JSON strings."""
+    out = df.copy()
+    for name in out.columns:
+        if out[name].dtype != object:
+            continue
+        kinds = {type(v) for v in out[name] if v is not None and not (isinstance(v, float) and v != v)}
+        if {int, float} >= kinds or len(kinds) <= 1:
+            continue
+        out[name] = out[name].map(lambda v: None if v is None else json.dumps(v))
+    return out
+
+
+def write_store(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write the store to Parquet (pyarrow), atomically (temporary file, then rename)."""
+    path = Path(path)
+    if path.suffix != ".parquet":
+        raise ValueError(f"store path must end in .parquet; got {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    _parquet_safe(df).to_parquet(tmp, engine="pyarrow", index=False)
+    tmp.replace(path)
+    return path
+
+
+def rebuild_store(records_root: str | Path, path: str | Path | None = None) -> pd.DataFrame:
+    """Aggregate the records and write them to ``path`` (default ``<root>/store.parquet``)."""
+    df = aggregate(records_root)
+    write_store(df, Path(records_root) / "store.parquet" if path is None else path)
+    return df
+
+
+def read_results(source: str | Path) -> tuple[pd.DataFrame, Path | None]:
+    """A records folder (aggregated now) or a ``.parquet`` store.
+
+    Returns ``(frame, records_root)``; ``records_root`` is the folder that ``record_dir`` is
+    relative to (for a store: the store's folder, where :func:`rebuild_store` puts it).
+    """
+    source = Path(source)
+    if source.is_dir():
+        return aggregate(source), source
+    if source.suffix == ".parquet" and source.is_file():
+        return pd.read_parquet(source, engine="pyarrow"), source.parent
+    raise RecordError(f"{source}: expected a records folder or a .parquet store")
+
+
+def json_column(df: pd.DataFrame, name: str) -> pd.Series:
+    """Decode a JSON-string column (``acceptance_by_depth``, ``per_prompt``, ...)."""
+    if name not in df.columns:
+        raise KeyError(f"store has no column {name!r}; columns: {sorted(df.columns)}")
+    return df[name].map(lambda s: None if s is None or (isinstance(s, float) and s != s) else json.loads(s))
