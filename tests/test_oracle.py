@@ -84,7 +84,7 @@ def test_target_joint_and_completion():
 def _iid_set(q, k):
     q_t = torch.tensor(q, dtype=torch.float64)
     laws = O.PrefixLaws(vocab=len(q), seed=0, fixed={(): q_t})
-    return O._sampled(laws, (k,), "iid")
+    return O.sampled_builder(laws, (k,), "iid")
 
 
 def _first_token(marg, vocab):
@@ -223,3 +223,18 @@ def test_cli_prints_table_and_writes_json(tmp_path, capsys):
 def test_cli_fails_when_a_named_verifier_is_broken(capsys):
     assert oracles_main(["--verifier", "naive_multi_draft", "--quick", "--random", "0"]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+def test_nan_acceptance_is_refused_not_silently_rejected():
+    with pytest.raises(O.OracleError, match="nan"):
+        O.enumerate_marginal(lambda rng: rng.bernoulli(float("nan")))
+
+
+@pytest.mark.slow
+def test_full_suite_passes_and_catches_the_negative_control():
+    from harness.gates.oracle_cli import summarize
+
+    rows = run_suite()
+    summary = summarize(rows)
+    assert summary["failed"] == 0, [r["case"] for r in rows if not r["passed"] and not r["negative_control"]]
+    assert summary["negative_control"]["caught"] and summary["passed"]

@@ -82,9 +82,10 @@ class _ReplaySource:
         return idx
 
     def bernoulli(self, p: float) -> bool:
-        p = min(1.0, max(0.0, float(p)))
-        if not math.isfinite(p):
-            raise OracleError(f"bernoulli({p}) is not a probability")
+        p = float(p)
+        if math.isnan(p):
+            raise OracleError("bernoulli(nan): the acceptance ratio is not a number")
+        p = min(1.0, max(0.0, p))
         if p >= 1.0:
             return True
         if p <= 0.0:
@@ -190,7 +191,10 @@ def verifier_output_marginal(verifier: Verifier, proposal_builder: ProposalBuild
     for tree, p_tree in enumerate_leaves(build, max_leaves=max_leaves):
         probs = target_rows(tree, target_cached)  # [1 + N, V]
         budget = max_leaves - leaves
-        for path, p_sel in enumerate_leaves(lambda rng: round_output(verifier, tree, probs, rng), max_leaves=budget):
+        def select(rng: RandomSource, tree: CompiledTree = tree, probs: torch.Tensor = probs) -> tuple[int, ...]:
+            return round_output(verifier, tree, probs, rng)
+
+        for path, p_sel in enumerate_leaves(select, max_leaves=budget):
             leaves += 1
             out[path] = out.get(path, 0.0) + p_tree * p_sel
     if stats is not None:
@@ -287,7 +291,8 @@ class PrefixLaws:
     """
 
     def __init__(self, *, vocab: int, seed: int, kind: str = "dense", zeros: int = 0,
-                 policy: SamplingPolicy | None = None, fixed: dict[tuple[int, ...], torch.Tensor] | None = None) -> None:
+                 policy: SamplingPolicy | None = None,
+                 fixed: dict[tuple[int, ...], torch.Tensor] | None = None) -> None:
         if kind not in {"dense", "one_hot", "logits"}:
             raise ValueError(f"kind must be dense, one_hot or logits; got {kind!r}")
         self.vocab, self.seed, self.kind, self.zeros, self.policy = vocab, seed, kind, zeros, policy
@@ -368,7 +373,9 @@ def check_case(verifier: Verifier, case: OracleCase, *, max_leaves: int = MAX_LE
             "seconds": time.perf_counter() - t0}
 
 
-def _sampled(laws: PrefixLaws, widths: Sequence[int], relation: str) -> ProposalBuilder:
+def sampled_builder(laws: PrefixLaws, widths: Sequence[int], relation: str) -> ProposalBuilder:
+    """A proposal builder sampling a ``widths``-by-depth tree from ``laws`` (conditional on each
+    node's own prefix) with ``relation``, through the injected source."""
     def build(rng: RandomSource) -> ProposalResult:
         return sample_tree_proposal(laws.level, widths=widths, relation=relation, rng=rng, source="oracle",
                                     manifest_hash="oracle")
@@ -429,7 +436,7 @@ def _make_case(name: str, *, relation: str, semantics: str, widths: Sequence[int
     target = PrefixLaws(vocab=vocab, seed=1000 + seed, kind=target_kind, zeros=target_zeros)
     if relation in {"iid", "without_replacement", "beam"}:
         q = PrefixLaws(vocab=vocab, seed=2000 + seed, kind="dense", zeros=q_zeros if relation != "beam" else 0)
-        builder = _sampled(q, widths, relation)
+        builder = sampled_builder(q, widths, relation)
     else:
         builder = _fixed(_lookup_tree(widths, vocab=vocab, seed=seed, semantics=semantics))
     return OracleCase(name=name, proposal_builder=builder, target=target, length=len(widths) + 1,
@@ -437,7 +444,8 @@ def _make_case(name: str, *, relation: str, semantics: str, widths: Sequence[int
 
 
 def verifier_cases(verifier: Verifier, *, seeds: Sequence[int] = (0, 1), vocab: int = 3,
-                   random_count: int = 0, random_seed: int = 0) -> list[OracleCase]:
+                   random_count: int = 0, random_seed: int = 0,
+                   random_max_proposal_leaves: int = 1500) -> list[OracleCase]:
     """Every case the oracle runs for ``verifier``, derived from what it declares.
 
     Targets: one-hot at temperature 0 (``temperatures`` "zero" or "any"), dense at temperature
@@ -462,17 +470,28 @@ def verifier_cases(verifier: Verifier, *, seeds: Sequence[int] = (0, 1), vocab: 
                                                 semantics=semantics, widths=widths, vocab=vocab, target_kind=kind,
                                                 seed=seed, target_zeros=seed % 2, q_zeros=1 - seed % 2))
     if random_count:
-        cases.extend(random_cases(verifier, count=random_count, seed=random_seed))
+        cases.extend(random_cases(verifier, count=random_count, seed=random_seed,
+                                  max_proposal_leaves=random_max_proposal_leaves))
     cases.extend(_fixed_cases(verifier))
     return cases
 
 
-def _max_draws(widths: Sequence[int]) -> int:
-    """Draws of a widths-by-depth expansion when every draw is distinct."""
-    total, nodes = 0, 1
-    for w in widths:
-        nodes *= w
-        total += nodes
+def proposal_leaf_bound(widths: Sequence[int], *, relation: str, vocab: int, support: int) -> int:
+    """Upper bound on the proposal branches of a widths-by-depth expansion (every draw distinct).
+
+    Per parent: ``support ** w`` draws i.i.d.; without replacement ``w`` draws from at most
+    ``vocab - i`` tokens each (the uniform fallback reaches outside ``q``'s support).
+    """
+    if relation == "iid":
+        per_parent = [support ** w for w in widths]
+    elif relation == "without_replacement":
+        per_parent = [math.prod(vocab - i for i in range(w)) for w in widths]
+    else:
+        return 1
+    total, parents = 1, 1
+    for w, branches in zip(widths, per_parent):
+        total *= branches ** parents
+        parents *= w
     return total
 
 
@@ -513,8 +532,8 @@ def random_cases(verifier: Verifier, *, count: int, seed: int = 0, max_vocab: in
             if relation != "iid" and max(widths) > vocab:
                 continue
             q_zeros = randint(0, max(0, vocab - 2))
-            support = vocab - q_zeros if relation in {"iid", "without_replacement"} else 1
-            if relation in {"iid", "without_replacement"} and support ** _max_draws(widths) > max_proposal_leaves:
+            bound = proposal_leaf_bound(widths, relation=relation, vocab=vocab, support=vocab - q_zeros)
+            if bound > max_proposal_leaves:
                 continue
             break
         else:
@@ -552,23 +571,24 @@ def _fixed_cases(verifier: Verifier) -> list[OracleCase]:
     q_ref = PrefixLaws(vocab=3, seed=0, fixed={(): torch.tensor(REFERENCE_Q, dtype=torch.float64)})
     if "iid" in rel and "set" in topo:
         # 0x09A: two i.i.d. candidates from q; the residual update reproduces p
-        out.append(OracleCase(name="reference/p.5.3.2-q.4.4.2-iid2", proposal_builder=_sampled(q_ref, (2,), "iid"),
+        out.append(OracleCase(name="reference/p.5.3.2-q.4.4.2-iid2",
+                              proposal_builder=sampled_builder(q_ref, (2,), "iid"),
                               target=_const(REFERENCE_P), length=1, tags={"relation": "iid"}))
         # 0x08B: every draft is token 1, the target is Bernoulli(1/2)
         q_b = PrefixLaws(vocab=2, seed=0, fixed={(): torch.tensor([0.0, 1.0], dtype=torch.float64)})
-        out.append(OracleCase(name="0x08B/bernoulli-half-k3", proposal_builder=_sampled(q_b, (3,), "iid"),
+        out.append(OracleCase(name="0x08B/bernoulli-half-k3", proposal_builder=sampled_builder(q_b, (3,), "iid"),
                               target=_const((0.5, 0.5)), length=1, tags={"relation": "iid"}))
     if "without_replacement" in rel and "set" in topo:
         # draft mass exhausted after one draw: the second and third draws use the uniform fallback
         q_w = PrefixLaws(vocab=4, seed=0, fixed={(): torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)})
         out.append(OracleCase(name="fallback/uniform-after-exhaustion-k3",
-                              proposal_builder=_sampled(q_w, (3,), "without_replacement"),
+                              proposal_builder=sampled_builder(q_w, (3,), "without_replacement"),
                               target=_const((0.1, 0.2, 0.3, 0.4)), length=1,
                               tags={"relation": "without_replacement"}))
         # q with a zero: exhausted after two draws
         q_w2 = PrefixLaws(vocab=3, seed=0, fixed={(): torch.tensor([0.7, 0.3, 0.0], dtype=torch.float64)})
         out.append(OracleCase(name="fallback/uniform-third-draw-k3",
-                              proposal_builder=_sampled(q_w2, (3,), "without_replacement"),
+                              proposal_builder=sampled_builder(q_w2, (3,), "without_replacement"),
                               target=_const((0.2, 0.2, 0.6)), length=1,
                               tags={"relation": "without_replacement"}))
     # top-p / top-k truncation applied to both the target and q (one policy, two logit families)
@@ -589,7 +609,7 @@ def _fixed_cases(verifier: Verifier) -> list[OracleCase]:
                 shapes = [("seq2", (1, 1))]
             for shape_label, widths in shapes:
                 out.append(OracleCase(name=f"truncation/{label}/{r}/{shape_label}",
-                                      proposal_builder=_sampled(q, widths, r), target=target,
+                                      proposal_builder=sampled_builder(q, widths, r), target=target,
                                       length=len(widths) + 1, tags={"relation": r}))
     return out
 
@@ -610,6 +630,7 @@ def exact_verifier_names(*, include_test_only: bool = False) -> list[str]:
 __all__ = [
     "MARGINAL_ATOL", "MAX_LEAVES", "OracleError", "OracleCase", "PrefixLaws", "REFERENCE_P", "REFERENCE_Q",
     "check_case", "complete_to_length", "enumerate_leaves", "enumerate_marginal", "exact_verifier_names",
-    "first_token_marginal", "first_token_tv", "fixed_candidates", "max_abs_error", "one_hot", "random_law",
-    "run_verifier_cases", "target_joint", "target_rows", "verifier_cases", "verifier_output_marginal",
+    "first_token_marginal", "first_token_tv", "fixed_candidates", "max_abs_error", "one_hot", "random_cases",
+    "proposal_leaf_bound", "random_law", "round_output", "run_verifier_cases", "sampled_builder", "target_joint", "target_rows",
+    "verifier_cases", "verifier_output_marginal",
 ]
