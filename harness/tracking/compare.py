@@ -1,0 +1,419 @@
+"""`harness compare`: arms side by side, paired on prompts, with bootstrap CIs (issue 8, item 4).
+
+    harness compare <records_root | store.parquet> [by=proposer] [baseline=hydra]
+                    [json=PATH] [level=0.95] [resamples=2000] [seed=0] [method=percentile]
+                    [<axis>=<value> ...]            # filters, e.g. temperature=0 batch_size=1
+
+An *arm* is every run sharing one value of the ``by`` axis inside one section (after the
+filters). Its per-prompt rows are summed by ``prompt_id`` over its runs, so the pairing unit is
+always the prompt. For each arm and each workload category (and ``all``):
+
+* ``time_per_committed_token_ms`` = sum(spec_decode_ms) / sum(spec_tokens);
+* ``speedup`` = [sum(ar_decode_ms) / sum(ar_tokens)] / [sum(spec_decode_ms) / sum(spec_tokens)],
+  the AR baseline of the same runs on the same prompts;
+* with ``baseline=V``: ``vs_baseline`` = time per committed token of arm ``V`` over this arm's,
+  on the prompts both arms ran (> 1: this arm is faster).
+
+Confidence intervals: ``scipy.stats.bootstrap`` with ``paired=True``, resampling prompts (every
+quantity of one prompt moves together). Runs whose timings are not honest
+(``cpu_budget_artifact``) and heuristic runs (``exact: false``) are labelled and reported in
+their own sections, never mixed with exact runs. Values are recomputed from ``per_prompt``; they
+agree with the record's own ``speedup`` metric when the runner derives it the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from harness.tracking.store import AXES, SECTIONS, json_column, read_results
+
+ALL = "all"
+SECTION_TITLES: dict[str, str] = {
+    "exact": "exact runs",
+    "heuristic": "HEURISTIC runs (exact: false; output distribution not guaranteed)",
+    "cpu_budget_artifact": "CPU-BUDGET ARTIFACTS (timings distorted by concurrent jobs or thread "
+    "budget; not comparable)",
+}
+_OPTION_KEYS = ("by", "baseline", "json", "level", "resamples", "seed", "method")
+_PROMPT_COLUMNS = ("spec_decode_ms", "spec_tokens", "ar_decode_ms", "ar_tokens")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point value with a bootstrap interval (``None`` where it cannot be computed)."""
+
+    value: float | None
+    ci_low: float | None = None
+    ci_high: float | None = None
+
+    def fmt(self, digits: int = 3) -> str:
+        if self.value is None:
+            return "-"
+        if self.ci_low is None or self.ci_high is None:
+            return f"{self.value:.{digits}f}"
+        return f"{self.value:.{digits}f} [{self.ci_low:.{digits}f}, {self.ci_high:.{digits}f}]"
+
+
+@dataclass(frozen=True)
+class ArmRow:
+    section: str
+    arm: str
+    category: str
+    n_prompts: int
+    run_ids: tuple[str, ...]
+    varying: dict[str, list[str]]
+    time_per_committed_token_ms: Estimate
+    ar_time_per_token_ms: float | None
+    speedup: Estimate
+    vs_baseline: Estimate | None = None
+    n_pairs_baseline: int = 0
+    labels: tuple[str, ...] = field(default=())
+
+
+# --------------------------------------------------------------------------------------------
+# statistics (vectorised over the resample axis, as scipy.stats.bootstrap calls them)
+
+
+def ratio_of_sums(ms: np.ndarray, tok: np.ndarray, axis: int = -1) -> np.ndarray:
+    # ms, tok: [..., P] per-prompt decode ms and token counts -> [...] ms per token
+    return np.sum(ms, axis=axis) / np.sum(tok, axis=axis)
+
+
+def speedup_statistic(
+    base_ms: np.ndarray, base_tok: np.ndarray, ms: np.ndarray, tok: np.ndarray, axis: int = -1
+) -> np.ndarray:
+    # all [..., P]: (base ms/token) / (arm ms/token)
+    return ratio_of_sums(base_ms, base_tok, axis) / ratio_of_sums(ms, tok, axis)
+
+
+def _clean(x: float) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def paired_bootstrap(
+    data: Sequence[np.ndarray],
+    statistic: Any,
+    *,
+    confidence_level: float,
+    n_resamples: int,
+    seed: int,
+    method: str,
+) -> Estimate:
+    """Point value and paired bootstrap CI of ``statistic(*data)`` over prompts (axis -1)."""
+    arrays = [np.asarray(a, dtype=float) for a in data]  # each [P]
+    n = arrays[0].shape[-1]
+    with warnings.catch_warnings():
+        # zero token counts give inf/NaN (reported as None); constant data gives a zero-width CI
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        warnings.simplefilter("ignore", category=stats.DegenerateDataWarning)
+        value = _clean(statistic(*arrays, axis=-1))
+        if value is None or n < 2:
+            return Estimate(value)
+        res = stats.bootstrap(
+            tuple(arrays),
+            statistic,
+            paired=True,
+            vectorized=True,
+            axis=-1,
+            n_resamples=n_resamples,
+            confidence_level=confidence_level,
+            method=method,
+            rng=np.random.default_rng(seed),
+        )
+    return Estimate(value, _clean(res.confidence_interval.low), _clean(res.confidence_interval.high))
+
+
+# --------------------------------------------------------------------------------------------
+# frames
+
+
+def _matches(value: Any, wanted: str) -> bool:
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        try:
+            return math.isclose(float(value), float(wanted), rel_tol=0, abs_tol=1e-12)
+        except ValueError:
+            return False
+    return str(value) == wanted
+
+
+def arm_label(value: Any) -> str:
+    if isinstance(value, (float, np.floating)):
+        return f"{float(value):g}"
+    return str(value)
+
+
+def filter_runs(df: pd.DataFrame, filters: Mapping[str, str]) -> pd.DataFrame:
+    """Keep runs whose column ``k`` matches ``v`` for every filter (numbers compared as numbers)."""
+    for key, wanted in filters.items():
+        if key not in df.columns:
+            raise ValueError(f"unknown filter {key!r}; expected an axis {list(AXES)} or a store column")
+        df = df[df[key].map(lambda v, w=wanted: _matches(v, w))]
+    return df
+
+
+def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, prompt) from the store's ``per_prompt`` column."""
+    rows: list[dict[str, Any]] = []
+    for (_, run), prompts in zip(df.iterrows(), json_column(df, "per_prompt"), strict=True):
+        for p in prompts or []:
+            rows.append(
+                {
+                    "run_id": run["run_id"],
+                    "section": run["section"],
+                    **{a: run[a] for a in AXES},
+                    "prompt_id": str(p["prompt_id"]),
+                    "category": str(p["category"]),
+                    **{c: float(p[c]) for c in _PROMPT_COLUMNS},
+                }
+            )
+    columns = ["run_id", "section", *AXES, "prompt_id", "category", *_PROMPT_COLUMNS]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _arm_prompts(long: pd.DataFrame) -> pd.DataFrame:
+    """Sum one arm's rows by prompt: [prompt_id] -> category + the four per-prompt columns."""
+    cats = long.groupby("prompt_id")["category"].nunique()
+    if (cats > 1).any():
+        bad = cats[cats > 1].index.tolist()
+        raise ValueError(f"prompts {bad} carry different categories in different runs")
+    summed = long.groupby("prompt_id", sort=True)[list(_PROMPT_COLUMNS)].sum()
+    summed["category"] = long.groupby("prompt_id", sort=True)["category"].first()
+    return summed
+
+
+def _varying(runs: pd.DataFrame, by: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for axis in AXES:
+        if axis == by or axis not in runs.columns:
+            continue
+        values = sorted({arm_label(v) for v in runs[axis]})
+        if len(values) > 1:
+            out[axis] = values
+    return out
+
+
+def _labels(section: str) -> tuple[str, ...]:
+    return {
+        "exact": (),
+        "heuristic": ("heuristic (exact: false)",),
+        "cpu_budget_artifact": ("cpu_budget_artifact",),
+    }[section]
+
+
+def compare(
+    df: pd.DataFrame,
+    *,
+    by: str = "proposer",
+    baseline: str | None = None,
+    filters: Mapping[str, str] | None = None,
+    confidence_level: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    method: str = "percentile",
+) -> list[ArmRow]:
+    """Arms side by side per section and category (see the module docstring)."""
+    if by not in df.columns:
+        raise ValueError(f"by must name an axis {list(AXES)} or a store column; got {by!r}")
+    if not 0.0 < confidence_level < 1.0:
+        raise ValueError(f"confidence level must be in (0, 1); got {confidence_level}")
+    runs = filter_runs(df, filters or {})
+    if runs.empty:
+        raise ValueError(f"no runs left after filters {dict(filters or {})}")
+    long = prompt_table(runs)
+    boot = dict(confidence_level=confidence_level, n_resamples=n_resamples, seed=seed, method=method)
+
+    arms: dict[tuple[str, str], pd.DataFrame] = {}
+    arm_runs: dict[tuple[str, str], pd.DataFrame] = {}
+    for (section, value), group in runs.groupby(["section", by], sort=True):
+        key = (str(section), arm_label(value))
+        arm_runs[key] = group
+        arms[key] = _arm_prompts(long[long["run_id"].isin(group["run_id"])])
+
+    base_key: dict[str, tuple[str, str] | None] = {}
+    if baseline is not None:
+        for section in SECTIONS:
+            same, exact = (section, baseline), ("exact", baseline)
+            base_key[section] = same if same in arms else exact if exact in arms else None
+        if all(v is None for v in base_key.values()):
+            raise ValueError(
+                f"baseline {by}={baseline!r} has no runs; arms: {sorted({k[1] for k in arms})}"
+            )
+
+    out: list[ArmRow] = []
+    for section in SECTIONS:
+        for key in sorted(k for k in arms if k[0] == section):
+            prompts = arms[key]
+            categories = [*sorted(prompts["category"].unique()), ALL]
+            for cat in categories:
+                p = prompts if cat == ALL else prompts[prompts["category"] == cat]
+                if p.empty:
+                    continue
+                tpt = paired_bootstrap(
+                    (p["spec_decode_ms"], p["spec_tokens"]), ratio_of_sums, **boot
+                )
+                speed = paired_bootstrap(
+                    (p["ar_decode_ms"], p["ar_tokens"], p["spec_decode_ms"], p["spec_tokens"]),
+                    speedup_statistic,
+                    **boot,
+                )
+                vs, n_pairs = None, 0
+                bk = base_key.get(section)
+                if bk is not None:
+                    b = arms[bk] if cat == ALL else arms[bk][arms[bk]["category"] == cat]
+                    common = p.index.intersection(b.index)
+                    n_pairs = len(common)
+                    if n_pairs:
+                        b, a = b.loc[common], p.loc[common]
+                        vs = paired_bootstrap(
+                            (b["spec_decode_ms"], b["spec_tokens"], a["spec_decode_ms"],
+                             a["spec_tokens"]),
+                            speedup_statistic,
+                            **boot,
+                        )
+                out.append(
+                    ArmRow(
+                        section=section,
+                        arm=key[1],
+                        category=cat,
+                        n_prompts=len(p),
+                        run_ids=tuple(sorted(arm_runs[key]["run_id"])),
+                        varying=_varying(arm_runs[key], by),
+                        time_per_committed_token_ms=tpt,
+                        ar_time_per_token_ms=_clean(p["ar_decode_ms"].sum() / p["ar_tokens"].sum())
+                        if p["ar_tokens"].sum() else None,
+                        speedup=speed,
+                        vs_baseline=vs,
+                        n_pairs_baseline=n_pairs,
+                        labels=_labels(section),
+                    )
+                )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# output
+
+
+def format_table(rows: Sequence[ArmRow], *, by: str, baseline: str | None, level: float) -> str:
+    """Plain-text tables, one per section, with each section's label as its heading."""
+    pct = f"{level * 100:g}% CI"
+    lines: list[str] = []
+    for section in SECTIONS:
+        sec = [r for r in rows if r.section == section]
+        if not sec:
+            continue
+        header = [by, "category", "prompts", "runs", f"ms/committed token [{pct}]", "AR ms/token",
+                  f"speedup vs AR [{pct}]"]
+        if baseline is not None:
+            header.append(f"vs {by}={baseline} [{pct}]")
+        header.append("mixed axes")
+        body = []
+        for r in sec:
+            line = [r.arm, r.category, str(r.n_prompts), str(len(r.run_ids)),
+                    r.time_per_committed_token_ms.fmt(2), Estimate(r.ar_time_per_token_ms).fmt(2),
+                    r.speedup.fmt(3)]
+            if baseline is not None:
+                line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-")
+            line.append("; ".join(f"{k}={','.join(v)}" for k, v in r.varying.items()) or "-")
+            body.append(line)
+        widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
+        lines.append(f"== {SECTION_TITLES[section]} ==")
+        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+        lines.append("  ".join("-" * w for w in widths))
+        lines.extend("  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) for b in body)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def to_json(rows: Sequence[ArmRow], **meta: Any) -> dict[str, Any]:
+    sections: dict[str, list[dict[str, Any]]] = {s: [] for s in SECTIONS}
+    for r in rows:
+        d = asdict(r)
+        d["run_ids"] = list(r.run_ids)
+        d["labels"] = list(r.labels)
+        sections[r.section].append(d)
+    return {**meta, "sections": sections}
+
+
+def parse_kv(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """``["root", "by=proposer"]`` -> (positionals, {key: value}); ``--k=v`` is accepted too."""
+    positionals: list[str] = []
+    kv: dict[str, str] = {}
+    for arg in argv:
+        key, sep, value = arg.lstrip("-").partition("=")
+        if sep and key:
+            if key in kv:
+                raise ValueError(f"{key}= given twice: {kv[key]!r} and {value!r}")
+            kv[key] = value
+        else:
+            positionals.append(arg)
+    return positionals, kv
+
+
+USAGE = (
+    "usage: harness compare <records_root | store.parquet> [by=proposer] [baseline=VALUE] "
+    "[json=PATH] [level=0.95] [resamples=2000] [seed=0] [method=percentile|basic|BCa] "
+    "[<axis>=<value> ...]"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(USAGE)
+        return 0 if argv else 2
+    try:
+        positionals, kv = parse_kv(argv)
+        if len(positionals) != 1:
+            raise ValueError(f"expected one records folder or store; got {positionals}")
+        df, _ = read_results(positionals[0])
+        opts = {k: kv.pop(k) for k in _OPTION_KEYS if k in kv}
+        by = opts.get("by", "proposer")
+        level = float(opts.get("level", 0.95))
+        rows = compare(
+            df,
+            by=by,
+            baseline=opts.get("baseline"),
+            filters=kv,
+            confidence_level=level,
+            n_resamples=int(opts.get("resamples", 2000)),
+            seed=int(opts.get("seed", 0)),
+            method=opts.get("method", "percentile"),
+        )
+    except (ValueError, KeyError) as exc:
+        print(f"harness compare: {exc}\n{USAGE}", file=sys.stderr)
+        return 2
+    print(format_table(rows, by=by, baseline=opts.get("baseline"), level=level))
+    if "json" in opts:
+        payload = to_json(
+            rows,
+            source=str(positionals[0]),
+            by=by,
+            baseline=opts.get("baseline"),
+            filters=kv,
+            confidence_level=level,
+            n_resamples=int(opts.get("resamples", 2000)),
+            seed=int(opts.get("seed", 0)),
+            method=opts.get("method", "percentile"),
+            pairing="prompt_id",
+        )
+        Path(opts["json"]).parent.mkdir(parents=True, exist_ok=True)
+        Path(opts["json"]).write_text(json.dumps(payload, indent=1) + "\n")
+        print(f"wrote {opts['json']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""`harness compare`: paired, per-category arms with bootstrap CIs (issue 8, item 4)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.tracking.compare import (
+    ALL,
+    compare,
+    main,
+    paired_bootstrap,
+    parse_kv,
+    speedup_statistic,
+)
+from harness.tracking.store import aggregate, load_record, rebuild_store
+
+FIXTURES = Path(__file__).parent / "fixtures" / "records"
+
+
+def _toy(runs: dict[str, dict], section: str = "exact") -> pd.DataFrame:
+    """A store frame from {run_id: {proposer, prompts: [(id, cat, spec_ms, spec_tok, ar_ms, ar_tok)]}}."""
+    rows = []
+    for run_id, spec in runs.items():
+        rows.append(
+            {
+                "run_id": run_id,
+                "section": spec.get("section", section),
+                "proposer": spec["proposer"],
+                "topology": "tree",
+                "verifier": spec.get("verifier", "greedy"),
+                "temperature": 0.0,
+                "batch_size": 1,
+                "workload": "w",
+                "model": "m",
+                "per_prompt": json.dumps(
+                    [
+                        dict(zip(("prompt_id", "category", "spec_decode_ms", "spec_tokens",
+                                  "ar_decode_ms", "ar_tokens"), p, strict=True))
+                        for p in spec["prompts"]
+                    ]
+                ),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _row(rows, arm, category=ALL, section="exact"):
+    (hit,) = [r for r in rows if r.arm == arm and r.category == category and r.section == section]
+    return hit
+
+
+def test_hand_computed_speedup_and_time_per_token():
+    # a: spec 30+50 ms for 10+10 tokens -> 4 ms/token; AR 60+100 ms for 10+10 tokens -> 8 ms/token
+    df = _toy({"r1": {"proposer": "a", "prompts": [("p1", "code", 30, 10, 60, 10),
+                                                   ("p2", "chat", 50, 10, 100, 10)]}})
+    rows = compare(df, by="proposer", n_resamples=200)
+    all_ = _row(rows, "a")
+    assert all_.time_per_committed_token_ms.value == pytest.approx(4.0)
+    assert all_.speedup.value == pytest.approx(2.0)  # not mean of ratios: (160/20)/(80/20)
+    assert all_.ar_time_per_token_ms == pytest.approx(8.0)
+    code = _row(rows, "a", "code")
+    assert code.n_prompts == 1 and code.speedup.value == pytest.approx(2.0)
+    assert code.speedup.ci_low is None  # one prompt: no interval, never a made-up one
+
+
+def test_speedup_is_ratio_of_sums_not_mean_of_ratios():
+    # per-prompt speedups 4 and 1/3: the ratio of sums is (40+10)/(10+30) = 1.25,
+    # the mean of per-prompt ratios would be (4 + 1/3)/2 = 2.17
+    df = _toy({"r1": {"proposer": "a", "prompts": [("p1", "c", 10, 10, 40, 10), ("p2", "c", 30, 10, 10, 10)]}})
+    assert _row(compare(df, n_resamples=200), "a").speedup.value == pytest.approx(1.25)
+
+
+def test_pairing_on_prompts_gives_a_tight_interval_when_the_ratio_is_constant():
+    # prompt lengths differ wildly, but arm b is exactly 1.5x faster than arm a on every prompt
+    sizes = [(10, 5), (200, 50), (35, 20), (900, 300), (60, 12), (15, 3)]
+    a = [(f"p{i}", "c", ms, tok, 2 * ms, tok) for i, (ms, tok) in enumerate(sizes)]
+    b = [(f"p{i}", "c", ms / 1.5, tok, 2 * ms, tok) for i, (ms, tok) in enumerate(sizes)]
+    df = _toy({"ra": {"proposer": "a", "prompts": a}, "rb": {"proposer": "b", "prompts": b}})
+    rows = compare(df, by="proposer", baseline="a", n_resamples=500)
+    vs = _row(rows, "b").vs_baseline
+    assert vs.value == pytest.approx(1.5)
+    assert vs.ci_low == pytest.approx(1.5) and vs.ci_high == pytest.approx(1.5)
+    assert _row(rows, "b").n_pairs_baseline == 6
+    # the arm's own time per token does vary with the resampled prompts
+    tpt = _row(rows, "b").time_per_committed_token_ms
+    assert tpt.ci_high - tpt.ci_low > 0.5
+
+
+def test_pairing_uses_only_common_prompts():
+    a = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 10, 10, 20, 10), ("p3", "c", 1000, 10, 20, 10)]
+    b = [("p1", "c", 5, 10, 20, 10), ("p2", "c", 5, 10, 20, 10)]
+    df = _toy({"ra": {"proposer": "a", "prompts": a}, "rb": {"proposer": "b", "prompts": b}})
+    row = _row(compare(df, baseline="a", n_resamples=200), "b")
+    assert row.n_pairs_baseline == 2
+    assert row.vs_baseline.value == pytest.approx(2.0)  # p3 (only in a) is left out
+
+
+def test_runs_of_one_arm_are_summed_per_prompt_and_mixed_axes_reported():
+    r1 = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 10, 10, 20, 10)]
+    r2 = [("p1", "c", 30, 10, 20, 10), ("p2", "c", 30, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": r1},
+               "r2": {"proposer": "a", "verifier": "specinfer", "prompts": r2}})
+    row = _row(compare(df, n_resamples=200), "a")
+    assert row.run_ids == ("r1", "r2") and row.n_prompts == 2
+    assert row.time_per_committed_token_ms.value == pytest.approx(2.0)  # 80 ms / 40 tokens
+    assert row.varying == {"verifier": ["greedy", "specinfer"]}
+
+
+def test_paired_bootstrap_is_reproducible_and_covers_the_point():
+    rng = np.random.default_rng(1)
+    ms, tok = rng.uniform(100, 400, 20), rng.integers(20, 80, 20).astype(float)
+    data = (2 * ms, tok, ms, tok * rng.uniform(0.9, 1.1, 20))
+    kw = dict(confidence_level=0.9, n_resamples=400, method="percentile")
+    e1 = paired_bootstrap(data, speedup_statistic, seed=3, **kw)
+    assert e1.ci_low < e1.value < e1.ci_high
+    assert e1.ci_high - e1.ci_low < 0.2
+    assert paired_bootstrap(data, speedup_statistic, seed=3, **kw) == e1
+    assert paired_bootstrap(data, speedup_statistic, seed=4, **kw) != e1
+
+
+def test_fixture_arms_match_the_records_and_sections_stay_apart():
+    df = aggregate(FIXTURES)
+    rows = compare(df, by="proposer", filters={"batch_size": "1", "verifier": "greedy"}, n_resamples=300)
+    rec = load_record(FIXTURES / "fixture-sweep" / "fx03-hydra-greedy-t0-b1")
+    hydra = _row(rows, "hydra")
+    assert hydra.run_ids == ("fx03-hydra-greedy-t0-b1",)
+    assert hydra.speedup.value == pytest.approx(rec["metrics"]["speedup"], abs=1e-4)
+    assert hydra.time_per_committed_token_ms.value == pytest.approx(
+        rec["metrics"]["time_per_committed_token_ms"], abs=1e-4)
+    assert {r.category for r in rows} == {"code", "chat", ALL}
+    assert _row(rows, "hydra", "code").n_prompts == 4
+    by_section = {s: {rid for r in rows if r.section == s for rid in r.run_ids}
+                  for s in ("exact", "cpu_budget_artifact")}
+    assert by_section["cpu_budget_artifact"] == {"fx09-prompt_lookup-greedy-t0-b1"}
+    assert "fx09-prompt_lookup-greedy-t0-b1" not in by_section["exact"]
+    assert _row(rows, "prompt_lookup", section="cpu_budget_artifact").labels == ("cpu_budget_artifact",)
+    # the heuristic run is filtered out by verifier=greedy; with T=0.7 it is in its own section
+    rows = compare(df, by="verifier", filters={"temperature": "0.7"}, baseline="specinfer", n_resamples=300)
+    typical = _row(rows, "typical", section="heuristic")
+    assert typical.labels == ("heuristic (exact: false)",)
+    assert typical.vs_baseline is not None and typical.n_pairs_baseline == 8  # vs the exact baseline
+    assert not [r for r in rows if r.section == "exact" and r.arm == "typical"]
+
+
+def test_compare_refuses_bad_arguments():
+    df = aggregate(FIXTURES)
+    with pytest.raises(ValueError, match="by must name an axis"):
+        compare(df, by="colour")
+    with pytest.raises(ValueError, match="unknown filter 'colour'"):
+        compare(df, filters={"colour": "red"})
+    with pytest.raises(ValueError, match="no runs left"):
+        compare(df, filters={"batch_size": "3"})
+    with pytest.raises(ValueError, match="baseline proposer='medusa' has no runs"):
+        compare(df, baseline="medusa")
+    with pytest.raises(ValueError, match="given twice"):
+        parse_kv(["by=a", "by=b"])
+
+
+def test_main_prints_sections_and_writes_json(tmp_path, capsys):
+    root = tmp_path / "recs"
+    shutil.copytree(FIXTURES, root)
+    rebuild_store(root)
+    out = tmp_path / "cmp.json"
+    rc = main([str(root / "store.parquet"), "by=proposer", "baseline=prompt_lookup", "batch_size=1",
+               f"json={out}", "resamples=300"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "== exact runs ==" in text and "HEURISTIC" in text and "CPU-BUDGET" in text
+    assert "vs proposer=prompt_lookup" in text
+    payload = json.loads(out.read_text())
+    assert payload["pairing"] == "prompt_id" and payload["filters"] == {"batch_size": "1"}
+    rest = [r for r in payload["sections"]["exact"] if r["arm"] == "rest" and r["category"] == ALL][0]
+    assert rest["run_ids"] == ["fx02-rest-greedy-t0-b1", "fx04-rest-specinfer-t0.7-b1"]
+    assert rest["vs_baseline"]["ci_low"] <= rest["vs_baseline"]["value"] <= rest["vs_baseline"]["ci_high"]
+    # records folder and store give the same numbers
+    rc = main([str(root), "by=proposer", "baseline=prompt_lookup", "batch_size=1",
+               f"json={tmp_path / 'b.json'}", "resamples=300"])
+    assert rc == 0
+    assert json.loads((tmp_path / "b.json").read_text())["sections"] == payload["sections"]
+
+
+def test_main_reports_errors_with_usage(capsys):
+    assert main([str(FIXTURES), "colour=red"]) == 2
+    assert "unknown filter 'colour'" in capsys.readouterr().err
+    assert main([]) == 2
