@@ -1,0 +1,569 @@
+"""`harness report`: a Markdown report with PNGs, regenerated from stored records only (item 5).
+
+    harness report <records_root | store.parquet> [out=DIR] [recipe=default]
+
+The recipe (``reports/<name>.yaml``, or a path to a YAML file) lists the plots, in order, with
+optional filters; see ``reports/default.yaml``. This module reads records (through
+:mod:`harness.tracking.store`) and nothing else: never the model, never the engine.
+
+Kept apart: heuristic runs (``exact: false``) and CPU-budget artifacts are listed in their own
+tables and, where a plot shows them, drawn with their own markers and labelled. Numbers quoted
+from papers (``source_reported`` in the recipe) appear only in a table titled "source-reported".
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+from matplotlib.figure import Figure
+
+from harness.tracking.compare import (
+    ALL,
+    SECTION_TITLES,
+    arm_label,
+    compare,
+    filter_runs,
+    paired_bootstrap,
+    parse_kv,
+    speedup_statistic,
+)
+from harness.tracking.store import AXES, ROUND_COST_STAGES, SECTIONS, json_column, read_results
+
+REPO_REPORTS = Path(__file__).resolve().parents[2] / "reports"
+SECTION_STYLE: dict[str, dict[str, Any]] = {
+    "exact": {"marker": "o", "linestyle": "-", "tag": ""},
+    "heuristic": {"marker": "^", "linestyle": "--", "tag": " [heuristic, exact=false]"},
+    "cpu_budget_artifact": {"marker": "x", "linestyle": ":", "tag": " [CPU-budget artifact]"},
+}
+SECTION_LEGEND: dict[str, str] = {
+    "exact": "exact runs",
+    "heuristic": "heuristic runs (exact: false)",
+    "cpu_budget_artifact": "CPU-budget artifacts (timing distorted)",
+}
+STAGE_COLORS = ["#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD"]
+PLOT_KEYS = {"kind", "name", "title", "where", "sections"}
+SOURCE_KEYS = ("source", "citation", "quantity", "value", "setting")
+
+
+@dataclass(frozen=True)
+class Plot:
+    """What a plot function returns: a figure, or the reason it has nothing to draw."""
+
+    figure: Figure | None
+    note: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# recipe
+
+
+def find_recipe(recipe: str) -> Path:
+    """A YAML path, else ``reports/<recipe>.yaml`` under the working directory, else the repo's."""
+    direct = Path(recipe)
+    if direct.suffix in {".yaml", ".yml"} and direct.is_file():
+        return direct
+    for folder in (Path.cwd() / "reports", REPO_REPORTS):
+        path = folder / f"{recipe}.yaml"
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"recipe {recipe!r} not found: looked for {direct}, {Path.cwd() / 'reports'}/{recipe}.yaml "
+        f"and {REPO_REPORTS}/{recipe}.yaml"
+    )
+
+
+def load_recipe(path: Path) -> dict[str, Any]:
+    recipe = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(recipe, dict) or not isinstance(recipe.get("plots"), list):
+        raise ValueError(f"{path}: a recipe is a mapping with a 'plots' list; got {recipe!r}")
+    for i, spec in enumerate(recipe["plots"]):
+        if not isinstance(spec, dict) or spec.get("kind") not in PLOTS:
+            raise ValueError(f"{path}: plots[{i}].kind must be one of {sorted(PLOTS)}; got {spec!r}")
+        extra = set(spec) - PLOT_KEYS
+        if extra:
+            raise ValueError(f"{path}: plots[{i}] has unknown keys {sorted(extra)}; allowed {sorted(PLOT_KEYS)}")
+        bad = set(spec.get("sections", [])) - set(SECTIONS)
+        if bad:
+            raise ValueError(f"{path}: plots[{i}].sections {sorted(bad)} not in {list(SECTIONS)}")
+    return recipe
+
+
+def load_source_reported(path: Path | None) -> list[dict[str, str]]:
+    """Entries of a source-reported YAML (``entries: [{source, citation, quantity, value, setting}]``)."""
+    if path is None:
+        return []
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    entries = data.get("entries") or []
+    for i, e in enumerate(entries):
+        missing = [k for k in SOURCE_KEYS if k not in e]
+        if missing:
+            raise ValueError(f"{path}: entries[{i}] is missing {missing}; each entry needs {list(SOURCE_KEYS)}")
+    return [{k: str(e[k]) for k in SOURCE_KEYS} for e in entries]
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def axis_piece(axis: str, value: Any) -> str:
+    """How one axis value reads in a legend: ``T=0.7``, ``b=4``, else the bare value."""
+    v = arm_label(value)
+    return {"temperature": f"T={v}", "batch_size": f"b={v}"}.get(axis, v)
+
+
+def run_labels(df: pd.DataFrame) -> dict[str, str]:
+    """Short label per run: only the axes that vary among the runs shown, plus the section tag."""
+    varying = [a for a in AXES if a in df.columns and df[a].map(arm_label).nunique() > 1]
+    labels: dict[str, str] = {}
+    for _, r in df.iterrows():
+        parts = [axis_piece(a, r[a]) for a in varying]
+        labels[r["run_id"]] = ("/".join(parts) or r["run_id"]) + SECTION_STYLE[r["section"]]["tag"]
+    return labels
+
+
+def _sections(df: pd.DataFrame, spec: Mapping[str, Any], default: Sequence[str]) -> pd.DataFrame:
+    return df[df["section"].isin(spec.get("sections", default))]
+
+
+def _num(x: Any) -> float | None:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _new_figure(width: float = 8.0, height: float = 4.5) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# plots: each takes the filtered store frame and its spec, returns a Plot
+
+
+def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
+    (section,) = spec.get("sections", ["exact"])[:1] or ["exact"]
+    runs = df[df["section"] == section]
+    if runs.empty:
+        return Plot(None, f"no {section} runs")
+    rows = [r for r in compare(runs, by="proposer") if r.section == section]
+    arms = sorted({r.arm for r in rows})
+    cats = sorted({r.category for r in rows} - {ALL}) + [ALL]
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    width = 0.8 / len(cats)
+    for j, cat in enumerate(cats):
+        xs, ys, lo, hi = [], [], [], []
+        for i, arm in enumerate(arms):
+            hit = [r for r in rows if r.arm == arm and r.category == cat]
+            if not hit or hit[0].speedup.value is None:
+                continue
+            s = hit[0].speedup
+            xs.append(i + (j - (len(cats) - 1) / 2) * width)
+            ys.append(s.value)
+            lo.append(s.value - (s.ci_low if s.ci_low is not None else s.value))
+            hi.append((s.ci_high if s.ci_high is not None else s.value) - s.value)
+        ax.bar(xs, ys, width=width, yerr=[lo, hi], capsize=3, label=f"category: {cat}",
+               color=None if cat != ALL else "0.55")
+    ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
+    ax.text(len(arms) - 0.5, 1.0, " AR = 1", va="bottom", ha="right", fontsize=8)
+    ax.set_xticks(range(len(arms)), arms)
+    ax.set_xlabel("proposer")
+    ax.set_ylabel("speedup over AR (sum AR ms/token / sum spec ms/token)")
+    ax.legend(fontsize=8)
+    ax.set_title(spec.get("title", f"Speedup by proposer and workload category ({section} runs; 95% "
+                                   "paired-bootstrap CI over prompts)"), fontsize=10)
+    return Plot(fig)
+
+
+def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
+    runs = _sections(df, spec, ["exact", "heuristic"])
+    if runs.empty:
+        return Plot(None, "no runs")
+    labels = run_labels(runs)
+    fig = _new_figure(10, 4.5)
+    ax_c, ax_r = fig.subplots(1, 2, sharey=True)
+    for (_, r), acc, reach in zip(runs.iterrows(), json_column(runs, "acceptance_by_depth"),
+                                  json_column(runs, "reach_by_depth"), strict=True):
+        acc, reach = acc or [], reach or []
+        st = SECTION_STYLE[r["section"]]
+        ax_c.plot(range(1, len(acc) + 1), acc, marker=st["marker"], linestyle=st["linestyle"],
+                  label=labels[r["run_id"]])
+        ax_r.plot(range(1, len(reach) + 1), reach, marker=st["marker"], linestyle=st["linestyle"])
+    ax_c.set_title("acceptance at depth d, given depth d-1 reached", fontsize=9)
+    ax_r.set_title("reach: P(accepted path length >= d)", fontsize=9)
+    for ax in (ax_c, ax_r):
+        ax.set_xlabel("depth d")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    ax_c.set_ylabel("probability")
+    fig.legend(loc="outside right center", fontsize=7)
+    fig.suptitle(spec.get("title", "Acceptance by depth"), fontsize=10)
+    return Plot(fig)
+
+
+def plot_accepted_length_hist(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
+    runs = _sections(df, spec, ["exact", "heuristic"])
+    if runs.empty:
+        return Plot(None, "no runs")
+    labels = run_labels(runs)
+    fig = _new_figure(9, 4.5)
+    ax = fig.add_subplot()
+    for (_, r), hist in zip(runs.iterrows(), json_column(runs, "accepted_length_hist"), strict=True):
+        hist = hist or []
+        total = sum(hist)
+        if not total:
+            continue
+        st = SECTION_STYLE[r["section"]]
+        ax.plot(range(len(hist)), [h / total for h in hist], marker=st["marker"],
+                linestyle=st["linestyle"], label=f"{labels[r['run_id']]} (n={total} rounds)")
+    ax.set_xlabel("accepted candidate tokens per round (bonus token not counted)")
+    ax.set_ylabel("fraction of rounds")
+    ax.grid(alpha=0.3)
+    fig.legend(loc="outside right center", fontsize=7)
+    ax.set_title(spec.get("title", "Accepted-length distribution"), fontsize=10)
+    return Plot(fig)
+
+
+def plot_round_cost(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
+    runs = _sections(df, spec, ["exact", "heuristic"])
+    if runs.empty:
+        return Plot(None, "no runs")
+    labels = run_labels(runs)
+    fig = _new_figure(9, 1.6 + 0.42 * len(runs))
+    ax = fig.add_subplot()
+    names = [labels[r] for r in runs["run_id"]]
+    left = np.zeros(len(runs))  # [R]
+    for stage, color in zip(ROUND_COST_STAGES, STAGE_COLORS, strict=True):
+        vals = runs[f"round_cost_ms.{stage}"].map(lambda v: _num(v) or 0.0).to_numpy()  # [R]
+        ax.barh(names, vals, left=left, color=color, label=stage)
+        left += vals
+    breakeven = (runs["ar_time_per_token_ms"] * runs["mean_committed_per_round"]).to_numpy()
+    ax.scatter(breakeven, names, marker="|", s=250, color="k", zorder=3,
+               label="break-even: AR ms/token x mean committed/round")
+    ax.invert_yaxis()
+    ax.set_xlabel("mean ms per round")
+    fig.legend(loc="outside lower center", ncol=4, fontsize=7)
+    ax.set_title(spec.get("title", "Round-cost ledger per run\n(a bar shorter than its break-even "
+                                   "mark is faster than AR)"), fontsize=10)
+    return Plot(fig)
+
+
+def plot_temp_kv_vs_rows(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
+    runs = _sections(df, spec, ["exact", "heuristic"])
+    if "config.topology.max_nodes" not in runs.columns or runs.empty:
+        return Plot(None, "no record carries config.topology.max_nodes")
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    mib = 1024.0 * 1024.0
+    for bs, group in runs.groupby("batch_size", sort=True):
+        rows = group["config.topology.max_nodes"].to_numpy(dtype=float)
+        ax.scatter(rows, group["temp_kv_bytes_peak"] / mib, marker="o", s=40,
+                   label=f"measured peak, b={arm_label(bs)}")
+        ax.scatter(rows, group["temp_kv_bytes_formula"] / mib, marker="s", s=90,
+                   facecolors="none", edgecolors="k", linewidths=0.8)
+    ax.scatter([], [], marker="s", facecolors="none", edgecolors="k", label="formula")
+    ax.set_xlabel("candidate rows per round (topology.max_nodes)")
+    ax.set_ylabel("temporary KV (MiB)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(spec.get("title", "Temporary KV bytes vs candidate rows"), fontsize=10)
+    return Plot(fig)
+
+
+def plot_t_profile(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
+    runs = _sections(df, spec, list(SECTIONS))
+    profiles = [(r, p) for (_, r), p in zip(runs.iterrows(), json_column(runs, "t_profile"), strict=True) if p]
+    if not profiles:
+        return Plot(None, "no record carries a t(n) profile")
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for r, p in profiles:
+        hw = r.get("hardware.cpu") or r.get("hardware.device") or ""
+        ax.plot(p["n"], p["t"], marker="o", label=f"{r['run_id']} ({hw})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("n: rows verified in one target forward")
+    ax.set_ylabel("t(n) ms")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    ax.set_title(spec.get("title", "Target verify time t(n) (hardware profile)"), fontsize=10)
+    return Plot(fig)
+
+
+def _run_speedup(row: pd.Series, prompts: list[dict[str, Any]] | None) -> tuple[float | None, float | None, float | None]:
+    if not prompts:
+        return None, None, None
+    arrays = [np.array([float(p[c]) for p in prompts]) for c in
+              ("ar_decode_ms", "ar_tokens", "spec_decode_ms", "spec_tokens")]  # each [P]
+    est = paired_bootstrap(arrays, speedup_statistic, confidence_level=0.95, n_resamples=1000, seed=0,
+                           method="percentile")
+    return est.value, est.ci_low, est.ci_high
+
+
+def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
+    runs = _sections(df, spec, ["exact"])
+    if runs.empty or runs["batch_size"].nunique() < 2:
+        return Plot(None, "fewer than two batch sizes among the runs")
+    series_axes = [a for a in AXES if a != "batch_size"]
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    keyed = runs.assign(_key=runs[series_axes].apply(lambda r: tuple(arm_label(v) for v in r), axis=1))
+    vary = [a for a in series_axes if runs[a].map(arm_label).nunique() > 1]
+    for key, group in keyed.groupby("_key", sort=True):
+        if group["batch_size"].nunique() < 2:
+            continue
+        group = group.sort_values("batch_size")
+        pts = [_run_speedup(r, p) for (_, r), p in zip(group.iterrows(), json_column(group, "per_prompt"), strict=True)]
+        ys = np.array([np.nan if p[0] is None else p[0] for p in pts], dtype=float)
+        lo = np.nan_to_num(ys - np.array([np.nan if p[1] is None else p[1] for p in pts], dtype=float))
+        hi = np.nan_to_num(np.array([np.nan if p[2] is None else p[2] for p in pts], dtype=float) - ys)
+        label = "/".join(axis_piece(a, group.iloc[0][a]) for a in vary) or "runs"
+        ax.errorbar(group["batch_size"], ys, yerr=[lo, hi], marker="o", capsize=3, label=label)
+    ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(runs["batch_size"].unique()), [arm_label(b) for b in sorted(runs["batch_size"].unique())])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("speedup over AR at the same batch size")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(spec.get("title", "Speedup vs batch size (95% paired-bootstrap CI over prompts)"), fontsize=10)
+    return Plot(fig)
+
+
+def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
+    runs = _sections(df, spec, list(SECTIONS))
+    runs = runs.dropna(subset=["mean_committed_per_round", "time_per_committed_token_ms"])
+    if runs.empty:
+        return Plot(None, "no run has both time per committed token and mean committed per round")
+    labels = run_labels(runs)
+    fig = _new_figure(9, 5.5)
+    ax = fig.add_subplot()
+    for section in SECTIONS:
+        group = runs[runs["section"] == section]
+        if group.empty:
+            continue
+        st = SECTION_STYLE[section]
+        ax.scatter(group["mean_committed_per_round"], group["time_per_committed_token_ms"],
+                   marker=st["marker"], s=50, label=SECTION_LEGEND[section])
+        for _, r in group.iterrows():
+            ax.annotate(labels[r["run_id"]], (r["mean_committed_per_round"], r["time_per_committed_token_ms"]),
+                        textcoords="offset points", xytext=(4, 3), fontsize=7)
+    exact = runs[runs["section"] == "exact"].sort_values(["mean_committed_per_round", "time_per_committed_token_ms"],
+                                                         ascending=[False, True])
+    if not exact.empty:
+        front, best = [], math.inf
+        for _, r in exact.iterrows():  # most committed first; keep each new best time
+            if r["time_per_committed_token_ms"] < best:
+                best = r["time_per_committed_token_ms"]
+                front.append((r["mean_committed_per_round"], best))
+        fx, fy = zip(*sorted(front), strict=True)
+        ax.plot(fx, fy, color="0.3", linewidth=1, marker="o", markersize=12, markerfacecolor="none",
+                label="frontier: no exact run commits more in less time")
+        ar = exact["ar_time_per_token_ms"].median()
+        if math.isfinite(ar):
+            ax.axhline(ar, color="k", linestyle="--", linewidth=0.8)
+            ax.text(ax.get_xlim()[0], ar, f" AR {ar:.1f} ms/token (median, exact runs)", va="bottom",
+                    fontsize=7)
+    ax.margins(x=0.2, y=0.08)
+    ax.set_xlabel("mean committed tokens per round (bonus token included)")
+    ax.set_ylabel("time per committed token (ms)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(spec.get("title", "Frontier: time per committed token vs mean committed per round"),
+                 fontsize=10)
+    return Plot(fig)
+
+
+HEADINGS: dict[str, str] = {
+    "speedup_by_proposer_workload": "Speedup by proposer and workload category",
+    "acceptance_by_depth": "Acceptance by depth",
+    "accepted_length_hist": "Accepted-length histograms",
+    "round_cost": "Round-cost ledger",
+    "temp_kv_vs_rows": "Temporary KV bytes vs candidate rows",
+    "t_profile": "Target verify time t(n)",
+    "speedup_vs_batch": "Speedup vs batch size",
+    "frontier": "Frontier: time per committed token vs mean committed tokens per round",
+}
+
+PLOTS: dict[str, Callable[[pd.DataFrame, Mapping[str, Any]], Plot]] = {
+    "speedup_by_proposer_workload": plot_speedup_by_proposer_workload,
+    "acceptance_by_depth": plot_acceptance_by_depth,
+    "accepted_length_hist": plot_accepted_length_hist,
+    "round_cost": plot_round_cost,
+    "temp_kv_vs_rows": plot_temp_kv_vs_rows,
+    "t_profile": plot_t_profile,
+    "speedup_vs_batch": plot_speedup_vs_batch,
+    "frontier": plot_frontier,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# markdown
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(v: Any) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+NUMERIC_COLUMNS = (
+    "time_per_committed_token_ms", "ar_time_per_token_ms", "speedup", "mean_committed_per_round",
+    "temp_kv_bytes_peak", "temp_kv_bytes_formula", "config.topology.max_nodes",
+)
+RUN_COLUMNS = ("run_id", *AXES, "speedup", "time_per_committed_token_ms", "ar_time_per_token_ms",
+               "mean_committed_per_round", "gates_passed")
+
+
+def _runs_section(df: pd.DataFrame) -> list[str]:
+    out: list[str] = []
+    for section in SECTIONS:
+        part = df[df["section"] == section]
+        if part.empty:
+            continue
+        out += [f"### {SECTION_TITLES[section]}", ""]
+        out.append(md_table(RUN_COLUMNS, [[r[c] for c in RUN_COLUMNS] for _, r in part.iterrows()]))
+        out.append("")
+    return out
+
+
+def _compare_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
+    by = cfg.get("by", "proposer")
+    baseline = cfg.get("baseline")
+    where = {k: str(v) for k, v in (cfg.get("where") or {}).items()}
+    try:
+        rows = compare(df, by=by, baseline=None if baseline is None else str(baseline), filters=where)
+    except ValueError as exc:
+        return [f"_comparison not available: {exc}_", ""]
+    out = [f"Arms by `{by}`" + (f", filters {where}" if where else "") + "; pairing unit: prompt; "
+           "95% paired-bootstrap CIs over prompts (`harness compare`).", ""]
+    for section in SECTIONS:
+        sec = [r for r in rows if r.section == section]
+        if not sec:
+            continue
+        header = [by, "category", "prompts", "runs", "ms/committed token", "speedup vs AR"]
+        if baseline is not None:
+            header.append(f"vs {by}={baseline}")
+        header.append("mixed axes")
+        body = []
+        for r in sec:
+            line = [r.arm, r.category, r.n_prompts, len(r.run_ids), r.time_per_committed_token_ms.fmt(2),
+                    r.speedup.fmt(3)]
+            if baseline is not None:
+                line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-")
+            line.append("; ".join(f"{k}={','.join(v)}" for k, v in r.varying.items()) or "-")
+            body.append(line)
+        out += [f"### {SECTION_TITLES[section]}", "", md_table(header, body), ""]
+    return out
+
+
+def numeric_metrics(df: pd.DataFrame) -> pd.DataFrame:
+    """Scalar metric columns as floats (a metric the runner did not measure is None -> NaN)."""
+    out = df.copy()
+    names = [c for c in out.columns if c.startswith("round_cost_ms.") or c in NUMERIC_COLUMNS]
+    for name in names:
+        out[name] = pd.to_numeric(out[name], errors="coerce")
+    return out
+
+
+def build_report(df: pd.DataFrame, out_dir: Path, recipe: Mapping[str, Any], *, recipe_path: Path,
+                 source: str) -> Path:
+    """Write ``report.md`` and one PNG per plot into ``out_dir``; returns the Markdown path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    df = numeric_metrics(df)
+    title = recipe.get("title", "Speculative decoding harness report")
+    lines = [
+        f"# {title}",
+        "",
+        f"Regenerated from {len(df)} stored run records under `{source}` (recipe "
+        f"`{recipe_path.name}`) on {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}. "
+        "Nothing here ran a model; every number comes from the records.",
+        "",
+        "## Runs",
+        "",
+        *_runs_section(df),
+        "## Comparison",
+        "",
+        *_compare_section(df, recipe.get("compare") or {}),
+        "## Plots",
+        "",
+    ]
+    for i, spec in enumerate(recipe["plots"]):
+        name = spec.get("name", spec["kind"])
+        where = {k: str(v) for k, v in (spec.get("where") or {}).items()}
+        runs = filter_runs(df, where) if where else df
+        heading = spec.get("title", HEADINGS[spec["kind"]])
+        lines += [f"### {heading}", ""]
+        if where:
+            lines += [f"Runs with {where}.", ""]
+        plot = PLOTS[spec["kind"]](runs, spec) if not runs.empty else Plot(None, f"no runs match {where}")
+        if plot.figure is None:
+            lines += [f"_Not drawn: {plot.note}._", ""]
+            continue
+        png = out_dir / f"{i + 1:02d}_{name}.png"
+        plot.figure.savefig(png)
+        lines += [f"![{heading}]({png.name})", ""]
+    sources = recipe.get("source_reported")
+    source_path = (recipe_path.parent / sources) if sources else None
+    entries = load_source_reported(source_path)
+    if entries:
+        lines += [
+            "## Source-reported numbers (not measured here)",
+            "",
+            "Quoted from the papers, measured by their authors on their models and hardware. "
+            "They are context, not expectations for this harness (reference 0x0D).",
+            "",
+            md_table(["label", *SOURCE_KEYS], [["source-reported", *(e[k] for k in SOURCE_KEYS)] for e in entries]),
+            "",
+        ]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+USAGE = "usage: harness report <records_root | store.parquet> [out=DIR] [recipe=default]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(USAGE)
+        return 0 if argv else 2
+    try:
+        positionals, kv = parse_kv(argv)
+        extra = set(kv) - {"out", "recipe"}
+        if len(positionals) != 1 or extra:
+            raise ValueError(f"expected one source and only out=/recipe=; got {positionals} and {sorted(extra)}")
+        df, root = read_results(positionals[0])
+        if df.empty:
+            raise ValueError(f"no records under {positionals[0]}")
+        recipe_path = find_recipe(kv.get("recipe", "default"))
+        recipe = load_recipe(recipe_path)
+        out_dir = Path(kv["out"]) if "out" in kv else (root or Path(".")) / "report"
+        path = build_report(df, out_dir, recipe, recipe_path=recipe_path, source=positionals[0])
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"harness report: {exc}\n{USAGE}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
