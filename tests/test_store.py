@@ -14,6 +14,7 @@ from harness.tracking.store import (
     REQUIRED_METRICS,
     RecordError,
     aggregate,
+    flatten_record,
     json_column,
     load_record,
     read_results,
@@ -163,3 +164,11 @@ def test_mixed_type_config_values_still_write(tmp_path):
 def test_empty_folder_gives_an_empty_frame(tmp_path):
     df = aggregate(tmp_path)
     assert df.empty and "speedup" in df.columns
+
+
+@pytest.mark.parametrize("passed, expected", [(True, True), (None, True), (False, False)])
+def test_gates_passed_treats_none_as_checked_later(passed, expected):
+    """The runner writes ``passed: None`` for a gate checked during measurement (greedy equality)."""
+    rec = load_record(HYDRA)
+    rec["gates"]["greedy_equality"] = {"passed": passed, "evidence": "checked on every prompt"}
+    assert flatten_record(rec)["gates_passed"] is expected

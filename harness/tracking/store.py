@@ -249,7 +249,7 @@ def flatten_record(record: Mapping[str, Any], *, record_dir: str = "") -> dict[s
         "manifest_hash": record["manifest_hash"],
         "schema_version": record["schema_version"],
         "record_dir": record_dir,
-        "gates_passed": all(bool(g.get("passed")) for g in record["gates"].values()),
+        "gates_passed": all(g.get("passed") is not False for g in record["gates"].values()),
         "section": section_of(
             exact=record["exact"],
             cpu_budget_artifact=record["metrics"]["cpu_budget_artifact"],

@@ -123,7 +123,7 @@ class Tracker:
             sweep=record["sweep"],
             exact=record["exact"],
             manifest_hash=record["manifest_hash"],
-            gates_passed=all(bool(g["passed"]) for g in record["gates"].values()),
+            gates_passed=all(g["passed"] is not False for g in record["gates"].values()),
         )
         run.summary.update(summary)
 
