@@ -1,0 +1,166 @@
+"""Round engine on the tiny model: greedy equality for every allowed proposer x topology x
+verifier at temperature 0, EOS inside an accepted path, input/cache lengths, negotiation."""
+
+import pytest
+import torch
+
+from harness.engine.decode import RoundConfig, decode
+from harness.proposers.base import Budget
+from harness.proposers.draft_model import DraftModelProposer
+from harness.proposers.prompt_lookup import NullProposer, PromptLookupProposer
+from harness.random_source import TorchRandomSource
+from harness.target.backend import CausalLMBackend
+from harness.target.loading import build_tiny_model
+from harness.verifiers import get_verifier
+from harness.verifiers.sampling import SamplingPolicy
+
+GREEDY = SamplingPolicy()
+PROMPT = [5, 17, 33, 8, 5, 17, 33, 9, 40, 41]
+NEW = 40
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = build_tiny_model(seed=1)
+    different = build_tiny_model(seed=1)  # the target's first layer only: agrees often, not always
+    different.model.layers = different.model.layers[:1]
+    different.config.num_hidden_layers = 1
+    return CausalLMBackend(target), CausalLMBackend(different), CausalLMBackend(build_tiny_model(seed=1))
+
+
+def run(backend, proposer, verifier="greedy", prompt=PROMPT, new=NEW, eos=frozenset(), budget=None, seed=0):
+    rounds = []
+    budget = budget or proposer.budget
+    res = decode(target=backend, proposer=proposer, verifier=get_verifier(verifier), policy=GREEDY, prompt_ids=prompt,
+                 max_new_tokens=new, eos_token_ids=eos, rng=TorchRandomSource(seed),
+                 round_cfg=RoundConfig(max_nodes=budget.max_nodes, max_depth=budget.max_depth),
+                 on_round=lambda **kw: rounds.append(kw))
+    return res, rounds
+
+
+def autoregressive(backend, prompt=PROMPT, new=NEW, eos=frozenset()):
+    null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h")
+    return run(backend, null, prompt=prompt, new=new, eos=eos)[0].tokens
+
+
+@torch.inference_mode()
+def hf_greedy(model, prompt, new):
+    ids = list(prompt)
+    for _ in range(new):
+        ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+COMBOS = [
+    ("prompt_lookup", Budget(shape="sequence", max_nodes=4, max_depth=4), None),
+    ("prompt_lookup", Budget(shape="sequences", max_nodes=12, max_depth=4), None),
+    ("draft_model", Budget(shape="sequence", max_nodes=4, max_depth=4), "beam"),
+    ("draft_model", Budget(shape="sequence", max_nodes=4, max_depth=4), "iid"),
+    ("draft_model", Budget(shape="set", max_nodes=3, max_depth=1, widths=(3,)), "beam"),
+    ("draft_model", Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1)), "beam"),
+    ("draft_model", Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1)), "without_replacement"),
+]
+
+
+def make(name, budget, sampling, draft_backend):
+    if name == "prompt_lookup":
+        return PromptLookupProposer(budget=budget, manifest_hash="h")
+    return DraftModelProposer(budget=budget, manifest_hash="h", policy=GREEDY, backend=draft_backend, sampling=sampling)
+
+
+def test_baseline_matches_plain_hf_greedy(models):
+    target, _, _ = models
+    assert autoregressive(target) == hf_greedy(target.model, PROMPT, NEW)
+
+
+@pytest.mark.parametrize("verifier", ["greedy", "membership"])
+@pytest.mark.parametrize("name,budget,sampling", COMBOS)
+def test_greedy_equality(models, name, budget, sampling, verifier):
+    target, different, _ = models
+    expected = autoregressive(target)
+    res, rounds = run(target, make(name, budget, sampling, different), verifier=verifier)
+    assert res.tokens == expected
+    accepted = [len(r["selection"].accepted_rows) for r in rounds]
+    rejected = [r for r in rounds if r["tree"].num_rows > len(r["selection"].accepted_rows)]
+    emitted = [len(r["emitted"]) for r in rounds]
+    assert max(emitted) >= 2, f"no round committed two or more tokens: {emitted}"
+    if budget.max_depth > 1:  # a one-position set can accept one candidate (+ the bonus) at most
+        assert max(accepted) >= 2, f"no round accepted two or more candidates: {accepted}"
+    assert rejected, "no round rejected a candidate"
+    assert res.ledger.committed_tokens == len(res.tokens)
+    # every round emits its accepted tokens plus one bonus/correction token, except a last round
+    # cut by max_new_tokens
+    assert res.ledger.committed_tokens - res.ledger.accepted_tokens in (res.ledger.rounds, res.ledger.rounds - 1)
+
+
+@pytest.mark.parametrize("budget", [Budget(shape="sequence", max_nodes=4, max_depth=4),
+                                    Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1))])
+def test_identical_draft_accepts_its_whole_greedy_path(models, budget):
+    target, _, same = models
+    expected = autoregressive(target)
+    res, rounds = run(target, make("draft_model", budget, "beam", same))
+    assert res.tokens == expected
+    for r in rounds[:-1]:  # the last round may be cut by max_new_tokens
+        assert len(r["selection"].accepted_rows) == budget.max_depth
+
+
+def test_eos_inside_accepted_path_truncates(models):
+    target, _, same = models
+    free = autoregressive(target)
+    eos_tok = free[5]  # a token the greedy path emits at position 5
+    first = free.index(eos_tok)
+    res, rounds = run(target, make("draft_model", Budget(shape="sequence", max_nodes=4, max_depth=4), "beam", same),
+                      eos=frozenset({eos_tok}))
+    assert res.tokens == free[: first + 1]
+    assert res.finished_by == "eos"
+    assert res.ledger.committed_tokens == first + 1  # what follows EOS is neither emitted nor counted
+
+
+def test_max_new_tokens_inside_accepted_path(models):
+    target, _, same = models
+    res, _ = run(target, make("draft_model", Budget(shape="sequence", max_nodes=4, max_depth=4), "beam", same), new=7)
+    assert len(res.tokens) == 7 and res.ledger.committed_tokens == 7
+
+
+def test_verify_input_and_cache_lengths(models):
+    """The prefix is never recomputed; the pending token rides in the verify forward."""
+    target, different, _ = models
+    seen = []
+    orig = target.forward_rows
+
+    def spy(seq, input_ids, position_ids, mask, **kw):
+        seen.append((seq.cache_len, len(input_ids)))
+        return orig(seq, input_ids, position_ids, mask, **kw)
+
+    target.forward_rows = spy
+    try:
+        budget = Budget(shape="sequence", max_nodes=4, max_depth=4)
+        res, rounds = run(target, make("prompt_lookup", budget, None, different), new=12)
+    finally:
+        del target.forward_rows
+    assert seen[0] == (0, len(PROMPT) - 1)  # prefill: the prompt minus the pending token
+    committed = len(PROMPT)
+    for (cache_len, n_in), r in zip(seen[1:], rounds):
+        assert cache_len == committed - 1  # every committed token but the pending one is cached
+        assert n_in == 1 + r["tree"].num_rows  # [pending] + candidate rows, no extra forward
+        committed += len(r["emitted"])
+    assert len(seen) == 1 + len(rounds)
+
+
+def test_draft_cache_is_rolled_back_not_reprefilled(models):
+    target, different, _ = models
+    proposer = make("draft_model", Budget(shape="sequence", max_nodes=4, max_depth=4), "beam", different)
+    fed = []
+    orig = different.forward_rows
+
+    def spy(seq, input_ids, position_ids, mask, **kw):
+        fed.append(len(input_ids))
+        return orig(seq, input_ids, position_ids, mask, **kw)
+
+    different.forward_rows = spy
+    try:
+        run(target, proposer, new=24)
+    finally:
+        del different.forward_rows
+    assert fed[0] == len(PROMPT) - 1  # one draft prefill
+    assert max(fed[1:]) <= 1 + 4  # afterwards only accepted + pending tokens, never the prompt again
