@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from harness import config as _config  # noqa: F401  (registers the schemas)
-from harness.engine.build import Plan, build_proposer, plan
+from harness.engine.build import BuildContext, Plan, build_proposer, plan, prepare
 from harness.gates.stages import GateError
 from harness.engine.decode import DecodeResult, RoundConfig, check_temp_kv_budget, decode, greedy_divergence, top2_margin
 from harness.manifest import RECORD_SCHEMA_VERSION, freeze_manifest, manifest_hash
@@ -151,7 +151,10 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         raise GateError(f"KV bytes per token {backend.bytes_per_token} != config-derived {bpt}")
     draft_backend = CausalLMBackend(draft.model, device=device) if draft is not None else None
     items = encode_workload(cfg, target.tokenizer)
-    proposer = build_proposer(cfg, plan_, manifest_hash=mhash, draft_backend=draft_backend, tokenizer=target.tokenizer)
+    context = BuildContext(cfg=cfg, target_backend=backend, tokenizer=target.tokenizer, draft_backend=draft_backend,
+                           items=items, model_source=target.source)
+    plan_ = prepare(cfg, plan_, context)  # topology stages that need the models (e.g. Sequoia calibration)
+    proposer = build_proposer(cfg, plan_, manifest_hash=mhash, context=context)
     null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash=mhash)
     round_cfg = RoundConfig(max_nodes=plan_.budget.max_nodes, max_depth=plan_.budget.max_depth,
                             temp_kv_budget_bytes=cfg.generation.temp_kv_budget_bytes)
@@ -162,6 +165,9 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
 
     gates = run_gates(cfg, plan_=plan_, backend=backend, proposer=proposer, items=items, eos=eos,
                       round_cfg=round_cfg, model_source=target.source)
+    governance = proposer.check_workload(items, allow_leakage=bool(cfg.get("allow_leakage", False)))
+    if governance is not None:
+        gates["workload_governance"] = governance
 
     # 4. measure: warm-up (excluded), then both arms per prompt, interleaved
     max_new = int(cfg.generation.max_new_tokens)
@@ -260,6 +266,11 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         "cpu_budget_artifact": False,
         "job_seconds": time.perf_counter() - t_job,
     }
+    if not plan_.verifier.exact:
+        from harness.gates.drift import heuristic_drift
+
+        metrics["drift"] = heuristic_drift(cfg, plan_=plan_, backend=backend, proposer=proposer, items=items)
+    metrics.update(plan_.extras.get("metrics", {}))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     record = {
         "schema_version": RECORD_SCHEMA_VERSION,
@@ -286,7 +297,7 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         "per_prompt": per_prompt,
         "hardware": hardware_card(cfg.model.device),
         "model_source": target.source,
-        "artifacts": {},
+        "artifacts": dict(plan_.extras.get("artifacts", {})),
     }
     run_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl_atomic(run_dir / "outputs.jsonl", outputs)

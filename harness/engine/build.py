@@ -1,68 +1,99 @@
 """From a composed config to the round's objects. Everything that can be checked without a
-model (capabilities, negotiation, budgets) is checked here, before any model is loaded."""
+model (capabilities, negotiation, budgets) is checked here, before any model is loaded.
+
+Two registries keep the rooms pluggable:
+
+- ``PROPOSERS``: proposer name -> ``"module:Class"``. The class implements
+  ``declare(options, budget) -> Capabilities`` (classmethod, no model work) and
+  ``from_config(*, options, budget, manifest_hash, policy, context) -> Proposer`` (classmethod).
+- ``TOPOLOGIES``: topology name -> ``"module:function"`` with ``function(topology_cfg) -> Budget``.
+  ``TOPOLOGY_PREPARERS`` (optional, name -> ``"module:function"``) run after the models are loaded
+  and before the gates, ``function(cfg, plan, context) -> Plan`` (e.g. Sequoia calibration).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.proposers.base import Budget, budget_topology
+from harness.proposers.base import Budget
 from harness.verifiers import Capabilities, Verifier, get_verifier, negotiate
 from harness.verifiers.sampling import SamplingPolicy
 
-#: proposer name -> (module, class). Imported lazily.
-PROPOSERS = {
-    "prompt_lookup": ("harness.proposers.prompt_lookup", "PromptLookupProposer"),
-    "draft_model": ("harness.proposers.draft_model", "DraftModelProposer"),
-    "rest": ("harness.proposers.rest", "RestProposer"),
+PROPOSERS: dict[str, str] = {
+    "prompt_lookup": "harness.proposers.prompt_lookup:PromptLookupProposer",
+    "draft_model": "harness.proposers.draft_model:DraftModelProposer",
+    "rest": "harness.proposers.rest:RestProposer",
 }
+
+TOPOLOGIES: dict[str, str] = {
+    "sequence": "harness.engine.build:chain_budget",
+    "sequences": "harness.engine.build:chain_budget",
+    "set": "harness.engine.build:set_budget",
+    "expansion": "harness.engine.build:expansion_budget",
+}
+
+TOPOLOGY_PREPARERS: dict[str, str] = {}
 
 
 class ConfigError(ValueError):
     pass
 
 
-def sampling_policy(cfg: DictConfig) -> SamplingPolicy:
-    g = cfg.generation
-    return SamplingPolicy(temperature=float(g.temperature), top_p=float(g.top_p), top_k=int(g.top_k))
+def resolve(ref: str) -> Any:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+# --------------------------------------------------------------------------- topologies
+
+
+def chain_budget(t: DictConfig) -> Budget:
+    return Budget(shape=t.name, max_nodes=t.max_nodes, max_depth=t.max_depth)
+
+
+def set_budget(t: DictConfig) -> Budget:
+    return Budget(shape="set", max_nodes=t.max_nodes, max_depth=1, widths=(t.max_nodes,))
+
+
+def expansion_budget(t: DictConfig) -> Budget:
+    widths = tuple(int(w) for w in t.widths)
+    if not widths:
+        raise ConfigError("topology=expansion needs topology.widths, e.g. [2,2,1]")
+    if len(widths) > t.max_depth:
+        raise ConfigError(f"topology.widths has {len(widths)} levels, over topology.max_depth={t.max_depth}")
+    return Budget(shape="expansion", max_nodes=t.max_nodes, max_depth=len(widths), widths=widths)
 
 
 def budget_from_config(cfg: DictConfig) -> Budget:
-    t = cfg.topology
-    name = t.name
-    if name in ("sequence", "sequences"):
-        return Budget(shape=name, max_nodes=t.max_nodes, max_depth=t.max_depth)
-    if name == "set":
-        return Budget(shape="set", max_nodes=t.max_nodes, max_depth=1, widths=(t.max_nodes,))
-    if name == "expansion":
-        widths = tuple(int(w) for w in t.widths)
-        if not widths:
-            raise ConfigError("topology=expansion needs topology.widths, e.g. [2,2,1]")
-        if len(widths) > t.max_depth:
-            raise ConfigError(f"topology.widths has {len(widths)} levels, over topology.max_depth={t.max_depth}")
-        return Budget(shape="expansion", max_nodes=t.max_nodes, max_depth=len(widths), widths=widths)
-    raise ConfigError(f"unknown topology {name!r}; one of sequence, sequences, set, expansion")
+    name = cfg.topology.name
+    if name not in TOPOLOGIES:
+        raise ConfigError(f"unknown topology {name!r}; one of {sorted(TOPOLOGIES)}")
+    return resolve(TOPOLOGIES[name])(cfg.topology)
+
+
+# --------------------------------------------------------------------------- proposers
+
+
+def proposer_class(name: str):
+    if name not in PROPOSERS:
+        raise ConfigError(f"unknown proposer {name!r}; one of {sorted(PROPOSERS)}")
+    return resolve(PROPOSERS[name])
+
+
+def proposer_options(cfg: DictConfig) -> dict:
+    opts = OmegaConf.to_container(cfg.proposer, resolve=True)
+    opts.pop("name", None)
+    return opts
 
 
 def declared_capabilities(cfg: DictConfig, budget: Budget) -> Capabilities:
     """What the configured proposer will emit, known from config alone."""
-    p = cfg.proposer
-    if p.name not in PROPOSERS:
-        raise ConfigError(f"unknown proposer {p.name!r}; one of {sorted(PROPOSERS)}")
-    if p.name == "prompt_lookup":
-        sem, rel = "score_only", "deterministic_lookup"
-        if budget.shape not in ("sequence", "sequences"):
-            raise ConfigError(f"proposer=prompt_lookup builds topology=sequence or sequences; got {budget.shape!r}")
-    elif p.name == "rest":
-        sem, rel = "frequency", "deterministic_lookup"
-    else:
-        rel = str(p.sampling)
-        sem = "score_only" if rel == "beam" else "normalized_conditional"
-        if budget.shape == "sequences":
-            raise ConfigError("proposer=draft_model builds sequence, set or expansion topologies; got sequences")
-    return Capabilities(name=p.name, probability_semantics=frozenset({sem}),
-                        sampling_relations=frozenset({rel}), topology=budget_topology(budget))
+    cls = proposer_class(cfg.proposer.name)
+    return cls.declare(proposer_options(cfg), budget)
 
 
 @dataclass(frozen=True)
@@ -72,6 +103,15 @@ class Plan:
     capabilities: Capabilities
     verifier: Verifier
     baseline_verifier: Verifier
+    extras: dict = field(default_factory=dict)  # e.g. the tree artifact a preparer resolved
+
+    def with_budget(self, budget: Budget, **extras) -> "Plan":
+        return replace(self, budget=budget, extras={**self.extras, **extras})
+
+
+def sampling_policy(cfg: DictConfig) -> SamplingPolicy:
+    g = cfg.generation
+    return SamplingPolicy(temperature=float(g.temperature), top_p=float(g.top_p), top_k=int(g.top_k))
 
 
 def plan(cfg: DictConfig) -> Plan:
@@ -89,19 +129,25 @@ def plan(cfg: DictConfig) -> Plan:
     return Plan(policy=policy, budget=budget, capabilities=caps, verifier=verifier, baseline_verifier=baseline)
 
 
-def build_proposer(cfg: DictConfig, plan_: Plan, *, manifest_hash: str, draft_backend=None, tokenizer=None):
-    import importlib
+@dataclass
+class BuildContext:
+    """What a proposer may need once models are loaded."""
 
-    p = cfg.proposer
-    module, cls_name = PROPOSERS[p.name]
-    cls = getattr(importlib.import_module(module), cls_name)
-    opts = OmegaConf.to_container(p, resolve=True)
-    opts.pop("name")
-    common = dict(budget=plan_.budget, manifest_hash=manifest_hash, policy=plan_.policy)
-    if p.name == "prompt_lookup":
-        return cls(**common, **opts)
-    if p.name == "draft_model":
-        return cls(**common, backend=draft_backend, sampling=opts["sampling"])
-    if p.name == "rest":
-        return cls.from_config(**common, options=opts, tokenizer=tokenizer)
-    raise ConfigError(f"unknown proposer {p.name!r}")
+    cfg: DictConfig
+    target_backend: Any  # CausalLMBackend of the target
+    tokenizer: Any
+    draft_backend: Any = None  # CausalLMBackend of a separate draft model (proposer.model)
+    items: list = field(default_factory=list)  # [(Prompt, token ids)] of the workload
+    model_source: str = ""
+
+
+def prepare(cfg: DictConfig, plan_: Plan, context: BuildContext) -> Plan:
+    """Topology preparation that needs the models (calibration, profiles, artifacts)."""
+    ref = TOPOLOGY_PREPARERS.get(cfg.topology.name)
+    return resolve(ref)(cfg, plan_, context) if ref else plan_
+
+
+def build_proposer(cfg: DictConfig, plan_: Plan, *, manifest_hash: str, context: BuildContext):
+    cls = proposer_class(cfg.proposer.name)
+    return cls.from_config(options=proposer_options(cfg), budget=plan_.budget, manifest_hash=manifest_hash,
+                           policy=plan_.policy, context=context)

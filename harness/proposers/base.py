@@ -14,8 +14,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import torch
-
 from harness.contracts import ProposalResult
 from harness.random_source import RandomSource
 from harness.verifiers.base import Capabilities
@@ -63,6 +61,21 @@ class Proposer(ABC):
         self.policy = policy
         self.stats = ProposerStats()
 
+    @classmethod
+    def declare(cls, options: dict, budget: Budget) -> Capabilities:
+        """Capabilities known from config alone (negotiation runs before any model work).
+        Subclasses whose semantics depend on options (e.g. ``sampling``) override this."""
+        if budget.shape not in cls.shapes:
+            raise ValueError(
+                f"proposer {cls.name!r} cannot build topology {budget.shape!r}; it supports {sorted(cls.shapes)}")
+        return Capabilities(name=cls.name, probability_semantics=frozenset({cls.probability_semantics}),
+                            sampling_relations=frozenset({cls.sampling_relation}), topology=budget_topology(budget))
+
+    @classmethod
+    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context) -> "Proposer":
+        """Build from config options once models are loaded (``context``: engine.build.BuildContext)."""
+        return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, **options)
+
     def capabilities(self) -> Capabilities:
         return Capabilities(
             name=self.name,
@@ -70,6 +83,12 @@ class Proposer(ABC):
             sampling_relations=frozenset({self.sampling_relation}),
             topology=budget_topology(self.budget),
         )
+
+    def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict | None:
+        """Proposal-quality governance for the evaluation workload (e.g. datastore leakage).
+        Returns a gate entry (``{"passed": ...}``) or None when it does not apply; raises on a
+        refused workload."""
+        return None
 
     def start(self, prompt_ids: list[int]) -> None:
         """A new request begins (prompt ids, last token pending)."""
@@ -95,7 +114,3 @@ def budget_topology(budget: Budget) -> str:
     if budget.shape == "set":
         return "set"
     return "tree"
-
-
-def vector_probability(q: torch.Tensor, token: int) -> float:
-    return float(q[token])

@@ -58,6 +58,25 @@ class DraftModelProposer(Proposer):
         self.seq: Sequence | None = None
         self.peak_state_bytes = 0
 
+    @classmethod
+    def declare(cls, options: dict, budget: Budget):
+        from harness.proposers.base import budget_topology
+        from harness.verifiers.base import Capabilities
+
+        if budget.shape not in cls.shapes:
+            raise ValueError(f"proposer=draft_model builds {sorted(cls.shapes)}; got topology {budget.shape!r}")
+        rel = str(options.get("sampling", "iid"))
+        sem = "score_only" if rel == "beam" else "normalized_conditional"
+        return Capabilities(name=cls.name, probability_semantics=frozenset({sem}),
+                            sampling_relations=frozenset({rel}), topology=budget_topology(budget))
+
+    @classmethod
+    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
+        if context.draft_backend is None:
+            raise ValueError("proposer=draft_model needs a loaded draft model (proposer.model)")
+        return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, backend=context.draft_backend,
+                   sampling=options.get("sampling", "iid"))
+
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompt_ids: list[int]) -> None:
         self.seq = self.backend.prefill(prompt_ids)
