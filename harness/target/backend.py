@@ -52,13 +52,24 @@ def kv_bytes_per_token(model: torch.nn.Module, dtype: torch.dtype | None = None)
     return layers * 2 * kv_heads * head_dim * itemsize
 
 
+def cache_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-layer (keys, values) ``[B, H_kv, S, d_h]`` of a DynamicCache (transformers >= 4.56
+    keeps them on ``cache.layers``; older releases, which the GPU check may meet, on lists)."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers
+                if getattr(layer, "keys", None) is not None and layer.keys.numel()]
+    return list(zip(cache.key_cache, cache.value_cache))
+
+
+def set_cache_kv(cache, index: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    if hasattr(cache, "layers"):
+        cache.layers[index].keys, cache.layers[index].values = keys, values
+    else:
+        cache.key_cache[index], cache.value_cache[index] = keys, values
+
+
 def cache_bytes(cache) -> int:
-    total = 0
-    for layer in cache.layers:
-        if getattr(layer, "keys", None) is not None and layer.keys.numel():
-            total += layer.keys.numel() * layer.keys.element_size()
-            total += layer.values.numel() * layer.values.element_size()
-    return total
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in cache_kv(cache))
 
 
 @dataclass
@@ -82,7 +93,11 @@ class CausalLMBackend:
     def new_sequence(self) -> Sequence:
         from transformers import DynamicCache
 
-        return Sequence(cache=DynamicCache(config=self.model.config), tokens=[])
+        try:
+            cache = DynamicCache(config=self.model.config)
+        except TypeError:  # transformers < 4.56
+            cache = DynamicCache()
+        return Sequence(cache=cache, tokens=[])
 
     @torch.inference_mode()
     def forward_rows(self, seq: Sequence, input_ids: Seq[int], position_ids: Seq[int] | torch.Tensor,
@@ -122,9 +137,8 @@ class CausalLMBackend:
             seq.tokens = seq.tokens[:new_len]
         else:
             idx = torch.tensor(list(range(keep_upto)) + extra, dtype=torch.long, device=self.device)
-            for layer in seq.cache.layers:
-                layer.keys = layer.keys.index_select(-2, idx)
-                layer.values = layer.values.index_select(-2, idx)
+            for i, (k, v) in enumerate(cache_kv(seq.cache)):
+                set_cache_kv(seq.cache, i, k.index_select(-2, idx), v.index_select(-2, idx))
             seq.tokens = seq.tokens[:keep_upto] + [seq.tokens[i] for i in extra]
         seq.provisional_rows = 0
         seq.cache_generation += 1

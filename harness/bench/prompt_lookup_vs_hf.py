@@ -1,0 +1,171 @@
+"""Benchmark: our prompt lookup vs transformers' ``generate(prompt_lookup_num_tokens=...)``.
+
+Same model, prompts, threads and process; greedy; identical outputs asserted (token for token,
+each arm against plain autoregressive decoding). Arms, interleaved per prompt:
+
+- ``hf_ar``: ``model.generate`` greedy;
+- ``hf_pld``: ``model.generate(prompt_lookup_num_tokens=K, max_matching_ngram_size=n)``;
+- ``ours_ar``: our round loop with an empty proposer;
+- ``ours_sequence``: our prompt lookup, one continuation (same n and K as transformers);
+- ``ours_tree``: several matches merged into one verified tree, budget from the measured t(n).
+
+Decode time only (prefill and the first token are excluded from both families by timing
+``max_new_tokens`` generation and subtracting a 1-token generation for the HF arms; our arms report
+decode time directly). Writes JSON to ``--out``.
+
+    python -m harness.bench.prompt_lookup_vs_hf --limit 10 --max-new-tokens 128 --out results/bench/pld.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def measure_t_of_n(backend, prompt_ids, ns, reps=5):
+    """Median verify-forward time of n candidate rows (+ the pending row) over a real prefix."""
+    from harness.contracts import NO_STATE, ProposalNode, ProposalResult
+    from harness.topology.compiler import compile_tree
+
+    out = {}
+    for n in ns:
+        times = []
+        for _ in range(reps):
+            seq = backend.prefill(prompt_ids)
+            nodes = tuple(ProposalNode(token_id=int(prompt_ids[i % len(prompt_ids)]), parent=i - 1 if i % 4 else -1,
+                                       score=1.0) for i in range(n))
+            tree = compile_tree([ProposalResult(nodes=nodes, probability_semantics="score_only",
+                                                sampling_relation="deterministic_lookup", topology="tree",
+                                                state_handle=NO_STATE, manifest_hash="bench")],
+                                prefix_len=len(prompt_ids))
+            t0 = time.perf_counter()
+            backend.verify(seq, prompt_ids[-1], tree)
+            times.append(time.perf_counter() - t0)
+        out[n] = statistics.median(times) * 1e3
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=int, default=10)
+    ap.add_argument("--split", default="eval")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--num-tokens", type=int, default=10, help="K: transformers' prompt_lookup_num_tokens")
+    ap.add_argument("--ngram", type=int, default=2, help="n: transformers' max_matching_ngram_size")
+    ap.add_argument("--tree-nodes", type=int, default=0, help="ours_tree budget; 0 = sized from measured t(n)")
+    ap.add_argument("--tree-matches", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="results/bench/prompt_lookup_vs_hf.json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from tqdm import tqdm
+
+    from harness.engine.decode import RoundConfig, decode
+    from harness.proposers.base import Budget
+    from harness.proposers.prompt_lookup import NullProposer, PromptLookupProposer
+    from harness.random_source import TorchRandomSource
+    from harness.target.backend import CausalLMBackend
+    from harness.target.loading import load_model
+    from harness.verifiers import get_verifier
+    from harness.verifiers.sampling import SamplingPolicy
+    from harness.workloads.prompts import encode_prompt, load_workload
+
+    loaded = load_model(name="smollm2")
+    model, tok = loaded.model, loaded.tokenizer
+    backend = CausalLMBackend(model)
+    prompts = load_workload(name="humaneval", split=args.split, limit=args.limit)
+    items = [(p, encode_prompt(p, tok, chat=False)) for p in prompts]
+    eos = frozenset({int(tok.eos_token_id)})
+    greedy = get_verifier("greedy")
+    policy = SamplingPolicy()
+
+    t_of_n = measure_t_of_n(backend, items[0][1], [0, 1, 2, 4, 8, 12, 16, 24, 32])
+    if args.tree_nodes:
+        tree_nodes = args.tree_nodes
+    else:
+        # the largest budget whose verify forward costs at most 1.5 single steps (t(n)/t(0) <= 1.5)
+        ok = [n for n, t in t_of_n.items() if n and t <= 1.5 * t_of_n[0]]
+        tree_nodes = max(ok) if ok else 4
+
+    def ours(proposer, ids, new):
+        rc = RoundConfig(max_nodes=proposer.budget.max_nodes, max_depth=proposer.budget.max_depth)
+        res = decode(target=backend, proposer=proposer, verifier=greedy, policy=policy, prompt_ids=ids,
+                     max_new_tokens=new, eos_token_ids=eos, rng=TorchRandomSource(0), round_cfg=rc)
+        return res.tokens, res.decode_ms, res.ledger
+
+    def hf(ids, new, **kw):
+        inp = torch.tensor([ids])
+        mask = torch.ones_like(inp)
+        t0 = time.perf_counter()
+        out = model.generate(inp, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                             pad_token_id=tok.eos_token_id, **kw)
+        return out[0, len(ids):].tolist(), (time.perf_counter() - t0) * 1e3
+
+    arms = {
+        "ours_ar": lambda ids, new: ours(NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="b"), ids, new),
+        "ours_sequence": lambda ids, new: ours(PromptLookupProposer(
+            budget=Budget("sequence", args.num_tokens, args.num_tokens), manifest_hash="b", max_ngram=args.ngram),
+            ids, new),
+        "ours_tree": lambda ids, new: ours(PromptLookupProposer(
+            budget=Budget("sequences", tree_nodes, args.num_tokens), manifest_hash="b", max_ngram=args.ngram,
+            max_matches=args.tree_matches), ids, new),
+        "hf_ar": lambda ids, new: hf(ids, new),
+        "hf_pld": lambda ids, new: hf(ids, new, prompt_lookup_num_tokens=args.num_tokens,
+                                      max_matching_ngram_size=args.ngram),
+    }
+    # warm-up (excluded)
+    for fn in arms.values():
+        fn(items[0][1], 8)
+    totals = {a: {"decode_ms": 0.0, "tokens": 0, "rounds": 0} for a in arms}
+    mismatches = []
+    for i, (p, ids) in enumerate(tqdm(items, desc="prompts", file=sys.stderr)):
+        order = list(arms) if i % 2 == 0 else list(reversed(arms))
+        outs = {}
+        for a in order:
+            if a.startswith("hf"):
+                toks, ms = arms[a](ids, args.max_new_tokens)
+                _, first_ms = arms[a](ids, 1)  # prefill + first token, subtracted: decode only
+                outs[a] = toks
+                totals[a]["decode_ms"] += ms - first_ms
+                totals[a]["tokens"] += len(toks) - 1
+            else:
+                toks, ms, ledger = arms[a](ids, args.max_new_tokens)
+                outs[a] = toks
+                totals[a]["decode_ms"] += ms
+                totals[a]["tokens"] += len(toks)
+                totals[a]["rounds"] += ledger.rounds
+        ref = outs["ours_ar"]
+        for a, toks in outs.items():
+            if toks != ref:
+                mismatches.append({"prompt_id": p.prompt_id, "arm": a,
+                                   "first_diff": next((k for k, (x, y) in enumerate(zip(toks, ref)) if x != y),
+                                                      min(len(toks), len(ref)))})
+    per_tok = {a: v["decode_ms"] / max(v["tokens"], 1) for a, v in totals.items()}
+    result = {
+        "prompts": len(items), "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
+        "K": args.num_tokens, "ngram": args.ngram, "tree_nodes": tree_nodes, "tree_matches": args.tree_matches,
+        "t_of_n_ms": t_of_n, "time_per_token_ms": per_tok,
+        "tokens_per_round": {a: v["tokens"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
+        "ours_sequence_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_sequence"],
+        "ours_tree_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_tree"],
+        "ours_tree_vs_ours_ar": per_tok["ours_ar"] / per_tok["ours_tree"],
+        "outputs_identical": not mismatches, "mismatches": mismatches, "totals": totals,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: result[k] for k in ("time_per_token_ms", "tokens_per_round", "ours_sequence_vs_hf_pld",
+                                             "ours_tree_vs_hf_pld", "ours_tree_vs_ours_ar", "outputs_identical",
+                                             "tree_nodes")}, indent=2))
+    return 0 if not mismatches else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""GPU check: equivalence and a timing sweep on one CUDA device, in well under five minutes.
+
+Runs on a GPU machine with no network, where only small files can be brought along and torch /
+transformers may be older than ours: the model is SmolLM2-shaped (30 layers, hidden 576, 9 query
+heads, 3 KV heads, vocab 49152) built from its config with random weights; exactness does not depend
+on weights, and timing depends on shapes.
+
+1. Equivalence (fp32 and the configured dtype): every tree row's logits equal its root-to-node path
+   decoded sequentially; the cache after committing a non-contiguous path over three rounds equals
+   sequential decoding.
+2. Timing with CUDA events: t(n) for n = 1 + candidate rows (real tree masks) over a 256-token
+   prefix, normalised to t(1); the same through our round loop (AR vs prompt lookup) for a
+   repetitive prompt, time per committed token.
+
+    python -m harness.gpu_check --out gpu_check.json [--dtype bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def smollm2_shaped(dtype: torch.dtype, device: str, layers: int = 30):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                      rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1,
+                      eos_token_id=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def kary_tree(tokens, n_rows, width=2):
+    from harness.contracts import NO_STATE, ProposalNode, ProposalResult
+
+    nodes = []
+    for i in range(n_rows):
+        parent = -1 if i < width else (i - width) // width
+        nodes.append(ProposalNode(token_id=int(tokens[i % len(tokens)]), parent=parent, score=1.0))
+    return ProposalResult(nodes=tuple(nodes), probability_semantics="score_only",
+                          sampling_relation="deterministic_lookup", topology="tree", state_handle=NO_STATE,
+                          manifest_hash="gpu")
+
+
+@torch.inference_mode()
+def equivalence(model, device) -> dict:
+    from harness.gates.stages import equivalence_gate
+    from harness.target.backend import CausalLMBackend
+
+    backend = CausalLMBackend(model, device=torch.device(device))
+    ids = torch.randint(3, 49000, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    return equivalence_gate(backend, ids)
+
+
+@torch.inference_mode()
+def t_of_n(model, device, ns, prefix=256, reps=20) -> dict:
+    from harness.target.backend import CausalLMBackend
+    from harness.topology.compiler import compile_tree
+
+    backend = CausalLMBackend(model, device=torch.device(device))
+    ids = torch.randint(3, 49000, (prefix,), generator=torch.Generator().manual_seed(1)).tolist()
+    out = {}
+    for n in ns:
+        tree = compile_tree([kary_tree(ids, n - 1)] if n > 1 else [], prefix_len=prefix)
+        seq = backend.prefill(ids)
+        base = seq.cache_len
+        times = []
+        for r in range(reps + 3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            backend.verify(seq, ids[-1], tree)
+            end.record()
+            torch.cuda.synchronize()
+            backend.truncate(seq, base)
+            if r >= 3:  # warm-up excluded
+                times.append(start.elapsed_time(end))
+        q = statistics.quantiles(times, n=4)
+        out[n] = {"median_ms": statistics.median(times), "iqr_ms": q[2] - q[0]}
+    t1 = out[ns[0]]["median_ms"]
+    for n in ns:
+        out[n]["normalised"] = out[n]["median_ms"] / t1
+    return out
+
+
+@torch.inference_mode()
+def round_loop(model, device, new_tokens=64) -> dict:
+    from harness.engine.decode import RoundConfig, decode
+    from harness.proposers.base import Budget
+    from harness.proposers.prompt_lookup import NullProposer, PromptLookupProposer
+    from harness.random_source import TorchRandomSource
+    from harness.target.backend import CausalLMBackend
+    from harness.verifiers import get_verifier
+    from harness.verifiers.sampling import SamplingPolicy
+
+    backend = CausalLMBackend(model, device=torch.device(device))
+    base = torch.randint(3, 49000, (24,), generator=torch.Generator().manual_seed(2)).tolist()
+    prompt = base * 8  # repetitive: prompt lookup finds matches
+    out = {}
+    for name, prop in (("ar", NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="g")),
+                       ("prompt_lookup_sequences", PromptLookupProposer(budget=Budget("sequences", 16, 8),
+                                                                         manifest_hash="g"))):
+        rc = RoundConfig(max_nodes=prop.budget.max_nodes, max_depth=prop.budget.max_depth)
+        for warm in (True, False):
+            res = decode(target=backend, proposer=prop, verifier=get_verifier("greedy"), policy=SamplingPolicy(),
+                         prompt_ids=prompt, max_new_tokens=8 if warm else new_tokens, eos_token_ids=frozenset(),
+                         rng=TorchRandomSource(0), round_cfg=rc)
+        out[name] = {"time_per_committed_token_ms": res.decode_ms / len(res.tokens), "tokens": res.tokens,
+                     "rounds": res.ledger.rounds, "round_cost_ms": res.ledger.summary()["round_cost_ms"]}
+    out["greedy_identical"] = out["ar"]["tokens"] == out["prompt_lookup_sequences"]["tokens"]
+    out["speedup"] = (out["ar"]["time_per_committed_token_ms"]
+                      / out["prompt_lookup_sequences"]["time_per_committed_token_ms"])
+    for v in out.values():
+        if isinstance(v, dict):
+            v.pop("tokens", None)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="GPU equivalence + timing check")
+    ap.add_argument("--out", default="gpu_check.json")
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    import transformers
+
+    report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "transformers": transformers.__version__, "dtype": args.dtype}
+    dtype = getattr(torch, args.dtype)
+    report["equivalence_fp32"] = equivalence(smollm2_shaped(torch.float32, args.device, layers=4), args.device)
+    model = smollm2_shaped(dtype, args.device)
+    report["equivalence"] = equivalence(model, args.device)
+    report["t_of_n"] = t_of_n(model, args.device, [1, 2, 4, 8, 16, 32, 64, 128])
+    report["round_loop"] = round_loop(model, args.device)
+    report["seconds"] = time.perf_counter() - t0
+    report["passed"] = bool(report["equivalence_fp32"]["passed"] and report["equivalence"]["passed"]
+                            and report["round_loop"]["greedy_identical"])
+    Path(args.out).write_text(json.dumps(report, indent=2, default=str))
+    print(json.dumps(report, indent=2, default=str))
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
