@@ -37,6 +37,8 @@ class PromptLookupConfig(ProposerConfig):
     max_ngram: int = 3
     min_ngram: int = 1
     max_matches: int = 8
+    budget_policy: str = "fixed"  # fixed | adaptive (rows chosen from measured t(n) and learned acceptance)
+    verify_cost: Optional[list[float]] = None  # normalised t(1..max_nodes+1); measured when absent
 
 
 @dataclass
@@ -48,13 +50,38 @@ class DraftModelConfig(ProposerConfig):
 
 
 @dataclass
+class DatastoreConfig:
+    """A REST datastore (conf/datastore/*.yaml, composed at ``proposer.datastore``)."""
+
+    corpus: str = "stdlib"  # stdlib | sharegpt (harness/workloads/corpora.py)
+    path: Optional[str] = None  # a datastore directory (its release manifest rules); null: cache, built on first use
+    max_tokens: Optional[int] = 2_000_000  # build cap (sentinels included)
+    context_len: int = 16
+    continuation_len: int = 8
+    max_matches: int = 64
+    exclude: str = "humaneval"  # humaneval | sharegpt_heldout | none | F.jsonl (comma-separated)
+    leakage_threshold: int = 32  # run-time refusal at a longest match >= this many tokens
+    verify_corpus: bool = True  # recompute the corpus snapshot on load
+
+
+@dataclass
 class RestConfig(ProposerConfig):
     name: str = "rest"
-    datastore: str = "stdlib"  # a datastore name under the cache, or a directory
+    datastore: DatastoreConfig = field(default_factory=DatastoreConfig)
     max_suffix: int = 16
     min_suffix: int = 2
     max_matches: int = 64
     continuation_len: int = 8
+
+
+@dataclass
+class MergedConfig(ProposerConfig):
+    """proposer=merged: several sources merged by full prefix into one tree per round."""
+
+    name: str = "merged"
+    sources: list[str] = field(default_factory=lambda: ["rest", "prompt_lookup"])
+    rest: RestConfig = field(default_factory=RestConfig)
+    prompt_lookup: PromptLookupConfig = field(default_factory=PromptLookupConfig)
 
 
 @dataclass
@@ -65,6 +92,35 @@ class TopologyConfig:
     widths: list[int] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     tree_artifact: Optional[str] = None
+
+
+@dataclass
+class SequoiaCalibrationConfig:
+    parents: int = 500  # parent nodes measured; fewer (prompts ran out) fails the stage
+    branches: int = 8  # sibling slots tried per parent: the acceptance vector's length
+    max_new_tokens: int = 64  # committed tokens per calibration prompt
+    prompts: Optional[int] = None  # limit on calibration-split prompts (None: as many as needed)
+    z: float = 1.96  # Wilson interval normal quantile
+
+
+@dataclass
+class HardwareProfileConfig:
+    prefix_len: int = 256  # cached prefix the timed forwards attend to
+    warmup: int = 2  # untimed forwards per size
+    repeats: int = 7  # timed forwards per size (median and IQR recorded)
+
+
+@dataclass
+class SequoiaTopologyConfig(TopologyConfig):
+    """topology=sequoia: a calibrated, hardware-aware tree (harness/topology/sequoia_artifact.py)."""
+
+    name: str = "sequoia"
+    min_nodes: int = 2  # smallest n (root included) searched; 1 admits plain AR
+    reuse: bool = True  # load matching artifacts from $HARNESS_CACHE/sequoia instead of re-measuring
+    calibration_artifact: Optional[str] = None  # explicit calibration JSON (provenance still checked)
+    profile_artifact: Optional[str] = None  # explicit hardware profile JSON (provenance still checked)
+    calibration: SequoiaCalibrationConfig = field(default_factory=SequoiaCalibrationConfig)
+    profile: HardwareProfileConfig = field(default_factory=HardwareProfileConfig)
 
 
 @dataclass
@@ -130,6 +186,7 @@ class Config:
     sweep: Optional[str] = None
     concurrent_jobs: int = 1
     output_dir: Optional[str] = None  # default: Hydra's run directory
+    allow_leakage: bool = False  # run despite an evaluation prompt leaked into a datastore (recorded)
 
 
 def register_configs() -> None:
@@ -139,7 +196,10 @@ def register_configs() -> None:
     cs.store(group="proposer", name="base_prompt_lookup", node=PromptLookupConfig)
     cs.store(group="proposer", name="base_draft_model", node=DraftModelConfig)
     cs.store(group="proposer", name="base_rest", node=RestConfig)
+    cs.store(group="proposer", name="base_merged", node=MergedConfig)
+    cs.store(group="datastore", name="base_datastore", node=DatastoreConfig)
     cs.store(group="topology", name="base_topology", node=TopologyConfig)
+    cs.store(group="topology", name="base_sequoia", node=SequoiaTopologyConfig)
     cs.store(group="verifier", name="base_verifier", node=VerifierConfig)
     cs.store(group="workload", name="base_workload", node=WorkloadConfig)
     cs.store(group="tracking", name="base_tracking", node=TrackingConfig)

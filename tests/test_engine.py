@@ -164,3 +164,34 @@ def test_draft_cache_is_rolled_back_not_reprefilled(models):
         del different.forward_rows
     assert fed[0] == len(PROMPT) - 1  # one draft prefill
     assert max(fed[1:]) <= 1 + 4  # afterwards only accepted + pending tokens, never the prompt again
+
+
+def test_adaptive_prompt_lookup_is_exact_and_uses_the_cost_curve(models):
+    target, _, _ = models
+    expected = autoregressive(target)
+    budget = Budget(shape="sequences", max_nodes=12, max_depth=4)
+    flat = [1.0 + 0.01 * k for k in range(13)]  # rows nearly free: keep (almost) everything
+    steep = [1.0 + 2.0 * k for k in range(13)]  # each row costs two steps: never worth it
+    kept = {}
+    for name, cost in (("flat", flat), ("steep", steep)):
+        prop = PromptLookupProposer(budget=budget, manifest_hash="h", budget_policy="adaptive", verify_cost=cost)
+        res, rounds = run(target, prop)
+        assert res.tokens == expected
+        kept[name] = prop.stats.extras["rows_kept"]
+    assert kept["steep"] == 0
+    assert kept["flat"] > 0
+    with pytest.raises(ValueError, match="verify_cost"):
+        PromptLookupProposer(budget=budget, manifest_hash="h", budget_policy="adaptive")
+
+
+def test_acceptance_rates_learn_from_commits():
+    prop = PromptLookupProposer(budget=Budget(shape="sequences", max_nodes=8, max_depth=4), manifest_hash="h",
+                                budget_policy="adaptive", verify_cost=[1.0] * 9)
+    committed = [1, 2, 3, 9, 1, 2, 3]
+    result = prop.propose(committed, TorchRandomSource(0))
+    assert [n.token_id for n in result.nodes][:1] == [9]
+    prop.observe_commit(committed + [9, 1, 7])  # 9 and 1 accepted, then 7 instead of 2
+    key1 = prop.rates.key(1, 3, 0)
+    assert prop.rates.tried[key1] == 1 and prop.rates.accepted[key1] == 1
+    key3 = prop.rates.key(3, 3, 0)
+    assert prop.rates.tried[key3] == 1 and prop.rates.accepted.get(key3, 0) == 0

@@ -3,9 +3,17 @@
 ``shape=sequence`` copies one continuation (the most recent occurrence of the longest matching
 suffix n-gram, as in the reference's pseudocode). ``shape=sequences`` merges the continuations of
 up to ``max_matches`` occurrences (longest n first, then more recent first; shorter n-grams fill
-the remaining matches) into one prefix tree within the node budget: several matches verified in
-one forward, which is what a single-sequence lookup lacks. Candidates carry a ``score`` (the
-matched n-gram length), never a ``q``.
+the remaining matches) into one prefix tree: several matches verified in one forward.
+
+``budget=adaptive`` sizes each round's tree from the measured verify cost instead of a fixed
+count: every candidate row gets an estimated reach probability (the product, along its path, of
+acceptance rates learned online per depth, matched n-gram length and sibling rank), rows are
+taken in descending reach order (a prefix-closed set, since a child never out-reaches its parent),
+and the round keeps the ``k`` rows that minimise ``t(1 + k) / (1 + sum of their reach)``, the
+predicted time per committed token. The rates are proposal-side statistics only: they change which
+candidates are verified, never what is accepted, so exactness is untouched.
+
+Candidates carry a ``score`` (the matched n-gram length), never a ``q``.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from harness.contracts import ProposalNode, ProposalResult
+from harness.contracts import ProposalNode, ProposalResult, ProposalStateHandle
 from harness.proposers.base import Budget, Proposer
 from harness.random_source import RandomSource
 
@@ -24,7 +32,7 @@ def find_continuations(tokens: np.ndarray, *, max_ngram: int, min_ngram: int, ma
     """``[(ngram_len, continuation)]`` for earlier occurrences of the suffix, best first.
 
     tokens: ``[T]`` int. An occurrence at ``i`` matches ``tokens[i:i+n] == tokens[T-n:]`` with
-    ``i + n < T`` (it has at least one following token) and ``i < T - n`` (not the suffix itself).
+    ``i + n < T`` (it has at least one following token, so it is not the suffix itself).
     """
     total = len(tokens)
     out: list[tuple[int, np.ndarray]] = []
@@ -44,6 +52,30 @@ def find_continuations(tokens: np.ndarray, *, max_ngram: int, min_ngram: int, ma
     return out
 
 
+class AcceptanceRates:
+    """Online per-(depth, n-gram length, sibling rank) acceptance rates with a Beta prior."""
+
+    def __init__(self, *, prior_accept: float = 1.0, prior_reject: float = 1.0, max_depth_key: int = 8,
+                 max_rank_key: int = 3) -> None:
+        self.prior = (prior_accept, prior_reject)
+        self.max_depth_key = max_depth_key
+        self.max_rank_key = max_rank_key
+        self.accepted: dict[tuple[int, int, int], int] = {}
+        self.tried: dict[tuple[int, int, int], int] = {}
+
+    def key(self, depth: int, ngram: int, rank: int) -> tuple[int, int, int]:
+        return min(depth, self.max_depth_key), ngram, min(rank, self.max_rank_key)
+
+    def rate(self, key: tuple[int, int, int]) -> float:
+        a, b = self.prior
+        return (self.accepted.get(key, 0) + a) / (self.tried.get(key, 0) + a + b)
+
+    def observe(self, key: tuple[int, int, int], accepted: bool) -> None:
+        self.tried[key] = self.tried.get(key, 0) + 1
+        if accepted:
+            self.accepted[key] = self.accepted.get(key, 0) + 1
+
+
 class PromptLookupProposer(Proposer):
     name: ClassVar[str] = "prompt_lookup"
     probability_semantics: ClassVar[str] = "score_only"
@@ -51,43 +83,109 @@ class PromptLookupProposer(Proposer):
     shapes: ClassVar[frozenset[str]] = frozenset({"sequence", "sequences"})
 
     def __init__(self, *, budget: Budget, manifest_hash: str, policy=None, max_ngram: int = 3,
-                 min_ngram: int = 1, max_matches: int = 8) -> None:
+                 min_ngram: int = 1, max_matches: int = 8, budget_policy: str = "fixed",
+                 verify_cost: list[float] | None = None) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
         if not (1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram; got {min_ngram}, {max_ngram}")
+        if budget_policy not in ("fixed", "adaptive"):
+            raise ValueError(f"proposer.budget_policy must be fixed or adaptive; got {budget_policy!r}")
+        if budget_policy == "adaptive":
+            if not verify_cost or len(verify_cost) < budget.max_nodes + 1:
+                raise ValueError(f"budget_policy=adaptive needs verify_cost t(1..{budget.max_nodes + 1}) "
+                                 f"(normalised verify cost per row count); got {verify_cost!r}")
+            if any(not np.isfinite(c) or c <= 0 for c in verify_cost):
+                raise ValueError(f"verify_cost must be positive and finite; got {verify_cost}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.max_matches = 1 if budget.shape == "sequence" else max_matches
+        self.budget_policy = budget_policy
+        self.verify_cost = np.asarray(verify_cost, dtype=np.float64) if verify_cost else None
+        self.rates = AcceptanceRates()
+        self._last: tuple[int, list[tuple[int, ...]], list[tuple[int, int, int]]] | None = None
+        self.stats.extras.update({"rows_proposed": 0, "rows_kept": 0})
 
+    @classmethod
+    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
+        opts = dict(options)
+        if opts.get("budget_policy") == "adaptive" and not opts.get("verify_cost"):
+            from harness.measure.verify_cost import measure_verify_cost
+
+            ids = context.items[0][1] if context.items else [1, 2, 3, 4] * 16
+            profile = measure_verify_cost(context.target_backend, ids, max_rows=budget.max_nodes)
+            opts["verify_cost"] = profile["normalised"]
+        return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, **opts)
+
+    # ------------------------------------------------------------------ proposing
     def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
         tokens = np.asarray(committed, dtype=np.int64)
         depth = self.budget.max_depth if self.budget.shape != "sequence" else min(
             self.budget.max_depth, self.budget.max_nodes)
         matches = find_continuations(tokens, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
                                      max_depth=depth, max_matches=self.max_matches)
-        nodes: list[ProposalNode] = []
+        prefixes: list[tuple[int, ...]] = []  # full candidate prefix of each node
+        parents: list[int] = []
+        keys: list[tuple[int, int, int]] = []
+        ngram_of: list[int] = []
         index: dict[tuple[int, ...], int] = {}
+        children: dict[int, int] = {}
+        limit = self.budget.max_nodes if self.budget_policy == "fixed" else 4 * self.budget.max_nodes
         for n, cont in matches:
             parent, prefix = -1, ()
             for tok in cont.tolist():
                 prefix += (tok,)
                 node = index.get(prefix)
                 if node is None:
-                    if len(nodes) >= self.budget.max_nodes:
+                    if len(prefixes) >= limit:
                         break
-                    node = index[prefix] = len(nodes)
-                    nodes.append(ProposalNode(token_id=tok, parent=parent, score=float(n), source=self.name))
+                    node = index[prefix] = len(prefixes)
+                    rank = children.get(parent, 0)
+                    children[parent] = rank + 1
+                    prefixes.append(prefix)
+                    parents.append(parent)
+                    ngram_of.append(n)
+                    keys.append(self.rates.key(len(prefix), n, rank))
                 parent = node
+        keep = list(range(len(prefixes)))
+        if self.budget_policy == "adaptive" and prefixes:
+            keep = self._choose_rows(parents, keys)
+        remap = {old: new for new, old in enumerate(keep)}
+        nodes = tuple(ProposalNode(token_id=prefixes[i][-1], parent=remap[parents[i]] if parents[i] >= 0 else -1,
+                                   score=float(ngram_of[i]), source=self.name) for i in keep)
+        self.stats.extras["rows_proposed"] += len(prefixes)
+        self.stats.extras["rows_kept"] += len(keep)
+        self._last = (len(committed), prefixes, keys)
         topology = "sequence" if all(nd.parent == i - 1 for i, nd in enumerate(nodes)) else "tree"
-        return ProposalResult(nodes=tuple(nodes), probability_semantics="score_only",
+        return ProposalResult(nodes=nodes, probability_semantics="score_only",
                               sampling_relation="deterministic_lookup", topology=topology,
-                              state_handle=self._handle(len(committed)), manifest_hash=self.manifest_hash,
-                              source=self.name)
+                              state_handle=ProposalStateHandle(owner=self.name, committed_len=len(committed)),
+                              manifest_hash=self.manifest_hash, source=self.name)
 
-    def _handle(self, committed_len: int):
-        from harness.contracts import ProposalStateHandle
+    def _choose_rows(self, parents: list[int], keys: list[tuple[int, int, int]]) -> list[int]:
+        """Rows in descending reach order; the count minimising predicted time per token."""
+        reach = np.empty(len(parents))
+        for i, (p, key) in enumerate(zip(parents, keys)):
+            reach[i] = (1.0 if p < 0 else reach[p]) * self.rates.rate(key)
+        order = np.argsort(-reach, kind="stable")  # a parent (earlier, reach >=) precedes its children
+        cap = min(len(order), self.budget.max_nodes)
+        expected = 1.0 + np.concatenate([[0.0], np.cumsum(reach[order[:cap]])])  # k = 0..cap
+        cost = self.verify_cost[: cap + 1]  # t(1 + k)
+        k = int(np.argmin(cost / expected))
+        return sorted(order[:k].tolist())
 
-        return ProposalStateHandle(owner=self.name, committed_len=committed_len)
+    def observe_commit(self, committed: list[int]) -> None:
+        """Update acceptance rates: walk the committed continuation through the last proposal."""
+        if self._last is None:
+            return
+        start, prefixes, keys = self._last
+        self._last = None
+        if not prefixes:
+            return
+        continuation = tuple(committed[start:])
+        for prefix, key in zip(prefixes, keys):
+            parent_reached = continuation[: len(prefix) - 1] == prefix[:-1]
+            if parent_reached and len(continuation) >= len(prefix):
+                self.rates.observe(key, continuation[: len(prefix)] == prefix)
 
 
 class NullProposer(Proposer):

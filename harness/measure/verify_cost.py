@@ -1,0 +1,57 @@
+"""Measured verify cost t(n): one verify forward of ``n`` rows (the pending token + ``n - 1``
+candidate rows) over a real prefix, normalised to t(1). Used to size candidate budgets from the
+hardware rather than from a fixed count."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from harness.contracts import NO_STATE, ProposalNode, ProposalResult
+from harness.topology.compiler import compile_tree
+
+
+def chain_and_branch_tree(prefix: Sequence[int], rows: int, prefix_len: int):
+    """``rows`` candidate rows: two chains from the frontier (a realistic merged-lookup shape)."""
+    nodes = []
+    for i in range(rows):
+        parent = -1 if i < 2 else i - 2
+        nodes.append(ProposalNode(token_id=int(prefix[i % len(prefix)]), parent=parent, score=1.0))
+    proposal = ProposalResult(nodes=tuple(nodes), probability_semantics="score_only",
+                              sampling_relation="deterministic_lookup", topology="tree", state_handle=NO_STATE,
+                              manifest_hash="verify-cost")
+    return compile_tree([proposal], prefix_len=prefix_len)
+
+
+@torch.inference_mode()
+def measure_verify_cost(backend, prompt_ids: Sequence[int], *, max_rows: int, reps: int = 3,
+                        points: Sequence[int] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)) -> dict:
+    """Median verify time for ``n = 1 + rows`` at the given row counts, interpolated to every
+    ``rows <= max_rows``. Returns ``{"t_ms": [t(1), ..., t(max_rows + 1)], "normalised": [...],
+    "measured_rows": [...]}``."""
+    ids = list(prompt_ids)
+    pts = sorted({p for p in points if p <= max_rows} | {0, max_rows})
+    med = []
+    for rows in pts:
+        tree = chain_and_branch_tree(ids, rows, len(ids)) if rows else compile_tree([], prefix_len=len(ids))
+        seq = backend.prefill(ids)
+        base = seq.cache_len
+        samples = []
+        for r in range(reps + 1):
+            t0 = time.perf_counter()
+            backend.verify(seq, ids[-1], tree)
+            dt = time.perf_counter() - t0
+            backend.truncate(seq, base)
+            if r:  # the first forward of each shape is warm-up
+                samples.append(dt * 1e3)
+        med.append(statistics.median(samples))
+    # cost never decreases with more rows: enforce monotonicity against timing noise
+    med = list(np.maximum.accumulate(np.array(med)))
+    all_rows = np.arange(0, max_rows + 1)
+    t_ms = np.interp(all_rows, pts, med)
+    return {"t_ms": t_ms.tolist(), "normalised": (t_ms / t_ms[0]).tolist(), "measured_rows": pts,
+            "prefix_len": len(ids), "reps": reps}
