@@ -1,0 +1,147 @@
+"""Versioned proposal artifacts (reference 0x02B, 0x0B, 0x0F "proposal checkpoint compatible with
+target version").
+
+An artifact is a directory with ``manifest.json`` and, for trained artifacts, ``weights.safetensors``.
+The manifest carries the target fingerprint, the recipe (architecture + training or search
+options), the token budget, held-out quality (top-1 agreement for heads, the measured objective for
+a skip vector), whether it is a CPU-budget artifact, and an ``artifact_id`` hashing all of it and
+the weights. :func:`load_artifact` refuses a different target, a different recipe, an edited
+manifest or changed weights, naming both values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ARTIFACT_VERSION = "heads-artifact-1"
+MANIFEST_FILE = "manifest.json"
+WEIGHTS_FILE = "weights.safetensors"
+
+_FINGERPRINTS: dict[int, tuple[torch.nn.Module, str]] = {}
+
+
+class ArtifactError(ValueError):
+    """A proposal artifact does not belong to this target / recipe, or was altered."""
+
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def short_hash(obj: Any, n: int = 16) -> str:
+    return hashlib.sha256(canonical(obj).encode()).hexdigest()[:n]
+
+
+def target_fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
+    """SHA-256 over the target's config, every parameter (name, shape, dtype, bytes) and the
+    tokenizer fingerprint. Cached per model object (about 1 s for SmolLM2 in float32)."""
+    hit = _FINGERPRINTS.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    h = hashlib.sha256()
+    cfg = model.config.to_dict()
+    for key in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "_attn_implementation",
+                "_attn_implementation_autoset", "attn_implementation", "use_cache"):
+        cfg.pop(key, None)
+    h.update(canonical(cfg).encode())
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    if tokenizer is not None:
+        from harness.workloads.datastore import tokenizer_fingerprint
+
+        h.update(tokenizer_fingerprint(tokenizer).encode())
+    fp = h.hexdigest()
+    _FINGERPRINTS[id(model)] = (model, fp)
+    return fp
+
+
+def weights_hash(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().to("cpu").contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _artifact_id(manifest: dict) -> str:
+    body = {k: v for k, v in manifest.items() if k != "artifact_id"}
+    return short_hash(body, 24)
+
+
+def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write atomically (a temporary directory renamed into place)."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    manifest = dict(manifest)
+    manifest["version"] = ARTIFACT_VERSION
+    if state is not None:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        manifest["weights_sha256"] = weights_hash(state)
+    manifest["artifact_id"] = _artifact_id(manifest)
+    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+    if out_dir.exists():
+        import shutil
+
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def load_artifact(path: str | Path, *, kind: str, target_hash: str, recipe: dict | None = None
+                  ) -> tuple[dict, dict[str, torch.Tensor] | None]:
+    """(manifest, weights or None). Refuses a mismatched target, kind or recipe, or edited files."""
+    path = Path(path)
+    mpath = path / MANIFEST_FILE
+    if not mpath.is_file():
+        raise ArtifactError(f"{str(path)!r} is not a proposal artifact: {MANIFEST_FILE} missing")
+    manifest = json.loads(mpath.read_text())
+    if manifest.get("version") != ARTIFACT_VERSION:
+        raise ArtifactError(f"artifact {str(path)!r} has version {manifest.get('version')!r}; "
+                            f"this harness reads {ARTIFACT_VERSION!r}: rebuild it")
+    if manifest.get("artifact_id") != _artifact_id(manifest):
+        raise ArtifactError(f"artifact {str(path)!r}: manifest edited after it was written "
+                            f"(artifact_id {manifest.get('artifact_id')!r} != content hash {_artifact_id(manifest)!r})")
+    if manifest.get("kind") != kind:
+        raise ArtifactError(f"artifact {str(path)!r} is a {manifest.get('kind')!r} artifact; proposer needs {kind!r}")
+    if manifest.get("target_hash") != target_hash:
+        raise ArtifactError(
+            f"artifact {str(path)!r} was built for target {str(manifest.get('target_hash'))[:16]}... "
+            f"({manifest.get('target_source')!r}); the configured target is {target_hash[:16]}...: "
+            "a proposal artifact is only valid for the target it was trained or searched on (0x0F)")
+    if recipe is not None and canonical(manifest.get("recipe")) != canonical(recipe):
+        have, want = manifest.get("recipe") or {}, recipe
+        diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+        raise ArtifactError(f"artifact {str(path)!r} recipe differs from the configured one in {diff}: "
+                            f"artifact {[have.get(k) for k in diff]}, configured {[want.get(k) for k in diff]}")
+    state = None
+    wpath = path / WEIGHTS_FILE
+    if "weights_sha256" in manifest:
+        from safetensors.torch import load_file
+
+        if not wpath.is_file():
+            raise ArtifactError(f"artifact {str(path)!r}: {WEIGHTS_FILE} missing")
+        state = load_file(str(wpath))
+        got = weights_hash(state)
+        if got != manifest["weights_sha256"]:
+            raise ArtifactError(f"artifact {str(path)!r}: weights changed since release "
+                                f"(manifest {manifest['weights_sha256'][:16]}..., file {got[:16]}...)")
+    return manifest, state
+
+
+def artifact_dir(kind: str, *, target_hash: str, recipe: dict) -> Path:
+    """Default location: ``$HARNESS_CACHE/artifacts/<kind>-<target[:12]>-<recipe[:12]>``."""
+    from harness.target.loading import cache_root
+
+    return cache_root() / "artifacts" / f"{kind}-{target_hash[:12]}-{short_hash(recipe, 12)}"

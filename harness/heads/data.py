@@ -1,0 +1,190 @@
+"""Training streams of cached target hidden states (reference 0x06B, 0x0BA).
+
+Documents come from the ShareGPT ``train`` split (held-out rows from ``dev``); each document is
+run through the frozen target *on its own* (no packing inside a forward), so every hidden row is
+segment-causal by construction. The rows are then packed into one stream with their original
+addresses, ``segment_ids`` naming the document and ``valid`` marking input availability.
+
+Only final-norm hidden states ``[N, d]`` are cached (float16); teacher logits are recomputed from
+them through the frozen LM head when needed, never stored for the full vocabulary.
+
+With ``model=tiny`` (no tokenizer) a document's ids are its UTF-8 bytes mapped to
+``3 + byte % (V - 3)``, the same synthetic ids the runner gives tiny-model prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class DataRecipe:
+    source: str = "sharegpt"  # sharegpt | inline
+    split: str = "train"
+    token_budget: int = 20000  # tokens in the training stream
+    held_out_split: str = "dev"
+    held_out_tokens: int = 2000
+    max_len: int = 256  # tokens per document (longer ones are truncated)
+    chat: bool = True  # wrap conversations in the tokenizer's chat template when it has one
+
+    def __post_init__(self) -> None:
+        if self.token_budget < 1 or self.held_out_tokens < 0 or self.max_len < 2:
+            raise ValueError(f"need token_budget >= 1, held_out_tokens >= 0, max_len >= 2; got {self}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class PackedStream:
+    tokens: torch.Tensor  # [N] long
+    segment_ids: torch.Tensor  # [N] long, one id per document occurrence
+    valid: torch.Tensor  # [N] bool, input availability
+    hidden: torch.Tensor  # [N, d] final-norm target hidden rows (float16 storage)
+    meta: dict
+
+    def __len__(self) -> int:
+        return int(self.tokens.numel())
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.segment_ids.unique().numel()) if len(self) else 0
+
+
+def byte_ids(text: str, *, vocab_size: int, max_len: int) -> list[int]:
+    return [3 + (b % (vocab_size - 3)) for b in text.encode()[:max_len]]
+
+
+def sharegpt_documents(split: str, *, tokenizer, vocab_size: int, max_len: int, chat: bool) -> Iterator[list[int]]:
+    """Token ids of ShareGPT conversations of one split, in file order (each truncated)."""
+    from harness.workloads.corpora import sharegpt_conversations
+
+    char_cap = max_len * 12  # a token is rarely longer than 12 characters; avoids tokenizing megabytes
+    for conv in sharegpt_conversations(split):
+        turns = [t for t in conv.turns if t.text.strip() and t.role in ("user", "assistant")]
+        if not turns:
+            continue
+        if tokenizer is None:
+            text = "\n".join(t.text for t in turns)
+            ids = byte_ids(text, vocab_size=vocab_size, max_len=max_len)
+        elif chat and getattr(tokenizer, "chat_template", None):
+            msgs, used = [], 0
+            for t in turns:
+                msgs.append({"role": t.role, "content": t.text[: max(char_cap - used, 1)]})
+                used += len(t.text)
+                if used >= char_cap:
+                    break
+            ids = tokenizer.apply_chat_template(msgs, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            ids = [int(i) for i in ids][:max_len]
+        else:
+            text = "\n".join(t.text for t in turns)[:char_cap]
+            ids = [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]][:max_len]
+        if len(ids) >= 3:
+            yield ids
+
+
+def take_budget(documents: Iterable[list[int]], budget: int) -> list[list[int]]:
+    """Whole documents in order until ``budget`` tokens (the last one cut to fit)."""
+    out, total = [], 0
+    for doc in documents:
+        if total >= budget:
+            break
+        doc = doc[: budget - total]
+        if len(doc) >= 3:
+            out.append(doc)
+            total += len(doc)
+    return out
+
+
+@torch.no_grad()
+def encode_stream(model: torch.nn.Module, documents: Sequence[Sequence[int]], *, desc: str = "target hidden states",
+                  progress: bool = True) -> PackedStream:
+    """Run each document through the frozen target alone and pack the final-norm rows."""
+    from tqdm import tqdm
+
+    device = next(model.parameters()).device
+    tokens, segs, hidden = [], [], []
+    total = sum(len(d) for d in documents)
+    bar = tqdm(total=total, desc=desc, unit="tok", file=sys.stderr, disable=not progress, leave=False)
+    for doc_id, doc in enumerate(documents):
+        ids = torch.tensor([list(doc)], dtype=torch.long, device=device)
+        h = model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0]  # [L, d]
+        tokens.append(ids[0].cpu())
+        segs.append(torch.full((len(doc),), doc_id, dtype=torch.long))
+        hidden.append(h.to("cpu", torch.float16))
+        bar.update(len(doc))
+    bar.close()
+    d = int(model.config.hidden_size)
+    return PackedStream(
+        tokens=torch.cat(tokens) if tokens else torch.zeros(0, dtype=torch.long),
+        segment_ids=torch.cat(segs) if segs else torch.zeros(0, dtype=torch.long),
+        valid=torch.ones(total, dtype=torch.bool),
+        hidden=torch.cat(hidden) if hidden else torch.zeros(0, d, dtype=torch.float16),
+        meta={"documents": len(documents), "tokens": total})
+
+
+def save_stream(stream: PackedStream, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({"tokens": stream.tokens, "segment_ids": stream.segment_ids, "valid": stream.valid.to(torch.uint8),
+               "hidden": stream.hidden}, str(tmp), metadata={"meta": json.dumps(stream.meta, sort_keys=True)})
+    tmp.rename(path)
+
+
+def load_stream(path: Path) -> PackedStream:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    t = load_file(str(path))
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["meta"])
+    return PackedStream(tokens=t["tokens"], segment_ids=t["segment_ids"], valid=t["valid"].bool(),
+                        hidden=t["hidden"], meta=meta)
+
+
+def training_streams(model: torch.nn.Module, tokenizer, recipe: DataRecipe, *, target_hash: str,
+                     documents: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]] | None = None,
+                     cache: bool = True, progress: bool = True) -> tuple[PackedStream, PackedStream]:
+    """(train, held-out) streams, cached under ``$HARNESS_CACHE/heads/streams`` by target + recipe.
+
+    ``documents`` (tests, ``source=inline``) replaces the ShareGPT documents.
+    """
+    from harness.heads.checkpoint import short_hash
+    from harness.target.loading import cache_root
+
+    key = short_hash({"target": target_hash, "recipe": recipe.to_dict(),
+                      "inline": None if documents is None else short_hash([list(map(list, d)) for d in documents])})
+    base = cache_root() / "heads" / "streams" / f"{target_hash[:12]}-{key}"
+    paths = (base.with_name(base.name + "-train.safetensors"), base.with_name(base.name + "-heldout.safetensors"))
+    if cache and all(p.is_file() for p in paths):
+        return load_stream(paths[0]), load_stream(paths[1])
+    vocab = int(model.config.vocab_size)
+    if documents is None:
+        if recipe.source != "sharegpt":
+            raise ValueError(f"data.source must be 'sharegpt' unless documents are given; got {recipe.source!r}")
+        train_docs = take_budget(sharegpt_documents(recipe.split, tokenizer=tokenizer, vocab_size=vocab,
+                                                    max_len=recipe.max_len, chat=recipe.chat), recipe.token_budget)
+        held_docs = take_budget(sharegpt_documents(recipe.held_out_split, tokenizer=tokenizer, vocab_size=vocab,
+                                                   max_len=recipe.max_len, chat=recipe.chat), recipe.held_out_tokens)
+    else:
+        train_docs = take_budget(documents[0], recipe.token_budget)
+        held_docs = take_budget(documents[1], recipe.held_out_tokens)
+    train = encode_stream(model, train_docs, desc="target hidden states (train)", progress=progress)
+    held = encode_stream(model, held_docs, desc="target hidden states (held-out)", progress=progress)
+    for s, split in ((train, recipe.split), (held, recipe.held_out_split)):
+        s.meta.update({"split": split, "source": recipe.source if documents is None else "inline",
+                       "target_hash": target_hash})
+    if cache:
+        save_stream(train, paths[0])
+        save_stream(held, paths[1])
+    return train, held
