@@ -1,0 +1,297 @@
+"""Batched speculative rounds: B requests, each with its own candidate tree, ONE target forward.
+
+A round of :func:`decode_batch`:
+
+    for each live request b:  proposer_b.propose(committed_b, rng_b) -> compile_tree -> tree_b
+    BatchedBackend.verify(state, pending, [tree_b])      one forward, rows padded to 1 + max N_b
+    for each live request b:  Verifier.select(tree_b, policy.probs(logits_b), rng_b)
+    BatchedBackend.commit(state, ..., [accepted_b])      per request, ragged lengths
+    emit (EOS / max_new_tokens truncate per request); finished requests leave the batch
+
+Per-request state. Proposers keep per-request state (a draft cache, a lookup cursor), so the loop
+takes one proposer per batch slot (``proposers[k]`` serves the k-th request of the batch; build
+them with ``engine.build.build_proposer``); each request has its own ``RandomSource``. The
+verifier and the sampling policy are the batch-1 code, called once per request on that request's
+real logit rows only, so the verifiers' exactness (and the oracles) hold per request unchanged.
+Draft models still run one request at a time inside ``propose`` (batching the draft is future
+work): their cost grows with B, and the proposal stage records it.
+
+Exactness. At temperature 0 each request's tokens equal this same loop run with
+:class:`~harness.proposers.prompt_lookup.NullProposer` slots (batched autoregressive decoding of the
+same batch composition), and equal batch-1 decoding except at near-ties (CPU matrix kernels are not
+shape-invariant: a batched forward's logits differ from batch 1 in the last bits; the gates' rule
+``harness.runner.NEAR_TIE_LOGIT_TOL`` decides).
+
+Early finish. A request that emits EOS or reaches ``max_new_tokens`` leaves the batch at the end of
+that round (``BatchedBackend.drop`` removes its cache row; see the backend's docstring).
+
+Timing and records. One :class:`~harness.measure.ledger.StageClock` times the batch round's
+stages; :class:`BatchLedger` holds the per-batch-round costs (proposal = all requests' proposals,
+target_verify = the one shared forward), rows, padding and temporary KV bytes. Each request also
+gets a :class:`~harness.engine.decode.DecodeResult` whose ``RoundLedger`` counts its own acceptance
+and carries its own proposal/retrieval/packing/selection times plus the shared verify and commit
+times in full (the request waited for them); its ``decode_ms`` is its completion time since the
+batch's decode start (its latency), and ``round_end_ms`` the batch rounds' ends while it was live.
+Temporary KV bytes per batch round: ``real`` = the bytes of the candidate rows the requests
+proposed (``sum_b N_b`` rows), ``padded`` = what the forward actually appended for candidate slots
+(``B (R - 1)`` rows, padding included, pending rows excluded; asserted against the measured cache
+growth). ``hole_bytes`` = masked stale slots below the physical length (the ragged layout's cost).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from harness.engine.decode import DecodeResult, RoundConfig
+from harness.measure.ledger import STAGES, RoundLedger, StageClock
+from harness.proposers.base import Proposer
+from harness.random_source import RandomSource
+from harness.target.batched import BatchedBackend
+from harness.topology.compiler import compile_tree, validate_candidate_graph, validate_commit
+from harness.verifiers.base import Verifier
+from harness.verifiers.sampling import SamplingPolicy
+
+
+@dataclass
+class BatchLedger:
+    """Per-batch-round counters (one ``observe_round`` per target forward)."""
+
+    rounds: int = 0
+    live_total: int = 0  # sum over rounds of live requests
+    real_rows_total: int = 0  # candidate rows proposed
+    padded_rows_total: int = 0  # candidate slots computed (padding included)
+    temp_kv_bytes_real_peak: int = 0
+    temp_kv_bytes_padded_peak: int = 0
+    hole_bytes_peak: int = 0
+    stage_ms: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+    round_ms: list[float] = field(default_factory=list)
+
+    def observe_round(self, *, live: int, real_rows: int, padded_rows: int, stage_ms: dict[str, float],
+                      temp_kv_real_bytes: int, temp_kv_padded_bytes: int, hole_bytes: int) -> None:
+        self.rounds += 1
+        self.live_total += live
+        self.real_rows_total += real_rows
+        self.padded_rows_total += padded_rows
+        self.temp_kv_bytes_real_peak = max(self.temp_kv_bytes_real_peak, temp_kv_real_bytes)
+        self.temp_kv_bytes_padded_peak = max(self.temp_kv_bytes_padded_peak, temp_kv_padded_bytes)
+        self.hole_bytes_peak = max(self.hole_bytes_peak, hole_bytes)
+        for k, v in stage_ms.items():
+            self.stage_ms[k] = self.stage_ms.get(k, 0.0) + v
+        self.round_ms.append(sum(stage_ms.values()))
+
+    def merge(self, other: "BatchLedger") -> None:
+        for name in ("rounds", "live_total", "real_rows_total", "padded_rows_total"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("temp_kv_bytes_real_peak", "temp_kv_bytes_padded_peak", "hole_bytes_peak"):
+            setattr(self, name, max(getattr(self, name), getattr(other, name)))
+        for k, v in other.stage_ms.items():
+            self.stage_ms[k] = self.stage_ms.get(k, 0.0) + v
+        self.round_ms.extend(other.round_ms)
+
+    def summary(self) -> dict:
+        r = max(self.rounds, 1)
+        return {
+            "batch_rounds": self.rounds,
+            "target_forwards": self.rounds,
+            "mean_live_requests": self.live_total / r if self.rounds else None,
+            "batch_round_cost_ms": {k: v / r for k, v in self.stage_ms.items()},
+            "padded_row_fraction": (1.0 - self.real_rows_total / self.padded_rows_total
+                                    if self.padded_rows_total else None),
+            "temp_kv_bytes_real_peak": self.temp_kv_bytes_real_peak,
+            "temp_kv_bytes_padded_peak": self.temp_kv_bytes_padded_peak,
+            "ragged_hole_bytes_peak": self.hole_bytes_peak,
+        }
+
+
+@dataclass
+class BatchDecodeResult:
+    requests: list[DecodeResult]  # in the order of the prompts
+    prefill_ms: float
+    decode_ms: float  # batch wall time, every round, prefill excluded
+    ledger: BatchLedger
+
+    @property
+    def committed_tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.requests)
+
+    @property
+    def throughput_tokens_per_s(self) -> float | None:
+        return self.committed_tokens / (self.decode_ms / 1e3) if self.decode_ms > 0 else None
+
+
+@dataclass
+class _Live:
+    """One live request's loop state."""
+
+    index: int  # position in the batch's prompt list
+    proposer: Proposer
+    rng: RandomSource
+    committed: list[int]
+    generated: list[int] = field(default_factory=list)
+    ledger: RoundLedger = None
+    round_end_ms: list[float] = field(default_factory=list)
+    round_tokens: list[int] = field(default_factory=list)
+    sources: dict[str, int] = field(default_factory=dict)
+    finished_by: str | None = None
+    ttft_ms: float | None = None
+    done_ms: float | None = None
+
+
+def decode_batch(
+    *,
+    target: BatchedBackend,
+    proposers: Sequence[Proposer],
+    verifier: Verifier,
+    policy: SamplingPolicy,
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    eos_token_ids: frozenset[int],
+    rngs: Sequence[RandomSource],
+    round_cfg: RoundConfig,
+    on_round: Callable | None = None,
+) -> BatchDecodeResult:
+    """Decode ``len(prompts)`` requests together; ``proposers[k]`` and ``rngs[k]`` serve prompt k."""
+    b = len(prompts)
+    if b < 1:
+        raise ValueError("decode_batch needs at least one prompt")
+    if len(proposers) < b or len(rngs) != b:
+        raise ValueError(f"need >= {b} proposers (one per batch slot) and {b} random sources; "
+                         f"got {len(proposers)}, {len(rngs)}")
+    if len({id(p) for p in proposers[:b]}) != b:
+        raise ValueError("each batch slot needs its own proposer instance (proposers keep per-request state)")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
+    clock = StageClock(target.device)
+    bpt = target.bytes_per_token
+    t_start = clock.now()
+    state = target.prefill(prompts)
+    live = [_Live(index=k, proposer=proposers[k], rng=rngs[k], committed=list(prompts[k]),
+                  ledger=RoundLedger(max_depth=round_cfg.max_depth)) for k in range(b)]
+    for req in live:
+        req.proposer.start(list(req.committed))
+    prefill_ms = (clock.now() - t_start) * 1e3
+    done: list[_Live] = []
+    batch_ledger = BatchLedger()
+    t_decode = clock.now()
+    while live:
+        own: list[dict[str, float]] = []
+        trees = []
+        t_prop = clock.now()
+        for req in live:  # proposal + packing, per request
+            t0 = time.perf_counter()
+            retrieval_before = req.proposer.stats.retrieval_ms
+            proposal = req.proposer.propose(req.committed, req.rng)
+            retrieval = req.proposer.stats.retrieval_ms - retrieval_before
+            t1 = time.perf_counter()
+            tree = compile_tree([proposal], prefix_len=len(req.committed), max_nodes=round_cfg.max_nodes,
+                                max_depth=round_cfg.max_depth)
+            if req.ledger.rounds < round_cfg.validate_rounds:
+                validate_candidate_graph(tree)
+            t2 = time.perf_counter()
+            own.append({"proposal": (t1 - t0) * 1e3 - retrieval, "retrieval": retrieval,
+                        "packing": (t2 - t1) * 1e3})
+            trees.append(tree)
+        t_verify = clock.now()
+        pending = [req.committed[-1] for req in live]
+        holes = state.hole_slots() * bpt
+        out = target.verify(state, pending, trees)
+        t_select = clock.now()
+        selections = []
+        for k, req in enumerate(live):
+            t0 = time.perf_counter()
+            probs = policy.probs(out.logits[k])  # [1 + N_k, V] real rows only
+            selections.append(verifier.select(trees[k], probs, req.rng))
+            own[k]["selection"] = (time.perf_counter() - t0) * 1e3
+        t_commit = clock.now()
+        for k, req in enumerate(live):
+            if req.ledger.rounds < round_cfg.validate_rounds:
+                validate_commit(trees[k], selections[k].accepted_rows)
+        target.commit(state, pending, trees, [s.accepted_rows for s in selections])
+        t_end = clock.now()
+        verify_ms, commit_ms = (t_select - t_verify) * 1e3, (t_end - t_commit) * 1e3
+        expected_added = len(live) * out.rows * bpt
+        if out.kv_bytes_added != expected_added:
+            raise AssertionError(f"verify appended {out.kv_bytes_added} KV bytes, expected B*R*bytes_per_token "
+                                 f"= {expected_added}")
+        batch_ledger.observe_round(
+            live=len(live), real_rows=out.real_candidate_rows, padded_rows=out.padded_candidate_rows,
+            stage_ms={"proposal": (t_verify - t_prop) * 1e3 - sum(o["retrieval"] + o["packing"] for o in own),
+                      "retrieval": sum(o["retrieval"] for o in own), "packing": sum(o["packing"] for o in own),
+                      "target_verify": verify_ms, "selection": (t_commit - t_select) * 1e3,
+                      "temporary_state": commit_ms},
+            temp_kv_real_bytes=out.real_candidate_rows * bpt, temp_kv_padded_bytes=out.padded_candidate_rows * bpt,
+            hole_bytes=holes)
+        now = (clock.now() - t_decode) * 1e3
+        finished_rows = []
+        for k, req in enumerate(live):
+            tree, sel = trees[k], selections[k]
+            new = [int(tree.token_ids[r]) for r in sel.accepted_rows] + [sel.next_token]
+            room = max_new_tokens - len(req.generated)
+            emitted = []
+            for tok in new[:room]:
+                emitted.append(tok)
+                if tok in eos_token_ids:
+                    req.finished_by = "eos"
+                    break
+            counted = min(len(sel.accepted_rows), len(emitted))
+            for r in sel.accepted_rows[:counted]:
+                for s in tree.sources[r]:
+                    req.sources[s] = req.sources.get(s, 0) + 1
+            first_child = tree.children(-1)
+            req.ledger.observe_round(
+                tree_depth=int(tree.depths.max()) if tree.num_rows else 0, num_rows=tree.num_rows,
+                accepted=counted, committed=len(emitted),
+                first_child_hit=bool(sel.accepted_rows) and sel.accepted_rows[0] == (first_child[0] if first_child else -2),
+                stage_ms={**own[k], "target_verify": verify_ms, "temporary_state": commit_ms},
+                temp_kv_bytes=tree.num_rows * bpt)
+            req.generated.extend(emitted)
+            req.committed.extend(emitted)
+            if req.ttft_ms is None:
+                req.ttft_ms = prefill_ms + now
+            req.round_end_ms.append(now)
+            req.round_tokens.append(len(emitted))
+            if req.finished_by is None and len(req.generated) >= max_new_tokens:
+                req.finished_by = "max_new_tokens"
+            if req.finished_by is not None:
+                req.done_ms = now
+                finished_rows.append(k)
+        if on_round is not None:
+            on_round(live=[req.index for req in live], trees=trees, selections=selections, output=out,
+                     state=state, finished=[live[k].index for k in finished_rows])
+        for k in finished_rows:
+            live[k].proposer.finish()
+            done.append(live[k])
+        target.drop(state, finished_rows)
+        live = [req for k, req in enumerate(live) if k not in set(finished_rows)]
+        for req in live:
+            req.proposer.observe_commit(req.committed)
+    decode_ms = (clock.now() - t_decode) * 1e3
+    done.sort(key=lambda r: r.index)
+    results = [DecodeResult(tokens=r.generated, prefill_ms=prefill_ms, ttft_ms=r.ttft_ms or prefill_ms,
+                            decode_ms=r.done_ms, ledger=r.ledger, round_end_ms=r.round_end_ms,
+                            round_tokens=r.round_tokens, sources=r.sources, finished_by=r.finished_by)
+               for r in done]
+    return BatchDecodeResult(requests=results, prefill_ms=prefill_ms, decode_ms=decode_ms, ledger=batch_ledger)
+
+
+def batches(n: int, batch_size: int) -> list[list[int]]:
+    """Consecutive item indices in groups of ``batch_size`` (the last group may be smaller)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+
+
+def merged_proposer_extras(proposers: Sequence[Proposer]) -> dict:
+    """Slot proposers' ``stats.extras`` merged: numbers summed, except ``last_*`` keys and non-numbers
+    (taken from the first slot)."""
+    out: dict = {}
+    for p in proposers:
+        for k, v in p.stats.extras.items():
+            if k not in out:
+                out[k] = v
+            elif (isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("last_")
+                  and isinstance(out[k], (int, float))):
+                out[k] = out[k] + v
+    return out

@@ -1,0 +1,321 @@
+"""Batched rounds on tiny models: per-request exactness at batch 1/2/4, early finish, one target
+forward per round, padded rows masked, the oracle on a batch of 2 at T > 0, the batched profile."""
+
+import pytest
+import torch
+
+from harness.engine.batched import BatchLedger, batches, decode_batch, merged_proposer_extras
+from harness.engine.decode import RoundConfig, decode, greedy_divergence, top2_margin
+from harness.gates.oracle import complete_to_length, enumerate_marginal, max_abs_error, target_joint
+from harness.proposers.base import Budget
+from harness.proposers.draft_model import DraftModelProposer
+from harness.proposers.prompt_lookup import NullProposer, PromptLookupProposer
+from harness.random_source import TorchRandomSource
+from harness.runner import NEAR_TIE_LOGIT_TOL
+from harness.target.backend import CausalLMBackend
+from harness.target.batched import BatchedBackend, time_batched_verify_ms, verify_cost_profile
+from harness.target.loading import build_tiny_model
+from harness.topology.compiler import compile_tree
+from harness.verifiers import get_verifier
+from harness.verifiers.sampling import SamplingPolicy
+
+GREEDY = SamplingPolicy()
+# ragged on purpose: lengths 10, 13, 1 (nothing to prefill) and 5
+PROMPTS = [[5, 17, 33, 8, 5, 17, 33, 9, 40, 41], [9, 9, 10, 11, 12, 13, 14, 15, 3, 4, 9, 9, 10], [7],
+           [20, 21, 22, 20, 21]]
+NEW = 24
+NULL_BUDGET = Budget(shape="sequence", max_nodes=1, max_depth=1)
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = build_tiny_model(seed=1)
+    draft = build_tiny_model(seed=1)  # the target's first layer only: agrees often, not always
+    draft.model.layers = draft.model.layers[:1]
+    draft.config.num_hidden_layers = 1
+    return target, CausalLMBackend(draft)
+
+
+COMBOS = [
+    ("prompt_lookup", Budget(shape="sequences", max_nodes=12, max_depth=4), None),
+    ("draft_model", Budget(shape="sequence", max_nodes=4, max_depth=4), "beam"),
+    ("draft_model", Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1)), "beam"),
+    ("draft_model", Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1)), "without_replacement"),
+]
+
+
+def make(name, budget, sampling, draft, policy=GREEDY):
+    if name == "null":
+        return NullProposer(budget=NULL_BUDGET, manifest_hash="h")
+    if name == "prompt_lookup":
+        return PromptLookupProposer(budget=budget, manifest_hash="h")
+    return DraftModelProposer(budget=budget, manifest_hash="h", policy=policy, backend=draft, sampling=sampling)
+
+
+def run_batch(backend, prompts, name="null", budget=NULL_BUDGET, sampling=None, draft=None, verifier="greedy",
+              new=NEW, eos=frozenset(), policy=GREEDY, seeds=None, rounds=None):
+    proposers = [make(name, budget, sampling, draft, policy) for _ in prompts]
+    rngs = [TorchRandomSource(s) for s in (seeds or range(len(prompts)))]
+    cb = (lambda **kw: rounds.append(kw)) if rounds is not None else None
+    return decode_batch(target=backend, proposers=proposers, verifier=get_verifier(verifier), policy=policy,
+                        prompts=prompts, max_new_tokens=new, eos_token_ids=eos, rngs=rngs,
+                        round_cfg=RoundConfig(max_nodes=budget.max_nodes, max_depth=budget.max_depth), on_round=cb)
+
+
+def batch1_ar(model, prompt, new=NEW, eos=frozenset()):
+    return decode(target=CausalLMBackend(model), proposer=make("null", None, None, None), verifier=get_verifier("greedy"),
+                  policy=GREEDY, prompt_ids=prompt, max_new_tokens=new, eos_token_ids=eos, rng=TorchRandomSource(0),
+                  round_cfg=RoundConfig(max_nodes=1, max_depth=1)).tokens
+
+
+def near_tie_or_equal(model, prompt, expected, got):
+    """The gates' rule: a divergence is allowed only where the target's top-2 margin is a near-tie."""
+    pos = greedy_divergence(expected, got)
+    if pos is None:
+        return None
+    margin = top2_margin(model, prompt + expected[:pos])
+    tol = NEAR_TIE_LOGIT_TOL[next(model.parameters()).dtype]
+    assert margin <= tol, f"divergence at {pos}: {expected[pos:pos + 3]} vs {got[pos:pos + 3]}, margin {margin}"
+    return {"position": pos, "top2_margin": margin}
+
+
+@pytest.mark.parametrize("b", [1, 2, 4])
+def test_batched_ar_equals_batch1_except_near_ties(models, b):
+    target, _ = models
+    prompts = PROMPTS[:b]
+    res = run_batch(BatchedBackend(target), prompts)
+    near_ties = [near_tie_or_equal(target, p, batch1_ar(target, p), r.tokens) for p, r in zip(prompts, res.requests)]
+    assert all(len(r.tokens) == NEW for r in res.requests)
+    assert sum(t is not None for t in near_ties) <= 1, f"near-ties {near_ties}"  # recorded, and rare
+
+
+@pytest.mark.parametrize("b", [1, 2, 4])
+@pytest.mark.parametrize("name,budget,sampling", COMBOS)
+def test_spec_equals_batched_ar_bit_for_bit(models, b, name, budget, sampling):
+    target, draft = models
+    prompts = PROMPTS[:b]
+    backend = BatchedBackend(target)
+    ar = run_batch(backend, prompts)
+    rounds = []
+    spec = run_batch(backend, prompts, name, budget, sampling, draft, rounds=rounds)
+    for k in range(b):
+        assert spec.requests[k].tokens == ar.requests[k].tokens, f"request {k}"
+        near_tie_or_equal(target, prompts[k], batch1_ar(target, prompts[k]), spec.requests[k].tokens)
+    accepted = [len(s.accepted_rows) for r in rounds for s in r["selections"]]
+    assert max(accepted) >= (1 if name == "prompt_lookup" else 2), f"accepted per request-round: {accepted}"
+    # speculation saved request-rounds (the batch's round count is its slowest request's)
+    assert sum(r.ledger.rounds for r in spec.requests) < sum(r.ledger.rounds for r in ar.requests)
+    for r in spec.requests:
+        assert r.ledger.committed_tokens == len(r.tokens) == NEW
+
+
+def test_one_request_finishes_early_one_long(models):
+    target, draft = models
+    prompts = [PROMPTS[0], PROMPTS[1]]
+    free = [batch1_ar(target, p) for p in prompts]
+    eos_tok = next(t for t in free[0][2:6] if t not in free[1])  # request 0 emits it early, request 1 never
+    stop = free[0].index(eos_tok)
+    eos = frozenset({eos_tok})
+    backend = BatchedBackend(target)
+    budget = Budget(shape="sequence", max_nodes=4, max_depth=4)
+    rounds = []
+    res = run_batch(backend, prompts, "draft_model", budget, "beam", draft, eos=eos, new=40, rounds=rounds)
+    short, long = res.requests
+    assert short.tokens == free[0][: stop + 1] and short.finished_by == "eos"
+    assert short.ledger.committed_tokens == stop + 1  # what follows EOS is neither emitted nor counted
+    assert long.tokens == batch1_ar(target, prompts[1], new=40, eos=eos) and long.finished_by == "max_new_tokens"
+    assert long.tokens == run_batch(backend, prompts, eos=eos, new=40).requests[1].tokens  # = batched AR
+    lives = [r["live"] for r in rounds]
+    cut = next(i for i, r in enumerate(rounds) if r["finished"] == [0])
+    assert all(lv == [0, 1] for lv in lives[: cut + 1]) and all(lv == [1] for lv in lives[cut + 1:])
+    assert len(lives) > cut + 1  # the long request kept decoding alone
+    assert short.decode_ms < long.decode_ms
+
+
+def test_commit_keeps_each_requests_path_in_its_own_slots(models):
+    target, _ = models
+    prompts = PROMPTS[:3]
+    backend = BatchedBackend(target)
+    snaps = []
+
+    def snap(state, **_):  # the state after the round's commit (the loop mutates it later)
+        snaps.append((list(state.lengths), [list(t) for t in state.tokens], state.phys_len,
+                      [(layer.keys.clone(), layer.values.clone()) for layer in state.cache.layers]))
+
+    res = decode_batch(target=backend, proposers=[make("prompt_lookup", Budget(shape="sequences", max_nodes=12,
+                                                                                max_depth=4), None, None)
+                                                  for _ in prompts],
+                       verifier=get_verifier("greedy"), policy=GREEDY, prompts=prompts, max_new_tokens=12,
+                       eos_token_ids=frozenset(), rngs=[TorchRandomSource(k) for k in range(3)],
+                       round_cfg=RoundConfig(max_nodes=12, max_depth=4), on_round=snap)
+    lengths, tokens, phys_len, layers = snaps[3]  # after a few ragged commits, all three live
+    assert len(set(lengths)) == 3 and phys_len == max(lengths)
+    assert [len(t) for t in tokens] == lengths
+    ref = CausalLMBackend(target)
+    for row, toks in enumerate(tokens):
+        assert toks == (prompts[row] + res.requests[row].tokens)[: lengths[row]]
+        seq = ref.prefill(toks + [0])  # the same tokens decoded alone
+        n = lengths[row]
+        for (keys, values), ref_layer in zip(layers, seq.cache.layers):
+            torch.testing.assert_close(keys[row, :, :n], ref_layer.keys[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(values[row, :, :n], ref_layer.values[0], atol=1e-5, rtol=1e-5)
+    assert [len(r.tokens) for r in res.requests] == [12, 12, 12]
+
+
+def test_exactly_one_target_forward_per_round(models):
+    target, draft = models
+    calls = []
+    handle = target.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        backend = BatchedBackend(target)
+        rounds = []
+        res = run_batch(backend, PROMPTS, "draft_model", Budget(shape="expansion", max_nodes=12, max_depth=3,
+                                                                  widths=(2, 2, 1)), "beam", draft, rounds=rounds)
+    finally:
+        handle.remove()
+    assert len(rounds) == res.ledger.rounds == backend.forwards
+    assert len(calls) == 1 + res.ledger.rounds  # one batched prefill, then one forward per round
+    assert res.ledger.rounds < NEW  # and the rounds committed several tokens per request
+
+
+def test_padded_rows_are_masked_and_never_read(models):
+    target, _ = models
+    budget = Budget(shape="sequences", max_nodes=12, max_depth=4)
+    outs = {}
+    for pad in (None, 0, 95):
+        backend = BatchedBackend(target, pad_token=pad)
+        rounds = []
+        res = run_batch(backend, PROMPTS, "prompt_lookup", budget, rounds=rounds)
+        outs[pad] = (res, rounds)
+    base_res, base_rounds = outs[None]
+    padded_seen = 0
+    for pad in (0, 95):
+        res, rounds = outs[pad]
+        assert [r.tokens for r in res.requests] == [r.tokens for r in base_res.requests]
+        for r0, r1 in zip(base_rounds, rounds):
+            out0, out1 = r0["output"], r1["output"]
+            assert out0.rows == out1.rows
+            for a, b in zip(out0.logits, out1.logits):
+                assert torch.equal(a, b)  # real rows bit for bit, whatever the padded tokens were
+    for r in base_rounds:
+        out = r["output"]
+        for k, tree in enumerate(r["trees"]):
+            pad_rows = out.padded_logits[k, 1 + tree.num_rows:]
+            padded_seen += pad_rows.shape[0]
+            assert torch.isnan(pad_rows).all()  # poisoned: a read would fail the probability contracts
+            assert not torch.isnan(out.logits[k]).any() and out.logits[k].shape[0] == 1 + tree.num_rows
+    assert padded_seen > 0, "no round had padding: the test exercised nothing"
+
+
+def test_verify_rows_match_batch1_verify_and_kv_bytes(models):
+    target, _ = models
+    from harness.contracts import NO_STATE, ProposalNode, ProposalResult
+
+    def tree(prefix_len, parents, toks):
+        nodes = tuple(ProposalNode(token_id=t, parent=p, score=1.0, source="x") for t, p in zip(toks, parents))
+        prop = ProposalResult(nodes=nodes, probability_semantics="score_only", sampling_relation="deterministic_lookup",
+                              topology="tree", state_handle=NO_STATE, manifest_hash="h", source="x")
+        return compile_tree([prop], prefix_len=prefix_len, max_nodes=16, max_depth=8)
+
+    prompts = PROMPTS[:3]
+    shapes = [([-1, 0, 0, 1], [3, 4, 5, 6]), ([-1], [8]), None]  # 4 rows, 1 row, no candidates: R = 5
+    trees = [tree(len(p), *s) if s else None for p, s in zip(prompts, shapes)]
+    backend = BatchedBackend(target)
+    state = backend.prefill(prompts)
+    out = backend.verify(state, [p[-1] for p in prompts], trees)
+    assert out.rows == 5 and out.real_candidate_rows == 5 and out.padded_candidate_rows == 3 * 4
+    assert out.kv_bytes_added == 3 * 5 * backend.bytes_per_token
+    ref = CausalLMBackend(target)
+    for p, t, logits in zip(prompts, trees, out.logits):
+        t = t or compile_tree([], prefix_len=len(p), max_nodes=1, max_depth=1)
+        expected = ref.verify(ref.prefill(p), p[-1], t).logits
+        torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sampling_oracle_holds_per_request_in_a_batch_of_two():
+    """T = 1, top-k 3, float64 tiny models: enumerate every draw of one request's RandomSource while
+    it shares each verify forward with another request; the law of its first round's committed path,
+    continued by the target, equals the target's joint (SpecInfer, two i.i.d. draws per request). The
+    oracle's negative control (naive multi-draft) fails the same check."""
+    policy = SamplingPolicy(temperature=1.0, top_k=3)
+    target = build_tiny_model(seed=3, dtype=torch.float64)
+    draft_model = build_tiny_model(seed=3, dtype=torch.float64)  # the target's first layer: overlapping top-3
+    draft_model.model.layers = draft_model.model.layers[:1]
+    draft_model.config.num_hidden_layers = 1
+    draft = CausalLMBackend(draft_model)
+    prompts = [[5, 17, 33, 8, 9], [40, 41, 40, 41, 42, 43, 44]]
+    budget = Budget(shape="set", max_nodes=2, max_depth=1, widths=(2,))  # two i.i.d. draws per request
+
+    class Stop(Exception):
+        pass
+
+    def law(k, verifier):
+        def fn(rng):
+            got = {}
+
+            def first_round(**kw):
+                sel, tree = kw["selections"][k], kw["trees"][k]
+                got["path"] = tuple(int(tree.token_ids[r]) for r in sel.accepted_rows) + (sel.next_token,)
+                raise Stop
+
+            proposers = [make("draft_model", budget, "iid", draft, policy) for _ in prompts]
+            rngs = [TorchRandomSource(7), TorchRandomSource(8)]
+            rngs[k] = rng
+            try:
+                decode_batch(target=BatchedBackend(target), proposers=proposers, verifier=get_verifier(verifier),
+                             policy=policy, prompts=prompts, max_new_tokens=4, eos_token_ids=frozenset(), rngs=rngs,
+                             round_cfg=RoundConfig(max_nodes=2, max_depth=1), on_round=first_round)
+            except Stop:
+                pass
+            return got["path"]
+
+        return enumerate_marginal(fn)
+
+    @torch.inference_mode()
+    def target_fn(k):
+        def f(prefix):
+            logits = target(input_ids=torch.tensor([prompts[k] + list(prefix)])).logits[0, -1]
+            return policy.probs(logits.unsqueeze(0), dtype=torch.float64)[0]
+        return f
+
+    for k in (0, 1):
+        marg = law(k, "specinfer")
+        assert {len(p) for p in marg} == {1, 2}  # rejected (residual draw) and accepted (+ bonus) leaves
+        err = max_abs_error(complete_to_length(marg, target_fn(k), 2), target_joint(target_fn(k), 2))
+        assert err < 1e-6, f"request {k}: exact verifier off by {err}"
+    import harness.verifiers.broken  # noqa: F401  (registers the negative control)
+
+    bad = law(0, "naive_multi_draft")
+    assert max_abs_error(complete_to_length(bad, target_fn(0), 2), target_joint(target_fn(0), 2)) > 1e-3
+
+
+def test_batched_profile_and_helpers(models):
+    target, _ = models
+    backend = BatchedBackend(target)
+    ms = time_batched_verify_ms(backend, batch_size=2, nodes=3, prefix_len=8, repeats=2)
+    assert ms > 0 and backend.forwards == 0  # profiling forwards are not counted as decode forwards
+    prof = verify_cost_profile(backend, batch_size=2, max_nodes=3, prefix_len=8, repeats=2)
+    assert prof["verify_cost"][0] == 1.0 and len(prof["verify_cost"]) == 3 and prof["batch_size"] == 2
+    with pytest.raises(ValueError, match="batch_size"):
+        time_batched_verify_ms(backend, batch_size=0, nodes=1, prefix_len=4)
+    assert batches(5, 2) == [[0, 1], [2, 3], [4]]
+    led = BatchLedger()
+    led.observe_round(live=2, real_rows=3, padded_rows=8, stage_ms={"target_verify": 2.0}, temp_kv_real_bytes=30,
+                      temp_kv_padded_bytes=80, hole_bytes=5)
+    s = led.summary()
+    assert s["padded_row_fraction"] == pytest.approx(5 / 8) and s["temp_kv_bytes_padded_peak"] == 80
+    p1, p2 = make("prompt_lookup", Budget(shape="sequence", max_nodes=2, max_depth=2), None, None), \
+        make("prompt_lookup", Budget(shape="sequence", max_nodes=2, max_depth=2), None, None)
+    p1.stats.extras.update({"rounds": 2, "last_match_len": 3, "id": "a"})
+    p2.stats.extras.update({"rounds": 5, "last_match_len": 1, "id": "b"})
+    merged = merged_proposer_extras([p1, p2])
+    assert (merged["rounds"], merged["last_match_len"], merged["id"]) == (7, 3, "a")
+
+
+def test_refuses_shared_proposer_instances(models):
+    target, _ = models
+    p = make("null", None, None, None)
+    with pytest.raises(ValueError, match="own proposer"):
+        decode_batch(target=BatchedBackend(target), proposers=[p, p], verifier=get_verifier("greedy"), policy=GREEDY,
+                     prompts=PROMPTS[:2], max_new_tokens=4, eos_token_ids=frozenset(),
+                     rngs=[TorchRandomSource(0), TorchRandomSource(1)], round_cfg=RoundConfig(max_nodes=1, max_depth=1))
