@@ -11,6 +11,9 @@ rows are dropped after proposing, since sibling rows sit at positions a committe
 Draft KV is proposal-side state: it never becomes target KV (0x0CB). The draft must share the
 target's tokenizer (checked by the runner before any model work).
 
+An explicit tree shape (``Budget(shape="tree", parents=...)``, e.g. a Sequoia tree) is sampled by
+:func:`~harness.proposers.sampling.sample_shaped_tree_proposal`, one level per forward as well.
+
 Sampling: ``sampling=iid`` (SpecInfer), ``without_replacement`` (Sequoia) or ``beam``
 (deterministic top-k, score-only evidence). q is the draft's distribution under the same
 temperature / top-p / top-k policy as the target, and each node carries the law it was drawn from.
@@ -24,7 +27,7 @@ import torch
 
 from harness.contracts import ProposalResult, ProposalStateHandle
 from harness.proposers.base import Budget, Proposer
-from harness.proposers.sampling import sample_tree_proposal
+from harness.proposers.sampling import check_shape_parents, sample_shaped_tree_proposal, sample_tree_proposal
 from harness.random_source import RandomSource
 from harness.target.backend import CausalLMBackend, Sequence, cache_bytes
 from harness.verifiers.sampling import SamplingPolicy
@@ -55,6 +58,13 @@ class DraftModelProposer(Proposer):
             self.widths = (1,) * min(budget.max_depth, budget.max_nodes)
         else:
             self.widths = budget.widths or (1,) * budget.max_depth
+        # an explicit tree shape (Budget(shape="tree", parents=...), e.g. a Sequoia tree)
+        self.shape_parents: tuple[int, ...] = ()
+        if budget.shape == "tree" and budget.parents:
+            self.shape_parents = tuple(check_shape_parents(budget.parents))
+            if len(self.shape_parents) > budget.max_nodes:
+                raise ValueError(f"the tree shape has {len(self.shape_parents)} candidate rows, over "
+                                 f"max_nodes={budget.max_nodes}")
         self.seq: Sequence | None = None
         self.peak_state_bytes = 0
 
@@ -125,11 +135,15 @@ class DraftModelProposer(Proposer):
                 row_of[prefix] = start + j
             return policy.probs(logits, dtype=torch.float32)
 
-        result = sample_tree_proposal(
-            q_level, widths=self.widths, relation=self.sampling, rng=rng, source=self.name,
-            manifest_hash=self.manifest_hash,
-            state_handle=ProposalStateHandle(owner=self.name, committed_len=len(committed),
-                                             generation=seq.cache_generation))
+        handle = ProposalStateHandle(owner=self.name, committed_len=len(committed), generation=seq.cache_generation)
+        if self.shape_parents:
+            result = sample_shaped_tree_proposal(
+                q_level, parents=self.shape_parents, relation=self.sampling, rng=rng, source=self.name,
+                manifest_hash=self.manifest_hash, state_handle=handle)
+        else:
+            result = sample_tree_proposal(
+                q_level, widths=self.widths, relation=self.sampling, rng=rng, source=self.name,
+                manifest_hash=self.manifest_hash, state_handle=handle)
         self.peak_state_bytes = max(self.peak_state_bytes, cache_bytes(seq.cache))
         if result.topology != "sequence":
             backend.truncate(seq, base)  # sibling rows can never be reused by a committed path

@@ -165,3 +165,95 @@ def sample_tree_proposal(
     return ProposalResult(nodes=tuple(nodes), probability_semantics="normalized_conditional",
                           sampling_relation=relation, topology=topology, state_handle=state_handle,
                           manifest_hash=manifest_hash, q_dists=torch.stack(laws), source=source)
+
+
+def check_shape_parents(parents: Sequence[int]) -> list[int]:
+    """Validate an explicit tree shape: ``parents[i]`` is shape node ``i``'s parent, ``-1`` the
+    prefix frontier, every parent before its children. Returns it as a list of ints."""
+    par = [int(p) for p in parents]
+    if not par:
+        raise ValueError("a tree shape needs at least one node; got parents=[]")
+    for i, p in enumerate(par):
+        if not PREFIX_FRONTIER <= p < i:
+            raise ValueError(f"parents[{i}] must be -1 (the frontier) or an earlier node in [0, {i}); got {p}")
+    return par
+
+
+def sample_shaped_tree_proposal(
+    q_level: QLevelFn,
+    *,
+    parents: Sequence[int],
+    relation: str,
+    rng: RandomSource,
+    source: str = "sampled",
+    manifest_hash: str = "unhashed",
+    state_handle: ProposalStateHandle = NO_STATE,
+) -> ProposalResult:
+    """Sample a proposal tree of an explicit shape (e.g. a Sequoia tree, 0x0AC), level by level.
+
+    ``parents[i]`` is the parent of shape node ``i`` (``-1`` = the prefix frontier; candidate-row
+    parents, as :func:`harness.topology.sequoia.tree_to_budget_parents` gives them). The ``k``
+    children of one node are drawn together by :func:`sample_children` in index order, so the
+    ``j``-th child in index order is the ``j``-th draw (Sequoia's sibling rank ``j``).
+    ``q_level(prefixes)`` returns ``[len(prefixes), V]``, one call per depth.
+
+    Under i.i.d. sampling a node may repeat a sibling's token: the draw is kept (the compiler
+    merges it into the sibling's row and the verifier sees both draws), but its subtree is not
+    expanded, so the shape nodes below it are absent this round. Nodes come back in shape order
+    with such absent nodes left out.
+    """
+    par = check_shape_parents(parents)
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(par):
+        children.setdefault(p, []).append(i)
+    token: dict[int, int] = {}  # shape node -> sampled token
+    law_of: dict[int, torch.Tensor | None] = {}  # shape node -> law it was drawn from (None: beam)
+    score_of: dict[int, float] = {}  # shape node -> q of its token (beam's score-only evidence)
+    expand: dict[int, tuple[int, ...]] = {PREFIX_FRONTIER: ()}  # expandable shape node -> prefix
+    level = [PREFIX_FRONTIER]  # shape nodes whose children are drawn at this depth
+    while level:
+        qs = q_level([expand[u] for u in level])  # [len(level), V]
+        if qs.dim() != 2 or qs.shape[0] != len(level):
+            raise ContractError(f"q_level must return [{len(level)}, V]; got {tuple(qs.shape)}")
+        next_level: list[int] = []
+        for u, q in zip(level, qs):
+            kids = children[u]
+            seen: set[int] = set()
+            for v, (tok, law) in zip(kids, sample_children(q, len(kids), relation=relation, rng=rng)):
+                token[v], law_of[v], score_of[v] = tok, law, float(q[tok])
+                if tok in seen:  # an i.i.d. duplicate: kept as a draw, not expanded
+                    continue
+                seen.add(tok)
+                if v in children:
+                    expand[v] = expand[u] + (tok,)
+                    next_level.append(v)
+        level = next_level
+
+    nodes: list[ProposalNode] = []
+    laws: list[torch.Tensor] = []
+    index: dict[int, int] = {}  # shape node -> node index in the result
+    for v, p in enumerate(par):
+        if v not in token or (p != PREFIX_FRONTIER and p not in index):
+            continue  # below an unexpanded duplicate
+        parent = PREFIX_FRONTIER if p == PREFIX_FRONTIER else index[p]
+        index[v] = len(nodes)
+        law = law_of[v]
+        if law is None:
+            nodes.append(ProposalNode(token_id=token[v], parent=parent, score=score_of[v], source=source))
+        else:
+            nodes.append(ProposalNode(token_id=token[v], parent=parent, q=float(law[token[v]]), source=source))
+            laws.append(law)
+    out_parents = [n.parent for n in nodes]
+    if all(p == i - 1 for i, p in enumerate(out_parents)):
+        topology = "sequence"
+    elif all(p == PREFIX_FRONTIER for p in out_parents):
+        topology = "set"
+    else:
+        topology = "tree"
+    if relation == "beam":
+        return ProposalResult(nodes=tuple(nodes), probability_semantics="score_only", sampling_relation="beam",
+                              topology=topology, state_handle=state_handle, manifest_hash=manifest_hash,
+                              source=source)
+    return ProposalResult(nodes=tuple(nodes), probability_semantics="normalized_conditional",
+                          sampling_relation=relation, topology=topology, state_handle=state_handle,
+                          manifest_hash=manifest_hash, q_dists=torch.stack(laws), source=source)

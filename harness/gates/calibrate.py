@@ -1,0 +1,326 @@
+"""Sequoia calibration: positional acceptance measured with the run's own code (0x0AA, 0x0AE).
+
+On prompts of the workload's ``calibration`` split (checked disjoint from the evaluation prompts),
+the configured proposer drafts ``B = topology.calibration.branches`` children below each parent
+node (a ``set`` budget, the configured sampling relation: without replacement for Sequoia, or
+i.i.d.), the target verifies them in one forward and the configured verifier selects, exactly as
+in a run (:func:`harness.engine.decode.decode`). Each round is one reached parent node; the
+verifier's choice gives the *rank* of the accepted sibling (1..B, the draw order), or 0 when none
+is accepted and the residual supplies the token. The path then continues with the committed
+tokens, so parents are visited along target-distributed paths.
+
+From the ranks: ``tested_j`` = parents whose siblings ``1..j-1`` were all rejected,
+``accepted_j`` = parents that accepted rank ``j``; the conditional sibling rates
+``h_j = accepted_j / tested_j`` and the selected-child probabilities
+``p_j = h_j prod_{i<j} (1 - h_i) = accepted_j / parents``, each with a Wilson interval.
+``p`` is validated (finite, in [0, 1], sibling mass <= 1) before it is stored.
+
+Under i.i.d. sampling a token drawn twice is one row; only its first draw can be accepted (after
+its rejection the residual has no mass on it), so the rank is the first draw's position.
+
+`harness calibrate [overrides]` composes the same config as `harness run`, writes the
+calibration, hardware-profile and tree artifacts for it (re-measuring), and prints their paths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from types import SimpleNamespace
+from typing import Sequence
+
+from harness.gates.stages import GateError
+
+CALIBRATION_FORMAT = 1
+
+#: provenance fields that must equal the run's for a calibration to be used
+CALIBRATION_MATCH_FIELDS = ("target", "proposer", "tokenizer", "sampling_policy", "verifier",
+                            "calibration_data", "settings", "library_versions")
+
+
+class CalibrationError(GateError):
+    """The calibration stage failed (too few parent nodes, overlap with evaluation prompts, ...)."""
+
+
+# ---------------------------------------------------------------- statistics (pure)
+
+
+def accepted_rank(tree, selection) -> int:
+    """Rank (1-based draw position below the frontier) of the accepted first-level child, 0 if none."""
+    if not selection.accepted_rows:
+        return 0
+    row = selection.accepted_rows[0]
+    for i, draw in enumerate(tree.draws[0]):
+        if draw.row == row:
+            return i + 1
+    raise AssertionError(f"accepted row {row} is not a child of the frontier")
+
+
+def acceptance_statistics(ranks: Sequence[int], *, branches: int, z: float = 1.96) -> dict:
+    """Conditional sibling rates h_j and selected-child probabilities p_j from accepted ranks.
+
+    ``ranks[i]`` is the rank accepted at parent ``i`` (``0``: none of the ``branches`` siblings).
+    Returns counts, ``h``, ``acceptance`` (= p), their Wilson intervals at quantile ``z``, the
+    sibling mass and the number of parents. ``p`` is validated before it is returned.
+    """
+    from harness.topology.sequoia import (
+        selected_child_probabilities,
+        validate_selected_child_probabilities,
+        wilson_interval,
+    )
+
+    if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
+        raise ValueError(f"branches must be an integer >= 1; got {branches!r}")
+    ranks = [int(r) for r in ranks]
+    if not ranks:
+        raise ValueError("no parent nodes measured")
+    bad = [r for r in ranks if not 0 <= r <= branches]
+    if bad:
+        raise ValueError(f"ranks must be in [0, {branches}]; got {bad[:5]}")
+    parents = len(ranks)
+    accepted = [sum(1 for r in ranks if r == j) for j in range(1, branches + 1)]  # [B]
+    tested = [parents - sum(accepted[:j]) for j in range(branches)]  # [B]
+    h = [accepted[j] / tested[j] if tested[j] else 0.0 for j in range(branches)]
+    p = validate_selected_child_probabilities(selected_child_probabilities(h))
+    direct = [a / parents for a in accepted]
+    for j, (a, b) in enumerate(zip(p, direct)):
+        if abs(a - b) > 1e-9:
+            raise AssertionError(f"p_{j + 1} from h ({a}) != accepted/parents ({b})")
+    h_ci = [list(wilson_interval(accepted[j], tested[j], z)) if tested[j] else None for j in range(branches)]
+    p_ci = [list(wilson_interval(accepted[j], parents, z)) for j in range(branches)]
+    for name, vec in (("h", h), ("acceptance", p)):
+        if not all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in vec):
+            raise ValueError(f"{name} must be finite and in [0, 1]; got {vec}")
+    return {"parents": parents, "branches": branches, "accepted": accepted, "tested": tested,
+            "none_accepted": parents - sum(accepted), "h": h, "h_wilson": h_ci, "acceptance": p,
+            "acceptance_wilson": p_ci, "sibling_mass": math.fsum(p), "wilson_z": z}
+
+
+# ---------------------------------------------------------------- calibration prompts
+
+
+def calibration_config(cfg):
+    """``cfg`` with the workload switched to its calibration split (limit: calibration.prompts)."""
+    from omegaconf import OmegaConf
+
+    c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    c.workload.split = "calibration"
+    c.workload.limit = cfg.topology.calibration.prompts
+    return c
+
+
+def calibration_items(cfg, tokenizer) -> list:
+    """[(Prompt, ids)] of the calibration split of the configured workload."""
+    from harness.runner import encode_workload
+
+    if cfg.workload.split == "calibration":
+        raise CalibrationError("workload.split=calibration: the evaluation prompts would be the calibration "
+                               "prompts; evaluate on eval or dev")
+    return encode_workload(calibration_config(cfg), tokenizer)
+
+
+def check_disjoint(calibration: list, evaluation: list) -> None:
+    """Refuse calibration prompts that are also evaluation prompts (same id or same token ids)."""
+    eval_ids = {p.prompt_id for p, _ in evaluation}
+    eval_tokens = {tuple(ids) for _, ids in evaluation}
+    for p, ids in calibration:
+        if p.prompt_id in eval_ids or tuple(ids) in eval_tokens:
+            raise CalibrationError(
+                f"calibration prompt {p.prompt_id!r} is also an evaluation prompt: the calibration split must be "
+                f"disjoint from the evaluated one (a jsonl workload needs a \"split\" field per line)")
+
+
+def data_hash(items: list) -> str:
+    h = hashlib.sha256()
+    for p, ids in items:
+        h.update(json.dumps([p.prompt_id, list(ids)]).encode())
+    return h.hexdigest()[:16]
+
+
+def calibration_provenance(cfg, *, tokenizer, items: list) -> dict:
+    """The provenance a calibration must carry to be used by a run of ``cfg``."""
+    from omegaconf import OmegaConf
+
+    from harness.measure.hardware import library_versions
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    if tokenizer is None:
+        tok = "none (model=tiny: synthetic ids from prompt bytes)"
+    else:
+        from harness.workloads.datastore import tokenizer_fingerprint
+
+        tok = tokenizer_fingerprint(tokenizer)
+    cal = c["topology"]["calibration"]
+    return {
+        "target": {k: v for k, v in c["model"].items() if k not in ("device", "attn_implementation")},
+        "proposer": c["proposer"],
+        "tokenizer": tok,
+        "sampling_policy": {**{k: c["generation"][k] for k in ("temperature", "top_p", "top_k")},
+                            "relation": c["proposer"].get("sampling", "iid")},
+        "verifier": c["verifier"]["name"],
+        "calibration_data": {"workload": c["workload"]["name"], "path": c["workload"].get("path"),
+                             "split": "calibration", "chat": c["workload"].get("chat"), "prompts": len(items),
+                             "hash": data_hash(items)},
+        "settings": {"parents": int(cal["parents"]), "branches": int(cal["branches"]),
+                     "max_new_tokens": int(cal["max_new_tokens"]), "wilson_z": float(cal["z"])},
+        "library_versions": library_versions(),
+    }
+
+
+# ---------------------------------------------------------------- the stage
+
+
+def _eos_ids(context) -> frozenset[int]:
+    from harness.runner import eos_ids
+
+    return eos_ids(SimpleNamespace(model=context.target_backend.model, tokenizer=context.tokenizer))
+
+
+def measure_ranks(cfg, context, *, items: list, progress: bool = True) -> tuple[list[int], int]:
+    """Run the calibration rounds; return (accepted rank per parent node, prompts used)."""
+    from tqdm import tqdm
+
+    from harness.engine.build import proposer_class, proposer_options, sampling_policy
+    from harness.engine.decode import RoundConfig, decode
+    from harness.proposers.base import Budget
+    from harness.random_source import TorchRandomSource
+    from harness.verifiers import get_verifier
+
+    cal = cfg.topology.calibration
+    need, branches = int(cal.parents), int(cal.branches)
+    if need < 1 or branches < 1 or int(cal.max_new_tokens) < 1:
+        raise ValueError(f"topology.calibration needs parents, branches, max_new_tokens >= 1; got {dict(cal)}")
+    if branches > context.target_backend.vocab_size:
+        raise ValueError(f"topology.calibration.branches={branches} exceeds the vocabulary "
+                         f"({context.target_backend.vocab_size})")
+    policy = sampling_policy(cfg)
+    budget = Budget(shape="set", max_nodes=branches, max_depth=1, widths=(branches,))
+    proposer = proposer_class(cfg.proposer.name).from_config(
+        options=proposer_options(cfg), budget=budget, manifest_hash="sequoia-calibration", policy=policy,
+        context=context)
+    verifier = get_verifier(cfg.verifier.name)
+    eos = _eos_ids(context)
+    ranks: list[int] = []
+    bar = tqdm(total=need, desc="calibration: parent nodes", unit="node", file=sys.stderr, disable=not progress,
+               leave=False)
+
+    def on_round(*, tree, selection, **_):
+        ranks.append(accepted_rank(tree, selection))
+        bar.update(1)
+
+    used = 0
+    try:
+        for i, (_, ids) in enumerate(items):
+            if len(ranks) >= need:
+                break
+            decode(target=context.target_backend, proposer=proposer, verifier=verifier, policy=policy,
+                   prompt_ids=list(ids), max_new_tokens=int(cal.max_new_tokens), eos_token_ids=eos,
+                   rng=TorchRandomSource(int(cfg.seed) * 1_000_003 + 500_009 + i),
+                   round_cfg=RoundConfig(max_nodes=branches, max_depth=1), on_round=on_round)
+            used += 1
+    finally:
+        bar.close()
+    return ranks, used
+
+
+def run_calibration(cfg, context, *, items: list, provenance: dict, progress: bool = True) -> dict:
+    """The gated calibration stage: measure, check the count, compute and validate; the artifact
+    dict (unhashed). Raises :class:`CalibrationError` with fewer than the configured parents."""
+    cal = cfg.topology.calibration
+    t0 = time.perf_counter()
+    ranks, used = measure_ranks(cfg, context, items=items, progress=progress)
+    need = int(cal.parents)
+    if len(ranks) < need:
+        raise CalibrationError(
+            f"calibration measured {len(ranks)} parent nodes on all {used} calibration prompts; "
+            f"topology.calibration.parents={need} are required. Raise topology.calibration.max_new_tokens "
+            f"or topology.calibration.prompts (a split with more prompts), or lower the requirement explicitly")
+    stats = acceptance_statistics(ranks, branches=int(cal.branches), z=float(cal.z))
+    return {
+        "kind": "sequoia_calibration",
+        "format": CALIBRATION_FORMAT,
+        **stats,
+        "prompts_used": used,
+        "seconds": time.perf_counter() - t0,
+        "notes": {
+            "acceptance": "selected-child probabilities p_j = h_j prod_{i<j}(1-h_i) (sum <= 1)",
+            "h": "conditional sibling rates: P(rank j accepted | ranks < j rejected)",
+            "parents": "reached parent nodes (one per calibration round, frontier of a set of branches draws)",
+            "method": "the configured proposer, verifier and decode loop on the calibration split",
+        },
+        "provenance": {**provenance, "seed": int(cfg.seed)},
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def check_calibration(artifact: dict, expected: dict, *, path: str) -> None:
+    """Refuse a calibration whose provenance differs from the run's; re-validate its vector."""
+    from harness.measure.profile import StaleArtifactError, check_provenance
+    from harness.topology.sequoia import validate_selected_child_probabilities
+
+    check_provenance(artifact.get("provenance", {}), expected, fields=CALIBRATION_MATCH_FIELDS,
+                     kind="calibration", path=path)
+    try:
+        validate_selected_child_probabilities(artifact["acceptance"])
+    except (KeyError, ValueError) as exc:
+        raise StaleArtifactError(f"calibration {path!r} has no valid acceptance vector: {exc}") from exc
+
+
+# ---------------------------------------------------------------- `harness calibrate`
+
+
+def compose(overrides: list[str]):
+    """Compose the `harness run` config with ``overrides`` (topology=sequoia unless given)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from harness import config as _config  # noqa: F401  (registers the schemas)
+    from harness.runner import CONF_DIR
+
+    overrides = list(overrides)
+    if not any(o.split("=", 1)[0].lstrip("+~") == "topology" for o in overrides):
+        overrides.insert(0, "topology=sequoia")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def calibrate(cfg, *, progress: bool = True) -> dict:
+    """Load the models of ``cfg``, write fresh calibration, profile and tree artifacts; return paths."""
+    import torch
+
+    from harness.engine.build import BuildContext, plan
+    from harness.runner import encode_workload, load_models
+    from harness.target.backend import CausalLMBackend
+    from harness.topology.sequoia_artifact import ensure_tree_artifact
+
+    if cfg.topology.name != "sequoia":
+        raise ValueError(f"harness calibrate writes Sequoia artifacts: it needs topology=sequoia; got "
+                         f"topology={cfg.topology.name}")
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    plan(cfg)  # negotiation first: refuse a combination the run would refuse, before model work
+    target, draft = load_models(cfg)
+    device = torch.device(cfg.model.device)
+    context = BuildContext(cfg=cfg, target_backend=CausalLMBackend(target.model, device=device),
+                           tokenizer=target.tokenizer,
+                           draft_backend=CausalLMBackend(draft.model, device=device) if draft is not None else None,
+                           items=encode_workload(cfg, target.tokenizer), model_source=target.source)
+    arts = ensure_tree_artifact(cfg, context, force=True, progress=progress)
+    return arts.summary()
+
+
+def main(argv: list[str]) -> int:
+    if any(a in {"-h", "--help"} for a in argv):
+        print("usage: harness calibrate [hydra overrides, as for `harness run`]\n\n" + (__doc__ or ""))
+        return 0
+    try:
+        cfg = compose(argv)
+        out = calibrate(cfg)
+    except (GateError, ValueError) as exc:
+        print(f"harness calibrate: refused: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=2))
+    return 0

@@ -1,0 +1,348 @@
+"""Hardware profile for Sequoia's hardware-aware tree choice (reference 0x0AD, 0x0AE; issue 4).
+
+Measured on the run's own device, dtype, threads and attention implementation:
+
+* ``t(n)``: one verify forward of ``n = 1 + candidate rows`` tokens (the pending token plus a
+  tree of candidate rows with its real ancestor mask, through
+  :meth:`~harness.target.backend.CausalLMBackend.verify`) over a cached prefix of
+  ``prefix_len`` tokens, for ``n = 1..N``; ``t(1)`` is exactly one autoregressive step.
+* ``c0``: the draft model's forward on the pending token (the proposer's pass before drafting).
+* ``c``: one draft depth step (a one-row forward one position further).
+
+Protocol: ``warmup`` untimed rounds, then ``repeats`` timed rounds; each round times every size
+once, in an order rotated per round so that no size always runs first. Median and
+inter-quartile range per size; the device is synchronised before each clock read (StageClock).
+Costs are normalised by the median ``t(1)``: ``verify_cost[n-1] = t(n) / t(1)`` (so
+``t(1) = 1``), ``draft_base_cost = c0 / t(1)``, ``draft_cost = c / t(1)`` — the JSON keys
+:mod:`harness.topology.sequoia_cli` (``profile=``) and
+:func:`harness.topology.sequoia.select_hardware_aware` read.
+
+A profile carries its provenance (model, dtype, device, device name, threads, batch size,
+attention implementation, library versions, measurement settings). :func:`check_provenance`
+refuses a profile whose provenance differs from the run's in any of those fields and names the
+field (:class:`StaleArtifactError`).
+
+The artifact helpers here (:func:`artifact_hash`, :func:`write_artifact`, :func:`read_artifact`,
+:func:`check_provenance`) serve the calibration and tree artifacts as well.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from harness.contracts import NO_STATE, ProposalNode, ProposalResult
+from harness.measure.ledger import StageClock
+
+PROFILE_FORMAT = 1
+
+#: provenance fields that must equal the run's for a profile to be used
+PROFILE_MATCH_FIELDS = ("model", "dtype", "device", "device_name", "threads", "batch_size",
+                        "attn_implementation", "library_versions", "measurement")
+
+
+class StaleArtifactError(ValueError):
+    """An artifact's provenance differs from the run's (or its content hash does not verify)."""
+
+
+# ---------------------------------------------------------------- artifact helpers
+
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def artifact_hash(artifact: dict) -> str:
+    """SHA-256 (first 16 hex digits) of the artifact's canonical JSON without its ``hash`` key."""
+    body = {k: v for k, v in artifact.items() if k != "hash"}
+    return hashlib.sha256(canonical(body).encode()).hexdigest()[:16]
+
+
+def key_hash(obj: Any) -> str:
+    """Short hash of a provenance-match dict: the artifact's cache key."""
+    return hashlib.sha256(canonical(obj).encode()).hexdigest()[:16]
+
+
+def write_artifact(artifact: dict, path: Path) -> dict:
+    """Stamp ``hash`` and write atomically (tmp + rename). Returns the stamped artifact."""
+    artifact = dict(artifact)
+    artifact["hash"] = artifact_hash(artifact)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(artifact, indent=2, sort_keys=True, allow_nan=False))
+    tmp.replace(path)
+    return artifact
+
+
+def read_artifact(path: Path, *, kind: str) -> dict:
+    """Read an artifact and verify its kind and content hash."""
+    path = Path(path)
+    try:
+        artifact = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StaleArtifactError(f"cannot read {kind} artifact {str(path)!r}: {exc}") from exc
+    if not isinstance(artifact, dict) or artifact.get("kind") != kind:
+        got = artifact.get("kind") if isinstance(artifact, dict) else type(artifact).__name__
+        raise StaleArtifactError(f"{str(path)!r} is not a {kind} artifact; got kind {got!r}")
+    if artifact.get("hash") != artifact_hash(artifact):
+        raise StaleArtifactError(f"{kind} artifact {str(path)!r}: content hash {artifact.get('hash')!r} does not "
+                                 f"verify (expected {artifact_hash(artifact)!r}); the file was edited or truncated")
+    return artifact
+
+
+def first_difference(stored: Any, expected: Any, path: str) -> tuple[str, Any, Any] | None:
+    """The first dotted path where two JSON-like values differ (dict keys sorted), else None."""
+    if isinstance(stored, dict) and isinstance(expected, dict):
+        for key in sorted(set(stored) | set(expected)):
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in stored or key not in expected:
+                return sub, stored.get(key, "<absent>"), expected.get(key, "<absent>")
+            diff = first_difference(stored[key], expected[key], sub)
+            if diff:
+                return diff
+        return None
+    if isinstance(stored, list | tuple) and isinstance(expected, list | tuple) and len(stored) == len(expected):
+        for i, (a, b) in enumerate(zip(stored, expected)):
+            diff = first_difference(a, b, f"{path}[{i}]")
+            if diff:
+                return diff
+        return None
+    return None if stored == expected else (path, stored, expected)
+
+
+def check_provenance(stored: dict, expected: dict, *, fields: Sequence[str], kind: str, path: str) -> None:
+    """Refuse an artifact whose provenance differs from the run's in any of ``fields``."""
+    for name in fields:
+        diff = first_difference(stored.get(name, "<absent>"), expected.get(name, "<absent>"), name)
+        if diff:
+            where, got, want = diff
+            raise StaleArtifactError(
+                f"stale {kind} {path!r}: {name} differs ({where}: artifact {got!r}, this run {want!r}); "
+                f"re-run `harness calibrate` with the run's overrides")
+
+
+# ---------------------------------------------------------------- provenance of a run
+
+
+def _model_identity(model_cfg: dict) -> dict:
+    """What identifies a model's weights (device, dtype and attention are compared separately)."""
+    return {k: v for k, v in model_cfg.items() if k not in ("device", "dtype", "attn_implementation")}
+
+
+def device_name(device: str) -> str:
+    from harness.measure.hardware import cpu_name
+
+    dev = torch.device(device)
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
+
+
+def profile_provenance(cfg) -> dict:
+    """The provenance a profile must carry to be used by a run of ``cfg`` (a composed config),
+    in this process (threads = ``torch.get_num_threads()`` now)."""
+    from omegaconf import OmegaConf
+
+    from harness.measure.hardware import library_versions
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    draft = c["proposer"].get("model") if isinstance(c["proposer"].get("model"), dict) else None
+    t = c["topology"]
+    return {
+        "model": {"target": _model_identity(c["model"]),
+                  "draft": _model_identity(draft) if draft else None,
+                  "draft_dtype": draft.get("dtype") if draft else None},
+        "dtype": c["model"]["dtype"],
+        "device": c["model"]["device"],
+        "device_name": device_name(c["model"]["device"]),
+        "threads": torch.get_num_threads(),
+        "batch_size": int(c["generation"]["batch_size"]),
+        "attn_implementation": c["model"]["attn_implementation"],
+        "library_versions": library_versions(),
+        "measurement": {"prefix_len": int(t["profile"]["prefix_len"]), "warmup": int(t["profile"]["warmup"]),
+                        "repeats": int(t["profile"]["repeats"]), "max_nodes": int(t["max_nodes"]) + 1},
+    }
+
+
+# ---------------------------------------------------------------- measurement
+
+
+def heap_parents(rows: int) -> list[int]:
+    """Candidate-row parents of a binary-heap tree with ``rows`` rows (``-1`` = frontier):
+    root-inclusive node ``k`` hangs under ``(k - 1) // 2``. ``heap_parents(4) == [-1, -1, 0, 0]``."""
+    return [-1 if (k - 1) // 2 == 0 else (k - 1) // 2 - 1 for k in range(1, rows + 1)]
+
+
+def timing_tree(rows: int, *, prefix_len: int, vocab: int):
+    """A compiled tree of ``rows`` candidate rows in binary-heap shape (real ancestor mask), with
+    distinct sibling tokens. Token values do not change the timing of a dense forward."""
+    from harness.topology.compiler import compile_tree
+
+    parents = heap_parents(rows)
+    nodes = tuple(ProposalNode(token_id=3 + (k % max(vocab - 3, 1)), parent=p, score=1.0, source="profile")
+                  for k, p in enumerate(parents))
+    proposals = [ProposalResult(nodes=nodes, probability_semantics="score_only",
+                                sampling_relation="deterministic_lookup", topology="tree" if rows > 1 else "sequence",
+                                state_handle=NO_STATE, manifest_hash="profile")] if rows else []
+    tree = compile_tree(proposals, prefix_len=prefix_len)
+    if tree.num_rows != rows:
+        raise AssertionError(f"timing tree has {tree.num_rows} rows, wanted {rows}")
+    return tree
+
+
+def summarize_ms(samples: Sequence[float]) -> dict:
+    """Median and inter-quartile range of timing samples (milliseconds)."""
+    if not samples:
+        raise ValueError("no timing samples")
+    x = torch.tensor(list(samples), dtype=torch.float64)  # [R]
+    q25, med, q75 = (float(v) for v in torch.quantile(x, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)))
+    return {"median_ms": med, "q25_ms": q25, "q75_ms": q75, "iqr_ms": q75 - q25, "samples_ms": [float(v) for v in x]}
+
+
+def cycle_prefix(ids: Sequence[int], length: int) -> list[int]:
+    """``length`` token ids: ``ids`` repeated (a realistic prefix of a fixed length)."""
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise ValueError("the profile prefix needs at least one token id")
+    if length < 2:
+        raise ValueError(f"profile.prefix_len must be >= 2; got {length}")
+    return (ids * (length // len(ids) + 1))[:length]
+
+
+@torch.inference_mode()
+def measure_profile(
+    *,
+    target_backend,
+    draft_backend,
+    prefix_ids: Sequence[int],
+    max_nodes: int,
+    warmup: int,
+    repeats: int,
+    provenance: dict,
+    progress: bool = True,
+) -> dict:
+    """Measure t(1..max_nodes) (``max_nodes`` counts the root), c0 and c; return the profile dict
+    (unhashed; :func:`write_artifact` stamps it)."""
+    from tqdm import tqdm
+
+    if draft_backend is None:
+        raise ValueError("a hardware profile measures the draft's costs c0 and c: it needs a separate draft "
+                         "model (proposer=draft_model)")
+    for name, v, lo in (("max_nodes", max_nodes, 1), ("warmup", warmup, 0), ("repeats", repeats, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}; got {v!r}")
+    prefix = list(prefix_ids)
+    clock = StageClock(target_backend.device)
+    trees = {n: timing_tree(n - 1, prefix_len=len(prefix), vocab=target_backend.vocab_size)
+             for n in range(1, max_nodes + 1)}
+    seq = target_backend.prefill(prefix)  # [prefix_len - 1] cached, the last token pending
+    base = seq.cache_len
+    dseq = draft_backend.prefill(prefix)
+    dbase = dseq.cache_len
+    pending = prefix[-1]
+    verify_ms: dict[int, list[float]] = {n: [] for n in trees}
+    c0_ms: list[float] = []
+    c_ms: list[float] = []
+    sizes = list(trees)
+    rounds = warmup + repeats
+    for r in tqdm(range(rounds), desc="profile: timing rounds", unit="round", file=sys.stderr,
+                  disable=not progress, leave=False):
+        order = sizes[r % len(sizes):] + sizes[: r % len(sizes)]
+        timed = r >= warmup
+        for n in order:
+            t0 = clock.now()
+            target_backend.verify(seq, pending, trees[n])
+            dt = (clock.now() - t0) * 1e3
+            target_backend.truncate(seq, base)
+            if timed:
+                verify_ms[n].append(dt)
+        # c0: the draft's pass on the pending token
+        t0 = clock.now()
+        draft_backend.forward_rows(dseq, [pending], [dbase], None)
+        dt0 = (clock.now() - t0) * 1e3
+        # c: one depth step below it
+        t0 = clock.now()
+        draft_backend.forward_rows(dseq, [prefix[0]], [dbase + 1], None)
+        dt1 = (clock.now() - t0) * 1e3
+        draft_backend.truncate(dseq, dbase)
+        if timed:
+            c0_ms.append(dt0)
+            c_ms.append(dt1)
+    verify = [dict(n=n, candidate_rows=n - 1, **summarize_ms(verify_ms[n])) for n in sizes]
+    t1 = verify[0]["median_ms"]
+    if not (math.isfinite(t1) and t1 > 0):
+        raise ValueError(f"t(1) must be a positive time; measured {t1} ms")
+    c0 = summarize_ms(c0_ms)
+    c = summarize_ms(c_ms)
+    verify_cost = [1.0] + [v["median_ms"] / t1 for v in verify[1:]]
+    return {
+        "kind": "sequoia_hardware_profile",
+        "format": PROFILE_FORMAT,
+        "synthetic": False,
+        "verify_cost": verify_cost,
+        "draft_cost": c["median_ms"] / t1,
+        "draft_base_cost": c0["median_ms"] / t1,
+        "t1_ms": t1,
+        "verify_ms": verify,
+        "draft_base_ms": c0,
+        "draft_step_ms": c,
+        "notes": {
+            "n": "verify forward length: 1 pending token + candidate rows (root included, as Sequoia)",
+            "verify_cost": "t(n) / t(1), medians; t(1) = one autoregressive step",
+            "draft_base_cost": "c0 / t(1): the draft forward on the pending token",
+            "draft_cost": "c / t(1): one draft depth step (a one-row forward)",
+            "tree_shape": "binary heap, real ancestor mask through CausalLMBackend.verify",
+            "protocol": f"{warmup} warm-up rounds excluded, {repeats} timed rounds, sizes rotated per round",
+        },
+        "provenance": provenance,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def check_profile(profile: dict, expected: dict, *, path: str, max_nodes: int) -> None:
+    """Refuse a stale profile (any provenance field differs) or one too short for the search."""
+    if profile.get("synthetic", False):
+        raise StaleArtifactError(f"hardware profile {path!r} is synthetic (hand-entered costs); "
+                                 "harness run uses measured profiles only")
+    check_provenance(profile.get("provenance", {}), expected, fields=PROFILE_MATCH_FIELDS,
+                     kind="hardware profile", path=path)
+    if len(profile.get("verify_cost", [])) < max_nodes:
+        raise StaleArtifactError(f"hardware profile {path!r} gives t(1..{len(profile.get('verify_cost', []))}); "
+                                 f"the search needs t(1..{max_nodes})")
+
+
+def plot_profile(profile: dict, path: Path) -> Path:
+    """t(n)/t(1) with IQR bars, plus c0 and c, to a PNG (matplotlib Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t1 = profile["t1_ms"]
+    ns = [v["n"] for v in profile["verify_ms"]]
+    med = [v["median_ms"] / t1 for v in profile["verify_ms"]]
+    lo = [(v["median_ms"] - v["q25_ms"]) / t1 for v in profile["verify_ms"]]
+    hi = [(v["q75_ms"] - v["median_ms"]) / t1 for v in profile["verify_ms"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.errorbar(ns, med, yerr=[lo, hi], marker="o", capsize=3, label="t(n) / t(1), median, IQR bars")
+    ax.axhline(profile["draft_base_cost"], color="tab:green", ls="--", label=f"c0 = {profile['draft_base_cost']:.3f}")
+    ax.axhline(profile["draft_cost"], color="tab:red", ls=":", label=f"c = {profile['draft_cost']:.3f}")
+    prov = profile.get("provenance", {})
+    ax.set_xlabel("n = 1 + candidate rows (verify forward length)")
+    ax.set_ylabel(f"time / t(1)   (t(1) = {t1:.3g} ms)")
+    ax.set_title(f"verify cost, {prov.get('device', '?')} {prov.get('dtype', '?')}, "
+                 f"{prov.get('threads', '?')} threads", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,332 @@
+"""`topology=sequoia`: the tree artifact and the TOPOLOGY preparer (reference 0x0AC-0x0AE, issue 4).
+
+A tree artifact binds one calibration artifact (positional acceptance p_j, measured by
+:mod:`harness.gates.calibrate`) and one hardware profile (t(n), c0, c, measured by
+:mod:`harness.measure.profile`) by their content hashes, and stores what
+:func:`~harness.topology.sequoia.optimize_tree` and
+:func:`~harness.topology.sequoia.select_hardware_aware` chose from them: the (n, d) minimising
+``(t(n) + c0 + d c) / G(n, d)``, its parent array and sibling ranks, the candidate-row parents a
+proposer samples, and the predicted time per committed token (normalised and in ms).
+``harness run`` never uses synthetic (hand-entered) costs.
+
+Negotiation, before any model work, sees ``topology="tree"`` through :func:`placeholder_budget`.
+After the models are loaded :func:`prepare_sequoia` resolves the artifacts:
+
+* ``topology.tree_artifact=PATH``: that tree, its calibration and profile (or the explicit
+  ``topology.calibration_artifact`` / ``topology.profile_artifact``); every provenance field is
+  checked against the run and a stale artifact is refused (:class:`StaleArtifactError`).
+* otherwise artifacts under ``$HARNESS_CACHE/sequoia`` keyed by the run's provenance
+  (``topology.reuse=true``), provenance re-checked on load; missing ones are measured first, as
+  gated stages (calibration on the calibration split, then the profile), with progress bars.
+
+Conventions: ``topology.max_nodes`` counts candidate rows, the DP's ``n`` counts the root
+(``n = rows + 1``); depth counts edges in both.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.measure.profile import (
+    StaleArtifactError,
+    check_profile,
+    key_hash,
+    read_artifact,
+    write_artifact,
+)
+from harness.proposers.base import Budget
+from harness.topology.sequoia import optimize_tree, select_hardware_aware, tree_to_budget_parents
+
+log = logging.getLogger("harness.sequoia")
+
+TREE_FORMAT = 1
+TREE_KIND = "sequoia_tree"
+CALIBRATION_KIND = "sequoia_calibration"
+PROFILE_KIND = "sequoia_hardware_profile"
+
+__all__ = ["StaleArtifactError", "SequoiaArtifacts", "placeholder_budget", "search_bounds", "build_tree_artifact",
+           "check_tree", "ensure_tree_artifact", "prepare_sequoia", "cost_model_error"]
+
+
+def placeholder_budget(t) -> Budget:
+    """TOPOLOGIES entry: the search bounds as a tree budget, for negotiation before model work."""
+    return Budget(shape="tree", max_nodes=int(t.max_nodes), max_depth=int(t.max_depth))
+
+
+def search_bounds(t) -> dict:
+    """The DP's search bounds from ``topology`` config (``max_nodes`` root included)."""
+    rows, depth, min_nodes = int(t.max_nodes), int(t.max_depth), int(t.get("min_nodes", 2))
+    if rows < 1 or depth < 1:
+        raise ValueError(f"topology=sequoia needs max_nodes >= 1 and max_depth >= 1; got {rows}, {depth}")
+    return {"max_rows": rows, "max_nodes": rows + 1, "max_depth": depth, "min_nodes": min_nodes}
+
+
+# ---------------------------------------------------------------- the tree artifact (pure)
+
+
+def build_tree_artifact(*, calibration: dict, profile: dict, search: dict, calibration_path: str = "",
+                        profile_path: str = "") -> dict:
+    """Choose the hardware-aware tree from a calibration and a measured profile (unhashed dict)."""
+    if profile.get("synthetic", False):
+        raise StaleArtifactError("a tree artifact for `harness run` needs a measured profile; this one is synthetic")
+    for name, art in (("calibration", calibration), ("profile", profile)):
+        if not art.get("hash"):
+            raise ValueError(f"the {name} artifact must be written (hashed) before a tree binds it")
+    n_max, d_max = int(search["max_nodes"]), int(search["max_depth"])
+    table = optimize_tree(acceptance=list(calibration["acceptance"]), max_nodes=n_max, max_depth=d_max)
+    choice = select_hardware_aware(table, verify_cost=list(profile["verify_cost"][:n_max]),
+                                   draft_cost=float(profile["draft_cost"]),
+                                   draft_base_cost=float(profile["draft_base_cost"]),
+                                   min_nodes=int(search["min_nodes"]))
+    if choice.n < 2:
+        raise ValueError("the hardware-aware choice is plain autoregressive decoding (n = 1): speculation does "
+                         "not pay on this profile; nothing to build (topology.min_nodes=2 forces a tree)")
+    widest = table.best(n_max, d_max)
+    t1 = float(profile["t1_ms"])
+    return {
+        "kind": TREE_KIND,
+        "format": TREE_FORMAT,
+        "synthetic": False,
+        "calibration_hash": calibration["hash"],
+        "profile_hash": profile["hash"],
+        "calibration_path": str(calibration_path),
+        "profile_path": str(profile_path),
+        "search": dict(search),
+        "acceptance": list(table.acceptance),
+        "chosen": {
+            "n": choice.n, "d": choice.d, "candidate_rows": choice.candidate_rows,
+            "expected_tokens": choice.expected_tokens,
+            "time_per_token": choice.time_per_token,
+            "time_per_token_ms": choice.time_per_token * t1,
+            "verify_time": float(profile["verify_cost"][choice.n - 1]),
+            "draft_time": float(profile["draft_base_cost"]) + choice.d * float(profile["draft_cost"]),
+            "parents": list(choice.parents), "ranks": list(choice.ranks),
+            "budget_parents": list(tree_to_budget_parents(choice.parents)),
+        },
+        "max_expected_tokens_tree": None if widest is None else {
+            "n": widest.nodes, "d": widest.depth, "expected_tokens": widest.expected_tokens,
+            "parents": list(widest.parents)},
+        "time_unit": "time_per_token: one autoregressive target step t(1); time_per_token_ms = that x t(1) in ms",
+        "expected_tokens_table": table.expected_tokens_table(),
+        "provenance": {"calibration": calibration.get("provenance"), "profile": profile.get("provenance")},
+    }
+
+
+def check_tree(tree: dict, *, calibration: dict, profile: dict, search: dict, path: str) -> None:
+    """Refuse a tree that does not bind these artifacts, was searched under other bounds, or whose
+    choice the optimiser no longer reproduces."""
+    if tree.get("calibration_hash") != calibration.get("hash"):
+        raise StaleArtifactError(f"stale tree artifact {path!r}: it binds calibration {tree.get('calibration_hash')!r}, "
+                                 f"the run resolved calibration {calibration.get('hash')!r}")
+    if tree.get("profile_hash") != profile.get("hash"):
+        raise StaleArtifactError(f"stale tree artifact {path!r}: it binds profile {tree.get('profile_hash')!r}, "
+                                 f"the run resolved profile {profile.get('hash')!r}")
+    if tree.get("search") != search:
+        raise StaleArtifactError(f"stale tree artifact {path!r}: searched under {tree.get('search')}, "
+                                 f"this run's topology asks {search}")
+    again = build_tree_artifact(calibration=calibration, profile=profile, search=search)
+    if again["chosen"]["parents"] != tree.get("chosen", {}).get("parents"):
+        raise StaleArtifactError(f"stale tree artifact {path!r}: the optimiser now chooses "
+                                 f"{again['chosen']['parents']} from the same inputs, the artifact holds "
+                                 f"{tree.get('chosen', {}).get('parents')}")
+
+
+# ---------------------------------------------------------------- resolution for a run
+
+
+@dataclass
+class SequoiaArtifacts:
+    tree: dict
+    tree_path: Path
+    calibration: dict
+    calibration_path: Path
+    profile: dict
+    profile_path: Path
+    plot_path: Path
+    stages: dict = field(default_factory=dict)  # how each artifact was obtained
+
+    def budget(self) -> Budget:
+        c = self.tree["chosen"]
+        return Budget(shape="tree", max_nodes=int(c["candidate_rows"]), max_depth=max(int(c["d"]), 1),
+                      parents=tuple(int(p) for p in c["budget_parents"]))
+
+    def paths(self) -> dict:
+        return {"sequoia_tree": str(self.tree_path), "sequoia_calibration": str(self.calibration_path),
+                "sequoia_profile": str(self.profile_path), "sequoia_profile_plot": str(self.plot_path)}
+
+    def metrics(self) -> dict:
+        c = self.tree["chosen"]
+        return {
+            "sequoia_predicted_time_per_token_ms": c["time_per_token_ms"],
+            "sequoia_predicted_time_per_token_normalised": c["time_per_token"],
+            "sequoia_predicted_expected_tokens": c["expected_tokens"],
+            "sequoia_tree_nodes": c["n"],
+            "sequoia_tree_candidate_rows": c["candidate_rows"],
+            "sequoia_tree_depth": c["d"],
+            "sequoia_profile_t1_ms": self.profile["t1_ms"],
+            "sequoia_calibration_parents": self.calibration["parents"],
+            "sequoia_acceptance": list(self.calibration["acceptance"]),
+            "sequoia_stages": dict(self.stages),
+        }
+
+    def summary(self) -> dict:
+        c = self.tree["chosen"]
+        return {**self.paths(), "stages": dict(self.stages), "acceptance": list(self.calibration["acceptance"]),
+                "h": list(self.calibration["h"]), "parents_measured": self.calibration["parents"],
+                "verify_cost": list(self.profile["verify_cost"]), "draft_cost": self.profile["draft_cost"],
+                "draft_base_cost": self.profile["draft_base_cost"], "t1_ms": self.profile["t1_ms"],
+                "chosen": {k: c[k] for k in ("n", "d", "candidate_rows", "expected_tokens", "time_per_token",
+                                             "time_per_token_ms", "parents", "budget_parents")}}
+
+
+def sequoia_dir() -> Path:
+    from harness.target.loading import cache_root
+
+    return cache_root() / "sequoia"
+
+
+def _match(provenance: dict, fields) -> dict:
+    return {k: provenance.get(k) for k in fields}
+
+
+def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = True) -> SequoiaArtifacts:
+    """Resolve (load and check, or measure and write) the calibration, profile and tree for a run
+    of ``cfg`` with loaded models (``context``: :class:`harness.engine.build.BuildContext`).
+    ``force`` re-measures even where a matching cached artifact exists (`harness calibrate`)."""
+    from harness.gates.calibrate import (
+        CALIBRATION_MATCH_FIELDS,
+        calibration_items,
+        calibration_provenance,
+        check_calibration,
+        check_disjoint,
+        run_calibration,
+    )
+    from harness.measure.profile import (
+        PROFILE_MATCH_FIELDS,
+        cycle_prefix,
+        measure_profile,
+        plot_profile,
+        profile_provenance,
+    )
+
+    t = cfg.topology
+    search = search_bounds(t)
+    reuse = bool(t.get("reuse", True)) and not force
+    cal_items = calibration_items(cfg, context.tokenizer)
+    check_disjoint(cal_items, context.items)
+    cal_expected = calibration_provenance(cfg, tokenizer=context.tokenizer, items=cal_items)
+    prof_expected = profile_provenance(cfg)
+    cal_key = key_hash(_match(cal_expected, CALIBRATION_MATCH_FIELDS))
+    prof_key = key_hash(_match(prof_expected, PROFILE_MATCH_FIELDS))
+    root = sequoia_dir()
+    stages: dict[str, str] = {}
+
+    def load_calibration(path) -> dict:
+        art = read_artifact(path, kind=CALIBRATION_KIND)
+        check_calibration(art, cal_expected, path=str(path))
+        return art
+
+    def load_profile(path) -> dict:
+        art = read_artifact(path, kind=PROFILE_KIND)
+        check_profile(art, prof_expected, path=str(path), max_nodes=search["max_nodes"])
+        return art
+
+    def plot_for(profile: dict, path: Path) -> Path:
+        png = Path(path).with_suffix(".png")
+        if not png.exists():
+            plot_profile(profile, png)
+        return png
+
+    if t.get("tree_artifact"):  # explicit tree: everything it binds must match this run
+        tree_path = Path(t.tree_artifact)
+        tree = read_artifact(tree_path, kind=TREE_KIND)
+        cal_path = Path(t.get("calibration_artifact") or tree["calibration_path"])
+        prof_path = Path(t.get("profile_artifact") or tree["profile_path"])
+        calibration, profile = load_calibration(cal_path), load_profile(prof_path)
+        check_tree(tree, calibration=calibration, profile=profile, search=search, path=str(tree_path))
+        stages = {"calibration": "loaded", "profile": "loaded", "tree": "loaded (topology.tree_artifact)"}
+        return SequoiaArtifacts(tree=tree, tree_path=tree_path, calibration=calibration, calibration_path=cal_path,
+                                profile=profile, profile_path=prof_path, plot_path=plot_for(profile, prof_path),
+                                stages=stages)
+
+    # 1. calibration (gated stage)
+    if t.get("calibration_artifact"):
+        cal_path = Path(t.calibration_artifact)
+        calibration = load_calibration(cal_path)
+        stages["calibration"] = "loaded (topology.calibration_artifact)"
+    else:
+        cal_path = root / f"calibration-{cal_key}.json"
+        if reuse and cal_path.exists():
+            calibration = load_calibration(cal_path)
+            stages["calibration"] = "loaded (cache)"
+        else:
+            log.info("sequoia: calibrating on %d calibration prompts", len(cal_items))
+            art = run_calibration(cfg, context, items=cal_items, provenance=cal_expected, progress=progress)
+            calibration = write_artifact(art, cal_path)
+            stages["calibration"] = "measured"
+
+    # 2. hardware profile (gated stage)
+    if t.get("profile_artifact"):
+        prof_path = Path(t.profile_artifact)
+        profile = load_profile(prof_path)
+        stages["profile"] = "loaded (topology.profile_artifact)"
+    else:
+        prof_path = root / f"profile-{prof_key}.json"
+        if reuse and prof_path.exists():
+            profile = load_profile(prof_path)
+            stages["profile"] = "loaded (cache)"
+        else:
+            prefix = cycle_prefix([tok for _, ids in cal_items for tok in ids], int(t.profile.prefix_len))
+            art = measure_profile(target_backend=context.target_backend, draft_backend=context.draft_backend,
+                                  prefix_ids=prefix, max_nodes=search["max_nodes"], warmup=int(t.profile.warmup),
+                                  repeats=int(t.profile.repeats), provenance=prof_expected, progress=progress)
+            profile = write_artifact(art, prof_path)
+            check_profile(profile, prof_expected, path=str(prof_path), max_nodes=search["max_nodes"])
+            plot_profile(profile, prof_path.with_suffix(".png"))
+            stages["profile"] = "measured"
+    plot_path = plot_for(profile, prof_path)
+
+    # 3. the tree
+    tree_path = root / f"tree-{key_hash([cal_key, prof_key, search])}.json"
+    tree = None
+    if reuse and tree_path.exists() and stages["calibration"] != "measured" and stages["profile"] != "measured":
+        try:
+            tree = read_artifact(tree_path, kind=TREE_KIND)
+            check_tree(tree, calibration=calibration, profile=profile, search=search, path=str(tree_path))
+            stages["tree"] = "loaded (cache)"
+        except StaleArtifactError as exc:  # a cached tree over replaced inputs: rebuilt, never used
+            log.info("sequoia: rebuilding the cached tree: %s", exc)
+            tree = None
+    if tree is None:
+        tree = write_artifact(build_tree_artifact(calibration=calibration, profile=profile, search=search,
+                                                  calibration_path=str(cal_path), profile_path=str(prof_path)),
+                              tree_path)
+        stages["tree"] = "built"
+    return SequoiaArtifacts(tree=tree, tree_path=tree_path, calibration=calibration, calibration_path=cal_path,
+                            profile=profile, profile_path=prof_path, plot_path=plot_path, stages=stages)
+
+
+def prepare_sequoia(cfg, plan_, context):
+    """TOPOLOGY_PREPARERS entry: resolve the artifacts, then the plan's budget is the chosen tree."""
+    arts = ensure_tree_artifact(cfg, context)
+    return plan_.with_budget(arts.budget(), artifacts=arts.paths(), metrics=arts.metrics())
+
+
+def cost_model_error(record: dict) -> dict:
+    """Predicted vs measured time per committed token (and expected vs measured tokens per round)
+    of a `topology=sequoia` run record: the cost model's error."""
+    m = record["metrics"]
+    predicted, measured = m.get("sequoia_predicted_time_per_token_ms"), m.get("time_per_committed_token_ms")
+    if predicted is None:
+        raise ValueError("the record has no sequoia_predicted_time_per_token_ms (not a topology=sequoia run)")
+    g, committed = m.get("sequoia_predicted_expected_tokens"), m.get("mean_committed_per_round")
+    return {
+        "predicted_time_per_token_ms": predicted,
+        "measured_time_per_token_ms": measured,
+        "time_relative_error": None if not measured else (measured - predicted) / predicted,
+        "predicted_expected_tokens": g,
+        "measured_committed_per_round": committed,
+        "tokens_relative_error": None if committed is None else (committed - g) / g,
+    }

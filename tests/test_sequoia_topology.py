@@ -1,0 +1,298 @@
+"""topology=sequoia: shaped tree sampling, the tree artifact, staleness, and `harness run` end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.gates.oracle import OracleCase, PrefixLaws, check_case
+from harness.measure.profile import StaleArtifactError, write_artifact
+from harness.proposers.base import Budget
+from harness.proposers.sampling import check_shape_parents, sample_shaped_tree_proposal
+from harness.random_source import TorchRandomSource
+from harness.topology.compiler import compile_tree
+from harness.topology.sequoia_artifact import build_tree_artifact, check_tree, cost_model_error, search_bounds
+from harness.verifiers import get_verifier
+
+TOY_P = [0.82, 0.0864, 0.022464]  # h = [0.82, 0.48, 0.24] converted (0x0AD)
+TOY_T = [1.0, 1.0, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62]
+
+# ---------------------------------------------------------------- shaped sampling
+
+
+def _const_levels(q: torch.Tensor):
+    calls = []
+
+    def q_level(prefixes):
+        calls.append(list(prefixes))
+        return q.expand(len(prefixes), -1).clone()
+
+    return q_level, calls
+
+
+def test_shaped_tree_follows_the_parent_array_level_by_level():
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    q_level, calls = _const_levels(q)
+    shape = [-1, 0, 0, -1, 1]  # frontier: rows 0, 3; row 0: rows 1, 2; row 1: row 4
+    res = sample_shaped_tree_proposal(q_level, parents=shape, relation="without_replacement",
+                                      rng=TorchRandomSource(0))
+    assert [n.parent for n in res.nodes] == shape  # shape order kept (no duplicates without replacement)
+    assert res.topology == "tree" and res.sampling_relation == "without_replacement"
+    assert len(calls) == 3 and [len(c) for c in calls] == [1, 1, 1]  # depth 1: (), depth 2: row 0, depth 3: row 1
+    assert calls[0] == [()] and calls[1] == [(res.nodes[0].token_id,)]
+    assert calls[2] == [(res.nodes[0].token_id, res.nodes[1].token_id)]
+    # siblings are distinct draws; the second sibling's law is q without the first's token
+    assert res.nodes[0].token_id != res.nodes[3].token_id
+    assert res.nodes[1].token_id != res.nodes[2].token_id
+    first = res.nodes[0].token_id
+    assert float(res.q_dists[3][first]) == 0.0
+    assert float(res.q_dists[3].sum()) == pytest.approx(1.0)
+    for node, law in zip(res.nodes, res.q_dists):
+        assert node.q == pytest.approx(float(law[node.token_id]))
+    # compiled: siblings of one parent are drawn in index order (rank j = j-th draw)
+    tree = compile_tree([res], prefix_len=4)
+    assert [d.row for d in tree.draws[0]] == [0, 3]
+    assert [d.row for d in tree.draws[1]] == [1, 2]
+
+
+def test_shaped_iid_duplicate_is_kept_as_a_draw_and_not_expanded():
+    q = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)  # every draw is token 1
+    q_level, _ = _const_levels(q)
+    res = sample_shaped_tree_proposal(q_level, parents=[-1, -1, 1, 0], relation="iid", rng=TorchRandomSource(0))
+    # node 1 repeats node 0's token: kept (the verifier sees two draws), its child (node 2) absent;
+    # node 3 under node 0 stays, renumbered to index 2
+    assert [(n.token_id, n.parent) for n in res.nodes] == [(1, -1), (1, -1), (1, 0)]
+    tree = compile_tree([res], prefix_len=2)
+    assert tree.num_rows == 2 and len(tree.draws[0]) == 2  # one row, two draws
+
+
+def test_shaped_beam_is_score_only():
+    q = torch.tensor([0.1, 0.6, 0.3])
+    q_level, _ = _const_levels(q)
+    res = sample_shaped_tree_proposal(q_level, parents=[-1, -1], relation="beam", rng=TorchRandomSource(0))
+    assert [n.token_id for n in res.nodes] == [1, 2]
+    assert res.probability_semantics == "score_only" and res.q_dists is None
+    assert [n.score for n in res.nodes] == pytest.approx([0.6, 0.3])
+
+
+@pytest.mark.parametrize("bad", [[], [0], [-1, 1], [-1, -2]])
+def test_shape_parents_refused(bad):
+    with pytest.raises(ValueError):
+        check_shape_parents(bad)
+
+
+def test_shaped_tree_with_sequoia_verifier_is_exact():
+    """Exactness oracle: every draw and verifier branch enumerated on a Sequoia-shaped tree."""
+    shape = [-1, -1, 0, 0, 2]
+    q = PrefixLaws(vocab=3, seed=5, zeros=0)
+    target = PrefixLaws(vocab=3, seed=11, zeros=1)
+
+    def build(rng):
+        return sample_shaped_tree_proposal(q.level, parents=shape, relation="without_replacement", rng=rng,
+                                           source="oracle", manifest_hash="oracle")
+
+    case = OracleCase(name="sequoia-shaped", proposal_builder=build, target=target, length=4)
+    row = check_case(get_verifier("sequoia"), case)
+    assert row["passed"], row
+    assert row["max_abs_error"] < 1e-12
+
+
+def test_draft_model_samples_an_explicit_tree_and_stays_greedy_exact():
+    from harness.engine.decode import RoundConfig, decode
+    from harness.proposers.draft_model import DraftModelProposer
+    from harness.proposers.prompt_lookup import NullProposer
+    from harness.target.backend import CausalLMBackend
+    from harness.target.loading import build_tiny_model
+    from harness.verifiers.sampling import SamplingPolicy
+
+    target = CausalLMBackend(build_tiny_model(seed=1))
+    draft_model = build_tiny_model(seed=1)
+    draft_model.model.layers = draft_model.model.layers[:1]
+    draft_model.config.num_hidden_layers = 1
+    shape = (-1, 0, 1, 0, -1)
+    budget = Budget(shape="tree", max_nodes=5, max_depth=3, parents=shape)
+    prop = DraftModelProposer(budget=budget, manifest_hash="h", policy=SamplingPolicy(temperature=0.8),
+                              backend=CausalLMBackend(draft_model), sampling="without_replacement")
+    prompt = [5, 17, 33, 8, 5, 17]
+    prop.start(prompt)
+    res = prop.propose(prompt, TorchRandomSource(3))
+    assert [n.parent for n in res.nodes] == list(shape)
+    assert torch.allclose(res.q_dists.sum(dim=-1), torch.ones(5))
+    assert prop.seq.cache_len == len(prompt)  # branching rows dropped from the draft cache
+
+    greedy = SamplingPolicy()
+    prop_g = DraftModelProposer(budget=budget, manifest_hash="h", policy=greedy,
+                                backend=CausalLMBackend(draft_model), sampling="beam")
+    null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h")
+    kw = dict(target=target, verifier=get_verifier("greedy"), policy=greedy, prompt_ids=prompt, max_new_tokens=24,
+              eos_token_ids=frozenset(), rng=TorchRandomSource(0), round_cfg=RoundConfig(max_nodes=5, max_depth=3))
+    assert decode(proposer=prop_g, **kw).tokens == decode(proposer=null, **kw).tokens
+
+    with pytest.raises(ValueError, match="over max_nodes=2"):
+        DraftModelProposer(budget=Budget(shape="tree", max_nodes=2, max_depth=3, parents=shape), manifest_hash="h",
+                           policy=greedy, backend=CausalLMBackend(draft_model))
+
+
+# ---------------------------------------------------------------- the tree artifact
+
+
+def _toy(synthetic=False):
+    calibration = {"kind": "sequoia_calibration", "acceptance": TOY_P, "hash": "cal0"}
+    profile = {"kind": "sequoia_hardware_profile", "verify_cost": TOY_T, "draft_cost": 0.09,
+               "draft_base_cost": 0.0, "t1_ms": 30.0, "synthetic": synthetic, "hash": "prof0"}
+    return calibration, profile
+
+
+SEARCH = {"max_rows": 7, "max_nodes": 8, "max_depth": 4, "min_nodes": 2}
+
+
+def test_tree_artifact_reproduces_the_reference_toy():
+    calibration, profile = _toy()
+    tree = build_tree_artifact(calibration=calibration, profile=profile, search=SEARCH)
+    c = tree["chosen"]
+    assert (c["n"], c["d"], c["candidate_rows"]) == (5, 4, 4)  # the five-node chain, not a bushier tree
+    assert c["expected_tokens"] == pytest.approx(3.49588976, abs=1e-12)
+    assert c["time_per_token"] == pytest.approx((1.16 + 4 * 0.09) / 3.49588976, abs=1e-12)
+    assert round(c["time_per_token"], 4) == 0.4348
+    assert c["time_per_token_ms"] == pytest.approx(c["time_per_token"] * 30.0)
+    assert c["parents"] == [-1, 0, 1, 2, 3] and c["budget_parents"] == [-1, 0, 1, 2]
+    assert tree["calibration_hash"] == "cal0" and tree["profile_hash"] == "prof0"
+    assert tree["max_expected_tokens_tree"]["n"] == 8
+    check_tree(tree, calibration=calibration, profile=profile, search=SEARCH, path="t")
+
+
+def test_tree_artifact_refuses_synthetic_costs_and_foreign_bindings():
+    calibration, profile = _toy(synthetic=True)
+    with pytest.raises(StaleArtifactError, match="synthetic"):
+        build_tree_artifact(calibration=calibration, profile=profile, search=SEARCH)
+    calibration, profile = _toy()
+    tree = build_tree_artifact(calibration=calibration, profile=profile, search=SEARCH)
+    with pytest.raises(StaleArtifactError, match="binds calibration 'cal0'"):
+        check_tree(tree, calibration={**calibration, "hash": "other"}, profile=profile, search=SEARCH, path="t")
+    with pytest.raises(StaleArtifactError, match="binds profile"):
+        check_tree(tree, calibration=calibration, profile={**profile, "hash": "other"}, search=SEARCH, path="t")
+    with pytest.raises(StaleArtifactError, match="searched under"):
+        check_tree(tree, calibration=calibration, profile=profile, search={**SEARCH, "max_depth": 3}, path="t")
+    tampered = {**tree, "chosen": {**tree["chosen"], "parents": [-1, 0, 0]}}
+    with pytest.raises(StaleArtifactError, match="optimiser now chooses"):
+        check_tree(tampered, calibration=calibration, profile=profile, search=SEARCH, path="t")
+
+
+def test_search_bounds_count_the_root():
+    from omegaconf import OmegaConf
+
+    assert search_bounds(OmegaConf.create({"max_nodes": 8, "max_depth": 6, "min_nodes": 2})) == {
+        "max_rows": 8, "max_nodes": 9, "max_depth": 6, "min_nodes": 2}
+
+
+def test_cost_model_error_from_a_record():
+    rec = {"metrics": {"sequoia_predicted_time_per_token_ms": 10.0, "time_per_committed_token_ms": 12.5,
+                       "sequoia_predicted_expected_tokens": 2.0, "mean_committed_per_round": 1.5}}
+    err = cost_model_error(rec)
+    assert err["time_relative_error"] == pytest.approx(0.25)
+    assert err["tokens_relative_error"] == pytest.approx(-0.25)
+    with pytest.raises(ValueError, match="not a topology=sequoia run"):
+        cost_model_error({"metrics": {}})
+
+
+# ---------------------------------------------------------------- `harness run` end to end
+
+RUN = ["model=tiny", "proposer=draft_model", "proposer.sampling=without_replacement", "proposer.model.num_layers=1",
+       "topology=sequoia", "verifier=sequoia", "generation.temperature=0.7", "threads=1",
+       "topology.max_nodes=4", "topology.max_depth=3",
+       "topology.calibration.parents=24", "topology.calibration.branches=4", "topology.calibration.max_new_tokens=12",
+       "topology.profile.repeats=2", "topology.profile.warmup=0", "topology.profile.prefix_len=24",
+       "gates.chi2_samples=150", "workload.limit=1", "generation.max_new_tokens=8", "generation.warmup_tokens=2"]
+
+
+def compose(overrides):
+    from harness.gates.calibrate import compose as _compose
+
+    return _compose(overrides)
+
+
+def test_negotiation_sees_a_tree_before_model_work():
+    from harness.engine.build import plan
+
+    p = plan(compose(RUN))
+    assert p.budget == Budget(shape="tree", max_nodes=4, max_depth=3)
+    assert p.capabilities.topology == "tree" and p.verifier.name == "sequoia"
+    assert p.capabilities.sampling_relations == frozenset({"without_replacement"})
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """One `harness run ... topology=sequoia` from an empty cache (measures every artifact)."""
+    from harness.runner import run_job
+
+    tmp = tmp_path_factory.mktemp("sequoia_run")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HARNESS_CACHE", str(tmp / "cache"))
+        record = run_job(compose(RUN), run_dir=tmp / "run")
+        yield tmp, record
+
+
+def test_harness_run_topology_sequoia_end_to_end(first_run):
+    tmp, record = first_run
+    arts = record["artifacts"]
+    assert set(arts) == {"sequoia_tree", "sequoia_calibration", "sequoia_profile", "sequoia_profile_plot"}
+    for path in arts.values():
+        assert Path(path).parent == tmp / "cache" / "sequoia"
+    assert Path(arts["sequoia_profile_plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp / "run" / "record.json").exists()
+    tree = json.loads(Path(arts["sequoia_tree"]).read_text())
+    m = record["metrics"]
+    assert m["sequoia_stages"] == {"calibration": "measured", "profile": "measured", "tree": "built"}
+    assert m["sequoia_predicted_time_per_token_ms"] == pytest.approx(tree["chosen"]["time_per_token_ms"])
+    assert m["sequoia_tree_candidate_rows"] == tree["chosen"]["candidate_rows"] <= 4
+    assert m["sequoia_calibration_parents"] >= 24
+    assert 0 < m["mean_candidate_rows"] <= tree["chosen"]["candidate_rows"]
+    err = cost_model_error(record)
+    assert err["measured_time_per_token_ms"] == m["time_per_committed_token_ms"] > 0
+    assert err["time_relative_error"] == pytest.approx(
+        (m["time_per_committed_token_ms"] - m["sequoia_predicted_time_per_token_ms"])
+        / m["sequoia_predicted_time_per_token_ms"])
+    gates = record["gates"]
+    assert gates["oracle"]["passed"] and gates["equivalence"]["passed"] and gates["statistical"]["passed"]
+    assert gates["negotiation"]["topology"] == "tree" and gates["negotiation"]["verifier"] == "sequoia"
+
+
+def test_next_run_reuses_the_matching_artifacts(first_run, monkeypatch):
+    from harness.runner import run_job
+
+    tmp, record = first_run
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp / "cache"))
+    record2 = run_job(compose(RUN), run_dir=tmp / "run2")
+    assert record2["metrics"]["sequoia_stages"] == {
+        "calibration": "loaded (cache)", "profile": "loaded (cache)", "tree": "loaded (cache)"}
+    assert record2["artifacts"] == record["artifacts"]
+
+
+def test_stale_artifacts_are_refused(first_run, monkeypatch):
+    from harness.runner import run_job
+
+    tmp, record = first_run
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp / "cache"))
+    arts = record["artifacts"]
+    tree = json.loads(Path(arts["sequoia_tree"]).read_text())
+    # a profile measured with another thread count is stale: refused, naming the field
+    profile = json.loads(Path(arts["sequoia_profile"]).read_text())
+    profile["provenance"]["threads"] = 2
+    write_artifact({k: v for k, v in profile.items() if k != "hash"}, tmp / "stale-threads.json")
+    with pytest.raises(StaleArtifactError, match=r"threads differs .*artifact 2, this run 1"):
+        run_job(compose(RUN + [f"topology.profile_artifact={tmp / 'stale-threads.json'}"]), run_dir=tmp / "run3")
+    # a tree artifact whose profile has another dtype
+    profile["provenance"]["threads"] = 1
+    profile["provenance"]["dtype"] = "float64"
+    write_artifact({k: v for k, v in profile.items() if k != "hash"}, tmp / "stale-dtype.json")
+    tree_stale = {**tree, "profile_path": str(tmp / "stale-dtype.json")}
+    write_artifact({k: v for k, v in tree_stale.items() if k != "hash"}, tmp / "tree.json")
+    with pytest.raises(StaleArtifactError, match=r"dtype differs .*'float64', this run 'float32'"):
+        run_job(compose(RUN + [f"topology.tree_artifact={tmp / 'tree.json'}"]), run_dir=tmp / "run4")
+    # the untouched tree artifact, given explicitly, is accepted
+    ok = run_job(compose(RUN + [f"topology.tree_artifact={arts['sequoia_tree']}"]), run_dir=tmp / "run5")
+    assert ok["metrics"]["sequoia_stages"]["tree"] == "loaded (topology.tree_artifact)"
+    assert not (tmp / "run3" / "record.json").exists() and not (tmp / "run4" / "record.json").exists()
