@@ -34,9 +34,12 @@ TOPOLOGIES: dict[str, str] = {
     "sequences": "harness.engine.build:chain_budget",
     "set": "harness.engine.build:set_budget",
     "expansion": "harness.engine.build:expansion_budget",
+    "sequoia": "harness.topology.sequoia_artifact:placeholder_budget",
 }
 
-TOPOLOGY_PREPARERS: dict[str, str] = {}
+TOPOLOGY_PREPARERS: dict[str, str] = {
+    "sequoia": "harness.topology.sequoia_artifact:prepare_sequoia",
+}
 
 
 class ConfigError(ValueError):
