@@ -27,6 +27,7 @@ PROPOSERS: dict[str, str] = {
     "prompt_lookup": "harness.proposers.prompt_lookup:PromptLookupProposer",
     "draft_model": "harness.proposers.draft_model:DraftModelProposer",
     "rest": "harness.proposers.rest:RestProposer",
+    "merged": "harness.proposers.merged:MergedProposer",
 }
 
 TOPOLOGIES: dict[str, str] = {
@@ -34,6 +35,7 @@ TOPOLOGIES: dict[str, str] = {
     "sequences": "harness.engine.build:chain_budget",
     "set": "harness.engine.build:set_budget",
     "expansion": "harness.engine.build:expansion_budget",
+    "merged": "harness.engine.build:chain_budget",  # a node/depth budget for proposer=merged
     "sequoia": "harness.topology.sequoia_artifact:placeholder_budget",
 }
 

@@ -19,19 +19,48 @@ Declared orders (also written into every datastore manifest):
 * output: kept nodes breadth-first, siblings in declared order (parents precede children).
 
 With ``Budget.shape == "sequence"`` the proposal is the single path that follows the first child
-in sibling order from the root.
+in sibling order from the root; ``tree`` and ``sequences`` (several continuations merged by full
+prefix, which is what the trie is) give the pruned trie.
+
+In a run (``harness run proposer=rest``, :meth:`RestProposer.from_config`) the datastore comes from
+``proposer.datastore`` (conf/datastore/*.yaml, :func:`open_datastore`): ``path`` names an existing
+directory whose release manifest is authoritative; with ``path: null`` the cache directory
+``$HARNESS_CACHE/datastores/<corpus>-<model.name>`` is loaded, or built there on first use (a
+progress-barred stage, capped by ``max_tokens``; the default 2,000,000-token cap keeps the first
+build to about a minute on a 2-core CPU). A datastore built with another tokenizer, from raw token
+ids for a target that has a tokenizer, from a changed corpus or with other build options than the
+configured ones is refused (:class:`DatastoreError`). ``model=tiny`` has no tokenizer (synthetic
+ids): it takes a token-id datastore (``datastore_from_token_ids`` + ``write_datastore``) through
+``proposer.datastore.path``; nothing is built for it.
+
+Run-time leakage control (0x04C, :meth:`RestProposer.check_workload`): the longest datastore match
+of every evaluation prompt and its tokenized reference answer is measured and recorded; a match of
+``leakage_threshold`` (32) tokens or more refuses the run (:class:`LeakageError`, a ``ValueError``:
+``harness run`` reports a refusal and writes no record) unless ``allow_leakage=true``, which the
+record then states. The retrieval counters in ``stats.extras`` (the record's
+``metrics.retrieval``: rounds, miss rate, mean match length, retrieval latency, datastore bytes
+and release id) restart there, so they cover the warm-up request and the measured rounds, not the
+gates' rounds.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Sequence
 
 from harness.contracts import PREFIX_FRONTIER, ProposalNode, ProposalResult, ProposalStateHandle
 from harness.proposers.base import Budget, Proposer, budget_topology
 from harness.random_source import RandomSource
-from harness.workloads.datastore import Datastore, DatastoreError
+from harness.workloads.datastore import (LEAKAGE_THRESHOLD, MANIFEST_FILE, Datastore, DatastoreError, LeakageError,
+                                         build_datastore, check_leakage, datastore_path, exclusions_for,
+                                         load_datastore)
 
 
 @dataclass
@@ -100,7 +129,7 @@ class RestProposer(Proposer):
     name: ClassVar[str] = "rest"
     probability_semantics: ClassVar[str] = "frequency"
     sampling_relation: ClassVar[str] = "deterministic_lookup"
-    shapes: ClassVar[frozenset[str]] = frozenset({"sequence", "tree"})
+    shapes: ClassVar[frozenset[str]] = frozenset({"sequence", "sequences", "tree"})
 
     def __init__(self, *, budget: Budget, manifest_hash: str, datastore: Datastore,
                  max_suffix: int | None = None, min_suffix: int = 1, max_matches: int | None = None,
@@ -129,10 +158,104 @@ class RestProposer(Proposer):
         self.datastore = datastore
         self.source_id = f"rest:{datastore.release_id[:12]}"
         self.stats.proposal_state_bytes = datastore.nbytes
-        self.stats.extras.update({"rounds": 0, "misses": 0, "match_len_sum": 0, "trie_ms": 0.0,
-                                  "last_match_len": 0, "last_retrieval_ms": 0.0,
-                                  "datastore_bytes": datastore.nbytes,
-                                  "datastore_release_id": datastore.release_id})
+        self.stats.extras.update({"datastore_bytes": datastore.nbytes,
+                                  "datastore_release_id": datastore.release_id,
+                                  "datastore_tokens": datastore.n_tokens,
+                                  "datastore_path": None if datastore.path is None else str(datastore.path)})
+        self.reset_counters()
+        # run-time settings (from_config): tokenizer for reference answers, leakage threshold
+        self.tokenizer = None
+        self.vocab_size: int | None = None
+        self.leakage_threshold = LEAKAGE_THRESHOLD
+
+    def reset_counters(self) -> None:
+        """Restart the per-round retrieval counters (``stats.extras``, ``stats.retrieval_ms``)."""
+        self.stats.retrieval_ms = 0.0
+        self.stats.extras.update({"rounds": 0, "misses": 0, "miss_rate": None, "match_len_sum": 0,
+                                  "mean_match_len": None, "retrieval_ms_total": 0.0,
+                                  "mean_retrieval_ms": None, "max_retrieval_ms": 0.0, "trie_ms": 0.0,
+                                  "last_match_len": 0, "last_retrieval_ms": 0.0})
+
+    # ------------------------------------------------------------------ run wiring
+
+    @classmethod
+    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context) -> "RestProposer":
+        """Open (or build) ``options["datastore"]`` for the target's tokenizer, then the proposer.
+
+        The proposals carry ``manifest_hash`` folded with the datastore's release id
+        (:func:`release_manifest_hash`): a round is only reproducible with the same index.
+        """
+        opts = dict(options)
+        ds_cfg = dict(opts.pop("datastore", None) or {})
+        cfg = getattr(context, "cfg", None)
+        model = str(cfg.model.name) if cfg is not None else "unknown"
+        tokenizer = getattr(context, "tokenizer", None)
+        backend = getattr(context, "target_backend", None)
+        vocab = _vocab_size(backend)
+        ds, info = open_datastore(ds_cfg, tokenizer=tokenizer, model=model, vocab_size=vocab)
+        prop = cls(budget=budget, manifest_hash=release_manifest_hash(manifest_hash, ds.release_id),
+                   datastore=ds, policy=policy, **opts)
+        prop.tokenizer, prop.vocab_size = tokenizer, vocab
+        prop.leakage_threshold = int(ds_cfg.get("leakage_threshold", LEAKAGE_THRESHOLD))
+        prop.stats.extras.update({"run_manifest_hash": manifest_hash, "manifest_hash": prop.manifest_hash,
+                                  "datastore_built_now": info["built_now"],
+                                  "datastore_build_s": info.get("build_s"),
+                                  "datastore_load_s": info["load_s"]})
+        return prop
+
+    def manifest_extra(self) -> dict:
+        """What the run manifest should carry about this proposer's index (its release)."""
+        m = self.datastore.manifest
+        return {"datastore": {"release_id": self.datastore.release_id, "n_tokens": self.datastore.n_tokens,
+                              "corpus": m.get("corpus", {}).get("name"),
+                              "path": None if self.datastore.path is None else str(self.datastore.path)}}
+
+    def encode_reference(self, text: str) -> list[int]:
+        """A reference answer in target token ids: the target tokenizer (no special tokens), or for
+        a target without one (``model=tiny``) the runner's synthetic byte ids ``3 + b % (V - 3)``."""
+        if self.tokenizer is not None:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        vocab = self.vocab_size or 96
+        return [3 + (b % (vocab - 3)) for b in text.encode()]
+
+    def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict:
+        """Leakage gate (0x04C): longest datastore match of every prompt and reference answer.
+
+        ``items``: ``[(Prompt, prompt_ids)]``. Raises :class:`LeakageError` when one reaches
+        ``leakage_threshold`` tokens unless ``allow_leakage``; returns the gate entry (every
+        item's match lengths; ``leaked`` and ``allow_leakage`` state what was let through).
+        Restarts the retrieval counters: everything measured after the gates starts from zero.
+        """
+        triples = []
+        for prompt, ids in items:
+            ref = getattr(prompt, "reference", None)
+            triples.append((getattr(prompt, "prompt_id", str(len(triples))), list(ids),
+                            self.encode_reference(ref) if ref else None))
+        t0 = time.perf_counter()
+        records = check_leakage(self.datastore, triples, threshold=self.leakage_threshold, allow=True)
+        seconds = time.perf_counter() - t0
+        for r in records:
+            r["allowed"] = bool(allow_leakage and r["leaked"])
+        leaked = [r for r in records if r["leaked"]]
+        if leaked and not allow_leakage:
+            names = ", ".join(f"{r['prompt_id']} ({r['longest_match']} tokens)" for r in leaked[:10])
+            more = f" and {len(leaked) - 10} more" if len(leaked) > 10 else ""
+            raise LeakageError(
+                f"evaluation leakage: {len(leaked)} of {len(records)} prompt(s) match datastore "
+                f"{self.datastore.release_id[:12]} for >= {self.leakage_threshold} tokens (prompt or reference "
+                f"answer): {names}{more}. Rebuild the datastore excluding them (exclude=<workload>.jsonl), "
+                "or set allow_leakage=true (the record then states it).")
+        longest = max((r["longest_match"] for r in records), default=0)
+        entry = {"passed": True, "kind": "datastore_leakage", "datastore_release_id": self.datastore.release_id,
+                 "threshold": self.leakage_threshold, "prompts": len(records), "max_longest_match": longest,
+                 "leaked": [r["prompt_id"] for r in leaked], "allow_leakage": bool(allow_leakage),
+                 "evidence": (f"{len(leaked)} leaked prompt(s) let through by allow_leakage=true" if leaked
+                              else f"every prompt/reference matches < {self.leakage_threshold} tokens"),
+                 "seconds": seconds, "items": records}
+        self.stats.extras["leakage"] = {k: entry[k] for k in ("threshold", "max_longest_match", "leaked",
+                                                              "allow_leakage")}
+        self.reset_counters()
+        return entry
 
     def state_bytes(self) -> int:
         return self.datastore.nbytes
@@ -171,7 +294,12 @@ class RestProposer(Proposer):
         ex["match_len_sum"] += match_len
         ex["trie_ms"] += trie_ms
         ex["last_match_len"], ex["last_retrieval_ms"] = match_len, retrieval_ms
-        self.stats.retrieval_ms += retrieval_ms
+        ex["retrieval_ms_total"] += retrieval_ms
+        ex["max_retrieval_ms"] = max(ex["max_retrieval_ms"], retrieval_ms)
+        ex["miss_rate"] = ex["misses"] / ex["rounds"]
+        ex["mean_match_len"] = ex["match_len_sum"] / ex["rounds"]
+        ex["mean_retrieval_ms"] = ex["retrieval_ms_total"] / ex["rounds"]
+        self.stats.retrieval_ms += retrieval_ms  # decode() reports it as the round's retrieval stage
         extras = {"retrieval_ms": retrieval_ms, "trie_ms": trie_ms, "match_len": match_len,
                   "n_matches": len(conts), "miss": not nodes,
                   "datastore_release_id": self.datastore.release_id}
@@ -180,3 +308,127 @@ class RestProposer(Proposer):
                               sampling_relation="deterministic_lookup",
                               topology=budget_topology(self.budget), state_handle=handle,
                               manifest_hash=self.manifest_hash, source=self.name, extras=extras)
+
+
+# --------------------------------------------------------------------------------------------
+# datastores for runs
+
+
+def release_manifest_hash(manifest_hash: str, release_id: str) -> str:
+    """The run manifest hash folded with a datastore release id (16 hex digits)."""
+    return hashlib.sha256(f"{manifest_hash}:datastore:{release_id}".encode()).hexdigest()[:16]
+
+
+def _vocab_size(backend) -> int | None:
+    model = getattr(backend, "model", None)
+    config = getattr(model, "config", None)
+    size = getattr(config, "vocab_size", None)
+    return None if size is None else int(size)
+
+
+#: build options checked against a cached datastore's manifest: (config key, manifest getter)
+_BUILD_KEYS = (
+    ("corpus", lambda m: m.get("corpus", {}).get("name")),
+    ("max_tokens", lambda m: m.get("corpus", {}).get("max_tokens")),
+    ("context_len", lambda m: m.get("context_len")),
+    ("continuation_len", lambda m: m.get("continuation_len")),
+    ("max_matches", lambda m: m.get("match_selection", {}).get("max_matches")),
+)
+
+
+def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
+    """Build the configured datastore into ``path`` (via a private temporary directory renamed
+    into place, so concurrent jobs never see a half-written index). Returns seconds."""
+    from harness.workloads.corpora import make_corpus
+
+    corpus_name = str(cfg.get("corpus", "stdlib"))
+    max_tokens = cfg.get("max_tokens")
+    print(f"harness run: building REST datastore {corpus_name!r} for {model!r} into {path} "
+          f"(max_tokens={max_tokens}; once, then cached)", file=sys.stderr)
+    t0 = time.perf_counter()
+    tmp = path.with_name(f"{path.name}.building-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        build_datastore(make_corpus(corpus_name), tokenizer=tokenizer, target_family=model, out_dir=tmp,
+                        max_tokens=None if max_tokens is None else int(max_tokens),
+                        context_len=int(cfg.get("context_len", 16)),
+                        continuation_len=int(cfg.get("continuation_len", 8)),
+                        max_matches=int(cfg.get("max_matches", 64)),
+                        exclude=exclusions_for(str(cfg.get("exclude", "none"))), progress=True)
+        try:
+            tmp.rename(path)
+        except OSError:
+            if not (path / MANIFEST_FILE).is_file():  # not a concurrent job's finished build
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return time.perf_counter() - t0
+
+
+def open_datastore(cfg: dict, *, tokenizer, model: str, vocab_size: int | None = None,
+                   build: bool = True) -> tuple[Datastore, dict]:
+    """The datastore ``proposer.datastore`` (``cfg``) names, checked against the target.
+
+    ``path`` set: that directory (must exist; its release manifest is authoritative). ``path``
+    null: ``$HARNESS_CACHE/datastores/<corpus>-<model>``, built there when absent (with
+    ``build``) and otherwise checked against the configured build options. Refuses (raises
+    :class:`DatastoreError`) another tokenizer, a token-id datastore for a target with a tokenizer
+    (or the reverse), token ids outside the target vocabulary, a changed corpus and a checksum
+    mismatch. Returns ``(datastore, info)`` with ``built_now``, ``build_s`` and ``load_s``.
+    """
+    explicit = cfg.get("path")
+    info: dict = {"built_now": False, "build_s": None}
+    if explicit is not None:
+        path = Path(str(explicit))
+        if not (path / MANIFEST_FILE).is_file():
+            raise DatastoreError(
+                f"proposer.datastore.path={str(path)!r} is not a datastore ({MANIFEST_FILE} missing). Build it with "
+                f"`harness datastore build corpus={cfg.get('corpus', 'stdlib')} model={model} out={path}`, or set "
+                "proposer.datastore.path=null to build into the cache on first use.")
+    else:
+        path = datastore_path(str(cfg.get("corpus", "stdlib")), model=model)
+        if not (path / MANIFEST_FILE).is_file():
+            if tokenizer is None:
+                raise DatastoreError(
+                    f"model={model!r} has no tokenizer (synthetic token ids), so no corpus datastore can be built "
+                    "for it: write a token-id datastore (harness.workloads.datastore.datastore_from_token_ids + "
+                    "write_datastore) and pass proposer.datastore.path=<dir>.")
+            if not build:
+                raise DatastoreError(f"no datastore at {str(path)!r}; build it with "
+                                     f"`harness datastore build corpus={cfg.get('corpus', 'stdlib')} model={model}`")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            info["build_s"] = _build_into(path, cfg, tokenizer=tokenizer, model=model)
+            info["built_now"] = True
+    t0 = time.perf_counter()
+    manifest = json.loads((path / MANIFEST_FILE).read_text())
+    built_with = manifest.get("tokenizer")
+    if tokenizer is None and built_with is not None:
+        raise DatastoreError(
+            f"datastore {str(path)!r} was built with tokenizer {built_with.get('name_or_path')!r} "
+            f"({str(built_with.get('fingerprint'))[:16]}...); model={model!r} has no tokenizer (synthetic token "
+            "ids), so its spans would be wrong: use a token-id datastore for it.")
+    if tokenizer is not None and built_with is None:
+        raise DatastoreError(
+            f"datastore {str(path)!r} holds raw token ids with no tokenizer fingerprint "
+            f"(corpus {manifest.get('corpus', {}).get('name')!r}); the target {model!r} has a tokenizer: rebuild "
+            f"it with `harness datastore build corpus=... model={model}`.")
+    if explicit is None:
+        diff = [(key, cfg.get(key), get(manifest)) for key, get in _BUILD_KEYS
+                if key in cfg and cfg.get(key) != get(manifest)]
+        if diff:
+            said = ", ".join(f"{k}: config {want!r} vs built {got!r}" for k, want, got in diff)
+            raise DatastoreError(
+                f"the cached datastore {str(path)!r} was built with other options ({said}). Rebuild it with "
+                f"`harness datastore build corpus={cfg.get('corpus')} model={model} max_tokens={cfg.get('max_tokens')} "
+                "overwrite=true`, or point proposer.datastore.path at a datastore built with these options.")
+    verify = bool(cfg.get("verify_corpus", True)) and built_with is not None
+    ds = load_datastore(path, tokenizer=tokenizer, verify_corpus=verify)
+    if vocab_size is not None and ds.n_tokens:
+        top = int(ds.tokens.max())
+        if top >= vocab_size:
+            raise DatastoreError(f"datastore {str(path)!r} holds token id {top}, outside the target vocabulary "
+                                 f"[0, {vocab_size}): it was built for another model")
+    info["load_s"] = time.perf_counter() - t0
+    return ds, info

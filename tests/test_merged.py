@@ -1,0 +1,285 @@
+"""proposer=merged: full-prefix merge of several sources (0x07D, 0x0C), negotiation over the union
+of semantics, the membership/greedy oracles, greedy equality and per-source attribution."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import harness.config  # noqa: F401  (registers the config schemas)
+
+from harness.contracts import ProposalNode, ProposalResult
+from harness.engine.build import plan
+from harness.engine.decode import RoundConfig, decode
+from harness.gates.oracle import OracleCase, PrefixLaws, check_case, fixed_candidates
+from harness.proposers.base import Budget, Proposer
+from harness.proposers.merged import MergedProposer, merge_proposals
+from harness.proposers.prompt_lookup import NullProposer, PromptLookupProposer
+from harness.proposers.rest import RestProposer
+from harness.random_source import TorchRandomSource
+from harness.target.backend import CausalLMBackend
+from harness.target.loading import build_tiny_model
+from harness.topology.compiler import compile_tree, validate_candidate_graph
+from harness.verifiers import get_verifier
+from harness.verifiers.base import NegotiationError, negotiate
+from harness.verifiers.sampling import SamplingPolicy
+from harness.workloads.datastore import datastore_from_token_ids, write_datastore
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+MERGED = Budget(shape="merged", max_nodes=16, max_depth=8)
+
+
+def compose_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+class Fixed(Proposer):
+    """A source proposing a fixed candidate table every round (no randomness, no state)."""
+
+    name: ClassVar[str] = "fixed"
+    probability_semantics: ClassVar[str] = "frequency"
+    sampling_relation: ClassVar[str] = "deterministic_lookup"
+    shapes: ClassVar[frozenset[str]] = frozenset({"tree"})
+
+    def __init__(self, table, *, name: str, semantics: str = "frequency") -> None:
+        super().__init__(budget=Budget(shape="tree", max_nodes=16, max_depth=8), manifest_hash="h")
+        self.name, self.probability_semantics = name, semantics  # per instance
+        self.result = fixed_candidates(table, semantics=semantics, source=name)
+
+    def propose(self, committed, rng) -> ProposalResult:
+        return self.result
+
+
+def prefixes(nodes: list[ProposalNode]) -> list[tuple[int, ...]]:
+    out = []
+    for n in nodes:
+        out.append((() if n.parent < 0 else out[n.parent]) + (n.token_id,))
+    return out
+
+
+# ------------------------------------------------------------------------------ the merge itself
+
+
+def test_merge_by_full_prefix_keeps_equal_tokens_under_different_parents_distinct():
+    # 0x0C shape from two sources: A proposes A-B-{C,D}, the other B-{B,E} and A-B-D again
+    a, b, c, d, e = 1, 2, 3, 4, 5
+    first = fixed_candidates({(): [a], (a,): [b], (a, b): [c, d]}, semantics="frequency", source="rest")
+    second = fixed_candidates({(): [b, a], (b,): [b, e], (a,): [b], (a, b): [d]}, semantics="score_only",
+                              source="prompt_lookup")
+    nodes, stats = merge_proposals([first, second], max_nodes=16, max_depth=8)
+    # round-robin: rest[0], pl[0], rest[1], pl[1], ...; repeated prefixes stay as extra nodes
+    assert [(p, n.source) for p, n in zip(prefixes(nodes), nodes)] == [
+        ((a,), "rest"), ((b,), "prompt_lookup"), ((a, b), "rest"), ((a,), "prompt_lookup"),
+        ((a, b, c), "rest"), ((b, b), "prompt_lookup"), ((a, b, d), "rest"), ((b, e), "prompt_lookup"),
+        ((a, b), "prompt_lookup"), ((a, b, d), "prompt_lookup")]
+    assert stats == [{"offered": 4, "new_rows": 4, "shared": 0}, {"offered": 6, "new_rows": 3, "shared": 3}]
+    result = ProposalResult(nodes=tuple(nodes), probability_semantics="score_only",
+                            sampling_relation="deterministic_lookup", topology="tree",
+                            state_handle=first.state_handle, manifest_hash="h")
+    tree = compile_tree([result], prefix_len=3)
+    validate_candidate_graph(tree)
+    rows = dict(zip(tree.full_prefixes, tree.sources))
+    assert list(rows) == [(a,), (b,), (a, b), (a, b, c), (b, b), (a, b, d), (b, e)]
+    assert rows[(a, b)] == ("rest", "prompt_lookup") and rows[(a, b, d)] == ("rest", "prompt_lookup")
+    assert rows[(b, b)] == ("prompt_lookup",) and rows[(a, b, c)] == ("rest",)
+    # token b under the frontier, under a and under b: three distinct rows
+    assert sorted(p for p in rows if p[-1] == b) == [(a, b), (b,), (b, b)]
+
+
+def test_merge_budget_is_shared_round_robin_and_prefix_closed():
+    chain = fixed_candidates({(): [1], (1,): [2], (1, 2): [3], (1, 2, 3): [4]}, source="x")
+    other = fixed_candidates({(): [5], (5,): [6], (5, 6): [7], (5, 6, 7): [8]}, source="y")
+    nodes, stats = merge_proposals([chain, other], max_nodes=5, max_depth=8)
+    assert prefixes(nodes) == [(1,), (5,), (1, 2), (5, 6), (1, 2, 3)]
+    assert [s["new_rows"] for s in stats] == [3, 2]
+    nodes, _ = merge_proposals([chain, other], max_nodes=16, max_depth=2)
+    assert prefixes(nodes) == [(1,), (5,), (1, 2), (5, 6)]  # deeper nodes and their children dropped
+
+
+# ------------------------------------------------------------------------------ negotiation
+
+
+def merged_options(**rest):
+    return {"sources": ["rest", "prompt_lookup"],
+            "rest": {"name": "rest", "datastore": {"path": "/nonexistent"}, **rest},
+            "prompt_lookup": {"name": "prompt_lookup", "max_ngram": 3, "min_ngram": 1, "max_matches": 8}}
+
+
+def test_negotiation_sees_the_union_of_source_semantics():
+    caps = MergedProposer.declare(merged_options(), MERGED)
+    assert caps.probability_semantics == frozenset({"frequency", "score_only"})
+    assert caps.sampling_relations == frozenset({"deterministic_lookup"}) and caps.topology == "tree"
+    for name in ("rejection", "specinfer", "sequoia"):
+        with pytest.raises(NegotiationError, match="probability semantics"):
+            negotiate(caps, get_verifier(name), temperature=0.7)
+    negotiate(caps, get_verifier("greedy"), temperature=0.0)
+    negotiate(caps, get_verifier("membership"), temperature=0.7)
+    # a q-carrying source still cannot unlock a p/q verifier: the merge emits score_only
+    with_draft = {**merged_options(), "sources": ["draft_model", "prompt_lookup"],
+                  "draft_model": {"sampling": "iid"}}
+    caps = MergedProposer.declare(with_draft, MERGED)
+    assert caps.probability_semantics == frozenset({"normalized_conditional", "score_only"})
+    assert caps.sampling_relations == frozenset({"iid", "deterministic_lookup"})
+    with pytest.raises(NegotiationError):
+        negotiate(caps, get_verifier("specinfer"), temperature=0.7)
+    with pytest.raises(ValueError, match="use topology=merged"):
+        MergedProposer.declare(merged_options(), Budget(shape="sequence", max_nodes=4, max_depth=4))
+    with pytest.raises(ValueError, match="proposer.draft_model is not configured"):
+        MergedProposer.declare({**merged_options(), "sources": ["draft_model"]}, MERGED)
+
+
+def test_merged_with_a_pq_verifier_is_refused_from_the_config_before_model_work():
+    base = ["model=tiny", "proposer=merged", "topology=merged", "proposer.rest.datastore.path=/nonexistent"]
+    cfg = compose_cfg(*base, "verifier=specinfer", "generation.temperature=0.7")
+    assert list(cfg.proposer.sources) == ["rest", "prompt_lookup"]
+    with pytest.raises(NegotiationError, match=r"\['frequency', 'score_only'\]"):
+        plan(cfg)
+    p = plan(compose_cfg(*base, "verifier=membership", "generation.temperature=0.7"))
+    assert p.budget == Budget(shape="merged", max_nodes=16, max_depth=8)
+
+
+# ------------------------------------------------------------------------------ oracles
+
+
+def two_source_merged(table_a, table_b, budget=MERGED) -> MergedProposer:
+    return MergedProposer(budget=budget, manifest_hash="h",
+                          sources=[Fixed(table_a, name="rest"), Fixed(table_b, name="prompt_lookup",
+                                                                         semantics="score_only")])
+
+
+TABLE_A = {(): [0, 1], (0,): [2], (0, 2): [1]}
+TABLE_B = {(): [0, 2], (0,): [2, 0], (2,): [0]}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_merged_tree_passes_the_membership_oracle(seed):
+    merged = two_source_merged(TABLE_A, TABLE_B)
+    result = merged.propose([7], TorchRandomSource(0))
+    assert result.probability_semantics == "score_only" and len(result.nodes) == 9  # 7 rows + 2 shared
+    case = OracleCase(name=f"merged-membership-{seed}", proposal_builder=lambda rng: merged.propose([7], rng),
+                      target=PrefixLaws(vocab=3, seed=seed, kind="dense"), length=4)
+    row = check_case(get_verifier("membership"), case)
+    assert row["passed"] and row["max_abs_error"] <= 1e-9 and row["leaves"] > 10
+
+
+def test_merged_tree_passes_the_greedy_oracle():
+    merged = two_source_merged(TABLE_A, TABLE_B)
+    for seed in range(4):
+        case = OracleCase(name="merged-greedy", proposal_builder=lambda rng: merged.propose([7], rng),
+                          target=PrefixLaws(vocab=3, seed=seed, kind="one_hot"), length=4)
+        assert check_case(get_verifier("greedy"), case)["max_abs_error"] == 0.0
+
+
+# ------------------------------------------------------------------------------ decode on tiny
+
+
+class Oracle(Proposer):
+    """Proposes the next ``k`` tokens of a known AR output (plus a wrong branch with ``wrong``)."""
+
+    name: ClassVar[str] = "ar"
+    probability_semantics: ClassVar[str] = "score_only"
+    sampling_relation: ClassVar[str] = "deterministic_lookup"
+    shapes: ClassVar[frozenset[str]] = frozenset({"tree"})
+
+    def __init__(self, ar, prompt_len, k, *, name, wrong=None) -> None:
+        super().__init__(budget=Budget(shape="tree", max_nodes=16, max_depth=8), manifest_hash="h")
+        self.ar, self.prompt_len, self.k, self.name, self.wrong = ar, prompt_len, k, name, wrong
+
+    def propose(self, committed, rng) -> ProposalResult:
+        g = len(committed) - self.prompt_len
+        toks = self.ar[g:g + self.k]
+        nodes = [ProposalNode(token_id=t, parent=i - 1, score=1.0, source=self.name) for i, t in enumerate(toks)]
+        if self.wrong is not None and toks:
+            nodes.append(ProposalNode(token_id=self.wrong, parent=len(toks) - 2, score=1.0, source=self.name))
+        return ProposalResult(nodes=tuple(nodes), probability_semantics="score_only",
+                              sampling_relation="deterministic_lookup", topology="tree",
+                              state_handle=fixed_candidates({}).state_handle, manifest_hash="h", source=self.name)
+
+
+PROMPT = [5, 17, 33, 8, 5, 17, 33, 9, 40, 41, 5, 17]
+
+
+def greedy_decode(backend, proposer, new, budget=MERGED):
+    return decode(target=backend, proposer=proposer, verifier=get_verifier("greedy"), policy=SamplingPolicy(),
+                  prompt_ids=PROMPT, max_new_tokens=new, eos_token_ids=frozenset(), rng=TorchRandomSource(0),
+                  round_cfg=RoundConfig(max_nodes=budget.max_nodes, max_depth=budget.max_depth))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    backend = CausalLMBackend(build_tiny_model(seed=3))
+    null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h")
+    return backend, greedy_decode(backend, null, 40).tokens
+
+
+def test_accepted_tokens_are_attributed_to_every_source_that_proposed_them(tiny):
+    backend, ar = tiny
+    # A proposes the next 3 AR tokens; B the next 2 and a wrong sibling of its second
+    wrong = next(t for t in range(90) if t not in ar)
+    merged = MergedProposer(budget=MERGED, manifest_hash="h",
+                            sources=[Oracle(ar, len(PROMPT), 3, name="A"),
+                                     Oracle(ar, len(PROMPT), 2, name="B", wrong=wrong)])
+    res = greedy_decode(backend, merged, 16)
+    assert res.tokens == ar[:16]
+    # 4 rounds x (3 accepted + 1 bonus); rows t0, t0t1 are both sources', t0t1t2 only A's
+    assert res.ledger.rounds == 4 and res.sources == {"A": 12, "B": 8}
+    per = merged.stats.extras["per_source"]
+    assert per["A"]["new_rows"] == 12 and per["B"]["shared"] == 8 and per["B"]["new_rows"] == 4
+
+
+def test_merged_rest_and_prompt_lookup_keep_greedy_equality(tiny):
+    backend, ar = tiny
+    ds = datastore_from_token_ids([PROMPT[-4:] + ar[:12], [1, 2, 3, 4, 5, 6], PROMPT[-3:] + [9, 9, 9]])
+    rest = RestProposer(budget=Budget(shape="tree", max_nodes=16, max_depth=8), manifest_hash="h", datastore=ds,
+                        max_suffix=8, min_suffix=1)
+    lookup = PromptLookupProposer(budget=Budget(shape="sequences", max_nodes=16, max_depth=8), manifest_hash="h")
+    merged = MergedProposer(budget=MERGED, manifest_hash="h", sources=[rest, lookup])
+    res = greedy_decode(backend, merged, 40)
+    assert res.tokens == ar
+    src = f"rest:{ds.release_id[:12]}"
+    # REST holds the first 12 AR tokens (11 accepted + bonus at least); lookup copies the repeats
+    assert res.sources[src] >= 11 and res.sources["prompt_lookup"] > 0 and set(res.sources) == {src, "prompt_lookup"}
+    assert res.ledger.summary()["round_cost_ms"]["retrieval"] > 0  # REST's search, split out of proposal
+    assert merged.stats.retrieval_ms == pytest.approx(rest.stats.retrieval_ms)
+    assert merged.manifest_hash == "h"  # directly built sources share the run hash
+
+
+# ------------------------------------------------------------------------------ harness run
+
+
+def test_merged_run_end_to_end_on_tiny(tmp_path, monkeypatch):
+    from harness.runner import encode_workload, load_models, run_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    wl = tmp_path / "wl.jsonl"
+    wl.write_text(json.dumps({"id": "p", "prompt": "for i in range(10): total = total + i * i; print(total)"}) + "\n")
+    base = ["model=tiny", "workload=jsonl", f"workload.path={wl}", "workload.chat=false"]
+    cfg = compose_cfg(*base)
+    target, _ = load_models(cfg)
+    (prompt, ids), = encode_workload(cfg, None)
+    null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h")
+    ar = decode(target=CausalLMBackend(target.model), proposer=null, verifier=get_verifier("greedy"),
+                policy=SamplingPolicy(), prompt_ids=ids, max_new_tokens=24, eos_token_ids=frozenset(),
+                rng=TorchRandomSource(0), round_cfg=RoundConfig(max_nodes=1, max_depth=1)).tokens
+    ds = datastore_from_token_ids([ids[-5:] + ar])
+    write_datastore(ds, tmp_path / "ds")
+    cfg = compose_cfg(*base, "proposer=merged", "topology=merged", f"proposer.rest.datastore.path={tmp_path / 'ds'}",
+                      "generation.max_new_tokens=16", "generation.warmup_tokens=2", "gates.oracle=false")
+    record = run_job(cfg, run_dir=tmp_path / "run")
+    m = record["metrics"]
+    src = f"rest:{ds.release_id[:12]}"
+    assert m["greedy_identical"] is True and m["accepted_by_source"][src] > 0
+    assert set(m["accepted_by_source"]) <= {src, "prompt_lookup"}
+    assert record["gates"]["negotiation"]["probability_semantics"] == ["frequency", "score_only"]
+    assert record["gates"]["workload_governance"]["sources"]["rest"]["leaked"] == []
+    r = m["retrieval"]
+    assert r["sources"]["rest"]["datastore_release_id"] == ds.release_id and r["sources"]["rest"]["rounds"] > 0
+    assert r["per_source"]["prompt_lookup"]["offered"] >= 0 and r["rounds"] == r["sources"]["rest"]["rounds"]
+    assert m["round_cost_ms"]["retrieval"] > 0
+    assert m["proposal_state_bytes"] == ds.nbytes

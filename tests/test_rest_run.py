@@ -1,0 +1,273 @@
+"""proposer=rest inside `harness run`: datastore opening/building, run-time leakage control,
+negotiation before model work, and an end-to-end tiny-model run over a token-id datastore."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import harness.config  # noqa: F401  (registers the config schemas)
+
+from harness.engine.build import BuildContext, build_proposer, plan
+from harness.proposers.base import Budget
+from harness.proposers.prompt_lookup import NullProposer
+from harness.proposers.rest import RestProposer, open_datastore, release_manifest_hash
+from harness.random_source import TorchRandomSource
+from harness.verifiers import get_verifier
+from harness.verifiers.base import NegotiationError
+from harness.verifiers.sampling import SamplingPolicy
+from harness.workloads.datastore import (DatastoreError, LeakageError, build_datastore, datastore_from_token_ids,
+                                         write_datastore)
+from harness.workloads.prompts import Prompt
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+PROMPTS = [
+    {"id": "p1", "prompt": "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return add(a, add(b, c))\n"},
+    {"id": "p2", "prompt": "the quick brown fox jumps over the lazy dog; the quick brown fox"},
+]
+NEW = 16
+
+
+def compose_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def tiny_ids(text: str, vocab: int = 96) -> list[int]:
+    """The runner's synthetic ids for model=tiny (harness.runner.encode_workload)."""
+    return [3 + (b % (vocab - 3)) for b in text.encode()]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A private cache, a two-prompt workload and each prompt's autoregressive continuation."""
+    root = tmp_path_factory.mktemp("rest_run")
+    old = os.environ.get("HARNESS_CACHE")
+    os.environ["HARNESS_CACHE"] = str(root / "cache")
+    workload = root / "wl.jsonl"
+    workload.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    from harness.engine.decode import RoundConfig, decode
+    from harness.runner import encode_workload, load_models
+    from harness.target.backend import CausalLMBackend
+
+    cfg = compose_cfg("model=tiny", "workload=jsonl", f"workload.path={workload}", "workload.chat=false")
+    target, _ = load_models(cfg)
+    backend = CausalLMBackend(target.model)
+    items = encode_workload(cfg, None)
+    null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h")
+    ar = {}
+    for prompt, ids in items:
+        res = decode(target=backend, proposer=null, verifier=get_verifier("greedy"), policy=SamplingPolicy(),
+                     prompt_ids=ids, max_new_tokens=NEW + 8, eos_token_ids=frozenset(), rng=TorchRandomSource(0),
+                     round_cfg=RoundConfig(max_nodes=1, max_depth=1))
+        ar[prompt.prompt_id] = res.tokens
+    yield {"root": root, "workload": workload, "items": items, "ar": ar}
+    if old is None:
+        os.environ.pop("HARNESS_CACHE", None)
+    else:
+        os.environ["HARNESS_CACHE"] = old
+
+
+def write_store(env, name: str, *, leak: str | None = None) -> tuple[Path, object]:
+    """A token-id datastore: each prompt's last 6 ids followed by its AR continuation (REST can
+    retrieve the target's own next tokens), filler, and with ``leak`` that prompt's whole ids."""
+    docs = [list(ids[-6:]) + env["ar"][p.prompt_id] for p, ids in env["items"]]
+    docs += [[(7 * i + 11 * j) % 90 + 3 for j in range(40)] for i in range(8)]
+    if leak is not None:
+        docs += [next(ids for p, ids in env["items"] if p.prompt_id == leak)]
+    ds = datastore_from_token_ids(docs)
+    path = env["root"] / name
+    if not path.exists():
+        write_datastore(ds, path)
+    return path, ds
+
+
+def run_overrides(env, store: Path, *extra: str) -> list[str]:
+    return ["model=tiny", "proposer=rest", "topology=sequences", f"proposer.datastore.path={store}",
+            "workload=jsonl", f"workload.path={env['workload']}", "workload.chat=false",
+            f"generation.max_new_tokens={NEW}", "generation.warmup_tokens=2", "gates.oracle=false", "threads=1",
+            *extra]
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+def test_rest_run_end_to_end_on_tiny_with_a_token_id_datastore(env, tmp_path):
+    from harness.runner import run_job
+
+    store, ds = write_store(env, "ds_clean")
+    record = run_job(compose_cfg(*run_overrides(env, store)), run_dir=tmp_path)
+    m = record["metrics"]
+    assert m["greedy_identical"] is True
+    source = f"rest:{ds.release_id[:12]}"
+    # the datastore holds each prompt's AR continuation: REST proposes it and the target accepts
+    assert set(m["accepted_by_source"]) == {source} and m["accepted_by_source"][source] > 0
+    assert m["mean_accepted_per_round"] > 1.0
+    r = m["retrieval"]
+    assert r["datastore_release_id"] == ds.release_id and r["datastore_bytes"] == ds.nbytes > 0
+    assert r["rounds"] - m["rounds"] in (1, 2)  # measured rounds + the 2-token warm-up request
+    assert 0.0 <= r["miss_rate"] < 1.0 and r["mean_match_len"] > 0 and r["mean_retrieval_ms"] > 0
+    assert m["round_cost_ms"]["retrieval"] > 0  # split out of the proposal stage
+    assert r["manifest_hash"] == release_manifest_hash(record["manifest_hash"], ds.release_id)
+    gate = record["gates"]["workload_governance"]
+    assert gate["passed"] is True and gate["leaked"] == [] and gate["allow_leakage"] is False
+    assert [i["prompt_id"] for i in gate["items"]] == ["p1", "p2"]
+    assert 6 <= gate["max_longest_match"] < 32
+    assert json.loads((tmp_path / "record.json").read_text())["run_id"] == record["run_id"]
+
+
+# ------------------------------------------------------------------------------ leakage
+
+
+def test_a_leaked_prompt_refuses_the_run_with_no_record(env, tmp_path, capsys):
+    from harness.runner import main, run_job
+
+    store, _ = write_store(env, "ds_leaked", leak="p1")
+    with pytest.raises(LeakageError, match=r"p1 \(\d+ tokens\)"):
+        run_job(compose_cfg(*run_overrides(env, store)), run_dir=tmp_path / "direct")
+    assert not (tmp_path / "direct" / "record.json").exists()
+    out = tmp_path / "via_main"
+    rc = main(run_overrides(env, store, f"output_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}"))
+    assert rc == 2
+    assert "refused: evaluation leakage" in capsys.readouterr().err
+    assert not (out / "record.json").exists()
+
+
+def test_allow_leakage_runs_and_the_record_states_it(env, tmp_path):
+    from harness.runner import run_job
+
+    store, _ = write_store(env, "ds_leaked", leak="p1")
+    record = run_job(compose_cfg(*run_overrides(env, store, "allow_leakage=true")), run_dir=tmp_path)
+    gate = record["gates"]["workload_governance"]
+    p1 = next(i for i in gate["items"] if i["prompt_id"] == "p1")
+    assert gate["leaked"] == ["p1"] and gate["allow_leakage"] is True
+    assert p1["leaked"] is True and p1["allowed"] is True and p1["prompt_longest_match"] == len(env["items"][0][1])
+    assert record["metrics"]["retrieval"]["leakage"]["leaked"] == ["p1"]
+    assert record["config"]["allow_leakage"] is True
+
+
+def test_a_leaked_reference_answer_is_refused():
+    reference = "return sorted(set(values), key=lambda v: (-counts[v], v))  # tie-break by value"
+    ds = datastore_from_token_ids([[5, 6, 7] + tiny_ids(reference)[:40] + [8, 9]])
+    prop = RestProposer(budget=Budget(shape="tree", max_nodes=8, max_depth=4), manifest_hash="h", datastore=ds)
+    items = [(Prompt(prompt_id="q", category="code", text="x", reference=reference), [5, 6, 7])]
+    with pytest.raises(LeakageError, match=r"q \(40 tokens\)"):
+        prop.check_workload(items)
+    entry = prop.check_workload(items, allow_leakage=True)
+    assert entry["items"][0]["prompt_longest_match"] == 3 and entry["items"][0]["reference_longest_match"] == 40
+    short = [(Prompt(prompt_id="q", category="code", text="x", reference=reference[:20]), [5, 6, 7])]
+    assert prop.check_workload(short)["max_longest_match"] == 20
+
+
+def test_check_workload_restarts_the_retrieval_counters():
+    ds = datastore_from_token_ids([[1, 2, 3, 4]])
+    prop = RestProposer(budget=Budget(shape="tree", max_nodes=8, max_depth=4), manifest_hash="h", datastore=ds)
+    prop.propose([1, 2], TorchRandomSource(0))
+    prop.propose([9, 9], TorchRandomSource(0))
+    assert prop.stats.extras["rounds"] == 2 and prop.stats.extras["miss_rate"] == 0.5
+    assert prop.stats.extras["mean_match_len"] == 1.0  # [1, 2] matched (n=2), then a miss (0)
+    prop.check_workload([(Prompt(prompt_id="a", category="c", text="t"), [7, 7])])
+    assert prop.stats.extras["rounds"] == 0 and prop.stats.retrieval_ms == 0.0
+    assert prop.stats.extras["miss_rate"] is None
+
+
+# ------------------------------------------------------------------------------ negotiation
+
+
+def test_rest_with_rejection_is_refused_before_model_work(env, tmp_path, monkeypatch, capsys):
+    import harness.runner as runner
+
+    def no_models(cfg):
+        raise AssertionError("models were loaded for a refused combination")
+
+    monkeypatch.setattr(runner, "load_models", no_models)
+    missing = tmp_path / "no_such_datastore"  # nothing is opened or built either
+    args = run_overrides(env, missing, "verifier=rejection", "generation.temperature=0.7")
+    with pytest.raises(NegotiationError, match=r"probability semantics \['frequency'\]"):
+        plan(compose_cfg(*args))
+    rc = runner.main(args + [f"output_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'hydra'}"])
+    assert rc == 2 and "refused" in capsys.readouterr().err
+    assert not missing.exists() and not (tmp_path / "out" / "record.json").exists()
+    with pytest.raises(NegotiationError, match="temperature"):  # rejection at T=0 is refused too
+        plan(compose_cfg(*run_overrides(env, missing, "verifier=rejection")))
+    plan(compose_cfg(*run_overrides(env, missing, "verifier=membership", "generation.temperature=0.7")))
+
+
+# ------------------------------------------------------------------------------ opening datastores
+
+
+def word_tokenizer(words: list[str]):
+    """A tiny real HF fast tokenizer: whitespace-split words, one id each ([UNK] = 0)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+WORDS = ["def", "return", "self", "import", "class", "if", "else", "for", "in", "None"]
+
+
+def test_open_datastore_refuses_another_tokenizer_and_token_id_mismatches(tmp_path):
+    from harness.workloads.corpora import Document, InlineCorpus
+
+    tok = word_tokenizer(WORDS)
+    corpus = InlineCorpus(docs=(Document("d", ("def f in None return self",)),))
+    build_datastore(corpus, tokenizer=tok, target_family="toy", out_dir=tmp_path / "words", progress=False)
+    cfg = {"path": str(tmp_path / "words"), "verify_corpus": False}
+    ds, info = open_datastore(cfg, tokenizer=word_tokenizer(WORDS), model="toy", vocab_size=11)
+    assert ds.n_tokens == 7 and info["built_now"] is False
+    with pytest.raises(DatastoreError, match="built with tokenizer"):
+        open_datastore(cfg, tokenizer=word_tokenizer(WORDS[::-1]), model="toy")
+    with pytest.raises(DatastoreError, match="has no tokenizer"):  # model=tiny: synthetic ids
+        open_datastore(cfg, tokenizer=None, model="tiny")
+    with pytest.raises(DatastoreError, match="outside the target vocabulary"):
+        open_datastore(cfg, tokenizer=tok, model="toy", vocab_size=5)
+    write_datastore(datastore_from_token_ids([[1, 2, 3]]), tmp_path / "ids")
+    with pytest.raises(DatastoreError, match="no tokenizer fingerprint"):
+        open_datastore({"path": str(tmp_path / "ids")}, tokenizer=tok, model="toy")
+    with pytest.raises(DatastoreError, match="is not a datastore"):
+        open_datastore({"path": str(tmp_path / "absent")}, tokenizer=tok, model="toy")
+
+
+def test_tiny_without_a_datastore_path_gets_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    with pytest.raises(DatastoreError, match="token-id datastore"):
+        open_datastore({"corpus": "stdlib", "path": None}, tokenizer=None, model="tiny")
+
+
+def test_cache_datastore_is_built_on_first_use_then_checked_against_the_config(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    tok = word_tokenizer(WORDS)
+    cfg = {"corpus": "stdlib", "path": None, "max_tokens": 3000, "context_len": 8, "continuation_len": 4,
+           "max_matches": 16, "exclude": "none", "verify_corpus": False}
+    ds, info = open_datastore(cfg, tokenizer=tok, model="toy")
+    where = tmp_path / "datastores" / "stdlib-toy"
+    assert info["built_now"] is True and ds.path == where and (where / "manifest.json").is_file()
+    assert ds.n_tokens == 3000 and ds.manifest["corpus"]["max_tokens"] == 3000
+    assert "building REST datastore 'stdlib'" in capsys.readouterr().err
+    assert not list(tmp_path.glob("datastores/*.building-*"))
+    again, info = open_datastore(cfg, tokenizer=tok, model="toy")
+    assert info["built_now"] is False and again.release_id == ds.release_id
+    with pytest.raises(DatastoreError, match=r"max_tokens: config 5000 vs built 3000"):
+        open_datastore({**cfg, "max_tokens": 5000}, tokenizer=tok, model="toy")
+
+
+def test_from_config_folds_the_release_id_into_the_proposals_manifest_hash(env):
+    store, ds = write_store(env, "ds_clean")
+    cfg = compose_cfg(*run_overrides(env, store))
+    plan_ = plan(cfg)
+    context = BuildContext(cfg=cfg, target_backend=None, tokenizer=None)
+    prop = build_proposer(cfg, plan_, manifest_hash="run0", context=context)
+    assert isinstance(prop, RestProposer) and prop.datastore.release_id == ds.release_id
+    result = prop.propose(list(env["items"][0][1]), TorchRandomSource(0))
+    assert result.manifest_hash == release_manifest_hash("run0", ds.release_id) != "run0"
+    assert not result.empty and result.nodes[0].source == f"rest:{ds.release_id[:12]}"
+    assert prop.manifest_extra()["datastore"]["release_id"] == ds.release_id
+    assert plan_.capabilities.probability_semantics == frozenset({"frequency"})
