@@ -318,6 +318,10 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         cfg = compose(argv)
+    except Exception as exc:  # hydra/omegaconf composition errors: unknown group, key or type
+        print(f"harness calibrate: cannot compose the config from {argv}: {exc}", file=sys.stderr)
+        return 2
+    try:
         out = calibrate(cfg)
     except (GateError, ValueError) as exc:
         print(f"harness calibrate: refused: {exc}", file=sys.stderr)

@@ -1,0 +1,219 @@
+"""Sequoia calibration (0x0AA, 0x0AE): positional acceptance from the run's own proposer, verifier
+and decode loop on the calibration split; statistics, validation, provenance and `harness calibrate`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.contracts import NO_STATE, ProposalNode, ProposalResult, Selection
+from harness.gates.calibrate import (
+    CalibrationError,
+    acceptance_statistics,
+    accepted_rank,
+    calibration_items,
+    calibration_provenance,
+    check_calibration,
+    check_disjoint,
+    compose,
+    main,
+    run_calibration,
+)
+from harness.measure.profile import StaleArtifactError
+from harness.topology.compiler import compile_tree
+from harness.topology.sequoia import wilson_interval
+from harness.workloads.prompts import Prompt
+
+TINY = ["model=tiny", "proposer=draft_model", "proposer.sampling=without_replacement", "verifier=sequoia",
+        "generation.temperature=0.7", "threads=1", "topology.calibration.parents=20",
+        "topology.calibration.branches=3", "topology.calibration.max_new_tokens=10"]
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def test_toy_rates_recovered_from_ranks():
+    # 31250 parents whose accepted ranks realise h = [0.82, 0.48, 0.24] exactly (0x0AD's toy)
+    ranks = [1] * 25625 + [2] * 2700 + [3] * 702 + [0] * 2223
+    s = acceptance_statistics(ranks, branches=3)
+    assert s["parents"] == 31250
+    assert s["tested"] == [31250, 5625, 2925]  # parents reaching rank j (earlier siblings rejected)
+    assert s["accepted"] == [25625, 2700, 702]
+    assert s["h"] == pytest.approx([0.82, 0.48, 0.24], abs=1e-15)
+    assert s["acceptance"] == pytest.approx([0.82, 0.0864, 0.022464], abs=1e-15)  # not h: sum 0.928864 <= 1
+    assert s["sibling_mass"] == pytest.approx(0.928864, abs=1e-12)
+    assert s["none_accepted"] == 2223
+    assert s["h_wilson"][1] == pytest.approx(list(wilson_interval(2700, 5625)))
+    assert s["acceptance_wilson"][2] == pytest.approx(list(wilson_interval(702, 31250)))
+    for (lo, hi), v in zip(s["acceptance_wilson"], s["acceptance"]):
+        assert lo < v < hi
+
+
+def test_statistics_refuse_bad_ranks():
+    with pytest.raises(ValueError, match=r"ranks must be in \[0, 2\]"):
+        acceptance_statistics([1, 3], branches=2)
+    with pytest.raises(ValueError, match="no parent nodes"):
+        acceptance_statistics([], branches=2)
+
+
+def test_unreached_ranks_have_no_interval():
+    s = acceptance_statistics([1, 1, 1], branches=2)
+    assert s["tested"] == [3, 0] and s["h"] == [1.0, 0.0] and s["h_wilson"][1] is None
+    assert s["acceptance"] == [1.0, 0.0]
+
+
+def _set_tree(tokens):
+    nodes = tuple(ProposalNode(token_id=t, parent=-1, q=0.25, source="d") for t in tokens)
+    laws = torch.full((len(tokens), 4), 0.25)
+    prop = ProposalResult(nodes=nodes, probability_semantics="normalized_conditional", sampling_relation="iid",
+                          topology="set", state_handle=NO_STATE, manifest_hash="h", q_dists=laws)
+    return compile_tree([prop], prefix_len=3)
+
+
+def test_accepted_rank_is_the_first_draw_of_the_accepted_row():
+    tree = _set_tree([2, 0, 2, 3])  # draws: 2, 0, 2 (merged into row 0), 3 -> rows 0, 1, 0, 2
+    assert accepted_rank(tree, Selection(accepted_rows=(0,), next_token=1)) == 1
+    assert accepted_rank(tree, Selection(accepted_rows=(1,), next_token=1)) == 2
+    assert accepted_rank(tree, Selection(accepted_rows=(2,), next_token=1)) == 4  # not 3: the 3rd draw repeats 2
+    assert accepted_rank(tree, Selection(accepted_rows=(), next_token=1)) == 0
+
+
+# ---------------------------------------------------------------- calibration prompts
+
+
+def _items(ids_by_name):
+    return [(Prompt(prompt_id=k, category="c", text=k), list(v)) for k, v in ids_by_name.items()]
+
+
+def test_calibration_must_be_disjoint_from_evaluation():
+    check_disjoint(_items({"a": [1, 2]}), _items({"b": [3, 4]}))
+    with pytest.raises(CalibrationError, match="'a' is also an evaluation prompt"):
+        check_disjoint(_items({"a": [1, 2]}), _items({"a": [3, 4]}))
+    with pytest.raises(CalibrationError, match="'c' is also an evaluation prompt"):
+        check_disjoint(_items({"c": [1, 2]}), _items({"d": [1, 2]}))  # same tokens, another id
+
+
+def test_jsonl_workload_without_splits_is_refused(tmp_path):
+    from harness.runner import encode_workload
+
+    path = tmp_path / "w.jsonl"
+    path.write_text('{"id": "x", "prompt": "def f():"}\n{"id": "y", "prompt": "class A:"}\n')
+    cfg = compose(TINY + ["workload=jsonl", f"workload.path={path}", "workload.chat=false"])
+    with pytest.raises(CalibrationError, match="'x' is also an evaluation prompt"):
+        check_disjoint(calibration_items(cfg, None), encode_workload(cfg, None))
+    path.write_text('{"id": "x", "prompt": "def f():", "split": "calibration"}\n'
+                    '{"id": "y", "prompt": "class A:", "split": "eval"}\n')
+    cal = calibration_items(cfg, None)
+    assert [p.prompt_id for p, _ in cal] == ["x"]
+    check_disjoint(cal, encode_workload(cfg, None))
+    with pytest.raises(CalibrationError, match="workload.split=calibration"):
+        calibration_items(compose(TINY + ["workload.split=calibration"]), None)
+
+
+# ---------------------------------------------------------------- the stage on tiny models
+
+
+def _context(cfg):
+    from harness.engine.build import BuildContext
+    from harness.runner import encode_workload, load_models
+    from harness.target.backend import CausalLMBackend
+
+    target, draft = load_models(cfg)
+    return BuildContext(cfg=cfg, target_backend=CausalLMBackend(target.model), tokenizer=target.tokenizer,
+                        draft_backend=CausalLMBackend(draft.model), items=encode_workload(cfg, None),
+                        model_source=target.source)
+
+
+@pytest.fixture(scope="module")
+def identical_draft():
+    cfg = compose(TINY)  # model=tiny has 2 layers: the draft's "first 6 layers" is the whole target
+    return cfg, _context(cfg)
+
+
+def test_calibration_with_an_identical_draft_accepts_the_first_sibling(identical_draft):
+    cfg, ctx = identical_draft
+    items = calibration_items(cfg, None)
+    prov = calibration_provenance(cfg, tokenizer=None, items=items)
+    art = run_calibration(cfg, ctx, items=items, provenance=prov, progress=False)
+    assert art["parents"] >= 20 and art["branches"] == 3
+    # q == p (up to float rounding across batch shapes): the rank-1 draw is accepted with probability ~1
+    assert art["acceptance"][0] >= 0.95
+    assert art["sibling_mass"] <= 1.0
+    assert art["provenance"]["sampling_policy"] == {"temperature": 0.7, "top_p": 1.0, "top_k": 0,
+                                                     "relation": "without_replacement"}
+    assert art["provenance"]["calibration_data"]["split"] == "calibration"
+    assert len(art["acceptance_wilson"]) == 3
+    check_calibration({**art, "hash": "x"}, prov, path="a")
+
+
+def test_weak_draft_gives_a_valid_acceptance_vector():
+    cfg = compose(TINY + ["proposer.model.num_layers=1", "topology.calibration.parents=40"])
+    ctx = _context(cfg)
+    items = calibration_items(cfg, None)
+    art = run_calibration(cfg, ctx, items=items, provenance=calibration_provenance(cfg, tokenizer=None, items=items),
+                          progress=False)
+    p = art["acceptance"]
+    assert sum(art["accepted"]) + art["none_accepted"] == art["parents"] >= 40
+    assert 0.0 < sum(p) <= 1.0
+    assert p == pytest.approx([a / art["parents"] for a in art["accepted"]])
+
+
+def test_too_few_parent_nodes_fail_the_stage(identical_draft):
+    _, ctx = identical_draft
+    cfg = compose(TINY + ["topology.calibration.parents=100000", "topology.calibration.prompts=1",
+                          "topology.calibration.max_new_tokens=3"])
+    items = calibration_items(cfg, None)
+    with pytest.raises(CalibrationError, match=r"measured \d+ parent nodes on all 1 calibration prompts; "
+                                               r"topology.calibration.parents=100000 are required"):
+        run_calibration(cfg, ctx, items=items, provenance={}, progress=False)
+
+
+def test_stored_calibration_is_checked_against_the_run(identical_draft):
+    cfg, _ = identical_draft
+    items = calibration_items(cfg, None)
+    prov = calibration_provenance(cfg, tokenizer=None, items=items)
+    art = {"kind": "sequoia_calibration", "acceptance": [0.82, 0.0864, 0.022464], "provenance": prov}
+    check_calibration(art, prov, path="a")
+    hot = calibration_provenance(compose(TINY + ["generation.temperature=1.0"]), tokenizer=None, items=items)
+    with pytest.raises(StaleArtifactError, match=r"sampling_policy differs \(sampling_policy.temperature: "
+                                                 r"artifact 0.7, this run 1.0\)"):
+        check_calibration(art, hot, path="a")
+    other_data = calibration_provenance(cfg, tokenizer=None, items=items[:1])
+    with pytest.raises(StaleArtifactError, match="calibration_data differs"):
+        check_calibration(art, other_data, path="a")
+    # conditional rates stored where selected-child probabilities belong: refused with the reason
+    with pytest.raises(StaleArtifactError, match=r"sum\(p\) must be <= 1.*conditional sibling rates"):
+        check_calibration({**art, "acceptance": [0.82, 0.48, 0.24]}, prov, path="a")
+
+
+# ---------------------------------------------------------------- `harness calibrate`
+
+
+def test_harness_calibrate_writes_the_artifacts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    rc = main(TINY + ["proposer.model.num_layers=1", "topology.max_nodes=3", "topology.max_depth=3",
+                      "topology.profile.repeats=2", "topology.profile.warmup=0", "topology.profile.prefix_len=16"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stages"] == {"calibration": "measured", "profile": "measured", "tree": "built"}
+    for key in ("sequoia_tree", "sequoia_calibration", "sequoia_profile", "sequoia_profile_plot"):
+        assert Path(out[key]).exists() and Path(out[key]).parent == tmp_path / "sequoia"
+    tree = json.loads(Path(out["sequoia_tree"]).read_text())
+    cal = json.loads(Path(out["sequoia_calibration"]).read_text())
+    prof = json.loads(Path(out["sequoia_profile"]).read_text())
+    assert tree["calibration_hash"] == cal["hash"] and tree["profile_hash"] == prof["hash"]
+    assert len(prof["verify_cost"]) == 4  # n = 1..max_nodes + 1 (root included)
+    assert out["chosen"]["candidate_rows"] <= 3 and out["acceptance"] == cal["acceptance"]
+
+
+def test_harness_calibrate_refuses_other_topologies(capsys):
+    assert main(["model=tiny", "topology=sequence"]) == 2
+    assert "needs topology=sequoia" in capsys.readouterr().err
+
+
+def test_harness_calibrate_refuses_unknown_keys(capsys):
+    assert main(["model=tiny", "topology.calibration.bogus=3"]) == 2
+    assert "cannot compose" in capsys.readouterr().err

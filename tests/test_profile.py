@@ -1,0 +1,170 @@
+"""Hardware profile (0x0AD, 0x0AE): t(n) with real tree masks, c0 and c, provenance and staleness."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from harness.measure.profile import (
+    PROFILE_MATCH_FIELDS,
+    StaleArtifactError,
+    artifact_hash,
+    check_profile,
+    cycle_prefix,
+    heap_parents,
+    measure_profile,
+    plot_profile,
+    profile_provenance,
+    read_artifact,
+    summarize_ms,
+    timing_tree,
+    write_artifact,
+)
+
+
+def test_heap_shape_and_its_ancestor_mask():
+    assert heap_parents(0) == []
+    assert heap_parents(1) == [-1]
+    assert heap_parents(4) == [-1, -1, 0, 0]  # root-inclusive node k under (k - 1) // 2
+    assert heap_parents(6) == [-1, -1, 0, 0, 1, 1]
+    tree = timing_tree(4, prefix_len=10, vocab=96)
+    assert tree.parents.tolist() == [-1, -1, 0, 0] and tree.topology == "tree"
+    assert tree.ancestor_mask[3].tolist() == [True, False, False, True]  # row 3 sees row 0 and itself
+    assert tree.position_ids.tolist() == [10, 10, 11, 11]
+    assert timing_tree(0, prefix_len=10, vocab=96).num_rows == 0
+
+
+def test_summary_is_median_and_iqr():
+    s = summarize_ms([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s["median_ms"], s["q25_ms"], s["q75_ms"], s["iqr_ms"]) == (3.0, 2.0, 4.0, 2.0)
+    with pytest.raises(ValueError):
+        summarize_ms([])
+
+
+def test_cycle_prefix():
+    assert cycle_prefix([4, 5, 6], 7) == [4, 5, 6, 4, 5, 6, 4]
+    with pytest.raises(ValueError, match="at least one token"):
+        cycle_prefix([], 4)
+
+
+class CountingBackend:
+    """Wraps a backend, recording the length of every verify forward."""
+
+    def __init__(self, backend):
+        self.backend, self.lengths = backend, []
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def verify(self, seq, pending, tree):
+        self.lengths.append(1 + tree.num_rows)
+        return self.backend.verify(seq, pending, tree)
+
+
+@pytest.fixture(scope="module")
+def measured():
+    from harness.target.backend import CausalLMBackend
+    from harness.target.loading import build_tiny_model
+
+    target = CountingBackend(CausalLMBackend(build_tiny_model(seed=0)))
+    draft_model = build_tiny_model(seed=0)
+    draft_model.model.layers = draft_model.model.layers[:1]
+    draft_model.config.num_hidden_layers = 1
+    draft = CausalLMBackend(draft_model)
+    prefix = cycle_prefix([5, 17, 33, 8, 40], 32)
+    prof = measure_profile(target_backend=target, draft_backend=draft, prefix_ids=prefix, max_nodes=5, warmup=1,
+                           repeats=3, provenance={"threads": torch.get_num_threads()}, progress=False)
+    return prof, target, draft, prefix
+
+
+def test_profile_times_every_size_with_warmup_and_repeats(measured):
+    prof, target, draft, prefix = measured
+    # n = 1..5 verify forwards (pending + n - 1 rows), each once per round: 1 warm-up + 3 timed
+    assert sorted(target.lengths) == sorted([1, 2, 3, 4, 5] * 4)
+    assert [v["n"] for v in prof["verify_ms"]] == [1, 2, 3, 4, 5]
+    assert all(len(v["samples_ms"]) == 3 for v in prof["verify_ms"])
+    assert len(prof["draft_base_ms"]["samples_ms"]) == 3 and len(prof["draft_step_ms"]["samples_ms"]) == 3
+    assert prof["verify_cost"][0] == 1.0 and len(prof["verify_cost"]) == 5
+    assert prof["t1_ms"] == prof["verify_ms"][0]["median_ms"] > 0
+    for v, cost in zip(prof["verify_ms"], prof["verify_cost"]):
+        assert cost == pytest.approx(v["median_ms"] / prof["t1_ms"])
+        assert v["q25_ms"] <= v["median_ms"] <= v["q75_ms"]
+    assert prof["draft_cost"] == pytest.approx(prof["draft_step_ms"]["median_ms"] / prof["t1_ms"])
+    assert prof["draft_base_cost"] == pytest.approx(prof["draft_base_ms"]["median_ms"] / prof["t1_ms"])
+    assert prof["synthetic"] is False
+
+
+def test_profile_needs_a_draft_model_and_sane_settings(measured):
+    _, target, _, prefix = measured
+    with pytest.raises(ValueError, match="needs a separate draft"):
+        measure_profile(target_backend=target, draft_backend=None, prefix_ids=prefix, max_nodes=2, warmup=0,
+                        repeats=1, provenance={}, progress=False)
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1; got 0"):
+        measure_profile(target_backend=target, draft_backend=target, prefix_ids=prefix, max_nodes=2, warmup=0,
+                        repeats=0, provenance={}, progress=False)
+
+
+def test_artifact_hash_verifies_and_edits_are_refused(measured, tmp_path):
+    prof = measured[0]
+    stored = write_artifact(prof, tmp_path / "p.json")
+    assert stored["hash"] == artifact_hash(stored) == read_artifact(tmp_path / "p.json", kind=prof["kind"])["hash"]
+    data = json.loads((tmp_path / "p.json").read_text())
+    data["draft_cost"] = 0.0
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(StaleArtifactError, match="does not verify"):
+        read_artifact(tmp_path / "p.json", kind=prof["kind"])
+    with pytest.raises(StaleArtifactError, match="is not a sequoia_tree artifact"):
+        read_artifact(tmp_path / "p.json", kind="sequoia_tree")
+
+
+def _expected():
+    from harness.gates.calibrate import compose
+
+    return profile_provenance(compose(["model=tiny", "proposer=draft_model", "topology.max_nodes=4"]))
+
+
+def test_run_provenance_has_every_field():
+    exp = _expected()
+    assert set(PROFILE_MATCH_FIELDS) <= set(exp)
+    assert exp["dtype"] == "float32" and exp["device"] == "cpu" and exp["batch_size"] == 1
+    assert exp["threads"] == torch.get_num_threads() == 1
+    assert exp["attn_implementation"] == "sdpa"
+    assert exp["model"]["target"]["name"] == "tiny" and exp["model"]["draft"]["num_layers"] == 6
+    assert exp["measurement"] == {"prefix_len": 256, "warmup": 2, "repeats": 7, "max_nodes": 5}
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("dtype", "bfloat16", r"dtype differs \(dtype: artifact 'bfloat16', this run 'float32'\)"),
+    ("threads", 2, r"threads differs \(threads: artifact 2, this run 1\)"),
+    ("attn_implementation", "eager", "attn_implementation differs"),
+    ("batch_size", 4, "batch_size differs"),
+    ("device", "cuda:0", "device differs"),
+])
+def test_stale_profile_is_refused_naming_the_field(field, value, message):
+    exp = _expected()
+    profile = {"verify_cost": [1.0] * 5, "provenance": {**exp, field: value}}
+    check_profile({**profile, "provenance": exp}, exp, path="p", max_nodes=5)
+    with pytest.raises(StaleArtifactError, match=message):
+        check_profile(profile, exp, path="p", max_nodes=5)
+
+
+def test_stale_library_version_names_the_library():
+    exp = _expected()
+    old = {**exp, "library_versions": {**exp["library_versions"], "torch": "1.0.0"}}
+    with pytest.raises(StaleArtifactError, match=r"library_versions differs \(library_versions.torch: artifact '1.0.0'"):
+        check_profile({"verify_cost": [1.0] * 5, "provenance": old}, exp, path="p", max_nodes=5)
+
+
+def test_synthetic_or_short_profiles_are_refused():
+    exp = _expected()
+    with pytest.raises(StaleArtifactError, match="synthetic"):
+        check_profile({"verify_cost": [1.0] * 5, "synthetic": True, "provenance": exp}, exp, path="p", max_nodes=5)
+    with pytest.raises(StaleArtifactError, match=r"gives t\(1..3\); the search needs t\(1..5\)"):
+        check_profile({"verify_cost": [1.0] * 3, "provenance": exp}, exp, path="p", max_nodes=5)
+
+
+def test_plot_writes_a_png(measured, tmp_path):
+    path = plot_profile(measured[0], tmp_path / "p.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
