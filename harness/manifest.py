@@ -41,3 +41,17 @@ def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[st
 
 def manifest_hash(manifest: dict) -> str:
     return hashlib.sha256(canonical_json(manifest).encode()).hexdigest()[:16]
+
+
+def job_manifest_hash(cfg: DictConfig, *, versions: dict[str, str] | None = None) -> str:
+    """The manifest hash a job with config ``cfg`` records, computed before any model work.
+
+    The same computation as the runner's (``freeze_manifest`` then ``manifest_hash``), so a sweep
+    can tell whether a stored record belongs to this job. ``versions`` defaults to the installed
+    library versions (``harness.measure.hardware.library_versions``), as in the runner.
+    """
+    if versions is None:
+        from harness.measure.hardware import library_versions
+
+        versions = library_versions()
+    return manifest_hash(freeze_manifest(cfg, versions=versions))

@@ -1,0 +1,367 @@
+"""`harness sweep`: launch a named sweep from ``sweeps/`` through a Hydra launcher (issue 8, item 1).
+
+    harness sweep NAME [launcher=basic|joblib|submitit_local|submitit_slurm] [concurrent_jobs=N]
+                       [overrides...]
+    harness sweep --list
+
+is ``harness run -m +sweep=NAME hydra/launcher=LAUNCHER ...``: Hydra's sweeper expands
+``hydra.sweeper.params`` of ``sweeps/NAME.yaml`` (``conf/sweep`` links there) and the launcher runs
+the jobs. Everything here is wiring around Hydra's own mechanisms:
+
+* **Job folders are deterministic**: ``multirun/<sweep>/<the job's override_dirname>``
+  (``sweeps/_common.yaml``). :func:`run_sweep_job` (called by the runner's Hydra entry in multirun
+  mode) skips a job whose folder holds a complete, valid ``record.json`` with the manifest hash
+  this job would freeze (:func:`harness.manifest.job_manifest_hash`). Records are written
+  atomically, so a crashed job has none and is re-run.
+* **A failing job does not stop the others**: the job's exception (refusals included: negotiation
+  errors, gate failures) is caught, written to the job's ``job_status.json`` and the job returns
+  normally, so Hydra's sweeper moves on to the next batch.
+* **Honest timing**: the sweeper hands the launcher batches of ``concurrent_jobs`` jobs (default
+  1), and each job records, as ``concurrent_jobs``, how many jobs its launcher really runs at once
+  (:func:`launcher_concurrency`), whatever was asked.
+* **After the sweep** (:class:`SweepCallback`, a Hydra callback, in the launching process):
+  ``failures.jsonl`` (this launch's failed jobs, their overrides and errors), ``summary.json``
+  (ran / skipped / failed), ``store.parquet`` (:func:`harness.tracking.store.rebuild_store` over
+  the sweep folder) and ``report/`` (``harness report``), all in the sweep folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness.tracking.record import write_json_atomic, write_jsonl_atomic
+
+log = logging.getLogger("harness.sweep")
+
+SWEEPS_DIR = Path(__file__).resolve().parents[1] / "sweeps"
+JOB_STATUS = "job_status.json"
+LAUNCH_FILE = "launch.json"
+FAILURES_FILE = "failures.jsonl"
+SUMMARY_FILE = "summary.json"
+STORE_FILE = "store.parquet"
+REPORT_DIR = "report"
+
+#: ``launcher=NAME`` -> Hydra overrides. The launcher's own bound follows ``concurrent_jobs``, so
+#: that the sweeper's batch size and the launcher's parallelism agree.
+LAUNCHERS: dict[str, tuple[str, ...]] = {
+    "basic": ("hydra/launcher=basic",),
+    "joblib": ("hydra/launcher=joblib", "hydra.launcher.n_jobs=${concurrent_jobs}"),
+    "submitit_local": ("hydra/launcher=submitit_local",),
+    "submitit_slurm": ("hydra/launcher=submitit_slurm", "hydra.launcher.array_parallelism=${concurrent_jobs}"),
+}
+
+USAGE = ("usage: harness sweep NAME [launcher=basic|joblib|submitit_local|submitit_slurm] "
+         "[concurrent_jobs=N] [hydra overrides...]\n       harness sweep --list")
+
+#: what the last sweep launched from this process did (read by :func:`main` for its exit code).
+_LAST_SUMMARY: dict[str, Any] = {}
+
+
+# --------------------------------------------------------------------------------------------
+# sweep definitions and the command line
+
+
+def list_sweeps(sweeps_dir: Path = SWEEPS_DIR) -> list[str]:
+    """Names of the sweep definitions (``sweeps/*.yaml``; files starting with ``_`` are shared parts)."""
+    return sorted(p.stem for p in sweeps_dir.glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def sweep_argv(name: str, args: list[str], *, sweeps_dir: Path = SWEEPS_DIR) -> list[str]:
+    """The ``harness run`` arguments for ``harness sweep NAME args...``.
+
+    ``launcher=X`` is taken out of ``args`` and mapped through :data:`LAUNCHERS`; every other
+    argument is a Hydra override passed on after the launcher's (so the user's win).
+    """
+    known = list_sweeps(sweeps_dir)
+    if name not in known:
+        raise ValueError(f"unknown sweep {name!r}; expected one of {known} (files in {sweeps_dir})")
+    launcher, rest = "basic", []
+    for arg in args:
+        if arg.startswith("launcher="):
+            launcher = arg.split("=", 1)[1]
+        elif arg in {"-m", "--multirun"}:
+            continue
+        else:
+            rest.append(arg)
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {sorted(LAUNCHERS)}; got {launcher!r}")
+    return ["-m", f"+sweep={name}", *LAUNCHERS[launcher], *rest]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(USAGE)
+        return 0 if argv else 2
+    if argv[0] == "--list":
+        for name in list_sweeps():
+            print(name)
+        return 0
+    try:
+        run_argv = sweep_argv(argv[0], argv[1:])
+    except ValueError as exc:
+        print(f"harness sweep: {exc}\n{USAGE}", file=sys.stderr)
+        return 2
+    from harness import runner
+
+    _LAST_SUMMARY.clear()
+    try:
+        code = runner.main(run_argv)
+    except SystemExit as exc:  # Hydra reports a composition error and exits
+        code = exc.code if isinstance(exc.code, int) else 1
+    if code:
+        return int(code)
+    if not _LAST_SUMMARY:
+        print("harness sweep: the sweep finished without a summary (was hydra.callbacks changed?)",
+              file=sys.stderr)
+        return 1
+    return 1 if _LAST_SUMMARY.get("failed") else 0
+
+
+# --------------------------------------------------------------------------------------------
+# inside one job
+
+
+def _joblib_workers(n_jobs: int | None) -> int:
+    """joblib's reading of n_jobs: None -> 1, negative -> cpu_count + 1 + n_jobs."""
+    if n_jobs is None:
+        return 1
+    n = int(n_jobs)
+    if n == 0:
+        raise ValueError("hydra.launcher.n_jobs must not be 0")
+    return max(1, (os.cpu_count() or 1) + 1 + n) if n < 0 else n
+
+
+def launcher_concurrency(hydra_cfg: DictConfig) -> int | None:
+    """How many jobs the configured Hydra launcher runs at once; None when nothing bounds it.
+
+    The sweeper hands the launcher batches of ``hydra.sweeper.max_batch_size`` jobs (all jobs
+    when unset); within a batch the basic launcher runs one job at a time, joblib ``n_jobs``,
+    submitit's local executor all of them and SLURM ``array_parallelism``.
+    """
+    target = str(hydra_cfg.launcher.get("_target_", ""))
+    launcher = hydra_cfg.launcher
+    if target.endswith("BasicLauncher"):
+        width: int | None = 1
+    elif target.endswith("JoblibLauncher"):
+        width = _joblib_workers(launcher.get("n_jobs"))
+    elif target.endswith("submitit_launcher.LocalLauncher"):
+        width = None
+    elif target.endswith("submitit_launcher.SlurmLauncher"):
+        width = int(launcher.get("array_parallelism"))
+    else:
+        raise ValueError(f"unknown Hydra launcher {target!r}: cannot tell how many jobs run at once; "
+                         f"use one of {sorted(LAUNCHERS)}")
+    batch = hydra_cfg.sweeper.get("max_batch_size")
+    bounds = [int(b) for b in (width, batch) if b is not None and int(b) > 0]
+    return min(bounds) if bounds else None
+
+
+def finished_record(run_dir: Path, manifest_hash: str) -> dict | None:
+    """The complete record in ``run_dir`` if it validates and carries ``manifest_hash``, else None."""
+    from harness.tracking.store import RECORD_FILENAME, RecordError, load_record
+
+    path = Path(run_dir) / RECORD_FILENAME
+    if not path.is_file():
+        return None
+    try:
+        record = load_record(path)
+    except RecordError as exc:
+        log.warning("re-running %s: its record is not complete (%s)", run_dir, exc)
+        return None
+    if record.get("manifest_hash") != manifest_hash:
+        log.info("re-running %s: its record has manifest hash %s, this job %s",
+                 run_dir, record.get("manifest_hash"), manifest_hash)
+        return None
+    return record
+
+
+def _launch_id(sweep_dir: Path) -> str | None:
+    try:
+        return json.loads((sweep_dir / LAUNCH_FILE).read_text(encoding="utf-8"))["launch_id"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    from harness.contracts import ContractError
+    from harness.gates.stages import GateError
+    from harness.verifiers.base import NegotiationError
+
+    return isinstance(exc, (GateError, NegotiationError, ContractError))
+
+
+def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:
+    """One multirun job: skip it if its record is already there, else run and track it.
+
+    Never raises for a failing job: the error goes to ``<job>/job_status.json`` (and from there
+    to the sweep's ``failures.jsonl``) and the other jobs go on. Returns the job status.
+    """
+    from harness.manifest import job_manifest_hash
+    from harness.runner import run_job, track
+
+    t0 = time.perf_counter()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    sweep_dir = Path(str(hydra_cfg.sweep.dir))
+    try:
+        job = run_dir.resolve().relative_to(sweep_dir.resolve()).as_posix()
+    except ValueError:
+        job = run_dir.as_posix()
+    status: dict[str, Any] = {
+        "job": job, "num": int(hydra_cfg.job.num), "overrides": list(hydra_cfg.overrides.task),
+        "launch_id": _launch_id(sweep_dir), "sweep": cfg.get("sweep"),
+    }
+    stage = "setup"
+    try:
+        if cfg.get("output_dir"):
+            raise ValueError(f"output_dir={cfg.output_dir!r} is for single runs; a sweep writes each job to "
+                             "hydra.sweep.dir/hydra.sweep.subdir")
+        width = launcher_concurrency(hydra_cfg)
+        if width is None:
+            raise ValueError("cannot tell how many jobs run at once: the launcher runs a whole batch together "
+                             "and hydra.sweeper.max_batch_size is unset (sweeps set it to concurrent_jobs)")
+        if width != int(cfg.concurrent_jobs):
+            log.info("concurrent_jobs=%s asked, the launcher runs %s at once: recording %s",
+                     cfg.concurrent_jobs, width, width)
+        cfg.concurrent_jobs = width
+        mhash = job_manifest_hash(cfg)
+        status["manifest_hash"] = mhash
+        if finished_record(run_dir, mhash) is not None:
+            log.info("skipped %s: complete record with manifest hash %s", job, mhash)
+            print(f"harness sweep: skipped {job} (complete record, manifest hash {mhash})", file=sys.stderr)
+            status.update(status="skipped", record=str(run_dir / "record.json"))
+        else:
+            stage = "run"
+            record = run_job(cfg, run_dir=run_dir)
+            status["manifest_hash"] = record["manifest_hash"]
+            stage = "tracking"
+            track(cfg, record, run_dir)
+            status.update(status="ran", record=str(run_dir / "record.json"),
+                          speedup=record["metrics"].get("speedup"))
+    except Exception as exc:  # a failing job must not stop the sweep; it is reported, not hidden
+        log.error("job %s failed during %s: %s: %s", job, stage, type(exc).__name__, exc)
+        print(f"harness sweep: job {job} failed during {stage}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        status.update(status="failed", stage=stage, refused=_is_refusal(exc),
+                      error={"type": type(exc).__name__, "message": str(exc),
+                             "traceback": traceback.format_exc(limit=-8)})
+    status["seconds"] = time.perf_counter() - t0
+    status["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_json_atomic(run_dir / JOB_STATUS, status)
+    return status
+
+
+# --------------------------------------------------------------------------------------------
+# after the sweep
+
+
+@dataclass
+class SweepSummary:
+    sweep_dir: str
+    launch_id: str | None
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    records: int = 0
+    store: str | None = None
+    report: str | None = None
+    report_error: str | None = None
+
+
+def collect_statuses(sweep_dir: Path, *, launch_id: str | None) -> list[dict[str, Any]]:
+    """The job statuses under ``sweep_dir`` written by launch ``launch_id`` (all when None)."""
+    out = []
+    for path in sorted(Path(sweep_dir).rglob(JOB_STATUS)):
+        try:
+            status = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            log.warning("unreadable job status %s: %s", path, exc)
+            continue
+        if launch_id is None or status.get("launch_id") == launch_id:
+            out.append(status)
+    return sorted(out, key=lambda s: (s.get("num", 0), s.get("job", "")))
+
+
+def finish_sweep(sweep_dir: str | Path, *, launch_id: str | None = None, report: bool = True) -> SweepSummary:
+    """Failure file, summary, Parquet store and report for a sweep folder."""
+    from harness.tracking.store import rebuild_store
+
+    sweep_dir = Path(sweep_dir)
+    statuses = collect_statuses(sweep_dir, launch_id=launch_id)
+    summary = SweepSummary(sweep_dir=str(sweep_dir), launch_id=launch_id)
+    for s in statuses:
+        getattr(summary, s.get("status", "failed")).append(s["job"])
+    write_jsonl_atomic(sweep_dir / FAILURES_FILE, [
+        {"job": s["job"], "overrides": s["overrides"], "stage": s.get("stage"), "refused": s.get("refused"),
+         "error": s.get("error"), "launch_id": s.get("launch_id"), "finished_at": s.get("finished_at")}
+        for s in statuses if s.get("status") == "failed"])
+    store_path = sweep_dir / STORE_FILE
+    df = rebuild_store(sweep_dir, store_path)
+    summary.records, summary.store = len(df), str(store_path)
+    if report and len(df):
+        from harness.tracking import report as report_mod
+
+        out = sweep_dir / REPORT_DIR
+        try:
+            code = report_mod.main([str(store_path), f"out={out}"])
+        except Exception as exc:  # the records and the store stand; say why the report did not
+            code, summary.report_error = 1, f"{type(exc).__name__}: {exc}"
+        if code == 0:
+            summary.report = str(out)
+        elif summary.report_error is None:
+            summary.report_error = f"harness report exited with {code}"
+    write_json_atomic(sweep_dir / SUMMARY_FILE, {**asdict(summary), "jobs": statuses})
+    return summary
+
+
+def format_summary(summary: SweepSummary) -> str:
+    lines = [f"sweep folder {summary.sweep_dir}: {len(summary.ran)} ran, {len(summary.skipped)} skipped, "
+             f"{len(summary.failed)} failed"]
+    if summary.skipped:
+        lines.append("skipped (complete record with the same manifest hash): " + ", ".join(summary.skipped))
+    if summary.failed:
+        lines.append(f"failed (see {Path(summary.sweep_dir) / FAILURES_FILE}): " + ", ".join(summary.failed))
+    lines.append(f"store: {summary.store} ({summary.records} records)")
+    if summary.report:
+        lines.append(f"report: {summary.report}")
+    elif summary.report_error:
+        lines.append(f"report not written: {summary.report_error}")
+    return "\n".join(lines)
+
+
+try:  # Hydra >= 1.1
+    from hydra.experimental.callback import Callback as _Callback
+except ImportError:  # pragma: no cover - hydra-core is pinned
+    _Callback = object  # type: ignore[assignment,misc]
+
+
+class SweepCallback(_Callback):
+    """Hydra callback (``hydra.callbacks`` in ``sweeps/_common.yaml``); runs in the launching process."""
+
+    def __init__(self, report: bool = True) -> None:
+        self.report = report
+        self.launch_id: str | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        self.launch_id = uuid.uuid4().hex[:12]
+        write_json_atomic(sweep_dir / LAUNCH_FILE, {
+            "launch_id": self.launch_id, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "sweep": config.get("sweep"), "overrides": OmegaConf.to_container(config.hydra.overrides, resolve=True),
+            "sweeper_params": OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=True)})
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        summary = finish_sweep(Path(str(config.hydra.sweep.dir)), launch_id=self.launch_id, report=self.report)
+        _LAST_SUMMARY.clear()
+        _LAST_SUMMARY.update(asdict(summary))
+        print(format_summary(summary), file=sys.stderr)

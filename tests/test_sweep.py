@@ -1,0 +1,335 @@
+"""Sweeps (issue 8, item 1): named sweep files, launchers, skip-finished, failure file, store, W&B.
+
+Everything lands in tmp_path: the sweep folder (hydra.sweep.dir), $HARNESS_CACHE and W&B's own
+folders. Sweeps run in this process through ``harness.sweep.main`` (the `harness sweep` command);
+the basic and joblib-with-one-worker launchers run jobs in this process, submitit_local and
+joblib with two workers start processes (slow tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from harness import sweep
+from harness.sweep import (
+    FAILURES_FILE,
+    JOB_STATUS,
+    LAUNCHERS,
+    STORE_FILE,
+    launcher_concurrency,
+    list_sweeps,
+    sweep_argv,
+)
+from harness.tracking.store import load_record
+
+WANDB_CLI = Path(sys.executable).parent / "wandb"
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """HARNESS_CACHE, W&B folders and the working directory inside tmp_path."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    for var, sub in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"),
+                     ("WANDB_CONFIG_DIR", "config"), ("WANDB_ARTIFACT_DIR", "artifacts")):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home" / sub))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def launch(sweep_dir: Path, *args: str, name: str = "smoke") -> tuple[int, dict]:
+    rc = sweep.main([name, *args, f"hydra.sweep.dir={sweep_dir}"])
+    return rc, dict(sweep._LAST_SUMMARY)
+
+
+@pytest.fixture
+def hydra_conf():
+    """One Hydra initialisation (conf/) for a test's compose calls."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.runner import CONF_DIR
+
+    GlobalHydra.instance().clear()  # an in-process sweep leaves Hydra initialised
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose
+
+    return compose("config", overrides=overrides, return_hydra_config=True)
+
+
+def _jobs_of(name: str) -> list[list[str]]:
+    """The job override lists Hydra's basic sweeper makes from a sweep file's params."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    cfg = _compose([f"+sweep={name}"])
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params)
+    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+    (batch,) = BasicSweeper.split_arguments(parsed, None)
+    return batch
+
+
+# --------------------------------------------------------------------------------------------
+# sweep files and the command line (no model)
+
+
+def test_every_sweep_file_composes(hydra_conf):
+    names = list_sweeps()
+    assert {"smoke", "prompt_lookup_topologies", "temperature", "tree_vs_hardware", "heads",
+            "batch_scaling", "source_selection"} <= set(names)
+    assert "_common" not in names
+    for name in names:
+        cfg = _compose([f"+sweep={name}"])
+        assert cfg.sweep == name
+        assert cfg.hydra.sweep.dir == f"multirun/{name}"
+        assert cfg.hydra.sweeper.max_batch_size == 1  # one job at a time by default
+        assert cfg.hydra.callbacks.harness_sweep._target_ == "harness.sweep.SweepCallback"
+        assert cfg.hydra.sweeper.params, name
+
+
+@pytest.mark.slow
+def test_every_job_of_every_sweep_composes_and_negotiates(hydra_conf):
+    """About 30 compositions: no default sweep holds an arm that negotiation refuses."""
+    from harness.engine.build import plan
+
+    for name in list_sweeps():
+        for overrides in _jobs_of(name):
+            cfg = _compose([f"+sweep={name}", *overrides])
+            assert cfg.generation.batch_size == 1, (name, overrides)  # only batch size 1 runs today
+            plan(cfg)
+
+
+def test_sweep_axes_are_what_the_files_say(hydra_conf):
+    smoke = [sorted(j) for j in _jobs_of("smoke")]
+    assert len(smoke) == 4
+    assert sorted(["proposer=draft_model", "topology=sequence", "verifier=membership"]) in smoke
+    arms = {}
+    for overrides in _jobs_of("temperature"):
+        cfg = _compose(["+sweep=temperature", *overrides])
+        arms[overrides[0]] = (cfg.proposer.name, cfg.verifier.name, cfg.generation.temperature, cfg.model.name)
+    assert arms == {
+        "+sweep/arms=draft_rejection": ("draft_model", "rejection", 0.7, "smollm2"),
+        "+sweep/arms=draft_specinfer": ("draft_model", "specinfer", 0.7, "smollm2"),
+        "+sweep/arms=draft_membership": ("draft_model", "membership", 0.7, "smollm2"),
+        "+sweep/arms=lookup_greedy": ("prompt_lookup", "greedy", 0.0, "smollm2"),
+    }
+    topo = {tuple(j) for j in _jobs_of("prompt_lookup_topologies")}
+    assert topo == {("topology=sequence", "workload=humaneval"), ("topology=sequences", "workload=humaneval")}
+
+
+def test_job_folder_is_the_override_dirname_without_launch_keys(hydra_conf):
+    cfg = _compose(["+sweep=smoke", "proposer=draft_model", "verifier=greedy", "concurrent_jobs=2",
+                    "tracking=wandb", "workload.limit=2"])
+    # launch-only keys (sweep name, concurrency, tracking) stay out: a re-launch finds the folder
+    assert cfg.hydra.sweep.subdir == cfg.hydra.job.override_dirname == (
+        "proposer=draft_model,verifier=greedy,workload.limit=2")
+
+
+def test_sweep_argv_maps_launchers_and_keeps_user_overrides_last():
+    assert sweep_argv("smoke", ["verifier=greedy"]) == ["-m", "+sweep=smoke", "hydra/launcher=basic",
+                                                        "verifier=greedy"]
+    assert sweep_argv("smoke", ["launcher=joblib", "concurrent_jobs=2"]) == [
+        "-m", "+sweep=smoke", "hydra/launcher=joblib", "hydra.launcher.n_jobs=${concurrent_jobs}",
+        "concurrent_jobs=2"]
+    assert sweep_argv("smoke", ["launcher=submitit_slurm"])[2:] == [
+        "hydra/launcher=submitit_slurm", "hydra.launcher.array_parallelism=${concurrent_jobs}"]
+    with pytest.raises(ValueError, match=r"unknown sweep 'nope'; expected one of \["):
+        sweep_argv("nope", [])
+    with pytest.raises(ValueError, match=r"launcher must be one of .*; got 'ray'"):
+        sweep_argv("smoke", ["launcher=ray"])
+    assert set(LAUNCHERS) == {"basic", "joblib", "submitit_local", "submitit_slurm"}
+
+
+def test_cli_usage_and_list(capsys):
+    assert sweep.main(["--list"]) == 0
+    assert "smoke" in capsys.readouterr().out.split()
+    assert sweep.main(["nope"]) == 2
+    assert "unknown sweep 'nope'" in capsys.readouterr().err
+
+
+def _hydra(launcher: dict, max_batch_size=None):
+    return OmegaConf.create({"launcher": launcher, "sweeper": {"max_batch_size": max_batch_size}})
+
+
+@pytest.mark.parametrize("launcher, batch, expected", [
+    ({"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}, None, 1),
+    ({"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}, 4, 1),
+    ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 2}, 1, 1),
+    ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 2}, 4, 2),
+    ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 3}, 3, 3),
+    ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": -1}, 2, 2),
+    ({"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"}, 1, 1),
+    ({"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"}, None, None),
+    ({"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
+      "array_parallelism": 4}, 8, 4),
+])
+def test_launcher_concurrency(launcher, batch, expected):
+    assert launcher_concurrency(_hydra(launcher, batch)) == expected
+
+
+def test_launcher_concurrency_joblib_all_cpus_and_unknown_launcher():
+    joblib_all = {"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": -1}
+    assert launcher_concurrency(_hydra(joblib_all)) == os.cpu_count()
+    with pytest.raises(ValueError, match="unknown Hydra launcher 'x.RayLauncher'"):
+        launcher_concurrency(_hydra({"_target_": "x.RayLauncher"}))
+
+
+# --------------------------------------------------------------------------------------------
+# sweeps that run (model=tiny, one prompt, 8 tokens)
+
+GREEDY = "proposer=prompt_lookup,topology=sequence,verifier=greedy"
+
+
+def _statuses(sweep_dir: Path) -> dict[str, dict]:
+    return {json.loads(p.read_text())["job"]: json.loads(p.read_text()) for p in sweep_dir.rglob(JOB_STATUS)}
+
+
+def test_relaunch_skips_finished_reruns_removed_and_lists_failures(env):
+    """joblib with one worker (in this process): one arm runs, one is refused by negotiation
+    (rejection needs temperature > 0). The oracle gate is off here only to keep this test fast;
+    the slow tests run every gate."""
+    sweep_dir = env / "multirun" / "smoke"
+    common = ["launcher=joblib", "proposer=prompt_lookup", "gates.oracle=false",
+              "hydra.callbacks.harness_sweep.report=false"]
+    args = [*common, "verifier=greedy,rejection"]
+    job = f"gates.oracle=False,{GREEDY}"
+    refused = f"gates.oracle=False,{GREEDY.replace('greedy', 'rejection')}"
+
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 1  # a job failed; the other completed
+    assert (summary["ran"], summary["skipped"], summary["failed"]) == ([job], [], [refused])
+    record = load_record(sweep_dir / job / "record.json")
+    assert record["sweep"] == "smoke"
+    assert record["axes"]["verifier"] == "greedy"
+    assert record["metrics"]["concurrent_jobs"] == 1
+    assert record["metrics"]["torch_threads"] == 1
+    assert not (sweep_dir / refused / "record.json").exists()
+    failures = [json.loads(line) for line in (sweep_dir / FAILURES_FILE).read_text().splitlines()]
+    assert len(failures) == 1
+    assert failures[0]["job"] == refused
+    assert "verifier=rejection" in failures[0]["overrides"]
+    assert failures[0]["error"]["type"] == "NegotiationError"
+    assert "needs temperature > 0" in failures[0]["error"]["message"]
+    assert failures[0]["refused"] is True
+    store = pd.read_parquet(sweep_dir / STORE_FILE)
+    assert list(store["verifier"]) == ["greedy"]
+    assert list(store["run_id"]) == [record["run_id"]]
+    first_mtime = (sweep_dir / job / "record.json").stat().st_mtime_ns
+
+    # re-launch: the finished job is skipped (record untouched), the refused one is tried again
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 1
+    assert (summary["ran"], summary["skipped"], summary["failed"]) == ([], [job], [refused])
+    assert (sweep_dir / job / "record.json").stat().st_mtime_ns == first_mtime
+    assert _statuses(sweep_dir)[job]["manifest_hash"] == record["manifest_hash"]
+
+    # a removed record (what a crashed job leaves) is re-run
+    (sweep_dir / job / "record.json").unlink()
+    rc, summary = launch(sweep_dir, *common, "verifier=greedy")
+    assert rc == 0
+    assert (summary["ran"], summary["skipped"], summary["failed"]) == ([job], [], [])
+    assert load_record(sweep_dir / job / "record.json")["manifest_hash"] == record["manifest_hash"]
+    assert (sweep_dir / FAILURES_FILE).read_text() == ""  # this launch had no failure
+    assert len(pd.read_parquet(sweep_dir / STORE_FILE)) == 1
+
+
+def test_a_changed_manifest_reruns_the_job(env, tmp_path):
+    """Same folder, different manifest (a record from another configuration): not skipped."""
+    from harness.manifest import job_manifest_hash
+
+    sweep_dir = env / "multirun" / "smoke"
+    args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false",
+            "hydra.callbacks.harness_sweep.report=false"]
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 0 and len(summary["ran"]) == 1
+    path = sweep_dir / summary["ran"][0] / "record.json"
+    record = json.loads(path.read_text())
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.runner import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["+sweep=smoke", "proposer=prompt_lookup", "verifier=greedy",
+                                           "gates.enabled=false"])
+    cfg.concurrent_jobs = 1
+    assert job_manifest_hash(cfg) == record["manifest_hash"]
+    record["manifest_hash"] = "0" * 16
+    path.write_text(json.dumps(record))
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 0 and len(summary["ran"]) == 1 and summary["skipped"] == []
+    assert json.loads(path.read_text())["manifest_hash"] == job_manifest_hash(cfg)
+
+
+def _wandb_summary(job_dir: Path) -> dict:
+    (run_file,) = job_dir.glob("wandb/offline-run-*/run-*.wandb")
+    res = subprocess.run([str(WANDB_CLI), "leet", "inspect", "--summary", "--json", str(run_file)],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(res.stdout)
+
+
+def _check_sweep(sweep_dir: Path, summary: dict, *, concurrent: int) -> None:
+    """Every job ran, wrote a valid record with the launch width, one offline W&B run, the store."""
+    assert summary["skipped"] == [] and summary["failed"] == []
+    assert len(summary["ran"]) == 2
+    store = pd.read_parquet(sweep_dir / STORE_FILE)
+    assert sorted(store["proposer"]) == ["draft_model", "prompt_lookup"]
+    assert (sweep_dir / "report" / "report.md").is_file()
+    for job in summary["ran"]:
+        record = load_record(sweep_dir / job / "record.json")
+        assert record["metrics"]["concurrent_jobs"] == concurrent
+        assert record["metrics"]["torch_threads"] == 1
+        assert all(g["passed"] is not False for g in record["gates"].values())
+        assert "oracle" in record["gates"] and "equivalence" in record["gates"]
+        assert len(list((sweep_dir / job).glob("wandb/offline-run-*/run-*.wandb"))) == 1
+    job = summary["ran"][0]
+    record = load_record(sweep_dir / job / "record.json")
+    logged = json.dumps(_wandb_summary(sweep_dir / job))
+    assert record["run_id"] in logged
+    assert record["manifest_hash"] in logged
+
+
+@pytest.mark.slow
+def test_submitit_local_sweep_writes_records_wandb_runs_and_store(env):
+    sweep_dir = env / "multirun" / "smoke"
+    args = ["launcher=submitit_local", "verifier=greedy", "tracking=wandb"]
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 0, summary
+    _check_sweep(sweep_dir, summary, concurrent=1)
+    assert (sweep_dir / ".submitit").is_dir()
+
+    # the other spelling, `harness run -m +sweep=smoke ...` (any launcher), finds the same folders
+    # and skips both jobs
+    from harness import runner
+
+    rc = runner.main(["-m", "+sweep=smoke", "hydra/launcher=basic", "verifier=greedy",
+                      f"hydra.sweep.dir={sweep_dir}"])
+    assert rc == 0
+    assert sorted(sweep._LAST_SUMMARY["skipped"]) == sorted(summary["ran"])
+
+
+@pytest.mark.slow
+def test_joblib_two_at_once_records_concurrent_jobs(env):
+    sweep_dir = env / "multirun" / "smoke"
+    rc, summary = launch(sweep_dir, "launcher=joblib", "concurrent_jobs=2", "verifier=greedy", "tracking=wandb")
+    try:
+        assert rc == 0, summary
+        _check_sweep(sweep_dir, summary, concurrent=2)
+    finally:
+        from joblib.externals.loky import get_reusable_executor
+
+        get_reusable_executor().shutdown(wait=True)
