@@ -332,7 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         if hydra_cfg.mode.name == "MULTIRUN":  # skip finished jobs; a failing job never stops the sweep
             from harness.sweep import run_sweep_job
 
-            return run_sweep_job(cfg, hydra_cfg=hydra_cfg)
+            job = run_sweep_job(cfg, hydra_cfg=hydra_cfg)
+            if job["status"] == "failed":
+                status["code"] = 1  # seen here when the launcher runs jobs in this process
+            return job
         run_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
         try:
             record = run_job(cfg, run_dir=run_dir)

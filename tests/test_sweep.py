@@ -153,6 +153,20 @@ def test_sweep_argv_maps_launchers_and_keeps_user_overrides_last():
     assert set(LAUNCHERS) == {"basic", "joblib", "submitit_local", "submitit_slurm"}
 
 
+@pytest.mark.parametrize("launcher, extra, expected", [
+    ("basic", ["concurrent_jobs=2"], 1),  # the basic launcher runs one job at a time whatever is asked
+    ("joblib", ["concurrent_jobs=2"], 2),
+    ("joblib", [], 1),
+    ("submitit_local", ["concurrent_jobs=3"], 3),  # batches of 3, all started together
+    ("submitit_slurm", ["concurrent_jobs=4"], 4),
+])
+def test_launcher_overrides_compose_and_bound_concurrency(hydra_conf, launcher, extra, expected):
+    """The composed Hydra config of `harness sweep smoke launcher=X` gives the recorded width."""
+    overrides = sweep_argv("smoke", [f"launcher={launcher}", *extra])[1:]  # compose has no -m
+    cfg = _compose(overrides)
+    assert launcher_concurrency(cfg.hydra) == expected
+
+
 def test_cli_usage_and_list(capsys):
     assert sweep.main(["--list"]) == 0
     assert "smoke" in capsys.readouterr().out.split()
