@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("harness.sweep", "launch a named sweep from sweeps/"),
     "compare": ("harness.tracking.compare", "compare arms with paired bootstrap CIs"),
     "report": ("harness.tracking.report", "regenerate a report from stored records"),
+    "train": ("harness.train", "train / search a proposer artifact (heads, early-exit adapter, skip vector)"),
 }
 
 

@@ -85,6 +85,49 @@ class MergedConfig(ProposerConfig):
 
 
 @dataclass
+class HeadsDataConfig:
+    """Training stream of a heads artifact (harness/heads/data.py)."""
+
+    source: str = "sharegpt"
+    split: str = "train"
+    token_budget: int = 20000  # tokens of cached target hidden states trained on
+    held_out_split: str = "dev"
+    held_out_tokens: int = 2000
+    max_len: int = 256
+    chat: bool = True
+
+
+@dataclass
+class HeadsTrainConfig:
+    epochs: int = 1
+    lr: float = 1e-3
+    batch_size: int = 32
+    weight_decay: float = 0.0
+    distill_temperature: float = 1.0
+    head_decay: float = 0.8  # lambda_i = head_decay ** (i - 1)
+    warmup_steps: int = 10
+    seed: int = 0
+
+
+@dataclass
+class HeadsConfig(ProposerConfig):
+    """proposer=medusa | hydra | clover (harness/proposers/heads.py)."""
+
+    name: str = MISSING
+    sampling: str = "beam"  # beam (score_only) | iid | without_replacement (normalized_conditional)
+    num_heads: int = 3
+    mlp_layers: int = 1  # Hydra++ switch: 4
+    distill: bool = False  # Hydra++ switch: teacher-distribution loss instead of hard labels
+    prefix_attention: bool = False  # Hydra++ switch: prefix-attention layer once per round
+    prefix_window: int = 16
+    attn_heads: int = 4
+    artifact: Optional[str] = None  # explicit artifact directory; default: the cache, by target + recipe
+    auto_train: bool = True  # train the artifact when absent (progress bar)
+    data: HeadsDataConfig = field(default_factory=HeadsDataConfig)
+    train: HeadsTrainConfig = field(default_factory=HeadsTrainConfig)
+
+
+@dataclass
 class TopologyConfig:
     name: str = "sequence"  # sequence | sequences | set | expansion | sequoia | merged | cartesian
     max_nodes: int = 8  # candidate rows, root excluded
@@ -121,6 +164,16 @@ class SequoiaTopologyConfig(TopologyConfig):
     profile_artifact: Optional[str] = None  # explicit hardware profile JSON (provenance still checked)
     calibration: SequoiaCalibrationConfig = field(default_factory=SequoiaCalibrationConfig)
     profile: HardwareProfileConfig = field(default_factory=HardwareProfileConfig)
+
+
+@dataclass
+class CartesianTopologyConfig(TopologyConfig):
+    """topology=cartesian (0x07C): max_nodes is derived from widths by the cartesian_rows resolver."""
+
+    name: str = "cartesian"
+    widths: list[int] = field(default_factory=lambda: [3, 2, 2])
+    max_nodes: int = 21
+    max_depth: int = 3
 
 
 @dataclass
@@ -200,6 +253,14 @@ def register_configs() -> None:
     cs.store(group="datastore", name="base_datastore", node=DatastoreConfig)
     cs.store(group="topology", name="base_topology", node=TopologyConfig)
     cs.store(group="topology", name="base_sequoia", node=SequoiaTopologyConfig)
+    cs.store(group="proposer", name="base_heads", node=HeadsConfig)
+    cs.store(group="topology", name="base_cartesian", node=CartesianTopologyConfig)
+    from omegaconf import OmegaConf
+
+    from harness.heads.cartesian import cartesian_rows
+
+    OmegaConf.register_new_resolver("cartesian_rows", lambda widths: cartesian_rows([int(w) for w in widths]),
+                                    replace=True)
     cs.store(group="verifier", name="base_verifier", node=VerifierConfig)
     cs.store(group="workload", name="base_workload", node=WorkloadConfig)
     cs.store(group="tracking", name="base_tracking", node=TrackingConfig)

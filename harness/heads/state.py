@@ -1,0 +1,181 @@
+"""Provenance of reused state (reference 0x05C) and the target hidden-state tap.
+
+``may_reuse`` is the 0x05C metadata predicate: a necessary check before a tensor computed on one
+path is used where another path needs it. It is not a proof of equality; each caller reuses a
+tensor only where the computation is the same by construction (a full-target final-norm row under
+the committed ancestry; a shallow-path row of the same layers under the same ancestry).
+
+:class:`HiddenTap` observes every forward of the target's base model (a forward hook; outputs are
+not changed) and keeps the last one: input ids, position ids, whether a custom mask was passed, the
+cache length before the forward, and the final-norm hidden rows. Draft heads read ``h_{t-1}`` from
+it: the prefill forward supplies the prompt rows, and each verify forward supplies the pending
+row and the candidate rows, of which the accepted path becomes committed. The tap is how the heads
+proposers work without an engine change; see :class:`HeadsProposer` for the proposed engine hook.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class StateTag:
+    """What a cached tensor is: enough metadata to refuse a mismatched reuse (0x05C)."""
+
+    checkpoint: str  # target (or target + artifact) fingerprint
+    layer_boundary: str  # e.g. "final_norm", "after_layer_3"
+    token_id: int
+    position: int
+    ancestry_hash: int  # hash of every token up to and including token_id
+    dtype: str
+    cache_generation: int
+
+
+def may_reuse(candidate: StateTag, need: StateTag) -> bool:
+    """0x05C: every field must match (necessary, not sufficient)."""
+    return (
+        candidate.checkpoint == need.checkpoint
+        and candidate.layer_boundary == need.layer_boundary
+        and candidate.token_id == need.token_id
+        and candidate.position == need.position
+        and candidate.ancestry_hash == need.ancestry_hash
+        and candidate.dtype == need.dtype
+        and candidate.cache_generation == need.cache_generation
+    )
+
+
+class PrefixHashes:
+    """Chained hashes of a growing token list: ``at(j)`` identifies ``tokens[: j + 1]``."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.hashes: list[int] = []
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        n = 0
+        limit = min(len(self.tokens), len(tokens))
+        while n < limit and self.tokens[n] == tokens[n]:
+            n += 1
+        del self.tokens[n:]
+        del self.hashes[n:]
+        prev = self.hashes[-1] if self.hashes else 0
+        for tok in tokens[n:]:
+            prev = hash((prev, int(tok)))
+            self.tokens.append(int(tok))
+            self.hashes.append(prev)
+
+    def at(self, j: int) -> int:
+        return self.hashes[j]
+
+    @staticmethod
+    def extend(base: int, tokens: Sequence[int]) -> int:
+        for tok in tokens:
+            base = hash((base, int(tok)))
+        return base
+
+
+@dataclass(frozen=True)
+class CapturedForward:
+    serial: int
+    input_ids: tuple[int, ...]  # [R]
+    positions: tuple[int, ...]  # [R]
+    custom_mask: bool  # a 4D mask was passed (tree verify); False = plain causal
+    cache_len: int  # rows in the cache before this forward
+    hidden: torch.Tensor  # [R, d] final-norm hidden states
+
+
+class HiddenTap:
+    """One forward hook per target model, shared by every proposer built on it."""
+
+    _taps: "weakref.WeakKeyDictionary[torch.nn.Module, HiddenTap]" = weakref.WeakKeyDictionary()
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.serial = 0
+        self.last: CapturedForward | None = None
+        base = model.base_model
+        self._handle = base.register_forward_hook(self._hook, with_kwargs=True)
+
+    @classmethod
+    def on(cls, model: torch.nn.Module) -> "HiddenTap":
+        tap = cls._taps.get(model)
+        if tap is None:
+            tap = cls._taps[model] = cls(model)
+        return tap
+
+    def _hook(self, module, args, kwargs, output) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        hidden = getattr(output, "last_hidden_state", None)
+        self.serial += 1
+        if ids is None or hidden is None or ids.shape[0] != 1:
+            self.last = None
+            return
+        pos = kwargs.get("position_ids")
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        cache_len = 0
+        if cache is not None:
+            # the hook runs after the forward appended R rows
+            cache_len = int(cache.get_seq_length()) - ids.shape[1]
+        r = ids.shape[1]
+        positions = tuple(int(p) for p in pos[0].tolist()) if pos is not None else tuple(range(cache_len, cache_len + r))
+        self.last = CapturedForward(serial=self.serial, input_ids=tuple(int(t) for t in ids[0].tolist()),
+                                    positions=positions, custom_mask=kwargs.get("attention_mask") is not None,
+                                    cache_len=cache_len, hidden=hidden[0].detach())
+
+
+class CommittedHidden:
+    """Final-norm target hidden rows of committed positions for one request, each admitted only
+    through :func:`may_reuse` against the committed path (proposal-side copy, never target KV)."""
+
+    def __init__(self, *, checkpoint: str, dtype: str, keep: int) -> None:
+        self.checkpoint = checkpoint
+        self.dtype = dtype
+        self.keep = max(int(keep), 1)
+        self.rows: dict[int, torch.Tensor] = {}  # position -> [d]
+        self.prefix = PrefixHashes()
+        self.refused = 0
+
+    def reset(self) -> None:
+        self.rows.clear()
+        self.prefix = PrefixHashes()
+
+    def admit(self, captured: CapturedForward, index: int, *, ancestry_hash: int, generation: int) -> bool:
+        """Admit row ``index`` of a captured forward if its tag matches the committed path."""
+        pos = captured.positions[index]
+        if pos >= len(self.prefix.tokens):
+            return False
+        have = StateTag(self.checkpoint, "final_norm", captured.input_ids[index], pos, ancestry_hash, self.dtype,
+                        captured.serial)
+        need = StateTag(self.checkpoint, "final_norm", self.prefix.tokens[pos], pos, self.prefix.at(pos), self.dtype,
+                        generation)
+        if not may_reuse(have, need):
+            self.refused += 1
+            return False
+        self.rows[pos] = captured.hidden[index]
+        return True
+
+    def prune(self, newest: int) -> None:
+        for p in [p for p in self.rows if p <= newest - self.keep]:
+            del self.rows[p]
+
+    def window(self, newest: int, width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Rows ``newest - width + 1 .. newest`` -> (``[W, d]`` left-padded, ``[W]`` mask) or None
+        when ``newest`` itself is missing. Older missing rows (a document start) are masked."""
+        if newest not in self.rows:
+            return None
+        h = self.rows[newest]
+        rows = torch.zeros(width, h.shape[-1], dtype=h.dtype)
+        mask = torch.zeros(width, dtype=torch.bool)
+        for k in range(width):
+            p = newest - (width - 1 - k)
+            if p in self.rows:
+                rows[k] = self.rows[p]
+                mask[k] = True
+            elif p >= 0 and k < width - 1:
+                # a gap inside the window: keep only the contiguous suffix ending at `newest`
+                rows[: k + 1] = 0
+                mask[: k + 1] = False
+        return rows, mask

@@ -1,0 +1,264 @@
+"""Draft-head proposers: ``medusa`` (independent heads), ``hydra`` (heads conditioned on earlier
+drafted embeddings, with the Hydra++ switches) and ``clover`` (recurrent draft state with attention
+over the drafted path) — reference 0x06, 0x07C, 0x0B.
+
+Each round the heads read ``h_{t-1}``: the target's final-norm hidden row of the token before the
+pending token. It comes from the target's own forwards (the prompt prefill, then each verify
+forward's pending row and accepted path), observed through :class:`~harness.heads.state.HiddenTap`
+and admitted into a proposal-side store only through the 0x05C ``may_reuse`` predicate against the
+committed path (checkpoint, layer boundary, token, position, ancestry hash, dtype, forward
+generation). No extra target forward runs; if the row is missing (a one-token prompt, a forward the
+proposer did not expect) the round proposes nothing and ``hidden_misses`` counts it.
+
+Proposed engine change (not made here): ``decode()`` could ask ``target.verify(...,
+output_hidden=True)`` when ``proposer.needs_target_hidden`` and pass the accepted rows' hidden
+states to ``observe_commit``; the tap would then be unnecessary.
+
+Topologies: ``sequence`` (chain, depth ``min(max_depth, max_nodes, K)``), ``set`` (top-``k`` of
+head 1), ``expansion`` / ``cartesian`` (``widths[d]`` children per node at depth ``d``; 0x07C).
+``sampling=beam``: deterministic top-``b_i`` per head (``score_only``; greedy or membership
+verification). ``sampling=iid`` / ``without_replacement``: children drawn from the head's
+distribution under the run's sampling policy, each node carrying the law it was drawn from
+(``normalized_conditional``; specinfer / sequoia / rejection).
+
+Critical path (0x06D): Medusa computes every depth in one stage; Hydra and Clover need one stage
+per depth. ``stats.extras["head_stages"]`` counts the sequential stages run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import ClassVar
+
+import torch
+
+from harness.contracts import ProposalResult, ProposalStateHandle
+from harness.proposers.base import Budget, Proposer, budget_topology
+from harness.proposers.sampling import sample_tree_proposal
+from harness.random_source import RandomSource
+from harness.topology.compiler import compile_tree
+from harness.verifiers.base import Capabilities
+from harness.verifiers.sampling import SamplingPolicy
+
+SAMPLINGS = ("beam", "iid", "without_replacement")
+SHAPES = frozenset({"sequence", "set", "expansion", "cartesian"})
+
+
+def draft_widths(budget: Budget, num_heads: int) -> tuple[int, ...]:
+    """Per-depth children counts for a budget; refuses a tree deeper than the head bank."""
+    if budget.shape == "sequence":
+        return (1,) * min(budget.max_depth, budget.max_nodes, num_heads)
+    if budget.shape == "set":
+        return (budget.max_nodes,)
+    widths = tuple(budget.widths) or (1,) * budget.max_depth
+    if len(widths) > num_heads:
+        raise ValueError(f"topology asks for {len(widths)} draft depths (widths {list(widths)}) but the head bank "
+                         f"has num_heads={num_heads}; raise proposer.num_heads or shorten topology.widths")
+    return widths
+
+
+def sampling_semantics(sampling: str) -> str:
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"proposer.sampling must be one of {list(SAMPLINGS)}; got {sampling!r}")
+    return "score_only" if sampling == "beam" else "normalized_conditional"
+
+
+class HeadsProposer(Proposer):
+    """Shared machinery; subclasses only name the head kind."""
+
+    kind: ClassVar[str] = "heads"
+    shapes: ClassVar[frozenset[str]] = SHAPES
+
+    def __init__(self, *, budget: Budget, manifest_hash: str, policy: SamplingPolicy, model: torch.nn.Module,
+                 heads, checkpoint: str, sampling: str = "beam", artifact_manifest: dict | None = None) -> None:
+        super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
+        from harness.heads.state import CommittedHidden, HiddenTap
+
+        if heads.spec.kind != self.kind:
+            raise ValueError(f"proposer {self.name!r} got a {heads.spec.kind!r} head bank")
+        self.probability_semantics = sampling_semantics(sampling)
+        self.sampling = sampling
+        self.sampling_relation = sampling
+        self.heads = heads.eval()
+        self.spec = heads.spec
+        self.widths = draft_widths(budget, heads.spec.num_heads)
+        self.model = model
+        self.embed = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+        self.dtype = next(model.parameters()).dtype
+        self.tap = HiddenTap.on(model)
+        self.window = heads.spec.prefix_window if heads.spec.prefix_attention else 1
+        self.store = CommittedHidden(checkpoint=checkpoint, dtype=str(self.dtype), keep=self.window)
+        self.artifact_manifest = dict(artifact_manifest or {})
+        #: read by the runner: results from an artifact trained within the CPU budget are labelled
+        self.cpu_budget_artifact = bool(self.artifact_manifest.get("cpu_budget_artifact", False))
+        self._start_serial = -1
+        self._ingested = -1
+        self._expect: tuple[int, tuple[int, ...], ProposalResult] | None = None
+        self.stats.extras.update({"rounds": 0, "hidden_misses": 0, "head_stages": 0, "lm_head_rows": 0,
+                                  "refused_reuse": 0, "critical_path_stages_per_round": None})
+
+    # ------------------------------------------------------------------ config
+    @classmethod
+    def declare(cls, options: dict, budget: Budget) -> Capabilities:
+        if budget.shape not in cls.shapes:
+            raise ValueError(f"proposer={cls.name} builds {sorted(cls.shapes)}; got topology {budget.shape!r}")
+        sampling = str(options.get("sampling", "beam"))
+        sem = sampling_semantics(sampling)
+        draft_widths(budget, int(options.get("num_heads", 3)))
+        return Capabilities(name=cls.name, probability_semantics=frozenset({sem}),
+                            sampling_relations=frozenset({sampling}), topology=budget_topology(budget))
+
+    @classmethod
+    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
+        from harness.heads.artifacts import ensure_heads
+        from harness.heads.checkpoint import target_fingerprint
+
+        model = context.target_backend.model
+        artifact = ensure_heads(cls.kind, options, model=model, tokenizer=context.tokenizer,
+                                target_source=context.model_source)
+        return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, model=model, heads=artifact.heads,
+                   checkpoint=target_fingerprint(model, context.tokenizer),
+                   sampling=str(options.get("sampling", "beam")), artifact_manifest=artifact.manifest)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(name=self.name, probability_semantics=frozenset({self.probability_semantics}),
+                            sampling_relations=frozenset({self.sampling_relation}),
+                            topology=budget_topology(self.budget))
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, prompt_ids: list[int]) -> None:
+        self.store.reset()
+        self._start_serial = self.tap.serial  # the prefill forward (if any) ran just before
+        self._ingested = -1
+        self._expect = None
+
+    def finish(self) -> None:
+        self.store.reset()
+        self._expect = None
+        rounds = self.stats.extras["rounds"]
+        if rounds:
+            self.stats.extras["critical_path_stages_per_round"] = self.stats.extras["head_stages"] / rounds
+
+    def state_bytes(self) -> int:
+        d = self.spec.hidden_size
+        return self.window * d * torch.tensor([], dtype=self.dtype).element_size()
+
+    # ------------------------------------------------------------------ target hidden rows
+    def _ingest(self, committed: list[int]) -> None:
+        """Admit the last captured target forward's rows that lie on the committed path."""
+        from harness.heads.state import PrefixHashes
+
+        store = self.store
+        store.prefix.sync(committed)
+        cap = self.tap.last
+        if cap is None or cap.serial == self._ingested:
+            return
+        self._ingested = cap.serial
+        lo = len(committed) - 1 - self.window  # only rows lo .. len - 2 (the newest `window`) matter
+        before = store.refused
+        if not cap.custom_mask and cap.cache_len == 0 and cap.positions == tuple(range(len(cap.input_ids))):
+            # a plain causal forward from position 0 (the prefill): row j's ancestry is ids[: j + 1]
+            if cap.serial != self._start_serial:
+                return
+            h = 0
+            for j, tok in enumerate(cap.input_ids):
+                h = PrefixHashes.extend(h, (tok,))
+                if j >= lo:
+                    store.admit(cap, j, ancestry_hash=h, generation=self._start_serial)
+        elif self._expect is not None:
+            serial, old, proposal = self._expect
+            if cap.serial != serial + 1 or cap.cache_len != len(old) - 1:
+                return
+            tree = compile_tree([proposal], prefix_len=len(old), max_nodes=self.budget.max_nodes,
+                                max_depth=self.budget.max_depth)
+            if cap.input_ids != (old[-1],) + tuple(tree.token_ids.tolist()):
+                return
+            base = PrefixHashes.extend(0, old)
+            store.admit(cap, 0, ancestry_hash=base, generation=serial + 1)
+            for r, prefix in enumerate(tree.full_prefixes):
+                if int(tree.position_ids[r]) >= lo:
+                    store.admit(cap, 1 + r, ancestry_hash=PrefixHashes.extend(base, prefix), generation=serial + 1)
+        self.stats.extras["refused_reuse"] += store.refused - before
+        store.prune(len(committed) - 2)
+
+    # ------------------------------------------------------------------ proposing
+    @torch.inference_mode()
+    def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
+        self._ingest(committed)
+        self.stats.extras["rounds"] += 1
+        pos = len(committed) - 2
+        win = self.store.window(pos, self.window) if pos >= 0 else None
+        handle = ProposalStateHandle(owner=self.name, committed_len=len(committed), generation=self.tap.serial,
+                                     kv_bytes=0)
+        if win is None:
+            self.stats.extras["hidden_misses"] += 1
+            result = ProposalResult.empty_result(source=self.name, manifest_hash=self.manifest_hash,
+                                                 probability_semantics=self.probability_semantics,
+                                                 sampling_relation=self.sampling_relation, state_handle=handle)
+        else:
+            rows, mask = win
+            ctx = self.heads.context(rows[None].float(), mask[None])  # [1, d]
+            result = sample_tree_proposal(self._q_level(ctx, committed[-1]), widths=self.widths,
+                                          relation=self.sampling, rng=rng, source=self.name,
+                                          manifest_hash=self.manifest_hash, state_handle=handle)
+            if len(result.nodes) > self.budget.max_nodes:
+                q = result.q_dists[: self.budget.max_nodes] if result.q_dists is not None else None
+                result = replace(result, nodes=result.nodes[: self.budget.max_nodes], q_dists=q)
+        self._expect = (self.tap.serial, tuple(committed), result)
+        return result
+
+    def _q_level(self, ctx: torch.Tensor, pending: int):
+        """The per-level law callback for :func:`sample_tree_proposal`."""
+        heads, embed, lm_head = self.heads, self.embed, self.lm_head
+        extras = self.stats.extras
+        cached: dict[int, torch.Tensor] = {}
+
+        def probs(logits: torch.Tensor) -> torch.Tensor:  # [n, V] -> [n, V]
+            if self.sampling == "beam":  # ranking only: the head's own softmax
+                return torch.softmax(logits.float(), dim=-1)
+            return self.policy.probs(logits, dtype=torch.float32)
+
+        def q_level(prefixes: list[tuple[int, ...]]) -> torch.Tensor:
+            depth = len(prefixes[0]) + 1
+            n = len(prefixes)
+            if not heads.spec.dependent:
+                if not cached:  # one stage: every depth from (h_{t-1}, E(x_t)) at once
+                    emb = embed(torch.tensor([[pending]])).float()  # [1, 1, d_e]
+                    k = len(self.widths)
+                    out = torch.cat([heads.depth(i, ctx, emb) for i in range(1, k + 1)])  # [K, d]
+                    logits = lm_head(out.to(self.dtype))  # [K, V]
+                    extras["head_stages"] += 1
+                    extras["lm_head_rows"] += k
+                    for i in range(k):
+                        cached[i + 1] = probs(logits[i: i + 1])
+                return cached[depth].expand(n, -1)
+            ids = torch.tensor([(pending,) + p for p in prefixes])  # [n, depth]
+            emb = embed(ids).float()  # [n, depth, d_e]
+            out = heads.depth(depth, ctx.expand(n, -1), emb)  # [n, d]
+            extras["head_stages"] += 1
+            extras["lm_head_rows"] += n
+            return probs(lm_head(out.to(self.dtype)))
+
+        return q_level
+
+
+class MedusaProposer(HeadsProposer):
+    name: ClassVar[str] = "medusa"
+    kind: ClassVar[str] = "medusa"
+    probability_semantics: ClassVar[str] = "score_only"
+    sampling_relation: ClassVar[str] = "beam"
+
+
+class HydraProposer(HeadsProposer):
+    name: ClassVar[str] = "hydra"
+    kind: ClassVar[str] = "hydra"
+    probability_semantics: ClassVar[str] = "score_only"
+    sampling_relation: ClassVar[str] = "beam"
+
+
+class CloverProposer(HeadsProposer):
+    name: ClassVar[str] = "clover"
+    kind: ClassVar[str] = "clover"
+    probability_semantics: ClassVar[str] = "score_only"
+    sampling_relation: ClassVar[str] = "beam"

@@ -1,0 +1,331 @@
+"""Draft heads (0x06, 0x07C, 0x0B): factorisations, Cartesian trees, training and artifacts,
+greedy equality on the tiny model, sampled trees carrying q, refusal against another target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from harness.engine.decode import RoundConfig, decode
+from harness.heads.artifacts import ensure_heads, heads_recipe
+from harness.heads.cartesian import cartesian_rows
+from harness.heads.checkpoint import ArtifactError, target_fingerprint
+from harness.heads.models import DraftHeads, HeadSpec
+from harness.proposers.base import Budget
+from harness.proposers.heads import CloverProposer, HydraProposer, MedusaProposer
+from harness.proposers.prompt_lookup import NullProposer
+from harness.random_source import TorchRandomSource
+from harness.target.backend import CausalLMBackend
+from harness.target.loading import build_tiny_model
+from harness.topology.compiler import compile_tree
+from harness.verifiers import get_verifier
+from harness.verifiers.sampling import SamplingPolicy
+
+GREEDY = SamplingPolicy()
+CLASSES = {"medusa": MedusaProposer, "hydra": HydraProposer, "clover": CloverProposer}
+OPTIONS = {"num_heads": 3, "data": {"source": "inline", "token_budget": 1200, "held_out_tokens": 240, "max_len": 40},
+           "train": {"epochs": 3, "lr": 3e-3, "batch_size": 32}}
+
+
+@torch.inference_mode()
+def greedy_docs(model, starts, n):
+    """Greedy continuations of ``starts`` ``[B, s]`` (EOS suppressed): the target's own text."""
+    return model.generate(starts, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0).tolist()
+
+
+def successor_model(seed=0):
+    """A tiny target with learnable structure: attention and MLP outputs zeroed and the LM head set
+    to the embeddings rolled by one, so its greedy next token is ``x + 1``."""
+    m = build_tiny_model(seed=seed, hidden_size=128, intermediate_size=64)
+    with torch.no_grad():
+        for layer in m.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        m.lm_head.weight.copy_(torch.roll(m.model.embed_tokens.weight, 1, 0) * 8)
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A private cache, the tiny target, documents of its own greedy text, one artifact per kind."""
+    import os
+
+    old = os.environ.get("HARNESS_CACHE")
+    os.environ["HARNESS_CACHE"] = str(tmp_path_factory.mktemp("heads_cache"))
+    model = build_tiny_model(seed=1)
+    gen = torch.Generator().manual_seed(0)
+    docs = greedy_docs(model, torch.randint(3, 96, (36, 3), generator=gen), 37)
+    arts = {k: ensure_heads(k, OPTIONS, model=model, tokenizer=None, target_source="tiny seed=1",
+                            documents=(docs[:30], docs[30:]), progress=False) for k in CLASSES}
+    yield {"model": model, "backend": CausalLMBackend(model), "docs": docs, "arts": arts}
+    if old is None:
+        os.environ.pop("HARNESS_CACHE", None)
+    else:
+        os.environ["HARNESS_CACHE"] = old
+
+
+def make(env, kind, budget, sampling="beam", policy=GREEDY):
+    art = env["arts"][kind]
+    return CLASSES[kind](budget=budget, manifest_hash="h", policy=policy, model=env["model"], heads=art.heads,
+                         checkpoint=target_fingerprint(env["model"]), sampling=sampling, artifact_manifest=art.manifest)
+
+
+def run(env, proposer, *, verifier="greedy", prompt, new=24, policy=GREEDY, seed=0):
+    rounds = []
+    b = proposer.budget
+    res = decode(target=env["backend"], proposer=proposer, verifier=get_verifier(verifier), policy=policy,
+                 prompt_ids=prompt, max_new_tokens=new, eos_token_ids=frozenset(), rng=TorchRandomSource(seed),
+                 round_cfg=RoundConfig(max_nodes=b.max_nodes, max_depth=b.max_depth),
+                 on_round=lambda **kw: rounds.append(kw))
+    return res, rounds
+
+
+def autoregressive(env, prompt, new=24):
+    null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h")
+    return run(env, null, prompt=prompt, new=new)[0].tokens
+
+
+# ---------------------------------------------------------------------------------------------- factorisation
+
+
+@pytest.mark.parametrize("kind,depends", [("medusa", False), ("hydra", True), ("clover", True)])
+def test_head_output_depends_on_earlier_drafted_token_only_when_dependent(kind, depends):
+    torch.manual_seed(0)
+    heads = DraftHeads(HeadSpec(kind=kind, num_heads=3, hidden_size=16, embed_size=16, attn_heads=2))
+    for p in heads.parameters():  # zero-initialised blocks would hide nothing here, but perturb anyway
+        p.data.add_(0.05 * torch.randn_like(p))
+    ctx = torch.randn(1, 16)
+    x_t, a, b, c = torch.randn(4, 16)
+    with torch.no_grad():
+        out_a = heads.depth(3, ctx, torch.stack([x_t, a, c])[None])  # path x_t, x^_{t+1}=a, x^_{t+2}=c
+        out_b = heads.depth(3, ctx, torch.stack([x_t, b, c])[None])  # only the depth-1 draft differs
+        out_other_pending = heads.depth(3, ctx, torch.stack([a, a, c])[None])
+    assert (not torch.allclose(out_a, out_b)) == depends
+    if not depends:
+        assert torch.equal(out_a, out_b)  # bit-identical: Medusa head 3 never reads the drafted tokens
+    assert not torch.allclose(out_a, out_other_pending)  # every kind reads the committed pending token
+
+
+def perturbed_heads(kind, model, seed=0):
+    """Untrained heads with every parameter perturbed (no zero-initialised block hides an input)."""
+    torch.manual_seed(seed)
+    heads = DraftHeads(HeadSpec(kind=kind, num_heads=3, hidden_size=model.config.hidden_size,
+                                embed_size=model.config.hidden_size))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return heads.eval()
+
+
+def test_cartesian_tree_parent_dependence(env):
+    """Cartesian beam trees: Medusa puts the same children below every depth-1 node, Hydra need not."""
+    prompt = env["docs"][31][:8]
+    shapes = {}
+    for kind in ("medusa", "hydra"):
+        p = CLASSES[kind](budget=Budget(shape="cartesian", max_nodes=21, max_depth=3, widths=(3, 2, 2)),
+                          manifest_hash="h", policy=GREEDY, model=env["model"],
+                          heads=perturbed_heads(kind, env["model"]), checkpoint=target_fingerprint(env["model"]))
+        env["backend"].prefill(prompt)  # the tap sees the prefill forward, as in decode()
+        p.start(prompt)
+        result = p.propose(prompt, TorchRandomSource(0))
+        assert len(result.nodes) == 21 and result.probability_semantics == "score_only"
+        kids = {}
+        for n in result.nodes:
+            if n.parent >= 0 and result.nodes[n.parent].parent == -1:
+                kids.setdefault(n.parent, []).append(n.token_id)
+        shapes[kind] = [tuple(v) for v in kids.values()]
+    assert len(set(shapes["medusa"])) == 1  # [(a, b)] * 3: the product of independent marginals
+    assert len(set(shapes["hydra"])) > 1
+
+
+# ---------------------------------------------------------------------------------------------- topology
+
+
+def test_cartesian_rows_formula():
+    assert cartesian_rows([3, 2, 2]) == 21  # 3 + 6 + 12 (0x07C)
+    assert cartesian_rows([1, 1, 1, 1]) == 4 and cartesian_rows([4]) == 4
+    with pytest.raises(ValueError, match=r"got \[3, 0\]"):
+        cartesian_rows([3, 0])
+
+
+@pytest.mark.parametrize("kind", ["medusa", "hydra", "clover"])
+def test_cartesian_proposal_compiles_to_21_rows(env, kind):
+    prompt = env["docs"][32][:8]
+    p = make(env, kind, Budget(shape="cartesian", max_nodes=21, max_depth=3, widths=(3, 2, 2)))
+    env["backend"].prefill(prompt)
+    p.start(prompt)
+    tree = compile_tree([p.propose(prompt, TorchRandomSource(0))], prefix_len=len(prompt))
+    assert tree.num_rows == 21
+    assert [int((tree.depths == d).sum()) for d in (1, 2, 3)] == [3, 6, 12]
+
+
+# ---------------------------------------------------------------------------------------------- exactness
+
+
+BUDGETS = [Budget(shape="sequence", max_nodes=3, max_depth=3),
+           Budget(shape="cartesian", max_nodes=21, max_depth=3, widths=(3, 2, 2))]
+
+
+@pytest.mark.parametrize("verifier", ["greedy", "membership"])
+@pytest.mark.parametrize("budget", BUDGETS, ids=["sequence", "cartesian"])
+@pytest.mark.parametrize("kind", ["medusa", "hydra", "clover"])
+def test_greedy_equality(env, kind, budget, verifier):
+    prompt = env["docs"][33][:6]
+    expected = autoregressive(env, prompt)
+    p = make(env, kind, budget)
+    res, rounds = run(env, p, verifier=verifier, prompt=prompt)
+    assert res.tokens == expected
+    assert p.stats.extras["hidden_misses"] == 0  # h_{t-1} came from the target's own forwards every round
+    assert max(len(r["selection"].accepted_rows) for r in rounds) >= 2
+    assert len(rounds) < len(expected)  # some round committed more than one token
+
+
+def test_critical_path_stages(env):
+    prompt = env["docs"][34][:6]
+    stages = {}
+    for kind in ("medusa", "hydra"):
+        p = make(env, kind, Budget(shape="sequence", max_nodes=3, max_depth=3))
+        res, rounds = run(env, p, prompt=prompt)
+        stages[kind] = p.stats.extras["critical_path_stages_per_round"]
+    assert stages == {"medusa": 1.0, "hydra": 3.0}  # independent: one stage; dependent: K stages (0x06D)
+
+
+def test_unexpected_forward_is_a_miss_not_a_wrong_hidden_state(env):
+    """A target forward the proposer did not expect (here: an extra one) fails the 0x05C generation
+    check; the round proposes nothing instead of reusing a row of unknown provenance."""
+    prompt = env["docs"][35][:6]
+    expected = autoregressive(env, prompt)
+    p = make(env, "hydra", Budget(shape="sequence", max_nodes=3, max_depth=3))
+    calls = {"n": 0}
+    orig = p.propose
+
+    def meddling(committed, rng):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            with torch.inference_mode():
+                env["model"](input_ids=torch.tensor([committed[-3:]]))  # an unrelated forward
+        return orig(committed, rng)
+
+    p.propose = meddling
+    res, _ = run(env, p, prompt=prompt)
+    assert res.tokens == expected
+    assert p.stats.extras["hidden_misses"] == 1
+
+
+# ---------------------------------------------------------------------------------------------- sampled trees
+
+
+@pytest.mark.parametrize("sampling,verifier", [("iid", "specinfer"), ("without_replacement", "sequoia")])
+def test_sampled_head_trees_carry_the_law_they_were_drawn_from(env, sampling, verifier):
+    policy = SamplingPolicy(temperature=0.8)
+    prompt = env["docs"][31][:6]
+    p = make(env, "hydra", Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1)),
+             sampling=sampling, policy=policy)
+    env["backend"].prefill(prompt)
+    p.start(prompt)
+    result = p.propose(prompt, TorchRandomSource(3))
+    assert result.probability_semantics == "normalized_conditional" and result.sampling_relation == sampling
+    assert result.q_dists is not None and result.q_dists.shape[0] == len(result.nodes)
+    for i, n in enumerate(result.nodes):
+        assert abs(n.q - float(result.q_dists[i, n.token_id])) < 1e-6
+    # the root-level law is the depth-1 head's distribution under the sampling policy
+    with torch.inference_mode():
+        rows, mask = p.store.window(len(prompt) - 2, 1)
+        ctx = p.heads.context(rows[None].float(), mask[None])
+        emb = p.embed(torch.tensor([[prompt[-1]]])).float()
+        want = policy.probs(p.lm_head(p.heads.depth(1, ctx, emb)))[0]
+    assert torch.allclose(result.q_dists[0], want, atol=1e-6)
+    res, rounds = run(env, make(env, "hydra", Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1)),
+                                sampling=sampling, policy=policy), verifier=verifier, prompt=prompt, policy=policy)
+    assert len(res.tokens) == 24
+
+
+# ---------------------------------------------------------------------------------------------- artifacts
+
+
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+def test_training_reaches_high_held_out_agreement_on_a_learnable_target(env, kind):
+    model = successor_model()
+    docs = [list(range(s, s + 30)) for s in range(3, 63, 2)]  # its greedy text: x, x + 1, ...
+    assert greedy_docs(model, torch.tensor([docs[0][:1]]), 29)[0] == docs[0]
+    opts = {**OPTIONS, "data": {"source": "inline", "token_budget": 600, "held_out_tokens": 150, "max_len": 40},
+            "train": {"epochs": 10, "lr": 5e-3, "batch_size": 32}}
+    art = ensure_heads(kind, opts, model=model, tokenizer=None, target_source="successor",
+                       documents=(docs[::2], docs[1::2]), progress=False)
+    held = art.manifest["held_out"]
+    assert all(b < 0.2 for b in held["top1_agreement_untrained"]), held  # identity init predicts x_t, not x_{t+i}
+    assert all(a > 0.9 for a in held["top1_agreement"]), held
+
+
+def test_manifest_fields(env):
+    m = env["arts"]["hydra"].manifest
+    assert len(m["held_out"]["top1_agreement"]) == 3 and m["held_out"]["rows"][0] > 0
+    assert all(0.0 <= a <= 1.0 for a in m["held_out"]["top1_agreement"])
+    assert m["target_hash"] == target_fingerprint(env["model"])
+    assert m["token_budget"] == 1200 and 0 < m["tokens_seen"] <= 1200
+    assert m["recipe"]["spec"]["kind"] == "hydra" and m["recipe"]["train"]["loss"] == "hard"
+    assert m["cpu_budget_artifact"] is True and m["training"]["steps"] > 0
+    assert make(env, "hydra", BUDGETS[0]).cpu_budget_artifact is True
+
+
+def test_artifact_refused_against_another_target(env):
+    other = build_tiny_model(seed=2)
+    with pytest.raises(ArtifactError, match="only valid for the target it was trained"):
+        ensure_heads("hydra", {**OPTIONS, "artifact": str(env["arts"]["hydra"].path)}, model=other,
+                     tokenizer=None, target_source="tiny seed=2", progress=False)
+
+
+def test_artifact_refused_for_another_recipe_or_edited_manifest(env, tmp_path):
+    path = env["arts"]["hydra"].path
+    with pytest.raises(ArtifactError, match="mlp_layers"):
+        ensure_heads("hydra", {**OPTIONS, "mlp_layers": 4, "artifact": str(path)}, model=env["model"],
+                     tokenizer=None, target_source="tiny", progress=False)
+    import shutil
+
+    copy = tmp_path / "edited"
+    shutil.copytree(path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["held_out"]["top1_agreement"] = [0.99, 0.99, 0.99]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="edited"):
+        ensure_heads("hydra", {**OPTIONS, "artifact": str(copy)}, model=env["model"], tokenizer=None,
+                     target_source="tiny", progress=False)
+
+
+def test_missing_artifact_without_auto_train_is_refused(env):
+    with pytest.raises(ArtifactError, match="auto_train=false"):
+        ensure_heads("hydra", {**OPTIONS, "num_heads": 2, "auto_train": False}, model=env["model"], tokenizer=None,
+                     target_source="tiny", progress=False)
+
+
+def test_hydra_plus_plus_switches_are_separate_recipe_fields(env):
+    base = heads_recipe("hydra", OPTIONS, env["model"])
+    for switch, field_path in ((("mlp_layers", 4), ("spec", "mlp_layers")), (("distill", True), ("train", "loss")),
+                               (("prefix_attention", True), ("spec", "prefix_attention"))):
+        r = heads_recipe("hydra", {**OPTIONS, switch[0]: switch[1]}, env["model"])
+        changed = [(g, k) for g in ("spec", "data", "train") for k in r[g] if r[g][k] != base[g][k]]
+        assert changed == [field_path]
+
+
+def test_hydra_plus_plus_artifact_trains_and_runs(env):
+    opts = {**OPTIONS, "mlp_layers": 2, "distill": True, "prefix_attention": True, "prefix_window": 4,
+            "train": {"epochs": 2, "lr": 3e-3, "batch_size": 32}}
+    art = ensure_heads("hydra", opts, model=env["model"], tokenizer=None, target_source="tiny",
+                       documents=(env["docs"][:30], env["docs"][30:]), progress=False)
+    assert art.manifest["recipe"]["train"]["loss"] == "distill" and art.heads.prefix is not None
+    prompt = env["docs"][33][:6]
+    p = HydraProposer(budget=BUDGETS[1], manifest_hash="h", policy=GREEDY, model=env["model"], heads=art.heads,
+                      checkpoint=target_fingerprint(env["model"]), artifact_manifest=art.manifest)
+    res, _ = run(env, p, prompt=prompt)
+    assert res.tokens == autoregressive(env, prompt)
+    assert p.stats.extras["hidden_misses"] == 0
+
+
+def test_topology_deeper_than_the_head_bank_is_refused_before_model_work():
+    with pytest.raises(ValueError, match="num_heads=2"):
+        HydraProposer.declare({"num_heads": 2}, Budget(shape="cartesian", max_nodes=21, max_depth=3, widths=(3, 2, 2)))
+    caps = MedusaProposer.declare({"sampling": "iid"}, Budget(shape="cartesian", max_nodes=21, max_depth=3,
+                                                              widths=(3, 2, 2)))
+    assert caps.probability_semantics == frozenset({"normalized_conditional"}) and caps.topology == "tree"
