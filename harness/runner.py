@@ -169,12 +169,30 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
     if governance is not None:
         gates["workload_governance"] = governance
 
-    # 4. measure: warm-up (excluded), then both arms per prompt, interleaved
+    # 4. measure: warm-up (excluded), then both arms per prompt (per batch of B prompts when
+    # generation.batch_size = B > 1: one target forward per round for the batch), interleaved
     max_new = int(cfg.generation.max_new_tokens)
+    batch_size = int(cfg.generation.batch_size)
     warm_ids = items[0][1]
-    for arm_proposer, arm_verifier in ((null, plan_.baseline_verifier), (proposer, plan_.verifier)):
-        run_arm(backend=backend, proposer=arm_proposer, verifier=arm_verifier, plan_=plan_, prompt_ids=warm_ids,
-                seed=cfg.seed, max_new_tokens=int(cfg.generation.warmup_tokens), eos=eos, round_cfg=round_cfg)
+    batched = None
+    if batch_size > 1:
+        from harness.engine.batched import BatchedArms
+        from harness.target.batched import BatchedBackend
+
+        slots = [proposer] + [build_proposer(cfg, plan_, manifest_hash=mhash, context=context)
+                              for _ in range(batch_size - 1)]  # proposers keep per-request state
+        nulls = [NullProposer(budget=null.budget, manifest_hash=mhash) for _ in range(batch_size)]
+        batched = BatchedArms(target=BatchedBackend(target.model, device=device), spec_proposers=slots,
+                              null_proposers=nulls, spec_verifier=plan_.verifier, ar_verifier=plan_.baseline_verifier,
+                              policy=plan_.policy, prompts=[ids for _, ids in items], seed=int(cfg.seed),
+                              batch_size=batch_size, max_new_tokens=max_new, eos_token_ids=eos, round_cfg=round_cfg,
+                              rng_factory=TorchRandomSource)
+        batched.warmup(int(cfg.generation.warmup_tokens))
+        batched_pairs = batched.pairs()
+    else:
+        for arm_proposer, arm_verifier in ((null, plan_.baseline_verifier), (proposer, plan_.verifier)):
+            run_arm(backend=backend, proposer=arm_proposer, verifier=arm_verifier, plan_=plan_, prompt_ids=warm_ids,
+                    seed=cfg.seed, max_new_tokens=int(cfg.generation.warmup_tokens), eos=eos, round_cfg=round_cfg)
     from tqdm import tqdm
 
     spec_ledger, ar_ledger = RoundLedger(), RoundLedger()
@@ -187,14 +205,14 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         seed = int(cfg.seed) * 1_000_003 + i
         arms = {}
         order = ("ar", "spec") if i % 2 == 0 else ("spec", "ar")
-        for arm in order:
+        for arm in order if batched is None else ():
             if arm == "ar":
                 arms[arm] = run_arm(backend=backend, proposer=null, verifier=plan_.baseline_verifier, plan_=plan_,
                                     prompt_ids=ids, seed=seed, max_new_tokens=max_new, eos=eos, round_cfg=round_cfg)
             else:
                 arms[arm] = run_arm(backend=backend, proposer=proposer, verifier=plan_.verifier, plan_=plan_,
                                     prompt_ids=ids, seed=seed, max_new_tokens=max_new, eos=eos, round_cfg=round_cfg)
-        ar, spec = arms["ar"], arms["spec"]
+        ar, spec = (arms["ar"], arms["spec"]) if batched is None else next(batched_pairs)  # same seed per request
         spec_ledger.merge(spec.ledger)
         ar_ledger.merge(ar.ledger)
         itl.extend(itl_samples(spec))
@@ -215,7 +233,8 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         per_prompt.append({"prompt_id": prompt.prompt_id, "category": prompt.category,
                            "spec_decode_ms": spec.decode_ms, "spec_tokens": len(spec.tokens),
                            "ar_decode_ms": ar.decode_ms, "ar_tokens": len(ar.tokens),
-                           "spec_ttft_ms": spec.ttft_ms, "ar_ttft_ms": ar.ttft_ms, "spec_rounds": spec.ledger.rounds})
+                           "spec_ttft_ms": spec.ttft_ms, "ar_ttft_ms": ar.ttft_ms, "spec_rounds": spec.ledger.rounds,
+                           **(batched.prompt_fields(i) if batched is not None else {})})
         outputs.append({"prompt_id": prompt.prompt_id, "category": prompt.category, "prompt_token_ids": ids,
                         "ar_token_ids": ar.tokens, "spec_token_ids": spec.tokens,
                         "ar_text": target.tokenizer.decode(ar.tokens) if target.tokenizer else None,
@@ -270,6 +289,8 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         from harness.gates.drift import heuristic_drift
 
         metrics["drift"] = heuristic_drift(cfg, plan_=plan_, backend=backend, proposer=proposer, items=items)
+    if batched is not None:  # batch-level throughput, per-request times, batch rounds, temporary KV per batch
+        metrics.update(batched.metrics(bytes_per_token=backend.bytes_per_token, max_nodes=plan_.budget.max_nodes))
     metrics.update(plan_.extras.get("metrics", {}))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     record = {
@@ -314,7 +335,7 @@ def track(cfg: DictConfig, record: dict, run_dir: Path) -> None:
     group = cfg.sweep or cfg.experiment or "adhoc"
     tags = [f"{k}={v}" for k, v in record["axes"].items()]
     with open_run(record["config"], mode=cfg.tracking.mode, project=cfg.tracking.project, group=group,
-                  tags=tags, dir=str(run_dir), name=record["run_id"], entity=cfg.tracking.entity) as tracker:
+                  tags=tags, dir=str(run_dir)) as tracker:
         tracker.log_record(record, run_dir)
 
 
@@ -325,23 +346,17 @@ def main(argv: list[str] | None = None) -> int:
     status = {"code": 0}
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-    def _entry(cfg: DictConfig) -> dict | None:
+    def _entry(cfg: DictConfig) -> None:
         from hydra.core.hydra_config import HydraConfig
 
-        hydra_cfg = HydraConfig.get()
-        if hydra_cfg.mode.name == "MULTIRUN":  # skip finished jobs; a failing job never stops the sweep
-            from harness.sweep import run_sweep_job
-
-            job = run_sweep_job(cfg, hydra_cfg=hydra_cfg)
-            if job["status"] == "failed":
-                status["code"] = 1  # seen here when the launcher runs jobs in this process
-            return job
-        run_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
+        run_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
         try:
             record = run_job(cfg, run_dir=run_dir)
         except (GateError, ValueError) as exc:
             print(f"harness run: refused: {exc}", file=sys.stderr)
             status["code"] = 2
+            if HydraConfig.get().mode.name == "MULTIRUN":
+                raise
             return
         track(cfg, record, run_dir)
         m = record["metrics"]

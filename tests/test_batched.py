@@ -13,7 +13,8 @@ from harness.proposers.prompt_lookup import NullProposer, PromptLookupProposer
 from harness.random_source import TorchRandomSource
 from harness.runner import NEAR_TIE_LOGIT_TOL
 from harness.target.backend import CausalLMBackend
-from harness.target.batched import BatchedBackend, time_batched_verify_ms, verify_cost_profile
+from harness.target.batched import (BatchedBackend, prefill_copies, time_batched_verify_ms, timed_batched_verify,
+                                    verify_cost_profile)
 from harness.target.loading import build_tiny_model
 from harness.topology.compiler import compile_tree
 from harness.verifiers import get_verifier
@@ -298,6 +299,12 @@ def test_batched_profile_and_helpers(models):
     assert prof["verify_cost"][0] == 1.0 and len(prof["verify_cost"]) == 3 and prof["batch_size"] == 2
     with pytest.raises(ValueError, match="batch_size"):
         time_batched_verify_ms(backend, batch_size=0, nodes=1, prefix_len=4)
+    state = prefill_copies(backend, prefix_ids=PROMPTS[0], batch_size=3)
+    before = (list(state.lengths), state.phys_len, [layer.keys.clone() for layer in state.cache.layers])
+    tree = compile_tree([], prefix_len=len(PROMPTS[0]), max_nodes=1, max_depth=1)
+    assert timed_batched_verify(backend, state, pending=PROMPTS[0][-1], tree=tree) > 0
+    assert (state.lengths, state.phys_len) == (before[0], before[1]) and state.provisional_rows == 0
+    assert all(torch.equal(layer.keys, k) for layer, k in zip(state.cache.layers, before[2]))  # rolled back
     assert batches(5, 2) == [[0, 1], [2, 3], [4]]
     led = BatchLedger()
     led.observe_round(live=2, real_rows=3, padded_rows=8, stage_ms={"target_verify": 2.0}, temp_kv_real_bytes=30,
@@ -306,10 +313,13 @@ def test_batched_profile_and_helpers(models):
     assert s["padded_row_fraction"] == pytest.approx(5 / 8) and s["temp_kv_bytes_padded_peak"] == 80
     p1, p2 = make("prompt_lookup", Budget(shape="sequence", max_nodes=2, max_depth=2), None, None), \
         make("prompt_lookup", Budget(shape="sequence", max_nodes=2, max_depth=2), None, None)
-    p1.stats.extras.update({"rounds": 2, "last_match_len": 3, "id": "a"})
-    p2.stats.extras.update({"rounds": 5, "last_match_len": 1, "id": "b"})
-    merged = merged_proposer_extras([p1, p2])
-    assert (merged["rounds"], merged["last_match_len"], merged["id"]) == (7, 3, "a")
+    p1.stats.extras.update({"rounds": 2, "misses": 1, "miss_rate": 0.5, "max_retrieval_ms": 3.0,
+                            "last_match_len": 3, "id": "a"})
+    p2.stats.extras.update({"rounds": 6, "misses": 0, "miss_rate": 0.0, "max_retrieval_ms": 1.0,
+                            "last_match_len": 1, "id": "b"})
+    m = merged_proposer_extras([p1, p2])
+    assert (m["rounds"], m["misses"], m["max_retrieval_ms"], m["last_match_len"], m["id"]) == (8, 1, 3.0, 3, "a")
+    assert m["miss_rate"] == pytest.approx(1 / 8)  # weighted by rounds, not summed (0.5) or averaged (0.25)
 
 
 def test_refuses_shared_proposer_instances(models):
@@ -319,3 +329,36 @@ def test_refuses_shared_proposer_instances(models):
         decode_batch(target=BatchedBackend(target), proposers=[p, p], verifier=get_verifier("greedy"), policy=GREEDY,
                      prompts=PROMPTS[:2], max_new_tokens=4, eos_token_ids=frozenset(),
                      rngs=[TorchRandomSource(0), TorchRandomSource(1)], round_cfg=RoundConfig(max_nodes=1, max_depth=1))
+
+
+def test_harness_run_at_batch_size_2_on_tiny(tmp_path):
+    """`harness run ... generation.batch_size=2` end to end: 3 prompts -> batches of 2 and 1."""
+    from hydra import compose, initialize_config_dir
+
+    from harness.engine.build import ConfigError, plan
+    from harness.runner import CONF_DIR, run_job
+
+    overrides = ["model=tiny", "proposer=prompt_lookup", "topology=sequences", "workload.limit=3",
+                 "generation.max_new_tokens=12", "generation.warmup_tokens=2", "gates.oracle=false", "threads=1",
+                 "generation.batch_size=2"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+        zero = compose("config", overrides=overrides[:-1] + ["generation.batch_size=0"])
+    with pytest.raises(ConfigError, match="batch_size must be >= 1; got 0"):
+        plan(zero)
+    record = run_job(cfg, run_dir=tmp_path)
+    m = record["metrics"]
+    assert record["axes"]["batch_size"] == 2 and m["batch_size"] == 2 and m["batches"] == 2
+    assert m["greedy_identical"] is True
+    assert [p["batch_index"] for p in record["per_prompt"]] == [0, 0, 1]
+    assert [p["batch_requests"] for p in record["per_prompt"]] == [2, 2, 1]
+    assert m["committed_tokens"] == m["ar_tokens"] == 36
+    assert m["speedup"] == pytest.approx(m["ar_time_per_token_ms"] / m["time_per_committed_token_ms"])
+    assert m["throughput_tokens_per_s"] == pytest.approx(1e3 / m["time_per_committed_token_ms"])
+    assert m["target_forwards"] == m["batch_rounds"] <= m["ar_batch_rounds"] == 12 + 12  # AR: 12 rounds a batch
+    assert m["temp_kv_bytes_padded_peak"] >= m["temp_kv_bytes_real_peak"] > 0
+    assert m["temp_kv_bytes_peak"] == m["temp_kv_bytes_padded_peak"]
+    assert m["itl_ms_p95"] >= m["itl_ms_p50"] > 0 and m["request_time_per_token_ms_mean"] > 0
+    from harness.tracking.store import load_record
+
+    load_record(tmp_path)  # the record validates

@@ -284,14 +284,140 @@ def batches(n: int, batch_size: int) -> list[list[int]]:
 
 
 def merged_proposer_extras(proposers: Sequence[Proposer]) -> dict:
-    """Slot proposers' ``stats.extras`` merged: numbers summed, except ``last_*`` keys and non-numbers
-    (taken from the first slot)."""
+    """Slot proposers' ``stats.extras`` merged into one record entry: counters (numbers) summed;
+    ``max_*`` maxed; ``mean_*`` and ``*_rate`` averaged weighted by each slot's ``rounds`` (plain
+    mean without it; None when no slot has a value); ``last_*`` and non-numbers from the first slot."""
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
     out: dict = {}
-    for p in proposers:
-        for k, v in p.stats.extras.items():
-            if k not in out:
-                out[k] = v
-            elif (isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("last_")
-                  and isinstance(out[k], (int, float))):
-                out[k] = out[k] + v
+    for key in dict.fromkeys(k for p in proposers for k in p.stats.extras):
+        slots = [p.stats.extras for p in proposers if key in p.stats.extras]
+        values = [ex[key] for ex in slots]
+        nums = [(v, ex.get("rounds", 1)) for v, ex in zip(values, slots) if number(v)]
+        if key.startswith("last_") or not nums or len(nums) != len([v for v in values if v is not None]):
+            out[key] = values[0]
+        elif key.startswith("max_"):
+            out[key] = max(v for v, _ in nums)
+        elif key.startswith("mean_") or key.endswith("_rate"):
+            w = sum(r for _, r in nums if number(r))
+            out[key] = (sum(v * r for v, r in nums) / w) if w else sum(v for v, _ in nums) / len(nums)
+        else:
+            out[key] = sum(v for v, _ in nums)
     return out
+
+
+# --------------------------------------------------------------------------- the runner's two arms
+
+
+class BatchedArms:
+    """Both arms of a run at ``batch_size = B``: the prompts in consecutive batches of B (the last may
+    be smaller), the autoregressive arm (NullProposer slots, the baseline verifier) and the
+    speculative arm (the configured proposer slots and verifier) on the same batch composition, the
+    order alternating per batch. Request ``i`` uses the seed ``seed * 1_000_003 + i`` in both arms
+    (the batch-1 runner's seed), so its random stream is the same at every batch size."""
+
+    def __init__(self, *, target: BatchedBackend, spec_proposers: Sequence[Proposer],
+                 null_proposers: Sequence[Proposer], spec_verifier: Verifier, ar_verifier: Verifier,
+                 policy: SamplingPolicy, prompts: Sequence[list[int]], seed: int, batch_size: int,
+                 max_new_tokens: int, eos_token_ids: frozenset[int], round_cfg: RoundConfig,
+                 rng_factory: Callable[[int], RandomSource]) -> None:
+        if batch_size < 1 or len(spec_proposers) < batch_size or len(null_proposers) < batch_size:
+            raise ValueError(f"batch_size={batch_size} needs that many proposer slots per arm; got "
+                             f"{len(spec_proposers)} and {len(null_proposers)}")
+        self.target, self.policy, self.round_cfg = target, policy, round_cfg
+        self.arms = {"ar": (list(null_proposers), ar_verifier), "spec": (list(spec_proposers), spec_verifier)}
+        self.prompts, self.seed, self.batch_size = list(prompts), int(seed), batch_size
+        self.max_new_tokens, self.eos = max_new_tokens, eos_token_ids
+        self.rng_factory = rng_factory
+        self.results: dict[str, list[BatchDecodeResult]] = {"ar": [], "spec": []}
+        self.batch_of: dict[int, int] = {}
+
+    def _run(self, arm: str, idx: list[int], max_new_tokens: int) -> BatchDecodeResult:
+        proposers, verifier = self.arms[arm]
+        return decode_batch(target=self.target, proposers=proposers[: len(idx)], verifier=verifier, policy=self.policy,
+                            prompts=[self.prompts[i] for i in idx], max_new_tokens=max_new_tokens,
+                            eos_token_ids=self.eos, rngs=[self.rng_factory(self.seed * 1_000_003 + i) for i in idx],
+                            round_cfg=self.round_cfg)
+
+    def warmup(self, tokens: int) -> None:
+        idx = list(range(min(self.batch_size, len(self.prompts))))
+        for arm in ("ar", "spec"):
+            self._run(arm, idx, max(int(tokens), 1))
+
+    def pairs(self):
+        """Yield ``(ar, spec)`` DecodeResults in prompt order, running one batch (both arms) at a time."""
+        for j, idx in enumerate(batches(len(self.prompts), self.batch_size)):
+            out = {}
+            for arm in (("ar", "spec") if j % 2 == 0 else ("spec", "ar")):
+                out[arm] = self._run(arm, idx, self.max_new_tokens)
+                self.results[arm].append(out[arm])
+            for k, i in enumerate(idx):
+                self.batch_of[i] = j
+                yield out["ar"].requests[k], out["spec"].requests[k]
+
+    def prompt_fields(self, i: int) -> dict:
+        """Extra per-prompt record fields: the batch the prompt ran in and its wall times."""
+        j = self.batch_of[i]
+        return {"batch_index": j, "batch_requests": len(self.results["spec"][j].requests),
+                "spec_batch_decode_ms": self.results["spec"][j].decode_ms,
+                "ar_batch_decode_ms": self.results["ar"][j].decode_ms}
+
+    def metrics(self, *, bytes_per_token: int, max_nodes: int) -> dict:
+        """Batch-level metrics; ``time_per_committed_token_ms``, ``speedup``, throughputs, round costs
+        and temporary KV bytes replace the per-request forms of the batch-1 runner."""
+        out: dict = {"batch_size": self.batch_size, "batches": len(self.results["spec"])}
+        for arm, prefix in (("spec", ""), ("ar", "ar_")):
+            res = self.results[arm]
+            ms = sum(r.decode_ms for r in res)
+            tok = sum(r.committed_tokens for r in res)
+            per_req = [r.decode_ms / len(r.tokens) for b in res for r in b.requests if r.tokens]
+            out[f"{prefix}throughput_tokens_per_s"] = tok / (ms / 1e3) if ms else None
+            out[f"{prefix}batch_time_per_token_ms"] = ms / tok if tok else None
+            out[f"{prefix}request_time_per_token_ms_mean"] = sum(per_req) / len(per_req) if per_req else None
+            out[f"{prefix}request_time_per_token_ms_p95"] = _quantile(per_req, 0.95)
+            ledger = BatchLedger()
+            for r in res:
+                ledger.merge(r.ledger)
+            s = ledger.summary()
+            if arm == "spec":
+                out.update(s)
+                cost = s["batch_round_cost_ms"]
+                total = sum(cost.values())
+                out["round_cost_ms"] = cost
+                out["round_cost_non_verify_share"] = (1.0 - cost["target_verify"] / total) if total else None
+                out["temp_kv_bytes_peak"] = s["temp_kv_bytes_padded_peak"]
+                out["temp_kv_bytes_formula"] = s["temp_kv_bytes_padded_peak"]  # B (R - 1) rows x bytes per token
+            else:
+                out["ar_round_cost_ms"] = s["batch_round_cost_ms"]
+                out["ar_batch_rounds"] = s["batch_rounds"]
+        out["time_per_committed_token_ms"] = out["batch_time_per_token_ms"]
+        out["ar_time_per_token_ms"] = out["ar_batch_time_per_token_ms"]
+        tpt, ar_tpt = out["time_per_committed_token_ms"], out["ar_time_per_token_ms"]
+        out["speedup"] = ar_tpt / tpt if (tpt and ar_tpt) else None
+        rt, ar_rt = out["request_time_per_token_ms_mean"], out["ar_request_time_per_token_ms_mean"]
+        out["request_speedup"] = ar_rt / rt if (rt and ar_rt) else None
+        spec_slots = self.arms["spec"][0][: self.batch_size]
+        out["proposal_state_bytes"] = sum(p.state_bytes() for p in spec_slots)
+        out["retrieval"] = merged_proposer_extras(spec_slots)
+        out["temp_kv_bytes_budget_formula_batch"] = self.batch_size * max_nodes * bytes_per_token
+        out["batch_metric_notes"] = {
+            "time_per_committed_token_ms": "batch wall decode time / committed tokens, summed over batches "
+                                           "(1000 / throughput); speedup = the AR arm's / this, same batches",
+            "request_time_per_token_ms": "per request: its completion time since the batch's decode start / its tokens",
+            "request_speedup": "AR mean request time per token / speculative mean, same batches",
+            "round_cost_ms": "per batch round (one target forward): proposal/packing/selection summed over requests",
+            "temp_kv_bytes_peak": "padded: B (R - 1) candidate slots the verify forward appended (pending rows "
+                                  "excluded); temp_kv_bytes_real_peak: the rows the requests proposed",
+            "ragged_hole_bytes_peak": "masked stale slots below the shared physical cache length",
+            "per_prompt.spec_decode_ms": "the request's latency inside its batch (not the batch wall time)",
+        }
+        return out
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    import torch
+
+    return float(torch.quantile(torch.tensor(values, dtype=torch.float64), q))

@@ -28,9 +28,6 @@ PROPOSERS: dict[str, str] = {
     "draft_model": "harness.proposers.draft_model:DraftModelProposer",
     "rest": "harness.proposers.rest:RestProposer",
     "merged": "harness.proposers.merged:MergedProposer",
-    "medusa": "harness.proposers.heads:MedusaProposer",
-    "hydra": "harness.proposers.heads:HydraProposer",
-    "clover": "harness.proposers.heads:CloverProposer",
 }
 
 TOPOLOGIES: dict[str, str] = {
@@ -40,7 +37,6 @@ TOPOLOGIES: dict[str, str] = {
     "expansion": "harness.engine.build:expansion_budget",
     "merged": "harness.engine.build:chain_budget",  # a node/depth budget for proposer=merged
     "sequoia": "harness.topology.sequoia_artifact:placeholder_budget",
-    "cartesian": "harness.heads.cartesian:cartesian_budget",
 }
 
 TOPOLOGY_PREPARERS: dict[str, str] = {
@@ -130,10 +126,8 @@ def plan(cfg: DictConfig) -> Plan:
     caps = declared_capabilities(cfg, budget)
     verifier = get_verifier(cfg.verifier.name)
     negotiate(caps, verifier, temperature=policy.temperature, exact_mode=bool(cfg.generation.exact))
-    if int(cfg.generation.batch_size) != 1:
-        raise ConfigError(
-            f"generation.batch_size={cfg.generation.batch_size}: batched rounds are not implemented yet "
-            "(only batch size 1)")
+    if int(cfg.generation.batch_size) < 1:  # B > 1 runs through harness/engine/batched.py
+        raise ConfigError(f"generation.batch_size must be >= 1; got {cfg.generation.batch_size}")
     baseline = get_verifier("greedy" if policy.greedy else "membership")
     return Plan(policy=policy, budget=budget, capabilities=caps, verifier=verifier, baseline_verifier=baseline)
 

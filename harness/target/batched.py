@@ -35,9 +35,11 @@ Prefill. All prompts are prefilled in one forward, right-padded to the longest p
 rows see only themselves), which yields the layout above directly. Only the last row's logits are
 computed (``logits_to_keep=1``); the pending token's logits come from the first verify forward.
 
-Hardware profile. :func:`time_batched_verify_ms` times one batched verify forward of ``n`` rows per
-request (pending row included, Sequoia's ``t(n)`` convention) at batch size ``B`` over a given
-prefix; :func:`verify_cost_profile` returns ``t(1..N)`` at batch ``B`` normalised to ``t(1) = 1``.
+Hardware profile. :func:`timed_batched_verify` times one batched verify forward (then rolls it
+back) on a state from :func:`prefill_copies` (``B`` copies of one prefix);
+:func:`time_batched_verify_ms` is the median of repeats for ``n`` rows per request (pending row
+included, Sequoia's ``t(n)`` convention); :func:`verify_cost_profile` returns ``t(1..N)`` at batch
+``B`` normalised to ``t(1) = 1``.
 """
 
 from __future__ import annotations
@@ -255,6 +257,13 @@ class BatchedBackend:
         state.cache_generation += 1
         self._crop(state, max(new_lengths))
 
+    def rollback(self, state: BatchState) -> None:
+        """Discard the last verify forward's rows without committing anything (profiling)."""
+        if not state.provisional_rows:
+            return
+        self._crop(state, state.phys_len - state.provisional_rows)
+        state.provisional_rows = 0
+
     @torch.inference_mode()
     def drop(self, state: BatchState, batch_rows: Seq[int]) -> None:
         """Remove finished requests' batch rows; the others are untouched (cropped to their max)."""
@@ -284,40 +293,61 @@ def _chain_tree(prefix_len: int, n: int) -> CompiledTree:
 
     nodes = tuple(ProposalNode(token_id=1 + (i % 7), parent=i - 1, score=1.0, source="profile") for i in range(n))
     prop = ProposalResult(nodes=nodes, probability_semantics="score_only", sampling_relation="deterministic_lookup",
-                          topology="sequence", state_handle=NO_STATE, manifest_hash="profile",
-                          source="profile")
+                          topology="sequence", state_handle=NO_STATE, manifest_hash="profile", source="profile")
     return compile_tree([prop], prefix_len=prefix_len, max_nodes=n, max_depth=n)
 
 
-def time_batched_verify_ms(backend: "BatchedBackend", *, batch_size: int, nodes: int, prefix_len: int,
+def prefill_copies(backend: "BatchedBackend", *, prefix_ids: Seq[int], batch_size: int) -> BatchState:
+    """``batch_size`` requests with the same prompt ``prefix_ids`` (last token pending): the state a
+    batched timing starts from."""
+    if batch_size < 1 or len(prefix_ids) < 2:
+        raise ValueError(f"need batch_size >= 1 and a prefix of >= 2 tokens; got {batch_size}, {len(prefix_ids)}")
+    return backend.prefill([list(prefix_ids)] * batch_size)
+
+
+def timed_batched_verify(backend: "BatchedBackend", state: BatchState, *, pending: int,
+                         tree: CompiledTree | None) -> float:
+    """Wall ms of ONE batched verify forward with ``tree`` (compiled at ``prefix_len = len(prefix)``,
+    or None for ``t(1)``) for every request of ``state``; the rows are rolled back afterwards
+    (outside the timed region) and ``backend.forwards`` is left unchanged."""
+    cuda = torch.device(backend.device).type == "cuda"
+    forwards = backend.forwards
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    backend.verify(state, [pending] * state.batch_size, [tree] * state.batch_size)
+    if cuda:
+        torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) * 1e3
+    backend.rollback(state)
+    backend.forwards = forwards  # profiling forwards are not decode forwards
+    return dt
+
+
+def time_batched_verify_ms(backend: "BatchedBackend", *, batch_size: int, nodes: int, prefix_len: int | None = None,
+                           prefix_ids: Seq[int] | None = None, tree: CompiledTree | None = None,
                            repeats: int = 5, warmup: int = 1) -> float:
     """Median wall ms of ONE batched verify forward with ``nodes`` rows per request (the pending row
-    included, Sequoia's ``t(n)``) for ``batch_size`` requests over ``prefix_len`` cached tokens each.
-    The cache is rolled back after each forward, so every repeat sees the same prefix."""
-    if batch_size < 1 or nodes < 1 or prefix_len < 1 or repeats < 1 or warmup < 0:
-        raise ValueError(f"need batch_size, nodes, prefix_len, repeats >= 1 and warmup >= 0; got "
-                         f"{batch_size}, {nodes}, {prefix_len}, {repeats}, {warmup}")
-    vocab = backend.vocab_size
-    prompts = [[3 + ((7 * i + 13 * b) % (vocab - 3)) for i in range(prefix_len + 1)] for b in range(batch_size)]
-    state = backend.prefill(prompts)
-    tree = _chain_tree(prefix_len + 1, nodes - 1) if nodes > 1 else None
-    cuda = torch.device(backend.device).type == "cuda"
-    times = []
-    forwards = backend.forwards
-    for k in range(warmup + repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        backend.verify(state, [p[-1] for p in prompts], [tree] * batch_size)
-        if cuda:
-            torch.cuda.synchronize()
-        dt = (time.perf_counter() - t0) * 1e3
-        backend._crop(state, prefix_len)  # roll back: drop the verify rows
-        state.provisional_rows = 0
-        if k >= warmup:
-            times.append(dt)
-    backend.forwards = forwards  # profiling forwards are not decode forwards
-    return statistics.median(times)
+    included, Sequoia's ``t(n)``) for ``batch_size`` requests over the same cached prefix
+    (``prefix_ids``, or ``prefix_len`` synthetic ids). ``tree`` (``nodes - 1`` rows, compiled at
+    ``prefix_len = len(prefix)``) defaults to a chain; every request verifies the same shape, so
+    there is no padding."""
+    if batch_size < 1 or nodes < 1 or repeats < 1 or warmup < 0:
+        raise ValueError(f"need batch_size, nodes, repeats >= 1 and warmup >= 0; got "
+                         f"{batch_size}, {nodes}, {repeats}, {warmup}")
+    if prefix_ids is None:
+        if prefix_len is None or prefix_len < 1:
+            raise ValueError(f"give prefix_ids or prefix_len >= 1; got prefix_len={prefix_len}")
+        vocab = backend.vocab_size
+        prefix_ids = [3 + ((7 * i) % (vocab - 3)) for i in range(prefix_len + 1)]
+    prefix = list(prefix_ids)
+    if tree is None and nodes > 1:
+        tree = _chain_tree(len(prefix), nodes - 1)
+    if (tree.num_rows if tree is not None else 0) != nodes - 1:
+        raise ValueError(f"tree has {tree.num_rows if tree is not None else 0} rows; nodes={nodes} needs {nodes - 1}")
+    state = prefill_copies(backend, prefix_ids=prefix, batch_size=batch_size)
+    times = [timed_batched_verify(backend, state, pending=prefix[-1], tree=tree) for _ in range(warmup + repeats)]
+    return statistics.median(times[warmup:])
 
 
 def verify_cost_profile(backend: "BatchedBackend", *, batch_size: int, max_nodes: int, prefix_len: int,
