@@ -335,7 +335,7 @@ def track(cfg: DictConfig, record: dict, run_dir: Path) -> None:
     group = cfg.sweep or cfg.experiment or "adhoc"
     tags = [f"{k}={v}" for k, v in record["axes"].items()]
     with open_run(record["config"], mode=cfg.tracking.mode, project=cfg.tracking.project, group=group,
-                  tags=tags, dir=str(run_dir)) as tracker:
+                  tags=tags, dir=str(run_dir), name=record["run_id"], entity=cfg.tracking.entity) as tracker:
         tracker.log_record(record, run_dir)
 
 
@@ -346,17 +346,23 @@ def main(argv: list[str] | None = None) -> int:
     status = {"code": 0}
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-    def _entry(cfg: DictConfig) -> None:
+    def _entry(cfg: DictConfig) -> dict | None:
         from hydra.core.hydra_config import HydraConfig
 
-        run_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
+        hydra_cfg = HydraConfig.get()
+        if hydra_cfg.mode.name == "MULTIRUN":  # skip finished jobs; a failing job never stops the sweep
+            from harness.sweep import run_sweep_job
+
+            job = run_sweep_job(cfg, hydra_cfg=hydra_cfg)
+            if job["status"] == "failed":
+                status["code"] = 1  # seen here when the launcher runs jobs in this process
+            return job
+        run_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
         try:
             record = run_job(cfg, run_dir=run_dir)
         except (GateError, ValueError) as exc:
             print(f"harness run: refused: {exc}", file=sys.stderr)
             status["code"] = 2
-            if HydraConfig.get().mode.name == "MULTIRUN":
-                raise
             return
         track(cfg, record, run_dir)
         m = record["metrics"]

@@ -28,6 +28,9 @@ PROPOSERS: dict[str, str] = {
     "draft_model": "harness.proposers.draft_model:DraftModelProposer",
     "rest": "harness.proposers.rest:RestProposer",
     "merged": "harness.proposers.merged:MergedProposer",
+    "medusa": "harness.proposers.heads:MedusaProposer",
+    "hydra": "harness.proposers.heads:HydraProposer",
+    "clover": "harness.proposers.heads:CloverProposer",
 }
 
 TOPOLOGIES: dict[str, str] = {
@@ -37,6 +40,7 @@ TOPOLOGIES: dict[str, str] = {
     "expansion": "harness.engine.build:expansion_budget",
     "merged": "harness.engine.build:chain_budget",  # a node/depth budget for proposer=merged
     "sequoia": "harness.topology.sequoia_artifact:placeholder_budget",
+    "cartesian": "harness.heads.cartesian:cartesian_budget",
 }
 
 TOPOLOGY_PREPARERS: dict[str, str] = {
