@@ -5,6 +5,10 @@ Rows: every exact, non-test-only registered verifier x the cases derived from it
 reference's fixed cases) plus the SpecTr transport bound (``harness.gates.transport``) where it
 applies. Then the negative control: the test-only ``naive_multi_draft`` verifier (0x08B) must be
 CAUGHT, i.e. at least one of its cases must miss the target marginal by far more than the bound.
+Unless ``--quick`` or ``--no-e2e`` is given, the end-to-end cases of ``harness.gates.e2e`` run
+too — the real round (draft model or prompt lookup, compiler, target forward, verifier, commit) on
+a tiny float64 Llama — with their own negative control, a proposer whose recorded q differs from
+the law it sampled, which must be caught.
 Exit status 1 on any failed case or an uncaught negative control.
 """
 
@@ -82,6 +86,33 @@ def run_suite(verifier_names: list[str] | None = None, *, relations: Iterable[st
     return rows
 
 
+def run_e2e(verifier_names: list[str] | None = None, *, negative_control: bool = True) -> list[dict]:
+    """End-to-end rows (:mod:`harness.gates.e2e`: the real round on a tiny float64 model) for every
+    named (default: every exact) verifier, plus the end-to-end negative control (a proposer whose
+    recorded q is not the law it sampled), whose rows must FAIL."""
+    from harness.gates.e2e import E2EModels, negative_control_rows, run_e2e_suite
+
+    _register_extras()
+    names = exact_verifier_names() if verifier_names is None else list(verifier_names)
+    models = E2EModels.build()
+    rows = run_e2e_suite(names, models=models)
+    for row in rows:
+        row["negative_control"] = False
+    if negative_control:
+        rows += negative_control_rows(models)
+    return rows
+
+
+def e2e_negative_control_status(rows: list[dict]) -> dict:
+    """``caught`` iff every end-to-end negative-control case misses by >= ``CAUGHT_MIN_ERROR``."""
+    control = [r for r in rows if r.get("negative_control") and r["kind"] == "end_to_end"]
+    if not control:
+        return {"proposer": "misrecorded_q", "status": "not run", "caught": False, "cases": 0}
+    caught = all(r["max_abs_error"] >= CAUGHT_MIN_ERROR for r in control)
+    return {"proposer": "misrecorded_q", "status": "caught" if caught else "NOT CAUGHT", "caught": caught,
+            "cases": len(control), "min_abs_error": min(r["max_abs_error"] for r in control)}
+
+
 def negative_control_status(rows: list[dict]) -> dict:
     """``caught`` iff a negative-control marginal case misses by >= ``CAUGHT_MIN_ERROR``."""
     control = [r for r in rows if r.get("negative_control") and r["kind"] == "marginal"]
@@ -98,9 +129,11 @@ def summarize(rows: list[dict]) -> dict:
     checked = [r for r in rows if not r.get("negative_control")]
     failed = [r for r in checked if not r["passed"]]
     control = negative_control_status(rows)
+    e2e_control = e2e_negative_control_status(rows)
     return {"cases": len(checked), "failed": len(failed), "marginal_bound": MARGINAL_ATOL,
-            "negative_control": control,
-            "passed": not failed and (control["caught"] or control["status"] == "not run")}
+            "end_to_end_cases": sum(r["kind"] == "end_to_end" for r in checked),
+            "negative_control": control, "e2e_negative_control": e2e_control,
+            "passed": not failed and all(c["caught"] or c["status"] == "not run" for c in (control, e2e_control))}
 
 
 def format_table(rows: list[dict]) -> str:
@@ -124,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only this verifier (repeatable); default: every exact verifier")
     parser.add_argument("--quick", action="store_true", help="one seed, two random instances per verifier")
     parser.add_argument("--random", type=int, default=None, help="random instances per verifier (default 4)")
+    parser.add_argument("--no-e2e", action="store_true",
+                        help="skip the end-to-end cases on a tiny float64 model (--quick skips them too)")
     args = parser.parse_args([] if argv is None else argv)
 
     t0 = time.perf_counter()
@@ -132,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = run_suite(args.verifier, seeds=seeds, random_count=random_count,
                          negative_control=True)
+        if not (args.quick or args.no_e2e):
+            rows += run_e2e(args.verifier, negative_control=True)
     except ValueError as exc:
         print(f"harness oracles: {exc}", file=sys.stderr)
         return 2
@@ -143,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
               f"miss the target; worst {control['max_abs_error']:.3e} on {control['worst_case']})")
     else:
         print(f"\nnegative control {control['verifier']}: {control['status']}")
+    e2e_control = summary["e2e_negative_control"]
+    if e2e_control["status"] != "not run":
+        print(f"end-to-end negative control (recorded q is not the law sampled): {e2e_control['status']} "
+              f"({e2e_control['cases']} cases, smallest miss {e2e_control['min_abs_error']:.3e})")
     print(f"{summary['cases']} cases, {summary['failed']} failed, bound {MARGINAL_ATOL:g}, "
           f"{time.perf_counter() - t0:.1f} s: {'PASS' if summary['passed'] else 'FAIL'}")
     if args.json is not None:
