@@ -1,0 +1,299 @@
+"""Gates before logging, through the real runner (issue 3, items 5 and 7): a verifier broken on
+purpose fails its oracle gate and leaves no record and no tracker run; negotiation refuses before
+any model is loaded; gate outcomes land in every record and are cached by a key that a changed
+verifier source changes; the statistical gate passes a correct round and fails a wrong one; a
+heuristic verifier runs only when allowed explicitly and then records exact: false and its drift."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import harness.verifiers.broken  # noqa: F401  (registers the test-only naive_multi_draft)
+from harness import runner
+from harness.gates import stages
+from harness.gates.stages import GateError
+from harness.verifiers.base import NegotiationError
+
+PROMPTS = [
+    {"id": "p0", "category": "code", "prompt": "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"},
+    {"id": "p1", "category": "code", "prompt": "for i in range(3):\n    print(i)\nfor i in range(3):\n"},
+]
+
+
+@pytest.fixture
+def workload(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    return path
+
+
+def compose_cfg(run_dir: Path, workload: Path, *overrides: str):
+    base = ["model=tiny", "workload=jsonl", f"workload.path={workload}", "workload.chat=false",
+            "generation.max_new_tokens=6", "generation.warmup_tokens=2", f"output_dir={run_dir}", "threads=1"]
+    with initialize_config_dir(config_dir=str(runner.CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=base + list(overrides))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("HARNESS_CACHE", str(root))
+    return root
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    import harness.target.loading as loading
+
+    def refuse(**kwargs):
+        raise AssertionError(f"a model was loaded: {kwargs.get('name')}")
+
+    monkeypatch.setattr(loading, "load_model", refuse)
+
+
+def _no_outputs(run_dir: Path) -> None:
+    assert not (run_dir / "record.json").exists()
+    assert not (run_dir / "outputs.jsonl").exists()
+    assert not list(run_dir.parent.rglob("wandb")), "a tracker run was opened"
+
+
+# --------------------------------------------------------------------------- the broken verifier
+
+
+NAIVE = ("proposer=draft_model", "topology=set", "topology.max_nodes=2", "verifier=specinfer",
+         "verifier.name=naive_multi_draft", "generation.temperature=1.0", "tracking=wandb")
+
+
+def test_broken_verifier_fails_its_oracle_gate_and_leaves_nothing(tmp_path, workload, cache):
+    run_dir = tmp_path / "run"
+    cfg = compose_cfg(run_dir, workload, *NAIVE)
+    with pytest.raises(GateError, match=r"gate 'oracle' failed for verifier 'naive_multi_draft'") as err:
+        runner.run_job(cfg, run_dir=run_dir)
+    assert "max_abs_error" in str(err.value) and "failed_case" in str(err.value)  # the evidence
+    _no_outputs(run_dir)
+    assert not list((cache / "gates").glob("oracle-*")), "a failed gate must not be cached"
+
+
+def test_broken_verifier_through_harness_run_exits_2_without_record_or_wandb_run(tmp_path, workload, cache, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["model=tiny", "workload=jsonl", f"workload.path={workload}", "workload.chat=false",
+            "generation.max_new_tokens=6", "generation.warmup_tokens=2", f"output_dir={run_dir}", "threads=1",
+            f"hydra.run.dir={tmp_path / 'hydra'}", *NAIVE]
+    assert runner.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "refused" in err and "gate 'oracle' failed" in err and "naive_multi_draft" in err
+    _no_outputs(run_dir)
+
+
+# --------------------------------------------------------------------------- negotiation
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (("proposer=prompt_lookup", "verifier=rejection", "generation.temperature=0.7"),
+     r"probability semantics \['score_only'\].*'rejection' requires one of \['normalized_conditional'\]"),
+    (("verifier=greedy", "generation.temperature=0.7"), r"'greedy' supports temperature 0 only"),
+    (("proposer=prompt_lookup", "verifier=typical", "generation.temperature=0.7"),
+     r"'typical' is heuristic \(not exact\); exact mode refuses it.*generation.exact=false"),
+])
+def test_negotiation_refuses_before_any_model_work(tmp_path, workload, cache, no_model_load, overrides, message):
+    run_dir = tmp_path / "run"
+    with pytest.raises(NegotiationError, match=message):
+        runner.run_job(compose_cfg(run_dir, workload, *overrides), run_dir=run_dir)
+    _no_outputs(run_dir)
+
+
+def test_negotiation_refusal_through_harness_run(tmp_path, workload, cache, no_model_load, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["model=tiny", "workload=jsonl", f"workload.path={workload}", f"output_dir={run_dir}",
+            f"hydra.run.dir={tmp_path / 'hydra'}", "proposer=prompt_lookup", "verifier=rejection",
+            "generation.temperature=0.7", "tracking=wandb"]
+    assert runner.main(argv) == 2
+    assert "refused" in capsys.readouterr().err
+    _no_outputs(run_dir)
+
+
+# --------------------------------------------------------------------------- records and the cache
+
+
+GATE_KEYS = {"negotiation", "oracle", "equivalence", "greedy_equality"}
+
+
+def test_gate_outcomes_are_recorded_and_a_second_run_hits_the_cache(tmp_path, workload, cache):
+    overrides = ("proposer=prompt_lookup", "verifier=greedy", "topology=sequence", "topology.max_nodes=3",
+                 "topology.max_depth=3")
+    first = runner.run_job(compose_cfg(tmp_path / "r1", workload, *overrides), run_dir=tmp_path / "r1")
+    on_disk = json.loads((tmp_path / "r1" / "record.json").read_text())
+    for record in (first, on_disk):
+        assert set(record["gates"]) == GATE_KEYS
+        assert record["exact"] is True
+        assert record["gates"]["oracle"]["passed"] is True and record["gates"]["oracle"]["cached"] is False
+        assert record["gates"]["oracle"]["end_to_end_cases"] >= 1
+        assert record["gates"]["oracle"]["max_abs_error"] <= 1e-9
+        assert record["gates"]["equivalence"]["passed"] is True
+        assert record["gates"]["negotiation"]["verifier"] == "greedy"
+    assert len(list((cache / "gates").glob("oracle-*.json"))) == 1
+    second = runner.run_job(compose_cfg(tmp_path / "r2", workload, *overrides), run_dir=tmp_path / "r2")
+    assert second["gates"]["oracle"]["cached"] is True and second["gates"]["equivalence"]["cached"] is True
+    assert second["gates"]["oracle"]["key"] == first["gates"]["oracle"]["key"]
+    assert second["metrics"]["greedy_identical"] is True
+
+
+def test_changing_verifier_source_changes_the_gate_key(tmp_path, monkeypatch):
+    fake_repo = tmp_path / "repo"
+    for rel in stages.ORACLE_MODULES:
+        src = stages.REPO / rel
+        if src.exists():
+            (fake_repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, fake_repo / rel)
+    monkeypatch.setattr(stages, "REPO", fake_repo)
+    before = stages.gate_key("oracle", "specinfer", "iid", False, modules=stages.ORACLE_MODULES)
+    assert stages.gate_key("oracle", "specinfer", "iid", False, modules=stages.ORACLE_MODULES) == before
+    builtin = fake_repo / "harness/verifiers/builtin.py"
+    source = builtin.read_bytes()
+    changed = source.replace(b"min(1.0, float(residual[x])", b"min(1.0, 1.0 * float(residual[x])")
+    assert changed != source
+    builtin.write_bytes(changed)
+    assert stages.gate_key("oracle", "specinfer", "iid", False, modules=stages.ORACLE_MODULES) != before
+    # a draft proposer change reaches the oracle key too (its end-to-end cases run it)
+    after_builtin = stages.gate_key("oracle", "specinfer", "iid", False, modules=stages.ORACLE_MODULES)
+    draft = fake_repo / "harness/proposers/draft_model.py"
+    draft.write_bytes(draft.read_bytes() + b"\n# changed\n")
+    assert stages.gate_key("oracle", "specinfer", "iid", False, modules=stages.ORACLE_MODULES) != after_builtin
+
+
+def test_a_verifier_registered_from_elsewhere_is_hashed_into_the_key(tmp_path, monkeypatch):
+    import importlib.util
+
+    module_path = tmp_path / "harness" / "verifiers" / "extra_test_verifier.py"
+    module_path.parent.mkdir(parents=True)
+    module_path.write_text("VALUE = 1\n")
+    spec = importlib.util.spec_from_file_location("extra_test_verifier", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "extra_test_verifier", module)
+    before = stages.gate_key("oracle", "extra", "iid")
+    module_path.write_text("VALUE = 2\n")
+    assert stages.gate_key("oracle", "extra", "iid") != before
+
+
+# --------------------------------------------------------------------------- the statistical gate
+
+
+STAT = ("proposer=prompt_lookup", "verifier=membership", "topology=sequence", "topology.max_nodes=3",
+        "topology.max_depth=3", "generation.temperature=1.0", "gates.oracle=false", "gates.cache=false",
+        "gates.chi2_samples=400", "gates.chi2_top_m=4", "+model.tiny.vocab_size=16")
+
+
+def test_statistical_gate_passes_a_correct_round(tmp_path, workload, cache):
+    record = runner.run_job(compose_cfg(tmp_path / "run", workload, *STAT), run_dir=tmp_path / "run")
+    stat = record["gates"]["statistical"]
+    assert stat["passed"] is True and stat["samples"] == 400 and stat["p_value"] >= stat["alpha"] == 1e-3
+    assert stat["bins"] >= 4 and sum(stat["observed"]) == 400
+    assert set(record["gates"]) == {"negotiation", "equivalence", "statistical"}  # oracle: explicitly off
+
+
+def test_statistical_gate_fails_a_verifier_that_returns_the_argmax(tmp_path, workload, cache, monkeypatch):
+    from harness.contracts import Selection
+    from harness.verifiers.base import walk_children
+    from harness.verifiers.builtin import MembershipVerifier
+
+    def argmax_walk(self, tree, target_probs, rng):  # WRONG at T > 0: greedy instead of sampling
+        node, path = -1, []
+        while True:
+            tok = int(target_probs[node + 1].argmax())
+            child = walk_children(tree, node, tok)
+            if child is None:
+                return Selection(accepted_rows=tuple(path), next_token=tok)
+            path.append(child)
+            node = child
+
+    monkeypatch.setattr(MembershipVerifier, "select", argmax_walk)
+    run_dir = tmp_path / "run"
+    with pytest.raises(GateError, match=r"gate 'statistical' failed \(first-token chi-square\)") as err:
+        runner.run_job(compose_cfg(run_dir, workload, *STAT, "tracking=wandb"), run_dir=run_dir)
+    assert "'passed': False" in str(err.value) and "'p_value'" in str(err.value)  # the evidence
+    _no_outputs(run_dir)
+
+
+def test_skipping_the_statistical_gate_is_stated_in_the_record(tmp_path, workload, cache):
+    record = runner.run_job(compose_cfg(tmp_path / "run", workload, *STAT, "gates.skip_statistical=true"),
+                            run_dir=tmp_path / "run")
+    assert record["gates"]["statistical"] == {
+        "passed": None, "skipped": True, "evidence": "gates.skip_statistical=true (explicit override)"}
+
+
+# --------------------------------------------------------------------------- heuristic verifiers
+
+
+def test_typical_allowed_explicitly_records_exact_false_and_its_drift(tmp_path, workload, cache):
+    record = runner.run_job(compose_cfg(tmp_path / "run", workload, "proposer=prompt_lookup", "verifier=typical",
+                                        "generation.exact=false", "generation.temperature=0.7"),
+                            run_dir=tmp_path / "run")
+    assert record["exact"] is False
+    assert json.loads((tmp_path / "run" / "record.json").read_text())["exact"] is False
+    gates = record["gates"]
+    assert set(gates) == {"negotiation", "oracle", "equivalence", "statistical"}
+    assert gates["oracle"]["passed"] is True and "heuristic" in gates["oracle"]["evidence"]
+    assert gates["statistical"]["skipped"] is True and "drift" in gates["statistical"]["evidence"]
+    drift = record["metrics"]["drift"]
+    assert drift["metric"] == "first_token_total_variation" and "total variation" in drift["method"]
+    assert drift["verifier"] == "typical" and drift["verifier_params"] == {"epsilon": 0.09, "delta": 0.3}
+    assert drift["rounds"] == 8 and len(drift["per_round_tv"]) == 8
+    assert 0.0 <= drift["min_tv"] <= drift["mean_tv"] <= drift["max_tv"] <= 1.0
+
+
+def test_drift_of_typical_is_positive_on_a_peaked_target_and_matches_the_generic_enumeration():
+    """The closed form used for `typical` equals enumerating its draws; on a peaked target the
+    typical rule drifts (TV > 0) while an exact verifier's first-token law has TV 0."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from harness.engine.build import Plan
+    from harness.gates import drift as D
+    from harness.gates.e2e import E2E_PROMPT, E2EModels, Float64Policy
+    from harness.proposers.base import Budget
+    from harness.proposers.draft_model import DraftModelProposer
+    from harness.verifiers import get_verifier
+
+    models = E2EModels.build()
+    policy = Float64Policy(temperature=1.0)
+    budget = Budget(shape="expansion", max_nodes=4, max_depth=2, widths=(2, 1))
+    proposer = DraftModelProposer(budget=budget, manifest_hash="t", policy=policy, backend=models.draft)
+    typical, membership = get_verifier("typical"), get_verifier("membership")
+    from harness.gates.e2e import propose_and_verify
+    from harness.random_source import TorchRandomSource
+
+    proposer.start(list(E2E_PROMPT))
+    seq = models.target.prefill(list(E2E_PROMPT))
+    _, tree, probs = propose_and_verify(target=models.target, seq=seq, proposer=proposer, policy=policy,
+                                        committed=list(E2E_PROMPT), rng=TorchRandomSource(0))
+    closed = D.first_token_law(typical, tree, probs)
+
+    from harness.verifiers.base import Verifier
+
+    class Generic(Verifier):  # the same rule, not recognised as typical: goes through enumeration
+        name, exact = "generic_typical", False
+        probability_semantics, sampling_relations = typical.probability_semantics, typical.sampling_relations
+
+        def select(self, tree, target_probs, rng):
+            return typical.select(tree, target_probs, rng)
+
+    generic = Generic()
+    assert torch.allclose(D.first_token_law(generic, tree, probs), closed, atol=1e-12)
+    assert torch.allclose(D.first_token_law(membership, tree, probs), probs[0].double(), atol=1e-12)
+    cfg = OmegaConf.create({"seed": 0})
+    items = [(None, list(E2E_PROMPT))]
+    for verifier, positive in ((typical, True), (membership, False)):
+        plan_ = Plan(policy=policy, budget=budget, capabilities=None, verifier=verifier, baseline_verifier=membership)
+        out = D.heuristic_drift(cfg, plan_=plan_, backend=models.target, proposer=proposer, items=items, rounds=3)
+        assert out["rounds"] == 3
+        if positive:
+            assert out["mean_tv"] > 1e-3
+        else:
+            assert out["max_tv"] < 1e-9
