@@ -14,7 +14,10 @@ them with ``engine.build.build_proposer``); each request has its own ``RandomSou
 verifier and the sampling policy are the batch-1 code, called once per request on that request's
 real logit rows only, so the verifiers' exactness (and the oracles) hold per request unchanged.
 Draft models still run one request at a time inside ``propose`` (batching the draft is future
-work): their cost grows with B, and the proposal stage records it.
+work): their cost grows with B, and the proposal stage records it. Draft-head proposers (medusa,
+hydra, clover) read the target's hidden rows through a batch-1 forward tap, which ignores batched
+forwards: at B > 1 they propose nothing (``hidden_misses``), so their runs stay exact but degenerate
+to batched autoregressive decoding until the batched verify hands them per-request hidden rows.
 
 Exactness. At temperature 0 each request's tokens equal this same loop run with
 :class:`~harness.proposers.prompt_lookup.NullProposer` slots (batched autoregressive decoding of the
