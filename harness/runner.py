@@ -136,8 +136,10 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
     from harness.target.loading import model_kv_bytes_per_token
 
     bpt = model_kv_bytes_per_token(cfg.model)
+    # a batch of B requests holds up to B * max_nodes candidate rows at once
     formula_budget_bytes = check_temp_kv_budget(max_nodes=plan_.budget.max_nodes, bytes_per_token=bpt,
-                                                budget_bytes=cfg.generation.temp_kv_budget_bytes)
+                                                budget_bytes=cfg.generation.temp_kv_budget_bytes,
+                                                batch_size=int(cfg.generation.batch_size))
     versions = library_versions()
     manifest = freeze_manifest(cfg, versions=versions)
     mhash = manifest_hash(manifest)
@@ -320,6 +322,10 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         "model_source": target.source,
         "artifacts": dict(plan_.extras.get("artifacts", {})),
     }
+    if "sequoia_predicted_time_per_token_ms" in metrics:
+        from harness.topology.sequoia_artifact import cost_model_error
+
+        metrics["sequoia_cost_model_error"] = cost_model_error(record)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl_atomic(run_dir / "outputs.jsonl", outputs)
     write_json_atomic(run_dir / "record.json", record)

@@ -81,3 +81,8 @@ def test_temp_kv_budget_refused_before_model_work():
     with pytest.raises(ContractError, match="temp_kv_budget_bytes"):
         check_temp_kv_budget(max_nodes=16, bytes_per_token=1000, budget_bytes=15_999)
     assert check_temp_kv_budget(max_nodes=16, bytes_per_token=1000, budget_bytes=16_000) == 16_000
+
+
+def test_temp_kv_budget_counts_the_batch():
+    with pytest.raises(ContractError, match="batch_size=4"):
+        check_temp_kv_budget(max_nodes=16, bytes_per_token=1000, budget_bytes=32_000, batch_size=4)

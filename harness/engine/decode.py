@@ -129,14 +129,15 @@ def decode(
                         round_tokens=round_tokens, sources=sources, finished_by=finished_by)
 
 
-def check_temp_kv_budget(*, max_nodes: int, bytes_per_token: int, budget_bytes: int | None) -> int:
+def check_temp_kv_budget(*, max_nodes: int, bytes_per_token: int, budget_bytes: int | None,
+                         batch_size: int = 1) -> int:
     """Refuse, before any model work, a topology whose candidate rows could exceed the budget.
-    Returns the 0x09B formula value N * L * 2 * H_kv * d_h * b."""
-    need = max_nodes * bytes_per_token
+    Returns the 0x09B formula value B * N * L * 2 * H_kv * d_h * b (B requests of N rows each)."""
+    need = batch_size * max_nodes * bytes_per_token
     if budget_bytes is not None and need > budget_bytes:
         raise ContractError(
-            f"topology.max_nodes={max_nodes} needs {need} bytes of temporary KV "
-            f"({bytes_per_token} bytes per candidate row), over generation.temp_kv_budget_bytes={budget_bytes}")
+            f"topology.max_nodes={max_nodes} x generation.batch_size={batch_size} needs {need} bytes of temporary "
+            f"KV ({bytes_per_token} bytes per candidate row), over generation.temp_kv_budget_bytes={budget_bytes}")
     return need
 
 

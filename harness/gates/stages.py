@@ -310,7 +310,7 @@ def run_gates(cfg: DictConfig, *, plan_, backend: CausalLMBackend, proposer, ite
             key = gate_key("statistical", *model_id, json.dumps(OmegaConf.to_container(cfg.proposer, resolve=True),
                                                                  sort_keys=True),
                            json.dumps(OmegaConf.to_container(cfg.topology, resolve=True), sort_keys=True),
-                           plan_.verifier.name, plan_.policy, g.chi2_samples, items[0][1],
+                           plan_.verifier.name, plan_.policy, plan_.budget, g.chi2_samples, items[0][1],
                            modules=GATE_MODULES + tuple(
                                f"harness/proposers/{n}.py" for n in ("draft_model", "prompt_lookup", "rest")))
             gates["statistical"] = _cached("statistical", key, g.cache, lambda: statistical_gate(
