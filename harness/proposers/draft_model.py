@@ -115,7 +115,7 @@ class DraftModelProposer(Proposer):
 
         def q_level(prefixes: list[tuple[int, ...]]) -> torch.Tensor:
             if prefixes == [()]:
-                return policy.probs(frontier.unsqueeze(0), dtype=torch.float32)
+                return policy.probs(frontier.unsqueeze(0))
             start = seq.cache_len
             r = len(prefixes)
             chain = r == 1 and start == base + len(prefixes[0]) - 1 and all(
@@ -133,7 +133,7 @@ class DraftModelProposer(Proposer):
             logits = backend.forward_rows(seq, ids, pos, mask).logits  # [r, V]
             for j, prefix in enumerate(prefixes):
                 row_of[prefix] = start + j
-            return policy.probs(logits, dtype=torch.float32)
+            return policy.probs(logits)
 
         handle = ProposalStateHandle(owner=self.name, committed_len=len(committed), generation=seq.cache_generation)
         if self.shape_parents:

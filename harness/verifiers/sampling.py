@@ -29,8 +29,11 @@ class SamplingPolicy:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def probs(self, logits: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Distribution ``[..., V]`` from logits ``[..., V]`` under this policy."""
+    def probs(self, logits: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Distribution ``[..., V]`` from logits ``[..., V]`` under this policy, in ``dtype``
+        (default: float64 for float64 logits, float32 otherwise)."""
+        if dtype is None:
+            dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         logits = logits.to(dtype)
         if self.greedy:
             idx = logits.argmax(dim=-1, keepdim=True)
