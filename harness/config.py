@@ -90,9 +90,9 @@ class HeadsDataConfig:
 
     source: str = "sharegpt"
     split: str = "train"
-    token_budget: int = 20000  # tokens of cached target hidden states trained on
+    token_budget: int = 5000  # tokens of cached target hidden states (CPU budget: ~10 min on 2 cores)
     held_out_split: str = "dev"
-    held_out_tokens: int = 2000
+    held_out_tokens: int = 800
     max_len: int = 256
     chat: bool = True
 
@@ -125,6 +125,69 @@ class HeadsConfig(ProposerConfig):
     auto_train: bool = True  # train the artifact when absent (progress bar)
     data: HeadsDataConfig = field(default_factory=HeadsDataConfig)
     train: HeadsTrainConfig = field(default_factory=HeadsTrainConfig)
+
+
+@dataclass
+class AdapterTrainConfig:
+    epochs: int = 1
+    lr: float = 1e-3
+    distill_temperature: float = 1.0  # tau of the 0x05B distillation loss
+    seed: int = 0
+
+
+@dataclass
+class EarlyExitConfig(ProposerConfig):
+    """proposer=early_exit (Kangaroo, harness/proposers/selfspec.py)."""
+
+    name: str = "early_exit"
+    sampling: str = "beam"  # beam (score_only) | iid (normalized_conditional)
+    exit_layer: int = 2  # l: the shared shallow trunk is the target's first l layers
+    eta: float = 0.5  # stop drafting when the top-1 confidence is <= eta
+    artifact: Optional[str] = None
+    auto_train: bool = True
+    data: HeadsDataConfig = field(default_factory=HeadsDataConfig)
+    train: AdapterTrainConfig = field(default_factory=AdapterTrainConfig)
+
+
+@dataclass
+class SkipThresholdConfig:
+    """0x05A dynamic draft length: stop below gamma; gamma follows an acceptance EMA."""
+
+    gamma: float = 0.6
+    adaptive: bool = True
+    beta1: float = 0.5
+    beta2: float = 0.9
+    epsilon: float = 0.01
+    target_acceptance: float = 0.7
+
+
+@dataclass
+class SkipSearchConfig:
+    """Bayesian optimisation (Optuna TPE) of the skip vector on the dev split."""
+
+    trials: int = 16
+    workload: str = "sharegpt"
+    split: str = "dev"
+    prompts: int = 4
+    max_prompt_tokens: int = 256
+    max_new_tokens: int = 24
+    depth: int = 4
+    gamma: float = 0.6
+    chat: bool = True
+    seed: int = 0
+
+
+@dataclass
+class LayerSkipConfig(ProposerConfig):
+    """proposer=layer_skip (Draft & Verify, harness/proposers/selfspec.py)."""
+
+    name: str = "layer_skip"
+    sampling: str = "beam"  # beam | iid
+    skip: Optional[list[int]] = None  # explicit layers to bypass; None: the search artifact
+    artifact: Optional[str] = None
+    auto_train: bool = True  # run the search when its artifact is absent
+    threshold: SkipThresholdConfig = field(default_factory=SkipThresholdConfig)
+    search: SkipSearchConfig = field(default_factory=SkipSearchConfig)
 
 
 @dataclass
@@ -254,6 +317,8 @@ def register_configs() -> None:
     cs.store(group="topology", name="base_topology", node=TopologyConfig)
     cs.store(group="topology", name="base_sequoia", node=SequoiaTopologyConfig)
     cs.store(group="proposer", name="base_heads", node=HeadsConfig)
+    cs.store(group="proposer", name="base_early_exit", node=EarlyExitConfig)
+    cs.store(group="proposer", name="base_layer_skip", node=LayerSkipConfig)
     cs.store(group="topology", name="base_cartesian", node=CartesianTopologyConfig)
     from omegaconf import OmegaConf
 

@@ -21,6 +21,8 @@ TRAINERS: dict[str, str] = {
     "medusa": "harness.heads.artifacts:train_from_config",
     "hydra": "harness.heads.artifacts:train_from_config",
     "clover": "harness.heads.artifacts:train_from_config",
+    "early_exit": "harness.heads.early_exit:train_from_config",
+    "layer_skip": "harness.heads.skip_search:train_from_config",
 }
 
 USAGE = "usage: harness train proposer=<" + "|".join(TRAINERS) + "> [hydra overrides...] [force=true]"

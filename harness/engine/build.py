@@ -31,6 +31,8 @@ PROPOSERS: dict[str, str] = {
     "medusa": "harness.proposers.heads:MedusaProposer",
     "hydra": "harness.proposers.heads:HydraProposer",
     "clover": "harness.proposers.heads:CloverProposer",
+    "early_exit": "harness.proposers.selfspec:EarlyExitProposer",
+    "layer_skip": "harness.proposers.selfspec:LayerSkipProposer",
 }
 
 TOPOLOGIES: dict[str, str] = {

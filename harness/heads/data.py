@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -27,9 +27,9 @@ import torch
 class DataRecipe:
     source: str = "sharegpt"  # sharegpt | inline
     split: str = "train"
-    token_budget: int = 20000  # tokens in the training stream
+    token_budget: int = 5000  # tokens in the training stream
     held_out_split: str = "dev"
-    held_out_tokens: int = 2000
+    held_out_tokens: int = 800
     max_len: int = 256  # tokens per document (longer ones are truncated)
     chat: bool = True  # wrap conversations in the tokenizer's chat template when it has one
 
@@ -48,6 +48,7 @@ class PackedStream:
     valid: torch.Tensor  # [N] bool, input availability
     hidden: torch.Tensor  # [N, d] final-norm target hidden rows (float16 storage)
     meta: dict
+    extra: dict[int, torch.Tensor] = field(default_factory=dict)  # layer l -> [N, d] output of layers < l
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
@@ -106,29 +107,39 @@ def take_budget(documents: Iterable[list[int]], budget: int) -> list[list[int]]:
 
 @torch.no_grad()
 def encode_stream(model: torch.nn.Module, documents: Sequence[Sequence[int]], *, desc: str = "target hidden states",
-                  progress: bool = True) -> PackedStream:
-    """Run each document through the frozen target alone and pack the final-norm rows."""
+                  progress: bool = True, layers: Sequence[int] = ()) -> PackedStream:
+    """Run each document through the frozen target alone and pack the final-norm rows.
+
+    ``layers``: also keep the residual stream after the first ``l`` decoder layers (an early-exit
+    boundary) for each ``l``, as ``stream.extra[l]`` ``[N, d]``.
+    """
     from tqdm import tqdm
 
     device = next(model.parameters()).device
     tokens, segs, hidden = [], [], []
+    extra: dict[int, list[torch.Tensor]] = {int(l): [] for l in layers}
     total = sum(len(d) for d in documents)
     bar = tqdm(total=total, desc=desc, unit="tok", file=sys.stderr, disable=not progress, leave=False)
     for doc_id, doc in enumerate(documents):
         ids = torch.tensor([list(doc)], dtype=torch.long, device=device)
-        h = model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0]  # [L, d]
+        out = model.base_model(input_ids=ids, use_cache=False, output_hidden_states=bool(extra))
+        h = out.last_hidden_state[0]  # [L, d]
+        for l, rows in extra.items():
+            rows.append(out.hidden_states[l][0].to("cpu", torch.float16))  # [L, d] after layers 0..l-1
         tokens.append(ids[0].cpu())
         segs.append(torch.full((len(doc),), doc_id, dtype=torch.long))
         hidden.append(h.to("cpu", torch.float16))
         bar.update(len(doc))
     bar.close()
     d = int(model.config.hidden_size)
+    empty = torch.zeros(0, d, dtype=torch.float16)
     return PackedStream(
         tokens=torch.cat(tokens) if tokens else torch.zeros(0, dtype=torch.long),
         segment_ids=torch.cat(segs) if segs else torch.zeros(0, dtype=torch.long),
         valid=torch.ones(total, dtype=torch.bool),
-        hidden=torch.cat(hidden) if hidden else torch.zeros(0, d, dtype=torch.float16),
-        meta={"documents": len(documents), "tokens": total})
+        hidden=torch.cat(hidden) if hidden else empty,
+        meta={"documents": len(documents), "tokens": total},
+        extra={l: (torch.cat(rows) if rows else empty) for l, rows in extra.items()})
 
 
 def save_stream(stream: PackedStream, path: Path) -> None:
@@ -136,8 +147,9 @@ def save_stream(stream: PackedStream, path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    save_file({"tokens": stream.tokens, "segment_ids": stream.segment_ids, "valid": stream.valid.to(torch.uint8),
-               "hidden": stream.hidden}, str(tmp), metadata={"meta": json.dumps(stream.meta, sort_keys=True)})
+    tensors = {"tokens": stream.tokens, "segment_ids": stream.segment_ids, "valid": stream.valid.to(torch.uint8),
+               "hidden": stream.hidden, **{f"layer_{l}": t for l, t in stream.extra.items()}}
+    save_file(tensors, str(tmp), metadata={"meta": json.dumps(stream.meta, sort_keys=True)})
     tmp.rename(path)
 
 
@@ -148,21 +160,24 @@ def load_stream(path: Path) -> PackedStream:
     t = load_file(str(path))
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads(f.metadata()["meta"])
+    extra = {int(k.split("_", 1)[1]): v for k, v in t.items() if k.startswith("layer_")}
     return PackedStream(tokens=t["tokens"], segment_ids=t["segment_ids"], valid=t["valid"].bool(),
-                        hidden=t["hidden"], meta=meta)
+                        hidden=t["hidden"], meta=meta, extra=extra)
 
 
 def training_streams(model: torch.nn.Module, tokenizer, recipe: DataRecipe, *, target_hash: str,
                      documents: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]] | None = None,
-                     cache: bool = True, progress: bool = True) -> tuple[PackedStream, PackedStream]:
+                     cache: bool = True, progress: bool = True, layers: Sequence[int] = ()
+                     ) -> tuple[PackedStream, PackedStream]:
     """(train, held-out) streams, cached under ``$HARNESS_CACHE/heads/streams`` by target + recipe.
 
-    ``documents`` (tests, ``source=inline``) replaces the ShareGPT documents.
+    ``documents`` (tests, ``source=inline``) replaces the ShareGPT documents; ``layers`` adds
+    early-exit boundaries (:func:`encode_stream`).
     """
     from harness.heads.checkpoint import short_hash
     from harness.target.loading import cache_root
 
-    key = short_hash({"target": target_hash, "recipe": recipe.to_dict(),
+    key = short_hash({"target": target_hash, "recipe": recipe.to_dict(), "layers": sorted(int(l) for l in layers),
                       "inline": None if documents is None else short_hash([list(map(list, d)) for d in documents])})
     base = cache_root() / "heads" / "streams" / f"{target_hash[:12]}-{key}"
     paths = (base.with_name(base.name + "-train.safetensors"), base.with_name(base.name + "-heldout.safetensors"))
@@ -179,8 +194,8 @@ def training_streams(model: torch.nn.Module, tokenizer, recipe: DataRecipe, *, t
     else:
         train_docs = take_budget(documents[0], recipe.token_budget)
         held_docs = take_budget(documents[1], recipe.held_out_tokens)
-    train = encode_stream(model, train_docs, desc="target hidden states (train)", progress=progress)
-    held = encode_stream(model, held_docs, desc="target hidden states (held-out)", progress=progress)
+    train = encode_stream(model, train_docs, desc="target hidden states (train)", progress=progress, layers=layers)
+    held = encode_stream(model, held_docs, desc="target hidden states (held-out)", progress=progress, layers=layers)
     for s, split in ((train, recipe.split), (held, recipe.held_out_split)):
         s.meta.update({"split": split, "source": recipe.source if documents is None else "inline",
                        "target_hash": target_hash})

@@ -56,10 +56,13 @@ class PrefixHashes:
         self.hashes: list[int] = []
 
     def sync(self, tokens: Sequence[int]) -> None:
-        n = 0
         limit = min(len(self.tokens), len(tokens))
-        while n < limit and self.tokens[n] == tokens[n]:
-            n += 1
+        if self.tokens[:limit] == list(tokens[:limit]):  # the common case: append-only (C-level compare)
+            n = limit
+        else:
+            n = 0
+            while n < limit and self.tokens[n] == tokens[n]:
+                n += 1
         del self.tokens[n:]
         del self.hashes[n:]
         prev = self.hashes[-1] if self.hashes else 0

@@ -1,0 +1,178 @@
+"""Draft & Verify skip-vector search (reference 0x05A): Bayesian optimisation with Optuna.
+
+``z in {0, 1}^L`` (one entry per target layer, 1 = bypassed while drafting) minimises the measured
+time per verified token on the dev split,
+
+    f(z) = sum_r (T_draft + T_verify + T_state)(z) / sum_r N_verified(z),
+
+measured by running the real round engine (``decode()``, greedy verification) with the
+``layer_skip`` proposer on dev prompts: every stage of every round is in the numerator, so a
+cheap draft that collapses acceptance and an expensive draft that repeats the target both lose.
+Optuna's TPE sampler proposes ``z`` (seeded); a repeated ``z`` reuses its measurement. The
+result is an artifact versioned against the target (``kind = "layer_skip"``): the skip vector,
+its objective, the AR reference time per token and every trial.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from harness.heads.checkpoint import ArtifactError, artifact_dir, load_artifact, save_artifact, target_fingerprint
+
+log = logging.getLogger("harness.heads")
+
+
+@dataclass(frozen=True)
+class SearchRecipe:
+    trials: int = 16
+    workload: str = "sharegpt"
+    split: str = "dev"
+    prompts: int = 4
+    max_prompt_tokens: int = 256
+    max_new_tokens: int = 24
+    depth: int = 4  # draft chain length cap during the search
+    gamma: float = 0.6  # initial threshold (the adaptive loop runs as at run time)
+    chat: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.trials < 1 or self.prompts < 1 or self.max_new_tokens < 1 or self.depth < 1:
+            raise ValueError(f"search needs trials, prompts, max_new_tokens, depth >= 1; got {self}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def dev_prompts(recipe: SearchRecipe, tokenizer, vocab_size: int) -> list[list[int]]:
+    """Token ids of the dev-split prompts (byte ids for a tokenizer-less tiny model)."""
+    from harness.heads.data import byte_ids
+    from harness.workloads.prompts import encode_prompt, load_workload
+
+    prompts = load_workload(name=recipe.workload, split=recipe.split, limit=recipe.prompts)
+    out = []
+    for p in prompts:
+        if tokenizer is None:
+            text = p.text if p.text is not None else " ".join(m["content"] for m in p.messages)
+            ids = byte_ids(text, vocab_size=vocab_size, max_len=recipe.max_prompt_tokens)
+        else:
+            ids = encode_prompt(p, tokenizer, chat=recipe.chat)[-recipe.max_prompt_tokens:]
+        out.append(ids or [3])
+    return out
+
+
+def measure(backend, skip: list[int] | None, prompts: list[list[int]], *, recipe: SearchRecipe) -> dict:
+    """Time per verified token of one skip vector (``None``: the autoregressive reference)."""
+    from harness.engine.decode import RoundConfig, decode
+    from harness.proposers.base import Budget
+    from harness.proposers.prompt_lookup import NullProposer
+    from harness.proposers.selfspec import LayerSkipProposer
+    from harness.random_source import TorchRandomSource
+    from harness.verifiers import get_verifier
+    from harness.verifiers.sampling import SamplingPolicy
+
+    policy = SamplingPolicy()
+    if skip is None:
+        budget = Budget(shape="sequence", max_nodes=1, max_depth=1)
+        proposer = NullProposer(budget=budget, manifest_hash="skip-search")
+    else:
+        budget = Budget(shape="sequence", max_nodes=recipe.depth, max_depth=recipe.depth)
+        proposer = LayerSkipProposer(budget=budget, manifest_hash="skip-search", policy=policy, model=backend.model,
+                                     checkpoint="search", skip=skip, gamma=recipe.gamma)
+    ms = tokens = rounds = accepted = 0
+    for ids in prompts:
+        res = decode(target=backend, proposer=proposer, verifier=get_verifier("greedy"), policy=policy,
+                     prompt_ids=ids, max_new_tokens=recipe.max_new_tokens, eos_token_ids=frozenset(),
+                     rng=TorchRandomSource(0), round_cfg=RoundConfig(max_nodes=budget.max_nodes,
+                                                                     max_depth=budget.max_depth))
+        ms += res.decode_ms
+        tokens += len(res.tokens)
+        rounds += res.ledger.rounds
+        accepted += res.ledger.accepted_tokens
+    return {"skip": skip, "ms_per_token": ms / tokens if tokens else None, "tokens": tokens,
+            "mean_committed_per_round": tokens / rounds if rounds else None,
+            "mean_accepted_per_round": accepted / rounds if rounds else None}
+
+
+def search_skip(backend, prompts: list[list[int]], *, recipe: SearchRecipe, progress: bool = True) -> dict:
+    """Optuna TPE over the skip vector. Returns the best trial, the AR reference and every trial."""
+    import optuna
+    from tqdm import tqdm
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    layers = int(backend.model.config.num_hidden_layers)
+    ar = measure(backend, None, prompts, recipe=recipe)
+    seen: dict[tuple[int, ...], dict] = {}
+    bar = tqdm(total=recipe.trials, desc="layer-skip search", unit="trial", file=sys.stderr, disable=not progress,
+               leave=False)
+
+    def objective(trial) -> float:
+        skip = tuple(i for i in range(layers) if trial.suggest_int(f"skip_{i}", 0, 1))
+        if skip not in seen:
+            seen[skip] = measure(backend, list(skip), prompts, recipe=recipe)
+        bar.update(1)
+        bar.set_postfix(best_ms=f"{min(v['ms_per_token'] for v in seen.values()):.2f}")
+        return seen[skip]["ms_per_token"]
+
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=recipe.seed))
+    study.enqueue_trial({f"skip_{i}": i % 2 for i in range(layers)})  # every other layer: a common start
+    study.optimize(objective, n_trials=recipe.trials)
+    bar.close()
+    best_skip = [i for i in range(layers) if study.best_params[f"skip_{i}"]]
+    return {"skip": best_skip, "best": seen[tuple(best_skip)], "ar": ar,
+            "trials": [{"skip": list(k), **{kk: vv for kk, vv in v.items() if kk != "skip"}} for k, v in seen.items()]}
+
+
+def ensure_skip(options: dict, *, backend, tokenizer, target_source: str, progress: bool = True, force: bool = False,
+                prompts: list[list[int]] | None = None) -> tuple[list[int], dict]:
+    """The skip vector to draft with: ``proposer.skip`` when given, else the search artifact (run
+    the search when absent and ``auto_train``)."""
+    if options.get("skip") is not None and not force:
+        return [int(i) for i in options["skip"]], {"source": "proposer.skip", "cpu_budget_artifact": False}
+    model = backend.model
+    target_hash = target_fingerprint(model, tokenizer)
+    recipe = SearchRecipe(**dict(options.get("search") or {}))
+    rd = recipe.to_dict()
+    explicit = options.get("artifact")
+    path = Path(explicit) if explicit else artifact_dir("layer_skip", target_hash=target_hash, recipe=rd)
+    if not force and (path / "manifest.json").is_file():
+        manifest, _ = load_artifact(path, kind="layer_skip", target_hash=target_hash, recipe=rd)
+        return list(manifest["skip"]), manifest
+    if not force and (explicit or not options.get("auto_train", True)):
+        raise ArtifactError(f"no layer_skip artifact at {str(path)!r}; run `harness train proposer=layer_skip` "
+                            "(or set proposer.auto_train=true, or give proposer.skip)")
+    log.warning("searching the layer-skip vector (absent from %s)", path)
+    t0 = time.perf_counter()
+    if prompts is None:
+        prompts = dev_prompts(recipe, tokenizer, int(model.config.vocab_size))
+    result = search_skip(backend, prompts, recipe=recipe, progress=progress)
+    device = str(next(model.parameters()).device)
+    manifest = {"kind": "layer_skip", "target_hash": target_hash, "target_source": target_source, "recipe": rd,
+                "skip": result["skip"], "objective": result["best"], "ar_reference": result["ar"],
+                "trials": result["trials"],
+                "token_budget": recipe.trials * recipe.prompts * recipe.max_new_tokens,
+                "search": {"seconds": time.perf_counter() - t0, "device": device, "threads": torch.get_num_threads(),
+                           "sampler": "optuna TPESampler", "objective": "decode ms per committed token (greedy)"},
+                "cpu_budget_artifact": device == "cpu"}
+    save_artifact(path, manifest=manifest)
+    manifest, _ = load_artifact(path, kind="layer_skip", target_hash=target_hash, recipe=rd)
+    return list(manifest["skip"]), manifest
+
+
+def train_from_config(cfg, *, target, force: bool = False, progress: bool = True) -> dict:
+    """`harness train proposer=layer_skip`: run (or load) the search for the configured target."""
+    from omegaconf import OmegaConf
+
+    from harness.target.backend import CausalLMBackend
+
+    options = OmegaConf.to_container(cfg.proposer, resolve=True)
+    backend = CausalLMBackend(target.model, device=torch.device(cfg.model.device))
+    skip, m = ensure_skip(options, backend=backend, tokenizer=target.tokenizer, target_source=target.source,
+                          progress=progress, force=force)
+    return {"skip": skip, **{k: m.get(k) for k in ("artifact_id", "objective", "ar_reference", "token_budget",
+                                                    "search", "cpu_budget_artifact", "recipe")}}

@@ -1,0 +1,279 @@
+"""Self-speculation: draft with part of the target (reference 0x05).
+
+- ``proposer=early_exit`` (Kangaroo, 0x05B): the target's first ``l`` decoder layers (shared
+  modules), a trained adapter (attention + two norms, no FFN) and the shared LM head. Drafting
+  stops when the top-1 confidence ``max_v M_s`` falls to ``eta`` or below.
+- ``proposer=layer_skip`` (Draft & Verify, 0x05A): the target with the layers of a skip vector
+  ``z`` bypassed (final norm and LM head kept). ``z`` comes from a Bayesian-optimisation search
+  artifact (``harness train proposer=layer_skip``) or ``proposer.skip``. Drafting stops when the
+  top-1 probability falls below ``gamma``, which the acceptance-EMA loop of 0x05A adapts.
+
+State contract (0x05C): the draft path keeps its own :class:`~harness.heads.partial.ProvisionalKV`
+(shallow / skipped-path rows only). It never reads or writes the target backend's cache, so no
+skipped-path or adapter row can be published as target KV. Its own rows for accepted tokens are
+reused next round only where the per-row tag passes ``may_reuse`` against the committed path
+(same checkpoint, layer boundary, token, position, ancestry hash, dtype); everything after the
+first refused row is recomputed.
+
+Chains only (``topology=sequence``); ``sampling=beam`` (greedy top-1, ``score_only``) or ``iid``
+(each token drawn from the draft's policy distribution, which it carries as ``q``). The confidence
+stop depends only on tokens already drawn, so the chain length is a stopping time of the draft
+process and the p/q verifiers stay exact.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from harness.contracts import ProposalNode, ProposalResult, ProposalStateHandle
+from harness.heads.partial import PartialPath, ProvisionalKV, causal_rows_mask
+from harness.heads.state import PrefixHashes
+from harness.proposers.base import Budget, Proposer, budget_topology
+from harness.proposers.sampling import sample_children
+from harness.random_source import RandomSource
+from harness.verifiers.base import Capabilities
+
+SAMPLINGS = ("beam", "iid")
+
+
+class SelfSpecProposer(Proposer):
+    shapes: ClassVar[frozenset[str]] = frozenset({"sequence"})
+    probability_semantics: ClassVar[str] = "score_only"
+    sampling_relation: ClassVar[str] = "beam"
+    boundary: str = "self"
+
+    def __init__(self, *, budget: Budget, manifest_hash: str, policy, model: torch.nn.Module, checkpoint: str,
+                 sampling: str = "beam", artifact_manifest: dict | None = None) -> None:
+        super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"proposer.sampling must be one of {list(SAMPLINGS)} (chains); got {sampling!r}")
+        self.sampling = sampling
+        self.sampling_relation = sampling
+        self.probability_semantics = "score_only" if sampling == "beam" else "normalized_conditional"
+        self.model = model
+        self.lm_head = model.get_output_embeddings()
+        self.dtype = next(model.parameters()).dtype
+        self.checkpoint = checkpoint
+        self.depth = min(budget.max_depth, budget.max_nodes)
+        self.artifact_manifest = dict(artifact_manifest or {})
+        #: read by the runner: results from a CPU-budget artifact are labelled
+        self.cpu_budget_artifact = bool(self.artifact_manifest.get("cpu_budget_artifact", False))
+        self.kv = self._new_kv()
+        self.hashes = PrefixHashes()
+        self.peak_state_bytes = 0
+        self._last: tuple[int, list[int]] | None = None
+        self.stats.extras.update({"rounds": 0, "drafted": 0, "confidence_stops": 0, "reused_rows": 0,
+                                  "recomputed_rows": 0, "draft_forwards": 0})
+
+    @classmethod
+    def declare(cls, options: dict, budget: Budget) -> Capabilities:
+        if budget.shape not in cls.shapes:
+            raise ValueError(f"proposer={cls.name} drafts chains only (topology=sequence); got {budget.shape!r}")
+        sampling = str(options.get("sampling", "beam"))
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"proposer.sampling must be one of {list(SAMPLINGS)} (chains); got {sampling!r}")
+        sem = "score_only" if sampling == "beam" else "normalized_conditional"
+        return Capabilities(name=cls.name, probability_semantics=frozenset({sem}),
+                            sampling_relations=frozenset({sampling}), topology=budget_topology(budget))
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(name=self.name, probability_semantics=frozenset({self.probability_semantics}),
+                            sampling_relations=frozenset({self.sampling_relation}),
+                            topology=budget_topology(self.budget))
+
+    # ------------------------------------------------------------------ subclass hooks
+    def _forward(self, ids: list[int], positions: list[int], mask: torch.Tensor) -> torch.Tensor:
+        """Run the draft path over new rows (appending to ``self.kv``); logits ``[R, V]``."""
+        raise NotImplementedError
+
+    def threshold(self) -> float:
+        raise NotImplementedError
+
+    def observe_round(self, drafted: int, accepted: int) -> None:
+        """Acceptance feedback of the previous round (default: none)."""
+
+    # ------------------------------------------------------------------ lifecycle
+    def _new_kv(self) -> ProvisionalKV:
+        return ProvisionalKV(checkpoint=self.checkpoint, boundary=self.boundary, dtype=str(self.dtype))
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.kv = self._new_kv()
+        self.hashes = PrefixHashes()
+        self._last = None
+        if len(prompt_ids) > 1:  # like a draft model: the prompt is processed with the prefill
+            self.hashes.sync(prompt_ids)
+            self._extend(list(prompt_ids[:-1]), 0)
+
+    def finish(self) -> None:
+        self.kv = self._new_kv()
+        self._last = None
+
+    def state_bytes(self) -> int:
+        return self.peak_state_bytes
+
+    def _extend(self, ids: list[int], start: int) -> torch.Tensor:
+        positions = list(range(start, start + len(ids)))
+        with torch.inference_mode():
+            logits = self._forward(ids, positions, causal_rows_mask(len(self.kv), len(ids)))
+        self.kv.tag_rows(ids, positions, [self.hashes.at(p) for p in positions])
+        self.stats.extras["draft_forwards"] += 1
+        return logits
+
+    # ------------------------------------------------------------------ proposing
+    def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
+        extras = self.stats.extras
+        extras["rounds"] += 1
+        self.hashes.sync(committed)
+        if self._last is not None:
+            old_len, drafted = self._last
+            new = committed[old_len:]
+            if new:  # the previous round committed (the statistical gate re-proposes in place)
+                acc = 0
+                while acc < min(len(drafted), len(new) - 1) and drafted[acc] == new[acc]:
+                    acc += 1
+                self.observe_round(len(drafted), acc)
+        # roll the provisional cache back to the rows that pass may_reuse against the committed path
+        keep = self.kv.reusable_prefix(committed, self.hashes, limit=len(committed) - 1)
+        extras["recomputed_rows"] += max(len(self.kv) - keep, 0)
+        extras["reused_rows"] += keep
+        self.kv.keep(range(keep))
+        logits = self._extend(committed[keep:], keep)[-1]  # [V]: predicts the first draft token
+        nodes: list[ProposalNode] = []
+        laws: list[torch.Tensor] = []
+        threshold = self.threshold()
+        for j in range(self.depth):
+            conf = torch.softmax(logits.float(), dim=-1)  # [V]
+            top = float(conf.max())
+            if top <= threshold:
+                extras["confidence_stops"] += 1
+                break
+            if self.sampling == "beam":
+                tok = sample_children(conf, 1, relation="beam", rng=rng)[0][0]
+                nodes.append(ProposalNode(token_id=tok, parent=j - 1, score=top, source=self.name))
+            else:
+                q = self.policy.probs(logits[None], dtype=torch.float32)[0]  # [V]
+                tok, law = sample_children(q, 1, relation="iid", rng=rng)[0]
+                nodes.append(ProposalNode(token_id=tok, parent=j - 1, q=float(law[tok]), source=self.name))
+                laws.append(law)
+            if j + 1 < self.depth:  # the last draft token needs no forward: nothing follows it
+                self.hashes.sync(committed + [n.token_id for n in nodes])
+                logits = self._extend([tok], len(committed) + j)[-1]
+        self.hashes.sync(committed)
+        extras["drafted"] += len(nodes)
+        self.peak_state_bytes = max(self.peak_state_bytes, self.kv.nbytes())
+        self._last = (len(committed), [n.token_id for n in nodes])
+        handle = ProposalStateHandle(owner=self.name, committed_len=len(committed), generation=self.kv.generation,
+                                     kv_bytes=self.kv.nbytes())
+        return ProposalResult(nodes=tuple(nodes), probability_semantics=self.probability_semantics,
+                              sampling_relation=self.sampling_relation, topology="sequence", state_handle=handle,
+                              manifest_hash=self.manifest_hash, q_dists=torch.stack(laws) if laws else None,
+                              source=self.name)
+
+
+class EarlyExitProposer(SelfSpecProposer):
+    """Kangaroo: layers ``[0, l)`` + adapter + shared LM head; stop at confidence ``<= eta``."""
+
+    name: ClassVar[str] = "early_exit"
+
+    def __init__(self, *, budget: Budget, manifest_hash: str, policy, model: torch.nn.Module, checkpoint: str,
+                 adapter, exit_layer: int, eta: float = 0.5, sampling: str = "beam",
+                 artifact_manifest: dict | None = None) -> None:
+        if not 0.0 <= eta < 1.0:
+            raise ValueError(f"proposer.eta must be in [0, 1); got {eta}")
+        self.boundary = f"layers<{int(exit_layer)}+adapter"
+        super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy, model=model,
+                         checkpoint=f"{checkpoint}+{(artifact_manifest or {}).get('artifact_id', 'untrained')}",
+                         sampling=sampling, artifact_manifest=artifact_manifest)
+        self.path = PartialPath(model, range(int(exit_layer)))
+        self.adapter = adapter.eval()
+        self.exit_layer = int(exit_layer)
+        self.eta = float(eta)
+
+    @classmethod
+    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
+        from harness.heads.checkpoint import target_fingerprint
+        from harness.heads.early_exit import ensure_adapter
+
+        model = context.target_backend.model
+        art = ensure_adapter(options, model=model, tokenizer=context.tokenizer, target_source=context.model_source)
+        return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, model=model,
+                   checkpoint=target_fingerprint(model, context.tokenizer), adapter=art.adapter,
+                   exit_layer=int(art.manifest["recipe"]["exit_layer"]), eta=float(options.get("eta", 0.5)),
+                   sampling=str(options.get("sampling", "beam")), artifact_manifest=art.manifest)
+
+    def threshold(self) -> float:
+        return self.eta
+
+    def _forward(self, ids, positions, mask):
+        h = self.path.run(self.path.embed(ids), positions, mask, self.kv)  # [1, R, d] shallow features F_l
+        pos = torch.as_tensor(positions, dtype=torch.long)[None]
+        rope = self.path.base.rotary_emb(h, position_ids=pos)
+        y = self.adapter(h, rope=rope, mask=self.path.additive_mask(mask), cache=self.kv)
+        return self.lm_head(y)[0]
+
+
+class LayerSkipProposer(SelfSpecProposer):
+    """Draft & Verify: the target with the layers in ``skip`` bypassed; dynamic threshold ``gamma``."""
+
+    name: ClassVar[str] = "layer_skip"
+
+    def __init__(self, *, budget: Budget, manifest_hash: str, policy, model: torch.nn.Module, checkpoint: str,
+                 skip: list[int], gamma: float = 0.6, adaptive: bool = True, beta1: float = 0.5, beta2: float = 0.9,
+                 epsilon: float = 0.01, target_acceptance: float = 0.7, sampling: str = "beam",
+                 artifact_manifest: dict | None = None) -> None:
+        layers = int(model.config.num_hidden_layers)
+        skip = sorted({int(i) for i in skip})
+        if any(not 0 <= i < layers for i in skip):
+            raise ValueError(f"proposer.skip must list layer indices in [0, {layers}); got {skip}")
+        self.skip = skip
+        self.boundary = "skip:" + ",".join(map(str, skip))
+        super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy, model=model,
+                         checkpoint=checkpoint, sampling=sampling, artifact_manifest=artifact_manifest)
+        self.path = PartialPath(model, [i for i in range(layers) if i not in set(skip)])
+        self.norm = model.base_model.norm
+        for name, v in (("gamma", gamma), ("target_acceptance", target_acceptance), ("beta1", beta1),
+                        ("beta2", beta2)):
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"proposer.threshold.{name} must be in [0, 1]; got {v}")
+        self.gamma = float(gamma)
+        self.adaptive = bool(adaptive)
+        self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
+        self.target_acceptance = float(target_acceptance)
+        self.acceptance_ema: float | None = None
+        self.stats.extras.update({"skip": skip, "gamma": self.gamma})
+
+    @classmethod
+    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
+        from harness.heads.checkpoint import target_fingerprint
+        from harness.heads.skip_search import ensure_skip
+
+        model = context.target_backend.model
+        skip, manifest = ensure_skip(options, backend=context.target_backend, tokenizer=context.tokenizer,
+                                     target_source=context.model_source)
+        th = dict(options.get("threshold") or {})
+        return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, model=model,
+                   checkpoint=target_fingerprint(model, context.tokenizer), skip=skip,
+                   sampling=str(options.get("sampling", "beam")), artifact_manifest=manifest, **th)
+
+    def threshold(self) -> float:
+        return self.gamma
+
+    def observe_round(self, drafted: int, accepted: int) -> None:
+        """0x05A: acceptance EMA -> threshold candidate -> smoothed gamma (a heuristic policy).
+
+        A round that drafted nothing rejected nothing and counts as acceptance 1, so a threshold
+        set too high decays until drafting resumes (otherwise the loop would never see a draft)."""
+        if not self.adaptive:
+            return
+        rate = accepted / drafted if drafted else 1.0
+        ema = rate if self.acceptance_ema is None else self.beta1 * self.acceptance_ema + (1 - self.beta1) * rate
+        self.acceptance_ema = ema
+        candidate = self.gamma + self.epsilon if ema <= self.target_acceptance else self.gamma - self.epsilon
+        self.gamma = min(max(self.beta2 * self.gamma + (1 - self.beta2) * candidate, 0.0), 1.0)
+        self.stats.extras["gamma"] = self.gamma
+
+    def _forward(self, ids, positions, mask):
+        h = self.path.run(self.path.embed(ids), positions, mask, self.kv)  # [1, R, d]
+        return self.lm_head(self.norm(h))[0]

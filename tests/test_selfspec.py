@@ -1,0 +1,277 @@
+"""Self-speculation (0x05): early exit with a trained adapter (Kangaroo) and layer skipping with a
+searched skip vector (Draft & Verify) on a 4-layer tiny model: greedy equality, the confidence
+stop, the 0x05A threshold loop, the 0x05C state contract, artifacts refused against another target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.engine.decode import RoundConfig, decode
+from harness.heads.checkpoint import ArtifactError, artifact_dir, target_fingerprint
+from harness.heads.early_exit import ensure_adapter
+from harness.heads.partial import PartialPath, ProvisionalKV, causal_rows_mask
+from harness.heads.skip_search import SearchRecipe, ensure_skip
+from harness.proposers.base import Budget
+from harness.proposers.prompt_lookup import NullProposer
+from harness.proposers.selfspec import EarlyExitProposer, LayerSkipProposer
+from harness.random_source import TorchRandomSource
+from harness.target.backend import CausalLMBackend
+from harness.target.loading import build_tiny_model
+from harness.verifiers import get_verifier
+from harness.verifiers.sampling import SamplingPolicy
+
+GREEDY = SamplingPolicy()
+CHAIN = Budget(shape="sequence", max_nodes=4, max_depth=4)
+EXIT_OPTS = {"exit_layer": 1, "data": {"source": "inline", "token_budget": 1200, "held_out_tokens": 240, "max_len": 40},
+             "train": {"epochs": 3, "lr": 3e-3}}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    import os
+
+    old = os.environ.get("HARNESS_CACHE")
+    os.environ["HARNESS_CACHE"] = str(tmp_path_factory.mktemp("selfspec_cache"))
+    model = build_tiny_model(seed=1, num_layers=4)
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        docs = model.generate(torch.randint(3, 96, (36, 3), generator=gen), do_sample=False, max_new_tokens=37,
+                              min_new_tokens=37, pad_token_id=0).tolist()
+    art = ensure_adapter(EXIT_OPTS, model=model, tokenizer=None, target_source="tiny4", documents=(docs[:30], docs[30:]),
+                         progress=False)
+    yield {"model": model, "backend": CausalLMBackend(model), "docs": docs, "adapter": art}
+    if old is None:
+        os.environ.pop("HARNESS_CACHE", None)
+    else:
+        os.environ["HARNESS_CACHE"] = old
+
+
+def run(env, proposer, *, verifier="greedy", prompt, new=30, policy=GREEDY, seed=0, capture=None):
+    rounds = []
+    b = proposer.budget
+    backend = env["backend"]
+    if capture is not None:  # keep the target's Sequence to inspect its cache afterwards
+        orig = backend.prefill
+        backend.prefill = lambda ids: capture.setdefault("seq", orig(ids))
+    try:
+        res = decode(target=backend, proposer=proposer, verifier=get_verifier(verifier), policy=policy,
+                     prompt_ids=prompt, max_new_tokens=new, eos_token_ids=frozenset(), rng=TorchRandomSource(seed),
+                     round_cfg=RoundConfig(max_nodes=b.max_nodes, max_depth=b.max_depth),
+                     on_round=lambda **kw: rounds.append(kw))
+    finally:
+        if capture is not None:
+            del backend.prefill
+    return res, rounds
+
+
+def autoregressive(env, prompt, new=30):
+    null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h")
+    return run(env, null, prompt=prompt, new=new)[0].tokens
+
+
+def early_exit(env, eta=0.0, sampling="beam", policy=GREEDY):
+    art = env["adapter"]
+    return EarlyExitProposer(budget=CHAIN, manifest_hash="h", policy=policy, model=env["model"],
+                             checkpoint=target_fingerprint(env["model"]), adapter=art.adapter, exit_layer=1, eta=eta,
+                             sampling=sampling, artifact_manifest=art.manifest)
+
+
+def layer_skip(env, skip, **kw):
+    return LayerSkipProposer(budget=CHAIN, manifest_hash="h", policy=kw.pop("policy", GREEDY), model=env["model"],
+                             checkpoint=target_fingerprint(env["model"]), skip=skip, **kw)
+
+
+# ---------------------------------------------------------------------------------------------- partial path
+
+
+def test_partial_path_over_every_layer_is_the_target(env):
+    m = env["model"]
+    ids = [5, 6, 7, 8, 9, 10, 11]
+    with torch.inference_mode():
+        full = m(input_ids=torch.tensor([ids])).logits[0]
+        path = PartialPath(m, range(4))
+        kv = ProvisionalKV(checkpoint="c", boundary="all", dtype="float32")
+        h1 = path.run(path.embed(ids[:5]), range(5), causal_rows_mask(0, 5), kv)
+        h2 = path.run(path.embed(ids[5:]), range(5, 7), causal_rows_mask(5, 2), kv)
+        logits = m.lm_head(m.model.norm(torch.cat([h1, h2], dim=1)))[0]
+    assert (logits - full).abs().max() < 1e-5
+    assert sorted(kv.keys) == [0, 1, 2, 3] and kv.keys[0].shape[-2] == 7
+
+
+# ---------------------------------------------------------------------------------------------- exactness
+
+
+@pytest.mark.parametrize("verifier", ["greedy", "membership"])
+@pytest.mark.parametrize("make", [lambda e: early_exit(e, eta=0.0), lambda e: layer_skip(e, [1, 2], gamma=0.0),
+                                  lambda e: layer_skip(e, [0, 3], gamma=0.05, epsilon=0.05)],
+                         ids=["early_exit", "skip12", "skip03_adaptive"])
+def test_greedy_equality(env, make, verifier):
+    prompt = env["docs"][33][:6]
+    expected = autoregressive(env, prompt)
+    p = make(env)
+    res, rounds = run(env, p, verifier=verifier, prompt=prompt)
+    assert res.tokens == expected
+    assert p.stats.extras["drafted"] > 0
+
+
+def test_early_exit_drafts_are_accepted(env):
+    prompt = env["docs"][34][:6]
+    p = early_exit(env, eta=0.0)
+    res, rounds = run(env, p, prompt=prompt)
+    assert res.tokens == autoregressive(env, prompt)
+    assert max(len(r["selection"].accepted_rows) for r in rounds) >= 2 and len(rounds) < len(res.tokens)
+
+
+def test_skipping_nothing_drafts_the_target_itself(env):
+    """z = 0: the draft path is the full target, so every drafted token is accepted (0x05A: the
+    agreement end of the trade-off)."""
+    prompt = env["docs"][35][:6]
+    p = layer_skip(env, [], gamma=0.0, adaptive=False)
+    res, rounds = run(env, p, prompt=prompt)
+    assert res.tokens == autoregressive(env, prompt)
+    for r in rounds[:-1]:
+        assert len(r["selection"].accepted_rows) == 4 == r["tree"].num_rows
+
+
+@pytest.mark.parametrize("make,verifier", [(lambda e, pol: early_exit(e, eta=0.0, sampling="iid", policy=pol), "rejection"),
+                                           (lambda e, pol: layer_skip(e, [1], sampling="iid", policy=pol, gamma=0.0),
+                                            "specinfer")], ids=["early_exit", "layer_skip"])
+def test_sampled_chains_carry_q(env, make, verifier):
+    policy = SamplingPolicy(temperature=0.9)
+    prompt = env["docs"][31][:6]
+    p = make(env, policy)
+    p.start(prompt)
+    result = p.propose(prompt, TorchRandomSource(1))
+    assert result.probability_semantics == "normalized_conditional" and result.sampling_relation == "iid"
+    assert result.q_dists.shape[0] == len(result.nodes) == 4
+    for i, n in enumerate(result.nodes):
+        assert n.parent == i - 1 and n.q == pytest.approx(float(result.q_dists[i, n.token_id]))
+    res, _ = run(env, make(env, policy), verifier=verifier, prompt=prompt, policy=policy)
+    assert len(res.tokens) == 30
+
+
+# ---------------------------------------------------------------------------------------------- stopping rules
+
+
+def test_confidence_stop_eta(env):
+    """Kangaroo's second exit: no draft token whose top-1 confidence is <= eta."""
+    prompt = env["docs"][32][:6]
+    p = early_exit(env, eta=0.0)
+    p.start(prompt)
+    with torch.inference_mode():
+        first = p._forward([prompt[-1]], [len(prompt) - 1], causal_rows_mask(len(p.kv), 1))[-1]
+    conf = float(torch.softmax(first.float(), -1).max())
+    for eta, drafted in ((conf - 1e-4, True), (conf, False)):  # exit when max_v M_s <= eta
+        q = early_exit(env, eta=eta)
+        q.start(prompt)
+        result = q.propose(prompt, TorchRandomSource(0))
+        assert (len(result.nodes) > 0) == drafted, (eta, conf)
+        if not drafted:
+            assert q.stats.extras["confidence_stops"] == 1
+
+
+def test_threshold_loop_toy_numbers():
+    """0x05A: ema = b1 ema + (1 - b1) rate; candidate = gamma +- eps; gamma = b2 gamma + (1 - b2) candidate."""
+    p = LayerSkipProposer(budget=CHAIN, manifest_hash="h", policy=GREEDY, model=build_tiny_model(seed=0),
+                          checkpoint="c", skip=[1], gamma=0.6, beta1=0.5, beta2=0.9, epsilon=0.01, target_acceptance=0.7)
+    p.observe_round(4, 1)  # rate 0.25, ema 0.25 <= 0.7: raise
+    assert p.acceptance_ema == pytest.approx(0.25) and p.gamma == pytest.approx(0.9 * 0.6 + 0.1 * 0.61)
+    g = p.gamma
+    p.observe_round(4, 4)  # ema 0.625 <= 0.7: raise
+    assert p.acceptance_ema == pytest.approx(0.625) and p.gamma == pytest.approx(0.9 * g + 0.1 * (g + 0.01))
+    g = p.gamma
+    p.observe_round(4, 4)  # ema 0.8125 > 0.7: lower
+    assert p.acceptance_ema == pytest.approx(0.8125) and p.gamma == pytest.approx(0.9 * g + 0.1 * (g - 0.01))
+    g = p.gamma
+    p.observe_round(0, 0)  # nothing drafted: nothing rejected, counts as acceptance 1 (lowers gamma)
+    assert p.gamma < g
+
+
+# ---------------------------------------------------------------------------------------------- 0x05C
+
+
+def test_skipped_path_state_is_never_target_kv(env):
+    """The target's cache after a layer-skip run equals a plain prefill of the same tokens: no
+    skipped-path row was published. The draft's own cache holds only the layers it ran."""
+    prompt = env["docs"][33][:6]
+    p = layer_skip(env, [1, 2], gamma=0.0)
+    cap = {}
+    res, _ = run(env, p, prompt=prompt, new=20, capture=cap)
+    seq = cap["seq"]
+    n = len(prompt) + len(res.tokens) - 1  # the cache may hold accepted tokens cut by max_new_tokens
+    assert seq.tokens[:n] == prompt + res.tokens[:-1]
+    ref = env["backend"].prefill(seq.tokens + [0])  # a plain prefill of exactly the cached tokens
+    assert seq.tokens == ref.tokens
+    for got, want in zip(seq.cache.layers, ref.cache.layers):
+        assert torch.allclose(got.keys, want.keys, atol=1e-5) and torch.allclose(got.values, want.values, atol=1e-5)
+    assert p.kv is not seq.cache
+    p.start(prompt)
+    assert sorted(p.kv.keys) == [0, 3]  # skipped layers 1 and 2 never produced a row
+
+
+def test_may_reuse_refusal_forces_recompute(env):
+    """A cached draft row whose tag does not match the committed path is recomputed, not reused."""
+    from dataclasses import replace
+
+    prompt = env["docs"][34][:6]
+    p = layer_skip(env, [1], gamma=0.0)
+    p.start(prompt)
+    p.propose(prompt, TorchRandomSource(0))
+    kv = p.kv
+    rows = len(kv)  # 5 prompt rows + the pending row + 3 drafted rows (the 4th draft is never fed)
+    assert rows == len(prompt) + 3
+    kv.tags[2] = replace(kv.tags[2], layer_boundary="skip:2")  # e.g. a row from another skip vector
+    recomputed = p.stats.extras["recomputed_rows"]
+    p.propose(prompt, TorchRandomSource(0))
+    assert p.stats.extras["recomputed_rows"] - recomputed == rows - 2  # untampered: rows - (len(prompt) - 1)
+    res, _ = run(env, p, prompt=prompt)
+    assert res.tokens == autoregressive(env, prompt)
+
+
+# ---------------------------------------------------------------------------------------------- artifacts
+
+
+def test_adapter_is_attention_and_norms_only_and_target_frozen(env):
+    adapter = env["adapter"].adapter
+    names = {n.split(".")[0] for n, _ in adapter.named_parameters()}
+    assert names == {"norm1", "attn", "norm2"}  # no FFN, no LM head copy
+    m = env["adapter"].manifest
+    held = m["held_out"]
+    assert held["top1_agreement"] > held["untrained"]["top1_agreement"]
+    assert m["target_hash"] == target_fingerprint(env["model"])  # the target's weights did not change in training
+    assert m["recipe"]["exit_layer"] == 1 and m["token_budget"] == 1200 and m["cpu_budget_artifact"] is True
+
+
+def test_adapter_refused_against_another_target(env):
+    other = build_tiny_model(seed=2, num_layers=4)
+    with pytest.raises(ArtifactError, match="only valid for the target"):
+        ensure_adapter({**EXIT_OPTS, "artifact": str(env["adapter"].path)}, model=other, tokenizer=None,
+                       target_source="other", progress=False)
+
+
+def test_skip_search_artifact(env):
+    prompt = env["docs"][33][:6]
+    opts = {"search": {"trials": 4, "prompts": 1, "max_new_tokens": 8, "depth": 3, "gamma": 0.0}}
+    skip, m = ensure_skip(opts, backend=env["backend"], tokenizer=None, target_source="tiny4", prompts=[prompt],
+                          progress=False)
+    assert m["kind"] == "layer_skip" and m["skip"] == skip and all(0 <= i < 4 for i in skip)
+    assert len(m["trials"]) >= 1 and {"ms_per_token", "mean_committed_per_round"} <= set(m["objective"])
+    assert m["objective"]["ms_per_token"] == min(t["ms_per_token"] for t in m["trials"])
+    assert m["ar_reference"]["ms_per_token"] > 0 and m["token_budget"] == 4 * 1 * 8
+    again, _ = ensure_skip(opts, backend=env["backend"], tokenizer=None, target_source="tiny4", prompts=[prompt],
+                           progress=False)
+    assert again == skip  # loaded, not searched again
+    path = artifact_dir("layer_skip", target_hash=target_fingerprint(env["model"]),
+                        recipe=SearchRecipe(**opts["search"]).to_dict())
+    other = CausalLMBackend(build_tiny_model(seed=2, num_layers=4))
+    with pytest.raises(ArtifactError, match="only valid for the target"):
+        ensure_skip({**opts, "artifact": str(path)}, backend=other, tokenizer=None, target_source="other",
+                    progress=False)
+
+
+def test_declare_refuses_trees_before_model_work():
+    with pytest.raises(ValueError, match="chains only"):
+        EarlyExitProposer.declare({}, Budget(shape="expansion", max_nodes=6, max_depth=3, widths=(2, 2, 1)))
+    caps = LayerSkipProposer.declare({"sampling": "iid"}, CHAIN)
+    assert caps.probability_semantics == frozenset({"normalized_conditional"}) and caps.topology == "sequence"
