@@ -255,7 +255,7 @@ def test_cache_datastore_is_built_on_first_use_then_checked_against_the_config(t
     assert not list(tmp_path.glob("datastores/*.building-*"))
     again, info = open_datastore(cfg, tokenizer=tok, model="toy")
     assert info["built_now"] is False and again.release_id == ds.release_id
-    with pytest.raises(DatastoreError, match=r"max_tokens: config 5000 vs built 3000"):
+    with pytest.raises(DatastoreError, match=r"max_tokens: config 5000 vs built 3000.*datastore.max_tokens=3000\)"):
         open_datastore({**cfg, "max_tokens": 5000}, tokenizer=tok, model="toy")
 
 
@@ -271,3 +271,27 @@ def test_from_config_folds_the_release_id_into_the_proposals_manifest_hash(env):
     assert not result.empty and result.nodes[0].source == f"rest:{ds.release_id[:12]}"
     assert prop.manifest_extra()["datastore"]["release_id"] == ds.release_id
     assert plan_.capabilities.probability_semantics == frozenset({"frequency"})
+
+
+def test_manifest_datastores_puts_the_release_id_into_the_manifest_hash(env, tmp_path):
+    import shutil
+
+    from harness.manifest import freeze_manifest, manifest_hash
+    from harness.proposers.rest import manifest_datastores
+
+    store, versions = tmp_path / "ds", {"torch": "x"}
+    cfg = compose_cfg(*run_overrides(env, store))
+    with_release, without = [], []
+    for docs in ([[5, 6, 7, 8]], [[5, 6, 7, 9]]):  # the same directory rebuilt with other content
+        shutil.rmtree(store, ignore_errors=True)
+        ds = datastore_from_token_ids(docs)
+        write_datastore(ds, store)
+        extra = manifest_datastores(cfg)
+        assert extra == {"datastores": {"rest": {"release_id": ds.release_id, "corpus": "token-ids",
+                                                 "n_tokens": 5, "path": str(store)}}}
+        with_release.append(manifest_hash(freeze_manifest(cfg, versions=versions, extra=extra)))
+        without.append(manifest_hash(freeze_manifest(cfg, versions=versions)))
+    assert without[0] == without[1] and with_release[0] != with_release[1]
+    merged = compose_cfg("model=tiny", "proposer=merged", "topology=merged", f"proposer.rest.datastore.path={store}")
+    assert manifest_datastores(merged)["datastores"]["rest"]["release_id"] == ds.release_id
+    assert manifest_datastores(compose_cfg("model=tiny", "proposer=prompt_lookup")) == {}
