@@ -54,4 +54,15 @@ def job_manifest_hash(cfg: DictConfig, *, versions: dict[str, str] | None = None
         from harness.measure.hardware import library_versions
 
         versions = library_versions()
-    return manifest_hash(freeze_manifest(cfg, versions=versions))
+    return manifest_hash(freeze_manifest(cfg, versions=versions, extra=manifest_extras(cfg)))
+
+
+def manifest_extras(cfg: DictConfig) -> dict:
+    """Versioned artifacts the manifest binds beyond the config: the datastore release ids of a
+    retrieval proposer (opened, or built on first use, before any model is loaded)."""
+    p = cfg.proposer
+    if p.name == "rest" or (p.name == "merged" and "rest" in list(p.get("sources", []))):
+        from harness.proposers.rest import manifest_datastores
+
+        return manifest_datastores(cfg)
+    return {}

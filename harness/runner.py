@@ -21,7 +21,7 @@ from harness import config as _config  # noqa: F401  (registers the schemas)
 from harness.engine.build import BuildContext, Plan, build_proposer, plan, prepare
 from harness.gates.stages import GateError
 from harness.engine.decode import DecodeResult, RoundConfig, check_temp_kv_budget, decode, greedy_divergence, top2_margin
-from harness.manifest import RECORD_SCHEMA_VERSION, freeze_manifest, manifest_hash
+from harness.manifest import RECORD_SCHEMA_VERSION, freeze_manifest, manifest_extras, manifest_hash
 from harness.measure.hardware import hardware_card, library_versions, peak_rss_bytes
 from harness.measure.ledger import RoundLedger
 from harness.proposers.base import Budget
@@ -141,7 +141,7 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
                                                 budget_bytes=cfg.generation.temp_kv_budget_bytes,
                                                 batch_size=int(cfg.generation.batch_size))
     versions = library_versions()
-    manifest = freeze_manifest(cfg, versions=versions)
+    manifest = freeze_manifest(cfg, versions=versions, extra=manifest_extras(cfg))
     mhash = manifest_hash(manifest)
     run_dir = Path(run_dir or cfg.output_dir or os.getcwd())
 

@@ -113,6 +113,11 @@ def test_rest_run_end_to_end_on_tiny_with_a_token_id_datastore(env, tmp_path):
     assert 0.0 <= r["miss_rate"] < 1.0 and r["mean_match_len"] > 0 and r["mean_retrieval_ms"] > 0
     assert m["round_cost_ms"]["retrieval"] > 0  # split out of the proposal stage
     assert r["manifest_hash"] == release_manifest_hash(record["manifest_hash"], ds.release_id)
+    # the run manifest binds the datastore release, so the record's hash changes with it
+    assert record["manifest"]["datastores"]["rest"]["release_id"] == ds.release_id
+    from harness.manifest import job_manifest_hash
+
+    assert job_manifest_hash(compose_cfg(*run_overrides(env, store))) == record["manifest_hash"]
     gate = record["gates"]["workload_governance"]
     assert gate["passed"] is True and gate["leaked"] == [] and gate["allow_leakage"] is False
     assert [i["prompt_id"] for i in gate["items"]] == ["p1", "p2"]
