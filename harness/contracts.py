@@ -174,6 +174,27 @@ class ProposalResult:
         return len(self.nodes) == 0
 
     @classmethod
+    def from_paths(cls, paths, *, source: str = "paths", manifest_hash: str = "paths",
+                   probability_semantics: ProbabilitySemantics = "score_only",
+                   sampling_relation: SamplingRelation = "deterministic_lookup") -> "ProposalResult":
+        """Deterministic score-only evidence from token paths, merged by full prefix (for gates,
+        tests and timing trees). Nodes come in first-insertion order."""
+        nodes: list[ProposalNode] = []
+        index: dict[tuple[int, ...], int] = {}
+        for path in paths:
+            parent, prefix = PREFIX_FRONTIER, ()
+            for tok in path:
+                prefix += (int(tok),)
+                if prefix not in index:
+                    index[prefix] = len(nodes)
+                    nodes.append(ProposalNode(token_id=int(tok), parent=parent, score=1.0, source=source))
+                parent = index[prefix]
+        chain = all(n.parent == i - 1 for i, n in enumerate(nodes))
+        return cls(nodes=tuple(nodes), probability_semantics=probability_semantics,
+                   sampling_relation=sampling_relation, topology="sequence" if chain else "tree",
+                   state_handle=NO_STATE, manifest_hash=manifest_hash, source=source)
+
+    @classmethod
     def empty_result(cls, *, source: str, manifest_hash: str,
                      probability_semantics: ProbabilitySemantics = "absent",
                      sampling_relation: SamplingRelation = "deterministic_lookup",

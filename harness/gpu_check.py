@@ -39,18 +39,6 @@ def smollm2_shaped(dtype: torch.dtype, device: str, layers: int = 30):
     return model.to(device=device, dtype=dtype).eval()
 
 
-def kary_tree(tokens, n_rows, width=2):
-    from harness.contracts import NO_STATE, ProposalNode, ProposalResult
-
-    nodes = []
-    for i in range(n_rows):
-        parent = -1 if i < width else (i - width) // width
-        nodes.append(ProposalNode(token_id=int(tokens[i % len(tokens)]), parent=parent, score=1.0))
-    return ProposalResult(nodes=tuple(nodes), probability_semantics="score_only",
-                          sampling_relation="deterministic_lookup", topology="tree", state_handle=NO_STATE,
-                          manifest_hash="gpu")
-
-
 @torch.inference_mode()
 def equivalence(model, device) -> dict:
     from harness.gates.stages import equivalence_gate
@@ -63,14 +51,14 @@ def equivalence(model, device) -> dict:
 
 @torch.inference_mode()
 def t_of_n(model, device, ns, prefix=256, reps=20) -> dict:
+    from harness.measure.profile import timing_tree
     from harness.target.backend import CausalLMBackend
-    from harness.topology.compiler import compile_tree
 
     backend = CausalLMBackend(model, device=torch.device(device))
     ids = torch.randint(3, 49000, (prefix,), generator=torch.Generator().manual_seed(1)).tolist()
     out = {}
     for n in ns:
-        tree = compile_tree([kary_tree(ids, n - 1)] if n > 1 else [], prefix_len=prefix)
+        tree = timing_tree(n - 1, prefix_len=prefix, vocab=backend.vocab_size)
         seq = backend.prefill(ids)
         base = seq.cache_len
         times = []

@@ -3,25 +3,13 @@
 import pytest
 import torch
 
-from harness.contracts import ProposalNode, ProposalResult, NO_STATE
+from harness.contracts import ProposalResult
 from harness.target.backend import CausalLMBackend, kv_bytes_per_token
 from harness.topology.compiler import compile_tree
 
 
 def det_proposal(paths):
-    """Score-only proposal from token paths (merged into one node list, parents first)."""
-    nodes, index = [], {}
-    for path in paths:
-        parent, prefix = -1, ()
-        for tok in path:
-            prefix += (tok,)
-            if prefix not in index:
-                index[prefix] = len(nodes)
-                nodes.append(ProposalNode(token_id=tok, parent=parent, score=1.0, source="test"))
-            parent = index[prefix]
-    return ProposalResult(nodes=tuple(nodes), probability_semantics="score_only",
-                          sampling_relation="deterministic_lookup", topology="tree",
-                          state_handle=NO_STATE, manifest_hash="test")
+    return ProposalResult.from_paths(paths, source="test", manifest_hash="test")
 
 
 def sequential_logits(model, tokens):

@@ -16,18 +16,9 @@ A, B, C, D, E, F, X = 10, 11, 12, 13, 14, 15, 16
 
 
 def paths_proposal(paths, source, semantics="score_only"):
-    nodes, index = [], {}
-    for path in paths:
-        parent, prefix = -1, ()
-        for tok in path:
-            prefix += (tok,)
-            if prefix not in index:
-                index[prefix] = len(nodes)
-                nodes.append(ProposalNode(token_id=tok, parent=parent, score=1.0, source=source))
-            parent = index[prefix]
-    return ProposalResult(nodes=tuple(nodes), probability_semantics=semantics,
-                          sampling_relation="deterministic_lookup", topology="tree",
-                          state_handle=NO_STATE, manifest_hash="h", source=source)
+    result = ProposalResult.from_paths(paths, source=source, manifest_hash="h", probability_semantics=semantics)
+    assert all(n.source == source for n in result.nodes)
+    return result
 
 
 def trace_0x0c():

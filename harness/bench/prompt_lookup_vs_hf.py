@@ -7,7 +7,8 @@ each arm against plain autoregressive decoding). Arms, interleaved per prompt:
 - ``hf_pld``: ``model.generate(prompt_lookup_num_tokens=K, max_matching_ngram_size=n)``;
 - ``ours_ar``: our round loop with an empty proposer;
 - ``ours_sequence``: our prompt lookup, one continuation (same n and K as transformers);
-- ``ours_tree``: several matches merged into one verified tree, budget from the measured t(n).
+- ``ours_tree``: several matches merged into one verified tree (a fixed budget);
+- ``ours_adaptive``: the same tree, rows chosen per round from the measured t(n) and learned acceptance.
 
 Decode time only (prefill and the first token are excluded from both families by timing
 ``max_new_tokens`` generation and subtracting a 1-token generation for the HF arms; our arms report
@@ -20,35 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-
-
-def measure_t_of_n(backend, prompt_ids, ns, reps=5):
-    """Median verify-forward time of n candidate rows (+ the pending row) over a real prefix."""
-    from harness.contracts import NO_STATE, ProposalNode, ProposalResult
-    from harness.topology.compiler import compile_tree
-
-    out = {}
-    for n in ns:
-        times = []
-        for _ in range(reps):
-            seq = backend.prefill(prompt_ids)
-            nodes = tuple(ProposalNode(token_id=int(prompt_ids[i % len(prompt_ids)]), parent=i - 1 if i % 4 else -1,
-                                       score=1.0) for i in range(n))
-            tree = compile_tree([ProposalResult(nodes=nodes, probability_semantics="score_only",
-                                                sampling_relation="deterministic_lookup", topology="tree",
-                                                state_handle=NO_STATE, manifest_hash="bench")],
-                                prefix_len=len(prompt_ids))
-            t0 = time.perf_counter()
-            backend.verify(seq, prompt_ids[-1], tree)
-            times.append(time.perf_counter() - t0)
-        out[n] = statistics.median(times) * 1e3
-    return out
 
 
 def main(argv=None) -> int:
@@ -58,7 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--num-tokens", type=int, default=10, help="K: transformers' prompt_lookup_num_tokens")
     ap.add_argument("--ngram", type=int, default=2, help="n: transformers' max_matching_ngram_size")
-    ap.add_argument("--tree-nodes", type=int, default=0, help="ours_tree budget; 0 = sized from measured t(n)")
+    ap.add_argument("--tree-nodes", type=int, default=16, help="candidate-row budget of the tree arms")
     ap.add_argument("--tree-matches", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="results/bench/prompt_lookup_vs_hf.json")
@@ -86,13 +63,11 @@ def main(argv=None) -> int:
     greedy = get_verifier("greedy")
     policy = SamplingPolicy()
 
-    t_of_n = measure_t_of_n(backend, items[0][1], [0, 1, 2, 4, 8, 12, 16, 24, 32])
-    if args.tree_nodes:
-        tree_nodes = args.tree_nodes
-    else:
-        # the largest budget whose verify forward costs at most 1.5 single steps (t(n)/t(0) <= 1.5)
-        ok = [n for n, t in t_of_n.items() if n and t <= 1.5 * t_of_n[0]]
-        tree_nodes = max(ok) if ok else 4
+    from harness.measure.verify_cost import measure_verify_cost
+
+    profile = measure_verify_cost(backend, items[0][1], max_rows=max(args.tree_nodes, 16))
+    t_of_n = profile["t_ms"]
+    tree_nodes = args.tree_nodes or 16
 
     def ours(proposer, ids, new):
         rc = RoundConfig(max_nodes=proposer.budget.max_nodes, max_depth=proposer.budget.max_depth)
@@ -116,6 +91,10 @@ def main(argv=None) -> int:
         "ours_tree": lambda ids, new: ours(PromptLookupProposer(
             budget=Budget("sequences", tree_nodes, args.num_tokens), manifest_hash="b", max_ngram=args.ngram,
             max_matches=args.tree_matches), ids, new),
+        "ours_adaptive": lambda ids, new: ours(PromptLookupProposer(
+            budget=Budget("sequences", tree_nodes, args.num_tokens), manifest_hash="b", max_ngram=args.ngram,
+            max_matches=args.tree_matches, budget_policy="adaptive",
+            verify_cost=profile["normalised"][: tree_nodes + 1]), ids, new),
         "hf_ar": lambda ids, new: hf(ids, new),
         "hf_pld": lambda ids, new: hf(ids, new, prompt_lookup_num_tokens=args.num_tokens,
                                       max_matching_ngram_size=args.ngram),
@@ -156,13 +135,17 @@ def main(argv=None) -> int:
         "ours_sequence_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_sequence"],
         "ours_tree_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_tree"],
         "ours_tree_vs_ours_ar": per_tok["ours_ar"] / per_tok["ours_tree"],
+        "ours_adaptive_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_adaptive"],
+        "ours_adaptive_vs_ours_ar": per_tok["ours_ar"] / per_tok["ours_adaptive"],
+        "ours_adaptive_vs_hf_ar": per_tok["hf_ar"] / per_tok["ours_adaptive"],
         "outputs_identical": not mismatches, "mismatches": mismatches, "totals": totals,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(json.dumps({k: result[k] for k in ("time_per_token_ms", "tokens_per_round", "ours_sequence_vs_hf_pld",
-                                             "ours_tree_vs_hf_pld", "ours_tree_vs_ours_ar", "outputs_identical",
+                                             "ours_tree_vs_hf_pld", "ours_tree_vs_ours_ar", "ours_adaptive_vs_hf_pld",
+                                             "ours_adaptive_vs_ours_ar", "outputs_identical",
                                              "tree_nodes")}, indent=2))
     return 0 if not mismatches else 1
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from harness.contracts import ProposalNode, ProposalResult, NO_STATE
+from harness.contracts import ProposalResult
 from harness.gates.oracle import MARGINAL_ATOL
 from harness.measure.hardware import library_versions
 from harness.random_source import TorchRandomSource
@@ -165,20 +165,6 @@ def _paths_from(ids: list[int]) -> list[list[int]]:
     return [[a, b, c], [a, b, d], [a, b, e], [a, f], [x, b]]
 
 
-def _tree_proposal(paths: list[list[int]]) -> ProposalResult:
-    nodes, index = [], {}
-    for path in paths:
-        parent, prefix = -1, ()
-        for tok in path:
-            prefix += (tok,)
-            if prefix not in index:
-                index[prefix] = len(nodes)
-                nodes.append(ProposalNode(token_id=int(tok), parent=parent, score=1.0, source="gate"))
-            parent = index[prefix]
-    return ProposalResult(nodes=tuple(nodes), probability_semantics="score_only", sampling_relation="deterministic_lookup",
-                          topology="tree", state_handle=NO_STATE, manifest_hash="gate")
-
-
 @torch.inference_mode()
 def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds: int = 3) -> dict:
     """Tree-attention and commit equivalence on the configured model."""
@@ -193,7 +179,8 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
     worst_tree, worst_cache = 0.0, 0.0
     for r in range(rounds):
         paths = _paths_from(committed[-(7 + r):])
-        tree = compile_tree([_tree_proposal(paths)], prefix_len=len(committed))
+        tree = compile_tree([ProposalResult.from_paths(paths, source="gate", manifest_hash="gate")],
+                            prefix_len=len(committed))
         validate_candidate_graph(tree)
         out = backend.verify(seq, committed[-1], tree)
         # each row equals its root-to-node path decoded sequentially

@@ -1,6 +1,6 @@
-"""Measured verify cost t(n): one verify forward of ``n`` rows (the pending token + ``n - 1``
-candidate rows) over a real prefix, normalised to t(1). Used to size candidate budgets from the
-hardware rather than from a fixed count."""
+"""Measured verify cost t(n) over a real prefix, interpolated to every row count: what prompt
+lookup's adaptive budget needs (no draft model involved, unlike the Sequoia hardware profile of
+``harness.measure.profile``, whose timing trees it shares)."""
 
 from __future__ import annotations
 
@@ -11,20 +11,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from harness.contracts import NO_STATE, ProposalNode, ProposalResult
-from harness.topology.compiler import compile_tree
-
-
-def chain_and_branch_tree(prefix: Sequence[int], rows: int, prefix_len: int):
-    """``rows`` candidate rows: two chains from the frontier (a realistic merged-lookup shape)."""
-    nodes = []
-    for i in range(rows):
-        parent = -1 if i < 2 else i - 2
-        nodes.append(ProposalNode(token_id=int(prefix[i % len(prefix)]), parent=parent, score=1.0))
-    proposal = ProposalResult(nodes=tuple(nodes), probability_semantics="score_only",
-                              sampling_relation="deterministic_lookup", topology="tree", state_handle=NO_STATE,
-                              manifest_hash="verify-cost")
-    return compile_tree([proposal], prefix_len=prefix_len)
+from harness.measure.profile import timing_tree
 
 
 @torch.inference_mode()
@@ -37,7 +24,7 @@ def measure_verify_cost(backend, prompt_ids: Sequence[int], *, max_rows: int, re
     pts = sorted({p for p in points if p <= max_rows} | {0, max_rows})
     med = []
     for rows in pts:
-        tree = chain_and_branch_tree(ids, rows, len(ids)) if rows else compile_tree([], prefix_len=len(ids))
+        tree = timing_tree(rows, prefix_len=len(ids), vocab=backend.vocab_size)
         seq = backend.prefill(ids)
         base = seq.cache_len
         samples = []
