@@ -30,14 +30,14 @@ log = logging.getLogger("harness.heads")
 
 @dataclass(frozen=True)
 class SearchRecipe:
-    trials: int = 16
+    trials: int = 12
     workload: str = "sharegpt"
     split: str = "dev"
-    prompts: int = 4
-    max_prompt_tokens: int = 256
-    max_new_tokens: int = 24
+    prompts: int = 3
+    max_prompt_tokens: int = 96
+    max_new_tokens: int = 32
     depth: int = 4  # draft chain length cap during the search
-    gamma: float = 0.6  # initial threshold (the adaptive loop runs as at run time)
+    gamma: float = 0.4  # initial threshold (the adaptive loop runs as at run time)
     chat: bool = True
     seed: int = 0
 

@@ -220,8 +220,8 @@ class LayerSkipProposer(SelfSpecProposer):
     name: ClassVar[str] = "layer_skip"
 
     def __init__(self, *, budget: Budget, manifest_hash: str, policy, model: torch.nn.Module, checkpoint: str,
-                 skip: list[int], gamma: float = 0.6, adaptive: bool = True, beta1: float = 0.5, beta2: float = 0.9,
-                 epsilon: float = 0.01, target_acceptance: float = 0.7, sampling: str = "beam",
+                 skip: list[int], gamma: float = 0.4, adaptive: bool = True, beta1: float = 0.5, beta2: float = 0.9,
+                 epsilon: float = 0.05, target_acceptance: float = 0.7, sampling: str = "beam",
                  artifact_manifest: dict | None = None) -> None:
         layers = int(model.config.num_hidden_layers)
         skip = sorted({int(i) for i in skip})
