@@ -284,7 +284,8 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         "retrieval": dict(proposer.stats.extras),
         "concurrent_jobs": int(cfg.concurrent_jobs),
         "torch_threads": torch.get_num_threads(),
-        "cpu_budget_artifact": False,
+        # artifacts trained on this CPU's token budget (heads, adapters, skip vectors) are labelled
+        "cpu_budget_artifact": bool(getattr(proposer, "cpu_budget_artifact", False)),
         "job_seconds": time.perf_counter() - t_job,
     }
     if not plan_.verifier.exact:
@@ -320,7 +321,9 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         "per_prompt": per_prompt,
         "hardware": hardware_card(cfg.model.device),
         "model_source": target.source,
-        "artifacts": dict(plan_.extras.get("artifacts", {})),
+        "artifacts": {**plan_.extras.get("artifacts", {}),
+                      **({"proposer_artifact": proposer.artifact_manifest}
+                         if getattr(proposer, "artifact_manifest", None) else {})},
     }
     if "sequoia_predicted_time_per_token_ms" in metrics:
         from harness.topology.sequoia_artifact import cost_model_error

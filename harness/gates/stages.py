@@ -58,6 +58,10 @@ GATE_MODULES = (
 ORACLE_MODULES = GATE_MODULES + ("harness/proposers/draft_model.py", "harness/proposers/prompt_lookup.py",
                                  "harness/proposers/base.py", "harness/target/loading.py")
 REPO = Path(__file__).resolve().parents[2]
+#: proposal-side code whose change must invalidate cached statistical gates
+PROPOSER_MODULES = tuple(sorted(
+    str(p.relative_to(REPO)) for pattern in ("harness/proposers/*.py", "harness/heads/*.py")
+    for p in REPO.glob(pattern)))
 
 
 def gate_key(*parts: object, modules: tuple[str, ...] = GATE_MODULES) -> str:
@@ -298,8 +302,8 @@ def run_gates(cfg: DictConfig, *, plan_, backend: CausalLMBackend, proposer, ite
                                                                  sort_keys=True),
                            json.dumps(OmegaConf.to_container(cfg.topology, resolve=True), sort_keys=True),
                            plan_.verifier.name, plan_.policy, plan_.budget, g.chi2_samples, items[0][1],
-                           modules=GATE_MODULES + tuple(
-                               f"harness/proposers/{n}.py" for n in ("draft_model", "prompt_lookup", "rest")))
+                           getattr(proposer, "artifact_manifest", None) or {},
+                           modules=GATE_MODULES + PROPOSER_MODULES)
             gates["statistical"] = _cached("statistical", key, g.cache, lambda: statistical_gate(
                 backend=backend, proposer=proposer, verifier=plan_.verifier, policy=plan_.policy,
                 prompt_ids=items[0][1], samples=int(g.chi2_samples), top_m=int(g.chi2_top_m),
