@@ -325,6 +325,9 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
                       **({"proposer_artifact": proposer.artifact_manifest}
                          if getattr(proposer, "artifact_manifest", None) else {})},
     }
+    t_profile = getattr(proposer, "t_profile", None) or plan_.extras.get("t_profile")
+    if t_profile:
+        record["t_profile"] = t_profile  # measured verify time t(n) (ms) this run used
     if "sequoia_predicted_time_per_token_ms" in metrics:
         from harness.topology.sequoia_artifact import cost_model_error
 

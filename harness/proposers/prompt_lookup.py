@@ -114,6 +114,9 @@ class PromptLookupProposer(Proposer):
             ids = context.items[0][1] if context.items else [1, 2, 3, 4] * 16
             profile = measure_verify_cost(context.target_backend, ids, max_rows=budget.max_nodes)
             opts["verify_cost"] = profile["normalised"]
+            proposer = cls(budget=budget, manifest_hash=manifest_hash, policy=policy, **opts)
+            proposer.t_profile = profile["t_profile"]  # recorded with the run (report: t(n) plot)
+            return proposer
         return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, **opts)
 
     # ------------------------------------------------------------------ proposing

@@ -311,7 +311,9 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
 def prepare_sequoia(cfg, plan_, context):
     """TOPOLOGY_PREPARERS entry: resolve the artifacts, then the plan's budget is the chosen tree."""
     arts = ensure_tree_artifact(cfg, context)
-    return plan_.with_budget(arts.budget(), artifacts=arts.paths(), metrics=arts.metrics())
+    t_profile = {"n": [v["n"] for v in arts.profile["verify_ms"]],
+                 "t": [v["median_ms"] for v in arts.profile["verify_ms"]]}
+    return plan_.with_budget(arts.budget(), artifacts=arts.paths(), metrics=arts.metrics(), t_profile=t_profile)
 
 
 def cost_model_error(record: dict) -> dict:
