@@ -151,20 +151,8 @@ def sample_tree_proposal(
                     seen.add(tok)
                     next_level.append((len(nodes) - 1, prefix + (tok,)))
         level = next_level
-    parents = [n.parent for n in nodes]
-    if all(p == i - 1 for i, p in enumerate(parents)):
-        topology = "sequence"
-    elif all(p == PREFIX_FRONTIER for p in parents):
-        topology = "set"
-    else:
-        topology = "tree"
-    if relation == "beam":
-        return ProposalResult(nodes=tuple(nodes), probability_semantics="score_only", sampling_relation="beam",
-                              topology=topology, state_handle=state_handle, manifest_hash=manifest_hash,
-                              source=source)
-    return ProposalResult(nodes=tuple(nodes), probability_semantics="normalized_conditional",
-                          sampling_relation=relation, topology=topology, state_handle=state_handle,
-                          manifest_hash=manifest_hash, q_dists=torch.stack(laws), source=source)
+    return _sampled_result(nodes, laws, relation=relation, source=source, manifest_hash=manifest_hash,
+                           state_handle=state_handle)
 
 
 def check_shape_parents(parents: Sequence[int]) -> list[int]:
@@ -243,10 +231,18 @@ def sample_shaped_tree_proposal(
         else:
             nodes.append(ProposalNode(token_id=token[v], parent=parent, q=float(law[token[v]]), source=source))
             laws.append(law)
-    out_parents = [n.parent for n in nodes]
-    if all(p == i - 1 for i, p in enumerate(out_parents)):
+    return _sampled_result(nodes, laws, relation=relation, source=source, manifest_hash=manifest_hash,
+                           state_handle=state_handle)
+
+
+def _sampled_result(nodes: list[ProposalNode], laws: list[torch.Tensor], *, relation: str, source: str,
+                    manifest_hash: str, state_handle: ProposalStateHandle) -> ProposalResult:
+    """Typed evidence from sampled nodes: ``normalized_conditional`` with the law of each draw, or
+    ``score_only`` for ``beam`` (no law). The topology is read off the parents."""
+    parents = [n.parent for n in nodes]
+    if all(p == i - 1 for i, p in enumerate(parents)):
         topology = "sequence"
-    elif all(p == PREFIX_FRONTIER for p in out_parents):
+    elif all(p == PREFIX_FRONTIER for p in parents):
         topology = "set"
     else:
         topology = "tree"
