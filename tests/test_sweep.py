@@ -105,11 +105,16 @@ def test_every_job_of_every_sweep_composes_and_negotiates(hydra_conf):
     """About 30 compositions: no default sweep holds an arm that negotiation refuses."""
     from harness.engine.build import plan
 
+    batch_sizes = set()
     for name in list_sweeps():
         for overrides in _jobs_of(name):
             cfg = _compose([f"+sweep={name}", *overrides])
-            assert cfg.generation.batch_size == 1, (name, overrides)  # default sweeps stay at batch size 1
+            if name == "batch_scaling":
+                batch_sizes.add(int(cfg.generation.batch_size))
+            else:
+                assert cfg.generation.batch_size == 1, (name, overrides)  # only batch_scaling varies the batch
             plan(cfg)
+    assert batch_sizes == {1, 2, 4, 8}  # issue 7's Show: batch 1, 2, 4, 8
 
 
 def test_sweep_axes_are_what_the_files_say(hydra_conf):
