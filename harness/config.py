@@ -80,8 +80,11 @@ class MergedConfig(ProposerConfig):
 
     name: str = "merged"
     sources: list[str] = field(default_factory=lambda: ["rest", "prompt_lookup"])
+    # per-source depth cap (a draft chain costs one draft forward per level); absent: topology.max_depth
+    depths: dict[str, int] = field(default_factory=lambda: {"draft_model": 4})
     rest: RestConfig = field(default_factory=RestConfig)
     prompt_lookup: PromptLookupConfig = field(default_factory=PromptLookupConfig)
+    draft_model: DraftModelConfig = field(default_factory=DraftModelConfig)
 
 
 @dataclass

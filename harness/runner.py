@@ -64,8 +64,8 @@ def load_models(cfg: DictConfig):
                         attn_implementation=m.attn_implementation, tiny=OmegaConf.to_container(m.tiny),
                         trust_remote_code=m.trust_remote_code)
     draft = None
-    if cfg.proposer.name == "draft_model":
-        d = cfg.proposer.model
+    d = draft_model_config(cfg)
+    if d is not None:
         import transformers
 
         verbosity = transformers.logging.get_verbosity()
@@ -78,6 +78,16 @@ def load_models(cfg: DictConfig):
             transformers.logging.set_verbosity(verbosity)
         check_same_tokenizer(target, draft)
     return target, draft
+
+
+def draft_model_config(cfg: DictConfig):
+    """The separate draft model a run needs: ``proposer=draft_model``, or a merged tree with
+    ``draft_model`` among ``proposer.sources``; None otherwise (nothing is loaded)."""
+    if cfg.proposer.name == "draft_model":
+        return cfg.proposer.model
+    if cfg.proposer.name == "merged" and "draft_model" in (cfg.proposer.get("sources") or []):
+        return cfg.proposer.draft_model.model
+    return None
 
 
 def check_same_tokenizer(target, draft) -> None:

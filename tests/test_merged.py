@@ -283,3 +283,49 @@ def test_merged_run_end_to_end_on_tiny(tmp_path, monkeypatch):
     assert r["per_source"]["prompt_lookup"]["offered"] >= 0 and r["rounds"] == r["sources"]["rest"]["rounds"]
     assert m["round_cost_ms"]["retrieval"] > 0
     assert m["proposal_state_bytes"] == ds.nbytes
+
+
+def test_a_draft_model_source_is_loaded_capped_in_depth_and_keeps_greedy_equality(tmp_path, monkeypatch):
+    """``proposer.sources=[draft_model, rest, prompt_lookup]``: the runner loads the draft only
+    because it is a source, the draft chain is capped at ``proposer.depths.draft_model``, and the
+    three-source tree keeps greedy output identical to AR."""
+    from harness.runner import draft_model_config, load_models, run_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    wl = tmp_path / "wl.jsonl"
+    wl.write_text(json.dumps({"id": "p", "prompt": "def add(a, b): return a + b; add(1, 2); add(3, 4)"}) + "\n")
+    base = ["model=tiny", "workload=jsonl", f"workload.path={wl}", "workload.chat=false"]
+    ds = datastore_from_token_ids([[3, 4, 5, 6, 7, 8, 9], [3, 4, 5, 11, 12]])
+    write_datastore(ds, tmp_path / "ds")
+    two = compose_cfg(*base, "proposer=merged", "topology=merged", f"proposer.rest.datastore.path={tmp_path / 'ds'}")
+    assert draft_model_config(two) is None and load_models(two)[1] is None  # no draft unless it is a source
+    three = [*base, "proposer=merged", "topology=merged", f"proposer.rest.datastore.path={tmp_path / 'ds'}",
+             "proposer.sources=[draft_model,rest,prompt_lookup]", "proposer.depths.draft_model=3"]
+    cfg = compose_cfg(*three, "generation.max_new_tokens=16", "generation.warmup_tokens=2", "gates.oracle=false")
+    assert draft_model_config(cfg).num_layers == cfg.proposer.draft_model.model.num_layers
+    record = run_job(cfg, run_dir=tmp_path / "run")
+    m = record["metrics"]
+    assert m["greedy_identical"] is True
+    per = m["retrieval"]["per_source"]
+    rounds = m["retrieval"]["rounds"]
+    assert rounds > 0 and 0 < per["draft_model"]["offered"] <= 3 * rounds  # a depth-3 chain per round
+    assert per["draft_model"]["new_rows"] > 0
+    assert set(m["accepted_by_source"]) <= {"draft_model", f"rest:{ds.release_id[:12]}", "prompt_lookup"}
+    assert record["gates"]["negotiation"]["probability_semantics"] == ["frequency", "normalized_conditional",
+                                                                       "score_only"]
+    with pytest.raises(ValueError, match="proposer.depths names"):
+        plan(compose_cfg(*three, "+proposer.depths.rest_x=2"))
+
+
+def test_the_end_to_end_oracle_runs_the_merged_draft_and_lookup_tree():
+    """The same merged round a run builds (draft chain + prompt lookup), through the real target
+    forward and commit on the float64 oracle model: membership reproduces the target law at T=1
+    and greedy at T=0."""
+    from harness.gates.e2e import E2EModels, check_e2e_case, standard_cases
+
+    models = E2EModels.build()
+    cases = {c.name: c for c in standard_cases()}
+    row = check_e2e_case(get_verifier("membership"), cases["merged/draft+lookup/T1"], models)
+    assert row["passed"] and row["leaves"] > 10, row
+    row = check_e2e_case(get_verifier("greedy"), cases["merged/draft+lookup/T0"], models)
+    assert row["passed"] and row["max_abs_error"] <= 1e-9, row

@@ -123,9 +123,22 @@ def emitted_tokens(tree: CompiledTree, sel: Selection) -> tuple[int, ...]:
     return tuple(int(tree.token_ids[r]) for r in sel.accepted_rows) + (int(sel.next_token),)
 
 
+def _shared_models(obj: Any, memo: dict[int, Any]) -> None:
+    """Models and backends reachable from a proposer's attributes, through composed proposers
+    (``proposer=merged`` keeps its sources in a list)."""
+    for v in vars(obj).values():
+        if isinstance(v, (torch.nn.Module, CausalLMBackend)):
+            memo[id(v)] = v
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                if isinstance(item, Proposer) and id(item) not in memo:
+                    _shared_models(item, memo)
+
+
 def fork(obj: Any) -> Any:
     """A deep copy of a proposer's per-request state that shares its models and backends."""
-    memo = {id(v): v for v in vars(obj).values() if isinstance(v, (torch.nn.Module, CausalLMBackend))}
+    memo: dict[int, Any] = {}
+    _shared_models(obj, memo)
     return copy.deepcopy(obj, memo)
 
 
@@ -280,7 +293,7 @@ class E2ECase:
     """One end-to-end instance: which proposer, shape and policy; the verifier comes separately."""
 
     name: str
-    proposer: str  # "draft_model" | "prompt_lookup"
+    proposer: str  # "draft_model" | "prompt_lookup" | "merged" (draft model + prompt lookup)
     budget: Budget
     policy: SamplingPolicy
     sampling: str = "iid"  # draft_model only
@@ -306,7 +319,20 @@ def make_proposer(case: E2ECase, *, draft: CausalLMBackend | None, policy: Sampl
         from harness.proposers.prompt_lookup import PromptLookupProposer
 
         return PromptLookupProposer(budget=case.budget, manifest_hash="e2e")
-    raise ValueError(f"unknown end-to-end proposer {case.proposer!r}; one of draft_model, prompt_lookup")
+    if case.proposer == "merged":  # the sources a run builds: a draft chain and prompt lookup
+        from dataclasses import replace
+
+        from harness.engine.build import proposer_class
+        from harness.proposers.merged import MergedProposer, sub_budget
+
+        sources = [make_proposer(replace(case, proposer=name, budget=sub_budget(proposer_class(name), case.budget)),
+                                 draft=draft, policy=policy) for name in MERGED_SOURCES]
+        return MergedProposer(budget=case.budget, manifest_hash="e2e", sources=sources, policy=policy)
+    raise ValueError(f"unknown end-to-end proposer {case.proposer!r}; one of draft_model, prompt_lookup, merged")
+
+
+#: the sources of the end-to-end merged cases
+MERGED_SOURCES = ("draft_model", "prompt_lookup")
 
 
 def misrecorded_q_proposer(*, budget: Budget, policy: SamplingPolicy, backend: CausalLMBackend,
@@ -337,6 +363,8 @@ def case_capabilities(case: E2ECase):
     from harness.engine.build import proposer_class
 
     options = {"sampling": case.sampling} if case.proposer == "draft_model" else {}
+    if case.proposer == "merged":
+        options = {"sources": list(MERGED_SOURCES), "draft_model": {"sampling": case.sampling}, "prompt_lookup": {}}
     return proposer_class(case.proposer).declare(options, case.budget)
 
 
@@ -349,6 +377,7 @@ def standard_cases() -> list[E2ECase]:
     set2 = Budget(shape="set", max_nodes=2, max_depth=1, widths=(2,))
     exp21 = Budget(shape="expansion", max_nodes=4, max_depth=2, widths=(2, 1))
     lookup = Budget(shape="sequences", max_nodes=6, max_depth=2)
+    merged = Budget(shape="merged", max_nodes=6, max_depth=2)
     return [
         E2ECase("draft/iid/seq2/T1", "draft_model", seq2, t1, "iid"),
         E2ECase("draft/iid/set2/T1", "draft_model", set2, t1, "iid"),
@@ -361,6 +390,8 @@ def standard_cases() -> list[E2ECase]:
         E2ECase("draft/iid/exp21/T0", "draft_model", exp21, greedy, "iid"),
         E2ECase("draft/beam/exp21/T0", "draft_model", exp21, greedy, "beam"),
         E2ECase("lookup/sequences/T0", "prompt_lookup", lookup, greedy),
+        E2ECase("merged/draft+lookup/T1", "merged", merged, t1, "iid"),
+        E2ECase("merged/draft+lookup/T0", "merged", merged, greedy, "iid"),
     ]
 
 

@@ -56,6 +56,7 @@ GATE_MODULES = (
 )
 #: the oracle gate's end-to-end cases also run these (real proposers on a tiny float64 model)
 ORACLE_MODULES = GATE_MODULES + ("harness/proposers/draft_model.py", "harness/proposers/prompt_lookup.py",
+                                 "harness/proposers/merged.py",
                                  "harness/proposers/base.py", "harness/target/loading.py")
 REPO = Path(__file__).resolve().parents[2]
 #: proposal-side code whose change must invalidate cached statistical gates

@@ -55,11 +55,17 @@ from harness.verifiers.base import Capabilities
 _SUB_SHAPES = ("tree", "sequences", "sequence")
 
 
-def sub_budget(cls: type[Proposer], budget: Budget) -> Budget:
-    """The budget a source proposes with: the round's node/depth budget in its tree-capable shape."""
+def sub_budget(cls: type[Proposer], budget: Budget, max_depth: int | None = None) -> Budget:
+    """The budget a source proposes with: the round's node/depth budget in its tree-capable shape.
+
+    ``max_depth`` (``proposer.depths[<source>]``) caps the source's depth below the round's.
+    """
+    depth = budget.max_depth if max_depth is None else min(int(max_depth), budget.max_depth)
+    if depth < 1:
+        raise ValueError(f"proposer.depths[{cls.name!r}] must be >= 1; got {max_depth}")
     for shape in _SUB_SHAPES:
         if shape in cls.shapes:
-            return Budget(shape=shape, max_nodes=budget.max_nodes, max_depth=budget.max_depth)
+            return Budget(shape=shape, max_nodes=budget.max_nodes, max_depth=depth)
     raise ValueError(f"proposer {cls.name!r} cannot be a merged source: it builds {sorted(cls.shapes)}, "
                      f"none of {list(_SUB_SHAPES)}")
 
@@ -158,6 +164,10 @@ class MergedProposer(Proposer):
             raise ValueError("proposer=merged needs proposer.sources, e.g. [rest,prompt_lookup]")
         if len(set(sources)) != len(sources):
             raise ValueError(f"proposer.sources must not repeat a proposer; got {sources}")
+        depths = dict(options.get("depths") or {})
+        unknown = sorted(set(depths) - set(sources) - {"draft_model"})  # the default caps the draft
+        if unknown:
+            raise ValueError(f"proposer.depths names {unknown}, which are not in proposer.sources {sources}")
         out = []
         for name in sources:
             if name == cls.name:
@@ -170,7 +180,7 @@ class MergedProposer(Proposer):
             sub = dict(sub)
             sub.pop("name", None)
             sub_cls = proposer_class(name)
-            out.append((name, sub_cls, sub, sub_budget(sub_cls, budget)))
+            out.append((name, sub_cls, sub, sub_budget(sub_cls, budget, depths.get(name))))
         return out
 
     @classmethod
