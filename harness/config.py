@@ -254,6 +254,10 @@ class WorkloadConfig:
     limit: Optional[int] = None
     split: str = "eval"  # calibration | dev | train | eval (disjoint)
     chat: bool = False  # apply the tokenizer's chat template
+    # the REST datastore of this workload's domain, for configs that follow the workload
+    # (`proposer.datastore.corpus: ${workload.rest_corpus}`, as the sources sweep's arms do)
+    rest_corpus: str = "stdlib"  # stdlib (code) | sharegpt (chat)
+    rest_exclude: str = "humaneval"  # what that datastore's build keeps out (evaluation prompts)
 
 
 @dataclass

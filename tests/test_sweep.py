@@ -135,6 +135,40 @@ def test_sweep_axes_are_what_the_files_say(hydra_conf):
     assert topo == {("topology=sequence", "workload=humaneval"), ("topology=sequences", "workload=humaneval")}
 
 
+def test_source_selection_pairs_each_workload_with_its_datastore(hydra_conf):
+    """Issue 5's Show: 5 sources x 2 temperatures x 2 workloads; REST (alone or merged) reads the
+    datastore of the workload's domain, and the verifier follows source and temperature."""
+    jobs = _jobs_of("source_selection")
+    assert len(jobs) == 20
+    seen = {}
+    for overrides in jobs:
+        cfg = _compose(["+sweep=source_selection", *overrides])
+        p = cfg.proposer
+        ds = p.get("datastore") or (p.rest.datastore if "rest" in (p.get("sources") or []) else None)
+        key = (cfg.workload.name, p.name, tuple(p.get("sources") or ()), cfg.generation.temperature)
+        seen[key] = (cfg.verifier.name, None if ds is None else (ds.corpus, ds.exclude))
+    assert seen[("humaneval", "rest", (), 0.0)] == ("greedy", ("stdlib", "humaneval"))
+    assert seen[("sharegpt", "rest", (), 0.7)] == ("membership", ("sharegpt", "sharegpt_heldout"))
+    assert seen[("sharegpt", "merged", ("draft_model", "rest", "prompt_lookup"), 0.0)] == (
+        "greedy", ("sharegpt", "sharegpt_heldout"))
+    assert seen[("humaneval", "draft_model", (), 0.7)] == ("specinfer", None)
+    assert seen[("sharegpt", "prompt_lookup", (), 0.7)] == ("membership", None)
+
+
+def test_heads_sweep_runs_every_head_and_self_speculative_proposer_and_the_hydra_ablation(hydra_conf):
+    arms = {}
+    for overrides in _jobs_of("heads"):
+        cfg = _compose(["+sweep=heads", *overrides])
+        p = cfg.proposer
+        arms.setdefault(cfg.workload.name, set()).add(
+            (p.name, p.get("mlp_layers"), p.get("distill"), p.get("prefix_attention")))
+        assert (cfg.topology.name, cfg.verifier.name, cfg.generation.temperature) == ("sequence", "greedy", 0.0)
+    expected = {("medusa", 1, False, False), ("hydra", 1, False, False), ("clover", 1, False, False),
+                ("early_exit", None, None, None), ("layer_skip", None, None, None),
+                ("hydra", 4, False, False), ("hydra", 1, True, False), ("hydra", 1, False, True)}
+    assert arms == {"humaneval": expected, "sharegpt": expected}
+
+
 def test_job_folder_is_the_override_dirname_without_launch_keys(hydra_conf):
     cfg = _compose(["+sweep=smoke", "proposer=draft_model", "verifier=greedy", "concurrent_jobs=2",
                     "tracking=wandb", "workload.limit=2"])
