@@ -11,7 +11,7 @@ from harness.engine.decode import RoundConfig, decode
 from harness.heads.checkpoint import ArtifactError, artifact_dir, target_fingerprint
 from harness.heads.early_exit import ensure_adapter
 from harness.heads.partial import PartialPath, ProvisionalKV, causal_rows_mask
-from harness.heads.skip_search import SearchRecipe, ensure_skip
+from harness.heads.skip_search import SearchRecipe, ensure_skip, layer_influence, recipe_key, search_skip
 from harness.proposers.base import Budget
 from harness.proposers.prompt_lookup import NullProposer
 from harness.proposers.selfspec import EarlyExitProposer, LayerSkipProposer
@@ -263,11 +263,29 @@ def test_skip_search_artifact(env):
                            progress=False)
     assert again == skip  # loaded, not searched again
     path = artifact_dir("layer_skip", target_hash=target_fingerprint(env["model"]),
-                        recipe=SearchRecipe(**opts["search"]).to_dict())
+                        recipe=recipe_key(SearchRecipe(**opts["search"])))
     other = CausalLMBackend(build_tiny_model(seed=2, num_layers=4))
     with pytest.raises(ArtifactError, match="only valid for the target"):
         ensure_skip({**opts, "artifact": str(path)}, backend=other, tokenizer=None, target_source="other",
                     progress=False)
+
+
+def test_search_warm_starts_from_the_least_influential_layers(env):
+    """A layer whose attention and MLP outputs are zeroed leaves the residual stream unturned:
+    influence 0, the first layer the warm start skips, and the first trial measured."""
+    model = build_tiny_model(seed=1, num_layers=4)
+    with torch.no_grad():
+        layer = model.model.layers[2]
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    prompt = env["docs"][33][:6]
+    influence = layer_influence(model, [prompt])
+    assert len(influence) == 4 and influence[2] == pytest.approx(0.0, abs=1e-6)
+    assert min(influence[i] for i in (0, 1)) > 1e-3  # real layers turn the stream
+    recipe = SearchRecipe(trials=2, prompts=1, max_new_tokens=6, depth=2, gamma=0.0)
+    result = search_skip(CausalLMBackend(model), [prompt], recipe=recipe, progress=False)
+    assert result["trials"][0]["skip"] == sorted(sorted(range(4), key=lambda i: influence[i])[:2])
+    assert 2 in result["trials"][0]["skip"] and isinstance(result["beats_ar"], bool)
 
 
 def test_declare_refuses_trees_before_model_work():
