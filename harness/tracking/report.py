@@ -47,7 +47,7 @@ SECTION_STYLE: dict[str, dict[str, Any]] = {
 SECTION_LEGEND: dict[str, str] = {
     "exact": "exact runs",
     "heuristic": "heuristic runs (exact: false)",
-    "cpu_budget_artifact": "CPU-budget artifacts (timing distorted)",
+    "cpu_budget_artifact": "CPU-budget artifacts (small-budget training)",
 }
 STAGE_COLORS = ["#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD"]
 PLOT_KEYS = {"kind", "name", "title", "where", "sections"}
