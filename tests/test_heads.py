@@ -4,6 +4,7 @@ greedy equality on the tiny model, sampled trees carrying q, refusal against ano
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -329,3 +330,21 @@ def test_topology_deeper_than_the_head_bank_is_refused_before_model_work():
     caps = MedusaProposer.declare({"sampling": "iid"}, Budget(shape="cartesian", max_nodes=21, max_depth=3,
                                                               widths=(3, 2, 2)))
     assert caps.probability_semantics == frozenset({"normalized_conditional"}) and caps.topology == "tree"
+
+
+@pytest.mark.parametrize("name", ["medusa", "hydra", "clover"])
+def test_heads_at_batch_above_one_are_refused_before_model_work(name):
+    """The hidden tap is batch-1: a batched run would silently propose nothing, so plan() refuses."""
+    from hydra import compose, initialize_config_dir
+
+    import harness.config  # noqa: F401  (registers the config schemas)
+    from harness.engine.build import ConfigError, plan
+
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        ok = compose("config", overrides=["model=tiny", f"proposer={name}", "topology=sequence"])
+        big = compose("config", overrides=["model=tiny", f"proposer={name}", "topology=sequence",
+                                           "generation.batch_size=2"])
+    plan(ok)
+    with pytest.raises(ConfigError, match=r"batch_size <= 1; got 2: the heads read"):
+        plan(big)

@@ -132,8 +132,13 @@ def plan(cfg: DictConfig) -> Plan:
     caps = declared_capabilities(cfg, budget)
     verifier = get_verifier(cfg.verifier.name)
     negotiate(caps, verifier, temperature=policy.temperature, exact_mode=bool(cfg.generation.exact))
-    if int(cfg.generation.batch_size) < 1:  # B > 1 runs through harness/engine/batched.py
+    batch = int(cfg.generation.batch_size)
+    if batch < 1:  # B > 1 runs through harness/engine/batched.py
         raise ConfigError(f"generation.batch_size must be >= 1; got {cfg.generation.batch_size}")
+    cls = proposer_class(cfg.proposer.name)
+    if cls.max_batch_size is not None and batch > cls.max_batch_size:
+        raise ConfigError(f"proposer={cfg.proposer.name} serves generation.batch_size <= {cls.max_batch_size}; "
+                          f"got {batch}: {cls.batch_limit_reason}")
     baseline = get_verifier("greedy" if policy.greedy else "membership")
     return Plan(policy=policy, budget=budget, capabilities=caps, verifier=verifier, baseline_verifier=baseline)
 

@@ -51,6 +51,9 @@ class Proposer(ABC):
     #: relation by topology shape, e.g. {"sequence": "iid", "expansion": "iid"}
     sampling_relation: ClassVar[str]
     shapes: ClassVar[frozenset[str]]
+    #: the largest generation.batch_size this proposer serves (None: any); plan() refuses beyond it
+    max_batch_size: ClassVar[int | None] = None
+    batch_limit_reason: ClassVar[str] = ""
 
     def __init__(self, *, budget: Budget, manifest_hash: str, policy=None) -> None:
         if budget.shape not in self.shapes:

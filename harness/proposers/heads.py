@@ -68,6 +68,10 @@ class HeadsProposer(Proposer):
 
     kind: ClassVar[str] = "heads"
     shapes: ClassVar[frozenset[str]] = SHAPES
+    max_batch_size: ClassVar[int | None] = 1
+    batch_limit_reason: ClassVar[str] = (
+        "the heads read the target's hidden rows through a batch-1 forward hook (HiddenTap); in a batched "
+        "forward they would find no row of their own request and propose nothing")
 
     def __init__(self, *, budget: Budget, manifest_hash: str, policy: SamplingPolicy, model: torch.nn.Module,
                  heads, checkpoint: str, sampling: str = "beam", artifact_manifest: dict | None = None) -> None:
