@@ -3,8 +3,10 @@ carried by every proposal result and record."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -15,6 +17,24 @@ RECORD_SCHEMA_VERSION = 1
 
 def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """SHA-256 (16 hex) over every ``harness/**/*.py`` path and content, read once per process.
+
+    Part of every run manifest, so a record is tied to the code that produced it and a sweep
+    re-runs a finished job after a code change (works from a wheel too: no git needed)."""
+    h = hashlib.sha256()
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        h.update(path.relative_to(PACKAGE_DIR).as_posix().encode())
+        h.update(b"\0")
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
 
 
 def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[str, Any] | None = None) -> dict:
@@ -33,6 +53,7 @@ def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[st
         "backend": {"device": c["model"]["device"], "dtype": c["model"]["dtype"],
                     "attn_implementation": c["model"]["attn_implementation"], "threads": c.get("threads")},
         "versions": versions,
+        "harness_code": code_fingerprint(),
     }
     if extra:
         manifest.update(extra)

@@ -386,3 +386,33 @@ def test_joblib_two_at_once_records_concurrent_jobs(env):
         from joblib.externals.loky import get_reusable_executor
 
         get_reusable_executor().shutdown(wait=True)
+
+
+def test_a_code_change_changes_the_job_manifest_hash(hydra_conf, tmp_path, monkeypatch):
+    """The run manifest carries a fingerprint of the harness sources, so a finished sweep job is
+    re-run (not skipped) after the code that produced its record changed."""
+    import harness.manifest as manifest
+
+    from omegaconf import OmegaConf
+
+    full = _compose(["+sweep=smoke"])
+    cfg = OmegaConf.masked_copy(full, [k for k in full if k != "hydra"])  # what a job's runner sees
+    versions = {"torch": "x"}
+    real = manifest.job_manifest_hash(cfg, versions=versions)
+    assert manifest.freeze_manifest(cfg, versions=versions)["harness_code"] == manifest.code_fingerprint()
+    pkg = tmp_path / "harness"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    monkeypatch.setattr(manifest, "PACKAGE_DIR", pkg)
+    manifest.code_fingerprint.cache_clear()
+    try:
+        first = manifest.job_manifest_hash(cfg, versions=versions)
+        manifest.code_fingerprint.cache_clear()
+        assert manifest.job_manifest_hash(cfg, versions=versions) == first  # same code, same hash
+        (pkg / "sub" / "b.py").write_text("y = 3\n")
+        manifest.code_fingerprint.cache_clear()
+        assert manifest.job_manifest_hash(cfg, versions=versions) != first
+    finally:
+        manifest.code_fingerprint.cache_clear()
+    assert first != real
