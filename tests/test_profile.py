@@ -96,6 +96,32 @@ def test_profile_times_every_size_with_warmup_and_repeats(measured):
     assert prof["synthetic"] is False
 
 
+def test_profile_at_batch_two_times_one_batched_verify_per_size(measured, monkeypatch):
+    """At batch B the t(n) sample is ONE batched verify forward of B requests (the forward a batched
+    round runs), and each draft cost sums B single-request draft forwards."""
+    import harness.target.batched as batched
+
+    _, target, draft, prefix = measured
+    calls = []
+    real = batched.timed_batched_verify
+
+    def counting(backend, state, *, pending, tree):
+        calls.append((state.batch_size, 0 if tree is None else tree.num_rows))
+        return real(backend, state, pending=pending, tree=tree)
+
+    monkeypatch.setattr(batched, "timed_batched_verify", counting)
+    before = list(target.lengths)
+    prof = measure_profile(target_backend=target, draft_backend=draft, prefix_ids=prefix, max_nodes=3, warmup=1,
+                           repeats=2, provenance={}, progress=False, batch_size=2)
+    assert sorted(calls) == sorted([(2, 0), (2, 1), (2, 2)] * 3)
+    assert target.lengths == before  # no batch-1 verify forward was timed
+    assert prof["batch_size"] == 2 and "batch 2" in prof["notes"]["batch"]
+    assert [v["n"] for v in prof["verify_ms"]] == [1, 2, 3] and prof["verify_cost"][0] == 1.0
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        measure_profile(target_backend=target, draft_backend=draft, prefix_ids=prefix, max_nodes=2, warmup=0,
+                        repeats=1, provenance={}, progress=False, batch_size=0)
+
+
 def test_profile_needs_a_draft_model_and_sane_settings(measured):
     _, target, _, prefix = measured
     with pytest.raises(ValueError, match="needs a separate draft"):
@@ -132,7 +158,7 @@ def test_run_provenance_has_every_field():
     assert exp["threads"] == torch.get_num_threads() == 1
     assert exp["attn_implementation"] == "sdpa"
     assert exp["model"]["target"]["name"] == "tiny" and exp["model"]["draft"]["num_layers"] == 6
-    assert exp["measurement"] == {"prefix_len": 256, "warmup": 2, "repeats": 7, "max_nodes": 5}
+    assert exp["measurement"] == {"protocol": 2, "prefix_len": 256, "warmup": 2, "repeats": 7, "max_nodes": 5}
 
 
 @pytest.mark.parametrize("field, value, message", [

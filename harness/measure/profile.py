@@ -165,7 +165,8 @@ def profile_provenance(cfg) -> dict:
         "batch_size": int(c["generation"]["batch_size"]),
         "attn_implementation": c["model"]["attn_implementation"],
         "library_versions": library_versions(),
-        "measurement": {"prefix_len": int(t["profile"]["prefix_len"]), "warmup": int(t["profile"]["warmup"]),
+        # protocol 2: at batch B > 1, t(n) is one batched verify of B requests (protocol 1 timed batch 1)
+        "measurement": {"protocol": 2, "prefix_len": int(t["profile"]["prefix_len"]), "warmup": int(t["profile"]["warmup"]),
                         "repeats": int(t["profile"]["repeats"]), "max_nodes": int(t["max_nodes"]) + 1},
     }
 
@@ -226,21 +227,34 @@ def measure_profile(
     repeats: int,
     provenance: dict,
     progress: bool = True,
+    batch_size: int = 1,
 ) -> dict:
     """Measure t(1..max_nodes) (``max_nodes`` counts the root), c0 and c; return the profile dict
-    (unhashed; :func:`write_artifact` stamps it)."""
+    (unhashed; :func:`write_artifact` stamps it).
+
+    At ``batch_size`` B > 1 each ``t(n)`` is ONE batched verify forward of B requests over the same
+    cached prefix, each verifying an n-row tree (:func:`harness.target.batched.timed_batched_verify`,
+    the forward a batched round runs), and the draft costs are B sequential single-request draft
+    forwards, as the batched engine runs the draft (one request at a time)."""
     from tqdm import tqdm
 
     if draft_backend is None:
         raise ValueError("a hardware profile measures the draft's costs c0 and c: it needs a separate draft "
                          "model (proposer=draft_model)")
-    for name, v, lo in (("max_nodes", max_nodes, 1), ("warmup", warmup, 0), ("repeats", repeats, 1)):
+    for name, v, lo in (("max_nodes", max_nodes, 1), ("warmup", warmup, 0), ("repeats", repeats, 1),
+                        ("batch_size", batch_size, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}; got {v!r}")
     prefix = list(prefix_ids)
     clock = StageClock(target_backend.device)
     trees = {n: timing_tree(n - 1, prefix_len=len(prefix), vocab=target_backend.vocab_size)
              for n in range(1, max_nodes + 1)}
+    batched = state = None
+    if batch_size > 1:
+        from harness.target.batched import BatchedBackend, prefill_copies, timed_batched_verify
+
+        batched = BatchedBackend(target_backend.model, device=torch.device(target_backend.device))
+        state = prefill_copies(batched, prefix_ids=prefix, batch_size=batch_size)
     seq = target_backend.prefill(prefix)  # [prefix_len - 1] cached, the last token pending
     base = seq.cache_len
     dseq = draft_backend.prefill(prefix)
@@ -256,21 +270,26 @@ def measure_profile(
         order = sizes[r % len(sizes):] + sizes[: r % len(sizes)]
         timed = r >= warmup
         for n in order:
-            t0 = clock.now()
-            target_backend.verify(seq, pending, trees[n])
-            dt = (clock.now() - t0) * 1e3
-            target_backend.truncate(seq, base)
+            if batched is not None:
+                dt = timed_batched_verify(batched, state, pending=pending, tree=trees[n] if n > 1 else None)
+            else:
+                t0 = clock.now()
+                target_backend.verify(seq, pending, trees[n])
+                dt = (clock.now() - t0) * 1e3
+                target_backend.truncate(seq, base)
             if timed:
                 verify_ms[n].append(dt)
-        # c0: the draft's pass on the pending token
-        t0 = clock.now()
-        draft_backend.forward_rows(dseq, [pending], [dbase], None)
-        dt0 = (clock.now() - t0) * 1e3
-        # c: one depth step below it
-        t0 = clock.now()
-        draft_backend.forward_rows(dseq, [prefix[0]], [dbase + 1], None)
-        dt1 = (clock.now() - t0) * 1e3
-        draft_backend.truncate(dseq, dbase)
+        dt0 = dt1 = 0.0
+        for _ in range(batch_size):  # the batched engine drafts one request at a time
+            # c0: the draft's pass on the pending token
+            t0 = clock.now()
+            draft_backend.forward_rows(dseq, [pending], [dbase], None)
+            dt0 += (clock.now() - t0) * 1e3
+            # c: one depth step below it
+            t0 = clock.now()
+            draft_backend.forward_rows(dseq, [prefix[0]], [dbase + 1], None)
+            dt1 += (clock.now() - t0) * 1e3
+            draft_backend.truncate(dseq, dbase)
         if timed:
             c0_ms.append(dt0)
             c_ms.append(dt1)
@@ -289,6 +308,7 @@ def measure_profile(
         "draft_cost": c["median_ms"] / t1,
         "draft_base_cost": c0["median_ms"] / t1,
         "t1_ms": t1,
+        "batch_size": batch_size,
         "verify_ms": verify,
         "draft_base_ms": c0,
         "draft_step_ms": c,
@@ -298,6 +318,9 @@ def measure_profile(
             "draft_base_cost": "c0 / t(1): the draft forward on the pending token",
             "draft_cost": "c / t(1): one draft depth step (a one-row forward)",
             "tree_shape": "binary heap, real ancestor mask through CausalLMBackend.verify",
+            "batch": (f"batch {batch_size}: t(n) is one batched verify forward of {batch_size} requests "
+                      f"(BatchedBackend); c0 and c are {batch_size} sequential single-request draft forwards"
+                      if batch_size > 1 else "batch 1"),
             "protocol": f"{warmup} warm-up rounds excluded, {repeats} timed rounds, sizes rotated per round",
         },
         "provenance": provenance,

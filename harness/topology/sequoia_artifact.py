@@ -281,7 +281,8 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
             prefix = cycle_prefix([tok for _, ids in cal_items for tok in ids], int(t.profile.prefix_len))
             art = measure_profile(target_backend=context.target_backend, draft_backend=context.draft_backend,
                                   prefix_ids=prefix, max_nodes=search["max_nodes"], warmup=int(t.profile.warmup),
-                                  repeats=int(t.profile.repeats), provenance=prof_expected, progress=progress)
+                                  repeats=int(t.profile.repeats), provenance=prof_expected, progress=progress,
+                                  batch_size=int(cfg.generation.batch_size))
             profile = write_artifact(art, prof_path)
             check_profile(profile, prof_expected, path=str(prof_path), max_nodes=search["max_nodes"])
             plot_profile(profile, prof_path.with_suffix(".png"))
