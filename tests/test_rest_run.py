@@ -125,6 +125,18 @@ def test_rest_run_end_to_end_on_tiny_with_a_token_id_datastore(env, tmp_path):
     assert json.loads((tmp_path / "record.json").read_text())["run_id"] == record["run_id"]
 
 
+def test_batch_slots_share_one_datastore_counted_once(env, tmp_path):
+    """At B = 2 the second slot's REST proposer reuses the index the first opened (BuildContext.shared):
+    one copy in memory, its bytes counted once in the record, output still exact per request."""
+    from harness.runner import run_job
+
+    store, ds = write_store(env, "ds_clean")
+    record = run_job(compose_cfg(*run_overrides(env, store, "generation.batch_size=2")), run_dir=tmp_path)
+    m = record["metrics"]
+    assert m["greedy_identical"] is True
+    assert m["proposal_state_bytes"] == ds.nbytes and m["retrieval"]["datastore_bytes"] == ds.nbytes
+
+
 # ------------------------------------------------------------------------------ leakage
 
 

@@ -153,6 +153,9 @@ class BuildContext:
     draft_backend: Any = None  # CausalLMBackend of a separate draft model (proposer.model)
     items: list = field(default_factory=list)  # [(Prompt, token ids)] of the workload
     model_source: str = ""
+    #: read-only objects the proposers of one run share (one per key), e.g. a REST datastore opened
+    #: once for every batch slot rather than once per slot
+    shared: dict = field(default_factory=dict)
 
 
 def prepare(cfg: DictConfig, plan_: Plan, context: BuildContext) -> Plan:

@@ -157,6 +157,7 @@ class RestProposer(Proposer):
             raise ValueError(f"max_matches and continuation_len must be >= 1; got {self.max_matches}, "
                              f"{self.continuation_len}")
         self.datastore = datastore
+        self.owns_datastore = True  # False: another batch slot's proposer opened it (from_config)
         self.source_id = f"rest:{datastore.release_id[:12]}"
         self.stats.proposal_state_bytes = datastore.nbytes
         self.stats.extras.update({"datastore_bytes": datastore.nbytes,
@@ -193,9 +194,22 @@ class RestProposer(Proposer):
         tokenizer = getattr(context, "tokenizer", None)
         backend = getattr(context, "target_backend", None)
         vocab = _vocab_size(backend)
-        ds, info = open_datastore(ds_cfg, tokenizer=tokenizer, model=model, vocab_size=vocab)
+        shared = getattr(context, "shared", None)
+        key = ("rest_datastore", json.dumps([ds_cfg, model, vocab], sort_keys=True, default=str))
+        owner = shared is None or key not in shared
+        if owner:
+            ds, info = open_datastore(ds_cfg, tokenizer=tokenizer, model=model, vocab_size=vocab)
+            if shared is not None:
+                shared[key] = (ds, info)
+        else:  # another batch slot of this run opened it: one index in memory, counted once
+            ds, first = shared[key]
+            info = {**first, "built_now": False, "build_s": None, "load_s": 0.0}
         prop = cls(budget=budget, manifest_hash=release_manifest_hash(manifest_hash, ds.release_id),
                    datastore=ds, policy=policy, **opts)
+        if not owner:
+            prop.owns_datastore = False
+            prop.stats.proposal_state_bytes = 0
+            prop.stats.extras["datastore_bytes"] = 0
         prop.tokenizer, prop.vocab_size = tokenizer, vocab
         prop.leakage_threshold = int(ds_cfg.get("leakage_threshold", LEAKAGE_THRESHOLD))
         prop.stats.extras.update({"run_manifest_hash": manifest_hash, "manifest_hash": prop.manifest_hash,
@@ -259,7 +273,8 @@ class RestProposer(Proposer):
         return entry
 
     def state_bytes(self) -> int:
-        return self.datastore.nbytes
+        """The index's bytes, counted by the slot that opened it (0 for slots sharing it)."""
+        return self.datastore.nbytes if self.owns_datastore else 0
 
     @property
     def miss_rate(self) -> float | None:
