@@ -295,3 +295,20 @@ def test_real_sharegpt_splits_are_disjoint():
             assert seen.setdefault(corpora.sharegpt_base_id(conv.conv_id), split) == split
     counts = {s: sum(1 for v in seen.values() if v == s) for s in corpora.SPLITS}
     assert counts["train"] > 10 * counts["eval"] > 0
+
+
+@pytest.mark.slow
+def test_cli_builds_the_real_sharegpt_datastore_excluding_held_out_conversations(tmp_path, monkeypatch, capsys):
+    """`harness datastore build corpus=sharegpt` over the packaged ShareGPT train split (capped),
+    with the held-out conversations' turns excluded at build time (0x04C manifest fields)."""
+    fake = types.ModuleType("harness.target.loading")
+    fake.load_tokenizer = lambda name: word_tokenizer()
+    monkeypatch.setitem(sys.modules, "harness.target.loading", fake)
+    out = tmp_path / "ds"
+    assert main(["build", "corpus=sharegpt", f"out={out}", "model=toy", "datastore.max_tokens=20000",
+                 "progress=false"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    assert built["corpus"] == "sharegpt" and 0 < built["n_tokens"] <= 20000
+    assert built["exclusion_items"] > 100  # every non-train conversation's first user and assistant turn
+    assert main(["info", str(out), "verify_corpus=true"]) == 0
+    assert json.loads(capsys.readouterr().out)["release_id"] == built["release_id"]
