@@ -76,6 +76,20 @@ def test_beam_is_deterministic_top_k_without_a_law():
     assert draws == [(2, None), (0, None)]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_beam_tokens_equal_a_full_stable_sort_with_ties_and_zeros(seed):
+    """The topk + boundary-tie path returns exactly what a full stable descending sort does,
+    including ties straddling the k-th place and a law with fewer nonzeros than k."""
+    g = torch.Generator().manual_seed(seed)
+    for vocab in (5, 17, 300):
+        levels = torch.randint(0, 4, (vocab,), generator=g).to(torch.float64)  # many exact ties, some zeros
+        q = levels / levels.sum()
+        reference = torch.sort(q, descending=True, stable=True).indices.tolist()
+        for k in range(1, vocab + 1):
+            assert beam_tokens(q, k) == reference[:k], (seed, vocab, k)
+    assert beam_tokens(torch.tensor([0.0, 1.0, 0.0]), 3) == [1, 0, 2]
+
+
 def test_bad_inputs_are_refused_at_the_boundary():
     with pytest.raises(ValueError, match="relation must be one of"):
         sample_children(Q_REF, 1, relation="nucleus", rng=TorchRandomSource(0))

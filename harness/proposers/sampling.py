@@ -65,9 +65,19 @@ def without_replacement_law(q: torch.Tensor, sampled: Sequence[int]) -> torch.Te
 
 
 def beam_tokens(q: torch.Tensor, k: int) -> list[int]:
-    """Deterministic top-``k`` tokens of ``q`` ``[V]``: descending, lowest index on a tie."""
-    order = torch.sort(q, descending=True, stable=True).indices  # [V]
-    return [int(t) for t in order[:k].tolist()]
+    """Deterministic top-``k`` tokens of ``q`` ``[V]``: descending, lowest index on a tie.
+
+    ``topk`` finds the k-th largest value; every token at or above it (ties at the boundary
+    included, in ascending index order) is then stably sorted, so the result equals a full stable
+    descending sort's first ``k`` without sorting the whole vocabulary (a 49,152-way stable sort
+    cost ~7 ms per call on 2 CPU cores, a third of a head proposer's round)."""
+    if k <= 0:
+        return []
+    k = min(k, q.shape[0])
+    kth = torch.topk(q, k, sorted=True).values[-1]
+    candidates = torch.nonzero(q >= kth, as_tuple=True)[0]  # ascending token ids
+    order = torch.sort(q[candidates], descending=True, stable=True).indices[:k]
+    return [int(t) for t in candidates[order].tolist()]
 
 
 def sample_children(q: torch.Tensor, k: int, *, relation: str,
