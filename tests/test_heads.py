@@ -348,3 +348,18 @@ def test_heads_at_batch_above_one_are_refused_before_model_work(name):
     plan(ok)
     with pytest.raises(ConfigError, match=r"batch_size <= 1; got 2: the heads read"):
         plan(big)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_vocab_projection_equals_the_lm_head(bias):
+    from harness.proposers.heads import vocab_projection
+
+    torch.manual_seed(0)
+    lm = torch.nn.Linear(16, 97, bias=bias)
+    for n in (1, 3, 8):
+        h = torch.randn(n, 16)
+        got = vocab_projection(lm, h)
+        assert got.shape == (n, 97)
+        assert torch.allclose(got, lm(h), atol=1e-5, rtol=1e-5)
+    emb = torch.nn.Embedding(10, 4)  # not a Linear: falls back to calling the module
+    assert torch.equal(vocab_projection(emb, torch.tensor([1, 2])), emb(torch.tensor([1, 2])))
