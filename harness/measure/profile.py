@@ -249,14 +249,15 @@ def measure_profile(
     clock = StageClock(target_backend.device)
     trees = {n: timing_tree(n - 1, prefix_len=len(prefix), vocab=target_backend.vocab_size)
              for n in range(1, max_nodes + 1)}
-    batched = state = None
+    batched = state = seq = None
     if batch_size > 1:
         from harness.target.batched import BatchedBackend, prefill_copies, timed_batched_verify
 
         batched = BatchedBackend(target_backend.model, device=torch.device(target_backend.device))
         state = prefill_copies(batched, prefix_ids=prefix, batch_size=batch_size)
-    seq = target_backend.prefill(prefix)  # [prefix_len - 1] cached, the last token pending
-    base = seq.cache_len
+    else:
+        seq = target_backend.prefill(prefix)  # [prefix_len - 1] cached, the last token pending
+        base = seq.cache_len
     dseq = draft_backend.prefill(prefix)
     dbase = dseq.cache_len
     pending = prefix[-1]

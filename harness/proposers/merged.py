@@ -157,17 +157,17 @@ class MergedProposer(Proposer):
 
     @classmethod
     def _source_entries(cls, options: dict, budget: Budget) -> list[tuple[str, type[Proposer], dict, Budget]]:
-        from harness.engine.build import proposer_class
+        from harness.engine.build import PROPOSERS, proposer_class
 
         sources = list(options.get("sources") or [])
         if not sources:
             raise ValueError("proposer=merged needs proposer.sources, e.g. [rest,prompt_lookup]")
         if len(set(sources)) != len(sources):
             raise ValueError(f"proposer.sources must not repeat a proposer; got {sources}")
-        depths = dict(options.get("depths") or {})
-        unknown = sorted(set(depths) - set(sources) - {"draft_model"})  # the default caps the draft
+        depths = dict(options.get("depths") or {})  # caps for sources not in use are simply unused
+        unknown = sorted(set(depths) - set(PROPOSERS))
         if unknown:
-            raise ValueError(f"proposer.depths names {unknown}, which are not in proposer.sources {sources}")
+            raise ValueError(f"proposer.depths names {unknown}, which are not proposers (one of {sorted(PROPOSERS)})")
         out = []
         for name in sources:
             if name == cls.name:

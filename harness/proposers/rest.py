@@ -134,7 +134,7 @@ class RestProposer(Proposer):
 
     def __init__(self, *, budget: Budget, manifest_hash: str, datastore: Datastore,
                  max_suffix: int | None = None, min_suffix: int = 1, max_matches: int | None = None,
-                 continuation_len: int | None = None, policy=None) -> None:
+                 continuation_len: int | None = None, policy=None, owns_datastore: bool = True) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
         m = datastore.manifest
         released = {"context_len": int(m.get("context_len", 16)),
@@ -157,10 +157,11 @@ class RestProposer(Proposer):
             raise ValueError(f"max_matches and continuation_len must be >= 1; got {self.max_matches}, "
                              f"{self.continuation_len}")
         self.datastore = datastore
-        self.owns_datastore = True  # False: another batch slot's proposer opened it (from_config)
+        # False: another batch slot's proposer opened this index (from_config); its bytes count once
+        self.owns_datastore = owns_datastore
         self.source_id = f"rest:{datastore.release_id[:12]}"
-        self.stats.proposal_state_bytes = datastore.nbytes
-        self.stats.extras.update({"datastore_bytes": datastore.nbytes,
+        self.stats.proposal_state_bytes = self.state_bytes()
+        self.stats.extras.update({"datastore_bytes": self.state_bytes(),
                                   "datastore_release_id": datastore.release_id,
                                   "datastore_tokens": datastore.n_tokens,
                                   "datastore_path": None if datastore.path is None else str(datastore.path)})
@@ -205,11 +206,7 @@ class RestProposer(Proposer):
             ds, first = shared[key]
             info = {**first, "built_now": False, "build_s": None, "load_s": 0.0}
         prop = cls(budget=budget, manifest_hash=release_manifest_hash(manifest_hash, ds.release_id),
-                   datastore=ds, policy=policy, **opts)
-        if not owner:
-            prop.owns_datastore = False
-            prop.stats.proposal_state_bytes = 0
-            prop.stats.extras["datastore_bytes"] = 0
+                   datastore=ds, policy=policy, owns_datastore=owner, **opts)
         prop.tokenizer, prop.vocab_size = tokenizer, vocab
         prop.leakage_threshold = int(ds_cfg.get("leakage_threshold", LEAKAGE_THRESHOLD))
         prop.stats.extras.update({"run_manifest_hash": manifest_hash, "manifest_hash": prop.manifest_hash,
