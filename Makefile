@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-12)
 DEMO_DIR ?= results/demo
 
-.PHONY: install demo test test-slow bench gpu-check clean-demo
+.PHONY: install demo test lint format test-slow bench gpu-check clean-demo
 
 install: $(STAMP)
 
@@ -25,8 +25,17 @@ demo: install
 	$(BIN)/harness run experiment=default output_dir=$(DEMO_DIR)/default
 	$(BIN)/harness report $(DEMO_DIR) out=$(DEMO_DIR)/report
 
-test: install
+test: install lint
 	$(BIN)/python -m pytest -q
+
+# formatter and linter (configured in pyproject.toml); `make format` rewrites, `make lint` checks
+lint: install
+	$(BIN)/ruff format --check --quiet harness tests scripts
+	$(BIN)/ruff check --quiet harness tests scripts
+
+format: install
+	$(BIN)/ruff format harness tests scripts
+	$(BIN)/ruff check --fix harness tests scripts
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m "slow or model"

@@ -333,8 +333,9 @@ def register_configs() -> None:
 
     from harness.heads.cartesian import cartesian_rows
 
-    OmegaConf.register_new_resolver("cartesian_rows", lambda widths: cartesian_rows([int(w) for w in widths]),
-                                    replace=True)
+    OmegaConf.register_new_resolver(
+        "cartesian_rows", lambda widths: cartesian_rows([int(w) for w in widths]), replace=True
+    )
     cs.store(group="verifier", name="base_verifier", node=VerifierConfig)
     cs.store(group="workload", name="base_workload", node=WorkloadConfig)
     cs.store(group="tracking", name="base_tracking", node=TrackingConfig)

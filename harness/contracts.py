@@ -147,20 +147,25 @@ class ProposalResult:
             if self.q_dists is not None:
                 if self.q_dists.dim() != 2 or self.q_dists.shape[0] != len(self.nodes):
                     raise ContractError(
-                        f"q_dists must have shape [N={len(self.nodes)}, V]; got {tuple(self.q_dists.shape)}")
+                        f"q_dists must have shape [N={len(self.nodes)}, V]; got {tuple(self.q_dists.shape)}"
+                    )
                 check_probability_vector(self.q_dists, name="q_dists")
                 for i, node in enumerate(self.nodes):
                     qd = float(self.q_dists[i, node.token_id])
                     if node.q is None or abs(node.q - qd) > 1e-6:
                         raise ContractError(
-                            f"node {i}: q={node.q!r} disagrees with q_dists[{i}, {node.token_id}]={qd!r}")
+                            f"node {i}: q={node.q!r} disagrees with q_dists[{i}, {node.token_id}]={qd!r}"
+                        )
                     if qd <= 0.0:
-                        raise ContractError(f"node {i}: token {node.token_id} has zero mass in the law it was drawn from")
+                        raise ContractError(
+                            f"node {i}: token {node.token_id} has zero mass in the law it was drawn from"
+                        )
         else:
             if has_q or self.q_dists is not None:
                 raise ContractError(
                     f"probability_semantics={self.probability_semantics!r} carries no q; "
-                    "a score or frequency must go in `score`, never in `q`")
+                    "a score or frequency must go in `score`, never in `q`"
+                )
         if self.topology == "sequence":
             for i, node in enumerate(self.nodes):
                 if node.parent != i - 1:
@@ -174,9 +179,15 @@ class ProposalResult:
         return len(self.nodes) == 0
 
     @classmethod
-    def from_paths(cls, paths, *, source: str = "paths", manifest_hash: str = "paths",
-                   probability_semantics: ProbabilitySemantics = "score_only",
-                   sampling_relation: SamplingRelation = "deterministic_lookup") -> "ProposalResult":
+    def from_paths(
+        cls,
+        paths,
+        *,
+        source: str = "paths",
+        manifest_hash: str = "paths",
+        probability_semantics: ProbabilitySemantics = "score_only",
+        sampling_relation: SamplingRelation = "deterministic_lookup",
+    ) -> ProposalResult:
         """Deterministic score-only evidence from token paths, merged by full prefix (for gates,
         tests and timing trees). Nodes come in first-insertion order."""
         nodes: list[ProposalNode] = []
@@ -190,18 +201,35 @@ class ProposalResult:
                     nodes.append(ProposalNode(token_id=int(tok), parent=parent, score=1.0, source=source))
                 parent = index[prefix]
         chain = all(n.parent == i - 1 for i, n in enumerate(nodes))
-        return cls(nodes=tuple(nodes), probability_semantics=probability_semantics,
-                   sampling_relation=sampling_relation, topology="sequence" if chain else "tree",
-                   state_handle=NO_STATE, manifest_hash=manifest_hash, source=source)
+        return cls(
+            nodes=tuple(nodes),
+            probability_semantics=probability_semantics,
+            sampling_relation=sampling_relation,
+            topology="sequence" if chain else "tree",
+            state_handle=NO_STATE,
+            manifest_hash=manifest_hash,
+            source=source,
+        )
 
     @classmethod
-    def empty_result(cls, *, source: str, manifest_hash: str,
-                     probability_semantics: ProbabilitySemantics = "absent",
-                     sampling_relation: SamplingRelation = "deterministic_lookup",
-                     state_handle: ProposalStateHandle = NO_STATE) -> "ProposalResult":
-        return cls(nodes=(), probability_semantics=probability_semantics,
-                   sampling_relation=sampling_relation, topology="sequence",
-                   state_handle=state_handle, manifest_hash=manifest_hash, source=source)
+    def empty_result(
+        cls,
+        *,
+        source: str,
+        manifest_hash: str,
+        probability_semantics: ProbabilitySemantics = "absent",
+        sampling_relation: SamplingRelation = "deterministic_lookup",
+        state_handle: ProposalStateHandle = NO_STATE,
+    ) -> ProposalResult:
+        return cls(
+            nodes=(),
+            probability_semantics=probability_semantics,
+            sampling_relation=sampling_relation,
+            topology="sequence",
+            state_handle=state_handle,
+            manifest_hash=manifest_hash,
+            source=source,
+        )
 
 
 @dataclass(frozen=True)

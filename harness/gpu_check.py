@@ -30,10 +30,20 @@ import torch
 def smollm2_shaped(dtype: torch.dtype, device: str, layers: int = 30):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
-                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                      rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1,
-                      eos_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
     return model.to(device=device, dtype=dtype).eval()
@@ -93,19 +103,33 @@ def round_loop(model, device, new_tokens=64) -> dict:
     base = torch.randint(3, 49000, (24,), generator=torch.Generator().manual_seed(2)).tolist()
     prompt = base * 8  # repetitive: prompt lookup finds matches
     out = {}
-    for name, prop in (("ar", NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="g")),
-                       ("prompt_lookup_sequences", PromptLookupProposer(budget=Budget("sequences", 16, 8),
-                                                                         manifest_hash="g"))):
+    for name, prop in (
+        ("ar", NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="g")),
+        ("prompt_lookup_sequences", PromptLookupProposer(budget=Budget("sequences", 16, 8), manifest_hash="g")),
+    ):
         rc = RoundConfig(max_nodes=prop.budget.max_nodes, max_depth=prop.budget.max_depth)
         for warm in (True, False):
-            res = decode(target=backend, proposer=prop, verifier=get_verifier("greedy"), policy=SamplingPolicy(),
-                         prompt_ids=prompt, max_new_tokens=8 if warm else new_tokens, eos_token_ids=frozenset(),
-                         rng=TorchRandomSource(0), round_cfg=rc)
-        out[name] = {"time_per_committed_token_ms": res.decode_ms / len(res.tokens), "tokens": res.tokens,
-                     "rounds": res.ledger.rounds, "round_cost_ms": res.ledger.summary()["round_cost_ms"]}
+            res = decode(
+                target=backend,
+                proposer=prop,
+                verifier=get_verifier("greedy"),
+                policy=SamplingPolicy(),
+                prompt_ids=prompt,
+                max_new_tokens=8 if warm else new_tokens,
+                eos_token_ids=frozenset(),
+                rng=TorchRandomSource(0),
+                round_cfg=rc,
+            )
+        out[name] = {
+            "time_per_committed_token_ms": res.decode_ms / len(res.tokens),
+            "tokens": res.tokens,
+            "rounds": res.ledger.rounds,
+            "round_cost_ms": res.ledger.summary()["round_cost_ms"],
+        }
     out["greedy_identical"] = out["ar"]["tokens"] == out["prompt_lookup_sequences"]["tokens"]
-    out["speedup"] = (out["ar"]["time_per_committed_token_ms"]
-                      / out["prompt_lookup_sequences"]["time_per_committed_token_ms"])
+    out["speedup"] = (
+        out["ar"]["time_per_committed_token_ms"] / out["prompt_lookup_sequences"]["time_per_committed_token_ms"]
+    )
     for v in out.values():
         if isinstance(v, dict):
             v.pop("tokens", None)
@@ -124,8 +148,12 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     import transformers
 
-    report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "transformers": transformers.__version__, "dtype": args.dtype}
+    report = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "dtype": args.dtype,
+    }
     dtype = getattr(torch, args.dtype)
     report["equivalence_fp32"] = equivalence(smollm2_shaped(torch.float32, args.device, layers=4), args.device)
     model = smollm2_shaped(dtype, args.device)
@@ -133,8 +161,11 @@ def main(argv=None) -> int:
     report["t_of_n"] = t_of_n(model, args.device, [1, 2, 4, 8, 16, 32, 64, 128])
     report["round_loop"] = round_loop(model, args.device)
     report["seconds"] = time.perf_counter() - t0
-    report["passed"] = bool(report["equivalence_fp32"]["passed"] and report["equivalence"]["passed"]
-                            and report["round_loop"]["greedy_identical"])
+    report["passed"] = bool(
+        report["equivalence_fp32"]["passed"]
+        and report["equivalence"]["passed"]
+        and report["round_loop"]["greedy_identical"]
+    )
     Path(args.out).write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps(report, indent=2, default=str))
     return 0 if report["passed"] else 1

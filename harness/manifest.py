@@ -50,8 +50,12 @@ def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[st
         "generation": c["generation"],
         "workload": c["workload"],
         "batch_regime": {"batch_size": c["generation"]["batch_size"]},
-        "backend": {"device": c["model"]["device"], "dtype": c["model"]["dtype"],
-                    "attn_implementation": c["model"]["attn_implementation"], "threads": c.get("threads")},
+        "backend": {
+            "device": c["model"]["device"],
+            "dtype": c["model"]["dtype"],
+            "attn_implementation": c["model"]["attn_implementation"],
+            "threads": c.get("threads"),
+        },
         "versions": versions,
         "harness_code": code_fingerprint(),
     }

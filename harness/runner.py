@@ -19,15 +19,22 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import config as _config  # noqa: F401  (registers the schemas)
 from harness.engine.build import BuildContext, Plan, build_proposer, plan, prepare
+from harness.engine.decode import (
+    DecodeResult,
+    RoundConfig,
+    check_temp_kv_budget,
+    decode,
+    greedy_divergence,
+    top2_margin,
+)
 from harness.gates.stages import GateError
-from harness.engine.decode import DecodeResult, RoundConfig, check_temp_kv_budget, decode, greedy_divergence, top2_margin
 from harness.manifest import RECORD_SCHEMA_VERSION, freeze_manifest, manifest_extras, manifest_hash
 from harness.measure.hardware import hardware_card, library_versions, peak_rss_bytes
 from harness.measure.ledger import RoundLedger
 from harness.proposers.base import Budget
 from harness.proposers.prompt_lookup import NullProposer
 from harness.random_source import TorchRandomSource
-from harness.target.backend import CausalLMBackend, kv_bytes_per_token
+from harness.target.backend import CausalLMBackend
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
 from harness.workloads.prompts import encode_prompt, load_workload
 
@@ -60,9 +67,16 @@ def load_models(cfg: DictConfig):
     from harness.target.loading import load_model
 
     m = cfg.model
-    target = load_model(name=m.name, name_or_path=m.name_or_path, dtype=m.dtype, device=m.device, seed=m.seed,
-                        attn_implementation=m.attn_implementation, tiny=OmegaConf.to_container(m.tiny),
-                        trust_remote_code=m.trust_remote_code)
+    target = load_model(
+        name=m.name,
+        name_or_path=m.name_or_path,
+        dtype=m.dtype,
+        device=m.device,
+        seed=m.seed,
+        attn_implementation=m.attn_implementation,
+        tiny=OmegaConf.to_container(m.tiny),
+        trust_remote_code=m.trust_remote_code,
+    )
     draft = None
     d = draft_model_config(cfg)
     if d is not None:
@@ -71,9 +85,17 @@ def load_models(cfg: DictConfig):
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # a truncated load lists every dropped layer
         try:
-            draft = load_model(name=d.name, name_or_path=d.name_or_path, dtype=d.dtype, device=d.device,
-                               seed=d.seed, num_layers=d.num_layers, attn_implementation=m.attn_implementation,
-                               tiny=OmegaConf.to_container(d.tiny), trust_remote_code=d.trust_remote_code)
+            draft = load_model(
+                name=d.name,
+                name_or_path=d.name_or_path,
+                dtype=d.dtype,
+                device=d.device,
+                seed=d.seed,
+                num_layers=d.num_layers,
+                attn_implementation=m.attn_implementation,
+                tiny=OmegaConf.to_container(d.tiny),
+                trust_remote_code=d.trust_remote_code,
+            )
         finally:
             transformers.logging.set_verbosity(verbosity)
         check_same_tokenizer(target, draft)
@@ -98,8 +120,11 @@ def check_same_tokenizer(target, draft) -> None:
         raise GateError(f"draft vocabulary {draft.model.config.vocab_size} != target {target.model.config.vocab_size}")
     if target.tokenizer is None and draft.tokenizer is None:
         return
-    if target.tokenizer is None or draft.tokenizer is None or (
-            tokenizer_fingerprint(target.tokenizer) != tokenizer_fingerprint(draft.tokenizer)):
+    if (
+        target.tokenizer is None
+        or draft.tokenizer is None
+        or (tokenizer_fingerprint(target.tokenizer) != tokenizer_fingerprint(draft.tokenizer))
+    ):
         raise GateError("the draft model's tokenizer differs from the target's; a parametric draft must share it")
 
 
@@ -130,10 +155,29 @@ def eos_ids(target) -> frozenset[int]:
     return frozenset(ids)
 
 
-def run_arm(*, backend: CausalLMBackend, proposer, verifier, plan_: Plan, prompt_ids: list[int], seed: int,
-            max_new_tokens: int, eos: frozenset[int], round_cfg: RoundConfig) -> DecodeResult:
-    return decode(target=backend, proposer=proposer, verifier=verifier, policy=plan_.policy, prompt_ids=prompt_ids,
-                  max_new_tokens=max_new_tokens, eos_token_ids=eos, rng=TorchRandomSource(seed), round_cfg=round_cfg)
+def run_arm(
+    *,
+    backend: CausalLMBackend,
+    proposer,
+    verifier,
+    plan_: Plan,
+    prompt_ids: list[int],
+    seed: int,
+    max_new_tokens: int,
+    eos: frozenset[int],
+    round_cfg: RoundConfig,
+) -> DecodeResult:
+    return decode(
+        target=backend,
+        proposer=proposer,
+        verifier=verifier,
+        policy=plan_.policy,
+        prompt_ids=prompt_ids,
+        max_new_tokens=max_new_tokens,
+        eos_token_ids=eos,
+        rng=TorchRandomSource(seed),
+        round_cfg=round_cfg,
+    )
 
 
 def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
@@ -147,9 +191,12 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
 
     bpt = model_kv_bytes_per_token(cfg.model)
     # a batch of B requests holds up to B * max_nodes candidate rows at once
-    formula_budget_bytes = check_temp_kv_budget(max_nodes=plan_.budget.max_nodes, bytes_per_token=bpt,
-                                                budget_bytes=cfg.generation.temp_kv_budget_bytes,
-                                                batch_size=int(cfg.generation.batch_size))
+    formula_budget_bytes = check_temp_kv_budget(
+        max_nodes=plan_.budget.max_nodes,
+        bytes_per_token=bpt,
+        budget_bytes=cfg.generation.temp_kv_budget_bytes,
+        batch_size=int(cfg.generation.batch_size),
+    )
     versions = library_versions()
     manifest = freeze_manifest(cfg, versions=versions, extra=manifest_extras(cfg))
     mhash = manifest_hash(manifest)
@@ -163,20 +210,37 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         raise GateError(f"KV bytes per token {backend.bytes_per_token} != config-derived {bpt}")
     draft_backend = CausalLMBackend(draft.model, device=device) if draft is not None else None
     items = encode_workload(cfg, target.tokenizer)
-    context = BuildContext(cfg=cfg, target_backend=backend, tokenizer=target.tokenizer, draft_backend=draft_backend,
-                           items=items, model_source=target.source)
+    context = BuildContext(
+        cfg=cfg,
+        target_backend=backend,
+        tokenizer=target.tokenizer,
+        draft_backend=draft_backend,
+        items=items,
+        model_source=target.source,
+    )
     plan_ = prepare(cfg, plan_, context)  # topology stages that need the models (e.g. Sequoia calibration)
     proposer = build_proposer(cfg, plan_, manifest_hash=mhash, context=context)
     null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash=mhash)
-    round_cfg = RoundConfig(max_nodes=plan_.budget.max_nodes, max_depth=plan_.budget.max_depth,
-                            temp_kv_budget_bytes=cfg.generation.temp_kv_budget_bytes)
+    round_cfg = RoundConfig(
+        max_nodes=plan_.budget.max_nodes,
+        max_depth=plan_.budget.max_depth,
+        temp_kv_budget_bytes=cfg.generation.temp_kv_budget_bytes,
+    )
     eos = eos_ids(target)
 
     # 3. gates: nothing is logged unless the configured round passes them
     from harness.gates.stages import run_gates
 
-    gates = run_gates(cfg, plan_=plan_, backend=backend, proposer=proposer, items=items, eos=eos,
-                      round_cfg=round_cfg, model_source=target.source)
+    gates = run_gates(
+        cfg,
+        plan_=plan_,
+        backend=backend,
+        proposer=proposer,
+        items=items,
+        eos=eos,
+        round_cfg=round_cfg,
+        model_source=target.source,
+    )
     governance = proposer.check_workload(items, allow_leakage=bool(cfg.get("allow_leakage", False)))
     if governance is not None:
         gates["workload_governance"] = governance
@@ -191,26 +255,46 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         from harness.engine.batched import BatchedArms
         from harness.target.batched import BatchedBackend
 
-        slots = [proposer] + [build_proposer(cfg, plan_, manifest_hash=mhash, context=context)
-                              for _ in range(batch_size - 1)]  # proposers keep per-request state
+        slots = [proposer] + [
+            build_proposer(cfg, plan_, manifest_hash=mhash, context=context) for _ in range(batch_size - 1)
+        ]  # proposers keep per-request state
         nulls = [NullProposer(budget=null.budget, manifest_hash=mhash) for _ in range(batch_size)]
-        batched = BatchedArms(target=BatchedBackend(target.model, device=device), spec_proposers=slots,
-                              null_proposers=nulls, spec_verifier=plan_.verifier, ar_verifier=plan_.baseline_verifier,
-                              policy=plan_.policy, prompts=[ids for _, ids in items], seed=int(cfg.seed),
-                              batch_size=batch_size, max_new_tokens=max_new, eos_token_ids=eos, round_cfg=round_cfg,
-                              rng_factory=TorchRandomSource)
+        batched = BatchedArms(
+            target=BatchedBackend(target.model, device=device),
+            spec_proposers=slots,
+            null_proposers=nulls,
+            spec_verifier=plan_.verifier,
+            ar_verifier=plan_.baseline_verifier,
+            policy=plan_.policy,
+            prompts=[ids for _, ids in items],
+            seed=int(cfg.seed),
+            batch_size=batch_size,
+            max_new_tokens=max_new,
+            eos_token_ids=eos,
+            round_cfg=round_cfg,
+            rng_factory=TorchRandomSource,
+        )
         batched.warmup(int(cfg.generation.warmup_tokens))
         batched_pairs = batched.pairs()
     else:
         for arm_proposer, arm_verifier in ((null, plan_.baseline_verifier), (proposer, plan_.verifier)):
-            run_arm(backend=backend, proposer=arm_proposer, verifier=arm_verifier, plan_=plan_, prompt_ids=warm_ids,
-                    seed=cfg.seed, max_new_tokens=int(cfg.generation.warmup_tokens), eos=eos, round_cfg=round_cfg)
+            run_arm(
+                backend=backend,
+                proposer=arm_proposer,
+                verifier=arm_verifier,
+                plan_=plan_,
+                prompt_ids=warm_ids,
+                seed=cfg.seed,
+                max_new_tokens=int(cfg.generation.warmup_tokens),
+                eos=eos,
+                round_cfg=round_cfg,
+            )
     from tqdm import tqdm
 
     spec_ledger, ar_ledger = RoundLedger(), RoundLedger()
     per_prompt, outputs = [], []
     itl, ar_itl = [], []
-    near_ties, greedy_identical = [], True if plan_.policy.greedy else None
+    near_ties = []
     sources: dict[str, int] = {}
     tol = NEAR_TIE_LOGIT_TOL.get(backend.dtype, 1e-3)
     for i, (prompt, ids) in enumerate(tqdm(items, desc="prompts", unit="prompt", file=sys.stderr)):
@@ -219,11 +303,29 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         order = ("ar", "spec") if i % 2 == 0 else ("spec", "ar")
         for arm in order if batched is None else ():
             if arm == "ar":
-                arms[arm] = run_arm(backend=backend, proposer=null, verifier=plan_.baseline_verifier, plan_=plan_,
-                                    prompt_ids=ids, seed=seed, max_new_tokens=max_new, eos=eos, round_cfg=round_cfg)
+                arms[arm] = run_arm(
+                    backend=backend,
+                    proposer=null,
+                    verifier=plan_.baseline_verifier,
+                    plan_=plan_,
+                    prompt_ids=ids,
+                    seed=seed,
+                    max_new_tokens=max_new,
+                    eos=eos,
+                    round_cfg=round_cfg,
+                )
             else:
-                arms[arm] = run_arm(backend=backend, proposer=proposer, verifier=plan_.verifier, plan_=plan_,
-                                    prompt_ids=ids, seed=seed, max_new_tokens=max_new, eos=eos, round_cfg=round_cfg)
+                arms[arm] = run_arm(
+                    backend=backend,
+                    proposer=proposer,
+                    verifier=plan_.verifier,
+                    plan_=plan_,
+                    prompt_ids=ids,
+                    seed=seed,
+                    max_new_tokens=max_new,
+                    eos=eos,
+                    round_cfg=round_cfg,
+                )
         ar, spec = (arms["ar"], arms["spec"]) if batched is None else next(batched_pairs)  # same seed per request
         spec_ledger.merge(spec.ledger)
         ar_ledger.merge(ar.ledger)
@@ -239,18 +341,35 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
                 if margin > tol:
                     raise GateError(
                         f"greedy equality failed on prompt {prompt.prompt_id!r} at generated position {pos}: "
-                        f"AR {ar.tokens[pos:pos + 4]} vs speculative {spec.tokens[pos:pos + 4]}; target top-2 "
-                        f"margin {margin:.3g} exceeds the {backend.dtype} near-tie tolerance {tol}")
+                        f"AR {ar.tokens[pos : pos + 4]} vs speculative {spec.tokens[pos : pos + 4]}; target top-2 "
+                        f"margin {margin:.3g} exceeds the {backend.dtype} near-tie tolerance {tol}"
+                    )
                 near_ties.append(entry)
-        per_prompt.append({"prompt_id": prompt.prompt_id, "category": prompt.category,
-                           "spec_decode_ms": spec.decode_ms, "spec_tokens": len(spec.tokens),
-                           "ar_decode_ms": ar.decode_ms, "ar_tokens": len(ar.tokens),
-                           "spec_ttft_ms": spec.ttft_ms, "ar_ttft_ms": ar.ttft_ms, "spec_rounds": spec.ledger.rounds,
-                           **(batched.prompt_fields(i) if batched is not None else {})})
-        outputs.append({"prompt_id": prompt.prompt_id, "category": prompt.category, "prompt_token_ids": ids,
-                        "ar_token_ids": ar.tokens, "spec_token_ids": spec.tokens,
-                        "ar_text": target.tokenizer.decode(ar.tokens) if target.tokenizer else None,
-                        "spec_text": target.tokenizer.decode(spec.tokens) if target.tokenizer else None})
+        per_prompt.append(
+            {
+                "prompt_id": prompt.prompt_id,
+                "category": prompt.category,
+                "spec_decode_ms": spec.decode_ms,
+                "spec_tokens": len(spec.tokens),
+                "ar_decode_ms": ar.decode_ms,
+                "ar_tokens": len(ar.tokens),
+                "spec_ttft_ms": spec.ttft_ms,
+                "ar_ttft_ms": ar.ttft_ms,
+                "spec_rounds": spec.ledger.rounds,
+                **(batched.prompt_fields(i) if batched is not None else {}),
+            }
+        )
+        outputs.append(
+            {
+                "prompt_id": prompt.prompt_id,
+                "category": prompt.category,
+                "prompt_token_ids": ids,
+                "ar_token_ids": ar.tokens,
+                "spec_token_ids": spec.tokens,
+                "ar_text": target.tokenizer.decode(ar.tokens) if target.tokenizer else None,
+                "spec_text": target.tokenizer.decode(spec.tokens) if target.tokenizer else None,
+            }
+        )
 
     spec_ms = sum(p["spec_decode_ms"] for p in per_prompt)
     ar_ms = sum(p["ar_decode_ms"] for p in per_prompt)
@@ -270,10 +389,21 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         "ar_ttft_ms": sum(p["ar_ttft_ms"] for p in per_prompt) / len(per_prompt),
         "committed_tokens": spec_tok,
         "ar_tokens": ar_tok,
-        **{k: summary[k] for k in ("rounds", "mean_committed_per_round", "mean_accepted_per_round",
-                                   "acceptance_by_depth", "reach_by_depth", "accepted_length_hist",
-                                   "first_child_coverage", "fallback_rate", "mean_candidate_rows",
-                                   "round_cost_ms")},
+        **{
+            k: summary[k]
+            for k in (
+                "rounds",
+                "mean_committed_per_round",
+                "mean_accepted_per_round",
+                "acceptance_by_depth",
+                "reach_by_depth",
+                "accepted_length_hist",
+                "first_child_coverage",
+                "fallback_rate",
+                "mean_candidate_rows",
+                "round_cost_ms",
+            )
+        },
         "round_cost_non_verify_share": (1.0 - cost["target_verify"] / round_total) if round_total else None,
         "ar_round_cost_ms": ar_ledger.summary()["round_cost_ms"],
         "temp_kv_bytes_peak": summary["temp_kv_bytes_peak"],
@@ -317,23 +447,36 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         "config": resolved,
         "manifest": manifest,
         "manifest_hash": mhash,
-        "axes": {"model": cfg.model.name, "proposer": cfg.proposer.name, "topology": cfg.topology.name,
-                 "verifier": cfg.verifier.name, "temperature": float(cfg.generation.temperature),
-                 "batch_size": int(cfg.generation.batch_size), "workload": cfg.workload.name},
+        "axes": {
+            "model": cfg.model.name,
+            "proposer": cfg.proposer.name,
+            "topology": cfg.topology.name,
+            "verifier": cfg.verifier.name,
+            "temperature": float(cfg.generation.temperature),
+            "batch_size": int(cfg.generation.batch_size),
+            "workload": cfg.workload.name,
+        },
         "metrics": metrics,
         "metric_notes": {
             "mean_committed_per_round": "bonus/correction token included",
             "mean_accepted_per_round": "accepted candidate tokens only (bonus excluded)",
             "speedup": "AR decode time per token / speculative decode time per committed token, same prompts",
             "itl_ms": "each round's duration split evenly over the tokens it emitted",
-            "temp_kv_bytes_peak": "bytes the verify forward added to the cache for candidate rows (pending row excluded)",
+            "temp_kv_bytes_peak": (
+                "bytes the verify forward added to the cache for candidate rows (pending row excluded)"
+            ),
         },
         "per_prompt": per_prompt,
         "hardware": hardware_card(cfg.model.device),
         "model_source": target.source,
-        "artifacts": {**plan_.extras.get("artifacts", {}),
-                      **({"proposer_artifact": proposer.artifact_manifest}
-                         if getattr(proposer, "artifact_manifest", None) else {})},
+        "artifacts": {
+            **plan_.extras.get("artifacts", {}),
+            **(
+                {"proposer_artifact": proposer.artifact_manifest}
+                if getattr(proposer, "artifact_manifest", None)
+                else {}
+            ),
+        },
     }
     t_profile = getattr(proposer, "t_profile", None) or plan_.extras.get("t_profile")
     if t_profile:
@@ -356,8 +499,16 @@ def track(cfg: DictConfig, record: dict, run_dir: Path) -> None:
 
     group = cfg.sweep or cfg.experiment or "adhoc"
     tags = [f"{k}={v}" for k, v in record["axes"].items()]
-    with open_run(record["config"], mode=cfg.tracking.mode, project=cfg.tracking.project, group=group,
-                  tags=tags, dir=str(run_dir), name=record["run_id"], entity=cfg.tracking.entity) as tracker:
+    with open_run(
+        record["config"],
+        mode=cfg.tracking.mode,
+        project=cfg.tracking.project,
+        group=group,
+        tags=tags,
+        dir=str(run_dir),
+        name=record["run_id"],
+        entity=cfg.tracking.entity,
+    ) as tracker:
         tracker.log_record(record, run_dir)
 
 
@@ -388,11 +539,19 @@ def main(argv: list[str] | None = None) -> int:
             return
         track(cfg, record, run_dir)
         m = record["metrics"]
-        print(json.dumps({"record": str(run_dir / "record.json"), "speedup": m["speedup"],
-                          "time_per_committed_token_ms": m["time_per_committed_token_ms"],
-                          "ar_time_per_token_ms": m["ar_time_per_token_ms"],
-                          "mean_committed_per_round": m["mean_committed_per_round"],
-                          "greedy_identical": m["greedy_identical"]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "record": str(run_dir / "record.json"),
+                    "speedup": m["speedup"],
+                    "time_per_committed_token_ms": m["time_per_committed_token_ms"],
+                    "ar_time_per_token_ms": m["ar_time_per_token_ms"],
+                    "mean_committed_per_round": m["mean_committed_per_round"],
+                    "greedy_identical": m["greedy_identical"],
+                },
+                indent=2,
+            )
+        )
 
     old = sys.argv
     sys.argv = ["harness run"] + argv

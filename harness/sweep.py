@@ -61,8 +61,10 @@ LAUNCHERS: dict[str, tuple[str, ...]] = {
     "submitit_slurm": ("hydra/launcher=submitit_slurm", "hydra.launcher.array_parallelism=${concurrent_jobs}"),
 }
 
-USAGE = ("usage: harness sweep NAME [launcher=basic|joblib|submitit_local|submitit_slurm] "
-         "[concurrent_jobs=N] [hydra overrides...]\n       harness sweep --list")
+USAGE = (
+    "usage: harness sweep NAME [launcher=basic|joblib|submitit_local|submitit_slurm] "
+    "[concurrent_jobs=N] [hydra overrides...]\n       harness sweep --list"
+)
 
 #: what the last sweep launched from this process did (read by :func:`main` for its exit code).
 _LAST_SUMMARY: dict[str, Any] = {}
@@ -123,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if code:
         return int(code)
     if not _LAST_SUMMARY:
-        print("harness sweep: the sweep finished without a summary (was hydra.callbacks changed?)",
-              file=sys.stderr)
+        print("harness sweep: the sweep finished without a summary (was hydra.callbacks changed?)", file=sys.stderr)
         return 1
     return 1 if _LAST_SUMMARY.get("failed") else 0
 
@@ -161,8 +162,9 @@ def launcher_concurrency(hydra_cfg: DictConfig) -> int | None:
     elif target.endswith("submitit_launcher.SlurmLauncher"):
         width = int(launcher.get("array_parallelism"))
     else:
-        raise ValueError(f"unknown Hydra launcher {target!r}: cannot tell how many jobs run at once; "
-                         f"use one of {sorted(LAUNCHERS)}")
+        raise ValueError(
+            f"unknown Hydra launcher {target!r}: cannot tell how many jobs run at once; use one of {sorted(LAUNCHERS)}"
+        )
     batch = hydra_cfg.sweeper.get("max_batch_size")
     bounds = [int(b) for b in (width, batch) if b is not None and int(b) > 0]
     return min(bounds) if bounds else None
@@ -181,8 +183,12 @@ def finished_record(run_dir: Path, manifest_hash: str) -> dict | None:
         log.warning("re-running %s: its record is not complete (%s)", run_dir, exc)
         return None
     if record.get("manifest_hash") != manifest_hash:
-        log.info("re-running %s: its record has manifest hash %s, this job %s",
-                 run_dir, record.get("manifest_hash"), manifest_hash)
+        log.info(
+            "re-running %s: its record has manifest hash %s, this job %s",
+            run_dir,
+            record.get("manifest_hash"),
+            manifest_hash,
+        )
         return None
     return record
 
@@ -219,21 +225,32 @@ def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:
     except ValueError:
         job = run_dir.as_posix()
     status: dict[str, Any] = {
-        "job": job, "num": int(hydra_cfg.job.num), "overrides": list(hydra_cfg.overrides.task),
-        "launch_id": _launch_id(sweep_dir), "sweep": cfg.get("sweep"),
+        "job": job,
+        "num": int(hydra_cfg.job.num),
+        "overrides": list(hydra_cfg.overrides.task),
+        "launch_id": _launch_id(sweep_dir),
+        "sweep": cfg.get("sweep"),
     }
     stage = "setup"
     try:
         if cfg.get("output_dir"):
-            raise ValueError(f"output_dir={cfg.output_dir!r} is for single runs; a sweep writes each job to "
-                             "hydra.sweep.dir/hydra.sweep.subdir")
+            raise ValueError(
+                f"output_dir={cfg.output_dir!r} is for single runs; a sweep writes each job to "
+                "hydra.sweep.dir/hydra.sweep.subdir"
+            )
         width = launcher_concurrency(hydra_cfg)
         if width is None:
-            raise ValueError("cannot tell how many jobs run at once: the launcher runs a whole batch together "
-                             "and hydra.sweeper.max_batch_size is unset (sweeps set it to concurrent_jobs)")
+            raise ValueError(
+                "cannot tell how many jobs run at once: the launcher runs a whole batch together "
+                "and hydra.sweeper.max_batch_size is unset (sweeps set it to concurrent_jobs)"
+            )
         if width != int(cfg.concurrent_jobs):
-            log.info("concurrent_jobs=%s asked, the launcher runs %s at once: recording %s",
-                     cfg.concurrent_jobs, width, width)
+            log.info(
+                "concurrent_jobs=%s asked, the launcher runs %s at once: recording %s",
+                cfg.concurrent_jobs,
+                width,
+                width,
+            )
         cfg.concurrent_jobs = width
         mhash = job_manifest_hash(cfg)
         status["manifest_hash"] = mhash
@@ -247,14 +264,16 @@ def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:
             status["manifest_hash"] = record["manifest_hash"]
             stage = "tracking"
             track(cfg, record, run_dir)
-            status.update(status="ran", record=str(run_dir / "record.json"),
-                          speedup=record["metrics"].get("speedup"))
+            status.update(status="ran", record=str(run_dir / "record.json"), speedup=record["metrics"].get("speedup"))
     except Exception as exc:  # a failing job must not stop the sweep; it is reported, not hidden
         log.error("job %s failed during %s: %s: %s", job, stage, type(exc).__name__, exc)
         print(f"harness sweep: job {job} failed during {stage}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        status.update(status="failed", stage=stage, refused=_is_refusal(exc),
-                      error={"type": type(exc).__name__, "message": str(exc),
-                             "traceback": traceback.format_exc(limit=-8)})
+        status.update(
+            status="failed",
+            stage=stage,
+            refused=_is_refusal(exc),
+            error={"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc(limit=-8)},
+        )
     status["seconds"] = time.perf_counter() - t0
     status["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_json_atomic(run_dir / JOB_STATUS, status)
@@ -301,10 +320,22 @@ def finish_sweep(sweep_dir: str | Path, *, launch_id: str | None = None, report:
     summary = SweepSummary(sweep_dir=str(sweep_dir), launch_id=launch_id)
     for s in statuses:
         getattr(summary, s.get("status", "failed")).append(s["job"])
-    write_jsonl_atomic(sweep_dir / FAILURES_FILE, [
-        {"job": s["job"], "overrides": s["overrides"], "stage": s.get("stage"), "refused": s.get("refused"),
-         "error": s.get("error"), "launch_id": s.get("launch_id"), "finished_at": s.get("finished_at")}
-        for s in statuses if s.get("status") == "failed"])
+    write_jsonl_atomic(
+        sweep_dir / FAILURES_FILE,
+        [
+            {
+                "job": s["job"],
+                "overrides": s["overrides"],
+                "stage": s.get("stage"),
+                "refused": s.get("refused"),
+                "error": s.get("error"),
+                "launch_id": s.get("launch_id"),
+                "finished_at": s.get("finished_at"),
+            }
+            for s in statuses
+            if s.get("status") == "failed"
+        ],
+    )
     store_path = sweep_dir / STORE_FILE
     df = rebuild_store(sweep_dir, store_path)
     summary.records, summary.store = len(df), str(store_path)
@@ -325,8 +356,10 @@ def finish_sweep(sweep_dir: str | Path, *, launch_id: str | None = None, report:
 
 
 def format_summary(summary: SweepSummary) -> str:
-    lines = [f"sweep folder {summary.sweep_dir}: {len(summary.ran)} ran, {len(summary.skipped)} skipped, "
-             f"{len(summary.failed)} failed"]
+    lines = [
+        f"sweep folder {summary.sweep_dir}: {len(summary.ran)} ran, {len(summary.skipped)} skipped, "
+        f"{len(summary.failed)} failed"
+    ]
     if summary.skipped:
         lines.append("skipped (complete record with the same manifest hash): " + ", ".join(summary.skipped))
     if summary.failed:
@@ -355,10 +388,16 @@ class SweepCallback(_Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         self.launch_id = uuid.uuid4().hex[:12]
-        write_json_atomic(sweep_dir / LAUNCH_FILE, {
-            "launch_id": self.launch_id, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "sweep": config.get("sweep"), "overrides": OmegaConf.to_container(config.hydra.overrides, resolve=True),
-            "sweeper_params": OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=True)})
+        write_json_atomic(
+            sweep_dir / LAUNCH_FILE,
+            {
+                "launch_id": self.launch_id,
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "sweep": config.get("sweep"),
+                "overrides": OmegaConf.to_container(config.hydra.overrides, resolve=True),
+                "sweeper_params": OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=True),
+            },
+        )
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         summary = finish_sweep(Path(str(config.hydra.sweep.dir)), launch_id=self.launch_id, report=self.report)

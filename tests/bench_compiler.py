@@ -16,9 +16,14 @@ def kary_proposal(width: int, depth: int) -> ProposalResult:
                 nodes.append(ProposalNode(token_id=100 + w + len(nodes), parent=parent, score=1.0))
                 nxt.append(len(nodes) - 1)
         level = nxt
-    return ProposalResult(nodes=tuple(nodes), probability_semantics="score_only",
-                          sampling_relation="deterministic_lookup", topology="tree", state_handle=NO_STATE,
-                          manifest_hash="bench")
+    return ProposalResult(
+        nodes=tuple(nodes),
+        probability_semantics="score_only",
+        sampling_relation="deterministic_lookup",
+        topology="tree",
+        state_handle=NO_STATE,
+        manifest_hash="bench",
+    )
 
 
 @pytest.mark.parametrize("width,depth", [(1, 8), (2, 4), (4, 3)])

@@ -13,8 +13,13 @@ from harness.proposers.prompt_lookup import NullProposer, PromptLookupProposer
 from harness.random_source import TorchRandomSource
 from harness.runner import NEAR_TIE_LOGIT_TOL
 from harness.target.backend import CausalLMBackend
-from harness.target.batched import (BatchedBackend, prefill_copies, time_batched_verify_ms, timed_batched_verify,
-                                    verify_cost_profile)
+from harness.target.batched import (
+    BatchedBackend,
+    prefill_copies,
+    time_batched_verify_ms,
+    timed_batched_verify,
+    verify_cost_profile,
+)
 from harness.target.loading import build_tiny_model
 from harness.topology.compiler import compile_tree
 from harness.verifiers import get_verifier
@@ -22,8 +27,12 @@ from harness.verifiers.sampling import SamplingPolicy
 
 GREEDY = SamplingPolicy()
 # ragged on purpose: lengths 10, 13, 1 (nothing to prefill) and 5
-PROMPTS = [[5, 17, 33, 8, 5, 17, 33, 9, 40, 41], [9, 9, 10, 11, 12, 13, 14, 15, 3, 4, 9, 9, 10], [7],
-           [20, 21, 22, 20, 21]]
+PROMPTS = [
+    [5, 17, 33, 8, 5, 17, 33, 9, 40, 41],
+    [9, 9, 10, 11, 12, 13, 14, 15, 3, 4, 9, 9, 10],
+    [7],
+    [20, 21, 22, 20, 21],
+]
 NEW = 24
 NULL_BUDGET = Budget(shape="sequence", max_nodes=1, max_depth=1)
 
@@ -53,20 +62,49 @@ def make(name, budget, sampling, draft, policy=GREEDY):
     return DraftModelProposer(budget=budget, manifest_hash="h", policy=policy, backend=draft, sampling=sampling)
 
 
-def run_batch(backend, prompts, name="null", budget=NULL_BUDGET, sampling=None, draft=None, verifier="greedy",
-              new=NEW, eos=frozenset(), policy=GREEDY, seeds=None, rounds=None):
+def run_batch(
+    backend,
+    prompts,
+    name="null",
+    budget=NULL_BUDGET,
+    sampling=None,
+    draft=None,
+    verifier="greedy",
+    new=NEW,
+    eos=frozenset(),
+    policy=GREEDY,
+    seeds=None,
+    rounds=None,
+):
     proposers = [make(name, budget, sampling, draft, policy) for _ in prompts]
     rngs = [TorchRandomSource(s) for s in (seeds or range(len(prompts)))]
     cb = (lambda **kw: rounds.append(kw)) if rounds is not None else None
-    return decode_batch(target=backend, proposers=proposers, verifier=get_verifier(verifier), policy=policy,
-                        prompts=prompts, max_new_tokens=new, eos_token_ids=eos, rngs=rngs,
-                        round_cfg=RoundConfig(max_nodes=budget.max_nodes, max_depth=budget.max_depth), on_round=cb)
+    return decode_batch(
+        target=backend,
+        proposers=proposers,
+        verifier=get_verifier(verifier),
+        policy=policy,
+        prompts=prompts,
+        max_new_tokens=new,
+        eos_token_ids=eos,
+        rngs=rngs,
+        round_cfg=RoundConfig(max_nodes=budget.max_nodes, max_depth=budget.max_depth),
+        on_round=cb,
+    )
 
 
 def batch1_ar(model, prompt, new=NEW, eos=frozenset()):
-    return decode(target=CausalLMBackend(model), proposer=make("null", None, None, None), verifier=get_verifier("greedy"),
-                  policy=GREEDY, prompt_ids=prompt, max_new_tokens=new, eos_token_ids=eos, rng=TorchRandomSource(0),
-                  round_cfg=RoundConfig(max_nodes=1, max_depth=1)).tokens
+    return decode(
+        target=CausalLMBackend(model),
+        proposer=make("null", None, None, None),
+        verifier=get_verifier("greedy"),
+        policy=GREEDY,
+        prompt_ids=prompt,
+        max_new_tokens=new,
+        eos_token_ids=eos,
+        rng=TorchRandomSource(0),
+        round_cfg=RoundConfig(max_nodes=1, max_depth=1),
+    ).tokens
 
 
 def near_tie_or_equal(model, prompt, expected, got):
@@ -76,7 +114,7 @@ def near_tie_or_equal(model, prompt, expected, got):
         return None
     margin = top2_margin(model, prompt + expected[:pos])
     tol = NEAR_TIE_LOGIT_TOL[next(model.parameters()).dtype]
-    assert margin <= tol, f"divergence at {pos}: {expected[pos:pos + 3]} vs {got[pos:pos + 3]}, margin {margin}"
+    assert margin <= tol, f"divergence at {pos}: {expected[pos : pos + 3]} vs {got[pos : pos + 3]}, margin {margin}"
     return {"position": pos, "top2_margin": margin}
 
 
@@ -128,7 +166,7 @@ def test_one_request_finishes_early_one_long(models):
     assert long.tokens == run_batch(backend, prompts, eos=eos, new=40).requests[1].tokens  # = batched AR
     lives = [r["live"] for r in rounds]
     cut = next(i for i, r in enumerate(rounds) if r["finished"] == [0])
-    assert all(lv == [0, 1] for lv in lives[: cut + 1]) and all(lv == [1] for lv in lives[cut + 1:])
+    assert all(lv == [0, 1] for lv in lives[: cut + 1]) and all(lv == [1] for lv in lives[cut + 1 :])
     assert len(lives) > cut + 1  # the long request kept decoding alone
     assert short.decode_ms < long.decode_ms
 
@@ -140,15 +178,29 @@ def test_commit_keeps_each_requests_path_in_its_own_slots(models):
     snaps = []
 
     def snap(state, **_):  # the state after the round's commit (the loop mutates it later)
-        snaps.append((list(state.lengths), [list(t) for t in state.tokens], state.phys_len,
-                      [(layer.keys.clone(), layer.values.clone()) for layer in state.cache.layers]))
+        snaps.append(
+            (
+                list(state.lengths),
+                [list(t) for t in state.tokens],
+                state.phys_len,
+                [(layer.keys.clone(), layer.values.clone()) for layer in state.cache.layers],
+            )
+        )
 
-    res = decode_batch(target=backend, proposers=[make("prompt_lookup", Budget(shape="sequences", max_nodes=12,
-                                                                                max_depth=4), None, None)
-                                                  for _ in prompts],
-                       verifier=get_verifier("greedy"), policy=GREEDY, prompts=prompts, max_new_tokens=12,
-                       eos_token_ids=frozenset(), rngs=[TorchRandomSource(k) for k in range(3)],
-                       round_cfg=RoundConfig(max_nodes=12, max_depth=4), on_round=snap)
+    res = decode_batch(
+        target=backend,
+        proposers=[
+            make("prompt_lookup", Budget(shape="sequences", max_nodes=12, max_depth=4), None, None) for _ in prompts
+        ],
+        verifier=get_verifier("greedy"),
+        policy=GREEDY,
+        prompts=prompts,
+        max_new_tokens=12,
+        eos_token_ids=frozenset(),
+        rngs=[TorchRandomSource(k) for k in range(3)],
+        round_cfg=RoundConfig(max_nodes=12, max_depth=4),
+        on_round=snap,
+    )
     lengths, tokens, phys_len, layers = snaps[3]  # after a few ragged commits, all three live
     assert len(set(lengths)) == 3 and phys_len == max(lengths)
     assert [len(t) for t in tokens] == lengths
@@ -170,8 +222,15 @@ def test_exactly_one_target_forward_per_round(models):
     try:
         backend = BatchedBackend(target)
         rounds = []
-        res = run_batch(backend, PROMPTS, "draft_model", Budget(shape="expansion", max_nodes=12, max_depth=3,
-                                                                  widths=(2, 2, 1)), "beam", draft, rounds=rounds)
+        res = run_batch(
+            backend,
+            PROMPTS,
+            "draft_model",
+            Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1)),
+            "beam",
+            draft,
+            rounds=rounds,
+        )
     finally:
         handle.remove()
     assert len(rounds) == res.ledger.rounds == backend.forwards
@@ -201,7 +260,7 @@ def test_padded_rows_are_masked_and_never_read(models):
     for r in base_rounds:
         out = r["output"]
         for k, tree in enumerate(r["trees"]):
-            pad_rows = out.padded_logits[k, 1 + tree.num_rows:]
+            pad_rows = out.padded_logits[k, 1 + tree.num_rows :]
             padded_seen += pad_rows.shape[0]
             assert torch.isnan(pad_rows).all()  # poisoned: a read would fail the probability contracts
             assert not torch.isnan(out.logits[k]).any() and out.logits[k].shape[0] == 1 + tree.num_rows
@@ -214,8 +273,15 @@ def test_verify_rows_match_batch1_verify_and_kv_bytes(models):
 
     def tree(prefix_len, parents, toks):
         nodes = tuple(ProposalNode(token_id=t, parent=p, score=1.0, source="x") for t, p in zip(toks, parents))
-        prop = ProposalResult(nodes=nodes, probability_semantics="score_only", sampling_relation="deterministic_lookup",
-                              topology="tree", state_handle=NO_STATE, manifest_hash="h", source="x")
+        prop = ProposalResult(
+            nodes=nodes,
+            probability_semantics="score_only",
+            sampling_relation="deterministic_lookup",
+            topology="tree",
+            state_handle=NO_STATE,
+            manifest_hash="h",
+            source="x",
+        )
         return compile_tree([prop], prefix_len=prefix_len, max_nodes=16, max_depth=8)
 
     prompts = PROMPTS[:3]
@@ -263,9 +329,18 @@ def test_sampling_oracle_holds_per_request_in_a_batch_of_two():
             rngs = [TorchRandomSource(7), TorchRandomSource(8)]
             rngs[k] = rng
             try:
-                decode_batch(target=BatchedBackend(target), proposers=proposers, verifier=get_verifier(verifier),
-                             policy=policy, prompts=prompts, max_new_tokens=4, eos_token_ids=frozenset(), rngs=rngs,
-                             round_cfg=RoundConfig(max_nodes=2, max_depth=1), on_round=first_round)
+                decode_batch(
+                    target=BatchedBackend(target),
+                    proposers=proposers,
+                    verifier=get_verifier(verifier),
+                    policy=policy,
+                    prompts=prompts,
+                    max_new_tokens=4,
+                    eos_token_ids=frozenset(),
+                    rngs=rngs,
+                    round_cfg=RoundConfig(max_nodes=2, max_depth=1),
+                    on_round=first_round,
+                )
             except Stop:
                 pass
             return got["path"]
@@ -277,6 +352,7 @@ def test_sampling_oracle_holds_per_request_in_a_batch_of_two():
         def f(prefix):
             logits = target(input_ids=torch.tensor([prompts[k] + list(prefix)])).logits[0, -1]
             return policy.probs(logits.unsqueeze(0), dtype=torch.float64)[0]
+
         return f
 
     for k in (0, 1):
@@ -307,16 +383,27 @@ def test_batched_profile_and_helpers(models):
     assert all(torch.equal(layer.keys, k) for layer, k in zip(state.cache.layers, before[2]))  # rolled back
     assert batches(5, 2) == [[0, 1], [2, 3], [4]]
     led = BatchLedger()
-    led.observe_round(live=2, real_rows=3, padded_rows=8, stage_ms={"target_verify": 2.0}, temp_kv_real_bytes=30,
-                      temp_kv_padded_bytes=80, hole_bytes=5)
+    led.observe_round(
+        live=2,
+        real_rows=3,
+        padded_rows=8,
+        stage_ms={"target_verify": 2.0},
+        temp_kv_real_bytes=30,
+        temp_kv_padded_bytes=80,
+        hole_bytes=5,
+    )
     s = led.summary()
     assert s["padded_row_fraction"] == pytest.approx(5 / 8) and s["temp_kv_bytes_padded_peak"] == 80
-    p1, p2 = make("prompt_lookup", Budget(shape="sequence", max_nodes=2, max_depth=2), None, None), \
-        make("prompt_lookup", Budget(shape="sequence", max_nodes=2, max_depth=2), None, None)
-    p1.stats.extras.update({"rounds": 2, "misses": 1, "miss_rate": 0.5, "max_retrieval_ms": 3.0,
-                            "last_match_len": 3, "id": "a"})
-    p2.stats.extras.update({"rounds": 6, "misses": 0, "miss_rate": 0.0, "max_retrieval_ms": 1.0,
-                            "last_match_len": 1, "id": "b"})
+    p1, p2 = (
+        make("prompt_lookup", Budget(shape="sequence", max_nodes=2, max_depth=2), None, None),
+        make("prompt_lookup", Budget(shape="sequence", max_nodes=2, max_depth=2), None, None),
+    )
+    p1.stats.extras.update(
+        {"rounds": 2, "misses": 1, "miss_rate": 0.5, "max_retrieval_ms": 3.0, "last_match_len": 3, "id": "a"}
+    )
+    p2.stats.extras.update(
+        {"rounds": 6, "misses": 0, "miss_rate": 0.0, "max_retrieval_ms": 1.0, "last_match_len": 1, "id": "b"}
+    )
     m = merged_proposer_extras([p1, p2])
     assert (m["rounds"], m["misses"], m["max_retrieval_ms"], m["last_match_len"], m["id"]) == (8, 1, 3.0, 3, "a")
     assert m["miss_rate"] == pytest.approx(1 / 8)  # weighted by rounds, not summed (0.5) or averaged (0.25)
@@ -326,9 +413,17 @@ def test_refuses_shared_proposer_instances(models):
     target, _ = models
     p = make("null", None, None, None)
     with pytest.raises(ValueError, match="own proposer"):
-        decode_batch(target=BatchedBackend(target), proposers=[p, p], verifier=get_verifier("greedy"), policy=GREEDY,
-                     prompts=PROMPTS[:2], max_new_tokens=4, eos_token_ids=frozenset(),
-                     rngs=[TorchRandomSource(0), TorchRandomSource(1)], round_cfg=RoundConfig(max_nodes=1, max_depth=1))
+        decode_batch(
+            target=BatchedBackend(target),
+            proposers=[p, p],
+            verifier=get_verifier("greedy"),
+            policy=GREEDY,
+            prompts=PROMPTS[:2],
+            max_new_tokens=4,
+            eos_token_ids=frozenset(),
+            rngs=[TorchRandomSource(0), TorchRandomSource(1)],
+            round_cfg=RoundConfig(max_nodes=1, max_depth=1),
+        )
 
 
 def test_harness_run_at_batch_size_2_on_tiny(tmp_path):
@@ -338,9 +433,17 @@ def test_harness_run_at_batch_size_2_on_tiny(tmp_path):
     from harness.engine.build import ConfigError, plan
     from harness.runner import CONF_DIR, run_job
 
-    overrides = ["model=tiny", "proposer=prompt_lookup", "topology=sequences", "workload.limit=3",
-                 "generation.max_new_tokens=12", "generation.warmup_tokens=2", "gates.oracle=false", "threads=1",
-                 "generation.batch_size=2"]
+    overrides = [
+        "model=tiny",
+        "proposer=prompt_lookup",
+        "topology=sequences",
+        "workload.limit=3",
+        "generation.max_new_tokens=12",
+        "generation.warmup_tokens=2",
+        "gates.oracle=false",
+        "threads=1",
+        "generation.batch_size=2",
+    ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
         zero = compose("config", overrides=overrides[:-1] + ["generation.batch_size=0"])

@@ -27,9 +27,17 @@ from harness.topology.compiler import compile_tree
 from harness.topology.sequoia import wilson_interval
 from harness.workloads.prompts import Prompt
 
-TINY = ["model=tiny", "proposer=draft_model", "proposer.sampling=without_replacement", "verifier=sequoia",
-        "generation.temperature=0.7", "threads=1", "topology.calibration.parents=20",
-        "topology.calibration.branches=3", "topology.calibration.max_new_tokens=10"]
+TINY = [
+    "model=tiny",
+    "proposer=draft_model",
+    "proposer.sampling=without_replacement",
+    "verifier=sequoia",
+    "generation.temperature=0.7",
+    "threads=1",
+    "topology.calibration.parents=20",
+    "topology.calibration.branches=3",
+    "topology.calibration.max_new_tokens=10",
+]
 
 
 # ---------------------------------------------------------------- statistics
@@ -68,8 +76,15 @@ def test_unreached_ranks_have_no_interval():
 def _set_tree(tokens):
     nodes = tuple(ProposalNode(token_id=t, parent=-1, q=0.25, source="d") for t in tokens)
     laws = torch.full((len(tokens), 4), 0.25)
-    prop = ProposalResult(nodes=nodes, probability_semantics="normalized_conditional", sampling_relation="iid",
-                          topology="set", state_handle=NO_STATE, manifest_hash="h", q_dists=laws)
+    prop = ProposalResult(
+        nodes=nodes,
+        probability_semantics="normalized_conditional",
+        sampling_relation="iid",
+        topology="set",
+        state_handle=NO_STATE,
+        manifest_hash="h",
+        q_dists=laws,
+    )
     return compile_tree([prop], prefix_len=3)
 
 
@@ -104,8 +119,10 @@ def test_jsonl_workload_without_splits_is_refused(tmp_path):
     cfg = compose(TINY + ["workload=jsonl", f"workload.path={path}", "workload.chat=false"])
     with pytest.raises(CalibrationError, match="'x' is also an evaluation prompt"):
         check_disjoint(calibration_items(cfg, None), encode_workload(cfg, None))
-    path.write_text('{"id": "x", "prompt": "def f():", "split": "calibration"}\n'
-                    '{"id": "y", "prompt": "class A:", "split": "eval"}\n')
+    path.write_text(
+        '{"id": "x", "prompt": "def f():", "split": "calibration"}\n'
+        '{"id": "y", "prompt": "class A:", "split": "eval"}\n'
+    )
     cal = calibration_items(cfg, None)
     assert [p.prompt_id for p, _ in cal] == ["x"]
     check_disjoint(cal, encode_workload(cfg, None))
@@ -122,9 +139,14 @@ def _context(cfg):
     from harness.target.backend import CausalLMBackend
 
     target, draft = load_models(cfg)
-    return BuildContext(cfg=cfg, target_backend=CausalLMBackend(target.model), tokenizer=target.tokenizer,
-                        draft_backend=CausalLMBackend(draft.model), items=encode_workload(cfg, None),
-                        model_source=target.source)
+    return BuildContext(
+        cfg=cfg,
+        target_backend=CausalLMBackend(target.model),
+        tokenizer=target.tokenizer,
+        draft_backend=CausalLMBackend(draft.model),
+        items=encode_workload(cfg, None),
+        model_source=target.source,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +164,12 @@ def test_calibration_with_an_identical_draft_accepts_the_first_sibling(identical
     # q == p (up to float rounding across batch shapes): the rank-1 draw is accepted with probability ~1
     assert art["acceptance"][0] >= 0.95
     assert art["sibling_mass"] <= 1.0
-    assert art["provenance"]["sampling_policy"] == {"temperature": 0.7, "top_p": 1.0, "top_k": 0,
-                                                     "relation": "without_replacement"}
+    assert art["provenance"]["sampling_policy"] == {
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": 0,
+        "relation": "without_replacement",
+    }
     assert art["provenance"]["calibration_data"]["split"] == "calibration"
     assert len(art["acceptance_wilson"]) == 3
     check_calibration({**art, "hash": "x"}, prov, path="a")
@@ -153,8 +179,9 @@ def test_weak_draft_gives_a_valid_acceptance_vector():
     cfg = compose(TINY + ["proposer.model.num_layers=1", "topology.calibration.parents=40"])
     ctx = _context(cfg)
     items = calibration_items(cfg, None)
-    art = run_calibration(cfg, ctx, items=items, provenance=calibration_provenance(cfg, tokenizer=None, items=items),
-                          progress=False)
+    art = run_calibration(
+        cfg, ctx, items=items, provenance=calibration_provenance(cfg, tokenizer=None, items=items), progress=False
+    )
     p = art["acceptance"]
     assert sum(art["accepted"]) + art["none_accepted"] == art["parents"] >= 40
     assert 0.0 < sum(p) <= 1.0
@@ -163,11 +190,20 @@ def test_weak_draft_gives_a_valid_acceptance_vector():
 
 def test_too_few_parent_nodes_fail_the_stage(identical_draft):
     _, ctx = identical_draft
-    cfg = compose(TINY + ["topology.calibration.parents=100000", "topology.calibration.prompts=1",
-                          "topology.calibration.max_new_tokens=3"])
+    cfg = compose(
+        TINY
+        + [
+            "topology.calibration.parents=100000",
+            "topology.calibration.prompts=1",
+            "topology.calibration.max_new_tokens=3",
+        ]
+    )
     items = calibration_items(cfg, None)
-    with pytest.raises(CalibrationError, match=r"measured \d+ parent nodes on all 1 calibration prompts; "
-                                               r"topology.calibration.parents=100000 are required"):
+    with pytest.raises(
+        CalibrationError,
+        match=r"measured \d+ parent nodes on all 1 calibration prompts; "
+        r"topology.calibration.parents=100000 are required",
+    ):
         run_calibration(cfg, ctx, items=items, provenance={}, progress=False)
 
 
@@ -178,8 +214,11 @@ def test_stored_calibration_is_checked_against_the_run(identical_draft):
     art = {"kind": "sequoia_calibration", "acceptance": [0.82, 0.0864, 0.022464], "provenance": prov}
     check_calibration(art, prov, path="a")
     hot = calibration_provenance(compose(TINY + ["generation.temperature=1.0"]), tokenizer=None, items=items)
-    with pytest.raises(StaleArtifactError, match=r"sampling_policy differs \(sampling_policy.temperature: "
-                                                 r"artifact 0.7, this run 1.0\)"):
+    with pytest.raises(
+        StaleArtifactError,
+        match=r"sampling_policy differs \(sampling_policy.temperature: "
+        r"artifact 0.7, this run 1.0\)",
+    ):
         check_calibration(art, hot, path="a")
     other_data = calibration_provenance(cfg, tokenizer=None, items=items[:1])
     with pytest.raises(StaleArtifactError, match="calibration_data differs"):
@@ -194,8 +233,17 @@ def test_stored_calibration_is_checked_against_the_run(identical_draft):
 
 def test_harness_calibrate_writes_the_artifacts(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
-    rc = main(TINY + ["proposer.model.num_layers=1", "topology.max_nodes=3", "topology.max_depth=3",
-                      "topology.profile.repeats=2", "topology.profile.warmup=0", "topology.profile.prefix_len=16"])
+    rc = main(
+        TINY
+        + [
+            "proposer.model.num_layers=1",
+            "topology.max_nodes=3",
+            "topology.max_depth=3",
+            "topology.profile.repeats=2",
+            "topology.profile.warmup=0",
+            "topology.profile.prefix_len=16",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stages"] == {"calibration": "measured", "profile": "measured", "tree": "built"}

@@ -40,8 +40,13 @@ def _toy(runs: dict[str, dict], section: str = "exact") -> pd.DataFrame:
                 "model": "m",
                 "per_prompt": json.dumps(
                     [
-                        dict(zip(("prompt_id", "category", "spec_decode_ms", "spec_tokens",
-                                  "ar_decode_ms", "ar_tokens"), p, strict=True))
+                        dict(
+                            zip(
+                                ("prompt_id", "category", "spec_decode_ms", "spec_tokens", "ar_decode_ms", "ar_tokens"),
+                                p,
+                                strict=True,
+                            )
+                        )
                         for p in spec["prompts"]
                     ]
                 ),
@@ -57,8 +62,7 @@ def _row(rows, arm, category=ALL, section="exact"):
 
 def test_hand_computed_speedup_and_time_per_token():
     # a: spec 30+50 ms for 10+10 tokens -> 4 ms/token; AR 60+100 ms for 10+10 tokens -> 8 ms/token
-    df = _toy({"r1": {"proposer": "a", "prompts": [("p1", "code", 30, 10, 60, 10),
-                                                   ("p2", "chat", 50, 10, 100, 10)]}})
+    df = _toy({"r1": {"proposer": "a", "prompts": [("p1", "code", 30, 10, 60, 10), ("p2", "chat", 50, 10, 100, 10)]}})
     rows = compare(df, by="proposer", n_resamples=200)
     all_ = _row(rows, "a")
     assert all_.time_per_committed_token_ms.value == pytest.approx(4.0)
@@ -104,8 +108,7 @@ def test_pairing_uses_only_common_prompts():
 def test_runs_of_one_arm_are_summed_per_prompt_and_mixed_axes_reported():
     r1 = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 10, 10, 20, 10)]
     r2 = [("p1", "c", 30, 10, 20, 10), ("p2", "c", 30, 10, 20, 10)]
-    df = _toy({"r1": {"proposer": "a", "prompts": r1},
-               "r2": {"proposer": "a", "verifier": "specinfer", "prompts": r2}})
+    df = _toy({"r1": {"proposer": "a", "prompts": r1}, "r2": {"proposer": "a", "verifier": "specinfer", "prompts": r2}})
     row = _row(compare(df, n_resamples=200), "a")
     assert row.run_ids == ("r1", "r2") and row.n_prompts == 2
     assert row.time_per_committed_token_ms.value == pytest.approx(2.0)  # 80 ms / 40 tokens
@@ -132,11 +135,13 @@ def test_fixture_arms_match_the_records_and_sections_stay_apart():
     assert hydra.run_ids == ("fx03-hydra-greedy-t0-b1",)
     assert hydra.speedup.value == pytest.approx(rec["metrics"]["speedup"], abs=1e-4)
     assert hydra.time_per_committed_token_ms.value == pytest.approx(
-        rec["metrics"]["time_per_committed_token_ms"], abs=1e-4)
+        rec["metrics"]["time_per_committed_token_ms"], abs=1e-4
+    )
     assert {r.category for r in rows} == {"code", "chat", ALL}
     assert _row(rows, "hydra", "code").n_prompts == 4
-    by_section = {s: {rid for r in rows if r.section == s for rid in r.run_ids}
-                  for s in ("exact", "cpu_budget_artifact")}
+    by_section = {
+        s: {rid for r in rows if r.section == s for rid in r.run_ids} for s in ("exact", "cpu_budget_artifact")
+    }
     assert by_section["cpu_budget_artifact"] == {"fx09-prompt_lookup-greedy-t0-b1"}
     assert "fx09-prompt_lookup-greedy-t0-b1" not in by_section["exact"]
     assert _row(rows, "prompt_lookup", section="cpu_budget_artifact").labels == ("cpu_budget_artifact",)
@@ -167,8 +172,16 @@ def test_main_prints_sections_and_writes_json(tmp_path, capsys):
     shutil.copytree(FIXTURES, root)
     rebuild_store(root)
     out = tmp_path / "cmp.json"
-    rc = main([str(root / "store.parquet"), "by=proposer", "baseline=prompt_lookup", "batch_size=1",
-               f"json={out}", "resamples=300"])
+    rc = main(
+        [
+            str(root / "store.parquet"),
+            "by=proposer",
+            "baseline=prompt_lookup",
+            "batch_size=1",
+            f"json={out}",
+            "resamples=300",
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "== exact runs ==" in text and "HEURISTIC" in text and "CPU-BUDGET" in text
@@ -179,8 +192,16 @@ def test_main_prints_sections_and_writes_json(tmp_path, capsys):
     assert rest["run_ids"] == ["fx02-rest-greedy-t0-b1", "fx04-rest-specinfer-t0.7-b1"]
     assert rest["vs_baseline"]["ci_low"] <= rest["vs_baseline"]["value"] <= rest["vs_baseline"]["ci_high"]
     # records folder and store give the same numbers
-    rc = main([str(root), "by=proposer", "baseline=prompt_lookup", "batch_size=1",
-               f"json={tmp_path / 'b.json'}", "resamples=300"])
+    rc = main(
+        [
+            str(root),
+            "by=proposer",
+            "baseline=prompt_lookup",
+            "batch_size=1",
+            f"json={tmp_path / 'b.json'}",
+            "resamples=300",
+        ]
+    )
     assert rc == 0
     assert json.loads((tmp_path / "b.json").read_text())["sections"] == payload["sections"]
 

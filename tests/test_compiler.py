@@ -110,10 +110,20 @@ def test_validate_commit():
 
 def test_iid_duplicate_draws_merge_rows_but_keep_draws():
     q = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])
-    nodes = [ProposalNode(token_id=1, q=0.5, source="d"), ProposalNode(token_id=1, q=0.5, source="d"),
-             ProposalNode(token_id=0, q=0.5, source="d")]
-    prop = ProposalResult(nodes=tuple(nodes), probability_semantics="normalized_conditional",
-                          sampling_relation="iid", topology="set", state_handle=NO_STATE, manifest_hash="h", q_dists=q)
+    nodes = [
+        ProposalNode(token_id=1, q=0.5, source="d"),
+        ProposalNode(token_id=1, q=0.5, source="d"),
+        ProposalNode(token_id=0, q=0.5, source="d"),
+    ]
+    prop = ProposalResult(
+        nodes=tuple(nodes),
+        probability_semantics="normalized_conditional",
+        sampling_relation="iid",
+        topology="set",
+        state_handle=NO_STATE,
+        manifest_hash="h",
+        q_dists=q,
+    )
     tree = compile_tree([prop], prefix_len=1)
     assert tree.num_rows == 2
     assert [d.row for d in tree.draws[0]] == [0, 0, 1]
@@ -135,20 +145,48 @@ def test_contracts_reject_invalid_values():
     with pytest.raises(ContractError, match="q must be a probability"):
         ProposalNode(token_id=1, q=1.5)
     with pytest.raises(ContractError, match="score"):
-        ProposalResult(nodes=(ProposalNode(token_id=1, q=0.5),), probability_semantics="score_only",
-                       sampling_relation="deterministic_lookup", topology="sequence", state_handle=NO_STATE,
-                       manifest_hash="h")
+        ProposalResult(
+            nodes=(ProposalNode(token_id=1, q=0.5),),
+            probability_semantics="score_only",
+            sampling_relation="deterministic_lookup",
+            topology="sequence",
+            state_handle=NO_STATE,
+            manifest_hash="h",
+        )
     with pytest.raises(ContractError, match="q_dists"):
-        ProposalResult(nodes=(ProposalNode(token_id=1, q=0.5),), probability_semantics="normalized_conditional",
-                       sampling_relation="iid", topology="sequence", state_handle=NO_STATE, manifest_hash="h")
+        ProposalResult(
+            nodes=(ProposalNode(token_id=1, q=0.5),),
+            probability_semantics="normalized_conditional",
+            sampling_relation="iid",
+            topology="sequence",
+            state_handle=NO_STATE,
+            manifest_hash="h",
+        )
     with pytest.raises(ContractError, match="sum to 1"):
-        ProposalResult(nodes=(ProposalNode(token_id=1, q=0.5),), probability_semantics="normalized_conditional",
-                       sampling_relation="iid", topology="sequence", state_handle=NO_STATE, manifest_hash="h",
-                       q_dists=torch.tensor([[0.5, 0.6]]))
+        ProposalResult(
+            nodes=(ProposalNode(token_id=1, q=0.5),),
+            probability_semantics="normalized_conditional",
+            sampling_relation="iid",
+            topology="sequence",
+            state_handle=NO_STATE,
+            manifest_hash="h",
+            q_dists=torch.tensor([[0.5, 0.6]]),
+        )
     with pytest.raises(ContractError, match="sampling_relation"):
-        ProposalResult(nodes=(), probability_semantics="absent", sampling_relation="greedyish",
-                       topology="sequence", state_handle=NO_STATE, manifest_hash="h")
+        ProposalResult(
+            nodes=(),
+            probability_semantics="absent",
+            sampling_relation="greedyish",
+            topology="sequence",
+            state_handle=NO_STATE,
+            manifest_hash="h",
+        )
     with pytest.raises(ContractError, match="chain"):
-        ProposalResult(nodes=(ProposalNode(token_id=1), ProposalNode(token_id=2)), probability_semantics="absent",
-                       sampling_relation="deterministic_lookup", topology="sequence", state_handle=NO_STATE,
-                       manifest_hash="h")
+        ProposalResult(
+            nodes=(ProposalNode(token_id=1), ProposalNode(token_id=2)),
+            probability_semantics="absent",
+            sampling_relation="deterministic_lookup",
+            topology="sequence",
+            state_handle=NO_STATE,
+            manifest_hash="h",
+        )

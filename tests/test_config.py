@@ -6,9 +6,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from harness import config as _  # noqa: F401  (registers schemas)
+from harness.contracts import ContractError
 from harness.engine.build import ConfigError, plan
 from harness.engine.decode import check_temp_kv_budget
-from harness.contracts import ContractError
 from harness.runner import CONF_DIR
 from harness.verifiers import NegotiationError
 
@@ -34,8 +34,15 @@ def test_mistyped_key_fails_at_compose(override):
         cfg(override)
 
 
-@pytest.mark.parametrize("override", ["generation.max_new_tokens=many", "topology.max_nodes=1.5",
-                                      "generation.temperature=hot", "proposer.max_ngram=[1]"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "generation.max_new_tokens=many",
+        "topology.max_nodes=1.5",
+        "generation.temperature=hot",
+        "proposer.max_ngram=[1]",
+    ],
+)
 def test_wrong_type_fails_at_compose(override):
     with pytest.raises((ConfigCompositionException, ValidationError)):
         cfg(override)
@@ -52,15 +59,28 @@ def test_every_group_option_composes():
             cfg(*overrides)  # composes without error
 
 
-@pytest.mark.parametrize("overrides,match", [
-    (("proposer=prompt_lookup", "verifier=rejection", "generation.temperature=0.7"), "score_only"),
-    (("verifier=greedy", "generation.temperature=0.7"), "temperature 0 only"),
-    (("proposer=draft_model", "verifier=specinfer", "generation.temperature=0"), "needs temperature > 0"),
-    (("proposer=draft_model", "proposer.sampling=without_replacement", "topology=expansion", "verifier=specinfer",
-      "generation.temperature=0.7"), "without_replacement"),
-    (("proposer=draft_model", "topology=expansion", "verifier=rejection", "generation.temperature=0.7"),
-     "topology 'tree'"),
-])
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (("proposer=prompt_lookup", "verifier=rejection", "generation.temperature=0.7"), "score_only"),
+        (("verifier=greedy", "generation.temperature=0.7"), "temperature 0 only"),
+        (("proposer=draft_model", "verifier=specinfer", "generation.temperature=0"), "needs temperature > 0"),
+        (
+            (
+                "proposer=draft_model",
+                "proposer.sampling=without_replacement",
+                "topology=expansion",
+                "verifier=specinfer",
+                "generation.temperature=0.7",
+            ),
+            "without_replacement",
+        ),
+        (
+            ("proposer=draft_model", "topology=expansion", "verifier=rejection", "generation.temperature=0.7"),
+            "topology 'tree'",
+        ),
+    ],
+)
 def test_negotiation_refusals_name_both_sides(overrides, match):
     with pytest.raises(NegotiationError, match=match) as info:
         plan(cfg(*overrides))

@@ -12,9 +12,19 @@ import pytest
 from harness.workloads import corpora
 from harness.workloads.corpora import Document, InlineCorpus, StdlibCorpus
 from harness.workloads.datastore import (
-    SENTINEL, DatastoreError, ExclusionItem, LeakageError, build_datastore,
-    build_suffix_array, check_leakage, datastore_from_token_ids, load_datastore, longest_match,
-    main, tokenizer_fingerprint)
+    SENTINEL,
+    DatastoreError,
+    ExclusionItem,
+    LeakageError,
+    build_datastore,
+    build_suffix_array,
+    check_leakage,
+    datastore_from_token_ids,
+    load_datastore,
+    longest_match,
+    main,
+    tokenizer_fingerprint,
+)
 
 WORDS = "a b c d e f g h i j k l m n o p q r s t u v w x y z".split()
 
@@ -36,7 +46,7 @@ def ids(text: str) -> list[int]:
 
 def brute_occurrences(tokens: np.ndarray, pattern: list[int]) -> list[int]:
     n = len(pattern)
-    return [i for i in range(len(tokens) - n + 1) if tokens[i:i + n].tolist() == pattern]
+    return [i for i in range(len(tokens) - n + 1) if tokens[i : i + n].tolist() == pattern]
 
 
 def brute_longest(tokens: np.ndarray, query: list[int]) -> int:
@@ -112,8 +122,16 @@ def _corpus(*texts: str) -> InlineCorpus:
 def test_build_writes_tokens_sa_and_a_complete_manifest(tmp_path):
     tok = word_tokenizer()
     corpus = InlineCorpus(docs=(Document("d0", ("a b c", "d e")), Document("d1", ("a b f",))))
-    ds = build_datastore(corpus, tokenizer=tok, target_family="toy", out_dir=tmp_path / "ds",
-                         context_len=4, continuation_len=3, max_matches=5, progress=False)
+    ds = build_datastore(
+        corpus,
+        tokenizer=tok,
+        target_family="toy",
+        out_dir=tmp_path / "ds",
+        context_len=4,
+        continuation_len=3,
+        max_matches=5,
+        progress=False,
+    )
     assert ds.tokens.tolist() == ids("a b c") + [-1] + ids("d e") + [-1] + ids("a b f") + [-1]
     assert np.load(tmp_path / "ds" / "tokens.npy").dtype == np.dtype("<i4")
     m = json.loads((tmp_path / "ds" / "manifest.json").read_text())
@@ -188,8 +206,9 @@ def test_load_refuses_checksum_mismatch_and_edited_manifest(tmp_path):
 
 def test_max_tokens_caps_the_build():
     tok = word_tokenizer()
-    ds = build_datastore(_corpus("a b c d", "e f g h", "i j"), tokenizer=tok, target_family="toy",
-                         max_tokens=7, progress=False)
+    ds = build_datastore(
+        _corpus("a b c d", "e f g h", "i j"), tokenizer=tok, target_family="toy", max_tokens=7, progress=False
+    )
     # 5 tokens for doc 0 (4 + sentinel), doc 1 cut to 1 token + sentinel
     assert ds.tokens.tolist() == ids("a b c d") + [-1] + ids("e") + [-1]
     assert ds.manifest["corpus"]["stopped_by_max_tokens"] is True
@@ -200,9 +219,14 @@ def test_exclusion_drops_documents_sharing_a_window():
     tok = word_tokenizer()
     prompt = "c d e f g"
     corpus = _corpus("a b c d e f g h", "c d e x y", "p q r s", "q r")
-    ds = build_datastore(corpus, tokenizer=tok, target_family="toy", progress=False,
-                         exclude=[ExclusionItem("task/1", prompt), ExclusionItem("short", "q r")],
-                         exclusion_window=4)
+    ds = build_datastore(
+        corpus,
+        tokenizer=tok,
+        target_family="toy",
+        progress=False,
+        exclude=[ExclusionItem("task/1", prompt), ExclusionItem("short", "q r")],
+        exclusion_window=4,
+    )
     m = ds.manifest
     # d0 contains a 4-token window of the prompt; d1 shares only 3 tokens; "q r" is shorter than
     # the window and drops nothing
@@ -220,13 +244,15 @@ def test_check_leakage_refuses_a_leaked_prompt_unless_allowed():
     leaked = rng.integers(0, 1000, size=40).tolist()
     ds = datastore_from_token_ids([rng.integers(0, 1000, size=100).tolist() + leaked])
     clean = [2000 + i for i in range(40)]
-    items = [("clean/0", clean, None), ("leak/1", [5000] + leaked[:33], None),
-             ("ref/2", clean, leaked[:32])]
+    items = [("clean/0", clean, None), ("leak/1", [5000] + leaked[:33], None), ("ref/2", clean, leaked[:32])]
     with pytest.raises(LeakageError, match=r"leak/1 \(33 tokens\), ref/2 \(32 tokens\)"):
         check_leakage(ds, items)
     records = check_leakage(ds, items, allow=True)
     assert [(r["prompt_id"], r["longest_match"], r["leaked"], r["allowed"]) for r in records] == [
-        ("clean/0", 0, False, True), ("leak/1", 33, True, True), ("ref/2", 32, True, True)]
+        ("clean/0", 0, False, True),
+        ("leak/1", 33, True, True),
+        ("ref/2", 32, True, True),
+    ]
     assert records[2]["prompt_longest_match"] == 0 and records[2]["reference_longest_match"] == 32
     # 31 tokens is below the threshold: not refused
     assert check_leakage(ds, [("near", leaked[:31], None)])[0]["leaked"] is False
@@ -244,8 +270,20 @@ def test_cli_build_and_info(tmp_path, monkeypatch, capsys):
     (root / "m.py").write_text("a b c d e f\n")
     monkeypatch.setattr(corpora, "stdlib_root", lambda: root)
     out = tmp_path / "ds"
-    assert main(["build", "corpus=stdlib", f"out={out}", "model=toy", "datastore.max_tokens=100",
-                 "exclude=none", "progress=false"]) == 0
+    assert (
+        main(
+            [
+                "build",
+                "corpus=stdlib",
+                f"out={out}",
+                "model=toy",
+                "datastore.max_tokens=100",
+                "exclude=none",
+                "progress=false",
+            ]
+        )
+        == 0
+    )
     built = json.loads(capsys.readouterr().out)
     assert built["n_tokens"] == 7 and built["corpus"] == "stdlib" and built["target_family"] == "toy"
     assert main(["info", str(out), "verify_corpus=true"]) == 0
@@ -263,7 +301,7 @@ def test_sharegpt_split_is_deterministic_disjoint_and_keeps_parts_together():
     splits = [corpora.sharegpt_split(c) for c in ids_]
     assert splits == [corpora.sharegpt_split(c) for c in ids_]
     for i in range(0, len(ids_), 3):  # all parts of one conversation share a split
-        assert len(set(splits[i:i + 3])) == 1
+        assert len(set(splits[i : i + 3])) == 1
     share = {s: splits.count(s) / len(splits) for s in corpora.SPLITS}
     assert 0.86 < share["train"] < 0.94 and 0.03 < share["eval"] < 0.07 and share["calibration"] > 0.005
     assert corpora.sharegpt_base_id("hRPPgZT_11") == "hRPPgZT"
@@ -272,8 +310,12 @@ def test_sharegpt_split_is_deterministic_disjoint_and_keeps_parts_together():
 
 
 def test_truncated_sharegpt_json_keeps_complete_conversations():
-    full = json.dumps([{"id": "x_0", "conversations": [{"from": "human", "value": "hi"}]},
-                       {"id": "y_0", "conversations": [{"from": "gpt", "value": "hello there"}]}])
+    full = json.dumps(
+        [
+            {"id": "x_0", "conversations": [{"from": "human", "value": "hi"}]},
+            {"id": "y_0", "conversations": [{"from": "gpt", "value": "hello there"}]},
+        ]
+    )
     items, cut = corpora.parse_sharegpt_bytes(full.encode()[:-12])
     assert [o["id"] for o in items] == ["x_0"] and cut is not None
     items, cut = corpora.parse_sharegpt_bytes(full.encode())
@@ -305,8 +347,10 @@ def test_cli_builds_the_real_sharegpt_datastore_excluding_held_out_conversations
     fake.load_tokenizer = lambda name: word_tokenizer()
     monkeypatch.setitem(sys.modules, "harness.target.loading", fake)
     out = tmp_path / "ds"
-    assert main(["build", "corpus=sharegpt", f"out={out}", "model=toy", "datastore.max_tokens=20000",
-                 "progress=false"]) == 0
+    assert (
+        main(["build", "corpus=sharegpt", f"out={out}", "model=toy", "datastore.max_tokens=20000", "progress=false"])
+        == 0
+    )
     built = json.loads(capsys.readouterr().out)
     assert built["corpus"] == "sharegpt" and 0 < built["n_tokens"] <= 20000
     assert built["exclusion_items"] > 100  # every non-train conversation's first user and assistant turn

@@ -18,8 +18,12 @@ from harness.target.backend import CausalLMBackend
 from harness.verifiers.base import VERIFIERS
 
 #: cases slower than ~1 s on one core run in the slow suite only (all others run by default)
-SLOW = {("membership", "draft/iid/set2/T1"), ("membership", "draft/iid/exp21/T0.8-topk3-topp0.9"),
-        ("membership", "draft/wor/set2/T1"), ("membership", "draft/wor/exp21/T0.8-topk3-topp0.9")}
+SLOW = {
+    ("membership", "draft/iid/set2/T1"),
+    ("membership", "draft/iid/exp21/T0.8-topk3-topp0.9"),
+    ("membership", "draft/wor/set2/T1"),
+    ("membership", "draft/wor/exp21/T0.8-topk3-topp0.9"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +69,19 @@ def test_every_exact_verifier_has_fast_end_to_end_cases_of_its_kind():
     pairs = {(n, c.name) for n in exact_verifier_names() for c in E.standard_cases() if E.applicable(c, VERIFIERS[n]())}
     # the named pairings of the issue: rejection on a sequence, SpecInfer on an expansion, Sequoia
     # with without-replacement sampling, membership with prompt lookup, greedy at T=0
-    assert {("rejection", "draft/iid/seq2/T1"), ("specinfer", "draft/iid/exp21/T0.8-topk3-topp0.9"),
-            ("sequoia", "draft/wor/set2/T1"), ("membership", "lookup/sequences/T1"),
-            ("greedy", "draft/iid/exp21/T0")} <= pairs
+    assert {
+        ("rejection", "draft/iid/seq2/T1"),
+        ("specinfer", "draft/iid/exp21/T0.8-topk3-topp0.9"),
+        ("sequoia", "draft/wor/set2/T1"),
+        ("membership", "lookup/sequences/T1"),
+        ("greedy", "draft/iid/exp21/T0"),
+    } <= pairs
 
 
 def test_target_joint_from_the_cache_equals_direct_forwards(models):
     policy = E.Float64Policy(temperature=1.0)
     direct = E.direct_target_joint(models.target.model, E.E2E_PROMPT, policy, 3)
-    assert len(direct) == 5 ** 3 and abs(sum(direct.values()) - 1.0) < 1e-12
+    assert len(direct) == 5**3 and abs(sum(direct.values()) - 1.0) < 1e-12
     seq = models.target.prefill(list(E.E2E_PROMPT))
     cached = E.continuation_law(models.target, seq, list(E.E2E_PROMPT), policy, 3)
     assert max_abs_error(direct, cached) < 1e-12
@@ -100,7 +108,8 @@ def test_a_q_other_than_the_law_sampled_is_caught(models):
     assert proposal.q_dists is not None and proposal.probability_semantics == "normalized_conditional"
     rows = E.negative_control_rows(models)
     assert [(r["verifier"], r["case"]) for r in rows] == [
-        (v, f"e2e-negative/misrecorded-q/{c}") for v, c in E.NEGATIVE_CONTROL_CASES]
+        (v, f"e2e-negative/misrecorded-q/{c}") for v, c in E.NEGATIVE_CONTROL_CASES
+    ]
     assert all(r["negative_control"] and not r["passed"] and r["max_abs_error"] > 1e-3 for r in rows), rows
 
 
@@ -146,9 +155,17 @@ def test_production_decode_loop_is_exact_under_enumeration(models):
     rounds_seen = set()
 
     def request(rng):
-        res = decode(target=models.target, proposer=E.fork(base), verifier=verifier, policy=policy,
-                     prompt_ids=list(E.E2E_PROMPT), max_new_tokens=2, eos_token_ids=frozenset(), rng=rng,
-                     round_cfg=RoundConfig(max_nodes=1, max_depth=1))
+        res = decode(
+            target=models.target,
+            proposer=E.fork(base),
+            verifier=verifier,
+            policy=policy,
+            prompt_ids=list(E.E2E_PROMPT),
+            max_new_tokens=2,
+            eos_token_ids=frozenset(),
+            rng=rng,
+            round_cfg=RoundConfig(max_nodes=1, max_depth=1),
+        )
         rounds_seen.add(res.ledger.rounds)
         return tuple(res.tokens)
 
@@ -174,16 +191,32 @@ def test_speculative_round_is_the_composition_decode_runs(models):
     case = CASES["draft/iid/exp21/T0.8-topk3-topp0.9"]
     verifier = VERIFIERS["specinfer"]()
     rounds = []
-    decode(target=models.target, proposer=E.make_proposer(case, draft=models.draft, policy=policy),
-           verifier=verifier, policy=policy, prompt_ids=list(E.E2E_PROMPT), max_new_tokens=8,
-           eos_token_ids=frozenset(), rng=TorchRandomSource(3), round_cfg=RoundConfig(max_nodes=4, max_depth=2),
-           on_round=lambda **kw: rounds.append(kw))
+    decode(
+        target=models.target,
+        proposer=E.make_proposer(case, draft=models.draft, policy=policy),
+        verifier=verifier,
+        policy=policy,
+        prompt_ids=list(E.E2E_PROMPT),
+        max_new_tokens=8,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(3),
+        round_cfg=RoundConfig(max_nodes=4, max_depth=2),
+        on_round=lambda **kw: rounds.append(kw),
+    )
     proposer = E.make_proposer(case, draft=models.draft, policy=policy)
     proposer.start(list(E.E2E_PROMPT))
     seq = models.target.prefill(list(E.E2E_PROMPT))
-    tree, sel, emitted = E.speculative_round(target=models.target, seq=seq, proposer=proposer, verifier=verifier,
-                                             policy=policy, committed=list(E.E2E_PROMPT), rng=TorchRandomSource(3),
-                                             max_nodes=4, max_depth=2)
+    tree, sel, emitted = E.speculative_round(
+        target=models.target,
+        seq=seq,
+        proposer=proposer,
+        verifier=verifier,
+        policy=policy,
+        committed=list(E.E2E_PROMPT),
+        rng=TorchRandomSource(3),
+        max_nodes=4,
+        max_depth=2,
+    )
     assert torch.equal(tree.token_ids, rounds[0]["tree"].token_ids)
     assert sel == rounds[0]["selection"] and list(emitted) == rounds[0]["emitted"]
     assert seq.tokens == rounds[0]["seq"].tokens[: len(seq.tokens)]

@@ -31,10 +31,18 @@ def models():
 def run(backend, proposer, verifier="greedy", prompt=PROMPT, new=NEW, eos=frozenset(), budget=None, seed=0):
     rounds = []
     budget = budget or proposer.budget
-    res = decode(target=backend, proposer=proposer, verifier=get_verifier(verifier), policy=GREEDY, prompt_ids=prompt,
-                 max_new_tokens=new, eos_token_ids=eos, rng=TorchRandomSource(seed),
-                 round_cfg=RoundConfig(max_nodes=budget.max_nodes, max_depth=budget.max_depth),
-                 on_round=lambda **kw: rounds.append(kw))
+    res = decode(
+        target=backend,
+        proposer=proposer,
+        verifier=get_verifier(verifier),
+        policy=GREEDY,
+        prompt_ids=prompt,
+        max_new_tokens=new,
+        eos_token_ids=eos,
+        rng=TorchRandomSource(seed),
+        round_cfg=RoundConfig(max_nodes=budget.max_nodes, max_depth=budget.max_depth),
+        on_round=lambda **kw: rounds.append(kw),
+    )
     return res, rounds
 
 
@@ -48,7 +56,7 @@ def hf_greedy(model, prompt, new):
     ids = list(prompt)
     for _ in range(new):
         ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 COMBOS = [
@@ -93,8 +101,13 @@ def test_greedy_equality(models, name, budget, sampling, verifier):
     assert res.ledger.committed_tokens - res.ledger.accepted_tokens in (res.ledger.rounds, res.ledger.rounds - 1)
 
 
-@pytest.mark.parametrize("budget", [Budget(shape="sequence", max_nodes=4, max_depth=4),
-                                    Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1))])
+@pytest.mark.parametrize(
+    "budget",
+    [
+        Budget(shape="sequence", max_nodes=4, max_depth=4),
+        Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1)),
+    ],
+)
 def test_identical_draft_accepts_its_whole_greedy_path(models, budget):
     target, _, same = models
     expected = autoregressive(target)
@@ -109,8 +122,11 @@ def test_eos_inside_accepted_path_truncates(models):
     free = autoregressive(target)
     eos_tok = free[5]  # a token the greedy path emits at position 5
     first = free.index(eos_tok)
-    res, rounds = run(target, make("draft_model", Budget(shape="sequence", max_nodes=4, max_depth=4), "beam", same),
-                      eos=frozenset({eos_tok}))
+    res, rounds = run(
+        target,
+        make("draft_model", Budget(shape="sequence", max_nodes=4, max_depth=4), "beam", same),
+        eos=frozenset({eos_tok}),
+    )
     assert res.tokens == free[: first + 1]
     assert res.finished_by == "eos"
     assert res.ledger.committed_tokens == first + 1  # what follows EOS is neither emitted nor counted
@@ -185,8 +201,12 @@ def test_adaptive_prompt_lookup_is_exact_and_uses_the_cost_curve(models):
 
 
 def test_acceptance_rates_learn_from_commits():
-    prop = PromptLookupProposer(budget=Budget(shape="sequences", max_nodes=8, max_depth=4), manifest_hash="h",
-                                budget_policy="adaptive", verify_cost=[1.0] * 9)
+    prop = PromptLookupProposer(
+        budget=Budget(shape="sequences", max_nodes=8, max_depth=4),
+        manifest_hash="h",
+        budget_policy="adaptive",
+        verify_cost=[1.0] * 9,
+    )
     committed = [1, 2, 3, 9, 1, 2, 3]
     result = prop.propose(committed, TorchRandomSource(0))
     assert [n.token_id for n in result.nodes][:1] == [9]

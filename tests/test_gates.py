@@ -34,8 +34,16 @@ def workload(tmp_path):
 
 
 def compose_cfg(run_dir: Path, workload: Path, *overrides: str):
-    base = ["model=tiny", "workload=jsonl", f"workload.path={workload}", "workload.chat=false",
-            "generation.max_new_tokens=6", "generation.warmup_tokens=2", f"output_dir={run_dir}", "threads=1"]
+    base = [
+        "model=tiny",
+        "workload=jsonl",
+        f"workload.path={workload}",
+        "workload.chat=false",
+        "generation.max_new_tokens=6",
+        "generation.warmup_tokens=2",
+        f"output_dir={run_dir}",
+        "threads=1",
+    ]
     with initialize_config_dir(config_dir=str(runner.CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=base + list(overrides))
 
@@ -66,8 +74,15 @@ def _no_outputs(run_dir: Path) -> None:
 # --------------------------------------------------------------------------- the broken verifier
 
 
-NAIVE = ("proposer=draft_model", "topology=set", "topology.max_nodes=2", "verifier=specinfer",
-         "verifier.name=naive_multi_draft", "generation.temperature=1.0", "tracking=wandb")
+NAIVE = (
+    "proposer=draft_model",
+    "topology=set",
+    "topology.max_nodes=2",
+    "verifier=specinfer",
+    "verifier.name=naive_multi_draft",
+    "generation.temperature=1.0",
+    "tracking=wandb",
+)
 
 
 def test_broken_verifier_fails_its_oracle_gate_and_leaves_nothing(tmp_path, workload, cache):
@@ -82,9 +97,18 @@ def test_broken_verifier_fails_its_oracle_gate_and_leaves_nothing(tmp_path, work
 
 def test_broken_verifier_through_harness_run_exits_2_without_record_or_wandb_run(tmp_path, workload, cache, capsys):
     run_dir = tmp_path / "run"
-    argv = ["model=tiny", "workload=jsonl", f"workload.path={workload}", "workload.chat=false",
-            "generation.max_new_tokens=6", "generation.warmup_tokens=2", f"output_dir={run_dir}", "threads=1",
-            f"hydra.run.dir={tmp_path / 'hydra'}", *NAIVE]
+    argv = [
+        "model=tiny",
+        "workload=jsonl",
+        f"workload.path={workload}",
+        "workload.chat=false",
+        "generation.max_new_tokens=6",
+        "generation.warmup_tokens=2",
+        f"output_dir={run_dir}",
+        "threads=1",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+        *NAIVE,
+    ]
     assert runner.main(argv) == 2
     err = capsys.readouterr().err
     assert "refused" in err and "gate 'oracle' failed" in err and "naive_multi_draft" in err
@@ -94,13 +118,20 @@ def test_broken_verifier_through_harness_run_exits_2_without_record_or_wandb_run
 # --------------------------------------------------------------------------- negotiation
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (("proposer=prompt_lookup", "verifier=rejection", "generation.temperature=0.7"),
-     r"probability semantics \['score_only'\].*'rejection' requires one of \['normalized_conditional'\]"),
-    (("verifier=greedy", "generation.temperature=0.7"), r"'greedy' supports temperature 0 only"),
-    (("proposer=prompt_lookup", "verifier=typical", "generation.temperature=0.7"),
-     r"'typical' is heuristic \(not exact\); exact mode refuses it.*generation.exact=false"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ("proposer=prompt_lookup", "verifier=rejection", "generation.temperature=0.7"),
+            r"probability semantics \['score_only'\].*'rejection' requires one of \['normalized_conditional'\]",
+        ),
+        (("verifier=greedy", "generation.temperature=0.7"), r"'greedy' supports temperature 0 only"),
+        (
+            ("proposer=prompt_lookup", "verifier=typical", "generation.temperature=0.7"),
+            r"'typical' is heuristic \(not exact\); exact mode refuses it.*generation.exact=false",
+        ),
+    ],
+)
 def test_negotiation_refuses_before_any_model_work(tmp_path, workload, cache, no_model_load, overrides, message):
     run_dir = tmp_path / "run"
     with pytest.raises(NegotiationError, match=message):
@@ -110,9 +141,17 @@ def test_negotiation_refuses_before_any_model_work(tmp_path, workload, cache, no
 
 def test_negotiation_refusal_through_harness_run(tmp_path, workload, cache, no_model_load, capsys):
     run_dir = tmp_path / "run"
-    argv = ["model=tiny", "workload=jsonl", f"workload.path={workload}", f"output_dir={run_dir}",
-            f"hydra.run.dir={tmp_path / 'hydra'}", "proposer=prompt_lookup", "verifier=rejection",
-            "generation.temperature=0.7", "tracking=wandb"]
+    argv = [
+        "model=tiny",
+        "workload=jsonl",
+        f"workload.path={workload}",
+        f"output_dir={run_dir}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+        "proposer=prompt_lookup",
+        "verifier=rejection",
+        "generation.temperature=0.7",
+        "tracking=wandb",
+    ]
     assert runner.main(argv) == 2
     assert "refused" in capsys.readouterr().err
     _no_outputs(run_dir)
@@ -125,8 +164,13 @@ GATE_KEYS = {"negotiation", "oracle", "equivalence", "greedy_equality"}
 
 
 def test_gate_outcomes_are_recorded_and_a_second_run_hits_the_cache(tmp_path, workload, cache):
-    overrides = ("proposer=prompt_lookup", "verifier=greedy", "topology=sequence", "topology.max_nodes=3",
-                 "topology.max_depth=3")
+    overrides = (
+        "proposer=prompt_lookup",
+        "verifier=greedy",
+        "topology=sequence",
+        "topology.max_nodes=3",
+        "topology.max_depth=3",
+    )
     first = runner.run_job(compose_cfg(tmp_path / "r1", workload, *overrides), run_dir=tmp_path / "r1")
     on_disk = json.loads((tmp_path / "r1" / "record.json").read_text())
     for record in (first, on_disk):
@@ -185,9 +229,19 @@ def test_a_verifier_registered_from_elsewhere_is_hashed_into_the_key(tmp_path, m
 # --------------------------------------------------------------------------- the statistical gate
 
 
-STAT = ("proposer=prompt_lookup", "verifier=membership", "topology=sequence", "topology.max_nodes=3",
-        "topology.max_depth=3", "generation.temperature=1.0", "gates.oracle=false", "gates.cache=false",
-        "gates.chi2_samples=400", "gates.chi2_top_m=4", "+model.tiny.vocab_size=16")
+STAT = (
+    "proposer=prompt_lookup",
+    "verifier=membership",
+    "topology=sequence",
+    "topology.max_nodes=3",
+    "topology.max_depth=3",
+    "generation.temperature=1.0",
+    "gates.oracle=false",
+    "gates.cache=false",
+    "gates.chi2_samples=400",
+    "gates.chi2_top_m=4",
+    "+model.tiny.vocab_size=16",
+)
 
 
 def test_statistical_gate_passes_a_correct_round(tmp_path, workload, cache):
@@ -222,19 +276,31 @@ def test_statistical_gate_fails_a_verifier_that_returns_the_argmax(tmp_path, wor
 
 
 def test_skipping_the_statistical_gate_is_stated_in_the_record(tmp_path, workload, cache):
-    record = runner.run_job(compose_cfg(tmp_path / "run", workload, *STAT, "gates.skip_statistical=true"),
-                            run_dir=tmp_path / "run")
+    record = runner.run_job(
+        compose_cfg(tmp_path / "run", workload, *STAT, "gates.skip_statistical=true"), run_dir=tmp_path / "run"
+    )
     assert record["gates"]["statistical"] == {
-        "passed": None, "skipped": True, "evidence": "gates.skip_statistical=true (explicit override)"}
+        "passed": None,
+        "skipped": True,
+        "evidence": "gates.skip_statistical=true (explicit override)",
+    }
 
 
 # --------------------------------------------------------------------------- heuristic verifiers
 
 
 def test_typical_allowed_explicitly_records_exact_false_and_its_drift(tmp_path, workload, cache):
-    record = runner.run_job(compose_cfg(tmp_path / "run", workload, "proposer=prompt_lookup", "verifier=typical",
-                                        "generation.exact=false", "generation.temperature=0.7"),
-                            run_dir=tmp_path / "run")
+    record = runner.run_job(
+        compose_cfg(
+            tmp_path / "run",
+            workload,
+            "proposer=prompt_lookup",
+            "verifier=typical",
+            "generation.exact=false",
+            "generation.temperature=0.7",
+        ),
+        run_dir=tmp_path / "run",
+    )
     assert record["exact"] is False
     assert json.loads((tmp_path / "run" / "record.json").read_text())["exact"] is False
     gates = record["gates"]
@@ -271,8 +337,14 @@ def test_drift_of_typical_is_positive_on_a_peaked_target_and_matches_the_generic
 
     proposer.start(list(E2E_PROMPT))
     seq = models.target.prefill(list(E2E_PROMPT))
-    _, tree, probs = propose_and_verify(target=models.target, seq=seq, proposer=proposer, policy=policy,
-                                        committed=list(E2E_PROMPT), rng=TorchRandomSource(0))
+    _, tree, probs = propose_and_verify(
+        target=models.target,
+        seq=seq,
+        proposer=proposer,
+        policy=policy,
+        committed=list(E2E_PROMPT),
+        rng=TorchRandomSource(0),
+    )
     closed = D.first_token_law(typical, tree, probs)
 
     from harness.verifiers.base import Verifier

@@ -26,8 +26,11 @@ from harness.verifiers.sampling import SamplingPolicy
 
 GREEDY = SamplingPolicy()
 CLASSES = {"medusa": MedusaProposer, "hydra": HydraProposer, "clover": CloverProposer}
-OPTIONS = {"num_heads": 3, "data": {"source": "inline", "token_budget": 1200, "held_out_tokens": 240, "max_len": 40},
-           "train": {"epochs": 3, "lr": 3e-3, "batch_size": 32}}
+OPTIONS = {
+    "num_heads": 3,
+    "data": {"source": "inline", "token_budget": 1200, "held_out_tokens": 240, "max_len": 40},
+    "train": {"epochs": 3, "lr": 3e-3, "batch_size": 32},
+}
 
 
 @torch.inference_mode()
@@ -58,8 +61,18 @@ def env(tmp_path_factory):
     model = build_tiny_model(seed=1)
     gen = torch.Generator().manual_seed(0)
     docs = greedy_docs(model, torch.randint(3, 96, (36, 3), generator=gen), 37)
-    arts = {k: ensure_heads(k, OPTIONS, model=model, tokenizer=None, target_source="tiny seed=1",
-                            documents=(docs[:30], docs[30:]), progress=False) for k in CLASSES}
+    arts = {
+        k: ensure_heads(
+            k,
+            OPTIONS,
+            model=model,
+            tokenizer=None,
+            target_source="tiny seed=1",
+            documents=(docs[:30], docs[30:]),
+            progress=False,
+        )
+        for k in CLASSES
+    }
     yield {"model": model, "backend": CausalLMBackend(model), "docs": docs, "arts": arts}
     if old is None:
         os.environ.pop("HARNESS_CACHE", None)
@@ -69,17 +82,33 @@ def env(tmp_path_factory):
 
 def make(env, kind, budget, sampling="beam", policy=GREEDY):
     art = env["arts"][kind]
-    return CLASSES[kind](budget=budget, manifest_hash="h", policy=policy, model=env["model"], heads=art.heads,
-                         checkpoint=target_fingerprint(env["model"]), sampling=sampling, artifact_manifest=art.manifest)
+    return CLASSES[kind](
+        budget=budget,
+        manifest_hash="h",
+        policy=policy,
+        model=env["model"],
+        heads=art.heads,
+        checkpoint=target_fingerprint(env["model"]),
+        sampling=sampling,
+        artifact_manifest=art.manifest,
+    )
 
 
 def run(env, proposer, *, verifier="greedy", prompt, new=24, policy=GREEDY, seed=0):
     rounds = []
     b = proposer.budget
-    res = decode(target=env["backend"], proposer=proposer, verifier=get_verifier(verifier), policy=policy,
-                 prompt_ids=prompt, max_new_tokens=new, eos_token_ids=frozenset(), rng=TorchRandomSource(seed),
-                 round_cfg=RoundConfig(max_nodes=b.max_nodes, max_depth=b.max_depth),
-                 on_round=lambda **kw: rounds.append(kw))
+    res = decode(
+        target=env["backend"],
+        proposer=proposer,
+        verifier=get_verifier(verifier),
+        policy=policy,
+        prompt_ids=prompt,
+        max_new_tokens=new,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(seed),
+        round_cfg=RoundConfig(max_nodes=b.max_nodes, max_depth=b.max_depth),
+        on_round=lambda **kw: rounds.append(kw),
+    )
     return res, rounds
 
 
@@ -112,8 +141,9 @@ def test_head_output_depends_on_earlier_drafted_token_only_when_dependent(kind, 
 def perturbed_heads(kind, model, seed=0):
     """Untrained heads with every parameter perturbed (no zero-initialised block hides an input)."""
     torch.manual_seed(seed)
-    heads = DraftHeads(HeadSpec(kind=kind, num_heads=3, hidden_size=model.config.hidden_size,
-                                embed_size=model.config.hidden_size))
+    heads = DraftHeads(
+        HeadSpec(kind=kind, num_heads=3, hidden_size=model.config.hidden_size, embed_size=model.config.hidden_size)
+    )
     with torch.no_grad():
         for p in heads.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -125,9 +155,14 @@ def test_cartesian_tree_parent_dependence(env):
     prompt = env["docs"][31][:8]
     shapes = {}
     for kind in ("medusa", "hydra"):
-        p = CLASSES[kind](budget=Budget(shape="cartesian", max_nodes=21, max_depth=3, widths=(3, 2, 2)),
-                          manifest_hash="h", policy=GREEDY, model=env["model"],
-                          heads=perturbed_heads(kind, env["model"]), checkpoint=target_fingerprint(env["model"]))
+        p = CLASSES[kind](
+            budget=Budget(shape="cartesian", max_nodes=21, max_depth=3, widths=(3, 2, 2)),
+            manifest_hash="h",
+            policy=GREEDY,
+            model=env["model"],
+            heads=perturbed_heads(kind, env["model"]),
+            checkpoint=target_fingerprint(env["model"]),
+        )
         env["backend"].prefill(prompt)  # the tap sees the prefill forward, as in decode()
         p.start(prompt)
         result = p.propose(prompt, TorchRandomSource(0))
@@ -165,8 +200,10 @@ def test_cartesian_proposal_compiles_to_21_rows(env, kind):
 # ---------------------------------------------------------------------------------------------- exactness
 
 
-BUDGETS = [Budget(shape="sequence", max_nodes=3, max_depth=3),
-           Budget(shape="cartesian", max_nodes=21, max_depth=3, widths=(3, 2, 2))]
+BUDGETS = [
+    Budget(shape="sequence", max_nodes=3, max_depth=3),
+    Budget(shape="cartesian", max_nodes=21, max_depth=3, widths=(3, 2, 2)),
+]
 
 
 @pytest.mark.parametrize("verifier", ["greedy", "membership"])
@@ -222,8 +259,13 @@ def test_unexpected_forward_is_a_miss_not_a_wrong_hidden_state(env):
 def test_sampled_head_trees_carry_the_law_they_were_drawn_from(env, sampling, verifier):
     policy = SamplingPolicy(temperature=0.8)
     prompt = env["docs"][31][:6]
-    p = make(env, "hydra", Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1)),
-             sampling=sampling, policy=policy)
+    p = make(
+        env,
+        "hydra",
+        Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1)),
+        sampling=sampling,
+        policy=policy,
+    )
     env["backend"].prefill(prompt)
     p.start(prompt)
     result = p.propose(prompt, TorchRandomSource(3))
@@ -238,8 +280,19 @@ def test_sampled_head_trees_carry_the_law_they_were_drawn_from(env, sampling, ve
         emb = p.embed(torch.tensor([[prompt[-1]]])).float()
         want = policy.probs(p.lm_head(p.heads.depth(1, ctx, emb)))[0]
     assert torch.allclose(result.q_dists[0], want, atol=1e-6)
-    res, rounds = run(env, make(env, "hydra", Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1)),
-                                sampling=sampling, policy=policy), verifier=verifier, prompt=prompt, policy=policy)
+    res, rounds = run(
+        env,
+        make(
+            env,
+            "hydra",
+            Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1)),
+            sampling=sampling,
+            policy=policy,
+        ),
+        verifier=verifier,
+        prompt=prompt,
+        policy=policy,
+    )
     assert len(res.tokens) == 24
 
 
@@ -251,10 +304,20 @@ def test_training_reaches_high_held_out_agreement_on_a_learnable_target(env, kin
     model = successor_model()
     docs = [list(range(s, s + 30)) for s in range(3, 63, 2)]  # its greedy text: x, x + 1, ...
     assert greedy_docs(model, torch.tensor([docs[0][:1]]), 29)[0] == docs[0]
-    opts = {**OPTIONS, "data": {"source": "inline", "token_budget": 600, "held_out_tokens": 150, "max_len": 40},
-            "train": {"epochs": 10, "lr": 5e-3, "batch_size": 32}}
-    art = ensure_heads(kind, opts, model=model, tokenizer=None, target_source="successor",
-                       documents=(docs[::2], docs[1::2]), progress=False)
+    opts = {
+        **OPTIONS,
+        "data": {"source": "inline", "token_budget": 600, "held_out_tokens": 150, "max_len": 40},
+        "train": {"epochs": 10, "lr": 5e-3, "batch_size": 32},
+    }
+    art = ensure_heads(
+        kind,
+        opts,
+        model=model,
+        tokenizer=None,
+        target_source="successor",
+        documents=(docs[::2], docs[1::2]),
+        progress=False,
+    )
     held = art.manifest["held_out"]
     assert all(b < 0.2 for b in held["top1_agreement_untrained"]), held  # identity init predicts x_t, not x_{t+i}
     assert all(a > 0.9 for a in held["top1_agreement"]), held
@@ -274,15 +337,27 @@ def test_manifest_fields(env):
 def test_artifact_refused_against_another_target(env):
     other = build_tiny_model(seed=2)
     with pytest.raises(ArtifactError, match="only valid for the target it was trained"):
-        ensure_heads("hydra", {**OPTIONS, "artifact": str(env["arts"]["hydra"].path)}, model=other,
-                     tokenizer=None, target_source="tiny seed=2", progress=False)
+        ensure_heads(
+            "hydra",
+            {**OPTIONS, "artifact": str(env["arts"]["hydra"].path)},
+            model=other,
+            tokenizer=None,
+            target_source="tiny seed=2",
+            progress=False,
+        )
 
 
 def test_artifact_refused_for_another_recipe_or_edited_manifest(env, tmp_path):
     path = env["arts"]["hydra"].path
     with pytest.raises(ArtifactError, match="mlp_layers"):
-        ensure_heads("hydra", {**OPTIONS, "mlp_layers": 4, "artifact": str(path)}, model=env["model"],
-                     tokenizer=None, target_source="tiny", progress=False)
+        ensure_heads(
+            "hydra",
+            {**OPTIONS, "mlp_layers": 4, "artifact": str(path)},
+            model=env["model"],
+            tokenizer=None,
+            target_source="tiny",
+            progress=False,
+        )
     import shutil
 
     copy = tmp_path / "edited"
@@ -291,34 +366,69 @@ def test_artifact_refused_for_another_recipe_or_edited_manifest(env, tmp_path):
     manifest["held_out"]["top1_agreement"] = [0.99, 0.99, 0.99]
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="edited"):
-        ensure_heads("hydra", {**OPTIONS, "artifact": str(copy)}, model=env["model"], tokenizer=None,
-                     target_source="tiny", progress=False)
+        ensure_heads(
+            "hydra",
+            {**OPTIONS, "artifact": str(copy)},
+            model=env["model"],
+            tokenizer=None,
+            target_source="tiny",
+            progress=False,
+        )
 
 
 def test_missing_artifact_without_auto_train_is_refused(env):
     with pytest.raises(ArtifactError, match="auto_train=false"):
-        ensure_heads("hydra", {**OPTIONS, "num_heads": 2, "auto_train": False}, model=env["model"], tokenizer=None,
-                     target_source="tiny", progress=False)
+        ensure_heads(
+            "hydra",
+            {**OPTIONS, "num_heads": 2, "auto_train": False},
+            model=env["model"],
+            tokenizer=None,
+            target_source="tiny",
+            progress=False,
+        )
 
 
 def test_hydra_plus_plus_switches_are_separate_recipe_fields(env):
     base = heads_recipe("hydra", OPTIONS, env["model"])
-    for switch, field_path in ((("mlp_layers", 4), ("spec", "mlp_layers")), (("distill", True), ("train", "loss")),
-                               (("prefix_attention", True), ("spec", "prefix_attention"))):
+    for switch, field_path in (
+        (("mlp_layers", 4), ("spec", "mlp_layers")),
+        (("distill", True), ("train", "loss")),
+        (("prefix_attention", True), ("spec", "prefix_attention")),
+    ):
         r = heads_recipe("hydra", {**OPTIONS, switch[0]: switch[1]}, env["model"])
         changed = [(g, k) for g in ("spec", "data", "train") for k in r[g] if r[g][k] != base[g][k]]
         assert changed == [field_path]
 
 
 def test_hydra_plus_plus_artifact_trains_and_runs(env):
-    opts = {**OPTIONS, "mlp_layers": 2, "distill": True, "prefix_attention": True, "prefix_window": 4,
-            "train": {"epochs": 2, "lr": 3e-3, "batch_size": 32}}
-    art = ensure_heads("hydra", opts, model=env["model"], tokenizer=None, target_source="tiny",
-                       documents=(env["docs"][:30], env["docs"][30:]), progress=False)
+    opts = {
+        **OPTIONS,
+        "mlp_layers": 2,
+        "distill": True,
+        "prefix_attention": True,
+        "prefix_window": 4,
+        "train": {"epochs": 2, "lr": 3e-3, "batch_size": 32},
+    }
+    art = ensure_heads(
+        "hydra",
+        opts,
+        model=env["model"],
+        tokenizer=None,
+        target_source="tiny",
+        documents=(env["docs"][:30], env["docs"][30:]),
+        progress=False,
+    )
     assert art.manifest["recipe"]["train"]["loss"] == "distill" and art.heads.prefix is not None
     prompt = env["docs"][33][:6]
-    p = HydraProposer(budget=BUDGETS[1], manifest_hash="h", policy=GREEDY, model=env["model"], heads=art.heads,
-                      checkpoint=target_fingerprint(env["model"]), artifact_manifest=art.manifest)
+    p = HydraProposer(
+        budget=BUDGETS[1],
+        manifest_hash="h",
+        policy=GREEDY,
+        model=env["model"],
+        heads=art.heads,
+        checkpoint=target_fingerprint(env["model"]),
+        artifact_manifest=art.manifest,
+    )
     res, _ = run(env, p, prompt=prompt)
     assert res.tokens == autoregressive(env, prompt)
     assert p.stats.extras["hidden_misses"] == 0
@@ -327,8 +437,9 @@ def test_hydra_plus_plus_artifact_trains_and_runs(env):
 def test_topology_deeper_than_the_head_bank_is_refused_before_model_work():
     with pytest.raises(ValueError, match="num_heads=2"):
         HydraProposer.declare({"num_heads": 2}, Budget(shape="cartesian", max_nodes=21, max_depth=3, widths=(3, 2, 2)))
-    caps = MedusaProposer.declare({"sampling": "iid"}, Budget(shape="cartesian", max_nodes=21, max_depth=3,
-                                                              widths=(3, 2, 2)))
+    caps = MedusaProposer.declare(
+        {"sampling": "iid"}, Budget(shape="cartesian", max_nodes=21, max_depth=3, widths=(3, 2, 2))
+    )
     assert caps.probability_semantics == frozenset({"normalized_conditional"}) and caps.topology == "tree"
 
 
@@ -343,8 +454,9 @@ def test_heads_at_batch_above_one_are_refused_before_model_work(name):
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         ok = compose("config", overrides=["model=tiny", f"proposer={name}", "topology=sequence"])
-        big = compose("config", overrides=["model=tiny", f"proposer={name}", "topology=sequence",
-                                           "generation.batch_size=2"])
+        big = compose(
+            "config", overrides=["model=tiny", f"proposer={name}", "topology=sequence", "generation.batch_size=2"]
+        )
     plan(ok)
     with pytest.raises(ConfigError, match=r"batch_size <= 1; got 2: the heads read"):
         plan(big)

@@ -4,7 +4,15 @@ teacher logits recomputed from a cached row through the frozen LM head."""
 import pytest
 import torch
 
-from harness.heads.data import DataRecipe, byte_ids, encode_stream, load_stream, save_stream, take_budget, training_streams
+from harness.heads.data import (
+    DataRecipe,
+    byte_ids,
+    encode_stream,
+    load_stream,
+    save_stream,
+    take_budget,
+    training_streams,
+)
 from harness.target.loading import build_tiny_model
 
 
@@ -51,14 +59,16 @@ def test_cache_round_trip(tmp_path, model):
 def test_training_streams_budget_and_cache(tmp_path, monkeypatch, model):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
     recipe = DataRecipe(source="inline", token_budget=9, held_out_tokens=4, max_len=16)
-    train, held = training_streams(model, None, recipe, target_hash="abc" * 8, documents=(DOCS, DOCS[::-1]),
-                                   progress=False)
+    train, held = training_streams(
+        model, None, recipe, target_hash="abc" * 8, documents=(DOCS, DOCS[::-1]), progress=False
+    )
     assert train.tokens.tolist() == DOCS[0] + DOCS[1]  # whole documents; a 1-token cut of the third is dropped
     assert held.tokens.tolist() == DOCS[2]
     files = sorted(p.name for p in (tmp_path / "heads" / "streams").iterdir())
     assert len(files) == 2 and files[0].endswith("-heldout.safetensors")
-    again, _ = training_streams(model, None, recipe, target_hash="abc" * 8, documents=(DOCS, DOCS[::-1]),
-                                progress=False)
+    again, _ = training_streams(
+        model, None, recipe, target_hash="abc" * 8, documents=(DOCS, DOCS[::-1]), progress=False
+    )
     assert torch.equal(again.hidden, train.hidden)
 
 

@@ -4,7 +4,6 @@ of semantics, the membership/greedy oracles, greedy equality and per-source attr
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import ClassVar
 
@@ -12,7 +11,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import harness.config  # noqa: F401  (registers the config schemas)
-
 from harness.contracts import ProposalNode, ProposalResult
 from harness.engine.build import plan
 from harness.engine.decode import RoundConfig, decode
@@ -70,18 +68,32 @@ def test_merge_by_full_prefix_keeps_equal_tokens_under_different_parents_distinc
     # 0x0C shape from two sources: A proposes A-B-{C,D}, the other B-{B,E} and A-B-D again
     a, b, c, d, e = 1, 2, 3, 4, 5
     first = fixed_candidates({(): [a], (a,): [b], (a, b): [c, d]}, semantics="frequency", source="rest")
-    second = fixed_candidates({(): [b, a], (b,): [b, e], (a,): [b], (a, b): [d]}, semantics="score_only",
-                              source="prompt_lookup")
+    second = fixed_candidates(
+        {(): [b, a], (b,): [b, e], (a,): [b], (a, b): [d]}, semantics="score_only", source="prompt_lookup"
+    )
     nodes, stats = merge_proposals([first, second], max_nodes=16, max_depth=8)
     # round-robin: rest[0], pl[0], rest[1], pl[1], ...; repeated prefixes stay as extra nodes
     assert [(p, n.source) for p, n in zip(prefixes(nodes), nodes)] == [
-        ((a,), "rest"), ((b,), "prompt_lookup"), ((a, b), "rest"), ((a,), "prompt_lookup"),
-        ((a, b, c), "rest"), ((b, b), "prompt_lookup"), ((a, b, d), "rest"), ((b, e), "prompt_lookup"),
-        ((a, b), "prompt_lookup"), ((a, b, d), "prompt_lookup")]
+        ((a,), "rest"),
+        ((b,), "prompt_lookup"),
+        ((a, b), "rest"),
+        ((a,), "prompt_lookup"),
+        ((a, b, c), "rest"),
+        ((b, b), "prompt_lookup"),
+        ((a, b, d), "rest"),
+        ((b, e), "prompt_lookup"),
+        ((a, b), "prompt_lookup"),
+        ((a, b, d), "prompt_lookup"),
+    ]
     assert stats == [{"offered": 4, "new_rows": 4, "shared": 0}, {"offered": 6, "new_rows": 3, "shared": 3}]
-    result = ProposalResult(nodes=tuple(nodes), probability_semantics="score_only",
-                            sampling_relation="deterministic_lookup", topology="tree",
-                            state_handle=first.state_handle, manifest_hash="h")
+    result = ProposalResult(
+        nodes=tuple(nodes),
+        probability_semantics="score_only",
+        sampling_relation="deterministic_lookup",
+        topology="tree",
+        state_handle=first.state_handle,
+        manifest_hash="h",
+    )
     tree = compile_tree([result], prefix_len=3)
     validate_candidate_graph(tree)
     rows = dict(zip(tree.full_prefixes, tree.sources))
@@ -106,9 +118,11 @@ def test_merge_budget_is_shared_round_robin_and_prefix_closed():
 
 
 def merged_options(**rest):
-    return {"sources": ["rest", "prompt_lookup"],
-            "rest": {"name": "rest", "datastore": {"path": "/nonexistent"}, **rest},
-            "prompt_lookup": {"name": "prompt_lookup", "max_ngram": 3, "min_ngram": 1, "max_matches": 8}}
+    return {
+        "sources": ["rest", "prompt_lookup"],
+        "rest": {"name": "rest", "datastore": {"path": "/nonexistent"}, **rest},
+        "prompt_lookup": {"name": "prompt_lookup", "max_ngram": 3, "min_ngram": 1, "max_matches": 8},
+    }
 
 
 def test_negotiation_sees_the_union_of_source_semantics():
@@ -121,8 +135,7 @@ def test_negotiation_sees_the_union_of_source_semantics():
     negotiate(caps, get_verifier("greedy"), temperature=0.0)
     negotiate(caps, get_verifier("membership"), temperature=0.7)
     # a q-carrying source still cannot unlock a p/q verifier: the merge emits score_only
-    with_draft = {**merged_options(), "sources": ["draft_model", "prompt_lookup"],
-                  "draft_model": {"sampling": "iid"}}
+    with_draft = {**merged_options(), "sources": ["draft_model", "prompt_lookup"], "draft_model": {"sampling": "iid"}}
     caps = MergedProposer.declare(with_draft, MERGED)
     assert caps.probability_semantics == frozenset({"normalized_conditional", "score_only"})
     assert caps.sampling_relations == frozenset({"iid", "deterministic_lookup"})
@@ -148,9 +161,11 @@ def test_merged_with_a_pq_verifier_is_refused_from_the_config_before_model_work(
 
 
 def two_source_merged(table_a, table_b, budget=MERGED) -> MergedProposer:
-    return MergedProposer(budget=budget, manifest_hash="h",
-                          sources=[Fixed(table_a, name="rest"), Fixed(table_b, name="prompt_lookup",
-                                                                         semantics="score_only")])
+    return MergedProposer(
+        budget=budget,
+        manifest_hash="h",
+        sources=[Fixed(table_a, name="rest"), Fixed(table_b, name="prompt_lookup", semantics="score_only")],
+    )
 
 
 TABLE_A = {(): [0, 1], (0,): [2], (0, 2): [1]}
@@ -162,8 +177,12 @@ def test_merged_tree_passes_the_membership_oracle(seed):
     merged = two_source_merged(TABLE_A, TABLE_B)
     result = merged.propose([7], TorchRandomSource(0))
     assert result.probability_semantics == "score_only" and len(result.nodes) == 9  # 7 rows + 2 shared
-    case = OracleCase(name=f"merged-membership-{seed}", proposal_builder=lambda rng: merged.propose([7], rng),
-                      target=PrefixLaws(vocab=3, seed=seed, kind="dense"), length=4)
+    case = OracleCase(
+        name=f"merged-membership-{seed}",
+        proposal_builder=lambda rng: merged.propose([7], rng),
+        target=PrefixLaws(vocab=3, seed=seed, kind="dense"),
+        length=4,
+    )
     row = check_case(get_verifier("membership"), case)
     assert row["passed"] and row["max_abs_error"] <= 1e-9 and row["leaves"] > 10
 
@@ -171,8 +190,12 @@ def test_merged_tree_passes_the_membership_oracle(seed):
 def test_merged_tree_passes_the_greedy_oracle():
     merged = two_source_merged(TABLE_A, TABLE_B)
     for seed in range(4):
-        case = OracleCase(name="merged-greedy", proposal_builder=lambda rng: merged.propose([7], rng),
-                          target=PrefixLaws(vocab=3, seed=seed, kind="one_hot"), length=4)
+        case = OracleCase(
+            name="merged-greedy",
+            proposal_builder=lambda rng: merged.propose([7], rng),
+            target=PrefixLaws(vocab=3, seed=seed, kind="one_hot"),
+            length=4,
+        )
         assert check_case(get_verifier("greedy"), case)["max_abs_error"] == 0.0
 
 
@@ -193,22 +216,36 @@ class Oracle(Proposer):
 
     def propose(self, committed, rng) -> ProposalResult:
         g = len(committed) - self.prompt_len
-        toks = self.ar[g:g + self.k]
+        toks = self.ar[g : g + self.k]
         nodes = [ProposalNode(token_id=t, parent=i - 1, score=1.0, source=self.name) for i, t in enumerate(toks)]
         if self.wrong is not None and toks:
             nodes.append(ProposalNode(token_id=self.wrong, parent=len(toks) - 2, score=1.0, source=self.name))
-        return ProposalResult(nodes=tuple(nodes), probability_semantics="score_only",
-                              sampling_relation="deterministic_lookup", topology="tree",
-                              state_handle=fixed_candidates({}).state_handle, manifest_hash="h", source=self.name)
+        return ProposalResult(
+            nodes=tuple(nodes),
+            probability_semantics="score_only",
+            sampling_relation="deterministic_lookup",
+            topology="tree",
+            state_handle=fixed_candidates({}).state_handle,
+            manifest_hash="h",
+            source=self.name,
+        )
 
 
 PROMPT = [5, 17, 33, 8, 5, 17, 33, 9, 40, 41, 5, 17]
 
 
 def greedy_decode(backend, proposer, new, budget=MERGED):
-    return decode(target=backend, proposer=proposer, verifier=get_verifier("greedy"), policy=SamplingPolicy(),
-                  prompt_ids=PROMPT, max_new_tokens=new, eos_token_ids=frozenset(), rng=TorchRandomSource(0),
-                  round_cfg=RoundConfig(max_nodes=budget.max_nodes, max_depth=budget.max_depth))
+    return decode(
+        target=backend,
+        proposer=proposer,
+        verifier=get_verifier("greedy"),
+        policy=SamplingPolicy(),
+        prompt_ids=PROMPT,
+        max_new_tokens=new,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(0),
+        round_cfg=RoundConfig(max_nodes=budget.max_nodes, max_depth=budget.max_depth),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -222,9 +259,11 @@ def test_accepted_tokens_are_attributed_to_every_source_that_proposed_them(tiny)
     backend, ar = tiny
     # A proposes the next 3 AR tokens; B the next 2 and a wrong sibling of its second
     wrong = next(t for t in range(90) if t not in ar)
-    merged = MergedProposer(budget=MERGED, manifest_hash="h",
-                            sources=[Oracle(ar, len(PROMPT), 3, name="A"),
-                                     Oracle(ar, len(PROMPT), 2, name="B", wrong=wrong)])
+    merged = MergedProposer(
+        budget=MERGED,
+        manifest_hash="h",
+        sources=[Oracle(ar, len(PROMPT), 3, name="A"), Oracle(ar, len(PROMPT), 2, name="B", wrong=wrong)],
+    )
     res = greedy_decode(backend, merged, 16)
     assert res.tokens == ar[:16]
     # 4 rounds x (3 accepted + 1 bonus); rows t0, t0t1 are both sources', t0t1t2 only A's
@@ -236,8 +275,13 @@ def test_accepted_tokens_are_attributed_to_every_source_that_proposed_them(tiny)
 def test_merged_rest_and_prompt_lookup_keep_greedy_equality(tiny):
     backend, ar = tiny
     ds = datastore_from_token_ids([PROMPT[-4:] + ar[:12], [1, 2, 3, 4, 5, 6], PROMPT[-3:] + [9, 9, 9]])
-    rest = RestProposer(budget=Budget(shape="tree", max_nodes=16, max_depth=8), manifest_hash="h", datastore=ds,
-                        max_suffix=8, min_suffix=1)
+    rest = RestProposer(
+        budget=Budget(shape="tree", max_nodes=16, max_depth=8),
+        manifest_hash="h",
+        datastore=ds,
+        max_suffix=8,
+        min_suffix=1,
+    )
     lookup = PromptLookupProposer(budget=Budget(shape="sequences", max_nodes=16, max_depth=8), manifest_hash="h")
     merged = MergedProposer(budget=MERGED, manifest_hash="h", sources=[rest, lookup])
     res = greedy_decode(backend, merged, 40)
@@ -262,15 +306,30 @@ def test_merged_run_end_to_end_on_tiny(tmp_path, monkeypatch):
     base = ["model=tiny", "workload=jsonl", f"workload.path={wl}", "workload.chat=false"]
     cfg = compose_cfg(*base)
     target, _ = load_models(cfg)
-    (prompt, ids), = encode_workload(cfg, None)
+    ((prompt, ids),) = encode_workload(cfg, None)
     null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h")
-    ar = decode(target=CausalLMBackend(target.model), proposer=null, verifier=get_verifier("greedy"),
-                policy=SamplingPolicy(), prompt_ids=ids, max_new_tokens=24, eos_token_ids=frozenset(),
-                rng=TorchRandomSource(0), round_cfg=RoundConfig(max_nodes=1, max_depth=1)).tokens
+    ar = decode(
+        target=CausalLMBackend(target.model),
+        proposer=null,
+        verifier=get_verifier("greedy"),
+        policy=SamplingPolicy(),
+        prompt_ids=ids,
+        max_new_tokens=24,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(0),
+        round_cfg=RoundConfig(max_nodes=1, max_depth=1),
+    ).tokens
     ds = datastore_from_token_ids([ids[-5:] + ar])
     write_datastore(ds, tmp_path / "ds")
-    cfg = compose_cfg(*base, "proposer=merged", "topology=merged", f"proposer.rest.datastore.path={tmp_path / 'ds'}",
-                      "generation.max_new_tokens=16", "generation.warmup_tokens=2", "gates.oracle=false")
+    cfg = compose_cfg(
+        *base,
+        "proposer=merged",
+        "topology=merged",
+        f"proposer.rest.datastore.path={tmp_path / 'ds'}",
+        "generation.max_new_tokens=16",
+        "generation.warmup_tokens=2",
+        "gates.oracle=false",
+    )
     record = run_job(cfg, run_dir=tmp_path / "run")
     m = record["metrics"]
     src = f"rest:{ds.release_id[:12]}"
@@ -299,8 +358,14 @@ def test_a_draft_model_source_is_loaded_capped_in_depth_and_keeps_greedy_equalit
     write_datastore(ds, tmp_path / "ds")
     two = compose_cfg(*base, "proposer=merged", "topology=merged", f"proposer.rest.datastore.path={tmp_path / 'ds'}")
     assert draft_model_config(two) is None and load_models(two)[1] is None  # no draft unless it is a source
-    three = [*base, "proposer=merged", "topology=merged", f"proposer.rest.datastore.path={tmp_path / 'ds'}",
-             "proposer.sources=[draft_model,rest,prompt_lookup]", "proposer.depths.draft_model=3"]
+    three = [
+        *base,
+        "proposer=merged",
+        "topology=merged",
+        f"proposer.rest.datastore.path={tmp_path / 'ds'}",
+        "proposer.sources=[draft_model,rest,prompt_lookup]",
+        "proposer.depths.draft_model=3",
+    ]
     cfg = compose_cfg(*three, "generation.max_new_tokens=16", "generation.warmup_tokens=2", "gates.oracle=false")
     assert draft_model_config(cfg).num_layers == cfg.proposer.draft_model.model.num_layers
     record = run_job(cfg, run_dir=tmp_path / "run")
@@ -311,8 +376,11 @@ def test_a_draft_model_source_is_loaded_capped_in_depth_and_keeps_greedy_equalit
     assert rounds > 0 and 0 < per["draft_model"]["offered"] <= 3 * rounds  # a depth-3 chain per round
     assert per["draft_model"]["new_rows"] > 0
     assert set(m["accepted_by_source"]) <= {"draft_model", f"rest:{ds.release_id[:12]}", "prompt_lookup"}
-    assert record["gates"]["negotiation"]["probability_semantics"] == ["frequency", "normalized_conditional",
-                                                                       "score_only"]
+    assert record["gates"]["negotiation"]["probability_semantics"] == [
+        "frequency",
+        "normalized_conditional",
+        "score_only",
+    ]
     with pytest.raises(ValueError, match="proposer.depths names"):
         plan(compose_cfg(*three, "+proposer.depths.rest_x=2"))
 

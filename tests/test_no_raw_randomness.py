@@ -19,18 +19,52 @@ SCANNED_DIRS = ("harness/verifiers", "harness/proposers")
 
 #: dotted names (after alias resolution) that are raw randomness
 BANNED_CALLS = {
-    "torch.rand", "torch.rand_like", "torch.randn", "torch.randn_like", "torch.randint", "torch.randint_like",
-    "torch.randperm", "torch.multinomial", "torch.bernoulli", "torch.normal", "torch.poisson",
-    "torch.manual_seed", "torch.seed", "torch.initial_seed", "torch.get_rng_state", "torch.set_rng_state",
-    "torch.Generator", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all",
-    "torch.nn.functional.gumbel_softmax", "torch.nn.functional.dropout",
+    "torch.rand",
+    "torch.rand_like",
+    "torch.randn",
+    "torch.randn_like",
+    "torch.randint",
+    "torch.randint_like",
+    "torch.randperm",
+    "torch.multinomial",
+    "torch.bernoulli",
+    "torch.normal",
+    "torch.poisson",
+    "torch.manual_seed",
+    "torch.seed",
+    "torch.initial_seed",
+    "torch.get_rng_state",
+    "torch.set_rng_state",
+    "torch.Generator",
+    "torch.cuda.manual_seed",
+    "torch.cuda.manual_seed_all",
+    "torch.nn.functional.gumbel_softmax",
+    "torch.nn.functional.dropout",
 }
 #: module prefixes: any use of these is raw randomness
-BANNED_PREFIXES = ("random", "numpy.random", "torch.random", "torch.distributions", "secrets", "os.urandom",
-                   "torch.cuda.random", "scipy.stats")
+BANNED_PREFIXES = (
+    "random",
+    "numpy.random",
+    "torch.random",
+    "torch.distributions",
+    "secrets",
+    "os.urandom",
+    "torch.cuda.random",
+    "scipy.stats",
+)
 #: in-place sampling methods on tensors (and sampler methods), whatever the receiver
-BANNED_METHODS = {"random_", "uniform_", "normal_", "bernoulli_", "exponential_", "geometric_", "cauchy_",
-                  "log_normal_", "multinomial", "rvs"}
+BANNED_METHODS = {
+    "random_",
+    "uniform_",
+    "normal_",
+    "bernoulli_",
+    "exponential_",
+    "geometric_",
+    "cauchy_",
+    "log_normal_",
+    "multinomial",
+    "rvs",
+}
 
 
 def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:

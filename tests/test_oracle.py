@@ -28,8 +28,12 @@ def test_enumerator_gives_exact_branch_probabilities():
         return (a, b)
 
     marg = O.enumerate_marginal(fn)
-    assert marg == {(True, 0): pytest.approx(0.075, abs=1e-15), (True, 2): pytest.approx(0.225, abs=1e-15),
-                    (False, 0): pytest.approx(0.175, abs=1e-15), (False, 2): pytest.approx(0.525, abs=1e-15)}
+    assert marg == {
+        (True, 0): pytest.approx(0.075, abs=1e-15),
+        (True, 2): pytest.approx(0.225, abs=1e-15),
+        (False, 0): pytest.approx(0.175, abs=1e-15),
+        (False, 2): pytest.approx(0.525, abs=1e-15),
+    }
     # the zero-probability branch (token 1) is pruned: 4 leaves, not 6
     assert len(list(O.enumerate_leaves(fn))) == 4
 
@@ -121,7 +125,7 @@ def test_reference_naive_multi_draft_is_wrong():
 def test_0x08B_duplicated_mass():
     p = torch.tensor([0.5, 0.5], dtype=torch.float64)
     naive = O.verifier_output_marginal(get_verifier("naive_multi_draft"), _iid_set((0.0, 1.0), 3), lambda pr: p)
-    assert _first_token(naive, 2) == pytest.approx([2 ** -3, 1 - 2 ** -3], abs=1e-15)  # not (1/2, 1/2)
+    assert _first_token(naive, 2) == pytest.approx([2**-3, 1 - 2**-3], abs=1e-15)  # not (1/2, 1/2)
     spec = O.verifier_output_marginal(get_verifier("specinfer"), _iid_set((0.0, 1.0), 3), lambda pr: p)
     assert _first_token(spec, 2) == pytest.approx([0.5, 0.5], abs=1e-15)
 
@@ -134,9 +138,15 @@ def test_oracle_catches_a_q_that_is_not_the_law_sampled():
     def lying(rng):
         toks = [rng.categorical(q_true) for _ in range(2)]
         nodes = tuple(ProposalNode(token_id=t, q=float(q_claimed[t])) for t in toks)
-        return ProposalResult(nodes=nodes, probability_semantics="normalized_conditional", sampling_relation="iid",
-                              topology="set", state_handle=NO_STATE, manifest_hash="x",
-                              q_dists=torch.stack([q_claimed, q_claimed]))
+        return ProposalResult(
+            nodes=nodes,
+            probability_semantics="normalized_conditional",
+            sampling_relation="iid",
+            topology="set",
+            state_handle=NO_STATE,
+            manifest_hash="x",
+            q_dists=torch.stack([q_claimed, q_claimed]),
+        )
 
     marg = O.verifier_output_marginal(get_verifier("specinfer"), lying, lambda prefix: p)
     err = max(abs(a - b) for a, b in zip(_first_token(marg, 3), P_REF))

@@ -74,8 +74,16 @@ def measured():
     draft_model.config.num_hidden_layers = 1
     draft = CausalLMBackend(draft_model)
     prefix = cycle_prefix([5, 17, 33, 8, 40], 32)
-    prof = measure_profile(target_backend=target, draft_backend=draft, prefix_ids=prefix, max_nodes=5, warmup=1,
-                           repeats=3, provenance={"threads": torch.get_num_threads()}, progress=False)
+    prof = measure_profile(
+        target_backend=target,
+        draft_backend=draft,
+        prefix_ids=prefix,
+        max_nodes=5,
+        warmup=1,
+        repeats=3,
+        provenance={"threads": torch.get_num_threads()},
+        progress=False,
+    )
     return prof, target, draft, prefix
 
 
@@ -111,25 +119,59 @@ def test_profile_at_batch_two_times_one_batched_verify_per_size(measured, monkey
 
     monkeypatch.setattr(batched, "timed_batched_verify", counting)
     before = list(target.lengths)
-    prof = measure_profile(target_backend=target, draft_backend=draft, prefix_ids=prefix, max_nodes=3, warmup=1,
-                           repeats=2, provenance={}, progress=False, batch_size=2)
+    prof = measure_profile(
+        target_backend=target,
+        draft_backend=draft,
+        prefix_ids=prefix,
+        max_nodes=3,
+        warmup=1,
+        repeats=2,
+        provenance={},
+        progress=False,
+        batch_size=2,
+    )
     assert sorted(calls) == sorted([(2, 0), (2, 1), (2, 2)] * 3)
     assert target.lengths == before  # no batch-1 verify forward was timed
     assert prof["batch_size"] == 2 and "batch 2" in prof["notes"]["batch"]
     assert [v["n"] for v in prof["verify_ms"]] == [1, 2, 3] and prof["verify_cost"][0] == 1.0
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
-        measure_profile(target_backend=target, draft_backend=draft, prefix_ids=prefix, max_nodes=2, warmup=0,
-                        repeats=1, provenance={}, progress=False, batch_size=0)
+        measure_profile(
+            target_backend=target,
+            draft_backend=draft,
+            prefix_ids=prefix,
+            max_nodes=2,
+            warmup=0,
+            repeats=1,
+            provenance={},
+            progress=False,
+            batch_size=0,
+        )
 
 
 def test_profile_needs_a_draft_model_and_sane_settings(measured):
     _, target, _, prefix = measured
     with pytest.raises(ValueError, match="needs a separate draft"):
-        measure_profile(target_backend=target, draft_backend=None, prefix_ids=prefix, max_nodes=2, warmup=0,
-                        repeats=1, provenance={}, progress=False)
+        measure_profile(
+            target_backend=target,
+            draft_backend=None,
+            prefix_ids=prefix,
+            max_nodes=2,
+            warmup=0,
+            repeats=1,
+            provenance={},
+            progress=False,
+        )
     with pytest.raises(ValueError, match="repeats must be an integer >= 1; got 0"):
-        measure_profile(target_backend=target, draft_backend=target, prefix_ids=prefix, max_nodes=2, warmup=0,
-                        repeats=0, provenance={}, progress=False)
+        measure_profile(
+            target_backend=target,
+            draft_backend=target,
+            prefix_ids=prefix,
+            max_nodes=2,
+            warmup=0,
+            repeats=0,
+            provenance={},
+            progress=False,
+        )
 
 
 def test_artifact_hash_verifies_and_edits_are_refused(measured, tmp_path):
@@ -161,13 +203,16 @@ def test_run_provenance_has_every_field():
     assert exp["measurement"] == {"protocol": 2, "prefix_len": 256, "warmup": 2, "repeats": 7, "max_nodes": 5}
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("dtype", "bfloat16", r"dtype differs \(dtype: artifact 'bfloat16', this run 'float32'\)"),
-    ("threads", 2, r"threads differs \(threads: artifact 2, this run 1\)"),
-    ("attn_implementation", "eager", "attn_implementation differs"),
-    ("batch_size", 4, "batch_size differs"),
-    ("device", "cuda:0", "device differs"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("dtype", "bfloat16", r"dtype differs \(dtype: artifact 'bfloat16', this run 'float32'\)"),
+        ("threads", 2, r"threads differs \(threads: artifact 2, this run 1\)"),
+        ("attn_implementation", "eager", "attn_implementation differs"),
+        ("batch_size", 4, "batch_size differs"),
+        ("device", "cuda:0", "device differs"),
+    ],
+)
 def test_stale_profile_is_refused_naming_the_field(field, value, message):
     exp = _expected()
     profile = {"verify_cost": [1.0] * 5, "provenance": {**exp, field: value}}
@@ -179,7 +224,9 @@ def test_stale_profile_is_refused_naming_the_field(field, value, message):
 def test_stale_library_version_names_the_library():
     exp = _expected()
     old = {**exp, "library_versions": {**exp["library_versions"], "torch": "1.0.0"}}
-    with pytest.raises(StaleArtifactError, match=r"library_versions differs \(library_versions.torch: artifact '1.0.0'"):
+    with pytest.raises(
+        StaleArtifactError, match=r"library_versions differs \(library_versions.torch: artifact '1.0.0'"
+    ):
         check_profile({"verify_cost": [1.0] * 5, "provenance": old}, exp, path="p", max_nodes=5)
 
 

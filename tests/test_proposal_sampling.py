@@ -100,6 +100,7 @@ def test_bad_inputs_are_refused_at_the_boundary():
 def _table(prefix_laws):
     def level(prefixes):
         return torch.stack([prefix_laws[p] for p in prefixes])
+
     return level
 
 

@@ -37,8 +37,7 @@ def test_default_report_from_records_only_without_model_code(tmp_path):
         print("RC", rc, "BANNED", banned)
         """
     )
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
-                         timeout=120)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert "RC 0 BANNED []" in res.stdout, res.stdout + res.stderr
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == [

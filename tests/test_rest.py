@@ -44,11 +44,13 @@ def test_reference_trace_0x04C():
     result = prop.propose([1, 4, 5, 6], rng())
     # continuations [9, 4, 5, 6, 10, 11] and [10, 11]; breadth-first, siblings by (-count, token)
     assert rows(result) == [
-        (9, -1, 1.0), (10, -1, 1.0),   # root children tie at count 1: 9 before 10 by token id
-        (4, 0, 1.0), (11, 1, 1.0),
+        (9, -1, 1.0),
+        (10, -1, 1.0),  # root children tie at count 1: 9 before 10 by token id
+        (4, 0, 1.0),
+        (11, 1, 1.0),
         (5, 2, 1.0),
         (6, 4, 1.0),
-        (10, 5, 1.0),                  # the later 10: full prefix [9,4,5,6,10], not root child [10]
+        (10, 5, 1.0),  # the later 10: full prefix [9,4,5,6,10], not root child [10]
         (11, 6, 1.0),
     ]
     ps = paths(result)
@@ -95,17 +97,19 @@ def test_global_pruning_keeps_highest_counts_and_is_prefix_closed():
     assert linearize_trie(root, max_nodes=32, max_depth=1) == [(1, -1, 4), (6, -1, 2)]
 
 
-def _brute_continuations(tokens: np.ndarray, committed: list[int], *, max_suffix: int, max_matches: int,
-                         length: int) -> tuple[int, list[list[int]]]:
+def _brute_continuations(
+    tokens: np.ndarray, committed: list[int], *, max_suffix: int, max_matches: int, length: int
+) -> tuple[int, list[list[int]]]:
     for n in range(min(max_suffix, len(committed)), 0, -1):
-        pat = committed[len(committed) - n:]
-        starts = [i for i in range(len(tokens) - n) if tokens[i:i + n].tolist() == pat
-                  and tokens[i + n] != SENTINEL][:max_matches]
+        pat = committed[len(committed) - n :]
+        starts = [i for i in range(len(tokens) - n) if tokens[i : i + n].tolist() == pat and tokens[i + n] != SENTINEL][
+            :max_matches
+        ]
         if starts:
             conts = []
             for s in starts:
                 cont = []
-                for t in tokens[s + n:s + n + length].tolist():
+                for t in tokens[s + n : s + n + length].tolist():
                     if t == SENTINEL:
                         break
                     cont.append(t)
@@ -116,14 +120,20 @@ def _brute_continuations(tokens: np.ndarray, committed: list[int], *, max_suffix
 
 def test_trie_counts_agree_with_a_brute_force_scan():
     gen = np.random.default_rng(5)
-    for trial in range(25):
+    for _trial in range(25):
         docs = [gen.integers(0, 4, size=int(gen.integers(1, 50))).tolist() for _ in range(5)]
         max_matches = int(gen.integers(1, 6))
-        prop = rest(docs, max_suffix=4, max_matches=max_matches, continuation_len=5,
-                    budget=Budget(shape="tree", max_nodes=10, max_depth=5))
+        prop = rest(
+            docs,
+            max_suffix=4,
+            max_matches=max_matches,
+            continuation_len=5,
+            budget=Budget(shape="tree", max_nodes=10, max_depth=5),
+        )
         committed = gen.integers(0, 4, size=6).tolist()
-        n, conts = _brute_continuations(prop.datastore.tokens, committed, max_suffix=4,
-                                        max_matches=max_matches, length=5)
+        n, conts = _brute_continuations(
+            prop.datastore.tokens, committed, max_suffix=4, max_matches=max_matches, length=5
+        )
         result = prop.propose(committed, rng())
         assert result.extras["match_len"] == n
         counts = {}
@@ -135,15 +145,18 @@ def test_trie_counts_agree_with_a_brute_force_scan():
         assert len(got) == min(10, len(counts))
         dropped = [c for p, c in counts.items() if p not in got]
         assert not dropped or min(got.values()) >= max(dropped)  # global: highest counts kept
-        assert all(p[:-1] in got for p in got if len(p) > 1)   # prefix-closed
-        for i, node in enumerate(result.nodes):                  # siblings in declared order
+        assert all(p[:-1] in got for p in got if len(p) > 1)  # prefix-closed
+        for node in result.nodes:  # siblings in declared order
             sibs = [(-nd.score, nd.token_id) for nd in result.nodes if nd.parent == node.parent]
             assert sibs == sorted(sibs)
 
 
 def test_sequence_shape_follows_the_first_child():
-    prop = rest([[1, 2, 3, 4], [1, 2, 5, 6], [1, 2, 5, 7]], max_suffix=2,
-                budget=Budget(shape="sequence", max_nodes=2, max_depth=8))
+    prop = rest(
+        [[1, 2, 3, 4], [1, 2, 5, 6], [1, 2, 5, 7]],
+        max_suffix=2,
+        budget=Budget(shape="sequence", max_nodes=2, max_depth=8),
+    )
     result = prop.propose([1, 2], rng())
     assert result.topology == "sequence" and rows(result) == [(5, -1, 2.0), (6, 0, 1.0)]
 

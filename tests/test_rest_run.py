@@ -11,7 +11,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import harness.config  # noqa: F401  (registers the config schemas)
-
 from harness.engine.build import BuildContext, build_proposer, plan
 from harness.proposers.base import Budget
 from harness.proposers.prompt_lookup import NullProposer
@@ -20,8 +19,13 @@ from harness.random_source import TorchRandomSource
 from harness.verifiers import get_verifier
 from harness.verifiers.base import NegotiationError
 from harness.verifiers.sampling import SamplingPolicy
-from harness.workloads.datastore import (DatastoreError, LeakageError, build_datastore, datastore_from_token_ids,
-                                         write_datastore)
+from harness.workloads.datastore import (
+    DatastoreError,
+    LeakageError,
+    build_datastore,
+    datastore_from_token_ids,
+    write_datastore,
+)
 from harness.workloads.prompts import Prompt
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -61,9 +65,17 @@ def env(tmp_path_factory):
     null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h")
     ar = {}
     for prompt, ids in items:
-        res = decode(target=backend, proposer=null, verifier=get_verifier("greedy"), policy=SamplingPolicy(),
-                     prompt_ids=ids, max_new_tokens=NEW + 8, eos_token_ids=frozenset(), rng=TorchRandomSource(0),
-                     round_cfg=RoundConfig(max_nodes=1, max_depth=1))
+        res = decode(
+            target=backend,
+            proposer=null,
+            verifier=get_verifier("greedy"),
+            policy=SamplingPolicy(),
+            prompt_ids=ids,
+            max_new_tokens=NEW + 8,
+            eos_token_ids=frozenset(),
+            rng=TorchRandomSource(0),
+            round_cfg=RoundConfig(max_nodes=1, max_depth=1),
+        )
         ar[prompt.prompt_id] = res.tokens
     yield {"root": root, "workload": workload, "items": items, "ar": ar}
     if old is None:
@@ -87,10 +99,20 @@ def write_store(env, name: str, *, leak: str | None = None) -> tuple[Path, objec
 
 
 def run_overrides(env, store: Path, *extra: str) -> list[str]:
-    return ["model=tiny", "proposer=rest", "topology=sequences", f"proposer.datastore.path={store}",
-            "workload=jsonl", f"workload.path={env['workload']}", "workload.chat=false",
-            f"generation.max_new_tokens={NEW}", "generation.warmup_tokens=2", "gates.oracle=false", "threads=1",
-            *extra]
+    return [
+        "model=tiny",
+        "proposer=rest",
+        "topology=sequences",
+        f"proposer.datastore.path={store}",
+        "workload=jsonl",
+        f"workload.path={env['workload']}",
+        "workload.chat=false",
+        f"generation.max_new_tokens={NEW}",
+        "generation.warmup_tokens=2",
+        "gates.oracle=false",
+        "threads=1",
+        *extra,
+    ]
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -262,8 +284,16 @@ def test_tiny_without_a_datastore_path_gets_a_clear_error(tmp_path, monkeypatch)
 def test_cache_datastore_is_built_on_first_use_then_checked_against_the_config(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
     tok = word_tokenizer(WORDS)
-    cfg = {"corpus": "stdlib", "path": None, "max_tokens": 3000, "context_len": 8, "continuation_len": 4,
-           "max_matches": 16, "exclude": "none", "verify_corpus": False}
+    cfg = {
+        "corpus": "stdlib",
+        "path": None,
+        "max_tokens": 3000,
+        "context_len": 8,
+        "continuation_len": 4,
+        "max_matches": 16,
+        "exclude": "none",
+        "verify_corpus": False,
+    }
     ds, info = open_datastore(cfg, tokenizer=tok, model="toy")
     where = tmp_path / "datastores" / "stdlib-toy"
     assert info["built_now"] is True and ds.path == where and (where / "manifest.json").is_file()
@@ -304,8 +334,11 @@ def test_manifest_datastores_puts_the_release_id_into_the_manifest_hash(env, tmp
         ds = datastore_from_token_ids(docs)
         write_datastore(ds, store)
         extra = manifest_datastores(cfg)
-        assert extra == {"datastores": {"rest": {"release_id": ds.release_id, "corpus": "token-ids",
-                                                 "n_tokens": 5, "path": str(store)}}}
+        assert extra == {
+            "datastores": {
+                "rest": {"release_id": ds.release_id, "corpus": "token-ids", "n_tokens": 5, "path": str(store)}
+            }
+        }
         with_release.append(manifest_hash(freeze_manifest(cfg, versions=versions, extra=extra)))
         without.append(manifest_hash(freeze_manifest(cfg, versions=versions)))
     assert without[0] == without[1] and with_release[0] != with_release[1]

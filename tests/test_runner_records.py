@@ -12,21 +12,52 @@ from harness.tracking.store import load_record
 def test_adaptive_lookup_run_writes_a_complete_record(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "model=tiny", "topology=sequences", "proposer.budget_policy=adaptive", "workload.limit=2",
-            "generation.max_new_tokens=12", "gates.oracle=false", f"output_dir={tmp_path / 'run'}"])
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                "model=tiny",
+                "topology=sequences",
+                "proposer.budget_policy=adaptive",
+                "workload.limit=2",
+                "generation.max_new_tokens=12",
+                "gates.oracle=false",
+                f"output_dir={tmp_path / 'run'}",
+            ],
+        )
     record = run_job(cfg, run_dir=tmp_path / "run")
     stored = load_record(tmp_path / "run" / "record.json")  # validates schema and required keys
     assert stored["run_id"] == record["run_id"]
     m = record["metrics"]
-    for key in ("time_per_committed_token_ms", "ar_time_per_token_ms", "speedup", "ttft_ms", "committed_tokens",
-                "rounds", "mean_committed_per_round", "acceptance_by_depth", "reach_by_depth",
-                "accepted_length_hist", "first_child_coverage", "fallback_rate", "round_cost_ms",
-                "temp_kv_bytes_peak", "temp_kv_bytes_formula", "proposal_state_bytes", "peak_rss_bytes",
-                "greedy_identical", "greedy_near_ties"):
+    for key in (
+        "time_per_committed_token_ms",
+        "ar_time_per_token_ms",
+        "speedup",
+        "ttft_ms",
+        "committed_tokens",
+        "rounds",
+        "mean_committed_per_round",
+        "acceptance_by_depth",
+        "reach_by_depth",
+        "accepted_length_hist",
+        "first_child_coverage",
+        "fallback_rate",
+        "round_cost_ms",
+        "temp_kv_bytes_peak",
+        "temp_kv_bytes_formula",
+        "proposal_state_bytes",
+        "peak_rss_bytes",
+        "greedy_identical",
+        "greedy_near_ties",
+    ):
         assert key in m, key
-    assert set(m["round_cost_ms"]) == {"proposal", "retrieval", "packing", "target_verify", "selection",
-                                       "temporary_state"}
+    assert set(m["round_cost_ms"]) == {
+        "proposal",
+        "retrieval",
+        "packing",
+        "target_verify",
+        "selection",
+        "temporary_state",
+    }
     assert m["greedy_identical"] is True
     assert m["temp_kv_bytes_peak"] == m["temp_kv_bytes_formula"]
     assert m["speedup"] == m["ar_time_per_token_ms"] / m["time_per_committed_token_ms"]

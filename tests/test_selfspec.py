@@ -23,8 +23,11 @@ from harness.verifiers.sampling import SamplingPolicy
 
 GREEDY = SamplingPolicy()
 CHAIN = Budget(shape="sequence", max_nodes=4, max_depth=4)
-EXIT_OPTS = {"exit_layer": 1, "data": {"source": "inline", "token_budget": 1200, "held_out_tokens": 240, "max_len": 40},
-             "train": {"epochs": 3, "lr": 3e-3}}
+EXIT_OPTS = {
+    "exit_layer": 1,
+    "data": {"source": "inline", "token_budget": 1200, "held_out_tokens": 240, "max_len": 40},
+    "train": {"epochs": 3, "lr": 3e-3},
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +39,16 @@ def env(tmp_path_factory):
     model = build_tiny_model(seed=1, num_layers=4)
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        docs = model.generate(torch.randint(3, 96, (36, 3), generator=gen), do_sample=False, max_new_tokens=37,
-                              min_new_tokens=37, pad_token_id=0).tolist()
-    art = ensure_adapter(EXIT_OPTS, model=model, tokenizer=None, target_source="tiny4", documents=(docs[:30], docs[30:]),
-                         progress=False)
+        docs = model.generate(
+            torch.randint(3, 96, (36, 3), generator=gen),
+            do_sample=False,
+            max_new_tokens=37,
+            min_new_tokens=37,
+            pad_token_id=0,
+        ).tolist()
+    art = ensure_adapter(
+        EXIT_OPTS, model=model, tokenizer=None, target_source="tiny4", documents=(docs[:30], docs[30:]), progress=False
+    )
     yield {"model": model, "backend": CausalLMBackend(model), "docs": docs, "adapter": art}
     if old is None:
         os.environ.pop("HARNESS_CACHE", None)
@@ -55,10 +64,18 @@ def run(env, proposer, *, verifier="greedy", prompt, new=30, policy=GREEDY, seed
         orig = backend.prefill
         backend.prefill = lambda ids: capture.setdefault("seq", orig(ids))
     try:
-        res = decode(target=backend, proposer=proposer, verifier=get_verifier(verifier), policy=policy,
-                     prompt_ids=prompt, max_new_tokens=new, eos_token_ids=frozenset(), rng=TorchRandomSource(seed),
-                     round_cfg=RoundConfig(max_nodes=b.max_nodes, max_depth=b.max_depth),
-                     on_round=lambda **kw: rounds.append(kw))
+        res = decode(
+            target=backend,
+            proposer=proposer,
+            verifier=get_verifier(verifier),
+            policy=policy,
+            prompt_ids=prompt,
+            max_new_tokens=new,
+            eos_token_ids=frozenset(),
+            rng=TorchRandomSource(seed),
+            round_cfg=RoundConfig(max_nodes=b.max_nodes, max_depth=b.max_depth),
+            on_round=lambda **kw: rounds.append(kw),
+        )
     finally:
         if capture is not None:
             del backend.prefill
@@ -72,14 +89,30 @@ def autoregressive(env, prompt, new=30):
 
 def early_exit(env, eta=0.0, sampling="beam", policy=GREEDY):
     art = env["adapter"]
-    return EarlyExitProposer(budget=CHAIN, manifest_hash="h", policy=policy, model=env["model"],
-                             checkpoint=target_fingerprint(env["model"]), adapter=art.adapter, exit_layer=1, eta=eta,
-                             sampling=sampling, artifact_manifest=art.manifest)
+    return EarlyExitProposer(
+        budget=CHAIN,
+        manifest_hash="h",
+        policy=policy,
+        model=env["model"],
+        checkpoint=target_fingerprint(env["model"]),
+        adapter=art.adapter,
+        exit_layer=1,
+        eta=eta,
+        sampling=sampling,
+        artifact_manifest=art.manifest,
+    )
 
 
 def layer_skip(env, skip, **kw):
-    return LayerSkipProposer(budget=CHAIN, manifest_hash="h", policy=kw.pop("policy", GREEDY), model=env["model"],
-                             checkpoint=target_fingerprint(env["model"]), skip=skip, **kw)
+    return LayerSkipProposer(
+        budget=CHAIN,
+        manifest_hash="h",
+        policy=kw.pop("policy", GREEDY),
+        model=env["model"],
+        checkpoint=target_fingerprint(env["model"]),
+        skip=skip,
+        **kw,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- partial path
@@ -103,9 +136,15 @@ def test_partial_path_over_every_layer_is_the_target(env):
 
 
 @pytest.mark.parametrize("verifier", ["greedy", "membership"])
-@pytest.mark.parametrize("make", [lambda e: early_exit(e, eta=0.0), lambda e: layer_skip(e, [1, 2], gamma=0.0),
-                                  lambda e: layer_skip(e, [0, 3], gamma=0.05, epsilon=0.05)],
-                         ids=["early_exit", "skip12", "skip03_adaptive"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda e: early_exit(e, eta=0.0),
+        lambda e: layer_skip(e, [1, 2], gamma=0.0),
+        lambda e: layer_skip(e, [0, 3], gamma=0.05, epsilon=0.05),
+    ],
+    ids=["early_exit", "skip12", "skip03_adaptive"],
+)
 def test_greedy_equality(env, make, verifier):
     prompt = env["docs"][33][:6]
     expected = autoregressive(env, prompt)
@@ -134,9 +173,14 @@ def test_skipping_nothing_drafts_the_target_itself(env):
         assert len(r["selection"].accepted_rows) == 4 == r["tree"].num_rows
 
 
-@pytest.mark.parametrize("make,verifier", [(lambda e, pol: early_exit(e, eta=0.0, sampling="iid", policy=pol), "rejection"),
-                                           (lambda e, pol: layer_skip(e, [1], sampling="iid", policy=pol, gamma=0.0),
-                                            "specinfer")], ids=["early_exit", "layer_skip"])
+@pytest.mark.parametrize(
+    "make,verifier",
+    [
+        (lambda e, pol: early_exit(e, eta=0.0, sampling="iid", policy=pol), "rejection"),
+        (lambda e, pol: layer_skip(e, [1], sampling="iid", policy=pol, gamma=0.0), "specinfer"),
+    ],
+    ids=["early_exit", "layer_skip"],
+)
 def test_sampled_chains_carry_q(env, make, verifier):
     policy = SamplingPolicy(temperature=0.9)
     prompt = env["docs"][31][:6]
@@ -173,8 +217,19 @@ def test_confidence_stop_eta(env):
 
 def test_threshold_loop_toy_numbers():
     """0x05A: ema = b1 ema + (1 - b1) rate; candidate = gamma +- eps; gamma = b2 gamma + (1 - b2) candidate."""
-    p = LayerSkipProposer(budget=CHAIN, manifest_hash="h", policy=GREEDY, model=build_tiny_model(seed=0),
-                          checkpoint="c", skip=[1], gamma=0.6, beta1=0.5, beta2=0.9, epsilon=0.01, target_acceptance=0.7)
+    p = LayerSkipProposer(
+        budget=CHAIN,
+        manifest_hash="h",
+        policy=GREEDY,
+        model=build_tiny_model(seed=0),
+        checkpoint="c",
+        skip=[1],
+        gamma=0.6,
+        beta1=0.5,
+        beta2=0.9,
+        epsilon=0.01,
+        target_acceptance=0.7,
+    )
     p.observe_round(4, 1)  # rate 0.25, ema 0.25 <= 0.7: raise
     assert p.acceptance_ema == pytest.approx(0.25) and p.gamma == pytest.approx(0.9 * 0.6 + 0.1 * 0.61)
     g = p.gamma
@@ -246,28 +301,37 @@ def test_adapter_is_attention_and_norms_only_and_target_frozen(env):
 def test_adapter_refused_against_another_target(env):
     other = build_tiny_model(seed=2, num_layers=4)
     with pytest.raises(ArtifactError, match="only valid for the target"):
-        ensure_adapter({**EXIT_OPTS, "artifact": str(env["adapter"].path)}, model=other, tokenizer=None,
-                       target_source="other", progress=False)
+        ensure_adapter(
+            {**EXIT_OPTS, "artifact": str(env["adapter"].path)},
+            model=other,
+            tokenizer=None,
+            target_source="other",
+            progress=False,
+        )
 
 
 def test_skip_search_artifact(env):
     prompt = env["docs"][33][:6]
     opts = {"search": {"trials": 4, "prompts": 1, "max_new_tokens": 8, "depth": 3, "gamma": 0.0}}
-    skip, m = ensure_skip(opts, backend=env["backend"], tokenizer=None, target_source="tiny4", prompts=[prompt],
-                          progress=False)
+    skip, m = ensure_skip(
+        opts, backend=env["backend"], tokenizer=None, target_source="tiny4", prompts=[prompt], progress=False
+    )
     assert m["kind"] == "layer_skip" and m["skip"] == skip and all(0 <= i < 4 for i in skip)
     assert len(m["trials"]) >= 1 and {"ms_per_token", "mean_committed_per_round"} <= set(m["objective"])
     assert m["objective"]["ms_per_token"] == min(t["ms_per_token"] for t in m["trials"])
     assert m["ar_reference"]["ms_per_token"] > 0 and m["token_budget"] == 4 * 1 * 8
-    again, _ = ensure_skip(opts, backend=env["backend"], tokenizer=None, target_source="tiny4", prompts=[prompt],
-                           progress=False)
+    again, _ = ensure_skip(
+        opts, backend=env["backend"], tokenizer=None, target_source="tiny4", prompts=[prompt], progress=False
+    )
     assert again == skip  # loaded, not searched again
-    path = artifact_dir("layer_skip", target_hash=target_fingerprint(env["model"]),
-                        recipe=recipe_key(SearchRecipe(**opts["search"])))
+    path = artifact_dir(
+        "layer_skip", target_hash=target_fingerprint(env["model"]), recipe=recipe_key(SearchRecipe(**opts["search"]))
+    )
     other = CausalLMBackend(build_tiny_model(seed=2, num_layers=4))
     with pytest.raises(ArtifactError, match="only valid for the target"):
-        ensure_skip({**opts, "artifact": str(path)}, backend=other, tokenizer=None, target_source="other",
-                    progress=False)
+        ensure_skip(
+            {**opts, "artifact": str(path)}, backend=other, tokenizer=None, target_source="other", progress=False
+        )
 
 
 def test_search_warm_starts_from_the_least_influential_layers(env):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import random
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
@@ -50,15 +50,18 @@ def test_passing_h_as_p_is_refused_with_conversion_hint():
     assert "1.54" in msg and "conditional" in msg and "h_j" in msg and "p_j = h_j" in msg
 
 
-@pytest.mark.parametrize("p, reason", [
-    ([0.5, float("inf")], "not finite"),
-    ([float("nan")], "not finite"),
-    ([0.5, -0.01], r"\[0, 1\]"),
-    ([1.5], r"\[0, 1\]"),
-    ([0.6, 0.5], "mass"),
-    ([], "at least one"),
-    ([True], "number"),
-])
+@pytest.mark.parametrize(
+    "p, reason",
+    [
+        ([0.5, float("inf")], "not finite"),
+        ([float("nan")], "not finite"),
+        ([0.5, -0.01], r"\[0, 1\]"),
+        ([1.5], r"\[0, 1\]"),
+        ([0.6, 0.5], "mass"),
+        ([], "at least one"),
+        ([True], "number"),
+    ],
+)
 def test_invalid_acceptance_refused_with_reason(p, reason):
     with pytest.raises(ValueError, match=reason):
         validate_selected_child_probabilities(p)
@@ -76,8 +79,9 @@ def _wilson_closed_form(k: int, n: int, z: float) -> tuple[float, float]:
     return centre - half, centre + half
 
 
-@pytest.mark.parametrize("k, n, z", [(7, 10, 1.96), (0, 10, 1.96), (10, 10, 1.96), (410, 500, 1.96),
-                                     (43, 500, 2.576), (1, 1, 1.0)])
+@pytest.mark.parametrize(
+    "k, n, z", [(7, 10, 1.96), (0, 10, 1.96), (10, 10, 1.96), (410, 500, 1.96), (43, 500, 2.576), (1, 1, 1.0)]
+)
 def test_wilson_interval_matches_closed_form(k, n, z):
     lo, hi = wilson_interval(k, n, z=z)
     want_lo, want_hi = _wilson_closed_form(k, n, z)
@@ -109,15 +113,18 @@ def test_expected_tokens_by_hand():
     assert expected_tokens([-1], None, TOY_P) == 1.0
 
 
-@pytest.mark.parametrize("parents, ranks, reason", [
-    ([0, 0], None, "root"),
-    ([-1, 1], None, "earlier node"),
-    ([-1, 0, 3, 0], None, "earlier node"),
-    ([-1, 0], [0, 2], "ranks 1..1"),  # a rank-2 child without the rank-1 sibling
-    ([-1, 0, 0], [0, 1, 1], "ranks 1..2"),
-    ([-1, 0, 0, 0, 0], None, "only 3 slots"),
-    ([-1, 0], [1, 1], "root's rank"),
-])
+@pytest.mark.parametrize(
+    "parents, ranks, reason",
+    [
+        ([0, 0], None, "root"),
+        ([-1, 1], None, "earlier node"),
+        ([-1, 0, 3, 0], None, "earlier node"),
+        ([-1, 0], [0, 2], "ranks 1..1"),  # a rank-2 child without the rank-1 sibling
+        ([-1, 0, 0], [0, 1, 1], "ranks 1..2"),
+        ([-1, 0, 0, 0, 0], None, "only 3 slots"),
+        ([-1, 0], [1, 1], "root's rank"),
+    ],
+)
 def test_bad_trees_refused(parents, ranks, reason):
     with pytest.raises(ValueError, match=reason):
         expected_tokens(parents, ranks, TOY_P)
@@ -181,7 +188,7 @@ def test_dp_table_shape_and_bounds():
 def _ordered_trees(k: int, d: int, b: int):
     """All ordered trees with exactly k nodes, depth <= d, <= b children per node (nested tuples)."""
 
-    @lru_cache(maxsize=None)
+    @cache
     def trees(k: int, d: int) -> tuple:
         if k == 1:
             return ((),)
@@ -189,7 +196,7 @@ def _ordered_trees(k: int, d: int, b: int):
             return ()
         return forests(k - 1, d - 1, b)
 
-    @lru_cache(maxsize=None)
+    @cache
     def forests(k: int, d: int, slots: int) -> tuple:
         if k == 0:
             return ((),)
@@ -227,14 +234,17 @@ def test_tree_enumeration_counts():
     assert len(_ordered_trees(4, 1, 3)) == 1 and len(_ordered_trees(5, 1, 3)) == 0
 
 
-@pytest.mark.parametrize("acceptance", [
-    TOY_P,
-    [0.82],  # chains only
-    [0.3, 0.6],  # p not decreasing: a wider tree may beat the chain
-    [0.5, 0.0, 0.4],  # a useless slot
-    [0.6, 0.25, 0.1, 0.05],
-    [0.0],  # nothing is ever accepted: G = 1
-])
+@pytest.mark.parametrize(
+    "acceptance",
+    [
+        TOY_P,
+        [0.82],  # chains only
+        [0.3, 0.6],  # p not decreasing: a wider tree may beat the chain
+        [0.5, 0.0, 0.4],  # a useless slot
+        [0.6, 0.25, 0.1, 0.05],
+        [0.0],  # nothing is ever accepted: G = 1
+    ],
+)
 def test_dp_agrees_with_enumeration_of_all_small_trees(acceptance):
     N, D = 7, 4
     table = optimize_tree(acceptance=acceptance, max_nodes=N, max_depth=D)
@@ -327,8 +337,7 @@ def test_hardware_aware_equals_brute_force_over_table():
         t = [1.0] + sorted(1.0 + rng.uniform(0, 2.0) for _ in range(23))
         c, c0 = rng.uniform(0, 0.3), rng.uniform(0, 0.5)
         choice = select_hardware_aware(table, verify_cost=t, draft_cost=c, draft_base_cost=c0)
-        brute = min(_time(table, n, d, t, c, c0) for n in range(2, 25) for d in range(7)
-                    if table.g(n, d) is not None)
+        brute = min(_time(table, n, d, t, c, c0) for n in range(2, 25) for d in range(7) if table.g(n, d) is not None)
         assert choice.time_per_token == pytest.approx(brute, abs=1e-12)
         assert choice.time_per_token == pytest.approx(_time(table, choice.n, choice.d, t, c, c0), abs=1e-12)
 
@@ -351,14 +360,17 @@ def test_draft_base_cost_pushes_toward_larger_trees():
     assert dear.expected_tokens >= cheap.expected_tokens
 
 
-@pytest.mark.parametrize("kwargs, reason", [
-    (dict(verify_cost=[2.0] + TOY_T[1:], draft_cost=TOY_C), "t\\(1\\) = 1"),
-    (dict(verify_cost=TOY_T[:7], draft_cost=TOY_C), "t\\(1..8\\)"),
-    (dict(verify_cost=TOY_T[:3] + [float("nan")] + TOY_T[4:], draft_cost=TOY_C), "t\\(4\\)"),
-    (dict(verify_cost=TOY_T, draft_cost=-0.1), "draft_cost"),
-    (dict(verify_cost=TOY_T, draft_cost=TOY_C, draft_base_cost=float("inf")), "draft_base_cost"),
-    (dict(verify_cost=TOY_T, draft_cost=TOY_C, min_nodes=0), "min_nodes"),
-])
+@pytest.mark.parametrize(
+    "kwargs, reason",
+    [
+        (dict(verify_cost=[2.0] + TOY_T[1:], draft_cost=TOY_C), "t\\(1\\) = 1"),
+        (dict(verify_cost=TOY_T[:7], draft_cost=TOY_C), "t\\(1..8\\)"),
+        (dict(verify_cost=TOY_T[:3] + [float("nan")] + TOY_T[4:], draft_cost=TOY_C), "t\\(4\\)"),
+        (dict(verify_cost=TOY_T, draft_cost=-0.1), "draft_cost"),
+        (dict(verify_cost=TOY_T, draft_cost=TOY_C, draft_base_cost=float("inf")), "draft_base_cost"),
+        (dict(verify_cost=TOY_T, draft_cost=TOY_C, min_nodes=0), "min_nodes"),
+    ],
+)
 def test_hardware_aware_refuses_bad_costs(kwargs, reason):
     table = optimize_tree(acceptance=TOY_P, max_nodes=8, max_depth=4)
     with pytest.raises(ValueError, match=reason):

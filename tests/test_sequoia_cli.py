@@ -10,8 +10,13 @@ import pytest
 from harness import cli
 from harness.topology.sequoia_cli import main
 
-DONE_WHEN = ["acceptance=[0.82,0.0864,0.022464]", "max_nodes=8", "max_depth=4",
-             "verify_cost=[1.0,1.0,1.03,1.08,1.16,1.28,1.43,1.62]", "draft_cost=0.09"]
+DONE_WHEN = [
+    "acceptance=[0.82,0.0864,0.022464]",
+    "max_nodes=8",
+    "max_depth=4",
+    "verify_cost=[1.0,1.0,1.03,1.08,1.16,1.28,1.43,1.62]",
+    "draft_cost=0.09",
+]
 CHAIN5_G = 1 + 0.82 + 0.82**2 + 0.82**3 + 0.82**4
 
 
@@ -68,7 +73,6 @@ def test_without_costs_reports_max_g_tree(capsys):
     assert out["expected_tokens"] == max(g for n, d, g in out["expected_tokens_table"] if g is not None)
 
 
-
 def test_without_costs_falls_back_to_largest_feasible_n(capsys):
     rc, out, _ = _run(capsys, ["acceptance=[0.5]", "max_nodes=8", "max_depth=2"])
     assert rc == 0
@@ -78,8 +82,16 @@ def test_without_costs_falls_back_to_largest_feasible_n(capsys):
 
 def test_stored_profile_is_not_synthetic(tmp_path, capsys):
     path = tmp_path / "profile.json"
-    path.write_text(json.dumps({"verify_cost": [1.0, 1.0, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62],
-                                "draft_cost": 0.09, "draft_base_cost": 0.0, "device": "cpu"}))
+    path.write_text(
+        json.dumps(
+            {
+                "verify_cost": [1.0, 1.0, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62],
+                "draft_cost": 0.09,
+                "draft_base_cost": 0.0,
+                "device": "cpu",
+            }
+        )
+    )
     rc, out, _ = _run(capsys, [*DONE_WHEN[:3], f"profile={path}"])
     assert rc == 0
     assert out["synthetic"] is False and out["cost_source"] == str(path)
@@ -88,8 +100,11 @@ def test_stored_profile_is_not_synthetic(tmp_path, capsys):
 
 def test_profile_marked_synthetic_stays_synthetic(tmp_path, capsys):
     path = tmp_path / "profile.json"
-    path.write_text(json.dumps({"verify_cost": [1.0, 1.0, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62],
-                                "draft_cost": 0.09, "synthetic": True}))
+    path.write_text(
+        json.dumps(
+            {"verify_cost": [1.0, 1.0, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62], "draft_cost": 0.09, "synthetic": True}
+        )
+    )
     rc, out, _ = _run(capsys, [*DONE_WHEN[:3], f"profile={path}"])
     assert rc == 0 and out["synthetic"] is True
 
@@ -104,27 +119,32 @@ def test_draft_base_cost_changes_the_time(capsys):
     assert chosen["time_per_token"] > 0.4348
 
 
-@pytest.mark.parametrize("argv, reason", [
-    (DONE_WHEN[:3] + ["verify_cost=[1.0,1.0]"], "both verify_cost"),
-    (DONE_WHEN[:3] + ["draft_cost=0.09"], "both verify_cost"),
-    (DONE_WHEN + ["profile=/nonexistent/profile.json"], "already gives the costs"),
-    (DONE_WHEN[:3] + ["profile=/nonexistent/profile.json"], "cannot read hardware profile"),
-    (DONE_WHEN + ["colour=blue"], "unknown key"),
-    (DONE_WHEN + ["max_nodes=9"], "twice"),
-    (["acceptance=[0.82", "max_nodes=8", "max_depth=4"], "cannot parse"),
-    (["acceptance=0.82", "max_nodes=8", "max_depth=4"], "must be a list"),
-    (["acceptance=[0.82,abc]", "max_nodes=8", "max_depth=4"], "must be a number"),
-    (["acceptance=[0.82]", "max_nodes=8.5", "max_depth=4"], "max_nodes must be an integer"),
-    (["acceptance=[0.82]", "max_depth=4"], "max_nodes=<int> is required"),
-    (["acceptance=[0.82]", "h=[0.82]", "max_nodes=8", "max_depth=4"], "exactly one"),
-    (["max_nodes=8", "max_depth=4"], "exactly one"),
-    (["acceptance=[0.82]", "max_nodes", "max_depth=4"], "key=value"),
-    (["acceptance=[0.82]", "max_nodes=0", "max_depth=4"], "max_nodes must be an integer >= 1"),
-    (["acceptance=[0.82]", "max_nodes=8", "max_depth=4", "verify_cost=[2.0,1,1,1,1,1,1,1]", "draft_cost=0.1"],
-     "t\\(1\\) = 1"),
-    (["acceptance=[0.82]", "max_nodes=8", "max_depth=4", "verify_cost=[1.0,1.0]", "draft_cost=0.1"], "t\\(1..8\\)"),
-    (["acceptance=[0.82]", "max_nodes=8", "max_depth=4", "min_nodes=1"], "only with costs"),
-])
+@pytest.mark.parametrize(
+    "argv, reason",
+    [
+        (DONE_WHEN[:3] + ["verify_cost=[1.0,1.0]"], "both verify_cost"),
+        (DONE_WHEN[:3] + ["draft_cost=0.09"], "both verify_cost"),
+        (DONE_WHEN + ["profile=/nonexistent/profile.json"], "already gives the costs"),
+        (DONE_WHEN[:3] + ["profile=/nonexistent/profile.json"], "cannot read hardware profile"),
+        (DONE_WHEN + ["colour=blue"], "unknown key"),
+        (DONE_WHEN + ["max_nodes=9"], "twice"),
+        (["acceptance=[0.82", "max_nodes=8", "max_depth=4"], "cannot parse"),
+        (["acceptance=0.82", "max_nodes=8", "max_depth=4"], "must be a list"),
+        (["acceptance=[0.82,abc]", "max_nodes=8", "max_depth=4"], "must be a number"),
+        (["acceptance=[0.82]", "max_nodes=8.5", "max_depth=4"], "max_nodes must be an integer"),
+        (["acceptance=[0.82]", "max_depth=4"], "max_nodes=<int> is required"),
+        (["acceptance=[0.82]", "h=[0.82]", "max_nodes=8", "max_depth=4"], "exactly one"),
+        (["max_nodes=8", "max_depth=4"], "exactly one"),
+        (["acceptance=[0.82]", "max_nodes", "max_depth=4"], "key=value"),
+        (["acceptance=[0.82]", "max_nodes=0", "max_depth=4"], "max_nodes must be an integer >= 1"),
+        (
+            ["acceptance=[0.82]", "max_nodes=8", "max_depth=4", "verify_cost=[2.0,1,1,1,1,1,1,1]", "draft_cost=0.1"],
+            "t\\(1\\) = 1",
+        ),
+        (["acceptance=[0.82]", "max_nodes=8", "max_depth=4", "verify_cost=[1.0,1.0]", "draft_cost=0.1"], "t\\(1..8\\)"),
+        (["acceptance=[0.82]", "max_nodes=8", "max_depth=4", "min_nodes=1"], "only with costs"),
+    ],
+)
 def test_bad_input_exits_2_with_reason(capsys, argv, reason):
     rc, _, err = _run(capsys, argv)
     assert rc == 2

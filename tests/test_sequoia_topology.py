@@ -37,8 +37,7 @@ def test_shaped_tree_follows_the_parent_array_level_by_level():
     q = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
     q_level, calls = _const_levels(q)
     shape = [-1, 0, 0, -1, 1]  # frontier: rows 0, 3; row 0: rows 1, 2; row 1: row 4
-    res = sample_shaped_tree_proposal(q_level, parents=shape, relation="without_replacement",
-                                      rng=TorchRandomSource(0))
+    res = sample_shaped_tree_proposal(q_level, parents=shape, relation="without_replacement", rng=TorchRandomSource(0))
     assert [n.parent for n in res.nodes] == shape  # shape order kept (no duplicates without replacement)
     assert res.topology == "tree" and res.sampling_relation == "without_replacement"
     assert len(calls) == 3 and [len(c) for c in calls] == [1, 1, 1]  # depth 1: (), depth 2: row 0, depth 3: row 1
@@ -91,8 +90,9 @@ def test_shaped_tree_with_sequoia_verifier_is_exact():
     target = PrefixLaws(vocab=3, seed=11, zeros=1)
 
     def build(rng):
-        return sample_shaped_tree_proposal(q.level, parents=shape, relation="without_replacement", rng=rng,
-                                           source="oracle", manifest_hash="oracle")
+        return sample_shaped_tree_proposal(
+            q.level, parents=shape, relation="without_replacement", rng=rng, source="oracle", manifest_hash="oracle"
+        )
 
     case = OracleCase(name="sequoia-shaped", proposal_builder=build, target=target, length=4)
     row = check_case(get_verifier("sequoia"), case)
@@ -114,8 +114,13 @@ def test_draft_model_samples_an_explicit_tree_and_stays_greedy_exact():
     draft_model.config.num_hidden_layers = 1
     shape = (-1, 0, 1, 0, -1)
     budget = Budget(shape="tree", max_nodes=5, max_depth=3, parents=shape)
-    prop = DraftModelProposer(budget=budget, manifest_hash="h", policy=SamplingPolicy(temperature=0.8),
-                              backend=CausalLMBackend(draft_model), sampling="without_replacement")
+    prop = DraftModelProposer(
+        budget=budget,
+        manifest_hash="h",
+        policy=SamplingPolicy(temperature=0.8),
+        backend=CausalLMBackend(draft_model),
+        sampling="without_replacement",
+    )
     prompt = [5, 17, 33, 8, 5, 17]
     prop.start(prompt)
     res = prop.propose(prompt, TorchRandomSource(3))
@@ -124,16 +129,29 @@ def test_draft_model_samples_an_explicit_tree_and_stays_greedy_exact():
     assert prop.seq.cache_len == len(prompt)  # branching rows dropped from the draft cache
 
     greedy = SamplingPolicy()
-    prop_g = DraftModelProposer(budget=budget, manifest_hash="h", policy=greedy,
-                                backend=CausalLMBackend(draft_model), sampling="beam")
+    prop_g = DraftModelProposer(
+        budget=budget, manifest_hash="h", policy=greedy, backend=CausalLMBackend(draft_model), sampling="beam"
+    )
     null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h")
-    kw = dict(target=target, verifier=get_verifier("greedy"), policy=greedy, prompt_ids=prompt, max_new_tokens=24,
-              eos_token_ids=frozenset(), rng=TorchRandomSource(0), round_cfg=RoundConfig(max_nodes=5, max_depth=3))
+    kw = dict(
+        target=target,
+        verifier=get_verifier("greedy"),
+        policy=greedy,
+        prompt_ids=prompt,
+        max_new_tokens=24,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(0),
+        round_cfg=RoundConfig(max_nodes=5, max_depth=3),
+    )
     assert decode(proposer=prop_g, **kw).tokens == decode(proposer=null, **kw).tokens
 
     with pytest.raises(ValueError, match="over max_nodes=2"):
-        DraftModelProposer(budget=Budget(shape="tree", max_nodes=2, max_depth=3, parents=shape), manifest_hash="h",
-                           policy=greedy, backend=CausalLMBackend(draft_model))
+        DraftModelProposer(
+            budget=Budget(shape="tree", max_nodes=2, max_depth=3, parents=shape),
+            manifest_hash="h",
+            policy=greedy,
+            backend=CausalLMBackend(draft_model),
+        )
 
 
 # ---------------------------------------------------------------- the tree artifact
@@ -141,8 +159,15 @@ def test_draft_model_samples_an_explicit_tree_and_stays_greedy_exact():
 
 def _toy(synthetic=False):
     calibration = {"kind": "sequoia_calibration", "acceptance": TOY_P, "hash": "cal0"}
-    profile = {"kind": "sequoia_hardware_profile", "verify_cost": TOY_T, "draft_cost": 0.09,
-               "draft_base_cost": 0.0, "t1_ms": 30.0, "synthetic": synthetic, "hash": "prof0"}
+    profile = {
+        "kind": "sequoia_hardware_profile",
+        "verify_cost": TOY_T,
+        "draft_cost": 0.09,
+        "draft_base_cost": 0.0,
+        "t1_ms": 30.0,
+        "synthetic": synthetic,
+        "hash": "prof0",
+    }
     return calibration, profile
 
 
@@ -185,12 +210,22 @@ def test_search_bounds_count_the_root():
     from omegaconf import OmegaConf
 
     assert search_bounds(OmegaConf.create({"max_nodes": 8, "max_depth": 6, "min_nodes": 2})) == {
-        "max_rows": 8, "max_nodes": 9, "max_depth": 6, "min_nodes": 2}
+        "max_rows": 8,
+        "max_nodes": 9,
+        "max_depth": 6,
+        "min_nodes": 2,
+    }
 
 
 def test_cost_model_error_from_a_record():
-    rec = {"metrics": {"sequoia_predicted_time_per_token_ms": 10.0, "time_per_committed_token_ms": 12.5,
-                       "sequoia_predicted_expected_tokens": 2.0, "mean_committed_per_round": 1.5}}
+    rec = {
+        "metrics": {
+            "sequoia_predicted_time_per_token_ms": 10.0,
+            "time_per_committed_token_ms": 12.5,
+            "sequoia_predicted_expected_tokens": 2.0,
+            "mean_committed_per_round": 1.5,
+        }
+    }
     err = cost_model_error(rec)
     assert err["time_relative_error"] == pytest.approx(0.25)
     assert err["tokens_relative_error"] == pytest.approx(-0.25)
@@ -200,12 +235,28 @@ def test_cost_model_error_from_a_record():
 
 # ---------------------------------------------------------------- `harness run` end to end
 
-RUN = ["model=tiny", "proposer=draft_model", "proposer.sampling=without_replacement", "proposer.model.num_layers=1",
-       "topology=sequoia", "verifier=sequoia", "generation.temperature=0.7", "threads=1",
-       "topology.max_nodes=4", "topology.max_depth=3",
-       "topology.calibration.parents=24", "topology.calibration.branches=4", "topology.calibration.max_new_tokens=12",
-       "topology.profile.repeats=2", "topology.profile.warmup=0", "topology.profile.prefix_len=24",
-       "gates.chi2_samples=150", "workload.limit=1", "generation.max_new_tokens=8", "generation.warmup_tokens=2"]
+RUN = [
+    "model=tiny",
+    "proposer=draft_model",
+    "proposer.sampling=without_replacement",
+    "proposer.model.num_layers=1",
+    "topology=sequoia",
+    "verifier=sequoia",
+    "generation.temperature=0.7",
+    "threads=1",
+    "topology.max_nodes=4",
+    "topology.max_depth=3",
+    "topology.calibration.parents=24",
+    "topology.calibration.branches=4",
+    "topology.calibration.max_new_tokens=12",
+    "topology.profile.repeats=2",
+    "topology.profile.warmup=0",
+    "topology.profile.prefix_len=24",
+    "gates.chi2_samples=150",
+    "workload.limit=1",
+    "generation.max_new_tokens=8",
+    "generation.warmup_tokens=2",
+]
 
 
 def compose(overrides):
@@ -254,7 +305,8 @@ def test_harness_run_topology_sequoia_end_to_end(first_run):
     assert err["measured_time_per_token_ms"] == m["time_per_committed_token_ms"] > 0
     assert err["time_relative_error"] == pytest.approx(
         (m["time_per_committed_token_ms"] - m["sequoia_predicted_time_per_token_ms"])
-        / m["sequoia_predicted_time_per_token_ms"])
+        / m["sequoia_predicted_time_per_token_ms"]
+    )
     gates = record["gates"]
     assert gates["oracle"]["passed"] and gates["equivalence"]["passed"] and gates["statistical"]["passed"]
     assert gates["negotiation"]["topology"] == "tree" and gates["negotiation"]["verifier"] == "sequoia"
@@ -267,7 +319,10 @@ def test_next_run_reuses_the_matching_artifacts(first_run, monkeypatch):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp / "cache"))
     record2 = run_job(compose(RUN), run_dir=tmp / "run2")
     assert record2["metrics"]["sequoia_stages"] == {
-        "calibration": "loaded (cache)", "profile": "loaded (cache)", "tree": "loaded (cache)"}
+        "calibration": "loaded (cache)",
+        "profile": "loaded (cache)",
+        "tree": "loaded (cache)",
+    }
     assert record2["artifacts"] == record["artifacts"]
 
 

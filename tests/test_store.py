@@ -100,8 +100,15 @@ def test_aggregate_flattens_one_row_per_run():
     assert df["run_id"].is_unique
     assert list(df["run_id"]) == sorted(df["run_id"])
     assert df["section"].value_counts().to_dict() == {"exact": 8, "heuristic": 1, "cpu_budget_artifact": 1}
-    for col in (*AXES, *[m for m in REQUIRED_METRICS if m != "round_cost_ms"], "round_cost_ms.target_verify",
-                "config.topology.max_nodes", "hardware.torch", "artifacts.tree", "record_dir"):
+    for col in (
+        *AXES,
+        *[m for m in REQUIRED_METRICS if m != "round_cost_ms"],
+        "round_cost_ms.target_verify",
+        "config.topology.max_nodes",
+        "hardware.torch",
+        "artifacts.tree",
+        "record_dir",
+    ):
         assert col in df.columns, col
     row = df.set_index("run_id").loc["fx03-hydra-greedy-t0-b1"]
     rec = load_record(HYDRA)

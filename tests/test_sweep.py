@@ -37,8 +37,12 @@ WANDB_CLI = Path(sys.executable).parent / "wandb"
 def env(tmp_path, monkeypatch):
     """HARNESS_CACHE, W&B folders and the working directory inside tmp_path."""
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
-    for var, sub in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"),
-                     ("WANDB_CONFIG_DIR", "config"), ("WANDB_ARTIFACT_DIR", "artifacts")):
+    for var, sub in (
+        ("WANDB_DATA_DIR", "data"),
+        ("WANDB_CACHE_DIR", "cache"),
+        ("WANDB_CONFIG_DIR", "config"),
+        ("WANDB_ARTIFACT_DIR", "artifacts"),
+    ):
         monkeypatch.setenv(var, str(tmp_path / "wandb-home" / sub))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -88,8 +92,15 @@ def _jobs_of(name: str) -> list[list[str]]:
 
 def test_every_sweep_file_composes(hydra_conf):
     names = list_sweeps()
-    assert {"smoke", "prompt_lookup_topologies", "temperature", "tree_vs_hardware", "heads",
-            "batch_scaling", "source_selection"} <= set(names)
+    assert {
+        "smoke",
+        "prompt_lookup_topologies",
+        "temperature",
+        "tree_vs_hardware",
+        "heads",
+        "batch_scaling",
+        "source_selection",
+    } <= set(names)
     assert "_common" not in names
     for name in names:
         cfg = _compose([f"+sweep={name}"])
@@ -150,7 +161,9 @@ def test_source_selection_pairs_each_workload_with_its_datastore(hydra_conf):
     assert seen[("humaneval", "rest", (), 0.0)] == ("greedy", ("stdlib", "humaneval"))
     assert seen[("sharegpt", "rest", (), 0.7)] == ("membership", ("sharegpt", "sharegpt_heldout"))
     assert seen[("sharegpt", "merged", ("draft_model", "rest", "prompt_lookup"), 0.0)] == (
-        "greedy", ("sharegpt", "sharegpt_heldout"))
+        "greedy",
+        ("sharegpt", "sharegpt_heldout"),
+    )
     assert seen[("humaneval", "draft_model", (), 0.7)] == ("specinfer", None)
     assert seen[("sharegpt", "prompt_lookup", (), 0.7)] == ("membership", None)
 
@@ -161,30 +174,54 @@ def test_heads_sweep_runs_every_head_and_self_speculative_proposer_and_the_hydra
         cfg = _compose(["+sweep=heads", *overrides])
         p = cfg.proposer
         arms.setdefault(cfg.workload.name, set()).add(
-            (p.name, p.get("mlp_layers"), p.get("distill"), p.get("prefix_attention")))
+            (p.name, p.get("mlp_layers"), p.get("distill"), p.get("prefix_attention"))
+        )
         assert (cfg.topology.name, cfg.verifier.name, cfg.generation.temperature) == ("sequence", "greedy", 0.0)
-    expected = {("medusa", 1, False, False), ("hydra", 1, False, False), ("clover", 1, False, False),
-                ("early_exit", None, None, None), ("layer_skip", None, None, None),
-                ("hydra", 4, False, False), ("hydra", 1, True, False), ("hydra", 1, False, True)}
+    expected = {
+        ("medusa", 1, False, False),
+        ("hydra", 1, False, False),
+        ("clover", 1, False, False),
+        ("early_exit", None, None, None),
+        ("layer_skip", None, None, None),
+        ("hydra", 4, False, False),
+        ("hydra", 1, True, False),
+        ("hydra", 1, False, True),
+    }
     assert arms == {"humaneval": expected, "sharegpt": expected}
 
 
 def test_job_folder_is_the_override_dirname_without_launch_keys(hydra_conf):
-    cfg = _compose(["+sweep=smoke", "proposer=draft_model", "verifier=greedy", "concurrent_jobs=2",
-                    "tracking=wandb", "workload.limit=2"])
+    cfg = _compose(
+        [
+            "+sweep=smoke",
+            "proposer=draft_model",
+            "verifier=greedy",
+            "concurrent_jobs=2",
+            "tracking=wandb",
+            "workload.limit=2",
+        ]
+    )
     # launch-only keys (sweep name, concurrency, tracking) stay out: a re-launch finds the folder
-    assert cfg.hydra.sweep.subdir == cfg.hydra.job.override_dirname == (
-        "proposer=draft_model,verifier=greedy,workload.limit=2")
+    assert (
+        cfg.hydra.sweep.subdir
+        == cfg.hydra.job.override_dirname
+        == ("proposer=draft_model,verifier=greedy,workload.limit=2")
+    )
 
 
 def test_sweep_argv_maps_launchers_and_keeps_user_overrides_last():
-    assert sweep_argv("smoke", ["verifier=greedy"]) == ["-m", "+sweep=smoke", "hydra/launcher=basic",
-                                                        "verifier=greedy"]
+    assert sweep_argv("smoke", ["verifier=greedy"]) == ["-m", "+sweep=smoke", "hydra/launcher=basic", "verifier=greedy"]
     assert sweep_argv("smoke", ["launcher=joblib", "concurrent_jobs=2"]) == [
-        "-m", "+sweep=smoke", "hydra/launcher=joblib", "hydra.launcher.n_jobs=${concurrent_jobs}",
-        "concurrent_jobs=2"]
+        "-m",
+        "+sweep=smoke",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=${concurrent_jobs}",
+        "concurrent_jobs=2",
+    ]
     assert sweep_argv("smoke", ["launcher=submitit_slurm"])[2:] == [
-        "hydra/launcher=submitit_slurm", "hydra.launcher.array_parallelism=${concurrent_jobs}"]
+        "hydra/launcher=submitit_slurm",
+        "hydra.launcher.array_parallelism=${concurrent_jobs}",
+    ]
     with pytest.raises(ValueError, match=r"unknown sweep 'nope'; expected one of \["):
         sweep_argv("nope", [])
     with pytest.raises(ValueError, match=r"launcher must be one of .*; got 'ray'"):
@@ -192,13 +229,16 @@ def test_sweep_argv_maps_launchers_and_keeps_user_overrides_last():
     assert set(LAUNCHERS) == {"basic", "joblib", "submitit_local", "submitit_slurm"}
 
 
-@pytest.mark.parametrize("launcher, extra, expected", [
-    ("basic", ["concurrent_jobs=2"], 1),  # the basic launcher runs one job at a time whatever is asked
-    ("joblib", ["concurrent_jobs=2"], 2),
-    ("joblib", [], 1),
-    ("submitit_local", ["concurrent_jobs=3"], 3),  # batches of 3, all started together
-    ("submitit_slurm", ["concurrent_jobs=4"], 4),
-])
+@pytest.mark.parametrize(
+    "launcher, extra, expected",
+    [
+        ("basic", ["concurrent_jobs=2"], 1),  # the basic launcher runs one job at a time whatever is asked
+        ("joblib", ["concurrent_jobs=2"], 2),
+        ("joblib", [], 1),
+        ("submitit_local", ["concurrent_jobs=3"], 3),  # batches of 3, all started together
+        ("submitit_slurm", ["concurrent_jobs=4"], 4),
+    ],
+)
 def test_launcher_overrides_compose_and_bound_concurrency(hydra_conf, launcher, extra, expected):
     """The composed Hydra config of `harness sweep smoke launcher=X` gives the recorded width."""
     overrides = sweep_argv("smoke", [f"launcher={launcher}", *extra])[1:]  # compose has no -m
@@ -217,18 +257,27 @@ def _hydra(launcher: dict, max_batch_size=None):
     return OmegaConf.create({"launcher": launcher, "sweeper": {"max_batch_size": max_batch_size}})
 
 
-@pytest.mark.parametrize("launcher, batch, expected", [
-    ({"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}, None, 1),
-    ({"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}, 4, 1),
-    ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 2}, 1, 1),
-    ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 2}, 4, 2),
-    ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 3}, 3, 3),
-    ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": -1}, 2, 2),
-    ({"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"}, 1, 1),
-    ({"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"}, None, None),
-    ({"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
-      "array_parallelism": 4}, 8, 4),
-])
+@pytest.mark.parametrize(
+    "launcher, batch, expected",
+    [
+        ({"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}, None, 1),
+        ({"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}, 4, 1),
+        ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 2}, 1, 1),
+        ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 2}, 4, 2),
+        ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 3}, 3, 3),
+        ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": -1}, 2, 2),
+        ({"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"}, 1, 1),
+        ({"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"}, None, None),
+        (
+            {
+                "_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
+                "array_parallelism": 4,
+            },
+            8,
+            4,
+        ),
+    ],
+)
 def test_launcher_concurrency(launcher, batch, expected):
     assert launcher_concurrency(_hydra(launcher, batch)) == expected
 
@@ -255,8 +304,12 @@ def test_relaunch_skips_finished_reruns_removed_and_lists_failures(env):
     (rejection needs temperature > 0). The oracle gate is off here only to keep this test fast;
     the slow tests run every gate."""
     sweep_dir = env / "multirun" / "smoke"
-    common = ["launcher=joblib", "proposer=prompt_lookup", "gates.oracle=false",
-              "hydra.callbacks.harness_sweep.report=false"]
+    common = [
+        "launcher=joblib",
+        "proposer=prompt_lookup",
+        "gates.oracle=false",
+        "hydra.callbacks.harness_sweep.report=false",
+    ]
     args = [*common, "verifier=greedy,rejection"]
     job = f"gates.oracle=False,{GREEDY}"
     refused = f"gates.oracle=False,{GREEDY.replace('greedy', 'rejection')}"
@@ -304,8 +357,13 @@ def test_a_changed_manifest_reruns_the_job(env, tmp_path):
     from harness.manifest import job_manifest_hash
 
     sweep_dir = env / "multirun" / "smoke"
-    args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false",
-            "hydra.callbacks.harness_sweep.report=false"]
+    args = [
+        "launcher=basic",
+        "proposer=prompt_lookup",
+        "verifier=greedy",
+        "gates.enabled=false",
+        "hydra.callbacks.harness_sweep.report=false",
+    ]
     rc, summary = launch(sweep_dir, *args)
     assert rc == 0 and len(summary["ran"]) == 1
     path = sweep_dir / summary["ran"][0] / "record.json"
@@ -317,8 +375,9 @@ def test_a_changed_manifest_reruns_the_job(env, tmp_path):
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["+sweep=smoke", "proposer=prompt_lookup", "verifier=greedy",
-                                           "gates.enabled=false"])
+        cfg = compose(
+            "config", overrides=["+sweep=smoke", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
+        )
     cfg.concurrent_jobs = 1
     assert job_manifest_hash(cfg) == record["manifest_hash"]
     record["manifest_hash"] = "0" * 16
@@ -330,8 +389,13 @@ def test_a_changed_manifest_reruns_the_job(env, tmp_path):
 
 def _wandb_summary(job_dir: Path) -> dict:
     (run_file,) = job_dir.glob("wandb/offline-run-*/run-*.wandb")
-    res = subprocess.run([str(WANDB_CLI), "leet", "inspect", "--summary", "--json", str(run_file)],
-                         capture_output=True, text=True, timeout=120, check=True)
+    res = subprocess.run(
+        [str(WANDB_CLI), "leet", "inspect", "--summary", "--json", str(run_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(res.stdout)
 
 
@@ -369,8 +433,7 @@ def test_submitit_local_sweep_writes_records_wandb_runs_and_store(env):
     # and skips both jobs
     from harness import runner
 
-    rc = runner.main(["-m", "+sweep=smoke", "hydra/launcher=basic", "verifier=greedy",
-                      f"hydra.sweep.dir={sweep_dir}"])
+    rc = runner.main(["-m", "+sweep=smoke", "hydra/launcher=basic", "verifier=greedy", f"hydra.sweep.dir={sweep_dir}"])
     assert rc == 0
     assert sorted(sweep._LAST_SUMMARY["skipped"]) == sorted(summary["ran"])
 
@@ -391,9 +454,9 @@ def test_joblib_two_at_once_records_concurrent_jobs(env):
 def test_a_code_change_changes_the_job_manifest_hash(hydra_conf, tmp_path, monkeypatch):
     """The run manifest carries a fingerprint of the harness sources, so a finished sweep job is
     re-run (not skipped) after the code that produced its record changed."""
-    import harness.manifest as manifest
-
     from omegaconf import OmegaConf
+
+    import harness.manifest as manifest
 
     full = _compose(["+sweep=smoke"])
     cfg = OmegaConf.masked_copy(full, [k for k in full if k != "hydra"])  # what a job's runner sees

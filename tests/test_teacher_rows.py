@@ -83,15 +83,22 @@ def test_invalid_position_drops_spanning_rows_but_loss_mask_does_not():
     assert (1, 1) not in pairs(kept)  # its label is position 2: dropped
 
 
-@pytest.mark.parametrize("seg,valid,k", [
-    ([], [], 3),  # empty stream
-    ([0, 1, 2, 3], [True] * 4, 3),  # one-token segments
-    ([0, 0, 0, 0], [True] * 4, 0),  # max_future = 0
-])
+@pytest.mark.parametrize(
+    "seg,valid,k",
+    [
+        ([], [], 3),  # empty stream
+        ([0, 1, 2, 3], [True] * 4, 3),  # one-token segments
+        ([0, 0, 0, 0], [True] * 4, 0),  # max_future = 0
+    ],
+)
 def test_edge_cases_yield_no_rows(seg, valid, k):
     assert teacher_row_index(seg, valid, max_future=k) == []
-    assert all(v.numel() == 0 for v in eligible_anchors(torch.tensor(seg, dtype=torch.long),
-                                                        torch.tensor(valid, dtype=torch.bool), max_future=k).values())
+    assert all(
+        v.numel() == 0
+        for v in eligible_anchors(
+            torch.tensor(seg, dtype=torch.long), torch.tensor(valid, dtype=torch.bool), max_future=k
+        ).values()
+    )
 
 
 def test_boundary_errors():
@@ -104,15 +111,21 @@ def test_boundary_errors():
     with pytest.raises(ValueError, match="booleans; got 1"):
         teacher_row_index([0, 0], [1, 1], max_future=1)
     with pytest.raises(ValueError, match="unaligned"):
-        hydra_teacher_rows([1, 2, 3], torch.zeros(2, 4), 1, segment_ids=[0, 0, 0], valid=[True] * 3,
-                           embed=lambda ids: torch.zeros(len(ids), 4))
+        hydra_teacher_rows(
+            [1, 2, 3],
+            torch.zeros(2, 4),
+            1,
+            segment_ids=[0, 0, 0],
+            valid=[True] * 3,
+            embed=lambda ids: torch.zeros(len(ids), 4),
+        )
 
 
 def test_random_packed_streams_match_the_reference_loop():
     gen = torch.Generator().manual_seed(0)
     for _ in range(40):
         n = int(torch.randint(0, 30, (1,), generator=gen))
-        lengths, seg, sid = [], [], 0
+        seg, sid = [], 0
         while len(seg) < n:
             length = int(torch.randint(1, 8, (1,), generator=gen))
             seg.extend([sid] * length)
@@ -122,8 +135,9 @@ def test_random_packed_streams_match_the_reference_loop():
         k = int(torch.randint(0, 5, (1,), generator=gen))
         want = brute_force(seg, valid, k)
         assert pairs(teacher_row_index(seg, valid, max_future=k)) == want
-        anchors = eligible_anchors(torch.tensor(seg, dtype=torch.long), torch.tensor(valid, dtype=torch.bool),
-                                   max_future=k)
+        anchors = eligible_anchors(
+            torch.tensor(seg, dtype=torch.long), torch.tensor(valid, dtype=torch.bool), max_future=k
+        )
         assert sorted((i, int(t)) for i, ts in anchors.items() for t in ts) == want
         # prefix closure: a head-i row at t implies rows for every shallower head at t
         mh = max_head(torch.tensor(seg, dtype=torch.long), torch.tensor(valid, dtype=torch.bool), max_future=k)
@@ -138,7 +152,8 @@ def test_materialised_rows_concatenate_hidden_then_embeddings():
     rows = hydra_teacher_rows(tokens, hidden, 2, segment_ids=seg, valid=[True] * 7, embed=embed)
     got = [(i, cond.tolist(), label) for i, cond, label in rows]
     assert got == [
-        (1, [0.0, 0.0, 1100.0], 12), (2, [0.0, 0.0, 1100.0, 1200.0], 13),
+        (1, [0.0, 0.0, 1100.0], 12),
+        (2, [0.0, 0.0, 1100.0, 1200.0], 13),
         (1, [1.0, 1.0, 1200.0], 13),
         (1, [4.0, 4.0, 2100.0], 22),  # doc 2 anchors at its second token with hidden[4] (not hidden[3])
     ]

@@ -19,8 +19,12 @@ from harness.verifiers.typical import (
 )
 
 P_REF = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
-LOOKUP = Capabilities(name="lookup", probability_semantics=frozenset({"absent"}),
-                      sampling_relations=frozenset({"deterministic_lookup"}), topology="tree")
+LOOKUP = Capabilities(
+    name="lookup",
+    probability_semantics=frozenset({"absent"}),
+    sampling_relations=frozenset({"deterministic_lookup"}),
+    topology="tree",
+)
 
 
 def test_registered_as_heuristic_and_refused_in_exact_mode():
@@ -51,10 +55,12 @@ def _tree(table):
 
 
 def test_selects_the_deepest_all_typical_path():
-    p = {(): torch.tensor([0.05, 0.55, 0.4], dtype=torch.float64),
-         (1,): torch.tensor([0.02, 0.02, 0.96], dtype=torch.float64),
-         (2,): torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64),
-         (2, 0): torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)}
+    p = {
+        (): torch.tensor([0.05, 0.55, 0.4], dtype=torch.float64),
+        (1,): torch.tensor([0.02, 0.02, 0.96], dtype=torch.float64),
+        (2,): torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64),
+        (2, 0): torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64),
+    }
     tree = _tree({(): [0, 1, 2], (1,): [0], (2,): [0]})
     probs = O.target_rows(tree, lambda prefix: p.get(prefix, P_REF))
     sel = TypicalVerifier().select(tree, probs, rng=_FirstBranch())
@@ -84,8 +90,12 @@ def test_drift_estimate_matches_the_oracle_and_is_nonzero():
 
 def test_oracle_reports_typical_as_not_exact():
     v = TypicalVerifier()
-    case = O.OracleCase(name="set2", proposal_builder=lambda rng: O.fixed_candidates({(): [0, 1]}),
-                        target=lambda prefix: P_REF, length=2)
+    case = O.OracleCase(
+        name="set2",
+        proposal_builder=lambda rng: O.fixed_candidates({(): [0, 1]}),
+        target=lambda prefix: P_REF,
+        length=2,
+    )
     row = O.check_case(v, case)
     assert not row["passed"] and row["max_abs_error"] > 0.1
 

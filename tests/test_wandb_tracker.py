@@ -30,8 +30,12 @@ WANDB_CLI = Path(sys.executable).parent / "wandb"
 @pytest.fixture
 def run_dir(tmp_path, monkeypatch):
     """A copy of a fixture run folder; W&B's own folders moved into tmp_path too."""
-    for var, sub in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"),
-                     ("WANDB_CONFIG_DIR", "config"), ("WANDB_ARTIFACT_DIR", "artifacts")):
+    for var, sub in (
+        ("WANDB_DATA_DIR", "data"),
+        ("WANDB_CACHE_DIR", "cache"),
+        ("WANDB_CONFIG_DIR", "config"),
+        ("WANDB_ARTIFACT_DIR", "artifacts"),
+    ):
         monkeypatch.setenv(var, str(tmp_path / "wandb-home" / sub))
     monkeypatch.setenv("WANDB_SILENT", "true")
     dest = tmp_path / "run"
@@ -80,12 +84,12 @@ def test_log_record_reaches_the_offline_log(run_dir):
     records = _inspect(offline, summary=False)
     runs = [r["run"] for r in records if r.get("type") == "run"]
     assert {r["run_group"] for r in runs} == {"fixture-sweep"}
-    (artifact,) = [r["artifact"] for r in records
-                   if r.get("type") == "artifact" and r["artifact"]["type"] == "run-record"]
+    (artifact,) = [
+        r["artifact"] for r in records if r.get("type") == "artifact" and r["artifact"]["type"] == "run-record"
+    ]
     assert artifact["name"] == "record-fx03-hydra-greedy-t0-b1"
     paths = {c["path"] for c in artifact["manifest"]["contents"]}
-    assert paths == {"record.json", "outputs.jsonl", "artifacts/tree/tree.json",
-                     "artifacts/profile/profile.json"}
+    assert paths == {"record.json", "outputs.jsonl", "artifacts/tree/tree.json", "artifacts/profile/profile.json"}
 
 
 def test_an_error_inside_the_run_marks_it_failed_and_is_reraised(run_dir):

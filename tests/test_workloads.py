@@ -40,8 +40,10 @@ def test_jsonl_missing_fields_and_duplicates(tmp_path):
 
 def test_jsonl_messages_and_split_field(tmp_path):
     f = tmp_path / "w.jsonl"
-    rows = [{"id": "1", "messages": [{"role": "user", "content": "hi"}], "category": "chat", "split": "dev"},
-            {"id": "2", "prompt": "def f():", "category": "code"}]
+    rows = [
+        {"id": "1", "messages": [{"role": "user", "content": "hi"}], "category": "chat", "split": "dev"},
+        {"id": "2", "prompt": "def f():", "category": "code"},
+    ]
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     dev = load_workload(name="jsonl", split="dev", path=str(f))
     assert [p.prompt_id for p in dev] == ["1", "2"]

@@ -71,33 +71,63 @@ def main(argv=None) -> int:
 
     def ours(proposer, ids, new):
         rc = RoundConfig(max_nodes=proposer.budget.max_nodes, max_depth=proposer.budget.max_depth)
-        res = decode(target=backend, proposer=proposer, verifier=greedy, policy=policy, prompt_ids=ids,
-                     max_new_tokens=new, eos_token_ids=eos, rng=TorchRandomSource(0), round_cfg=rc)
+        res = decode(
+            target=backend,
+            proposer=proposer,
+            verifier=greedy,
+            policy=policy,
+            prompt_ids=ids,
+            max_new_tokens=new,
+            eos_token_ids=eos,
+            rng=TorchRandomSource(0),
+            round_cfg=rc,
+        )
         return res.tokens, res.decode_ms, res.ledger
 
     def hf(ids, new, **kw):
         inp = torch.tensor([ids])
         mask = torch.ones_like(inp)
         t0 = time.perf_counter()
-        out = model.generate(inp, attention_mask=mask, max_new_tokens=new, do_sample=False,
-                             pad_token_id=tok.eos_token_id, **kw)
-        return out[0, len(ids):].tolist(), (time.perf_counter() - t0) * 1e3
+        out = model.generate(
+            inp, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=tok.eos_token_id, **kw
+        )
+        return out[0, len(ids) :].tolist(), (time.perf_counter() - t0) * 1e3
 
     arms = {
         "ours_ar": lambda ids, new: ours(NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="b"), ids, new),
-        "ours_sequence": lambda ids, new: ours(PromptLookupProposer(
-            budget=Budget("sequence", args.num_tokens, args.num_tokens), manifest_hash="b", max_ngram=args.ngram),
-            ids, new),
-        "ours_tree": lambda ids, new: ours(PromptLookupProposer(
-            budget=Budget("sequences", tree_nodes, args.num_tokens), manifest_hash="b", max_ngram=args.ngram,
-            max_matches=args.tree_matches), ids, new),
-        "ours_adaptive": lambda ids, new: ours(PromptLookupProposer(
-            budget=Budget("sequences", tree_nodes, args.num_tokens), manifest_hash="b", max_ngram=args.ngram,
-            max_matches=args.tree_matches, budget_policy="adaptive",
-            verify_cost=profile["normalised"][: tree_nodes + 1]), ids, new),
+        "ours_sequence": lambda ids, new: ours(
+            PromptLookupProposer(
+                budget=Budget("sequence", args.num_tokens, args.num_tokens), manifest_hash="b", max_ngram=args.ngram
+            ),
+            ids,
+            new,
+        ),
+        "ours_tree": lambda ids, new: ours(
+            PromptLookupProposer(
+                budget=Budget("sequences", tree_nodes, args.num_tokens),
+                manifest_hash="b",
+                max_ngram=args.ngram,
+                max_matches=args.tree_matches,
+            ),
+            ids,
+            new,
+        ),
+        "ours_adaptive": lambda ids, new: ours(
+            PromptLookupProposer(
+                budget=Budget("sequences", tree_nodes, args.num_tokens),
+                manifest_hash="b",
+                max_ngram=args.ngram,
+                max_matches=args.tree_matches,
+                budget_policy="adaptive",
+                verify_cost=profile["normalised"][: tree_nodes + 1],
+            ),
+            ids,
+            new,
+        ),
         "hf_ar": lambda ids, new: hf(ids, new),
-        "hf_pld": lambda ids, new: hf(ids, new, prompt_lookup_num_tokens=args.num_tokens,
-                                      max_matching_ngram_size=args.ngram),
+        "hf_pld": lambda ids, new: hf(
+            ids, new, prompt_lookup_num_tokens=args.num_tokens, max_matching_ngram_size=args.ngram
+        ),
     }
     # warm-up (excluded)
     for fn in arms.values():
@@ -123,14 +153,26 @@ def main(argv=None) -> int:
         ref = outs["ours_ar"]
         for a, toks in outs.items():
             if toks != ref:
-                mismatches.append({"prompt_id": p.prompt_id, "arm": a,
-                                   "first_diff": next((k for k, (x, y) in enumerate(zip(toks, ref)) if x != y),
-                                                      min(len(toks), len(ref)))})
+                mismatches.append(
+                    {
+                        "prompt_id": p.prompt_id,
+                        "arm": a,
+                        "first_diff": next(
+                            (k for k, (x, y) in enumerate(zip(toks, ref)) if x != y), min(len(toks), len(ref))
+                        ),
+                    }
+                )
     per_tok = {a: v["decode_ms"] / max(v["tokens"], 1) for a, v in totals.items()}
     result = {
-        "prompts": len(items), "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
-        "K": args.num_tokens, "ngram": args.ngram, "tree_nodes": tree_nodes, "tree_matches": args.tree_matches,
-        "t_of_n_ms": t_of_n, "time_per_token_ms": per_tok,
+        "prompts": len(items),
+        "max_new_tokens": args.max_new_tokens,
+        "threads": torch.get_num_threads(),
+        "K": args.num_tokens,
+        "ngram": args.ngram,
+        "tree_nodes": tree_nodes,
+        "tree_matches": args.tree_matches,
+        "t_of_n_ms": t_of_n,
+        "time_per_token_ms": per_tok,
         "tokens_per_round": {a: v["tokens"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
         "ours_sequence_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_sequence"],
         "ours_tree_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_tree"],
@@ -138,15 +180,32 @@ def main(argv=None) -> int:
         "ours_adaptive_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_adaptive"],
         "ours_adaptive_vs_ours_ar": per_tok["ours_ar"] / per_tok["ours_adaptive"],
         "ours_adaptive_vs_hf_ar": per_tok["hf_ar"] / per_tok["ours_adaptive"],
-        "outputs_identical": not mismatches, "mismatches": mismatches, "totals": totals,
+        "outputs_identical": not mismatches,
+        "mismatches": mismatches,
+        "totals": totals,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: result[k] for k in ("time_per_token_ms", "tokens_per_round", "ours_sequence_vs_hf_pld",
-                                             "ours_tree_vs_hf_pld", "ours_tree_vs_ours_ar", "ours_adaptive_vs_hf_pld",
-                                             "ours_adaptive_vs_ours_ar", "outputs_identical",
-                                             "tree_nodes")}, indent=2))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "time_per_token_ms",
+                    "tokens_per_round",
+                    "ours_sequence_vs_hf_pld",
+                    "ours_tree_vs_hf_pld",
+                    "ours_tree_vs_ours_ar",
+                    "ours_adaptive_vs_hf_pld",
+                    "ours_adaptive_vs_ours_ar",
+                    "outputs_identical",
+                    "tree_nodes",
+                )
+            },
+            indent=2,
+        )
+    )
     return 0 if not mismatches else 1
 
 

@@ -44,8 +44,8 @@ growth). ``hole_bytes`` = masked stale slots below the physical length (the ragg
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from harness.engine.decode import DecodeResult, RoundConfig
 from harness.measure.ledger import STAGES, RoundLedger, StageClock
@@ -71,8 +71,17 @@ class BatchLedger:
     stage_ms: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
     round_ms: list[float] = field(default_factory=list)
 
-    def observe_round(self, *, live: int, real_rows: int, padded_rows: int, stage_ms: dict[str, float],
-                      temp_kv_real_bytes: int, temp_kv_padded_bytes: int, hole_bytes: int) -> None:
+    def observe_round(
+        self,
+        *,
+        live: int,
+        real_rows: int,
+        padded_rows: int,
+        stage_ms: dict[str, float],
+        temp_kv_real_bytes: int,
+        temp_kv_padded_bytes: int,
+        hole_bytes: int,
+    ) -> None:
         self.rounds += 1
         self.live_total += live
         self.real_rows_total += real_rows
@@ -84,7 +93,7 @@ class BatchLedger:
             self.stage_ms[k] = self.stage_ms.get(k, 0.0) + v
         self.round_ms.append(sum(stage_ms.values()))
 
-    def merge(self, other: "BatchLedger") -> None:
+    def merge(self, other: BatchLedger) -> None:
         for name in ("rounds", "live_total", "real_rows_total", "padded_rows_total"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("temp_kv_bytes_real_peak", "temp_kv_bytes_padded_peak", "hole_bytes_peak"):
@@ -100,8 +109,9 @@ class BatchLedger:
             "target_forwards": self.rounds,
             "mean_live_requests": self.live_total / r if self.rounds else None,
             "batch_round_cost_ms": {k: v / r for k, v in self.stage_ms.items()},
-            "padded_row_fraction": (1.0 - self.real_rows_total / self.padded_rows_total
-                                    if self.padded_rows_total else None),
+            "padded_row_fraction": (
+                1.0 - self.real_rows_total / self.padded_rows_total if self.padded_rows_total else None
+            ),
             "temp_kv_bytes_real_peak": self.temp_kv_bytes_real_peak,
             "temp_kv_bytes_padded_peak": self.temp_kv_bytes_padded_peak,
             "ragged_hole_bytes_peak": self.hole_bytes_peak,
@@ -160,8 +170,9 @@ def decode_batch(
     if b < 1:
         raise ValueError("decode_batch needs at least one prompt")
     if len(proposers) < b or len(rngs) != b:
-        raise ValueError(f"need >= {b} proposers (one per batch slot) and {b} random sources; "
-                         f"got {len(proposers)}, {len(rngs)}")
+        raise ValueError(
+            f"need >= {b} proposers (one per batch slot) and {b} random sources; got {len(proposers)}, {len(rngs)}"
+        )
     if len({id(p) for p in proposers[:b]}) != b:
         raise ValueError("each batch slot needs its own proposer instance (proposers keep per-request state)")
     if max_new_tokens < 1:
@@ -170,8 +181,16 @@ def decode_batch(
     bpt = target.bytes_per_token
     t_start = clock.now()
     state = target.prefill(prompts)
-    live = [_Live(index=k, proposer=proposers[k], rng=rngs[k], committed=list(prompts[k]),
-                  ledger=RoundLedger(max_depth=round_cfg.max_depth)) for k in range(b)]
+    live = [
+        _Live(
+            index=k,
+            proposer=proposers[k],
+            rng=rngs[k],
+            committed=list(prompts[k]),
+            ledger=RoundLedger(max_depth=round_cfg.max_depth),
+        )
+        for k in range(b)
+    ]
     for req in live:
         req.proposer.start(list(req.committed))
     prefill_ms = (clock.now() - t_start) * 1e3
@@ -188,13 +207,13 @@ def decode_batch(
             proposal = req.proposer.propose(req.committed, req.rng)
             retrieval = req.proposer.stats.retrieval_ms - retrieval_before
             t1 = time.perf_counter()
-            tree = compile_tree([proposal], prefix_len=len(req.committed), max_nodes=round_cfg.max_nodes,
-                                max_depth=round_cfg.max_depth)
+            tree = compile_tree(
+                [proposal], prefix_len=len(req.committed), max_nodes=round_cfg.max_nodes, max_depth=round_cfg.max_depth
+            )
             if req.ledger.rounds < round_cfg.validate_rounds:
                 validate_candidate_graph(tree)
             t2 = time.perf_counter()
-            own.append({"proposal": (t1 - t0) * 1e3 - retrieval, "retrieval": retrieval,
-                        "packing": (t2 - t1) * 1e3})
+            own.append({"proposal": (t1 - t0) * 1e3 - retrieval, "retrieval": retrieval, "packing": (t2 - t1) * 1e3})
             trees.append(tree)
         t_verify = clock.now()
         pending = [req.committed[-1] for req in live]
@@ -216,16 +235,25 @@ def decode_batch(
         verify_ms, commit_ms = (t_select - t_verify) * 1e3, (t_end - t_commit) * 1e3
         expected_added = len(live) * out.rows * bpt
         if out.kv_bytes_added != expected_added:
-            raise AssertionError(f"verify appended {out.kv_bytes_added} KV bytes, expected B*R*bytes_per_token "
-                                 f"= {expected_added}")
+            raise AssertionError(
+                f"verify appended {out.kv_bytes_added} KV bytes, expected B*R*bytes_per_token = {expected_added}"
+            )
         batch_ledger.observe_round(
-            live=len(live), real_rows=out.real_candidate_rows, padded_rows=out.padded_candidate_rows,
-            stage_ms={"proposal": (t_verify - t_prop) * 1e3 - sum(o["retrieval"] + o["packing"] for o in own),
-                      "retrieval": sum(o["retrieval"] for o in own), "packing": sum(o["packing"] for o in own),
-                      "target_verify": verify_ms, "selection": (t_commit - t_select) * 1e3,
-                      "temporary_state": commit_ms},
-            temp_kv_real_bytes=out.real_candidate_rows * bpt, temp_kv_padded_bytes=out.padded_candidate_rows * bpt,
-            hole_bytes=holes)
+            live=len(live),
+            real_rows=out.real_candidate_rows,
+            padded_rows=out.padded_candidate_rows,
+            stage_ms={
+                "proposal": (t_verify - t_prop) * 1e3 - sum(o["retrieval"] + o["packing"] for o in own),
+                "retrieval": sum(o["retrieval"] for o in own),
+                "packing": sum(o["packing"] for o in own),
+                "target_verify": verify_ms,
+                "selection": (t_commit - t_select) * 1e3,
+                "temporary_state": commit_ms,
+            },
+            temp_kv_real_bytes=out.real_candidate_rows * bpt,
+            temp_kv_padded_bytes=out.padded_candidate_rows * bpt,
+            hole_bytes=holes,
+        )
         now = (clock.now() - t_decode) * 1e3
         finished_rows = []
         for k, req in enumerate(live):
@@ -244,11 +272,15 @@ def decode_batch(
                     req.sources[s] = req.sources.get(s, 0) + 1
             first_child = tree.children(-1)
             req.ledger.observe_round(
-                tree_depth=int(tree.depths.max()) if tree.num_rows else 0, num_rows=tree.num_rows,
-                accepted=counted, committed=len(emitted),
-                first_child_hit=bool(sel.accepted_rows) and sel.accepted_rows[0] == (first_child[0] if first_child else -2),
+                tree_depth=int(tree.depths.max()) if tree.num_rows else 0,
+                num_rows=tree.num_rows,
+                accepted=counted,
+                committed=len(emitted),
+                first_child_hit=bool(sel.accepted_rows)
+                and sel.accepted_rows[0] == (first_child[0] if first_child else -2),
                 stage_ms={**own[k], "target_verify": verify_ms, "temporary_state": commit_ms},
-                temp_kv_bytes=tree.num_rows * bpt)
+                temp_kv_bytes=tree.num_rows * bpt,
+            )
             req.generated.extend(emitted)
             req.committed.extend(emitted)
             if req.ttft_ms is None:
@@ -261,8 +293,14 @@ def decode_batch(
                 req.done_ms = now
                 finished_rows.append(k)
         if on_round is not None:
-            on_round(live=[req.index for req in live], trees=trees, selections=selections, output=out,
-                     state=state, finished=[live[k].index for k in finished_rows])
+            on_round(
+                live=[req.index for req in live],
+                trees=trees,
+                selections=selections,
+                output=out,
+                state=state,
+                finished=[live[k].index for k in finished_rows],
+            )
         for k in finished_rows:
             live[k].proposer.finish()
             done.append(live[k])
@@ -272,10 +310,20 @@ def decode_batch(
             req.proposer.observe_commit(req.committed)
     decode_ms = (clock.now() - t_decode) * 1e3
     done.sort(key=lambda r: r.index)
-    results = [DecodeResult(tokens=r.generated, prefill_ms=prefill_ms, ttft_ms=r.ttft_ms or prefill_ms,
-                            decode_ms=r.done_ms, ledger=r.ledger, round_end_ms=r.round_end_ms,
-                            round_tokens=r.round_tokens, sources=r.sources, finished_by=r.finished_by)
-               for r in done]
+    results = [
+        DecodeResult(
+            tokens=r.generated,
+            prefill_ms=prefill_ms,
+            ttft_ms=r.ttft_ms or prefill_ms,
+            decode_ms=r.done_ms,
+            ledger=r.ledger,
+            round_end_ms=r.round_end_ms,
+            round_tokens=r.round_tokens,
+            sources=r.sources,
+            finished_by=r.finished_by,
+        )
+        for r in done
+    ]
     return BatchDecodeResult(requests=results, prefill_ms=prefill_ms, decode_ms=decode_ms, ledger=batch_ledger)
 
 
@@ -290,6 +338,7 @@ def merged_proposer_extras(proposers: Sequence[Proposer]) -> dict:
     """Slot proposers' ``stats.extras`` merged into one record entry: counters (numbers) summed;
     ``max_*`` maxed; ``mean_*`` and ``*_rate`` averaged weighted by each slot's ``rounds`` (plain
     mean without it; None when no slot has a value); ``last_*`` and non-numbers from the first slot."""
+
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -320,14 +369,28 @@ class BatchedArms:
     order alternating per batch. Request ``i`` uses the seed ``seed * 1_000_003 + i`` in both arms
     (the batch-1 runner's seed), so its random stream is the same at every batch size."""
 
-    def __init__(self, *, target: BatchedBackend, spec_proposers: Sequence[Proposer],
-                 null_proposers: Sequence[Proposer], spec_verifier: Verifier, ar_verifier: Verifier,
-                 policy: SamplingPolicy, prompts: Sequence[list[int]], seed: int, batch_size: int,
-                 max_new_tokens: int, eos_token_ids: frozenset[int], round_cfg: RoundConfig,
-                 rng_factory: Callable[[int], RandomSource]) -> None:
+    def __init__(
+        self,
+        *,
+        target: BatchedBackend,
+        spec_proposers: Sequence[Proposer],
+        null_proposers: Sequence[Proposer],
+        spec_verifier: Verifier,
+        ar_verifier: Verifier,
+        policy: SamplingPolicy,
+        prompts: Sequence[list[int]],
+        seed: int,
+        batch_size: int,
+        max_new_tokens: int,
+        eos_token_ids: frozenset[int],
+        round_cfg: RoundConfig,
+        rng_factory: Callable[[int], RandomSource],
+    ) -> None:
         if batch_size < 1 or len(spec_proposers) < batch_size or len(null_proposers) < batch_size:
-            raise ValueError(f"batch_size={batch_size} needs that many proposer slots per arm; got "
-                             f"{len(spec_proposers)} and {len(null_proposers)}")
+            raise ValueError(
+                f"batch_size={batch_size} needs that many proposer slots per arm; got "
+                f"{len(spec_proposers)} and {len(null_proposers)}"
+            )
         self.target, self.policy, self.round_cfg = target, policy, round_cfg
         self.arms = {"ar": (list(null_proposers), ar_verifier), "spec": (list(spec_proposers), spec_verifier)}
         self.prompts, self.seed, self.batch_size = list(prompts), int(seed), batch_size
@@ -338,10 +401,17 @@ class BatchedArms:
 
     def _run(self, arm: str, idx: list[int], max_new_tokens: int) -> BatchDecodeResult:
         proposers, verifier = self.arms[arm]
-        return decode_batch(target=self.target, proposers=proposers[: len(idx)], verifier=verifier, policy=self.policy,
-                            prompts=[self.prompts[i] for i in idx], max_new_tokens=max_new_tokens,
-                            eos_token_ids=self.eos, rngs=[self.rng_factory(self.seed * 1_000_003 + i) for i in idx],
-                            round_cfg=self.round_cfg)
+        return decode_batch(
+            target=self.target,
+            proposers=proposers[: len(idx)],
+            verifier=verifier,
+            policy=self.policy,
+            prompts=[self.prompts[i] for i in idx],
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=self.eos,
+            rngs=[self.rng_factory(self.seed * 1_000_003 + i) for i in idx],
+            round_cfg=self.round_cfg,
+        )
 
     def warmup(self, tokens: int) -> None:
         idx = list(range(min(self.batch_size, len(self.prompts))))
@@ -352,7 +422,7 @@ class BatchedArms:
         """Yield ``(ar, spec)`` DecodeResults in prompt order, running one batch (both arms) at a time."""
         for j, idx in enumerate(batches(len(self.prompts), self.batch_size)):
             out = {}
-            for arm in (("ar", "spec") if j % 2 == 0 else ("spec", "ar")):
+            for arm in ("ar", "spec") if j % 2 == 0 else ("spec", "ar"):
                 out[arm] = self._run(arm, idx, self.max_new_tokens)
                 self.results[arm].append(out[arm])
             for k, i in enumerate(idx):
@@ -362,9 +432,12 @@ class BatchedArms:
     def prompt_fields(self, i: int) -> dict:
         """Extra per-prompt record fields: the batch the prompt ran in and its wall times."""
         j = self.batch_of[i]
-        return {"batch_index": j, "batch_requests": len(self.results["spec"][j].requests),
-                "spec_batch_decode_ms": self.results["spec"][j].decode_ms,
-                "ar_batch_decode_ms": self.results["ar"][j].decode_ms}
+        return {
+            "batch_index": j,
+            "batch_requests": len(self.results["spec"][j].requests),
+            "spec_batch_decode_ms": self.results["spec"][j].decode_ms,
+            "ar_batch_decode_ms": self.results["ar"][j].decode_ms,
+        }
 
     def metrics(self, *, bytes_per_token: int, max_nodes: int) -> dict:
         """Batch-level metrics; ``time_per_committed_token_ms``, ``speedup``, throughputs, round costs
@@ -406,12 +479,12 @@ class BatchedArms:
         out["temp_kv_bytes_budget_formula_batch"] = self.batch_size * max_nodes * bytes_per_token
         out["batch_metric_notes"] = {
             "time_per_committed_token_ms": "batch wall decode time / committed tokens, summed over batches "
-                                           "(1000 / throughput); speedup = the AR arm's / this, same batches",
+            "(1000 / throughput); speedup = the AR arm's / this, same batches",
             "request_time_per_token_ms": "per request: its completion time since the batch's decode start / its tokens",
             "request_speedup": "AR mean request time per token / speculative mean, same batches",
             "round_cost_ms": "per batch round (one target forward): proposal/packing/selection summed over requests",
             "temp_kv_bytes_peak": "padded: B (R - 1) candidate slots the verify forward appended (pending rows "
-                                  "excluded); temp_kv_bytes_real_peak: the rows the requests proposed",
+            "excluded); temp_kv_bytes_real_peak: the rows the requests proposed",
             "ragged_hole_bytes_peak": "masked stale slots below the shared physical cache length",
             "per_prompt.spec_decode_ms": "the request's latency inside its batch (not the batch wall time)",
         }

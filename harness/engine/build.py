@@ -116,7 +116,7 @@ class Plan:
     baseline_verifier: Verifier
     extras: dict = field(default_factory=dict)  # e.g. the tree artifact a preparer resolved
 
-    def with_budget(self, budget: Budget, **extras) -> "Plan":
+    def with_budget(self, budget: Budget, **extras) -> Plan:
         return replace(self, budget=budget, extras={**self.extras, **extras})
 
 
@@ -137,8 +137,10 @@ def plan(cfg: DictConfig) -> Plan:
         raise ConfigError(f"generation.batch_size must be >= 1; got {cfg.generation.batch_size}")
     cls = proposer_class(cfg.proposer.name)
     if cls.max_batch_size is not None and batch > cls.max_batch_size:
-        raise ConfigError(f"proposer={cfg.proposer.name} serves generation.batch_size <= {cls.max_batch_size}; "
-                          f"got {batch}: {cls.batch_limit_reason}")
+        raise ConfigError(
+            f"proposer={cfg.proposer.name} serves generation.batch_size <= {cls.max_batch_size}; "
+            f"got {batch}: {cls.batch_limit_reason}"
+        )
     baseline = get_verifier("greedy" if policy.greedy else "membership")
     return Plan(policy=policy, budget=budget, capabilities=caps, verifier=verifier, baseline_verifier=baseline)
 
@@ -166,5 +168,10 @@ def prepare(cfg: DictConfig, plan_: Plan, context: BuildContext) -> Plan:
 
 def build_proposer(cfg: DictConfig, plan_: Plan, *, manifest_hash: str, context: BuildContext):
     cls = proposer_class(cfg.proposer.name)
-    return cls.from_config(options=proposer_options(cfg), budget=plan_.budget, manifest_hash=manifest_hash,
-                           policy=plan_.policy, context=context)
+    return cls.from_config(
+        options=proposer_options(cfg),
+        budget=plan_.budget,
+        manifest_hash=manifest_hash,
+        policy=plan_.policy,
+        context=context,
+    )

@@ -75,8 +75,9 @@ def decode(
             proposal = proposer.propose(committed, rng)
         retrieval = proposer.stats.retrieval_ms - retrieval_before
         with clock.stage("packing"):
-            tree: CompiledTree = compile_tree([proposal], prefix_len=len(committed),
-                                              max_nodes=round_cfg.max_nodes, max_depth=round_cfg.max_depth)
+            tree: CompiledTree = compile_tree(
+                [proposal], prefix_len=len(committed), max_nodes=round_cfg.max_nodes, max_depth=round_cfg.max_depth
+            )
             if ledger.rounds < round_cfg.validate_rounds:
                 validate_candidate_graph(tree)
         with clock.stage("target_verify"):
@@ -106,10 +107,14 @@ def decode(
                 sources[s] = sources.get(s, 0) + 1
         first_child = tree.children(-1)
         ledger.observe_round(
-            tree_depth=int(tree.depths.max()) if tree.num_rows else 0, num_rows=tree.num_rows,
-            accepted=accepted_counted, committed=len(emitted),
+            tree_depth=int(tree.depths.max()) if tree.num_rows else 0,
+            num_rows=tree.num_rows,
+            accepted=accepted_counted,
+            committed=len(emitted),
             first_child_hit=bool(sel.accepted_rows) and sel.accepted_rows[0] == (first_child[0] if first_child else -2),
-            stage_ms=stage_ms, temp_kv_bytes=max(out.kv_bytes_added - target.bytes_per_token, 0))
+            stage_ms=stage_ms,
+            temp_kv_bytes=max(out.kv_bytes_added - target.bytes_per_token, 0),
+        )
         generated.extend(emitted)
         committed.extend(emitted)
         now = (clock.now() - t_decode) * 1e3
@@ -124,20 +129,28 @@ def decode(
         proposer.observe_commit(committed)
     decode_ms = (clock.now() - t_decode) * 1e3
     proposer.finish()
-    return DecodeResult(tokens=generated, prefill_ms=prefill_ms, ttft_ms=ttft_ms or prefill_ms,
-                        decode_ms=decode_ms, ledger=ledger, round_end_ms=round_end_ms,
-                        round_tokens=round_tokens, sources=sources, finished_by=finished_by)
+    return DecodeResult(
+        tokens=generated,
+        prefill_ms=prefill_ms,
+        ttft_ms=ttft_ms or prefill_ms,
+        decode_ms=decode_ms,
+        ledger=ledger,
+        round_end_ms=round_end_ms,
+        round_tokens=round_tokens,
+        sources=sources,
+        finished_by=finished_by,
+    )
 
 
-def check_temp_kv_budget(*, max_nodes: int, bytes_per_token: int, budget_bytes: int | None,
-                         batch_size: int = 1) -> int:
+def check_temp_kv_budget(*, max_nodes: int, bytes_per_token: int, budget_bytes: int | None, batch_size: int = 1) -> int:
     """Refuse, before any model work, a topology whose candidate rows could exceed the budget.
     Returns the 0x09B formula value B * N * L * 2 * H_kv * d_h * b (B requests of N rows each)."""
     need = batch_size * max_nodes * bytes_per_token
     if budget_bytes is not None and need > budget_bytes:
         raise ContractError(
             f"topology.max_nodes={max_nodes} x generation.batch_size={batch_size} needs {need} bytes of temporary "
-            f"KV ({bytes_per_token} bytes per candidate row), over generation.temp_kv_budget_bytes={budget_bytes}")
+            f"KV ({bytes_per_token} bytes per candidate row), over generation.temp_kv_budget_bytes={budget_bytes}"
+        )
     return need
 
 

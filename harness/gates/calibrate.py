@@ -29,16 +29,24 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Sequence
 
 from harness.gates.stages import GateError
 
 CALIBRATION_FORMAT = 1
 
 #: provenance fields that must equal the run's for a calibration to be used
-CALIBRATION_MATCH_FIELDS = ("target", "proposer", "tokenizer", "sampling_policy", "verifier",
-                            "calibration_data", "settings", "library_versions")
+CALIBRATION_MATCH_FIELDS = (
+    "target",
+    "proposer",
+    "tokenizer",
+    "sampling_policy",
+    "verifier",
+    "calibration_data",
+    "settings",
+    "library_versions",
+)
 
 
 class CalibrationError(GateError):
@@ -94,9 +102,19 @@ def acceptance_statistics(ranks: Sequence[int], *, branches: int, z: float = 1.9
     for name, vec in (("h", h), ("acceptance", p)):
         if not all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in vec):
             raise ValueError(f"{name} must be finite and in [0, 1]; got {vec}")
-    return {"parents": parents, "branches": branches, "accepted": accepted, "tested": tested,
-            "none_accepted": parents - sum(accepted), "h": h, "h_wilson": h_ci, "acceptance": p,
-            "acceptance_wilson": p_ci, "sibling_mass": math.fsum(p), "wilson_z": z}
+    return {
+        "parents": parents,
+        "branches": branches,
+        "accepted": accepted,
+        "tested": tested,
+        "none_accepted": parents - sum(accepted),
+        "h": h,
+        "h_wilson": h_ci,
+        "acceptance": p,
+        "acceptance_wilson": p_ci,
+        "sibling_mass": math.fsum(p),
+        "wilson_z": z,
+    }
 
 
 # ---------------------------------------------------------------- calibration prompts
@@ -117,8 +135,10 @@ def calibration_items(cfg, tokenizer) -> list:
     from harness.runner import encode_workload
 
     if cfg.workload.split == "calibration":
-        raise CalibrationError("workload.split=calibration: the evaluation prompts would be the calibration "
-                               "prompts; evaluate on eval or dev")
+        raise CalibrationError(
+            "workload.split=calibration: the evaluation prompts would be the calibration "
+            "prompts; evaluate on eval or dev"
+        )
     return encode_workload(calibration_config(cfg), tokenizer)
 
 
@@ -130,7 +150,8 @@ def check_disjoint(calibration: list, evaluation: list) -> None:
         if p.prompt_id in eval_ids or tuple(ids) in eval_tokens:
             raise CalibrationError(
                 f"calibration prompt {p.prompt_id!r} is also an evaluation prompt: the calibration split must be "
-                f"disjoint from the evaluated one (a jsonl workload needs a \"split\" field per line)")
+                f'disjoint from the evaluated one (a jsonl workload needs a "split" field per line)'
+            )
 
 
 def data_hash(items: list) -> str:
@@ -158,14 +179,25 @@ def calibration_provenance(cfg, *, tokenizer, items: list) -> dict:
         "target": {k: v for k, v in c["model"].items() if k not in ("device", "attn_implementation")},
         "proposer": c["proposer"],
         "tokenizer": tok,
-        "sampling_policy": {**{k: c["generation"][k] for k in ("temperature", "top_p", "top_k")},
-                            "relation": c["proposer"].get("sampling", "iid")},
+        "sampling_policy": {
+            **{k: c["generation"][k] for k in ("temperature", "top_p", "top_k")},
+            "relation": c["proposer"].get("sampling", "iid"),
+        },
         "verifier": c["verifier"]["name"],
-        "calibration_data": {"workload": c["workload"]["name"], "path": c["workload"].get("path"),
-                             "split": "calibration", "chat": c["workload"].get("chat"), "prompts": len(items),
-                             "hash": data_hash(items)},
-        "settings": {"parents": int(cal["parents"]), "branches": int(cal["branches"]),
-                     "max_new_tokens": int(cal["max_new_tokens"]), "wilson_z": float(cal["z"])},
+        "calibration_data": {
+            "workload": c["workload"]["name"],
+            "path": c["workload"].get("path"),
+            "split": "calibration",
+            "chat": c["workload"].get("chat"),
+            "prompts": len(items),
+            "hash": data_hash(items),
+        },
+        "settings": {
+            "parents": int(cal["parents"]),
+            "branches": int(cal["branches"]),
+            "max_new_tokens": int(cal["max_new_tokens"]),
+            "wilson_z": float(cal["z"]),
+        },
         "library_versions": library_versions(),
     }
 
@@ -194,18 +226,24 @@ def measure_ranks(cfg, context, *, items: list, progress: bool = True) -> tuple[
     if need < 1 or branches < 1 or int(cal.max_new_tokens) < 1:
         raise ValueError(f"topology.calibration needs parents, branches, max_new_tokens >= 1; got {dict(cal)}")
     if branches > context.target_backend.vocab_size:
-        raise ValueError(f"topology.calibration.branches={branches} exceeds the vocabulary "
-                         f"({context.target_backend.vocab_size})")
+        raise ValueError(
+            f"topology.calibration.branches={branches} exceeds the vocabulary ({context.target_backend.vocab_size})"
+        )
     policy = sampling_policy(cfg)
     budget = Budget(shape="set", max_nodes=branches, max_depth=1, widths=(branches,))
     proposer = proposer_class(cfg.proposer.name).from_config(
-        options=proposer_options(cfg), budget=budget, manifest_hash="sequoia-calibration", policy=policy,
-        context=context)
+        options=proposer_options(cfg),
+        budget=budget,
+        manifest_hash="sequoia-calibration",
+        policy=policy,
+        context=context,
+    )
     verifier = get_verifier(cfg.verifier.name)
     eos = _eos_ids(context)
     ranks: list[int] = []
-    bar = tqdm(total=need, desc="calibration: parent nodes", unit="node", file=sys.stderr, disable=not progress,
-               leave=False)
+    bar = tqdm(
+        total=need, desc="calibration: parent nodes", unit="node", file=sys.stderr, disable=not progress, leave=False
+    )
 
     def on_round(*, tree, selection, **_):
         ranks.append(accepted_rank(tree, selection))
@@ -216,10 +254,18 @@ def measure_ranks(cfg, context, *, items: list, progress: bool = True) -> tuple[
         for i, (_, ids) in enumerate(items):
             if len(ranks) >= need:
                 break
-            decode(target=context.target_backend, proposer=proposer, verifier=verifier, policy=policy,
-                   prompt_ids=list(ids), max_new_tokens=int(cal.max_new_tokens), eos_token_ids=eos,
-                   rng=TorchRandomSource(int(cfg.seed) * 1_000_003 + 500_009 + i),
-                   round_cfg=RoundConfig(max_nodes=branches, max_depth=1), on_round=on_round)
+            decode(
+                target=context.target_backend,
+                proposer=proposer,
+                verifier=verifier,
+                policy=policy,
+                prompt_ids=list(ids),
+                max_new_tokens=int(cal.max_new_tokens),
+                eos_token_ids=eos,
+                rng=TorchRandomSource(int(cfg.seed) * 1_000_003 + 500_009 + i),
+                round_cfg=RoundConfig(max_nodes=branches, max_depth=1),
+                on_round=on_round,
+            )
             used += 1
     finally:
         bar.close()
@@ -237,7 +283,8 @@ def run_calibration(cfg, context, *, items: list, provenance: dict, progress: bo
         raise CalibrationError(
             f"calibration measured {len(ranks)} parent nodes on all {used} calibration prompts; "
             f"topology.calibration.parents={need} are required. Raise topology.calibration.max_new_tokens "
-            f"or topology.calibration.prompts (a split with more prompts), or lower the requirement explicitly")
+            f"or topology.calibration.prompts (a split with more prompts), or lower the requirement explicitly"
+        )
     stats = acceptance_statistics(ranks, branches=int(cal.branches), z=float(cal.z))
     return {
         "kind": "sequoia_calibration",
@@ -261,8 +308,9 @@ def check_calibration(artifact: dict, expected: dict, *, path: str) -> None:
     from harness.measure.profile import StaleArtifactError, check_provenance
     from harness.topology.sequoia import validate_selected_child_probabilities
 
-    check_provenance(artifact.get("provenance", {}), expected, fields=CALIBRATION_MATCH_FIELDS,
-                     kind="calibration", path=path)
+    check_provenance(
+        artifact.get("provenance", {}), expected, fields=CALIBRATION_MATCH_FIELDS, kind="calibration", path=path
+    )
     try:
         validate_selected_child_probabilities(artifact["acceptance"])
     except (KeyError, ValueError) as exc:
@@ -297,17 +345,22 @@ def calibrate(cfg, *, progress: bool = True) -> dict:
     from harness.topology.sequoia_artifact import ensure_tree_artifact
 
     if cfg.topology.name != "sequoia":
-        raise ValueError(f"harness calibrate writes Sequoia artifacts: it needs topology=sequoia; got "
-                         f"topology={cfg.topology.name}")
+        raise ValueError(
+            f"harness calibrate writes Sequoia artifacts: it needs topology=sequoia; got topology={cfg.topology.name}"
+        )
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     plan(cfg)  # negotiation first: refuse a combination the run would refuse, before model work
     target, draft = load_models(cfg)
     device = torch.device(cfg.model.device)
-    context = BuildContext(cfg=cfg, target_backend=CausalLMBackend(target.model, device=device),
-                           tokenizer=target.tokenizer,
-                           draft_backend=CausalLMBackend(draft.model, device=device) if draft is not None else None,
-                           items=encode_workload(cfg, target.tokenizer), model_source=target.source)
+    context = BuildContext(
+        cfg=cfg,
+        target_backend=CausalLMBackend(target.model, device=device),
+        tokenizer=target.tokenizer,
+        draft_backend=CausalLMBackend(draft.model, device=device) if draft is not None else None,
+        items=encode_workload(cfg, target.tokenizer),
+        model_source=target.source,
+    )
     arts = ensure_tree_artifact(cfg, context, force=True, progress=progress)
     return arts.summary()
 

@@ -35,13 +35,16 @@ DRIFT_ROUNDS = 4
 #: enumeration cap for a generic heuristic verifier's first-token law per round
 DRIFT_MAX_LEAVES = 100_000
 
-METHOD = ("mean over real rounds (first prompts, spec-arm seeds) of the total variation between the exact law of "
-          "the round's first emitted token given its proposal tree and the target's frontier distribution "
-          "under the run's sampling policy")
+METHOD = (
+    "mean over real rounds (first prompts, spec-arm seeds) of the total variation between the exact law of "
+    "the round's first emitted token given its proposal tree and the target's frontier distribution "
+    "under the run's sampling policy"
+)
 
 
-def first_token_law(verifier: Verifier, tree: CompiledTree, target_probs: torch.Tensor, *,
-                    max_leaves: int = DRIFT_MAX_LEAVES) -> torch.Tensor:
+def first_token_law(
+    verifier: Verifier, tree: CompiledTree, target_probs: torch.Tensor, *, max_leaves: int = DRIFT_MAX_LEAVES
+) -> torch.Tensor:
     """Exact law ``[V]`` (float64) of the first token one ``select`` emits on ``tree``.
     ``target_probs``: ``[1 + N, V]``."""
     from harness.verifiers.typical import TypicalVerifier, typical_first_token_law
@@ -61,8 +64,9 @@ def first_token_law(verifier: Verifier, tree: CompiledTree, target_probs: torch.
 
 
 @torch.inference_mode()
-def heuristic_drift(cfg: DictConfig, *, plan_, backend, proposer, items, prompts: int = DRIFT_PROMPTS,
-                    rounds: int = DRIFT_ROUNDS) -> dict:
+def heuristic_drift(
+    cfg: DictConfig, *, plan_, backend, proposer, items, prompts: int = DRIFT_PROMPTS, rounds: int = DRIFT_ROUNDS
+) -> dict:
     """Drift estimate of the configured (heuristic) round; the ``metrics.drift`` record entry."""
     t0 = time.perf_counter()
     verifier, policy = plan_.verifier, plan_.policy
@@ -74,14 +78,22 @@ def heuristic_drift(cfg: DictConfig, *, plan_, backend, proposer, items, prompts
         proposer.start(list(ids))
         committed = list(ids)
         for _ in range(rounds):
-            _, tree, probs = propose_and_verify(target=backend, seq=seq, proposer=proposer, policy=policy,
-                                                committed=committed, rng=rng, max_nodes=plan_.budget.max_nodes,
-                                                max_depth=plan_.budget.max_depth)
+            _, tree, probs = propose_and_verify(
+                target=backend,
+                seq=seq,
+                proposer=proposer,
+                policy=policy,
+                committed=committed,
+                rng=rng,
+                max_nodes=plan_.budget.max_nodes,
+                max_depth=plan_.budget.max_depth,
+            )
             law = first_token_law(verifier, tree, probs)  # [V]
             p = probs[0].to(torch.float64)  # [V] the target's frontier law
             per_round.append(0.5 * float((law - p).abs().sum()))
-            sel, emitted = select_and_commit(target=backend, seq=seq, verifier=verifier, tree=tree,
-                                             target_probs=probs, rng=rng)
+            sel, emitted = select_and_commit(
+                target=backend, seq=seq, verifier=verifier, tree=tree, target_probs=probs, rng=rng
+            )
             accepted.append(len(sel.accepted_rows))
             committed.extend(emitted)
             proposer.observe_commit(committed)

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -50,7 +51,8 @@ from harness.gates.oracle import (
 )
 from harness.proposers.base import Budget, Proposer
 from harness.random_source import RandomSource
-from harness.target.backend import CausalLMBackend, Sequence as CacheSequence
+from harness.target.backend import CausalLMBackend
+from harness.target.backend import Sequence as CacheSequence
 from harness.topology.compiler import CompiledTree, compile_tree, validate_candidate_graph, validate_commit
 from harness.verifiers.base import Verifier
 from harness.verifiers.sampling import SamplingPolicy
@@ -79,10 +81,18 @@ class Float64Policy(SamplingPolicy):
         return super().probs(logits, dtype=torch.float64)
 
 
-def propose_and_verify(*, target: CausalLMBackend, seq: CacheSequence, proposer: Proposer, policy: SamplingPolicy,
-                       committed: list[int], rng: RandomSource, max_nodes: int | None = None,
-                       max_depth: int | None = None, validate: bool = True
-                       ) -> tuple[ProposalResult, CompiledTree, torch.Tensor]:
+def propose_and_verify(
+    *,
+    target: CausalLMBackend,
+    seq: CacheSequence,
+    proposer: Proposer,
+    policy: SamplingPolicy,
+    committed: list[int],
+    rng: RandomSource,
+    max_nodes: int | None = None,
+    max_depth: int | None = None,
+    validate: bool = True,
+) -> tuple[ProposalResult, CompiledTree, torch.Tensor]:
     """Proposal -> packing -> target verify -> policy: the first half of a round, as ``decode``
     runs it. Appends the candidate rows to ``seq``. Returns the proposal, the compiled tree and
     the target distributions ``[1 + N, V]`` (row 0: the frontier)."""
@@ -94,9 +104,16 @@ def propose_and_verify(*, target: CausalLMBackend, seq: CacheSequence, proposer:
     return proposal, tree, policy.probs(out.logits)  # [1 + N, V]
 
 
-def select_and_commit(*, target: CausalLMBackend, seq: CacheSequence, verifier: Verifier, tree: CompiledTree,
-                      target_probs: torch.Tensor, rng: RandomSource, validate: bool = True
-                      ) -> tuple[Selection, tuple[int, ...]]:
+def select_and_commit(
+    *,
+    target: CausalLMBackend,
+    seq: CacheSequence,
+    verifier: Verifier,
+    tree: CompiledTree,
+    target_probs: torch.Tensor,
+    rng: RandomSource,
+    validate: bool = True,
+) -> tuple[Selection, tuple[int, ...]]:
     """Selection -> commit: the second half of a round. ``target_probs`` ``[1 + N, V]``.
     Returns the selection and the emitted tokens (accepted path, then the next token)."""
     sel = verifier.select(tree, target_probs, rng)
@@ -106,16 +123,34 @@ def select_and_commit(*, target: CausalLMBackend, seq: CacheSequence, verifier: 
     return sel, emitted_tokens(tree, sel)
 
 
-def speculative_round(*, target: CausalLMBackend, seq: CacheSequence, proposer: Proposer, verifier: Verifier,
-                      policy: SamplingPolicy, committed: list[int], rng: RandomSource, max_nodes: int | None = None,
-                      max_depth: int | None = None, validate: bool = True) -> tuple[CompiledTree, Selection,
-                                                                                    tuple[int, ...]]:
+def speculative_round(
+    *,
+    target: CausalLMBackend,
+    seq: CacheSequence,
+    proposer: Proposer,
+    verifier: Verifier,
+    policy: SamplingPolicy,
+    committed: list[int],
+    rng: RandomSource,
+    max_nodes: int | None = None,
+    max_depth: int | None = None,
+    validate: bool = True,
+) -> tuple[CompiledTree, Selection, tuple[int, ...]]:
     """One whole round (no timing): what each iteration of ``decode``'s loop does."""
-    _, tree, probs = propose_and_verify(target=target, seq=seq, proposer=proposer, policy=policy,
-                                        committed=committed, rng=rng, max_nodes=max_nodes, max_depth=max_depth,
-                                        validate=validate)
-    sel, emitted = select_and_commit(target=target, seq=seq, verifier=verifier, tree=tree, target_probs=probs,
-                                     rng=rng, validate=validate)
+    _, tree, probs = propose_and_verify(
+        target=target,
+        seq=seq,
+        proposer=proposer,
+        policy=policy,
+        committed=committed,
+        rng=rng,
+        max_nodes=max_nodes,
+        max_depth=max_depth,
+        validate=validate,
+    )
+    sel, emitted = select_and_commit(
+        target=target, seq=seq, verifier=verifier, tree=tree, target_probs=probs, rng=rng, validate=validate
+    )
     return tree, sel, emitted
 
 
@@ -157,8 +192,9 @@ def _complete_table(vocab: int, depth: int) -> dict[tuple[int, ...], list[int]]:
 
 
 @torch.inference_mode()
-def continuation_law(target: CausalLMBackend, seq: CacheSequence, committed: Sequence[int], policy: SamplingPolicy,
-                     length: int) -> dict[tuple[int, ...], float]:
+def continuation_law(
+    target: CausalLMBackend, seq: CacheSequence, committed: Sequence[int], policy: SamplingPolicy, length: int
+) -> dict[tuple[int, ...], float]:
     """The target's joint over the next ``length`` tokens, from the request's cache ``seq``
     (every committed token but the pending one, ``committed[-1]``): one verify forward over a
     complete ``V``-ary tree of depth ``length - 1``. ``seq`` gets the rows appended."""
@@ -177,8 +213,9 @@ def continuation_law(target: CausalLMBackend, seq: CacheSequence, committed: Seq
 
 
 @torch.inference_mode()
-def direct_target_joint(model: torch.nn.Module, prompt_ids: Sequence[int], policy: SamplingPolicy,
-                        length: int) -> dict[tuple[int, ...], float]:
+def direct_target_joint(
+    model: torch.nn.Module, prompt_ids: Sequence[int], policy: SamplingPolicy, length: int
+) -> dict[tuple[int, ...], float]:
     """The target's exact joint over the next ``length`` tokens from plain forwards of
     ``prompt + c`` for every continuation ``c`` shorter than ``length`` (no cache, no tree)."""
     vocab = int(model.config.vocab_size)
@@ -196,10 +233,20 @@ def direct_target_joint(model: torch.nn.Module, prompt_ids: Sequence[int], polic
 # --------------------------------------------------------------------------- enumeration
 
 
-def e2e_output_law(*, target: CausalLMBackend, proposer: Proposer, verifier: Verifier, policy: SamplingPolicy,
-                   prompt_ids: Sequence[int], length: int = DEFAULT_LENGTH, rounds: int | None = 1,
-                   max_nodes: int | None = None, max_depth: int | None = None, max_leaves: int = MAX_LEAVES,
-                   stats: dict | None = None) -> dict[tuple[int, ...], float]:
+def e2e_output_law(
+    *,
+    target: CausalLMBackend,
+    proposer: Proposer,
+    verifier: Verifier,
+    policy: SamplingPolicy,
+    prompt_ids: Sequence[int],
+    length: int = DEFAULT_LENGTH,
+    rounds: int | None = 1,
+    max_nodes: int | None = None,
+    max_depth: int | None = None,
+    max_leaves: int = MAX_LEAVES,
+    stats: dict | None = None,
+) -> dict[tuple[int, ...], float]:
     """Exact law of the first ``length`` tokens emitted by speculative decoding of ``prompt_ids``.
 
     Real rounds (``rounds`` of them at most; ``None``: as many as it takes) run with every
@@ -222,14 +269,21 @@ def e2e_output_law(*, target: CausalLMBackend, proposer: Proposer, verifier: Ver
         out[path] = out.get(path, 0.0) + prob
         count["leaves"] += 1
 
-    def explore(seq: CacheSequence, prop: Proposer, committed: list[int], generated: tuple[int, ...], prob: float,
-                rounds_left: int | None) -> None:
+    def explore(
+        seq: CacheSequence,
+        prop: Proposer,
+        committed: list[int],
+        generated: tuple[int, ...],
+        prob: float,
+        rounds_left: int | None,
+    ) -> None:
         if len(generated) >= length:
             add(generated[:length], prob)
             return
         if rounds_left == 0:
-            for cont, pc in continuation_law(target, copy.deepcopy(seq), committed, policy,
-                                             length - len(generated)).items():
+            for cont, pc in continuation_law(
+                target, copy.deepcopy(seq), committed, policy, length - len(generated)
+            ).items():
                 add(generated + cont, prob * pc)
             return
 
@@ -260,8 +314,14 @@ def e2e_output_law(*, target: CausalLMBackend, proposer: Proposer, verifier: Ver
                 nxt = fork(after)
                 now = committed + list(emitted)
                 nxt.observe_commit(now)
-                explore(seq_c, nxt, now, generated + emitted, prob * p_prop * p_sel,
-                        None if rounds_left is None else rounds_left - 1)
+                explore(
+                    seq_c,
+                    nxt,
+                    now,
+                    generated + emitted,
+                    prob * p_prop * p_sel,
+                    None if rounds_left is None else rounds_left - 1,
+                )
 
     explore(seq0, proposer, list(prompt_ids), (), 1.0, rounds)
     if stats is not None:
@@ -275,8 +335,9 @@ def e2e_output_law(*, target: CausalLMBackend, proposer: Proposer, verifier: Ver
 # --------------------------------------------------------------------------- cases
 
 
-def oracle_model(*, seed: int, vocab: int = 5, num_layers: int = 2, logit_scale: float = LOGIT_SCALE
-                 ) -> torch.nn.Module:
+def oracle_model(
+    *, seed: int, vocab: int = 5, num_layers: int = 2, logit_scale: float = LOGIT_SCALE
+) -> torch.nn.Module:
     """A tiny float64 Llama with a peaked, prefix-dependent next-token law (lm_head scaled)."""
     from harness.target.loading import build_tiny_model
 
@@ -303,8 +364,11 @@ class E2ECase:
 
 
 def _as_float64(policy: SamplingPolicy) -> Float64Policy:
-    return policy if isinstance(policy, Float64Policy) else Float64Policy(
-        temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k)
+    return (
+        policy
+        if isinstance(policy, Float64Policy)
+        else Float64Policy(temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k)
+    )
 
 
 def make_proposer(case: E2ECase, *, draft: CausalLMBackend | None, policy: SamplingPolicy) -> Proposer:
@@ -313,8 +377,9 @@ def make_proposer(case: E2ECase, *, draft: CausalLMBackend | None, policy: Sampl
 
         if draft is None:
             raise ValueError("an end-to-end draft_model case needs a draft backend")
-        return DraftModelProposer(budget=case.budget, manifest_hash="e2e", policy=policy, backend=draft,
-                                  sampling=case.sampling)
+        return DraftModelProposer(
+            budget=case.budget, manifest_hash="e2e", policy=policy, backend=draft, sampling=case.sampling
+        )
     if case.proposer == "prompt_lookup":
         from harness.proposers.prompt_lookup import PromptLookupProposer
 
@@ -325,8 +390,14 @@ def make_proposer(case: E2ECase, *, draft: CausalLMBackend | None, policy: Sampl
         from harness.engine.build import proposer_class
         from harness.proposers.merged import MergedProposer, sub_budget
 
-        sources = [make_proposer(replace(case, proposer=name, budget=sub_budget(proposer_class(name), case.budget)),
-                                 draft=draft, policy=policy) for name in MERGED_SOURCES]
+        sources = [
+            make_proposer(
+                replace(case, proposer=name, budget=sub_budget(proposer_class(name), case.budget)),
+                draft=draft,
+                policy=policy,
+            )
+            for name in MERGED_SOURCES
+        ]
         return MergedProposer(budget=case.budget, manifest_hash="e2e", sources=sources, policy=policy)
     raise ValueError(f"unknown end-to-end proposer {case.proposer!r}; one of draft_model, prompt_lookup, merged")
 
@@ -335,8 +406,14 @@ def make_proposer(case: E2ECase, *, draft: CausalLMBackend | None, policy: Sampl
 MERGED_SOURCES = ("draft_model", "prompt_lookup")
 
 
-def misrecorded_q_proposer(*, budget: Budget, policy: SamplingPolicy, backend: CausalLMBackend,
-                           sampling: str = "iid", q_temperature: float = 0.5) -> Proposer:
+def misrecorded_q_proposer(
+    *,
+    budget: Budget,
+    policy: SamplingPolicy,
+    backend: CausalLMBackend,
+    sampling: str = "iid",
+    q_temperature: float = 0.5,
+) -> Proposer:
     """NEGATIVE CONTROL (test-only): a draft proposer that samples from the draft's law but
     records ``q`` with an extra temperature applied to q only (``q_rec ∝ q ** (1 / q_temperature)``),
     the bug of a proposer whose policy and recorded law drift apart. Every contract check passes
@@ -355,8 +432,9 @@ def misrecorded_q_proposer(*, budget: Budget, policy: SamplingPolicy, backend: C
             nodes = tuple(replace(n, q=float(q_rec[i, n.token_id])) for i, n in enumerate(result.nodes))
             return replace(result, nodes=nodes, q_dists=q_rec)
 
-    return MisrecordedQProposer(budget=budget, manifest_hash="e2e-negative-control", policy=policy,
-                                backend=backend, sampling=sampling)
+    return MisrecordedQProposer(
+        budget=budget, manifest_hash="e2e-negative-control", policy=policy, backend=backend, sampling=sampling
+    )
 
 
 def case_capabilities(case: E2ECase):
@@ -412,35 +490,61 @@ class E2EModels:
     draft: CausalLMBackend
 
     @classmethod
-    def build(cls, *, seed: int = 0, vocab: int = 5) -> "E2EModels":
+    def build(cls, *, seed: int = 0, vocab: int = 5) -> E2EModels:
         """Target: 2 layers; draft: a different 1-layer model (so q differs from p)."""
-        return cls(target=CausalLMBackend(oracle_model(seed=seed, vocab=vocab)),
-                   draft=CausalLMBackend(oracle_model(seed=seed + 101, vocab=vocab, num_layers=1)))
+        return cls(
+            target=CausalLMBackend(oracle_model(seed=seed, vocab=vocab)),
+            draft=CausalLMBackend(oracle_model(seed=seed + 101, vocab=vocab, num_layers=1)),
+        )
 
 
-def check_e2e_case(verifier: Verifier, case: E2ECase, models: E2EModels, *, prompt_ids: Sequence[int] = E2E_PROMPT,
-                   proposer_factory: Callable[[E2ECase, CausalLMBackend | None, SamplingPolicy], Proposer] | None = None,
-                   max_leaves: int = MAX_LEAVES) -> dict:
+def check_e2e_case(
+    verifier: Verifier,
+    case: E2ECase,
+    models: E2EModels,
+    *,
+    prompt_ids: Sequence[int] = E2E_PROMPT,
+    proposer_factory: Callable[[E2ECase, CausalLMBackend | None, SamplingPolicy], Proposer] | None = None,
+    max_leaves: int = MAX_LEAVES,
+) -> dict:
     """Run one end-to-end case; a row like :func:`harness.gates.oracle.check_case`'s."""
     t0 = time.perf_counter()
     policy = _as_float64(case.policy)
     factory = proposer_factory or (lambda c, d, p: make_proposer(c, draft=d, policy=p))
     proposer = factory(case, models.draft, policy)
     stats: dict = {}
-    law = e2e_output_law(target=models.target, proposer=proposer, verifier=verifier, policy=policy,
-                         prompt_ids=prompt_ids, length=case.length, rounds=case.rounds,
-                         max_nodes=case.budget.max_nodes, max_depth=case.budget.max_depth, max_leaves=max_leaves,
-                         stats=stats)
+    law = e2e_output_law(
+        target=models.target,
+        proposer=proposer,
+        verifier=verifier,
+        policy=policy,
+        prompt_ids=prompt_ids,
+        length=case.length,
+        rounds=case.rounds,
+        max_nodes=case.budget.max_nodes,
+        max_depth=case.budget.max_depth,
+        max_leaves=max_leaves,
+        stats=stats,
+    )
     joint = direct_target_joint(models.target.model, prompt_ids, policy, case.length)
     err = max_abs_error(law, joint)
-    return {"verifier": verifier.name, "case": f"e2e/{case.name}", "kind": "end_to_end", "max_abs_error": err,
-            "bound": MARGINAL_ATOL, "passed": err <= MARGINAL_ATOL, "leaves": stats.get("selections", 0),
-            "proposals": stats.get("proposals", 0), "relation": sorted(case_capabilities(case).sampling_relations)[0],
-            "seconds": time.perf_counter() - t0}
+    return {
+        "verifier": verifier.name,
+        "case": f"e2e/{case.name}",
+        "kind": "end_to_end",
+        "max_abs_error": err,
+        "bound": MARGINAL_ATOL,
+        "passed": err <= MARGINAL_ATOL,
+        "leaves": stats.get("selections", 0),
+        "proposals": stats.get("proposals", 0),
+        "relation": sorted(case_capabilities(case).sampling_relations)[0],
+        "seconds": time.perf_counter() - t0,
+    }
 
 
-def run_e2e_suite(verifier_names: Sequence[str], *, models: E2EModels | None = None,
-                  cases: Sequence[E2ECase] | None = None) -> list[dict]:
+def run_e2e_suite(
+    verifier_names: Sequence[str], *, models: E2EModels | None = None, cases: Sequence[E2ECase] | None = None
+) -> list[dict]:
     """Every standard end-to-end case each named verifier negotiates; one row per case."""
     from harness.verifiers.base import VERIFIERS
 
@@ -450,7 +554,7 @@ def run_e2e_suite(verifier_names: Sequence[str], *, models: E2EModels | None = N
         verifier = VERIFIERS[name]()
         if not verifier.exact:
             raise ValueError(f"verifier {name!r} is heuristic (exact=False): the oracle does not apply")
-        for case in (cases if cases is not None else standard_cases()):
+        for case in cases if cases is not None else standard_cases():
             if applicable(case, verifier):
                 rows.append(check_e2e_case(verifier, case, models))
     return rows
@@ -470,8 +574,14 @@ def negative_control_rows(models: E2EModels | None = None) -> list[dict]:
     rows = []
     for verifier_name, case_name in NEGATIVE_CONTROL_CASES:
         case = by_name[case_name]
-        row = check_e2e_case(VERIFIERS[verifier_name](), case, models, proposer_factory=lambda c, d, p: (
-            misrecorded_q_proposer(budget=c.budget, policy=p, backend=d, sampling=c.sampling)))
+        row = check_e2e_case(
+            VERIFIERS[verifier_name](),
+            case,
+            models,
+            proposer_factory=lambda c, d, p: misrecorded_q_proposer(
+                budget=c.budget, policy=p, backend=d, sampling=c.sampling
+            ),
+        )
         row["case"] = f"e2e-negative/misrecorded-q/{case_name}"
         row["negative_control"] = True
         rows.append(row)
@@ -479,8 +589,26 @@ def negative_control_rows(models: E2EModels | None = None) -> list[dict]:
 
 
 __all__ = [
-    "DEFAULT_LENGTH", "E2ECase", "E2EModels", "E2E_PROMPT", "Float64Policy", "LOGIT_SCALE", "applicable",
-    "check_e2e_case", "continuation_law", "direct_target_joint", "e2e_output_law", "emitted_tokens", "fork",
-    "make_proposer", "misrecorded_q_proposer", "negative_control_rows", "oracle_model", "propose_and_verify",
-    "run_e2e_suite", "select_and_commit", "speculative_round", "standard_cases",
+    "DEFAULT_LENGTH",
+    "E2ECase",
+    "E2EModels",
+    "E2E_PROMPT",
+    "Float64Policy",
+    "LOGIT_SCALE",
+    "applicable",
+    "check_e2e_case",
+    "continuation_law",
+    "direct_target_joint",
+    "e2e_output_law",
+    "emitted_tokens",
+    "fork",
+    "make_proposer",
+    "misrecorded_q_proposer",
+    "negative_control_rows",
+    "oracle_model",
+    "propose_and_verify",
+    "run_e2e_suite",
+    "select_and_commit",
+    "speculative_round",
+    "standard_cases",
 ]

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -69,10 +70,12 @@ class _ReplaySource:
         pos = len(self.choices)
         if pos < len(self.script):
             if len(probs) != len(self.expected[pos]) or any(
-                    abs(a - b) > 1e-12 for a, b in zip(probs, self.expected[pos])):
+                abs(a - b) > 1e-12 for a, b in zip(probs, self.expected[pos])
+            ):
                 raise OracleError(
                     f"draw {pos} changed on replay: expected branch probabilities {self.expected[pos]}, got "
-                    f"{probs}; the code under enumeration uses randomness or state outside its RandomSource")
+                    f"{probs}; the code under enumeration uses randomness or state outside its RandomSource"
+                )
             idx = self.script[pos]
         else:
             idx = 0
@@ -131,8 +134,9 @@ def enumerate_leaves(fn: Callable[[RandomSource], Any], *, max_leaves: int = MAX
         expected = src.options[: j + 1]
 
 
-def enumerate_marginal(fn: Callable[[RandomSource], Hashable], *,
-                       max_leaves: int = MAX_LEAVES) -> dict[Hashable, float]:
+def enumerate_marginal(
+    fn: Callable[[RandomSource], Hashable], *, max_leaves: int = MAX_LEAVES
+) -> dict[Hashable, float]:
     """The exact law of ``fn(rng)`` over its outputs, by enumerating every branch."""
     out: dict[Hashable, float] = {}
     for value, prob in enumerate_leaves(fn, max_leaves=max_leaves):
@@ -146,7 +150,7 @@ def enumerate_marginal(fn: Callable[[RandomSource], Hashable], *,
 # --------------------------------------------------------------------------- rounds and targets
 
 
-def _as_proposals(built: "ProposalResult | Sequence[ProposalResult]") -> list[ProposalResult]:
+def _as_proposals(built: ProposalResult | Sequence[ProposalResult]) -> list[ProposalResult]:
     return [built] if isinstance(built, ProposalResult) else list(built)
 
 
@@ -156,17 +160,25 @@ def target_rows(tree: CompiledTree, target_fn: TargetFn) -> torch.Tensor:
     return torch.stack([r.to(torch.float64) for r in rows])
 
 
-def round_output(verifier: Verifier, tree: CompiledTree, target_probs: torch.Tensor,
-                 rng: RandomSource) -> tuple[int, ...]:
+def round_output(
+    verifier: Verifier, tree: CompiledTree, target_probs: torch.Tensor, rng: RandomSource
+) -> tuple[int, ...]:
     """One ``select`` call checked by ``validate_commit``; the committed tokens, bonus last."""
     sel = verifier.select(tree, target_probs, rng)
     validate_commit(tree, sel.accepted_rows)
     return tuple(int(tree.token_ids[r]) for r in sel.accepted_rows) + (int(sel.next_token),)
 
 
-def verifier_output_marginal(verifier: Verifier, proposal_builder: ProposalBuilder, target_probs_fn: TargetFn, *,
-                             max_nodes: int | None = None, max_depth: int | None = None,
-                             max_leaves: int = MAX_LEAVES, stats: dict | None = None) -> dict[tuple[int, ...], float]:
+def verifier_output_marginal(
+    verifier: Verifier,
+    proposal_builder: ProposalBuilder,
+    target_probs_fn: TargetFn,
+    *,
+    max_nodes: int | None = None,
+    max_depth: int | None = None,
+    max_leaves: int = MAX_LEAVES,
+    stats: dict | None = None,
+) -> dict[tuple[int, ...], float]:
     """Exact law of the committed path of one round: proposal sampling + ``compile_tree`` +
     ``verifier.select``, every draw enumerated.
 
@@ -191,6 +203,7 @@ def verifier_output_marginal(verifier: Verifier, proposal_builder: ProposalBuild
     for tree, p_tree in enumerate_leaves(build, max_leaves=max_leaves):
         probs = target_rows(tree, target_cached)  # [1 + N, V]
         budget = max_leaves - leaves
+
         def select(rng: RandomSource, tree: CompiledTree = tree, probs: torch.Tensor = probs) -> tuple[int, ...]:
             return round_output(verifier, tree, probs, rng)
 
@@ -205,8 +218,9 @@ def verifier_output_marginal(verifier: Verifier, proposal_builder: ProposalBuild
     return out
 
 
-def complete_to_length(marginal: dict[tuple[int, ...], float], target_probs_fn: TargetFn,
-                       length: int) -> dict[tuple[int, ...], float]:
+def complete_to_length(
+    marginal: dict[tuple[int, ...], float], target_probs_fn: TargetFn, length: int
+) -> dict[tuple[int, ...], float]:
     """Law of the first ``length`` tokens when each committed path is continued by the target.
 
     Decoding continues from the committed path with the target's own law, so the round is exact
@@ -245,8 +259,9 @@ def first_token_marginal(marginal: dict[tuple[int, ...], float], vocab: int) -> 
     return out
 
 
-def first_token_tv(verifier: Verifier, proposal_builder: ProposalBuilder, target_probs_fn: TargetFn, *,
-                   max_leaves: int = MAX_LEAVES) -> float:
+def first_token_tv(
+    verifier: Verifier, proposal_builder: ProposalBuilder, target_probs_fn: TargetFn, *, max_leaves: int = MAX_LEAVES
+) -> float:
     """Exact total-variation distance between the first committed token's law and the target's.
 
     Zero for an exact verifier; for a heuristic one (``typical``) it measures how far one
@@ -290,9 +305,16 @@ class PrefixLaws:
     the prefix), so a tree's children are conditional on their own prefix.
     """
 
-    def __init__(self, *, vocab: int, seed: int, kind: str = "dense", zeros: int = 0,
-                 policy: SamplingPolicy | None = None,
-                 fixed: dict[tuple[int, ...], torch.Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        vocab: int,
+        seed: int,
+        kind: str = "dense",
+        zeros: int = 0,
+        policy: SamplingPolicy | None = None,
+        fixed: dict[tuple[int, ...], torch.Tensor] | None = None,
+    ) -> None:
         if kind not in {"dense", "one_hot", "logits"}:
             raise ValueError(f"kind must be dense, one_hot or logits; got {kind!r}")
         self.vocab, self.seed, self.kind, self.zeros, self.policy = vocab, seed, kind, zeros, policy
@@ -319,8 +341,9 @@ class PrefixLaws:
         return torch.stack([self(p) for p in prefixes])
 
 
-def fixed_candidates(tokens_by_prefix: dict[tuple[int, ...], Sequence[int]], *, semantics: str = "absent",
-                     source: str = "lookup") -> ProposalResult:
+def fixed_candidates(
+    tokens_by_prefix: dict[tuple[int, ...], Sequence[int]], *, semantics: str = "absent", source: str = "lookup"
+) -> ProposalResult:
     """A deterministic (``deterministic_lookup``) proposal: ``tokens_by_prefix[prefix]`` are the
     children below ``prefix``; no draw, no ``q``."""
     nodes: list[ProposalNode] = []
@@ -329,8 +352,14 @@ def fixed_candidates(tokens_by_prefix: dict[tuple[int, ...], Sequence[int]], *, 
         if prefix not in index:
             raise ValueError(f"prefix {prefix} has no parent node in the candidate table")
         for tok in tokens_by_prefix[prefix]:
-            nodes.append(ProposalNode(token_id=int(tok), parent=index[prefix], source=source,
-                                      score=1.0 if semantics == "frequency" else None))
+            nodes.append(
+                ProposalNode(
+                    token_id=int(tok),
+                    parent=index[prefix],
+                    source=source,
+                    score=1.0 if semantics == "frequency" else None,
+                )
+            )
             index[prefix + (int(tok),)] = len(nodes) - 1
     parents = [n.parent for n in nodes]
     if all(p == i - 1 for i, p in enumerate(parents)):
@@ -339,10 +368,15 @@ def fixed_candidates(tokens_by_prefix: dict[tuple[int, ...], Sequence[int]], *, 
         topology = "set"
     else:
         topology = "tree"
-    return ProposalResult(nodes=tuple(nodes), probability_semantics=semantics,  # type: ignore[arg-type]
-                          sampling_relation="deterministic_lookup", topology=topology,  # type: ignore[arg-type]
-                          state_handle=NO_STATE,
-                          manifest_hash="oracle", source=source)
+    return ProposalResult(
+        nodes=tuple(nodes),
+        probability_semantics=semantics,  # type: ignore[arg-type]
+        sampling_relation="deterministic_lookup",
+        topology=topology,  # type: ignore[arg-type]
+        state_handle=NO_STATE,
+        manifest_hash="oracle",
+        source=source,
+    )
 
 
 # --------------------------------------------------------------------------- cases
@@ -365,20 +399,37 @@ def check_case(verifier: Verifier, case: OracleCase, *, max_leaves: int = MAX_LE
     """Run one case; a dict with ``max_abs_error``, ``passed``, ``leaves`` and ``seconds``."""
     t0 = time.perf_counter()
     stats: dict = {}
-    marg = verifier_output_marginal(verifier, case.proposal_builder, case.target, max_nodes=case.max_nodes,
-                                    max_depth=case.max_depth, max_leaves=max_leaves, stats=stats)
+    marg = verifier_output_marginal(
+        verifier,
+        case.proposal_builder,
+        case.target,
+        max_nodes=case.max_nodes,
+        max_depth=case.max_depth,
+        max_leaves=max_leaves,
+        stats=stats,
+    )
     err = max_abs_error(complete_to_length(marg, case.target, case.length), target_joint(case.target, case.length))
-    return {"verifier": verifier.name, "case": case.name, "kind": "marginal", "max_abs_error": err,
-            "bound": MARGINAL_ATOL, "passed": err <= MARGINAL_ATOL, "leaves": stats.get("leaves", 0),
-            "seconds": time.perf_counter() - t0}
+    return {
+        "verifier": verifier.name,
+        "case": case.name,
+        "kind": "marginal",
+        "max_abs_error": err,
+        "bound": MARGINAL_ATOL,
+        "passed": err <= MARGINAL_ATOL,
+        "leaves": stats.get("leaves", 0),
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def sampled_builder(laws: PrefixLaws, widths: Sequence[int], relation: str) -> ProposalBuilder:
     """A proposal builder sampling a ``widths``-by-depth tree from ``laws`` (conditional on each
     node's own prefix) with ``relation``, through the injected source."""
+
     def build(rng: RandomSource) -> ProposalResult:
-        return sample_tree_proposal(laws.level, widths=widths, relation=relation, rng=rng, source="oracle",
-                                    manifest_hash="oracle")
+        return sample_tree_proposal(
+            laws.level, widths=widths, relation=relation, rng=rng, source="oracle", manifest_hash="oracle"
+        )
+
     return build
 
 
@@ -431,21 +482,42 @@ def _relations(verifier: Verifier) -> list[tuple[str, str]]:
     return out
 
 
-def _make_case(name: str, *, relation: str, semantics: str, widths: Sequence[int], vocab: int, target_kind: str,
-               seed: int, target_zeros: int, q_zeros: int) -> OracleCase:
+def _make_case(
+    name: str,
+    *,
+    relation: str,
+    semantics: str,
+    widths: Sequence[int],
+    vocab: int,
+    target_kind: str,
+    seed: int,
+    target_zeros: int,
+    q_zeros: int,
+) -> OracleCase:
     target = PrefixLaws(vocab=vocab, seed=1000 + seed, kind=target_kind, zeros=target_zeros)
     if relation in {"iid", "without_replacement", "beam"}:
         q = PrefixLaws(vocab=vocab, seed=2000 + seed, kind="dense", zeros=q_zeros if relation != "beam" else 0)
         builder = sampled_builder(q, widths, relation)
     else:
         builder = _fixed(_lookup_tree(widths, vocab=vocab, seed=seed, semantics=semantics))
-    return OracleCase(name=name, proposal_builder=builder, target=target, length=len(widths) + 1,
-                      tags={"relation": relation, "semantics": semantics, "widths": tuple(widths), "vocab": vocab})
+    return OracleCase(
+        name=name,
+        proposal_builder=builder,
+        target=target,
+        length=len(widths) + 1,
+        tags={"relation": relation, "semantics": semantics, "widths": tuple(widths), "vocab": vocab},
+    )
 
 
-def verifier_cases(verifier: Verifier, *, seeds: Sequence[int] = (0, 1), vocab: int = 3,
-                   random_count: int = 0, random_seed: int = 0,
-                   random_max_proposal_leaves: int = 1500) -> list[OracleCase]:
+def verifier_cases(
+    verifier: Verifier,
+    *,
+    seeds: Sequence[int] = (0, 1),
+    vocab: int = 3,
+    random_count: int = 0,
+    random_seed: int = 0,
+    random_max_proposal_leaves: int = 1500,
+) -> list[OracleCase]:
     """Every case the oracle runs for ``verifier``, derived from what it declares.
 
     Targets: one-hot at temperature 0 (``temperatures`` "zero" or "any"), dense at temperature
@@ -466,12 +538,23 @@ def verifier_cases(verifier: Verifier, *, seeds: Sequence[int] = (0, 1), vocab: 
                     if relation != "iid" and max(widths) > vocab:
                         continue
                     for seed in seeds:
-                        cases.append(_make_case(f"{kind}/{relation}/{label}/s{seed}", relation=relation,
-                                                semantics=semantics, widths=widths, vocab=vocab, target_kind=kind,
-                                                seed=seed, target_zeros=seed % 2, q_zeros=1 - seed % 2))
+                        cases.append(
+                            _make_case(
+                                f"{kind}/{relation}/{label}/s{seed}",
+                                relation=relation,
+                                semantics=semantics,
+                                widths=widths,
+                                vocab=vocab,
+                                target_kind=kind,
+                                seed=seed,
+                                target_zeros=seed % 2,
+                                q_zeros=1 - seed % 2,
+                            )
+                        )
     if random_count:
-        cases.extend(random_cases(verifier, count=random_count, seed=random_seed,
-                                  max_proposal_leaves=random_max_proposal_leaves))
+        cases.extend(
+            random_cases(verifier, count=random_count, seed=random_seed, max_proposal_leaves=random_max_proposal_leaves)
+        )
     cases.extend(_fixed_cases(verifier))
     return cases
 
@@ -483,20 +566,21 @@ def proposal_leaf_bound(widths: Sequence[int], *, relation: str, vocab: int, sup
     ``vocab - i`` tokens each (the uniform fallback reaches outside ``q``'s support).
     """
     if relation == "iid":
-        per_parent = [support ** w for w in widths]
+        per_parent = [support**w for w in widths]
     elif relation == "without_replacement":
         per_parent = [math.prod(vocab - i for i in range(w)) for w in widths]
     else:
         return 1
     total, parents = 1, 1
     for w, branches in zip(widths, per_parent):
-        total *= branches ** parents
+        total *= branches**parents
         parents *= w
     return total
 
 
-def random_cases(verifier: Verifier, *, count: int, seed: int = 0, max_vocab: int = 6,
-                 max_proposal_leaves: int = 1500) -> list[OracleCase]:
+def random_cases(
+    verifier: Verifier, *, count: int, seed: int = 0, max_vocab: int = 6, max_proposal_leaves: int = 1500
+) -> list[OracleCase]:
     """``count`` random small instances within the verifier's declarations: vocabulary 2 to
     ``max_vocab``, one to four first-level candidates, depth 1 to 3, child laws conditional on
     their own prefix, zeros in targets and drafts. Shapes whose proposal enumeration could
@@ -539,10 +623,19 @@ def random_cases(verifier: Verifier, *, count: int, seed: int = 0, max_vocab: in
         else:
             raise OracleError(f"could not draw a small enough random case for {verifier.name!r}")
         case_seed = 10_000 + 97 * seed + i
-        cases.append(_make_case(f"random/{kind}/{relation}/v{vocab}/w{'-'.join(map(str, widths))}/r{seed}.{i}",
-                                relation=relation, semantics=semantics, widths=widths, vocab=vocab,
-                                target_kind=kind, seed=case_seed, target_zeros=randint(0, vocab - 1) // 2,
-                                q_zeros=q_zeros))
+        cases.append(
+            _make_case(
+                f"random/{kind}/{relation}/v{vocab}/w{'-'.join(map(str, widths))}/r{seed}.{i}",
+                relation=relation,
+                semantics=semantics,
+                widths=widths,
+                vocab=vocab,
+                target_kind=kind,
+                seed=case_seed,
+                target_zeros=randint(0, vocab - 1) // 2,
+                q_zeros=q_zeros,
+            )
+        )
     return cases
 
 
@@ -563,37 +656,66 @@ def _lookup_tree(widths: Sequence[int], *, vocab: int, seed: int, semantics: str
 def _fixed_cases(verifier: Verifier) -> list[OracleCase]:
     """Named cases: the reference toy, 0x08B, top-p/top-k truncation, the uniform fallback."""
     out: list[OracleCase] = []
-    sem, rel, topo, temps = (verifier.probability_semantics, verifier.sampling_relations,
-                             verifier.topologies, verifier.temperatures)
+    sem, rel, topo, temps = (
+        verifier.probability_semantics,
+        verifier.sampling_relations,
+        verifier.topologies,
+        verifier.temperatures,
+    )
     positive = temps in {"positive", "any"}
     if not positive or "normalized_conditional" not in sem:
         return out
     q_ref = PrefixLaws(vocab=3, seed=0, fixed={(): torch.tensor(REFERENCE_Q, dtype=torch.float64)})
     if "iid" in rel and "set" in topo:
         # 0x09A: two i.i.d. candidates from q; the residual update reproduces p
-        out.append(OracleCase(name="reference/p.5.3.2-q.4.4.2-iid2",
-                              proposal_builder=sampled_builder(q_ref, (2,), "iid"),
-                              target=_const(REFERENCE_P), length=1, tags={"relation": "iid"}))
+        out.append(
+            OracleCase(
+                name="reference/p.5.3.2-q.4.4.2-iid2",
+                proposal_builder=sampled_builder(q_ref, (2,), "iid"),
+                target=_const(REFERENCE_P),
+                length=1,
+                tags={"relation": "iid"},
+            )
+        )
         # 0x08B: every draft is token 1, the target is Bernoulli(1/2)
         q_b = PrefixLaws(vocab=2, seed=0, fixed={(): torch.tensor([0.0, 1.0], dtype=torch.float64)})
-        out.append(OracleCase(name="0x08B/bernoulli-half-k3", proposal_builder=sampled_builder(q_b, (3,), "iid"),
-                              target=_const((0.5, 0.5)), length=1, tags={"relation": "iid"}))
+        out.append(
+            OracleCase(
+                name="0x08B/bernoulli-half-k3",
+                proposal_builder=sampled_builder(q_b, (3,), "iid"),
+                target=_const((0.5, 0.5)),
+                length=1,
+                tags={"relation": "iid"},
+            )
+        )
     if "without_replacement" in rel and "set" in topo:
         # draft mass exhausted after one draw: the second and third draws use the uniform fallback
         q_w = PrefixLaws(vocab=4, seed=0, fixed={(): torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)})
-        out.append(OracleCase(name="fallback/uniform-after-exhaustion-k3",
-                              proposal_builder=sampled_builder(q_w, (3,), "without_replacement"),
-                              target=_const((0.1, 0.2, 0.3, 0.4)), length=1,
-                              tags={"relation": "without_replacement"}))
+        out.append(
+            OracleCase(
+                name="fallback/uniform-after-exhaustion-k3",
+                proposal_builder=sampled_builder(q_w, (3,), "without_replacement"),
+                target=_const((0.1, 0.2, 0.3, 0.4)),
+                length=1,
+                tags={"relation": "without_replacement"},
+            )
+        )
         # q with a zero: exhausted after two draws
         q_w2 = PrefixLaws(vocab=3, seed=0, fixed={(): torch.tensor([0.7, 0.3, 0.0], dtype=torch.float64)})
-        out.append(OracleCase(name="fallback/uniform-third-draw-k3",
-                              proposal_builder=sampled_builder(q_w2, (3,), "without_replacement"),
-                              target=_const((0.2, 0.2, 0.6)), length=1,
-                              tags={"relation": "without_replacement"}))
+        out.append(
+            OracleCase(
+                name="fallback/uniform-third-draw-k3",
+                proposal_builder=sampled_builder(q_w2, (3,), "without_replacement"),
+                target=_const((0.2, 0.2, 0.6)),
+                length=1,
+                tags={"relation": "without_replacement"},
+            )
+        )
     # top-p / top-k truncation applied to both the target and q (one policy, two logit families)
-    for policy, label in ((SamplingPolicy(temperature=0.8, top_p=0.7), "top_p0.7"),
-                          (SamplingPolicy(temperature=1.2, top_k=2), "top_k2")):
+    for policy, label in (
+        (SamplingPolicy(temperature=0.8, top_p=0.7), "top_p0.7"),
+        (SamplingPolicy(temperature=1.2, top_k=2), "top_k2"),
+    ):
         target = PrefixLaws(vocab=5, seed=4100, kind="logits", policy=policy)
         q = PrefixLaws(vocab=5, seed=4200, kind="logits", policy=policy)
         for r in ("iid", "without_replacement"):
@@ -608,9 +730,15 @@ def _fixed_cases(verifier: Verifier) -> list[OracleCase]:
             else:
                 shapes = [("seq2", (1, 1))]
             for shape_label, widths in shapes:
-                out.append(OracleCase(name=f"truncation/{label}/{r}/{shape_label}",
-                                      proposal_builder=sampled_builder(q, widths, r), target=target,
-                                      length=len(widths) + 1, tags={"relation": r}))
+                out.append(
+                    OracleCase(
+                        name=f"truncation/{label}/{r}/{shape_label}",
+                        proposal_builder=sampled_builder(q, widths, r),
+                        target=target,
+                        length=len(widths) + 1,
+                        tags={"relation": r},
+                    )
+                )
     return out
 
 
@@ -628,9 +756,31 @@ def exact_verifier_names(*, include_test_only: bool = False) -> list[str]:
 
 
 __all__ = [
-    "MARGINAL_ATOL", "MAX_LEAVES", "OracleError", "OracleCase", "PrefixLaws", "REFERENCE_P", "REFERENCE_Q",
-    "check_case", "complete_to_length", "enumerate_leaves", "enumerate_marginal", "exact_verifier_names",
-    "first_token_marginal", "first_token_tv", "fixed_candidates", "max_abs_error", "one_hot", "random_cases",
-    "proposal_leaf_bound", "random_law", "round_output", "run_verifier_cases", "sampled_builder", "target_joint", "target_rows",
-    "verifier_cases", "verifier_output_marginal",
+    "MARGINAL_ATOL",
+    "MAX_LEAVES",
+    "OracleError",
+    "OracleCase",
+    "PrefixLaws",
+    "REFERENCE_P",
+    "REFERENCE_Q",
+    "check_case",
+    "complete_to_length",
+    "enumerate_leaves",
+    "enumerate_marginal",
+    "exact_verifier_names",
+    "first_token_marginal",
+    "first_token_tv",
+    "fixed_candidates",
+    "max_abs_error",
+    "one_hot",
+    "random_cases",
+    "proposal_leaf_bound",
+    "random_law",
+    "round_output",
+    "run_verifier_cases",
+    "sampled_builder",
+    "target_joint",
+    "target_rows",
+    "verifier_cases",
+    "verifier_output_marginal",
 ]

@@ -18,8 +18,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from harness.gates.oracle import MARGINAL_ATOL, check_case, exact_verifier_names, verifier_cases
 from harness.gates.transport import check_transport, transport_applies, transport_instances
@@ -37,9 +37,15 @@ def _register_extras() -> None:
     from harness.verifiers import typical as _typical  # noqa: F401  (heuristic; not exact, not run)
 
 
-def run_suite(verifier_names: list[str] | None = None, *, relations: Iterable[str] | None = None,
-              seeds: Sequence[int] = (0, 1), random_count: int = 4, transport: bool = True,
-              negative_control: bool | None = None) -> list[dict]:
+def run_suite(
+    verifier_names: list[str] | None = None,
+    *,
+    relations: Iterable[str] | None = None,
+    seeds: Sequence[int] = (0, 1),
+    random_count: int = 4,
+    transport: bool = True,
+    negative_control: bool | None = None,
+) -> list[dict]:
     """Run the oracle cases; one dict per case.
 
     ``verifier_names=None``: every exact, non-test-only verifier plus the negative control.
@@ -109,8 +115,13 @@ def e2e_negative_control_status(rows: list[dict]) -> dict:
     if not control:
         return {"proposer": "misrecorded_q", "status": "not run", "caught": False, "cases": 0}
     caught = all(r["max_abs_error"] >= CAUGHT_MIN_ERROR for r in control)
-    return {"proposer": "misrecorded_q", "status": "caught" if caught else "NOT CAUGHT", "caught": caught,
-            "cases": len(control), "min_abs_error": min(r["max_abs_error"] for r in control)}
+    return {
+        "proposer": "misrecorded_q",
+        "status": "caught" if caught else "NOT CAUGHT",
+        "caught": caught,
+        "cases": len(control),
+        "min_abs_error": min(r["max_abs_error"] for r in control),
+    }
 
 
 def negative_control_status(rows: list[dict]) -> dict:
@@ -120,9 +131,15 @@ def negative_control_status(rows: list[dict]) -> dict:
         return {"verifier": NEGATIVE_CONTROL, "status": "not run", "caught": False, "cases": 0}
     worst = max(control, key=lambda r: r["max_abs_error"])
     caught_cases = [r for r in control if r["max_abs_error"] >= CAUGHT_MIN_ERROR]
-    return {"verifier": NEGATIVE_CONTROL, "status": "caught" if caught_cases else "NOT CAUGHT",
-            "caught": bool(caught_cases), "cases": len(control), "cases_caught": len(caught_cases),
-            "max_abs_error": worst["max_abs_error"], "worst_case": worst["case"]}
+    return {
+        "verifier": NEGATIVE_CONTROL,
+        "status": "caught" if caught_cases else "NOT CAUGHT",
+        "caught": bool(caught_cases),
+        "cases": len(control),
+        "cases_caught": len(caught_cases),
+        "max_abs_error": worst["max_abs_error"],
+        "worst_case": worst["case"],
+    }
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -130,10 +147,15 @@ def summarize(rows: list[dict]) -> dict:
     failed = [r for r in checked if not r["passed"]]
     control = negative_control_status(rows)
     e2e_control = e2e_negative_control_status(rows)
-    return {"cases": len(checked), "failed": len(failed), "marginal_bound": MARGINAL_ATOL,
-            "end_to_end_cases": sum(r["kind"] == "end_to_end" for r in checked),
-            "negative_control": control, "e2e_negative_control": e2e_control,
-            "passed": not failed and all(c["caught"] or c["status"] == "not run" for c in (control, e2e_control))}
+    return {
+        "cases": len(checked),
+        "failed": len(failed),
+        "marginal_bound": MARGINAL_ATOL,
+        "end_to_end_cases": sum(r["kind"] == "end_to_end" for r in checked),
+        "negative_control": control,
+        "e2e_negative_control": e2e_control,
+        "passed": not failed and all(c["caught"] or c["status"] == "not run" for c in (control, e2e_control)),
+    }
 
 
 def format_table(rows: list[dict]) -> str:
@@ -145,28 +167,36 @@ def format_table(rows: list[dict]) -> str:
         extra = ""
         if r["kind"] == "transport":
             extra = f"  (acceptance {r['acceptance']:.6f} <= optimum {r['optimum']:.6f})"
-        lines.append(f"{r['verifier']:<18} {r['case']:<52} {r['max_abs_error']:>14.3e} {leaves:>8}  "
-                     f"{'pass' if r['passed'] else 'FAIL'}{extra}")
+        lines.append(
+            f"{r['verifier']:<18} {r['case']:<52} {r['max_abs_error']:>14.3e} {leaves:>8}  "
+            f"{'pass' if r['passed'] else 'FAIL'}{extra}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="harness oracles", description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None, help="write rows and summary as JSON here")
-    parser.add_argument("--verifier", action="append", default=None,
-                        help="run only this verifier (repeatable); default: every exact verifier")
+    parser.add_argument(
+        "--verifier",
+        action="append",
+        default=None,
+        help="run only this verifier (repeatable); default: every exact verifier",
+    )
     parser.add_argument("--quick", action="store_true", help="one seed, two random instances per verifier")
     parser.add_argument("--random", type=int, default=None, help="random instances per verifier (default 4)")
-    parser.add_argument("--no-e2e", action="store_true",
-                        help="skip the end-to-end cases on a tiny float64 model (--quick skips them too)")
+    parser.add_argument(
+        "--no-e2e",
+        action="store_true",
+        help="skip the end-to-end cases on a tiny float64 model (--quick skips them too)",
+    )
     args = parser.parse_args([] if argv is None else argv)
 
     t0 = time.perf_counter()
     seeds = (0,) if args.quick else (0, 1)
     random_count = args.random if args.random is not None else (2 if args.quick else 4)
     try:
-        rows = run_suite(args.verifier, seeds=seeds, random_count=random_count,
-                         negative_control=True)
+        rows = run_suite(args.verifier, seeds=seeds, random_count=random_count, negative_control=True)
         if not (args.quick or args.no_e2e):
             rows += run_e2e(args.verifier, negative_control=True)
     except ValueError as exc:
@@ -176,16 +206,22 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     control = summary["negative_control"]
     if control["caught"]:
-        print(f"\nnegative control {control['verifier']}: caught ({control['cases_caught']}/{control['cases']} cases "
-              f"miss the target; worst {control['max_abs_error']:.3e} on {control['worst_case']})")
+        print(
+            f"\nnegative control {control['verifier']}: caught ({control['cases_caught']}/{control['cases']} cases "
+            f"miss the target; worst {control['max_abs_error']:.3e} on {control['worst_case']})"
+        )
     else:
         print(f"\nnegative control {control['verifier']}: {control['status']}")
     e2e_control = summary["e2e_negative_control"]
     if e2e_control["status"] != "not run":
-        print(f"end-to-end negative control (recorded q is not the law sampled): {e2e_control['status']} "
-              f"({e2e_control['cases']} cases, smallest miss {e2e_control['min_abs_error']:.3e})")
-    print(f"{summary['cases']} cases, {summary['failed']} failed, bound {MARGINAL_ATOL:g}, "
-          f"{time.perf_counter() - t0:.1f} s: {'PASS' if summary['passed'] else 'FAIL'}")
+        print(
+            f"end-to-end negative control (recorded q is not the law sampled): {e2e_control['status']} "
+            f"({e2e_control['cases']} cases, smallest miss {e2e_control['min_abs_error']:.3e})"
+        )
+    print(
+        f"{summary['cases']} cases, {summary['failed']} failed, bound {MARGINAL_ATOL:g}, "
+        f"{time.perf_counter() - t0:.1f} s: {'PASS' if summary['passed'] else 'FAIL'}"
+    )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2, sort_keys=True))

@@ -48,21 +48,38 @@ class GateError(RuntimeError):
 EQUIVALENCE_ATOL = {torch.float64: 1e-8, torch.float32: 2e-3, torch.bfloat16: 0.25, torch.float16: 0.05}
 
 GATE_MODULES = (
-    "harness/contracts.py", "harness/random_source.py", "harness/topology/compiler.py",
-    "harness/verifiers/base.py", "harness/verifiers/builtin.py", "harness/verifiers/sampling.py",
-    "harness/proposers/sampling.py", "harness/gates/oracle.py", "harness/gates/oracle_cli.py",
-    "harness/gates/transport.py", "harness/gates/stages.py", "harness/target/backend.py",
-    "harness/engine/decode.py", "harness/gates/e2e.py",
+    "harness/contracts.py",
+    "harness/random_source.py",
+    "harness/topology/compiler.py",
+    "harness/verifiers/base.py",
+    "harness/verifiers/builtin.py",
+    "harness/verifiers/sampling.py",
+    "harness/proposers/sampling.py",
+    "harness/gates/oracle.py",
+    "harness/gates/oracle_cli.py",
+    "harness/gates/transport.py",
+    "harness/gates/stages.py",
+    "harness/target/backend.py",
+    "harness/engine/decode.py",
+    "harness/gates/e2e.py",
 )
 #: the oracle gate's end-to-end cases also run these (real proposers on a tiny float64 model)
-ORACLE_MODULES = GATE_MODULES + ("harness/proposers/draft_model.py", "harness/proposers/prompt_lookup.py",
-                                 "harness/proposers/merged.py",
-                                 "harness/proposers/base.py", "harness/target/loading.py")
+ORACLE_MODULES = GATE_MODULES + (
+    "harness/proposers/draft_model.py",
+    "harness/proposers/prompt_lookup.py",
+    "harness/proposers/merged.py",
+    "harness/proposers/base.py",
+    "harness/target/loading.py",
+)
 REPO = Path(__file__).resolve().parents[2]
 #: proposal-side code whose change must invalidate cached statistical gates
-PROPOSER_MODULES = tuple(sorted(
-    str(p.relative_to(REPO)) for pattern in ("harness/proposers/*.py", "harness/heads/*.py")
-    for p in REPO.glob(pattern)))
+PROPOSER_MODULES = tuple(
+    sorted(
+        str(p.relative_to(REPO))
+        for pattern in ("harness/proposers/*.py", "harness/heads/*.py")
+        for p in REPO.glob(pattern)
+    )
+)
 
 
 def gate_key(*parts: object, modules: tuple[str, ...] = GATE_MODULES) -> str:
@@ -105,8 +122,13 @@ def e2e_gate_rows(verifier_name: str, relation: str, *, greedy: bool) -> list[di
     from harness.verifiers.base import VERIFIERS
 
     verifier = VERIFIERS[verifier_name]()
-    cases = [c for c in standard_cases() if (c.policy.temperature == 0.0) == greedy
-             and relation in case_capabilities(c).sampling_relations and applicable(c, verifier)]
+    cases = [
+        c
+        for c in standard_cases()
+        if (c.policy.temperature == 0.0) == greedy
+        and relation in case_capabilities(c).sampling_relations
+        and applicable(c, verifier)
+    ]
     if not cases:
         return []
     models = E2EModels.build()
@@ -151,14 +173,18 @@ def oracle_gate(verifier_name: str, relation: str, *, greedy: bool | None = None
             break
     marginal = [r for r in rows if r["kind"] in ("marginal", "end_to_end")]
     failed = [r for r in rows if not r["passed"]]
-    return {"passed": bool(marginal) and not failed, "cases": len(rows),
-            "end_to_end_cases": sum(r["kind"] == "end_to_end" for r in rows),
-            "max_abs_error": max((r["max_abs_error"] for r in marginal), default=None),
-            "bound": MARGINAL_ATOL,
-            "failed_case": None if not failed else {k: failed[0].get(k) for k in (
-                "case", "kind", "max_abs_error", "bound", "acceptance", "optimum")},
-            "seconds": time.perf_counter() - t0,
-            "evidence": "no oracle case covers this verifier" if not marginal else None}
+    return {
+        "passed": bool(marginal) and not failed,
+        "cases": len(rows),
+        "end_to_end_cases": sum(r["kind"] == "end_to_end" for r in rows),
+        "max_abs_error": max((r["max_abs_error"] for r in marginal), default=None),
+        "bound": MARGINAL_ATOL,
+        "failed_case": None
+        if not failed
+        else {k: failed[0].get(k) for k in ("case", "kind", "max_abs_error", "bound", "acceptance", "optimum")},
+        "seconds": time.perf_counter() - t0,
+        "evidence": "no oracle case covers this verifier" if not marginal else None,
+    }
 
 
 # --------------------------------------------------------------------------- model equivalence
@@ -183,9 +209,10 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
     committed = list(ids)
     worst_tree, worst_cache = 0.0, 0.0
     for r in range(rounds):
-        paths = _paths_from(committed[-(7 + r):])
-        tree = compile_tree([ProposalResult.from_paths(paths, source="gate", manifest_hash="gate")],
-                            prefix_len=len(committed))
+        paths = _paths_from(committed[-(7 + r) :])
+        tree = compile_tree(
+            [ProposalResult.from_paths(paths, source="gate", manifest_hash="gate")], prefix_len=len(committed)
+        )
         validate_candidate_graph(tree)
         out = backend.verify(seq, committed[-1], tree)
         # each row equals its root-to-node path decoded sequentially
@@ -204,16 +231,32 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
     for a, b in zip(seq.cache.layers, ref_seq.cache.layers):
         worst_cache = max(worst_cache, float((a.keys - b.keys).abs().max()), float((a.values - b.values).abs().max()))
     passed = worst_tree <= atol and worst_cache <= atol and seq.tokens == committed[:-1]
-    return {"passed": passed, "tree_max_abs_logit_diff": worst_tree, "commit_max_abs_kv_diff": worst_cache,
-            "tolerance": atol, "rounds": rounds, "dtype": str(backend.dtype)}
+    return {
+        "passed": passed,
+        "tree_max_abs_logit_diff": worst_tree,
+        "commit_max_abs_kv_diff": worst_cache,
+        "tolerance": atol,
+        "rounds": rounds,
+        "dtype": str(backend.dtype),
+    }
 
 
 # --------------------------------------------------------------------------- statistical gate
 
 
 @torch.inference_mode()
-def statistical_gate(*, backend: CausalLMBackend, proposer, verifier, policy, prompt_ids: list[int], samples: int,
-                     top_m: int, alpha: float, seed: int) -> dict:
+def statistical_gate(
+    *,
+    backend: CausalLMBackend,
+    proposer,
+    verifier,
+    policy,
+    prompt_ids: list[int],
+    samples: int,
+    top_m: int,
+    alpha: float,
+    seed: int,
+) -> dict:
     """Chi-square of the speculative first token against the exact target distribution."""
     from scipy.stats import chisquare
     from tqdm import tqdm
@@ -249,23 +292,36 @@ def statistical_gate(*, backend: CausalLMBackend, proposer, verifier, policy, pr
         expected[-1] += other_p * samples
         observed[-1] += samples - sum(observed)
     stat, pvalue = chisquare(observed, f_exp=expected)
-    return {"passed": bool(pvalue >= alpha), "samples": samples, "bins": len(observed), "statistic": float(stat),
-            "p_value": float(pvalue), "alpha": alpha, "observed": observed,
-            "expected": [round(e, 3) for e in expected]}
+    return {
+        "passed": bool(pvalue >= alpha),
+        "samples": samples,
+        "bins": len(observed),
+        "statistic": float(stat),
+        "p_value": float(pvalue),
+        "alpha": alpha,
+        "observed": observed,
+        "expected": [round(e, 3) for e in expected],
+    }
 
 
 # --------------------------------------------------------------------------- orchestration
 
 
-def run_gates(cfg: DictConfig, *, plan_, backend: CausalLMBackend, proposer, items, eos, round_cfg,
-              model_source: str) -> dict:
+def run_gates(
+    cfg: DictConfig, *, plan_, backend: CausalLMBackend, proposer, items, eos, round_cfg, model_source: str
+) -> dict:
     g = cfg.gates
-    gates: dict[str, dict] = {"negotiation": {
-        "passed": True, "proposer": plan_.capabilities.name,
-        "probability_semantics": sorted(plan_.capabilities.probability_semantics),
-        "sampling_relations": sorted(plan_.capabilities.sampling_relations),
-        "topology": plan_.capabilities.topology, "verifier": plan_.verifier.name,
-        "temperature": plan_.policy.temperature}}
+    gates: dict[str, dict] = {
+        "negotiation": {
+            "passed": True,
+            "proposer": plan_.capabilities.name,
+            "probability_semantics": sorted(plan_.capabilities.probability_semantics),
+            "sampling_relations": sorted(plan_.capabilities.sampling_relations),
+            "topology": plan_.capabilities.topology,
+            "verifier": plan_.verifier.name,
+            "temperature": plan_.policy.temperature,
+        }
+    }
     if not g.enabled:
         gates["skipped"] = {"passed": True, "evidence": "gates.enabled=false (explicit override)"}
         return gates
@@ -275,40 +331,65 @@ def run_gates(cfg: DictConfig, *, plan_, backend: CausalLMBackend, proposer, ite
             gates["oracle"] = {"passed": True, "evidence": "heuristic verifier: exact=false, drift measured instead"}
         else:
             key = gate_key("oracle", plan_.verifier.name, relation, plan_.policy.greedy, modules=ORACLE_MODULES)
-            gates["oracle"] = _cached("oracle", key, g.cache, lambda: oracle_gate(
-                plan_.verifier.name, relation, greedy=plan_.policy.greedy))
+            gates["oracle"] = _cached(
+                "oracle", key, g.cache, lambda: oracle_gate(plan_.verifier.name, relation, greedy=plan_.policy.greedy)
+            )
             if not gates["oracle"]["passed"]:
                 raise GateError(f"gate 'oracle' failed for verifier {plan_.verifier.name!r}: {gates['oracle']}")
     model_id = [model_source, str(backend.dtype), str(backend.device)]
     if g.equivalence:
         key = gate_key("equivalence", *model_id)
-        gates["equivalence"] = _cached("equivalence", key, g.cache,
-                                       lambda: equivalence_gate(backend, items[0][1]))
+        gates["equivalence"] = _cached("equivalence", key, g.cache, lambda: equivalence_gate(backend, items[0][1]))
         if not gates["equivalence"]["passed"]:
             raise GateError(f"gate 'equivalence' failed on the configured model: {gates['equivalence']}")
     if plan_.policy.greedy:
         gates["greedy_equality"] = {"passed": None, "evidence": "checked on every measured prompt"}
     elif not plan_.verifier.exact:
-        gates["statistical"] = {"passed": None, "skipped": True,
-                                "evidence": "heuristic verifier (exact=false): its first-token law differs from the "
-                                            "target's by design; the drift is measured instead (metrics.drift)"}
+        gates["statistical"] = {
+            "passed": None,
+            "skipped": True,
+            "evidence": "heuristic verifier (exact=false): its first-token law differs from the "
+            "target's by design; the drift is measured instead (metrics.drift)",
+        }
     elif g.statistical:
         if g.skip_statistical:
-            gates["statistical"] = {"passed": None, "skipped": True,
-                                    "evidence": "gates.skip_statistical=true (explicit override)"}
+            gates["statistical"] = {
+                "passed": None,
+                "skipped": True,
+                "evidence": "gates.skip_statistical=true (explicit override)",
+            }
         else:
             from omegaconf import OmegaConf
 
-            key = gate_key("statistical", *model_id, json.dumps(OmegaConf.to_container(cfg.proposer, resolve=True),
-                                                                 sort_keys=True),
-                           json.dumps(OmegaConf.to_container(cfg.topology, resolve=True), sort_keys=True),
-                           plan_.verifier.name, plan_.policy, plan_.budget, g.chi2_samples, items[0][1],
-                           getattr(proposer, "artifact_manifest", None) or {},
-                           modules=GATE_MODULES + PROPOSER_MODULES)
-            gates["statistical"] = _cached("statistical", key, g.cache, lambda: statistical_gate(
-                backend=backend, proposer=proposer, verifier=plan_.verifier, policy=plan_.policy,
-                prompt_ids=items[0][1], samples=int(g.chi2_samples), top_m=int(g.chi2_top_m),
-                alpha=float(g.chi2_alpha), seed=int(cfg.seed)))
+            key = gate_key(
+                "statistical",
+                *model_id,
+                json.dumps(OmegaConf.to_container(cfg.proposer, resolve=True), sort_keys=True),
+                json.dumps(OmegaConf.to_container(cfg.topology, resolve=True), sort_keys=True),
+                plan_.verifier.name,
+                plan_.policy,
+                plan_.budget,
+                g.chi2_samples,
+                items[0][1],
+                getattr(proposer, "artifact_manifest", None) or {},
+                modules=GATE_MODULES + PROPOSER_MODULES,
+            )
+            gates["statistical"] = _cached(
+                "statistical",
+                key,
+                g.cache,
+                lambda: statistical_gate(
+                    backend=backend,
+                    proposer=proposer,
+                    verifier=plan_.verifier,
+                    policy=plan_.policy,
+                    prompt_ids=items[0][1],
+                    samples=int(g.chi2_samples),
+                    top_m=int(g.chi2_top_m),
+                    alpha=float(g.chi2_alpha),
+                    seed=int(cfg.seed),
+                ),
+            )
             if not gates["statistical"]["passed"]:
                 raise GateError(f"gate 'statistical' failed (first-token chi-square): {gates['statistical']}")
     return gates

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.optimize import linprog
@@ -81,8 +81,14 @@ def verifier_membership_acceptance(verifier, p: Sequence[float], q: Sequence[flo
     q_t = torch.tensor([float(x) for x in q], dtype=torch.float64)  # [V]
 
     def one_round(rng) -> bool:
-        proposal = sample_tree_proposal(lambda prefixes: q_t.expand(len(prefixes), -1), widths=(k,),
-                                        relation="iid", rng=rng, source="transport", manifest_hash="transport")
+        proposal = sample_tree_proposal(
+            lambda prefixes: q_t.expand(len(prefixes), -1),
+            widths=(k,),
+            relation="iid",
+            rng=rng,
+            source="transport",
+            manifest_hash="transport",
+        )
         tree = compile_tree([proposal], 1)
         out = round_output(verifier, tree, target_rows(tree, lambda prefix: p_t), rng)
         return out[0] in set(tree.token_ids.tolist())
@@ -114,9 +120,12 @@ def transport_instances(*, count: int = 4, seed: int = 0, max_vocab: int = 5) ->
 def transport_applies(verifier) -> bool:
     """The one-position i.i.d. transport bound applies to verifiers taking i.i.d. sets with q at
     temperature > 0 (greedy is covered on one-hot targets by the marginal cases)."""
-    return ("iid" in verifier.sampling_relations and "normalized_conditional" in verifier.probability_semantics
-            and ("set" in verifier.topologies or "sequence" in verifier.topologies)
-            and verifier.temperatures in {"positive", "any"})
+    return (
+        "iid" in verifier.sampling_relations
+        and "normalized_conditional" in verifier.probability_semantics
+        and ("set" in verifier.topologies or "sequence" in verifier.topologies)
+        and verifier.temperatures in {"positive", "any"}
+    )
 
 
 def check_transport(verifier, *, name: str, p: Sequence[float], q: Sequence[float], k: int) -> dict:
@@ -127,6 +136,15 @@ def check_transport(verifier, *, name: str, p: Sequence[float], q: Sequence[floa
     optimum = membership_transport_optimum(p, q, k)
     acceptance = verifier_membership_acceptance(verifier, p, q, k)
     excess = max(0.0, acceptance - optimum)
-    return {"verifier": verifier.name, "case": name, "kind": "transport", "acceptance": acceptance,
-            "optimum": optimum, "max_abs_error": excess, "bound": 1e-9, "passed": excess <= 1e-9,
-            "leaves": None, "seconds": time.perf_counter() - t0}
+    return {
+        "verifier": verifier.name,
+        "case": name,
+        "kind": "transport",
+        "acceptance": acceptance,
+        "optimum": optimum,
+        "max_abs_error": excess,
+        "bound": 1e-9,
+        "passed": excess <= 1e-9,
+        "leaves": None,
+        "seconds": time.perf_counter() - t0,
+    }

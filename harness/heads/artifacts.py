@@ -39,9 +39,12 @@ class HeadsArtifact:
 
 def heads_recipe(kind: str, options: dict, model: torch.nn.Module) -> dict:
     """The artifact recipe from proposer options: architecture, data and training."""
-    spec = HeadSpec(kind=kind, hidden_size=int(model.config.hidden_size),
-                    embed_size=int(model.get_input_embeddings().embedding_dim),
-                    **{k: options[k] for k in ARCH_KEYS if k in options})
+    spec = HeadSpec(
+        kind=kind,
+        hidden_size=int(model.config.hidden_size),
+        embed_size=int(model.get_input_embeddings().embedding_dim),
+        **{k: options[k] for k in ARCH_KEYS if k in options},
+    )
     data = DataRecipe(**dict(options.get("data") or {}))
     train = dict(options.get("train") or {})
     if options.get("distill") is not None:  # the Hydra++ switch selects the loss
@@ -60,20 +63,32 @@ def build_heads(recipe: dict, state: dict[str, torch.Tensor] | None = None, *, s
     return heads.eval()
 
 
-def train_artifact(kind: str, recipe: dict, *, model: torch.nn.Module, tokenizer, target_source: str,
-                   out_dir: Path, documents=None, progress: bool = True, cache_streams: bool = True) -> HeadsArtifact:
+def train_artifact(
+    kind: str,
+    recipe: dict,
+    *,
+    model: torch.nn.Module,
+    tokenizer,
+    target_source: str,
+    out_dir: Path,
+    documents=None,
+    progress: bool = True,
+    cache_streams: bool = True,
+) -> HeadsArtifact:
     """Build the streams (cached), train, evaluate held-out, save. Returns the loaded artifact."""
     t0 = time.perf_counter()
     target_hash = target_fingerprint(model, tokenizer)
     data = DataRecipe(**recipe["data"])
-    train_stream, held = training_streams(model, tokenizer, data, target_hash=target_hash, documents=documents,
-                                          cache=cache_streams, progress=progress)
+    train_stream, held = training_streams(
+        model, tokenizer, data, target_hash=target_hash, documents=documents, cache=cache_streams, progress=progress
+    )
     stream_seconds = time.perf_counter() - t0
     heads = build_heads(recipe, seed=int(recipe["train"]["seed"]))
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
     before = evaluate(heads, held, embed=embed, lm_head=lm_head)
-    log_ = train_heads(heads, train_stream, recipe=TrainRecipe(**recipe["train"]), embed=embed, lm_head=lm_head,
-                       progress=progress)
+    log_ = train_heads(
+        heads, train_stream, recipe=TrainRecipe(**recipe["train"]), embed=embed, lm_head=lm_head, progress=progress
+    )
     after = evaluate(heads, held, embed=embed, lm_head=lm_head)
     device = str(next(model.parameters()).device)
     manifest = {
@@ -84,10 +99,19 @@ def train_artifact(kind: str, recipe: dict, *, model: torch.nn.Module, tokenizer
         "token_budget": int(data.token_budget),
         "tokens_seen": int(len(train_stream)),
         "documents": int(train_stream.num_documents),
-        "held_out": {"split": data.held_out_split, "tokens": len(held), **after,
-                     "top1_agreement_untrained": before["top1_agreement"]},
-        "training": {**log_, "stream_seconds": stream_seconds, "total_seconds": time.perf_counter() - t0,
-                     "device": device, "threads": torch.get_num_threads()},
+        "held_out": {
+            "split": data.held_out_split,
+            "tokens": len(held),
+            **after,
+            "top1_agreement_untrained": before["top1_agreement"],
+        },
+        "training": {
+            **log_,
+            "stream_seconds": stream_seconds,
+            "total_seconds": time.perf_counter() - t0,
+            "device": device,
+            "threads": torch.get_num_threads(),
+        },
         "cpu_budget_artifact": device == "cpu",
         "parameters": heads.num_parameters(),
     }
@@ -102,34 +126,66 @@ def load_heads(kind: str, recipe: dict, *, model: torch.nn.Module, tokenizer, pa
     return HeadsArtifact(heads=build_heads(recipe, state), manifest=manifest, path=Path(path))
 
 
-def ensure_heads(kind: str, options: dict, *, model: torch.nn.Module, tokenizer, target_source: str,
-                 progress: bool = True, force: bool = False, documents=None) -> HeadsArtifact:
+def ensure_heads(
+    kind: str,
+    options: dict,
+    *,
+    model: torch.nn.Module,
+    tokenizer,
+    target_source: str,
+    progress: bool = True,
+    force: bool = False,
+    documents=None,
+) -> HeadsArtifact:
     """Load the configured artifact; train it first when absent (and ``auto_train``) or ``force``."""
     recipe = heads_recipe(kind, options, model)
     explicit = options.get("artifact")
-    path = Path(explicit) if explicit else artifact_dir(kind, target_hash=target_fingerprint(model, tokenizer),
-                                                        recipe=recipe)
+    path = (
+        Path(explicit)
+        if explicit
+        else artifact_dir(kind, target_hash=target_fingerprint(model, tokenizer), recipe=recipe)
+    )
     if (path / "manifest.json").is_file() and not force:
         return load_heads(kind, recipe, model=model, tokenizer=tokenizer, path=path)
     if explicit and not force:
-        raise ArtifactError(f"proposer.artifact={explicit!r} does not exist; run `harness train proposer={kind}` "
-                            "or leave proposer.artifact unset to use the cache")
+        raise ArtifactError(
+            f"proposer.artifact={explicit!r} does not exist; run `harness train proposer={kind}` "
+            "or leave proposer.artifact unset to use the cache"
+        )
     if not options.get("auto_train", True) and not force:
-        raise ArtifactError(f"no {kind} artifact for this target and recipe at {str(path)!r} and "
-                            f"proposer.auto_train=false; run `harness train proposer={kind} ...` first")
+        raise ArtifactError(
+            f"no {kind} artifact for this target and recipe at {str(path)!r} and "
+            f"proposer.auto_train=false; run `harness train proposer={kind} ...` first"
+        )
     log.warning("training the %s heads artifact (absent from %s)", kind, path)
-    return train_artifact(kind, recipe, model=model, tokenizer=tokenizer, target_source=target_source,
-                          out_dir=path, documents=documents, progress=progress)
+    return train_artifact(
+        kind,
+        recipe,
+        model=model,
+        tokenizer=tokenizer,
+        target_source=target_source,
+        out_dir=path,
+        documents=documents,
+        progress=progress,
+    )
 
 
 def summary(artifact: HeadsArtifact) -> dict:
     m = artifact.manifest
-    return {"path": str(artifact.path), "artifact_id": m["artifact_id"], "kind": m["kind"],
-            "target_hash": m["target_hash"], "token_budget": m["token_budget"], "tokens_seen": m["tokens_seen"],
-            "held_out_top1_agreement": m["held_out"]["top1_agreement"],
-            "held_out_top1_agreement_untrained": m["held_out"]["top1_agreement_untrained"],
-            "training_seconds": m["training"]["total_seconds"], "cpu_budget_artifact": m["cpu_budget_artifact"],
-            "parameters": m["parameters"], "recipe": m["recipe"]}
+    return {
+        "path": str(artifact.path),
+        "artifact_id": m["artifact_id"],
+        "kind": m["kind"],
+        "target_hash": m["target_hash"],
+        "token_budget": m["token_budget"],
+        "tokens_seen": m["tokens_seen"],
+        "held_out_top1_agreement": m["held_out"]["top1_agreement"],
+        "held_out_top1_agreement_untrained": m["held_out"]["top1_agreement_untrained"],
+        "training_seconds": m["training"]["total_seconds"],
+        "cpu_budget_artifact": m["cpu_budget_artifact"],
+        "parameters": m["parameters"],
+        "recipe": m["recipe"],
+    }
 
 
 def train_from_config(cfg, *, target, force: bool = False, progress: bool = True) -> dict:
@@ -138,6 +194,13 @@ def train_from_config(cfg, *, target, force: bool = False, progress: bool = True
 
     options = OmegaConf.to_container(cfg.proposer, resolve=True)
     kind = options.pop("name")
-    artifact = ensure_heads(kind, options, model=target.model, tokenizer=target.tokenizer,
-                            target_source=target.source, progress=progress, force=force)
+    artifact = ensure_heads(
+        kind,
+        options,
+        model=target.model,
+        tokenizer=target.tokenizer,
+        target_source=target.source,
+        progress=progress,
+        force=force,
+    )
     return summary(artifact)

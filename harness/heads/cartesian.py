@@ -8,7 +8,7 @@ Depth ``i`` keeps ``b_i`` candidates below *every* node of depth ``i - 1``, so t
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def cartesian_rows(widths: Sequence[int]) -> int:
@@ -34,8 +34,10 @@ def cartesian_budget(t):
     except ValueError as exc:
         raise ConfigError(f"topology=cartesian: {exc}") from None
     if int(t.max_nodes) != n:
-        raise ConfigError(f"topology=cartesian with widths {list(widths)} has {n} candidate rows (0x07C); "
-                          f"got topology.max_nodes={t.max_nodes} (leave it to the default interpolation)")
+        raise ConfigError(
+            f"topology=cartesian with widths {list(widths)} has {n} candidate rows (0x07C); "
+            f"got topology.max_nodes={t.max_nodes} (leave it to the default interpolation)"
+        )
     if len(widths) > int(t.max_depth):
         raise ConfigError(f"topology.widths has {len(widths)} levels, over topology.max_depth={t.max_depth}")
     return Budget(shape="cartesian", max_nodes=n, max_depth=len(widths), widths=widths)

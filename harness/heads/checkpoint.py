@@ -45,8 +45,16 @@ def target_fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
         return hit[1]
     h = hashlib.sha256()
     cfg = model.config.to_dict()
-    for key in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "_attn_implementation",
-                "_attn_implementation_autoset", "attn_implementation", "use_cache"):
+    for key in (
+        "_name_or_path",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "attn_implementation",
+        "use_cache",
+    ):
         cfg.pop(key, None)
     h.update(canonical(cfg).encode())
     for name, tensor in model.state_dict().items():
@@ -99,8 +107,9 @@ def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch
     return out_dir
 
 
-def load_artifact(path: str | Path, *, kind: str, target_hash: str, recipe: dict | None = None
-                  ) -> tuple[dict, dict[str, torch.Tensor] | None]:
+def load_artifact(
+    path: str | Path, *, kind: str, target_hash: str, recipe: dict | None = None
+) -> tuple[dict, dict[str, torch.Tensor] | None]:
     """(manifest, weights or None). Refuses a mismatched target, kind or recipe, or edited files."""
     path = Path(path)
     mpath = path / MANIFEST_FILE
@@ -108,23 +117,30 @@ def load_artifact(path: str | Path, *, kind: str, target_hash: str, recipe: dict
         raise ArtifactError(f"{str(path)!r} is not a proposal artifact: {MANIFEST_FILE} missing")
     manifest = json.loads(mpath.read_text())
     if manifest.get("version") != ARTIFACT_VERSION:
-        raise ArtifactError(f"artifact {str(path)!r} has version {manifest.get('version')!r}; "
-                            f"this harness reads {ARTIFACT_VERSION!r}: rebuild it")
+        raise ArtifactError(
+            f"artifact {str(path)!r} has version {manifest.get('version')!r}; "
+            f"this harness reads {ARTIFACT_VERSION!r}: rebuild it"
+        )
     if manifest.get("artifact_id") != _artifact_id(manifest):
-        raise ArtifactError(f"artifact {str(path)!r}: manifest edited after it was written "
-                            f"(artifact_id {manifest.get('artifact_id')!r} != content hash {_artifact_id(manifest)!r})")
+        raise ArtifactError(
+            f"artifact {str(path)!r}: manifest edited after it was written "
+            f"(artifact_id {manifest.get('artifact_id')!r} != content hash {_artifact_id(manifest)!r})"
+        )
     if manifest.get("kind") != kind:
         raise ArtifactError(f"artifact {str(path)!r} is a {manifest.get('kind')!r} artifact; proposer needs {kind!r}")
     if manifest.get("target_hash") != target_hash:
         raise ArtifactError(
             f"artifact {str(path)!r} was built for target {str(manifest.get('target_hash'))[:16]}... "
             f"({manifest.get('target_source')!r}); the configured target is {target_hash[:16]}...: "
-            "a proposal artifact is only valid for the target it was trained or searched on (0x0F)")
+            "a proposal artifact is only valid for the target it was trained or searched on (0x0F)"
+        )
     if recipe is not None and canonical(manifest.get("recipe")) != canonical(recipe):
         have, want = manifest.get("recipe") or {}, recipe
         diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
-        raise ArtifactError(f"artifact {str(path)!r} recipe differs from the configured one in {diff}: "
-                            f"artifact {[have.get(k) for k in diff]}, configured {[want.get(k) for k in diff]}")
+        raise ArtifactError(
+            f"artifact {str(path)!r} recipe differs from the configured one in {diff}: "
+            f"artifact {[have.get(k) for k in diff]}, configured {[want.get(k) for k in diff]}"
+        )
     state = None
     wpath = path / WEIGHTS_FILE
     if "weights_sha256" in manifest:
@@ -135,8 +151,10 @@ def load_artifact(path: str | Path, *, kind: str, target_hash: str, recipe: dict
         state = load_file(str(wpath))
         got = weights_hash(state)
         if got != manifest["weights_sha256"]:
-            raise ArtifactError(f"artifact {str(path)!r}: weights changed since release "
-                                f"(manifest {manifest['weights_sha256'][:16]}..., file {got[:16]}...)")
+            raise ArtifactError(
+                f"artifact {str(path)!r}: weights changed since release "
+                f"(manifest {manifest['weights_sha256'][:16]}..., file {got[:16]}...)"
+            )
     return manifest, state
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import torch
 
@@ -106,8 +106,14 @@ def take_budget(documents: Iterable[list[int]], budget: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def encode_stream(model: torch.nn.Module, documents: Sequence[Sequence[int]], *, desc: str = "target hidden states",
-                  progress: bool = True, layers: Sequence[int] = ()) -> PackedStream:
+def encode_stream(
+    model: torch.nn.Module,
+    documents: Sequence[Sequence[int]],
+    *,
+    desc: str = "target hidden states",
+    progress: bool = True,
+    layers: Sequence[int] = (),
+) -> PackedStream:
     """Run each document through the frozen target alone and pack the final-norm rows.
 
     ``layers``: also keep the residual stream after the first ``l`` decoder layers (an early-exit
@@ -139,7 +145,8 @@ def encode_stream(model: torch.nn.Module, documents: Sequence[Sequence[int]], *,
         valid=torch.ones(total, dtype=torch.bool),
         hidden=torch.cat(hidden) if hidden else empty,
         meta={"documents": len(documents), "tokens": total},
-        extra={l: (torch.cat(rows) if rows else empty) for l, rows in extra.items()})
+        extra={l: (torch.cat(rows) if rows else empty) for l, rows in extra.items()},
+    )
 
 
 def save_stream(stream: PackedStream, path: Path) -> None:
@@ -147,8 +154,13 @@ def save_stream(stream: PackedStream, path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tensors = {"tokens": stream.tokens, "segment_ids": stream.segment_ids, "valid": stream.valid.to(torch.uint8),
-               "hidden": stream.hidden, **{f"layer_{l}": t for l, t in stream.extra.items()}}
+    tensors = {
+        "tokens": stream.tokens,
+        "segment_ids": stream.segment_ids,
+        "valid": stream.valid.to(torch.uint8),
+        "hidden": stream.hidden,
+        **{f"layer_{l}": t for l, t in stream.extra.items()},
+    }
     save_file(tensors, str(tmp), metadata={"meta": json.dumps(stream.meta, sort_keys=True)})
     tmp.rename(path)
 
@@ -161,14 +173,27 @@ def load_stream(path: Path) -> PackedStream:
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads(f.metadata()["meta"])
     extra = {int(k.split("_", 1)[1]): v for k, v in t.items() if k.startswith("layer_")}
-    return PackedStream(tokens=t["tokens"], segment_ids=t["segment_ids"], valid=t["valid"].bool(),
-                        hidden=t["hidden"], meta=meta, extra=extra)
+    return PackedStream(
+        tokens=t["tokens"],
+        segment_ids=t["segment_ids"],
+        valid=t["valid"].bool(),
+        hidden=t["hidden"],
+        meta=meta,
+        extra=extra,
+    )
 
 
-def training_streams(model: torch.nn.Module, tokenizer, recipe: DataRecipe, *, target_hash: str,
-                     documents: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]] | None = None,
-                     cache: bool = True, progress: bool = True, layers: Sequence[int] = ()
-                     ) -> tuple[PackedStream, PackedStream]:
+def training_streams(
+    model: torch.nn.Module,
+    tokenizer,
+    recipe: DataRecipe,
+    *,
+    target_hash: str,
+    documents: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]] | None = None,
+    cache: bool = True,
+    progress: bool = True,
+    layers: Sequence[int] = (),
+) -> tuple[PackedStream, PackedStream]:
     """(train, held-out) streams, cached under ``$HARNESS_CACHE/heads/streams`` by target + recipe.
 
     ``documents`` (tests, ``source=inline``) replaces the ShareGPT documents; ``layers`` adds
@@ -177,8 +202,14 @@ def training_streams(model: torch.nn.Module, tokenizer, recipe: DataRecipe, *, t
     from harness.heads.checkpoint import short_hash
     from harness.target.loading import cache_root
 
-    key = short_hash({"target": target_hash, "recipe": recipe.to_dict(), "layers": sorted(int(l) for l in layers),
-                      "inline": None if documents is None else short_hash([list(map(list, d)) for d in documents])})
+    key = short_hash(
+        {
+            "target": target_hash,
+            "recipe": recipe.to_dict(),
+            "layers": sorted(int(l) for l in layers),
+            "inline": None if documents is None else short_hash([list(map(list, d)) for d in documents]),
+        }
+    )
     base = cache_root() / "heads" / "streams" / f"{target_hash[:12]}-{key}"
     paths = (base.with_name(base.name + "-train.safetensors"), base.with_name(base.name + "-heldout.safetensors"))
     if cache and all(p.is_file() for p in paths):
@@ -187,18 +218,27 @@ def training_streams(model: torch.nn.Module, tokenizer, recipe: DataRecipe, *, t
     if documents is None:
         if recipe.source != "sharegpt":
             raise ValueError(f"data.source must be 'sharegpt' unless documents are given; got {recipe.source!r}")
-        train_docs = take_budget(sharegpt_documents(recipe.split, tokenizer=tokenizer, vocab_size=vocab,
-                                                    max_len=recipe.max_len, chat=recipe.chat), recipe.token_budget)
-        held_docs = take_budget(sharegpt_documents(recipe.held_out_split, tokenizer=tokenizer, vocab_size=vocab,
-                                                   max_len=recipe.max_len, chat=recipe.chat), recipe.held_out_tokens)
+        train_docs = take_budget(
+            sharegpt_documents(
+                recipe.split, tokenizer=tokenizer, vocab_size=vocab, max_len=recipe.max_len, chat=recipe.chat
+            ),
+            recipe.token_budget,
+        )
+        held_docs = take_budget(
+            sharegpt_documents(
+                recipe.held_out_split, tokenizer=tokenizer, vocab_size=vocab, max_len=recipe.max_len, chat=recipe.chat
+            ),
+            recipe.held_out_tokens,
+        )
     else:
         train_docs = take_budget(documents[0], recipe.token_budget)
         held_docs = take_budget(documents[1], recipe.held_out_tokens)
     train = encode_stream(model, train_docs, desc="target hidden states (train)", progress=progress, layers=layers)
     held = encode_stream(model, held_docs, desc="target hidden states (held-out)", progress=progress, layers=layers)
     for s, split in ((train, recipe.split), (held, recipe.held_out_split)):
-        s.meta.update({"split": split, "source": recipe.source if documents is None else "inline",
-                       "target_hash": target_hash})
+        s.meta.update(
+            {"split": split, "source": recipe.source if documents is None else "inline", "target_hash": target_hash}
+        )
     if cache:
         save_stream(train, paths[0])
         save_stream(held, paths[1])

@@ -94,8 +94,9 @@ def documents_of(stream: PackedStream) -> list[slice]:
 
 
 @torch.no_grad()
-def evaluate_adapter(adapter: ExitAdapter, model: torch.nn.Module, stream: PackedStream, *, layer: int,
-                     eta: float = 0.5) -> dict:
+def evaluate_adapter(
+    adapter: ExitAdapter, model: torch.nn.Module, stream: PackedStream, *, layer: int, eta: float = 0.5
+) -> dict:
     lm = model.get_output_embeddings()
     agree = conf_n = conf_agree = rows = 0
     for sl in documents_of(stream):
@@ -108,13 +109,24 @@ def evaluate_adapter(adapter: ExitAdapter, model: torch.nn.Module, stream: Packe
         conf_n += int(sure.sum())
         conf_agree += int(((top_s == top_t) & sure).sum())
         rows += s.shape[0]
-    return {"rows": rows, "top1_agreement": agree / rows if rows else None,
-            "confident_fraction": conf_n / rows if rows else None,
-            "confident_top1_agreement": conf_agree / conf_n if conf_n else None, "eta": eta}
+    return {
+        "rows": rows,
+        "top1_agreement": agree / rows if rows else None,
+        "confident_fraction": conf_n / rows if rows else None,
+        "confident_top1_agreement": conf_agree / conf_n if conf_n else None,
+        "eta": eta,
+    }
 
 
-def train_adapter(adapter: ExitAdapter, model: torch.nn.Module, stream: PackedStream, *, layer: int,
-                  recipe: AdapterRecipe, progress: bool = True) -> dict:
+def train_adapter(
+    adapter: ExitAdapter,
+    model: torch.nn.Module,
+    stream: PackedStream,
+    *,
+    layer: int,
+    recipe: AdapterRecipe,
+    progress: bool = True,
+) -> dict:
     from tqdm import tqdm
 
     for p in model.parameters():
@@ -131,15 +143,16 @@ def train_adapter(adapter: ExitAdapter, model: torch.nn.Module, stream: PackedSt
     adapter.train()
     t0 = time.perf_counter()
     last = None
-    bar = tqdm(total=total, desc="train early-exit adapter", unit="doc", file=sys.stderr, disable=not progress,
-               leave=False)
+    bar = tqdm(
+        total=total, desc="train early-exit adapter", unit="doc", file=sys.stderr, disable=not progress, leave=False
+    )
     for _ in range(recipe.epochs):
         for k in torch.randperm(len(docs), generator=gen).tolist():
             sl = docs[k]
             student = adapter_logits(adapter, model, stream.extra[layer][sl].float())  # [L, V]
             with torch.no_grad():
                 teacher = torch.softmax(lm(stream.hidden[sl].float()).float() / tau, -1)  # [L, V]
-            loss = -(tau ** 2) * (teacher * torch.log_softmax(student / tau, -1)).sum(-1).mean()
+            loss = -(tau**2) * (teacher * torch.log_softmax(student / tau, -1)).sum(-1).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(adapter.parameters(), 1.0)
@@ -150,18 +163,21 @@ def train_adapter(adapter: ExitAdapter, model: torch.nn.Module, stream: PackedSt
             bar.set_postfix(loss=f"{last:.3f}")
     bar.close()
     adapter.eval()
-    return {"steps": total, "final_loss": last, "train_seconds": time.perf_counter() - t0,
-            "stream_tokens": len(stream)}
+    return {"steps": total, "final_loss": last, "train_seconds": time.perf_counter() - t0, "stream_tokens": len(stream)}
 
 
 def exit_recipe(options: dict, model: torch.nn.Module) -> dict:
     layers = int(model.config.num_hidden_layers)
     exit_layer = int(options.get("exit_layer", 2))
     if not 1 <= exit_layer < layers:
-        raise ArtifactError(f"proposer.exit_layer must be in [1, {layers - 1}] for this {layers}-layer target; "
-                            f"got {exit_layer}")
-    return {"exit_layer": exit_layer, "data": DataRecipe(**dict(options.get("data") or {})).to_dict(),
-            "train": AdapterRecipe(**dict(options.get("train") or {})).to_dict()}
+        raise ArtifactError(
+            f"proposer.exit_layer must be in [1, {layers - 1}] for this {layers}-layer target; got {exit_layer}"
+        )
+    return {
+        "exit_layer": exit_layer,
+        "data": DataRecipe(**dict(options.get("data") or {})).to_dict(),
+        "train": AdapterRecipe(**dict(options.get("train") or {})).to_dict(),
+    }
 
 
 @dataclass(frozen=True)
@@ -180,8 +196,16 @@ def build_adapter(model: torch.nn.Module, state: dict | None = None, *, seed: in
     return adapter.eval()
 
 
-def ensure_adapter(options: dict, *, model: torch.nn.Module, tokenizer, target_source: str, progress: bool = True,
-                   force: bool = False, documents=None) -> AdapterArtifact:
+def ensure_adapter(
+    options: dict,
+    *,
+    model: torch.nn.Module,
+    tokenizer,
+    target_source: str,
+    progress: bool = True,
+    force: bool = False,
+    documents=None,
+) -> AdapterArtifact:
     from pathlib import Path
 
     recipe = exit_recipe(options, model)
@@ -192,27 +216,39 @@ def ensure_adapter(options: dict, *, model: torch.nn.Module, tokenizer, target_s
         manifest, state = load_artifact(path, kind="early_exit", target_hash=target_hash, recipe=recipe)
         return AdapterArtifact(build_adapter(model, state), manifest, path)
     if not force and (explicit or not options.get("auto_train", True)):
-        raise ArtifactError(f"no early_exit artifact at {str(path)!r}; run `harness train proposer=early_exit` "
-                            "(or set proposer.auto_train=true)")
+        raise ArtifactError(
+            f"no early_exit artifact at {str(path)!r}; run `harness train proposer=early_exit` "
+            "(or set proposer.auto_train=true)"
+        )
     t0 = time.perf_counter()
     layer = recipe["exit_layer"]
     data = DataRecipe(**recipe["data"])
-    train, held = training_streams(model, tokenizer, data, target_hash=target_hash, documents=documents,
-                                   progress=progress, layers=(layer,))
+    train, held = training_streams(
+        model, tokenizer, data, target_hash=target_hash, documents=documents, progress=progress, layers=(layer,)
+    )
     adapter = build_adapter(model, seed=int(recipe["train"]["seed"]))
     eta = float(options.get("eta", 0.5))
     before = evaluate_adapter(adapter, model, held, layer=layer, eta=eta)
-    log = train_adapter(adapter, model, train, layer=layer, recipe=AdapterRecipe(**recipe["train"]),
-                        progress=progress)
+    log = train_adapter(adapter, model, train, layer=layer, recipe=AdapterRecipe(**recipe["train"]), progress=progress)
     after = evaluate_adapter(adapter, model, held, layer=layer, eta=eta)
     device = str(next(model.parameters()).device)
-    manifest = {"kind": "early_exit", "target_hash": target_hash, "target_source": target_source, "recipe": recipe,
-                "token_budget": data.token_budget, "tokens_seen": len(train),
-                "held_out": {**after, "untrained": before, "split": data.held_out_split},
-                "training": {**log, "total_seconds": time.perf_counter() - t0, "device": device,
-                             "threads": torch.get_num_threads()},
-                "cpu_budget_artifact": device == "cpu",
-                "parameters": sum(p.numel() for p in adapter.parameters())}
+    manifest = {
+        "kind": "early_exit",
+        "target_hash": target_hash,
+        "target_source": target_source,
+        "recipe": recipe,
+        "token_budget": data.token_budget,
+        "tokens_seen": len(train),
+        "held_out": {**after, "untrained": before, "split": data.held_out_split},
+        "training": {
+            **log,
+            "total_seconds": time.perf_counter() - t0,
+            "device": device,
+            "threads": torch.get_num_threads(),
+        },
+        "cpu_budget_artifact": device == "cpu",
+        "parameters": sum(p.numel() for p in adapter.parameters()),
+    }
     save_artifact(path, manifest=manifest, state=adapter.state_dict())
     manifest, state = load_artifact(path, kind="early_exit", target_hash=target_hash, recipe=recipe)
     return AdapterArtifact(build_adapter(model, state), manifest, path)
@@ -223,9 +259,23 @@ def train_from_config(cfg, *, target, force: bool = False, progress: bool = True
     from omegaconf import OmegaConf
 
     options = OmegaConf.to_container(cfg.proposer, resolve=True)
-    art = ensure_adapter(options, model=target.model, tokenizer=target.tokenizer, target_source=target.source,
-                         progress=progress, force=force)
+    art = ensure_adapter(
+        options,
+        model=target.model,
+        tokenizer=target.tokenizer,
+        target_source=target.source,
+        progress=progress,
+        force=force,
+    )
     m = art.manifest
-    return {"path": str(art.path), "artifact_id": m["artifact_id"], "kind": m["kind"], "target_hash": m["target_hash"],
-            "token_budget": m["token_budget"], "held_out": m["held_out"], "training_seconds":
-            m["training"]["total_seconds"], "cpu_budget_artifact": m["cpu_budget_artifact"], "recipe": m["recipe"]}
+    return {
+        "path": str(art.path),
+        "artifact_id": m["artifact_id"],
+        "kind": m["kind"],
+        "target_hash": m["target_hash"],
+        "token_budget": m["token_budget"],
+        "held_out": m["held_out"],
+        "training_seconds": m["training"]["total_seconds"],
+        "cpu_budget_artifact": m["cpu_budget_artifact"],
+        "recipe": m["recipe"],
+    }

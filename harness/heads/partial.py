@@ -14,7 +14,7 @@ modules run unchanged with explicit position ids and an explicit ancestor mask.
 from __future__ import annotations
 
 import inspect
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -47,8 +47,9 @@ class ProvisionalKV:
 
     def tag_rows(self, tokens: Sequence[int], positions: Sequence[int], ancestry: Sequence[int]) -> None:
         for tok, pos, anc in zip(tokens, positions, ancestry):
-            self.tags.append(StateTag(self.checkpoint, self.boundary, int(tok), int(pos), int(anc), self.dtype,
-                                      self.generation))
+            self.tags.append(
+                StateTag(self.checkpoint, self.boundary, int(tok), int(pos), int(anc), self.dtype, self.generation)
+            )
 
     def keep(self, rows: Sequence[int]) -> None:
         """Keep the listed rows (ascending), drop the rest."""
@@ -73,8 +74,9 @@ class ProvisionalKV:
         upto = min(len(self.tags), limit)
         while n < upto:
             tag = self.tags[n]
-            need = StateTag(self.checkpoint, self.boundary, int(committed[n]), n, hashes.at(n), self.dtype,
-                            tag.cache_generation)
+            need = StateTag(
+                self.checkpoint, self.boundary, int(committed[n]), n, hashes.at(n), self.dtype, tag.cache_generation
+            )
             if not may_reuse(tag, need):
                 break
             n += 1
@@ -110,16 +112,29 @@ class PartialPath:
         add.masked_fill_(~mask.to(self.device), torch.finfo(self.dtype).min)
         return add[None, None]
 
-    def run(self, hidden: torch.Tensor, positions: Sequence[int], mask: torch.Tensor, cache: ProvisionalKV,
-            *, layers: Sequence[int] | None = None) -> torch.Tensor:
+    def run(
+        self,
+        hidden: torch.Tensor,
+        positions: Sequence[int],
+        mask: torch.Tensor,
+        cache: ProvisionalKV,
+        *,
+        layers: Sequence[int] | None = None,
+    ) -> torch.Tensor:
         """hidden ``[1, R, d]`` through ``layers`` (default: all of this path). mask: bool
         ``[R, C + R]`` over the cached rows and the new ones. Appends ``R`` rows per layer."""
         pos = torch.as_tensor(list(positions), dtype=torch.long, device=self.device)[None]  # [1, R]
         rope = self.base.rotary_emb(hidden, position_ids=pos)
         add = self.additive_mask(mask)
-        for i in (self.layer_ids if layers is None else layers):
-            out = self.base.layers[i](hidden, attention_mask=add, position_ids=pos, use_cache=True,
-                                      position_embeddings=rope, **{self._cache_kw: cache})
+        for i in self.layer_ids if layers is None else layers:
+            out = self.base.layers[i](
+                hidden,
+                attention_mask=add,
+                position_ids=pos,
+                use_cache=True,
+                position_embeddings=rope,
+                **{self._cache_kw: cache},
+            )
             hidden = out[0] if isinstance(out, tuple) else out  # older releases return a tuple
         return hidden
 

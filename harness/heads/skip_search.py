@@ -61,7 +61,7 @@ def dev_prompts(recipe: SearchRecipe, tokenizer, vocab_size: int) -> list[list[i
             text = p.text if p.text is not None else " ".join(m["content"] for m in p.messages)
             ids = byte_ids(text, vocab_size=vocab_size, max_len=recipe.max_prompt_tokens)
         else:
-            ids = encode_prompt(p, tokenizer, chat=recipe.chat)[-recipe.max_prompt_tokens:]
+            ids = encode_prompt(p, tokenizer, chat=recipe.chat)[-recipe.max_prompt_tokens :]
         out.append(ids or [3])
     return out
 
@@ -82,21 +82,39 @@ def measure(backend, skip: list[int] | None, prompts: list[list[int]], *, recipe
         proposer = NullProposer(budget=budget, manifest_hash="skip-search")
     else:
         budget = Budget(shape="sequence", max_nodes=recipe.depth, max_depth=recipe.depth)
-        proposer = LayerSkipProposer(budget=budget, manifest_hash="skip-search", policy=policy, model=backend.model,
-                                     checkpoint="search", skip=skip, gamma=recipe.gamma)
+        proposer = LayerSkipProposer(
+            budget=budget,
+            manifest_hash="skip-search",
+            policy=policy,
+            model=backend.model,
+            checkpoint="search",
+            skip=skip,
+            gamma=recipe.gamma,
+        )
     ms = tokens = rounds = accepted = 0
     for ids in prompts:
-        res = decode(target=backend, proposer=proposer, verifier=get_verifier("greedy"), policy=policy,
-                     prompt_ids=ids, max_new_tokens=recipe.max_new_tokens, eos_token_ids=frozenset(),
-                     rng=TorchRandomSource(0), round_cfg=RoundConfig(max_nodes=budget.max_nodes,
-                                                                     max_depth=budget.max_depth))
+        res = decode(
+            target=backend,
+            proposer=proposer,
+            verifier=get_verifier("greedy"),
+            policy=policy,
+            prompt_ids=ids,
+            max_new_tokens=recipe.max_new_tokens,
+            eos_token_ids=frozenset(),
+            rng=TorchRandomSource(0),
+            round_cfg=RoundConfig(max_nodes=budget.max_nodes, max_depth=budget.max_depth),
+        )
         ms += res.decode_ms
         tokens += len(res.tokens)
         rounds += res.ledger.rounds
         accepted += res.ledger.accepted_tokens
-    return {"skip": skip, "ms_per_token": ms / tokens if tokens else None, "tokens": tokens,
-            "mean_committed_per_round": tokens / rounds if rounds else None,
-            "mean_accepted_per_round": accepted / rounds if rounds else None}
+    return {
+        "skip": skip,
+        "ms_per_token": ms / tokens if tokens else None,
+        "tokens": tokens,
+        "mean_committed_per_round": tokens / rounds if rounds else None,
+        "mean_accepted_per_round": accepted / rounds if rounds else None,
+    }
 
 
 @torch.inference_mode()
@@ -143,8 +161,9 @@ def search_skip(backend, prompts: list[list[int]], *, recipe: SearchRecipe, prog
     layers = int(backend.model.config.num_hidden_layers)
     ar = measure(backend, None, prompts, recipe=recipe)
     seen: dict[tuple[int, ...], dict] = {}
-    bar = tqdm(total=recipe.trials, desc="layer-skip search", unit="trial", file=sys.stderr, disable=not progress,
-               leave=False)
+    bar = tqdm(
+        total=recipe.trials, desc="layer-skip search", unit="trial", file=sys.stderr, disable=not progress, leave=False
+    )
 
     def objective(trial) -> float:
         skip = tuple(i for i in range(layers) if trial.suggest_int(f"skip_{i}", 0, 1))
@@ -165,13 +184,26 @@ def search_skip(backend, prompts: list[list[int]], *, recipe: SearchRecipe, prog
     study.optimize(objective, n_trials=recipe.trials)
     bar.close()
     best_skip = [i for i in range(layers) if study.best_params[f"skip_{i}"]]
-    return {"skip": best_skip, "best": seen[tuple(best_skip)], "ar": ar, "layer_influence": influence,
-            "beats_ar": seen[tuple(best_skip)]["ms_per_token"] < ar["ms_per_token"],
-            "trials": [{"skip": list(k), **{kk: vv for kk, vv in v.items() if kk != "skip"}} for k, v in seen.items()]}
+    return {
+        "skip": best_skip,
+        "best": seen[tuple(best_skip)],
+        "ar": ar,
+        "layer_influence": influence,
+        "beats_ar": seen[tuple(best_skip)]["ms_per_token"] < ar["ms_per_token"],
+        "trials": [{"skip": list(k), **{kk: vv for kk, vv in v.items() if kk != "skip"}} for k, v in seen.items()],
+    }
 
 
-def ensure_skip(options: dict, *, backend, tokenizer, target_source: str, progress: bool = True, force: bool = False,
-                prompts: list[list[int]] | None = None) -> tuple[list[int], dict]:
+def ensure_skip(
+    options: dict,
+    *,
+    backend,
+    tokenizer,
+    target_source: str,
+    progress: bool = True,
+    force: bool = False,
+    prompts: list[list[int]] | None = None,
+) -> tuple[list[int], dict]:
     """The skip vector to draft with: ``proposer.skip`` when given, else the search artifact (run
     the search when absent and ``auto_train``)."""
     if options.get("skip") is not None and not force:
@@ -186,26 +218,44 @@ def ensure_skip(options: dict, *, backend, tokenizer, target_source: str, progre
         manifest, _ = load_artifact(path, kind="layer_skip", target_hash=target_hash, recipe=rd)
         return list(manifest["skip"]), manifest
     if not force and (explicit or not options.get("auto_train", True)):
-        raise ArtifactError(f"no layer_skip artifact at {str(path)!r}; run `harness train proposer=layer_skip` "
-                            "(or set proposer.auto_train=true, or give proposer.skip)")
+        raise ArtifactError(
+            f"no layer_skip artifact at {str(path)!r}; run `harness train proposer=layer_skip` "
+            "(or set proposer.auto_train=true, or give proposer.skip)"
+        )
     log.warning("searching the layer-skip vector (absent from %s)", path)
     t0 = time.perf_counter()
     if prompts is None:
         prompts = dev_prompts(recipe, tokenizer, int(model.config.vocab_size))
     result = search_skip(backend, prompts, recipe=recipe, progress=progress)
     device = str(next(model.parameters()).device)
-    manifest = {"kind": "layer_skip", "target_hash": target_hash, "target_source": target_source, "recipe": rd,
-                "skip": result["skip"], "objective": result["best"], "ar_reference": result["ar"],
-                "trials": result["trials"], "layer_influence": result["layer_influence"],
-                "beats_ar": result["beats_ar"],
-                "token_budget": recipe.trials * recipe.prompts * recipe.max_new_tokens,
-                "search": {"seconds": time.perf_counter() - t0, "device": device, "threads": torch.get_num_threads(),
-                           "sampler": "optuna TPESampler", "objective": "decode ms per committed token (greedy)"},
-                "cpu_budget_artifact": device == "cpu"}
+    manifest = {
+        "kind": "layer_skip",
+        "target_hash": target_hash,
+        "target_source": target_source,
+        "recipe": rd,
+        "skip": result["skip"],
+        "objective": result["best"],
+        "ar_reference": result["ar"],
+        "trials": result["trials"],
+        "layer_influence": result["layer_influence"],
+        "beats_ar": result["beats_ar"],
+        "token_budget": recipe.trials * recipe.prompts * recipe.max_new_tokens,
+        "search": {
+            "seconds": time.perf_counter() - t0,
+            "device": device,
+            "threads": torch.get_num_threads(),
+            "sampler": "optuna TPESampler",
+            "objective": "decode ms per committed token (greedy)",
+        },
+        "cpu_budget_artifact": device == "cpu",
+    }
     if not result["beats_ar"]:
-        log.warning("no skip vector found beat the autoregressive reference (%.2f vs %.2f ms per token); the "
-                    "artifact keeps the best one and says so (beats_ar: false)",
-                    result["best"]["ms_per_token"], result["ar"]["ms_per_token"])
+        log.warning(
+            "no skip vector found beat the autoregressive reference (%.2f vs %.2f ms per token); the "
+            "artifact keeps the best one and says so (beats_ar: false)",
+            result["best"]["ms_per_token"],
+            result["ar"]["ms_per_token"],
+        )
     save_artifact(path, manifest=manifest)
     manifest, _ = load_artifact(path, kind="layer_skip", target_hash=target_hash, recipe=rd)
     return list(manifest["skip"]), manifest
@@ -219,7 +269,26 @@ def train_from_config(cfg, *, target, force: bool = False, progress: bool = True
 
     options = OmegaConf.to_container(cfg.proposer, resolve=True)
     backend = CausalLMBackend(target.model, device=torch.device(cfg.model.device))
-    skip, m = ensure_skip(options, backend=backend, tokenizer=target.tokenizer, target_source=target.source,
-                          progress=progress, force=force)
-    return {"skip": skip, **{k: m.get(k) for k in ("artifact_id", "objective", "ar_reference", "token_budget",
-                                                    "search", "cpu_budget_artifact", "recipe")}}
+    skip, m = ensure_skip(
+        options,
+        backend=backend,
+        tokenizer=target.tokenizer,
+        target_source=target.source,
+        progress=progress,
+        force=force,
+    )
+    return {
+        "skip": skip,
+        **{
+            k: m.get(k)
+            for k in (
+                "artifact_id",
+                "objective",
+                "ar_reference",
+                "token_budget",
+                "search",
+                "cpu_budget_artifact",
+                "recipe",
+            )
+        },
+    }

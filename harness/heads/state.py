@@ -16,8 +16,8 @@ proposers work without an engine change; see :class:`HeadsProposer` for the prop
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -94,7 +94,7 @@ class CapturedForward:
 class HiddenTap:
     """One forward hook per target model, shared by every proposer built on it."""
 
-    _taps: "weakref.WeakKeyDictionary[torch.nn.Module, HiddenTap]" = weakref.WeakKeyDictionary()
+    _taps: weakref.WeakKeyDictionary[torch.nn.Module, HiddenTap] = weakref.WeakKeyDictionary()
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.serial = 0
@@ -103,7 +103,7 @@ class HiddenTap:
         self._handle = base.register_forward_hook(self._hook, with_kwargs=True)
 
     @classmethod
-    def on(cls, model: torch.nn.Module) -> "HiddenTap":
+    def on(cls, model: torch.nn.Module) -> HiddenTap:
         tap = cls._taps.get(model)
         if tap is None:
             tap = cls._taps[model] = cls(model)
@@ -123,10 +123,17 @@ class HiddenTap:
             # the hook runs after the forward appended R rows
             cache_len = int(cache.get_seq_length()) - ids.shape[1]
         r = ids.shape[1]
-        positions = tuple(int(p) for p in pos[0].tolist()) if pos is not None else tuple(range(cache_len, cache_len + r))
-        self.last = CapturedForward(serial=self.serial, input_ids=tuple(int(t) for t in ids[0].tolist()),
-                                    positions=positions, custom_mask=kwargs.get("attention_mask") is not None,
-                                    cache_len=cache_len, hidden=hidden[0].detach())
+        positions = (
+            tuple(int(p) for p in pos[0].tolist()) if pos is not None else tuple(range(cache_len, cache_len + r))
+        )
+        self.last = CapturedForward(
+            serial=self.serial,
+            input_ids=tuple(int(t) for t in ids[0].tolist()),
+            positions=positions,
+            custom_mask=kwargs.get("attention_mask") is not None,
+            cache_len=cache_len,
+            hidden=hidden[0].detach(),
+        )
 
 
 class CommittedHidden:
@@ -150,10 +157,12 @@ class CommittedHidden:
         pos = captured.positions[index]
         if pos >= len(self.prefix.tokens):
             return False
-        have = StateTag(self.checkpoint, "final_norm", captured.input_ids[index], pos, ancestry_hash, self.dtype,
-                        captured.serial)
-        need = StateTag(self.checkpoint, "final_norm", self.prefix.tokens[pos], pos, self.prefix.at(pos), self.dtype,
-                        generation)
+        have = StateTag(
+            self.checkpoint, "final_norm", captured.input_ids[index], pos, ancestry_hash, self.dtype, captured.serial
+        )
+        need = StateTag(
+            self.checkpoint, "final_norm", self.prefix.tokens[pos], pos, self.prefix.at(pos), self.dtype, generation
+        )
         if not may_reuse(have, need):
             self.refused += 1
             return False

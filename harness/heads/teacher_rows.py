@@ -19,18 +19,20 @@ one run exactly when ``run_len[t + i] >= i + 2``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 
 
-def _check_stream(n_tokens: int, *, hidden_len: int, segment_ids: Sequence, valid: Sequence,
-                  max_future: object) -> None:
+def _check_stream(
+    n_tokens: int, *, hidden_len: int, segment_ids: Sequence, valid: Sequence, max_future: object
+) -> None:
     if not (hidden_len == len(segment_ids) == len(valid) == n_tokens):
         raise ValueError(
             f"unaligned packed inputs: tokens {n_tokens}, hidden {hidden_len}, segment_ids {len(segment_ids)}, "
-            f"valid {len(valid)}")
+            f"valid {len(valid)}"
+        )
     if type(max_future) is not int or max_future < 0:
         raise ValueError(f"max_future must be a nonnegative integer; got {max_future!r}")
 
@@ -52,8 +54,9 @@ def run_lengths(segment_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     segment_ids: ``[N]`` int; valid: ``[N]`` bool.
     """
     if segment_ids.shape != valid.shape or segment_ids.dim() != 1:
-        raise ValueError(f"segment_ids and valid must be aligned vectors; got {tuple(segment_ids.shape)} "
-                         f"and {tuple(valid.shape)}")
+        raise ValueError(
+            f"segment_ids and valid must be aligned vectors; got {tuple(segment_ids.shape)} and {tuple(valid.shape)}"
+        )
     n = segment_ids.numel()
     out = torch.zeros(n, dtype=torch.long)
     if n == 0:
@@ -79,8 +82,9 @@ def eligible_anchors(segment_ids: torch.Tensor, valid: torch.Tensor, *, max_futu
 
     segment_ids: ``[N]`` int; valid: ``[N]`` bool.
     """
-    _check_stream(segment_ids.numel(), hidden_len=segment_ids.numel(), segment_ids=segment_ids, valid=valid,
-                  max_future=max_future)
+    _check_stream(
+        segment_ids.numel(), hidden_len=segment_ids.numel(), segment_ids=segment_ids, valid=valid, max_future=max_future
+    )
     _bool_list(valid)
     run = run_lengths(segment_ids, valid)  # [N]
     n = run.numel()
@@ -134,9 +138,15 @@ def teacher_row_index(segment_ids: Sequence[int], valid: Sequence[bool], *, max_
     return rows
 
 
-def hydra_teacher_rows(tokens: Sequence[int], hidden: torch.Tensor, max_future: int, *,
-                       segment_ids: Sequence[int], valid: Sequence[bool],
-                       embed: Callable[[torch.Tensor], torch.Tensor]) -> list[tuple[int, torch.Tensor, int]]:
+def hydra_teacher_rows(
+    tokens: Sequence[int],
+    hidden: torch.Tensor,
+    max_future: int,
+    *,
+    segment_ids: Sequence[int],
+    valid: Sequence[bool],
+    embed: Callable[[torch.Tensor], torch.Tensor],
+) -> list[tuple[int, torch.Tensor, int]]:
     """``[(i, concat(hidden[t-1], E(tokens[t]), ..., E(tokens[t+i-1])), tokens[t+i])]``.
 
     tokens: ``[N]``; hidden: ``[N, d]``; ``embed`` maps ``[k]`` ids to ``[k, d_e]``. The

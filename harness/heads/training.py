@@ -64,8 +64,9 @@ class Batch:
     head_mask: torch.Tensor  # [B, K] bool: head i has a row at this anchor
 
 
-def gather_batch(stream: PackedStream, anchors: torch.Tensor, *, heads: torch.Tensor, run: torch.Tensor,
-                 num_heads: int, window: int) -> Batch:
+def gather_batch(
+    stream: PackedStream, anchors: torch.Tensor, *, heads: torch.Tensor, run: torch.Tensor, num_heads: int, window: int
+) -> Batch:
     """Index a packed stream at anchors ``[B]`` (``heads``: ``max_head`` ``[N]``; ``run``: run lengths ``[N]``)."""
     n = len(stream)
     k_idx = torch.arange(num_heads)  # [K]
@@ -77,9 +78,15 @@ def gather_batch(stream: PackedStream, anchors: torch.Tensor, *, heads: torch.Te
     win_mask = offs[None, :] < run[prev][:, None]  # [B, W] inside the run ending at t-1
     hidden = stream.hidden
     ctx = hidden[win.clamp(min=0)].float() * win_mask[..., None]  # [B, W, d]
-    return Batch(anchors=anchors, ctx_window=ctx, ctx_mask=win_mask, path=stream.tokens[pos],
-                 labels=stream.tokens[lab], teacher_rows=hidden[pos].float(),
-                 head_mask=k_idx[None, :] < heads[anchors][:, None])
+    return Batch(
+        anchors=anchors,
+        ctx_window=ctx,
+        ctx_mask=win_mask,
+        path=stream.tokens[pos],
+        labels=stream.tokens[lab],
+        teacher_rows=hidden[pos].float(),
+        head_mask=k_idx[None, :] < heads[anchors][:, None],
+    )
 
 
 def head_logits(heads: DraftHeads, batch: Batch, *, embed: nn.Module, lm_head: nn.Module) -> torch.Tensor:
@@ -93,24 +100,26 @@ def head_logits(heads: DraftHeads, batch: Batch, *, embed: nn.Module, lm_head: n
 def head_loss(logits: torch.Tensor, batch: Batch, *, recipe: TrainRecipe, lm_head: nn.Module) -> torch.Tensor:
     """Weighted per-head loss (scalar). logits ``[B, K, V]``."""
     k = logits.shape[1]
-    weights = torch.tensor([recipe.head_decay ** i for i in range(k)])  # [K]
+    weights = torch.tensor([recipe.head_decay**i for i in range(k)])  # [K]
     mask = batch.head_mask.float()  # [B, K]
     if recipe.loss == "hard":
-        ce = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1),
-                                         reduction="none").view_as(mask)  # [B, K]
+        ce = nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1), reduction="none"
+        ).view_as(mask)  # [B, K]
         per = ce
     else:
         tau = recipe.distill_temperature
         with torch.no_grad():
             teacher = torch.softmax(lm_head(batch.teacher_rows).float() / tau, dim=-1)  # [B, K, V]
-        per = -(tau ** 2) * (teacher * torch.log_softmax(logits / tau, dim=-1)).sum(-1)  # [B, K]
+        per = -(tau**2) * (teacher * torch.log_softmax(logits / tau, dim=-1)).sum(-1)  # [B, K]
     per_head = (per * mask).sum(0) / mask.sum(0).clamp(min=1.0)  # [K]
     return (weights * per_head).sum()
 
 
 @torch.no_grad()
-def evaluate(heads: DraftHeads, stream: PackedStream, *, embed: nn.Module, lm_head: nn.Module,
-             batch_size: int = 64) -> dict:
+def evaluate(
+    heads: DraftHeads, stream: PackedStream, *, embed: nn.Module, lm_head: nn.Module, batch_size: int = 64
+) -> dict:
     """Held-out top-1 agreement with the target (and with the text label), per head."""
     k = heads.spec.num_heads
     if len(stream) == 0:
@@ -124,8 +133,9 @@ def evaluate(heads: DraftHeads, stream: PackedStream, *, embed: nn.Module, lm_he
     was = heads.training
     heads.eval()
     for s in range(0, anchors.numel(), batch_size):
-        b = gather_batch(stream, anchors[s: s + batch_size], heads=heads_max, run=run, num_heads=k,
-                         window=heads.spec.prefix_window)
+        b = gather_batch(
+            stream, anchors[s : s + batch_size], heads=heads_max, run=run, num_heads=k, window=heads.spec.prefix_window
+        )
         top = head_logits(heads, b, embed=embed, lm_head=lm_head).argmax(-1)  # [B, K]
         target_top = lm_head(b.teacher_rows).argmax(-1)  # [B, K]
         m = b.head_mask
@@ -137,8 +147,16 @@ def evaluate(heads: DraftHeads, stream: PackedStream, *, embed: nn.Module, lm_he
     return {"rows": [int(r) for r in rows], "top1_agreement": frac(agree), "label_accuracy": frac(label)}
 
 
-def train_heads(heads: DraftHeads, train: PackedStream, *, recipe: TrainRecipe, embed: nn.Module, lm_head: nn.Module,
-                progress: bool = True, max_seconds: float | None = None) -> dict:
+def train_heads(
+    heads: DraftHeads,
+    train: PackedStream,
+    *,
+    recipe: TrainRecipe,
+    embed: nn.Module,
+    lm_head: nn.Module,
+    progress: bool = True,
+    max_seconds: float | None = None,
+) -> dict:
     """Train in place. Returns a log: steps, tokens seen, final loss, seconds."""
     from tqdm import tqdm
 
@@ -149,26 +167,41 @@ def train_heads(heads: DraftHeads, train: PackedStream, *, recipe: TrainRecipe, 
     run = run_lengths(train.segment_ids, train.valid)  # [N]
     anchors = torch.nonzero(heads_max >= 1).flatten()  # [A]
     if anchors.numel() == 0:
-        raise ValueError(f"the training stream has no teacher rows ({len(train)} tokens, "
-                         f"{train.num_documents} documents)")
+        raise ValueError(
+            f"the training stream has no teacher rows ({len(train)} tokens, {train.num_documents} documents)"
+        )
     gen = torch.Generator().manual_seed(recipe.seed)
     steps_per_epoch = math.ceil(anchors.numel() / recipe.batch_size)
     total = steps_per_epoch * recipe.epochs
-    opt = torch.optim.AdamW([p for p in heads.parameters() if p.requires_grad], lr=recipe.lr,
-                            weight_decay=recipe.weight_decay)
+    opt = torch.optim.AdamW(
+        [p for p in heads.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay
+    )
     warm = min(recipe.warmup_steps, max(total // 10, 1))
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(total - warm, 1))))
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(total - warm, 1)))
+    )
     heads.train()
     t0 = time.perf_counter()
     step, last_loss, stopped = 0, None, False
-    bar = tqdm(total=total, desc=f"train {heads.spec.kind} heads", unit="step", file=sys.stderr,
-               disable=not progress, leave=False)
+    bar = tqdm(
+        total=total,
+        desc=f"train {heads.spec.kind} heads",
+        unit="step",
+        file=sys.stderr,
+        disable=not progress,
+        leave=False,
+    )
     for _ in range(recipe.epochs):
         order = anchors[torch.randperm(anchors.numel(), generator=gen)]
         for s in range(0, order.numel(), recipe.batch_size):
-            batch = gather_batch(train, order[s: s + recipe.batch_size], heads=heads_max, run=run, num_heads=k,
-                                 window=heads.spec.prefix_window)
+            batch = gather_batch(
+                train,
+                order[s : s + recipe.batch_size],
+                heads=heads_max,
+                run=run,
+                num_heads=k,
+                window=heads.spec.prefix_window,
+            )
             logits = head_logits(heads, batch, embed=embed, lm_head=lm_head)
             loss = head_loss(logits, batch, recipe=recipe, lm_head=lm_head)
             opt.zero_grad(set_to_none=True)
@@ -187,6 +220,12 @@ def train_heads(heads: DraftHeads, train: PackedStream, *, recipe: TrainRecipe, 
             break
     bar.close()
     heads.eval()
-    return {"steps": step, "planned_steps": total, "rows_per_epoch": int(anchors.numel()),
-            "stream_tokens": len(train), "final_loss": last_loss, "train_seconds": time.perf_counter() - t0,
-            "stopped_by_time_cap": stopped}
+    return {
+        "steps": step,
+        "planned_steps": total,
+        "rows_per_epoch": int(anchors.numel()),
+        "stream_tokens": len(train),
+        "final_loss": last_loss,
+        "train_seconds": time.perf_counter() - t0,
+        "stopped_by_time_cap": stopped,
+    }

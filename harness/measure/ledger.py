@@ -57,8 +57,17 @@ class RoundLedger:
     accepted_length_hist: list[int] = field(default_factory=list)
     round_ms: list[float] = field(default_factory=list)
 
-    def observe_round(self, *, tree_depth: int, num_rows: int, accepted: int, committed: int,
-                      first_child_hit: bool, stage_ms: dict[str, float], temp_kv_bytes: int) -> None:
+    def observe_round(
+        self,
+        *,
+        tree_depth: int,
+        num_rows: int,
+        accepted: int,
+        committed: int,
+        first_child_hit: bool,
+        stage_ms: dict[str, float],
+        temp_kv_bytes: int,
+    ) -> None:
         self.rounds += 1
         self.committed_tokens += committed
         self.accepted_tokens += accepted
@@ -85,15 +94,25 @@ class RoundLedger:
         self.round_ms.append(sum(stage_ms.values()))
         self.temp_kv_bytes_peak = max(self.temp_kv_bytes_peak, temp_kv_bytes)
 
-    def merge(self, other: "RoundLedger") -> None:
-        for name in ("rounds", "committed_tokens", "accepted_tokens", "empty_proposals", "first_child_hits",
-                     "rounds_with_candidates", "candidate_rows_total"):
+    def merge(self, other: RoundLedger) -> None:
+        for name in (
+            "rounds",
+            "committed_tokens",
+            "accepted_tokens",
+            "empty_proposals",
+            "first_child_hits",
+            "rounds_with_candidates",
+            "candidate_rows_total",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.temp_kv_bytes_peak = max(self.temp_kv_bytes_peak, other.temp_kv_bytes_peak)
         for k, v in other.stage_ms.items():
             self.stage_ms[k] = self.stage_ms.get(k, 0.0) + v
-        for mine, theirs in ((self.reached, other.reached), (self.accepted_at, other.accepted_at),
-                             (self.accepted_length_hist, other.accepted_length_hist)):
+        for mine, theirs in (
+            (self.reached, other.reached),
+            (self.accepted_at, other.accepted_at),
+            (self.accepted_length_hist, other.accepted_length_hist),
+        ):
             while len(mine) < len(theirs):
                 mine.append(0)
             for i, v in enumerate(theirs):
@@ -110,8 +129,9 @@ class RoundLedger:
             "acceptance_by_depth": [a / n if n else None for a, n in zip(self.accepted_at, self.reached)],
             "reach_by_depth": [a / r for a in self.accepted_at] if self.rounds else [],
             "accepted_length_hist": list(self.accepted_length_hist),
-            "first_child_coverage": (self.first_child_hits / self.rounds_with_candidates
-                                     if self.rounds_with_candidates else None),
+            "first_child_coverage": (
+                self.first_child_hits / self.rounds_with_candidates if self.rounds_with_candidates else None
+            ),
             "fallback_rate": self.empty_proposals / r if self.rounds else None,
             "mean_candidate_rows": self.candidate_rows_total / r if self.rounds else None,
             "round_cost_ms": {k: v / r for k, v in self.stage_ms.items()},

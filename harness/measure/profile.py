@@ -33,8 +33,9 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -44,8 +45,17 @@ from harness.measure.ledger import StageClock
 PROFILE_FORMAT = 1
 
 #: provenance fields that must equal the run's for a profile to be used
-PROFILE_MATCH_FIELDS = ("model", "dtype", "device", "device_name", "threads", "batch_size",
-                        "attn_implementation", "library_versions", "measurement")
+PROFILE_MATCH_FIELDS = (
+    "model",
+    "dtype",
+    "device",
+    "device_name",
+    "threads",
+    "batch_size",
+    "attn_implementation",
+    "library_versions",
+    "measurement",
+)
 
 
 class StaleArtifactError(ValueError):
@@ -93,8 +103,10 @@ def read_artifact(path: Path, *, kind: str) -> dict:
         got = artifact.get("kind") if isinstance(artifact, dict) else type(artifact).__name__
         raise StaleArtifactError(f"{str(path)!r} is not a {kind} artifact; got kind {got!r}")
     if artifact.get("hash") != artifact_hash(artifact):
-        raise StaleArtifactError(f"{kind} artifact {str(path)!r}: content hash {artifact.get('hash')!r} does not "
-                                 f"verify (expected {artifact_hash(artifact)!r}); the file was edited or truncated")
+        raise StaleArtifactError(
+            f"{kind} artifact {str(path)!r}: content hash {artifact.get('hash')!r} does not "
+            f"verify (expected {artifact_hash(artifact)!r}); the file was edited or truncated"
+        )
     return artifact
 
 
@@ -126,7 +138,8 @@ def check_provenance(stored: dict, expected: dict, *, fields: Sequence[str], kin
             where, got, want = diff
             raise StaleArtifactError(
                 f"stale {kind} {path!r}: {name} differs ({where}: artifact {got!r}, this run {want!r}); "
-                f"re-run `harness calibrate` with the run's overrides")
+                f"re-run `harness calibrate` with the run's overrides"
+            )
 
 
 # ---------------------------------------------------------------- provenance of a run
@@ -155,9 +168,11 @@ def profile_provenance(cfg) -> dict:
     draft = c["proposer"].get("model") if isinstance(c["proposer"].get("model"), dict) else None
     t = c["topology"]
     return {
-        "model": {"target": _model_identity(c["model"]),
-                  "draft": _model_identity(draft) if draft else None,
-                  "draft_dtype": draft.get("dtype") if draft else None},
+        "model": {
+            "target": _model_identity(c["model"]),
+            "draft": _model_identity(draft) if draft else None,
+            "draft_dtype": draft.get("dtype") if draft else None,
+        },
         "dtype": c["model"]["dtype"],
         "device": c["model"]["device"],
         "device_name": device_name(c["model"]["device"]),
@@ -166,8 +181,13 @@ def profile_provenance(cfg) -> dict:
         "attn_implementation": c["model"]["attn_implementation"],
         "library_versions": library_versions(),
         # protocol 2: at batch B > 1, t(n) is one batched verify of B requests (protocol 1 timed batch 1)
-        "measurement": {"protocol": 2, "prefix_len": int(t["profile"]["prefix_len"]), "warmup": int(t["profile"]["warmup"]),
-                        "repeats": int(t["profile"]["repeats"]), "max_nodes": int(t["max_nodes"]) + 1},
+        "measurement": {
+            "protocol": 2,
+            "prefix_len": int(t["profile"]["prefix_len"]),
+            "warmup": int(t["profile"]["warmup"]),
+            "repeats": int(t["profile"]["repeats"]),
+            "max_nodes": int(t["max_nodes"]) + 1,
+        },
     }
 
 
@@ -186,11 +206,24 @@ def timing_tree(rows: int, *, prefix_len: int, vocab: int):
     from harness.topology.compiler import compile_tree
 
     parents = heap_parents(rows)
-    nodes = tuple(ProposalNode(token_id=3 + (k % max(vocab - 3, 1)), parent=p, score=1.0, source="profile")
-                  for k, p in enumerate(parents))
-    proposals = [ProposalResult(nodes=nodes, probability_semantics="score_only",
-                                sampling_relation="deterministic_lookup", topology="tree" if rows > 1 else "sequence",
-                                state_handle=NO_STATE, manifest_hash="profile")] if rows else []
+    nodes = tuple(
+        ProposalNode(token_id=3 + (k % max(vocab - 3, 1)), parent=p, score=1.0, source="profile")
+        for k, p in enumerate(parents)
+    )
+    proposals = (
+        [
+            ProposalResult(
+                nodes=nodes,
+                probability_semantics="score_only",
+                sampling_relation="deterministic_lookup",
+                topology="tree" if rows > 1 else "sequence",
+                state_handle=NO_STATE,
+                manifest_hash="profile",
+            )
+        ]
+        if rows
+        else []
+    )
     tree = compile_tree(proposals, prefix_len=prefix_len)
     if tree.num_rows != rows:
         raise AssertionError(f"timing tree has {tree.num_rows} rows, wanted {rows}")
@@ -239,16 +272,23 @@ def measure_profile(
     from tqdm import tqdm
 
     if draft_backend is None:
-        raise ValueError("a hardware profile measures the draft's costs c0 and c: it needs a separate draft "
-                         "model (proposer=draft_model)")
-    for name, v, lo in (("max_nodes", max_nodes, 1), ("warmup", warmup, 0), ("repeats", repeats, 1),
-                        ("batch_size", batch_size, 1)):
+        raise ValueError(
+            "a hardware profile measures the draft's costs c0 and c: it needs a separate draft "
+            "model (proposer=draft_model)"
+        )
+    for name, v, lo in (
+        ("max_nodes", max_nodes, 1),
+        ("warmup", warmup, 0),
+        ("repeats", repeats, 1),
+        ("batch_size", batch_size, 1),
+    ):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}; got {v!r}")
     prefix = list(prefix_ids)
     clock = StageClock(target_backend.device)
-    trees = {n: timing_tree(n - 1, prefix_len=len(prefix), vocab=target_backend.vocab_size)
-             for n in range(1, max_nodes + 1)}
+    trees = {
+        n: timing_tree(n - 1, prefix_len=len(prefix), vocab=target_backend.vocab_size) for n in range(1, max_nodes + 1)
+    }
     batched = state = seq = None
     if batch_size > 1:
         from harness.target.batched import BatchedBackend, prefill_copies, timed_batched_verify
@@ -266,9 +306,10 @@ def measure_profile(
     c_ms: list[float] = []
     sizes = list(trees)
     rounds = warmup + repeats
-    for r in tqdm(range(rounds), desc="profile: timing rounds", unit="round", file=sys.stderr,
-                  disable=not progress, leave=False):
-        order = sizes[r % len(sizes):] + sizes[: r % len(sizes)]
+    for r in tqdm(
+        range(rounds), desc="profile: timing rounds", unit="round", file=sys.stderr, disable=not progress, leave=False
+    ):
+        order = sizes[r % len(sizes) :] + sizes[: r % len(sizes)]
         timed = r >= warmup
         for n in order:
             if batched is not None:
@@ -319,9 +360,12 @@ def measure_profile(
             "draft_base_cost": "c0 / t(1): the draft forward on the pending token",
             "draft_cost": "c / t(1): one draft depth step (a one-row forward)",
             "tree_shape": "binary heap, real ancestor mask through CausalLMBackend.verify",
-            "batch": (f"batch {batch_size}: t(n) is one batched verify forward of {batch_size} requests "
-                      f"(BatchedBackend); c0 and c are {batch_size} sequential single-request draft forwards"
-                      if batch_size > 1 else "batch 1"),
+            "batch": (
+                f"batch {batch_size}: t(n) is one batched verify forward of {batch_size} requests "
+                f"(BatchedBackend); c0 and c are {batch_size} sequential single-request draft forwards"
+                if batch_size > 1
+                else "batch 1"
+            ),
             "protocol": f"{warmup} warm-up rounds excluded, {repeats} timed rounds, sizes rotated per round",
         },
         "provenance": provenance,
@@ -332,13 +376,17 @@ def measure_profile(
 def check_profile(profile: dict, expected: dict, *, path: str, max_nodes: int) -> None:
     """Refuse a stale profile (any provenance field differs) or one too short for the search."""
     if profile.get("synthetic", False):
-        raise StaleArtifactError(f"hardware profile {path!r} is synthetic (hand-entered costs); "
-                                 "harness run uses measured profiles only")
-    check_provenance(profile.get("provenance", {}), expected, fields=PROFILE_MATCH_FIELDS,
-                     kind="hardware profile", path=path)
+        raise StaleArtifactError(
+            f"hardware profile {path!r} is synthetic (hand-entered costs); harness run uses measured profiles only"
+        )
+    check_provenance(
+        profile.get("provenance", {}), expected, fields=PROFILE_MATCH_FIELDS, kind="hardware profile", path=path
+    )
     if len(profile.get("verify_cost", [])) < max_nodes:
-        raise StaleArtifactError(f"hardware profile {path!r} gives t(1..{len(profile.get('verify_cost', []))}); "
-                                 f"the search needs t(1..{max_nodes})")
+        raise StaleArtifactError(
+            f"hardware profile {path!r} gives t(1..{len(profile.get('verify_cost', []))}); "
+            f"the search needs t(1..{max_nodes})"
+        )
 
 
 def plot_profile(profile: dict, path: Path) -> Path:
@@ -360,8 +408,10 @@ def plot_profile(profile: dict, path: Path) -> Path:
     prov = profile.get("provenance", {})
     ax.set_xlabel("n = 1 + candidate rows (verify forward length)")
     ax.set_ylabel(f"time / t(1)   (t(1) = {t1:.3g} ms)")
-    ax.set_title(f"verify cost, {prov.get('device', '?')} {prov.get('dtype', '?')}, "
-                 f"{prov.get('threads', '?')} threads", fontsize=9)
+    ax.set_title(
+        f"verify cost, {prov.get('device', '?')} {prov.get('dtype', '?')}, {prov.get('threads', '?')} threads",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()

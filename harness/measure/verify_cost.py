@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -15,8 +15,14 @@ from harness.measure.profile import timing_tree
 
 
 @torch.inference_mode()
-def measure_verify_cost(backend, prompt_ids: Sequence[int], *, max_rows: int, reps: int = 5,
-                        points: Sequence[int] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)) -> dict:
+def measure_verify_cost(
+    backend,
+    prompt_ids: Sequence[int],
+    *,
+    max_rows: int,
+    reps: int = 5,
+    points: Sequence[int] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
+) -> dict:
     """Median verify time for ``n = 1 + rows`` at the given row counts, interpolated to every
     ``rows <= max_rows``. Returns ``{"t_ms": [t(1), ..., t(max_rows + 1)], "normalised": [...],
     "measured_rows": [...]}``."""
@@ -40,6 +46,12 @@ def measure_verify_cost(backend, prompt_ids: Sequence[int], *, max_rows: int, re
     envelope = np.maximum.accumulate(np.array(med))
     all_rows = np.arange(0, max_rows + 1)
     t_ms = np.interp(all_rows, pts, envelope)
-    return {"t_ms": t_ms.tolist(), "normalised": (t_ms / t_ms[0]).tolist(), "measured_rows": pts,
-            "measured_ms": med, "prefix_len": len(ids), "reps": reps,  # raw medians, before the envelope
-            "t_profile": {"n": [1 + r for r in pts], "t": med}}
+    return {
+        "t_ms": t_ms.tolist(),
+        "normalised": (t_ms / t_ms[0]).tolist(),
+        "measured_rows": pts,
+        "measured_ms": med,
+        "prefix_len": len(ids),
+        "reps": reps,  # raw medians, before the envelope
+        "t_profile": {"n": [1 + r for r in pts], "t": med},
+    }

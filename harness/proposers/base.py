@@ -58,7 +58,8 @@ class Proposer(ABC):
     def __init__(self, *, budget: Budget, manifest_hash: str, policy=None) -> None:
         if budget.shape not in self.shapes:
             raise ValueError(
-                f"proposer {self.name!r} cannot build topology {budget.shape!r}; it supports {sorted(self.shapes)}")
+                f"proposer {self.name!r} cannot build topology {budget.shape!r}; it supports {sorted(self.shapes)}"
+            )
         self.budget = budget
         self.manifest_hash = manifest_hash
         self.policy = policy
@@ -70,12 +71,17 @@ class Proposer(ABC):
         Subclasses whose semantics depend on options (e.g. ``sampling``) override this."""
         if budget.shape not in cls.shapes:
             raise ValueError(
-                f"proposer {cls.name!r} cannot build topology {budget.shape!r}; it supports {sorted(cls.shapes)}")
-        return Capabilities(name=cls.name, probability_semantics=frozenset({cls.probability_semantics}),
-                            sampling_relations=frozenset({cls.sampling_relation}), topology=budget_topology(budget))
+                f"proposer {cls.name!r} cannot build topology {budget.shape!r}; it supports {sorted(cls.shapes)}"
+            )
+        return Capabilities(
+            name=cls.name,
+            probability_semantics=frozenset({cls.probability_semantics}),
+            sampling_relations=frozenset({cls.sampling_relation}),
+            topology=budget_topology(budget),
+        )
 
     @classmethod
-    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context) -> "Proposer":
+    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context) -> Proposer:
         """Build from config options once models are loaded (``context``: engine.build.BuildContext)."""
         return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, **options)
 
@@ -97,8 +103,7 @@ class Proposer(ABC):
         """A new request begins (prompt ids, last token pending)."""
 
     @abstractmethod
-    def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
-        ...
+    def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult: ...
 
     def observe_commit(self, committed: list[int]) -> None:
         """The target committed; roll provisional state back to ``committed`` (pending last)."""

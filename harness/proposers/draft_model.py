@@ -45,8 +45,15 @@ class DraftModelProposer(Proposer):
     name: ClassVar[str] = "draft_model"
     shapes: ClassVar[frozenset[str]] = frozenset({"sequence", "set", "expansion", "tree"})
 
-    def __init__(self, *, budget: Budget, manifest_hash: str, policy: SamplingPolicy,
-                 backend: CausalLMBackend, sampling: str = "iid") -> None:
+    def __init__(
+        self,
+        *,
+        budget: Budget,
+        manifest_hash: str,
+        policy: SamplingPolicy,
+        backend: CausalLMBackend,
+        sampling: str = "iid",
+    ) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
         if sampling not in ("iid", "without_replacement", "beam"):
             raise ValueError(f"proposer.sampling must be iid, without_replacement or beam; got {sampling!r}")
@@ -63,8 +70,9 @@ class DraftModelProposer(Proposer):
         if budget.shape == "tree" and budget.parents:
             self.shape_parents = tuple(check_shape_parents(budget.parents))
             if len(self.shape_parents) > budget.max_nodes:
-                raise ValueError(f"the tree shape has {len(self.shape_parents)} candidate rows, over "
-                                 f"max_nodes={budget.max_nodes}")
+                raise ValueError(
+                    f"the tree shape has {len(self.shape_parents)} candidate rows, over max_nodes={budget.max_nodes}"
+                )
         self.seq: Sequence | None = None
         self.peak_state_bytes = 0
 
@@ -77,15 +85,24 @@ class DraftModelProposer(Proposer):
             raise ValueError(f"proposer=draft_model builds {sorted(cls.shapes)}; got topology {budget.shape!r}")
         rel = str(options.get("sampling", "iid"))
         sem = "score_only" if rel == "beam" else "normalized_conditional"
-        return Capabilities(name=cls.name, probability_semantics=frozenset({sem}),
-                            sampling_relations=frozenset({rel}), topology=budget_topology(budget))
+        return Capabilities(
+            name=cls.name,
+            probability_semantics=frozenset({sem}),
+            sampling_relations=frozenset({rel}),
+            topology=budget_topology(budget),
+        )
 
     @classmethod
     def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
         if context.draft_backend is None:
             raise ValueError("proposer=draft_model needs a loaded draft model (proposer.model)")
-        return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, backend=context.draft_backend,
-                   sampling=options.get("sampling", "iid"))
+        return cls(
+            budget=budget,
+            manifest_hash=manifest_hash,
+            policy=policy,
+            backend=context.draft_backend,
+            sampling=options.get("sampling", "iid"),
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompt_ids: list[int]) -> None:
@@ -118,8 +135,11 @@ class DraftModelProposer(Proposer):
                 return policy.probs(frontier.unsqueeze(0))
             start = seq.cache_len
             r = len(prefixes)
-            chain = r == 1 and start == base + len(prefixes[0]) - 1 and all(
-                row_of.get(prefixes[0][:i]) == base + i - 1 for i in range(1, len(prefixes[0])))
+            chain = (
+                r == 1
+                and start == base + len(prefixes[0]) - 1
+                and all(row_of.get(prefixes[0][:i]) == base + i - 1 for i in range(1, len(prefixes[0])))
+            )
             mask = None
             if not chain:
                 mask = torch.zeros((r, start + r), dtype=torch.bool)
@@ -138,12 +158,24 @@ class DraftModelProposer(Proposer):
         handle = ProposalStateHandle(owner=self.name, committed_len=len(committed), generation=seq.cache_generation)
         if self.shape_parents:
             result = sample_shaped_tree_proposal(
-                q_level, parents=self.shape_parents, relation=self.sampling, rng=rng, source=self.name,
-                manifest_hash=self.manifest_hash, state_handle=handle)
+                q_level,
+                parents=self.shape_parents,
+                relation=self.sampling,
+                rng=rng,
+                source=self.name,
+                manifest_hash=self.manifest_hash,
+                state_handle=handle,
+            )
         else:
             result = sample_tree_proposal(
-                q_level, widths=self.widths, relation=self.sampling, rng=rng, source=self.name,
-                manifest_hash=self.manifest_hash, state_handle=handle)
+                q_level,
+                widths=self.widths,
+                relation=self.sampling,
+                rng=rng,
+                source=self.name,
+                manifest_hash=self.manifest_hash,
+                state_handle=handle,
+            )
         self.peak_state_bytes = max(self.peak_state_bytes, cache_bytes(seq.cache))
         if result.topology != "sequence":
             backend.truncate(seq, base)  # sibling rows can never be reused by a committed path

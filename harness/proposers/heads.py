@@ -52,8 +52,10 @@ def draft_widths(budget: Budget, num_heads: int) -> tuple[int, ...]:
         return (budget.max_nodes,)
     widths = tuple(budget.widths) or (1,) * budget.max_depth
     if len(widths) > num_heads:
-        raise ValueError(f"topology asks for {len(widths)} draft depths (widths {list(widths)}) but the head bank "
-                         f"has num_heads={num_heads}; raise proposer.num_heads or shorten topology.widths")
+        raise ValueError(
+            f"topology asks for {len(widths)} draft depths (widths {list(widths)}) but the head bank "
+            f"has num_heads={num_heads}; raise proposer.num_heads or shorten topology.widths"
+        )
     return widths
 
 
@@ -87,10 +89,21 @@ class HeadsProposer(Proposer):
     max_batch_size: ClassVar[int | None] = 1
     batch_limit_reason: ClassVar[str] = (
         "the heads read the target's hidden rows through a batch-1 forward hook (HiddenTap); in a batched "
-        "forward they would find no row of their own request and propose nothing")
+        "forward they would find no row of their own request and propose nothing"
+    )
 
-    def __init__(self, *, budget: Budget, manifest_hash: str, policy: SamplingPolicy, model: torch.nn.Module,
-                 heads, checkpoint: str, sampling: str = "beam", artifact_manifest: dict | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        budget: Budget,
+        manifest_hash: str,
+        policy: SamplingPolicy,
+        model: torch.nn.Module,
+        heads,
+        checkpoint: str,
+        sampling: str = "beam",
+        artifact_manifest: dict | None = None,
+    ) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
         from harness.heads.state import CommittedHidden, HiddenTap
 
@@ -115,8 +128,16 @@ class HeadsProposer(Proposer):
         self._start_serial = -1
         self._ingested = -1
         self._expect: tuple[int, tuple[int, ...], ProposalResult] | None = None
-        self.stats.extras.update({"rounds": 0, "hidden_misses": 0, "head_stages": 0, "lm_head_rows": 0,
-                                  "refused_reuse": 0, "critical_path_stages_per_round": None})
+        self.stats.extras.update(
+            {
+                "rounds": 0,
+                "hidden_misses": 0,
+                "head_stages": 0,
+                "lm_head_rows": 0,
+                "refused_reuse": 0,
+                "critical_path_stages_per_round": None,
+            }
+        )
 
     # ------------------------------------------------------------------ config
     @classmethod
@@ -126,8 +147,12 @@ class HeadsProposer(Proposer):
         sampling = str(options.get("sampling", "beam"))
         sem = sampling_semantics(sampling)
         draft_widths(budget, int(options.get("num_heads", 3)))
-        return Capabilities(name=cls.name, probability_semantics=frozenset({sem}),
-                            sampling_relations=frozenset({sampling}), topology=budget_topology(budget))
+        return Capabilities(
+            name=cls.name,
+            probability_semantics=frozenset({sem}),
+            sampling_relations=frozenset({sampling}),
+            topology=budget_topology(budget),
+        )
 
     @classmethod
     def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
@@ -135,16 +160,27 @@ class HeadsProposer(Proposer):
         from harness.heads.checkpoint import target_fingerprint
 
         model = context.target_backend.model
-        artifact = ensure_heads(cls.kind, options, model=model, tokenizer=context.tokenizer,
-                                target_source=context.model_source)
-        return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, model=model, heads=artifact.heads,
-                   checkpoint=target_fingerprint(model, context.tokenizer),
-                   sampling=str(options.get("sampling", "beam")), artifact_manifest=artifact.manifest)
+        artifact = ensure_heads(
+            cls.kind, options, model=model, tokenizer=context.tokenizer, target_source=context.model_source
+        )
+        return cls(
+            budget=budget,
+            manifest_hash=manifest_hash,
+            policy=policy,
+            model=model,
+            heads=artifact.heads,
+            checkpoint=target_fingerprint(model, context.tokenizer),
+            sampling=str(options.get("sampling", "beam")),
+            artifact_manifest=artifact.manifest,
+        )
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(name=self.name, probability_semantics=frozenset({self.probability_semantics}),
-                            sampling_relations=frozenset({self.sampling_relation}),
-                            topology=budget_topology(self.budget))
+        return Capabilities(
+            name=self.name,
+            probability_semantics=frozenset({self.probability_semantics}),
+            sampling_relations=frozenset({self.sampling_relation}),
+            topology=budget_topology(self.budget),
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompt_ids: list[int]) -> None:
@@ -190,8 +226,9 @@ class HeadsProposer(Proposer):
             serial, old, proposal = self._expect
             if cap.serial != serial + 1 or cap.cache_len != len(old) - 1:
                 return
-            tree = compile_tree([proposal], prefix_len=len(old), max_nodes=self.budget.max_nodes,
-                                max_depth=self.budget.max_depth)
+            tree = compile_tree(
+                [proposal], prefix_len=len(old), max_nodes=self.budget.max_nodes, max_depth=self.budget.max_depth
+            )
             if cap.input_ids != (old[-1],) + tuple(tree.token_ids.tolist()):
                 return
             base = PrefixHashes.extend(0, old)
@@ -209,19 +246,30 @@ class HeadsProposer(Proposer):
         self.stats.extras["rounds"] += 1
         pos = len(committed) - 2
         win = self.store.window(pos, self.window) if pos >= 0 else None
-        handle = ProposalStateHandle(owner=self.name, committed_len=len(committed), generation=self.tap.serial,
-                                     kv_bytes=0)
+        handle = ProposalStateHandle(
+            owner=self.name, committed_len=len(committed), generation=self.tap.serial, kv_bytes=0
+        )
         if win is None:
             self.stats.extras["hidden_misses"] += 1
-            result = ProposalResult.empty_result(source=self.name, manifest_hash=self.manifest_hash,
-                                                 probability_semantics=self.probability_semantics,
-                                                 sampling_relation=self.sampling_relation, state_handle=handle)
+            result = ProposalResult.empty_result(
+                source=self.name,
+                manifest_hash=self.manifest_hash,
+                probability_semantics=self.probability_semantics,
+                sampling_relation=self.sampling_relation,
+                state_handle=handle,
+            )
         else:
             rows, mask = win
             ctx = self.heads.context(rows[None].float(), mask[None])  # [1, d]
-            result = sample_tree_proposal(self._q_level(ctx, committed[-1]), widths=self.widths,
-                                          relation=self.sampling, rng=rng, source=self.name,
-                                          manifest_hash=self.manifest_hash, state_handle=handle)
+            result = sample_tree_proposal(
+                self._q_level(ctx, committed[-1]),
+                widths=self.widths,
+                relation=self.sampling,
+                rng=rng,
+                source=self.name,
+                manifest_hash=self.manifest_hash,
+                state_handle=handle,
+            )
             if len(result.nodes) > self.budget.max_nodes:
                 q = result.q_dists[: self.budget.max_nodes] if result.q_dists is not None else None
                 result = replace(result, nodes=result.nodes[: self.budget.max_nodes], q_dists=q)
@@ -251,7 +299,7 @@ class HeadsProposer(Proposer):
                     extras["head_stages"] += 1
                     extras["lm_head_rows"] += k
                     for i in range(k):
-                        cached[i + 1] = probs(logits[i: i + 1])
+                        cached[i + 1] = probs(logits[i : i + 1])
                 return cached[depth].expand(n, -1)
             ids = torch.tensor([(pending,) + p for p in prefixes])  # [n, depth]
             emb = embed(ids).float()  # [n, depth, d_e]

@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 from harness.contracts import PREFIX_FRONTIER, ProposalNode, ProposalResult, ProposalStateHandle
 from harness.proposers.base import Budget, Proposer, budget_topology
@@ -66,8 +67,9 @@ def sub_budget(cls: type[Proposer], budget: Budget, max_depth: int | None = None
     for shape in _SUB_SHAPES:
         if shape in cls.shapes:
             return Budget(shape=shape, max_nodes=budget.max_nodes, max_depth=depth)
-    raise ValueError(f"proposer {cls.name!r} cannot be a merged source: it builds {sorted(cls.shapes)}, "
-                     f"none of {list(_SUB_SHAPES)}")
+    raise ValueError(
+        f"proposer {cls.name!r} cannot be a merged source: it builds {sorted(cls.shapes)}, none of {list(_SUB_SHAPES)}"
+    )
 
 
 def merged_semantics(semantics: frozenset[str]) -> str:
@@ -77,8 +79,9 @@ def merged_semantics(semantics: frozenset[str]) -> str:
     return "score_only"
 
 
-def merge_proposals(proposals: Sequence[ProposalResult], *, max_nodes: int, max_depth: int,
-                    default_sources: Sequence[str] | None = None) -> tuple[list[ProposalNode], list[dict]]:
+def merge_proposals(
+    proposals: Sequence[ProposalResult], *, max_nodes: int, max_depth: int, default_sources: Sequence[str] | None = None
+) -> tuple[list[ProposalNode], list[dict]]:
     """Interleave and merge proposals by full prefix (module docstring, steps 2-3).
 
     Returns ``(nodes, per_source)``: the merged nodes (parents precede children, a node's parent
@@ -130,8 +133,15 @@ class MergedProposer(Proposer):
     sampling_relation: ClassVar[str] = "deterministic_lookup"
     shapes: ClassVar[frozenset[str]] = frozenset({"merged", "sequences", "tree"})
 
-    def __init__(self, *, budget: Budget, manifest_hash: str, sources: Sequence[Proposer],
-                 source_caps: Sequence[Capabilities] | None = None, policy=None) -> None:
+    def __init__(
+        self,
+        *,
+        budget: Budget,
+        manifest_hash: str,
+        sources: Sequence[Proposer],
+        source_caps: Sequence[Capabilities] | None = None,
+        policy=None,
+    ) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
         if not sources:
             raise ValueError("proposer=merged needs at least one source (proposer.sources)")
@@ -147,11 +157,16 @@ class MergedProposer(Proposer):
         hashes = sorted({s.manifest_hash for s in sources} - {manifest_hash})
         if hashes:  # a source folded its own release (e.g. a datastore) into its hash
             self.manifest_hash = hashlib.sha256(":".join([manifest_hash, *hashes]).encode()).hexdigest()[:16]
-        self.stats.extras.update({
-            "sources": {s.name: s.stats.extras for s in self.sources},  # live: read at record time
-            "per_source": {s.name: {"proposal_ms": 0.0, "offered": 0, "new_rows": 0, "shared": 0}
-                           for s in self.sources},
-            "rounds": 0, "manifest_hash": self.manifest_hash})
+        self.stats.extras.update(
+            {
+                "sources": {s.name: s.stats.extras for s in self.sources},  # live: read at record time
+                "per_source": {
+                    s.name: {"proposal_ms": 0.0, "offered": 0, "new_rows": 0, "shared": 0} for s in self.sources
+                },
+                "rounds": 0,
+                "manifest_hash": self.manifest_hash,
+            }
+        )
 
     # ------------------------------------------------------------------ negotiation and wiring
 
@@ -175,8 +190,10 @@ class MergedProposer(Proposer):
             sub = options.get(name)
             if not isinstance(sub, dict):
                 configured = sorted(k for k, v in options.items() if isinstance(v, dict))
-                raise ValueError(f"proposer.sources names {name!r}, but proposer.{name} is not configured "
-                                 f"(merged sub-configs: {configured})")
+                raise ValueError(
+                    f"proposer.sources names {name!r}, but proposer.{name} is not configured "
+                    f"(merged sub-configs: {configured})"
+                )
             sub = dict(sub)
             sub.pop("name", None)
             sub_cls = proposer_class(name)
@@ -187,28 +204,37 @@ class MergedProposer(Proposer):
     def declare(cls, options: dict, budget: Budget) -> Capabilities:
         """The union of the sources' semantics and relations (plus what the merge emits)."""
         if budget.shape not in cls.shapes:
-            raise ValueError(f"proposer='merged' builds a tree: use topology=merged (or sequences); "
-                             f"got topology {budget.shape!r}")
+            raise ValueError(
+                f"proposer='merged' builds a tree: use topology=merged (or sequences); got topology {budget.shape!r}"
+            )
         caps = [sub_cls.declare(sub, b) for _, sub_cls, sub, b in cls._source_entries(options, budget)]
         semantics = frozenset().union(*(c.probability_semantics for c in caps))
         relations = frozenset().union(*(c.sampling_relations for c in caps))
-        return Capabilities(name=cls.name, probability_semantics=semantics | {merged_semantics(semantics)},
-                            sampling_relations=relations, topology=budget_topology(budget))
+        return Capabilities(
+            name=cls.name,
+            probability_semantics=semantics | {merged_semantics(semantics)},
+            sampling_relations=relations,
+            topology=budget_topology(budget),
+        )
 
     @classmethod
-    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context) -> "MergedProposer":
+    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context) -> MergedProposer:
         subs, caps = [], []
         for _, sub_cls, sub, b in cls._source_entries(options, budget):
             caps.append(sub_cls.declare(sub, b))
-            subs.append(sub_cls.from_config(options=sub, budget=b, manifest_hash=manifest_hash, policy=policy,
-                                            context=context))
+            subs.append(
+                sub_cls.from_config(options=sub, budget=b, manifest_hash=manifest_hash, policy=policy, context=context)
+            )
         return cls(budget=budget, manifest_hash=manifest_hash, sources=subs, source_caps=caps, policy=policy)
 
     def capabilities(self) -> Capabilities:
         semantics = frozenset().union(*(c.probability_semantics for c in self.source_caps))
-        return Capabilities(name=self.name, probability_semantics=semantics | {self.semantics},
-                            sampling_relations=frozenset().union(*(c.sampling_relations for c in self.source_caps)),
-                            topology=budget_topology(self.budget))
+        return Capabilities(
+            name=self.name,
+            probability_semantics=semantics | {self.semantics},
+            sampling_relations=frozenset().union(*(c.sampling_relations for c in self.source_caps)),
+            topology=budget_topology(self.budget),
+        )
 
     def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict | None:
         entries = {}
@@ -222,8 +248,11 @@ class MergedProposer(Proposer):
         self.stats.retrieval_ms = 0.0
         if not entries:
             return None
-        return {"passed": all(e.get("passed", True) for e in entries.values()), "kind": "merged_sources",
-                "sources": entries}
+        return {
+            "passed": all(e.get("passed", True) for e in entries.values()),
+            "kind": "merged_sources",
+            "sources": entries,
+        }
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -251,8 +280,12 @@ class MergedProposer(Proposer):
             results.append(s.propose(committed, rng))
             per[s.name]["proposal_ms"] += (time.perf_counter() - t0) * 1e3
             retrieval += s.stats.retrieval_ms - before
-        nodes, counts = merge_proposals(results, max_nodes=self.budget.max_nodes, max_depth=self.budget.max_depth,
-                                        default_sources=[s.name for s in self.sources])
+        nodes, counts = merge_proposals(
+            results,
+            max_nodes=self.budget.max_nodes,
+            max_depth=self.budget.max_depth,
+            default_sources=[s.name for s in self.sources],
+        )
         for s, c in zip(self.sources, counts):
             for key in ("offered", "new_rows", "shared"):
                 per[s.name][key] += c[key]
@@ -261,14 +294,30 @@ class MergedProposer(Proposer):
         self.stats.proposal_state_bytes = self.state_bytes()
         nonempty = [r for r in results if not r.empty]
         relations = {r.sampling_relation for r in nonempty}
-        relation = relations.pop() if len(relations) == 1 else (
-            nonempty[0].sampling_relation if nonempty else self.sampling_relation)
-        extras = {"retrieval_ms": retrieval,
-                  "sources": {s.name: {"semantics": r.probability_semantics, "relation": r.sampling_relation,
-                                       "nodes": len(r.nodes), **c}
-                              for s, r, c in zip(self.sources, results, counts)}}
-        return ProposalResult(nodes=tuple(nodes), probability_semantics=self.semantics,  # type: ignore[arg-type]
-                              sampling_relation=relation,  # type: ignore[arg-type]
-                              topology="tree", manifest_hash=self.manifest_hash, source=self.name,
-                              state_handle=ProposalStateHandle(owner=self.name, committed_len=len(committed)),
-                              extras=extras)
+        relation = (
+            relations.pop()
+            if len(relations) == 1
+            else (nonempty[0].sampling_relation if nonempty else self.sampling_relation)
+        )
+        extras = {
+            "retrieval_ms": retrieval,
+            "sources": {
+                s.name: {
+                    "semantics": r.probability_semantics,
+                    "relation": r.sampling_relation,
+                    "nodes": len(r.nodes),
+                    **c,
+                }
+                for s, r, c in zip(self.sources, results, counts)
+            },
+        }
+        return ProposalResult(
+            nodes=tuple(nodes),
+            probability_semantics=self.semantics,  # type: ignore[arg-type]
+            sampling_relation=relation,  # type: ignore[arg-type]
+            topology="tree",
+            manifest_hash=self.manifest_hash,
+            source=self.name,
+            state_handle=ProposalStateHandle(owner=self.name, committed_len=len(committed)),
+            extras=extras,
+        )

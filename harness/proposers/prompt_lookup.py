@@ -27,8 +27,9 @@ from harness.proposers.base import Budget, Proposer
 from harness.random_source import RandomSource
 
 
-def find_continuations(tokens: np.ndarray, *, max_ngram: int, min_ngram: int, max_depth: int,
-                       max_matches: int) -> list[tuple[int, np.ndarray]]:
+def find_continuations(
+    tokens: np.ndarray, *, max_ngram: int, min_ngram: int, max_depth: int, max_matches: int
+) -> list[tuple[int, np.ndarray]]:
     """``[(ngram_len, continuation)]`` for earlier occurrences of the suffix, best first.
 
     tokens: ``[T]`` int. An occurrence at ``i`` matches ``tokens[i:i+n] == tokens[T-n:]`` with
@@ -38,7 +39,7 @@ def find_continuations(tokens: np.ndarray, *, max_ngram: int, min_ngram: int, ma
     out: list[tuple[int, np.ndarray]] = []
     seen_starts: set[int] = set()
     for n in range(min(max_ngram, total - 1), min_ngram - 1, -1):
-        suffix = tokens[total - n:]
+        suffix = tokens[total - n :]
         windows = np.lib.stride_tricks.sliding_window_view(tokens[: total - 1], n)  # [T-n, n]
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         for i in hits[::-1]:  # most recent first
@@ -46,7 +47,7 @@ def find_continuations(tokens: np.ndarray, *, max_ngram: int, min_ngram: int, ma
             if start >= total or start in seen_starts:
                 continue
             seen_starts.add(start)
-            out.append((n, tokens[start: start + max_depth]))
+            out.append((n, tokens[start : start + max_depth]))
             if len(out) >= max_matches:
                 return out
     return out
@@ -55,8 +56,9 @@ def find_continuations(tokens: np.ndarray, *, max_ngram: int, min_ngram: int, ma
 class AcceptanceRates:
     """Online per-(depth, n-gram length, sibling rank) acceptance rates with a Beta prior."""
 
-    def __init__(self, *, prior_accept: float = 1.0, prior_reject: float = 1.0, max_depth_key: int = 8,
-                 max_rank_key: int = 3) -> None:
+    def __init__(
+        self, *, prior_accept: float = 1.0, prior_reject: float = 1.0, max_depth_key: int = 8, max_rank_key: int = 3
+    ) -> None:
         self.prior = (prior_accept, prior_reject)
         self.max_depth_key = max_depth_key
         self.max_rank_key = max_rank_key
@@ -82,9 +84,18 @@ class PromptLookupProposer(Proposer):
     sampling_relation: ClassVar[str] = "deterministic_lookup"
     shapes: ClassVar[frozenset[str]] = frozenset({"sequence", "sequences"})
 
-    def __init__(self, *, budget: Budget, manifest_hash: str, policy=None, max_ngram: int = 3,
-                 min_ngram: int = 1, max_matches: int = 8, budget_policy: str = "fixed",
-                 verify_cost: list[float] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        budget: Budget,
+        manifest_hash: str,
+        policy=None,
+        max_ngram: int = 3,
+        min_ngram: int = 1,
+        max_matches: int = 8,
+        budget_policy: str = "fixed",
+        verify_cost: list[float] | None = None,
+    ) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
         if not (1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram; got {min_ngram}, {max_ngram}")
@@ -92,8 +103,10 @@ class PromptLookupProposer(Proposer):
             raise ValueError(f"proposer.budget_policy must be fixed or adaptive; got {budget_policy!r}")
         if budget_policy == "adaptive":
             if not verify_cost or len(verify_cost) < budget.max_nodes + 1:
-                raise ValueError(f"budget_policy=adaptive needs verify_cost t(1..{budget.max_nodes + 1}) "
-                                 f"(normalised verify cost per row count); got {verify_cost!r}")
+                raise ValueError(
+                    f"budget_policy=adaptive needs verify_cost t(1..{budget.max_nodes + 1}) "
+                    f"(normalised verify cost per row count); got {verify_cost!r}"
+                )
             if any(not np.isfinite(c) or c <= 0 for c in verify_cost):
                 raise ValueError(f"verify_cost must be positive and finite; got {verify_cost}")
         self.max_ngram = max_ngram
@@ -122,10 +135,14 @@ class PromptLookupProposer(Proposer):
     # ------------------------------------------------------------------ proposing
     def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
         tokens = np.asarray(committed, dtype=np.int64)
-        depth = self.budget.max_depth if self.budget.shape != "sequence" else min(
-            self.budget.max_depth, self.budget.max_nodes)
-        matches = find_continuations(tokens, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
-                                     max_depth=depth, max_matches=self.max_matches)
+        depth = (
+            self.budget.max_depth
+            if self.budget.shape != "sequence"
+            else min(self.budget.max_depth, self.budget.max_nodes)
+        )
+        matches = find_continuations(
+            tokens, max_ngram=self.max_ngram, min_ngram=self.min_ngram, max_depth=depth, max_matches=self.max_matches
+        )
         prefixes: list[tuple[int, ...]] = []  # full candidate prefix of each node
         parents: list[int] = []
         keys: list[tuple[int, int, int]] = []
@@ -153,16 +170,28 @@ class PromptLookupProposer(Proposer):
         if self.budget_policy == "adaptive" and prefixes:
             keep = self._choose_rows(parents, keys)
         remap = {old: new for new, old in enumerate(keep)}
-        nodes = tuple(ProposalNode(token_id=prefixes[i][-1], parent=remap[parents[i]] if parents[i] >= 0 else -1,
-                                   score=float(ngram_of[i]), source=self.name) for i in keep)
+        nodes = tuple(
+            ProposalNode(
+                token_id=prefixes[i][-1],
+                parent=remap[parents[i]] if parents[i] >= 0 else -1,
+                score=float(ngram_of[i]),
+                source=self.name,
+            )
+            for i in keep
+        )
         self.stats.extras["rows_proposed"] += len(prefixes)
         self.stats.extras["rows_kept"] += len(keep)
         self._last = (len(committed), prefixes, keys)
         topology = "sequence" if all(nd.parent == i - 1 for i, nd in enumerate(nodes)) else "tree"
-        return ProposalResult(nodes=nodes, probability_semantics="score_only",
-                              sampling_relation="deterministic_lookup", topology=topology,
-                              state_handle=ProposalStateHandle(owner=self.name, committed_len=len(committed)),
-                              manifest_hash=self.manifest_hash, source=self.name)
+        return ProposalResult(
+            nodes=nodes,
+            probability_semantics="score_only",
+            sampling_relation="deterministic_lookup",
+            topology=topology,
+            state_handle=ProposalStateHandle(owner=self.name, committed_len=len(committed)),
+            manifest_hash=self.manifest_hash,
+            source=self.name,
+        )
 
     def _choose_rows(self, parents: list[int], keys: list[tuple[int, int, int]]) -> list[int]:
         """Rows in descending reach order; the count minimising predicted time per token."""

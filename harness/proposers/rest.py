@@ -52,25 +52,35 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 from harness.contracts import PREFIX_FRONTIER, ProposalNode, ProposalResult, ProposalStateHandle
 from harness.proposers.base import Budget, Proposer, budget_topology
 from harness.random_source import RandomSource
-from harness.workloads.datastore import (LEAKAGE_THRESHOLD, MANIFEST_FILE, Datastore, DatastoreError, LeakageError,
-                                         build_datastore, check_leakage, datastore_path, exclusions_for,
-                                         load_datastore)
+from harness.workloads.datastore import (
+    LEAKAGE_THRESHOLD,
+    MANIFEST_FILE,
+    Datastore,
+    DatastoreError,
+    LeakageError,
+    build_datastore,
+    check_leakage,
+    datastore_path,
+    exclusions_for,
+    load_datastore,
+)
 
 
 @dataclass
 class TrieNode:
     token: int
     count: int = 0
-    children: dict[int, "TrieNode"] = field(default_factory=dict)
+    children: dict[int, TrieNode] = field(default_factory=dict)
 
-    def ordered_children(self) -> list["TrieNode"]:
+    def ordered_children(self) -> list[TrieNode]:
         """Siblings in declared order: descending count, then ascending token id."""
         return sorted(self.children.values(), key=lambda c: (-c.count, c.token))
 
@@ -132,39 +142,60 @@ class RestProposer(Proposer):
     sampling_relation: ClassVar[str] = "deterministic_lookup"
     shapes: ClassVar[frozenset[str]] = frozenset({"sequence", "sequences", "tree"})
 
-    def __init__(self, *, budget: Budget, manifest_hash: str, datastore: Datastore,
-                 max_suffix: int | None = None, min_suffix: int = 1, max_matches: int | None = None,
-                 continuation_len: int | None = None, policy=None, owns_datastore: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        budget: Budget,
+        manifest_hash: str,
+        datastore: Datastore,
+        max_suffix: int | None = None,
+        min_suffix: int = 1,
+        max_matches: int | None = None,
+        continuation_len: int | None = None,
+        policy=None,
+        owns_datastore: bool = True,
+    ) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
         m = datastore.manifest
-        released = {"context_len": int(m.get("context_len", 16)),
-                    "max_matches": int(m.get("match_selection", {}).get("max_matches", 64)),
-                    "continuation_len": int(m.get("continuation_len", 8))}
+        released = {
+            "context_len": int(m.get("context_len", 16)),
+            "max_matches": int(m.get("match_selection", {}).get("max_matches", 64)),
+            "continuation_len": int(m.get("continuation_len", 8)),
+        }
         self.max_suffix = released["context_len"] if max_suffix is None else int(max_suffix)
         self.max_matches = released["max_matches"] if max_matches is None else int(max_matches)
         self.continuation_len = released["continuation_len"] if continuation_len is None else int(continuation_len)
         self.min_suffix = int(min_suffix)
-        for key, value in (("max_suffix", self.max_suffix), ("max_matches", self.max_matches),
-                           ("continuation_len", self.continuation_len)):
+        for key, value in (
+            ("max_suffix", self.max_suffix),
+            ("max_matches", self.max_matches),
+            ("continuation_len", self.continuation_len),
+        ):
             limit = released["context_len" if key == "max_suffix" else key]
             if value > limit:
                 raise DatastoreError(
                     f"proposer.{key}={value} exceeds the datastore release's "
-                    f"{'context_len' if key == 'max_suffix' else key}={limit}; rebuild the datastore or lower it")
+                    f"{'context_len' if key == 'max_suffix' else key}={limit}; rebuild the datastore or lower it"
+                )
         if not 1 <= self.min_suffix <= self.max_suffix:
             raise ValueError(f"need 1 <= min_suffix <= max_suffix; got {self.min_suffix}, {self.max_suffix}")
         if self.max_matches < 1 or self.continuation_len < 1:
-            raise ValueError(f"max_matches and continuation_len must be >= 1; got {self.max_matches}, "
-                             f"{self.continuation_len}")
+            raise ValueError(
+                f"max_matches and continuation_len must be >= 1; got {self.max_matches}, {self.continuation_len}"
+            )
         self.datastore = datastore
         # False: another batch slot's proposer opened this index (from_config); its bytes count once
         self.owns_datastore = owns_datastore
         self.source_id = f"rest:{datastore.release_id[:12]}"
         self.stats.proposal_state_bytes = self.state_bytes()
-        self.stats.extras.update({"datastore_bytes": self.state_bytes(),
-                                  "datastore_release_id": datastore.release_id,
-                                  "datastore_tokens": datastore.n_tokens,
-                                  "datastore_path": None if datastore.path is None else str(datastore.path)})
+        self.stats.extras.update(
+            {
+                "datastore_bytes": self.state_bytes(),
+                "datastore_release_id": datastore.release_id,
+                "datastore_tokens": datastore.n_tokens,
+                "datastore_path": None if datastore.path is None else str(datastore.path),
+            }
+        )
         self.reset_counters()
         # run-time settings (from_config): tokenizer for reference answers, leakage threshold
         self.tokenizer = None
@@ -174,15 +205,26 @@ class RestProposer(Proposer):
     def reset_counters(self) -> None:
         """Restart the per-round retrieval counters (``stats.extras``, ``stats.retrieval_ms``)."""
         self.stats.retrieval_ms = 0.0
-        self.stats.extras.update({"rounds": 0, "misses": 0, "miss_rate": None, "match_len_sum": 0,
-                                  "mean_match_len": None, "retrieval_ms_total": 0.0,
-                                  "mean_retrieval_ms": None, "max_retrieval_ms": 0.0, "trie_ms": 0.0,
-                                  "last_match_len": 0, "last_retrieval_ms": 0.0})
+        self.stats.extras.update(
+            {
+                "rounds": 0,
+                "misses": 0,
+                "miss_rate": None,
+                "match_len_sum": 0,
+                "mean_match_len": None,
+                "retrieval_ms_total": 0.0,
+                "mean_retrieval_ms": None,
+                "max_retrieval_ms": 0.0,
+                "trie_ms": 0.0,
+                "last_match_len": 0,
+                "last_retrieval_ms": 0.0,
+            }
+        )
 
     # ------------------------------------------------------------------ run wiring
 
     @classmethod
-    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context) -> "RestProposer":
+    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context) -> RestProposer:
         """Open (or build) ``options["datastore"]`` for the target's tokenizer, then the proposer.
 
         The proposals carry ``manifest_hash`` folded with the datastore's release id
@@ -205,22 +247,38 @@ class RestProposer(Proposer):
         else:  # another batch slot of this run opened it: one index in memory, counted once
             ds, first = shared[key]
             info = {**first, "built_now": False, "build_s": None, "load_s": 0.0}
-        prop = cls(budget=budget, manifest_hash=release_manifest_hash(manifest_hash, ds.release_id),
-                   datastore=ds, policy=policy, owns_datastore=owner, **opts)
+        prop = cls(
+            budget=budget,
+            manifest_hash=release_manifest_hash(manifest_hash, ds.release_id),
+            datastore=ds,
+            policy=policy,
+            owns_datastore=owner,
+            **opts,
+        )
         prop.tokenizer, prop.vocab_size = tokenizer, vocab
         prop.leakage_threshold = int(ds_cfg.get("leakage_threshold", LEAKAGE_THRESHOLD))
-        prop.stats.extras.update({"run_manifest_hash": manifest_hash, "manifest_hash": prop.manifest_hash,
-                                  "datastore_built_now": info["built_now"],
-                                  "datastore_build_s": info.get("build_s"),
-                                  "datastore_load_s": info["load_s"]})
+        prop.stats.extras.update(
+            {
+                "run_manifest_hash": manifest_hash,
+                "manifest_hash": prop.manifest_hash,
+                "datastore_built_now": info["built_now"],
+                "datastore_build_s": info.get("build_s"),
+                "datastore_load_s": info["load_s"],
+            }
+        )
         return prop
 
     def manifest_extra(self) -> dict:
         """What the run manifest should carry about this proposer's index (its release)."""
         m = self.datastore.manifest
-        return {"datastore": {"release_id": self.datastore.release_id, "n_tokens": self.datastore.n_tokens,
-                              "corpus": m.get("corpus", {}).get("name"),
-                              "path": None if self.datastore.path is None else str(self.datastore.path)}}
+        return {
+            "datastore": {
+                "release_id": self.datastore.release_id,
+                "n_tokens": self.datastore.n_tokens,
+                "corpus": m.get("corpus", {}).get("name"),
+                "path": None if self.datastore.path is None else str(self.datastore.path),
+            }
+        }
 
     def encode_reference(self, text: str) -> list[int]:
         """A reference answer in target token ids: the target tokenizer (no special tokens), or for
@@ -241,8 +299,13 @@ class RestProposer(Proposer):
         triples = []
         for prompt, ids in items:
             ref = getattr(prompt, "reference", None)
-            triples.append((getattr(prompt, "prompt_id", str(len(triples))), list(ids),
-                            self.encode_reference(ref) if ref else None))
+            triples.append(
+                (
+                    getattr(prompt, "prompt_id", str(len(triples))),
+                    list(ids),
+                    self.encode_reference(ref) if ref else None,
+                )
+            )
         t0 = time.perf_counter()
         records = check_leakage(self.datastore, triples, threshold=self.leakage_threshold, allow=True)
         seconds = time.perf_counter() - t0
@@ -256,16 +319,29 @@ class RestProposer(Proposer):
                 f"evaluation leakage: {len(leaked)} of {len(records)} prompt(s) match datastore "
                 f"{self.datastore.release_id[:12]} for >= {self.leakage_threshold} tokens (prompt or reference "
                 f"answer): {names}{more}. Rebuild the datastore excluding them (exclude=<workload>.jsonl), "
-                "or set allow_leakage=true (the record then states it).")
+                "or set allow_leakage=true (the record then states it)."
+            )
         longest = max((r["longest_match"] for r in records), default=0)
-        entry = {"passed": True, "kind": "datastore_leakage", "datastore_release_id": self.datastore.release_id,
-                 "threshold": self.leakage_threshold, "prompts": len(records), "max_longest_match": longest,
-                 "leaked": [r["prompt_id"] for r in leaked], "allow_leakage": bool(allow_leakage),
-                 "evidence": (f"{len(leaked)} leaked prompt(s) let through by allow_leakage=true" if leaked
-                              else f"every prompt/reference matches < {self.leakage_threshold} tokens"),
-                 "seconds": seconds, "items": records}
-        self.stats.extras["leakage"] = {k: entry[k] for k in ("threshold", "max_longest_match", "leaked",
-                                                              "allow_leakage")}
+        entry = {
+            "passed": True,
+            "kind": "datastore_leakage",
+            "datastore_release_id": self.datastore.release_id,
+            "threshold": self.leakage_threshold,
+            "prompts": len(records),
+            "max_longest_match": longest,
+            "leaked": [r["prompt_id"] for r in leaked],
+            "allow_leakage": bool(allow_leakage),
+            "evidence": (
+                f"{len(leaked)} leaked prompt(s) let through by allow_leakage=true"
+                if leaked
+                else f"every prompt/reference matches < {self.leakage_threshold} tokens"
+            ),
+            "seconds": seconds,
+            "items": records,
+        }
+        self.stats.extras["leakage"] = {
+            k: entry[k] for k in ("threshold", "max_longest_match", "leaked", "allow_leakage")
+        }
         self.reset_counters()
         return entry
 
@@ -282,7 +358,7 @@ class RestProposer(Proposer):
         """``(match_len, continuations)`` for the longest matching suffix (``(0, [])`` on a miss)."""
         depth = min(self.continuation_len, self.budget.max_depth)
         for n in range(min(self.max_suffix, len(committed)), self.min_suffix - 1, -1):
-            suffix = committed[len(committed) - n:]
+            suffix = committed[len(committed) - n :]
             starts = self.datastore.occurrences(suffix, max_matches=self.max_matches, need_continuation=True)
             if len(starts):
                 return n, self.datastore.continuations(starts, offset=n, length=depth)
@@ -297,8 +373,10 @@ class RestProposer(Proposer):
             rows = best_path(root, max_len=min(self.budget.max_nodes, self.budget.max_depth))
         else:
             rows = linearize_trie(root, max_nodes=self.budget.max_nodes, max_depth=self.budget.max_depth)
-        nodes = tuple(ProposalNode(token_id=tok, parent=parent, score=float(count), source=self.source_id)
-                      for tok, parent, count in rows)
+        nodes = tuple(
+            ProposalNode(token_id=tok, parent=parent, score=float(count), source=self.source_id)
+            for tok, parent, count in rows
+        )
         t2 = time.perf_counter()
         retrieval_ms, trie_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
         ex = self.stats.extras
@@ -313,14 +391,25 @@ class RestProposer(Proposer):
         ex["mean_match_len"] = ex["match_len_sum"] / ex["rounds"]
         ex["mean_retrieval_ms"] = ex["retrieval_ms_total"] / ex["rounds"]
         self.stats.retrieval_ms += retrieval_ms  # decode() reports it as the round's retrieval stage
-        extras = {"retrieval_ms": retrieval_ms, "trie_ms": trie_ms, "match_len": match_len,
-                  "n_matches": len(conts), "miss": not nodes,
-                  "datastore_release_id": self.datastore.release_id}
+        extras = {
+            "retrieval_ms": retrieval_ms,
+            "trie_ms": trie_ms,
+            "match_len": match_len,
+            "n_matches": len(conts),
+            "miss": not nodes,
+            "datastore_release_id": self.datastore.release_id,
+        }
         handle = ProposalStateHandle(owner=self.name, committed_len=len(committed))
-        return ProposalResult(nodes=nodes, probability_semantics="frequency",
-                              sampling_relation="deterministic_lookup",
-                              topology=budget_topology(self.budget), state_handle=handle,
-                              manifest_hash=self.manifest_hash, source=self.name, extras=extras)
+        return ProposalResult(
+            nodes=nodes,
+            probability_semantics="frequency",
+            sampling_relation="deterministic_lookup",
+            topology=budget_topology(self.budget),
+            state_handle=handle,
+            manifest_hash=self.manifest_hash,
+            source=self.name,
+            extras=extras,
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,19 +445,28 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
 
     corpus_name = str(cfg.get("corpus", "stdlib"))
     max_tokens = cfg.get("max_tokens")
-    print(f"harness run: building REST datastore {corpus_name!r} for {model!r} into {path} "
-          f"(max_tokens={max_tokens}; once, then cached)", file=sys.stderr)
+    print(
+        f"harness run: building REST datastore {corpus_name!r} for {model!r} into {path} "
+        f"(max_tokens={max_tokens}; once, then cached)",
+        file=sys.stderr,
+    )
     t0 = time.perf_counter()
     tmp = path.with_name(f"{path.name}.building-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
-        build_datastore(make_corpus(corpus_name), tokenizer=tokenizer, target_family=model, out_dir=tmp,
-                        max_tokens=None if max_tokens is None else int(max_tokens),
-                        context_len=int(cfg.get("context_len", 16)),
-                        continuation_len=int(cfg.get("continuation_len", 8)),
-                        max_matches=int(cfg.get("max_matches", 64)),
-                        exclude=exclusions_for(str(cfg.get("exclude", "none"))), progress=True)
+        build_datastore(
+            make_corpus(corpus_name),
+            tokenizer=tokenizer,
+            target_family=model,
+            out_dir=tmp,
+            max_tokens=None if max_tokens is None else int(max_tokens),
+            context_len=int(cfg.get("context_len", 16)),
+            continuation_len=int(cfg.get("continuation_len", 8)),
+            max_matches=int(cfg.get("max_matches", 64)),
+            exclude=exclusions_for(str(cfg.get("exclude", "none"))),
+            progress=True,
+        )
         try:
             tmp.rename(path)
         except OSError:
@@ -380,8 +478,9 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
     return time.perf_counter() - t0
 
 
-def open_datastore(cfg: dict, *, tokenizer, model: str, vocab_size: int | None = None,
-                   build: bool = True) -> tuple[Datastore, dict]:
+def open_datastore(
+    cfg: dict, *, tokenizer, model: str, vocab_size: int | None = None, build: bool = True
+) -> tuple[Datastore, dict]:
     """The datastore ``proposer.datastore`` (``cfg``) names, checked against the target.
 
     ``path`` set: that directory (must exist; its release manifest is authoritative). ``path``
@@ -399,7 +498,8 @@ def open_datastore(cfg: dict, *, tokenizer, model: str, vocab_size: int | None =
             raise DatastoreError(
                 f"proposer.datastore.path={str(path)!r} is not a datastore ({MANIFEST_FILE} missing). Build it with "
                 f"`harness datastore build corpus={cfg.get('corpus', 'stdlib')} model={model} out={path}`, or set "
-                "proposer.datastore.path=null to build into the cache on first use.")
+                "proposer.datastore.path=null to build into the cache on first use."
+            )
     else:
         path = datastore_path(str(cfg.get("corpus", "stdlib")), model=model)
         if not (path / MANIFEST_FILE).is_file():
@@ -407,10 +507,13 @@ def open_datastore(cfg: dict, *, tokenizer, model: str, vocab_size: int | None =
                 raise DatastoreError(
                     f"model={model!r} has no tokenizer (synthetic token ids), so no corpus datastore can be built "
                     "for it: write a token-id datastore (harness.workloads.datastore.datastore_from_token_ids + "
-                    "write_datastore) and pass proposer.datastore.path=<dir>.")
+                    "write_datastore) and pass proposer.datastore.path=<dir>."
+                )
             if not build:
-                raise DatastoreError(f"no datastore at {str(path)!r}; build it with "
-                                     f"`harness datastore build corpus={cfg.get('corpus', 'stdlib')} model={model}`")
+                raise DatastoreError(
+                    f"no datastore at {str(path)!r}; build it with "
+                    f"`harness datastore build corpus={cfg.get('corpus', 'stdlib')} model={model}`"
+                )
             path.parent.mkdir(parents=True, exist_ok=True)
             info["build_s"] = _build_into(path, cfg, tokenizer=tokenizer, model=model)
             info["built_now"] = True
@@ -421,29 +524,37 @@ def open_datastore(cfg: dict, *, tokenizer, model: str, vocab_size: int | None =
         raise DatastoreError(
             f"datastore {str(path)!r} was built with tokenizer {built_with.get('name_or_path')!r} "
             f"({str(built_with.get('fingerprint'))[:16]}...); model={model!r} has no tokenizer (synthetic token "
-            "ids), so its spans would be wrong: use a token-id datastore for it.")
+            "ids), so its spans would be wrong: use a token-id datastore for it."
+        )
     if tokenizer is not None and built_with is None:
         raise DatastoreError(
             f"datastore {str(path)!r} holds raw token ids with no tokenizer fingerprint "
             f"(corpus {manifest.get('corpus', {}).get('name')!r}); the target {model!r} has a tokenizer: rebuild "
-            f"it with `harness datastore build corpus=... model={model}`.")
+            f"it with `harness datastore build corpus=... model={model}`."
+        )
     if explicit is None:
-        diff = [(key, cfg.get(key), get(manifest)) for key, get in _BUILD_KEYS
-                if key in cfg and cfg.get(key) != get(manifest)]
+        diff = [
+            (key, cfg.get(key), get(manifest))
+            for key, get in _BUILD_KEYS
+            if key in cfg and cfg.get(key) != get(manifest)
+        ]
         if diff:
             said = ", ".join(f"{k}: config {want!r} vs built {got!r}" for k, want, got in diff)
             use = " ".join(f"proposer.datastore.{k}={'null' if got is None else got}" for k, _, got in diff)
             raise DatastoreError(
                 f"the cached datastore {str(path)!r} was built with other options ({said}). Rebuild it with "
                 f"`harness datastore build corpus={cfg.get('corpus')} model={model} max_tokens={cfg.get('max_tokens')} "
-                f"overwrite=true`, use it as built ({use}), or point proposer.datastore.path at another datastore.")
+                f"overwrite=true`, use it as built ({use}), or point proposer.datastore.path at another datastore."
+            )
     verify = bool(cfg.get("verify_corpus", True)) and built_with is not None
     ds = load_datastore(path, tokenizer=tokenizer, verify_corpus=verify)
     if vocab_size is not None and ds.n_tokens:
         top = int(ds.tokens.max())
         if top >= vocab_size:
-            raise DatastoreError(f"datastore {str(path)!r} holds token id {top}, outside the target vocabulary "
-                                 f"[0, {vocab_size}): it was built for another model")
+            raise DatastoreError(
+                f"datastore {str(path)!r} holds token id {top}, outside the target vocabulary "
+                f"[0, {vocab_size}): it was built for another model"
+            )
     info["load_s"] = time.perf_counter() - t0
     return ds, info
 
@@ -475,6 +586,10 @@ def manifest_datastores(cfg) -> dict:
     for source, node in nodes.items():
         ds_cfg = OmegaConf.to_container(node, resolve=True)
         ds, _ = open_datastore(ds_cfg, tokenizer=tokenizer, model=model)
-        out[source] = {"release_id": ds.release_id, "corpus": ds.manifest.get("corpus", {}).get("name"),
-                       "n_tokens": ds.n_tokens, "path": None if ds.path is None else str(ds.path)}
+        out[source] = {
+            "release_id": ds.release_id,
+            "corpus": ds.manifest.get("corpus", {}).get("name"),
+            "n_tokens": ds.n_tokens,
+            "path": None if ds.path is None else str(ds.path),
+        }
     return {"datastores": out}

@@ -21,13 +21,13 @@ the committed tokens are implicit), which is exactly ``CompiledTree.full_prefixe
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from harness.contracts import (
-    PREFIX_FRONTIER,
     NO_STATE,
+    PREFIX_FRONTIER,
     ContractError,
     ProposalNode,
     ProposalResult,
@@ -80,8 +80,9 @@ def beam_tokens(q: torch.Tensor, k: int) -> list[int]:
     return [int(t) for t in candidates[order].tolist()]
 
 
-def sample_children(q: torch.Tensor, k: int, *, relation: str,
-                    rng: RandomSource) -> list[tuple[int, torch.Tensor | None]]:
+def sample_children(
+    q: torch.Tensor, k: int, *, relation: str, rng: RandomSource
+) -> list[tuple[int, torch.Tensor | None]]:
     """``k`` children below one parent whose proposal law is ``q`` ``[V]``.
 
     Returns ``(token, law)`` per draw in draw order; ``law`` ``[V]`` is the distribution that
@@ -161,8 +162,9 @@ def sample_tree_proposal(
                     seen.add(tok)
                     next_level.append((len(nodes) - 1, prefix + (tok,)))
         level = next_level
-    return _sampled_result(nodes, laws, relation=relation, source=source, manifest_hash=manifest_hash,
-                           state_handle=state_handle)
+    return _sampled_result(
+        nodes, laws, relation=relation, source=source, manifest_hash=manifest_hash, state_handle=state_handle
+    )
 
 
 def check_shape_parents(parents: Sequence[int]) -> list[int]:
@@ -241,12 +243,20 @@ def sample_shaped_tree_proposal(
         else:
             nodes.append(ProposalNode(token_id=token[v], parent=parent, q=float(law[token[v]]), source=source))
             laws.append(law)
-    return _sampled_result(nodes, laws, relation=relation, source=source, manifest_hash=manifest_hash,
-                           state_handle=state_handle)
+    return _sampled_result(
+        nodes, laws, relation=relation, source=source, manifest_hash=manifest_hash, state_handle=state_handle
+    )
 
 
-def _sampled_result(nodes: list[ProposalNode], laws: list[torch.Tensor], *, relation: str, source: str,
-                    manifest_hash: str, state_handle: ProposalStateHandle) -> ProposalResult:
+def _sampled_result(
+    nodes: list[ProposalNode],
+    laws: list[torch.Tensor],
+    *,
+    relation: str,
+    source: str,
+    manifest_hash: str,
+    state_handle: ProposalStateHandle,
+) -> ProposalResult:
     """Typed evidence from sampled nodes: ``normalized_conditional`` with the law of each draw, or
     ``score_only`` for ``beam`` (no law). The topology is read off the parents."""
     parents = [n.parent for n in nodes]
@@ -257,9 +267,22 @@ def _sampled_result(nodes: list[ProposalNode], laws: list[torch.Tensor], *, rela
     else:
         topology = "tree"
     if relation == "beam":
-        return ProposalResult(nodes=tuple(nodes), probability_semantics="score_only", sampling_relation="beam",
-                              topology=topology, state_handle=state_handle, manifest_hash=manifest_hash,
-                              source=source)
-    return ProposalResult(nodes=tuple(nodes), probability_semantics="normalized_conditional",
-                          sampling_relation=relation, topology=topology, state_handle=state_handle,
-                          manifest_hash=manifest_hash, q_dists=torch.stack(laws), source=source)
+        return ProposalResult(
+            nodes=tuple(nodes),
+            probability_semantics="score_only",
+            sampling_relation="beam",
+            topology=topology,
+            state_handle=state_handle,
+            manifest_hash=manifest_hash,
+            source=source,
+        )
+    return ProposalResult(
+        nodes=tuple(nodes),
+        probability_semantics="normalized_conditional",
+        sampling_relation=relation,
+        topology=topology,
+        state_handle=state_handle,
+        manifest_hash=manifest_hash,
+        q_dists=torch.stack(laws),
+        source=source,
+    )

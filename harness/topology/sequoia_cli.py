@@ -36,8 +36,17 @@ from harness.topology.sequoia import (
     tree_to_budget_parents,
 )
 
-KEYS = ("acceptance", "h", "max_nodes", "max_depth", "verify_cost", "draft_cost", "draft_base_cost",
-        "profile", "min_nodes")
+KEYS = (
+    "acceptance",
+    "h",
+    "max_nodes",
+    "max_depth",
+    "verify_cost",
+    "draft_cost",
+    "draft_base_cost",
+    "profile",
+    "min_nodes",
+)
 PROFILE_KEYS = ("verify_cost", "draft_cost", "draft_base_cost")
 
 
@@ -154,8 +163,11 @@ def run_tree(args: dict) -> dict:
     out: dict = {"acceptance": list(table.acceptance)}
     if h is not None:
         out["h"] = h
-    out.update(max_nodes=max_nodes, max_depth=max_depth,
-               node_convention="nodes include the root: nodes = candidate_rows + 1; depth in edges")
+    out.update(
+        max_nodes=max_nodes,
+        max_depth=max_depth,
+        node_convention="nodes include the root: nodes = candidate_rows + 1; depth in edges",
+    )
 
     costs, source = _costs(args)
     if costs is None:
@@ -168,8 +180,12 @@ def run_tree(args: dict) -> dict:
         out.update(_tree_fields(tree))
     else:
         choice = select_hardware_aware(
-            table, verify_cost=costs["verify_cost"], draft_cost=costs["draft_cost"],
-            draft_base_cost=costs["draft_base_cost"], min_nodes=_int(args, "min_nodes", default=2))
+            table,
+            verify_cost=costs["verify_cost"],
+            draft_cost=costs["draft_cost"],
+            draft_base_cost=costs["draft_base_cost"],
+            min_nodes=_int(args, "min_nodes", default=2),
+        )
         tree = table.best(choice.n, choice.d)
         assert tree is not None and tree.parents == choice.parents
         out["objective"] = "min_time_per_token"

@@ -247,9 +247,7 @@ def compare(
             same, exact = (section, baseline), ("exact", baseline)
             base_key[section] = same if same in arms else exact if exact in arms else None
         if all(v is None for v in base_key.values()):
-            raise ValueError(
-                f"baseline {by}={baseline!r} has no runs; arms: {sorted({k[1] for k in arms})}"
-            )
+            raise ValueError(f"baseline {by}={baseline!r} has no runs; arms: {sorted({k[1] for k in arms})}")
 
     out: list[ArmRow] = []
     for section in SECTIONS:
@@ -260,9 +258,7 @@ def compare(
                 p = prompts if cat == ALL else prompts[prompts["category"] == cat]
                 if p.empty:
                     continue
-                tpt = paired_bootstrap(
-                    (p["spec_decode_ms"], p["spec_tokens"]), ratio_of_sums, **boot
-                )
+                tpt = paired_bootstrap((p["spec_decode_ms"], p["spec_tokens"]), ratio_of_sums, **boot)
                 speed = paired_bootstrap(
                     (p["ar_decode_ms"], p["ar_tokens"], p["spec_decode_ms"], p["spec_tokens"]),
                     speedup_statistic,
@@ -277,8 +273,7 @@ def compare(
                     if n_pairs:
                         b, a = b.loc[common], p.loc[common]
                         vs = paired_bootstrap(
-                            (b["spec_decode_ms"], b["spec_tokens"], a["spec_decode_ms"],
-                             a["spec_tokens"]),
+                            (b["spec_decode_ms"], b["spec_tokens"], a["spec_decode_ms"], a["spec_tokens"]),
                             speedup_statistic,
                             **boot,
                         )
@@ -292,7 +287,8 @@ def compare(
                         varying=_varying(arm_runs[key], by),
                         time_per_committed_token_ms=tpt,
                         ar_time_per_token_ms=_clean(p["ar_decode_ms"].sum() / p["ar_tokens"].sum())
-                        if p["ar_tokens"].sum() else None,
+                        if p["ar_tokens"].sum()
+                        else None,
                         speedup=speed,
                         vs_baseline=vs,
                         n_pairs_baseline=n_pairs,
@@ -314,16 +310,29 @@ def format_table(rows: Sequence[ArmRow], *, by: str, baseline: str | None, level
         sec = [r for r in rows if r.section == section]
         if not sec:
             continue
-        header = [by, "category", "prompts", "runs", f"ms/committed token [{pct}]", "AR ms/token",
-                  f"speedup vs AR [{pct}]"]
+        header = [
+            by,
+            "category",
+            "prompts",
+            "runs",
+            f"ms/committed token [{pct}]",
+            "AR ms/token",
+            f"speedup vs AR [{pct}]",
+        ]
         if baseline is not None:
             header.append(f"vs {by}={baseline} [{pct}]")
         header.append("mixed axes")
         body = []
         for r in sec:
-            line = [r.arm, r.category, str(r.n_prompts), str(len(r.run_ids)),
-                    r.time_per_committed_token_ms.fmt(2), Estimate(r.ar_time_per_token_ms).fmt(2),
-                    r.speedup.fmt(3)]
+            line = [
+                r.arm,
+                r.category,
+                str(r.n_prompts),
+                str(len(r.run_ids)),
+                r.time_per_committed_token_ms.fmt(2),
+                Estimate(r.ar_time_per_token_ms).fmt(2),
+                r.speedup.fmt(3),
+            ]
             if baseline is not None:
                 line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-")
             line.append("; ".join(f"{k}={','.join(v)}" for k, v in r.varying.items()) or "-")

@@ -173,16 +173,27 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
             ys.append(s.value)
             lo.append(s.value - (s.ci_low if s.ci_low is not None else s.value))
             hi.append((s.ci_high if s.ci_high is not None else s.value) - s.value)
-        ax.bar(xs, ys, width=width, yerr=[lo, hi], capsize=3, label=f"category: {cat}",
-               color=None if cat != ALL else "0.55")
+        ax.bar(
+            xs,
+            ys,
+            width=width,
+            yerr=[lo, hi],
+            capsize=3,
+            label=f"category: {cat}",
+            color=None if cat != ALL else "0.55",
+        )
     ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
     ax.text(len(arms) - 0.5, 1.0, " AR = 1", va="bottom", ha="right", fontsize=8)
     ax.set_xticks(range(len(arms)), arms)
     ax.set_xlabel("proposer")
     ax.set_ylabel("speedup over AR (sum AR ms/token / sum spec ms/token)")
     ax.legend(fontsize=8)
-    ax.set_title(spec.get("title", f"Speedup by proposer and workload category ({section} runs; 95% "
-                                   "paired-bootstrap CI over prompts)"), fontsize=10)
+    ax.set_title(
+        spec.get(
+            "title", f"Speedup by proposer and workload category ({section} runs; 95% paired-bootstrap CI over prompts)"
+        ),
+        fontsize=10,
+    )
     return Plot(fig)
 
 
@@ -193,12 +204,14 @@ def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     labels = run_labels(runs)
     fig = _new_figure(10, 4.5)
     ax_c, ax_r = fig.subplots(1, 2, sharey=True)
-    for (_, r), acc, reach in zip(runs.iterrows(), json_column(runs, "acceptance_by_depth"),
-                                  json_column(runs, "reach_by_depth"), strict=True):
+    for (_, r), acc, reach in zip(
+        runs.iterrows(), json_column(runs, "acceptance_by_depth"), json_column(runs, "reach_by_depth"), strict=True
+    ):
         acc, reach = acc or [], reach or []
         st = SECTION_STYLE[r["section"]]
-        ax_c.plot(range(1, len(acc) + 1), acc, marker=st["marker"], linestyle=st["linestyle"],
-                  label=labels[r["run_id"]])
+        ax_c.plot(
+            range(1, len(acc) + 1), acc, marker=st["marker"], linestyle=st["linestyle"], label=labels[r["run_id"]]
+        )
         ax_r.plot(range(1, len(reach) + 1), reach, marker=st["marker"], linestyle=st["linestyle"])
     ax_c.set_title("acceptance at depth d, given depth d-1 reached", fontsize=9)
     ax_r.set_title("reach: P(accepted path length >= d)", fontsize=9)
@@ -225,8 +238,13 @@ def plot_accepted_length_hist(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot
         if not total:
             continue
         st = SECTION_STYLE[r["section"]]
-        ax.plot(range(len(hist)), [h / total for h in hist], marker=st["marker"],
-                linestyle=st["linestyle"], label=f"{labels[r['run_id']]} (n={total} rounds)")
+        ax.plot(
+            range(len(hist)),
+            [h / total for h in hist],
+            marker=st["marker"],
+            linestyle=st["linestyle"],
+            label=f"{labels[r['run_id']]} (n={total} rounds)",
+        )
     ax.set_xlabel("accepted candidate tokens per round (bonus token not counted)")
     ax.set_ylabel("fraction of rounds")
     ax.grid(alpha=0.3)
@@ -249,13 +267,16 @@ def plot_round_cost(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         ax.barh(names, vals, left=left, color=color, label=stage)
         left += vals
     breakeven = (runs["ar_time_per_token_ms"] * runs["mean_committed_per_round"]).to_numpy()
-    ax.scatter(breakeven, names, marker="|", s=250, color="k", zorder=3,
-               label="break-even: AR ms/token x mean committed/round")
+    ax.scatter(
+        breakeven, names, marker="|", s=250, color="k", zorder=3, label="break-even: AR ms/token x mean committed/round"
+    )
     ax.invert_yaxis()
     ax.set_xlabel("mean ms per round")
     fig.legend(loc="outside lower center", ncol=4, fontsize=7)
-    ax.set_title(spec.get("title", "Round-cost ledger per run\n(a bar shorter than its break-even "
-                                   "mark is faster than AR)"), fontsize=10)
+    ax.set_title(
+        spec.get("title", "Round-cost ledger per run\n(a bar shorter than its break-even mark is faster than AR)"),
+        fontsize=10,
+    )
     return Plot(fig)
 
 
@@ -268,10 +289,16 @@ def plot_temp_kv_vs_rows(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     mib = 1024.0 * 1024.0
     for bs, group in runs.groupby("batch_size", sort=True):
         rows = group["config.topology.max_nodes"].to_numpy(dtype=float)
-        ax.scatter(rows, group["temp_kv_bytes_peak"] / mib, marker="o", s=40,
-                   label=f"measured peak, b={arm_label(bs)}")
-        ax.scatter(rows, group["temp_kv_bytes_formula"] / mib, marker="s", s=90,
-                   facecolors="none", edgecolors="k", linewidths=0.8)
+        ax.scatter(rows, group["temp_kv_bytes_peak"] / mib, marker="o", s=40, label=f"measured peak, b={arm_label(bs)}")
+        ax.scatter(
+            rows,
+            group["temp_kv_bytes_formula"] / mib,
+            marker="s",
+            s=90,
+            facecolors="none",
+            edgecolors="k",
+            linewidths=0.8,
+        )
     ax.scatter([], [], marker="s", facecolors="none", edgecolors="k", label="formula")
     ax.set_xlabel("candidate rows per round (topology.max_nodes)")
     ax.set_ylabel("temporary KV (MiB)")
@@ -300,13 +327,17 @@ def plot_t_profile(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     return Plot(fig)
 
 
-def _run_speedup(row: pd.Series, prompts: list[dict[str, Any]] | None) -> tuple[float | None, float | None, float | None]:
+def _run_speedup(
+    row: pd.Series, prompts: list[dict[str, Any]] | None
+) -> tuple[float | None, float | None, float | None]:
     if not prompts:
         return None, None, None
-    arrays = [np.array([float(p[c]) for p in prompts]) for c in
-              ("ar_decode_ms", "ar_tokens", "spec_decode_ms", "spec_tokens")]  # each [P]
-    est = paired_bootstrap(arrays, speedup_statistic, confidence_level=0.95, n_resamples=1000, seed=0,
-                           method="percentile")
+    arrays = [
+        np.array([float(p[c]) for p in prompts]) for c in ("ar_decode_ms", "ar_tokens", "spec_decode_ms", "spec_tokens")
+    ]  # each [P]
+    est = paired_bootstrap(
+        arrays, speedup_statistic, confidence_level=0.95, n_resamples=1000, seed=0, method="percentile"
+    )
     return est.value, est.ci_low, est.ci_high
 
 
@@ -319,7 +350,7 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     ax = fig.add_subplot()
     keyed = runs.assign(_key=runs[series_axes].apply(lambda r: tuple(arm_label(v) for v in r), axis=1))
     vary = [a for a in series_axes if runs[a].map(arm_label).nunique() > 1]
-    for key, group in keyed.groupby("_key", sort=True):
+    for _key, group in keyed.groupby("_key", sort=True):
         if group["batch_size"].nunique() < 2:
             continue
         group = group.sort_values("batch_size")
@@ -327,13 +358,16 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         # token against batched AR on the same batches (throughput), which per-prompt latencies
         # cannot reproduce; the paired-bootstrap CI over prompts is drawn at batch size 1 only
         pts = [_run_speedup(r, p) for (_, r), p in zip(group.iterrows(), json_column(group, "per_prompt"), strict=True)]
-        ys = np.array([np.nan if r.get("speedup") is None else float(r["speedup"]) for _, r in group.iterrows()],
-                      dtype=float)
+        ys = np.array(
+            [np.nan if r.get("speedup") is None else float(r["speedup"]) for _, r in group.iterrows()], dtype=float
+        )
         single = (group["batch_size"].astype(int) == 1).to_numpy()
-        lo = np.where(single, np.nan_to_num(ys - np.array([np.nan if p[1] is None else p[1] for p in pts],
-                                                          dtype=float)), 0.0)
-        hi = np.where(single, np.nan_to_num(np.array([np.nan if p[2] is None else p[2] for p in pts], dtype=float)
-                                            - ys), 0.0)
+        lo = np.where(
+            single, np.nan_to_num(ys - np.array([np.nan if p[1] is None else p[1] for p in pts], dtype=float)), 0.0
+        )
+        hi = np.where(
+            single, np.nan_to_num(np.array([np.nan if p[2] is None else p[2] for p in pts], dtype=float) - ys), 0.0
+        )
         lo, hi = np.clip(lo, 0.0, None), np.clip(hi, 0.0, None)
         label = "/".join(axis_piece(a, group.iloc[0][a]) for a in vary) or "runs"
         ax.errorbar(group["batch_size"], ys, yerr=[lo, hi], marker="o", capsize=3, label=label)
@@ -361,13 +395,24 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         if group.empty:
             continue
         st = SECTION_STYLE[section]
-        ax.scatter(group["mean_committed_per_round"], group["time_per_committed_token_ms"],
-                   marker=st["marker"], s=50, label=SECTION_LEGEND[section])
+        ax.scatter(
+            group["mean_committed_per_round"],
+            group["time_per_committed_token_ms"],
+            marker=st["marker"],
+            s=50,
+            label=SECTION_LEGEND[section],
+        )
         for _, r in group.iterrows():
-            ax.annotate(labels[r["run_id"]], (r["mean_committed_per_round"], r["time_per_committed_token_ms"]),
-                        textcoords="offset points", xytext=(4, 3), fontsize=7)
-    exact = runs[runs["section"] == "exact"].sort_values(["mean_committed_per_round", "time_per_committed_token_ms"],
-                                                         ascending=[False, True])
+            ax.annotate(
+                labels[r["run_id"]],
+                (r["mean_committed_per_round"], r["time_per_committed_token_ms"]),
+                textcoords="offset points",
+                xytext=(4, 3),
+                fontsize=7,
+            )
+    exact = runs[runs["section"] == "exact"].sort_values(
+        ["mean_committed_per_round", "time_per_committed_token_ms"], ascending=[False, True]
+    )
     if not exact.empty:
         front, best = [], math.inf
         for _, r in exact.iterrows():  # most committed first; keep each new best time
@@ -375,20 +420,26 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
                 best = r["time_per_committed_token_ms"]
                 front.append((r["mean_committed_per_round"], best))
         fx, fy = zip(*sorted(front), strict=True)
-        ax.plot(fx, fy, color="0.3", linewidth=1, marker="o", markersize=12, markerfacecolor="none",
-                label="frontier: no exact run commits more in less time")
+        ax.plot(
+            fx,
+            fy,
+            color="0.3",
+            linewidth=1,
+            marker="o",
+            markersize=12,
+            markerfacecolor="none",
+            label="frontier: no exact run commits more in less time",
+        )
         ar = exact["ar_time_per_token_ms"].median()
         if math.isfinite(ar):
             ax.axhline(ar, color="k", linestyle="--", linewidth=0.8)
-            ax.text(ax.get_xlim()[0], ar, f" AR {ar:.1f} ms/token (median, exact runs)", va="bottom",
-                    fontsize=7)
+            ax.text(ax.get_xlim()[0], ar, f" AR {ar:.1f} ms/token (median, exact runs)", va="bottom", fontsize=7)
     ax.margins(x=0.2, y=0.08)
     ax.set_xlabel("mean committed tokens per round (bonus token included)")
     ax.set_ylabel("time per committed token (ms)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(spec.get("title", "Frontier: time per committed token vs mean committed per round"),
-                 fontsize=10)
+    ax.set_title(spec.get("title", "Frontier: time per committed token vs mean committed per round"), fontsize=10)
     return Plot(fig)
 
 
@@ -433,11 +484,23 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 NUMERIC_COLUMNS = (
-    "time_per_committed_token_ms", "ar_time_per_token_ms", "speedup", "mean_committed_per_round",
-    "temp_kv_bytes_peak", "temp_kv_bytes_formula", "config.topology.max_nodes",
+    "time_per_committed_token_ms",
+    "ar_time_per_token_ms",
+    "speedup",
+    "mean_committed_per_round",
+    "temp_kv_bytes_peak",
+    "temp_kv_bytes_formula",
+    "config.topology.max_nodes",
 )
-RUN_COLUMNS = ("run_id", *AXES, "speedup", "time_per_committed_token_ms", "ar_time_per_token_ms",
-               "mean_committed_per_round", "gates_passed")
+RUN_COLUMNS = (
+    "run_id",
+    *AXES,
+    "speedup",
+    "time_per_committed_token_ms",
+    "ar_time_per_token_ms",
+    "mean_committed_per_round",
+    "gates_passed",
+)
 
 
 def _runs_section(df: pd.DataFrame) -> list[str]:
@@ -460,8 +523,11 @@ def _compare_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
         rows = compare(df, by=by, baseline=None if baseline is None else str(baseline), filters=where)
     except ValueError as exc:
         return [f"_comparison not available: {exc}_", ""]
-    out = [f"Arms by `{by}`" + (f", filters {where}" if where else "") + "; pairing unit: prompt; "
-           "95% paired-bootstrap CIs over prompts (`harness compare`).", ""]
+    out = [
+        f"Arms by `{by}`" + (f", filters {where}" if where else "") + "; pairing unit: prompt; "
+        "95% paired-bootstrap CIs over prompts (`harness compare`).",
+        "",
+    ]
     for section in SECTIONS:
         sec = [r for r in rows if r.section == section]
         if not sec:
@@ -472,8 +538,14 @@ def _compare_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
         header.append("mixed axes")
         body = []
         for r in sec:
-            line = [r.arm, r.category, r.n_prompts, len(r.run_ids), r.time_per_committed_token_ms.fmt(2),
-                    r.speedup.fmt(3)]
+            line = [
+                r.arm,
+                r.category,
+                r.n_prompts,
+                len(r.run_ids),
+                r.time_per_committed_token_ms.fmt(2),
+                r.speedup.fmt(3),
+            ]
             if baseline is not None:
                 line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-")
             line.append("; ".join(f"{k}={','.join(v)}" for k, v in r.varying.items()) or "-")
@@ -491,8 +563,7 @@ def numeric_metrics(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def build_report(df: pd.DataFrame, out_dir: Path, recipe: Mapping[str, Any], *, recipe_path: Path,
-                 source: str) -> Path:
+def build_report(df: pd.DataFrame, out_dir: Path, recipe: Mapping[str, Any], *, recipe_path: Path, source: str) -> Path:
     """Write ``report.md`` and one PNG per plot into ``out_dir``; returns the Markdown path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     df = numeric_metrics(df)

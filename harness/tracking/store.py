@@ -153,8 +153,7 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
         raise RecordError(f"{path}: no schema_version; expected schema_version {SCHEMA_VERSION}")
     if record["schema_version"] != SCHEMA_VERSION:
         raise RecordError(
-            f"{path}: unsupported schema_version; expected {SCHEMA_VERSION}, "
-            f"got {record['schema_version']!r}"
+            f"{path}: unsupported schema_version; expected {SCHEMA_VERSION}, got {record['schema_version']!r}"
         )
     _require_keys(path, "the record", record, REQUIRED_TOP_LEVEL)
     _require_type(path, "run_id", record["run_id"], str)
@@ -282,9 +281,7 @@ def aggregate(records_root: str | Path) -> pd.DataFrame:
     for path in iter_record_paths(root):
         record = load_record(path)
         if record["run_id"] in seen:
-            raise RecordError(
-                f"duplicate run_id {record['run_id']!r}: {seen[record['run_id']]} and {path}"
-            )
+            raise RecordError(f"duplicate run_id {record['run_id']!r}: {seen[record['run_id']]} and {path}")
         seen[record["run_id"]] = path
         rows.append(flatten_record(record, record_dir=path.parent.relative_to(root).as_posix()))
     if not rows:

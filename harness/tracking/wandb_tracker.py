@@ -88,8 +88,9 @@ class NullTracker:
     def __enter__(self) -> NullTracker:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> Literal[False]:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         return False
 
 
@@ -136,9 +137,7 @@ class Tracker:
         hist = metrics["accepted_length_hist"]
         total = sum(hist) or 1
         cost = metrics["round_cost_ms"]
-        stages = [s for s in ROUND_COST_STAGES if s in cost] + sorted(
-            s for s in cost if s not in ROUND_COST_STAGES
-        )
+        stages = [s for s in ROUND_COST_STAGES if s in cost] + sorted(s for s in cost if s not in ROUND_COST_STAGES)
         round_ms = sum(float(cost[s] or 0.0) for s in stages) or 1.0
         run.log(
             {
@@ -188,8 +187,9 @@ class Tracker:
     def __enter__(self) -> Tracker:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> Literal[False]:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         self.finish(exit_code=0 if exc_type is None else 1)
         return False
 
@@ -250,9 +250,7 @@ def open_run(
     return Tracker(run)
 
 
-def tracker_from_config(
-    config: Any, *, run_dir: str | Path, group: str | None = None
-) -> Tracker | NullTracker:
+def tracker_from_config(config: Any, *, run_dir: str | Path, group: str | None = None) -> Tracker | NullTracker:
     """The tracker a run config asks for.
 
     ``tracking`` may be ``None`` / ``"none"`` / ``{name: none}`` (no tracker), ``"wandb"`` or

@@ -40,8 +40,7 @@ class Verifier(ABC):
     test_only: ClassVar[bool] = False
 
     @abstractmethod
-    def select(self, tree: CompiledTree, target_probs: torch.Tensor, rng: RandomSource) -> Selection:
-        ...
+    def select(self, tree: CompiledTree, target_probs: torch.Tensor, rng: RandomSource) -> Selection: ...
 
 
 VERIFIERS: dict[str, type[Verifier]] = {}
@@ -72,18 +71,19 @@ class Capabilities:
     topology: str  # "sequence" | "set" | "tree"
 
 
-def negotiate(proposer: Capabilities, verifier: Verifier, *, temperature: float,
-              exact_mode: bool = True) -> None:
+def negotiate(proposer: Capabilities, verifier: Verifier, *, temperature: float, exact_mode: bool = True) -> None:
     """Refuse an incompatible proposer x topology x verifier x temperature combination."""
     v = verifier
     if exact_mode and not v.exact:
         raise NegotiationError(
             f"verifier {v.name!r} is heuristic (not exact); exact mode refuses it. "
-            "Set generation.exact=false to run it explicitly; its records then say exact: false.")
+            "Set generation.exact=false to run it explicitly; its records then say exact: false."
+        )
     if v.temperatures == "zero" and temperature != 0.0:
         raise NegotiationError(
             f"verifier {v.name!r} supports temperature 0 only; got generation.temperature={temperature}. "
-            "Use verifier=membership (or a p/q verifier with a proposer that provides q) for sampling.")
+            "Use verifier=membership (or a p/q verifier with a proposer that provides q) for sampling."
+        )
     if v.temperatures == "positive" and temperature == 0.0:
         raise NegotiationError(f"verifier {v.name!r} needs temperature > 0; got 0 (use verifier=greedy)")
     bad_sem = proposer.probability_semantics - v.probability_semantics
@@ -91,17 +91,20 @@ def negotiate(proposer: Capabilities, verifier: Verifier, *, temperature: float,
         raise NegotiationError(
             f"proposer {proposer.name!r} provides probability semantics {sorted(bad_sem)}, but verifier "
             f"{v.name!r} requires one of {sorted(v.probability_semantics)}: a score or frequency cannot "
-            "stand in for q (0x02A). Use verifier=membership or verifier=greedy.")
+            "stand in for q (0x02A). Use verifier=membership or verifier=greedy."
+        )
     bad_rel = proposer.sampling_relations - v.sampling_relations
     if bad_rel:
         raise NegotiationError(
             f"proposer {proposer.name!r} samples with relation {sorted(bad_rel)}, but verifier {v.name!r} "
             f"is proved for {sorted(v.sampling_relations)} only (0x0AB: a sampling law change needs its "
-            "own verifier)")
+            "own verifier)"
+        )
     if proposer.topology not in v.topologies:
         raise NegotiationError(
             f"topology {proposer.topology!r} from proposer {proposer.name!r} is not supported by verifier "
-            f"{v.name!r} (supports {sorted(v.topologies)})")
+            f"{v.name!r} (supports {sorted(v.topologies)})"
+        )
 
 
 def walk_children(tree: CompiledTree, node: int, token: int) -> int | None:

@@ -42,8 +42,9 @@ def typical_threshold(p: torch.Tensor, *, epsilon: float, delta: float) -> torch
     return torch.clamp(delta * torch.exp(-entropy), max=epsilon)
 
 
-def typical_accepted_rows(tree: CompiledTree, target_probs: torch.Tensor, *, epsilon: float,
-                          delta: float) -> list[bool]:
+def typical_accepted_rows(
+    tree: CompiledTree, target_probs: torch.Tensor, *, epsilon: float, delta: float
+) -> list[bool]:
     """Per candidate row: is it on an all-typical path from the frontier? ``target_probs``
     ``[1 + N, V]``."""
     thresholds = typical_threshold(target_probs, epsilon=epsilon, delta=delta).tolist()  # [1 + N]
@@ -92,8 +93,9 @@ class TypicalVerifier(Verifier):
         return Selection(accepted_rows=path, next_token=rng.categorical(target_probs[best + 1]))
 
 
-def typical_first_token_law(tree: CompiledTree, target_probs: torch.Tensor, *, epsilon: float = DEFAULT_EPSILON,
-                            delta: float = DEFAULT_DELTA) -> torch.Tensor:
+def typical_first_token_law(
+    tree: CompiledTree, target_probs: torch.Tensor, *, epsilon: float = DEFAULT_EPSILON, delta: float = DEFAULT_DELTA
+) -> torch.Tensor:
     """Exact law ``[V]`` of the first emitted token of one typical round on this tree.
 
     The first token of the selected path when a row is accepted, else a sample of the frontier
@@ -114,8 +116,9 @@ def total_variation(a: torch.Tensor, b: torch.Tensor) -> float:
     return 0.5 * float((a.to(torch.float64) - b.to(torch.float64)).abs().sum())
 
 
-def typical_round_divergence(tree: CompiledTree, target_probs: torch.Tensor, *, epsilon: float = DEFAULT_EPSILON,
-                             delta: float = DEFAULT_DELTA) -> float:
+def typical_round_divergence(
+    tree: CompiledTree, target_probs: torch.Tensor, *, epsilon: float = DEFAULT_EPSILON, delta: float = DEFAULT_DELTA
+) -> float:
     """Per-round drift estimate for records: TV between the round's first-token law and ``p``.
 
     Exact for the given tree. Averaged over rounds it bounds from above the TV between the

