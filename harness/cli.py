@@ -10,12 +10,12 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("harness.runner", "Hydra-composed run: gates, AR baseline + speculative arm, record"),
+    "run": ("harness.app:run_main", "Hydra-composed run: gates, AR baseline + speculative arm, record"),
     "oracles": ("harness.gates.oracle_cli", "run the exactness oracle suite and print a table"),
     "tree": ("harness.topology.sequoia_cli", "Sequoia tree DP / hardware-aware selection (JSON)"),
     "calibrate": ("harness.gates.calibrate", "write Sequoia calibration + hardware profile artifacts"),
     "datastore": ("harness.workloads.datastore", "build / inspect REST datastores"),
-    "sweep": ("harness.sweep", "launch a named sweep from sweeps/"),
+    "sweep": ("harness.app:sweep_main", "launch a named sweep from sweeps/"),
     "compare": ("harness.tracking.compare", "compare arms with paired bootstrap CIs"),
     "report": ("harness.tracking.report", "regenerate a report from stored records"),
     "train": ("harness.train", "train / search a proposer artifact (heads, early-exit adapter, skip vector)"),
@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"harness: unknown command {name!r}; one of {sorted(SUBCOMMANDS)}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    module, _, func = SUBCOMMANDS[name][0].partition(":")
+    return int(getattr(importlib.import_module(module), func or "main")(rest) or 0)
 
 
 if __name__ == "__main__":

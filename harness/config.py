@@ -7,10 +7,14 @@ schema) first in its defaults, so a mistyped key or a wrong type fails at compos
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
+
+#: the config groups (schema-backed YAML) that `harness run` composes
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 @dataclass
@@ -284,6 +288,8 @@ class GatesConfig:
     chi2_samples: int = 2000
     chi2_top_m: int = 8
     chi2_alpha: float = 1e-3
+    # greedy runs fail when recorded near-ties exceed this fraction of the generated tokens
+    near_tie_max_fraction: float = 0.01
     cache: bool = True
 
 
@@ -342,3 +348,14 @@ def register_configs() -> None:
 
 
 register_configs()
+
+
+def compose(overrides: list[str] = (), *, return_hydra_config: bool = False) -> DictConfig:
+    """The `harness run` config composed with ``overrides`` (Hydra's compose API, no run)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()  # an in-process run or sweep leaves Hydra initialised
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=return_hydra_config)

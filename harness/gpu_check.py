@@ -59,30 +59,18 @@ def equivalence(model, device) -> dict:
     return equivalence_gate(backend, ids)
 
 
-@torch.inference_mode()
 def t_of_n(model, device, ns, prefix=256, reps=20) -> dict:
-    from harness.measure.profile import timing_tree
+    """t(n) through the runs' timing function (device-synchronised clock), heap-shaped trees."""
     from harness.target.backend import CausalLMBackend
+    from harness.target.timing import verify_times
 
     backend = CausalLMBackend(model, device=torch.device(device))
     ids = torch.randint(3, 49000, (prefix,), generator=torch.Generator().manual_seed(1)).tolist()
+    samples = verify_times(backend, prefix_ids=ids, ns=ns, warmup=3, repeats=reps)
     out = {}
     for n in ns:
-        tree = timing_tree(n - 1, prefix_len=prefix, vocab=backend.vocab_size)
-        seq = backend.prefill(ids)
-        base = seq.cache_len
-        times = []
-        for r in range(reps + 3):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            backend.verify(seq, ids[-1], tree)
-            end.record()
-            torch.cuda.synchronize()
-            backend.truncate(seq, base)
-            if r >= 3:  # warm-up excluded
-                times.append(start.elapsed_time(end))
-        q = statistics.quantiles(times, n=4)
-        out[n] = {"median_ms": statistics.median(times), "iqr_ms": q[2] - q[0]}
+        q = statistics.quantiles(samples[n], n=4)
+        out[n] = {"median_ms": statistics.median(samples[n]), "iqr_ms": q[2] - q[0]}
     t1 = out[ns[0]]["median_ms"]
     for n in ns:
         out[n]["normalised"] = out[n]["median_ms"] / t1
@@ -92,8 +80,8 @@ def t_of_n(model, device, ns, prefix=256, reps=20) -> dict:
 @torch.inference_mode()
 def round_loop(model, device, new_tokens=64) -> dict:
     from harness.engine.decode import RoundConfig, decode
-    from harness.proposers.base import Budget
-    from harness.proposers.prompt_lookup import NullProposer, PromptLookupProposer
+    from harness.proposers.base import Budget, NullProposer
+    from harness.proposers.prompt_lookup import PromptLookupProposer
     from harness.random_source import TorchRandomSource
     from harness.target.backend import CausalLMBackend
     from harness.verifiers import get_verifier

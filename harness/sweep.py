@@ -40,6 +40,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness.runner import run_job, track
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
 
 log = logging.getLogger("harness.sweep")
@@ -67,7 +68,7 @@ USAGE = (
 )
 
 #: what the last sweep launched from this process did (read by :func:`main` for its exit code).
-_LAST_SUMMARY: dict[str, Any] = {}
+LAST_SUMMARY: dict[str, Any] = {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -99,35 +100,6 @@ def sweep_argv(name: str, args: list[str], *, sweeps_dir: Path = SWEEPS_DIR) -> 
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be one of {sorted(LAUNCHERS)}; got {launcher!r}")
     return ["-m", f"+sweep={name}", *LAUNCHERS[launcher], *rest]
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in {"-h", "--help"}:
-        print(USAGE)
-        return 0 if argv else 2
-    if argv[0] == "--list":
-        for name in list_sweeps():
-            print(name)
-        return 0
-    try:
-        run_argv = sweep_argv(argv[0], argv[1:])
-    except ValueError as exc:
-        print(f"harness sweep: {exc}\n{USAGE}", file=sys.stderr)
-        return 2
-    from harness import runner
-
-    _LAST_SUMMARY.clear()
-    try:
-        code = runner.main(run_argv)
-    except SystemExit as exc:  # Hydra reports a composition error and exits
-        code = exc.code if isinstance(exc.code, int) else 1
-    if code:
-        return int(code)
-    if not _LAST_SUMMARY:
-        print("harness sweep: the sweep finished without a summary (was hydra.callbacks changed?)", file=sys.stderr)
-        return 1
-    return 1 if _LAST_SUMMARY.get("failed") else 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,7 +187,6 @@ def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:
     to the sweep's ``failures.jsonl``) and the other jobs go on. Returns the job status.
     """
     from harness.manifest import job_manifest_hash
-    from harness.runner import run_job, track
 
     t0 = time.perf_counter()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -401,6 +372,6 @@ class SweepCallback(_Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         summary = finish_sweep(Path(str(config.hydra.sweep.dir)), launch_id=self.launch_id, report=self.report)
-        _LAST_SUMMARY.clear()
-        _LAST_SUMMARY.update(asdict(summary))
+        LAST_SUMMARY.clear()
+        LAST_SUMMARY.update(asdict(summary))
         print(format_summary(summary), file=sys.stderr)

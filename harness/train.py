@@ -28,17 +28,6 @@ TRAINERS: dict[str, str] = {
 USAGE = "usage: harness train proposer=<" + "|".join(TRAINERS) + "> [hydra overrides...] [force=true]"
 
 
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from harness import config as _  # noqa: F401  (registers the schemas)
-    from harness.runner import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides)
-
-
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in {"-h", "--help"}:
         print(USAGE)
@@ -50,6 +39,8 @@ def main(argv: list[str]) -> int:
             force = arg.split("=", 1)[1].lower() in {"true", "1", "yes"}
         else:
             overrides.append(arg)
+    from harness.config import compose
+
     cfg = compose(overrides)
     name = cfg.proposer.name
     if name not in TRAINERS:

@@ -27,13 +27,14 @@ def test_tree_rows_match_sequential_decoding(dtype):
 
     model = build_tiny_model(seed=1, dtype=dtype)
     backend = CausalLMBackend(model)
-    seq = backend.prefill(PROMPT)
+    seq = backend.prefill_one(PROMPT)
     tree = compile_tree([det_proposal(PATHS)], prefix_len=len(PROMPT))
     assert tree.num_rows == 8
-    out = backend.verify(seq, PROMPT[-1], tree)
+    out = backend.verify_one(seq, PROMPT[-1], tree)
     # the verify input is [pending] + rows over a cache holding the prompt minus the pending token
     assert out.logits.shape[0] == 1 + tree.num_rows
-    assert seq.cache_len == len(PROMPT) - 1 + 1 + tree.num_rows
+    assert seq.phys_len == len(PROMPT) - 1 + 1 + tree.num_rows  # provisional until committed
+    assert seq.cache_len == len(PROMPT) - 1
     full = sequential_logits(model, PROMPT)
     tol = 1e-4 if dtype == torch.float32 else 1e-10
     assert torch.allclose(out.logits[0], full[-1], atol=tol)
@@ -45,7 +46,7 @@ def test_tree_rows_match_sequential_decoding(dtype):
 
 def test_commit_non_contiguous_path_equals_sequential_cache(tiny_model):
     backend = CausalLMBackend(tiny_model)
-    seq = backend.prefill(PROMPT)
+    seq = backend.prefill_one(PROMPT)
     committed = list(PROMPT)
     for round_paths, accept_path in [
         (PATHS, [10, 11, 13]),  # A -> B -> D: rows 0, 1, 3 (non-contiguous)
@@ -53,15 +54,15 @@ def test_commit_non_contiguous_path_equals_sequential_cache(tiny_model):
         ([[50, 51], [52]], [52]),
     ]:
         tree = compile_tree([det_proposal(round_paths)], prefix_len=len(committed))
-        backend.verify(seq, committed[-1], tree)
+        backend.verify_one(seq, committed[-1], tree)
         rows, node = [], -1
         for tok in accept_path:
             node = next(c for c in tree.children(node) if int(tree.token_ids[c]) == tok)
             rows.append(node)
-        backend.commit(seq, rows)
+        backend.commit_one(seq, rows)
         committed += accept_path + [7]  # 7 plays the correction token (pending next round)
-        assert seq.tokens == committed[:-1]
-    ref = backend.prefill(committed)
+        assert seq.cached_tokens == committed[:-1]
+    ref = backend.prefill_one(committed)
     assert seq.cache_len == ref.cache_len
     for a, b in zip(seq.cache.layers, ref.cache.layers):
         assert torch.allclose(a.keys, b.keys, atol=1e-5)
@@ -70,9 +71,9 @@ def test_commit_non_contiguous_path_equals_sequential_cache(tiny_model):
 
 def test_temp_kv_bytes_equals_formula(tiny_model):
     backend = CausalLMBackend(tiny_model)
-    seq = backend.prefill(PROMPT)
+    seq = backend.prefill_one(PROMPT)
     tree = compile_tree([det_proposal(PATHS)], prefix_len=len(PROMPT))
-    out = backend.verify(seq, PROMPT[-1], tree)
+    out = backend.verify_one(seq, PROMPT[-1], tree)
     cfg = tiny_model.config
     per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
     assert kv_bytes_per_token(tiny_model) == per_token

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.config import compose as compose_config
 from harness.contracts import NO_STATE, ProposalNode, ProposalResult, Selection
 from harness.gates.calibrate import (
     CalibrationError,
@@ -18,14 +19,19 @@ from harness.gates.calibrate import (
     calibration_provenance,
     check_calibration,
     check_disjoint,
-    compose,
     main,
     run_calibration,
+    with_sequoia,
 )
 from harness.measure.profile import StaleArtifactError
 from harness.topology.compiler import compile_tree
 from harness.topology.sequoia import wilson_interval
 from harness.workloads.prompts import Prompt
+
+
+def compose(overrides):
+    return compose_config(with_sequoia(overrides))
+
 
 TINY = [
     "model=tiny",

@@ -1,21 +1,19 @@
 """Config groups are schema-backed: mistyped keys and wrong types fail at compose time."""
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from harness import config as _  # noqa: F401  (registers schemas)
+from harness.config import CONF_DIR, compose
 from harness.contracts import ContractError
 from harness.engine.build import ConfigError, plan
 from harness.engine.decode import check_temp_kv_budget
-from harness.runner import CONF_DIR
 from harness.verifiers import NegotiationError
 
 
 def cfg(*overrides):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    return compose(overrides)
 
 
 def test_default_config_composes():

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from helpers import round_of_one
 
 from harness.engine.decode import RoundConfig, decode
 from harness.gates import e2e as E
@@ -82,7 +83,7 @@ def test_target_joint_from_the_cache_equals_direct_forwards(models):
     policy = E.Float64Policy(temperature=1.0)
     direct = E.direct_target_joint(models.target.model, E.E2E_PROMPT, policy, 3)
     assert len(direct) == 5**3 and abs(sum(direct.values()) - 1.0) < 1e-12
-    seq = models.target.prefill(list(E.E2E_PROMPT))
+    seq = models.target.prefill_one(list(E.E2E_PROMPT))
     cached = E.continuation_law(models.target, seq, list(E.E2E_PROMPT), policy, 3)
     assert max_abs_error(direct, cached) < 1e-12
     # the laws are peaked and prefix-dependent (a wrong q or commit would show)
@@ -116,9 +117,8 @@ def test_a_q_other_than_the_law_sampled_is_caught(models):
 class _ContiguousCommitBackend(CausalLMBackend):
     """BUG on purpose: keeps the first len(accepted) candidate rows, not the accepted ones."""
 
-    def commit(self, seq, accepted_rows):
-        base = seq.cache_len - seq.provisional_rows
-        self.keep_rows(seq, base + 1, [base + 1 + i for i in range(len(accepted_rows))])
+    def commit(self, state, accepted_rows):
+        super().commit(state, [list(range(len(a))) for a in accepted_rows])
 
 
 def test_a_commit_that_keeps_the_wrong_rows_is_caught(models):
@@ -139,9 +139,9 @@ def test_fork_copies_request_state_and_shares_the_model(models):
     proposer.start(list(E.E2E_PROMPT))
     twin = E.fork(proposer)
     assert twin.backend is proposer.backend and twin.backend.model is proposer.backend.model
-    assert twin.seq is not proposer.seq and twin.seq.tokens == proposer.seq.tokens
-    twin.seq.tokens.append(0)
-    assert twin.seq.tokens != proposer.seq.tokens
+    assert twin.seq is not proposer.seq and twin.seq.cached_tokens == proposer.seq.cached_tokens
+    twin.seq.cached_tokens.append(0)
+    assert twin.seq.cached_tokens != proposer.seq.cached_tokens
 
 
 def test_production_decode_loop_is_exact_under_enumeration(models):
@@ -201,11 +201,11 @@ def test_speculative_round_is_the_composition_decode_runs(models):
         eos_token_ids=frozenset(),
         rng=TorchRandomSource(3),
         round_cfg=RoundConfig(max_nodes=4, max_depth=2),
-        on_round=lambda **kw: rounds.append(kw),
+        on_round=lambda **kw: rounds.append(round_of_one(kw)),
     )
     proposer = E.make_proposer(case, draft=models.draft, policy=policy)
     proposer.start(list(E.E2E_PROMPT))
-    seq = models.target.prefill(list(E.E2E_PROMPT))
+    seq = models.target.prefill_one(list(E.E2E_PROMPT))
     tree, sel, emitted = E.speculative_round(
         target=models.target,
         seq=seq,
@@ -219,7 +219,7 @@ def test_speculative_round_is_the_composition_decode_runs(models):
     )
     assert torch.equal(tree.token_ids, rounds[0]["tree"].token_ids)
     assert sel == rounds[0]["selection"] and list(emitted) == rounds[0]["emitted"]
-    assert seq.tokens == rounds[0]["seq"].tokens[: len(seq.tokens)]
+    assert seq.cached_tokens == rounds[0]["state"].cached_tokens[: len(seq.cached_tokens)]
 
 
 def test_oracles_cli_without_quick_runs_the_end_to_end_cases(tmp_path, capsys, monkeypatch):

@@ -3,11 +3,12 @@ verifier at temperature 0, EOS inside an accepted path, input/cache lengths, neg
 
 import pytest
 import torch
+from helpers import round_of_one
 
 from harness.engine.decode import RoundConfig, decode
-from harness.proposers.base import Budget
+from harness.proposers.base import Budget, NullProposer
 from harness.proposers.draft_model import DraftModelProposer
-from harness.proposers.prompt_lookup import NullProposer, PromptLookupProposer
+from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import build_tiny_model
@@ -41,7 +42,7 @@ def run(backend, proposer, verifier="greedy", prompt=PROMPT, new=NEW, eos=frozen
         eos_token_ids=eos,
         rng=TorchRandomSource(seed),
         round_cfg=RoundConfig(max_nodes=budget.max_nodes, max_depth=budget.max_depth),
-        on_round=lambda **kw: rounds.append(kw),
+        on_round=lambda **kw: rounds.append(round_of_one(kw)),
     )
     return res, rounds
 
@@ -142,18 +143,18 @@ def test_verify_input_and_cache_lengths(models):
     """The prefix is never recomputed; the pending token rides in the verify forward."""
     target, different, _ = models
     seen = []
-    orig = target.forward_rows
+    orig = target._forward
 
-    def spy(seq, input_ids, position_ids, mask, **kw):
-        seen.append((seq.cache_len, len(input_ids)))
-        return orig(seq, input_ids, position_ids, mask, **kw)
+    def spy(cache, ids, pos, allowed, start, **kw):
+        seen.append((start, ids.shape[1]))
+        return orig(cache, ids, pos, allowed, start, **kw)
 
-    target.forward_rows = spy
+    target._forward = spy
     try:
         budget = Budget(shape="sequence", max_nodes=4, max_depth=4)
         res, rounds = run(target, make("prompt_lookup", budget, None, different), new=12)
     finally:
-        del target.forward_rows
+        del target._forward
     assert seen[0] == (0, len(PROMPT) - 1)  # prefill: the prompt minus the pending token
     committed = len(PROMPT)
     for (cache_len, n_in), r in zip(seen[1:], rounds):
@@ -167,17 +168,17 @@ def test_draft_cache_is_rolled_back_not_reprefilled(models):
     target, different, _ = models
     proposer = make("draft_model", Budget(shape="sequence", max_nodes=4, max_depth=4), "beam", different)
     fed = []
-    orig = different.forward_rows
+    orig = different._forward
 
-    def spy(seq, input_ids, position_ids, mask, **kw):
-        fed.append(len(input_ids))
-        return orig(seq, input_ids, position_ids, mask, **kw)
+    def spy(cache, ids, pos, allowed, start, **kw):
+        fed.append(ids.shape[1])
+        return orig(cache, ids, pos, allowed, start, **kw)
 
-    different.forward_rows = spy
+    different._forward = spy
     try:
         run(target, proposer, new=24)
     finally:
-        del different.forward_rows
+        del different._forward
     assert fed[0] == len(PROMPT) - 1  # one draft prefill
     assert max(fed[1:]) <= 1 + 4  # afterwards only accepted + pending tokens, never the prompt again
 

@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 import harness.verifiers.broken  # noqa: F401  (registers the test-only naive_multi_draft)
 from harness import runner
+from harness.app import run_main
+from harness.config import compose
 from harness.gates import stages
 from harness.gates.stages import GateError
 from harness.verifiers.base import NegotiationError
@@ -44,8 +45,7 @@ def compose_cfg(run_dir: Path, workload: Path, *overrides: str):
         f"output_dir={run_dir}",
         "threads=1",
     ]
-    with initialize_config_dir(config_dir=str(runner.CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=base + list(overrides))
+    return compose(base + list(overrides))
 
 
 @pytest.fixture
@@ -109,7 +109,7 @@ def test_broken_verifier_through_harness_run_exits_2_without_record_or_wandb_run
         f"hydra.run.dir={tmp_path / 'hydra'}",
         *NAIVE,
     ]
-    assert runner.main(argv) == 2
+    assert run_main(argv) == 2
     err = capsys.readouterr().err
     assert "refused" in err and "gate 'oracle' failed" in err and "naive_multi_draft" in err
     _no_outputs(run_dir)
@@ -152,7 +152,7 @@ def test_negotiation_refusal_through_harness_run(tmp_path, workload, cache, no_m
         "generation.temperature=0.7",
         "tracking=wandb",
     ]
-    assert runner.main(argv) == 2
+    assert run_main(argv) == 2
     assert "refused" in capsys.readouterr().err
     _no_outputs(run_dir)
 
@@ -336,7 +336,7 @@ def test_drift_of_typical_is_positive_on_a_peaked_target_and_matches_the_generic
     from harness.random_source import TorchRandomSource
 
     proposer.start(list(E2E_PROMPT))
-    seq = models.target.prefill(list(E2E_PROMPT))
+    seq = models.target.prefill_one(list(E2E_PROMPT))
     _, tree, probs = propose_and_verify(
         target=models.target,
         seq=seq,

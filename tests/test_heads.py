@@ -4,19 +4,18 @@ greedy equality on the tiny model, sampled trees carrying q, refusal against ano
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import round_of_one
 
 from harness.engine.decode import RoundConfig, decode
 from harness.heads.artifacts import ensure_heads, heads_recipe
 from harness.heads.cartesian import cartesian_rows
 from harness.heads.checkpoint import ArtifactError, target_fingerprint
 from harness.heads.models import DraftHeads, HeadSpec
-from harness.proposers.base import Budget
+from harness.proposers.base import Budget, NullProposer
 from harness.proposers.heads import CloverProposer, HydraProposer, MedusaProposer
-from harness.proposers.prompt_lookup import NullProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import build_tiny_model
@@ -107,7 +106,7 @@ def run(env, proposer, *, verifier="greedy", prompt, new=24, policy=GREEDY, seed
         eos_token_ids=frozenset(),
         rng=TorchRandomSource(seed),
         round_cfg=RoundConfig(max_nodes=b.max_nodes, max_depth=b.max_depth),
-        on_round=lambda **kw: rounds.append(kw),
+        on_round=lambda **kw: rounds.append(round_of_one(kw)),
     )
     return res, rounds
 
@@ -163,7 +162,7 @@ def test_cartesian_tree_parent_dependence(env):
             heads=perturbed_heads(kind, env["model"]),
             checkpoint=target_fingerprint(env["model"]),
         )
-        env["backend"].prefill(prompt)  # the tap sees the prefill forward, as in decode()
+        env["backend"].prefill_one(prompt)  # the tap sees the prefill forward, as in decode()
         p.start(prompt)
         result = p.propose(prompt, TorchRandomSource(0))
         assert len(result.nodes) == 21 and result.probability_semantics == "score_only"
@@ -190,7 +189,7 @@ def test_cartesian_rows_formula():
 def test_cartesian_proposal_compiles_to_21_rows(env, kind):
     prompt = env["docs"][32][:8]
     p = make(env, kind, Budget(shape="cartesian", max_nodes=21, max_depth=3, widths=(3, 2, 2)))
-    env["backend"].prefill(prompt)
+    env["backend"].prefill_one(prompt)
     p.start(prompt)
     tree = compile_tree([p.propose(prompt, TorchRandomSource(0))], prefix_len=len(prompt))
     assert tree.num_rows == 21
@@ -266,7 +265,7 @@ def test_sampled_head_trees_carry_the_law_they_were_drawn_from(env, sampling, ve
         sampling=sampling,
         policy=policy,
     )
-    env["backend"].prefill(prompt)
+    env["backend"].prefill_one(prompt)
     p.start(prompt)
     result = p.propose(prompt, TorchRandomSource(3))
     assert result.probability_semantics == "normalized_conditional" and result.sampling_relation == sampling
@@ -446,17 +445,11 @@ def test_topology_deeper_than_the_head_bank_is_refused_before_model_work():
 @pytest.mark.parametrize("name", ["medusa", "hydra", "clover"])
 def test_heads_at_batch_above_one_are_refused_before_model_work(name):
     """The hidden tap is batch-1: a batched run would silently propose nothing, so plan() refuses."""
-    from hydra import compose, initialize_config_dir
-
-    import harness.config  # noqa: F401  (registers the config schemas)
+    from harness.config import compose
     from harness.engine.build import ConfigError, plan
 
-    conf = str(Path(__file__).resolve().parents[1] / "conf")
-    with initialize_config_dir(config_dir=conf, version_base="1.3"):
-        ok = compose("config", overrides=["model=tiny", f"proposer={name}", "topology=sequence"])
-        big = compose(
-            "config", overrides=["model=tiny", f"proposer={name}", "topology=sequence", "generation.batch_size=2"]
-        )
+    ok = compose(["model=tiny", f"proposer={name}", "topology=sequence"])
+    big = compose(["model=tiny", f"proposer={name}", "topology=sequence", "generation.batch_size=2"])
     plan(ok)
     with pytest.raises(ConfigError, match=r"batch_size <= 1; got 2: the heads read"):
         plan(big)

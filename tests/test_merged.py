@@ -4,20 +4,19 @@ of semantics, the membership/greedy oracles, greedy equality and per-source attr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 import harness.config  # noqa: F401  (registers the config schemas)
+from harness.config import compose
 from harness.contracts import ProposalNode, ProposalResult
 from harness.engine.build import plan
 from harness.engine.decode import RoundConfig, decode
 from harness.gates.oracle import OracleCase, PrefixLaws, check_case, fixed_candidates
-from harness.proposers.base import Budget, Proposer
+from harness.proposers.base import Budget, NullProposer, Proposer
 from harness.proposers.merged import MergedProposer, merge_proposals
-from harness.proposers.prompt_lookup import NullProposer, PromptLookupProposer
+from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.proposers.rest import RestProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
@@ -28,13 +27,11 @@ from harness.verifiers.base import NegotiationError, negotiate
 from harness.verifiers.sampling import SamplingPolicy
 from harness.workloads.datastore import datastore_from_token_ids, write_datastore
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 MERGED = Budget(shape="merged", max_nodes=16, max_depth=8)
 
 
 def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+    return compose(overrides)
 
 
 class Fixed(Proposer):

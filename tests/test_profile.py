@@ -13,15 +13,14 @@ from harness.measure.profile import (
     artifact_hash,
     check_profile,
     cycle_prefix,
-    heap_parents,
     measure_profile,
     plot_profile,
     profile_provenance,
     read_artifact,
     summarize_ms,
-    timing_tree,
     write_artifact,
 )
+from harness.target.timing import heap_parents, timing_tree
 
 
 def test_heap_shape_and_its_ancestor_mask():
@@ -33,7 +32,7 @@ def test_heap_shape_and_its_ancestor_mask():
     assert tree.parents.tolist() == [-1, -1, 0, 0] and tree.topology == "tree"
     assert tree.ancestor_mask[3].tolist() == [True, False, False, True]  # row 3 sees row 0 and itself
     assert tree.position_ids.tolist() == [10, 10, 11, 11]
-    assert timing_tree(0, prefix_len=10, vocab=96).num_rows == 0
+    assert timing_tree(0, prefix_len=10, vocab=96) is None  # no candidate rows: t(1), one AR step
 
 
 def test_summary_is_median_and_iqr():
@@ -50,17 +49,17 @@ def test_cycle_prefix():
 
 
 class CountingBackend:
-    """Wraps a backend, recording the length of every verify forward."""
+    """Wraps a backend, recording (requests, rows per request) of every verify forward."""
 
     def __init__(self, backend):
-        self.backend, self.lengths = backend, []
+        self.backend, self.calls = backend, []
 
     def __getattr__(self, name):
         return getattr(self.backend, name)
 
-    def verify(self, seq, pending, tree):
-        self.lengths.append(1 + tree.num_rows)
-        return self.backend.verify(seq, pending, tree)
+    def verify(self, state, pending, trees):
+        self.calls.append((len(trees), 1 + (trees[0].num_rows if trees[0] is not None else 0)))
+        return self.backend.verify(state, pending, trees)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +89,7 @@ def measured():
 def test_profile_times_every_size_with_warmup_and_repeats(measured):
     prof, target, draft, prefix = measured
     # n = 1..5 verify forwards (pending + n - 1 rows), each once per round: 1 warm-up + 3 timed
-    assert sorted(target.lengths) == sorted([1, 2, 3, 4, 5] * 4)
+    assert sorted(target.calls) == sorted([(1, n) for n in (1, 2, 3, 4, 5)] * 4)
     assert [v["n"] for v in prof["verify_ms"]] == [1, 2, 3, 4, 5]
     assert all(len(v["samples_ms"]) == 3 for v in prof["verify_ms"])
     assert len(prof["draft_base_ms"]["samples_ms"]) == 3 and len(prof["draft_step_ms"]["samples_ms"]) == 3
@@ -104,21 +103,11 @@ def test_profile_times_every_size_with_warmup_and_repeats(measured):
     assert prof["synthetic"] is False
 
 
-def test_profile_at_batch_two_times_one_batched_verify_per_size(measured, monkeypatch):
+def test_profile_at_batch_two_times_one_batched_verify_per_size(measured):
     """At batch B the t(n) sample is ONE batched verify forward of B requests (the forward a batched
     round runs), and each draft cost sums B single-request draft forwards."""
-    import harness.target.batched as batched
-
     _, target, draft, prefix = measured
-    calls = []
-    real = batched.timed_batched_verify
-
-    def counting(backend, state, *, pending, tree):
-        calls.append((state.batch_size, 0 if tree is None else tree.num_rows))
-        return real(backend, state, pending=pending, tree=tree)
-
-    monkeypatch.setattr(batched, "timed_batched_verify", counting)
-    before = list(target.lengths)
+    before = len(target.calls)
     prof = measure_profile(
         target_backend=target,
         draft_backend=draft,
@@ -130,8 +119,7 @@ def test_profile_at_batch_two_times_one_batched_verify_per_size(measured, monkey
         progress=False,
         batch_size=2,
     )
-    assert sorted(calls) == sorted([(2, 0), (2, 1), (2, 2)] * 3)
-    assert target.lengths == before  # no batch-1 verify forward was timed
+    assert sorted(target.calls[before:]) == sorted([(2, 1), (2, 2), (2, 3)] * 3)  # no batch-1 verify was timed
     assert prof["batch_size"] == 2 and "batch 2" in prof["notes"]["batch"]
     assert [v["n"] for v in prof["verify_ms"]] == [1, 2, 3] and prof["verify_cost"][0] == 1.0
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
@@ -188,9 +176,10 @@ def test_artifact_hash_verifies_and_edits_are_refused(measured, tmp_path):
 
 
 def _expected():
-    from harness.gates.calibrate import compose
+    from harness.config import compose
+    from harness.gates.calibrate import with_sequoia
 
-    return profile_provenance(compose(["model=tiny", "proposer=draft_model", "topology.max_nodes=4"]))
+    return profile_provenance(compose(with_sequoia(["model=tiny", "proposer=draft_model", "topology.max_nodes=4"])))
 
 
 def test_run_provenance_has_every_field():

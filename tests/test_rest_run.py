@@ -8,12 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-import harness.config  # noqa: F401  (registers the config schemas)
+from harness.config import compose
 from harness.engine.build import BuildContext, build_proposer, plan
-from harness.proposers.base import Budget
-from harness.proposers.prompt_lookup import NullProposer
+from harness.proposers.base import Budget, NullProposer
 from harness.proposers.rest import RestProposer, open_datastore, release_manifest_hash
 from harness.random_source import TorchRandomSource
 from harness.verifiers import get_verifier
@@ -28,7 +26,6 @@ from harness.workloads.datastore import (
 )
 from harness.workloads.prompts import Prompt
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 PROMPTS = [
     {"id": "p1", "prompt": "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return add(a, add(b, c))\n"},
     {"id": "p2", "prompt": "the quick brown fox jumps over the lazy dog; the quick brown fox"},
@@ -37,8 +34,7 @@ NEW = 16
 
 
 def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+    return compose(overrides)
 
 
 def tiny_ids(text: str, vocab: int = 96) -> list[int]:
@@ -163,7 +159,8 @@ def test_batch_slots_share_one_datastore_counted_once(env, tmp_path):
 
 
 def test_a_leaked_prompt_refuses_the_run_with_no_record(env, tmp_path, capsys):
-    from harness.runner import main, run_job
+    from harness.app import run_main as main
+    from harness.runner import run_job
 
     store, _ = write_store(env, "ds_leaked", leak="p1")
     with pytest.raises(LeakageError, match=r"p1 \(\d+ tokens\)"):
@@ -219,6 +216,7 @@ def test_check_workload_restarts_the_retrieval_counters():
 
 def test_rest_with_rejection_is_refused_before_model_work(env, tmp_path, monkeypatch, capsys):
     import harness.runner as runner
+    from harness.app import run_main
 
     def no_models(cfg):
         raise AssertionError("models were loaded for a refused combination")
@@ -228,7 +226,7 @@ def test_rest_with_rejection_is_refused_before_model_work(env, tmp_path, monkeyp
     args = run_overrides(env, missing, "verifier=rejection", "generation.temperature=0.7")
     with pytest.raises(NegotiationError, match=r"probability semantics \['frequency'\]"):
         plan(compose_cfg(*args))
-    rc = runner.main(args + [f"output_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'hydra'}"])
+    rc = run_main(args + [f"output_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'hydra'}"])
     assert rc == 2 and "refused" in capsys.readouterr().err
     assert not missing.exists() and not (tmp_path / "out" / "record.json").exists()
     with pytest.raises(NegotiationError, match="temperature"):  # rejection at T=0 is refused too

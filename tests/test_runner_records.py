@@ -3,27 +3,24 @@ adaptive lookup run, and that the store accepts the record."""
 
 import json
 
-from hydra import compose, initialize_config_dir
-
-from harness.runner import CONF_DIR, run_job
+from harness.config import compose
+from harness.runner import run_job
 from harness.tracking.store import load_record
 
 
 def test_adaptive_lookup_run_writes_a_complete_record(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            config_name="config",
-            overrides=[
-                "model=tiny",
-                "topology=sequences",
-                "proposer.budget_policy=adaptive",
-                "workload.limit=2",
-                "generation.max_new_tokens=12",
-                "gates.oracle=false",
-                f"output_dir={tmp_path / 'run'}",
-            ],
-        )
+    cfg = compose(
+        [
+            "model=tiny",
+            "topology=sequences",
+            "proposer.budget_policy=adaptive",
+            "workload.limit=2",
+            "generation.max_new_tokens=12",
+            "gates.oracle=false",
+            f"output_dir={tmp_path / 'run'}",
+        ]
+    )
     record = run_job(cfg, run_dir=tmp_path / "run")
     stored = load_record(tmp_path / "run" / "record.json")  # validates schema and required keys
     assert stored["run_id"] == record["run_id"]

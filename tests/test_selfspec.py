@@ -4,16 +4,18 @@ stop, the 0x05A threshold loop, the 0x05C state contract, artifacts refused agai
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from helpers import round_of_one
 
 from harness.engine.decode import RoundConfig, decode
 from harness.heads.checkpoint import ArtifactError, artifact_dir, target_fingerprint
 from harness.heads.early_exit import ensure_adapter
 from harness.heads.partial import PartialPath, ProvisionalKV, causal_rows_mask
 from harness.heads.skip_search import SearchRecipe, ensure_skip, layer_influence, recipe_key, search_skip
-from harness.proposers.base import Budget
-from harness.proposers.prompt_lookup import NullProposer
+from harness.proposers.base import Budget, NullProposer
 from harness.proposers.selfspec import EarlyExitProposer, LayerSkipProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
@@ -59,26 +61,24 @@ def env(tmp_path_factory):
 def run(env, proposer, *, verifier="greedy", prompt, new=30, policy=GREEDY, seed=0, capture=None):
     rounds = []
     b = proposer.budget
-    backend = env["backend"]
-    if capture is not None:  # keep the target's Sequence to inspect its cache afterwards
-        orig = backend.prefill
-        backend.prefill = lambda ids: capture.setdefault("seq", orig(ids))
-    try:
-        res = decode(
-            target=backend,
-            proposer=proposer,
-            verifier=get_verifier(verifier),
-            policy=policy,
-            prompt_ids=prompt,
-            max_new_tokens=new,
-            eos_token_ids=frozenset(),
-            rng=TorchRandomSource(seed),
-            round_cfg=RoundConfig(max_nodes=b.max_nodes, max_depth=b.max_depth),
-            on_round=lambda **kw: rounds.append(kw),
-        )
-    finally:
-        if capture is not None:
-            del backend.prefill
+
+    def on_round(**kw):
+        rounds.append(round_of_one(kw))
+        if capture is not None and kw["finished"]:  # the target's cache as the request leaves the batch
+            capture["seq"] = copy.deepcopy(kw["state"])
+
+    res = decode(
+        target=env["backend"],
+        proposer=proposer,
+        verifier=get_verifier(verifier),
+        policy=policy,
+        prompt_ids=prompt,
+        max_new_tokens=new,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(seed),
+        round_cfg=RoundConfig(max_nodes=b.max_nodes, max_depth=b.max_depth),
+        on_round=on_round,
+    )
     return res, rounds
 
 
@@ -255,9 +255,9 @@ def test_skipped_path_state_is_never_target_kv(env):
     res, _ = run(env, p, prompt=prompt, new=20, capture=cap)
     seq = cap["seq"]
     n = len(prompt) + len(res.tokens) - 1  # the cache may hold accepted tokens cut by max_new_tokens
-    assert seq.tokens[:n] == prompt + res.tokens[:-1]
-    ref = env["backend"].prefill(seq.tokens + [0])  # a plain prefill of exactly the cached tokens
-    assert seq.tokens == ref.tokens
+    assert seq.cached_tokens[:n] == prompt + res.tokens[:-1]
+    ref = env["backend"].prefill_one(seq.cached_tokens + [0])  # a plain prefill of exactly the cached tokens
+    assert seq.cached_tokens == ref.cached_tokens
     for got, want in zip(seq.cache.layers, ref.cache.layers):
         assert torch.allclose(got.keys, want.keys, atol=1e-5) and torch.allclose(got.values, want.values, atol=1e-5)
     assert p.kv is not seq.cache

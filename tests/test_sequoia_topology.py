@@ -102,8 +102,8 @@ def test_shaped_tree_with_sequoia_verifier_is_exact():
 
 def test_draft_model_samples_an_explicit_tree_and_stays_greedy_exact():
     from harness.engine.decode import RoundConfig, decode
+    from harness.proposers.base import NullProposer
     from harness.proposers.draft_model import DraftModelProposer
-    from harness.proposers.prompt_lookup import NullProposer
     from harness.target.backend import CausalLMBackend
     from harness.target.loading import build_tiny_model
     from harness.verifiers.sampling import SamplingPolicy
@@ -260,9 +260,10 @@ RUN = [
 
 
 def compose(overrides):
-    from harness.gates.calibrate import compose as _compose
+    from harness.config import compose as compose_config
+    from harness.gates.calibrate import with_sequoia
 
-    return _compose(overrides)
+    return compose_config(with_sequoia(overrides))
 
 
 def test_negotiation_sees_a_tree_before_model_work():

@@ -1,7 +1,7 @@
 """Sweeps (issue 8, item 1): named sweep files, launchers, skip-finished, failure file, store, W&B.
 
 Everything lands in tmp_path: the sweep folder (hydra.sweep.dir), $HARNESS_CACHE and W&B's own
-folders. Sweeps run in this process through ``harness.sweep.main`` (the `harness sweep` command);
+folders. Sweeps run in this process through ``harness.app.sweep_main`` (the `harness sweep` command);
 the basic and joblib-with-one-worker launchers run jobs in this process, submitit_local and
 joblib with two workers start processes (slow tests).
 """
@@ -19,6 +19,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness import sweep
+from harness.app import sweep_main
 from harness.sweep import (
     FAILURES_FILE,
     JOB_STATUS,
@@ -51,8 +52,8 @@ def env(tmp_path, monkeypatch):
 
 
 def launch(sweep_dir: Path, *args: str, name: str = "smoke") -> tuple[int, dict]:
-    rc = sweep.main([name, *args, f"hydra.sweep.dir={sweep_dir}"])
-    return rc, dict(sweep._LAST_SUMMARY)
+    rc = sweep_main([name, *args, f"hydra.sweep.dir={sweep_dir}"])
+    return rc, dict(sweep.LAST_SUMMARY)
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ def hydra_conf():
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from harness.runner import CONF_DIR
+    from harness.config import CONF_DIR
 
     GlobalHydra.instance().clear()  # an in-process sweep leaves Hydra initialised
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -247,9 +248,9 @@ def test_launcher_overrides_compose_and_bound_concurrency(hydra_conf, launcher, 
 
 
 def test_cli_usage_and_list(capsys):
-    assert sweep.main(["--list"]) == 0
+    assert sweep_main(["--list"]) == 0
     assert "smoke" in capsys.readouterr().out.split()
-    assert sweep.main(["nope"]) == 2
+    assert sweep_main(["nope"]) == 2
     assert "unknown sweep 'nope'" in capsys.readouterr().err
 
 
@@ -368,16 +369,9 @@ def test_a_changed_manifest_reruns_the_job(env, tmp_path):
     assert rc == 0 and len(summary["ran"]) == 1
     path = sweep_dir / summary["ran"][0] / "record.json"
     record = json.loads(path.read_text())
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from harness.config import compose
 
-    from harness.runner import CONF_DIR
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            "config", overrides=["+sweep=smoke", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
-        )
+    cfg = compose(["+sweep=smoke", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"])
     cfg.concurrent_jobs = 1
     assert job_manifest_hash(cfg) == record["manifest_hash"]
     record["manifest_hash"] = "0" * 16
@@ -431,11 +425,11 @@ def test_submitit_local_sweep_writes_records_wandb_runs_and_store(env):
 
     # the other spelling, `harness run -m +sweep=smoke ...` (any launcher), finds the same folders
     # and skips both jobs
-    from harness import runner
+    from harness.app import run_main
 
-    rc = runner.main(["-m", "+sweep=smoke", "hydra/launcher=basic", "verifier=greedy", f"hydra.sweep.dir={sweep_dir}"])
+    rc = run_main(["-m", "+sweep=smoke", "hydra/launcher=basic", "verifier=greedy", f"hydra.sweep.dir={sweep_dir}"])
     assert rc == 0
-    assert sorted(sweep._LAST_SUMMARY["skipped"]) == sorted(summary["ran"])
+    assert sorted(sweep.LAST_SUMMARY["skipped"]) == sorted(summary["ran"])
 
 
 @pytest.mark.slow

@@ -1,10 +1,10 @@
-from harness.measure.verify_cost import measure_verify_cost
 from harness.target.backend import CausalLMBackend
+from harness.target.timing import verify_cost_curve
 
 
 def test_verify_cost_curve_shape(tiny_model):
     backend = CausalLMBackend(tiny_model)
-    prof = measure_verify_cost(backend, list(range(3, 40)), max_rows=10, reps=2)
+    prof = verify_cost_curve(backend, list(range(3, 40)), max_rows=10, reps=2)
     t = prof["normalised"]
     assert len(t) == 11 and t[0] == 1.0
     assert all(b >= a for a, b in zip(t, t[1:]))  # monotone: more rows never cost less

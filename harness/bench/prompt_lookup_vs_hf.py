@@ -45,8 +45,8 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from harness.engine.decode import RoundConfig, decode
-    from harness.proposers.base import Budget
-    from harness.proposers.prompt_lookup import NullProposer, PromptLookupProposer
+    from harness.proposers.base import Budget, NullProposer
+    from harness.proposers.prompt_lookup import PromptLookupProposer
     from harness.random_source import TorchRandomSource
     from harness.target.backend import CausalLMBackend
     from harness.target.loading import load_model
@@ -63,9 +63,9 @@ def main(argv=None) -> int:
     greedy = get_verifier("greedy")
     policy = SamplingPolicy()
 
-    from harness.measure.verify_cost import measure_verify_cost
+    from harness.target.timing import verify_cost_curve
 
-    profile = measure_verify_cost(backend, items[0][1], max_rows=max(args.tree_nodes, 16))
+    profile = verify_cost_curve(backend, items[0][1], max_rows=max(args.tree_nodes, 16))
     t_of_n = profile["t_ms"]
     tree_nodes = args.tree_nodes or 16
 

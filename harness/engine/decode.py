@@ -1,18 +1,48 @@
-"""The speculative round: propose -> compile -> verify -> select -> commit, each stage timed.
+"""The round loop: B requests (B = 1 included), each with its own candidate tree, ONE target forward.
 
-One code path serves both arms: the autoregressive baseline is this loop with a
-:class:`~harness.proposers.prompt_lookup.NullProposer` (an empty tree: one target step per
-round), so the baseline is measured by the same timers, on the same prompts and seeds.
+A round of :func:`decode_batch`:
+
+    for each live request b:  proposer_b.propose(committed_b, rng_b) -> compile_tree -> tree_b
+    CausalLMBackend.verify(state, pending, [tree_b])     one forward, rows padded to 1 + max N_b
+    for each live request b:  Verifier.select(tree_b, policy.probs(logits_b), rng_b)
+    CausalLMBackend.commit(state, [accepted_b])         per request, ragged lengths
+    for each live request b:  emit (EOS / max_new_tokens truncate), RoundLedger.observe_round
+    finished requests leave the batch (CausalLMBackend.drop)
+
+One code path serves both arms: the autoregressive baseline is this loop with
+:class:`~harness.proposers.base.NullProposer` slots (an empty tree: one target step per round), so
+the baseline is measured by the same clock, on the same prompts and seeds. :func:`decode` is a
+batch of one. The batch-1 fast paths live in the backend (no mask for a chain, a crop for a
+contiguous accepted path), chosen from what the round already knows.
+
+Per-request state. Proposers keep per-request state (a draft cache, a lookup cursor), so the loop
+takes one proposer per request (``proposers[k]`` serves prompt k) and one random source per
+request. The verifier and the sampling policy run once per request on that request's real logit
+rows only, so the verifiers' exactness (and the oracles) hold per request.
+
+Exactness. At temperature 0 each request's tokens equal this loop run with NullProposer slots on
+the same batch composition, and equal batch-1 decoding except at near-ties (CPU matrix kernels are
+not shape-invariant: a batched forward's logits differ from batch 1 in the last bits).
+
+Timing. One :class:`~harness.measure.ledger.StageClock` (device-synchronised) times the stages.
+:class:`BatchLedger` holds the per-batch-round costs (proposal = every request's proposal,
+target_verify = the one shared forward), rows, padding and temporary KV bytes; each request's
+:class:`~harness.measure.ledger.RoundLedger` counts its own acceptance and carries its own
+proposal/retrieval/packing/selection times plus the shared verify and commit times in full (it
+waited for them). A request's ``decode_ms`` is its completion time since the batch's decode start.
+Temporary KV bytes per batch round: ``real`` = the candidate rows the requests proposed
+(``sum_b N_b``), ``padded`` = what the forward appended for candidate slots (``B (R - 1)`` rows,
+pending rows excluded; asserted against the measured cache growth); ``hole_bytes`` = masked stale
+slots below the physical length (the ragged layout's cost, zero at B = 1).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 from harness.contracts import ContractError
-from harness.measure.ledger import RoundLedger, StageClock
+from harness.measure.ledger import STAGES, RoundLedger, StageClock
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
 from harness.target.backend import CausalLMBackend
@@ -22,24 +52,311 @@ from harness.verifiers.sampling import SamplingPolicy
 
 
 @dataclass
+class RoundConfig:
+    max_nodes: int
+    max_depth: int
+    validate_rounds: int = 1  # run the candidate-graph and commit assertions on each request's first k rounds
+    temp_kv_budget_bytes: int | None = None
+
+
+@dataclass
 class DecodeResult:
+    """One request's result."""
+
     tokens: list[int]  # generated token ids (EOS included when produced)
-    prefill_ms: float
-    ttft_ms: float  # prefill + first round
-    decode_ms: float  # every round (first included), prefill excluded
+    prefill_ms: float  # the batch's prefill: target prompt forward and every proposer's start()
+    ttft_ms: float  # prefill + the request's first round
+    decode_ms: float  # the request's completion time since the batch's decode start (prefill excluded)
     ledger: RoundLedger
-    round_end_ms: list[float] = field(default_factory=list)  # time of each round's end since decode start
+    round_end_ms: list[float] = field(default_factory=list)  # each round's end since decode start
     round_tokens: list[int] = field(default_factory=list)  # tokens emitted by each round
     sources: dict[str, int] = field(default_factory=dict)  # accepted tokens attributed to each source
     finished_by: str = "max_new_tokens"
 
 
 @dataclass
-class RoundConfig:
-    max_nodes: int
-    max_depth: int
-    validate_rounds: int = 1  # run the 0x0F assertions on the first k rounds of each request
-    temp_kv_budget_bytes: int | None = None
+class BatchLedger:
+    """Per-batch-round counters (one ``observe_round`` per target forward)."""
+
+    rounds: int = 0
+    live_total: int = 0  # sum over rounds of live requests
+    real_rows_total: int = 0  # candidate rows proposed
+    padded_rows_total: int = 0  # candidate slots computed (padding included)
+    temp_kv_bytes_real_peak: int = 0
+    temp_kv_bytes_padded_peak: int = 0
+    hole_bytes_peak: int = 0
+    stage_ms: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+    round_ms: list[float] = field(default_factory=list)
+
+    def observe_round(
+        self,
+        *,
+        live: int,
+        real_rows: int,
+        padded_rows: int,
+        stage_ms: dict[str, float],
+        temp_kv_real_bytes: int,
+        temp_kv_padded_bytes: int,
+        hole_bytes: int,
+    ) -> None:
+        self.rounds += 1
+        self.live_total += live
+        self.real_rows_total += real_rows
+        self.padded_rows_total += padded_rows
+        self.temp_kv_bytes_real_peak = max(self.temp_kv_bytes_real_peak, temp_kv_real_bytes)
+        self.temp_kv_bytes_padded_peak = max(self.temp_kv_bytes_padded_peak, temp_kv_padded_bytes)
+        self.hole_bytes_peak = max(self.hole_bytes_peak, hole_bytes)
+        for k, v in stage_ms.items():
+            self.stage_ms[k] = self.stage_ms.get(k, 0.0) + v
+        self.round_ms.append(sum(stage_ms.values()))
+
+    def merge(self, other: BatchLedger) -> None:
+        for name in ("rounds", "live_total", "real_rows_total", "padded_rows_total"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("temp_kv_bytes_real_peak", "temp_kv_bytes_padded_peak", "hole_bytes_peak"):
+            setattr(self, name, max(getattr(self, name), getattr(other, name)))
+        for k, v in other.stage_ms.items():
+            self.stage_ms[k] = self.stage_ms.get(k, 0.0) + v
+        self.round_ms.extend(other.round_ms)
+
+    def summary(self) -> dict:
+        r = max(self.rounds, 1)
+        return {
+            "batch_rounds": self.rounds,
+            "target_forwards": self.rounds,
+            "mean_live_requests": self.live_total / r if self.rounds else None,
+            "batch_round_cost_ms": {k: v / r for k, v in self.stage_ms.items()},
+            "padded_row_fraction": (
+                1.0 - self.real_rows_total / self.padded_rows_total if self.padded_rows_total else None
+            ),
+            "temp_kv_bytes_real_peak": self.temp_kv_bytes_real_peak,
+            "temp_kv_bytes_padded_peak": self.temp_kv_bytes_padded_peak,
+            "ragged_hole_bytes_peak": self.hole_bytes_peak,
+        }
+
+
+@dataclass
+class BatchDecodeResult:
+    requests: list[DecodeResult]  # in the order of the prompts
+    prefill_ms: float
+    decode_ms: float  # batch wall time, every round, prefill excluded
+    ledger: BatchLedger
+
+    @property
+    def committed_tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.requests)
+
+
+@dataclass
+class _Live:
+    """One live request's loop state."""
+
+    index: int  # position in the batch's prompt list
+    proposer: Proposer
+    rng: RandomSource
+    committed: list[int]
+    ledger: RoundLedger
+    generated: list[int] = field(default_factory=list)
+    round_end_ms: list[float] = field(default_factory=list)
+    round_tokens: list[int] = field(default_factory=list)
+    sources: dict[str, int] = field(default_factory=dict)
+    finished_by: str | None = None
+    ttft_ms: float | None = None
+    done_ms: float | None = None
+
+    def emit(self, tree: CompiledTree, accepted_rows: Sequence[int], next_token: int, *, max_new_tokens: int, eos):
+        """The accepted path plus the bonus/correction token, cut at EOS or the token budget (what
+        follows is neither emitted nor counted). Returns (emitted, accepted tokens counted)."""
+        new = [int(tree.token_ids[r]) for r in accepted_rows] + [int(next_token)]
+        emitted = []
+        for tok in new[: max_new_tokens - len(self.generated)]:
+            emitted.append(tok)
+            if tok in eos:
+                self.finished_by = "eos"
+                break
+        counted = min(len(accepted_rows), len(emitted))
+        for r in accepted_rows[:counted]:
+            for s in tree.sources[r]:
+                self.sources[s] = self.sources.get(s, 0) + 1
+        self.generated.extend(emitted)
+        self.committed.extend(emitted)
+        if self.finished_by is None and len(self.generated) >= max_new_tokens:
+            self.finished_by = "max_new_tokens"
+        return emitted, counted
+
+
+def decode_batch(
+    *,
+    target: CausalLMBackend,
+    proposers: Sequence[Proposer],
+    verifier: Verifier,
+    policy: SamplingPolicy,
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    eos_token_ids: frozenset[int],
+    rngs: Sequence[RandomSource],
+    round_cfg: RoundConfig,
+    on_round: Callable | None = None,
+) -> BatchDecodeResult:
+    """Decode ``len(prompts)`` requests together; ``proposers[k]`` and ``rngs[k]`` serve prompt k.
+
+    ``on_round`` (optional) is called after each batch round's commit with ``live`` (request
+    indices), ``trees``, ``selections``, ``emitted`` (per live request), ``output`` (the verify
+    output), ``state`` and ``finished`` (request indices leaving the batch)."""
+    b = len(prompts)
+    if b < 1:
+        raise ValueError("decode_batch needs at least one prompt")
+    if len(proposers) < b or len(rngs) != b:
+        raise ValueError(
+            f"need >= {b} proposers (one per batch slot) and {b} random sources; got {len(proposers)}, {len(rngs)}"
+        )
+    if len({id(p) for p in proposers[:b]}) != b:
+        raise ValueError("each batch slot needs its own proposer instance (proposers keep per-request state)")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
+    clock = StageClock(target.device)
+    bpt = target.bytes_per_token
+    t_start = clock.now()
+    state = target.prefill(prompts)
+    live = [
+        _Live(
+            index=k,
+            proposer=proposers[k],
+            rng=rngs[k],
+            committed=list(prompts[k]),
+            ledger=RoundLedger(max_depth=round_cfg.max_depth),
+        )
+        for k in range(b)
+    ]
+    for req in live:
+        req.proposer.start(list(req.committed))
+    prefill_ms = (clock.now() - t_start) * 1e3
+    done: list[_Live] = []
+    batch_ledger = BatchLedger()
+    t_decode = clock.now()
+    while live:
+        own: list[dict[str, float]] = []
+        trees = []
+        t_prop = clock.now()
+        for req in live:  # proposal + packing, per request
+            t0 = clock.now()
+            retrieval_before = req.proposer.stats.retrieval_ms
+            proposal = req.proposer.propose(req.committed, req.rng)
+            retrieval = req.proposer.stats.retrieval_ms - retrieval_before
+            t1 = clock.now()
+            tree = compile_tree(
+                [proposal],
+                prefix_len=len(req.committed),
+                max_nodes=round_cfg.max_nodes,
+                max_depth=round_cfg.max_depth,
+            )
+            if req.ledger.rounds < round_cfg.validate_rounds:
+                validate_candidate_graph(tree)
+            t2 = clock.now()
+            own.append({"proposal": (t1 - t0) * 1e3 - retrieval, "retrieval": retrieval, "packing": (t2 - t1) * 1e3})
+            trees.append(tree)
+        t_verify = clock.now()
+        pending = [req.committed[-1] for req in live]
+        holes = state.hole_slots() * bpt
+        out = target.verify(state, pending, trees)
+        t_select = clock.now()
+        selections = []
+        for k, req in enumerate(live):
+            t0 = clock.now()
+            probs = policy.probs(out.logits[k])  # [1 + N_k, V] real rows only
+            selections.append(verifier.select(trees[k], probs, req.rng))
+            own[k]["selection"] = (clock.now() - t0) * 1e3
+        t_commit = clock.now()
+        for k, req in enumerate(live):
+            if req.ledger.rounds < round_cfg.validate_rounds:
+                validate_commit(trees[k], selections[k].accepted_rows)
+        target.commit(state, [s.accepted_rows for s in selections])
+        t_end = clock.now()
+        verify_ms, commit_ms = (t_select - t_verify) * 1e3, (t_end - t_commit) * 1e3
+        if out.kv_bytes_added != len(live) * out.rows * bpt:
+            raise ContractError(
+                f"verify appended {out.kv_bytes_added} KV bytes, expected B*R*bytes_per_token "
+                f"= {len(live) * out.rows * bpt}"
+            )
+        retrieval_ms = sum(o["retrieval"] for o in own)
+        packing_ms = sum(o["packing"] for o in own)
+        batch_ledger.observe_round(
+            live=len(live),
+            real_rows=out.real_candidate_rows,
+            padded_rows=out.padded_candidate_rows,
+            stage_ms={
+                "proposal": (t_verify - t_prop) * 1e3 - retrieval_ms - packing_ms,
+                "retrieval": retrieval_ms,
+                "packing": packing_ms,
+                "target_verify": verify_ms,
+                "selection": (t_commit - t_select) * 1e3,
+                "temporary_state": commit_ms,
+            },
+            temp_kv_real_bytes=out.real_candidate_rows * bpt,
+            temp_kv_padded_bytes=out.padded_candidate_rows * bpt,
+            hole_bytes=holes,
+        )
+        now = (clock.now() - t_decode) * 1e3
+        finished_rows, emitted_all = [], []
+        for k, req in enumerate(live):
+            tree, sel = trees[k], selections[k]
+            emitted, counted = req.emit(
+                tree, sel.accepted_rows, sel.next_token, max_new_tokens=max_new_tokens, eos=eos_token_ids
+            )
+            emitted_all.append(emitted)
+            first_child = tree.children(-1)
+            req.ledger.observe_round(
+                tree_depth=int(tree.depths.max()) if tree.num_rows else 0,
+                num_rows=tree.num_rows,
+                accepted=counted,
+                committed=len(emitted),
+                first_child_hit=bool(sel.accepted_rows)
+                and sel.accepted_rows[0] == (first_child[0] if first_child else -2),
+                stage_ms={**own[k], "target_verify": verify_ms, "temporary_state": commit_ms},
+                temp_kv_bytes=tree.num_rows * bpt,
+            )
+            if req.ttft_ms is None:
+                req.ttft_ms = prefill_ms + now
+            req.round_end_ms.append(now)
+            req.round_tokens.append(len(emitted))
+            if req.finished_by is not None:
+                req.done_ms = now
+                finished_rows.append(k)
+        if on_round is not None:
+            on_round(
+                live=[req.index for req in live],
+                trees=trees,
+                selections=selections,
+                emitted=emitted_all,
+                output=out,
+                state=state,
+                finished=[live[k].index for k in finished_rows],
+            )
+        for k in finished_rows:
+            live[k].proposer.finish()
+            done.append(live[k])
+        target.drop(state, finished_rows)
+        gone = set(finished_rows)
+        live = [req for k, req in enumerate(live) if k not in gone]
+        for req in live:
+            req.proposer.observe_commit(req.committed)
+    decode_ms = (clock.now() - t_decode) * 1e3
+    done.sort(key=lambda r: r.index)
+    results = [
+        DecodeResult(
+            tokens=r.generated,
+            prefill_ms=prefill_ms,
+            ttft_ms=r.ttft_ms if r.ttft_ms is not None else prefill_ms,
+            decode_ms=r.done_ms,
+            ledger=r.ledger,
+            round_end_ms=r.round_end_ms,
+            round_tokens=r.round_tokens,
+            sources=r.sources,
+            finished_by=r.finished_by,
+        )
+        for r in done
+    ]
+    return BatchDecodeResult(requests=results, prefill_ms=prefill_ms, decode_ms=decode_ms, ledger=batch_ledger)
 
 
 def decode(
@@ -53,98 +370,26 @@ def decode(
     eos_token_ids: frozenset[int],
     rng: RandomSource,
     round_cfg: RoundConfig,
-    on_round=None,
+    on_round: Callable | None = None,
 ) -> DecodeResult:
-    clock = StageClock(target.device)
-    ledger = RoundLedger(max_depth=round_cfg.max_depth)
-    t_start = clock.now()
-    seq = target.prefill(prompt_ids)
-    proposer.start(list(prompt_ids))
-    prefill_ms = (clock.now() - t_start) * 1e3
-    committed = list(prompt_ids)
-    generated: list[int] = []
-    round_end_ms: list[float] = []
-    round_tokens: list[int] = []
-    sources: dict[str, int] = {}
-    finished_by = "max_new_tokens"
-    t_decode = clock.now()
-    ttft_ms = None
-    while len(generated) < max_new_tokens:
-        retrieval_before = proposer.stats.retrieval_ms
-        with clock.stage("proposal"):
-            proposal = proposer.propose(committed, rng)
-        retrieval = proposer.stats.retrieval_ms - retrieval_before
-        with clock.stage("packing"):
-            tree: CompiledTree = compile_tree(
-                [proposal], prefix_len=len(committed), max_nodes=round_cfg.max_nodes, max_depth=round_cfg.max_depth
-            )
-            if ledger.rounds < round_cfg.validate_rounds:
-                validate_candidate_graph(tree)
-        with clock.stage("target_verify"):
-            out = target.verify(seq, committed[-1], tree)
-        with clock.stage("selection"):
-            probs = policy.probs(out.logits)  # [1 + N, V]
-            sel = verifier.select(tree, probs, rng)
-        with clock.stage("temporary_state"):
-            if ledger.rounds < round_cfg.validate_rounds:
-                validate_commit(tree, sel.accepted_rows)
-            target.commit(seq, sel.accepted_rows)
-        stage_ms = clock.take()
-        stage_ms["proposal"] -= retrieval
-        stage_ms["retrieval"] = retrieval
-        new = [int(tree.token_ids[r]) for r in sel.accepted_rows] + [sel.next_token]
-        # EOS or the token budget inside the path truncates it; what follows is neither emitted nor counted
-        room = max_new_tokens - len(generated)
-        emitted = []
-        for tok in new[:room]:
-            emitted.append(tok)
-            if tok in eos_token_ids:
-                finished_by = "eos"
-                break
-        accepted_counted = min(len(sel.accepted_rows), len(emitted))
-        for r in sel.accepted_rows[:accepted_counted]:
-            for s in tree.sources[r]:
-                sources[s] = sources.get(s, 0) + 1
-        first_child = tree.children(-1)
-        ledger.observe_round(
-            tree_depth=int(tree.depths.max()) if tree.num_rows else 0,
-            num_rows=tree.num_rows,
-            accepted=accepted_counted,
-            committed=len(emitted),
-            first_child_hit=bool(sel.accepted_rows) and sel.accepted_rows[0] == (first_child[0] if first_child else -2),
-            stage_ms=stage_ms,
-            temp_kv_bytes=max(out.kv_bytes_added - target.bytes_per_token, 0),
-        )
-        generated.extend(emitted)
-        committed.extend(emitted)
-        now = (clock.now() - t_decode) * 1e3
-        if ttft_ms is None:
-            ttft_ms = prefill_ms + now
-        round_end_ms.append(now)
-        round_tokens.append(len(emitted))
-        if on_round is not None:
-            on_round(tree=tree, selection=sel, emitted=emitted, seq=seq)
-        if finished_by == "eos":
-            break
-        proposer.observe_commit(committed)
-    decode_ms = (clock.now() - t_decode) * 1e3
-    proposer.finish()
-    return DecodeResult(
-        tokens=generated,
-        prefill_ms=prefill_ms,
-        ttft_ms=ttft_ms or prefill_ms,
-        decode_ms=decode_ms,
-        ledger=ledger,
-        round_end_ms=round_end_ms,
-        round_tokens=round_tokens,
-        sources=sources,
-        finished_by=finished_by,
-    )
+    """One request: :func:`decode_batch` on a batch of one."""
+    return decode_batch(
+        target=target,
+        proposers=[proposer],
+        verifier=verifier,
+        policy=policy,
+        prompts=[list(prompt_ids)],
+        max_new_tokens=max_new_tokens,
+        eos_token_ids=eos_token_ids,
+        rngs=[rng],
+        round_cfg=round_cfg,
+        on_round=on_round,
+    ).requests[0]
 
 
 def check_temp_kv_budget(*, max_nodes: int, bytes_per_token: int, budget_bytes: int | None, batch_size: int = 1) -> int:
     """Refuse, before any model work, a topology whose candidate rows could exceed the budget.
-    Returns the 0x09B formula value B * N * L * 2 * H_kv * d_h * b (B requests of N rows each)."""
+    Returns the temporary-KV formula value B * N * L * 2 * H_kv * d_h * b (B requests of N rows)."""
     need = batch_size * max_nodes * bytes_per_token
     if budget_bytes is not None and need > budget_bytes:
         raise ContractError(
@@ -154,19 +399,8 @@ def check_temp_kv_budget(*, max_nodes: int, bytes_per_token: int, budget_bytes: 
     return need
 
 
-def greedy_divergence(ar_tokens: list[int], spec_tokens: list[int]) -> int | None:
-    """First position where two token lists differ (None if equal)."""
-    for i, (a, b) in enumerate(zip(ar_tokens, spec_tokens)):
-        if a != b:
-            return i
-    if len(ar_tokens) != len(spec_tokens):
-        return min(len(ar_tokens), len(spec_tokens))
-    return None
-
-
-@torch.inference_mode()
-def top2_margin(model: torch.nn.Module, token_ids: list[int]) -> float:
-    """Target's top-1 minus top-2 logit at the position after ``token_ids``."""
-    logits = model(input_ids=torch.tensor([token_ids], device=next(model.parameters()).device)).logits[0, -1]
-    top = torch.topk(logits.float(), 2).values
-    return float(top[0] - top[1])
+def batches(n: int, batch_size: int) -> list[list[int]]:
+    """Consecutive item indices in groups of ``batch_size`` (the last group may be smaller)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]

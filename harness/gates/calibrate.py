@@ -245,9 +245,10 @@ def measure_ranks(cfg, context, *, items: list, progress: bool = True) -> tuple[
         total=need, desc="calibration: parent nodes", unit="node", file=sys.stderr, disable=not progress, leave=False
     )
 
-    def on_round(*, tree, selection, **_):
-        ranks.append(accepted_rank(tree, selection))
-        bar.update(1)
+    def on_round(*, trees, selections, **_):
+        for tree, selection in zip(trees, selections):
+            ranks.append(accepted_rank(tree, selection))
+            bar.update(1)
 
     used = 0
     try:
@@ -320,19 +321,12 @@ def check_calibration(artifact: dict, expected: dict, *, path: str) -> None:
 # ---------------------------------------------------------------- `harness calibrate`
 
 
-def compose(overrides: list[str]):
-    """Compose the `harness run` config with ``overrides`` (topology=sequoia unless given)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from harness import config as _config  # noqa: F401  (registers the schemas)
-    from harness.runner import CONF_DIR
-
+def with_sequoia(overrides: list[str]) -> list[str]:
+    """``overrides`` with ``topology=sequoia`` first unless a topology is given."""
     overrides = list(overrides)
     if not any(o.split("=", 1)[0].lstrip("+~") == "topology" for o in overrides):
         overrides.insert(0, "topology=sequoia")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides)
+    return overrides
 
 
 def calibrate(cfg, *, progress: bool = True) -> dict:
@@ -369,8 +363,10 @@ def main(argv: list[str]) -> int:
     if any(a in {"-h", "--help"} for a in argv):
         print("usage: harness calibrate [hydra overrides, as for `harness run`]\n\n" + (__doc__ or ""))
         return 0
+    from harness.config import compose
+
     try:
-        cfg = compose(argv)
+        cfg = compose(with_sequoia(argv))
     except Exception as exc:  # hydra/omegaconf composition errors: unknown group, key or type
         print(f"harness calibrate: cannot compose the config from {argv}: {exc}", file=sys.stderr)
         return 2

@@ -74,7 +74,7 @@ def heuristic_drift(
     accepted: list[int] = []
     for i, (_prompt, ids) in enumerate(items[:prompts]):
         rng = TorchRandomSource(int(cfg.seed) * 1_000_003 + i)  # the spec arm's seed of this prompt
-        seq = backend.prefill(list(ids))
+        seq = backend.prefill_one(list(ids))
         proposer.start(list(ids))
         committed = list(ids)
         for _ in range(rounds):

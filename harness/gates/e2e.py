@@ -51,8 +51,7 @@ from harness.gates.oracle import (
 )
 from harness.proposers.base import Budget, Proposer
 from harness.random_source import RandomSource
-from harness.target.backend import CausalLMBackend
-from harness.target.backend import Sequence as CacheSequence
+from harness.target.backend import CacheState, CausalLMBackend
 from harness.topology.compiler import CompiledTree, compile_tree, validate_candidate_graph, validate_commit
 from harness.verifiers.base import Verifier
 from harness.verifiers.sampling import SamplingPolicy
@@ -84,7 +83,7 @@ class Float64Policy(SamplingPolicy):
 def propose_and_verify(
     *,
     target: CausalLMBackend,
-    seq: CacheSequence,
+    seq: CacheState,
     proposer: Proposer,
     policy: SamplingPolicy,
     committed: list[int],
@@ -100,14 +99,14 @@ def propose_and_verify(
     tree = compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=max_depth)
     if validate:
         validate_candidate_graph(tree)
-    out = target.verify(seq, committed[-1], tree)
+    out = target.verify_one(seq, committed[-1], tree)
     return proposal, tree, policy.probs(out.logits)  # [1 + N, V]
 
 
 def select_and_commit(
     *,
     target: CausalLMBackend,
-    seq: CacheSequence,
+    seq: CacheState,
     verifier: Verifier,
     tree: CompiledTree,
     target_probs: torch.Tensor,
@@ -119,14 +118,14 @@ def select_and_commit(
     sel = verifier.select(tree, target_probs, rng)
     if validate:
         validate_commit(tree, sel.accepted_rows)
-    target.commit(seq, sel.accepted_rows)
+    target.commit_one(seq, sel.accepted_rows)
     return sel, emitted_tokens(tree, sel)
 
 
 def speculative_round(
     *,
     target: CausalLMBackend,
-    seq: CacheSequence,
+    seq: CacheState,
     proposer: Proposer,
     verifier: Verifier,
     policy: SamplingPolicy,
@@ -193,7 +192,7 @@ def _complete_table(vocab: int, depth: int) -> dict[tuple[int, ...], list[int]]:
 
 @torch.inference_mode()
 def continuation_law(
-    target: CausalLMBackend, seq: CacheSequence, committed: Sequence[int], policy: SamplingPolicy, length: int
+    target: CausalLMBackend, seq: CacheState, committed: Sequence[int], policy: SamplingPolicy, length: int
 ) -> dict[tuple[int, ...], float]:
     """The target's joint over the next ``length`` tokens, from the request's cache ``seq``
     (every committed token but the pending one, ``committed[-1]``): one verify forward over a
@@ -206,7 +205,7 @@ def continuation_law(
     else:
         proposal = fixed_candidates(_complete_table(vocab, length - 1), source="e2e")
     tree = compile_tree([proposal], prefix_len=len(committed))
-    probs = policy.probs(target.verify(seq, int(committed[-1]), tree).logits).to(torch.float64)  # [1 + N, V]
+    probs = policy.probs(target.verify_one(seq, int(committed[-1]), tree).logits).to(torch.float64)  # [1 + N, V]
     row_of = {prefix: r + 1 for r, prefix in enumerate(tree.full_prefixes)}
     row_of[()] = 0
     return target_joint(lambda prefix: probs[row_of[prefix]], length)
@@ -260,7 +259,7 @@ def e2e_output_law(
         raise ValueError(f"length must be >= 1; got {length}")
     if rounds is not None and rounds < 1:
         raise ValueError(f"rounds must be >= 1 or None; got {rounds}")
-    seq0 = target.prefill(list(prompt_ids))
+    seq0 = target.prefill_one(list(prompt_ids))
     proposer.start(list(prompt_ids))
     out: dict[tuple[int, ...], float] = {}
     count = {"proposals": 0, "selections": 0, "leaves": 0}
@@ -270,7 +269,7 @@ def e2e_output_law(
         count["leaves"] += 1
 
     def explore(
-        seq: CacheSequence,
+        seq: CacheState,
         prop: Proposer,
         committed: list[int],
         generated: tuple[int, ...],
@@ -296,7 +295,7 @@ def e2e_output_law(
             tree = compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=max_depth)
             validate_candidate_graph(tree)
             seq_v = copy.deepcopy(seq)
-            probs = policy.probs(target.verify(seq_v, committed[-1], tree).logits)  # [1 + N, V], as decode does
+            probs = policy.probs(target.verify_one(seq_v, committed[-1], tree).logits)  # [1 + N, V], as decode does
 
             def select(rng: RandomSource, tree: CompiledTree = tree, probs: torch.Tensor = probs) -> Selection:
                 sel = verifier.select(tree, probs, rng)
@@ -309,7 +308,7 @@ def e2e_output_law(
             for sel, p_sel in enumerate_marginal(select, max_leaves=budget).items():
                 count["selections"] += 1
                 seq_c = copy.deepcopy(seq_v)
-                target.commit(seq_c, sel.accepted_rows)
+                target.commit_one(seq_c, sel.accepted_rows)
                 emitted = emitted_tokens(tree, sel)
                 nxt = fork(after)
                 now = committed + list(emitted)

@@ -205,7 +205,7 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
     if len(ids) < 2:
         ids = ids + ids
     dev = backend.device
-    seq = backend.prefill(ids)
+    seq = backend.prefill_one(ids)
     committed = list(ids)
     worst_tree, worst_cache = 0.0, 0.0
     for r in range(rounds):
@@ -214,7 +214,7 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
             [ProposalResult.from_paths(paths, source="gate", manifest_hash="gate")], prefix_len=len(committed)
         )
         validate_candidate_graph(tree)
-        out = backend.verify(seq, committed[-1], tree)
+        out = backend.verify_one(seq, committed[-1], tree)
         # each row equals its root-to-node path decoded sequentially
         for row in range(-1, tree.num_rows):
             path = [] if row < 0 else [int(tree.token_ids[x]) for x in tree.path_to(row)]
@@ -225,12 +225,12 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
         deep = max(range(tree.num_rows), key=lambda x: (int(tree.depths[x]), x))
         path_rows = list(tree.path_to(deep))
         validate_commit(tree, path_rows)
-        backend.commit(seq, path_rows)
+        backend.commit_one(seq, path_rows)
         committed += [int(tree.token_ids[x]) for x in path_rows] + [int(out.logits[1 + path_rows[-1]].argmax())]
-    ref_seq = backend.prefill(committed)
+    ref_seq = backend.prefill_one(committed)
     for a, b in zip(seq.cache.layers, ref_seq.cache.layers):
         worst_cache = max(worst_cache, float((a.keys - b.keys).abs().max()), float((a.values - b.values).abs().max()))
-    passed = worst_tree <= atol and worst_cache <= atol and seq.tokens == committed[:-1]
+    passed = worst_tree <= atol and worst_cache <= atol and seq.cached_tokens == committed[:-1]
     return {
         "passed": passed,
         "tree_max_abs_logit_diff": worst_tree,
@@ -261,7 +261,7 @@ def statistical_gate(
     from scipy.stats import chisquare
     from tqdm import tqdm
 
-    seq = backend.prefill(prompt_ids)
+    seq = backend.prefill_one(prompt_ids)
     base_len = seq.cache_len
     committed = list(prompt_ids)
     proposer.start(list(prompt_ids))
@@ -271,7 +271,7 @@ def statistical_gate(
         rng = TorchRandomSource(seed * 7919 + s)
         proposal = proposer.propose(committed, rng)
         tree = compile_tree([proposal], prefix_len=len(committed))
-        out = backend.verify(seq, committed[-1], tree)
+        out = backend.verify_one(seq, committed[-1], tree)
         probs = policy.probs(out.logits)
         if p_exact is None:
             p_exact = policy.probs(out.logits[0].double(), dtype=torch.float64)

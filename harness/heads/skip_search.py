@@ -69,8 +69,7 @@ def dev_prompts(recipe: SearchRecipe, tokenizer, vocab_size: int) -> list[list[i
 def measure(backend, skip: list[int] | None, prompts: list[list[int]], *, recipe: SearchRecipe) -> dict:
     """Time per verified token of one skip vector (``None``: the autoregressive reference)."""
     from harness.engine.decode import RoundConfig, decode
-    from harness.proposers.base import Budget
-    from harness.proposers.prompt_lookup import NullProposer
+    from harness.proposers.base import Budget, NullProposer
     from harness.proposers.selfspec import LayerSkipProposer
     from harness.random_source import TorchRandomSource
     from harness.verifiers import get_verifier

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from harness.contracts import NO_STATE, ProposalNode, ProposalResult
 from harness.measure.ledger import StageClock
+from harness.target.timing import verify_times
 
 PROFILE_FORMAT = 1
 
@@ -194,42 +194,6 @@ def profile_provenance(cfg) -> dict:
 # ---------------------------------------------------------------- measurement
 
 
-def heap_parents(rows: int) -> list[int]:
-    """Candidate-row parents of a binary-heap tree with ``rows`` rows (``-1`` = frontier):
-    root-inclusive node ``k`` hangs under ``(k - 1) // 2``. ``heap_parents(4) == [-1, -1, 0, 0]``."""
-    return [-1 if (k - 1) // 2 == 0 else (k - 1) // 2 - 1 for k in range(1, rows + 1)]
-
-
-def timing_tree(rows: int, *, prefix_len: int, vocab: int):
-    """A compiled tree of ``rows`` candidate rows in binary-heap shape (real ancestor mask), with
-    distinct sibling tokens. Token values do not change the timing of a dense forward."""
-    from harness.topology.compiler import compile_tree
-
-    parents = heap_parents(rows)
-    nodes = tuple(
-        ProposalNode(token_id=3 + (k % max(vocab - 3, 1)), parent=p, score=1.0, source="profile")
-        for k, p in enumerate(parents)
-    )
-    proposals = (
-        [
-            ProposalResult(
-                nodes=nodes,
-                probability_semantics="score_only",
-                sampling_relation="deterministic_lookup",
-                topology="tree" if rows > 1 else "sequence",
-                state_handle=NO_STATE,
-                manifest_hash="profile",
-            )
-        ]
-        if rows
-        else []
-    )
-    tree = compile_tree(proposals, prefix_len=prefix_len)
-    if tree.num_rows != rows:
-        raise AssertionError(f"timing tree has {tree.num_rows} rows, wanted {rows}")
-    return tree
-
-
 def summarize_ms(samples: Sequence[float]) -> dict:
     """Median and inter-quartile range of timing samples (milliseconds)."""
     if not samples:
@@ -265,10 +229,10 @@ def measure_profile(
     """Measure t(1..max_nodes) (``max_nodes`` counts the root), c0 and c; return the profile dict
     (unhashed; :func:`write_artifact` stamps it).
 
-    At ``batch_size`` B > 1 each ``t(n)`` is ONE batched verify forward of B requests over the same
-    cached prefix, each verifying an n-row tree (:func:`harness.target.batched.timed_batched_verify`,
-    the forward a batched round runs), and the draft costs are B sequential single-request draft
-    forwards, as the batched engine runs the draft (one request at a time)."""
+    Each ``t(n)`` is ONE verify forward of ``batch_size`` requests over the same cached prefix, each
+    verifying an n-row tree (:func:`harness.target.timing.verify_times`, the forward a round runs),
+    and the draft costs are ``batch_size`` sequential single-request draft forwards, as the round
+    loop runs the draft (one request at a time)."""
     from tqdm import tqdm
 
     if draft_backend is None:
@@ -285,44 +249,32 @@ def measure_profile(
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}; got {v!r}")
     prefix = list(prefix_ids)
-    clock = StageClock(target_backend.device)
-    trees = {
-        n: timing_tree(n - 1, prefix_len=len(prefix), vocab=target_backend.vocab_size) for n in range(1, max_nodes + 1)
-    }
-    batched = state = seq = None
-    if batch_size > 1:
-        from harness.target.batched import BatchedBackend, prefill_copies, timed_batched_verify
-
-        batched = BatchedBackend(target_backend.model, device=torch.device(target_backend.device))
-        state = prefill_copies(batched, prefix_ids=prefix, batch_size=batch_size)
-    else:
-        seq = target_backend.prefill(prefix)  # [prefix_len - 1] cached, the last token pending
-        base = seq.cache_len
-    dseq = draft_backend.prefill(prefix)
+    sizes = list(range(1, max_nodes + 1))
+    verify_ms = verify_times(
+        target_backend,
+        prefix_ids=prefix,
+        ns=sizes,
+        batch_size=batch_size,
+        shape="heap",
+        warmup=warmup,
+        repeats=repeats,
+    )
+    clock = StageClock(draft_backend.device)
+    dseq = draft_backend.prefill_one(prefix)
     dbase = dseq.cache_len
     pending = prefix[-1]
-    verify_ms: dict[int, list[float]] = {n: [] for n in trees}
     c0_ms: list[float] = []
     c_ms: list[float] = []
-    sizes = list(trees)
-    rounds = warmup + repeats
     for r in tqdm(
-        range(rounds), desc="profile: timing rounds", unit="round", file=sys.stderr, disable=not progress, leave=False
+        range(warmup + repeats),
+        desc="profile: draft timing rounds",
+        unit="round",
+        file=sys.stderr,
+        disable=not progress,
+        leave=False,
     ):
-        order = sizes[r % len(sizes) :] + sizes[: r % len(sizes)]
-        timed = r >= warmup
-        for n in order:
-            if batched is not None:
-                dt = timed_batched_verify(batched, state, pending=pending, tree=trees[n] if n > 1 else None)
-            else:
-                t0 = clock.now()
-                target_backend.verify(seq, pending, trees[n])
-                dt = (clock.now() - t0) * 1e3
-                target_backend.truncate(seq, base)
-            if timed:
-                verify_ms[n].append(dt)
         dt0 = dt1 = 0.0
-        for _ in range(batch_size):  # the batched engine drafts one request at a time
+        for _ in range(batch_size):  # the round loop drafts one request at a time
             # c0: the draft's pass on the pending token
             t0 = clock.now()
             draft_backend.forward_rows(dseq, [pending], [dbase], None)
@@ -332,7 +284,7 @@ def measure_profile(
             draft_backend.forward_rows(dseq, [prefix[0]], [dbase + 1], None)
             dt1 += (clock.now() - t0) * 1e3
             draft_backend.truncate(dseq, dbase)
-        if timed:
+        if r >= warmup:
             c0_ms.append(dt0)
             c_ms.append(dt1)
     verify = [dict(n=n, candidate_rows=n - 1, **summarize_ms(verify_ms[n])) for n in sizes]
@@ -359,10 +311,10 @@ def measure_profile(
             "verify_cost": "t(n) / t(1), medians; t(1) = one autoregressive step",
             "draft_base_cost": "c0 / t(1): the draft forward on the pending token",
             "draft_cost": "c / t(1): one draft depth step (a one-row forward)",
-            "tree_shape": "binary heap, real ancestor mask through CausalLMBackend.verify",
+            "tree_shape": "binary heap, real ancestor mask (harness.target.timing.verify_times)",
             "batch": (
-                f"batch {batch_size}: t(n) is one batched verify forward of {batch_size} requests "
-                f"(BatchedBackend); c0 and c are {batch_size} sequential single-request draft forwards"
+                f"batch {batch_size}: t(n) is one verify forward of {batch_size} requests; c0 and c are "
+                f"{batch_size} sequential single-request draft forwards"
                 if batch_size > 1
                 else "batch 1"
             ),

@@ -122,3 +122,16 @@ def budget_topology(budget: Budget) -> str:
     if budget.shape == "set":
         return "set"
     return "tree"
+
+
+class NullProposer(Proposer):
+    """Proposes nothing: the round degenerates to one autoregressive target step. The AR baseline
+    runs through the same round code with this proposer."""
+
+    name: ClassVar[str] = "none"
+    probability_semantics: ClassVar[str] = "absent"
+    sampling_relation: ClassVar[str] = "deterministic_lookup"
+    shapes: ClassVar[frozenset[str]] = frozenset({"sequence"})
+
+    def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
+        return ProposalResult.empty_result(source=self.name, manifest_hash=self.manifest_hash)

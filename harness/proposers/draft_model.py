@@ -29,7 +29,7 @@ from harness.contracts import ProposalResult, ProposalStateHandle
 from harness.proposers.base import Budget, Proposer
 from harness.proposers.sampling import check_shape_parents, sample_shaped_tree_proposal, sample_tree_proposal
 from harness.random_source import RandomSource
-from harness.target.backend import CausalLMBackend, Sequence, cache_bytes
+from harness.target.backend import CacheState, CausalLMBackend, cache_bytes
 from harness.verifiers.sampling import SamplingPolicy
 
 
@@ -73,7 +73,7 @@ class DraftModelProposer(Proposer):
                 raise ValueError(
                     f"the tree shape has {len(self.shape_parents)} candidate rows, over max_nodes={budget.max_nodes}"
                 )
-        self.seq: Sequence | None = None
+        self.seq: CacheState | None = None
         self.peak_state_bytes = 0
 
     @classmethod
@@ -106,7 +106,7 @@ class DraftModelProposer(Proposer):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompt_ids: list[int]) -> None:
-        self.seq = self.backend.prefill(prompt_ids)
+        self.seq = self.backend.prefill_one(prompt_ids)
 
     def finish(self) -> None:
         self.seq = None
@@ -121,7 +121,7 @@ class DraftModelProposer(Proposer):
         seq = self.seq
         backend = self.backend
         # roll back to the committed path, then feed what the draft has not seen (pending included)
-        keep = min(common_prefix_len(seq.tokens, committed), len(committed) - 1)
+        keep = min(common_prefix_len(seq.cached_tokens, committed), len(committed) - 1)
         backend.truncate(seq, keep)
         feed = committed[keep:]
         out = backend.forward_rows(seq, feed, range(keep, keep + len(feed)), None)

@@ -122,10 +122,10 @@ class PromptLookupProposer(Proposer):
     def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
         opts = dict(options)
         if opts.get("budget_policy") == "adaptive" and not opts.get("verify_cost"):
-            from harness.measure.verify_cost import measure_verify_cost
+            from harness.target.timing import verify_cost_curve
 
             ids = context.items[0][1] if context.items else [1, 2, 3, 4] * 16
-            profile = measure_verify_cost(context.target_backend, ids, max_rows=budget.max_nodes)
+            profile = verify_cost_curve(context.target_backend, ids, max_rows=budget.max_nodes)
             opts["verify_cost"] = profile["normalised"]
             proposer = cls(budget=budget, manifest_hash=manifest_hash, policy=policy, **opts)
             proposer.t_profile = profile["t_profile"]  # recorded with the run (report: t(n) plot)
@@ -218,16 +218,3 @@ class PromptLookupProposer(Proposer):
             parent_reached = continuation[: len(prefix) - 1] == prefix[:-1]
             if parent_reached and len(continuation) >= len(prefix):
                 self.rates.observe(key, continuation[: len(prefix)] == prefix)
-
-
-class NullProposer(Proposer):
-    """Proposes nothing: the round degenerates to one autoregressive target step. The AR baseline
-    runs through the same round code with this proposer."""
-
-    name: ClassVar[str] = "none"
-    probability_semantics: ClassVar[str] = "absent"
-    sampling_relation: ClassVar[str] = "deterministic_lookup"
-    shapes: ClassVar[frozenset[str]] = frozenset({"sequence"})
-
-    def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
-        return ProposalResult.empty_result(source=self.name, manifest_hash=self.manifest_hash)

@@ -1,0 +1,241 @@
+"""Both arms of a run and every decode metric of its record, defined once whatever the batch size.
+
+The prompts run in consecutive batches of B (the last may be smaller; B = 1 is a batch of one): the
+autoregressive arm (NullProposer slots, the baseline verifier) and the speculative arm (the
+configured proposer slots and verifier) on the same batch composition, the order alternating per
+batch. Request ``i`` uses the seed ``seed * 1_000_003 + i`` in both arms, so its random stream is
+the same at every batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.engine.decode import BatchDecodeResult, BatchLedger, DecodeResult, RoundConfig, batches, decode_batch
+from harness.measure.ledger import RoundLedger
+from harness.proposers.base import Proposer
+from harness.random_source import RandomSource
+from harness.target.backend import CausalLMBackend
+from harness.verifiers.base import Verifier
+from harness.verifiers.sampling import SamplingPolicy
+
+ARMS = ("ar", "spec")
+
+#: what each decode metric means (written into every record)
+METRIC_NOTES = {
+    "time_per_committed_token_ms": (
+        "batch wall decode time / committed tokens, summed over batches (prefill excluded; at batch 1 the "
+        "request's decode time); speedup = the AR arm's / this, same prompts and batches"
+    ),
+    "request_time_per_token_ms": "per request: its completion time since its batch's decode start / its tokens",
+    "request_speedup": "AR mean request time per token / speculative mean, same batches",
+    "mean_committed_per_round": "bonus/correction token included",
+    "mean_accepted_per_round": "accepted candidate tokens only (bonus excluded)",
+    "round_cost_ms": "per batch round (one target forward): proposal/packing/selection summed over live requests",
+    "itl_ms": "each round's duration split evenly over the tokens it emitted",
+    "temp_kv_bytes_peak": (
+        "the B (R - 1) candidate slots the verify forward appended, padding included, pending rows excluded; "
+        "temp_kv_bytes_real_peak: the rows the requests proposed"
+    ),
+    "ragged_hole_bytes_peak": "masked stale slots below the shared physical cache length (0 at batch 1)",
+    "per_prompt.spec_decode_ms": "the request's latency inside its batch (not the batch wall time)",
+}
+
+
+def itl_samples(res: DecodeResult) -> list[float]:
+    """Inter-token latency per emitted token: each round's duration split evenly over its tokens."""
+    out, prev = [], 0.0
+    for end, n in zip(res.round_end_ms, res.round_tokens):
+        if n:
+            out.extend([(end - prev) / n] * n)
+        prev = end
+    return out
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    return float(torch.quantile(torch.tensor(list(values), dtype=torch.float64), q))
+
+
+def merged_proposer_extras(proposers: Sequence[Proposer]) -> dict:
+    """Slot proposers' ``stats.extras`` merged into one record entry: counters (numbers) summed;
+    ``max_*`` maxed; ``mean_*`` and ``*_rate`` averaged weighted by each slot's ``rounds`` (plain
+    mean without it; None when no slot has a value); ``last_*`` and non-numbers from the first slot."""
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    out: dict = {}
+    for key in dict.fromkeys(k for p in proposers for k in p.stats.extras):
+        slots = [p.stats.extras for p in proposers if key in p.stats.extras]
+        values = [ex[key] for ex in slots]
+        nums = [(v, ex.get("rounds", 1)) for v, ex in zip(values, slots) if number(v)]
+        if key.startswith("last_") or not nums or len(nums) != len([v for v in values if v is not None]):
+            out[key] = values[0]
+        elif key.startswith("max_"):
+            out[key] = max(v for v, _ in nums)
+        elif key.startswith("mean_") or key.endswith("_rate"):
+            w = sum(r for _, r in nums if number(r))
+            out[key] = (sum(v * r for v, r in nums) / w) if w else sum(v for v, _ in nums) / len(nums)
+        else:
+            out[key] = sum(v for v, _ in nums)
+    return out
+
+
+@dataclass
+class ArmsResult:
+    """What the two arms measured: per arm, one BatchDecodeResult per batch, in prompt order."""
+
+    batch_size: int
+    batches: dict[str, list[BatchDecodeResult]] = field(default_factory=lambda: {a: [] for a in ARMS})
+    batch_of: dict[int, int] = field(default_factory=dict)  # prompt index -> batch index
+
+    def request(self, arm: str, i: int) -> DecodeResult:
+        j = self.batch_of[i]
+        first = min(k for k, b in self.batch_of.items() if b == j)
+        return self.batches[arm][j].requests[i - first]
+
+    def requests(self, arm: str) -> list[DecodeResult]:
+        return [r for b in self.batches[arm] for r in b.requests]
+
+    def prompt_fields(self, i: int) -> dict:
+        """Per-prompt record fields: both arms' times, tokens and rounds, and the batch it ran in."""
+        ar, spec = self.request("ar", i), self.request("spec", i)
+        j = self.batch_of[i]
+        return {
+            "spec_decode_ms": spec.decode_ms,
+            "spec_tokens": len(spec.tokens),
+            "ar_decode_ms": ar.decode_ms,
+            "ar_tokens": len(ar.tokens),
+            "spec_ttft_ms": spec.ttft_ms,
+            "ar_ttft_ms": ar.ttft_ms,
+            "spec_rounds": spec.ledger.rounds,
+            "batch_index": j,
+            "batch_requests": len(self.batches["spec"][j].requests),
+            "spec_batch_decode_ms": self.batches["spec"][j].decode_ms,
+            "ar_batch_decode_ms": self.batches["ar"][j].decode_ms,
+        }
+
+    def metrics(self) -> dict:
+        """Every decode metric of the record (proposal-side state and artifacts are the runner's)."""
+        out: dict = {"batches": len(self.batches["spec"])}
+        for arm, prefix in (("spec", ""), ("ar", "ar_")):
+            res = self.batches[arm]
+            reqs = self.requests(arm)
+            ms = sum(r.decode_ms for r in res)
+            tok = sum(r.committed_tokens for r in res)
+            per_req = [r.decode_ms / len(r.tokens) for r in reqs if r.tokens]
+            itl = [x for r in reqs for x in itl_samples(r)]
+            out[f"{prefix}throughput_tokens_per_s"] = tok / (ms / 1e3) if ms else None
+            out[f"{prefix}request_time_per_token_ms_mean"] = sum(per_req) / len(per_req) if per_req else None
+            out[f"{prefix}request_time_per_token_ms_p95"] = quantile(per_req, 0.95)
+            out[f"{prefix}ttft_ms"] = sum(r.ttft_ms for r in reqs) / len(reqs) if reqs else None
+            out[f"{prefix}itl_ms_p50"] = quantile(itl, 0.5)
+            out[f"{prefix}itl_ms_p95"] = quantile(itl, 0.95)
+            out["committed_tokens" if arm == "spec" else "ar_tokens"] = tok
+            out["time_per_committed_token_ms" if arm == "spec" else "ar_time_per_token_ms"] = ms / tok if tok else None
+            batch_ledger = BatchLedger()
+            for r in res:
+                batch_ledger.merge(r.ledger)
+            s = batch_ledger.summary()
+            cost = s["batch_round_cost_ms"]
+            if arm == "ar":
+                out["ar_round_cost_ms"] = cost
+                out["ar_batch_rounds"] = s["batch_rounds"]
+                continue
+            out.update({k: v for k, v in s.items() if k != "batch_round_cost_ms"})
+            total = sum(cost.values())
+            out["round_cost_ms"] = cost
+            out["round_cost_non_verify_share"] = (1.0 - cost["target_verify"] / total) if total else None
+            out["temp_kv_bytes_peak"] = s["temp_kv_bytes_padded_peak"]
+            ledger = RoundLedger()
+            sources: dict[str, int] = {}
+            for r in reqs:
+                ledger.merge(r.ledger)
+                for k, v in r.sources.items():
+                    sources[k] = sources.get(k, 0) + v
+            summary = ledger.summary()
+            for key in (
+                "rounds",
+                "mean_committed_per_round",
+                "mean_accepted_per_round",
+                "acceptance_by_depth",
+                "reach_by_depth",
+                "accepted_length_hist",
+                "first_child_coverage",
+                "fallback_rate",
+                "mean_candidate_rows",
+            ):
+                out[key] = summary[key]
+            out["accepted_by_source"] = sources
+        tpt, ar_tpt = out["time_per_committed_token_ms"], out["ar_time_per_token_ms"]
+        out["speedup"] = ar_tpt / tpt if (tpt and ar_tpt) else None
+        rt, ar_rt = out["request_time_per_token_ms_mean"], out["ar_request_time_per_token_ms_mean"]
+        out["request_speedup"] = ar_rt / rt if (rt and ar_rt) else None
+        return out
+
+
+class Arms:
+    """Runs both arms batch by batch (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        target: CausalLMBackend,
+        spec_proposers: Sequence[Proposer],
+        null_proposers: Sequence[Proposer],
+        spec_verifier: Verifier,
+        ar_verifier: Verifier,
+        policy: SamplingPolicy,
+        prompts: Sequence[list[int]],
+        seed: int,
+        batch_size: int,
+        max_new_tokens: int,
+        eos_token_ids: frozenset[int],
+        round_cfg: RoundConfig,
+        rng_factory: Callable[[int], RandomSource],
+    ) -> None:
+        if batch_size < 1 or len(spec_proposers) < batch_size or len(null_proposers) < batch_size:
+            raise ValueError(
+                f"batch_size={batch_size} needs that many proposer slots per arm; got "
+                f"{len(spec_proposers)} and {len(null_proposers)}"
+            )
+        self.target, self.policy, self.round_cfg = target, policy, round_cfg
+        self.slots = {"ar": (list(null_proposers), ar_verifier), "spec": (list(spec_proposers), spec_verifier)}
+        self.prompts, self.seed, self.batch_size = list(prompts), int(seed), batch_size
+        self.max_new_tokens, self.eos = max_new_tokens, eos_token_ids
+        self.rng_factory = rng_factory
+        self.result = ArmsResult(batch_size=batch_size)
+
+    def _run(self, arm: str, idx: list[int], max_new_tokens: int) -> BatchDecodeResult:
+        proposers, verifier = self.slots[arm]
+        return decode_batch(
+            target=self.target,
+            proposers=proposers[: len(idx)],
+            verifier=verifier,
+            policy=self.policy,
+            prompts=[self.prompts[i] for i in idx],
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=self.eos,
+            rngs=[self.rng_factory(self.seed * 1_000_003 + i) for i in idx],
+            round_cfg=self.round_cfg,
+        )
+
+    def warmup(self, tokens: int) -> None:
+        """Both arms on the first batch (excluded from every metric)."""
+        idx = list(range(min(self.batch_size, len(self.prompts))))
+        for arm in ARMS:
+            self._run(arm, idx, max(int(tokens), 1))
+
+    def run(self) -> Iterator[int]:
+        """Run one batch (both arms, order alternating) at a time; yield its prompt indices in order."""
+        for j, idx in enumerate(batches(len(self.prompts), self.batch_size)):
+            for arm in ARMS if j % 2 == 0 else tuple(reversed(ARMS)):
+                self.result.batches[arm].append(self._run(arm, idx, self.max_new_tokens))
+            for i in idx:
+                self.result.batch_of[i] = j
+                yield i

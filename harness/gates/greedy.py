@@ -1,0 +1,120 @@
+"""Greedy equality: at temperature 0 the speculative output equals the autoregressive output token for
+token; the only tolerated divergence is a recorded near-tie.
+
+CPU (and GPU) matrix kernels are not shape-invariant: a verify forward of several rows can round the
+logits of a position differently from a one-row step, so two exact greedy decoders may pick
+different tokens where the target's top logits (nearly) tie. A divergence is a near-tie only when
+both the autoregressive token and the speculative token lie within the dtype's tolerance of the
+target's top logit at that position. Every token of the speculative output is checked, not only
+the first divergence: after the outputs part ways their contexts differ, so each speculative token
+is checked against the target's logits at its own context (one teacher-forced forward over the
+prompt and the speculative output). More near-ties than ``max_fraction`` of the generated tokens
+fail the gate as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from harness.gates.stages import GateError
+
+#: a divergence whose tokens are both within this many logits of the top logit is a near-tie
+NEAR_TIE_LOGIT_TOL = {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 0.125, torch.float16: 0.03}
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """First position where two token lists differ (None if equal)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    if len(a) != len(b):
+        return min(len(a), len(b))
+    return None
+
+
+@torch.inference_mode()
+def teacher_forced_logits(model: torch.nn.Module, prompt: Sequence[int], generated: Sequence[int]) -> torch.Tensor:
+    """The target's logits predicting each generated token from its own context: ``[len(generated), V]``."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt) + list(generated[:-1])], device=device)
+    logits = model(input_ids=ids).logits[0].float()  # [P + G - 1, V]
+    return logits[len(prompt) - 1 :]
+
+
+def _gap(logits: torch.Tensor, token: int) -> float:
+    """Top logit minus the token's logit (0 for the argmax)."""
+    return float(logits.max() - logits[token])
+
+
+def check_prompt(model, *, prompt_id, prompt: Sequence[int], ar: Sequence[int], spec: Sequence[int], tol: float):
+    """Near-ties of one prompt's outputs; raises GateError at a divergence that is not one."""
+    pos = first_divergence(ar, spec)
+    if pos is None:
+        return []
+    if pos >= len(spec) or pos >= len(ar):
+        raise GateError(
+            f"greedy equality failed on prompt {prompt_id!r}: one arm stopped at generated position {pos} "
+            f"({len(ar)} AR vs {len(spec)} speculative tokens)"
+        )
+    logits = teacher_forced_logits(model, prompt, spec)  # [G, V]
+    ties = []
+    for t in range(pos, len(spec)):
+        gap = _gap(logits[t], spec[t])
+        ar_gap = _gap(logits[t], ar[t]) if t == pos else None
+        if gap == 0.0 and t != pos:
+            continue
+        if gap > tol or (ar_gap is not None and ar_gap > tol):
+            raise GateError(
+                f"greedy equality failed on prompt {prompt_id!r} at generated position {t}: speculative token "
+                f"{spec[t]} is {gap:.3g} below the target's top logit"
+                + (f" (AR token {ar[t]}: {ar_gap:.3g})" if ar_gap is not None else "")
+                + f", over the near-tie tolerance {tol}"
+            )
+        ties.append(
+            {
+                "prompt_id": prompt_id,
+                "position": t,
+                "ar_token": int(ar[t]) if t == pos else None,
+                "spec_token": int(spec[t]),
+                "spec_gap": gap,
+                "ar_gap": ar_gap,
+                "tolerance": tol,
+            }
+        )
+    return ties
+
+
+def greedy_equality(model: torch.nn.Module, outputs: Sequence[dict], *, max_fraction: float, dtype=None) -> dict:
+    """The greedy-equality gate over a run's outputs (``prompt_token_ids``, ``ar_token_ids``,
+    ``spec_token_ids`` per prompt). Returns the gate entry; raises GateError on failure."""
+    dtype = dtype or next(model.parameters()).dtype
+    tol = NEAR_TIE_LOGIT_TOL.get(dtype, 1e-3)
+    ties: list[dict] = []
+    for o in outputs:
+        ties += check_prompt(
+            model,
+            prompt_id=o["prompt_id"],
+            prompt=o["prompt_token_ids"],
+            ar=o["ar_token_ids"],
+            spec=o["spec_token_ids"],
+            tol=tol,
+        )
+    tokens = sum(len(o["spec_token_ids"]) for o in outputs)
+    entry = {
+        "status": "passed",
+        "passed": True,
+        "prompts": len(outputs),
+        "tokens": tokens,
+        "identical_prompts": sum(o["ar_token_ids"] == o["spec_token_ids"] for o in outputs),
+        "near_ties": ties,
+        "tolerance": tol,
+        "max_near_tie_fraction": max_fraction,
+    }
+    if ties and len(ties) > max_fraction * max(tokens, 1):
+        raise GateError(
+            f"greedy equality failed: {len(ties)} near-ties in {tokens} generated tokens, over "
+            f"gates.near_tie_max_fraction={max_fraction}"
+        )
+    return entry

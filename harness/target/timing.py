@@ -1,0 +1,163 @@
+"""Timing a verify forward of ``n`` rows: the one function behind every t(n) the harness measures
+(prompt lookup's adaptive budget, the Sequoia hardware profile, the benchmark, the GPU check).
+
+``t(n)`` follows Sequoia's convention: ``n`` counts the pending row, so ``t(1)`` is one
+autoregressive step and ``t(1 + k)`` verifies ``k`` candidate rows. Every request of the batch
+verifies the same tree over the same cached prefix, so there is no padding. The device is
+synchronised before each clock read (:class:`~harness.measure.ledger.StageClock`), the rows are
+rolled back outside the timed region, and the backend's forward counter is left unchanged.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from harness.contracts import NO_STATE, ProposalNode, ProposalResult
+from harness.measure.ledger import StageClock
+from harness.target.backend import CacheState, CausalLMBackend
+from harness.topology.compiler import CompiledTree, compile_tree
+
+#: tree shapes a timing can use: a binary heap (a branching tree with a real ancestor mask) or a chain
+TIMING_SHAPES = ("heap", "chain")
+
+
+def heap_parents(rows: int) -> list[int]:
+    """Candidate-row parents of a binary-heap tree with ``rows`` rows (``-1`` = frontier):
+    root-inclusive node ``k`` hangs under ``(k - 1) // 2``. ``heap_parents(4) == [-1, -1, 0, 0]``."""
+    return [-1 if (k - 1) // 2 == 0 else (k - 1) // 2 - 1 for k in range(1, rows + 1)]
+
+
+def timing_tree(rows: int, *, prefix_len: int, vocab: int, shape: str = "heap") -> CompiledTree | None:
+    """A compiled tree of ``rows`` candidate rows (None for none) with distinct sibling tokens. Token
+    values do not change the timing of a dense forward; the shape decides the attention path."""
+    if shape not in TIMING_SHAPES:
+        raise ValueError(f"timing shape must be one of {TIMING_SHAPES}; got {shape!r}")
+    if rows == 0:
+        return None
+    parents = heap_parents(rows) if shape == "heap" else [k - 1 for k in range(rows)]
+    nodes = tuple(
+        ProposalNode(token_id=3 + (k % max(vocab - 3, 1)), parent=p, score=1.0, source="profile")
+        for k, p in enumerate(parents)
+    )
+    proposal = ProposalResult(
+        nodes=nodes,
+        probability_semantics="score_only",
+        sampling_relation="deterministic_lookup",
+        topology="sequence" if shape == "chain" or rows == 1 else "tree",
+        state_handle=NO_STATE,
+        manifest_hash="profile",
+    )
+    tree = compile_tree([proposal], prefix_len=prefix_len)
+    if tree.num_rows != rows:
+        raise AssertionError(f"timing tree has {tree.num_rows} rows, wanted {rows}")
+    return tree
+
+
+def timed_verify_ms(
+    backend: CausalLMBackend, state: CacheState, *, pending: int, tree: CompiledTree | None, clock: StageClock
+) -> float:
+    """Wall ms of ONE verify forward of ``tree`` for every request of ``state`` (then rolled back)."""
+    forwards = backend.forwards
+    t0 = clock.now()
+    backend.verify(state, [pending] * state.batch_size, [tree] * state.batch_size)
+    dt = (clock.now() - t0) * 1e3
+    backend.rollback(state)
+    backend.forwards = forwards  # profiling forwards are not decode forwards
+    return dt
+
+
+def synthetic_prefix(length: int, vocab: int) -> list[int]:
+    """``length`` deterministic token ids (a prefix whose content does not matter to a timing)."""
+    return [3 + ((7 * i) % (vocab - 3)) for i in range(length)]
+
+
+@torch.inference_mode()
+def verify_times(
+    backend: CausalLMBackend,
+    *,
+    prefix_ids: Sequence[int],
+    ns: Sequence[int],
+    batch_size: int = 1,
+    shape: str = "heap",
+    warmup: int = 1,
+    repeats: int = 5,
+) -> dict[int, list[float]]:
+    """Timed samples (ms) of one verify forward of ``n`` rows (pending row included) for each ``n``
+    in ``ns``, ``batch_size`` requests over the cached ``prefix_ids`` (its last token pending).
+    Each round times every size once, in an order rotated per round so that no size always runs
+    first; the first ``warmup`` rounds are excluded."""
+    if batch_size < 1 or repeats < 1 or warmup < 0 or not ns or min(ns) < 1:
+        raise ValueError(
+            f"need batch_size >= 1, repeats >= 1, warmup >= 0 and sizes >= 1; got "
+            f"{batch_size}, {repeats}, {warmup}, {list(ns)}"
+        )
+    prefix = [int(t) for t in prefix_ids]
+    if len(prefix) < 2:
+        raise ValueError(f"a timing prefix needs >= 2 tokens; got {len(prefix)}")
+    clock = StageClock(backend.device)
+    sizes = sorted({int(n) for n in ns})
+    trees = {n: timing_tree(n - 1, prefix_len=len(prefix), vocab=backend.vocab_size, shape=shape) for n in sizes}
+    state = backend.prefill([prefix] * batch_size)
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    for r in range(warmup + repeats):
+        k = r % len(sizes)
+        for n in sizes[k:] + sizes[:k]:
+            dt = timed_verify_ms(backend, state, pending=prefix[-1], tree=trees[n], clock=clock)
+            if r >= warmup:
+                samples[n].append(dt)
+    return samples
+
+
+def median_verify_ms(backend: CausalLMBackend, **kwargs) -> dict[int, float]:
+    """Median of :func:`verify_times` per size."""
+    return {n: statistics.median(v) for n, v in verify_times(backend, **kwargs).items()}
+
+
+def verify_cost_profile(
+    backend: CausalLMBackend, *, batch_size: int, max_nodes: int, prefix_len: int, repeats: int = 5, warmup: int = 1
+) -> dict:
+    """``t(1..max_nodes)`` at batch ``batch_size`` over a chain: raw ms and normalised so ``t(1) = 1``
+    (the form :func:`harness.topology.sequoia.select_hardware_aware` takes as ``verify_cost``)."""
+    med = median_verify_ms(
+        backend,
+        prefix_ids=synthetic_prefix(prefix_len + 1, backend.vocab_size),
+        ns=range(1, max_nodes + 1),
+        batch_size=batch_size,
+        shape="chain",
+        warmup=warmup,
+        repeats=repeats,
+    )
+    ms = [med[n] for n in range(1, max_nodes + 1)]
+    return {"batch_size": batch_size, "prefix_len": prefix_len, "verify_ms": ms, "verify_cost": [m / ms[0] for m in ms]}
+
+
+def verify_cost_curve(
+    backend: CausalLMBackend,
+    prompt_ids: Sequence[int],
+    *,
+    max_rows: int,
+    reps: int = 5,
+    points: Sequence[int] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
+) -> dict:
+    """Median verify time over a real prefix at ``1 + rows`` for the given row counts, interpolated to
+    every ``rows <= max_rows`` and made monotone (cost never decreases with more rows; the raw
+    medians are kept). Returns ``{"t_ms": [t(1), ..., t(max_rows + 1)], "normalised": [...], ...}``:
+    what prompt lookup's adaptive budget needs."""
+    pts = sorted({p for p in points if p <= max_rows} | {0, max_rows})
+    med = median_verify_ms(backend, prefix_ids=prompt_ids, ns=[1 + p for p in pts], warmup=1, repeats=reps)
+    raw = [med[1 + p] for p in pts]
+    envelope = np.maximum.accumulate(np.array(raw))
+    t_ms = np.interp(np.arange(0, max_rows + 1), pts, envelope)
+    return {
+        "t_ms": t_ms.tolist(),
+        "normalised": (t_ms / t_ms[0]).tolist(),
+        "measured_rows": pts,
+        "measured_ms": raw,
+        "prefix_len": len(prompt_ids),
+        "reps": reps,
+        "t_profile": {"n": [1 + r for r in pts], "t": raw},
+    }
