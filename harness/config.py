@@ -257,7 +257,7 @@ class WorkloadConfig:
     split: str = "eval"  # calibration | dev | train | eval (disjoint)
     chat: bool = False  # apply the tokenizer's chat template
     # the REST datastore of this workload's domain, for configs that follow the workload
-    # (`proposer.datastore.corpus: ${workload.rest_corpus}`, as the sources sweep's arms do)
+    # (`proposer.datastore.corpus: ${workload.rest_corpus}`, as experiments/sources/ do)
     rest_corpus: str = "stdlib"  # stdlib (code) | sharegpt (chat)
     rest_exclude: str = "humaneval"  # what that datastore's build keeps out (evaluation prompts)
 
