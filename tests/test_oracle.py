@@ -186,7 +186,7 @@ def test_cases_follow_declarations():
     assert any(n.startswith("truncation/top_p") for n in sequoia)
     assert any(n.startswith("truncation/top_k") for n in sequoia)
     specinfer = [c.name for c in O.verifier_cases(VERIFIERS["specinfer"](), seeds=(0,))]
-    assert "reference/p.5.3.2-q.4.4.2-iid2" in specinfer and "0x08B/bernoulli-half-k3" in specinfer
+    assert "toy/p.5.3.2-q.4.4.2-iid2" in specinfer and "duplicated-mass/bernoulli-half-k3" in specinfer
 
 
 def test_random_cases_stay_small_and_varied():
@@ -203,7 +203,7 @@ def test_sequoia_fallback_case_is_exact_and_naive_is_caught():
     case = next(c for c in O.verifier_cases(sequoia, seeds=()) if c.name == "fallback/uniform-after-exhaustion-k3")
     assert O.check_case(sequoia, case)["passed"]
     rows = run_suite(["naive_multi_draft"], seeds=(0,), random_count=1, transport=False)
-    assert rows and all(not r["passed"] for r in rows if r["case"].startswith(("reference", "0x08B")))
+    assert rows and all(not r["passed"] for r in rows if r["case"].startswith(("toy", "duplicated-mass")))
     status = negative_control_status([dict(r, negative_control=True) for r in rows])
     assert status["caught"] and status["max_abs_error"] >= 0.3
 

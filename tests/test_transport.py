@@ -7,7 +7,7 @@ import torch
 
 from harness.gates import oracle as O
 from harness.gates.transport import (
-    REFERENCE_INSTANCE,
+    TOY_INSTANCE,
     candidate_set_supply,
     check_transport,
     membership_transport_optimum,
@@ -20,7 +20,7 @@ from harness.verifiers import broken as _broken  # noqa: F401  (registers naive_
 
 
 def test_reference_toy_optimum_is_one():
-    p, q, k = REFERENCE_INSTANCE
+    p, q, k = TOY_INSTANCE
     assert membership_transport_optimum(p, q, k) == pytest.approx(1.0, abs=1e-9)
 
 

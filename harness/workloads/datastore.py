@@ -1,4 +1,5 @@
-"""REST datastores: build, release manifest, verified loading, leakage control (0x04B, 0x04C).
+"""REST datastores: build, release manifest, verified loading, leakage control (REST,
+He et al., 2024; a versioned index release).
 
 A datastore is a directory::
 
@@ -6,7 +7,9 @@ A datastore is a directory::
                    the sentinel -1 (so no match and no continuation crosses a segment/document)
     sa.npy         [N] int32 little-endian: suffix array of tokens (pydivsufsort.divsufsort),
                    lexicographic order of token suffixes, the sentinel smallest
-    manifest.json  the index release manifest (everything 0x04C lists) and its ``release_id``
+    manifest.json  the index release manifest (corpus, exclusions, tokenizer, context and
+                   continuation lengths, key encoding, counter width, tie-breaking, checksum,
+                   builder) and its ``release_id``
 
 Search uses libdivsufsort's ``sa_search`` (shipped by pydivsufsort) over search keys: each token
 as big-endian uint32 of ``token_id + 1`` (sentinel -> 0), with the token-aligned suffix array in
@@ -81,7 +84,8 @@ class DatastoreError(ValueError):
 
 
 class LeakageError(ValueError):
-    """An evaluation prompt or reference has a long match in the datastore (0x04C)."""
+    """An evaluation prompt or reference answer has a long match in the datastore (evaluation
+    leakage)."""
 
 
 @dataclass(frozen=True)
