@@ -1,4 +1,4 @@
-"""Sweeps (issue 8, item 1): named sweep files, launchers, skip-finished, failure file, store, W&B.
+"""Sweeps: named sweep files, launchers, skip-finished, failure file, store, W&B.
 
 Everything lands in tmp_path: the sweep folder (hydra.sweep.dir), $HARNESS_CACHE and W&B's own
 folders. Sweeps run in this process through ``harness.sweep.main`` (the `harness sweep` command);
@@ -167,8 +167,8 @@ def test_sweep_axes_are_what_the_files_say(hydra_conf):
 
 
 def test_source_selection_pairs_each_workload_with_its_datastore(hydra_conf):
-    """Issue 5's Show: 5 sources x 2 temperatures x 2 workloads; REST (alone or merged) reads the
-    datastore of the workload's domain, and the verifier follows source and temperature."""
+    """The source_selection sweep: 5 sources x 2 temperatures x 2 workloads; REST (alone or merged)
+    reads the datastore of the workload's domain, and the verifier follows source and temperature."""
     jobs = _jobs_of("source_selection")
     assert len(jobs) == 20
     seen = {}

@@ -1,4 +1,4 @@
-"""`harness report`: a Markdown report with PNGs, regenerated from stored records only (item 5).
+"""`harness report`: a Markdown report with PNGs, regenerated from stored records only.
 
     harness report <records_root | store.parquet> [out=DIR] [recipe=default]
 
