@@ -1,4 +1,4 @@
-"""Structured-config schemas backing every config group (STYLE 6).
+"""Structured-config schemas backing every config group.
 
 Each YAML under ``conf/<group>/`` lists its schema (``base_<group>`` or a proposer-specific
 schema) first in its defaults, so a mistyped key or a wrong type fails at compose time.
@@ -140,7 +140,7 @@ class HeadsConfig(ProposerConfig):
 class AdapterTrainConfig:
     epochs: int = 1
     lr: float = 1e-3
-    distill_temperature: float = 1.0  # tau of the 0x05B distillation loss
+    distill_temperature: float = 1.0  # tau of Kangaroo's adapter distillation loss (soft-target CE)
     seed: int = 0
 
 
@@ -160,7 +160,7 @@ class EarlyExitConfig(ProposerConfig):
 
 @dataclass
 class SkipThresholdConfig:
-    """0x05A dynamic draft length: stop below gamma; gamma follows an acceptance EMA."""
+    """Draft & Verify's dynamic draft length: stop below gamma; gamma follows an acceptance EMA."""
 
     gamma: float = 0.4
     adaptive: bool = True
@@ -240,7 +240,8 @@ class SequoiaTopologyConfig(TopologyConfig):
 
 @dataclass
 class CartesianTopologyConfig(TopologyConfig):
-    """topology=cartesian (0x07C): max_nodes is derived from widths by the cartesian_rows resolver."""
+    """topology=cartesian (a Cartesian future-head tree): max_nodes is derived from widths by the
+    cartesian_rows resolver."""
 
     name: str = "cartesian"
     widths: list[int] = field(default_factory=lambda: [3, 2, 2])
@@ -261,7 +262,7 @@ class WorkloadConfig:
     split: str = "eval"  # calibration | dev | train | eval (disjoint)
     chat: bool = False  # apply the tokenizer's chat template
     # the REST datastore of this workload's domain, for configs that follow the workload
-    # (`proposer.datastore.corpus: ${workload.rest_corpus}`, as the sources sweep's arms do)
+    # (`proposer.datastore.corpus: ${workload.rest_corpus}`, as experiments/sources/ do)
     rest_corpus: str = "stdlib"  # stdlib (code) | sharegpt (chat)
     rest_exclude: str = "humaneval"  # what that datastore's build keeps out (evaluation prompts)
 

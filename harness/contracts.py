@@ -1,4 +1,4 @@
-"""Typed contracts shared by every room of the harness (reference 0x02).
+"""Typed contracts shared by every room of the harness: the common proposal-system interface.
 
 A proposer returns a :class:`ProposalResult`: typed evidence, never output. Its five field
 classes are the probability semantics, the sampling relation, the topology, the proposal-state
@@ -90,7 +90,7 @@ class ProposalStateHandle:
     """Who owns provisional proposal-side state and at which committed length it is valid.
 
     The handle is metadata: the engine uses it to check that proposal state is never published
-    as target state (0x05C, 0x0CB).
+    as target state (the self-draft state contract; only target-computed rows are committed).
     """
 
     owner: str
@@ -108,7 +108,7 @@ NO_STATE = ProposalStateHandle(owner="none")
 
 @dataclass(frozen=True)
 class ProposalResult:
-    """Typed evidence from one proposer for one round (reference 0x02).
+    """Typed evidence from one proposer for one round.
 
     ``q_dists[i]`` (``[N, V]``) is the full distribution node ``i`` was drawn from; it is
     required when ``probability_semantics == "normalized_conditional"`` and forbidden otherwise.
@@ -239,7 +239,7 @@ class Selection:
     ``accepted_rows``: candidate rows on one root-to-node path, root first (may be empty).
     ``next_token``: the bonus token (all of the path accepted and sampled below its last node) or
     the correction token; it is emitted and becomes the pending token of the next round (its KV is
-    computed by the next verify forward, 0x0CB).
+    computed by the next verify forward: the pending-token commit).
     """
 
     accepted_rows: tuple[int, ...]

@@ -1,4 +1,4 @@
-"""The immutable round manifest (reference 0x02B): frozen before the first proposal, hashed, and
+"""The immutable round manifest: frozen before the first proposal, hashed, and
 carried by every proposal result and record."""
 
 from __future__ import annotations

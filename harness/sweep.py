@@ -1,4 +1,4 @@
-"""`harness sweep`: launch a named sweep from ``sweeps/`` through a Hydra launcher (issue 8, item 1).
+"""`harness sweep`: launch a named sweep from ``sweeps/`` through a Hydra launcher.
 
     harness sweep NAME [launcher=basic|joblib|submitit_local|submitit_slurm] [concurrent_jobs=N]
                        [overrides...]

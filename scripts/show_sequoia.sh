@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 4's Show: at temperature 0.7 on SmolLM2 with its default draft, the Sequoia tree chosen
+# Sequoia tree vs fixed shapes: at temperature 0.7 on SmolLM2 with its default draft, the Sequoia tree chosen
 # from calibrated acceptance and the measured profile vs a fixed chain and a fixed wide tree with
 # the same number of candidate rows; each run records predicted (Sequoia) and measured time per
 # committed token. Writes results/show_sequoia/<arm>/record.json, then a report.

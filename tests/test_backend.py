@@ -18,7 +18,7 @@ def sequential_logits(model, tokens):
 
 
 PROMPT = [1, 5, 9, 14, 3, 7, 22, 8]
-PATHS = [[10, 11, 12], [10, 11, 13], [10, 11, 40], [10, 15], [30, 11]]  # 0x0C shape: A B {C,D,E}, A F, X B
+PATHS = [[10, 11, 12], [10, 11, 13], [10, 11, 40], [10, 15], [30, 11]]  # proposal-buffer trace: A B {C,D,E}, A F, X B
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

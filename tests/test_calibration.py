@@ -1,4 +1,4 @@
-"""Sequoia calibration (0x0AA, 0x0AE): positional acceptance from the run's own proposer, verifier
+"""Sequoia calibration: positional acceptance from the run's own proposer, verifier
 and decode loop on the calibration split; statistics, validation, provenance and `harness calibrate`."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ TINY = [
 
 
 def test_toy_rates_recovered_from_ranks():
-    # 31250 parents whose accepted ranks realise h = [0.82, 0.48, 0.24] exactly (0x0AD's toy)
+    # 31250 parents whose accepted ranks realise h = [0.82, 0.48, 0.24] exactly (hardware-aware toy)
     ranks = [1] * 25625 + [2] * 2700 + [3] * 702 + [0] * 2223
     s = acceptance_statistics(ranks, branches=3)
     assert s["parents"] == 31250

@@ -1,4 +1,4 @@
-"""`harness compare`: paired, per-category arms with bootstrap CIs (issue 8, item 4)."""
+"""`harness compare`: paired, per-category arms with bootstrap CIs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Topology compiler fixtures: the 0x0C trace, the 0x07E coordinates, 0x0F assertions."""
+"""Topology compiler fixtures: the proposal-buffer trace, candidate/predictor/KV row coordinates,
+the implementation assertions."""
 
 import pytest
 import torch
@@ -21,16 +22,16 @@ def paths_proposal(paths, source, semantics="score_only"):
     return result
 
 
-def trace_0x0c():
+def buffer_trace():
     hydra = paths_proposal([[A, B, C], [A, B, D]], "hydra")
     rest = paths_proposal([[A, B, E], [A, F]], "rest")
     hydra2 = paths_proposal([[X, B]], "hydra")
     return compile_tree([hydra, rest, hydra2], prefix_len=5)
 
 
-def test_0x0c_trace_eight_rows_two_distinct_b_rows():
-    tree = trace_0x0c()
-    # A, B, C, D, E, F, X, B(X): eight rows (the reference's summary sentence says seven)
+def test_buffer_trace_eight_rows_two_distinct_b_rows():
+    tree = buffer_trace()
+    # A, B, C, D, E, F, X, B(X): eight rows (both B rows count: a tally of seven would merge them)
     assert tree.num_rows == 8
     assert tree.token_ids.tolist() == [A, B, C, D, E, F, X, B]
     assert tree.parents.tolist() == [-1, 0, 1, 1, 1, 0, -1, 6]
@@ -46,7 +47,7 @@ def test_0x0c_trace_eight_rows_two_distinct_b_rows():
     validate_candidate_graph(tree)
 
 
-def test_0x07e_coordinates():
+def test_candidate_predictor_and_kv_row_coordinates():
     # rows [A, B, C, D] with parents [-1, 0, 1, 1]
     tree = compile_tree([paths_proposal([[A, B, C], [A, B, D]], "s")], prefix_len=7)
     assert tree.parents.tolist() == [-1, 0, 1, 1]
@@ -68,21 +69,21 @@ def test_merge_is_by_full_prefix_not_depth_and_token():
 
 
 def test_budget_keeps_first_rows_and_stays_a_tree():
-    tree = compile_tree([trace_0x0c_proposal()], prefix_len=5, max_nodes=4)
+    tree = compile_tree([buffer_trace_proposal()], prefix_len=5, max_nodes=4)
     assert tree.token_ids.tolist() == [A, B, C, D]
     validate_candidate_graph(tree)
-    shallow = compile_tree([trace_0x0c_proposal()], prefix_len=5, max_depth=1)
+    shallow = compile_tree([buffer_trace_proposal()], prefix_len=5, max_depth=1)
     assert shallow.token_ids.tolist() == [A, X]
 
 
-def trace_0x0c_proposal():
+def buffer_trace_proposal():
     return paths_proposal([[A, B, C], [A, B, D], [A, B, E], [A, F], [X, B]], "s")
 
 
 def test_validate_candidate_graph_catches_a_shifted_position():
     from dataclasses import replace
 
-    tree = trace_0x0c()
+    tree = buffer_trace()
     bad = replace(tree, position_ids=tree.position_ids + 1)
     with pytest.raises(ContractError, match="position id"):
         validate_candidate_graph(bad)
@@ -97,7 +98,7 @@ def test_validate_candidate_graph_catches_a_shifted_position():
 
 
 def test_validate_commit():
-    tree = trace_0x0c()
+    tree = buffer_trace()
     validate_commit(tree, [0, 1, 3])  # A -> B -> D, non-contiguous rows
     validate_commit(tree, [])
     with pytest.raises(ContractError, match="root-to-node"):

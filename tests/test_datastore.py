@@ -85,7 +85,7 @@ def test_occurrences_agree_with_brute_force_scan():
                 assert ds.occurrences(pattern, max_matches=3, need_continuation=True).tolist() == cont[:3]
 
 
-def test_reference_trace_continuations_read_forward_to_the_boundary():
+def test_toy_trace_continuations_read_forward_to_the_boundary():
     ds = datastore_from_token_ids([[4, 5, 6, 9, 4, 5, 6, 10, 11]])
     starts = ds.occurrences([4, 5, 6], need_continuation=True)
     assert starts.tolist() == [0, 4]
@@ -135,7 +135,7 @@ def test_build_writes_tokens_sa_and_a_complete_manifest(tmp_path):
     assert ds.tokens.tolist() == ids("a b c") + [-1] + ids("d e") + [-1] + ids("a b f") + [-1]
     assert np.load(tmp_path / "ds" / "tokens.npy").dtype == np.dtype("<i4")
     m = json.loads((tmp_path / "ds" / "manifest.json").read_text())
-    # everything 0x04C lists
+    # the index release fields: corpus snapshot and license note, exclusion policy
     assert m["corpus"]["snapshot"]["kind"] == "inline" and m["corpus"]["license_note"]
     assert m["exclusion"]["items"] == [] and "window" in m["exclusion"]["policy"]
     assert m["tokenizer"]["fingerprint"] == tokenizer_fingerprint(tok)
@@ -342,7 +342,8 @@ def test_real_sharegpt_splits_are_disjoint():
 @pytest.mark.slow
 def test_cli_builds_the_real_sharegpt_datastore_excluding_held_out_conversations(tmp_path, monkeypatch, capsys):
     """`harness datastore build corpus=sharegpt` over the packaged ShareGPT train split (capped),
-    with the held-out conversations' turns excluded at build time (0x04C manifest fields)."""
+    with the held-out conversations' turns excluded at build time (index release manifest
+    fields)."""
     fake = types.ModuleType("harness.target.loading")
     fake.load_tokenizer = lambda name: word_tokenizer()
     monkeypatch.setitem(sys.modules, "harness.target.loading", fake)

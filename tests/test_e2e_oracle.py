@@ -1,4 +1,4 @@
-"""End-to-end exactness oracle (issue 3, item 2 "End to end"): the real round on a tiny float64
+"""End-to-end exactness oracle: the real round on a tiny float64
 Llama with a vocabulary of 5 reproduces the target's joint over the next tokens, with every
 proposal and verifier draw enumerated; a proposer that records a q other than the law it sampled
 and a commit that keeps the wrong rows are both caught."""
@@ -86,7 +86,7 @@ def test_target_joint_from_the_cache_equals_direct_forwards(models):
     seq = models.target.prefill_one(list(E.E2E_PROMPT))
     cached = E.continuation_law(models.target, seq, list(E.E2E_PROMPT), policy, 3)
     assert max_abs_error(direct, cached) < 1e-12
-    # the laws are peaked and prefix-dependent (a wrong q or commit would show)
+    # the laws are peaked and prefix-dependent (a wrong q or commit would be visible)
     first = {t: sum(p for k, p in direct.items() if k[0] == t) for t in range(5)}
     assert max(first.values()) > 0.3 and min(first.values()) < 0.15
 

@@ -1,4 +1,4 @@
-"""Gates before logging, through the real runner (issue 3, items 5 and 7): a verifier broken on
+"""Gates before logging, through the real runner: a verifier broken on
 purpose fails its oracle gate and leaves no record and no tracker run; negotiation refuses before
 any model is loaded; gate outcomes land in every record and are cached by a key that a changed
 verifier source changes; the statistical gate passes a correct round and fails a wrong one; a

@@ -1,4 +1,4 @@
-"""Draft heads (0x06, 0x07C, 0x0B): factorisations, Cartesian trees, training and artifacts,
+"""Draft heads (Medusa, Hydra, Clover): factorisations, Cartesian trees, training and artifacts,
 greedy equality on the tiny model, sampled trees carrying q, refusal against another target."""
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def test_cartesian_tree_parent_dependence(env):
 
 
 def test_cartesian_rows_formula():
-    assert cartesian_rows([3, 2, 2]) == 21  # 3 + 6 + 12 (0x07C)
+    assert cartesian_rows([3, 2, 2]) == 21  # 3 + 6 + 12 (the Cartesian future-head tree)
     assert cartesian_rows([1, 1, 1, 1]) == 4 and cartesian_rows([4]) == 4
     with pytest.raises(ValueError, match=r"got \[3, 0\]"):
         cartesian_rows([3, 0])
@@ -226,12 +226,13 @@ def test_critical_path_stages(env):
         p = make(env, kind, Budget(shape="sequence", max_nodes=3, max_depth=3))
         res, rounds = run(env, p, prompt=prompt)
         stages[kind] = p.stats.extras["critical_path_stages_per_round"]
-    assert stages == {"medusa": 1.0, "hydra": 3.0}  # independent: one stage; dependent: K stages (0x06D)
+    assert stages == {"medusa": 1.0, "hydra": 3.0}  # independent: one stage; dependent: K stages
 
 
 def test_unexpected_forward_is_a_miss_not_a_wrong_hidden_state(env):
-    """A target forward the proposer did not expect (here: an extra one) fails the 0x05C generation
-    check; the round proposes nothing instead of reusing a row of unknown provenance."""
+    """A target forward the proposer did not expect (here: an extra one) fails the cache-generation
+    field of the may_reuse check; the round proposes nothing instead of reusing a row of unknown
+    provenance."""
     prompt = env["docs"][35][:6]
     expected = autoregressive(env, prompt)
     p = make(env, "hydra", Budget(shape="sequence", max_nodes=3, max_depth=3))

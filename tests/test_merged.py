@@ -1,4 +1,4 @@
-"""proposer=merged: full-prefix merge of several sources (0x07D, 0x0C), negotiation over the union
+"""proposer=merged: full-prefix merge of several sources, negotiation over the union
 of semantics, the membership/greedy oracles, greedy equality and per-source attribution."""
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def prefixes(nodes: list[ProposalNode]) -> list[tuple[int, ...]]:
 
 
 def test_merge_by_full_prefix_keeps_equal_tokens_under_different_parents_distinct():
-    # 0x0C shape from two sources: A proposes A-B-{C,D}, the other B-{B,E} and A-B-D again
+    # the proposal-buffer trace's shape from two sources: A proposes A-B-{C,D}, the other B-{B,E}
+    # and A-B-D again
     a, b, c, d, e = 1, 2, 3, 4, 5
     first = fixed_candidates({(): [a], (a,): [b], (a, b): [c, d]}, semantics="frequency", source="rest")
     second = fixed_candidates(

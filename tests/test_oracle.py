@@ -1,4 +1,4 @@
-"""The enumeration oracle: exact branch probabilities over the real verifier code (0x08, 0x09A)."""
+"""The enumeration oracle: exact branch probabilities over the real verifier code."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from harness.gates.oracle_cli import negative_control_status, run_suite
 from harness.verifiers import VERIFIERS, get_verifier
 from harness.verifiers import broken as _broken  # noqa: F401  (registers the negative control)
 
-P_REF = (0.5, 0.3, 0.2)
-Q_REF = (0.4, 0.4, 0.2)
+P_TOY = (0.5, 0.3, 0.2)
+Q_TOY = (0.4, 0.4, 0.2)
 
 
 # --------------------------------------------------------------------------- the enumerator
@@ -82,7 +82,7 @@ def test_target_joint_and_completion():
     assert O.max_abs_error(completed, joint) == 0.25
 
 
-# --------------------------------------------------------------------------- reference instances
+# --------------------------------------------------------------------------- toy instances
 
 
 def _iid_set(q, k):
@@ -95,15 +95,15 @@ def _first_token(marg, vocab):
     return O.first_token_marginal(marg, vocab).tolist()
 
 
-def test_reference_specinfer_reproduces_p():
-    p = torch.tensor(P_REF, dtype=torch.float64)
-    marg = O.verifier_output_marginal(get_verifier("specinfer"), _iid_set(Q_REF, 2), lambda prefix: p)
-    assert _first_token(marg, 3) == pytest.approx(list(P_REF), abs=1e-12)
+def test_toy_specinfer_reproduces_p():
+    p = torch.tensor(P_TOY, dtype=torch.float64)
+    marg = O.verifier_output_marginal(get_verifier("specinfer"), _iid_set(Q_TOY, 2), lambda prefix: p)
+    assert _first_token(marg, 3) == pytest.approx(list(P_TOY), abs=1e-12)
 
 
-def test_reference_naive_multi_draft_is_wrong():
+def test_toy_naive_multi_draft_is_wrong():
     # independent derivation: each draw tested against the ORIGINAL p, correction norm([p - q]_+)
-    p, q = P_REF, Q_REF
+    p, q = P_TOY, Q_TOY
     accept = [min(1.0, p[x] / q[x]) for x in range(3)]
     resid = [max(0.0, p[x] - q[x]) for x in range(3)]
     resid = [r / sum(resid) for r in resid]
@@ -115,14 +115,14 @@ def test_reference_naive_multi_draft_is_wrong():
             expected[x2] += w * (1 - accept[x1]) * accept[x2]
             for y in range(3):
                 expected[y] += w * (1 - accept[x1]) * (1 - accept[x2]) * resid[y]
-    pt = torch.tensor(P_REF, dtype=torch.float64)
-    marg = O.verifier_output_marginal(get_verifier("naive_multi_draft"), _iid_set(Q_REF, 2), lambda prefix: pt)
+    pt = torch.tensor(P_TOY, dtype=torch.float64)
+    marg = O.verifier_output_marginal(get_verifier("naive_multi_draft"), _iid_set(Q_TOY, 2), lambda prefix: pt)
     got = _first_token(marg, 3)
     assert got == pytest.approx(expected, abs=1e-12)
-    assert max(abs(a - b) for a, b in zip(got, P_REF)) > 1e-3  # the bug is visible
+    assert max(abs(a - b) for a, b in zip(got, P_TOY)) > 1e-3  # the bug is visible
 
 
-def test_0x08B_duplicated_mass():
+def test_duplicated_mass():
     p = torch.tensor([0.5, 0.5], dtype=torch.float64)
     naive = O.verifier_output_marginal(get_verifier("naive_multi_draft"), _iid_set((0.0, 1.0), 3), lambda pr: p)
     assert _first_token(naive, 2) == pytest.approx([2**-3, 1 - 2**-3], abs=1e-15)  # not (1/2, 1/2)
@@ -131,8 +131,8 @@ def test_0x08B_duplicated_mass():
 
 
 def test_oracle_catches_a_q_that_is_not_the_law_sampled():
-    p = torch.tensor(P_REF, dtype=torch.float64)
-    q_true = torch.tensor(Q_REF, dtype=torch.float64)
+    p = torch.tensor(P_TOY, dtype=torch.float64)
+    q_true = torch.tensor(Q_TOY, dtype=torch.float64)
     q_claimed = torch.tensor([0.3, 0.4, 0.3], dtype=torch.float64)
 
     def lying(rng):
@@ -149,7 +149,7 @@ def test_oracle_catches_a_q_that_is_not_the_law_sampled():
         )
 
     marg = O.verifier_output_marginal(get_verifier("specinfer"), lying, lambda prefix: p)
-    err = max(abs(a - b) for a, b in zip(_first_token(marg, 3), P_REF))
+    err = max(abs(a - b) for a, b in zip(_first_token(marg, 3), P_TOY))
     assert err > 1e-3
 
 
@@ -186,7 +186,7 @@ def test_cases_follow_declarations():
     assert any(n.startswith("truncation/top_p") for n in sequoia)
     assert any(n.startswith("truncation/top_k") for n in sequoia)
     specinfer = [c.name for c in O.verifier_cases(VERIFIERS["specinfer"](), seeds=(0,))]
-    assert "reference/p.5.3.2-q.4.4.2-iid2" in specinfer and "0x08B/bernoulli-half-k3" in specinfer
+    assert "toy/p.5.3.2-q.4.4.2-iid2" in specinfer and "duplicated-mass/bernoulli-half-k3" in specinfer
 
 
 def test_random_cases_stay_small_and_varied():
@@ -203,7 +203,7 @@ def test_sequoia_fallback_case_is_exact_and_naive_is_caught():
     case = next(c for c in O.verifier_cases(sequoia, seeds=()) if c.name == "fallback/uniform-after-exhaustion-k3")
     assert O.check_case(sequoia, case)["passed"]
     rows = run_suite(["naive_multi_draft"], seeds=(0,), random_count=1, transport=False)
-    assert rows and all(not r["passed"] for r in rows if r["case"].startswith(("reference", "0x08B")))
+    assert rows and all(not r["passed"] for r in rows if r["case"].startswith(("toy", "duplicated-mass")))
     status = negative_control_status([dict(r, negative_control=True) for r in rows])
     assert status["caught"] and status["max_abs_error"] >= 0.3
 

@@ -1,4 +1,5 @@
-"""Hardware profile (0x0AD, 0x0AE): t(n) with real tree masks, c0 and c, provenance and staleness."""
+"""Hardware profile (for Sequoia's hardware-aware objective): t(n) with real tree masks, c0 and c,
+provenance and staleness."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Proposal-side child sampling: the laws recorded are the laws sampled (0x09A, 0x0AB)."""
+"""Proposal-side child sampling: the laws recorded are the laws sampled."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`harness report`: Markdown + PNGs regenerated from stored records only (issue 8, item 5)."""
+"""`harness report`: Markdown + PNGs regenerated from stored records only."""
 
 from __future__ import annotations
 

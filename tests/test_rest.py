@@ -1,4 +1,4 @@
-"""proposer=rest: the reference trace, sibling order, pruning, brute-force retrieval, negotiation."""
+"""proposer=rest: the toy source-to-index trace, sibling order, pruning, brute-force retrieval, negotiation."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def rng():
     return TorchRandomSource(seed=0)
 
 
-def test_reference_trace_0x04C():
+def test_source_to_index_toy_trace():
     prop = rest([[4, 5, 6, 9, 4, 5, 6, 10, 11]], max_suffix=3)
     result = prop.propose([1, 4, 5, 6], rng())
     # continuations [9, 4, 5, 6, 10, 11] and [10, 11]; breadth-first, siblings by (-count, token)

@@ -1,6 +1,6 @@
-"""Self-speculation (0x05): early exit with a trained adapter (Kangaroo) and layer skipping with a
+"""Self-speculation: early exit with a trained adapter (Kangaroo) and layer skipping with a
 searched skip vector (Draft & Verify) on a 4-layer tiny model: greedy equality, the confidence
-stop, the 0x05A threshold loop, the 0x05C state contract, artifacts refused against another target."""
+stop, the threshold loop, the self-draft state contract, artifacts refused against another target."""
 
 from __future__ import annotations
 
@@ -163,8 +163,8 @@ def test_early_exit_drafts_are_accepted(env):
 
 
 def test_skipping_nothing_drafts_the_target_itself(env):
-    """z = 0: the draft path is the full target, so every drafted token is accepted (0x05A: the
-    agreement end of the trade-off)."""
+    """z = 0: the draft path is the full target, so every drafted token is accepted (the
+    agreement end of Draft & Verify's trade-off)."""
     prompt = env["docs"][35][:6]
     p = layer_skip(env, [], gamma=0.0, adaptive=False)
     res, rounds = run(env, p, prompt=prompt)
@@ -216,7 +216,7 @@ def test_confidence_stop_eta(env):
 
 
 def test_threshold_loop_toy_numbers():
-    """0x05A: ema = b1 ema + (1 - b1) rate; candidate = gamma +- eps; gamma = b2 gamma + (1 - b2) candidate."""
+    """Draft & Verify: ema = b1 ema + (1 - b1) rate; candidate = gamma +- eps; gamma = b2 gamma + (1 - b2) candidate."""
     p = LayerSkipProposer(
         budget=CHAIN,
         manifest_hash="h",
@@ -243,7 +243,7 @@ def test_threshold_loop_toy_numbers():
     assert p.gamma < g
 
 
-# ---------------------------------------------------------------------------------------------- 0x05C
+# ------------------------------------------------------------------------ self-draft state contract
 
 
 def test_skipped_path_state_is_never_target_kv(env):

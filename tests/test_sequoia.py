@@ -1,4 +1,4 @@
-"""Sequoia acceptance vectors, tree DP and hardware-aware choice (reference 0x0AA-0x0AD)."""
+"""Sequoia acceptance vectors, tree DP and hardware-aware choice."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ CHAIN5_G = 1 + 0.82 + 0.82**2 + 0.82**3 + 0.82**4  # 3.49588976
 # ---------------------------------------------------------------- acceptance vectors
 
 
-def test_h_to_p_matches_reference_toy():
+def test_h_to_p_matches_the_toy():
     p = selected_child_probabilities(TOY_H)
     assert p == pytest.approx(TOY_P, abs=1e-15)
     assert math.fsum(p) == pytest.approx(0.928864, abs=1e-12)  # 0.071136 left for "no child"
@@ -155,7 +155,7 @@ def test_budget_parents_preserve_depths():
 # ---------------------------------------------------------------- the DP
 
 
-def test_dp_reference_toy():
+def test_dp_toy():
     table = optimize_tree(acceptance=TOY_P, max_nodes=8, max_depth=4)
     chain = table.best(5, 4)
     assert chain is not None
@@ -314,7 +314,7 @@ def _time(table, n, d, t, c, c0=0.0):
     return (t[n - 1] + c0 + d * c) / table.g(n, d)
 
 
-def test_hardware_aware_reference_toy():
+def test_hardware_aware_toy():
     table = optimize_tree(acceptance=TOY_P, max_nodes=8, max_depth=4)
     choice = select_hardware_aware(table, verify_cost=TOY_T, draft_cost=TOY_C)
     assert (choice.n, choice.d, choice.candidate_rows) == (5, 4, 4)

@@ -1,4 +1,4 @@
-"""`harness tree` (issue 4, item 6): the Done-when command and its refusals."""
+"""`harness tree`: the toy command and its refusals."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from harness import cli
 from harness.topology.sequoia_cli import main
 
-DONE_WHEN = [
+TOY_ARGS = [
     "acceptance=[0.82,0.0864,0.022464]",
     "max_nodes=8",
     "max_depth=4",
@@ -26,8 +26,8 @@ def _run(capsys, argv: list[str]) -> tuple[int, dict | None, str]:
     return rc, (json.loads(out) if rc == 0 else None), err
 
 
-def test_done_when_command_picks_five_node_chain(capsys):
-    rc = cli.main(["tree", *DONE_WHEN])  # through the dispatcher, as `harness tree ...`
+def test_toy_command_picks_five_node_chain(capsys):
+    rc = cli.main(["tree", *TOY_ARGS])  # through the dispatcher, as `harness tree ...`
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert out["objective"] == "min_time_per_token"
@@ -56,7 +56,7 @@ def test_passing_h_as_acceptance_is_refused(capsys):
 
 
 def test_h_key_converts_and_reports_both(capsys):
-    rc, out, _ = _run(capsys, ["h=[0.82,0.48,0.24]", *DONE_WHEN[1:]])
+    rc, out, _ = _run(capsys, ["h=[0.82,0.48,0.24]", *TOY_ARGS[1:]])
     assert rc == 0
     assert out["h"] == [0.82, 0.48, 0.24]
     assert out["acceptance"] == pytest.approx([0.82, 0.0864, 0.022464], abs=1e-15)
@@ -64,7 +64,7 @@ def test_h_key_converts_and_reports_both(capsys):
 
 
 def test_without_costs_reports_max_g_tree(capsys):
-    rc, out, _ = _run(capsys, DONE_WHEN[:3])
+    rc, out, _ = _run(capsys, TOY_ARGS[:3])
     assert rc == 0
     assert out["objective"] == "max_expected_tokens" and "chosen" not in out and "synthetic" not in out
     assert (out["nodes"], out["candidate_rows"]) == (8, 7)
@@ -92,7 +92,7 @@ def test_stored_profile_is_not_synthetic(tmp_path, capsys):
             }
         )
     )
-    rc, out, _ = _run(capsys, [*DONE_WHEN[:3], f"profile={path}"])
+    rc, out, _ = _run(capsys, [*TOY_ARGS[:3], f"profile={path}"])
     assert rc == 0
     assert out["synthetic"] is False and out["cost_source"] == str(path)
     assert out["chosen"]["n"] == 5 and out["chosen"]["time_per_token"] == pytest.approx(0.4348, abs=1e-4)
@@ -105,12 +105,12 @@ def test_profile_marked_synthetic_stays_synthetic(tmp_path, capsys):
             {"verify_cost": [1.0, 1.0, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62], "draft_cost": 0.09, "synthetic": True}
         )
     )
-    rc, out, _ = _run(capsys, [*DONE_WHEN[:3], f"profile={path}"])
+    rc, out, _ = _run(capsys, [*TOY_ARGS[:3], f"profile={path}"])
     assert rc == 0 and out["synthetic"] is True
 
 
 def test_draft_base_cost_changes_the_time(capsys):
-    rc, out, _ = _run(capsys, [*DONE_WHEN, "draft_base_cost=0.2"])
+    rc, out, _ = _run(capsys, [*TOY_ARGS, "draft_base_cost=0.2"])
     assert rc == 0
     chosen = out["chosen"]
     g = chosen["expected_tokens"]
@@ -122,12 +122,12 @@ def test_draft_base_cost_changes_the_time(capsys):
 @pytest.mark.parametrize(
     "argv, reason",
     [
-        (DONE_WHEN[:3] + ["verify_cost=[1.0,1.0]"], "both verify_cost"),
-        (DONE_WHEN[:3] + ["draft_cost=0.09"], "both verify_cost"),
-        (DONE_WHEN + ["profile=/nonexistent/profile.json"], "already gives the costs"),
-        (DONE_WHEN[:3] + ["profile=/nonexistent/profile.json"], "cannot read hardware profile"),
-        (DONE_WHEN + ["colour=blue"], "unknown key"),
-        (DONE_WHEN + ["max_nodes=9"], "twice"),
+        (TOY_ARGS[:3] + ["verify_cost=[1.0,1.0]"], "both verify_cost"),
+        (TOY_ARGS[:3] + ["draft_cost=0.09"], "both verify_cost"),
+        (TOY_ARGS + ["profile=/nonexistent/profile.json"], "already gives the costs"),
+        (TOY_ARGS[:3] + ["profile=/nonexistent/profile.json"], "cannot read hardware profile"),
+        (TOY_ARGS + ["colour=blue"], "unknown key"),
+        (TOY_ARGS + ["max_nodes=9"], "twice"),
         (["acceptance=[0.82", "max_nodes=8", "max_depth=4"], "cannot parse"),
         (["acceptance=0.82", "max_nodes=8", "max_depth=4"], "must be a list"),
         (["acceptance=[0.82,abc]", "max_nodes=8", "max_depth=4"], "must be a number"),
@@ -155,10 +155,10 @@ def test_bad_input_exits_2_with_reason(capsys, argv, reason):
 def test_bad_profile_contents(tmp_path, capsys):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"draft_cost": 0.09}))
-    rc, _, err = _run(capsys, [*DONE_WHEN[:3], f"profile={path}"])
+    rc, _, err = _run(capsys, [*TOY_ARGS[:3], f"profile={path}"])
     assert rc == 2 and "lacks ['verify_cost']" in err
     path.write_text("[1, 2]")
-    rc, _, err = _run(capsys, [*DONE_WHEN[:3], f"profile={path}"])
+    rc, _, err = _run(capsys, [*TOY_ARGS[:3], f"profile={path}"])
     assert rc == 2 and "JSON object" in err
 
 

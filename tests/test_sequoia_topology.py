@@ -17,7 +17,7 @@ from harness.topology.compiler import compile_tree
 from harness.topology.sequoia_artifact import build_tree_artifact, check_tree, cost_model_error, search_bounds
 from harness.verifiers import get_verifier
 
-TOY_P = [0.82, 0.0864, 0.022464]  # h = [0.82, 0.48, 0.24] converted (0x0AD)
+TOY_P = [0.82, 0.0864, 0.022464]  # h = [0.82, 0.48, 0.24] converted (the hardware-aware toy)
 TOY_T = [1.0, 1.0, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62]
 
 # ---------------------------------------------------------------- shaped sampling
@@ -174,7 +174,7 @@ def _toy(synthetic=False):
 SEARCH = {"max_rows": 7, "max_nodes": 8, "max_depth": 4, "min_nodes": 2}
 
 
-def test_tree_artifact_reproduces_the_reference_toy():
+def test_tree_artifact_reproduces_the_toy():
     calibration, profile = _toy()
     tree = build_tree_artifact(calibration=calibration, profile=profile, search=SEARCH)
     c = tree["chosen"]

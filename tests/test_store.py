@@ -1,4 +1,4 @@
-"""Run records and the Parquet results store (issue 8, item 3), on synthetic fixture records."""
+"""Run records and the Parquet results store, on synthetic fixture records."""
 
 from __future__ import annotations
 

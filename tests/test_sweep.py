@@ -1,4 +1,4 @@
-"""Sweeps (issue 8, item 1): named sweep files, launchers, skip-finished, failure file, store, W&B.
+"""Sweeps: named sweep files, launchers, skip-finished, failure file, store, W&B.
 
 Everything lands in tmp_path: the sweep folder (hydra.sweep.dir), $HARNESS_CACHE and W&B's own
 folders. Sweeps run in this process through ``harness.app.sweep_main`` (the `harness sweep` command);
@@ -31,6 +31,7 @@ from harness.sweep import (
 )
 from harness.tracking.store import load_record
 
+EXPERIMENTS_DIR = Path(__file__).resolve().parents[1] / "experiments"
 WANDB_CLI = Path(sys.executable).parent / "wandb"
 
 
@@ -112,21 +113,39 @@ def test_every_sweep_file_composes(hydra_conf):
         assert cfg.hydra.sweeper.params, name
 
 
+def _experiments() -> list[str]:
+    """Every named experiment: ``experiments/<group>/<name>.yaml`` -> ``"<group>/<name>"``."""
+    return sorted(p.relative_to(EXPERIMENTS_DIR).with_suffix("").as_posix() for p in EXPERIMENTS_DIR.rglob("*.yaml"))
+
+
 @pytest.mark.slow
-def test_every_job_of_every_sweep_composes_and_negotiates(hydra_conf):
-    """About 30 compositions: no default sweep holds an arm that negotiation refuses."""
+def test_every_experiment_and_every_job_of_every_sweep_composes_and_plans(hydra_conf):
+    """About 100 compositions, no model loaded: every experiment composes on its own and names
+    itself, and no job of a default sweep is refused by planning (negotiation of proposer,
+    topology, verifier and temperature)."""
     from harness.engine.build import plan
 
+    experiments = _experiments()
+    assert len(experiments) >= 26 and "default" in experiments
+    for name in experiments:
+        cfg = _compose([f"experiment={name}"])
+        assert cfg.experiment == name, name
+        plan(cfg)
+
     batch_sizes = set()
+    crossed = set()
     for name in list_sweeps():
         for overrides in _jobs_of(name):
             cfg = _compose([f"+sweep={name}", *overrides])
+            if cfg.experiment is not None:
+                crossed.add(cfg.experiment)
             if name == "batch_scaling":
                 batch_sizes.add(int(cfg.generation.batch_size))
             else:
                 assert cfg.generation.batch_size == 1, (name, overrides)  # only batch_scaling varies the batch
             plan(cfg)
-    assert batch_sizes == {1, 2, 4, 8}  # issue 7's Show: batch 1, 2, 4, 8
+    assert batch_sizes == {1, 2, 4, 8}  # the batch_scaling sweep: batch 1, 2, 4, 8
+    assert {name.split("/")[0] for name in crossed} == {"batch", "heads", "sources", "verifiers"}
 
 
 def test_sweep_axes_are_what_the_files_say(hydra_conf):
@@ -137,19 +156,20 @@ def test_sweep_axes_are_what_the_files_say(hydra_conf):
     for overrides in _jobs_of("temperature"):
         cfg = _compose(["+sweep=temperature", *overrides])
         arms[overrides[0]] = (cfg.proposer.name, cfg.verifier.name, cfg.generation.temperature, cfg.model.name)
+        assert f"experiment={cfg.experiment}" == overrides[0] == cfg.hydra.job.override_dirname
     assert arms == {
-        "+sweep/arms=draft_rejection": ("draft_model", "rejection", 0.7, "smollm2"),
-        "+sweep/arms=draft_specinfer": ("draft_model", "specinfer", 0.7, "smollm2"),
-        "+sweep/arms=draft_membership": ("draft_model", "membership", 0.7, "smollm2"),
-        "+sweep/arms=lookup_greedy": ("prompt_lookup", "greedy", 0.0, "smollm2"),
+        "experiment=verifiers/draft_rejection": ("draft_model", "rejection", 0.7, "smollm2"),
+        "experiment=verifiers/draft_specinfer": ("draft_model", "specinfer", 0.7, "smollm2"),
+        "experiment=verifiers/draft_membership": ("draft_model", "membership", 0.7, "smollm2"),
+        "experiment=verifiers/lookup_greedy": ("prompt_lookup", "greedy", 0.0, "smollm2"),
     }
     topo = {tuple(j) for j in _jobs_of("prompt_lookup_topologies")}
     assert topo == {("topology=sequence", "workload=humaneval"), ("topology=sequences", "workload=humaneval")}
 
 
 def test_source_selection_pairs_each_workload_with_its_datastore(hydra_conf):
-    """Issue 5's Show: 5 sources x 2 temperatures x 2 workloads; REST (alone or merged) reads the
-    datastore of the workload's domain, and the verifier follows source and temperature."""
+    """The source_selection sweep: 5 sources x 2 temperatures x 2 workloads; REST (alone or merged)
+    reads the datastore of the workload's domain, and the verifier follows source and temperature."""
     jobs = _jobs_of("source_selection")
     assert len(jobs) == 20
     seen = {}

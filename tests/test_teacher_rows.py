@@ -1,5 +1,6 @@
-"""0x06B teacher rows on packed toy streams: segment-aware, no wrap, no cross-document rows, the
-label never an input, ``max(L - i - 1, 0)`` rows per head, and the reference's edge cases."""
+"""Hydra teacher rows on packed toy streams: segment-aware, no wrap, no cross-document rows, the
+label never an input, ``max(L - i - 1, 0)`` rows per head, and the edge cases (empty streams,
+one-token segments, max_future=0)."""
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from harness.heads.teacher_rows import (
 
 
 def brute_force(segment_ids, valid, max_future):
-    """The reference loop, read literally: (head, anchor) pairs."""
+    """The teacher-row loop, written literally: (head, anchor) pairs."""
     n = len(segment_ids)
     out = []
     for t in range(1, n):
@@ -121,7 +122,7 @@ def test_boundary_errors():
         )
 
 
-def test_random_packed_streams_match_the_reference_loop():
+def test_random_packed_streams_match_the_literal_loop():
     gen = torch.Generator().manual_seed(0)
     for _ in range(40):
         n = int(torch.randint(0, 30, (1,), generator=gen))

@@ -1,4 +1,4 @@
-"""SpecTr membership-cost transport (0x08C): exact LP optimum and the bound on every verifier."""
+"""SpecTr membership-cost transport (Sun et al., 2023): exact LP optimum and the bound on every verifier."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from harness.gates import oracle as O
 from harness.gates.transport import (
-    REFERENCE_INSTANCE,
+    TOY_INSTANCE,
     candidate_set_supply,
     check_transport,
     membership_transport_optimum,
@@ -19,12 +19,12 @@ from harness.verifiers import VERIFIERS, get_verifier
 from harness.verifiers import broken as _broken  # noqa: F401  (registers naive_multi_draft)
 
 
-def test_reference_toy_optimum_is_one():
-    p, q, k = REFERENCE_INSTANCE
+def test_toy_optimum_is_one():
+    p, q, k = TOY_INSTANCE
     assert membership_transport_optimum(p, q, k) == pytest.approx(1.0, abs=1e-9)
 
 
-def test_reference_supply_by_candidate_set():
+def test_toy_supply_by_candidate_set():
     supply = candidate_set_supply((0.4, 0.4, 0.2), 2)
     assert supply[frozenset({0})] == pytest.approx(0.16, abs=1e-15)  # Q(a,a)
     assert supply[frozenset({0, 1})] == pytest.approx(0.32, abs=1e-15)  # Q(a,b) + Q(b,a)
@@ -38,7 +38,7 @@ def test_one_candidate_optimum_is_maximal_coupling():
     for vocab in (2, 3, 5):
         p = O.random_law(gen, vocab)
         q = O.random_law(gen, vocab, zeros=1)
-        overlap = float(torch.minimum(p, q).sum())  # 1 - TV (0x08A)
+        overlap = float(torch.minimum(p, q).sum())  # 1 - TV (one draft is a maximal coupling)
         assert membership_transport_optimum(p.tolist(), q.tolist(), 1) == pytest.approx(overlap, abs=1e-9)
 
 
@@ -84,7 +84,7 @@ def test_one_draft_rejection_attains_the_optimum():
 
 
 def test_the_broken_verifier_exceeds_the_optimum():
-    # 0x08B: naive outputs the duplicated draft 1 - 2^-3 of the time; no valid coupling can exceed 0.5
+    # duplicated mass: naive outputs the duplicated draft 1 - 2^-3 of the time; no valid coupling can exceed 0.5
     acc = verifier_membership_acceptance(get_verifier("naive_multi_draft"), (0.5, 0.5), (0.0, 1.0), 3)
     assert acc == pytest.approx(0.875, abs=1e-12)
     assert acc > membership_transport_optimum((0.5, 0.5), (0.0, 1.0), 3) + 0.3

@@ -1,4 +1,4 @@
-"""W&B tracking (issue 8, item 2): what reaches the offline log, read back with `wandb leet inspect`.
+"""W&B tracking: what reaches the offline log, read back with `wandb leet inspect`.
 
 Each offline W&B run costs about a second, so only two tests start one.
 """

@@ -1,4 +1,5 @@
-"""Sequoia calibration: positional acceptance measured with the run's own code (0x0AA, 0x0AE).
+"""Sequoia calibration: positional acceptance measured with the run's own code, kept as a versioned
+artifact (acceptance statistics depend on model pair, sampler, workload and hardware).
 
 On prompts of the workload's ``calibration`` split (checked disjoint from the evaluation prompts),
 the configured proposer drafts ``B = topology.calibration.branches`` children below each parent

@@ -2,7 +2,7 @@
 
 Exact verifiers are proved by the oracles; a heuristic one (Medusa's typical acceptance,
 ``verifier=typical``) is allowed only with ``generation.exact=false`` and its record then carries
-this estimate under ``metrics.drift`` (issue 3, item 7).
+this estimate under ``metrics.drift``.
 
 Method: real rounds of the configured round (the run's proposer, compiler, target verify forward,
 sampling policy and verifier) on the first prompts of the workload, with the spec arm's seeds. In

@@ -1,4 +1,4 @@
-"""End-to-end exactness oracle: the real round on a real model, every draw enumerated (issue 3).
+"""End-to-end exactness oracle: the real round on a real model, every draw enumerated.
 
 The synthetic oracle (:mod:`harness.gates.oracle`) runs the verifiers on laws it builds itself.
 This module runs the round a measured run runs — ``proposer.propose`` (a draft model sampling
@@ -6,7 +6,8 @@ through the injected source, or prompt lookup), ``compile_tree``, the target's v
 (:class:`~harness.target.backend.CausalLMBackend`), ``policy.probs``, ``verifier.select`` and
 ``backend.commit`` — on a tiny model, with the oracle's enumerating source driving BOTH the
 proposal draws and the verifier draws. It is therefore the one check that catches a proposer whose
-recorded ``q`` differs from the law it actually sampled (reference 0x08, 0x09A, 0x0AB).
+recorded ``q`` differs from the law it actually sampled (multi-draft exactness holds only for the
+law really sampled: SpecInfer's residual update, Sequoia's sampling without replacement).
 
 :func:`e2e_output_law` returns the exact law of the first ``length`` emitted tokens:
 

@@ -9,7 +9,8 @@ every branch with nonzero probability has been visited. Zero-probability branche
 each leaf is a possible outcome and the leaf probabilities sum to one.
 
 The result is the exact output marginal of the code the runs use, not of a re-implementation
-(reference 0x08, 0x09A): :func:`verifier_output_marginal` covers proposal sampling, the topology
+(multiple drafts need their own exactness derivation, e.g. SpecInfer's residual update):
+:func:`verifier_output_marginal` covers proposal sampling, the topology
 compiler and ``Verifier.select`` and returns the law of the committed path (accepted tokens and
 the bonus/correction token). :func:`complete_to_length` extends each committed path with the
 target's own continuation so it can be compared with :func:`target_joint`, the target's exact
@@ -437,9 +438,10 @@ def _fixed(proposal: ProposalResult) -> ProposalBuilder:
     return lambda rng: proposal
 
 
-#: reference instance (0x08C, 0x09A): p = (0.5, 0.3, 0.2), q = (0.4, 0.4, 0.2)
-REFERENCE_P = (0.5, 0.3, 0.2)
-REFERENCE_Q = (0.4, 0.4, 0.2)
+#: the residual-update toy instance (also the finite transport instance): p = (0.5, 0.3, 0.2),
+#: q = (0.4, 0.4, 0.2)
+TOY_P = (0.5, 0.3, 0.2)
+TOY_Q = (0.4, 0.4, 0.2)
 
 
 def _const(vec: Sequence[float]) -> TargetFn:
@@ -526,7 +528,7 @@ def verifier_cases(
     sampled (``iid``/``without_replacement`` with ``normalized_conditional``, with a zero in
     ``q`` on even seeds), a beam (``score_only``) or fixed candidates (``deterministic_lookup``).
     Relations whose semantics the verifier does not accept are skipped. Then ``random_count``
-    random instances (:func:`random_cases`) and the fixed cases of the reference.
+    random instances (:func:`random_cases`) and the named fixed cases (:func:`_fixed_cases`).
     """
     cases: list[OracleCase] = []
     for kind in _target_kinds(verifier):
@@ -654,7 +656,8 @@ def _lookup_tree(widths: Sequence[int], *, vocab: int, seed: int, semantics: str
 
 
 def _fixed_cases(verifier: Verifier) -> list[OracleCase]:
-    """Named cases: the reference toy, 0x08B, top-p/top-k truncation, the uniform fallback."""
+    """Named cases: the residual-update toy, the duplicated-mass case (one-draft acceptance repeated
+    over k identical drafts is wrong), top-p/top-k truncation, the uniform fallback."""
     out: list[OracleCase] = []
     sem, rel, topo, temps = (
         verifier.probability_semantics,
@@ -665,23 +668,23 @@ def _fixed_cases(verifier: Verifier) -> list[OracleCase]:
     positive = temps in {"positive", "any"}
     if not positive or "normalized_conditional" not in sem:
         return out
-    q_ref = PrefixLaws(vocab=3, seed=0, fixed={(): torch.tensor(REFERENCE_Q, dtype=torch.float64)})
+    q_ref = PrefixLaws(vocab=3, seed=0, fixed={(): torch.tensor(TOY_Q, dtype=torch.float64)})
     if "iid" in rel and "set" in topo:
-        # 0x09A: two i.i.d. candidates from q; the residual update reproduces p
+        # two i.i.d. candidates from q; SpecInfer's residual update reproduces p
         out.append(
             OracleCase(
-                name="reference/p.5.3.2-q.4.4.2-iid2",
+                name="toy/p.5.3.2-q.4.4.2-iid2",
                 proposal_builder=sampled_builder(q_ref, (2,), "iid"),
-                target=_const(REFERENCE_P),
+                target=_const(TOY_P),
                 length=1,
                 tags={"relation": "iid"},
             )
         )
-        # 0x08B: every draft is token 1, the target is Bernoulli(1/2)
+        # duplicated mass: every draft is token 1, the target is Bernoulli(1/2)
         q_b = PrefixLaws(vocab=2, seed=0, fixed={(): torch.tensor([0.0, 1.0], dtype=torch.float64)})
         out.append(
             OracleCase(
-                name="0x08B/bernoulli-half-k3",
+                name="duplicated-mass/bernoulli-half-k3",
                 proposal_builder=sampled_builder(q_b, (3,), "iid"),
                 target=_const((0.5, 0.5)),
                 length=1,
@@ -761,8 +764,8 @@ __all__ = [
     "OracleError",
     "OracleCase",
     "PrefixLaws",
-    "REFERENCE_P",
-    "REFERENCE_Q",
+    "TOY_P",
+    "TOY_Q",
     "check_case",
     "complete_to_length",
     "enumerate_leaves",

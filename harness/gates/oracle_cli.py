@@ -2,9 +2,10 @@
 
 Rows: every exact, non-test-only registered verifier x the cases derived from its declarations
 (``harness.gates.oracle.verifier_cases``: structured shapes, random small instances and the
-reference's fixed cases) plus the SpecTr transport bound (``harness.gates.transport``) where it
-applies. Then the negative control: the test-only ``naive_multi_draft`` verifier (0x08B) must be
-CAUGHT, i.e. at least one of its cases must miss the target marginal by far more than the bound.
+named fixed cases) plus the SpecTr transport bound (``harness.gates.transport``) where it
+applies. Then the negative control: the test-only ``naive_multi_draft`` verifier (one-draft
+acceptance repeated over k candidates, which duplicates mass) must be CAUGHT, i.e. at least one
+of its cases must miss the target marginal by far more than the bound.
 Unless ``--quick`` or ``--no-e2e`` is given, the end-to-end cases of ``harness.gates.e2e`` run
 too — the real round (draft model or prompt lookup, compiler, target forward, verifier, commit) on
 a tiny float64 Llama — with their own negative control, a proposer whose recorded q differs from

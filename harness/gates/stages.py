@@ -1,4 +1,5 @@
-"""Gated stages that run before anything is measured or logged (issue 3, reference 0x0F, 0x12).
+"""Gated stages that run before anything is measured or logged: implementation and release
+assertions that must pass before a run publishes any figure.
 
 1. ``negotiation`` — already enforced by :func:`harness.engine.build.plan`; recorded here.
 2. ``oracle`` — the enumeration oracle cases of the configured verifier and its sampling relation
@@ -191,7 +192,8 @@ def oracle_gate(verifier_name: str, relation: str, *, greedy: bool | None = None
 
 
 def _paths_from(ids: list[int]) -> list[list[int]]:
-    """A 0x0C-shaped tree (A B {C,D,E}, A F, X B) built from prompt tokens."""
+    """The end-to-end proposal-buffer trace's tree shape (A B {C,D,E}, A F, X B) built from prompt
+    tokens: a shared prefix, siblings, and an equal token (B) under a different parent."""
     a, b, c, d, e, f, x = (ids[i % len(ids)] for i in (0, 1, 2, 3, 4, 5, 6))
     return [[a, b, c], [a, b, d], [a, b, e], [a, f], [x, b]]
 
@@ -221,7 +223,7 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
             ref = model(input_ids=torch.tensor([committed + path], device=dev)).logits[0, -1]
             worst_tree = max(worst_tree, float((out.logits[row + 1].float() - ref.float()).abs().max()))
         # commit a non-contiguous accepted path: the last-inserted row at the greatest depth
-        # (A -> B -> E: rows 0, 1, 4 in the 0x0C shape)
+        # (A -> B -> E: rows 0, 1, 4 in that trace's shape)
         deep = max(range(tree.num_rows), key=lambda x: (int(tree.depths[x]), x))
         path_rows = list(tree.path_to(deep))
         validate_commit(tree, path_rows)

@@ -1,4 +1,4 @@
-"""SpecTr membership-cost optimal transport, solved exactly for small instances (reference 0x08C).
+"""SpecTr (Sun et al., 2023) membership-cost optimal transport, solved exactly for small instances.
 
 For ``k`` i.i.d. candidates ``X = (X_1..X_k) ~ q^{(x)k}`` and the target token ``Y ~ p``, a
 valid coupling ``pi(X, Y)`` keeps both marginals; its cost is ``1[Y not in S(X)]`` with ``S(X)``
@@ -42,7 +42,7 @@ def candidate_set_supply(q: Sequence[float], k: int) -> dict[frozenset[int], flo
 
 def membership_transport_optimum(p: Sequence[float], q: Sequence[float], k: int) -> float:
     """Maximum membership acceptance ``max_pi P(Y in S(X))`` over couplings of ``q^{(x)k}`` and
-    ``p`` (0x08C), by linear programming. ``p``, ``q``: ``[V]``."""
+    ``p`` (SpecTr's membership cost), by linear programming. ``p``, ``q``: ``[V]``."""
     p_arr = np.asarray(p, dtype=np.float64)  # [V]
     q_arr = np.asarray(q, dtype=np.float64)  # [V]
     if p_arr.ndim != 1 or p_arr.shape != q_arr.shape:
@@ -96,15 +96,15 @@ def verifier_membership_acceptance(verifier, p: Sequence[float], q: Sequence[flo
     return enumerate_marginal(one_round).get(True, 0.0)
 
 
-#: the reference's finite transport instance (0x08C): optimum 1.0
-REFERENCE_INSTANCE = ((0.5, 0.3, 0.2), (0.4, 0.4, 0.2), 2)
+#: the finite transport toy instance (vocabulary {a, b, c}, k = 2): optimum 1.0
+TOY_INSTANCE = ((0.5, 0.3, 0.2), (0.4, 0.4, 0.2), 2)
 
 
 def transport_instances(*, count: int = 4, seed: int = 0, max_vocab: int = 5) -> list[tuple[str, tuple, tuple, int]]:
-    """``(name, p, q, k)``: the reference instance, then ``count`` random small instances."""
+    """``(name, p, q, k)``: the toy instance, then ``count`` random small instances."""
     import torch
 
-    out: list[tuple[str, tuple, tuple, int]] = [("transport/reference-k2", *REFERENCE_INSTANCE)]
+    out: list[tuple[str, tuple, tuple, int]] = [("transport/toy-k2", *TOY_INSTANCE)]
     gen = torch.Generator().manual_seed(5003 + seed)
     for i in range(count):
         vocab = int(torch.randint(2, max_vocab + 1, (1,), generator=gen))

@@ -1,4 +1,4 @@
-"""Head artifacts: recipe from config, load when cached, train when absent (reference 0x0B).
+"""Head artifacts: recipe from config, load when cached, train when absent.
 
 The recipe (architecture + data + training options) and the target fingerprint name the artifact
 directory; the manifest records the token budget, held-out top-1 agreement, training time and

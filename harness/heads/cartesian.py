@@ -1,4 +1,4 @@
-"""Cartesian future-head trees (reference 0x07C).
+"""Cartesian future-head trees.
 
 Depth ``i`` keeps ``b_i`` candidates below *every* node of depth ``i - 1``, so the full tree has
 ``N_tree = sum_{i=1..D} prod_{j<=i} b_j`` candidate rows (``b = [3, 2, 2]``: 3 + 6 + 12 = 21).
@@ -35,8 +35,9 @@ def cartesian_budget(t):
         raise ConfigError(f"topology=cartesian: {exc}") from None
     if int(t.max_nodes) != n:
         raise ConfigError(
-            f"topology=cartesian with widths {list(widths)} has {n} candidate rows (0x07C); "
-            f"got topology.max_nodes={t.max_nodes} (leave it to the default interpolation)"
+            f"topology=cartesian with widths {list(widths)} has {n} candidate rows (the sum over depths "
+            f"of the product of the widths so far); got topology.max_nodes={t.max_nodes} (leave it to the "
+            "default interpolation)"
         )
     if len(widths) > int(t.max_depth):
         raise ConfigError(f"topology.widths has {len(widths)} levels, over topology.max_depth={t.max_depth}")

@@ -1,5 +1,5 @@
-"""Versioned proposal artifacts (reference 0x02B, 0x0B, 0x0F "proposal checkpoint compatible with
-target version").
+"""Versioned proposal artifacts, bound to the round manifest's target (release assertion: the
+proposal checkpoint is compatible with the target version).
 
 An artifact is a directory with ``manifest.json`` and, for trained artifacts, ``weights.safetensors``.
 The manifest carries the target fingerprint, the recipe (architecture + training or search
@@ -132,7 +132,7 @@ def load_artifact(
         raise ArtifactError(
             f"artifact {str(path)!r} was built for target {str(manifest.get('target_hash'))[:16]}... "
             f"({manifest.get('target_source')!r}); the configured target is {target_hash[:16]}...: "
-            "a proposal artifact is only valid for the target it was trained or searched on (0x0F)"
+            "a proposal artifact is only valid for the target it was trained or searched on"
         )
     if recipe is not None and canonical(manifest.get("recipe")) != canonical(recipe):
         have, want = manifest.get("recipe") or {}, recipe

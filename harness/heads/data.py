@@ -1,4 +1,4 @@
-"""Training streams of cached target hidden states (reference 0x06B, 0x0BA).
+"""Training streams of cached target hidden states (Hydra teacher rows; labels by head semantics).
 
 Documents come from the ShareGPT ``train`` split (held-out rows from ``dev``); each document is
 run through the frozen target *on its own* (no packing inside a forward), so every hidden row is

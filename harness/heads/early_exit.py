@@ -1,12 +1,12 @@
-"""Kangaroo early exit (reference 0x05B): ``M_s = A o M_b[:l]`` with the shared LM head.
+"""Kangaroo early exit (Liu et al., 2024): ``M_s = A o M_b[:l]`` with the shared LM head.
 
-The adapter ``A`` is one attention block of the target's own attention class plus two RMS norms,
-no FFN: ``y = x + Attn(Norm_1(x))``, logits ``= lm_head(Norm_2(y))``. ``Norm_2`` starts from the
+The adapter ``A`` is one attention block of the target's own attention class plus two RMS norms, no
+FFN: ``y = x + Attn(Norm_1(x))``, logits ``= lm_head(Norm_2(y))``. ``Norm_2`` starts from the
 target's final norm and the attention output projection from zero, so an untrained adapter is the
-plain "final norm + LM head on layer ``l``" exit. Training distils the frozen target (0x05B):
-``L_KD = -tau^2 sum_i sum_v p_t^tau log p_s^tau`` over every position of every document, teacher
-logits recomputed from the cached final-norm rows through the frozen LM head. Only adapter
-parameters receive gradients.
+plain "final norm + LM head on layer ``l``" exit. Training distils the frozen target (Kangaroo's
+adapter loss): ``L_KD = -tau^2 sum_i sum_v p_t^tau log p_s^tau`` over every position of every
+document, teacher logits recomputed from the cached final-norm rows through the frozen LM head. Only
+adapter parameters receive gradients.
 """
 
 from __future__ import annotations

@@ -1,19 +1,20 @@
-"""Draft-head networks (reference 0x06A-0x06C, 0x0BA).
+"""Draft-head networks: Medusa (Cai et al., 2024), Hydra (Ankner et al., 2024) and Clover (Xiao et
+al., 2024).
 
-Every head bank maps the *round context* and the embeddings of the path drafted so far to one
-hidden vector per depth; the frozen target LM head turns it into logits (shared by every depth,
-never copied, never trained). The round context is ``h_{t-1}``, the target's final-norm hidden
-state after the token before the pending token ``x_t`` (0x06B), optionally refined once per round
-by the Hydra++ prefix-attention layer. ``path_emb[:, j]`` is ``E(x_{t+j})``: ``j = 0`` is the
-pending token (already committed), ``j >= 1`` drafted tokens.
+Every head bank maps the *round context* and the embeddings of the path drafted so far to one hidden
+vector per depth; the frozen target LM head turns it into logits (shared by every depth, never
+copied, never trained). The round context is ``h_{t-1}``, the target's final-norm hidden state after
+the token before the pending token ``x_t`` (Hydra's input), optionally refined once per round by the
+Hydra++ prefix-attention layer. ``path_emb[:, j]`` is ``E(x_{t+j})``: ``j = 0`` is the pending token
+(already committed), ``j >= 1`` drafted tokens.
 
 - ``medusa``: head ``i`` sees ``(h_{t-1}, E(x_t))`` only — the committed prefix — whatever was
-  drafted at depths ``< i`` (independent heads, 0x06A). All depths run in one stage.
+  drafted at depths ``< i`` (independent heads). All depths run in one stage.
 - ``hydra``: head ``i`` sees ``concat(h_{t-1}, E(x_t), E(x̂_{t+1}), ..., E(x̂_{t+i-1}))``
-  (input width ``(i + 1) d``), so depth ``i`` waits for depth ``i - 1`` (0x06B).
+  (input width ``(i + 1) d``), so depth ``i`` waits for depth ``i - 1`` (dependent heads).
 - ``clover``: a fixed-width recurrent draft state ``s_0 = h_{t-1}``;
   ``s_i = s_{i-1} + W_O Attn(W_Q Norm(s_{i-1}), W_K E(path_{<i}), W_V E(path_{<i}))`` over the
-  embeddings of the drafted path (the previous token last), then a per-depth predictor (0x06C).
+  embeddings of the drafted path (the previous token last), then a per-depth predictor.
   The paper leaves the exact gate implementation-specific; this is a plain multi-head attention.
 
 Adaptation to the pending-token engine: our target computes the pending token's row in the next

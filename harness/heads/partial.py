@@ -1,10 +1,10 @@
-"""Running a subset of the target's decoder layers with a proposal-side KV cache (reference 0x05).
+"""Running a subset of the target's decoder layers with a proposal-side KV cache (self-speculation).
 
 Self-speculation reuses the target's *weights* (shared modules, frozen, never copied) but never its
 authoritative state: a :class:`ProvisionalKV` belongs to one proposer, holds only rows the
 shallow/skipped path computed, and is rolled back and extended by the proposer itself. The target
-backend's cache is never read or written here (0x05C: skipped-path or shallow-adapter rows are
-never relabelled as target KV).
+backend's cache is never read or written here (the self-draft state contract: skipped-path or
+shallow-adapter rows are never relabelled as target KV).
 
 :class:`ProvisionalKV` implements the one method Hugging Face attention modules call on a cache
 (``update(key, value, layer_idx, ...)``) so the target's own ``LlamaDecoderLayer`` / attention
@@ -22,7 +22,7 @@ from harness.heads.state import PrefixHashes, StateTag, may_reuse
 
 
 class ProvisionalKV:
-    """Per-layer K/V rows ``[1, H_kv, S, d_h]`` keyed by layer index, plus one 0x05C tag per row."""
+    """Per-layer K/V rows ``[1, H_kv, S, d_h]`` keyed by layer index, plus one state tag per row."""
 
     def __init__(self, *, checkpoint: str, boundary: str, dtype: str) -> None:
         self.keys: dict[int, torch.Tensor] = {}
@@ -69,7 +69,7 @@ class ProvisionalKV:
         self.generation += 1
 
     def reusable_prefix(self, committed: Sequence[int], hashes: PrefixHashes, *, limit: int) -> int:
-        """Rows ``[0, n)`` whose tags match the committed path (0x05C ``may_reuse``), ``n <= limit``."""
+        """Rows ``[0, n)`` whose tags match the committed path (``may_reuse``), ``n <= limit``."""
         n = 0
         upto = min(len(self.tags), limit)
         while n < upto:

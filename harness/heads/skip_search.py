@@ -1,4 +1,4 @@
-"""Draft & Verify skip-vector search (reference 0x05A): Bayesian optimisation with Optuna.
+"""Draft & Verify (Zhang et al., 2024) skip-vector search: Bayesian optimisation with Optuna.
 
 ``z in {0, 1}^L`` (one entry per target layer, 1 = bypassed while drafting) minimises the measured
 time per verified token on the dev split,

@@ -1,7 +1,7 @@
-"""Provenance of reused state (reference 0x05C) and the target hidden-state tap.
+"""Provenance of reused state (the self-draft state contract) and the target hidden-state tap.
 
-``may_reuse`` is the 0x05C metadata predicate: a necessary check before a tensor computed on one
-path is used where another path needs it. It is not a proof of equality; each caller reuses a
+``may_reuse`` is the metadata predicate of that contract: a necessary check before a tensor computed
+on one path is used where another path needs it. It is not a proof of equality; each caller reuses a
 tensor only where the computation is the same by construction (a full-target final-norm row under
 the committed ancestry; a shallow-path row of the same layers under the same ancestry).
 
@@ -24,7 +24,7 @@ import torch
 
 @dataclass(frozen=True)
 class StateTag:
-    """What a cached tensor is: enough metadata to refuse a mismatched reuse (0x05C)."""
+    """What a cached tensor is: enough metadata to refuse a mismatched reuse."""
 
     checkpoint: str  # target (or target + artifact) fingerprint
     layer_boundary: str  # e.g. "final_norm", "after_layer_3"
@@ -36,7 +36,7 @@ class StateTag:
 
 
 def may_reuse(candidate: StateTag, need: StateTag) -> bool:
-    """0x05C: every field must match (necessary, not sufficient)."""
+    """Every field must match (necessary, not sufficient: it does not prove the tensors equal)."""
     return (
         candidate.checkpoint == need.checkpoint
         and candidate.layer_boundary == need.layer_boundary

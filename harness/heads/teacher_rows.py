@@ -1,4 +1,4 @@
-"""Teacher rows for draft heads over packed streams (reference 0x06B, 0x0BA).
+"""Hydra-style teacher rows for draft heads over packed streams.
 
 A packed stream keeps every array at its original address: ``tokens[j]``, ``hidden[j]`` (the
 target state *after* ``tokens[j]``, computed segment-causally), ``segment_ids[j]`` (the document
@@ -125,7 +125,7 @@ class TeacherRow:
 
 
 def teacher_row_index(segment_ids: Sequence[int], valid: Sequence[bool], *, max_future: int) -> list[TeacherRow]:
-    """Every teacher row of a packed stream, head-major within each anchor (0x06B semantics)."""
+    """Every teacher row of a packed stream, head-major within each anchor (Hydra teacher forcing)."""
     n = len(segment_ids)
     _check_stream(n, hidden_len=n, segment_ids=segment_ids, valid=valid, max_future=max_future)
     flags = _bool_list(valid)

@@ -1,4 +1,4 @@
-"""Training draft heads on cached target hidden states (reference 0x06B, 0x0BA).
+"""Training draft heads on cached target hidden states (hard labels or target distillation).
 
 Rows come from :func:`harness.heads.teacher_rows.max_head` over a packed stream: anchor ``t``
 trains heads ``1 .. max_head[t]`` under teacher forcing (the ground-truth prior tokens are the

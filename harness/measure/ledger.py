@@ -1,5 +1,5 @@
 """Round-cost ledger and counters: one typed dataclass, one ``observe_round`` method, rates
-computed in one place (STYLE 4). ``mean_committed_per_round`` counts the bonus/correction token;
+computed in one place. ``mean_committed_per_round`` counts the bonus/correction token;
 ``mean_accepted_per_round`` does not (they differ by exactly 1 on rounds that run to completion).
 """
 

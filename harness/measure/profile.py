@@ -1,4 +1,5 @@
-"""Hardware profile for Sequoia's hardware-aware tree choice (reference 0x0AD, 0x0AE; issue 4).
+"""Hardware profile for Sequoia's hardware-aware tree choice (Sequoia, Chen et al., 2024),
+measured and versioned with its provenance.
 
 Measured on the run's own device, dtype, threads and attention implementation:
 

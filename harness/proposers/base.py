@@ -1,4 +1,4 @@
-"""Proposer interface (reference 0x02, 0x03).
+"""Proposer interface: every draft source returns the common typed proposal result.
 
 A proposer owns its provisional state (draft KV, retrieval cursor, head state) and returns typed
 evidence for one round. It never publishes output and its state is never target state.

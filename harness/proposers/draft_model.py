@@ -1,4 +1,5 @@
-"""A separate draft causal LM with its own KV cache (reference 0x03, 0x09).
+"""A separate draft causal LM with its own KV cache (a parametric draft source; trees by
+SpecInfer-style width-by-depth expansion, Miao et al., 2024).
 
 The draft cache mirrors the committed prefix. Each round it is rolled back to the longest common
 prefix of what it holds and the committed tokens (``CausalLMBackend.keep_rows``), then fed only
@@ -8,8 +9,9 @@ per forward, each level's rows attending to the committed prefix and their own a
 A chain's drafted rows stay cached (the accepted part is reused next round); a branching tree's
 rows are dropped after proposing, since sibling rows sit at positions a committed path cannot use.
 
-Draft KV is proposal-side state: it never becomes target KV (0x0CB). The draft must share the
-target's tokenizer (checked by the runner before any model work).
+Draft KV is proposal-side state: it never becomes target KV (only target-computed rows are
+committed). The draft must share the target's tokenizer (checked by the runner before any model
+work).
 
 An explicit tree shape (``Budget(shape="tree", parents=...)``, e.g. a Sequoia tree) is sampled by
 :func:`~harness.proposers.sampling.sample_shaped_tree_proposal`, one level per forward as well.

@@ -1,11 +1,12 @@
 """Draft-head proposers: ``medusa`` (independent heads), ``hydra`` (heads conditioned on earlier
 drafted embeddings, with the Hydra++ switches) and ``clover`` (recurrent draft state with attention
-over the drafted path) — reference 0x06, 0x07C, 0x0B.
+over the drafted path): Medusa (Cai et al., 2024), Hydra (Ankner et al., 2024), Clover (Xiao et al.,
+2024).
 
 Each round the heads read ``h_{t-1}``: the target's final-norm hidden row of the token before the
 pending token. It comes from the target's own forwards (the prompt prefill, then each verify
 forward's pending row and accepted path), observed through :class:`~harness.heads.state.HiddenTap`
-and admitted into a proposal-side store only through the 0x05C ``may_reuse`` predicate against the
+and admitted into a proposal-side store only through the ``may_reuse`` state check against the
 committed path (checkpoint, layer boundary, token, position, ancestry hash, dtype, forward
 generation). No extra target forward runs; if the row is missing (a one-token prompt, a forward the
 proposer did not expect) the round proposes nothing and ``hidden_misses`` counts it.
@@ -14,15 +15,16 @@ Proposed engine change (not made here): ``decode()`` could ask ``target.verify(.
 output_hidden=True)`` when ``proposer.needs_target_hidden`` and pass the accepted rows' hidden
 states to ``observe_commit``; the tap would then be unnecessary.
 
-Topologies: ``sequence`` (chain, depth ``min(max_depth, max_nodes, K)``), ``set`` (top-``k`` of
-head 1), ``expansion`` / ``cartesian`` (``widths[d]`` children per node at depth ``d``; 0x07C).
-``sampling=beam``: deterministic top-``b_i`` per head (``score_only``; greedy or membership
-verification). ``sampling=iid`` / ``without_replacement``: children drawn from the head's
+Topologies: ``sequence`` (chain, depth ``min(max_depth, max_nodes, K)``), ``set`` (top-``k`` of head
+1), ``expansion`` / ``cartesian`` (``widths[d]`` children per node at depth ``d``; a Cartesian
+future-head tree). ``sampling=beam``: deterministic top-``b_i`` per head (``score_only``; greedy or
+membership verification). ``sampling=iid`` / ``without_replacement``: children drawn from the head's
 distribution under the run's sampling policy, each node carrying the law it was drawn from
 (``normalized_conditional``; specinfer / sequoia / rejection).
 
-Critical path (0x06D): Medusa computes every depth in one stage; Hydra and Clover need one stage
-per depth. ``stats.extras["head_stages"]`` counts the sequential stages run.
+Critical path (the independent vs dependent heads latency trade-off): Medusa computes every depth in
+one stage; Hydra and Clover need one stage per depth. ``stats.extras["head_stages"]`` counts the
+sequential stages run.
 """
 
 from __future__ import annotations

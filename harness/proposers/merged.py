@@ -1,4 +1,5 @@
-"""``proposer=merged``: several proposers in one round, merged into one tree (0x07D, 0x0C).
+"""``proposer=merged``: several proposers in one round, merged into one tree by full prefix (equal
+tokens under different parents stay separate rows).
 
 Config shape (conf/proposer/merged.yaml, schema ``MergedConfig``)::
 

@@ -1,7 +1,7 @@
-"""Prompt lookup (reference 0x04A): copy what followed an earlier occurrence of the suffix n-gram.
+"""Prompt lookup: copy what followed an earlier occurrence of the suffix n-gram.
 
 ``shape=sequence`` copies one continuation (the most recent occurrence of the longest matching
-suffix n-gram, as in the reference's pseudocode). ``shape=sequences`` merges the continuations of
+suffix n-gram, the usual prompt-lookup rule). ``shape=sequences`` merges the continuations of
 up to ``max_matches`` occurrences (longest n first, then more recent first; shorter n-grams fill
 the remaining matches) into one prefix tree: several matches verified in one forward.
 

@@ -1,4 +1,5 @@
-"""``proposer=rest``: retrieval drafting from a datastore (reference 0x04B, 0x04C).
+"""``proposer=rest``: retrieval drafting from a datastore (REST, He et al., 2024), with a versioned
+index release and evaluation-leakage control.
 
 Per round: search the committed tokens' suffix in the datastore with decreasing ``n``
 (``max_suffix`` down to ``min_suffix``), take the continuations of the first ``n`` that has
@@ -34,14 +35,14 @@ with other build options than the configured ones is refused (:class:`DatastoreE
 ids): it takes a token-id datastore (``datastore_from_token_ids`` + ``write_datastore``) through
 ``proposer.datastore.path``; nothing is built for it.
 
-Run-time leakage control (0x04C, :meth:`RestProposer.check_workload`): the longest datastore match
-of every evaluation prompt and its tokenized reference answer is measured and recorded; a match of
-``leakage_threshold`` (32) tokens or more refuses the run (:class:`LeakageError`, a ``ValueError``:
-``harness run`` reports a refusal and writes no record) unless ``allow_leakage=true``, which the
-record then states. The retrieval counters in ``stats.extras`` (the record's
-``metrics.retrieval``: rounds, miss rate, mean match length, retrieval latency, datastore bytes
-and release id) restart there, so they cover the warm-up request and the measured rounds, not the
-gates' rounds.
+Run-time leakage control (:meth:`RestProposer.check_workload`): the longest datastore match of
+every evaluation prompt and its tokenized reference answer is measured and recorded; a match of
+``leakage_threshold`` (32) tokens or more refuses the run
+(:class:`~harness.workloads.datastore.LeakageError`, a ``ValueError``: ``harness run`` reports a
+refusal and writes no record) unless ``allow_leakage=true``, which the record then states. The
+retrieval counters in ``stats.extras`` (the record's ``metrics.retrieval``: rounds, miss rate,
+mean match length, retrieval latency, datastore bytes and release id) restart there, so they cover
+the warm-up request and the measured rounds, not the gates' rounds.
 """
 
 from __future__ import annotations
@@ -65,12 +66,12 @@ from harness.workloads.datastore import (
     MANIFEST_FILE,
     Datastore,
     DatastoreError,
-    LeakageError,
     build_datastore,
     check_leakage,
     datastore_path,
     exclusions_for,
     load_datastore,
+    refuse_leakage,
 )
 
 
@@ -289,9 +290,10 @@ class RestProposer(Proposer):
         return [3 + (b % (vocab - 3)) for b in text.encode()]
 
     def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict:
-        """Leakage gate (0x04C): longest datastore match of every prompt and reference answer.
+        """Evaluation-leakage gate: longest datastore match of every prompt and reference answer.
 
-        ``items``: ``[(Prompt, prompt_ids)]``. Raises :class:`LeakageError` when one reaches
+        ``items``: ``[(Prompt, prompt_ids)]``. Raises
+        :class:`~harness.workloads.datastore.LeakageError` (:func:`refuse_leakage`) when one reaches
         ``leakage_threshold`` tokens unless ``allow_leakage``; returns the gate entry (every
         item's match lengths; ``leaked`` and ``allow_leakage`` state what was let through).
         Restarts the retrieval counters: everything measured after the gates starts from zero.
@@ -311,16 +313,9 @@ class RestProposer(Proposer):
         seconds = time.perf_counter() - t0
         for r in records:
             r["allowed"] = bool(allow_leakage and r["leaked"])
+        if not allow_leakage:
+            refuse_leakage(records, threshold=self.leakage_threshold, release_id=self.datastore.release_id)
         leaked = [r for r in records if r["leaked"]]
-        if leaked and not allow_leakage:
-            names = ", ".join(f"{r['prompt_id']} ({r['longest_match']} tokens)" for r in leaked[:10])
-            more = f" and {len(leaked) - 10} more" if len(leaked) > 10 else ""
-            raise LeakageError(
-                f"evaluation leakage: {len(leaked)} of {len(records)} prompt(s) match datastore "
-                f"{self.datastore.release_id[:12]} for >= {self.leakage_threshold} tokens (prompt or reference "
-                f"answer): {names}{more}. Rebuild the datastore excluding them (exclude=<workload>.jsonl), "
-                "or set allow_leakage=true (the record then states it)."
-            )
         longest = max((r["longest_match"] for r in records), default=0)
         entry = {
             "passed": True,

@@ -2,16 +2,17 @@
 
 A proposer that samples its candidates (a draft model, the oracle's synthetic drafts) draws every
 child here, so that the law each child was drawn from is recorded next to it and the exactness
-oracle can enumerate the same code (reference 0x08, 0x09A, 0x0AB).
+oracle can enumerate the same code (a multi-draft verifier is exact only for the law really
+sampled: SpecInfer's i.i.d. residual update, Sequoia's sampling without replacement).
 
 Sampling relations (contract vocabulary):
 
 - ``"iid"``: ``k`` independent draws from ``q`` (SpecInfer's stochastic expansion). Duplicates
   are kept as separate draws; the compiler merges them into one row and keeps every draw.
-- ``"without_replacement"``: Sequoia's per-parent process (0x0AB). Draw ``i`` is taken from ``q``
-  with the tokens of draws ``< i`` removed and the rest renormalised; once all nonzero ``q``
-  mass is sampled, the law is uniform over the still unsampled tokens. Each draw records the law
-  it was *actually* drawn from.
+- ``"without_replacement"``: Sequoia's per-parent process (sampling without replacement). Draw
+  ``i`` is taken from ``q`` with the tokens of draws ``< i`` removed and the rest renormalised;
+  once all nonzero ``q`` mass is sampled, the law is uniform over the still unsampled tokens. Each
+  draw records the law it was *actually* drawn from.
 - ``"beam"``: the deterministic top-``k`` of ``q`` (descending, lowest index first on a tie). No
   law: the tokens come back with ``None`` and a proposal built from them is ``score_only``.
 
@@ -44,7 +45,7 @@ QLevelFn = Callable[[list[tuple[int, ...]]], torch.Tensor]
 
 
 def without_replacement_law(q: torch.Tensor, sampled: Sequence[int]) -> torch.Tensor:
-    """The law of the next without-replacement draw after ``sampled`` (0x0AB). ``[V]``.
+    """The law of the next without-replacement draw after ``sampled`` (Sequoia). ``[V]``.
 
     ``q`` with the sampled tokens zeroed and renormalised; uniform over the unsampled tokens when
     no nonzero ``q`` mass is left.
@@ -189,7 +190,7 @@ def sample_shaped_tree_proposal(
     manifest_hash: str = "unhashed",
     state_handle: ProposalStateHandle = NO_STATE,
 ) -> ProposalResult:
-    """Sample a proposal tree of an explicit shape (e.g. a Sequoia tree, 0x0AC), level by level.
+    """Sample a proposal tree of an explicit shape (e.g. a Sequoia DP tree), level by level.
 
     ``parents[i]`` is the parent of shape node ``i`` (``-1`` = the prefix frontier; candidate-row
     parents, as :func:`harness.topology.sequoia.tree_to_budget_parents` gives them). The ``k``

@@ -1,19 +1,19 @@
-"""Self-speculation: draft with part of the target (reference 0x05).
+"""Self-speculation: draft with part of the target.
 
-- ``proposer=early_exit`` (Kangaroo, 0x05B): the target's first ``l`` decoder layers (shared
-  modules), a trained adapter (attention + two norms, no FFN) and the shared LM head. Drafting
-  stops when the top-1 confidence ``max_v M_s`` falls to ``eta`` or below.
-- ``proposer=layer_skip`` (Draft & Verify, 0x05A): the target with the layers of a skip vector
-  ``z`` bypassed (final norm and LM head kept). ``z`` comes from a Bayesian-optimisation search
-  artifact (``harness train proposer=layer_skip``) or ``proposer.skip``. Drafting stops when the
-  top-1 probability falls below ``gamma``, which the acceptance-EMA loop of 0x05A adapts.
+- ``proposer=early_exit`` (Kangaroo, Liu et al., 2024): the target's first ``l`` decoder layers
+  (shared modules), a trained adapter (attention + two norms, no FFN) and the shared LM head.
+  Drafting stops when the top-1 confidence ``max_v M_s`` falls to ``eta`` or below.
+- ``proposer=layer_skip`` (Draft & Verify, Zhang et al., 2024): the target with the layers of a
+  skip vector ``z`` bypassed (final norm and LM head kept). ``z`` comes from a Bayesian-optimisation
+  search artifact (``harness train proposer=layer_skip``) or ``proposer.skip``. Drafting stops when
+  the top-1 probability falls below ``gamma``, which Draft & Verify's acceptance-EMA loop adapts.
 
-State contract (0x05C): the draft path keeps its own :class:`~harness.heads.partial.ProvisionalKV`
-(shallow / skipped-path rows only). It never reads or writes the target backend's cache, so no
-skipped-path or adapter row can be published as target KV. Its own rows for accepted tokens are
-reused next round only where the per-row tag passes ``may_reuse`` against the committed path
-(same checkpoint, layer boundary, token, position, ancestry hash, dtype); everything after the
-first refused row is recomputed.
+Self-draft state contract: the draft path keeps its own
+:class:`~harness.heads.partial.ProvisionalKV` (shallow / skipped-path rows only). It never reads or
+writes the target backend's cache, so no skipped-path or adapter row can be published as target
+KV. Its own rows for accepted tokens are reused next round only where the per-row tag passes
+``may_reuse`` against the committed path (same checkpoint, layer boundary, token, position,
+ancestry hash, dtype); everything after the first refused row is recomputed.
 
 Chains only (``topology=sequence``); ``sampling=beam`` (greedy top-1, ``score_only``) or ``iid``
 (each token drawn from the draft's policy distribution, which it carries as ``q``). The confidence
@@ -346,7 +346,7 @@ class LayerSkipProposer(SelfSpecProposer):
         return self.gamma
 
     def observe_round(self, drafted: int, accepted: int) -> None:
-        """0x05A: acceptance EMA -> threshold candidate -> smoothed gamma (a heuristic policy).
+        """Draft & Verify's loop: acceptance EMA -> threshold candidate -> smoothed gamma (heuristic).
 
         A round that drafted nothing rejected nothing and counts as acceptance 1, so a threshold
         set too high decays until drafting resumes (otherwise the loop would never see a draft)."""

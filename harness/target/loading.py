@@ -205,8 +205,8 @@ def load_model(
     return loaded
 
 
-#: dense KV geometry of the embedded default, known without converting it (0x09B budget checks
-#: run before any model work)
+#: dense KV geometry of the embedded default, known without converting it (the temporary-KV budget
+#: check B·N·L·2·H_kv·d_h·b runs before any model work)
 SMOLLM2_GEOMETRY = {"num_hidden_layers": 30, "num_key_value_heads": 3, "head_dim": 64}
 
 

@@ -1,6 +1,7 @@
 """Topology compiler: proposals -> parent-unique candidate rows and target coordinates.
 
-Pure functions, no model (reference 0x02, 0x07D, 0x07E, 0x0C, 0x0F).
+Pure functions, no model: prefix-merged trees, candidate/predictor/KV row coordinates, and the
+implementation assertions over them.
 
 Coordinates. ``prefix_len`` counts every committed token *including* the pending bonus/correction
 token that the verify forward processes first. Candidate row ``r`` at depth ``d_r >= 1`` processes
@@ -200,11 +201,12 @@ def full_attention_mask(tree: CompiledTree, cache_len: int) -> torch.Tensor:
     return mask
 
 
-# --------------------------------------------------------------------------- 0x0F assertions
+# ------------------------------------------------------------------- implementation assertions
 
 
 def validate_candidate_graph(tree: CompiledTree, prefix_len: int | None = None) -> None:
-    """The reference's ``validate_candidate_graph`` over a compiled tree. Raises ContractError."""
+    """``validate_candidate_graph`` over a compiled tree: parents, depths, positions, predictor rows,
+    full prefixes and the ancestor mask agree. Raises ContractError."""
     prefix_len = tree.prefix_len if prefix_len is None else prefix_len
     if prefix_len < 0:
         raise ContractError(f"prefix_len must be >= 0; got {prefix_len}")
@@ -241,7 +243,7 @@ def validate_candidate_graph(tree: CompiledTree, prefix_len: int | None = None) 
 def validate_commit(
     tree: CompiledTree, accepted_rows: Sequence[int], branch_token_ids: Sequence[int] | None = None
 ) -> None:
-    """The reference's ``validate_commit``: one root-to-node path, no siblings, tokens match."""
+    """``validate_commit``: one root-to-node path, no siblings, tokens match."""
     accepted = list(accepted_rows)
     if len(set(accepted)) != len(accepted):
         raise ContractError(f"accepted rows repeat: {accepted}")

@@ -1,8 +1,9 @@
 """Sequoia tree optimisation: acceptance vectors, the depth-indexed DP, hardware-aware choice.
 
-Reference 0x0AA (positional acceptance), 0x0AC (the DP), 0x0AD (hardware-aware objective).
+Sequoia (Chen et al., 2024): a positional acceptance model, the depth-indexed dynamic program over
+(nodes, depth, branches), and the hardware-aware objective G(n, d) / (t(n) + d c).
 
-Conventions (issue 4), used throughout this module and `harness tree`:
+Conventions, used throughout this module and `harness tree`:
 
 * ``n`` counts the root, as Sequoia does: ``n = candidate rows + 1``, the verify forward length.
   ``topology.max_nodes`` and :class:`harness.proposers.base.Budget` count candidate rows instead;
@@ -32,7 +33,7 @@ MASS_ATOL = 1e-12
 BOUND_ATOL = 1e-9
 
 
-# ---------------------------------------------------------------- acceptance vectors (0x0AA)
+# ------------------------------------------------------- acceptance vectors (positional model)
 
 
 def _as_floats(values: Sequence[float], *, name: str) -> list[float]:
@@ -181,7 +182,7 @@ def tree_to_budget_parents(parents: Sequence[int]) -> tuple[int, ...]:
     return tuple(-1 if int(u) == 0 else int(u) - 1 for u in list(parents)[1:])
 
 
-# ---------------------------------------------------------------- the depth-indexed DP (0x0AC)
+# --------------------------------------------------------------------- the depth-indexed DP
 
 
 @dataclass(frozen=True)
@@ -269,7 +270,8 @@ class SequoiaTable:
 
 
 def optimize_tree(*, acceptance: Sequence[float], max_nodes: int, max_depth: int) -> SequoiaTable:
-    """Fill Sequoia's T[n, d, b] (0x0AC) for n <= max_nodes (root included), d <= max_depth edges.
+    """Fill Sequoia's depth-indexed DP table T[n, d, b] for n <= max_nodes (root included),
+    d <= max_depth edges.
 
     T[1, d, 0] = 1; T[n, d, b] = max_y T[y, d, b-1] + p_b * max_j T[n-y, d-1, j], where the left
     part (y nodes) is the root with its first b-1 child subtrees and the right part (n-y nodes) is
@@ -328,7 +330,7 @@ def optimize_tree(*, acceptance: Sequence[float], max_nodes: int, max_depth: int
     )
 
 
-# ---------------------------------------------------------------- hardware-aware choice (0x0AD)
+# -------------------------------------------------------------------- hardware-aware choice
 
 
 @dataclass(frozen=True)
@@ -355,16 +357,17 @@ def select_hardware_aware(
     draft_base_cost: float = 0.0,
     min_nodes: int = 2,
 ) -> Choice:
-    """Choose (n, d) minimising ``(t(n) + c0 + d*c) / G(n, d)`` over the filled table (0x0AD).
+    """Choose (n, d) minimising ``(t(n) + c0 + d*c) / G(n, d)`` over the filled table (Sequoia's
+    hardware-aware objective).
 
     ``verify_cost[n-1] = t(n)``, the verify forward over n nodes normalised so ``t(1) = 1``
     (at least ``table.max_nodes`` entries); ``draft_cost`` = c per depth step, ``draft_base_cost``
-    = c0 (the proposer's pass on the pending token; 0 reproduces the reference's (t(n)+dc)/G).
+    = c0 (the proposer's pass on the pending token; 0 reproduces Sequoia's (t(n)+dc)/G).
 
-    ``min_nodes`` is the smallest n searched. The default 2 (at least one candidate row) is the
-    reference toy's 2..N search. With ``min_nodes=1`` the root-only "tree" is plain autoregressive
-    decoding: G = 1 and time t(1) = 1, no draft cost paid (nothing is drafted).
-    Ties go to the smaller n, then the smaller d. ``d`` is the chosen tree's actual depth.
+    ``min_nodes`` is the smallest n searched. The default 2 (at least one candidate row) searches
+    n = 2..N. With ``min_nodes=1`` the root-only "tree" is plain autoregressive decoding: G = 1 and
+    time t(1) = 1, no draft cost paid (nothing is drafted). Ties go to the smaller n, then the
+    smaller d. ``d`` is the chosen tree's actual depth.
     """
     costs = _as_floats(verify_cost, name="verify_cost")
     N = table.max_nodes

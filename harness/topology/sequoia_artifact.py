@@ -1,4 +1,4 @@
-"""`topology=sequoia`: the tree artifact and the TOPOLOGY preparer (reference 0x0AC-0x0AE, issue 4).
+"""`topology=sequoia`: the tree artifact and the TOPOLOGY preparer.
 
 A tree artifact binds one calibration artifact (positional acceptance p_j, measured by
 :mod:`harness.gates.calibrate`) and one hardware profile (t(n), c0, c, measured by

@@ -1,4 +1,4 @@
-"""`harness compare`: arms side by side, paired on prompts, with bootstrap CIs (issue 8, item 4).
+"""`harness compare`: arms side by side, paired on prompts, with bootstrap CIs.
 
     harness compare <records_root | store.parquet> [by=proposer] [baseline=hydra]
                     [json=PATH] [level=0.95] [resamples=2000] [seed=0] [method=percentile]

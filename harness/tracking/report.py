@@ -1,4 +1,4 @@
-"""`harness report`: a Markdown report with PNGs, regenerated from stored records only (item 5).
+"""`harness report`: a Markdown report with PNGs, regenerated from stored records only.
 
     harness report <records_root | store.parquet> [out=DIR] [recipe=default]
 
@@ -607,7 +607,7 @@ def build_report(df: pd.DataFrame, out_dir: Path, recipe: Mapping[str, Any], *, 
             "## Source-reported numbers (not measured here)",
             "",
             "Quoted from the papers, measured by their authors on their models and hardware. "
-            "They are context, not expectations for this harness (reference 0x0D).",
+            "They are context, not expectations for this harness: each holds for its own configuration.",
             "",
             md_table(["label", *SOURCE_KEYS], [["source-reported", *(e[k] for k in SOURCE_KEYS)] for e in entries]),
             "",

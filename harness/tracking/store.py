@@ -1,4 +1,4 @@
-"""Run records and the results store (issue 8, item 3).
+"""Run records and the results store.
 
 Every run writes ``<run_dir>/record.json`` (atomically) and ``<run_dir>/outputs.jsonl``. This
 module reads those records back:
@@ -100,7 +100,8 @@ REQUIRED_METRICS: tuple[str, ...] = (
     "cpu_budget_artifact",
 )
 
-#: the round-cost ledger (reference 0x02C), in this order.
+#: the round-cost ledger (round cost = proposal + retrieval + packing + target verify + selection
+#: + temporary state), in this order.
 ROUND_COST_STAGES: tuple[str, ...] = (
     "proposal",
     "retrieval",
@@ -233,7 +234,7 @@ def _flatten(prefix: str, obj: Any, out: dict[str, Any]) -> None:
         out[prefix] = json.dumps(list(obj))
     else:
         if isinstance(obj, float) and not math.isfinite(obj):
-            obj = None  # "not measured" is None, never inf or NaN (STYLE 5)
+            obj = None  # "not measured" is None, never inf or NaN
         out[prefix] = obj
 
 

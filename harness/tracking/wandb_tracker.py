@@ -1,4 +1,4 @@
-"""One W&B run per job (issue 8, item 2).
+"""One W&B run per job.
 
 The runner opens the tracker after the gates pass and logs the finished record::
 

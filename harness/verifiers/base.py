@@ -1,4 +1,5 @@
-"""Verifier interface, registry and capability negotiation (reference 0x02A, 0x08, 0x09A).
+"""Verifier interface, registry and capability negotiation (a proposal's probability semantics,
+sampling relation and topology must be ones the verifier is proved for).
 
 A verifier is a pure function of the compiled tree, the target distributions and an injected
 :class:`~harness.random_source.RandomSource`. ``target_probs`` is ``[1 + N, V]``: row 0 is the
@@ -91,14 +92,14 @@ def negotiate(proposer: Capabilities, verifier: Verifier, *, temperature: float,
         raise NegotiationError(
             f"proposer {proposer.name!r} provides probability semantics {sorted(bad_sem)}, but verifier "
             f"{v.name!r} requires one of {sorted(v.probability_semantics)}: a score or frequency cannot "
-            "stand in for q (0x02A). Use verifier=membership or verifier=greedy."
+            "stand in for q. Use verifier=membership or verifier=greedy."
         )
     bad_rel = proposer.sampling_relations - v.sampling_relations
     if bad_rel:
         raise NegotiationError(
             f"proposer {proposer.name!r} samples with relation {sorted(bad_rel)}, but verifier {v.name!r} "
-            f"is proved for {sorted(v.sampling_relations)} only (0x0AB: a sampling law change needs its "
-            "own verifier)"
+            f"is proved for {sorted(v.sampling_relations)} only (a sampling law change needs its own "
+            "verifier)"
         )
     if proposer.topology not in v.topologies:
         raise NegotiationError(

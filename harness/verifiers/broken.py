@@ -1,9 +1,10 @@
-"""A deliberately wrong verifier: the oracle's negative control (reference 0x08B).
+"""A deliberately wrong verifier: the oracle's negative control (one-draft acceptance
+repeated over k candidates).
 
 ``naive_multi_draft`` tests each of the ``k`` draws below a node against the ORIGINAL target
 ``p`` with the one-draft rule ``min(1, p(x) / q(x))`` and, when all are rejected, samples the
 one-draft correction ``norm([p - q]_+)``. With one draw this is the correct rejection rule; with
-``k > 1`` every extra chance to accept the same token duplicates its mass (0x08B: all drafts 1,
+``k > 1`` every extra chance to accept the same token duplicates its mass (all drafts 1,
 target Bernoulli(1/2), ``k`` copies output 1 with probability at least ``1 - 2^-k``).
 
 It is registered ``exact=True`` (it claims exactness, as a buggy verifier would) and

@@ -18,8 +18,9 @@ ALL_RELATIONS = frozenset({"iid", "without_replacement", "beam", "deterministic_
 
 
 def positive_residual(residual: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``norm([residual - q]_+)`` (0x09A). ``[V]``. If no mass is left (only reachable through
-    rounding: rejection then had probability 0), the residual is returned unchanged."""
+    """``norm([residual - q]_+)`` (SpecInfer's residual update). ``[V]``. If no mass is left (only
+    reachable through rounding: rejection then had probability 0), the residual is returned
+    unchanged."""
     diff = (residual - q).clamp_min(0.0)
     z = diff.sum()
     if float(z) <= 1e-12:
@@ -72,9 +73,9 @@ class MembershipVerifier(Verifier):
 
 
 class _ResidualVerifier(Verifier):
-    """Multi-candidate residual update (SpecInfer 0x09A); with one draw per node it is the
-    one-draft rejection rule. Each draw is tested against the *current* residual with the law it
-    was drawn from; after a rejection the residual becomes norm([residual - q_i]_+)."""
+    """Multi-candidate residual update (SpecInfer, Miao et al., 2024); with one draw per node it is
+    the one-draft rejection rule. Each draw is tested against the *current* residual with the law
+    it was drawn from; after a rejection the residual becomes norm([residual - q_i]_+)."""
 
     probability_semantics = frozenset({"normalized_conditional"})
     temperatures = "positive"
@@ -103,7 +104,7 @@ class _ResidualVerifier(Verifier):
 
 @register
 class RejectionVerifier(_ResidualVerifier):
-    """One-draft p/q rejection on a sampled sequence (Leviathan et al.; 0x08A)."""
+    """One-draft p/q rejection on a sampled sequence (Leviathan et al., 2023: a maximal coupling)."""
 
     name = "rejection"
     sampling_relations = frozenset({"iid"})
@@ -112,7 +113,7 @@ class RejectionVerifier(_ResidualVerifier):
 
 @register
 class SpecInferVerifier(_ResidualVerifier):
-    """SpecInfer multi-step residual verification over i.i.d. sampled children (0x09A)."""
+    """SpecInfer multi-step residual verification over i.i.d. sampled children (Miao et al., 2024)."""
 
     name = "specinfer"
     sampling_relations = frozenset({"iid"})
@@ -120,7 +121,8 @@ class SpecInferVerifier(_ResidualVerifier):
 
 @register
 class SequoiaVerifier(_ResidualVerifier):
-    """Sequoia's verifier: the residual update paired with without-replacement sampling (0x0AB).
+    """Sequoia's verifier: the residual update paired with without-replacement sampling (Chen et
+    al., 2024).
 
     The proposal side removes each sampled token from later draws at the same parent and falls
     back to a uniform law over unsampled tokens when the draft mass is exhausted; each draw

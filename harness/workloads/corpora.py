@@ -1,4 +1,4 @@
-"""Corpus documents for REST datastores (reference 0x04B, 0x04C) and the ShareGPT splits.
+"""Corpus documents for REST datastores (He et al., 2024) and the ShareGPT splits.
 
 Two embedded corpora, both available offline from installed packages:
 

@@ -1,4 +1,5 @@
-"""REST datastores: build, release manifest, verified loading, leakage control (0x04B, 0x04C).
+"""REST datastores: build, release manifest, verified loading, leakage control (REST,
+He et al., 2024; a versioned index release).
 
 A datastore is a directory::
 
@@ -6,7 +7,9 @@ A datastore is a directory::
                    the sentinel -1 (so no match and no continuation crosses a segment/document)
     sa.npy         [N] int32 little-endian: suffix array of tokens (pydivsufsort.divsufsort),
                    lexicographic order of token suffixes, the sentinel smallest
-    manifest.json  the index release manifest (everything 0x04C lists) and its ``release_id``
+    manifest.json  the index release manifest (corpus, exclusions, tokenizer, context and
+                   continuation lengths, key encoding, counter width, tie-breaking, checksum,
+                   builder) and its ``release_id``
 
 Search uses libdivsufsort's ``sa_search`` (shipped by pydivsufsort) over search keys: each token
 as big-endian uint32 of ``token_id + 1`` (sentinel -> 0), with the token-aligned suffix array in
@@ -22,8 +25,9 @@ reference answers, held-out ShareGPT turns) is tokenized with the same tokenizer
 dropped whole when any of its segments contains any ``exclusion_window``-token window (default
 32, the leakage threshold) of an excluded text. Texts shorter than the window are hashed into the
 manifest but cannot reach the threshold by construction. The run-time gate :func:`check_leakage`
-measures the longest match of every prompt/reference and refuses the run at >= 32 tokens unless
-``allow=True`` (``datastore.allow_leakage=true``), which the returned records then state.
+measures the longest match of every prompt/reference and refuses the run at >= 32 tokens
+(:func:`refuse_leakage`) unless ``allow=True`` (the run's top-level ``allow_leakage=true``), which
+the returned records then state.
 """
 
 from __future__ import annotations
@@ -80,7 +84,8 @@ class DatastoreError(ValueError):
 
 
 class LeakageError(ValueError):
-    """An evaluation prompt or reference has a long match in the datastore (0x04C)."""
+    """An evaluation prompt or reference answer has a long match in the datastore (evaluation
+    leakage)."""
 
 
 @dataclass(frozen=True)
@@ -647,16 +652,25 @@ def check_leakage(
                 "datastore_release_id": datastore.release_id,
             }
         )
-    leaked = [r for r in records if r["leaked"]]
-    if leaked and not allow:
-        names = ", ".join(f"{r['prompt_id']} ({r['longest_match']} tokens)" for r in leaked[:10])
-        more = f" and {len(leaked) - 10} more" if len(leaked) > 10 else ""
-        raise LeakageError(
-            f"evaluation leakage: {len(leaked)} prompt(s) match the datastore for >= {threshold} tokens: "
-            f"{names}{more}. Rebuild the datastore excluding them, or set datastore.allow_leakage=true "
-            "(the record then states it)."
-        )
+    if not allow:
+        refuse_leakage(records, threshold=threshold, release_id=datastore.release_id)
     return records
+
+
+def refuse_leakage(records: Sequence[dict], *, threshold: int, release_id: str) -> None:
+    """Raise :class:`LeakageError` naming the leaked items of ``records`` (:func:`check_leakage`'s
+    records), if any; the message tells how to rebuild or to run anyway (``allow_leakage=true``)."""
+    leaked = [r for r in records if r["leaked"]]
+    if not leaked:
+        return
+    names = ", ".join(f"{r['prompt_id']} ({r['longest_match']} tokens)" for r in leaked[:10])
+    more = f" and {len(leaked) - 10} more" if len(leaked) > 10 else ""
+    raise LeakageError(
+        f"evaluation leakage: {len(leaked)} of {len(records)} prompt(s) match datastore {release_id[:12]} "
+        f"for >= {threshold} tokens (prompt or reference answer): {names}{more}. Rebuild the datastore "
+        "excluding them (`harness datastore build ... exclude=humaneval|sharegpt_heldout|<workload>.jsonl`), "
+        "or set allow_leakage=true (the record then states it)."
+    )
 
 
 # --------------------------------------------------------------------------------------------
