@@ -1,8 +1,10 @@
-"""Hydra entry points: `harness run` (one job, or a multirun of jobs) and `harness sweep NAME`.
+"""Entry points of the commands that compose the `harness run` config: `harness run` (one job, or a
+multirun of jobs), `harness sweep NAME`, `harness calibrate` and `harness train`.
 
-``main`` composes the config and hands it to :func:`harness.runner.run_job` (single run) or
-:func:`harness.sweep.run_sweep_job` (each job of a multirun); no logic lives here beyond turning
-outcomes into exit codes and one-line refusals.
+Each composes the config (Hydra) and hands it to one function of a room below —
+:func:`harness.runner.run_job`, :func:`harness.sweep.run_sweep_job`,
+:func:`harness.prepare.sequoia.ensure_tree_artifact`, a trainer of :data:`harness.prepare.TRAINERS` —
+and turns the outcome into an exit code and a one-line refusal.
 """
 
 from __future__ import annotations
@@ -11,23 +13,28 @@ import json
 import sys
 from pathlib import Path
 
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from harness import sweep
-from harness.config import CONF_DIR
+from harness.config import CONF_DIR, compose
+from harness.contracts import resolve_ref
+from harness.engine.build import BuildContext, plan
 from harness.gates.stages import GateError
-from harness.runner import run_job, track
+from harness.prepare import TRAINERS
+from harness.prepare.sequoia import ensure_tree_artifact
+from harness.runner import load, load_models, plan_job, run_job, track
 
 
 def run_main(argv: list[str] | None = None) -> int:
-    import hydra
 
     argv = list(sys.argv[1:] if argv is None else argv)
     status = {"code": 0}
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _entry(cfg: DictConfig) -> dict | None:
-        from hydra.core.hydra_config import HydraConfig
 
         hydra_cfg = HydraConfig.get()
         if hydra_cfg.mode.name == "MULTIRUN":  # skip finished jobs; a failing job never stops the sweep
@@ -93,3 +100,96 @@ def sweep_main(argv: list[str] | None = None) -> int:
         print("harness sweep: the sweep finished without a summary (was hydra.callbacks changed?)", file=sys.stderr)
         return 1
     return 1 if sweep.LAST_SUMMARY.get("failed") else 0
+
+
+# --------------------------------------------------------------------------- harness calibrate
+
+CALIBRATE_USAGE = """usage: harness calibrate [hydra overrides, as for `harness run`]
+
+Writes fresh Sequoia artifacts for the composed config (topology=sequoia unless another topology
+is given): the positional-acceptance calibration, the hardware profile t(n), c0, c and the chosen
+tree, under $HARNESS_CACHE/sequoia (a run with the same overrides then loads them)."""
+
+
+def with_sequoia(overrides: list[str]) -> list[str]:
+    """``overrides`` with ``topology=sequoia`` first unless a topology is given."""
+    overrides = list(overrides)
+    if not any(o.split("=", 1)[0].lstrip("+~") == "topology" for o in overrides):
+        overrides.insert(0, "topology=sequoia")
+    return overrides
+
+
+def calibrate(cfg: DictConfig, *, progress: bool = True) -> dict:
+    """Load the models of ``cfg``, write fresh calibration, profile and tree artifacts; return paths."""
+
+    if cfg.topology.name != "sequoia":
+        raise ValueError(
+            f"harness calibrate writes Sequoia artifacts: it needs topology=sequoia; got topology={cfg.topology.name}"
+        )
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    plan(cfg)  # negotiation first: refuse a combination the run would refuse, before model work
+    loaded = load(cfg, plan_job(cfg, None))
+    context = BuildContext(
+        cfg=cfg,
+        target_backend=loaded.backend,
+        tokenizer=loaded.target.tokenizer,
+        draft_backend=loaded.draft_backend,
+        items=loaded.items,
+        model_source=loaded.target.source,
+    )
+    return ensure_tree_artifact(cfg, context, force=True, progress=progress).summary()
+
+
+def calibrate_main(argv: list[str]) -> int:
+    if any(a in {"-h", "--help"} for a in argv):
+        print(CALIBRATE_USAGE)
+        return 0
+    try:
+        cfg = compose(with_sequoia(argv))
+    except Exception as exc:  # hydra/omegaconf composition errors: unknown group, key or type
+        print(f"harness calibrate: cannot compose the config from {argv}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        out = calibrate(cfg)
+    except (GateError, ValueError) as exc:
+        print(f"harness calibrate: refused: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+# --------------------------------------------------------------------------- harness train
+
+TRAIN_USAGE = f"""usage: harness train proposer=<{"|".join(TRAINERS)}> [hydra overrides...] [force=true]
+
+Builds a proposer's trained or searched artifact for the configured target, e.g.
+    harness train proposer=hydra [model=smollm2] [proposer.data.token_budget=20000] [force=true]
+    harness train proposer=early_exit model=tiny
+    harness train proposer=layer_skip proposer.search.trials=20
+The same config composition as `harness run`, so the artifact's recipe is exactly the one a run
+with the same overrides looks for. force=true retrains even when the artifact exists. Prints the
+artifact's manifest summary as JSON."""
+
+
+def train_main(argv: list[str]) -> int:
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(TRAIN_USAGE)
+        return 0 if argv else 2
+    force = any(a.split("=", 1)[1].lower() in {"true", "1", "yes"} for a in argv if a.startswith("force="))
+    cfg = compose([a for a in argv if not a.startswith("force=")])
+    name = cfg.proposer.name
+    if name not in TRAINERS:
+        print(f"harness train: proposer {name!r} has no trained artifact; one of {sorted(TRAINERS)}", file=sys.stderr)
+        return 2
+
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    target, _ = load_models(cfg)
+    try:
+        summary = resolve_ref(TRAINERS[name])(cfg, target=target, force=force)
+    except ValueError as exc:
+        print(f"harness train: refused: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2, default=str))
+    return 0

@@ -13,12 +13,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("harness.app:run_main", "Hydra-composed run: gates, AR baseline + speculative arm, record"),
     "oracles": ("harness.gates.oracle_cli", "run the exactness oracle suite and print a table"),
     "tree": ("harness.topology.sequoia_cli", "Sequoia tree DP / hardware-aware selection (JSON)"),
-    "calibrate": ("harness.gates.calibrate", "write Sequoia calibration + hardware profile artifacts"),
+    "calibrate": ("harness.app:calibrate_main", "write Sequoia calibration + hardware profile artifacts"),
     "datastore": ("harness.workloads.datastore", "build / inspect REST datastores"),
     "sweep": ("harness.app:sweep_main", "launch a named sweep from sweeps/"),
     "compare": ("harness.tracking.compare", "compare arms with paired bootstrap CIs"),
     "report": ("harness.tracking.report", "regenerate a report from stored records"),
-    "train": ("harness.train", "train / search a proposer artifact (heads, early-exit adapter, skip vector)"),
+    "train": ("harness.app:train_main", "train / search a proposer artifact (heads, early-exit adapter, skip vector)"),
 }
 
 

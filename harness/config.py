@@ -10,8 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from harness.topology.budgets import cartesian_rows
 
 #: the config groups (schema-backed YAML) that `harness run` composes
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -93,7 +98,7 @@ class MergedConfig(ProposerConfig):
 
 @dataclass
 class HeadsDataConfig:
-    """Training stream of a heads artifact (harness/heads/data.py)."""
+    """Training stream of a heads artifact (harness/prepare/heads_data.py)."""
 
     source: str = "sharegpt"
     split: str = "train"
@@ -227,7 +232,7 @@ class HardwareProfileConfig:
 
 @dataclass
 class SequoiaTopologyConfig(TopologyConfig):
-    """topology=sequoia: a calibrated, hardware-aware tree (harness/topology/sequoia_artifact.py)."""
+    """topology=sequoia: a calibrated, hardware-aware tree (harness/prepare/sequoia.py)."""
 
     name: str = "sequoia"
     min_nodes: int = 2  # smallest n (root included) searched; 1 admits plain AR
@@ -336,9 +341,6 @@ def register_configs() -> None:
     cs.store(group="proposer", name="base_early_exit", node=EarlyExitConfig)
     cs.store(group="proposer", name="base_layer_skip", node=LayerSkipConfig)
     cs.store(group="topology", name="base_cartesian", node=CartesianTopologyConfig)
-    from omegaconf import OmegaConf
-
-    from harness.heads.cartesian import cartesian_rows
 
     OmegaConf.register_new_resolver(
         "cartesian_rows", lambda widths: cartesian_rows([int(w) for w in widths]), replace=True
@@ -353,9 +355,6 @@ register_configs()
 
 def compose(overrides: list[str] = (), *, return_hydra_config: bool = False) -> DictConfig:
     """The `harness run` config composed with ``overrides`` (Hydra's compose API, no run)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()  # an in-process run or sweep leaves Hydra initialised
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

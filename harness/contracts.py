@@ -11,6 +11,7 @@ actual value in the message.
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -248,3 +249,53 @@ class Selection:
     def __post_init__(self) -> None:
         if self.next_token < 0:
             raise ContractError(f"next_token must be a token id; got {self.next_token}")
+
+
+# --------------------------------------------------------------------------- config-time contracts
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Topology parameters a proposer shapes its candidates to (candidate rows, root excluded)."""
+
+    shape: str  # sequence | sequences | set | expansion | tree (a parent array) | merged
+    max_nodes: int
+    max_depth: int
+    widths: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()  # explicit tree shape (e.g. a Sequoia tree), -1 = frontier
+
+    def __post_init__(self) -> None:
+        if self.max_nodes < 1 or self.max_depth < 1:
+            raise ValueError(f"max_nodes and max_depth must be >= 1; got {self.max_nodes}, {self.max_depth}")
+        if any(w < 1 for w in self.widths):
+            raise ValueError(f"widths must be >= 1; got {list(self.widths)}")
+
+
+def budget_topology(budget: Budget) -> str:
+    """The proposal topology (contract vocabulary) a budget shape produces."""
+    if budget.shape == "sequence":
+        return "sequence"
+    if budget.shape == "set":
+        return "set"
+    return "tree"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a proposal source declares before any model work."""
+
+    name: str
+    probability_semantics: frozenset[str]
+    sampling_relations: frozenset[str]
+    topology: str  # "sequence" | "set" | "tree"
+
+
+def resolve_ref(ref: str) -> Any:
+    """The object a registry entry ``"module:attr"`` names (imported on use, so a registry names
+    rooms without importing them)."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -25,11 +25,22 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from harness.contracts import Budget
+from harness.engine.decode import RoundConfig, decode
+from harness.gates.stages import equivalence_gate
+from harness.proposers.base import NullProposer
+from harness.proposers.prompt_lookup import PromptLookupProposer
+from harness.random_source import TorchRandomSource
+from harness.target.backend import CausalLMBackend
+from harness.target.timing import verify_times
+from harness.verifiers import get_verifier
+from harness.verifiers.sampling import SamplingPolicy
 
 
 def smollm2_shaped(dtype: torch.dtype, device: str, layers: int = 30):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     cfg = LlamaConfig(
         vocab_size=49152,
         hidden_size=576,
@@ -51,8 +62,6 @@ def smollm2_shaped(dtype: torch.dtype, device: str, layers: int = 30):
 
 @torch.inference_mode()
 def equivalence(model, device) -> dict:
-    from harness.gates.stages import equivalence_gate
-    from harness.target.backend import CausalLMBackend
 
     backend = CausalLMBackend(model, device=torch.device(device))
     ids = torch.randint(3, 49000, (40,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -61,8 +70,6 @@ def equivalence(model, device) -> dict:
 
 def t_of_n(model, device, ns, prefix=256, reps=20) -> dict:
     """t(n) through the runs' timing function (device-synchronised clock), heap-shaped trees."""
-    from harness.target.backend import CausalLMBackend
-    from harness.target.timing import verify_times
 
     backend = CausalLMBackend(model, device=torch.device(device))
     ids = torch.randint(3, 49000, (prefix,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -79,13 +86,6 @@ def t_of_n(model, device, ns, prefix=256, reps=20) -> dict:
 
 @torch.inference_mode()
 def round_loop(model, device, new_tokens=64) -> dict:
-    from harness.engine.decode import RoundConfig, decode
-    from harness.proposers.base import Budget, NullProposer
-    from harness.proposers.prompt_lookup import PromptLookupProposer
-    from harness.random_source import TorchRandomSource
-    from harness.target.backend import CausalLMBackend
-    from harness.verifiers import get_verifier
-    from harness.verifiers.sampling import SamplingPolicy
 
     backend = CausalLMBackend(model, device=torch.device(device))
     base = torch.randint(3, 49000, (24,), generator=torch.Generator().manual_seed(2)).tolist()
@@ -134,8 +134,6 @@ def main(argv=None) -> int:
         print("gpu_check: no CUDA device", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    import transformers
-
     report = {
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,

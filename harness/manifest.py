@@ -11,6 +11,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness.measure.hardware import library_versions
+from harness.proposers.rest import manifest_datastores
+
 COMPILER_VERSION = "compiler-1"
 RECORD_SCHEMA_VERSION = 1
 
@@ -76,8 +79,6 @@ def job_manifest_hash(cfg: DictConfig, *, versions: dict[str, str] | None = None
     library versions (``harness.measure.hardware.library_versions``), as in the runner.
     """
     if versions is None:
-        from harness.measure.hardware import library_versions
-
         versions = library_versions()
     return manifest_hash(freeze_manifest(cfg, versions=versions, extra=manifest_extras(cfg)))
 
@@ -87,7 +88,5 @@ def manifest_extras(cfg: DictConfig) -> dict:
     retrieval proposer (opened, or built on first use, before any model is loaded)."""
     p = cfg.proposer
     if p.name == "rest" or (p.name == "merged" and "rest" in list(p.get("sources", []))):
-        from harness.proposers.rest import manifest_datastores
-
         return manifest_datastores(cfg)
     return {}

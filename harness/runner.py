@@ -17,23 +17,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from harness.contracts import Budget
 from harness.engine.arms import METRIC_NOTES, Arms, ArmsResult, merged_proposer_extras
-from harness.engine.build import BuildContext, Plan, build_proposer, plan, prepare
+from harness.engine.build import BuildContext, Plan, build_proposer, plan
 from harness.engine.decode import RoundConfig, check_temp_kv_budget
+from harness.gates.drift import heuristic_drift
 from harness.gates.greedy import greedy_equality
 from harness.gates.stages import GateError, run_gates
 from harness.manifest import RECORD_SCHEMA_VERSION, freeze_manifest, manifest_extras, manifest_hash
 from harness.measure.hardware import hardware_card, library_versions, peak_rss_bytes
-from harness.proposers.base import Budget, NullProposer
+from harness.prepare import prepare
+from harness.prepare.sequoia import cost_model_error
+from harness.proposers.base import NullProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
-from harness.target.loading import LoadedModel, load_model, model_kv_bytes_per_token
+from harness.target.loading import LoadedModel, eos_ids, load_model, model_kv_bytes_per_token, tokenizer_fingerprint
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
-from harness.workloads.datastore import tokenizer_fingerprint
-from harness.workloads.prompts import encode_prompt, load_workload
+from harness.tracking.wandb_tracker import open_run
+from harness.workloads.prompts import encode_workload
 
 
 @dataclass(frozen=True)
@@ -135,7 +140,7 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
         backend=backend,
         draft_backend=CausalLMBackend(draft.model, device=device) if draft is not None else None,
         items=encode_workload(cfg, target.tokenizer),
-        eos=eos_ids(target),
+        eos=eos_ids(target.model, target.tokenizer),
     )
 
 
@@ -145,8 +150,6 @@ def load_models(cfg: DictConfig) -> tuple[LoadedModel, LoadedModel | None]:
     d = draft_model_config(cfg)
     if d is None:
         return target, None
-    import transformers
-
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # a truncated load lists every dropped layer
     try:
@@ -193,33 +196,6 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
         or (tokenizer_fingerprint(target.tokenizer) != tokenizer_fingerprint(draft.tokenizer))
     ):
         raise GateError("the draft model's tokenizer differs from the target's; a parametric draft must share it")
-
-
-def encode_workload(cfg: DictConfig, tokenizer) -> list[tuple[object, list[int]]]:
-    w = cfg.workload
-    prompts = load_workload(name=w.name, split=w.split, limit=w.limit, path=w.path)
-    if tokenizer is None:  # model=tiny: deterministic synthetic ids from the prompt text
-        vocab = int(cfg.model.tiny.get("vocab_size", 96)) if cfg.model.tiny else 96
-        out = []
-        for p in prompts:
-            text = p.text if p.text is not None else " ".join(m["content"] for m in p.messages)
-            ids = [3 + (b % (vocab - 3)) for b in text.encode()[:96]]
-            out.append((p, ids or [3]))
-        return out
-    return [(p, encode_prompt(p, tokenizer, chat=bool(w.chat))) for p in prompts]
-
-
-def eos_ids(target: LoadedModel) -> frozenset[int]:
-    ids = set()
-    eos = target.model.config.eos_token_id
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif eos:
-        ids.update(int(e) for e in eos)
-    tok = target.tokenizer
-    if tok is not None and tok.eos_token_id is not None:
-        ids.add(int(tok.eos_token_id))
-    return frozenset(ids)
 
 
 # --------------------------------------------------------------------------- prepare
@@ -348,8 +324,6 @@ def summarise(
         }
     )
     if not plan_.verifier.exact:
-        from harness.gates.drift import heuristic_drift
-
         metrics["drift"] = heuristic_drift(cfg, plan_=plan_, backend=backend, proposer=proposer, items=loaded.items)
     metrics.update(plan_.extras.get("metrics", {}))
     if measured.greedy is not None:
@@ -389,12 +363,10 @@ def summarise(
             ),
         },
     }
-    t_profile = getattr(proposer, "t_profile", None) or plan_.extras.get("t_profile")
+    t_profile = plan_.extras.get("t_profile")
     if t_profile:
         record["t_profile"] = t_profile  # measured verify time t(n) (ms) this run used
     if "sequoia_predicted_time_per_token_ms" in metrics:
-        from harness.topology.sequoia_artifact import cost_model_error
-
         metrics["sequoia_cost_model_error"] = cost_model_error(record)
     return record
 
@@ -415,7 +387,6 @@ def track(cfg: DictConfig, record: dict, run_dir: Path) -> None:
     """Trackers open after the gates passed and the record exists."""
     if cfg.tracking.name == "none":
         return
-    from harness.tracking.wandb_tracker import open_run
 
     group = cfg.sweep or cfg.experiment or "adhoc"
     tags = [f"{k}={v}" for k, v in record["axes"].items()]

@@ -38,10 +38,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback as _Callback
 from omegaconf import DictConfig, OmegaConf
 
+from harness.contracts import ContractError
+from harness.gates.stages import GateError
+from harness.manifest import job_manifest_hash
 from harness.runner import run_job, track
+from harness.tracking import report as report_mod
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
+from harness.tracking.store import RECORD_FILENAME, RecordError, load_record, rebuild_store
+from harness.verifiers.base import NegotiationError
 
 log = logging.getLogger("harness.sweep")
 
@@ -144,7 +151,6 @@ def launcher_concurrency(hydra_cfg: DictConfig) -> int | None:
 
 def finished_record(run_dir: Path, manifest_hash: str) -> dict | None:
     """The complete record in ``run_dir`` if it validates and carries ``manifest_hash``, else None."""
-    from harness.tracking.store import RECORD_FILENAME, RecordError, load_record
 
     path = Path(run_dir) / RECORD_FILENAME
     if not path.is_file():
@@ -173,9 +179,6 @@ def _launch_id(sweep_dir: Path) -> str | None:
 
 
 def _is_refusal(exc: BaseException) -> bool:
-    from harness.contracts import ContractError
-    from harness.gates.stages import GateError
-    from harness.verifiers.base import NegotiationError
 
     return isinstance(exc, (GateError, NegotiationError, ContractError))
 
@@ -186,7 +189,6 @@ def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:
     Never raises for a failing job: the error goes to ``<job>/job_status.json`` (and from there
     to the sweep's ``failures.jsonl``) and the other jobs go on. Returns the job status.
     """
-    from harness.manifest import job_manifest_hash
 
     t0 = time.perf_counter()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -284,7 +286,6 @@ def collect_statuses(sweep_dir: Path, *, launch_id: str | None) -> list[dict[str
 
 def finish_sweep(sweep_dir: str | Path, *, launch_id: str | None = None, report: bool = True) -> SweepSummary:
     """Failure file, summary, Parquet store and report for a sweep folder."""
-    from harness.tracking.store import rebuild_store
 
     sweep_dir = Path(sweep_dir)
     statuses = collect_statuses(sweep_dir, launch_id=launch_id)
@@ -311,8 +312,6 @@ def finish_sweep(sweep_dir: str | Path, *, launch_id: str | None = None, report:
     df = rebuild_store(sweep_dir, store_path)
     summary.records, summary.store = len(df), str(store_path)
     if report and len(df):
-        from harness.tracking import report as report_mod
-
         out = sweep_dir / REPORT_DIR
         try:
             code = report_mod.main([str(store_path), f"out={out}"])
@@ -344,7 +343,7 @@ def format_summary(summary: SweepSummary) -> str:
 
 
 try:  # Hydra >= 1.1
-    from hydra.experimental.callback import Callback as _Callback
+    pass
 except ImportError:  # pragma: no cover - hydra-core is pinned
     _Callback = object  # type: ignore[assignment,misc]
 

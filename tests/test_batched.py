@@ -4,12 +4,13 @@ forward per round, padded rows masked, the oracle on a batch of 2 at T > 0, the 
 import pytest
 import torch
 
+from harness.contracts import Budget
 from harness.engine.arms import merged_proposer_extras
 from harness.engine.decode import BatchLedger, RoundConfig, batches, decode, decode_batch
 from harness.gates.greedy import NEAR_TIE_LOGIT_TOL, check_prompt
 from harness.gates.oracle import complete_to_length, enumerate_marginal, max_abs_error, target_joint
 from harness.measure.ledger import StageClock
-from harness.proposers.base import Budget, NullProposer
+from harness.proposers.base import NullProposer
 from harness.proposers.draft_model import DraftModelProposer
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
@@ -419,7 +420,8 @@ def test_refuses_shared_proposer_instances(models):
 def test_harness_run_at_batch_size_2_on_tiny(tmp_path):
     """`harness run ... generation.batch_size=2` end to end: 3 prompts -> batches of 2 and 1."""
     from harness.config import compose
-    from harness.engine.build import ConfigError, plan
+    from harness.contracts import ConfigError
+    from harness.engine.build import plan
     from harness.runner import run_job
 
     overrides = [

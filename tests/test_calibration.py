@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.app import calibrate_main as main
+from harness.app import with_sequoia
 from harness.config import compose as compose_config
 from harness.contracts import NO_STATE, ProposalNode, ProposalResult, Selection
-from harness.gates.calibrate import (
+from harness.prepare.calibrate import (
     CalibrationError,
     acceptance_statistics,
     accepted_rank,
@@ -19,11 +21,9 @@ from harness.gates.calibrate import (
     calibration_provenance,
     check_calibration,
     check_disjoint,
-    main,
     run_calibration,
-    with_sequoia,
 )
-from harness.measure.profile import StaleArtifactError
+from harness.prepare.profile import StaleArtifactError
 from harness.topology.compiler import compile_tree
 from harness.topology.sequoia import wilson_interval
 from harness.workloads.prompts import Prompt
@@ -118,7 +118,7 @@ def test_calibration_must_be_disjoint_from_evaluation():
 
 
 def test_jsonl_workload_without_splits_is_refused(tmp_path):
-    from harness.runner import encode_workload
+    from harness.workloads.prompts import encode_workload
 
     path = tmp_path / "w.jsonl"
     path.write_text('{"id": "x", "prompt": "def f():"}\n{"id": "y", "prompt": "class A:"}\n')
@@ -141,8 +141,9 @@ def test_jsonl_workload_without_splits_is_refused(tmp_path):
 
 def _context(cfg):
     from harness.engine.build import BuildContext
-    from harness.runner import encode_workload, load_models
+    from harness.runner import load_models
     from harness.target.backend import CausalLMBackend
+    from harness.workloads.prompts import encode_workload
 
     target, draft = load_models(cfg)
     return BuildContext(

@@ -6,8 +6,8 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from harness import config as _  # noqa: F401  (registers schemas)
 from harness.config import CONF_DIR, compose
-from harness.contracts import ContractError
-from harness.engine.build import ConfigError, plan
+from harness.contracts import ConfigError, ContractError
+from harness.engine.build import plan
 from harness.engine.decode import check_temp_kv_budget
 from harness.verifiers import NegotiationError
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import numpy as np
 import pytest
 
+from harness.target.loading import tokenizer_fingerprint
 from harness.workloads import corpora
 from harness.workloads.corpora import Document, InlineCorpus, StdlibCorpus
 from harness.workloads.datastore import (
@@ -23,7 +22,6 @@ from harness.workloads.datastore import (
     load_datastore,
     longest_match,
     main,
-    tokenizer_fingerprint,
 )
 
 WORDS = "a b c d e f g h i j k l m n o p q r s t u v w x y z".split()
@@ -262,9 +260,9 @@ def test_check_leakage_refuses_a_leaked_prompt_unless_allowed():
 
 
 def test_cli_build_and_info(tmp_path, monkeypatch, capsys):
-    fake = types.ModuleType("harness.target.loading")
-    fake.load_tokenizer = lambda name: word_tokenizer()
-    monkeypatch.setitem(sys.modules, "harness.target.loading", fake)
+    import harness.workloads.datastore as datastore_module
+
+    monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
     root = tmp_path / "lib"
     root.mkdir()
     (root / "m.py").write_text("a b c d e f\n")
@@ -344,9 +342,9 @@ def test_cli_builds_the_real_sharegpt_datastore_excluding_held_out_conversations
     """`harness datastore build corpus=sharegpt` over the packaged ShareGPT train split (capped),
     with the held-out conversations' turns excluded at build time (index release manifest
     fields)."""
-    fake = types.ModuleType("harness.target.loading")
-    fake.load_tokenizer = lambda name: word_tokenizer()
-    monkeypatch.setitem(sys.modules, "harness.target.loading", fake)
+    import harness.workloads.datastore as datastore_module
+
+    monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
     out = tmp_path / "ds"
     assert (
         main(["build", "corpus=sharegpt", f"out={out}", "model=toy", "datastore.max_tokens=20000", "progress=false"])

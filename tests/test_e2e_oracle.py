@@ -11,10 +11,10 @@ import pytest
 import torch
 from helpers import round_of_one
 
+from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
 from harness.gates import e2e as E
 from harness.gates.oracle import MARGINAL_ATOL, OracleError, enumerate_marginal, exact_verifier_names, max_abs_error
-from harness.proposers.base import Budget
 from harness.target.backend import CausalLMBackend
 from harness.verifiers.base import VERIFIERS
 

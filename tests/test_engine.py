@@ -5,8 +5,9 @@ import pytest
 import torch
 from helpers import round_of_one
 
+from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
-from harness.proposers.base import Budget, NullProposer
+from harness.proposers.base import NullProposer
 from harness.proposers.draft_model import DraftModelProposer
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource

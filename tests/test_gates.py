@@ -320,10 +320,10 @@ def test_drift_of_typical_is_positive_on_a_peaked_target_and_matches_the_generic
     import torch
     from omegaconf import OmegaConf
 
+    from harness.contracts import Budget
     from harness.engine.build import Plan
     from harness.gates import drift as D
     from harness.gates.e2e import E2E_PROMPT, E2EModels, Float64Policy
-    from harness.proposers.base import Budget
     from harness.proposers.draft_model import DraftModelProposer
     from harness.verifiers import get_verifier
 

@@ -9,16 +9,18 @@ import pytest
 import torch
 from helpers import round_of_one
 
+from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
-from harness.heads.artifacts import ensure_heads, heads_recipe
-from harness.heads.cartesian import cartesian_rows
 from harness.heads.checkpoint import ArtifactError, target_fingerprint
 from harness.heads.models import DraftHeads, HeadSpec
-from harness.proposers.base import Budget, NullProposer
+from harness.heads.recipes import heads_recipe
+from harness.prepare.heads import ensure_heads
+from harness.proposers.base import NullProposer
 from harness.proposers.heads import CloverProposer, HydraProposer, MedusaProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import build_tiny_model
+from harness.topology.budgets import cartesian_rows
 from harness.topology.compiler import compile_tree
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
@@ -447,7 +449,8 @@ def test_topology_deeper_than_the_head_bank_is_refused_before_model_work():
 def test_heads_at_batch_above_one_are_refused_before_model_work(name):
     """The hidden tap is batch-1: a batched run would silently propose nothing, so plan() refuses."""
     from harness.config import compose
-    from harness.engine.build import ConfigError, plan
+    from harness.contracts import ConfigError
+    from harness.engine.build import plan
 
     ok = compose(["model=tiny", f"proposer={name}", "topology=sequence"])
     big = compose(["model=tiny", f"proposer={name}", "topology=sequence", "generation.batch_size=2"])

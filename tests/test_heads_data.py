@@ -4,15 +4,8 @@ teacher logits recomputed from a cached row through the frozen LM head."""
 import pytest
 import torch
 
-from harness.heads.data import (
-    DataRecipe,
-    byte_ids,
-    encode_stream,
-    load_stream,
-    save_stream,
-    take_budget,
-    training_streams,
-)
+from harness.heads.recipes import DataRecipe
+from harness.prepare.heads_data import byte_ids, encode_stream, load_stream, save_stream, take_budget, training_streams
 from harness.target.loading import build_tiny_model
 
 

@@ -10,11 +10,11 @@ import pytest
 
 import harness.config  # noqa: F401  (registers the config schemas)
 from harness.config import compose
-from harness.contracts import ProposalNode, ProposalResult
+from harness.contracts import Budget, ProposalNode, ProposalResult
 from harness.engine.build import plan
 from harness.engine.decode import RoundConfig, decode
 from harness.gates.oracle import OracleCase, PrefixLaws, check_case, fixed_candidates
-from harness.proposers.base import Budget, NullProposer, Proposer
+from harness.proposers.base import NullProposer, Proposer
 from harness.proposers.merged import MergedProposer, merge_proposals
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.proposers.rest import RestProposer
@@ -296,7 +296,8 @@ def test_merged_rest_and_prompt_lookup_keep_greedy_equality(tiny):
 
 
 def test_merged_run_end_to_end_on_tiny(tmp_path, monkeypatch):
-    from harness.runner import encode_workload, load_models, run_job
+    from harness.runner import load_models, run_job
+    from harness.workloads.prompts import encode_workload
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
     wl = tmp_path / "wl.jsonl"

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from harness.measure.profile import (
+from harness.prepare.profile import (
     PROFILE_MATCH_FIELDS,
     StaleArtifactError,
     artifact_hash,
@@ -177,8 +177,8 @@ def test_artifact_hash_verifies_and_edits_are_refused(measured, tmp_path):
 
 
 def _expected():
+    from harness.app import with_sequoia
     from harness.config import compose
-    from harness.gates.calibrate import with_sequoia
 
     return profile_provenance(compose(with_sequoia(["model=tiny", "proposer=draft_model", "topology.max_nodes=4"])))
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.contracts import ProposalResult
-from harness.proposers.base import Budget
+from harness.contracts import Budget, ProposalResult
 from harness.proposers.rest import RestProposer, build_trie, linearize_trie
 from harness.random_source import TorchRandomSource
 from harness.topology.compiler import compile_tree

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from harness.config import compose
+from harness.contracts import Budget
 from harness.engine.build import BuildContext, build_proposer, plan
-from harness.proposers.base import Budget, NullProposer
+from harness.proposers.base import NullProposer
 from harness.proposers.rest import RestProposer, open_datastore, release_manifest_hash
 from harness.random_source import TorchRandomSource
 from harness.verifiers import get_verifier
@@ -38,7 +39,7 @@ def compose_cfg(*overrides: str):
 
 
 def tiny_ids(text: str, vocab: int = 96) -> list[int]:
-    """The runner's synthetic ids for model=tiny (harness.runner.encode_workload)."""
+    """The runner's synthetic ids for model=tiny (harness.workloads.prompts.encode_workload)."""
     return [3 + (b % (vocab - 3)) for b in text.encode()]
 
 
@@ -51,8 +52,9 @@ def env(tmp_path_factory):
     workload = root / "wl.jsonl"
     workload.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     from harness.engine.decode import RoundConfig, decode
-    from harness.runner import encode_workload, load_models
+    from harness.runner import load_models
     from harness.target.backend import CausalLMBackend
+    from harness.workloads.prompts import encode_workload
 
     cfg = compose_cfg("model=tiny", "workload=jsonl", f"workload.path={workload}", "workload.chat=false")
     target, _ = load_models(cfg)

@@ -10,12 +10,14 @@ import pytest
 import torch
 from helpers import round_of_one
 
+from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
 from harness.heads.checkpoint import ArtifactError, artifact_dir, target_fingerprint
-from harness.heads.early_exit import ensure_adapter
 from harness.heads.partial import PartialPath, ProvisionalKV, causal_rows_mask
-from harness.heads.skip_search import SearchRecipe, ensure_skip, layer_influence, recipe_key, search_skip
-from harness.proposers.base import Budget, NullProposer
+from harness.heads.recipes import SearchRecipe, recipe_key
+from harness.prepare.early_exit import ensure_adapter
+from harness.prepare.skip_search import ensure_skip, layer_influence, search_skip
+from harness.proposers.base import NullProposer
 from harness.proposers.selfspec import EarlyExitProposer, LayerSkipProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend

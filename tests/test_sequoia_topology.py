@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.contracts import Budget
 from harness.gates.oracle import OracleCase, PrefixLaws, check_case
-from harness.measure.profile import StaleArtifactError, write_artifact
-from harness.proposers.base import Budget
+from harness.prepare.profile import StaleArtifactError, write_artifact
+from harness.prepare.sequoia import build_tree_artifact, check_tree, cost_model_error, search_bounds
 from harness.proposers.sampling import check_shape_parents, sample_shaped_tree_proposal
 from harness.random_source import TorchRandomSource
 from harness.topology.compiler import compile_tree
-from harness.topology.sequoia_artifact import build_tree_artifact, check_tree, cost_model_error, search_bounds
 from harness.verifiers import get_verifier
 
 TOY_P = [0.82, 0.0864, 0.022464]  # h = [0.82, 0.48, 0.24] converted (the hardware-aware toy)
@@ -260,8 +260,8 @@ RUN = [
 
 
 def compose(overrides):
+    from harness.app import with_sequoia
     from harness.config import compose as compose_config
-    from harness.gates.calibrate import with_sequoia
 
     return compose_config(with_sequoia(overrides))
 

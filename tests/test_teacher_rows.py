@@ -5,7 +5,7 @@ one-token segments, max_future=0)."""
 import pytest
 import torch
 
-from harness.heads.teacher_rows import (
+from harness.prepare.teacher_rows import (
     eligible_anchors,
     hydra_teacher_rows,
     max_head,

@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
+from harness.contracts import Capabilities
 from harness.gates import oracle as O
 from harness.gates.oracle_cli import run_suite
 from harness.topology.compiler import compile_tree
-from harness.verifiers import VERIFIERS, Capabilities, NegotiationError, get_verifier, negotiate
+from harness.verifiers import VERIFIERS, NegotiationError, get_verifier, negotiate
 from harness.verifiers.typical import (
     TypicalVerifier,
     typical_first_token_law,

@@ -26,6 +26,19 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
+
+from harness.contracts import Budget
+from harness.engine.decode import RoundConfig, decode
+from harness.proposers.base import NullProposer
+from harness.proposers.prompt_lookup import PromptLookupProposer
+from harness.random_source import TorchRandomSource
+from harness.target.backend import CausalLMBackend
+from harness.target.loading import load_model
+from harness.target.timing import verify_cost_curve
+from harness.verifiers import get_verifier
+from harness.verifiers.sampling import SamplingPolicy
+from harness.workloads.prompts import encode_prompt, load_workload
 
 
 def main(argv=None) -> int:
@@ -42,18 +55,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from tqdm import tqdm
-
-    from harness.engine.decode import RoundConfig, decode
-    from harness.proposers.base import Budget, NullProposer
-    from harness.proposers.prompt_lookup import PromptLookupProposer
-    from harness.random_source import TorchRandomSource
-    from harness.target.backend import CausalLMBackend
-    from harness.target.loading import load_model
-    from harness.verifiers import get_verifier
-    from harness.verifiers.sampling import SamplingPolicy
-    from harness.workloads.prompts import encode_prompt, load_workload
-
     loaded = load_model(name="smollm2")
     model, tok = loaded.model, loaded.tokenizer
     backend = CausalLMBackend(model)
@@ -62,8 +63,6 @@ def main(argv=None) -> int:
     eos = frozenset({int(tok.eos_token_id)})
     greedy = get_verifier("greedy")
     policy = SamplingPolicy()
-
-    from harness.target.timing import verify_cost_curve
 
     profile = verify_cost_curve(backend, items[0][1], max_rows=max(args.tree_nodes, 16))
     t_of_n = profile["t_ms"]

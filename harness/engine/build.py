@@ -1,98 +1,24 @@
-"""From a composed config to the round's objects. Everything that can be checked without a
-model (capabilities, negotiation, budgets) is checked here, before any model is loaded.
+"""From a composed config to the round's objects. Everything that can be checked without a model
+(capabilities, negotiation, budgets, batch limits) is checked by :func:`plan`, before any model is
+loaded; :func:`build_proposer` builds a proposer once the models are loaded and the prepare stage
+(:mod:`harness.prepare`) has made its artifacts.
 
-Two registries keep the rooms pluggable:
-
-- ``PROPOSERS``: proposer name -> ``"module:Class"``. The class implements
-  ``declare(options, budget) -> Capabilities`` (classmethod, no model work) and
-  ``from_config(*, options, budget, manifest_hash, policy, context) -> Proposer`` (classmethod).
-- ``TOPOLOGIES``: topology name -> ``"module:function"`` with ``function(topology_cfg) -> Budget``.
-  ``TOPOLOGY_PREPARERS`` (optional, name -> ``"module:function"``) run after the models are loaded
-  and before the gates, ``function(cfg, plan, context) -> Plan`` (e.g. Sequoia calibration).
+The registries live with their rooms: proposers in :mod:`harness.proposers.registry`, topology
+budgets in :mod:`harness.topology.budgets`, verifiers in :mod:`harness.verifiers.base`.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.proposers.base import Budget
-from harness.verifiers import Capabilities, Verifier, get_verifier, negotiate
+from harness.contracts import Budget, Capabilities, ConfigError
+from harness.proposers.registry import proposer_class
+from harness.topology.budgets import budget_from_config
+from harness.verifiers import Verifier, get_verifier, negotiate
 from harness.verifiers.sampling import SamplingPolicy
-
-PROPOSERS: dict[str, str] = {
-    "prompt_lookup": "harness.proposers.prompt_lookup:PromptLookupProposer",
-    "draft_model": "harness.proposers.draft_model:DraftModelProposer",
-    "rest": "harness.proposers.rest:RestProposer",
-    "merged": "harness.proposers.merged:MergedProposer",
-    "medusa": "harness.proposers.heads:MedusaProposer",
-    "hydra": "harness.proposers.heads:HydraProposer",
-    "clover": "harness.proposers.heads:CloverProposer",
-    "early_exit": "harness.proposers.selfspec:EarlyExitProposer",
-    "layer_skip": "harness.proposers.selfspec:LayerSkipProposer",
-}
-
-TOPOLOGIES: dict[str, str] = {
-    "sequence": "harness.engine.build:chain_budget",
-    "sequences": "harness.engine.build:chain_budget",
-    "set": "harness.engine.build:set_budget",
-    "expansion": "harness.engine.build:expansion_budget",
-    "merged": "harness.engine.build:chain_budget",  # a node/depth budget for proposer=merged
-    "sequoia": "harness.topology.sequoia_artifact:placeholder_budget",
-    "cartesian": "harness.heads.cartesian:cartesian_budget",
-}
-
-TOPOLOGY_PREPARERS: dict[str, str] = {
-    "sequoia": "harness.topology.sequoia_artifact:prepare_sequoia",
-}
-
-
-class ConfigError(ValueError):
-    pass
-
-
-def resolve(ref: str) -> Any:
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-# --------------------------------------------------------------------------- topologies
-
-
-def chain_budget(t: DictConfig) -> Budget:
-    return Budget(shape=t.name, max_nodes=t.max_nodes, max_depth=t.max_depth)
-
-
-def set_budget(t: DictConfig) -> Budget:
-    return Budget(shape="set", max_nodes=t.max_nodes, max_depth=1, widths=(t.max_nodes,))
-
-
-def expansion_budget(t: DictConfig) -> Budget:
-    widths = tuple(int(w) for w in t.widths)
-    if not widths:
-        raise ConfigError("topology=expansion needs topology.widths, e.g. [2,2,1]")
-    if len(widths) > t.max_depth:
-        raise ConfigError(f"topology.widths has {len(widths)} levels, over topology.max_depth={t.max_depth}")
-    return Budget(shape="expansion", max_nodes=t.max_nodes, max_depth=len(widths), widths=widths)
-
-
-def budget_from_config(cfg: DictConfig) -> Budget:
-    name = cfg.topology.name
-    if name not in TOPOLOGIES:
-        raise ConfigError(f"unknown topology {name!r}; one of {sorted(TOPOLOGIES)}")
-    return resolve(TOPOLOGIES[name])(cfg.topology)
-
-
-# --------------------------------------------------------------------------- proposers
-
-
-def proposer_class(name: str):
-    if name not in PROPOSERS:
-        raise ConfigError(f"unknown proposer {name!r}; one of {sorted(PROPOSERS)}")
-    return resolve(PROPOSERS[name])
 
 
 def proposer_options(cfg: DictConfig) -> dict:
@@ -114,10 +40,15 @@ class Plan:
     capabilities: Capabilities
     verifier: Verifier
     baseline_verifier: Verifier
-    extras: dict = field(default_factory=dict)  # e.g. the tree artifact a preparer resolved
+    #: what the prepare stage resolved: ``proposer_options`` (merged into the proposer's config
+    #: options, e.g. an artifact path or a measured verify cost), ``artifacts``, ``metrics``, ``t_profile``
+    extras: dict = field(default_factory=dict)
 
     def with_budget(self, budget: Budget, **extras) -> Plan:
         return replace(self, budget=budget, extras={**self.extras, **extras})
+
+    def with_extras(self, **extras) -> Plan:
+        return replace(self, extras={**self.extras, **extras})
 
 
 def sampling_policy(cfg: DictConfig) -> SamplingPolicy:
@@ -133,7 +64,7 @@ def plan(cfg: DictConfig) -> Plan:
     verifier = get_verifier(cfg.verifier.name)
     negotiate(caps, verifier, temperature=policy.temperature, exact_mode=bool(cfg.generation.exact))
     batch = int(cfg.generation.batch_size)
-    if batch < 1:  # B > 1 runs through harness/engine/batched.py
+    if batch < 1:
         raise ConfigError(f"generation.batch_size must be >= 1; got {cfg.generation.batch_size}")
     cls = proposer_class(cfg.proposer.name)
     if cls.max_batch_size is not None and batch > cls.max_batch_size:
@@ -147,7 +78,7 @@ def plan(cfg: DictConfig) -> Plan:
 
 @dataclass
 class BuildContext:
-    """What a proposer may need once models are loaded."""
+    """What a proposer (and a preparer) may need once models are loaded."""
 
     cfg: DictConfig
     target_backend: Any  # CausalLMBackend of the target
@@ -160,16 +91,19 @@ class BuildContext:
     shared: dict = field(default_factory=dict)
 
 
-def prepare(cfg: DictConfig, plan_: Plan, context: BuildContext) -> Plan:
-    """Topology preparation that needs the models (calibration, profiles, artifacts)."""
-    ref = TOPOLOGY_PREPARERS.get(cfg.topology.name)
-    return resolve(ref)(cfg, plan_, context) if ref else plan_
+def merge_options(options: dict, overrides: dict) -> dict:
+    """``options`` with ``overrides`` merged in, nested dicts merged key by key."""
+    out = dict(options)
+    for k, v in overrides.items():
+        out[k] = merge_options(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def build_proposer(cfg: DictConfig, plan_: Plan, *, manifest_hash: str, context: BuildContext):
+    """The configured proposer, with what the prepare stage resolved merged into its options."""
     cls = proposer_class(cfg.proposer.name)
     return cls.from_config(
-        options=proposer_options(cfg),
+        options=merge_options(proposer_options(cfg), plan_.extras.get("proposer_options", {})),
         budget=plan_.budget,
         manifest_hash=manifest_hash,
         policy=plan_.policy,

@@ -28,6 +28,7 @@ from harness.gates.oracle import enumerate_marginal
 from harness.random_source import RandomSource, TorchRandomSource
 from harness.topology.compiler import CompiledTree
 from harness.verifiers.base import Verifier
+from harness.verifiers.typical import TypicalVerifier, typical_first_token_law
 
 #: prompts and rounds per prompt scored by default
 DRIFT_PROMPTS = 2
@@ -47,7 +48,6 @@ def first_token_law(
 ) -> torch.Tensor:
     """Exact law ``[V]`` (float64) of the first token one ``select`` emits on ``tree``.
     ``target_probs``: ``[1 + N, V]``."""
-    from harness.verifiers.typical import TypicalVerifier, typical_first_token_law
 
     probs = target_probs.to(torch.float64)
     if isinstance(verifier, TypicalVerifier):

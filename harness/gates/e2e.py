@@ -34,12 +34,12 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from harness.contracts import ProposalResult, Selection
+from harness.contracts import Budget, ProposalResult, Selection
 from harness.gates.oracle import (
     MARGINAL_ATOL,
     MAX_LEAVES,
@@ -50,11 +50,16 @@ from harness.gates.oracle import (
     max_abs_error,
     target_joint,
 )
-from harness.proposers.base import Budget, Proposer
+from harness.proposers.base import Proposer
+from harness.proposers.draft_model import DraftModelProposer
+from harness.proposers.merged import MergedProposer, sub_budget
+from harness.proposers.prompt_lookup import PromptLookupProposer
+from harness.proposers.registry import proposer_class
 from harness.random_source import RandomSource
 from harness.target.backend import CacheState, CausalLMBackend
+from harness.target.loading import build_tiny_model
 from harness.topology.compiler import CompiledTree, compile_tree, validate_candidate_graph, validate_commit
-from harness.verifiers.base import Verifier
+from harness.verifiers.base import VERIFIERS, NegotiationError, Verifier, negotiate
 from harness.verifiers.sampling import SamplingPolicy
 
 #: tokens the end-to-end cases compare (the target joint over the next LENGTH tokens)
@@ -339,7 +344,6 @@ def oracle_model(
     *, seed: int, vocab: int = 5, num_layers: int = 2, logit_scale: float = LOGIT_SCALE
 ) -> torch.nn.Module:
     """A tiny float64 Llama with a peaked, prefix-dependent next-token law (lm_head scaled)."""
-    from harness.target.loading import build_tiny_model
 
     model = build_tiny_model(seed=seed, dtype=torch.float64, vocab_size=vocab, num_layers=num_layers)
     with torch.no_grad():
@@ -373,23 +377,14 @@ def _as_float64(policy: SamplingPolicy) -> Float64Policy:
 
 def make_proposer(case: E2ECase, *, draft: CausalLMBackend | None, policy: SamplingPolicy) -> Proposer:
     if case.proposer == "draft_model":
-        from harness.proposers.draft_model import DraftModelProposer
-
         if draft is None:
             raise ValueError("an end-to-end draft_model case needs a draft backend")
         return DraftModelProposer(
             budget=case.budget, manifest_hash="e2e", policy=policy, backend=draft, sampling=case.sampling
         )
     if case.proposer == "prompt_lookup":
-        from harness.proposers.prompt_lookup import PromptLookupProposer
-
         return PromptLookupProposer(budget=case.budget, manifest_hash="e2e")
     if case.proposer == "merged":  # the sources a run builds: a draft chain and prompt lookup
-        from dataclasses import replace
-
-        from harness.engine.build import proposer_class
-        from harness.proposers.merged import MergedProposer, sub_budget
-
         sources = [
             make_proposer(
                 replace(case, proposer=name, budget=sub_budget(proposer_class(name), case.budget)),
@@ -418,9 +413,6 @@ def misrecorded_q_proposer(
     records ``q`` with an extra temperature applied to q only (``q_rec ∝ q ** (1 / q_temperature)``),
     the bug of a proposer whose policy and recorded law drift apart. Every contract check passes
     (``q_rec`` is a valid law, node ``q`` agrees with it); only the end-to-end oracle sees it."""
-    from dataclasses import replace
-
-    from harness.proposers.draft_model import DraftModelProposer
 
     class MisrecordedQProposer(DraftModelProposer):
         def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
@@ -438,7 +430,6 @@ def misrecorded_q_proposer(
 
 
 def case_capabilities(case: E2ECase):
-    from harness.engine.build import proposer_class
 
     options = {"sampling": case.sampling} if case.proposer == "draft_model" else {}
     if case.proposer == "merged":
@@ -475,7 +466,6 @@ def standard_cases() -> list[E2ECase]:
 
 def applicable(case: E2ECase, verifier: Verifier) -> bool:
     """Whether a run would negotiate this proposer x topology x verifier x temperature."""
-    from harness.verifiers.base import NegotiationError, negotiate
 
     try:
         negotiate(case_capabilities(case), verifier, temperature=case.policy.temperature)
@@ -546,7 +536,6 @@ def run_e2e_suite(
     verifier_names: Sequence[str], *, models: E2EModels | None = None, cases: Sequence[E2ECase] | None = None
 ) -> list[dict]:
     """Every standard end-to-end case each named verifier negotiates; one row per case."""
-    from harness.verifiers.base import VERIFIERS
 
     models = models or E2EModels.build()
     rows = []
@@ -567,7 +556,6 @@ NEGATIVE_CONTROL_CASES = (("specinfer", "draft/iid/set2/T1"), ("rejection", "dra
 def negative_control_rows(models: E2EModels | None = None) -> list[dict]:
     """The end-to-end negative control: :func:`misrecorded_q_proposer` under exact verifiers.
     Each row is EXPECTED to fail (``passed`` False); ``negative_control`` marks them."""
-    from harness.verifiers.base import VERIFIERS
 
     models = models or E2EModels.build()
     by_name = {c.name: c for c in standard_cases()}

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from harness.gates.e2e import E2EModels, negative_control_rows, run_e2e_suite
 from harness.gates.oracle import MARGINAL_ATOL, check_case, exact_verifier_names, verifier_cases
 from harness.gates.transport import check_transport, transport_applies, transport_instances
 from harness.verifiers.base import VERIFIERS
@@ -33,9 +34,7 @@ CAUGHT_MIN_ERROR = 1e-4
 
 
 def _register_extras() -> None:
-    from harness import verifiers as _  # noqa: F401  (built-ins)
-    from harness.verifiers import broken as _broken  # noqa: F401  (the negative control)
-    from harness.verifiers import typical as _typical  # noqa: F401  (heuristic; not exact, not run)
+    pass
 
 
 def run_suite(
@@ -97,7 +96,6 @@ def run_e2e(verifier_names: list[str] | None = None, *, negative_control: bool =
     """End-to-end rows (:mod:`harness.gates.e2e`: the real round on a tiny float64 model) for every
     named (default: every exact) verifier, plus the end-to-end negative control (a proposer whose
     recorded q is not the law it sampled), whose rows must FAIL."""
-    from harness.gates.e2e import E2EModels, negative_control_rows, run_e2e_suite
 
     _register_extras()
     names = exact_verifier_names() if verifier_names is None else list(verifier_names)

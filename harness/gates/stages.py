@@ -30,15 +30,21 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from scipy.stats import chisquare
+from tqdm import tqdm
 
 from harness.contracts import ProposalResult
-from harness.gates.oracle import MARGINAL_ATOL
+from harness.gates.e2e import E2EModels, applicable, case_capabilities, check_e2e_case, standard_cases
+from harness.gates.oracle import MARGINAL_ATOL, check_case, verifier_cases
+from harness.gates.oracle_cli import _register_extras
+from harness.gates.transport import check_transport, transport_applies, transport_instances
 from harness.measure.hardware import library_versions
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import cache_root
 from harness.topology.compiler import compile_tree, validate_candidate_graph, validate_commit
+from harness.verifiers.base import VERIFIERS
 
 
 class GateError(RuntimeError):
@@ -119,8 +125,6 @@ def _cached(name: str, key: str, enabled: bool, compute):
 def e2e_gate_rows(verifier_name: str, relation: str, *, greedy: bool) -> list[dict]:
     """The end-to-end cases (:mod:`harness.gates.e2e`) of this verifier whose proposer samples with
     ``relation`` and whose temperature is zero iff the run's is."""
-    from harness.gates.e2e import E2EModels, applicable, case_capabilities, check_e2e_case, standard_cases
-    from harness.verifiers.base import VERIFIERS
 
     verifier = VERIFIERS[verifier_name]()
     cases = [
@@ -140,10 +144,6 @@ def _oracle_rows(verifier_name: str, relation: str, *, greedy: bool | None):
     """Yield the gate's oracle rows one by one: synthetic marginal cases (the run's sampling
     relation only, when it samples), the SpecTr transport bound, then the end-to-end cases. The
     same cases and checks as ``harness oracles`` (``oracle_cli.run_suite``) for this verifier."""
-    from harness.gates.oracle import check_case, verifier_cases
-    from harness.gates.oracle_cli import _register_extras
-    from harness.gates.transport import check_transport, transport_applies, transport_instances
-    from harness.verifiers.base import VERIFIERS
 
     _register_extras()
     if verifier_name not in VERIFIERS:
@@ -260,8 +260,6 @@ def statistical_gate(
     seed: int,
 ) -> dict:
     """Chi-square of the speculative first token against the exact target distribution."""
-    from scipy.stats import chisquare
-    from tqdm import tqdm
 
     seq = backend.prefill_one(prompt_ids)
     base_len = seq.cache_len
@@ -361,8 +359,6 @@ def run_gates(
                 "evidence": "gates.skip_statistical=true (explicit override)",
             }
         else:
-            from omegaconf import OmegaConf
-
             key = gate_key(
                 "statistical",
                 *model_id,

@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from scipy.optimize import linprog
+
+from harness.gates.oracle import enumerate_marginal, round_output, target_rows
+from harness.proposers.sampling import sample_tree_proposal
+from harness.topology.compiler import compile_tree
 
 #: vocabulary^k above which the exhaustive construction is refused
 MAX_CANDIDATE_VECTORS = 200_000
@@ -71,11 +77,6 @@ def verifier_membership_acceptance(verifier, p: Sequence[float], q: Sequence[flo
     """Exact ``P(first committed token in S(X))`` of ``verifier`` on ``k`` i.i.d. draws from ``q``
     at one position (a ``set``, or a one-node ``sequence`` when ``k == 1``), by enumeration of the
     same proposal-sampling, compiler and ``select`` code the runs use."""
-    import torch
-
-    from harness.gates.oracle import enumerate_marginal, round_output, target_rows
-    from harness.proposers.sampling import sample_tree_proposal
-    from harness.topology.compiler import compile_tree
 
     p_t = torch.tensor([float(x) for x in p], dtype=torch.float64)  # [V]
     q_t = torch.tensor([float(x) for x in q], dtype=torch.float64)  # [V]
@@ -102,7 +103,6 @@ TOY_INSTANCE = ((0.5, 0.3, 0.2), (0.4, 0.4, 0.2), 2)
 
 def transport_instances(*, count: int = 4, seed: int = 0, max_vocab: int = 5) -> list[tuple[str, tuple, tuple, int]]:
     """``(name, p, q, k)``: the toy instance, then ``count`` random small instances."""
-    import torch
 
     out: list[tuple[str, tuple, tuple, int]] = [("transport/toy-k2", *TOY_INSTANCE)]
     gen = torch.Generator().manual_seed(5003 + seed)
@@ -130,7 +130,6 @@ def transport_applies(verifier) -> bool:
 
 def check_transport(verifier, *, name: str, p: Sequence[float], q: Sequence[float], k: int) -> dict:
     """One row: the verifier's exact membership acceptance must not exceed the LP optimum."""
-    import time
 
     t0 = time.perf_counter()
     optimum = membership_transport_optimum(p, q, k)

@@ -4,5 +4,5 @@ Modules: ``teacher_rows`` (Hydra teacher rows over packed streams), ``data`` (ca
 states), ``models`` (Medusa / Hydra / Clover head banks), ``training``, ``checkpoint`` (versioned
 artifacts refused against another target), ``artifacts`` (load or train), ``state`` (the
 ``may_reuse`` state check and the target hidden-state tap), ``cartesian`` (Cartesian future-head
-trees). Imports stay lazy: ``harness.config`` imports ``harness.heads.cartesian`` without torch.
+trees). Imports stay lazy: ``harness.config`` imports ``harness.topology.budgets`` without torch.
 """

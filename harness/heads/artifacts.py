@@ -1,29 +1,23 @@
-"""Head artifacts: recipe from config, load when cached, train when absent.
+"""Loading proposer artifacts (draft heads, the early-exit adapter, the layer-skip vector).
 
-The recipe (architecture + data + training options) and the target fingerprint name the artifact
-directory; the manifest records the token budget, held-out top-1 agreement, training time and
-whether it is a CPU-budget artifact (trained here on CPU within the ~10-minute budget, so its
-results are labelled ``cpu_budget_artifact`` in records).
+An artifact's directory is named by its recipe (:mod:`harness.heads.recipes`) and the target's
+fingerprint (``proposer.artifact`` overrides the path); the manifest records the token budget,
+held-out agreement and training time, and whether it is a CPU-budget artifact. A proposer loads
+its artifact here and never trains one: the prepare stage (:mod:`harness.prepare`) or
+`harness train` makes it first.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from harness.heads.checkpoint import ArtifactError, artifact_dir, load_artifact, save_artifact, target_fingerprint
-from harness.heads.data import DataRecipe, training_streams
+from harness.heads.checkpoint import ArtifactError, artifact_dir, load_artifact, target_fingerprint
+from harness.heads.early_exit import AdapterArtifact, build_adapter
 from harness.heads.models import DraftHeads, HeadSpec
-from harness.heads.training import TrainRecipe, evaluate, train_heads
-
-log = logging.getLogger("harness.heads")
-
-#: option keys of conf/proposer/{medusa,hydra,clover}.yaml that define the artifact
-ARCH_KEYS = ("num_heads", "mlp_layers", "prefix_attention", "prefix_window", "attn_heads")
+from harness.heads.recipes import SearchRecipe, exit_recipe, heads_recipe, recipe_key
 
 
 @dataclass(frozen=True)
@@ -37,22 +31,6 @@ class HeadsArtifact:
         return bool(self.manifest.get("cpu_budget_artifact", False))
 
 
-def heads_recipe(kind: str, options: dict, model: torch.nn.Module) -> dict:
-    """The artifact recipe from proposer options: architecture, data and training."""
-    spec = HeadSpec(
-        kind=kind,
-        hidden_size=int(model.config.hidden_size),
-        embed_size=int(model.get_input_embeddings().embedding_dim),
-        **{k: options[k] for k in ARCH_KEYS if k in options},
-    )
-    data = DataRecipe(**dict(options.get("data") or {}))
-    train = dict(options.get("train") or {})
-    if options.get("distill") is not None:  # the Hydra++ switch selects the loss
-        train["loss"] = "distill" if options["distill"] else "hard"
-    train = TrainRecipe(**train)
-    return {"spec": spec.to_dict(), "data": data.to_dict(), "train": train.to_dict()}
-
-
 def build_heads(recipe: dict, state: dict[str, torch.Tensor] | None = None, *, seed: int = 0) -> DraftHeads:
     spec = HeadSpec(**recipe["spec"])
     with torch.random.fork_rng(devices=[]):
@@ -63,62 +41,6 @@ def build_heads(recipe: dict, state: dict[str, torch.Tensor] | None = None, *, s
     return heads.eval()
 
 
-def train_artifact(
-    kind: str,
-    recipe: dict,
-    *,
-    model: torch.nn.Module,
-    tokenizer,
-    target_source: str,
-    out_dir: Path,
-    documents=None,
-    progress: bool = True,
-    cache_streams: bool = True,
-) -> HeadsArtifact:
-    """Build the streams (cached), train, evaluate held-out, save. Returns the loaded artifact."""
-    t0 = time.perf_counter()
-    target_hash = target_fingerprint(model, tokenizer)
-    data = DataRecipe(**recipe["data"])
-    train_stream, held = training_streams(
-        model, tokenizer, data, target_hash=target_hash, documents=documents, cache=cache_streams, progress=progress
-    )
-    stream_seconds = time.perf_counter() - t0
-    heads = build_heads(recipe, seed=int(recipe["train"]["seed"]))
-    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
-    before = evaluate(heads, held, embed=embed, lm_head=lm_head)
-    log_ = train_heads(
-        heads, train_stream, recipe=TrainRecipe(**recipe["train"]), embed=embed, lm_head=lm_head, progress=progress
-    )
-    after = evaluate(heads, held, embed=embed, lm_head=lm_head)
-    device = str(next(model.parameters()).device)
-    manifest = {
-        "kind": kind,
-        "target_hash": target_hash,
-        "target_source": target_source,
-        "recipe": recipe,
-        "token_budget": int(data.token_budget),
-        "tokens_seen": int(len(train_stream)),
-        "documents": int(train_stream.num_documents),
-        "held_out": {
-            "split": data.held_out_split,
-            "tokens": len(held),
-            **after,
-            "top1_agreement_untrained": before["top1_agreement"],
-        },
-        "training": {
-            **log_,
-            "stream_seconds": stream_seconds,
-            "total_seconds": time.perf_counter() - t0,
-            "device": device,
-            "threads": torch.get_num_threads(),
-        },
-        "cpu_budget_artifact": device == "cpu",
-        "parameters": heads.num_parameters(),
-    }
-    save_artifact(out_dir, manifest=manifest, state=heads.state_dict())
-    return load_heads(kind, recipe, model=model, tokenizer=tokenizer, path=out_dir)
-
-
 def load_heads(kind: str, recipe: dict, *, model: torch.nn.Module, tokenizer, path: Path) -> HeadsArtifact:
     manifest, state = load_artifact(path, kind=kind, target_hash=target_fingerprint(model, tokenizer), recipe=recipe)
     if state is None:
@@ -126,81 +48,62 @@ def load_heads(kind: str, recipe: dict, *, model: torch.nn.Module, tokenizer, pa
     return HeadsArtifact(heads=build_heads(recipe, state), manifest=manifest, path=Path(path))
 
 
-def ensure_heads(
-    kind: str,
-    options: dict,
-    *,
-    model: torch.nn.Module,
-    tokenizer,
-    target_source: str,
-    progress: bool = True,
-    force: bool = False,
-    documents=None,
-) -> HeadsArtifact:
-    """Load the configured artifact; train it first when absent (and ``auto_train``) or ``force``."""
+def heads_artifact_path(kind: str, options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
+    """The recipe of the configured heads and the directory of their artifact."""
     recipe = heads_recipe(kind, options, model)
     explicit = options.get("artifact")
-    path = (
-        Path(explicit)
-        if explicit
-        else artifact_dir(kind, target_hash=target_fingerprint(model, tokenizer), recipe=recipe)
-    )
-    if (path / "manifest.json").is_file() and not force:
-        return load_heads(kind, recipe, model=model, tokenizer=tokenizer, path=path)
-    if explicit and not force:
-        raise ArtifactError(
-            f"proposer.artifact={explicit!r} does not exist; run `harness train proposer={kind}` "
-            "or leave proposer.artifact unset to use the cache"
-        )
-    if not options.get("auto_train", True) and not force:
-        raise ArtifactError(
-            f"no {kind} artifact for this target and recipe at {str(path)!r} and "
-            f"proposer.auto_train=false; run `harness train proposer={kind} ...` first"
-        )
-    log.warning("training the %s heads artifact (absent from %s)", kind, path)
-    return train_artifact(
-        kind,
-        recipe,
-        model=model,
-        tokenizer=tokenizer,
-        target_source=target_source,
-        out_dir=path,
-        documents=documents,
-        progress=progress,
+    if explicit:
+        return recipe, Path(explicit)
+    return recipe, artifact_dir(kind, target_hash=target_fingerprint(model, tokenizer), recipe=recipe)
+
+
+def missing(kind: str, path: Path, explicit: bool) -> ArtifactError:
+    where = f"proposer.artifact={str(path)!r} does not exist" if explicit else f"no {kind} artifact at {str(path)!r}"
+    return ArtifactError(
+        f"{where}; run `harness train proposer={kind}` (or let the run train it: proposer.auto_train=true)"
     )
 
 
-def summary(artifact: HeadsArtifact) -> dict:
-    m = artifact.manifest
-    return {
-        "path": str(artifact.path),
-        "artifact_id": m["artifact_id"],
-        "kind": m["kind"],
-        "target_hash": m["target_hash"],
-        "token_budget": m["token_budget"],
-        "tokens_seen": m["tokens_seen"],
-        "held_out_top1_agreement": m["held_out"]["top1_agreement"],
-        "held_out_top1_agreement_untrained": m["held_out"]["top1_agreement_untrained"],
-        "training_seconds": m["training"]["total_seconds"],
-        "cpu_budget_artifact": m["cpu_budget_artifact"],
-        "parameters": m["parameters"],
-        "recipe": m["recipe"],
-    }
+def load_configured_heads(kind: str, options: dict, *, model: torch.nn.Module, tokenizer) -> HeadsArtifact:
+    recipe, path = heads_artifact_path(kind, options, model=model, tokenizer=tokenizer)
+    if not (path / "manifest.json").is_file():
+        raise missing(kind, path, bool(options.get("artifact")))
+    return load_heads(kind, recipe, model=model, tokenizer=tokenizer, path=path)
 
 
-def train_from_config(cfg, *, target, force: bool = False, progress: bool = True) -> dict:
-    """`harness train proposer=medusa|hydra|clover`: the artifact a run with ``cfg`` would load."""
-    from omegaconf import OmegaConf
+def adapter_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
+    recipe = exit_recipe(options, model)
+    explicit = options.get("artifact")
+    if explicit:
+        return recipe, Path(explicit)
+    return recipe, artifact_dir("early_exit", target_hash=target_fingerprint(model, tokenizer), recipe=recipe)
 
-    options = OmegaConf.to_container(cfg.proposer, resolve=True)
-    kind = options.pop("name")
-    artifact = ensure_heads(
-        kind,
-        options,
-        model=target.model,
-        tokenizer=target.tokenizer,
-        target_source=target.source,
-        progress=progress,
-        force=force,
+
+def load_adapter(options: dict, *, model: torch.nn.Module, tokenizer, path: Path | None = None) -> AdapterArtifact:
+    recipe, default = adapter_artifact_path(options, model=model, tokenizer=tokenizer)
+    path = Path(path or default)
+    if not (path / "manifest.json").is_file():
+        raise missing("early_exit", path, bool(options.get("artifact")))
+    manifest, state = load_artifact(
+        path, kind="early_exit", target_hash=target_fingerprint(model, tokenizer), recipe=recipe
     )
-    return summary(artifact)
+    return AdapterArtifact(build_adapter(model, state), manifest, path)
+
+
+def skip_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
+    rd = recipe_key(SearchRecipe(**dict(options.get("search") or {})))
+    explicit = options.get("artifact")
+    if explicit:
+        return rd, Path(explicit)
+    return rd, artifact_dir("layer_skip", target_hash=target_fingerprint(model, tokenizer), recipe=rd)
+
+
+def load_skip(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[list[int], dict]:
+    """The skip vector to draft with: ``proposer.skip`` when given, else the search artifact's."""
+    if options.get("skip") is not None:
+        return [int(i) for i in options["skip"]], {"source": "proposer.skip", "cpu_budget_artifact": False}
+    rd, path = skip_artifact_path(options, model=model, tokenizer=tokenizer)
+    if not (path / "manifest.json").is_file():
+        raise missing("layer_skip", path, bool(options.get("artifact")))
+    manifest, _ = load_artifact(path, kind="layer_skip", target_hash=target_fingerprint(model, tokenizer), recipe=rd)
+    return list(manifest["skip"]), manifest

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
+
+from harness.target.loading import cache_root, tokenizer_fingerprint
 
 ARTIFACT_VERSION = "heads-artifact-1"
 MANIFEST_FILE = "manifest.json"
@@ -62,8 +66,6 @@ def target_fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     if tokenizer is not None:
-        from harness.workloads.datastore import tokenizer_fingerprint
-
         h.update(tokenizer_fingerprint(tokenizer).encode())
     fp = h.hexdigest()
     _FINGERPRINTS[id(model)] = (model, fp)
@@ -86,7 +88,6 @@ def _artifact_id(manifest: dict) -> str:
 
 def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch.Tensor] | None = None) -> Path:
     """Write atomically (a temporary directory renamed into place)."""
-    from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
@@ -100,8 +101,6 @@ def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch
     manifest["artifact_id"] = _artifact_id(manifest)
     (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
     if out_dir.exists():
-        import shutil
-
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
     return out_dir
@@ -144,8 +143,6 @@ def load_artifact(
     state = None
     wpath = path / WEIGHTS_FILE
     if "weights_sha256" in manifest:
-        from safetensors.torch import load_file
-
         if not wpath.is_file():
             raise ArtifactError(f"artifact {str(path)!r}: {WEIGHTS_FILE} missing")
         state = load_file(str(wpath))
@@ -160,6 +157,5 @@ def load_artifact(
 
 def artifact_dir(kind: str, *, target_hash: str, recipe: dict) -> Path:
     """Default location: ``$HARNESS_CACHE/artifacts/<kind>-<target[:12]>-<recipe[:12]>``."""
-    from harness.target.loading import cache_root
 
     return cache_root() / "artifacts" / f"{kind}-{target_hash[:12]}-{short_hash(recipe, 12)}"

@@ -14,26 +14,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from harness.contracts import ProposalResult
+from harness.contracts import Budget, Capabilities, ProposalResult, budget_topology
 from harness.random_source import RandomSource
-from harness.verifiers.base import Capabilities
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Topology parameters a proposer shapes its candidates to (candidate rows, root excluded)."""
-
-    shape: str  # sequence | sequences | set | expansion | tree (a parent array) | merged
-    max_nodes: int
-    max_depth: int
-    widths: tuple[int, ...] = ()
-    parents: tuple[int, ...] = ()  # explicit tree shape (e.g. a Sequoia tree), -1 = frontier
-
-    def __post_init__(self) -> None:
-        if self.max_nodes < 1 or self.max_depth < 1:
-            raise ValueError(f"max_nodes and max_depth must be >= 1; got {self.max_nodes}, {self.max_depth}")
-        if any(w < 1 for w in self.widths):
-            raise ValueError(f"widths must be >= 1; got {list(self.widths)}")
 
 
 @dataclass
@@ -113,15 +95,6 @@ class Proposer(ABC):
 
     def state_bytes(self) -> int:
         return 0
-
-
-def budget_topology(budget: Budget) -> str:
-    """The proposal topology (contract vocabulary) a budget shape produces."""
-    if budget.shape == "sequence":
-        return "sequence"
-    if budget.shape == "set":
-        return "set"
-    return "tree"
 
 
 class NullProposer(Proposer):

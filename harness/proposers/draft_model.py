@@ -23,12 +23,13 @@ temperature / top-p / top-k policy as the target, and each node carries the law 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
 
-from harness.contracts import ProposalResult, ProposalStateHandle
-from harness.proposers.base import Budget, Proposer
+from harness.contracts import Budget, Capabilities, ProposalResult, ProposalStateHandle, budget_topology
+from harness.proposers.base import Proposer
 from harness.proposers.sampling import check_shape_parents, sample_shaped_tree_proposal, sample_tree_proposal
 from harness.random_source import RandomSource
 from harness.target.backend import CacheState, CausalLMBackend, cache_bytes
@@ -80,8 +81,6 @@ class DraftModelProposer(Proposer):
 
     @classmethod
     def declare(cls, options: dict, budget: Budget):
-        from harness.proposers.base import budget_topology
-        from harness.verifiers.base import Capabilities
 
         if budget.shape not in cls.shapes:
             raise ValueError(f"proposer=draft_model builds {sorted(cls.shapes)}; got topology {budget.shape!r}")
@@ -188,7 +187,6 @@ class DraftModelProposer(Proposer):
 
 def _trim(result: ProposalResult, max_nodes: int) -> ProposalResult:
     """Keep the first ``max_nodes`` nodes (parents precede children, so still a tree)."""
-    from dataclasses import replace
 
     q = result.q_dists[:max_nodes] if result.q_dists is not None else None
     return replace(result, nodes=result.nodes[:max_nodes], q_dists=q)

@@ -34,12 +34,14 @@ from typing import ClassVar
 
 import torch
 
-from harness.contracts import ProposalResult, ProposalStateHandle
-from harness.proposers.base import Budget, Proposer, budget_topology
+from harness.contracts import Budget, Capabilities, ProposalResult, ProposalStateHandle, budget_topology
+from harness.heads.artifacts import load_configured_heads
+from harness.heads.checkpoint import target_fingerprint
+from harness.heads.state import CommittedHidden, HiddenTap, PrefixHashes
+from harness.proposers.base import Proposer
 from harness.proposers.sampling import sample_tree_proposal
 from harness.random_source import RandomSource
 from harness.topology.compiler import compile_tree
-from harness.verifiers.base import Capabilities
 from harness.verifiers.sampling import SamplingPolicy
 
 SAMPLINGS = ("beam", "iid", "without_replacement")
@@ -107,7 +109,6 @@ class HeadsProposer(Proposer):
         artifact_manifest: dict | None = None,
     ) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
-        from harness.heads.state import CommittedHidden, HiddenTap
 
         if heads.spec.kind != self.kind:
             raise ValueError(f"proposer {self.name!r} got a {heads.spec.kind!r} head bank")
@@ -158,13 +159,8 @@ class HeadsProposer(Proposer):
 
     @classmethod
     def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
-        from harness.heads.artifacts import ensure_heads
-        from harness.heads.checkpoint import target_fingerprint
-
         model = context.target_backend.model
-        artifact = ensure_heads(
-            cls.kind, options, model=model, tokenizer=context.tokenizer, target_source=context.model_source
-        )
+        artifact = load_configured_heads(cls.kind, options, model=model, tokenizer=context.tokenizer)
         return cls(
             budget=budget,
             manifest_hash=manifest_hash,
@@ -205,7 +201,6 @@ class HeadsProposer(Proposer):
     # ------------------------------------------------------------------ target hidden rows
     def _ingest(self, committed: list[int]) -> None:
         """Admit the last captured target forward's rows that lie on the committed path."""
-        from harness.heads.state import PrefixHashes
 
         store = self.store
         store.prefix.sync(committed)

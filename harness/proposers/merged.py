@@ -48,10 +48,18 @@ import time
 from collections.abc import Sequence
 from typing import ClassVar
 
-from harness.contracts import PREFIX_FRONTIER, ProposalNode, ProposalResult, ProposalStateHandle
-from harness.proposers.base import Budget, Proposer, budget_topology
+from harness.contracts import (
+    PREFIX_FRONTIER,
+    Budget,
+    Capabilities,
+    ProposalNode,
+    ProposalResult,
+    ProposalStateHandle,
+    budget_topology,
+)
+from harness.proposers.base import Proposer
+from harness.proposers.registry import PROPOSERS, proposer_class
 from harness.random_source import RandomSource
-from harness.verifiers.base import Capabilities
 
 #: a source's preferred budget shape, first match in its ``shapes``
 _SUB_SHAPES = ("tree", "sequences", "sequence")
@@ -173,7 +181,6 @@ class MergedProposer(Proposer):
 
     @classmethod
     def _source_entries(cls, options: dict, budget: Budget) -> list[tuple[str, type[Proposer], dict, Budget]]:
-        from harness.engine.build import PROPOSERS, proposer_class
 
         sources = list(options.get("sources") or [])
         if not sources:

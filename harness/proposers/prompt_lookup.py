@@ -22,8 +22,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from harness.contracts import ProposalNode, ProposalResult, ProposalStateHandle
-from harness.proposers.base import Budget, Proposer
+from harness.contracts import Budget, ProposalNode, ProposalResult, ProposalStateHandle
+from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
 
 
@@ -104,8 +104,8 @@ class PromptLookupProposer(Proposer):
         if budget_policy == "adaptive":
             if not verify_cost or len(verify_cost) < budget.max_nodes + 1:
                 raise ValueError(
-                    f"budget_policy=adaptive needs verify_cost t(1..{budget.max_nodes + 1}) "
-                    f"(normalised verify cost per row count); got {verify_cost!r}"
+                    f"budget_policy=adaptive needs verify_cost t(1..{budget.max_nodes + 1}) (normalised verify "
+                    f"cost per row count; a run's prepare stage measures it); got {verify_cost!r}"
                 )
             if any(not np.isfinite(c) or c <= 0 for c in verify_cost):
                 raise ValueError(f"verify_cost must be positive and finite; got {verify_cost}")
@@ -117,20 +117,6 @@ class PromptLookupProposer(Proposer):
         self.rates = AcceptanceRates()
         self._last: tuple[int, list[tuple[int, ...]], list[tuple[int, int, int]]] | None = None
         self.stats.extras.update({"rows_proposed": 0, "rows_kept": 0})
-
-    @classmethod
-    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
-        opts = dict(options)
-        if opts.get("budget_policy") == "adaptive" and not opts.get("verify_cost"):
-            from harness.target.timing import verify_cost_curve
-
-            ids = context.items[0][1] if context.items else [1, 2, 3, 4] * 16
-            profile = verify_cost_curve(context.target_backend, ids, max_rows=budget.max_nodes)
-            opts["verify_cost"] = profile["normalised"]
-            proposer = cls(budget=budget, manifest_hash=manifest_hash, policy=policy, **opts)
-            proposer.t_profile = profile["t_profile"]  # recorded with the run (report: t(n) plot)
-            return proposer
-        return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, **opts)
 
     # ------------------------------------------------------------------ proposing
     def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:

@@ -58,9 +58,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from harness.contracts import PREFIX_FRONTIER, ProposalNode, ProposalResult, ProposalStateHandle
-from harness.proposers.base import Budget, Proposer, budget_topology
+from omegaconf import OmegaConf
+
+from harness.contracts import (
+    PREFIX_FRONTIER,
+    Budget,
+    ProposalNode,
+    ProposalResult,
+    ProposalStateHandle,
+    budget_topology,
+)
+from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
+from harness.target.loading import load_tokenizer
+from harness.workloads.corpora import make_corpus
 from harness.workloads.datastore import (
     LEAKAGE_THRESHOLD,
     MANIFEST_FILE,
@@ -436,7 +447,6 @@ _BUILD_KEYS = (
 def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
     """Build the configured datastore into ``path`` (via a private temporary directory renamed
     into place, so concurrent jobs never see a half-written index). Returns seconds."""
-    from harness.workloads.corpora import make_corpus
 
     corpus_name = str(cfg.get("corpus", "stdlib"))
     max_tokens = cfg.get("max_tokens")
@@ -571,9 +581,6 @@ def manifest_datastores(cfg) -> dict:
         nodes["rest"] = p.rest.datastore
     if not nodes:
         return {}
-    from omegaconf import OmegaConf
-
-    from harness.target.loading import load_tokenizer
 
     model = str(cfg.model.name)
     tokenizer = load_tokenizer(str(cfg.model.name_or_path or model))

@@ -27,13 +27,14 @@ from typing import ClassVar
 
 import torch
 
-from harness.contracts import ProposalNode, ProposalResult, ProposalStateHandle
+from harness.contracts import Budget, Capabilities, ProposalNode, ProposalResult, ProposalStateHandle, budget_topology
+from harness.heads.artifacts import load_adapter, load_skip
+from harness.heads.checkpoint import target_fingerprint
 from harness.heads.partial import PartialPath, ProvisionalKV, causal_rows_mask
 from harness.heads.state import PrefixHashes
-from harness.proposers.base import Budget, Proposer, budget_topology
+from harness.proposers.base import Proposer
 from harness.proposers.sampling import sample_children
 from harness.random_source import RandomSource
-from harness.verifiers.base import Capabilities
 
 SAMPLINGS = ("beam", "iid")
 
@@ -241,11 +242,8 @@ class EarlyExitProposer(SelfSpecProposer):
 
     @classmethod
     def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
-        from harness.heads.checkpoint import target_fingerprint
-        from harness.heads.early_exit import ensure_adapter
-
         model = context.target_backend.model
-        art = ensure_adapter(options, model=model, tokenizer=context.tokenizer, target_source=context.model_source)
+        art = load_adapter(options, model=model, tokenizer=context.tokenizer)
         return cls(
             budget=budget,
             manifest_hash=manifest_hash,
@@ -322,13 +320,8 @@ class LayerSkipProposer(SelfSpecProposer):
 
     @classmethod
     def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
-        from harness.heads.checkpoint import target_fingerprint
-        from harness.heads.skip_search import ensure_skip
-
         model = context.target_backend.model
-        skip, manifest = ensure_skip(
-            options, backend=context.target_backend, tokenizer=context.tokenizer, target_source=context.model_source
-        )
+        skip, manifest = load_skip(options, model=model, tokenizer=context.tokenizer)
         th = dict(options.get("threshold") or {})
         return cls(
             budget=budget,

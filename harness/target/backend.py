@@ -50,6 +50,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+# transformers is imported where a model, cache or tokenizer is built (it takes about 1.7 s to import
+# on a 2-core machine), so commands that never build one (`harness tree`, `compare`, `report`,
+# `oracles` listing) do not pay for it.
 from harness.topology.compiler import CompiledTree
 
 

@@ -16,10 +16,16 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+# transformers is imported where a model, cache or tokenizer is built (it takes about 1.7 s to import
+# on a 2-core machine), so commands that never build one (`harness tree`, `compare`, `report`,
+# `oracles` listing) do not pay for it.
+from safetensors.torch import save_file
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,7 +68,6 @@ def smollm2_converted_dir() -> Path:
     marker = out / "harness_conversion.json"
     if marker.exists():
         return out
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
     pkg = gguf.parent
@@ -88,8 +93,6 @@ def smollm2_converted_dir() -> Path:
         )
     )
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     tmp.rename(out)
     return out
@@ -234,3 +237,38 @@ def model_kv_bytes_per_token(model_cfg) -> int:
             "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
         }
     return geo["num_hidden_layers"] * 2 * geo["num_key_value_heads"] * geo["head_dim"] * itemsize
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """SHA-256 of what decides token ids: vocab, merges, normalizer, pre-tokenizer, added and
+    special tokens (the serialized backend tokenizer without its runtime padding/truncation
+    settings); for slow or fake tokenizers the vocabulary and special tokens."""
+    if isinstance(tokenizer, str):
+        return tokenizer
+    parts: dict = {"class_family": "fast" if hasattr(tokenizer, "backend_tokenizer") else "vocab"}
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        spec = json.loads(backend.to_str())
+        spec.pop("truncation", None)
+        spec.pop("padding", None)
+        parts["backend"] = spec
+    else:
+        parts["vocab"] = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
+    specials = getattr(tokenizer, "special_tokens_map", {}) or {}
+    parts["special_tokens"] = {k: str(v) for k, v in sorted(specials.items())}
+    blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def eos_ids(model: torch.nn.Module, tokenizer=None) -> frozenset[int]:
+    """Every token id that ends generation: the model config's and the tokenizer's."""
+    ids = set()
+    eos = model.config.eos_token_id
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos:
+        ids.update(int(e) for e in eos)
+    tok = tokenizer
+    if tok is not None and tok.eos_token_id is not None:
+        ids.add(int(tok.eos_token_id))
+    return frozenset(ids)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import binomtest, norm
 
 #: slack for sibling mass and for the 1 <= G <= min(n, d+1) check (float summation error)
 MASS_ATOL = 1e-12
@@ -108,7 +109,6 @@ def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float
         raise ValueError(f"successes must be in [0, trials={trials}]; got {successes}")
     if not math.isfinite(z) or z <= 0:
         raise ValueError(f"z must be a positive finite quantile; got {z}")
-    from scipy.stats import binomtest, norm  # lazy: scipy.stats is slow to import
 
     confidence = float(2.0 * norm.cdf(z) - 1.0)
     ci = binomtest(int(successes), int(trials)).proportion_ci(confidence_level=confidence, method="wilson")

@@ -28,6 +28,8 @@ import math
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from harness.topology.sequoia import (
     TreeResult,
     optimize_tree,
@@ -56,7 +58,6 @@ class UsageError(ValueError):
 
 def parse_args(argv: list[str]) -> dict:
     """``key=value`` strings -> a plain dict; unknown, repeated or malformed keys are refused."""
-    from omegaconf import OmegaConf  # lazy: only the CLI needs it
 
     seen: set[str] = set()
     for arg in argv:

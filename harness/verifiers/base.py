@@ -13,12 +13,11 @@ before any model work, naming both sides and the reason.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from harness.contracts import Selection
+from harness.contracts import Capabilities, Selection
 from harness.random_source import RandomSource
 from harness.topology.compiler import CompiledTree
 
@@ -55,21 +54,10 @@ def register(cls: type[Verifier]) -> type[Verifier]:
 
 
 def get_verifier(name: str) -> Verifier:
-    from harness import verifiers as _  # noqa: F401  (registers the built-in verifiers)
 
     if name not in VERIFIERS:
         raise NegotiationError(f"unknown verifier {name!r}; registered: {sorted(VERIFIERS)}")
     return VERIFIERS[name]()
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a proposal source declares before any model work."""
-
-    name: str
-    probability_semantics: frozenset[str]
-    sampling_relations: frozenset[str]
-    topology: str  # "sequence" | "set" | "tree"
 
 
 def negotiate(proposer: Capabilities, verifier: Verifier, *, temperature: float, exact_mode: bool = True) -> None:

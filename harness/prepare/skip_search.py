@@ -18,41 +18,31 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
 
-from harness.heads.checkpoint import ArtifactError, artifact_dir, load_artifact, save_artifact, target_fingerprint
+from harness.contracts import Budget
+from harness.engine.decode import RoundConfig, decode
+from harness.heads.artifacts import load_skip, skip_artifact_path
+from harness.heads.checkpoint import ArtifactError, save_artifact, target_fingerprint
+from harness.heads.recipes import SearchRecipe
+from harness.prepare import Preparation
+from harness.prepare.heads_data import byte_ids
+from harness.proposers.base import NullProposer
+from harness.proposers.selfspec import LayerSkipProposer
+from harness.random_source import TorchRandomSource
+from harness.target.backend import CausalLMBackend
+from harness.verifiers import get_verifier
+from harness.verifiers.sampling import SamplingPolicy
+from harness.workloads.prompts import encode_prompt, load_workload
 
 log = logging.getLogger("harness.heads")
 
 
-@dataclass(frozen=True)
-class SearchRecipe:
-    trials: int = 12
-    workload: str = "sharegpt"
-    split: str = "dev"
-    prompts: int = 3
-    max_prompt_tokens: int = 96
-    max_new_tokens: int = 32
-    depth: int = 4  # draft chain length cap during the search
-    gamma: float = 0.4  # initial threshold (the adaptive loop runs as at run time)
-    chat: bool = True
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.trials < 1 or self.prompts < 1 or self.max_new_tokens < 1 or self.depth < 1:
-            raise ValueError(f"search needs trials, prompts, max_new_tokens, depth >= 1; got {self}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 def dev_prompts(recipe: SearchRecipe, tokenizer, vocab_size: int) -> list[list[int]]:
     """Token ids of the dev-split prompts (byte ids for a tokenizer-less tiny model)."""
-    from harness.heads.data import byte_ids
-    from harness.workloads.prompts import encode_prompt, load_workload
 
     prompts = load_workload(name=recipe.workload, split=recipe.split, limit=recipe.prompts)
     out = []
@@ -68,12 +58,6 @@ def dev_prompts(recipe: SearchRecipe, tokenizer, vocab_size: int) -> list[list[i
 
 def measure(backend, skip: list[int] | None, prompts: list[list[int]], *, recipe: SearchRecipe) -> dict:
     """Time per verified token of one skip vector (``None``: the autoregressive reference)."""
-    from harness.engine.decode import RoundConfig, decode
-    from harness.proposers.base import Budget, NullProposer
-    from harness.proposers.selfspec import LayerSkipProposer
-    from harness.random_source import TorchRandomSource
-    from harness.verifiers import get_verifier
-    from harness.verifiers.sampling import SamplingPolicy
 
     policy = SamplingPolicy()
     if skip is None:
@@ -136,15 +120,10 @@ def layer_influence(model, prompts: list[list[int]]) -> list[float]:
 
 
 #: part of the artifact's recipe: a change to the search itself re-runs it
-SEARCH_ALGORITHM = "optuna-tpe+influence-warm-start-v1"
+
 
 #: warm-start trials: skip this many of the least influential layers (TPE explores from there)
 WARM_SKIP_COUNTS = (2, 4, 6, 8)
-
-
-def recipe_key(recipe: SearchRecipe) -> dict:
-    """The recipe an artifact is keyed and checked by: the search options and the algorithm."""
-    return {**recipe.to_dict(), "algorithm": SEARCH_ALGORITHM}
 
 
 def search_skip(backend, prompts: list[list[int]], *, recipe: SearchRecipe, progress: bool = True) -> dict:
@@ -153,8 +132,7 @@ def search_skip(backend, prompts: list[list[int]], *, recipe: SearchRecipe, prog
     The study is warm-started with the vectors that skip the 2, 4, 6 and 8 least influential
     layers (:func:`layer_influence`) and every other layer; TPE's independent per-layer draws
     alone skip about half the layers, which on a small target drafts nothing usable."""
-    import optuna
-    from tqdm import tqdm
+    import optuna  # imported here: 0.36 s at import, and only the search uses it
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     layers = int(backend.model.config.num_hidden_layers)
@@ -206,16 +184,14 @@ def ensure_skip(
     """The skip vector to draft with: ``proposer.skip`` when given, else the search artifact (run
     the search when absent and ``auto_train``)."""
     if options.get("skip") is not None and not force:
-        return [int(i) for i in options["skip"]], {"source": "proposer.skip", "cpu_budget_artifact": False}
+        return load_skip(options, model=backend.model, tokenizer=tokenizer)
     model = backend.model
     target_hash = target_fingerprint(model, tokenizer)
     recipe = SearchRecipe(**dict(options.get("search") or {}))
-    rd = recipe_key(recipe)
+    rd, path = skip_artifact_path(options, model=model, tokenizer=tokenizer)
     explicit = options.get("artifact")
-    path = Path(explicit) if explicit else artifact_dir("layer_skip", target_hash=target_hash, recipe=rd)
     if not force and (path / "manifest.json").is_file():
-        manifest, _ = load_artifact(path, kind="layer_skip", target_hash=target_hash, recipe=rd)
-        return list(manifest["skip"]), manifest
+        return load_skip({**options, "artifact": str(path)}, model=model, tokenizer=tokenizer)
     if not force and (explicit or not options.get("auto_train", True)):
         raise ArtifactError(
             f"no layer_skip artifact at {str(path)!r}; run `harness train proposer=layer_skip` "
@@ -256,15 +232,11 @@ def ensure_skip(
             result["ar"]["ms_per_token"],
         )
     save_artifact(path, manifest=manifest)
-    manifest, _ = load_artifact(path, kind="layer_skip", target_hash=target_hash, recipe=rd)
-    return list(manifest["skip"]), manifest
+    return load_skip({**options, "artifact": str(path)}, model=model, tokenizer=tokenizer)
 
 
 def train_from_config(cfg, *, target, force: bool = False, progress: bool = True) -> dict:
     """`harness train proposer=layer_skip`: run (or load) the search for the configured target."""
-    from omegaconf import OmegaConf
-
-    from harness.target.backend import CausalLMBackend
 
     options = OmegaConf.to_container(cfg.proposer, resolve=True)
     backend = CausalLMBackend(target.model, device=torch.device(cfg.model.device))
@@ -291,3 +263,15 @@ def train_from_config(cfg, *, target, force: bool = False, progress: bool = True
             )
         },
     }
+
+
+def prepare_layer_skip(options: dict, context) -> Preparation:
+    """Proposer preparer: the search artifact's path (searched first when absent); nothing when
+    ``proposer.skip`` is given."""
+    if options.get("skip") is not None:
+        return Preparation()
+    ensure_skip(
+        options, backend=context.target_backend, tokenizer=context.tokenizer, target_source=context.model_source
+    )
+    _, path = skip_artifact_path(options, model=context.target_backend.model, tokenizer=context.tokenizer)
+    return Preparation(options={"artifact": str(path)})

@@ -1,6 +1,6 @@
 """Training draft heads on cached target hidden states (hard labels or target distillation).
 
-Rows come from :func:`harness.heads.teacher_rows.max_head` over a packed stream: anchor ``t``
+Rows come from :func:`harness.prepare.teacher_rows.max_head` over a packed stream: anchor ``t``
 trains heads ``1 .. max_head[t]`` under teacher forcing (the ground-truth prior tokens are the
 inputs; the label ``tokens[t + i]`` never is). Losses, with ``lambda_i = head_decay ** (i - 1)``:
 
@@ -19,38 +19,16 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
-from harness.heads.data import PackedStream
 from harness.heads.models import DraftHeads
-from harness.heads.teacher_rows import max_head, run_lengths
-
-LOSSES = ("hard", "distill")
-
-
-@dataclass(frozen=True)
-class TrainRecipe:
-    epochs: int = 1
-    lr: float = 1e-3
-    batch_size: int = 32
-    weight_decay: float = 0.0
-    loss: str = "hard"  # hard | distill (Hydra++ teacher distillation)
-    distill_temperature: float = 1.0
-    head_decay: float = 0.8
-    warmup_steps: int = 10
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.loss not in LOSSES:
-            raise ValueError(f"train.loss must be one of {list(LOSSES)}; got {self.loss!r}")
-        if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0 or not self.distill_temperature > 0:
-            raise ValueError(f"need epochs >= 1, batch_size >= 1, lr > 0, distill_temperature > 0; got {self}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from harness.heads.recipes import TrainRecipe
+from harness.prepare.heads_data import PackedStream
+from harness.prepare.teacher_rows import max_head, run_lengths
 
 
 @dataclass
@@ -158,7 +136,6 @@ def train_heads(
     max_seconds: float | None = None,
 ) -> dict:
     """Train in place. Returns a log: steps, tokens seen, final loss, seconds."""
-    from tqdm import tqdm
 
     for p in list(embed.parameters()) + list(lm_head.parameters()):
         p.requires_grad_(False)

@@ -1,8 +1,8 @@
 """`topology=sequoia`: the tree artifact and the TOPOLOGY preparer.
 
 A tree artifact binds one calibration artifact (positional acceptance p_j, measured by
-:mod:`harness.gates.calibrate`) and one hardware profile (t(n), c0, c, measured by
-:mod:`harness.measure.profile`) by their content hashes, and stores what
+:mod:`harness.prepare.calibrate`) and one hardware profile (t(n), c0, c, measured by
+:mod:`harness.prepare.profile`) by their content hashes, and stores what
 :func:`~harness.topology.sequoia.optimize_tree` and
 :func:`~harness.topology.sequoia.select_hardware_aware` chose from them: the (n, d) minimising
 ``(t(n) + c0 + d c) / G(n, d)``, its parent array and sibling ranks, the candidate-row parents a
@@ -29,14 +29,28 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.measure.profile import (
+from harness.contracts import Budget
+from harness.prepare.calibrate import (
+    CALIBRATION_MATCH_FIELDS,
+    calibration_items,
+    calibration_provenance,
+    check_calibration,
+    check_disjoint,
+    run_calibration,
+)
+from harness.prepare.profile import (
+    PROFILE_MATCH_FIELDS,
     StaleArtifactError,
     check_profile,
+    cycle_prefix,
     key_hash,
+    measure_profile,
+    plot_profile,
+    profile_provenance,
     read_artifact,
     write_artifact,
 )
-from harness.proposers.base import Budget
+from harness.target.loading import cache_root
 from harness.topology.sequoia import optimize_tree, select_hardware_aware, tree_to_budget_parents
 
 log = logging.getLogger("harness.sequoia")
@@ -238,7 +252,6 @@ class SequoiaArtifacts:
 
 
 def sequoia_dir() -> Path:
-    from harness.target.loading import cache_root
 
     return cache_root() / "sequoia"
 
@@ -251,21 +264,6 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
     """Resolve (load and check, or measure and write) the calibration, profile and tree for a run
     of ``cfg`` with loaded models (``context``: :class:`harness.engine.build.BuildContext`).
     ``force`` re-measures even where a matching cached artifact exists (`harness calibrate`)."""
-    from harness.gates.calibrate import (
-        CALIBRATION_MATCH_FIELDS,
-        calibration_items,
-        calibration_provenance,
-        check_calibration,
-        check_disjoint,
-        run_calibration,
-    )
-    from harness.measure.profile import (
-        PROFILE_MATCH_FIELDS,
-        cycle_prefix,
-        measure_profile,
-        plot_profile,
-        profile_provenance,
-    )
 
     t = cfg.topology
     search = search_bounds(t)

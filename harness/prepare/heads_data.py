@@ -17,28 +17,18 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
 
-
-@dataclass(frozen=True)
-class DataRecipe:
-    source: str = "sharegpt"  # sharegpt | inline
-    split: str = "train"
-    token_budget: int = 5000  # tokens in the training stream
-    held_out_split: str = "dev"
-    held_out_tokens: int = 800
-    max_len: int = 256  # tokens per document (longer ones are truncated)
-    chat: bool = True  # wrap conversations in the tokenizer's chat template when it has one
-
-    def __post_init__(self) -> None:
-        if self.token_budget < 1 or self.held_out_tokens < 0 or self.max_len < 2:
-            raise ValueError(f"need token_budget >= 1, held_out_tokens >= 0, max_len >= 2; got {self}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from harness.heads.checkpoint import short_hash
+from harness.heads.recipes import DataRecipe
+from harness.target.loading import cache_root
+from harness.workloads.corpora import sharegpt_conversations
 
 
 @dataclass
@@ -64,7 +54,6 @@ def byte_ids(text: str, *, vocab_size: int, max_len: int) -> list[int]:
 
 def sharegpt_documents(split: str, *, tokenizer, vocab_size: int, max_len: int, chat: bool) -> Iterator[list[int]]:
     """Token ids of ShareGPT conversations of one split, in file order (each truncated)."""
-    from harness.workloads.corpora import sharegpt_conversations
 
     char_cap = max_len * 12  # a token is rarely longer than 12 characters; avoids tokenizing megabytes
     for conv in sharegpt_conversations(split):
@@ -119,7 +108,6 @@ def encode_stream(
     ``layers``: also keep the residual stream after the first ``l`` decoder layers (an early-exit
     boundary) for each ``l``, as ``stream.extra[l]`` ``[N, d]``.
     """
-    from tqdm import tqdm
 
     device = next(model.parameters()).device
     tokens, segs, hidden = [], [], []
@@ -150,7 +138,6 @@ def encode_stream(
 
 
 def save_stream(stream: PackedStream, path: Path) -> None:
-    from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -166,8 +153,6 @@ def save_stream(stream: PackedStream, path: Path) -> None:
 
 
 def load_stream(path: Path) -> PackedStream:
-    from safetensors import safe_open
-    from safetensors.torch import load_file
 
     t = load_file(str(path))
     with safe_open(str(path), framework="pt") as f:
@@ -199,8 +184,6 @@ def training_streams(
     ``documents`` (tests, ``source=inline``) replaces the ShareGPT documents; ``layers`` adds
     early-exit boundaries (:func:`encode_stream`).
     """
-    from harness.heads.checkpoint import short_hash
-    from harness.target.loading import cache_root
 
     key = short_hash(
         {

@@ -31,9 +31,26 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from types import SimpleNamespace
 
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from harness.contracts import Budget
+from harness.engine.build import proposer_options, sampling_policy
+from harness.engine.decode import RoundConfig, decode
 from harness.gates.stages import GateError
+from harness.measure.hardware import library_versions
+from harness.prepare.profile import StaleArtifactError, check_provenance
+from harness.proposers.registry import proposer_class
+from harness.random_source import TorchRandomSource
+from harness.target.loading import eos_ids, tokenizer_fingerprint
+from harness.topology.sequoia import (
+    selected_child_probabilities,
+    validate_selected_child_probabilities,
+    wilson_interval,
+)
+from harness.verifiers import get_verifier
+from harness.workloads.prompts import encode_workload
 
 CALIBRATION_FORMAT = 1
 
@@ -75,11 +92,6 @@ def acceptance_statistics(ranks: Sequence[int], *, branches: int, z: float = 1.9
     Returns counts, ``h``, ``acceptance`` (= p), their Wilson intervals at quantile ``z``, the
     sibling mass and the number of parents. ``p`` is validated before it is returned.
     """
-    from harness.topology.sequoia import (
-        selected_child_probabilities,
-        validate_selected_child_probabilities,
-        wilson_interval,
-    )
 
     if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
         raise ValueError(f"branches must be an integer >= 1; got {branches!r}")
@@ -123,7 +135,6 @@ def acceptance_statistics(ranks: Sequence[int], *, branches: int, z: float = 1.9
 
 def calibration_config(cfg):
     """``cfg`` with the workload switched to its calibration split (limit: calibration.prompts)."""
-    from omegaconf import OmegaConf
 
     c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     c.workload.split = "calibration"
@@ -133,7 +144,6 @@ def calibration_config(cfg):
 
 def calibration_items(cfg, tokenizer) -> list:
     """[(Prompt, ids)] of the calibration split of the configured workload."""
-    from harness.runner import encode_workload
 
     if cfg.workload.split == "calibration":
         raise CalibrationError(
@@ -164,16 +174,11 @@ def data_hash(items: list) -> str:
 
 def calibration_provenance(cfg, *, tokenizer, items: list) -> dict:
     """The provenance a calibration must carry to be used by a run of ``cfg``."""
-    from omegaconf import OmegaConf
-
-    from harness.measure.hardware import library_versions
 
     c = OmegaConf.to_container(cfg, resolve=True)
     if tokenizer is None:
         tok = "none (model=tiny: synthetic ids from prompt bytes)"
     else:
-        from harness.workloads.datastore import tokenizer_fingerprint
-
         tok = tokenizer_fingerprint(tokenizer)
     cal = c["topology"]["calibration"]
     return {
@@ -207,20 +212,12 @@ def calibration_provenance(cfg, *, tokenizer, items: list) -> dict:
 
 
 def _eos_ids(context) -> frozenset[int]:
-    from harness.runner import eos_ids
 
-    return eos_ids(SimpleNamespace(model=context.target_backend.model, tokenizer=context.tokenizer))
+    return eos_ids(context.target_backend.model, context.tokenizer)
 
 
 def measure_ranks(cfg, context, *, items: list, progress: bool = True) -> tuple[list[int], int]:
     """Run the calibration rounds; return (accepted rank per parent node, prompts used)."""
-    from tqdm import tqdm
-
-    from harness.engine.build import proposer_class, proposer_options, sampling_policy
-    from harness.engine.decode import RoundConfig, decode
-    from harness.proposers.base import Budget
-    from harness.random_source import TorchRandomSource
-    from harness.verifiers import get_verifier
 
     cal = cfg.topology.calibration
     need, branches = int(cal.parents), int(cal.branches)
@@ -307,8 +304,6 @@ def run_calibration(cfg, context, *, items: list, provenance: dict, progress: bo
 
 def check_calibration(artifact: dict, expected: dict, *, path: str) -> None:
     """Refuse a calibration whose provenance differs from the run's; re-validate its vector."""
-    from harness.measure.profile import StaleArtifactError, check_provenance
-    from harness.topology.sequoia import validate_selected_child_probabilities
 
     check_provenance(
         artifact.get("provenance", {}), expected, fields=CALIBRATION_MATCH_FIELDS, kind="calibration", path=path
@@ -317,64 +312,3 @@ def check_calibration(artifact: dict, expected: dict, *, path: str) -> None:
         validate_selected_child_probabilities(artifact["acceptance"])
     except (KeyError, ValueError) as exc:
         raise StaleArtifactError(f"calibration {path!r} has no valid acceptance vector: {exc}") from exc
-
-
-# ---------------------------------------------------------------- `harness calibrate`
-
-
-def with_sequoia(overrides: list[str]) -> list[str]:
-    """``overrides`` with ``topology=sequoia`` first unless a topology is given."""
-    overrides = list(overrides)
-    if not any(o.split("=", 1)[0].lstrip("+~") == "topology" for o in overrides):
-        overrides.insert(0, "topology=sequoia")
-    return overrides
-
-
-def calibrate(cfg, *, progress: bool = True) -> dict:
-    """Load the models of ``cfg``, write fresh calibration, profile and tree artifacts; return paths."""
-    import torch
-
-    from harness.engine.build import BuildContext, plan
-    from harness.runner import encode_workload, load_models
-    from harness.target.backend import CausalLMBackend
-    from harness.topology.sequoia_artifact import ensure_tree_artifact
-
-    if cfg.topology.name != "sequoia":
-        raise ValueError(
-            f"harness calibrate writes Sequoia artifacts: it needs topology=sequoia; got topology={cfg.topology.name}"
-        )
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
-    plan(cfg)  # negotiation first: refuse a combination the run would refuse, before model work
-    target, draft = load_models(cfg)
-    device = torch.device(cfg.model.device)
-    context = BuildContext(
-        cfg=cfg,
-        target_backend=CausalLMBackend(target.model, device=device),
-        tokenizer=target.tokenizer,
-        draft_backend=CausalLMBackend(draft.model, device=device) if draft is not None else None,
-        items=encode_workload(cfg, target.tokenizer),
-        model_source=target.source,
-    )
-    arts = ensure_tree_artifact(cfg, context, force=True, progress=progress)
-    return arts.summary()
-
-
-def main(argv: list[str]) -> int:
-    if any(a in {"-h", "--help"} for a in argv):
-        print("usage: harness calibrate [hydra overrides, as for `harness run`]\n\n" + (__doc__ or ""))
-        return 0
-    from harness.config import compose
-
-    try:
-        cfg = compose(with_sequoia(argv))
-    except Exception as exc:  # hydra/omegaconf composition errors: unknown group, key or type
-        print(f"harness calibrate: cannot compose the config from {argv}: {exc}", file=sys.stderr)
-        return 2
-    try:
-        out = calibrate(cfg)
-    except (GateError, ValueError) as exc:
-        print(f"harness calibrate: refused: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(out, indent=2))
-    return 0

@@ -1,0 +1,130 @@
+"""Artifact recipes: the options that define a trained or searched proposer artifact (architecture,
+data, training or search), from proposer config. An artifact's directory is named by its recipe and
+the target's fingerprint, and a loaded artifact is refused unless both match
+(:mod:`harness.heads.checkpoint`), so loading and training agree on what an artifact is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from harness.heads.checkpoint import ArtifactError
+from harness.heads.models import HeadSpec
+
+#: option keys of conf/proposer/{medusa,hydra,clover}.yaml that define the artifact
+ARCH_KEYS = ("num_heads", "mlp_layers", "prefix_attention", "prefix_window", "attn_heads")
+
+
+@dataclass(frozen=True)
+class DataRecipe:
+    source: str = "sharegpt"  # sharegpt | inline
+    split: str = "train"
+    token_budget: int = 5000  # tokens in the training stream
+    held_out_split: str = "dev"
+    held_out_tokens: int = 800
+    max_len: int = 256  # tokens per document (longer ones are truncated)
+    chat: bool = True  # wrap conversations in the tokenizer's chat template when it has one
+
+    def __post_init__(self) -> None:
+        if self.token_budget < 1 or self.held_out_tokens < 0 or self.max_len < 2:
+            raise ValueError(f"need token_budget >= 1, held_out_tokens >= 0, max_len >= 2; got {self}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+LOSSES = ("hard", "distill")
+
+
+@dataclass(frozen=True)
+class TrainRecipe:
+    epochs: int = 1
+    lr: float = 1e-3
+    batch_size: int = 32
+    weight_decay: float = 0.0
+    loss: str = "hard"  # hard | distill (Hydra++ teacher distillation)
+    distill_temperature: float = 1.0
+    head_decay: float = 0.8
+    warmup_steps: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"train.loss must be one of {list(LOSSES)}; got {self.loss!r}")
+        if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0 or not self.distill_temperature > 0:
+            raise ValueError(f"need epochs >= 1, batch_size >= 1, lr > 0, distill_temperature > 0; got {self}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class AdapterRecipe:
+    epochs: int = 1
+    lr: float = 1e-3
+    distill_temperature: float = 1.0
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SearchRecipe:
+    trials: int = 12
+    workload: str = "sharegpt"
+    split: str = "dev"
+    prompts: int = 3
+    max_prompt_tokens: int = 96
+    max_new_tokens: int = 32
+    depth: int = 4  # draft chain length cap during the search
+    gamma: float = 0.4  # initial threshold (the adaptive loop runs as at run time)
+    chat: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.trials < 1 or self.prompts < 1 or self.max_new_tokens < 1 or self.depth < 1:
+            raise ValueError(f"search needs trials, prompts, max_new_tokens, depth >= 1; got {self}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+SEARCH_ALGORITHM = "optuna-tpe+influence-warm-start-v1"
+
+
+def recipe_key(recipe: SearchRecipe) -> dict:
+    """The recipe an artifact is keyed and checked by: the search options and the algorithm."""
+    return {**recipe.to_dict(), "algorithm": SEARCH_ALGORITHM}
+
+
+def heads_recipe(kind: str, options: dict, model: torch.nn.Module) -> dict:
+    """The artifact recipe from proposer options: architecture, data and training."""
+    spec = HeadSpec(
+        kind=kind,
+        hidden_size=int(model.config.hidden_size),
+        embed_size=int(model.get_input_embeddings().embedding_dim),
+        **{k: options[k] for k in ARCH_KEYS if k in options},
+    )
+    data = DataRecipe(**dict(options.get("data") or {}))
+    train = dict(options.get("train") or {})
+    if options.get("distill") is not None:  # the Hydra++ switch selects the loss
+        train["loss"] = "distill" if options["distill"] else "hard"
+    train = TrainRecipe(**train)
+    return {"spec": spec.to_dict(), "data": data.to_dict(), "train": train.to_dict()}
+
+
+def exit_recipe(options: dict, model: torch.nn.Module) -> dict:
+    layers = int(model.config.num_hidden_layers)
+    exit_layer = int(options.get("exit_layer", 2))
+    if not 1 <= exit_layer < layers:
+        raise ArtifactError(
+            f"proposer.exit_layer must be in [1, {layers - 1}] for this {layers}-layer target; got {exit_layer}"
+        )
+    return {
+        "exit_layer": exit_layer,
+        "data": DataRecipe(**dict(options.get("data") or {})).to_dict(),
+        "train": AdapterRecipe(**dict(options.get("train") or {})).to_dict(),
+    }

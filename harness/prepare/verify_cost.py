@@ -1,0 +1,17 @@
+"""Prompt lookup's adaptive budget needs the target's measured verify cost t(n): measured here
+once per run (not once per batch slot) over the workload's first prompt."""
+
+from __future__ import annotations
+
+from harness.prepare import Preparation
+from harness.target.timing import verify_cost_curve
+
+
+def prepare_prompt_lookup(options: dict, context) -> Preparation:
+    if options.get("budget_policy") != "adaptive" or options.get("verify_cost"):
+        return Preparation()
+    ids = context.items[0][1] if context.items else [1, 2, 3, 4] * 16
+    max_rows = int(context.cfg.topology.max_nodes)
+    profile = verify_cost_curve(context.target_backend, ids, max_rows=max_rows)
+    # the curve the budget uses, and the raw t(n) the record and report show
+    return Preparation(options={"verify_cost": profile["normalised"]}, extras={"t_profile": profile["t_profile"]})

@@ -1,0 +1,89 @@
+"""Topology budgets: ``topology=<name>`` -> the :class:`~harness.contracts.Budget` a proposer shapes
+its candidates to, known from config alone (negotiation runs before any model work).
+
+``TOPOLOGIES`` maps a topology name to its budget function ``function(topology_cfg) -> Budget``.
+
+Cartesian future-head trees: depth ``i`` keeps ``b_i`` candidates below *every* node of depth
+``i - 1``, so the full tree has ``N_tree = sum_{i=1..D} prod_{j<=i} b_j`` candidate rows
+(``b = [3, 2, 2]``: 3 + 6 + 12 = 21). ``conf/topology/cartesian.yaml`` derives ``max_nodes`` from
+the widths with the ``cartesian_rows`` resolver, so the budget is exactly the full tree.
+
+A Sequoia tree is chosen after the models are loaded (calibration and a hardware profile, see
+:mod:`harness.prepare.sequoia`); before that its budget is the search bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harness.contracts import Budget, ConfigError
+
+
+def chain_budget(t) -> Budget:
+    return Budget(shape=t.name, max_nodes=t.max_nodes, max_depth=t.max_depth)
+
+
+def set_budget(t) -> Budget:
+    return Budget(shape="set", max_nodes=t.max_nodes, max_depth=1, widths=(t.max_nodes,))
+
+
+def expansion_budget(t) -> Budget:
+    widths = tuple(int(w) for w in t.widths)
+    if not widths:
+        raise ConfigError("topology=expansion needs topology.widths, e.g. [2,2,1]")
+    if len(widths) > t.max_depth:
+        raise ConfigError(f"topology.widths has {len(widths)} levels, over topology.max_depth={t.max_depth}")
+    return Budget(shape="expansion", max_nodes=t.max_nodes, max_depth=len(widths), widths=widths)
+
+
+def sequoia_budget(t) -> Budget:
+    """The search bounds as a tree budget, for negotiation before model work."""
+    return Budget(shape="tree", max_nodes=int(t.max_nodes), max_depth=int(t.max_depth))
+
+
+def cartesian_rows(widths: Sequence[int]) -> int:
+    """``sum_i prod_{j <= i} b_j``; every width must be an int >= 1."""
+    widths = list(widths)
+    if not widths or any(type(w) is not int or w < 1 for w in widths):
+        raise ValueError(f"cartesian widths must be a non-empty list of ints >= 1; got {widths!r}")
+    total, level = 0, 1
+    for w in widths:
+        level *= w
+        total += level
+    return total
+
+
+def cartesian_budget(t) -> Budget:
+    """``topology=cartesian`` -> Budget(shape="cartesian", widths=b, max_nodes=N_tree)."""
+    widths = tuple(int(w) for w in t.widths)
+    try:
+        n = cartesian_rows(list(widths))
+    except ValueError as exc:
+        raise ConfigError(f"topology=cartesian: {exc}") from None
+    if int(t.max_nodes) != n:
+        raise ConfigError(
+            f"topology=cartesian with widths {list(widths)} has {n} candidate rows (the sum over depths "
+            f"of the product of the widths so far); got topology.max_nodes={t.max_nodes} (leave it to the "
+            "default interpolation)"
+        )
+    if len(widths) > int(t.max_depth):
+        raise ConfigError(f"topology.widths has {len(widths)} levels, over topology.max_depth={t.max_depth}")
+    return Budget(shape="cartesian", max_nodes=n, max_depth=len(widths), widths=widths)
+
+
+TOPOLOGIES = {
+    "sequence": chain_budget,
+    "sequences": chain_budget,
+    "set": set_budget,
+    "expansion": expansion_budget,
+    "merged": chain_budget,  # a node/depth budget for proposer=merged
+    "sequoia": sequoia_budget,
+    "cartesian": cartesian_budget,
+}
+
+
+def budget_from_config(cfg) -> Budget:
+    name = cfg.topology.name
+    if name not in TOPOLOGIES:
+        raise ConfigError(f"unknown topology {name!r}; one of {sorted(TOPOLOGIES)}")
+    return TOPOLOGIES[name](cfg.topology)
