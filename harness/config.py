@@ -19,7 +19,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from harness.topology.budgets import cartesian_rows
 
 #: the config groups (schema-backed YAML) that `harness run` composes
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 @dataclass

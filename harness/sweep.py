@@ -1,11 +1,11 @@
-"""`harness sweep`: launch a named sweep from ``sweeps/`` through a Hydra launcher.
+"""`harness sweep`: launch a named sweep (``harness/conf/sweep/``, linked as ``sweeps/``) through a Hydra launcher.
 
     harness sweep NAME [launcher=basic|joblib|submitit_local|submitit_slurm] [concurrent_jobs=N]
                        [overrides...]
     harness sweep --list
 
 is ``harness run -m +sweep=NAME hydra/launcher=LAUNCHER ...``: Hydra's sweeper expands
-``hydra.sweeper.params`` of ``sweeps/NAME.yaml`` (``conf/sweep`` links there) and the launcher runs
+``hydra.sweeper.params`` of ``sweeps/NAME.yaml`` (the ``sweep`` config group) and the launcher runs
 the jobs. Everything here is wiring around Hydra's own mechanisms:
 
 * **Job folders are deterministic**: ``multirun/<sweep>/<the job's override_dirname>``
@@ -52,7 +52,7 @@ from harness.verifiers.base import NegotiationError
 
 log = logging.getLogger("harness.sweep")
 
-SWEEPS_DIR = Path(__file__).resolve().parents[1] / "sweeps"
+SWEEPS_DIR = Path(__file__).resolve().parent / "conf" / "sweep"
 JOB_STATUS = "job_status.json"
 LAUNCH_FILE = "launch.json"
 FAILURES_FILE = "failures.jsonl"

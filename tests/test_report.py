@@ -121,7 +121,7 @@ def test_every_plot_survives_unmeasured_metrics_and_reads_a_parquet_store(tmp_pa
 
 
 def test_recipes_are_validated(tmp_path, capsys):
-    assert find_recipe("default") == REPO / "reports" / "default.yaml"
+    assert find_recipe("default").resolve() == REPO / "harness" / "reports" / "default.yaml"
     assert [p["kind"] for p in load_recipe(find_recipe("default"))["plots"]][-1] == "frontier"
     bad = tmp_path / "bad.yaml"
     bad.write_text("plots:\n  - kind: pie_chart\n")
@@ -142,6 +142,6 @@ def test_source_reported_entries_need_their_citation(tmp_path):
     path.write_text(json.dumps({"entries": [{"source": "X", "value": "2x"}]}))
     with pytest.raises(ValueError, match=r"missing \['citation', 'quantity', 'setting'\]"):
         load_source_reported(path)
-    shipped = load_source_reported(REPO / "reports" / "source_reported.yaml")
+    shipped = load_source_reported(REPO / "harness" / "reports" / "source_reported.yaml")
     assert {e["source"] for e in shipped} == {"REST", "Hydra", "Sequoia"}
     assert all("arXiv:" in e["citation"] for e in shipped)

@@ -31,7 +31,7 @@ from harness.sweep import (
 )
 from harness.tracking.store import load_record
 
-EXPERIMENTS_DIR = Path(__file__).resolve().parents[1] / "experiments"
+EXPERIMENTS_DIR = Path(__file__).resolve().parents[1] / "harness" / "conf" / "experiment"
 WANDB_CLI = Path(sys.executable).parent / "wandb"
 
 

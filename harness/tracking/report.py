@@ -38,7 +38,7 @@ from harness.tracking.compare import (
 )
 from harness.tracking.store import AXES, ROUND_COST_STAGES, SECTIONS, json_column, read_results
 
-REPO_REPORTS = Path(__file__).resolve().parents[2] / "reports"
+REPO_REPORTS = Path(__file__).resolve().parents[1] / "reports"
 SECTION_STYLE: dict[str, dict[str, Any]] = {
     "exact": {"marker": "o", "linestyle": "-", "tag": ""},
     "heuristic": {"marker": "^", "linestyle": "--", "tag": " [heuristic, exact=false]"},
