@@ -22,7 +22,7 @@ from harness import sweep
 from harness.config import CONF_DIR, compose
 from harness.contracts import resolve_ref
 from harness.engine.build import BuildContext, plan
-from harness.gates.stages import GateError
+from harness.gates.status import GateError
 from harness.prepare import TRAINERS
 from harness.prepare.sequoia import ensure_tree_artifact
 from harness.runner import load, load_models, plan_job, run_job, track

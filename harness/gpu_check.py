@@ -30,7 +30,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
-from harness.gates.stages import equivalence_gate
+from harness.gates.equivalence import equivalence_gate
 from harness.proposers.base import NullProposer
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
@@ -148,8 +148,8 @@ def main(argv=None) -> int:
     report["round_loop"] = round_loop(model, args.device)
     report["seconds"] = time.perf_counter() - t0
     report["passed"] = bool(
-        report["equivalence_fp32"]["passed"]
-        and report["equivalence"]["passed"]
+        report["equivalence_fp32"]["status"] == "passed"
+        and report["equivalence"]["status"] == "passed"
         and report["round_loop"]["greedy_identical"]
     )
     Path(args.out).write_text(json.dumps(report, indent=2, default=str))

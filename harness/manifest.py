@@ -15,7 +15,7 @@ from harness.measure.hardware import library_versions
 from harness.proposers.rest import manifest_datastores
 
 COMPILER_VERSION = "compiler-1"
-RECORD_SCHEMA_VERSION = 1
+RECORD_SCHEMA_VERSION = 2
 
 
 def canonical_json(obj: Any) -> str:

@@ -27,13 +27,15 @@ from harness.engine.build import BuildContext, Plan, build_proposer, plan
 from harness.engine.decode import RoundConfig, check_temp_kv_budget
 from harness.gates.drift import heuristic_drift
 from harness.gates.greedy import greedy_equality
-from harness.gates.stages import GateError, run_gates
+from harness.gates.stages import announce_disabled, disabled_gates, run_gates
+from harness.gates.status import GateError
 from harness.manifest import RECORD_SCHEMA_VERSION, freeze_manifest, manifest_extras, manifest_hash
 from harness.measure.hardware import hardware_card, library_versions, peak_rss_bytes
 from harness.prepare import prepare
 from harness.prepare.sequoia import cost_model_error
 from harness.proposers.base import NullProposer
 from harness.random_source import TorchRandomSource
+from harness.record_schema import is_gated
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import LoadedModel, eos_ids, load_model, model_kv_bytes_per_token, tokenizer_fingerprint
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
@@ -101,6 +103,7 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
 def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
     """Negotiation, budgets and the frozen manifest: every refusal that needs no model."""
     plan_ = plan(cfg)
+    announce_disabled(cfg)
     bpt = model_kv_bytes_per_token(cfg.model)
     formula = check_temp_kv_budget(
         max_nodes=plan_.budget.max_nodes,
@@ -223,23 +226,16 @@ def prepare_job(cfg: DictConfig, planned: Planned, loaded: Loaded) -> Prepared:
 
 
 def gate(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepared) -> dict:
-    """The gates that run before anything is measured (a failure raises GateError), and the
-    proposer's workload governance (e.g. datastore leakage)."""
-    proposer = prepared.proposers[0]
-    gates = run_gates(
+    """The gates that run before anything is measured (a failure raises GateError), the proposer's
+    workload governance (e.g. datastore leakage) among them."""
+    return run_gates(
         cfg,
         plan_=prepared.plan,
         backend=loaded.backend,
-        proposer=proposer,
+        proposer=prepared.proposers[0],
         items=loaded.items,
-        eos=loaded.eos,
-        round_cfg=planned.round_cfg,
         model_source=loaded.target.source,
     )
-    governance = proposer.check_workload(loaded.items, allow_leakage=bool(cfg.get("allow_leakage", False)))
-    if governance is not None:
-        gates["workload_governance"] = governance
-    return gates
 
 
 # --------------------------------------------------------------------------- measure
@@ -283,7 +279,7 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
             }
         )
     greedy = None
-    if plan_.policy.greedy:
+    if plan_.policy.greedy and "greedy_equality" not in disabled_gates(cfg):
         greedy = greedy_equality(loaded.backend.model, outputs, max_fraction=float(cfg.gates.near_tie_max_fraction))
     return Measured(arms=arms.result, per_prompt=per_prompt, outputs=outputs, greedy=greedy)
 
@@ -313,7 +309,9 @@ def summarise(
             "temp_kv_bytes_budget_formula": planned.temp_kv_budget_formula_bytes,
             "proposal_state_bytes": sum(p.state_bytes() for p in slots),
             "retrieval": merged_proposer_extras(slots),
-            "greedy_identical": (not measured.greedy["near_ties"]) if measured.greedy is not None else None,
+            "greedy_identical": (
+                all(o["ar_token_ids"] == o["spec_token_ids"] for o in measured.outputs) if plan_.policy.greedy else None
+            ),
             "greedy_near_ties": measured.greedy["near_ties"] if measured.greedy is not None else None,
             "peak_rss_bytes": peak_rss_bytes(),
             "concurrent_jobs": int(cfg.concurrent_jobs),
@@ -336,6 +334,7 @@ def summarise(
         "sweep": cfg.sweep,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "exact": plan_.verifier.exact,
+        "gated": is_gated(gates),
         "gates": gates,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "manifest": planned.manifest,

@@ -42,7 +42,7 @@ from hydra.experimental.callback import Callback as _Callback
 from omegaconf import DictConfig, OmegaConf
 
 from harness.contracts import ContractError
-from harness.gates.stages import GateError
+from harness.gates.status import GateError
 from harness.manifest import job_manifest_hash
 from harness.runner import run_job, track
 from harness.tracking import report as report_mod

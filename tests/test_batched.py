@@ -446,7 +446,9 @@ def test_harness_run_at_batch_size_2_on_tiny(tmp_path):
     assert [p["batch_index"] for p in record["per_prompt"]] == [0, 0, 1]
     assert [p["batch_requests"] for p in record["per_prompt"]] == [2, 2, 1]
     assert m["committed_tokens"] == m["ar_tokens"] == 36
-    assert m["speedup"] == pytest.approx(m["ar_time_per_token_ms"] / m["time_per_committed_token_ms"])
+    assert m["decode_speedup"] == pytest.approx(m["ar_time_per_token_ms"] / m["time_per_committed_token_ms"])
+    assert m["speedup"] == pytest.approx(m["ar_end_to_end_time_per_token_ms"] / m["end_to_end_time_per_token_ms"])
+    assert m["end_to_end_time_per_token_ms"] > m["time_per_committed_token_ms"]  # prefill and proposer start count
     assert m["throughput_tokens_per_s"] == pytest.approx(1e3 / m["time_per_committed_token_ms"])
     assert m["target_forwards"] == m["batch_rounds"] <= m["ar_batch_rounds"] == 12 + 12  # AR: 12 rounds a batch
     assert m["temp_kv_bytes_padded_peak"] >= m["temp_kv_bytes_real_peak"] > 0

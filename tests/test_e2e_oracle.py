@@ -51,7 +51,7 @@ def test_real_round_reproduces_the_target_joint(models, verifier_name, case_name
     row = E.check_e2e_case(VERIFIERS[verifier_name](), CASES[case_name], models)
     assert row["max_abs_error"] <= MARGINAL_ATOL, row
     assert row["passed"] and row["kind"] == "end_to_end"
-    assert row["leaves"] >= 1 and row["seconds"] < 10
+    assert row["leaves"] >= 1 and row["proposals"] >= 1
 
 
 def test_every_exact_verifier_has_fast_end_to_end_cases_of_its_kind():

@@ -14,8 +14,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "harness"
 ALLOWED: dict[str, set[str]] = {
     "contracts": set(),
     "random_source": set(),
+    "record_schema": set(),
     "measure": set(),
-    "tracking": set(),
+    "tracking": {"record_schema"},
     "topology": {"contracts"},
     "verifiers": {"contracts", "random_source", "topology"},
     "target": {"contracts", "topology", "measure"},
@@ -24,6 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "proposers": {"contracts", "random_source", "topology", "verifiers", "target", "workloads", "heads", "measure"},
     "engine": {"contracts", "random_source", "measure", "topology", "verifiers", "target", "proposers"},
     "gates": {
+        "record_schema",
         "contracts",
         "random_source",
         "measure",
@@ -50,6 +52,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     # the application layer: configuration, manifest, the runner and its entry points, benchmarks
     "app": {
+        "record_schema",
         "contracts",
         "random_source",
         "measure",

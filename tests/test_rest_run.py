@@ -139,7 +139,7 @@ def test_rest_run_end_to_end_on_tiny_with_a_token_id_datastore(env, tmp_path):
 
     assert job_manifest_hash(compose_cfg(*run_overrides(env, store))) == record["manifest_hash"]
     gate = record["gates"]["workload_governance"]
-    assert gate["passed"] is True and gate["leaked"] == [] and gate["allow_leakage"] is False
+    assert gate["status"] == "passed" and gate["leaked"] == [] and gate["allow_leakage"] is False
     assert [i["prompt_id"] for i in gate["items"]] == ["p1", "p2"]
     assert 6 <= gate["max_longest_match"] < 32
     assert json.loads((tmp_path / "record.json").read_text())["run_id"] == record["run_id"]

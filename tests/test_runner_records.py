@@ -57,7 +57,10 @@ def test_adaptive_lookup_run_writes_a_complete_record(tmp_path, monkeypatch):
     }
     assert m["greedy_identical"] is True
     assert m["temp_kv_bytes_peak"] == m["temp_kv_bytes_formula"]
-    assert m["speedup"] == m["ar_time_per_token_ms"] / m["time_per_committed_token_ms"]
+    assert m["decode_speedup"] == m["ar_time_per_token_ms"] / m["time_per_committed_token_ms"]
+    assert m["speedup"] == m["ar_end_to_end_time_per_token_ms"] / m["end_to_end_time_per_token_ms"]
+    assert record["metric_notes"]["speedup"].startswith("AR end-to-end time per token")
+    assert record["gated"] is False and record["gates"]["oracle"]["status"] == "skipped"  # gates.oracle=false
     prof = record["t_profile"]
     assert prof["n"][0] == 1 and len(prof["n"]) == len(prof["t"]) and all(t > 0 for t in prof["t"])
     assert record["hardware"]["torch_threads"] >= 1 and record["manifest_hash"]
@@ -65,3 +68,39 @@ def test_adaptive_lookup_run_writes_a_complete_record(tmp_path, monkeypatch):
     assert len(lines) == 2
     assert all(x["ar_token_ids"] == x["spec_token_ids"] for x in lines)
     assert {"prompt_id", "prompt_token_ids", "ar_token_ids", "spec_token_ids", "ar_text", "spec_text"} <= set(lines[0])
+
+
+def test_the_speculative_arm_pays_for_its_drafts_prefill(tmp_path, monkeypatch):
+    """A draft model's prompt forward (``proposer.start``) is inside the speculative arm's time: its
+    TTFT and end-to-end time per token include it, and the record says which time speedup uses."""
+    import time
+
+    from harness.proposers.draft_model import DraftModelProposer
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    real_start = DraftModelProposer.start
+
+    def slow_start(self, prompt_ids):  # a draft whose prefill costs 80 ms
+        time.sleep(0.08)
+        real_start(self, prompt_ids)
+
+    monkeypatch.setattr(DraftModelProposer, "start", slow_start)
+    cfg = compose(
+        [
+            "model=tiny",
+            "proposer=draft_model",
+            "proposer.sampling=beam",
+            "topology=sequence",
+            "topology.max_nodes=2",
+            "topology.max_depth=2",
+            "workload.limit=2",
+            "generation.max_new_tokens=6",
+            "gates.enabled=false",
+        ]
+    )
+    m = run_job(cfg, run_dir=tmp_path / "run")["metrics"]
+    assert m["prefill_ms_total"] >= 2 * 80 and m["ar_prefill_ms_total"] < 80  # two prompts, draft arm only
+    assert m["ttft_ms"] >= 80 > m["ar_ttft_ms"]
+    spec_tokens = m["committed_tokens"]
+    assert m["end_to_end_time_per_token_ms"] - m["time_per_committed_token_ms"] >= 2 * 80 / spec_tokens
+    assert m["speedup"] < m["decode_speedup"]  # the draft's prefill is charged to the speculative arm

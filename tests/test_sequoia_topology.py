@@ -309,7 +309,8 @@ def test_harness_run_topology_sequoia_end_to_end(first_run):
         / m["sequoia_predicted_time_per_token_ms"]
     )
     gates = record["gates"]
-    assert gates["oracle"]["passed"] and gates["equivalence"]["passed"] and gates["statistical"]["passed"]
+    assert all(gates[g]["status"] == "passed" for g in ("oracle", "end_to_end_oracle", "equivalence", "statistical"))
+    assert record["gated"] is True
     assert gates["negotiation"]["topology"] == "tree" and gates["negotiation"]["verifier"] == "sequoia"
 
 

@@ -50,7 +50,7 @@ def test_load_record_reads_a_run_folder_or_its_file():
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda r: r.update(schema_version=2), "expected 1, got 2"),
+        (lambda r: r.update(schema_version=3), "expected one of [1, 2], got 3"),
         (lambda r: r.pop("schema_version"), "no schema_version"),
         (lambda r: r.pop("per_prompt"), "missing required keys ['per_prompt']"),
         (lambda r: r["metrics"].pop("speedup"), "metrics is missing required keys ['speedup']"),
@@ -116,7 +116,7 @@ def test_aggregate_flattens_one_row_per_run():
     assert row["round_cost_ms.target_verify"] == rec["metrics"]["round_cost_ms"]["target_verify"]
     assert row["config.topology.max_nodes"] == 32
     assert row["record_dir"] == "fixture-sweep/fx03-hydra-greedy-t0-b1"
-    assert row["section"] == "exact" and bool(row["gates_passed"]) is True
+    assert row["section"] == "exact" and bool(row["gated"]) is True
     decoded = json_column(df.set_index("run_id"), "acceptance_by_depth")
     assert decoded["fx03-hydra-greedy-t0-b1"] == rec["metrics"]["acceptance_by_depth"]
     # artifact runs and heuristic runs are told apart
@@ -173,9 +173,46 @@ def test_empty_folder_gives_an_empty_frame(tmp_path):
     assert df.empty and "speedup" in df.columns
 
 
-@pytest.mark.parametrize("passed, expected", [(True, True), (None, True), (False, False)])
-def test_gates_passed_treats_none_as_checked_later(passed, expected):
-    """The runner writes ``passed: None`` for a gate checked during measurement (greedy equality)."""
+@pytest.mark.parametrize(
+    "entry, gated",
+    [
+        ({"passed": True}, True),
+        ({"passed": None, "evidence": "checked on every prompt"}, True),  # schema 1: checked during measurement
+        ({"passed": None, "skipped": True, "evidence": "gates.skip_statistical=true"}, False),
+        ({"passed": False}, False),
+    ],
+)
+def test_schema_1_records_are_gated_only_when_no_gate_was_skipped(entry, gated):
     rec = load_record(HYDRA)
-    rec["gates"]["greedy_equality"] = {"passed": passed, "evidence": "checked on every prompt"}
-    assert flatten_record(rec)["gates_passed"] is expected
+    assert rec["schema_version"] == 1
+    rec["gates"]["statistical"] = entry
+    row = flatten_record(rec)
+    assert row["gated"] is gated and (row["section"] == "ungated") is (not gated)
+    rec["gates"] = {"negotiation": {"passed": True}, "skipped": {"passed": True, "evidence": "gates.enabled=false"}}
+    assert flatten_record(rec)["gated"] is False  # what gates.enabled=false wrote in schema 1
+
+
+def test_schema_2_records_state_gated_and_every_gate_status(tmp_path):
+    from harness.record_schema import GATES
+
+    rec = load_record(HYDRA)
+    rec["schema_version"] = 2
+    rec["gates"] = {g: {"status": "passed"} for g in GATES}
+    rec["gated"] = True
+    assert flatten_record(validate(rec, tmp_path))["section"] == "exact"
+    rec["gates"]["oracle"] = {"status": "skipped", "override": "gates.oracle=false"}
+    with pytest.raises(RecordError, match="gated=True disagrees with its gate statuses"):
+        validate(rec, tmp_path)
+    rec["gated"] = False
+    assert flatten_record(validate(rec, tmp_path))["section"] == "ungated"
+    rec["gates"]["oracle"] = {"status": "maybe"}
+    with pytest.raises(RecordError, match="gates.oracle.status must be one of"):
+        validate(rec, tmp_path)
+    del rec["gates"]["statistical"]
+    rec["gates"]["oracle"] = {"status": "passed"}
+    with pytest.raises(RecordError, match=r"gates is missing required keys \['statistical'\]"):
+        validate(rec, tmp_path)
+
+
+def validate(rec, tmp_path):
+    return load_record(_write(tmp_path / "r", rec))

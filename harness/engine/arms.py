@@ -28,8 +28,14 @@ ARMS = ("ar", "spec")
 METRIC_NOTES = {
     "time_per_committed_token_ms": (
         "batch wall decode time / committed tokens, summed over batches (prefill excluded; at batch 1 the "
-        "request's decode time); speedup = the AR arm's / this, same prompts and batches"
+        "request's decode time): the round loop's cost per token; decode_speedup = the AR arm's / this"
     ),
+    "end_to_end_time_per_token_ms": (
+        "(prefill + decode) / committed tokens: prefill is the target's prompt forward plus every proposer's "
+        "start (a draft model's prompt forward, a head's state warm-up), so the speculative arm pays for its draft"
+    ),
+    "speedup": "AR end-to-end time per token / speculative end-to-end time per token, same prompts and batches",
+    "ttft_ms": "prefill (target and proposer start) + the request's first round",
     "request_time_per_token_ms": "per request: its completion time since its batch's decode start / its tokens",
     "request_speedup": "AR mean request time per token / speculative mean, same batches",
     "mean_committed_per_round": "bonus/correction token included",
@@ -127,6 +133,7 @@ class ArmsResult:
             res = self.batches[arm]
             reqs = self.requests(arm)
             ms = sum(r.decode_ms for r in res)
+            prefill_ms = sum(r.prefill_ms for r in res)  # the target's prompt forward and every proposer's start
             tok = sum(r.committed_tokens for r in res)
             per_req = [r.decode_ms / len(r.tokens) for r in reqs if r.tokens]
             itl = [x for r in reqs for x in itl_samples(r)]
@@ -138,6 +145,8 @@ class ArmsResult:
             out[f"{prefix}itl_ms_p95"] = quantile(itl, 0.95)
             out["committed_tokens" if arm == "spec" else "ar_tokens"] = tok
             out["time_per_committed_token_ms" if arm == "spec" else "ar_time_per_token_ms"] = ms / tok if tok else None
+            out[f"{prefix}end_to_end_time_per_token_ms"] = (ms + prefill_ms) / tok if tok else None
+            out[f"{prefix}prefill_ms_total"] = prefill_ms
             batch_ledger = BatchLedger()
             for r in res:
                 batch_ledger.merge(r.ledger)
@@ -173,7 +182,9 @@ class ArmsResult:
                 out[key] = summary[key]
             out["accepted_by_source"] = sources
         tpt, ar_tpt = out["time_per_committed_token_ms"], out["ar_time_per_token_ms"]
-        out["speedup"] = ar_tpt / tpt if (tpt and ar_tpt) else None
+        out["decode_speedup"] = ar_tpt / tpt if (tpt and ar_tpt) else None
+        e2e, ar_e2e = out["end_to_end_time_per_token_ms"], out["ar_end_to_end_time_per_token_ms"]
+        out["speedup"] = ar_e2e / e2e if (e2e and ar_e2e) else None
         rt, ar_rt = out["request_time_per_token_ms_mean"], out["ar_request_time_per_token_ms_mean"]
         out["request_speedup"] = ar_rt / rt if (rt and ar_rt) else None
         return out

@@ -38,7 +38,7 @@ from tqdm import tqdm
 from harness.contracts import Budget
 from harness.engine.build import proposer_options, sampling_policy
 from harness.engine.decode import RoundConfig, decode
-from harness.gates.stages import GateError
+from harness.gates.status import GateError
 from harness.measure.hardware import library_versions
 from harness.prepare.profile import StaleArtifactError, check_provenance
 from harness.proposers.registry import proposer_class

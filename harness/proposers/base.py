@@ -77,8 +77,8 @@ class Proposer(ABC):
 
     def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict | None:
         """Proposal-quality governance for the evaluation workload (e.g. datastore leakage).
-        Returns a gate entry (``{"passed": ...}``) or None when it does not apply; raises on a
-        refused workload."""
+        Returns a gate entry (``{"status": ...}``, see :mod:`harness.gates.status`) or None when it
+        does not apply; raises on a refused workload."""
         return None
 
     def start(self, prompt_ids: list[int]) -> None:

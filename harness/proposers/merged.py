@@ -256,11 +256,10 @@ class MergedProposer(Proposer):
         self.stats.retrieval_ms = 0.0
         if not entries:
             return None
-        return {
-            "passed": all(e.get("passed", True) for e in entries.values()),
-            "kind": "merged_sources",
-            "sources": entries,
-        }
+        statuses = {e["status"] for e in entries.values()}
+        worst = next(s for s in ("failed", "skipped", "passed") if s in statuses | {"passed"})
+        override = {"override": "allow_leakage=true"} if worst == "skipped" else {}
+        return {"status": worst, **override, "kind": "merged_sources", "sources": entries}
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -329,7 +329,9 @@ class RestProposer(Proposer):
         leaked = [r for r in records if r["leaked"]]
         longest = max((r["longest_match"] for r in records), default=0)
         entry = {
-            "passed": True,
+            # leaked prompts let through by the allow_leakage override leave the run ungated
+            "status": "skipped" if leaked else "passed",
+            **({"override": "allow_leakage=true"} if leaked else {}),
             "kind": "datastore_leakage",
             "datastore_release_id": self.datastore.release_id,
             "threshold": self.leakage_threshold,

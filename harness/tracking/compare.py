@@ -41,6 +41,7 @@ from harness.tracking.store import AXES, SECTIONS, json_column, read_results
 ALL = "all"
 SECTION_TITLES: dict[str, str] = {
     "exact": "exact runs",
+    "ungated": "UNGATED runs (a gate was skipped by an override or never checked: not comparable with gated runs)",
     "heuristic": "HEURISTIC runs (exact: false; output distribution not guaranteed)",
     "cpu_budget_artifact": "CPU-BUDGET ARTIFACTS (heads, adapters or skip vectors trained or searched "
     "on this CPU's small token budget; acceptance is a lower bound, not the method's)",
@@ -207,6 +208,7 @@ def _varying(runs: pd.DataFrame, by: str) -> dict[str, list[str]]:
 def _labels(section: str) -> tuple[str, ...]:
     return {
         "exact": (),
+        "ungated": ("ungated (a gate was skipped)",),
         "heuristic": ("heuristic (exact: false)",),
         "cpu_budget_artifact": ("cpu_budget_artifact",),
     }[section]

@@ -41,11 +41,13 @@ from harness.tracking.store import AXES, ROUND_COST_STAGES, SECTIONS, json_colum
 REPO_REPORTS = Path(__file__).resolve().parents[1] / "reports"
 SECTION_STYLE: dict[str, dict[str, Any]] = {
     "exact": {"marker": "o", "linestyle": "-", "tag": ""},
+    "ungated": {"marker": "s", "linestyle": "-.", "tag": " [ungated: a gate was skipped]"},
     "heuristic": {"marker": "^", "linestyle": "--", "tag": " [heuristic, exact=false]"},
     "cpu_budget_artifact": {"marker": "x", "linestyle": ":", "tag": " [CPU-budget artifact]"},
 }
 SECTION_LEGEND: dict[str, str] = {
     "exact": "exact runs",
+    "ungated": "ungated runs (a gate skipped)",
     "heuristic": "heuristic runs (exact: false)",
     "cpu_budget_artifact": "CPU-budget artifacts (small-budget training)",
 }
@@ -499,7 +501,7 @@ RUN_COLUMNS = (
     "time_per_committed_token_ms",
     "ar_time_per_token_ms",
     "mean_committed_per_round",
-    "gates_passed",
+    "gated",
 )
 
 

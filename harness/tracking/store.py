@@ -17,8 +17,8 @@ Column layout of the store (one row per run):
 * top-level fields: ``run_id``, ``experiment``, ``sweep``, ``created_at``, ``exact``,
   ``manifest_hash``, ``schema_version``;
 * derived bookkeeping: ``record_dir`` (the run folder, relative to the records root),
-  ``gates_passed`` (every gate passed), ``section`` (``exact`` / ``heuristic`` /
-  ``cpu_budget_artifact``, see :func:`section_of`);
+  ``gated`` (every gate passed or does not apply: :mod:`harness.record_schema`), ``section``
+  (``exact`` / ``ungated`` / ``heuristic`` / ``cpu_budget_artifact``, see :func:`section_of`);
 * the axes as bare columns: ``proposer``, ``topology``, ``verifier``, ``temperature``,
   ``batch_size``, ``workload``, ``model``;
 * the metrics under their record names (``speedup``, ``time_per_committed_token_ms``, ...);
@@ -39,7 +39,12 @@ from typing import Any
 
 import pandas as pd
 
-SCHEMA_VERSION = 1
+from harness.record_schema import GATES, STATUSES, is_gated, is_gated_v1
+
+SCHEMA_VERSION = 2
+#: schema 1 records (before per-gate statuses and ``gated``) are still read: a gate recorded
+#: without a status counts as passed only when it says so, so such runs are usually ungated
+SUPPORTED_SCHEMA_VERSIONS = (1, 2)
 RECORD_FILENAME = "record.json"
 OUTPUTS_FILENAME = "outputs.jsonl"
 
@@ -121,7 +126,7 @@ PER_PROMPT_KEYS: tuple[str, ...] = (
 )
 
 #: sections that comparisons and reports keep apart.
-SECTIONS: tuple[str, ...] = ("exact", "heuristic", "cpu_budget_artifact")
+SECTIONS: tuple[str, ...] = ("exact", "ungated", "heuristic", "cpu_budget_artifact")
 
 _JSON_FIELDS: tuple[str, ...] = ("per_prompt", "gates", "t_profile")
 
@@ -152,9 +157,10 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
     _require_type(path, "the record", record, dict)
     if "schema_version" not in record:
         raise RecordError(f"{path}: no schema_version; expected schema_version {SCHEMA_VERSION}")
-    if record["schema_version"] != SCHEMA_VERSION:
+    if record["schema_version"] not in SUPPORTED_SCHEMA_VERSIONS:
         raise RecordError(
-            f"{path}: unsupported schema_version; expected {SCHEMA_VERSION}, got {record['schema_version']!r}"
+            f"{path}: unsupported schema_version; expected one of {list(SUPPORTED_SCHEMA_VERSIONS)}, "
+            f"got {record['schema_version']!r}"
         )
     _require_keys(path, "the record", record, REQUIRED_TOP_LEVEL)
     _require_type(path, "run_id", record["run_id"], str)
@@ -171,7 +177,17 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
     _require_keys(path, "metrics.round_cost_ms", metrics["round_cost_ms"], ROUND_COST_STAGES)
     for gate, evidence in record["gates"].items():
         _require_type(path, f"gates.{gate}", evidence, dict)
-        _require_keys(path, f"gates.{gate}", evidence, ("passed",))
+        if record["schema_version"] == 1:
+            _require_keys(path, f"gates.{gate}", evidence, ("passed",))
+        elif evidence.get("status") not in STATUSES:
+            raise RecordError(
+                f"{path}: gates.{gate}.status must be one of {list(STATUSES)}; got {evidence.get('status')!r}"
+            )
+    if record["schema_version"] >= 2:
+        _require_keys(path, "gates", record["gates"], GATES)
+        _require_type(path, "gated", record.get("gated"), bool)
+        if record["gated"] != is_gated(record["gates"]):
+            raise RecordError(f"{path}: gated={record['gated']} disagrees with its gate statuses")
     _require_type(path, "per_prompt", record["per_prompt"], list)
     for i, row in enumerate(record["per_prompt"]):
         _require_type(path, f"per_prompt[{i}]", row, dict)
@@ -202,13 +218,23 @@ def load_record(path: str | Path) -> dict[str, Any]:
     return validate_record(record, path=path)
 
 
-def section_of(*, exact: bool, cpu_budget_artifact: bool) -> str:
-    """Which section a run belongs to: CPU-budget artifacts first, then inexact heuristics."""
+def section_of(*, exact: bool, cpu_budget_artifact: bool, gated: bool = True) -> str:
+    """Which section a run belongs to: ungated runs first, then CPU-budget artifacts, then inexact
+    heuristics; only gated, exact runs with no CPU-budget artifact are ``exact``."""
+    if not gated:
+        return "ungated"
     if cpu_budget_artifact:
         return "cpu_budget_artifact"
     if not exact:
         return "heuristic"
     return "exact"
+
+
+def record_gated(record: Mapping[str, Any]) -> bool:
+    """A record's ``gated`` (recomputed from its gates for records written before it existed)."""
+    if record.get("schema_version", SCHEMA_VERSION) == 1:
+        return is_gated_v1(record["gates"])
+    return bool(record["gated"])
 
 
 def iter_record_paths(records_root: str | Path) -> Iterator[Path]:
@@ -249,10 +275,11 @@ def flatten_record(record: Mapping[str, Any], *, record_dir: str = "") -> dict[s
         "manifest_hash": record["manifest_hash"],
         "schema_version": record["schema_version"],
         "record_dir": record_dir,
-        "gates_passed": all(g.get("passed") is not False for g in record["gates"].values()),
+        "gated": record_gated(record),
         "section": section_of(
             exact=record["exact"],
             cpu_budget_artifact=record["metrics"]["cpu_budget_artifact"],
+            gated=record_gated(record),
         ),
     }
     for name in AXES:

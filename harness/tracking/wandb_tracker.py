@@ -32,6 +32,7 @@ from harness.tracking.store import (
     OUTPUTS_FILENAME,
     RECORD_FILENAME,
     ROUND_COST_STAGES,
+    record_gated,
     validate_record,
 )
 
@@ -117,7 +118,10 @@ class Tracker:
 
         run.config.update(record["config"], allow_val_change=True)
         tags = list(run.tags or ())
-        run.tags = tuple(tags + [t for t in axis_tags(record["axes"]) if t not in tags])
+        extra = [t for t in axis_tags(record["axes"]) if t not in tags]
+        if not record_gated(record):
+            extra.append("ungated")  # a gate was skipped: never pooled with gated runs
+        run.tags = tuple(tags + extra)
 
         summary: dict[str, Any] = dict(record["metrics"])
         summary.update(
@@ -126,7 +130,7 @@ class Tracker:
             sweep=record["sweep"],
             exact=record["exact"],
             manifest_hash=record["manifest_hash"],
-            gates_passed=all(g["passed"] is not False for g in record["gates"].values()),
+            gated=record_gated(record),
         )
         run.summary.update(summary)
 

@@ -1,0 +1,67 @@
+"""The model-level equivalence gate, on the configured model: every tree row's logits equal its
+root-to-node path decoded sequentially (the path-equivalence check), and the cache after committing
+non-contiguous accepted paths over several rounds equals the cache of sequentially decoding the
+committed tokens (the pending-token commit keeps exactly the accepted path)."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.contracts import ProposalResult
+from harness.target.backend import CausalLMBackend
+from harness.topology.compiler import compile_tree, validate_candidate_graph, validate_commit
+
+#: absolute logit tolerance of the model-level equivalence gate, by dtype
+EQUIVALENCE_ATOL = {torch.float64: 1e-8, torch.float32: 2e-3, torch.bfloat16: 0.25, torch.float16: 0.05}
+
+
+def _paths_from(ids: list[int]) -> list[list[int]]:
+    """A branching tree (A B {C,D,E}, A F, X B) built from prompt tokens: siblings, a shared token
+    under two parents, and a non-contiguous deepest path."""
+    a, b, c, d, e, f, x = (ids[i % len(ids)] for i in (0, 1, 2, 3, 4, 5, 6))
+    return [[a, b, c], [a, b, d], [a, b, e], [a, f], [x, b]]
+
+
+@torch.inference_mode()
+def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds: int = 3) -> dict:
+    """Tree-attention and commit equivalence on ``backend``'s model. Returns the evidence (its
+    ``status`` is ``passed`` or ``failed``)."""
+    model = backend.model
+    atol = EQUIVALENCE_ATOL.get(backend.dtype, 2e-3)
+    ids = list(prompt_ids[-48:]) if len(prompt_ids) > 48 else list(prompt_ids)
+    if len(ids) < 2:
+        ids = ids + ids
+    dev = backend.device
+    seq = backend.prefill_one(ids)
+    committed = list(ids)
+    worst_tree, worst_cache = 0.0, 0.0
+    for r in range(rounds):
+        paths = _paths_from(committed[-(7 + r) :])
+        tree = compile_tree(
+            [ProposalResult.from_paths(paths, source="gate", manifest_hash="gate")], prefix_len=len(committed)
+        )
+        validate_candidate_graph(tree)
+        out = backend.verify_one(seq, committed[-1], tree)
+        # each row equals its root-to-node path decoded sequentially
+        for row in range(-1, tree.num_rows):
+            path = [] if row < 0 else [int(tree.token_ids[x]) for x in tree.path_to(row)]
+            ref = model(input_ids=torch.tensor([committed + path], device=dev)).logits[0, -1]
+            worst_tree = max(worst_tree, float((out.logits[row + 1].float() - ref.float()).abs().max()))
+        # commit a non-contiguous accepted path: the last-inserted row at the greatest depth
+        deep = max(range(tree.num_rows), key=lambda x: (int(tree.depths[x]), x))
+        path_rows = list(tree.path_to(deep))
+        validate_commit(tree, path_rows)
+        backend.commit_one(seq, path_rows)
+        committed += [int(tree.token_ids[x]) for x in path_rows] + [int(out.logits[1 + path_rows[-1]].argmax())]
+    ref_seq = backend.prefill_one(committed)
+    for a, b in zip(seq.cache.layers, ref_seq.cache.layers):
+        worst_cache = max(worst_cache, float((a.keys - b.keys).abs().max()), float((a.values - b.values).abs().max()))
+    ok = worst_tree <= atol and worst_cache <= atol and seq.cached_tokens == committed[:-1]
+    return {
+        "status": "passed" if ok else "failed",
+        "tree_max_abs_logit_diff": worst_tree,
+        "commit_max_abs_kv_diff": worst_cache,
+        "tolerance": atol,
+        "rounds": rounds,
+        "dtype": str(backend.dtype),
+    }

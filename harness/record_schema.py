@@ -1,0 +1,51 @@
+"""What a run record promises about its gates, shared by the gates that write it and the store,
+compare, report and trackers that read it (no torch, no model code).
+
+Every run records, per gate, one status:
+
+- ``passed`` — the gate ran and passed, with its evidence;
+- ``failed`` — it ran and failed (the run stops: a failed run has no record);
+- ``skipped`` — an override switched it off (``override`` names it); the run is not gated;
+- ``not_applicable`` — it has nothing to check for this configuration (``why`` says why).
+
+A run is *gated* when every gate passed or does not apply. Ungated runs are kept apart from gated
+ones (their own section), never pooled with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+#: every gate a run records, in the order they run
+GATES = (
+    "negotiation",
+    "oracle",
+    "end_to_end_oracle",
+    "equivalence",
+    "statistical",
+    "workload_governance",
+    "greedy_equality",
+)
+STATUSES = ("passed", "failed", "skipped", "not_applicable")
+
+
+def status_of(entry: Mapping) -> str:
+    """A gate entry's status. Records of schema 1 carry only ``passed``: True, False, or None with
+    ``skipped: true`` for an override (None without it was checked during the measurement, and the
+    run would have stopped had it failed)."""
+    if "status" in entry:
+        return str(entry["status"])
+    if entry.get("passed") is None:
+        return "skipped" if entry.get("skipped") else "passed"
+    return "passed" if entry["passed"] else "failed"
+
+
+def is_gated(gates: Mapping[str, Mapping]) -> bool:
+    """Every gate recorded, and each passed or does not apply."""
+    return set(GATES) <= set(gates) and all(status_of(g) in ("passed", "not_applicable") for g in gates.values())
+
+
+def is_gated_v1(gates: Mapping[str, Mapping]) -> bool:
+    """The same for a schema-1 record, which listed only the gates that ran: none skipped or failed,
+    and no ``skipped`` entry (what ``gates.enabled=false`` wrote, with ``passed: true``)."""
+    return "skipped" not in gates and all(status_of(g) in ("passed", "not_applicable") for g in gates.values())

@@ -1,0 +1,166 @@
+"""Negative controls for every gate, through the runner on tiny models: each broken piece is caught
+by its gate and the run leaves no record; a genuine near-tie passes and is recorded, too many fail."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.config import compose
+from harness.contracts import Selection
+from harness.gates.status import GateError
+from harness.runner import run_job
+
+PROMPTS = [
+    {"id": "p0", "prompt": "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"},
+    {"id": "p1", "prompt": "for i in range(3):\n    print(i)\nfor i in range(3):\n"},
+]
+
+
+@pytest.fixture
+def workload(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    return path
+
+
+def cfg(workload: Path, *overrides: str):
+    return compose(
+        [
+            "model=tiny",
+            "workload=jsonl",
+            f"workload.path={workload}",
+            "workload.chat=false",
+            "generation.max_new_tokens=12",
+            "generation.warmup_tokens=2",
+            "threads=1",
+            *overrides,
+        ]
+    )
+
+
+def nothing_written(run_dir: Path) -> None:
+    assert not (run_dir / "record.json").exists() and not (run_dir / "outputs.jsonl").exists()
+
+
+def test_a_verifier_that_accepts_a_wrong_token_fails_greedy_equality(workload, tmp_path, monkeypatch):
+    from harness.verifiers.builtin import MembershipVerifier
+
+    calls = {"n": 0}
+
+    def wrong(self, tree, target_probs, rng):  # WRONG: every third round emits the second-best token
+        calls["n"] += 1
+        if calls["n"] % 3:
+            return Selection(accepted_rows=(), next_token=int(target_probs[0].argmax()))
+        return Selection(accepted_rows=(), next_token=int(torch.topk(target_probs[0], 2).indices[1]))
+
+    monkeypatch.setattr(MembershipVerifier, "select", wrong)
+    run_dir = tmp_path / "run"
+    with pytest.raises(GateError, match=r"greedy equality failed on prompt 'p0' at generated position \d+"):
+        run_job(cfg(workload, "verifier=membership", "gates.oracle=false"), run_dir=run_dir)
+    nothing_written(run_dir)
+
+
+def tied_target(tie=(5, 6)):
+    """A tiny target where two tokens have identical, dominant LM-head rows: wherever they lead,
+    the target's top two logits tie exactly."""
+    from harness.runner import _load
+
+    def load_models(c):
+        target = _load(c.model, attn_implementation=c.model.attn_implementation)
+        with torch.no_grad():
+            w = target.model.lm_head.weight  # [V, d]
+            w[tie[0]] = w[tie[1]] = 8.0 * w[7]
+        return target, None
+
+    return load_models
+
+
+def nudged_verify(real, token=6, eps=1e-4):
+    """A verify forward whose candidate trees' logits differ in the last bits (as kernels that are not
+    shape-invariant make them): ``token`` gains ``eps``, far below the float32 near-tie tolerance."""
+
+    def verify(self, state, pending, trees):
+        out = real(self, state, pending, trees)
+        if any(t is not None and t.num_rows for t in trees):
+            with torch.inference_mode():
+                for logits in out.logits:
+                    logits[:, token] += eps
+        return out
+
+    return verify
+
+
+def test_a_genuine_near_tie_is_recorded_and_too_many_fail(workload, tmp_path, monkeypatch):
+    import harness.runner as runner
+    from harness.target.backend import CausalLMBackend
+
+    monkeypatch.setattr(runner, "load_models", tied_target())
+    monkeypatch.setattr(CausalLMBackend, "verify", nudged_verify(CausalLMBackend.verify))
+    overrides = ("gates.oracle=false", "gates.equivalence=false", "proposer=prompt_lookup", "topology=sequence")
+    record = run_job(cfg(workload, *overrides, "gates.near_tie_max_fraction=1.0"), run_dir=tmp_path / "ok")
+    ties = record["metrics"]["greedy_near_ties"]
+    assert ties and all(t["spec_gap"] == 0.0 for t in ties)  # every divergence is an exact tie
+    assert any(t["ar_token"] == 5 and t["spec_token"] == 6 and t["ar_gap"] == 0.0 for t in ties)
+    assert record["gates"]["greedy_equality"]["status"] == "passed"
+    assert record["metrics"]["greedy_identical"] is False
+    run_dir = tmp_path / "too_many"
+    with pytest.raises(GateError, match=r"near-ties in \d+ generated tokens, over gates.near_tie_max_fraction=0.01"):
+        run_job(cfg(workload, *overrides), run_dir=run_dir)
+    nothing_written(run_dir)
+
+
+def test_a_commit_that_keeps_a_rejected_row_fails_the_equivalence_gate(workload, tmp_path, monkeypatch):
+    from harness.target.backend import CausalLMBackend
+
+    real = CausalLMBackend.commit
+
+    def keep_the_first_rows(self, state, accepted_rows):  # WRONG: the first len(path) rows, not the path
+        return real(self, state, [list(range(len(a))) for a in accepted_rows])
+
+    monkeypatch.setattr(CausalLMBackend, "commit", keep_the_first_rows)
+    run_dir = tmp_path / "run"
+    with pytest.raises(GateError, match=r"gate 'equivalence' failed .*commit_max_abs_kv_diff"):
+        run_job(cfg(workload, "gates.oracle=false"), run_dir=run_dir)
+    nothing_written(run_dir)
+
+
+def test_a_proposer_that_misrecords_q_fails_the_statistical_gate(workload, tmp_path, monkeypatch):
+    from harness.proposers.draft_model import DraftModelProposer
+
+    real = DraftModelProposer.propose
+
+    def misrecorded(self, committed, rng):  # WRONG: q recorded with an extra temperature of 0.3
+        result = real(self, committed, rng)
+        if result.q_dists is None or not result.nodes:
+            return result
+        q = result.q_dists.pow(1 / 0.3)
+        q = q / q.sum(dim=-1, keepdim=True)
+        nodes = tuple(replace(n, q=float(q[i, n.token_id])) for i, n in enumerate(result.nodes))
+        return replace(result, nodes=nodes, q_dists=q)
+
+    monkeypatch.setattr(DraftModelProposer, "propose", misrecorded)
+    overrides = (
+        "proposer=draft_model",
+        "proposer.sampling=iid",
+        "proposer.model.num_layers=1",
+        "topology=set",
+        "topology.max_nodes=2",
+        "verifier=specinfer",
+        "generation.temperature=1.0",
+        "gates.oracle=false",
+        "gates.chi2_samples=2000",
+        "+model.tiny.vocab_size=16",
+    )
+    run_dir = tmp_path / "run"
+    with pytest.raises(GateError, match=r"gate 'statistical' failed .*p_value"):
+        run_job(cfg(workload, *overrides), run_dir=run_dir)
+    nothing_written(run_dir)
+    monkeypatch.setattr(DraftModelProposer, "propose", real)  # the same run with the real proposer passes
+    record = run_job(cfg(workload, *overrides), run_dir=tmp_path / "ok")
+    assert record["gates"]["statistical"]["status"] == "passed"
