@@ -79,3 +79,34 @@ def test_temp_kv_bytes_equals_formula(tiny_model):
     assert kv_bytes_per_token(tiny_model) == per_token
     # the verify forward adds the pending token's row plus N candidate rows
     assert out.kv_bytes_added - per_token == tree.num_rows * per_token
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_grouped_tree_attention_matches_sequential_decoding_and_stock_sdpa(dtype):
+    """harness_sdpa folds grouped query heads into rows (no K/V copies) and takes boolean tree masks:
+    every tree row still equals its path decoded sequentially, batched requests included."""
+    from harness.target.loading import load_model
+
+    grouped = load_model(name="tiny", dtype=dtype, seed=3, attn_implementation="harness_sdpa").model
+    stock = load_model(name="tiny", dtype=dtype, seed=3, attn_implementation="sdpa").model
+    assert grouped.config._attn_implementation == "harness_sdpa" and stock.config._attn_implementation == "sdpa"
+    assert grouped.config.num_attention_heads // grouped.config.num_key_value_heads == 2  # grouped queries
+    tol = 1e-4 if dtype == "float32" else 1e-10
+    tree = compile_tree([det_proposal(PATHS)], prefix_len=len(PROMPT))
+    outs = []
+    for model in (grouped, stock):
+        backend = CausalLMBackend(model)
+        out = backend.verify_one(backend.prefill_one(PROMPT), PROMPT[-1], tree)
+        outs.append(out.logits)
+        for r in range(tree.num_rows):
+            path = [int(tree.token_ids[x]) for x in tree.path_to(r)]
+            assert torch.allclose(out.logits[1 + r], sequential_logits(model, PROMPT + path)[-1], atol=tol)
+    assert torch.allclose(outs[0], outs[1], atol=tol)
+    # two ragged requests in one forward (holes and padding masked) through the grouped kernel
+    backend = CausalLMBackend(grouped)
+    short = PROMPT[:5]
+    state = backend.prefill([PROMPT, short])
+    trees = [tree, compile_tree([det_proposal([[10, 11]])], prefix_len=len(short))]
+    res = backend.verify(state, [PROMPT[-1], short[-1]], trees)
+    assert torch.allclose(res.logits[0], outs[0], atol=tol)
+    assert torch.allclose(res.logits[1][2], sequential_logits(grouped, short + [10, 11])[-1], atol=tol)

@@ -53,6 +53,7 @@ import torch
 # transformers is imported where a model, cache or tokenizer is built (it takes about 1.7 s to import
 # on a 2-core machine), so commands that never build one (`harness tree`, `compare`, `report`,
 # `oracles` listing) do not pay for it.
+from harness.target.attention import uses_boolean_masks
 from harness.topology.compiler import CompiledTree
 
 
@@ -150,6 +151,7 @@ class CausalLMBackend:
         # transformers 5.24 renamed `past_key_values=` to `cache=`; older releases only know the former
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in params
+        self._bool_masks = uses_boolean_masks(self.model)  # SDPA takes them as they are; eager adds a float mask
 
     # ------------------------------------------------------------------ low level
     def new_state(self, batch_size: int = 1) -> CacheState:
@@ -176,7 +178,9 @@ class CausalLMBackend:
         """``ids``/``pos`` ``[B, R]``; ``allowed`` bool ``[B, R, start + R]`` or None (causal)."""
         r = ids.shape[1]
         kwargs = {}
-        if allowed is not None:
+        if allowed is not None and self._bool_masks:
+            kwargs["attention_mask"] = allowed.to(self.device).unsqueeze(1)  # [B, 1, R, K], True = attend
+        elif allowed is not None:
             additive = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)  # [B, R, K]
             additive.masked_fill_(~allowed.to(self.device), torch.finfo(self.dtype).min)
             kwargs["attention_mask"] = additive.unsqueeze(1)  # [B, 1, R, K]

@@ -27,6 +27,8 @@ import torch
 # `oracles` listing) do not pay for it.
 from safetensors.torch import save_file
 
+from harness.target import attention
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -191,7 +193,7 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(
             path,
             dtype=torch_dtype,
-            attn_implementation=attn_implementation,
+            attn_implementation="sdpa" if attn_implementation == attention.NAME else attn_implementation,
             trust_remote_code=trust_remote_code,
             **kwargs,
         )
@@ -202,6 +204,8 @@ def load_model(
     if num_layers is not None and name == "tiny":
         loaded.model.model.layers = loaded.model.model.layers[: int(num_layers)]
         loaded.model.config.num_hidden_layers = int(num_layers)
+    if attn_implementation == attention.NAME:  # grouped-query tree attention (harness.target.attention)
+        loaded.model.set_attn_implementation(attention.register())
     loaded.model.to(device)
     for p in loaded.model.parameters():
         p.requires_grad_(False)
