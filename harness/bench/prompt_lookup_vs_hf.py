@@ -12,9 +12,14 @@ each arm against plain autoregressive decoding). Arms, interleaved per prompt:
 
 Decode time only (prefill and the first token are excluded from both families by timing
 ``max_new_tokens`` generation and subtracting a 1-token generation for the HF arms; our arms report
-decode time directly). Writes JSON to ``--out``.
+decode time directly). Both families run the same model in the same dtype; transformers' arms use
+its stock ``sdpa`` attention, ours the configured one (``--attn``). Workloads (``--workload``):
+``humaneval`` (code, plain prompts), ``chat`` (ShareGPT first turns through the chat template) and
+``copy`` (copy-heavy: the chat model is asked to repeat a ShareGPT answer of at least 400 characters
+verbatim, the case where long verbatim continuations dominate). Writes JSON to ``--out``.
 
-    python -m harness.bench.prompt_lookup_vs_hf --limit 10 --max-new-tokens 128 --out results/bench/pld.json
+    python -m harness.bench.prompt_lookup_vs_hf --workload chat --limit 10 --max-new-tokens 128 \
+        --out results/bench/pld_chat.json
 """
 
 from __future__ import annotations
@@ -38,7 +43,36 @@ from harness.target.loading import load_model
 from harness.target.timing import verify_cost_curve
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
-from harness.workloads.prompts import encode_prompt, load_workload
+from harness.workloads.prompts import Prompt, encode_prompt, load_workload
+
+WORKLOADS = ("humaneval", "chat", "copy")
+COPY_MIN_CHARS = 400
+
+
+def bench_items(workload: str, tokenizer, *, split: str, limit: int) -> list[tuple[Prompt, list[int]]]:
+    """(prompt, token ids) of a benchmark workload (see the module docstring)."""
+    if workload == "humaneval":
+        return [
+            (p, encode_prompt(p, tokenizer, chat=False))
+            for p in load_workload(name="humaneval", split=split, limit=limit)
+        ]
+    if workload == "chat":
+        return [
+            (p, encode_prompt(p, tokenizer, chat=True))
+            for p in load_workload(name="sharegpt", split=split, limit=limit)
+        ]
+    out = []
+    for p in load_workload(name="sharegpt", split=split):
+        if p.reference and len(p.reference) >= COPY_MIN_CHARS:
+            passage = p.reference[:1200]
+            ask = f"Repeat the following text exactly, word for word, and nothing else:\n\n{passage}"
+            copy = Prompt(
+                prompt_id=f"copy-{p.prompt_id}", category="copy", messages=({"role": "user", "content": ask},)
+            )
+            out.append((copy, encode_prompt(copy, tokenizer, chat=True)))
+        if len(out) >= limit:
+            break
+    return out
 
 
 def main(argv=None) -> int:
@@ -51,15 +85,17 @@ def main(argv=None) -> int:
     ap.add_argument("--tree-nodes", type=int, default=16, help="candidate-row budget of the tree arms")
     ap.add_argument("--tree-matches", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workload", default="humaneval", choices=WORKLOADS)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "harness_sdpa"], help="our arms' attention")
     ap.add_argument("--out", default="results/bench/prompt_lookup_vs_hf.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    loaded = load_model(name="smollm2")
+    loaded = load_model(name="smollm2", dtype=args.dtype, attn_implementation=args.attn)
     model, tok = loaded.model, loaded.tokenizer
     backend = CausalLMBackend(model)
-    prompts = load_workload(name="humaneval", split=args.split, limit=args.limit)
-    items = [(p, encode_prompt(p, tok, chat=False)) for p in prompts]
+    items = bench_items(args.workload, tok, split=args.split, limit=args.limit)
     eos = frozenset({int(tok.eos_token_id)})
     greedy = get_verifier("greedy")
     policy = SamplingPolicy()
@@ -86,11 +122,16 @@ def main(argv=None) -> int:
     def hf(ids, new, **kw):
         inp = torch.tensor([ids])
         mask = torch.ones_like(inp)
-        t0 = time.perf_counter()
-        out = model.generate(
-            inp, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=tok.eos_token_id, **kw
-        )
-        return out[0, len(ids) :].tolist(), (time.perf_counter() - t0) * 1e3
+        model.set_attn_implementation("sdpa")  # transformers' arms: its own attention
+        try:
+            t0 = time.perf_counter()
+            out = model.generate(
+                inp, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=tok.eos_token_id, **kw
+            )
+            dt = (time.perf_counter() - t0) * 1e3
+        finally:
+            model.set_attn_implementation(args.attn)
+        return out[0, len(ids) :].tolist(), dt
 
     arms = {
         "ours_ar": lambda ids, new: ours(NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="b"), ids, new),
@@ -163,6 +204,9 @@ def main(argv=None) -> int:
                 )
     per_tok = {a: v["decode_ms"] / max(v["tokens"], 1) for a, v in totals.items()}
     result = {
+        "workload": args.workload,
+        "dtype": args.dtype,
+        "attention": args.attn,
         "prompts": len(items),
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),
