@@ -8,9 +8,13 @@ on weights, and timing depends on shapes.
 1. Equivalence (fp32 and the configured dtype): every tree row's logits equal its root-to-node path
    decoded sequentially; the cache after committing a non-contiguous path over three rounds equals
    sequential decoding.
-2. Timing with CUDA events: t(n) for n = 1 + candidate rows (real tree masks) over a 256-token
-   prefix, normalised to t(1); the same through our round loop (AR vs prompt lookup) for a
-   repetitive prompt, time per committed token.
+2. Timing through the runs' device-synchronised timing function: t(n) for n = 1 + candidate rows
+   (real tree masks) over a 256-token prefix, normalised to t(1), for the stock and the grouped tree
+   attention; the round loop (AR vs prompt lookup) on a repetitive prompt, time per committed token.
+3. The real runner (`harness run`, gates included: the equivalence gate on the GPU model, greedy
+   equality on every output) on the SmolLM2-shaped model with the default experiment's proposer and
+   topology, 10 HumanEval prompts, 128 new tokens: a demo-sized measurement whose record lands in
+   the output folder.
 
     python -m harness.gpu_check --out gpu_check.json [--dtype bfloat16]
 """
@@ -34,6 +38,7 @@ from harness.gates.equivalence import equivalence_gate
 from harness.proposers.base import NullProposer
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
+from harness.target import attention
 from harness.target.backend import CausalLMBackend
 from harness.target.timing import verify_times
 from harness.verifiers import get_verifier
@@ -124,6 +129,60 @@ def round_loop(model, device, new_tokens=64) -> dict:
     return out
 
 
+SMOLLM2_SHAPE = {
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "num_layers": 30,
+    "num_heads": 9,
+    "num_kv_heads": 3,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 8192,
+}
+
+
+def runner(
+    device: str, dtype: str, out_dir: Path, attn: str = "harness_sdpa", shape: dict | None = None, extra=()
+) -> dict:
+    """`harness run` with the default experiment's arms on a SmolLM2-shaped random model."""
+    from harness.config import compose
+    from harness.runner import run_job
+
+    overrides = [
+        "experiment=default",
+        "model=tiny",
+        *[f"+model.tiny.{k}={v}" for k, v in (shape or SMOLLM2_SHAPE).items()],
+        f"model.device={device}",
+        f"model.dtype={dtype}",
+        f"model.attn_implementation={attn}",
+        "threads=null",
+        f"output_dir={out_dir}",
+        *extra,
+    ]
+    record = run_job(compose(overrides), run_dir=out_dir)
+    m = record["metrics"]
+    keep = (
+        "speedup",
+        "decode_speedup",
+        "time_per_committed_token_ms",
+        "ar_time_per_token_ms",
+        "mean_committed_per_round",
+        "round_cost_ms",
+        "greedy_identical",
+        "greedy_near_ties",
+        "cuda_peak_allocated_bytes",
+        "cuda_peak_reserved_bytes",
+    )
+    return {
+        "overrides": overrides,
+        "gated": record["gated"],
+        "gates": {k: v.get("status") for k, v in record["gates"].items()},
+        "equivalence": record["gates"]["equivalence"],
+        "metrics": {k: m.get(k) for k in keep},
+        "t_profile": record.get("t_profile"),
+        "record": str(out_dir / "record.json"),
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="GPU equivalence + timing check")
     ap.add_argument("--out", default="gpu_check.json")
@@ -145,12 +204,18 @@ def main(argv=None) -> int:
     model = smollm2_shaped(dtype, args.device)
     report["equivalence"] = equivalence(model, args.device)
     report["t_of_n"] = t_of_n(model, args.device, [1, 2, 4, 8, 16, 32, 64, 128])
+    attention.register()
+    model.set_attn_implementation(attention.NAME)
+    report["t_of_n_grouped"] = t_of_n(model, args.device, [1, 2, 4, 8, 16, 32, 64, 128])
     report["round_loop"] = round_loop(model, args.device)
+    del model
+    report["runner"] = runner(args.device, args.dtype, Path(args.out).parent / "gpu_check_run")
     report["seconds"] = time.perf_counter() - t0
     report["passed"] = bool(
         report["equivalence_fp32"]["status"] == "passed"
         and report["equivalence"]["status"] == "passed"
         and report["round_loop"]["greedy_identical"]
+        and report["runner"]["gated"]
     )
     Path(args.out).write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps(report, indent=2, default=str))
