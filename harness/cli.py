@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("harness.app:sweep_main", "launch a named sweep from sweeps/"),
     "compare": ("harness.tracking.compare", "compare arms with paired bootstrap CIs"),
     "report": ("harness.tracking.report", "regenerate a report from stored records"),
+    "export": ("harness.tracking.spec_bench", "export a run's answers in Spec-Bench's format (spec-bench)"),
     "train": ("harness.app:train_main", "train / search a proposer artifact (heads, early-exit adapter, skip vector)"),
 }
 

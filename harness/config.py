@@ -261,11 +261,16 @@ class VerifierConfig:
 
 @dataclass
 class WorkloadConfig:
-    name: str = "humaneval"  # humaneval | sharegpt | jsonl
-    path: Optional[str] = None  # workload=jsonl
-    limit: Optional[int] = None
+    name: str = "humaneval"  # humaneval | sharegpt | jsonl | spec_bench
+    path: Optional[str] = None  # workload=jsonl | spec_bench
+    limit: Optional[int] = None  # the first N prompts (after categories and per_category)
     split: str = "eval"  # calibration | dev | train | eval (disjoint)
     chat: bool = False  # apply the tokenizer's chat template
+    categories: list[str] = field(default_factory=list)  # keep these categories (mt_bench: MT-bench's 8); []: all
+    per_category: Optional[int] = None  # the first N prompts of each category
+    # a prompt turn that does not fit the models' positions with max_new_tokens and the candidate
+    # tree: false refuses before model work; left cuts the prompt from the left (recorded per turn)
+    truncate: str = "false"
     # the REST datastore of this workload's domain, for configs that follow the workload
     # (`proposer.datastore.corpus: ${workload.rest_corpus}`, as experiments/sources/ do)
     rest_corpus: str = "stdlib"  # stdlib (code) | sharegpt (chat)

@@ -150,7 +150,7 @@ def runner(
     overrides = [
         "experiment=default",
         "model=tiny",
-        *[f"+model.tiny.{k}={v}" for k, v in (shape or SMOLLM2_SHAPE).items()],
+        *[f"++model.tiny.{k}={v}" for k, v in (shape or SMOLLM2_SHAPE).items()],
         f"model.device={device}",
         f"model.dtype={dtype}",
         f"model.attn_implementation={attn}",

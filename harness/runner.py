@@ -5,6 +5,11 @@ written or tracked unless every stage before ``write`` succeeded: a refused plan
 greedy divergence raises, and the job leaves no record. The autoregressive baseline and the
 speculative arm run on the same prompts with the same seeds, batch by batch (a batch of one at
 ``generation.batch_size=1``), interleaved, through the same round loop and clock.
+
+The workload is read at plan (a bad file is refused before any model is loaded) and tokenized at
+load, where every prompt is checked against the context limit (``workload.truncate``: refuse, or
+cut from the left and record). A conversation's later turns are built during measure from each
+arm's own answers (:class:`~harness.workloads.conversations.PromptEncoder`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from harness.contracts import Budget
-from harness.engine.arms import METRIC_NOTES, Arms, ArmsResult, merged_proposer_extras
+from harness.engine.arms import ARMS, METRIC_NOTES, Arms, ArmsResult, merged_proposer_extras
 from harness.engine.build import BuildContext, Plan, build_proposer, plan
 from harness.engine.decode import RoundConfig, check_temp_kv_budget
 from harness.gates.drift import heuristic_drift
@@ -37,10 +42,19 @@ from harness.proposers.base import NullProposer
 from harness.random_source import TorchRandomSource
 from harness.record_schema import is_gated
 from harness.target.backend import CausalLMBackend
-from harness.target.loading import LoadedModel, eos_ids, load_model, model_kv_bytes_per_token, tokenizer_fingerprint
+from harness.target.loading import (
+    LoadedModel,
+    config_position_limit,
+    eos_ids,
+    load_model,
+    model_kv_bytes_per_token,
+    model_position_limit,
+    tokenizer_fingerprint,
+)
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
 from harness.tracking.wandb_tracker import open_run
-from harness.workloads.prompts import encode_workload
+from harness.workloads.conversations import ContextLimit, PromptEncoder, TurnPrompt, context_limit, truncate_rule
+from harness.workloads.prompts import Prompt, WorkloadError, load_configured
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,8 @@ class Planned:
     kv_bytes_per_token: int
     temp_kv_budget_formula_bytes: int
     run_dir: Path
+    prompts: list[Prompt]  # the workload, read (not yet tokenized)
+    context: ContextLimit  # what every turn's prompt must fit
 
 
 @dataclass(frozen=True)
@@ -62,8 +78,10 @@ class Loaded:
     draft: LoadedModel | None
     backend: CausalLMBackend
     draft_backend: CausalLMBackend | None
-    items: list  # [(Prompt, token ids)]
+    items: list  # [(Prompt, first-turn token ids)] (cut from the left under workload.truncate=left)
     eos: frozenset[int]
+    encoder: PromptEncoder  # builds every later turn's prompt
+    first_turns: list[TurnPrompt]  # each prompt's first turn (ids and length before any cut)
 
 
 @dataclass(frozen=True)
@@ -103,7 +121,6 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
 def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
     """Negotiation, budgets and the frozen manifest: every refusal that needs no model."""
     plan_ = plan(cfg)
-    announce_disabled(cfg)
     bpt = model_kv_bytes_per_token(cfg.model)
     formula = check_temp_kv_budget(
         max_nodes=plan_.budget.max_nodes,
@@ -111,6 +128,15 @@ def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
         budget_bytes=cfg.generation.temp_kv_budget_bytes,
         batch_size=int(cfg.generation.batch_size),
     )
+    prompts = load_configured(cfg.workload)
+    context = plan_context(cfg, plan_.budget.max_nodes)
+    if cfg.model.name != "tiny" and not cfg.workload.chat:
+        multi = next((p for p in prompts if p.n_turns > 1), None)
+        if multi is not None:
+            raise WorkloadError(
+                f"prompt {multi.prompt_id!r} has {multi.n_turns} turns: conversations go through the chat "
+                "template; set workload.chat=true"
+            )
     manifest = freeze_manifest(cfg, versions=library_versions(), extra=manifest_extras(cfg))
     return Planned(
         plan=plan_,
@@ -124,7 +150,25 @@ def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
         kv_bytes_per_token=bpt,
         temp_kv_budget_formula_bytes=formula,
         run_dir=Path(run_dir or cfg.output_dir or os.getcwd()),
+        prompts=prompts,
+        context=context,
     )
+
+
+def plan_context(cfg: DictConfig, tree_rows: int) -> ContextLimit:
+    """The positions every turn must fit: the target's and a separate draft model's (config alone)."""
+    limits = [(f"the target (model={cfg.model.name})", model_position_limit(cfg.model))]
+    d = draft_model_config(cfg)
+    if d is not None:
+        limits.append((f"the draft model (model={d.name})", model_position_limit(d)))
+    limit = context_limit(
+        limits=limits,
+        max_new_tokens=int(cfg.generation.max_new_tokens),
+        tree_rows=int(tree_rows),
+        rule=truncate_rule(cfg.workload.truncate),
+    )
+    limit.check_config()
+    return limit
 
 
 # --------------------------------------------------------------------------- load
@@ -137,13 +181,31 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
     backend = CausalLMBackend(target.model, device=device)
     if backend.bytes_per_token != planned.kv_bytes_per_token:
         raise GateError(f"KV bytes per token {backend.bytes_per_token} != config-derived {planned.kv_bytes_per_token}")
+    for model, model_cfg in ((target, cfg.model), (draft, draft_model_config(cfg))):
+        if model is None:
+            continue
+        loaded_limit, planned_limit = config_position_limit(model.model.config), model_position_limit(model_cfg)
+        if loaded_limit != planned_limit:
+            raise GateError(f"model {model.name}: {loaded_limit} positions loaded != config-derived {planned_limit}")
+    eos = eos_ids(target.model, target.tokenizer)
+    encoder = PromptEncoder(
+        target.tokenizer,
+        chat=bool(cfg.workload.chat),
+        vocab_size=int(target.model.config.vocab_size),
+        eos=eos,
+        limit=planned.context,
+    )
+    encoder.check(planned.prompts)  # workload.truncate=false: refuse before any forward
+    first = [encoder.turn(p) for p in planned.prompts]
     return Loaded(
         target=target,
         draft=draft,
         backend=backend,
         draft_backend=CausalLMBackend(draft.model, device=device) if draft is not None else None,
-        items=encode_workload(cfg, target.tokenizer),
-        eos=eos_ids(target.model, target.tokenizer),
+        items=[(p, t.ids) for p, t in zip(planned.prompts, first, strict=True)],
+        eos=eos,
+        encoder=encoder,
+        first_turns=first,
     )
 
 
@@ -227,7 +289,9 @@ def prepare_job(cfg: DictConfig, planned: Planned, loaded: Loaded) -> Prepared:
 
 def gate(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepared) -> dict:
     """The gates that run before anything is measured (a failure raises GateError), the proposer's
-    workload governance (e.g. datastore leakage) among them."""
+    workload governance (e.g. datastore leakage) among them. Gates an override switched off are
+    announced first, one line on stderr (the record says so too)."""
+    announce_disabled(cfg)
     return run_gates(
         cfg,
         plan_=prepared.plan,
@@ -242,9 +306,22 @@ def gate(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepared) 
 
 
 def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepared) -> Measured:
-    """Warm-up (excluded), then both arms batch by batch; at temperature 0 every prompt's two
-    outputs must agree up to recorded near-ties."""
+    """Warm-up (excluded), then both arms batch by batch, a conversation's turns in order (each arm's
+    later turns built from its own answers); at temperature 0 every turn's two outputs must agree up
+    to recorded near-ties."""
     plan_ = prepared.plan
+    encoder = loaded.encoder
+    prompts = [p for p, _ in loaded.items]
+    turn_prompts: dict[tuple[str, int, int], TurnPrompt] = {}
+    for i, first in enumerate(loaded.first_turns):
+        for arm in ARMS:
+            turn_prompts[(arm, i, 0)] = first
+
+    def follow_up(i: int, turn: int, arm: str, answers: list[list[int]]) -> list[int]:
+        tp = encoder.turn(prompts[i], answers)
+        turn_prompts[(arm, i, turn)] = tp
+        return tp.ids
+
     arms = Arms(
         target=loaded.backend,
         spec_proposers=prepared.proposers,
@@ -259,25 +336,65 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
         eos_token_ids=loaded.eos,
         round_cfg=planned.round_cfg,
         rng_factory=TorchRandomSource,
+        turns=[p.n_turns for p in prompts],
+        follow_up=follow_up,
     )
     arms.warmup(int(cfg.generation.warmup_tokens))
     tokenizer = loaded.target.tokenizer
     per_prompt, outputs = [], []
-    for i in tqdm(arms.run(), total=len(loaded.items), desc="prompts", unit="prompt", file=sys.stderr):
-        prompt, ids = loaded.items[i]
-        ar, spec = arms.result.request("ar", i), arms.result.request("spec", i)
-        per_prompt.append({"prompt_id": prompt.prompt_id, "category": prompt.category, **arms.result.prompt_fields(i)})
+    n_turns = sum(p.n_turns for p in prompts)
+    bar = tqdm(total=n_turns, desc="turns" if n_turns > len(prompts) else "prompts", file=sys.stderr)
+    for i in arms.run():
+        prompt = prompts[i]
+        bar.update(prompt.n_turns)
+        fields = arms.result.prompt_fields(i)
+        turns_out = []
+        for t, tf in enumerate(fields["turns"]):
+            ar, spec = arms.result.request("ar", i, t), arms.result.request("spec", i, t)
+            ar_prompt, spec_prompt = turn_prompts[("ar", i, t)], turn_prompts[("spec", i, t)]
+            tf.update(
+                {
+                    "spec_prompt_tokens": len(spec_prompt.ids),
+                    "ar_prompt_tokens": len(ar_prompt.ids),
+                    "spec_cut_tokens": spec_prompt.cut_tokens,
+                    "ar_cut_tokens": ar_prompt.cut_tokens,
+                }
+            )
+            turns_out.append(
+                {
+                    "turn": t + 1,
+                    "spec_prompt_token_ids": spec_prompt.ids,
+                    "ar_prompt_token_ids": ar_prompt.ids,
+                    "ar_token_ids": ar.tokens,
+                    "spec_token_ids": spec.tokens,
+                    "ar_text": tokenizer.decode(ar.tokens) if tokenizer else None,
+                    "spec_text": tokenizer.decode(spec.tokens) if tokenizer else None,
+                    "ar_answer": encoder.answer_text(ar.tokens),
+                    "spec_answer": encoder.answer_text(spec.tokens),
+                    "ar_round_tokens": ar.round_tokens,
+                    "spec_round_tokens": spec.round_tokens,
+                    "spec_cut_tokens": spec_prompt.cut_tokens,
+                    "ar_cut_tokens": ar_prompt.cut_tokens,
+                }
+            )
+        cut = sum(tf["spec_cut_tokens"] + tf["ar_cut_tokens"] for tf in fields["turns"])
+        per_prompt.append({"prompt_id": prompt.prompt_id, "category": prompt.category, "cut_tokens": cut, **fields})
+        first = turns_out[0]
         outputs.append(
             {
                 "prompt_id": prompt.prompt_id,
+                "question_id": prompt.source_id,
                 "category": prompt.category,
-                "prompt_token_ids": ids,
-                "ar_token_ids": ar.tokens,
-                "spec_token_ids": spec.tokens,
-                "ar_text": tokenizer.decode(ar.tokens) if tokenizer else None,
-                "spec_text": tokenizer.decode(spec.tokens) if tokenizer else None,
+                # the first turn (every turn under "turns")
+                "prompt_token_ids": first["spec_prompt_token_ids"],
+                "ar_token_ids": first["ar_token_ids"],
+                "spec_token_ids": first["spec_token_ids"],
+                "ar_text": first["ar_text"],
+                "spec_text": first["spec_text"],
+                "turns": turns_out,
             }
         )
+    bar.close()
     greedy = None
     if plan_.policy.greedy and "greedy_equality" not in disabled_gates(cfg):
         greedy = greedy_equality(loaded.backend.model, outputs, max_fraction=float(cfg.gates.near_tie_max_fraction))
@@ -319,6 +436,7 @@ def summarise(
             # artifacts trained on this CPU's token budget (heads, adapters, skip vectors) are labelled
             "cpu_budget_artifact": bool(getattr(proposer, "cpu_budget_artifact", False)),
             "job_seconds": job_seconds,
+            "context": context_metrics(planned.context, measured.per_prompt),
         }
     )
     if not plan_.verifier.exact:
@@ -368,6 +486,17 @@ def summarise(
     if "sequoia_predicted_time_per_token_ms" in metrics:
         metrics["sequoia_cost_model_error"] = cost_model_error(record)
     return record
+
+
+def context_metrics(limit: ContextLimit, per_prompt: list[dict]) -> dict:
+    """The context limit the prompts were held to, and what the left truncation cut (both arms)."""
+    cut_turns = [t for p in per_prompt for t in p["turns"] if t["spec_cut_tokens"] or t["ar_cut_tokens"]]
+    return {
+        **limit.summary(),
+        "truncated_prompts": sum(1 for p in per_prompt if p["cut_tokens"]),
+        "truncated_turns": len(cut_turns),
+        "cut_tokens": sum(p["cut_tokens"] for p in per_prompt),
+    }
 
 
 # --------------------------------------------------------------------------- write

@@ -12,3 +12,63 @@ def round_of_one(kw: dict) -> dict:
         "emitted": kw["emitted"][0],
         "state": copy.deepcopy(kw["state"]),
     }
+
+
+#: Spec-Bench's categories in its file order (the eight MT-bench ones have two turns)
+SB_MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+SB_CATEGORIES = (*SB_MT_BENCH, "translation", "summarization", "qa", "math_reasoning", "rag")
+
+
+def spec_bench_questions(per_category: int = 3, categories=SB_CATEGORIES, first_id: int = 81) -> list[dict]:
+    """Questions in Spec-Bench's question.jsonl format (question_id, category, turns[, reference]),
+    written from its published field names and shapes: two turns for the MT-bench categories, one
+    otherwise; ``reference`` absent, a list of strings, or (rag) a list holding a list of strings."""
+    out, qid = [], first_id
+    for cat in categories:
+        for k in range(per_category):
+            turns = [f"{cat} question {k}: say something about item {k}."]
+            if cat in SB_MT_BENCH:
+                turns.append(f"Now rewrite your answer about item {k} in one line.")
+            q = {"question_id": qid, "category": cat, "turns": turns}
+            if cat == "rag":
+                q["reference"] = [[f"answer {k}", f"another answer {k}"]]
+            elif cat in ("translation", "summarization", "math_reasoning"):
+                q["reference"] = [f"reference {k} #### {k}"]
+            elif cat == "math":
+                q["reference"] = ["first turn reference", ""]
+            out.append(q)
+            qid += 1
+    return out
+
+
+def write_jsonl(path, rows) -> str:
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def word_chat_tokenizer(n_words: int = 40):
+    """A small word-level fast tokenizer with a chat template (no download): ids 0-5 are <pad>,
+    <s>, </s> (EOS), <unk>, <user>, <bot>; then w0..w{n-1} and a few plain words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", "<user>", "<bot>"] + [f"w{i}" for i in range(n_words)]
+    words += ["hello", "world", "again", "say", "more"]
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=["<user>", "<bot>"],
+    )
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'user' %}<user> {{ m['content'] }} "
+        "{% else %}<bot> {{ m['content'] }} </s> {% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<bot>{% endif %}"
+    )
+    return tok

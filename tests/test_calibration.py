@@ -118,7 +118,7 @@ def test_calibration_must_be_disjoint_from_evaluation():
 
 
 def test_jsonl_workload_without_splits_is_refused(tmp_path):
-    from harness.workloads.prompts import encode_workload
+    from harness.workloads.conversations import encode_workload
 
     path = tmp_path / "w.jsonl"
     path.write_text('{"id": "x", "prompt": "def f():"}\n{"id": "y", "prompt": "class A:"}\n')
@@ -143,7 +143,7 @@ def _context(cfg):
     from harness.engine.build import BuildContext
     from harness.runner import load_models
     from harness.target.backend import CausalLMBackend
-    from harness.workloads.prompts import encode_workload
+    from harness.workloads.conversations import encode_workload
 
     target, draft = load_models(cfg)
     return BuildContext(

@@ -58,12 +58,14 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def no_model_load(monkeypatch):
+    import harness.runner
     import harness.target.loading as loading
 
     def refuse(**kwargs):
         raise AssertionError(f"a model was loaded: {kwargs.get('name')}")
 
     monkeypatch.setattr(loading, "load_model", refuse)
+    monkeypatch.setattr(harness.runner, "load_model", refuse)  # the runner's own reference
 
 
 def _no_outputs(run_dir: Path) -> None:

@@ -297,7 +297,7 @@ def test_merged_rest_and_prompt_lookup_keep_greedy_equality(tiny):
 
 def test_merged_run_end_to_end_on_tiny(tmp_path, monkeypatch):
     from harness.runner import load_models, run_job
-    from harness.workloads.prompts import encode_workload
+    from harness.workloads.conversations import encode_workload
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
     wl = tmp_path / "wl.jsonl"

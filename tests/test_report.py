@@ -49,6 +49,7 @@ def test_default_report_from_records_only_without_model_code(tmp_path):
         "06_t_profile.png",
         "07_speedup_vs_batch.png",
         "08_frontier.png",
+        "09_speedup_by_category.png",
     ]
     for name in pngs:
         w, h = _png_size(out / name)
@@ -122,7 +123,7 @@ def test_every_plot_survives_unmeasured_metrics_and_reads_a_parquet_store(tmp_pa
 
 def test_recipes_are_validated(tmp_path, capsys):
     assert find_recipe("default").resolve() == REPO / "harness" / "reports" / "default.yaml"
-    assert [p["kind"] for p in load_recipe(find_recipe("default"))["plots"]][-1] == "frontier"
+    assert [p["kind"] for p in load_recipe(find_recipe("default"))["plots"]][-2:] == ["frontier", "speedup_by_category"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("plots:\n  - kind: pie_chart\n")
     with pytest.raises(ValueError, match="kind must be one of"):

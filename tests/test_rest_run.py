@@ -54,7 +54,7 @@ def env(tmp_path_factory):
     from harness.engine.decode import RoundConfig, decode
     from harness.runner import load_models
     from harness.target.backend import CausalLMBackend
-    from harness.workloads.prompts import encode_workload
+    from harness.workloads.conversations import encode_workload
 
     cfg = compose_cfg("model=tiny", "workload=jsonl", f"workload.path={workload}", "workload.chat=false")
     target, _ = load_models(cfg)

@@ -1,8 +1,9 @@
-"""Workloads: disjoint splits, JSONL validation naming the line, prompt encoding."""
+"""Workloads: disjoint splits, JSONL and Spec-Bench validation naming the line, category selection."""
 
 import json
 
 import pytest
+from helpers import SB_CATEGORIES, SB_MT_BENCH, spec_bench_questions, write_jsonl
 
 from harness.workloads.prompts import SPLITS, WorkloadError, load_jsonl, load_workload
 
@@ -31,10 +32,10 @@ def test_jsonl_malformed_line_is_named(tmp_path):
 def test_jsonl_missing_fields_and_duplicates(tmp_path):
     f = tmp_path / "w.jsonl"
     f.write_text('{"id": "a"}\n')
-    with pytest.raises(WorkloadError, match=r":1: each line needs"):
+    with pytest.raises(WorkloadError, match=r"w.jsonl:1: neither a Spec-Bench question .* nor a harness prompt"):
         load_jsonl(str(f), "eval")
     f.write_text('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n')
-    with pytest.raises(WorkloadError, match="duplicate"):
+    with pytest.raises(WorkloadError, match=r"w.jsonl:2: duplicate id 'a' \(first on line 1\)"):
         load_jsonl(str(f), "eval")
 
 
@@ -50,3 +51,85 @@ def test_jsonl_messages_and_split_field(tmp_path):
     assert [p.prompt_id for p in load_workload(name="jsonl", split="eval", path=str(f))] == ["2"]
     with pytest.raises(WorkloadError, match="split"):
         load_workload(name="jsonl", split="test", path=str(f))
+
+
+# ------------------------------------------------------------------------------ Spec-Bench questions
+
+
+def test_spec_bench_file_reads_every_category_with_its_turns(tmp_path):
+    path = write_jsonl(tmp_path / "question.jsonl", spec_bench_questions(3))
+    prompts = load_workload(name="spec_bench", split="eval", path=path)
+    assert [p.category for p in prompts[::3]] == list(SB_CATEGORIES)
+    assert len(prompts) == 39
+    for p in prompts:
+        assert p.n_turns == (2 if p.category in SB_MT_BENCH else 1) and p.turns[0].startswith(p.category)
+        assert p.prompt_id == str(p.source_id) and isinstance(p.source_id, int)
+    by_cat = {p.category: p for p in reversed(prompts)}  # the first of each category
+    assert by_cat["rag"].reference == "answer 0\nanother answer 0"  # [[str, ...]] flattened
+    assert by_cat["math"].reference == "first turn reference"  # empty elements dropped
+    assert by_cat["writing"].reference is None and by_cat["qa"].reference is None
+    # workload=jsonl reads the same file (a Spec-Bench question file is one of its two formats)
+    assert load_workload(name="jsonl", split="eval", path=path) == prompts
+
+
+def test_categories_select_and_mt_bench_names_the_eight(tmp_path):
+    path = write_jsonl(tmp_path / "question.jsonl", spec_bench_questions(3))
+    two = load_workload(name="spec_bench", split="eval", path=path, categories=["summarization", "qa"])
+    assert [p.category for p in two] == ["summarization"] * 3 + ["qa"] * 3
+    mt = load_workload(name="spec_bench", split="eval", path=path, categories=["mt_bench", "rag"])
+    assert {p.category for p in mt} == {*SB_MT_BENCH, "rag"} and len(mt) == 27
+    per = load_workload(name="spec_bench", split="eval", path=path, per_category=1, limit=5)
+    assert [p.category for p in per] == list(SB_CATEGORIES[:5])
+    with pytest.raises(WorkloadError, match=r"workload.categories: 'sumarization' is not a category of .*question"):
+        load_workload(name="spec_bench", split="eval", path=path, categories=["sumarization"])
+    with pytest.raises(WorkloadError, match="per_category must be >= 1"):
+        load_workload(name="spec_bench", split="eval", path=path, per_category=0)
+    # categories work on every workload: HumanEval is all "code"
+    assert len(load_workload(name="humaneval", split="eval", categories=["code"], limit=2)) == 2
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (['{"question_id": 1, "category": "qa", "turns": ["a"]}', '{"foo": 1}'], r":2: neither a Spec-Bench"),
+        (['{"question_id": 1, "category": "qa", "turns": []}'], r":1: question 1 has empty \"turns\""),
+        (['{"question_id": 1, "category": "qa", "turns": ["a", "  "]}'], r":1: turn 2 of question 1 is empty"),
+        (['{"question_id": 1, "category": "qa", "turns": "a"}'], r":1: question 1 has empty \"turns\""),
+        (['{"question_id": 1, "turns": ["a"]}'], r":1: question 1 needs a non-empty \"category\""),
+        (['{"question_id": true, "category": "qa", "turns": ["a"]}'], r":1: \"question_id\" must be"),
+        (
+            [
+                '{"question_id": 7, "category": "qa", "turns": ["a"]}',
+                "",
+                '{"question_id": 7, "category": "rag", "turns": ["b"]}',
+            ],
+            r":3: duplicate question_id 7 \(first on line 1\)",
+        ),
+        (
+            ['{"question_id": 1, "category": "qa", "turns": ["a"]}', '{"id": "x", "prompt": "y"}'],
+            r":2: workload=spec_bench reads Spec-Bench questions; this line is a harness prompt",
+        ),
+        (["[1, 2]"], r":1: neither a Spec-Bench question"),
+    ],
+)
+def test_bad_spec_bench_lines_are_refused_naming_the_line(tmp_path, lines, message):
+    f = tmp_path / "q.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(WorkloadError, match=message) as err:
+        load_workload(name="spec_bench", split="eval", path=str(f))
+    assert "\n" not in str(err.value)  # one line
+
+
+def test_jsonl_refuses_a_file_mixing_the_two_formats(tmp_path):
+    f = tmp_path / "w.jsonl"
+    f.write_text('{"id": "x", "prompt": "y"}\n{"question_id": 1, "category": "qa", "turns": ["a"]}\n')
+    with pytest.raises(WorkloadError, match=r"w.jsonl:2: a Spec-Bench question .*, but line 1 is a harness prompt"):
+        load_workload(name="jsonl", split="eval", path=str(f))
+
+
+def test_spec_bench_workload_refuses_a_harness_prompt_file(tmp_path):
+    f = write_jsonl(tmp_path / "w.jsonl", [{"id": "a", "prompt": "x"}])
+    with pytest.raises(WorkloadError, match=r"w.jsonl:1: workload=spec_bench reads Spec-Bench questions"):
+        load_workload(name="spec_bench", split="eval", path=f)
+    with pytest.raises(WorkloadError, match="workload=spec_bench needs workload.path"):
+        load_workload(name="spec_bench", split="eval")

@@ -43,7 +43,8 @@ from harness.target.loading import load_model
 from harness.target.timing import verify_cost_curve
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
-from harness.workloads.prompts import Prompt, encode_prompt, load_workload
+from harness.workloads.conversations import encode_prompt
+from harness.workloads.prompts import Prompt, load_workload
 
 WORKLOADS = ("humaneval", "chat", "copy")
 COPY_MIN_CHARS = 400

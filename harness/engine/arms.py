@@ -3,8 +3,12 @@
 The prompts run in consecutive batches of B (the last may be smaller; B = 1 is a batch of one): the
 autoregressive arm (NullProposer slots, the baseline verifier) and the speculative arm (the
 configured proposer slots and verifier) on the same batch composition, the order alternating per
-batch. Request ``i`` uses the seed ``seed * 1_000_003 + i`` in both arms, so its random stream is
-the same at every batch size.
+step. A prompt may be a conversation of several turns: a batch of B conversations advances turn by
+turn (one step per turn: the conversations that have that turn, both arms), and each arm's prompt
+for turn k is built by ``follow_up`` from that arm's OWN answers to turns 1..k-1, so each arm is
+timed on the conversation it produced. Request ``(i, turn)`` uses the seed
+``seed * 1_000_003 + i + turn * 1_000_000_007`` in both arms, so its random stream is the same at
+every batch size (turn 0: ``seed * 1_000_003 + i``).
 """
 
 from __future__ import annotations
@@ -47,7 +51,20 @@ METRIC_NOTES = {
         "temp_kv_bytes_real_peak: the rows the requests proposed"
     ),
     "ragged_hole_bytes_peak": "masked stale slots below the shared physical cache length (0 at batch 1)",
-    "per_prompt.spec_decode_ms": "the request's latency inside its batch (not the batch wall time)",
+    "per_prompt.spec_decode_ms": (
+        "the request's latency inside its batch (not the batch wall time), summed over a conversation's turns"
+    ),
+    "per_prompt.turns": "one entry per turn of the conversation: the same fields for that turn's request",
+    "per_turn": "the decode metrics of the requests of each turn (1 = the first user turn)",
+    "context": (
+        "the positions every turn's prompt had to fit (prompt + max_new_tokens + candidate rows) and the rule "
+        "(refuse | left); truncated_turns and cut_tokens count what the left cut removed, both arms"
+    ),
+    "spec_bench_speedup": (
+        "Spec-Bench's statistic (its evaluation/speed.py): mean over prompts of speculative tokens / wall s, "
+        "over the same mean for AR; wall = each turn's prefill + decode, summed over turns (a ratio of means, "
+        "unlike speedup's ratio of sums)"
+    ),
 }
 
 
@@ -94,41 +111,123 @@ def merged_proposer_extras(proposers: Sequence[Proposer]) -> dict:
 
 @dataclass
 class ArmsResult:
-    """What the two arms measured: per arm, one BatchDecodeResult per batch, in prompt order."""
+    """What the two arms measured: per arm, one BatchDecodeResult per step (a batch's turn), in order."""
 
     batch_size: int
     batches: dict[str, list[BatchDecodeResult]] = field(default_factory=lambda: {a: [] for a in ARMS})
     batch_of: dict[int, int] = field(default_factory=dict)  # prompt index -> batch index
+    #: (prompt index, turn) -> (step index, position in that step's requests)
+    slot: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    step_turn: list[int] = field(default_factory=list)  # turn of each step
+    turns_of: dict[int, int] = field(default_factory=dict)  # prompt index -> turns run
 
-    def request(self, arm: str, i: int) -> DecodeResult:
-        j = self.batch_of[i]
-        first = min(k for k, b in self.batch_of.items() if b == j)
-        return self.batches[arm][j].requests[i - first]
+    def add_step(self, turn: int, idx: Sequence[int], results: dict[str, BatchDecodeResult]) -> None:
+        k = len(self.step_turn)
+        self.step_turn.append(turn)
+        for arm in ARMS:
+            self.batches[arm].append(results[arm])
+        for pos, i in enumerate(idx):
+            self.slot[(i, turn)] = (k, pos)
+            self.turns_of[i] = max(self.turns_of.get(i, 0), turn + 1)
+
+    def request(self, arm: str, i: int, turn: int = 0) -> DecodeResult:
+        k, pos = self.slot[(i, turn)]
+        return self.batches[arm][k].requests[pos]
 
     def requests(self, arm: str) -> list[DecodeResult]:
         return [r for b in self.batches[arm] for r in b.requests]
 
-    def prompt_fields(self, i: int) -> dict:
-        """Per-prompt record fields: both arms' times, tokens and rounds, and the batch it ran in."""
-        ar, spec = self.request("ar", i), self.request("spec", i)
-        j = self.batch_of[i]
+    def turn_fields(self, i: int, turn: int) -> dict:
+        """One turn's request fields: both arms' times, tokens and rounds, and the step it ran in."""
+        ar, spec = self.request("ar", i, turn), self.request("spec", i, turn)
+        k, _ = self.slot[(i, turn)]
         return {
+            "turn": turn + 1,
             "spec_decode_ms": spec.decode_ms,
             "spec_tokens": len(spec.tokens),
             "ar_decode_ms": ar.decode_ms,
             "ar_tokens": len(ar.tokens),
+            "spec_prefill_ms": spec.prefill_ms,
+            "ar_prefill_ms": ar.prefill_ms,
             "spec_ttft_ms": spec.ttft_ms,
             "ar_ttft_ms": ar.ttft_ms,
             "spec_rounds": spec.ledger.rounds,
-            "batch_index": j,
-            "batch_requests": len(self.batches["spec"][j].requests),
-            "spec_batch_decode_ms": self.batches["spec"][j].decode_ms,
-            "ar_batch_decode_ms": self.batches["ar"][j].decode_ms,
+            "ar_rounds": ar.ledger.rounds,
+            "batch_requests": len(self.batches["spec"][k].requests),
+            "spec_batch_decode_ms": self.batches["spec"][k].decode_ms,
+            "ar_batch_decode_ms": self.batches["ar"][k].decode_ms,
         }
+
+    def prompt_fields(self, i: int) -> dict:
+        """Per-prompt record fields: both arms' times, tokens and rounds summed over the prompt's turns
+        (TTFT: the first turn's), the batch it ran in, and every turn's own fields under ``turns``."""
+        turns = [self.turn_fields(i, t) for t in range(self.turns_of[i])]
+        summed = (
+            "spec_decode_ms",
+            "spec_tokens",
+            "ar_decode_ms",
+            "ar_tokens",
+            "spec_prefill_ms",
+            "ar_prefill_ms",
+            "spec_rounds",
+            "ar_rounds",
+            "spec_batch_decode_ms",
+            "ar_batch_decode_ms",
+        )
+        return {
+            **{key: sum(t[key] for t in turns) for key in summed},
+            "spec_ttft_ms": turns[0]["spec_ttft_ms"],
+            "ar_ttft_ms": turns[0]["ar_ttft_ms"],
+            "batch_index": self.batch_of[i],
+            "batch_requests": turns[0]["batch_requests"],
+            "turns": turns,
+        }
+
+    def spec_bench_speedup(self) -> float | None:
+        """Spec-Bench's speedup statistic over the prompts (see METRIC_NOTES)."""
+        rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        for i, n in sorted(self.turns_of.items()):
+            for arm in ARMS:
+                reqs = [self.request(arm, i, t) for t in range(n)]
+                wall_ms = sum(r.prefill_ms + r.decode_ms for r in reqs)
+                if wall_ms <= 0:
+                    return None
+                rates[arm].append(sum(len(r.tokens) for r in reqs) / (wall_ms / 1e3))
+        if not rates["spec"] or not sum(rates["ar"]):
+            return None
+        return (sum(rates["spec"]) / len(rates["spec"])) / (sum(rates["ar"]) / len(rates["ar"]))
+
+    def turn_metrics(self) -> dict[str, dict]:
+        """Per turn (``"1"``, ``"2"``, ...): the requests, tokens, time per token and speedup of that turn."""
+        out: dict[str, dict] = {}
+        for turn in sorted(set(self.step_turn)):
+            steps = [k for k, t in enumerate(self.step_turn) if t == turn]
+            entry: dict = {"requests": sum(len(self.batches["spec"][k].requests) for k in steps)}
+            for arm in ("spec", "ar"):
+                res = [self.batches[arm][k] for k in steps]
+                ms = sum(r.decode_ms for r in res)
+                tok = sum(r.committed_tokens for r in res)
+                rounds = sum(q.ledger.rounds for r in res for q in r.requests)
+                entry["committed_tokens" if arm == "spec" else "ar_tokens"] = tok
+                entry["time_per_committed_token_ms" if arm == "spec" else "ar_time_per_token_ms"] = (
+                    ms / tok if tok else None
+                )
+                if arm == "spec":
+                    entry["rounds"] = rounds
+                    entry["mean_committed_per_round"] = tok / rounds if rounds else None
+            tpt, ar_tpt = entry["time_per_committed_token_ms"], entry["ar_time_per_token_ms"]
+            entry["speedup"] = ar_tpt / tpt if (tpt and ar_tpt) else None
+            out[str(turn + 1)] = entry
+        return out
 
     def metrics(self) -> dict:
         """Every decode metric of the record (proposal-side state and artifacts are the runner's)."""
-        out: dict = {"batches": len(self.batches["spec"])}
+        out: dict = {
+            "batches": len(set(self.batch_of.values())),
+            "conversation_turns": len(self.slot),
+            "per_turn": self.turn_metrics(),
+            "spec_bench_speedup": self.spec_bench_speedup(),
+        }
         for arm, prefix in (("spec", ""), ("ar", "ar_")):
             res = self.batches[arm]
             reqs = self.requests(arm)
@@ -190,8 +289,12 @@ class ArmsResult:
         return out
 
 
+#: builds turn ``turn`` (>= 1) of prompt ``i`` for ``arm`` from that arm's answers to turns 0..turn-1
+FollowUp = Callable[[int, int, str, list[list[int]]], list[int]]
+
+
 class Arms:
-    """Runs both arms batch by batch (see the module docstring)."""
+    """Runs both arms batch by batch, a conversation's turns in order (see the module docstring)."""
 
     def __init__(
         self,
@@ -209,44 +312,69 @@ class Arms:
         eos_token_ids: frozenset[int],
         round_cfg: RoundConfig,
         rng_factory: Callable[[int], RandomSource],
+        turns: Sequence[int] | None = None,
+        follow_up: FollowUp | None = None,
     ) -> None:
         if batch_size < 1 or len(spec_proposers) < batch_size or len(null_proposers) < batch_size:
             raise ValueError(
                 f"batch_size={batch_size} needs that many proposer slots per arm; got "
                 f"{len(spec_proposers)} and {len(null_proposers)}"
             )
+        turns = [1] * len(prompts) if turns is None else [int(n) for n in turns]
+        if len(turns) != len(prompts) or any(n < 1 for n in turns):
+            raise ValueError(f"turns needs one count >= 1 per prompt; got {turns} for {len(prompts)} prompts")
+        if max(turns, default=1) > 1 and follow_up is None:
+            raise ValueError("conversations of several turns need follow_up to build each later turn's prompt")
         self.target, self.policy, self.round_cfg = target, policy, round_cfg
         self.slots = {"ar": (list(null_proposers), ar_verifier), "spec": (list(spec_proposers), spec_verifier)}
         self.prompts, self.seed, self.batch_size = list(prompts), int(seed), batch_size
+        self.turns, self.follow_up = turns, follow_up
         self.max_new_tokens, self.eos = max_new_tokens, eos_token_ids
         self.rng_factory = rng_factory
         self.result = ArmsResult(batch_size=batch_size)
 
-    def _run(self, arm: str, idx: list[int], max_new_tokens: int) -> BatchDecodeResult:
+    def seed_of(self, i: int, turn: int) -> int:
+        return self.seed * 1_000_003 + i + turn * 1_000_000_007
+
+    def _run(self, arm: str, idx: list[int], prompts: list[list[int]], turn: int, max_new_tokens: int):
         proposers, verifier = self.slots[arm]
         return decode_batch(
             target=self.target,
             proposers=proposers[: len(idx)],
             verifier=verifier,
             policy=self.policy,
-            prompts=[self.prompts[i] for i in idx],
+            prompts=prompts,
             max_new_tokens=max_new_tokens,
             eos_token_ids=self.eos,
-            rngs=[self.rng_factory(self.seed * 1_000_003 + i) for i in idx],
+            rngs=[self.rng_factory(self.seed_of(i, turn)) for i in idx],
             round_cfg=self.round_cfg,
         )
 
     def warmup(self, tokens: int) -> None:
-        """Both arms on the first batch (excluded from every metric)."""
+        """Both arms on the first batch's first turn (excluded from every metric)."""
         idx = list(range(min(self.batch_size, len(self.prompts))))
         for arm in ARMS:
-            self._run(arm, idx, max(int(tokens), 1))
+            self._run(arm, idx, [self.prompts[i] for i in idx], 0, max(int(tokens), 1))
 
     def run(self) -> Iterator[int]:
-        """Run one batch (both arms, order alternating) at a time; yield its prompt indices in order."""
+        """Run one batch at a time, turn by turn (both arms per turn, order alternating per step);
+        yield its prompt indices in order once all their turns are done."""
+        step = 0
         for j, idx in enumerate(batches(len(self.prompts), self.batch_size)):
-            for arm in ARMS if j % 2 == 0 else tuple(reversed(ARMS)):
-                self.result.batches[arm].append(self._run(arm, idx, self.max_new_tokens))
+            answers: dict[str, dict[int, list[list[int]]]] = {arm: {i: [] for i in idx} for arm in ARMS}
+            for turn in range(max(self.turns[i] for i in idx)):
+                live = [i for i in idx if self.turns[i] > turn]
+                results = {}
+                for arm in ARMS if step % 2 == 0 else tuple(reversed(ARMS)):
+                    if turn == 0:
+                        prompts = [self.prompts[i] for i in live]
+                    else:
+                        prompts = [list(self.follow_up(i, turn, arm, answers[arm][i])) for i in live]
+                    results[arm] = self._run(arm, live, prompts, turn, self.max_new_tokens)
+                    for i, req in zip(live, results[arm].requests, strict=True):
+                        answers[arm][i].append(list(req.tokens))
+                self.result.add_step(turn, live, results)
+                step += 1
             for i in idx:
                 self.result.batch_of[i] = j
                 yield i

@@ -10,6 +10,11 @@ the first divergence: after the outputs part ways their contexts differ, so each
 is checked against the target's logits at its own context (one teacher-forced forward over the
 prompt and the speculative output). More near-ties than ``max_fraction`` of the generated tokens
 fail the gate as well.
+
+Conversations: every turn is checked. Each arm's turn-k prompt carries its own earlier answers, so
+after a near-tie in an earlier turn the two arms' prompts differ; such a turn has no AR output to
+compare with and every speculative token is checked against the target at its own context (a
+token off the top logit is a near-tie within the tolerance, a failure past it).
 """
 
 from __future__ import annotations
@@ -48,35 +53,50 @@ def _gap(logits: torch.Tensor, token: int) -> float:
     return float(logits.max() - logits[token])
 
 
-def check_prompt(model, *, prompt_id, prompt: Sequence[int], ar: Sequence[int], spec: Sequence[int], tol: float):
-    """Near-ties of one prompt's outputs; raises GateError at a divergence that is not one."""
-    pos = first_divergence(ar, spec)
-    if pos is None:
+def check_prompt(
+    model,
+    *,
+    prompt_id,
+    prompt: Sequence[int],
+    ar: Sequence[int],
+    spec: Sequence[int],
+    tol: float,
+    turn: int = 1,
+    ar_prompt: Sequence[int] | None = None,
+):
+    """Near-ties of one prompt turn's outputs; raises GateError at a divergence that is not one.
+    ``ar_prompt`` (when it differs from ``prompt``): the AR arm's own prompt for this turn."""
+    where = f"prompt {prompt_id!r}" + (f" turn {turn}" if turn != 1 else "")
+    same_prompt = ar_prompt is None or list(ar_prompt) == list(prompt)
+    pos = first_divergence(ar, spec) if same_prompt else 0
+    if pos is None or not spec and not same_prompt:
         return []
-    if pos >= len(spec) or pos >= len(ar):
+    if same_prompt and (pos >= len(spec) or pos >= len(ar)):
         raise GateError(
-            f"greedy equality failed on prompt {prompt_id!r}: one arm stopped at generated position {pos} "
+            f"greedy equality failed on {where}: one arm stopped at generated position {pos} "
             f"({len(ar)} AR vs {len(spec)} speculative tokens)"
         )
     logits = teacher_forced_logits(model, prompt, spec)  # [G, V]
     ties = []
     for t in range(pos, len(spec)):
         gap = _gap(logits[t], spec[t])
-        ar_gap = _gap(logits[t], ar[t]) if t == pos else None
-        if gap == 0.0 and t != pos:
+        ar_gap = _gap(logits[t], ar[t]) if (same_prompt and t == pos) else None
+        if gap == 0.0 and ar_gap is None:
             continue
         if gap > tol or (ar_gap is not None and ar_gap > tol):
             raise GateError(
-                f"greedy equality failed on prompt {prompt_id!r} at generated position {t}: speculative token "
+                f"greedy equality failed on {where} at generated position {t}: speculative token "
                 f"{spec[t]} is {gap:.3g} below the target's top logit"
                 + (f" (AR token {ar[t]}: {ar_gap:.3g})" if ar_gap is not None else "")
                 + f", over the near-tie tolerance {tol}"
+                + ("" if same_prompt else " (the arms' prompts differ after an earlier near-tie)")
             )
         ties.append(
             {
                 "prompt_id": prompt_id,
+                "turn": turn,
                 "position": t,
-                "ar_token": int(ar[t]) if t == pos else None,
+                "ar_token": int(ar[t]) if ar_gap is not None else None,
                 "spec_token": int(spec[t]),
                 "spec_gap": gap,
                 "ar_gap": ar_gap,
@@ -86,27 +106,56 @@ def check_prompt(model, *, prompt_id, prompt: Sequence[int], ar: Sequence[int], 
     return ties
 
 
+def output_turns(o: dict) -> list[dict]:
+    """An outputs row's turns (``turns``; a row without them is one turn with its top-level ids)."""
+    if o.get("turns"):
+        return list(o["turns"])
+    return [
+        {
+            "turn": 1,
+            "spec_prompt_token_ids": o["prompt_token_ids"],
+            "ar_prompt_token_ids": o["prompt_token_ids"],
+            "ar_token_ids": o["ar_token_ids"],
+            "spec_token_ids": o["spec_token_ids"],
+        }
+    ]
+
+
 def greedy_equality(model: torch.nn.Module, outputs: Sequence[dict], *, max_fraction: float, dtype=None) -> dict:
-    """The greedy-equality gate over a run's outputs (``prompt_token_ids``, ``ar_token_ids``,
-    ``spec_token_ids`` per prompt). Returns the gate entry; raises GateError on failure."""
+    """The greedy-equality gate over a run's outputs, every turn of every prompt (``turns``, each
+    with ``spec_prompt_token_ids``, ``ar_prompt_token_ids``, ``ar_token_ids``, ``spec_token_ids``;
+    or the top-level ``prompt_token_ids``, ``ar_token_ids``, ``spec_token_ids`` of a one-turn row).
+    Returns the gate entry; raises GateError on failure."""
     dtype = dtype or next(model.parameters()).dtype
     tol = NEAR_TIE_LOGIT_TOL.get(dtype, 1e-3)
     ties: list[dict] = []
+    tokens = turns = identical = differing_prompts = 0
     for o in outputs:
-        ties += check_prompt(
-            model,
-            prompt_id=o["prompt_id"],
-            prompt=o["prompt_token_ids"],
-            ar=o["ar_token_ids"],
-            spec=o["spec_token_ids"],
-            tol=tol,
-        )
-    tokens = sum(len(o["spec_token_ids"]) for o in outputs)
+        for tr in output_turns(o):
+            ties += check_prompt(
+                model,
+                prompt_id=o["prompt_id"],
+                prompt=tr["spec_prompt_token_ids"],
+                ar_prompt=tr["ar_prompt_token_ids"],
+                ar=tr["ar_token_ids"],
+                spec=tr["spec_token_ids"],
+                tol=tol,
+                turn=int(tr.get("turn", 1)),
+            )
+            turns += 1
+            tokens += len(tr["spec_token_ids"])
+            identical += tr["ar_token_ids"] == tr["spec_token_ids"]
+            differing_prompts += list(tr["ar_prompt_token_ids"]) != list(tr["spec_prompt_token_ids"])
     entry = {
         "status": "passed",
         "prompts": len(outputs),
+        "turns": turns,
         "tokens": tokens,
-        "identical_prompts": sum(o["ar_token_ids"] == o["spec_token_ids"] for o in outputs),
+        "identical_prompts": sum(
+            all(tr["ar_token_ids"] == tr["spec_token_ids"] for tr in output_turns(o)) for o in outputs
+        ),
+        "identical_turns": identical,
+        "turns_with_differing_prompts": differing_prompts,
         "near_ties": ties,
         "tolerance": tol,
         "max_near_tie_fraction": max_fraction,

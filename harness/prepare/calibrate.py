@@ -50,7 +50,7 @@ from harness.topology.sequoia import (
     wilson_interval,
 )
 from harness.verifiers import get_verifier
-from harness.workloads.prompts import encode_workload
+from harness.workloads.conversations import encode_workload
 
 CALIBRATION_FORMAT = 1
 

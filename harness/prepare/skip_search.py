@@ -36,7 +36,8 @@ from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
-from harness.workloads.prompts import encode_prompt, load_workload
+from harness.workloads.conversations import encode_prompt
+from harness.workloads.prompts import load_workload
 
 log = logging.getLogger("harness.heads")
 

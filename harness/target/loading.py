@@ -215,6 +215,33 @@ def load_model(
 #: dense KV geometry of the embedded default, known without converting it (the temporary-KV budget
 #: check B·N·L·2·H_kv·d_h·b runs before any model work)
 SMOLLM2_GEOMETRY = {"num_hidden_layers": 30, "num_key_value_heads": 3, "head_dim": 64}
+#: positions of the embedded default (SmolLM2-135M-Instruct), known without converting it
+SMOLLM2_POSITIONS = 8192
+#: config attributes that hold a model's position limit, in the order they are read
+POSITION_ATTRS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+def config_position_limit(config) -> int | None:
+    """The position limit a transformers config declares (None when it declares none)."""
+    for name in POSITION_ATTRS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def model_position_limit(model_cfg) -> int | None:
+    """The positions a model can attend over, from the model config alone (no weights loaded)."""
+    if model_cfg.name == "tiny":
+        return int(tiny_llama_config(**dict(model_cfg.tiny or {})).max_position_embeddings)
+    if model_cfg.name == "smollm2" and not model_cfg.name_or_path:
+        return SMOLLM2_POSITIONS
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(
+        model_cfg.name_or_path or model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code)
+    )
+    return config_position_limit(c)
 
 
 def model_kv_bytes_per_token(model_cfg) -> int:

@@ -2,6 +2,7 @@
 
     harness compare <records_root | store.parquet> [by=proposer] [baseline=hydra]
                     [json=PATH] [level=0.95] [resamples=2000] [seed=0] [method=percentile]
+                    [leaderboard=true|false]
                     [<axis>=<value> ...]            # filters, e.g. temperature=0 batch_size=1
 
 An *arm* is every run sharing one value of the ``by`` axis inside one section (after the
@@ -13,6 +14,15 @@ always the prompt. For each arm and each workload category (and ``all``):
   the AR baseline of the same runs on the same prompts;
 * with ``baseline=V``: ``vs_baseline`` = time per committed token of arm ``V`` over this arm's,
   on the prompts both arms ran (> 1: this arm is faster).
+
+The leaderboard (:func:`leaderboard`, printed after the tables; ``leaderboard=false`` leaves it
+out) has Spec-Bench's shape: one row per arm, one column per Spec-Bench task (its eight MT-bench
+categories merged into ``mt_bench``; any other category as its own column) plus ``overall``; each
+cell holds the speedup above and the mean accepted tokens per round with the bonus/correction
+token counted (``sum(spec_tokens) / sum(spec_rounds)``, as Spec-Bench's "#Mean Accepted Tokens"
+and vLLM's mean acceptance length count it: 1.00 for plain decoding), each with its CI, and
+Spec-Bench's own speedup statistic (a ratio of per-prompt means, wall time with prefill) as a
+point value.
 
 Confidence intervals: ``scipy.stats.bootstrap`` with ``paired=True``, resampling prompts (every
 quantity of one prompt moves together). Runs whose timings are not honest
@@ -36,6 +46,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from harness.tracking.spec_bench import OVERALL, task_of, task_order
 from harness.tracking.store import AXES, SECTIONS, json_column, read_results
 
 ALL = "all"
@@ -46,7 +57,7 @@ SECTION_TITLES: dict[str, str] = {
     "cpu_budget_artifact": "CPU-BUDGET ARTIFACTS (heads, adapters or skip vectors trained or searched "
     "on this CPU's small token budget; acceptance is a lower bound, not the method's)",
 }
-_OPTION_KEYS = ("by", "baseline", "json", "level", "resamples", "seed", "method")
+_OPTION_KEYS = ("by", "baseline", "json", "level", "resamples", "seed", "method", "leaderboard")
 _PROMPT_COLUMNS = ("spec_decode_ms", "spec_tokens", "ar_decode_ms", "ar_tokens")
 
 
@@ -301,6 +312,173 @@ def compare(
 
 
 # --------------------------------------------------------------------------------------------
+# the leaderboard (Spec-Bench's shape)
+
+#: per-prompt columns the leaderboard reads (missing in older records: those cells are "-")
+_LEADER_COLUMNS = (*_PROMPT_COLUMNS, "spec_rounds", "spec_prefill_ms", "ar_prefill_ms")
+
+
+@dataclass(frozen=True)
+class LeaderCell:
+    n_prompts: int
+    speedup: Estimate  # as in the comparison: ratio of sums over decode time, AR over this arm
+    accepted_tokens: Estimate  # mean accepted tokens per round, bonus token counted
+    spec_bench_speedup: float | None  # Spec-Bench's statistic: mean tokens/s over mean AR tokens/s
+
+
+@dataclass(frozen=True)
+class LeaderRow:
+    section: str
+    arm: str
+    run_ids: tuple[str, ...]
+    cells: dict[str, LeaderCell]  # column (a Spec-Bench task, another category, or overall) -> cell
+
+
+def leaderboard_prompts(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, prompt) with the leaderboard's per-prompt columns (NaN where absent)."""
+    rows: list[dict[str, Any]] = []
+    for (_, run), prompts in zip(runs.iterrows(), json_column(runs, "per_prompt"), strict=True):
+        for p in prompts or []:
+            rows.append(
+                {
+                    "run_id": run["run_id"],
+                    "prompt_id": str(p["prompt_id"]),
+                    "task": task_of(str(p["category"])),
+                    **{c: float(p[c]) if p.get(c) is not None else np.nan for c in _LEADER_COLUMNS},
+                }
+            )
+    return pd.DataFrame(rows, columns=["run_id", "prompt_id", "task", *_LEADER_COLUMNS])
+
+
+def spec_bench_statistic(p: pd.DataFrame) -> float | None:
+    """Spec-Bench's speedup: mean over prompts of tokens / wall s (prefill + decode), speculative
+    over AR. None when a prompt lacks its prefill time."""
+    wall = {a: p[f"{a}_prefill_ms"] + p[f"{a}_decode_ms"] for a in ("spec", "ar")}
+    if any(w.isna().any() or (w <= 0).any() for w in wall.values()):
+        return None
+    spec = (p["spec_tokens"] / (wall["spec"] / 1e3)).mean()
+    ar = (p["ar_tokens"] / (wall["ar"] / 1e3)).mean()
+    return _clean(spec / ar) if ar else None
+
+
+def leaderboard(
+    df: pd.DataFrame,
+    *,
+    by: str = "proposer",
+    filters: Mapping[str, str] | None = None,
+    confidence_level: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    method: str = "percentile",
+) -> tuple[list[str], list[LeaderRow]]:
+    """Columns (Spec-Bench's tasks present, other categories, ``overall``) and one row per arm and
+    section, sorted by the overall speedup (best first) as Spec-Bench sorts its leaderboard."""
+    if by not in df.columns:
+        raise ValueError(f"by must name an axis {list(AXES)} or a store column; got {by!r}")
+    runs = filter_runs(df, filters or {})
+    if runs.empty:
+        raise ValueError(f"no runs left after filters {dict(filters or {})}")
+    long = leaderboard_prompts(runs)
+    columns = [*task_order(long["task"].unique()), OVERALL]
+    boot = dict(confidence_level=confidence_level, n_resamples=n_resamples, seed=seed, method=method)
+    out: list[LeaderRow] = []
+    for section in SECTIONS:
+        rows = []
+        for value, group in runs[runs["section"] == section].groupby(by, sort=True):
+            mine = long[long["run_id"].isin(group["run_id"])]
+            summed = mine.groupby("prompt_id", sort=True)[list(_LEADER_COLUMNS)].sum(min_count=1)
+            summed["task"] = mine.groupby("prompt_id", sort=True)["task"].first()
+            cells = {}
+            for col in columns:
+                p = summed if col == OVERALL else summed[summed["task"] == col]
+                if p.empty:
+                    continue
+                speed = paired_bootstrap(
+                    (p["ar_decode_ms"], p["ar_tokens"], p["spec_decode_ms"], p["spec_tokens"]),
+                    speedup_statistic,
+                    **boot,
+                )
+                accepted = Estimate(None)
+                if not p["spec_rounds"].isna().any():
+                    accepted = paired_bootstrap((p["spec_tokens"], p["spec_rounds"]), ratio_of_sums, **boot)
+                cells[col] = LeaderCell(len(p), speed, accepted, spec_bench_statistic(p))
+            rows.append(LeaderRow(section, arm_label(value), tuple(sorted(group["run_id"])), cells))
+        rows.sort(key=lambda r: -(r.cells[OVERALL].speedup.value or -math.inf) if OVERALL in r.cells else math.inf)
+        out += rows
+    return columns, out
+
+
+def times(e: Estimate, digits: int = 3) -> str:
+    """A speedup with its interval: ``1.234x [1.100, 1.310]``."""
+    if e.value is None:
+        return "-"
+    head, sep, tail = e.fmt(digits).partition(" [")
+    return f"{head}x{sep}{tail}"
+
+
+def leader_cell(cell: LeaderCell | None) -> str:
+    """``1.234x [1.100, 1.310] / 3.12 [2.95, 3.30]``: the speedup, then accepted tokens per round."""
+    if cell is None:
+        return "-"
+    return f"{times(cell.speedup)} / {cell.accepted_tokens.fmt(2)}"
+
+
+def format_leaderboard(columns: Sequence[str], rows: Sequence[LeaderRow], *, by: str, level: float) -> str:
+    """Plain-text leaderboard, one table per section."""
+    pct = f"{level * 100:g}% CI"
+    lines: list[str] = []
+    for section in SECTIONS:
+        sec = [r for r in rows if r.section == section]
+        if not sec:
+            continue
+        header = [by, *columns]
+        body = [[r.arm, *(leader_cell(r.cells.get(c)) for c in columns)] for r in sec]
+        sb = [
+            [
+                r.arm,
+                *(
+                    "-"
+                    if c not in r.cells or r.cells[c].spec_bench_speedup is None
+                    else f"{r.cells[c].spec_bench_speedup:.3f}x"
+                    for c in columns
+                ),
+            ]
+            for r in sec
+        ]
+        widths = [max(len(h), *(len(b[i]) for b in body + sb)) for i, h in enumerate(header)]
+        lines.append(f"== leaderboard (Spec-Bench shape), {SECTION_TITLES[section]} ==")
+        lines.append(
+            f"cell: speedup vs AR [{pct}] / mean accepted tokens per round, bonus token counted [{pct}]; "
+            f"prompts per column: "
+            + ", ".join(f"{c}={sec[0].cells[c].n_prompts}" for c in columns if c in sec[0].cells)
+        )
+        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+        lines.append("  ".join("-" * w for w in widths))
+        lines.extend("  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) for b in body)
+        if any(cell != "-" for b in sb for cell in b[1:]):
+            lines.append("Spec-Bench's own statistic (mean per-prompt tokens/s over AR's; wall time with prefill):")
+            lines.extend("  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) for b in sb)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def leaderboard_json(columns: Sequence[str], rows: Sequence[LeaderRow]) -> dict[str, Any]:
+    return {
+        "columns": list(columns),
+        "accepted_tokens": "mean accepted tokens per round, bonus/correction token counted",
+        "rows": [
+            {
+                "section": r.section,
+                "arm": r.arm,
+                "run_ids": list(r.run_ids),
+                "cells": {c: asdict(cell) for c, cell in r.cells.items()},
+            }
+            for r in rows
+        ],
+    }
+
+
+# --------------------------------------------------------------------------------------------
 # output
 
 
@@ -376,7 +554,7 @@ def parse_kv(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
 USAGE = (
     "usage: harness compare <records_root | store.parquet> [by=proposer] [baseline=VALUE] "
     "[json=PATH] [level=0.95] [resamples=2000] [seed=0] [method=percentile|basic|BCa] "
-    "[<axis>=<value> ...]"
+    "[leaderboard=true|false] [<axis>=<value> ...]"
 )
 
 
@@ -407,6 +585,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"harness compare: {exc}\n{USAGE}", file=sys.stderr)
         return 2
     print(format_table(rows, by=by, baseline=opts.get("baseline"), level=level))
+    board = None
+    if opts.get("leaderboard", "true").lower() not in {"false", "0", "no"}:
+        board = leaderboard(
+            df,
+            by=by,
+            filters=kv,
+            confidence_level=level,
+            n_resamples=int(opts.get("resamples", 2000)),
+            seed=int(opts.get("seed", 0)),
+            method=opts.get("method", "percentile"),
+        )
+        print(format_leaderboard(*board, by=by, level=level))
     if "json" in opts:
         payload = to_json(
             rows,
@@ -419,6 +609,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=int(opts.get("seed", 0)),
             method=opts.get("method", "percentile"),
             pairing="prompt_id",
+            **({"leaderboard": leaderboard_json(*board)} if board is not None else {}),
         )
         Path(opts["json"]).parent.mkdir(parents=True, exist_ok=True)
         Path(opts["json"]).write_text(json.dumps(payload, indent=1) + "\n")

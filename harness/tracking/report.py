@@ -32,10 +32,13 @@ from harness.tracking.compare import (
     arm_label,
     compare,
     filter_runs,
+    leader_cell,
+    leaderboard,
     paired_bootstrap,
     parse_kv,
     speedup_statistic,
 )
+from harness.tracking.spec_bench import OVERALL, TASK_TITLES
 from harness.tracking.store import AXES, ROUND_COST_STAGES, SECTIONS, json_column, read_results
 
 REPO_REPORTS = Path(__file__).resolve().parents[1] / "reports"
@@ -52,7 +55,7 @@ SECTION_LEGEND: dict[str, str] = {
     "cpu_budget_artifact": "CPU-budget artifacts (small-budget training)",
 }
 STAGE_COLORS = ["#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD"]
-PLOT_KEYS = {"kind", "name", "title", "where", "sections"}
+PLOT_KEYS = {"kind", "name", "title", "where", "sections", "by"}
 SOURCE_KEYS = ("source", "citation", "quantity", "value", "setting")
 
 
@@ -445,6 +448,40 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     return Plot(fig)
 
 
+def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
+    """The leaderboard as bars: speedup per Spec-Bench task (or category) and overall, one bar per arm."""
+    (section,) = spec.get("sections", ["exact"])[:1] or ["exact"]
+    runs = df[df["section"] == section]
+    if runs.empty:
+        return Plot(None, f"no {section} runs")
+    by = spec.get("by", "proposer")
+    columns, rows = leaderboard(runs, by=by, n_resamples=1000)
+    rows = [r for r in rows if r.section == section]
+    fig = _new_figure(max(8.0, 1.2 * len(columns) + 3), 4.5)
+    ax = fig.add_subplot()
+    width = 0.8 / max(len(rows), 1)
+    for k, row in enumerate(rows):
+        xs, ys, lo, hi = [], [], [], []
+        for i, col in enumerate(columns):
+            cell = row.cells.get(col)
+            if cell is None or cell.speedup.value is None:
+                continue
+            s = cell.speedup
+            xs.append(i + (k - (len(rows) - 1) / 2) * width)
+            ys.append(s.value)
+            lo.append(s.value - (s.ci_low if s.ci_low is not None else s.value))
+            hi.append((s.ci_high if s.ci_high is not None else s.value) - s.value)
+        ax.bar(xs, ys, width=width, yerr=[lo, hi], capsize=3, label=f"{by}: {row.arm}")
+    ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(columns)), [TASK_TITLES.get(c, c) for c in columns], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("speedup over AR (sum AR ms/token / sum spec ms/token)")
+    ax.legend(fontsize=8)
+    ax.set_title(
+        spec.get("title", f"Speedup by category ({section} runs; 95% paired-bootstrap CI over prompts)"), fontsize=10
+    )
+    return Plot(fig)
+
+
 HEADINGS: dict[str, str] = {
     "speedup_by_proposer_workload": "Speedup by proposer and workload category",
     "acceptance_by_depth": "Acceptance by depth",
@@ -454,6 +491,7 @@ HEADINGS: dict[str, str] = {
     "t_profile": "Target verify time t(n)",
     "speedup_vs_batch": "Speedup vs batch size",
     "frontier": "Frontier: time per committed token vs mean committed tokens per round",
+    "speedup_by_category": "Speedup by category (the leaderboard's columns)",
 }
 
 PLOTS: dict[str, Callable[[pd.DataFrame, Mapping[str, Any]], Plot]] = {
@@ -465,6 +503,7 @@ PLOTS: dict[str, Callable[[pd.DataFrame, Mapping[str, Any]], Plot]] = {
     "t_profile": plot_t_profile,
     "speedup_vs_batch": plot_speedup_vs_batch,
     "frontier": plot_frontier,
+    "speedup_by_category": plot_speedup_by_category,
 }
 
 
@@ -556,6 +595,46 @@ def _compare_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _leaderboard_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
+    """Spec-Bench's leaderboard shape: rows = arms, columns = its tasks (other categories after
+    them) and Overall; each cell the speedup and the mean accepted tokens per round, with CIs."""
+    by = cfg.get("by", "proposer")
+    where = {k: str(v) for k, v in (cfg.get("where") or {}).items()}
+    try:
+        columns, rows = leaderboard(df, by=by, filters=where)
+    except ValueError as exc:
+        return [f"_leaderboard not available: {exc}_", ""]
+    out = [
+        f"Rows: arms by `{by}`" + (f", filters {where}" if where else "") + ", best overall first. Cell: speedup "
+        "over AR (ratio of sums, decode time) / mean accepted tokens per round with the bonus token counted "
+        "(Spec-Bench's \"#Mean Accepted Tokens\", vLLM's mean acceptance length: 1.00 for plain decoding), each "
+        "with its 95% paired-bootstrap CI over prompts. Spec-Bench's eight MT-bench categories form one column.",
+        "",
+    ]
+    titles = [TASK_TITLES.get(c, c) for c in columns]
+    for section in SECTION_TITLES:
+        sec = [r for r in rows if r.section == section]
+        if not sec:
+            continue
+        body = [[r.arm, *(leader_cell(r.cells.get(c)) for c in columns)] for r in sec]
+        counts = ", ".join(f"{TASK_TITLES.get(c, c)} {sec[0].cells[c].n_prompts}" for c in columns if c in sec[0].cells)
+        out += [f"### {SECTION_TITLES[section]}", "", md_table([by, *titles], body), "", f"Prompts: {counts}.", ""]
+        sb = [
+            [r.arm, *(r.cells[c].spec_bench_speedup if c in r.cells else None for c in columns)]
+            for r in sec
+            if OVERALL in r.cells
+        ]
+        if any(v is not None for row in sb for v in row[1:]):
+            out += [
+                "Spec-Bench's own speedup statistic (its evaluation/speed.py: mean per-prompt tokens/s over the "
+                "baseline's, wall time with prefill; a ratio of means):",
+                "",
+                md_table([by, *titles], sb),
+                "",
+            ]
+    return out
+
+
 def numeric_metrics(df: pd.DataFrame) -> pd.DataFrame:
     """Scalar metric columns as floats (a metric the runner did not measure is None -> NaN)."""
     out = df.copy()
@@ -583,6 +662,9 @@ def build_report(df: pd.DataFrame, out_dir: Path, recipe: Mapping[str, Any], *, 
         "## Comparison",
         "",
         *_compare_section(df, recipe.get("compare") or {}),
+        "## Leaderboard (Spec-Bench shape)",
+        "",
+        *_leaderboard_section(df, recipe.get("leaderboard") or recipe.get("compare") or {}),
         "## Plots",
         "",
     ]

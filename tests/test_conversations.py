@@ -1,0 +1,123 @@
+"""Each turn's prompt ids: the arm's own answers fed back through the chat template (or the tiny
+model's synthetic ids, never cut), and the context limit: refused with one line naming the prompt
+and the numbers, or cut from the left and measured."""
+
+import pytest
+from helpers import word_chat_tokenizer
+
+from harness.workloads.conversations import (
+    TRUNCATE_LEFT,
+    TRUNCATE_REFUSE,
+    ContextLimit,
+    PromptEncoder,
+    context_limit,
+    truncate_rule,
+)
+from harness.workloads.prompts import Prompt, WorkloadError
+
+CONV = Prompt(prompt_id="81", category="writing", turns=("hello world", "say more"), source_id=81)
+
+
+def limit(positions, rule=TRUNCATE_REFUSE, max_new=4, rows=2):
+    return ContextLimit(positions, "the target (model=tiny)", max_new, rows, rule)
+
+
+def test_synthetic_ids_are_one_per_byte_and_never_cut():
+    enc = PromptEncoder(None, chat=False, vocab_size=96)
+    long = Prompt(prompt_id="p", category="code", text="x" * 1000)
+    assert len(enc.raw(long)) == 1000  # the old encoder kept 96 bytes
+    assert enc.raw(Prompt(prompt_id="e", category="code", text="")) == [3]
+
+
+def test_synthetic_conversation_carries_the_arms_own_answer_without_eos():
+    enc = PromptEncoder(None, chat=True, vocab_size=96, eos=frozenset({2}))
+    first = enc.raw(CONV)
+    assert first == enc.synthetic("hello world")
+    second = enc.raw(CONV, [[7, 8, 2]])
+    assert second == enc.synthetic("hello world") + [7, 8] + enc.synthetic("say more")
+    with pytest.raises(ValueError, match="has 2 turn"):
+        enc.raw(CONV, [[7], [8]])
+    assert enc.answer_text([7, 8, 2]) == "7 8 2"  # no tokenizer: every generated id, EOS included
+
+
+def test_chat_template_turn_two_is_the_conversation_with_the_decoded_answer():
+    tok = word_chat_tokenizer()
+    enc = PromptEncoder(tok, chat=True, eos=frozenset({2}))
+    first = enc.raw(CONV)
+    assert tok.decode(first) == "<user> hello world <bot>"
+    answer = tok.convert_tokens_to_ids(["w1", "w2", "</s>"])
+    assert enc.answer_text(answer) == "w1 w2"  # special tokens removed, whitespace stripped
+    second = enc.raw(CONV, [answer])
+    assert tok.decode(second) == "<user> hello world <bot> w1 w2 </s> <user> say more <bot>"
+    assert second[: len(first)] == first  # the conversation grows; every turn is a full prefill
+
+
+def test_conversations_need_the_chat_template_with_a_tokenizer():
+    enc = PromptEncoder(word_chat_tokenizer(), chat=False)
+    with pytest.raises(WorkloadError, match=r"prompt '81' has 2 turns: .* set workload.chat=true"):
+        enc.check([CONV])
+    single = Prompt(prompt_id="q", category="qa", turns=("hello again",))
+    enc.check([single])
+    assert enc.raw(single) == word_chat_tokenizer().convert_tokens_to_ids(["hello", "again"])
+
+
+@pytest.mark.parametrize(
+    "value, rule",
+    [("left", TRUNCATE_LEFT), ("LEFT", TRUNCATE_LEFT), (False, TRUNCATE_REFUSE), ("False", TRUNCATE_REFUSE)],
+)
+def test_truncate_rule(value, rule):
+    assert truncate_rule(value) == rule
+
+
+def test_truncate_rule_refuses_other_values():
+    with pytest.raises(WorkloadError, match="workload.truncate must be left or false; got 'right'"):
+        truncate_rule("right")
+
+
+def test_the_tightest_model_limits_and_a_budget_without_room_is_refused():
+    lim = context_limit(
+        limits=[("the target (model=tiny)", 512), ("the draft model (model=tiny)", 256)],
+        max_new_tokens=64,
+        tree_rows=8,
+        rule=TRUNCATE_REFUSE,
+    )
+    assert (lim.positions, lim.limited_by, lim.max_prompt_tokens) == (256, "the draft model (model=tiny)", 184)
+    unknown = context_limit(limits=[("the target (model=hf)", None)], max_new_tokens=8, tree_rows=1, rule="left")
+    assert unknown.max_prompt_tokens is None and "unknown" in unknown.limited_by
+    with pytest.raises(WorkloadError, match=r"max_new_tokens=60 \+ 8 candidate rows .* no room .* 64 positions"):
+        ContextLimit(64, "the target (model=tiny)", 60, 8).check_config()
+
+
+def test_refusal_names_the_prompt_and_the_numbers():
+    enc = PromptEncoder(None, chat=False, limit=limit(20))  # room: 20 - 4 - 2 = 14
+    long = Prompt(prompt_id="HumanEval/1", category="code", text="y" * 15)
+    with pytest.raises(WorkloadError) as err:
+        enc.check([Prompt(prompt_id="ok", category="code", text="y" * 14), long])
+    msg = str(err.value)
+    assert msg == (
+        "prompt 'HumanEval/1' turn 1: 15 prompt tokens + generation.max_new_tokens=4 + 2 candidate rows "
+        "(topology.max_nodes) = 21 > 20 positions of the target (model=tiny); workload.truncate=left cuts "
+        "prompts from the left (recorded per prompt)"
+    )
+
+
+def test_a_conversation_is_refused_on_its_bounded_last_turn():
+    # turn 1 fits (11 ids); turn 2 is bounded by 11 + 8 question bytes + one answer of max_new_tokens=4
+    enc = PromptEncoder(None, chat=True, limit=limit(24))  # room 18
+    assert enc.worst_case_tokens(CONV) == 11 + 8 + 4
+    with pytest.raises(WorkloadError, match=r"prompt '81' turn 2: 23 prompt tokens \(each earlier answer counted"):
+        enc.check([CONV])
+    PromptEncoder(None, chat=True, limit=limit(29)).check([CONV])  # room 23: fits
+
+
+def test_left_truncation_keeps_the_last_tokens_and_says_how_many_were_cut():
+    enc = PromptEncoder(None, chat=True, eos=frozenset({2}), limit=limit(16, TRUNCATE_LEFT))  # room 10
+    enc.check([CONV])  # truncation: nothing refused
+    first = enc.turn(CONV)
+    full = enc.raw(CONV)
+    assert first.ids == full[-10:] and first.prompt_tokens == 11 and first.cut_tokens == 1
+    second = enc.turn(CONV, [[9, 9, 9, 2]])
+    assert second.prompt_tokens == 11 + 3 + 8 and second.cut_tokens == 12 and len(second.ids) == 10
+    assert second.ids == enc.raw(CONV, [[9, 9, 9, 2]])[-10:]
+    fits = enc.turn(Prompt(prompt_id="s", category="qa", turns=("hi",)))
+    assert fits.cut_tokens == 0 and fits.ids == enc.synthetic("hi")

@@ -1,0 +1,122 @@
+"""The leaderboard in Spec-Bench's shape (rows = arms, columns = its tasks plus overall; cells =
+speedup and mean accepted tokens with the bonus token counted, with paired-bootstrap CIs), in
+`harness compare` and in the report, on hand-computable synthetic records."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.tracking.compare import format_leaderboard, leaderboard, main
+from harness.tracking.report import build_report, find_recipe, load_recipe
+from harness.tracking.store import aggregate
+
+FIXTURE = Path(__file__).parent / "fixtures" / "records" / "fixture-sweep" / "fx01-prompt_lookup-greedy-t0-b1"
+
+
+def prompt(pid, category, spec_ms, spec_tok, ar_ms, ar_tok, rounds, spec_pre=10.0, ar_pre=10.0):
+    return {
+        "prompt_id": pid,
+        "category": category,
+        "spec_decode_ms": spec_ms,
+        "spec_tokens": spec_tok,
+        "ar_decode_ms": ar_ms,
+        "ar_tokens": ar_tok,
+        "spec_rounds": rounds,
+        "spec_prefill_ms": spec_pre,
+        "ar_prefill_ms": ar_pre,
+    }
+
+
+ARMS = {
+    # writing and roleplay are MT-bench categories: one column
+    "prompt_lookup": [
+        prompt("81", "writing", 100.0, 20, 200.0, 20, 5),
+        prompt("91", "roleplay", 50.0, 10, 100.0, 10, 5),
+        prompt("321", "qa", 40.0, 10, 60.0, 10, 2),
+        prompt("322", "qa", 40.0, 10, 60.0, 10, 2),
+    ],
+    "rest": [
+        prompt("81", "writing", 180.0, 20, 200.0, 20, 10),
+        prompt("91", "roleplay", 90.0, 10, 100.0, 10, 5),
+        prompt("321", "qa", 60.0, 10, 60.0, 10, 10),
+        prompt("322", "qa", 60.0, 10, 60.0, 10, 10),
+    ],
+}
+
+
+@pytest.fixture
+def root(tmp_path):
+    template = json.loads((FIXTURE / "record.json").read_text())
+    for k, (proposer, rows) in enumerate(ARMS.items()):
+        rec = copy.deepcopy(template)
+        rec["run_id"] = f"lb{k}"
+        rec["axes"].update({"proposer": proposer, "workload": "spec_bench", "batch_size": 1})
+        rec["per_prompt"] = rows
+        d = tmp_path / "runs" / f"lb{k}"
+        d.mkdir(parents=True)
+        (d / "record.json").write_text(json.dumps(rec))
+    return tmp_path / "runs"
+
+
+def test_cells_are_hand_computable(root):
+    columns, rows = leaderboard(aggregate(root), n_resamples=200)
+    assert columns == ["mt_bench", "qa", "overall"]
+    assert [r.arm for r in rows] == ["prompt_lookup", "rest"]  # best overall first
+    pl = rows[0].cells
+    assert pl["mt_bench"].n_prompts == 2 and pl["qa"].n_prompts == 2 and pl["overall"].n_prompts == 4
+    assert pl["mt_bench"].speedup.value == pytest.approx((300 / 30) / (150 / 30))
+    assert pl["mt_bench"].accepted_tokens.value == pytest.approx(30 / 10)  # bonus token counted
+    assert pl["qa"].speedup.value == pytest.approx(1.5) and pl["qa"].accepted_tokens.value == pytest.approx(5.0)
+    assert pl["overall"].speedup.value == pytest.approx((420 / 50) / (230 / 50))
+    assert pl["overall"].accepted_tokens.value == pytest.approx(50 / 14)
+    # CIs over prompts: the constant-ratio qa column has a zero-width interval
+    assert pl["qa"].speedup.ci_low == pytest.approx(1.5) and pl["qa"].speedup.ci_high == pytest.approx(1.5)
+    lo, hi = pl["overall"].speedup.ci_low, pl["overall"].speedup.ci_high
+    assert lo <= pl["overall"].speedup.value <= hi and lo < hi
+    # Spec-Bench's statistic: mean of per-prompt tokens / (prefill + decode) s, over AR's
+    spec = [20 / 0.11, 10 / 0.06, 10 / 0.05, 10 / 0.05]
+    ar = [20 / 0.21, 10 / 0.11, 10 / 0.07, 10 / 0.07]
+    assert pl["overall"].spec_bench_speedup == pytest.approx((sum(spec) / 4) / (sum(ar) / 4))
+    rest = rows[1].cells
+    assert rest["qa"].speedup.value == pytest.approx(1.0) and rest["qa"].accepted_tokens.value == pytest.approx(1.0)
+    text = format_leaderboard(columns, rows, by="proposer", level=0.95)
+    assert "mean accepted tokens per round, bonus token counted" in text
+    assert "prompt_lookup  2.000x [" in text and "/ 3.00 [" in text
+
+
+def test_compare_prints_the_leaderboard_and_writes_it_to_json(root, tmp_path, capsys):
+    out = tmp_path / "c.json"
+    assert main([str(root), "resamples=200", f"json={out}"]) == 0
+    printed = capsys.readouterr().out
+    assert "== leaderboard (Spec-Bench shape), exact runs ==" in printed
+    board = json.loads(out.read_text())["leaderboard"]
+    assert board["columns"] == ["mt_bench", "qa", "overall"]
+    assert [r["arm"] for r in board["rows"]] == ["prompt_lookup", "rest"]
+    assert board["rows"][0]["cells"]["qa"]["speedup"]["value"] == pytest.approx(1.5)
+    assert main([str(root), "resamples=200", "leaderboard=false"]) == 0
+    assert "leaderboard" not in capsys.readouterr().out
+
+
+def test_records_without_rounds_show_no_accepted_tokens():
+    columns, rows = leaderboard(aggregate(FIXTURE.parent), n_resamples=100)
+    assert columns == ["chat", "code", "overall"]  # categories that are no Spec-Bench task: their own columns
+    assert all(c.accepted_tokens.value is None and c.spec_bench_speedup is None for r in rows for c in r.cells.values())
+    assert all(r.cells["overall"].speedup.value is not None for r in rows)
+
+
+def test_report_has_the_leaderboard_and_the_speedup_by_category_plot(root, tmp_path):
+    recipe_path = find_recipe("default")
+    path = build_report(
+        aggregate(root), tmp_path / "rep", load_recipe(recipe_path), recipe_path=recipe_path, source="x"
+    )
+    md = path.read_text()
+    assert "## Leaderboard (Spec-Bench shape)" in md
+    assert "| proposer | Multi-turn Conversation | Question Answering | Overall |" in md
+    assert "| prompt_lookup | 2.000x [" in md and "Spec-Bench's own speedup statistic" in md
+    assert "Prompts: Multi-turn Conversation 2, Question Answering 2, Overall 4." in md
+    png = tmp_path / "rep" / "09_speedup_by_category.png"
+    assert png.is_file() and f"]({png.name})" in md

@@ -1,0 +1,194 @@
+"""Spec-Bench answers: our reader reproduces Spec-Bench's speed computation on a hand-made fixture,
+and on an exported tiny run it agrees with the run's own recorded Spec-Bench statistic and mean
+accepted tokens; the export keeps Spec-Bench's field names and shapes."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import spec_bench_questions, write_jsonl
+from specbench_reader import WordTokenizer, get_single_speedup, speed
+
+from harness.cli import main as cli_main
+from harness.config import compose
+from harness.runner import run_job
+from harness.tracking.spec_bench import ExportError, export_spec_bench, task_of, task_order
+
+CATS = ("writing", "math", "qa", "summarization", "rag")
+
+
+def choice(new_tokens, wall_time, accept_lengths=None, turns=None):
+    c = {"index": 0, "new_tokens": new_tokens, "wall_time": wall_time}
+    if accept_lengths is not None:
+        c["accept_lengths"] = accept_lengths
+    if turns is not None:
+        c["turns"] = turns
+    return c
+
+
+def test_reader_reproduces_spec_bench_on_a_hand_made_fixture(tmp_path):
+    """Three questions whose figures Spec-Bench's own speed() gives as listed (ratio of means,
+    step-weighted accepted tokens, baseline tokens recounted from text minus one BOS)."""
+    words = lambda n: " ".join(["w"] * n)  # noqa: E731
+    method = write_jsonl(
+        tmp_path / "method.jsonl",
+        [
+            {"question_id": 321, "category": "qa", "choices": [choice([10], [0.5], [3, 3, 4])]},
+            {"question_id": 322, "category": "qa", "choices": [choice([20], [0.5], [5, 5, 5, 5])]},
+            {"question_id": 81, "category": "writing", "choices": [choice([6, 4], [0.25, 0.25], [2] * 5)]},
+        ],
+    )
+    base = write_jsonl(
+        tmp_path / "base.jsonl",
+        [
+            {"question_id": 321, "category": "qa", "choices": [choice([0], [1.0], turns=[words(10)])]},
+            {"question_id": 322, "category": "qa", "choices": [choice([0], [2.0], turns=[words(20)])]},
+            {
+                "question_id": 81,
+                "category": "writing",
+                "choices": [choice([0, 0], [1.0, 1.0], turns=[words(6), words(4)])],
+            },
+        ],
+    )
+    got = get_single_speedup(method, base, WordTokenizer())
+    assert set(got) == {"qa", "mt_bench", "overall"}
+    assert got["qa"] == pytest.approx((30.0, 10.0, 3.0, 30 / 7))
+    assert got["mt_bench"] == pytest.approx((20.0, 5.0, 4.0, 2.0))
+    assert got["overall"] == pytest.approx((80 / 3, 25 / 3, 3.2, 40 / 12))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("spec_bench")
+    import os
+
+    old = os.environ.get("HARNESS_CACHE")
+    os.environ["HARNESS_CACHE"] = str(root / "cache")
+    try:
+        path = write_jsonl(root / "question.jsonl", spec_bench_questions(2, categories=CATS))
+        cfg = compose(
+            [
+                "model=tiny",
+                "workload=spec_bench",
+                f"workload.path={path}",
+                "generation.max_new_tokens=12",
+                "generation.warmup_tokens=2",
+                "gates.oracle=false",
+                "threads=1",
+            ]
+        )
+        record = run_job(cfg, run_dir=root / "run")
+    finally:
+        if old is None:
+            os.environ.pop("HARNESS_CACHE", None)
+        else:
+            os.environ["HARNESS_CACHE"] = old
+    summary = export_spec_bench(root / "run", root / "answers" / "harness.jsonl")
+    return record, summary, root
+
+
+def lines(path):
+    return [json.loads(x) for x in open(path).read().splitlines()]
+
+
+def test_export_writes_spec_bench_fields_per_question(exported):
+    record, summary, root = exported
+    assert summary["baseline"].endswith("answers/harness-baseline.jsonl") and summary["questions"] == 10
+    spec, base = lines(summary["speculative"]), lines(summary["baseline"])
+    keys = ["question_id", "category", "answer_id", "model_id", "choices", "tstamp"]
+    for arm, rows in (("spec", spec), ("ar", base)):
+        assert len(rows) == len(record["per_prompt"])
+        for row, pp in zip(rows, record["per_prompt"], strict=True):
+            assert (
+                list(row) == keys and isinstance(row["question_id"], int) and str(row["question_id"]) == pp["prompt_id"]
+            )
+            assert row["category"] == pp["category"] and isinstance(row["tstamp"], float)
+            (c,) = row["choices"]  # one choice
+            assert list(c) == ["index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"]
+            n = len(pp["turns"])
+            assert len(c["turns"]) == len(c["new_tokens"]) == len(c["wall_time"]) == len(c["decoding_steps"]) == n
+            assert n == (2 if pp["category"] in ("writing", "math") else 1)
+            assert sum(c["new_tokens"]) == pp[f"{arm}_tokens"]
+            assert c["decoding_steps"] == [t[f"{arm}_rounds"] for t in pp["turns"]]
+            assert len(c["accept_lengths"]) == sum(c["decoding_steps"])  # flat: every round of every turn
+            assert sum(c["accept_lengths"]) == sum(c["new_tokens"])  # bonus token counted in each round
+            walls = [(t[f"{arm}_prefill_ms"] + t[f"{arm}_decode_ms"]) / 1e3 for t in pp["turns"]]
+            assert c["wall_time"] == pytest.approx(walls, rel=1e-12)
+            # model=tiny has no tokenizer: every generated id as a decimal word
+            assert [len(t.split()) for t in c["turns"]] == c["new_tokens"]
+    assert all(set(r["choices"][0]["accept_lengths"]) == {1} for r in base)  # AR: one token per round
+    assert spec[0]["model_id"].endswith("prompt_lookup-sequence-greedy-temperature-0")
+    assert base[0]["model_id"].endswith("ar-baseline-temperature-0")
+
+
+def test_spec_bench_speed_on_our_export_agrees_with_the_recorded_figures(exported):
+    record, summary, _ = exported
+    got = get_single_speedup(summary["speculative"], summary["baseline"], WordTokenizer())
+    m = record["metrics"]
+    assert set(got) == {"mt_bench", "summarization", "qa", "rag", "overall"}
+    tps, tps_base, ratio, accepted = got["overall"]
+    assert ratio == pytest.approx(m["spec_bench_speedup"], rel=1e-9)
+    assert accepted == pytest.approx(m["mean_committed_per_round"], rel=1e-12)
+    assert summary["run_spec_bench_speedup"] == m["spec_bench_speedup"]
+    # per task, the same statistic from the record's per-prompt rows
+    for task in ("mt_bench", "qa", "rag", "summarization"):
+        rows = [p for p in record["per_prompt"] if task_of(p["category"]) == task]
+        rate = {
+            arm: sum(p[f"{arm}_tokens"] / ((p[f"{arm}_prefill_ms"] + p[f"{arm}_decode_ms"]) / 1e3) for p in rows)
+            / len(rows)
+            for arm in ("spec", "ar")
+        }
+        assert got[task][0] == pytest.approx(rate["spec"], rel=1e-9)
+        assert got[task][1] == pytest.approx(rate["ar"], rel=1e-9)
+        assert speed(summary["speculative"], summary["baseline"], WordTokenizer(), task)[2] == pytest.approx(
+            rate["spec"] / rate["ar"], rel=1e-9
+        )
+
+
+def test_export_command_and_its_refusals(exported, tmp_path, capsys):
+    record, _, root = exported
+    out = tmp_path / "o.jsonl"
+    assert cli_main(["export", "spec-bench", str(root / "run"), str(out), f"baseline={tmp_path / 'b.jsonl'}"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["questions"] == 10 and (tmp_path / "b.jsonl").is_file() and out.is_file()
+    assert cli_main(["export", "csv", str(root / "run"), str(out)]) == 2
+    assert "unknown export format 'csv'" in capsys.readouterr().err
+    assert cli_main(["export", "spec-bench", str(root / "run")]) == 2
+    assert "expected RUN_DIR OUT.jsonl" in capsys.readouterr().err
+    with pytest.raises(ExportError, match="would overwrite"):
+        export_spec_bench(root / "run", out, baseline=out)
+    with pytest.raises(ExportError, match="no such record file"):
+        export_spec_bench(tmp_path / "nowhere", out)
+    # a run recorded without per-turn answers (a synthetic fixture record) is refused, as is a run
+    # folder without its outputs
+    fixture = Path("tests/fixtures/records/fixture-sweep/fx01-prompt_lookup-greedy-t0-b1")
+    with pytest.raises(ExportError, match="'chat-0': the run has no per-turn answers and timings"):
+        export_spec_bench(fixture, tmp_path / "x.jsonl")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(fixture / "record.json", bare / "record.json")
+    with pytest.raises(ExportError, match="outputs.jsonl: no such file"):
+        export_spec_bench(bare, tmp_path / "x.jsonl")
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_task_columns():
+    assert [task_of(c) for c in ("writing", "humanities", "qa", "code")] == ["mt_bench", "mt_bench", "qa", "code"]
+    assert task_order(["rag", "code", "mt_bench", "chat", "translation", "overall"]) == [
+        "mt_bench",
+        "translation",
+        "rag",
+        "chat",
+        "code",
+    ]
+
+
+def test_spec_bench_category_names_match_the_workloads_copy():
+    from helpers import SB_CATEGORIES, SB_MT_BENCH
+
+    from harness.tracking import spec_bench
+    from harness.workloads import prompts
+
+    assert prompts.SPEC_BENCH_CATEGORIES == SB_CATEGORIES
+    assert spec_bench.MT_BENCH_CATEGORIES == prompts.MT_BENCH_CATEGORIES == SB_MT_BENCH
