@@ -34,7 +34,7 @@ SLOW = {
 }
 
 
-BASE = {c.name for c in E.base_cases()}
+BASE = {c.name for c in E.standard_cases()}
 
 
 def is_slow(verifier_name: str, case: E.E2ECase) -> bool:
@@ -56,14 +56,14 @@ def _params():
     out = []
     for name in exact_verifier_names():
         verifier = VERIFIERS[name]()
-        for case in E.standard_cases():
+        for case in E.e2e_cases():
             if E.applicable(case, verifier):
                 marks = [pytest.mark.slow] if is_slow(name, case) else []
                 out.append(pytest.param(name, case.name, marks=marks, id=f"{name}-{case.name}"))
     return out
 
 
-CASES = {c.name: c for c in E.standard_cases()}
+CASES = {c.name: c for c in E.e2e_cases()}
 #: sampled chains with a confidence stop: proposals enumerated if the chain never stopped (5 x 5)
 UNSTOPPED_PROPOSALS = {"early_exit/iid/seq2/T1": 25, "layer_skip/iid/seq2/T1": 25}
 
@@ -93,14 +93,14 @@ def test_every_exact_verifier_has_fast_end_to_end_cases_of_its_kind():
     assert {"greedy", "membership", "rejection", "specinfer", "sequoia"} <= set(exact_verifier_names())
     for name in exact_verifier_names():
         verifier = VERIFIERS[name]()
-        fast = [c for c in E.standard_cases() if E.applicable(c, verifier) and not is_slow(name, c)]
+        fast = [c for c in E.e2e_cases() if E.applicable(c, verifier) and not is_slow(name, c)]
         temps = {c.policy.temperature for c in fast}
         if verifier.temperatures in ("positive", "any"):
             assert 1.0 in temps, name
             assert any(c.policy.top_k and c.policy.top_p < 1 for c in fast), name
         if verifier.temperatures in ("zero", "any"):
             assert 0.0 in temps, name
-    pairs = {(n, c.name) for n in exact_verifier_names() for c in E.standard_cases() if E.applicable(c, VERIFIERS[n]())}
+    pairs = {(n, c.name) for n in exact_verifier_names() for c in E.e2e_cases() if E.applicable(c, VERIFIERS[n]())}
     # the named pairings of the issue: rejection on a sequence, SpecInfer on an expansion, Sequoia
     # with without-replacement sampling, membership with prompt lookup, greedy at T=0
     assert {
@@ -265,10 +265,10 @@ def test_oracles_cli_without_quick_runs_the_end_to_end_cases(tmp_path, capsys, m
     from harness.gates.oracle_cli import main
 
     # the synthetic suite has its own tests (test_oracle.py); keep this one to the e2e part, on a
-    # few of the standard cases (each of them has its own test above)
+    # few of the cases (each of them has its own test above)
     monkeypatch.setattr(oracle_cli, "run_suite", lambda *a, **k: [])
     few = ("draft/iid/seq2/T1", "early_exit/iid/seq2/T0.8-topk3-topp0.9", "draft/iid/seq2/T1/float32")
-    monkeypatch.setattr(E, "standard_cases", lambda: [CASES[n] for n in few])
+    monkeypatch.setattr(E, "e2e_cases", lambda: [CASES[n] for n in few])
     # the specinfer pair is left out by --verifier rejection (its case does not even exist)
     monkeypatch.setattr(E, "NEGATIVE_CONTROL_CASES", (("rejection", "draft/iid/seq2/T1"), ("specinfer", "x/y")))
     out = tmp_path / "oracles.json"
@@ -286,7 +286,7 @@ def test_oracles_cli_without_quick_runs_the_end_to_end_cases(tmp_path, capsys, m
 
 
 def test_oracles_cli_lists_every_standard_case_of_a_verifier(monkeypatch):
-    """``harness oracles`` runs run_e2e_suite over standard_cases(): every new case of a verifier is
+    """``harness oracles`` runs run_e2e_suite over e2e_cases(): every case a verifier negotiates is
     among its rows (checked without running them)."""
     from harness.gates import oracle_cli
 
@@ -310,15 +310,15 @@ def test_oracles_cli_quick_skips_the_end_to_end_cases(capsys):
 
 
 def test_every_registered_proposer_has_end_to_end_cases():
-    covered = {c.proposer for c in E.standard_cases()}
+    covered = {c.proposer for c in E.e2e_cases()}
     assert set(PROPOSERS) <= covered, sorted(set(PROPOSERS) - covered)
-    names = [c.name for c in E.standard_cases()]
+    names = [c.name for c in E.e2e_cases()]
     assert len(names) == len(set(names))
 
 
 @pytest.mark.parametrize("kind", ["medusa", "hydra", "clover"])
 def test_every_head_kind_has_every_relation_at_zero_and_positive_temperature(kind):
-    cases = [c for c in E.standard_cases() if c.proposer == kind]
+    cases = [c for c in E.e2e_cases() if c.proposer == kind]
     have = {(E.case_relations(c), c.policy.temperature == 0.0) for c in cases}
     for relation in ("beam", "iid", "without_replacement"):
         assert {((relation,), True), ((relation,), False)} <= have, (kind, relation)
@@ -338,17 +338,17 @@ def test_every_head_kind_has_every_relation_at_zero_and_positive_temperature(kin
 
 def test_self_speculation_has_sampled_chains_at_positive_temperature():
     for name in ("early_exit", "layer_skip"):
-        sampled = [c for c in E.standard_cases() if c.proposer == name and c.sampling == "iid"]
+        sampled = [c for c in E.e2e_cases() if c.proposer == name and c.sampling == "iid"]
         assert sampled and all(c.policy.temperature > 0 for c in sampled)
         for verifier in ("rejection", "specinfer"):
             fast = [c for c in sampled if E.applicable(c, VERIFIERS[verifier]()) and not is_slow(verifier, c)]
             assert fast, (name, verifier)
-    assert any(c.proposer == "layer_skip" and c.rounds == 2 for c in E.standard_cases())  # gamma adapts
+    assert any(c.proposer == "layer_skip" and c.rounds == 2 for c in E.e2e_cases())  # gamma adapts
 
 
 def test_rest_is_verified_by_membership_at_positive_temperature_and_greedy_at_zero():
     """Frequency semantics: a trie count is never q, so only greedy and membership negotiate."""
-    rest = [c for c in E.standard_cases() if c.proposer == "rest"]
+    rest = [c for c in E.e2e_cases() if c.proposer == "rest"]
     assert rest and all(E.case_capabilities(c).probability_semantics == {"frequency"} for c in rest)
     for c in rest:
         ok = {n for n in exact_verifier_names() if E.applicable(c, VERIFIERS[n]())}
@@ -392,7 +392,7 @@ def test_sequoia_shaped_tree_case_samples_its_parent_array(models):
 
 
 def test_float32_cases_run_the_round_in_float32_against_a_float64_reference(models):
-    cases = [c for c in E.standard_cases() if c.dtype == torch.float32]
+    cases = [c for c in E.e2e_cases() if c.dtype == torch.float32]
     assert {c.proposer for c in cases} >= {"draft_model"}
     cast = models.at_dtype(torch.float32)
     assert cast is models.at_dtype(torch.float32)  # built once

@@ -11,7 +11,7 @@ proposal draws and the verifier draws. It is therefore the one check that catche
 recorded ``q`` differs from the law it actually sampled (multi-draft exactness holds only for the
 law really sampled: SpecInfer's residual update, Sequoia's sampling without replacement).
 
-The cases (:func:`standard_cases`) cover every proposer with every sampling relation it declares,
+The cases (:func:`e2e_cases`) cover every proposer with every sampling relation it declares,
 at T = 0 and T > 0, on shapes small enough (vocabulary 5, depth <= 2) that a case enumerates in
 about a second; :func:`gate_cases` picks those a run's oracle gate runs.
 
@@ -752,8 +752,8 @@ EXP21 = Budget(shape="expansion", max_nodes=4, max_depth=2, widths=(2, 1))
 SEQUOIA3 = Budget(shape="tree", max_nodes=3, max_depth=2, parents=(-1, -1, 0))
 
 
-#: the draft model, prompt lookup and merged draft + lookup cases
-def base_cases() -> list[E2ECase]:
+#: the standard cases; each verifier runs those it negotiates (declarations decide, as in a run)
+def standard_cases() -> list[E2ECase]:
     t1 = SamplingPolicy(temperature=1.0)
     trunc = SamplingPolicy(temperature=0.8, top_k=3, top_p=0.9)
     greedy = SamplingPolicy(temperature=0.0)
@@ -860,9 +860,11 @@ def float32_cases() -> list[E2ECase]:
     ]
 
 
-#: the standard cases; each verifier runs those it negotiates (declarations decide, as in a run)
-def standard_cases() -> list[E2ECase]:
-    return base_cases() + sequoia_cases() + rest_cases() + heads_cases() + selfspec_cases() + float32_cases()
+def e2e_cases() -> list[E2ECase]:
+    """Every end-to-end case: the standard draft model / prompt lookup / merged cases, then Sequoia's
+    shaped trees, REST, the draft heads, self-speculation and the float32 cases. ``harness oracles``
+    runs them all (each verifier those it negotiates); a run's gate runs :func:`gate_cases`."""
+    return standard_cases() + sequoia_cases() + rest_cases() + heads_cases() + selfspec_cases() + float32_cases()
 
 
 def applicable(case: E2ECase, verifier: Verifier) -> bool:
@@ -884,7 +886,7 @@ def gate_cases(
     shape: str | None = None,
     cases: Sequence[E2ECase] | None = None,
 ) -> list[E2ECase]:
-    """The end-to-end cases a run's oracle gate enumerates, in :func:`standard_cases` order.
+    """The end-to-end cases a run's oracle gate enumerates, in :func:`e2e_cases` order.
 
     ``proposer``: the run's proposer name (``Capabilities.name``); ``relations``: the sampling
     relations it declares (``Capabilities.sampling_relations``, any iterable); ``verifier``: its
@@ -908,7 +910,7 @@ def gate_cases(
     wanted = tuple(sorted(set(relations)))
     pool = [
         c
-        for c in (standard_cases() if cases is None else cases)
+        for c in (e2e_cases() if cases is None else cases)
         if (c.policy.temperature == 0.0) == greedy and applicable(c, verifier)
     ]
     own = [c for c in pool if c.proposer == proposer]
@@ -1034,7 +1036,7 @@ def check_e2e_case(
 def run_e2e_suite(
     verifier_names: Sequence[str], *, models: E2EModels | None = None, cases: Sequence[E2ECase] | None = None
 ) -> list[dict]:
-    """Every standard end-to-end case each named verifier negotiates; one row per case."""
+    """Every end-to-end case (:func:`e2e_cases`) each named verifier negotiates; one row per case."""
 
     models = models or E2EModels.build()
     rows = []
@@ -1042,7 +1044,7 @@ def run_e2e_suite(
         verifier = VERIFIERS[name]()
         if not verifier.exact:
             raise ValueError(f"verifier {name!r} is heuristic (exact=False): the oracle does not apply")
-        for case in cases if cases is not None else standard_cases():
+        for case in cases if cases is not None else e2e_cases():
             if applicable(case, verifier):
                 rows.append(check_e2e_case(verifier, case, models))
     return rows
@@ -1067,7 +1069,7 @@ def negative_control_rows(models: E2EModels | None = None, *, verifiers: Iterabl
     (``passed`` False); ``negative_control`` marks them."""
 
     models = models or E2EModels.build()
-    by_name = {c.name: c for c in standard_cases()}
+    by_name = {c.name: c for c in e2e_cases()}
     keep = None if verifiers is None else set(verifiers)
     rows = []
     for verifier_name, case_name in NEGATIVE_CONTROL_CASES:
@@ -1137,4 +1139,5 @@ __all__ = [
     "select_and_commit",
     "speculative_round",
     "standard_cases",
+    "e2e_cases",
 ]
