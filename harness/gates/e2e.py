@@ -696,6 +696,9 @@ class MisrecordedQ(Proposer):
         self.inner = inner
         self.q_temperature = q_temperature
 
+    def capabilities(self) -> Capabilities:
+        return self.inner.capabilities()
+
     def start(self, prompt_ids: list[int]) -> None:
         self.inner.start(prompt_ids)
 
