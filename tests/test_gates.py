@@ -242,7 +242,7 @@ def test_the_end_to_end_key_covers_every_module_its_cases_run():
 
     code = (
         "import sys; from harness.gates import stages;"
-        "stages.e2e_gate('specinfer', 'iid', greedy=False);"
+        "stages.e2e_gate('specinfer', 'draft_model', ['iid'], greedy=False);"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith('harness'))))"
     )
     root = Path(stages.__file__).resolve().parents[2]

@@ -1,13 +1,19 @@
 """End-to-end exactness oracle: the real round on a real model, every draw enumerated.
 
 The synthetic oracle (:mod:`harness.gates.oracle`) runs the verifiers on laws it builds itself.
-This module runs the round a measured run runs — ``proposer.propose`` (a draft model sampling
-through the injected source, or prompt lookup), ``compile_tree``, the target's verify forward
+This module runs the round a measured run runs — ``proposer.propose`` (every proposer through its
+real class: a draft model, prompt lookup, REST over an in-memory datastore, Medusa / Hydra /
+Clover heads, early exit, layer skip, merged sources; sampling through the injected source),
+``compile_tree``, the target's verify forward
 (:class:`~harness.target.backend.CausalLMBackend`), ``policy.probs``, ``verifier.select`` and
 ``backend.commit`` — on a tiny model, with the oracle's enumerating source driving BOTH the
 proposal draws and the verifier draws. It is therefore the one check that catches a proposer whose
 recorded ``q`` differs from the law it actually sampled (multi-draft exactness holds only for the
 law really sampled: SpecInfer's residual update, Sequoia's sampling without replacement).
+
+The cases (:func:`e2e_cases`) cover every proposer with every sampling relation it declares,
+at T = 0 and T > 0, on shapes small enough (vocabulary 5, depth <= 2) that a case enumerates in
+about a second; :func:`gate_cases` picks those a run's oracle gate runs.
 
 :func:`e2e_output_law` returns the exact law of the first ``length`` emitted tokens:
 
@@ -26,20 +32,29 @@ exact iff the two agree within :data:`~harness.gates.oracle.MARGINAL_ATOL`.
 Precision: the round code asks for float32 probabilities (``decode`` for the target, the draft
 proposer for ``q``). Float32 rounding alone moves a marginal by about 1e-7, which a 1e-9 bound
 cannot tell from a bias, so the oracle runs a float64 model under :class:`Float64Policy` — the same
-temperature / top-k / top-p policy evaluated in float64 whatever dtype the caller asks for.
+temperature / top-k / top-p policy evaluated in float64 whatever dtype the caller asks for. The
+float32 cases (``E2ECase.dtype = torch.float32``) run the path the runs use instead: the same
+weights cast to float32, the round code's own float32 probabilities, compared against the exact
+float64 joint of those cast weights within :data:`FLOAT32_ATOL` (see there).
+
+Proposers that read target state outside their own attributes — the draft heads read the target's
+hidden rows through a forward hook (:class:`~harness.heads.state.HiddenTap`) — see, in every
+branch, the hook state a run would leave at that point: the enumeration snapshots each tap after
+the forward that precedes a proposal (the prefill, then the branch's own verify forward) and
+restores it before every forked ``propose``.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from harness.contracts import Budget, ProposalResult, Selection
+from harness.contracts import Budget, Capabilities, ProposalResult, Selection
 from harness.gates.oracle import (
     MARGINAL_ATOL,
     MAX_LEAVES,
@@ -50,17 +65,25 @@ from harness.gates.oracle import (
     max_abs_error,
     target_joint,
 )
+from harness.heads.checkpoint import target_fingerprint
+from harness.heads.early_exit import build_adapter
+from harness.heads.models import DraftHeads, HeadSpec
+from harness.heads.state import HiddenTap
 from harness.proposers.base import Proposer
 from harness.proposers.draft_model import DraftModelProposer
+from harness.proposers.heads import CloverProposer, HydraProposer, MedusaProposer
 from harness.proposers.merged import MergedProposer, sub_budget
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.proposers.registry import proposer_class
+from harness.proposers.rest import RestProposer
+from harness.proposers.selfspec import EarlyExitProposer, LayerSkipProposer
 from harness.random_source import RandomSource
 from harness.target.backend import CacheState, CausalLMBackend
 from harness.target.loading import build_tiny_model
 from harness.topology.compiler import CompiledTree, compile_tree, validate_candidate_graph, validate_commit
 from harness.verifiers.base import VERIFIERS, NegotiationError, Verifier, negotiate
 from harness.verifiers.sampling import SamplingPolicy
+from harness.workloads.datastore import Datastore, datastore_from_token_ids
 
 #: tokens the end-to-end cases compare (the target joint over the next LENGTH tokens)
 DEFAULT_LENGTH = 3
@@ -163,15 +186,35 @@ def emitted_tokens(tree: CompiledTree, sel: Selection) -> tuple[int, ...]:
     return tuple(int(tree.token_ids[r]) for r in sel.accepted_rows) + (int(sel.next_token),)
 
 
+#: what a fork shares with the proposer it copies: weights, backends, the target's hidden-state
+#: hooks and read-only indexes (everything else a proposer holds is per-request state)
+SHARED_TYPES: tuple[type, ...] = (torch.nn.Module, CausalLMBackend, HiddenTap, Datastore)
+
+
+def _composed(v: Any) -> list[Proposer]:
+    """The proposers an attribute holds: itself, or the items of a list (``proposer=merged``)."""
+    if isinstance(v, Proposer):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [item for item in v if isinstance(item, Proposer)]
+    return []
+
+
 def _shared_models(obj: Any, memo: dict[int, Any]) -> None:
-    """Models and backends reachable from a proposer's attributes, through composed proposers
-    (``proposer=merged`` keeps its sources in a list)."""
+    """Shared objects reachable from a proposer's attributes, through composed proposers. A module
+    brings every submodule, parameter and buffer (a helper such as a partial layer path that keeps
+    a submodule of the target shares it too)."""
     for v in vars(obj).values():
-        if isinstance(v, (torch.nn.Module, CausalLMBackend)):
+        if isinstance(v, torch.nn.Module):
+            for m in v.modules():
+                memo[id(m)] = m
+            for t in (*v.parameters(), *v.buffers()):
+                memo[id(t)] = t
+        elif isinstance(v, SHARED_TYPES):
             memo[id(v)] = v
-        elif isinstance(v, (list, tuple)):
-            for item in v:
-                if isinstance(item, Proposer) and id(item) not in memo:
+        else:
+            for item in _composed(v):
+                if id(item) not in memo:
                     _shared_models(item, memo)
 
 
@@ -180,6 +223,32 @@ def fork(obj: Any) -> Any:
     memo: dict[int, Any] = {}
     _shared_models(obj, memo)
     return copy.deepcopy(obj, memo)
+
+
+def hidden_taps(obj: Any) -> list[HiddenTap]:
+    """The target hidden-state taps a proposer reads (through composed proposers), each once."""
+    found: dict[int, HiddenTap] = {}
+    for v in vars(obj).values():
+        if isinstance(v, HiddenTap):
+            found.setdefault(id(v), v)
+        for item in _composed(v):
+            for tap in hidden_taps(item):
+                found.setdefault(id(tap), tap)
+    return list(found.values())
+
+
+#: a tap's state: (tap, serial, last captured forward)
+TapState = tuple[tuple[HiddenTap, int, Any], ...]
+
+
+def snapshot_taps(taps: Sequence[HiddenTap]) -> TapState:
+    return tuple((tap, tap.serial, tap.last) for tap in taps)
+
+
+def restore_taps(state: TapState) -> None:
+    """Put each tap back as it was: the forwards of other branches never happened for this one."""
+    for tap, serial, last in state:
+        tap.serial, tap.last = serial, last
 
 
 # --------------------------------------------------------------------------- target laws
@@ -258,8 +327,9 @@ def e2e_output_law(
     proposal and verifier draw enumerated; after the last real round the committed state is
     continued by the target's own law computed from the committed cache (see the module
     docstring). ``proposer`` is started on the prompt here and forked for every branch, so it is
-    left as it was after ``start``. ``stats`` (if given) receives ``proposals``, ``selections``
-    and ``leaves`` counts. Raises :class:`OracleError` past ``max_leaves`` selections.
+    left as it was after ``start``. ``stats`` (if given) receives ``proposals``, ``selections``,
+    ``leaves`` and ``empty_proposals`` (rounds whose proposal had no node) counts. Raises
+    :class:`OracleError` past ``max_leaves`` selections.
     """
     if length < 1:
         raise ValueError(f"length must be >= 1; got {length}")
@@ -267,8 +337,9 @@ def e2e_output_law(
         raise ValueError(f"rounds must be >= 1 or None; got {rounds}")
     seq0 = target.prefill_one(list(prompt_ids))
     proposer.start(list(prompt_ids))
+    taps = hidden_taps(proposer)
     out: dict[tuple[int, ...], float] = {}
-    count = {"proposals": 0, "selections": 0, "leaves": 0}
+    count = {"proposals": 0, "selections": 0, "leaves": 0, "empty_proposals": 0}
 
     def add(path: tuple[int, ...], prob: float) -> None:
         out[path] = out.get(path, 0.0) + prob
@@ -281,6 +352,7 @@ def e2e_output_law(
         generated: tuple[int, ...],
         prob: float,
         rounds_left: int | None,
+        tap_state: TapState,
     ) -> None:
         if len(generated) >= length:
             add(generated[:length], prob)
@@ -293,15 +365,18 @@ def e2e_output_law(
             return
 
         def propose(rng: RandomSource) -> tuple[ProposalResult, Proposer]:
+            restore_taps(tap_state)  # the hooks as this branch's last target forward left them
             branch = fork(prop)
             return branch.propose(list(committed), rng), branch
 
         for (proposal, after), p_prop in enumerate_leaves(propose, max_leaves=max_leaves):
             count["proposals"] += 1
+            count["empty_proposals"] += proposal.empty
             tree = compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=max_depth)
             validate_candidate_graph(tree)
             seq_v = copy.deepcopy(seq)
             probs = policy.probs(target.verify_one(seq_v, committed[-1], tree).logits)  # [1 + N, V], as decode does
+            verified = snapshot_taps(taps)  # what the next round's proposer reads from the hooks
 
             def select(rng: RandomSource, tree: CompiledTree = tree, probs: torch.Tensor = probs) -> Selection:
                 sel = verifier.select(tree, probs, rng)
@@ -326,9 +401,10 @@ def e2e_output_law(
                     generated + emitted,
                     prob * p_prop * p_sel,
                     None if rounds_left is None else rounds_left - 1,
+                    verified,
                 )
 
-    explore(seq0, proposer, list(prompt_ids), (), 1.0, rounds)
+    explore(seq0, proposer, list(prompt_ids), (), 1.0, rounds, snapshot_taps(taps))
     if stats is not None:
         stats.update(count)
     total = sum(out.values())
@@ -353,18 +429,37 @@ def oracle_model(
     return model
 
 
+def cast_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A fresh model of ``model``'s class and config holding its weights cast to ``dtype`` (built
+    anew rather than deep-copied, so no forward hook of the original comes along)."""
+    with torch.random.fork_rng(devices=[]):
+        twin = type(model)(model.config)
+    twin.load_state_dict(model.state_dict())
+    twin = twin.to(dtype).eval()
+    for p in twin.parameters():
+        p.requires_grad_(False)
+    return twin
+
+
 @dataclass
 class E2ECase:
     """One end-to-end instance: which proposer, shape and policy; the verifier comes separately."""
 
     name: str
-    proposer: str  # "draft_model" | "prompt_lookup" | "merged" (draft model + prompt lookup)
+    proposer: str  # a key of PROPOSER_BUILDERS, or draft_model | prompt_lookup | merged
     budget: Budget
     policy: SamplingPolicy
-    sampling: str = "iid"  # draft_model only
+    #: the proposer's ``sampling`` option (draft model, draft heads, self-speculation; merged: its draft)
+    sampling: str = "iid"
     length: int = DEFAULT_LENGTH
     rounds: int | None = 1
     tags: dict = field(default_factory=dict)
+    #: the proposer's other options, as a run's ``proposer.*`` (merged: ``sources`` and one dict per
+    #: source); builders read what they need (a datastore's documents, a head bank's seed)
+    options: dict = field(default_factory=dict)
+    #: the models' dtype: float64 (exact arithmetic, bound MARGINAL_ATOL) or float32 (the runs' path,
+    #: bound FLOAT32_ATOL)
+    dtype: torch.dtype = torch.float64
 
 
 def _as_float64(policy: SamplingPolicy) -> Float64Policy:
@@ -375,7 +470,49 @@ def _as_float64(policy: SamplingPolicy) -> Float64Policy:
     )
 
 
-def make_proposer(case: E2ECase, *, draft: CausalLMBackend | None, policy: SamplingPolicy) -> Proposer:
+def _as_plain(policy: SamplingPolicy) -> SamplingPolicy:
+    """The run's own policy (float32 probabilities for float32 logits, as ``decode`` asks)."""
+    return SamplingPolicy(temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k)
+
+
+def case_policy(case: E2ECase) -> SamplingPolicy:
+    """The policy a case runs under: float64 throughout for a float64 case; for a float32 case the
+    policy the runs use, whose probabilities come in the logits' dtype."""
+    return _as_float64(case.policy) if case.dtype == torch.float64 else _as_plain(case.policy)
+
+
+#: ``builder(case, *, target, draft, policy) -> Proposer``: builds a case's proposer through its
+#: real class, from the oracle's tiny models and the case's options
+ProposerBuilder = Callable[..., Proposer]
+#: case.proposer -> its builder (the draft model, prompt lookup and merged are built by make_proposer)
+PROPOSER_BUILDERS: dict[str, ProposerBuilder] = {}
+
+
+def proposer_builder(*names: str) -> Callable[[ProposerBuilder], ProposerBuilder]:
+    """Register a builder for the end-to-end cases whose ``proposer`` is one of ``names``."""
+
+    def register(fn: ProposerBuilder) -> ProposerBuilder:
+        for name in names:
+            if name in PROPOSER_BUILDERS and PROPOSER_BUILDERS[name] is not fn:
+                raise ValueError(f"end-to-end proposer builder {name!r} registered twice")
+            PROPOSER_BUILDERS[name] = fn
+        return fn
+
+    return register
+
+
+def make_proposer(
+    case: E2ECase,
+    *,
+    draft: CausalLMBackend | None = None,
+    policy: SamplingPolicy,
+    target: CausalLMBackend | None = None,
+) -> Proposer:
+    """The case's proposer, built through its real class on the oracle's models (``target`` for the
+    proposers that read or run part of the target: draft heads, early exit, layer skip)."""
+    builder = PROPOSER_BUILDERS.get(case.proposer)
+    if builder is not None:
+        return builder(case, target=target, draft=draft, policy=policy)
     if case.proposer == "draft_model":
         if draft is None:
             raise ValueError("an end-to-end draft_model case needs a draft backend")
@@ -384,21 +521,195 @@ def make_proposer(case: E2ECase, *, draft: CausalLMBackend | None, policy: Sampl
         )
     if case.proposer == "prompt_lookup":
         return PromptLookupProposer(budget=case.budget, manifest_hash="e2e")
-    if case.proposer == "merged":  # the sources a run builds: a draft chain and prompt lookup
+    if case.proposer == "merged":  # the sources a run builds, each with the round's budget
         sources = [
             make_proposer(
-                replace(case, proposer=name, budget=sub_budget(proposer_class(name), case.budget)),
+                replace(
+                    case,
+                    proposer=name,
+                    budget=sub_budget(proposer_class(name), case.budget),
+                    options=dict(case.options.get(name) or {}),
+                ),
                 draft=draft,
                 policy=policy,
+                target=target,
             )
-            for name in MERGED_SOURCES
+            for name in merged_sources(case)
         ]
         return MergedProposer(budget=case.budget, manifest_hash="e2e", sources=sources, policy=policy)
-    raise ValueError(f"unknown end-to-end proposer {case.proposer!r}; one of draft_model, prompt_lookup, merged")
+    known = sorted({"draft_model", "prompt_lookup", "merged", *PROPOSER_BUILDERS})
+    raise ValueError(f"unknown end-to-end proposer {case.proposer!r}; one of {', '.join(known)}")
 
 
-#: the sources of the end-to-end merged cases
+#: the sources of the end-to-end merged cases unless a case names its own (options["sources"])
 MERGED_SOURCES = ("draft_model", "prompt_lookup")
+
+
+def merged_sources(case: E2ECase) -> tuple[str, ...]:
+    return tuple(case.options.get("sources") or MERGED_SOURCES)
+
+
+def _need_target(case: E2ECase, target: CausalLMBackend | None) -> torch.nn.Module:
+    if target is None:
+        raise ValueError(f"the end-to-end {case.proposer} case {case.name!r} needs the target backend")
+    return target.model
+
+
+def _perturb(module: torch.nn.Module, *, seed: int, scale: float) -> torch.nn.Module:
+    """Add ``scale`` x standard normal noise to every parameter (a seeded generator, so the global
+    RNG is untouched): zero-initialised blocks would otherwise hide their inputs."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
+            p.requires_grad_(False)
+    return module.eval()
+
+
+# REST: a token-id datastore in memory. After E2E_PROMPT's suffix (3, 1, 2) three documents continue
+# with (4, 0), (4, 1) and (2, 0): a frequency trie 4 (count 2) -> {0, 1}, 2 (count 1) -> {0}.
+REST_DOCUMENTS = ((0, 3, 1, 2, 4, 0), (3, 1, 2, 4, 1, 3), (2, 3, 1, 2, 2, 0), (1, 2, 0, 4, 4))
+REST_OPTIONS = {
+    "documents": REST_DOCUMENTS,
+    "release": {"context_len": 4, "continuation_len": 2, "max_matches": 8},
+    "max_suffix": 3,
+    "min_suffix": 1,
+}
+
+
+@proposer_builder("rest")
+def build_rest(case: E2ECase, *, target, draft, policy) -> Proposer:
+    """REST over an in-memory datastore of ``options["documents"]`` (``release``: its context and
+    continuation lengths and match cap); the other options are the proposer's own."""
+    opts = {**REST_OPTIONS, **case.options}
+    docs = opts.pop("documents")
+    release = dict(opts.pop("release"))
+    datastore = datastore_from_token_ids([list(d) for d in docs], **release)
+    return RestProposer(budget=case.budget, manifest_hash="e2e", datastore=datastore, policy=policy, **opts)
+
+
+#: head kind -> proposer class
+HEAD_PROPOSERS = {"medusa": MedusaProposer, "hydra": HydraProposer, "clover": CloverProposer}
+
+
+def random_heads(
+    kind: str, model: torch.nn.Module, *, num_heads: int = 2, seed: int = 0, scale: float = 0.3, **spec
+) -> DraftHeads:
+    """An untrained head bank for ``model`` with every parameter perturbed. Exactness needs no
+    training: the heads only have to propose something other than the target's law."""
+    cfg = model.config
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        heads = DraftHeads(
+            HeadSpec(
+                kind=kind,
+                num_heads=num_heads,
+                hidden_size=int(cfg.hidden_size),
+                embed_size=int(cfg.hidden_size),
+                **spec,
+            )
+        )
+    return _perturb(heads, seed=seed + 1, scale=scale)
+
+
+@proposer_builder(*HEAD_PROPOSERS)
+def build_heads(case: E2ECase, *, target, draft, policy) -> Proposer:
+    """A draft-head proposer (``case.proposer`` names the kind) with :func:`random_heads`
+    (options: ``num_heads``, ``seed``, ``scale`` and HeadSpec fields such as ``prefix_attention``).
+    It reads the target's hidden rows through the target model's forward hook."""
+    model = _need_target(case, target)
+    opts = {"num_heads": 2, **case.options}
+    heads = random_heads(case.proposer, model, **opts)
+    return HEAD_PROPOSERS[case.proposer](
+        budget=case.budget,
+        manifest_hash="e2e",
+        policy=policy,
+        model=model,
+        heads=heads,
+        checkpoint=target_fingerprint(model),
+        sampling=case.sampling,
+    )
+
+
+@proposer_builder("early_exit")
+def build_early_exit(case: E2ECase, *, target, draft, policy) -> Proposer:
+    """Early exit after ``exit_layer`` (default 1) of the target's layers with a random adapter
+    (``seed``, ``scale``); ``eta`` is the confidence stop."""
+    model = _need_target(case, target)
+    opts = {"exit_layer": 1, "seed": 0, "scale": 0.1, **case.options}
+    seed, scale = opts.pop("seed"), opts.pop("scale")
+    adapter = _perturb(build_adapter(model, seed=seed), seed=seed + 1, scale=scale)
+    return EarlyExitProposer(
+        budget=case.budget,
+        manifest_hash="e2e",
+        policy=policy,
+        model=model,
+        checkpoint=target_fingerprint(model),
+        adapter=adapter,
+        sampling=case.sampling,
+        **opts,
+    )
+
+
+@proposer_builder("layer_skip")
+def build_layer_skip(case: E2ECase, *, target, draft, policy) -> Proposer:
+    """The target with the layers of ``skip`` (default [1]) bypassed; ``gamma`` / ``adaptive``
+    as the proposer's threshold options."""
+    model = _need_target(case, target)
+    opts = {"skip": [1], **case.options}
+    return LayerSkipProposer(
+        budget=case.budget,
+        manifest_hash="e2e",
+        policy=policy,
+        model=model,
+        checkpoint=target_fingerprint(model),
+        sampling=case.sampling,
+        **opts,
+    )
+
+
+def misrecord_q(result: ProposalResult, q_temperature: float) -> ProposalResult:
+    """``result`` with every recorded law replaced by ``q ** (1 / q_temperature)`` renormalised: a
+    valid law that is not the one the tokens were drawn from. A result without q is unchanged."""
+    if result.q_dists is None or not result.nodes:
+        return result
+    q_rec = result.q_dists.pow(1.0 / q_temperature)  # [N, V]
+    q_rec = q_rec / q_rec.sum(dim=-1, keepdim=True)
+    nodes = tuple(replace(n, q=float(q_rec[i, n.token_id])) for i, n in enumerate(result.nodes))
+    return replace(result, nodes=nodes, q_dists=q_rec)
+
+
+class MisrecordedQ(Proposer):
+    """NEGATIVE CONTROL (test-only): any sampling proposer whose recorded ``q`` is not the law it
+    sampled (:func:`misrecord_q`), the bug of a proposer whose policy and recorded law drift apart.
+    Every contract check passes; only the end-to-end oracle sees it."""
+
+    name: ClassVar[str] = "misrecorded_q"
+    probability_semantics: ClassVar[str] = "normalized_conditional"
+    sampling_relation: ClassVar[str] = "iid"
+    shapes: ClassVar[frozenset[str]] = frozenset(
+        {"sequence", "sequences", "set", "expansion", "cartesian", "tree", "merged"}
+    )
+
+    def __init__(self, inner: Proposer, *, q_temperature: float = 0.5) -> None:
+        super().__init__(budget=inner.budget, manifest_hash="e2e-negative-control", policy=inner.policy)
+        self.inner = inner
+        self.q_temperature = q_temperature
+
+    def capabilities(self) -> Capabilities:
+        return self.inner.capabilities()
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.inner.start(prompt_ids)
+
+    def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
+        return misrecord_q(self.inner.propose(committed, rng), self.q_temperature)
+
+    def observe_commit(self, committed: list[int]) -> None:
+        self.inner.observe_commit(committed)
+
+    def finish(self) -> None:
+        self.inner.finish()
 
 
 def misrecorded_q_proposer(
@@ -410,31 +721,38 @@ def misrecorded_q_proposer(
     q_temperature: float = 0.5,
 ) -> Proposer:
     """NEGATIVE CONTROL (test-only): a draft proposer that samples from the draft's law but
-    records ``q`` with an extra temperature applied to q only (``q_rec ∝ q ** (1 / q_temperature)``),
-    the bug of a proposer whose policy and recorded law drift apart. Every contract check passes
-    (``q_rec`` is a valid law, node ``q`` agrees with it); only the end-to-end oracle sees it."""
-
-    class MisrecordedQProposer(DraftModelProposer):
-        def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
-            result = super().propose(committed, rng)
-            if result.q_dists is None or not result.nodes:
-                return result
-            q_rec = result.q_dists.pow(1.0 / q_temperature)  # [N, V]
-            q_rec = q_rec / q_rec.sum(dim=-1, keepdim=True)
-            nodes = tuple(replace(n, q=float(q_rec[i, n.token_id])) for i, n in enumerate(result.nodes))
-            return replace(result, nodes=nodes, q_dists=q_rec)
-
-    return MisrecordedQProposer(
-        budget=budget, manifest_hash="e2e-negative-control", policy=policy, backend=backend, sampling=sampling
-    )
+    records ``q`` with an extra temperature applied to q only (``q_rec ∝ q ** (1 / q_temperature)``).
+    Every contract check passes (``q_rec`` is a valid law, node ``q`` agrees with it); only the
+    end-to-end oracle sees it."""
+    inner = DraftModelProposer(budget=budget, manifest_hash="e2e", policy=policy, backend=backend, sampling=sampling)
+    return MisrecordedQ(inner, q_temperature=q_temperature)
 
 
-def case_capabilities(case: E2ECase):
-
-    options = {"sampling": case.sampling} if case.proposer == "draft_model" else {}
+def case_capabilities(case: E2ECase) -> Capabilities:
+    """What the case's proposer declares from its options, as negotiation sees it in a run."""
     if case.proposer == "merged":
-        options = {"sources": list(MERGED_SOURCES), "draft_model": {"sampling": case.sampling}, "prompt_lookup": {}}
+        options: dict = {"sources": list(merged_sources(case))}
+        for name in merged_sources(case):
+            options[name] = {"sampling": case.sampling, **(case.options.get(name) or {})}
+    else:
+        options = {"sampling": case.sampling, **case.options}
     return proposer_class(case.proposer).declare(options, case.budget)
+
+
+def case_relations(case: E2ECase) -> tuple[str, ...]:
+    """The case's declared sampling relations, sorted (a merged proposer declares several)."""
+    return tuple(sorted(case_capabilities(case).sampling_relations))
+
+
+# --------------------------------------------------------------------------- the case list
+
+T1 = SamplingPolicy(temperature=1.0)
+TRUNC = SamplingPolicy(temperature=0.8, top_k=3, top_p=0.9)
+GREEDY = SamplingPolicy(temperature=0.0)
+SEQ2 = Budget(shape="sequence", max_nodes=2, max_depth=2)
+EXP21 = Budget(shape="expansion", max_nodes=4, max_depth=2, widths=(2, 1))
+#: a Sequoia-shaped tree (Chen et al., 2024): two draws below the frontier, one below the first
+SEQUOIA3 = Budget(shape="tree", max_nodes=3, max_depth=2, parents=(-1, -1, 0))
 
 
 #: the standard cases; each verifier runs those it negotiates (declarations decide, as in a run)
@@ -464,6 +782,94 @@ def standard_cases() -> list[E2ECase]:
     ]
 
 
+def sequoia_cases() -> list[E2ECase]:
+    """Sequoia's shaped trees: a draft model sampling an explicit parent array (``topology=sequoia``
+    gives the draft model ``Budget(shape="tree", parents=...)``) without replacement, verified by
+    the ``sequoia`` verifier; the same shape sampled i.i.d. (duplicates kept as draws, not expanded)."""
+    return [
+        E2ECase("draft/wor/sequoia3/T0.8-topk3-topp0.9", "draft_model", SEQUOIA3, TRUNC, "without_replacement"),
+        E2ECase("draft/iid/sequoia3/T0.8-topk3-topp0.9", "draft_model", SEQUOIA3, TRUNC, "iid"),
+        E2ECase("draft/beam/sequoia3/T0", "draft_model", SEQUOIA3, GREEDY, "beam"),
+    ]
+
+
+def rest_cases() -> list[E2ECase]:
+    """REST's frequency-scored trie (membership at T > 0; greedy and membership at T = 0, every
+    round real) and the default merged proposer, REST + prompt lookup."""
+    tree4 = Budget(shape="tree", max_nodes=4, max_depth=2)
+    merged = Budget(shape="merged", max_nodes=6, max_depth=2)
+    rest_lookup = {"sources": ("rest", "prompt_lookup"), "rest": {}, "prompt_lookup": {}}
+    return [
+        E2ECase("rest/tree4/T1", "rest", tree4, T1),
+        E2ECase("rest/tree4/T0.8-topk3-topp0.9", "rest", tree4, TRUNC),
+        E2ECase("rest/sequence2/T1", "rest", SEQ2, T1),
+        E2ECase("rest/tree4/T0", "rest", tree4, GREEDY, rounds=None),
+        E2ECase("merged/rest+lookup/T1", "merged", merged, T1, options=rest_lookup),
+        E2ECase("merged/rest+lookup/T0", "merged", merged, GREEDY, options=rest_lookup),
+    ]
+
+
+def heads_cases() -> list[E2ECase]:
+    """Every head kind with every sampling relation it declares, at T = 0 (every round real, so the
+    heads read the hidden rows of the branch's own verify forwards) and T > 0: beam (score-only:
+    greedy / membership), iid and without replacement (q recorded: rejection, SpecInfer, Sequoia)."""
+    cases = []
+    bank = {"num_heads": 2}
+    for kind in HEAD_PROPOSERS:
+        cases += [
+            E2ECase(f"{kind}/beam/exp21/T0", kind, EXP21, GREEDY, "beam", rounds=None, options=bank),
+            E2ECase(f"{kind}/iid/exp21/T0", kind, EXP21, GREEDY, "iid", rounds=None, options=bank),
+            E2ECase(f"{kind}/wor/exp21/T0", kind, EXP21, GREEDY, "without_replacement", options=bank),
+            E2ECase(f"{kind}/beam/exp21/T1", kind, EXP21, T1, "beam", options=bank),
+            E2ECase(f"{kind}/iid/seq2/T1", kind, SEQ2, T1, "iid", options=bank),
+            E2ECase(f"{kind}/wor/exp21/T0.8-topk3-topp0.9", kind, EXP21, TRUNC, "without_replacement", options=bank),
+        ]
+    return cases
+
+
+def selfspec_cases() -> list[E2ECase]:
+    """Early exit and layer skip: sampled chains at T > 0 whose length is a stopping time (the
+    confidence stop falls inside the enumeration), layer skip over two rounds so its adaptive
+    threshold moves between them, and the beam chains."""
+    # On E2E_PROMPT the first draft's top-1 confidence is 0.420 (early exit) / 0.377 (layer skip);
+    # after the first drafted token it is 0.37-0.54 depending on that token, so these thresholds
+    # draft the first token always and the second after some first tokens only.
+    exit_opts = {"eta": 0.41}
+    skip_opts = {"gamma": 0.37}
+    return [
+        E2ECase("early_exit/iid/seq2/T1", "early_exit", SEQ2, T1, "iid", options=exit_opts),
+        E2ECase("early_exit/iid/seq2/T0.8-topk3-topp0.9", "early_exit", SEQ2, TRUNC, "iid", options=exit_opts),
+        E2ECase("early_exit/beam/seq2/T1", "early_exit", SEQ2, T1, "beam", options=exit_opts),
+        E2ECase("early_exit/beam/seq2/T0", "early_exit", SEQ2, GREEDY, "beam", rounds=None, options=exit_opts),
+        E2ECase("layer_skip/iid/seq2/T1", "layer_skip", SEQ2, T1, "iid", options=skip_opts),
+        E2ECase(
+            "layer_skip/iid/seq1/T0.8-topk3-topp0.9/2rounds",
+            "layer_skip",
+            Budget(shape="sequence", max_nodes=1, max_depth=1),
+            TRUNC,
+            "iid",
+            rounds=2,
+            options=skip_opts,
+        ),
+        E2ECase("layer_skip/beam/seq2/T0", "layer_skip", SEQ2, GREEDY, "beam", rounds=None, options=skip_opts),
+    ]
+
+
+def float32_cases() -> list[E2ECase]:
+    """The float32 path the runs use (bound FLOAT32_ATOL): a draft chain and a sampled head tree."""
+    return [
+        E2ECase("draft/iid/seq2/T1/float32", "draft_model", SEQ2, T1, "iid", dtype=torch.float32),
+        E2ECase("hydra/iid/seq2/T1/float32", "hydra", SEQ2, T1, "iid", options={"num_heads": 2}, dtype=torch.float32),
+    ]
+
+
+def e2e_cases() -> list[E2ECase]:
+    """Every end-to-end case: the standard draft model / prompt lookup / merged cases, then Sequoia's
+    shaped trees, REST, the draft heads, self-speculation and the float32 cases. ``harness oracles``
+    runs them all (each verifier those it negotiates); a run's gate runs :func:`gate_cases`."""
+    return standard_cases() + sequoia_cases() + rest_cases() + heads_cases() + selfspec_cases() + float32_cases()
+
+
 def applicable(case: E2ECase, verifier: Verifier) -> bool:
     """Whether a run would negotiate this proposer x topology x verifier x temperature."""
 
@@ -474,10 +880,75 @@ def applicable(case: E2ECase, verifier: Verifier) -> bool:
     return True
 
 
+def gate_cases(
+    proposer: str,
+    relations: Iterable[str],
+    verifier: str | Verifier,
+    *,
+    greedy: bool,
+    shape: str | None = None,
+    cases: Sequence[E2ECase] | None = None,
+) -> list[E2ECase]:
+    """The end-to-end cases a run's oracle gate enumerates, in :func:`e2e_cases` order.
+
+    ``proposer``: the run's proposer name (``Capabilities.name``); ``relations``: the sampling
+    relations it declares (``Capabilities.sampling_relations``, any iterable); ``verifier``: its
+    name or instance; ``greedy``: whether the run's temperature is 0; ``shape``: the run's
+    ``Budget.shape`` (e.g. ``"tree"`` for a Sequoia tree), or None. Only cases the verifier
+    negotiates at a temperature of the run's kind (zero or positive) are candidates. The first
+    non-empty tier wins:
+
+    1. the run's proposer with exactly the run's relations and the run's topology shape;
+    2. the run's proposer with exactly the run's relations, any shape;
+    3. the run's proposer with any of the run's relations (a merged proposer with other sources);
+    4. any proposer with any of the run's relations (a proposer with no end-to-end case of its own).
+
+    An empty list: nothing of the run's kind is covered (a heuristic verifier, say). The result does
+    not depend on Python's hash seed (relations are sorted; the case order is fixed).
+    """
+    if isinstance(verifier, str):
+        if verifier not in VERIFIERS:
+            raise ValueError(f"unknown verifier {verifier!r}; registered: {sorted(VERIFIERS)}")
+        verifier = VERIFIERS[verifier]()
+    wanted = tuple(sorted(set(relations)))
+    pool = [
+        c
+        for c in (e2e_cases() if cases is None else cases)
+        if (c.policy.temperature == 0.0) == greedy and applicable(c, verifier)
+    ]
+    own = [c for c in pool if c.proposer == proposer]
+    same = [c for c in own if case_relations(c) == wanted]
+    tiers = (
+        [c for c in same if shape is not None and c.budget.shape == shape],
+        same,
+        [c for c in own if set(case_relations(c)) & set(wanted)],
+        [c for c in pool if set(case_relations(c)) & set(wanted)],
+    )
+    return next((list(tier) for tier in tiers if tier), [])
+
+
+# --------------------------------------------------------------------------- running cases
+
+#: the float32 cases' bound on any marginal's absolute error. Float32 carries a unit roundoff of
+#: 6e-8; the tree forward and the cache it commits round differently from plain forwards, the
+#: verifier's ratios and residuals are float32, and a marginal multiplies a few conditionals and
+#: sums at most a few hundred leaves, so honest rounding moves it by ~1e-8..1e-7 (measured: at
+#: most 2.4e-8 on the float32 cases with every verifier that negotiates them). A recorded q that is
+#: not the law sampled misses by 1.6e-2 on the same float32 case (the float32 negative control),
+#: and by more than 3e-3 on every negative control: 1e-5 keeps two orders of magnitude on each side.
+FLOAT32_ATOL = 1e-5
+#: the bound of a case by its models' dtype
+E2E_ATOL = {torch.float64: MARGINAL_ATOL, torch.float32: FLOAT32_ATOL}
+
+
 @dataclass
 class E2EModels:
     target: CausalLMBackend
     draft: CausalLMBackend
+    #: a float64 model holding exactly the target's weights (the exact joint is computed with it);
+    #: None: the target's own model (float64 already)
+    reference: torch.nn.Module | None = None
+    _casts: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def build(cls, *, seed: int = 0, vocab: int = 5) -> E2EModels:
@@ -487,6 +958,21 @@ class E2EModels:
             draft=CausalLMBackend(oracle_model(seed=seed + 101, vocab=vocab, num_layers=1)),
         )
 
+    def at_dtype(self, dtype: torch.dtype) -> E2EModels:
+        """The same weights cast to ``dtype`` (built once, then cached), with a float64 reference
+        holding exactly the cast weights: the comparison then sees only the round's arithmetic."""
+        if dtype == self.target.dtype:
+            return self
+        hit = self._casts.get(dtype)
+        if hit is None:
+            target = cast_model(self.target.model, dtype)
+            hit = self._casts[dtype] = E2EModels(
+                target=CausalLMBackend(target),
+                draft=CausalLMBackend(cast_model(self.draft.model, dtype)),
+                reference=cast_model(target, torch.float64),
+            )
+        return hit
+
 
 def check_e2e_case(
     verifier: Verifier,
@@ -495,13 +981,24 @@ def check_e2e_case(
     *,
     prompt_ids: Sequence[int] = E2E_PROMPT,
     proposer_factory: Callable[[E2ECase, CausalLMBackend | None, SamplingPolicy], Proposer] | None = None,
+    wrap: Callable[[Proposer], Proposer] | None = None,
     max_leaves: int = MAX_LEAVES,
 ) -> dict:
-    """Run one end-to-end case; a row like :func:`harness.gates.oracle.check_case`'s."""
+    """Run one end-to-end case; a row like :func:`harness.gates.oracle.check_case`'s.
+
+    ``proposer_factory(case, draft, policy)`` replaces :func:`make_proposer`; ``wrap`` is applied to
+    the proposer built (a negative control wraps the real proposer). The case's models are
+    ``models.at_dtype(case.dtype)``; its bound :data:`E2E_ATOL` of that dtype.
+    """
     t0 = time.perf_counter()
-    policy = _as_float64(case.policy)
-    factory = proposer_factory or (lambda c, d, p: make_proposer(c, draft=d, policy=p))
-    proposer = factory(case, models.draft, policy)
+    models = models.at_dtype(case.dtype)
+    policy = case_policy(case)
+    if proposer_factory is None:
+        proposer = make_proposer(case, draft=models.draft, policy=policy, target=models.target)
+    else:
+        proposer = proposer_factory(case, models.draft, policy)
+    if wrap is not None:
+        proposer = wrap(proposer)
     stats: dict = {}
     law = e2e_output_law(
         target=models.target,
@@ -516,18 +1013,25 @@ def check_e2e_case(
         max_leaves=max_leaves,
         stats=stats,
     )
-    joint = direct_target_joint(models.target.model, prompt_ids, policy, case.length)
+    reference = models.reference if models.reference is not None else models.target.model
+    joint = direct_target_joint(reference, prompt_ids, _as_float64(case.policy), case.length)
     err = max_abs_error(law, joint)
+    bound = E2E_ATOL[case.dtype]
+    relations = case_relations(case)
     return {
         "verifier": verifier.name,
         "case": f"e2e/{case.name}",
         "kind": "end_to_end",
+        "proposer": case.proposer,
+        "dtype": str(case.dtype).removeprefix("torch."),
         "max_abs_error": err,
-        "bound": MARGINAL_ATOL,
-        "passed": err <= MARGINAL_ATOL,
+        "bound": bound,
+        "passed": err <= bound,
         "leaves": stats.get("selections", 0),
         "proposals": stats.get("proposals", 0),
-        "relation": sorted(case_capabilities(case).sampling_relations)[0],
+        "empty_proposals": stats.get("empty_proposals", 0),
+        "relation": relations[0],
+        "relations": list(relations),
         "seconds": time.perf_counter() - t0,
     }
 
@@ -535,7 +1039,7 @@ def check_e2e_case(
 def run_e2e_suite(
     verifier_names: Sequence[str], *, models: E2EModels | None = None, cases: Sequence[E2ECase] | None = None
 ) -> list[dict]:
-    """Every standard end-to-end case each named verifier negotiates; one row per case."""
+    """Every end-to-end case (:func:`e2e_cases`) each named verifier negotiates; one row per case."""
 
     models = models or E2EModels.build()
     rows = []
@@ -543,60 +1047,100 @@ def run_e2e_suite(
         verifier = VERIFIERS[name]()
         if not verifier.exact:
             raise ValueError(f"verifier {name!r} is heuristic (exact=False): the oracle does not apply")
-        for case in cases if cases is not None else standard_cases():
+        for case in cases if cases is not None else e2e_cases():
             if applicable(case, verifier):
                 rows.append(check_e2e_case(verifier, case, models))
     return rows
 
 
 #: (verifier, standard case) pairs the end-to-end negative control runs with a misrecorded q
-NEGATIVE_CONTROL_CASES = (("specinfer", "draft/iid/set2/T1"), ("rejection", "draft/iid/seq2/T1"))
+#: (:class:`MisrecordedQ` around the case's real proposer)
+NEGATIVE_CONTROL_CASES = (
+    ("specinfer", "draft/iid/set2/T1"),
+    ("rejection", "draft/iid/seq2/T1"),
+    ("sequoia", "draft/wor/sequoia3/T0.8-topk3-topp0.9"),
+    ("specinfer", "hydra/iid/seq2/T1"),
+    ("sequoia", "medusa/wor/exp21/T0.8-topk3-topp0.9"),
+    ("rejection", "early_exit/iid/seq2/T1"),
+    ("rejection", "draft/iid/seq2/T1/float32"),
+)
 
 
-def negative_control_rows(models: E2EModels | None = None) -> list[dict]:
-    """The end-to-end negative control: :func:`misrecorded_q_proposer` under exact verifiers.
-    Each row is EXPECTED to fail (``passed`` False); ``negative_control`` marks them."""
+def negative_control_rows(models: E2EModels | None = None, *, verifiers: Iterable[str] | None = None) -> list[dict]:
+    """The end-to-end negative control: :class:`MisrecordedQ` around each case's proposer under an
+    exact verifier (only the pairs of ``verifiers`` when given). Each row is EXPECTED to fail
+    (``passed`` False); ``negative_control`` marks them."""
 
     models = models or E2EModels.build()
-    by_name = {c.name: c for c in standard_cases()}
+    by_name = {c.name: c for c in e2e_cases()}
+    keep = None if verifiers is None else set(verifiers)
     rows = []
     for verifier_name, case_name in NEGATIVE_CONTROL_CASES:
-        case = by_name[case_name]
-        row = check_e2e_case(
-            VERIFIERS[verifier_name](),
-            case,
-            models,
-            proposer_factory=lambda c, d, p: misrecorded_q_proposer(
-                budget=c.budget, policy=p, backend=d, sampling=c.sampling
-            ),
-        )
+        if keep is not None and verifier_name not in keep:
+            continue
+        row = check_e2e_case(VERIFIERS[verifier_name](), by_name[case_name], models, wrap=MisrecordedQ)
         row["case"] = f"e2e-negative/misrecorded-q/{case_name}"
         row["negative_control"] = True
         rows.append(row)
     return rows
 
 
+#: source files the end-to-end cases run (beyond the round's own: compiler, verifiers, backend):
+#: a cache key over the oracle gate's results must cover them
+E2E_MODULES = (
+    "harness/gates/e2e.py",
+    "harness/proposers/base.py",
+    "harness/proposers/sampling.py",
+    "harness/proposers/draft_model.py",
+    "harness/proposers/prompt_lookup.py",
+    "harness/proposers/merged.py",
+    "harness/proposers/rest.py",
+    "harness/proposers/heads.py",
+    "harness/proposers/selfspec.py",
+    "harness/proposers/registry.py",
+    "harness/heads/state.py",
+    "harness/heads/models.py",
+    "harness/heads/partial.py",
+    "harness/heads/early_exit.py",
+    "harness/workloads/datastore.py",
+    "harness/target/loading.py",
+    "harness/target/backend.py",
+)
+
+
 __all__ = [
     "DEFAULT_LENGTH",
+    "E2E_ATOL",
+    "E2E_MODULES",
     "E2ECase",
     "E2EModels",
     "E2E_PROMPT",
+    "FLOAT32_ATOL",
     "Float64Policy",
     "LOGIT_SCALE",
+    "MisrecordedQ",
+    "PROPOSER_BUILDERS",
     "applicable",
+    "case_capabilities",
+    "case_relations",
     "check_e2e_case",
     "continuation_law",
     "direct_target_joint",
     "e2e_output_law",
     "emitted_tokens",
     "fork",
+    "gate_cases",
+    "hidden_taps",
     "make_proposer",
+    "misrecord_q",
     "misrecorded_q_proposer",
     "negative_control_rows",
     "oracle_model",
     "propose_and_verify",
+    "proposer_builder",
     "run_e2e_suite",
     "select_and_commit",
     "speculative_round",
     "standard_cases",
+    "e2e_cases",
 ]

@@ -7,9 +7,11 @@ applies. Then the negative control: the test-only ``naive_multi_draft`` verifier
 acceptance repeated over k candidates, which duplicates mass) must be CAUGHT, i.e. at least one
 of its cases must miss the target marginal by far more than the bound.
 Unless ``--quick`` or ``--no-e2e`` is given, the end-to-end cases of ``harness.gates.e2e`` run
-too — the real round (draft model or prompt lookup, compiler, target forward, verifier, commit) on
-a tiny float64 Llama — with their own negative control, a proposer whose recorded q differs from
-the law it sampled, which must be caught.
+too — the real round (every proposer through its real class — draft model, prompt lookup, REST,
+Medusa / Hydra / Clover heads, early exit, layer skip, merged sources — compiler, target forward,
+verifier, commit) on a tiny float64 Llama, plus float32 cases of the runs' own precision — with
+their own negative control, proposers whose recorded q differs from the law they sampled, which
+must be caught.
 Exit status 1 on any failed case or an uncaught negative control.
 """
 
@@ -25,6 +27,7 @@ from pathlib import Path
 from harness.gates.e2e import E2EModels, negative_control_rows, run_e2e_suite
 from harness.gates.oracle import MARGINAL_ATOL, check_case, exact_verifier_names, verifier_cases
 from harness.gates.transport import check_transport, transport_applies, transport_instances
+from harness.verifiers import broken as _broken  # noqa: F401  (registers the negative control)
 from harness.verifiers.base import VERIFIERS
 
 #: the deliberately wrong verifier run as the negative control
@@ -34,7 +37,8 @@ CAUGHT_MIN_ERROR = 1e-4
 
 
 def _register_extras() -> None:
-    pass
+    """Nothing left to do: importing this module registers the test-only verifiers (the negative
+    control ``naive_multi_draft``); kept for callers that ask for it before running cases."""
 
 
 def run_suite(
@@ -93,9 +97,9 @@ def run_suite(
 
 
 def run_e2e(verifier_names: list[str] | None = None, *, negative_control: bool = True) -> list[dict]:
-    """End-to-end rows (:mod:`harness.gates.e2e`: the real round on a tiny float64 model) for every
-    named (default: every exact) verifier, plus the end-to-end negative control (a proposer whose
-    recorded q is not the law it sampled), whose rows must FAIL."""
+    """End-to-end rows (:mod:`harness.gates.e2e`: the real round on a tiny model) for every named
+    (default: every exact) verifier, plus the end-to-end negative control of those verifiers
+    (proposers whose recorded q is not the law they sampled), whose rows must FAIL."""
 
     _register_extras()
     names = exact_verifier_names() if verifier_names is None else list(verifier_names)
@@ -104,7 +108,7 @@ def run_e2e(verifier_names: list[str] | None = None, *, negative_control: bool =
     for row in rows:
         row["negative_control"] = False
     if negative_control:
-        rows += negative_control_rows(models)
+        rows += negative_control_rows(models, verifiers=None if verifier_names is None else names)
     return rows
 
 

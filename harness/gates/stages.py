@@ -28,11 +28,10 @@ import time
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.gates.e2e import E2EModels, applicable, case_capabilities, check_e2e_case, standard_cases
+from harness.gates.e2e import E2EModels, check_e2e_case, gate_cases
 from harness.gates.equivalence import equivalence_gate
 from harness.gates.keys import gate_key
 from harness.gates.oracle import MARGINAL_ATOL, check_case, verifier_cases
-from harness.gates.oracle_cli import _register_extras
 from harness.gates.statistical import statistical_gate
 from harness.gates.status import GateError, not_applicable, passed, skipped
 from harness.gates.transport import check_transport, transport_applies, transport_instances
@@ -105,23 +104,14 @@ def oracle_gate(verifier_name: str, relation: str) -> dict:
     return _summarise_rows(rows, t0, empty_why=f"no synthetic oracle case covers verifier {verifier_name!r}")
 
 
-def e2e_cases(verifier_name: str, relation: str, *, greedy: bool) -> list:
-    """The end-to-end cases of this verifier whose proposer samples with ``relation`` and whose
-    temperature is zero iff the run's is, in a fixed order."""
-    verifier = VERIFIERS[verifier_name]()
-    return [
-        c
-        for c in standard_cases()
-        if (c.policy.temperature == 0.0) == greedy
-        and relation in case_capabilities(c).sampling_relations
-        and applicable(c, verifier)
-    ]
-
-
-def e2e_gate(verifier_name: str, relation: str, *, greedy: bool) -> dict:
+def e2e_gate(
+    verifier_name: str, proposer: str, relations: list[str], *, greedy: bool, shape: str | None = None
+) -> dict:
+    """The end-to-end cases a run of ``proposer`` (its relations and shape) under this verifier at this
+    kind of temperature enumerates (:func:`harness.gates.e2e.gate_cases`: its own proposer first)."""
     t0 = time.perf_counter()
-    cases = e2e_cases(verifier_name, relation, greedy=greedy)
     verifier = VERIFIERS[verifier_name]()
+    cases = gate_cases(proposer, relations, verifier, greedy=greedy, shape=shape)
     rows: list[dict] = []
     if cases:
         models = E2EModels.build()
@@ -130,7 +120,7 @@ def e2e_gate(verifier_name: str, relation: str, *, greedy: bool) -> dict:
             if not rows[-1]["passed"]:
                 break
     return _summarise_rows(
-        rows, t0, empty_why=f"no end-to-end case runs verifier {verifier_name!r} with relation {relation!r}"
+        rows, t0, empty_why=f"no end-to-end case runs verifier {verifier_name!r} with relations {relations}"
     )
 
 
@@ -215,7 +205,6 @@ def run_gates(
         gates["oracle"] = not_applicable(why_heuristic)
         gates["end_to_end_oracle"] = not_applicable(why_heuristic)
     else:
-        _register_extras()
         oracle_inputs = {"verifier": verifier.name, "relation": relation}
         gate(
             "oracle",
@@ -226,7 +215,14 @@ def run_gates(
                 lambda: oracle_gate(verifier.name, relation),
             ),
         )
-        e2e_inputs = {**oracle_inputs, "greedy": policy.greedy}
+        relations = sorted(caps.sampling_relations)
+        e2e_inputs = {
+            "verifier": verifier.name,
+            "proposer": caps.name,
+            "relations": relations,
+            "greedy": policy.greedy,
+            "shape": plan_.budget.shape,
+        }
         e2e_entries = ["harness.gates.e2e", "harness.gates.stages", verifier_module]
         gate(
             "end_to_end_oracle",
@@ -234,7 +230,7 @@ def run_gates(
                 "end_to_end_oracle",
                 gate_key("end_to_end_oracle", entries=e2e_entries, inputs=e2e_inputs),
                 g.cache,
-                lambda: e2e_gate(verifier.name, relation, greedy=policy.greedy),
+                lambda: e2e_gate(verifier.name, caps.name, relations, greedy=policy.greedy, shape=plan_.budget.shape),
             ),
         )
     prompt = items[0][1]
