@@ -16,6 +16,7 @@ import torch
 
 from harness.engine.decode import BatchDecodeResult, BatchLedger, DecodeResult, RoundConfig, batches, decode_batch
 from harness.measure.ledger import RoundLedger
+from harness.measure.memory import DevicePeak
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
 from harness.target.backend import CausalLMBackend
@@ -42,6 +43,15 @@ METRIC_NOTES = {
     ),
     "ragged_hole_bytes_peak": "masked stale slots below the shared physical cache length (0 at batch 1)",
     "per_prompt.spec_decode_ms": "the request's latency inside its batch (not the batch wall time)",
+    "rounds_tried_by_depth": (
+        "rounds that tried depth d (the walk reached depth d-1 and the tree had a row at d): the trials behind "
+        "acceptance_by_depth[d]; rounds_accepted_by_depth: rounds that accepted a token at d (reach = that / rounds)"
+    ),
+    "cuda_peak_allocated_bytes": (
+        "peak CUDA bytes allocated (reserved: held by the caching allocator) over the speculative arm's measured "
+        "batches, counters reset before each batch; ar_cuda_peak_*: the AR arm's; None off CUDA"
+    ),
+    "peak_rss_bytes": "this job's peak host resident set (peak_rss_method says how it was measured)",
 }
 
 
@@ -93,6 +103,10 @@ class ArmsResult:
     batch_size: int
     batches: dict[str, list[BatchDecodeResult]] = field(default_factory=lambda: {a: [] for a in ARMS})
     batch_of: dict[int, int] = field(default_factory=dict)  # prompt index -> batch index
+    # per arm: peak CUDA (allocated, reserved) bytes over its measured batches; (None, None) off CUDA
+    device_peak: dict[str, tuple[int | None, int | None]] = field(
+        default_factory=lambda: {a: (None, None) for a in ARMS}
+    )
 
     def request(self, arm: str, i: int) -> DecodeResult:
         j = self.batch_of[i]
@@ -120,9 +134,29 @@ class ArmsResult:
             "ar_batch_decode_ms": self.batches["ar"][j].decode_ms,
         }
 
+    def round_series(self, arm: str = "spec") -> list[dict]:
+        """Every round of ``arm``, request by request in prompt order: ``prompt_index``,
+        ``batch_index`` and the round's row of :meth:`RoundLedger.rounds_table` (at B > 1 a
+        request's stage times include the shared verify and commit in full)."""
+        rows = []
+        for i in sorted(self.batch_of):
+            for row in self.request(arm, i).ledger.rounds_table():
+                rows.append({"prompt_index": i, "batch_index": self.batch_of[i], **row})
+        return rows
+
+    def observe_device_peak(self, arm: str, peak: tuple[int | None, int | None]) -> None:
+        old = self.device_peak[arm]
+        self.device_peak[arm] = tuple(  # type: ignore[assignment]
+            None if new is None else max(new, prev or 0) for new, prev in zip(peak, old)
+        )
+
     def metrics(self) -> dict:
         """Every decode metric of the record (proposal-side state and artifacts are the runner's)."""
         out: dict = {"batches": len(self.batches["spec"])}
+        for arm, prefix in (("spec", ""), ("ar", "ar_")):
+            allocated, reserved = self.device_peak[arm]
+            out[f"{prefix}cuda_peak_allocated_bytes"] = allocated
+            out[f"{prefix}cuda_peak_reserved_bytes"] = reserved
         for arm, prefix in (("spec", ""), ("ar", "ar_")):
             res = self.batches[arm]
             reqs = self.requests(arm)
@@ -166,6 +200,8 @@ class ArmsResult:
                 "acceptance_by_depth",
                 "reach_by_depth",
                 "accepted_length_hist",
+                "rounds_tried_by_depth",
+                "rounds_accepted_by_depth",
                 "first_child_coverage",
                 "fallback_rate",
                 "mean_candidate_rows",
@@ -210,6 +246,7 @@ class Arms:
         self.max_new_tokens, self.eos = max_new_tokens, eos_token_ids
         self.rng_factory = rng_factory
         self.result = ArmsResult(batch_size=batch_size)
+        self.device_peak = DevicePeak(target.device)
 
     def _run(self, arm: str, idx: list[int], max_new_tokens: int) -> BatchDecodeResult:
         proposers, verifier = self.slots[arm]
@@ -235,7 +272,9 @@ class Arms:
         """Run one batch (both arms, order alternating) at a time; yield its prompt indices in order."""
         for j, idx in enumerate(batches(len(self.prompts), self.batch_size)):
             for arm in ARMS if j % 2 == 0 else tuple(reversed(ARMS)):
+                self.device_peak.measure()
                 self.result.batches[arm].append(self._run(arm, idx, self.max_new_tokens))
+                self.result.observe_device_peak(arm, self.device_peak.read())
             for i in idx:
                 self.result.batch_of[i] = j
                 yield i
