@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("harness.app:sweep_main", "launch a named sweep from sweeps/"),
     "compare": ("harness.tracking.compare", "compare arms with paired bootstrap CIs"),
     "report": ("harness.tracking.report", "regenerate a report from stored records"),
+    "dashboard": ("harness.app:dashboard_main", "W&B report of a sweep or experiment (offline: its specification)"),
     "train": ("harness.app:train_main", "train / search a proposer artifact (heads, early-exit adapter, skip vector)"),
 }
 

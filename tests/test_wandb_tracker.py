@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import history, inspect_run, run_info
 
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS
 from harness.tracking.store import REQUIRED_METRICS, load_record
@@ -27,7 +26,6 @@ from harness.tracking.wandb_tracker import (
 )
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "records" / "fixture-sweep" / "fx03-hydra-greedy-t0-b1"
-WANDB_CLI = Path(sys.executable).parent / "wandb"
 
 
 @pytest.fixture
@@ -52,28 +50,6 @@ def run_dir(tmp_path, wandb_home):
     dest = tmp_path / "run"
     shutil.copytree(FIXTURE_RUN, dest)
     return dest
-
-
-def inspect_run(path: Path) -> tuple[dict, list[dict]]:
-    """(state/summary/config, every record of the transaction log) of the one W&B run under ``path``."""
-    (run_file,) = list(Path(path).glob("wandb/*run-*/run-*.wandb"))
-
-    def call(*flags: str) -> str:
-        args = [str(WANDB_CLI), "leet", "inspect", *flags, "--json", str(run_file)]
-        return subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
-
-    summary = json.loads(call("--summary"))
-    records = [json.loads(line) for line in call().splitlines() if line.strip()]
-    return summary, records
-
-
-def run_info(records: list[dict]) -> dict:
-    """The last run record (name, group, job type, tags as they were at the end)."""
-    return [r["run"] for r in records if r.get("type") == "run"][-1]
-
-
-def history(records: list[dict]) -> list[dict]:
-    return [r["history"]["item"] for r in records if r.get("type") == "history"]
 
 
 def test_log_record_reaches_the_offline_log(run_dir):
