@@ -201,14 +201,16 @@ def train_main(argv: list[str]) -> int:
 
 
 def dashboard_groups() -> dict[str, Path]:
-    """Every W&B group this installation names: each sweep (its records in ``multirun/<sweep>``)
-    and each experiment (its single runs in ``outputs/<experiment>``), relative to the working
-    directory, as the default ``hydra.sweep.dir`` and ``hydra.run.dir`` put them."""
+    """Every W&B group this installation names: each sweep (its records in ``multirun/<sweep>``),
+    each experiment (its single runs in ``outputs/<experiment>``) and ``adhoc`` (single runs outside
+    any experiment, ``outputs/adhoc``), relative to the working directory, as the default
+    ``hydra.sweep.dir`` and ``hydra.run.dir`` put them."""
     groups = {name: Path("multirun") / name for name in sweep.list_sweeps()}
     experiments = CONF_DIR / "experiment"
     for path in sorted(experiments.rglob("*.yaml")):
         name = path.relative_to(experiments).with_suffix("").as_posix()
         groups.setdefault(name, Path("outputs") / name)
+    groups.setdefault("adhoc", Path("outputs") / "adhoc")  # single runs outside any experiment
     return groups
 
 

@@ -42,7 +42,7 @@ from harness.target.backend import CausalLMBackend
 from harness.target.loading import LoadedModel, eos_ids, load_model, model_kv_bytes_per_token, tokenizer_fingerprint
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
 from harness.tracking.store import OUTPUTS_FILENAME, RECORD_FILENAME, ROUNDS_FILENAME
-from harness.tracking.wandb_tracker import NullTracker, Tracker, open_run
+from harness.tracking.wandb_tracker import NullTracker, Tracker, open_run, wandb_group
 from harness.verifiers.base import NegotiationError
 from harness.workloads.prompts import encode_workload
 
@@ -449,7 +449,7 @@ def open_tracker(cfg: DictConfig, planned: Planned) -> Tracker | NullTracker:
         mode=t.mode,
         project=t.project,
         entity=t.entity,
-        group=cfg.sweep or cfg.experiment or "adhoc",
+        group=wandb_group(cfg.sweep, cfg.experiment),
         dir=planned.run_dir,
         axes=axes_of(cfg),
         run_id=planned.run_id,
@@ -471,7 +471,7 @@ def track(cfg: DictConfig, record: dict, run_dir: Path) -> None:
         record,
         mode=t.mode,
         project=t.project,
-        group=cfg.sweep or cfg.experiment or "adhoc",
+        group=wandb_group(cfg.sweep, cfg.experiment),
         dir=str(run_dir),
         entity=t.entity,
         system_metrics=False,  # the job is over: nothing to sample

@@ -32,7 +32,7 @@ from typing import Any
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, NAME_AXES, varying_axes
 from harness.tracking.record import write_json_atomic
 from harness.tracking.store import AXES, ROUND_COST_STAGES, RecordError, aggregate
-from harness.tracking.wandb_tracker import DEFAULT_PROJECT, base_url, unreachable
+from harness.tracking.wandb_tracker import DEFAULT_PROJECT, base_url, unreachable, wandb_group
 
 SPEC_FORMAT = "harness-dashboard/1"
 #: tags of runs kept out of the main panels (see wandb_tracker.status_tags)
@@ -370,8 +370,15 @@ def group_axes(records_root: Path, group: str) -> list[dict[str, Any]]:
     df = aggregate(records_root)
     if df.empty:
         return []
-    mine = df[(df["sweep"] == group) | (df["sweep"].isna() & (df["experiment"] == group))]
-    return [{a: r[a] for a in AXES if a in mine.columns} for _, r in mine.iterrows()]
+
+    def none(v: Any) -> Any:
+        return None if v is None or (isinstance(v, float) and v != v) else v
+
+    return [
+        {a: r[a] for a in AXES if a in df.columns}
+        for _, r in df.iterrows()
+        if wandb_group(none(r["sweep"]), none(r["experiment"])) == group
+    ]
 
 
 def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] | None = None) -> int:

@@ -98,6 +98,11 @@ def _name_of(value: Any) -> str | None:
     return None
 
 
+def wandb_group(sweep: Any, experiment: Any) -> str:
+    """The W&B group of a job: its sweep, else its experiment, else ``adhoc``."""
+    return _name_of(sweep) or _name_of(experiment) or "adhoc"
+
+
 def axis_tags(axes: Mapping[str, Any]) -> list[str]:
     """``["proposer=rest", "temperature=0.7", ...]`` in the fixed axis order, then any extra."""
     keys = [k for k in AXES if k in axes] + sorted(k for k in axes if k not in AXES)
