@@ -102,3 +102,26 @@ def test_ledger_keeps_depth_counts_and_the_round_series():
         (1, 2, 4, 2),
     ]
     assert table[0]["ms"] == 11.0 and table[0]["target_verify_ms"] == 10.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_job_records_device_peaks_per_arm_and_its_own_host_peak(tmp_path, monkeypatch):
+    from harness.config import compose
+    from harness.runner import run_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    cfg = compose(
+        [
+            "model=tiny",
+            "model.device=cuda",
+            "workload.limit=2",
+            "generation.max_new_tokens=12",
+            "gates.oracle=false",
+            f"output_dir={tmp_path / 'run'}",
+        ]
+    )
+    m = run_job(cfg, run_dir=tmp_path / "run")["metrics"]
+    for prefix in ("", "ar_"):
+        allocated, reserved = m[f"{prefix}cuda_peak_allocated_bytes"], m[f"{prefix}cuda_peak_reserved_bytes"]
+        assert allocated > 0 and reserved >= allocated, (prefix, allocated, reserved)
+    assert m["peak_rss_bytes"] >= m["rss_start_bytes"] > 0
