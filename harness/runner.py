@@ -95,11 +95,11 @@ REFUSALS: tuple[type[BaseException], ...] = (GateError, NegotiationError, Contra
 def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
     """One job: everything `harness run` does. Returns the record (also written to run_dir)."""
     t_job = time.perf_counter()
-    host_memory = JobHostMemory().start()  # this job's peak RSS, even when jobs share a process
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     planned = plan_job(cfg, run_dir)
     tracker = open_tracker(cfg, planned)
+    host_memory = JobHostMemory().start()  # this job's peak RSS, even when jobs share a process
     stage = "load"
     try:
         loaded = load(cfg, planned)
@@ -126,6 +126,7 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         stage = "tracking"
         tracker.log_record(record, planned.run_dir)
     except BaseException as exc:
+        host_memory.stop()  # a sampling thread, where there is one, ends with the job
         tracker.fail(stage=stage, error=exc, refused=isinstance(exc, REFUSALS))
         raise
     return record

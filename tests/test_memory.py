@@ -46,6 +46,7 @@ def test_host_peak_is_sampled_where_the_high_water_mark_cannot_be_reset(tmp_path
     time.sleep(0.2)
     del buf
     out = job.stop()
+    assert job.stop() is out and not job._thread.is_alive()  # stopped once, the sampler gone
     assert out["peak_rss_method"] == "sampled"
     assert out["peak_rss_bytes"] >= out["rss_start_bytes"] + 100 * MIB
     with pytest.raises(RuntimeError, match="before start"):

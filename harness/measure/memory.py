@@ -56,6 +56,7 @@ class JobHostMemory:
         self._peak = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._result: dict | None = None
 
     def start(self) -> JobHostMemory:
         self.start_bytes = rss_bytes()
@@ -79,9 +80,12 @@ class JobHostMemory:
             self._peak = max(self._peak, int(proc.memory_info().rss))
 
     def stop(self) -> dict:
-        """``{"peak_rss_bytes", "rss_start_bytes", "peak_rss_method"}`` for the record."""
+        """``{"peak_rss_bytes", "rss_start_bytes", "peak_rss_method"}`` for the record (the same
+        dict on a second call: the sampler, if any, has stopped)."""
         if self.method is None:
             raise RuntimeError("JobHostMemory.stop() before start()")
+        if self._result is not None:
+            return self._result
         if self.method == "vmhwm_reset":
             hwm = _status_kib("VmHWM")
             peak = max(hwm * 1024 if hwm is not None else 0, rss_bytes())
@@ -90,7 +94,12 @@ class JobHostMemory:
             if self._thread is not None:
                 self._thread.join()
             peak = max(self._peak, rss_bytes())
-        return {"peak_rss_bytes": int(peak), "rss_start_bytes": self.start_bytes, "peak_rss_method": self.method}
+        self._result = {
+            "peak_rss_bytes": int(peak),
+            "rss_start_bytes": self.start_bytes,
+            "peak_rss_method": self.method,
+        }
+        return self._result
 
 
 @dataclass
