@@ -1,5 +1,6 @@
 """Entry points of the commands that compose the `harness run` config: `harness run` (one job, or a
-multirun of jobs), `harness sweep NAME`, `harness calibrate` and `harness train`.
+multirun of jobs), `harness sweep NAME`, `harness calibrate` and `harness train`; and `harness
+dashboard`, which needs the names of the sweeps and experiments.
 
 Each composes the config (Hydra) and hands it to one function of a room below —
 :func:`harness.runner.run_job`, :func:`harness.sweep.run_sweep_job`,
@@ -26,6 +27,7 @@ from harness.gates.status import GateError
 from harness.prepare import TRAINERS
 from harness.prepare.sequoia import ensure_tree_artifact
 from harness.runner import load, load_models, plan_job, run_job, track
+from harness.tracking import dashboard
 
 
 def run_main(argv: list[str] | None = None) -> int:
@@ -193,3 +195,24 @@ def train_main(argv: list[str]) -> int:
         return 2
     print(json.dumps(summary, indent=2, default=str))
     return 0
+
+
+# --------------------------------------------------------------------------- harness dashboard
+
+
+def dashboard_groups() -> dict[str, Path]:
+    """Every W&B group this installation names: each sweep (its records in ``multirun/<sweep>``),
+    each experiment (its single runs in ``outputs/<experiment>``) and ``adhoc`` (single runs outside
+    any experiment, ``outputs/adhoc``), relative to the working directory, as the default
+    ``hydra.sweep.dir`` and ``hydra.run.dir`` put them."""
+    groups = {name: Path("multirun") / name for name in sweep.list_sweeps()}
+    experiments = CONF_DIR / "experiment"
+    for path in sorted(experiments.rglob("*.yaml")):
+        name = path.relative_to(experiments).with_suffix("").as_posix()
+        groups.setdefault(name, Path("outputs") / name)
+    groups.setdefault("adhoc", Path("outputs") / "adhoc")  # single runs outside any experiment
+    return groups
+
+
+def dashboard_main(argv: list[str]) -> int:
+    return dashboard.main(argv, known=dashboard_groups())

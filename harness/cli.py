@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("harness.tracking.compare", "compare arms with paired bootstrap CIs"),
     "report": ("harness.tracking.report", "regenerate a report from stored records"),
     "export": ("harness.tracking.spec_bench", "export a run's answers in Spec-Bench's format (spec-bench)"),
+    "dashboard": ("harness.app:dashboard_main", "W&B report of a sweep or experiment (offline: its specification)"),
     "train": ("harness.app:train_main", "train / search a proposer artifact (heads, early-exit adapter, skip vector)"),
 }
 

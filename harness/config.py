@@ -307,9 +307,12 @@ class GatesConfig:
 @dataclass
 class TrackingConfig:
     name: str = "none"  # none | wandb
-    mode: str = "offline"  # offline | online
+    mode: str = "offline"  # offline | online (an unreachable server falls back to offline, with a warning)
     project: str = "spec-harness"
     entity: Optional[str] = None
+    system_metrics: bool = True  # W&B's system monitor: CPU, memory; GPU utilisation and memory on a GPU
+    system_metrics_interval_s: float = 5.0  # its sampling interval (W&B's minimum: 0.1 s)
+    init_timeout_s: float = 90.0  # how long an online run may take to start before it falls back to offline
 
 
 @dataclass

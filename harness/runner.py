@@ -1,8 +1,11 @@
 """One job, in stages: plan -> load -> prepare -> gate -> measure -> summarise -> write.
 
 Each stage is a function of typed values; :func:`run_job` reads as the list of them. Nothing is
-written or tracked unless every stage before ``write`` succeeded: a refused plan, a failed gate or a
-greedy divergence raises, and the job leaves no record. The autoregressive baseline and the
+written unless every stage before ``write`` succeeded: a refused plan, a failed gate or a greedy
+divergence raises, and the job leaves no record. With ``tracking=wandb`` the W&B run opens once the
+plan is accepted (a refused configuration logs nothing), so its system monitor covers the job; a
+later stage that raises finishes it as failed (tagged ``refused`` for a gate or contract refusal),
+and a finished job logs its record there. The autoregressive baseline and the
 speculative arm run on the same prompts with the same seeds, batch by batch (a batch of one at
 ``generation.batch_size=1``), interleaved, through the same round loop and clock.
 
@@ -26,7 +29,7 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from harness.contracts import Budget
+from harness.contracts import Budget, ContractError
 from harness.engine.arms import ARMS, METRIC_NOTES, Arms, ArmsResult, merged_proposer_extras
 from harness.engine.build import BuildContext, Plan, build_proposer, plan
 from harness.engine.decode import RoundConfig, check_temp_kv_budget
@@ -36,6 +39,7 @@ from harness.gates.stages import announce_disabled, disabled_gates, run_gates
 from harness.gates.status import GateError
 from harness.manifest import RECORD_SCHEMA_VERSION, freeze_manifest, manifest_extras, manifest_hash
 from harness.measure.hardware import hardware_card, library_versions, peak_rss_bytes
+from harness.measure.memory import JobHostMemory
 from harness.prepare import prepare
 from harness.prepare.sequoia import cost_model_error
 from harness.proposers.base import NullProposer
@@ -52,7 +56,9 @@ from harness.target.loading import (
     tokenizer_fingerprint,
 )
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
-from harness.tracking.wandb_tracker import open_run
+from harness.tracking.store import OUTPUTS_FILENAME, RECORD_FILENAME, ROUNDS_FILENAME
+from harness.tracking.wandb_tracker import NullTracker, Tracker, open_run, wandb_group
+from harness.verifiers.base import NegotiationError
 from harness.workloads.conversations import ContextLimit, PromptEncoder, TurnPrompt, context_limit, truncate_rule
 from harness.workloads.prompts import Prompt, WorkloadError, load_configured
 
@@ -64,6 +70,7 @@ class Planned:
     plan: Plan
     manifest: dict
     manifest_hash: str
+    run_id: str  # the manifest hash and the job's start time
     round_cfg: RoundConfig
     kv_bytes_per_token: int
     temp_kv_budget_formula_bytes: int
@@ -98,6 +105,11 @@ class Measured:
     per_prompt: list[dict]
     outputs: list[dict]
     greedy: dict | None  # the greedy-equality evidence (temperature 0), else None
+    rounds: list[dict]  # the speculative arm's per-round series (rounds.jsonl)
+
+
+#: exceptions that mean "this configuration was refused" rather than "the job broke"
+REFUSALS: tuple[type[BaseException], ...] = (GateError, NegotiationError, ContractError)
 
 
 def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
@@ -106,12 +118,37 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     planned = plan_job(cfg, run_dir)
-    loaded = load(cfg, planned)
-    prepared = prepare_job(cfg, planned, loaded)
-    gates = gate(cfg, planned, loaded, prepared)
-    measured = measure(cfg, planned, loaded, prepared)
-    record = summarise(cfg, planned, loaded, prepared, gates, measured, job_seconds=time.perf_counter() - t_job)
-    write(record, measured, planned.run_dir)
+    tracker = open_tracker(cfg, planned)
+    host_memory = JobHostMemory().start()  # this job's peak RSS, even when jobs share a process
+    stage = "load"
+    try:
+        loaded = load(cfg, planned)
+        stage = "prepare"
+        prepared = prepare_job(cfg, planned, loaded)
+        stage = "gate"
+        gates = gate(cfg, planned, loaded, prepared)
+        stage = "measure"
+        measured = measure(cfg, planned, loaded, prepared)
+        stage = "summarise"
+        record = summarise(
+            cfg,
+            planned,
+            loaded,
+            prepared,
+            gates,
+            measured,
+            job_seconds=time.perf_counter() - t_job,
+            host_memory=host_memory.stop(),
+            tracking=tracker.describe(),
+        )
+        stage = "write"
+        write(record, measured, planned.run_dir)
+        stage = "tracking"
+        tracker.log_record(record, planned.run_dir)
+    except BaseException as exc:
+        host_memory.stop()  # a sampling thread, where there is one, ends with the job
+        tracker.fail(stage=stage, error=exc, refused=isinstance(exc, REFUSALS))
+        raise
     return record
 
 
@@ -138,10 +175,12 @@ def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
                 "template; set workload.chat=true"
             )
     manifest = freeze_manifest(cfg, versions=library_versions(), extra=manifest_extras(cfg))
+    mhash = manifest_hash(manifest)
     return Planned(
         plan=plan_,
         manifest=manifest,
-        manifest_hash=manifest_hash(manifest),
+        manifest_hash=mhash,
+        run_id=f"{mhash}-{time.strftime('%Y%m%dT%H%M%S')}",
         round_cfg=RoundConfig(
             max_nodes=plan_.budget.max_nodes,
             max_depth=plan_.budget.max_depth,
@@ -398,7 +437,10 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
     greedy = None
     if plan_.policy.greedy and "greedy_equality" not in disabled_gates(cfg):
         greedy = greedy_equality(loaded.backend.model, outputs, max_fraction=float(cfg.gates.near_tie_max_fraction))
-    return Measured(arms=arms.result, per_prompt=per_prompt, outputs=outputs, greedy=greedy)
+    rounds = [
+        {"prompt_id": loaded.items[row["prompt_index"]][0].prompt_id, **row} for row in arms.result.round_series("spec")
+    ]
+    return Measured(arms=arms.result, per_prompt=per_prompt, outputs=outputs, greedy=greedy, rounds=rounds)
 
 
 # --------------------------------------------------------------------------- summarise
@@ -413,6 +455,8 @@ def summarise(
     measured: Measured,
     *,
     job_seconds: float,
+    host_memory: dict | None = None,
+    tracking: dict | None = None,
 ) -> dict:
     """The run record: decode metrics (defined once in :mod:`harness.engine.arms`), proposal-side
     state, the gates, the resolved config, the manifest and the hardware card."""
@@ -430,7 +474,8 @@ def summarise(
                 all(o["ar_token_ids"] == o["spec_token_ids"] for o in measured.outputs) if plan_.policy.greedy else None
             ),
             "greedy_near_ties": measured.greedy["near_ties"] if measured.greedy is not None else None,
-            "peak_rss_bytes": peak_rss_bytes(),
+            # this job's peak host RSS (peak_rss_method: how), not the process lifetime's
+            **(host_memory or {"peak_rss_bytes": peak_rss_bytes(), "peak_rss_method": "process_lifetime"}),
             "concurrent_jobs": int(cfg.concurrent_jobs),
             "torch_threads": torch.get_num_threads(),
             # artifacts trained on this CPU's token budget (heads, adapters, skip vectors) are labelled
@@ -447,7 +492,7 @@ def summarise(
     mhash = planned.manifest_hash
     record = {
         "schema_version": RECORD_SCHEMA_VERSION,
-        "run_id": f"{mhash}-{time.strftime('%Y%m%dT%H%M%S')}",
+        "run_id": planned.run_id,
         "experiment": cfg.experiment,
         "sweep": cfg.sweep,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -457,15 +502,7 @@ def summarise(
         "config": OmegaConf.to_container(cfg, resolve=True),
         "manifest": planned.manifest,
         "manifest_hash": mhash,
-        "axes": {
-            "model": cfg.model.name,
-            "proposer": cfg.proposer.name,
-            "topology": cfg.topology.name,
-            "verifier": cfg.verifier.name,
-            "temperature": float(cfg.generation.temperature),
-            "batch_size": int(cfg.generation.batch_size),
-            "workload": cfg.workload.name,
-        },
+        "axes": axes_of(cfg),
         "metrics": metrics,
         "metric_notes": METRIC_NOTES,
         "per_prompt": measured.per_prompt,
@@ -480,6 +517,9 @@ def summarise(
             ),
         },
     }
+    record["round_series"] = {"file": ROUNDS_FILENAME, "rows": len(measured.rounds), "arm": "spec"}
+    if tracking is not None:
+        record["tracking"] = tracking  # where the job's W&B run is and how to upload it
     t_profile = plan_.extras.get("t_profile")
     if t_profile:
         record["t_profile"] = t_profile  # measured verify time t(n) (ms) this run used
@@ -503,29 +543,67 @@ def context_metrics(limit: ContextLimit, per_prompt: list[dict]) -> dict:
 
 
 def write(record: dict, measured: Measured, run_dir: Path) -> None:
+    """outputs.jsonl and rounds.jsonl first, record.json last (each atomic): a record on disk
+    always has its files beside it."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_jsonl_atomic(run_dir / "outputs.jsonl", measured.outputs)
-    write_json_atomic(run_dir / "record.json", record)
+    write_jsonl_atomic(run_dir / OUTPUTS_FILENAME, measured.outputs)
+    write_jsonl_atomic(run_dir / ROUNDS_FILENAME, measured.rounds)
+    write_json_atomic(run_dir / RECORD_FILENAME, record)
 
 
 # --------------------------------------------------------------------------- trackers
 
 
-def track(cfg: DictConfig, record: dict, run_dir: Path) -> None:
-    """Trackers open after the gates passed and the record exists."""
-    if cfg.tracking.name == "none":
-        return
+def axes_of(cfg: DictConfig) -> dict:
+    """The record's axes (the store's columns, W&B's top-level config keys)."""
+    return {
+        "model": cfg.model.name,
+        "proposer": cfg.proposer.name,
+        "topology": cfg.topology.name,
+        "verifier": cfg.verifier.name,
+        "temperature": float(cfg.generation.temperature),
+        "batch_size": int(cfg.generation.batch_size),
+        "workload": cfg.workload.name,
+    }
 
-    group = cfg.sweep or cfg.experiment or "adhoc"
-    tags = [f"{k}={v}" for k, v in record["axes"].items()]
+
+def open_tracker(cfg: DictConfig, planned: Planned) -> Tracker | NullTracker:
+    """The job's W&B run (``tracking=wandb``), opened after the plan, before any model work;
+    a :class:`NullTracker` for ``tracking=none``."""
+    if cfg.tracking.name == "none":
+        return NullTracker()
+    t = cfg.tracking
+    return open_run(
+        OmegaConf.to_container(cfg, resolve=True),
+        mode=t.mode,
+        project=t.project,
+        entity=t.entity,
+        group=wandb_group(cfg.sweep, cfg.experiment),
+        dir=planned.run_dir,
+        axes=axes_of(cfg),
+        run_id=planned.run_id,
+        system_metrics=bool(t.system_metrics),
+        system_metrics_interval_s=float(t.system_metrics_interval_s),
+        init_timeout_s=float(t.init_timeout_s),
+    )
+
+
+def track(cfg: DictConfig, record: dict, run_dir: Path) -> None:
+    """Log a record that no tracker saw (one with no ``tracking`` entry) after the fact.
+
+    A job run by :func:`run_job` with ``tracking=wandb`` already logged its record into the W&B
+    run that watched it, so this does nothing for it."""
+    if cfg.tracking.name == "none" or record.get("tracking") is not None:
+        return
+    t = cfg.tracking
     with open_run(
-        record["config"],
-        mode=cfg.tracking.mode,
-        project=cfg.tracking.project,
-        group=group,
-        tags=tags,
+        record,
+        mode=t.mode,
+        project=t.project,
+        group=wandb_group(cfg.sweep, cfg.experiment),
         dir=str(run_dir),
-        name=record["run_id"],
-        entity=cfg.tracking.entity,
+        entity=t.entity,
+        system_metrics=False,  # the job is over: nothing to sample
+        init_timeout_s=float(t.init_timeout_s),
     ) as tracker:
         tracker.log_record(record, run_dir)

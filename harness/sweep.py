@@ -27,6 +27,7 @@ the jobs. Everything here is wiring around Hydra's own mechanisms:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -70,7 +71,7 @@ LAUNCHERS: dict[str, tuple[str, ...]] = {
 }
 
 USAGE = (
-    "usage: harness sweep NAME [launcher=basic|joblib|submitit_local|submitit_slurm] "
+    "usage: harness sweep NAME|PATH.yaml [launcher=basic|joblib|submitit_local|submitit_slurm] "
     "[concurrent_jobs=N] [hydra overrides...]\n       harness sweep --list"
 )
 
@@ -87,15 +88,53 @@ def list_sweeps(sweeps_dir: Path = SWEEPS_DIR) -> list[str]:
     return sorted(p.stem for p in sweeps_dir.glob("*.yaml") if not p.stem.startswith("_"))
 
 
+def sweep_file_search_path(path: Path, *, sweeps_dir: Path = SWEEPS_DIR) -> tuple[str, Path]:
+    """``(sweep group option, config root)`` that lets Hydra compose a sweep file kept anywhere.
+
+    Hydra finds a sweep as ``<config root>/sweep/<name>.yaml``. A file already in a folder named
+    ``sweep`` has its root; any other file is linked as ``sweep/<stem>.yaml`` under
+    ``$HARNESS_CACHE/sweep-files/<hash of its path>/`` (a stable place, so jobs that compose again
+    in other processes, as submitit's do, find it). Its defaults resolve as those of a packaged
+    sweep (``_common`` is the packaged one). A stem that names a packaged sweep is refused: the
+    packaged file would win."""
+    path = path.resolve()
+    if not path.is_file():
+        raise ValueError(f"sweep file {path} does not exist")
+    if path.stem in list_sweeps(sweeps_dir) or path.stem.startswith("_"):
+        raise ValueError(
+            f"sweep file {path}: its name {path.stem!r} is taken by a packaged sweep or a shared part; rename it"
+        )
+    if path.parent.name == "sweep":
+        return path.stem, path.parent.parent
+    cache = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness"))
+    root = cache / "sweep-files" / hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    link = root / "sweep" / f"{path.stem}.yaml"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not (link.is_symlink() and link.resolve() == path):
+        tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(path)
+        os.replace(tmp, link)
+    return path.stem, root
+
+
 def sweep_argv(name: str, args: list[str], *, sweeps_dir: Path = SWEEPS_DIR) -> list[str]:
     """The ``harness run`` arguments for ``harness sweep NAME args...``.
 
-    ``launcher=X`` is taken out of ``args`` and mapped through :data:`LAUNCHERS`; every other
-    argument is a Hydra override passed on after the launcher's (so the user's win).
+    ``NAME`` is a packaged sweep (``harness sweep --list``) or the path of a sweep file anywhere
+    (``*.yaml``; see :func:`sweep_file_search_path`). ``launcher=X`` is taken out of ``args`` and
+    mapped through :data:`LAUNCHERS`; every other argument is a Hydra override passed on after the
+    launcher's (so the user's win).
     """
     known = list_sweeps(sweeps_dir)
-    if name not in known:
-        raise ValueError(f"unknown sweep {name!r}; expected one of {known} (files in {sweeps_dir})")
+    search: list[str] = []
+    if name not in known and Path(name).suffix in {".yaml", ".yml"}:
+        name, root = sweep_file_search_path(Path(name), sweeps_dir=sweeps_dir)
+        search = [f"hydra.searchpath=['file://{root.as_posix()}']"]
+    elif name not in known:
+        raise ValueError(
+            f"unknown sweep {name!r}; expected one of {known} (files in {sweeps_dir}) or the path of a sweep file"
+        )
     launcher, rest = "basic", []
     for arg in args:
         if arg.startswith("launcher="):
@@ -106,7 +145,7 @@ def sweep_argv(name: str, args: list[str], *, sweeps_dir: Path = SWEEPS_DIR) -> 
             rest.append(arg)
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be one of {sorted(LAUNCHERS)}; got {launcher!r}")
-    return ["-m", f"+sweep={name}", *LAUNCHERS[launcher], *rest]
+    return ["-m", *search, f"+sweep={name}", *LAUNCHERS[launcher], *rest]
 
 
 # --------------------------------------------------------------------------------------------

@@ -72,3 +72,37 @@ def word_chat_tokenizer(n_words: int = 40):
         "{% if add_generation_prompt %}<bot>{% endif %}"
     )
     return tok
+
+
+# --------------------------------------------------------------------------------------------
+# W&B offline runs read back with W&B's own reader (`wandb leet inspect` parses the run's .wandb
+# transaction log through wandb-core; no server)
+
+
+def inspect_run(path) -> tuple[dict, list[dict]]:
+    """(state/summary/config, every record of the transaction log) of the one W&B run under ``path``."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (run_file,) = list(Path(path).glob("wandb/*run-*/run-*.wandb"))
+    cli = Path(sys.executable).parent / "wandb"
+
+    def call(*flags: str) -> str:
+        args = [str(cli), "leet", "inspect", *flags, "--json", str(run_file)]
+        return subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
+
+    summary = json.loads(call("--summary"))
+    records = [json.loads(line) for line in call().splitlines() if line.strip()]
+    return summary, records
+
+
+def run_info(records: list[dict]) -> dict:
+    """The last run record of a transaction log (name, group, job type, tags as they were at the end)."""
+    return [r["run"] for r in records if r.get("type") == "run"][-1]
+
+
+def history(records: list[dict]) -> list[dict]:
+    """The history steps of a transaction log, in order."""
+    return [r["history"]["item"] for r in records if r.get("type") == "history"]

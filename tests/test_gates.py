@@ -1,5 +1,6 @@
 """Gates before logging, through the real runner: a verifier broken on
-purpose fails its oracle gate and leaves no record and no tracker run; negotiation refuses before
+purpose fails its oracle gate and leaves no record (its W&B run is a failed run tagged refused,
+with no metric); negotiation refuses before
 any model is loaded; gate outcomes land in every record and are cached by a key that a changed
 verifier source changes; the statistical gate passes a correct round and fails a wrong one; a
 heuristic verifier runs only when allowed explicitly and then records exact: false and its drift."""
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import inspect_run
 
 import harness.verifiers.broken  # noqa: F401  (registers the test-only naive_multi_draft)
 from harness import runner
@@ -69,9 +71,22 @@ def no_model_load(monkeypatch):
 
 
 def _no_outputs(run_dir: Path) -> None:
+    """A refusal before any model work: nothing written, no tracker run."""
     assert not (run_dir / "record.json").exists()
     assert not (run_dir / "outputs.jsonl").exists()
     assert not list(run_dir.parent.rglob("wandb")), "a tracker run was opened"
+
+
+def _refused_without_record(run_dir: Path) -> None:
+    """A failed gate: no record and no measurement anywhere; the job's W&B run (these jobs track)
+    is visible as a failed run tagged ``refused``, carrying the gate's error and no metric."""
+    assert not (run_dir / "record.json").exists()
+    assert not (run_dir / "outputs.jsonl").exists()
+    assert not (run_dir / "rounds.jsonl").exists()
+    info, _ = inspect_run(run_dir)
+    assert info["state"] == "failed" and "refused" in info["tags"], info["tags"]
+    assert info["summary"]["outcome"] == "refused" and info["summary"]["failure_stage"] == "gate"
+    assert "speedup" not in info["summary"] and "time_per_committed_token_ms" not in info["summary"]
 
 
 # --------------------------------------------------------------------------- the broken verifier
@@ -94,11 +109,13 @@ def test_broken_verifier_fails_its_oracle_gate_and_leaves_nothing(tmp_path, work
     with pytest.raises(GateError, match=r"gate 'oracle' failed for verifier 'naive_multi_draft'") as err:
         runner.run_job(cfg, run_dir=run_dir)
     assert '"max_abs_error"' in str(err.value) and '"case"' in str(err.value)  # the evidence: the failed case
-    _no_outputs(run_dir)
+    _refused_without_record(run_dir)
     assert not list((cache / "gates").glob("oracle-*")), "a failed gate must not be cached"
 
 
-def test_broken_verifier_through_harness_run_exits_2_without_record_or_wandb_run(tmp_path, workload, cache, capsys):
+def test_broken_verifier_through_harness_run_exits_2_with_no_record_and_a_refused_wandb_run(
+    tmp_path, workload, cache, capsys
+):
     run_dir = tmp_path / "run"
     argv = [
         "model=tiny",
@@ -115,7 +132,7 @@ def test_broken_verifier_through_harness_run_exits_2_without_record_or_wandb_run
     assert run_main(argv) == 2
     err = capsys.readouterr().err
     assert "refused" in err and "gate 'oracle' failed" in err and "naive_multi_draft" in err
-    _no_outputs(run_dir)
+    _refused_without_record(run_dir)
 
 
 # --------------------------------------------------------------------------- negotiation
@@ -325,7 +342,7 @@ def test_statistical_gate_fails_a_verifier_that_returns_the_argmax(tmp_path, wor
     with pytest.raises(GateError, match=r"gate 'statistical' failed for verifier 'membership'") as err:
         runner.run_job(compose_cfg(run_dir, workload, *STAT, "tracking=wandb"), run_dir=run_dir)
     assert '"p_value"' in str(err.value) and '"observed"' in str(err.value)  # the evidence
-    _no_outputs(run_dir)
+    _refused_without_record(run_dir)
 
 
 def test_skipping_the_statistical_gate_is_stated_in_the_record(tmp_path, workload, cache):

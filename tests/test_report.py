@@ -146,3 +146,81 @@ def test_source_reported_entries_need_their_citation(tmp_path):
     shipped = load_source_reported(REPO / "harness" / "reports" / "source_reported.yaml")
     assert {e["source"] for e in shipped} == {"REST", "Hydra", "Sequoia"}
     assert all("arXiv:" in e["citation"] for e in shipped)
+
+
+# --------------------------------------------------------------------------------------------
+# labels and acceptance-by-depth intervals
+
+
+def _store_frame():
+    from harness.tracking.report import numeric_metrics
+    from harness.tracking.store import aggregate
+
+    return numeric_metrics(aggregate(FIXTURES))
+
+
+def test_legends_label_runs_by_the_axes_that_differ_never_by_run_id():
+    from harness.tracking.report import run_labels
+
+    df = _store_frame()
+    b1_greedy = df[(df["batch_size"] == 1) & (df["verifier"] == "greedy") & (df["section"] == "exact")]
+    labels = run_labels(b1_greedy)
+    # proposer and topology differ among these runs (verifier, T, B, workload and model do not)
+    assert labels == {
+        "fx01-prompt_lookup-greedy-t0-b1": "prompt_lookup/chain",
+        "fx02-rest-greedy-t0-b1": "rest/tree",
+        "fx03-hydra-greedy-t0-b1": "hydra/sequoia",
+    }
+    hydra = run_labels(df[df["proposer"] == "hydra"])
+    assert hydra["fx07-hydra-greedy-t0-b4"] == "greedy/T=0/B=4"
+    assert hydra["fx10-hydra-typical-t0.7-b1"] == "typical/T=0.7/B=1 [heuristic, exact=false]"
+    # nothing differs: the full arm name; repeats of one arm are numbered
+    one = run_labels(df[df["run_id"] == "fx03-hydra-greedy-t0-b1"])
+    assert one == {"fx03-hydra-greedy-t0-b1": "hydra-sequoia-greedy-T0-B1-code+chat"}
+    twice = df[df["run_id"].isin(["fx01-prompt_lookup-greedy-t0-b1", "fx09-prompt_lookup-greedy-t0-b1"])]
+    twice = twice.assign(section="exact")
+    assert sorted(run_labels(twice).values()) == [
+        "prompt_lookup-chain-greedy-T0-B1-code+chat #1",
+        "prompt_lookup-chain-greedy-T0-B1-code+chat #2",
+    ]
+    for plot in ("acceptance_by_depth", "accepted_length_hist", "t_profile", "frontier"):
+        fig = PLOTS[plot](df, {}).figure
+        texts = [t.get_text() for t in fig.legends[0].get_texts()] if fig.legends else []
+        texts += [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+        texts += [t.get_text() for ax in fig.axes for t in ax.texts]
+        assert texts and not any("fx0" in t or "fx1" in t for t in texts), (plot, texts)
+
+
+def test_acceptance_by_depth_draws_wilson_intervals_and_greys_out_depths_with_few_rounds():
+    from matplotlib.colors import to_rgba
+
+    from harness.tracking.conventions import wilson_interval
+
+    df = _store_frame()
+    run = df[df["run_id"] == "fx03-hydra-greedy-t0-b1"]  # depth 6 tried by 14 rounds, depth 5 by 33
+    fig = PLOTS["acceptance_by_depth"](run, {"min_rounds": 30}).figure
+    ax_c, ax_r, ax_n = fig.axes[:3]
+    points = [ln for ln in ax_c.get_lines() if ln.get_linestyle() == "None" and ln.get_marker() not in (None, "", "_")]
+    by_depth = {float(ln.get_xdata()[0]): ln for ln in points}
+    grey = to_rgba("0.6")
+    assert [d for d, ln in sorted(by_depth.items()) if to_rgba(ln.get_color()) == grey] == [6.0]
+    assert by_depth[6.0].get_markerfacecolor() == "none"
+    # the interval drawn at depth 1 is the Wilson interval of 136 accepted out of 165 tried
+    low, high = wilson_interval(136, 165)
+    segs = [seg for coll in ax_c.collections for seg in coll.get_segments() if abs(seg[0][0] - 1.0) < 1e-9]
+    assert any(abs(seg[0][1] - low) < 1e-9 and abs(seg[1][1] - high) < 1e-9 for seg in segs)
+    assert list(ax_n.get_lines()[0].get_ydata()) == [165, 136, 99, 62, 33, 14]
+    assert "fewer than 30 rounds" in fig._suptitle.get_text()
+
+
+def test_wilson_interval_matches_scipy():
+    from scipy.stats import binomtest
+
+    from harness.tracking.conventions import depth_rows, wilson_interval
+
+    for k, n in ((0, 5), (3, 7), (136, 165), (14, 14)):
+        ref = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+        assert wilson_interval(k, n) == pytest.approx((ref.low, ref.high), abs=1e-9)
+    assert wilson_interval(0, 0) is None
+    rows = depth_rows({"acceptance_by_depth": [0.5, None], "reach_by_depth": [0.5, 0.0]})
+    assert rows[0]["tried"] is None and rows[0]["acceptance_low"] is None and rows[1]["acceptance"] is None

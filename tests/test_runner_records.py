@@ -3,6 +3,8 @@ adaptive lookup run, and that the store accepts the record."""
 
 import json
 
+import pytest
+
 from harness.config import compose
 from harness.runner import run_job
 from harness.tracking.store import load_record
@@ -64,6 +66,20 @@ def test_adaptive_lookup_run_writes_a_complete_record(tmp_path, monkeypatch):
     prof = record["t_profile"]
     assert prof["n"][0] == 1 and len(prof["n"]) == len(prof["t"]) and all(t > 0 for t in prof["t"])
     assert record["hardware"]["torch_threads"] >= 1 and record["manifest_hash"]
+    # this job's peak host memory, the CUDA peaks (none on CPU), the counts behind acceptance by depth
+    assert m["peak_rss_method"] in {"vmhwm_reset", "sampled"} and m["peak_rss_bytes"] >= m["rss_start_bytes"] > 0
+    assert m["cuda_peak_allocated_bytes"] is None and m["ar_cuda_peak_reserved_bytes"] is None
+    tried, accepted = m["rounds_tried_by_depth"], m["rounds_accepted_by_depth"]
+    with_tree = m["rounds"] - round(m["fallback_rate"] * m["rounds"])
+    assert (tried[0] if tried else 0) == with_tree  # every round with a tree tried depth 1
+    assert [a / n if n else None for a, n in zip(accepted, tried)] == m["acceptance_by_depth"]
+    # the per-round series beside the record: one row per speculative round
+    rounds = [json.loads(x) for x in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert record["round_series"] == {"file": "rounds.jsonl", "rows": len(rounds), "arm": "spec"}
+    assert len(rounds) == m["rounds"] and sum(r["committed"] for r in rounds) == m["committed_tokens"]
+    assert sum(r["accepted"] for r in rounds) == sum(k * n for k, n in enumerate(m["accepted_length_hist"]))
+    assert {r["prompt_id"] for r in rounds} == {"HumanEval/0", "HumanEval/1"}
+    assert all(r["ms"] == pytest.approx(sum(r[f"{s}_ms"] for s in m["round_cost_ms"])) for r in rounds)
     lines = [json.loads(x) for x in (tmp_path / "run" / "outputs.jsonl").read_text().splitlines()]
     assert len(lines) == 2
     assert all(x["ar_token_ids"] == x["spec_token_ids"] for x in lines)

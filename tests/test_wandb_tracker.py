@@ -1,18 +1,19 @@
-"""W&B tracking: what reaches the offline log, read back with `wandb leet inspect`.
+"""W&B tracking: what reaches the offline log, read back with W&B's own reader (`wandb leet inspect`,
+which parses the run's .wandb transaction log through wandb-core).
 
-Each offline W&B run costs about a second, so only two tests start one.
+Each offline W&B run costs about a second; a job run through the runner costs a few more.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import history, inspect_run, run_info
 
+from harness.tracking.conventions import MIN_DEPTH_ROUNDS
 from harness.tracking.store import REQUIRED_METRICS, load_record
 from harness.tracking.wandb_tracker import (
     DEFAULT_PROJECT,
@@ -20,16 +21,16 @@ from harness.tracking.wandb_tracker import (
     Tracker,
     axis_tags,
     open_run,
+    status_tags,
     tracker_from_config,
 )
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "records" / "fixture-sweep" / "fx03-hydra-greedy-t0-b1"
-WANDB_CLI = Path(sys.executable).parent / "wandb"
 
 
 @pytest.fixture
-def run_dir(tmp_path, monkeypatch):
-    """A copy of a fixture run folder; W&B's own folders moved into tmp_path too."""
+def wandb_home(tmp_path, monkeypatch):
+    """W&B's own folders (settings, cache, artifact staging) inside tmp_path; no key, no server."""
     for var, sub in (
         ("WANDB_DATA_DIR", "data"),
         ("WANDB_CACHE_DIR", "cache"),
@@ -38,30 +39,47 @@ def run_dir(tmp_path, monkeypatch):
     ):
         monkeypatch.setenv(var, str(tmp_path / "wandb-home" / sub))
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    return tmp_path / "wandb-home"
+
+
+@pytest.fixture
+def run_dir(tmp_path, wandb_home):
+    """A copy of a fixture run folder."""
     dest = tmp_path / "run"
     shutil.copytree(FIXTURE_RUN, dest)
     return dest
 
 
-def _inspect(path: Path, *, summary: bool) -> list[dict] | dict:
-    args = [str(WANDB_CLI), "leet", "inspect", *(["--summary"] if summary else []), "--json", str(path)]
-    res = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True)
-    if summary:
-        return json.loads(res.stdout)
-    return [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
-
-
 def test_log_record_reaches_the_offline_log(run_dir):
     record = load_record(run_dir)
-    # the runner's flow: open from the resolved config after the gates, log the record at the end
-    with open_run(record["config"], mode="offline", group=record["sweep"], dir=run_dir) as tracker:
+    with open_run(record, mode="offline", dir=run_dir) as tracker:
         assert isinstance(tracker, Tracker)
         tracker.log_record(record, run_dir)
-    (offline,) = list((run_dir / "wandb").glob("offline-run-*"))
+    info, records = inspect_run(run_dir)
 
-    info = _inspect(offline, summary=True)
     assert info["state"] == "finished" and info["exit_code"] == 0
     assert info["project"] == DEFAULT_PROJECT
+    run = run_info(records)
+    assert run["display_name"] == "hydra-sequoia-greedy-T0-B1-code+chat"
+    assert run["run_id"] == "fx03-hydra-greedy-t0-b1"
+    assert run["run_group"] == "fixture-sweep"
+    assert run["job_type"] == "hydra-sequoia-greedy-T0-B1"
+    assert set(axis_tags(record["axes"])) <= set(run["tags"])
+
+    config = info["config"]
+    assert {k: config[k] for k in ("proposer", "topology", "verifier", "temperature", "batch_size", "workload")} == {
+        "proposer": "hydra",
+        "topology": "sequoia",
+        "verifier": "greedy",
+        "temperature": 0,
+        "batch_size": 1,
+        "workload": "code+chat",
+    }
+    assert config["arm"] == "hydra-sequoia-greedy-T0-B1" and config["sweep"] == "fixture-sweep"
+    assert config["resolved"]["topology"]["max_nodes"] == 32
+
     summary = info["summary"]
     for name in REQUIRED_METRICS:
         assert name in summary, name
@@ -69,27 +87,41 @@ def test_log_record_reaches_the_offline_log(run_dir):
     assert summary["acceptance_by_depth"] == record["metrics"]["acceptance_by_depth"]
     assert summary["round_cost_ms"]["target_verify"] == record["metrics"]["round_cost_ms"]["target_verify"]
     assert summary["run_id"] == "fx03-hydra-greedy-t0-b1" and summary["exact"] is True
-    assert summary["sweep"] == "fixture-sweep" and summary["experiment"] == "fixture-synthetic"
-    for table in ("acceptance_by_depth_table", "accepted_length_hist_table", "round_cost_table"):
-        assert summary[table]["_type"] == "table-file"
+    assert summary["outcome"] == "finished" and summary["gated"] is True and summary["gates_passed"] is True
+    assert not any(k.startswith(("round/", "depth/", "t_profile/")) for k in summary)  # series stay series
     assert summary["acceptance_by_depth_table"]["nrows"] == 6
     assert summary["round_cost_table"]["nrows"] == 6
     assert summary["accepted_length_hist_table"]["nrows"] == 7
-    config = info["config"]
-    assert config["proposer"] == {"name": "hydra"}
-    assert config["topology"]["max_nodes"] == 32 and config["generation"]["temperature"] == 0
-    assert set(info["tags"]) == set(axis_tags(record["axes"]))
-    assert "proposer=hydra" in info["tags"] and "batch_size=1" in info["tags"]
 
-    records = _inspect(offline, summary=False)
-    runs = [r["run"] for r in records if r.get("type") == "run"]
-    assert {r["run_group"] for r in runs} == {"fixture-sweep"}
+    steps = history(records)
+    rounds = [s for s in steps if "round/committed_tokens" in s]
+    table = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    assert [s["round"] for s in rounds] == list(range(len(table))) and len(table) == record["metrics"]["rounds"]
+    assert [s["round/accepted_length"] for s in rounds] == [r["accepted"] for r in table]
+    assert rounds[7]["round/target_verify_ms"] == table[7]["target_verify_ms"]
+    depth = [s for s in steps if "depth/reach" in s]
+    assert [s["depth"] for s in depth] == [1, 2, 3, 4, 5, 6]
+    tried = record["metrics"]["rounds_tried_by_depth"]
+    assert [s["depth/rounds_tried"] for s in depth] == tried
+    for s, n, acc in zip(depth, tried, record["metrics"]["acceptance_by_depth"]):
+        key = "depth/acceptance" if n >= MIN_DEPTH_ROUNDS else "depth/acceptance_few_rounds"
+        assert s[key] == acc and s["depth/acceptance_low"] <= acc <= s["depth/acceptance_high"]
+    assert "depth/acceptance_few_rounds" in depth[-1]  # 14 rounds tried depth 6
+    profile = [s for s in steps if "t_profile/t_ms" in s]
+    assert [s["verify_rows"] for s in profile] == record["t_profile"]["n"]
+
     (artifact,) = [
         r["artifact"] for r in records if r.get("type") == "artifact" and r["artifact"]["type"] == "run-record"
     ]
     assert artifact["name"] == "record-fx03-hydra-greedy-t0-b1"
     paths = {c["path"] for c in artifact["manifest"]["contents"]}
-    assert paths == {"record.json", "outputs.jsonl", "artifacts/tree/tree.json", "artifacts/profile/profile.json"}
+    assert paths == {
+        "record.json",
+        "outputs.jsonl",
+        "rounds.jsonl",
+        "artifacts/tree/tree.json",
+        "artifacts/profile/profile.json",
+    }
 
 
 def test_an_error_inside_the_run_marks_it_failed_and_is_reraised(run_dir):
@@ -98,20 +130,51 @@ def test_an_error_inside_the_run_marks_it_failed_and_is_reraised(run_dir):
     with pytest.raises(FileNotFoundError, match="record artifact 'profile' points to"):
         with open_run(record, mode="offline", dir=run_dir) as tracker:
             tracker.log_record(record, run_dir)
-    (offline,) = list((run_dir / "wandb").glob("offline-run-*"))
-    info = _inspect(offline, summary=True)
+    info, records = inspect_run(run_dir)
     assert info["state"] == "failed" and info["exit_code"] == 1
-    # opened from a record: group = its sweep, tags from its axes, before any log_record
-    assert "verifier=greedy" in info["tags"]
-    runs = [r["run"] for r in _inspect(offline, summary=False) if r.get("type") == "run"]
-    assert {r["run_group"] for r in runs} == {"fixture-sweep"}
+    assert info["summary"]["outcome"] == "failed"
+    assert "failed" in info["tags"] and "verifier=greedy" in info["tags"]
+    assert run_info(records)["run_group"] == "fixture-sweep"
+
+
+def test_an_unreachable_server_falls_back_to_offline_with_one_warning(run_dir, monkeypatch, capfd):
+    """Online against a closed port: one warning line, an offline run with everything in it, and
+    the record says so. This record is also ungated with a skipped gate: both show as tags."""
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
+    record = load_record(run_dir)
+    record["gated"] = False
+    record["gates"]["statistical"] = {"passed": None, "status": "skipped", "override": "gates.skip_statistical"}
+    tracker = open_run(record, mode="online", dir=run_dir)
+    described = tracker.describe()
+    tracker.log_record(record, run_dir)
+
+    err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    assert err[0].startswith("harness: W&B server http://127.0.0.1:9 not usable") and "wandb sync" in err[0]
+    assert described["mode"] == "offline" and described["requested_mode"] == "online"
+    assert described["sync"].startswith("wandb sync wandb/offline-run-")
+    info, _ = inspect_run(run_dir)
+    assert info["state"] == "finished"
+    assert info["summary"]["speedup"] == record["metrics"]["speedup"] and info["summary"]["gated"] is False
+    assert {"ungated", "gate-skipped:statistical"} <= set(info["tags"])
+    assert info["summary"]["gates_skipped"] == ["statistical"]
+
+
+def test_status_tags_read_the_gate_status_or_the_passed_flag():
+    record = load_record(FIXTURE_RUN)
+    assert status_tags(record) == []
+    record["gates"]["oracle"] = {"passed": False}
+    record["gates"]["statistical"] = {"status": "not_applicable"}
+    record["exact"] = False
+    record["metrics"]["cpu_budget_artifact"] = True
+    assert status_tags(record) == ["gate-failed:oracle", "heuristic", "cpu-budget-artifact"]
 
 
 @pytest.mark.parametrize("tracking", [None, "none", {"name": "none"}, {"backend": "none"}])
 def test_tracking_none_gives_a_null_tracker_that_logs_nothing(tmp_path, tracking):
     cfg = {"experiment": "x"} if tracking is None else {"experiment": "x", "tracking": tracking}
     tracker = tracker_from_config(cfg, run_dir=tmp_path)
-    assert isinstance(tracker, NullTracker)
+    assert isinstance(tracker, NullTracker) and tracker.describe() is None
     with pytest.raises(RuntimeError, match="boom"):
         with tracker:
             tracker.log_record(load_record(FIXTURE_RUN), FIXTURE_RUN)
@@ -130,3 +193,82 @@ def test_bad_tracking_settings_are_refused(tmp_path):
 def test_axis_tags_keep_the_axis_order():
     axes = {"model": "m", "proposer": "rest", "temperature": 0.7, "extra": 1}
     assert axis_tags(axes) == ["proposer=rest", "temperature=0.7", "model=m", "extra=1"]
+
+
+# --------------------------------------------------------------------------------------------
+# jobs run by the runner with tracking=wandb (tiny model)
+
+JOB = [
+    "experiment=default",  # the demo's experiment on the tiny model: group "default"
+    "model=tiny",
+    "proposer.budget_policy=fixed",
+    "topology=sequence",
+    "workload.limit=2",
+    "generation.max_new_tokens=10",
+    "gates.oracle=false",
+    "tracking=wandb",
+    "tracking.system_metrics_interval_s=0.5",
+]
+
+
+def test_a_tracked_job_reads_back_with_names_group_config_history_and_summary(tmp_path, wandb_home, monkeypatch):
+    from harness.config import compose
+    from harness.runner import run_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "job"
+    record = run_job(compose([*JOB, f"output_dir={out}"]), run_dir=out)
+    assert load_record(out)["tracking"] == record["tracking"]
+    tracking = record["tracking"]
+    assert tracking["mode"] == "offline" and tracking["run_id"] == record["run_id"]
+    assert (out / tracking["dir"]).is_dir() and tracking["sync"] == f"wandb sync {tracking['dir']}"
+
+    info, records = inspect_run(out)
+    assert info["state"] == "finished"
+    run = run_info(records)
+    assert run["display_name"] == "prompt_lookup-sequence-greedy-T0-B1-humaneval" == tracking["name"]
+    assert run["run_group"] == "default" and run["job_type"] == "prompt_lookup-sequence-greedy-T0-B1"
+    assert run["run_id"] == record["run_id"]
+    assert info["config"]["proposer"] == "prompt_lookup" and info["config"]["batch_size"] == 1
+    assert info["config"]["experiment"] == "default" and info["config"]["resolved"]["workload"]["limit"] == 2
+    m = record["metrics"]
+    assert info["summary"]["committed_tokens"] == m["committed_tokens"] == 20
+    assert info["summary"]["rounds_tried_by_depth"] == m["rounds_tried_by_depth"]
+    assert info["summary"]["peak_rss_method"] == m["peak_rss_method"]
+
+    committed = [s["round/committed_tokens"] for s in history(records) if "round/committed_tokens" in s]
+    assert len(committed) == m["rounds"] == record["round_series"]["rows"]
+    assert sum(committed) == m["committed_tokens"]
+    stats = [r for r in records if r.get("type") == "stats"]
+    assert stats and any("proc.memory.rssMB" in s["stats"]["item"] for s in stats)  # system metrics on
+
+
+def test_a_refused_job_is_a_failed_w_and_b_run_tagged_refused_and_leaves_no_record(tmp_path, wandb_home, monkeypatch):
+    import harness.runner as runner
+    from harness.config import compose
+    from harness.gates.stages import GateError
+
+    def refuse(*args, **kwargs):
+        raise GateError("equivalence: tree logits differ from sequential logits")
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(runner, "gate", refuse)
+    out = tmp_path / "job"
+    with pytest.raises(GateError, match="equivalence"):
+        runner.run_job(compose([*JOB, f"output_dir={out}"]), run_dir=out)
+    assert not (out / "record.json").exists()
+    info, records = inspect_run(out)
+    assert info["state"] == "failed" and "refused" in info["tags"]
+    assert info["summary"]["failure_stage"] == "gate" and "tree logits differ" in info["summary"]["error"]
+    assert run_info(records)["run_group"] == "default"
+
+
+def test_a_refused_plan_logs_nothing(tmp_path, wandb_home):
+    from harness.config import compose
+    from harness.runner import run_job
+    from harness.verifiers.base import NegotiationError
+
+    out = tmp_path / "job"
+    with pytest.raises(NegotiationError):
+        run_job(compose([*JOB, "verifier=rejection", f"output_dir={out}"]), run_dir=out)
+    assert not out.exists() or not any(out.rglob("*.wandb"))

@@ -20,6 +20,7 @@ import torch
 
 from harness.engine.decode import BatchDecodeResult, BatchLedger, DecodeResult, RoundConfig, batches, decode_batch
 from harness.measure.ledger import RoundLedger
+from harness.measure.memory import DevicePeak
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
 from harness.target.backend import CausalLMBackend
@@ -56,6 +57,15 @@ METRIC_NOTES = {
     ),
     "per_prompt.turns": "one entry per turn of the conversation: the same fields for that turn's request",
     "per_turn": "the decode metrics of the requests of each turn (1 = the first user turn)",
+    "rounds_tried_by_depth": (
+        "rounds that tried depth d (the walk reached depth d-1 and the tree had a row at d): the trials behind "
+        "acceptance_by_depth[d]; rounds_accepted_by_depth: rounds that accepted a token at d (reach = that / rounds)"
+    ),
+    "cuda_peak_allocated_bytes": (
+        "peak CUDA bytes allocated (reserved: held by the caching allocator) over the speculative arm's measured "
+        "batches, counters reset before each batch; ar_cuda_peak_*: the AR arm's; None off CUDA"
+    ),
+    "peak_rss_bytes": "this job's peak host resident set (peak_rss_method says how it was measured)",
     "context": (
         "the positions every turn's prompt had to fit (prompt + max_new_tokens + candidate rows) and the rule "
         "(refuse | left); truncated_turns and cut_tokens count what the left cut removed, both arms"
@@ -120,6 +130,10 @@ class ArmsResult:
     slot: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     step_turn: list[int] = field(default_factory=list)  # turn of each step
     turns_of: dict[int, int] = field(default_factory=dict)  # prompt index -> turns run
+    # per arm: peak CUDA (allocated, reserved) bytes over its measured steps; (None, None) off CUDA
+    device_peak: dict[str, tuple[int | None, int | None]] = field(
+        default_factory=lambda: {a: (None, None) for a in ARMS}
+    )
 
     def add_step(self, turn: int, idx: Sequence[int], results: dict[str, BatchDecodeResult]) -> None:
         k = len(self.step_turn)
@@ -183,6 +197,23 @@ class ArmsResult:
             "turns": turns,
         }
 
+    def round_series(self, arm: str = "spec") -> list[dict]:
+        """Every round of ``arm``, request by request in prompt and turn order: ``prompt_index``,
+        ``turn``, ``batch_index`` and the round's row of :meth:`RoundLedger.rounds_table` (at B > 1 a
+        request's stage times include the shared verify and commit in full)."""
+        rows = []
+        for i in sorted(self.batch_of):
+            for turn in range(self.turns_of[i]):
+                for row in self.request(arm, i, turn).ledger.rounds_table():
+                    rows.append({"prompt_index": i, "turn": turn, "batch_index": self.batch_of[i], **row})
+        return rows
+
+    def observe_device_peak(self, arm: str, peak: tuple[int | None, int | None]) -> None:
+        old = self.device_peak[arm]
+        self.device_peak[arm] = tuple(  # type: ignore[assignment]
+            None if new is None else max(new, prev or 0) for new, prev in zip(peak, old)
+        )
+
     def spec_bench_speedup(self) -> float | None:
         """Spec-Bench's speedup statistic over the prompts (see METRIC_NOTES)."""
         rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
@@ -229,6 +260,10 @@ class ArmsResult:
             "spec_bench_speedup": self.spec_bench_speedup(),
         }
         for arm, prefix in (("spec", ""), ("ar", "ar_")):
+            allocated, reserved = self.device_peak[arm]
+            out[f"{prefix}cuda_peak_allocated_bytes"] = allocated
+            out[f"{prefix}cuda_peak_reserved_bytes"] = reserved
+        for arm, prefix in (("spec", ""), ("ar", "ar_")):
             res = self.batches[arm]
             reqs = self.requests(arm)
             ms = sum(r.decode_ms for r in res)
@@ -274,6 +309,8 @@ class ArmsResult:
                 "acceptance_by_depth",
                 "reach_by_depth",
                 "accepted_length_hist",
+                "rounds_tried_by_depth",
+                "rounds_accepted_by_depth",
                 "first_child_coverage",
                 "fallback_rate",
                 "mean_candidate_rows",
@@ -332,6 +369,7 @@ class Arms:
         self.max_new_tokens, self.eos = max_new_tokens, eos_token_ids
         self.rng_factory = rng_factory
         self.result = ArmsResult(batch_size=batch_size)
+        self.device_peak = DevicePeak(target.device)
 
     def seed_of(self, i: int, turn: int) -> int:
         return self.seed * 1_000_003 + i + turn * 1_000_000_007
@@ -370,7 +408,9 @@ class Arms:
                         prompts = [self.prompts[i] for i in live]
                     else:
                         prompts = [list(self.follow_up(i, turn, arm, answers[arm][i])) for i in live]
+                    self.device_peak.measure()
                     results[arm] = self._run(arm, live, prompts, turn, self.max_new_tokens)
+                    self.result.observe_device_peak(arm, self.device_peak.read())
                     for i, req in zip(live, results[arm].requests, strict=True):
                         answers[arm][i].append(list(req.tokens))
                 self.result.add_step(turn, live, results)

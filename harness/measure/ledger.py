@@ -56,6 +56,13 @@ class RoundLedger:
     accepted_at: list[int] = field(default_factory=list)  # rounds that accepted a token at depth d
     accepted_length_hist: list[int] = field(default_factory=list)
     round_ms: list[float] = field(default_factory=list)
+    # the per-round series (one entry per round, in order): accepted candidate tokens, committed
+    # tokens (bonus/correction included), candidate rows, tree depth and the stage times
+    round_accepted: list[int] = field(default_factory=list)
+    round_committed: list[int] = field(default_factory=list)
+    round_rows: list[int] = field(default_factory=list)
+    round_depth: list[int] = field(default_factory=list)
+    round_stage_ms: list[dict[str, float]] = field(default_factory=list)
 
     def observe_round(
         self,
@@ -92,7 +99,37 @@ class RoundLedger:
         for k, v in stage_ms.items():
             self.stage_ms[k] = self.stage_ms.get(k, 0.0) + v
         self.round_ms.append(sum(stage_ms.values()))
+        self.round_accepted.append(int(accepted))
+        self.round_committed.append(int(committed))
+        self.round_rows.append(int(num_rows))
+        self.round_depth.append(int(tree_depth))
+        self.round_stage_ms.append(dict(stage_ms))
         self.temp_kv_bytes_peak = max(self.temp_kv_bytes_peak, temp_kv_bytes)
+
+    def rounds_table(self) -> list[dict]:
+        """One row per round, in order: ``round`` (0-based), ``accepted``, ``committed``,
+        ``candidate_rows``, ``tree_depth``, ``ms`` (the round's total) and ``<stage>_ms``."""
+        return [
+            {
+                "round": i,
+                "accepted": a,
+                "committed": c,
+                "candidate_rows": n,
+                "tree_depth": d,
+                "ms": ms,
+                **{f"{k}_ms": v for k, v in stage.items()},
+            }
+            for i, (a, c, n, d, ms, stage) in enumerate(
+                zip(
+                    self.round_accepted,
+                    self.round_committed,
+                    self.round_rows,
+                    self.round_depth,
+                    self.round_ms,
+                    self.round_stage_ms,
+                )
+            )
+        ]
 
     def merge(self, other: RoundLedger) -> None:
         for name in (
@@ -118,6 +155,11 @@ class RoundLedger:
             for i, v in enumerate(theirs):
                 mine[i] += v
         self.round_ms.extend(other.round_ms)
+        self.round_accepted.extend(other.round_accepted)
+        self.round_committed.extend(other.round_committed)
+        self.round_rows.extend(other.round_rows)
+        self.round_depth.extend(other.round_depth)
+        self.round_stage_ms.extend(other.round_stage_ms)
 
     # ------------------------------------------------------------------ rates (one place)
     def summary(self) -> dict:
@@ -128,6 +170,10 @@ class RoundLedger:
             "mean_accepted_per_round": self.accepted_tokens / r if self.rounds else None,
             "acceptance_by_depth": [a / n if n else None for a, n in zip(self.accepted_at, self.reached)],
             "reach_by_depth": [a / r for a in self.accepted_at] if self.rounds else [],
+            # the counts behind both rates (for intervals): rounds that tried depth d (reached
+            # depth d-1 with a candidate at d) and rounds that accepted a token at depth d
+            "rounds_tried_by_depth": list(self.reached),
+            "rounds_accepted_by_depth": list(self.accepted_at),
             "accepted_length_hist": list(self.accepted_length_hist),
             "first_child_coverage": (
                 self.first_child_hits / self.rounds_with_candidates if self.rounds_with_candidates else None

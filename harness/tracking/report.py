@@ -38,6 +38,8 @@ from harness.tracking.compare import (
     parse_kv,
     speedup_statistic,
 )
+from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_labels, depth_rows
+from harness.tracking.conventions import axis_piece as _axis_piece
 from harness.tracking.spec_bench import OVERALL, TASK_TITLES
 from harness.tracking.store import AXES, ROUND_COST_STAGES, SECTIONS, json_column, read_results
 
@@ -55,7 +57,7 @@ SECTION_LEGEND: dict[str, str] = {
     "cpu_budget_artifact": "CPU-budget artifacts (small-budget training)",
 }
 STAGE_COLORS = ["#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD"]
-PLOT_KEYS = {"kind", "name", "title", "where", "sections", "by"}
+PLOT_KEYS = {"kind", "name", "title", "where", "sections", "by", "min_rounds"}
 SOURCE_KEYS = ("source", "citation", "quantity", "value", "setting")
 
 
@@ -120,19 +122,16 @@ def load_source_reported(path: Path | None) -> list[dict[str, str]]:
 
 
 def axis_piece(axis: str, value: Any) -> str:
-    """How one axis value reads in a legend: ``T=0.7``, ``b=4``, else the bare value."""
-    v = arm_label(value)
-    return {"temperature": f"T={v}", "batch_size": f"b={v}"}.get(axis, v)
+    """How one axis value reads in a legend: ``T=0.7``, ``B=4``, else the bare value."""
+    return _axis_piece(axis, value)
 
 
 def run_labels(df: pd.DataFrame) -> dict[str, str]:
-    """Short label per run: only the axes that vary among the runs shown, plus the section tag."""
-    varying = [a for a in AXES if a in df.columns and df[a].map(arm_label).nunique() > 1]
-    labels: dict[str, str] = {}
-    for _, r in df.iterrows():
-        parts = [axis_piece(a, r[a]) for a in varying]
-        labels[r["run_id"]] = ("/".join(parts) or r["run_id"]) + SECTION_STYLE[r["section"]]["tag"]
-    return labels
+    """A label per run: its arm, by the axes that differ among the runs shown (never a run id),
+    plus the section tag (:func:`harness.tracking.conventions.arm_labels`)."""
+    axes = [a for a in AXES if a in df.columns]
+    labels = arm_labels({r["run_id"]: {a: r[a] for a in axes} for _, r in df.iterrows()})
+    return {r["run_id"]: labels[r["run_id"]] + SECTION_STYLE[r["section"]]["tag"] for _, r in df.iterrows()}
 
 
 def _sections(df: pd.DataFrame, spec: Mapping[str, Any], default: Sequence[str]) -> pd.DataFrame:
@@ -202,31 +201,98 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
     return Plot(fig)
 
 
+def _depth_metrics(runs: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per run, the record metrics :func:`depth_rows` reads (the counts are None in stores
+    written before records carried them)."""
+    columns = {}
+    for name in ("acceptance_by_depth", "reach_by_depth", "rounds_tried_by_depth", "rounds_accepted_by_depth"):
+        columns[name] = list(json_column(runs, name)) if name in runs.columns else [None] * len(runs)
+    rounds = [_num(v) for v in runs["rounds"]] if "rounds" in runs.columns else [None] * len(runs)
+    return [
+        {**{name: columns[name][i] for name in columns}, "rounds": None if rounds[i] is None else int(rounds[i])}
+        for i in range(len(runs))
+    ]
+
+
 def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
+    """Acceptance (given depth d-1 reached) and reach at each depth, each point with its 95% Wilson
+    interval; a depth tried by fewer than ``min_rounds`` rounds is drawn hollow and grey, and the
+    third panel shows how many rounds tried each depth."""
     runs = _sections(df, spec, ["exact", "heuristic"])
     if runs.empty:
         return Plot(None, "no runs")
+    min_rounds = int(spec.get("min_rounds", MIN_DEPTH_ROUNDS))
     labels = run_labels(runs)
-    fig = _new_figure(10, 4.5)
-    ax_c, ax_r = fig.subplots(1, 2, sharey=True)
-    for (_, r), acc, reach in zip(
-        runs.iterrows(), json_column(runs, "acceptance_by_depth"), json_column(runs, "reach_by_depth"), strict=True
-    ):
-        acc, reach = acc or [], reach or []
+    fig = _new_figure(13, 4.5)
+    ax_c, ax_r, ax_n = fig.subplots(1, 3)
+    ax_r.sharey(ax_c)
+    uncounted = []
+    for k, ((_, r), metrics) in enumerate(zip(runs.iterrows(), _depth_metrics(runs), strict=True)):
+        rows = depth_rows(metrics, min_rounds=min_rounds)
+        if not rows:
+            continue
         st = SECTION_STYLE[r["section"]]
-        ax_c.plot(
-            range(1, len(acc) + 1), acc, marker=st["marker"], linestyle=st["linestyle"], label=labels[r["run_id"]]
-        )
-        ax_r.plot(range(1, len(reach) + 1), reach, marker=st["marker"], linestyle=st["linestyle"])
+        color = f"C{k % 10}"
+        if rows[0]["tried"] is None:
+            uncounted.append(labels[r["run_id"]])
+        for ax, key in ((ax_c, "acceptance"), (ax_r, "reach")):
+            pts = [row for row in rows if row[key] is not None]
+            ax.plot(
+                [row["depth"] for row in pts],
+                [row[key] for row in pts],
+                color=color,
+                linestyle=st["linestyle"],
+                linewidth=1,
+                label=labels[r["run_id"]] if ax is ax_c else None,
+            )
+            for row in pts:
+                few = row["enough"] is False
+                lo, hi = row[f"{key}_low"], row[f"{key}_high"]
+                if lo is not None and hi is not None:
+                    ax.errorbar(
+                        row["depth"],
+                        row[key],
+                        yerr=[[max(row[key] - lo, 0.0)], [max(hi - row[key], 0.0)]],
+                        color="0.7" if few else color,
+                        capsize=2,
+                        linewidth=0.8,
+                    )
+                ax.plot(
+                    row["depth"],
+                    row[key],
+                    marker=st["marker"],
+                    color="0.6" if few else color,
+                    markerfacecolor="none" if few else color,
+                    linestyle="none",
+                )
+        counted = [row for row in rows if row["tried"] is not None]
+        if counted:
+            ax_n.plot(
+                [row["depth"] for row in counted],
+                [max(row["tried"], 0.8) for row in counted],
+                marker=st["marker"],
+                color=color,
+                linestyle=st["linestyle"],
+                linewidth=1,
+            )
     ax_c.set_title("acceptance at depth d, given depth d-1 reached", fontsize=9)
     ax_r.set_title("reach: P(accepted path length >= d)", fontsize=9)
+    ax_n.set_title("rounds that tried depth d", fontsize=9)
     for ax in (ax_c, ax_r):
-        ax.set_xlabel("depth d")
         ax.set_ylim(0, 1.02)
+    for ax in (ax_c, ax_r, ax_n):
+        ax.set_xlabel("depth d")
         ax.grid(alpha=0.3)
-    ax_c.set_ylabel("probability")
+    ax_c.set_ylabel("probability (95% Wilson interval)")
+    ax_n.set_yscale("log")
+    ax_n.axhline(min_rounds, color="0.5", linestyle=":", linewidth=1)
+    ax_n.text(ax_n.get_xlim()[0], min_rounds, f" {min_rounds} rounds", va="bottom", fontsize=7, color="0.4")
+    ax_n.set_ylabel("rounds (log)")
     fig.legend(loc="outside right center", fontsize=7)
-    fig.suptitle(spec.get("title", "Acceptance by depth"), fontsize=10)
+    note = f"depths tried by fewer than {min_rounds} rounds: hollow grey points"
+    if uncounted:
+        note += "; no round counts (no intervals) for: " + ", ".join(uncounted)
+    fig.suptitle(f"{spec.get('title', 'Acceptance by depth')}\n{note}", fontsize=9)
     return Plot(fig)
 
 
@@ -294,7 +360,7 @@ def plot_temp_kv_vs_rows(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     mib = 1024.0 * 1024.0
     for bs, group in runs.groupby("batch_size", sort=True):
         rows = group["config.topology.max_nodes"].to_numpy(dtype=float)
-        ax.scatter(rows, group["temp_kv_bytes_peak"] / mib, marker="o", s=40, label=f"measured peak, b={arm_label(bs)}")
+        ax.scatter(rows, group["temp_kv_bytes_peak"] / mib, marker="o", s=40, label=f"measured peak, B={arm_label(bs)}")
         ax.scatter(
             rows,
             group["temp_kv_bytes_formula"] / mib,
@@ -318,11 +384,12 @@ def plot_t_profile(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     profiles = [(r, p) for (_, r), p in zip(runs.iterrows(), json_column(runs, "t_profile"), strict=True) if p]
     if not profiles:
         return Plot(None, "no record carries a t(n) profile")
+    labels = run_labels(pd.DataFrame([r for r, _ in profiles]))
     fig = _new_figure()
     ax = fig.add_subplot()
     for r, p in profiles:
-        hw = r.get("hardware.cpu") or r.get("hardware.device") or ""
-        ax.plot(p["n"], p["t"], marker="o", label=f"{r['run_id']} ({hw})")
+        hw = r.get("hardware.device_name") or r.get("hardware.cpu") or r.get("hardware.device") or ""
+        ax.plot(p["n"], p["t"], marker="o", label=f"{labels[r['run_id']]} ({hw})")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("n: rows verified in one target forward")
     ax.set_ylabel("t(n) ms")

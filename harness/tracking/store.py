@@ -47,6 +47,8 @@ SCHEMA_VERSION = 2
 SUPPORTED_SCHEMA_VERSIONS = (1, 2)
 RECORD_FILENAME = "record.json"
 OUTPUTS_FILENAME = "outputs.jsonl"
+#: the speculative arm's per-round series (one JSON row per request round), beside the record
+ROUNDS_FILENAME = "rounds.jsonl"
 
 REQUIRED_TOP_LEVEL: tuple[str, ...] = (
     "schema_version",
@@ -64,7 +66,20 @@ REQUIRED_TOP_LEVEL: tuple[str, ...] = (
     "hardware",
     "artifacts",
 )
-OPTIONAL_TOP_LEVEL: tuple[str, ...] = ("t_profile",)
+OPTIONAL_TOP_LEVEL: tuple[str, ...] = ("t_profile", "round_series", "tracking")
+
+#: the keys of one row of ``rounds.jsonl`` (plus ``<stage>_ms`` per round-cost stage)
+ROUND_KEYS: tuple[str, ...] = (
+    "prompt_index",
+    "batch_index",
+    "round",
+    "accepted",
+    "committed",
+    "candidate_rows",
+    "tree_depth",
+    "ms",
+)
+GATE_STATUSES: tuple[str, ...] = ("passed", "failed", "skipped", "not_applicable")
 
 AXES: tuple[str, ...] = (
     "proposer",
@@ -135,6 +150,15 @@ class RecordError(ValueError):
     """A run record is missing, malformed, or of an unknown schema version."""
 
 
+def gate_status(evidence: Mapping[str, Any]) -> str:
+    """A gate's outcome: its ``status`` when the record has one (passed, failed, skipped,
+    not_applicable), else ``failed`` for ``passed: false`` and ``passed`` otherwise."""
+    status = evidence.get("status")
+    if isinstance(status, str):
+        return status
+    return "failed" if evidence.get("passed") is False else "passed"
+
+
 # --------------------------------------------------------------------------------------------
 # one record
 
@@ -192,6 +216,19 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
     for i, row in enumerate(record["per_prompt"]):
         _require_type(path, f"per_prompt[{i}]", row, dict)
         _require_keys(path, f"per_prompt[{i}]", row, PER_PROMPT_KEYS)
+    series = record.get("round_series")
+    if series is not None:
+        _require_type(path, "round_series", series, dict)
+        _require_keys(path, "round_series", series, ("file", "rows"))
+        _require_type(path, "round_series.file", series["file"], str)
+        _require_type(path, "round_series.rows", series["rows"], int)
+    tracking = record.get("tracking")
+    if tracking is not None:
+        _require_type(path, "tracking", tracking, dict)
+        _require_keys(path, "tracking", tracking, ("backend",))
+    for name in ("rounds_tried_by_depth", "rounds_accepted_by_depth"):
+        if metrics.get(name) is not None:
+            _require_type(path, f"metrics.{name}", metrics[name], list)
     t_profile = record.get("t_profile")
     if t_profile is not None:
         _require_type(path, "t_profile", t_profile, dict)

@@ -1,37 +1,71 @@
-"""One W&B run per job.
+"""One W&B run per job, named and grouped so that a dashboard can compare arms.
 
-The runner opens the tracker after the gates pass and logs the finished record::
+The runner opens the run once the plan is accepted (a refused configuration logs nothing), so
+W&B's system monitor samples the whole job (CPU, memory; GPU utilisation and memory on a GPU),
+and logs the finished record at the end::
 
-    with tracker_from_config(cfg, run_dir=run_dir) as tracker:   # NullTracker for tracking=none
-        record = measure(...)
-        tracker.log_record(record, run_dir)
+    tracker = open_run(config, axes=axes, run_id=run_id, dir=run_dir, group=sweep_or_experiment)
+    try:
+        record = ...                      # load, prepare, gate, measure, summarise, write
+    except Exception as exc:
+        tracker.fail(stage="gate", error=exc, refused=True)   # state failed, tag "refused"
+        raise
+    tracker.log_record(record, run_dir)   # and finish
 
-What reaches W&B: the resolved config as run config; group = the sweep, else the experiment;
-tags ``axis=value`` for every axis; the record's metrics as summary values under their record
-names; three tables (acceptance by depth, accepted-length histogram, round-cost ledger); the
-record, the outputs and the record's artifacts as one W&B Artifact. An exception inside the
-``with`` block finishes the run with ``exit_code=1`` (W&B marks it failed) and is re-raised.
+What a run carries:
 
-Offline by default: no account and no network; ``wandb sync`` uploads later. The run lands in
-``<dir>/wandb/offline-run-*``; pass the run folder as ``dir`` so every job keeps its own log.
+* **names**: ``name`` = the arm and its workload
+  (``<proposer>-<topology>-<verifier>-T<temperature>-B<batch>-<workload>``), ``id`` = the record's
+  run id (manifest hash and time), ``group`` = the sweep, else the experiment, ``job_type`` = the
+  arm without the workload (:mod:`harness.tracking.conventions`);
+* **config**: the axes (``proposer``, ``topology``, ``verifier``, ``temperature``, ``batch_size``,
+  ``workload``, ``model``), ``arm``, ``experiment`` and ``sweep`` as top-level keys (group-by and
+  parallel-coordinates panels read them), the resolved run config under ``resolved``;
+* **tags**: ``axis=value`` per axis, and what sets the run apart: ``ungated`` (the record says
+  ``gated: false``), ``gate-skipped:<gate>`` / ``gate-failed:<gate>``, ``heuristic``
+  (``exact: false``), ``cpu-budget-artifact``; a job that raised is finished with exit code 1
+  (W&B state *failed*) and tagged ``refused`` (a gate or contract said no) or ``failed``;
+* **summary**: every record metric under its record name, plus ``outcome``, ``gated``,
+  ``gates_passed``, ``run_id``, ``manifest_hash``;
+* **history** (series a chart draws): one step per speculative round (``round/committed_tokens``,
+  ``round/accepted_length``, ``round/candidate_rows``, ``round/ms`` and ``round/<stage>_ms``
+  against ``round``), acceptance and reach by depth with their round counts and 95% Wilson
+  bounds (``depth/*`` against ``depth``; a depth tried by too few rounds goes to
+  ``depth/acceptance_few_rounds`` instead of ``depth/acceptance``), the t(n) profile
+  (``t_profile/t_ms`` against ``verify_rows``);
+* **tables**: acceptance by depth (with counts and intervals), the accepted-length histogram, the
+  round-cost ledger;
+* **artifact** ``record-<run id>`` (type ``run-record``): record.json, outputs.jsonl,
+  rounds.jsonl and the record's artifacts.
+
+Offline by default: no account and no network; ``wandb sync <run dir>/wandb/offline-run-*``
+uploads later. ``mode=online`` against a server that cannot be reached (or without credentials)
+falls back to offline with one warning on stderr; the record on disk never depends on W&B.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 from omegaconf import OmegaConf
 
+from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_name, depth_rows, run_name
 from harness.tracking.store import (
     AXES,
     OUTPUTS_FILENAME,
     RECORD_FILENAME,
     ROUND_COST_STAGES,
+    ROUNDS_FILENAME,
+    gate_status,
     record_gated,
     validate_record,
 )
@@ -39,18 +73,17 @@ from harness.tracking.store import (
 Mode = Literal["offline", "online", "disabled"]
 MODES: tuple[str, ...] = ("offline", "online", "disabled")
 DEFAULT_PROJECT = "spec-harness"  # as in conf/tracking (harness/config.py TrackingConfig)
+DEFAULT_BASE_URL = "https://api.wandb.ai"
+#: W&B run ids: letters, digits, dashes and underscores
+_ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 
 def _to_container(config: Any) -> dict[str, Any]:
     """A plain dict from a dict or an OmegaConf config (resolved)."""
-    if isinstance(config, Mapping) and not hasattr(config, "_metadata"):
-        return dict(config)
-    try:
-        pass
-    except ImportError as exc:  # pragma: no cover - omegaconf is a pinned dependency
-        raise TypeError(f"config must be a dict; got {type(config).__name__}") from exc
     if OmegaConf.is_config(config):
         return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
+    if isinstance(config, Mapping):
+        return dict(config)
     raise TypeError(f"config must be a dict or an OmegaConf config; got {type(config).__name__}")
 
 
@@ -66,15 +99,55 @@ def _name_of(value: Any) -> str | None:
     return None
 
 
+def wandb_group(sweep: Any, experiment: Any) -> str:
+    """The W&B group of a job: its sweep, else its experiment, else ``adhoc``."""
+    return _name_of(sweep) or _name_of(experiment) or "adhoc"
+
+
 def axis_tags(axes: Mapping[str, Any]) -> list[str]:
     """``["proposer=rest", "temperature=0.7", ...]`` in the fixed axis order, then any extra."""
     keys = [k for k in AXES if k in axes] + sorted(k for k in axes if k not in AXES)
     return [f"{k}={axes[k]}" for k in keys]
 
 
+def status_tags(record: Mapping[str, Any]) -> list[str]:
+    """Tags that set a run apart from gated exact runs: ``ungated``, ``gate-skipped:<gate>``,
+    ``gate-failed:<gate>``, ``heuristic`` and ``cpu-budget-artifact``."""
+    tags = [] if record.get("gated", True) else ["ungated"]
+    for name, evidence in record.get("gates", {}).items():
+        status = gate_status(evidence)
+        if status in ("skipped", "failed"):
+            tags.append(f"gate-{status}:{name}")
+    if record.get("exact") is False:
+        tags.append("heuristic")
+    if record.get("metrics", {}).get("cpu_budget_artifact"):
+        tags.append("cpu-budget-artifact")
+    return tags
+
+
+def run_config(
+    config: Mapping[str, Any], axes: Mapping[str, Any] | None, *, experiment: Any = None, sweep: Any = None
+) -> dict[str, Any]:
+    """The W&B run config: the axes, ``arm``, ``experiment`` and ``sweep`` as top-level keys; the
+    resolved run config under ``resolved``."""
+    out: dict[str, Any] = {}
+    if axes:
+        out.update({k: axes[k] for k in AXES if k in axes})
+        if all(k in axes for k in ("proposer", "topology", "verifier", "temperature", "batch_size")):
+            out["arm"] = arm_name(axes)
+    out["experiment"] = experiment if experiment is not None else config.get("experiment")
+    out["sweep"] = sweep if sweep is not None else config.get("sweep")
+    out["resolved"] = dict(config)
+    return out
+
+
 def _artifact_name(run_id: str) -> str:
     # W&B artifact names: letters, digits, dashes, underscores and dots
     return "record-" + re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 class NullTracker:
@@ -84,6 +157,12 @@ class NullTracker:
 
     def log_record(self, record: Mapping[str, Any], run_dir: str | Path) -> None:
         validate_record(dict(record))
+
+    def describe(self) -> dict[str, Any] | None:
+        return None
+
+    def fail(self, *, stage: str, error: BaseException, refused: bool) -> None:
+        return None
 
     def finish(self, exit_code: int = 0) -> None:
         return None
@@ -100,29 +179,60 @@ class NullTracker:
 class Tracker:
     """A live W&B run. Use :func:`open_run` to make one."""
 
-    def __init__(self, run: Any) -> None:
+    def __init__(self, run: Any, *, run_dir: Path, requested_mode: str, fallback: str | None = None) -> None:
         self.run = run
+        self.run_dir = run_dir
+        self.requested_mode = requested_mode
+        self.fallback = fallback  # why an online run logs offline, or None
         self._finished = False
+
+    # -- what the record says about its W&B run ---------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """The ``tracking`` entry of the record: where this run's W&B log is and how to upload it."""
+        run = self.run
+        sync_dir = Path(run.settings.sync_dir)
+        try:
+            rel = sync_dir.resolve().relative_to(self.run_dir.resolve()).as_posix()
+        except ValueError:
+            rel = str(sync_dir)
+        mode = "offline" if run.settings._offline else "online"
+        out = {
+            "backend": "wandb",
+            "mode": mode,
+            "requested_mode": self.requested_mode,
+            "project": run.project,
+            "entity": run.entity or None,
+            "run_id": run.id,
+            "name": run.name,
+            "group": run.group or None,
+            "job_type": run.job_type or None,
+            "dir": rel,
+        }
+        if mode == "offline":
+            out["sync"] = f"wandb sync {rel}"
+        if self.fallback:
+            out["fallback"] = self.fallback
+        return out
 
     # -- logging -------------------------------------------------------------------------------
 
     def log_record(self, record: Mapping[str, Any], run_dir: str | Path) -> None:
-        """Summary metrics, config, tags, tables and the record artifact of one finished run."""
-        import wandb  # imported on use: 1.05 s at import, and tracking is optional
-
+        """Config, tags, summary, history series, tables and the record artifact; then finish."""
         if self._finished:
             raise RuntimeError("log_record after finish: the W&B run is already closed")
         record = validate_record(dict(record))
         run_dir = Path(run_dir)
         run = self.run
 
-        run.config.update(record["config"], allow_val_change=True)
+        run.config.update(
+            run_config(record["config"], record["axes"], experiment=record["experiment"], sweep=record["sweep"]),
+            allow_val_change=True,
+        )
         tags = list(run.tags or ())
-        extra = [t for t in axis_tags(record["axes"]) if t not in tags]
-        if not record_gated(record):
-            extra.append("ungated")  # a gate was skipped: never pooled with gated runs
-        run.tags = tuple(tags + extra)
+        run.tags = tuple(tags + [t for t in axis_tags(record["axes"]) + status_tags(record) if t not in tags])
 
+        gates = record["gates"]
         summary: dict[str, Any] = dict(record["metrics"])
         summary.update(
             run_id=record["run_id"],
@@ -131,25 +241,83 @@ class Tracker:
             exact=record["exact"],
             manifest_hash=record["manifest_hash"],
             gated=record_gated(record),
+            gates_passed=all(gate_status(g) != "failed" for g in gates.values()),
+            gates_skipped=sorted(n for n, g in gates.items() if gate_status(g) == "skipped"),
+            outcome="finished",
         )
-        run.summary.update(summary)
+
+        self._log_series(record, run_dir)
+        self._log_tables(record)
+        run.summary.update(summary)  # after the history: a series never stands in for a record value
+        self._log_artifact(record, run_dir)
+        self.finish(exit_code=0)
+
+    def _log_series(self, record: Mapping[str, Any], run_dir: Path) -> None:
+        run = self.run
+        # three x axes (round, depth, verify rows), each with its series; none of them is a summary value
+        for step, series in (("round", "round/*"), ("depth", "depth/*"), ("verify_rows", "t_profile/*")):
+            run.define_metric(step, hidden=True, summary="none")
+            run.define_metric(series, step_metric=step, summary="none")
+
+        series = record.get("round_series") or {}
+        rounds_path = run_dir / series.get("file", ROUNDS_FILENAME)
+        if series and not rounds_path.is_file():
+            raise FileNotFoundError(f"{rounds_path}: the record's round series file is missing")
+        if rounds_path.is_file():
+            for k, row in enumerate(_read_jsonl(rounds_path)):
+                step = {
+                    "round": k,
+                    "round/prompt": row["prompt_index"],
+                    "round/committed_tokens": row["committed"],
+                    "round/accepted_length": row["accepted"],
+                    "round/candidate_rows": row["candidate_rows"],
+                    "round/ms": row["ms"],
+                }
+                step.update({f"round/{s}_ms": row[f"{s}_ms"] for s in ROUND_COST_STAGES if f"{s}_ms" in row})
+                run.log(step)
+
+        for row in depth_rows(record["metrics"], min_rounds=MIN_DEPTH_ROUNDS):
+            step = {"depth": row["depth"]}
+            if row["acceptance"] is not None:
+                key = "depth/acceptance" if row["enough"] is not False else "depth/acceptance_few_rounds"
+                step[key] = row["acceptance"]
+            for name in ("reach", "tried", "accepted", "acceptance_low", "acceptance_high", "reach_low", "reach_high"):
+                if row[name] is not None:
+                    step[f"depth/{'rounds_' + name if name in ('tried', 'accepted') else name}"] = row[name]
+            run.log(step)
+
+        profile = record.get("t_profile")
+        if profile:
+            for n, t in zip(profile["n"], profile["t"]):
+                run.log({"verify_rows": n, "t_profile/t_ms": t})
+
+    def _log_tables(self, record: Mapping[str, Any]) -> None:
+        import wandb  # imported on use (see log_record)
 
         metrics = record["metrics"]
-        acc, reach = metrics["acceptance_by_depth"], metrics["reach_by_depth"]
-        depth_rows = [
-            [d + 1, acc[d] if d < len(acc) else None, reach[d] if d < len(reach) else None]
-            for d in range(max(len(acc), len(reach)))
+        columns = ["depth", "acceptance_conditional", "reach_marginal", "rounds_tried", "rounds_accepted"]
+        columns += ["acceptance_low", "acceptance_high", "enough_rounds"]
+        depth_table = [
+            [
+                r["depth"],
+                r["acceptance"],
+                r["reach"],
+                r["tried"],
+                r["accepted"],
+                r["acceptance_low"],
+                r["acceptance_high"],
+                r["enough"],
+            ]
+            for r in depth_rows(metrics, min_rounds=MIN_DEPTH_ROUNDS)
         ]
         hist = metrics["accepted_length_hist"]
         total = sum(hist) or 1
         cost = metrics["round_cost_ms"]
         stages = [s for s in ROUND_COST_STAGES if s in cost] + sorted(s for s in cost if s not in ROUND_COST_STAGES)
         round_ms = sum(float(cost[s] or 0.0) for s in stages) or 1.0
-        run.log(
+        self.run.log(
             {
-                "acceptance_by_depth_table": wandb.Table(
-                    columns=["depth", "acceptance_conditional", "reach_marginal"], data=depth_rows
-                ),
+                "acceptance_by_depth_table": wandb.Table(columns=columns, data=depth_table),
                 "accepted_length_hist_table": wandb.Table(
                     columns=["accepted_tokens", "rounds", "fraction"],
                     data=[[k, n, n / total] for k, n in enumerate(hist)],
@@ -161,6 +329,9 @@ class Tracker:
             }
         )
 
+    def _log_artifact(self, record: Mapping[str, Any], run_dir: Path) -> None:
+        import wandb  # imported on use (see log_record)
+
         artifact = wandb.Artifact(
             _artifact_name(record["run_id"]),
             type="run-record",
@@ -168,7 +339,7 @@ class Tracker:
         )
         if not (run_dir / RECORD_FILENAME).is_file():
             raise FileNotFoundError(f"{run_dir / RECORD_FILENAME}: write the record before logging it")
-        for name in (RECORD_FILENAME, OUTPUTS_FILENAME):
+        for name in (RECORD_FILENAME, OUTPUTS_FILENAME, ROUNDS_FILENAME):
             if (run_dir / name).is_file():
                 artifact.add_file(str(run_dir / name), name=name)
         for name, rel in record["artifacts"].items():
@@ -179,9 +350,21 @@ class Tracker:
                 artifact.add_file(str(path), name=f"artifacts/{name}/{path.name}")
             else:
                 raise FileNotFoundError(f"record artifact {name!r} points to {path}, which does not exist")
-        run.log_artifact(artifact)
+        self.run.log_artifact(artifact)
 
     # -- lifecycle -----------------------------------------------------------------------------
+
+    def fail(self, *, stage: str, error: BaseException, refused: bool) -> None:
+        """Finish a job that raised: exit code 1 (state *failed*), tagged ``refused`` or ``failed``,
+        with the stage and the error in the summary. Idempotent."""
+        if self._finished:
+            return
+        outcome = "refused" if refused else "failed"
+        tags = list(self.run.tags or ())
+        self.run.tags = tuple(tags + [outcome] if outcome not in tags else tags)
+        message = f"{type(error).__name__}: {error}"
+        self.run.summary.update({"outcome": outcome, "failure_stage": stage, "error": message[:1000]})
+        self.finish(exit_code=1)
 
     def finish(self, exit_code: int = 0) -> None:
         """Close the run; a non-zero exit code marks it failed. Idempotent."""
@@ -196,8 +379,34 @@ class Tracker:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> Literal[False]:
+        if exc is not None and not self._finished:
+            self.fail(stage="unknown", error=exc, refused=False)
         self.finish(exit_code=0 if exc_type is None else 1)
         return False
+
+
+def base_url() -> str:
+    """The W&B server this process talks to (``WANDB_BASE_URL``, else W&B's public server)."""
+    return os.environ.get("WANDB_BASE_URL") or DEFAULT_BASE_URL
+
+
+def unreachable(url: str, *, timeout_s: float = 5.0) -> str | None:
+    """Why the server at ``url`` cannot be reached (DNS, refused, timed out), or None.
+
+    A TCP connection to the server's host and port; behind an HTTP proxy nothing is probed
+    (W&B's own timeout then decides)."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")):
+        return None
+    parsed = urlparse(url)
+    host = parsed.hostname
+    if not host:
+        return f"not a server address: {url!r}"
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def open_run(
@@ -210,13 +419,24 @@ def open_run(
     dir: str | Path | None = None,
     name: str | None = None,
     entity: str | None = None,
+    job_type: str | None = None,
+    run_id: str | None = None,
+    axes: Mapping[str, Any] | None = None,
+    system_metrics: bool = True,
+    system_metrics_interval_s: float = 5.0,
+    init_timeout_s: float = 90.0,
 ) -> Tracker:
     """Start one W&B run for a job.
 
-    ``record_or_config``: a finished record (its config, axes, sweep and experiment are used) or
-    the resolved run config (dict or OmegaConf). ``group`` defaults to the sweep, else the
-    experiment; ``tags`` default to the record's axes (``axis=value``); ``dir`` is where
+    ``record_or_config``: a finished record (its axes, run id, sweep and experiment are used) or
+    the resolved run config (dict or OmegaConf) with ``axes`` and ``run_id`` given. ``group``
+    defaults to the sweep, else the experiment; ``name`` and ``job_type`` default to the run name
+    and the arm of the axes; ``tags`` default to ``axis=value`` per axis; ``dir`` is where
     ``wandb/`` is written (the run folder; default: the working directory).
+
+    ``mode="online"`` first checks that the server can be reached; when it cannot, or when
+    ``wandb.init`` fails online (no credentials, a timeout), the run is opened offline and one
+    line on stderr says why and how to upload it later.
     """
     import wandb  # imported on use: 1.05 s at import, and tracking is optional
 
@@ -225,44 +445,81 @@ def open_run(
     obj = _to_container(record_or_config)
     if _is_record(obj):
         config = _to_container(obj["config"])
-        group = group or _name_of(obj.get("sweep")) or _name_of(obj.get("experiment"))
-        tags = list(tags) if tags is not None else axis_tags(obj["axes"])
-        name = name or obj.get("run_id")
+        axes = axes or obj["axes"]
+        run_id = run_id or obj.get("run_id")
+        experiment, sweep = obj.get("experiment"), obj.get("sweep")
     else:
         config = obj
-        group = group or _name_of(config.get("sweep")) or _name_of(config.get("experiment"))
-        tags = list(tags or [])
+        experiment, sweep = config.get("experiment"), config.get("sweep")
+    group = group or _name_of(sweep) or _name_of(experiment)
+    if axes:
+        name = name or run_name(axes)
+        job_type = job_type or arm_name(axes)
+        tags = list(tags) if tags is not None else axis_tags(axes)
+    tags = list(tags or [])
     run_dir = Path(dir) if dir is not None else Path.cwd()
     run_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_SILENT", "true")
-    run = wandb.init(
-        project=project,
-        entity=entity,
-        group=group,
-        tags=tags,
-        name=name,
-        config=config,
-        dir=str(run_dir),
-        mode=mode,
-        reinit="create_new",
-        settings=wandb.Settings(
-            silent=True,
-            console="off",
-            x_disable_stats=True,
-            save_code=False,
-            disable_git=True,
-        ),
-    )
-    return Tracker(run)
+
+    def init(run_mode: str) -> Any:
+        return wandb.init(
+            project=project,
+            entity=entity,
+            group=group,
+            job_type=job_type,
+            tags=tags,
+            name=name,
+            id=_ID_CHARS.sub("_", run_id) if run_id else None,
+            config=run_config(config, axes, experiment=experiment, sweep=sweep),
+            dir=str(run_dir),
+            mode=run_mode,
+            reinit="create_new",
+            settings=wandb.Settings(
+                silent=True,
+                console="off",
+                x_disable_stats=not system_metrics,
+                x_stats_sampling_interval=float(system_metrics_interval_s),
+                x_stats_pid=os.getpid(),
+                save_code=False,
+                disable_git=True,
+                init_timeout=float(init_timeout_s),
+            ),
+        )
+
+    fallback = None
+    if mode == "online":
+        url = base_url()
+        problem = unreachable(url)
+        if problem is None:
+            try:
+                return Tracker(init("online"), run_dir=run_dir, requested_mode=mode)
+            except Exception as exc:  # no credentials, a refused key, a timeout: keep the run offline
+                problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+        fallback = f"W&B server {url} not usable ({problem})"
+        run = init("offline")
+        rel = Path(run.settings.sync_dir)
+        print(
+            f"harness: {fallback}; this run logs offline to {rel}; upload it later with `wandb sync {rel}`",
+            file=sys.stderr,
+        )
+        return Tracker(run, run_dir=run_dir, requested_mode=mode, fallback=fallback)
+    return Tracker(init(mode), run_dir=run_dir, requested_mode=mode)
 
 
-def tracker_from_config(config: Any, *, run_dir: str | Path, group: str | None = None) -> Tracker | NullTracker:
+def tracker_from_config(
+    config: Any,
+    *,
+    run_dir: str | Path,
+    group: str | None = None,
+    axes: Mapping[str, Any] | None = None,
+    run_id: str | None = None,
+) -> Tracker | NullTracker:
     """The tracker a run config asks for.
 
     ``tracking`` may be ``None`` / ``"none"`` / ``{name: none}`` (no tracker), ``"wandb"`` or
-    ``{name: wandb, mode: offline|online|disabled, project: ..., group: ..., tags: [...]}``.
-    ``group`` (the sweep name, which the runner knows before the record exists) wins over the
-    config's ``tracking.group``, then the config's ``sweep``, then its ``experiment``.
+    ``{name: wandb, mode: offline|online|disabled, project, entity, system_metrics,
+    system_metrics_interval_s, init_timeout_s}``. ``group`` (the sweep name, which the runner knows
+    before the record exists) wins over the config's ``sweep``, then its ``experiment``.
     """
     cfg = _to_container(config)
     tracking = cfg.get("tracking")
@@ -282,4 +539,9 @@ def tracker_from_config(config: Any, *, run_dir: str | Path, group: str | None =
         tags=opts.get("tags"),
         dir=run_dir,
         entity=opts.get("entity"),
+        axes=axes,
+        run_id=run_id,
+        system_metrics=bool(opts.get("system_metrics", True)),
+        system_metrics_interval_s=float(opts.get("system_metrics_interval_s", 5.0)),
+        init_timeout_s=float(opts.get("init_timeout_s", 90.0)),
     )

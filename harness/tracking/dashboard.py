@@ -1,0 +1,456 @@
+"""`harness dashboard`: the panels a design review needs, as a W&B report, built from code.
+
+    harness dashboard SWEEP_OR_EXPERIMENT [mode=offline|online] [project=spec-harness] [entity=E]
+                      [records=DIR] [out=FILE] [min_rounds=30]
+    harness dashboard --publish FILE [entity=E]
+
+One panel specification (:func:`build_spec`, plain JSON) describes the review of one W&B group (a
+sweep, or an experiment's runs): speedup by proposer and workload, acceptance and reach by depth
+(95% Wilson bounds; depths tried by too few rounds apart), the rounds that tried each depth, the
+frontier (time per committed token against committed tokens per round), the round-cost ledger,
+speedup against batch size, the per-round series, t(n), memory, and the axes in parallel
+coordinates. Offline (the default) the specification is written to a file, with the command that
+publishes it; online it is published as a W&B report through W&B's report API
+(``wandb-workspaces``, imported on use) and the specification is written as well.
+
+The panels read only what :mod:`harness.tracking.wandb_tracker` logs: record metrics from the run
+summary, ``depth/*``, ``round/*`` and ``t_profile/*`` from the run history, the axes from the run
+config. Legends follow the report's convention: each run by the axes that differ among the runs
+(read from the group's records when they are on disk, else every axis of a run name). Runs are
+kept apart as the report keeps them: gated exact runs in the main panels; ungated, heuristic and
+CPU-budget runs in their own section; failed and refused runs listed with their stage and error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.tracking.conventions import MIN_DEPTH_ROUNDS, NAME_AXES, varying_axes
+from harness.tracking.record import write_json_atomic
+from harness.tracking.store import AXES, ROUND_COST_STAGES, RecordError, aggregate
+from harness.tracking.wandb_tracker import DEFAULT_PROJECT, base_url, unreachable, wandb_group
+
+SPEC_FORMAT = "harness-dashboard/1"
+#: tags of runs kept out of the main panels (see wandb_tracker.status_tags)
+APART_TAGS: tuple[str, ...] = ("ungated", "heuristic", "cpu-budget-artifact")
+PANEL_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "parallel_coordinates")
+
+USAGE = (
+    "usage: harness dashboard SWEEP_OR_EXPERIMENT [mode=offline|online] [project=NAME] [entity=NAME]\n"
+    "                         [records=DIR] [out=FILE] [min_rounds=N]\n"
+    "       harness dashboard --publish FILE [entity=NAME]"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# the specification
+
+
+def legend_template(axes: Sequence[str]) -> str:
+    """A W&B legend template naming a run by these axes, as the report's labels do
+    (``${config:proposer}/T=${config:temperature}``)."""
+    pieces = {"temperature": "T=${config:temperature}", "batch_size": "B=${config:batch_size}"}
+    return "/".join(pieces.get(a, f"${{config:{a}}}") for a in axes)
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _panel(pid: str, title: str, kind: str, **fields: Any) -> dict[str, Any]:
+    return {"id": pid, "title": title, "kind": kind, **fields}
+
+
+def review_panels(*, legend: str, min_rounds: int) -> list[dict[str, Any]]:
+    """The panels of the main section (gated exact runs), in review order."""
+    wilson = "95% Wilson bounds from the rounds that tried each depth"
+    return [
+        _panel(
+            "speedup_by_proposer_workload",
+            "Speedup over AR by proposer and workload",
+            "bar",
+            y=["speedup"],
+            group_by=["workload", "proposer"],
+            aggregate="mean",
+            note="bars: mean over the runs of a group; 1.0 = autoregressive; per-prompt CIs: harness compare",
+        ),
+        _panel(
+            "acceptance_by_depth",
+            "Acceptance at depth d, given depth d-1 reached",
+            "line",
+            x="depth",
+            y=["depth/acceptance", "depth/acceptance_few_rounds", "depth/acceptance_low", "depth/acceptance_high"],
+            legend=legend,
+            range_y=[0, 1],
+            note=f"{wilson}; depth/acceptance_few_rounds: depths tried by fewer than {min_rounds} rounds",
+        ),
+        _panel(
+            "reach_by_depth",
+            "Reach: P(accepted path length >= d)",
+            "line",
+            x="depth",
+            y=["depth/reach", "depth/reach_low", "depth/reach_high"],
+            legend=legend,
+            range_y=[0, 1],
+            note="95% Wilson bounds over all rounds",
+        ),
+        _panel(
+            "rounds_tried_by_depth",
+            "Rounds that tried depth d",
+            "line",
+            x="depth",
+            y=["depth/rounds_tried"],
+            legend=legend,
+            log_y=True,
+            note=f"a depth tried by fewer than {min_rounds} rounds is a handful of coin flips",
+        ),
+        _panel(
+            "frontier",
+            "Frontier: time per committed token vs committed tokens per round",
+            "scatter",
+            x="mean_committed_per_round",
+            y="time_per_committed_token_ms",
+            legend=legend,
+            note="lower right is better: more tokens per round, less time per token",
+        ),
+        _panel(
+            "round_cost_ledger",
+            "Round-cost ledger (mean ms per round, by stage)",
+            "bar",
+            y=[f"round_cost_ms.{s}" for s in ROUND_COST_STAGES],
+            legend=legend,
+            note="round cost = proposal + retrieval + packing + target verify + selection + temporary state",
+        ),
+        _panel(
+            "speedup_vs_batch",
+            "Speedup over batched AR vs batch size",
+            "scatter",
+            x="config:batch_size",
+            y="speedup",
+            log_x=True,
+            legend=legend,
+        ),
+        _panel(
+            "round_ms",
+            "Round time by round (ms)",
+            "line",
+            x="round",
+            y=["round/ms", "round/target_verify_ms", "round/proposal_ms"],
+            legend=legend,
+        ),
+        _panel(
+            "committed_per_round",
+            "Committed tokens per round",
+            "line",
+            x="round",
+            y=["round/committed_tokens", "round/accepted_length"],
+            legend=legend,
+        ),
+        _panel(
+            "t_profile",
+            "Target verify time t(n)",
+            "line",
+            x="verify_rows",
+            y=["t_profile/t_ms"],
+            log_x=True,
+            legend=legend,
+        ),
+        _panel(
+            "memory",
+            "Peak memory per job (host RSS) and per arm (CUDA allocated, reserved)",
+            "bar",
+            y=[
+                "peak_rss_bytes",
+                "cuda_peak_allocated_bytes",
+                "cuda_peak_reserved_bytes",
+                "ar_cuda_peak_allocated_bytes",
+                "ar_cuda_peak_reserved_bytes",
+            ],
+            legend=legend,
+        ),
+        _panel(
+            "axes",
+            "Axes and speedup",
+            "parallel_coordinates",
+            columns=[f"config:{a}" for a in NAME_AXES] + ["speedup", "time_per_committed_token_ms"],
+        ),
+    ]
+
+
+def build_spec(
+    group: str,
+    *,
+    project: str = DEFAULT_PROJECT,
+    entity: str | None = None,
+    axes_rows: Sequence[Mapping[str, Any]] = (),
+    min_rounds: int = MIN_DEPTH_ROUNDS,
+) -> dict[str, Any]:
+    """The panel specification of the review of W&B group ``group``.
+
+    ``axes_rows``: the axes of the group's records, when known; the legend names runs by the
+    axes that differ among them (every axis of a run name when none is known)."""
+    vary = varying_axes(axes_rows) if axes_rows else list(NAME_AXES)
+    legend = legend_template(vary or list(NAME_AXES))
+    in_group = f"Group = {_quote(group)}"
+    apart = "[" + ", ".join(_quote(t) for t in APART_TAGS) + "]"
+    return {
+        "format": SPEC_FORMAT,
+        "title": f"Design review: {group}",
+        "description": (
+            f"Runs of W&B group {group!r} (project {project!r}), named by arm "
+            "(<proposer>-<topology>-<verifier>-T<temperature>-B<batch>-<workload>). Acceptance by depth carries "
+            f"95% Wilson bounds; depths tried by fewer than {min_rounds} rounds are logged apart "
+            "(depth/acceptance_few_rounds). Gated exact runs only in the first section."
+        ),
+        "project": project,
+        "entity": entity,
+        "group": group,
+        "labels": {"axes": vary, "legend_template": legend},
+        "min_depth_rounds": min_rounds,
+        "sections": [
+            {
+                "id": "review",
+                "title": "Gated exact runs",
+                "filter": f"{in_group} and State = 'finished' and Tags not in {apart}",
+                "panels": review_panels(legend=legend, min_rounds=min_rounds),
+            },
+            {
+                "id": "apart",
+                "title": "Kept apart: ungated, heuristic (exact: false) and CPU-budget-artifact runs",
+                "filter": f"{in_group} and State = 'finished' and Tags in {apart}",
+                "panels": [
+                    p
+                    for p in review_panels(legend=legend, min_rounds=min_rounds)
+                    if p["id"] in {"speedup_by_proposer_workload", "acceptance_by_depth", "frontier"}
+                ],
+            },
+            {
+                "id": "failed",
+                "title": "Failed and refused runs",
+                "filter": f"{in_group} and State != 'finished'",
+                "columns": ["run:state", "tags:__ALL__", "summary:outcome", "summary:failure_stage", "summary:error"],
+                "panels": [],
+            },
+        ],
+    }
+
+
+def spec_metrics(spec: Mapping[str, Any]) -> set[str]:
+    """Every run key the specification's panels read (``config:`` keys without the prefix)."""
+    keys: set[str] = set()
+    for section in spec["sections"]:
+        for p in section["panels"]:
+            for field in ("x", "y", "columns"):
+                value = p.get(field)
+                for key in [value] if isinstance(value, str) else value or []:
+                    keys.add(key.split(":", 1)[1] if key.startswith("config:") else key)
+            keys.update(p.get("group_by", []))
+    return keys
+
+
+def validate_spec(spec: Any, *, path: str | Path = "<spec>") -> dict[str, Any]:
+    """A specification as :func:`build_spec` writes it, or ValueError naming what is wrong."""
+    if not isinstance(spec, dict) or spec.get("format") != SPEC_FORMAT:
+        raise ValueError(f"{path}: not a dashboard specification (format {SPEC_FORMAT!r})")
+    for key in ("title", "project", "group", "sections"):
+        if key not in spec:
+            raise ValueError(f"{path}: missing {key!r}")
+    for section in spec["sections"]:
+        for p in section.get("panels", []):
+            if p.get("kind") not in PANEL_KINDS:
+                raise ValueError(f"{path}: panel {p.get('id')!r} has kind {p.get('kind')!r}; one of {PANEL_KINDS}")
+    return spec
+
+
+# --------------------------------------------------------------------------------------------
+# W&B report (online)
+
+
+def _metric(wr: Any, key: str) -> Any:
+    """A panel axis: ``config:<key>`` is a config key, anything else a run summary/history key."""
+    if key.startswith("config:"):
+        return wr.Config(key.split(":", 1)[1])
+    return wr.SummaryMetric(key)
+
+
+def _wandb_panel(p: Mapping[str, Any], wr: Any) -> Any:
+    title, legend = p["title"], p.get("legend")
+    if p["kind"] == "bar":
+        return wr.BarPlot(title=title, metrics=list(p["y"]), orientation="v", legend_template=legend)
+    if p["kind"] == "line":
+        return wr.LinePlot(
+            title=title,
+            x=p["x"],
+            y=list(p["y"]),
+            log_x=p.get("log_x"),
+            log_y=p.get("log_y"),
+            range_y=tuple(p.get("range_y", (None, None))),
+            legend_template=legend,
+        )
+    if p["kind"] == "scatter":
+        return wr.ScatterPlot(
+            title=title, x=_metric(wr, p["x"]), y=_metric(wr, p["y"]), log_x=p.get("log_x"), legend_template=legend
+        )
+    return wr.ParallelCoordinatesPlot(
+        title=title, columns=[wr.ParallelCoordinatesPlotColumn(metric=_metric(wr, c)) for c in p["columns"]]
+    )
+
+
+def report_blocks(spec: Mapping[str, Any], wr: Any) -> list[Any]:
+    """The W&B report blocks (``wandb_workspaces.reports.v2``) of a specification: per section a
+    heading, the panels' notes and a panel grid over the section's runs; a panel that groups runs
+    (``group_by``, e.g. speedup by workload and proposer) gets its own grid whose run set is
+    grouped by those axes (W&B groups runs per run set)."""
+
+    def runset(section: Mapping[str, Any], group_by: Sequence[str] = ()) -> Any:
+        return wr.Runset(
+            entity=spec.get("entity") or "",
+            project=spec["project"],
+            name=section["title"][:60],
+            filters=section["filter"],
+            groupby=[f"config.{a}" for a in group_by],
+            visible_columns=list(section.get("columns", [])),
+        )
+
+    blocks: list[Any] = [wr.P(spec["description"])]
+    for section in spec["sections"]:
+        blocks.append(wr.H2(section["title"]))
+        notes = [f"{p['title']}: {p['note']}" for p in section["panels"] if p.get("note")]
+        if notes:
+            blocks.append(wr.UnorderedList(items=notes))
+        for p in section["panels"]:
+            if p.get("group_by"):
+                blocks.append(wr.PanelGrid(runsets=[runset(section, p["group_by"])], panels=[_wandb_panel(p, wr)]))
+        plain = [_wandb_panel(p, wr) for p in section["panels"] if not p.get("group_by")]
+        blocks.append(wr.PanelGrid(runsets=[runset(section)], panels=plain))
+    return blocks
+
+
+def publish(spec: Mapping[str, Any], *, entity: str | None = None) -> str:
+    """Save the specification as a W&B report; returns its URL (needs `wandb login`)."""
+    import wandb_workspaces.reports.v2 as wr  # imported on use: about 5 s at import
+
+    spec = dict(spec)
+    if entity:
+        spec["entity"] = entity
+    kwargs = {"entity": spec["entity"]} if spec.get("entity") else {}
+    report = wr.Report(
+        project=spec["project"],
+        title=spec["title"][:128],
+        description=spec["description"][:1000],
+        blocks=report_blocks(spec, wr),
+        width="fluid",
+        **kwargs,
+    )
+    report.save()
+    return str(report.url)
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+
+
+def _options(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    positionals, options = [], {}
+    for arg in argv:
+        if "=" in arg and not arg.startswith("-"):
+            key, value = arg.split("=", 1)
+            options[key] = value
+        else:
+            positionals.append(arg)
+    return positionals, options
+
+
+def group_axes(records_root: Path, group: str) -> list[dict[str, Any]]:
+    """The axes of the records under ``records_root`` that belong to W&B group ``group``."""
+    df = aggregate(records_root)
+    if df.empty:
+        return []
+
+    def none(v: Any) -> Any:
+        return None if v is None or (isinstance(v, float) and v != v) else v
+
+    return [
+        {a: r[a] for a in AXES if a in df.columns}
+        for _, r in df.iterrows()
+        if wandb_group(none(r["sweep"]), none(r["experiment"])) == group
+    ]
+
+
+def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] | None = None) -> int:
+    """``known``: the sweep and experiment names this installation has, each with the folder its
+    records land in by default (or None); the caller (``harness.app``) knows them."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    known = dict(known or {})
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(USAGE)
+        return 0 if argv else 2
+    positionals, opts = _options(argv)
+    try:
+        if positionals and positionals[0] == "--publish":
+            if len(positionals) != 2 or set(opts) - {"entity"}:
+                raise ValueError("--publish takes one specification file and optionally entity=")
+            path = Path(positionals[1])
+            spec = validate_spec(json.loads(path.read_text(encoding="utf-8")), path=path)
+            problem = unreachable(base_url())
+            if problem is not None:
+                raise ValueError(f"W&B server {base_url()} not reachable ({problem}); nothing published")
+            print(f"published {publish(spec, entity=opts.get('entity'))}")
+            return 0
+        extra = set(opts) - {"mode", "project", "entity", "records", "out", "min_rounds"}
+        if len(positionals) != 1 or extra:
+            raise ValueError(
+                f"expected one sweep or experiment name and options; got {positionals} and {sorted(extra)}"
+            )
+        group = positionals[0]
+        mode = opts.get("mode", "offline")
+        if mode not in {"offline", "online"}:
+            raise ValueError(f"mode must be offline or online; got {mode!r}")
+        if group not in known and "records" not in opts:
+            raise ValueError(
+                f"unknown sweep or experiment {group!r}; one of {sorted(known)} (or give records=DIR for another group)"
+            )
+        min_rounds = int(opts.get("min_rounds", MIN_DEPTH_ROUNDS))
+        if min_rounds < 1:
+            raise ValueError(f"min_rounds must be >= 1; got {min_rounds}")
+        records = Path(opts["records"]) if "records" in opts else known.get(group)
+        if "records" in opts and not records.is_dir():
+            raise ValueError(f"records={records}: not a folder")
+        axes_rows = group_axes(records, group) if records is not None and records.is_dir() else []
+    except (ValueError, OSError, RecordError) as exc:
+        print(f"harness dashboard: {exc}\n{USAGE}", file=sys.stderr)
+        return 2
+    spec = build_spec(
+        group,
+        project=opts.get("project", DEFAULT_PROJECT),
+        entity=opts.get("entity"),
+        axes_rows=axes_rows,
+        min_rounds=min_rounds,
+    )
+    if "out" in opts:
+        out = Path(opts["out"])
+    elif records is not None and records.is_dir():
+        out = records / "dashboard.json"
+    else:
+        out = Path(f"dashboard-{group.replace('/', '_')}.json")
+    write_json_atomic(out, spec)
+    n_panels = sum(len(s["panels"]) for s in spec["sections"])
+    source = f"legends from {len(axes_rows)} records" if axes_rows else "no records found: legends name every axis"
+    print(f"wrote {out}: {n_panels} panels for W&B group {group!r} ({source})")
+    publish_cmd = f"harness dashboard --publish {out}" + ("" if spec["entity"] else " entity=<your W&B entity>")
+    if mode == "offline":
+        print(f"publish it with `wandb login` then `{publish_cmd}` (after `wandb sync` of the runs)")
+        return 0
+    problem = unreachable(base_url())
+    if problem is None:
+        try:
+            print(f"published {publish(spec)}")
+            return 0
+        except Exception as exc:  # no credentials, no such entity, the server said no: the file stands
+            problem = f"{type(exc).__name__}: {exc}"
+    print(f"harness dashboard: not published ({problem}); publish later with `{publish_cmd}`", file=sys.stderr)
+    return 1

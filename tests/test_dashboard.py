@@ -1,0 +1,147 @@
+"""`harness dashboard`: the design-review panel specification, tested offline.
+
+The specification is checked against what a tracked run really logs (an offline W&B run of a
+fixture record, read back with `wandb leet inspect`), and translated into W&B's report objects
+(wandb-workspaces) without a server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import history, inspect_run
+
+from harness.app import dashboard_groups, dashboard_main
+from harness.tracking.dashboard import build_spec, spec_metrics, validate_spec
+from harness.tracking.store import load_record
+from harness.tracking.wandb_tracker import open_run
+
+FIXTURES = Path(__file__).parent / "fixtures" / "records" / "fixture-sweep"
+FIXTURE_RUN = FIXTURES / "fx03-hydra-greedy-t0-b1"
+REVIEW_PANELS = [
+    "speedup_by_proposer_workload",
+    "acceptance_by_depth",
+    "reach_by_depth",
+    "rounds_tried_by_depth",
+    "frontier",
+    "round_cost_ledger",
+    "speedup_vs_batch",
+    "round_ms",
+    "committed_per_round",
+    "t_profile",
+    "memory",
+    "axes",
+]
+
+
+def _spec_from_cli(tmp_path, capsys, *args: str) -> tuple[int, dict | None, str, str]:
+    out = tmp_path / "dashboard.json"
+    rc = dashboard_main(["fixture-sweep", f"records={FIXTURES}", f"out={out}", *args])
+    captured = capsys.readouterr()
+    return rc, json.loads(out.read_text()) if out.exists() else None, captured.out, captured.err
+
+
+def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_path, capsys):
+    rc, spec, out, err = _spec_from_cli(tmp_path, capsys)
+    assert rc == 0 and err == ""
+    assert validate_spec(spec) is spec
+    assert "wrote" in out and "legends from 10 records" in out
+    assert f"harness dashboard --publish {tmp_path / 'dashboard.json'} entity=<your W&B entity>" in out
+    assert spec["group"] == "fixture-sweep" and spec["project"] == "spec-harness"
+    review, apart, failed = spec["sections"]
+    assert [p["id"] for p in review["panels"]] == REVIEW_PANELS
+    # gated exact runs apart from ungated / heuristic / CPU-budget runs and from failed or refused ones
+    assert review["filter"] == (
+        "Group = 'fixture-sweep' and State = 'finished' and Tags not in ['ungated', 'heuristic', 'cpu-budget-artifact']"
+    )
+    assert apart["filter"].endswith("Tags in ['ungated', 'heuristic', 'cpu-budget-artifact']")
+    assert failed["filter"] == "Group = 'fixture-sweep' and State != 'finished'"
+    assert "summary:failure_stage" in failed["columns"]
+    # legends: the axes that differ among the fixture runs (workload and model do not), as in the report
+    assert spec["labels"]["axes"] == ["proposer", "topology", "verifier", "temperature", "batch_size"]
+    panels = {p["id"]: p for p in review["panels"]}
+    assert panels["frontier"]["legend"] == spec["labels"]["legend_template"]
+    assert "${config:workload}" not in spec["labels"]["legend_template"]
+    assert "T=${config:temperature}" in spec["labels"]["legend_template"]
+    assert panels["speedup_by_proposer_workload"]["group_by"] == ["workload", "proposer"]
+    assert panels["acceptance_by_depth"]["x"] == "depth"
+    assert "depth/acceptance_few_rounds" in panels["acceptance_by_depth"]["y"]
+    assert "fewer than 30 rounds" in panels["acceptance_by_depth"]["note"]
+    assert panels["frontier"]["x"] == "mean_committed_per_round"
+    assert panels["frontier"]["y"] == "time_per_committed_token_ms"
+    assert panels["speedup_vs_batch"]["x"] == "config:batch_size"
+
+    rc, spec20, _, _ = _spec_from_cli(tmp_path, capsys, "min_rounds=20")
+    assert rc == 0 and spec20["min_depth_rounds"] == 20
+
+
+def test_every_key_the_panels_read_is_logged_by_a_tracked_run(tmp_path, monkeypatch):
+    for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home" / var.lower()))
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURE_RUN, run_dir)
+    record = load_record(run_dir)
+    with open_run(record, mode="offline", dir=run_dir) as tracker:
+        tracker.log_record(record, run_dir)
+    info, records = inspect_run(run_dir)
+    logged = set(info["config"])
+    for key, value in info["summary"].items():
+        logged.add(key)
+        if isinstance(value, dict):
+            logged.update(f"{key}.{k}" for k in value)
+    for step in history(records):
+        logged.update(step)
+    spec = build_spec("fixture-sweep")
+    missing = sorted(spec_metrics(spec) - logged)
+    # W&B keeps no summary value for None: a CPU run has no CUDA peaks to show (a GPU run logs them)
+    assert missing == sorted(k for k in record["metrics"] if k.startswith(("cuda_peak", "ar_cuda_peak")))
+    assert len(missing) == 4
+    assert {"depth/acceptance_few_rounds", "round/committed_tokens", "t_profile/t_ms", "speedup"} <= spec_metrics(spec)
+
+
+def test_the_specification_becomes_w_and_b_report_objects_without_a_server():
+    wr = pytest.importorskip("wandb_workspaces.reports.v2")
+    from wandb_workspaces import expr
+
+    from harness.tracking.dashboard import report_blocks
+
+    spec = build_spec("batch_scaling", entity="team")
+    blocks = report_blocks(spec, wr)
+    grids = [b for b in blocks if isinstance(b, wr.PanelGrid)]
+    # the review's grouped bar chart has its own grid (runs grouped by workload, then proposer)
+    grouped = [g for g in grids if g.runsets[0].groupby]
+    assert len(grouped) == 2 and grouped[0].runsets[0].groupby == ["config.workload", "config.proposer"]
+    assert isinstance(grouped[0].panels[0], wr.BarPlot) and grouped[0].panels[0].metrics == ["speedup"]
+    titles = [p.title for g in grids for p in g.panels]
+    assert "Frontier: time per committed token vs committed tokens per round" in titles
+    for grid in grids:
+        for panel in grid.panels:
+            panel._to_model()  # the panel's W&B form, which needs no server
+        expr.expr_to_filters(grid.runsets[0].filters)  # W&B's own parser reads the filter
+    line = next(p for g in grids for p in g.panels if p.title.startswith("Acceptance at depth"))
+    assert line.x == "depth" and line.legend_template == spec["labels"]["legend_template"]
+
+
+def test_bad_input_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert dashboard_main(["no_such_sweep"]) == 2
+    assert "unknown sweep or experiment 'no_such_sweep'" in capsys.readouterr().err
+    assert dashboard_main(["batch_scaling", "mode=cloud"]) == 2
+    assert dashboard_main(["batch_scaling", "colour=red"]) == 2
+    assert dashboard_main(["x", f"records={tmp_path / 'missing'}"]) == 2
+    (tmp_path / "bad.json").write_text("{}")
+    assert dashboard_main(["--publish", str(tmp_path / "bad.json")]) == 2
+    assert "not a dashboard specification" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json"]
+    assert {"batch_scaling", "sources/rest_T0", "default"} <= set(dashboard_groups())
+
+
+def test_online_without_a_reachable_server_keeps_the_specification_and_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    rc, spec, out, err = _spec_from_cli(tmp_path, capsys, "mode=online")
+    assert rc == 1 and spec is not None and spec["group"] == "fixture-sweep"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("harness dashboard: not published (ConnectionRefusedError")
+    assert "harness dashboard --publish" in lines[0]

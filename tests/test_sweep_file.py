@@ -1,0 +1,110 @@
+"""`harness sweep PATH.yaml`: a sweep file kept outside the package composes and runs like a
+packaged one (its defaults, `_common` included, resolve against the packaged config groups)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from harness import sweep
+from harness.app import sweep_main
+from harness.sweep import sweep_argv
+from harness.tracking.store import load_record
+
+SWEEP_FILE = textwrap.dedent(
+    """
+    # @package _global_
+    defaults:
+      - _common
+      - override /model: tiny
+
+    sweep: mine
+    workload:
+      limit: 1
+    generation:
+      max_new_tokens: 6
+      warmup_tokens: 2
+    gates:
+      oracle: false
+    threads: 1
+
+    hydra:
+      sweeper:
+        params:
+          proposer: prompt_lookup
+          topology: sequence,sequences
+    """
+)
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _compose(argv: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.config import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=[a for a in argv if a != "-m"], return_hydra_config=True)
+
+
+def test_a_sweep_file_anywhere_composes_through_a_stable_link(env):
+    path = env / "elsewhere" / "mine.yaml"
+    path.parent.mkdir()
+    path.write_text(SWEEP_FILE)
+    argv = sweep_argv(str(path), ["launcher=basic", "verifier=greedy"])
+    assert argv[0] == "-m" and argv[1].startswith("hydra.searchpath=['file://") and "+sweep=mine" in argv
+    link = next((env / "cache" / "sweep-files").glob("*/sweep/mine.yaml"))
+    assert link.is_symlink() and link.resolve() == path.resolve()
+    assert sweep_argv(str(path), []) == ["-m", argv[1], "+sweep=mine", "hydra/launcher=basic"]  # same link again
+    cfg = _compose(argv)
+    assert cfg.sweep == "mine" and cfg.model.name == "tiny" and cfg.gates.oracle is False
+    assert cfg.hydra.sweeper.params.topology == "sequence,sequences"
+    assert cfg.hydra.sweep.dir == "multirun/mine"  # from the packaged _common
+
+
+def test_a_sweep_file_in_a_sweep_folder_uses_that_config_root(env):
+    path = env / "configs" / "sweep" / "mine.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(SWEEP_FILE)
+    argv = sweep_argv(str(path), [])
+    assert argv[1] == f"hydra.searchpath=['file://{(env / 'configs').resolve().as_posix()}']"
+    assert not (env / "cache" / "sweep-files").exists()
+    assert _compose(argv).sweep == "mine"
+
+
+def test_bad_sweep_files_are_refused(env, capsys):
+    with pytest.raises(ValueError, match="does not exist"):
+        sweep_argv(str(env / "missing.yaml"), [])
+    clash = env / "smoke.yaml"
+    clash.write_text(SWEEP_FILE)
+    with pytest.raises(ValueError, match="'smoke' is taken by a packaged sweep"):
+        sweep_argv(str(clash), [])
+    assert sweep_main([str(env / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_harness_sweep_runs_a_sweep_file_from_outside_the_repository(env):
+    path = env / "elsewhere" / "mine.yaml"
+    path.parent.mkdir()
+    path.write_text(SWEEP_FILE)
+    rc = sweep_main([str(path), "hydra.callbacks.harness_sweep.report=false"])
+    summary = dict(sweep.LAST_SUMMARY)
+    assert rc == 0, summary
+    assert sorted(summary["ran"]) == [
+        "proposer=prompt_lookup,topology=sequence",
+        "proposer=prompt_lookup,topology=sequences",
+    ]
+    record = load_record(env / "multirun" / "mine" / summary["ran"][0])
+    assert record["sweep"] == "mine" and record["axes"]["model"] == "tiny"
+    status = json.loads((env / "multirun" / "mine" / summary["ran"][0] / "job_status.json").read_text())
+    assert status["status"] == "ran"
