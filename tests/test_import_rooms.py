@@ -12,18 +12,30 @@ PACKAGE = Path(__file__).resolve().parents[1] / "harness"
 #: room -> the rooms it may import (besides itself). A room is a subpackage of harness/ or one of
 #: the top-level modules grouped below.
 ALLOWED: dict[str, set[str]] = {
-    "contracts": set(),
-    "random_source": set(),
-    "measure": set(),
-    "tracking": set(),
-    "topology": {"contracts"},
-    "verifiers": {"contracts", "random_source", "topology"},
-    "target": {"contracts", "topology", "measure"},
-    "workloads": {"contracts", "target"},
-    "heads": {"contracts", "target"},
-    "proposers": {"contracts", "random_source", "topology", "verifiers", "target", "workloads", "heads", "measure"},
-    "engine": {"contracts", "random_source", "measure", "topology", "verifiers", "target", "proposers"},
+    "files": set(),  # shared-file primitives: atomic writes, unique temporary names, locks
+    "contracts": {"files"},
+    "random_source": {"files"},
+    "measure": {"files"},
+    "tracking": {"files"},
+    "topology": {"files", "contracts"},
+    "verifiers": {"files", "contracts", "random_source", "topology"},
+    "target": {"files", "contracts", "topology", "measure"},
+    "workloads": {"files", "contracts", "target"},
+    "heads": {"files", "contracts", "target"},
+    "proposers": {
+        "files",
+        "contracts",
+        "random_source",
+        "topology",
+        "verifiers",
+        "target",
+        "workloads",
+        "heads",
+        "measure",
+    },
+    "engine": {"files", "contracts", "random_source", "measure", "topology", "verifiers", "target", "proposers"},
     "gates": {
+        "files",
         "contracts",
         "random_source",
         "measure",
@@ -36,6 +48,7 @@ ALLOWED: dict[str, set[str]] = {
         "engine",
     },
     "prepare": {
+        "files",
         "contracts",
         "random_source",
         "measure",
@@ -50,6 +63,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     # the application layer: configuration, manifest, the runner and its entry points, benchmarks
     "app": {
+        "files",
         "contracts",
         "random_source",
         "measure",
