@@ -2,7 +2,10 @@
 
 Each stage is a function of typed values; :func:`run_job` reads as the list of them. Nothing is
 written or tracked unless every stage before ``write`` succeeded: a refused plan, a failed gate or a
-greedy divergence raises, and the job leaves no record. The autoregressive baseline and the
+greedy divergence raises, and the job leaves no record. From the first model work on, the job holds
+its folder's lock (a second run there is refused), and a record or outputs already in the folder
+are first moved aside with a warning (:mod:`harness.tracking.job_folder`), so a job that fails
+leaves no record there, not even an earlier one. The autoregressive baseline and the
 speculative arm run on the same prompts with the same seeds, batch by batch (a batch of one at
 ``generation.batch_size=1``), interleaved, through the same round loop and clock.
 """
@@ -36,7 +39,7 @@ from harness.proposers.base import NullProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import LoadedModel, eos_ids, load_model, model_kv_bytes_per_token, tokenizer_fingerprint
-from harness.tracking.record import write_json_atomic, write_jsonl_atomic
+from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, write_job
 from harness.tracking.wandb_tracker import open_run
 from harness.workloads.prompts import encode_workload
 
@@ -86,13 +89,15 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     planned = plan_job(cfg, run_dir)
-    loaded = load(cfg, planned)
-    prepared = prepare_job(cfg, planned, loaded)
-    gates = gate(cfg, planned, loaded, prepared)
-    measured = measure(cfg, planned, loaded, prepared)
-    record = summarise(cfg, planned, loaded, prepared, gates, measured, job_seconds=time.perf_counter() - t_job)
-    write(record, measured, planned.run_dir)
-    return record
+    with job_lock(planned.run_dir):  # one run per folder, from the first model work to the record
+        earlier = inspect_job(planned.run_dir, manifest_hash=planned.manifest_hash, manifest=planned.manifest)
+        clear_for_run(planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting")
+        loaded = load(cfg, planned)
+        prepared = prepare_job(cfg, planned, loaded)
+        gates = gate(cfg, planned, loaded, prepared)
+        measured = measure(cfg, planned, loaded, prepared)
+        record = summarise(cfg, planned, loaded, prepared, gates, measured, job_seconds=time.perf_counter() - t_job)
+        return write(record, measured, planned.run_dir)
 
 
 # --------------------------------------------------------------------------- plan
@@ -374,10 +379,10 @@ def summarise(
 # --------------------------------------------------------------------------- write
 
 
-def write(record: dict, measured: Measured, run_dir: Path) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_jsonl_atomic(run_dir / "outputs.jsonl", measured.outputs)
-    write_json_atomic(run_dir / "record.json", record)
+def write(record: dict, measured: Measured, run_dir: Path) -> dict:
+    """``outputs.jsonl``, then ``record.json`` binding it by hash (one unit: a failed record write
+    removes the outputs). Returns the record as written."""
+    return write_job(run_dir, record, measured.outputs)
 
 
 # --------------------------------------------------------------------------- trackers
