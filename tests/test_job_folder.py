@@ -356,3 +356,15 @@ def test_harness_run_into_a_folder_with_a_record_moves_it_aside_and_a_failed_gat
     assert not (folder / "record.json").exists() and not (folder / "outputs.jsonl").exists()
     assert len(list((folder / PREVIOUS_DIR).iterdir())) == 2
     assert aggregate(folder).empty
+
+
+def test_a_run_folder_that_cannot_be_created_is_refused_in_one_line(cache, capsys):
+    from harness.app import run_main
+
+    (cache / "afile").write_text("not a folder\n")
+    assert run_main([*TINY, f"output_dir={cache / 'afile' / 'run'}", f"hydra.run.dir={cache / 'hydra'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"harness run: refused: cannot create the job folder {cache / 'afile' / 'run'}: Not a directory"]
+    assert run_main([*TINY, f"hydra.run.dir={cache / 'afile' / 'hydra'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"harness run: refused: cannot create the job folder {cache / 'afile' / 'hydra'}: Not a directory"]
