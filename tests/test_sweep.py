@@ -31,7 +31,8 @@ from harness.sweep import (
 )
 from harness.tracking.store import load_record
 
-EXPERIMENTS_DIR = Path(__file__).resolve().parents[1] / "harness" / "conf" / "experiment"
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS_DIR = REPO / "harness" / "conf" / "experiment"
 WANDB_CLI = Path(sys.executable).parent / "wandb"
 
 
@@ -48,6 +49,8 @@ def env(tmp_path, monkeypatch):
         monkeypatch.setenv(var, str(tmp_path / "wandb-home" / sub))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    # jobs in other processes (submitit, joblib) import this checkout's harness, not an installed one
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -666,7 +669,7 @@ def _multirun_with_a_failure(sweep_dir: Path, launcher: str, capsys) -> None:
     rc = run_main([*TINY_MULTIRUN, f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep_dir}"])
     err = capsys.readouterr().err
     summary = sweep.LAST_SUMMARY
-    assert rc == 1, err
+    assert rc == 1 and summary, err
     (ran,) = summary["ran"]
     (failed,) = summary["failed"]
     assert "verifier=rejection" in failed and "verifier=greedy" in ran
