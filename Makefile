@@ -38,12 +38,12 @@ test: install lint
 
 # formatter and linter (configured in pyproject.toml); `make format` rewrites, `make lint` checks
 lint: install
-	$(BIN)/ruff format --check --quiet harness tests scripts
-	$(BIN)/ruff check --quiet harness tests scripts
+	$(BIN)/ruff format --check --quiet harness hydra_plugins tests scripts
+	$(BIN)/ruff check --quiet harness hydra_plugins tests scripts
 
 format: install
-	$(BIN)/ruff format harness tests scripts
-	$(BIN)/ruff check --fix harness tests scripts
+	$(BIN)/ruff format harness hydra_plugins tests scripts
+	$(BIN)/ruff check --fix harness hydra_plugins tests scripts
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m "slow or model"

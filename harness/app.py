@@ -17,6 +17,7 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from harness import sweep
@@ -28,6 +29,7 @@ from harness.prepare import TRAINERS
 from harness.prepare.sequoia import ensure_tree_artifact
 from harness.runner import load, load_models, plan_job, run_job, track
 from harness.tracking import dashboard
+from harness.tracking.job_folder import JobFolderError, job_lock
 
 
 def run_main(argv: list[str] | None = None) -> int:
@@ -68,13 +70,64 @@ def run_main(argv: list[str] | None = None) -> int:
         )
         return None
 
+    multirun = any(a in {"-m", "--multirun"} or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
+    sweep.LAST_SUMMARY.clear()
     old = sys.argv
     sys.argv = ["harness run"] + argv
     try:
         _entry()
+    except SystemExit as exc:  # a refusal before any job (a busy folder, a Slurm launcher without a partition)
+        return exc.code if isinstance(exc.code, int) else 1
     finally:
         sys.argv = old
+    if multirun:
+        return multirun_exit_code(status["code"])
     return status["code"]
+
+
+def multirun_exit_code(in_process_code: int) -> int:
+    """A multirun's exit code from the sweep summary the launching process wrote (whatever the
+    launcher, jobs in this process or not): non-zero, naming the failed jobs, when any failed."""
+    summary = sweep.LAST_SUMMARY
+    if not summary:
+        print(
+            "harness run: the multirun finished without a sweep summary (was hydra.callbacks changed?)",
+            file=sys.stderr,
+        )
+        return in_process_code or 1
+    if summary.get("failed"):
+        print(
+            f"harness run: {len(summary['failed'])} job(s) failed: {', '.join(summary['failed'])} "
+            f"(errors in {Path(summary['sweep_dir']) / sweep.FAILURES_FILE})",
+            file=sys.stderr,
+        )
+        return 1
+    return in_process_code
+
+
+class RunFolderLock(Callback):
+    """Hydra callback (root config): a single run takes its folder's lock before Hydra writes its
+    ``.hydra/`` files and log there, and holds it to the end; a second run pointed at a folder a
+    live run holds is refused with one line and exit code 2, leaving that folder untouched."""
+
+    def __init__(self) -> None:
+        self._lock = None
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        HydraConfig.instance().set_config(config)  # as Hydra does next, to resolve hydra.run.dir
+        folder = Path(str(config.hydra.run.dir))
+        lock = job_lock(folder)
+        try:
+            lock.__enter__()
+        except JobFolderError as exc:
+            print(f"harness run: refused: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None  # Hydra turns a callback's exceptions into warnings
+        self._lock = lock
+
+    def on_run_end(self, config: DictConfig, **kwargs) -> None:
+        if self._lock is not None:
+            self._lock.__exit__(None, None, None)
+            self._lock = None
 
 
 def sweep_main(argv: list[str] | None = None) -> int:
@@ -91,17 +144,11 @@ def sweep_main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"harness sweep: {exc}\n{sweep.USAGE}", file=sys.stderr)
         return 2
-    sweep.LAST_SUMMARY.clear()
     try:
         code = run_main(run_argv)
     except SystemExit as exc:  # Hydra reports a composition error and exits
         code = exc.code if isinstance(exc.code, int) else 1
-    if code:
-        return int(code)
-    if not sweep.LAST_SUMMARY:
-        print("harness sweep: the sweep finished without a summary (was hydra.callbacks changed?)", file=sys.stderr)
-        return 1
-    return 1 if sweep.LAST_SUMMARY.get("failed") else 0
+    return int(code)
 
 
 # --------------------------------------------------------------------------- harness calibrate

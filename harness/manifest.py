@@ -71,16 +71,22 @@ def manifest_hash(manifest: dict) -> str:
     return hashlib.sha256(canonical_json(manifest).encode()).hexdigest()[:16]
 
 
-def job_manifest_hash(cfg: DictConfig, *, versions: dict[str, str] | None = None) -> str:
-    """The manifest hash a job with config ``cfg`` records, computed before any model work.
+def job_manifest(cfg: DictConfig, *, versions: dict[str, str] | None = None) -> dict:
+    """The manifest a job with config ``cfg`` records, computed before any model work.
 
-    The same computation as the runner's (``freeze_manifest`` then ``manifest_hash``), so a sweep
-    can tell whether a stored record belongs to this job. ``versions`` defaults to the installed
-    library versions (``harness.measure.hardware.library_versions``), as in the runner.
+    The same computation as the runner's (``freeze_manifest`` with the same extras), so a sweep
+    can tell whether a stored record belongs to this job, and which keys differ when it does not.
+    ``versions`` defaults to the installed library versions
+    (``harness.measure.hardware.library_versions``), as in the runner.
     """
     if versions is None:
         versions = library_versions()
-    return manifest_hash(freeze_manifest(cfg, versions=versions, extra=manifest_extras(cfg)))
+    return freeze_manifest(cfg, versions=versions, extra=manifest_extras(cfg))
+
+
+def job_manifest_hash(cfg: DictConfig, *, versions: dict[str, str] | None = None) -> str:
+    """The manifest hash a job with config ``cfg`` records (:func:`job_manifest`, hashed)."""
+    return manifest_hash(job_manifest(cfg, versions=versions))
 
 
 def manifest_extras(cfg: DictConfig) -> dict:

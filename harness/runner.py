@@ -2,10 +2,13 @@
 
 Each stage is a function of typed values; :func:`run_job` reads as the list of them. Nothing is
 written unless every stage before ``write`` succeeded: a refused plan, a failed gate or a greedy
-divergence raises, and the job leaves no record. With ``tracking=wandb`` the W&B run opens once the
-plan is accepted (a refused configuration logs nothing), so its system monitor covers the job; a
-later stage that raises finishes it as failed (tagged ``refused`` for a gate or contract refusal),
-and a finished job logs its record there. The autoregressive baseline and the
+divergence raises, and the job leaves no record. From the first model work on, the job holds its
+folder's lock (a second run there is refused), and a record or outputs already in the folder are
+first moved aside with a warning (:mod:`harness.tracking.job_folder`), so a job that fails leaves
+no record there, not even an earlier one. With ``tracking=wandb`` the W&B run opens once the plan is
+accepted (a refused configuration logs nothing), so its system monitor covers the job; a later stage
+that raises finishes it as failed (tagged ``refused`` for a gate or contract refusal), and a
+finished job logs its record there. The autoregressive baseline and the
 speculative arm run on the same prompts with the same seeds, batch by batch (a batch of one at
 ``generation.batch_size=1``), interleaved, through the same round loop and clock.
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,8 +59,8 @@ from harness.target.loading import (
     model_position_limit,
     tokenizer_fingerprint,
 )
-from harness.tracking.record import write_json_atomic, write_jsonl_atomic
-from harness.tracking.store import OUTPUTS_FILENAME, RECORD_FILENAME, ROUNDS_FILENAME
+from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, write_job
+from harness.tracking.store import ROUNDS_FILENAME
 from harness.tracking.wandb_tracker import NullTracker, Tracker, open_run, wandb_group
 from harness.verifiers.base import NegotiationError
 from harness.workloads.conversations import ContextLimit, PromptEncoder, TurnPrompt, context_limit, truncate_rule
@@ -118,37 +122,40 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     planned = plan_job(cfg, run_dir)
-    tracker = open_tracker(cfg, planned)
-    host_memory = JobHostMemory().start()  # this job's peak RSS, even when jobs share a process
-    stage = "load"
-    try:
-        loaded = load(cfg, planned)
-        stage = "prepare"
-        prepared = prepare_job(cfg, planned, loaded)
-        stage = "gate"
-        gates = gate(cfg, planned, loaded, prepared)
-        stage = "measure"
-        measured = measure(cfg, planned, loaded, prepared)
-        stage = "summarise"
-        record = summarise(
-            cfg,
-            planned,
-            loaded,
-            prepared,
-            gates,
-            measured,
-            job_seconds=time.perf_counter() - t_job,
-            host_memory=host_memory.stop(),
-            tracking=tracker.describe(),
-        )
-        stage = "write"
-        write(record, measured, planned.run_dir)
-        stage = "tracking"
-        tracker.log_record(record, planned.run_dir)
-    except BaseException as exc:
-        host_memory.stop()  # a sampling thread, where there is one, ends with the job
-        tracker.fail(stage=stage, error=exc, refused=isinstance(exc, REFUSALS))
-        raise
+    with job_lock(planned.run_dir):  # one run per folder, from the first model work to the record
+        earlier = inspect_job(planned.run_dir, manifest_hash=planned.manifest_hash, manifest=planned.manifest)
+        clear_for_run(planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting")
+        tracker = open_tracker(cfg, planned)
+        host_memory = JobHostMemory().start()  # this job's peak RSS, even when jobs share a process
+        stage = "load"
+        try:
+            loaded = load(cfg, planned)
+            stage = "prepare"
+            prepared = prepare_job(cfg, planned, loaded)
+            stage = "gate"
+            gates = gate(cfg, planned, loaded, prepared)
+            stage = "measure"
+            measured = measure(cfg, planned, loaded, prepared)
+            stage = "summarise"
+            record = summarise(
+                cfg,
+                planned,
+                loaded,
+                prepared,
+                gates,
+                measured,
+                job_seconds=time.perf_counter() - t_job,
+                host_memory=host_memory.stop(),
+                tracking=tracker.describe(),
+            )
+            stage = "write"
+            record = write(record, measured, planned.run_dir)
+            stage = "tracking"
+            tracker.log_record(record, planned.run_dir)
+        except BaseException as exc:
+            host_memory.stop()  # a sampling thread, where there is one, ends with the job
+            tracker.fail(stage=stage, error=exc, refused=isinstance(exc, REFUSALS))
+            raise
     return record
 
 
@@ -180,7 +187,7 @@ def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
         plan=plan_,
         manifest=manifest,
         manifest_hash=mhash,
-        run_id=f"{mhash}-{time.strftime('%Y%m%dT%H%M%S')}",
+        run_id=f"{mhash}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}",  # unique within a second too
         round_cfg=RoundConfig(
             max_nodes=plan_.budget.max_nodes,
             max_depth=plan_.budget.max_depth,
@@ -542,13 +549,10 @@ def context_metrics(limit: ContextLimit, per_prompt: list[dict]) -> dict:
 # --------------------------------------------------------------------------- write
 
 
-def write(record: dict, measured: Measured, run_dir: Path) -> None:
-    """outputs.jsonl and rounds.jsonl first, record.json last (each atomic): a record on disk
-    always has its files beside it."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_jsonl_atomic(run_dir / OUTPUTS_FILENAME, measured.outputs)
-    write_jsonl_atomic(run_dir / ROUNDS_FILENAME, measured.rounds)
-    write_json_atomic(run_dir / RECORD_FILENAME, record)
+def write(record: dict, measured: Measured, run_dir: Path) -> dict:
+    """``rounds.jsonl`` and ``outputs.jsonl``, then ``record.json`` binding the outputs by hash (one
+    unit: a failed record write removes the others). Returns the record as written."""
+    return write_job(run_dir, record, measured.outputs, extra={ROUNDS_FILENAME: measured.rounds})
 
 
 # --------------------------------------------------------------------------- trackers

@@ -1,28 +1,36 @@
 """`harness sweep`: launch a named sweep (``harness/conf/sweep/``, linked as ``sweeps/``) through a Hydra launcher.
 
-    harness sweep NAME [launcher=basic|joblib|submitit_local|submitit_slurm] [concurrent_jobs=N]
+    harness sweep NAME [launcher=basic|joblib|submitit_local|slurm|submitit_slurm] [concurrent_jobs=N]
                        [overrides...]
     harness sweep --list
 
 is ``harness run -m +sweep=NAME hydra/launcher=LAUNCHER ...``: Hydra's sweeper expands
 ``hydra.sweeper.params`` of ``sweeps/NAME.yaml`` (the ``sweep`` config group) and the launcher runs
-the jobs. Everything here is wiring around Hydra's own mechanisms:
+the jobs. Any ``harness run -m`` gets the same treatment (the root config registers the callback
+and the folder naming). Everything here is wiring around Hydra's own mechanisms:
 
-* **Job folders are deterministic**: ``multirun/<sweep>/<the job's override_dirname>``
-  (``sweeps/_common.yaml``). :func:`run_sweep_job` (called by the runner's Hydra entry in multirun
-  mode) skips a job whose folder holds a complete, valid ``record.json`` with the manifest hash
-  this job would freeze (:func:`harness.manifest.job_manifest_hash`). Records are written
-  atomically, so a crashed job has none and is re-run.
+* **Job folders are deterministic**: ``<sweep folder>/<the job's override_dirname>`` (the root
+  config), so a re-launch finds each job's folder whatever the order of the axis lists.
+  :func:`run_sweep_job` (called by the runner's Hydra entry in multirun mode) holds the folder's
+  lock, skips a job whose folder holds a complete job (``record.json`` and the ``outputs.jsonl``
+  it binds, :func:`harness.tracking.job_folder.inspect_job`) with the manifest hash this job would
+  freeze (:func:`harness.manifest.job_manifest`), and otherwise moves the folder's earlier files to
+  ``<job>/.previous/`` with a warning giving the reason before running it: a job that then fails
+  leaves no record in its folder.
 * **A failing job does not stop the others**: the job's exception (refusals included: negotiation
-  errors, gate failures) is caught, written to the job's ``job_status.json`` and the job returns
-  normally, so Hydra's sweeper moves on to the next batch.
+  errors, gate failures, a folder another live run holds) is caught, written to the job's
+  ``job_status.json`` and the job returns normally, so Hydra's sweeper moves on to the next batch.
 * **Honest timing**: the sweeper hands the launcher batches of ``concurrent_jobs`` jobs (default
   1), and each job records, as ``concurrent_jobs``, how many jobs its launcher really runs at once
-  (:func:`launcher_concurrency`), whatever was asked.
+  (:func:`launcher_concurrency`), whatever was asked. The Slurm launcher (``hydra/launcher=slurm``)
+  takes the whole sweep as one array of which ``concurrent_jobs`` tasks run at once.
 * **After the sweep** (:class:`SweepCallback`, a Hydra callback, in the launching process):
   ``failures.jsonl`` (this launch's failed jobs, their overrides and errors), ``summary.json``
   (ran / skipped / failed), ``store.parquet`` (:func:`harness.tracking.store.rebuild_store` over
-  the sweep folder) and ``report/`` (``harness report``), all in the sweep folder.
+  the sweep folder: complete jobs only) and ``report/`` (``harness report``, regenerated or removed),
+  all in the sweep folder; the command exits non-zero naming the failed jobs
+  (:func:`harness.app.multirun_exit_code`). Before the first job it refuses a launcher that cannot
+  submit (a Slurm launcher without a partition).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -44,12 +53,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.contracts import ContractError
 from harness.gates.status import GateError
-from harness.manifest import job_manifest_hash
+from harness.manifest import job_manifest, manifest_hash
 from harness.runner import run_job, track
 from harness.tracking import report as report_mod
+from harness.tracking.job_folder import JobFolderError, clear_for_run, inspect_job, job_lock, set_aside
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
-from harness.tracking.store import RECORD_FILENAME, RecordError, load_record, rebuild_store
+from harness.tracking.store import RECORD_FILENAME, rebuild_store
 from harness.verifiers.base import NegotiationError
+from hydra_plugins.harness_launcher.slurm import slurm_refusal
 
 log = logging.getLogger("harness.sweep")
 
@@ -61,21 +72,26 @@ SUMMARY_FILE = "summary.json"
 STORE_FILE = "store.parquet"
 REPORT_DIR = "report"
 
-#: ``launcher=NAME`` -> Hydra overrides. The launcher's own bound follows ``concurrent_jobs``, so
-#: that the sweeper's batch size and the launcher's parallelism agree.
+#: ``launcher=NAME`` -> Hydra overrides; ``harness run -m ... hydra/launcher=X`` (Hydra's own switch)
+#: gives the same jobs. The sweeper hands any launcher batches of ``concurrent_jobs`` jobs (the
+#: root config's ``hydra.sweeper.max_batch_size``; default 1, so timed jobs run one at a time), and
+#: each launcher's own bound follows it; ``slurm`` submits the whole sweep as one array whose
+#: ``array_parallelism`` is ``concurrent_jobs`` (``harness/conf/hydra/launcher/slurm.yaml``).
 LAUNCHERS: dict[str, tuple[str, ...]] = {
     "basic": ("hydra/launcher=basic",),
     "joblib": ("hydra/launcher=joblib", "hydra.launcher.n_jobs=${concurrent_jobs}"),
     "submitit_local": ("hydra/launcher=submitit_local",),
+    "slurm": ("hydra/launcher=slurm",),
     "submitit_slurm": ("hydra/launcher=submitit_slurm", "hydra.launcher.array_parallelism=${concurrent_jobs}"),
 }
 
 USAGE = (
-    "usage: harness sweep NAME|PATH.yaml [launcher=basic|joblib|submitit_local|submitit_slurm] "
-    "[concurrent_jobs=N] [hydra overrides...]\n       harness sweep --list"
+    "usage: harness sweep NAME|PATH.yaml [launcher=basic|joblib|submitit_local|slurm|submitit_slurm] "
+    "[concurrent_jobs=N] [hydra overrides...]\n       harness sweep --list\n"
+    "       (launcher=slurm needs hydra.launcher.partition=<partition>; see harness/conf/hydra/launcher/slurm.yaml)"
 )
 
-#: what the last sweep launched from this process did (read by :func:`main` for its exit code).
+#: what the last multirun launched from this process did (read by ``harness run -m`` for its exit code).
 LAST_SUMMARY: dict[str, Any] = {}
 
 
@@ -142,14 +158,16 @@ def sweep_argv(name: str, args: list[str], *, sweeps_dir: Path = SWEEPS_DIR) -> 
         elif arg in {"-m", "--multirun"}:
             continue
         else:
+            if arg.startswith("hydra/launcher="):  # Hydra's own switch, given to `harness sweep`
+                launcher = None
             rest.append(arg)
-    if launcher not in LAUNCHERS:
+    if launcher is not None and launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be one of {sorted(LAUNCHERS)}; got {launcher!r}")
-    return ["-m", *search, f"+sweep={name}", *LAUNCHERS[launcher], *rest]
+    return ["-m", *search, f"+sweep={name}", *(LAUNCHERS[launcher] if launcher else ()), *rest]
 
 
 # --------------------------------------------------------------------------------------------
-# inside one job
+# launchers
 
 
 def _joblib_workers(n_jobs: int | None) -> int:
@@ -167,7 +185,7 @@ def launcher_concurrency(hydra_cfg: DictConfig) -> int | None:
 
     The sweeper hands the launcher batches of ``hydra.sweeper.max_batch_size`` jobs (all jobs
     when unset); within a batch the basic launcher runs one job at a time, joblib ``n_jobs``,
-    submitit's local executor all of them and SLURM ``array_parallelism``.
+    submitit's local executor all of them and Slurm ``array_parallelism``.
     """
     target = str(hydra_cfg.launcher.get("_target_", ""))
     launcher = hydra_cfg.launcher
@@ -177,7 +195,7 @@ def launcher_concurrency(hydra_cfg: DictConfig) -> int | None:
         width = _joblib_workers(launcher.get("n_jobs"))
     elif target.endswith("submitit_launcher.LocalLauncher"):
         width = None
-    elif target.endswith("submitit_launcher.SlurmLauncher"):
+    elif target.endswith("SlurmLauncher"):  # submitit's, or the harness's (hydra/launcher=slurm)
         width = int(launcher.get("array_parallelism"))
     else:
         raise ValueError(
@@ -188,26 +206,21 @@ def launcher_concurrency(hydra_cfg: DictConfig) -> int | None:
     return min(bounds) if bounds else None
 
 
-def finished_record(run_dir: Path, manifest_hash: str) -> dict | None:
-    """The complete record in ``run_dir`` if it validates and carries ``manifest_hash``, else None."""
+# --------------------------------------------------------------------------------------------
+# Slurm
 
-    path = Path(run_dir) / RECORD_FILENAME
-    if not path.is_file():
+
+def launcher_refusal(hydra_cfg: DictConfig) -> str | None:
+    """Why the configured launcher cannot submit this multirun (checked before anything is
+    submitted or written); None when it can. A Slurm launcher (submitit's or the harness's
+    ``hydra/launcher=slurm``) needs a partition."""
+    if not str(hydra_cfg.launcher.get("_target_", "")).endswith("SlurmLauncher"):
         return None
-    try:
-        record = load_record(path)
-    except RecordError as exc:
-        log.warning("re-running %s: its record is not complete (%s)", run_dir, exc)
-        return None
-    if record.get("manifest_hash") != manifest_hash:
-        log.info(
-            "re-running %s: its record has manifest hash %s, this job %s",
-            run_dir,
-            record.get("manifest_hash"),
-            manifest_hash,
-        )
-        return None
-    return record
+    return slurm_refusal(hydra_cfg.launcher)
+
+
+# --------------------------------------------------------------------------------------------
+# inside one job
 
 
 def _launch_id(sweep_dir: Path) -> str | None:
@@ -219,14 +232,18 @@ def _launch_id(sweep_dir: Path) -> str | None:
 
 def _is_refusal(exc: BaseException) -> bool:
 
-    return isinstance(exc, (GateError, NegotiationError, ContractError))
+    return isinstance(exc, (GateError, NegotiationError, ContractError, JobFolderError))
 
 
 def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:
-    """One multirun job: skip it if its record is already there, else run and track it.
+    """One multirun job: skip it if its folder holds a complete job of this manifest, else move
+    the folder's earlier files aside (a warning gives the reason), run and track it.
 
     Never raises for a failing job: the error goes to ``<job>/job_status.json`` (and from there
-    to the sweep's ``failures.jsonl``) and the other jobs go on. Returns the job status.
+    to the sweep's ``failures.jsonl``) and the other jobs go on. The job holds its folder's lock
+    throughout; a folder another live run holds fails this job at once (its status then goes to
+    ``<job>/job_status.busy-<launch id>.json``, leaving the other run's files alone). Returns the
+    job status.
     """
 
     t0 = time.perf_counter()
@@ -243,6 +260,39 @@ def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:
         "launch_id": _launch_id(sweep_dir),
         "sweep": cfg.get("sweep"),
     }
+    status_file = run_dir / JOB_STATUS
+    try:
+        with job_lock(run_dir, purpose=f"sweep job {job}"):
+            _run_locked(cfg, hydra_cfg, run_dir=run_dir, job=job, status=status)
+            _finish_status(status, t0, status_file)
+    except JobFolderError as exc:
+        _failed(status, job, "setup", exc)
+        status_file = run_dir / f"job_status.busy-{status['launch_id']}.json"
+        if not run_dir.is_dir():
+            status_file = sweep_dir / f"job_status.unwritable-{status['launch_id']}-{status['num']}.json"
+        _finish_status(status, t0, status_file)
+    return status
+
+
+def _finish_status(status: dict[str, Any], t0: float, path: Path) -> None:
+    status["seconds"] = time.perf_counter() - t0
+    status["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_json_atomic(path, status)
+
+
+def _failed(status: dict[str, Any], job: str, stage: str, exc: BaseException) -> None:
+    log.error("job %s failed during %s: %s: %s", job, stage, type(exc).__name__, exc)
+    print(f"harness sweep: job {job} failed during {stage}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    status.update(
+        status="failed",
+        stage=stage,
+        refused=_is_refusal(exc),
+        error={"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc(limit=-8)},
+    )
+
+
+def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: str, status: dict[str, Any]) -> None:
+    """The job, its folder locked: skip, or set the earlier files aside and run."""
     stage = "setup"
     try:
         if cfg.get("output_dir"):
@@ -254,7 +304,7 @@ def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:
         if width is None:
             raise ValueError(
                 "cannot tell how many jobs run at once: the launcher runs a whole batch together "
-                "and hydra.sweeper.max_batch_size is unset (sweeps set it to concurrent_jobs)"
+                "and hydra.sweeper.max_batch_size is unset (it defaults to concurrent_jobs)"
             )
         if width != int(cfg.concurrent_jobs):
             log.info(
@@ -264,32 +314,33 @@ def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:
                 width,
             )
         cfg.concurrent_jobs = width
-        mhash = job_manifest_hash(cfg)
+        manifest = job_manifest(cfg)
+        mhash = manifest_hash(manifest)
         status["manifest_hash"] = mhash
-        if finished_record(run_dir, mhash) is not None:
+        state = inspect_job(run_dir, manifest_hash=mhash, manifest=manifest)
+        if state.record is not None:
             log.info("skipped %s: complete record with manifest hash %s", job, mhash)
             print(f"harness sweep: skipped {job} (complete record, manifest hash {mhash})", file=sys.stderr)
-            status.update(status="skipped", record=str(run_dir / "record.json"))
-        else:
-            stage = "run"
-            record = run_job(cfg, run_dir=run_dir)
-            status["manifest_hash"] = record["manifest_hash"]
-            stage = "tracking"
-            track(cfg, record, run_dir)
-            status.update(status="ran", record=str(run_dir / "record.json"), speedup=record["metrics"].get("speedup"))
+            status.update(status="skipped", record=str(run_dir / RECORD_FILENAME))
+            return
+        clear_for_run(run_dir, state, what=f"sweep job {job}", action="re-running")
+        stage = "run"
+        record = run_job(cfg, run_dir=run_dir)
+        status["manifest_hash"] = record["manifest_hash"]
+        stage = "tracking"
+        track(cfg, record, run_dir)
+        status.update(status="ran", record=str(run_dir / RECORD_FILENAME), speedup=record["metrics"].get("speedup"))
     except Exception as exc:  # a failing job must not stop the sweep; it is reported, not hidden
-        log.error("job %s failed during %s: %s: %s", job, stage, type(exc).__name__, exc)
-        print(f"harness sweep: job {job} failed during {stage}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        status.update(
-            status="failed",
-            stage=stage,
-            refused=_is_refusal(exc),
-            error={"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc(limit=-8)},
-        )
-    status["seconds"] = time.perf_counter() - t0
-    status["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    write_json_atomic(run_dir / JOB_STATUS, status)
-    return status
+        if stage == "setup":  # no manifest to check earlier files against: they are not this job's
+            state = inspect_job(run_dir)
+            if state.files:
+                dest = set_aside(run_dir, state.files)
+                log.warning(
+                    "sweep job %s failed before its manifest could be checked; its earlier files are moved to %s",
+                    job,
+                    dest,
+                )
+        _failed(status, job, stage, exc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,7 +363,7 @@ class SweepSummary:
 def collect_statuses(sweep_dir: Path, *, launch_id: str | None) -> list[dict[str, Any]]:
     """The job statuses under ``sweep_dir`` written by launch ``launch_id`` (all when None)."""
     out = []
-    for path in sorted(Path(sweep_dir).rglob(JOB_STATUS)):
+    for path in sorted(Path(sweep_dir).rglob("job_status*.json")):
         try:
             status = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
@@ -350,8 +401,10 @@ def finish_sweep(sweep_dir: str | Path, *, launch_id: str | None = None, report:
     store_path = sweep_dir / STORE_FILE
     df = rebuild_store(sweep_dir, store_path)
     summary.records, summary.store = len(df), str(store_path)
+    out = sweep_dir / REPORT_DIR
+    if out.is_dir():  # regenerated from this store, or gone: never a report of records the store left out
+        shutil.rmtree(out)
     if report and len(df):
-        out = sweep_dir / REPORT_DIR
         try:
             code = report_mod.main([str(store_path), f"out={out}"])
         except Exception as exc:  # the records and the store stand; say why the report did not
@@ -381,20 +434,18 @@ def format_summary(summary: SweepSummary) -> str:
     return "\n".join(lines)
 
 
-try:  # Hydra >= 1.1
-    pass
-except ImportError:  # pragma: no cover - hydra-core is pinned
-    _Callback = object  # type: ignore[assignment,misc]
-
-
 class SweepCallback(_Callback):
-    """Hydra callback (``hydra.callbacks`` in ``sweeps/_common.yaml``); runs in the launching process."""
+    """Hydra callback (``hydra.callbacks`` in the root config); runs in the launching process."""
 
     def __init__(self, report: bool = True) -> None:
         self.report = report
         self.launch_id: str | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refusal = launcher_refusal(config.hydra)
+        if refusal is not None:  # before anything is submitted or written
+            print(f"harness run: refused: {refusal}", file=sys.stderr)
+            raise SystemExit(2)  # Hydra turns a callback's exceptions into warnings; this one stops the launch
         sweep_dir = Path(str(config.hydra.sweep.dir))
         self.launch_id = uuid.uuid4().hex[:12]
         write_json_atomic(
@@ -404,7 +455,9 @@ class SweepCallback(_Callback):
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "sweep": config.get("sweep"),
                 "overrides": OmegaConf.to_container(config.hydra.overrides, resolve=True),
-                "sweeper_params": OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=True),
+                "sweeper_params": OmegaConf.to_container(config.hydra.sweeper.params, resolve=True)
+                if config.hydra.sweeper.get("params")
+                else {},
             },
         )
 

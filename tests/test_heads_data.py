@@ -57,8 +57,8 @@ def test_training_streams_budget_and_cache(tmp_path, monkeypatch, model):
     )
     assert train.tokens.tolist() == DOCS[0] + DOCS[1]  # whole documents; a 1-token cut of the third is dropped
     assert held.tokens.tolist() == DOCS[2]
-    files = sorted(p.name for p in (tmp_path / "heads" / "streams").iterdir())
-    assert len(files) == 2 and files[0].endswith("-heldout.safetensors")
+    files = sorted(p.name for p in (tmp_path / "heads" / "streams").iterdir() if not p.name.startswith("."))
+    assert len(files) == 2 and files[0].endswith("-heldout.safetensors")  # and a hidden lock file
     again, _ = training_streams(
         model, None, recipe, target_hash="abc" * 8, documents=(DOCS, DOCS[::-1]), progress=False
     )

@@ -12,19 +12,31 @@ PACKAGE = Path(__file__).resolve().parents[1] / "harness"
 #: room -> the rooms it may import (besides itself). A room is a subpackage of harness/ or one of
 #: the top-level modules grouped below.
 ALLOWED: dict[str, set[str]] = {
-    "contracts": set(),
-    "random_source": set(),
+    "files": set(),  # shared-file primitives: atomic writes, unique temporary names, locks
+    "contracts": {"files"},
+    "random_source": {"files"},
     "record_schema": set(),
-    "measure": set(),
-    "tracking": {"record_schema"},
-    "topology": {"contracts"},
-    "verifiers": {"contracts", "random_source", "topology"},
-    "target": {"contracts", "topology", "measure"},
-    "workloads": {"contracts", "target"},
-    "heads": {"contracts", "target"},
-    "proposers": {"contracts", "random_source", "topology", "verifiers", "target", "workloads", "heads", "measure"},
-    "engine": {"contracts", "random_source", "measure", "topology", "verifiers", "target", "proposers"},
+    "measure": {"files"},
+    "tracking": {"files", "record_schema"},
+    "topology": {"files", "contracts"},
+    "verifiers": {"files", "contracts", "random_source", "topology"},
+    "target": {"files", "contracts", "topology", "measure"},
+    "workloads": {"files", "contracts", "target"},
+    "heads": {"files", "contracts", "target"},
+    "proposers": {
+        "files",
+        "contracts",
+        "random_source",
+        "topology",
+        "verifiers",
+        "target",
+        "workloads",
+        "heads",
+        "measure",
+    },
+    "engine": {"files", "contracts", "random_source", "measure", "topology", "verifiers", "target", "proposers"},
     "gates": {
+        "files",
         "record_schema",
         "contracts",
         "random_source",
@@ -38,6 +50,7 @@ ALLOWED: dict[str, set[str]] = {
         "engine",
     },
     "prepare": {
+        "files",
         "contracts",
         "random_source",
         "measure",
@@ -52,6 +65,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     # the application layer: configuration, manifest, the runner and its entry points, benchmarks
     "app": {
+        "files",
         "record_schema",
         "contracts",
         "random_source",

@@ -250,7 +250,7 @@ def test_greedy_gate_checks_a_turn_whose_prompts_differ_at_the_speculative_conte
     import torch
 
     from harness.gates.greedy import check_prompt, greedy_equality
-    from harness.gates.stages import GateError
+    from harness.gates.status import GateError
 
     prompt = [5, 9, 11, 4]
     with torch.inference_mode():  # the target's own greedy continuation of `prompt`

@@ -31,7 +31,8 @@ from harness.sweep import (
 )
 from harness.tracking.store import load_record
 
-EXPERIMENTS_DIR = Path(__file__).resolve().parents[1] / "harness" / "conf" / "experiment"
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS_DIR = REPO / "harness" / "conf" / "experiment"
 WANDB_CLI = Path(sys.executable).parent / "wandb"
 
 
@@ -48,6 +49,8 @@ def env(tmp_path, monkeypatch):
         monkeypatch.setenv(var, str(tmp_path / "wandb-home" / sub))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    # jobs in other processes (submitit, joblib) import this checkout's harness, not an installed one
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -247,7 +250,14 @@ def test_sweep_argv_maps_launchers_and_keeps_user_overrides_last():
         sweep_argv("nope", [])
     with pytest.raises(ValueError, match=r"launcher must be one of .*; got 'ray'"):
         sweep_argv("smoke", ["launcher=ray"])
-    assert set(LAUNCHERS) == {"basic", "joblib", "submitit_local", "submitit_slurm"}
+    assert sweep_argv("smoke", ["launcher=slurm"])[2:] == ["hydra/launcher=slurm"]
+    # Hydra's own switch given to `harness sweep` replaces the default launcher
+    assert sweep_argv("smoke", ["hydra/launcher=submitit_local"]) == [
+        "-m",
+        "+sweep=smoke",
+        "hydra/launcher=submitit_local",
+    ]
+    assert set(LAUNCHERS) == {"basic", "joblib", "submitit_local", "slurm", "submitit_slurm"}
 
 
 @pytest.mark.parametrize(
@@ -272,6 +282,42 @@ def test_cli_usage_and_list(capsys):
     assert "smoke" in capsys.readouterr().out.split()
     assert sweep_main(["nope"]) == 2
     assert "unknown sweep 'nope'" in capsys.readouterr().err
+    assert sweep_main(["smoke", "launcher=ray"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "harness sweep: launcher must be one of ['basic', 'joblib', 'slurm', 'submitit_local', 'submitit_slurm']; "
+        "got 'ray'\n"
+    )
+
+
+def test_slurm_refusals_name_what_to_set():
+    from hydra_plugins.harness_launcher.slurm import slurm_refusal
+
+    assert slurm_refusal({"partition": "gpu", "job_overrides": ["model.device=cuda"]}) is None
+    assert slurm_refusal(OmegaConf.create({"partition": "???"})).startswith("hydra.launcher.partition is not set")
+    assert slurm_refusal({"partition": None}).startswith("hydra.launcher.partition is not set")
+    assert slurm_refusal({"partition": "gpu", "job_overrides": ["cuda"]}) == (
+        "hydra.launcher.job_overrides must be key=value overrides; got ['cuda']"
+    )
+
+
+def test_output_dir_in_a_sweep_fails_the_job_before_model_work(env):
+    sweep_dir = env / "multirun" / "smoke"
+    rc, summary = launch(
+        sweep_dir,
+        "launcher=basic",
+        "proposer=prompt_lookup",
+        "verifier=greedy",
+        "output_dir=elsewhere",
+        "hydra.callbacks.harness_sweep.report=false",
+    )
+    assert rc == 1 and len(summary["failed"]) == 1
+    (failure,) = [json.loads(line) for line in (sweep_dir / FAILURES_FILE).read_text().splitlines()]
+    assert failure["stage"] == "setup"
+    assert failure["error"]["message"] == (
+        "output_dir='elsewhere' is for single runs; a sweep writes each job to hydra.sweep.dir/hydra.sweep.subdir"
+    )
+    assert not (env / "elsewhere").exists()
 
 
 def _hydra(launcher: dict, max_batch_size=None):
@@ -493,3 +539,313 @@ def test_a_code_change_changes_the_job_manifest_hash(hydra_conf, tmp_path, monke
     finally:
         manifest.code_fingerprint.cache_clear()
     assert first != real
+
+
+# --------------------------------------------------------------------------------------------
+# job folders: resume by what ran, earlier files moved aside, nothing stale in the store
+
+
+def test_jobs_resume_by_what_ran_not_by_job_number(env, capsys):
+    """Folders are named by overrides: reordering an axis list skips every finished job; a job
+    whose outputs were deleted is re-run, with a warning giving the reason."""
+    sweep_dir = env / "multirun" / "smoke"
+    common = [
+        "launcher=basic",
+        "proposer=prompt_lookup",
+        "gates.enabled=false",
+        "hydra.callbacks.harness_sweep.report=false",
+    ]
+    rc, first = launch(sweep_dir, *common, "verifier=greedy,membership")
+    assert rc == 0 and len(first["ran"]) == 2 and first["failed"] == []
+    rc, again = launch(sweep_dir, *common, "verifier=membership,greedy")
+    assert rc == 0 and again["ran"] == [] and sorted(again["skipped"]) == sorted(first["ran"])
+
+    job = next(j for j in first["ran"] if "verifier=greedy" in j)
+    record = load_record(sweep_dir / job)
+    (sweep_dir / job / "outputs.jsonl").unlink()
+    capsys.readouterr()
+    rc, third = launch(sweep_dir, *common, "verifier=greedy,membership")
+    assert rc == 0 and third["ran"] == [job] and len(third["skipped"]) == 1
+    (aside,) = (sweep_dir / job / ".previous").iterdir()
+    out = capsys.readouterr().out
+    assert (
+        f"[WARNING] - re-running sweep job {job}: its outputs.jsonl is missing; its earlier files are moved to {aside}"
+    ) in out
+    assert load_record(aside / "record.json")["run_id"] == record["run_id"]
+    store = pd.read_parquet(sweep_dir / STORE_FILE)
+    assert len(store) == 2 and record["run_id"] not in set(store["run_id"])
+
+
+def test_a_job_rerun_after_a_code_change_that_fails_its_gate_leaves_no_record_in_folder_store_or_report(
+    env, capsys, monkeypatch
+):
+    """A job passes; the code hash changes and the gate fails: the re-run moved the old record
+    aside first, so the folder has no record, and the store and report hold none."""
+    import harness.manifest as manifest
+    import harness.runner as runner
+    from harness.gates.status import GateError
+
+    sweep_dir = env / "multirun" / "smoke"
+    args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 0
+    (job,) = summary["ran"]
+    folder = sweep_dir / job
+    old = load_record(folder)
+    assert list(pd.read_parquet(sweep_dir / STORE_FILE)["run_id"]) == [old["run_id"]]
+    assert old["run_id"] in (sweep_dir / "report" / "report.md").read_text()
+
+    def failing_gate(*a, **k):
+        raise GateError("statistical gate failed: p = 0.001 < alpha (test)")
+
+    monkeypatch.setattr(manifest, "code_fingerprint", lambda: "0123456789abcdef")
+    monkeypatch.setattr(runner, "gate", failing_gate)
+    capsys.readouterr()
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 1
+    assert (summary["ran"], summary["skipped"], summary["failed"]) == ([], [], [job])
+
+    # the folder: no record, no outputs; the earlier files lie in .previous/
+    assert not (folder / "record.json").exists() and not (folder / "outputs.jsonl").exists()
+    (aside,) = (folder / ".previous").iterdir()
+    assert load_record(aside / "record.json")["run_id"] == old["run_id"]
+    status = json.loads((folder / JOB_STATUS).read_text())
+    assert (status["status"], status["stage"], status["refused"]) == ("failed", "run", True)
+    assert status["manifest_hash"] != old["manifest_hash"]
+    out = capsys.readouterr().out
+    assert (
+        f"[WARNING] - re-running sweep job {job}: its record has manifest hash {old['manifest_hash']}, "
+        f"this job {status['manifest_hash']} (changed: harness_code); its earlier files are moved to {aside}"
+    ) in out
+
+    # the store and the report hold no record of another manifest
+    assert pd.read_parquet(sweep_dir / STORE_FILE).empty
+    assert not (sweep_dir / "report").exists()
+    failures = [json.loads(line) for line in (sweep_dir / FAILURES_FILE).read_text().splitlines()]
+    assert [(f["job"], f["error"]["type"]) for f in failures] == [(job, "GateError")]
+
+
+def test_a_sweep_job_whose_folder_a_live_run_holds_fails_without_touching_it(env):
+    from test_job_folder import _hold
+
+    sweep_dir = env / "multirun" / "smoke"
+    args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
+    rc, summary = launch(sweep_dir, *args, "hydra.callbacks.harness_sweep.report=false")
+    (job,) = summary["ran"]
+    before = (sweep_dir / job / "record.json").read_bytes()
+    proc = _hold(sweep_dir / job)
+    try:
+        rc, summary = launch(sweep_dir, *args, "hydra.callbacks.harness_sweep.report=false")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert rc == 1 and summary["failed"] == [job]
+    assert (sweep_dir / job / "record.json").read_bytes() == before  # the other run's files untouched
+    failures = [json.loads(line) for line in (sweep_dir / FAILURES_FILE).read_text().splitlines()]
+    assert failures[0]["error"]["type"] == "FolderBusy" and failures[0]["refused"] is True
+    assert f"pid {proc.pid}" in failures[0]["error"]["message"]
+    assert len(pd.read_parquet(sweep_dir / STORE_FILE)) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Hydra's own launcher switch, failures in any launcher, Slurm
+
+TINY_MULTIRUN = [
+    "-m",
+    "model=tiny",
+    "workload.limit=1",
+    "generation.max_new_tokens=8",
+    "threads=1",
+    "gates.enabled=false",
+    "proposer=prompt_lookup",
+    "verifier=greedy,rejection",  # rejection needs temperature > 0: refused, so this multirun has a failed job
+    "hydra.callbacks.harness_sweep.report=false",
+]
+
+
+def _multirun_with_a_failure(sweep_dir: Path, launcher: str, capsys) -> None:
+    from harness.app import run_main
+
+    rc = run_main([*TINY_MULTIRUN, f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep_dir}"])
+    err = capsys.readouterr().err
+    summary = sweep.LAST_SUMMARY
+    assert rc == 1 and summary, err
+    (ran,) = summary["ran"]
+    (failed,) = summary["failed"]
+    assert "verifier=rejection" in failed and "verifier=greedy" in ran
+    assert f"harness run: 1 job(s) failed: {failed} (errors in {sweep_dir / FAILURES_FILE})" in err
+    record = load_record(sweep_dir / ran)
+    assert record["metrics"]["concurrent_jobs"] == 1  # one timed job at a time unless raised
+    assert json.loads((sweep_dir / FAILURES_FILE).read_text())["error"]["type"] == "NegotiationError"
+
+
+def test_harness_run_multirun_with_hydras_own_basic_launcher_names_failed_jobs(env, capsys):
+    _multirun_with_a_failure(env / "mr-basic", "basic", capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["submitit_local", "joblib"])
+def test_harness_run_multirun_with_hydras_own_launcher_switch_works_and_names_failed_jobs(env, capsys, launcher):
+    """`harness run -m ... hydra/launcher=submitit_local` (jobs in other processes): every job runs
+    (no 'cannot tell how many jobs run at once'), and the failed one makes the command fail."""
+    try:
+        _multirun_with_a_failure(env / f"mr-{launcher}", launcher, capsys)
+    finally:
+        if launcher == "joblib":
+            from joblib.externals.loky import get_reusable_executor
+
+            get_reusable_executor().shutdown(wait=True)
+
+
+def test_slurm_launcher_config_composes_gpu_jobs_in_one_array(hydra_conf):
+    from hydra_plugins.harness_launcher.slurm import with_job_overrides
+
+    cfg = _compose(sweep_argv("smoke", ["launcher=slurm", "hydra.launcher.partition=gpu", "concurrent_jobs=3"])[1:])
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.harness_launcher.slurm.SlurmLauncher"
+    assert (launcher.partition, launcher.gpus_per_task, launcher.cpus_per_task, launcher.mem_gb) == ("gpu", 1, 8, 64)
+    assert (launcher.timeout_min, launcher.array_parallelism, list(launcher.setup)) == (240, 3, [])
+    assert list(launcher.job_overrides) == ["model.device=cuda", "model.dtype=bfloat16"]
+    assert cfg.hydra.sweeper.max_batch_size is None  # the whole sweep is one array...
+    assert launcher_concurrency(cfg.hydra) == 3  # ...of which concurrent_jobs run at once
+
+    # Hydra's own switch gives the same launcher; other launchers get batches of concurrent_jobs
+    cfg = _compose(["model=tiny", "hydra/launcher=slurm", "hydra.launcher.partition=gpu"])
+    assert (cfg.hydra.launcher.array_parallelism, cfg.hydra.sweeper.max_batch_size) == (1, None)
+    assert launcher_concurrency(cfg.hydra) == 1
+    cfg = _compose(["model=tiny", "hydra/launcher=submitit_local", "concurrent_jobs=2"])
+    assert cfg.hydra.sweeper.max_batch_size == 2 and launcher_concurrency(cfg.hydra) == 2
+    cfg = _compose(["model=tiny", "hydra/launcher=joblib"])
+    assert cfg.hydra.sweeper.max_batch_size == 1 and launcher_concurrency(cfg.hydra) == 1
+
+    gpu = ["model.device=cuda", "model.dtype=bfloat16"]
+    assert with_job_overrides(["proposer=rest"], gpu) == ["proposer=rest", *gpu]
+    assert with_job_overrides(["model.device=cpu", "++model.dtype=float32"], gpu) == [
+        "model.device=cpu",
+        "++model.dtype=float32",
+    ]
+
+
+class _FakeExecutor:
+    """Stands in for submitit's AutoExecutor: records what would be submitted; ``run`` runs each
+    array task in this process (the launcher's own __call__, as a Slurm task would)."""
+
+    made: list = []
+    run = True
+
+    def __init__(self, cluster, folder, **kwargs):
+        self.cluster, self.folder, self.kwargs = cluster, folder, kwargs
+        self.params: dict = {}
+        self.arrays: list = []
+        _FakeExecutor.made.append(self)
+
+    def update_parameters(self, **params):
+        self.params.update(params)
+
+    def map_array(self, fn, *args):
+        tasks = list(zip(*args))
+        self.arrays.append([list(t[0]) for t in tasks])
+        return [_FakeJob(fn, t, self.run) for t in tasks]
+
+
+class _FakeJob:
+    def __init__(self, fn, args, run):
+        self.fn, self.args, self.run = fn, args, run
+
+    def results(self):
+        from hydra.core.utils import JobReturn, JobStatus
+
+        if self.run:
+            return [self.fn(*self.args)]
+        ret = JobReturn(overrides=list(self.args[0]), status=JobStatus.COMPLETED)
+        ret.return_value = None
+        return [ret]
+
+
+@pytest.fixture
+def fake_slurm(monkeypatch):
+    import submitit
+
+    class _Env:
+        job_id = "4242_0"
+
+    _FakeExecutor.made = []
+    monkeypatch.setattr(submitit, "AutoExecutor", _FakeExecutor)
+    monkeypatch.setattr(submitit, "JobEnvironment", _Env)
+    return _FakeExecutor
+
+
+def test_a_slurm_sweep_without_a_partition_is_refused_before_anything_is_submitted(env, capsys, fake_slurm):
+    from harness.app import run_main
+
+    sweep_dir = env / "multirun" / "smoke"
+    assert sweep_main(["smoke", "launcher=slurm", f"hydra.sweep.dir={sweep_dir}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "harness run: refused: hydra.launcher.partition is not set: a Slurm sweep needs the partition its "
+        "jobs run in (hydra.launcher.partition=<name>; `sinfo -s` lists them)"
+    ]
+    # Hydra's own switch, with submitit's Slurm launcher: the same refusal
+    rc = run_main([*TINY_MULTIRUN, "hydra/launcher=submitit_slurm", f"hydra.sweep.dir={sweep_dir}"])
+    assert rc == 2
+    assert capsys.readouterr().err.strip().startswith("harness run: refused: hydra.launcher.partition is not set")
+    assert fake_slurm.made == [] and not sweep_dir.exists()  # nothing submitted, nothing written
+
+
+def test_a_slurm_sweep_is_one_array_with_the_resources_and_gpu_overrides_of_the_config(env, fake_slurm):
+    sweep_dir = env / "multirun" / "smoke"
+    fake_slurm.run = False  # submit only: there is no cluster here
+    try:
+        rc = sweep_main(
+            [
+                "smoke",
+                "launcher=slurm",
+                "hydra.launcher.partition=gpu",
+                "hydra.launcher.setup=['module load cuda/12.4']",
+                "concurrent_jobs=2",
+                "verifier=greedy",
+                "model.dtype=float32",
+                f"hydra.sweep.dir={sweep_dir}",
+            ]
+        )
+    finally:
+        fake_slurm.run = True
+    assert rc == 0
+    (executor,) = fake_slurm.made
+    assert executor.cluster == "slurm" and executor.folder == f"{sweep_dir}/.submitit/%j"
+    p = executor.params
+    assert (p["slurm_partition"], p["slurm_gpus_per_task"], p["cpus_per_task"], p["mem_gb"]) == ("gpu", 1, 8, 64)
+    assert (p["timeout_min"], p["slurm_array_parallelism"], p["slurm_setup"]) == (240, 2, ["module load cuda/12.4"])
+    assert not {k for k in p if "job_overrides" in k or "sweep_batch" in k}  # harness keys are no sbatch options
+    (array,) = executor.arrays  # every job of the sweep in one array
+    assert len(array) == 2
+    for overrides in array:
+        assert "model.device=cuda" in overrides  # added: the jobs run on the GPU...
+        assert "model.dtype=float32" in overrides and "model.dtype=bfloat16" not in overrides  # ...in the user's dtype
+
+
+def test_slurm_array_tasks_run_jobs_that_record_the_array_parallelism(env, fake_slurm):
+    """The Slurm launcher's array tasks, run here in this process (on the CPU, as the user says)."""
+    sweep_dir = env / "multirun" / "smoke"
+    rc = sweep_main(
+        [
+            "smoke",
+            "launcher=slurm",
+            "hydra.launcher.partition=gpu",
+            "concurrent_jobs=2",
+            "proposer=prompt_lookup",
+            "verifier=greedy,membership",
+            "model.device=cpu",
+            "model.dtype=float32",
+            "gates.enabled=false",
+            "hydra.callbacks.harness_sweep.report=false",
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+    )
+    assert rc == 0
+    summary = sweep.LAST_SUMMARY
+    assert len(summary["ran"]) == 2 and summary["failed"] == []
+    for job in summary["ran"]:
+        record = load_record(sweep_dir / job)
+        assert record["metrics"]["concurrent_jobs"] == 2
+        assert record["config"]["model"]["device"] == "cpu"

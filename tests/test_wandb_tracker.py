@@ -246,7 +246,7 @@ def test_a_tracked_job_reads_back_with_names_group_config_history_and_summary(tm
 def test_a_refused_job_is_a_failed_w_and_b_run_tagged_refused_and_leaves_no_record(tmp_path, wandb_home, monkeypatch):
     import harness.runner as runner
     from harness.config import compose
-    from harness.gates.stages import GateError
+    from harness.gates.status import GateError
 
     def refuse(*args, **kwargs):
         raise GateError("equivalence: tree logits differ from sequential logits")

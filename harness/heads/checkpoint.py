@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from harness.files import temporary_sibling
 from harness.target.loading import cache_root, tokenizer_fingerprint
 
 ARTIFACT_VERSION = "heads-artifact-1"
@@ -87,22 +88,29 @@ def _artifact_id(manifest: dict) -> str:
 
 
 def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch.Tensor] | None = None) -> Path:
-    """Write atomically (a temporary directory renamed into place)."""
+    """Write atomically: a temporary directory no other process names, renamed into place (an
+    earlier artifact there is replaced). Builders hold :func:`harness.files.artifact_lock` on
+    ``out_dir`` around the check, the training and this write, so concurrent jobs train once."""
 
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    manifest = dict(manifest)
-    manifest["version"] = ARTIFACT_VERSION
-    if state is not None:
-        state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        manifest["weights_sha256"] = weights_hash(state)
-    manifest["artifact_id"] = _artifact_id(manifest)
-    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(out_dir)
+    try:
+        tmp.mkdir()
+        manifest = dict(manifest)
+        manifest["version"] = ARTIFACT_VERSION
+        if state is not None:
+            state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+            save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            manifest["weights_sha256"] = weights_hash(state)
+        manifest["artifact_id"] = _artifact_id(manifest)
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from harness.files import artifact_lock
 from harness.heads.artifacts import adapter_artifact_path, load_adapter
 from harness.heads.checkpoint import ArtifactError, save_artifact, target_fingerprint
 from harness.heads.early_exit import AdapterArtifact, ExitAdapter, adapter_logits, build_adapter
@@ -115,10 +117,38 @@ def ensure_adapter(
     documents=None,
 ) -> AdapterArtifact:
     recipe, path = adapter_artifact_path(options, model=model, tokenizer=tokenizer)
-    target_hash = target_fingerprint(model, tokenizer)
-    explicit = options.get("artifact")
     if not force and (path / "manifest.json").is_file():
         return load_adapter(options, model=model, tokenizer=tokenizer, path=path)
+    with artifact_lock(path, purpose="training the early-exit adapter"):  # concurrent jobs train once
+        if not force and (path / "manifest.json").is_file():  # trained by the job that held the lock
+            return load_adapter(options, model=model, tokenizer=tokenizer, path=path)
+        return _train_adapter_artifact(
+            options,
+            recipe,
+            path,
+            model=model,
+            tokenizer=tokenizer,
+            target_source=target_source,
+            progress=progress,
+            force=force,
+            documents=documents,
+        )
+
+
+def _train_adapter_artifact(
+    options: dict,
+    recipe: dict,
+    path: Path,
+    *,
+    model: torch.nn.Module,
+    tokenizer,
+    target_source: str,
+    progress: bool,
+    force: bool,
+    documents,
+) -> AdapterArtifact:
+    target_hash = target_fingerprint(model, tokenizer)
+    explicit = options.get("artifact")
     if not force and (explicit or not options.get("auto_train", True)):
         raise ArtifactError(
             f"no early_exit artifact at {str(path)!r}; run `harness train proposer=early_exit` "

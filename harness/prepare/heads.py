@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from harness.files import artifact_lock
 from harness.heads.artifacts import HeadsArtifact, build_heads, heads_artifact_path, load_heads
 from harness.heads.checkpoint import ArtifactError, save_artifact, target_fingerprint
 from harness.heads.recipes import DataRecipe, TrainRecipe
@@ -91,9 +92,39 @@ def ensure_heads(
 ) -> HeadsArtifact:
     """Load the configured artifact; train it first when absent (and ``auto_train``) or ``force``."""
     recipe, path = heads_artifact_path(kind, options, model=model, tokenizer=tokenizer)
-    explicit = options.get("artifact")
     if (path / "manifest.json").is_file() and not force:
         return load_heads(kind, recipe, model=model, tokenizer=tokenizer, path=path)
+    with artifact_lock(path, purpose=f"training the {kind} heads"):  # concurrent jobs train once
+        if (path / "manifest.json").is_file() and not force:  # trained by the job that held the lock
+            return load_heads(kind, recipe, model=model, tokenizer=tokenizer, path=path)
+        return _train_absent(
+            kind,
+            options,
+            recipe,
+            path,
+            model=model,
+            tokenizer=tokenizer,
+            target_source=target_source,
+            progress=progress,
+            force=force,
+            documents=documents,
+        )
+
+
+def _train_absent(
+    kind: str,
+    options: dict,
+    recipe: dict,
+    path: Path,
+    *,
+    model: torch.nn.Module,
+    tokenizer,
+    target_source: str,
+    progress: bool,
+    force: bool,
+    documents,
+) -> HeadsArtifact:
+    explicit = options.get("artifact")
     if explicit and not force:
         raise ArtifactError(
             f"proposer.artifact={explicit!r} does not exist; run `harness train proposer={kind}` "

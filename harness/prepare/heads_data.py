@@ -25,6 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from harness.files import artifact_lock, temporary_sibling
 from harness.heads.checkpoint import short_hash
 from harness.heads.recipes import DataRecipe
 from harness.target.loading import cache_root
@@ -140,7 +141,7 @@ def encode_stream(
 def save_stream(stream: PackedStream, path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary_sibling(path)
     tensors = {
         "tokens": stream.tokens,
         "segment_ids": stream.segment_ids,
@@ -148,8 +149,11 @@ def save_stream(stream: PackedStream, path: Path) -> None:
         "hidden": stream.hidden,
         **{f"layer_{l}": t for l, t in stream.extra.items()},
     }
-    save_file(tensors, str(tmp), metadata={"meta": json.dumps(stream.meta, sort_keys=True)})
-    tmp.rename(path)
+    try:
+        save_file(tensors, str(tmp), metadata={"meta": json.dumps(stream.meta, sort_keys=True)})
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def load_stream(path: Path) -> PackedStream:
@@ -197,6 +201,31 @@ def training_streams(
     paths = (base.with_name(base.name + "-train.safetensors"), base.with_name(base.name + "-heldout.safetensors"))
     if cache and all(p.is_file() for p in paths):
         return load_stream(paths[0]), load_stream(paths[1])
+    if not cache:
+        return _encode_streams(
+            model, tokenizer, recipe, target_hash=target_hash, documents=documents, progress=progress, layers=layers
+        )
+    with artifact_lock(base, purpose="encoding head-training streams"):  # concurrent jobs encode once
+        if all(p.is_file() for p in paths):  # encoded by the job that held the lock
+            return load_stream(paths[0]), load_stream(paths[1])
+        train, held = _encode_streams(
+            model, tokenizer, recipe, target_hash=target_hash, documents=documents, progress=progress, layers=layers
+        )
+        save_stream(train, paths[0])
+        save_stream(held, paths[1])
+    return train, held
+
+
+def _encode_streams(
+    model: torch.nn.Module,
+    tokenizer,
+    recipe: DataRecipe,
+    *,
+    target_hash: str,
+    documents,
+    progress: bool,
+    layers: Sequence[int],
+) -> tuple[PackedStream, PackedStream]:
     vocab = int(model.config.vocab_size)
     if documents is None:
         if recipe.source != "sharegpt":
@@ -222,7 +251,4 @@ def training_streams(
         s.meta.update(
             {"split": split, "source": recipe.source if documents is None else "inline", "target_hash": target_hash}
         )
-    if cache:
-        save_stream(train, paths[0])
-        save_stream(held, paths[1])
     return train, held

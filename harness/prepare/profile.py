@@ -42,6 +42,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from harness.files import atomic_write_text, temporary_sibling
 from harness.measure.hardware import cpu_name, library_versions
 from harness.measure.ledger import StageClock
 from harness.target.timing import verify_times
@@ -85,14 +86,11 @@ def key_hash(obj: Any) -> str:
 
 
 def write_artifact(artifact: dict, path: Path) -> dict:
-    """Stamp ``hash`` and write atomically (tmp + rename). Returns the stamped artifact."""
+    """Stamp ``hash`` and write atomically (a unique temporary name, then a rename). Returns the
+    stamped artifact."""
     artifact = dict(artifact)
     artifact["hash"] = artifact_hash(artifact)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(artifact, indent=2, sort_keys=True, allow_nan=False))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(artifact, indent=2, sort_keys=True, allow_nan=False))
     return artifact
 
 
@@ -368,6 +366,11 @@ def plot_profile(profile: dict, path: Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    tmp = temporary_sibling(path, "png")  # concurrent jobs may draw the same profile
+    try:
+        fig.savefig(tmp, dpi=100, format="png")
+        tmp.replace(path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
     return path

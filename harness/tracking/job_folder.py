@@ -1,0 +1,207 @@
+"""A job's folder: its files written as one unit, one run at a time, and earlier files moved aside.
+
+* **One unit** (:func:`write_job`): ``outputs.jsonl`` is written first, then ``record.json``,
+  which binds the outputs by file name, row count and SHA-256 (``record["outputs"]``). Each file
+  is written atomically; when the record cannot be written, the outputs are removed. A folder
+  therefore holds a complete job (a valid record whose bound outputs are there, unchanged) or
+  nothing the store, ``harness compare`` or a resumed sweep reads as one (:func:`inspect_job`).
+* **One run per folder** (:func:`job_lock`): a run holds ``<folder>/.harness.lock`` for its whole
+  life; a second run pointed at the same folder is refused at once, naming the holder.
+* **Earlier files moved aside** (:func:`set_aside`): a job that runs again in a folder holding
+  files (its code or config changed, its outputs are gone, or ``harness run`` was pointed there
+  again) first moves them to ``<folder>/.previous/<time>-<id>/``, with a warning giving the
+  reason, so a job that then fails leaves no record in its folder; the store skips hidden folders.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.files import LockBusy, atomic_write_text, describe_holder, file_lock
+from harness.tracking.record import json_text, jsonl_text
+from harness.tracking.store import (
+    OUTPUTS_FILENAME,
+    RECORD_FILENAME,
+    ROUNDS_FILENAME,
+    RecordError,
+    load_record,
+    outputs_problem,
+    validate_record,
+)
+
+log = logging.getLogger("harness.jobs")
+
+LOCK_FILENAME = ".harness.lock"
+PREVIOUS_DIR = ".previous"
+#: what a job leaves in its folder besides Hydra's own files: moved aside together
+JOB_FILES: tuple[str, ...] = (RECORD_FILENAME, OUTPUTS_FILENAME, ROUNDS_FILENAME, "wandb")
+
+
+class JobFolderError(ValueError):
+    """A job folder that cannot be used: it cannot be created, or another run holds it."""
+
+
+class FolderBusy(JobFolderError):
+    """Another live run holds the job folder's lock."""
+
+
+@contextmanager
+def job_lock(folder: str | Path, *, purpose: str = "harness run") -> Iterator[Path]:
+    """Hold the job folder's lock (the folder is created); :class:`FolderBusy` when a live run has it.
+
+    Re-entrant within a thread: the sweep job that locked its folder calls the runner, which takes
+    the same lock for free.
+    """
+    folder = Path(folder)
+    created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise JobFolderError(f"cannot create the job folder {folder}: {exc.strerror or exc}") from exc
+    try:
+        with file_lock(folder / LOCK_FILENAME, wait=False, purpose=purpose):
+            try:
+                yield folder
+            finally:
+                if created and [p.name for p in folder.iterdir()] == [LOCK_FILENAME]:
+                    # a run that wrote nothing (refused before its first file) leaves no folder
+                    (folder / LOCK_FILENAME).unlink(missing_ok=True)
+                    folder.rmdir()
+    except LockBusy as exc:
+        raise FolderBusy(
+            f"{folder} is in use by another run ({describe_holder(exc.holder)}): wait for it to finish, "
+            "or write elsewhere (output_dir=... or hydra.run.dir=...)"
+        ) from None
+
+
+def write_job(
+    folder: str | Path, record: dict, outputs: list[dict], *, extra: Mapping[str, list[dict]] | None = None
+) -> dict:
+    """Write the ``extra`` JSONL files (e.g. ``rounds.jsonl``) and ``outputs.jsonl``, then
+    ``record.json`` binding the outputs; returns the record as written.
+
+    The record is validated first (a record the store would refuse is never written). If writing
+    the record fails (a full disk), the other files are removed and the error raised: the folder
+    then holds none of them.
+    """
+    folder = Path(folder)
+    text = jsonl_text(outputs)
+    data = text.encode("utf-8")
+    record = {
+        **record,
+        "outputs": {"file": OUTPUTS_FILENAME, "rows": len(outputs), "sha256": hashlib.sha256(data).hexdigest()},
+    }
+    validate_record(record, path=folder / RECORD_FILENAME)
+    out_path = folder / OUTPUTS_FILENAME
+    extra = extra or {}
+    written = [folder / name for name in extra] + [out_path]
+    try:
+        for name, rows in extra.items():
+            atomic_write_text(folder / name, jsonl_text(rows))
+        atomic_write_text(out_path, text)
+        atomic_write_text(folder / RECORD_FILENAME, json_text(record))
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    return record
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What a job folder holds. ``record`` is set only for a complete job (valid record, bound
+    outputs present and unchanged, and, when asked, the expected manifest hash); ``reason`` says
+    why files that are there do not make one (None when the folder holds no job files)."""
+
+    record: dict | None
+    reason: str | None
+    files: tuple[str, ...]
+
+
+def _manifest_difference(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> str:
+    """``harness_code, generation.max_new_tokens``: the manifest keys whose values differ."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return ""
+    keys = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            sub = [f"{key}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            keys += sub or [key]
+        else:
+            keys.append(key)
+    if not keys:
+        return ""
+    shown = ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
+    return f" (changed: {shown})"
+
+
+def inspect_job(folder: str | Path, *, manifest_hash: str | None = None, manifest: dict | None = None) -> JobState:
+    """The job files in ``folder`` and whether they make a complete job of ``manifest_hash``."""
+    folder = Path(folder)
+    files = tuple(name for name in JOB_FILES if (folder / name).exists())
+    if not files:
+        return JobState(None, None, files)
+    if RECORD_FILENAME not in files:
+        return JobState(
+            None, f"it holds {', '.join(files)} but no {RECORD_FILENAME} (a job that did not finish)", files
+        )
+    try:
+        record = load_record(folder / RECORD_FILENAME)
+    except RecordError as exc:
+        return JobState(None, f"its record is not valid ({exc})", files)
+    if record.get("outputs") is None:
+        return JobState(None, "its record does not bind its outputs (written by an older harness)", files)
+    problem = outputs_problem(record, folder)
+    if problem is not None:
+        return JobState(None, problem, files)
+    if manifest_hash is not None and record.get("manifest_hash") != manifest_hash:
+        diff = _manifest_difference(record.get("manifest"), manifest)
+        return JobState(
+            None,
+            f"its record has manifest hash {record.get('manifest_hash')}, this job {manifest_hash}{diff}",
+            files,
+        )
+    return JobState(record, None, files)
+
+
+def set_aside(folder: str | Path, files: tuple[str, ...] | None = None) -> Path | None:
+    """Move the job files of ``folder`` to ``<folder>/.previous/<time>-<id>/``; returns that folder
+    (None when there was nothing to move)."""
+    folder = Path(folder)
+    names = [n for n in (files if files is not None else JOB_FILES) if (folder / n).exists()]
+    if not names:
+        return None
+    dest = folder / PREVIOUS_DIR / f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    dest.mkdir(parents=True)
+    for name in names:
+        shutil.move(str(folder / name), str(dest / name))
+    (dest / "moved.json").write_text(
+        json.dumps({"moved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": names}) + "\n"
+    )
+    return dest
+
+
+def clear_for_run(folder: str | Path, state: JobState, *, what: str, action: str) -> Path | None:
+    """Move a folder's earlier job files aside before a run, with a warning naming ``what`` (the job
+    or folder), the ``action`` (re-running, overwriting) and the reason."""
+    if not state.files:
+        return None
+    dest = set_aside(folder, state.files)
+    reason = state.reason or (
+        f"it holds a complete record of this manifest ({state.record['run_id']})" if state.record else "it holds files"
+    )
+    log.warning("%s %s: %s; its earlier files are moved to %s", action, what, reason, dest)
+    return dest

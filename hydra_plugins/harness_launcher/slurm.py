@@ -1,0 +1,69 @@
+"""``hydra/launcher=slurm`` (``harness/conf/hydra/launcher/slurm.yaml``): submitit's Slurm launcher
+with two additions, for the harness's sweeps on a GPU cluster.
+
+* It refuses, before submitting anything, a configuration without a partition (the same check
+  :class:`harness.sweep.SweepCallback` runs before Hydra builds any launcher, for submitit's own
+  ``submitit_slurm`` too).
+* ``job_overrides`` (default ``model.device=cuda``, ``model.dtype=bfloat16``) are added to every
+  job that does not set those keys itself, so the jobs run on the GPU Slurm gives them.
+
+``sweep_batch`` is read by the root config's ``hydra.sweeper.max_batch_size`` (null: the whole
+sweep is handed over at once and submitted as one array, ``array_parallelism`` of its tasks at a
+time); like ``job_overrides`` it is no sbatch option and is not passed to submitit.
+
+Hydra loads this module while scanning its plugins, for every command it runs, so it imports
+nothing of the harness and nothing heavy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hydra.core.utils import JobReturn
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as _SubmititSlurmLauncher
+from omegaconf import OmegaConf
+
+
+def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
+    """Why a Slurm launcher configuration cannot submit (None when it can): it needs a partition,
+    and its job overrides must be ``key=value``."""
+    partition = None
+    if not (OmegaConf.is_config(launcher) and OmegaConf.is_missing(launcher, "partition")):
+        partition = launcher.get("partition")
+    if not partition:
+        return (
+            "hydra.launcher.partition is not set: a Slurm sweep needs the partition its jobs run in "
+            "(hydra.launcher.partition=<name>; `sinfo -s` lists them)"
+        )
+    overrides = launcher.get("job_overrides") or []
+    bad = [str(o) for o in overrides if "=" not in str(o) or str(o).startswith("=")]
+    if bad:
+        return f"hydra.launcher.job_overrides must be key=value overrides; got {bad}"
+    return None
+
+
+def with_job_overrides(overrides: Sequence[str], defaults: Sequence[str]) -> list[str]:
+    """A job's overrides followed by each of ``defaults`` whose key the job does not set itself
+    (``model.device=cuda`` is added unless the job says ``model.device=...``)."""
+
+    def key(override: str) -> str:
+        return str(override).split("=", 1)[0].lstrip("+~")
+
+    given = {key(o) for o in overrides}
+    return [*overrides, *(str(d) for d in defaults if key(d) not in given)]
+
+
+class SlurmLauncher(_SubmititSlurmLauncher):
+    def __init__(self, job_overrides: Any = (), sweep_batch: Any = None, **params: Any) -> None:
+        if OmegaConf.is_config(job_overrides):
+            job_overrides = OmegaConf.to_container(job_overrides, resolve=True)
+        self.job_overrides = [str(o) for o in (job_overrides or ())]
+        super().__init__(**params)
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        refusal = slurm_refusal({**self.params, "job_overrides": self.job_overrides})
+        if refusal is not None:
+            raise ValueError(refusal)
+        jobs = [with_job_overrides(list(o), self.job_overrides) for o in job_overrides]
+        return super().launch(jobs, initial_job_idx)

@@ -1,0 +1,370 @@
+"""A job's folder: outputs and record written as one unit (readable by the group), one run per folder
+(a lock a second run is refused by), earlier files moved aside before a job runs again, and the
+store reading complete jobs only. No model here except in the `harness run` tests (model=tiny)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import harness.tracking.job_folder as job_folder
+from harness.files import LockBusy, artifact_lock, file_lock, holds_lock
+from harness.tracking.job_folder import (
+    LOCK_FILENAME,
+    PREVIOUS_DIR,
+    FolderBusy,
+    inspect_job,
+    job_lock,
+    set_aside,
+    write_job,
+)
+from harness.tracking.store import RecordError, aggregate, load_record
+
+FIXTURE = Path(__file__).parent / "fixtures" / "records" / "fixture-sweep" / "fx03-hydra-greedy-t0-b1" / "record.json"
+REPO = Path(__file__).resolve().parents[1]
+OUTPUTS = [{"prompt_id": "p0", "ar_token_ids": [1, 2, 3], "spec_token_ids": [1, 2, 3]}]
+
+
+def _record(run_id: str = "r1", manifest_hash: str = "a" * 16, **manifest) -> dict:
+    record = json.loads(FIXTURE.read_text())
+    record.pop("outputs", None)
+    record["run_id"] = run_id
+    record["manifest_hash"] = manifest_hash
+    record["manifest"] = {"harness_code": "c0", "generation": {"max_new_tokens": 8, "temperature": 0.0}, **manifest}
+    return record
+
+
+@pytest.fixture
+def umask022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+# --------------------------------------------------------------------------------------------
+# one unit
+
+
+def test_record_binds_its_outputs_and_both_are_readable_by_the_group(tmp_path, umask022):
+    written = write_job(tmp_path / "job", _record(), OUTPUTS)
+    job = tmp_path / "job"
+    assert _mode(job / "record.json") == 0o644 and _mode(job / "outputs.jsonl") == 0o644
+    stored = load_record(job)
+    assert stored == written
+    assert stored["outputs"]["file"] == "outputs.jsonl" and stored["outputs"]["rows"] == 1
+    import hashlib
+
+    assert stored["outputs"]["sha256"] == hashlib.sha256((job / "outputs.jsonl").read_bytes()).hexdigest()
+    state = inspect_job(job, manifest_hash="a" * 16)
+    assert state.record == stored and state.reason is None
+    assert sorted(p.name for p in job.iterdir()) == ["outputs.jsonl", "record.json"]  # no temporary left
+
+
+@pytest.mark.parametrize("failing", ["record.json", "outputs.jsonl"])
+def test_a_failed_write_leaves_neither_file(tmp_path, monkeypatch, failing):
+    real = job_folder.atomic_write_text
+
+    def disk_full(path, text):
+        if Path(path).name == failing:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, text)
+
+    monkeypatch.setattr(job_folder, "atomic_write_text", disk_full)
+    (tmp_path / "job").mkdir()  # the runner's folder lock made it
+    with pytest.raises(OSError, match="No space left"):
+        write_job(tmp_path / "job", _record(), OUTPUTS)
+    assert list((tmp_path / "job").iterdir()) == []
+    assert aggregate(tmp_path).empty
+
+
+def test_a_record_the_store_would_refuse_is_never_written(tmp_path):
+    record = _record()
+    del record["metrics"]["speedup"]
+    with pytest.raises(RecordError, match="speedup"):
+        write_job(tmp_path / "job", record, OUTPUTS)
+    assert not (tmp_path / "job").exists() or list((tmp_path / "job").iterdir()) == []
+
+
+def test_real_atomic_writes_leave_no_temporary_and_use_the_plain_mode(tmp_path, umask022):
+    from harness.files import atomic_write_text
+
+    for _ in range(3):
+        atomic_write_text(tmp_path / "x.json", "{}\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+    assert _mode(tmp_path / "x.json") == 0o644
+    os.umask(0o077)
+    atomic_write_text(tmp_path / "y.json", "{}\n")
+    assert _mode(tmp_path / "y.json") == 0o600  # a private umask is honoured, as by open()
+
+
+# --------------------------------------------------------------------------------------------
+# what makes a complete job
+
+
+def test_inspect_job_names_why_files_are_no_complete_job(tmp_path):
+    job = tmp_path / "job"
+    assert inspect_job(job).files == () and inspect_job(job).reason is None
+
+    write_job(job, _record(), OUTPUTS)
+    (job / "outputs.jsonl").unlink()
+    state = inspect_job(job, manifest_hash="a" * 16)
+    assert state.record is None and state.reason == "its outputs.jsonl is missing"
+
+    write_job(job, _record(), OUTPUTS)
+    (job / "outputs.jsonl").write_text('{"prompt_id": "edited"}\n')
+    assert "is not the one the record binds" in inspect_job(job).reason
+
+    write_job(job, _record(), OUTPUTS)
+    new_manifest = {"harness_code": "c1", "generation": {"max_new_tokens": 16, "temperature": 0.0}}
+    state = inspect_job(job, manifest_hash="b" * 16, manifest=new_manifest)
+    assert state.reason == (
+        f"its record has manifest hash {'a' * 16}, this job {'b' * 16} "
+        "(changed: generation.max_new_tokens, harness_code)"
+    )
+    assert inspect_job(job, manifest_hash="a" * 16).record is not None
+
+    (job / "record.json").unlink()
+    state = inspect_job(job)
+    assert state.reason == "it holds outputs.jsonl but no record.json (a job that did not finish)"
+    assert state.files == ("outputs.jsonl",)
+
+    (job / "record.json").write_text("{not json")
+    assert inspect_job(job).reason.startswith("its record is not valid (")
+
+    old = _record()
+    (job / "record.json").write_text(json.dumps(old))
+    assert inspect_job(job).reason == "its record does not bind its outputs (written by an older harness)"
+
+
+def test_set_aside_moves_the_job_files_where_the_store_does_not_look(tmp_path):
+    job = tmp_path / "sweep" / "proposer=a"
+    write_job(job, _record("old"), OUTPUTS)
+    (job / "wandb").mkdir()
+    (job / ".hydra").mkdir()
+    (job / "job_status.json").write_text("{}")
+    dest = set_aside(job)
+    assert dest.parent == job / PREVIOUS_DIR
+    assert sorted(p.name for p in dest.iterdir()) == ["moved.json", "outputs.jsonl", "record.json", "wandb"]
+    assert sorted(p.name for p in job.iterdir()) == [".hydra", PREVIOUS_DIR, "job_status.json"]
+    assert aggregate(tmp_path / "sweep").empty
+    assert set_aside(job) is None
+
+
+def test_the_store_reads_complete_jobs_only(tmp_path, caplog):
+    root = tmp_path / "sweep"
+    write_job(root / "complete", _record("complete"), OUTPUTS)
+    write_job(root / "outputs_gone", _record("outputs_gone"), OUTPUTS)
+    (root / "outputs_gone" / "outputs.jsonl").unlink()
+    write_job(root / "aside", _record("aside"), OUTPUTS)
+    set_aside(root / "aside")
+    with caplog.at_level(logging.WARNING, logger="harness.store"):
+        df = aggregate(root)
+    assert list(df["run_id"]) == ["complete"]
+    assert "left out of the store" in caplog.text and "outputs_gone" in caplog.text
+    # a record without an outputs binding (older records, hand-made fixtures) is still read
+    (root / "legacy").mkdir()
+    (root / "legacy" / "record.json").write_text(json.dumps(_record("legacy")))
+    assert sorted(aggregate(root)["run_id"]) == ["complete", "legacy"]
+
+
+# --------------------------------------------------------------------------------------------
+# locks
+
+HOLD = """
+import sys, time
+from harness.tracking.job_folder import job_lock
+with job_lock(sys.argv[1]):
+    print("locked", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _hold(folder: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder)],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_folder_held_by_a_live_process_is_refused_and_freed_when_it_dies(tmp_path):
+    folder = tmp_path / "job"
+    proc = _hold(folder)
+    try:
+        with pytest.raises(FolderBusy, match=rf"{folder} is in use by another run \(pid {proc.pid} on .+ since "):
+            with job_lock(folder):
+                pass
+    finally:
+        proc.kill()  # no clean exit: the kernel drops the lock with the process
+        proc.wait()
+    with job_lock(folder):
+        assert holds_lock(folder / LOCK_FILENAME)
+        with job_lock(folder):  # re-entrant in the same thread
+            pass
+        assert holds_lock(folder / LOCK_FILENAME)
+    assert not holds_lock(folder / LOCK_FILENAME)
+
+
+def test_file_lock_makes_another_thread_wait_and_refuses_without_waiting(tmp_path):
+    lock = tmp_path / "a.lock"
+    order, refusals = [], []
+
+    def try_now():
+        try:
+            with file_lock(lock, wait=False):
+                refusals.append(None)
+        except LockBusy as exc:
+            refusals.append(exc)
+
+    def waiter():
+        with file_lock(lock):
+            order.append("waiter")
+
+    with file_lock(lock, purpose="test"):
+        t = threading.Thread(target=try_now)
+        t.start()
+        t.join()
+        assert isinstance(refusals[0], LockBusy) and f"pid {os.getpid()} on " in str(refusals[0])
+        t = threading.Thread(target=waiter)
+        t.start()
+        time.sleep(0.3)
+        order.append("holder")
+    t.join(10)
+    assert order == ["holder", "waiter"]
+
+
+def test_artifact_builders_wait_then_load_what_the_first_built(tmp_path):
+    """Two processes build the same artifact through artifact_lock: one builds, the other loads."""
+    script = """
+import sys, time
+from pathlib import Path
+from harness.files import artifact_lock, atomic_write_text
+path = Path(sys.argv[1])
+with artifact_lock(path):
+    if path.exists():
+        print("loaded", flush=True)
+    else:
+        time.sleep(1.0)
+        atomic_write_text(path, "built\\n")
+        print("built", flush=True)
+"""
+    path = tmp_path / "cache" / "artifact.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(path)], cwd=REPO, stdout=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(2)
+    ]
+    outs = sorted(p.communicate(timeout=120)[0].strip() for p in procs)
+    assert outs == ["built", "loaded"]
+    assert path.read_text() == "built\n"
+    assert sorted(p.name for p in path.parent.iterdir()) == [".artifact.json.lock", "artifact.json"]
+    with artifact_lock(path):  # free again
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# `harness run` into a folder: one at a time, earlier files moved aside
+
+TINY = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4", "gates.enabled=false"]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_a_second_harness_run_into_a_busy_folder_is_refused_before_hydra_writes(cache, capsys):
+    from harness.app import run_main
+
+    folder = cache / "run"
+    proc = _hold(folder)
+    try:
+        assert run_main([*TINY, f"hydra.run.dir={folder}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"harness run: refused: {folder} is in use by another run (pid {proc.pid} on "
+            + err[0].split(f"(pid {proc.pid} on ", 1)[1]
+        ]
+        assert "wait for it to finish, or write elsewhere" in err[0]
+        assert sorted(p.name for p in folder.iterdir()) == [LOCK_FILENAME]  # no .hydra/, no log, no record
+        # output_dir (the record's folder) is locked too, after planning and before any model work
+        assert run_main([*TINY, f"output_dir={folder}", f"hydra.run.dir={cache / 'other'}"]) == 2
+        assert capsys.readouterr().err.strip().startswith(f"harness run: refused: {folder} is in use by another run")
+        assert sorted(p.name for p in folder.iterdir()) == [LOCK_FILENAME]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_harness_run_into_a_folder_with_a_record_moves_it_aside_and_a_failed_gate_leaves_none(
+    cache, capsys, monkeypatch
+):
+    """Hydra's job logging prints warnings to the console (stdout); that is where they are read."""
+    import harness.runner as runner
+    from harness.app import run_main
+    from harness.gates.status import GateError
+
+    folder = cache / "run"
+    args = [*TINY, f"output_dir={folder}"]
+    assert run_main(args) == 0
+    first = load_record(folder)
+    assert first["outputs"]["rows"] == 1
+    assert "WARNING" not in capsys.readouterr().out
+
+    assert run_main(args) == 0
+    second = load_record(folder)
+    assert second["run_id"] != first["run_id"] and second["manifest_hash"] == first["manifest_hash"]
+    (aside,) = (folder / PREVIOUS_DIR).iterdir()
+    assert load_record(aside)["run_id"] == first["run_id"]
+    out = capsys.readouterr().out
+    assert (
+        f"[WARNING] - harness run: overwriting {folder}: it holds a complete record of this manifest "
+        f"({first['run_id']}); its earlier files are moved to {aside}"
+    ) in out
+
+    def failing_gate(*a, **k):
+        raise GateError("statistical gate failed (test)")
+
+    monkeypatch.setattr(runner, "gate", failing_gate)
+    assert run_main(args) == 2
+    captured = capsys.readouterr()
+    assert "harness run: refused: statistical gate failed (test)" in captured.err
+    assert f"[WARNING] - harness run: overwriting {folder}" in captured.out
+    assert not (folder / "record.json").exists() and not (folder / "outputs.jsonl").exists()
+    assert len(list((folder / PREVIOUS_DIR).iterdir())) == 2
+    assert aggregate(folder).empty
+
+
+def test_a_run_folder_that_cannot_be_created_is_refused_in_one_line(cache, capsys):
+    from harness.app import run_main
+
+    (cache / "afile").write_text("not a folder\n")
+    assert run_main([*TINY, f"output_dir={cache / 'afile' / 'run'}", f"hydra.run.dir={cache / 'hydra'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"harness run: refused: cannot create the job folder {cache / 'afile' / 'run'}: Not a directory"]
+    assert run_main([*TINY, f"hydra.run.dir={cache / 'afile' / 'hydra'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"harness run: refused: cannot create the job folder {cache / 'afile' / 'hydra'}: Not a directory"]
