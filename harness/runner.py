@@ -24,6 +24,7 @@ from tqdm import tqdm
 from harness.contracts import Budget
 from harness.engine.arms import METRIC_NOTES, Arms, ArmsResult, merged_proposer_extras
 from harness.engine.build import BuildContext, Plan, build_proposer, plan
+from harness.engine.checks import check_output_dir
 from harness.engine.decode import RoundConfig, check_temp_kv_budget
 from harness.gates.drift import heuristic_drift
 from harness.gates.greedy import greedy_equality
@@ -38,7 +39,7 @@ from harness.target.backend import CausalLMBackend
 from harness.target.loading import LoadedModel, eos_ids, load_model, model_kv_bytes_per_token, tokenizer_fingerprint
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
 from harness.tracking.wandb_tracker import open_run
-from harness.workloads.prompts import encode_workload
+from harness.workloads.prompts import encode_workload, load_workload
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Planned:
     kv_bytes_per_token: int
     temp_kv_budget_formula_bytes: int
     run_dir: Path
+    prompts: tuple = ()  # the workload's prompts, read (and checked) before any model work
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,14 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
 
 
 def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
-    """Negotiation, budgets and the frozen manifest: every refusal that needs no model."""
+    """Values, negotiation, budgets, the workload's prompts, the output folder and the frozen
+    manifest: every refusal that needs no model."""
     plan_ = plan(cfg)
+    if run_dir is not None or cfg.output_dir:
+        check_output_dir("output_dir" if cfg.output_dir else "the run folder", run_dir or cfg.output_dir)
+    run_dir = Path(run_dir or cfg.output_dir or os.getcwd())
+    w = cfg.workload
+    prompts = load_workload(name=w.name, split=w.split, limit=w.limit, path=w.path)
     bpt = model_kv_bytes_per_token(cfg.model)
     formula = check_temp_kv_budget(
         max_nodes=plan_.budget.max_nodes,
@@ -120,7 +128,8 @@ def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
         ),
         kv_bytes_per_token=bpt,
         temp_kv_budget_formula_bytes=formula,
-        run_dir=Path(run_dir or cfg.output_dir or os.getcwd()),
+        run_dir=run_dir,
+        prompts=tuple(prompts),
     )
 
 
@@ -139,7 +148,7 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
         draft=draft,
         backend=backend,
         draft_backend=CausalLMBackend(draft.model, device=device) if draft is not None else None,
-        items=encode_workload(cfg, target.tokenizer),
+        items=encode_workload(cfg, target.tokenizer, list(planned.prompts) or None),
         eos=eos_ids(target.model, target.tokenizer),
     )
 
@@ -169,7 +178,7 @@ def _load(m: DictConfig, *, attn_implementation: str) -> LoadedModel:
         seed=m.seed,
         num_layers=m.num_layers,
         attn_implementation=attn_implementation,
-        tiny=OmegaConf.to_container(m.tiny),
+        tiny=OmegaConf.to_container(m.tiny, resolve=True),
         trust_remote_code=m.trust_remote_code,
     )
 

