@@ -16,6 +16,7 @@ from pathlib import Path
 
 import hydra
 import torch
+from hydra._internal.utils import get_args_parser  # the parser hydra.main uses (no public accessor)
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import DictConfig
@@ -43,20 +44,35 @@ def is_plain_run(argv: list[str]) -> bool:
 
 
 def preflight(argv: list[str]) -> None:
-    """Everything a plain `harness run` refuses without a model, before Hydra creates its run
+    """Everything a plain `harness run` refuses from its config alone, before Hydra creates its run
     folder: composition, values, negotiation, budgets, the workload and the output folder."""
     checked_plan(argv)
+
+
+def check_flags(argv: list[str], command: str) -> None:
+    """Hydra's command line parsed as `hydra.main` will parse it, its usage error raised as one
+    line instead of argparse's usage text and exit."""
+    if any(a in {"-h", "--help", "--hydra-help"} for a in argv):
+        return
+    parser = get_args_parser()
+
+    def error(message: str):
+        raise ConfigError(f"{message} (Hydra flags such as -m come before the overrides; --help lists them)")
+
+    parser.error = error
+    parser.parse_args(argv)
 
 
 def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     status = {"code": 0}
-    if is_plain_run(argv):
-        try:
+    try:
+        check_flags(argv, command)
+        if is_plain_run(argv):
             preflight(argv)
-        except Exception as exc:  # reported in one line; nothing has been written yet
-            return report_failure(command, exc, refusals=REFUSALS)
+    except Exception as exc:  # reported in one line; nothing has been written yet
+        return report_failure(command, exc, refusals=REFUSALS)
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _entry(cfg: DictConfig) -> dict | None:

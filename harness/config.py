@@ -32,7 +32,7 @@ from omegaconf.errors import OmegaConfBaseException
 from harness.cli import one_line
 from harness.contracts import ConfigError, Range
 from harness.engine.build import plan
-from harness.runner import plan_job
+from harness.runner import check_job
 from harness.target.loading import DTYPES
 from harness.topology.budgets import cartesian_rows
 from harness.workloads.prompts import SPLITS
@@ -449,11 +449,11 @@ def compose_checked(overrides: list[str] = ()) -> DictConfig:
 
 
 def checked_plan(overrides: list[str] = (), run_dir=None):
-    """The config of ``overrides`` and its :class:`~harness.runner.Planned` (every refusal that needs
-    no model), a refusal offering the fixes the runner accepts."""
+    """The config of ``overrides`` and its :class:`~harness.runner.Checked` (every refusal the config
+    alone decides), a refusal offering the fixes the runner accepts."""
     cfg = compose_checked(overrides)
     try:
-        return cfg, plan_job(cfg, run_dir)
+        return cfg, check_job(cfg, run_dir)
     except ConfigError as exc:
         raise offer(exc, list(overrides)) from exc
 

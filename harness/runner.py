@@ -100,13 +100,23 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
 # --------------------------------------------------------------------------- plan
 
 
-def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
-    """Values, negotiation, budgets, the workload's prompts, the output folder and the frozen
-    manifest: every refusal that needs no model."""
+@dataclass(frozen=True)
+class Checked:
+    """Every refusal the config alone decides, before any model, tokenizer or datastore is opened."""
+
+    plan: Plan
+    prompts: tuple  # the workload's prompts, read and type-checked
+    kv_bytes_per_token: int
+    temp_kv_budget_formula_bytes: int
+    run_dir: Path
+
+
+def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
+    """Values, negotiation, budgets, the output folder (when one is named), the workload's prompts
+    and the temporary-KV budget."""
     plan_ = plan(cfg)
     if run_dir is not None or cfg.output_dir:
         check_output_dir("output_dir" if cfg.output_dir else "the run folder", run_dir or cfg.output_dir)
-    run_dir = Path(run_dir or cfg.output_dir or os.getcwd())
     w = cfg.workload
     prompts = load_workload(name=w.name, split=w.split, limit=w.limit, path=w.path)
     bpt = model_kv_bytes_per_token(cfg.model)
@@ -116,20 +126,34 @@ def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
         budget_bytes=cfg.generation.temp_kv_budget_bytes,
         batch_size=int(cfg.generation.batch_size),
     )
-    manifest = freeze_manifest(cfg, versions=library_versions(), extra=manifest_extras(cfg))
-    return Planned(
+    return Checked(
         plan=plan_,
+        prompts=tuple(prompts),
+        kv_bytes_per_token=bpt,
+        temp_kv_budget_formula_bytes=formula,
+        run_dir=Path(run_dir or cfg.output_dir or os.getcwd()),
+    )
+
+
+def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
+    """:func:`check_job`, then the frozen manifest (which opens, or builds on first use, a
+    retrieval proposer's datastore): every refusal that needs no model."""
+    checked = check_job(cfg, run_dir)
+    manifest = freeze_manifest(cfg, versions=library_versions(), extra=manifest_extras(cfg))
+    budget = checked.plan.budget
+    return Planned(
+        plan=checked.plan,
         manifest=manifest,
         manifest_hash=manifest_hash(manifest),
         round_cfg=RoundConfig(
-            max_nodes=plan_.budget.max_nodes,
-            max_depth=plan_.budget.max_depth,
+            max_nodes=budget.max_nodes,
+            max_depth=budget.max_depth,
             temp_kv_budget_bytes=cfg.generation.temp_kv_budget_bytes,
         ),
-        kv_bytes_per_token=bpt,
-        temp_kv_budget_formula_bytes=formula,
-        run_dir=run_dir,
-        prompts=tuple(prompts),
+        kv_bytes_per_token=checked.kv_bytes_per_token,
+        temp_kv_budget_formula_bytes=checked.temp_kv_budget_formula_bytes,
+        run_dir=checked.run_dir,
+        prompts=checked.prompts,
     )
 
 

@@ -41,14 +41,13 @@ from typing import Any
 from hydra.experimental.callback import Callback as _Callback
 from omegaconf import DictConfig, OmegaConf
 
-from harness.contracts import ContractError
+from harness.contracts import ConfigError, ContractError
 from harness.gates.stages import GateError
 from harness.manifest import job_manifest_hash
 from harness.runner import run_job, track
 from harness.tracking import report as report_mod
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
 from harness.tracking.store import RECORD_FILENAME, RecordError, load_record, rebuild_store
-from harness.verifiers.base import NegotiationError
 
 log = logging.getLogger("harness.sweep")
 
@@ -180,7 +179,7 @@ def _launch_id(sweep_dir: Path) -> str | None:
 
 def _is_refusal(exc: BaseException) -> bool:
 
-    return isinstance(exc, (GateError, NegotiationError, ContractError))
+    return isinstance(exc, (GateError, ConfigError, ContractError))
 
 
 def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:

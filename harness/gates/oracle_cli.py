@@ -182,8 +182,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _count(text: str) -> int:
     value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1; got {value}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0; got {value}")
     return value
 
 
