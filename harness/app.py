@@ -11,31 +11,72 @@ and turns the outcome into an exit code and a one-line refusal.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import hydra
 import torch
+from hydra._internal.utils import get_args_parser  # the parser hydra.main uses (no public accessor)
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from harness import sweep
-from harness.config import CONF_DIR, compose
-from harness.contracts import resolve_ref
+from harness.cli import report_failure
+from harness.config import CONF_DIR, checked_plan, compose_checked, explain_compose_error, offer
+from harness.contracts import ConfigError, resolve_ref
 from harness.engine.build import BuildContext, plan
-from harness.gates.status import GateError
+from harness.engine.checks import validate_config
+from harness.gates.stages import GateError
 from harness.prepare import TRAINERS
 from harness.prepare.sequoia import ensure_tree_artifact
 from harness.runner import load, load_models, plan_job, run_job, track
 from harness.tracking import dashboard
 from harness.tracking.job_folder import JobFolderError, job_lock
 
+#: what a command reports as a refusal besides ValueError and OSError: a failed gate, and a config
+#: Hydra or OmegaConf could not compose (a mistyped key or group option, a wrong type)
+REFUSALS = (GateError, HydraException, OmegaConfBaseException)
 
-def run_main(argv: list[str] | None = None) -> int:
+
+def is_plain_run(argv: list[str]) -> bool:
+    """A single run given only overrides (no Hydra flags such as --multirun, --cfg, --help)."""
+    return not any(a.startswith("-") for a in argv)
+
+
+def preflight(argv: list[str]) -> None:
+    """Everything a plain `harness run` refuses from its config alone, before Hydra creates its run
+    folder: composition, values, negotiation, budgets, the workload and the output folder."""
+    checked_plan(argv)
+
+
+def check_flags(argv: list[str], command: str) -> None:
+    """Hydra's command line parsed as `hydra.main` will parse it, its usage error raised as one
+    line instead of argparse's usage text and exit."""
+    if any(a in {"-h", "--help", "--hydra-help"} for a in argv):
+        return
+    parser = get_args_parser()
+
+    def error(message: str):
+        raise ConfigError(f"{message} (Hydra flags such as -m come before the overrides; --help lists them)")
+
+    parser.error = error
+    parser.parse_args(argv)
+
+
+def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     status = {"code": 0}
+    try:
+        check_flags(argv, command)
+        if is_plain_run(argv):
+            preflight(argv)
+    except Exception as exc:  # reported in one line; nothing has been written yet
+        return report_failure(command, exc, refusals=REFUSALS)
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _entry(cfg: DictConfig) -> dict | None:
@@ -49,11 +90,10 @@ def run_main(argv: list[str] | None = None) -> int:
         run_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
         try:
             record = run_job(cfg, run_dir=run_dir)
-        except (GateError, ValueError) as exc:
-            print(f"harness run: refused: {exc}", file=sys.stderr)
-            status["code"] = 2
+            track(cfg, record, run_dir)
+        except Exception as exc:
+            status["code"] = report_failure(command, exc, refusals=REFUSALS)
             return None
-        track(cfg, record, run_dir)
         m = record["metrics"]
         print(
             json.dumps(
@@ -72,14 +112,23 @@ def run_main(argv: list[str] | None = None) -> int:
 
     multirun = any(a in {"-m", "--multirun"} or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
     sweep.LAST_SUMMARY.clear()
-    old = sys.argv
-    sys.argv = ["harness run"] + argv
+    old_argv, old_full_error = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
+    sys.argv = [f"harness {command}"] + argv
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a traceback; reported below
     try:
         _entry()
     except SystemExit as exc:  # a refusal before any job (a busy folder, a Slurm launcher without a partition)
         return exc.code if isinstance(exc.code, int) else 1
+    except (HydraException, OmegaConfBaseException) as exc:  # a multirun's composition error
+        return report_failure(command, explain_compose_error(exc, argv), refusals=REFUSALS)
+    except Exception as exc:  # e.g. a run folder Hydra cannot create
+        return report_failure(command, exc, refusals=REFUSALS)
     finally:
-        sys.argv = old
+        sys.argv = old_argv
+        if old_full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = old_full_error
     if multirun:
         return multirun_exit_code(status["code"])
     return status["code"]
@@ -142,11 +191,10 @@ def sweep_main(argv: list[str] | None = None) -> int:
     try:
         run_argv = sweep.sweep_argv(argv[0], argv[1:])
     except ValueError as exc:
-        print(f"harness sweep: {exc}\n{sweep.USAGE}", file=sys.stderr)
-        return 2
+        return report_failure("sweep", ValueError(f"{exc} (harness sweep --help shows the usage)"))
     try:
-        code = run_main(run_argv)
-    except SystemExit as exc:  # Hydra reports a composition error and exits
+        code = run_main(run_argv, command="sweep")  # a multirun: non-zero, naming them, when jobs failed
+    except SystemExit as exc:  # Hydra exits after --help / --info
         code = exc.code if isinstance(exc.code, int) else 1
     return int(code)
 
@@ -168,17 +216,21 @@ def with_sequoia(overrides: list[str]) -> list[str]:
     return overrides
 
 
+def require_sequoia(cfg: DictConfig) -> None:
+    if cfg.topology.name != "sequoia":
+        raise ConfigError(
+            f"harness calibrate writes Sequoia artifacts: it needs topology=sequoia; got topology={cfg.topology.name}",
+            suggestions=[("topology=sequoia",)],
+        )
+
+
 def calibrate(cfg: DictConfig, *, progress: bool = True) -> dict:
     """Load the models of ``cfg``, write fresh calibration, profile and tree artifacts; return paths."""
 
-    if cfg.topology.name != "sequoia":
-        raise ValueError(
-            f"harness calibrate writes Sequoia artifacts: it needs topology=sequoia; got topology={cfg.topology.name}"
-        )
+    require_sequoia(cfg)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
-    plan(cfg)  # negotiation first: refuse a combination the run would refuse, before model work
-    loaded = load(cfg, plan_job(cfg, None))
+    loaded = load(cfg, plan_job(cfg, None))  # every refusal the run would make comes first, before model work
     context = BuildContext(
         cfg=cfg,
         target_backend=loaded.backend,
@@ -194,16 +246,15 @@ def calibrate_main(argv: list[str]) -> int:
     if any(a in {"-h", "--help"} for a in argv):
         print(CALIBRATE_USAGE)
         return 0
+    overrides = with_sequoia(argv)
     try:
-        cfg = compose(with_sequoia(argv))
-    except Exception as exc:  # hydra/omegaconf composition errors: unknown group, key or type
-        print(f"harness calibrate: cannot compose the config from {argv}: {exc}", file=sys.stderr)
-        return 2
-    try:
-        out = calibrate(cfg)
-    except (GateError, ValueError) as exc:
-        print(f"harness calibrate: refused: {exc}", file=sys.stderr)
-        return 2
+        cfg, _ = checked_plan(overrides)
+        try:
+            out = calibrate(cfg)
+        except ConfigError as exc:
+            raise offer(exc, overrides, accept=lambda c: (plan(c), require_sequoia(c))) from exc
+    except Exception as exc:
+        return report_failure("calibrate", exc, refusals=REFUSALS)
     print(json.dumps(out, indent=2))
     return 0
 
@@ -225,23 +276,36 @@ def train_main(argv: list[str]) -> int:
     if not argv or argv[0] in {"-h", "--help"}:
         print(TRAIN_USAGE)
         return 0 if argv else 2
-    force = any(a.split("=", 1)[1].lower() in {"true", "1", "yes"} for a in argv if a.startswith("force="))
-    cfg = compose([a for a in argv if not a.startswith("force=")])
-    name = cfg.proposer.name
-    if name not in TRAINERS:
-        print(f"harness train: proposer {name!r} has no trained artifact; one of {sorted(TRAINERS)}", file=sys.stderr)
-        return 2
+    try:
+        summary = train(argv)
+    except Exception as exc:
+        return report_failure("train", exc, refusals=REFUSALS)
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
 
+
+def train(argv: list[str]) -> dict:
+    """The artifact ``harness train argv`` builds (its manifest summary); refusals raise."""
+    forced = [a.split("=", 1)[1].lower() for a in argv if a.startswith("force=")]
+    if any(f not in {"true", "false", "1", "0", "yes", "no"} for f in forced):
+        raise ConfigError(f"force={forced[-1]} is no boolean", suggestions=[("force=true",), ("force=false",)])
+    force = any(f in {"true", "1", "yes"} for f in forced)
+    overrides = [a for a in argv if not a.startswith("force=")]
+    cfg = compose_checked(overrides)
+    name = cfg.proposer.name
+    try:
+        if name not in TRAINERS:
+            raise ConfigError(
+                f"proposer={name} has no trained artifact",
+                suggestions=[(f"proposer={t}",) for t in sorted(TRAINERS)],
+            )
+        validate_config(cfg)
+    except ConfigError as exc:
+        raise offer(exc, overrides) from exc
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     target, _ = load_models(cfg)
-    try:
-        summary = resolve_ref(TRAINERS[name])(cfg, target=target, force=force)
-    except ValueError as exc:
-        print(f"harness train: refused: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(summary, indent=2, default=str))
-    return 0
+    return resolve_ref(TRAINERS[name])(cfg, target=target, force=force)
 
 
 # --------------------------------------------------------------------------- harness dashboard

@@ -2,12 +2,19 @@
 
 Each subcommand's main takes ``argv`` (the arguments after the subcommand) and returns an exit
 code. Modules are imported lazily so `harness tree` does not pay for torch model code.
+
+A command that fails says so in one line on stderr and exits non-zero: 2 for a refusal (bad
+input: a value, a path, a combination; the line names what to change), 1 for anything else, 130
+on Ctrl-C. The traceback is shown only when asked: ``HARNESS_TRACEBACK=1`` or
+``harness --traceback <command> ...``.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import traceback
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("harness.app:run_main", "Hydra-composed run: gates, AR baseline + speculative arm, record"),
@@ -23,20 +30,75 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("harness.app:train_main", "train / search a proposer artifact (heads, early-exit adapter, skip vector)"),
 }
 
+#: set to 1 to print the traceback of a failed command (after its one-line message)
+TRACEBACK_ENV = "HARNESS_TRACEBACK"
+#: exit codes
+REFUSED, FAILED, INTERRUPTED = 2, 1, 130
+
+
+def wants_traceback() -> bool:
+    return os.environ.get(TRACEBACK_ENV, "").strip().lower() not in {"", "0", "false", "no"}
+
+
+def one_line(text: object) -> str:
+    """``text`` on one line: blank lines and the context lines Hydra and OmegaConf add (full_key,
+    object_type, the config search path, a link to the override grammar) dropped, the rest joined."""
+    keep = []
+    for line in str(text).splitlines():
+        s = line.strip()
+        if not s or s.startswith(("full_key:", "object_type=", "reference_type=", "provider=", "See https://")):
+            continue
+        if s.startswith("Config search path"):
+            continue
+        keep.append(s)
+    return " ".join(keep)
+
+
+def report_failure(command: str, exc: BaseException, *, refusals: tuple[type, ...] = ()) -> int:
+    """Print ``exc`` as one line (its traceback too when asked); return the exit code.
+
+    A refusal is a ValueError (config, negotiation, contract, workload, checkpoint errors), an
+    OSError (a path that is missing or not writable) or one of ``refusals``; anything else is an
+    error, reported with its type.
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        print(f"harness {command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    refused = isinstance(exc, (ValueError, OSError, *refusals))
+    message = one_line(exc) or type(exc).__name__
+    if refused:
+        line, code = f"harness {command}: refused: {message}", REFUSED
+    else:
+        line, code = f"harness {command}: error: {type(exc).__name__}: {message}", FAILED
+    show = wants_traceback()
+    if show:
+        traceback.print_exception(exc, file=sys.stderr)
+    elif not refused:
+        line += f" ({TRACEBACK_ENV}=1 shows the traceback)"
+    print(line, file=sys.stderr)
+    return code
+
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--traceback":
+        os.environ[TRACEBACK_ENV] = "1"
+        argv = argv[1:]
     if not argv or argv[0] in {"-h", "--help"}:
-        print("usage: harness <command> [args...]\n\ncommands:")
+        print("usage: harness [--traceback] <command> [args...]\n\ncommands:")
         for name, (_, doc) in SUBCOMMANDS.items():
             print(f"  {name:<10} {doc}")
-        return 0 if argv else 2
+        print(f"\n--traceback (or {TRACEBACK_ENV}=1): print the traceback of a failure, not just its one line")
+        return 0 if argv else REFUSED
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         print(f"harness: unknown command {name!r}; one of {sorted(SUBCOMMANDS)}", file=sys.stderr)
-        return 2
+        return REFUSED
     module, _, func = SUBCOMMANDS[name][0].partition(":")
-    return int(getattr(importlib.import_module(module), func or "main")(rest) or 0)
+    try:
+        return int(getattr(importlib.import_module(module), func or "main")(rest) or 0)
+    except (Exception, KeyboardInterrupt) as exc:  # every command ends in one line, whatever escaped it
+        return report_failure(name, exc)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,22 @@
 """Structured-config schemas backing every config group.
 
-Each YAML under ``conf/<group>/`` lists its schema (``base_<group>`` or a proposer-specific
-schema) first in its defaults, so a mistyped key or a wrong type fails at compose time.
+Each YAML under ``conf/<group>/`` lists its schema first in its defaults
+(``/schema/<group>/<name>@_here_``), so a mistyped key or a wrong type fails at compose time. The
+schemas live in the ``schema/`` groups of Hydra's ConfigStore, apart from the selectable options:
+``proposer=<name>`` offers only the YAML files of ``conf/proposer/``.
+
+Every numeric option declares its valid range beside it (``ranged``: a
+:class:`harness.contracts.Range` in the field's metadata), and a few string options their
+choices; :func:`harness.engine.checks.validate_config` checks them, with the other checks that need
+no model, before any model work.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -14,25 +25,58 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from harness.cli import one_line
+from harness.contracts import ConfigError, Range
+from harness.engine.build import plan
+from harness.runner import check_job
+from harness.target.loading import DTYPES
 from harness.topology.budgets import cartesian_rows
+from harness.workloads.prompts import SPLITS
 
 #: the config groups (schema-backed YAML) that `harness run` composes
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
+def ranged(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, **bounds: Any) -> Any:
+    """A dataclass field whose valid values are declared beside it (:class:`Range`: ``ge``, ``gt``,
+    ``le``, ``lt``, ``choices``, ``each``), checked before any model work."""
+    return field(default=default, default_factory=default_factory, metadata={"range": Range(**bounds)})
+
+
+SEED = {"ge": 0}
+POSITIVE_INT = {"ge": 1}
+PROBABILITY = {"ge": 0.0, "le": 1.0}
+
+
+@dataclass
+class TinyConfig:
+    """The LlamaConfig of ``model=tiny`` (harness.target.loading.tiny_llama_config). Token ids 0-2
+    are pad, bos and eos; prompts map bytes to ids from 3, so a vocabulary needs at least 4."""
+
+    vocab_size: int = ranged(96, ge=4)
+    hidden_size: int = ranged(32, **POSITIVE_INT)
+    num_layers: int = ranged(2, **POSITIVE_INT)
+    num_heads: int = ranged(4, **POSITIVE_INT)
+    num_kv_heads: int = ranged(2, **POSITIVE_INT)
+    intermediate_size: int = ranged(64, **POSITIVE_INT)
+    max_position_embeddings: int = ranged(512, **POSITIVE_INT)
+
+
 @dataclass
 class ModelConfig:
-    name: str = "smollm2"  # smollm2 | tiny | any HF checkpoint path or hub id (see name_or_path)
+    name: str = "smollm2"  # smollm2 | tiny | hf (with name_or_path) | any HF checkpoint path or hub id
     name_or_path: Optional[str] = None
-    dtype: str = "float32"
-    device: str = "cpu"
+    dtype: str = ranged("float32", choices=tuple(DTYPES))
+    device: str = "cpu"  # cpu | cuda | cuda:N | mps (checked against this torch's devices)
     attn_implementation: str = "sdpa"
-    num_layers: Optional[int] = None  # keep only the first k decoder layers (draft derivation)
-    seed: int = 0  # weights seed for model=tiny
+    num_layers: Optional[int] = ranged(None, **POSITIVE_INT)  # keep only the first k decoder layers (draft derivation)
+    seed: int = ranged(0, **SEED)  # weights seed for model=tiny
     trust_remote_code: bool = False  # explicit opt-in: runs code from the checkpoint
-    tiny: dict[str, Any] = field(default_factory=dict)  # LlamaConfig overrides for model=tiny
+    tiny: TinyConfig = field(default_factory=TinyConfig)  # the LlamaConfig of model=tiny
 
 
 @dataclass
@@ -43,17 +87,19 @@ class ProposerConfig:
 @dataclass
 class PromptLookupConfig(ProposerConfig):
     name: str = "prompt_lookup"
-    max_ngram: int = 3
-    min_ngram: int = 1
-    max_matches: int = 8
-    budget_policy: str = "fixed"  # fixed | adaptive (rows chosen from measured t(n) and learned acceptance)
-    verify_cost: Optional[list[float]] = None  # normalised t(1..max_nodes+1); measured when absent
+    max_ngram: int = ranged(3, **POSITIVE_INT)
+    min_ngram: int = ranged(1, **POSITIVE_INT)  # <= max_ngram
+    max_matches: int = ranged(8, **POSITIVE_INT)
+    # fixed | adaptive (rows chosen from measured t(n) and learned acceptance)
+    budget_policy: str = ranged("fixed", choices=("fixed", "adaptive"))
+    # normalised t(1..max_nodes+1); measured when absent
+    verify_cost: Optional[list[float]] = ranged(None, gt=0.0, each=True)
 
 
 @dataclass
 class DraftModelConfig(ProposerConfig):
     name: str = "draft_model"
-    sampling: str = "iid"  # iid | without_replacement | beam
+    sampling: str = ranged("iid", choices=("iid", "without_replacement", "beam"))
     model: ModelConfig = field(default_factory=ModelConfig)
     description: str = ""
 
@@ -62,14 +108,14 @@ class DraftModelConfig(ProposerConfig):
 class DatastoreConfig:
     """A REST datastore (conf/datastore/*.yaml, composed at ``proposer.datastore``)."""
 
-    corpus: str = "stdlib"  # stdlib | sharegpt (harness/workloads/corpora.py)
+    corpus: str = ranged("stdlib", choices=("stdlib", "sharegpt"))  # harness/workloads/corpora.py
     path: Optional[str] = None  # a datastore directory (its release manifest rules); null: cache, built on first use
-    max_tokens: Optional[int] = 2_000_000  # build cap (sentinels included)
-    context_len: int = 16
-    continuation_len: int = 8
-    max_matches: int = 64
+    max_tokens: Optional[int] = ranged(2_000_000, **POSITIVE_INT)  # build cap (sentinels included)
+    context_len: int = ranged(16, **POSITIVE_INT)
+    continuation_len: int = ranged(8, **POSITIVE_INT)
+    max_matches: int = ranged(64, **POSITIVE_INT)
     exclude: str = "humaneval"  # humaneval | sharegpt_heldout | none | F.jsonl (comma-separated)
-    leakage_threshold: int = 32  # run-time refusal at a longest match >= this many tokens
+    leakage_threshold: int = ranged(32, **POSITIVE_INT)  # run-time refusal at a longest match >= this many tokens
     verify_corpus: bool = True  # recompute the corpus snapshot on load
 
 
@@ -77,10 +123,10 @@ class DatastoreConfig:
 class RestConfig(ProposerConfig):
     name: str = "rest"
     datastore: DatastoreConfig = field(default_factory=DatastoreConfig)
-    max_suffix: int = 16
-    min_suffix: int = 2
-    max_matches: int = 64
-    continuation_len: int = 8
+    max_suffix: int = ranged(16, **POSITIVE_INT)
+    min_suffix: int = ranged(2, **POSITIVE_INT)  # <= max_suffix
+    max_matches: int = ranged(64, **POSITIVE_INT)
+    continuation_len: int = ranged(8, **POSITIVE_INT)
 
 
 @dataclass
@@ -90,7 +136,7 @@ class MergedConfig(ProposerConfig):
     name: str = "merged"
     sources: list[str] = field(default_factory=lambda: ["rest", "prompt_lookup"])
     # per-source depth cap (a draft chain costs one draft forward per level); absent: topology.max_depth
-    depths: dict[str, int] = field(default_factory=lambda: {"draft_model": 4})
+    depths: dict[str, int] = ranged(default_factory=lambda: {"draft_model": 4}, ge=1, each=True)
     rest: RestConfig = field(default_factory=RestConfig)
     prompt_lookup: PromptLookupConfig = field(default_factory=PromptLookupConfig)
     draft_model: DraftModelConfig = field(default_factory=DraftModelConfig)
@@ -101,26 +147,26 @@ class HeadsDataConfig:
     """Training stream of a heads artifact (harness/prepare/heads_data.py)."""
 
     source: str = "sharegpt"
-    split: str = "train"
+    split: str = ranged("train", choices=SPLITS)
     # tokens of cached target hidden states; CPU budget: SmolLM2 heads train at ~11 s per 1,000
     # tokens on 2 cores (hidden states + one epoch), so 40,000 is ~7.5 min (docs/measurements.md)
-    token_budget: int = 40000
-    held_out_split: str = "dev"
-    held_out_tokens: int = 2000
-    max_len: int = 256
+    token_budget: int = ranged(40000, **POSITIVE_INT)
+    held_out_split: str = ranged("dev", choices=SPLITS)
+    held_out_tokens: int = ranged(2000, **POSITIVE_INT)
+    max_len: int = ranged(256, ge=2)  # a training window holds a token and its successor
     chat: bool = True
 
 
 @dataclass
 class HeadsTrainConfig:
-    epochs: int = 1
-    lr: float = 1e-3
-    batch_size: int = 32
-    weight_decay: float = 0.0
-    distill_temperature: float = 1.0
-    head_decay: float = 0.8  # lambda_i = head_decay ** (i - 1)
-    warmup_steps: int = 10
-    seed: int = 0
+    epochs: int = ranged(1, **POSITIVE_INT)
+    lr: float = ranged(1e-3, gt=0.0)
+    batch_size: int = ranged(32, **POSITIVE_INT)
+    weight_decay: float = ranged(0.0, ge=0.0)
+    distill_temperature: float = ranged(1.0, gt=0.0)
+    head_decay: float = ranged(0.8, gt=0.0, le=1.0)  # lambda_i = head_decay ** (i - 1)
+    warmup_steps: int = ranged(10, ge=0)
+    seed: int = ranged(0, **SEED)
 
 
 @dataclass
@@ -128,13 +174,14 @@ class HeadsConfig(ProposerConfig):
     """proposer=medusa | hydra | clover (harness/proposers/heads.py)."""
 
     name: str = MISSING
-    sampling: str = "beam"  # beam (score_only) | iid | without_replacement (normalized_conditional)
-    num_heads: int = 3
-    mlp_layers: int = 1  # Hydra++ switch: 4
+    # beam (score_only) | iid | without_replacement (normalized_conditional)
+    sampling: str = ranged("beam", choices=("beam", "iid", "without_replacement"))
+    num_heads: int = ranged(3, **POSITIVE_INT)
+    mlp_layers: int = ranged(1, **POSITIVE_INT)  # Hydra++ switch: 4
     distill: bool = False  # Hydra++ switch: teacher-distribution loss instead of hard labels
     prefix_attention: bool = False  # Hydra++ switch: prefix-attention layer once per round
-    prefix_window: int = 16
-    attn_heads: int = 4
+    prefix_window: int = ranged(16, **POSITIVE_INT)
+    attn_heads: int = ranged(4, **POSITIVE_INT)
     artifact: Optional[str] = None  # explicit artifact directory; default: the cache, by target + recipe
     auto_train: bool = True  # train the artifact when absent (progress bar)
     data: HeadsDataConfig = field(default_factory=HeadsDataConfig)
@@ -143,10 +190,10 @@ class HeadsConfig(ProposerConfig):
 
 @dataclass
 class AdapterTrainConfig:
-    epochs: int = 1
-    lr: float = 1e-3
-    distill_temperature: float = 1.0  # tau of Kangaroo's adapter distillation loss (soft-target CE)
-    seed: int = 0
+    epochs: int = ranged(1, **POSITIVE_INT)
+    lr: float = ranged(1e-3, gt=0.0)
+    distill_temperature: float = ranged(1.0, gt=0.0)  # tau of Kangaroo's adapter distillation loss (soft-target CE)
+    seed: int = ranged(0, **SEED)
 
 
 @dataclass
@@ -154,9 +201,9 @@ class EarlyExitConfig(ProposerConfig):
     """proposer=early_exit (Kangaroo, harness/proposers/selfspec.py)."""
 
     name: str = "early_exit"
-    sampling: str = "beam"  # beam (score_only) | iid (normalized_conditional)
-    exit_layer: int = 2  # l: the shared shallow trunk is the target's first l layers
-    eta: float = 0.5  # stop drafting when the top-1 confidence is <= eta
+    sampling: str = ranged("beam", choices=("beam", "iid"))  # beam (score_only) | iid (normalized_conditional)
+    exit_layer: int = ranged(2, **POSITIVE_INT)  # l: the shared shallow trunk is the target's first l layers
+    eta: float = ranged(0.5, ge=0.0, lt=1.0)  # stop drafting when the top-1 confidence is <= eta
     artifact: Optional[str] = None
     auto_train: bool = True
     data: HeadsDataConfig = field(default_factory=HeadsDataConfig)
@@ -167,28 +214,28 @@ class EarlyExitConfig(ProposerConfig):
 class SkipThresholdConfig:
     """Draft & Verify's dynamic draft length: stop below gamma; gamma follows an acceptance EMA."""
 
-    gamma: float = 0.4
+    gamma: float = ranged(0.4, **PROBABILITY)
     adaptive: bool = True
-    beta1: float = 0.5
-    beta2: float = 0.9
-    epsilon: float = 0.05
-    target_acceptance: float = 0.7
+    beta1: float = ranged(0.5, **PROBABILITY)
+    beta2: float = ranged(0.9, **PROBABILITY)
+    epsilon: float = ranged(0.05, **PROBABILITY)
+    target_acceptance: float = ranged(0.7, **PROBABILITY)
 
 
 @dataclass
 class SkipSearchConfig:
     """Bayesian optimisation (Optuna TPE) of the skip vector on the dev split."""
 
-    trials: int = 12  # CPU budget: about 10 minutes on SmolLM2 with 2 busy cores
+    trials: int = ranged(12, **POSITIVE_INT)  # CPU budget: about 10 minutes on SmolLM2 with 2 busy cores
     workload: str = "sharegpt"
-    split: str = "dev"
-    prompts: int = 3
-    max_prompt_tokens: int = 96
-    max_new_tokens: int = 32
-    depth: int = 4
-    gamma: float = 0.4
+    split: str = ranged("dev", choices=SPLITS)
+    prompts: int = ranged(3, **POSITIVE_INT)
+    max_prompt_tokens: int = ranged(96, **POSITIVE_INT)
+    max_new_tokens: int = ranged(32, **POSITIVE_INT)
+    depth: int = ranged(4, **POSITIVE_INT)
+    gamma: float = ranged(0.4, **PROBABILITY)
     chat: bool = True
-    seed: int = 0
+    seed: int = ranged(0, **SEED)
 
 
 @dataclass
@@ -196,8 +243,8 @@ class LayerSkipConfig(ProposerConfig):
     """proposer=layer_skip (Draft & Verify, harness/proposers/selfspec.py)."""
 
     name: str = "layer_skip"
-    sampling: str = "beam"  # beam | iid
-    skip: Optional[list[int]] = None  # explicit layers to bypass; None: the search artifact
+    sampling: str = ranged("beam", choices=("beam", "iid"))
+    skip: Optional[list[int]] = ranged(None, ge=0, each=True)  # explicit layers to bypass; None: the search artifact
     artifact: Optional[str] = None
     auto_train: bool = True  # run the search when its artifact is absent
     threshold: SkipThresholdConfig = field(default_factory=SkipThresholdConfig)
@@ -207,27 +254,27 @@ class LayerSkipConfig(ProposerConfig):
 @dataclass
 class TopologyConfig:
     name: str = "sequence"  # sequence | sequences | set | expansion | sequoia | merged | cartesian
-    max_nodes: int = 8  # candidate rows, root excluded
-    max_depth: int = 8
-    widths: list[int] = field(default_factory=list)
+    max_nodes: int = ranged(8, **POSITIVE_INT)  # candidate rows, root excluded
+    max_depth: int = ranged(8, **POSITIVE_INT)
+    widths: list[int] = ranged(default_factory=list, ge=1, each=True)
     sources: list[str] = field(default_factory=list)
     tree_artifact: Optional[str] = None
 
 
 @dataclass
 class SequoiaCalibrationConfig:
-    parents: int = 500  # parent nodes measured; fewer (prompts ran out) fails the stage
-    branches: int = 8  # sibling slots tried per parent: the acceptance vector's length
-    max_new_tokens: int = 64  # committed tokens per calibration prompt
-    prompts: Optional[int] = None  # limit on calibration-split prompts (None: as many as needed)
-    z: float = 1.96  # Wilson interval normal quantile
+    parents: int = ranged(500, **POSITIVE_INT)  # parent nodes measured; fewer (prompts ran out) fails the stage
+    branches: int = ranged(8, **POSITIVE_INT)  # sibling slots tried per parent: the acceptance vector's length
+    max_new_tokens: int = ranged(64, **POSITIVE_INT)  # committed tokens per calibration prompt
+    prompts: Optional[int] = ranged(None, **POSITIVE_INT)  # calibration-split prompts (None: as many as needed)
+    z: float = ranged(1.96, gt=0.0)  # Wilson interval normal quantile
 
 
 @dataclass
 class HardwareProfileConfig:
-    prefix_len: int = 256  # cached prefix the timed forwards attend to
-    warmup: int = 2  # untimed forwards per size
-    repeats: int = 7  # timed forwards per size (median and IQR recorded)
+    prefix_len: int = ranged(256, **POSITIVE_INT)  # cached prefix the timed forwards attend to
+    warmup: int = ranged(2, ge=0)  # untimed forwards per size
+    repeats: int = ranged(7, **POSITIVE_INT)  # timed forwards per size (median and IQR recorded)
 
 
 @dataclass
@@ -235,7 +282,7 @@ class SequoiaTopologyConfig(TopologyConfig):
     """topology=sequoia: a calibrated, hardware-aware tree (harness/prepare/sequoia.py)."""
 
     name: str = "sequoia"
-    min_nodes: int = 2  # smallest n (root included) searched; 1 admits plain AR
+    min_nodes: int = ranged(2, **POSITIVE_INT)  # smallest n (root included) searched; 1 admits plain AR
     reuse: bool = True  # load matching artifacts from $HARNESS_CACHE/sequoia instead of re-measuring
     calibration_artifact: Optional[str] = None  # explicit calibration JSON (provenance still checked)
     profile_artifact: Optional[str] = None  # explicit hardware profile JSON (provenance still checked)
@@ -249,9 +296,9 @@ class CartesianTopologyConfig(TopologyConfig):
     cartesian_rows resolver."""
 
     name: str = "cartesian"
-    widths: list[int] = field(default_factory=lambda: [3, 2, 2])
-    max_nodes: int = 21
-    max_depth: int = 3
+    widths: list[int] = ranged(default_factory=lambda: [3, 2, 2], ge=1, each=True)
+    max_nodes: int = ranged(21, **POSITIVE_INT)
+    max_depth: int = ranged(3, **POSITIVE_INT)
 
 
 @dataclass
@@ -261,16 +308,16 @@ class VerifierConfig:
 
 @dataclass
 class WorkloadConfig:
-    name: str = "humaneval"  # humaneval | sharegpt | jsonl | spec_bench
+    name: str = ranged("humaneval", choices=("humaneval", "sharegpt", "jsonl", "spec_bench"))
     path: Optional[str] = None  # workload=jsonl | spec_bench
-    limit: Optional[int] = None  # the first N prompts (after categories and per_category)
-    split: str = "eval"  # calibration | dev | train | eval (disjoint)
+    limit: Optional[int] = ranged(None, **POSITIVE_INT)  # the first N prompts (after categories and per_category)
+    split: str = ranged("eval", choices=SPLITS)  # disjoint
     chat: bool = False  # apply the tokenizer's chat template
     categories: list[str] = field(default_factory=list)  # keep these categories (mt_bench: MT-bench's 8); []: all
-    per_category: Optional[int] = None  # the first N prompts of each category
+    per_category: Optional[int] = ranged(None, **POSITIVE_INT)  # the first N prompts of each category
     # a prompt turn that does not fit the models' positions with max_new_tokens and the candidate
     # tree: false refuses before model work; left cuts the prompt from the left (recorded per turn)
-    truncate: str = "false"
+    truncate: str = "false"  # false | left (checked with the context limit, before model work)
     # the REST datastore of this workload's domain, for configs that follow the workload
     # (`proposer.datastore.corpus: ${workload.rest_corpus}`, as experiments/sources/ do)
     rest_corpus: str = "stdlib"  # stdlib (code) | sharegpt (chat)
@@ -279,14 +326,14 @@ class WorkloadConfig:
 
 @dataclass
 class GenerationConfig:
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    batch_size: int = 1
-    temp_kv_budget_bytes: Optional[int] = None
+    max_new_tokens: int = ranged(64, **POSITIVE_INT)
+    temperature: float = ranged(0.0, ge=0.0)  # 0: greedy
+    top_p: float = ranged(1.0, gt=0.0, le=1.0)
+    top_k: int = ranged(0, ge=0)  # 0: no top-k truncation
+    batch_size: int = ranged(1, **POSITIVE_INT)
+    temp_kv_budget_bytes: Optional[int] = ranged(None, **POSITIVE_INT)
     exact: bool = True  # refuse heuristic verifiers
-    warmup_tokens: int = 8
+    warmup_tokens: int = ranged(8, ge=0)
 
 
 @dataclass
@@ -296,23 +343,26 @@ class GatesConfig:
     equivalence: bool = True
     statistical: bool = True  # chi-square first-token test at temperature > 0
     skip_statistical: bool = False  # explicit override; the record states it
-    chi2_samples: int = 2000
-    chi2_top_m: int = 8
-    chi2_alpha: float = 1e-3
+    # at least 5 per bin (chi2_top_m tokens and the tail) for the chi-square approximation to hold
+    chi2_samples: int = ranged(2000, **POSITIVE_INT)
+    chi2_top_m: int = ranged(8, **POSITIVE_INT)
+    chi2_alpha: float = ranged(1e-3, gt=0.0, lt=1.0)  # the test's significance level
     # greedy runs fail when recorded near-ties exceed this fraction of the generated tokens
-    near_tie_max_fraction: float = 0.01
+    near_tie_max_fraction: float = ranged(0.01, **PROBABILITY)
     cache: bool = True
 
 
 @dataclass
 class TrackingConfig:
-    name: str = "none"  # none | wandb
-    mode: str = "offline"  # offline | online (an unreachable server falls back to offline, with a warning)
+    name: str = ranged("none", choices=("none", "wandb"))
+    # offline | online (an unreachable server falls back to offline, with a warning)
+    mode: str = ranged("offline", choices=("offline", "online"))
     project: str = "spec-harness"
     entity: Optional[str] = None
     system_metrics: bool = True  # W&B's system monitor: CPU, memory; GPU utilisation and memory on a GPU
-    system_metrics_interval_s: float = 5.0  # its sampling interval (W&B's minimum: 0.1 s)
-    init_timeout_s: float = 90.0  # how long an online run may take to start before it falls back to offline
+    system_metrics_interval_s: float = ranged(5.0, ge=0.1)  # its sampling interval (W&B's minimum: 0.1 s)
+    # how long an online run may take to start before it falls back to offline
+    init_timeout_s: float = ranged(90.0, gt=0.0)
 
 
 @dataclass
@@ -325,37 +375,46 @@ class Config:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     gates: GatesConfig = field(default_factory=GatesConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    seed: int = 0
-    threads: Optional[int] = None  # torch threads; None = torch's default
+    seed: int = ranged(0, **SEED)
+    threads: Optional[int] = ranged(None, **POSITIVE_INT)  # torch threads; None = torch's default
     experiment: Optional[str] = None
     sweep: Optional[str] = None
-    concurrent_jobs: int = 1
+    concurrent_jobs: int = ranged(1, **POSITIVE_INT)
     output_dir: Optional[str] = None  # default: Hydra's run directory
     allow_leakage: bool = False  # run despite an evaluation prompt leaked into a datastore (recorded)
+
+
+#: schema group -> {schema name: dataclass}; ``conf/<group>/<option>.yaml`` starts its defaults with
+#: ``/schema/<group>/<name>@_here_``. Kept out of the selectable groups so that Hydra lists only
+#: real options and ``proposer=<schema>`` is no option.
+SCHEMAS: dict[str, dict[str, type]] = {
+    "model": {"base": ModelConfig},
+    "proposer": {
+        "prompt_lookup": PromptLookupConfig,
+        "draft_model": DraftModelConfig,
+        "rest": RestConfig,
+        "merged": MergedConfig,
+        "heads": HeadsConfig,
+        "early_exit": EarlyExitConfig,
+        "layer_skip": LayerSkipConfig,
+    },
+    "datastore": {"base": DatastoreConfig},
+    "topology": {"base": TopologyConfig, "sequoia": SequoiaTopologyConfig, "cartesian": CartesianTopologyConfig},
+    "verifier": {"base": VerifierConfig},
+    "workload": {"base": WorkloadConfig},
+    "tracking": {"base": TrackingConfig},
+}
 
 
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
-    cs.store(group="model", name="base_model", node=ModelConfig)
-    cs.store(group="proposer", name="base_prompt_lookup", node=PromptLookupConfig)
-    cs.store(group="proposer", name="base_draft_model", node=DraftModelConfig)
-    cs.store(group="proposer", name="base_rest", node=RestConfig)
-    cs.store(group="proposer", name="base_merged", node=MergedConfig)
-    cs.store(group="datastore", name="base_datastore", node=DatastoreConfig)
-    cs.store(group="topology", name="base_topology", node=TopologyConfig)
-    cs.store(group="topology", name="base_sequoia", node=SequoiaTopologyConfig)
-    cs.store(group="proposer", name="base_heads", node=HeadsConfig)
-    cs.store(group="proposer", name="base_early_exit", node=EarlyExitConfig)
-    cs.store(group="proposer", name="base_layer_skip", node=LayerSkipConfig)
-    cs.store(group="topology", name="base_cartesian", node=CartesianTopologyConfig)
-
+    for group, schemas in SCHEMAS.items():
+        for name, node in schemas.items():
+            cs.store(group=f"schema/{group}", name=name, node=node)
     OmegaConf.register_new_resolver(
         "cartesian_rows", lambda widths: cartesian_rows([int(w) for w in widths]), replace=True
     )
-    cs.store(group="verifier", name="base_verifier", node=VerifierConfig)
-    cs.store(group="workload", name="base_workload", node=WorkloadConfig)
-    cs.store(group="tracking", name="base_tracking", node=TrackingConfig)
 
 
 register_configs()
@@ -367,3 +426,148 @@ def compose(overrides: list[str] = (), *, return_hydra_config: bool = False) -> 
     GlobalHydra.instance().clear()  # an in-process run or sweep leaves Hydra initialised
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+
+# --------------------------------------------------------------------------- one-line composition refusals
+
+
+def override_key(override: str) -> str:
+    """The key an override sets: ``+generation.top_k=3`` -> ``generation.top_k``."""
+    return override.lstrip("~+").split("=", 1)[0].split("@", 1)[0]
+
+
+def group_options(group: str) -> list[str]:
+    """The selectable options of a config group (its YAML files, nested folders included)."""
+    root = CONF_DIR / group
+    return sorted(
+        p.relative_to(root).with_suffix("").as_posix()
+        for p in root.rglob("*.yaml")
+        if not any(part.startswith("_") for part in p.relative_to(root).parts)
+    )
+
+
+def compose_checked(overrides: list[str] = ()) -> DictConfig:
+    """:func:`compose`, a composition error refused as one :class:`ConfigError` line (mistyped key,
+    group option or value) offering the fixes the runner accepts."""
+    overrides = list(overrides)
+    try:
+        return compose(overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        error = explain_compose_error(exc, overrides)
+        rest = [o for o in overrides if o != error.replaces]
+        raise offer(error, rest) from exc
+
+
+def checked_plan(overrides: list[str] = (), run_dir=None):
+    """The config of ``overrides`` and its :class:`~harness.runner.Checked` (every refusal the config
+    alone decides), a refusal offering the fixes the runner accepts."""
+    cfg = compose_checked(overrides)
+    try:
+        return cfg, check_job(cfg, run_dir)
+    except ConfigError as exc:
+        raise offer(exc, list(overrides)) from exc
+
+
+def explain_compose_error(exc: Exception, overrides: list[str]) -> ConfigError:
+    """One line for a Hydra/OmegaConf composition error, a close spelling of the mistyped key or
+    option as its candidate fix."""
+    text = str(exc)
+    cause = exc.__cause__
+    missing = re.match(r"In '[^']*': Could not find '([^'/]+)/([^']+)'", text)
+    if missing:
+        group, option = missing.groups()
+        options = group_options(group)
+        close = difflib.get_close_matches(option, options, n=1, cutoff=0.6)
+        return ConfigError(
+            f"{group}={option} is no option of {group}; the options: {', '.join(options)}",
+            suggestions=[(f"{group}={close[0]}",)] if close else [],
+        )
+    appended = re.match(r"Could not append to config\. An item is already at '([^']+)'", text)
+    if appended:
+        key = appended.group(1)
+        given = next((o for o in overrides if override_key(o) == key), key)
+        return ConfigError(f"{key} is already in the config: set it without the leading '+' ({given.lstrip('+')})")
+    unknown = re.match(r"Could not override '([^']+)'", text)
+    if unknown:
+        key = unknown.group(1)
+        parent, _, leaf = key.rpartition(".")
+        given = next((o for o in overrides if override_key(o) == key), f"{key}=...")
+        value = given.split("=", 1)[1] if "=" in given else ""
+        known = _keys_at(parent, [o for o in overrides if override_key(o) != key])
+        where = f"{parent} has" if parent else "the config has"
+        if known is None:
+            return ConfigError(f"{key}: {_first_line(cause) if cause else 'no such option'}")
+        close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.6)
+        fixed = f"{parent}.{close[0]}" if parent and close else (close[0] if close else None)
+        return ConfigError(
+            f"{where} no option {leaf!r} ({given.lstrip('+')})",
+            suggestions=[(f"{fixed}={value}",)] if fixed else [],
+            replaces=given,
+        )
+    lines = [text] + ([str(cause)] if cause is not None else [])
+    return ConfigError(one_line("; ".join(lines)))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _keys_at(parent: str, overrides: list[str]) -> list[str] | None:
+    """The keys of the node at ``parent`` in the config the other overrides compose (None: no such node)."""
+    try:
+        cfg = compose(overrides)
+    except (HydraException, OmegaConfBaseException):
+        cfg = compose([])
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else None
+
+
+def apply_overrides(overrides: list[str], fix: tuple[str, ...]) -> list[str]:
+    """``overrides`` with ``fix`` applied: an override of the same key replaced, a new key appended."""
+    out = list(overrides)
+    for new in fix:
+        keys = [i for i, o in enumerate(out) if override_key(o) == override_key(new)]
+        if keys:
+            out[keys[0]] = new
+            out = [o for i, o in enumerate(out) if i not in keys[1:]]
+        else:
+            out.append(new)
+    return out
+
+
+#: composes (and plans) spent at most on checking the suggestions of one refusal
+OFFER_BUDGET = 8
+#: suggestions offered at most
+OFFER_MAX = 3
+
+
+def offer(exc: ConfigError, overrides: list[str], *, accept: Callable[[DictConfig], Any] = plan) -> ConfigError:
+    """``exc`` offering those of its candidate fixes that the runner accepts (composed and planned:
+    every value and combination check, no model, no file read or written; ``accept`` adds a
+    command's own checks), a candidate that meets another refusal extended by that refusal's
+    candidates (breadth first, at most three overrides, :data:`OFFER_BUDGET` tries)."""
+    frontier = list(exc.suggestions)
+    accepted: list[tuple[str, ...]] = []
+    seen: set[tuple[str, ...]] = set()
+    tries = 0
+    while frontier and tries < OFFER_BUDGET and len(accepted) < OFFER_MAX:
+        fix = frontier.pop(0)
+        if fix in seen:
+            continue
+        seen.add(fix)
+        tries += 1
+        try:
+            accept(compose(apply_overrides(overrides, fix)))
+        except ConfigError as again:
+            if len(fix) < 3:
+                frontier += [_merge(fix, more) for more in again.suggestions]
+            continue
+        except (ValueError, OSError, HydraException, OmegaConfBaseException):  # refused otherwise: not offered
+            continue
+        accepted.append(fix)
+    return type(exc)(exc.reason, suggestions=accepted, offered=True, replaces=exc.replaces)
+
+
+def _merge(fix: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, ...]:
+    keys = {override_key(o) for o in more}
+    return tuple(o for o in fix if override_key(o) not in keys) + tuple(more)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -254,8 +255,104 @@ class Selection:
 # --------------------------------------------------------------------------- config-time contracts
 
 
+def format_override(key: str, value: Any) -> str:
+    """``key=value`` as a Hydra override (lists in brackets, None as null, booleans lower case)."""
+    if value is None:
+        return f"{key}=null"
+    if isinstance(value, bool):
+        return f"{key}={str(value).lower()}"
+    if isinstance(value, (list, tuple)):
+        return f"{key}=[{','.join(str(v) for v in value)}]"
+    return f"{key}={value}"
+
+
 class ConfigError(ValueError):
-    pass
+    """A configuration refused before model work.
+
+    ``suggestions`` are candidate fixes of this refusal, each a tuple of Hydra overrides replacing
+    the user's overrides of the same keys. A candidate fixes this one problem and may leave
+    another, so the message carries none until they are ``offered``: the command layer
+    (:func:`harness.config.offer`) composes and plans each, keeps those the runner accepts (extending
+    a candidate by the suggestions of the refusal it meets next) and raises an offered copy, whose
+    message ends with them. ``replaces``: the user's override the fixes stand in for (a mistyped
+    key), when they do not simply override the same keys.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        suggestions: Sequence[Sequence[str]] = (),
+        offered: bool = False,
+        replaces: str | None = None,
+    ) -> None:
+        self.reason = message
+        self.suggestions: tuple[tuple[str, ...], ...] = tuple(tuple(s) for s in suggestions if s)
+        self.offered = offered
+        self.replaces = replaces
+        if offered and self.suggestions:
+            message = f"{message}; try " + " or ".join(" ".join(s) for s in self.suggestions)
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The valid values of a config option, declared beside it in its schema (``field`` metadata)
+    and checked before any model work. ``None`` passes (an Optional option left unset); a float
+    must be finite. ``each``: the bounds apply to every item of a list or value of a dict."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple[str, ...] = ()
+    each: bool = False
+
+    def admits(self, value: Any) -> bool:
+        if value is None:
+            return True
+        if self.choices:
+            return value in self.choices
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        return (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
+
+    def describe(self) -> str:
+        if self.choices:
+            return f"one of {list(self.choices)}"
+        lo = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else None
+        hi = f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})" if self.lt is not None else None
+        if lo and hi:
+            return f"in {lo}, {hi}"
+        if lo:
+            return f">= {lo[1:]}" if lo[0] == "[" else f"> {lo[1:]}"
+        if hi:
+            return f"<= {hi[:-1]}" if hi[-1] == "]" else f"< {hi[:-1]}"
+        return "any finite number"
+
+    def check(self, key: str, value: Any) -> None:
+        """Raise :class:`ConfigError` naming the key, the value and the range unless admitted."""
+        items = (value.items() if isinstance(value, dict) else enumerate(value)) if self.each and value else ()
+        if self.each:
+            for k, v in items:
+                if not self.admits(v):
+                    raise ConfigError(
+                        f"{format_override(key, value)}: {key}[{k}]={v} is out of range; each must be {self.describe()}"
+                    )
+            return
+        if not self.admits(value):
+            raise ConfigError(f"{format_override(key, value)} is out of range: it must be {self.describe()}")
+
+
+def _num(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from tqdm import tqdm
 from harness.contracts import Budget, ContractError
 from harness.engine.arms import ARMS, METRIC_NOTES, Arms, ArmsResult, merged_proposer_extras
 from harness.engine.build import BuildContext, Plan, build_proposer, plan
+from harness.engine.checks import check_output_dir
 from harness.engine.decode import RoundConfig, check_temp_kv_budget
 from harness.gates.drift import heuristic_drift
 from harness.gates.greedy import greedy_equality
@@ -162,9 +163,24 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
 # --------------------------------------------------------------------------- plan
 
 
-def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
-    """Negotiation, budgets and the frozen manifest: every refusal that needs no model."""
+@dataclass(frozen=True)
+class Checked:
+    """Every refusal the config alone decides, before any model, tokenizer or datastore is opened."""
+
+    plan: Plan
+    prompts: list[Prompt]  # the workload's prompts, read and checked (not yet tokenized)
+    context: ContextLimit  # what every turn's prompt must fit
+    kv_bytes_per_token: int
+    temp_kv_budget_formula_bytes: int
+    run_dir: Path
+
+
+def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
+    """Values, negotiation, budgets, the output folder (when one is named), the workload's prompts,
+    the context limit and the temporary-KV budget."""
     plan_ = plan(cfg)
+    if run_dir is not None or cfg.output_dir:
+        check_output_dir("output_dir" if cfg.output_dir else "the run folder", run_dir or cfg.output_dir)
     bpt = model_kv_bytes_per_token(cfg.model)
     formula = check_temp_kv_budget(
         max_nodes=plan_.budget.max_nodes,
@@ -181,23 +197,38 @@ def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
                 f"prompt {multi.prompt_id!r} has {multi.n_turns} turns: conversations go through the chat "
                 "template; set workload.chat=true"
             )
+    return Checked(
+        plan=plan_,
+        prompts=prompts,
+        context=context,
+        kv_bytes_per_token=bpt,
+        temp_kv_budget_formula_bytes=formula,
+        run_dir=Path(run_dir or cfg.output_dir or os.getcwd()),
+    )
+
+
+def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
+    """:func:`check_job`, then the frozen manifest (which opens, or builds on first use, a retrieval
+    proposer's datastore): every refusal that needs no model."""
+    checked = check_job(cfg, run_dir)
     manifest = freeze_manifest(cfg, versions=library_versions(), extra=manifest_extras(cfg))
     mhash = manifest_hash(manifest)
+    budget = checked.plan.budget
     return Planned(
-        plan=plan_,
+        plan=checked.plan,
         manifest=manifest,
         manifest_hash=mhash,
         run_id=f"{mhash}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}",  # unique within a second too
         round_cfg=RoundConfig(
-            max_nodes=plan_.budget.max_nodes,
-            max_depth=plan_.budget.max_depth,
+            max_nodes=budget.max_nodes,
+            max_depth=budget.max_depth,
             temp_kv_budget_bytes=cfg.generation.temp_kv_budget_bytes,
         ),
-        kv_bytes_per_token=bpt,
-        temp_kv_budget_formula_bytes=formula,
-        run_dir=Path(run_dir or cfg.output_dir or os.getcwd()),
-        prompts=prompts,
-        context=context,
+        kv_bytes_per_token=checked.kv_bytes_per_token,
+        temp_kv_budget_formula_bytes=checked.temp_kv_budget_formula_bytes,
+        run_dir=checked.run_dir,
+        prompts=checked.prompts,
+        context=checked.context,
     )
 
 
@@ -280,7 +311,7 @@ def _load(m: DictConfig, *, attn_implementation: str) -> LoadedModel:
         seed=m.seed,
         num_layers=m.num_layers,
         attn_implementation=attn_implementation,
-        tiny=OmegaConf.to_container(m.tiny),
+        tiny=OmegaConf.to_container(m.tiny, resolve=True),
         trust_remote_code=m.trust_remote_code,
     )
 

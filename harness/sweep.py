@@ -51,7 +51,7 @@ from typing import Any
 from hydra.experimental.callback import Callback as _Callback
 from omegaconf import DictConfig, OmegaConf
 
-from harness.contracts import ContractError
+from harness.contracts import ConfigError, ContractError
 from harness.gates.status import GateError
 from harness.manifest import job_manifest, manifest_hash
 from harness.runner import run_job, track
@@ -232,7 +232,7 @@ def _launch_id(sweep_dir: Path) -> str | None:
 
 def _is_refusal(exc: BaseException) -> bool:
 
-    return isinstance(exc, (GateError, NegotiationError, ContractError, JobFolderError))
+    return isinstance(exc, (GateError, ConfigError, NegotiationError, ContractError, JobFolderError))
 
 
 def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:

@@ -437,7 +437,7 @@ def test_harness_run_at_batch_size_2_on_tiny(tmp_path):
     ]
     cfg = compose(overrides)
     zero = compose(overrides[:-1] + ["generation.batch_size=0"])
-    with pytest.raises(ConfigError, match="batch_size must be >= 1; got 0"):
+    with pytest.raises(ConfigError, match="generation.batch_size=0 is out of range: it must be >= 1"):
         plan(zero)
     record = run_job(cfg, run_dir=tmp_path)
     m = record["metrics"]

@@ -155,7 +155,7 @@ def test_a_proposer_that_misrecords_q_fails_the_statistical_gate(workload, tmp_p
         "generation.temperature=1.0",
         "gates.oracle=false",
         "gates.chi2_samples=2000",
-        "+model.tiny.vocab_size=16",
+        "model.tiny.vocab_size=16",
     )
     run_dir = tmp_path / "run"
     with pytest.raises(GateError, match=r"gate 'statistical' failed .*p_value"):

@@ -306,7 +306,7 @@ STAT = (
     "gates.cache=false",
     "gates.chi2_samples=400",
     "gates.chi2_top_m=4",
-    "+model.tiny.vocab_size=16",
+    "model.tiny.vocab_size=16",
 )
 
 

@@ -364,7 +364,10 @@ def test_a_run_folder_that_cannot_be_created_is_refused_in_one_line(cache, capsy
     (cache / "afile").write_text("not a folder\n")
     assert run_main([*TINY, f"output_dir={cache / 'afile' / 'run'}", f"hydra.run.dir={cache / 'hydra'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"harness run: refused: cannot create the job folder {cache / 'afile' / 'run'}: Not a directory"]
+    # refused by the preflight, before Hydra or the job's folder lock is reached
+    assert err == [
+        f"harness run: refused: output_dir={cache / 'afile' / 'run'}: cannot be created: {cache / 'afile'} is a file"
+    ]
     assert run_main([*TINY, f"hydra.run.dir={cache / 'afile' / 'hydra'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"harness run: refused: cannot create the job folder {cache / 'afile' / 'hydra'}: Not a directory"]

@@ -284,9 +284,9 @@ def test_cli_usage_and_list(capsys):
     assert "unknown sweep 'nope'" in capsys.readouterr().err
     assert sweep_main(["smoke", "launcher=ray"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(
-        "harness sweep: launcher must be one of ['basic', 'joblib', 'slurm', 'submitit_local', 'submitit_slurm']; "
-        "got 'ray'\n"
+    assert err == (
+        "harness sweep: refused: launcher must be one of ['basic', 'joblib', 'slurm', 'submitit_local', "
+        "'submitit_slurm']; got 'ray' (harness sweep --help shows the usage)\n"
     )
 
 

@@ -14,9 +14,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.contracts import Budget, Capabilities, ConfigError
+from harness.contracts import Budget, Capabilities, ConfigError, budget_topology
+from harness.engine.checks import validate_config
 from harness.proposers.registry import proposer_class
-from harness.topology.budgets import budget_from_config
+from harness.topology.budgets import TOPOLOGY_SHAPES, budget_from_config
 from harness.verifiers import Verifier, get_verifier, negotiate
 from harness.verifiers.sampling import SamplingPolicy
 
@@ -57,20 +58,32 @@ def sampling_policy(cfg: DictConfig) -> SamplingPolicy:
 
 
 def plan(cfg: DictConfig) -> Plan:
-    """Negotiate proposer x topology x verifier x temperature; raise before any model work."""
+    """Check every value (:func:`~harness.engine.checks.validate_config`), then negotiate proposer x
+    topology x verifier x temperature; raise before any model work."""
+    validate_config(cfg)
     policy = sampling_policy(cfg)
     budget = budget_from_config(cfg)
-    caps = declared_capabilities(cfg, budget)
     verifier = get_verifier(cfg.verifier.name)
+    cls = proposer_class(cfg.proposer.name)
+    if budget.shape not in cls.shapes:
+        fits = [
+            name
+            for name, shape in TOPOLOGY_SHAPES.items()
+            if shape in cls.shapes and budget_topology(replace(budget, shape=shape)) in verifier.topologies
+        ]
+        raise ConfigError(
+            f"proposer={cfg.proposer.name} cannot build topology={cfg.topology.name} (shape {budget.shape!r}); "
+            f"it builds {sorted(cls.shapes)}",
+            suggestions=[(f"topology={name}",) for name in fits],
+        )
+    caps = declared_capabilities(cfg, budget)
     negotiate(caps, verifier, temperature=policy.temperature, exact_mode=bool(cfg.generation.exact))
     batch = int(cfg.generation.batch_size)
-    if batch < 1:
-        raise ConfigError(f"generation.batch_size must be >= 1; got {cfg.generation.batch_size}")
-    cls = proposer_class(cfg.proposer.name)
     if cls.max_batch_size is not None and batch > cls.max_batch_size:
         raise ConfigError(
             f"proposer={cfg.proposer.name} serves generation.batch_size <= {cls.max_batch_size}; "
-            f"got {batch}: {cls.batch_limit_reason}"
+            f"got {batch}: {cls.batch_limit_reason}",
+            suggestions=[(f"generation.batch_size={cls.max_batch_size}",)],
         )
     baseline = get_verifier("greedy" if policy.greedy else "membership")
     return Plan(policy=policy, budget=budget, capabilities=caps, verifier=verifier, baseline_verifier=baseline)

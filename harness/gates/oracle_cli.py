@@ -177,8 +177,22 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises a one-line usage error instead of printing the usage and exiting."""
+
+    def error(self, message: str):
+        raise ValueError(f"{message} (harness oracles --help shows the options)")
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0; got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="harness oracles", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="harness oracles", description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None, help="write rows and summary as JSON here")
     parser.add_argument(
         "--verifier",
@@ -187,23 +201,22 @@ def main(argv: list[str] | None = None) -> int:
         help="run only this verifier (repeatable); default: every exact verifier",
     )
     parser.add_argument("--quick", action="store_true", help="one seed, two random instances per verifier")
-    parser.add_argument("--random", type=int, default=None, help="random instances per verifier (default 4)")
+    parser.add_argument("--random", type=_count, default=None, help="random instances per verifier (default 4)")
     parser.add_argument(
         "--no-e2e",
         action="store_true",
         help="skip the end-to-end cases on a tiny float64 model (--quick skips them too)",
     )
-    args = parser.parse_args([] if argv is None else argv)
-
     t0 = time.perf_counter()
-    seeds = (0,) if args.quick else (0, 1)
-    random_count = args.random if args.random is not None else (2 if args.quick else 4)
     try:
+        args = parser.parse_args([] if argv is None else argv)
+        seeds = (0,) if args.quick else (0, 1)
+        random_count = args.random if args.random is not None else (2 if args.quick else 4)
         rows = run_suite(args.verifier, seeds=seeds, random_count=random_count, negative_control=True)
         if not (args.quick or args.no_e2e):
             rows += run_e2e(args.verifier, negative_control=True)
     except ValueError as exc:
-        print(f"harness oracles: {exc}", file=sys.stderr)
+        print(f"harness oracles: refused: {exc}", file=sys.stderr)
         return 2
     summary = summarize(rows)
     print(format_table(rows))

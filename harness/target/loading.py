@@ -34,6 +34,23 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+class CheckpointError(ValueError):
+    """A checkpoint (folder or hub id) whose config, weights or tokenizer cannot be loaded."""
+
+
+def from_pretrained(loader, source, *, key: str | None = None, **kwargs):
+    """``loader.from_pretrained(source, **kwargs)``, any failure refused as one
+    :class:`CheckpointError` naming the source (and the option ``key`` that gave it; the cause
+    stays chained)."""
+    try:
+        return loader.from_pretrained(source, **kwargs)
+    except Exception as exc:  # OSError (missing files, hub), ValueError (unknown model type), RuntimeError (shapes)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        where = f"{key}={source}" if key else f"checkpoint {str(source)!r}"
+        what = loader.__name__.removeprefix("Auto")
+        raise CheckpointError(f"{where}: cannot load its {what} ({type(exc).__name__}: {first})") from exc
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness"))
 
@@ -169,7 +186,7 @@ def load_tokenizer(model_name: str):
         return AutoTokenizer.from_pretrained(smollm2_converted_dir())
     if model_name == "tiny":
         return None
-    return AutoTokenizer.from_pretrained(model_name)
+    return from_pretrained(AutoTokenizer, model_name, key="model")
 
 
 def load_model(
@@ -205,7 +222,8 @@ def load_model(
         kwargs = {}
         if num_layers is not None:
             kwargs["num_hidden_layers"] = int(num_layers)
-        model = AutoModelForCausalLM.from_pretrained(
+        model = from_pretrained(
+            AutoModelForCausalLM,
             path,
             dtype=torch_dtype,
             attn_implementation="sdpa" if attn_implementation == attention.NAME else attn_implementation,
@@ -214,7 +232,7 @@ def load_model(
         )
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = from_pretrained(AutoTokenizer, path, trust_remote_code=trust_remote_code)
         loaded = LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, source=source)
     if num_layers is not None and name == "tiny":
         loaded.model.model.layers = loaded.model.model.layers[: int(num_layers)]
@@ -263,7 +281,7 @@ def model_kv_bytes_per_token(model_cfg) -> int:
     """L * 2 * H_kv * d_h * b from the model config alone (no weights loaded)."""
     itemsize = torch.tensor([], dtype=resolve_dtype(model_cfg.dtype)).element_size()
     if model_cfg.name == "tiny":
-        c = tiny_llama_config(**dict(model_cfg.tiny or {}))
+        c = tiny_llama_config(**dict(model_cfg.tiny))
         geo = {
             "num_hidden_layers": c.num_hidden_layers,
             "num_key_value_heads": c.num_key_value_heads,
@@ -274,8 +292,11 @@ def model_kv_bytes_per_token(model_cfg) -> int:
     else:
         from transformers import AutoConfig
 
-        c = AutoConfig.from_pretrained(
-            model_cfg.name_or_path or model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code)
+        c = from_pretrained(
+            AutoConfig,
+            model_cfg.name_or_path or model_cfg.name,
+            key="model.name_or_path" if model_cfg.name_or_path else "model.name",
+            trust_remote_code=bool(model_cfg.trust_remote_code),
         )
         geo = {
             "num_hidden_layers": c.num_hidden_layers,

@@ -32,7 +32,10 @@ def expansion_budget(t) -> Budget:
     if not widths:
         raise ConfigError("topology=expansion needs topology.widths, e.g. [2,2,1]")
     if len(widths) > t.max_depth:
-        raise ConfigError(f"topology.widths has {len(widths)} levels, over topology.max_depth={t.max_depth}")
+        raise ConfigError(
+            f"topology.widths has {len(widths)} levels, over topology.max_depth={t.max_depth}",
+            suggestions=[(f"topology.max_depth={len(widths)}",)],
+        )
     return Budget(shape="expansion", max_nodes=t.max_nodes, max_depth=len(widths), widths=widths)
 
 
@@ -64,10 +67,14 @@ def cartesian_budget(t) -> Budget:
         raise ConfigError(
             f"topology=cartesian with widths {list(widths)} has {n} candidate rows (the sum over depths "
             f"of the product of the widths so far); got topology.max_nodes={t.max_nodes} (leave it to the "
-            "default interpolation)"
+            "default interpolation)",
+            suggestions=[(f"topology.max_nodes={n}",)],
         )
     if len(widths) > int(t.max_depth):
-        raise ConfigError(f"topology.widths has {len(widths)} levels, over topology.max_depth={t.max_depth}")
+        raise ConfigError(
+            f"topology.widths has {len(widths)} levels, over topology.max_depth={t.max_depth}",
+            suggestions=[(f"topology.max_depth={len(widths)}",)],
+        )
     return Budget(shape="cartesian", max_nodes=n, max_depth=len(widths), widths=widths)
 
 
@@ -79,6 +86,18 @@ TOPOLOGIES = {
     "merged": chain_budget,  # a node/depth budget for proposer=merged
     "sequoia": sequoia_budget,
     "cartesian": cartesian_budget,
+}
+
+
+#: the budget shape each topology gives a proposer (its ``Proposer.shapes`` must hold it)
+TOPOLOGY_SHAPES = {
+    "sequence": "sequence",
+    "sequences": "sequences",
+    "set": "set",
+    "expansion": "expansion",
+    "merged": "merged",
+    "sequoia": "tree",
+    "cartesian": "cartesian",
 }
 
 

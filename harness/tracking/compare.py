@@ -558,6 +558,11 @@ USAGE = (
 )
 
 
+def _one_line(exc: BaseException) -> str:
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # a KeyError's str() is its repr
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in {"-h", "--help"}:
@@ -581,8 +586,8 @@ def main(argv: list[str] | None = None) -> int:
             seed=int(opts.get("seed", 0)),
             method=opts.get("method", "percentile"),
         )
-    except (ValueError, KeyError) as exc:
-        print(f"harness compare: {exc}\n{USAGE}", file=sys.stderr)
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"harness compare: refused: {_one_line(exc)} (harness compare --help shows the usage)", file=sys.stderr)
         return 2
     print(format_table(rows, by=by, baseline=opts.get("baseline"), level=level))
     board = None

@@ -788,8 +788,9 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load_recipe(recipe_path)
         out_dir = Path(kv["out"]) if "out" in kv else (root or Path(".")) / "report"
         path = build_report(df, out_dir, recipe, recipe_path=recipe_path, source=positionals[0])
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"harness report: {exc}\n{USAGE}", file=sys.stderr)
+    except (ValueError, OSError) as exc:
+        message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"harness report: refused: {message} (harness report --help shows the usage)", file=sys.stderr)
         return 2
     print(f"wrote {path}")
     return 0

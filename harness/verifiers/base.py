@@ -17,13 +17,14 @@ from typing import ClassVar
 
 import torch
 
-from harness.contracts import Capabilities, Selection
+from harness.contracts import Capabilities, ConfigError, Selection
 from harness.random_source import RandomSource
 from harness.topology.compiler import CompiledTree
 
 
-class NegotiationError(ValueError):
-    """Proposer/topology/verifier/temperature combination refused before model work."""
+class NegotiationError(ConfigError):
+    """Proposer/topology/verifier/temperature combination refused before model work; its
+    suggestions are the registered verifiers that accept the same proposal at the same temperature."""
 
 
 class Verifier(ABC):
@@ -56,44 +57,71 @@ def register(cls: type[Verifier]) -> type[Verifier]:
 def get_verifier(name: str) -> Verifier:
 
     if name not in VERIFIERS:
-        raise NegotiationError(f"unknown verifier {name!r}; registered: {sorted(VERIFIERS)}")
+        offered = sorted(n for n, cls in VERIFIERS.items() if not cls.test_only)
+        raise NegotiationError(f"unknown verifier {name!r}; registered: {offered}")
     return VERIFIERS[name]()
 
 
 def negotiate(proposer: Capabilities, verifier: Verifier, *, temperature: float, exact_mode: bool = True) -> None:
-    """Refuse an incompatible proposer x topology x verifier x temperature combination."""
+    """Refuse an incompatible proposer x topology x verifier x temperature combination, naming both
+    sides and suggesting the verifiers that accept it."""
+    reason = refusal(proposer, verifier, temperature=temperature, exact_mode=exact_mode)
+    if reason is None:
+        return
+    accepting = accepting_verifiers(proposer, temperature=temperature, exact_mode=exact_mode)
+    suggestions = [(f"verifier={name}",) for name in accepting]
+    if (
+        exact_mode
+        and not verifier.exact
+        and refusal(proposer, verifier, temperature=temperature, exact_mode=False) is None
+    ):
+        suggestions.insert(0, ("generation.exact=false",))
+    if not suggestions:
+        reason += f"; no registered verifier accepts proposer {proposer.name!r} at temperature {temperature}"
+    raise NegotiationError(reason, suggestions=suggestions)
+
+
+def accepting_verifiers(proposer: Capabilities, *, temperature: float, exact_mode: bool = True) -> list[str]:
+    """Names of the registered verifiers (test-only ones aside) that accept ``proposer`` at ``temperature``."""
+    return [
+        name
+        for name, cls in sorted(VERIFIERS.items())
+        if not cls.test_only and refusal(proposer, cls(), temperature=temperature, exact_mode=exact_mode) is None
+    ]
+
+
+def refusal(proposer: Capabilities, verifier: Verifier, *, temperature: float, exact_mode: bool = True) -> str | None:
+    """Why ``verifier`` cannot verify what ``proposer`` emits at ``temperature``; None when it can."""
     v = verifier
     if exact_mode and not v.exact:
-        raise NegotiationError(
-            f"verifier {v.name!r} is heuristic (not exact); exact mode refuses it. "
-            "Set generation.exact=false to run it explicitly; its records then say exact: false."
+        return (
+            f"verifier {v.name!r} is heuristic (not exact); exact mode refuses it "
+            "(generation.exact=false runs it explicitly; its records then say exact: false)"
         )
     if v.temperatures == "zero" and temperature != 0.0:
-        raise NegotiationError(
-            f"verifier {v.name!r} supports temperature 0 only; got generation.temperature={temperature}. "
-            "Use verifier=membership (or a p/q verifier with a proposer that provides q) for sampling."
-        )
+        return f"verifier {v.name!r} supports temperature 0 only; got generation.temperature={temperature}"
     if v.temperatures == "positive" and temperature == 0.0:
-        raise NegotiationError(f"verifier {v.name!r} needs temperature > 0; got 0 (use verifier=greedy)")
+        return f"verifier {v.name!r} needs temperature > 0; got generation.temperature=0"
     bad_sem = proposer.probability_semantics - v.probability_semantics
     if bad_sem:
-        raise NegotiationError(
+        return (
             f"proposer {proposer.name!r} provides probability semantics {sorted(bad_sem)}, but verifier "
             f"{v.name!r} requires one of {sorted(v.probability_semantics)}: a score or frequency cannot "
-            "stand in for q. Use verifier=membership or verifier=greedy."
+            "stand in for q"
         )
     bad_rel = proposer.sampling_relations - v.sampling_relations
     if bad_rel:
-        raise NegotiationError(
+        return (
             f"proposer {proposer.name!r} samples with relation {sorted(bad_rel)}, but verifier {v.name!r} "
             f"is proved for {sorted(v.sampling_relations)} only (a sampling law change needs its own "
             "verifier)"
         )
     if proposer.topology not in v.topologies:
-        raise NegotiationError(
+        return (
             f"topology {proposer.topology!r} from proposer {proposer.name!r} is not supported by verifier "
             f"{v.name!r} (supports {sorted(v.topologies)})"
         )
+    return None
 
 
 def walk_children(tree: CompiledTree, node: int, token: int) -> int | None:

@@ -739,7 +739,7 @@ def _parse_overrides(args: list[str]) -> dict[str, str]:
     out = {}
     for arg in args:
         if "=" not in arg:
-            raise DatastoreError(f"expected key=value; got {arg!r}\n{USAGE}")
+            raise DatastoreError(f"expected key=value; got {arg!r} (harness datastore --help shows the usage)")
         key, value = arg.split("=", 1)
         out[key.removeprefix("datastore.")] = value
     return out
@@ -782,13 +782,15 @@ def main(argv: list[str]) -> int:
     try:
         if cmd == "info":
             if not rest:
-                raise DatastoreError(f"info needs a datastore directory\n{USAGE}")
+                raise DatastoreError("info needs a datastore directory (harness datastore --help shows the usage)")
             opts = _parse_overrides(rest[1:])
             ds = load_datastore(rest[0], tokenizer=None, verify_corpus=_bool(opts.get("verify_corpus", "false")))
             print(json.dumps(_summary(ds), indent=2))
             return 0
         if cmd != "build":
-            raise DatastoreError(f"unknown datastore command {cmd!r}\n{USAGE}")
+            raise DatastoreError(
+                f"unknown datastore command {cmd!r}: build or info (harness datastore --help shows the usage)"
+            )
         opts = _parse_overrides(rest)
         known = {
             "corpus",
@@ -808,7 +810,9 @@ def main(argv: list[str]) -> int:
         if unknown:
             raise DatastoreError(f"unknown option(s) {unknown}; known: {sorted(known)}")
         if "corpus" not in opts:
-            raise DatastoreError(f"build needs corpus=\n{USAGE}")
+            raise DatastoreError(
+                "build needs corpus=stdlib or corpus=sharegpt (harness datastore --help shows the usage)"
+            )
         name = opts["corpus"]
         corpus_opts = {}
         if name == "sharegpt" and "roles" in opts:
@@ -839,6 +843,7 @@ def main(argv: list[str]) -> int:
         summary["build_s"] = round(time.perf_counter() - t0, 3)
         print(json.dumps(summary, indent=2))
         return 0
-    except (DatastoreError, ValueError, FileNotFoundError) as err:
-        print(f"harness datastore: {err}", file=sys.stderr)
+    except (ValueError, OSError) as err:  # DatastoreError, a checkpoint or corpus refused, a missing path
+        message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        print(f"harness datastore: refused: {message}", file=sys.stderr)
         return 2

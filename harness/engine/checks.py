@@ -1,0 +1,244 @@
+"""Checks of a composed config that need no model: :func:`validate_config` runs first in
+:func:`harness.engine.build.plan`, so every command refuses bad values before any model work.
+
+* every option's declared range (a :class:`~harness.contracts.Range` in its schema field's
+  metadata, ``harness/config.py``) and every required (``???``) value;
+* values that constrain each other (``min_ngram <= max_ngram``, a tiny model's head geometry, a
+  parametric draft's vocabulary against the target's, enough chi-square samples for its bins);
+* what the machine must provide for the models the run loads: their device (no ``cuda`` on a
+  torch without CUDA) and their checkpoint (an existing folder with a readable ``config.json``, or
+  a well-formed hub id; ``model=hf`` needs ``model.name_or_path``).
+
+Each refusal is a :class:`~harness.contracts.ConfigError` naming the key, the value and what is
+valid; where a change is certain to be accepted it is offered as a suggestion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from harness.contracts import ConfigError, Range, format_override
+
+#: model names the loader builds itself; any other name is a checkpoint folder or a hub id
+BUILTIN_MODELS = ("smollm2", "tiny", "hf")
+#: the shape of a Hugging Face hub id: ``name`` or ``org/name``
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+#: devices a run may name (``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``xpu``), each checked against this torch
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+#: the chi-square approximation wants an expected count of at least this many per bin
+CHI2_MIN_PER_BIN = 5
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Refuse a config whose values cannot run, before any model work (see the module docstring)."""
+    check_declared(cfg)
+    for key, model in models_in_use(cfg):
+        check_model(key, model)
+    check_related_values(cfg)
+
+
+# --------------------------------------------------------------------------- declared ranges
+
+
+def check_declared(node: DictConfig, prefix: str = "") -> None:
+    """Every value under ``node`` against the range its schema field declares; required values set."""
+    typ = OmegaConf.get_type(node)
+    fields = {f.name: f for f in dataclasses.fields(typ)} if dataclasses.is_dataclass(typ) else {}
+    for key in node.keys():
+        if not prefix and key == "hydra":
+            continue
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if fields and key not in fields:  # added with a leading '+'
+            where = f"{prefix} ({typ.__name__})" if prefix else "the config"
+            raise ConfigError(f"{full} is no option: {where} has {sorted(fields)}")
+        if OmegaConf.is_missing(node, key):
+            raise ConfigError(f"{full} is required (it is ???): set {full}=<value>")
+        try:
+            value = node[key]
+        except OmegaConfBaseException as exc:  # an interpolation that does not resolve
+            raise ConfigError(f"{full}: {str(exc).splitlines()[0]}") from None
+        spec = fields[key].metadata.get("range") if key in fields else None
+        if isinstance(value, (DictConfig, ListConfig)):
+            if isinstance(spec, Range):
+                spec.check(full, OmegaConf.to_container(value, resolve=True))
+            if isinstance(value, DictConfig):
+                check_declared(value, full)
+        elif isinstance(spec, Range):
+            spec.check(full, value)
+
+
+# --------------------------------------------------------------------------- models
+
+
+def models_in_use(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
+    """(key, model config) of every model the run loads: the target and a separate draft model."""
+    out = [("model", cfg.model)]
+    name = cfg.proposer.get("name")
+    if name == "draft_model":
+        out.append(("proposer.model", cfg.proposer.model))
+    elif name == "merged" and "draft_model" in (cfg.proposer.get("sources") or []):
+        out.append(("proposer.draft_model.model", cfg.proposer.draft_model.model))
+    return out
+
+
+def check_model(key: str, m: DictConfig) -> None:
+    check_device(f"{key}.device", str(m.device))
+    if m.name == "tiny":
+        check_tiny(f"{key}.tiny", m.tiny)
+        return
+    if m.name == "hf" and not m.name_or_path:
+        what = "model=hf" if key == "model" else f"{key}.name=hf"
+        raise ConfigError(f"{what} needs {key}.name_or_path=<a checkpoint folder or a hub id>")
+    if m.name_or_path:
+        check_checkpoint(f"{key}.name_or_path", str(m.name_or_path))
+    elif m.name not in BUILTIN_MODELS:
+        close = difflib.get_close_matches(str(m.name), BUILTIN_MODELS, n=1, cutoff=0.75)
+        if close and not Path(str(m.name)).expanduser().exists():
+            fix = f"{key}.name={close[0]}"
+            raise ConfigError(
+                f"{key}.name={m.name!r} is no model this harness builds and no checkpoint folder "
+                f"(a hub id would be looked up on the network)",
+                suggestions=[(fix,)],
+            )
+        check_checkpoint(f"{key}.name", str(m.name))
+
+
+def check_device(key: str, device: str) -> None:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"{key}={device!r} is not a torch device ({exc})", suggestions=[(f"{key}=cpu",)]) from None
+    if dev.type not in DEVICE_TYPES:
+        raise ConfigError(f"{key}={device} is not a device a run can use: one of {list(DEVICE_TYPES)}")
+    if dev.type == "cpu":
+        return
+    backend = torch.backends.mps if dev.type == "mps" else getattr(torch, dev.type)
+    if not backend.is_available():
+        raise ConfigError(
+            f"{key}={device}: this torch ({torch.__version__}) has no {dev.type.upper()} device",
+            suggestions=[(f"{key}=cpu",)],
+        )
+    count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if dev.index is not None and dev.index >= count:
+        raise ConfigError(
+            f"{key}={device}: this machine has {count} {dev.type} device(s) (indices 0 to {count - 1})",
+            suggestions=[(f"{key}={dev.type}:0",)],
+        )
+
+
+def check_checkpoint(key: str, source: str) -> None:
+    """A local checkpoint folder with a readable config.json, or a well-formed hub id."""
+    path = Path(source).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"{key}={source}: a checkpoint is a folder (config.json, weights, tokenizer); got a file")
+        config = path / "config.json"
+        if not config.is_file():
+            raise ConfigError(f"{key}={source}: the folder has no config.json, so it is no transformers checkpoint")
+        try:
+            loaded = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{key}={source}: cannot read {config}: {exc}") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{key}={source}: {config} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+            ) from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{key}={source}: {config} must hold a JSON object; got {type(loaded).__name__}")
+        return
+    if source.startswith(("/", "./", "../", "~")) or source in {".", ".."}:
+        raise ConfigError(f"{key}={source}: no such checkpoint folder")
+    if not HUB_ID.match(source) or "--" in source or ".." in source or len(source) > 96:
+        raise ConfigError(f"{key}={source!r} is neither an existing checkpoint folder nor a hub id (org/name)")
+
+
+def check_tiny(key: str, tiny: DictConfig) -> None:
+    hidden, heads, kv = int(tiny.hidden_size), int(tiny.num_heads), int(tiny.num_kv_heads)
+    if hidden % heads:
+        raise ConfigError(f"{key}.hidden_size={hidden} must be a multiple of {key}.num_heads={heads}")
+    if (hidden // heads) % 2:
+        raise ConfigError(
+            f"{key}.hidden_size / {key}.num_heads = {hidden // heads} must be even (rotary embeddings rotate pairs)"
+        )
+    if heads % kv:
+        raise ConfigError(f"{key}.num_heads={heads} must be a multiple of {key}.num_kv_heads={kv}")
+
+
+# --------------------------------------------------------------------------- values that constrain each other
+
+
+def check_related_values(cfg: DictConfig) -> None:
+    for key, node in proposer_nodes(cfg.proposer, "proposer"):
+        if "min_ngram" in node and int(node.min_ngram) > int(node.max_ngram):
+            raise ConfigError(
+                f"{key}.min_ngram={node.min_ngram} exceeds {key}.max_ngram={node.max_ngram}",
+                suggestions=[(f"{key}.min_ngram={node.max_ngram}",)],
+            )
+        if "min_suffix" in node and int(node.min_suffix) > int(node.max_suffix):
+            raise ConfigError(
+                f"{key}.min_suffix={node.min_suffix} exceeds {key}.max_suffix={node.max_suffix}",
+                suggestions=[(f"{key}.min_suffix={node.max_suffix}",)],
+            )
+    models = dict(models_in_use(cfg))
+    for key, draft in models.items():
+        if key == "model" or draft.name != "tiny" or cfg.model.name != "tiny":
+            continue
+        target_vocab, draft_vocab = int(cfg.model.tiny.vocab_size), int(draft.tiny.vocab_size)
+        if draft_vocab != target_vocab:
+            raise ConfigError(
+                f"{key}.tiny.vocab_size={draft_vocab} differs from model.tiny.vocab_size={target_vocab}: "
+                "a parametric draft shares the target's tokenizer",
+                suggestions=[(f"{key}.tiny.vocab_size={target_vocab}",)],
+            )
+    g = cfg.gates
+    bins = int(g.chi2_top_m) + 1
+    if int(g.chi2_samples) < CHI2_MIN_PER_BIN * bins:
+        need = CHI2_MIN_PER_BIN * bins
+        raise ConfigError(
+            f"{format_override('gates.chi2_samples', g.chi2_samples)} is too few for gates.chi2_top_m="
+            f"{g.chi2_top_m}: the chi-square test needs at least {CHI2_MIN_PER_BIN} samples per bin "
+            f"({bins} bins: the top {g.chi2_top_m} tokens and the rest), so >= {need}",
+            suggestions=[(f"gates.chi2_samples={need}",)],
+        )
+
+
+def proposer_nodes(node: DictConfig, key: str) -> list[tuple[str, DictConfig]]:
+    """The proposer's config and, for a merged tree, each source's sub-config."""
+    out = [(key, node)]
+    if node.get("name") == "merged":
+        for source in node.get("sources") or []:
+            if source in node:
+                out.append((f"{key}.{source}", node[source]))
+    return out
+
+
+# --------------------------------------------------------------------------- output folders
+
+
+def check_output_dir(key: str, path: str | os.PathLike) -> None:
+    """``path`` is a folder this process can create or write into. Tried, not inferred from
+    permission bits (root, read-only mounts, /proc): a temporary folder is made in the nearest
+    existing folder and removed at once, so nothing is left behind."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{key}={path}: a file is in the way; an output folder is needed there")
+    nearest = p.absolute()
+    while not nearest.exists():
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        raise ConfigError(f"{key}={path}: cannot be created: {nearest} is a file")
+    try:
+        probe = tempfile.mkdtemp(prefix=".harness-write-check-", dir=nearest)
+    except OSError as exc:
+        raise ConfigError(f"{key}={path}: cannot write in {nearest} ({exc.strerror or exc})") from None
+    os.rmdir(probe)

@@ -1,0 +1,513 @@
+"""Bad input is refused in one line, before any model work, and leaves nothing behind.
+
+* every numeric option has a declared range, checked with the key, the value and the range in
+  the message;
+* every command reports a refusal as one line and a non-zero exit, a traceback only when asked;
+* a draft model's config is its own copy: an override of one side never changes the other;
+* every suggestion a refusal offers is one the runner accepts (composed and planned here).
+
+tests/README.md tables each refused input, its message and the test that covers it.
+"""
+
+import dataclasses
+import json
+import math
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.core.config_store import ConfigStore
+from hydra.errors import MissingConfigException
+from omegaconf import OmegaConf
+
+import harness.runner as runner
+import harness.target.loading as loading
+from harness import cli
+from harness.app import run_main
+from harness.config import SCHEMAS, Config, apply_overrides, checked_plan, compose, group_options, offer
+from harness.contracts import ConfigError, Range
+from harness.engine.build import plan
+from harness.verifiers.base import NegotiationError
+
+PROMPTS = [
+    {"id": "p0", "category": "code", "prompt": "def add(a, b):\n    return a + b\n"},
+    {"id": "p1", "category": "code", "prompt": "for i in range(3):\n    print(i)\n"},
+]
+
+
+@pytest.fixture
+def workload(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    return path
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    """Any model, tokenizer or checkpoint config load fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"model work before the refusal: {args} {kwargs}")
+
+    monkeypatch.setattr(runner, "load_model", refuse)
+    monkeypatch.setattr(loading, "from_pretrained", refuse)
+    monkeypatch.setattr(loading, "build_tiny_model", refuse)
+
+
+def argv_for(tmp_path: Path, workload: Path, *overrides: str) -> list[str]:
+    return [
+        "model=tiny",
+        "workload=jsonl",
+        f"workload.path={workload}",
+        "workload.chat=false",
+        "generation.max_new_tokens=4",
+        "generation.warmup_tokens=1",
+        "threads=1",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+        f"output_dir={tmp_path / 'run'}",
+        *overrides,
+    ]
+
+
+def one_line(capsys, prefix: str) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith(prefix), lines[0]
+    return lines[0]
+
+
+def assert_refused_run(tmp_path, capsys, argv, *fragments) -> str:
+    """`harness run argv` exits 2 with one line holding every fragment, and writes nothing."""
+    assert run_main(argv) == 2
+    line = one_line(capsys, "harness run: refused: ")
+    for fragment in fragments:
+        assert fragment in line, (fragment, line)
+    assert not (tmp_path / "hydra").exists(), "Hydra's run folder was created"
+    assert not (tmp_path / "run").exists(), "the output folder was created"
+    return line
+
+
+def suggestions_in(line: str) -> list[list[str]]:
+    """The override sets after "; try " in a refusal line."""
+    if "; try " not in line:
+        return []
+    return [s.split() for s in line.split("; try ", 1)[1].split(" or ")]
+
+
+def accepted(overrides: list[str]) -> None:
+    """The runner accepts ``overrides``: they compose and plan (no model)."""
+    plan(compose(overrides))
+
+
+# --------------------------------------------------------------------------- values checked at compose time
+
+
+def numeric(tp) -> bool:
+    """int or float, optional or inside a list / dict."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, list, dict):
+        return any(numeric(a) for a in typing.get_args(tp) if a is not type(None))
+    return tp in (int, float)
+
+
+def schema_fields():
+    seen, out = set(), []
+    todo = [Config] + [cls for group in SCHEMAS.values() for cls in group.values()]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                todo.append(tp)
+            else:
+                out.append((cls, f, tp))
+    return out
+
+
+def test_every_numeric_option_declares_a_range():
+    missing = [
+        f"{cls.__name__}.{f.name}"
+        for cls, f, tp in schema_fields()
+        if numeric(tp) and not isinstance(f.metadata.get("range"), Range)
+    ]
+    assert not missing, f"numeric options without a declared range: {missing}"
+
+
+def test_every_default_lies_in_its_range():
+    for cls, f, _ in schema_fields():
+        spec = f.metadata.get("range")
+        if spec is None:
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        spec.check(f"{cls.__name__}.{f.name}", default)  # raises when a default is out of its own range
+
+
+@pytest.mark.parametrize(
+    "overrides,fragments",
+    [
+        (["generation.max_new_tokens=0"], ["generation.max_new_tokens=0", ">= 1"]),
+        (["generation.max_new_tokens=-5"], ["generation.max_new_tokens=-5", ">= 1"]),
+        (["workload.limit=-1"], ["workload.limit=-1", ">= 1"]),
+        (["workload.limit=0"], ["workload.limit=0", ">= 1"]),
+        (["gates.chi2_alpha=5"], ["gates.chi2_alpha=5.0", "in (0, 1)"]),
+        (["gates.chi2_samples=0"], ["gates.chi2_samples=0", ">= 1"]),
+        (["gates.chi2_samples=20"], ["gates.chi2_samples=20", "chi2_top_m=8", ">= 45"]),
+        (["generation.temperature=-0.1"], ["generation.temperature=-0.1", ">= 0"]),
+        (["generation.temperature=nan"], ["generation.temperature=nan", ">= 0"]),
+        (["generation.top_p=0"], ["generation.top_p=0.0", "in (0, 1]"]),
+        (["generation.top_p=1.5"], ["generation.top_p=1.5", "in (0, 1]"]),
+        (["generation.top_k=-1"], ["generation.top_k=-1", ">= 0"]),
+        (["generation.batch_size=0"], ["generation.batch_size=0", ">= 1"]),
+        (["generation.temp_kv_budget_bytes=0"], ["generation.temp_kv_budget_bytes=0", ">= 1"]),
+        (["topology.max_nodes=0"], ["topology.max_nodes=0", ">= 1"]),
+        (["topology=expansion", "topology.widths=[2,0]"], ["topology.widths=[2,0]", "topology.widths[1]=0"]),
+        (["gates.near_tie_max_fraction=2"], ["gates.near_tie_max_fraction=2.0", "in [0, 1]"]),
+        (["proposer=early_exit", "proposer.eta=1.0"], ["proposer.eta=1.0", "in [0, 1)"]),
+        (["proposer.min_ngram=4"], ["proposer.min_ngram=4", "proposer.max_ngram=3"]),
+        (["model.dtype=float8"], ["model.dtype=float8", "one of"]),
+        (["model=tiny", "model.tiny.vocab_size=3"], ["model.tiny.vocab_size=3", ">= 4"]),
+        (["model=tiny", "model.tiny.num_heads=3"], ["model.tiny.hidden_size=32", "num_heads=3"]),
+        (["threads=0"], ["threads=0", ">= 1"]),
+        (["seed=-1"], ["seed=-1", ">= 0"]),
+        (["+foo=1"], ["foo is no option"]),
+    ],
+)
+def test_out_of_range_values_are_refused_with_key_value_and_range(overrides, fragments):
+    with pytest.raises(ConfigError) as info:
+        plan(compose(overrides))
+    for fragment in fragments:
+        assert fragment in str(info.value), (fragment, str(info.value))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["generation.max_new_tokens=1"],
+        ["workload.limit=1"],
+        ["gates.chi2_alpha=0.5", "gates.chi2_samples=45"],
+        ["generation.top_p=1.0", "generation.top_k=0", "generation.temperature=0"],
+        ["gates.near_tie_max_fraction=0"],
+    ],
+)
+def test_range_boundaries_are_accepted(overrides):
+    accepted(overrides)
+
+
+# --------------------------------------------------------------------------- one line, never a traceback
+
+
+@pytest.mark.parametrize(
+    "overrides,fragments",
+    [
+        (["generation.max_new_tokens=0"], ["generation.max_new_tokens=0", ">= 1"]),
+        (["workload.limit=-1"], ["workload.limit=-1", ">= 1"]),
+        (["workload.limit=0"], ["workload.limit=0", ">= 1"]),
+        (["gates.chi2_alpha=5"], ["gates.chi2_alpha=5.0", "(0, 1)"]),
+        (["gates.chi2_samples=0"], ["gates.chi2_samples=0"]),
+        (["generation.max_new_tokenz=3"], ["no option 'max_new_tokenz'", "try generation.max_new_tokens=3"]),
+        (["proposer=base_prompt_lookup"], ["proposer=base_prompt_lookup is no option", "prompt_lookup"]),
+        (["+proposer.model.tiny.vocab_size=128", "proposer=draft_model"], ["without the leading '+'"]),
+    ],
+)
+def test_harness_run_refuses_bad_values_in_one_line_and_writes_nothing(
+    tmp_path, workload, capsys, no_models, overrides, fragments
+):
+    assert_refused_run(tmp_path, capsys, argv_for(tmp_path, workload, *overrides), *fragments)
+
+
+def test_missing_checkpoint_path(tmp_path, workload, capsys, no_models):
+    missing = tmp_path / "no-such-checkpoint"
+    argv = argv_for(tmp_path, workload, "model=hf", f"model.name_or_path={missing}")
+    assert_refused_run(tmp_path, capsys, argv, f"model.name_or_path={missing}", "no such checkpoint folder")
+
+
+def test_broken_config_json(tmp_path, workload, capsys, no_models):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text('{"model_type": "llama",')
+    argv = argv_for(tmp_path, workload, "model=hf", f"model.name_or_path={ckpt}")
+    assert_refused_run(tmp_path, capsys, argv, f"model.name_or_path={ckpt}", "config.json is not valid JSON")
+
+
+def test_hf_without_a_path_is_refused_without_asking_the_hub(tmp_path, workload, capsys, no_models):
+    assert_refused_run(tmp_path, capsys, argv_for(tmp_path, workload, "model=hf"), "model=hf needs model.name_or_path")
+
+
+def test_a_draft_with_hf_and_no_path_is_refused_naming_the_draft(tmp_path, workload, capsys, no_models):
+    argv = argv_for(tmp_path, workload, "proposer=draft_model", "proposer.model.name=hf")
+    assert_refused_run(tmp_path, capsys, argv, "proposer.model.name=hf needs proposer.model.name_or_path")
+
+
+def test_cuda_without_cuda_is_refused_and_cpu_suggested(tmp_path, workload, capsys, no_models, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    line = assert_refused_run(
+        tmp_path, capsys, argv_for(tmp_path, workload, "model.device=cuda"), "model.device=cuda", "no CUDA device"
+    )
+    assert suggestions_in(line) == [["model.device=cpu"]]
+
+
+def test_a_device_torch_does_not_know_is_refused(tmp_path, workload, capsys, no_models):
+    assert_refused_run(tmp_path, capsys, argv_for(tmp_path, workload, "model.device=gpu0"), "model.device='gpu0'")
+
+
+@pytest.mark.parametrize(
+    "line,fragment",
+    [
+        ({"id": "a", "prompt": None}, '"prompt" must be a string; got null'),
+        ({"id": "a", "prompt": 42}, '"prompt" must be a string; got 42'),
+        ({"id": "a", "messages": [{"role": "user", "content": 7}]}, '"messages" must be a non-empty list'),
+        ({"id": None, "prompt": "x"}, '"id" must be a string or an integer'),
+    ],
+)
+def test_jsonl_prompts_of_the_wrong_type(tmp_path, capsys, no_models, line, fragment):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(PROMPTS[0]) + "\n" + json.dumps(line) + "\n")
+    assert_refused_run(tmp_path, capsys, argv_for(tmp_path, path), f"{path}:2:", fragment)
+
+
+def test_an_output_folder_that_cannot_be_created(tmp_path, workload, capsys, no_models):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    argv = argv_for(tmp_path, workload, f"output_dir={blocker / 'run'}")
+    assert_refused_run(tmp_path, capsys, argv, f"output_dir={blocker / 'run'}", "is a file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "prompts.jsonl"]
+
+
+def test_a_checkpoint_without_weights_fails_at_load_in_one_line(tmp_path, workload, capsys):
+    ckpt = tmp_path / "ckpt"
+    loading.tiny_llama_config().save_pretrained(ckpt)  # config.json only: no weights, no tokenizer
+    argv = argv_for(tmp_path, workload, "model=hf", f"model.name_or_path={ckpt}")
+    assert run_main(argv) == 2
+    line = one_line(capsys, "harness run: refused: ")
+    assert f"checkpoint {str(ckpt)!r}: cannot load its ModelForCausalLM" in line
+    assert not (tmp_path / "run" / "record.json").exists()
+
+
+def test_an_unexpected_error_is_one_line_and_its_traceback_only_when_asked(tmp_path, workload, capsys, monkeypatch):
+    import harness.app as app
+
+    def boom(cfg, *, run_dir):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(app, "run_job", boom)
+    argv = argv_for(tmp_path, workload)
+    assert run_main(argv) == 1
+    line = one_line(capsys, "harness run: error: RuntimeError: boom second line")
+    assert "HARNESS_TRACEBACK=1" in line
+
+    monkeypatch.setenv("HARNESS_TRACEBACK", "1")
+    assert run_main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.rstrip().endswith("boom second line")
+
+
+def test_the_traceback_flag_shows_a_refusals_traceback(tmp_path, workload, capsys, monkeypatch):
+    monkeypatch.setenv("HARNESS_TRACEBACK", "0")  # restored after the test; the flag sets it to 1
+    assert cli.main(["--traceback", "run", *argv_for(tmp_path, workload, "workload.limit=0")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "harness run: refused: workload.limit=0" in err
+
+
+def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
+    argv = ["-m", *argv_for(tmp_path, workload, "generation.max_new_tokenz=1,2", f"hydra.sweep.dir={tmp_path / 's'}")]
+    assert run_main(argv) == 2
+    line = one_line(capsys, "harness run: refused: ")
+    assert "no option 'max_new_tokenz'" in line and "+generation" not in line
+
+
+@pytest.mark.parametrize(
+    "argv,prefix,fragment",
+    [
+        (["compare", "/nonexistent-records"], "harness compare: refused: ", "/nonexistent-records"),
+        (["report", "/nonexistent-records"], "harness report: refused: ", "/nonexistent-records"),
+        (["tree", "foo"], "harness tree: error: ", "key=value"),
+        (["oracles", "--foo"], "harness oracles: refused: ", "unrecognized arguments: --foo"),
+        (["oracles", "--random", "-1"], "harness oracles: refused: ", "must be >= 0"),
+        (["datastore", "info", "/nonexistent-store"], "harness datastore: refused: ", "/nonexistent-store"),
+        (["datastore", "info"], "harness datastore: refused: ", "needs a datastore directory"),
+        (["sweep", "nope"], "harness sweep: refused: ", "unknown sweep 'nope'"),
+        (["train", "proposer=prompt_lookup", "model=tiny"], "harness train: refused: ", "no trained artifact"),
+        (["train", "proposer=hydra", "model=tiny", "proposer.num_heads=0"], "harness train: refused: ", ">= 1"),
+        (["train", "proposer=hydra", "force=maybe"], "harness train: refused: ", "force=maybe"),
+        (["calibrate", "model=tiny", "topology=sequence"], "harness calibrate: refused: ", "needs topology=sequoia"),
+        (
+            [
+                "calibrate",
+                "model=tiny",
+                "proposer=draft_model",
+                "proposer.sampling=without_replacement",
+                "verifier=sequoia",
+                "generation.temperature=0.7",
+                "topology=sequence",
+            ],
+            "harness calibrate: refused: ",
+            "try topology=sequoia",
+        ),
+        (["calibrate", "model=tiny", "topology.max_nodes=0"], "harness calibrate: refused: ", "max_nodes=0"),
+    ],
+)
+def test_every_command_refuses_in_one_line(capsys, no_models, argv, prefix, fragment):
+    assert cli.main(argv) == 2
+    assert fragment in one_line(capsys, prefix)
+
+
+def test_an_error_escaping_a_command_is_one_line(capsys, monkeypatch):
+    import harness.tracking.compare as compare
+
+    def broken(source):
+        raise RuntimeError("unexpected")
+
+    monkeypatch.setattr(compare, "read_results", broken)
+    assert cli.main(["compare", "somewhere"]) == 1
+    assert "RuntimeError: unexpected" in one_line(capsys, "harness compare: error: ")
+
+
+def test_schemas_are_no_selectable_options():
+    cs = ConfigStore.instance()
+    for group in SCHEMAS:
+        with pytest.raises(OSError):  # the ConfigStore holds nothing in a selectable group
+            cs.list(group)
+    with pytest.raises(MissingConfigException) as info:
+        compose(["proposer=nope"])
+    listed = str(info.value).split("Available options in 'proposer':", 1)[1].split("Config search path")[0].split()
+    assert listed == group_options("proposer") and not [o for o in listed if "base" in o or "schema" in o]
+
+
+def test_a_mistyped_experiment_is_refused_not_ignored():
+    with pytest.raises(ConfigError, match="experiment=sources/rest_T is no option") as info:
+        checked_plan(["experiment=sources/rest_T"])
+    assert info.value.suggestions == (("experiment=sources/rest_T0",),)
+
+
+# --------------------------------------------------------------------------- overrides do not leak between models
+
+
+DRAFT_FIELDS = {
+    "name": "hf",
+    "name_or_path": "/elsewhere",
+    "dtype": "float64",
+    "device": "meta",
+    "seed": 7,
+    "num_layers": 1,
+    "tiny.vocab_size": 128,
+    "tiny.hidden_size": 64,
+    "tiny.num_layers": 3,
+    "tiny.num_heads": 8,
+    "tiny.num_kv_heads": 4,
+    "tiny.intermediate_size": 32,
+    "tiny.max_position_embeddings": 64,
+}
+
+
+@pytest.mark.parametrize("draft", ["proposer.model", "proposer.draft_model.model"])
+def test_a_draft_override_never_changes_the_target(draft):
+    proposer = "proposer=draft_model" if draft == "proposer.model" else "proposer=merged"
+    base = compose([proposer, "model=tiny"])
+    target = OmegaConf.to_container(base.model, resolve=True)
+    for key, value in DRAFT_FIELDS.items():
+        cfg = compose([proposer, "model=tiny", f"{draft}.{key}={value}"])
+        assert OmegaConf.select(cfg, f"{draft}.{key}") == value, key
+        assert OmegaConf.to_container(cfg.model, resolve=True) == target, f"{draft}.{key} leaked into the target"
+
+
+def test_a_target_override_reaches_the_derived_draft_but_not_a_field_the_draft_sets():
+    cfg = compose(["proposer=draft_model", "model=tiny", "model.tiny.vocab_size=16", "model.dtype=float64"])
+    assert cfg.proposer.model.tiny.vocab_size == 16 and cfg.proposer.model.dtype == "float64"
+    cfg = compose(["proposer=draft_model", "model=tiny", "model.dtype=float64", "proposer.model.dtype=float32"])
+    assert cfg.model.dtype == "float64" and cfg.proposer.model.dtype == "float32"
+    assert cfg.proposer.model.num_layers == 6 and cfg.model.num_layers is None
+
+
+def test_the_issue_override_is_refused_and_a_draft_vocabulary_of_its_own_is_refused_before_loading(no_models):
+    with pytest.raises(ConfigError, match="without the leading"):
+        checked_plan(["proposer=draft_model", "model=tiny", "+proposer.model.tiny.vocab_size=128"])
+    with pytest.raises(ConfigError, match="differs from model.tiny.vocab_size=96") as info:
+        checked_plan(["proposer=draft_model", "model=tiny", "proposer.model.tiny.vocab_size=128"])
+    assert info.value.suggestions == (("proposer.model.tiny.vocab_size=96",),)
+
+
+# --------------------------------------------------------------------------- refusals that suggest something valid
+
+
+REFUSED = [
+    ["proposer=rest", "verifier=specinfer", "generation.temperature=0.7"],
+    ["proposer=prompt_lookup", "verifier=rejection", "generation.temperature=0.7"],
+    ["verifier=greedy", "generation.temperature=0.7"],
+    ["proposer=draft_model", "verifier=specinfer"],
+    ["verifier=typical"],
+    ["proposer=clover", "topology=merged", "verifier=greedy", "generation.temperature=0.7"],
+    ["proposer=prompt_lookup", "topology=expansion"],
+    ["proposer=medusa", "generation.batch_size=2"],
+    ["topology=cartesian", "topology.max_nodes=20"],
+    ["proposer=draft_model", "topology=expansion", "topology.max_depth=2"],
+    ["proposer.min_ngram=5"],
+    ["gates.chi2_samples=20"],
+    ["model=tiny", "proposer=draft_model", "proposer.model.tiny.vocab_size=128"],
+    ["proposer=promt_lookup", "verifier=rejection"],
+    ["generation.max_new_tokenz=3"],
+    ["proposr=rest"],
+    ["model.name=smolm2"],
+]
+
+
+@pytest.mark.parametrize("overrides", REFUSED, ids=lambda o: " ".join(o))
+def test_every_offered_suggestion_is_accepted(overrides, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError) as info:
+        checked_plan(overrides)
+    exc = info.value
+    assert exc.offered and exc.suggestions, f"no suggestion offered: {exc}"
+    assert suggestions_in(str(exc)) == [list(s) for s in exc.suggestions]
+    base = [o for o in overrides if o != exc.replaces]  # a mistyped key's fix replaces it
+    for fix in exc.suggestions:
+        accepted(apply_overrides(base, fix))
+
+
+def test_rest_with_specinfer_at_a_temperature_is_offered_membership_not_greedy():
+    with pytest.raises(NegotiationError) as info:
+        checked_plan(["proposer=rest", "verifier=specinfer", "generation.temperature=0.7"])
+    assert info.value.suggestions == (("verifier=membership",),)
+    assert "greedy" not in str(info.value)
+
+
+def test_a_candidate_that_meets_another_refusal_is_extended_or_dropped():
+    exc = ConfigError("refused", suggestions=[("topology=sequence",), ("generation.temperature=-1",)])
+    offered = offer(exc, ["proposer=clover", "topology=merged", "verifier=greedy", "generation.temperature=0.7"])
+    assert offered.suggestions == (("topology=sequence", "verifier=membership"),)
+
+
+def test_plan_alone_offers_no_unchecked_suggestion():
+    with pytest.raises(ConfigError) as info:
+        plan(compose(["proposer=clover", "topology=merged", "verifier=greedy", "generation.temperature=0.7"]))
+    assert info.value.suggestions and "try" not in str(info.value)  # candidates, not yet offered
+
+
+def test_workload_limit_zero_names_the_range_not_an_empty_split():
+    with pytest.raises(ConfigError) as info:
+        checked_plan(["workload.limit=0"])
+    assert "workload.limit=0" in str(info.value) and "no prompts" not in str(info.value)
+
+
+def test_an_empty_split_suggests_the_splits_the_file_has(tmp_path):
+    path = tmp_path / "dev.jsonl"
+    path.write_text(json.dumps({**PROMPTS[0], "split": "dev"}) + "\n")
+    overrides = ["model=tiny", "workload=jsonl", f"workload.path={path}"]
+    with pytest.raises(ConfigError, match="no prompts in split 'eval'") as info:
+        checked_plan(overrides)
+    assert info.value.suggestions == (("workload.split=dev",),)
+    cfg, planned = checked_plan(apply_overrides(overrides, info.value.suggestions[0]))
+    assert [p.prompt_id for p in planned.prompts] == ["p0"]
+
+
+def test_range_describes_its_bounds():
+    assert Range(ge=1).describe() == ">= 1"
+    assert Range(gt=0.0, lt=1.0).describe() == "in (0, 1)"
+    assert Range(gt=0.0, le=1.0).describe() == "in (0, 1]"
+    assert not Range(ge=0.0).admits(math.inf) and not Range(ge=0).admits(True)
