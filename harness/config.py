@@ -16,20 +16,26 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from harness.topology.budgets import cartesian_rows
+from harness.topology.budgets import cartesian_rows, choices_size
 
 #: the config groups (schema-backed YAML) that `harness run` composes
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
+#: decoder layers of the default derived draft (proposer=draft_model: the target's first k layers)
+DEFAULT_DERIVED_LAYERS = 6
+
+
 @dataclass
 class ModelConfig:
-    name: str = "smollm2"  # smollm2 | tiny | any HF checkpoint path or hub id (see name_or_path)
+    # smollm2 | tiny | hf (a checkpoint directory or hub id in name_or_path; any other name is taken
+    # as one) | derived (a draft only: the target's first num_layers decoder layers)
+    name: str = "smollm2"
     name_or_path: Optional[str] = None
     dtype: str = "float32"
     device: str = "cpu"
     attn_implementation: str = "sdpa"
-    num_layers: Optional[int] = None  # keep only the first k decoder layers (draft derivation)
+    num_layers: Optional[int] = None  # name=derived only; a model given by name or path loads whole
     seed: int = 0  # weights seed for model=tiny
     trust_remote_code: bool = False  # explicit opt-in: runs code from the checkpoint
     tiny: dict[str, Any] = field(default_factory=dict)  # LlamaConfig overrides for model=tiny
@@ -54,6 +60,8 @@ class PromptLookupConfig(ProposerConfig):
 class DraftModelConfig(ProposerConfig):
     name: str = "draft_model"
     sampling: str = "iid"  # iid | without_replacement | beam
+    # the draft: name=derived (default, conf/proposer/draft_model.yaml), a checkpoint
+    # (name=hf name_or_path=...), smollm2 or tiny; dtype, device, attention default to the target's
     model: ModelConfig = field(default_factory=ModelConfig)
     description: str = ""
 
@@ -255,6 +263,19 @@ class CartesianTopologyConfig(TopologyConfig):
 
 
 @dataclass
+class ChoicesTopologyConfig(TopologyConfig):
+    """topology=choices: a tree given as a list of rank paths, as Medusa and EAGLE-1 publish them
+    (``[[0], [0, 0], [1], ...]``: path ``[a, b]`` is the rank-``b`` child of the rank-``a`` first
+    token), or a named preset (harness/topology/choices.py). max_nodes and max_depth are derived."""
+
+    name: str = "choices"
+    choices: Optional[list[list[int]]] = None
+    preset: Optional[str] = None
+    max_nodes: int = 0  # derived from the list (conf/topology/choices.yaml); another value is refused
+    max_depth: int = 0  # derived: the longest path
+
+
+@dataclass
 class VerifierConfig:
     name: str = "greedy"
 
@@ -326,6 +347,18 @@ class Config:
     allow_leakage: bool = False  # run despite an evaluation prompt leaked into a datastore (recorded)
 
 
+def derived_layers(draft_name: str, target_name: str, target_tiny) -> Optional[int]:
+    """A draft's default layer count: null (loaded whole) unless it is derived; a derived draft
+    keeps DEFAULT_DERIVED_LAYERS of the target's layers, or all of a model=tiny target's (it has
+    2 unless ``model.tiny.num_layers`` says otherwise)."""
+    if draft_name != "derived":
+        return None
+    if target_name == "tiny":
+        tiny = OmegaConf.to_container(target_tiny) if isinstance(target_tiny, DictConfig) else (target_tiny or {})
+        return min(DEFAULT_DERIVED_LAYERS, int(tiny.get("num_layers", 2)))
+    return DEFAULT_DERIVED_LAYERS
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
@@ -341,10 +374,21 @@ def register_configs() -> None:
     cs.store(group="proposer", name="base_early_exit", node=EarlyExitConfig)
     cs.store(group="proposer", name="base_layer_skip", node=LayerSkipConfig)
     cs.store(group="topology", name="base_cartesian", node=CartesianTopologyConfig)
+    cs.store(group="topology", name="base_choices", node=ChoicesTopologyConfig)
 
     OmegaConf.register_new_resolver(
         "cartesian_rows", lambda widths: cartesian_rows([int(w) for w in widths]), replace=True
     )
+    OmegaConf.register_new_resolver(
+        "choices_size",
+        lambda choices, preset, what: choices_size(
+            OmegaConf.to_container(choices) if choices is not None and not isinstance(choices, list) else choices,
+            preset,
+            what,
+        ),
+        replace=True,
+    )
+    OmegaConf.register_new_resolver("derived_layers", derived_layers, replace=True)
     cs.store(group="verifier", name="base_verifier", node=VerifierConfig)
     cs.store(group="workload", name="base_workload", node=WorkloadConfig)
     cs.store(group="tracking", name="base_tracking", node=TrackingConfig)

@@ -262,17 +262,23 @@ class ConfigError(ValueError):
 class Budget:
     """Topology parameters a proposer shapes its candidates to (candidate rows, root excluded)."""
 
-    shape: str  # sequence | sequences | set | expansion | tree (a parent array) | merged
+    shape: str  # sequence | sequences | set | expansion | tree (a parent array) | choices | merged
     max_nodes: int
     max_depth: int
     widths: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()  # explicit tree shape (e.g. a Sequoia tree), -1 = frontier
+    #: shape="choices": each node's child rank below its parent (same length as ``parents``)
+    ranks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_nodes < 1 or self.max_depth < 1:
             raise ValueError(f"max_nodes and max_depth must be >= 1; got {self.max_nodes}, {self.max_depth}")
         if any(w < 1 for w in self.widths):
             raise ValueError(f"widths must be >= 1; got {list(self.widths)}")
+        if self.ranks and len(self.ranks) != len(self.parents):
+            raise ValueError(
+                f"ranks ({len(self.ranks)}) and parents ({len(self.parents)}) must have one entry per node"
+            )
 
 
 def budget_topology(budget: Budget) -> str:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -35,7 +34,19 @@ from harness.prepare.sequoia import cost_model_error
 from harness.proposers.base import NullProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
-from harness.target.loading import LoadedModel, eos_ids, load_model, model_kv_bytes_per_token, tokenizer_fingerprint
+from harness.target.loading import (
+    DERIVED,
+    CheckpointError,
+    LoadedModel,
+    checkpoint_ref_problem,
+    derive_draft,
+    eos_ids,
+    load_model,
+    load_tokenizer_of,
+    model_geometry,
+    model_kv_bytes_per_token,
+    tokenizer_difference,
+)
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
 from harness.tracking.wandb_tracker import open_run
 from harness.workloads.prompts import encode_workload
@@ -100,6 +111,7 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
 
 def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
     """Negotiation, budgets and the frozen manifest: every refusal that needs no model."""
+    check_draft_model(cfg)
     plan_ = plan(cfg)
     bpt = model_kv_bytes_per_token(cfg.model)
     formula = check_temp_kv_budget(
@@ -134,33 +146,49 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
     backend = CausalLMBackend(target.model, device=device)
     if backend.bytes_per_token != planned.kv_bytes_per_token:
         raise GateError(f"KV bytes per token {backend.bytes_per_token} != config-derived {planned.kv_bytes_per_token}")
+    draft_backend = None
+    if draft is not None:
+        draft_backend = CausalLMBackend(draft.model, device=torch.device(draft_model_config(cfg).device))
     return Loaded(
         target=target,
         draft=draft,
         backend=backend,
-        draft_backend=CausalLMBackend(draft.model, device=device) if draft is not None else None,
+        draft_backend=draft_backend,
         items=encode_workload(cfg, target.tokenizer),
         eos=eos_ids(target.model, target.tokenizer),
     )
 
 
 def load_models(cfg: DictConfig) -> tuple[LoadedModel, LoadedModel | None]:
-    """The target, and the draft model when the proposer needs a separate one (its tokenizer checked)."""
-    target = _load(cfg.model, attn_implementation=cfg.model.attn_implementation)
+    """The target, and the draft model when the proposer needs a separate one.
+
+    A draft checkpoint's tokenizer is read and compared with the target's before any weights are
+    read (a mismatch is refused naming the first difference); a derived draft is cut from the
+    loaded target. Both load whole, each with its own dtype, device and attention implementation
+    (the draft's default to the target's)."""
     d = draft_model_config(cfg)
+    target_tokenizer = load_tokenizer_of(cfg.model)
+    draft_tokenizer = None
+    if d is not None and d.name != DERIVED:
+        draft_tokenizer = load_tokenizer_of(d)
+        check_same_tokenizer(target_tokenizer, draft_tokenizer, draft_ref=d.name_or_path or d.name)
+    target = _load(cfg.model, tokenizer=target_tokenizer)
     if d is None:
         return target, None
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # a truncated load lists every dropped layer
-    try:
-        draft = _load(d, attn_implementation=cfg.model.attn_implementation)
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-    check_same_tokenizer(target, draft)
+    if d.name == DERIVED:
+        draft = derive_draft(
+            target,
+            num_layers=int(d.num_layers),
+            dtype=d.dtype,
+            device=d.device,
+            attn_implementation=d.attn_implementation,
+        )
+    else:
+        draft = _load(d, tokenizer=draft_tokenizer)
     return target, draft
 
 
-def _load(m: DictConfig, *, attn_implementation: str) -> LoadedModel:
+def _load(m: DictConfig, *, tokenizer=None) -> LoadedModel:
     return load_model(
         name=m.name,
         name_or_path=m.name_or_path,
@@ -168,9 +196,10 @@ def _load(m: DictConfig, *, attn_implementation: str) -> LoadedModel:
         device=m.device,
         seed=m.seed,
         num_layers=m.num_layers,
-        attn_implementation=attn_implementation,
+        attn_implementation=m.attn_implementation,
         tiny=OmegaConf.to_container(m.tiny),
         trust_remote_code=m.trust_remote_code,
+        tokenizer=tokenizer,
     )
 
 
@@ -184,18 +213,58 @@ def draft_model_config(cfg: DictConfig):
     return None
 
 
-def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
-    """A parametric draft must share the target's tokenizer."""
-    if target.model.config.vocab_size != draft.model.config.vocab_size:
-        raise GateError(f"draft vocabulary {draft.model.config.vocab_size} != target {target.model.config.vocab_size}")
-    if target.tokenizer is None and draft.tokenizer is None:
+def draft_model_key(cfg: DictConfig) -> str:
+    """The config key of the draft model, for messages."""
+    return "proposer.draft_model.model" if cfg.proposer.name == "merged" else "proposer.model"
+
+
+def check_draft_model(cfg: DictConfig) -> None:
+    """Refuse a draft model configuration before any model work: truncation asked of a
+    checkpoint, a derived draft without a valid layer count, a checkpoint draft without a path."""
+    d = draft_model_config(cfg)
+    if d is None:
         return
-    if (
-        target.tokenizer is None
-        or draft.tokenizer is None
-        or (tokenizer_fingerprint(target.tokenizer) != tokenizer_fingerprint(draft.tokenizer))
-    ):
-        raise GateError("the draft model's tokenizer differs from the target's; a parametric draft must share it")
+    key = draft_model_key(cfg)
+    if d.name == DERIVED:
+        if d.num_layers is None:
+            raise CheckpointError(f"{key}.name=derived needs {key}.num_layers=<k>: the target's first k layers")
+        total = model_geometry(cfg.model)["num_hidden_layers"]
+        if not 1 <= int(d.num_layers) <= total:
+            raise CheckpointError(
+                f"{key}.num_layers must be in [1, {total}] for this {total}-layer target; got {d.num_layers}"
+            )
+        return
+    if d.num_layers is not None:
+        raise CheckpointError(
+            f"{key}.num_layers={d.num_layers} applies only to {key}.name=derived (the target's first k layers); "
+            f"a draft given by name or path loads whole: drop {key}.num_layers"
+        )
+    if d.name not in ("tiny", "smollm2") or d.name_or_path:
+        if d.name == "hf" and not d.name_or_path:
+            raise CheckpointError(f"{key}.name=hf needs {key}.name_or_path=<checkpoint directory or hub id>")
+        problem = checkpoint_ref_problem(d.name_or_path or d.name, f"{key}.name_or_path")
+        if problem:
+            raise CheckpointError(problem)
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, *, draft_ref: str = "the draft") -> None:
+    """A parametric draft must tokenize exactly as the target: compared by content (vocabulary,
+    special tokens, normalisation), not by ``config.vocab_size`` (embedding matrices of one family
+    are often padded to different sizes)."""
+    if target_tokenizer is None and draft_tokenizer is None:
+        return  # tiny models: both use the synthetic id space
+    if target_tokenizer is None or draft_tokenizer is None:
+        which = "target" if target_tokenizer is None else "draft"
+        raise CheckpointError(
+            f"the {which} has no tokenizer (model=tiny) and the other has one: "
+            "a draft must share the target's tokenizer"
+        )
+    diff = tokenizer_difference(target_tokenizer, draft_tokenizer)
+    if diff is not None:
+        raise CheckpointError(
+            f"the draft {draft_ref!r} tokenizes differently from the target: {diff}; "
+            "a draft model must share the target's tokenizer"
+        )
 
 
 # --------------------------------------------------------------------------- prepare
@@ -354,6 +423,11 @@ def summarise(
         "per_prompt": measured.per_prompt,
         "hardware": hardware_card(cfg.model.device),
         "model_source": loaded.target.source,
+        "draft_source": loaded.draft.source if loaded.draft is not None else None,
+        "load_report": {
+            "target": loaded.target.load_report,
+            **({"draft": loaded.draft.load_report} if loaded.draft is not None else {}),
+        },
         "artifacts": {
             **plan_.extras.get("artifacts", {}),
             **(
