@@ -235,10 +235,14 @@ def test_oracles_cli_without_quick_runs_the_end_to_end_cases(tmp_path, capsys, m
     assert "end-to-end negative control (recorded q is not the law sampled): caught" in text
     data = json.loads(out.read_text())
     e2e_rows = [r for r in data["rows"] if r["kind"] == "end_to_end" and not r["negative_control"]]
-    assert {r["case"] for r in e2e_rows} == {"e2e/draft/iid/seq2/T1", "e2e/draft/iid/seq2/T0.8-topk3-topp0.9"}
+    assert {r["case"] for r in e2e_rows} == {
+        "e2e/draft/iid/seq2/T1",
+        "e2e/draft/iid/seq2/T0.8-topk3-topp0.9",
+        "e2e/draft-padded/iid/seq2/T1",
+    }
     assert all(r["max_abs_error"] <= MARGINAL_ATOL for r in e2e_rows)
     assert data["summary"]["e2e_negative_control"]["caught"] is True
-    assert data["summary"]["end_to_end_cases"] == 2
+    assert data["summary"]["end_to_end_cases"] == 3
 
 
 def test_oracles_cli_quick_skips_the_end_to_end_cases(capsys):
@@ -246,3 +250,24 @@ def test_oracles_cli_quick_skips_the_end_to_end_cases(capsys):
 
     assert main(["--verifier", "rejection", "--quick", "--random", "0"]) == 0
     assert "e2e/" not in capsys.readouterr().out
+
+
+def test_the_padded_draft_case_bites(models):
+    """The padded draft's padding rows take a large share of its unrestricted mass; restricted to the
+    target's range its law is the unpadded draft's, written at the target's width."""
+    from harness.proposers.draft_model import DraftModelProposer
+
+    budget = Budget(shape="sequence", max_nodes=2, max_depth=2)
+    policy = E.Float64Policy(temperature=1.0)
+    prompt = torch.tensor([list(E.E2E_PROMPT)])
+    logits = models.padded.model(input_ids=prompt).logits[0, -1:]  # [1, V + extra]
+    vocab = models.target.vocab_size
+    unrestricted = DraftModelProposer(budget=budget, manifest_hash="h", policy=policy, backend=models.padded)
+    assert float(unrestricted.law(logits)[0, vocab:].sum()) > 0.3
+    restricted = E.make_proposer(
+        CASES["draft-padded/iid/seq2/T1"], draft=models.padded, policy=policy, target_vocab=vocab
+    )
+    q = restricted.law(logits)
+    assert q.shape == (1, vocab)
+    want = policy.probs(models.draft.model(input_ids=prompt).logits[0, -1:])
+    torch.testing.assert_close(q, want, rtol=1e-12, atol=1e-12)

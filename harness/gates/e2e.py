@@ -365,6 +365,9 @@ class E2ECase:
     length: int = DEFAULT_LENGTH
     rounds: int | None = 1
     tags: dict = field(default_factory=dict)
+    #: draft_model only: "padded" drafts with :attr:`E2EModels.padded`, whose embedding matrix and
+    #: LM head have extra rows past the target's vocabulary (the proposer restricts q to the shared range)
+    draft: str = "draft"
 
 
 def _as_float64(policy: SamplingPolicy) -> Float64Policy:
@@ -375,12 +378,23 @@ def _as_float64(policy: SamplingPolicy) -> Float64Policy:
     )
 
 
-def make_proposer(case: E2ECase, *, draft: CausalLMBackend | None, policy: SamplingPolicy) -> Proposer:
+def make_proposer(
+    case: E2ECase, *, draft: CausalLMBackend | None, policy: SamplingPolicy, target_vocab: int | None = None
+) -> Proposer:
+    """The proposer a run builds for ``case``. ``target_vocab``: the target's vocabulary, the range
+    a draft with a larger (padded) vocabulary proposes in, as the runner passes it."""
     if case.proposer == "draft_model":
         if draft is None:
             raise ValueError("an end-to-end draft_model case needs a draft backend")
+        shared = min(draft.vocab_size, target_vocab) if target_vocab is not None else None
         return DraftModelProposer(
-            budget=case.budget, manifest_hash="e2e", policy=policy, backend=draft, sampling=case.sampling
+            budget=case.budget,
+            manifest_hash="e2e",
+            policy=policy,
+            backend=draft,
+            sampling=case.sampling,
+            vocab_range=shared,
+            target_vocab=target_vocab,
         )
     if case.proposer == "prompt_lookup":
         return PromptLookupProposer(budget=case.budget, manifest_hash="e2e")
@@ -444,6 +458,8 @@ def standard_cases() -> list[E2ECase]:
     greedy = SamplingPolicy(temperature=0.0)
     seq2 = Budget(shape="sequence", max_nodes=2, max_depth=2)
     set2 = Budget(shape="set", max_nodes=2, max_depth=1, widths=(2,))
+    # topology=choices [[0], [1], [0, 0]]: two first tokens, the first of them extended
+    choices = Budget(shape="choices", max_nodes=3, max_depth=2, parents=(-1, -1, 0), ranks=(0, 1, 0))
     exp21 = Budget(shape="expansion", max_nodes=4, max_depth=2, widths=(2, 1))
     lookup = Budget(shape="sequences", max_nodes=6, max_depth=2)
     merged = Budget(shape="merged", max_nodes=6, max_depth=2)
@@ -461,6 +477,18 @@ def standard_cases() -> list[E2ECase]:
         E2ECase("lookup/sequences/T0", "prompt_lookup", lookup, greedy),
         E2ECase("merged/draft+lookup/T1", "merged", merged, t1, "iid"),
         E2ECase("merged/draft+lookup/T0", "merged", merged, greedy, "iid"),
+        E2ECase("draft-padded/iid/seq2/T1", "draft_model", seq2, t1, "iid", draft="padded"),
+        E2ECase(
+            "draft-padded/wor/set2/T0.8-topk3-topp0.9",
+            "draft_model",
+            set2,
+            trunc,
+            "without_replacement",
+            draft="padded",
+        ),
+        E2ECase("draft-padded/beam/exp21/T0", "draft_model", exp21, greedy, "beam", draft="padded"),
+        E2ECase("draft/iid/choices/T0.8-topk3-topp0.9", "draft_model", choices, trunc, "iid"),
+        E2ECase("draft/beam/choices/T0", "draft_model", choices, greedy, "beam"),
     ]
 
 
@@ -474,18 +502,50 @@ def applicable(case: E2ECase, verifier: Verifier) -> bool:
     return True
 
 
+#: rows the padded draft's embedding matrix and LM head have past the target's vocabulary
+PADDED_EXTRA_ROWS = 3
+
+
+def padded_draft(model: torch.nn.Module, extra: int = PADDED_EXTRA_ROWS) -> torch.nn.Module:
+    """A copy of ``model`` with ``extra`` more vocabulary rows, as checkpoints of one family pad
+    their embedding matrices: LM-head row ``V + i`` is twice row ``i``, so the padding takes a
+    large share of the unrestricted mass and a proposer that did not restrict q to the shared range
+    would show."""
+    padded = copy.deepcopy(model)
+    vocab = int(model.config.vocab_size)
+    padded.resize_token_embeddings(vocab + extra, mean_resizing=False)
+    with torch.no_grad():
+        w = padded.get_output_embeddings().weight  # [V + extra, d]
+        for i in range(extra):
+            w[vocab + i] = 2.0 * w[i % vocab]
+    for p in padded.parameters():
+        p.requires_grad_(False)
+    return padded.eval()
+
+
 @dataclass
 class E2EModels:
     target: CausalLMBackend
     draft: CausalLMBackend
+    padded: CausalLMBackend | None = None  # the draft with a padded vocabulary (same law on the shared range)
 
     @classmethod
     def build(cls, *, seed: int = 0, vocab: int = 5) -> E2EModels:
-        """Target: 2 layers; draft: a different 1-layer model (so q differs from p)."""
+        """Target: 2 layers; draft: a different 1-layer model (so q differs from p), and the same
+        draft with a padded vocabulary."""
+        draft = oracle_model(seed=seed + 101, vocab=vocab, num_layers=1)
         return cls(
             target=CausalLMBackend(oracle_model(seed=seed, vocab=vocab)),
-            draft=CausalLMBackend(oracle_model(seed=seed + 101, vocab=vocab, num_layers=1)),
+            draft=CausalLMBackend(draft),
+            padded=CausalLMBackend(padded_draft(draft)),
         )
+
+    def draft_for(self, case: E2ECase) -> CausalLMBackend:
+        if case.draft == "padded":
+            if self.padded is None:
+                raise ValueError(f"case {case.name!r} needs the padded draft (E2EModels.build makes it)")
+            return self.padded
+        return self.draft
 
 
 def check_e2e_case(
@@ -500,8 +560,9 @@ def check_e2e_case(
     """Run one end-to-end case; a row like :func:`harness.gates.oracle.check_case`'s."""
     t0 = time.perf_counter()
     policy = _as_float64(case.policy)
-    factory = proposer_factory or (lambda c, d, p: make_proposer(c, draft=d, policy=p))
-    proposer = factory(case, models.draft, policy)
+    vocab = models.target.vocab_size
+    factory = proposer_factory or (lambda c, d, p: make_proposer(c, draft=d, policy=p, target_vocab=vocab))
+    proposer = factory(case, models.draft_for(case), policy)
     stats: dict = {}
     law = e2e_output_law(
         target=models.target,
