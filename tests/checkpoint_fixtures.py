@@ -199,8 +199,7 @@ def hydra_prefix_state(model, *, seed: int = 0) -> dict[str, torch.Tensor]:
         f"{p}.layers.0.self_attn.k_proj.weight": r(nkv * hd, h),
         f"{p}.layers.0.self_attn.v_proj.weight": r(nkv * hd, h),
         f"{p}.layers.0.self_attn.o_proj.weight": r(h, nh * hd),
-        f"{p}.layers.0.self_attn.rotary_emb.inv_freq": 1.0
-        / (float(getattr(c, "rope_theta", None) or 10000.0) ** (torch.arange(0, hd, 2).float() / hd)),
+        f"{p}.layers.0.self_attn.rotary_emb.inv_freq": 1.0 / (rope_theta(c) ** (torch.arange(0, hd, 2).float() / hd)),
         f"{p}.layers.0.mlp.gate_proj.weight": r(c.intermediate_size, h),
         f"{p}.layers.0.mlp.up_proj.weight": r(c.intermediate_size, h),
         f"{p}.layers.0.mlp.down_proj.weight": r(h, c.intermediate_size),
@@ -208,6 +207,12 @@ def hydra_prefix_state(model, *, seed: int = 0) -> dict[str, torch.Tensor]:
         f"{p}.layers.0.post_attention_layernorm.weight": 1.0 + r(h, scale=0.1),
         f"{p}.norm.weight": 1.0 + r(h, scale=0.1),
     }
+
+
+def rope_theta(config) -> float:
+    """The rotary base of a config (transformers 5 keeps it in ``rope_parameters``)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    return float(rope.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0)
 
 
 def hydra_config(heads: int, layers: int, *, arch: str = "mlp", grounded: bool = True, **extra) -> dict:

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.contracts import Budget, Capabilities, ConfigError
 from harness.proposers.registry import proposer_class
+from harness.target.loading import model_geometry
 from harness.topology.budgets import budget_from_config
 from harness.verifiers import Verifier, get_verifier, negotiate
 from harness.verifiers.sampling import SamplingPolicy
@@ -57,7 +58,10 @@ def sampling_policy(cfg: DictConfig) -> SamplingPolicy:
 
 
 def plan(cfg: DictConfig) -> Plan:
-    """Negotiate proposer x topology x verifier x temperature; raise before any model work."""
+    """Negotiate proposer x topology x verifier x temperature; raise before any model work.
+
+    A proposer class may define ``check_plan(options, budget, geometry)`` for checks that need the
+    target's shape but no weights (``geometry()``: :func:`harness.target.loading.model_geometry`)."""
     policy = sampling_policy(cfg)
     budget = budget_from_config(cfg)
     caps = declared_capabilities(cfg, budget)
@@ -67,6 +71,9 @@ def plan(cfg: DictConfig) -> Plan:
     if batch < 1:
         raise ConfigError(f"generation.batch_size must be >= 1; got {cfg.generation.batch_size}")
     cls = proposer_class(cfg.proposer.name)
+    check = getattr(cls, "check_plan", None)
+    if check is not None:  # e.g. a published head checkpoint against the target's geometry
+        check(proposer_options(cfg), budget, lambda: model_geometry(cfg.model))
     if cls.max_batch_size is not None and batch > cls.max_batch_size:
         raise ConfigError(
             f"proposer={cfg.proposer.name} serves generation.batch_size <= {cls.max_batch_size}; "

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from harness.heads.artifacts import adapter_artifact_path, load_adapter
-from harness.heads.checkpoint import ArtifactError, save_artifact, target_fingerprint
+from harness.heads.checkpoint import ArtifactError, cpu_budget_label, save_artifact, target_fingerprint
 from harness.heads.early_exit import AdapterArtifact, ExitAdapter, adapter_logits, build_adapter
 from harness.heads.recipes import AdapterRecipe, DataRecipe
 from harness.prepare import Preparation
@@ -150,9 +150,9 @@ def ensure_adapter(
             "device": device,
             "threads": torch.get_num_threads(),
         },
-        "cpu_budget_artifact": device == "cpu",
         "parameters": sum(p.numel() for p in adapter.parameters()),
     }
+    manifest["cpu_budget_artifact"] = cpu_budget_label(manifest)  # from the tokens it saw, not the device
     save_artifact(path, manifest=manifest, state=adapter.state_dict())
     return load_adapter(options, model=model, tokenizer=tokenizer, path=path)
 
@@ -178,7 +178,7 @@ def train_from_config(cfg, *, target, force: bool = False, progress: bool = True
         "token_budget": m["token_budget"],
         "held_out": m["held_out"],
         "training_seconds": m["training"]["total_seconds"],
-        "cpu_budget_artifact": m["cpu_budget_artifact"],
+        "cpu_budget_artifact": cpu_budget_label(m),
         "recipe": m["recipe"],
     }
 
