@@ -25,8 +25,9 @@ the target can score, written into the target's vocabulary width (zero beyond th
 target's device.
 
 Sampling: ``sampling=iid`` (SpecInfer), ``without_replacement`` (Sequoia) or ``beam``
-(deterministic top-k, score-only evidence). q is the draft's distribution under the same
-temperature / top-p / top-k policy as the target, and each node carries the law it was drawn from.
+(deterministic top-k of the draft's own softmax, score-only evidence). q is the draft's
+distribution under the same temperature / top-p / top-k policy as the target, and each node
+carries the law it was drawn from.
 """
 
 from __future__ import annotations
@@ -141,8 +142,14 @@ class DraftModelProposer(Proposer):
 
     def law(self, logits: torch.Tensor) -> torch.Tensor:
         """The proposal law ``[n, V_target]`` of draft logits ``[n, V_draft]``: the policy over the
-        shared id range, zero beyond it, on the target's device."""
-        probs = self.policy.probs(logits[..., : self.vocab_range])  # [n, vocab_range]
+        shared id range, zero beyond it, on the target's device. ``sampling=beam`` draws nothing and
+        only ranks: its scores are the draft's own softmax, so the rank-``r`` child is the draft's
+        ``r``-th most probable token at any temperature (the policy's law is one-hot at T = 0)."""
+        shared = logits[..., : self.vocab_range]
+        if self.sampling == "beam":
+            probs = torch.softmax(shared.float(), dim=-1)  # [n, vocab_range]
+        else:
+            probs = self.policy.probs(shared)  # [n, vocab_range]
         if self.target_vocab > self.vocab_range:
             probs = torch.nn.functional.pad(probs, (0, self.target_vocab - self.vocab_range))
         if self.target_device is not None and probs.device != self.target_device:
