@@ -111,7 +111,7 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
 
 def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
     """Negotiation, budgets and the frozen manifest: every refusal that needs no model."""
-    check_draft_model(cfg)
+    check_models(cfg)
     plan_ = plan(cfg)
     bpt = model_kv_bytes_per_token(cfg.model)
     formula = check_temp_kv_budget(
@@ -218,9 +218,15 @@ def draft_model_key(cfg: DictConfig) -> str:
     return "proposer.draft_model.model" if cfg.proposer.name == "merged" else "proposer.model"
 
 
-def check_draft_model(cfg: DictConfig) -> None:
+def check_models(cfg: DictConfig) -> None:
     """Refuse a draft model configuration before any model work: truncation asked of a
-    checkpoint, a derived draft without a valid layer count, a checkpoint draft without a path."""
+    checkpoint (or of the target), a derived draft without a valid layer count, a checkpoint draft
+    without a path."""
+    if cfg.model.num_layers is not None:
+        raise CheckpointError(
+            f"model.num_layers={cfg.model.num_layers}: the target loads whole; layer truncation applies only to "
+            "a derived draft (proposer.model.name=derived proposer.model.num_layers=k)"
+        )
     d = draft_model_config(cfg)
     if d is None:
         return

@@ -97,6 +97,7 @@ def test_default_draft_is_derived_with_six_layers():
         (["proposer.model.num_layers=2"], "applies only to proposer.model.name=derived"),
         (["proposer.model.name_or_path=null"], "needs proposer.model.name_or_path"),
         (["proposer.model.name_or_path=/no/such/dir"], "no such directory"),
+        (["model.num_layers=2"], "the target loads whole"),
     ],
 )
 def test_draft_configuration_refused_before_model_work(ckpts, monkeypatch, extra, match):

@@ -395,7 +395,7 @@ def test_published_heads_run_end_to_end_with_provenance(tmp_path, monkeypatch, t
     assert m["greedy_identical"] is True and m["cpu_budget_artifact"] is False
     assert m["rounds"] > 0 and m["mean_candidate_rows"] > 0
     prov = record["manifest"]["proposer_artifact"]
-    assert prov["source"] == "published" and prov["ref"] == str(path)
+    assert prov["source"] == "published" and prov["ref"] == str(path) and prov["base_model_name_or_path"] == "tiny"
     for name, digest in prov["files"].items():
         assert digest == hashlib.sha256((path / name).read_bytes()).hexdigest()
     assert record["artifacts"]["proposer_artifact"]["files"] == prov["files"]

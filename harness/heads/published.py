@@ -252,6 +252,7 @@ class PublishedLayout:
             "directory": str(self.directory),
             "files": {f.name: file_sha256(f) for f in self.files},
             "config_sha256": file_sha256(self.directory / "config.json"),
+            "base_model_name_or_path": self.config.get("base_model_name_or_path"),
             "num_heads": self.num_heads,
             "num_layers": self.num_layers,
             "hidden_size": self.hidden_size,

@@ -93,7 +93,8 @@ def ensure_heads(
     """Load the configured artifact; train it first when absent (and ``auto_train``) or ``force``.
     A published checkpoint (:mod:`harness.heads.published`) is never trained here."""
     explicit = options.get("artifact")
-    if is_published(explicit):
+    # a path that does not exist yet is where `harness train` writes (even when it reads like a hub id)
+    if is_published(explicit) and (Path(str(explicit)).expanduser().exists() or not force):
         raise ArtifactError(
             f"proposer.artifact={explicit!r} is a published {kind} checkpoint: a run loads it as it is, "
             "nothing is trained here (leave proposer.artifact unset to train heads for this target)"
