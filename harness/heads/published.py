@@ -28,7 +28,8 @@ for ``mlp``; for ``prefix-mlp`` it is the output (after its final norm) of a one
 state as input embeddings, with its own KV cache, positions those of the committed tokens. The
 ``prefix-mlp`` Sequential interleaves parameterless dropouts, so its blocks sit at ``1, 3, ...`` and
 its vocabulary head at ``hydra_lm_head.{k}.1``. ``input_embed_fn.weight`` (the base embedding the
-trainer saves incidentally) is checked against the target's shape and otherwise unused.
+trainer saves incidentally) is checked against the target's shape, its equality with the target's
+embedding recorded (``input_embed_matches_target``), and otherwise unused.
 
 Refusals, with expected vs got: a missing, extra or mis-shaped tensor; a hidden size or vocabulary
 that is not the target's; a head bank shallower than the topology; ``hydra_head_arch`` ``cross-attn``
@@ -658,8 +659,14 @@ class PublishedHeads(nn.Module):
         if self.proj is None:
             w = lm_head.weight
             return vocab_projection(lm_head, hidden.to(device=w.device, dtype=w.dtype))
-        rows = [self.proj[i - 1](hidden[r : r + 1].to(self.dtype)) for r, i in enumerate(depths)]
-        return torch.cat(rows)
+        hidden = hidden.to(self.dtype)
+        out = [None] * len(depths)
+        for i in dict.fromkeys(depths):  # one product per head, over all its rows
+            idx = [r for r, d in enumerate(depths) if d == i]
+            logits = vocab_projection(self.proj[i - 1], hidden[idx])  # [len(idx), V]
+            for j, r in enumerate(idx):
+                out[r] = logits[j]
+        return torch.stack(out)
 
     # ------------------------------------------------------------------ Hydra's prefix layer
     def prefix_step(self, rows: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
