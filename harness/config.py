@@ -34,7 +34,7 @@ from harness.contracts import ConfigError, Range
 from harness.engine.build import plan
 from harness.runner import check_job
 from harness.target.loading import DTYPES
-from harness.topology.budgets import cartesian_rows
+from harness.topology.budgets import cartesian_rows, choices_size
 from harness.workloads.prompts import SPLITS
 
 #: the config groups (schema-backed YAML) that `harness run` composes
@@ -66,14 +66,21 @@ class TinyConfig:
     max_position_embeddings: int = ranged(512, **POSITIVE_INT)
 
 
+#: decoder layers of the default derived draft (proposer=draft_model: the target's first k layers)
+DEFAULT_DERIVED_LAYERS = 6
+
+
 @dataclass
 class ModelConfig:
-    name: str = "smollm2"  # smollm2 | tiny | hf (with name_or_path) | any HF checkpoint path or hub id
+    # smollm2 | tiny | hf (a checkpoint directory or hub id in name_or_path; any other name is taken
+    # as one) | derived (a draft only: the target's first num_layers decoder layers)
+    name: str = "smollm2"
     name_or_path: Optional[str] = None
     dtype: str = ranged("float32", choices=tuple(DTYPES))
     device: str = "cpu"  # cpu | cuda | cuda:N | mps (checked against this torch's devices)
     attn_implementation: str = "sdpa"
-    num_layers: Optional[int] = ranged(None, **POSITIVE_INT)  # keep only the first k decoder layers (draft derivation)
+    # name=derived only; a model given by name or path loads whole
+    num_layers: Optional[int] = ranged(None, **POSITIVE_INT)
     seed: int = ranged(0, **SEED)  # weights seed for model=tiny
     trust_remote_code: bool = False  # explicit opt-in: runs code from the checkpoint
     tiny: TinyConfig = field(default_factory=TinyConfig)  # the LlamaConfig of model=tiny
@@ -100,6 +107,8 @@ class PromptLookupConfig(ProposerConfig):
 class DraftModelConfig(ProposerConfig):
     name: str = "draft_model"
     sampling: str = ranged("iid", choices=("iid", "without_replacement", "beam"))
+    # the draft: name=derived (default, conf/proposer/draft_model.yaml), a checkpoint
+    # (name=hf name_or_path=...), smollm2 or tiny; dtype, device, attention default to the target's
     model: ModelConfig = field(default_factory=ModelConfig)
     description: str = ""
 
@@ -302,6 +311,20 @@ class CartesianTopologyConfig(TopologyConfig):
 
 
 @dataclass
+class ChoicesTopologyConfig(TopologyConfig):
+    """topology=choices: a tree given as a list of rank paths, as Medusa and EAGLE-1 publish them
+    (``[[0], [0, 0], [1], ...]``: path ``[a, b]`` is the rank-``b`` child of the rank-``a`` first
+    token), or a named preset (harness/topology/choices.py). max_nodes and max_depth are derived."""
+
+    name: str = "choices"
+    choices: Optional[list[list[int]]] = ranged(None, ge=0, each=True)  # child ranks, from 0
+    preset: Optional[str] = None
+    # derived from the list (conf/topology/choices.yaml); another value is refused
+    max_nodes: int = ranged(0, ge=0)
+    max_depth: int = ranged(0, ge=0)  # derived: the longest path
+
+
+@dataclass
 class VerifierConfig:
     name: str = "greedy"
 
@@ -399,11 +422,27 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "layer_skip": LayerSkipConfig,
     },
     "datastore": {"base": DatastoreConfig},
-    "topology": {"base": TopologyConfig, "sequoia": SequoiaTopologyConfig, "cartesian": CartesianTopologyConfig},
+    "topology": {
+        "base": TopologyConfig,
+        "sequoia": SequoiaTopologyConfig,
+        "cartesian": CartesianTopologyConfig,
+        "choices": ChoicesTopologyConfig,
+    },
     "verifier": {"base": VerifierConfig},
     "workload": {"base": WorkloadConfig},
     "tracking": {"base": TrackingConfig},
 }
+
+
+def derived_layers(draft_name: str, target_name: str, target_tiny_layers: int) -> Optional[int]:
+    """A draft's default layer count: null (loaded whole) unless it is derived; a derived draft
+    keeps DEFAULT_DERIVED_LAYERS of the target's layers, or all of a model=tiny target's (it has
+    ``model.tiny.num_layers``)."""
+    if draft_name != "derived":
+        return None
+    if target_name == "tiny":
+        return min(DEFAULT_DERIVED_LAYERS, int(target_tiny_layers))
+    return DEFAULT_DERIVED_LAYERS
 
 
 def register_configs() -> None:
@@ -415,6 +454,16 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver(
         "cartesian_rows", lambda widths: cartesian_rows([int(w) for w in widths]), replace=True
     )
+    OmegaConf.register_new_resolver(
+        "choices_size",
+        lambda choices, preset, what: choices_size(
+            OmegaConf.to_container(choices) if choices is not None and not isinstance(choices, list) else choices,
+            preset,
+            what,
+        ),
+        replace=True,
+    )
+    OmegaConf.register_new_resolver("derived_layers", derived_layers, replace=True)
 
 
 register_configs()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -299,7 +299,8 @@ class ConfigError(ValueError):
 class Range:
     """The valid values of a config option, declared beside it in its schema (``field`` metadata)
     and checked before any model work. ``None`` passes (an Optional option left unset); a float
-    must be finite. ``each``: the bounds apply to every item of a list or value of a dict."""
+    must be finite. ``each``: the bounds apply to every item of a list or value of a dict, nested
+    lists walked (``choices=[[0], [0, 1]]``)."""
 
     ge: float | None = None
     gt: float | None = None
@@ -339,16 +340,26 @@ class Range:
 
     def check(self, key: str, value: Any) -> None:
         """Raise :class:`ConfigError` naming the key, the value and the range unless admitted."""
-        items = (value.items() if isinstance(value, dict) else enumerate(value)) if self.each and value else ()
         if self.each:
-            for k, v in items:
+            for k, v in _leaves(value):
                 if not self.admits(v):
                     raise ConfigError(
-                        f"{format_override(key, value)}: {key}[{k}]={v} is out of range; each must be {self.describe()}"
+                        f"{format_override(key, value)}: {key}{k}={v} is out of range; each must be {self.describe()}"
                     )
             return
         if not self.admits(value):
             raise ConfigError(f"{format_override(key, value)} is out of range: it must be {self.describe()}")
+
+
+def _leaves(value: Any, at: str = "") -> list[tuple[str, Any]]:
+    """``("[i][j]", item)`` for every item of a list or dict, nested lists and dicts walked."""
+    if isinstance(value, Mapping):
+        pairs: Any = value.items()
+    elif isinstance(value, Sequence) and not isinstance(value, str):
+        pairs = enumerate(value)
+    else:
+        return [(at, value)]
+    return [leaf for k, v in pairs for leaf in _leaves(v, f"{at}[{k}]")]
 
 
 def _num(x: float) -> str:
@@ -359,17 +370,23 @@ def _num(x: float) -> str:
 class Budget:
     """Topology parameters a proposer shapes its candidates to (candidate rows, root excluded)."""
 
-    shape: str  # sequence | sequences | set | expansion | tree (a parent array) | merged
+    shape: str  # sequence | sequences | set | expansion | tree (a parent array) | choices | merged
     max_nodes: int
     max_depth: int
     widths: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()  # explicit tree shape (e.g. a Sequoia tree), -1 = frontier
+    #: shape="choices": each node's child rank below its parent (same length as ``parents``)
+    ranks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_nodes < 1 or self.max_depth < 1:
             raise ValueError(f"max_nodes and max_depth must be >= 1; got {self.max_nodes}, {self.max_depth}")
         if any(w < 1 for w in self.widths):
             raise ValueError(f"widths must be >= 1; got {list(self.widths)}")
+        if self.ranks and len(self.ranks) != len(self.parents):
+            raise ValueError(
+                f"ranks ({len(self.ranks)}) and parents ({len(self.parents)}) must have one entry per node"
+            )
 
 
 def budget_topology(budget: Budget) -> str:

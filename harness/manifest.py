@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness.heads.published import inspect, is_published
 from harness.measure.hardware import library_versions
 from harness.proposers.rest import manifest_datastores
 
@@ -91,8 +92,11 @@ def job_manifest_hash(cfg: DictConfig, *, versions: dict[str, str] | None = None
 
 def manifest_extras(cfg: DictConfig) -> dict:
     """Versioned artifacts the manifest binds beyond the config: the datastore release ids of a
-    retrieval proposer (opened, or built on first use, before any model is loaded)."""
+    retrieval proposer (opened, or built on first use, before any model is loaded), and the
+    provenance of a published head checkpoint (path or hub id, layout, SHA-256 of every file read)."""
     p = cfg.proposer
     if p.name == "rest" or (p.name == "merged" and "rest" in list(p.get("sources", []))):
         return manifest_datastores(cfg)
+    if p.name in ("medusa", "hydra") and is_published(p.get("artifact")):
+        return {"proposer_artifact": inspect(str(p.artifact), p.name).provenance()}
     return {}

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -52,13 +51,19 @@ from harness.random_source import TorchRandomSource
 from harness.record_schema import is_gated
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import (
+    DERIVED,
+    CheckpointError,
     LoadedModel,
+    checkpoint_ref_problem,
     config_position_limit,
+    derive_draft,
     eos_ids,
     load_model,
+    load_tokenizer_of,
+    model_geometry,
     model_kv_bytes_per_token,
     model_position_limit,
-    tokenizer_fingerprint,
+    tokenizer_difference,
 )
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, write_job
 from harness.tracking.store import ROUNDS_FILENAME
@@ -178,6 +183,7 @@ class Checked:
 def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
     """Values, negotiation, budgets, the output folder (when one is named), the workload's prompts,
     the context limit and the temporary-KV budget."""
+    check_models(cfg)
     plan_ = plan(cfg)
     if run_dir is not None or cfg.output_dir:
         check_output_dir("output_dir" if cfg.output_dir else "the run folder", run_dir or cfg.output_dir)
@@ -236,7 +242,7 @@ def plan_context(cfg: DictConfig, tree_rows: int) -> ContextLimit:
     """The positions every turn must fit: the target's and a separate draft model's (config alone)."""
     limits = [(f"the target (model={cfg.model.name})", model_position_limit(cfg.model))]
     d = draft_model_config(cfg)
-    if d is not None:
+    if d is not None and d.name != DERIVED:  # a derived draft is cut from the target: its positions
         limits.append((f"the draft model (model={d.name})", model_position_limit(d)))
     limit = context_limit(
         limits=limits,
@@ -259,7 +265,7 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
     if backend.bytes_per_token != planned.kv_bytes_per_token:
         raise GateError(f"KV bytes per token {backend.bytes_per_token} != config-derived {planned.kv_bytes_per_token}")
     for model, model_cfg in ((target, cfg.model), (draft, draft_model_config(cfg))):
-        if model is None:
+        if model is None or model_cfg.name == DERIVED:
             continue
         loaded_limit, planned_limit = config_position_limit(model.model.config), model_position_limit(model_cfg)
         if loaded_limit != planned_limit:
@@ -278,7 +284,11 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
         target=target,
         draft=draft,
         backend=backend,
-        draft_backend=CausalLMBackend(draft.model, device=device) if draft is not None else None,
+        draft_backend=(
+            CausalLMBackend(draft.model, device=torch.device(draft_model_config(cfg).device))
+            if draft is not None
+            else None
+        ),
         items=[(p, t.ids) for p, t in zip(planned.prompts, first, strict=True)],
         eos=eos,
         encoder=encoder,
@@ -287,22 +297,35 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
 
 
 def load_models(cfg: DictConfig) -> tuple[LoadedModel, LoadedModel | None]:
-    """The target, and the draft model when the proposer needs a separate one (its tokenizer checked)."""
-    target = _load(cfg.model, attn_implementation=cfg.model.attn_implementation)
+    """The target, and the draft model when the proposer needs a separate one.
+
+    A draft checkpoint's tokenizer is read and compared with the target's before any weights are
+    read (a mismatch is refused naming the first difference); a derived draft is cut from the
+    loaded target. Both load whole, each with its own dtype, device and attention implementation
+    (the draft's default to the target's)."""
     d = draft_model_config(cfg)
+    target_tokenizer = load_tokenizer_of(cfg.model)
+    draft_tokenizer = None
+    if d is not None and d.name != DERIVED:
+        draft_tokenizer = load_tokenizer_of(d)
+        check_same_tokenizer(target_tokenizer, draft_tokenizer, draft_ref=d.name_or_path or d.name)
+    target = _load(cfg.model, tokenizer=target_tokenizer)
     if d is None:
         return target, None
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # a truncated load lists every dropped layer
-    try:
-        draft = _load(d, attn_implementation=cfg.model.attn_implementation)
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-    check_same_tokenizer(target, draft)
+    if d.name == DERIVED:
+        draft = derive_draft(
+            target,
+            num_layers=int(d.num_layers),
+            dtype=d.dtype,
+            device=d.device,
+            attn_implementation=d.attn_implementation,
+        )
+    else:
+        draft = _load(d, tokenizer=draft_tokenizer)
     return target, draft
 
 
-def _load(m: DictConfig, *, attn_implementation: str) -> LoadedModel:
+def _load(m: DictConfig, *, tokenizer=None) -> LoadedModel:
     return load_model(
         name=m.name,
         name_or_path=m.name_or_path,
@@ -310,9 +333,10 @@ def _load(m: DictConfig, *, attn_implementation: str) -> LoadedModel:
         device=m.device,
         seed=m.seed,
         num_layers=m.num_layers,
-        attn_implementation=attn_implementation,
+        attn_implementation=m.attn_implementation,
         tiny=OmegaConf.to_container(m.tiny, resolve=True),
         trust_remote_code=m.trust_remote_code,
+        tokenizer=tokenizer,
     )
 
 
@@ -326,18 +350,64 @@ def draft_model_config(cfg: DictConfig):
     return None
 
 
-def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
-    """A parametric draft must share the target's tokenizer."""
-    if target.model.config.vocab_size != draft.model.config.vocab_size:
-        raise GateError(f"draft vocabulary {draft.model.config.vocab_size} != target {target.model.config.vocab_size}")
-    if target.tokenizer is None and draft.tokenizer is None:
+def draft_model_key(cfg: DictConfig) -> str:
+    """The config key of the draft model, for messages."""
+    return "proposer.draft_model.model" if cfg.proposer.name == "merged" else "proposer.model"
+
+
+def check_models(cfg: DictConfig) -> None:
+    """Refuse a draft model configuration before any model work: truncation asked of a
+    checkpoint (or of the target), a derived draft without a valid layer count, a checkpoint draft
+    without a path."""
+    if cfg.model.num_layers is not None:
+        raise CheckpointError(
+            f"model.num_layers={cfg.model.num_layers}: the target loads whole; layer truncation applies only to "
+            "a derived draft (proposer.model.name=derived proposer.model.num_layers=k)"
+        )
+    d = draft_model_config(cfg)
+    if d is None:
         return
-    if (
-        target.tokenizer is None
-        or draft.tokenizer is None
-        or (tokenizer_fingerprint(target.tokenizer) != tokenizer_fingerprint(draft.tokenizer))
-    ):
-        raise GateError("the draft model's tokenizer differs from the target's; a parametric draft must share it")
+    key = draft_model_key(cfg)
+    if d.name == DERIVED:
+        if d.num_layers is None:
+            raise CheckpointError(f"{key}.name=derived needs {key}.num_layers=<k>: the target's first k layers")
+        total = model_geometry(cfg.model)["num_hidden_layers"]
+        if not 1 <= int(d.num_layers) <= total:
+            raise CheckpointError(
+                f"{key}.num_layers must be in [1, {total}] for this {total}-layer target; got {d.num_layers}"
+            )
+        return
+    if d.num_layers is not None:
+        raise CheckpointError(
+            f"{key}.num_layers={d.num_layers} applies only to {key}.name=derived (the target's first k layers); "
+            f"a draft given by name or path loads whole: drop {key}.num_layers"
+        )
+    if d.name not in ("tiny", "smollm2") or d.name_or_path:
+        if d.name == "hf" and not d.name_or_path:
+            raise CheckpointError(f"{key}.name=hf needs {key}.name_or_path=<checkpoint directory or hub id>")
+        problem = checkpoint_ref_problem(d.name_or_path or d.name, f"{key}.name_or_path")
+        if problem:
+            raise CheckpointError(problem)
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, *, draft_ref: str = "the draft") -> None:
+    """A parametric draft must tokenize exactly as the target: compared by content (vocabulary,
+    special tokens, normalisation), not by ``config.vocab_size`` (embedding matrices of one family
+    are often padded to different sizes)."""
+    if target_tokenizer is None and draft_tokenizer is None:
+        return  # tiny models: both use the synthetic id space
+    if target_tokenizer is None or draft_tokenizer is None:
+        which = "target" if target_tokenizer is None else "draft"
+        raise CheckpointError(
+            f"the {which} has no tokenizer (model=tiny) and the other has one: "
+            "a draft must share the target's tokenizer"
+        )
+    diff = tokenizer_difference(target_tokenizer, draft_tokenizer)
+    if diff is not None:
+        raise CheckpointError(
+            f"the draft {draft_ref!r} tokenizes differently from the target: {diff}; "
+            "a draft model must share the target's tokenizer"
+        )
 
 
 # --------------------------------------------------------------------------- prepare
@@ -546,6 +616,11 @@ def summarise(
         "per_prompt": measured.per_prompt,
         "hardware": hardware_card(cfg.model.device),
         "model_source": loaded.target.source,
+        "draft_source": loaded.draft.source if loaded.draft is not None else None,
+        "load_report": {
+            "target": loaded.target.load_report,
+            **({"draft": loaded.draft.load_report} if loaded.draft is not None else {}),
+        },
         "artifacts": {
             **plan_.extras.get("artifacts", {}),
             **(

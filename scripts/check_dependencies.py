@@ -54,8 +54,19 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def imported_modules(package: Path) -> dict[str, set[str]]:
-    """Top-level third-party module -> the files that import it."""
+def first_party(root: Path) -> set[str]:
+    """Top-level packages this project ships (``[tool.setuptools.packages.find] include``).
+
+    ``hydra_plugins`` is among them (the harness's launcher lives in Hydra's plugin namespace),
+    whichever other distributions also install into that namespace.
+    """
+    data = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    found = data.get("tool", {}).get("setuptools", {}).get("packages", {}).get("find", {})
+    return {pattern.split(".")[0].rstrip("*") for pattern in found.get("include", [])}
+
+
+def imported_modules(package: Path, ours: set[str] = frozenset()) -> dict[str, set[str]]:
+    """Top-level third-party module -> the files that import it (``ours``: first-party names)."""
     found: dict[str, set[str]] = {}
     for path in sorted(package.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -73,7 +84,7 @@ def imported_modules(package: Path) -> dict[str, set[str]]:
                         names = [node.args[0].value]
             for name in names:
                 top = name.split(".")[0]
-                if top and top not in sys.stdlib_module_names and top != package.name:
+                if top and top not in sys.stdlib_module_names and top != package.name and top not in ours:
                     found.setdefault(top, set()).add(path.relative_to(package.parent).as_posix())
     return found
 
@@ -98,7 +109,7 @@ def distribution_of(module: str, installed: dict[str, list[str]]) -> str:
 def check(root: Path = ROOT) -> list[str]:
     """One line per mismatch between the imports of ``root/harness`` and ``root/pyproject.toml``."""
     installed = packages_distributions()
-    imports = imported_modules(root / "harness")
+    imports = imported_modules(root / "harness", first_party(root))
     wanted = declared(root / "pyproject.toml")
     problems = []
     used: set[str] = set()

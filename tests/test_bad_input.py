@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_fixtures import byte_tokenizer
 from hydra.core.config_store import ConfigStore
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
@@ -282,11 +283,22 @@ def test_an_output_folder_that_cannot_be_created(tmp_path, workload, capsys, no_
 
 def test_a_checkpoint_without_weights_fails_at_load_in_one_line(tmp_path, workload, capsys):
     ckpt = tmp_path / "ckpt"
-    loading.tiny_llama_config().save_pretrained(ckpt)  # config.json only: no weights, no tokenizer
+    loading.tiny_llama_config().save_pretrained(ckpt)  # config.json and a tokenizer: no weights
+    byte_tokenizer().save_pretrained(ckpt)
     argv = argv_for(tmp_path, workload, "model=hf", f"model.name_or_path={ckpt}")
     assert run_main(argv) == 2
     line = one_line(capsys, "harness run: refused: ")
     assert f"checkpoint {str(ckpt)!r}: cannot load its ModelForCausalLM" in line
+    assert not (tmp_path / "run" / "record.json").exists()
+
+
+def test_a_checkpoint_without_a_tokenizer_fails_before_its_weights_in_one_line(tmp_path, workload, capsys):
+    ckpt = tmp_path / "ckpt"
+    loading.tiny_llama_config().save_pretrained(ckpt)  # config.json only
+    argv = argv_for(tmp_path, workload, "model=hf", f"model.name_or_path={ckpt}")
+    assert run_main(argv) == 2
+    line = one_line(capsys, "harness run: refused: ")
+    assert f"checkpoint {str(ckpt)!r}: cannot load its Tokenizer" in line
     assert not (tmp_path / "run" / "record.json").exists()
 
 
@@ -422,14 +434,19 @@ def test_a_target_override_reaches_the_derived_draft_but_not_a_field_the_draft_s
     assert cfg.proposer.model.tiny.vocab_size == 16 and cfg.proposer.model.dtype == "float64"
     cfg = compose(["proposer=draft_model", "model=tiny", "model.dtype=float64", "proposer.model.dtype=float32"])
     assert cfg.model.dtype == "float64" and cfg.proposer.model.dtype == "float32"
-    assert cfg.proposer.model.num_layers == 6 and cfg.model.num_layers is None
+    # a derived draft of a tiny target keeps all its layers (fewer than the default cut)
+    assert cfg.proposer.model.num_layers == cfg.model.tiny.num_layers == 2 and cfg.model.num_layers is None
+    cfg = compose(["proposer=draft_model", "model.dtype=float64"])
+    assert cfg.proposer.model.name == "derived" and cfg.proposer.model.num_layers == 6
 
 
 def test_the_issue_override_is_refused_and_a_draft_vocabulary_of_its_own_is_refused_before_loading(no_models):
     with pytest.raises(ConfigError, match="without the leading"):
         checked_plan(["proposer=draft_model", "model=tiny", "+proposer.model.tiny.vocab_size=128"])
     with pytest.raises(ConfigError, match="differs from model.tiny.vocab_size=96") as info:
-        checked_plan(["proposer=draft_model", "model=tiny", "proposer.model.tiny.vocab_size=128"])
+        checked_plan(
+            ["proposer=draft_model", "model=tiny", "proposer.model.name=tiny", "proposer.model.tiny.vocab_size=128"]
+        )
     assert info.value.suggestions == (("proposer.model.tiny.vocab_size=96",),)
 
 
@@ -449,7 +466,7 @@ REFUSED = [
     ["proposer=draft_model", "topology=expansion", "topology.max_depth=2"],
     ["proposer.min_ngram=5"],
     ["gates.chi2_samples=20"],
-    ["model=tiny", "proposer=draft_model", "proposer.model.tiny.vocab_size=128"],
+    ["model=tiny", "proposer=draft_model", "proposer.model.name=tiny", "proposer.model.tiny.vocab_size=128"],
     ["proposer=promt_lookup", "verifier=rejection"],
     ["generation.max_new_tokenz=3"],
     ["proposr=rest"],

@@ -457,12 +457,14 @@ def _names(cases):
 
 def test_gate_cases_prefer_the_runs_own_proposer_and_shape():
     wor = E.gate_cases("draft_model", {"without_replacement"}, "sequoia", greedy=False)
-    assert wor and all(n.startswith("draft/wor/") for n in _names(wor))
+    # the draft family: a draft of the target's vocabulary and one whose LM head is padded past it
+    assert wor and all(n.split("/")[:2] in (["draft", "wor"], ["draft-padded", "wor"]) for n in _names(wor))
     assert _names(E.gate_cases("draft_model", ["without_replacement"], "sequoia", greedy=False, shape="tree")) == [
         "draft/wor/sequoia3/T0.8-topk3-topp0.9"
     ]
     assert _names(E.gate_cases("draft_model", ["without_replacement"], "sequoia", greedy=False, shape="set")) == [
-        "draft/wor/set2/T1"
+        "draft/wor/set2/T1",
+        "draft-padded/wor/set2/T0.8-topk3-topp0.9",
     ]
     # a shape with no case of its own falls back to the proposer's cases of its relation
     assert _names(E.gate_cases("medusa", ["iid"], "specinfer", greedy=False, shape="cartesian")) == [

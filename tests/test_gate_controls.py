@@ -72,7 +72,7 @@ def tied_target(tie=(5, 6)):
     from harness.runner import _load
 
     def load_models(c):
-        target = _load(c.model, attn_implementation=c.model.attn_implementation)
+        target = _load(c.model)
         with torch.no_grad():
             w = target.model.lm_head.weight  # [V, d]
             w[tie[0]] = w[tie[1]] = 8.0 * w[7]

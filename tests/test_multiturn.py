@@ -196,7 +196,9 @@ def test_generation_budget_beyond_the_positions_is_refused_at_plan(tmp_path, que
 
 
 def test_the_draft_models_positions_count(tmp_path, questions):
-    cfg = spec_bench_cfg(questions, "proposer=draft_model", "++proposer.model.tiny={max_position_embeddings: 100}")
+    cfg = spec_bench_cfg(
+        questions, "proposer=draft_model", "proposer.model.name=tiny", "proposer.model.tiny.max_position_embeddings=100"
+    )
     ctx = runner.plan_job(cfg, tmp_path).context
     assert (ctx.positions, ctx.limited_by) == (100, "the draft model (model=tiny)")
 

@@ -189,7 +189,9 @@ def test_run_provenance_has_every_field():
     assert exp["dtype"] == "float32" and exp["device"] == "cpu" and exp["batch_size"] == 1
     assert exp["threads"] == torch.get_num_threads() == 1
     assert exp["attn_implementation"] == "sdpa"
-    assert exp["model"]["target"]["name"] == "tiny" and exp["model"]["draft"]["num_layers"] == 6
+    # the default derived draft of a 2-layer tiny target keeps both layers
+    draft = exp["model"]["draft"]
+    assert exp["model"]["target"]["name"] == "tiny" and draft["name"] == "derived" and draft["num_layers"] == 2
     assert exp["measurement"] == {"protocol": 2, "prefix_len": 256, "warmup": 2, "repeats": 7, "max_nodes": 5}
 
 

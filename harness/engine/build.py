@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.contracts import Budget, Capabilities, ConfigError, budget_topology
 from harness.engine.checks import validate_config
 from harness.proposers.registry import proposer_class
+from harness.target.loading import model_geometry
 from harness.topology.budgets import TOPOLOGY_SHAPES, budget_from_config
 from harness.verifiers import Verifier, get_verifier, negotiate
 from harness.verifiers.sampling import SamplingPolicy
@@ -59,7 +60,10 @@ def sampling_policy(cfg: DictConfig) -> SamplingPolicy:
 
 def plan(cfg: DictConfig) -> Plan:
     """Check every value (:func:`~harness.engine.checks.validate_config`), then negotiate proposer x
-    topology x verifier x temperature; raise before any model work."""
+    topology x verifier x temperature; raise before any model work.
+
+    A proposer class may define ``check_plan(options, budget, geometry)`` for checks that need the
+    target's shape but no weights (``geometry()``: :func:`harness.target.loading.model_geometry`)."""
     validate_config(cfg)
     policy = sampling_policy(cfg)
     budget = budget_from_config(cfg)
@@ -79,6 +83,9 @@ def plan(cfg: DictConfig) -> Plan:
     caps = declared_capabilities(cfg, budget)
     negotiate(caps, verifier, temperature=policy.temperature, exact_mode=bool(cfg.generation.exact))
     batch = int(cfg.generation.batch_size)
+    check = getattr(cls, "check_plan", None)
+    if check is not None:  # e.g. a published head checkpoint against the target's geometry
+        check(proposer_options(cfg), budget, lambda: model_geometry(cfg.model))
     if cls.max_batch_size is not None and batch > cls.max_batch_size:
         raise ConfigError(
             f"proposer={cfg.proposer.name} serves generation.batch_size <= {cls.max_batch_size}; "

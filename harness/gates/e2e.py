@@ -460,6 +460,9 @@ class E2ECase:
     #: the models' dtype: float64 (exact arithmetic, bound MARGINAL_ATOL) or float32 (the runs' path,
     #: bound FLOAT32_ATOL)
     dtype: torch.dtype = torch.float64
+    #: draft_model only: "padded" drafts with :attr:`E2EModels.padded`, whose embedding matrix and
+    #: LM head have extra rows past the target's vocabulary (the proposer restricts q to the shared range)
+    draft: str = "draft"
 
 
 def _as_float64(policy: SamplingPolicy) -> Float64Policy:
@@ -507,17 +510,27 @@ def make_proposer(
     draft: CausalLMBackend | None = None,
     policy: SamplingPolicy,
     target: CausalLMBackend | None = None,
+    target_vocab: int | None = None,
 ) -> Proposer:
     """The case's proposer, built through its real class on the oracle's models (``target`` for the
-    proposers that read or run part of the target: draft heads, early exit, layer skip)."""
+    proposers that read or run part of the target: draft heads, early exit, layer skip).
+    ``target_vocab``: the target's vocabulary, the range a draft with a larger (padded) vocabulary
+    proposes in, as the runner passes it."""
     builder = PROPOSER_BUILDERS.get(case.proposer)
     if builder is not None:
         return builder(case, target=target, draft=draft, policy=policy)
     if case.proposer == "draft_model":
         if draft is None:
             raise ValueError("an end-to-end draft_model case needs a draft backend")
+        shared = min(draft.vocab_size, target_vocab) if target_vocab is not None else None
         return DraftModelProposer(
-            budget=case.budget, manifest_hash="e2e", policy=policy, backend=draft, sampling=case.sampling
+            budget=case.budget,
+            manifest_hash="e2e",
+            policy=policy,
+            backend=draft,
+            sampling=case.sampling,
+            vocab_range=shared,
+            target_vocab=target_vocab,
         )
     if case.proposer == "prompt_lookup":
         return PromptLookupProposer(budget=case.budget, manifest_hash="e2e")
@@ -533,6 +546,7 @@ def make_proposer(
                 draft=draft,
                 policy=policy,
                 target=target,
+                target_vocab=target_vocab,
             )
             for name in merged_sources(case)
         ]
@@ -765,6 +779,8 @@ def standard_cases() -> list[E2ECase]:
     exp21 = Budget(shape="expansion", max_nodes=4, max_depth=2, widths=(2, 1))
     lookup = Budget(shape="sequences", max_nodes=6, max_depth=2)
     merged = Budget(shape="merged", max_nodes=6, max_depth=2)
+    # topology=choices [[0], [1], [0, 0]]: two first tokens, the first of them extended
+    choices = Budget(shape="choices", max_nodes=3, max_depth=2, parents=(-1, -1, 0), ranks=(0, 1, 0))
     return [
         E2ECase("draft/iid/seq2/T1", "draft_model", seq2, t1, "iid"),
         E2ECase("draft/iid/set2/T1", "draft_model", set2, t1, "iid"),
@@ -779,6 +795,18 @@ def standard_cases() -> list[E2ECase]:
         E2ECase("lookup/sequences/T0", "prompt_lookup", lookup, greedy),
         E2ECase("merged/draft+lookup/T1", "merged", merged, t1, "iid"),
         E2ECase("merged/draft+lookup/T0", "merged", merged, greedy, "iid"),
+        E2ECase("draft-padded/iid/seq2/T1", "draft_model", seq2, t1, "iid", draft="padded"),
+        E2ECase(
+            "draft-padded/wor/set2/T0.8-topk3-topp0.9",
+            "draft_model",
+            set2,
+            trunc,
+            "without_replacement",
+            draft="padded",
+        ),
+        E2ECase("draft-padded/beam/exp21/T0", "draft_model", exp21, greedy, "beam", draft="padded"),
+        E2ECase("draft/iid/choices/T0.8-topk3-topp0.9", "draft_model", choices, trunc, "iid"),
+        E2ECase("draft/beam/choices/T0", "draft_model", choices, greedy, "beam"),
     ]
 
 
@@ -941,10 +969,32 @@ FLOAT32_ATOL = 1e-5
 E2E_ATOL = {torch.float64: MARGINAL_ATOL, torch.float32: FLOAT32_ATOL}
 
 
+#: rows the padded draft's embedding matrix and LM head have past the target's vocabulary
+PADDED_EXTRA_ROWS = 3
+
+
+def padded_draft(model: torch.nn.Module, extra: int = PADDED_EXTRA_ROWS) -> torch.nn.Module:
+    """A copy of ``model`` with ``extra`` more vocabulary rows, as checkpoints of one family pad
+    their embedding matrices: LM-head row ``V + i`` is twice row ``i``, so the padding takes a
+    large share of the unrestricted mass and a proposer that did not restrict q to the shared range
+    would show."""
+    padded = copy.deepcopy(model)
+    vocab = int(model.config.vocab_size)
+    padded.resize_token_embeddings(vocab + extra, mean_resizing=False)
+    with torch.no_grad():
+        w = padded.get_output_embeddings().weight  # [V + extra, d]
+        for i in range(extra):
+            w[vocab + i] = 2.0 * w[i % vocab]
+    for p in padded.parameters():
+        p.requires_grad_(False)
+    return padded.eval()
+
+
 @dataclass
 class E2EModels:
     target: CausalLMBackend
     draft: CausalLMBackend
+    padded: CausalLMBackend | None = None  # the draft with a padded vocabulary (same law on the shared range)
     #: a float64 model holding exactly the target's weights (the exact joint is computed with it);
     #: None: the target's own model (float64 already)
     reference: torch.nn.Module | None = None
@@ -952,11 +1002,21 @@ class E2EModels:
 
     @classmethod
     def build(cls, *, seed: int = 0, vocab: int = 5) -> E2EModels:
-        """Target: 2 layers; draft: a different 1-layer model (so q differs from p)."""
+        """Target: 2 layers; draft: a different 1-layer model (so q differs from p), and the same
+        draft with a padded vocabulary."""
+        draft = oracle_model(seed=seed + 101, vocab=vocab, num_layers=1)
         return cls(
             target=CausalLMBackend(oracle_model(seed=seed, vocab=vocab)),
-            draft=CausalLMBackend(oracle_model(seed=seed + 101, vocab=vocab, num_layers=1)),
+            draft=CausalLMBackend(draft),
+            padded=CausalLMBackend(padded_draft(draft)),
         )
+
+    def draft_for(self, case: E2ECase) -> CausalLMBackend:
+        if case.draft == "padded":
+            if self.padded is None:
+                raise ValueError(f"case {case.name!r} needs the padded draft (E2EModels.build makes it)")
+            return self.padded
+        return self.draft
 
     def at_dtype(self, dtype: torch.dtype) -> E2EModels:
         """The same weights cast to ``dtype`` (built once, then cached), with a float64 reference
@@ -969,6 +1029,7 @@ class E2EModels:
             hit = self._casts[dtype] = E2EModels(
                 target=CausalLMBackend(target),
                 draft=CausalLMBackend(cast_model(self.draft.model, dtype)),
+                padded=None if self.padded is None else CausalLMBackend(cast_model(self.padded.model, dtype)),
                 reference=cast_model(target, torch.float64),
             )
         return hit
@@ -994,9 +1055,15 @@ def check_e2e_case(
     models = models.at_dtype(case.dtype)
     policy = case_policy(case)
     if proposer_factory is None:
-        proposer = make_proposer(case, draft=models.draft, policy=policy, target=models.target)
+        proposer = make_proposer(
+            case,
+            draft=models.draft_for(case),
+            policy=policy,
+            target=models.target,
+            target_vocab=models.target.vocab_size,
+        )
     else:
-        proposer = proposer_factory(case, models.draft, policy)
+        proposer = proposer_factory(case, models.draft_for(case), policy)
     if wrap is not None:
         proposer = wrap(proposer)
     stats: dict = {}

@@ -4,7 +4,9 @@ An artifact's directory is named by its recipe (:mod:`harness.heads.recipes`) an
 fingerprint (``proposer.artifact`` overrides the path); the manifest records the token budget,
 held-out agreement and training time, and whether it is a CPU-budget artifact. A proposer loads
 its artifact here and never trains one: the prepare stage (:mod:`harness.prepare`) or
-`harness train` makes it first.
+`harness train` makes it first. ``proposer.artifact`` naming a published Medusa or Hydra
+checkpoint (a directory without ``manifest.json``, or a hub id) is read in its published layout
+(:mod:`harness.heads.published`); its manifest is its provenance (files and their hashes).
 """
 
 from __future__ import annotations
@@ -14,21 +16,22 @@ from pathlib import Path
 
 import torch
 
-from harness.heads.checkpoint import ArtifactError, artifact_dir, load_artifact, target_fingerprint
+from harness.heads.checkpoint import ArtifactError, artifact_dir, cpu_budget_label, load_artifact, target_fingerprint
 from harness.heads.early_exit import AdapterArtifact, build_adapter
 from harness.heads.models import DraftHeads, HeadSpec
+from harness.heads.published import PublishedHeads, inspect, is_published, load_published_heads
 from harness.heads.recipes import SearchRecipe, exit_recipe, heads_recipe, recipe_key
 
 
 @dataclass(frozen=True)
 class HeadsArtifact:
-    heads: DraftHeads
+    heads: DraftHeads | PublishedHeads
     manifest: dict
     path: Path
 
     @property
     def cpu_budget_artifact(self) -> bool:
-        return bool(self.manifest.get("cpu_budget_artifact", False))
+        return cpu_budget_label(self.manifest)
 
 
 def build_heads(recipe: dict, state: dict[str, torch.Tensor] | None = None, *, seed: int = 0) -> DraftHeads:
@@ -64,7 +67,23 @@ def missing(kind: str, path: Path, explicit: bool) -> ArtifactError:
     )
 
 
+def load_published(kind: str, ref: str, *, model: torch.nn.Module) -> HeadsArtifact:
+    """A published head bank (key for key, its published forward) with its provenance."""
+    layout = inspect(ref, kind)
+    heads = load_published_heads(layout, model=model)
+    manifest = {
+        **layout.provenance(),
+        "kind": kind,
+        "parameters": heads.num_parameters(),
+        "input_embed_matches_target": heads.embed_matches_target,
+        "cpu_budget_artifact": False,  # not trained here
+    }
+    return HeadsArtifact(heads=heads, manifest=manifest, path=layout.directory)
+
+
 def load_configured_heads(kind: str, options: dict, *, model: torch.nn.Module, tokenizer) -> HeadsArtifact:
+    if is_published(options.get("artifact")):
+        return load_published(kind, str(options["artifact"]), model=model)
     recipe, path = heads_artifact_path(kind, options, model=model, tokenizer=tokenizer)
     if not (path / "manifest.json").is_file():
         raise missing(kind, path, bool(options.get("artifact")))

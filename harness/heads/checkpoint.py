@@ -34,6 +34,24 @@ class ArtifactError(ValueError):
     """A proposal artifact does not belong to this target / recipe, or was altered."""
 
 
+#: an artifact that recorded fewer training tokens than this is a CPU-budget artifact: the label
+#: reports keep apart (trained here on tens of thousands of tokens, not a full training run)
+CPU_BUDGET_MAX_TOKENS = 10_000_000
+
+
+def cpu_budget_label(manifest: dict) -> bool:
+    """Whether results from this artifact are labelled ``cpu_budget_artifact``: decided by what the
+    artifact recorded about its training (``tokens_seen``, else its ``token_budget``, e.g. a
+    layer-skip search's trials x prompts x tokens), never by the device it was made or runs on.
+    Published checkpoints and explicit settings (``proposer.skip``) were not trained here: False."""
+    if manifest.get("source") in ("published", "proposer.skip"):
+        return False
+    tokens = manifest.get("tokens_seen", manifest.get("token_budget"))
+    if tokens is None:
+        return bool(manifest.get("cpu_budget_artifact", False))
+    return int(tokens) < CPU_BUDGET_MAX_TOKENS
+
+
 def canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 

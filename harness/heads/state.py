@@ -179,8 +179,8 @@ class CommittedHidden:
         if newest not in self.rows:
             return None
         h = self.rows[newest]
-        rows = torch.zeros(width, h.shape[-1], dtype=h.dtype)
-        mask = torch.zeros(width, dtype=torch.bool)
+        rows = torch.zeros(width, h.shape[-1], dtype=h.dtype, device=h.device)  # where the target's rows live
+        mask = torch.zeros(width, dtype=torch.bool, device=h.device)
         for k in range(width):
             p = newest - (width - 1 - k)
             if p in self.rows:

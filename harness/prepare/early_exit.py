@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from harness.files import artifact_lock
 from harness.heads.artifacts import adapter_artifact_path, load_adapter
-from harness.heads.checkpoint import ArtifactError, save_artifact, target_fingerprint
+from harness.heads.checkpoint import ArtifactError, cpu_budget_label, save_artifact, target_fingerprint
 from harness.heads.early_exit import AdapterArtifact, ExitAdapter, adapter_logits, build_adapter
 from harness.heads.recipes import AdapterRecipe, DataRecipe
 from harness.prepare import Preparation
@@ -180,9 +180,9 @@ def _train_adapter_artifact(
             "device": device,
             "threads": torch.get_num_threads(),
         },
-        "cpu_budget_artifact": device == "cpu",
         "parameters": sum(p.numel() for p in adapter.parameters()),
     }
+    manifest["cpu_budget_artifact"] = cpu_budget_label(manifest)  # from the tokens it saw, not the device
     save_artifact(path, manifest=manifest, state=adapter.state_dict())
     return load_adapter(options, model=model, tokenizer=tokenizer, path=path)
 
@@ -208,7 +208,7 @@ def train_from_config(cfg, *, target, force: bool = False, progress: bool = True
         "token_budget": m["token_budget"],
         "held_out": m["held_out"],
         "training_seconds": m["training"]["total_seconds"],
-        "cpu_budget_artifact": m["cpu_budget_artifact"],
+        "cpu_budget_artifact": cpu_budget_label(m),
         "recipe": m["recipe"],
     }
 

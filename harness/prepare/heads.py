@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from harness.files import artifact_lock
 from harness.heads.artifacts import HeadsArtifact, build_heads, heads_artifact_path, load_heads
-from harness.heads.checkpoint import ArtifactError, save_artifact, target_fingerprint
+from harness.heads.checkpoint import ArtifactError, cpu_budget_label, save_artifact, target_fingerprint
+from harness.heads.published import is_published
 from harness.heads.recipes import DataRecipe, TrainRecipe
 from harness.prepare import Preparation
 from harness.prepare.heads_data import training_streams
@@ -72,9 +73,9 @@ def train_artifact(
             "device": device,
             "threads": torch.get_num_threads(),
         },
-        "cpu_budget_artifact": device == "cpu",
         "parameters": heads.num_parameters(),
     }
+    manifest["cpu_budget_artifact"] = cpu_budget_label(manifest)  # from the tokens it saw, not the device
     save_artifact(out_dir, manifest=manifest, state=heads.state_dict())
     return load_heads(kind, recipe, model=model, tokenizer=tokenizer, path=out_dir)
 
@@ -90,7 +91,15 @@ def ensure_heads(
     force: bool = False,
     documents=None,
 ) -> HeadsArtifact:
-    """Load the configured artifact; train it first when absent (and ``auto_train``) or ``force``."""
+    """Load the configured artifact; train it first when absent (and ``auto_train``) or ``force``.
+    A published checkpoint (:mod:`harness.heads.published`) is never trained here."""
+    explicit = options.get("artifact")
+    # a path that does not exist yet is where `harness train` writes (even when it reads like a hub id)
+    if is_published(explicit) and (Path(str(explicit)).expanduser().exists() or not force):
+        raise ArtifactError(
+            f"proposer.artifact={explicit!r} is a published {kind} checkpoint: a run loads it as it is, "
+            "nothing is trained here (leave proposer.artifact unset to train heads for this target)"
+        )
     recipe, path = heads_artifact_path(kind, options, model=model, tokenizer=tokenizer)
     if (path / "manifest.json").is_file() and not force:
         return load_heads(kind, recipe, model=model, tokenizer=tokenizer, path=path)
@@ -160,7 +169,7 @@ def summary(artifact: HeadsArtifact) -> dict:
         "held_out_top1_agreement": m["held_out"]["top1_agreement"],
         "held_out_top1_agreement_untrained": m["held_out"]["top1_agreement_untrained"],
         "training_seconds": m["training"]["total_seconds"],
-        "cpu_budget_artifact": m["cpu_budget_artifact"],
+        "cpu_budget_artifact": cpu_budget_label(m),
         "parameters": m["parameters"],
         "recipe": m["recipe"],
     }
@@ -184,7 +193,10 @@ def train_from_config(cfg, *, target, force: bool = False, progress: bool = True
 
 
 def prepare_heads(kind: str, options: dict, context) -> Preparation:
-    """Proposer preparer: the artifact's path (trained first when absent)."""
+    """Proposer preparer: the artifact's path (trained first when absent); nothing for a published
+    checkpoint, which the proposer loads as it is."""
+    if is_published(options.get("artifact")):
+        return Preparation()
     art = ensure_heads(
         kind,
         options,

@@ -28,7 +28,7 @@ from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
 from harness.files import artifact_lock
 from harness.heads.artifacts import load_skip, skip_artifact_path
-from harness.heads.checkpoint import ArtifactError, save_artifact, target_fingerprint
+from harness.heads.checkpoint import ArtifactError, cpu_budget_label, save_artifact, target_fingerprint
 from harness.heads.recipes import SearchRecipe
 from harness.prepare import Preparation
 from harness.prepare.heads_data import byte_ids
@@ -254,8 +254,8 @@ def _search_absent(
             "sampler": "optuna TPESampler",
             "objective": "decode ms per committed token (greedy)",
         },
-        "cpu_budget_artifact": device == "cpu",
     }
+    manifest["cpu_budget_artifact"] = cpu_budget_label(manifest)  # from the search's token budget, not the device
     if not result["beats_ar"]:
         log.warning(
             "no skip vector found beat the autoregressive reference (%.2f vs %.2f ms per token); the "
@@ -290,10 +290,10 @@ def train_from_config(cfg, *, target, force: bool = False, progress: bool = True
                 "ar_reference",
                 "token_budget",
                 "search",
-                "cpu_budget_artifact",
                 "recipe",
             )
         },
+        "cpu_budget_artifact": cpu_budget_label(m),
     }
 
 

@@ -14,11 +14,20 @@ committed). The draft must share the target's tokenizer (checked by the runner b
 work).
 
 An explicit tree shape (``Budget(shape="tree", parents=...)``, e.g. a Sequoia tree) is sampled by
-:func:`~harness.proposers.sampling.sample_shaped_tree_proposal`, one level per forward as well.
+:func:`~harness.proposers.sampling.sample_shaped_tree_proposal`, and a choice list
+(``topology=choices``) by :func:`~harness.proposers.sampling.sample_ranked_tree_proposal`, one
+level per forward as well.
+
+Vocabularies: the draft proposes only ids in ``vocab_range``, the range its tokenizer shares with
+the target's (checkpoints of one family pad their embedding matrices to different sizes). Its law
+is the policy applied to its logits over that range alone, so q is a proper distribution over ids
+the target can score, written into the target's vocabulary width (zero beyond the range) on the
+target's device.
 
 Sampling: ``sampling=iid`` (SpecInfer), ``without_replacement`` (Sequoia) or ``beam``
-(deterministic top-k, score-only evidence). q is the draft's distribution under the same
-temperature / top-p / top-k policy as the target, and each node carries the law it was drawn from.
+(deterministic top-k of the draft's own softmax, score-only evidence). q is the draft's
+distribution under the same temperature / top-p / top-k policy as the target, and each node
+carries the law it was drawn from.
 """
 
 from __future__ import annotations
@@ -30,9 +39,16 @@ import torch
 
 from harness.contracts import Budget, Capabilities, ProposalResult, ProposalStateHandle, budget_topology
 from harness.proposers.base import Proposer
-from harness.proposers.sampling import check_shape_parents, sample_shaped_tree_proposal, sample_tree_proposal
+from harness.proposers.sampling import (
+    check_ranked_shape,
+    check_shape_parents,
+    sample_ranked_tree_proposal,
+    sample_shaped_tree_proposal,
+    sample_tree_proposal,
+)
 from harness.random_source import RandomSource
 from harness.target.backend import CacheState, CausalLMBackend, cache_bytes
+from harness.target.loading import shared_vocab_size
 from harness.verifiers.sampling import SamplingPolicy
 
 
@@ -46,7 +62,7 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 
 class DraftModelProposer(Proposer):
     name: ClassVar[str] = "draft_model"
-    shapes: ClassVar[frozenset[str]] = frozenset({"sequence", "set", "expansion", "tree"})
+    shapes: ClassVar[frozenset[str]] = frozenset({"sequence", "set", "expansion", "tree", "choices"})
 
     def __init__(
         self,
@@ -56,6 +72,9 @@ class DraftModelProposer(Proposer):
         policy: SamplingPolicy,
         backend: CausalLMBackend,
         sampling: str = "iid",
+        vocab_range: int | None = None,
+        target_vocab: int | None = None,
+        target_device: torch.device | str | None = None,
     ) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
         if sampling not in ("iid", "without_replacement", "beam"):
@@ -76,6 +95,16 @@ class DraftModelProposer(Proposer):
                 raise ValueError(
                     f"the tree shape has {len(self.shape_parents)} candidate rows, over max_nodes={budget.max_nodes}"
                 )
+        if budget.shape == "choices":
+            check_ranked_shape(budget.parents, budget.ranks, sampling)
+        self.vocab_range = int(vocab_range) if vocab_range is not None else backend.vocab_size
+        self.target_vocab = int(target_vocab) if target_vocab is not None else self.vocab_range
+        if not 1 <= self.vocab_range <= min(backend.vocab_size, self.target_vocab):
+            raise ValueError(
+                f"vocab_range={self.vocab_range} must be in [1, min(draft vocabulary {backend.vocab_size}, "
+                f"target vocabulary {self.target_vocab})]"
+            )
+        self.target_device = torch.device(target_device) if target_device is not None else None
         self.seq: CacheState | None = None
         self.peak_state_bytes = 0
 
@@ -85,6 +114,8 @@ class DraftModelProposer(Proposer):
         if budget.shape not in cls.shapes:
             raise ValueError(f"proposer=draft_model builds {sorted(cls.shapes)}; got topology {budget.shape!r}")
         rel = str(options.get("sampling", "iid"))
+        if budget.shape == "choices":
+            check_ranked_shape(budget.parents, budget.ranks, rel)
         sem = "score_only" if rel == "beam" else "normalized_conditional"
         return Capabilities(
             name=cls.name,
@@ -97,13 +128,33 @@ class DraftModelProposer(Proposer):
     def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
         if context.draft_backend is None:
             raise ValueError("proposer=draft_model needs a loaded draft model (proposer.model)")
+        target = context.target_backend
         return cls(
             budget=budget,
             manifest_hash=manifest_hash,
             policy=policy,
             backend=context.draft_backend,
             sampling=options.get("sampling", "iid"),
+            vocab_range=shared_vocab_size(context.tokenizer, target.vocab_size, context.draft_backend.vocab_size),
+            target_vocab=target.vocab_size,
+            target_device=target.device,
         )
+
+    def law(self, logits: torch.Tensor) -> torch.Tensor:
+        """The proposal law ``[n, V_target]`` of draft logits ``[n, V_draft]``: the policy over the
+        shared id range, zero beyond it, on the target's device. ``sampling=beam`` draws nothing and
+        only ranks: its scores are the draft's own softmax, so the rank-``r`` child is the draft's
+        ``r``-th most probable token at any temperature (the policy's law is one-hot at T = 0)."""
+        shared = logits[..., : self.vocab_range]
+        if self.sampling == "beam":
+            probs = torch.softmax(shared.float(), dim=-1)  # [n, vocab_range]
+        else:
+            probs = self.policy.probs(shared)  # [n, vocab_range]
+        if self.target_vocab > self.vocab_range:
+            probs = torch.nn.functional.pad(probs, (0, self.target_vocab - self.vocab_range))
+        if self.target_device is not None and probs.device != self.target_device:
+            probs = probs.to(self.target_device)
+        return probs
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompt_ids: list[int]) -> None:
@@ -129,11 +180,10 @@ class DraftModelProposer(Proposer):
         frontier = out.logits[-1]  # [V]
         base = seq.cache_len  # committed prefix length inside the draft cache
         row_of: dict[tuple[int, ...], int] = {}  # candidate prefix -> absolute draft cache row
-        policy = self.policy
 
         def q_level(prefixes: list[tuple[int, ...]]) -> torch.Tensor:
             if prefixes == [()]:
-                return policy.probs(frontier.unsqueeze(0))
+                return self.law(frontier.unsqueeze(0))
             start = seq.cache_len
             r = len(prefixes)
             chain = (
@@ -154,10 +204,21 @@ class DraftModelProposer(Proposer):
             logits = backend.forward_rows(seq, ids, pos, mask).logits  # [r, V]
             for j, prefix in enumerate(prefixes):
                 row_of[prefix] = start + j
-            return policy.probs(logits)
+            return self.law(logits)
 
         handle = ProposalStateHandle(owner=self.name, committed_len=len(committed), generation=seq.cache_generation)
-        if self.shape_parents:
+        if self.budget.shape == "choices":
+            result = sample_ranked_tree_proposal(
+                q_level,
+                parents=self.budget.parents,
+                ranks=self.budget.ranks,
+                relation=self.sampling,
+                rng=rng,
+                source=self.name,
+                manifest_hash=self.manifest_hash,
+                state_handle=handle,
+            )
+        elif self.shape_parents:
             result = sample_shaped_tree_proposal(
                 q_level,
                 parents=self.shape_parents,

@@ -15,12 +15,24 @@ Proposed engine change (not made here): ``decode()`` could ask ``target.verify(.
 output_hidden=True)`` when ``proposer.needs_target_hidden`` and pass the accepted rows' hidden
 states to ``observe_commit``; the tap would then be unnecessary.
 
+Published checkpoints: ``proposer.artifact`` naming a Medusa or Hydra checkpoint in its authors'
+layout (a directory or a hub id; :mod:`harness.heads.published`) runs those heads with their
+published forward: Medusa head ``k`` reads ``h_{t-1}`` alone and projects with its own vocabulary
+head (or the target's, in the version-2 layout); grounded Hydra head ``k`` reads ``h_{t-1}`` (or
+the prefix layer's output over every committed row, ``prefix-mlp``) and the embeddings of the
+pending and drafted tokens, and projects with its own biased head. Their architecture comes from
+the checkpoint (``proposer.num_heads`` and the Hydra++ switches are ignored); they need no
+training, and their provenance (files and hashes) goes into the manifest.
+
 Topologies: ``sequence`` (chain, depth ``min(max_depth, max_nodes, K)``), ``set`` (top-``k`` of head
 1), ``expansion`` / ``cartesian`` (``widths[d]`` children per node at depth ``d``; a Cartesian
-future-head tree). ``sampling=beam``: deterministic top-``b_i`` per head (``score_only``; greedy or
-membership verification). ``sampling=iid`` / ``without_replacement``: children drawn from the head's
-distribution under the run's sampling policy, each node carrying the law it was drawn from
-(``normalized_conditional``; specinfer / sequoia / rejection).
+future-head tree), ``choices`` (a published rank-path list such as Medusa's ``mc_sim_7b_63``: the
+rank-``r`` child of a node is the node's ``r``-th most probable token under its head, which for
+Medusa's independent heads is the same list at every node of a depth). ``sampling=beam``:
+deterministic top-``b_i`` per head (``score_only``; greedy or membership verification).
+``sampling=iid`` / ``without_replacement``: children drawn from the head's distribution under the
+run's sampling policy, each node carrying the law it was drawn from (``normalized_conditional``;
+specinfer / sequoia / rejection).
 
 Critical path (the independent vs dependent heads latency trade-off): Medusa computes every depth in
 one stage; Hydra and Clover need one stage per depth. ``stats.extras["head_stages"]`` counts the
@@ -36,20 +48,35 @@ import torch
 
 from harness.contracts import Budget, Capabilities, ProposalResult, ProposalStateHandle, budget_topology
 from harness.heads.artifacts import load_configured_heads
-from harness.heads.checkpoint import target_fingerprint
+from harness.heads.checkpoint import ArtifactError, cpu_budget_label, target_fingerprint
+from harness.heads.models import vocab_projection
+from harness.heads.published import check_target, inspect, is_published
 from harness.heads.state import CommittedHidden, HiddenTap, PrefixHashes
 from harness.proposers.base import Proposer
-from harness.proposers.sampling import sample_tree_proposal
+from harness.proposers.sampling import check_ranked_shape, sample_ranked_tree_proposal, sample_tree_proposal
 from harness.random_source import RandomSource
+from harness.target.backend import cache_bytes
 from harness.topology.compiler import compile_tree
 from harness.verifiers.sampling import SamplingPolicy
 
 SAMPLINGS = ("beam", "iid", "without_replacement")
-SHAPES = frozenset({"sequence", "set", "expansion", "cartesian"})
+SHAPES = frozenset({"sequence", "set", "expansion", "cartesian", "choices"})
+#: the store keeps every committed row for a published prefix-mlp Hydra (its prefix layer reads them all)
+EVERY_ROW = 1 << 30
+
+__all__ = ["vocab_projection", "draft_widths", "HeadsProposer", "MedusaProposer", "HydraProposer", "CloverProposer"]
 
 
 def draft_widths(budget: Budget, num_heads: int) -> tuple[int, ...]:
-    """Per-depth children counts for a budget; refuses a tree deeper than the head bank."""
+    """Per-depth children counts for a budget (one entry per drafted depth; a choices tree's
+    widths vary by node, so only its depth is given, as ones); refuses a tree deeper than the head bank."""
+    if budget.shape == "choices":
+        if budget.max_depth > num_heads:
+            raise ValueError(
+                f"the choice list is {budget.max_depth} deep but the head bank has {num_heads} heads "
+                "(one per depth); raise proposer.num_heads or use a shallower list"
+            )
+        return (1,) * budget.max_depth
     if budget.shape == "sequence":
         return (1,) * min(budget.max_depth, budget.max_nodes, num_heads)
     if budget.shape == "set":
@@ -61,22 +88,6 @@ def draft_widths(budget: Budget, num_heads: int) -> tuple[int, ...]:
             f"has num_heads={num_heads}; raise proposer.num_heads or shorten topology.widths"
         )
     return widths
-
-
-def vocab_projection(lm_head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
-    """``lm_head(h)`` for a few rows ``h`` ``[n, d]`` -> ``[n, V]``, computed as ``(W @ h.T).T``.
-
-    Same values up to float rounding; on CPU the vocabulary projection is a memory-bound GEMM whose
-    default layout is pathological for small ``n``: measured on this 2-core machine for SmolLM2
-    (49,152 x 576), ``lm_head`` on 3 rows took 32 ms and on 1 row 8.8 ms, while ``W @ h.T`` on 3
-    rows took 9.8 ms (docs/measurements.md). Proposal-side only: the target's logits are untouched.
-    """
-    if not isinstance(lm_head, torch.nn.Linear):
-        return lm_head(h)
-    out = torch.matmul(lm_head.weight, h.T).T  # [n, V]
-    if lm_head.bias is not None:
-        out = out + lm_head.bias
-    return out
 
 
 def sampling_semantics(sampling: str) -> str:
@@ -115,7 +126,12 @@ class HeadsProposer(Proposer):
         self.probability_semantics = sampling_semantics(sampling)
         self.sampling = sampling
         self.sampling_relation = sampling
+        if budget.shape == "choices":
+            check_ranked_shape(budget.parents, budget.ranks, sampling)
+        self.device = next(model.parameters()).device
         self.heads = heads.eval()
+        if next(heads.parameters()).device != self.device:
+            self.heads = heads.to(self.device)
         self.spec = heads.spec
         self.widths = draft_widths(budget, heads.spec.num_heads)
         self.model = model
@@ -123,14 +139,22 @@ class HeadsProposer(Proposer):
         self.lm_head = model.get_output_embeddings()
         self.dtype = next(model.parameters()).dtype
         self.tap = HiddenTap.on(model)
-        self.window = heads.spec.prefix_window if heads.spec.prefix_attention else 1
+        #: Hydra's published prefix layer: fed every committed row once, with its own KV cache
+        self.prefix_feed = getattr(heads, "prefix_model", None) is not None
+        if self.prefix_feed:
+            self.window = EVERY_ROW
+        else:
+            self.window = heads.spec.prefix_window if heads.spec.prefix_attention else 1
         self.store = CommittedHidden(checkpoint=checkpoint, dtype=str(self.dtype), keep=self.window)
         self.artifact_manifest = dict(artifact_manifest or {})
-        #: read by the runner: results from an artifact trained within the CPU budget are labelled
-        self.cpu_budget_artifact = bool(self.artifact_manifest.get("cpu_budget_artifact", False))
+        #: read by the runner: from what the artifact recorded about its training (never the device)
+        self.cpu_budget_artifact = cpu_budget_label(self.artifact_manifest)
         self._start_serial = -1
         self._ingested = -1
         self._expect: tuple[int, tuple[int, ...], ProposalResult] | None = None
+        self._prefix_cache = None
+        self._prefix_fed = 0  # committed positions the prefix layer has seen
+        self._prefix_out: torch.Tensor | None = None
         self.stats.extras.update(
             {
                 "rounds": 0,
@@ -149,7 +173,10 @@ class HeadsProposer(Proposer):
             raise ValueError(f"proposer={cls.name} builds {sorted(cls.shapes)}; got topology {budget.shape!r}")
         sampling = str(options.get("sampling", "beam"))
         sem = sampling_semantics(sampling)
-        draft_widths(budget, int(options.get("num_heads", 3)))
+        if budget.shape == "choices":
+            check_ranked_shape(budget.parents, budget.ranks, sampling)
+        if not is_published(options.get("artifact")):  # a published bank's depth is checked by check_plan
+            draft_widths(budget, int(options.get("num_heads", 3)))
         return Capabilities(
             name=cls.name,
             probability_semantics=frozenset({sem}),
@@ -172,6 +199,22 @@ class HeadsProposer(Proposer):
             artifact_manifest=artifact.manifest,
         )
 
+    @classmethod
+    def check_plan(cls, options: dict, budget: Budget, geometry) -> None:
+        """Before any model work: a published checkpoint's layout (key for key, shape for shape),
+        its fit to the target (``geometry()``: hidden size, vocabulary, attention heads) and a head
+        per drafted depth. Heads trained here are checked against the target when they load."""
+        ref = options.get("artifact")
+        if not is_published(ref):
+            return
+        if cls.kind not in ("medusa", "hydra"):
+            raise ArtifactError(
+                f"proposer={cls.name} loads artifacts trained here only; published layouts: medusa, hydra"
+            )
+        layout = inspect(str(ref), cls.kind)
+        depth = len(draft_widths(budget, 1 << 30))
+        check_target(layout, geometry(), depth=depth)
+
     def capabilities(self) -> Capabilities:
         return Capabilities(
             name=self.name,
@@ -186,17 +229,27 @@ class HeadsProposer(Proposer):
         self._start_serial = self.tap.serial  # the prefill forward (if any) ran just before
         self._ingested = -1
         self._expect = None
+        self._reset_prefix()
 
     def finish(self) -> None:
         self.store.reset()
         self._expect = None
+        self._reset_prefix()
         rounds = self.stats.extras["rounds"]
         if rounds:
             self.stats.extras["critical_path_stages_per_round"] = self.stats.extras["head_stages"] / rounds
 
     def state_bytes(self) -> int:
         d = self.spec.hidden_size
+        if self.prefix_feed:  # the prefix layer's KV cache (every committed row) and the newest row
+            kv = cache_bytes(self._prefix_cache) if self._prefix_cache is not None else 0
+            return kv + d * torch.tensor([], dtype=self.dtype).element_size()
         return self.window * d * torch.tensor([], dtype=self.dtype).element_size()
+
+    def _reset_prefix(self) -> None:
+        self._prefix_cache = None
+        self._prefix_fed = 0
+        self._prefix_out = None
 
     # ------------------------------------------------------------------ target hidden rows
     def _ingest(self, committed: list[int]) -> None:
@@ -242,11 +295,11 @@ class HeadsProposer(Proposer):
         self._ingest(committed)
         self.stats.extras["rounds"] += 1
         pos = len(committed) - 2
-        win = self.store.window(pos, self.window) if pos >= 0 else None
+        ctx = self._round_context(pos) if pos >= 0 else None
         handle = ProposalStateHandle(
             owner=self.name, committed_len=len(committed), generation=self.tap.serial, kv_bytes=0
         )
-        if win is None:
+        if ctx is None:
             self.stats.extras["hidden_misses"] += 1
             result = ProposalResult.empty_result(
                 source=self.name,
@@ -256,28 +309,59 @@ class HeadsProposer(Proposer):
                 state_handle=handle,
             )
         else:
-            rows, mask = win
-            ctx = self.heads.context(rows[None].float(), mask[None])  # [1, d]
-            result = sample_tree_proposal(
-                self._q_level(ctx, committed[-1]),
-                widths=self.widths,
-                relation=self.sampling,
-                rng=rng,
-                source=self.name,
-                manifest_hash=self.manifest_hash,
-                state_handle=handle,
+            q_level = self._q_level(ctx, committed[-1])
+            common = dict(
+                relation=self.sampling, rng=rng, source=self.name, manifest_hash=self.manifest_hash, state_handle=handle
             )
+            if self.budget.shape == "choices":
+                result = sample_ranked_tree_proposal(
+                    q_level, parents=self.budget.parents, ranks=self.budget.ranks, **common
+                )
+            else:
+                result = sample_tree_proposal(q_level, widths=self.widths, **common)
             if len(result.nodes) > self.budget.max_nodes:
                 q = result.q_dists[: self.budget.max_nodes] if result.q_dists is not None else None
                 result = replace(result, nodes=result.nodes[: self.budget.max_nodes], q_dists=q)
         self._expect = (self.tap.serial, tuple(committed), result)
         return result
 
+    def _round_context(self, pos: int) -> torch.Tensor | None:
+        """The heads' round context ``[1, d]`` at committed position ``pos`` (the row before the
+        pending token), or None when the rows it needs are missing."""
+        if self.prefix_feed:
+            return self._prefix_context(pos)
+        win = self.store.window(pos, self.window)
+        if win is None:
+            return None
+        rows, mask = win
+        return self.heads.context(rows[None].float(), mask[None])  # [1, d]
+
+    def _prefix_context(self, pos: int) -> torch.Tensor | None:
+        """Hydra's prefix layer at ``pos``: the committed rows it has not seen yet are fed once, in
+        order, through its own KV cache (as Hydra's decoding does); a missing row stops it."""
+        if pos == self._prefix_fed - 1:
+            return self._prefix_out
+        rows = self.store.rows
+        need = range(self._prefix_fed, pos + 1)
+        if pos < self._prefix_fed or any(p not in rows for p in need):
+            return None
+        x = torch.stack([rows[p] for p in need])  # [n, d]
+        if self._prefix_cache is None:
+            self._prefix_cache = self.heads.new_prefix_cache()
+        out = self.heads.prefix_step(x, torch.arange(self._prefix_fed, pos + 1), self._prefix_cache)  # [n, d]
+        self._prefix_fed = pos + 1
+        self._prefix_out = out[-1:]
+        for p in [p for p in rows if p < pos]:  # fed: the store keeps only the newest row
+            del rows[p]
+        self.stats.extras["prefix_rows_fed"] = self.stats.extras.get("prefix_rows_fed", 0) + len(need)
+        return self._prefix_out
+
     def _q_level(self, ctx: torch.Tensor, pending: int):
-        """The per-level law callback for :func:`sample_tree_proposal`."""
+        """The per-level law callback for the tree samplers."""
         heads, embed, lm_head = self.heads, self.embed, self.lm_head
         extras = self.stats.extras
         cached: dict[int, torch.Tensor] = {}
+        device = embed.weight.device
 
         def probs(logits: torch.Tensor) -> torch.Tensor:  # [n, V] -> [n, V]
             if self.sampling == "beam":  # ranking only: the head's own softmax
@@ -288,22 +372,22 @@ class HeadsProposer(Proposer):
             depth = len(prefixes[0]) + 1
             n = len(prefixes)
             if not heads.spec.dependent:
-                if not cached:  # one stage: every depth from (h_{t-1}, E(x_t)) at once
-                    emb = embed(torch.tensor([[pending]])).float()  # [1, 1, d_e]
+                if not cached:  # one stage: every depth from the round context at once
+                    emb = embed(torch.tensor([[pending]], device=device)).float()  # [1, 1, d_e]
                     k = len(self.widths)
                     out = torch.cat([heads.depth(i, ctx, emb) for i in range(1, k + 1)])  # [K, d]
-                    logits = vocab_projection(lm_head, out.to(self.dtype))  # [K, V]
+                    logits = heads.vocab_logits(list(range(1, k + 1)), out, lm_head)  # [K, V]
                     extras["head_stages"] += 1
                     extras["lm_head_rows"] += k
                     for i in range(k):
                         cached[i + 1] = probs(logits[i : i + 1])
                 return cached[depth].expand(n, -1)
-            ids = torch.tensor([(pending,) + p for p in prefixes])  # [n, depth]
+            ids = torch.tensor([(pending,) + p for p in prefixes], device=device)  # [n, depth]
             emb = embed(ids).float()  # [n, depth, d_e]
             out = heads.depth(depth, ctx.expand(n, -1), emb)  # [n, d]
             extras["head_stages"] += 1
             extras["lm_head_rows"] += n
-            return probs(vocab_projection(lm_head, out.to(self.dtype)))
+            return probs(heads.vocab_logits([depth] * n, out, lm_head))
 
         return q_level
 

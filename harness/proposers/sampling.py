@@ -16,6 +16,15 @@ Sampling relations (contract vocabulary):
 - ``"beam"``: the deterministic top-``k`` of ``q`` (descending, lowest index first on a tie). No
   law: the tokens come back with ``None`` and a proposal built from them is ``score_only``.
 
+Ranked trees (``topology=choices``, a published choice list such as Medusa's): a node of rank
+``r`` below its parent is the parent's ``r``-th child in the order the relation produces them:
+the ``r``-th most probable token for ``"beam"``, the ``r``-th draw for ``"iid"`` and
+``"without_replacement"`` (which therefore need ranks ``0 .. n - 1`` below every node: a skipped
+draw would change the law the verifier must see). :func:`sample_ranked_tree_proposal` is the one
+implementation; a proposer that ranks children per node (a ``q_level`` callback, as below) supports
+``topology=choices`` by listing the shape and calling it with ``budget.parents`` and
+``budget.ranks``.
+
 Prefixes here are tuples of candidate tokens below the prefix frontier (``()`` is the frontier;
 the committed tokens are implicit), which is exactly ``CompiledTree.full_prefixes``.
 """
@@ -36,6 +45,7 @@ from harness.contracts import (
     check_probability_vector,
 )
 from harness.random_source import RandomSource
+from harness.topology.choices import choices_path, first_rank_gap
 
 #: relations :func:`sample_children` implements
 CHILD_RELATIONS: tuple[str, ...] = ("iid", "without_replacement", "beam")
@@ -246,6 +256,84 @@ def sample_shaped_tree_proposal(
             laws.append(law)
     return _sampled_result(
         nodes, laws, relation=relation, source=source, manifest_hash=manifest_hash, state_handle=state_handle
+    )
+
+
+def check_ranked_shape(parents: Sequence[int], ranks: Sequence[int], relation: str) -> None:
+    """Refuse a ranked tree a relation cannot draw: sampled relations need ranks ``0 .. n - 1``
+    below every node (names the node and the skipped rank)."""
+    par = check_shape_parents(parents)
+    if len(ranks) != len(par):
+        raise ValueError(f"a ranked tree needs one rank per node; got {len(ranks)} ranks for {len(par)} nodes")
+    if any(int(r) < 0 for r in ranks):
+        raise ValueError(f"ranks must be >= 0; got {list(ranks)}")
+    gap = first_rank_gap(par, ranks)
+    if gap is not None and relation != "beam":
+        parent, rank = gap
+        where = "the first token" if parent == PREFIX_FRONTIER else f"node {list(choices_path(par, ranks, parent))}"
+        raise ValueError(
+            f"sampling={relation} draws a node's children in rank order, but the choice list skips rank {rank} "
+            f"below {where}: sampled trees need ranks 0..n-1 below every node (or use sampling=beam)"
+        )
+
+
+def sample_ranked_tree_proposal(
+    q_level: QLevelFn,
+    *,
+    parents: Sequence[int],
+    ranks: Sequence[int],
+    relation: str,
+    rng: RandomSource,
+    source: str = "sampled",
+    manifest_hash: str = "unhashed",
+    state_handle: ProposalStateHandle = NO_STATE,
+) -> ProposalResult:
+    """A proposal shaped by a choice list (``topology=choices``): node ``i`` is the
+    ``ranks[i]``-th child of node ``parents[i]`` (``-1``: the prefix frontier), parents before
+    children, siblings in ascending rank. One ``q_level`` call per depth.
+
+    With ranks ``0 .. n - 1`` below every node this is :func:`sample_shaped_tree_proposal` (the
+    ``j``-th child is the ``j``-th draw). ``beam`` also takes lists that skip ranks: a node whose
+    children have ranks up to ``r`` ranks ``r + 1`` tokens and keeps the listed ones."""
+    check_ranked_shape(parents, ranks, relation)
+    par = [int(p) for p in parents]
+    if first_rank_gap(par, ranks) is None:
+        return sample_shaped_tree_proposal(
+            q_level,
+            parents=par,
+            relation=relation,
+            rng=rng,
+            source=source,
+            manifest_hash=manifest_hash,
+            state_handle=state_handle,
+        )
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(par):
+        children.setdefault(p, []).append(i)
+    token: dict[int, int] = {}
+    score: dict[int, float] = {}
+    prefix_of: dict[int, tuple[int, ...]] = {PREFIX_FRONTIER: ()}
+    level = [PREFIX_FRONTIER]
+    while level:
+        qs = q_level([prefix_of[u] for u in level])  # [len(level), V]
+        if qs.dim() != 2 or qs.shape[0] != len(level):
+            raise ContractError(f"q_level must return [{len(level)}, V]; got {tuple(qs.shape)}")
+        next_level: list[int] = []
+        for u, q in zip(level, qs):
+            kids = children[u]
+            ranked = [
+                tok for tok, _ in sample_children(q, max(int(ranks[v]) for v in kids) + 1, relation="beam", rng=rng)
+            ]
+            for v in kids:
+                tok = ranked[int(ranks[v])]
+                token[v], score[v] = tok, float(q[tok])
+                if v in children:
+                    prefix_of[v] = prefix_of[u] + (tok,)
+                    next_level.append(v)
+        level = next_level
+    nodes = [ProposalNode(token_id=token[v], parent=par[v], score=score[v], source=source) for v in range(len(par))]
+    return _sampled_result(
+        nodes, [], relation="beam", source=source, manifest_hash=manifest_hash, state_handle=state_handle
     )
 
 

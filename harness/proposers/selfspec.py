@@ -29,7 +29,7 @@ import torch
 
 from harness.contracts import Budget, Capabilities, ProposalNode, ProposalResult, ProposalStateHandle, budget_topology
 from harness.heads.artifacts import load_adapter, load_skip
-from harness.heads.checkpoint import target_fingerprint
+from harness.heads.checkpoint import cpu_budget_label, target_fingerprint
 from harness.heads.partial import PartialPath, ProvisionalKV, causal_rows_mask
 from harness.heads.state import PrefixHashes
 from harness.proposers.base import Proposer
@@ -69,7 +69,7 @@ class SelfSpecProposer(Proposer):
         self.depth = min(budget.max_depth, budget.max_nodes)
         self.artifact_manifest = dict(artifact_manifest or {})
         #: read by the runner: results from a CPU-budget artifact are labelled
-        self.cpu_budget_artifact = bool(self.artifact_manifest.get("cpu_budget_artifact", False))
+        self.cpu_budget_artifact = cpu_budget_label(self.artifact_manifest)
         self.kv = self._new_kv()
         self.hashes = PrefixHashes()
         self.peak_state_bytes = 0

@@ -7,7 +7,15 @@ model, so the first load writes a converted copy (config + tokenizer + safetenso
 the copy in about a second.
 
 ``tiny`` builds a small randomly initialised Llama from a config (exactness does not depend on
-weights). Anything else is passed to ``from_pretrained`` as a checkpoint path or hub id.
+weights). ``hf`` (or any other name) is passed to ``from_pretrained`` as a checkpoint path or hub
+id and loads whole: every layer, every weight, with a checkpoint that lacks weights the model needs
+refused by key name. ``derived`` is a draft only: the target's first ``num_layers`` decoder layers
+with its final norm and LM head, copied into an independent model (:func:`derive_draft`); layer
+truncation applies to nothing else.
+
+Tokenizers are compared by content (:func:`tokenizer_difference`) before any weights are read, and
+a draft whose embedding matrix is padded to another size than the target's proposes only inside
+the range both share (:func:`shared_vocab_size`).
 """
 
 from __future__ import annotations
@@ -15,9 +23,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,7 +39,12 @@ from safetensors.torch import save_file
 from harness.files import artifact_lock, temporary_sibling
 from harness.target import attention
 
+log = logging.getLogger("harness.loading")
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+#: a draft model name meaning "the target's first ``num_layers`` decoder layers" (never a checkpoint)
+DERIVED = "derived"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -176,6 +190,10 @@ class LoadedModel:
     tokenizer: object | None
     name: str
     source: str  # where the weights came from (path, package file, "random-init")
+    #: what loading reported: ``layers`` loaded, ``unexpected_keys`` (checkpoint tensors the model
+    #: has no place for: shown, not fatal), ``missing_keys`` (always empty: a load with missing
+    #: weights is refused), ``mismatched_keys``
+    load_report: dict = field(default_factory=dict)
 
 
 def load_tokenizer(model_name: str):
@@ -189,6 +207,24 @@ def load_tokenizer(model_name: str):
     return from_pretrained(AutoTokenizer, model_name, key="model")
 
 
+def _layer_count(model: torch.nn.Module) -> int:
+    return int(model.config.num_hidden_layers)
+
+
+def load_tokenizer_of(model_cfg):
+    """The tokenizer of a configured model (a ``model`` config node) without its weights; None for
+    ``tiny`` (synthetic ids) and for a derived draft (the target's)."""
+    if model_cfg.name in ("tiny", DERIVED):
+        return None
+    from transformers import AutoTokenizer
+
+    if model_cfg.name == "smollm2" and not model_cfg.name_or_path:
+        return AutoTokenizer.from_pretrained(smollm2_converted_dir())
+    return from_pretrained(
+        AutoTokenizer, model_cfg.name_or_path or model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code)
+    )
+
+
 def load_model(
     *,
     name: str,
@@ -200,18 +236,35 @@ def load_model(
     attn_implementation: str = "sdpa",
     tiny: dict | None = None,
     trust_remote_code: bool = False,
+    tokenizer=None,
 ) -> LoadedModel:
-    """Load a target or draft model.
+    """Load a target or a draft model whole.
 
-    ``num_layers`` keeps only the first ``num_layers`` decoder layers (with the final norm and
-    LM head): an independent truncated model, used as the default draft of the embedded target.
+    ``num_layers`` is refused: a model given by name or path always loads every layer (a truncated
+    draft is :func:`derive_draft`; a smaller tiny model is ``tiny={"num_layers": k}``). Loading
+    refuses a checkpoint that lacks weights the model needs, naming them, and logs the tensors the
+    model has no place for (``load_report``). ``tokenizer``: an already loaded tokenizer of the
+    same checkpoint (the runner compares tokenizers before it reads any weights).
     """
     from transformers import AutoModelForCausalLM
 
+    if name == DERIVED:
+        raise CheckpointError("a derived draft is built from the loaded target: use derive_draft(target, ...)")
+    if num_layers is not None:
+        raise CheckpointError(
+            f"num_layers={num_layers} would cut model {name_or_path or name!r} to its first layers; a model "
+            "given by name or path loads whole (a truncated draft is proposer.model.name=derived)"
+        )
     torch_dtype = resolve_dtype(dtype)
     if name == "tiny":
         model = build_tiny_model(seed=seed, dtype=torch_dtype, **(tiny or {}))
-        loaded = LoadedModel(model=model, tokenizer=None, name="tiny", source="random-init")
+        loaded = LoadedModel(
+            model=model,
+            tokenizer=None,
+            name="tiny",
+            source="random-init",
+            load_report={"layers": _layer_count(model), "missing_keys": [], "unexpected_keys": []},
+        )
     else:
         if name == "smollm2" and not name_or_path:
             path = smollm2_converted_dir()
@@ -219,24 +272,21 @@ def load_model(
         else:
             path = name_or_path or name
             source = str(path)
-        kwargs = {}
-        if num_layers is not None:
-            kwargs["num_hidden_layers"] = int(num_layers)
-        model = from_pretrained(
+        model, info = from_pretrained(
             AutoModelForCausalLM,
             path,
             dtype=torch_dtype,
             attn_implementation="sdpa" if attn_implementation == attention.NAME else attn_implementation,
             trust_remote_code=trust_remote_code,
-            **kwargs,
+            output_loading_info=True,
         )
-        from transformers import AutoTokenizer
+        report = check_loading_info(info, source=source)
+        report["layers"] = _layer_count(model)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
 
-        tokenizer = from_pretrained(AutoTokenizer, path, trust_remote_code=trust_remote_code)
-        loaded = LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, source=source)
-    if num_layers is not None and name == "tiny":
-        loaded.model.model.layers = loaded.model.model.layers[: int(num_layers)]
-        loaded.model.config.num_hidden_layers = int(num_layers)
+            tokenizer = from_pretrained(AutoTokenizer, path, trust_remote_code=trust_remote_code)
+        loaded = LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, source=source, load_report=report)
     if attn_implementation == attention.NAME:  # grouped-query tree attention (harness.target.attention)
         loaded.model.set_attn_implementation(attention.register())
     loaded.model.to(device)
@@ -245,9 +295,87 @@ def load_model(
     return loaded
 
 
-#: dense KV geometry of the embedded default, known without converting it (the temporary-KV budget
-#: check B·N·L·2·H_kv·d_h·b runs before any model work)
-SMOLLM2_GEOMETRY = {"num_hidden_layers": 30, "num_key_value_heads": 3, "head_dim": 64}
+def check_loading_info(info: dict, *, source: str) -> dict:
+    """``from_pretrained``'s loading info -> a report; refuses missing or mis-shaped weights with
+    their key names and logs the checkpoint tensors the model did not use."""
+    missing = sorted(info.get("missing_keys") or [])
+    unexpected = sorted(info.get("unexpected_keys") or [])
+    mismatched = sorted(str(k) for k in (info.get("mismatched_keys") or []))
+    errors = [str(e) for e in (info.get("error_msgs") or [])]
+    if missing or mismatched or errors:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing weight(s): {_keys(missing)}")
+        if mismatched:
+            parts.append(f"{len(mismatched)} weight(s) of the wrong shape: {_keys(mismatched)}")
+        if errors:
+            parts.append(f"load errors: {'; '.join(errors)[:300]}")
+        raise CheckpointError(
+            f"checkpoint {source!r} does not fill the model: {'; '.join(parts)} "
+            "(they would run with random values; check the checkpoint's files and config.json)"
+        )
+    if unexpected:
+        log.warning(
+            "checkpoint %s: %d tensor(s) the model does not use: %s", source, len(unexpected), _keys(unexpected)
+        )
+    return {"missing_keys": [], "unexpected_keys": unexpected, "mismatched_keys": []}
+
+
+def _keys(keys: list[str], limit: int = 8) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def derive_draft(
+    target: LoadedModel, *, num_layers: int, dtype: str, device: str, attn_implementation: str | None = None
+) -> LoadedModel:
+    """An independent model made of the target's first ``num_layers`` decoder layers, its final
+    norm and its LM head (copies: the target is untouched). The draft shares the tokenizer by
+    construction. Per-layer config lists (e.g. ``layer_types``) are cut to the same length."""
+    import copy
+
+    total = _layer_count(target.model)
+    k = int(num_layers)
+    if not 1 <= k <= total:
+        raise CheckpointError(
+            f"proposer.model.num_layers must be in [1, {total}] for this {total}-layer target; got {k}"
+        )
+    config = copy.deepcopy(target.model.config)
+    config.num_hidden_layers = k
+    for key, value in list(config.to_dict().items()):
+        if isinstance(value, list) and len(value) == total and key.endswith("layer_types"):
+            setattr(config, key, value[:k])
+    if attn_implementation is not None:
+        config._attn_implementation = (
+            attention.register() if attn_implementation == attention.NAME else attn_implementation
+        )
+    with torch.random.fork_rng(devices=[]):
+        draft = type(target.model)(config)
+    wanted = draft.state_dict()
+    state = {n: t for n, t in target.model.state_dict().items() if n in wanted}
+    draft.load_state_dict(state, strict=True)  # every draft weight comes from the target
+    draft = draft.to(device=device, dtype=resolve_dtype(dtype)).eval()
+    for p in draft.parameters():
+        p.requires_grad_(False)
+    return LoadedModel(
+        model=draft,
+        tokenizer=target.tokenizer,
+        name=DERIVED,
+        source=f"first {k} of {total} decoder layers of the target ({target.source})",
+        load_report={"layers": k, "derived_from_layers": total, "missing_keys": [], "unexpected_keys": []},
+    )
+
+
+#: geometry of the embedded default, known without converting it (the temporary-KV budget check
+#: B·N·L·2·H_kv·d_h·b and the draft-head shape checks run before any model work)
+SMOLLM2_GEOMETRY = {
+    "num_hidden_layers": 30,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "hidden_size": 576,
+    "vocab_size": 49152,
+    "num_attention_heads": 9,
+}
 #: positions of the embedded default (SmolLM2-135M-Instruct), known without converting it
 SMOLLM2_POSITIONS = 8192
 #: config attributes that hold a model's position limit, in the order they are read
@@ -277,18 +405,13 @@ def model_position_limit(model_cfg) -> int | None:
     return config_position_limit(c)
 
 
-def model_kv_bytes_per_token(model_cfg) -> int:
-    """L * 2 * H_kv * d_h * b from the model config alone (no weights loaded)."""
-    itemsize = torch.tensor([], dtype=resolve_dtype(model_cfg.dtype)).element_size()
+def model_geometry(model_cfg) -> dict:
+    """Layers, KV heads, head width, hidden size and vocabulary size of a configured model from
+    its config alone (no weights loaded). ``model_cfg``: a ``model`` config node."""
     if model_cfg.name == "tiny":
-        c = tiny_llama_config(**dict(model_cfg.tiny))
-        geo = {
-            "num_hidden_layers": c.num_hidden_layers,
-            "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.hidden_size // c.num_attention_heads,
-        }
+        c = tiny_llama_config(**dict(model_cfg.tiny or {}))
     elif model_cfg.name == "smollm2" and not model_cfg.name_or_path:
-        geo = dict(SMOLLM2_GEOMETRY)
+        return dict(SMOLLM2_GEOMETRY)
     else:
         from transformers import AutoConfig
 
@@ -298,12 +421,41 @@ def model_kv_bytes_per_token(model_cfg) -> int:
             key="model.name_or_path" if model_cfg.name_or_path else "model.name",
             trust_remote_code=bool(model_cfg.trust_remote_code),
         )
-        geo = {
-            "num_hidden_layers": c.num_hidden_layers,
-            "num_key_value_heads": getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
-            "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-        }
+    return {
+        "num_hidden_layers": int(c.num_hidden_layers),
+        "num_key_value_heads": int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads),
+        "head_dim": int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads),
+        "hidden_size": int(c.hidden_size),
+        "vocab_size": int(c.vocab_size),
+        "num_attention_heads": int(c.num_attention_heads),
+    }
+
+
+def model_kv_bytes_per_token(model_cfg) -> int:
+    """L * 2 * H_kv * d_h * b from the model config alone (no weights loaded)."""
+    itemsize = torch.tensor([], dtype=resolve_dtype(model_cfg.dtype)).element_size()
+    geo = model_geometry(model_cfg)
     return geo["num_hidden_layers"] * 2 * geo["num_key_value_heads"] * geo["head_dim"] * itemsize
+
+
+def checkpoint_ref_problem(ref: str | None, key: str) -> str | None:
+    """Why ``ref`` (a checkpoint directory or hub id under config key ``key``) cannot be a
+    checkpoint, or None. A path that exists must be a directory with ``config.json``; a string
+    that names no local path must look like a hub id (``owner/name``)."""
+    if not ref:
+        return f"{key} is empty: give a checkpoint directory or a hub id"
+    path = Path(ref).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            return f"{key}={ref!r} is a file; give the checkpoint's directory"
+        if not (path / "config.json").is_file():
+            return f"{key}={ref!r} has no config.json: not a Hugging Face checkpoint directory"
+        return None
+    parts = str(ref).split("/")
+    looks_like_hub_id = len(parts) == 2 and all(parts) and not str(ref).startswith((".", "~"))
+    if not looks_like_hub_id:
+        return f"{key}={ref!r}: no such directory (and not a hub id of the form owner/name)"
+    return None
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -325,6 +477,62 @@ def tokenizer_fingerprint(tokenizer) -> str:
     parts["special_tokens"] = {k: str(v) for k, v in sorted(specials.items())}
     blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+#: special tokens that decide ids in a round; the pad token is left out (checkpoints of one family
+#: often set it differently, and it never enters a round)
+ID_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "additional_special_tokens")
+
+
+def tokenizer_difference(target, draft) -> str | None:
+    """None when ``draft`` maps text to the same ids as ``target``, else the first difference in
+    words: a token id whose token differs (vocabulary, added tokens), a special token, or the
+    normaliser, pre-tokeniser or model (merges) of the tokenizer pipeline. Post-processors,
+    decoders and chat templates are not compared: the draft sees ids, never text."""
+    if tokenizer_fingerprint(target) == tokenizer_fingerprint(draft):
+        return None
+    t_ids = {i: tok for tok, i in target.get_vocab().items()}
+    d_ids = {i: tok for tok, i in draft.get_vocab().items()}
+    for i in sorted(set(t_ids) | set(d_ids)):
+        if t_ids.get(i) != d_ids.get(i):
+            return f"token id {i} is {t_ids.get(i)!r} in the target's tokenizer and {d_ids.get(i)!r} in the draft's"
+    t_sp = getattr(target, "special_tokens_map", {}) or {}
+    d_sp = getattr(draft, "special_tokens_map", {}) or {}
+    for key in ID_SPECIAL_TOKENS:
+        if str(t_sp.get(key)) != str(d_sp.get(key)):
+            t_val, d_val = t_sp.get(key), d_sp.get(key)
+            return f"special token {key} is {t_val!r} in the target's tokenizer and {d_val!r} in the draft's"
+    t_be, d_be = getattr(target, "backend_tokenizer", None), getattr(draft, "backend_tokenizer", None)
+    if (t_be is None) != (d_be is None):
+        return "one tokenizer is a fast (tokenizers) tokenizer and the other is not"
+    if t_be is not None:
+        t_spec, d_spec = json.loads(t_be.to_str()), json.loads(d_be.to_str())
+        for part in ("normalizer", "pre_tokenizer"):
+            if t_spec.get(part) != d_spec.get(part):
+                return f"the {part.replace('_', '-')} differs: target {t_spec.get(part)!r}, draft {d_spec.get(part)!r}"[
+                    :400
+                ]
+        t_model, d_model = dict(t_spec.get("model") or {}), dict(d_spec.get("model") or {})
+        t_merges, d_merges = t_model.pop("merges", None) or [], d_model.pop("merges", None) or []
+        for j, (a, b) in enumerate(zip(t_merges, d_merges)):
+            if a != b:
+                return f"merge rule {j} is {a!r} in the target's tokenizer and {b!r} in the draft's"
+        if len(t_merges) != len(d_merges):
+            return f"the target's tokenizer has {len(t_merges)} merge rules and the draft's {len(d_merges)}"
+        t_model.pop("vocab", None)
+        d_model.pop("vocab", None)
+        if t_model != d_model:
+            return f"the tokenizer model differs: target {t_model!r}, draft {d_model!r}"[:400]
+    return None
+
+
+def shared_vocab_size(tokenizer, *vocab_sizes: int) -> int:
+    """The id range a draft may propose in: ids below every model's vocabulary size and, with a
+    tokenizer, below its length (ids past it are embedding-matrix padding no text maps to)."""
+    sizes = [int(v) for v in vocab_sizes]
+    if tokenizer is not None:
+        sizes.append(len(tokenizer))
+    return min(sizes)
 
 
 def eos_ids(model: torch.nn.Module, tokenizer=None) -> frozenset[int]:

@@ -8,6 +8,10 @@ Cartesian future-head trees: depth ``i`` keeps ``b_i`` candidates below *every* 
 (``b = [3, 2, 2]``: 3 + 6 + 12 = 21). ``conf/topology/cartesian.yaml`` derives ``max_nodes`` from
 the widths with the ``cartesian_rows`` resolver, so the budget is exactly the full tree.
 
+A choices tree (``topology=choices``) is a published rank-path list or a named preset
+(:mod:`harness.topology.choices`): its budget carries the node order's parents and ranks, and
+``max_nodes`` / ``max_depth`` are the list's node count and depth.
+
 A Sequoia tree is chosen after the models are loaded (calibration and a hardware profile, see
 :mod:`harness.prepare.sequoia`); before that its budget is the search bounds.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.contracts import Budget, ConfigError
+from harness.topology.choices import ChoicesError, resolve_choices
 
 
 def chain_budget(t) -> Budget:
@@ -78,6 +83,34 @@ def cartesian_budget(t) -> Budget:
     return Budget(shape="cartesian", max_nodes=n, max_depth=len(widths), widths=widths)
 
 
+def choices_budget(t) -> Budget:
+    """``topology=choices`` -> Budget(shape="choices", parents=..., ranks=...) in Medusa's node order."""
+    try:
+        tree = resolve_choices(t.get("choices"), t.get("preset"))
+    except ChoicesError as exc:
+        raise ConfigError(f"topology=choices: {exc}") from None
+    for key, derived in (("max_nodes", tree.num_nodes), ("max_depth", tree.depth)):
+        given = int(t.get(key) or 0)
+        if given not in (0, derived):
+            raise ConfigError(
+                f"topology=choices: the choice list has {derived} for {key}; got topology.{key}={given} "
+                "(leave it to the default interpolation)"
+            )
+    return Budget(
+        shape="choices", max_nodes=tree.num_nodes, max_depth=tree.depth, parents=tree.parents, ranks=tree.ranks
+    )
+
+
+def choices_size(choices, preset, what: str) -> int:
+    """``max_nodes`` / ``max_depth`` of a choice list or preset for the config interpolation; 0 when
+    the list is invalid (the budget then refuses it with the reason)."""
+    try:
+        tree = resolve_choices(choices, preset)
+    except ChoicesError:
+        return 0
+    return tree.num_nodes if what == "nodes" else tree.depth
+
+
 TOPOLOGIES = {
     "sequence": chain_budget,
     "sequences": chain_budget,
@@ -86,6 +119,7 @@ TOPOLOGIES = {
     "merged": chain_budget,  # a node/depth budget for proposer=merged
     "sequoia": sequoia_budget,
     "cartesian": cartesian_budget,
+    "choices": choices_budget,
 }
 
 

@@ -1,0 +1,750 @@
+"""Draft heads in the layouts their authors publish, loaded key for key and run with their
+published forward: Medusa (Cai et al., 2024) and Hydra (Ankner et al., 2024).
+
+``proposer.artifact`` names a directory or a hub id (``owner/name``, fetched with
+``huggingface_hub`` on first use). A directory holding ``manifest.json`` is an artifact trained here
+(:mod:`harness.heads.checkpoint`); anything else is read as a published layout:
+
+``medusa`` — heads only: ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``,
+``base_model_name_or_path``; optional ``version``) and ``medusa_lm_head.safetensors`` or
+``medusa_lm_head.pt``, keys ``{k}.{j}.linear.weight [H, H]`` and ``.bias [H]`` for each head ``k``
+and residual block ``j < L``, plus ``{k}.{L}.weight [V, H]``, the head's own vocabulary projection
+(no bias). Without the projection keys (the ``"version": "2"`` heads-only layout) each head
+projects with the target's LM head. Medusa-2's full-model layout (a Hugging Face checkpoint whose
+weight files carry the same keys under ``medusa_head.``) is read from its weight shards. Head
+``k`` reads the last committed hidden state ``h`` (the target's final-norm row that predicted the
+pending token) and applies its blocks ``x <- x + SiLU(W_j x + b_j)`` then its projection: it
+predicts the token ``k + 1`` places past the pending one, with no token embedding.
+
+``hydra`` — ``config.json`` (``hydra_num_heads``, ``hydra_num_layers``, ``hydra_head_arch``,
+``grounded_heads``, ``hidden_state_offset``) and ``hydra_lm_head.pt`` (or ``.safetensors``),
+architectures ``mlp`` and ``prefix-mlp``. Grounded head ``k``'s input is
+``cat(p, E(x_t), E(x̂_{t+1}), ..., E(x̂_{t+k}))`` (``x_t``: the pending token; ``E``: the target's
+input embedding), width ``(k + 2) H``; its first block is ``R(x) + SiLU(W x + b)`` with its own
+``res_connection`` ``R``, later blocks are ``x + SiLU(W x + b)``; the vocabulary head
+``hydra_lm_head.{k}`` has a bias. Ungrounded heads see ``p`` alone (Medusa-like). ``p`` is ``h``
+for ``mlp``; for ``prefix-mlp`` it is the output (after its final norm) of a one-layer Llama model
+(``prefix_embeding_layer.*``, the attribute's published spelling) run over every committed hidden
+state as input embeddings, with its own KV cache, positions those of the committed tokens. The
+``prefix-mlp`` Sequential interleaves parameterless dropouts, so its blocks sit at ``1, 3, ...`` and
+its vocabulary head at ``hydra_lm_head.{k}.1``. ``input_embed_fn.weight`` (the base embedding the
+trainer saves incidentally) is checked against the target's shape, its equality with the target's
+embedding recorded (``input_embed_matches_target``), and otherwise unused.
+
+Refusals, with expected vs got: a missing, extra or mis-shaped tensor; a hidden size or vocabulary
+that is not the target's; a head bank shallower than the topology; ``hydra_head_arch`` ``cross-attn``
+or ``eagle-attn`` (not read here); ``hidden_state_offset != 0``. The head count and depth are read off
+the weights, not the config: ``medusa-vicuna-7b-v1.3``'s ``config.json`` is known to say 2 heads
+where its weights hold 5 (Medusa's own loader overrides it); a disagreement is recorded.
+
+Blocks that a checkpoint stores once per repeat (Medusa's and Hydra's list-multiplied
+``nn.Sequential`` saves ``L`` key groups sharing one tensor) are applied group by group, which is
+the same forward when the groups are equal.
+
+Not verified against real hub files (none are read by the tests): the Medusa-2 full-model shard
+names, the hub Hydra configs' values, and whether ``hidden_state_offset > 0`` reads hidden states
+at all upstream (it indexes a model output tuple); docs/architecture.md says so too.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from inspect import signature as inspect_signature
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from harness.heads.checkpoint import MANIFEST_FILE, ArtifactError
+from harness.heads.models import vocab_projection
+
+MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+HYDRA_FILES = ("hydra_lm_head.safetensors", "hydra_lm_head.pt")
+FULL_MODEL_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+FULL_MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
+MEDUSA_FULL_PREFIX = "medusa_head."
+HYDRA_ARCHS = ("mlp", "prefix-mlp")
+PREFIX = "prefix_embeding_layer"
+
+
+# --------------------------------------------------------------------------- locating files
+
+
+def is_published(ref: str | None) -> bool:
+    """Whether ``proposer.artifact`` names a published layout rather than an artifact trained here
+    (a local directory with ``manifest.json``)."""
+    if not ref:
+        return False
+    path = Path(str(ref)).expanduser()
+    if path.is_dir():
+        return not (path / MANIFEST_FILE).is_file()
+    return not path.exists() and _looks_like_hub_id(str(ref))
+
+
+def _looks_like_hub_id(ref: str) -> bool:
+    parts = ref.split("/")
+    return len(parts) == 2 and all(parts) and not ref.startswith((".", "~", "/"))
+
+
+def _hub_file(repo: str, filename: str) -> Path | None:
+    """A file of a hub repository (downloaded once into the Hugging Face cache), or None when the
+    repository has no such file."""
+    from huggingface_hub import hf_hub_download  # imported on use: only hub ids need it
+    from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(repo, filename))
+    except RemoteEntryNotFoundError:
+        return None
+    except LocalEntryNotFoundError:
+        raise ArtifactError(
+            f"proposer.artifact={repo!r} is not a local directory, and {filename!r} is neither in the local hub "
+            "cache nor reachable (offline?): download the repository first or give its directory"
+        ) from None
+    except Exception as exc:  # no such repository, no access, network errors: one line for the user
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ArtifactError(
+            f"proposer.artifact={repo!r} is not a local directory, and fetching {filename!r} from the hub failed: "
+            f"{type(exc).__name__}: {first}"
+        ) from None
+
+
+def locate(ref: str, kind: str) -> tuple[Path, str, list[Path]]:
+    """(directory, layout, weight files) of a published ``kind`` checkpoint; a hub id is fetched.
+    Layouts: ``heads`` (the heads-only file) or ``full-model`` (Medusa-2 weight shards)."""
+    heads_files = MEDUSA_FILES if kind == "medusa" else HYDRA_FILES
+    local = Path(str(ref)).expanduser()
+    if local.is_dir():
+        config = local / "config.json"
+        if not config.is_file():
+            raise ArtifactError(f"proposer.artifact={ref!r} has no config.json: not a published {kind} checkpoint")
+        for name in heads_files:
+            if (local / name).is_file():
+                return local, "heads", [local / name]
+        if kind == "medusa":
+            shards = _local_shards(local)
+            if shards:
+                return local, "full-model", shards
+        raise ArtifactError(
+            f"proposer.artifact={ref!r} holds neither a {kind} heads file ({' or '.join(heads_files)})"
+            + (" nor Medusa-2 weight files with medusa_head.* tensors" if kind == "medusa" else "")
+            + f" nor {MANIFEST_FILE} (an artifact trained here)"
+        )
+    if not _looks_like_hub_id(str(ref)):
+        raise ArtifactError(f"proposer.artifact={ref!r}: no such directory (and not a hub id of the form owner/name)")
+    config = _hub_file(str(ref), "config.json")
+    if config is None:
+        raise ArtifactError(f"hub repository {ref!r} has no config.json: not a published {kind} checkpoint")
+    for name in heads_files:
+        got = _hub_file(str(ref), name)
+        if got is not None:
+            return config.parent, "heads", [got]
+    if kind == "medusa":
+        for index in FULL_MODEL_INDEXES:
+            got = _hub_file(str(ref), index)
+            if got is not None:
+                wanted = _shards_with_prefix(got, MEDUSA_FULL_PREFIX)
+                return config.parent, "full-model", [_hub_file(str(ref), n) for n in wanted]
+        for name in FULL_MODEL_FILES:
+            got = _hub_file(str(ref), name)
+            if got is not None:
+                return config.parent, "full-model", [got]
+    raise ArtifactError(f"hub repository {ref!r} holds no {kind} heads file ({' or '.join(heads_files)})")
+
+
+def _shards_with_prefix(index: Path, prefix: str) -> list[str]:
+    weight_map = json.loads(index.read_text()).get("weight_map") or {}
+    return sorted({f for k, f in weight_map.items() if k.startswith(prefix)})
+
+
+def _local_shards(directory: Path) -> list[Path]:
+    for index in FULL_MODEL_INDEXES:
+        if (directory / index).is_file():
+            return [directory / n for n in _shards_with_prefix(directory / index, MEDUSA_FULL_PREFIX)]
+    return [directory / n for n in FULL_MODEL_FILES if (directory / n).is_file()]
+
+
+# --------------------------------------------------------------------------- reading tensors
+
+
+def _read_tensors(files: list[Path], *, prefix: str = "", data: bool) -> dict[str, torch.Tensor]:
+    """Tensors of ``files`` whose keys start with ``prefix`` (prefix stripped). ``data=False``
+    reads shapes only where the format allows (safetensors headers; ``.pt`` files memory-mapped)."""
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        if f.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(f), framework="pt") as sf:
+                for key in sf.keys():
+                    if key.startswith(prefix):
+                        name = key[len(prefix) :]
+                        if data:
+                            out[name] = sf.get_tensor(key)
+                        else:
+                            sl = sf.get_slice(key)
+                            out[name] = torch.empty(sl.get_shape(), dtype=torch.float32, device="meta")
+        else:
+            try:
+                state = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
+            except Exception as exc:
+                raise ArtifactError(f"cannot read {str(f)!r} as a tensor file: {type(exc).__name__}: {exc}") from None
+            if not isinstance(state, dict):
+                raise ArtifactError(f"{str(f)!r} holds a {type(state).__name__}, not a state dict of tensors")
+            for key, tensor in state.items():
+                if isinstance(tensor, torch.Tensor) and key.startswith(prefix):
+                    out[key[len(prefix) :]] = tensor if data else torch.empty(tensor.shape, device="meta")
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    st = path.stat()
+    return _sha256(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+@dataclass(frozen=True)
+class PublishedLayout:
+    """What a published checkpoint holds, read from its config and tensor shapes (no weights)."""
+
+    kind: str  # medusa | hydra
+    format: str  # medusa-heads | medusa-heads-v2 | medusa-full-model | hydra-mlp | hydra-prefix-mlp
+    ref: str  # proposer.artifact as given
+    directory: Path
+    files: tuple[Path, ...]
+    config: dict
+    num_heads: int
+    num_layers: int
+    hidden_size: int
+    vocab_size: int | None  # rows of the heads' own projections (None: the target's LM head)
+    grounded: bool = False
+    prefix_shapes: dict = field(default_factory=dict)
+    key_prefix: str = ""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def dependent(self) -> bool:
+        return self.kind == "hydra" and self.grounded
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        return expected_shapes(self)
+
+    def provenance(self) -> dict:
+        """Where the heads came from and what they hold: recorded in the run manifest."""
+        return {
+            "source": "published",
+            "format": self.format,
+            "ref": self.ref,
+            "directory": str(self.directory),
+            "files": {f.name: file_sha256(f) for f in self.files},
+            "config_sha256": file_sha256(self.directory / "config.json"),
+            "base_model_name_or_path": self.config.get("base_model_name_or_path"),
+            "num_heads": self.num_heads,
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "grounded": self.grounded,
+            "notes": list(self.notes),
+        }
+
+
+def _int_keys(keys, pattern: str) -> list[tuple[int, ...]]:
+    rx = re.compile(pattern)
+    return [tuple(int(g) for g in m.groups()) for k in keys if (m := rx.fullmatch(k))]
+
+
+def inspect(ref: str, kind: str) -> PublishedLayout:
+    """Read a published checkpoint's config and tensor shapes; refuse what is not its layout."""
+    if kind not in ("medusa", "hydra"):
+        raise ArtifactError(f"proposer={kind} reads artifacts trained here only; published heads: medusa, hydra")
+    directory, layout, files = locate(str(ref), kind)
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{str(directory / 'config.json')!r} is not valid JSON: {exc}") from None
+    prefix = MEDUSA_FULL_PREFIX if layout == "full-model" else ""
+    shapes = {k: tuple(t.shape) for k, t in _read_tensors(files, prefix=prefix, data=False).items()}
+    if not shapes:
+        raise ArtifactError(f"proposer.artifact={ref!r}: {', '.join(f.name for f in files)} hold no {kind} tensors")
+    if kind == "medusa":
+        return _inspect_medusa(ref, directory, layout, files, config, shapes)
+    return _inspect_hydra(ref, directory, files, config, shapes)
+
+
+def _inspect_medusa(ref, directory, layout, files, config, shapes) -> PublishedLayout:
+    blocks = _int_keys(shapes, r"(\d+)\.(\d+)\.linear\.weight")
+    if not blocks:
+        raise ArtifactError(
+            f"proposer.artifact={ref!r}: no Medusa head tensors ({{k}}.{{j}}.linear.weight); got keys "
+            f"{sorted(shapes)[:6]}"
+        )
+    heads = max(k for k, _ in blocks) + 1
+    layers = max(j for k, j in blocks if k == 0) + 1
+    hidden = shapes["0.0.linear.weight"][1]
+    proj = f"0.{layers}.weight"
+    vocab = shapes[proj][0] if proj in shapes else None
+    notes = []
+    version = str(config.get("version", "")) or None
+    if version == "2" and vocab is not None:
+        raise ArtifactError(
+            f"proposer.artifact={ref!r}: config.json says version 2 (heads without their own vocabulary "
+            f"projection) but the weights hold {proj} {list(shapes[proj])}"
+        )
+    for key, got in (("medusa_num_heads", heads), ("medusa_num_layers", layers)):
+        said = config.get(key)
+        if said is not None and int(said) != got:
+            notes.append(f"config.json says {key}={said}; the weights hold {got} (read from the weights)")
+    fmt = (
+        "medusa-full-model" if layout == "full-model" else ("medusa-heads" if vocab is not None else "medusa-heads-v2")
+    )
+    out = PublishedLayout(
+        kind="medusa",
+        format=fmt,
+        ref=str(ref),
+        directory=directory,
+        files=tuple(files),
+        config=config,
+        num_heads=heads,
+        num_layers=layers,
+        hidden_size=hidden,
+        vocab_size=vocab,
+        key_prefix=MEDUSA_FULL_PREFIX if layout == "full-model" else "",
+        notes=tuple(notes),
+    )
+    check_keys(out, shapes)
+    return out
+
+
+def _inspect_hydra(ref, directory, files, config, shapes) -> PublishedLayout:
+    arch = str(config.get("hydra_head_arch", "mlp"))
+    if arch not in HYDRA_ARCHS:
+        raise ArtifactError(
+            f"proposer.artifact={ref!r}: hydra_head_arch={arch!r} is not read here; readable: {list(HYDRA_ARCHS)}"
+        )
+    offset = int(config.get("hidden_state_offset", 0) or 0)
+    if offset != 0:
+        raise ArtifactError(
+            f"proposer.artifact={ref!r}: hidden_state_offset={offset} is not read here (only 0: the target's "
+            "final-norm hidden state)"
+        )
+    grounded = bool(config.get("grounded_heads", False))
+    step, first = (2, 1) if arch == "prefix-mlp" else (1, 0)
+    blocks = _int_keys(shapes, r"hydra_mlp\.(\d+)\.(\d+)\.linear\.weight")
+    if not blocks:
+        raise ArtifactError(
+            f"proposer.artifact={ref!r}: no Hydra head tensors (hydra_mlp.{{k}}.{{j}}.linear.weight); got keys "
+            f"{sorted(shapes)[:6]}"
+        )
+    heads = max(k for k, _ in blocks) + 1
+    layers = (max(j for k, j in blocks if k == 0) - first) // step + 1
+    last = f"hydra_mlp.0.{first + step * (layers - 1)}.linear.weight"
+    hidden = shapes[last][0]
+    head = "hydra_lm_head.0.1.weight" if arch == "prefix-mlp" else "hydra_lm_head.0.weight"
+    if head not in shapes:
+        raise ArtifactError(f"proposer.artifact={ref!r}: {head} missing (the first head's vocabulary projection)")
+    vocab = shapes[head][0]
+    notes = []
+    for key, got in (("hydra_num_heads", heads), ("hydra_num_layers", layers)):
+        said = config.get(key)
+        if said is not None and int(said) != got:
+            notes.append(f"config.json says {key}={said}; the weights hold {got} (read from the weights)")
+    prefix_shapes = {k: v for k, v in shapes.items() if k.startswith(PREFIX + ".")}
+    out = PublishedLayout(
+        kind="hydra",
+        format=f"hydra-{arch}",
+        ref=str(ref),
+        directory=directory,
+        files=tuple(files),
+        config=config,
+        num_heads=heads,
+        num_layers=layers,
+        hidden_size=hidden,
+        vocab_size=vocab,
+        grounded=grounded,
+        prefix_shapes=prefix_shapes,
+        notes=tuple(notes),
+    )
+    check_keys(out, shapes)
+    return out
+
+
+#: tensors a published file may carry beyond the heads: Hydra's trainer saves the base embedding
+OPTIONAL_KEYS = ("input_embed_fn.weight",)
+
+
+def expected_shapes(layout: PublishedLayout) -> dict[str, tuple[int, ...]]:
+    """Every tensor the layout must hold, with its shape (the prefix layer's from its own file,
+    checked for consistency by :func:`check_prefix_shapes`)."""
+    h, k_heads, layers = layout.hidden_size, layout.num_heads, layout.num_layers
+    out: dict[str, tuple[int, ...]] = {}
+    if layout.kind == "medusa":
+        for k in range(k_heads):
+            for j in range(layers):
+                out[f"{k}.{j}.linear.weight"] = (h, h)
+                out[f"{k}.{j}.linear.bias"] = (h,)
+            if layout.vocab_size is not None:
+                out[f"{k}.{layers}.weight"] = (layout.vocab_size, h)
+        return out
+    prefix = layout.format == "hydra-prefix-mlp"
+    step, first = (2, 1) if prefix else (1, 0)
+    for k in range(k_heads):
+        for j in range(layers):
+            key = f"hydra_mlp.{k}.{first + step * j}"
+            width = (k + 2) * h if (j == 0 and layout.grounded) else h
+            out[f"{key}.linear.weight"] = (h, width)
+            out[f"{key}.linear.bias"] = (h,)
+            if j == 0 and layout.grounded:
+                out[f"{key}.res_connection.weight"] = (h, width)
+                out[f"{key}.res_connection.bias"] = (h,)
+        head = f"hydra_lm_head.{k}.1" if prefix else f"hydra_lm_head.{k}"
+        out[f"{head}.weight"] = (layout.vocab_size, h)
+        out[f"{head}.bias"] = (layout.vocab_size,)
+    if prefix:
+        out.update(layout.prefix_shapes)
+    return out
+
+
+def check_keys(layout: PublishedLayout, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Key for key and shape for shape; names what is missing, extra or mis-shaped."""
+    want = expected_shapes(layout)
+    where = f"proposer.artifact={layout.ref!r} ({layout.format})"
+    missing = sorted(set(want) - set(shapes))
+    extra = sorted(set(shapes) - set(want) - set(OPTIONAL_KEYS))
+    if missing:
+        raise ArtifactError(f"{where}: missing tensor(s) {missing[:6]}{' ...' if len(missing) > 6 else ''}")
+    if extra:
+        raise ArtifactError(f"{where}: unexpected tensor(s) {extra[:6]}{' ...' if len(extra) > 6 else ''}")
+    for key, shape in want.items():
+        if tuple(shapes[key]) != tuple(shape):
+            raise ArtifactError(f"{where}: {key} has shape {list(shapes[key])}, expected {list(shape)}")
+    if layout.format == "hydra-prefix-mlp":
+        check_prefix_shapes(layout)
+
+
+PREFIX_KEYS = (
+    "embed_tokens.weight",
+    "layers.0.self_attn.q_proj.weight",
+    "layers.0.self_attn.k_proj.weight",
+    "layers.0.self_attn.v_proj.weight",
+    "layers.0.self_attn.o_proj.weight",
+    "layers.0.mlp.gate_proj.weight",
+    "layers.0.mlp.up_proj.weight",
+    "layers.0.mlp.down_proj.weight",
+    "layers.0.input_layernorm.weight",
+    "layers.0.post_attention_layernorm.weight",
+    "norm.weight",
+)
+PREFIX_OPTIONAL = ("layers.0.self_attn.rotary_emb.inv_freq",)
+
+
+def check_prefix_shapes(layout: PublishedLayout, geometry: dict | None = None) -> None:
+    """The one-layer prefix model's tensors: every key present, shapes consistent with the hidden
+    size (and, given the target's geometry, with its attention heads and vocabulary)."""
+    got = {k[len(PREFIX) + 1 :]: tuple(v) for k, v in layout.prefix_shapes.items()}
+    where = f"proposer.artifact={layout.ref!r} ({layout.format})"
+    missing = [f"{PREFIX}.{k}" for k in PREFIX_KEYS if k not in got]
+    extra = [f"{PREFIX}.{k}" for k in got if k not in PREFIX_KEYS + PREFIX_OPTIONAL]
+    if missing:
+        raise ArtifactError(f"{where}: missing tensor(s) {missing}")
+    if extra:
+        raise ArtifactError(f"{where}: unexpected tensor(s) {sorted(extra)}")
+    h = layout.hidden_size
+    inter = got["layers.0.mlp.gate_proj.weight"][0]
+    want = {
+        "layers.0.mlp.gate_proj.weight": (inter, h),
+        "layers.0.mlp.up_proj.weight": (inter, h),
+        "layers.0.mlp.down_proj.weight": (h, inter),
+        "layers.0.input_layernorm.weight": (h,),
+        "layers.0.post_attention_layernorm.weight": (h,),
+        "norm.weight": (h,),
+    }
+    if geometry is not None:
+        nh, nkv, hd = geometry["num_attention_heads"], geometry["num_key_value_heads"], geometry["head_dim"]
+        want.update(
+            {
+                "embed_tokens.weight": (geometry["vocab_size"], h),
+                "layers.0.self_attn.q_proj.weight": (nh * hd, h),
+                "layers.0.self_attn.k_proj.weight": (nkv * hd, h),
+                "layers.0.self_attn.v_proj.weight": (nkv * hd, h),
+                "layers.0.self_attn.o_proj.weight": (h, nh * hd),
+            }
+        )
+        if "layers.0.self_attn.rotary_emb.inv_freq" in got:
+            want["layers.0.self_attn.rotary_emb.inv_freq"] = (hd // 2,)
+    for key, shape in want.items():
+        if got[key] != shape:
+            raise ArtifactError(f"{where}: {PREFIX}.{key} has shape {list(got[key])}, expected {list(shape)}")
+
+
+def check_target(layout: PublishedLayout, geometry: dict, *, depth: int) -> None:
+    """The heads fit the configured target and topology (before any model work): hidden size,
+    vocabulary, prefix-layer attention shapes, and a head per drafted depth."""
+    where = f"proposer.artifact={layout.ref!r} ({layout.format})"
+    if layout.hidden_size != geometry["hidden_size"]:
+        raise ArtifactError(
+            f"{where} has hidden size {layout.hidden_size}; the target's is {geometry['hidden_size']}: "
+            "heads are only valid for the model they were trained on"
+        )
+    if layout.vocab_size is not None and layout.vocab_size != geometry["vocab_size"]:
+        raise ArtifactError(
+            f"{where} projects to {layout.vocab_size} tokens; the target's vocabulary has {geometry['vocab_size']}"
+        )
+    if layout.format == "hydra-prefix-mlp":
+        check_prefix_shapes(layout, geometry)
+    if depth > layout.num_heads:
+        raise ArtifactError(
+            f"the topology drafts {depth} tokens deep but {where} has {layout.num_heads} heads "
+            "(one per depth): use a shallower topology"
+        )
+
+
+# --------------------------------------------------------------------------- the heads
+
+
+@dataclass(frozen=True)
+class PublishedSpec:
+    """What :class:`~harness.proposers.heads.HeadsProposer` reads off a head bank."""
+
+    kind: str
+    num_heads: int
+    hidden_size: int
+    dependent: bool
+    prefix_attention: bool = False  # the window-based prefix layer of heads trained here (never here)
+    prefix_window: int = 1
+
+
+class _Block(nn.Module):
+    """``R(x) + SiLU(W x + b)``: ``R`` is the identity unless the block has a ``res_connection``."""
+
+    def __init__(self, width_in: int, width_out: int, residual_linear: bool) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width_in, width_out)
+        self.res_connection = nn.Linear(width_in, width_out) if residual_linear else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = self.res_connection(x) if self.res_connection is not None else x
+        return r + nn.functional.silu(self.linear(x))
+
+
+class PublishedHeads(nn.Module):
+    """A published Medusa or Hydra head bank with its published forward.
+
+    The interface :class:`~harness.proposers.heads.HeadsProposer` uses: ``spec``, ``context``,
+    ``depth`` (1-based depth ``i`` = published head ``i - 1``), ``vocab_logits`` and, for
+    ``prefix-mlp``, ``prefix_model`` with :meth:`prefix_step`."""
+
+    def __init__(self, layout: PublishedLayout, *, target_config=None) -> None:
+        super().__init__()
+        self.layout = layout
+        h, k_heads, layers = layout.hidden_size, layout.num_heads, layout.num_layers
+        self.spec = PublishedSpec(
+            kind=layout.kind, num_heads=k_heads, hidden_size=h, dependent=layout.dependent, prefix_window=1
+        )
+        self.grounded = layout.grounded
+        self.blocks = nn.ModuleList()
+        for k in range(k_heads):
+            head = nn.ModuleList()
+            for j in range(layers):
+                conditioned = layout.kind == "hydra" and layout.grounded and j == 0
+                head.append(_Block((k + 2) * h if conditioned else h, h, residual_linear=conditioned))
+            self.blocks.append(head)
+        if layout.vocab_size is not None:
+            bias = layout.kind == "hydra"
+            self.proj = nn.ModuleList(nn.Linear(h, layout.vocab_size, bias=bias) for _ in range(k_heads))
+        else:
+            self.proj = None
+        self.prefix_model = None
+        if layout.format == "hydra-prefix-mlp":
+            self.prefix_model = _prefix_model(layout, target_config)
+
+    # ------------------------------------------------------------------ published key names
+    def published_keys(self) -> dict[str, str]:
+        """Published key -> this module's parameter name."""
+        lay = self.layout
+        out: dict[str, str] = {}
+        prefix = lay.format == "hydra-prefix-mlp"
+        step, first = (2, 1) if prefix else (1, 0)
+        for k in range(lay.num_heads):
+            for j in range(lay.num_layers):
+                pub = f"{k}.{j}" if lay.kind == "medusa" else f"hydra_mlp.{k}.{first + step * j}"
+                for part in ("linear.weight", "linear.bias"):
+                    out[f"{pub}.{part}"] = f"blocks.{k}.{j}.{part}"
+                if self.blocks[k][j].res_connection is not None:
+                    for part in ("res_connection.weight", "res_connection.bias"):
+                        out[f"{pub}.{part}"] = f"blocks.{k}.{j}.{part}"
+            if self.proj is not None:
+                if lay.kind == "medusa":
+                    out[f"{k}.{lay.num_layers}.weight"] = f"proj.{k}.weight"
+                else:
+                    pub = f"hydra_lm_head.{k}.1" if prefix else f"hydra_lm_head.{k}"
+                    out[f"{pub}.weight"] = f"proj.{k}.weight"
+                    out[f"{pub}.bias"] = f"proj.{k}.bias"
+        if self.prefix_model is not None:
+            for key in PREFIX_KEYS:
+                out[f"{PREFIX}.{key}"] = f"prefix_model.{key}"
+        return out
+
+    def load_published(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy every published tensor into place (strict: each parameter filled exactly once)."""
+        mapping = self.published_keys()
+        own = dict(self.named_parameters())
+        filled = set()
+        for pub, name in mapping.items():
+            if pub not in state:
+                raise ArtifactError(f"proposer.artifact={self.layout.ref!r}: missing tensor {pub}")
+            target = own[name]
+            if tuple(state[pub].shape) != tuple(target.shape):
+                raise ArtifactError(
+                    f"proposer.artifact={self.layout.ref!r}: {pub} has shape {list(state[pub].shape)}, "
+                    f"expected {list(target.shape)}"
+                )
+            with torch.no_grad():
+                target.copy_(state[pub].to(target.dtype))
+            filled.add(name)
+        unfilled = sorted(set(own) - filled)
+        if unfilled:
+            raise ArtifactError(f"proposer.artifact={self.layout.ref!r}: parameters left unfilled: {unfilled[:6]}")
+        inv = state.get(f"{PREFIX}.layers.0.self_attn.rotary_emb.inv_freq")
+        if inv is not None and self.prefix_model is not None:
+            ours = self.prefix_model.rotary_emb.inv_freq.detach().float().cpu()
+            if inv.shape != ours.shape or not torch.allclose(inv.float(), ours, rtol=1e-4, atol=1e-7):
+                raise ArtifactError(
+                    f"proposer.artifact={self.layout.ref!r}: the prefix layer's rotary frequencies differ from "
+                    "the target config's (rope theta or head width): the heads were trained for another base"
+                )
+
+    # ------------------------------------------------------------------ forward
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def context(self, window: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, W, d]`` committed rows -> ``h``, the newest row ``[B, d]`` (prefix-mlp heads get
+        their context from :meth:`prefix_step` instead)."""
+        return window[:, -1]
+
+    def depth(self, i: int, ctx: torch.Tensor, path_emb: torch.Tensor) -> torch.Tensor:
+        """Published head ``i - 1``: ``ctx`` ``[B, d]``; ``path_emb`` ``[B, >= i, d]``
+        (``E(x_t), E(x̂_{t+1}), ...``; grounded Hydra uses the first ``i``) -> ``[B, d]``."""
+        if not 1 <= i <= self.spec.num_heads:
+            raise ValueError(f"head index must be in [1, {self.spec.num_heads}]; got {i}")
+        x = ctx.to(self.dtype)
+        if self.grounded:
+            if path_emb.shape[1] < i:
+                raise ValueError(f"grounded Hydra head {i} needs {i} path embeddings; got {path_emb.shape[1]}")
+            used = path_emb[:, :i].to(self.dtype)
+            x = torch.cat([x, used.reshape(used.shape[0], -1)], dim=-1)  # [B, (i + 1) d]
+        for block in self.blocks[i - 1]:
+            x = block(x)
+        return x
+
+    def vocab_logits(self, depths: list[int], hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """Row ``r`` of ``hidden`` ``[n, d]`` through head ``depths[r]``'s projection -> ``[n, V]``
+        (the target's LM head for Medusa's version-2 layout)."""
+        if self.proj is None:
+            w = lm_head.weight
+            return vocab_projection(lm_head, hidden.to(device=w.device, dtype=w.dtype))
+        hidden = hidden.to(self.dtype)
+        out = [None] * len(depths)
+        for i in dict.fromkeys(depths):  # one product per head, over all its rows
+            idx = [r for r, d in enumerate(depths) if d == i]
+            logits = vocab_projection(self.proj[i - 1], hidden[idx])  # [len(idx), V]
+            for j, r in enumerate(idx):
+                out[r] = logits[j]
+        return torch.stack(out)
+
+    # ------------------------------------------------------------------ Hydra's prefix layer
+    def prefix_step(self, rows: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """Feed committed hidden rows ``[n, d]`` at ``positions`` ``[n]`` to the prefix model
+        (its KV ``cache`` grows by ``n``) -> its final-norm outputs ``[n, d]``."""
+        # transformers 5.24 renamed `past_key_values=` to `cache=`; older releases only know the former
+        params = inspect_signature(self.prefix_model.forward).parameters
+        cache_kw = "cache" if "cache" in params else "past_key_values"
+        out = self.prefix_model(
+            inputs_embeds=rows[None].to(self.dtype),
+            position_ids=positions[None].to(rows.device),
+            use_cache=True,
+            **{cache_kw: cache},
+        )
+        return out.last_hidden_state[0]
+
+    def new_prefix_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.prefix_model.config)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def _prefix_model(layout: PublishedLayout, target_config):
+    """Hydra's one-layer prefix model as a transformers Llama model built from the target's
+    config (attention heads, rotary settings, norm epsilon), one decoder layer."""
+    from transformers import LlamaConfig, LlamaModel
+
+    if target_config is None:
+        raise ArtifactError("a prefix-mlp Hydra head bank needs the target's config")
+    c = target_config
+    h = layout.hidden_size
+    nh = int(c.num_attention_heads)
+    inter = layout.prefix_shapes[f"{PREFIX}.layers.0.mlp.gate_proj.weight"][0]
+    cfg = LlamaConfig(
+        vocab_size=int(c.vocab_size),
+        hidden_size=h,
+        intermediate_size=int(inter),
+        num_hidden_layers=1,
+        num_attention_heads=nh,
+        num_key_value_heads=int(getattr(c, "num_key_value_heads", None) or nh),
+        head_dim=int(getattr(c, "head_dim", None) or h // nh),
+        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(getattr(c, "max_position_embeddings", 2048)),
+        hidden_act=str(getattr(c, "hidden_act", "silu")),
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,
+    )
+    rope = getattr(c, "rope_parameters", None)
+    if rope:
+        cfg.rope_parameters = dict(rope)
+    cfg._attn_implementation = "sdpa"
+    with torch.random.fork_rng(devices=[]):
+        return LlamaModel(cfg)
+
+
+def load_published_heads(layout: PublishedLayout, *, model: nn.Module) -> PublishedHeads:
+    """The head bank of ``layout`` with its weights, on the target's device and in its dtype.
+    ``embed_matches_target`` says whether a saved base embedding (Hydra's ``input_embed_fn``)
+    equals the target's (None: none saved)."""
+    state = _read_tensors(list(layout.files), prefix=layout.key_prefix, data=True)
+    check_keys(layout, {k: tuple(v.shape) for k, v in state.items()})  # the files may have changed since
+    embed = model.get_input_embeddings().weight.detach()
+    saved = state.get("input_embed_fn.weight")
+    matches = None
+    if saved is not None:
+        if tuple(saved.shape) != tuple(embed.shape):
+            raise ArtifactError(
+                f"proposer.artifact={layout.ref!r}: input_embed_fn.weight has shape {list(saved.shape)}, "
+                f"the target's input embedding {list(embed.shape)}"
+            )
+        matches = bool(torch.equal(saved.to(device=embed.device, dtype=embed.dtype), embed))
+    heads = PublishedHeads(layout, target_config=model.config)
+    heads.load_published(state)
+    p = next(model.parameters())
+    heads = heads.to(device=p.device, dtype=p.dtype).eval().requires_grad_(False)
+    heads.embed_matches_target = matches
+    return heads

@@ -1,0 +1,305 @@
+"""Whole checkpoints by path: a draft given by path loads every layer, the derived draft is a named
+choice, missing weights are refused by key name and unexpected ones shown, tokenizers are compared
+by content before any weights are read, padded vocabularies propose inside the shared range, the
+draft follows its own dtype and attention settings, and a draft identical to the target accepts
+every candidate at every depth (T = 0 greedy; T = 0.7 rejection and SpecInfer)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from checkpoint_fixtures import BYTE_VOCAB, byte_tokenizer, prompts_file, tiny_checkpoint
+
+from harness.config import compose
+from harness.target.loading import CheckpointError, tokenizer_difference
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+]
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpts")
+    return {
+        "target": tiny_checkpoint(root / "target", num_layers=4),
+        "padded": tiny_checkpoint(root / "padded", num_layers=4, pad_to=2 * BYTE_VOCAB + 2),
+        "other": tiny_checkpoint(root / "other", seed=3, num_layers=3),
+        "renamed": tiny_checkpoint(root / "renamed", seed=3, tokenizer=byte_tokenizer(rename={100: "<odd>"})),
+        "lower": tiny_checkpoint(root / "lower", seed=3, tokenizer=byte_tokenizer(lowercase=True)),
+        "prompts": prompts_file(root / "prompts.jsonl", PROMPTS),
+    }
+
+
+def cfg_for(ckpts, draft: str | None = "target", *extra: str):
+    overrides = [
+        "model=hf",
+        f"model.name_or_path={ckpts['target']}",
+        "workload=jsonl",
+        f"workload.path={ckpts['prompts']}",
+        "workload.chat=false",
+        "generation.max_new_tokens=20",
+    ]
+    if draft is not None:
+        overrides += ["proposer=draft_model", "proposer.model.name=hf", f"proposer.model.name_or_path={ckpts[draft]}"]
+    return compose(overrides + list(extra))
+
+
+# --------------------------------------------------------------------------- loading whole
+
+
+def test_a_draft_given_by_path_loads_every_layer(ckpts):
+    from harness.runner import load_models
+
+    cfg = cfg_for(ckpts, "other")
+    assert cfg.proposer.model.num_layers is None  # no truncation default for a checkpoint
+    target, draft = load_models(cfg)
+    assert target.model.config.num_hidden_layers == 4 and len(target.model.model.layers) == 4
+    assert draft.model.config.num_hidden_layers == 3 and len(draft.model.model.layers) == 3
+    assert draft.load_report == {"layers": 3, "missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
+    assert str(ckpts["other"]) in draft.source
+
+
+def test_the_derived_draft_is_a_named_choice_copied_from_the_target(ckpts):
+    from harness.runner import load_models
+
+    cfg = compose(
+        [
+            "model=hf",
+            f"model.name_or_path={ckpts['target']}",
+            "proposer=draft_model",
+            "proposer.model.num_layers=2",
+        ]
+    )
+    assert cfg.proposer.model.name == "derived"
+    target, draft = load_models(cfg)
+    assert draft.name == "derived" and len(draft.model.model.layers) == 2 and draft.load_report["layers"] == 2
+    assert draft.tokenizer is target.tokenizer
+    t_state, d_state = target.model.state_dict(), draft.model.state_dict()
+    assert set(d_state) < set(t_state) and "model.layers.2.mlp.up_proj.weight" not in d_state
+    for name, tensor in d_state.items():
+        assert torch.equal(tensor, t_state[name]), name
+        assert tensor.data_ptr() != t_state[name].data_ptr()  # an independent copy
+
+
+def test_default_draft_is_derived_with_six_layers():
+    cfg = compose(["proposer=draft_model"])
+    assert cfg.proposer.model.name == "derived" and cfg.proposer.model.num_layers == 6
+    assert compose(["proposer=draft_model", "proposer.model.name=hf"]).proposer.model.num_layers is None
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["proposer.model.num_layers=2"], "applies only to proposer.model.name=derived"),
+        (["proposer.model.name_or_path=null"], "needs proposer.model.name_or_path"),
+        (["proposer.model.name_or_path=/no/such/dir"], "no such directory"),
+        (["model.num_layers=2"], "the target loads whole"),
+    ],
+)
+def test_draft_configuration_refused_before_model_work(ckpts, monkeypatch, extra, match):
+    import transformers
+
+    from harness.runner import plan_job
+
+    def no_load(*a, **k):
+        raise AssertionError("a model or tokenizer was loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_load)
+    with pytest.raises(CheckpointError, match=match):
+        plan_job(cfg_for(ckpts, "other", *extra), None)
+
+
+def test_derived_layer_count_checked_against_the_target(ckpts):
+    from harness.runner import plan_job
+
+    cfg = compose(
+        ["model=hf", f"model.name_or_path={ckpts['target']}", "proposer=draft_model", "proposer.model.num_layers=5"]
+    )
+    with pytest.raises(CheckpointError, match=r"must be in \[1, 4\] for this 4-layer target; got 5"):
+        plan_job(cfg, None)
+
+
+def test_missing_weights_refused_with_their_names_and_unexpected_ones_shown(ckpts, tmp_path, caplog):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from harness.runner import load_models
+
+    broken = tmp_path / "broken"
+    shutil.copytree(ckpts["other"], broken)
+    state = load_file(str(broken / "model.safetensors"))
+    del state["model.layers.1.mlp.up_proj.weight"]
+    save_file(state, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    ckpts2 = {**ckpts, "broken": broken}
+    with pytest.raises(CheckpointError, match=r"missing weight\(s\): model\.layers\.1\.mlp\.up_proj\.weight"):
+        load_models(cfg_for(ckpts2, "broken"))
+
+    extra = tmp_path / "extra"
+    shutil.copytree(ckpts["other"], extra)
+    state = load_file(str(extra / "model.safetensors"))
+    state["medusa_head.0.0.linear.weight"] = torch.zeros(2, 2)
+    save_file(state, str(extra / "model.safetensors"), metadata={"format": "pt"})
+    with caplog.at_level(logging.WARNING, logger="harness.loading"):
+        _, draft = load_models(cfg_for({**ckpts, "extra": extra}, "extra"))
+    assert draft.load_report["unexpected_keys"] == ["medusa_head.0.0.linear.weight"]
+    assert "medusa_head.0.0.linear.weight" in caplog.text
+
+
+# --------------------------------------------------------------------------- tokenizers by content
+
+
+def test_tokenizer_difference_names_the_first_differing_token():
+    base = byte_tokenizer()
+    assert tokenizer_difference(base, byte_tokenizer()) is None
+    diff = tokenizer_difference(base, byte_tokenizer(rename={100: "<odd>", 120: "<odder>"}))
+    assert diff.startswith("token id 100 is") and "'<odd>' in the draft's" in diff
+    assert "normalizer differs" in tokenizer_difference(base, byte_tokenizer(lowercase=True))
+
+
+@pytest.mark.parametrize("draft, match", [("renamed", "token id 100 is"), ("lower", "normalizer differs")])
+def test_a_tokenizer_mismatch_is_refused_before_any_weights_are_read(ckpts, monkeypatch, draft, match):
+    import transformers
+
+    from harness.runner import load_models
+
+    def no_weights(*a, **k):
+        raise AssertionError("weights were read before the tokenizers were compared")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    with pytest.raises(CheckpointError, match=match):
+        load_models(cfg_for(ckpts, draft))
+
+
+def test_padded_vocabulary_is_admitted_and_q_stays_in_the_shared_range(ckpts):
+    from harness.engine.build import BuildContext
+    from harness.proposers.draft_model import DraftModelProposer
+    from harness.random_source import TorchRandomSource
+    from harness.runner import load_models
+    from harness.target.backend import CausalLMBackend
+    from harness.verifiers.sampling import SamplingPolicy
+
+    cfg = cfg_for(ckpts, "padded", "topology=expansion", "topology.widths=[3,2]", "topology.max_nodes=9")
+    target, draft = load_models(cfg)
+    assert draft.model.config.vocab_size == 2 * BYTE_VOCAB + 2 and target.model.config.vocab_size == BYTE_VOCAB
+    context = BuildContext(
+        cfg=cfg,
+        target_backend=CausalLMBackend(target.model),
+        tokenizer=target.tokenizer,
+        draft_backend=CausalLMBackend(draft.model),
+    )
+    from harness.contracts import Budget
+
+    for policy in (SamplingPolicy(temperature=0.7), SamplingPolicy()):
+        proposer = DraftModelProposer.from_config(
+            options={"sampling": "iid"},
+            budget=Budget(shape="expansion", max_nodes=9, max_depth=2, widths=(3, 2)),
+            manifest_hash="h",
+            policy=policy,
+            context=context,
+        )
+        assert proposer.vocab_range == BYTE_VOCAB and proposer.target_vocab == BYTE_VOCAB
+        ids = target.tokenizer(PROMPTS[0])["input_ids"]
+        proposer.start(ids)
+        result = proposer.propose(ids, TorchRandomSource(0))
+        assert result.q_dists.shape[1] == BYTE_VOCAB  # the target's width, a proper law (checked by the contract)
+        assert all(n.token_id < BYTE_VOCAB for n in result.nodes)
+        # the padding rows would win every unrestricted argmax
+        unrestricted = draft.model(torch.tensor([ids])).logits[0, -1]
+        assert int(unrestricted.argmax()) >= BYTE_VOCAB
+
+
+def test_the_draft_follows_its_own_dtype_and_attention_settings(ckpts):
+    from harness.runner import load_models
+
+    cfg = cfg_for(ckpts, "other", "model.dtype=float64", "model.attn_implementation=eager")
+    target, draft = load_models(cfg)
+    assert next(draft.model.parameters()).dtype == torch.float64 == next(target.model.parameters()).dtype
+    assert draft.model.config._attn_implementation == "eager" == target.model.config._attn_implementation
+    cfg = cfg_for(ckpts, "other", "proposer.model.dtype=bfloat16")
+    target, draft = load_models(cfg)
+    assert next(draft.model.parameters()).dtype == torch.bfloat16
+    assert next(target.model.parameters()).dtype == torch.float32
+    derived = compose(
+        ["model=hf", f"model.name_or_path={ckpts['target']}", "proposer=draft_model", "proposer.model.num_layers=1"]
+        + ["model.dtype=float64", "model.attn_implementation=eager"]
+    )
+    _, draft = load_models(derived)
+    assert next(draft.model.parameters()).dtype == torch.float64
+    assert draft.model.config._attn_implementation == "eager"
+
+
+# --------------------------------------------------------------------------- draft = target
+
+
+def acceptance(record) -> list[float]:
+    return [a for a in record["metrics"]["acceptance_by_depth"] if a is not None]
+
+
+@pytest.mark.parametrize(
+    "draft, extra",
+    [
+        ("target", ["verifier=greedy"]),
+        ("target", ["verifier=rejection", "generation.temperature=0.7"]),
+        (
+            "target",
+            ["verifier=specinfer", "generation.temperature=0.7", "topology=expansion", "topology.widths=[2,1,1]"],
+        ),
+        ("padded", ["verifier=greedy"]),
+        ("padded", ["verifier=rejection", "generation.temperature=0.7"]),
+    ],
+    ids=["T0-greedy", "T0.7-rejection", "T0.7-specinfer", "padded-T0-greedy", "padded-T0.7-rejection"],
+)
+def test_a_draft_identical_to_the_target_accepts_every_candidate(ckpts, tmp_path, monkeypatch, draft, extra):
+    """q = p accepts every candidate (rejection: min(1, p/q) = 1 up to float rounding; SpecInfer:
+    the first draw is accepted). The padded draft equals the target on the shared range."""
+    from harness.runner import run_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    topology = [] if any(e.startswith("topology=") for e in extra) else ["topology=sequence", "topology.max_nodes=4"]
+    # the exactness gates (oracle, first-token chi-square) are the verifiers' own business and have
+    # their own tests; equivalence and greedy equality run
+    gates = ["gates.oracle=false", "gates.statistical=false"]
+    cfg = cfg_for(ckpts, draft, "topology.max_depth=4", *gates, *topology, *extra)
+    record = run_job(cfg, run_dir=tmp_path / "run")
+    acc = acceptance(record)
+    assert len(acc) >= 3 and min(acc) >= 0.99, record["metrics"]["acceptance_by_depth"]
+    assert record["draft_source"] == str(ckpts[draft]) and record["load_report"]["draft"]["layers"] == 4
+
+
+def test_a_smaller_draft_does_not_accept_everything(ckpts, tmp_path, monkeypatch):
+    """The invariant's negative: a different draft (another seed) is not accepted wholesale, so the
+    check above can fail."""
+    from harness.runner import run_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    cfg = cfg_for(
+        ckpts, "other", "topology=sequence", "topology.max_nodes=4", "topology.max_depth=4", "gates.oracle=false"
+    )
+    record = run_job(cfg, run_dir=tmp_path / "run")
+    assert min(acceptance(record)) < 0.5
+
+
+def test_cli_refuses_a_truncated_checkpoint_draft_in_one_line(ckpts, tmp_path, capsys):
+    from harness.app import run_main
+
+    run_dir = tmp_path / "run"
+    code = run_main(
+        [
+            "model=hf",
+            f"model.name_or_path={ckpts['target']}",
+            "proposer=draft_model",
+            "proposer.model.name=hf",
+            f"proposer.model.name_or_path={ckpts['other']}",
+            "proposer.model.num_layers=2",
+            f"output_dir={run_dir}",
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "applies only to proposer.model.name=derived" in err[0]
+    assert not (run_dir / "record.json").exists() and not (run_dir / "outputs.jsonl").exists()

@@ -1,0 +1,437 @@
+"""Published head checkpoints: Medusa-1 / version-2 / Medusa-2 full-model and Hydra (mlp and
+prefix-mlp, grounded and not) written by the tests in the published layouts (random weights), read
+key for key, run with the published forward (checked against plain-tensor references written
+here), refused when tampered, mis-shaped or built for another target, run end to end with their
+provenance in the manifest, never trained, and labelled CPU-budget only by recorded training."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import pytest
+import torch
+from checkpoint_fixtures import (
+    hydra_config,
+    hydra_prefix_state,
+    hydra_state,
+    medusa_config,
+    medusa_state,
+    tiny_checkpoint,
+    write_hydra,
+    write_medusa,
+)
+
+from harness.config import compose
+from harness.contracts import Budget
+from harness.heads.artifacts import load_configured_heads
+from harness.heads.checkpoint import ArtifactError, cpu_budget_label
+from harness.heads.published import check_target, inspect, is_published
+from harness.target.loading import build_tiny_model, model_geometry
+
+H, V = 32, 96  # the tiny target's hidden size and vocabulary
+
+
+@pytest.fixture(scope="module")
+def target():
+    return build_tiny_model(seed=0)
+
+
+def tiny_geometry():
+    return model_geometry(compose(["model=tiny"]).model)
+
+
+def silu(x):
+    return x * torch.sigmoid(x)
+
+
+# --------------------------------------------------------------------------- Medusa
+
+
+def medusa_reference(state, k, layers, h, lm_head_weight=None):
+    """Medusa head k: x <- x + SiLU(W x + b), L times, then its own projection (or the base's)."""
+    x = h
+    for j in range(layers):
+        x = x + silu(x @ state[f"{k}.{j}.linear.weight"].T + state[f"{k}.{j}.linear.bias"])
+    w = state.get(f"{k}.{layers}.weight", lm_head_weight)
+    return x @ w.T
+
+
+def medusa_logits(heads, target, k, h):
+    """The loaded bank's logits for published head k (depth k + 1) from hidden row(s) h [n, d]."""
+    emb = target.get_input_embeddings()(torch.tensor([[5]])).float()
+    out = heads.depth(k + 1, h, emb.expand(h.shape[0], -1, -1))
+    return heads.vocab_logits([k + 1] * h.shape[0], out, target.get_output_embeddings())
+
+
+@pytest.mark.parametrize(
+    "layers, fmt, share",
+    [(1, "pt", True), (2, "pt", True), (2, "safetensors", True), (2, "pt", False)],
+    ids=["L1-pt", "L2-shared-pt", "L2-shared-safetensors", "L2-distinct-pt"],
+)
+def test_medusa_heads_load_key_for_key_and_run_the_published_forward(tmp_path, target, layers, fmt, share):
+    state = medusa_state(heads=3, layers=layers, hidden=H, vocab=V, seed=1, share=share)
+    path = write_medusa(tmp_path / "medusa", state, config=medusa_config(3, layers), fmt=fmt)
+    assert is_published(str(path))
+    layout = inspect(str(path), "medusa")
+    assert (layout.format, layout.num_heads, layout.num_layers, layout.hidden_size, layout.vocab_size) == (
+        "medusa-heads",
+        3,
+        layers,
+        H,
+        V,
+    )
+    assert set(layout.expected_shapes()) == set(state)
+    art = load_configured_heads("medusa", {"artifact": str(path)}, model=target, tokenizer=None)
+    assert not art.heads.spec.dependent and art.heads.spec.num_heads == 3
+    h = torch.randn(2, H)
+    for k in range(3):
+        got = medusa_logits(art.heads, target, k, h)
+        torch.testing.assert_close(got, medusa_reference(state, k, layers, h), rtol=1e-5, atol=1e-5)
+    assert art.manifest["source"] == "published" and art.manifest["cpu_budget_artifact"] is False
+    name = "medusa_lm_head.pt" if fmt == "pt" else "medusa_lm_head.safetensors"
+    assert art.manifest["files"] == {name: hashlib.sha256((path / name).read_bytes()).hexdigest()}
+
+
+def test_medusa_version_2_heads_project_with_the_target_lm_head(tmp_path, target):
+    state = medusa_state(heads=2, layers=1, hidden=H, vocab=None, seed=2)
+    path = write_medusa(tmp_path / "v2", state, config=medusa_config(2, 1, version="2"), fmt="safetensors")
+    art = load_configured_heads("medusa", {"artifact": str(path)}, model=target, tokenizer=None)
+    assert art.manifest["format"] == "medusa-heads-v2" and art.manifest["vocab_size"] is None
+    h = torch.randn(3, H)
+    lm = target.get_output_embeddings().weight
+    for k in range(2):
+        torch.testing.assert_close(
+            medusa_logits(art.heads, target, k, h), medusa_reference(state, k, 1, h, lm), rtol=1e-5, atol=1e-5
+        )
+
+
+def test_medusa_head_count_comes_from_the_weights_not_the_config(tmp_path):
+    """A hub Medusa config says 2 heads where its weights hold 5; the weights win, and it is noted."""
+    state = medusa_state(heads=4, layers=1, hidden=H, vocab=V)
+    path = write_medusa(tmp_path / "quirk", state, config=medusa_config(2, 1))
+    layout = inspect(str(path), "medusa")
+    assert layout.num_heads == 4
+    assert layout.provenance()["notes"] == [
+        "config.json says medusa_num_heads=2; the weights hold 4 (read from the weights)"
+    ]
+
+
+def test_medusa2_full_model_heads_are_read_from_the_weight_shards(tmp_path, target):
+    from safetensors.torch import load_file, save_file
+
+    ckpt = tiny_checkpoint(tmp_path / "medusa2")
+    weights = load_file(str(ckpt / "model.safetensors"))
+    heads = medusa_state(heads=2, layers=1, hidden=H, vocab=259, seed=3)
+    weights.update({f"medusa_head.{k}": v.clone() for k, v in heads.items()})
+    save_file(weights, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "medusa_num_heads": 2, "medusa_num_layers": 1}))
+    layout = inspect(str(ckpt), "medusa")
+    assert layout.format == "medusa-full-model" and layout.num_heads == 2 and layout.vocab_size == 259
+    base = build_tiny_model(seed=0, vocab_size=259)
+    art = load_configured_heads("medusa", {"artifact": str(ckpt)}, model=base, tokenizer=None)
+    h = torch.randn(1, H)
+    torch.testing.assert_close(medusa_logits(art.heads, base, 1, h), medusa_reference(heads, 1, 1, h))
+
+
+@pytest.mark.parametrize(
+    "tamper, match",
+    [
+        (
+            lambda s: s.update({"1.0.linear.weights": s.pop("1.0.linear.weight")}),
+            r"missing tensor\(s\) \['1\.0\.linear\.weight'\]",
+        ),
+        (lambda s: s.update({"0.0.extra.weight": torch.zeros(2)}), r"unexpected tensor\(s\) \['0\.0\.extra\.weight'\]"),
+        (
+            lambda s: s.update({"2.1.weight": torch.zeros(V - 1, H)}),
+            r"2\.1\.weight has shape \[95, 32\], expected \[96, 32\]",
+        ),
+        (
+            lambda s: s.update({"1.0.linear.bias": torch.zeros(H + 1)}),
+            r"1\.0\.linear\.bias has shape \[33\], expected \[32\]",
+        ),
+    ],
+    ids=["renamed-key", "extra-key", "wrong-vocab-rows", "wrong-bias"],
+)
+def test_a_tampered_medusa_checkpoint_is_refused(tmp_path, tamper, match):
+    state = medusa_state(heads=3, layers=1, hidden=H, vocab=V)
+    tamper(state)
+    path = write_medusa(tmp_path / "bad", state, config=medusa_config(3, 1))
+    with pytest.raises(ArtifactError, match=match):
+        inspect(str(path), "medusa")
+
+
+def test_heads_for_another_target_are_refused_with_expected_and_got(tmp_path):
+    geo = tiny_geometry()
+    wide = write_medusa(
+        tmp_path / "wide", medusa_state(heads=3, layers=1, hidden=64, vocab=V), config=medusa_config(3, 1)
+    )
+    with pytest.raises(ArtifactError, match="has hidden size 64; the target's is 32"):
+        check_target(inspect(str(wide), "medusa"), geo, depth=2)
+    big = write_medusa(
+        tmp_path / "big", medusa_state(heads=3, layers=1, hidden=H, vocab=128), config=medusa_config(3, 1)
+    )
+    with pytest.raises(ArtifactError, match="projects to 128 tokens; the target's vocabulary has 96"):
+        check_target(inspect(str(big), "medusa"), geo, depth=2)
+    ok = write_medusa(tmp_path / "ok", medusa_state(heads=3, layers=1, hidden=H, vocab=V), config=medusa_config(3, 1))
+    with pytest.raises(ArtifactError, match="drafts 4 tokens deep but .* has 3 heads"):
+        check_target(inspect(str(ok), "medusa"), geo, depth=4)
+
+
+def test_a_mismatched_checkpoint_is_refused_before_any_model_work(tmp_path, monkeypatch, capsys):
+    import harness.runner as runner
+    from harness.app import run_main
+
+    def no_models(cfg):
+        raise AssertionError("models were loaded")
+
+    monkeypatch.setattr(runner, "load_models", no_models)
+    wide = write_medusa(
+        tmp_path / "wide", medusa_state(heads=3, layers=1, hidden=64, vocab=V), config=medusa_config(3, 1)
+    )
+    run_dir = tmp_path / "run"
+    code = run_main(["model=tiny", "proposer=medusa", f"proposer.artifact={wide}", f"output_dir={run_dir}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "hidden size 64; the target's is 32" in err[0]
+    assert not run_dir.exists() or not any(run_dir.iterdir())
+    ok = write_medusa(tmp_path / "ok", medusa_state(heads=3, layers=1, hidden=H, vocab=V), config=medusa_config(3, 1))
+    code = run_main(
+        ["model=tiny", "proposer=medusa", f"proposer.artifact={ok}", "topology=choices", "topology.preset=mc_sim_7b_63"]
+        + [f"output_dir={run_dir}"]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "drafts 4 tokens deep" in err[0]
+
+
+def test_a_hub_id_that_cannot_be_fetched_is_one_clear_refusal(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert is_published("nobody-here/medusa-heads-that-do-not-exist")
+    with pytest.raises(ArtifactError, match="is not a local directory"):
+        inspect("nobody-here/medusa-heads-that-do-not-exist", "medusa")
+
+
+# --------------------------------------------------------------------------- Hydra
+
+
+def hydra_reference(state, k, layers, ctx, embs, *, grounded, arch="mlp"):
+    """Hydra head k: grounded input cat(ctx, E(x_t), ..., E(x_{t+k})); first block R(x) + SiLU(Wx+b),
+    later blocks x + SiLU(Wx+b); biased vocabulary head."""
+    step, first = (2, 1) if arch == "prefix-mlp" else (1, 0)
+    x = torch.cat([ctx] + [embs[:, i] for i in range(k + 1)], dim=-1) if grounded else ctx
+    for j in range(layers):
+        key = f"hydra_mlp.{k}.{first + step * j}"
+        lin = x @ state[f"{key}.linear.weight"].T + state[f"{key}.linear.bias"]
+        res = (
+            x @ state[f"{key}.res_connection.weight"].T + state[f"{key}.res_connection.bias"]
+            if j == 0 and grounded
+            else x
+        )
+        x = res + silu(lin)
+    head = f"hydra_lm_head.{k}.1" if arch == "prefix-mlp" else f"hydra_lm_head.{k}"
+    return x @ state[f"{head}.weight"].T + state[f"{head}.bias"]
+
+
+@pytest.mark.parametrize(
+    "grounded, layers", [(True, 1), (True, 3), (False, 2)], ids=["grounded-L1", "grounded-L3", "ungrounded-L2"]
+)
+def test_hydra_mlp_heads_run_the_published_forward(tmp_path, target, grounded, layers):
+    embed = target.get_input_embeddings().weight
+    state = hydra_state(heads=3, layers=layers, hidden=H, vocab=V, grounded=grounded, embed=embed, seed=4)
+    path = write_hydra(tmp_path / "hydra", state, config=hydra_config(3, layers, grounded=grounded))
+    art = load_configured_heads("hydra", {"artifact": str(path)}, model=target, tokenizer=None)
+    assert art.heads.spec.dependent is grounded and art.manifest["format"] == "hydra-mlp"
+    assert art.manifest["input_embed_matches_target"] is True
+    ctx = torch.randn(2, H)
+    embs = target.get_input_embeddings()(torch.tensor([[4, 9, 17, 3], [8, 2, 40, 41]])).float()  # [2, 4, d]
+    for k in range(3):
+        out = art.heads.depth(k + 1, ctx, embs)
+        got = art.heads.vocab_logits([k + 1] * 2, out, target.get_output_embeddings())
+        want = hydra_reference(state, k, layers, ctx, embs, grounded=grounded)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_hydra_refuses_unread_architectures_and_offsets(tmp_path):
+    state = hydra_state(heads=2, layers=1, hidden=H, vocab=V)
+    path = write_hydra(tmp_path / "x", state, config=hydra_config(2, 1, arch="cross-attn"))
+    with pytest.raises(ArtifactError, match="hydra_head_arch='cross-attn' is not read here"):
+        inspect(str(path), "hydra")
+    path = write_hydra(tmp_path / "y", state, config=hydra_config(2, 1, hidden_state_offset=1))
+    with pytest.raises(ArtifactError, match="hidden_state_offset=1 is not read here"):
+        inspect(str(path), "hydra")
+    path = write_hydra(
+        tmp_path / "z", {**state, "hydra_mlp.0.0.res_connection.weight": torch.zeros(H, H)}, config=hydra_config(2, 1)
+    )
+    with pytest.raises(ArtifactError, match="res_connection.weight has shape \\[32, 32\\], expected \\[32, 64\\]"):
+        inspect(str(path), "hydra")
+
+
+def rms(x, w, eps):
+    return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def llama_layer_reference(state, x, config):
+    """Hydra's one-layer prefix model on rows x [T, d] at positions 0..T-1, in plain tensors:
+    pre-norm causal GQA attention with rotary embeddings, SwiGLU MLP, final RMSNorm."""
+    p = "prefix_embeding_layer"
+    nh, nkv = config.num_attention_heads, config.num_key_value_heads
+    hd = config.hidden_size // nh
+    eps = config.rms_norm_eps
+    t = x.shape[0]
+    inv = state[f"{p}.layers.0.self_attn.rotary_emb.inv_freq"]
+    ang = torch.arange(t).float()[:, None] * inv[None]  # [T, hd/2]
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+
+    def rope(q):  # [heads, T, hd]
+        half = torch.cat([-q[..., hd // 2 :], q[..., : hd // 2]], -1)
+        return q * cos + half * sin
+
+    h = rms(x, state[f"{p}.layers.0.input_layernorm.weight"], eps)
+    q = (h @ state[f"{p}.layers.0.self_attn.q_proj.weight"].T).view(t, nh, hd).transpose(0, 1)
+    k = (h @ state[f"{p}.layers.0.self_attn.k_proj.weight"].T).view(t, nkv, hd).transpose(0, 1)
+    v = (h @ state[f"{p}.layers.0.self_attn.v_proj.weight"].T).view(t, nkv, hd).transpose(0, 1)
+    q, k = rope(q), rope(k)
+    k, v = k.repeat_interleave(nh // nkv, 0), v.repeat_interleave(nh // nkv, 0)
+    att = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+    att = att.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), float("-inf")).softmax(-1)
+    o = (att @ v).transpose(0, 1).reshape(t, nh * hd) @ state[f"{p}.layers.0.self_attn.o_proj.weight"].T
+    x = x + o
+    m = rms(x, state[f"{p}.layers.0.post_attention_layernorm.weight"], eps)
+    g = m @ state[f"{p}.layers.0.mlp.gate_proj.weight"].T
+    u = m @ state[f"{p}.layers.0.mlp.up_proj.weight"].T
+    x = x + (silu(g) * u) @ state[f"{p}.layers.0.mlp.down_proj.weight"].T
+    return rms(x, state[f"{p}.norm.weight"], eps)
+
+
+def prefix_hydra(tmp_path, target, *, layers=2):
+    state = hydra_state(
+        heads=3,
+        layers=layers,
+        hidden=H,
+        vocab=V,
+        arch="prefix-mlp",
+        embed=target.get_input_embeddings().weight,
+        prefix=hydra_prefix_state(target, seed=5),
+        seed=6,
+    )
+    return state, write_hydra(tmp_path / "hydra-prefix", state, config=hydra_config(3, layers, arch="prefix-mlp"))
+
+
+def test_hydra_prefix_layer_runs_incrementally_as_the_published_one_layer_llama(tmp_path, target):
+    state, path = prefix_hydra(tmp_path, target)
+    layout = inspect(str(path), "hydra")
+    assert layout.format == "hydra-prefix-mlp" and layout.num_layers == 2
+    check_target(layout, tiny_geometry(), depth=3)
+    art = load_configured_heads("hydra", {"artifact": str(path)}, model=target, tokenizer=None)
+    rows = torch.randn(7, H)
+    want = llama_layer_reference(state, rows, target.config)  # [7, d]
+    cache = art.heads.new_prefix_cache()
+    first = art.heads.prefix_step(rows[:4], torch.arange(4), cache)
+    second = art.heads.prefix_step(rows[4:], torch.arange(4, 7), cache)
+    torch.testing.assert_close(torch.cat([first, second]), want, rtol=1e-4, atol=1e-5)
+    embs = target.get_input_embeddings()(torch.tensor([[4, 9, 17]])).float()
+    out = art.heads.depth(2, want[-1:], embs)
+    got = art.heads.vocab_logits([2], out, target.get_output_embeddings())
+    torch.testing.assert_close(got, hydra_reference(state, 1, 2, want[-1:], embs, grounded=True, arch="prefix-mlp"))
+
+
+def test_hydra_prefix_layer_with_other_rotary_frequencies_is_refused(tmp_path, target):
+    state, path = prefix_hydra(tmp_path, target)
+    state["prefix_embeding_layer.layers.0.self_attn.rotary_emb.inv_freq"] *= 2.0
+    bad = write_hydra(tmp_path / "bad-rope", state, config=hydra_config(3, 2, arch="prefix-mlp"))
+    with pytest.raises(ArtifactError, match="rotary frequencies differ"):
+        load_configured_heads("hydra", {"artifact": str(bad)}, model=target, tokenizer=None)
+    state, _ = prefix_hydra(tmp_path, target)
+    del state["prefix_embeding_layer.norm.weight"]
+    bad = write_hydra(tmp_path / "no-norm", state, config=hydra_config(3, 2, arch="prefix-mlp"))
+    with pytest.raises(ArtifactError, match=r"missing tensor\(s\) \['prefix_embeding_layer.norm.weight'\]"):
+        inspect(str(bad), "hydra")
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def run_published(tmp_path, monkeypatch, kind, path, *extra):
+    import harness.prepare.heads as prepare_heads
+    from harness.runner import run_job
+
+    def no_training(*a, **k):
+        raise AssertionError("a published checkpoint was trained")
+
+    monkeypatch.setattr(prepare_heads, "train_artifact", no_training)
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    cfg = compose(
+        ["model=tiny", f"proposer={kind}", f"proposer.artifact={path}", "workload.limit=2"]
+        + ["generation.max_new_tokens=16", "gates.oracle=false", *extra]
+    )
+    return run_job(cfg, run_dir=tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    "kind, topology",
+    [
+        ("medusa", ["topology=choices", "topology.preset=mc_sim_7b_63"]),
+        ("medusa", ["topology=cartesian", "topology.widths=[3,2,2]"]),
+        ("hydra", ["topology=choices", "topology.choices=[[0],[1],[0,0],[0,1],[1,0],[0,0,0]]"]),
+        ("hydra-prefix", ["topology=sequence", "topology.max_nodes=3", "topology.max_depth=3"]),
+    ],
+    ids=["medusa-mc_sim_7b_63", "medusa-cartesian", "hydra-choices", "hydra-prefix-chain"],
+)
+def test_published_heads_run_end_to_end_with_provenance(tmp_path, monkeypatch, target, kind, topology):
+    if kind == "medusa":
+        state = medusa_state(heads=4, layers=1, hidden=H, vocab=V)
+        path = write_medusa(tmp_path / "heads", state, config=medusa_config(4, 1))
+    elif kind == "hydra":
+        state = hydra_state(heads=3, layers=1, hidden=H, vocab=V, embed=target.get_input_embeddings().weight)
+        path = write_hydra(tmp_path / "heads", state, config=hydra_config(3, 1))
+    else:
+        _, path = prefix_hydra(tmp_path, target)
+    record = run_published(tmp_path, monkeypatch, kind.split("-")[0], path, *topology)
+    m = record["metrics"]
+    assert m["greedy_identical"] is True and m["cpu_budget_artifact"] is False
+    assert m["rounds"] > 0 and m["mean_candidate_rows"] > 0
+    prov = record["manifest"]["proposer_artifact"]
+    assert prov["source"] == "published" and prov["ref"] == str(path) and prov["base_model_name_or_path"] == "tiny"
+    for name, digest in prov["files"].items():
+        assert digest == hashlib.sha256((path / name).read_bytes()).hexdigest()
+    assert record["artifacts"]["proposer_artifact"]["files"] == prov["files"]
+    extras = m["retrieval"]
+    assert extras["hidden_misses"] == 0 and extras["head_stages"] > 0
+    if kind == "hydra-prefix":  # the prefix layer saw every committed row before the last, once
+        assert m["proposal_state_bytes"] > 0 and extras["prefix_rows_fed"] > 0
+
+
+def test_training_a_published_checkpoint_is_refused(tmp_path, target):
+    from harness.prepare.heads import ensure_heads
+
+    path = write_medusa(tmp_path / "m", medusa_state(heads=3, layers=1, hidden=H, vocab=V), config=medusa_config(3, 1))
+    with pytest.raises(ArtifactError, match="is a published medusa checkpoint"):
+        ensure_heads("medusa", {"artifact": str(path)}, model=target, tokenizer=None, target_source="tiny", force=True)
+
+
+def test_published_checkpoints_are_read_for_medusa_and_hydra_only(tmp_path):
+    from harness.proposers.heads import CloverProposer
+
+    path = write_medusa(tmp_path / "m", medusa_state(heads=3, layers=1, hidden=H, vocab=V), config=medusa_config(3, 1))
+    budget = Budget(shape="sequence", max_nodes=2, max_depth=2)
+    with pytest.raises(ArtifactError, match="proposer=clover loads artifacts trained here only"):
+        CloverProposer.check_plan({"artifact": str(path)}, budget, tiny_geometry)
+    with pytest.raises(ArtifactError, match="holds neither a hydra heads file"):
+        inspect(str(path), "hydra")
+
+
+# --------------------------------------------------------------------------- the CPU-budget label
+
+
+def test_the_cpu_budget_label_follows_recorded_training_not_the_device():
+    trained_here = {"kind": "hydra", "tokens_seen": 40_000, "training": {"device": "cuda:0"}}
+    assert cpu_budget_label(trained_here) is True
+    assert cpu_budget_label({**trained_here, "cpu_budget_artifact": False}) is True  # the record, not the flag
+    assert cpu_budget_label({"kind": "hydra", "tokens_seen": 50_000_000, "training": {"device": "cpu"}}) is False
+    assert cpu_budget_label({"kind": "layer_skip", "token_budget": 1152}) is True
+    assert cpu_budget_label({"source": "published", "format": "medusa-heads"}) is False
+    assert cpu_budget_label({"source": "proposer.skip"}) is False
