@@ -142,6 +142,38 @@ class HeadsConfig(ProposerConfig):
 
 
 @dataclass
+class EagleTrainConfig:
+    """EAGLE's objective on cached target features (harness/prepare/eagle.py)."""
+
+    epochs: int = 1
+    lr: float = 1e-3
+    batch_size: int = 2  # documents per step (each up to data.max_len pairs)
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    feature_weight: float = 1.0  # SmoothL1 on the predicted feature (EAGLE's v_w)
+    token_weight: float = 0.1  # cross-entropy to the target's distribution (EAGLE's p_w)
+    feature_noise: float = 0.0  # U(-a, a) on input features while training
+    eval_depths: int = 5  # held-out top-1 agreement at depths 1..eval_depths
+    seed: int = 0
+
+
+@dataclass
+class EagleConfig(ProposerConfig):
+    """proposer=eagle (harness/proposers/eagle.py): an EAGLE draft trained here, or a published
+    EAGLE / EAGLE-2 / EAGLE-3 checkpoint (proposer.artifact=PATH_OR_HUB_ID)."""
+
+    name: str = "eagle"
+    sampling: str = "beam"  # beam (score_only) | iid | without_replacement (normalized_conditional)
+    num_layers: int = 1  # decoder layers of a draft trained here (EAGLE: 1)
+    intermediate_size: Optional[int] = None  # MLP width of a draft trained here; None: the target's
+    fc_bias: bool = True  # the fusion layer's bias (EAGLE's default)
+    artifact: Optional[str] = None  # a trained artifact's directory, or a published checkpoint (path or hub id)
+    auto_train: bool = True  # train the artifact when absent (progress bar)
+    data: HeadsDataConfig = field(default_factory=HeadsDataConfig)
+    train: EagleTrainConfig = field(default_factory=EagleTrainConfig)
+
+
+@dataclass
 class AdapterTrainConfig:
     epochs: int = 1
     lr: float = 1e-3
@@ -206,10 +238,11 @@ class LayerSkipConfig(ProposerConfig):
 
 @dataclass
 class TopologyConfig:
-    name: str = "sequence"  # sequence | sequences | set | expansion | sequoia | merged | cartesian
+    name: str = "sequence"  # sequence | sequences | set | expansion | sequoia | merged | cartesian | dynamic
     max_nodes: int = 8  # candidate rows, root excluded
     max_depth: int = 8
     widths: list[int] = field(default_factory=list)
+    topk: int = 0  # topology=dynamic: children per expanded node and expanded nodes per depth
     sources: list[str] = field(default_factory=list)
     tree_artifact: Optional[str] = None
 
@@ -339,6 +372,7 @@ def register_configs() -> None:
     cs.store(group="topology", name="base_sequoia", node=SequoiaTopologyConfig)
     cs.store(group="proposer", name="base_heads", node=HeadsConfig)
     cs.store(group="proposer", name="base_early_exit", node=EarlyExitConfig)
+    cs.store(group="proposer", name="base_eagle", node=EagleConfig)
     cs.store(group="proposer", name="base_layer_skip", node=LayerSkipConfig)
     cs.store(group="topology", name="base_cartesian", node=CartesianTopologyConfig)
 

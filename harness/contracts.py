@@ -262,17 +262,20 @@ class ConfigError(ValueError):
 class Budget:
     """Topology parameters a proposer shapes its candidates to (candidate rows, root excluded)."""
 
-    shape: str  # sequence | sequences | set | expansion | tree (a parent array) | merged
+    shape: str  # sequence | sequences | set | expansion | cartesian | tree (a parent array) | merged | dynamic
     max_nodes: int
     max_depth: int
     widths: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()  # explicit tree shape (e.g. a Sequoia tree), -1 = frontier
+    topk: int = 0  # shape "dynamic": children per expanded node and frontier nodes per depth (0: unused)
 
     def __post_init__(self) -> None:
         if self.max_nodes < 1 or self.max_depth < 1:
             raise ValueError(f"max_nodes and max_depth must be >= 1; got {self.max_nodes}, {self.max_depth}")
         if any(w < 1 for w in self.widths):
             raise ValueError(f"widths must be >= 1; got {list(self.widths)}")
+        if self.topk < 0 or (self.shape == "dynamic" and self.topk < 1):
+            raise ValueError(f"topk must be >= 1 for a dynamic tree (>= 0 otherwise); got {self.topk}")
 
 
 def budget_topology(budget: Budget) -> str:

@@ -8,6 +8,10 @@ Cartesian future-head trees: depth ``i`` keeps ``b_i`` candidates below *every* 
 (``b = [3, 2, 2]``: 3 + 6 + 12 = 21). ``conf/topology/cartesian.yaml`` derives ``max_nodes`` from
 the widths with the ``cartesian_rows`` resolver, so the budget is exactly the full tree.
 
+A dynamic tree (EAGLE-2, Li et al., 2024) is shaped by the proposer every round from its own
+confidences: ``topk`` children per expanded node, the ``topk`` most confident nodes of each depth
+expanded, up to ``max_depth``, then at most ``max_nodes`` rows kept (:mod:`harness.topology.dynamic`).
+
 A Sequoia tree is chosen after the models are loaded (calibration and a hardware profile, see
 :mod:`harness.prepare.sequoia`); before that its budget is the search bounds.
 """
@@ -71,6 +75,16 @@ def cartesian_budget(t) -> Budget:
     return Budget(shape="cartesian", max_nodes=n, max_depth=len(widths), widths=widths)
 
 
+def dynamic_budget(t) -> Budget:
+    """``topology=dynamic`` -> Budget(shape="dynamic", max_nodes, max_depth, topk)."""
+    topk = int(t.topk)
+    if topk < 1:
+        raise ConfigError(f"topology=dynamic needs topology.topk >= 1; got {t.topk}")
+    if int(t.max_nodes) < 1 or int(t.max_depth) < 1:
+        raise ConfigError(f"topology=dynamic needs max_nodes, max_depth >= 1; got {t.max_nodes}, {t.max_depth}")
+    return Budget(shape="dynamic", max_nodes=int(t.max_nodes), max_depth=int(t.max_depth), topk=topk)
+
+
 TOPOLOGIES = {
     "sequence": chain_budget,
     "sequences": chain_budget,
@@ -79,6 +93,7 @@ TOPOLOGIES = {
     "merged": chain_budget,  # a node/depth budget for proposer=merged
     "sequoia": sequoia_budget,
     "cartesian": cartesian_budget,
+    "dynamic": dynamic_budget,
 }
 
 
