@@ -2,7 +2,8 @@
 
 The synthetic oracle (:mod:`harness.gates.oracle`) runs the verifiers on laws it builds itself.
 This module runs the round a measured run runs — ``proposer.propose`` (a draft model sampling
-through the injected source, or prompt lookup), ``compile_tree``, the target's verify forward
+through the injected source, prompt lookup, or an EAGLE draft over the target's own features,
+dynamic trees included), ``compile_tree``, the target's verify forward
 (:class:`~harness.target.backend.CausalLMBackend`), ``policy.probs``, ``verifier.select`` and
 ``backend.commit`` — on a tiny model, with the oracle's enumerating source driving BOTH the
 proposal draws and the verifier draws. It is therefore the one check that catches a proposer whose
@@ -50,8 +51,12 @@ from harness.gates.oracle import (
     max_abs_error,
     target_joint,
 )
+from harness.heads.checkpoint import target_fingerprint
+from harness.heads.eagle import EagleDraft, spec_from_target
+from harness.heads.state import HiddenTap
 from harness.proposers.base import Proposer
 from harness.proposers.draft_model import DraftModelProposer
+from harness.proposers.eagle import EagleProposer
 from harness.proposers.merged import MergedProposer, sub_budget
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.proposers.registry import proposer_class
@@ -59,6 +64,7 @@ from harness.random_source import RandomSource
 from harness.target.backend import CacheState, CausalLMBackend
 from harness.target.loading import build_tiny_model
 from harness.topology.compiler import CompiledTree, compile_tree, validate_candidate_graph, validate_commit
+from harness.topology.dynamic import rerank_connected
 from harness.verifiers.base import VERIFIERS, NegotiationError, Verifier, negotiate
 from harness.verifiers.sampling import SamplingPolicy
 
@@ -164,10 +170,11 @@ def emitted_tokens(tree: CompiledTree, sel: Selection) -> tuple[int, ...]:
 
 
 def _shared_models(obj: Any, memo: dict[int, Any]) -> None:
-    """Models and backends reachable from a proposer's attributes, through composed proposers
-    (``proposer=merged`` keeps its sources in a list)."""
+    """Models, backends and hidden-state taps reachable from a proposer's attributes, through
+    composed proposers (``proposer=merged`` keeps its sources in a list). A tap stays shared: it is
+    the model's, and it hands each branch the verify forward that follows that branch's proposal."""
     for v in vars(obj).values():
-        if isinstance(v, (torch.nn.Module, CausalLMBackend)):
+        if isinstance(v, (torch.nn.Module, CausalLMBackend, HiddenTap)):
             memo[id(v)] = v
         elif isinstance(v, (list, tuple)):
             for item in v:
@@ -353,15 +360,35 @@ def oracle_model(
     return model
 
 
+@dataclass(frozen=True)
+class EagleParts:
+    """What an end-to-end EAGLE proposer needs: the target model (its features and LM head) and a
+    draft network over them."""
+
+    target: torch.nn.Module
+    network: torch.nn.Module
+
+
+def oracle_eagle_network(target: torch.nn.Module, *, seed: int) -> EagleDraft:
+    """A random float64 EAGLE-1/2 draft shaped like one layer of ``target``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = EagleDraft(spec_from_target(target.config))
+    net = net.to(torch.float64).eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net
+
+
 @dataclass
 class E2ECase:
     """One end-to-end instance: which proposer, shape and policy; the verifier comes separately."""
 
     name: str
-    proposer: str  # "draft_model" | "prompt_lookup" | "merged" (draft model + prompt lookup)
+    proposer: str  # "draft_model" | "prompt_lookup" | "merged" (draft model + prompt lookup) | "eagle"
     budget: Budget
     policy: SamplingPolicy
-    sampling: str = "iid"  # draft_model only
+    sampling: str = "iid"  # draft_model and eagle
     length: int = DEFAULT_LENGTH
     rounds: int | None = 1
     tags: dict = field(default_factory=dict)
@@ -375,7 +402,21 @@ def _as_float64(policy: SamplingPolicy) -> Float64Policy:
     )
 
 
-def make_proposer(case: E2ECase, *, draft: CausalLMBackend | None, policy: SamplingPolicy) -> Proposer:
+def make_proposer(
+    case: E2ECase, *, draft: CausalLMBackend | None, policy: SamplingPolicy, eagle: EagleParts | None = None
+) -> Proposer:
+    if case.proposer == "eagle":
+        if eagle is None:
+            raise ValueError("an end-to-end eagle case needs the target model and an EAGLE draft network")
+        return EagleProposer(
+            budget=case.budget,
+            manifest_hash="e2e",
+            policy=policy,
+            model=eagle.target,
+            draft=eagle.network,
+            checkpoint=target_fingerprint(eagle.target),
+            sampling=case.sampling,
+        )
     if case.proposer == "draft_model":
         if draft is None:
             raise ValueError("an end-to-end draft_model case needs a draft backend")
@@ -394,7 +435,7 @@ def make_proposer(case: E2ECase, *, draft: CausalLMBackend | None, policy: Sampl
             for name in MERGED_SOURCES
         ]
         return MergedProposer(budget=case.budget, manifest_hash="e2e", sources=sources, policy=policy)
-    raise ValueError(f"unknown end-to-end proposer {case.proposer!r}; one of draft_model, prompt_lookup, merged")
+    raise ValueError(f"unknown end-to-end proposer {case.proposer!r}; one of draft_model, prompt_lookup, merged, eagle")
 
 
 #: the sources of the end-to-end merged cases
@@ -429,9 +470,48 @@ def misrecorded_q_proposer(
     )
 
 
+def pruned_sampled_dynamic_proposer(case: E2ECase, *, policy: SamplingPolicy, eagle: EagleParts) -> Proposer:
+    """NEGATIVE CONTROL (test-only): a sampled dynamic tree pruned by its own confidences, as
+    EAGLE-2 prunes its deterministic tree: children are drawn without replacement (or i.i.d.)
+    under a budget twice ``max_nodes``, then only the ``max_nodes`` nodes of highest joint
+    confidence are kept. Every kept node still records the law it was drawn from and every
+    contract check passes, but whether a draw survives depends on its own value, so the verifier
+    no longer sees draws from those laws; the end-to-end oracle sees the bias."""
+    wide = replace(case.budget, max_nodes=2 * case.budget.max_nodes)
+
+    class PrunedSampledDynamic(EagleProposer):
+        def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
+            result = super().propose(committed, rng)
+            if not result.nodes:
+                return result
+            kept = rerank_connected(
+                [n.parent for n in result.nodes], result.extras["joint_logp"], case.budget.max_nodes
+            )
+            index = {old: new for new, old in enumerate(kept)}
+            nodes = tuple(
+                replace(result.nodes[i], parent=-1 if result.nodes[i].parent < 0 else index[result.nodes[i].parent])
+                for i in kept
+            )
+            pruned = replace(
+                result, nodes=nodes, q_dists=result.q_dists[kept], topology="tree", extras={"pruned_from": len(kept)}
+            )
+            self._expect = (self._expect[0], self._expect[1], pruned)  # what the verify forward will carry
+            return pruned
+
+    return PrunedSampledDynamic(
+        budget=wide,
+        manifest_hash="e2e-negative-control",
+        policy=policy,
+        model=eagle.target,
+        draft=eagle.network,
+        checkpoint=target_fingerprint(eagle.target),
+        sampling=case.sampling,
+    )
+
+
 def case_capabilities(case: E2ECase):
 
-    options = {"sampling": case.sampling} if case.proposer == "draft_model" else {}
+    options = {"sampling": case.sampling} if case.proposer in ("draft_model", "eagle") else {}
     if case.proposer == "merged":
         options = {"sources": list(MERGED_SOURCES), "draft_model": {"sampling": case.sampling}, "prompt_lookup": {}}
     return proposer_class(case.proposer).declare(options, case.budget)
@@ -442,11 +522,15 @@ def standard_cases() -> list[E2ECase]:
     t1 = SamplingPolicy(temperature=1.0)
     trunc = SamplingPolicy(temperature=0.8, top_k=3, top_p=0.9)
     greedy = SamplingPolicy(temperature=0.0)
+    seq1 = Budget(shape="sequence", max_nodes=1, max_depth=1)
     seq2 = Budget(shape="sequence", max_nodes=2, max_depth=2)
     set2 = Budget(shape="set", max_nodes=2, max_depth=1, widths=(2,))
     exp21 = Budget(shape="expansion", max_nodes=4, max_depth=2, widths=(2, 1))
     lookup = Budget(shape="sequences", max_nodes=6, max_depth=2)
     merged = Budget(shape="merged", max_nodes=6, max_depth=2)
+    # EAGLE-2's dynamic tree: 2 + 4 drafted nodes, the best 3 kept, so the verified shape (a chain, a
+    # fork, or a root with two children) follows the draft's confidences
+    dynamic = Budget(shape="dynamic", max_nodes=3, max_depth=2, topk=2)
     return [
         E2ECase("draft/iid/seq2/T1", "draft_model", seq2, t1, "iid"),
         E2ECase("draft/iid/set2/T1", "draft_model", set2, t1, "iid"),
@@ -461,6 +545,11 @@ def standard_cases() -> list[E2ECase]:
         E2ECase("lookup/sequences/T0", "prompt_lookup", lookup, greedy),
         E2ECase("merged/draft+lookup/T1", "merged", merged, t1, "iid"),
         E2ECase("merged/draft+lookup/T0", "merged", merged, greedy, "iid"),
+        E2ECase("eagle/beam/dynamic/T0/2-rounds", "eagle", dynamic, greedy, "beam", rounds=2),
+        E2ECase("eagle/beam/dynamic/T1", "eagle", dynamic, t1, "beam"),
+        E2ECase("eagle/wor/dynamic/T0.8-topk3-topp0.9", "eagle", dynamic, trunc, "without_replacement"),
+        E2ECase("eagle/iid/dynamic/T0.8-topk3-topp0.9", "eagle", dynamic, trunc, "iid"),
+        E2ECase("eagle/iid/seq1/T1/2-rounds", "eagle", seq1, t1, "iid", length=2, rounds=2),
     ]
 
 
@@ -478,13 +567,17 @@ def applicable(case: E2ECase, verifier: Verifier) -> bool:
 class E2EModels:
     target: CausalLMBackend
     draft: CausalLMBackend
+    eagle: EagleParts | None = None
 
     @classmethod
     def build(cls, *, seed: int = 0, vocab: int = 5) -> E2EModels:
-        """Target: 2 layers; draft: a different 1-layer model (so q differs from p)."""
+        """Target: 2 layers; draft: a different 1-layer model (so q differs from p); an EAGLE draft
+        network over the target's features."""
+        target = oracle_model(seed=seed, vocab=vocab)
         return cls(
-            target=CausalLMBackend(oracle_model(seed=seed, vocab=vocab)),
+            target=CausalLMBackend(target),
             draft=CausalLMBackend(oracle_model(seed=seed + 101, vocab=vocab, num_layers=1)),
+            eagle=EagleParts(target=target, network=oracle_eagle_network(target, seed=seed + 202)),
         )
 
 
@@ -500,7 +593,7 @@ def check_e2e_case(
     """Run one end-to-end case; a row like :func:`harness.gates.oracle.check_case`'s."""
     t0 = time.perf_counter()
     policy = _as_float64(case.policy)
-    factory = proposer_factory or (lambda c, d, p: make_proposer(c, draft=d, policy=p))
+    factory = proposer_factory or (lambda c, d, p: make_proposer(c, draft=d, policy=p, eagle=models.eagle))
     proposer = factory(case, models.draft, policy)
     stats: dict = {}
     law = e2e_output_law(
@@ -580,6 +673,7 @@ __all__ = [
     "DEFAULT_LENGTH",
     "E2ECase",
     "E2EModels",
+    "EagleParts",
     "E2E_PROMPT",
     "Float64Policy",
     "LOGIT_SCALE",
@@ -593,7 +687,9 @@ __all__ = [
     "make_proposer",
     "misrecorded_q_proposer",
     "negative_control_rows",
+    "oracle_eagle_network",
     "oracle_model",
+    "pruned_sampled_dynamic_proposer",
     "propose_and_verify",
     "run_e2e_suite",
     "select_and_commit",

@@ -76,6 +76,11 @@ ORACLE_MODULES = GATE_MODULES + (
     "harness/proposers/prompt_lookup.py",
     "harness/proposers/merged.py",
     "harness/proposers/base.py",
+    "harness/proposers/eagle.py",
+    "harness/proposers/heads.py",
+    "harness/heads/eagle.py",
+    "harness/heads/state.py",
+    "harness/topology/dynamic.py",
     "harness/target/loading.py",
 )
 REPO = Path(__file__).resolve().parents[2]
