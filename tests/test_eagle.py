@@ -835,3 +835,92 @@ def test_harness_run_with_a_published_checkpoint_and_a_dynamic_tree(env, tmp_pat
     extras = m["retrieval"]
     assert extras["hidden_misses"] == 0 and 1 <= extras["max_tree_rows"] <= 8
     assert sum(extras["tree_rows_hist"]) == extras["rounds"]
+
+
+def test_harness_train_proposer_eagle_on_the_tiny_model(tmp_path, monkeypatch, capsys):
+    """`harness train proposer=eagle model=tiny ...`: ShareGPT documents as byte ids, the artifact's
+    summary printed as JSON; a second call finds the artifact; a published checkpoint is never trained."""
+    from harness.app import train_main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    argv = [
+        "proposer=eagle",
+        "model=tiny",
+        "threads=1",
+        "proposer.data.token_budget=300",
+        "proposer.data.held_out_tokens=100",
+        "proposer.data.max_len=50",
+        "proposer.train.eval_depths=2",
+    ]
+    assert train_main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["kind"] == "eagle" and summary["tokens_seen"] <= 300 and summary["cpu_budget_artifact"] is True
+    assert len(summary["held_out_top1_agreement_by_depth"]) == 2
+    assert train_main(argv) == 0  # loads the existing artifact
+    assert json.loads(capsys.readouterr().out)["artifact_id"] == summary["artifact_id"]
+    model = build_tiny_model()
+    path = write_published(tmp_path / "ckpt", llama_fields(model.config), eagle12_state(model.config))
+    assert train_main([*argv, f"proposer.artifact={path}", "force=true"]) == 2
+    assert "published checkpoint: it is loaded, never trained" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- SmolLM2
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from harness.target.loading import load_model
+
+    return load_model(name="smollm2")
+
+
+@pytest.mark.model
+def test_smollm2_published_layout_checkpoint_decodes_exactly_with_a_dynamic_tree(smollm2, tmp_path):
+    """A random checkpoint in EAGLE-1/2's published layout with SmolLM2's shapes (576 wide, 9 heads, 3 KV
+    heads, vocabulary 49,152, the base embedding copied in) loads and decodes greedy-identically."""
+    model, tok = smollm2.model, smollm2.tokenizer
+    cfg = model.config
+    state = eagle12_state(cfg, embed=model.get_input_embeddings().weight.detach())
+    config = llama_fields(cfg, rope_theta=float(cfg.rope_parameters["rope_theta"]), bias=True)
+    path = write_published(tmp_path / "ckpt", config, state, fmt="safetensors")
+    art = load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=tok)
+    assert art.manifest["embedding"]["max_abs_diff_vs_target"] == 0.0
+    backend = CausalLMBackend(model)
+    prompt = tok("def fibonacci(n):\n    ")["input_ids"]
+    p = EagleProposer(
+        budget=DYNAMIC,
+        manifest_hash="h",
+        policy=GREEDY,
+        model=model,
+        draft=art.draft,
+        checkpoint=target_fingerprint(model),
+    )
+    res, rounds = run(backend, p, prompt=prompt, new=16)
+    assert res.tokens == autoregressive(backend, prompt, new=16)
+    assert p.stats.extras["hidden_misses"] == 0 and all(r["tree"].num_rows >= 1 for r in rounds)
+
+
+@pytest.mark.model
+def test_smollm2_trains_an_eagle_draft_from_sharegpt(smollm2, tmp_path, monkeypatch):
+    """The SmolLM2 path of `harness train proposer=eagle` on a tiny budget (chat-templated ShareGPT
+    documents, cached features, held-out agreement by depth), and a run on the result."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    opts = {
+        "data": {"token_budget": 400, "held_out_tokens": 120, "max_len": 128},
+        "train": {"epochs": 1, "eval_depths": 3},
+    }
+    art = ensure_eagle(opts, model=smollm2.model, tokenizer=smollm2.tokenizer, target_source="smollm2", progress=False)
+    held = art.manifest["held_out"]
+    assert len(held["top1_agreement"]) == 3 and held["rows"][0] > 0 and art.manifest["training"]["steps"] >= 1
+    backend = CausalLMBackend(smollm2.model)
+    prompt = smollm2.tokenizer("The capital of France is")["input_ids"]
+    p = EagleProposer(
+        budget=CHAIN,
+        manifest_hash="h",
+        policy=GREEDY,
+        model=smollm2.model,
+        draft=art.draft,
+        checkpoint=target_fingerprint(smollm2.model, smollm2.tokenizer),
+    )
+    res, _ = run(backend, p, prompt=prompt, new=12)
+    assert res.tokens == autoregressive(backend, prompt, new=12)
