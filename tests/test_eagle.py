@@ -422,6 +422,9 @@ def test_negotiation_admits_only_verifiers_exact_for_the_relation():
         plan(compose(sampled + ["verifier=specinfer"]))
     with pytest.raises(ValueError, match="topk"):
         plan(compose(base + ["topology.topk=0"]))
+    with pytest.raises(ValueError, match="does not exist and is not a hub id"):
+        plan(compose(base + ["proposer.artifact=/nonexistent/eagle-draft"]))
+    plan(compose(base + ["proposer.artifact=yuhuili/EAGLE-LLaMA3-Instruct-8B"]))  # a hub id: read at load time
 
 
 def test_batch_above_one_is_refused_before_model_work():

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -66,6 +67,7 @@ from harness.contracts import (
 )
 from harness.heads.artifacts import load_configured_eagle
 from harness.heads.checkpoint import target_fingerprint
+from harness.heads.eagle_formats import looks_like_hub_id
 from harness.heads.state import CapturedForward, CommittedHidden, HiddenTap, PrefixHashes
 from harness.proposers.base import Proposer
 from harness.proposers.heads import SAMPLINGS, sampling_semantics, vocab_projection
@@ -165,6 +167,12 @@ class EagleProposer(Proposer):
         sampling = str(options.get("sampling", "beam"))
         if sampling not in SAMPLINGS:
             raise ValueError(f"proposer.sampling must be one of {list(SAMPLINGS)}; got {sampling!r}")
+        artifact = options.get("artifact")
+        if artifact and not Path(str(artifact)).expanduser().exists() and not looks_like_hub_id(str(artifact)):
+            raise ValueError(
+                f"proposer.artifact={artifact!r} does not exist and is not a hub id (owner/name); give an artifact "
+                "directory, a published EAGLE checkpoint, or leave it unset to train or load one from the cache"
+            )
         return Capabilities(
             name=cls.name,
             probability_semantics=frozenset({sampling_semantics(sampling)}),
