@@ -838,6 +838,17 @@ def test_harness_run_with_a_published_checkpoint_and_a_dynamic_tree(env, tmp_pat
     extras = m["retrieval"]
     assert extras["hidden_misses"] == 0 and 1 <= extras["max_tree_rows"] <= 8
     assert sum(extras["tree_rows_hist"]) == extras["rounds"]
+    # the heads comparison table reads the record (scripts/heads_show.py)
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "heads_show.py"
+    spec = importlib.util.spec_from_file_location("heads_show", script)
+    show = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(show)
+    row = show.row_of(record)
+    assert row["proposer"] == "eagle" and row["topology"] == "dynamic" and row["mean_tree_rows"] >= 1
+    assert "| dynamic" not in show.table([row]) and f"{row['mean_tree_rows']:.1f}" in show.table([row])
 
 
 def test_harness_train_proposer_eagle_on_the_tiny_model(tmp_path, monkeypatch, capsys):
