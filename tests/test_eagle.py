@@ -169,6 +169,20 @@ def test_decoder_layer_is_transformers_llama_layer(rope):
         assert torch.allclose(got, want, atol=1e-6), (index, (got - want).abs().max())
 
 
+def test_rotary_frequencies_stay_float32_in_a_half_precision_draft():
+    """Cast to bfloat16 (a GPU target's dtype), the draft keeps float32 RoPE frequencies, as a
+    transformers model does: angles at position 4,000 are not rounded to bfloat16's 8-bit mantissa."""
+    spec = spec_from_target(build_tiny_model().config)
+    full = EagleDraft(spec)
+    half = EagleDraft(spec).to(torch.bfloat16)
+    assert half.rotary.inner.inv_freq.dtype == torch.float32 and half.fc.weight.dtype == torch.bfloat16
+    assert torch.equal(half.rotary.inner.inv_freq, full.rotary.inner.inv_freq)
+    pos = torch.tensor([[4000]])
+    cos32, _ = full.rotary(torch.zeros(1, 1, 32), pos)
+    cos16, _ = half.rotary(torch.zeros(1, 1, 32, dtype=torch.bfloat16), pos)
+    assert (cos16.float() - cos32).abs().max() < 1e-2  # only the output's own rounding
+
+
 def test_published_key_names_and_shapes():
     spec = spec_from_target(build_tiny_model().config, num_layers=2)
     shapes = {k: tuple(v.shape) for k, v in EagleDraft(spec).state_dict().items()}

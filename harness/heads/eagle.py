@@ -274,13 +274,25 @@ class DecoderLayer(nn.Module):
 
 
 class Rotary(nn.Module):
-    """cos/sin ``[B, R, d_h]`` for position ids ``[B, R]`` (transformers' Llama rotary embedding)."""
+    """cos/sin ``[B, R, d_h]`` for position ids ``[B, R]`` (transformers' Llama rotary embedding).
+
+    The inverse frequencies stay float32 when the draft is cast to a half-precision dtype (as a
+    transformers model loaded in bfloat16 keeps them), so RoPE angles at long positions are not
+    rounded to 8 bits of mantissa."""
 
     def __init__(self, spec: EagleSpec) -> None:
         super().__init__()
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
         self.inner = LlamaRotaryEmbedding(spec.llama_config())
+        self._inv_freq32 = self.inner.inv_freq.detach().float().clone()
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        device = self.inner.inv_freq.device
+        self.inner.inv_freq = self._inv_freq32.to(device)
+        self.inner.original_inv_freq = self._inv_freq32.to(device)
+        return self
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.inner(x, positions)

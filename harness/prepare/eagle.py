@@ -120,19 +120,21 @@ def evaluate_depths(draft, stream: PackedStream, *, embed, lm_head, depths: int,
     rows = torch.zeros(depths)
     was = draft.training
     draft.eval()
+    dev = lm_head.weight.device
     for s in range(0, len(docs), batch_size):
         chunk = docs[s : s + batch_size]
-        feats, tokens, targets, positions, valid = pair_batch(chunk)
+        feats, tokens, targets, positions, valid = pair_batch(chunk, device=dev)
         b, n, _ = feats.shape
         full = torch.zeros(b, n + 1, dtype=torch.long)  # x_0 .. x_{L-1} (+ padding)
         for i, (tok, _) in enumerate(chunk):
             full[i, : len(tok)] = tok
+        full = full.to(dev)
         lengths = valid.sum(1)  # pairs per document (L - 1)
         target_top = target_logits(lm_head, targets).argmax(-1)  # [B, n]: the target's top-1 after f_{j+1}
         cache = draft.new_cache()
-        mask = causal_mask(b, n, 0, valid=valid)
+        mask = causal_mask(b, n, 0, device=dev, valid=valid)
         g = draft(feats, embed(tokens).float(), positions, cache=cache, mask=mask)  # depth 1, [B, n, d]
-        anchors = torch.arange(n)
+        anchors = torch.arange(n, device=dev)
         for d in range(1, depths + 1):
             if d > 1:
                 # depth d at anchor j: pair (g, x_{j+d}) at position j + d - 1; it sees the real pairs
@@ -140,11 +142,12 @@ def evaluate_depths(draft, stream: PackedStream, *, embed, lm_head, depths: int,
                 tok_idx = (anchors + d).clamp(max=n)
                 step_tokens = full[:, tok_idx]  # [B, n]
                 past = cache.length
-                m = torch.zeros(b, n, past + n, dtype=torch.bool)
-                m[:, :, :n] = torch.tril(torch.ones(n, n, dtype=torch.bool)) & valid[:, None, :]
+                eye = torch.eye(n, dtype=torch.bool, device=dev)
+                m = torch.zeros(b, n, past + n, dtype=torch.bool, device=dev)
+                m[:, :, :n] = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev)) & valid[:, None, :]
                 for k in range(d - 2):  # earlier chain blocks
-                    m[:, :, n + k * n : n + (k + 1) * n] = torch.eye(n, dtype=torch.bool)
-                m[:, :, past:] = torch.eye(n, dtype=torch.bool)
+                    m[:, :, n + k * n : n + (k + 1) * n] = eye
+                m[:, :, past:] = eye
                 g = draft(g, embed(step_tokens).float(), positions + d - 1, cache=cache, mask=m, real=False)
             ok = (anchors[None, :] + d - 1) < lengths[:, None]  # f_{j+d} exists
             if not bool(ok.any()):
@@ -154,9 +157,9 @@ def evaluate_depths(draft, stream: PackedStream, *, embed, lm_head, depths: int,
             want = target_top[:, tgt_idx]
             text = full[:, (anchors + d + 1).clamp(max=n)]
             text_ok = ok & ((anchors[None, :] + d + 1) <= lengths[:, None])
-            agree[d - 1] += ((top == want) & ok).sum()
-            label[d - 1] += ((top == text) & text_ok).sum()
-            rows[d - 1] += ok.sum()
+            agree[d - 1] += ((top == want) & ok).sum().cpu()
+            label[d - 1] += ((top == text) & text_ok).sum().cpu()
+            rows[d - 1] += ok.sum().cpu()
     draft.train(was)
     frac = lambda x: [float(a / r) if r else None for a, r in zip(x, rows)]  # noqa: E731
     return {"rows": [int(r) for r in rows], "top1_agreement": frac(agree), "label_accuracy": frac(label)}
