@@ -952,3 +952,28 @@ def test_smollm2_trains_an_eagle_draft_from_sharegpt(smollm2, tmp_path, monkeypa
     )
     res, _ = run(backend, p, prompt=prompt, new=12)
     assert res.tokens == autoregressive(backend, prompt, new=12)
+
+
+def test_a_hub_id_is_downloaded_then_read_like_a_directory(env, tmp_path, monkeypatch):
+    """``proposer.artifact=owner/name`` goes through huggingface_hub's snapshot download (config and
+    weights only); a failed download is one clear refusal."""
+    import huggingface_hub
+
+    model = env["model"]
+    local = write_published(
+        tmp_path / "snapshot", llama_fields(model.config), eagle12_state(model.config), fmt="safetensors"
+    )
+    calls = []
+
+    def fake_download(repo_id, allow_patterns):
+        calls.append((repo_id, tuple(allow_patterns)))
+        if repo_id == "someone/missing":
+            raise OSError("404 Client Error: repository not found")
+        return str(local)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    art = load_configured_eagle({"artifact": "someone/eagle-tiny"}, model=model, tokenizer=None)
+    assert art.manifest["source"] == "someone/eagle-tiny" and art.manifest["path"] == str(local)
+    assert calls == [("someone/eagle-tiny", ("*.json", "*.safetensors", "*.bin"))]
+    with pytest.raises(ArtifactError, match="cannot download the EAGLE checkpoint 'someone/missing'.*404"):
+        load_configured_eagle({"artifact": "someone/missing"}, model=model, tokenizer=None)

@@ -349,13 +349,14 @@ def train_from_config(cfg, *, target, force: bool = False, progress: bool = True
 
 
 def prepare_eagle(options: dict, context) -> Preparation:
-    """Proposer preparer: the artifact's path (a trained one is trained first when absent)."""
+    """Proposer preparer: the artifact's path (a trained one is trained first when absent). A
+    published checkpoint is left to the proposer, which reads and checks it once."""
+    if is_published_source(options.get("artifact")):
+        return Preparation()
     art = ensure_eagle(
         options,
         model=context.target_backend.model,
         tokenizer=context.tokenizer,
         target_source=context.model_source,
     )
-    if art.published:
-        return Preparation()
     return Preparation(options={"artifact": str(art.path)})
