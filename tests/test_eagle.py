@@ -845,6 +845,9 @@ def test_harness_run_with_a_published_checkpoint_and_a_dynamic_tree(env, tmp_pat
         ]
     )
     record = run_job(run_cfg, run_dir=tmp_path / "run")
+    from harness.tracking.store import load_record
+
+    load_record(tmp_path / "run" / "record.json")  # the record validates
     m = record["metrics"]
     assert m["greedy_identical"] is True and m["cpu_budget_artifact"] is False
     art = record["artifacts"]["proposer_artifact"]
