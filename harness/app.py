@@ -266,6 +266,7 @@ TRAIN_USAGE = f"""usage: harness train proposer=<{"|".join(TRAINERS)}> [hydra ov
 Builds a proposer's trained or searched artifact for the configured target, e.g.
     harness train proposer=hydra [model=smollm2] [proposer.data.token_budget=20000] [force=true]
     harness train proposer=early_exit model=tiny
+    harness train proposer=eagle [proposer.train.epochs=1] [proposer.data.token_budget=40000]
     harness train proposer=layer_skip proposer.search.trials=20
 The same config composition as `harness run`, so the artifact's recipe is exactly the one a run
 with the same overrides looks for. force=true retrains even when the artifact exists. Prints the

@@ -198,6 +198,41 @@ class HeadsConfig(ProposerConfig):
 
 
 @dataclass
+class EagleTrainConfig:
+    """EAGLE's objective on cached target features (harness/prepare/eagle.py)."""
+
+    epochs: int = ranged(1, **POSITIVE_INT)
+    lr: float = ranged(1e-3, gt=0.0)
+    batch_size: int = ranged(2, **POSITIVE_INT)  # documents per step (each up to data.max_len pairs)
+    weight_decay: float = ranged(0.0, ge=0.0)
+    warmup_steps: int = ranged(10, ge=0)
+    feature_weight: float = ranged(1.0, ge=0.0)  # SmoothL1 on the predicted feature (EAGLE's v_w)
+    token_weight: float = ranged(0.1, ge=0.0)  # cross-entropy to the target's distribution (EAGLE's p_w)
+    feature_noise: float = ranged(0.0, ge=0.0)  # U(-a, a) on input features while training
+    eval_depths: int = ranged(5, **POSITIVE_INT)  # held-out top-1 agreement at depths 1..eval_depths
+    seed: int = ranged(0, **SEED)
+
+
+@dataclass
+class EagleConfig(ProposerConfig):
+    """proposer=eagle (harness/proposers/eagle.py): an EAGLE draft trained here, or a published
+    EAGLE / EAGLE-2 / EAGLE-3 checkpoint (proposer.artifact=PATH_OR_HUB_ID)."""
+
+    name: str = "eagle"
+    # beam (score_only) | iid | without_replacement (normalized_conditional)
+    sampling: str = ranged("beam", choices=("beam", "iid", "without_replacement"))
+    num_layers: int = ranged(1, **POSITIVE_INT)  # decoder layers of a draft trained here (EAGLE: 1)
+    intermediate_size: Optional[int] = ranged(
+        None, **POSITIVE_INT
+    )  # MLP width of a draft trained here; None: the target's
+    fc_bias: bool = True  # the fusion layer's bias (EAGLE's default)
+    artifact: Optional[str] = None  # a trained artifact's directory, or a published checkpoint (path or hub id)
+    auto_train: bool = True  # train the artifact when absent (progress bar)
+    data: HeadsDataConfig = field(default_factory=HeadsDataConfig)
+    train: EagleTrainConfig = field(default_factory=EagleTrainConfig)
+
+
+@dataclass
 class AdapterTrainConfig:
     epochs: int = ranged(1, **POSITIVE_INT)
     lr: float = ranged(1e-3, gt=0.0)
@@ -262,10 +297,11 @@ class LayerSkipConfig(ProposerConfig):
 
 @dataclass
 class TopologyConfig:
-    name: str = "sequence"  # sequence | sequences | set | expansion | sequoia | merged | cartesian
+    name: str = "sequence"  # sequence | sequences | set | expansion | sequoia | merged | cartesian | dynamic
     max_nodes: int = ranged(8, **POSITIVE_INT)  # candidate rows, root excluded
     max_depth: int = ranged(8, **POSITIVE_INT)
     widths: list[int] = ranged(default_factory=list, ge=1, each=True)
+    topk: int = ranged(0, ge=0)  # topology=dynamic: children per expanded node and expanded nodes per depth
     sources: list[str] = field(default_factory=list)
     tree_artifact: Optional[str] = None
 
@@ -420,6 +456,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "heads": HeadsConfig,
         "early_exit": EarlyExitConfig,
         "layer_skip": LayerSkipConfig,
+        "eagle": EagleConfig,
     },
     "datastore": {"base": DatastoreConfig},
     "topology": {

@@ -370,13 +370,16 @@ def _num(x: float) -> str:
 class Budget:
     """Topology parameters a proposer shapes its candidates to (candidate rows, root excluded)."""
 
-    shape: str  # sequence | sequences | set | expansion | tree (a parent array) | choices | merged
+    shape: (
+        str  # sequence | sequences | set | expansion | cartesian | tree (a parent array) | choices | merged | dynamic
+    )
     max_nodes: int
     max_depth: int
     widths: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()  # explicit tree shape (e.g. a Sequoia tree), -1 = frontier
     #: shape="choices": each node's child rank below its parent (same length as ``parents``)
     ranks: tuple[int, ...] = ()
+    topk: int = 0  # shape "dynamic": children per expanded node and frontier nodes per depth (0: unused)
 
     def __post_init__(self) -> None:
         if self.max_nodes < 1 or self.max_depth < 1:
@@ -387,6 +390,8 @@ class Budget:
             raise ValueError(
                 f"ranks ({len(self.ranks)}) and parents ({len(self.parents)}) must have one entry per node"
             )
+        if self.topk < 0 or (self.shape == "dynamic" and self.topk < 1):
+            raise ValueError(f"topk must be >= 1 for a dynamic tree (>= 0 otherwise); got {self.topk}")
 
 
 def budget_topology(budget: Budget) -> str:

@@ -31,6 +31,7 @@ SLOW = {
     ("membership", "draft/iid/exp21/T0.8-topk3-topp0.9"),
     ("membership", "draft/wor/set2/T1"),
     ("membership", "draft/wor/exp21/T0.8-topk3-topp0.9"),
+    ("membership", "eagle/iid/seq1/T1/2-rounds"),
 }
 
 
@@ -109,6 +110,13 @@ def test_every_exact_verifier_has_fast_end_to_end_cases_of_its_kind():
         ("sequoia", "draft/wor/set2/T1"),
         ("membership", "lookup/sequences/T1"),
         ("greedy", "draft/iid/exp21/T0"),
+        # EAGLE: the dynamic tree (its shape follows the draft's confidences) deterministic under greedy
+        # and membership, sampled under Sequoia and SpecInfer; a sampled chain under rejection
+        ("greedy", "eagle/beam/dynamic/T0/2-rounds"),
+        ("membership", "eagle/beam/dynamic/T1"),
+        ("sequoia", "eagle/wor/dynamic/T0.8-topk3-topp0.9"),
+        ("specinfer", "eagle/iid/dynamic/T0.8-topk3-topp0.9"),
+        ("rejection", "eagle/iid/seq1/T1/2-rounds"),
     } <= pairs
 
 
@@ -532,3 +540,48 @@ def test_gate_case_selection_does_not_depend_on_the_hash_seed():
     run = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, check=True)
     assert json.loads(run.stdout) == here
     assert here[0] and here[1] and here[2] == ["hydra/beam/exp21/T0"]
+
+
+def test_eagle_rounds_after_the_first_draft_from_the_verify_forwards_features(models):
+    """The two-round EAGLE cases really draft in round 2: every branch's proposer received its verify
+    forward through the shared tap, admitted the committed features and fed them to its cache."""
+    from harness.proposers.eagle import EagleProposer
+
+    seen = []
+    orig = EagleProposer.propose
+
+    def spy(self, committed, rng):
+        out = orig(self, committed, rng)
+        seen.append((len(committed), len(out.nodes), self.stats.extras["hidden_misses"], self.cache.length))
+        return out
+
+    EagleProposer.propose = spy
+    try:
+        for verifier, case in (
+            ("rejection", "eagle/iid/seq1/T1/2-rounds"),
+            ("greedy", "eagle/beam/dynamic/T0/2-rounds"),
+        ):
+            assert E.check_e2e_case(VERIFIERS[verifier](), CASES[case], models)["passed"]
+    finally:
+        EagleProposer.propose = orig
+    prompt = len(E.E2E_PROMPT)
+    later = [s for s in seen if s[0] > prompt]
+    assert later and all(nodes >= 1 and misses == 0 and cache == n - 1 for n, nodes, misses, cache in later)
+
+
+@pytest.mark.parametrize(
+    "verifier,case",
+    [("sequoia", "eagle/wor/dynamic/T0.8-topk3-topp0.9"), ("specinfer", "eagle/iid/dynamic/T0.8-topk3-topp0.9")],
+)
+def test_a_sampled_dynamic_tree_pruned_by_its_own_confidences_is_caught(models, verifier, case):
+    """Negative control: EAGLE-2's rerank applied to a SAMPLED tree keeps a draw only if its own
+    value scores well, so the kept draws no longer follow the laws they record. Every contract check
+    passes; the end-to-end law misses the target far beyond the bound. (The proposer's sampled
+    dynamic tree therefore expands by confidence but never prunes.)"""
+    row = E.check_e2e_case(
+        VERIFIERS[verifier](),
+        CASES[case],
+        models,
+        proposer_factory=lambda c, d, p: E.pruned_sampled_dynamic_proposer(c, policy=p, target=models.target),
+    )
+    assert not row["passed"] and row["max_abs_error"] > 1e-3, row

@@ -193,23 +193,44 @@ def test_source_selection_pairs_each_workload_with_its_datastore(hydra_conf):
 
 
 def test_heads_sweep_runs_every_head_and_self_speculative_proposer_and_the_hydra_ablation(hydra_conf):
+    """Greedy: every head kind, EAGLE as a chain and as a dynamic tree, the self-speculative drafters and
+    the Hydra++ ablation; T = 0.7: the head and EAGLE chains under rejection, EAGLE's dynamic tree
+    sampled (Sequoia) and deterministic (membership). The same arms on both workloads."""
     arms = {}
     for overrides in _jobs_of("heads"):
         cfg = _compose(["+sweep=heads", *overrides])
-        p = cfg.proposer
+        p, t = cfg.proposer, cfg.topology
         arms.setdefault(cfg.workload.name, set()).add(
-            (p.name, p.get("mlp_layers"), p.get("distill"), p.get("prefix_attention"))
+            (
+                p.name,
+                p.get("mlp_layers"),
+                p.get("distill"),
+                p.get("prefix_attention"),
+                p.get("sampling"),
+                (t.name, t.max_nodes, t.max_depth, t.topk),
+                cfg.verifier.name,
+                cfg.generation.temperature,
+            )
         )
-        assert (cfg.topology.name, cfg.verifier.name, cfg.generation.temperature) == ("sequence", "greedy", 0.0)
+        assert cfg.model.name == "smollm2" and cfg.gates.skip_statistical is (cfg.generation.temperature > 0)
+    chain, dyn = ("sequence", 3, 3, 0), ("dynamic", 8, 5, 3)
     expected = {
-        ("medusa", 1, False, False),
-        ("hydra", 1, False, False),
-        ("clover", 1, False, False),
-        ("early_exit", None, None, None),
-        ("layer_skip", None, None, None),
-        ("hydra", 4, False, False),
-        ("hydra", 1, True, False),
-        ("hydra", 1, False, True),
+        ("medusa", 1, False, False, "beam", chain, "greedy", 0.0),
+        ("hydra", 1, False, False, "beam", chain, "greedy", 0.0),
+        ("clover", 1, False, False, "beam", chain, "greedy", 0.0),
+        ("eagle", None, None, None, "beam", chain, "greedy", 0.0),
+        ("eagle", None, None, None, "beam", dyn, "greedy", 0.0),
+        ("early_exit", None, None, None, "beam", chain, "greedy", 0.0),
+        ("layer_skip", None, None, None, "beam", chain, "greedy", 0.0),
+        ("hydra", 4, False, False, "beam", chain, "greedy", 0.0),
+        ("hydra", 1, True, False, "beam", chain, "greedy", 0.0),
+        ("hydra", 1, False, True, "beam", chain, "greedy", 0.0),
+        ("medusa", 1, False, False, "iid", chain, "rejection", 0.7),
+        ("hydra", 1, False, False, "iid", chain, "rejection", 0.7),
+        ("clover", 1, False, False, "iid", chain, "rejection", 0.7),
+        ("eagle", None, None, None, "iid", chain, "rejection", 0.7),
+        ("eagle", None, None, None, "without_replacement", dyn, "sequoia", 0.7),
+        ("eagle", None, None, None, "beam", dyn, "membership", 0.7),
     }
     assert arms == {"humaneval": expected, "sharegpt": expected}
 

@@ -3,7 +3,8 @@
 The synthetic oracle (:mod:`harness.gates.oracle`) runs the verifiers on laws it builds itself.
 This module runs the round a measured run runs — ``proposer.propose`` (every proposer through its
 real class: a draft model, prompt lookup, REST over an in-memory datastore, Medusa / Hydra /
-Clover heads, early exit, layer skip, merged sources; sampling through the injected source),
+Clover heads, an EAGLE draft over the target's own features with its dynamic trees, early exit,
+layer skip, merged sources; sampling through the injected source),
 ``compile_tree``, the target's verify forward
 (:class:`~harness.target.backend.CausalLMBackend`), ``policy.probs``, ``verifier.select`` and
 ``backend.commit`` — on a tiny model, with the oracle's enumerating source driving BOTH the
@@ -66,11 +67,13 @@ from harness.gates.oracle import (
     target_joint,
 )
 from harness.heads.checkpoint import target_fingerprint
+from harness.heads.eagle import EagleDraft, spec_from_target
 from harness.heads.early_exit import build_adapter
 from harness.heads.models import DraftHeads, HeadSpec
 from harness.heads.state import HiddenTap
 from harness.proposers.base import Proposer
 from harness.proposers.draft_model import DraftModelProposer
+from harness.proposers.eagle import EagleProposer
 from harness.proposers.heads import CloverProposer, HydraProposer, MedusaProposer
 from harness.proposers.merged import MergedProposer, sub_budget
 from harness.proposers.prompt_lookup import PromptLookupProposer
@@ -81,6 +84,7 @@ from harness.random_source import RandomSource
 from harness.target.backend import CacheState, CausalLMBackend
 from harness.target.loading import build_tiny_model
 from harness.topology.compiler import CompiledTree, compile_tree, validate_candidate_graph, validate_commit
+from harness.topology.dynamic import rerank_connected
 from harness.verifiers.base import VERIFIERS, NegotiationError, Verifier, negotiate
 from harness.verifiers.sampling import SamplingPolicy
 from harness.workloads.datastore import Datastore, datastore_from_token_ids
@@ -441,6 +445,17 @@ def cast_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return twin
 
 
+def oracle_eagle_network(target: torch.nn.Module, *, seed: int = 202) -> EagleDraft:
+    """A random EAGLE-1/2 draft shaped like one layer of ``target``, in the target's dtype."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = EagleDraft(spec_from_target(target.config))
+    net = net.to(next(target.parameters()).dtype).eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net
+
+
 @dataclass
 class E2ECase:
     """One end-to-end instance: which proposer, shape and policy; the verifier comes separately."""
@@ -682,6 +697,23 @@ def build_layer_skip(case: E2ECase, *, target, draft, policy) -> Proposer:
     )
 
 
+@proposer_builder("eagle")
+def build_eagle(case: E2ECase, *, target, draft, policy) -> Proposer:
+    """EAGLE over the target's own features with a random draft network
+    (:func:`oracle_eagle_network`); it reads the features through the target model's hidden-state
+    tap, which hands each branch the verify forward that follows its proposal."""
+    model = _need_target(case, target)
+    return EagleProposer(
+        budget=case.budget,
+        manifest_hash="e2e",
+        policy=policy,
+        model=model,
+        draft=oracle_eagle_network(model),
+        checkpoint=target_fingerprint(model),
+        sampling=case.sampling,
+    )
+
+
 def misrecord_q(result: ProposalResult, q_temperature: float) -> ProposalResult:
     """``result`` with every recorded law replaced by ``q ** (1 / q_temperature)`` renormalised: a
     valid law that is not the one the tokens were drawn from. A result without q is unchanged."""
@@ -742,6 +774,46 @@ def misrecorded_q_proposer(
     return MisrecordedQ(inner, q_temperature=q_temperature)
 
 
+def pruned_sampled_dynamic_proposer(case: E2ECase, *, policy: SamplingPolicy, target: CausalLMBackend) -> Proposer:
+    """NEGATIVE CONTROL (test-only): a sampled dynamic tree pruned by its own confidences, as
+    EAGLE-2 prunes its deterministic tree: children are drawn without replacement (or i.i.d.)
+    under a budget twice ``max_nodes``, then only the ``max_nodes`` nodes of highest joint
+    confidence are kept. Every kept node still records the law it was drawn from and every
+    contract check passes, but whether a draw survives depends on its own value, so the verifier
+    no longer sees draws from those laws; the end-to-end oracle sees the bias."""
+    wide = replace(case.budget, max_nodes=2 * case.budget.max_nodes)
+
+    class PrunedSampledDynamic(EagleProposer):
+        def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
+            result = super().propose(committed, rng)
+            if not result.nodes:
+                return result
+            kept = rerank_connected(
+                [n.parent for n in result.nodes], result.extras["joint_logp"], case.budget.max_nodes
+            )
+            index = {old: new for new, old in enumerate(kept)}
+            nodes = tuple(
+                replace(result.nodes[i], parent=-1 if result.nodes[i].parent < 0 else index[result.nodes[i].parent])
+                for i in kept
+            )
+            pruned = replace(
+                result, nodes=nodes, q_dists=result.q_dists[kept], topology="tree", extras={"pruned_from": len(kept)}
+            )
+            self._expect = (self._expect[0], self._expect[1], pruned)  # what the verify forward will carry
+            return pruned
+
+    model = _need_target(case, target)
+    return PrunedSampledDynamic(
+        budget=wide,
+        manifest_hash="e2e-negative-control",
+        policy=policy,
+        model=model,
+        draft=oracle_eagle_network(model),
+        checkpoint=target_fingerprint(model),
+        sampling=case.sampling,
+    )
+
+
 def case_capabilities(case: E2ECase) -> Capabilities:
     """What the case's proposer declares from its options, as negotiation sees it in a run."""
     if case.proposer == "merged":
@@ -774,6 +846,7 @@ def standard_cases() -> list[E2ECase]:
     t1 = SamplingPolicy(temperature=1.0)
     trunc = SamplingPolicy(temperature=0.8, top_k=3, top_p=0.9)
     greedy = SamplingPolicy(temperature=0.0)
+    seq1 = Budget(shape="sequence", max_nodes=1, max_depth=1)
     seq2 = Budget(shape="sequence", max_nodes=2, max_depth=2)
     set2 = Budget(shape="set", max_nodes=2, max_depth=1, widths=(2,))
     exp21 = Budget(shape="expansion", max_nodes=4, max_depth=2, widths=(2, 1))
@@ -781,6 +854,9 @@ def standard_cases() -> list[E2ECase]:
     merged = Budget(shape="merged", max_nodes=6, max_depth=2)
     # topology=choices [[0], [1], [0, 0]]: two first tokens, the first of them extended
     choices = Budget(shape="choices", max_nodes=3, max_depth=2, parents=(-1, -1, 0), ranks=(0, 1, 0))
+    # EAGLE-2's dynamic tree: 2 + 4 drafted nodes, the best 3 kept, so the verified shape (a chain, a
+    # fork, or a root with two children) follows the draft's confidences
+    dynamic = Budget(shape="dynamic", max_nodes=3, max_depth=2, topk=2)
     return [
         E2ECase("draft/iid/seq2/T1", "draft_model", seq2, t1, "iid"),
         E2ECase("draft/iid/set2/T1", "draft_model", set2, t1, "iid"),
@@ -807,6 +883,13 @@ def standard_cases() -> list[E2ECase]:
         E2ECase("draft-padded/beam/exp21/T0", "draft_model", exp21, greedy, "beam", draft="padded"),
         E2ECase("draft/iid/choices/T0.8-topk3-topp0.9", "draft_model", choices, trunc, "iid"),
         E2ECase("draft/beam/choices/T0", "draft_model", choices, greedy, "beam"),
+        E2ECase("eagle/beam/dynamic/T0/2-rounds", "eagle", dynamic, greedy, "beam", rounds=2),
+        E2ECase("eagle/beam/dynamic/T1", "eagle", dynamic, t1, "beam"),
+        E2ECase("eagle/wor/dynamic/T0.8-topk3-topp0.9", "eagle", dynamic, trunc, "without_replacement"),
+        E2ECase("eagle/iid/dynamic/T0.8-topk3-topp0.9", "eagle", dynamic, trunc, "iid"),
+        E2ECase("eagle/iid/seq1/T1/2-rounds", "eagle", seq1, t1, "iid", length=2, rounds=2),
+        E2ECase("eagle/beam/choices/T0", "eagle", choices, greedy, "beam"),
+        E2ECase("eagle/iid/choices/T0.8-topk3-topp0.9", "eagle", choices, trunc, "iid"),
     ]
 
 
@@ -1202,7 +1285,9 @@ __all__ = [
     "misrecord_q",
     "misrecorded_q_proposer",
     "negative_control_rows",
+    "oracle_eagle_network",
     "oracle_model",
+    "pruned_sampled_dynamic_proposer",
     "propose_and_verify",
     "proposer_builder",
     "run_e2e_suite",

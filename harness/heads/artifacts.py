@@ -17,10 +17,12 @@ from pathlib import Path
 import torch
 
 from harness.heads.checkpoint import ArtifactError, artifact_dir, cpu_budget_label, load_artifact, target_fingerprint
+from harness.heads.eagle import EagleSpec, build_draft
+from harness.heads.eagle_formats import parse_published, read_weights, resolve_source
 from harness.heads.early_exit import AdapterArtifact, build_adapter
 from harness.heads.models import DraftHeads, HeadSpec
 from harness.heads.published import PublishedHeads, inspect, is_published, load_published_heads
-from harness.heads.recipes import SearchRecipe, exit_recipe, heads_recipe, recipe_key
+from harness.heads.recipes import SearchRecipe, eagle_recipe, exit_recipe, heads_recipe, recipe_key
 
 
 @dataclass(frozen=True)
@@ -126,3 +128,97 @@ def load_skip(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[list
         raise missing("layer_skip", path, bool(options.get("artifact")))
     manifest, _ = load_artifact(path, kind="layer_skip", target_hash=target_fingerprint(model, tokenizer), recipe=rd)
     return list(manifest["skip"]), manifest
+
+
+# --------------------------------------------------------------------------- EAGLE drafts
+
+
+@dataclass(frozen=True)
+class EagleArtifact:
+    """An EAGLE draft network ready to propose: trained here (a versioned artifact bound to the
+    target's fingerprint) or read from a published checkpoint (checked against the target's shapes)."""
+
+    draft: torch.nn.Module
+    manifest: dict
+    path: Path
+
+    @property
+    def cpu_budget_artifact(self) -> bool:
+        return bool(self.manifest.get("cpu_budget_artifact", False))
+
+    @property
+    def published(self) -> bool:
+        return bool(self.manifest.get("published", False))
+
+
+def build_eagle(spec: dict | EagleSpec, state: dict[str, torch.Tensor] | None = None, *, seed: int = 0):
+    spec = spec if isinstance(spec, EagleSpec) else EagleSpec(**spec)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        draft = build_draft(spec)
+    if state is not None:
+        if "embed_tokens.weight" in state:
+            draft.embed_tokens = torch.nn.Embedding(*state["embed_tokens.weight"].shape)
+        draft.load_state_dict(state, strict=True)  # raises on any missing or unexpected tensor
+    return draft.eval()
+
+
+def eagle_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
+    """The recipe of the configured (trained) EAGLE draft and the directory of its artifact."""
+    recipe = eagle_recipe(options, model)
+    explicit = options.get("artifact")
+    if explicit:
+        return recipe, Path(explicit)
+    return recipe, artifact_dir("eagle", target_hash=target_fingerprint(model, tokenizer), recipe=recipe)
+
+
+def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifact:
+    """A published EAGLE / EAGLE-2 / EAGLE-3 checkpoint (local directory or hub id), checked
+    against the target's hidden size, vocabulary and layers."""
+    import json
+
+    path = resolve_source(source)
+    cfg = json.loads((path / "config.json").read_text())
+    raw, digests = read_weights(path)
+    fmt, spec, state = parse_published(cfg, raw, target_config=model.config)
+    draft = build_eagle(spec, {k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    embedding = {"in_checkpoint": "embed_tokens.weight" in state}
+    if embedding["in_checkpoint"]:
+        mine = draft.embed_tokens.weight.detach()
+        theirs = model.get_input_embeddings().weight.detach().to("cpu", torch.float32)
+        if mine.shape == theirs.shape:
+            embedding["max_abs_diff_vs_target"] = float((mine - theirs).abs().max())
+    manifest = {
+        "kind": "eagle",
+        "published": True,
+        "format": fmt,
+        "source": str(source),
+        "path": str(path),
+        "files_sha256": digests,
+        "spec": spec.to_dict(),
+        "config": {k: cfg[k] for k in sorted(cfg) if not isinstance(cfg[k], (dict, list)) or k == "architectures"},
+        "verifier": (cfg.get("speculators_config") or {}).get("verifier"),
+        "embedding": embedding,
+        "parameters": sum(p.numel() for p in draft.parameters()),
+        "cpu_budget_artifact": False,
+    }
+    return EagleArtifact(draft=draft, manifest=manifest, path=path)
+
+
+def load_eagle(recipe: dict, *, model: torch.nn.Module, tokenizer, path: Path) -> EagleArtifact:
+    manifest, state = load_artifact(path, kind="eagle", target_hash=target_fingerprint(model, tokenizer), recipe=recipe)
+    if state is None:
+        raise ArtifactError(f"artifact {str(path)!r} has no weights")
+    return EagleArtifact(draft=build_eagle(recipe["spec"], state), manifest=manifest, path=Path(path))
+
+
+def load_configured_eagle(options: dict, *, model: torch.nn.Module, tokenizer) -> EagleArtifact:
+    """``proposer.artifact``: a published checkpoint (directory or hub id) or an artifact trained
+    here; unset: the trained artifact of the configured recipe in the cache."""
+    artifact = options.get("artifact")
+    if is_published(artifact):
+        return load_published_eagle(str(artifact), model=model)
+    recipe, path = eagle_artifact_path(options, model=model, tokenizer=tokenizer)
+    if not (path / "manifest.json").is_file():
+        raise missing("eagle", path, bool(artifact))
+    return load_eagle(recipe, model=model, tokenizer=tokenizer, path=path)

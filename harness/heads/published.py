@@ -61,6 +61,7 @@ from torch import nn
 
 from harness.heads.checkpoint import MANIFEST_FILE, ArtifactError
 from harness.heads.models import vocab_projection
+from harness.target.loading import looks_like_hub_id
 
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 HYDRA_FILES = ("hydra_lm_head.safetensors", "hydra_lm_head.pt")
@@ -82,12 +83,7 @@ def is_published(ref: str | None) -> bool:
     path = Path(str(ref)).expanduser()
     if path.is_dir():
         return not (path / MANIFEST_FILE).is_file()
-    return not path.exists() and _looks_like_hub_id(str(ref))
-
-
-def _looks_like_hub_id(ref: str) -> bool:
-    parts = ref.split("/")
-    return len(parts) == 2 and all(parts) and not ref.startswith((".", "~", "/"))
+    return not path.exists() and looks_like_hub_id(str(ref))
 
 
 def _hub_file(repo: str, filename: str) -> Path | None:
@@ -134,7 +130,7 @@ def locate(ref: str, kind: str) -> tuple[Path, str, list[Path]]:
             + (" nor Medusa-2 weight files with medusa_head.* tensors" if kind == "medusa" else "")
             + f" nor {MANIFEST_FILE} (an artifact trained here)"
         )
-    if not _looks_like_hub_id(str(ref)):
+    if not looks_like_hub_id(str(ref)):
         raise ArtifactError(f"proposer.artifact={ref!r}: no such directory (and not a hub id of the form owner/name)")
     config = _hub_file(str(ref), "config.json")
     if config is None:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from harness.heads.checkpoint import ArtifactError
+from harness.heads.eagle import spec_from_target
 from harness.heads.models import HeadSpec
 
 #: option keys of conf/proposer/{medusa,hydra,clover}.yaml that define the artifact
@@ -58,6 +59,39 @@ class TrainRecipe:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class EagleTrainRecipe:
+    """EAGLE's training objective (Li et al., 2024) on cached target features: for every pair
+    ``(f_j, x_{j+1})`` of a document, ``feature_weight * SmoothL1(g_j, f_{j+1}) + token_weight *
+    CE(softmax(lm_head(f_{j+1})), lm_head(g_j))``, teacher-forced on the target's own features."""
+
+    epochs: int = 1
+    lr: float = 1e-3
+    batch_size: int = 2  # documents per step (each up to data.max_len pairs)
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    feature_weight: float = 1.0  # EAGLE's v_w
+    token_weight: float = 0.1  # EAGLE's p_w
+    feature_noise: float = 0.0  # U(-a, a) added to input features while training (the paper's augmentation)
+    eval_depths: int = 5  # held-out top-1 agreement at draft depths 1..eval_depths
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0 or self.eval_depths < 1:
+            raise ValueError(f"need epochs >= 1, batch_size >= 1, lr > 0, eval_depths >= 1; got {self}")
+        if self.feature_weight < 0 or self.token_weight < 0 or self.feature_weight + self.token_weight <= 0:
+            raise ValueError(f"feature_weight and token_weight must be >= 0, not both 0; got {self}")
+        if self.feature_noise < 0:
+            raise ValueError(f"feature_noise must be >= 0; got {self.feature_noise}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+#: option keys of conf/proposer/eagle.yaml that define a trained EAGLE artifact's architecture
+EAGLE_ARCH_KEYS = ("num_layers", "intermediate_size", "fc_bias")
 
 
 @dataclass(frozen=True)
@@ -114,6 +148,18 @@ def heads_recipe(kind: str, options: dict, model: torch.nn.Module) -> dict:
         train["loss"] = "distill" if options["distill"] else "hard"
     train = TrainRecipe(**train)
     return {"spec": spec.to_dict(), "data": data.to_dict(), "train": train.to_dict()}
+
+
+def eagle_recipe(options: dict, model: torch.nn.Module) -> dict:
+    """A trained EAGLE-1/2 draft's recipe: one decoder layer shaped like the target's (EAGLE's own
+    choice), the data and the training objective."""
+    arch = {k: options[k] for k in EAGLE_ARCH_KEYS if options.get(k) is not None}
+    spec = spec_from_target(model.config, **arch)
+    return {
+        "spec": spec.to_dict(),
+        "data": DataRecipe(**dict(options.get("data") or {})).to_dict(),
+        "train": EagleTrainRecipe(**dict(options.get("train") or {})).to_dict(),
+    }
 
 
 def exit_recipe(options: dict, model: torch.nn.Module) -> dict:

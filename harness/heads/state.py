@@ -11,12 +11,18 @@ cache length before the forward, and the final-norm hidden rows. Draft heads rea
 it: the prefill forward supplies the prompt rows, and each verify forward supplies the pending
 row and the candidate rows, of which the accepted path becomes committed. The tap is how the heads
 proposers work without an engine change; see :class:`HeadsProposer` for the proposed engine hook.
+
+A proposer may also ask for the *next* forward to be handed to it (:meth:`HiddenTap.deliver_next`):
+the verify forward that follows its proposal, whatever other forwards of the same model run later
+(the end-to-end oracle interleaves many). And it may ask for the residual stream entering chosen
+decoder layers (:meth:`HiddenTap.capture_layers`, EAGLE-3's fused features), kept per forward as
+``CapturedForward.aux``.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -89,6 +95,7 @@ class CapturedForward:
     custom_mask: bool  # a 4D mask was passed (tree verify); False = plain causal
     cache_len: int  # rows in the cache before this forward
     hidden: torch.Tensor  # [R, d] final-norm hidden states
+    aux: dict[int, torch.Tensor] | None = None  # layer l -> [R, d] residual stream entering layer l
 
 
 class HiddenTap:
@@ -100,7 +107,37 @@ class HiddenTap:
         self.serial = 0
         self.last: CapturedForward | None = None
         base = model.base_model
+        self._base = base
         self._handle = base.register_forward_hook(self._hook, with_kwargs=True)
+        self._waiting: list[weakref.WeakMethod] = []  # callbacks for the next forward only
+        self._layer_handles: dict[int, object] = {}
+        self._aux: dict[int, torch.Tensor] = {}
+
+    def deliver_next(self, callback: Callable[[CapturedForward | None], None]) -> None:
+        """Hand the next forward of this model (``None`` for a batched one) to ``callback``, a bound
+        method held weakly (a dropped proposer is not kept alive), then forget it."""
+        self._waiting.append(weakref.WeakMethod(callback))
+
+    def capture_layers(self, layers: Sequence[int]) -> None:
+        """From now on record the residual stream entering each of ``layers`` (decoder layer indices
+        of the base model) in ``CapturedForward.aux`` (HF ``hidden_states[l]``)."""
+        blocks = self._base.layers
+        for layer in layers:
+            layer = int(layer)
+            if not 0 <= layer < len(blocks):
+                raise ValueError(f"decoder layer {layer} is outside the target's {len(blocks)} layers")
+            if layer not in self._layer_handles:
+                self._layer_handles[layer] = blocks[layer].register_forward_pre_hook(
+                    self._pre_hook(layer), with_kwargs=True
+                )
+
+    def _pre_hook(self, layer: int):
+        def hook(module, args, kwargs) -> None:
+            x = args[0] if args else kwargs.get("hidden_states")
+            if x is not None and x.dim() == 3 and x.shape[0] == 1:
+                self._aux[layer] = x[0].detach()
+
+        return hook
 
     @classmethod
     def on(cls, model: torch.nn.Module) -> HiddenTap:
@@ -113,8 +150,11 @@ class HiddenTap:
         ids = kwargs.get("input_ids", args[0] if args else None)
         hidden = getattr(output, "last_hidden_state", None)
         self.serial += 1
+        aux, self._aux = self._aux, {}
+        waiting, self._waiting = self._waiting, []
         if ids is None or hidden is None or ids.shape[0] != 1:
             self.last = None
+            self._deliver(waiting)
             return
         pos = kwargs.get("position_ids")
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
@@ -133,16 +173,25 @@ class HiddenTap:
             custom_mask=kwargs.get("attention_mask") is not None,
             cache_len=cache_len,
             hidden=hidden[0].detach(),
+            aux={l: aux[l] for l in self._layer_handles if l in aux} or None,
         )
+        self._deliver(waiting)
+
+    def _deliver(self, waiting: list[weakref.WeakMethod]) -> None:
+        for ref in waiting:
+            callback = ref()
+            if callback is not None:
+                callback(self.last)
 
 
 class CommittedHidden:
     """Final-norm target hidden rows of committed positions for one request, each admitted only
     through :func:`may_reuse` against the committed path (proposal-side copy, never target KV)."""
 
-    def __init__(self, *, checkpoint: str, dtype: str, keep: int) -> None:
+    def __init__(self, *, checkpoint: str, dtype: str, keep: int, boundary: str = "final_norm") -> None:
         self.checkpoint = checkpoint
         self.dtype = dtype
+        self.boundary = boundary  # which rows: "final_norm", or e.g. EAGLE-3's fused layer inputs
         self.keep = max(int(keep), 1)
         self.rows: dict[int, torch.Tensor] = {}  # position -> [d]
         self.prefix = PrefixHashes()
@@ -158,10 +207,10 @@ class CommittedHidden:
         if pos >= len(self.prefix.tokens):
             return False
         have = StateTag(
-            self.checkpoint, "final_norm", captured.input_ids[index], pos, ancestry_hash, self.dtype, captured.serial
+            self.checkpoint, self.boundary, captured.input_ids[index], pos, ancestry_hash, self.dtype, captured.serial
         )
         need = StateTag(
-            self.checkpoint, "final_norm", self.prefix.tokens[pos], pos, self.prefix.at(pos), self.dtype, generation
+            self.checkpoint, self.boundary, self.prefix.tokens[pos], pos, self.prefix.at(pos), self.dtype, generation
         )
         if not may_reuse(have, need):
             self.refused += 1

@@ -28,6 +28,7 @@ PROPOSER_PREPARERS: dict[str, str] = {
     "medusa": "harness.prepare.heads:prepare_medusa",
     "hydra": "harness.prepare.heads:prepare_hydra",
     "clover": "harness.prepare.heads:prepare_clover",
+    "eagle": "harness.prepare.eagle:prepare_eagle",
     "early_exit": "harness.prepare.early_exit:prepare_early_exit",
     "layer_skip": "harness.prepare.skip_search:prepare_layer_skip",
     "merged": "harness.prepare:prepare_merged",
@@ -39,6 +40,7 @@ TRAINERS: dict[str, str] = {
     "medusa": "harness.prepare.heads:train_from_config",
     "hydra": "harness.prepare.heads:train_from_config",
     "clover": "harness.prepare.heads:train_from_config",
+    "eagle": "harness.prepare.eagle:train_from_config",
     "early_exit": "harness.prepare.early_exit:train_from_config",
     "layer_skip": "harness.prepare.skip_search:train_from_config",
 }

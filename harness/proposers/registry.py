@@ -19,6 +19,7 @@ PROPOSERS: dict[str, str] = {
     "medusa": "harness.proposers.heads:MedusaProposer",
     "hydra": "harness.proposers.heads:HydraProposer",
     "clover": "harness.proposers.heads:CloverProposer",
+    "eagle": "harness.proposers.eagle:EagleProposer",
     "early_exit": "harness.proposers.selfspec:EarlyExitProposer",
     "layer_skip": "harness.proposers.selfspec:LayerSkipProposer",
 }

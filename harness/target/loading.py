@@ -451,11 +451,15 @@ def checkpoint_ref_problem(ref: str | None, key: str) -> str | None:
         if not (path / "config.json").is_file():
             return f"{key}={ref!r} has no config.json: not a Hugging Face checkpoint directory"
         return None
-    parts = str(ref).split("/")
-    looks_like_hub_id = len(parts) == 2 and all(parts) and not str(ref).startswith((".", "~"))
-    if not looks_like_hub_id:
+    if not looks_like_hub_id(str(ref)):
         return f"{key}={ref!r}: no such directory (and not a hub id of the form owner/name)"
     return None
+
+
+def looks_like_hub_id(ref: str) -> bool:
+    """Whether a reference that is no local path has a hub id's form, ``owner/name``."""
+    parts = ref.split("/")
+    return len(parts) == 2 and all(parts) and not ref.startswith((".", "~", "/"))
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

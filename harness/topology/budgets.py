@@ -11,6 +11,9 @@ the widths with the ``cartesian_rows`` resolver, so the budget is exactly the fu
 A choices tree (``topology=choices``) is a published rank-path list or a named preset
 (:mod:`harness.topology.choices`): its budget carries the node order's parents and ranks, and
 ``max_nodes`` / ``max_depth`` are the list's node count and depth.
+A dynamic tree (EAGLE-2, Li et al., 2024) is shaped by the proposer every round from its own
+confidences: ``topk`` children per expanded node, the ``topk`` most confident nodes of each depth
+expanded, up to ``max_depth``, then at most ``max_nodes`` rows kept (:mod:`harness.topology.dynamic`).
 
 A Sequoia tree is chosen after the models are loaded (calibration and a hardware profile, see
 :mod:`harness.prepare.sequoia`); before that its budget is the search bounds.
@@ -111,6 +114,16 @@ def choices_size(choices, preset, what: str) -> int:
     return tree.num_nodes if what == "nodes" else tree.depth
 
 
+def dynamic_budget(t) -> Budget:
+    """``topology=dynamic`` -> Budget(shape="dynamic", max_nodes, max_depth, topk)."""
+    topk = int(t.topk)
+    if topk < 1:
+        raise ConfigError(f"topology=dynamic needs topology.topk >= 1; got {t.topk}")
+    if int(t.max_nodes) < 1 or int(t.max_depth) < 1:
+        raise ConfigError(f"topology=dynamic needs max_nodes, max_depth >= 1; got {t.max_nodes}, {t.max_depth}")
+    return Budget(shape="dynamic", max_nodes=int(t.max_nodes), max_depth=int(t.max_depth), topk=topk)
+
+
 TOPOLOGIES = {
     "sequence": chain_budget,
     "sequences": chain_budget,
@@ -120,6 +133,7 @@ TOPOLOGIES = {
     "sequoia": sequoia_budget,
     "cartesian": cartesian_budget,
     "choices": choices_budget,
+    "dynamic": dynamic_budget,
 }
 
 
@@ -132,6 +146,7 @@ TOPOLOGY_SHAPES = {
     "merged": "merged",
     "sequoia": "tree",
     "cartesian": "cartesian",
+    "dynamic": "dynamic",
 }
 
 

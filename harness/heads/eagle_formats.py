@@ -1,0 +1,347 @@
+"""Reading published EAGLE draft checkpoints (config plus weights, key for key).
+
+Layouts read (key names and shapes from the public EAGLE, SpecForge, speculators and vLLM sources;
+no file of theirs is used):
+
+- ``eagle`` — EAGLE-1 and EAGLE-2 (SafeAILab/EAGLE; the hub's ``yuhuili/EAGLE-*``): a Llama-style
+  ``config.json`` (one decoder layer; ``"bias": false`` drops ``fc.bias``; ``qkv_bias`` adds q/k/v
+  biases) and ``pytorch_model.bin`` or ``model.safetensors`` with ``fc.weight [H, 2H]`` (input
+  ``concat(embedding, feature)``), ``fc.bias [H]``, ``layers.{l}.self_attn.{q,k,v,o}_proj.*``,
+  ``layers.{l}.mlp.{gate,up,down}_proj.weight``, ``layers.{l}.post_attention_layernorm.weight``,
+  ``layers.{l}.input_layernorm.weight`` for ``l >= 1`` only, and usually ``embed_tokens.weight``
+  (a copy of the base model's embedding). No final norm and no LM head: the target's is used.
+- ``eagle3`` — EAGLE-3 (EAGLE repo / SpecForge; ``yuhuili/EAGLE3-*``): config with
+  ``draft_vocab_size`` (optionally ``target_hidden_size``), weights ``fc.weight [H, 3 H_t]``,
+  ``midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight``,
+  ``midlayer.self_attn.{q,k,v}_proj.weight [*, 2H]``, ``o_proj``, ``midlayer.mlp.*``,
+  ``norm.weight``, ``lm_head.weight [Vd, H]``, ``d2t [Vd]`` and ``t2d [V]`` (absent when
+  ``Vd == V``), optionally ``embed_tokens.weight``.
+- ``speculators-eagle3`` — vLLM's ``speculators`` format (``speculators_model_type: eagle3``;
+  ``transformer_layer_config`` holds the decoder layer's config): the EAGLE-3 keys with
+  ``midlayer.`` spelled ``layers.0.``.
+- ``speculators-eagle`` — the older ``speculators_model_type: eagle`` form of EAGLE-1
+  (``fusion_fc.*`` and ``transformer.*``), read only without its extra layernorms
+  (``layernorms: false``); that variant (HASS) is refused.
+
+Uncertain points, stated rather than guessed: which layers an EAGLE-3 checkpoint fuses is not in
+the EAGLE repo's config (its code uses ``2, N // 2, N - 3``; speculators writes
+``eagle_aux_hidden_state_layer_ids`` when it differs), so that default is used unless the config
+names them; EAGLE's code places pair ``j`` at position ``j`` while speculators trains it at
+``j + 1`` (RoPE sees only offsets within one call of the draft, so outputs agree either way);
+whether every hub checkpoint carries ``embed_tokens.weight`` was not verified (when present it is
+used, as EAGLE does; otherwise the target's embedding is).
+
+Every check against the target (hidden size, vocabulary, fused layers, ``d2t`` range) refuses with
+the expected and the actual value before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from harness.heads.checkpoint import ArtifactError
+from harness.heads.eagle import EagleSpec
+from harness.target.loading import looks_like_hub_id
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+#: keys a published file may carry that the draft does not need
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "t2d")
+
+
+def is_published_dir(path: Path) -> bool:
+    """A directory in a published layout: ``config.json`` and weights, no harness manifest."""
+    return (
+        path.is_dir()
+        and (path / "config.json").is_file()
+        and not (path / "manifest.json").is_file()
+        and any((path / f).is_file() for f in WEIGHT_FILES + INDEX_FILES)
+    )
+
+
+def resolve_source(source: str) -> Path:
+    """A local directory, or a hub id downloaded to the hub cache (config and weights only)."""
+    path = Path(source).expanduser()
+    if path.exists():
+        if not is_published_dir(path):
+            raise ArtifactError(
+                f"proposer.artifact={source!r} is neither a harness EAGLE artifact (manifest.json) nor a "
+                f"published EAGLE checkpoint (config.json plus one of {list(WEIGHT_FILES)})"
+            )
+        return path
+    if not looks_like_hub_id(source):
+        raise ArtifactError(f"proposer.artifact={source!r} does not exist (and is not a hub id owner/name)")
+    try:
+        # huggingface_hub imports in ~0.3 s; only a hub id pays for it
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(repo_id=source, allow_patterns=["*.json", "*.safetensors", "*.bin"])
+    except Exception as exc:  # network, authentication, missing repository
+        raise ArtifactError(f"cannot download the EAGLE checkpoint {source!r} from the hub: {exc}") from None
+    return Path(local)
+
+
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """All tensors of a published directory (single file or sharded) and each file's SHA-256."""
+    from safetensors.torch import load_file
+
+    files: list[Path] = []
+    for name in INDEX_FILES:
+        if (path / name).is_file():
+            index = json.loads((path / name).read_text())
+            files = [path / f for f in sorted(set(index.get("weight_map", {}).values()))]
+            break
+    if not files:
+        files = [path / f for f in WEIGHT_FILES if (path / f).is_file()][:1]
+    state: dict[str, torch.Tensor] = {}
+    digests: dict[str, str] = {}
+    for f in files:
+        if not f.is_file():
+            raise ArtifactError(f"published checkpoint {str(path)!r}: shard {f.name!r} missing")
+        digests[f.name] = hashlib.sha256(f.read_bytes()).hexdigest()
+        if f.suffix == ".safetensors":
+            state.update(load_file(str(f)))
+        else:
+            state.update(torch.load(str(f), map_location="cpu", weights_only=True))
+    return state, digests
+
+
+def _shape(state: dict, key: str) -> tuple[int, ...] | None:
+    t = state.get(key)
+    return None if t is None else tuple(t.shape)
+
+
+def _rope(cfg: dict) -> dict:
+    rope = cfg.get("rope_parameters")
+    if isinstance(rope, dict) and rope:
+        rope = dict(rope)
+    else:
+        rope = dict(cfg.get("rope_scaling") or {})
+        if "type" in rope and "rope_type" not in rope:
+            rope["rope_type"] = rope.pop("type")
+        rope.setdefault("rope_type", "default")
+    rope.setdefault("rope_theta", float(cfg.get("rope_theta", 10000.0)))
+    return rope
+
+
+def _layer_fields(cfg: dict) -> dict:
+    h = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    return dict(
+        hidden_size=h,
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or h // heads),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        hidden_act=str(cfg.get("hidden_act", "silu")),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        rope_parameters=_rope(cfg),
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
+    )
+
+
+def default_aux_layers(target_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's fused target layers: the residual stream entering layers 2, N // 2 and N - 3."""
+    return (2, target_layers // 2, target_layers - 3)
+
+
+def _rename(state: dict, old: str, new: str) -> dict:
+    return {(new + k[len(old) :] if k.startswith(old) else k): v for k, v in state.items()}
+
+
+def parse_published(cfg: dict, state: dict[str, torch.Tensor], *, target_config) -> tuple[str, EagleSpec, dict]:
+    """(format name, spec, state dict in this harness's key names) of a published checkpoint,
+    checked against the target's config. Raises :class:`ArtifactError` naming expected vs got."""
+    target_h = int(target_config.hidden_size)
+    target_v = int(target_config.vocab_size)
+    kind = cfg.get("speculators_model_type")
+    if kind is not None:
+        layer_cfg = dict(cfg.get("transformer_layer_config") or {})
+        if not layer_cfg:
+            raise ArtifactError("speculators config without transformer_layer_config")
+        if kind == "eagle3":
+            for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+                if cfg.get(flag):
+                    raise ArtifactError(f"speculators EAGLE-3 variant {flag}=true is not supported here")
+            merged = {**layer_cfg, **{k: cfg[k] for k in ("draft_vocab_size", "target_hidden_size") if k in cfg}}
+            merged["norm_before_residual"] = bool(cfg.get("norm_before_residual", False))
+            if cfg.get("eagle_aux_hidden_state_layer_ids"):
+                merged["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_aux_hidden_state_layer_ids"]
+            return _eagle3("speculators-eagle3", merged, _rename(state, "layers.0.", "midlayer."), target_config)
+        if kind == "eagle":
+            if cfg.get("layernorms"):
+                raise ArtifactError(
+                    "speculators EAGLE with layernorms=true (the HASS variant: extra embedding and pre-LM-head "
+                    "norms) is not supported; only the plain EAGLE-1 layout is"
+                )
+            state = _rename(_rename(state, "fusion_fc.", "fc."), "transformer.", "layers.0.")
+            state = {k: v for k, v in state.items() if not k.startswith("layers.0.input_layernorm")}
+            merged = {**layer_cfg, "bias": bool(cfg.get("fusion_bias", False)), "num_hidden_layers": 1}
+            return _eagle12("speculators-eagle", merged, state, target_h, target_v)
+        raise ArtifactError(f"speculators_model_type {kind!r} is not an EAGLE draft this harness reads (eagle3, eagle)")
+    if any(k.startswith("midlayer.") for k in state) or "draft_vocab_size" in cfg:
+        return _eagle3("eagle3", cfg, state, target_config)
+    if "fc.weight" in state:
+        return _eagle12("eagle", cfg, state, target_h, target_v)
+    raise ArtifactError(
+        "not an EAGLE draft checkpoint: no fc.weight (EAGLE-1/2) and no midlayer.* keys (EAGLE-3); "
+        f"keys start {sorted(state)[:6]}"
+    )
+
+
+def _check_keys(fmt: str, state: dict, expected: dict[str, tuple[int, ...]], optional: set[str]) -> dict:
+    missing = sorted(k for k in expected if k not in state)
+    if missing:
+        raise ArtifactError(f"{fmt} checkpoint lacks {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    bad = [(k, expected[k], tuple(state[k].shape)) for k in expected if tuple(state[k].shape) != expected[k]]
+    if bad:
+        k, want, got = bad[0]
+        raise ArtifactError(f"{fmt} checkpoint: {k} has shape {list(got)}, expected {list(want)}")
+    extra = sorted(k for k in state if k not in expected and k not in optional and not k.endswith(IGNORED_SUFFIXES))
+    if extra:
+        raise ArtifactError(f"{fmt} checkpoint has keys this layout does not define: {extra[:8]}")
+    return {k: v for k, v in state.items() if k in expected or k in optional}
+
+
+def _eagle12(fmt: str, cfg: dict, state: dict, target_h: int, target_v: int) -> tuple[str, EagleSpec, dict]:
+    fields = _layer_fields(cfg)
+    h, v = fields["hidden_size"], int(cfg.get("vocab_size", target_v))
+    if h != target_h:
+        raise ArtifactError(
+            f"{fmt} draft has hidden_size {h}; the target's hidden size is {target_h} (expected {target_h}, got {h}): "
+            "an EAGLE-1/2 draft reads the target's features and feeds the target's LM head"
+        )
+    if v != target_v:
+        raise ArtifactError(
+            f"{fmt} draft has vocab_size {v}; the target's vocabulary is {target_v} (expected {target_v})"
+        )
+    layers = sorted({int(k.split(".")[1]) for k in state if k.startswith("layers.")})
+    n = len(layers)
+    if layers != list(range(n)) or n < 1:
+        raise ArtifactError(f"{fmt} checkpoint decoder layers {layers}; expected 0..n-1 with n >= 1")
+    fc_bias = "fc.bias" in state
+    qkv_bias = "layers.0.self_attn.q_proj.bias" in state
+    spec = EagleSpec(version="eagle", vocab_size=target_v, num_layers=n, fc_bias=fc_bias, qkv_bias=qkv_bias, **fields)
+    hd, nh, nkv, inter = spec.head_dim, spec.num_attention_heads, spec.num_key_value_heads, spec.intermediate_size
+    expected = {"fc.weight": (h, 2 * h)}
+    if fc_bias:
+        expected["fc.bias"] = (h,)
+    for i in range(n):
+        p = f"layers.{i}."
+        expected.update(
+            {
+                p + "self_attn.q_proj.weight": (nh * hd, h),
+                p + "self_attn.k_proj.weight": (nkv * hd, h),
+                p + "self_attn.v_proj.weight": (nkv * hd, h),
+                p + "self_attn.o_proj.weight": (h, nh * hd),
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
+        if i > 0:
+            expected[p + "input_layernorm.weight"] = (h,)
+        if qkv_bias:
+            expected.update(
+                {
+                    p + "self_attn.q_proj.bias": (nh * hd,),
+                    p + "self_attn.k_proj.bias": (nkv * hd,),
+                    p + "self_attn.v_proj.bias": (nkv * hd,),
+                }
+            )
+    if "embed_tokens.weight" in state and _shape(state, "embed_tokens.weight") != (target_v, h):
+        raise ArtifactError(
+            f"{fmt} checkpoint embed_tokens.weight is {list(_shape(state, 'embed_tokens.weight'))}; the target "
+            f"needs [{target_v}, {h}] (expected vocabulary {target_v})"
+        )
+    return fmt, spec, _check_keys(fmt, state, expected, {"embed_tokens.weight"})
+
+
+def _eagle3(fmt: str, cfg: dict, state: dict, target_config) -> tuple[str, EagleSpec, dict]:
+    target_h, target_v = int(target_config.hidden_size), int(target_config.vocab_size)
+    target_layers = int(target_config.num_hidden_layers)
+    fields = _layer_fields(cfg)
+    h = fields["hidden_size"]
+    ht = int(cfg.get("target_hidden_size") or h)
+    v = int(cfg.get("vocab_size", target_v))
+    vd = int(cfg.get("draft_vocab_size") or v)
+    if ht != target_h:
+        raise ArtifactError(
+            f"{fmt} draft reads target features of width {ht}; the target's hidden size is {target_h} "
+            f"(expected {target_h}, got {ht})"
+        )
+    if v != target_v:
+        raise ArtifactError(
+            f"{fmt} draft has vocab_size {v}; the target's vocabulary is {target_v} (expected {target_v})"
+        )
+    aux = tuple(int(i) for i in (cfg.get("eagle_aux_hidden_state_layer_ids") or default_aux_layers(target_layers)))
+    if len(aux) != 3 or not all(0 <= i < target_layers for i in aux):
+        raise ArtifactError(
+            f"{fmt} draft fuses target layers {list(aux)}; the target has {target_layers} decoder layers "
+            "(expected three layer indices in [0, N))"
+        )
+    spec = EagleSpec(
+        version="eagle3",
+        vocab_size=target_v,
+        num_layers=1,
+        fc_bias=False,
+        qkv_bias="midlayer.self_attn.q_proj.bias" in state,
+        draft_vocab_size=vd,
+        target_hidden_size=ht,
+        aux_layers=aux,
+        norm_before_residual=bool(cfg.get("norm_before_residual", False)),
+        **fields,
+    )
+    hd, nh, nkv, inter = spec.head_dim, spec.num_attention_heads, spec.num_key_value_heads, spec.intermediate_size
+    p = "midlayer."
+    expected = {
+        "fc.weight": (h, 3 * ht),
+        p + "hidden_norm.weight": (h,),
+        p + "input_layernorm.weight": (h,),
+        p + "self_attn.q_proj.weight": (nh * hd, 2 * h),
+        p + "self_attn.k_proj.weight": (nkv * hd, 2 * h),
+        p + "self_attn.v_proj.weight": (nkv * hd, 2 * h),
+        p + "self_attn.o_proj.weight": (h, nh * hd),
+        p + "post_attention_layernorm.weight": (h,),
+        p + "mlp.gate_proj.weight": (inter, h),
+        p + "mlp.up_proj.weight": (inter, h),
+        p + "mlp.down_proj.weight": (h, inter),
+        "norm.weight": (h,),
+        "lm_head.weight": (vd, h),
+    }
+    if spec.qkv_bias:
+        expected.update(
+            {
+                p + "self_attn.q_proj.bias": (nh * hd,),
+                p + "self_attn.k_proj.bias": (nkv * hd,),
+                p + "self_attn.v_proj.bias": (nkv * hd,),
+            }
+        )
+    if vd != target_v or "d2t" in state:
+        expected["d2t"] = (vd,)
+    state = _check_keys(fmt, state, expected, {"embed_tokens.weight"})
+    if "embed_tokens.weight" in state and _shape(state, "embed_tokens.weight") != (target_v, h):
+        raise ArtifactError(
+            f"{fmt} checkpoint embed_tokens.weight is {list(_shape(state, 'embed_tokens.weight'))}; expected "
+            f"[{target_v}, {h}]"
+        )
+    if h != target_h and "embed_tokens.weight" not in state:
+        raise ArtifactError(
+            f"{fmt} draft width {h} differs from the target's {target_h} and the checkpoint has no "
+            "embed_tokens.weight of its own"
+        )
+    if "d2t" in state:
+        d2t = state["d2t"].long()
+        ids = torch.arange(vd) + d2t
+        if int(ids.min()) < 0 or int(ids.max()) >= target_v or ids.unique().numel() != vd:
+            raise ArtifactError(
+                f"{fmt} d2t maps the draft vocabulary outside the target's [0, {target_v}) or onto repeated ids"
+            )
+        state["d2t"] = d2t
+    return fmt, spec, state

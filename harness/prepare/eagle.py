@@ -1,0 +1,362 @@
+"""Training EAGLE-1/2 drafts (Li et al., 2024) for the configured target from cached target
+features, and the EAGLE preparer.
+
+Data: the heads' training streams (:func:`harness.prepare.heads_data.training_streams`): ShareGPT
+documents run through the frozen target one at a time, final-norm rows cached in float16 and
+shared with the Medusa / Hydra / Clover heads of the same data recipe. A document of ``L`` tokens
+gives ``L - 1`` pairs ``(f_j, x_{j+1})`` at positions ``j``; the draft reads them causally (its
+own attention over the document's earlier pairs) and regresses ``f_{j+1}``:
+
+    loss = feature_weight * SmoothL1(g_j, f_{j+1}) + token_weight * CE(p_T(. | f_{j+1}), q(. | g_j))
+
+with ``p_T = softmax(lm_head(f_{j+1}))`` recomputed through the frozen LM head batch by batch.
+The target (embedding, LM head) is frozen; AdamW with warm-up and a cosine schedule.
+
+Held-out quality by draft depth ``d``: the draft runs ``d`` steps from each anchor, its own
+predicted feature feeding the next step and the text's tokens feeding the embeddings (teacher
+forcing on tokens, as the heads are measured), and its top-1 is compared with the target's top-1
+at that position (``lm_head(f)``'s argmax). Depth 1 is the teacher-forced step training optimises.
+
+The preparer makes sure the artifact a run loads exists (training it when absent and
+``proposer.auto_train``); a published checkpoint (``proposer.artifact=PATH_OR_HUB_ID``) is loaded
+as it is and never trained.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+from tqdm import tqdm
+
+from harness.heads.artifacts import (
+    EagleArtifact,
+    build_eagle,
+    eagle_artifact_path,
+    load_eagle,
+    load_published_eagle,
+)
+from harness.heads.checkpoint import ArtifactError, save_artifact, target_fingerprint
+from harness.heads.eagle import causal_mask
+from harness.heads.published import is_published
+from harness.heads.recipes import DataRecipe, EagleTrainRecipe
+from harness.prepare import Preparation
+from harness.prepare.heads_data import PackedStream, training_streams
+
+log = logging.getLogger("harness.eagle")
+
+
+def documents_of(stream: PackedStream) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(tokens ``[L]``, features ``[L, d]``) per document of a packed stream (contiguous segments)."""
+    if len(stream) == 0:
+        return []
+    seg = stream.segment_ids
+    cuts = torch.nonzero(seg[1:] != seg[:-1]).flatten() + 1
+    bounds = [0, *cuts.tolist(), len(stream)]
+    return [(stream.tokens[a:b], stream.hidden[a:b]) for a, b in zip(bounds[:-1], bounds[1:]) if b - a >= 2]
+
+
+def pair_batch(docs: list[tuple[torch.Tensor, torch.Tensor]], *, device=None):
+    """Right-padded pairs of a few documents: features ``f_0..f_{L-2}`` ``[B, n, d]``, next tokens
+    ``x_1..x_{L-1}`` ``[B, n]``, target features ``f_1..f_{L-1}`` ``[B, n, d]``, positions and the
+    validity mask ``[B, n]`` (``n`` = longest document minus one)."""
+    n = max(len(t) for t, _ in docs) - 1
+    d = docs[0][1].shape[-1]
+    b = len(docs)
+    feats = torch.zeros(b, n, d)
+    targets = torch.zeros(b, n, d)
+    tokens = torch.zeros(b, n, dtype=torch.long)
+    valid = torch.zeros(b, n, dtype=torch.bool)
+    for i, (tok, h) in enumerate(docs):
+        m = len(tok) - 1
+        feats[i, :m] = h[:-1].float()
+        targets[i, :m] = h[1:].float()
+        tokens[i, :m] = tok[1:]
+        valid[i, :m] = True
+    positions = torch.arange(n).repeat(b, 1)
+    return feats.to(device), tokens.to(device), targets.to(device), positions.to(device), valid.to(device)
+
+
+def target_logits(lm_head: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The frozen target LM head on feature rows ``h`` (cast to the head's dtype)."""
+    return lm_head(h.to(lm_head.weight.dtype))
+
+
+def eagle_loss(draft, embed, lm_head, batch, recipe: EagleTrainRecipe, *, noise_gen=None) -> torch.Tensor:
+    feats, tokens, targets, positions, valid = batch
+    if recipe.feature_noise > 0:
+        u = torch.rand(feats.shape, generator=noise_gen).to(feats.device)
+        feats = feats + (2 * u - 1) * recipe.feature_noise
+    emb = embed(tokens).float()
+    mask = causal_mask(feats.shape[0], feats.shape[1], 0, device=feats.device, valid=valid)
+    g = draft(feats, emb, positions, mask=mask)  # [B, n, d]
+    rows = valid.float()
+    count = rows.sum().clamp(min=1.0)
+    loss = torch.zeros((), device=feats.device)
+    if recipe.feature_weight > 0:
+        v = nn.functional.smooth_l1_loss(g, targets, reduction="none").mean(-1)  # [B, n]
+        loss = loss + recipe.feature_weight * (v * rows).sum() / count
+    if recipe.token_weight > 0:
+        with torch.no_grad():
+            p = torch.softmax(target_logits(lm_head, targets).float(), dim=-1)  # [B, n, V]
+        logq = torch.log_softmax(draft.logits(g, lm_head).float(), dim=-1)
+        ce = -(p * logq).sum(-1)  # [B, n]
+        loss = loss + recipe.token_weight * (ce * rows).sum() / count
+    return loss
+
+
+@torch.no_grad()
+def evaluate_depths(draft, stream: PackedStream, *, embed, lm_head, depths: int, batch_size: int = 4) -> dict:
+    """Held-out top-1 agreement with the target (and with the text) at draft depths ``1..depths``."""
+    docs = documents_of(stream)
+    agree = torch.zeros(depths)
+    label = torch.zeros(depths)
+    rows = torch.zeros(depths)
+    was = draft.training
+    draft.eval()
+    dev = lm_head.weight.device
+    for s in range(0, len(docs), batch_size):
+        chunk = docs[s : s + batch_size]
+        feats, tokens, targets, positions, valid = pair_batch(chunk, device=dev)
+        b, n, _ = feats.shape
+        full = torch.zeros(b, n + 1, dtype=torch.long)  # x_0 .. x_{L-1} (+ padding)
+        for i, (tok, _) in enumerate(chunk):
+            full[i, : len(tok)] = tok
+        full = full.to(dev)
+        lengths = valid.sum(1)  # pairs per document (L - 1)
+        target_top = target_logits(lm_head, targets).argmax(-1)  # [B, n]: the target's top-1 after f_{j+1}
+        cache = draft.new_cache()
+        mask = causal_mask(b, n, 0, device=dev, valid=valid)
+        g = draft(feats, embed(tokens).float(), positions, cache=cache, mask=mask)  # depth 1, [B, n, d]
+        anchors = torch.arange(n, device=dev)
+        for d in range(1, depths + 1):
+            if d > 1:
+                # depth d at anchor j: pair (g, x_{j+d}) at position j + d - 1; it sees the real pairs
+                # <= j, its own chain rows of depths 2..d-1, and itself
+                tok_idx = (anchors + d).clamp(max=n)
+                step_tokens = full[:, tok_idx]  # [B, n]
+                past = cache.length
+                eye = torch.eye(n, dtype=torch.bool, device=dev)
+                m = torch.zeros(b, n, past + n, dtype=torch.bool, device=dev)
+                m[:, :, :n] = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev)) & valid[:, None, :]
+                for k in range(d - 2):  # earlier chain blocks
+                    m[:, :, n + k * n : n + (k + 1) * n] = eye
+                m[:, :, past:] = eye
+                g = draft(g, embed(step_tokens).float(), positions + d - 1, cache=cache, mask=m, real=False)
+            ok = (anchors[None, :] + d - 1) < lengths[:, None]  # f_{j+d} exists
+            if not bool(ok.any()):
+                continue
+            top = draft.logits(g, lm_head).argmax(-1)  # [B, n]
+            tgt_idx = (anchors + d - 1).clamp(max=n - 1)
+            want = target_top[:, tgt_idx]
+            text = full[:, (anchors + d + 1).clamp(max=n)]
+            text_ok = ok & ((anchors[None, :] + d + 1) <= lengths[:, None])
+            agree[d - 1] += ((top == want) & ok).sum().cpu()
+            label[d - 1] += ((top == text) & text_ok).sum().cpu()
+            rows[d - 1] += ok.sum().cpu()
+    draft.train(was)
+    frac = lambda x: [float(a / r) if r else None for a, r in zip(x, rows)]  # noqa: E731
+    return {"rows": [int(r) for r in rows], "top1_agreement": frac(agree), "label_accuracy": frac(label)}
+
+
+def train_eagle(draft, train: PackedStream, *, recipe: EagleTrainRecipe, embed, lm_head, progress: bool = True) -> dict:
+    """Train in place on every document pair of the stream. Returns a log: steps, final loss, seconds."""
+    for p in list(embed.parameters()) + list(lm_head.parameters()):
+        p.requires_grad_(False)
+    docs = documents_of(train)
+    if not docs:
+        raise ValueError(f"the training stream has no document of >= 2 tokens ({len(train)} tokens)")
+    gen = torch.Generator().manual_seed(recipe.seed)
+    noise_gen = torch.Generator().manual_seed(recipe.seed + 1)
+    steps_per_epoch = math.ceil(len(docs) / recipe.batch_size)
+    total = steps_per_epoch * recipe.epochs
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    warm = min(recipe.warmup_steps, max(total // 10, 1))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(total - warm, 1)))
+    )
+    device = next(lm_head.parameters()).device
+    draft.train()
+    t0 = time.perf_counter()
+    step, last = 0, None
+    bar = tqdm(total=total, desc="train eagle draft", unit="step", file=sys.stderr, disable=not progress, leave=False)
+    for _ in range(recipe.epochs):
+        order = torch.randperm(len(docs), generator=gen).tolist()
+        for s in range(0, len(order), recipe.batch_size):
+            batch = pair_batch([docs[i] for i in order[s : s + recipe.batch_size]], device=device)
+            loss = eagle_loss(draft, embed, lm_head, batch, recipe, noise_gen=noise_gen)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            last = float(loss.detach())
+            bar.update(1)
+            bar.set_postfix(loss=f"{last:.3f}")
+    bar.close()
+    draft.eval()
+    return {
+        "steps": step,
+        "planned_steps": total,
+        "documents": len(docs),
+        "pairs_per_epoch": sum(len(t) - 1 for t, _ in docs),
+        "final_loss": last,
+        "train_seconds": time.perf_counter() - t0,
+    }
+
+
+def train_eagle_artifact(
+    recipe: dict,
+    *,
+    model: torch.nn.Module,
+    tokenizer,
+    target_source: str,
+    out_dir: Path,
+    documents=None,
+    progress: bool = True,
+) -> EagleArtifact:
+    """Streams (cached, shared with the heads), train, held-out agreement by depth, save."""
+    t0 = time.perf_counter()
+    target_hash = target_fingerprint(model, tokenizer)
+    data = DataRecipe(**recipe["data"])
+    train_stream, held = training_streams(
+        model, tokenizer, data, target_hash=target_hash, documents=documents, progress=progress
+    )
+    stream_seconds = time.perf_counter() - t0
+    train = EagleTrainRecipe(**recipe["train"])
+    device = next(model.parameters()).device
+    draft = build_eagle(recipe["spec"], seed=train.seed).to(device)
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    before = evaluate_depths(draft, held, embed=embed, lm_head=lm_head, depths=train.eval_depths)
+    log_ = train_eagle(draft, train_stream, recipe=train, embed=embed, lm_head=lm_head, progress=progress)
+    after = evaluate_depths(draft, held, embed=embed, lm_head=lm_head, depths=train.eval_depths)
+    manifest = {
+        "kind": "eagle",
+        "published": False,
+        "format": "eagle",
+        "target_hash": target_hash,
+        "target_source": target_source,
+        "recipe": recipe,
+        "token_budget": int(data.token_budget),
+        "tokens_seen": int(len(train_stream)),
+        "documents": int(train_stream.num_documents),
+        "held_out": {
+            "split": data.held_out_split,
+            "tokens": len(held),
+            **after,
+            "top1_agreement_untrained": before["top1_agreement"],
+        },
+        "training": {
+            **log_,
+            "stream_seconds": stream_seconds,
+            "total_seconds": time.perf_counter() - t0,
+            "device": str(device),
+            "threads": torch.get_num_threads(),
+        },
+        "cpu_budget_artifact": str(device) == "cpu",
+        "parameters": draft.num_parameters(),
+    }
+    save_artifact(out_dir, manifest=manifest, state={k: v.float() for k, v in draft.state_dict().items()})
+    return load_eagle(recipe, model=model, tokenizer=tokenizer, path=out_dir)
+
+
+def ensure_eagle(
+    options: dict,
+    *,
+    model: torch.nn.Module,
+    tokenizer,
+    target_source: str,
+    progress: bool = True,
+    force: bool = False,
+    documents=None,
+) -> EagleArtifact:
+    """The configured draft: a published checkpoint as it is, else the trained artifact (trained
+    first when absent and ``auto_train``, or when ``force``)."""
+    explicit = options.get("artifact")
+    if is_published(explicit):
+        if force:
+            raise ArtifactError(
+                f"proposer.artifact={explicit!r} is a published checkpoint: it is loaded, never trained "
+                "(unset proposer.artifact to train a draft here)"
+            )
+        return load_published_eagle(str(explicit), model=model)
+    recipe, path = eagle_artifact_path(options, model=model, tokenizer=tokenizer)
+    if (path / "manifest.json").is_file() and not force:
+        return load_eagle(recipe, model=model, tokenizer=tokenizer, path=path)
+    if explicit and not force:
+        raise ArtifactError(
+            f"proposer.artifact={explicit!r} does not exist; run `harness train proposer=eagle` or leave "
+            "proposer.artifact unset to use the cache"
+        )
+    if not options.get("auto_train", True) and not force:
+        raise ArtifactError(
+            f"no eagle artifact for this target and recipe at {str(path)!r} and proposer.auto_train=false; "
+            "run `harness train proposer=eagle ...` first"
+        )
+    log.warning("training the EAGLE draft artifact (absent from %s)", path)
+    return train_eagle_artifact(
+        recipe,
+        model=model,
+        tokenizer=tokenizer,
+        target_source=target_source,
+        out_dir=path,
+        documents=documents,
+        progress=progress,
+    )
+
+
+def summary(artifact: EagleArtifact) -> dict:
+    m = artifact.manifest
+    if m.get("published"):
+        return {k: m[k] for k in ("kind", "format", "source", "path", "spec", "parameters", "embedding")}
+    return {
+        "path": str(artifact.path),
+        "artifact_id": m["artifact_id"],
+        "kind": m["kind"],
+        "target_hash": m["target_hash"],
+        "token_budget": m["token_budget"],
+        "tokens_seen": m["tokens_seen"],
+        "held_out_top1_agreement_by_depth": m["held_out"]["top1_agreement"],
+        "held_out_top1_agreement_untrained": m["held_out"]["top1_agreement_untrained"],
+        "training_seconds": m["training"]["total_seconds"],
+        "cpu_budget_artifact": m["cpu_budget_artifact"],
+        "parameters": m["parameters"],
+        "recipe": m["recipe"],
+    }
+
+
+def train_from_config(cfg, *, target, force: bool = False, progress: bool = True) -> dict:
+    """`harness train proposer=eagle`: the artifact a run with ``cfg`` would load."""
+    options = OmegaConf.to_container(cfg.proposer, resolve=True)
+    options.pop("name")
+    artifact = ensure_eagle(
+        options,
+        model=target.model,
+        tokenizer=target.tokenizer,
+        target_source=target.source,
+        progress=progress,
+        force=force,
+    )
+    return summary(artifact)
+
+
+def prepare_eagle(options: dict, context) -> Preparation:
+    """Proposer preparer: the artifact's path (a trained one is trained first when absent). A
+    published checkpoint is left to the proposer, which reads and checks it once."""
+    if is_published(options.get("artifact")):
+        return Preparation()
+    art = ensure_eagle(
+        options,
+        model=context.target_backend.model,
+        tokenizer=context.tokenizer,
+        target_source=context.model_source,
+    )
+    return Preparation(options={"artifact": str(art.path)})

@@ -1,0 +1,1020 @@
+"""EAGLE drafts: the network against transformers' Llama layer, the draft cache rolled back to the
+committed path, EAGLE-2's dynamic tree (connected rerank, shapes that follow the draft's
+confidences), greedy equality on the tiny model for every topology, sampled trees carrying the law
+they were drawn from, training from cached features with held-out agreement by depth, published
+EAGLE-1/2, EAGLE-3 and speculators checkpoints written by the test in their layouts and loaded key
+for key (refused with expected vs got for another target), and the batch-1 limit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import round_of_one
+from safetensors.torch import save_file
+
+from harness.contracts import Budget, ConfigError
+from harness.engine.decode import RoundConfig, decode
+from harness.heads.artifacts import load_configured_eagle
+from harness.heads.checkpoint import ArtifactError, target_fingerprint
+from harness.heads.eagle import DecoderLayer, EagleDraft, Rotary, causal_mask, spec_from_target
+from harness.heads.state import HiddenTap
+from harness.prepare.eagle import ensure_eagle
+from harness.proposers.base import NullProposer
+from harness.proposers.eagle import EagleProposer
+from harness.random_source import TorchRandomSource
+from harness.target.backend import CausalLMBackend
+from harness.target.loading import build_tiny_model
+from harness.topology.choices import choice_tree
+from harness.topology.compiler import compile_tree
+from harness.topology.dynamic import rerank_connected
+from harness.verifiers import get_verifier
+from harness.verifiers.sampling import SamplingPolicy
+
+GREEDY = SamplingPolicy()
+OPTIONS = {
+    "data": {"source": "inline", "token_budget": 1200, "held_out_tokens": 240, "max_len": 40},
+    "train": {"epochs": 3, "lr": 3e-3, "batch_size": 4, "eval_depths": 3},
+}
+CHAIN = Budget(shape="sequence", max_nodes=4, max_depth=4)
+DYNAMIC = Budget(shape="dynamic", max_nodes=8, max_depth=4, topk=3)
+CARTESIAN = Budget(shape="cartesian", max_nodes=21, max_depth=3, widths=(3, 2, 2))
+# EAGLE-1's static trees are choice lists; this one skips rank 1 below [0] (beam may skip ranks)
+_CHOICES = choice_tree([[0], [1], [0, 0], [0, 2], [1, 0], [0, 0, 0]])
+CHOICES = Budget(
+    shape="choices",
+    max_nodes=_CHOICES.num_nodes,
+    max_depth=_CHOICES.depth,
+    parents=_CHOICES.parents,
+    ranks=_CHOICES.ranks,
+)
+
+
+@torch.inference_mode()
+def greedy_docs(model, starts, n):
+    return model.generate(starts, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0).tolist()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A private cache, the tiny target, documents of its own greedy text, one trained draft."""
+    import os
+
+    old = os.environ.get("HARNESS_CACHE")
+    os.environ["HARNESS_CACHE"] = str(tmp_path_factory.mktemp("eagle_cache"))
+    model = build_tiny_model(seed=1)
+    gen = torch.Generator().manual_seed(0)
+    docs = greedy_docs(model, torch.randint(3, 96, (36, 3), generator=gen), 37)
+    art = ensure_eagle(
+        OPTIONS,
+        model=model,
+        tokenizer=None,
+        target_source="tiny seed=1",
+        documents=(docs[:30], docs[30:]),
+        progress=False,
+    )
+    yield {"model": model, "backend": CausalLMBackend(model), "docs": docs, "art": art}
+    if old is None:
+        os.environ.pop("HARNESS_CACHE", None)
+    else:
+        os.environ["HARNESS_CACHE"] = old
+
+
+def make(env, budget, *, sampling="beam", policy=GREEDY, draft=None, model=None):
+    model = model or env["model"]
+    return EagleProposer(
+        budget=budget,
+        manifest_hash="h",
+        policy=policy,
+        model=model,
+        draft=draft if draft is not None else env["art"].draft,
+        checkpoint=target_fingerprint(model),
+        sampling=sampling,
+        artifact_manifest=env["art"].manifest if draft is None else None,
+    )
+
+
+def run(backend, proposer, *, verifier="greedy", prompt, new=24, policy=GREEDY, seed=0):
+    rounds = []
+    b = proposer.budget
+    res = decode(
+        target=backend,
+        proposer=proposer,
+        verifier=get_verifier(verifier),
+        policy=policy,
+        prompt_ids=prompt,
+        max_new_tokens=new,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(seed),
+        round_cfg=RoundConfig(max_nodes=b.max_nodes, max_depth=b.max_depth),
+        on_round=lambda **kw: rounds.append(round_of_one(kw)),
+    )
+    proposer.finish()
+    return res, rounds
+
+
+def autoregressive(backend, prompt, new=24):
+    null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h")
+    return run(backend, null, prompt=prompt, new=new)[0].tokens
+
+
+# ---------------------------------------------------------------------------------------------- the network
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "default", "rope_theta": 10000.0},
+        {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "rope_theta": 500000.0,
+        },
+    ],
+    ids=["default", "linear", "llama3"],
+)
+def test_decoder_layer_is_transformers_llama_layer(rope):
+    """Same weights, same output: our layer 1 equals LlamaDecoderLayer, and layer 0 equals it with the
+    input norm replaced by the identity (EAGLE-1/2's first layer)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        max_position_embeddings=128,
+        rope_parameters=rope,
+        attn_implementation="eager",
+    )
+    spec = spec_from_target(cfg)
+    torch.manual_seed(0)
+    x = torch.randn(2, 7, 64)
+    pos = torch.arange(3, 10).repeat(2, 1)
+    mask = causal_mask(2, 7, 0)
+    additive = torch.zeros(2, 1, 7, 7).masked_fill(~mask.unsqueeze(1), float("-inf"))
+    cos, sin = Rotary(spec)(x, pos)
+    ref_pe = LlamaRotaryEmbedding(cfg)(x, pos)
+    assert torch.equal(cos, ref_pe[0]) and torch.equal(sin, ref_pe[1])
+    for index in (0, 1):
+        ref = LlamaDecoderLayer(cfg, index)
+        for p in ref.parameters():
+            p.data.normal_(0, 0.2)
+        ours = DecoderLayer(spec, index)
+        state = ref.state_dict()
+        if index == 0:
+            assert "input_layernorm.weight" not in ours.state_dict()
+            state.pop("input_layernorm.weight")
+            ref.input_layernorm = torch.nn.Identity()
+        ours.load_state_dict(state, strict=True)
+        got = ours(x, cos, sin, None, mask)
+        want = ref(x, attention_mask=additive, position_embeddings=ref_pe, position_ids=pos)
+        assert torch.allclose(got, want, atol=1e-6), (index, (got - want).abs().max())
+
+
+def test_rotary_frequencies_stay_float32_in_a_half_precision_draft():
+    """Cast to bfloat16 (a GPU target's dtype), the draft keeps float32 RoPE frequencies, as a
+    transformers model does: angles at position 4,000 are not rounded to bfloat16's 8-bit mantissa."""
+    spec = spec_from_target(build_tiny_model().config)
+    full = EagleDraft(spec)
+    half = EagleDraft(spec).to(torch.bfloat16)
+    assert half.rotary.inner.inv_freq.dtype == torch.float32 and half.fc.weight.dtype == torch.bfloat16
+    assert torch.equal(half.rotary.inner.inv_freq, full.rotary.inner.inv_freq)
+    pos = torch.tensor([[4000]])
+    cos32, _ = full.rotary(torch.zeros(1, 1, 32), pos)
+    cos16, _ = half.rotary(torch.zeros(1, 1, 32, dtype=torch.bfloat16), pos)
+    assert (cos16.float() - cos32).abs().max() < 1e-2  # only the output's own rounding
+
+
+def test_published_key_names_and_shapes():
+    spec = spec_from_target(build_tiny_model().config, num_layers=2)
+    shapes = {k: tuple(v.shape) for k, v in EagleDraft(spec).state_dict().items()}
+    h, i = 32, 64
+    assert shapes["fc.weight"] == (h, 2 * h) and shapes["fc.bias"] == (h,)
+    assert shapes["layers.0.self_attn.q_proj.weight"] == (h, h)
+    assert shapes["layers.0.self_attn.k_proj.weight"] == (16, h)  # 2 KV heads of 8
+    assert shapes["layers.0.mlp.down_proj.weight"] == (h, i)
+    assert "layers.0.input_layernorm.weight" not in shapes and shapes["layers.1.input_layernorm.weight"] == (h,)
+    assert not any("rotary" in k for k in shapes)  # the rotary table is not a weight
+
+
+def test_draft_reads_feature_token_and_earlier_pairs():
+    """g_j depends on f_j and x_{j+1} and, through the draft's attention, on earlier pairs only."""
+    torch.manual_seed(0)
+    net = EagleDraft(spec_from_target(build_tiny_model().config)).eval()
+    f, e = torch.randn(1, 3, 32), torch.randn(1, 3, 32)
+    pos = torch.arange(3)[None]
+    mask = causal_mask(1, 3, 0)
+    with torch.no_grad():
+        base = net(f, e, pos, mask=mask)
+        for tensor in (f, e):
+            moved = tensor.clone()
+            moved[0, 1] += 1.0
+            out = net(moved if tensor is f else f, moved if tensor is e else e, pos, mask=mask)
+            assert torch.equal(out[0, 0], base[0, 0])  # causal: pair 0 never sees pair 1
+            assert not torch.allclose(out[0, 1], base[0, 1])  # its own feature / token
+            assert not torch.allclose(out[0, 2], base[0, 2])  # a later pair attends to it
+
+
+# ---------------------------------------------------------------------------------------------- dynamic rerank
+
+
+def test_rerank_keeps_the_best_connected_subtree():
+    parents = [-1, -1, 0, 0, 1, 2]
+    scores = [-0.1, -0.5, -0.2, -0.9, -0.6, -0.3]
+    assert rerank_connected(parents, scores, 3) == [0, 2, 5]  # a chain beats the second root child
+    assert rerank_connected(parents, scores, 4) == [0, 1, 2, 5]
+    assert rerank_connected(parents, scores, 0) == []
+    # a child scoring above its parent (not a joint log-probability) waits for its parent
+    assert rerank_connected([-1, -1, 1], [-0.1, -0.9, -0.05], 2) == [0, 1]
+    # ties: the lower pool index (the parent, drafted first) wins
+    assert rerank_connected([-1, 0, -1], [-0.5, -0.5, -0.5], 2) == [0, 1]
+    with pytest.raises(ValueError, match="parents"):
+        rerank_connected([0], [0.0], 1)
+
+
+# ---------------------------------------------------------------------------------------------- exactness
+
+
+@pytest.mark.parametrize("verifier", ["greedy", "membership"])
+@pytest.mark.parametrize(
+    "budget",
+    [CHAIN, DYNAMIC, CARTESIAN, Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1)), CHOICES],
+    ids=["chain", "dynamic", "cartesian", "expansion", "choices"],
+)
+def test_greedy_equality(env, budget, verifier):
+    prompt = env["docs"][33][:6]
+    expected = autoregressive(env["backend"], prompt)
+    p = make(env, budget)
+    res, rounds = run(env["backend"], p, verifier=verifier, prompt=prompt)
+    assert res.tokens == expected
+    ex = p.stats.extras
+    assert ex["hidden_misses"] == 0 and ex["feature_gaps"] == 0 and ex["refused_reuse"] == 0
+    assert all(r["tree"].num_rows >= 1 for r in rounds)
+    assert len(rounds) < len(expected)  # some round committed more than one token
+    assert ex["pairs_fed"] == len(prompt) - 1 + sum(len(r["emitted"]) for r in rounds[:-1])
+
+
+def test_a_choice_list_shapes_every_proposal_by_rank(env):
+    """topology=choices: each proposal has the list's parents, and a node of rank r is its parent's
+    r-th most likely child under the draft (rank 1 below [0] skipped, as beam allows)."""
+    prompt = env["docs"][33][:6]
+    p = make(env, CHOICES)
+    laws = []
+    orig = p._probs
+
+    def spy(logits):
+        out = orig(logits)
+        laws.append(out)
+        return out
+
+    p._probs = spy
+    env["backend"].prefill_one(prompt)
+    p.start(prompt)
+    result = p.propose(prompt, TorchRandomSource(0))
+    assert [n.parent for n in result.nodes] == list(CHOICES.parents)
+    assert len(laws) == CHOICES.max_depth  # one draft stage (one law call) per depth
+    # the rows of each call, in node order: the frontier; nodes [0] and [1]; node [0, 0]
+    level = {-1: laws[0][0], 0: laws[1][0], 1: laws[1][1], 2: laws[2][0]}
+    for node, (parent, rank) in enumerate(zip(CHOICES.parents, CHOICES.ranks)):
+        order = torch.argsort(level[parent], descending=True, stable=True)
+        assert result.nodes[node].token_id == int(order[rank]), node
+    with pytest.raises(ValueError, match="skips rank 1"):
+        EagleProposer.declare({"sampling": "iid"}, CHOICES)
+
+
+def test_draft_cache_holds_exactly_the_committed_pairs(env):
+    """After every proposal the draft cache holds one row per committed pair (f_j, x_{j+1}), and
+    the incremental draft output equals a from-scratch pass over the same pairs."""
+    prompt = env["docs"][34][:7]
+    p = make(env, DYNAMIC)
+    seen = []
+    orig = p.propose
+
+    def spy(committed, rng):
+        out = orig(committed, rng)
+        seen.append((len(committed), p.cache.length, [pos for pos, _ in p.fed], p.g_last.clone()))
+        return out
+
+    p.propose = spy
+    res, _ = run(env["backend"], p, prompt=prompt, new=16)
+    model = env["model"]
+    full = prompt + res.tokens
+    with torch.inference_mode():
+        feats = model.base_model(input_ids=torch.tensor([full])).last_hidden_state  # [1, T, d]
+        for n, length, positions, g_last in seen:
+            assert length == n - 1 and positions == list(range(n - 1))
+            ids = torch.tensor([full[1:n]])
+            g = p.draft(feats[:, : n - 1], p.embed(ids), torch.arange(n - 1)[None], mask=causal_mask(1, n - 1, 0))
+            assert torch.allclose(g[0, -1], g_last, atol=1e-4)
+
+
+def test_dynamic_tree_shape_follows_the_drafts_confidence():
+    """On a target with peaked laws (LM head scaled) a random draft is confident in some rounds and
+    not in others: the verified trees take several shapes, each within the budget, and decoding
+    stays exact."""
+    model = build_tiny_model(seed=4)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(200)
+    backend = CausalLMBackend(model)
+    torch.manual_seed(0)
+    draft = EagleDraft(spec_from_target(model.config))
+    budget = Budget(shape="dynamic", max_nodes=6, max_depth=4, topk=2)
+    p = EagleProposer(
+        budget=budget, manifest_hash="h", policy=GREEDY, model=model, draft=draft, checkpoint=target_fingerprint(model)
+    )
+    prompt = [5, 17, 33, 2, 9, 40]
+    res, rounds = run(backend, p, prompt=prompt, new=24)
+    assert res.tokens == autoregressive(backend, prompt)
+    shapes = {tuple(r["tree"].parents.tolist()) for r in rounds}
+    assert len(shapes) >= 3  # not a fixed shape
+    for r in rounds:
+        tree = r["tree"]
+        assert 1 <= tree.num_rows <= 6 and int(tree.depths.max()) <= 4
+        assert all(int(par) < i for i, par in enumerate(tree.parents.tolist()))  # connected, topological
+    ex = p.stats.extras
+    assert ex["max_tree_rows"] <= 6 and ex["max_tree_depth"] >= 3 and sum(ex["tree_rows_hist"]) == ex["rounds"]
+
+
+def test_dynamic_tree_is_eagle2s_rerank_of_the_full_pool(env, monkeypatch):
+    """The early stop (no deeper node can enter the kept set) changes nothing: with it disabled the
+    pool is complete (k + (D - 1) k^2 nodes) and the rerank keeps the same tree."""
+    import harness.proposers.eagle as eagle_mod
+
+    prompt = env["docs"][32][:8]
+    budget = Budget(shape="dynamic", max_nodes=5, max_depth=4, topk=3)
+
+    def tree_of(p):
+        env["backend"].prefill_one(prompt)
+        p.start(prompt)
+        return p.propose(prompt, TorchRandomSource(0))
+
+    fast = tree_of(make(env, budget))
+    monkeypatch.setattr(eagle_mod, "deeper_nodes_cannot_enter", lambda *a, **k: False)
+    slow_p = make(env, budget)
+    full = tree_of(slow_p)
+    assert full.extras["pool_nodes"] == 3 + 3 * 9
+    assert [(n.token_id, n.parent) for n in fast.nodes] == [(n.token_id, n.parent) for n in full.nodes]
+    assert fast.extras["pool_nodes"] <= full.extras["pool_nodes"]
+    # each kept node's joint log-confidence is the sum of the draft's log-probabilities on its path
+    for i, n in enumerate(full.nodes):
+        parent = full.extras["joint_logp"][n.parent] if n.parent >= 0 else 0.0
+        assert full.extras["joint_logp"][i] == pytest.approx(parent + float(torch.tensor(n.score).log()), abs=1e-5)
+    assert full.probability_semantics == "score_only" and full.sampling_relation == "beam"
+
+
+def test_critical_path_is_one_draft_stage_per_depth(env):
+    prompt = env["docs"][31][:6]
+    p = make(env, CHAIN)
+    run(env["backend"], p, prompt=prompt)
+    assert p.stats.extras["critical_path_stages_per_round"] == 4.0  # catch-up + depths 2..4
+
+
+def test_unexpected_forward_is_a_miss_not_a_wrong_feature(env):
+    """A target forward between a proposal and its verify forward fails the generation field of the
+    may_reuse check: its rows are refused, the next round proposes nothing (its feature is
+    missing), and drafting resumes the round after, with a gap in the draft's context."""
+    prompt = env["docs"][30][:6]
+    backend = env["backend"]
+    expected = autoregressive(backend, prompt)
+    p = make(env, CHAIN)
+    calls = {"n": 0}
+    orig = p.propose
+
+    def meddling(committed, rng):
+        out = orig(committed, rng)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            with torch.inference_mode():
+                env["model"](input_ids=torch.tensor([committed[-3:]]))  # an unrelated forward
+        return out
+
+    p.propose = meddling
+    res, rounds = run(backend, p, prompt=prompt)
+    assert res.tokens == expected
+    ex = p.stats.extras
+    assert ex["hidden_misses"] == 1 and ex["feature_gaps"] >= 1
+    assert rounds[3]["tree"].num_rows == 0 and rounds[4]["tree"].num_rows >= 1
+
+
+@pytest.mark.parametrize(
+    "sampling,verifier,budget",
+    [
+        ("iid", "specinfer", Budget(shape="expansion", max_nodes=12, max_depth=3, widths=(2, 2, 1))),
+        ("without_replacement", "sequoia", DYNAMIC),
+        ("iid", "rejection", CHAIN),
+    ],
+)
+def test_sampled_trees_carry_the_law_they_were_drawn_from(env, sampling, verifier, budget):
+    policy = SamplingPolicy(temperature=0.8)
+    prompt = env["docs"][31][:6]
+    p = make(env, budget, sampling=sampling, policy=policy)
+    env["backend"].prefill_one(prompt)
+    p.start(prompt)
+    result = p.propose(prompt, TorchRandomSource(3))
+    assert result.probability_semantics == "normalized_conditional" and result.sampling_relation == sampling
+    assert result.q_dists is not None and result.q_dists.shape[0] == len(result.nodes) <= budget.max_nodes
+    for i, n in enumerate(result.nodes):
+        assert abs(n.q - float(result.q_dists[i, n.token_id])) < 1e-6
+    # the first draw's law is the draft's distribution after the last committed pair, under the policy
+    with torch.inference_mode():
+        want = policy.probs(p.lm_head(p.g_last[None]))[0]
+    assert torch.allclose(result.q_dists[0], want, atol=1e-6)
+    res, _ = run(
+        env["backend"],
+        make(env, budget, sampling=sampling, policy=policy),
+        verifier=verifier,
+        prompt=prompt,
+        policy=policy,
+    )
+    assert len(res.tokens) == 24
+
+
+def test_sampled_dynamic_tree_expands_by_confidence_within_budget(env):
+    policy = SamplingPolicy(temperature=1.0)
+    prompt = env["docs"][30][:6]
+    budget = Budget(shape="dynamic", max_nodes=7, max_depth=3, topk=2)
+    p = make(env, budget, sampling="without_replacement", policy=policy)
+    env["backend"].prefill_one(prompt)
+    p.start(prompt)
+    result = p.propose(prompt, TorchRandomSource(5))
+    tree = compile_tree([result], prefix_len=len(prompt))
+    depth1 = [i for i, n in enumerate(result.nodes) if n.parent == -1]
+    assert len(depth1) == 2 and len(result.nodes) == 2 + 4 + 1  # 2, then 2 x 2, then the 1 left
+    joint = result.extras["joint_logp"]
+    expanded = {n.parent for n in result.nodes if n.parent >= 0 and result.nodes[n.parent].parent >= 0}
+    depth2 = [i for i, n in enumerate(result.nodes) if n.parent in depth1]
+    assert expanded == {max(depth2, key=lambda i: (joint[i], -i))}  # the most confident depth-2 node
+    assert int(tree.depths.max()) == 3
+
+
+# ---------------------------------------------------------------------------------------------- negotiation, batch
+
+
+def test_negotiation_admits_only_verifiers_exact_for_the_relation():
+    from harness.config import compose
+    from harness.engine.build import plan
+    from harness.verifiers.base import NegotiationError
+
+    base = ["model=tiny", "proposer=eagle", "topology=dynamic"]
+    plan(compose(base))  # beam at T = 0: greedy
+    plan(compose(base + ["verifier=membership", "generation.temperature=0.7"]))
+    with pytest.raises(NegotiationError, match="score_only"):
+        plan(compose(base + ["verifier=sequoia", "generation.temperature=0.7"]))
+    sampled = base + ["proposer.sampling=without_replacement", "generation.temperature=0.7"]
+    plan(compose(sampled + ["verifier=sequoia"]))
+    with pytest.raises(NegotiationError, match="without_replacement"):
+        plan(compose(sampled + ["verifier=specinfer"]))
+    with pytest.raises(ValueError, match="topk"):
+        plan(compose(base + ["topology.topk=0"]))
+    with pytest.raises(ValueError, match="does not exist and is not a hub id"):
+        plan(compose(base + ["proposer.artifact=/nonexistent/eagle-draft"]))
+    plan(compose(base + ["proposer.artifact=yuhuili/EAGLE-LLaMA3-Instruct-8B"]))  # a hub id: read at load time
+
+
+def test_batch_above_one_is_refused_before_model_work():
+    from harness.config import compose
+    from harness.engine.build import plan
+
+    plan(compose(["model=tiny", "proposer=eagle", "topology=sequence"]))
+    with pytest.raises(ConfigError, match=r"batch_size <= 1; got 2: EAGLE reads"):
+        plan(compose(["model=tiny", "proposer=eagle", "topology=sequence", "generation.batch_size=2"]))
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+
+def successor_model(seed=0):
+    """A tiny target whose greedy next token is ``x + 1`` (attention and MLP outputs zeroed, LM head
+    = the embeddings rolled by one)."""
+    m = build_tiny_model(seed=seed, hidden_size=128, intermediate_size=64)
+    with torch.no_grad():
+        for layer in m.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        m.lm_head.weight.copy_(torch.roll(m.model.embed_tokens.weight, 1, 0) * 8)
+    return m.eval()
+
+
+def test_training_reaches_high_held_out_agreement_at_every_depth(env):
+    model = successor_model()
+    docs = [list(range(s, s + 30)) for s in range(3, 63, 2)]
+    assert greedy_docs(model, torch.tensor([docs[0][:1]]), 29)[0] == docs[0]
+    opts = {
+        "intermediate_size": 64,
+        "data": {"source": "inline", "token_budget": 600, "held_out_tokens": 150, "max_len": 40},
+        "train": {"epochs": 12, "lr": 5e-3, "batch_size": 2, "eval_depths": 4, "token_weight": 1.0},
+    }
+    art = ensure_eagle(
+        opts, model=model, tokenizer=None, target_source="successor", documents=(docs[::2], docs[1::2]), progress=False
+    )
+    held = art.manifest["held_out"]
+    assert len(held["top1_agreement"]) == 4
+    assert all(b < 0.2 for b in held["top1_agreement_untrained"]), held
+    assert all(a > 0.9 for a in held["top1_agreement"]), held
+
+
+def test_manifest_fields(env):
+    m = env["art"].manifest
+    held = m["held_out"]
+    assert len(held["top1_agreement"]) == 3 and held["rows"][0] > held["rows"][2] > 0
+    assert all(0.0 <= a <= 1.0 for a in held["top1_agreement"] + held["top1_agreement_untrained"])
+    assert m["target_hash"] == target_fingerprint(env["model"]) and m["kind"] == "eagle" and not m["published"]
+    assert m["token_budget"] == 1200 and 0 < m["tokens_seen"] <= 1200
+    assert m["recipe"]["spec"]["version"] == "eagle" and m["recipe"]["spec"]["hidden_size"] == 32
+    assert m["recipe"]["train"]["feature_weight"] == 1.0 and m["recipe"]["train"]["token_weight"] == 0.1
+    assert m["cpu_budget_artifact"] is True and m["training"]["steps"] == 3 * 8
+    assert make(env, CHAIN).cpu_budget_artifact is True
+    weights = env["art"].path / "weights.safetensors"
+    from safetensors.torch import load_file
+
+    assert sorted(load_file(str(weights))) == sorted(EagleDraft(spec_from_target(env["model"].config)).state_dict())
+
+
+def test_the_heads_feature_cache_is_shared(env):
+    """EAGLE trains from the same cached target features as the heads of the same data recipe."""
+    from harness.prepare.heads import ensure_heads
+
+    before = sorted(p.name for p in (env["art"].path.parents[1] / "heads" / "streams").iterdir())
+    ensure_heads(
+        "medusa",
+        {**OPTIONS, "num_heads": 2, "train": {"epochs": 1}},
+        model=env["model"],
+        tokenizer=None,
+        target_source="tiny",
+        documents=(env["docs"][:30], env["docs"][30:]),
+        progress=False,
+    )
+    after = sorted(p.name for p in (env["art"].path.parents[1] / "heads" / "streams").iterdir())
+    mine = target_fingerprint(env["model"])[:12]
+    assert before == after and len([n for n in after if n.startswith(mine)]) == 2  # train + held-out
+
+
+def test_artifact_refused_against_another_target_or_recipe(env):
+    with pytest.raises(ArtifactError, match="only valid for the target it was trained"):
+        ensure_eagle(
+            {**OPTIONS, "artifact": str(env["art"].path)},
+            model=build_tiny_model(seed=2),
+            tokenizer=None,
+            target_source="tiny seed=2",
+            progress=False,
+        )
+    with pytest.raises(ArtifactError, match="spec"):
+        ensure_eagle(
+            {**OPTIONS, "num_layers": 2, "artifact": str(env["art"].path)},
+            model=env["model"],
+            tokenizer=None,
+            target_source="tiny",
+            progress=False,
+        )
+    with pytest.raises(ArtifactError, match="auto_train=false"):
+        ensure_eagle(
+            {**OPTIONS, "train": {"epochs": 2}, "auto_train": False},
+            model=env["model"],
+            tokenizer=None,
+            target_source="tiny",
+            progress=False,
+        )
+
+
+# ---------------------------------------------------------------------------------------------- published checkpoints
+
+
+def llama_fields(cfg, **extra) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        **extra,
+    }
+
+
+def eagle12_state(cfg, *, layers=1, bias=True, qkv_bias=False, embed=None, seed=0) -> dict:
+    """Random weights under the EAGLE-1/2 key names and shapes."""
+    gen = torch.Generator().manual_seed(seed)
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    hd = h // cfg.num_attention_heads
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    r = lambda *s: torch.randn(*s, generator=gen) * 0.1  # noqa: E731
+    state = {"fc.weight": r(h, 2 * h)}
+    if bias:
+        state["fc.bias"] = r(h)
+    for layer in range(layers):
+        p = f"layers.{layer}."
+        state.update(
+            {
+                p + "self_attn.q_proj.weight": r(nh * hd, h),
+                p + "self_attn.k_proj.weight": r(nkv * hd, h),
+                p + "self_attn.v_proj.weight": r(nkv * hd, h),
+                p + "self_attn.o_proj.weight": r(h, nh * hd),
+                p + "mlp.gate_proj.weight": r(i, h),
+                p + "mlp.up_proj.weight": r(i, h),
+                p + "mlp.down_proj.weight": r(h, i),
+                p + "post_attention_layernorm.weight": 1 + r(h),
+            }
+        )
+        if layer:
+            state[p + "input_layernorm.weight"] = 1 + r(h)
+        if qkv_bias:
+            state.update(
+                {
+                    p + "self_attn.q_proj.bias": r(nh * hd),
+                    p + "self_attn.k_proj.bias": r(nkv * hd),
+                    p + "self_attn.v_proj.bias": r(nkv * hd),
+                }
+            )
+    if embed is not None:
+        state["embed_tokens.weight"] = embed.clone()
+    return state
+
+
+def write_published(path, config: dict, state: dict, *, fmt="bin"):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    if fmt == "bin":
+        torch.save(state, path / "pytorch_model.bin")
+    else:
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
+    return path
+
+
+@pytest.mark.parametrize(
+    "fmt,bias,qkv_bias,layers",
+    [("bin", True, False, 1), ("safetensors", False, False, 1), ("bin", True, True, 2)],
+    ids=["eagle-bin", "eagle2-safetensors-nobias", "qwen2-qkv-bias-2-layers"],
+)
+def test_published_eagle12_checkpoint_loads_key_for_key_and_decodes_exactly(env, tmp_path, fmt, bias, qkv_bias, layers):
+    model = env["model"]
+    cfg = model.config
+    state = eagle12_state(cfg, layers=layers, bias=bias, qkv_bias=qkv_bias, embed=model.get_input_embeddings().weight)
+    extra = {"bias": False} if not bias else {}
+    if qkv_bias:
+        extra["qkv_bias"] = True
+    path = write_published(tmp_path / "ckpt", llama_fields(cfg, num_hidden_layers=layers, **extra), state, fmt=fmt)
+    art = load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+    assert art.published and art.manifest["format"] == "eagle" and not art.cpu_budget_artifact
+    assert art.manifest["embedding"] == {"in_checkpoint": True, "max_abs_diff_vs_target": 0.0}
+    loaded = art.draft.state_dict()
+    assert sorted(loaded) == sorted(state)
+    assert all(torch.equal(loaded[k], state[k].float()) for k in state)
+    assert (
+        art.draft.spec.fc_bias == bias and art.draft.spec.qkv_bias == qkv_bias and art.draft.spec.num_layers == layers
+    )
+    prompt = env["docs"][33][:6]
+    p = make(env, DYNAMIC, draft=art.draft)
+    res, _ = run(env["backend"], p, prompt=prompt)
+    assert res.tokens == autoregressive(env["backend"], prompt)
+    assert p.stats.extras["hidden_misses"] == 0
+
+
+def test_published_checkpoint_refusals(env, tmp_path):
+    model = env["model"]
+    cfg = model.config
+    emb = model.get_input_embeddings().weight
+
+    def load(name, config, state):
+        path = write_published(tmp_path / name, config, state)
+        return load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+
+    wide = build_tiny_model(hidden_size=48).config
+    with pytest.raises(ArtifactError, match=r"expected 32, got 48"):
+        load("wide", llama_fields(wide), eagle12_state(wide))
+    with pytest.raises(ArtifactError, match=r"vocab_size 120; the target's vocabulary is 96"):
+        load("vocab", llama_fields(cfg, vocab_size=120), eagle12_state(cfg))
+    with pytest.raises(ArtifactError, match=r"embed_tokens.weight is \[120, 32\]"):
+        load("embed", llama_fields(cfg), eagle12_state(cfg, embed=torch.zeros(120, 32)))
+    state = eagle12_state(cfg, embed=emb)
+    state.pop("layers.0.mlp.up_proj.weight")
+    with pytest.raises(ArtifactError, match="lacks .*up_proj"):
+        load("missing", llama_fields(cfg), state)
+    with pytest.raises(ArtifactError, match="does not define"):
+        load("extra", llama_fields(cfg), {**eagle12_state(cfg), "lm_head.weight": torch.zeros(96, 32)})
+    with pytest.raises(ArtifactError, match=r"has shape \[32, 32\], expected \[32, 64\]"):
+        load("shape", llama_fields(cfg), {**eagle12_state(cfg), "fc.weight": torch.zeros(32, 32)})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ArtifactError, match="neither a harness EAGLE artifact"):
+        load_configured_eagle({"artifact": str(tmp_path / "empty")}, model=model, tokenizer=None)
+
+
+def eagle3_checkpoint(cfg, *, draft_vocab: int, seed=0, speculators=False):
+    """Random EAGLE-3 weights and config (EAGLE repo naming, or speculators' ``layers.0.``)."""
+    gen = torch.Generator().manual_seed(seed)
+    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    hd = h // cfg.num_attention_heads
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    r = lambda *s: torch.randn(*s, generator=gen) * 0.1  # noqa: E731
+    used = torch.sort(torch.randperm(v, generator=gen)[:draft_vocab]).values
+    p = "layers.0." if speculators else "midlayer."
+    state = {
+        "fc.weight": r(h, 3 * h),
+        p + "hidden_norm.weight": 1 + r(h),
+        p + "input_layernorm.weight": 1 + r(h),
+        p + "self_attn.q_proj.weight": r(nh * hd, 2 * h),
+        p + "self_attn.k_proj.weight": r(nkv * hd, 2 * h),
+        p + "self_attn.v_proj.weight": r(nkv * hd, 2 * h),
+        p + "self_attn.o_proj.weight": r(h, nh * hd),
+        p + "post_attention_layernorm.weight": 1 + r(h),
+        p + "mlp.gate_proj.weight": r(i, h),
+        p + "mlp.up_proj.weight": r(i, h),
+        p + "mlp.down_proj.weight": r(h, i),
+        "norm.weight": 1 + r(h),
+        "lm_head.weight": r(draft_vocab, h) * 20,
+        "d2t": used - torch.arange(draft_vocab),
+        "t2d": torch.zeros(v, dtype=torch.bool).index_fill_(0, used, True),
+    }
+    layer = llama_fields(cfg)
+    if not speculators:
+        return {**layer, "draft_vocab_size": draft_vocab}, state, set(used.tolist())
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.3.0",
+        "draft_vocab_size": draft_vocab,
+        "norm_before_residual": False,
+        "target_hidden_size": None,
+        "transformer_layer_config": layer,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "verifier": {"name_or_path": "tiny-llama-8-layers", "architectures": ["LlamaForCausalLM"]},
+        },
+    }
+    return config, state, set(used.tolist())
+
+
+@pytest.fixture(scope="module")
+def deep_target():
+    """An 8-layer tiny target: EAGLE-3 fuses the residual stream entering layers 2, 4 and 5."""
+    model = build_tiny_model(seed=3, num_layers=8)
+    return model, CausalLMBackend(model)
+
+
+def test_tap_records_the_residual_stream_entering_chosen_layers(deep_target):
+    model, backend = deep_target
+    tap = HiddenTap.on(model)
+    tap.capture_layers([2, 4, 5])
+    ids = [5, 9, 13, 17, 21]
+    backend.prefill_one(ids + [3])
+    with torch.inference_mode():
+        ref = model.base_model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+    for layer in (2, 4, 5):
+        assert torch.allclose(tap.last.aux[layer], ref[layer][0], atol=1e-6)
+    with pytest.raises(ValueError, match="outside the target's 8 layers"):
+        tap.capture_layers([8])
+
+
+@pytest.mark.parametrize("speculators", [False, True], ids=["eagle3", "speculators-eagle3"])
+def test_published_eagle3_checkpoint_drafts_in_its_draft_vocabulary(deep_target, tmp_path, speculators):
+    model, backend = deep_target
+    config, state, used = eagle3_checkpoint(model.config, draft_vocab=40, speculators=speculators)
+    path = write_published(tmp_path / "e3", config, state, fmt="safetensors")
+    art = load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+    fmt = "speculators-eagle3" if speculators else "eagle3"
+    assert art.manifest["format"] == fmt and art.draft.spec.aux_layers == (2, 4, 5)
+    assert art.draft.spec.draft_vocab_size == 40 and art.manifest["embedding"] == {"in_checkpoint": False}
+    loaded = art.draft.state_dict()
+    rename = (lambda k: k.replace("layers.0.", "midlayer.")) if speculators else (lambda k: k)
+    assert sorted(loaded) == sorted(rename(k) for k in state if k != "t2d")
+    assert all(torch.equal(loaded[rename(k)], state[k].to(loaded[rename(k)].dtype)) for k in state if k != "t2d")
+    if speculators:
+        assert art.manifest["verifier"]["name_or_path"] == "tiny-llama-8-layers"
+    prompt = [7, 11, 19, 23, 29, 31]
+    p = EagleProposer(
+        budget=DYNAMIC,
+        manifest_hash="h",
+        policy=GREEDY,
+        model=model,
+        draft=art.draft,
+        checkpoint=target_fingerprint(model),
+    )
+    res, rounds = run(backend, p, prompt=prompt, new=16)
+    assert res.tokens == autoregressive(backend, prompt, new=16)
+    assert p.stats.extras["hidden_misses"] == 0 and p.stats.extras["refused_reuse"] == 0
+    proposed = {int(t) for r in rounds for t in r["tree"].token_ids.tolist()}
+    assert proposed and proposed <= used  # no mass outside the draft vocabulary
+
+
+def test_published_eagle3_refusals(deep_target, tmp_path):
+    model, _ = deep_target
+    config, state, _ = eagle3_checkpoint(model.config, draft_vocab=40)
+    bad = dict(state)
+    bad["d2t"] = bad["d2t"] + 100
+    path = write_published(tmp_path / "d2t", config, bad, fmt="safetensors")
+    with pytest.raises(ArtifactError, match="d2t maps the draft vocabulary outside"):
+        load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+    path = write_published(tmp_path / "layers", {**config, "eagle_aux_hidden_state_layer_ids": [2, 4, 9]}, state)
+    with pytest.raises(ArtifactError, match=r"fuses target layers \[2, 4, 9\]; the target has 8"):
+        load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+    path = write_published(tmp_path / "th", {**config, "target_hidden_size": 64}, state)
+    with pytest.raises(ArtifactError, match="expected 32, got 64"):
+        load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+    hass = {
+        "speculators_model_type": "eagle",
+        "layernorms": True,
+        "transformer_layer_config": llama_fields(model.config),
+    }
+    path = write_published(tmp_path / "hass", hass, {"fusion_fc.weight": torch.zeros(32, 64)})
+    with pytest.raises(ArtifactError, match="HASS"):
+        load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+
+
+def test_legacy_speculators_eagle_is_the_eagle1_layout(env, tmp_path):
+    model = env["model"]
+    cfg = model.config
+    state = eagle12_state(cfg, bias=False)
+    legacy = {
+        ("fusion_fc." + k[3:] if k.startswith("fc.") else "transformer." + k[len("layers.0.") :]): v
+        for k, v in state.items()
+    }
+    config = {
+        "speculators_model_type": "eagle",
+        "layernorms": False,
+        "fusion_bias": False,
+        "transformer_layer_config": llama_fields(cfg),
+    }
+    path = write_published(tmp_path / "legacy", config, legacy, fmt="safetensors")
+    art = load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+    assert art.manifest["format"] == "speculators-eagle"
+    assert all(torch.equal(art.draft.state_dict()[k], v) for k, v in state.items())
+
+
+def test_harness_run_with_a_published_checkpoint_and_a_dynamic_tree(env, tmp_path, monkeypatch):
+    """`harness run proposer=eagle proposer.artifact=DIR topology=dynamic` end to end on the tiny
+    model: the prepare stage loads the checkpoint as it is, gates pass, the record carries the
+    artifact's provenance and the dynamic tree's sizes."""
+    from harness.config import compose
+    from harness.runner import run_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    model = build_tiny_model()  # model=tiny seed 0
+    cfg = model.config
+    path = write_published(
+        tmp_path / "ckpt", llama_fields(cfg), eagle12_state(cfg, embed=model.get_input_embeddings().weight)
+    )
+    run_cfg = compose(
+        [
+            "model=tiny",
+            "proposer=eagle",
+            f"proposer.artifact={path}",
+            "topology=dynamic",
+            "workload.limit=2",
+            "generation.max_new_tokens=12",
+            "gates.oracle=false",
+            "threads=1",
+        ]
+    )
+    record = run_job(run_cfg, run_dir=tmp_path / "run")
+    from harness.tracking.store import load_record
+
+    load_record(tmp_path / "run" / "record.json")  # the record validates
+    m = record["metrics"]
+    assert m["greedy_identical"] is True and m["cpu_budget_artifact"] is False
+    art = record["artifacts"]["proposer_artifact"]
+    assert art["published"] is True and art["format"] == "eagle" and art["source"] == str(path)
+    extras = m["retrieval"]
+    assert extras["hidden_misses"] == 0 and 1 <= extras["max_tree_rows"] <= 8
+    assert sum(extras["tree_rows_hist"]) == extras["rounds"]
+    # the heads comparison table reads the record (scripts/heads_show.py)
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "heads_show.py"
+    spec = importlib.util.spec_from_file_location("heads_show", script)
+    show = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(show)
+    row = show.row_of(record)
+    assert row["proposer"] == "eagle" and row["topology"] == "dynamic" and row["mean_tree_rows"] >= 1
+    assert "| dynamic" not in show.table([row]) and f"{row['mean_tree_rows']:.1f}" in show.table([row])
+
+
+def test_harness_train_proposer_eagle_on_the_tiny_model(tmp_path, monkeypatch, capsys):
+    """`harness train proposer=eagle model=tiny ...`: ShareGPT documents as byte ids, the artifact's
+    summary printed as JSON; a second call finds the artifact; a published checkpoint is never trained."""
+    from harness.app import train_main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    argv = [
+        "proposer=eagle",
+        "model=tiny",
+        "threads=1",
+        "proposer.data.token_budget=300",
+        "proposer.data.held_out_tokens=100",
+        "proposer.data.max_len=50",
+        "proposer.train.eval_depths=2",
+    ]
+    assert train_main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["kind"] == "eagle" and summary["tokens_seen"] <= 300 and summary["cpu_budget_artifact"] is True
+    assert len(summary["held_out_top1_agreement_by_depth"]) == 2
+    assert train_main(argv) == 0  # loads the existing artifact
+    assert json.loads(capsys.readouterr().out)["artifact_id"] == summary["artifact_id"]
+    model = build_tiny_model()
+    path = write_published(tmp_path / "ckpt", llama_fields(model.config), eagle12_state(model.config))
+    assert train_main([*argv, f"proposer.artifact={path}", "force=true"]) == 2
+    assert "published checkpoint: it is loaded, never trained" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- SmolLM2
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from harness.target.loading import load_model
+
+    return load_model(name="smollm2")
+
+
+@pytest.mark.model
+def test_smollm2_published_layout_checkpoint_decodes_exactly_with_a_dynamic_tree(smollm2, tmp_path):
+    """A random checkpoint in EAGLE-1/2's published layout with SmolLM2's shapes (576 wide, 9 heads, 3 KV
+    heads, vocabulary 49,152, the base embedding copied in) loads and decodes greedy-identically."""
+    model, tok = smollm2.model, smollm2.tokenizer
+    cfg = model.config
+    state = eagle12_state(cfg, embed=model.get_input_embeddings().weight.detach())
+    config = llama_fields(cfg, rope_theta=float(cfg.rope_parameters["rope_theta"]), bias=True)
+    path = write_published(tmp_path / "ckpt", config, state, fmt="safetensors")
+    art = load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=tok)
+    assert art.manifest["embedding"]["max_abs_diff_vs_target"] == 0.0
+    backend = CausalLMBackend(model)
+    prompt = tok("def fibonacci(n):\n    ")["input_ids"]
+    p = EagleProposer(
+        budget=DYNAMIC,
+        manifest_hash="h",
+        policy=GREEDY,
+        model=model,
+        draft=art.draft,
+        checkpoint=target_fingerprint(model),
+    )
+    res, rounds = run(backend, p, prompt=prompt, new=16)
+    assert res.tokens == autoregressive(backend, prompt, new=16)
+    assert p.stats.extras["hidden_misses"] == 0 and all(r["tree"].num_rows >= 1 for r in rounds)
+
+
+@pytest.mark.model
+def test_smollm2_trains_an_eagle_draft_from_sharegpt(smollm2, tmp_path, monkeypatch):
+    """The SmolLM2 path of `harness train proposer=eagle` on a tiny budget (chat-templated ShareGPT
+    documents, cached features, held-out agreement by depth), and a run on the result."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    opts = {
+        "data": {"token_budget": 400, "held_out_tokens": 120, "max_len": 128},
+        "train": {"epochs": 1, "eval_depths": 3},
+    }
+    art = ensure_eagle(opts, model=smollm2.model, tokenizer=smollm2.tokenizer, target_source="smollm2", progress=False)
+    held = art.manifest["held_out"]
+    assert len(held["top1_agreement"]) == 3 and held["rows"][0] > 0 and art.manifest["training"]["steps"] >= 1
+    backend = CausalLMBackend(smollm2.model)
+    prompt = smollm2.tokenizer("The capital of France is")["input_ids"]
+    p = EagleProposer(
+        budget=CHAIN,
+        manifest_hash="h",
+        policy=GREEDY,
+        model=smollm2.model,
+        draft=art.draft,
+        checkpoint=target_fingerprint(smollm2.model, smollm2.tokenizer),
+    )
+    res, _ = run(backend, p, prompt=prompt, new=12)
+    assert res.tokens == autoregressive(backend, prompt, new=12)
+
+
+def test_a_hub_id_is_downloaded_then_read_like_a_directory(env, tmp_path, monkeypatch):
+    """``proposer.artifact=owner/name`` goes through huggingface_hub's snapshot download (config and
+    weights only); a failed download is one clear refusal."""
+    import huggingface_hub
+
+    model = env["model"]
+    local = write_published(
+        tmp_path / "snapshot", llama_fields(model.config), eagle12_state(model.config), fmt="safetensors"
+    )
+    calls = []
+
+    def fake_download(repo_id, allow_patterns):
+        calls.append((repo_id, tuple(allow_patterns)))
+        if repo_id == "someone/missing":
+            raise OSError("404 Client Error: repository not found")
+        return str(local)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    art = load_configured_eagle({"artifact": "someone/eagle-tiny"}, model=model, tokenizer=None)
+    assert art.manifest["source"] == "someone/eagle-tiny" and art.manifest["path"] == str(local)
+    assert calls == [("someone/eagle-tiny", ("*.json", "*.safetensors", "*.bin"))]
+    with pytest.raises(ArtifactError, match="cannot download the EAGLE checkpoint 'someone/missing'.*404"):
+        load_configured_eagle({"artifact": "someone/missing"}, model=model, tokenizer=None)
