@@ -164,3 +164,48 @@ def test_a_proposer_that_misrecords_q_fails_the_statistical_gate(workload, tmp_p
     monkeypatch.setattr(DraftModelProposer, "propose", real)  # the same run with the real proposer passes
     record = run_job(cfg(workload, *overrides), run_dir=tmp_path / "ok")
     assert record["gates"]["statistical"]["status"] == "passed"
+
+
+def test_a_chance_rejection_of_a_correct_round_is_overturned_by_the_confirmation_sample(tmp_path, monkeypatch):
+    """Prompt lookup under membership at T = 0.7 on the tiny model is exact, yet its first chi-square
+    test at the gate's seed rejects (p = 7.4e-4 < alpha = 1e-3: the 1-in-1,000 chance every test at
+    that level has). The independent confirmation passes, so the gate passes and records both."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    overrides = [
+        "model=tiny",
+        "proposer=prompt_lookup",
+        "topology=sequences",
+        "verifier=membership",
+        "generation.temperature=0.7",
+        "generation.max_new_tokens=4",
+        "generation.warmup_tokens=0",
+        "workload=humaneval",
+        "workload.limit=1",
+        "gates.oracle=false",
+        "seed=0",
+        "threads=1",
+    ]
+    record = run_job(compose(overrides), run_dir=tmp_path / "run")
+    entry = record["gates"]["statistical"]
+    assert entry["first_test"]["status"] == "failed" and entry["first_test"]["p_value"] < entry["alpha"]
+    assert entry["confirmation"]["status"] == "passed" and entry["confirmation"]["p_value"] >= entry["alpha"]
+    assert entry["status"] == "passed" and entry["p_value"] == entry["first_test"]["p_value"]
+
+
+def test_a_biased_round_fails_the_confirmation_too(workload, tmp_path, monkeypatch):
+    """The misrecorded-q proposer fails both tests: the confirmation does not rescue a real bias."""
+    from harness.gates import statistical
+
+    calls = []
+    real = statistical.chi_square_test
+
+    def spy(**kw):
+        out = real(**kw)
+        calls.append((kw["stream"], out["status"]))
+        return out
+
+    monkeypatch.setattr(statistical, "chi_square_test", spy)
+    test_a_proposer_that_misrecords_q_fails_the_statistical_gate(workload, tmp_path, monkeypatch)
+    # the biased run: two tests on disjoint streams, both failed; the real proposer: one test, passed
+    assert [s for _, s in calls] == ["failed", "failed", "passed"]
+    assert calls[1][0] - calls[0][0] == statistical.CONFIRMATION_STREAM
