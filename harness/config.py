@@ -76,7 +76,8 @@ class ModelConfig:
     # as one) | derived (a draft only: the target's first num_layers decoder layers)
     name: str = "smollm2"
     name_or_path: Optional[str] = None
-    dtype: str = ranged("float32", choices=tuple(DTYPES))
+    # default: bfloat16 on a CUDA device, float32 elsewhere (an explicit value always wins)
+    dtype: str = ranged("${device_dtype:${.device}}", choices=tuple(DTYPES))
     device: str = "cpu"  # cpu | cuda | cuda:N | mps (checked against this torch's devices)
     attn_implementation: str = "sdpa"
     # name=derived only; a model given by name or path loads whole
@@ -471,6 +472,13 @@ SCHEMAS: dict[str, dict[str, type]] = {
 }
 
 
+def device_dtype(device: str) -> str:
+    """A model's default dtype: bfloat16 on a CUDA device (tensor cores; both arms alike), float32
+    elsewhere (CPU kernels without bf16 support would be slower, and float32 keeps CPU runs exact to
+    the figures recorded so far)."""
+    return "bfloat16" if str(device).startswith("cuda") else "float32"
+
+
 def derived_layers(draft_name: str, target_name: str, target_tiny_layers: int) -> Optional[int]:
     """A draft's default layer count: null (loaded whole) unless it is derived; a derived draft
     keeps DEFAULT_DERIVED_LAYERS of the target's layers, or all of a model=tiny target's (it has
@@ -501,6 +509,7 @@ def register_configs() -> None:
         replace=True,
     )
     OmegaConf.register_new_resolver("derived_layers", derived_layers, replace=True)
+    OmegaConf.register_new_resolver("device_dtype", device_dtype, replace=True)
 
 
 register_configs()

@@ -104,3 +104,19 @@ def test_temp_kv_budget_refused_before_model_work():
 def test_temp_kv_budget_counts_the_batch():
     with pytest.raises(ContractError, match="batch_size=4"):
         check_temp_kv_budget(max_nodes=16, bytes_per_token=1000, budget_bytes=32_000, batch_size=4)
+
+
+@pytest.mark.parametrize(
+    "overrides,target,draft",
+    [
+        (["proposer=draft_model"], "float32", "float32"),
+        (["proposer=draft_model", "model.device=cuda"], "bfloat16", "bfloat16"),
+        (["proposer=draft_model", "model.device=cuda:1"], "bfloat16", "bfloat16"),
+        (["proposer=draft_model", "model.device=cuda", "model.dtype=float32"], "float32", "float32"),
+        (["proposer=draft_model", "model.device=cuda", "proposer.model.dtype=float16"], "bfloat16", "float16"),
+        (["model=tiny", "model.device=cuda", "proposer=draft_model"], "bfloat16", "bfloat16"),
+    ],
+)
+def test_the_default_dtype_follows_the_device_and_an_explicit_dtype_wins(overrides, target, draft):
+    cfg = compose(overrides)
+    assert (cfg.model.dtype, cfg.proposer.model.dtype) == (target, draft)
