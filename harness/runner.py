@@ -376,6 +376,14 @@ def check_models(cfg: DictConfig) -> None:
             raise CheckpointError(
                 f"{key}.num_layers must be in [1, {total}] for this {total}-layer target; got {d.num_layers}"
             )
+        own = {k: v for k, v in d.tiny.items() if v != cfg.model.tiny.get(k)}  # they follow the target's unless set
+        if own:
+            first = sorted(own)[0]
+            raise CheckpointError(
+                f"{key}.tiny.{first}={own[first]} does not apply to {key}.name=derived, which is cut from "
+                f"the target (model.tiny.{first}={cfg.model.tiny.get(first)}); use {key}.name=tiny for a "
+                "separate tiny draft"
+            )
         return
     if d.num_layers is not None:
         raise CheckpointError(

@@ -26,7 +26,7 @@ import harness.runner as runner
 import harness.target.loading as loading
 from harness import cli
 from harness.app import run_main
-from harness.config import SCHEMAS, Config, apply_overrides, checked_plan, compose, group_options, offer
+from harness.config import SCHEMAS, Config, ModelConfig, apply_overrides, checked_plan, compose, group_options, offer
 from harness.contracts import ConfigError, Range
 from harness.engine.build import plan
 from harness.verifiers.base import NegotiationError
@@ -142,12 +142,20 @@ def test_every_numeric_option_declares_a_range():
 
 
 def test_every_default_lies_in_its_range():
+    interpolated = []
     for cls, f, _ in schema_fields():
         spec = f.metadata.get("range")
         if spec is None:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if isinstance(default, str) and default.startswith("${"):  # an interpolation: checked as composed
+            interpolated.append(f"{cls.__name__}.{f.name}")
+            continue
         spec.check(f"{cls.__name__}.{f.name}", default)  # raises when a default is out of its own range
+    assert interpolated == ["ModelConfig.dtype"]
+    for device in ("cpu", "cuda", "cuda:1", "mps"):  # the model's dtype default, for every device kind
+        cfg = compose([f"model.device={device}"])
+        ModelConfig.__dataclass_fields__["dtype"].metadata["range"].check("model.dtype", cfg.model.dtype)
 
 
 @pytest.mark.parametrize(
@@ -448,6 +456,20 @@ def test_the_issue_override_is_refused_and_a_draft_vocabulary_of_its_own_is_refu
             ["proposer=draft_model", "model=tiny", "proposer.model.name=tiny", "proposer.model.tiny.vocab_size=128"]
         )
     assert info.value.suggestions == (("proposer.model.tiny.vocab_size=96",),)
+
+
+@pytest.mark.parametrize("target", ["model=tiny", "model=smollm2"])
+@pytest.mark.parametrize("field", ["vocab_size=128", "num_layers=1", "hidden_size=64"])
+def test_a_tiny_field_set_for_a_derived_draft_is_refused_not_ignored(no_models, tmp_path, target, field):
+    """A derived draft is cut from the target, so ``proposer.model.tiny.*`` cannot shape it: setting
+    one is refused before any model work, naming the field and the separate-draft alternative."""
+    with pytest.raises(
+        loading.CheckpointError, match=rf"proposer.model.tiny.{field.split('=')[0]}=.* does not apply .*name=tiny"
+    ):
+        runner.run_job(
+            compose(["proposer=draft_model", target, f"proposer.model.tiny.{field}"]), run_dir=tmp_path / "r"
+        )
+    assert not (tmp_path / "r").exists()
 
 
 # --------------------------------------------------------------------------- refusals that suggest something valid
