@@ -437,3 +437,25 @@ def test_drift_of_typical_is_positive_on_a_peaked_target_and_matches_the_generic
             assert out["mean_tv"] > 1e-3
         else:
             assert out["max_tv"] < 1e-9
+
+
+def test_an_unreadable_gate_cache_file_is_recomputed_and_replaced(tmp_path, monkeypatch):
+    """Jobs of a sweep share the gate cache: a torn file (a job killed mid-write before writes were
+    atomic, a full disk) is computed again and replaced, never read as a pass or a crash."""
+    from harness.gates import stages
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"status": "passed", "max_abs_error": 0.0}
+
+    first = stages._cached("oracle", "k1", True, compute)
+    path = tmp_path / "gates" / "oracle-k1.json"
+    assert first["cached"] is False and json.loads(path.read_text())["status"] == "passed"
+    assert stages._cached("oracle", "k1", True, compute)["cached"] is True and len(calls) == 1
+    path.write_text('{"status": "pas')  # torn
+    again = stages._cached("oracle", "k1", True, compute)
+    assert again["cached"] is False and len(calls) == 2 and json.loads(path.read_text())["status"] == "passed"
+    assert not [p for p in path.parent.iterdir() if p.name != path.name]  # no temporary left beside it

@@ -28,6 +28,7 @@ import time
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness.files import atomic_write_text
 from harness.gates.e2e import E2EModels, check_e2e_case, gate_cases
 from harness.gates.equivalence import equivalence_gate
 from harness.gates.keys import gate_key
@@ -42,13 +43,18 @@ from harness.verifiers.base import VERIFIERS
 
 
 def _cached(name: str, key: str, enabled: bool, compute) -> dict:
+    """A passed gate's result under its key, computed on a miss. The file is written atomically
+    (jobs of a sweep share the cache), and one that cannot be read is recomputed."""
     path = cache_root() / "gates" / f"{name}-{key}.json"
     if enabled and path.exists():
-        return {**json.loads(path.read_text()), "cached": True}
+        try:
+            return {**json.loads(path.read_text()), "cached": True}
+        except (OSError, ValueError):
+            pass  # unreadable: computed again and replaced
     result = {**compute(), "cached": False, "key": key}
     if enabled and result["status"] == "passed":
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2, default=str))
+        atomic_write_text(path, json.dumps(result, indent=2, default=str))
     return result
 
 
