@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,7 +18,7 @@ from harness.tracking.compare import (
     parse_kv,
     speedup_statistic,
 )
-from harness.tracking.store import aggregate, load_record, rebuild_store
+from harness.tracking.store import aggregate, rebuild_store
 
 FIXTURES = FIXTURE_ROOT
 
@@ -146,7 +145,8 @@ def test_fixture_arms_match_the_records_and_sections_stay_apart():
     assert {r.category for r in rows} == {"code", "chat", ALL}
     assert _row(rows, "draft_model", "code").n_prompts == 2 and _row(rows, "draft_model").n_prompts == 4
     by_section = {
-        s: {rid for r in rows if r.section == s for rid in r.run_ids} for s in ("exact", "cpu_budget_artifact", "ungated")
+        s: {rid for r in rows if r.section == s for rid in r.run_ids}
+        for s in ("exact", "cpu_budget_artifact", "ungated")
     }
     assert by_section["cpu_budget_artifact"] == {fixture_run_id(9)}  # hydra heads trained on 2,000 tokens
     assert by_section["ungated"] == {fixture_run_id(11)}  # gates.oracle=false

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 from helpers import FIXTURE_SWEEP, fixture_run, history, inspect_run

@@ -89,7 +89,10 @@ def test_every_fixture_config_is_one_the_runner_plans(run_dir, tmp_path, at_repo
     """Values, negotiation, budgets, the workload, the context limit and the manifest."""
     config = load_record(run_dir)["config"]
     planned = plan_record_config(config, tmp_path / "job")
-    assert planned.manifest["verifier"] == {"name": config["verifier"]["name"], "exact_mode": config["generation"]["exact"]}
+    assert planned.manifest["verifier"] == {
+        "name": config["verifier"]["name"],
+        "exact_mode": config["generation"]["exact"],
+    }
 
 
 def test_the_plan_check_refuses_what_the_runner_refuses(tmp_path, at_repo):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 from helpers import fixture_run

@@ -4,7 +4,6 @@ accepted tokens; the export keeps Spec-Bench's field names and shapes."""
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 from helpers import fixture_run, spec_bench_questions, write_jsonl
