@@ -114,7 +114,8 @@ def test_log_record_reaches_the_offline_log(run_dir):
             continue
         key = "depth/acceptance" if n >= MIN_DEPTH_ROUNDS else "depth/acceptance_few_rounds"
         assert s[key] == acc and s["depth/acceptance_low"] <= acc <= s["depth/acceptance_high"]
-    assert 0 < tried[0] < MIN_DEPTH_ROUNDS and "depth/acceptance_few_rounds" in depth[0]
+    # 64 committed tokens: a depth d >= 3 is tried by at most 64 / d < 30 rounds ("few rounds")
+    assert len([n for n in tried if n]) >= 3 and any("depth/acceptance_few_rounds" in s for s in depth)
     profile = [s for s in steps if "t_profile/t_ms" in s]
     assert [s["verify_rows"] for s in profile] == record["t_profile"]["n"]
     assert [s["t_profile/t_ms"] for s in profile] == record["t_profile"]["t"]
