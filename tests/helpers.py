@@ -1,6 +1,27 @@
 """Helpers shared by tests (importable because pytest puts this folder on sys.path)."""
 
 import copy
+import json
+from pathlib import Path
+
+#: the fixture sweep: records written by the runner on the tiny model (tests/fixtures/records/make_fixtures.py)
+FIXTURE_ROOT = Path(__file__).parent / "fixtures" / "records"
+FIXTURE_SWEEP = FIXTURE_ROOT / "fixture-sweep"
+
+
+def fixture_run(number: int) -> Path:
+    """The fixture sweep's job folder ``fx<number>-...`` (folders are named by their overrides; run
+    ids are the runner's own and change with every regeneration)."""
+    (found,) = FIXTURE_SWEEP.glob(f"fx{number:02d}-*")
+    return found
+
+
+def fixture_record(number: int) -> dict:
+    return json.loads((fixture_run(number) / "record.json").read_text())
+
+
+def fixture_run_id(number: int) -> str:
+    return fixture_record(number)["run_id"]
 
 
 def round_of_one(kw: dict) -> dict:

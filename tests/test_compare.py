@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import FIXTURE_ROOT, fixture_record, fixture_run_id
 
 from harness.tracking.compare import (
     ALL,
@@ -18,9 +18,9 @@ from harness.tracking.compare import (
     parse_kv,
     speedup_statistic,
 )
-from harness.tracking.store import aggregate, load_record, rebuild_store
+from harness.tracking.store import aggregate, rebuild_store
 
-FIXTURES = Path(__file__).parent / "fixtures" / "records"
+FIXTURES = FIXTURE_ROOT
 
 
 def _toy(runs: dict[str, dict], section: str = "exact") -> pd.DataFrame:
@@ -127,29 +127,37 @@ def test_paired_bootstrap_is_reproducible_and_covers_the_point():
     assert paired_bootstrap(data, speedup_statistic, seed=4, **kw) != e1
 
 
+def _per_prompt_ratio(rec: dict, ms: str, tokens: str) -> float:
+    pp = rec["per_prompt"]
+    return sum(p[ms] for p in pp) / sum(p[tokens] for p in pp)
+
+
 def test_fixture_arms_match_the_records_and_sections_stay_apart():
     df = aggregate(FIXTURES)
     rows = compare(df, by="proposer", filters={"batch_size": "1", "verifier": "greedy"}, n_resamples=300)
-    rec = load_record(FIXTURES / "fixture-sweep" / "fx03-hydra-greedy-t0-b1")
-    hydra = _row(rows, "hydra")
-    assert hydra.run_ids == ("fx03-hydra-greedy-t0-b1",)
-    assert hydra.speedup.value == pytest.approx(rec["metrics"]["speedup"], abs=1e-4)
-    assert hydra.time_per_committed_token_ms.value == pytest.approx(
-        rec["metrics"]["time_per_committed_token_ms"], abs=1e-4
-    )
+    rec = fixture_record(3)  # the only exact draft_model run at B = 1 with greedy verification
+    draft = _row(rows, "draft_model")
+    assert draft.run_ids == (rec["run_id"],)
+    # compare's statistics are the per-prompt decode rows' ratios of sums
+    spec = _per_prompt_ratio(rec, "spec_decode_ms", "spec_tokens")
+    assert draft.time_per_committed_token_ms.value == pytest.approx(spec, rel=1e-9)
+    assert draft.speedup.value == pytest.approx(_per_prompt_ratio(rec, "ar_decode_ms", "ar_tokens") / spec, rel=1e-9)
     assert {r.category for r in rows} == {"code", "chat", ALL}
-    assert _row(rows, "hydra", "code").n_prompts == 4
+    assert _row(rows, "draft_model", "code").n_prompts == 2 and _row(rows, "draft_model").n_prompts == 4
     by_section = {
-        s: {rid for r in rows if r.section == s for rid in r.run_ids} for s in ("exact", "cpu_budget_artifact")
+        s: {rid for r in rows if r.section == s for rid in r.run_ids}
+        for s in ("exact", "cpu_budget_artifact", "ungated")
     }
-    assert by_section["cpu_budget_artifact"] == {"fx09-prompt_lookup-greedy-t0-b1"}
-    assert "fx09-prompt_lookup-greedy-t0-b1" not in by_section["exact"]
-    assert _row(rows, "prompt_lookup", section="cpu_budget_artifact").labels == ("cpu_budget_artifact",)
+    assert by_section["cpu_budget_artifact"] == {fixture_run_id(9)}  # hydra heads trained on 2,000 tokens
+    assert by_section["ungated"] == {fixture_run_id(11)}  # gates.oracle=false
+    assert by_section["exact"] == {fixture_run_id(n) for n in (1, 2, 3)}
+    assert _row(rows, "hydra", section="cpu_budget_artifact").labels == ("cpu_budget_artifact",)
+    assert not [r for r in rows if r.section == "exact" and r.arm == "hydra"]
     # the heuristic run is filtered out by verifier=greedy; with T=0.7 it is in its own section
     rows = compare(df, by="verifier", filters={"temperature": "0.7"}, baseline="specinfer", n_resamples=300)
     typical = _row(rows, "typical", section="heuristic")
-    assert typical.labels == ("heuristic (exact: false)",)
-    assert typical.vs_baseline is not None and typical.n_pairs_baseline == 8  # vs the exact baseline
+    assert typical.run_ids == (fixture_run_id(10),) and typical.labels == ("heuristic (exact: false)",)
+    assert typical.vs_baseline is not None and typical.n_pairs_baseline == 4  # vs the exact baseline, 4 prompts
     assert not [r for r in rows if r.section == "exact" and r.arm == "typical"]
 
 
@@ -188,9 +196,10 @@ def test_main_prints_sections_and_writes_json(tmp_path, capsys):
     assert "vs proposer=prompt_lookup" in text
     payload = json.loads(out.read_text())
     assert payload["pairing"] == "prompt_id" and payload["filters"] == {"batch_size": "1"}
-    rest = [r for r in payload["sections"]["exact"] if r["arm"] == "rest" and r["category"] == ALL][0]
-    assert rest["run_ids"] == ["fx02-rest-greedy-t0-b1", "fx04-rest-specinfer-t0.7-b1"]
-    assert rest["vs_baseline"]["ci_low"] <= rest["vs_baseline"]["value"] <= rest["vs_baseline"]["ci_high"]
+    # one arm pools the runs that share its proposer: greedy, SpecInfer and rejection sampling
+    draft = [r for r in payload["sections"]["exact"] if r["arm"] == "draft_model" and r["category"] == ALL][0]
+    assert draft["run_ids"] == sorted(fixture_run_id(n) for n in (3, 4, 5))
+    assert draft["vs_baseline"]["ci_low"] <= draft["vs_baseline"]["value"] <= draft["vs_baseline"]["ci_high"]
     # records folder and store give the same numbers
     rc = main(
         [

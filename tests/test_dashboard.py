@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
-from helpers import history, inspect_run
+from helpers import FIXTURE_SWEEP, fixture_run, history, inspect_run
 
 from harness.app import dashboard_groups, dashboard_main
 from harness.tracking.dashboard import build_spec, spec_metrics, validate_spec
 from harness.tracking.store import load_record
 from harness.tracking.wandb_tracker import open_run
 
-FIXTURES = Path(__file__).parent / "fixtures" / "records" / "fixture-sweep"
-FIXTURE_RUN = FIXTURES / "fx03-hydra-greedy-t0-b1"
+FIXTURES = FIXTURE_SWEEP
+#: between them: t(n) (prompt lookup's adaptive budget) and a depth tried by at least 30 rounds (hydra)
+FIXTURE_RUNS = (fixture_run(11), fixture_run(9))
 REVIEW_PANELS = [
     "speedup_by_proposer_workload",
     "acceptance_by_depth",
@@ -47,7 +47,7 @@ def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_pat
     rc, spec, out, err = _spec_from_cli(tmp_path, capsys)
     assert rc == 0 and err == ""
     assert validate_spec(spec) is spec
-    assert "wrote" in out and "legends from 10 records" in out
+    assert "wrote" in out and "legends from 11 records" in out
     assert f"harness dashboard --publish {tmp_path / 'dashboard.json'} entity=<your W&B entity>" in out
     assert spec["group"] == "fixture-sweep" and spec["project"] == "spec-harness"
     review, apart, failed = spec["sections"]
@@ -80,19 +80,21 @@ def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_pat
 def test_every_key_the_panels_read_is_logged_by_a_tracked_run(tmp_path, monkeypatch):
     for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
         monkeypatch.setenv(var, str(tmp_path / "wandb-home" / var.lower()))
-    run_dir = tmp_path / "run"
-    shutil.copytree(FIXTURE_RUN, run_dir)
-    record = load_record(run_dir)
-    with open_run(record, mode="offline", dir=run_dir) as tracker:
-        tracker.log_record(record, run_dir)
-    info, records = inspect_run(run_dir)
-    logged = set(info["config"])
-    for key, value in info["summary"].items():
-        logged.add(key)
-        if isinstance(value, dict):
-            logged.update(f"{key}.{k}" for k in value)
-    for step in history(records):
-        logged.update(step)
+    logged: set[str] = set()
+    for fixture in FIXTURE_RUNS:
+        run_dir = tmp_path / fixture.name
+        shutil.copytree(fixture, run_dir)
+        record = load_record(run_dir)
+        with open_run(record, mode="offline", dir=run_dir) as tracker:
+            tracker.log_record(record, run_dir)
+        info, records = inspect_run(run_dir)
+        logged.update(info["config"])
+        for key, value in info["summary"].items():
+            logged.add(key)
+            if isinstance(value, dict):
+                logged.update(f"{key}.{k}" for k in value)
+        for step in history(records):
+            logged.update(step)
     spec = build_spec("fixture-sweep")
     missing = sorted(spec_metrics(spec) - logged)
     # W&B keeps no summary value for None: a CPU run has no CUDA peaks to show (a GPU run logs them)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import fixture_run
 
 import harness.tracking.job_folder as job_folder
 from harness.files import LockBusy, artifact_lock, file_lock, holds_lock
@@ -30,7 +31,7 @@ from harness.tracking.job_folder import (
 )
 from harness.tracking.store import RecordError, aggregate, load_record
 
-FIXTURE = Path(__file__).parent / "fixtures" / "records" / "fixture-sweep" / "fx03-hydra-greedy-t0-b1" / "record.json"
+FIXTURE = fixture_run(3) / "record.json"  # a record the runner wrote
 REPO = Path(__file__).resolve().parents[1]
 OUTPUTS = [{"prompt_id": "p0", "ar_token_ids": [1, 2, 3], "spec_token_ids": [1, 2, 3]}]
 

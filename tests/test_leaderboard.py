@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
+import shutil
 
 import pytest
+from helpers import fixture_run
 
 from harness.tracking.compare import format_leaderboard, leaderboard, main
 from harness.tracking.report import build_report, find_recipe, load_recipe
-from harness.tracking.store import aggregate
+from harness.tracking.store import aggregate, load_record
 
-FIXTURE = Path(__file__).parent / "fixtures" / "records" / "fixture-sweep" / "fx01-prompt_lookup-greedy-t0-b1"
+FIXTURE = fixture_run(1)  # a record the runner wrote: the template the hand-computable rows go into
 
 
 def prompt(pid, category, spec_ms, spec_tok, ar_ms, ar_tok, rounds, spec_pre=10.0, ar_pre=10.0):
@@ -58,6 +59,7 @@ def root(tmp_path):
         rec["per_prompt"] = rows
         d = tmp_path / "runs" / f"lb{k}"
         d.mkdir(parents=True)
+        shutil.copy(FIXTURE / "outputs.jsonl", d / "outputs.jsonl")  # the file the record binds
         (d / "record.json").write_text(json.dumps(rec))
     return tmp_path / "runs"
 
@@ -101,9 +103,27 @@ def test_compare_prints_the_leaderboard_and_writes_it_to_json(root, tmp_path, ca
     assert "leaderboard" not in capsys.readouterr().out
 
 
-def test_records_without_rounds_show_no_accepted_tokens():
-    columns, rows = leaderboard(aggregate(FIXTURE.parent), n_resamples=100)
+def test_the_fixture_sweep_has_its_own_columns_and_records_without_rounds_show_no_accepted_tokens(tmp_path):
+    df = aggregate(FIXTURE.parent)
+    columns, rows = leaderboard(df, n_resamples=100)
     assert columns == ["chat", "code", "overall"]  # categories that are no Spec-Bench task: their own columns
+    # the exact prompt lookup arm: accepted tokens per round (bonus counted) from its runs' per-prompt rows
+    (lookup,) = [r for r in rows if r.arm == "prompt_lookup" and r.section == "exact"]
+    runs = [load_record(d) for d in FIXTURE.parent.iterdir() if d.is_dir()]
+    prompts = [p for r in runs if r["axes"]["proposer"] == "prompt_lookup" and r["gated"] for p in r["per_prompt"]]
+    overall = lookup.cells["overall"]
+    assert overall.n_prompts == 4
+    expected = sum(p["spec_tokens"] for p in prompts) / sum(p["spec_rounds"] for p in prompts)
+    assert overall.accepted_tokens.value == pytest.approx(expected, rel=1e-12)
+    assert overall.spec_bench_speedup is not None and overall.speedup.value is not None
+    # a record written before per-prompt rounds and prefill times: no accepted tokens, no Spec-Bench statistic
+    older = tmp_path / "older"
+    shutil.copytree(FIXTURE, older)
+    record = load_record(older)
+    for p in record["per_prompt"]:
+        del p["spec_rounds"], p["spec_prefill_ms"], p["ar_prefill_ms"]
+    (older / "record.json").write_text(json.dumps(record))
+    columns, rows = leaderboard(aggregate(tmp_path), n_resamples=100)
     assert all(c.accepted_tokens.value is None and c.spec_bench_speedup is None for r in rows for c in r.cells.values())
     assert all(r.cells["overall"].speedup.value is not None for r in rows)
 

@@ -9,11 +9,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
+from helpers import FIXTURE_ROOT, fixture_record, fixture_run, fixture_run_id
 
 from harness.tracking.report import PLOTS, find_recipe, load_recipe, main
 
-FIXTURES = Path(__file__).parent / "fixtures" / "records"
+FIXTURES = FIXTURE_ROOT
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -58,17 +60,25 @@ def test_default_report_from_records_only_without_model_code(tmp_path):
     for name in pngs:
         assert f"]({name})" in md
     assert "Not drawn" not in md
-    # sections kept apart and labelled
-    exact_part = md.split("### HEURISTIC")[0]
-    assert "fx10-hydra-typical-t0.7-b1" not in exact_part
-    assert "fx09-prompt_lookup-greedy-t0-b1" not in exact_part
-    assert "### CPU-BUDGET ARTIFACTS" in md
+    # sections kept apart and labelled: each run's row sits under its own section's heading
+    runs_part = md.split("## Comparison")[0]
+    exact_part, rest = runs_part.split("### UNGATED")
+    ungated_part, rest = rest.split("### HEURISTIC")
+    heuristic_part, artifact_part = rest.split("### CPU-BUDGET ARTIFACTS")
+    assert all(fixture_run_id(n) in exact_part for n in range(1, 9))
+    for number, part in ((11, ungated_part), (10, heuristic_part), (9, artifact_part)):
+        run_id = fixture_run_id(number)
+        assert run_id in part and run_id not in exact_part
     # quoted paper numbers only under the source-reported label
     src = md.split("## Source-reported numbers (not measured here)")[1]
     assert src.count("| source-reported |") == 3 and "1.62x to 2.36x" in src
     assert "1.62x" not in md.split("## Source-reported")[0]
-    # a number from the records appears in the runs table (fx03 speedup 1.7838)
-    assert "| fx03-hydra-greedy-t0-b1 | hydra | sequoia | greedy | 0 | 1 | code+chat | smollm2-135m | 1.784 |" in md
+    # the runs table shows the record's own numbers
+    rec = fixture_record(3)
+    m = rec["metrics"]
+    numbers = (m["speedup"], m["time_per_committed_token_ms"], m["ar_time_per_token_ms"], m["mean_committed_per_round"])
+    row = f"| {rec['run_id']} | draft_model | expansion | greedy | 0 | 1 | jsonl | tiny | "
+    assert row + " | ".join(f"{x:.4g}" for x in numbers) + " | True |" in md
 
 
 def test_custom_recipe_filters_and_notes_missing_data(tmp_path):
@@ -100,14 +110,14 @@ def test_every_plot_survives_unmeasured_metrics_and_reads_a_parquet_store(tmp_pa
     from harness.tracking.store import load_record, rebuild_store
 
     root = tmp_path / "recs"
-    shutil.copytree(FIXTURES / "fixture-sweep" / "fx01-prompt_lookup-greedy-t0-b1", root / "a")
-    rec = load_record(FIXTURES / "fixture-sweep" / "fx02-rest-greedy-t0-b1")
+    shutil.copytree(fixture_run(1), root / "a")
+    shutil.copytree(fixture_run(2), root / "b")  # the outputs its record binds come along
+    rec = load_record(fixture_run(2))
     for name in ("speedup", "time_per_committed_token_ms", "ar_time_per_token_ms", "temp_kv_bytes_peak"):
         rec["metrics"][name] = None
     rec["metrics"]["round_cost_ms"]["retrieval"] = None
     rec["metrics"]["acceptance_by_depth"] = rec["metrics"]["reach_by_depth"] = []
     rec["metrics"]["accepted_length_hist"] = []
-    (root / "b").mkdir()
     (root / "b" / "record.json").write_text(json.dumps(rec))
     rebuild_store(root)
     recipe = tmp_path / "all.yaml"
@@ -118,7 +128,7 @@ def test_every_plot_survives_unmeasured_metrics_and_reads_a_parquet_store(tmp_pa
     assert (root / "report" / "08_frontier.png").is_file()
     assert "_Not drawn: no record carries a t(n) profile._" in md
     assert "_Not drawn: fewer than two batch sizes among the runs._" in md
-    assert "| fx02-rest-greedy-t0-b1 | rest | tree | greedy | 0 | 1 | code+chat | smollm2-135m | - | - |" in md
+    assert f"| {rec['run_id']} | rest | sequences | greedy | 0 | 1 | jsonl | tiny | - | - |" in md
 
 
 def test_recipes_are_validated(tmp_path, capsys):
@@ -167,28 +177,30 @@ def test_legends_label_runs_by_the_axes_that_differ_never_by_run_id():
     labels = run_labels(b1_greedy)
     # proposer and topology differ among these runs (verifier, T, B, workload and model do not)
     assert labels == {
-        "fx01-prompt_lookup-greedy-t0-b1": "prompt_lookup/chain",
-        "fx02-rest-greedy-t0-b1": "rest/tree",
-        "fx03-hydra-greedy-t0-b1": "hydra/sequoia",
+        fixture_run_id(1): "prompt_lookup/sequence",
+        fixture_run_id(2): "rest/sequences",
+        fixture_run_id(3): "draft_model/expansion",
     }
-    hydra = run_labels(df[df["proposer"] == "hydra"])
-    assert hydra["fx07-hydra-greedy-t0-b4"] == "greedy/T=0/B=4"
-    assert hydra["fx10-hydra-typical-t0.7-b1"] == "typical/T=0.7/B=1 [heuristic, exact=false]"
+    draft = run_labels(df[df["proposer"] == "draft_model"])
+    assert len(draft) == 6 and len(set(draft.values())) == 6
+    assert draft[fixture_run_id(7)] == "expansion/greedy/T=0/B=4"
+    assert draft[fixture_run_id(5)] == "sequence/rejection/T=0.7/B=1"
+    assert draft[fixture_run_id(10)] == "expansion/typical/T=0.7/B=1 [heuristic, exact=false]"
     # nothing differs: the full arm name; repeats of one arm are numbered
-    one = run_labels(df[df["run_id"] == "fx03-hydra-greedy-t0-b1"])
-    assert one == {"fx03-hydra-greedy-t0-b1": "hydra-sequoia-greedy-T0-B1-code+chat"}
-    twice = df[df["run_id"].isin(["fx01-prompt_lookup-greedy-t0-b1", "fx09-prompt_lookup-greedy-t0-b1"])]
-    twice = twice.assign(section="exact")
+    one = run_labels(df[df["run_id"] == fixture_run_id(3)])
+    assert one == {fixture_run_id(3): "draft_model-expansion-greedy-T0-B1-jsonl"}
+    first = df[df["run_id"] == fixture_run_id(1)]
+    twice = pd.concat([first, first.assign(run_id="a repeat of the first run")])
     assert sorted(run_labels(twice).values()) == [
-        "prompt_lookup-chain-greedy-T0-B1-code+chat #1",
-        "prompt_lookup-chain-greedy-T0-B1-code+chat #2",
+        "prompt_lookup-sequence-greedy-T0-B1-jsonl #1",
+        "prompt_lookup-sequence-greedy-T0-B1-jsonl #2",
     ]
     for plot in ("acceptance_by_depth", "accepted_length_hist", "t_profile", "frontier"):
         fig = PLOTS[plot](df, {}).figure
         texts = [t.get_text() for t in fig.legends[0].get_texts()] if fig.legends else []
         texts += [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
         texts += [t.get_text() for ax in fig.axes for t in ax.texts]
-        assert texts and not any("fx0" in t or "fx1" in t for t in texts), (plot, texts)
+        assert texts and not any(run_id[:16] in t for t in texts for run_id in df["run_id"]), (plot, texts)
 
 
 def test_acceptance_by_depth_draws_wilson_intervals_and_greys_out_depths_with_few_rounds():
@@ -197,20 +209,25 @@ def test_acceptance_by_depth_draws_wilson_intervals_and_greys_out_depths_with_fe
     from harness.tracking.conventions import wilson_interval
 
     df = _store_frame()
-    run = df[df["run_id"] == "fx03-hydra-greedy-t0-b1"]  # depth 6 tried by 14 rounds, depth 5 by 33
-    fig = PLOTS["acceptance_by_depth"](run, {"min_rounds": 30}).figure
+    m = fixture_record(3)["metrics"]  # draft_model on an expansion tree of depth 3
+    tried, accepted = m["rounds_tried_by_depth"], m["rounds_accepted_by_depth"]
+    min_rounds = 20
+    few = [float(d + 1) for d, n in enumerate(tried) if n < min_rounds]
+    assert few and len(few) < len(tried)  # the record has depths on both sides of the threshold
+    run = df[df["run_id"] == fixture_run_id(3)]
+    fig = PLOTS["acceptance_by_depth"](run, {"min_rounds": min_rounds}).figure
     ax_c, ax_r, ax_n = fig.axes[:3]
     points = [ln for ln in ax_c.get_lines() if ln.get_linestyle() == "None" and ln.get_marker() not in (None, "", "_")]
     by_depth = {float(ln.get_xdata()[0]): ln for ln in points}
     grey = to_rgba("0.6")
-    assert [d for d, ln in sorted(by_depth.items()) if to_rgba(ln.get_color()) == grey] == [6.0]
-    assert by_depth[6.0].get_markerfacecolor() == "none"
-    # the interval drawn at depth 1 is the Wilson interval of 136 accepted out of 165 tried
-    low, high = wilson_interval(136, 165)
+    assert [d for d, ln in sorted(by_depth.items()) if to_rgba(ln.get_color()) == grey] == few
+    assert all(by_depth[d].get_markerfacecolor() == "none" for d in few)
+    # the interval drawn at depth 1 is the Wilson interval of the record's counts there
+    low, high = wilson_interval(accepted[0], tried[0])
     segs = [seg for coll in ax_c.collections for seg in coll.get_segments() if abs(seg[0][0] - 1.0) < 1e-9]
     assert any(abs(seg[0][1] - low) < 1e-9 and abs(seg[1][1] - high) < 1e-9 for seg in segs)
-    assert list(ax_n.get_lines()[0].get_ydata()) == [165, 136, 99, 62, 33, 14]
-    assert "fewer than 30 rounds" in fig._suptitle.get_text()
+    assert list(ax_n.get_lines()[0].get_ydata()) == tried
+    assert f"fewer than {min_rounds} rounds" in fig._suptitle.get_text()
 
 
 def test_wilson_interval_matches_scipy():

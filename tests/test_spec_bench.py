@@ -4,16 +4,16 @@ accepted tokens; the export keeps Spec-Bench's field names and shapes."""
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
-from helpers import spec_bench_questions, write_jsonl
+from helpers import fixture_run, spec_bench_questions, write_jsonl
 from specbench_reader import WordTokenizer, get_single_speedup, speed
 
 from harness.cli import main as cli_main
 from harness.config import compose
 from harness.runner import run_job
 from harness.tracking.spec_bench import ExportError, export_spec_bench, task_of, task_order
+from harness.tracking.store import load_record
 
 CATS = ("writing", "math", "qa", "summarization", "rag")
 
@@ -160,11 +160,23 @@ def test_export_command_and_its_refusals(exported, tmp_path, capsys):
         export_spec_bench(root / "run", out, baseline=out)
     with pytest.raises(ExportError, match="no such record file"):
         export_spec_bench(tmp_path / "nowhere", out)
-    # a run recorded without per-turn answers (a synthetic fixture record) is refused, as is a run
-    # folder without its outputs
-    fixture = Path("tests/fixtures/records/fixture-sweep/fx01-prompt_lookup-greedy-t0-b1")
-    with pytest.raises(ExportError, match="'chat-0': the run has no per-turn answers and timings"):
-        export_spec_bench(fixture, tmp_path / "x.jsonl")
+    # a run the runner wrote exports (the fixture sweep's prompt lookup run on the tiny model)
+    fixture = fixture_run(1)
+    record = load_record(fixture)
+    done = export_spec_bench(fixture, tmp_path / "fx.jsonl")
+    assert done["questions"] == len(record["per_prompt"]) == 4 and done["run_speedup"] == record["metrics"]["speedup"]
+    assert done["run_spec_bench_speedup"] == record["metrics"]["spec_bench_speedup"]
+    (tmp_path / "fx.jsonl").unlink()
+    (tmp_path / "fx-baseline.jsonl").unlink()
+    # a record without per-turn rows (what an older harness wrote) is refused, as is a run folder
+    # without its outputs
+    older = tmp_path / "older"
+    shutil.copytree(fixture, older)
+    for row in record["per_prompt"]:
+        del row["turns"]
+    (older / "record.json").write_text(json.dumps(record))
+    with pytest.raises(ExportError, match="'code-0': the run has no per-turn answers and timings"):
+        export_spec_bench(older, tmp_path / "x.jsonl")
     bare = tmp_path / "bare"
     bare.mkdir()
     shutil.copy(fixture / "record.json", bare / "record.json")

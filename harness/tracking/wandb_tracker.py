@@ -343,6 +343,8 @@ class Tracker:
             if (run_dir / name).is_file():
                 artifact.add_file(str(run_dir / name), name=name)
         for name, rel in record["artifacts"].items():
+            if isinstance(rel, Mapping):  # an artifact's manifest (trained heads, say): in record.json already
+                continue
             path = Path(rel) if Path(rel).is_absolute() else run_dir / rel
             if path.is_dir():
                 artifact.add_dir(str(path), name=f"artifacts/{name}")
