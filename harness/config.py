@@ -351,11 +351,12 @@ class CartesianTopologyConfig(TopologyConfig):
 class ChoicesTopologyConfig(TopologyConfig):
     """topology=choices: a tree given as a list of rank paths, as Medusa and EAGLE-1 publish them
     (``[[0], [0, 0], [1], ...]``: path ``[a, b]`` is the rank-``b`` child of the rank-``a`` first
-    token), or a named preset (harness/topology/choices.py). max_nodes and max_depth are derived."""
+    token), given on the command line or as a JSON file (harness/topology/choices.py). max_nodes and
+    max_depth are derived."""
 
     name: str = "choices"
     choices: Optional[list[list[int]]] = ranged(None, ge=0, each=True)  # child ranks, from 0
-    preset: Optional[str] = None
+    choices_file: Optional[str] = None  # a JSON file holding such a list
     # derived from the list (conf/topology/choices.yaml); another value is refused
     max_nodes: int = ranged(0, ge=0)
     max_depth: int = ranged(0, ge=0)  # derived: the longest path
@@ -501,9 +502,9 @@ def register_configs() -> None:
     )
     OmegaConf.register_new_resolver(
         "choices_size",
-        lambda choices, preset, what: choices_size(
+        lambda choices, choices_file, what: choices_size(
             OmegaConf.to_container(choices) if choices is not None and not isinstance(choices, list) else choices,
-            preset,
+            choices_file,
             what,
         ),
         replace=True,

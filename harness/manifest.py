@@ -93,10 +93,16 @@ def job_manifest_hash(cfg: DictConfig, *, versions: dict[str, str] | None = None
 def manifest_extras(cfg: DictConfig) -> dict:
     """Versioned artifacts the manifest binds beyond the config: the datastore release ids of a
     retrieval proposer (opened, or built on first use, before any model is loaded), and the
-    provenance of a published head checkpoint (path or hub id, layout, SHA-256 of every file read)."""
+    provenance of a published head checkpoint (path or hub id, layout, SHA-256 of every file read),
+    and the SHA-256 of a choice-list file (``topology.choices_file``: its content is the tree)."""
     p = cfg.proposer
+    extras: dict = {}
     if p.name == "rest" or (p.name == "merged" and "rest" in list(p.get("sources", []))):
-        return manifest_datastores(cfg)
-    if p.name in ("medusa", "hydra") and is_published(p.get("artifact")):
-        return {"proposer_artifact": inspect(str(p.artifact), p.name).provenance()}
-    return {}
+        extras.update(manifest_datastores(cfg))
+    elif p.name in ("medusa", "hydra") and is_published(p.get("artifact")):
+        extras["proposer_artifact"] = inspect(str(p.artifact), p.name).provenance()
+    choices_file = cfg.topology.get("choices_file")
+    if cfg.topology.name == "choices" and choices_file:
+        data = Path(str(choices_file)).expanduser().read_bytes()  # the budget has read it already
+        extras["topology_choices_file"] = {"path": str(choices_file), "sha256": hashlib.sha256(data).hexdigest()}
+    return extras

@@ -1,6 +1,7 @@
 """Write the checkpoints the checkpoint show runs on (scripts/show_checkpoints.sh): an HF-format copy
 of the embedded SmolLM2 (a checkpoint given by path) and SmolLM2-sized Medusa and Hydra head
-checkpoints in their published layouts with random weights (mechanics only: they predict nothing).
+checkpoints in their published layouts with random weights (mechanics only: they predict nothing),
+and ``tree63.json``, a sparse 63-node static tree built here (``topology.choices_file``).
 
     .venv/bin/python scripts/published_heads_checkpoints.py OUT_DIR
 
@@ -18,10 +19,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from checkpoint_fixtures import (  # noqa: E402
+    best_first_choices,
     hydra_config,
     hydra_state,
     medusa_config,
     medusa_state,
+    write_choices,
     write_hydra,
     write_medusa,
 )
@@ -37,6 +40,7 @@ def main(out: Path) -> None:
     hidden, vocab = model.config.hidden_size, model.config.vocab_size
     copy = out / "smollm2-hf"
     model.save_pretrained(copy)
+    write_choices(out / "tree63.json", best_first_choices(63))
     AutoTokenizer.from_pretrained(src).save_pretrained(copy)
     # Medusa-1 layout as FasterDecoding publishes it (5 heads, one residual block, own projections)
     write_medusa(

@@ -233,3 +233,29 @@ def write_hydra(path: Path, state: dict[str, torch.Tensor], *, config: dict) -> 
     (path / "config.json").write_text(json.dumps(config))
     torch.save(state, path / "hydra_lm_head.pt")
     return path
+
+
+def best_first_choices(num_nodes: int, *, max_depth: int = 4, rank_decay: float = 0.6, depth_factor: float = 0.3):
+    """A sparse static tree as a choice list, built here (not a published one): the ``num_nodes``
+    rank paths of highest score, a path's score the product over its ranks ``r`` of
+    ``depth_factor * rank_decay ** r`` (a geometric acceptance profile), ties broken by
+    ``(len(path), path)``. A child never outscores its parent nor a lower-ranked sibling, so the
+    list is closed under prefixes and has ranks 0..n-1 below every node."""
+    frontier = [(1.0, ())]
+    chosen: list[tuple[int, ...]] = []
+    while frontier and len(chosen) < num_nodes:
+        frontier.sort(key=lambda sp: (-sp[0], len(sp[1]), sp[1]))
+        score, path = frontier.pop(0)
+        if path:
+            chosen.append(path)
+        if len(path) < max_depth:
+            children = [(score * depth_factor * rank_decay**r, path + (r,)) for r in range(num_nodes)]
+            frontier.extend(children)
+    return [list(p) for p in chosen]
+
+
+def write_choices(path: Path, choices: list[list[int]]) -> Path:
+    """A JSON choice-list file, as ``topology.choices_file`` reads it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(choices) + "\n")
+    return path

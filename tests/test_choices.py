@@ -1,11 +1,13 @@
-"""topology=choices: published rank-path lists (Medusa's mc_sim_7b_63 preset, or a list given on
-the command line) validated, numbered as Medusa numbers them, and sampled by rank: the rank-r child
-is the r-th most probable token (beam) or the r-th draw (sampled, ranks 0..n-1 only)."""
+"""topology=choices: rank-path lists (given on the command line or as a JSON file, the form a
+published tree such as Medusa's mc_sim_7b_63 is saved in) validated, numbered as Medusa numbers
+them, and sampled by rank: the rank-r child is the r-th most probable token (beam) or the r-th
+draw (sampled, ranks 0..n-1 only)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from checkpoint_fixtures import best_first_choices, write_choices
 
 from harness.config import compose
 from harness.contracts import Budget, ConfigError
@@ -16,16 +18,45 @@ from harness.proposers.sampling import (
 )
 from harness.random_source import TorchRandomSource
 from harness.topology.budgets import budget_from_config
-from harness.topology.choices import MC_SIM_7B_63, ChoicesError, choice_tree, resolve_choices
+from harness.topology.choices import ChoicesError, choice_tree, resolve_choices
+
+TREE63 = best_first_choices(63)  # a sparse 63-node, depth-4 tree of the published kind, built here
 
 
-def test_the_medusa_preset_is_medusas_tree():
-    tree = resolve_choices(None, "mc_sim_7b_63")
-    assert tree.num_nodes == 63 and tree.depth == 4 and len(set(MC_SIM_7B_63)) == 63
-    assert tree.nodes_per_depth() == [10, 28, 23, 2]
-    assert len(tree.leaves()) == 42  # Medusa's retrieve_indices has 42 rows for this list
-    assert tree.paths == tuple(sorted(MC_SIM_7B_63, key=lambda p: (len(p), p)))
+@pytest.fixture
+def tree63_file(tmp_path):
+    return write_choices(tmp_path / "tree63.json", TREE63)
+
+
+def test_a_choices_file_gives_its_tree(tree63_file):
+    tree = resolve_choices(None, str(tree63_file))
+    assert tree.num_nodes == 63 and tree.depth == 4 and len({tuple(p) for p in TREE63}) == 63
+    assert tree.nodes_per_depth() == [9, 28, 21, 5]
+    assert len(tree.leaves()) == 42
+    assert tree.paths == tuple(sorted((tuple(p) for p in TREE63), key=lambda p: (len(p), p)))
     assert tree.rank_gap() is None
+    assert resolve_choices(TREE63, None) == tree  # the same list given inline
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (None, "no such file"),
+        ("[[0], [0, 0]", "is not JSON"),
+        ('{"choices": [[0]]}', "must hold one JSON list of paths"),
+        ("[0, 1]", "must hold one JSON list of paths"),
+        ("[[0], [1, 0]]", r"path \[1, 0\] needs its parent \[1\]"),
+    ],
+)
+def test_a_bad_choices_file_is_refused_in_one_line(tmp_path, content, match):
+    path = tmp_path / "tree.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ChoicesError, match=match):
+        resolve_choices(None, str(path))
+    cfg = compose(["model=tiny", "topology=choices", f"topology.choices_file={path}"])
+    with pytest.raises(ConfigError, match=match):
+        budget_from_config(cfg)
 
 
 def test_node_order_parents_and_ranks_follow_medusa():
@@ -53,8 +84,8 @@ def test_bad_choice_lists_are_refused_naming_the_path(choices, match):
         choice_tree(choices)
 
 
-def test_topology_choices_composes_from_a_list_or_a_preset():
-    cfg = compose(["model=tiny", "topology=choices", "topology.preset=mc_sim_7b_63"])
+def test_topology_choices_composes_from_a_list_or_a_file(tree63_file):
+    cfg = compose(["model=tiny", "topology=choices", f"topology.choices_file={tree63_file}"])
     assert (cfg.topology.max_nodes, cfg.topology.max_depth) == (63, 4)
     budget = budget_from_config(cfg)
     assert budget.shape == "choices" and budget.max_nodes == 63 and len(budget.ranks) == 63
@@ -67,8 +98,8 @@ def test_topology_choices_composes_from_a_list_or_a_preset():
     "overrides, match",
     [
         ([], "give exactly one of topology.choices"),
-        (["topology.preset=mc_sim_7b_63", "topology.choices=[[0]]"], "give exactly one of topology.choices"),
-        (["topology.preset=nope"], "unknown topology.preset 'nope'"),
+        (["topology.choices_file=tree.json", "topology.choices=[[0]]"], "give exactly one of topology.choices"),
+        (["topology.choices_file=/no/such/tree.json"], "no such file"),
         (["topology.choices=[[0],[2,0]]"], r"path \[2, 0\] needs its parent \[2\]"),
         (["topology.choices=[[0],[1]]", "topology.max_nodes=3"], "has 2 for max_nodes; got topology.max_nodes=3"),
     ],
@@ -166,13 +197,18 @@ def test_a_draft_model_ranks_children_by_its_own_law(tiny_model):
             assert node.token_id == beam_tokens(law, tree.ranks[i] + 1)[tree.ranks[i]]
 
 
-def test_a_draft_model_on_the_medusa_tree_keeps_greedy_equality(tmp_path, monkeypatch):
+def test_a_draft_model_on_a_63_node_choices_tree_keeps_greedy_equality(tmp_path, monkeypatch, tree63_file):
     from harness.runner import run_job
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
     cfg = compose(
         ["model=tiny", "proposer=draft_model", "proposer.sampling=beam", "proposer.model.num_layers=1"]
-        + ["topology=choices", "topology.preset=mc_sim_7b_63", "workload.limit=1", "generation.max_new_tokens=12"]
+        + [
+            "topology=choices",
+            f"topology.choices_file={tree63_file}",
+            "workload.limit=1",
+            "generation.max_new_tokens=12",
+        ]
         + ["gates.oracle=false"]
     )
     record = run_job(cfg, run_dir=tmp_path / "run")

@@ -8,10 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 from checkpoint_fixtures import (
+    best_first_choices,
     hydra_config,
     hydra_state,
     medusa_config,
     medusa_state,
+    write_choices,
     write_hydra,
     write_medusa,
 )
@@ -100,7 +102,7 @@ def test_smollm2_sized_published_medusa_and_hydra_heads_run(tmp_path):
             "proposer=medusa",
             f"proposer.artifact={medusa}",
             "topology=choices",
-            "topology.preset=mc_sim_7b_63",
+            f"topology.choices_file={write_choices(tmp_path / 'tree63.json', best_first_choices(63))}",
         ],
         "hydra": ["proposer=hydra", f"proposer.artifact={hydra}", "topology=cartesian", "topology.widths=[3,2,2]"],
     }

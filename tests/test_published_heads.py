@@ -13,12 +13,14 @@ import math
 import pytest
 import torch
 from checkpoint_fixtures import (
+    best_first_choices,
     hydra_config,
     hydra_prefix_state,
     hydra_state,
     medusa_config,
     medusa_state,
     tiny_checkpoint,
+    write_choices,
     write_hydra,
     write_medusa,
 )
@@ -198,8 +200,8 @@ def test_a_mismatched_checkpoint_is_refused_before_any_model_work(tmp_path, monk
     assert not run_dir.exists() or not any(run_dir.iterdir())
     ok = write_medusa(tmp_path / "ok", medusa_state(heads=3, layers=1, hidden=H, vocab=V), config=medusa_config(3, 1))
     code = run_main(
-        ["model=tiny", "proposer=medusa", f"proposer.artifact={ok}", "topology=choices", "topology.preset=mc_sim_7b_63"]
-        + [f"output_dir={run_dir}"]
+        ["model=tiny", "proposer=medusa", f"proposer.artifact={ok}", "topology=choices"]
+        + ["topology.choices=[[0],[0,0],[0,0,0],[0,0,0,0]]", f"output_dir={run_dir}"]
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "drafts 4 tokens deep" in err[0]
@@ -374,14 +376,16 @@ def run_published(tmp_path, monkeypatch, kind, path, *extra):
 @pytest.mark.parametrize(
     "kind, topology",
     [
-        ("medusa", ["topology=choices", "topology.preset=mc_sim_7b_63"]),
+        ("medusa", ["topology=choices", "topology.choices_file={tree63}"]),
         ("medusa", ["topology=cartesian", "topology.widths=[3,2,2]"]),
         ("hydra", ["topology=choices", "topology.choices=[[0],[1],[0,0],[0,1],[1,0],[0,0,0]]"]),
         ("hydra-prefix", ["topology=sequence", "topology.max_nodes=3", "topology.max_depth=3"]),
     ],
-    ids=["medusa-mc_sim_7b_63", "medusa-cartesian", "hydra-choices", "hydra-prefix-chain"],
+    ids=["medusa-choices-file-63", "medusa-cartesian", "hydra-choices", "hydra-prefix-chain"],
 )
 def test_published_heads_run_end_to_end_with_provenance(tmp_path, monkeypatch, target, kind, topology):
+    tree63 = write_choices(tmp_path / "tree63.json", best_first_choices(63))  # Medusa's kind of tree, built here
+    topology = [o.format(tree63=tree63) for o in topology]
     if kind == "medusa":
         state = medusa_state(heads=4, layers=1, hidden=H, vocab=V)
         path = write_medusa(tmp_path / "heads", state, config=medusa_config(4, 1))

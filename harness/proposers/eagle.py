@@ -23,7 +23,7 @@ row; EAGLE-3 reads the residual stream entering three target layers, concatenate
 Topologies and sampling relations:
 
 - ``sequence`` / ``set`` / ``expansion`` / ``cartesian`` and ``choices`` (EAGLE-1's static trees,
-  e.g. its published ``mc_sim_7b_63`` choice list): level by level through
+  given as a choice list, e.g. from a JSON file): level by level through
   :func:`~harness.proposers.sampling.sample_tree_proposal` (a choice list through
   :func:`~harness.proposers.sampling.sample_ranked_tree_proposal`, one draft stage per depth).
   ``sampling=beam`` takes the draft's deterministic top-k (``score_only``: greedy or membership verification);

@@ -26,7 +26,7 @@ training, and their provenance (files and hashes) goes into the manifest.
 
 Topologies: ``sequence`` (chain, depth ``min(max_depth, max_nodes, K)``), ``set`` (top-``k`` of head
 1), ``expansion`` / ``cartesian`` (``widths[d]`` children per node at depth ``d``; a Cartesian
-future-head tree), ``choices`` (a published rank-path list such as Medusa's ``mc_sim_7b_63``: the
+future-head tree), ``choices`` (a rank-path list such as Medusa's published ``mc_sim_7b_63``: the
 rank-``r`` child of a node is the node's ``r``-th most probable token under its head, which for
 Medusa's independent heads is the same list at every node of a depth). ``sampling=beam``:
 deterministic top-``b_i`` per head (``score_only``; greedy or membership verification).

@@ -8,7 +8,7 @@ Cartesian future-head trees: depth ``i`` keeps ``b_i`` candidates below *every* 
 (``b = [3, 2, 2]``: 3 + 6 + 12 = 21). ``conf/topology/cartesian.yaml`` derives ``max_nodes`` from
 the widths with the ``cartesian_rows`` resolver, so the budget is exactly the full tree.
 
-A choices tree (``topology=choices``) is a published rank-path list or a named preset
+A choices tree (``topology=choices``) is a rank-path list, given inline or as a JSON file
 (:mod:`harness.topology.choices`): its budget carries the node order's parents and ranks, and
 ``max_nodes`` / ``max_depth`` are the list's node count and depth.
 A dynamic tree (EAGLE-2, Li et al., 2024) is shaped by the proposer every round from its own
@@ -89,7 +89,7 @@ def cartesian_budget(t) -> Budget:
 def choices_budget(t) -> Budget:
     """``topology=choices`` -> Budget(shape="choices", parents=..., ranks=...) in Medusa's node order."""
     try:
-        tree = resolve_choices(t.get("choices"), t.get("preset"))
+        tree = resolve_choices(t.get("choices"), t.get("choices_file"))
     except ChoicesError as exc:
         raise ConfigError(f"topology=choices: {exc}") from None
     for key, derived in (("max_nodes", tree.num_nodes), ("max_depth", tree.depth)):
@@ -104,11 +104,11 @@ def choices_budget(t) -> Budget:
     )
 
 
-def choices_size(choices, preset, what: str) -> int:
-    """``max_nodes`` / ``max_depth`` of a choice list or preset for the config interpolation; 0 when
+def choices_size(choices, choices_file, what: str) -> int:
+    """``max_nodes`` / ``max_depth`` of a choice list or file for the config interpolation; 0 when
     the list is invalid (the budget then refuses it with the reason)."""
     try:
-        tree = resolve_choices(choices, preset)
+        tree = resolve_choices(choices, choices_file)
     except ChoicesError:
         return 0
     return tree.num_nodes if what == "nodes" else tree.depth

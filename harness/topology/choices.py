@@ -14,27 +14,19 @@ frontier) and ``ranks[i]`` its rank below that parent. :func:`choice_tree` valid
 returns that form; the proposal side is
 :func:`harness.proposers.sampling.sample_ranked_tree_proposal`.
 
-Presets: ``mc_sim_7b_63`` is Medusa's default tree (63 paths, depth 4; 10, 28, 23 and 2 nodes at
-depths 1 to 4), reproduced from Medusa's ``medusa_choices.py`` (Apache-2.0); Hydra ships the same
-list as its default. It was tuned for Vicuna-7B's heads, not for any model here.
+A list is given on the command line (``topology.choices=[[0],[0,0],[1]]``) or as a JSON file of
+paths (``topology.choices_file=PATH``), e.g. a published tree such as Medusa's ``mc_sim_7b_63`` saved
+from its authors' repository. No published list ships here: a tree tuned for another model's heads
+says little about this one's, and ``topology=sequoia`` builds one from this target's measured
+acceptance.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-#: Medusa's default choice list (``mc_sim_7b_63`` in Medusa's ``medusa_choices.py``, Apache-2.0)
-MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
-    (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4), (2, 0),
-    (0, 5), (0, 0, 1), (5,), (0, 6), (6,), (0, 7), (0, 1, 0), (1, 1), (7,), (0, 8), (0, 0, 2), (3, 0),
-    (0, 9), (8,), (9,), (1, 0, 0), (0, 2, 0), (1, 2), (0, 0, 3), (4, 0), (2, 1), (0, 0, 4), (0, 0, 5),
-    (0, 0, 0, 0), (0, 1, 1), (0, 0, 6), (0, 3, 0), (5, 0), (1, 3), (0, 0, 7), (0, 0, 8), (0, 0, 9),
-    (6, 0), (0, 4, 0), (1, 4), (7, 0), (0, 1, 2), (2, 0, 0), (3, 1), (2, 2), (8, 0), (0, 5, 0), (1, 5),
-    (1, 0, 1), (0, 2, 1), (9, 0), (0, 6, 0), (0, 0, 0, 1), (1, 6), (0, 7, 0),
-)  # fmt: skip
-
-PRESETS: dict[str, tuple[tuple[int, ...], ...]] = {"mc_sim_7b_63": MC_SIM_7B_63}
+from pathlib import Path
 
 
 class ChoicesError(ValueError):
@@ -130,15 +122,30 @@ def choice_tree(choices: Sequence[Sequence[int]]) -> ChoiceTree:
     return ChoiceTree(paths=tuple(ordered), parents=parents, ranks=ranks)
 
 
-def resolve_choices(choices, preset: str | None) -> ChoiceTree:
-    """The tree of ``topology.choices`` or ``topology.preset`` (exactly one of them)."""
-    if (choices is None) == (preset is None):
+def resolve_choices(choices, choices_file: str | None) -> ChoiceTree:
+    """The tree of ``topology.choices`` or ``topology.choices_file`` (exactly one of them)."""
+    if (choices is None) == (choices_file is None):
         raise ChoicesError(
-            "give exactly one of topology.choices=[[0],[0,0],[1],...] and "
-            f"topology.preset=<name> (presets: {sorted(PRESETS)})"
+            "give exactly one of topology.choices=[[0],[0,0],[1],...] and topology.choices_file=<JSON file of paths>"
         )
-    if preset is not None:
-        if preset not in PRESETS:
-            raise ChoicesError(f"unknown topology.preset {preset!r}; one of {sorted(PRESETS)}")
-        return choice_tree(PRESETS[preset])
+    if choices_file is not None:
+        return choice_tree(read_choices_file(choices_file))
     return choice_tree([list(p) for p in choices])
+
+
+def read_choices_file(path: str | Path) -> list[list[int]]:
+    """The rank paths of a JSON file holding one list of paths (``[[0], [0, 0], [1], ...]``)."""
+    p = Path(path).expanduser()
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ChoicesError(f"topology.choices_file={str(path)!r}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ChoicesError(f"topology.choices_file={str(path)!r}: cannot read it ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ChoicesError(f"topology.choices_file={str(path)!r} is not JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(data, list) or not all(isinstance(x, list) for x in data):
+        raise ChoicesError(
+            f"topology.choices_file={str(path)!r} must hold one JSON list of paths, e.g. [[0], [0, 0], [1]]"
+        )
+    return data
