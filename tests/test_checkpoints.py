@@ -252,8 +252,11 @@ def acceptance(record) -> list[float]:
         ),
         ("padded", ["verifier=greedy"]),
         ("padded", ["verifier=rejection", "generation.temperature=0.7"]),
+        # 13 tokens = 5 + 5 + 3: each prompt's last round is cut by the token budget after 3 of its 4
+        # accepted candidates; the cut depths are not counted as rejections
+        ("target", ["verifier=greedy", "generation.max_new_tokens=13"]),
     ],
-    ids=["T0-greedy", "T0.7-rejection", "T0.7-specinfer", "padded-T0-greedy", "padded-T0.7-rejection"],
+    ids=["T0-greedy", "T0.7-rejection", "T0.7-specinfer", "padded-T0-greedy", "padded-T0.7-rejection", "T0-cut"],
 )
 def test_a_draft_identical_to_the_target_accepts_every_candidate(ckpts, tmp_path, monkeypatch, draft, extra):
     """q = p accepts every candidate (rejection: min(1, p/q) = 1 up to float rounding; SpecInfer:

@@ -305,8 +305,11 @@ def decode_batch(
             )
             emitted_all.append(emitted)
             first_child = tree.children(-1)
+            depth = int(tree.depths.max()) if tree.num_rows else 0
+            if counted < len(sel.accepted_rows):  # cut by EOS or the token budget: the depths past the
+                depth = counted  # cut were accepted, not tried and rejected, so they are not counted
             req.ledger.observe_round(
-                tree_depth=int(tree.depths.max()) if tree.num_rows else 0,
+                tree_depth=depth,
                 num_rows=tree.num_rows,
                 accepted=counted,
                 committed=len(emitted),
