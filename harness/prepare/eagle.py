@@ -47,7 +47,7 @@ from harness.heads.eagle import causal_mask
 from harness.heads.published import is_published
 from harness.heads.recipes import DataRecipe, EagleTrainRecipe
 from harness.prepare import Preparation
-from harness.prepare.heads_data import PackedStream, training_streams
+from harness.prepare.heads_data import PackedStream, trained_artifact_manifest, training_streams
 
 log = logging.getLogger("harness.eagle")
 
@@ -238,32 +238,24 @@ def train_eagle_artifact(
     before = evaluate_depths(draft, held, embed=embed, lm_head=lm_head, depths=train.eval_depths)
     log_ = train_eagle(draft, train_stream, recipe=train, embed=embed, lm_head=lm_head, progress=progress)
     after = evaluate_depths(draft, held, embed=embed, lm_head=lm_head, depths=train.eval_depths)
-    manifest = {
-        "kind": "eagle",
-        "published": False,
-        "format": "eagle",
-        "target_hash": target_hash,
-        "target_source": target_source,
-        "recipe": recipe,
-        "token_budget": int(data.token_budget),
-        "tokens_seen": int(len(train_stream)),
-        "documents": int(train_stream.num_documents),
-        "held_out": {
-            "split": data.held_out_split,
-            "tokens": len(held),
-            **after,
-            "top1_agreement_untrained": before["top1_agreement"],
-        },
-        "training": {
-            **log_,
-            "stream_seconds": stream_seconds,
-            "total_seconds": time.perf_counter() - t0,
-            "device": str(device),
-            "threads": torch.get_num_threads(),
-        },
-        "cpu_budget_artifact": str(device) == "cpu",
-        "parameters": draft.num_parameters(),
-    }
+    manifest = trained_artifact_manifest(
+        kind="eagle",
+        published=False,
+        format="eagle",
+        target_hash=target_hash,
+        target_source=target_source,
+        recipe=recipe,
+        data=data,
+        train_stream=train_stream,
+        held=held,
+        before=before,
+        after=after,
+        training_log=log_,
+        stream_seconds=stream_seconds,
+        started=t0,
+        device=device,
+        parameters=draft.num_parameters(),
+    )
     save_artifact(out_dir, manifest=manifest, state={k: v.float() for k, v in draft.state_dict().items()})
     return load_eagle(recipe, model=model, tokenizer=tokenizer, path=out_dir)
 

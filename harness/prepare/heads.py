@@ -18,7 +18,7 @@ from harness.heads.checkpoint import ArtifactError, cpu_budget_label, save_artif
 from harness.heads.published import is_published
 from harness.heads.recipes import DataRecipe, TrainRecipe
 from harness.prepare import Preparation
-from harness.prepare.heads_data import training_streams
+from harness.prepare.heads_data import trained_artifact_manifest, training_streams
 from harness.prepare.heads_training import evaluate, train_heads
 
 log = logging.getLogger("harness.heads")
@@ -51,31 +51,22 @@ def train_artifact(
         heads, train_stream, recipe=TrainRecipe(**recipe["train"]), embed=embed, lm_head=lm_head, progress=progress
     )
     after = evaluate(heads, held, embed=embed, lm_head=lm_head)
-    device = str(next(model.parameters()).device)
-    manifest = {
-        "kind": kind,
-        "target_hash": target_hash,
-        "target_source": target_source,
-        "recipe": recipe,
-        "token_budget": int(data.token_budget),
-        "tokens_seen": int(len(train_stream)),
-        "documents": int(train_stream.num_documents),
-        "held_out": {
-            "split": data.held_out_split,
-            "tokens": len(held),
-            **after,
-            "top1_agreement_untrained": before["top1_agreement"],
-        },
-        "training": {
-            **log_,
-            "stream_seconds": stream_seconds,
-            "total_seconds": time.perf_counter() - t0,
-            "device": device,
-            "threads": torch.get_num_threads(),
-        },
-        "parameters": heads.num_parameters(),
-    }
-    manifest["cpu_budget_artifact"] = cpu_budget_label(manifest)  # from the tokens it saw, not the device
+    manifest = trained_artifact_manifest(
+        kind=kind,
+        target_hash=target_hash,
+        target_source=target_source,
+        recipe=recipe,
+        data=data,
+        train_stream=train_stream,
+        held=held,
+        before=before,
+        after=after,
+        training_log=log_,
+        stream_seconds=stream_seconds,
+        started=t0,
+        device=next(model.parameters()).device,
+        parameters=heads.num_parameters(),
+    )
     save_artifact(out_dir, manifest=manifest, state=heads.state_dict())
     return load_heads(kind, recipe, model=model, tokenizer=tokenizer, path=out_dir)
 

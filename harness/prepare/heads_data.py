@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from harness.files import artifact_lock, temporary_sibling
-from harness.heads.checkpoint import short_hash
+from harness.heads.checkpoint import cpu_budget_label, short_hash
 from harness.heads.recipes import DataRecipe
 from harness.target.loading import cache_root
 from harness.workloads.corpora import sharegpt_conversations
@@ -252,3 +253,52 @@ def _encode_streams(
             {"split": split, "source": recipe.source if documents is None else "inline", "target_hash": target_hash}
         )
     return train, held
+
+
+def trained_artifact_manifest(
+    *,
+    kind: str,
+    target_hash: str,
+    target_source: str,
+    recipe: dict,
+    data: DataRecipe,
+    train_stream: PackedStream,
+    held,
+    before: dict,
+    after: dict,
+    training_log: dict,
+    stream_seconds: float,
+    started: float,
+    device,
+    parameters: int,
+    **extra,
+) -> dict:
+    """The manifest of an artifact trained on the cached target streams (heads, EAGLE drafts):
+    what it was trained for and on, held-out agreement before and after, the training log, and
+    ``cpu_budget_artifact`` from the tokens it saw (not from the device it ran on)."""
+    manifest = {
+        "kind": kind,
+        **extra,
+        "target_hash": target_hash,
+        "target_source": target_source,
+        "recipe": recipe,
+        "token_budget": int(data.token_budget),
+        "tokens_seen": int(len(train_stream)),
+        "documents": int(train_stream.num_documents),
+        "held_out": {
+            "split": data.held_out_split,
+            "tokens": len(held),
+            **after,
+            "top1_agreement_untrained": before["top1_agreement"],
+        },
+        "training": {
+            **training_log,
+            "stream_seconds": stream_seconds,
+            "total_seconds": time.perf_counter() - started,
+            "device": str(device),
+            "threads": torch.get_num_threads(),
+        },
+        "parameters": int(parameters),
+    }
+    manifest["cpu_budget_artifact"] = cpu_budget_label(manifest)
+    return manifest
