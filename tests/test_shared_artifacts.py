@@ -144,6 +144,29 @@ def test_head_training_waits_then_loads_the_heads_another_job_trained(tmp_path, 
     assert trained == [True]
 
 
+def test_eagle_training_waits_then_loads_the_draft_another_job_trained(tmp_path, monkeypatch):
+    import harness.prepare.eagle as eagle
+
+    path = tmp_path / "artifacts" / "eagle-x"
+    monkeypatch.setattr(eagle, "eagle_artifact_path", lambda options, **k: ({"r": 1}, path))
+    monkeypatch.setattr(eagle, "load_eagle", lambda recipe, **k: ("loaded", k["path"]))
+    monkeypatch.setattr(eagle, "train_eagle_artifact", must_not_run)
+    asked = arriving(monkeypatch, eagle, _manifest_arrives)
+    got = eagle.ensure_eagle({}, model=None, tokenizer=None, target_source="t", progress=False)
+    assert got == ("loaded", path) and asked == [path]
+
+    # nobody else: this job trains, under the lock
+    path2 = tmp_path / "artifacts" / "eagle-y"
+    monkeypatch.setattr(eagle, "eagle_artifact_path", lambda options, **k: ({"r": 1}, path2))
+    monkeypatch.setattr(eagle, "artifact_lock", artifact_lock)
+    trained = []
+    monkeypatch.setattr(
+        eagle, "train_eagle_artifact", lambda recipe, **k: trained.append(holds_lock(lock_path(k["out_dir"])))
+    )
+    eagle.ensure_eagle({}, model=None, tokenizer=None, target_source="t", progress=False)
+    assert trained == [True]
+
+
 def test_adapter_distillation_waits_then_loads_the_adapter_another_job_made(tmp_path, monkeypatch):
     import harness.prepare.early_exit as early_exit
 

@@ -35,6 +35,7 @@ from omegaconf import OmegaConf
 from torch import nn
 from tqdm import tqdm
 
+from harness.files import artifact_lock
 from harness.heads.artifacts import (
     EagleArtifact,
     build_eagle,
@@ -293,16 +294,19 @@ def ensure_eagle(
             f"no eagle artifact for this target and recipe at {str(path)!r} and proposer.auto_train=false; "
             "run `harness train proposer=eagle ...` first"
         )
-    log.warning("training the EAGLE draft artifact (absent from %s)", path)
-    return train_eagle_artifact(
-        recipe,
-        model=model,
-        tokenizer=tokenizer,
-        target_source=target_source,
-        out_dir=path,
-        documents=documents,
-        progress=progress,
-    )
+    with artifact_lock(path, purpose="training the EAGLE draft"):  # concurrent jobs train once
+        if (path / "manifest.json").is_file() and not force:  # trained by the job that held the lock
+            return load_eagle(recipe, model=model, tokenizer=tokenizer, path=path)
+        log.warning("training the EAGLE draft artifact (absent from %s)", path)
+        return train_eagle_artifact(
+            recipe,
+            model=model,
+            tokenizer=tokenizer,
+            target_source=target_source,
+            out_dir=path,
+            documents=documents,
+            progress=progress,
+        )
 
 
 def summary(artifact: EagleArtifact) -> dict:
