@@ -28,12 +28,12 @@ from harness import sweep
 from harness.cli import report_failure
 from harness.config import CONF_DIR, checked_plan, compose_checked, explain_compose_error, offer
 from harness.contracts import ConfigError, resolve_ref
-from harness.engine.build import BuildContext, plan
+from harness.engine.build import plan
 from harness.engine.checks import validate_config
 from harness.gates.stages import GateError
 from harness.prepare import TRAINERS
 from harness.prepare.sequoia import ensure_tree_artifact
-from harness.runner import load, load_models, plan_job, run_job, track
+from harness.runner import build_context, load, load_models, plan_job, run_job, track
 from harness.tracking import dashboard
 from harness.tracking.job_folder import JobFolderError, job_lock
 
@@ -231,15 +231,7 @@ def calibrate(cfg: DictConfig, *, progress: bool = True) -> dict:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     loaded = load(cfg, plan_job(cfg, None))  # every refusal the run would make comes first, before model work
-    context = BuildContext(
-        cfg=cfg,
-        target_backend=loaded.backend,
-        tokenizer=loaded.target.tokenizer,
-        draft_backend=loaded.draft_backend,
-        items=loaded.items,
-        model_source=loaded.target.source,
-    )
-    return ensure_tree_artifact(cfg, context, force=True, progress=progress).summary()
+    return ensure_tree_artifact(cfg, build_context(cfg, loaded), force=True, progress=progress).summary()
 
 
 def calibrate_main(argv: list[str]) -> int:

@@ -421,9 +421,9 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer, *, draft_ref: str = 
 # --------------------------------------------------------------------------- prepare
 
 
-def prepare_job(cfg: DictConfig, planned: Planned, loaded: Loaded) -> Prepared:
-    """Artifacts that need the models (e.g. a Sequoia tree), then one proposer per batch slot."""
-    context = BuildContext(
+def build_context(cfg: DictConfig, loaded: Loaded) -> BuildContext:
+    """What preparers and proposers are built from once the models are loaded."""
+    return BuildContext(
         cfg=cfg,
         target_backend=loaded.backend,
         tokenizer=loaded.target.tokenizer,
@@ -431,6 +431,11 @@ def prepare_job(cfg: DictConfig, planned: Planned, loaded: Loaded) -> Prepared:
         items=loaded.items,
         model_source=loaded.target.source,
     )
+
+
+def prepare_job(cfg: DictConfig, planned: Planned, loaded: Loaded) -> Prepared:
+    """Artifacts that need the models (e.g. a Sequoia tree), then one proposer per batch slot."""
+    context = build_context(cfg, loaded)
     plan_ = prepare(cfg, planned.plan, context)
     batch = int(cfg.generation.batch_size)
     proposers = [build_proposer(cfg, plan_, manifest_hash=planned.manifest_hash, context=context) for _ in range(batch)]

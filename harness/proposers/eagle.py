@@ -206,14 +206,6 @@ class EagleProposer(Proposer):
             artifact_manifest=artifact.manifest,
         )
 
-    def capabilities(self) -> Capabilities:
-        return Capabilities(
-            name=self.name,
-            probability_semantics=frozenset({self.probability_semantics}),
-            sampling_relations=frozenset({self.sampling_relation}),
-            topology=budget_topology(self.budget),
-        )
-
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompt_ids: list[int]) -> None:
         self._reset()

@@ -215,14 +215,6 @@ class HeadsProposer(Proposer):
         depth = len(draft_widths(budget, 1 << 30))
         check_target(layout, geometry(), depth=depth)
 
-    def capabilities(self) -> Capabilities:
-        return Capabilities(
-            name=self.name,
-            probability_semantics=frozenset({self.probability_semantics}),
-            sampling_relations=frozenset({self.sampling_relation}),
-            topology=budget_topology(self.budget),
-        )
-
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompt_ids: list[int]) -> None:
         self.store.reset()

@@ -100,14 +100,6 @@ class SelfSpecProposer(Proposer):
             topology=budget_topology(budget),
         )
 
-    def capabilities(self) -> Capabilities:
-        return Capabilities(
-            name=self.name,
-            probability_semantics=frozenset({self.probability_semantics}),
-            sampling_relations=frozenset({self.sampling_relation}),
-            topology=budget_topology(self.budget),
-        )
-
     # ------------------------------------------------------------------ subclass hooks
     def _forward(self, ids: list[int], positions: list[int], mask: torch.Tensor) -> torch.Tensor:
         """Run the draft path over new rows (appending to ``self.kv``); logits ``[R, V]``."""
