@@ -475,8 +475,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
 
 def device_dtype(device: str) -> str:
     """A model's default dtype: bfloat16 on a CUDA device (tensor cores; both arms alike), float32
-    elsewhere (CPU kernels without bf16 support would be slower, and float32 keeps CPU runs exact to
-    the figures recorded so far)."""
+    elsewhere (CPU kernels without bf16 support are slower)."""
     return "bfloat16" if str(device).startswith("cuda") else "float32"
 
 

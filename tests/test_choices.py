@@ -267,3 +267,20 @@ def test_medusa_heads_on_a_choices_tree_are_cartesian_per_depth(tmp_path):
             depth, rank = len(tree.paths[r]), tree.ranks[r]
             by_key.setdefault((depth, rank), set()).add(int(t.token_ids[r]))
         assert all(len(tokens) == 1 for tokens in by_key.values()), by_key
+
+
+def test_the_manifest_binds_the_choices_file_content(tmp_path):
+    """A sweep skips a job whose manifest hash it has seen: editing the tree file must change it."""
+    import hashlib
+
+    from harness.manifest import manifest_extras
+
+    path = write_choices(tmp_path / "tree.json", [[0], [1], [0, 0]])
+    cfg = compose(["model=tiny", "topology=choices", f"topology.choices_file={path}"])
+    first = manifest_extras(cfg)["topology_choices_file"]
+    assert first == {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    write_choices(path, [[0], [1], [1, 0]])  # same node count and depth, another tree
+    assert manifest_extras(cfg)["topology_choices_file"]["sha256"] != first["sha256"]
+    assert "topology_choices_file" not in manifest_extras(
+        compose(["model=tiny", "topology=choices", "topology.choices=[[0]]"])
+    )

@@ -282,6 +282,17 @@ def inspect(ref: str, kind: str) -> PublishedLayout:
     return _inspect_hydra(ref, directory, files, config, shapes)
 
 
+def config_disagreements(config: dict, **from_weights: int) -> list[str]:
+    """A note for every ``config.json`` count that differs from what the weights hold (the weights
+    decide)."""
+    notes = []
+    for key, got in from_weights.items():
+        said = config.get(key)
+        if said is not None and int(said) != got:
+            notes.append(f"config.json says {key}={said}; the weights hold {got} (read from the weights)")
+    return notes
+
+
 def _inspect_medusa(ref, directory, layout, files, config, shapes) -> PublishedLayout:
     blocks = _int_keys(shapes, r"(\d+)\.(\d+)\.linear\.weight")
     if not blocks:
@@ -301,10 +312,7 @@ def _inspect_medusa(ref, directory, layout, files, config, shapes) -> PublishedL
             f"proposer.artifact={ref!r}: config.json says version 2 (heads without their own vocabulary "
             f"projection) but the weights hold {proj} {list(shapes[proj])}"
         )
-    for key, got in (("medusa_num_heads", heads), ("medusa_num_layers", layers)):
-        said = config.get(key)
-        if said is not None and int(said) != got:
-            notes.append(f"config.json says {key}={said}; the weights hold {got} (read from the weights)")
+    notes += config_disagreements(config, medusa_num_heads=heads, medusa_num_layers=layers)
     fmt = (
         "medusa-full-model" if layout == "full-model" else ("medusa-heads" if vocab is not None else "medusa-heads-v2")
     )
@@ -354,11 +362,7 @@ def _inspect_hydra(ref, directory, files, config, shapes) -> PublishedLayout:
     if head not in shapes:
         raise ArtifactError(f"proposer.artifact={ref!r}: {head} missing (the first head's vocabulary projection)")
     vocab = shapes[head][0]
-    notes = []
-    for key, got in (("hydra_num_heads", heads), ("hydra_num_layers", layers)):
-        said = config.get(key)
-        if said is not None and int(said) != got:
-            notes.append(f"config.json says {key}={said}; the weights hold {got} (read from the weights)")
+    notes = config_disagreements(config, hydra_num_heads=heads, hydra_num_layers=layers)
     prefix_shapes = {k: v for k, v in shapes.items() if k.startswith(PREFIX + ".")}
     out = PublishedLayout(
         kind="hydra",
