@@ -155,33 +155,19 @@ def select_and_commit(
     return sel, emitted_tokens(tree, sel)
 
 
-def speculative_round(
-    *,
-    target: CausalLMBackend,
-    seq: CacheState,
-    proposer: Proposer,
-    verifier: Verifier,
-    policy: SamplingPolicy,
-    committed: list[int],
-    rng: RandomSource,
-    max_nodes: int | None = None,
-    max_depth: int | None = None,
-    validate: bool = True,
-) -> tuple[CompiledTree, Selection, tuple[int, ...]]:
-    """One whole round (no timing): what each iteration of ``decode``'s loop does."""
-    _, tree, probs = propose_and_verify(
-        target=target,
-        seq=seq,
-        proposer=proposer,
-        policy=policy,
-        committed=committed,
-        rng=rng,
-        max_nodes=max_nodes,
-        max_depth=max_depth,
-        validate=validate,
-    )
+def speculative_round(*, verifier: Verifier, **round_: Any) -> tuple[CompiledTree, Selection, tuple[int, ...]]:
+    """One whole round (no timing): what each iteration of ``decode``'s loop does. ``round_``: the
+    keyword arguments of :func:`propose_and_verify`; the commit uses its target, cache, generator
+    and ``validate``."""
+    _, tree, probs = propose_and_verify(**round_)
     sel, emitted = select_and_commit(
-        target=target, seq=seq, verifier=verifier, tree=tree, target_probs=probs, rng=rng, validate=validate
+        target=round_["target"],
+        seq=round_["seq"],
+        verifier=verifier,
+        tree=tree,
+        target_probs=probs,
+        rng=round_["rng"],
+        validate=round_.get("validate", True),
     )
     return tree, sel, emitted
 
@@ -584,6 +570,29 @@ def _need_target(case: E2ECase, target: CausalLMBackend | None) -> torch.nn.Modu
     return target.model
 
 
+def _on_target(
+    cls: type[Proposer],
+    case: E2ECase,
+    *,
+    policy: SamplingPolicy,
+    model: torch.nn.Module,
+    budget: Budget | None = None,
+    manifest_hash: str = "e2e",
+    **options,
+) -> Proposer:
+    """``cls`` built for ``case`` over the target ``model`` it reads or runs part of (its
+    fingerprint as the checkpoint, the case's sampling); ``budget`` defaults to the case's."""
+    return cls(
+        budget=case.budget if budget is None else budget,
+        manifest_hash=manifest_hash,
+        policy=policy,
+        model=model,
+        checkpoint=target_fingerprint(model),
+        sampling=case.sampling,
+        **options,
+    )
+
+
 def _perturb(module: torch.nn.Module, *, seed: int, scale: float) -> torch.nn.Module:
     """Add ``scale`` x standard normal noise to every parameter (a seeded generator, so the global
     RNG is untouched): zero-initialised blocks would otherwise hide their inputs."""
@@ -649,15 +658,7 @@ def build_heads(case: E2ECase, *, target, draft, policy) -> Proposer:
     model = _need_target(case, target)
     opts = {"num_heads": 2, **case.options}
     heads = random_heads(case.proposer, model, **opts)
-    return HEAD_PROPOSERS[case.proposer](
-        budget=case.budget,
-        manifest_hash="e2e",
-        policy=policy,
-        model=model,
-        heads=heads,
-        checkpoint=target_fingerprint(model),
-        sampling=case.sampling,
-    )
+    return _on_target(HEAD_PROPOSERS[case.proposer], case, policy=policy, model=model, heads=heads)
 
 
 @proposer_builder("early_exit")
@@ -668,16 +669,7 @@ def build_early_exit(case: E2ECase, *, target, draft, policy) -> Proposer:
     opts = {"exit_layer": 1, "seed": 0, "scale": 0.1, **case.options}
     seed, scale = opts.pop("seed"), opts.pop("scale")
     adapter = _perturb(build_adapter(model, seed=seed), seed=seed + 1, scale=scale)
-    return EarlyExitProposer(
-        budget=case.budget,
-        manifest_hash="e2e",
-        policy=policy,
-        model=model,
-        checkpoint=target_fingerprint(model),
-        adapter=adapter,
-        sampling=case.sampling,
-        **opts,
-    )
+    return _on_target(EarlyExitProposer, case, policy=policy, model=model, adapter=adapter, **opts)
 
 
 @proposer_builder("layer_skip")
@@ -686,15 +678,7 @@ def build_layer_skip(case: E2ECase, *, target, draft, policy) -> Proposer:
     as the proposer's threshold options."""
     model = _need_target(case, target)
     opts = {"skip": [1], **case.options}
-    return LayerSkipProposer(
-        budget=case.budget,
-        manifest_hash="e2e",
-        policy=policy,
-        model=model,
-        checkpoint=target_fingerprint(model),
-        sampling=case.sampling,
-        **opts,
-    )
+    return _on_target(LayerSkipProposer, case, policy=policy, model=model, **opts)
 
 
 @proposer_builder("eagle")
@@ -703,15 +687,7 @@ def build_eagle(case: E2ECase, *, target, draft, policy) -> Proposer:
     (:func:`oracle_eagle_network`); it reads the features through the target model's hidden-state
     tap, which hands each branch the verify forward that follows its proposal."""
     model = _need_target(case, target)
-    return EagleProposer(
-        budget=case.budget,
-        manifest_hash="e2e",
-        policy=policy,
-        model=model,
-        draft=oracle_eagle_network(model),
-        checkpoint=target_fingerprint(model),
-        sampling=case.sampling,
-    )
+    return _on_target(EagleProposer, case, policy=policy, model=model, draft=oracle_eagle_network(model))
 
 
 def misrecord_q(result: ProposalResult, q_temperature: float) -> ProposalResult:
@@ -803,14 +779,14 @@ def pruned_sampled_dynamic_proposer(case: E2ECase, *, policy: SamplingPolicy, ta
             return pruned
 
     model = _need_target(case, target)
-    return PrunedSampledDynamic(
-        budget=wide,
-        manifest_hash="e2e-negative-control",
+    return _on_target(
+        PrunedSampledDynamic,
+        case,
         policy=policy,
         model=model,
+        budget=wide,
+        manifest_hash="e2e-negative-control",
         draft=oracle_eagle_network(model),
-        checkpoint=target_fingerprint(model),
-        sampling=case.sampling,
     )
 
 
