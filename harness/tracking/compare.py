@@ -37,7 +37,7 @@ import json
 import math
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,21 +175,26 @@ def filter_runs(df: pd.DataFrame, filters: Mapping[str, str]) -> pd.DataFrame:
     return df
 
 
-def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, prompt) from the store's ``per_prompt`` column."""
-    rows: list[dict[str, Any]] = []
+def run_prompts(df: pd.DataFrame) -> Iterator[tuple[pd.Series, dict[str, Any]]]:
+    """Each (run, prompt entry) of the store's ``per_prompt`` column, runs in order."""
     for (_, run), prompts in zip(df.iterrows(), json_column(df, "per_prompt"), strict=True):
         for p in prompts or []:
-            rows.append(
-                {
-                    "run_id": run["run_id"],
-                    "section": run["section"],
-                    **{a: run[a] for a in AXES},
-                    "prompt_id": str(p["prompt_id"]),
-                    "category": str(p["category"]),
-                    **{c: float(p[c]) for c in _PROMPT_COLUMNS},
-                }
-            )
+            yield run, p
+
+
+def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, prompt) from the store's ``per_prompt`` column."""
+    rows = [
+        {
+            "run_id": run["run_id"],
+            "section": run["section"],
+            **{a: run[a] for a in AXES},
+            "prompt_id": str(p["prompt_id"]),
+            "category": str(p["category"]),
+            **{c: float(p[c]) for c in _PROMPT_COLUMNS},
+        }
+        for run, p in run_prompts(df)
+    ]
     columns = ["run_id", "section", *AXES, "prompt_id", "category", *_PROMPT_COLUMNS]
     return pd.DataFrame(rows, columns=columns)
 
@@ -203,6 +208,23 @@ def _arm_prompts(long: pd.DataFrame) -> pd.DataFrame:
     summed = long.groupby("prompt_id", sort=True)[list(_PROMPT_COLUMNS)].sum()
     summed["category"] = long.groupby("prompt_id", sort=True)["category"].first()
     return summed
+
+
+def _arm_runs(df: pd.DataFrame, by: str, filters: Mapping[str, str] | None) -> pd.DataFrame:
+    """The runs the filters keep; refuses a ``by`` that names no column and an empty selection."""
+    if by not in df.columns:
+        raise ValueError(f"by must name an axis {list(AXES)} or a store column; got {by!r}")
+    runs = filter_runs(df, filters or {})
+    if runs.empty:
+        raise ValueError(f"no runs left after filters {dict(filters or {})}")
+    return runs
+
+
+def _speedup(p: pd.DataFrame, boot: Mapping[str, Any]) -> Estimate:
+    """Speedup vs AR of one arm's summed prompts ``p``: AR's ms per token over the arm's."""
+    return paired_bootstrap(
+        (p["ar_decode_ms"], p["ar_tokens"], p["spec_decode_ms"], p["spec_tokens"]), speedup_statistic, **boot
+    )
 
 
 def _varying(runs: pd.DataFrame, by: str) -> dict[str, list[str]]:
@@ -237,13 +259,9 @@ def compare(
     method: str = "percentile",
 ) -> list[ArmRow]:
     """Arms side by side per section and category (see the module docstring)."""
-    if by not in df.columns:
-        raise ValueError(f"by must name an axis {list(AXES)} or a store column; got {by!r}")
     if not 0.0 < confidence_level < 1.0:
         raise ValueError(f"confidence level must be in (0, 1); got {confidence_level}")
-    runs = filter_runs(df, filters or {})
-    if runs.empty:
-        raise ValueError(f"no runs left after filters {dict(filters or {})}")
+    runs = _arm_runs(df, by, filters)
     long = prompt_table(runs)
     boot = dict(confidence_level=confidence_level, n_resamples=n_resamples, seed=seed, method=method)
 
@@ -272,11 +290,7 @@ def compare(
                 if p.empty:
                     continue
                 tpt = paired_bootstrap((p["spec_decode_ms"], p["spec_tokens"]), ratio_of_sums, **boot)
-                speed = paired_bootstrap(
-                    (p["ar_decode_ms"], p["ar_tokens"], p["spec_decode_ms"], p["spec_tokens"]),
-                    speedup_statistic,
-                    **boot,
-                )
+                speed = _speedup(p, boot)
                 vs, n_pairs = None, 0
                 bk = base_key.get(section)
                 if bk is not None:
@@ -336,17 +350,15 @@ class LeaderRow:
 
 def leaderboard_prompts(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, prompt) with the leaderboard's per-prompt columns (NaN where absent)."""
-    rows: list[dict[str, Any]] = []
-    for (_, run), prompts in zip(runs.iterrows(), json_column(runs, "per_prompt"), strict=True):
-        for p in prompts or []:
-            rows.append(
-                {
-                    "run_id": run["run_id"],
-                    "prompt_id": str(p["prompt_id"]),
-                    "task": task_of(str(p["category"])),
-                    **{c: float(p[c]) if p.get(c) is not None else np.nan for c in _LEADER_COLUMNS},
-                }
-            )
+    rows = [
+        {
+            "run_id": run["run_id"],
+            "prompt_id": str(p["prompt_id"]),
+            "task": task_of(str(p["category"])),
+            **{c: float(p[c]) if p.get(c) is not None else np.nan for c in _LEADER_COLUMNS},
+        }
+        for run, p in run_prompts(runs)
+    ]
     return pd.DataFrame(rows, columns=["run_id", "prompt_id", "task", *_LEADER_COLUMNS])
 
 
@@ -373,11 +385,7 @@ def leaderboard(
 ) -> tuple[list[str], list[LeaderRow]]:
     """Columns (Spec-Bench's tasks present, other categories, ``overall``) and one row per arm and
     section, sorted by the overall speedup (best first) as Spec-Bench sorts its leaderboard."""
-    if by not in df.columns:
-        raise ValueError(f"by must name an axis {list(AXES)} or a store column; got {by!r}")
-    runs = filter_runs(df, filters or {})
-    if runs.empty:
-        raise ValueError(f"no runs left after filters {dict(filters or {})}")
+    runs = _arm_runs(df, by, filters)
     long = leaderboard_prompts(runs)
     columns = [*task_order(long["task"].unique()), OVERALL]
     boot = dict(confidence_level=confidence_level, n_resamples=n_resamples, seed=seed, method=method)
@@ -393,11 +401,7 @@ def leaderboard(
                 p = summed if col == OVERALL else summed[summed["task"] == col]
                 if p.empty:
                     continue
-                speed = paired_bootstrap(
-                    (p["ar_decode_ms"], p["ar_tokens"], p["spec_decode_ms"], p["spec_tokens"]),
-                    speedup_statistic,
-                    **boot,
-                )
+                speed = _speedup(p, boot)
                 accepted = Estimate(None)
                 if not p["spec_rounds"].isna().any():
                     accepted = paired_bootstrap((p["spec_tokens"], p["spec_rounds"]), ratio_of_sums, **boot)
@@ -427,10 +431,7 @@ def format_leaderboard(columns: Sequence[str], rows: Sequence[LeaderRow], *, by:
     """Plain-text leaderboard, one table per section."""
     pct = f"{level * 100:g}% CI"
     lines: list[str] = []
-    for section in SECTIONS:
-        sec = [r for r in rows if r.section == section]
-        if not sec:
-            continue
+    for section, sec in by_section(rows):
         header = [by, *columns]
         body = [[r.arm, *(leader_cell(r.cells.get(c)) for c in columns)] for r in sec]
         sb = [
@@ -452,12 +453,10 @@ def format_leaderboard(columns: Sequence[str], rows: Sequence[LeaderRow], *, by:
             f"prompts per column: "
             + ", ".join(f"{c}={sec[0].cells[c].n_prompts}" for c in columns if c in sec[0].cells)
         )
-        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-        lines.append("  ".join("-" * w for w in widths))
-        lines.extend("  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) for b in body)
+        lines += _aligned([header, ["-" * w for w in widths], *body], widths)
         if any(cell != "-" for b in sb for cell in b[1:]):
             lines.append("Spec-Bench's own statistic (mean per-prompt tokens/s over AR's; wall time with prefill):")
-            lines.extend("  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) for b in sb)
+            lines += _aligned(sb, widths)
         lines.append("")
     return "\n".join(lines)
 
@@ -482,46 +481,51 @@ def leaderboard_json(columns: Sequence[str], rows: Sequence[LeaderRow]) -> dict[
 # output
 
 
-def format_table(rows: Sequence[ArmRow], *, by: str, baseline: str | None, level: float) -> str:
-    """Plain-text tables, one per section, with each section's label as its heading."""
-    pct = f"{level * 100:g}% CI"
-    lines: list[str] = []
+def by_section(rows: Sequence[Any]) -> Iterator[tuple[str, list[Any]]]:
+    """(section, its rows) for each section that has rows, in :data:`SECTIONS` order."""
     for section in SECTIONS:
         sec = [r for r in rows if r.section == section]
-        if not sec:
-            continue
-        header = [
-            by,
-            "category",
-            "prompts",
-            "runs",
-            f"ms/committed token [{pct}]",
-            "AR ms/token",
-            f"speedup vs AR [{pct}]",
-        ]
+        if sec:
+            yield section, sec
+
+
+def arm_table(
+    sec: Sequence[ArmRow], *, by: str, baseline: str | None, ci: str = "", ar_column: bool = True
+) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of one section's arms: ``ci`` follows each estimate's heading;
+    ``ar_column`` adds AR's ms per token."""
+    header = [by, "category", "prompts", "runs", f"ms/committed token{ci}"]
+    header += ["AR ms/token"] if ar_column else []
+    header.append(f"speedup vs AR{ci}")
+    if baseline is not None:
+        header.append(f"vs {by}={baseline}{ci}")
+    header.append("mixed axes")
+    body = []
+    for r in sec:
+        line = [r.arm, r.category, str(r.n_prompts), str(len(r.run_ids)), r.time_per_committed_token_ms.fmt(2)]
+        line += [Estimate(r.ar_time_per_token_ms).fmt(2)] if ar_column else []
+        line.append(r.speedup.fmt(3))
         if baseline is not None:
-            header.append(f"vs {by}={baseline} [{pct}]")
-        header.append("mixed axes")
-        body = []
-        for r in sec:
-            line = [
-                r.arm,
-                r.category,
-                str(r.n_prompts),
-                str(len(r.run_ids)),
-                r.time_per_committed_token_ms.fmt(2),
-                Estimate(r.ar_time_per_token_ms).fmt(2),
-                r.speedup.fmt(3),
-            ]
-            if baseline is not None:
-                line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-")
-            line.append("; ".join(f"{k}={','.join(v)}" for k, v in r.varying.items()) or "-")
-            body.append(line)
+            line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-")
+        line.append("; ".join(f"{k}={','.join(v)}" for k, v in r.varying.items()) or "-")
+        body.append(line)
+    return header, body
+
+
+def _aligned(cells: Sequence[Sequence[str]], widths: Sequence[int]) -> list[str]:
+    """Rows of ``cells`` left-aligned in columns of ``widths``, two spaces apart."""
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+
+
+def format_table(rows: Sequence[ArmRow], *, by: str, baseline: str | None, level: float) -> str:
+    """Plain-text tables, one per section, with each section's label as its heading."""
+    ci = f" [{level * 100:g}% CI]"
+    lines: list[str] = []
+    for section, sec in by_section(rows):
+        header, body = arm_table(sec, by=by, baseline=baseline, ci=ci)
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
         lines.append(f"== {SECTION_TITLES[section]} ==")
-        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-        lines.append("  ".join("-" * w for w in widths))
-        lines.extend("  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) for b in body)
+        lines += _aligned([header, ["-" * w for w in widths], *body], widths)
         lines.append("")
     return "\n".join(lines)
 
@@ -563,44 +567,51 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
-def main(argv: list[str] | None = None) -> int:
+def refuse(command: str, exc: BaseException) -> int:
+    """Say on one stderr line why ``harness <command>`` refused; returns the exit status, 2."""
+    print(f"harness {command}: refused: {_one_line(exc)} (harness {command} --help shows the usage)", file=sys.stderr)
+    return 2
+
+
+def parse_command(command: str, usage: str, argv: list[str] | None) -> tuple[list[str], dict[str, str]] | int:
+    """``harness <command>``'s arguments (``sys.argv[1:]`` when None) as (positionals,
+    ``key=value`` options); or, having printed ``usage`` (``-h``/``--help``: status 0; no
+    arguments: 2) or a refusal (2), the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in {"-h", "--help"}:
-        print(USAGE)
+        print(usage)
         return 0 if argv else 2
     try:
-        positionals, kv = parse_kv(argv)
+        return parse_kv(argv)
+    except ValueError as exc:
+        return refuse(command, exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = parse_command("compare", USAGE, argv)
+    if isinstance(parsed, int):
+        return parsed
+    positionals, kv = parsed
+    try:
         if len(positionals) != 1:
             raise ValueError(f"expected one records folder or store; got {positionals}")
         df, _ = read_results(positionals[0])
         opts = {k: kv.pop(k) for k in _OPTION_KEYS if k in kv}
         by = opts.get("by", "proposer")
         level = float(opts.get("level", 0.95))
-        rows = compare(
-            df,
-            by=by,
-            baseline=opts.get("baseline"),
-            filters=kv,
-            confidence_level=level,
-            n_resamples=int(opts.get("resamples", 2000)),
-            seed=int(opts.get("seed", 0)),
-            method=opts.get("method", "percentile"),
-        )
+        boot = {
+            "confidence_level": level,
+            "n_resamples": int(opts.get("resamples", 2000)),
+            "seed": int(opts.get("seed", 0)),
+            "method": opts.get("method", "percentile"),
+        }
+        rows = compare(df, by=by, baseline=opts.get("baseline"), filters=kv, **boot)
     except (ValueError, KeyError, OSError) as exc:
-        print(f"harness compare: refused: {_one_line(exc)} (harness compare --help shows the usage)", file=sys.stderr)
-        return 2
+        return refuse("compare", exc)
     print(format_table(rows, by=by, baseline=opts.get("baseline"), level=level))
     board = None
     if opts.get("leaderboard", "true").lower() not in {"false", "0", "no"}:
-        board = leaderboard(
-            df,
-            by=by,
-            filters=kv,
-            confidence_level=level,
-            n_resamples=int(opts.get("resamples", 2000)),
-            seed=int(opts.get("seed", 0)),
-            method=opts.get("method", "percentile"),
-        )
+        board = leaderboard(df, by=by, filters=kv, **boot)
         print(format_leaderboard(*board, by=by, level=level))
     if "json" in opts:
         payload = to_json(
@@ -609,10 +620,7 @@ def main(argv: list[str] | None = None) -> int:
             by=by,
             baseline=opts.get("baseline"),
             filters=kv,
-            confidence_level=level,
-            n_resamples=int(opts.get("resamples", 2000)),
-            seed=int(opts.get("seed", 0)),
-            method=opts.get("method", "percentile"),
+            **boot,
             pairing="prompt_id",
             **({"leaderboard": leaderboard_json(*board)} if board is not None else {}),
         )

@@ -30,12 +30,15 @@ from harness.tracking.compare import (
     ALL,
     SECTION_TITLES,
     arm_label,
+    arm_table,
+    by_section,
     compare,
     filter_runs,
     leader_cell,
     leaderboard,
     paired_bootstrap,
-    parse_kv,
+    parse_command,
+    refuse,
     speedup_statistic,
 )
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_labels, depth_rows
@@ -636,28 +639,8 @@ def _compare_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
         "95% paired-bootstrap CIs over prompts (`harness compare`).",
         "",
     ]
-    for section in SECTIONS:
-        sec = [r for r in rows if r.section == section]
-        if not sec:
-            continue
-        header = [by, "category", "prompts", "runs", "ms/committed token", "speedup vs AR"]
-        if baseline is not None:
-            header.append(f"vs {by}={baseline}")
-        header.append("mixed axes")
-        body = []
-        for r in sec:
-            line = [
-                r.arm,
-                r.category,
-                r.n_prompts,
-                len(r.run_ids),
-                r.time_per_committed_token_ms.fmt(2),
-                r.speedup.fmt(3),
-            ]
-            if baseline is not None:
-                line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-")
-            line.append("; ".join(f"{k}={','.join(v)}" for k, v in r.varying.items()) or "-")
-            body.append(line)
+    for section, sec in by_section(rows):
+        header, body = arm_table(sec, by=by, baseline=baseline, ar_column=False)
         out += [f"### {SECTION_TITLES[section]}", "", md_table(header, body), ""]
     return out
 
@@ -772,12 +755,11 @@ USAGE = "usage: harness report <records_root | store.parquet> [out=DIR] [recipe=
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in {"-h", "--help"}:
-        print(USAGE)
-        return 0 if argv else 2
+    parsed = parse_command("report", USAGE, argv)
+    if isinstance(parsed, int):
+        return parsed
+    positionals, kv = parsed
     try:
-        positionals, kv = parse_kv(argv)
         extra = set(kv) - {"out", "recipe"}
         if len(positionals) != 1 or extra:
             raise ValueError(f"expected one source and only out=/recipe=; got {positionals} and {sorted(extra)}")
@@ -789,9 +771,7 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = Path(kv["out"]) if "out" in kv else (root or Path(".")) / "report"
         path = build_report(df, out_dir, recipe, recipe_path=recipe_path, source=positionals[0])
     except (ValueError, OSError) as exc:
-        message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"harness report: refused: {message} (harness report --help shows the usage)", file=sys.stderr)
-        return 2
+        return refuse("report", exc)
     print(f"wrote {path}")
     return 0
 
