@@ -259,9 +259,17 @@ class PublishedLayout:
         }
 
 
-def _int_keys(keys, pattern: str) -> list[tuple[int, ...]]:
-    rx = re.compile(pattern)
-    return [tuple(int(g) for g in m.groups()) for k in keys if (m := rx.fullmatch(k))]
+def _head_blocks(ref, shapes, kind: str, prefix: str = "") -> tuple[int, int]:
+    """The number of heads and head 0's last block index among the ``{prefix}{k}.{j}.linear.weight``
+    tensors; refuses a file with none."""
+    rx = re.compile(re.escape(prefix) + r"(\d+)\.(\d+)\.linear\.weight")
+    blocks = [(int(m[1]), int(m[2])) for k in shapes if (m := rx.fullmatch(k))]
+    if not blocks:
+        raise ArtifactError(
+            f"proposer.artifact={ref!r}: no {kind} head tensors ({prefix}{{k}}.{{j}}.linear.weight); got keys "
+            f"{sorted(shapes)[:6]}"
+        )
+    return max(k for k, _ in blocks) + 1, max(j for k, j in blocks if k == 0)
 
 
 def inspect(ref: str, kind: str) -> PublishedLayout:
@@ -277,9 +285,10 @@ def inspect(ref: str, kind: str) -> PublishedLayout:
     shapes = {k: tuple(t.shape) for k, t in _read_tensors(files, prefix=prefix, data=False).items()}
     if not shapes:
         raise ArtifactError(f"proposer.artifact={ref!r}: {', '.join(f.name for f in files)} hold no {kind} tensors")
-    if kind == "medusa":
-        return _inspect_medusa(ref, directory, layout, files, config, shapes)
-    return _inspect_hydra(ref, directory, files, config, shapes)
+    read = _inspect_medusa(ref, layout, config, shapes) if kind == "medusa" else _inspect_hydra(ref, config, shapes)
+    out = PublishedLayout(kind=kind, ref=str(ref), directory=directory, files=tuple(files), config=config, **read)
+    check_keys(out, shapes)
+    return out
 
 
 def config_disagreements(config: dict, **from_weights: int) -> list[str]:
@@ -293,15 +302,10 @@ def config_disagreements(config: dict, **from_weights: int) -> list[str]:
     return notes
 
 
-def _inspect_medusa(ref, directory, layout, files, config, shapes) -> PublishedLayout:
-    blocks = _int_keys(shapes, r"(\d+)\.(\d+)\.linear\.weight")
-    if not blocks:
-        raise ArtifactError(
-            f"proposer.artifact={ref!r}: no Medusa head tensors ({{k}}.{{j}}.linear.weight); got keys "
-            f"{sorted(shapes)[:6]}"
-        )
-    heads = max(k for k, _ in blocks) + 1
-    layers = max(j for k, j in blocks if k == 0) + 1
+def _inspect_medusa(ref, layout, config, shapes) -> dict:
+    """The :class:`PublishedLayout` fields a Medusa checkpoint's config and shapes give."""
+    heads, last = _head_blocks(ref, shapes, "Medusa")
+    layers = last + 1
     hidden = shapes["0.0.linear.weight"][1]
     proj = f"0.{layers}.weight"
     vocab = shapes[proj][0] if proj in shapes else None
@@ -316,13 +320,8 @@ def _inspect_medusa(ref, directory, layout, files, config, shapes) -> PublishedL
     fmt = (
         "medusa-full-model" if layout == "full-model" else ("medusa-heads" if vocab is not None else "medusa-heads-v2")
     )
-    out = PublishedLayout(
-        kind="medusa",
+    return dict(
         format=fmt,
-        ref=str(ref),
-        directory=directory,
-        files=tuple(files),
-        config=config,
         num_heads=heads,
         num_layers=layers,
         hidden_size=hidden,
@@ -330,11 +329,10 @@ def _inspect_medusa(ref, directory, layout, files, config, shapes) -> PublishedL
         key_prefix=MEDUSA_FULL_PREFIX if layout == "full-model" else "",
         notes=tuple(notes),
     )
-    check_keys(out, shapes)
-    return out
 
 
-def _inspect_hydra(ref, directory, files, config, shapes) -> PublishedLayout:
+def _inspect_hydra(ref, config, shapes) -> dict:
+    """The :class:`PublishedLayout` fields a Hydra checkpoint's config and shapes give."""
     arch = str(config.get("hydra_head_arch", "mlp"))
     if arch not in HYDRA_ARCHS:
         raise ArtifactError(
@@ -348,14 +346,8 @@ def _inspect_hydra(ref, directory, files, config, shapes) -> PublishedLayout:
         )
     grounded = bool(config.get("grounded_heads", False))
     step, first = (2, 1) if arch == "prefix-mlp" else (1, 0)
-    blocks = _int_keys(shapes, r"hydra_mlp\.(\d+)\.(\d+)\.linear\.weight")
-    if not blocks:
-        raise ArtifactError(
-            f"proposer.artifact={ref!r}: no Hydra head tensors (hydra_mlp.{{k}}.{{j}}.linear.weight); got keys "
-            f"{sorted(shapes)[:6]}"
-        )
-    heads = max(k for k, _ in blocks) + 1
-    layers = (max(j for k, j in blocks if k == 0) - first) // step + 1
+    heads, last = _head_blocks(ref, shapes, "Hydra", "hydra_mlp.")
+    layers = (last - first) // step + 1
     last = f"hydra_mlp.0.{first + step * (layers - 1)}.linear.weight"
     hidden = shapes[last][0]
     head = "hydra_lm_head.0.1.weight" if arch == "prefix-mlp" else "hydra_lm_head.0.weight"
@@ -364,13 +356,8 @@ def _inspect_hydra(ref, directory, files, config, shapes) -> PublishedLayout:
     vocab = shapes[head][0]
     notes = config_disagreements(config, hydra_num_heads=heads, hydra_num_layers=layers)
     prefix_shapes = {k: v for k, v in shapes.items() if k.startswith(PREFIX + ".")}
-    out = PublishedLayout(
-        kind="hydra",
+    return dict(
         format=f"hydra-{arch}",
-        ref=str(ref),
-        directory=directory,
-        files=tuple(files),
-        config=config,
         num_heads=heads,
         num_layers=layers,
         hidden_size=hidden,
@@ -379,8 +366,6 @@ def _inspect_hydra(ref, directory, files, config, shapes) -> PublishedLayout:
         prefix_shapes=prefix_shapes,
         notes=tuple(notes),
     )
-    check_keys(out, shapes)
-    return out
 
 
 #: tensors a published file may carry beyond the heads: Hydra's trainer saves the base embedding
