@@ -154,6 +154,27 @@ def _new_figure(width: float = 8.0, height: float = 4.5) -> Figure:
     return fig
 
 
+def _finish(
+    fig: Figure,
+    ax: Any,
+    spec: Mapping[str, Any],
+    title: str,
+    *,
+    xlabel: str,
+    ylabel: str,
+    legend_size: int = 8,
+    grid_which: str = "major",
+) -> Plot:
+    """Label ``ax``, draw its grid and legend and title it (the recipe's ``title`` over
+    ``title``): the plot of ``fig``."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which=grid_which)
+    ax.legend(fontsize=legend_size)
+    ax.set_title(spec.get("title", title), fontsize=10)
+    return Plot(fig)
+
+
 # --------------------------------------------------------------------------------------------
 # plots: each takes the filtered store frame and its spec, returns a Plot
 
@@ -374,12 +395,14 @@ def plot_temp_kv_vs_rows(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
             linewidths=0.8,
         )
     ax.scatter([], [], marker="s", facecolors="none", edgecolors="k", label="formula")
-    ax.set_xlabel("candidate rows per round (topology.max_nodes)")
-    ax.set_ylabel("temporary KV (MiB)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(spec.get("title", "Temporary KV bytes vs candidate rows"), fontsize=10)
-    return Plot(fig)
+    return _finish(
+        fig,
+        ax,
+        spec,
+        "Temporary KV bytes vs candidate rows",
+        xlabel="candidate rows per round (topology.max_nodes)",
+        ylabel="temporary KV (MiB)",
+    )
 
 
 def plot_t_profile(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
@@ -394,12 +417,16 @@ def plot_t_profile(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         hw = r.get("hardware.device_name") or r.get("hardware.cpu") or r.get("hardware.device") or ""
         ax.plot(p["n"], p["t"], marker="o", label=f"{labels[r['run_id']]} ({hw})")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("n: rows verified in one target forward")
-    ax.set_ylabel("t(n) ms")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    ax.set_title(spec.get("title", "Target verify time t(n) (hardware profile)"), fontsize=10)
-    return Plot(fig)
+    return _finish(
+        fig,
+        ax,
+        spec,
+        "Target verify time t(n) (hardware profile)",
+        xlabel="n: rows verified in one target forward",
+        ylabel="t(n) ms",
+        legend_size=7,
+        grid_which="both",
+    )
 
 
 def _run_speedup(
@@ -449,12 +476,14 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(runs["batch_size"].unique()), [arm_label(b) for b in sorted(runs["batch_size"].unique())])
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("speedup over AR at the same batch size")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(spec.get("title", "Speedup over batched AR vs batch size (CI over prompts at B=1)"), fontsize=10)
-    return Plot(fig)
+    return _finish(
+        fig,
+        ax,
+        spec,
+        "Speedup over batched AR vs batch size (CI over prompts at B=1)",
+        xlabel="batch size",
+        ylabel="speedup over AR at the same batch size",
+    )
 
 
 def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
@@ -510,12 +539,14 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
             ax.axhline(ar, color="k", linestyle="--", linewidth=0.8)
             ax.text(ax.get_xlim()[0], ar, f" AR {ar:.1f} ms/token (median, exact runs)", va="bottom", fontsize=7)
     ax.margins(x=0.2, y=0.08)
-    ax.set_xlabel("mean committed tokens per round (bonus token included)")
-    ax.set_ylabel("time per committed token (ms)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(spec.get("title", "Frontier: time per committed token vs mean committed per round"), fontsize=10)
-    return Plot(fig)
+    return _finish(
+        fig,
+        ax,
+        spec,
+        "Frontier: time per committed token vs mean committed per round",
+        xlabel="mean committed tokens per round (bonus token included)",
+        ylabel="time per committed token (ms)",
+    )
 
 
 def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
