@@ -53,13 +53,18 @@ def load_heads(kind: str, recipe: dict, *, model: torch.nn.Module, tokenizer, pa
     return HeadsArtifact(heads=build_heads(recipe, state), manifest=manifest, path=Path(path))
 
 
-def heads_artifact_path(kind: str, options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
-    """The recipe of the configured heads and the directory of their artifact."""
-    recipe = heads_recipe(kind, options, model)
+def _located(kind: str, recipe: dict, options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
+    """``recipe`` and its artifact's directory: ``proposer.artifact`` when given, else the one
+    :func:`artifact_dir` names for ``kind``, the target's fingerprint and ``recipe``."""
     explicit = options.get("artifact")
     if explicit:
         return recipe, Path(explicit)
     return recipe, artifact_dir(kind, target_hash=target_fingerprint(model, tokenizer), recipe=recipe)
+
+
+def heads_artifact_path(kind: str, options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
+    """The recipe of the configured heads and the directory of their artifact."""
+    return _located(kind, heads_recipe(kind, options, model), options, model=model, tokenizer=tokenizer)
 
 
 def missing(kind: str, path: Path, explicit: bool) -> ArtifactError:
@@ -93,11 +98,7 @@ def load_configured_heads(kind: str, options: dict, *, model: torch.nn.Module, t
 
 
 def adapter_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
-    recipe = exit_recipe(options, model)
-    explicit = options.get("artifact")
-    if explicit:
-        return recipe, Path(explicit)
-    return recipe, artifact_dir("early_exit", target_hash=target_fingerprint(model, tokenizer), recipe=recipe)
+    return _located("early_exit", exit_recipe(options, model), options, model=model, tokenizer=tokenizer)
 
 
 def load_adapter(options: dict, *, model: torch.nn.Module, tokenizer, path: Path | None = None) -> AdapterArtifact:
@@ -113,10 +114,7 @@ def load_adapter(options: dict, *, model: torch.nn.Module, tokenizer, path: Path
 
 def skip_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
     rd = recipe_key(SearchRecipe(**dict(options.get("search") or {})))
-    explicit = options.get("artifact")
-    if explicit:
-        return rd, Path(explicit)
-    return rd, artifact_dir("layer_skip", target_hash=target_fingerprint(model, tokenizer), recipe=rd)
+    return _located("layer_skip", rd, options, model=model, tokenizer=tokenizer)
 
 
 def load_skip(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[list[int], dict]:
@@ -165,11 +163,7 @@ def build_eagle(spec: dict | EagleSpec, state: dict[str, torch.Tensor] | None = 
 
 def eagle_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
     """The recipe of the configured (trained) EAGLE draft and the directory of its artifact."""
-    recipe = eagle_recipe(options, model)
-    explicit = options.get("artifact")
-    if explicit:
-        return recipe, Path(explicit)
-    return recipe, artifact_dir("eagle", target_hash=target_fingerprint(model, tokenizer), recipe=recipe)
+    return _located("eagle", eagle_recipe(options, model), options, model=model, tokenizer=tokenizer)
 
 
 def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifact:
