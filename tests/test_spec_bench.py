@@ -204,3 +204,13 @@ def test_spec_bench_category_names_match_the_workloads_copy():
 
     assert prompts.SPEC_BENCH_CATEGORIES == SB_CATEGORIES
     assert spec_bench.MT_BENCH_CATEGORIES == prompts.MT_BENCH_CATEGORIES == SB_MT_BENCH
+
+
+def test_model_id_names_the_experiment_else_the_sweep_else_adhoc():
+    from harness.tracking.spec_bench import default_model_id
+
+    axes = {"proposer": "rest", "topology": "sequences", "verifier": "greedy", "model": "smollm2", "temperature": 0.0}
+    in_sweep = {"axes": axes, "experiment": None, "sweep": "spec_bench"}
+    assert default_model_id(in_sweep, "spec") == "spec_bench/smollm2/rest-sequences-greedy-temperature-0"
+    assert default_model_id({**in_sweep, "experiment": "default"}, "ar").startswith("default/smollm2/ar-baseline")
+    assert default_model_id({**in_sweep, "sweep": None}, "spec").startswith("adhoc/")

@@ -96,7 +96,8 @@ def _created_epoch(record: dict) -> float | None:
 def default_model_id(record: dict, arm: str) -> str:
     ax = record["axes"]
     who = f"{ax['proposer']}-{ax['topology']}-{ax['verifier']}" if arm == "spec" else "ar-baseline"
-    return f"{record.get('experiment') or 'adhoc'}/{ax['model']}/{who}-temperature-{float(ax['temperature']):g}"
+    group = record.get("experiment") or record.get("sweep") or "adhoc"  # as the run folders are named
+    return f"{group}/{ax['model']}/{who}-temperature-{float(ax['temperature']):g}"
 
 
 def read_outputs(run_dir: Path) -> list[dict]:
