@@ -11,6 +11,7 @@ request so far, the pending bonus/correction token last (the target has not yet 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -55,10 +56,16 @@ class Proposer(ABC):
             raise ValueError(
                 f"proposer {cls.name!r} cannot build topology {budget.shape!r}; it supports {sorted(cls.shapes)}"
             )
+        return cls.capabilities_on(budget, {cls.probability_semantics}, {cls.sampling_relation})
+
+    @classmethod
+    def capabilities_on(cls, budget: Budget, semantics: Iterable[str], relations: Iterable[str]) -> Capabilities:
+        """This proposer's capabilities on ``budget``'s topology with these probability semantics
+        and sampling relations."""
         return Capabilities(
             name=cls.name,
-            probability_semantics=frozenset({cls.probability_semantics}),
-            sampling_relations=frozenset({cls.sampling_relation}),
+            probability_semantics=frozenset(semantics),
+            sampling_relations=frozenset(relations),
             topology=budget_topology(budget),
         )
 
@@ -68,12 +75,7 @@ class Proposer(ABC):
         return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, **options)
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            name=self.name,
-            probability_semantics=frozenset({self.probability_semantics}),
-            sampling_relations=frozenset({self.sampling_relation}),
-            topology=budget_topology(self.budget),
-        )
+        return self.capabilities_on(self.budget, {self.probability_semantics}, {self.sampling_relation})
 
     def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict | None:
         """Proposal-quality governance for the evaluation workload (e.g. datastore leakage).

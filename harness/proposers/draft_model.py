@@ -37,7 +37,7 @@ from typing import ClassVar
 
 import torch
 
-from harness.contracts import Budget, Capabilities, ProposalResult, ProposalStateHandle, budget_topology
+from harness.contracts import Budget, ProposalResult, ProposalStateHandle
 from harness.proposers.base import Proposer
 from harness.proposers.sampling import (
     check_ranked_shape,
@@ -117,12 +117,7 @@ class DraftModelProposer(Proposer):
         if budget.shape == "choices":
             check_ranked_shape(budget.parents, budget.ranks, rel)
         sem = "score_only" if rel == "beam" else "normalized_conditional"
-        return Capabilities(
-            name=cls.name,
-            probability_semantics=frozenset({sem}),
-            sampling_relations=frozenset({rel}),
-            topology=budget_topology(budget),
-        )
+        return cls.capabilities_on(budget, {sem}, {rel})
 
     @classmethod
     def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):

@@ -57,32 +57,15 @@ from typing import ClassVar
 
 import torch
 
-from harness.contracts import (
-    PREFIX_FRONTIER,
-    Budget,
-    Capabilities,
-    ProposalNode,
-    ProposalResult,
-    ProposalStateHandle,
-    budget_topology,
-)
+from harness.contracts import PREFIX_FRONTIER, Budget, ProposalNode, ProposalResult, ProposalStateHandle
 from harness.heads.artifacts import load_configured_eagle
-from harness.heads.checkpoint import target_fingerprint
-from harness.heads.state import CapturedForward, CommittedHidden, HiddenTap, PrefixHashes
-from harness.proposers.base import Proposer
-from harness.proposers.heads import SAMPLINGS, sampling_semantics, vocab_projection
-from harness.proposers.sampling import (
-    beam_tokens,
-    check_ranked_shape,
-    sample_children,
-    sample_ranked_tree_proposal,
-    sample_tree_proposal,
-)
+from harness.heads.models import vocab_projection
+from harness.heads.state import CapturedForward, CommittedHidden, PrefixHashes
+from harness.proposers.sampling import beam_tokens, sample_children, topology_of
+from harness.proposers.target_bound import HiddenRowProposer
 from harness.random_source import RandomSource
 from harness.target.loading import looks_like_hub_id
-from harness.topology.compiler import compile_tree
 from harness.topology.dynamic import confidence_order, deeper_nodes_cannot_enter, rerank_connected
-from harness.verifiers.sampling import SamplingPolicy
 
 SHAPES = frozenset({"sequence", "set", "expansion", "cartesian", "choices", "dynamic"})
 
@@ -98,50 +81,28 @@ def static_widths(budget: Budget) -> tuple[int, ...]:
     return tuple(budget.widths) or (1,) * budget.max_depth
 
 
-class EagleProposer(Proposer):
+class EagleProposer(HiddenRowProposer):
     name: ClassVar[str] = "eagle"
-    probability_semantics: ClassVar[str] = "score_only"
-    sampling_relation: ClassVar[str] = "beam"
     shapes: ClassVar[frozenset[str]] = SHAPES
-    max_batch_size: ClassVar[int | None] = 1
     batch_limit_reason: ClassVar[str] = (
         "EAGLE reads the target's features through a batch-1 forward hook (HiddenTap) and keeps one draft KV "
         "cache per request; in a batched forward it would find no row of its own request"
     )
 
-    def __init__(
-        self,
-        *,
-        budget: Budget,
-        manifest_hash: str,
-        policy: SamplingPolicy,
-        model: torch.nn.Module,
-        draft: torch.nn.Module,
-        checkpoint: str,
-        sampling: str = "beam",
-        artifact_manifest: dict | None = None,
-    ) -> None:
-        super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
-        self.probability_semantics = sampling_semantics(sampling)
-        self.sampling = sampling
-        self.sampling_relation = sampling
-        self.model = model
-        param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
+    def __init__(self, *, draft: torch.nn.Module, **common) -> None:
+        """``draft``: the EAGLE draft network; ``common``: the keywords of :class:`TargetBoundProposer`."""
+        super().__init__(**common)
         self.draft = draft.to(device=self.device, dtype=self.dtype).eval()
         self.spec = draft.spec
         own = getattr(draft, "embed_tokens", None)
-        self.embed = own if own is not None else model.get_input_embeddings()
-        self.lm_head = model.get_output_embeddings()
-        self.tap = HiddenTap.on(model)
+        self.embed = own if own is not None else self.model.get_input_embeddings()
         self.eagle3 = self.spec.version == "eagle3"
         if self.eagle3:
             self.tap.capture_layers(self.spec.aux_layers)
         boundary = "final_norm" if not self.eagle3 else "layer_inputs:" + ",".join(map(str, self.spec.aux_layers))
-        self.store = CommittedHidden(checkpoint=checkpoint, dtype=str(self.dtype), keep=1, boundary=boundary)
-        self.widths = static_widths(budget) if budget.shape != "dynamic" else ()
-        self.artifact_manifest = dict(artifact_manifest or {})
-        #: read by the runner: results from an artifact trained within the CPU budget are labelled
+        self.store = CommittedHidden(checkpoint=self.checkpoint, dtype=str(self.dtype), keep=1, boundary=boundary)
+        self.widths = static_widths(self.budget) if self.budget.shape != "dynamic" else ()
+        #: an EAGLE manifest carries the label its trainer computed from the tokens it saw
         self.cpu_budget_artifact = bool(self.artifact_manifest.get("cpu_budget_artifact", False))
         self.cache = self.draft.new_cache()
         self.fed: list[tuple[int, int]] = []  # committed pairs in the draft cache: (position j, hash of x_0..x_{j+1})
@@ -149,7 +110,6 @@ class EagleProposer(Proposer):
         self.peak_state_bytes = 0
         self._start_capture: CapturedForward | None = None
         self._delivered: CapturedForward | None = None
-        self._expect: tuple[int, tuple[int, ...], ProposalResult] | None = None
         self.stats.extras.update(
             {
                 "rounds": 0,
@@ -170,41 +130,18 @@ class EagleProposer(Proposer):
 
     # ------------------------------------------------------------------ config
     @classmethod
-    def declare(cls, options: dict, budget: Budget) -> Capabilities:
-        if budget.shape not in cls.shapes:
-            raise ValueError(f"proposer=eagle builds {sorted(cls.shapes)}; got topology {budget.shape!r}")
-        sampling = str(options.get("sampling", "beam"))
-        if sampling not in SAMPLINGS:
-            raise ValueError(f"proposer.sampling must be one of {list(SAMPLINGS)}; got {sampling!r}")
-        if budget.shape == "choices":
-            check_ranked_shape(budget.parents, budget.ranks, sampling)
+    def check_options(cls, options: dict, budget: Budget) -> None:
         artifact = options.get("artifact")
         if artifact and not Path(str(artifact)).expanduser().exists() and not looks_like_hub_id(str(artifact)):
             raise ValueError(
                 f"proposer.artifact={artifact!r} does not exist and is not a hub id (owner/name); give an artifact "
                 "directory, a published EAGLE checkpoint, or leave it unset to train or load one from the cache"
             )
-        return Capabilities(
-            name=cls.name,
-            probability_semantics=frozenset({sampling_semantics(sampling)}),
-            sampling_relations=frozenset({sampling}),
-            topology=budget_topology(budget),
-        )
 
     @classmethod
-    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
-        model = context.target_backend.model
-        artifact = load_configured_eagle(options, model=model, tokenizer=context.tokenizer)
-        return cls(
-            budget=budget,
-            manifest_hash=manifest_hash,
-            policy=policy,
-            model=model,
-            draft=artifact.draft,
-            checkpoint=target_fingerprint(model, context.tokenizer),
-            sampling=str(options.get("sampling", "beam")),
-            artifact_manifest=artifact.manifest,
-        )
+    def load_artifact(cls, options: dict, *, model: torch.nn.Module, tokenizer) -> dict:
+        artifact = load_configured_eagle(options, model=model, tokenizer=tokenizer)
+        return {"draft": artifact.draft, "artifact_manifest": artifact.manifest}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompt_ids: list[int]) -> None:
@@ -259,27 +196,22 @@ class EagleProposer(Proposer):
         before = store.refused
         if self._start_capture is not None:
             cap, self._start_capture = self._features(self._start_capture), None
-            if not cap.custom_mask and cap.cache_len == 0 and cap.positions == tuple(range(len(cap.input_ids))):
-                h = 0
-                for j, tok in enumerate(cap.input_ids):
-                    h = PrefixHashes.extend(h, (tok,))
+            if self.is_prefill(cap):
+                for j, h in self.prefill_hashes(cap):
                     if j < len(committed) - 1:
                         self._admit(cap, j, h, cap.serial)
         if self._expect is not None:
-            serial, old, proposal = self._expect
-            cap, self._delivered, self._expect = self._delivered, None, None
-            if cap is not None and cap.serial == serial + 1 and cap.cache_len == len(old) - 1:
-                tree = compile_tree(
-                    [proposal], prefix_len=len(old), max_nodes=self.budget.max_nodes, max_depth=self.budget.max_depth
-                )
-                if cap.input_ids == (old[-1],) + tuple(tree.token_ids.tolist()):
-                    cap = self._features(cap)
-                    base = PrefixHashes.extend(0, old)
-                    self._admit(cap, 0, base, serial + 1)
-                    path = tuple(committed[len(old) :])
-                    for r, prefix in enumerate(tree.full_prefixes):
-                        if path[: len(prefix)] == prefix:  # on the committed path
-                            self._admit(cap, 1 + r, PrefixHashes.extend(base, prefix), serial + 1)
+            cap, self._delivered = self._delivered, None
+            verified = self._verified_tree(cap)
+            path = tuple(committed[len(self._expect[1]) :])  # committed since the proposal
+            self._expect = None
+            if verified is not None:
+                generation, base, tree = verified
+                cap = self._features(cap)
+                self._admit(cap, 0, base, generation)
+                for r, prefix in enumerate(tree.full_prefixes):
+                    if path[: len(prefix)] == prefix:  # on the committed path
+                        self._admit(cap, 1 + r, PrefixHashes.extend(base, prefix), generation)
         self.stats.extras["refused_reuse"] += store.refused - before
 
     def _catch_up(self, committed: list[int]) -> bool:
@@ -338,14 +270,7 @@ class EagleProposer(Proposer):
             owner=self.name, committed_len=len(committed), generation=self.tap.serial, kv_bytes=self.cache.nbytes()
         )
         if len(committed) < 2 or not self._catch_up(committed):
-            ex["hidden_misses"] += 1
-            result = ProposalResult.empty_result(
-                source=self.name,
-                manifest_hash=self.manifest_hash,
-                probability_semantics=self.probability_semantics,
-                sampling_relation=self.sampling_relation,
-                state_handle=handle,
-            )
+            result = self._no_proposal(handle)
         else:
             real_len = self.cache.length
             level = _TreeRows(self, committed, real_len)
@@ -354,33 +279,13 @@ class EagleProposer(Proposer):
             elif self.budget.shape == "dynamic":
                 result = self._dynamic_sampled(level, rng, handle)
             else:
-                common = dict(
-                    relation=self.sampling,
-                    rng=rng,
-                    source=self.name,
-                    manifest_hash=self.manifest_hash,
-                    state_handle=handle,
-                )
-                if self.budget.shape == "choices":
-                    result = sample_ranked_tree_proposal(
-                        level.q_level(self._probs), parents=self.budget.parents, ranks=self.budget.ranks, **common
-                    )
-                else:
-                    result = sample_tree_proposal(level.q_level(self._probs), widths=self.widths, **common)
-                if len(result.nodes) > self.budget.max_nodes:
-                    q = result.q_dists[: self.budget.max_nodes] if result.q_dists is not None else None
-                    result = replace(result, nodes=result.nodes[: self.budget.max_nodes], q_dists=q)
+                result = self._fixed_tree(level.q_level(self._probs), self.widths, rng, handle)
             self.peak_state_bytes = max(self.peak_state_bytes, self.cache.nbytes())
             self.cache.crop(real_len)  # drafted rows hold predicted features: never kept
             self._observe_tree(result)
         self._expect = (self.tap.serial, tuple(committed), result)
         self.tap.deliver_next(self._on_forward)
         return result
-
-    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.sampling == "beam":  # ranking only: the draft's own softmax
-            return torch.softmax(logits.float(), dim=-1)
-        return self.policy.probs(logits, dtype=torch.float32)
 
     def _observe_tree(self, result: ProposalResult) -> None:
         ex = self.stats.extras
@@ -440,7 +345,7 @@ class EagleProposer(Proposer):
             nodes=nodes,
             probability_semantics="score_only",
             sampling_relation="beam",
-            topology=_topology(nodes),
+            topology=topology_of(nodes),
             state_handle=handle,
             manifest_hash=self.manifest_hash,
             source=self.name,
@@ -480,21 +385,13 @@ class EagleProposer(Proposer):
             nodes=tuple(nodes),
             probability_semantics="normalized_conditional",
             sampling_relation=self.sampling,
-            topology=_topology(nodes),
+            topology=topology_of(nodes),
             state_handle=handle,
             manifest_hash=self.manifest_hash,
             q_dists=torch.stack(laws),
             source=self.name,
             extras={"joint_logp": joint},
         )
-
-
-def _topology(nodes) -> str:
-    if all(n.parent == i - 1 for i, n in enumerate(nodes)):
-        return "sequence"
-    if all(n.parent == PREFIX_FRONTIER for n in nodes):
-        return "set"
-    return "tree"
 
 
 class _TreeRows:

@@ -41,25 +41,20 @@ sequential stages run.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import ClassVar
 
 import torch
 
-from harness.contracts import Budget, Capabilities, ProposalResult, ProposalStateHandle, budget_topology
+from harness.contracts import Budget, ProposalResult, ProposalStateHandle
 from harness.heads.artifacts import load_configured_heads
-from harness.heads.checkpoint import ArtifactError, cpu_budget_label, target_fingerprint
+from harness.heads.checkpoint import ArtifactError
 from harness.heads.models import vocab_projection
 from harness.heads.published import check_target, inspect, is_published
-from harness.heads.state import CommittedHidden, HiddenTap, PrefixHashes
-from harness.proposers.base import Proposer
-from harness.proposers.sampling import check_ranked_shape, sample_ranked_tree_proposal, sample_tree_proposal
+from harness.heads.state import CommittedHidden, PrefixHashes
+from harness.proposers.target_bound import HiddenRowProposer
 from harness.random_source import RandomSource
 from harness.target.backend import cache_bytes
-from harness.topology.compiler import compile_tree
-from harness.verifiers.sampling import SamplingPolicy
 
-SAMPLINGS = ("beam", "iid", "without_replacement")
 SHAPES = frozenset({"sequence", "set", "expansion", "cartesian", "choices"})
 #: the store keeps every committed row for a published prefix-mlp Hydra (its prefix layer reads them all)
 EVERY_ROW = 1 << 30
@@ -90,68 +85,36 @@ def draft_widths(budget: Budget, num_heads: int) -> tuple[int, ...]:
     return widths
 
 
-def sampling_semantics(sampling: str) -> str:
-    if sampling not in SAMPLINGS:
-        raise ValueError(f"proposer.sampling must be one of {list(SAMPLINGS)}; got {sampling!r}")
-    return "score_only" if sampling == "beam" else "normalized_conditional"
-
-
-class HeadsProposer(Proposer):
+class HeadsProposer(HiddenRowProposer):
     """Shared machinery; subclasses only name the head kind."""
 
     kind: ClassVar[str] = "heads"
     shapes: ClassVar[frozenset[str]] = SHAPES
-    max_batch_size: ClassVar[int | None] = 1
     batch_limit_reason: ClassVar[str] = (
         "the heads read the target's hidden rows through a batch-1 forward hook (HiddenTap); in a batched "
         "forward they would find no row of their own request and propose nothing"
     )
 
-    def __init__(
-        self,
-        *,
-        budget: Budget,
-        manifest_hash: str,
-        policy: SamplingPolicy,
-        model: torch.nn.Module,
-        heads,
-        checkpoint: str,
-        sampling: str = "beam",
-        artifact_manifest: dict | None = None,
-    ) -> None:
-        super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
-
+    def __init__(self, *, heads, **common) -> None:
+        """``heads``: the head bank; ``common``: the keywords of :class:`TargetBoundProposer`."""
+        super().__init__(**common)
         if heads.spec.kind != self.kind:
             raise ValueError(f"proposer {self.name!r} got a {heads.spec.kind!r} head bank")
-        self.probability_semantics = sampling_semantics(sampling)
-        self.sampling = sampling
-        self.sampling_relation = sampling
-        if budget.shape == "choices":
-            check_ranked_shape(budget.parents, budget.ranks, sampling)
-        self.device = next(model.parameters()).device
         self.heads = heads.eval()
         if next(heads.parameters()).device != self.device:
             self.heads = heads.to(self.device)
         self.spec = heads.spec
-        self.widths = draft_widths(budget, heads.spec.num_heads)
-        self.model = model
-        self.embed = model.get_input_embeddings()
-        self.lm_head = model.get_output_embeddings()
-        self.dtype = next(model.parameters()).dtype
-        self.tap = HiddenTap.on(model)
+        self.widths = draft_widths(self.budget, heads.spec.num_heads)
+        self.embed = self.model.get_input_embeddings()
         #: Hydra's published prefix layer: fed every committed row once, with its own KV cache
         self.prefix_feed = getattr(heads, "prefix_model", None) is not None
         if self.prefix_feed:
             self.window = EVERY_ROW
         else:
             self.window = heads.spec.prefix_window if heads.spec.prefix_attention else 1
-        self.store = CommittedHidden(checkpoint=checkpoint, dtype=str(self.dtype), keep=self.window)
-        self.artifact_manifest = dict(artifact_manifest or {})
-        #: read by the runner: from what the artifact recorded about its training (never the device)
-        self.cpu_budget_artifact = cpu_budget_label(self.artifact_manifest)
+        self.store = CommittedHidden(checkpoint=self.checkpoint, dtype=str(self.dtype), keep=self.window)
         self._start_serial = -1
         self._ingested = -1
-        self._expect: tuple[int, tuple[int, ...], ProposalResult] | None = None
         self._prefix_cache = None
         self._prefix_fed = 0  # committed positions the prefix layer has seen
         self._prefix_out: torch.Tensor | None = None
@@ -168,36 +131,14 @@ class HeadsProposer(Proposer):
 
     # ------------------------------------------------------------------ config
     @classmethod
-    def declare(cls, options: dict, budget: Budget) -> Capabilities:
-        if budget.shape not in cls.shapes:
-            raise ValueError(f"proposer={cls.name} builds {sorted(cls.shapes)}; got topology {budget.shape!r}")
-        sampling = str(options.get("sampling", "beam"))
-        sem = sampling_semantics(sampling)
-        if budget.shape == "choices":
-            check_ranked_shape(budget.parents, budget.ranks, sampling)
+    def check_options(cls, options: dict, budget: Budget) -> None:
         if not is_published(options.get("artifact")):  # a published bank's depth is checked by check_plan
             draft_widths(budget, int(options.get("num_heads", 3)))
-        return Capabilities(
-            name=cls.name,
-            probability_semantics=frozenset({sem}),
-            sampling_relations=frozenset({sampling}),
-            topology=budget_topology(budget),
-        )
 
     @classmethod
-    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
-        model = context.target_backend.model
-        artifact = load_configured_heads(cls.kind, options, model=model, tokenizer=context.tokenizer)
-        return cls(
-            budget=budget,
-            manifest_hash=manifest_hash,
-            policy=policy,
-            model=model,
-            heads=artifact.heads,
-            checkpoint=target_fingerprint(model, context.tokenizer),
-            sampling=str(options.get("sampling", "beam")),
-            artifact_manifest=artifact.manifest,
-        )
+    def load_artifact(cls, options: dict, *, model: torch.nn.Module, tokenizer) -> dict:
+        artifact = load_configured_heads(cls.kind, options, model=model, tokenizer=tokenizer)
+        return {"heads": artifact.heads, "artifact_manifest": artifact.manifest}
 
     @classmethod
     def check_plan(cls, options: dict, budget: Budget, geometry) -> None:
@@ -255,29 +196,21 @@ class HeadsProposer(Proposer):
         self._ingested = cap.serial
         lo = len(committed) - 1 - self.window  # only rows lo .. len - 2 (the newest `window`) matter
         before = store.refused
-        if not cap.custom_mask and cap.cache_len == 0 and cap.positions == tuple(range(len(cap.input_ids))):
-            # a plain causal forward from position 0 (the prefill): row j's ancestry is ids[: j + 1]
+        if self.is_prefill(cap):
             if cap.serial != self._start_serial:
                 return
-            h = 0
-            for j, tok in enumerate(cap.input_ids):
-                h = PrefixHashes.extend(h, (tok,))
+            for j, h in self.prefill_hashes(cap):
                 if j >= lo:
                     store.admit(cap, j, ancestry_hash=h, generation=self._start_serial)
         elif self._expect is not None:
-            serial, old, proposal = self._expect
-            if cap.serial != serial + 1 or cap.cache_len != len(old) - 1:
+            verified = self._verified_tree(cap)
+            if verified is None:
                 return
-            tree = compile_tree(
-                [proposal], prefix_len=len(old), max_nodes=self.budget.max_nodes, max_depth=self.budget.max_depth
-            )
-            if cap.input_ids != (old[-1],) + tuple(tree.token_ids.tolist()):
-                return
-            base = PrefixHashes.extend(0, old)
-            store.admit(cap, 0, ancestry_hash=base, generation=serial + 1)
+            generation, base, tree = verified
+            store.admit(cap, 0, ancestry_hash=base, generation=generation)
             for r, prefix in enumerate(tree.full_prefixes):
                 if int(tree.position_ids[r]) >= lo:
-                    store.admit(cap, 1 + r, ancestry_hash=PrefixHashes.extend(base, prefix), generation=serial + 1)
+                    store.admit(cap, 1 + r, ancestry_hash=PrefixHashes.extend(base, prefix), generation=generation)
         self.stats.extras["refused_reuse"] += store.refused - before
         store.prune(len(committed) - 2)
 
@@ -292,28 +225,9 @@ class HeadsProposer(Proposer):
             owner=self.name, committed_len=len(committed), generation=self.tap.serial, kv_bytes=0
         )
         if ctx is None:
-            self.stats.extras["hidden_misses"] += 1
-            result = ProposalResult.empty_result(
-                source=self.name,
-                manifest_hash=self.manifest_hash,
-                probability_semantics=self.probability_semantics,
-                sampling_relation=self.sampling_relation,
-                state_handle=handle,
-            )
+            result = self._no_proposal(handle)
         else:
-            q_level = self._q_level(ctx, committed[-1])
-            common = dict(
-                relation=self.sampling, rng=rng, source=self.name, manifest_hash=self.manifest_hash, state_handle=handle
-            )
-            if self.budget.shape == "choices":
-                result = sample_ranked_tree_proposal(
-                    q_level, parents=self.budget.parents, ranks=self.budget.ranks, **common
-                )
-            else:
-                result = sample_tree_proposal(q_level, widths=self.widths, **common)
-            if len(result.nodes) > self.budget.max_nodes:
-                q = result.q_dists[: self.budget.max_nodes] if result.q_dists is not None else None
-                result = replace(result, nodes=result.nodes[: self.budget.max_nodes], q_dists=q)
+            result = self._fixed_tree(self._q_level(ctx, committed[-1]), self.widths, rng, handle)
         self._expect = (self.tap.serial, tuple(committed), result)
         return result
 
@@ -354,11 +268,7 @@ class HeadsProposer(Proposer):
         extras = self.stats.extras
         cached: dict[int, torch.Tensor] = {}
         device = embed.weight.device
-
-        def probs(logits: torch.Tensor) -> torch.Tensor:  # [n, V] -> [n, V]
-            if self.sampling == "beam":  # ranking only: the head's own softmax
-                return torch.softmax(logits.float(), dim=-1)
-            return self.policy.probs(logits, dtype=torch.float32)
+        probs = self._probs  # [n, V] -> [n, V]
 
         def q_level(prefixes: list[tuple[int, ...]]) -> torch.Tensor:
             depth = len(prefixes[0]) + 1

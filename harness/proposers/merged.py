@@ -55,7 +55,6 @@ from harness.contracts import (
     ProposalNode,
     ProposalResult,
     ProposalStateHandle,
-    budget_topology,
 )
 from harness.proposers.base import Proposer
 from harness.proposers.registry import PROPOSERS, proposer_class
@@ -218,12 +217,7 @@ class MergedProposer(Proposer):
         caps = [sub_cls.declare(sub, b) for _, sub_cls, sub, b in cls._source_entries(options, budget)]
         semantics = frozenset().union(*(c.probability_semantics for c in caps))
         relations = frozenset().union(*(c.sampling_relations for c in caps))
-        return Capabilities(
-            name=cls.name,
-            probability_semantics=semantics | {merged_semantics(semantics)},
-            sampling_relations=relations,
-            topology=budget_topology(budget),
-        )
+        return cls.capabilities_on(budget, semantics | {merged_semantics(semantics)}, relations)
 
     @classmethod
     def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context) -> MergedProposer:
@@ -237,12 +231,8 @@ class MergedProposer(Proposer):
 
     def capabilities(self) -> Capabilities:
         semantics = frozenset().union(*(c.probability_semantics for c in self.source_caps))
-        return Capabilities(
-            name=self.name,
-            probability_semantics=semantics | {self.semantics},
-            sampling_relations=frozenset().union(*(c.sampling_relations for c in self.source_caps)),
-            topology=budget_topology(self.budget),
-        )
+        relations = frozenset().union(*(c.sampling_relations for c in self.source_caps))
+        return self.capabilities_on(self.budget, semantics | {self.semantics}, relations)
 
     def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict | None:
         entries = {}

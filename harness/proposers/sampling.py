@@ -127,14 +127,7 @@ def sample_children(
 
 
 def sample_tree_proposal(
-    q_level: QLevelFn,
-    *,
-    widths: Sequence[int],
-    relation: str,
-    rng: RandomSource,
-    source: str = "sampled",
-    manifest_hash: str = "unhashed",
-    state_handle: ProposalStateHandle = NO_STATE,
+    q_level: QLevelFn, *, widths: Sequence[int], relation: str, rng: RandomSource, **evidence
 ) -> ProposalResult:
     """Expand a proposal tree level by level, ``widths[d]`` draws below each node of depth ``d``.
 
@@ -146,36 +139,28 @@ def sample_tree_proposal(
 
     ``iid``/``without_replacement`` give ``normalized_conditional`` evidence with ``q_dists``
     ``[N, V]`` = the law of each draw; ``beam`` gives ``score_only`` evidence (score = ``q`` of
-    the token) and no ``q``.
+    the token) and no ``q``. ``evidence``: ``source``, ``manifest_hash`` and ``state_handle``, as
+    for :func:`sample_shaped_tree_proposal`, which draws the tree (the full ``widths`` tree in
+    breadth-first order is its shape).
     """
     if not widths or any(int(w) < 1 for w in widths):
         raise ValueError(f"widths must be a non-empty sequence of ints >= 1; got {list(widths)}")
-    nodes: list[ProposalNode] = []
-    laws: list[torch.Tensor] = []
-    # frontier of expandable nodes: (node index or -1, prefix)
-    level: list[tuple[int, tuple[int, ...]]] = [(PREFIX_FRONTIER, ())]
+    return sample_shaped_tree_proposal(q_level, parents=widths_parents(widths), relation=relation, rng=rng, **evidence)
+
+
+def widths_parents(widths: Sequence[int]) -> list[int]:
+    """The parents of the full tree with ``widths[d]`` children below every node of depth ``d``,
+    breadth first (``-1``: the prefix frontier)."""
+    parents: list[int] = []
+    level = [PREFIX_FRONTIER]
     for width in widths:
-        if not level:
-            break
-        qs = q_level([prefix for _, prefix in level])  # [len(level), V]
-        if qs.dim() != 2 or qs.shape[0] != len(level):
-            raise ContractError(f"q_level must return [{len(level)}, V]; got {tuple(qs.shape)}")
-        next_level: list[tuple[int, tuple[int, ...]]] = []
-        for (parent, prefix), q in zip(level, qs):
-            seen: set[int] = set()
-            for tok, law in sample_children(q, int(width), relation=relation, rng=rng):
-                if law is None:
-                    nodes.append(ProposalNode(token_id=tok, parent=parent, score=float(q[tok]), source=source))
-                else:
-                    nodes.append(ProposalNode(token_id=tok, parent=parent, q=float(law[tok]), source=source))
-                    laws.append(law)
-                if tok not in seen:
-                    seen.add(tok)
-                    next_level.append((len(nodes) - 1, prefix + (tok,)))
+        next_level: list[int] = []
+        for parent in level:
+            for _ in range(int(width)):
+                next_level.append(len(parents))
+                parents.append(parent)
         level = next_level
-    return _sampled_result(
-        nodes, laws, relation=relation, source=source, manifest_hash=manifest_hash, state_handle=state_handle
-    )
+    return parents
 
 
 def check_shape_parents(parents: Sequence[int]) -> list[int]:
@@ -196,6 +181,7 @@ def sample_shaped_tree_proposal(
     parents: Sequence[int],
     relation: str,
     rng: RandomSource,
+    ranks: Sequence[int] | None = None,
     source: str = "sampled",
     manifest_hash: str = "unhashed",
     state_handle: ProposalStateHandle = NO_STATE,
@@ -212,8 +198,27 @@ def sample_shaped_tree_proposal(
     merges it into the sibling's row and the verifier sees both draws), but its subtree is not
     expanded, so the shape nodes below it are absent this round. Nodes come back in shape order
     with such absent nodes left out.
+
+    ``ranks`` (a choice list, :func:`sample_ranked_tree_proposal`): node ``i`` is the
+    ``ranks[i]``-th child of its parent. Ranks ``0 .. n - 1`` below every node are the sibling
+    order above; ``beam`` also takes lists that skip ranks: a node whose children have ranks up to
+    ``r`` ranks ``r + 1`` tokens and keeps the listed ones.
     """
-    par = check_shape_parents(parents)
+    if ranks is None:
+        par, gap = check_shape_parents(parents), None
+    else:
+        check_ranked_shape(parents, ranks, relation)
+        par = [int(p) for p in parents]
+        gap = first_rank_gap(par, ranks)
+
+    def draws(q: torch.Tensor, kids: list[int]) -> list[tuple[int, torch.Tensor | None]]:
+        """The ``(token, law)`` of each child in ``kids``, drawn below one node whose law is ``q``."""
+        if gap is None:  # the j-th child is the j-th draw
+            return sample_children(q, len(kids), relation=relation, rng=rng)
+        top = max(int(ranks[v]) for v in kids) + 1
+        ranked = [tok for tok, _ in sample_children(q, top, relation="beam", rng=rng)]
+        return [(ranked[int(ranks[v])], None) for v in kids]
+
     children: dict[int, list[int]] = {}
     for i, p in enumerate(par):
         children.setdefault(p, []).append(i)
@@ -230,9 +235,9 @@ def sample_shaped_tree_proposal(
         for u, q in zip(level, qs):
             kids = children[u]
             seen: set[int] = set()
-            for v, (tok, law) in zip(kids, sample_children(q, len(kids), relation=relation, rng=rng)):
+            for v, (tok, law) in zip(kids, draws(q, kids)):
                 token[v], law_of[v], score_of[v] = tok, law, float(q[tok])
-                if tok in seen:  # an i.i.d. duplicate: kept as a draw, not expanded
+                if tok in seen and gap is None:  # an i.i.d. duplicate: kept as a draw, not expanded
                     continue
                 seen.add(tok)
                 if v in children:
@@ -278,15 +283,7 @@ def check_ranked_shape(parents: Sequence[int], ranks: Sequence[int], relation: s
 
 
 def sample_ranked_tree_proposal(
-    q_level: QLevelFn,
-    *,
-    parents: Sequence[int],
-    ranks: Sequence[int],
-    relation: str,
-    rng: RandomSource,
-    source: str = "sampled",
-    manifest_hash: str = "unhashed",
-    state_handle: ProposalStateHandle = NO_STATE,
+    q_level: QLevelFn, *, parents: Sequence[int], ranks: Sequence[int], relation: str, rng: RandomSource, **evidence
 ) -> ProposalResult:
     """A proposal shaped by a choice list (``topology=choices``): node ``i`` is the
     ``ranks[i]``-th child of node ``parents[i]`` (``-1``: the prefix frontier), parents before
@@ -294,47 +291,20 @@ def sample_ranked_tree_proposal(
 
     With ranks ``0 .. n - 1`` below every node this is :func:`sample_shaped_tree_proposal` (the
     ``j``-th child is the ``j``-th draw). ``beam`` also takes lists that skip ranks: a node whose
-    children have ranks up to ``r`` ranks ``r + 1`` tokens and keeps the listed ones."""
-    check_ranked_shape(parents, ranks, relation)
-    par = [int(p) for p in parents]
-    if first_rank_gap(par, ranks) is None:
-        return sample_shaped_tree_proposal(
-            q_level,
-            parents=par,
-            relation=relation,
-            rng=rng,
-            source=source,
-            manifest_hash=manifest_hash,
-            state_handle=state_handle,
-        )
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(par):
-        children.setdefault(p, []).append(i)
-    token: dict[int, int] = {}
-    score: dict[int, float] = {}
-    prefix_of: dict[int, tuple[int, ...]] = {PREFIX_FRONTIER: ()}
-    level = [PREFIX_FRONTIER]
-    while level:
-        qs = q_level([prefix_of[u] for u in level])  # [len(level), V]
-        if qs.dim() != 2 or qs.shape[0] != len(level):
-            raise ContractError(f"q_level must return [{len(level)}, V]; got {tuple(qs.shape)}")
-        next_level: list[int] = []
-        for u, q in zip(level, qs):
-            kids = children[u]
-            ranked = [
-                tok for tok, _ in sample_children(q, max(int(ranks[v]) for v in kids) + 1, relation="beam", rng=rng)
-            ]
-            for v in kids:
-                tok = ranked[int(ranks[v])]
-                token[v], score[v] = tok, float(q[tok])
-                if v in children:
-                    prefix_of[v] = prefix_of[u] + (tok,)
-                    next_level.append(v)
-        level = next_level
-    nodes = [ProposalNode(token_id=token[v], parent=par[v], score=score[v], source=source) for v in range(len(par))]
-    return _sampled_result(
-        nodes, [], relation="beam", source=source, manifest_hash=manifest_hash, state_handle=state_handle
-    )
+    children have ranks up to ``r`` ranks ``r + 1`` tokens and keeps the listed ones.
+    ``evidence``: ``source``, ``manifest_hash`` and ``state_handle``, as for that function."""
+    return sample_shaped_tree_proposal(q_level, parents=parents, ranks=ranks, relation=relation, rng=rng, **evidence)
+
+
+def topology_of(nodes: Sequence[ProposalNode]) -> str:
+    """The topology a proposal's parents describe: ``sequence`` (a chain, or nothing), ``set`` (all
+    below the frontier) or ``tree``."""
+    parents = [n.parent for n in nodes]
+    if all(p == i - 1 for i, p in enumerate(parents)):
+        return "sequence"
+    if all(p == PREFIX_FRONTIER for p in parents):
+        return "set"
+    return "tree"
 
 
 def _sampled_result(
@@ -348,13 +318,7 @@ def _sampled_result(
 ) -> ProposalResult:
     """Typed evidence from sampled nodes: ``normalized_conditional`` with the law of each draw, or
     ``score_only`` for ``beam`` (no law). The topology is read off the parents."""
-    parents = [n.parent for n in nodes]
-    if all(p == i - 1 for i, p in enumerate(parents)):
-        topology = "sequence"
-    elif all(p == PREFIX_FRONTIER for p in parents):
-        topology = "set"
-    else:
-        topology = "tree"
+    topology = topology_of(nodes)
     if relation == "beam":
         return ProposalResult(
             nodes=tuple(nodes),

@@ -27,49 +27,28 @@ from typing import ClassVar
 
 import torch
 
-from harness.contracts import Budget, Capabilities, ProposalNode, ProposalResult, ProposalStateHandle, budget_topology
+from harness.contracts import ProposalNode, ProposalResult, ProposalStateHandle
 from harness.heads.artifacts import load_adapter, load_skip
-from harness.heads.checkpoint import cpu_budget_label, target_fingerprint
 from harness.heads.partial import PartialPath, ProvisionalKV, causal_rows_mask
 from harness.heads.state import PrefixHashes
-from harness.proposers.base import Proposer
 from harness.proposers.sampling import sample_children
+from harness.proposers.target_bound import TargetBoundProposer
 from harness.random_source import RandomSource
 
 SAMPLINGS = ("beam", "iid")
 
 
-class SelfSpecProposer(Proposer):
+class SelfSpecProposer(TargetBoundProposer):
     shapes: ClassVar[frozenset[str]] = frozenset({"sequence"})
-    probability_semantics: ClassVar[str] = "score_only"
-    sampling_relation: ClassVar[str] = "beam"
+    samplings: ClassVar[tuple[str, ...]] = SAMPLINGS
+    samplings_note: ClassVar[str] = " (chains)"
+    shape_refusal: ClassVar[str] = "proposer={name} drafts chains only (topology=sequence); got {shape!r}"
     boundary: str = "self"
 
-    def __init__(
-        self,
-        *,
-        budget: Budget,
-        manifest_hash: str,
-        policy,
-        model: torch.nn.Module,
-        checkpoint: str,
-        sampling: str = "beam",
-        artifact_manifest: dict | None = None,
-    ) -> None:
-        super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
-        if sampling not in SAMPLINGS:
-            raise ValueError(f"proposer.sampling must be one of {list(SAMPLINGS)} (chains); got {sampling!r}")
-        self.sampling = sampling
-        self.sampling_relation = sampling
-        self.probability_semantics = "score_only" if sampling == "beam" else "normalized_conditional"
-        self.model = model
-        self.lm_head = model.get_output_embeddings()
-        self.dtype = next(model.parameters()).dtype
-        self.checkpoint = checkpoint
-        self.depth = min(budget.max_depth, budget.max_nodes)
-        self.artifact_manifest = dict(artifact_manifest or {})
-        #: read by the runner: results from a CPU-budget artifact are labelled
-        self.cpu_budget_artifact = cpu_budget_label(self.artifact_manifest)
+    def __init__(self, **common) -> None:
+        """``common``: the keywords of :class:`TargetBoundProposer`."""
+        super().__init__(**common)
+        self.depth = min(self.budget.max_depth, self.budget.max_nodes)
         self.kv = self._new_kv()
         self.hashes = PrefixHashes()
         self.peak_state_bytes = 0
@@ -83,21 +62,6 @@ class SelfSpecProposer(Proposer):
                 "recomputed_rows": 0,
                 "draft_forwards": 0,
             }
-        )
-
-    @classmethod
-    def declare(cls, options: dict, budget: Budget) -> Capabilities:
-        if budget.shape not in cls.shapes:
-            raise ValueError(f"proposer={cls.name} drafts chains only (topology=sequence); got {budget.shape!r}")
-        sampling = str(options.get("sampling", "beam"))
-        if sampling not in SAMPLINGS:
-            raise ValueError(f"proposer.sampling must be one of {list(SAMPLINGS)} (chains); got {sampling!r}")
-        sem = "score_only" if sampling == "beam" else "normalized_conditional"
-        return Capabilities(
-            name=cls.name,
-            probability_semantics=frozenset({sem}),
-            sampling_relations=frozenset({sampling}),
-            topology=budget_topology(budget),
         )
 
     # ------------------------------------------------------------------ subclass hooks
@@ -202,52 +166,31 @@ class EarlyExitProposer(SelfSpecProposer):
     name: ClassVar[str] = "early_exit"
 
     def __init__(
-        self,
-        *,
-        budget: Budget,
-        manifest_hash: str,
-        policy,
-        model: torch.nn.Module,
-        checkpoint: str,
-        adapter,
-        exit_layer: int,
-        eta: float = 0.5,
-        sampling: str = "beam",
-        artifact_manifest: dict | None = None,
+        self, *, checkpoint: str, adapter, exit_layer: int, eta: float = 0.5, artifact_manifest=None, **common
     ) -> None:
+        """The adapter's artifact id joins the checkpoint its draft rows are tagged with."""
         if not 0.0 <= eta < 1.0:
             raise ValueError(f"proposer.eta must be in [0, 1); got {eta}")
         self.boundary = f"layers<{int(exit_layer)}+adapter"
         super().__init__(
-            budget=budget,
-            manifest_hash=manifest_hash,
-            policy=policy,
-            model=model,
             checkpoint=f"{checkpoint}+{(artifact_manifest or {}).get('artifact_id', 'untrained')}",
-            sampling=sampling,
             artifact_manifest=artifact_manifest,
+            **common,
         )
-        self.path = PartialPath(model, range(int(exit_layer)))
+        self.path = PartialPath(self.model, range(int(exit_layer)))
         self.adapter = adapter.eval()
         self.exit_layer = int(exit_layer)
         self.eta = float(eta)
 
     @classmethod
-    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
-        model = context.target_backend.model
-        art = load_adapter(options, model=model, tokenizer=context.tokenizer)
-        return cls(
-            budget=budget,
-            manifest_hash=manifest_hash,
-            policy=policy,
-            model=model,
-            checkpoint=target_fingerprint(model, context.tokenizer),
-            adapter=art.adapter,
-            exit_layer=int(art.manifest["recipe"]["exit_layer"]),
-            eta=float(options.get("eta", 0.5)),
-            sampling=str(options.get("sampling", "beam")),
-            artifact_manifest=art.manifest,
-        )
+    def load_artifact(cls, options: dict, *, model: torch.nn.Module, tokenizer) -> dict:
+        art = load_adapter(options, model=model, tokenizer=tokenizer)
+        return {
+            "adapter": art.adapter,
+            "exit_layer": int(art.manifest["recipe"]["exit_layer"]),
+            "eta": float(options.get("eta", 0.5)),
+            "artifact_manifest": art.manifest,
+        }
 
     def threshold(self) -> float:
         return self.eta
@@ -268,11 +211,7 @@ class LayerSkipProposer(SelfSpecProposer):
     def __init__(
         self,
         *,
-        budget: Budget,
-        manifest_hash: str,
-        policy,
         model: torch.nn.Module,
-        checkpoint: str,
         skip: list[int],
         gamma: float = 0.4,
         adaptive: bool = True,
@@ -280,8 +219,7 @@ class LayerSkipProposer(SelfSpecProposer):
         beta2: float = 0.9,
         epsilon: float = 0.05,
         target_acceptance: float = 0.7,
-        sampling: str = "beam",
-        artifact_manifest: dict | None = None,
+        **common,
     ) -> None:
         layers = int(model.config.num_hidden_layers)
         skip = sorted({int(i) for i in skip})
@@ -289,15 +227,7 @@ class LayerSkipProposer(SelfSpecProposer):
             raise ValueError(f"proposer.skip must list layer indices in [0, {layers}); got {skip}")
         self.skip = skip
         self.boundary = "skip:" + ",".join(map(str, skip))
-        super().__init__(
-            budget=budget,
-            manifest_hash=manifest_hash,
-            policy=policy,
-            model=model,
-            checkpoint=checkpoint,
-            sampling=sampling,
-            artifact_manifest=artifact_manifest,
-        )
+        super().__init__(model=model, **common)
         self.path = PartialPath(model, [i for i in range(layers) if i not in set(skip)])
         self.norm = model.base_model.norm
         for name, v in (("gamma", gamma), ("target_acceptance", target_acceptance), ("beta1", beta1), ("beta2", beta2)):
@@ -311,21 +241,9 @@ class LayerSkipProposer(SelfSpecProposer):
         self.stats.extras.update({"skip": skip, "gamma": self.gamma})
 
     @classmethod
-    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context):
-        model = context.target_backend.model
-        skip, manifest = load_skip(options, model=model, tokenizer=context.tokenizer)
-        th = dict(options.get("threshold") or {})
-        return cls(
-            budget=budget,
-            manifest_hash=manifest_hash,
-            policy=policy,
-            model=model,
-            checkpoint=target_fingerprint(model, context.tokenizer),
-            skip=skip,
-            sampling=str(options.get("sampling", "beam")),
-            artifact_manifest=manifest,
-            **th,
-        )
+    def load_artifact(cls, options: dict, *, model: torch.nn.Module, tokenizer) -> dict:
+        skip, manifest = load_skip(options, model=model, tokenizer=tokenizer)
+        return {"skip": skip, "artifact_manifest": manifest, **dict(options.get("threshold") or {})}
 
     def threshold(self) -> float:
         return self.gamma
