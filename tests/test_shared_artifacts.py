@@ -169,6 +169,25 @@ def test_eagle_training_waits_then_loads_the_draft_another_job_trained(tmp_path,
     assert trained == [True]
 
 
+def test_a_job_that_may_not_train_waits_then_loads_what_another_job_trained(tmp_path, monkeypatch):
+    """``proposer.auto_train=false`` refuses only once the lock is held and the artifact is still
+    absent: a draft another job was training meanwhile is loaded, not refused."""
+    import harness.prepare.eagle as eagle
+    from harness.heads.checkpoint import ArtifactError
+
+    path = tmp_path / "artifacts" / "eagle-x"
+    monkeypatch.setattr(eagle, "eagle_artifact_path", lambda options, **k: ({"r": 1}, path))
+    monkeypatch.setattr(eagle, "load_eagle", lambda recipe, **k: ("loaded", k["path"]))
+    monkeypatch.setattr(eagle, "train_eagle_artifact", must_not_run)
+    arriving(monkeypatch, artifacts, _manifest_arrives)
+    assert eagle.ensure_eagle({"auto_train": False}, Target(None, None, "t")) == ("loaded", path)
+
+    monkeypatch.setattr(artifacts, "artifact_lock", artifact_lock)  # nobody else: refused, nothing trained
+    monkeypatch.setattr(eagle, "eagle_artifact_path", lambda options, **k: ({"r": 1}, tmp_path / "eagle-y"))
+    with pytest.raises(ArtifactError, match="proposer.auto_train=false"):
+        eagle.ensure_eagle({"auto_train": False}, Target(None, None, "t"))
+
+
 def test_adapter_distillation_waits_then_loads_the_adapter_another_job_made(tmp_path, monkeypatch):
     import harness.prepare.early_exit as early_exit
 
