@@ -21,6 +21,7 @@ from harness.heads.checkpoint import ArtifactError, target_fingerprint
 from harness.heads.eagle import DecoderLayer, EagleDraft, Rotary, causal_mask, spec_from_target
 from harness.heads.state import HiddenTap
 from harness.prepare.eagle import ensure_eagle
+from harness.prepare.trained import Target
 from harness.proposers.base import NullProposer
 from harness.proposers.eagle import EagleProposer
 from harness.random_source import TorchRandomSource
@@ -68,9 +69,7 @@ def env(tmp_path_factory):
     docs = greedy_docs(model, torch.randint(3, 96, (36, 3), generator=gen), 37)
     art = ensure_eagle(
         OPTIONS,
-        model=model,
-        tokenizer=None,
-        target_source="tiny seed=1",
+        Target(model, None, "tiny seed=1"),
         documents=(docs[:30], docs[30:]),
         progress=False,
     )
@@ -512,9 +511,7 @@ def test_training_reaches_high_held_out_agreement_at_every_depth(env):
         "data": {"source": "inline", "token_budget": 600, "held_out_tokens": 150, "max_len": 40},
         "train": {"epochs": 12, "lr": 5e-3, "batch_size": 2, "eval_depths": 4, "token_weight": 1.0},
     }
-    art = ensure_eagle(
-        opts, model=model, tokenizer=None, target_source="successor", documents=(docs[::2], docs[1::2]), progress=False
-    )
+    art = ensure_eagle(opts, Target(model, None, "successor"), documents=(docs[::2], docs[1::2]), progress=False)
     held = art.manifest["held_out"]
     assert len(held["top1_agreement"]) == 4
     assert all(b < 0.2 for b in held["top1_agreement_untrained"]), held
@@ -546,9 +543,7 @@ def test_the_heads_feature_cache_is_shared(env):
     ensure_heads(
         "medusa",
         {**OPTIONS, "num_heads": 2, "train": {"epochs": 1}},
-        model=env["model"],
-        tokenizer=None,
-        target_source="tiny",
+        Target(env["model"], None, "tiny"),
         documents=(env["docs"][:30], env["docs"][30:]),
         progress=False,
     )
@@ -561,25 +556,19 @@ def test_artifact_refused_against_another_target_or_recipe(env):
     with pytest.raises(ArtifactError, match="only valid for the target it was trained"):
         ensure_eagle(
             {**OPTIONS, "artifact": str(env["art"].path)},
-            model=build_tiny_model(seed=2),
-            tokenizer=None,
-            target_source="tiny seed=2",
+            Target(build_tiny_model(seed=2), None, "tiny seed=2"),
             progress=False,
         )
     with pytest.raises(ArtifactError, match="spec"):
         ensure_eagle(
             {**OPTIONS, "num_layers": 2, "artifact": str(env["art"].path)},
-            model=env["model"],
-            tokenizer=None,
-            target_source="tiny",
+            Target(env["model"], None, "tiny"),
             progress=False,
         )
     with pytest.raises(ArtifactError, match="auto_train=false"):
         ensure_eagle(
             {**OPTIONS, "train": {"epochs": 2}, "auto_train": False},
-            model=env["model"],
-            tokenizer=None,
-            target_source="tiny",
+            Target(env["model"], None, "tiny"),
             progress=False,
         )
 
@@ -978,7 +967,7 @@ def test_smollm2_trains_an_eagle_draft_from_sharegpt(smollm2, tmp_path, monkeypa
         "data": {"token_budget": 400, "held_out_tokens": 120, "max_len": 128},
         "train": {"epochs": 1, "eval_depths": 3},
     }
-    art = ensure_eagle(opts, model=smollm2.model, tokenizer=smollm2.tokenizer, target_source="smollm2", progress=False)
+    art = ensure_eagle(opts, Target(smollm2.model, smollm2.tokenizer, "smollm2"), progress=False)
     held = art.manifest["held_out"]
     assert len(held["top1_agreement"]) == 3 and held["rows"][0] > 0 and art.manifest["training"]["steps"] >= 1
     backend = CausalLMBackend(smollm2.model)

@@ -15,6 +15,7 @@ from harness.heads.checkpoint import ArtifactError, target_fingerprint
 from harness.heads.models import DraftHeads, HeadSpec
 from harness.heads.recipes import heads_recipe
 from harness.prepare.heads import ensure_heads
+from harness.prepare.trained import Target
 from harness.proposers.base import NullProposer
 from harness.proposers.heads import CloverProposer, HydraProposer, MedusaProposer
 from harness.random_source import TorchRandomSource
@@ -66,9 +67,7 @@ def env(tmp_path_factory):
         k: ensure_heads(
             k,
             OPTIONS,
-            model=model,
-            tokenizer=None,
-            target_source="tiny seed=1",
+            Target(model, None, "tiny seed=1"),
             documents=(docs[:30], docs[30:]),
             progress=False,
         )
@@ -314,9 +313,7 @@ def test_training_reaches_high_held_out_agreement_on_a_learnable_target(env, kin
     art = ensure_heads(
         kind,
         opts,
-        model=model,
-        tokenizer=None,
-        target_source="successor",
+        Target(model, None, "successor"),
         documents=(docs[::2], docs[1::2]),
         progress=False,
     )
@@ -342,9 +339,7 @@ def test_artifact_refused_against_another_target(env):
         ensure_heads(
             "hydra",
             {**OPTIONS, "artifact": str(env["arts"]["hydra"].path)},
-            model=other,
-            tokenizer=None,
-            target_source="tiny seed=2",
+            Target(other, None, "tiny seed=2"),
             progress=False,
         )
 
@@ -355,9 +350,7 @@ def test_artifact_refused_for_another_recipe_or_edited_manifest(env, tmp_path):
         ensure_heads(
             "hydra",
             {**OPTIONS, "mlp_layers": 4, "artifact": str(path)},
-            model=env["model"],
-            tokenizer=None,
-            target_source="tiny",
+            Target(env["model"], None, "tiny"),
             progress=False,
         )
     import shutil
@@ -371,9 +364,7 @@ def test_artifact_refused_for_another_recipe_or_edited_manifest(env, tmp_path):
         ensure_heads(
             "hydra",
             {**OPTIONS, "artifact": str(copy)},
-            model=env["model"],
-            tokenizer=None,
-            target_source="tiny",
+            Target(env["model"], None, "tiny"),
             progress=False,
         )
 
@@ -383,9 +374,7 @@ def test_missing_artifact_without_auto_train_is_refused(env):
         ensure_heads(
             "hydra",
             {**OPTIONS, "num_heads": 2, "auto_train": False},
-            model=env["model"],
-            tokenizer=None,
-            target_source="tiny",
+            Target(env["model"], None, "tiny"),
             progress=False,
         )
 
@@ -414,9 +403,7 @@ def test_hydra_plus_plus_artifact_trains_and_runs(env):
     art = ensure_heads(
         "hydra",
         opts,
-        model=env["model"],
-        tokenizer=None,
-        target_source="tiny",
+        Target(env["model"], None, "tiny"),
         documents=(env["docs"][:30], env["docs"][30:]),
         progress=False,
     )

@@ -411,10 +411,11 @@ def test_published_heads_run_end_to_end_with_provenance(tmp_path, monkeypatch, t
 
 def test_training_a_published_checkpoint_is_refused(tmp_path, target):
     from harness.prepare.heads import ensure_heads
+    from harness.prepare.trained import Target
 
     path = write_medusa(tmp_path / "m", medusa_state(heads=3, layers=1, hidden=H, vocab=V), config=medusa_config(3, 1))
     with pytest.raises(ArtifactError, match="is a published medusa checkpoint"):
-        ensure_heads("medusa", {"artifact": str(path)}, model=target, tokenizer=None, target_source="tiny", force=True)
+        ensure_heads("medusa", {"artifact": str(path)}, Target(target, None, "tiny"), force=True)
 
 
 def test_published_checkpoints_are_read_for_medusa_and_hydra_only(tmp_path):

@@ -17,6 +17,7 @@ from harness.heads.partial import PartialPath, ProvisionalKV, causal_rows_mask
 from harness.heads.recipes import SearchRecipe, recipe_key
 from harness.prepare.early_exit import ensure_adapter
 from harness.prepare.skip_search import ensure_skip, layer_influence, search_skip
+from harness.prepare.trained import Target
 from harness.proposers.base import NullProposer
 from harness.proposers.selfspec import EarlyExitProposer, LayerSkipProposer
 from harness.random_source import TorchRandomSource
@@ -50,9 +51,7 @@ def env(tmp_path_factory):
             min_new_tokens=37,
             pad_token_id=0,
         ).tolist()
-    art = ensure_adapter(
-        EXIT_OPTS, model=model, tokenizer=None, target_source="tiny4", documents=(docs[:30], docs[30:]), progress=False
-    )
+    art = ensure_adapter(EXIT_OPTS, Target(model, None, "tiny4"), documents=(docs[:30], docs[30:]), progress=False)
     yield {"model": model, "backend": CausalLMBackend(model), "docs": docs, "adapter": art}
     if old is None:
         os.environ.pop("HARNESS_CACHE", None)
@@ -305,9 +304,7 @@ def test_adapter_refused_against_another_target(env):
     with pytest.raises(ArtifactError, match="only valid for the target"):
         ensure_adapter(
             {**EXIT_OPTS, "artifact": str(env["adapter"].path)},
-            model=other,
-            tokenizer=None,
-            target_source="other",
+            Target(other, None, "other"),
             progress=False,
         )
 

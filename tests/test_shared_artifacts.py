@@ -17,7 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 
+import harness.prepare.trained as artifacts
 from harness.files import artifact_lock, holds_lock, lock_path
+from harness.prepare.trained import Target
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -129,18 +131,18 @@ def test_head_training_waits_then_loads_the_heads_another_job_trained(tmp_path, 
     path = tmp_path / "artifacts" / "hydra-x"
     monkeypatch.setattr(heads, "heads_artifact_path", lambda kind, options, **k: ({"r": 1}, path))
     monkeypatch.setattr(heads, "load_heads", lambda kind, recipe, **k: ("loaded", k["path"]))
-    monkeypatch.setattr(heads, "_train_absent", must_not_run)
-    asked = arriving(monkeypatch, heads, _manifest_arrives)
-    got = heads.ensure_heads("hydra", {}, model=None, tokenizer=None, target_source="t", progress=False)
+    monkeypatch.setattr(heads, "train_artifact", must_not_run)
+    asked = arriving(monkeypatch, artifacts, _manifest_arrives)
+    got = heads.ensure_heads("hydra", {}, Target(None, None, "t"), progress=False)
     assert got == ("loaded", path) and asked == [path]
 
     # nobody else: this job trains, under the lock
     path2 = tmp_path / "artifacts" / "hydra-y"
     monkeypatch.setattr(heads, "heads_artifact_path", lambda kind, options, **k: ({"r": 1}, path2))
-    monkeypatch.setattr(heads, "artifact_lock", artifact_lock)
+    monkeypatch.setattr(artifacts, "artifact_lock", artifact_lock)
     trained = []
-    monkeypatch.setattr(heads, "_train_absent", lambda kind, o, r, p, **k: trained.append(holds_lock(lock_path(p))))
-    heads.ensure_heads("hydra", {}, model=None, tokenizer=None, target_source="t", progress=False)
+    monkeypatch.setattr(heads, "train_artifact", lambda *a, **k: trained.append(holds_lock(lock_path(k["out_dir"]))))
+    heads.ensure_heads("hydra", {}, Target(None, None, "t"), progress=False)
     assert trained == [True]
 
 
@@ -151,20 +153,39 @@ def test_eagle_training_waits_then_loads_the_draft_another_job_trained(tmp_path,
     monkeypatch.setattr(eagle, "eagle_artifact_path", lambda options, **k: ({"r": 1}, path))
     monkeypatch.setattr(eagle, "load_eagle", lambda recipe, **k: ("loaded", k["path"]))
     monkeypatch.setattr(eagle, "train_eagle_artifact", must_not_run)
-    asked = arriving(monkeypatch, eagle, _manifest_arrives)
-    got = eagle.ensure_eagle({}, model=None, tokenizer=None, target_source="t", progress=False)
+    asked = arriving(monkeypatch, artifacts, _manifest_arrives)
+    got = eagle.ensure_eagle({}, Target(None, None, "t"), progress=False)
     assert got == ("loaded", path) and asked == [path]
 
     # nobody else: this job trains, under the lock
     path2 = tmp_path / "artifacts" / "eagle-y"
     monkeypatch.setattr(eagle, "eagle_artifact_path", lambda options, **k: ({"r": 1}, path2))
-    monkeypatch.setattr(eagle, "artifact_lock", artifact_lock)
+    monkeypatch.setattr(artifacts, "artifact_lock", artifact_lock)
     trained = []
     monkeypatch.setattr(
-        eagle, "train_eagle_artifact", lambda recipe, **k: trained.append(holds_lock(lock_path(k["out_dir"])))
+        eagle, "train_eagle_artifact", lambda *a, **k: trained.append(holds_lock(lock_path(k["out_dir"])))
     )
-    eagle.ensure_eagle({}, model=None, tokenizer=None, target_source="t", progress=False)
+    eagle.ensure_eagle({}, Target(None, None, "t"), progress=False)
     assert trained == [True]
+
+
+def test_a_job_that_may_not_train_waits_then_loads_what_another_job_trained(tmp_path, monkeypatch):
+    """``proposer.auto_train=false`` refuses only once the lock is held and the artifact is still
+    absent: a draft another job was training meanwhile is loaded, not refused."""
+    import harness.prepare.eagle as eagle
+    from harness.heads.checkpoint import ArtifactError
+
+    path = tmp_path / "artifacts" / "eagle-x"
+    monkeypatch.setattr(eagle, "eagle_artifact_path", lambda options, **k: ({"r": 1}, path))
+    monkeypatch.setattr(eagle, "load_eagle", lambda recipe, **k: ("loaded", k["path"]))
+    monkeypatch.setattr(eagle, "train_eagle_artifact", must_not_run)
+    arriving(monkeypatch, artifacts, _manifest_arrives)
+    assert eagle.ensure_eagle({"auto_train": False}, Target(None, None, "t")) == ("loaded", path)
+
+    monkeypatch.setattr(artifacts, "artifact_lock", artifact_lock)  # nobody else: refused, nothing trained
+    monkeypatch.setattr(eagle, "eagle_artifact_path", lambda options, **k: ({"r": 1}, tmp_path / "eagle-y"))
+    with pytest.raises(ArtifactError, match="proposer.auto_train=false"):
+        eagle.ensure_eagle({"auto_train": False}, Target(None, None, "t"))
 
 
 def test_adapter_distillation_waits_then_loads_the_adapter_another_job_made(tmp_path, monkeypatch):
@@ -173,9 +194,9 @@ def test_adapter_distillation_waits_then_loads_the_adapter_another_job_made(tmp_
     path = tmp_path / "artifacts" / "early_exit-x"
     monkeypatch.setattr(early_exit, "adapter_artifact_path", lambda options, **k: ({"r": 1}, path))
     monkeypatch.setattr(early_exit, "load_adapter", lambda options, **k: ("loaded", k["path"]))
-    monkeypatch.setattr(early_exit, "_train_adapter_artifact", must_not_run)
-    asked = arriving(monkeypatch, early_exit, _manifest_arrives)
-    assert early_exit.ensure_adapter({}, model=None, tokenizer=None, target_source="t") == ("loaded", path)
+    monkeypatch.setattr(early_exit, "distill_adapter_artifact", must_not_run)
+    asked = arriving(monkeypatch, artifacts, _manifest_arrives)
+    assert early_exit.ensure_adapter({}, Target(None, None, "t")) == ("loaded", path)
     assert asked == [path]
 
 
@@ -186,7 +207,7 @@ def test_skip_search_waits_then_loads_the_vector_another_job_found(tmp_path, mon
     monkeypatch.setattr(skip_search, "skip_artifact_path", lambda options, **k: ({"r": 1}, path))
     monkeypatch.setattr(skip_search, "load_skip", lambda options, **k: ("loaded", options["artifact"]))
     monkeypatch.setattr(skip_search, "_search_absent", must_not_run)
-    asked = arriving(monkeypatch, skip_search, _manifest_arrives)
+    asked = arriving(monkeypatch, artifacts, _manifest_arrives)
     backend = SimpleNamespace(model=None)
     got = skip_search.ensure_skip({}, backend=backend, tokenizer=None, target_source="t")
     assert got == ("loaded", str(path)) and asked == [path]

@@ -28,6 +28,7 @@ import logging
 import math
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -35,7 +36,6 @@ from omegaconf import OmegaConf
 from torch import nn
 from tqdm import tqdm
 
-from harness.files import artifact_lock
 from harness.heads.artifacts import (
     EagleArtifact,
     build_eagle,
@@ -43,12 +43,14 @@ from harness.heads.artifacts import (
     load_eagle,
     load_published_eagle,
 )
-from harness.heads.checkpoint import ArtifactError, save_artifact, target_fingerprint
+from harness.heads.checkpoint import ArtifactError, save_artifact
 from harness.heads.eagle import causal_mask
 from harness.heads.published import is_published
-from harness.heads.recipes import DataRecipe, EagleTrainRecipe
+from harness.heads.recipes import EagleTrainRecipe
 from harness.prepare import Preparation
-from harness.prepare.heads_data import PackedStream, trained_artifact_manifest, training_streams
+from harness.prepare.heads_data import PackedStream, trained_artifact_manifest, training_data
+from harness.prepare.heads_training import optimiser_step, warmup_cosine
+from harness.prepare.trained import Target, load_or_train, of_context, refuse_untrained, streams_trained_summary
 
 log = logging.getLogger("harness.eagle")
 
@@ -179,10 +181,7 @@ def train_eagle(draft, train: PackedStream, *, recipe: EagleTrainRecipe, embed, 
     total = steps_per_epoch * recipe.epochs
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
-    warm = min(recipe.warmup_steps, max(total // 10, 1))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(total - warm, 1)))
-    )
+    sched = warmup_cosine(opt, total=total, warmup_steps=recipe.warmup_steps)
     device = next(lm_head.parameters()).device
     draft.train()
     t0 = time.perf_counter()
@@ -193,15 +192,8 @@ def train_eagle(draft, train: PackedStream, *, recipe: EagleTrainRecipe, embed, 
         for s in range(0, len(order), recipe.batch_size):
             batch = pair_batch([docs[i] for i in order[s : s + recipe.batch_size]], device=device)
             loss = eagle_loss(draft, embed, lm_head, batch, recipe, noise_gen=noise_gen)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
+            last = optimiser_step(loss, opt, sched, params, bar)
             step += 1
-            last = float(loss.detach())
-            bar.update(1)
-            bar.set_postfix(loss=f"{last:.3f}")
     bar.close()
     draft.eval()
     return {
@@ -215,61 +207,36 @@ def train_eagle(draft, train: PackedStream, *, recipe: EagleTrainRecipe, embed, 
 
 
 def train_eagle_artifact(
-    recipe: dict,
-    *,
-    model: torch.nn.Module,
-    tokenizer,
-    target_source: str,
-    out_dir: Path,
-    documents=None,
-    progress: bool = True,
+    recipe: dict, target: Target, *, out_dir: Path, documents=None, progress: bool = True
 ) -> EagleArtifact:
     """Streams (cached, shared with the heads), train, held-out agreement by depth, save."""
-    t0 = time.perf_counter()
-    target_hash = target_fingerprint(model, tokenizer)
-    data = DataRecipe(**recipe["data"])
-    train_stream, held = training_streams(
-        model, tokenizer, data, target_hash=target_hash, documents=documents, progress=progress
-    )
-    stream_seconds = time.perf_counter() - t0
+    streams = training_data(target, recipe, documents=documents, progress=progress)
     train = EagleTrainRecipe(**recipe["train"])
+    model = target.model
     device = next(model.parameters()).device
     draft = build_eagle(recipe["spec"], seed=train.seed).to(device)
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
-    before = evaluate_depths(draft, held, embed=embed, lm_head=lm_head, depths=train.eval_depths)
-    log_ = train_eagle(draft, train_stream, recipe=train, embed=embed, lm_head=lm_head, progress=progress)
-    after = evaluate_depths(draft, held, embed=embed, lm_head=lm_head, depths=train.eval_depths)
+    before = evaluate_depths(draft, streams.held, embed=embed, lm_head=lm_head, depths=train.eval_depths)
+    log_ = train_eagle(draft, streams.train, recipe=train, embed=embed, lm_head=lm_head, progress=progress)
+    after = evaluate_depths(draft, streams.held, embed=embed, lm_head=lm_head, depths=train.eval_depths)
     manifest = trained_artifact_manifest(
-        kind="eagle",
+        "eagle",
+        streams,
+        recipe,
         published=False,
         format="eagle",
-        target_hash=target_hash,
-        target_source=target_source,
-        recipe=recipe,
-        data=data,
-        train_stream=train_stream,
-        held=held,
         before=before,
         after=after,
         training_log=log_,
-        stream_seconds=stream_seconds,
-        started=t0,
         device=device,
         parameters=draft.num_parameters(),
     )
     save_artifact(out_dir, manifest=manifest, state={k: v.float() for k, v in draft.state_dict().items()})
-    return load_eagle(recipe, model=model, tokenizer=tokenizer, path=out_dir)
+    return load_eagle(recipe, model=model, tokenizer=target.tokenizer, path=out_dir)
 
 
 def ensure_eagle(
-    options: dict,
-    *,
-    model: torch.nn.Module,
-    tokenizer,
-    target_source: str,
-    progress: bool = True,
-    force: bool = False,
-    documents=None,
+    options: dict, target: Target, *, progress: bool = True, force: bool = False, documents=None
 ) -> EagleArtifact:
     """The configured draft: a published checkpoint as it is, else the trained artifact (trained
     first when absent and ``auto_train``, or when ``force``)."""
@@ -280,68 +247,30 @@ def ensure_eagle(
                 f"proposer.artifact={explicit!r} is a published checkpoint: it is loaded, never trained "
                 "(unset proposer.artifact to train a draft here)"
             )
-        return load_published_eagle(str(explicit), model=model)
-    recipe, path = eagle_artifact_path(options, model=model, tokenizer=tokenizer)
-    if (path / "manifest.json").is_file() and not force:
-        return load_eagle(recipe, model=model, tokenizer=tokenizer, path=path)
-    if explicit and not force:
-        raise ArtifactError(
-            f"proposer.artifact={explicit!r} does not exist; run `harness train proposer=eagle` or leave "
-            "proposer.artifact unset to use the cache"
-        )
-    if not options.get("auto_train", True) and not force:
-        raise ArtifactError(
-            f"no eagle artifact for this target and recipe at {str(path)!r} and proposer.auto_train=false; "
-            "run `harness train proposer=eagle ...` first"
-        )
-    with artifact_lock(path, purpose="training the EAGLE draft"):  # concurrent jobs train once
-        if (path / "manifest.json").is_file() and not force:  # trained by the job that held the lock
-            return load_eagle(recipe, model=model, tokenizer=tokenizer, path=path)
+        return load_published_eagle(str(explicit), model=target.model)
+    recipe, path = eagle_artifact_path(options, model=target.model, tokenizer=target.tokenizer)
+
+    def train() -> EagleArtifact:
+        refuse_untrained("eagle", options, path, force=force)
         log.warning("training the EAGLE draft artifact (absent from %s)", path)
-        return train_eagle_artifact(
-            recipe,
-            model=model,
-            tokenizer=tokenizer,
-            target_source=target_source,
-            out_dir=path,
-            documents=documents,
-            progress=progress,
-        )
+        return train_eagle_artifact(recipe, target, out_dir=path, documents=documents, progress=progress)
+
+    load = partial(load_eagle, recipe, model=target.model, tokenizer=target.tokenizer, path=path)
+    return load_or_train(path, load=load, train=train, purpose="training the EAGLE draft", force=force)
 
 
 def summary(artifact: EagleArtifact) -> dict:
     m = artifact.manifest
     if m.get("published"):
         return {k: m[k] for k in ("kind", "format", "source", "path", "spec", "parameters", "embedding")}
-    return {
-        "path": str(artifact.path),
-        "artifact_id": m["artifact_id"],
-        "kind": m["kind"],
-        "target_hash": m["target_hash"],
-        "token_budget": m["token_budget"],
-        "tokens_seen": m["tokens_seen"],
-        "held_out_top1_agreement_by_depth": m["held_out"]["top1_agreement"],
-        "held_out_top1_agreement_untrained": m["held_out"]["top1_agreement_untrained"],
-        "training_seconds": m["training"]["total_seconds"],
-        "cpu_budget_artifact": m["cpu_budget_artifact"],
-        "parameters": m["parameters"],
-        "recipe": m["recipe"],
-    }
+    return streams_trained_summary(artifact, agreement="held_out_top1_agreement_by_depth")
 
 
 def train_from_config(cfg, *, target, force: bool = False, progress: bool = True) -> dict:
     """`harness train proposer=eagle`: the artifact a run with ``cfg`` would load."""
     options = OmegaConf.to_container(cfg.proposer, resolve=True)
     options.pop("name")
-    artifact = ensure_eagle(
-        options,
-        model=target.model,
-        tokenizer=target.tokenizer,
-        target_source=target.source,
-        progress=progress,
-        force=force,
-    )
-    return summary(artifact)
+    return summary(ensure_eagle(options, target, progress=progress, force=force))
 
 
 def prepare_eagle(options: dict, context) -> Preparation:
@@ -349,10 +278,5 @@ def prepare_eagle(options: dict, context) -> Preparation:
     published checkpoint is left to the proposer, which reads and checks it once."""
     if is_published(options.get("artifact")):
         return Preparation()
-    art = ensure_eagle(
-        options,
-        model=context.target_backend.model,
-        tokenizer=context.tokenizer,
-        target_source=context.model_source,
-    )
+    art = ensure_eagle(options, of_context(context))
     return Preparation(options={"artifact": str(art.path)})

@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from harness.files import artifact_lock
 from harness.heads.artifacts import adapter_artifact_path, load_adapter
-from harness.heads.checkpoint import ArtifactError, cpu_budget_label, save_artifact, target_fingerprint
+from harness.heads.checkpoint import ArtifactError, cpu_budget_label, save_artifact
 from harness.heads.early_exit import AdapterArtifact, ExitAdapter, adapter_logits, build_adapter
-from harness.heads.recipes import AdapterRecipe, DataRecipe
+from harness.heads.recipes import AdapterRecipe
 from harness.prepare import Preparation
-from harness.prepare.heads_data import PackedStream, training_streams
+from harness.prepare.heads_data import PackedStream, training_data
+from harness.prepare.heads_training import optimiser_step
+from harness.prepare.trained import Target, load_or_train, of_context, trained_summary
 
 
 def documents_of(stream: PackedStream) -> list[slice]:
@@ -93,132 +95,76 @@ def train_adapter(
             with torch.no_grad():
                 teacher = torch.softmax(lm(stream.hidden[sl].float()).float() / tau, -1)  # [L, V]
             loss = -(tau**2) * (teacher * torch.log_softmax(student / tau, -1)).sum(-1).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(adapter.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            last = float(loss.detach())
-            bar.update(1)
-            bar.set_postfix(loss=f"{last:.3f}")
+            last = optimiser_step(loss, opt, sched, adapter.parameters(), bar)
     bar.close()
     adapter.eval()
     return {"steps": total, "final_loss": last, "train_seconds": time.perf_counter() - t0, "stream_tokens": len(stream)}
 
 
 def ensure_adapter(
-    options: dict,
-    *,
-    model: torch.nn.Module,
-    tokenizer,
-    target_source: str,
-    progress: bool = True,
-    force: bool = False,
-    documents=None,
+    options: dict, target: Target, *, progress: bool = True, force: bool = False, documents=None
 ) -> AdapterArtifact:
-    recipe, path = adapter_artifact_path(options, model=model, tokenizer=tokenizer)
-    if not force and (path / "manifest.json").is_file():
-        return load_adapter(options, model=model, tokenizer=tokenizer, path=path)
-    with artifact_lock(path, purpose="training the early-exit adapter"):  # concurrent jobs train once
-        if not force and (path / "manifest.json").is_file():  # trained by the job that held the lock
-            return load_adapter(options, model=model, tokenizer=tokenizer, path=path)
-        return _train_adapter_artifact(
-            options,
-            recipe,
-            path,
-            model=model,
-            tokenizer=tokenizer,
-            target_source=target_source,
-            progress=progress,
-            force=force,
-            documents=documents,
-        )
+    """The configured adapter artifact, distilled first when absent (and ``auto_train``) or ``force``."""
+    recipe, path = adapter_artifact_path(options, model=target.model, tokenizer=target.tokenizer)
+
+    def train() -> AdapterArtifact:
+        if not force and (options.get("artifact") or not options.get("auto_train", True)):
+            raise ArtifactError(
+                f"no early_exit artifact at {str(path)!r}; run `harness train proposer=early_exit` "
+                "(or set proposer.auto_train=true)"
+            )
+        return distill_adapter_artifact(options, recipe, target, out_dir=path, documents=documents, progress=progress)
+
+    load = partial(load_adapter, options, model=target.model, tokenizer=target.tokenizer, path=path)
+    return load_or_train(path, load=load, train=train, purpose="training the early-exit adapter", force=force)
 
 
-def _train_adapter_artifact(
-    options: dict,
-    recipe: dict,
-    path: Path,
-    *,
-    model: torch.nn.Module,
-    tokenizer,
-    target_source: str,
-    progress: bool,
-    force: bool,
-    documents,
+def distill_adapter_artifact(
+    options: dict, recipe: dict, target: Target, *, out_dir: Path, documents=None, progress: bool = True
 ) -> AdapterArtifact:
-    target_hash = target_fingerprint(model, tokenizer)
-    explicit = options.get("artifact")
-    if not force and (explicit or not options.get("auto_train", True)):
-        raise ArtifactError(
-            f"no early_exit artifact at {str(path)!r}; run `harness train proposer=early_exit` "
-            "(or set proposer.auto_train=true)"
-        )
-    t0 = time.perf_counter()
+    """Streams (cached, with the exit layer's rows), distil, evaluate held-out, save. Returns the
+    loaded artifact."""
     layer = recipe["exit_layer"]
-    data = DataRecipe(**recipe["data"])
-    train, held = training_streams(
-        model, tokenizer, data, target_hash=target_hash, documents=documents, progress=progress, layers=(layer,)
-    )
+    streams = training_data(target, recipe, documents=documents, progress=progress, layers=(layer,))
+    model = target.model
     adapter = build_adapter(model, seed=int(recipe["train"]["seed"]))
     eta = float(options.get("eta", 0.5))
-    before = evaluate_adapter(adapter, model, held, layer=layer, eta=eta)
-    log = train_adapter(adapter, model, train, layer=layer, recipe=AdapterRecipe(**recipe["train"]), progress=progress)
-    after = evaluate_adapter(adapter, model, held, layer=layer, eta=eta)
+    before = evaluate_adapter(adapter, model, streams.held, layer=layer, eta=eta)
+    log = train_adapter(
+        adapter, model, streams.train, layer=layer, recipe=AdapterRecipe(**recipe["train"]), progress=progress
+    )
+    after = evaluate_adapter(adapter, model, streams.held, layer=layer, eta=eta)
     device = str(next(model.parameters()).device)
     manifest = {
         "kind": "early_exit",
-        "target_hash": target_hash,
-        "target_source": target_source,
+        "target_hash": streams.target_hash,
+        "target_source": streams.target_source,
         "recipe": recipe,
-        "token_budget": data.token_budget,
-        "tokens_seen": len(train),
-        "held_out": {**after, "untrained": before, "split": data.held_out_split},
+        "token_budget": streams.data.token_budget,
+        "tokens_seen": len(streams.train),
+        "held_out": {**after, "untrained": before, "split": streams.data.held_out_split},
         "training": {
             **log,
-            "total_seconds": time.perf_counter() - t0,
+            "total_seconds": time.perf_counter() - streams.started,
             "device": device,
             "threads": torch.get_num_threads(),
         },
         "parameters": sum(p.numel() for p in adapter.parameters()),
     }
     manifest["cpu_budget_artifact"] = cpu_budget_label(manifest)  # from the tokens it saw, not the device
-    save_artifact(path, manifest=manifest, state=adapter.state_dict())
-    return load_adapter(options, model=model, tokenizer=tokenizer, path=path)
+    save_artifact(out_dir, manifest=manifest, state=adapter.state_dict())
+    return load_adapter(options, model=model, tokenizer=target.tokenizer, path=out_dir)
 
 
 def train_from_config(cfg, *, target, force: bool = False, progress: bool = True) -> dict:
     """`harness train proposer=early_exit`."""
 
     options = OmegaConf.to_container(cfg.proposer, resolve=True)
-    art = ensure_adapter(
-        options,
-        model=target.model,
-        tokenizer=target.tokenizer,
-        target_source=target.source,
-        progress=progress,
-        force=force,
-    )
-    m = art.manifest
-    return {
-        "path": str(art.path),
-        "artifact_id": m["artifact_id"],
-        "kind": m["kind"],
-        "target_hash": m["target_hash"],
-        "token_budget": m["token_budget"],
-        "held_out": m["held_out"],
-        "training_seconds": m["training"]["total_seconds"],
-        "cpu_budget_artifact": cpu_budget_label(m),
-        "recipe": m["recipe"],
-    }
+    art = ensure_adapter(options, target, progress=progress, force=force)
+    return trained_summary(art, held_out=art.manifest["held_out"])
 
 
 def prepare_early_exit(options: dict, context) -> Preparation:
     """Proposer preparer: the adapter artifact's path (distilled first when absent)."""
-    art = ensure_adapter(
-        options,
-        model=context.target_backend.model,
-        tokenizer=context.tokenizer,
-        target_source=context.model_source,
-    )
+    art = ensure_adapter(options, of_context(context))
     return Preparation(options={"artifact": str(art.path)})

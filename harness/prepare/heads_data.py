@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from harness.files import artifact_lock, temporary_sibling
-from harness.heads.checkpoint import cpu_budget_label, short_hash
+from harness.heads.checkpoint import cpu_budget_label, short_hash, target_fingerprint
 from harness.heads.recipes import DataRecipe
 from harness.target.loading import cache_root
 from harness.workloads.corpora import sharegpt_conversations
@@ -255,20 +255,47 @@ def _encode_streams(
     return train, held
 
 
+@dataclass(frozen=True)
+class TrainingData:
+    """The cached target streams an artifact trains on, with what its manifest records of them."""
+
+    target_hash: str
+    target_source: str
+    data: DataRecipe
+    train: PackedStream
+    held: PackedStream
+    started: float  # perf_counter() when the preparation began (the manifest's total_seconds)
+    stream_seconds: float  # fingerprinting the target and encoding (or loading) the streams
+
+
+def training_data(
+    target, recipe: dict, *, documents=None, progress: bool = True, layers: Sequence[int] = ()
+) -> TrainingData:
+    """The (cached) streams of ``recipe["data"]`` for ``target`` (a :class:`harness.prepare.trained.Target`):
+    :func:`training_streams`, timed."""
+    started = time.perf_counter()
+    target_hash = target_fingerprint(target.model, target.tokenizer)
+    data = DataRecipe(**recipe["data"])
+    train, held = training_streams(
+        target.model,
+        target.tokenizer,
+        data,
+        target_hash=target_hash,
+        documents=documents,
+        progress=progress,
+        layers=layers,
+    )
+    return TrainingData(target_hash, target.source, data, train, held, started, time.perf_counter() - started)
+
+
 def trained_artifact_manifest(
-    *,
     kind: str,
-    target_hash: str,
-    target_source: str,
+    streams: TrainingData,
     recipe: dict,
-    data: DataRecipe,
-    train_stream: PackedStream,
-    held,
+    *,
     before: dict,
     after: dict,
     training_log: dict,
-    stream_seconds: float,
-    started: float,
     device,
     parameters: int,
     **extra,
@@ -276,25 +303,26 @@ def trained_artifact_manifest(
     """The manifest of an artifact trained on the cached target streams (heads, EAGLE drafts):
     what it was trained for and on, held-out agreement before and after, the training log, and
     ``cpu_budget_artifact`` from the tokens it saw (not from the device it ran on)."""
+    data, train_stream = streams.data, streams.train
     manifest = {
         "kind": kind,
         **extra,
-        "target_hash": target_hash,
-        "target_source": target_source,
+        "target_hash": streams.target_hash,
+        "target_source": streams.target_source,
         "recipe": recipe,
         "token_budget": int(data.token_budget),
         "tokens_seen": int(len(train_stream)),
         "documents": int(train_stream.num_documents),
         "held_out": {
             "split": data.held_out_split,
-            "tokens": len(held),
+            "tokens": len(streams.held),
             **after,
             "top1_agreement_untrained": before["top1_agreement"],
         },
         "training": {
             **training_log,
-            "stream_seconds": stream_seconds,
-            "total_seconds": time.perf_counter() - started,
+            "stream_seconds": streams.stream_seconds,
+            "total_seconds": time.perf_counter() - streams.started,
             "device": str(device),
             "threads": torch.get_num_threads(),
         },

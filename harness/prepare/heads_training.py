@@ -125,6 +125,29 @@ def evaluate(
     return {"rows": [int(r) for r in rows], "top1_agreement": frac(agree), "label_accuracy": frac(label)}
 
 
+def warmup_cosine(opt: torch.optim.Optimizer, *, total: int, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over ``min(warmup_steps, total // 10)`` steps (at least one), then cosine
+    decay to zero at step ``total``."""
+    warm = min(warmup_steps, max(total // 10, 1))
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(total - warm, 1)))
+    )
+
+
+def optimiser_step(loss: torch.Tensor, opt: torch.optim.Optimizer, sched, params, bar) -> float:
+    """One step on ``loss``: gradients of ``params`` clipped to norm 1, the optimiser and its
+    schedule stepped, the progress bar advanced with the loss shown. Returns the loss."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
+    value = float(loss.detach())
+    bar.update(1)
+    bar.set_postfix(loss=f"{value:.3f}")
+    return value
+
+
 def train_heads(
     heads: DraftHeads,
     train: PackedStream,
@@ -153,10 +176,7 @@ def train_heads(
     opt = torch.optim.AdamW(
         [p for p in heads.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay
     )
-    warm = min(recipe.warmup_steps, max(total // 10, 1))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(total - warm, 1)))
-    )
+    sched = warmup_cosine(opt, total=total, warmup_steps=recipe.warmup_steps)
     heads.train()
     t0 = time.perf_counter()
     step, last_loss, stopped = 0, None, False
@@ -181,15 +201,8 @@ def train_heads(
             )
             logits = head_logits(heads, batch, embed=embed, lm_head=lm_head)
             loss = head_loss(logits, batch, recipe=recipe, lm_head=lm_head)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
-            opt.step()
-            sched.step()
+            last_loss = optimiser_step(loss, opt, sched, heads.parameters(), bar)
             step += 1
-            last_loss = float(loss.detach())
-            bar.update(1)
-            bar.set_postfix(loss=f"{last_loss:.3f}")
             if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
                 stopped = True
                 break

@@ -294,6 +294,48 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
             plot_profile(profile, png)
         return png
 
+    def gated(name: str, key: str, load, measure, purpose: str) -> tuple[dict, Path]:
+        """A gated stage's artifact and its path: the one ``topology.<name>_artifact`` names, else
+        the cached ``<name>-<key>.json`` (when ``reuse``), else ``measure(path)`` (which writes it
+        there), holding the artifact's lock so that concurrent jobs measure it once."""
+        explicit = t.get(f"{name}_artifact")
+        if explicit:
+            art = load(Path(explicit))
+            stages[name] = f"loaded (topology.{name}_artifact)"
+            return art, Path(explicit)
+        path = root / f"{name}-{key}.json"
+        with artifact_lock(path, purpose=purpose):
+            if reuse and path.exists():
+                art = load(path)
+                stages[name] = "loaded (cache)"
+            else:
+                art = measure(path)
+                stages[name] = "measured"
+        return art, path
+
+    def calibrate(path: Path) -> dict:
+        log.info("sequoia: calibrating on %d calibration prompts", len(cal_items))
+        art = run_calibration(cfg, context, items=cal_items, provenance=cal_expected, progress=progress)
+        return write_artifact(art, path)
+
+    def profile_hardware(path: Path) -> dict:
+        prefix = cycle_prefix([tok for _, ids in cal_items for tok in ids], int(t.profile.prefix_len))
+        art = measure_profile(
+            target_backend=context.target_backend,
+            draft_backend=context.draft_backend,
+            prefix_ids=prefix,
+            max_nodes=search["max_nodes"],
+            warmup=int(t.profile.warmup),
+            repeats=int(t.profile.repeats),
+            provenance=prof_expected,
+            progress=progress,
+            batch_size=int(cfg.generation.batch_size),
+        )
+        profile = write_artifact(art, path)
+        check_profile(profile, prof_expected, path=str(path), max_nodes=search["max_nodes"])
+        plot_profile(profile, path.with_suffix(".png"))
+        return profile
+
     if t.get("tree_artifact"):  # explicit tree: everything it binds must match this run
         tree_path = Path(t.tree_artifact)
         tree = read_artifact(tree_path, kind=TREE_KIND)
@@ -302,89 +344,37 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
         calibration, profile = load_calibration(cal_path), load_profile(prof_path)
         check_tree(tree, calibration=calibration, profile=profile, search=search, path=str(tree_path))
         stages = {"calibration": "loaded", "profile": "loaded", "tree": "loaded (topology.tree_artifact)"}
-        return SequoiaArtifacts(
-            tree=tree,
-            tree_path=tree_path,
-            calibration=calibration,
-            calibration_path=cal_path,
-            profile=profile,
-            profile_path=prof_path,
-            plot_path=plot_for(profile, prof_path),
-            stages=stages,
-        )
-
-    # 1. calibration (gated stage)
-    if t.get("calibration_artifact"):
-        cal_path = Path(t.calibration_artifact)
-        calibration = load_calibration(cal_path)
-        stages["calibration"] = "loaded (topology.calibration_artifact)"
-    else:
-        cal_path = root / f"calibration-{cal_key}.json"
-        with artifact_lock(cal_path, purpose="Sequoia calibration"):  # concurrent jobs calibrate once
-            if reuse and cal_path.exists():
-                calibration = load_calibration(cal_path)
-                stages["calibration"] = "loaded (cache)"
-            else:
-                log.info("sequoia: calibrating on %d calibration prompts", len(cal_items))
-                art = run_calibration(cfg, context, items=cal_items, provenance=cal_expected, progress=progress)
-                calibration = write_artifact(art, cal_path)
-                stages["calibration"] = "measured"
-
-    # 2. hardware profile (gated stage)
-    if t.get("profile_artifact"):
-        prof_path = Path(t.profile_artifact)
-        profile = load_profile(prof_path)
-        stages["profile"] = "loaded (topology.profile_artifact)"
-    else:
-        prof_path = root / f"profile-{prof_key}.json"
+        plot_path = plot_for(profile, prof_path)
+    else:  # each stage loaded from the cache when it matches, else measured (or built) and written
+        calibration, cal_path = gated("calibration", cal_key, load_calibration, calibrate, "Sequoia calibration")
         # one job profiles at a time: the others wait (their timing would disturb it), then load it
-        with artifact_lock(prof_path, purpose="Sequoia hardware profile"):
-            if reuse and prof_path.exists():
-                profile = load_profile(prof_path)
-                stages["profile"] = "loaded (cache)"
-            else:
-                prefix = cycle_prefix([tok for _, ids in cal_items for tok in ids], int(t.profile.prefix_len))
-                art = measure_profile(
-                    target_backend=context.target_backend,
-                    draft_backend=context.draft_backend,
-                    prefix_ids=prefix,
-                    max_nodes=search["max_nodes"],
-                    warmup=int(t.profile.warmup),
-                    repeats=int(t.profile.repeats),
-                    provenance=prof_expected,
-                    progress=progress,
-                    batch_size=int(cfg.generation.batch_size),
-                )
-                profile = write_artifact(art, prof_path)
-                check_profile(profile, prof_expected, path=str(prof_path), max_nodes=search["max_nodes"])
-                plot_profile(profile, prof_path.with_suffix(".png"))
-                stages["profile"] = "measured"
-    plot_path = plot_for(profile, prof_path)
+        profile, prof_path = gated("profile", prof_key, load_profile, profile_hardware, "Sequoia hardware profile")
+        plot_path = plot_for(profile, prof_path)
 
-    # 3. the tree
-    tree_path = root / f"tree-{key_hash([cal_key, prof_key, search])}.json"
-    tree = None
-    with artifact_lock(tree_path, purpose="Sequoia tree"):
-        if reuse and tree_path.exists() and stages["calibration"] != "measured" and stages["profile"] != "measured":
-            try:
-                tree = read_artifact(tree_path, kind=TREE_KIND)
-                check_tree(tree, calibration=calibration, profile=profile, search=search, path=str(tree_path))
-                stages["tree"] = "loaded (cache)"
-            except StaleArtifactError as exc:  # a cached tree over replaced inputs: rebuilt, never used
-                log.info("sequoia: rebuilding the cached tree: %s", exc)
-                tree = None
-        if tree is None:
-            tree = write_artifact(
-                build_tree_artifact(
-                    calibration=calibration,
-                    profile=profile,
-                    search=search,
-                    calibration_path=str(cal_path),
-                    profile_path=str(prof_path),
-                ),
-                tree_path,
-            )
-            stages["tree"] = "built"
+        # 3. the tree
+        tree_path = root / f"tree-{key_hash([cal_key, prof_key, search])}.json"
+        tree = None
+        with artifact_lock(tree_path, purpose="Sequoia tree"):
+            if reuse and tree_path.exists() and stages["calibration"] != "measured" and stages["profile"] != "measured":
+                try:
+                    tree = read_artifact(tree_path, kind=TREE_KIND)
+                    check_tree(tree, calibration=calibration, profile=profile, search=search, path=str(tree_path))
+                    stages["tree"] = "loaded (cache)"
+                except StaleArtifactError as exc:  # a cached tree over replaced inputs: rebuilt, never used
+                    log.info("sequoia: rebuilding the cached tree: %s", exc)
+                    tree = None
+            if tree is None:
+                tree = write_artifact(
+                    build_tree_artifact(
+                        calibration=calibration,
+                        profile=profile,
+                        search=search,
+                        calibration_path=str(cal_path),
+                        profile_path=str(prof_path),
+                    ),
+                    tree_path,
+                )
+                stages["tree"] = "built"
     return SequoiaArtifacts(
         tree=tree,
         tree_path=tree_path,

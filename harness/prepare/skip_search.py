@@ -26,12 +26,12 @@ from tqdm import tqdm
 
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
-from harness.files import artifact_lock
 from harness.heads.artifacts import load_skip, skip_artifact_path
 from harness.heads.checkpoint import ArtifactError, cpu_budget_label, save_artifact, target_fingerprint
 from harness.heads.recipes import SearchRecipe
 from harness.prepare import Preparation
 from harness.prepare.heads_data import byte_ids
+from harness.prepare.trained import load_or_train
 from harness.proposers.base import NullProposer
 from harness.proposers.selfspec import LayerSkipProposer
 from harness.random_source import TorchRandomSource
@@ -190,12 +190,10 @@ def ensure_skip(
         return load_skip(options, model=backend.model, tokenizer=tokenizer)
     model = backend.model
     rd, path = skip_artifact_path(options, model=model, tokenizer=tokenizer)
-    if not force and (path / "manifest.json").is_file():
-        return load_skip({**options, "artifact": str(path)}, model=model, tokenizer=tokenizer)
-    with artifact_lock(path, purpose="searching the layer-skip vector"):  # concurrent jobs search once
-        if not force and (path / "manifest.json").is_file():  # searched by the job that held the lock
-            return load_skip({**options, "artifact": str(path)}, model=model, tokenizer=tokenizer)
-        return _search_absent(
+    return load_or_train(
+        path,
+        load=lambda: load_skip({**options, "artifact": str(path)}, model=model, tokenizer=tokenizer),
+        train=lambda: _search_absent(
             options,
             rd,
             path,
@@ -205,7 +203,10 @@ def ensure_skip(
             progress=progress,
             force=force,
             prompts=prompts,
-        )
+        ),
+        purpose="searching the layer-skip vector",
+        force=force,
+    )
 
 
 def _search_absent(
