@@ -3,21 +3,38 @@ token against the target's exact distribution (top-M tokens plus "other").
 
 Each sample is one real round at the gate's prefix: the proposer proposes with the sample's random
 source, the tree is compiled, the verifier selects with the same source (proposal draws first,
-then verifier draws, as in a run). The target's logits at a fixed prefix depend only on the
-candidate tree, so the verify forwards are shared: samples whose trees are equal reuse one
-forward, and the distinct trees are verified together, ``batch`` per forward (each tree as one
-request over the same cached prefix). The proposer and verifier code still run once per sample.
+then verifier draws, as in a run). Two computations are shared across samples, neither changing
+any sample's result:
+
+- the target side: the target's logits at a fixed prefix depend only on the candidate tree, so
+  samples whose trees are equal reuse one forward, and the distinct trees are verified together,
+  ``batch`` per forward (each tree as one request over the same cached prefix);
+- the draft side: a draft network's computation at a step of a proposal depends only on the
+  prefix and the proposal's steps before it, so the proposer runs under a
+  :class:`~harness.proposers.memo.FixedPrefixMemo`: each distinct step is computed once (by the
+  real code), later samples reaching it get its outputs and cache rows back.
+
+The proposer and verifier code still run once per sample.
+
+The prefix: the first cut point at which the proposer proposes something, scanning the first
+:data:`GATE_PROMPTS` prompts each from its full length back one token at a time
+(:data:`SCAN_CUTS` cuts per prompt at most, never below :data:`MIN_PREFIX` tokens), one probe
+proposal per cut with the first sample's random source. A proposer that proposes nothing at any
+cut gets ``not_applicable``: the test would only sample the target through an empty tree.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from contextlib import nullcontext
 
 import torch
 from scipy.stats import chisquare
 from tqdm import tqdm
 
+from harness.gates.status import not_applicable
+from harness.proposers.memo import fixed_prefix_memo
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.topology.compiler import CompiledTree, compile_tree
@@ -52,6 +69,59 @@ def verify_distinct(
 #: ``samples`` below 2**31
 CONFIRMATION_STREAM = 1 << 31
 
+#: the prefix scan: prompts scanned, cut points per prompt, shortest prefix probed
+GATE_PROMPTS = 4
+SCAN_CUTS = 32
+MIN_PREFIX = 2
+
+
+def prefix_rule() -> dict:
+    """The prefix-choice rule's parameters (recorded in the evidence and in the gate's cache key)."""
+    return {"gate_prompts": GATE_PROMPTS, "scan_cuts": SCAN_CUTS, "min_prefix": MIN_PREFIX}
+
+
+def _propose_once(backend, proposer, prefix: list[int], rng, *, max_nodes, max_depth) -> CompiledTree:
+    backend.prefill_one(prefix)  # as in a run: proposers reading the target's hidden rows see the prefill
+    proposer.start(list(prefix))
+    try:
+        proposal = proposer.propose(list(prefix), rng)
+    finally:
+        proposer.observe_commit(list(prefix))
+        proposer.finish()
+    return compile_tree([proposal], prefix_len=len(prefix), max_nodes=max_nodes, max_depth=max_depth)
+
+
+@torch.inference_mode()
+def choose_prefix(
+    backend: CausalLMBackend,
+    proposer,
+    prompts: list[list[int]],
+    *,
+    stream: int,
+    max_nodes: int | None,
+    max_depth: int | None,
+) -> tuple[list[int] | None, dict]:
+    """The gate's prefix (see the module docstring) and how it was found; ``None`` when no cut
+    yields a proposal. Deterministic: the probes draw from random stream ``stream``."""
+    probes = 0
+    for i, prompt in enumerate(prompts[:GATE_PROMPTS]):
+        for cut in range(len(prompt), max(len(prompt) - SCAN_CUTS, MIN_PREFIX - 1), -1):
+            probes += 1
+            prefix = list(prompt[:cut])
+            tree = _propose_once(
+                backend, proposer, prefix, TorchRandomSource(stream), max_nodes=max_nodes, max_depth=max_depth
+            )
+            if tree.num_rows > 0:
+                return prefix, {
+                    "prompt_index": i,
+                    "prompt_len": len(prompt),
+                    "prefix_len": cut,
+                    "probe_rows": tree.num_rows,
+                    "probes": probes,
+                    "rule": prefix_rule(),
+                }
+    return None, {"probes": probes, "prompts_scanned": min(len(prompts), GATE_PROMPTS), "rule": prefix_rule()}
+
 
 @torch.inference_mode()
 def statistical_gate(
@@ -60,7 +130,7 @@ def statistical_gate(
     proposer,
     verifier,
     policy,
-    prompt_ids: list[int],
+    prompts: list[list[int]],
     samples: int,
     top_m: int,
     alpha: float,
@@ -69,11 +139,27 @@ def statistical_gate(
     max_depth: int | None = None,
     batch: int = 16,
     confirm: bool = True,
+    memo: bool = True,
 ) -> dict:
-    """Chi-square of the speculative first token against the exact target distribution. Returns the
-    evidence (``status`` ``passed`` or ``failed``); a first rejection is confirmed on independent
-    samples (``confirm``), and the gate fails only when the confirmation rejects too."""
+    """Chi-square of the speculative first token against the exact target distribution at the prefix
+    :func:`choose_prefix` finds in ``prompts``. Returns the evidence (``status`` ``passed`` or
+    ``failed``, or ``not_applicable`` when the proposer proposes at no candidate prefix); a first
+    rejection is confirmed on independent samples (``confirm``), and the gate fails only when the
+    confirmation rejects too. ``memo=False`` computes every draft step of every sample (same
+    result, slower: for tests)."""
     t0 = time.perf_counter()
+    prompt_ids, prefix = choose_prefix(
+        backend, proposer, prompts, stream=seed * 7919, max_nodes=max_nodes, max_depth=max_depth
+    )
+    if prompt_ids is None:
+        return {
+            **not_applicable(
+                f"proposer proposed nothing at the {prefix['probes']} candidate prefixes of the first "
+                f"{prefix['prompts_scanned']} prompt(s): the test would only sample the target"
+            ),
+            "prefix": prefix,
+            "seconds": time.perf_counter() - t0,
+        }
     kw = dict(
         backend=backend,
         proposer=proposer,
@@ -86,14 +172,16 @@ def statistical_gate(
         max_nodes=max_nodes,
         max_depth=max_depth,
         batch=batch,
+        memo=memo,
     )
     first = chi_square_test(stream=seed * 7919, **kw)
     if first["status"] == "passed" or not confirm:
-        return {**first, "seconds": time.perf_counter() - t0}
+        return {**first, "prefix": prefix, "seconds": time.perf_counter() - t0}
     second = chi_square_test(stream=seed * 7919 + CONFIRMATION_STREAM, **kw)
-    keep = ("status", "statistic", "p_value", "observed", "expected", "distinct_trees")
+    keep = ("status", "statistic", "p_value", "observed", "expected", "distinct_trees", "draft_calls", "memo_hits")
     return {
         **first,
+        "prefix": prefix,
         "status": second["status"],
         "first_test": {k: first[k] for k in keep},
         "confirmation": {k: second[k] for k in keep},
@@ -116,9 +204,10 @@ def chi_square_test(
     max_nodes: int | None,
     max_depth: int | None,
     batch: int,
+    memo: bool = True,
 ) -> dict:
-    """One chi-square test over ``samples`` rounds, sample ``s`` drawing from random stream
-    ``stream + s``."""
+    """One chi-square test over ``samples`` rounds at ``prompt_ids``, sample ``s`` drawing from
+    random stream ``stream + s``; the draft side through a fixed-prefix memo unless ``memo=False``."""
     t0 = time.perf_counter()
     committed = list(prompt_ids)
     backend.prefill_one(committed)  # as in a run: proposers reading the target's hidden rows see the prefill
@@ -126,16 +215,22 @@ def chi_square_test(
     drawn: list[tuple[TorchRandomSource, CompiledTree, tuple]] = []
     keys: dict[tuple, int] = {}
     distinct: list[CompiledTree] = []
-    for s in tqdm(range(samples), desc="gate: chi-square proposals", unit="sample", file=sys.stderr, leave=False):
-        rng = TorchRandomSource(stream + s)
-        proposal = proposer.propose(committed, rng)
-        tree = compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=max_depth)
-        proposer.observe_commit(committed)  # the round is not committed: roll the proposal state back
-        key = tree_key(tree)
-        if key not in keys:
-            keys[key] = len(distinct)
-            distinct.append(tree)
-        drawn.append((rng, tree, key))
+    with fixed_prefix_memo(proposer) if memo else nullcontext() as law_memo:
+        for s in tqdm(range(samples), desc="gate: chi-square proposals", unit="sample", file=sys.stderr, leave=False):
+            rng = TorchRandomSource(stream + s)
+            if law_memo is not None:
+                law_memo.begin(committed)
+            proposal = proposer.propose(committed, rng)
+            if law_memo is not None:
+                law_memo.end()
+            tree = compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=max_depth)
+            proposer.observe_commit(committed)  # the round is not committed: roll the proposal state back
+            key = tree_key(tree)
+            if key not in keys:
+                keys[key] = len(distinct)
+                distinct.append(tree)
+            drawn.append((rng, tree, key))
+        memo_evidence = law_memo.evidence() if law_memo is not None else {"memo": False}
     proposer.finish()
     t_propose = time.perf_counter() - t0
     logits = verify_distinct(backend, committed, distinct, batch=batch)
@@ -166,7 +261,9 @@ def chi_square_test(
         "alpha": alpha,
         "observed": observed,
         "expected": [round(e, 3) for e in expected],
+        "prefix_len": len(committed),
         "distinct_trees": len(distinct),
+        **memo_evidence,
         "target_forwards": -(-len(distinct) // max(min(batch, len(distinct)), 1)),
         "seconds": time.perf_counter() - t0,
         "proposal_seconds": t_propose,
