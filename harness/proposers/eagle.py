@@ -70,8 +70,8 @@ from harness.heads.artifacts import load_configured_eagle
 from harness.heads.checkpoint import target_fingerprint
 from harness.heads.state import CapturedForward, CommittedHidden, HiddenTap, PrefixHashes
 from harness.proposers.base import Proposer
-from harness.proposers.memo import memo_call
 from harness.proposers.heads import SAMPLINGS, sampling_semantics, vocab_projection
+from harness.proposers.memo import memo_call
 from harness.proposers.sampling import (
     beam_tokens,
     check_ranked_shape,
