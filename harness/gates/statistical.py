@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import nullcontext
 
 import torch
@@ -48,20 +49,22 @@ def tree_key(tree: CompiledTree) -> tuple:
 @torch.inference_mode()
 def verify_distinct(
     backend: CausalLMBackend, prompt_ids: list[int], trees: list[CompiledTree], *, batch: int
-) -> list[torch.Tensor]:
-    """Logits ``[1 + N, V]`` of each tree over the cached ``prompt_ids``, ``batch`` trees per forward."""
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(i, logits [1 + N, V])`` of each tree ``trees[i]`` over the cached ``prompt_ids``, in order,
+    ``batch`` trees per forward (a caller keeps only what it needs: rows of thousands of distinct
+    trees over a large vocabulary do not fit in memory at once)."""
     if not trees:
-        return []
+        return
     width = min(batch, len(trees))
     state = backend.prefill([list(prompt_ids)] * width)
-    out: list[torch.Tensor] = []
     for i in range(0, len(trees), width):
         chunk = trees[i : i + width]
         padded = chunk + [None] * (width - len(chunk))  # a request without candidates: one pending row
         res = backend.verify(state, [prompt_ids[-1]] * width, padded)
-        out += [res.logits[k].clone() for k in range(len(chunk))]
+        logits = [res.logits[k].clone() for k in range(len(chunk))]
         backend.rollback(state)
-    return out
+        for k, x in enumerate(logits):
+            yield i + k, x
 
 
 #: offset of the confirmation test's random streams: torch's CPU generator keeps only a seed's low
@@ -151,6 +154,7 @@ def statistical_gate(
     prompt_ids, prefix = choose_prefix(
         backend, proposer, prompts, stream=seed * 7919, max_nodes=max_nodes, max_depth=max_depth
     )
+    prefix["seconds"] = round(time.perf_counter() - t0, 3)
     if prompt_ids is None:
         return {
             **not_applicable(
@@ -183,8 +187,8 @@ def statistical_gate(
         **first,
         "prefix": prefix,
         "status": second["status"],
-        "first_test": {k: first[k] for k in keep},
-        "confirmation": {k: second[k] for k in keep},
+        "first_test": {k: first[k] for k in keep if k in first},
+        "confirmation": {k: second[k] for k in keep if k in second},
         "seconds": time.perf_counter() - t0,
         "proposal_seconds": first["proposal_seconds"] + second["proposal_seconds"],
     }
@@ -233,14 +237,23 @@ def chi_square_test(
         memo_evidence = law_memo.evidence() if law_memo is not None else {"memo": False}
     proposer.finish()
     t_propose = time.perf_counter() - t0
-    logits = verify_distinct(backend, committed, distinct, batch=batch)
-    probs = [policy.probs(x) for x in logits]  # [1 + N, V] per distinct tree, as the round computes them
-    p_exact = policy.probs(logits[0][0].double(), dtype=torch.float64)  # [V] the frontier law
+    # each sample's draws come from its own stream, so samples are selected tree by tree, each
+    # distinct tree's rows dropped once its samples are done
+    rngs_of: list[list[TorchRandomSource]] = [[] for _ in distinct]
+    for rng, _, key in drawn:
+        rngs_of[keys[key]].append(rng)
     counts: dict[int, int] = {}
-    for rng, tree, key in drawn:
-        sel = verifier.select(tree, probs[keys[key]], rng)
-        first = int(tree.token_ids[sel.accepted_rows[0]]) if sel.accepted_rows else sel.next_token
-        counts[first] = counts.get(first, 0) + 1
+    p_exact = None
+    for i, logits in verify_distinct(backend, committed, distinct, batch=batch):
+        if p_exact is None:
+            p_exact = policy.probs(logits[0].double(), dtype=torch.float64)  # [V] the frontier law
+        tree = distinct[i]
+        probs = policy.probs(logits)  # [1 + N, V] as the round computes them
+        for rng in rngs_of[i]:
+            sel = verifier.select(tree, probs, rng)
+            first = int(tree.token_ids[sel.accepted_rows[0]]) if sel.accepted_rows else sel.next_token
+            counts[first] = counts.get(first, 0) + 1
+    t_verify = time.perf_counter() - t0 - t_propose
     top = torch.topk(p_exact, min(top_m, int((p_exact > 0).sum()))).indices.tolist()
     expected = [float(p_exact[t]) * samples for t in top]
     observed = [counts.get(t, 0) for t in top]
@@ -267,4 +280,5 @@ def chi_square_test(
         "target_forwards": -(-len(distinct) // max(min(batch, len(distinct)), 1)),
         "seconds": time.perf_counter() - t0,
         "proposal_seconds": t_propose,
+        "verify_select_seconds": t_verify,
     }

@@ -160,12 +160,25 @@ def memo_call(proposer, key: Hashable, compute: Callable[[], Any], kv=None) -> A
     return memo.run(key, compute, kv)
 
 
+def _members(proposer) -> list:
+    """The proposer and, for a merged one, its sources (which share its memo: their calls run in a
+    fixed order within each proposal, so one history keys them all)."""
+    out = [proposer]
+    for source in getattr(proposer, "sources", None) or []:
+        if hasattr(source, "propose"):
+            out += _members(source)
+    return out
+
+
 @contextmanager
 def fixed_prefix_memo(proposer, max_bytes: int = MEMO_MAX_BYTES):
-    """Turn a memo on for ``proposer`` (off again on exit); yields it."""
+    """Turn a memo on for ``proposer`` and its sources (off again on exit); yields it."""
     memo = FixedPrefixMemo(max_bytes)
-    proposer.law_memo = memo
+    members = _members(proposer)
+    for m in members:
+        m.law_memo = memo
     try:
         yield memo
     finally:
-        proposer.law_memo = None
+        for m in members:
+            m.law_memo = None
