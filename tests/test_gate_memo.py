@@ -109,13 +109,15 @@ def test_the_memo_changes_nothing_but_time(workload, monkeypatch, label, overrid
     monkeypatch.setenv("HARNESS_CACHE", str(root / "cache"))
     loaded, prep = prepared(root, path, overrides, verifier)
     prompts = [list(item[1]) for item in loaded.items]
+    proposer = prep.proposers[0]
+    before = (repr(proposer.stats), proposer.state_bytes())
     runs = []
     for memo in (True, False):
         torch.manual_seed(123)  # nothing may read the global generator; a change here must not matter
         runs.append(
             statistical_gate(
                 backend=loaded.backend,
-                proposer=prep.proposers[0],
+                proposer=proposer,
                 verifier=prep.plan.verifier,
                 policy=prep.plan.policy,
                 prompts=prompts,
@@ -130,6 +132,8 @@ def test_the_memo_changes_nothing_but_time(workload, monkeypatch, label, overrid
             )
         )
     with_memo, without = runs
+    # the run measures this proposer next: the gate's proposals leave its counters as they were
+    assert (repr(proposer.stats), proposer.state_bytes()) == before
     assert with_memo["status"] in ("passed", "failed")
     for k in ("observed", "p_value", "statistic", "distinct_trees", "prefix_len"):
         assert with_memo[k] == without[k], k

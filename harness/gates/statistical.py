@@ -25,17 +25,18 @@ cut gets ``not_applicable``: the test would only sample the target through an em
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 from scipy.stats import chisquare
 from tqdm import tqdm
 
 from harness.gates.status import not_applicable
-from harness.proposers.memo import fixed_prefix_memo
+from harness.proposers.memo import fixed_prefix_memo, members
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.topology.compiler import CompiledTree, compile_tree
@@ -150,6 +151,60 @@ def statistical_gate(
     rejection is confirmed on independent samples (``confirm``), and the gate fails only when the
     confirmation rejects too. ``memo=False`` computes every draft step of every sample (same
     result, slower: for tests)."""
+    with _counters_restored(proposer):
+        return _statistical_gate(
+            backend=backend,
+            proposer=proposer,
+            verifier=verifier,
+            policy=policy,
+            prompts=prompts,
+            samples=samples,
+            top_m=top_m,
+            alpha=alpha,
+            seed=seed,
+            max_nodes=max_nodes,
+            max_depth=max_depth,
+            batch=batch,
+            confirm=confirm,
+            memo=memo,
+        )
+
+
+@contextmanager
+def _counters_restored(proposer):
+    """The gate proposes on the proposer the run then measures: its counters (``stats``, the peak
+    proposal state) are put back afterwards, so a record's proposal-side figures count the measured
+    rounds only, whether the gate ran or came from the cache."""
+    group = members(proposer)
+    # one deepcopy for all: a merged proposer's record entry holds its sources' live counters
+    saved = copy.deepcopy([m.stats for m in group])
+    peaks = [getattr(m, "peak_state_bytes", None) for m in group]
+    try:
+        yield
+    finally:
+        for m, stats, peak in zip(group, saved, peaks):
+            m.stats = stats
+            if peak is not None:
+                m.peak_state_bytes = peak
+
+
+def _statistical_gate(
+    *,
+    backend,
+    proposer,
+    verifier,
+    policy,
+    prompts,
+    samples,
+    top_m,
+    alpha,
+    seed,
+    max_nodes,
+    max_depth,
+    batch,
+    confirm,
+    memo,
+) -> dict:
     t0 = time.perf_counter()
     prompt_ids, prefix = choose_prefix(
         backend, proposer, prompts, stream=seed * 7919, max_nodes=max_nodes, max_depth=max_depth

@@ -160,13 +160,13 @@ def memo_call(proposer, key: Hashable, compute: Callable[[], Any], kv=None) -> A
     return memo.run(key, compute, kv)
 
 
-def _members(proposer) -> list:
+def members(proposer) -> list:
     """The proposer and, for a merged one, its sources (which share its memo: their calls run in a
     fixed order within each proposal, so one history keys them all)."""
     out = [proposer]
     for source in getattr(proposer, "sources", None) or []:
         if hasattr(source, "propose"):
-            out += _members(source)
+            out += members(source)
     return out
 
 
@@ -174,11 +174,11 @@ def _members(proposer) -> list:
 def fixed_prefix_memo(proposer, max_bytes: int = MEMO_MAX_BYTES):
     """Turn a memo on for ``proposer`` and its sources (off again on exit); yields it."""
     memo = FixedPrefixMemo(max_bytes)
-    members = _members(proposer)
-    for m in members:
+    group = members(proposer)
+    for m in group:
         m.law_memo = memo
     try:
         yield memo
     finally:
-        for m in members:
+        for m in group:
             m.law_memo = None
