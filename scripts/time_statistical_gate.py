@@ -5,11 +5,14 @@ admits at temperature > 0, on the configured target (default: the embedded SmolL
 
 Each combination goes through the runner's own stages (plan, load, prepare, build the proposer)
 and then :func:`harness.gates.stages.run_gates` with only the statistical gate switched on and its
-cache off, so the figure is the gate's own ``seconds`` (proposals, shared verify forwards,
-selection and the test). Artifacts a proposer needs (heads, an EAGLE draft, the early-exit adapter)
-are trained on first use with a small token budget (``--token-budget``): the gate's time depends on
-how many distinct trees the proposer draws, not on how good its drafts are. Layer skip gets an
-explicit skip vector instead of its search. Run it with the machine to itself.
+cache off, so the figure is the gate's own ``seconds`` (the prefix scan, proposals through the
+fixed-prefix draft memo, shared verify forwards, selection and the test). Each row also says where
+the time went and what was shared: the chosen prefix (length, probes the scan made), distinct trees
+and target forwards, draft calls computed and memo hits. Artifacts a proposer needs (heads, an
+EAGLE draft, the early-exit adapter) are trained on first use with a small token budget
+(``--token-budget``): the gate's time depends on how many distinct paths and trees the proposer
+draws, not on how good its drafts are. Layer skip gets an explicit skip vector instead of its
+search. Run it with the machine to itself.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ COMBOS = [
     ("prompt_lookup", ["proposer=prompt_lookup", "topology=sequences"], "membership"),
     ("rest", ["proposer=rest", "topology=sequences"], "membership"),
     ("merged rest+lookup", ["proposer=merged", "topology=merged"], "membership"),
+    (
+        "merged draft+rest+lookup",
+        ["proposer=merged", "topology=merged", "proposer.sources=[draft_model,rest,prompt_lookup]"],
+        "membership",
+    ),
     ("draft_model iid chain", ["proposer=draft_model", "proposer.sampling=iid", "topology=sequence"], "rejection"),
     ("draft_model iid chain", ["proposer=draft_model", "proposer.sampling=iid", "topology=sequence"], "specinfer"),
     (
@@ -123,11 +131,19 @@ def main(argv: list[str] | None = None) -> int:
             "overrides": overrides,
             "status": entry["status"],
             "seconds": round(float(entry.get("seconds", float("nan"))), 2),
+            "prefix_seconds": (entry.get("prefix") or {}).get("seconds"),
             "proposal_seconds": round(float(entry.get("proposal_seconds", float("nan"))), 2),
+            "verify_select_seconds": round(float(entry.get("verify_select_seconds", float("nan"))), 2),
             "samples": entry.get("samples"),
+            "prefix_len": entry.get("prefix_len"),
+            "prefix_probes": (entry.get("prefix") or {}).get("probes"),
             "distinct_trees": entry.get("distinct_trees"),
             "target_forwards": entry.get("target_forwards"),
+            "draft_calls": entry.get("draft_calls"),
+            "memo_hits": entry.get("memo_hits"),
+            "memo_mb": entry.get("memo_mb"),
             "p_value": entry.get("p_value"),
+            "why": entry.get("why"),
             "setup_seconds": round(t_setup, 1),
         }
         rows.append(row)

@@ -7,8 +7,8 @@
    verifier, the commit) on tiny float64 models with every draw enumerated
    (:mod:`harness.gates.e2e`), for the cases that match the run's proposer, relation and temperature.
 4. ``equivalence`` — on the configured model (:mod:`harness.gates.equivalence`).
-5. ``statistical`` — at temperature > 0, a chi-square test of the first token
-   (:mod:`harness.gates.statistical`).
+5. ``statistical`` — at temperature > 0, a chi-square test of the first token at the first prefix
+   of the workload's first prompts where the proposer proposes (:mod:`harness.gates.statistical`).
 6. ``workload_governance`` — the proposer's check of the evaluation workload (datastore leakage).
 7. ``greedy_equality`` — at temperature 0, on every measured output (:mod:`harness.gates.greedy`),
    after the measurement.
@@ -33,7 +33,7 @@ from harness.gates.e2e import E2EModels, check_e2e_case, gate_cases
 from harness.gates.equivalence import equivalence_gate
 from harness.gates.keys import gate_key
 from harness.gates.oracle import MARGINAL_ATOL, check_case, verifier_cases
-from harness.gates.statistical import statistical_gate
+from harness.gates.statistical import GATE_PROMPTS, prefix_rule, statistical_gate
 from harness.gates.status import GateError, not_applicable, passed, skipped
 from harness.gates.transport import check_transport, transport_applies, transport_instances
 from harness.proposers.registry import PROPOSERS
@@ -260,6 +260,7 @@ def run_gates(
             "heuristic verifier (exact=false): its first-token law differs from the target's by design"
         )
     else:
+        gate_prompts = [list(item[1]) for item in items[:GATE_PROMPTS]]
         inputs = {
             **model_id,
             "proposer": OmegaConf.to_container(cfg.proposer, resolve=True),
@@ -271,7 +272,8 @@ def run_gates(
             "bins": int(g.chi2_top_m),
             "alpha": float(g.chi2_alpha),
             "seed": int(cfg.seed),
-            "prompt": prompt,
+            "prompts": gate_prompts,  # the candidate prefixes the rule scans
+            "prefix_rule": prefix_rule(),
             "artifact": getattr(proposer, "artifact_manifest", None) or {},
             "proposer_options": plan_.extras.get("proposer_options", {}),
         }
@@ -287,7 +289,7 @@ def run_gates(
                     proposer=proposer,
                     verifier=verifier,
                     policy=policy,
-                    prompt_ids=prompt,
+                    prompts=gate_prompts,
                     samples=int(g.chi2_samples),
                     top_m=int(g.chi2_top_m),
                     alpha=float(g.chi2_alpha),

@@ -3,21 +3,40 @@ token against the target's exact distribution (top-M tokens plus "other").
 
 Each sample is one real round at the gate's prefix: the proposer proposes with the sample's random
 source, the tree is compiled, the verifier selects with the same source (proposal draws first,
-then verifier draws, as in a run). The target's logits at a fixed prefix depend only on the
-candidate tree, so the verify forwards are shared: samples whose trees are equal reuse one
-forward, and the distinct trees are verified together, ``batch`` per forward (each tree as one
-request over the same cached prefix). The proposer and verifier code still run once per sample.
+then verifier draws, as in a run). Two computations are shared across samples, neither changing
+any sample's result:
+
+- the target side: the target's logits at a fixed prefix depend only on the candidate tree, so
+  samples whose trees are equal reuse one forward, and the distinct trees are verified together,
+  ``batch`` per forward (each tree as one request over the same cached prefix);
+- the draft side: a draft network's computation at a step of a proposal depends only on the
+  prefix and the proposal's steps before it, so the proposer runs under a
+  :class:`~harness.proposers.memo.FixedPrefixMemo`: each distinct step is computed once (by the
+  real code), later samples reaching it get its outputs and cache rows back.
+
+The proposer and verifier code still run once per sample.
+
+The prefix: the first cut point at which the proposer proposes something, scanning the first
+:data:`GATE_PROMPTS` prompts each from its full length back one token at a time
+(:data:`SCAN_CUTS` cuts per prompt at most, never below :data:`MIN_PREFIX` tokens), one probe
+proposal per cut with the first sample's random source. A proposer that proposes nothing at any
+cut gets ``not_applicable``: the test would only sample the target through an empty tree.
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
 from scipy.stats import chisquare
 from tqdm import tqdm
 
+from harness.gates.status import not_applicable
+from harness.proposers.memo import fixed_prefix_memo, members
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.topology.compiler import CompiledTree, compile_tree
@@ -31,26 +50,81 @@ def tree_key(tree: CompiledTree) -> tuple:
 @torch.inference_mode()
 def verify_distinct(
     backend: CausalLMBackend, prompt_ids: list[int], trees: list[CompiledTree], *, batch: int
-) -> list[torch.Tensor]:
-    """Logits ``[1 + N, V]`` of each tree over the cached ``prompt_ids``, ``batch`` trees per forward."""
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(i, logits [1 + N, V])`` of each tree ``trees[i]`` over the cached ``prompt_ids``, in order,
+    ``batch`` trees per forward (a caller keeps only what it needs: rows of thousands of distinct
+    trees over a large vocabulary do not fit in memory at once)."""
     if not trees:
-        return []
+        return
     width = min(batch, len(trees))
     state = backend.prefill([list(prompt_ids)] * width)
-    out: list[torch.Tensor] = []
     for i in range(0, len(trees), width):
         chunk = trees[i : i + width]
         padded = chunk + [None] * (width - len(chunk))  # a request without candidates: one pending row
         res = backend.verify(state, [prompt_ids[-1]] * width, padded)
-        out += [res.logits[k].clone() for k in range(len(chunk))]
+        logits = [res.logits[k].clone() for k in range(len(chunk))]
         backend.rollback(state)
-    return out
+        for k, x in enumerate(logits):
+            yield i + k, x
 
 
 #: offset of the confirmation test's random streams: torch's CPU generator keeps only a seed's low
 #: 32 bits, so the offset stays below 2**32 and the two tests' streams are disjoint for any
 #: ``samples`` below 2**31
 CONFIRMATION_STREAM = 1 << 31
+
+#: the prefix scan: prompts scanned, cut points per prompt, shortest prefix probed
+GATE_PROMPTS = 4
+SCAN_CUTS = 32
+MIN_PREFIX = 2
+
+
+def prefix_rule() -> dict:
+    """The prefix-choice rule's parameters (recorded in the evidence and in the gate's cache key)."""
+    return {"gate_prompts": GATE_PROMPTS, "scan_cuts": SCAN_CUTS, "min_prefix": MIN_PREFIX}
+
+
+def _propose_once(backend, proposer, prefix: list[int], rng, *, max_nodes, max_depth) -> CompiledTree:
+    backend.prefill_one(prefix)  # as in a run: proposers reading the target's hidden rows see the prefill
+    proposer.start(list(prefix))
+    try:
+        proposal = proposer.propose(list(prefix), rng)
+    finally:
+        proposer.observe_commit(list(prefix))
+        proposer.finish()
+    return compile_tree([proposal], prefix_len=len(prefix), max_nodes=max_nodes, max_depth=max_depth)
+
+
+@torch.inference_mode()
+def choose_prefix(
+    backend: CausalLMBackend,
+    proposer,
+    prompts: list[list[int]],
+    *,
+    stream: int,
+    max_nodes: int | None,
+    max_depth: int | None,
+) -> tuple[list[int] | None, dict]:
+    """The gate's prefix (see the module docstring) and how it was found; ``None`` when no cut
+    yields a proposal. Deterministic: the probes draw from random stream ``stream``."""
+    probes = 0
+    for i, prompt in enumerate(prompts[:GATE_PROMPTS]):
+        for cut in range(len(prompt), max(len(prompt) - SCAN_CUTS, MIN_PREFIX - 1), -1):
+            probes += 1
+            prefix = list(prompt[:cut])
+            tree = _propose_once(
+                backend, proposer, prefix, TorchRandomSource(stream), max_nodes=max_nodes, max_depth=max_depth
+            )
+            if tree.num_rows > 0:
+                return prefix, {
+                    "prompt_index": i,
+                    "prompt_len": len(prompt),
+                    "prefix_len": cut,
+                    "probe_rows": tree.num_rows,
+                    "probes": probes,
+                    "rule": prefix_rule(),
+                }
+    return None, {"probes": probes, "prompts_scanned": min(len(prompts), GATE_PROMPTS), "rule": prefix_rule()}
 
 
 @torch.inference_mode()
@@ -60,7 +134,7 @@ def statistical_gate(
     proposer,
     verifier,
     policy,
-    prompt_ids: list[int],
+    prompts: list[list[int]],
     samples: int,
     top_m: int,
     alpha: float,
@@ -69,11 +143,82 @@ def statistical_gate(
     max_depth: int | None = None,
     batch: int = 16,
     confirm: bool = True,
+    memo: bool = True,
 ) -> dict:
-    """Chi-square of the speculative first token against the exact target distribution. Returns the
-    evidence (``status`` ``passed`` or ``failed``); a first rejection is confirmed on independent
-    samples (``confirm``), and the gate fails only when the confirmation rejects too."""
+    """Chi-square of the speculative first token against the exact target distribution at the prefix
+    :func:`choose_prefix` finds in ``prompts``. Returns the evidence (``status`` ``passed`` or
+    ``failed``, or ``not_applicable`` when the proposer proposes at no candidate prefix); a first
+    rejection is confirmed on independent samples (``confirm``), and the gate fails only when the
+    confirmation rejects too. ``memo=False`` computes every draft step of every sample (same
+    result, slower: for tests)."""
+    with _counters_restored(proposer):
+        return _statistical_gate(
+            backend=backend,
+            proposer=proposer,
+            verifier=verifier,
+            policy=policy,
+            prompts=prompts,
+            samples=samples,
+            top_m=top_m,
+            alpha=alpha,
+            seed=seed,
+            max_nodes=max_nodes,
+            max_depth=max_depth,
+            batch=batch,
+            confirm=confirm,
+            memo=memo,
+        )
+
+
+@contextmanager
+def _counters_restored(proposer):
+    """The gate proposes on the proposer the run then measures: its counters (``stats``, the peak
+    proposal state) are put back afterwards, so a record's proposal-side figures count the measured
+    rounds only, whether the gate ran or came from the cache."""
+    group = members(proposer)
+    # one deepcopy for all: a merged proposer's record entry holds its sources' live counters
+    saved = copy.deepcopy([m.stats for m in group])
+    peaks = [getattr(m, "peak_state_bytes", None) for m in group]
+    try:
+        yield
+    finally:
+        for m, stats, peak in zip(group, saved, peaks):
+            m.stats = stats
+            if peak is not None:
+                m.peak_state_bytes = peak
+
+
+def _statistical_gate(
+    *,
+    backend,
+    proposer,
+    verifier,
+    policy,
+    prompts,
+    samples,
+    top_m,
+    alpha,
+    seed,
+    max_nodes,
+    max_depth,
+    batch,
+    confirm,
+    memo,
+) -> dict:
     t0 = time.perf_counter()
+    prompt_ids, prefix = choose_prefix(
+        backend, proposer, prompts, stream=seed * 7919, max_nodes=max_nodes, max_depth=max_depth
+    )
+    prefix["seconds"] = round(time.perf_counter() - t0, 3)
+    if prompt_ids is None:
+        return {
+            **not_applicable(
+                f"proposer proposed nothing at the {prefix['probes']} candidate prefixes of the first "
+                f"{prefix['prompts_scanned']} prompt(s): the test would only sample the target"
+            ),
+            "prefix": prefix,
+            "seconds": time.perf_counter() - t0,
+        }
     kw = dict(
         backend=backend,
         proposer=proposer,
@@ -86,17 +231,19 @@ def statistical_gate(
         max_nodes=max_nodes,
         max_depth=max_depth,
         batch=batch,
+        memo=memo,
     )
     first = chi_square_test(stream=seed * 7919, **kw)
     if first["status"] == "passed" or not confirm:
-        return {**first, "seconds": time.perf_counter() - t0}
+        return {**first, "prefix": prefix, "seconds": time.perf_counter() - t0}
     second = chi_square_test(stream=seed * 7919 + CONFIRMATION_STREAM, **kw)
-    keep = ("status", "statistic", "p_value", "observed", "expected", "distinct_trees")
+    keep = ("status", "statistic", "p_value", "observed", "expected", "distinct_trees", "draft_calls", "memo_hits")
     return {
         **first,
+        "prefix": prefix,
         "status": second["status"],
-        "first_test": {k: first[k] for k in keep},
-        "confirmation": {k: second[k] for k in keep},
+        "first_test": {k: first[k] for k in keep if k in first},
+        "confirmation": {k: second[k] for k in keep if k in second},
         "seconds": time.perf_counter() - t0,
         "proposal_seconds": first["proposal_seconds"] + second["proposal_seconds"],
     }
@@ -116,9 +263,10 @@ def chi_square_test(
     max_nodes: int | None,
     max_depth: int | None,
     batch: int,
+    memo: bool = True,
 ) -> dict:
-    """One chi-square test over ``samples`` rounds, sample ``s`` drawing from random stream
-    ``stream + s``."""
+    """One chi-square test over ``samples`` rounds at ``prompt_ids``, sample ``s`` drawing from
+    random stream ``stream + s``; the draft side through a fixed-prefix memo unless ``memo=False``."""
     t0 = time.perf_counter()
     committed = list(prompt_ids)
     backend.prefill_one(committed)  # as in a run: proposers reading the target's hidden rows see the prefill
@@ -126,26 +274,41 @@ def chi_square_test(
     drawn: list[tuple[TorchRandomSource, CompiledTree, tuple]] = []
     keys: dict[tuple, int] = {}
     distinct: list[CompiledTree] = []
-    for s in tqdm(range(samples), desc="gate: chi-square proposals", unit="sample", file=sys.stderr, leave=False):
-        rng = TorchRandomSource(stream + s)
-        proposal = proposer.propose(committed, rng)
-        tree = compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=max_depth)
-        proposer.observe_commit(committed)  # the round is not committed: roll the proposal state back
-        key = tree_key(tree)
-        if key not in keys:
-            keys[key] = len(distinct)
-            distinct.append(tree)
-        drawn.append((rng, tree, key))
+    with fixed_prefix_memo(proposer) if memo else nullcontext() as law_memo:
+        for s in tqdm(range(samples), desc="gate: chi-square proposals", unit="sample", file=sys.stderr, leave=False):
+            rng = TorchRandomSource(stream + s)
+            if law_memo is not None:
+                law_memo.begin(committed)
+            proposal = proposer.propose(committed, rng)
+            if law_memo is not None:
+                law_memo.end()
+            tree = compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=max_depth)
+            proposer.observe_commit(committed)  # the round is not committed: roll the proposal state back
+            key = tree_key(tree)
+            if key not in keys:
+                keys[key] = len(distinct)
+                distinct.append(tree)
+            drawn.append((rng, tree, key))
+        memo_evidence = law_memo.evidence() if law_memo is not None else {"memo": False}
     proposer.finish()
     t_propose = time.perf_counter() - t0
-    logits = verify_distinct(backend, committed, distinct, batch=batch)
-    probs = [policy.probs(x) for x in logits]  # [1 + N, V] per distinct tree, as the round computes them
-    p_exact = policy.probs(logits[0][0].double(), dtype=torch.float64)  # [V] the frontier law
+    # each sample's draws come from its own stream, so samples are selected tree by tree, each
+    # distinct tree's rows dropped once its samples are done
+    rngs_of: list[list[TorchRandomSource]] = [[] for _ in distinct]
+    for rng, _, key in drawn:
+        rngs_of[keys[key]].append(rng)
     counts: dict[int, int] = {}
-    for rng, tree, key in drawn:
-        sel = verifier.select(tree, probs[keys[key]], rng)
-        first = int(tree.token_ids[sel.accepted_rows[0]]) if sel.accepted_rows else sel.next_token
-        counts[first] = counts.get(first, 0) + 1
+    p_exact = None
+    for i, logits in verify_distinct(backend, committed, distinct, batch=batch):
+        if p_exact is None:
+            p_exact = policy.probs(logits[0].double(), dtype=torch.float64)  # [V] the frontier law
+        tree = distinct[i]
+        probs = policy.probs(logits)  # [1 + N, V] as the round computes them
+        for rng in rngs_of[i]:
+            sel = verifier.select(tree, probs, rng)
+            first = int(tree.token_ids[sel.accepted_rows[0]]) if sel.accepted_rows else sel.next_token
+            counts[first] = counts.get(first, 0) + 1
+    t_verify = time.perf_counter() - t0 - t_propose
     top = torch.topk(p_exact, min(top_m, int((p_exact > 0).sum()))).indices.tolist()
     expected = [float(p_exact[t]) * samples for t in top]
     observed = [counts.get(t, 0) for t in top]
@@ -166,8 +329,11 @@ def chi_square_test(
         "alpha": alpha,
         "observed": observed,
         "expected": [round(e, 3) for e in expected],
+        "prefix_len": len(committed),
         "distinct_trees": len(distinct),
+        **memo_evidence,
         "target_forwards": -(-len(distinct) // max(min(batch, len(distinct)), 1)),
         "seconds": time.perf_counter() - t0,
         "proposal_seconds": t_propose,
+        "verify_select_seconds": t_verify,
     }

@@ -37,6 +37,9 @@ class Proposer(ABC):
     #: the largest generation.batch_size this proposer serves (None: any); plan() refuses beyond it
     max_batch_size: ClassVar[int | None] = None
     batch_limit_reason: ClassVar[str] = ""
+    #: a :class:`~harness.proposers.memo.FixedPrefixMemo` while the statistical gate proposes at
+    #: one prefix; None (always, in a run): network calls run directly
+    law_memo = None
 
     def __init__(self, *, budget: Budget, manifest_hash: str, policy=None) -> None:
         if budget.shape not in self.shapes:

@@ -39,6 +39,7 @@ import torch
 
 from harness.contracts import Budget, ProposalResult, ProposalStateHandle
 from harness.proposers.base import Proposer
+from harness.proposers.memo import memo_call
 from harness.proposers.sampling import (
     check_ranked_shape,
     check_shape_parents,
@@ -171,14 +172,18 @@ class DraftModelProposer(Proposer):
         keep = min(common_prefix_len(seq.cached_tokens, committed), len(committed) - 1)
         backend.truncate(seq, keep)
         feed = committed[keep:]
-        out = backend.forward_rows(seq, feed, range(keep, keep + len(feed)), None)
-        frontier = out.logits[-1]  # [V]
+        frontier = memo_call(  # [V]
+            self,
+            ("feed", keep, tuple(feed)),
+            lambda: backend.forward_rows(seq, feed, range(keep, keep + len(feed)), None).logits[-1],
+            seq,
+        )
         base = seq.cache_len  # committed prefix length inside the draft cache
         row_of: dict[tuple[int, ...], int] = {}  # candidate prefix -> absolute draft cache row
 
         def q_level(prefixes: list[tuple[int, ...]]) -> torch.Tensor:
             if prefixes == [()]:
-                return self.law(frontier.unsqueeze(0))
+                return memo_call(self, "root", lambda: self.law(frontier.unsqueeze(0)))
             start = seq.cache_len
             r = len(prefixes)
             chain = (
@@ -196,10 +201,12 @@ class DraftModelProposer(Proposer):
                     mask[j, start + j] = True
             ids = [p[-1] for p in prefixes]
             pos = [base + len(p) - 1 for p in prefixes]
-            logits = backend.forward_rows(seq, ids, pos, mask).logits  # [r, V]
+            law = memo_call(  # [r, V]
+                self, tuple(prefixes), lambda: self.law(backend.forward_rows(seq, ids, pos, mask).logits), seq
+            )
             for j, prefix in enumerate(prefixes):
                 row_of[prefix] = start + j
-            return self.law(logits)
+            return law
 
         handle = ProposalStateHandle(owner=self.name, committed_len=len(committed), generation=seq.cache_generation)
         if self.budget.shape == "choices":

@@ -61,6 +61,7 @@ from harness.contracts import PREFIX_FRONTIER, Budget, ProposalNode, ProposalRes
 from harness.heads.artifacts import load_configured_eagle
 from harness.heads.models import vocab_projection
 from harness.heads.state import CapturedForward, CommittedHidden, PrefixHashes
+from harness.proposers.memo import memo_call
 from harness.proposers.sampling import beam_tokens, sample_children, topology_of
 from harness.proposers.target_bound import HiddenRowProposer
 from harness.random_source import RandomSource
@@ -407,7 +408,7 @@ class _TreeRows:
         self.row_of: dict[tuple[int, ...], int] = {}
 
     def root_logits(self) -> torch.Tensor:
-        return self.p._logits(self.g_of[()][None])[0]  # [V]
+        return memo_call(self.p, "root", lambda: self.p._logits(self.g_of[()][None])[0])  # [V]
 
     def expand(self, prefixes: list[tuple[int, ...]]) -> torch.Tensor:
         """One draft stage over the rows ``prefixes`` (each non-empty, parent already drafted) ->
@@ -424,12 +425,17 @@ class _TreeRows:
         feats = torch.stack([self.g_of[prefix[:-1]] for prefix in prefixes])[None]  # [1, r, H]
         toks = torch.tensor([[prefix[-1] for prefix in prefixes]], device=p.device)
         pos = torch.tensor([[self.last_pos + len(prefix) for prefix in prefixes]], device=p.device)
-        g = p.draft(feats, p.embed(toks), pos, cache=cache, mask=mask, real=False)[0]  # [r, H]
+
+        def stage() -> tuple[torch.Tensor, torch.Tensor]:
+            g = p.draft(feats, p.embed(toks), pos, cache=cache, mask=mask, real=False)[0]  # [r, H]
+            p.stats.extras["draft_stages"] += 1
+            return g, p._logits(g)
+
+        g, logits = memo_call(p, tuple(prefixes), stage, cache)
         for j, prefix in enumerate(prefixes):
             self.g_of[prefix] = g[j]
             self.row_of[prefix] = start + j
-        p.stats.extras["draft_stages"] += 1
-        return p._logits(g)
+        return logits
 
     def q_level(self, probs):
         """The per-level law callback of :func:`sample_tree_proposal`."""

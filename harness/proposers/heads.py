@@ -51,6 +51,7 @@ from harness.heads.checkpoint import ArtifactError
 from harness.heads.models import vocab_projection
 from harness.heads.published import check_target, inspect, is_published
 from harness.heads.state import CommittedHidden, PrefixHashes
+from harness.proposers.memo import memo_call
 from harness.proposers.target_bound import HiddenRowProposer
 from harness.random_source import RandomSource
 from harness.target.backend import cache_bytes
@@ -220,7 +221,7 @@ class HeadsProposer(HiddenRowProposer):
         self._ingest(committed)
         self.stats.extras["rounds"] += 1
         pos = len(committed) - 2
-        ctx = self._round_context(pos) if pos >= 0 else None
+        ctx = memo_call(self, "context", lambda: self._round_context(pos)) if pos >= 0 else None
         handle = ProposalStateHandle(
             owner=self.name, committed_len=len(committed), generation=self.tap.serial, kv_bytes=0
         )
@@ -275,21 +276,27 @@ class HeadsProposer(HiddenRowProposer):
             n = len(prefixes)
             if not heads.spec.dependent:
                 if not cached:  # one stage: every depth from the round context at once
-                    emb = embed(torch.tensor([[pending]], device=device)).float()  # [1, 1, d_e]
-                    k = len(self.widths)
-                    out = torch.cat([heads.depth(i, ctx, emb) for i in range(1, k + 1)])  # [K, d]
-                    logits = heads.vocab_logits(list(range(1, k + 1)), out, lm_head)  # [K, V]
-                    extras["head_stages"] += 1
-                    extras["lm_head_rows"] += k
-                    for i in range(k):
-                        cached[i + 1] = probs(logits[i : i + 1])
+                    cached.update(memo_call(self, "independent", independent_stage))
                 return cached[depth].expand(n, -1)
-            ids = torch.tensor([(pending,) + p for p in prefixes], device=device)  # [n, depth]
-            emb = embed(ids).float()  # [n, depth, d_e]
-            out = heads.depth(depth, ctx.expand(n, -1), emb)  # [n, d]
+
+            def dependent_stage() -> torch.Tensor:
+                ids = torch.tensor([(pending,) + p for p in prefixes], device=device)  # [n, depth]
+                emb = embed(ids).float()  # [n, depth, d_e]
+                out = heads.depth(depth, ctx.expand(n, -1), emb)  # [n, d]
+                extras["head_stages"] += 1
+                extras["lm_head_rows"] += n
+                return probs(heads.vocab_logits([depth] * n, out, lm_head))
+
+            return memo_call(self, tuple(prefixes), dependent_stage)
+
+        def independent_stage() -> dict[int, torch.Tensor]:
+            emb = embed(torch.tensor([[pending]], device=device)).float()  # [1, 1, d_e]
+            k = len(self.widths)
+            out = torch.cat([heads.depth(i, ctx, emb) for i in range(1, k + 1)])  # [K, d]
+            logits = heads.vocab_logits(list(range(1, k + 1)), out, lm_head)  # [K, V]
             extras["head_stages"] += 1
-            extras["lm_head_rows"] += n
-            return probs(heads.vocab_logits([depth] * n, out, lm_head))
+            extras["lm_head_rows"] += k
+            return {i + 1: probs(logits[i : i + 1]) for i in range(k)}
 
         return q_level
 

@@ -31,6 +31,7 @@ from harness.contracts import ProposalNode, ProposalResult, ProposalStateHandle
 from harness.heads.artifacts import load_adapter, load_skip
 from harness.heads.partial import PartialPath, ProvisionalKV, causal_rows_mask
 from harness.heads.state import PrefixHashes
+from harness.proposers.memo import memo_call
 from harness.proposers.sampling import sample_children
 from harness.proposers.target_bound import TargetBoundProposer
 from harness.random_source import RandomSource
@@ -97,7 +98,8 @@ class SelfSpecProposer(TargetBoundProposer):
     def _extend(self, ids: list[int], start: int) -> torch.Tensor:
         positions = list(range(start, start + len(ids)))
         with torch.inference_mode():
-            logits = self._forward(ids, positions, causal_rows_mask(len(self.kv), len(ids)))
+            mask = causal_rows_mask(len(self.kv), len(ids))
+            logits = memo_call(self, (start, tuple(ids)), lambda: self._forward(ids, positions, mask), self.kv)
         self.kv.tag_rows(ids, positions, [self.hashes.at(p) for p in positions])
         self.stats.extras["draft_forwards"] += 1
         return logits
