@@ -65,6 +65,7 @@ from harness.target.loading import (
     model_position_limit,
     tokenizer_difference,
 )
+from harness.target.timing import read_bandwidth_gbs, weight_stream_floor_ms
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, write_job
 from harness.tracking.store import ROUNDS_FILENAME
 from harness.tracking.wandb_tracker import NullTracker, Tracker, open_run, wandb_group
@@ -584,6 +585,18 @@ def summarise(
     plan_, proposer, backend = prepared.plan, prepared.proposers[0], loaded.backend
     slots = prepared.proposers
     metrics: dict[str, Any] = measured.arms.metrics()
+    # the AR step's floor, measured in this process after the arms ran: streamed weight bytes / read
+    # bandwidth (ar_step_vs_floor: how many floors one AR step per token takes)
+    bandwidth = read_bandwidth_gbs(backend.device)
+    floor_ms = weight_stream_floor_ms(backend.model, bandwidth)
+    ar_tpt = metrics.get("ar_time_per_token_ms")
+    metrics.update(
+        {
+            "read_bandwidth_gbs": bandwidth,
+            "weight_stream_floor_ms": floor_ms,
+            "ar_step_vs_floor": ar_tpt / floor_ms if ar_tpt else None,
+        }
+    )
     metrics.update(
         {
             "kv_bytes_per_token": backend.bytes_per_token,
