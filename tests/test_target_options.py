@@ -31,3 +31,91 @@ def test_floor_is_bytes_over_bandwidth():
     assert math.isclose(weight_stream_floor_ms(model, 2.0), streamed_weight_bytes(model) / 2e9 * 1e3)
     bw = read_bandwidth_gbs(nbytes=1 << 20, repeats=3)
     assert math.isfinite(bw) and bw > 0
+
+
+# ---------------------------------------------------------------------------------------- options
+
+import pytest  # noqa: E402
+
+from harness.config import compose  # noqa: E402
+from harness.contracts import Budget, ConfigError  # noqa: E402
+from harness.engine.decode import RoundConfig, decode  # noqa: E402
+from harness.proposers.base import NullProposer  # noqa: E402
+from harness.random_source import TorchRandomSource  # noqa: E402
+from harness.runner import check_models  # noqa: E402
+from harness.target import options  # noqa: E402
+from harness.target.backend import CausalLMBackend  # noqa: E402
+from harness.verifiers import get_verifier  # noqa: E402
+from harness.verifiers.sampling import SamplingPolicy  # noqa: E402
+
+KERNELS = [k for k in options.LINEAR_KERNELS if k != "default"]
+
+
+def _greedy(model, prompt, new=16):
+    res = decode(
+        target=CausalLMBackend(model),
+        proposer=NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="t"),
+        verifier=get_verifier("greedy"),
+        policy=SamplingPolicy(),
+        prompt_ids=prompt,
+        max_new_tokens=new,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(0),
+        round_cfg=RoundConfig(max_nodes=1, max_depth=1),
+    )
+    return res.tokens
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_linear_kernel_keeps_greedy_output_and_runs_every_linear_layer(kernel):
+    if options.linear_kernel_problem(kernel, torch.float32, "cpu"):
+        pytest.skip(options.linear_kernel_problem(kernel, torch.float32, "cpu"))
+    prompt = [3 + (5 * i) % 90 for i in range(24)]
+    plain = build_tiny_model(seed=3)
+    fast = build_tiny_model(seed=3)
+    linears = [m for m in fast.modules() if isinstance(m, torch.nn.Linear)]
+    assert options.apply_linear_kernel(fast, kernel) == len(linears) > 0
+    assert options.linear_kernel_of(fast) == {kernel} and options.linear_kernel_of(plain) == {"default"}
+    with torch.inference_mode():
+        x = torch.randn(1, 5, plain.config.hidden_size)
+        torch.testing.assert_close(fast.lm_head(x), plain.lm_head(x), rtol=1e-5, atol=1e-5)
+    assert _greedy(fast, prompt) == _greedy(plain, prompt)
+    assert all(getattr(m, "_harness_kernel_fn", None) is not None for m in linears)  # each ran through it
+    assert set(fast.state_dict()) == set(plain.state_dict())  # weights untouched, nothing added
+
+
+def test_a_linear_kernel_this_machine_cannot_run_is_refused_in_one_line():
+    assert options.linear_kernel_problem("default", torch.bfloat16, "cuda") is None
+    assert "float32 only" in options.linear_kernel_problem("mkl_packed", torch.bfloat16, "cpu")
+    assert "CPU kernel" in options.linear_kernel_problem("onednn", torch.float32, "cuda")
+    assert "one of" in options.linear_kernel_problem("blas", torch.float32, "cpu")
+    cfg = compose(["model=tiny", "model.dtype=bfloat16", "model.linear_kernel=mkl_packed"])
+    with pytest.raises(ConfigError, match=r"^model.linear_kernel=mkl_packed is float32 only") as err:
+        check_models(cfg)
+    assert err.value.suggestions == (("model.linear_kernel=default",),)
+
+
+def test_static_cache_is_refused_before_model_work_with_the_reason():
+    cfg = compose(["model=tiny", "model.static_cache=true"])
+    with pytest.raises(ConfigError, match=r"model.static_cache=true is not available: the backend commits") as err:
+        check_models(cfg)
+    assert "\n" not in str(err.value)
+    check_models(compose(["model=tiny"]))  # the default passes
+
+
+def test_compile_without_a_cpp_compiler_is_refused(monkeypatch):
+    monkeypatch.setattr(options.shutil, "which", lambda name: None)
+    cfg = compose(["model=tiny", "model.compile=true"])
+    with pytest.raises(ConfigError, match=r"model.compile=true needs a C\+\+ compiler"):
+        check_models(cfg)
+    assert options.compile_problem("cuda") is None
+
+
+def test_the_manifest_records_the_target_options():
+    from harness.manifest import job_manifest
+
+    plain = job_manifest(compose(["model=tiny"]), versions={})
+    fast = job_manifest(compose(["model=tiny", "model.linear_kernel=onednn", "model.compile=true"]), versions={})
+    assert plain["target"]["linear_kernel"] == "default" and plain["target"]["compile"] is False
+    assert fast["target"]["linear_kernel"] == "onednn" and fast["target"]["compile"] is True
+    assert fast["backend"]["linear_kernel"] == "onednn" and fast["backend"]["compile"] is True
