@@ -10,18 +10,27 @@ This script times, per shape, row count and dtype, each kernel that computes ``x
 - ``onednn``: an ``nn.Linear`` converted by ``torch.utils.mkldnn.to_mkldnn`` (oneDNN inner product;
   the input's conversion to and from oneDNN's layout is inside the time);
 - ``onednn_dense``: ``torch.ops.mkldnn._linear_pointwise`` on dense tensors (oneDNN, no conversion);
+- ``linear_1t``: ``F.linear`` with torch's threads set to one around the call (is it the threading?);
 - ``mkl_packed``: MKL's packed sgemm (``torch.ops.mkl._mkl_linear`` with the weight packed once by
   ``_mkl_reorder_linear_weight``; what the inductor uses for float32 linear layers on CPU).
 
 A kernel this build or CPU cannot run shows ``n/a`` (bfloat16 oneDNN inner products need AVX-512).
-``max|diff|`` is the largest absolute difference from ``linear`` over all cells of that kernel
-(float32 rounding is ~1e-6 relative). ``floor`` is the weight bytes over this process's measured
-read bandwidth (:func:`harness.target.timing.read_bandwidth_gbs`).
+``max abs diff`` is the largest absolute difference from the float64 product over all cells of that
+kernel (the weights are scaled so outputs are O(1); float32 rounding gives ~1e-6). ``floor`` is the
+weight bytes over this process's measured read bandwidth
+(:func:`harness.target.timing.read_bandwidth_gbs`).
 
 Environment switches that steer MKL are read when the library loads, so ``--env`` runs the MKL
 kernels again in a child process per setting, e.g. ``MKL_ENABLE_INSTRUCTIONS=AVX2`` (caps MKL's
 code path; documented by oneMKL's developer guide) or ``MKL_DEBUG_CPU_TYPE=5`` (the old switch that
 made MKL take its AVX2 path on AMD CPUs; ignored by MKL 2020.1 and later, kept to show it).
+
+``--fake-intel`` (on by default; ``--no-fake-intel`` to skip) reruns the MKL kernels with
+``LD_PRELOAD`` of a one-function library, built here with the C compiler, whose
+``mkl_serv_intel_cpu_true`` returns 1: MKL (through 2024) picks its kernels by CPU vendor and gives
+non-Intel CPUs SSE kernels where it has no Zen kernel (sgemm among them), and torch's wheel links
+MKL with that function resolved through the PLT, so the preload reaches it. If the step from m=1 to
+m=2 disappears under it, MKL's vendor dispatch is the cause.
 
     .venv/bin/python scripts/matmul_kernels.py --out results/kernels            # ~5 min, 2 threads
     .venv/bin/python scripts/matmul_kernels.py --m 1 2 --dtypes float32 --budget-s 0.02  # smoke
@@ -51,8 +60,9 @@ SHAPES = (
     ("down 1536->576", 1536, 576),
     ("lm_head 576->49152", 576, 49152),
 )
-KERNELS = ("linear", "pretransposed", "matvec", "onednn", "onednn_dense", "mkl_packed")
-MKL_KERNELS = ("linear", "pretransposed", "mkl_packed")
+KERNELS = ("linear", "pretransposed", "matvec", "linear_1t", "onednn", "onednn_dense", "mkl_packed")
+MKL_KERNELS = ("linear", "pretransposed", "linear_1t", "mkl_packed")
+FAKE_INTEL_C = "int mkl_serv_intel_cpu_true(void) { return 1; }\n"
 DEFAULT_ENVS = ("MKL_ENABLE_INSTRUCTIONS=AVX2", "MKL_DEBUG_CPU_TYPE=5")
 
 
@@ -65,6 +75,17 @@ def build_kernel(name: str, w: torch.Tensor):
         return lambda x: x @ wt
     if name == "matvec":
         return lambda x: torch.cat([F.linear(x[i : i + 1], w) for i in range(x.shape[0])])
+    if name == "linear_1t":
+
+        def one_thread(x):
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                return F.linear(x, w)
+            finally:
+                torch.set_num_threads(threads)
+
+        return one_thread
     if name == "onednn":
         from torch.utils import mkldnn as mkldnn_utils
 
@@ -82,6 +103,21 @@ def build_kernel(name: str, w: torch.Tensor):
         packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 1)
         return lambda x: torch.ops.mkl._mkl_linear(x, packed, w, None, x.shape[0])
     raise ValueError(f"unknown kernel {name!r}")
+
+
+def fake_intel_library() -> str | None:
+    """Build (once per temp folder) the one-function stub library; its path, or None without a compiler."""
+    import shutil
+    import tempfile
+
+    cc = next((shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
+    if cc is None:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="fake_intel_"))
+    (folder / "fake_intel.c").write_text(FAKE_INTEL_C)
+    lib = folder / "libfake_intel.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(folder / "fake_intel.c")], check=True)
+    return str(lib)
 
 
 def time_call(fn, x: torch.Tensor, *, budget_s: float, min_reps: int = 5, max_reps: int = 500) -> list[float]:
@@ -118,7 +154,7 @@ def measure(args) -> dict:
                     kernels[kname] = exc
             for m in args.m:
                 x = torch.randn(m, k).to(dtype)
-                ref = F.linear(x, w).float()
+                ref = (x.double() @ w.double().t()).float()
                 for kname, fn in kernels.items():
                     cell = {"dtype": dtype_name, "shape": shape_name, "K": k, "N": n, "m": m, "kernel": kname}
                     cell["floor_ms"] = floor_ms
@@ -138,7 +174,11 @@ def measure(args) -> dict:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "read_bandwidth_gbs": bandwidth,
-        "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith(("MKL_", "ONEDNN_", "DNNL_", "OMP_"))},
+        "env": {
+            k: os.environ[k]
+            for k in sorted(os.environ)
+            if k.startswith(("MKL_", "ONEDNN_", "DNNL_", "OMP_", "LD_PRELOAD"))
+        },
         "cells": cells,
     }
 
@@ -185,6 +225,7 @@ def main(argv=None) -> int:
         default=list(DEFAULT_ENVS),
         help="NAME=VALUE settings, each rerunning the MKL kernels in a child process ('--env' alone: none)",
     )
+    ap.add_argument("--fake-intel", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--out", default=None, help="folder for kernels.md and kernels.json")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -196,15 +237,19 @@ def main(argv=None) -> int:
         return 0
     results = {"default": measure(args)}
     md = [table(results["default"], "default environment")]
-    for setting in args.env:
-        name, value = setting.split("=", 1)
-        kernels = [k for k in args.kernels if k in MKL_KERNELS]
-        if not kernels:
-            continue
+    settings = [(s, dict([s.split("=", 1)])) for s in args.env]
+    if args.fake_intel:
+        stub = fake_intel_library()
+        if stub is None:
+            print("--fake-intel: no C compiler (cc/gcc) to build the stub; skipped", file=sys.stderr)
+        else:
+            settings.append(("LD_PRELOAD=mkl_serv_intel_cpu_true stub", {"LD_PRELOAD": stub}))
+    kernels = [k for k in args.kernels if k in MKL_KERNELS]
+    for setting, extra_env in settings if kernels else []:
         cmd = [sys.executable, __file__, "--child", "--env", "--threads", str(args.threads)]
         cmd += ["--budget-s", str(args.budget_s), "--m", *map(str, args.m), "--dtypes", *args.dtypes]
         cmd += ["--kernels", *kernels] + (["--shapes", *args.shapes] if args.shapes else [])
-        proc = subprocess.run(cmd, env={**os.environ, name: value}, capture_output=True, text=True, check=False)
+        proc = subprocess.run(cmd, env={**os.environ, **extra_env}, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             print(f"{setting}: child failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
             continue

@@ -35,6 +35,7 @@ from torch.profiler import ProfilerActivity, profile
 from harness.measure.ledger import StageClock
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import load_model
+from harness.target.options import LINEAR_KERNELS, apply_linear_kernel, compile_model, linear_kernel_problem
 from harness.target.timing import TIMING_SHAPES, synthetic_prefix, timed_verify_ms, timing_tree, verify_times
 
 
@@ -81,7 +82,8 @@ def markdown(result: dict, top: int) -> str:
     key = "self_device_ms" if dev.startswith("cuda") else "self_cpu_ms"
     lines = [
         f"# Verify forward profile: {result['model']}, {dev}, {result['threads']} threads, "
-        f"prefix {result['prefix_len']} cached tokens, median of {result['repeats']}",
+        f"prefix {result['prefix_len']} cached tokens, median of {result['repeats']}, "
+        f"linear kernel {result['linear_kernel']}{', compiled' if result['compile'] else ''}",
         "",
         f"Operator rows: {key.replace('_', ' ')} per forward (ms), profiled pass. t(n): unprofiled wall ms.",
     ]
@@ -122,6 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "harness_sdpa", "eager"])
+    ap.add_argument("--linear-kernel", default="default", choices=LINEAR_KERNELS)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model's forward (model.compile)")
     ap.add_argument("--top", type=int, default=8, help="operators shown per n (the union over n is tabled)")
     ap.add_argument("--out", required=True, help="folder for profile_verify.md and profile_verify.json")
     args = ap.parse_args(argv)
@@ -129,12 +133,19 @@ def main(argv=None) -> int:
         ap.error("--ns, --repeats and --prefix-len must be >= 1")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: this torch has no CUDA device")
+    for dtype in args.dtypes:
+        problem = linear_kernel_problem(args.linear_kernel, getattr(torch, dtype), args.device)
+        if problem:
+            ap.error(problem)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     cells = []
     for dtype in args.dtypes:
         args.dtype_now = dtype
         loaded = load(args)
+        apply_linear_kernel(loaded.model, args.linear_kernel)
+        if args.compile:
+            compile_model(loaded.model)
         backend = CausalLMBackend(loaded.model, device=args.device)
         prefix = synthetic_prefix(args.prefix_len + 1, backend.vocab_size)  # last token: the pending one
         state = backend.prefill([prefix])
@@ -159,6 +170,8 @@ def main(argv=None) -> int:
         "model": args.model,
         "device": args.device,
         "attn": args.attn,
+        "linear_kernel": args.linear_kernel,
+        "compile": args.compile,
         "threads": torch.get_num_threads(),
         "prefix_len": args.prefix_len,
         "repeats": args.repeats,

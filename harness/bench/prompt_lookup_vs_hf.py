@@ -45,6 +45,13 @@ from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import load_model
+from harness.target.options import (
+    LINEAR_KERNELS,
+    apply_linear_kernel,
+    compile_model,
+    compile_problem,
+    linear_kernel_problem,
+)
 from harness.target.timing import read_bandwidth_gbs, streamed_weight_bytes, verify_cost_curve, weight_stream_floor_ms
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
@@ -94,12 +101,24 @@ def main(argv=None) -> int:
     ap.add_argument("--workload", default="humaneval", choices=WORKLOADS)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "harness_sdpa"], help="our arms' attention")
+    ap.add_argument(
+        "--linear-kernel", default="default", choices=LINEAR_KERNELS, help="every arm's linear layers (one model)"
+    )
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model's forward (every arm)")
     ap.add_argument("--out", default="results/bench/prompt_lookup_vs_hf.json")
     args = ap.parse_args(argv)
+    problem = linear_kernel_problem(args.linear_kernel, getattr(torch, args.dtype), "cpu") or (
+        compile_problem("cpu") if args.compile else None
+    )
+    if problem:
+        ap.error(problem)
     torch.set_num_threads(args.threads)
 
     loaded = load_model(name="smollm2", dtype=args.dtype, attn_implementation=args.attn)
     model, tok = loaded.model, loaded.tokenizer
+    apply_linear_kernel(model, args.linear_kernel)  # the one model every arm runs: both families alike
+    if args.compile:
+        compile_model(model)
     backend = CausalLMBackend(model)
     bandwidth = read_bandwidth_gbs(backend.device)
     floor_ms = weight_stream_floor_ms(model, bandwidth)
@@ -215,6 +234,8 @@ def main(argv=None) -> int:
         "workload": args.workload,
         "dtype": args.dtype,
         "attention": args.attn,
+        "linear_kernel": args.linear_kernel,
+        "compile": args.compile,
         "prompts": len(items),
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),
