@@ -119,3 +119,55 @@ def test_the_manifest_records_the_target_options():
     assert plain["target"]["linear_kernel"] == "default" and plain["target"]["compile"] is False
     assert fast["target"]["linear_kernel"] == "onednn" and fast["target"]["compile"] is True
     assert fast["backend"]["linear_kernel"] == "onednn" and fast["backend"]["compile"] is True
+
+
+def test_both_arms_of_a_run_use_the_configured_linear_kernel(tmp_path, monkeypatch):
+    """The runner applies the kernel to the one target both arms verify with, and records it."""
+    if options.linear_kernel_problem("onednn", torch.float32, "cpu"):
+        pytest.skip(options.linear_kernel_problem("onednn", torch.float32, "cpu"))
+    import harness.runner as runner
+
+    seen = []
+
+    class Recording(runner.Arms):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(options.linear_kernel_of(kwargs["target"].model))
+
+    monkeypatch.setattr(runner, "Arms", Recording)
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    cfg = compose(
+        ["model=tiny", "model.linear_kernel=onednn", "proposer=prompt_lookup", "workload.limit=1"]
+        + ["generation.max_new_tokens=12", "gates.oracle=false"]
+    )
+    record = runner.run_job(cfg, run_dir=tmp_path / "run")
+    assert seen == [{"onednn"}]  # one Arms, one target: the speculative and the AR arm share it
+    assert record["manifest"]["target"]["linear_kernel"] == "onednn"
+    assert record["metrics"]["greedy_identical"] is True
+    assert record["gates"]["equivalence"]["status"] == "passed"
+
+
+@pytest.mark.slow  # torch.compile builds C++ kernels: minutes on a 2-core machine
+def test_a_compiled_target_keeps_greedy_output_tree_equivalence_and_its_graphs():
+    from harness.gates.equivalence import equivalence_gate
+    from harness.target.timing import timing_tree
+
+    if options.compile_problem("cpu"):
+        pytest.skip(options.compile_problem("cpu"))
+    torch._dynamo.reset()
+    prompt = [3 + (5 * i) % 90 for i in range(24)]
+    plain = build_tiny_model(seed=4)
+    compiled = options.compile_model(build_tiny_model(seed=4))
+    assert _greedy(compiled, prompt) == _greedy(plain, prompt)  # causal path, one row per round
+    assert equivalence_gate(CausalLMBackend(compiled), prompt)["status"] == "passed"  # the masked path
+    # varying row counts and cache lengths reuse the graphs compiled so far (dynamic shapes)
+    backend = CausalLMBackend(compiled)
+    state = backend.prefill([prompt])
+    for rows, shape in [(3, "chain"), (5, "heap"), (2, "heap"), (6, "chain")]:
+        backend.verify_one(state, prompt[-1], timing_tree(rows, prefix_len=state.cache_len + 1, vocab=96, shape=shape))
+        backend.commit_one(state, [0])
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for rows, shape in [(7, "chain"), (4, "heap"), (9, "heap"), (5, "chain"), (11, "heap")]:
+        backend.verify_one(state, prompt[-1], timing_tree(rows, prefix_len=state.cache_len + 1, vocab=96, shape=shape))
+        backend.commit_one(state, [0])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
