@@ -330,11 +330,7 @@ def load_models(cfg: DictConfig) -> tuple[LoadedModel, LoadedModel | None]:
 
 
 def _load(m: DictConfig, *, tokenizer=None) -> LoadedModel:
-    return apply_model_options(_load_plain(m, tokenizer=tokenizer), m)
-
-
-def _load_plain(m: DictConfig, *, tokenizer=None) -> LoadedModel:
-    return load_model(
+    loaded = load_model(
         name=m.name,
         name_or_path=m.name_or_path,
         dtype=m.dtype,
@@ -346,6 +342,7 @@ def _load_plain(m: DictConfig, *, tokenizer=None) -> LoadedModel:
         trust_remote_code=m.trust_remote_code,
         tokenizer=tokenizer,
     )
+    return apply_model_options(loaded, m)
 
 
 def draft_model_config(cfg: DictConfig):
