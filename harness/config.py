@@ -85,6 +85,12 @@ class ModelConfig:
     seed: int = ranged(0, **SEED)  # weights seed for model=tiny
     trust_remote_code: bool = False  # explicit opt-in: runs code from the checkpoint
     tiny: TinyConfig = field(default_factory=TinyConfig)  # the LlamaConfig of model=tiny
+    # how every nn.Linear computes (harness.target.options): default (F.linear) | onednn | mkl_packed
+    linear_kernel: str = ranged("default", choices=("default", "onednn", "mkl_packed"))
+    # torch.compile(dynamic=True) of the model's forward (on CPU it needs a C++ compiler)
+    compile: bool = False
+    # a pre-allocated KV cache: refused (see harness.runner.check_models)
+    static_cache: bool = False
 
 
 @dataclass

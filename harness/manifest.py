@@ -58,6 +58,8 @@ def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[st
             "device": c["model"]["device"],
             "dtype": c["model"]["dtype"],
             "attn_implementation": c["model"]["attn_implementation"],
+            "linear_kernel": c["model"].get("linear_kernel", "default"),
+            "compile": bool(c["model"].get("compile", False)),
             "threads": c.get("threads"),
         },
         "versions": versions,

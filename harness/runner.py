@@ -32,7 +32,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from harness.contracts import Budget, ContractError
+from harness.contracts import Budget, ConfigError, ContractError
 from harness.engine.arms import ARMS, METRIC_NOTES, Arms, ArmsResult, merged_proposer_extras
 from harness.engine.build import BuildContext, Plan, build_proposer, plan
 from harness.engine.checks import check_output_dir
@@ -63,8 +63,11 @@ from harness.target.loading import (
     model_geometry,
     model_kv_bytes_per_token,
     model_position_limit,
+    resolve_dtype,
     tokenizer_difference,
 )
+from harness.target.options import apply_linear_kernel, compile_model, compile_problem, linear_kernel_problem
+from harness.target.timing import read_bandwidth_gbs, weight_stream_floor_ms
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, write_job
 from harness.tracking.store import ROUNDS_FILENAME
 from harness.tracking.wandb_tracker import NullTracker, Tracker, open_run, wandb_group
@@ -320,13 +323,14 @@ def load_models(cfg: DictConfig) -> tuple[LoadedModel, LoadedModel | None]:
             device=d.device,
             attn_implementation=d.attn_implementation,
         )
+        apply_model_options(draft, d)
     else:
         draft = _load(d, tokenizer=draft_tokenizer)
     return target, draft
 
 
 def _load(m: DictConfig, *, tokenizer=None) -> LoadedModel:
-    return load_model(
+    loaded = load_model(
         name=m.name,
         name_or_path=m.name_or_path,
         dtype=m.dtype,
@@ -338,6 +342,7 @@ def _load(m: DictConfig, *, tokenizer=None) -> LoadedModel:
         trust_remote_code=m.trust_remote_code,
         tokenizer=tokenizer,
     )
+    return apply_model_options(loaded, m)
 
 
 def draft_model_config(cfg: DictConfig):
@@ -358,7 +363,9 @@ def draft_model_key(cfg: DictConfig) -> str:
 def check_models(cfg: DictConfig) -> None:
     """Refuse a draft model configuration before any model work: truncation asked of a
     checkpoint (or of the target), a derived draft without a valid layer count, a checkpoint draft
-    without a path."""
+    without a path; target options (``model.linear_kernel``, ``model.compile``,
+    ``model.static_cache``) this machine cannot honour."""
+    check_model_options(cfg.model, "model")
     if cfg.model.num_layers is not None:
         raise CheckpointError(
             f"model.num_layers={cfg.model.num_layers}: the target loads whole; layer truncation applies only to "
@@ -368,6 +375,7 @@ def check_models(cfg: DictConfig) -> None:
     if d is None:
         return
     key = draft_model_key(cfg)
+    check_model_options(d, key)
     if d.name == DERIVED:
         if d.num_layers is None:
             raise CheckpointError(f"{key}.name=derived needs {key}.num_layers=<k>: the target's first k layers")
@@ -396,6 +404,32 @@ def check_models(cfg: DictConfig) -> None:
         problem = checkpoint_ref_problem(d.name_or_path or d.name, f"{key}.name_or_path")
         if problem:
             raise CheckpointError(problem)
+
+
+def check_model_options(m: DictConfig, key: str) -> None:
+    """Refuse a model option this machine cannot honour, before any model work (one line each)."""
+    if m.get("static_cache"):
+        raise ConfigError(
+            f"{key}.static_cache=true is not available: the backend commits a round by gathering the accepted "
+            "rows into place and cropping the rest, and drops finished requests' batch rows, on a growing "
+            "DynamicCache; no pre-allocated cache implements those moves yet",
+            suggestions=[(f"{key}.static_cache=false",)],
+        )
+    problem = linear_kernel_problem(m.get("linear_kernel", "default"), resolve_dtype(m.dtype), m.device)
+    if problem:
+        raise ConfigError(problem.replace("model.", f"{key}.", 1), suggestions=[(f"{key}.linear_kernel=default",)])
+    if m.get("compile"):
+        problem = compile_problem(m.device)
+        if problem:
+            raise ConfigError(problem.replace("model.", f"{key}.", 1), suggestions=[(f"{key}.compile=false",)])
+
+
+def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:
+    """The configured linear kernel, then ``torch.compile``, applied to a loaded model in place."""
+    apply_linear_kernel(loaded.model, m.get("linear_kernel", "default"))
+    if m.get("compile"):
+        compile_model(loaded.model)
+    return loaded
 
 
 def check_same_tokenizer(target_tokenizer, draft_tokenizer, *, draft_ref: str = "the draft") -> None:
@@ -584,6 +618,18 @@ def summarise(
     plan_, proposer, backend = prepared.plan, prepared.proposers[0], loaded.backend
     slots = prepared.proposers
     metrics: dict[str, Any] = measured.arms.metrics()
+    # the AR step's floor, measured in this process after the arms ran: streamed weight bytes / read
+    # bandwidth (ar_step_vs_floor: how many floors one AR step per token takes)
+    bandwidth = read_bandwidth_gbs(backend.device)
+    floor_ms = weight_stream_floor_ms(backend.model, bandwidth)
+    ar_tpt = metrics.get("ar_time_per_token_ms")
+    metrics.update(
+        {
+            "read_bandwidth_gbs": bandwidth,
+            "weight_stream_floor_ms": floor_ms,
+            "ar_step_vs_floor": ar_tpt / floor_ms if ar_tpt else None,
+        }
+    )
     metrics.update(
         {
             "kv_bytes_per_token": backend.bytes_per_token,

@@ -18,6 +18,11 @@ its stock ``sdpa`` attention, ours the configured one (``--attn``). Workloads (`
 ``copy`` (copy-heavy: the chat model is asked to repeat a ShareGPT answer of at least 400 characters
 verbatim, the case where long verbatim continuations dominate). Writes JSON to ``--out``.
 
+The autoregressive step's floor is measured in the same process before any arm runs: the read
+bandwidth (the median of several sums of a buffer far larger than the caches) and the weight bytes
+one step streams give ``weight_stream_floor_ms``; it is printed and stored next to the AR arms'
+time per token (``ar_step_vs_floor``: how many floors one AR step takes).
+
     python -m harness.bench.prompt_lookup_vs_hf --workload chat --limit 10 --max-new-tokens 128 \
         --out results/bench/pld_chat.json
 """
@@ -40,7 +45,14 @@ from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import load_model
-from harness.target.timing import verify_cost_curve
+from harness.target.options import (
+    LINEAR_KERNELS,
+    apply_linear_kernel,
+    compile_model,
+    compile_problem,
+    linear_kernel_problem,
+)
+from harness.target.timing import read_bandwidth_gbs, streamed_weight_bytes, verify_cost_curve, weight_stream_floor_ms
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
 from harness.workloads.conversations import encode_prompt
@@ -89,13 +101,27 @@ def main(argv=None) -> int:
     ap.add_argument("--workload", default="humaneval", choices=WORKLOADS)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "harness_sdpa"], help="our arms' attention")
+    ap.add_argument(
+        "--linear-kernel", default="default", choices=LINEAR_KERNELS, help="every arm's linear layers (one model)"
+    )
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model's forward (every arm)")
     ap.add_argument("--out", default="results/bench/prompt_lookup_vs_hf.json")
     args = ap.parse_args(argv)
+    problem = linear_kernel_problem(args.linear_kernel, getattr(torch, args.dtype), "cpu") or (
+        compile_problem("cpu") if args.compile else None
+    )
+    if problem:
+        ap.error(problem)
     torch.set_num_threads(args.threads)
 
     loaded = load_model(name="smollm2", dtype=args.dtype, attn_implementation=args.attn)
     model, tok = loaded.model, loaded.tokenizer
+    apply_linear_kernel(model, args.linear_kernel)  # the one model every arm runs: both families alike
+    if args.compile:
+        compile_model(model)
     backend = CausalLMBackend(model)
+    bandwidth = read_bandwidth_gbs(backend.device)
+    floor_ms = weight_stream_floor_ms(model, bandwidth)
     items = bench_items(args.workload, tok, split=args.split, limit=args.limit)
     eos = frozenset({int(tok.eos_token_id)})
     greedy = get_verifier("greedy")
@@ -208,6 +234,8 @@ def main(argv=None) -> int:
         "workload": args.workload,
         "dtype": args.dtype,
         "attention": args.attn,
+        "linear_kernel": args.linear_kernel,
+        "compile": args.compile,
         "prompts": len(items),
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),
@@ -216,6 +244,10 @@ def main(argv=None) -> int:
         "tree_nodes": tree_nodes,
         "tree_matches": args.tree_matches,
         "t_of_n_ms": t_of_n,
+        "read_bandwidth_gbs": bandwidth,
+        "streamed_weight_bytes": streamed_weight_bytes(model),
+        "weight_stream_floor_ms": floor_ms,
+        "ar_step_vs_floor": {a: per_tok[a] / floor_ms for a in ("ours_ar", "hf_ar")},
         "time_per_token_ms": per_tok,
         "tokens_per_round": {a: v["tokens"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
         "ours_sequence_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_sequence"],
@@ -245,10 +277,17 @@ def main(argv=None) -> int:
                     "ours_adaptive_vs_ours_ar",
                     "outputs_identical",
                     "tree_nodes",
+                    "weight_stream_floor_ms",
+                    "ar_step_vs_floor",
                 )
             },
             indent=2,
         )
+    )
+    print(
+        f"AR step per token: ours {per_tok['ours_ar']:.2f} ms, transformers {per_tok['hf_ar']:.2f} ms; "
+        f"weight-streaming floor {floor_ms:.2f} ms "
+        f"({streamed_weight_bytes(model) / 1e6:.0f} MB at {bandwidth:.1f} GB/s read)"
     )
     return 0 if not mismatches else 1
 

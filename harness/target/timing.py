@@ -161,3 +161,44 @@ def verify_cost_curve(
         "reps": reps,
         "t_profile": {"n": [1 + r for r in pts], "t": raw},
     }
+
+
+#: bytes of the buffer :func:`read_bandwidth_gbs` reads: far larger than any last-level cache
+BANDWIDTH_BUFFER_BYTES = 256 * 2**20
+
+
+def read_bandwidth_gbs(
+    device: str | torch.device = "cpu", *, nbytes: int = BANDWIDTH_BUFFER_BYTES, repeats: int = 7
+) -> float:
+    """Measured read bandwidth (GB/s, 1e9 bytes) of this process: the median of ``repeats`` sums of
+    one ``nbytes`` float32 buffer (after one untimed sum that faults its pages in). A sum reads each
+    byte once and writes nothing, as a memory-bound matrix-vector product streams its weights."""
+    device = torch.device(device)
+    buf = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+    clock = StageClock(device)
+    buf.sum()
+    times = []
+    for _ in range(max(repeats, 1)):
+        t0 = clock.now()
+        buf.sum()
+        times.append(clock.now() - t0)
+    return buf.numel() * 4 / statistics.median(times) / 1e9
+
+
+def streamed_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode step reads: every parameter once (tied matrices once), less the
+    input embedding table when it is not also the LM head (a step gathers one of its rows)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if emb is not None and getattr(emb, "weight", None) is not None:
+        tied = head is not None and getattr(head, "weight", None) is emb.weight
+        if not tied:
+            total -= emb.weight.numel() * emb.weight.element_size()
+    return int(total)
+
+
+def weight_stream_floor_ms(model: torch.nn.Module, bandwidth_gbs: float) -> float:
+    """The autoregressive step's floor: streamed weight bytes / read bandwidth, in ms (a one-row
+    forward cannot run faster than it can read its weights once)."""
+    return streamed_weight_bytes(model) / (bandwidth_gbs * 1e9) * 1e3

@@ -1,0 +1,173 @@
+"""Target options and the weight-streaming floor: what a decode step must read, and how fast."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.target.loading import build_tiny_model
+from harness.target.timing import read_bandwidth_gbs, streamed_weight_bytes, weight_stream_floor_ms
+
+
+def test_streamed_weight_bytes_leaves_out_an_untied_embedding_table():
+    model = build_tiny_model()  # tie_word_embeddings=False
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    emb = model.get_input_embeddings().weight
+    assert streamed_weight_bytes(model) == total - emb.numel() * emb.element_size()
+
+
+def test_streamed_weight_bytes_counts_a_tied_matrix_once_as_the_lm_head():
+    model = build_tiny_model()
+    model.lm_head.weight = model.get_input_embeddings().weight  # tie: one matrix, read by the LM head
+    total = sum(p.numel() * p.element_size() for p in model.parameters())  # parameters() lists it once
+    assert streamed_weight_bytes(model) == total
+    bf16 = build_tiny_model(dtype=torch.bfloat16)
+    assert streamed_weight_bytes(bf16) * 2 == streamed_weight_bytes(build_tiny_model())
+
+
+def test_floor_is_bytes_over_bandwidth():
+    model = build_tiny_model()
+    assert math.isclose(weight_stream_floor_ms(model, 2.0), streamed_weight_bytes(model) / 2e9 * 1e3)
+    bw = read_bandwidth_gbs(nbytes=1 << 20, repeats=3)
+    assert math.isfinite(bw) and bw > 0
+
+
+# ---------------------------------------------------------------------------------------- options
+
+import pytest  # noqa: E402
+
+from harness.config import compose  # noqa: E402
+from harness.contracts import Budget, ConfigError  # noqa: E402
+from harness.engine.decode import RoundConfig, decode  # noqa: E402
+from harness.proposers.base import NullProposer  # noqa: E402
+from harness.random_source import TorchRandomSource  # noqa: E402
+from harness.runner import check_models  # noqa: E402
+from harness.target import options  # noqa: E402
+from harness.target.backend import CausalLMBackend  # noqa: E402
+from harness.verifiers import get_verifier  # noqa: E402
+from harness.verifiers.sampling import SamplingPolicy  # noqa: E402
+
+KERNELS = [k for k in options.LINEAR_KERNELS if k != "default"]
+
+
+def _greedy(model, prompt, new=16):
+    res = decode(
+        target=CausalLMBackend(model),
+        proposer=NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="t"),
+        verifier=get_verifier("greedy"),
+        policy=SamplingPolicy(),
+        prompt_ids=prompt,
+        max_new_tokens=new,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(0),
+        round_cfg=RoundConfig(max_nodes=1, max_depth=1),
+    )
+    return res.tokens
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_linear_kernel_keeps_greedy_output_and_runs_every_linear_layer(kernel):
+    if options.linear_kernel_problem(kernel, torch.float32, "cpu"):
+        pytest.skip(options.linear_kernel_problem(kernel, torch.float32, "cpu"))
+    prompt = [3 + (5 * i) % 90 for i in range(24)]
+    plain = build_tiny_model(seed=3)
+    fast = build_tiny_model(seed=3)
+    linears = [m for m in fast.modules() if isinstance(m, torch.nn.Linear)]
+    assert options.apply_linear_kernel(fast, kernel) == len(linears) > 0
+    assert options.linear_kernel_of(fast) == {kernel} and options.linear_kernel_of(plain) == {"default"}
+    with torch.inference_mode():
+        x = torch.randn(1, 5, plain.config.hidden_size)
+        torch.testing.assert_close(fast.lm_head(x), plain.lm_head(x), rtol=1e-5, atol=1e-5)
+    assert _greedy(fast, prompt) == _greedy(plain, prompt)
+    assert all(getattr(m, "_harness_kernel_fn", None) is not None for m in linears)  # each ran through it
+    assert set(fast.state_dict()) == set(plain.state_dict())  # weights untouched, nothing added
+
+
+def test_a_linear_kernel_this_machine_cannot_run_is_refused_in_one_line():
+    assert options.linear_kernel_problem("default", torch.bfloat16, "cuda") is None
+    assert "float32 only" in options.linear_kernel_problem("mkl_packed", torch.bfloat16, "cpu")
+    assert "CPU kernel" in options.linear_kernel_problem("onednn", torch.float32, "cuda")
+    assert "one of" in options.linear_kernel_problem("blas", torch.float32, "cpu")
+    cfg = compose(["model=tiny", "model.dtype=bfloat16", "model.linear_kernel=mkl_packed"])
+    with pytest.raises(ConfigError, match=r"^model.linear_kernel=mkl_packed is float32 only") as err:
+        check_models(cfg)
+    assert err.value.suggestions == (("model.linear_kernel=default",),)
+
+
+def test_static_cache_is_refused_before_model_work_with_the_reason():
+    cfg = compose(["model=tiny", "model.static_cache=true"])
+    with pytest.raises(ConfigError, match=r"model.static_cache=true is not available: the backend commits") as err:
+        check_models(cfg)
+    assert "\n" not in str(err.value)
+    check_models(compose(["model=tiny"]))  # the default passes
+
+
+def test_compile_without_a_cpp_compiler_is_refused(monkeypatch):
+    monkeypatch.setattr(options.shutil, "which", lambda name: None)
+    cfg = compose(["model=tiny", "model.compile=true"])
+    with pytest.raises(ConfigError, match=r"model.compile=true needs a C\+\+ compiler"):
+        check_models(cfg)
+    assert options.compile_problem("cuda") is None
+
+
+def test_the_manifest_records_the_target_options():
+    from harness.manifest import job_manifest
+
+    plain = job_manifest(compose(["model=tiny"]), versions={})
+    fast = job_manifest(compose(["model=tiny", "model.linear_kernel=onednn", "model.compile=true"]), versions={})
+    assert plain["target"]["linear_kernel"] == "default" and plain["target"]["compile"] is False
+    assert fast["target"]["linear_kernel"] == "onednn" and fast["target"]["compile"] is True
+    assert fast["backend"]["linear_kernel"] == "onednn" and fast["backend"]["compile"] is True
+
+
+def test_both_arms_of_a_run_use_the_configured_linear_kernel(tmp_path, monkeypatch):
+    """The runner applies the kernel to the one target both arms verify with, and records it."""
+    if options.linear_kernel_problem("onednn", torch.float32, "cpu"):
+        pytest.skip(options.linear_kernel_problem("onednn", torch.float32, "cpu"))
+    import harness.runner as runner
+
+    seen = []
+
+    class Recording(runner.Arms):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(options.linear_kernel_of(kwargs["target"].model))
+
+    monkeypatch.setattr(runner, "Arms", Recording)
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    cfg = compose(
+        ["model=tiny", "model.linear_kernel=onednn", "proposer=prompt_lookup", "workload.limit=1"]
+        + ["generation.max_new_tokens=12", "gates.oracle=false"]
+    )
+    record = runner.run_job(cfg, run_dir=tmp_path / "run")
+    assert seen == [{"onednn"}]  # one Arms, one target: the speculative and the AR arm share it
+    assert record["manifest"]["target"]["linear_kernel"] == "onednn"
+    assert record["metrics"]["greedy_identical"] is True
+    assert record["gates"]["equivalence"]["status"] == "passed"
+
+
+@pytest.mark.slow  # torch.compile builds C++ kernels: minutes on a 2-core machine
+def test_a_compiled_target_keeps_greedy_output_tree_equivalence_and_its_graphs():
+    from harness.gates.equivalence import equivalence_gate
+    from harness.target.timing import timing_tree
+
+    if options.compile_problem("cpu"):
+        pytest.skip(options.compile_problem("cpu"))
+    torch._dynamo.reset()
+    prompt = [3 + (5 * i) % 90 for i in range(24)]
+    plain = build_tiny_model(seed=4)
+    compiled = options.compile_model(build_tiny_model(seed=4))
+    assert _greedy(compiled, prompt) == _greedy(plain, prompt)  # causal path, one row per round
+    assert equivalence_gate(CausalLMBackend(compiled), prompt)["status"] == "passed"  # the masked path
+    # varying row counts and cache lengths reuse the graphs compiled so far (dynamic shapes)
+    backend = CausalLMBackend(compiled)
+    state = backend.prefill([prompt])
+    for rows, shape in [(3, "chain"), (5, "heap"), (2, "heap"), (6, "chain")]:
+        backend.verify_one(state, prompt[-1], timing_tree(rows, prefix_len=state.cache_len + 1, vocab=96, shape=shape))
+        backend.commit_one(state, [0])
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for rows, shape in [(7, "chain"), (4, "heap"), (9, "heap"), (5, "chain"), (11, "heap")]:
+        backend.verify_one(state, prompt[-1], timing_tree(rows, prefix_len=state.cache_len + 1, vocab=96, shape=shape))
+        backend.commit_one(state, [0])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
