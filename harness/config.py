@@ -85,8 +85,9 @@ class ModelConfig:
     seed: int = ranged(0, **SEED)  # weights seed for model=tiny
     trust_remote_code: bool = False  # explicit opt-in: runs code from the checkpoint
     tiny: TinyConfig = field(default_factory=TinyConfig)  # the LlamaConfig of model=tiny
-    # how every nn.Linear computes (harness.target.options): default (F.linear) | onednn | mkl_packed
-    linear_kernel: str = ranged("default", choices=("default", "onednn", "mkl_packed"))
+    # how every nn.Linear computes (harness.target.options): auto (weight_major for float32 on CPU,
+    # else default) | default (F.linear) | onednn | mkl_packed | weight_major ((W @ x.T).T)
+    linear_kernel: str = ranged("auto", choices=("auto", "default", "onednn", "mkl_packed", "weight_major"))
     # torch.compile(dynamic=True) of the model's forward (on CPU it needs a C++ compiler)
     compile: bool = False
     # a pre-allocated KV cache: refused (see harness.runner.check_models)

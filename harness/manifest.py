@@ -14,6 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from harness.heads.published import inspect, is_published
 from harness.measure.hardware import library_versions
 from harness.proposers.rest import manifest_datastores
+from harness.target.loading import resolve_dtype
+from harness.target.options import resolve_linear_kernel
 
 COMPILER_VERSION = "compiler-1"
 RECORD_SCHEMA_VERSION = 2
@@ -58,7 +60,9 @@ def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[st
             "device": c["model"]["device"],
             "dtype": c["model"]["dtype"],
             "attn_implementation": c["model"]["attn_implementation"],
-            "linear_kernel": c["model"].get("linear_kernel", "default"),
+            "linear_kernel": resolve_linear_kernel(
+                c["model"].get("linear_kernel", "auto"), resolve_dtype(c["model"]["dtype"]), c["model"]["device"]
+            ),
             "compile": bool(c["model"].get("compile", False)),
             "threads": c.get("threads"),
         },

@@ -415,7 +415,7 @@ def check_model_options(m: DictConfig, key: str) -> None:
             "DynamicCache; no pre-allocated cache implements those moves yet",
             suggestions=[(f"{key}.static_cache=false",)],
         )
-    problem = linear_kernel_problem(m.get("linear_kernel", "default"), resolve_dtype(m.dtype), m.device)
+    problem = linear_kernel_problem(m.get("linear_kernel", "auto"), resolve_dtype(m.dtype), m.device)
     if problem:
         raise ConfigError(problem.replace("model.", f"{key}.", 1), suggestions=[(f"{key}.linear_kernel=default",)])
     if m.get("compile"):
@@ -426,7 +426,7 @@ def check_model_options(m: DictConfig, key: str) -> None:
 
 def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:
     """The configured linear kernel, then ``torch.compile``, applied to a loaded model in place."""
-    apply_linear_kernel(loaded.model, m.get("linear_kernel", "default"))
+    apply_linear_kernel(loaded.model, m.get("linear_kernel", "auto"))
     if m.get("compile"):
         compile_model(loaded.model)
     return loaded

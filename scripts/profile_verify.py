@@ -35,7 +35,13 @@ from torch.profiler import ProfilerActivity, profile
 from harness.measure.ledger import StageClock
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import load_model
-from harness.target.options import LINEAR_KERNELS, apply_linear_kernel, compile_model, linear_kernel_problem
+from harness.target.options import (
+    LINEAR_KERNELS,
+    apply_linear_kernel,
+    compile_model,
+    linear_kernel_of,
+    linear_kernel_problem,
+)
 from harness.target.timing import TIMING_SHAPES, synthetic_prefix, timed_verify_ms, timing_tree, verify_times
 
 
@@ -96,7 +102,7 @@ def markdown(result: dict, top: int) -> str:
                     names.append(o["op"])
         lines += [
             "",
-            f"## {cell['dtype']}, {cell['shape']} ({cell['path']})",
+            f"## {cell['dtype']}, {cell['shape']} ({cell['path']}), linear kernel {', '.join(cell['linear_kernel'])}",
             "",
             "| operator | " + " | ".join(f"n={n}" for n in ns) + " |",
             "|---|" + "---:|" * len(ns),
@@ -124,7 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "harness_sdpa", "eager"])
-    ap.add_argument("--linear-kernel", default="default", choices=LINEAR_KERNELS)
+    ap.add_argument("--linear-kernel", default="auto", choices=LINEAR_KERNELS)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model's forward (model.compile)")
     ap.add_argument("--top", type=int, default=8, help="operators shown per n (the union over n is tabled)")
     ap.add_argument("--out", required=True, help="folder for profile_verify.md and profile_verify.json")
@@ -158,6 +164,7 @@ def main(argv=None) -> int:
             cells.append(
                 {
                     "dtype": dtype,
+                    "linear_kernel": sorted(linear_kernel_of(loaded.model)),
                     "shape": shape,
                     "path": "causal path, no mask" if shape == "chain" else "ancestor mask for n >= 2",
                     "t_samples_ms": {str(n): v for n, v in samples.items()},

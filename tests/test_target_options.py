@@ -48,7 +48,7 @@ from harness.target.backend import CausalLMBackend  # noqa: E402
 from harness.verifiers import get_verifier  # noqa: E402
 from harness.verifiers.sampling import SamplingPolicy  # noqa: E402
 
-KERNELS = [k for k in options.LINEAR_KERNELS if k != "default"]
+KERNELS = [k for k in options.LINEAR_KERNELS if k not in ("default", "auto")]
 
 
 def _greedy(model, prompt, new=16):
@@ -82,6 +82,8 @@ def test_a_linear_kernel_keeps_greedy_output_and_runs_every_linear_layer(kernel)
     assert _greedy(fast, prompt) == _greedy(plain, prompt)
     assert all(getattr(m, "_harness_kernel_fn", None) is not None for m in linears)  # each ran through it
     assert set(fast.state_dict()) == set(plain.state_dict())  # weights untouched, nothing added
+    assert options.apply_linear_kernel(fast, "default") == 0  # and back to nn.Linear's own forward
+    assert options.linear_kernel_of(fast) == {"default"} and all("forward" not in m.__dict__ for m in linears)
 
 
 def test_a_linear_kernel_this_machine_cannot_run_is_refused_in_one_line():
@@ -93,6 +95,33 @@ def test_a_linear_kernel_this_machine_cannot_run_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^model.linear_kernel=mkl_packed is float32 only") as err:
         check_models(cfg)
     assert err.value.suggestions == (("model.linear_kernel=default",),)
+
+
+def test_auto_is_weight_major_for_float32_on_cpu_and_plain_linear_elsewhere():
+    resolve = options.resolve_linear_kernel
+    assert resolve("auto", torch.float32, "cpu") == "weight_major"
+    assert resolve("auto", torch.bfloat16, "cpu") == "default"
+    assert resolve("auto", torch.float32, "cuda:0") == "default"
+    assert resolve("mkl_packed", torch.float32, "cpu") == "mkl_packed"  # a named kernel is itself
+    assert options.linear_kernel_problem("auto", torch.bfloat16, "cuda") is None
+    assert options.linear_kernel_problem("weight_major", torch.bfloat16, "cuda") is None
+    fp32, bf16 = build_tiny_model(seed=3), build_tiny_model(seed=3, dtype=torch.bfloat16)
+    options.apply_linear_kernel(fp32, "auto")
+    options.apply_linear_kernel(bf16, "auto")
+    assert options.linear_kernel_of(fp32) == {"weight_major"} and options.linear_kernel_of(bf16) == {"default"}
+    assert compose(["model=tiny"]).model.linear_kernel == "auto"  # the configured default
+
+
+def test_weight_major_computes_the_linear_product_with_bias_and_leading_dims():
+    layer = torch.nn.Linear(16, 40, bias=True)
+    torch.nn.init.normal_(layer.bias)
+    x = torch.randn(2, 3, 16)
+    with torch.inference_mode():
+        expected = layer(x)
+        options.apply_linear_kernel(layer, "weight_major")
+        got = layer(x)
+    assert got.shape == (2, 3, 40)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_static_cache_is_refused_before_model_work_with_the_reason():
@@ -116,7 +145,10 @@ def test_the_manifest_records_the_target_options():
 
     plain = job_manifest(compose(["model=tiny"]), versions={})
     fast = job_manifest(compose(["model=tiny", "model.linear_kernel=onednn", "model.compile=true"]), versions={})
-    assert plain["target"]["linear_kernel"] == "default" and plain["target"]["compile"] is False
+    assert plain["target"]["linear_kernel"] == "auto" and plain["target"]["compile"] is False
+    assert plain["backend"]["linear_kernel"] == "weight_major"  # what auto is for float32 on CPU
+    bf16 = job_manifest(compose(["model=tiny", "model.dtype=bfloat16"]), versions={})
+    assert bf16["backend"]["linear_kernel"] == "default"
     assert fast["target"]["linear_kernel"] == "onednn" and fast["target"]["compile"] is True
     assert fast["backend"]["linear_kernel"] == "onednn" and fast["backend"]["compile"] is True
 
@@ -171,3 +203,23 @@ def test_a_compiled_target_keeps_greedy_output_tree_equivalence_and_its_graphs()
         backend.verify_one(state, prompt[-1], timing_tree(rows, prefix_len=state.cache_len + 1, vocab=96, shape=shape))
         backend.commit_one(state, [0])
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
+def test_the_kernel_comparison_script_times_each_kernel_on_one_model(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "kernel_ab.py"
+    spec = importlib.util.spec_from_file_location("kernel_ab", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = ["--model", "tiny", "--rounds", "2", "--repeats", "1", "--ns", "1", "3", "--prefix-len", "8"]
+    assert script.main(args + ["--kernels", "default", "weight_major", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "kernel_ab.json").read_text())
+    assert result["kernels"] == {"default": ["default"], "weight_major": ["weight_major"]}
+    for kernel in ("default", "weight_major"):
+        for shape in ("chain", "heap"):
+            samples = result["t_samples_ms"][kernel][shape]
+            assert sorted(samples) == ["1", "3"] and all(len(v) == 2 and min(v) > 0 for v in samples.values())
+    assert "| weight_major | heap |" in (tmp_path / "kernel_ab.md").read_text()

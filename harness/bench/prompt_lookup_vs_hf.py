@@ -50,6 +50,7 @@ from harness.target.options import (
     apply_linear_kernel,
     compile_model,
     compile_problem,
+    linear_kernel_of,
     linear_kernel_problem,
 )
 from harness.target.timing import read_bandwidth_gbs, streamed_weight_bytes, verify_cost_curve, weight_stream_floor_ms
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "harness_sdpa"], help="our arms' attention")
     ap.add_argument(
-        "--linear-kernel", default="default", choices=LINEAR_KERNELS, help="every arm's linear layers (one model)"
+        "--linear-kernel", default="auto", choices=LINEAR_KERNELS, help="every arm's linear layers (one model)"
     )
     ap.add_argument("--compile", action="store_true", help="torch.compile the model's forward (every arm)")
     ap.add_argument("--out", default="results/bench/prompt_lookup_vs_hf.json")
@@ -234,7 +235,7 @@ def main(argv=None) -> int:
         "workload": args.workload,
         "dtype": args.dtype,
         "attention": args.attn,
-        "linear_kernel": args.linear_kernel,
+        "linear_kernel": sorted(linear_kernel_of(model)),
         "compile": args.compile,
         "prompts": len(items),
         "max_new_tokens": args.max_new_tokens,

@@ -1,0 +1,134 @@
+"""Verify-forward t(n) under several linear kernels, interleaved in one process.
+
+One model is loaded once; each round switches every ``nn.Linear`` of it to each kernel in turn (in
+an order rotated per round) and times the backend's own verify forward at each n with
+:func:`harness.target.timing.verify_times`, as a chain (the causal path) and as a branching tree
+(the masked path). Interleaving kernels within one process keeps this machine's drift between
+sittings out of the comparison. Writes ``kernel_ab.md`` (median ms per kernel, shape and n, with
+t(n)/t(1) and each kernel's ratio to the first) and ``kernel_ab.json`` into ``--out``.
+
+    .venv/bin/python scripts/kernel_ab.py --out results/kernel_ab                      # SmolLM2, ~5 min
+    .venv/bin/python scripts/kernel_ab.py --model tiny --rounds 1 --repeats 1 --out /tmp/ab  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from harness.target.backend import CausalLMBackend
+from harness.target.loading import load_model
+from harness.target.options import LINEAR_KERNELS, apply_linear_kernel, linear_kernel_of, linear_kernel_problem
+from harness.target.timing import synthetic_prefix, verify_times
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2", help="smollm2 (embedded), tiny, or a checkpoint path / hub id")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--kernels", nargs="+", default=["default", "weight_major"], choices=LINEAR_KERNELS)
+    ap.add_argument("--shapes", nargs="+", default=["chain", "heap"], choices=["chain", "heap"])
+    ap.add_argument("--ns", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32], help="rows n (pending row included)")
+    ap.add_argument("--prefix-len", type=int, default=256, help="cached prefix tokens")
+    ap.add_argument("--rounds", type=int, default=3, help="kernel alternations")
+    ap.add_argument("--repeats", type=int, default=3, help="timed forwards per size, kernel, shape and round")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", required=True, help="folder for kernel_ab.md and kernel_ab.json")
+    args = ap.parse_args(argv)
+    if min(args.ns) < 1 or args.rounds < 1 or args.repeats < 1 or args.prefix_len < 1:
+        ap.error("--ns, --rounds, --repeats and --prefix-len must be >= 1")
+    for kernel in args.kernels:
+        problem = linear_kernel_problem(kernel, getattr(torch, args.dtype), args.device)
+        if problem:
+            ap.error(problem)
+    torch.set_num_threads(args.threads)
+    if args.model in ("smollm2", "tiny"):
+        loaded = load_model(name=args.model, dtype=args.dtype, device=args.device)
+    else:
+        loaded = load_model(name="hf", name_or_path=args.model, dtype=args.dtype, device=args.device)
+    backend = CausalLMBackend(loaded.model, device=args.device)
+    prefix = synthetic_prefix(args.prefix_len + 1, backend.vocab_size)  # last token: the pending one
+    samples: dict[str, dict[str, dict[int, list[float]]]] = {
+        k: {s: {n: [] for n in sorted(set(args.ns))} for s in args.shapes} for k in args.kernels
+    }
+    resolved: dict[str, list[str]] = {}
+    steps = args.rounds * len(args.kernels) * len(args.shapes)
+    with tqdm(total=steps, desc="kernel a/b", unit="cell", file=sys.stderr) as bar:
+        for r in range(args.rounds):
+            order = args.kernels[r % len(args.kernels) :] + args.kernels[: r % len(args.kernels)]
+            for kernel in order:
+                apply_linear_kernel(loaded.model, "default")
+                apply_linear_kernel(loaded.model, kernel)
+                resolved[kernel] = sorted(linear_kernel_of(loaded.model))
+                for shape in args.shapes:
+                    got = verify_times(
+                        backend, prefix_ids=prefix, ns=args.ns, shape=shape, warmup=1, repeats=args.repeats
+                    )
+                    for n, v in got.items():
+                        samples[kernel][shape][n].extend(v)
+                    bar.update()
+    medians = {
+        k: {s: {n: statistics.median(v) for n, v in by_n.items()} for s, by_n in by_shape.items()}
+        for k, by_shape in samples.items()
+    }
+    result = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "prefix_len": args.prefix_len,
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "kernels": {k: resolved[k] for k in args.kernels},
+        "torch": torch.__version__,
+        "t_ms": {k: {s: {str(n): m for n, m in by_n.items()} for s, by_n in v.items()} for k, v in medians.items()},
+        "t_samples_ms": {
+            k: {s: {str(n): x for n, x in by_n.items()} for s, by_n in v.items()} for k, v in samples.items()
+        },
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernel_ab.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "kernel_ab.md").write_text(markdown(result, medians, args))
+    print((out / "kernel_ab.md").read_text())
+    print(f"wrote {out / 'kernel_ab.md'} and {out / 'kernel_ab.json'}", file=sys.stderr)
+    return 0
+
+
+def markdown(result: dict, medians: dict, args) -> str:
+    ns = sorted(set(args.ns))
+    base = args.kernels[0]
+    lines = [
+        f"# Verify forward t(n) by linear kernel: {result['model']} {result['dtype']}, {result['device']}, "
+        f"{result['threads']} threads, prefix {result['prefix_len']}, {result['rounds']} interleaved rounds x "
+        f"{result['repeats']} repeats, median ms",
+        "",
+        "| kernel | shape | "
+        + " | ".join(f"n={n}" for n in ns)
+        + " | t(2)/t(1) | t(8)/t(1) | vs "
+        + base
+        + " (mean) |",
+        "|---|---|" + "---:|" * (len(ns) + 3),
+    ]
+    for kernel in args.kernels:
+        for shape in args.shapes:
+            t = medians[kernel][shape]
+            ratio = {n: f"{t[n] / t[min(ns)]:.2f}" if n in t else "n/a" for n in (2, 8)}
+            vs = statistics.mean(t[n] / medians[base][shape][n] for n in ns)
+            lines.append(
+                f"| {kernel} | {shape} | "
+                + " | ".join(f"{t[n]:.1f}" for n in ns)
+                + f" | {ratio[2]} | {ratio[8]} | {vs:.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
