@@ -34,6 +34,7 @@ from harness.contracts import ConfigError, Range
 from harness.engine.build import plan
 from harness.runner import check_job
 from harness.target.loading import DTYPES
+from harness.target.options import LINEAR_KERNELS
 from harness.topology.budgets import cartesian_rows, choices_size
 from harness.workloads.prompts import SPLITS
 
@@ -87,7 +88,7 @@ class ModelConfig:
     tiny: TinyConfig = field(default_factory=TinyConfig)  # the LlamaConfig of model=tiny
     # how every nn.Linear computes (harness.target.options): auto (weight_major for float32 on CPU,
     # else default) | default (F.linear) | onednn | mkl_packed | weight_major ((W @ x.T).T)
-    linear_kernel: str = ranged("auto", choices=("auto", "default", "onednn", "mkl_packed", "weight_major"))
+    linear_kernel: str = ranged("auto", choices=LINEAR_KERNELS)
     # torch.compile(dynamic=True) of the model's forward (on CPU it needs a C++ compiler)
     compile: bool = False
     # a pre-allocated KV cache: refused (see harness.runner.check_models)

@@ -64,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             order = args.kernels[r % len(args.kernels) :] + args.kernels[: r % len(args.kernels)]
             for kernel in order:
-                apply_linear_kernel(loaded.model, "default")
                 apply_linear_kernel(loaded.model, kernel)
                 resolved[kernel] = sorted(linear_kernel_of(loaded.model))
                 for shape in args.shapes:

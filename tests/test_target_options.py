@@ -82,6 +82,13 @@ def test_a_linear_kernel_keeps_greedy_output_and_runs_every_linear_layer(kernel)
     assert _greedy(fast, prompt) == _greedy(plain, prompt)
     assert all(getattr(m, "_harness_kernel_fn", None) is not None for m in linears)  # each ran through it
     assert set(fast.state_dict()) == set(plain.state_dict())  # weights untouched, nothing added
+    other = "weight_major" if kernel != "weight_major" else "mkl_packed"
+    if not options.linear_kernel_problem(other, torch.float32, "cpu"):  # a second kernel replaces the first
+        options.apply_linear_kernel(fast, other)
+        with torch.inference_mode():
+            fast.lm_head(x)
+        assert all(getattr(m, "_harness_kernel_fn", None) is None for m in linears if m is not fast.lm_head)
+        assert fast.lm_head._harness_kernel_fn[2].__name__ == f"{other}_linear"
     assert options.apply_linear_kernel(fast, "default") == 0  # and back to nn.Linear's own forward
     assert options.linear_kernel_of(fast) == {"default"} and all("forward" not in m.__dict__ for m in linears)
 
