@@ -6,9 +6,10 @@ admits at temperature > 0, on the configured target (default: the embedded SmolL
 Each combination goes through the runner's own stages (plan, load, prepare, build the proposer)
 and then :func:`harness.gates.stages.run_gates` with only the statistical gate switched on and its
 cache off, so the figure is the gate's own ``seconds`` (the prefix scan, proposals through the
-fixed-prefix draft memo, shared verify forwards, selection and the test). Each row also says where
-the time went and what was shared: the chosen prefix (length, probes the scan made), distinct trees
-and target forwards, draft calls computed and memo hits. Artifacts a proposer needs (heads, an
+draft's law tables or memo, the target's rows by path, selection and the test). Each row also says
+where the time went and what was shared: the chosen prefix (length, probes the scan made), distinct
+trees, target rows and forwards, proposal and verify passes, law rows computed and served, draft
+calls computed and memo hits. Artifacts a proposer needs (heads, an
 EAGLE draft, the early-exit adapter) are trained on first use with a small token budget
 (``--token-budget``): the gate's time depends on how many distinct paths and trees the proposer
 draws, not on how good its drafts are. Layer skip gets an explicit skip vector instead of its
@@ -52,11 +53,23 @@ COMBOS = [
         ],
         "sequoia",
     ),
+    (
+        "draft_model iid [2,2]",
+        ["proposer=draft_model", "proposer.sampling=iid", "topology=expansion", "topology.widths=[2,2]"],
+        "specinfer",
+    ),
     ("draft_model beam chain", ["proposer=draft_model", "proposer.sampling=beam", "topology=sequence"], "membership"),
     ("medusa iid chain", ["proposer=medusa", "proposer.sampling=iid", "topology=sequence"], "rejection"),
+    (
+        "medusa wor [2,2]",
+        ["proposer=medusa", "proposer.sampling=without_replacement", "topology=expansion", "topology.widths=[2,2]"],
+        "sequoia",
+    ),
     ("hydra iid chain", ["proposer=hydra", "proposer.sampling=iid", "topology=sequence"], "specinfer"),
+    ("clover iid chain", ["proposer=clover", "proposer.sampling=iid", "topology=sequence"], "rejection"),
     ("clover beam chain", ["proposer=clover", "proposer.sampling=beam", "topology=sequence"], "membership"),
     ("eagle iid chain", ["proposer=eagle", "proposer.sampling=iid", "topology=sequence"], "rejection"),
+    ("eagle iid chain", ["proposer=eagle", "proposer.sampling=iid", "topology=sequence"], "specinfer"),
     (
         "eagle wor dynamic",
         ["proposer=eagle", "proposer.sampling=without_replacement", "topology=dynamic"],
@@ -138,7 +151,14 @@ def main(argv: list[str] | None = None) -> int:
             "prefix_len": entry.get("prefix_len"),
             "prefix_probes": (entry.get("prefix") or {}).get("probes"),
             "distinct_trees": entry.get("distinct_trees"),
+            "target_rows": entry.get("target_rows"),
             "target_forwards": entry.get("target_forwards"),
+            "verify_passes": entry.get("verify_passes"),
+            "proposal_passes": entry.get("proposal_passes"),
+            "law_rows": entry.get("law_rows"),
+            "law_forwards": entry.get("law_forwards"),
+            "law_hits": entry.get("law_hits"),
+            "law_mb": entry.get("law_mb"),
             "draft_calls": entry.get("draft_calls"),
             "memo_hits": entry.get("memo_hits"),
             "memo_mb": entry.get("memo_mb"),

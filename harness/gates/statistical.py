@@ -36,9 +36,10 @@ from scipy.stats import chisquare
 from tqdm import tqdm
 
 from harness.gates.status import not_applicable
-from harness.proposers.memo import fixed_prefix_memo, members
+from harness.proposers.memo import LawPending, ReplayingSource, fixed_prefix_memo, law_tables, members
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
+from harness.target.paths import PathRows
 from harness.topology.compiler import CompiledTree, compile_tree
 
 
@@ -249,6 +250,51 @@ def _statistical_gate(
     }
 
 
+class RowPending(Exception):
+    """A verifier read the target's row at a path not computed yet."""
+
+    def __init__(self, path: tuple[int, ...]) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+class AllRowsNeeded(Exception):
+    """A verifier used the target rows other than one row at a time."""
+
+
+class LazyRows:
+    """A tree's ``target_probs`` ``[1 + N, V]`` for a verifier, served row by row from the rows
+    computed so far: ``rows[i]`` is the target law at row ``i`` (0: the frontier), or raises
+    :class:`RowPending` for a row not computed yet. Any other use (a slice, a tensor method, a torch
+    function) raises :class:`AllRowsNeeded`, and the sample is retried with every row of its tree."""
+
+    def __init__(self, paths: list[tuple[int, ...]], probs_of) -> None:
+        self._paths = paths
+        self._probs_of = probs_of
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def __getitem__(self, i):
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise AllRowsNeeded(f"index {type(i).__name__}")
+        n = len(self._paths)
+        if not -n <= i < n:
+            raise IndexError(i)
+        path = self._paths[i % n]
+        probs = self._probs_of(path)
+        if probs is None:
+            raise RowPending(path)
+        return probs
+
+    def __getattr__(self, name: str):
+        raise AllRowsNeeded(name)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        raise AllRowsNeeded(getattr(func, "__name__", str(func)))
+
+
 def chi_square_test(
     *,
     backend: CausalLMBackend,
@@ -266,48 +312,67 @@ def chi_square_test(
     memo: bool = True,
 ) -> dict:
     """One chi-square test over ``samples`` rounds at ``prompt_ids``, sample ``s`` drawing from
-    random stream ``stream + s``; the draft side through a fixed-prefix memo unless ``memo=False``."""
+    random stream ``stream + s``; the draft side through a fixed-prefix memo (and the law tables
+    of proposers that have one) unless ``memo=False``, the target side by path (see
+    :func:`verify_by_path`) unless ``memo=False`` too (then every distinct tree is verified whole,
+    ``batch`` per forward)."""
     t0 = time.perf_counter()
     committed = list(prompt_ids)
     backend.prefill_one(committed)  # as in a run: proposers reading the target's hidden rows see the prefill
     proposer.start(list(prompt_ids))
-    drawn: list[tuple[TorchRandomSource, CompiledTree, tuple]] = []
+    rngs: list[TorchRandomSource | None] = [None] * samples
+    replay: list[ReplayingSource | None] = [None] * samples
+    tree_of: list[int] = [0] * samples
     keys: dict[tuple, int] = {}
     distinct: list[CompiledTree] = []
-    with fixed_prefix_memo(proposer) if memo else nullcontext() as law_memo:
-        for s in tqdm(range(samples), desc="gate: chi-square proposals", unit="sample", file=sys.stderr, leave=False):
-            rng = TorchRandomSource(stream + s)
-            if law_memo is not None:
-                law_memo.begin(committed)
-            proposal = proposer.propose(committed, rng)
-            if law_memo is not None:
-                law_memo.end()
-            tree = compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=max_depth)
-            proposer.observe_commit(committed)  # the round is not committed: roll the proposal state back
-            key = tree_key(tree)
-            if key not in keys:
-                keys[key] = len(distinct)
-                distinct.append(tree)
-            drawn.append((rng, tree, key))
+    passes = 0
+    with (
+        fixed_prefix_memo(proposer) if memo else nullcontext() as law_memo,
+        law_tables(proposer, committed) if memo else nullcontext([]) as tables,
+        tqdm(total=samples, desc="gate: chi-square proposals", unit="sample", file=sys.stderr, leave=False) as bar,
+    ):
+        pending = list(range(samples))
+        while pending:  # one pass per depth a stopped proposal reaches (one pass without tables)
+            passes += 1
+            stopped = []
+            for s in pending:
+                if replay[s] is None:
+                    replay[s] = ReplayingSource(TorchRandomSource(stream + s))
+                rng = replay[s]
+                rng.rewind()
+                if law_memo is not None:
+                    law_memo.begin(committed)
+                try:
+                    proposal = proposer.propose(committed, rng)
+                except LawPending:
+                    stopped.append(s)
+                    continue
+                finally:
+                    if law_memo is not None:
+                        law_memo.end()
+                    proposer.observe_commit(committed)  # the round is not committed: roll the proposal state back
+                tree = compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=max_depth)
+                key = tree_key(tree)
+                if key not in keys:
+                    keys[key] = len(distinct)
+                    distinct.append(tree)
+                rngs[s], tree_of[s] = rng.source, keys[key]  # the verifier draws next from the source itself
+                replay[s] = None
+                bar.update(1)
+            computed = sum(table.fill() for table in tables)
+            if stopped and not computed:
+                raise RuntimeError("statistical gate: proposals stopped for laws that the tables did not compute")
+            pending = stopped
         memo_evidence = law_memo.evidence() if law_memo is not None else {"memo": False}
+        for table in tables:
+            for k, v in table.evidence().items():
+                memo_evidence[k] = memo_evidence.get(k, 0) + v
     proposer.finish()
     t_propose = time.perf_counter() - t0
-    # each sample's draws come from its own stream, so samples are selected tree by tree, each
-    # distinct tree's rows dropped once its samples are done
-    rngs_of: list[list[TorchRandomSource]] = [[] for _ in distinct]
-    for rng, _, key in drawn:
-        rngs_of[keys[key]].append(rng)
-    counts: dict[int, int] = {}
-    p_exact = None
-    for i, logits in verify_distinct(backend, committed, distinct, batch=batch):
-        if p_exact is None:
-            p_exact = policy.probs(logits[0].double(), dtype=torch.float64)  # [V] the frontier law
-        tree = distinct[i]
-        probs = policy.probs(logits)  # [1 + N, V] as the round computes them
-        for rng in rngs_of[i]:
-            sel = verifier.select(tree, probs, rng)
-            first = int(tree.token_ids[sel.accepted_rows[0]]) if sel.accepted_rows else sel.next_token
-            counts[first] = counts.get(first, 0) + 1
+    if memo:
+        counts, p_exact, target = verify_by_path(backend, committed, distinct, tree_of, rngs, verifier, policy)
+    else:
+        counts, p_exact, target = verify_by_tree(backend, committed, distinct, tree_of, rngs, verifier, policy, batch)
     t_verify = time.perf_counter() - t0 - t_propose
     top = torch.topk(p_exact, min(top_m, int((p_exact > 0).sum()))).indices.tolist()
     expected = [float(p_exact[t]) * samples for t in top]
@@ -331,9 +396,103 @@ def chi_square_test(
         "expected": [round(e, 3) for e in expected],
         "prefix_len": len(committed),
         "distinct_trees": len(distinct),
+        "proposal_passes": passes,
         **memo_evidence,
-        "target_forwards": -(-len(distinct) // max(min(batch, len(distinct)), 1)),
+        **target,
         "seconds": time.perf_counter() - t0,
         "proposal_seconds": t_propose,
         "verify_select_seconds": t_verify,
     }
+
+
+def _first_token(tree: CompiledTree, sel) -> int:
+    return int(tree.token_ids[sel.accepted_rows[0]]) if sel.accepted_rows else sel.next_token
+
+
+def verify_by_tree(backend, committed, distinct, tree_of, rngs, verifier, policy, batch):
+    """Every distinct tree verified whole, ``batch`` trees per forward; each sample selected on its
+    tree's rows. Returns (first-token counts, the frontier law in float64, evidence)."""
+    samples_of: list[list[int]] = [[] for _ in distinct]
+    for s, i in enumerate(tree_of):
+        samples_of[i].append(s)
+    counts: dict[int, int] = {}
+    p_exact = None
+    for i, logits in verify_distinct(backend, committed, distinct, batch=batch):
+        if p_exact is None:
+            p_exact = policy.probs(logits[0].double(), dtype=torch.float64)  # [V] the frontier law
+        tree = distinct[i]
+        probs = policy.probs(logits)  # [1 + N, V] as the round computes them
+        for s in samples_of[i]:
+            first = _first_token(tree, verifier.select(tree, probs, rngs[s]))
+            counts[first] = counts.get(first, 0) + 1
+    forwards = -(-len(distinct) // max(min(batch, len(distinct)), 1))
+    rows = sum(1 + tree.num_rows for tree in distinct)
+    return counts, p_exact, {"target_forwards": forwards, "target_rows": rows}
+
+
+def _select(verifier, tree, rng, state, paths, probs_of, *, whole: bool):
+    """The verifier's selection from the random source's ``state``, on the tree's rows: all of
+    them stacked (``whole``) or served one at a time."""
+    rng.generator.set_state(state)
+    if whole:
+        return verifier.select(tree, torch.stack([probs_of(p) for p in paths]), rng)
+    return verifier.select(tree, LazyRows(paths, probs_of), rng)
+
+
+def verify_by_path(backend, committed, distinct, tree_of, rngs, verifier, policy):
+    """Each sample selected by the real verifier on its own tree, the target's rows computed by
+    path (:class:`~harness.target.paths.PathRows`) as the verifiers reach them: a pass selects
+    every remaining sample on the rows computed so far, a sample that reads a row not computed yet
+    stops (:class:`RowPending`) and is retried from its random source's state after the proposal
+    once the rows the stopped samples reached are computed, many per forward. Rows no verifier
+    reads (below a rejection) are never computed. Returns (first-token counts, the frontier law
+    in float64, evidence)."""
+    root = (committed[-1],)
+    rows = PathRows(backend, backend.prefill_one(committed))
+    rows.compute([root])
+    probs: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def probs_of(path):
+        if path not in probs:
+            if path not in rows:
+                return None
+            probs[path] = policy.probs(rows[path])  # [V] as the round computes it
+        return probs[path]
+
+    paths = [[root] + [root + p for p in tree.full_prefixes] for tree in distinct]
+    whole: set[int] = set()  # trees a verifier needs whole (it used the rows other than one at a time)
+    counts: dict[int, int] = {}
+    pending = [(s, rngs[s].generator.get_state()) for s in range(len(tree_of))]
+    passes = 0
+    while pending:
+        passes += 1
+        stopped, reached = [], set()
+        for s, state in pending:
+            i = tree_of[s]
+            tree, rng = distinct[i], rngs[s]
+            try:
+                sel = _select(verifier, tree, rng, state, paths[i], probs_of, whole=i in whole)
+            except AllRowsNeeded:
+                whole.add(i)
+                if all(p in rows for p in paths[i]):
+                    sel = _select(verifier, tree, rng, state, paths[i], probs_of, whole=True)
+                else:
+                    stopped.append((s, state))
+                    reached.update(paths[i])
+                    continue
+            except RowPending as pend:
+                stopped.append((s, state))
+                reached.add(pend.path)
+                continue
+            first = _first_token(tree, sel)
+            counts[first] = counts.get(first, 0) + 1
+        computed = rows.compute(reached)
+        if stopped and not computed:
+            raise RuntimeError("statistical gate: a verifier stopped for rows that are already computed")
+        pending = stopped
+    p_exact = policy.probs(rows[root].double(), dtype=torch.float64)  # [V] the frontier law
+    return (
+        counts,
+        p_exact,
+        {"target_forwards": rows.forwards, "target_rows": rows.rows_computed, "verify_passes": passes},
+    )

@@ -40,6 +40,10 @@ class Proposer(ABC):
     #: a :class:`~harness.proposers.memo.FixedPrefixMemo` while the statistical gate proposes at
     #: one prefix; None (always, in a run): network calls run directly
     law_memo = None
+    #: a :class:`~harness.proposers.memo.LawTable` while the statistical gate proposes in passes at
+    #: one prefix (proposers that can compute many candidate prefixes' laws in one forward); None
+    #: in a run
+    law_table = None
 
     def __init__(self, *, budget: Budget, manifest_hash: str, policy=None) -> None:
         if budget.shape not in self.shapes:

@@ -39,7 +39,7 @@ import torch
 
 from harness.contracts import Budget, ProposalResult, ProposalStateHandle
 from harness.proposers.base import Proposer
-from harness.proposers.memo import memo_call
+from harness.proposers.memo import LawTable, memo_call
 from harness.proposers.sampling import (
     check_ranked_shape,
     check_shape_parents,
@@ -50,6 +50,7 @@ from harness.proposers.sampling import (
 from harness.random_source import RandomSource
 from harness.target.backend import CacheState, CausalLMBackend, cache_bytes
 from harness.target.loading import shared_vocab_size
+from harness.target.paths import PathRows
 from harness.verifiers.sampling import SamplingPolicy
 
 
@@ -163,7 +164,19 @@ class DraftModelProposer(Proposer):
         return self.peak_state_bytes
 
     # ------------------------------------------------------------------ proposing
+    def open_law_table(self, committed: list[int]) -> LawTable:
+        """A :class:`~harness.proposers.memo.LawTable` of this draft's laws below ``committed``
+        (the statistical gate's fixed prefix): its own cache of the prefix, laws by path computed
+        many per forward, exactly :meth:`law` of the draft's logits at each candidate prefix."""
+        return LawTable(PathRows(self.backend, self.backend.prefill_one(committed), transform=self.law), committed)
+
     def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
+        if self.law_table is not None:  # the statistical gate's passes: laws by candidate prefix
+            self.law_table.check(committed)
+            generation = self.seq.cache_generation if self.seq is not None else 0
+            handle = ProposalStateHandle(owner=self.name, committed_len=len(committed), generation=generation)
+            result = self._sample(self.law_table.level, rng, handle)
+            return _trim(result, self.budget.max_nodes) if self.budget.max_nodes < len(result.nodes) else result
         if self.seq is None:
             self.start(committed)
         seq = self.seq
@@ -209,8 +222,18 @@ class DraftModelProposer(Proposer):
             return law
 
         handle = ProposalStateHandle(owner=self.name, committed_len=len(committed), generation=seq.cache_generation)
+        result = self._sample(q_level, rng, handle)
+        self.peak_state_bytes = max(self.peak_state_bytes, cache_bytes(seq.cache))
+        if result.topology != "sequence":
+            backend.truncate(seq, base)  # sibling rows can never be reused by a committed path
+        if self.budget.max_nodes < len(result.nodes):
+            result = _trim(result, self.budget.max_nodes)
+        return result
+
+    def _sample(self, q_level, rng: RandomSource, handle: ProposalStateHandle) -> ProposalResult:
+        """Draw the proposal of the configured shape, ``q_level(prefixes)`` giving each level's laws."""
         if self.budget.shape == "choices":
-            result = sample_ranked_tree_proposal(
+            return sample_ranked_tree_proposal(
                 q_level,
                 parents=self.budget.parents,
                 ranks=self.budget.ranks,
@@ -220,8 +243,8 @@ class DraftModelProposer(Proposer):
                 manifest_hash=self.manifest_hash,
                 state_handle=handle,
             )
-        elif self.shape_parents:
-            result = sample_shaped_tree_proposal(
+        if self.shape_parents:
+            return sample_shaped_tree_proposal(
                 q_level,
                 parents=self.shape_parents,
                 relation=self.sampling,
@@ -230,22 +253,15 @@ class DraftModelProposer(Proposer):
                 manifest_hash=self.manifest_hash,
                 state_handle=handle,
             )
-        else:
-            result = sample_tree_proposal(
-                q_level,
-                widths=self.widths,
-                relation=self.sampling,
-                rng=rng,
-                source=self.name,
-                manifest_hash=self.manifest_hash,
-                state_handle=handle,
-            )
-        self.peak_state_bytes = max(self.peak_state_bytes, cache_bytes(seq.cache))
-        if result.topology != "sequence":
-            backend.truncate(seq, base)  # sibling rows can never be reused by a committed path
-        if self.budget.max_nodes < len(result.nodes):
-            result = _trim(result, self.budget.max_nodes)
-        return result
+        return sample_tree_proposal(
+            q_level,
+            widths=self.widths,
+            relation=self.sampling,
+            rng=rng,
+            source=self.name,
+            manifest_hash=self.manifest_hash,
+            state_handle=handle,
+        )
 
 
 def _trim(result: ProposalResult, max_nodes: int) -> ProposalResult:

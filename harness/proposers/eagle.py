@@ -59,13 +59,15 @@ import torch
 
 from harness.contracts import PREFIX_FRONTIER, Budget, ProposalNode, ProposalResult, ProposalStateHandle
 from harness.heads.artifacts import load_configured_eagle
+from harness.heads.eagle import DraftKV
 from harness.heads.models import vocab_projection
 from harness.heads.state import CapturedForward, CommittedHidden, PrefixHashes
-from harness.proposers.memo import memo_call
+from harness.proposers.memo import LawTable, memo_call
 from harness.proposers.sampling import beam_tokens, sample_children, topology_of
 from harness.proposers.target_bound import HiddenRowProposer
 from harness.random_source import RandomSource
 from harness.target.loading import looks_like_hub_id
+from harness.target.paths import ROWS_PER_FORWARD
 from harness.topology.dynamic import confidence_order, deeper_nodes_cannot_enter, rerank_connected
 
 SHAPES = frozenset({"sequence", "set", "expansion", "cartesian", "choices", "dynamic"})
@@ -275,18 +277,34 @@ class EagleProposer(HiddenRowProposer):
         else:
             real_len = self.cache.length
             level = _TreeRows(self, committed, real_len)
+            q_level = level.q_level(self._probs)
+            if self.law_table is not None:  # the statistical gate's passes: laws by candidate prefix
+                self.law_table.check(committed)
+                q_level = self.law_table.level
             if self.budget.shape == "dynamic" and self.sampling == "beam":
                 result = self._dynamic_beam(level, handle)
             elif self.budget.shape == "dynamic":
-                result = self._dynamic_sampled(level, rng, handle)
+                result = self._dynamic_sampled(q_level, rng, handle)
             else:
-                result = self._fixed_tree(level.q_level(self._probs), self.widths, rng, handle)
+                result = self._fixed_tree(q_level, self.widths, rng, handle)
             self.peak_state_bytes = max(self.peak_state_bytes, self.cache.nbytes())
             self.cache.crop(real_len)  # drafted rows hold predicted features: never kept
             self._observe_tree(result)
         self._expect = (self.tap.serial, tuple(committed), result)
         self.tap.deliver_next(self._on_forward)
         return result
+
+    def open_law_table(self, committed: list[int]) -> LawTable | None:
+        """A :class:`~harness.proposers.memo.LawTable` of the draft's laws below ``committed`` (the
+        statistical gate's fixed prefix), each candidate prefix's row computed once, a depth's rows
+        in one draft stage; None for the beam (one deterministic tree: nothing to share) or where
+        the draft cannot catch up on the prefix (it proposes nothing there)."""
+        if self.sampling == "beam" or len(committed) < 2:
+            return None
+        self._ingest(committed)
+        if not self._catch_up(committed):
+            return None
+        return LawTable(_DraftPaths(self, committed), committed)
 
     def _observe_tree(self, result: ProposalResult) -> None:
         ex = self.stats.extras
@@ -353,8 +371,9 @@ class EagleProposer(HiddenRowProposer):
             extras={"joint_logp": [joint[i] for i in kept], "pool_nodes": len(tok)},
         )
 
-    def _dynamic_sampled(self, level: _TreeRows, rng: RandomSource, handle: ProposalStateHandle) -> ProposalResult:
-        """Confidence-driven expansion with sampled children and no value-dependent pruning."""
+    def _dynamic_sampled(self, q_level, rng: RandomSource, handle: ProposalStateHandle) -> ProposalResult:
+        """Confidence-driven expansion with sampled children and no value-dependent pruning;
+        ``q_level(prefixes)``: the draft's law ``[len(prefixes), V]`` below each candidate prefix."""
         k, max_nodes, max_depth = self.budget.topk, self.budget.max_nodes, self.budget.max_depth
         nodes: list[ProposalNode] = []
         laws: list[torch.Tensor] = []
@@ -373,14 +392,14 @@ class EagleProposer(HiddenRowProposer):
                     expandable.append(len(nodes) - 1)
             return expandable
 
-        frontier = draw(self._probs(level.root_logits()[None])[0], min(k, max_nodes), PREFIX_FRONTIER)
+        frontier = draw(q_level([()])[0], min(k, max_nodes), PREFIX_FRONTIER)
         for _ in range(2, max_depth + 1):
             remaining = max_nodes - len(nodes)
             if remaining <= 0 or not frontier:
                 break
             n_expand, per = (min(k, len(frontier), remaining // k), k) if remaining >= k else (1, remaining)
             chosen = [frontier[i] for i in confidence_order([joint[f] for f in frontier])[:n_expand]]
-            qs = self._probs(level.expand([prefix_of[c] for c in chosen]))  # [n_expand, V]
+            qs = q_level([prefix_of[c] for c in chosen])  # [n_expand, V]
             frontier = [e for c, q in zip(chosen, qs) for e in draw(q, per, c)]
         return ProposalResult(
             nodes=tuple(nodes),
@@ -446,3 +465,73 @@ class _TreeRows:
             return probs(self.expand(prefixes))
 
         return q_level
+
+
+class _DraftPaths:
+    """The draft's laws by path below the committed pairs, for a :class:`LawTable`: the path
+    ``(x_t, *p)`` holds the law below candidate prefix ``p`` (``x_t`` the pending token). Row ``p``
+    is computed as in :class:`_TreeRows` (the pair ``(g of p's parent, p's last token)``, attending
+    to the committed pairs and its ancestors' rows), once, a depth's missing rows together in one
+    draft stage. The rows live in a cache of their own (a copy of the committed pairs, then every
+    computed row), so a deeper row attends to its ancestors wherever they sit, through the mask."""
+
+    def __init__(self, proposer: EagleProposer, committed: list[int]) -> None:
+        p = proposer
+        self.p = p
+        self.cache = DraftKV(len(p.cache.keys))
+        for layer, (k, v) in enumerate(zip(p.cache.keys, p.cache.values)):
+            if k is not None:
+                self.cache.append(layer, k.clone(), v.clone())
+        self.real_len = self.cache.length
+        self.last_pos = len(committed) - 2
+        root = (int(committed[-1]),)
+        self.g: dict[tuple[int, ...], torch.Tensor] = {root: p.g_last}
+        self.values: dict[tuple[int, ...], torch.Tensor] = {root: p._probs(p._logits(p.g_last[None]))[0]}
+        self.slot: dict[tuple[int, ...], int] = {}
+        self.forwards = 0
+        self.rows_computed = 0
+
+    def __contains__(self, path: tuple[int, ...]) -> bool:
+        return path in self.values
+
+    def __getitem__(self, path: tuple[int, ...]) -> torch.Tensor:
+        return self.values[path]
+
+    def nbytes(self) -> int:
+        return sum(v.numel() * v.element_size() for v in self.values.values()) + self.cache.nbytes()
+
+    @torch.inference_mode()
+    def compute(self, paths) -> int:
+        """Compute every path not computed yet (and any uncomputed ancestor); returns the rows."""
+        todo = {
+            tuple(path[:k]) for path in paths for k in range(2, len(path) + 1) if tuple(path[:k]) not in self.values
+        }
+        by_depth: dict[int, list[tuple[int, ...]]] = {}
+        for path in todo:
+            by_depth.setdefault(len(path), []).append(path)
+        for depth in sorted(by_depth):  # a row's input is its parent's output: one depth per stage
+            rows = sorted(by_depth[depth])
+            for i in range(0, len(rows), ROWS_PER_FORWARD):
+                self._stage(rows[i : i + ROWS_PER_FORWARD])
+        return len(todo)
+
+    def _stage(self, chunk: list[tuple[int, ...]]) -> None:
+        p = self.p
+        start, r = self.cache.length, len(chunk)
+        mask = torch.zeros(1, r, start + r, dtype=torch.bool, device=p.device)
+        mask[0, :, : self.real_len] = True
+        for j, path in enumerate(chunk):
+            for k in range(2, len(path)):
+                mask[0, j, self.slot[path[:k]]] = True
+            mask[0, j, start + j] = True
+        feats = torch.stack([self.g[path[:-1]] for path in chunk])[None]  # [1, r, H]
+        toks = torch.tensor([[path[-1] for path in chunk]], device=p.device)
+        pos = torch.tensor([[self.last_pos + len(path) - 1 for path in chunk]], device=p.device)
+        g = p.draft(feats, p.embed(toks), pos, cache=self.cache, mask=mask, real=False)[0]  # [r, H]
+        laws = p._probs(p._logits(g))  # [r, V]
+        for j, path in enumerate(chunk):
+            self.g[path] = g[j].clone()
+            self.values[path] = laws[j].clone()
+            self.slot[path] = start + j
+        self.forwards += 1
+        self.rows_computed += r

@@ -15,6 +15,15 @@ Off (``proposer.law_memo is None``) the call sites run their computation directl
 unchanged. The gate turns it on around its samples (:meth:`FixedPrefixMemo.begin` before each
 proposal, :meth:`FixedPrefixMemo.end` after) and refuses a proposal at another prefix.
 
+A proposer whose law at a candidate prefix depends on that prefix alone, and which can compute
+many prefixes' laws in one forward, serves the gate through a :class:`LawTable` instead: its
+proposals read laws by candidate prefix from the table, a proposal reaching a prefix not computed
+yet stops (:class:`LawPending`), and between passes over the samples the table computes every
+prefix the stopped samples reached, many per forward (:class:`~harness.target.paths.PathRows`).
+Each stopped sample is then proposed again from the start with the same random source: its draws
+repeat, so it follows the same path one step further each pass. The passes run the proposers'
+per-sample code in lock step by depth without changing it.
+
 Cache kinds whose rows are stored and replayed: the target backend's
 :class:`~harness.target.backend.CacheState` (a draft model), EAGLE's
 :class:`~harness.heads.eagle.DraftKV` and self-speculation's
@@ -160,6 +169,100 @@ def memo_call(proposer, key: Hashable, compute: Callable[[], Any], kv=None) -> A
     return memo.run(key, compute, kv)
 
 
+class LawPending(Exception):
+    """A proposal under a :class:`LawTable` reached candidate prefixes whose law is not computed."""
+
+
+class ReplayingSource:
+    """A sample's random source across the gate's passes. A proposal stopped by a missing law is
+    proposed again from the start: the draws it made before stopping are replayed in order (each
+    checked against the law it is drawn from again), and the draws after them come from the
+    source, which had made exactly those draws. So the results equal, draw for draw, those of
+    proposing again from a fresh source of the same seed, without repeating the draws' work."""
+
+    def __init__(self, source) -> None:
+        self.source = source
+        self.log: list[tuple[str, object, object]] = []
+        self.pos = 0
+
+    def rewind(self) -> None:
+        self.pos = 0
+
+    def _replay(self, kind: str, check):
+        logged_kind, value, logged_check = self.log[self.pos]
+        if logged_kind != kind or logged_check != check:
+            raise RuntimeError(f"a proposal proposed again drew differently ({kind} at draw {self.pos})")
+        self.pos += 1
+        return value
+
+    def bernoulli(self, p: float) -> bool:
+        if self.pos < len(self.log):
+            return self._replay("bernoulli", float(p))
+        value = self.source.bernoulli(p)
+        self.log.append(("bernoulli", value, float(p)))
+        self.pos += 1
+        return value
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        if self.pos < len(self.log):
+            _, value, _ = self.log[self.pos]
+            return self._replay("categorical", (int(probs.shape[-1]), float(probs.reshape(-1)[value])))
+        value = self.source.categorical(probs)
+        self.log.append(("categorical", value, (int(probs.shape[-1]), float(probs.reshape(-1)[value]))))
+        self.pos += 1
+        return value
+
+
+class LawTable:
+    """Proposal laws by candidate prefix at one committed prefix, computed between the gate's passes.
+
+    ``rows`` holds (and computes) the laws by path below the committed prefix's last token
+    ``root``: the law at candidate prefix ``p`` is ``rows[(root, *p)]``.
+    """
+
+    def __init__(self, rows, committed: list[int]) -> None:
+        if not committed:
+            raise ValueError("a law table needs a non-empty committed prefix")
+        self.rows = rows
+        self.prefix = tuple(int(t) for t in committed)
+        self.root = self.prefix[-1]
+        self.missing: set[tuple[int, ...]] = set()
+        self.hits = 0
+        self.fills = 0
+
+    def check(self, committed: list[int]) -> None:
+        if tuple(committed) != self.prefix:
+            raise ValueError("a law table serves proposals at one prefix only")
+
+    def level(self, prefixes: list[tuple[int, ...]]) -> torch.Tensor:
+        """``[len(prefixes), V]``: the law at each candidate prefix; raises :class:`LawPending`
+        (noting what is missing) when one is not computed yet."""
+        keys = [(self.root, *p) for p in prefixes]
+        missing = [k for k in keys if k not in self.rows]
+        if missing:
+            self.missing.update(missing)
+            raise LawPending(len(missing))
+        self.hits += len(keys)
+        if len(keys) == 1:
+            return self.rows[keys[0]].unsqueeze(0)  # a view: a chain's level needs no copy
+        return torch.stack([self.rows[k] for k in keys])
+
+    def fill(self) -> int:
+        """Compute every law a stopped proposal reached; returns the rows computed."""
+        n = self.rows.compute(self.missing) if self.missing else 0
+        self.missing.clear()
+        self.fills += 1
+        return n
+
+    def evidence(self) -> dict:
+        return {
+            "law_rows": self.rows.rows_computed,
+            "law_forwards": self.rows.forwards,
+            "law_hits": self.hits,
+            "law_mb": round(self.rows.nbytes() / 2**20, 1),
+        }
+
+
 def members(proposer) -> list:
     """The proposer and, for a merged one, its sources (which share its memo: their calls run in a
     fixed order within each proposal, so one history keys them all)."""
@@ -168,6 +271,23 @@ def members(proposer) -> list:
         if hasattr(source, "propose"):
             out += members(source)
     return out
+
+
+@contextmanager
+def law_tables(proposer, committed: list[int]):
+    """Open a :class:`LawTable` at ``committed`` for every member of ``proposer`` that can serve
+    from one (``open_law_table``, which may decline with None); yields them, closes them on exit."""
+    opened = []
+    try:
+        for m in members(proposer):
+            table = m.open_law_table(list(committed)) if hasattr(m, "open_law_table") else None
+            if table is not None:
+                m.law_table = table
+                opened.append(table)
+        yield opened
+    finally:
+        for m in members(proposer):
+            m.law_table = None
 
 
 @contextmanager
