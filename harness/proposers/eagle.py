@@ -530,8 +530,8 @@ class _DraftPaths:
         g = p.draft(feats, p.embed(toks), pos, cache=self.cache, mask=mask, real=False)[0]  # [r, H]
         laws = p._probs(p._logits(g))  # [r, V]
         for j, path in enumerate(chunk):
-            self.g[path] = g[j].clone()
-            self.values[path] = laws[j].clone()
+            self.g[path] = g[j]  # views: the stage's rows are kept, not copied again
+            self.values[path] = laws[j]
             self.slot[path] = start + j
         self.forwards += 1
         self.rows_computed += r

@@ -100,7 +100,7 @@ class PathRows:
         out = self.backend.forward_rows(state, ids, pos, mask)
         values = out.logits if self.transform is None else self.transform(out.logits)
         for j, path in enumerate(chunk):
-            self.values[path] = values[j].clone()
+            self.values[path] = values[j]  # a view: the forward's rows are kept, not copied again
         self.forwards += 1
         self.rows_computed += r
 

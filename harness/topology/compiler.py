@@ -162,7 +162,8 @@ def compile_tree(
         vocab = {b.shape[1] for b in q_blocks}
         if len(vocab) != 1:
             raise ContractError(f"proposals disagree on vocabulary size: {sorted(vocab)}")
-        q_dists = torch.cat(q_blocks, dim=0)
+        # one proposal's laws are used as they are (a tree never writes to them): no copy per round
+        q_dists = q_blocks[0] if len(q_blocks) == 1 else torch.cat(q_blocks, dim=0)
     else:
         q_dists = None
 
