@@ -67,7 +67,7 @@ from harness.proposers.sampling import beam_tokens, sample_children, topology_of
 from harness.proposers.target_bound import HiddenRowProposer
 from harness.random_source import RandomSource
 from harness.target.loading import looks_like_hub_id
-from harness.target.paths import ROWS_PER_FORWARD
+from harness.target.paths import ROWS_PER_FORWARD, PathValues
 from harness.topology.dynamic import confidence_order, deeper_nodes_cannot_enter, rerank_connected
 
 SHAPES = frozenset({"sequence", "set", "expansion", "cartesian", "choices", "dynamic"})
@@ -467,7 +467,7 @@ class _TreeRows:
         return q_level
 
 
-class _DraftPaths:
+class _DraftPaths(PathValues):
     """The draft's laws by path below the committed pairs, for a :class:`LawTable`: the path
     ``(x_t, *p)`` holds the law below candidate prefix ``p`` (``x_t`` the pending token). Row ``p``
     is computed as in :class:`_TreeRows` (the pair ``(g of p's parent, p's last token)``, attending
@@ -476,6 +476,7 @@ class _DraftPaths:
     computed row), so a deeper row attends to its ancestors wherever they sit, through the mask."""
 
     def __init__(self, proposer: EagleProposer, committed: list[int]) -> None:
+        super().__init__()
         p = proposer
         self.p = p
         self.cache = DraftKV(len(p.cache.keys))
@@ -486,19 +487,10 @@ class _DraftPaths:
         self.last_pos = len(committed) - 2
         root = (int(committed[-1]),)
         self.g: dict[tuple[int, ...], torch.Tensor] = {root: p.g_last}
-        self.values: dict[tuple[int, ...], torch.Tensor] = {root: p._probs(p._logits(p.g_last[None]))[0]}
-        self.slot: dict[tuple[int, ...], int] = {}
-        self.forwards = 0
-        self.rows_computed = 0
-
-    def __contains__(self, path: tuple[int, ...]) -> bool:
-        return path in self.values
-
-    def __getitem__(self, path: tuple[int, ...]) -> torch.Tensor:
-        return self.values[path]
+        self.values[root] = p._probs(p._logits(p.g_last[None]))[0]
 
     def nbytes(self) -> int:
-        return sum(v.numel() * v.element_size() for v in self.values.values()) + self.cache.nbytes()
+        return self.values_nbytes() + self.cache.nbytes()
 
     @torch.inference_mode()
     def compute(self, paths) -> int:

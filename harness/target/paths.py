@@ -27,7 +27,28 @@ from harness.target.backend import CacheState, CausalLMBackend
 ROWS_PER_FORWARD = 256
 
 
-class PathRows:
+class PathValues:
+    """What a table of rows by path holds and answers: ``values[path]`` (one row's output),
+    ``slot[path]`` (its row in the cache that holds it), and how many forwards computed how many
+    rows. Subclasses compute the rows (``compute(paths)``) and say what they hold (``nbytes``)."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[int, ...], torch.Tensor] = {}
+        self.slot: dict[tuple[int, ...], int] = {}
+        self.forwards = 0
+        self.rows_computed = 0
+
+    def __contains__(self, path: tuple[int, ...]) -> bool:
+        return path in self.values
+
+    def __getitem__(self, path: tuple[int, ...]) -> torch.Tensor:
+        return self.values[path]
+
+    def values_nbytes(self) -> int:
+        return sum(v.numel() * v.element_size() for v in self.values.values())
+
+
+class PathRows(PathValues):
     """Rows at paths below ``state``'s cached prefix (``base`` tokens), computed on demand.
 
     Every computed row stays in ``state`` (so it holds the prefix, then the computed rows in the
@@ -47,26 +68,16 @@ class PathRows:
     ) -> None:
         if rows_per_forward < 1:
             raise ValueError(f"rows_per_forward must be >= 1; got {rows_per_forward}")
+        super().__init__()
         self.backend = backend
         self.state = state
         self.base = state.cache_len
         self.transform = transform
         self.rows_per_forward = rows_per_forward
-        self.values: dict[tuple[int, ...], torch.Tensor] = {}  # path -> transform(logits) [V]
-        self.slot: dict[tuple[int, ...], int] = {}  # path -> its row in the cache
-        self.forwards = 0
-        self.rows_computed = 0
-
-    def __contains__(self, path: tuple[int, ...]) -> bool:
-        return path in self.values
-
-    def __getitem__(self, path: tuple[int, ...]) -> torch.Tensor:
-        return self.values[path]
 
     def nbytes(self) -> int:
-        """Bytes held: the stored values and the computed rows' cache."""
-        values = sum(v.numel() * v.element_size() for v in self.values.values())
-        return values + self.backend.bytes_per_token * len(self.slot)
+        """Bytes held: the stored values (``transform`` of each row's logits) and the rows' cache."""
+        return self.values_nbytes() + self.backend.bytes_per_token * len(self.slot)
 
     @torch.inference_mode()
     def compute(self, paths: Iterable[tuple[int, ...]]) -> int:
