@@ -268,19 +268,20 @@ class EagleProposer(HiddenRowProposer):
     def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
         ex = self.stats.extras
         ex["rounds"] += 1
-        self._ingest(committed)
+        table = self.law_table  # the statistical gate's passes: laws by candidate prefix
+        if table is not None:
+            table.check(committed)  # the prefix the table was opened at, caught up on then
+        else:
+            self._ingest(committed)
         handle = ProposalStateHandle(
             owner=self.name, committed_len=len(committed), generation=self.tap.serial, kv_bytes=self.cache.nbytes()
         )
-        if len(committed) < 2 or not self._catch_up(committed):
+        if table is None and (len(committed) < 2 or not self._catch_up(committed)):
             result = self._no_proposal(handle)
         else:
             real_len = self.cache.length
             level = _TreeRows(self, committed, real_len)
-            q_level = level.q_level(self._probs)
-            if self.law_table is not None:  # the statistical gate's passes: laws by candidate prefix
-                self.law_table.check(committed)
-                q_level = self.law_table.level
+            q_level = level.q_level(self._probs) if table is None else table.level
             if self.budget.shape == "dynamic" and self.sampling == "beam":
                 result = self._dynamic_beam(level, handle)
             elif self.budget.shape == "dynamic":
