@@ -3,16 +3,20 @@ token against the target's exact distribution (top-M tokens plus "other").
 
 Each sample is one real round at the gate's prefix: the proposer proposes with the sample's random
 source, the tree is compiled, the verifier selects with the same source (proposal draws first,
-then verifier draws, as in a run). Two computations are shared across samples, neither changing
-any sample's result:
+then verifier draws, as in a run). The network computations are shared across samples, since at
+a fixed prefix they depend on a candidate's path alone, without changing any sample's result:
 
-- the target side: the target's logits at a fixed prefix depend only on the candidate tree, so
-  samples whose trees are equal reuse one forward, and the distinct trees are verified together,
-  ``batch`` per forward (each tree as one request over the same cached prefix);
-- the draft side: a draft network's computation at a step of a proposal depends only on the
-  prefix and the proposal's steps before it, so the proposer runs under a
-  :class:`~harness.proposers.memo.FixedPrefixMemo`: each distinct step is computed once (by the
-  real code), later samples reaching it get its outputs and cache rows back.
+- the target side, by path (:func:`verify_by_path`): each distinct path's row is computed once,
+  many per forward, and only when a verifier reads it; a sample whose verifier reaches a row not
+  computed yet stops and is selected again from its random source's state once it is;
+- the draft side of proposers with a law table (a draft model, EAGLE's sampled trees): proposals
+  read their laws by candidate prefix from a :class:`~harness.proposers.memo.LawTable`, filled a
+  depth per forward between passes over the samples (a stopped proposal is proposed again with
+  its draws replayed by a :class:`~harness.proposers.memo.ReplayingSource`);
+- the draft side of the others: the proposer runs under a
+  :class:`~harness.proposers.memo.FixedPrefixMemo`: each distinct step (keyed by the proposal's
+  steps before it) is computed once by the real code, later samples reaching it get its outputs
+  and cache rows back.
 
 The proposer and verifier code still run once per sample.
 
@@ -150,7 +154,8 @@ def statistical_gate(
     :func:`choose_prefix` finds in ``prompts``. Returns the evidence (``status`` ``passed`` or
     ``failed``, or ``not_applicable`` when the proposer proposes at no candidate prefix); a first
     rejection is confirmed on independent samples (``confirm``), and the gate fails only when the
-    confirmation rejects too. ``memo=False`` computes every draft step of every sample (same
+    confirmation rejects too. ``memo=False`` shares nothing but whole trees' verify forwards (``batch``
+    per forward) and computes every draft step of every sample (same
     result, slower: for tests)."""
     with _counters_restored(proposer):
         return _statistical_gate(

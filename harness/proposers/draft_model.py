@@ -175,8 +175,7 @@ class DraftModelProposer(Proposer):
             self.law_table.check(committed)
             generation = self.seq.cache_generation if self.seq is not None else 0
             handle = ProposalStateHandle(owner=self.name, committed_len=len(committed), generation=generation)
-            result = self._sample(self.law_table.level, rng, handle)
-            return _trim(result, self.budget.max_nodes) if self.budget.max_nodes < len(result.nodes) else result
+            return self._sample(self.law_table.level, rng, handle)
         if self.seq is None:
             self.start(committed)
         seq = self.seq
@@ -226,12 +225,15 @@ class DraftModelProposer(Proposer):
         self.peak_state_bytes = max(self.peak_state_bytes, cache_bytes(seq.cache))
         if result.topology != "sequence":
             backend.truncate(seq, base)  # sibling rows can never be reused by a committed path
-        if self.budget.max_nodes < len(result.nodes):
-            result = _trim(result, self.budget.max_nodes)
         return result
 
     def _sample(self, q_level, rng: RandomSource, handle: ProposalStateHandle) -> ProposalResult:
-        """Draw the proposal of the configured shape, ``q_level(prefixes)`` giving each level's laws."""
+        """Draw the proposal of the configured shape, ``q_level(prefixes)`` giving each level's
+        laws, cut to the budget's ``max_nodes``."""
+        result = self._draw(q_level, rng, handle)
+        return _trim(result, self.budget.max_nodes) if self.budget.max_nodes < len(result.nodes) else result
+
+    def _draw(self, q_level, rng: RandomSource, handle: ProposalStateHandle) -> ProposalResult:
         if self.budget.shape == "choices":
             return sample_ranked_tree_proposal(
                 q_level,

@@ -19,9 +19,10 @@ A proposer whose law at a candidate prefix depends on that prefix alone, and whi
 many prefixes' laws in one forward, serves the gate through a :class:`LawTable` instead: its
 proposals read laws by candidate prefix from the table, a proposal reaching a prefix not computed
 yet stops (:class:`LawPending`), and between passes over the samples the table computes every
-prefix the stopped samples reached, many per forward (:class:`~harness.target.paths.PathRows`).
-Each stopped sample is then proposed again from the start with the same random source: its draws
-repeat, so it follows the same path one step further each pass. The passes run the proposers'
+prefix the stopped samples reached, many per forward (a draft model's through
+:class:`~harness.target.paths.PathRows`). Each stopped sample is then proposed again from the start
+with its draws replayed (:class:`ReplayingSource`), so it follows the same path one step further
+each pass. The passes run the proposers'
 per-sample code in lock step by depth without changing it.
 
 Cache kinds whose rows are stored and replayed: the target backend's
@@ -228,7 +229,6 @@ class LawTable:
         self.root = self.prefix[-1]
         self.missing: set[tuple[int, ...]] = set()
         self.hits = 0
-        self.fills = 0
 
     def check(self, committed: list[int]) -> None:
         if tuple(committed) != self.prefix:
@@ -251,7 +251,6 @@ class LawTable:
         """Compute every law a stopped proposal reached; returns the rows computed."""
         n = self.rows.compute(self.missing) if self.missing else 0
         self.missing.clear()
-        self.fills += 1
         return n
 
     def evidence(self) -> dict:
