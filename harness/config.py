@@ -86,13 +86,14 @@ class ModelConfig:
     seed: int = ranged(0, **SEED)  # weights seed for model=tiny
     trust_remote_code: bool = False  # explicit opt-in: runs code from the checkpoint
     tiny: TinyConfig = field(default_factory=TinyConfig)  # the LlamaConfig of model=tiny
-    # how every nn.Linear computes (harness.target.options): auto (weight_major for float32 on CPU,
-    # else default) | default (F.linear) | onednn | mkl_packed | weight_major ((W @ x.T).T)
+    # how every nn.Linear computes (harness.target.options): auto (weight_major for float32 on a
+    # non-Intel x86 CPU, else default) | default (F.linear) | onednn | mkl_packed | weight_major ((W @ x.T).T)
     linear_kernel: str = ranged("auto", choices=LINEAR_KERNELS)
     # torch.compile(dynamic=True) of the model's forward (on CPU it needs a C++ compiler)
     compile: bool = False
-    # a pre-allocated KV cache: refused (see harness.runner.check_models)
-    static_cache: bool = False
+    # KV in preallocated buffers written in place (harness.target.kv_cache); false: transformers'
+    # DynamicCache, which concatenates every layer's whole cache each forward. The same values.
+    static_cache: bool = True
 
 
 @dataclass

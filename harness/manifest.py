@@ -63,6 +63,7 @@ def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[st
             "linear_kernel": resolve_linear_kernel(
                 c["model"].get("linear_kernel", "auto"), resolve_dtype(c["model"]["dtype"]), c["model"]["device"]
             ),
+            "static_cache": bool(c["model"].get("static_cache", True)),
             "compile": bool(c["model"].get("compile", False)),
             "threads": c.get("threads"),
         },

@@ -66,7 +66,13 @@ from harness.target.loading import (
     resolve_dtype,
     tokenizer_difference,
 )
-from harness.target.options import apply_linear_kernel, compile_model, compile_problem, linear_kernel_problem
+from harness.target.options import (
+    apply_linear_kernel,
+    apply_static_cache,
+    compile_model,
+    compile_problem,
+    linear_kernel_problem,
+)
 from harness.target.timing import read_bandwidth_gbs, weight_stream_floor_ms
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, write_job
 from harness.tracking.store import ROUNDS_FILENAME
@@ -408,13 +414,6 @@ def check_models(cfg: DictConfig) -> None:
 
 def check_model_options(m: DictConfig, key: str) -> None:
     """Refuse a model option this machine cannot honour, before any model work (one line each)."""
-    if m.get("static_cache"):
-        raise ConfigError(
-            f"{key}.static_cache=true is not available: the backend commits a round by gathering the accepted "
-            "rows into place and cropping the rest, and drops finished requests' batch rows, on a growing "
-            "DynamicCache; no pre-allocated cache implements those moves yet",
-            suggestions=[(f"{key}.static_cache=false",)],
-        )
     problem = linear_kernel_problem(m.get("linear_kernel", "auto"), resolve_dtype(m.dtype), m.device)
     if problem:
         raise ConfigError(problem.replace("model.", f"{key}.", 1), suggestions=[(f"{key}.linear_kernel=default",)])
@@ -425,8 +424,9 @@ def check_model_options(m: DictConfig, key: str) -> None:
 
 
 def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:
-    """The configured linear kernel, then ``torch.compile``, applied to a loaded model in place."""
+    """The configured linear kernel, cache layout, then ``torch.compile``, applied to a loaded model in place."""
     apply_linear_kernel(loaded.model, m.get("linear_kernel", "auto"))
+    apply_static_cache(loaded.model, bool(m.get("static_cache", True)))
     if m.get("compile"):
         compile_model(loaded.model)
     return loaded

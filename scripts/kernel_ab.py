@@ -1,7 +1,9 @@
-"""Verify-forward t(n) under several linear kernels, interleaved in one process.
+"""Verify-forward t(n) under several linear kernels and cache layouts, interleaved in one process.
 
 One model is loaded once; each round switches every ``nn.Linear`` of it to each kernel in turn (in
-an order rotated per round) and times the backend's own verify forward at each n with
+an order rotated per round; the KV cache is the harness's default preallocated one, and a kernel
+named ``KERNEL+dynamic`` also switches the model to transformers' DynamicCache,
+``model.static_cache=false``) and times the backend's own verify forward at each n with
 :func:`harness.target.timing.verify_times`, as a chain (the causal path) and as a branching tree
 (the masked path). Interleaving kernels within one process keeps this machine's drift between
 sittings out of the comparison. Writes ``kernel_ab.md`` (median ms per kernel, shape and n, with
@@ -9,6 +11,7 @@ t(n)/t(1) and each kernel's ratio to the first) and ``kernel_ab.json`` into ``--
 
     .venv/bin/python scripts/kernel_ab.py --out results/kernel_ab                      # SmolLM2, ~5 min
     .venv/bin/python scripts/kernel_ab.py --model tiny --rounds 1 --repeats 1 --out /tmp/ab  # smoke
+    .venv/bin/python scripts/kernel_ab.py --kernels default default+dynamic --prefix-len 1024 --out results/cache_ab
 """
 
 from __future__ import annotations
@@ -24,8 +27,23 @@ from tqdm import tqdm
 
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import load_model
-from harness.target.options import LINEAR_KERNELS, apply_linear_kernel, linear_kernel_of, linear_kernel_problem
+from harness.target.options import (
+    LINEAR_KERNELS,
+    apply_linear_kernel,
+    apply_static_cache,
+    linear_kernel_of,
+    linear_kernel_problem,
+    static_cache_of,
+)
 from harness.target.timing import synthetic_prefix, verify_times
+
+DYNAMIC = "+dynamic"
+
+
+def variant(name: str) -> tuple[str, bool]:
+    """``KERNEL`` or ``KERNEL+dynamic`` -> (kernel, whether the cache is preallocated)."""
+    kernel = name.removesuffix(DYNAMIC)
+    return kernel, kernel == name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2", help="smollm2 (embedded), tiny, or a checkpoint path / hub id")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--kernels", nargs="+", default=["default", "weight_major"], choices=LINEAR_KERNELS)
+    ap.add_argument(
+        "--kernels",
+        nargs="+",
+        default=["default", "weight_major"],
+        help=f"variants: a kernel of {list(LINEAR_KERNELS)}, optionally with {DYNAMIC} (transformers' DynamicCache)",
+    )
     ap.add_argument("--shapes", nargs="+", default=["chain", "heap"], choices=["chain", "heap"])
     ap.add_argument("--ns", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32], help="rows n (pending row included)")
     ap.add_argument("--prefix-len", type=int, default=256, help="cached prefix tokens")
@@ -44,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if min(args.ns) < 1 or args.rounds < 1 or args.repeats < 1 or args.prefix_len < 1:
         ap.error("--ns, --rounds, --repeats and --prefix-len must be >= 1")
-    for kernel in args.kernels:
+    for name in args.kernels:
+        kernel, _ = variant(name)
         problem = linear_kernel_problem(kernel, getattr(torch, args.dtype), args.device)
         if problem:
             ap.error(problem)
@@ -59,13 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         k: {s: {n: [] for n in sorted(set(args.ns))} for s in args.shapes} for k in args.kernels
     }
     resolved: dict[str, list[str]] = {}
+    caches: dict[str, bool] = {}
     steps = args.rounds * len(args.kernels) * len(args.shapes)
     with tqdm(total=steps, desc="kernel a/b", unit="cell", file=sys.stderr) as bar:
         for r in range(args.rounds):
             order = args.kernels[r % len(args.kernels) :] + args.kernels[: r % len(args.kernels)]
             for kernel in order:
-                apply_linear_kernel(loaded.model, kernel)
+                apply_linear_kernel(loaded.model, variant(kernel)[0])
+                apply_static_cache(loaded.model, variant(kernel)[1])
                 resolved[kernel] = sorted(linear_kernel_of(loaded.model))
+                caches[kernel] = static_cache_of(loaded.model)
                 for shape in args.shapes:
                     got = verify_times(
                         backend, prefix_ids=prefix, ns=args.ns, shape=shape, warmup=1, repeats=args.repeats
@@ -86,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "repeats": args.repeats,
         "kernels": {k: resolved[k] for k in args.kernels},
+        "static_cache": {k: caches[k] for k in args.kernels},
         "torch": torch.__version__,
         "t_ms": {k: {s: {str(n): m for n, m in by_n.items()} for s, by_n in v.items()} for k, v in medians.items()},
         "t_samples_ms": {

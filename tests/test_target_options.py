@@ -104,19 +104,33 @@ def test_a_linear_kernel_this_machine_cannot_run_is_refused_in_one_line():
     assert err.value.suggestions == (("model.linear_kernel=default",),)
 
 
-def test_auto_is_weight_major_for_float32_on_cpu_and_plain_linear_elsewhere():
+def test_auto_is_weight_major_for_float32_on_a_non_intel_x86_cpu_and_plain_linear_elsewhere(monkeypatch):
     resolve = options.resolve_linear_kernel
-    assert resolve("auto", torch.float32, "cpu") == "weight_major"
-    assert resolve("auto", torch.bfloat16, "cpu") == "default"
-    assert resolve("auto", torch.float32, "cuda:0") == "default"
-    assert resolve("mkl_packed", torch.float32, "cpu") == "mkl_packed"  # a named kernel is itself
+    assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD") == "weight_major"
+    assert resolve("auto", torch.float32, "cpu", vendor="GenuineIntel") == "default"
+    assert resolve("auto", torch.float32, "cpu", vendor="") == "default"  # ARM, or a vendor nobody reported
+    assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD") == "default"
+    assert resolve("auto", torch.float32, "cuda:0", vendor="AuthenticAMD") == "default"
+    assert resolve("mkl_packed", torch.float32, "cpu", vendor="GenuineIntel") == "mkl_packed"  # a name is itself
     assert options.linear_kernel_problem("auto", torch.bfloat16, "cuda") is None
     assert options.linear_kernel_problem("weight_major", torch.bfloat16, "cuda") is None
-    fp32, bf16 = build_tiny_model(seed=3), build_tiny_model(seed=3, dtype=torch.bfloat16)
-    options.apply_linear_kernel(fp32, "auto")
-    options.apply_linear_kernel(bf16, "auto")
-    assert options.linear_kernel_of(fp32) == {"weight_major"} and options.linear_kernel_of(bf16) == {"default"}
+    for vendor, kernel in (("AuthenticAMD", "weight_major"), ("GenuineIntel", "default")):
+        monkeypatch.setattr(options, "cpu_vendor", lambda v=vendor: v)  # this machine's vendor, as auto reads it
+        assert resolve("auto", torch.float32, "cpu") == kernel
+        fp32, bf16 = build_tiny_model(seed=3), build_tiny_model(seed=3, dtype=torch.bfloat16)
+        options.apply_linear_kernel(fp32, "auto")
+        options.apply_linear_kernel(bf16, "auto")
+        assert options.linear_kernel_of(fp32) == {kernel} and options.linear_kernel_of(bf16) == {"default"}
     assert compose(["model=tiny"]).model.linear_kernel == "auto"  # the configured default
+
+
+def test_cpu_vendor_is_read_from_the_machine():
+    from harness.measure.hardware import cpu_vendor, hardware_card
+
+    vendor = cpu_vendor()
+    assert isinstance(vendor, str) and vendor == vendor.strip()
+    card = hardware_card("cpu")
+    assert card["cpu_vendor"] == vendor and card["cpu_capability"]
 
 
 def test_weight_major_computes_the_linear_product_with_bias_and_leading_dims():
@@ -129,14 +143,6 @@ def test_weight_major_computes_the_linear_product_with_bias_and_leading_dims():
         got = layer(x)
     assert got.shape == (2, 3, 40)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-
-
-def test_static_cache_is_refused_before_model_work_with_the_reason():
-    cfg = compose(["model=tiny", "model.static_cache=true"])
-    with pytest.raises(ConfigError, match=r"model.static_cache=true is not available: the backend commits") as err:
-        check_models(cfg)
-    assert "\n" not in str(err.value)
-    check_models(compose(["model=tiny"]))  # the default passes
 
 
 def test_compile_without_a_cpp_compiler_is_refused(monkeypatch):
@@ -153,11 +159,13 @@ def test_the_manifest_records_the_target_options():
     plain = job_manifest(compose(["model=tiny"]), versions={})
     fast = job_manifest(compose(["model=tiny", "model.linear_kernel=onednn", "model.compile=true"]), versions={})
     assert plain["target"]["linear_kernel"] == "auto" and plain["target"]["compile"] is False
-    assert plain["backend"]["linear_kernel"] == "weight_major"  # what auto is for float32 on CPU
+    assert plain["backend"]["linear_kernel"] == options.resolve_linear_kernel("auto", torch.float32, "cpu")
     bf16 = job_manifest(compose(["model=tiny", "model.dtype=bfloat16"]), versions={})
     assert bf16["backend"]["linear_kernel"] == "default"
     assert fast["target"]["linear_kernel"] == "onednn" and fast["target"]["compile"] is True
     assert fast["backend"]["linear_kernel"] == "onednn" and fast["backend"]["compile"] is True
+    dynamic = job_manifest(compose(["model=tiny", "model.static_cache=false"]), versions={})
+    assert plain["backend"]["static_cache"] is True and dynamic["backend"]["static_cache"] is False
 
 
 def test_both_arms_of_a_run_use_the_configured_linear_kernel(tmp_path, monkeypatch):
@@ -222,10 +230,16 @@ def test_the_kernel_comparison_script_times_each_kernel_on_one_model(tmp_path):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     args = ["--model", "tiny", "--rounds", "2", "--repeats", "1", "--ns", "1", "3", "--prefix-len", "8"]
-    assert script.main(args + ["--kernels", "default", "weight_major", "--out", str(tmp_path)]) == 0
+    variants = ["default", "weight_major", "default+dynamic"]
+    assert script.main(args + ["--kernels", *variants, "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "kernel_ab.json").read_text())
-    assert result["kernels"] == {"default": ["default"], "weight_major": ["weight_major"]}
-    for kernel in ("default", "weight_major"):
+    assert result["kernels"] == {
+        "default": ["default"],
+        "weight_major": ["weight_major"],
+        "default+dynamic": ["default"],
+    }
+    assert result["static_cache"] == {"default": True, "weight_major": True, "default+dynamic": False}
+    for kernel in variants:
         for shape in ("chain", "heap"):
             samples = result["t_samples_ms"][kernel][shape]
             assert sorted(samples) == ["1", "3"] and all(len(v) == 2 and min(v) > 0 for v in samples.values())

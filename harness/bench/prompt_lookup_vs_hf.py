@@ -44,10 +44,12 @@ from harness.proposers.base import NullProposer
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
+from harness.target.kv_cache import new_cache
 from harness.target.loading import load_model
 from harness.target.options import (
     LINEAR_KERNELS,
     apply_linear_kernel,
+    apply_static_cache,
     compile_model,
     compile_problem,
     linear_kernel_of,
@@ -106,6 +108,12 @@ def main(argv=None) -> int:
         "--linear-kernel", default="auto", choices=LINEAR_KERNELS, help="every arm's linear layers (one model)"
     )
     ap.add_argument("--compile", action="store_true", help="torch.compile the model's forward (every arm)")
+    ap.add_argument(
+        "--static-cache",
+        default="true",
+        choices=["true", "false"],
+        help="every arm's KV cache: preallocated and written in place (true), or transformers' DynamicCache",
+    )
     ap.add_argument("--out", default="results/bench/prompt_lookup_vs_hf.json")
     args = ap.parse_args(argv)
     problem = linear_kernel_problem(args.linear_kernel, getattr(torch, args.dtype), "cpu") or (
@@ -118,6 +126,8 @@ def main(argv=None) -> int:
     loaded = load_model(name="smollm2", dtype=args.dtype, attn_implementation=args.attn)
     model, tok = loaded.model, loaded.tokenizer
     apply_linear_kernel(model, args.linear_kernel)  # the one model every arm runs: both families alike
+    static_cache = args.static_cache == "true"
+    apply_static_cache(model, static_cache)
     if args.compile:
         compile_model(model)
     backend = CausalLMBackend(model)
@@ -151,10 +161,17 @@ def main(argv=None) -> int:
         inp = torch.tensor([ids])
         mask = torch.ones_like(inp)
         model.set_attn_implementation("sdpa")  # transformers' arms: its own attention
+        cache = new_cache(model.config, preallocated=static_cache, reserve=new + args.num_tokens + 1)
         try:
             t0 = time.perf_counter()
             out = model.generate(
-                inp, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=tok.eos_token_id, **kw
+                inp,
+                attention_mask=mask,
+                max_new_tokens=new,
+                do_sample=False,
+                pad_token_id=tok.eos_token_id,
+                cache=cache,
+                **kw,
             )
             dt = (time.perf_counter() - t0) * 1e3
         finally:
@@ -237,6 +254,7 @@ def main(argv=None) -> int:
         "attention": args.attn,
         "linear_kernel": sorted(linear_kernel_of(model)),
         "compile": args.compile,
+        "static_cache": static_cache,
         "prompts": len(items),
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),

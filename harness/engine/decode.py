@@ -217,7 +217,8 @@ def decode_batch(
     clock = StageClock(target.device)
     bpt = target.bytes_per_token
     t_start = clock.now()
-    state = target.prefill(prompts)
+    # the slots decoding can append: every new token, plus the last round's unaccepted rows
+    state = target.prefill(prompts, reserve=max_new_tokens + round_cfg.max_nodes + 1)
     live = [
         _Live(
             index=k,

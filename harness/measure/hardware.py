@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import platform
+import re
 import resource
 import subprocess
 from importlib import metadata
@@ -50,12 +52,36 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.cache
+def cpu_vendor() -> str:
+    """The CPU's vendor id (``GenuineIntel``, ``AuthenticAMD``, ...; x86 only), or ``""`` where there
+    is none to read (ARM, or an OS that does not say)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    found = re.search(r"GenuineIntel|AuthenticAMD|HygonGenuine|CentaurHauls", platform.processor() or "")
+    return found.group(0) if found else ""
+
+
+def cpu_capability() -> str:
+    """The vector instruction set torch's CPU kernels dispatch to here (``AVX512``, ``AVX2``, ...)."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):
+        return "unknown"
+
+
 def hardware_card(device: str) -> dict:
     dev = torch.device(device)
     card = {
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name(),
         "cpu": cpu_name(),
+        "cpu_vendor": cpu_vendor(),
+        "cpu_capability": cpu_capability(),
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "git_commit": git_commit(),

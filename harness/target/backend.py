@@ -54,6 +54,7 @@ import torch
 # on a 2-core machine), so commands that never build one (`harness tree`, `compare`, `report`,
 # `oracles` listing) do not pay for it.
 from harness.target.attention import uses_boolean_masks
+from harness.target.options import static_cache_of
 from harness.topology.compiler import CompiledTree
 
 
@@ -154,11 +155,13 @@ class CausalLMBackend:
         self._bool_masks = uses_boolean_masks(self.model)  # SDPA takes them as they are; eager adds a float mask
 
     # ------------------------------------------------------------------ low level
-    def new_state(self, batch_size: int = 1) -> CacheState:
-        from transformers import DynamicCache
+    def new_state(self, batch_size: int = 1, *, reserve: int | None = None) -> CacheState:
+        """An empty cache for ``batch_size`` requests; a preallocated cache (``model.static_cache``)
+        reserves ``reserve`` slots beyond its first forward's rows (default: its own reserve)."""
+        from harness.target.kv_cache import new_cache
 
         return CacheState(
-            cache=DynamicCache(config=self.model.config),
+            cache=new_cache(self.model.config, preallocated=static_cache_of(self.model), reserve=reserve),
             lengths=[0] * batch_size,
             tokens=[[] for _ in range(batch_size)],
             request_ids=list(range(batch_size)),
@@ -268,15 +271,19 @@ class CausalLMBackend:
 
     # ------------------------------------------------------------------ round API
     @torch.inference_mode()
-    def prefill(self, prompts: Sequence[Sequence[int]], request_ids: Sequence[int] | None = None) -> CacheState:
-        """Cache every prompt token but the last (each request's first pending token), right-padded."""
+    def prefill(
+        self, prompts: Sequence[Sequence[int]], request_ids: Sequence[int] | None = None, *, reserve: int | None = None
+    ) -> CacheState:
+        """Cache every prompt token but the last (each request's first pending token), right-padded.
+        ``reserve``: the slots the caller expects to append after the prompts (a preallocated cache
+        holds them from the start; see :meth:`new_state`)."""
         if not prompts:
             raise ValueError("a batch needs at least one prompt")
         for i, p in enumerate(prompts):
             if len(p) < 1:
                 raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")
         b = len(prompts)
-        state = self.new_state(b)
+        state = self.new_state(b, reserve=reserve)
         state.lengths = [len(p) - 1 for p in prompts]
         state.tokens = [[int(t) for t in p[:-1]] for p in prompts]
         if request_ids is not None:

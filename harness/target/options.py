@@ -1,7 +1,7 @@
-"""Target options that change how a model computes, never what: the linear-layer kernel and
-``torch.compile``. Both arms of a run share one loaded target, so an option applied here applies
-to both alike; the options are config keys (``model.linear_kernel``, ``model.compile``), so the
-run manifest records them.
+"""Target options that change how a model computes, never what: the linear-layer kernel, the KV
+cache's layout and ``torch.compile``. Both arms of a run share one loaded target, so an option
+applied here applies to both alike; the options are config keys (``model.linear_kernel``,
+``model.static_cache``, ``model.compile``), so the run manifest records them.
 
 Linear kernels (``model.linear_kernel``), each computing ``x @ W.T + b`` for every ``nn.Linear``
 of the model (the weights stay where they are: tied matrices stay tied, state dicts unchanged):
@@ -14,16 +14,24 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
   on CPU only, and it holds a packed copy of every weight next to the original;
 - ``weight_major``: the same product computed as ``(W @ x.T).T``, i.e. a GEMM whose long side is the
   weight's N rows and whose short side is the m input rows. For the few rows of a decode or verify
-  step, BLAS libraries pick different kernels for the two orientations: on an AMD EPYC with MKL
-  ``F.linear`` of SmolLM2's 49,152-row LM head takes 14 ms for one row and 31 ms for two, where
-  ``W @ x.T`` takes 14 and 10 ms (2 threads, float32);
-- ``auto`` (the configured default): ``weight_major`` for float32 on CPU, where SmolLM2's verify
-  forward measured as fast as ``F.linear`` at one row and 15-40% faster at 2 to 32 rows, and
-  ``default`` otherwise (CUDA, bfloat16, float16).
+  step, BLAS libraries pick different kernels for the two orientations: on an AMD EPYC, where MKL
+  takes its code path for non-Intel CPUs, ``F.linear`` of SmolLM2's 49,152-row LM head takes 14 ms
+  for one row and 31 ms for two, where ``W @ x.T`` takes 14 and 10 ms (2 threads, float32); on an
+  Intel Xeon the same orientation is the slow one (SmolLM2's verify forward of 2 rows: 91 ms
+  against 55 ms with ``F.linear``);
+- ``auto`` (the configured default): ``weight_major`` for float32 on an x86 CPU of a vendor other
+  than Intel (measured on AMD EPYC: as fast as ``F.linear`` at one row, 15-40% faster at 2 to 32
+  rows), ``default`` everywhere else (Intel CPUs, ARM, CUDA, bfloat16, float16).
 
 They differ from ``default`` by float32 rounding (summation order) only; greedy equality between the
 arms does not depend on it (both arms use the same kernel), and a test checks that greedy output
 with each kernel equals greedy output without it on a tiny model.
+
+``model.static_cache`` (default true): every cache the backend builds for this model keeps each
+layer's keys and values in preallocated buffers written in place (:mod:`harness.target.kv_cache`);
+``false`` uses transformers' ``DynamicLayer``, which concatenates the whole cache of every layer in
+every forward (a per-forward cost that grows with the context, and that runtimes built for serving
+do not pay). The values a forward reads are the same either way.
 
 ``model.compile``: ``torch.compile(dynamic=True)`` of the model's forward (its ``__call__``: the
 backend's forward signature checks still see the original ``forward``), so varying verify row
@@ -39,16 +47,28 @@ import shutil
 import torch
 import torch.nn.functional as F
 
+from harness.measure.hardware import cpu_vendor
+
 LINEAR_KERNELS = ("auto", "default", "onednn", "mkl_packed", "weight_major")
 
 
-def resolve_linear_kernel(kernel: str, dtype: torch.dtype, device: str | torch.device) -> str:
+#: x86 vendor ids for which MKL's single-precision GEMM takes its own code path
+INTEL_VENDORS = ("GenuineIntel",)
+
+
+def resolve_linear_kernel(
+    kernel: str, dtype: torch.dtype, device: str | torch.device, *, vendor: str | None = None
+) -> str:
     """The kernel ``kernel`` names for linear layers of ``dtype`` on ``device``: ``auto`` becomes
-    ``weight_major`` for float32 on CPU and ``default`` elsewhere; any other name is itself."""
+    ``weight_major`` for float32 on an x86 CPU whose vendor (``vendor``, default: this machine's) is
+    not Intel, and ``default`` elsewhere; any other name is itself."""
     if kernel != "auto":
         return kernel
     on_cpu = str(device).split(":")[0] == "cpu"  # a string, so a bad device is refused by its own check
-    return "weight_major" if on_cpu and dtype == torch.float32 else "default"
+    if not on_cpu or dtype != torch.float32:
+        return "default"
+    vendor = cpu_vendor() if vendor is None else vendor
+    return "weight_major" if vendor and vendor not in INTEL_VENDORS else "default"
 
 
 def linear_kernel_problem(kernel: str, dtype: torch.dtype, device: str) -> str | None:
@@ -144,6 +164,16 @@ def apply_linear_kernel(model: torch.nn.Module, kernel: str) -> int:
 def linear_kernel_of(model: torch.nn.Module) -> set[str]:
     """The kernels the model's ``nn.Linear`` layers use (``{"default"}`` when none was applied)."""
     return {getattr(m, "_harness_linear_kernel", "default") for m in model.modules() if isinstance(m, torch.nn.Linear)}
+
+
+def apply_static_cache(model: torch.nn.Module, enabled: bool) -> None:
+    """Whether every cache a backend builds for ``model`` preallocates its layers (``model.static_cache``)."""
+    model._harness_static_cache = bool(enabled)
+
+
+def static_cache_of(model: torch.nn.Module) -> bool:
+    """Whether backends of ``model`` build preallocated caches (true unless switched off)."""
+    return bool(getattr(model, "_harness_static_cache", True))
 
 
 def cpp_compiler() -> str | None:

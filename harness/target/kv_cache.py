@@ -1,0 +1,140 @@
+"""A KV cache whose layers append in place: ``model.static_cache=true``.
+
+transformers' ``DynamicLayer`` appends a forward's rows with ``torch.cat([keys, new])``: every
+forward copies the whole cache of every layer, ``2 * B * H_kv * L * d_h`` elements per layer, so a
+decode step's cost grows with the context by copying, not by attention alone (SmolLM2 at a
+1,024-token context: 47 MB copied per step). :class:`PreallocatedLayer` keeps each layer's keys and
+values in buffers ``[B, H_kv, capacity, d_h]`` reserved ahead, writes a forward's rows into the
+next free slots, and exposes ``keys`` / ``values`` as views ``[B, H_kv, L, d_h]`` of the buffers,
+so everything that reads or edits them (attention, the backend's commit gather/scatter, its crop,
+``DynamicLayer.crop``) works unchanged and in place. A forward that needs more slots than the
+buffer holds reallocates it with at least twice the capacity (amortised O(1) per row).
+
+Anything that replaces ``keys`` / ``values`` with a tensor that is not a prefix view of the buffers
+(a batch-row selection, a reorder) is taken as the new content: the next update copies it into
+fresh buffers. The views hold the same values a concatenating cache would, so a forward reads the
+same keys and values either way (a test checks logits bit for bit against ``DynamicLayer``).
+
+Bytes: :func:`harness.target.backend.cache_bytes` counts the views (the rows a request holds, as
+for a dynamic cache); :func:`reserved_bytes` counts the buffers.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+#: slots reserved beyond what the first forward needs (and the least a reallocation adds)
+DEFAULT_RESERVE = 256
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A ``DynamicLayer`` that appends into reserved buffers instead of concatenating."""
+
+    def __init__(self, reserve: int | None = None, **kwargs) -> None:
+        self._key_buffer: torch.Tensor | None = None  # [B, H_kv, capacity, d_h]
+        self._value_buffer: torch.Tensor | None = None
+        super().__init__(**kwargs)
+        self.reserve = max(int(DEFAULT_RESERVE if reserve is None else reserve), 1)
+
+    # ``keys`` / ``values`` as attributes of the layer: an assignment from outside (a crop to a
+    # shorter prefix, a batch-row selection) records whether the new tensor is still a prefix view
+    # of the buffer, so :meth:`update` never has to inspect pointers (nor does a compiled forward).
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self._keys
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self._keys = value
+        self._keys_in_buffer = _prefix_view(value, self._key_buffer)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self._values
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._values = value
+        self._values_in_buffer = _prefix_view(value, self._value_buffer)
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self._key_buffer is None else int(self._key_buffer.shape[-2])
+
+    def _reallocate(self, length: int, needed: int, like_keys: torch.Tensor, like_values: torch.Tensor) -> None:
+        """Fresh buffers of at least ``needed`` slots holding the first ``length`` current rows: the
+        first ones with ``reserve`` slots to spare, an outgrown one at least doubled, a replaced one
+        (new content that fits) at its old capacity."""
+        old = self.capacity
+        capacity = old if needed <= old else max(needed + self.reserve, 2 * old)
+        b, h, _, d = like_keys.shape
+        keys = like_keys.new_empty((b, h, capacity, d))
+        values = like_values.new_empty((b, h, capacity, like_values.shape[-1]))
+        if length:
+            keys[:, :, :length] = self._keys
+            values[:, :, :length] = self._values
+        self._key_buffer, self._value_buffer = keys, values
+
+    @torch._dynamo.disable  # appending into a buffer the graph does not own: eager (a compiled forward breaks here)
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``key_states`` / ``value_states`` ``[B, H_kv, R, d_h]`` after the cached rows; return
+        views of every cached row ``[B, H_kv, L + R, d_h]``."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length = self.get_seq_length()
+        if length and tuple(self._keys.shape[:2]) != tuple(key_states.shape[:2]):
+            raise ValueError(f"cache layer holds {tuple(self._keys.shape)}; cannot append {tuple(key_states.shape)}")
+        end = length + key_states.shape[-2]
+        if not (self._keys_in_buffer and self._values_in_buffer) or end > self.capacity:
+            self._reallocate(length, end, key_states, value_states)
+        self._key_buffer[:, :, length:end] = key_states
+        self._value_buffer[:, :, length:end] = value_states
+        self._keys, self._values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+        self._keys_in_buffer = self._values_in_buffer = True
+        return self._keys, self._values
+
+    def reset(self) -> None:
+        self._key_buffer = self._value_buffer = None
+        super().reset()
+
+
+def _prefix_view(view: torch.Tensor | None, buffer: torch.Tensor | None) -> bool:
+    """Whether ``view`` is ``buffer[:, :, :L]`` for some L (same storage start, strides and heads)."""
+    return (
+        view is not None
+        and buffer is not None
+        and view.dim() == 4
+        and view.data_ptr() == buffer.data_ptr()
+        and view.stride() == buffer.stride()
+        and view.shape[:2] == buffer.shape[:2]
+        and view.shape[-1] == buffer.shape[-1]
+    )
+
+
+def new_cache(config, *, preallocated: bool, reserve: int | None = None):
+    """A ``DynamicCache`` for ``config``; with ``preallocated`` its plain full-attention layers are
+    :class:`PreallocatedLayer` (sliding-window and other special layers stay as transformers builds
+    them)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config)
+    if preallocated:
+        cache.layers = [
+            PreallocatedLayer(reserve=reserve) if type(layer) is DynamicLayer else layer for layer in cache.layers
+        ]
+    return cache
+
+
+def reserved_bytes(cache) -> int:
+    """Bytes the cache's layers hold: preallocated buffers whole, other layers' tensors as they are."""
+    total = 0
+    for layer in cache.layers:
+        if isinstance(layer, PreallocatedLayer) and layer._key_buffer is not None:
+            tensors = (layer._key_buffer, layer._value_buffer)
+        else:
+            tensors = tuple(t for t in (layer.keys, layer.values) if isinstance(t, torch.Tensor))
+        total += sum(t.numel() * t.element_size() for t in tensors)
+    return total
