@@ -1,6 +1,7 @@
 """Round engine on the tiny model: greedy equality for every allowed proposer x topology x
 verifier at temperature 0, EOS inside an accepted path, input/cache lengths, negotiation."""
 
+import numpy as np
 import pytest
 import torch
 from helpers import round_of_one
@@ -211,9 +212,56 @@ def test_acceptance_rates_learn_from_commits():
     )
     committed = [1, 2, 3, 9, 1, 2, 3]
     result = prop.propose(committed, TorchRandomSource(0))
-    assert [n.token_id for n in result.nodes][:1] == [9]
+    assert [n.token_id for n in result.nodes] == [9, 1, 2, 3]  # the one occurrence: context 3
+    assert [n.score for n in result.nodes] == [3.0] * 4
     prop.observe_commit(committed + [9, 1, 7])  # 9 and 1 accepted, then 7 instead of 2
-    key1 = prop.rates.key(1, 3, 0)
-    assert prop.rates.tried[key1] == 1 and prop.rates.accepted[key1] == 1
-    key3 = prop.rates.key(3, 3, 0)
-    assert prop.rates.tried[key3] == 1 and prop.rates.accepted.get(key3, 0) == 0
+    rates = prop.rates
+    near = rates.key(1, 3, 0)  # depths 1 and 2 extend the 3-token match to 3 and 4: one bucket
+    assert rates.key(2, 3, 0) == near and rates.tried[near] == 2 and rates.accepted[near] == 2
+    far = rates.key(3, 3, 0)  # depth 3: 5 tokens of context, the next bucket
+    assert far != near and rates.tried[far] == 1 and rates.accepted.get(far, 0) == 0
+    assert rates.key(4, 3, 0) == far and rates.tried[far] == 1  # depth 4 was never reached: not tried
+    prior = rates.PRIOR_MEAN[near[0]] * rates.prior_strength
+    assert rates.rate(near) == pytest.approx((2 + prior) / (2 + rates.prior_strength))
+    assert rates.rate(rates.key(1, 1, 0)) == pytest.approx(rates.PRIOR_MEAN[0])  # untried: its prior
+
+
+def test_occurrences_are_ranked_by_how_much_context_they_match():
+    from harness.proposers.prompt_lookup import MAX_CONTEXT, find_continuations
+
+    tokens = np.array([5, 1, 2, 8, 30, 7, 1, 2, 9, 31, 2, 40, 32, 5, 1, 2])
+    got = find_continuations(tokens, max_ngram=2, min_ngram=1, max_depth=2, max_matches=8)
+    # [1, 2] after 5 (context 3: 5 1 2), then the more recent [1, 2] after 7 (context 2), then the
+    # 1-gram [2] at 10 (context 1; the 2s at 2 and 7 are taken by the 2-gram matches)
+    assert [(c, cont.tolist()) for c, cont in got] == [(3, [8, 30]), (2, [9, 31]), (1, [40, 32])]
+    assert [c for c, _ in find_continuations(tokens, max_ngram=2, min_ngram=2, max_depth=2, max_matches=1)] == [3]
+    loop = np.array(list(range(3, 43)) * 2)  # 40 tokens repeated: the match runs as far back as it can
+    (context, cont), *_ = find_continuations(loop, max_ngram=2, min_ngram=1, max_depth=3, max_matches=8)
+    assert context == MAX_CONTEXT and cont.tolist() == [3, 4, 5]
+
+
+def _script(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_context_calibration_tallies_each_tried_candidate_by_its_effective_context(tmp_path):
+    import json
+
+    script = _script("lookup_context_calibration")
+    # one occurrence of [2, 3] with 3 tokens of context; the target says 9, 1, then 7 (not 2)
+    got = script.tally([1, 2, 3, 9, 1, 2, 3], [9, 1, 7], max_ngram=2, max_depth=10, max_matches=8)
+    assert got == {3: [1, 1], 4: [1, 1], 5: [0, 1]}
+    assert script.main(["--model", "tiny", "--limit", "2", "--max-new-tokens", "8", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "lookup_context.json").read_text())
+    assert result["buckets"] and all(0 <= b["accepted"] <= b["tried"] for b in result["buckets"].values())
+    assert sum(b["tried"] for b in result["buckets"].values()) == sum(
+        t for w in result["by_effective_context"].values() for _, t in w.values()
+    )
+    assert "| prior mean |" in (tmp_path / "lookup_context.md").read_text()
