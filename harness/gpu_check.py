@@ -10,7 +10,9 @@ on weights, and timing depends on shapes.
    sequential decoding.
 2. Timing through the runs' device-synchronised timing function: t(n) for n = 1 + candidate rows
    (real tree masks) over a 256-token prefix, normalised to t(1), for the stock and the grouped tree
-   attention; the round loop (AR vs prompt lookup) on a repetitive prompt, time per committed token.
+   attention (on the preallocated cache, the default), and for the grouped attention on
+   transformers' concatenating DynamicCache over a 1,024-token prefix beside the preallocated one;
+   the round loop (AR vs prompt lookup) on a repetitive prompt, time per committed token.
 3. The real runner (`harness run`, gates included: the equivalence gate on the GPU model, greedy
    equality on every output) on the SmolLM2-shaped model with the default experiment's proposer and
    topology, 10 HumanEval prompts, 128 new tokens: a demo-sized measurement whose record lands in
@@ -40,6 +42,7 @@ from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
 from harness.target import attention
 from harness.target.backend import CausalLMBackend
+from harness.target.options import apply_static_cache
 from harness.target.timing import verify_times
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
@@ -207,6 +210,11 @@ def main(argv=None) -> int:
     attention.register()
     model.set_attn_implementation(attention.NAME)
     report["t_of_n_grouped"] = t_of_n(model, args.device, [1, 2, 4, 8, 16, 32, 64, 128])
+    for static in (True, False):
+        apply_static_cache(model, static)
+        key = "t_of_n_grouped_prefix1024_" + ("preallocated" if static else "dynamic_cache")
+        report[key] = t_of_n(model, args.device, [1, 2, 8, 32], prefix=1024)
+    apply_static_cache(model, True)
     report["round_loop"] = round_loop(model, args.device)
     del model
     report["runner"] = runner(args.device, args.dtype, Path(args.out).parent / "gpu_check_run")

@@ -25,6 +25,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from harness.contracts import Budget
+from harness.engine.decode import RoundConfig, decode
+from harness.proposers.base import NullProposer
+from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import load_model
 from harness.target.options import (
@@ -36,8 +40,26 @@ from harness.target.options import (
     static_cache_of,
 )
 from harness.target.timing import synthetic_prefix, verify_times
+from harness.verifiers import get_verifier
+from harness.verifiers.sampling import SamplingPolicy
 
 DYNAMIC = "+dynamic"
+
+
+def ar_decode_ms_per_token(backend: CausalLMBackend, prompt: list[int], tokens: int) -> float:
+    """Decode ms per token of the harness's autoregressive round loop (no EOS), prefill excluded."""
+    res = decode(
+        target=backend,
+        proposer=NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="kernel_ab"),
+        verifier=get_verifier("greedy"),
+        policy=SamplingPolicy(),
+        prompt_ids=prompt,
+        max_new_tokens=tokens,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(0),
+        round_cfg=RoundConfig(max_nodes=1, max_depth=1),
+    )
+    return res.decode_ms / len(res.tokens)
 
 
 def variant(name: str) -> tuple[str, bool]:
@@ -63,10 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="kernel alternations")
     ap.add_argument("--repeats", type=int, default=3, help="timed forwards per size, kernel, shape and round")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=0,
+        help="also time the harness's autoregressive decode of this many tokens from the prefix, per variant "
+        "and round (the cache grows by commits, as in a run)",
+    )
     ap.add_argument("--out", required=True, help="folder for kernel_ab.md and kernel_ab.json")
     args = ap.parse_args(argv)
-    if min(args.ns) < 1 or args.rounds < 1 or args.repeats < 1 or args.prefix_len < 1:
-        ap.error("--ns, --rounds, --repeats and --prefix-len must be >= 1")
+    if min(args.ns) < 1 or args.rounds < 1 or args.repeats < 1 or args.prefix_len < 1 or args.decode_tokens < 0:
+        ap.error("--ns, --rounds, --repeats and --prefix-len must be >= 1, --decode-tokens >= 0")
     for name in args.kernels:
         kernel, _ = variant(name)
         problem = linear_kernel_problem(kernel, getattr(torch, args.dtype), args.device)
@@ -82,9 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[str, dict[str, dict[int, list[float]]]] = {
         k: {s: {n: [] for n in sorted(set(args.ns))} for s in args.shapes} for k in args.kernels
     }
+    decode_ms: dict[str, list[float]] = {k: [] for k in args.kernels}  # ms per decoded token, one per round
     resolved: dict[str, list[str]] = {}
     caches: dict[str, bool] = {}
-    steps = args.rounds * len(args.kernels) * len(args.shapes)
+    steps = args.rounds * len(args.kernels) * (len(args.shapes) + bool(args.decode_tokens))
     with tqdm(total=steps, desc="kernel a/b", unit="cell", file=sys.stderr) as bar:
         for r in range(args.rounds):
             order = args.kernels[r % len(args.kernels) :] + args.kernels[: r % len(args.kernels)]
@@ -99,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     for n, v in got.items():
                         samples[kernel][shape][n].extend(v)
+                    bar.update()
+                if args.decode_tokens:
+                    decode_ms[kernel].append(ar_decode_ms_per_token(backend, prefix, args.decode_tokens))
                     bar.update()
     medians = {
         k: {s: {n: statistics.median(v) for n, v in by_n.items()} for s, by_n in by_shape.items()}
@@ -116,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         "static_cache": {k: caches[k] for k in args.kernels},
         "torch": torch.__version__,
         "t_ms": {k: {s: {str(n): m for n, m in by_n.items()} for s, by_n in v.items()} for k, v in medians.items()},
+        "decode_tokens": args.decode_tokens,
+        "decode_ms_per_token": {k: statistics.median(v) for k, v in decode_ms.items() if v},
+        "decode_ms_per_token_samples": {k: v for k, v in decode_ms.items() if v},
         "t_samples_ms": {
             k: {s: {str(n): x for n, x in by_n.items()} for s, by_n in v.items()} for k, v in samples.items()
         },
@@ -154,6 +190,19 @@ def markdown(result: dict, medians: dict, args) -> str:
                 + " | ".join(f"{t[n]:.1f}" for n in ns)
                 + f" | {ratio[2]} | {ratio[8]} | {vs:.2f} |"
             )
+    if result["decode_ms_per_token"]:
+        lines += [
+            "",
+            f"Autoregressive decode of {result['decode_tokens']} tokens from the prefix (the harness's round loop, "
+            "median over rounds), ms per token:",
+            "",
+            "| variant | ms / token | vs " + base + " |",
+            "|---|---:|---:|",
+        ]
+        ref = result["decode_ms_per_token"][base]
+        for kernel in args.kernels:
+            ms = result["decode_ms_per_token"][kernel]
+            lines.append(f"| {kernel} | {ms:.1f} | {ms / ref:.2f} |")
     return "\n".join(lines) + "\n"
 
 

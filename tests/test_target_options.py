@@ -230,6 +230,7 @@ def test_the_kernel_comparison_script_times_each_kernel_on_one_model(tmp_path):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     args = ["--model", "tiny", "--rounds", "2", "--repeats", "1", "--ns", "1", "3", "--prefix-len", "8"]
+    args += ["--decode-tokens", "3"]
     variants = ["default", "weight_major", "default+dynamic"]
     assert script.main(args + ["--kernels", *variants, "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "kernel_ab.json").read_text())
@@ -243,4 +244,32 @@ def test_the_kernel_comparison_script_times_each_kernel_on_one_model(tmp_path):
         for shape in ("chain", "heap"):
             samples = result["t_samples_ms"][kernel][shape]
             assert sorted(samples) == ["1", "3"] and all(len(v) == 2 and min(v) > 0 for v in samples.values())
-    assert "| weight_major | heap |" in (tmp_path / "kernel_ab.md").read_text()
+    for kernel in variants:  # the round loop's decode too, once per round
+        assert len(result["decode_ms_per_token_samples"][kernel]) == 2 and result["decode_ms_per_token"][kernel] > 0
+    text = (tmp_path / "kernel_ab.md").read_text()
+    assert "| weight_major | heap |" in text and "| default+dynamic | " in text and "ms / token" in text
+
+
+def test_the_floor_script_splits_the_autoregressive_step_into_its_parts(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "ar_floor.py"
+    spec = importlib.util.spec_from_file_location("ar_floor", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = ["--model", "tiny", "--rounds", "2", "--repeats", "2", "--prefix-len", "8", "--out", str(tmp_path)]
+    assert script.main(args) == 0
+    result = json.loads((tmp_path / "ar_floor.json").read_text())
+    assert len(result["samples"]["step"]) == 4 and len(result["samples"]["products"]) == 2
+    assert result["ar_step_ms"] > 0 and result["products_ms"] > 0 and result["skeleton_step_ms"] > 0
+    assert result["weight_stream_floor_ms"] == pytest.approx(
+        result["streamed_weight_bytes"] / (result["read_bandwidth_gbs"] * 1e9) * 1e3
+    )
+    assert result["ar_step_vs_floor"] == pytest.approx(result["ar_step_ms"] / result["weight_stream_floor_ms"])
+    assert result["rest_ms"] == pytest.approx(result["ar_step_ms"] - result["products_ms"] - result["skeleton_step_ms"])
+    skeleton = script.skeleton_of(build_tiny_model())
+    assert skeleton.config.num_hidden_layers == build_tiny_model().config.num_hidden_layers  # every layer kept
+    assert skeleton.config.hidden_size == 64
+    assert "| autoregressive step t(1) |" in (tmp_path / "ar_floor.md").read_text()
