@@ -93,7 +93,8 @@ class ModelConfig:
     compile: bool = False
     # KV in preallocated buffers written in place (harness.target.kv_cache); false: transformers'
     # DynamicCache, which concatenates every layer's whole cache each forward. The same values.
-    static_cache: bool = True
+    # null: preallocated, unless model.compile (a compiled forward breaks its graph at each append)
+    static_cache: Optional[bool] = None
 
 
 @dataclass

@@ -72,6 +72,7 @@ from harness.target.options import (
     compile_model,
     compile_problem,
     linear_kernel_problem,
+    resolve_static_cache,
 )
 from harness.target.timing import read_bandwidth_gbs, weight_stream_floor_ms
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, write_job
@@ -426,7 +427,7 @@ def check_model_options(m: DictConfig, key: str) -> None:
 def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:
     """The configured linear kernel, cache layout, then ``torch.compile``, applied to a loaded model in place."""
     apply_linear_kernel(loaded.model, m.get("linear_kernel", "auto"))
-    apply_static_cache(loaded.model, bool(m.get("static_cache", True)))
+    apply_static_cache(loaded.model, resolve_static_cache(m.get("static_cache"), bool(m.get("compile"))))
     if m.get("compile"):
         compile_model(loaded.model)
     return loaded

@@ -166,6 +166,17 @@ def test_the_manifest_records_the_target_options():
     assert fast["backend"]["linear_kernel"] == "onednn" and fast["backend"]["compile"] is True
     dynamic = job_manifest(compose(["model=tiny", "model.static_cache=false"]), versions={})
     assert plain["backend"]["static_cache"] is True and dynamic["backend"]["static_cache"] is False
+    assert fast["backend"]["static_cache"] is False  # compiled: the concatenating cache unless asked
+    both = job_manifest(compose(["model=tiny", "model.compile=true", "model.static_cache=true"]), versions={})
+    assert both["backend"]["static_cache"] is True
+    assert [options.resolve_static_cache(v, c) for v in (None, True, False) for c in (False, True)] == [
+        True,
+        False,
+        True,
+        True,
+        False,
+        False,
+    ]
 
 
 def test_both_arms_of_a_run_use_the_configured_linear_kernel(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""A KV cache whose layers append in place: ``model.static_cache=true``.
+"""A KV cache whose layers append in place: ``model.static_cache`` (the default on an uncompiled target).
 
 transformers' ``DynamicLayer`` appends a forward's rows with ``torch.cat([keys, new])``: every
 forward copies the whole cache of every layer, ``2 * B * H_kv * L * d_h`` elements per layer, so a
