@@ -41,6 +41,8 @@ from harness.target.options import (
     LINEAR_KERNELS,
     apply_linear_kernel,
     apply_static_cache,
+    compile_model,
+    compile_problem,
     linear_kernel_of,
     linear_kernel_problem,
     static_cache_of,
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--linear-kernel", default="auto", choices=LINEAR_KERNELS)
     ap.add_argument("--static-cache", default="true", choices=["true", "false"])
     ap.add_argument("--attn", default="harness_sdpa", choices=["sdpa", "harness_sdpa", "eager"])
+    ap.add_argument("--compile", action="store_true", help="torch.compile both models' forwards (model.compile)")
     ap.add_argument("--prefix-len", type=int, default=256, help="cached prefix tokens")
     ap.add_argument("--rounds", type=int, default=4, help="alternations of the four measurements")
     ap.add_argument("--repeats", type=int, default=7, help="timed repeats per measurement and round")
@@ -103,12 +106,19 @@ def main(argv: list[str] | None = None) -> int:
     path = None if name != "hf" else args.model
     model = load_model(name=name, name_or_path=path, dtype=args.dtype, attn_implementation=args.attn).model
     skeleton = skeleton_of(model)
+    if args.compile and compile_problem("cpu"):
+        ap.error(compile_problem("cpu"))
     for m in (model, skeleton):
         apply_linear_kernel(m, args.linear_kernel)
         apply_static_cache(m, args.static_cache == "true")
+        if args.compile:
+            compile_model(m)
     backends = {"step": CausalLMBackend(model), "skeleton": CausalLMBackend(skeleton)}
     prefix = {k: synthetic_prefix(args.prefix_len + 1, b.vocab_size) for k, b in backends.items()}
     samples: dict[str, list[float]] = {k: [] for k in ("read_gbs", "step", "products", "skeleton")}
+    for k in ("step", "skeleton"):  # warm-up, untimed: a compiled model compiles here (each shape it meets)
+        verify_times(backends[k], prefix_ids=prefix[k], ns=[1], warmup=2, repeats=1)
+    products_ms(model, 1)
     with tqdm(total=args.rounds, desc="ar floor", unit="round", file=sys.stderr) as bar:
         for _ in range(args.rounds):
             samples["read_gbs"].append(read_bandwidth_gbs(repeats=args.repeats))
@@ -128,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
         "linear_kernel": sorted(linear_kernel_of(model)),
         "static_cache": static_cache_of(model),
+        "compile": args.compile,
         "attention": args.attn,
         "prefix_len": args.prefix_len,
         "rounds": args.rounds,
@@ -158,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             f"# The autoregressive step against the weight-streaming floor: {args.model} {args.dtype}, "
             f"{result['cpu']} ({result['cpu_capability']}), {result['threads']} threads, prefix {args.prefix_len}, "
             f"kernel {', '.join(result['linear_kernel'])}, static cache {str(result['static_cache']).lower()}, "
+            f"{'compiled' if args.compile else 'eager'}, "
             f"{args.rounds} rounds x {args.repeats} repeats, medians",
             "",
             f"Floor: {result['streamed_weight_bytes'] / 1e6:.0f} MB of weights at {med['read_gbs']:.1f} GB/s read.",

@@ -265,3 +265,12 @@ def test_the_context_calibration_tallies_each_tried_candidate_by_its_effective_c
         t for w in result["by_effective_context"].values() for _, t in w.values()
     )
     assert "| prior mean |" in (tmp_path / "lookup_context.md").read_text()
+
+
+def test_the_lookup_comparison_loads_another_commits_proposer_beside_this_one():
+    script = _script("lookup_ab")
+    baseline = script.baseline_module("HEAD")
+    assert baseline.PromptLookupProposer is not PromptLookupProposer  # a module of its own
+    assert baseline.PromptLookupProposer.name == "prompt_lookup"
+    with pytest.raises(SystemExit, match="cannot read prompt_lookup.py"):
+        script.baseline_module("no-such-revision-anywhere")

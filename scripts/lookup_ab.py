@@ -1,0 +1,177 @@
+"""Prompt lookup of another commit against this checkout's, interleaved in one process.
+
+Loads ``harness/proposers/prompt_lookup.py`` as it was at ``--baseline-rev`` (``git show``) beside
+the current module and runs, per prompt and in an order alternating per prompt: the harness's
+autoregressive arm, the baseline's adaptive tree, the current adaptive tree (at each
+``--depths``), and transformers' ``generate(prompt_lookup_num_tokens=K)``. Every arm shares the one
+model, its cache layout and the one t(n) profile measured at the start, and each of our arms keeps
+one proposer for all prompts (as a run does). Decode time only; every output must equal the
+autoregressive one. Comparing commits in one process keeps this machine's drift between sittings
+(10-20% here) out of the comparison. Writes ``--out`` (JSON).
+
+    .venv/bin/python scripts/lookup_ab.py --baseline-rev 6248dc6 --workload chat --limit 8 --out results/ab_chat.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from harness.bench.prompt_lookup_vs_hf import WORKLOADS, bench_items
+from harness.contracts import Budget
+from harness.engine.decode import RoundConfig, decode
+from harness.proposers.base import NullProposer
+from harness.proposers.prompt_lookup import PromptLookupProposer
+from harness.random_source import TorchRandomSource
+from harness.target.backend import CausalLMBackend
+from harness.target.kv_cache import new_cache
+from harness.target.loading import load_model
+from harness.target.options import static_cache_of
+from harness.target.timing import verify_cost_curve
+from harness.verifiers import get_verifier
+from harness.verifiers.sampling import SamplingPolicy
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def baseline_module(rev: str):
+    """``harness.proposers.prompt_lookup`` as it was at ``rev``, imported as a module of its own
+    (from a copy written to a temporary folder; its imports resolve against this checkout)."""
+    source = subprocess.run(
+        ["git", "show", f"{rev}:harness/proposers/prompt_lookup.py"], cwd=REPO, capture_output=True, text=True
+    )
+    if source.returncode != 0:
+        raise SystemExit(f"lookup_ab: cannot read prompt_lookup.py at {rev}: {source.stderr.strip()}")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "baseline_prompt_lookup.py"
+        path.write_text(source.stdout)
+        spec = importlib.util.spec_from_file_location("baseline_prompt_lookup", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline-rev", required=True, help="a git revision of this repository")
+    ap.add_argument("--workload", default="humaneval", choices=WORKLOADS)
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--split", default="eval")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--nodes", type=int, default=16)
+    ap.add_argument("--depths", nargs="+", type=int, default=[10], help="the current proposer's max depths")
+    ap.add_argument("--num-tokens", type=int, default=10, help="K of transformers' lookup and the baseline's depth")
+    ap.add_argument("--ngram", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    baseline = baseline_module(args.baseline_rev)
+    torch.set_num_threads(args.threads)
+    loaded = load_model(name="smollm2", dtype="float32", attn_implementation="harness_sdpa")
+    model, tok = loaded.model, loaded.tokenizer
+    backend = CausalLMBackend(model)
+    items = bench_items(args.workload, tok, split=args.split, limit=args.limit)
+    eos = frozenset({int(tok.eos_token_id)})
+    cost = verify_cost_curve(backend, items[0][1], max_rows=args.nodes)["normalised"][: args.nodes + 1]
+
+    def adaptive(cls, depth):
+        return cls(
+            budget=Budget("sequences", args.nodes, depth),
+            manifest_hash="ab",
+            max_ngram=args.ngram,
+            max_matches=8,
+            budget_policy="adaptive",
+            verify_cost=cost,
+        )
+
+    proposers = {
+        "ours_ar": NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="ab"),
+        "baseline": adaptive(baseline.PromptLookupProposer, args.num_tokens),
+        **{f"current_d{d}": adaptive(PromptLookupProposer, d) for d in args.depths},
+    }
+
+    def ours(name, ids, new):
+        p = proposers[name]
+        res = decode(
+            target=backend,
+            proposer=p,
+            verifier=get_verifier("greedy"),
+            policy=SamplingPolicy(),
+            prompt_ids=ids,
+            max_new_tokens=new,
+            eos_token_ids=eos,
+            rng=TorchRandomSource(0),
+            round_cfg=RoundConfig(max_nodes=p.budget.max_nodes, max_depth=p.budget.max_depth),
+        )
+        return res.tokens, res.decode_ms
+
+    def hf_pld(ids, new):
+        inp = torch.tensor([ids])
+        cache = new_cache(model.config, preallocated=static_cache_of(model), reserve=new + args.num_tokens + 1)
+        model.set_attn_implementation("sdpa")
+        try:
+            t0 = time.perf_counter()
+            out = model.generate(
+                inp,
+                attention_mask=torch.ones_like(inp),
+                max_new_tokens=new,
+                do_sample=False,
+                pad_token_id=tok.eos_token_id,
+                cache=cache,
+                prompt_lookup_num_tokens=args.num_tokens,
+                max_matching_ngram_size=args.ngram,
+            )
+            ms = (time.perf_counter() - t0) * 1e3
+        finally:
+            model.set_attn_implementation("harness_sdpa")
+        return out[0, len(ids) :].tolist(), ms
+
+    arms = [*proposers, "hf_pld"]
+    for name in proposers:  # warm-up (excluded), proposers kept
+        ours(name, items[0][1], 8)
+    hf_pld(items[0][1], 8)
+    totals = {a: [0.0, 0] for a in arms}
+    identical = True
+    for i, (_, ids) in enumerate(tqdm(items, desc=args.workload, file=sys.stderr)):
+        outs = {}
+        for a in arms if i % 2 == 0 else arms[::-1]:
+            if a == "hf_pld":
+                toks, ms = hf_pld(ids, args.max_new_tokens)
+                _, first = hf_pld(ids, 1)  # prefill and the first token: decode time only
+                totals[a][0] += ms - first
+                totals[a][1] += len(toks) - 1
+            else:
+                toks, ms = ours(a, ids, args.max_new_tokens)
+                totals[a][0] += ms
+                totals[a][1] += len(toks)
+            outs[a] = toks
+        identical &= all(outs[a] == outs["ours_ar"] for a in arms)
+    per_token = {a: ms / max(n, 1) for a, (ms, n) in totals.items()}
+    result = {
+        "baseline_rev": args.baseline_rev,
+        "workload": args.workload,
+        "split": args.split,
+        "prompts": len(items),
+        "max_new_tokens": args.max_new_tokens,
+        "verify_cost": cost,
+        "time_per_token_ms": per_token,
+        "vs_hf_pld": {a: per_token["hf_pld"] / per_token[a] for a in arms},
+        "outputs_identical": identical,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("time_per_token_ms", "vs_hf_pld", "outputs_identical")}, indent=2))
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
