@@ -43,7 +43,7 @@ from harness.engine.decode import RoundConfig, decode  # noqa: E402
 from harness.proposers.base import NullProposer  # noqa: E402
 from harness.random_source import TorchRandomSource  # noqa: E402
 from harness.runner import check_models  # noqa: E402
-from harness.target import options  # noqa: E402
+from harness.target import native, options  # noqa: E402
 from harness.target.backend import CausalLMBackend  # noqa: E402
 from harness.verifiers import get_verifier  # noqa: E402
 from harness.verifiers.sampling import SamplingPolicy  # noqa: E402
@@ -104,17 +104,22 @@ def test_a_linear_kernel_this_machine_cannot_run_is_refused_in_one_line():
     assert err.value.suggestions == (("model.linear_kernel=default",),)
 
 
-def test_auto_is_weight_major_for_float32_on_a_non_intel_x86_cpu_and_plain_linear_elsewhere(monkeypatch):
+def test_auto_streams_float32_on_a_non_intel_x86_cpu_and_is_plain_linear_elsewhere(monkeypatch):
     resolve = options.resolve_linear_kernel
-    assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD") == "weight_major"
+    monkeypatch.setattr(options, "cpp_compiler", lambda: "/usr/bin/g++")
+    assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD") == "streaming"
     assert resolve("auto", torch.float32, "cpu", vendor="GenuineIntel") == "default"
     assert resolve("auto", torch.float32, "cpu", vendor="") == "default"  # ARM, or a vendor nobody reported
     assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD") == "default"
     assert resolve("auto", torch.float32, "cuda:0", vendor="AuthenticAMD") == "default"
     assert resolve("mkl_packed", torch.float32, "cpu", vendor="GenuineIntel") == "mkl_packed"  # a name is itself
+    monkeypatch.setattr(options, "cpp_compiler", lambda: None)  # nothing to build the streaming kernel with
+    assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD") == "weight_major"
     assert options.linear_kernel_problem("auto", torch.bfloat16, "cuda") is None
     assert options.linear_kernel_problem("weight_major", torch.bfloat16, "cuda") is None
-    for vendor, kernel in (("AuthenticAMD", "weight_major"), ("GenuineIntel", "default")):
+    monkeypatch.undo()
+    streams = native.cpp_compiler() is not None
+    for vendor, kernel in (("AuthenticAMD", "streaming" if streams else "weight_major"), ("GenuineIntel", "default")):
         monkeypatch.setattr(options, "cpu_vendor", lambda v=vendor: v)  # this machine's vendor, as auto reads it
         assert resolve("auto", torch.float32, "cpu") == kernel
         fp32, bf16 = build_tiny_model(seed=3), build_tiny_model(seed=3, dtype=torch.bfloat16)
@@ -146,7 +151,7 @@ def test_weight_major_computes_the_linear_product_with_bias_and_leading_dims():
 
 
 def test_compile_without_a_cpp_compiler_is_refused(monkeypatch):
-    monkeypatch.setattr(options.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
     cfg = compose(["model=tiny", "model.compile=true"])
     with pytest.raises(ConfigError, match=r"model.compile=true needs a C\+\+ compiler"):
         check_models(cfg)

@@ -1,0 +1,135 @@
+"""Native CPU kernels of the target, built on first use with this machine's C++ compiler.
+
+``kernels/streaming_linear.cpp`` defines ``torch.ops.harness.streaming_linear(x, weight, bias)``:
+``x @ weight.T + bias`` for up to 64 float32 rows, each weight row streamed from memory once for
+all rows, with every output element reduced in an order that does not depend on the number of
+rows (see the source's header). It is compiled for this CPU (``-march=native``) against the
+installed torch's headers, once per source, flags, torch version, compiler and CPU, into
+``$HARNESS_CACHE/native/`` (a finished build is moved into place atomically, so concurrent jobs
+never load a half-written library), then loaded with ``torch.ops.load_library``. The op joins
+torch's own OpenMP pool (the library links ``libgomp.so.1``, which torch has already loaded).
+
+A fake (meta) implementation is registered with it, so ``torch.compile`` traces through it as one
+opaque call.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from harness.target.loading import cache_root
+
+SOURCE = Path(__file__).with_name("kernels") / "streaming_linear.cpp"
+#: compiler flags every build uses (tests add others, e.g. ``-mno-avx512f`` for the AVX2 path)
+BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w")
+
+
+class NativeBuildError(RuntimeError):
+    """A native kernel could not be built or loaded here (the message is one line)."""
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler on this machine (``$CXX`` or the usual names), or None: what the streaming
+    kernel's build and ``torch.compile``'s inductor on CPU both need."""
+    for name in (os.environ.get("CXX"), "g++", "clang++", "c++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_fingerprint() -> str:
+    """The CPU's model and feature flags (what ``-march=native`` compiles for)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    keep = [ln for ln in lines if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+    return "\n".join(dict.fromkeys(keep))
+
+
+def _compiler_version(cxx: str) -> str:
+    out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
+    return (out.stdout.splitlines() or [""])[0]
+
+
+def build(*, namespace: str = "harness", extra_flags: tuple[str, ...] = (), out_dir: Path | None = None) -> Path:
+    """The compiled library for ``namespace`` (``torch.ops.<namespace>.streaming_linear``), built
+    unless a build with the same inputs exists. Raises :class:`NativeBuildError`."""
+    cxx = cpp_compiler()
+    if cxx is None:
+        raise NativeBuildError("no C++ compiler found (install g++ or set $CXX)")
+    torch_dir = Path(torch.__file__).parent
+    flags = [
+        *BASE_FLAGS,
+        *extra_flags,
+        f"-DHARNESS_NAMESPACE={namespace}",
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+    ]
+    key = hashlib.sha256(
+        "\n".join([SOURCE.read_text(), *flags, torch.__version__, _compiler_version(cxx), _cpu_fingerprint()]).encode()
+    ).hexdigest()[:16]
+    out_dir = out_dir or cache_root() / "native"
+    target = out_dir / f"streaming_linear-{namespace}-{key}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"harness: compiling the streaming linear kernel for this CPU ({Path(cxx).name}, once)", file=sys.stderr)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.partial")
+    os.close(fd)
+    cmd = [
+        cxx,
+        *flags,
+        f"-I{torch_dir / 'include'}",
+        str(SOURCE),
+        f"-L{torch_dir / 'lib'}",
+        "-lc10",
+        "-ltorch_cpu",
+        "-o",
+        tmp,
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        Path(tmp).unlink(missing_ok=True)
+        errors = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines() or [""]
+        raise NativeBuildError(f"{Path(cxx).name} could not build {SOURCE.name}: {errors[0].strip()[:200]}")
+    os.replace(tmp, target)
+    return target
+
+
+@functools.cache
+def load_streaming_linear() -> None:
+    """Build (once) and load ``torch.ops.harness.streaming_linear``. Raises :class:`NativeBuildError`."""
+    library = build()
+    try:
+        torch.ops.load_library(str(library))
+    except OSError as exc:
+        raise NativeBuildError(f"cannot load {library.name}: {exc}") from exc
+    register_fake("harness")
+
+
+def register_fake(namespace: str) -> None:
+    """The op's output shape and dtype without computing it (for ``torch.compile``'s tracing)."""
+
+    @torch.library.register_fake(f"{namespace}::streaming_linear")
+    def _(x, weight, bias):
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def streaming_linear_problem() -> str | None:
+    """Why the streaming kernel cannot run here (one line), or None once it is loaded."""
+    try:
+        load_streaming_linear()
+    except NativeBuildError as exc:
+        return str(exc)
+    return None
