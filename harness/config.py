@@ -86,8 +86,9 @@ class ModelConfig:
     seed: int = ranged(0, **SEED)  # weights seed for model=tiny
     trust_remote_code: bool = False  # explicit opt-in: runs code from the checkpoint
     tiny: TinyConfig = field(default_factory=TinyConfig)  # the LlamaConfig of model=tiny
-    # how every nn.Linear computes (harness.target.options): auto (weight_major for float32 on a
-    # non-Intel x86 CPU, else default) | default (F.linear) | onednn | mkl_packed | weight_major ((W @ x.T).T)
+    # how every nn.Linear computes (harness.target.options): auto (streaming for float32 on a non-Intel
+    # x86 CPU with a C++ compiler, weight_major without one, else default) | default (F.linear) |
+    # onednn | mkl_packed | weight_major ((W @ x.T).T) | streaming (the harness's own kernel)
     linear_kernel: str = ranged("auto", choices=LINEAR_KERNELS)
     # torch.compile(dynamic=True) of the model's forward (on CPU it needs a C++ compiler)
     compile: bool = False
@@ -95,6 +96,9 @@ class ModelConfig:
     # DynamicCache, which concatenates every layer's whole cache each forward. The same values.
     # null: preallocated, unless model.compile (a compiled forward breaks its graph at each append)
     static_cache: Optional[bool] = None
+    # each Llama decoder layer as one native call (harness.target.fused_layers); null: where the
+    # linear kernel is streaming (float32 CPU), the cache preallocated and the forward uncompiled
+    fused_layers: Optional[bool] = None
 
 
 @dataclass

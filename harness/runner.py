@@ -50,6 +50,7 @@ from harness.proposers.base import NullProposer
 from harness.random_source import TorchRandomSource
 from harness.record_schema import is_gated
 from harness.target.backend import CausalLMBackend
+from harness.target.fused_layers import apply_fused_layers
 from harness.target.loading import (
     DERIVED,
     CheckpointError,
@@ -71,8 +72,10 @@ from harness.target.options import (
     apply_static_cache,
     compile_model,
     compile_problem,
+    fused_layers_problem,
     linear_kernel_problem,
     resolve_static_cache,
+    resolved_fused_layers,
 )
 from harness.target.timing import read_bandwidth_gbs, weight_stream_floor_ms
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, write_job
@@ -422,12 +425,21 @@ def check_model_options(m: DictConfig, key: str) -> None:
         problem = compile_problem(m.device)
         if problem:
             raise ConfigError(problem.replace("model.", f"{key}.", 1), suggestions=[(f"{key}.compile=false",)])
+    if m.get("fused_layers"):
+        static = resolve_static_cache(m.get("static_cache"), bool(m.get("compile")))
+        problem = fused_layers_problem(
+            resolve_dtype(m.dtype), m.device, compiled=bool(m.get("compile")), static_cache=static
+        )
+        if problem:
+            raise ConfigError(problem.replace("model.", f"{key}.", 1), suggestions=[(f"{key}.fused_layers=false",)])
 
 
 def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:
-    """The configured linear kernel, cache layout, then ``torch.compile``, applied to a loaded model in place."""
+    """The configured linear kernel, cache layout, fused layers, then ``torch.compile``, applied to a
+    loaded model in place; the load report records how many decoder layers run fused."""
     apply_linear_kernel(loaded.model, m.get("linear_kernel", "auto"))
     apply_static_cache(loaded.model, resolve_static_cache(m.get("static_cache"), bool(m.get("compile"))))
+    loaded.load_report["fused_layers"] = apply_fused_layers(loaded.model, resolved_fused_layers(m))
     if m.get("compile"):
         compile_model(loaded.model)
     return loaded

@@ -18,6 +18,7 @@ rest at full width (attention over the prefix, norms, rotary embeddings, the cac
 Writes ``ar_floor.md`` and ``ar_floor.json`` into ``--out``.
 
     .venv/bin/python scripts/ar_floor.py --out results/ar_floor                     # SmolLM2, ~1 min
+    .venv/bin/python scripts/ar_floor.py --fused-layers --out results/ar_floor_fused
     .venv/bin/python scripts/ar_floor.py --model tiny --rounds 1 --repeats 2 --out /tmp/af  # smoke
 """
 
@@ -36,6 +37,7 @@ from tqdm import tqdm
 
 from harness.measure.hardware import cpu_capability, cpu_name
 from harness.target.backend import CausalLMBackend
+from harness.target.fused_layers import apply_fused_layers, fused_layers_of
 from harness.target.loading import load_model
 from harness.target.options import (
     LINEAR_KERNELS,
@@ -43,6 +45,7 @@ from harness.target.options import (
     apply_static_cache,
     compile_model,
     compile_problem,
+    fused_layers_problem,
     linear_kernel_of,
     linear_kernel_problem,
     static_cache_of,
@@ -88,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--linear-kernel", default="auto", choices=LINEAR_KERNELS)
     ap.add_argument("--static-cache", default="true", choices=["true", "false"])
+    ap.add_argument("--fused-layers", action="store_true", help="decoder layers as native calls (model.fused_layers)")
     ap.add_argument("--attn", default="harness_sdpa", choices=["sdpa", "harness_sdpa", "eager"])
     ap.add_argument("--compile", action="store_true", help="torch.compile both models' forwards (model.compile)")
     ap.add_argument("--prefix-len", type=int, default=256, help="cached prefix tokens")
@@ -108,9 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     skeleton = skeleton_of(model)
     if args.compile and compile_problem("cpu"):
         ap.error(compile_problem("cpu"))
+    static = args.static_cache == "true"
+    if args.fused_layers and (
+        problem := fused_layers_problem(model.dtype, "cpu", compiled=args.compile, static_cache=static)
+    ):
+        ap.error(problem)
     for m in (model, skeleton):
         apply_linear_kernel(m, args.linear_kernel)
-        apply_static_cache(m, args.static_cache == "true")
+        apply_static_cache(m, static)
+        apply_fused_layers(m, args.fused_layers)
         if args.compile:
             compile_model(m)
     backends = {"step": CausalLMBackend(model), "skeleton": CausalLMBackend(skeleton)}
@@ -139,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         "linear_kernel": sorted(linear_kernel_of(model)),
         "static_cache": static_cache_of(model),
         "compile": args.compile,
+        "fused_layers": fused_layers_of(model),
         "attention": args.attn,
         "prefix_len": args.prefix_len,
         "rounds": args.rounds,
@@ -169,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             f"# The autoregressive step against the weight-streaming floor: {args.model} {args.dtype}, "
             f"{result['cpu']} ({result['cpu_capability']}), {result['threads']} threads, prefix {args.prefix_len}, "
             f"kernel {', '.join(result['linear_kernel'])}, static cache {str(result['static_cache']).lower()}, "
-            f"{'compiled' if args.compile else 'eager'}, "
+            f"{'compiled' if args.compile else 'eager'}, {'fused' if args.fused_layers else 'transformers'} layers, "
             f"{args.rounds} rounds x {args.repeats} repeats, medians",
             "",
             f"Floor: {result['streamed_weight_bytes'] / 1e6:.0f} MB of weights at {med['read_gbs']:.1f} GB/s read.",

@@ -1,17 +1,20 @@
 """Verify-forward t(n) under several linear kernels and cache layouts, interleaved in one process.
 
 One model is loaded once; each round switches every ``nn.Linear`` of it to each kernel in turn (in
-an order rotated per round; the KV cache is the harness's default preallocated one, and a kernel
-named ``KERNEL+dynamic`` also switches the model to transformers' DynamicCache,
-``model.static_cache=false``) and times the backend's own verify forward at each n with
-:func:`harness.target.timing.verify_times`, as a chain (the causal path) and as a branching tree
-(the masked path). Interleaving kernels within one process keeps this machine's drift between
-sittings out of the comparison. Writes ``kernel_ab.md`` (median ms per kernel, shape and n, with
-t(n)/t(1) and each kernel's ratio to the first) and ``kernel_ab.json`` into ``--out``.
+an order rotated per round; the KV cache is the harness's default preallocated one, a kernel named
+``KERNEL+dynamic`` also switches the model to transformers' DynamicCache,
+``model.static_cache=false``, and ``KERNEL+fused`` runs the decoder layers as native calls,
+``model.fused_layers=true``; every other variant runs transformers' layers) and times the backend's
+own verify forward at each n with :func:`harness.target.timing.verify_times`, as a chain (the causal
+path) and as a branching tree (the masked path). Interleaving kernels within one process keeps this
+machine's drift between sittings out of the comparison. Writes ``kernel_ab.md`` (median ms per
+kernel, shape and n, with t(n)/t(1) and each kernel's ratio to the first) and ``kernel_ab.json``
+into ``--out``.
 
     .venv/bin/python scripts/kernel_ab.py --out results/kernel_ab                      # SmolLM2, ~5 min
     .venv/bin/python scripts/kernel_ab.py --model tiny --rounds 1 --repeats 1 --out /tmp/ab  # smoke
     .venv/bin/python scripts/kernel_ab.py --kernels default default+dynamic --prefix-len 1024 --out results/cache_ab
+    .venv/bin/python scripts/kernel_ab.py --kernels streaming streaming+fused --out results/fused_ab
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ from harness.engine.decode import RoundConfig, decode
 from harness.proposers.base import NullProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
+from harness.target.fused_layers import apply_fused_layers
 from harness.target.loading import load_model
 from harness.target.options import (
     LINEAR_KERNELS,
     apply_linear_kernel,
     apply_static_cache,
+    fused_layers_problem,
     linear_kernel_of,
     linear_kernel_problem,
     static_cache_of,
@@ -44,6 +49,7 @@ from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
 
 DYNAMIC = "+dynamic"
+FUSED = "+fused"
 
 
 def ar_decode_ms_per_token(backend: CausalLMBackend, prompt: list[int], tokens: int) -> float:
@@ -62,10 +68,11 @@ def ar_decode_ms_per_token(backend: CausalLMBackend, prompt: list[int], tokens: 
     return res.decode_ms / len(res.tokens)
 
 
-def variant(name: str) -> tuple[str, bool]:
-    """``KERNEL`` or ``KERNEL+dynamic`` -> (kernel, whether the cache is preallocated)."""
-    kernel = name.removesuffix(DYNAMIC)
-    return kernel, kernel == name
+def variant(name: str) -> tuple[str, bool, bool]:
+    """``KERNEL``, ``KERNEL+dynamic`` or ``KERNEL+fused`` -> (kernel, whether the cache is
+    preallocated, whether the decoder layers run fused)."""
+    kernel = name.removesuffix(DYNAMIC).removesuffix(FUSED)
+    return kernel, not name.endswith(DYNAMIC), name.endswith(FUSED)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         "--kernels",
         nargs="+",
         default=["default", "weight_major"],
-        help=f"variants: a kernel of {list(LINEAR_KERNELS)}, optionally with {DYNAMIC} (transformers' DynamicCache)",
+        help=f"variants: a kernel of {list(LINEAR_KERNELS)}, optionally with {DYNAMIC} (transformers' "
+        f"DynamicCache) or {FUSED} (fused decoder layers)",
     )
     ap.add_argument("--shapes", nargs="+", default=["chain", "heap"], choices=["chain", "heap"])
     ap.add_argument("--ns", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32], help="rows n (pending row included)")
@@ -97,8 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.ns) < 1 or args.rounds < 1 or args.repeats < 1 or args.prefix_len < 1 or args.decode_tokens < 0:
         ap.error("--ns, --rounds, --repeats and --prefix-len must be >= 1, --decode-tokens >= 0")
     for name in args.kernels:
-        kernel, _ = variant(name)
-        problem = linear_kernel_problem(kernel, getattr(torch, args.dtype), args.device)
+        kernel, preallocated, fused = variant(name)
+        dtype = getattr(torch, args.dtype)
+        problem = linear_kernel_problem(kernel, dtype, args.device) or (
+            fused and fused_layers_problem(dtype, args.device, compiled=False, static_cache=preallocated)
+        )
         if problem:
             ap.error(problem)
     torch.set_num_threads(args.threads)
@@ -114,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     decode_ms: dict[str, list[float]] = {k: [] for k in args.kernels}  # ms per decoded token, one per round
     resolved: dict[str, list[str]] = {}
     caches: dict[str, bool] = {}
+    fused: dict[str, int] = {}  # decoder layers fused per variant
     steps = args.rounds * len(args.kernels) * (len(args.shapes) + bool(args.decode_tokens))
     with tqdm(total=steps, desc="kernel a/b", unit="cell", file=sys.stderr) as bar:
         for r in range(args.rounds):
@@ -121,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             for kernel in order:
                 apply_linear_kernel(loaded.model, variant(kernel)[0])
                 apply_static_cache(loaded.model, variant(kernel)[1])
+                fused[kernel] = apply_fused_layers(loaded.model, variant(kernel)[2])
                 resolved[kernel] = sorted(linear_kernel_of(loaded.model))
                 caches[kernel] = static_cache_of(loaded.model)
                 for shape in args.shapes:
@@ -147,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "kernels": {k: resolved[k] for k in args.kernels},
         "static_cache": {k: caches[k] for k in args.kernels},
+        "fused_layers": {k: fused[k] for k in args.kernels},
         "torch": torch.__version__,
         "t_ms": {k: {s: {str(n): m for n, m in by_n.items()} for s, by_n in v.items()} for k, v in medians.items()},
         "decode_tokens": args.decode_tokens,

@@ -59,7 +59,16 @@ def test_a_draft_given_by_path_loads_every_layer(ckpts):
     target, draft = load_models(cfg)
     assert target.model.config.num_hidden_layers == 4 and len(target.model.model.layers) == 4
     assert draft.model.config.num_hidden_layers == 3 and len(draft.model.model.layers) == 3
-    assert draft.load_report == {"layers": 3, "missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
+    from harness.target.options import resolved_fused_layers
+
+    fused = 3 if resolved_fused_layers(cfg.proposer.model) else 0  # the target options the draft gets too
+    assert draft.load_report == {
+        "layers": 3,
+        "missing_keys": [],
+        "unexpected_keys": [],
+        "mismatched_keys": [],
+        "fused_layers": fused,
+    }
     assert str(ckpts["other"]) in draft.source
 
 

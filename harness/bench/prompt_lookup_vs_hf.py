@@ -48,6 +48,7 @@ from harness.proposers.base import NullProposer
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
+from harness.target.fused_layers import apply_fused_layers, fused_layers_of
 from harness.target.kv_cache import new_cache
 from harness.target.loading import load_model
 from harness.target.options import (
@@ -56,8 +57,11 @@ from harness.target.options import (
     apply_static_cache,
     compile_model,
     compile_problem,
+    fused_layers_problem,
     linear_kernel_of,
     linear_kernel_problem,
+    resolve_fused_layers,
+    resolve_linear_kernel,
 )
 from harness.target.timing import read_bandwidth_gbs, streamed_weight_bytes, verify_cost_curve, weight_stream_floor_ms
 from harness.verifiers import get_verifier
@@ -119,10 +123,28 @@ def main(argv=None) -> int:
         choices=["true", "false"],
         help="every arm's KV cache: preallocated and written in place (true), or transformers' DynamicCache",
     )
+    ap.add_argument(
+        "--fused-layers",
+        default="auto",
+        choices=["auto", "true", "false"],
+        help="every arm's decoder layers as native calls (auto: as model.fused_layers=null resolves)",
+    )
     ap.add_argument("--out", default="results/bench/prompt_lookup_vs_hf.json")
     args = ap.parse_args(argv)
-    problem = linear_kernel_problem(args.linear_kernel, getattr(torch, args.dtype), "cpu") or (
-        compile_problem("cpu") if args.compile else None
+    dtype = getattr(torch, args.dtype)
+    static_cache = args.static_cache == "true"
+    fused = resolve_fused_layers(
+        None if args.fused_layers == "auto" else args.fused_layers == "true",
+        dtype,
+        "cpu",
+        linear_kernel=resolve_linear_kernel(args.linear_kernel, dtype, "cpu"),
+        compiled=args.compile,
+        static_cache=static_cache,
+    )
+    problem = (
+        linear_kernel_problem(args.linear_kernel, dtype, "cpu")
+        or (compile_problem("cpu") if args.compile else None)
+        or (fused_layers_problem(dtype, "cpu", compiled=args.compile, static_cache=static_cache) if fused else None)
     )
     if problem:
         ap.error(problem)
@@ -131,8 +153,8 @@ def main(argv=None) -> int:
     loaded = load_model(name="smollm2", dtype=args.dtype, attn_implementation=args.attn)
     model, tok = loaded.model, loaded.tokenizer
     apply_linear_kernel(model, args.linear_kernel)  # the one model every arm runs: both families alike
-    static_cache = args.static_cache == "true"
     apply_static_cache(model, static_cache)
+    apply_fused_layers(model, fused)
     if args.compile:
         compile_model(model)
     backend = CausalLMBackend(model)
@@ -252,6 +274,7 @@ def main(argv=None) -> int:
         "linear_kernel": sorted(linear_kernel_of(model)),
         "compile": args.compile,
         "static_cache": static_cache,
+        "fused_layers": fused_layers_of(model),
         "prompts": len(items),
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),

@@ -76,25 +76,36 @@ class PreallocatedLayer(DynamicLayer):
             values[:, :, :length] = self._values
         self._key_buffer, self._value_buffer = keys, values
 
+    def reserve_rows(self, rows: int, like_keys: torch.Tensor, like_values: torch.Tensor) -> int:
+        """Make room for ``rows`` more rows after the cached ones (``like_*``: a forward's new keys and
+        values, or tensors of their shape and dtype); returns the first free slot."""
+        if not self.is_initialized:
+            self.lazy_initialization(like_keys, like_values)
+        length = self.get_seq_length()
+        if length and tuple(self._keys.shape[:2]) != tuple(like_keys.shape[:2]):
+            raise ValueError(f"cache layer holds {tuple(self._keys.shape)}; cannot append {tuple(like_keys.shape)}")
+        end = length + rows
+        if not (self._keys_in_buffer and self._values_in_buffer) or end > self.capacity:
+            self._reallocate(length, end, like_keys, like_values)
+        return length
+
+    def filled_to(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The buffers' slots ``[0, end)`` hold the cache now; returns them as ``keys`` / ``values``."""
+        self._keys, self._values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+        self._keys_in_buffer = self._values_in_buffer = True
+        return self._keys, self._values
+
     @torch._dynamo.disable  # appending into a buffer the graph does not own: eager (a compiled forward breaks here)
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``key_states`` / ``value_states`` ``[B, H_kv, R, d_h]`` after the cached rows; return
         views of every cached row ``[B, H_kv, L + R, d_h]``."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        length = self.get_seq_length()
-        if length and tuple(self._keys.shape[:2]) != tuple(key_states.shape[:2]):
-            raise ValueError(f"cache layer holds {tuple(self._keys.shape)}; cannot append {tuple(key_states.shape)}")
-        end = length + key_states.shape[-2]
-        if not (self._keys_in_buffer and self._values_in_buffer) or end > self.capacity:
-            self._reallocate(length, end, key_states, value_states)
-        self._key_buffer[:, :, length:end] = key_states
-        self._value_buffer[:, :, length:end] = value_states
-        self._keys, self._values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
-        self._keys_in_buffer = self._values_in_buffer = True
-        return self._keys, self._values
+        start = self.reserve_rows(key_states.shape[-2], key_states, value_states)
+        end = start + key_states.shape[-2]
+        self._key_buffer[:, :, start:end] = key_states
+        self._value_buffer[:, :, start:end] = value_states
+        return self.filled_to(end)
 
     def reset(self) -> None:
         self._key_buffer = self._value_buffer = None

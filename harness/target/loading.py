@@ -192,7 +192,8 @@ class LoadedModel:
     source: str  # where the weights came from (path, package file, "random-init")
     #: what loading reported: ``layers`` loaded, ``unexpected_keys`` (checkpoint tensors the model
     #: has no place for: shown, not fatal), ``missing_keys`` (always empty: a load with missing
-    #: weights is refused), ``mismatched_keys``
+    #: weights is refused), ``mismatched_keys``; and, once the runner applied the target options,
+    #: ``fused_layers`` (decoder layers running as native calls)
     load_report: dict = field(default_factory=dict)
 
 

@@ -1,16 +1,21 @@
 """Native CPU kernels of the target, built on first use with this machine's C++ compiler.
 
-``kernels/streaming_linear.cpp`` defines ``torch.ops.harness.streaming_linear(x, weight, bias)``:
-``x @ weight.T + bias`` for up to 64 float32 rows, each weight row streamed from memory once for
-all rows, with every output element reduced in an order that does not depend on the number of
-rows (see the source's header). It is compiled for this CPU (``-march=native``) against the
+``kernels/cpu_decode.cpp`` defines two ops (see the source's header):
+
+- ``torch.ops.harness.streaming_linear(x, weight, bias)``: ``x @ weight.T + bias`` for up to 64
+  float32 rows, each weight row streamed from memory once for all rows, with every output element
+  reduced in an order that does not depend on the number of rows (``model.linear_kernel=streaming``);
+- ``torch.ops.harness.llama_layer(...)``: a whole Llama decoder layer in one call, appending to
+  preallocated cache buffers (``model.fused_layers``, :mod:`harness.target.fused_layers`).
+
+The source is compiled for this CPU (``-march=native``) against the
 installed torch's headers, once per source, flags, torch version, compiler and CPU, into
 ``$HARNESS_CACHE/native/`` (a finished build is moved into place atomically, so concurrent jobs
 never load a half-written library), then loaded with ``torch.ops.load_library``. The op joins
 torch's own OpenMP pool (the library links ``libgomp.so.1``, which torch has already loaded).
 
-A fake (meta) implementation is registered with it, so ``torch.compile`` traces through it as one
-opaque call.
+Fake (meta) implementations are registered with them, so ``torch.compile`` traces through them as
+opaque calls.
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ import torch
 
 from harness.target.loading import cache_root
 
-SOURCE = Path(__file__).with_name("kernels") / "streaming_linear.cpp"
+SOURCE = Path(__file__).with_name("kernels") / "cpu_decode.cpp"
 #: compiler flags every build uses (tests add others, e.g. ``-mno-avx512f`` for the AVX2 path)
-BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w")
+BASE_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w")
 
 
 class NativeBuildError(RuntimeError):
@@ -64,7 +69,7 @@ def _compiler_version(cxx: str) -> str:
 
 
 def build(*, namespace: str = "harness", extra_flags: tuple[str, ...] = (), out_dir: Path | None = None) -> Path:
-    """The compiled library for ``namespace`` (``torch.ops.<namespace>.streaming_linear``), built
+    """The compiled library for ``namespace`` (its ops are ``torch.ops.<namespace>.*``), built
     unless a build with the same inputs exists. Raises :class:`NativeBuildError`."""
     cxx = cpp_compiler()
     if cxx is None:
@@ -80,11 +85,11 @@ def build(*, namespace: str = "harness", extra_flags: tuple[str, ...] = (), out_
         "\n".join([SOURCE.read_text(), *flags, torch.__version__, _compiler_version(cxx), _cpu_fingerprint()]).encode()
     ).hexdigest()[:16]
     out_dir = out_dir or cache_root() / "native"
-    target = out_dir / f"streaming_linear-{namespace}-{key}.so"
+    target = out_dir / f"cpu_decode-{namespace}-{key}.so"
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"harness: compiling the streaming linear kernel for this CPU ({Path(cxx).name}, once)", file=sys.stderr)
+    print(f"harness: compiling the native decode kernels for this CPU ({Path(cxx).name}, once)", file=sys.stderr)
     fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.partial")
     os.close(fd)
     cmd = [
@@ -108,8 +113,8 @@ def build(*, namespace: str = "harness", extra_flags: tuple[str, ...] = (), out_
 
 
 @functools.cache
-def load_streaming_linear() -> None:
-    """Build (once) and load ``torch.ops.harness.streaming_linear``. Raises :class:`NativeBuildError`."""
+def load_native_kernels() -> None:
+    """Build (once) and load the ``torch.ops.harness`` kernels. Raises :class:`NativeBuildError`."""
     library = build()
     try:
         torch.ops.load_library(str(library))
@@ -125,11 +130,15 @@ def register_fake(namespace: str) -> None:
     def _(x, weight, bias):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
+    @torch.library.register_fake(f"{namespace}::llama_layer")
+    def _(hidden, cos, sin, mask, key_buffer, value_buffer, start, weights, biases, input_eps, post_eps, scaling):
+        return torch.empty_like(hidden)
 
-def streaming_linear_problem() -> str | None:
-    """Why the streaming kernel cannot run here (one line), or None once it is loaded."""
+
+def native_kernels_problem() -> str | None:
+    """Why the native kernels cannot run here (one line), or None once they are loaded."""
     try:
-        load_streaming_linear()
+        load_native_kernels()
     except NativeBuildError as exc:
         return str(exc)
     return None

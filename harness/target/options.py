@@ -46,6 +46,13 @@ preallocated, except with ``model.compile=true``: the preallocated append runs o
 graph, one graph break per layer, and that costs a compiled SmolLM2 step more than concatenating
 (measured: 54 against 37 ms at a 256-token prefix on an Intel Xeon).
 
+``model.fused_layers``: ``true`` runs each Llama decoder layer as one native call
+(:mod:`harness.target.fused_layers`: the layer's products with the streaming kernel, its attention
+and element-wise steps in the same library), ``false`` runs transformers' layer forward. The default
+(``null``) fuses where the streaming kernel is the linear kernel (float32 on CPU), the cache is
+preallocated and the forward is not compiled. The logits equal the unfused forward's to float32
+rounding (tests: chains, trees, batches with holes, successive rounds); both arms share them.
+
 ``model.compile``: ``torch.compile(dynamic=True)`` of the model's forward (its ``__call__``: the
 backend's forward signature checks still see the original ``forward``), so varying verify row
 counts and cache lengths do not recompile each round. On CPU the inductor needs a C++ compiler.
@@ -59,7 +66,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.measure.hardware import cpu_vendor
-from harness.target.native import cpp_compiler, load_streaming_linear, streaming_linear_problem
+from harness.target.native import cpp_compiler, load_native_kernels, native_kernels_problem
 
 LINEAR_KERNELS = ("auto", "default", "onednn", "mkl_packed", "weight_major", "streaming")
 
@@ -101,7 +108,7 @@ def linear_kernel_problem(kernel: str, dtype: torch.dtype, device: str) -> str |
         return f"model.linear_kernel={kernel} is a CPU kernel; model.device={device} (use model.linear_kernel=default)"
     if kernel in ("mkl_packed", "streaming") and dtype != torch.float32:
         return f"model.linear_kernel={kernel} is float32 only; model.dtype is {str(dtype).removeprefix('torch.')}"
-    if kernel == "streaming" and (problem := streaming_linear_problem()) is not None:
+    if kernel == "streaming" and (problem := native_kernels_problem()) is not None:
         return f"model.linear_kernel=streaming cannot run here: {problem} (use model.linear_kernel=weight_major)"
     w = torch.ones(8, 16, dtype=dtype)
     x = torch.ones(2, 16, dtype=dtype)
@@ -140,7 +147,7 @@ def _kernel_fn(kernel: str, weight: torch.Tensor, bias: torch.Tensor | None):
 
         return weight_major_linear
     if kernel == "streaming":
-        load_streaming_linear()
+        load_native_kernels()
         op = torch.ops.harness.streaming_linear
 
         def streaming_linear(x: torch.Tensor) -> torch.Tensor:
@@ -191,6 +198,55 @@ def apply_linear_kernel(model: torch.nn.Module, kernel: str) -> int:
 def linear_kernel_of(model: torch.nn.Module) -> set[str]:
     """The kernels the model's ``nn.Linear`` layers use (``{"default"}`` when none was applied)."""
     return {getattr(m, "_harness_linear_kernel", "default") for m in model.modules() if isinstance(m, torch.nn.Linear)}
+
+
+def resolve_fused_layers(
+    fused_layers: bool | None,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    *,
+    linear_kernel: str,
+    compiled: bool,
+    static_cache: bool,
+) -> bool:
+    """``model.fused_layers`` as it applies: an explicit value is itself; ``None`` fuses float32 layers
+    on CPU whose linear kernel resolved to ``streaming``, on a preallocated cache, uncompiled."""
+    if fused_layers is not None:
+        return bool(fused_layers)
+    on_cpu = str(device).split(":")[0] == "cpu"
+    return on_cpu and dtype == torch.float32 and linear_kernel == "streaming" and static_cache and not compiled
+
+
+def resolved_fused_layers(m) -> bool:
+    """Whether a model config's (``model.*``, a mapping) decoder layers run fused: ``fused_layers``
+    resolved for its dtype, device, linear kernel, cache layout and compilation."""
+    from harness.target.loading import resolve_dtype
+
+    dtype = resolve_dtype(m["dtype"])
+    compiled = bool(m.get("compile"))
+    return resolve_fused_layers(
+        m.get("fused_layers"),
+        dtype,
+        m["device"],
+        linear_kernel=resolve_linear_kernel(m.get("linear_kernel", "auto"), dtype, m["device"]),
+        compiled=compiled,
+        static_cache=resolve_static_cache(m.get("static_cache"), compiled),
+    )
+
+
+def fused_layers_problem(dtype: torch.dtype, device: str, *, compiled: bool, static_cache: bool) -> str | None:
+    """Why ``model.fused_layers=true`` cannot run here (one line), or None."""
+    if torch.device(device).type != "cpu":
+        return f"model.fused_layers=true is a CPU kernel; model.device={device}"
+    if dtype != torch.float32:
+        return f"model.fused_layers=true is float32 only; model.dtype is {str(dtype).removeprefix('torch.')}"
+    if compiled:
+        return "model.fused_layers=true and model.compile=true: the fused layers are already one call each"
+    if not static_cache:
+        return "model.fused_layers=true appends to preallocated caches; model.static_cache is false"
+    if (problem := native_kernels_problem()) is not None:
+        return f"model.fused_layers=true cannot run here: {problem}"
+    return None
 
 
 def resolve_static_cache(static_cache: bool | None, compiled: bool) -> bool:

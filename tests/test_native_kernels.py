@@ -1,5 +1,6 @@
-"""The streaming linear kernel: the product it computes, row and thread invariance, every code path
-it ships (AVX-512, AVX2, portable vectors), and the refusals when it cannot be built."""
+"""The native kernels: the streaming linear product, its row and thread invariance, every code path
+the library ships (AVX-512, AVX2, portable vectors) for both ops, and the refusals when it cannot be
+built. (The fused layer against transformers' own: tests/test_fused_layers.py.)"""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import torch.nn.functional as F
 from harness.target import native, options
 
 pytestmark = pytest.mark.skipif(
-    native.streaming_linear_problem() is not None,
-    reason=f"no streaming kernel here: {native.streaming_linear_problem()}",
+    native.native_kernels_problem() is not None,
+    reason=f"no streaming kernel here: {native.native_kernels_problem()}",
 )
 
 # (M rows, K features, N outputs): vector-width multiples and tails on every axis, one-row steps,
@@ -39,13 +40,45 @@ def _check_product(op) -> None:
     assert op(x, w, None).shape == (2, 3, 10)
 
 
+def _layer_case(seed: int, masked: bool):
+    """Random inputs of ``llama_layer``: a batch of 2 with 3 rows, head and model widths that are
+    not multiples of a vector, some biases."""
+    g = torch.Generator().manual_seed(seed)
+    d, hq, hkv, dh, inter, cap, start = 40, 4, 2, 10, 24, 12, 5
+
+    def rand(*shape, scale=0.3):
+        return scale * torch.randn(*shape, generator=g)
+
+    weights = [1 + rand(d), rand(hq * dh, d), rand(hkv * dh, d), rand(hkv * dh, d), rand(d, hq * dh), 1 + rand(d)]
+    weights += [rand(inter, d), rand(inter, d), rand(d, inter)]
+    biases = [rand(hq * dh), None, rand(hkv * dh), None, rand(inter), None, rand(d)]
+    angles = rand(2, 3, dh // 2, scale=3.0).repeat(1, 1, 2)
+    mask = None
+    if masked:
+        mask = torch.rand(2, 3, start + 3, generator=g) < 0.7
+        mask[:, torch.arange(3), start + torch.arange(3)] = True  # every row sees itself
+    buffers = [rand(2, hkv, cap, dh) for _ in range(2)]
+    return [rand(2, 3, d, scale=1.0), angles.cos(), angles.sin(), mask, *buffers, start, weights, biases]
+
+
+def _check_layer(op, reference) -> None:
+    for seed, masked in ((0, True), (1, False)):
+        mine, ref = _layer_case(seed, masked), _layer_case(seed, masked)
+        torch.testing.assert_close(
+            op(*mine[:6], *mine[6:], 1e-5, 1e-6, 0.3), reference(*ref[:6], *ref[6:], 1e-5, 1e-6, 0.3)
+        )
+        torch.testing.assert_close(mine[4], ref[4])  # the cache rows each wrote
+        torch.testing.assert_close(mine[5], ref[5])
+        assert not torch.equal(mine[4], _layer_case(seed, masked)[4])  # the rows were written into the buffers
+
+
 def test_the_kernel_computes_the_linear_product_and_each_row_independently_of_the_others():
-    native.load_streaming_linear()
+    native.load_native_kernels()
     _check_product(torch.ops.harness.streaming_linear)
 
 
 def test_the_result_does_not_depend_on_the_number_of_threads():
-    native.load_streaming_linear()
+    native.load_native_kernels()
     op = torch.ops.harness.streaming_linear
     x, w = torch.randn(7, 576), torch.randn(1000, 576)
     threads = torch.get_num_threads()
@@ -59,7 +92,7 @@ def test_the_result_does_not_depend_on_the_number_of_threads():
 
 
 def test_other_dtypes_fall_back_to_torch_linear():
-    native.load_streaming_linear()
+    native.load_native_kernels()
     x, w = torch.randn(2, 16, dtype=torch.float64), torch.randn(3, 16, dtype=torch.float64)
     assert torch.equal(torch.ops.harness.streaming_linear(x, w, None), F.linear(x, w))
 
@@ -83,13 +116,15 @@ def test_every_code_path_it_ships_computes_the_same_product(tmp_path):
     for t in workers:
         t.join()
     assert not errors
+    native.load_native_kernels()
     for namespace, library in built.items():
         torch.ops.load_library(str(library))
         _check_product(getattr(torch.ops, namespace).streaming_linear)
+        _check_layer(getattr(torch.ops, namespace).llama_layer, torch.ops.harness.llama_layer)
 
 
 def test_a_build_that_fails_is_one_line_and_a_missing_compiler_is_named(tmp_path, monkeypatch):
-    with pytest.raises(native.NativeBuildError, match=r"could not build streaming_linear.cpp: .*error") as err:
+    with pytest.raises(native.NativeBuildError, match=r"could not build cpu_decode.cpp: .*error") as err:
         native.build(namespace="harness_broken", extra_flags=("-DHARNESS_NAMESPACE=", "-x", "c"), out_dir=tmp_path)
     assert "\n" not in str(err.value)
     assert not list(tmp_path.iterdir())  # nothing half-written left behind
@@ -115,14 +150,14 @@ def test_a_build_is_reused_until_its_inputs_change(tmp_path, monkeypatch):
 def test_the_streaming_kernel_is_refused_in_one_line_where_it_cannot_run(monkeypatch):
     assert "float32 only" in options.linear_kernel_problem("streaming", torch.bfloat16, "cpu")
     assert "CPU kernel" in options.linear_kernel_problem("streaming", torch.float32, "cuda")
-    monkeypatch.setattr(options, "streaming_linear_problem", lambda: "no C++ compiler found (install g++ or set $CXX)")
+    monkeypatch.setattr(options, "native_kernels_problem", lambda: "no C++ compiler found (install g++ or set $CXX)")
     problem = options.linear_kernel_problem("streaming", torch.float32, "cpu")
     assert problem.startswith("model.linear_kernel=streaming cannot run here: no C++ compiler found")
     assert "model.linear_kernel=weight_major" in problem and "\n" not in problem
 
 
 def test_a_linear_layer_that_needs_gradients_is_computed_by_autograd():
-    native.load_streaming_linear()
+    native.load_native_kernels()
     layer = torch.nn.Linear(16, 4)
     options.apply_linear_kernel(layer, "streaming")
     x = torch.randn(3, 16, requires_grad=True)

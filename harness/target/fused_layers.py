@@ -1,0 +1,136 @@
+"""Llama decoder layers as one native call each: ``model.fused_layers``.
+
+transformers' ``LlamaDecoderLayer`` runs some forty small operators per layer, each dispatched from
+Python; on a CPU decode step of a small model that dispatch costs as much as half the weights' read
+(SmolLM2: 10-14 ms of a 35 ms step). :func:`apply_fused_layers` gives each decoder layer an
+instance-level forward that computes the whole layer in ``torch.ops.harness.llama_layer``
+(:mod:`harness.target.native`): the layer's own parameters, the rotary ``cos`` / ``sin`` and the
+mask transformers built for the forward, and the layer's preallocated cache buffers
+(:class:`~harness.target.kv_cache.PreallocatedLayer`), which it appends to in place. The model
+around the layers (embedding, masks, rotary table, the final norm, the LM head, hidden-state
+outputs, hooks) is transformers' own, so everything that reads a forward's outputs sees the same
+structure.
+
+A forward the native layer does not cover falls back to the layer's own forward, case by case:
+gradients enabled, more than 64 rows (a prefill), another dtype or device, a cache layer that is
+not preallocated, a float (additive) or per-head mask, attention outputs requested. Only layers
+whose structure is exactly Llama's (SiLU-gated MLP, no q/k norms, rotary over the whole head) are
+fused; :func:`fusable` says why a layer is not.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from harness.target.kv_cache import PreallocatedLayer
+from harness.target.native import load_native_kernels
+
+#: the transformers layer classes whose forward the native layer reproduces
+FUSABLE_CLASSES = ("LlamaDecoderLayer",)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's decoder layers (``model.model.layers``), or none."""
+    inner = getattr(model, "model", None)
+    return list(getattr(inner, "layers", None) or [])
+
+
+def fusable(layer: torch.nn.Module) -> str | None:
+    """Why ``layer`` cannot run as a native layer (one line), or None."""
+    name = type(layer).__name__
+    if name not in FUSABLE_CLASSES:
+        return f"{name} is not one of {list(FUSABLE_CLASSES)}"
+    attn, mlp = layer.self_attn, layer.mlp
+    config = attn.config
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"hidden_act={config.hidden_act!r} (the native layer computes SiLU)"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp != 1"
+    if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
+        return "q/k normalisation"
+    if attn.head_dim % 2 or attn.head_dim * config.num_attention_heads != attn.q_proj.out_features:
+        return "a head layout other than num_heads x head_dim"
+    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        return "partial rotary embedding"
+    if not all(isinstance(getattr(mlp, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
+        return "an MLP other than gate/up/down projections"
+    return None
+
+
+def _parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    a, m = layer.self_attn, layer.mlp
+    linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+    weights = [layer.input_layernorm.weight, *[x.weight for x in linears[:4]], layer.post_attention_layernorm.weight]
+    weights += [x.weight for x in linears[4:]]
+    return weights, [x.bias for x in linears]
+
+
+def _fused_forward(layer, original, hidden_states, attention_mask=None, position_ids=None, cache=None, **kwargs):
+    cache = kwargs.pop("past_key_values", cache)
+    position_embeddings = kwargs.get("position_embeddings")
+    b, r, _ = hidden_states.shape
+    layers = getattr(cache, "layers", None)  # a transformers Cache; others (a draft's own KV) have none
+    layer_cache = layers[layer.self_attn.layer_idx] if layers is not None else None
+    mask = attention_mask
+    if (
+        torch.is_grad_enabled()
+        or layer.training
+        or b * r > 64
+        or position_embeddings is None
+        or kwargs.get("output_attentions")
+        or hidden_states.dtype != torch.float32
+        or hidden_states.device.type != "cpu"
+        or not isinstance(layer_cache, PreallocatedLayer)
+        or (mask is not None and (mask.dtype != torch.bool or mask.shape[1] != 1))
+    ):
+        return original(hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache, **kwargs)
+    attn = layer.self_attn
+    h_kv = attn.config.num_key_value_heads
+    like = hidden_states.new_empty((b, h_kv, r, attn.head_dim))
+    start = layer_cache.reserve_rows(r, like, like)
+    if mask is not None and mask.shape[-1] != start + r:  # a mask over other slots than the cache's
+        return original(hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache, **kwargs)
+    weights, biases = layer._harness_fused_parameters
+    cos, sin = position_embeddings
+    out = torch.ops.harness.llama_layer(
+        hidden_states.contiguous(),
+        cos.contiguous(),
+        sin.contiguous(),
+        None if mask is None else mask.reshape(b, r, start + r).contiguous(),
+        layer_cache._key_buffer,
+        layer_cache._value_buffer,
+        start,
+        weights,
+        biases,
+        layer.input_layernorm.variance_epsilon,
+        layer.post_attention_layernorm.variance_epsilon,
+        attn.scaling,
+    )
+    layer_cache.filled_to(start + r)
+    return out
+
+
+def apply_fused_layers(model: torch.nn.Module, enabled: bool) -> int:
+    """Route every fusable decoder layer of ``model`` through the native layer (``enabled``) or back
+    to its own forward. Returns how many layers are fused."""
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.__dict__.pop("forward", None)
+        layer.__dict__.pop("_harness_fused_parameters", None)
+    if not enabled:
+        return 0
+    load_native_kernels()
+    count = 0
+    for layer in layers:
+        if fusable(layer) is None:
+            layer._harness_fused_parameters = _parameters(layer)
+            layer.forward = functools.partial(_fused_forward, layer, layer.forward)
+            count += 1
+    return count
+
+
+def fused_layers_of(model: torch.nn.Module) -> int:
+    """How many of the model's decoder layers run as native layers."""
+    return sum("_harness_fused_parameters" in layer.__dict__ for layer in decoder_layers(model))

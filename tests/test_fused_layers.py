@@ -1,0 +1,194 @@
+"""Fused decoder layers (``model.fused_layers``): the native layer computes what transformers' Llama
+layer computes, through every move the backend makes, and falls back where it does not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.profiler import profile
+
+from harness.config import compose
+from harness.contracts import Budget, ConfigError, ProposalResult
+from harness.engine.decode import RoundConfig, decode
+from harness.gates.equivalence import equivalence_gate
+from harness.proposers.prompt_lookup import PromptLookupProposer
+from harness.random_source import TorchRandomSource
+from harness.runner import check_models
+from harness.target import kv_cache, native, options
+from harness.target.backend import CausalLMBackend
+from harness.target.fused_layers import apply_fused_layers, decoder_layers, fusable, fused_layers_of
+from harness.target.loading import build_tiny_model
+from harness.topology.compiler import compile_tree
+from harness.verifiers import get_verifier
+from harness.verifiers.sampling import SamplingPolicy
+
+pytestmark = pytest.mark.skipif(
+    native.native_kernels_problem() is not None, reason=f"no native kernels here: {native.native_kernels_problem()}"
+)
+
+PROMPTS = [[1, 5, 9, 14, 3, 7, 22, 8], [4, 4, 9, 2, 30], [7, 3, 3, 8, 1, 2, 6, 5, 11, 12, 13]]
+# head layouts: grouped-query with heads shorter than a vector; multi-head; wider heads with a bias
+GEOMETRIES = [
+    {},
+    {"num_heads": 4, "num_kv_heads": 4},
+    {"hidden_size": 128, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 200},
+]
+
+
+def _tree(paths, prefix_len):
+    return compile_tree([ProposalResult.from_paths(paths, source="t", manifest_hash="t")], prefix_len=prefix_len)
+
+
+def _pair(geometry, seed=2, bias=False):
+    plain, fused = (build_tiny_model(seed=seed, **geometry) for _ in range(2))
+    if bias:  # attention and MLP biases (Llama's attention_bias / mlp_bias), the same in both
+        for model in (plain, fused):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                for layer in decoder_layers(model):
+                    for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.mlp.down_proj):
+                        lin.bias = torch.nn.Parameter(0.1 * torch.randn(lin.out_features))
+    assert apply_fused_layers(fused, True) == len(decoder_layers(fused)) > 0
+    return CausalLMBackend(plain), CausalLMBackend(fused)
+
+
+def _close_caches(a, b):
+    assert a.lengths == b.lengths and a.phys_len == b.phys_len and a.tokens == b.tokens
+    for la, lb in zip(a.cache.layers, b.cache.layers):
+        assert isinstance(lb, kv_cache.PreallocatedLayer)
+        torch.testing.assert_close(la.keys, lb.keys, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(la.values, lb.values, atol=2e-5, rtol=1e-5)
+
+
+def _native_calls(fn) -> int:
+    with profile() as prof:
+        fn()
+    return sum(e.count for e in prof.key_averages() if e.key == "harness::llama_layer")
+
+
+@pytest.mark.parametrize("geometry", range(len(GEOMETRIES)))
+def test_every_backend_move_gives_the_unfused_logits_and_cache(monkeypatch, geometry):
+    """Prefill of ragged prompts, tree verifies with padding, non-contiguous commits, a rollback, a
+    finished request dropped, single-row steps, buffers outgrown: logits and cache rows equal
+    transformers' own layers to float32 rounding, and every forward ran the native layer."""
+    monkeypatch.setattr(kv_cache, "DEFAULT_RESERVE", 3)
+    plain, fused = _pair(GEOMETRIES[geometry], bias=geometry == 2)
+    with torch.inference_mode():
+        states = [plain.prefill(PROMPTS), fused.prefill(PROMPTS)]
+        _close_caches(*states)
+        pending = [p[-1] for p in PROMPTS]
+        rounds = [
+            ([[10, 11, 12], [10, 11, 13], [10, 15], [30]], [[0, 1, 3], [2], []]),
+            ([[4, 6], [4, 7, 8]], [[1, 2, 3], [0], [0, 1]]),
+            (None, None),  # a rolled-back verify
+            ([[50, 51, 52, 53, 54]], [[0, 1, 2, 3, 4], [0, 1], []]),
+        ]
+        for paths, accept in rounds:
+            outs = []
+            for backend, state in zip((plain, fused), states):
+                trees = [_tree(paths or [[20]], state.lengths[i] + 1) for i in range(state.batch_size)]
+                calls = _native_calls(lambda b=backend, s=state, t=trees, o=outs: o.append(b.verify(s, pending, t)))
+                assert calls == (len(decoder_layers(backend.model)) if backend is fused else 0)
+                backend.rollback(state) if accept is None else backend.commit(state, accept)
+            for a, b in zip(outs[0].logits, outs[1].logits):
+                torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5, equal_nan=True)
+            _close_caches(*states)
+        for backend, state in zip((plain, fused), states):
+            backend.drop(state, [1])
+        for _ in range(10):  # single-row steps: the causal rule without a mask
+            outs = [b.verify(s, pending[:2], [None, None]) for b, s in zip((plain, fused), states)]
+            for a, b in zip(outs[0].logits, outs[1].logits):
+                torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+            for b, s in zip((plain, fused), states):
+                b.commit(s, [[], []])
+            _close_caches(*states)
+
+
+def test_a_fused_target_decodes_what_the_unfused_one_does_and_passes_the_equivalence_gate():
+    prompt = [3 + (7 * i) % 40 for i in range(30)] * 2
+    tokens = []
+    plain, fused = _pair({}, seed=5)
+    for backend in (plain, fused):
+        res = decode(
+            target=backend,
+            proposer=PromptLookupProposer(budget=Budget("sequences", 8, 4), manifest_hash="t", max_ngram=2),
+            verifier=get_verifier("greedy"),
+            policy=SamplingPolicy(),
+            prompt_ids=prompt,
+            max_new_tokens=40,
+            eos_token_ids=frozenset(),
+            rng=TorchRandomSource(0),
+            round_cfg=RoundConfig(max_nodes=8, max_depth=4),
+        )
+        tokens.append(res.tokens)
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 40
+    assert equivalence_gate(fused, prompt)["status"] == "passed"
+
+
+def test_forwards_it_does_not_cover_run_the_layers_own_forward():
+    plain, fused = _pair({})
+    model, ids = fused.model, torch.tensor([PROMPTS[0]])
+
+    def run(tokens, *, preallocated=True):
+        return model(input_ids=tokens, cache=kv_cache.new_cache(model.config, preallocated=preallocated))
+
+    with torch.no_grad():
+        assert _native_calls(lambda: run(ids)) == 2  # a preallocated cache: every layer native
+        assert _native_calls(lambda: run(ids, preallocated=False)) == 0  # DynamicCache: nothing to fill in place
+        assert _native_calls(lambda: run(torch.tensor([[3 + i % 80 for i in range(65)]]))) == 0  # > 64 rows
+        assert _native_calls(lambda: model(input_ids=ids)) == 0  # transformers' own cache
+        torch.testing.assert_close(run(ids).logits, plain.model(input_ids=ids).logits, atol=2e-5, rtol=1e-5)
+    with torch.enable_grad():  # gradients: autograd's own layers
+        assert run(ids).logits.requires_grad and _native_calls(lambda: run(ids)) == 0
+
+
+def test_fusing_is_undone_and_only_llama_layers_are_fused():
+    model = build_tiny_model(seed=1)
+    assert apply_fused_layers(model, True) == 2 and fused_layers_of(model) == 2
+    assert apply_fused_layers(model, False) == 0 and fused_layers_of(model) == 0
+    assert all("forward" not in layer.__dict__ for layer in decoder_layers(model))
+    layer = decoder_layers(model)[0]
+    layer.mlp.act_fn = torch.nn.GELU()
+    model.config.hidden_act = "gelu"
+    assert "hidden_act='gelu'" in fusable(layer)
+    assert apply_fused_layers(model, True) == 0
+    assert "is not one of" in fusable(torch.nn.Linear(2, 2))
+
+
+def test_the_option_resolves_records_and_refuses_in_one_line(tmp_path, monkeypatch):
+    from harness.manifest import job_manifest
+
+    streams = options.resolve_linear_kernel("auto", torch.float32, "cpu") == "streaming"
+    assert job_manifest(compose(["model=tiny"]), versions={})["backend"]["fused_layers"] is streams
+    for overrides, expected in (
+        (["model.fused_layers=true"], True),
+        (["model.fused_layers=false"], False),
+        (["model.static_cache=false"], False),
+        (["model.linear_kernel=default"], False),
+        (["model.compile=true"], False),
+    ):
+        manifest = job_manifest(compose(["model=tiny", *overrides]), versions={})
+        assert manifest["backend"]["fused_layers"] is (expected and (streams or "model.fused_layers=true" in overrides))
+    for overrides, message in (
+        (["model.dtype=bfloat16", "model.linear_kernel=default"], r"^model.fused_layers=true is float32 only"),
+        (["model.static_cache=false"], r"^model.fused_layers=true appends to preallocated caches"),
+        (["model.compile=true"], r"^model.fused_layers=true and model.compile=true"),
+    ):
+        with pytest.raises(ConfigError, match=message) as err:
+            check_models(compose(["model=tiny", "model.fused_layers=true", *overrides]))
+        assert "\n" not in str(err.value) and err.value.suggestions == (("model.fused_layers=false",),)
+
+
+def test_a_run_records_its_fused_layers_and_both_arms_agree(tmp_path, monkeypatch):
+    import harness.runner as runner
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    cfg = compose(
+        ["model=tiny", "model.fused_layers=true", "proposer=prompt_lookup", "workload.limit=1"]
+        + ["generation.max_new_tokens=12", "gates.oracle=false"]
+    )
+    record = runner.run_job(cfg, run_dir=tmp_path / "run")
+    assert record["manifest"]["backend"]["fused_layers"] is True
+    assert record["load_report"]["target"]["fused_layers"] == cfg.model.tiny.num_layers
+    assert record["metrics"]["greedy_identical"] is True
+    assert record["gates"]["equivalence"]["status"] == "passed"
