@@ -140,6 +140,9 @@ def test_forwards_it_does_not_cover_run_the_layers_own_forward():
         torch.testing.assert_close(run(ids).logits, plain.model(input_ids=ids).logits, atol=2e-5, rtol=1e-5)
     with torch.enable_grad():  # gradients: autograd's own layers
         assert run(ids).logits.requires_grad and _native_calls(lambda: run(ids)) == 0
+    model.set_attn_implementation("eager")  # eager attention asked for: transformers' layers throughout
+    with torch.no_grad():
+        assert _native_calls(lambda: run(ids)) == 0
 
 
 def test_fusing_is_undone_and_only_llama_layers_are_fused():

@@ -13,7 +13,9 @@ structure.
 
 A forward the native layer does not cover falls back to the layer's own forward, case by case:
 gradients enabled, more than 64 rows (a prefill), another dtype or device, a cache layer that is
-not preallocated, a float (additive) or per-head mask, attention outputs requested. Only layers
+not preallocated, an attention implementation other than SDPA (``model.attn_implementation=eager``
+keeps transformers' eager attention everywhere), a float (additive) or per-head mask, attention
+outputs requested. Only layers
 whose structure is exactly Llama's (SiLU-gated MLP, no q/k norms, rotary over the whole head) are
 fused; :func:`fusable` says why a layer is not.
 """
@@ -29,6 +31,9 @@ from harness.target.native import load_native_kernels
 
 #: the transformers layer classes whose forward the native layer reproduces
 FUSABLE_CLASSES = ("LlamaDecoderLayer",)
+#: attention implementations the native attention stands in for (boolean masks, exact softmax);
+#: with any other (eager's additive masks, flash kernels) the layer runs transformers' forward
+SDPA_ATTENTION = ("sdpa", "harness_sdpa")
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -83,6 +88,7 @@ def _fused_forward(layer, original, hidden_states, attention_mask=None, position
         or hidden_states.dtype != torch.float32
         or hidden_states.device.type != "cpu"
         or not isinstance(layer_cache, PreallocatedLayer)
+        or layer.self_attn.config._attn_implementation not in SDPA_ATTENTION
         or (mask is not None and (mask.dtype != torch.bool or mask.shape[1] != 1))
     ):
         return original(hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache, **kwargs)
