@@ -148,6 +148,15 @@ def test_forwards_it_does_not_cover_run_the_layers_own_forward():
 def test_fusing_is_undone_and_only_llama_layers_are_fused():
     model = build_tiny_model(seed=1)
     assert apply_fused_layers(model, True) == 2 and fused_layers_of(model) == 2
+    reference = build_tiny_model(seed=1)
+    for m in (model, reference):  # a parameter replaced after fusing is the one computed with
+        m.model.layers[1].mlp.down_proj.weight = torch.nn.Parameter(torch.full((32, 64), 0.01))
+    ids, cache = torch.tensor([PROMPTS[0]]), kv_cache.new_cache(model.config, preallocated=True)
+    with torch.no_grad():
+        assert _native_calls(lambda: model(input_ids=ids, cache=cache)) == 2
+        torch.testing.assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits, atol=2e-5, rtol=1e-5)
+        fused = model(input_ids=ids, cache=kv_cache.new_cache(model.config, preallocated=True)).logits
+        torch.testing.assert_close(fused, reference(input_ids=ids).logits, atol=2e-5, rtol=1e-5)
     assert apply_fused_layers(model, False) == 0 and fused_layers_of(model) == 0
     assert all("forward" not in layer.__dict__ for layer in decoder_layers(model))
     layer = decoder_layers(model)[0]

@@ -77,6 +77,23 @@ def test_the_kernel_computes_the_linear_product_and_each_row_independently_of_th
     _check_product(torch.ops.harness.streaming_linear)
 
 
+def test_the_layer_refuses_inputs_it_would_read_out_of_bounds():
+    native.load_native_kernels()
+    op = torch.ops.harness.llama_layer
+    case = _layer_case(0, True)
+    case[7][1] = torch.zeros(39, 40)  # q: one row short
+    with pytest.raises(RuntimeError, match="llama_layer: weight 1 has shape"):
+        op(*case, 1e-5, 1e-6, 0.3)
+    case = _layer_case(0, True)
+    case[8][4] = torch.zeros(24, dtype=torch.float64)  # the gate bias in another dtype
+    with pytest.raises(RuntimeError, match="llama_layer: bias 4 must be"):
+        op(*case, 1e-5, 1e-6, 0.3)
+    case = _layer_case(0, True)
+    case[3] = case[3][:, :, :-1].contiguous()  # a mask over fewer slots than the cache holds
+    with pytest.raises(RuntimeError, match="mask must be bool"):
+        op(*case, 1e-5, 1e-6, 0.3)
+
+
 def test_the_result_does_not_depend_on_the_number_of_threads():
     native.load_native_kernels()
     op = torch.ops.harness.streaming_linear

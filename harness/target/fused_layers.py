@@ -15,9 +15,8 @@ A forward the native layer does not cover falls back to the layer's own forward,
 gradients enabled, more than 64 rows (a prefill), another dtype or device, a cache layer that is
 not preallocated, an attention implementation other than SDPA (``model.attn_implementation=eager``
 keeps transformers' eager attention everywhere), a float (additive) or per-head mask, attention
-outputs requested. Only layers
-whose structure is exactly Llama's (SiLU-gated MLP, no q/k norms, rotary over the whole head) are
-fused; :func:`fusable` says why a layer is not.
+outputs requested. Only layers whose structure is exactly Llama's (SiLU-gated MLP, no q/k norms,
+rotary over the whole head) are fused; :func:`fusable` says why a layer is not.
 """
 
 from __future__ import annotations
@@ -98,7 +97,7 @@ def _fused_forward(layer, original, hidden_states, attention_mask=None, position
     start = layer_cache.reserve_rows(r, like, like)
     if mask is not None and mask.shape[-1] != start + r:  # a mask over other slots than the cache's
         return original(hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache, **kwargs)
-    weights, biases = layer._harness_fused_parameters
+    weights, biases = _parameters(layer)  # read each call: a replaced parameter is never computed stale
     cos, sin = position_embeddings
     out = torch.ops.harness.llama_layer(
         hidden_states.contiguous(),
@@ -124,14 +123,14 @@ def apply_fused_layers(model: torch.nn.Module, enabled: bool) -> int:
     layers = decoder_layers(model)
     for layer in layers:
         layer.__dict__.pop("forward", None)
-        layer.__dict__.pop("_harness_fused_parameters", None)
+        layer.__dict__.pop("_harness_fused", None)
     if not enabled:
         return 0
     load_native_kernels()
     count = 0
     for layer in layers:
         if fusable(layer) is None:
-            layer._harness_fused_parameters = _parameters(layer)
+            layer._harness_fused = True
             layer.forward = functools.partial(_fused_forward, layer, layer.forward)
             count += 1
     return count
@@ -139,4 +138,4 @@ def apply_fused_layers(model: torch.nn.Module, enabled: bool) -> int:
 
 def fused_layers_of(model: torch.nn.Module) -> int:
     """How many of the model's decoder layers run as native layers."""
-    return sum("_harness_fused_parameters" in layer.__dict__ for layer in decoder_layers(model))
+    return sum("_harness_fused" in layer.__dict__ for layer in decoder_layers(model))

@@ -8,10 +8,10 @@
 - ``torch.ops.harness.llama_layer(...)``: a whole Llama decoder layer in one call, appending to
   preallocated cache buffers (``model.fused_layers``, :mod:`harness.target.fused_layers`).
 
-The source is compiled for this CPU (``-march=native``) against the
-installed torch's headers, once per source, flags, torch version, compiler and CPU, into
+The source is compiled for this CPU (``-march=native``, ``-ffp-contract=off``) against the installed
+torch's headers, once per source, flags, torch version, compiler and CPU, into
 ``$HARNESS_CACHE/native/`` (a finished build is moved into place atomically, so concurrent jobs
-never load a half-written library), then loaded with ``torch.ops.load_library``. The op joins
+never load a half-written library), then loaded with ``torch.ops.load_library``. The ops join
 torch's own OpenMP pool (the library links ``libgomp.so.1``, which torch has already loaded).
 
 Fake (meta) implementations are registered with them, so ``torch.compile`` traces through them as

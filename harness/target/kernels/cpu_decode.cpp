@@ -319,6 +319,19 @@ at::Tensor llama_layer(const at::Tensor& hidden, const at::Tensor& cos, const at
   const int64_t Hkv = key_buffer.size(1), cap = key_buffer.size(2), dh = key_buffer.size(3);
   const int64_t Hq = weights[1].size(0) / dh, I = weights[6].size(0), L = start + R;
   TORCH_CHECK(M <= kMaxRows && L <= cap && Hq % Hkv == 0 && dh % 2 == 0, "llama_layer: shapes out of range");
+  const int64_t shapes[9][2] = {{d, 1}, {Hq * dh, d}, {Hkv * dh, d}, {Hkv * dh, d}, {d, Hq * dh},
+                                {d, 1}, {I, d},       {I, d},        {d, I}};
+  for (int i = 0; i < 9; ++i)
+    TORCH_CHECK(weights[i].numel() == shapes[i][0] * shapes[i][1] && weights[i].size(0) == shapes[i][0],
+                "llama_layer: weight ", i, " has shape ", weights[i].sizes());
+  const int64_t bias_sizes[7] = {Hq * dh, Hkv * dh, Hkv * dh, d, I, I, d};
+  for (int i = 0; i < 7; ++i) {
+    const std::optional<at::Tensor> b = biases.get(i);
+    TORCH_CHECK(!b.has_value() || (b->is_contiguous() && streamable(*b) && b->numel() == bias_sizes[i]),
+                "llama_layer: bias ", i, " must be a contiguous float32 CPU vector of ", bias_sizes[i]);
+  }
+  TORCH_CHECK(cos.numel() == M * dh && sin.numel() == M * dh && value_buffer.sizes() == key_buffer.sizes(),
+              "llama_layer: cos / sin [B, R, dh] and equal key / value buffers expected");
   TORCH_CHECK(!mask.has_value() || (mask->scalar_type() == at::kBool && mask->is_contiguous() &&
                                     mask->numel() == M * L), "llama_layer: mask must be bool [B, R, start + R]");
   const auto opts = hidden.options();
