@@ -81,7 +81,7 @@ def test_the_layer_refuses_inputs_it_would_read_out_of_bounds():
     native.load_native_kernels()
     op = torch.ops.harness.llama_layer
     case = _layer_case(0, True)
-    case[7][1] = torch.zeros(39, 40)  # q: one row short
+    case[7][1] = torch.zeros(40, 39)  # q: one input feature short
     with pytest.raises(RuntimeError, match="llama_layer: weight 1 has shape"):
         op(*case, 1e-5, 1e-6, 0.3)
     case = _layer_case(0, True)
