@@ -127,3 +127,26 @@ def run_info(records: list[dict]) -> dict:
 def history(records: list[dict]) -> list[dict]:
     """The history steps of a transaction log, in order."""
     return [r["history"]["item"] for r in records if r.get("type") == "history"]
+
+
+def greedy_lookup_tokens(backend, prompt: list[int], new: int = 40, *, matches: int = 8) -> list[int]:
+    """Greedy prompt lookup (8-row trees of depth 4) decoded by the round loop on ``backend``."""
+    from harness.contracts import Budget
+    from harness.engine.decode import RoundConfig, decode
+    from harness.proposers.prompt_lookup import PromptLookupProposer
+    from harness.random_source import TorchRandomSource
+    from harness.verifiers import get_verifier
+    from harness.verifiers.sampling import SamplingPolicy
+
+    res = decode(
+        target=backend,
+        proposer=PromptLookupProposer(budget=Budget("sequences", 8, 4), manifest_hash="t", max_matches=matches),
+        verifier=get_verifier("greedy"),
+        policy=SamplingPolicy(),
+        prompt_ids=prompt,
+        max_new_tokens=new,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(0),
+        round_cfg=RoundConfig(max_nodes=8, max_depth=4),
+    )
+    return res.tokens

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import greedy_lookup_tokens
 
 from harness.config import compose
 from harness.contracts import Budget, ProposalResult
-from harness.engine.decode import RoundConfig, decode
+from harness.engine.decode import RoundConfig
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
 from harness.target import kv_cache
@@ -105,20 +106,7 @@ def test_a_static_cache_run_decodes_what_transformers_generate_decodes():
     transformers' own greedy generate, token for token."""
     plain, static = _pair(seed=5)
     prompt = [3 + (7 * i) % 40 for i in range(30)]
-    tokens = []
-    for backend in (plain, static):
-        res = decode(
-            target=backend,
-            proposer=PromptLookupProposer(budget=Budget("sequences", 8, 4), manifest_hash="t", max_matches=4),
-            verifier=get_verifier("greedy"),
-            policy=SamplingPolicy(),
-            prompt_ids=prompt,
-            max_new_tokens=40,
-            eos_token_ids=frozenset(),
-            rng=TorchRandomSource(0),
-            round_cfg=RoundConfig(max_nodes=8, max_depth=4),
-        )
-        tokens.append(res.tokens)
+    tokens = [greedy_lookup_tokens(backend, prompt, matches=4) for backend in (plain, static)]
     with torch.inference_mode():
         ids = torch.tensor([prompt])
         ref = plain.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
