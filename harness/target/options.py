@@ -50,8 +50,11 @@ graph, one graph break per layer, and that costs a compiled SmolLM2 step more th
 (:mod:`harness.target.fused_layers`: the layer's products with the streaming kernel, its attention
 and element-wise steps in the same library), ``false`` runs transformers' layer forward. The default
 (``null``) fuses where the streaming kernel is the linear kernel (float32 on CPU), the cache is
-preallocated and the forward is not compiled. The logits equal the unfused forward's to float32
-rounding (tests: chains, trees, batches with holes, successive rounds); both arms share them.
+preallocated and the forward is not compiled; with ``true`` and another linear kernel, that kernel
+still computes the LM head and every forward the fused layer hands back to transformers. The logits
+equal the unfused forward's to float32 rounding (tests: chains, trees, batches with holes,
+successive rounds); both arms share them. Measured on the AMD EPYC above: a SmolLM2 step of 21-23 ms
+against 34-36 ms with transformers' layers on the same kernel.
 
 ``model.compile``: ``torch.compile(dynamic=True)`` of the model's forward (its ``__call__``: the
 backend's forward signature checks still see the original ``forward``), so varying verify row
