@@ -129,24 +129,31 @@ def history(records: list[dict]) -> list[dict]:
     return [r["history"]["item"] for r in records if r.get("type") == "history"]
 
 
-def greedy_lookup_tokens(backend, prompt: list[int], new: int = 40, *, matches: int = 8) -> list[int]:
-    """Greedy prompt lookup (8-row trees of depth 4) decoded by the round loop on ``backend``."""
-    from harness.contracts import Budget
+def greedy_tokens(backend, prompt: list[int], new: int, proposer) -> list[int]:
+    """Greedy output of the round loop on ``backend`` with ``proposer`` (its budget sets the tree)."""
     from harness.engine.decode import RoundConfig, decode
-    from harness.proposers.prompt_lookup import PromptLookupProposer
     from harness.random_source import TorchRandomSource
     from harness.verifiers import get_verifier
     from harness.verifiers.sampling import SamplingPolicy
 
     res = decode(
         target=backend,
-        proposer=PromptLookupProposer(budget=Budget("sequences", 8, 4), manifest_hash="t", max_matches=matches),
+        proposer=proposer,
         verifier=get_verifier("greedy"),
         policy=SamplingPolicy(),
         prompt_ids=prompt,
         max_new_tokens=new,
         eos_token_ids=frozenset(),
         rng=TorchRandomSource(0),
-        round_cfg=RoundConfig(max_nodes=8, max_depth=4),
+        round_cfg=RoundConfig(max_nodes=proposer.budget.max_nodes, max_depth=proposer.budget.max_depth),
     )
     return res.tokens
+
+
+def greedy_lookup_tokens(backend, prompt: list[int], new: int = 40, *, matches: int = 8) -> list[int]:
+    """Greedy prompt lookup (8-row trees of depth 4) decoded by the round loop on ``backend``."""
+    from harness.contracts import Budget
+    from harness.proposers.prompt_lookup import PromptLookupProposer
+
+    lookup = PromptLookupProposer(budget=Budget("sequences", 8, 4), manifest_hash="t", max_matches=matches)
+    return greedy_tokens(backend, prompt, new, lookup)

@@ -36,34 +36,22 @@ def test_floor_is_bytes_over_bandwidth():
 # ---------------------------------------------------------------------------------------- options
 
 import pytest  # noqa: E402
+from helpers import greedy_tokens  # noqa: E402
 
 from harness.config import compose  # noqa: E402
 from harness.contracts import Budget, ConfigError  # noqa: E402
-from harness.engine.decode import RoundConfig, decode  # noqa: E402
 from harness.proposers.base import NullProposer  # noqa: E402
-from harness.random_source import TorchRandomSource  # noqa: E402
 from harness.runner import check_models  # noqa: E402
 from harness.target import native, options  # noqa: E402
 from harness.target.backend import CausalLMBackend  # noqa: E402
-from harness.verifiers import get_verifier  # noqa: E402
-from harness.verifiers.sampling import SamplingPolicy  # noqa: E402
 
 KERNELS = [k for k in options.LINEAR_KERNELS if k not in ("default", "auto")]
 
 
 def _greedy(model, prompt, new=16):
-    res = decode(
-        target=CausalLMBackend(model),
-        proposer=NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="t"),
-        verifier=get_verifier("greedy"),
-        policy=SamplingPolicy(),
-        prompt_ids=prompt,
-        max_new_tokens=new,
-        eos_token_ids=frozenset(),
-        rng=TorchRandomSource(0),
-        round_cfg=RoundConfig(max_nodes=1, max_depth=1),
+    return greedy_tokens(
+        CausalLMBackend(model), prompt, new, NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="t")
     )
-    return res.tokens
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -26,7 +26,7 @@ import functools
 import torch
 
 from harness.target.kv_cache import PreallocatedLayer
-from harness.target.native import load_native_kernels
+from harness.target.native import MAX_ROWS, load_native_kernels
 
 #: the transformers layer classes whose forward the native layer reproduces
 FUSABLE_CLASSES = ("LlamaDecoderLayer",)
@@ -81,7 +81,7 @@ def _fused_forward(layer, original, hidden_states, attention_mask=None, position
     if (
         torch.is_grad_enabled()
         or layer.training
-        or b * r > 64
+        or b * r > MAX_ROWS
         or position_embeddings is None
         or kwargs.get("output_attentions")
         or hidden_states.dtype != torch.float32

@@ -34,6 +34,8 @@ import torch
 from harness.target.loading import cache_root
 
 SOURCE = Path(__file__).with_name("kernels") / "cpu_decode.cpp"
+#: rows (batch x rows per request) the native ops compute; the source's ``kMaxRows``, and more go to torch
+MAX_ROWS = 64
 #: compiler flags every build uses (tests add others, e.g. ``-mno-avx512f`` for the AVX2 path)
 BASE_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w")
 
