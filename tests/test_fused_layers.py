@@ -168,7 +168,10 @@ def test_the_option_resolves_records_and_refuses_in_one_line(tmp_path, monkeypat
         manifest = job_manifest(compose(["model=tiny", *overrides]), versions={})
         assert manifest["backend"]["fused_layers"] is (expected and (streams or "model.fused_layers=true" in overrides))
     for overrides, message in (
-        (["model.dtype=bfloat16", "model.linear_kernel=default"], r"^model.fused_layers=true is float32 only"),
+        (
+            ["model.dtype=float16", "model.linear_kernel=default"],
+            r"^model.fused_layers=true computes float32 and bfloat16",
+        ),
         (["model.static_cache=false"], r"^model.fused_layers=true appends to preallocated caches"),
         (["model.compile=true"], r"^model.fused_layers=true and model.compile=true"),
     ):
@@ -190,3 +193,32 @@ def test_a_run_records_its_fused_layers_and_both_arms_agree(tmp_path, monkeypatc
     assert record["load_report"]["target"]["fused_layers"] == cfg.model.tiny.num_layers
     assert record["metrics"]["greedy_identical"] is True
     assert record["gates"]["equivalence"]["status"] == "passed"
+
+
+def test_in_bfloat16_the_fused_target_follows_transformers_and_speculation_decodes_its_own_greedy_output():
+    """bfloat16: the fused layer's logits follow transformers' bfloat16 layers to bfloat16 rounding;
+    with the streaming kernel for every product a row's logits do not depend on the rows beside it,
+    so greedy prompt lookup decodes exactly what one-row greedy steps of the same target decode
+    (transformers' generate, on a preallocated cache), and the equivalence gate passes."""
+    prompt = [3 + (7 * i) % 40 for i in range(30)] * 2
+    plain, fused = (build_tiny_model(seed=5, dtype=torch.bfloat16) for _ in range(2))
+    options.apply_linear_kernel(fused, "streaming")
+    assert apply_fused_layers(fused, True) == len(decoder_layers(fused))
+    ids = torch.tensor([prompt[:20]])
+
+    def prefill(model):
+        return model(input_ids=ids, cache=kv_cache.new_cache(model.config, preallocated=True)).logits
+
+    with torch.inference_mode():
+        logits = [prefill(plain), prefill(fused)]
+        assert _native_calls(lambda: prefill(fused)) == 2
+    assert logits[1].dtype == torch.bfloat16
+    torch.testing.assert_close(logits[1].float(), logits[0].float(), rtol=2**-6, atol=2**-6)
+    backend = CausalLMBackend(fused)
+    tokens = greedy_lookup_tokens(backend, prompt)
+    with torch.inference_mode():
+        ids = torch.tensor([prompt])
+        cache = kv_cache.new_cache(fused.config, preallocated=True, reserve=len(prompt) + 41)
+        ref = fused.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False, cache=cache)
+    assert tokens == ref[0, len(prompt) :].tolist() and len(tokens) == 40
+    assert equivalence_gate(backend, prompt)["status"] == "passed"

@@ -92,17 +92,20 @@ def test_a_linear_kernel_this_machine_cannot_run_is_refused_in_one_line():
     assert err.value.suggestions == (("model.linear_kernel=default",),)
 
 
-def test_auto_streams_float32_on_a_non_intel_x86_cpu_and_is_plain_linear_elsewhere(monkeypatch):
+def test_auto_streams_float32_and_bfloat16_on_a_non_intel_x86_cpu_and_is_plain_linear_elsewhere(monkeypatch):
     resolve = options.resolve_linear_kernel
     monkeypatch.setattr(options, "cpp_compiler", lambda: "/usr/bin/g++")
     assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD") == "streaming"
     assert resolve("auto", torch.float32, "cpu", vendor="GenuineIntel") == "default"
     assert resolve("auto", torch.float32, "cpu", vendor="") == "default"  # ARM, or a vendor nobody reported
-    assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD") == "default"
+    assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD") == "streaming"
+    assert resolve("auto", torch.bfloat16, "cpu", vendor="GenuineIntel") == "default"
+    assert resolve("auto", torch.float16, "cpu", vendor="AuthenticAMD") == "default"
     assert resolve("auto", torch.float32, "cuda:0", vendor="AuthenticAMD") == "default"
     assert resolve("mkl_packed", torch.float32, "cpu", vendor="GenuineIntel") == "mkl_packed"  # a name is itself
     monkeypatch.setattr(options, "cpp_compiler", lambda: None)  # nothing to build the streaming kernel with
     assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD") == "weight_major"
+    assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD") == "default"  # not measured in bfloat16
     assert options.linear_kernel_problem("auto", torch.bfloat16, "cuda") is None
     assert options.linear_kernel_problem("weight_major", torch.bfloat16, "cuda") is None
     monkeypatch.undo()
@@ -113,7 +116,8 @@ def test_auto_streams_float32_on_a_non_intel_x86_cpu_and_is_plain_linear_elsewhe
         fp32, bf16 = build_tiny_model(seed=3), build_tiny_model(seed=3, dtype=torch.bfloat16)
         options.apply_linear_kernel(fp32, "auto")
         options.apply_linear_kernel(bf16, "auto")
-        assert options.linear_kernel_of(fp32) == {kernel} and options.linear_kernel_of(bf16) == {"default"}
+        bf16_kernel = "streaming" if kernel == "streaming" else "default"
+        assert options.linear_kernel_of(fp32) == {kernel} and options.linear_kernel_of(bf16) == {bf16_kernel}
     assert compose(["model=tiny"]).model.linear_kernel == "auto"  # the configured default
 
 
@@ -154,7 +158,9 @@ def test_the_manifest_records_the_target_options():
     assert plain["target"]["linear_kernel"] == "auto" and plain["target"]["compile"] is False
     assert plain["backend"]["linear_kernel"] == options.resolve_linear_kernel("auto", torch.float32, "cpu")
     bf16 = job_manifest(compose(["model=tiny", "model.dtype=bfloat16"]), versions={})
-    assert bf16["backend"]["linear_kernel"] == "default"
+    assert bf16["backend"]["linear_kernel"] == options.resolve_linear_kernel("auto", torch.bfloat16, "cpu")
+    half = job_manifest(compose(["model=tiny", "model.dtype=float16"]), versions={})
+    assert half["backend"]["linear_kernel"] == "default" and half["backend"]["fused_layers"] is False
     assert fast["target"]["linear_kernel"] == "onednn" and fast["target"]["compile"] is True
     assert fast["backend"]["linear_kernel"] == "onednn" and fast["backend"]["compile"] is True
     dynamic = job_manifest(compose(["model=tiny", "model.static_cache=false"]), versions={})

@@ -12,7 +12,8 @@ outputs, hooks) is transformers' own, so everything that reads a forward's outpu
 structure.
 
 A forward the native layer does not cover falls back to the layer's own forward, case by case:
-gradients enabled, more than 64 rows (a prefill), another dtype or device, a cache layer that is
+gradients enabled, more than 64 rows (a prefill), a dtype other than float32 and bfloat16, another
+device, a cache layer that is
 not preallocated, an attention implementation other than SDPA (``model.attn_implementation=eager``
 keeps transformers' eager attention everywhere), a float (additive) or per-head mask, attention
 outputs requested. Only layers whose structure is exactly Llama's (SiLU-gated MLP, no q/k norms,
@@ -28,6 +29,8 @@ import torch
 from harness.target.kv_cache import PreallocatedLayer
 from harness.target.native import MAX_ROWS, load_native_kernels
 
+#: the dtypes the native layer computes (its parameters, cache and rotary tables in the same dtype)
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 #: the transformers layer classes whose forward the native layer reproduces
 FUSABLE_CLASSES = ("LlamaDecoderLayer",)
 #: attention implementations the native attention stands in for (boolean masks, exact softmax);
@@ -84,7 +87,7 @@ def _fused_forward(layer, original, hidden_states, attention_mask=None, position
         or b * r > MAX_ROWS
         or position_embeddings is None
         or kwargs.get("output_attentions")
-        or hidden_states.dtype != torch.float32
+        or hidden_states.dtype not in NATIVE_DTYPES
         or hidden_states.device.type != "cpu"
         or not isinstance(layer_cache, PreallocatedLayer)
         or layer.self_attn.config._attn_implementation not in SDPA_ATTENTION

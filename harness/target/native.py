@@ -3,10 +3,12 @@
 ``kernels/cpu_decode.cpp`` defines two ops (see the source's header):
 
 - ``torch.ops.harness.streaming_linear(x, weight, bias)``: ``x @ weight.T + bias`` for up to 64
-  float32 rows, each weight row streamed from memory once for all rows, with every output element
-  reduced in an order that does not depend on the number of rows (``model.linear_kernel=streaming``);
-- ``torch.ops.harness.llama_layer(...)``: a whole Llama decoder layer in one call, appending to
-  preallocated cache buffers (``model.fused_layers``, :mod:`harness.target.fused_layers`).
+  float32 or bfloat16 rows, each weight row streamed from memory once for all rows, with every
+  output element reduced in an order that does not depend on the number of rows
+  (``model.linear_kernel=streaming``);
+- ``torch.ops.harness.llama_layer(...)``: a whole Llama decoder layer in one call, float32 or
+  bfloat16, appending to preallocated cache buffers (``model.fused_layers``,
+  :mod:`harness.target.fused_layers`).
 
 The source is compiled for this CPU (``-march=native``, ``-ffp-contract=off``) against the installed
 torch's headers, once per source, flags, torch version, compiler and CPU, into

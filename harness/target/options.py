@@ -21,21 +21,27 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
   against 55 ms with ``F.linear``);
 - ``streaming``: the harness's own kernel (:mod:`harness.target.native`, compiled for this CPU on
   first use): each weight row is read from memory once and multiplied into every input row, for up
-  to 64 float32 rows (more go to ``F.linear``), with each output element reduced in an order that
-  does not depend on how many rows share the forward. A one-row step then streams the weights at
+  to 64 float32 or bfloat16 rows (more go to ``F.linear``; bfloat16 accumulates in float32 and
+  rounds once), with each output element reduced in an order that does not depend on how many rows
+  share the forward. A one-row step then streams the weights at
   close to the machine's read bandwidth, and a few rows cost little more than one: on an AMD EPYC
   (Zen 4, AVX-512, 2 threads) SmolLM2's linear products on one row take 18.7 ms against 52.5 ms for
   ``weight_major`` and 53.4 ms for ``F.linear`` (a 17.1 ms weight-streaming floor), and its verify
-  forward costs 1.07x a one-row step at 2 rows, 1.09x at 4;
-- ``auto`` (the configured default): for float32 on an x86 CPU of a vendor other than Intel,
-  ``streaming`` where a C++ compiler is installed to build it, ``weight_major`` where none is
-  (measured on AMD EPYC: as fast as ``F.linear`` at one row, 15-40% faster at 2 to 32 rows on an
-  AVX2 part); ``default`` everywhere else (Intel CPUs, where ``streaming`` has not been measured yet
-  and ``F.linear`` was the fastest of the others, ARM, CUDA, bfloat16, float16).
+  forward costs 1.07x a one-row step at 2 rows, 1.09x at 4. In bfloat16 the same products read half
+  the bytes: 16 ms on one row against 36 ms for ``F.linear`` (oneDNN) on the same CPU;
+- ``auto`` (the configured default): for float32 and bfloat16 on an x86 CPU of a vendor other than
+  Intel, ``streaming`` where a C++ compiler is installed to build it, and where none is
+  ``weight_major`` in float32 (measured on AMD EPYC: as fast as ``F.linear`` at one row, 15-40%
+  faster at 2 to 32 rows on an AVX2 part) and ``default`` in bfloat16; ``default`` everywhere else
+  (Intel CPUs, where ``streaming`` has not been measured yet and ``F.linear`` was the fastest of the
+  others, ARM, CUDA, float16).
 
-They differ from ``default`` by float32 rounding (summation order) only; greedy equality between the
-arms does not depend on it (both arms use the same kernel), and a test checks that greedy output
-with each kernel equals greedy output without it on a tiny model.
+They differ from ``default`` by rounding (summation order) only; greedy equality between the arms
+does not depend on it (both arms use the same kernel), and a test checks that greedy output with
+each kernel equals greedy output without it on a tiny model. With ``streaming`` a verify row's
+logits are bit-identical to a one-row step's, in bfloat16 too, where ``F.linear``'s row-count-
+dependent rounding makes greedy speculation and greedy decoding part ways (the greedy gate records
+those divergences as near-ties).
 
 ``model.static_cache``: ``true`` makes every cache the backend builds for this model keep each
 layer's keys and values in preallocated buffers written in place (:mod:`harness.target.kv_cache`);
@@ -49,12 +55,13 @@ graph, one graph break per layer, and that costs a compiled SmolLM2 step more th
 ``model.fused_layers``: ``true`` runs each Llama decoder layer as one native call
 (:mod:`harness.target.fused_layers`: the layer's products with the streaming kernel, its attention
 and element-wise steps in the same library), ``false`` runs transformers' layer forward. The default
-(``null``) fuses where the streaming kernel is the linear kernel (float32 on CPU), the cache is
-preallocated and the forward is not compiled; with ``true`` and another linear kernel, that kernel
-still computes the LM head and every forward the fused layer hands back to transformers. The logits
-equal the unfused forward's to float32 rounding (tests: chains, trees, batches with holes,
-successive rounds); both arms share them. Measured on the AMD EPYC above: a SmolLM2 step of 21-23 ms
-against 34-36 ms with transformers' layers on the same kernel.
+(``null``) fuses where the streaming kernel is the linear kernel (float32 or bfloat16 on CPU), the
+cache is preallocated and the forward is not compiled; with ``true`` and another linear kernel, that
+kernel still computes the LM head and every forward the fused layer hands back to transformers. The
+logits equal the unfused forward's to float32 rounding (tests: chains, trees, batches with holes,
+successive rounds); in bfloat16 the layer rounds where transformers' bfloat16 operators round and
+its logits follow theirs to bfloat16 rounding. Both arms share them. Measured on the AMD EPYC above:
+a SmolLM2 step of 21-23 ms against 34-36 ms with transformers' layers on the same kernel.
 
 ``model.compile``: ``torch.compile(dynamic=True)`` of the model's forward (its ``__call__``: the
 backend's forward signature checks still see the original ``forward``), so varying verify row
@@ -71,6 +78,8 @@ import torch.nn.functional as F
 from harness.measure.hardware import cpu_vendor
 from harness.target.native import cpp_compiler, load_native_kernels, native_kernels_problem
 
+#: the dtypes the streaming kernel computes (others would go to F.linear)
+STREAMING_DTYPES = (torch.float32, torch.bfloat16)
 LINEAR_KERNELS = ("auto", "default", "onednn", "mkl_packed", "weight_major", "streaming")
 
 
@@ -88,12 +97,14 @@ def resolve_linear_kernel(
     if kernel != "auto":
         return kernel
     on_cpu = str(device).split(":")[0] == "cpu"  # a string, so a bad device is refused by its own check
-    if not on_cpu or dtype != torch.float32:
+    if not on_cpu or dtype not in STREAMING_DTYPES:
         return "default"
     vendor = cpu_vendor() if vendor is None else vendor
     if not vendor or vendor in INTEL_VENDORS:
         return "default"
-    return "streaming" if cpp_compiler() is not None else "weight_major"
+    if cpp_compiler() is not None:
+        return "streaming"
+    return "weight_major" if dtype == torch.float32 else "default"
 
 
 def linear_kernel_problem(kernel: str, dtype: torch.dtype, device: str) -> str | None:
@@ -109,8 +120,11 @@ def linear_kernel_problem(kernel: str, dtype: torch.dtype, device: str) -> str |
         return None  # torch.mm: every device and dtype
     if torch.device(device).type != "cpu":
         return f"model.linear_kernel={kernel} is a CPU kernel; model.device={device} (use model.linear_kernel=default)"
-    if kernel in ("mkl_packed", "streaming") and dtype != torch.float32:
+    if kernel == "mkl_packed" and dtype != torch.float32:
         return f"model.linear_kernel={kernel} is float32 only; model.dtype is {str(dtype).removeprefix('torch.')}"
+    if kernel == "streaming" and dtype not in STREAMING_DTYPES:
+        name = str(dtype).removeprefix("torch.")
+        return f"model.linear_kernel=streaming computes float32 and bfloat16; model.dtype is {name}"
     if kernel == "streaming" and (problem := native_kernels_problem()) is not None:
         return f"model.linear_kernel=streaming cannot run here: {problem} (use model.linear_kernel=weight_major)"
     w = torch.ones(8, 16, dtype=dtype)
@@ -217,7 +231,7 @@ def resolve_fused_layers(
     if fused_layers is not None:
         return bool(fused_layers)
     on_cpu = str(device).split(":")[0] == "cpu"
-    return on_cpu and dtype == torch.float32 and linear_kernel == "streaming" and static_cache and not compiled
+    return on_cpu and dtype in STREAMING_DTYPES and linear_kernel == "streaming" and static_cache and not compiled
 
 
 def resolved_fused_layers(m) -> bool:
@@ -241,8 +255,9 @@ def fused_layers_problem(dtype: torch.dtype, device: str, *, compiled: bool, sta
     """Why ``model.fused_layers=true`` cannot run here (one line), or None."""
     if torch.device(device).type != "cpu":
         return f"model.fused_layers=true is a CPU kernel; model.device={device}"
-    if dtype != torch.float32:
-        return f"model.fused_layers=true is float32 only; model.dtype is {str(dtype).removeprefix('torch.')}"
+    if dtype not in STREAMING_DTYPES:
+        name = str(dtype).removeprefix("torch.")
+        return f"model.fused_layers=true computes float32 and bfloat16; model.dtype is {name}"
     if compiled:
         return "model.fused_layers=true and model.compile=true: the fused layers are already one call each"
     if not static_cache:

@@ -1,4 +1,4 @@
-// Native CPU kernels for the few rows of a decode or verify step (float32).
+// Native CPU kernels for the few rows of a decode or verify step (float32 and bfloat16).
 //
 // harness::streaming_linear(x, weight, bias): x @ weight.T + bias, each weight row streamed from
 // memory once for all input rows.
@@ -9,22 +9,23 @@
 // over output features (blocks of NB weight rows, one thread per range of blocks, torch's own
 // OpenMP pool); within a block, register tiles of up to MB input rows by NB weight rows hold one
 // vector accumulator per output element, and the next block is prefetched into L2 while the first
-// tile of the current one runs. Several products that share their input (q, k and v; gate and up)
+// tile of the current one runs. bfloat16 products accumulate in float32 and round once. Several products that share their input (q, k and v; gate and up)
 // run as one split of the union of their blocks.
 //
 // Row invariance: every output element y[m, n] is reduced in the same order (one accumulator over
-// k in steps of the vector width, a fixed horizontal sum, the scalar tail, then the bias), whatever
-// M, the tile it fell in, or the number of threads. So a row's result does not depend on which
+// k in steps of the vector width, a fixed horizontal sum, the scalar tail, then the bias, then the
+// rounding to the output dtype), whatever M, the tile it fell in, or the number of threads. So a row's result does not depend on which
 // other rows share the forward: a verify forward gives every row exactly the value a one-row step
 // over the same input gives. More than 64 rows (a prefill) go to at::linear, and so does any other
-// dtype or device.
+// dtype (or a mix of dtypes) or device.
 //
 // harness::llama_layer(...): one Llama decoder layer (RMSNorm, q/k/v projections, rotary
 // embedding, the append of k and v into preallocated cache buffers, grouped-query attention under
 // a boolean mask or the causal rule, the output projection and residual, RMSNorm, the SiLU-gated
 // MLP and residual) as one call, with the same products and its own attention and element-wise
-// loops, so a step pays one dispatch per layer instead of dozens. The element-wise steps follow
-// transformers' LlamaDecoderLayer operation by operation (the file is built with
+// loops, so a step pays one dispatch per layer instead of dozens; float32 or bfloat16 (every tensor
+// in one dtype). The element-wise steps follow transformers' LlamaDecoderLayer operation by
+// operation, rounding to bfloat16 where its bfloat16 operators round (the file is built with
 // -ffp-contract=off, so no multiply-add is fused where torch rounds twice); the attention is an
 // exact softmax over the allowed keys (max subtracted), whose float32 rounding differs from
 // PyTorch's SDPA kernels by summation order only.
@@ -47,6 +48,9 @@ struct Vec {
   static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
   static T set1(float a) { return _mm512_set1_ps(a); }
   static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T widen(const uint16_t* p) {  // 16 bfloat16 -> float32 (exact: the high half of each float)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+  }
   static float sum(T v) {
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -65,6 +69,9 @@ struct Vec {
   static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
   static T set1(float a) { return _mm256_set1_ps(a); }
   static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T widen(const uint16_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+  }
   static float sum(T h) {
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
     q = _mm_add_ps(q, _mm_movehl_ps(q, q));
@@ -86,6 +93,13 @@ struct Vec {
   static void store(float* p, T v) { __builtin_memcpy(p, &v, sizeof(T)); }
   static T set1(float a) { return T{} + a; }
   static T fma(T a, T b, T c) { return a * b + c; }
+  static T widen(const uint16_t* p) {
+    uint32_t bits[width];
+    for (int i = 0; i < width; ++i) bits[i] = static_cast<uint32_t>(p[i]) << 16;
+    T v;
+    __builtin_memcpy(&v, bits, sizeof(T));
+    return v;
+  }
   static float sum(T v) {
     float s[width];
     __builtin_memcpy(s, &v, sizeof(T));
@@ -100,70 +114,132 @@ struct Vec {
 namespace {
 
 constexpr int64_t kMaxRows = 64;  // more rows than this: at::linear
-constexpr int NB = 4;             // weight rows per block (and per register tile)
-constexpr int MB = 4;             // input rows per register tile
 constexpr int W = Vec::width;
 
 // ------------------------------------------------------------------------------------- products
 
+// How one dtype's products are computed: the weight (`Wt`), input (`X`) and output (`Y`) element
+// types, the elements a vector step covers, and the step itself.
+//
+// F32: float32 everywhere, one fused multiply-add per vector of weights and inputs.
+struct F32 {
+  using Wt = float;
+  using X = float;
+  using Y = float;
+  using Acc = Vec::T;
+  using WV = Vec::T;
+  using XV = Vec::T;
+  static constexpr int step = W;
+  static Acc zero() { return Vec::zero(); }
+  static WV wload(const Wt* p) { return Vec::load(p); }
+  static XV xload(const X* p) { return Vec::load(p); }
+  static Acc madd(Acc acc, XV x, WV w) { return Vec::fma(x, w, acc); }
+  static Y out(float s) { return s; }
+};
+
+// bfloat16 weights, inputs and outputs, accumulated in float32 and rounded to bfloat16 once, at the
+// end (round to nearest even, as torch converts). With AVX512-BF16 each step is one VDPBF16PS (32
+// products into 16 float32 sums, pairs added in the instruction's fixed order); without it each
+// vector of inputs and weights is widened to float32 in registers (exact) before a float32
+// multiply-add.
+using bf16 = c10::BFloat16;
+#if defined(__AVX512BF16__)
+struct BF16 {
+  using Wt = bf16;
+  using X = bf16;
+  using Y = bf16;
+  using Acc = __m512;
+  using WV = __m512bh;
+  using XV = __m512bh;
+  static constexpr int step = 32;
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static WV wload(const Wt* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static XV xload(const X* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static Acc madd(Acc acc, XV x, WV w) { return _mm512_dpbf16_ps(acc, x, w); }
+  static Y out(float s) { return bf16(s); }
+};
+#else
+struct BF16 {
+  using Wt = bf16;
+  using X = bf16;
+  using Y = bf16;
+  using Acc = Vec::T;
+  using WV = Vec::T;
+  using XV = Vec::T;
+  static constexpr int step = W;
+  static Acc zero() { return Vec::zero(); }
+  static WV wload(const Wt* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
+  static XV xload(const X* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
+  static Acc madd(Acc acc, XV x, WV w) { return Vec::fma(x, w, acc); }
+  static Y out(float s) { return bf16(s); }
+};
+#endif
+
 // y [M, N] = x [M, K] @ w [N, K].T (+ bias [N])
+template <class P>
 struct Product {
-  const float* w;
-  const float* bias;  // or null
-  float* y;
+  const typename P::Wt* w;
+  const typename P::Wt* bias;  // or null
+  typename P::Y* y;
   int64_t N;
 };
 
+template <class P>
 struct Input {
-  const float* x;  // [M, K]
-  int64_t M, K, kv;  // kv: K rounded down to the vector width
+  const typename P::X* x;  // [M, K]
+  int64_t M, K, kv;  // kv: K rounded down to the step
 };
 
+inline float value_of(float v) { return v; }
+inline float value_of(bf16 v) { return static_cast<float>(v); }  // exact
+
 // Rows [m, m + TM) of x against weight rows [n, n + TN); `ahead`, when set, is prefetched (the
-// next block's weights, TN * K floats) a vector's worth per weight row and step.
-template <int TM, int TN>
-inline void tile(const Input& in, const Product& p, int64_t m, int64_t n, const float* ahead) {
-  const float* x = in.x + m * in.K;
-  const float* w = p.w + n * in.K;
-  typename Vec::T acc[TM][TN];
+// next block's weights, TN * K elements) a step's worth per weight row and step.
+template <class P, int TM, int TN>
+inline void tile(const Input<P>& in, const Product<P>& p, int64_t m, int64_t n, const typename P::Wt* ahead) {
+  const typename P::X* x = in.x + m * in.K;
+  const typename P::Wt* w = p.w + n * in.K;
+  typename P::Acc acc[TM][TN];
   for (int i = 0; i < TM; ++i)
-    for (int j = 0; j < TN; ++j) acc[i][j] = Vec::zero();
-  for (int64_t k = 0; k < in.kv; k += W) {
+    for (int j = 0; j < TN; ++j) acc[i][j] = P::zero();
+  constexpr int ahead_bytes = TN * P::step * static_cast<int>(sizeof(typename P::Wt));
+  for (int64_t k = 0; k < in.kv; k += P::step) {
     if (ahead != nullptr) {
-      const float* a = ahead + k * TN;
-      for (int b = 0; b < TN * W; b += 16) HARNESS_PREFETCH(a + b);
+      const char* a = reinterpret_cast<const char*>(ahead + k * TN);
+      for (int b = 0; b < ahead_bytes; b += 64) HARNESS_PREFETCH(a + b);
     }
-    typename Vec::T wv[TN];
-    for (int j = 0; j < TN; ++j) wv[j] = Vec::load(w + j * in.K + k);
+    typename P::WV wv[TN];
+    for (int j = 0; j < TN; ++j) wv[j] = P::wload(w + j * in.K + k);
     for (int i = 0; i < TM; ++i) {
-      const typename Vec::T xv = Vec::load(x + i * in.K + k);
-      for (int j = 0; j < TN; ++j) acc[i][j] = Vec::fma(xv, wv[j], acc[i][j]);
+      const typename P::XV xv = P::xload(x + i * in.K + k);
+      for (int j = 0; j < TN; ++j) acc[i][j] = P::madd(acc[i][j], xv, wv[j]);
     }
   }
   for (int i = 0; i < TM; ++i)
     for (int j = 0; j < TN; ++j) {
       float s = Vec::sum(acc[i][j]);
-      for (int64_t k = in.kv; k < in.K; ++k) s += x[i * in.K + k] * w[j * in.K + k];
-      if (p.bias != nullptr) s += p.bias[n + j];
-      p.y[(m + i) * p.N + n + j] = s;
+      for (int64_t k = in.kv; k < in.K; ++k) s += value_of(x[i * in.K + k]) * value_of(w[j * in.K + k]);
+      if (p.bias != nullptr) s += value_of(p.bias[n + j]);
+      p.y[(m + i) * p.N + n + j] = P::out(s);
     }
 }
 
 // Every input row against weight rows [n, n + TN).
-template <int TN>
-void block(const Input& in, const Product& p, int64_t n, const float* ahead) {
+template <class P, int TN, int MB>
+void block(const Input<P>& in, const Product<P>& p, int64_t n, const typename P::Wt* ahead) {
   int64_t m = 0;
-  for (; m + MB <= in.M; m += MB, ahead = nullptr) tile<MB, TN>(in, p, m, n, ahead);
+  for (; m + MB <= in.M; m += MB, ahead = nullptr) tile<P, MB, TN>(in, p, m, n, ahead);
   switch (in.M - m) {
-    case 3: tile<3, TN>(in, p, m, n, ahead); break;
-    case 2: tile<2, TN>(in, p, m, n, ahead); break;
-    case 1: tile<1, TN>(in, p, m, n, ahead); break;
+    case 3: tile<P, 3, TN>(in, p, m, n, ahead); break;
+    case 2: tile<P, 2, TN>(in, p, m, n, ahead); break;
+    case 1: tile<P, 1, TN>(in, p, m, n, ahead); break;
     default: break;
   }
 }
 
 // Every product of `ps` (all sharing the input) in one parallel split of their blocks.
-void run_products(const Input& in, const Product* ps, int count) {
+template <class P, int NB, int MB>
+void run_blocks(const Input<P>& in, const Product<P>* ps, int count) {
   int64_t first[8];  // first block id of each product (count <= 7)
   int64_t total = 0;
   for (int i = 0; i < count; ++i) {
@@ -174,104 +250,157 @@ void run_products(const Input& in, const Product* ps, int count) {
     int i = 0;
     for (int64_t b = b0; b < b1; ++b) {
       while (i + 1 < count && b >= first[i + 1]) ++i;
-      const Product& p = ps[i];
+      const Product<P>& p = ps[i];
       const int64_t n = (b - first[i]) * NB;
       if (n + NB <= p.N) {
         const bool next_full = b + 1 < b1 && n + 2 * NB <= p.N;  // the next block is this product's, whole
-        block<NB>(in, p, n, next_full ? p.w + (n + NB) * in.K : nullptr);
+        block<P, NB, MB>(in, p, n, next_full ? p.w + (n + NB) * in.K : nullptr);
       } else {
-        for (int64_t j = n; j < p.N; ++j) block<1>(in, p, j, nullptr);
+        for (int64_t j = n; j < p.N; ++j) block<P, 1, MB>(in, p, j, nullptr);
       }
     }
   });
 }
 
-Input input_of(const float* x, int64_t M, int64_t K) { return Input{x, M, K, K - K % W}; }
+// The register tile for M rows: 1 x 16 for one row, 2 x 8 for two, 4 x 4 from three on (a block of
+// the split is one tile's weight rows). Fewer input rows need more weight rows per tile to keep
+// enough independent accumulators and loads in flight (measured on Zen 4: a one-row bfloat16 product
+// streams about a quarter faster in 1 x 16 tiles than in 1 x 4). The shape changes which elements a
+// tile holds, never the order an element is reduced in.
+template <class P>
+void run_products(const Input<P>& in, const Product<P>* ps, int count) {
+  if (in.M == 1)
+    run_blocks<P, 16, 1>(in, ps, count);
+  else if (in.M == 2)
+    run_blocks<P, 8, 2>(in, ps, count);
+  else
+    run_blocks<P, 4, 4>(in, ps, count);
+}
 
-bool streamable(const at::Tensor& t) { return t.scalar_type() == at::kFloat && t.device().is_cpu(); }
+template <class P>
+Input<P> input_of(const typename P::X* x, int64_t M, int64_t K) {
+  return Input<P>{x, M, K, K - K % P::step};
+}
+
+bool is_cpu(const at::Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype && t.device().is_cpu(); }
+
+// The dtype both products of a streaming_linear call run in (float32 or bfloat16), or Undefined.
+at::ScalarType streaming_dtype(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    if (is_cpu(x, dtype) && is_cpu(weight, dtype) && (!bias.has_value() || is_cpu(*bias, dtype))) return dtype;
+  return at::ScalarType::Undefined;
+}
+
+template <class P>
+void linear_rows(const at::Tensor& xc, const at::Tensor& wc, const at::Tensor& bc, at::Tensor& y) {
+  using T = typename P::Wt;
+  const Product<P> p{wc.data_ptr<T>(), bc.defined() ? bc.data_ptr<T>() : nullptr, y.data_ptr<T>(), wc.size(0)};
+  run_products<P>(input_of<P>(xc.data_ptr<T>(), xc.size(0), xc.size(1)), &p, 1);
+}
 
 at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(weight.dim() == 2, "streaming_linear: weight must be [N, K]; got ", weight.sizes());
   TORCH_CHECK(x.size(-1) == weight.size(1), "streaming_linear: x has ", x.size(-1), " features, weight ",
               weight.size(1));
   const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1);
-  const bool fits = streamable(x) && streamable(weight) && (!bias.has_value() || streamable(*bias));
-  if (!fits || rows > kMaxRows || rows == 0) return at::linear(x, weight, bias);
+  const at::ScalarType dtype = streaming_dtype(x, weight, bias);
+  if (dtype == at::ScalarType::Undefined || rows > kMaxRows || rows == 0) return at::linear(x, weight, bias);
   const at::Tensor xc = x.reshape({rows, x.size(-1)}).contiguous();
   const at::Tensor wc = weight.contiguous();
   const at::Tensor bc = bias.has_value() ? bias->contiguous() : at::Tensor();
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = weight.size(0);
   at::Tensor y = at::empty({rows, weight.size(0)}, x.options());
-  const Product p{wc.data_ptr<float>(), bc.defined() ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(),
-                  wc.size(0)};
-  run_products(input_of(xc.data_ptr<float>(), rows, xc.size(1)), &p, 1);
+  if (dtype == at::kFloat)
+    linear_rows<F32>(xc, wc, bc, y);
+  else
+    linear_rows<BF16>(xc, wc, bc, y);
   return y.view(out_shape);
 }
 
 // ---------------------------------------------------------------------------------- the layer
 
-// out [M, d] = RMSNorm(h) * weight, as LlamaRMSNorm: h * rsqrt(mean(h^2) + eps), then weight * it
-void rms_norm(const float* h, const float* weight, float* out, int64_t M, int64_t d, float eps) {
+// The layer's element-wise steps read and write its dtype T and compute in float32: `rnd` rounds a
+// float32 result to T's precision where transformers' layer, running in T, rounds one (after each
+// operator); in float32 it is the identity, so the float32 layer computes what it always has.
+inline float rnd(float v, float) { return v; }
+inline float rnd(float v, bf16) { return static_cast<float>(bf16(v)); }
+inline float load1(const float* p) { return *p; }
+inline float load1(const bf16* p) { return static_cast<float>(*p); }
+inline void store1(float* p, float v) { *p = v; }
+inline void store1(bf16* p, float v) { *p = bf16(v); }
+inline Vec::T loadv(const float* p) { return Vec::load(p); }
+inline Vec::T loadv(const bf16* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
+
+// out [M, d] = RMSNorm(h) * weight, as LlamaRMSNorm: h * rsqrt(mean(h^2) + eps) in float32, rounded to
+// T, then weight * it
+template <class T>
+void rms_norm(const T* h, const T* weight, T* out, int64_t M, int64_t d, float eps) {
   for (int64_t m = 0; m < M; ++m) {
-    const float* hm = h + m * d;
+    const T* hm = h + m * d;
     float ss = 0.f;
-    for (int64_t i = 0; i < d; ++i) ss += hm[i] * hm[i];
+    for (int64_t i = 0; i < d; ++i) ss += load1(hm + i) * load1(hm + i);
     const float r = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
-    for (int64_t i = 0; i < d; ++i) out[m * d + i] = weight[i] * (hm[i] * r);
+    for (int64_t i = 0; i < d; ++i) store1(out + m * d + i, load1(weight + i) * rnd(load1(hm + i) * r, T{}));
   }
 }
 
 // x [M, H * dh] in place: x * cos + rotate_half(x) * sin per head, cos / sin [M, dh]
-void rotary(float* x, const float* cos, const float* sin, int64_t M, int64_t H, int64_t dh) {
+template <class T>
+void rotary(T* x, const T* cos, const T* sin, int64_t M, int64_t H, int64_t dh) {
   const int64_t half = dh / 2;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t h = 0; h < H; ++h) {
-      float* v = x + (m * H + h) * dh;
-      const float* c = cos + m * dh;
-      const float* s = sin + m * dh;
+      T* v = x + (m * H + h) * dh;
+      const T* c = cos + m * dh;
+      const T* s = sin + m * dh;
       for (int64_t i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * c[i] + (-b) * s[i];
-        v[i + half] = b * c[i + half] + a * s[i + half];
+        const float a = load1(v + i), b = load1(v + i + half);
+        store1(v + i, rnd(a * load1(c + i), T{}) + rnd((-b) * load1(s + i), T{}));
+        store1(v + i + half, rnd(b * load1(c + i + half), T{}) + rnd(a * load1(s + i + half), T{}));
       }
     }
 }
 
-float dot(const float* a, const float* b, int64_t n) {
+template <class T>
+float dot(const T* a, const T* b, int64_t n) {
   typename Vec::T acc = Vec::zero();
   int64_t i = 0;
-  for (; i + W <= n; i += W) acc = Vec::fma(Vec::load(a + i), Vec::load(b + i), acc);
+  for (; i + W <= n; i += W) acc = Vec::fma(loadv(a + i), loadv(b + i), acc);
   float s = Vec::sum(acc);
-  for (; i < n; ++i) s += a[i] * b[i];
+  for (; i < n; ++i) s += load1(a + i) * load1(b + i);
   return s;
 }
 
 // out += p * v (n floats)
-void axpy(float* out, float p, const float* v, int64_t n) {
+template <class T>
+void axpy(float* out, float p, const T* v, int64_t n) {
   const typename Vec::T pv = Vec::set1(p);
   int64_t i = 0;
-  for (; i + W <= n; i += W) Vec::store(out + i, Vec::fma(pv, Vec::load(v + i), Vec::load(out + i)));
-  for (; i < n; ++i) out[i] += p * v[i];
+  for (; i + W <= n; i += W) Vec::store(out + i, Vec::fma(pv, loadv(v + i), Vec::load(out + i)));
+  for (; i < n; ++i) out[i] += p * load1(v + i);
 }
 
+template <class T>
 struct Attention {
-  const float* q;      // [B, R, Hq, dh]
-  const float* keys;   // [B, Hkv, cap, dh]
-  const float* values;
-  const bool* mask;    // [B, R, L] (True = attend) or null: row r sees slots [0, start + r]
-  float* out;          // [B, R, Hq, dh]
+  const T* q;      // [B, R, Hq, dh]
+  const T* keys;   // [B, Hkv, cap, dh]
+  const T* values;
+  const bool* mask;  // [B, R, L] (True = attend) or null: row r sees slots [0, start + r]
+  T* out;            // [B, R, Hq, dh]
   int64_t B, R, Hq, Hkv, dh, cap, start, L;  // L = start + R keys
   float scaling;
 };
 
-void attend(const Attention& a) {
+// Scores, softmax and the weighted sum of values in float32; the output rounded to T once.
+template <class T>
+void attend(const Attention<T>& a) {
   const int64_t rep = a.Hq / a.Hkv;
   at::parallel_for(0, a.B * a.Hq * a.R, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(a.L);
+    std::vector<float> scores(a.L), acc(a.dh);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t % a.R, h = (t / a.R) % a.Hq, b = t / (a.R * a.Hq);
-      const float* q = a.q + ((b * a.R + r) * a.Hq + h) * a.dh;
+      const T* q = a.q + ((b * a.R + r) * a.Hq + h) * a.dh;
       const int64_t base = (b * a.Hkv + h / rep) * a.cap * a.dh;
       const bool* allowed = a.mask != nullptr ? a.mask + (b * a.R + r) * a.L : nullptr;
       const int64_t seen = allowed != nullptr ? a.L : a.start + r + 1;
@@ -281,44 +410,113 @@ void attend(const Attention& a) {
         scores[j] = dot(q, a.keys + base + j * a.dh, a.dh) * a.scaling;
         top = std::max(top, scores[j]);
       }
-      float* out = a.out + ((b * a.R + r) * a.Hq + h) * a.dh;
-      std::fill(out, out + a.dh, 0.f);
+      std::fill(acc.begin(), acc.end(), 0.f);
       float total = 0.f;
       for (int64_t j = 0; j < seen; ++j) {
         if (allowed != nullptr && !allowed[j]) continue;
         const float p = std::exp(scores[j] - top);
         total += p;
-        axpy(out, p, a.values + base + j * a.dh, a.dh);
+        axpy(acc.data(), p, a.values + base + j * a.dh, a.dh);
       }
       const float inv = 1.f / total;
-      for (int64_t i = 0; i < a.dh; ++i) out[i] *= inv;
+      T* out = a.out + ((b * a.R + r) * a.Hq + h) * a.dh;
+      for (int64_t i = 0; i < a.dh; ++i) store1(out + i, acc[i] * inv);
     }
   });
 }
 
-const float* ptr_or_null(const c10::List<std::optional<at::Tensor>>& list, int64_t i) {
+template <class T>
+const T* ptr_or_null(const c10::List<std::optional<at::Tensor>>& list, int64_t i) {
   const std::optional<at::Tensor> t = list.get(i);
-  return t.has_value() ? t->data_ptr<float>() : nullptr;
+  return t.has_value() ? t->data_ptr<T>() : nullptr;
+}
+
+// The layer in P's dtype (float32 or bfloat16); the arguments are checked by llama_layer.
+template <class P>
+at::Tensor layer_forward(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                         const std::optional<at::Tensor>& mask, at::Tensor& key_buffer, at::Tensor& value_buffer,
+                         int64_t start, at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases,
+                         float input_eps, float post_eps, float scaling) {
+  using T = typename P::Wt;
+  const int64_t B = hidden.size(0), R = hidden.size(1), d = hidden.size(2), M = B * R;
+  const int64_t Hkv = key_buffer.size(1), cap = key_buffer.size(2), dh = key_buffer.size(3);
+  const int64_t Hq = weights[1].size(0) / dh, I = weights[6].size(0), L = start + R;
+  const auto opts = hidden.options();
+  const T* h = hidden.data_ptr<T>();
+  auto w = [&](int i) { return weights[i].data_ptr<T>(); };
+  at::Tensor x = at::empty({M, d}, opts), q = at::empty({M, Hq * dh}, opts);
+  at::Tensor k = at::empty({M, Hkv * dh}, opts), v = at::empty({M, Hkv * dh}, opts);
+  at::Tensor ctx = at::empty({M, Hq * dh}, opts), attn = at::empty({M, d}, opts);
+  at::Tensor out = at::empty({B, R, d}, opts);
+  T* xp = x.data_ptr<T>();
+
+  rms_norm(h, w(0), xp, M, d, input_eps);
+  const Product<P> qkv[3] = {{w(1), ptr_or_null<T>(biases, 0), q.data_ptr<T>(), Hq * dh},
+                             {w(2), ptr_or_null<T>(biases, 1), k.data_ptr<T>(), Hkv * dh},
+                             {w(3), ptr_or_null<T>(biases, 2), v.data_ptr<T>(), Hkv * dh}};
+  run_products<P>(input_of<P>(xp, M, d), qkv, 3);
+  rotary(q.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(), M, Hq, dh);
+  rotary(k.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(), M, Hkv, dh);
+
+  T* kb = key_buffer.data_ptr<T>();
+  T* vb = value_buffer.data_ptr<T>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t g = 0; g < Hkv; ++g) {
+        const int64_t src = ((b * R + r) * Hkv + g) * dh, dst = ((b * Hkv + g) * cap + start + r) * dh;
+        std::copy(k.data_ptr<T>() + src, k.data_ptr<T>() + src + dh, kb + dst);
+        std::copy(v.data_ptr<T>() + src, v.data_ptr<T>() + src + dh, vb + dst);
+      }
+
+  attend(Attention<T>{q.data_ptr<T>(), kb, vb, mask.has_value() ? mask->data_ptr<bool>() : nullptr,
+                      ctx.data_ptr<T>(), B, R, Hq, Hkv, dh, cap, start, L, scaling});
+  const Product<P> o{w(4), ptr_or_null<T>(biases, 3), attn.data_ptr<T>(), d};
+  run_products<P>(input_of<P>(ctx.data_ptr<T>(), M, Hq * dh), &o, 1);
+  T* mid = attn.data_ptr<T>();  // the residual stream after attention, in place
+  for (int64_t i = 0; i < M * d; ++i) store1(mid + i, load1(h + i) + load1(mid + i));
+
+  rms_norm(mid, w(5), xp, M, d, post_eps);
+  at::Tensor gate = at::empty({M, I}, opts), up = at::empty({M, I}, opts);
+  const Product<P> gate_up[2] = {{w(6), ptr_or_null<T>(biases, 4), gate.data_ptr<T>(), I},
+                                 {w(7), ptr_or_null<T>(biases, 5), up.data_ptr<T>(), I}};
+  run_products<P>(input_of<P>(xp, M, d), gate_up, 2);
+  T* g = gate.data_ptr<T>();
+  const T* u = up.data_ptr<T>();
+  for (int64_t i = 0; i < M * I; ++i) {  // silu(gate) * up
+    const float gi = load1(g + i);
+    store1(g + i, rnd(gi / (1.f + std::exp(-gi)), T{}) * load1(u + i));
+  }
+  T* o_ptr = out.data_ptr<T>();
+  const Product<P> down{w(8), ptr_or_null<T>(biases, 6), o_ptr, d};
+  run_products<P>(input_of<P>(g, M, I), &down, 1);
+  for (int64_t i = 0; i < M * d; ++i) store1(o_ptr + i, load1(mid + i) + load1(o_ptr + i));
+  return out;
 }
 
 // hidden [B, R, d]; cos, sin [B, R, dh]; mask bool [B, R, start + R] or none (causal);
 // key_buffer, value_buffer [B, Hkv, cap, dh] receive this forward's rows at [start, start + R);
 // weights: input norm [d], q [Hq dh, d], k [Hkv dh, d], v [Hkv dh, d], o [d, Hq dh], post norm [d],
-// gate [I, d], up [I, d], down [d, I]; biases: q, k, v, o, gate, up, down (each or none).
+// gate [I, d], up [I, d], down [d, I]; biases: q, k, v, o, gate, up, down (each or none). Every
+// tensor but the mask in one dtype, float32 or bfloat16.
 at::Tensor llama_layer(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
                        const std::optional<at::Tensor>& mask, at::Tensor key_buffer, at::Tensor value_buffer,
                        int64_t start, at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases,
                        double input_eps, double post_eps, double scaling) {
   TORCH_CHECK(weights.size() == 9 && biases.size() == 7, "llama_layer: 9 weights and 7 biases expected");
-  TORCH_CHECK(hidden.dim() == 3 && hidden.is_contiguous() && streamable(hidden), "llama_layer: hidden [B, R, d]");
+  const at::ScalarType dtype = hidden.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "llama_layer: float32 or bfloat16, not ", dtype);
+  auto ok = [&](const at::Tensor& t) { return t.is_contiguous() && is_cpu(t, dtype); };
+  TORCH_CHECK(hidden.dim() == 3 && ok(hidden), "llama_layer: hidden [B, R, d] on the CPU");
   for (const at::Tensor& t : {cos, sin, key_buffer, value_buffer})
-    TORCH_CHECK(t.is_contiguous() && streamable(t), "llama_layer: contiguous float32 CPU tensors expected");
+    TORCH_CHECK(ok(t), "llama_layer: contiguous CPU tensors in the hidden states' dtype expected");
   for (const at::Tensor& w : weights)
-    TORCH_CHECK(w.is_contiguous() && streamable(w), "llama_layer: contiguous float32 CPU weights expected");
+    TORCH_CHECK(ok(w), "llama_layer: contiguous CPU weights in the hidden states' dtype expected");
   const int64_t B = hidden.size(0), R = hidden.size(1), d = hidden.size(2), M = B * R;
+  TORCH_CHECK(key_buffer.dim() == 4, "llama_layer: key / value buffers [B, Hkv, cap, dh] expected");
   const int64_t Hkv = key_buffer.size(1), cap = key_buffer.size(2), dh = key_buffer.size(3);
   const int64_t Hq = weights[1].size(0) / dh, I = weights[6].size(0), L = start + R;
-  TORCH_CHECK(M <= kMaxRows && L <= cap && Hq % Hkv == 0 && dh % 2 == 0, "llama_layer: shapes out of range");
+  TORCH_CHECK(M <= kMaxRows && L <= cap && start >= 0 && key_buffer.size(0) == B && Hkv > 0 && Hq % Hkv == 0 &&
+                  dh % 2 == 0, "llama_layer: shapes out of range");
   const int64_t shapes[9][2] = {{d, 1}, {Hq * dh, d}, {Hkv * dh, d}, {Hkv * dh, d}, {d, Hq * dh},
                                 {d, 1}, {I, d},       {I, d},        {d, I}};
   for (int i = 0; i < 9; ++i)
@@ -327,59 +525,17 @@ at::Tensor llama_layer(const at::Tensor& hidden, const at::Tensor& cos, const at
   const int64_t bias_sizes[7] = {Hq * dh, Hkv * dh, Hkv * dh, d, I, I, d};
   for (int i = 0; i < 7; ++i) {
     const std::optional<at::Tensor> b = biases.get(i);
-    TORCH_CHECK(!b.has_value() || (b->is_contiguous() && streamable(*b) && b->numel() == bias_sizes[i]),
-                "llama_layer: bias ", i, " must be a contiguous float32 CPU vector of ", bias_sizes[i]);
+    TORCH_CHECK(!b.has_value() || (ok(*b) && b->numel() == bias_sizes[i]), "llama_layer: bias ", i,
+                " must be a contiguous CPU vector of ", bias_sizes[i], " in the hidden states' dtype");
   }
   TORCH_CHECK(cos.numel() == M * dh && sin.numel() == M * dh && value_buffer.sizes() == key_buffer.sizes(),
               "llama_layer: cos / sin [B, R, dh] and equal key / value buffers expected");
   TORCH_CHECK(!mask.has_value() || (mask->scalar_type() == at::kBool && mask->is_contiguous() &&
                                     mask->numel() == M * L), "llama_layer: mask must be bool [B, R, start + R]");
-  const auto opts = hidden.options();
-  const float* h = hidden.data_ptr<float>();
-  at::Tensor x = at::empty({M, d}, opts), q = at::empty({M, Hq * dh}, opts);
-  at::Tensor k = at::empty({M, Hkv * dh}, opts), v = at::empty({M, Hkv * dh}, opts);
-  at::Tensor ctx = at::empty({M, Hq * dh}, opts), attn = at::empty({M, d}, opts);
-  at::Tensor out = at::empty({B, R, d}, opts);
-  float* xp = x.data_ptr<float>();
-
-  rms_norm(h, weights[0].data_ptr<float>(), xp, M, d, static_cast<float>(input_eps));
-  const Product qkv[3] = {{weights[1].data_ptr<float>(), ptr_or_null(biases, 0), q.data_ptr<float>(), Hq * dh},
-                          {weights[2].data_ptr<float>(), ptr_or_null(biases, 1), k.data_ptr<float>(), Hkv * dh},
-                          {weights[3].data_ptr<float>(), ptr_or_null(biases, 2), v.data_ptr<float>(), Hkv * dh}};
-  run_products(input_of(xp, M, d), qkv, 3);
-  rotary(q.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), M, Hq, dh);
-  rotary(k.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), M, Hkv, dh);
-
-  float* kb = key_buffer.data_ptr<float>();
-  float* vb = value_buffer.data_ptr<float>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t g = 0; g < Hkv; ++g) {
-        const int64_t src = ((b * R + r) * Hkv + g) * dh, dst = ((b * Hkv + g) * cap + start + r) * dh;
-        std::copy(k.data_ptr<float>() + src, k.data_ptr<float>() + src + dh, kb + dst);
-        std::copy(v.data_ptr<float>() + src, v.data_ptr<float>() + src + dh, vb + dst);
-      }
-
-  attend(Attention{q.data_ptr<float>(), kb, vb, mask.has_value() ? mask->data_ptr<bool>() : nullptr,
-                   ctx.data_ptr<float>(), B, R, Hq, Hkv, dh, cap, start, L, static_cast<float>(scaling)});
-  const Product o{weights[4].data_ptr<float>(), ptr_or_null(biases, 3), attn.data_ptr<float>(), d};
-  run_products(input_of(ctx.data_ptr<float>(), M, Hq * dh), &o, 1);
-  float* mid = attn.data_ptr<float>();  // the residual stream after attention, in place
-  for (int64_t i = 0; i < M * d; ++i) mid[i] = h[i] + mid[i];
-
-  rms_norm(mid, weights[5].data_ptr<float>(), xp, M, d, static_cast<float>(post_eps));
-  at::Tensor gate = at::empty({M, I}, opts), up = at::empty({M, I}, opts);
-  const Product gate_up[2] = {{weights[6].data_ptr<float>(), ptr_or_null(biases, 4), gate.data_ptr<float>(), I},
-                              {weights[7].data_ptr<float>(), ptr_or_null(biases, 5), up.data_ptr<float>(), I}};
-  run_products(input_of(xp, M, d), gate_up, 2);
-  float* g = gate.data_ptr<float>();
-  const float* u = up.data_ptr<float>();
-  for (int64_t i = 0; i < M * I; ++i) g[i] = (g[i] / (1.f + std::exp(-g[i]))) * u[i];  // silu(gate) * up
-  float* o_ptr = out.data_ptr<float>();
-  const Product down{weights[8].data_ptr<float>(), ptr_or_null(biases, 6), o_ptr, d};
-  run_products(input_of(g, M, I), &down, 1);
-  for (int64_t i = 0; i < M * d; ++i) o_ptr[i] = mid[i] + o_ptr[i];
-  return out;
+  const float ie = static_cast<float>(input_eps), pe = static_cast<float>(post_eps), sc = static_cast<float>(scaling);
+  if (dtype == at::kFloat)
+    return layer_forward<F32>(hidden, cos, sin, mask, key_buffer, value_buffer, start, weights, biases, ie, pe, sc);
+  return layer_forward<BF16>(hidden, cos, sin, mask, key_buffer, value_buffer, start, weights, biases, ie, pe, sc);
 }
 
 }  // namespace
