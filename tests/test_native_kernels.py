@@ -19,8 +19,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 # (M rows, K features, N outputs): vector-width multiples and tails on every axis, one-row steps,
-# the 64-row limit and past it (at::linear), a width smaller than one vector
-SHAPES = [(1, 576, 1536), (2, 64, 100), (3, 37, 13), (4, 8, 5), (5, 1536, 576), (17, 48, 7), (64, 33, 9), (65, 40, 6)]
+# one pass over the weights (64 rows) and more (passes of 64 rows), a width smaller than one vector
+SHAPES = [
+    (1, 576, 1536),
+    (2, 64, 100),
+    (3, 37, 13),
+    (4, 8, 5),
+    (5, 1536, 576),
+    (17, 48, 7),
+    (64, 33, 9),
+    (65, 40, 6),
+    (150, 72, 20),
+]
 
 
 # how far a product may be from the float64 one: float32's summation order; bfloat16's one rounding
@@ -41,9 +51,8 @@ def _check_product(op, dtype=torch.float32) -> None:
             got = op(x, w, bias)
             assert got.shape == (m, n) and got.dtype == dtype
             torch.testing.assert_close(got, _exact(x, w, bias), **TOLERANCE[dtype])
-            if m <= 64:  # each row alone gives the bits it gets beside the others (not F.linear's rows)
-                for r in {0, m // 2, m - 1}:
-                    assert torch.equal(op(x[r : r + 1], w, bias)[0], got[r]), (m, k, n, r)
+            for r in {0, m // 2, m - 1}:  # each row alone gives the bits it gets beside the others
+                assert torch.equal(op(x[r : r + 1], w, bias)[0], got[r]), (m, k, n, r)
     x = torch.randn(2, 3, 64, generator=g).to(dtype)  # leading dimensions, as a verify forward's [B, R, d]
     w = torch.randn(10, 64, generator=g).to(dtype)
     torch.testing.assert_close(op(x, w, None), _exact(x, w, None), **TOLERANCE[dtype])

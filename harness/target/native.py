@@ -2,10 +2,9 @@
 
 ``kernels/cpu_decode.cpp`` defines two ops (see the source's header):
 
-- ``torch.ops.harness.streaming_linear(x, weight, bias)``: ``x @ weight.T + bias`` for up to 64
-  float32 or bfloat16 rows, each weight row streamed from memory once for all rows, with every
-  output element reduced in an order that does not depend on the number of rows
-  (``model.linear_kernel=streaming``);
+- ``torch.ops.harness.streaming_linear(x, weight, bias)``: ``x @ weight.T + bias`` in float32 or
+  bfloat16, each weight row streamed from memory once for every 64 rows, with every output element
+  reduced in an order that does not depend on the number of rows (``model.linear_kernel=streaming``);
 - ``torch.ops.harness.llama_layer(...)``: a whole Llama decoder layer in one call, float32 or
   bfloat16, appending to preallocated cache buffers (``model.fused_layers``,
   :mod:`harness.target.fused_layers`).
@@ -36,8 +35,6 @@ import torch
 from harness.target.loading import cache_root
 
 SOURCE = Path(__file__).with_name("kernels") / "cpu_decode.cpp"
-#: rows (batch x rows per request) the native ops compute; the source's ``kMaxRows``, and more go to torch
-MAX_ROWS = 64
 #: compiler flags every build uses (tests add others, e.g. ``-mno-avx512f`` for the AVX2 path)
 BASE_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w")
 

@@ -20,15 +20,15 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
   Intel Xeon the same orientation is the slow one (SmolLM2's verify forward of 2 rows: 91 ms
   against 55 ms with ``F.linear``);
 - ``streaming``: the harness's own kernel (:mod:`harness.target.native`, compiled for this CPU on
-  first use): each weight row is read from memory once and multiplied into every input row, for up
-  to 64 float32 or bfloat16 rows (more go to ``F.linear``; bfloat16 accumulates in float32 and
-  rounds once), with each output element reduced in an order that does not depend on how many rows
-  share the forward. A one-row step then streams the weights at
-  close to the machine's read bandwidth, and a few rows cost little more than one: on an AMD EPYC
-  (Zen 4, AVX-512, 2 threads) SmolLM2's linear products on one row take 18.7 ms against 52.5 ms for
-  ``weight_major`` and 53.4 ms for ``F.linear`` (a 17.1 ms weight-streaming floor), and its verify
-  forward costs 1.07x a one-row step at 2 rows, 1.09x at 4. In bfloat16 the same products read half
-  the bytes: 16 ms on one row against 36 ms for ``F.linear`` (oneDNN) on the same CPU;
+  first use): each weight row is read from memory once and multiplied into every input row (64
+  rows per pass), in float32 or bfloat16 (accumulated in float32, rounded once), with each output
+  element reduced in an order that does not depend on how many rows share the forward. A one-row
+  step then streams the weights at close to the machine's read bandwidth, and a few rows cost little
+  more than one: on an AMD EPYC (Zen 4, AVX-512, 2 threads) SmolLM2's linear products on one row
+  take 18.7 ms against 52.5 ms for ``weight_major`` and 53.4 ms for ``F.linear`` (a 17.1 ms
+  weight-streaming floor), and its verify forward costs 1.07x a one-row step at 2 rows, 1.09x at 4.
+  In bfloat16 the same products read half the bytes: 16 ms on one row against 36 ms for
+  ``F.linear`` (oneDNN) on the same CPU;
 - ``auto`` (the configured default): for float32 and bfloat16 on an x86 CPU of a vendor other than
   Intel, ``streaming`` where a C++ compiler is installed to build it, and where none is
   ``weight_major`` in float32 (measured on AMD EPYC: as fast as ``F.linear`` at one row, 15-40%

@@ -1,23 +1,25 @@
-// Native CPU kernels for the few rows of a decode or verify step (float32 and bfloat16).
+// Native CPU kernels for the rows of a decode, verify or prefill step (float32 and bfloat16).
 //
 // harness::streaming_linear(x, weight, bias): x @ weight.T + bias, each weight row streamed from
-// memory once for all input rows.
+// memory once for every 64 input rows.
 //
-// A forward of M <= 64 rows is memory-bound: the weights are read once whatever M is, so a kernel
+// A forward of a few rows is memory-bound: the weights are read once whatever M is, so a kernel
 // that reads each weight row once and multiplies it into every input row costs about what the read
 // costs until the arithmetic catches up (around 8-16 rows on two AVX-512 cores). The work is split
 // over output features (blocks of NB weight rows, one thread per range of blocks, torch's own
 // OpenMP pool); within a block, register tiles of up to MB input rows by NB weight rows hold one
 // vector accumulator per output element, and the next block is prefetched into L2 while the first
-// tile of the current one runs. bfloat16 products accumulate in float32 and round once. Several products that share their input (q, k and v; gate and up)
-// run as one split of the union of their blocks.
+// tile of the current one runs. Several products that share their input (q, k and v; gate and up)
+// run as one split of the union of their blocks. bfloat16 products accumulate in float32 and round
+// once. More than 64 rows (a prefill) are computed 64 at a time, one pass over the weights each.
 //
 // Row invariance: every output element y[m, n] is reduced in the same order (one accumulator over
 // k in steps of the vector width, a fixed horizontal sum, the scalar tail, then the bias, then the
-// rounding to the output dtype), whatever M, the tile it fell in, or the number of threads. So a row's result does not depend on which
-// other rows share the forward: a verify forward gives every row exactly the value a one-row step
-// over the same input gives. More than 64 rows (a prefill) go to at::linear, and so does any other
-// dtype (or a mix of dtypes) or device.
+// rounding to the output dtype), whatever M, the tile or pass it fell in, or the number of threads.
+// So a row's result does not depend on which other rows share the forward: a verify forward gives
+// every row exactly the value a one-row step over the same input gives, and a prefill of a whole
+// prompt the values a prefill of all but its last token and a step over that token give. Any other
+// dtype (or a mix of dtypes) or device goes to at::linear.
 //
 // harness::llama_layer(...): one Llama decoder layer (RMSNorm, q/k/v projections, rotary
 // embedding, the append of k and v into preallocated cache buffers, grouped-query attention under
@@ -113,7 +115,7 @@ struct Vec {
 
 namespace {
 
-constexpr int64_t kMaxRows = 64;  // more rows than this: at::linear
+constexpr int64_t kChunkRows = 64;  // rows per pass over the weights
 constexpr int W = Vec::width;
 
 // ------------------------------------------------------------------------------------- products
@@ -269,12 +271,17 @@ void run_blocks(const Input<P>& in, const Product<P>* ps, int count) {
 // tile holds, never the order an element is reduced in.
 template <class P>
 void run_products(const Input<P>& in, const Product<P>* ps, int count) {
-  if (in.M == 1)
-    run_blocks<P, 16, 1>(in, ps, count);
-  else if (in.M == 2)
-    run_blocks<P, 8, 2>(in, ps, count);
-  else
-    run_blocks<P, 4, 4>(in, ps, count);
+  for (int64_t m0 = 0; m0 < in.M; m0 += kChunkRows) {  // one pass over the weights per 64 rows
+    const Input<P> part{in.x + m0 * in.K, std::min(kChunkRows, in.M - m0), in.K, in.kv};
+    Product<P> rows[8];
+    for (int i = 0; i < count; ++i) rows[i] = Product<P>{ps[i].w, ps[i].bias, ps[i].y + m0 * ps[i].N, ps[i].N};
+    if (part.M == 1)
+      run_blocks<P, 16, 1>(part, rows, count);
+    else if (part.M == 2)
+      run_blocks<P, 8, 2>(part, rows, count);
+    else
+      run_blocks<P, 4, 4>(part, rows, count);
+  }
 }
 
 template <class P>
@@ -304,7 +311,7 @@ at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, const
               weight.size(1));
   const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1);
   const at::ScalarType dtype = streaming_dtype(x, weight, bias);
-  if (dtype == at::ScalarType::Undefined || rows > kMaxRows || rows == 0) return at::linear(x, weight, bias);
+  if (dtype == at::ScalarType::Undefined || rows == 0) return at::linear(x, weight, bias);
   const at::Tensor xc = x.reshape({rows, x.size(-1)}).contiguous();
   const at::Tensor wc = weight.contiguous();
   const at::Tensor bc = bias.has_value() ? bias->contiguous() : at::Tensor();
@@ -515,7 +522,7 @@ at::Tensor llama_layer(const at::Tensor& hidden, const at::Tensor& cos, const at
   TORCH_CHECK(key_buffer.dim() == 4, "llama_layer: key / value buffers [B, Hkv, cap, dh] expected");
   const int64_t Hkv = key_buffer.size(1), cap = key_buffer.size(2), dh = key_buffer.size(3);
   const int64_t Hq = weights[1].size(0) / dh, I = weights[6].size(0), L = start + R;
-  TORCH_CHECK(M <= kMaxRows && L <= cap && start >= 0 && key_buffer.size(0) == B && Hkv > 0 && Hq % Hkv == 0 &&
+  TORCH_CHECK(M > 0 && L <= cap && start >= 0 && key_buffer.size(0) == B && Hkv > 0 && Hq % Hkv == 0 &&
                   dh % 2 == 0, "llama_layer: shapes out of range");
   const int64_t shapes[9][2] = {{d, 1}, {Hq * dh, d}, {Hkv * dh, d}, {Hkv * dh, d}, {d, Hq * dh},
                                 {d, 1}, {I, d},       {I, d},        {d, I}};
