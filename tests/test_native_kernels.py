@@ -138,6 +138,22 @@ def test_the_result_does_not_depend_on_the_number_of_threads(dtype):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_layer_gives_the_same_bits_on_one_thread_and_on_a_team_of_threads(dtype):
+    native.load_native_kernels()
+    op = torch.ops.harness.llama_layer
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, max(threads, 2)):  # one thread: each split inline; more: one OpenMP team per layer
+            torch.set_num_threads(n)
+            case = _layer_case(0, True, dtype)
+            outs.append((op(*case, 1e-5, 1e-6, 0.3), case[4], case[5]))
+        assert all(torch.equal(a, b) for a, b in zip(*outs))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_other_dtypes_fall_back_to_torch_linear():
     native.load_native_kernels()
     for dtype in (torch.float64, torch.float16):

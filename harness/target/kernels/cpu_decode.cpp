@@ -33,6 +33,7 @@
 // PyTorch's SDPA kernels by summation order only.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <omp.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -117,6 +118,37 @@ namespace {
 
 constexpr int64_t kChunkRows = 64;  // rows per pass over the weights
 constexpr int W = Vec::width;
+
+// How work is split over threads. Outside a team (size 0) each split is a parallel region of
+// torch's pool (at::parallel_for). In a team, every thread of one OpenMP region runs the same
+// sequence of steps: a split gives this thread its share and then waits for the others at a
+// barrier, and a serial step runs on one thread while the others wait. A fused layer runs as one
+// team, so its five splits cost a barrier each instead of a parallel region each.
+struct Team {
+  int tid = 0, size = 0;
+
+  template <class F>
+  void split(int64_t n, int64_t grain, const F& fn) const {
+    if (size == 0) {
+      at::parallel_for(0, n, grain, fn);
+      return;
+    }
+    const int64_t share = (n + size - 1) / size;
+    const int64_t b0 = std::min(n, tid * share), b1 = std::min(n, b0 + share);
+    if (b0 < b1) fn(b0, b1);
+#pragma omp barrier
+  }
+
+  template <class F>
+  void serial(const F& fn) const {
+    if (size == 0) {
+      fn();
+      return;
+    }
+    if (tid == 0) fn();
+#pragma omp barrier
+  }
+};
 
 // ------------------------------------------------------------------------------------- products
 
@@ -241,14 +273,14 @@ void block(const Input<P>& in, const Product<P>& p, int64_t n, const typename P:
 
 // Every product of `ps` (all sharing the input) in one parallel split of their blocks.
 template <class P, int NB, int MB>
-void run_blocks(const Input<P>& in, const Product<P>* ps, int count) {
+void run_blocks(const Input<P>& in, const Product<P>* ps, int count, const Team& team) {
   int64_t first[8];  // first block id of each product (count <= 7)
   int64_t total = 0;
   for (int i = 0; i < count; ++i) {
     first[i] = total;
     total += (ps[i].N + NB - 1) / NB;
   }
-  at::parallel_for(0, total, 8, [&](int64_t b0, int64_t b1) {
+  team.split(total, 8, [&](int64_t b0, int64_t b1) {
     int i = 0;
     for (int64_t b = b0; b < b1; ++b) {
       while (i + 1 < count && b >= first[i + 1]) ++i;
@@ -270,17 +302,17 @@ void run_blocks(const Input<P>& in, const Product<P>* ps, int count) {
 // streams about a quarter faster in 1 x 16 tiles than in 1 x 4). The shape changes which elements a
 // tile holds, never the order an element is reduced in.
 template <class P>
-void run_products(const Input<P>& in, const Product<P>* ps, int count) {
+void run_products(const Input<P>& in, const Product<P>* ps, int count, const Team& team = Team{}) {
   for (int64_t m0 = 0; m0 < in.M; m0 += kChunkRows) {  // one pass over the weights per 64 rows
     const Input<P> part{in.x + m0 * in.K, std::min(kChunkRows, in.M - m0), in.K, in.kv};
     Product<P> rows[8];
     for (int i = 0; i < count; ++i) rows[i] = Product<P>{ps[i].w, ps[i].bias, ps[i].y + m0 * ps[i].N, ps[i].N};
     if (part.M == 1)
-      run_blocks<P, 16, 1>(part, rows, count);
+      run_blocks<P, 16, 1>(part, rows, count, team);
     else if (part.M == 2)
-      run_blocks<P, 8, 2>(part, rows, count);
+      run_blocks<P, 8, 2>(part, rows, count, team);
     else
-      run_blocks<P, 4, 4>(part, rows, count);
+      run_blocks<P, 4, 4>(part, rows, count, team);
   }
 }
 
@@ -401,9 +433,9 @@ struct Attention {
 
 // Scores, softmax and the weighted sum of values in float32; the output rounded to T once.
 template <class T>
-void attend(const Attention<T>& a) {
+void attend(const Attention<T>& a, const Team& team) {
   const int64_t rep = a.Hq / a.Hkv;
-  at::parallel_for(0, a.B * a.Hq * a.R, 1, [&](int64_t t0, int64_t t1) {
+  team.split(a.B * a.Hq * a.R, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores(a.L), acc(a.dh);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t % a.R, h = (t / a.R) % a.Hq, b = t / (a.R * a.Hq);
@@ -456,47 +488,62 @@ at::Tensor layer_forward(const at::Tensor& hidden, const at::Tensor& cos, const 
   at::Tensor ctx = at::empty({M, Hq * dh}, opts), attn = at::empty({M, d}, opts);
   at::Tensor out = at::empty({B, R, d}, opts);
   T* xp = x.data_ptr<T>();
-
-  rms_norm(h, w(0), xp, M, d, input_eps);
-  const Product<P> qkv[3] = {{w(1), ptr_or_null<T>(biases, 0), q.data_ptr<T>(), Hq * dh},
-                             {w(2), ptr_or_null<T>(biases, 1), k.data_ptr<T>(), Hkv * dh},
-                             {w(3), ptr_or_null<T>(biases, 2), v.data_ptr<T>(), Hkv * dh}};
-  run_products<P>(input_of<P>(xp, M, d), qkv, 3);
-  rotary(q.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(), M, Hq, dh);
-  rotary(k.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(), M, Hkv, dh);
-
   T* kb = key_buffer.data_ptr<T>();
   T* vb = value_buffer.data_ptr<T>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t g = 0; g < Hkv; ++g) {
-        const int64_t src = ((b * R + r) * Hkv + g) * dh, dst = ((b * Hkv + g) * cap + start + r) * dh;
-        std::copy(k.data_ptr<T>() + src, k.data_ptr<T>() + src + dh, kb + dst);
-        std::copy(v.data_ptr<T>() + src, v.data_ptr<T>() + src + dh, vb + dst);
-      }
-
-  attend(Attention<T>{q.data_ptr<T>(), kb, vb, mask.has_value() ? mask->data_ptr<bool>() : nullptr,
-                      ctx.data_ptr<T>(), B, R, Hq, Hkv, dh, cap, start, L, scaling});
-  const Product<P> o{w(4), ptr_or_null<T>(biases, 3), attn.data_ptr<T>(), d};
-  run_products<P>(input_of<P>(ctx.data_ptr<T>(), M, Hq * dh), &o, 1);
   T* mid = attn.data_ptr<T>();  // the residual stream after attention, in place
-  for (int64_t i = 0; i < M * d; ++i) store1(mid + i, load1(h + i) + load1(mid + i));
-
-  rms_norm(mid, w(5), xp, M, d, post_eps);
   at::Tensor gate = at::empty({M, I}, opts), up = at::empty({M, I}, opts);
-  const Product<P> gate_up[2] = {{w(6), ptr_or_null<T>(biases, 4), gate.data_ptr<T>(), I},
-                                 {w(7), ptr_or_null<T>(biases, 5), up.data_ptr<T>(), I}};
-  run_products<P>(input_of<P>(xp, M, d), gate_up, 2);
   T* g = gate.data_ptr<T>();
   const T* u = up.data_ptr<T>();
-  for (int64_t i = 0; i < M * I; ++i) {  // silu(gate) * up
-    const float gi = load1(g + i);
-    store1(g + i, rnd(gi / (1.f + std::exp(-gi)), T{}) * load1(u + i));
-  }
+  T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>(), *cp = ctx.data_ptr<T>();
+  const T *cosp = cos.data_ptr<T>(), *sinp = sin.data_ptr<T>(), *norm_in = w(0), *norm_post = w(5);
+  const bool* allowed = mask.has_value() ? mask->data_ptr<bool>() : nullptr;
   T* o_ptr = out.data_ptr<T>();
+  const Product<P> qkv[3] = {{w(1), ptr_or_null<T>(biases, 0), qp, Hq * dh},
+                             {w(2), ptr_or_null<T>(biases, 1), kp, Hkv * dh},
+                             {w(3), ptr_or_null<T>(biases, 2), vp, Hkv * dh}};
+  const Product<P> o{w(4), ptr_or_null<T>(biases, 3), mid, d};
+  const Product<P> gate_up[2] = {{w(6), ptr_or_null<T>(biases, 4), g, I}, {w(7), ptr_or_null<T>(biases, 5), up.data_ptr<T>(), I}};
   const Product<P> down{w(8), ptr_or_null<T>(biases, 6), o_ptr, d};
-  run_products<P>(input_of<P>(g, M, I), &down, 1);
-  for (int64_t i = 0; i < M * d; ++i) store1(o_ptr + i, load1(mid + i) + load1(o_ptr + i));
+
+  auto steps = [&](const Team& team) {
+    team.serial([&] { rms_norm(h, norm_in, xp, M, d, input_eps); });
+    run_products<P>(input_of<P>(xp, M, d), qkv, 3, team);
+    team.serial([&] {
+      rotary(qp, cosp, sinp, M, Hq, dh);
+      rotary(kp, cosp, sinp, M, Hkv, dh);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t gi = 0; gi < Hkv; ++gi) {
+            const int64_t src = ((b * R + r) * Hkv + gi) * dh, dst = ((b * Hkv + gi) * cap + start + r) * dh;
+            std::copy(kp + src, kp + src + dh, kb + dst);
+            std::copy(vp + src, vp + src + dh, vb + dst);
+          }
+    });
+    attend(Attention<T>{qp, kb, vb, allowed, cp, B, R, Hq, Hkv, dh, cap, start, L, scaling}, team);
+    run_products<P>(input_of<P>(cp, M, Hq * dh), &o, 1, team);
+    team.serial([&] {
+      for (int64_t i = 0; i < M * d; ++i) store1(mid + i, load1(h + i) + load1(mid + i));
+      rms_norm(mid, norm_post, xp, M, d, post_eps);
+    });
+    run_products<P>(input_of<P>(xp, M, d), gate_up, 2, team);
+    team.serial([&] {
+      for (int64_t i = 0; i < M * I; ++i) {  // silu(gate) * up
+        const float gi = load1(g + i);
+        store1(g + i, rnd(gi / (1.f + std::exp(-gi)), T{}) * load1(u + i));
+      }
+    });
+    run_products<P>(input_of<P>(g, M, I), &down, 1, team);
+    team.serial([&] {
+      for (int64_t i = 0; i < M * d; ++i) store1(o_ptr + i, load1(mid + i) + load1(o_ptr + i));
+    });
+  };
+  const int threads = at::get_num_threads();
+  if (threads <= 1 || at::in_parallel_region()) {
+    steps(Team{});
+  } else {
+#pragma omp parallel num_threads(threads)
+    steps(Team{omp_get_thread_num(), omp_get_num_threads()});
+  }
   return out;
 }
 
