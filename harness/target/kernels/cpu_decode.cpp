@@ -122,8 +122,8 @@ constexpr int W = Vec::width;
 // How work is split over threads. Outside a team (size 0) each split is a parallel region of
 // torch's pool (at::parallel_for). In a team, every thread of one OpenMP region runs the same
 // sequence of steps: a split gives this thread its share and then waits for the others at a
-// barrier, and a serial step runs on one thread while the others wait. A fused layer runs as one
-// team, so its five splits cost a barrier each instead of a parallel region each.
+// barrier. A fused layer runs as one team, so each of its steps costs a barrier instead of a
+// parallel region.
 struct Team {
   int tid = 0, size = 0;
 
@@ -136,16 +136,6 @@ struct Team {
     const int64_t share = (n + size - 1) / size;
     const int64_t b0 = std::min(n, tid * share), b1 = std::min(n, b0 + share);
     if (b0 < b1) fn(b0, b1);
-#pragma omp barrier
-  }
-
-  template <class F>
-  void serial(const F& fn) const {
-    if (size == 0) {
-      fn();
-      return;
-    }
-    if (tid == 0) fn();
 #pragma omp barrier
   }
 };
@@ -505,36 +495,36 @@ at::Tensor layer_forward(const at::Tensor& hidden, const at::Tensor& cos, const 
   const Product<P> gate_up[2] = {{w(6), ptr_or_null<T>(biases, 4), g, I}, {w(7), ptr_or_null<T>(biases, 5), up.data_ptr<T>(), I}};
   const Product<P> down{w(8), ptr_or_null<T>(biases, 6), o_ptr, d};
 
-  auto steps = [&](const Team& team) {
-    team.serial([&] { rms_norm(h, norm_in, xp, M, d, input_eps); });
+  auto steps = [&](const Team& team) {  // element-wise steps split by rows, or by elements
+    const int64_t hq = Hq * dh, hk = Hkv * dh;
+    team.split(M, 1, [&](int64_t m0, int64_t m1) { rms_norm(h + m0 * d, norm_in, xp + m0 * d, m1 - m0, d, input_eps); });
     run_products<P>(input_of<P>(xp, M, d), qkv, 3, team);
-    team.serial([&] {
-      rotary(qp, cosp, sinp, M, Hq, dh);
-      rotary(kp, cosp, sinp, M, Hkv, dh);
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t r = 0; r < R; ++r)
-          for (int64_t gi = 0; gi < Hkv; ++gi) {
-            const int64_t src = ((b * R + r) * Hkv + gi) * dh, dst = ((b * Hkv + gi) * cap + start + r) * dh;
-            std::copy(kp + src, kp + src + dh, kb + dst);
-            std::copy(vp + src, vp + src + dh, vb + dst);
-          }
+    team.split(M, 1, [&](int64_t m0, int64_t m1) {
+      rotary(qp + m0 * hq, cosp + m0 * dh, sinp + m0 * dh, m1 - m0, Hq, dh);
+      rotary(kp + m0 * hk, cosp + m0 * dh, sinp + m0 * dh, m1 - m0, Hkv, dh);
+      for (int64_t m = m0; m < m1; ++m)
+        for (int64_t gi = 0; gi < Hkv; ++gi) {
+          const int64_t b = m / R, r = m % R, src = m * hk + gi * dh, dst = ((b * Hkv + gi) * cap + start + r) * dh;
+          std::copy(kp + src, kp + src + dh, kb + dst);
+          std::copy(vp + src, vp + src + dh, vb + dst);
+        }
     });
     attend(Attention<T>{qp, kb, vb, allowed, cp, B, R, Hq, Hkv, dh, cap, start, L, scaling}, team);
-    run_products<P>(input_of<P>(cp, M, Hq * dh), &o, 1, team);
-    team.serial([&] {
-      for (int64_t i = 0; i < M * d; ++i) store1(mid + i, load1(h + i) + load1(mid + i));
-      rms_norm(mid, norm_post, xp, M, d, post_eps);
+    run_products<P>(input_of<P>(cp, M, hq), &o, 1, team);
+    team.split(M, 1, [&](int64_t m0, int64_t m1) {
+      for (int64_t i = m0 * d; i < m1 * d; ++i) store1(mid + i, load1(h + i) + load1(mid + i));
+      rms_norm(mid + m0 * d, norm_post, xp + m0 * d, m1 - m0, d, post_eps);
     });
     run_products<P>(input_of<P>(xp, M, d), gate_up, 2, team);
-    team.serial([&] {
-      for (int64_t i = 0; i < M * I; ++i) {  // silu(gate) * up
+    team.split(M, 1, [&](int64_t m0, int64_t m1) {
+      for (int64_t i = m0 * I; i < m1 * I; ++i) {  // silu(gate) * up
         const float gi = load1(g + i);
         store1(g + i, rnd(gi / (1.f + std::exp(-gi)), T{}) * load1(u + i));
       }
     });
     run_products<P>(input_of<P>(g, M, I), &down, 1, team);
-    team.serial([&] {
-      for (int64_t i = 0; i < M * d; ++i) store1(o_ptr + i, load1(mid + i) + load1(o_ptr + i));
+    team.split(M, 1, [&](int64_t m0, int64_t m1) {
+      for (int64_t i = m0 * d; i < m1 * d; ++i) store1(o_ptr + i, load1(mid + i) + load1(o_ptr + i));
     });
   };
   const int threads = at::get_num_threads();
