@@ -4,6 +4,7 @@ built. (The fused layer against transformers' own: tests/test_fused_layers.py.)"
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import threading
 
@@ -122,36 +123,39 @@ def test_the_layer_refuses_inputs_it_would_read_out_of_bounds():
         op(*case, 1e-5, 1e-6, 0.3)
 
 
+@contextlib.contextmanager
+def _threads(n: int):
+    """torch's thread count set to ``n`` for the block, then put back."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_result_does_not_depend_on_the_number_of_threads(dtype):
     native.load_native_kernels()
     op = torch.ops.harness.streaming_linear
-    threads = torch.get_num_threads()
-    try:
-        for rows in (1, 2, 7):  # each tile shape
-            x, w = torch.randn(rows, 576, dtype=dtype), torch.randn(1000, 576, dtype=dtype)
-            torch.set_num_threads(1)
+    for rows in (1, 2, 7):  # each tile shape
+        x, w = torch.randn(rows, 576, dtype=dtype), torch.randn(1000, 576, dtype=dtype)
+        with _threads(1):
             one = op(x, w, None)
-            torch.set_num_threads(max(threads, 2))
+        with _threads(max(torch.get_num_threads(), 2)):
             assert torch.equal(op(x, w, None), one)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_layer_gives_the_same_bits_on_one_thread_and_on_a_team_of_threads(dtype):
     native.load_native_kernels()
     op = torch.ops.harness.llama_layer
-    threads = torch.get_num_threads()
-    try:
-        outs = []
-        for n in (1, max(threads, 2)):  # one thread: each split inline; more: one OpenMP team per layer
-            torch.set_num_threads(n)
+    outs = []
+    for n in (1, max(torch.get_num_threads(), 2)):  # one thread: each split inline; more: one OpenMP team
+        with _threads(n):
             case = _layer_case(0, True, dtype)
             outs.append((op(*case, 1e-5, 1e-6, 0.3), case[4], case[5]))
-        assert all(torch.equal(a, b) for a, b in zip(*outs))
-    finally:
-        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
 
 
 def test_other_dtypes_fall_back_to_torch_linear():

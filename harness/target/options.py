@@ -38,10 +38,11 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
 
 They differ from ``default`` by rounding (summation order) only; greedy equality between the arms
 does not depend on it (both arms use the same kernel), and a test checks that greedy output with
-each kernel equals greedy output without it on a tiny model. With ``streaming`` a verify row's
-logits are bit-identical to a one-row step's, in bfloat16 too, where ``F.linear``'s row-count-
-dependent rounding makes greedy speculation and greedy decoding part ways (the greedy gate records
-those divergences as near-ties).
+each kernel equals greedy output without it on a tiny model. With ``streaming`` and fused layers
+(the default wherever ``streaming`` runs) a row's logits are bit-identical however the forwards
+were split, a verify row's to a one-row step's and a prefill's to a step's (tests in both dtypes);
+in bfloat16 that is what keeps greedy speculation on greedy decoding's tokens, where ``F.linear``'s
+row-count-dependent rounding makes them part ways at near-ties (which the greedy gate records).
 
 ``model.static_cache``: ``true`` makes every cache the backend builds for this model keep each
 layer's keys and values in preallocated buffers written in place (:mod:`harness.target.kv_cache`);
