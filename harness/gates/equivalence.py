@@ -26,12 +26,10 @@ def _paths_from(ids: list[int]) -> list[list[int]]:
 def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds: int = 3) -> dict:
     """Tree-attention and commit equivalence on ``backend``'s model. Returns the evidence (its
     ``status`` is ``passed`` or ``failed``)."""
-    model = backend.model
     atol = EQUIVALENCE_ATOL.get(backend.dtype, 2e-3)
     ids = list(prompt_ids[-48:]) if len(prompt_ids) > 48 else list(prompt_ids)
     if len(ids) < 2:
         ids = ids + ids
-    dev = backend.device
     seq = backend.prefill_one(ids)
     committed = list(ids)
     worst_tree, worst_cache = 0.0, 0.0
@@ -42,10 +40,13 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
         )
         validate_candidate_graph(tree)
         out = backend.verify_one(seq, committed[-1], tree)
-        # each row equals its root-to-node path decoded sequentially
+        # each row equals its root-to-node path decoded sequentially: one causal forward over the
+        # whole sequence, on a fresh cache of the kind the runs use (so the forward is the one the
+        # runs compute, native layers included, and only the tree attention differs)
         for row in range(-1, tree.num_rows):
             path = [] if row < 0 else [int(tree.token_ids[x]) for x in tree.path_to(row)]
-            ref = model(input_ids=torch.tensor([committed + path], device=dev)).logits[0, -1]
+            sequence = committed + path
+            ref = backend.forward_rows(backend.new_state(), sequence, list(range(len(sequence))), None).logits[-1]
             worst_tree = max(worst_tree, float((out.logits[row + 1].float() - ref.float()).abs().max()))
         # commit a non-contiguous accepted path: the last-inserted row at the greatest depth
         deep = max(range(tree.num_rows), key=lambda x: (int(tree.depths[x]), x))
