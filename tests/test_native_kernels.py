@@ -158,6 +158,24 @@ def test_the_layer_gives_the_same_bits_on_one_thread_and_on_a_team_of_threads(dt
     assert all(torch.equal(a, b) for a, b in zip(*outs))
 
 
+def _check_exp(op) -> None:
+    x = torch.cat([torch.linspace(-87, 88, 20001), torch.tensor([-1e4, -87.5, -float("inf"), 88.5, 1e4, 0.0])])
+    y = op(x)
+    exact = torch.exp(x[:20001].double())
+    rel = ((y[:20001].double() - exact) / exact).abs().max().item()
+    assert rel < 2**-22, rel  # within 2 units in the last place over the whole range (measured: 0.64)
+    special = y[20001:]  # below the smallest normal result, -inf: 0; past the largest float: inf
+    assert special[:3].eq(0).all() and special[3:5].isinf().all() and special[5] == 1.0
+    for n in (1, 5, 17, 33):  # an element's result does not depend on the array it sits in
+        for start in (0, 3, 20000 - n):
+            assert torch.equal(op(x[start : start + n]), y[start : start + n])
+
+
+def test_the_layers_exp_is_accurate_and_does_not_depend_on_where_an_element_sits():
+    native.load_native_kernels()
+    _check_exp(torch.ops.harness.vector_exp)
+
+
 def test_other_dtypes_fall_back_to_torch_linear():
     native.load_native_kernels()
     for dtype in (torch.float64, torch.float16):
@@ -215,6 +233,7 @@ def test_every_code_path_it_ships_computes_the_same_product(tmp_path):
         for dtype in (torch.float32, torch.bfloat16):
             _check_product(getattr(torch.ops, namespace).streaming_linear, dtype)
             _check_layer(getattr(torch.ops, namespace).llama_layer, torch.ops.harness.llama_layer, dtype)
+        _check_exp(getattr(torch.ops, namespace).vector_exp)
 
 
 def test_a_build_that_fails_is_one_line_and_a_missing_compiler_is_named(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """Native CPU kernels of the target, built on first use with this machine's C++ compiler.
 
-``kernels/cpu_decode.cpp`` defines two ops (see the source's header):
+``kernels/cpu_decode.cpp`` defines two ops (see the source's header), and ``vector_exp``, the
+layer's own exp, for its tests:
 
 - ``torch.ops.harness.streaming_linear(x, weight, bias)``: ``x @ weight.T + bias`` in float32 or
   bfloat16, each weight row streamed from memory once for every 64 rows, with every output element
@@ -130,6 +131,10 @@ def register_fake(namespace: str) -> None:
     @torch.library.register_fake(f"{namespace}::streaming_linear")
     def _(x, weight, bias):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    @torch.library.register_fake(f"{namespace}::vector_exp")
+    def _(x):
+        return torch.empty_like(x)
 
     @torch.library.register_fake(f"{namespace}::llama_layer")
     def _(hidden, cos, sin, mask, key_buffer, value_buffer, start, weights, biases, input_eps, post_eps, scaling):

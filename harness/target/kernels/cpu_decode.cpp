@@ -30,7 +30,7 @@
 // operation, rounding to bfloat16 where its bfloat16 operators round (the file is built with
 // -ffp-contract=off, so no multiply-add is fused where torch rounds twice); the attention is an
 // exact softmax over the allowed keys (max subtracted), whose float32 rounding differs from
-// PyTorch's SDPA kernels by summation order only.
+// PyTorch's SDPA kernels by summation order and its own vectorised exp.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <omp.h>
@@ -410,6 +410,49 @@ void axpy(float* out, float p, const T* v, int64_t n) {
   for (; i < n; ++i) out[i] += p * load1(v + i);
 }
 
+// exp over float32 vectors, the same code for every element of every call (an element's result does
+// not depend on where it sits in an array), so the layer's softmax and SiLU stay row-invariant.
+// Cody-Waite reduction x = n ln2 + r with n rounded to nearest, the Cephes minimax polynomial for
+// e^r on [-ln2/2, ln2/2] (within 2 ulp of the exact value), then the exponent bits of 2^n; below
+// -87.3 (a result under the smallest normal float) it is 0, above 88.38 infinity. Written with
+// GCC/Clang vector extensions, so each instruction set's vector type runs it.
+inline Vec::T exp_vec(Vec::T x) {
+  typedef int32_t I __attribute__((vector_size(sizeof(Vec::T))));
+  const Vec::T zero = Vec::zero();
+  const I under = x < zero - 87.33654f, over = x > zero + 88.3762626647949f;
+  Vec::T xc = x;
+  xc = under ? zero - 87.33654f : xc;
+  xc = over ? zero + 88.3762626647949f : xc;
+  const Vec::T big = zero + 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
+  const Vec::T n = (xc * 1.44269504088896341f + big) - big;
+  const Vec::T r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  Vec::T p = zero + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const Vec::T y = (p * (r * r) + r) + 1.f;
+  const I bits = (__builtin_convertvector(n, I) + 127) << 23;
+  Vec::T scale;
+  __builtin_memcpy(&scale, &bits, sizeof(scale));
+  Vec::T e = y * scale;
+  e = under ? zero : e;
+  return over ? zero + INFINITY : e;
+}
+
+// v[i] = exp(v[i]) for i < n; a partial last vector is computed in a padded copy
+inline void exp_inplace(float* v, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) Vec::store(v + i, exp_vec(Vec::load(v + i)));
+  if (i < n) {
+    float tail[W] = {};
+    std::copy(v + i, v + n, tail);
+    Vec::store(tail, exp_vec(Vec::load(tail)));
+    std::copy(tail, tail + (n - i), v + i);
+  }
+}
+
 template <class T>
 struct Attention {
   const T* q;      // [B, R, Hq, dh]
@@ -439,13 +482,14 @@ void attend(const Attention<T>& a, const Team& team) {
         scores[j] = dot(q, a.keys + base + j * a.dh, a.dh) * a.scaling;
         top = std::max(top, scores[j]);
       }
+      for (int64_t j = 0; j < seen; ++j) scores[j] = allowed == nullptr || allowed[j] ? scores[j] - top : -INFINITY;
+      exp_inplace(scores.data(), seen);
       std::fill(acc.begin(), acc.end(), 0.f);
       float total = 0.f;
       for (int64_t j = 0; j < seen; ++j) {
         if (allowed != nullptr && !allowed[j]) continue;
-        const float p = std::exp(scores[j] - top);
-        total += p;
-        axpy(acc.data(), p, a.values + base + j * a.dh, a.dh);
+        total += scores[j];
+        axpy(acc.data(), scores[j], a.values + base + j * a.dh, a.dh);
       }
       const float inv = 1.f / total;
       T* out = a.out + ((b * a.R + r) * a.Hq + h) * a.dh;
@@ -516,10 +560,16 @@ at::Tensor layer_forward(const at::Tensor& hidden, const at::Tensor& cos, const 
       rms_norm(mid + m0 * d, norm_post, xp + m0 * d, m1 - m0, d, post_eps);
     });
     run_products<P>(input_of<P>(xp, M, d), gate_up, 2, team);
-    team.split(M, 1, [&](int64_t m0, int64_t m1) {
-      for (int64_t i = m0 * I; i < m1 * I; ++i) {  // silu(gate) * up
-        const float gi = load1(g + i);
-        store1(g + i, rnd(gi / (1.f + std::exp(-gi)), T{}) * load1(u + i));
+    team.split(M, 1, [&](int64_t m0, int64_t m1) {  // silu(gate) * up, a chunk of elements at a time
+      float e[1024];
+      for (int64_t c = m0 * I; c < m1 * I; c += 1024) {
+        const int64_t n = std::min<int64_t>(1024, m1 * I - c);
+        for (int64_t i = 0; i < n; ++i) e[i] = -load1(g + c + i);
+        exp_inplace(e, n);
+        for (int64_t i = 0; i < n; ++i) {
+          const float gi = load1(g + c + i);
+          store1(g + c + i, rnd(gi / (1.f + e[i]), T{}) * load1(u + c + i));
+        }
       }
     });
     run_products<P>(input_of<P>(g, M, I), &down, 1, team);
@@ -535,6 +585,14 @@ at::Tensor layer_forward(const at::Tensor& hidden, const at::Tensor& cos, const 
     steps(Team{omp_get_thread_num(), omp_get_num_threads()});
   }
   return out;
+}
+
+// exp of a float32 tensor with the layer's own vectorised exp (for its tests)
+at::Tensor vector_exp(const at::Tensor& x) {
+  TORCH_CHECK(is_cpu(x, at::kFloat), "vector_exp: a float32 CPU tensor expected");
+  at::Tensor y = x.contiguous().clone();
+  exp_inplace(y.data_ptr<float>(), y.numel());
+  return y;
 }
 
 // hidden [B, R, d]; cos, sin [B, R, dh]; mask bool [B, R, start + R] or none (causal);
@@ -593,6 +651,7 @@ at::Tensor llama_layer(const at::Tensor& hidden, const at::Tensor& cos, const at
 
 HARNESS_LIBRARY(HARNESS_NAMESPACE, m) {
   m.def("streaming_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("vector_exp(Tensor x) -> Tensor");
   m.def(
       "llama_layer(Tensor hidden, Tensor cos, Tensor sin, Tensor? mask, Tensor(a!) key_buffer, "
       "Tensor(b!) value_buffer, int start, Tensor[] weights, Tensor?[] biases, float input_eps, float post_eps, "
@@ -601,5 +660,6 @@ HARNESS_LIBRARY(HARNESS_NAMESPACE, m) {
 
 HARNESS_LIBRARY_IMPL(HARNESS_NAMESPACE, CPU, m) {
   m.impl("streaming_linear", &streaming_linear);
+  m.impl("vector_exp", &vector_exp);
   m.impl("llama_layer", &llama_layer);
 }
