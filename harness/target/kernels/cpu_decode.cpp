@@ -143,7 +143,10 @@ struct Team {
 // ------------------------------------------------------------------------------------- products
 
 // How one dtype's products are computed: the weight (`Wt`), input (`X`) and output (`Y`) element
-// types, the elements a vector step covers, and the step itself.
+// types, the elements a vector step covers, the step itself, and whether a one-row product reads
+// its weight rows one after another (a single stream for the hardware prefetcher) rather than 16 at
+// a time. On Zen 4 the single stream is 5-10% faster for SmolLM2's bfloat16 products and 6-9%
+// slower for float32 ones; either way each output element is reduced in the same order.
 //
 // F32: float32 everywhere, one fused multiply-add per vector of weights and inputs.
 struct F32 {
@@ -154,6 +157,7 @@ struct F32 {
   using WV = Vec::T;
   using XV = Vec::T;
   static constexpr int step = W;
+  static constexpr bool one_row_in_sequence = false;
   static Acc zero() { return Vec::zero(); }
   static WV wload(const Wt* p) { return Vec::load(p); }
   static XV xload(const X* p) { return Vec::load(p); }
@@ -176,6 +180,7 @@ struct BF16 {
   using WV = __m512bh;
   using XV = __m512bh;
   static constexpr int step = 32;
+  static constexpr bool one_row_in_sequence = true;
   static Acc zero() { return _mm512_setzero_ps(); }
   static WV wload(const Wt* p) { return (__m512bh)_mm512_loadu_si512(p); }
   static XV xload(const X* p) { return (__m512bh)_mm512_loadu_si512(p); }
@@ -191,6 +196,7 @@ struct BF16 {
   using WV = Vec::T;
   using XV = Vec::T;
   static constexpr int step = W;
+  static constexpr bool one_row_in_sequence = true;
   static Acc zero() { return Vec::zero(); }
   static WV wload(const Wt* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
   static XV xload(const X* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
@@ -251,6 +257,10 @@ inline void tile(const Input<P>& in, const Product<P>& p, int64_t m, int64_t n, 
 // Every input row against weight rows [n, n + TN).
 template <class P, int TN, int MB>
 void block(const Input<P>& in, const Product<P>& p, int64_t n, const typename P::Wt* ahead) {
+  if constexpr (MB == 1 && P::one_row_in_sequence) {  // one weight row after another: a single stream
+    for (int j = 0; j < TN; ++j) tile<P, 1, 1>(in, p, 0, n + j, nullptr);
+    return;
+  }
   int64_t m = 0;
   for (; m + MB <= in.M; m += MB, ahead = nullptr) tile<P, MB, TN>(in, p, m, n, ahead);
   switch (in.M - m) {
@@ -286,8 +296,9 @@ void run_blocks(const Input<P>& in, const Product<P>* ps, int count, const Team&
   });
 }
 
-// The register tile for M rows: 1 x 16 for one row, 2 x 8 for two, 4 x 4 from three on (a block of
-// the split is one tile's weight rows). Fewer input rows need more weight rows per tile to keep
+// The register tile for M rows: 1 x 16 for one row (or 16 tiles of 1 x 1 in sequence, per the
+// dtype's policy), 2 x 8 for two, 4 x 4 from three on (a block of the split is one tile's weight
+// rows). Fewer input rows need more weight rows per tile to keep
 // enough independent accumulators and loads in flight (measured on Zen 4: a one-row bfloat16 product
 // streams about a quarter faster in 1 x 16 tiles than in 1 x 4). The shape changes which elements a
 // tile holds, never the order an element is reduced in.
