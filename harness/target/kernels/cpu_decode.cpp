@@ -9,9 +9,10 @@
 // over output features (blocks of NB weight rows, one thread per range of blocks, torch's own
 // OpenMP pool); within a block, register tiles of up to MB input rows by NB weight rows hold one
 // vector accumulator per output element, and the next block is prefetched into L2 while the first
-// tile of the current one runs. Several products that share their input (q, k and v; gate and up)
-// run as one split of the union of their blocks. bfloat16 products accumulate in float32 and round
-// once. More than 64 rows (a prefill) are computed 64 at a time, one pass over the weights each.
+// tile of the current one runs (a one-row bfloat16 product instead reads its rows in sequence and
+// leaves the prefetching to the hardware). Several products that share their input (q, k and v;
+// gate and up) run as one split of the union of their blocks. bfloat16 products accumulate in
+// float32 and round once. More than 64 rows (a prefill) are computed 64 at a time, one pass over the weights each.
 //
 // Row invariance: every output element y[m, n] is reduced in the same order (one accumulator over
 // k in steps of the vector width, a fixed horizontal sum, the scalar tail, then the bias, then the
@@ -220,8 +221,18 @@ struct Input {
   int64_t M, K, kv;  // kv: K rounded down to the step
 };
 
-inline float value_of(float v) { return v; }
-inline float value_of(bf16 v) { return static_cast<float>(v); }  // exact
+// One element of either dtype read as float32 (exact) or written from it, for the products' scalar
+// tails and the layer's element-wise steps, which compute in float32: `rnd` rounds a float32
+// result to T's precision where transformers' layer, running in T, rounds one (after each
+// operator); in float32 it is the identity, so the float32 layer computes what it always has.
+inline float rnd(float v, float) { return v; }
+inline float rnd(float v, bf16) { return static_cast<float>(bf16(v)); }
+inline float load1(const float* p) { return *p; }
+inline float load1(const bf16* p) { return static_cast<float>(*p); }
+inline void store1(float* p, float v) { *p = v; }
+inline void store1(bf16* p, float v) { *p = bf16(v); }
+inline Vec::T loadv(const float* p) { return Vec::load(p); }
+inline Vec::T loadv(const bf16* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
 
 // Rows [m, m + TM) of x against weight rows [n, n + TN); `ahead`, when set, is prefetched (the
 // next block's weights, TN * K elements) a step's worth per weight row and step.
@@ -248,8 +259,8 @@ inline void tile(const Input<P>& in, const Product<P>& p, int64_t m, int64_t n, 
   for (int i = 0; i < TM; ++i)
     for (int j = 0; j < TN; ++j) {
       float s = Vec::sum(acc[i][j]);
-      for (int64_t k = in.kv; k < in.K; ++k) s += value_of(x[i * in.K + k]) * value_of(w[j * in.K + k]);
-      if (p.bias != nullptr) s += value_of(p.bias[n + j]);
+      for (int64_t k = in.kv; k < in.K; ++k) s += load1(x + i * in.K + k) * load1(w + j * in.K + k);
+      if (p.bias != nullptr) s += load1(p.bias + n + j);
       p.y[(m + i) * p.N + n + j] = P::out(s);
     }
 }
@@ -359,18 +370,6 @@ at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, const
 }
 
 // ---------------------------------------------------------------------------------- the layer
-
-// The layer's element-wise steps read and write its dtype T and compute in float32: `rnd` rounds a
-// float32 result to T's precision where transformers' layer, running in T, rounds one (after each
-// operator); in float32 it is the identity, so the float32 layer computes what it always has.
-inline float rnd(float v, float) { return v; }
-inline float rnd(float v, bf16) { return static_cast<float>(bf16(v)); }
-inline float load1(const float* p) { return *p; }
-inline float load1(const bf16* p) { return static_cast<float>(*p); }
-inline void store1(float* p, float v) { *p = v; }
-inline void store1(bf16* p, float v) { *p = bf16(v); }
-inline Vec::T loadv(const float* p) { return Vec::load(p); }
-inline Vec::T loadv(const bf16* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
 
 // out [M, d] = RMSNorm(h) * weight, as LlamaRMSNorm: h * rsqrt(mean(h^2) + eps) in float32, rounded to
 // T, then weight * it
