@@ -75,20 +75,37 @@ def fusable(layer: torch.nn.Module) -> str | None:
     return None
 
 
+def _param(module: torch.nn.Module, name: str) -> torch.Tensor | None:
+    """``module.<name>`` by a dict lookup where the attribute is a registered parameter (what
+    ``nn.Module.__getattr__`` would return, at a tenth of its cost), else by ``getattr``."""
+    params = module._parameters
+    return params[name] if name in params else getattr(module, name)
+
+
+def _submodule(module: torch.nn.Module, name: str) -> torch.nn.Module:
+    modules = module._modules
+    return modules[name] if name in modules else getattr(module, name)
+
+
 def _parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-    a, m = layer.self_attn, layer.mlp
-    linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
-    weights = [layer.input_layernorm.weight, *[x.weight for x in linears[:4]], layer.post_attention_layernorm.weight]
-    weights += [x.weight for x in linears[4:]]
-    return weights, [x.bias for x in linears]
+    """The layer's weights and biases in the native layer's order, read from the modules on every
+    call (a replaced parameter or submodule is never computed stale)."""
+    a, m = _submodule(layer, "self_attn"), _submodule(layer, "mlp")
+    linears = [_submodule(a, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    linears += [_submodule(m, n) for n in ("gate_proj", "up_proj", "down_proj")]
+    weights = [_param(_submodule(layer, "input_layernorm"), "weight"), *[_param(x, "weight") for x in linears[:4]]]
+    weights += [_param(_submodule(layer, "post_attention_layernorm"), "weight")]
+    weights += [_param(x, "weight") for x in linears[4:]]
+    return weights, [_param(x, "bias") for x in linears]
 
 
 def _fused_forward(layer, original, hidden_states, attention_mask=None, position_ids=None, cache=None, **kwargs):
     cache = kwargs.pop("past_key_values", cache)
     position_embeddings = kwargs.get("position_embeddings")
     b, r, _ = hidden_states.shape
+    attn = _submodule(layer, "self_attn")
     layers = getattr(cache, "layers", None)  # a transformers Cache; others (a draft's own KV) have none
-    layer_cache = layers[layer.self_attn.layer_idx] if layers is not None else None
+    layer_cache = layers[attn.layer_idx] if layers is not None else None
     mask = attention_mask
     if (
         torch.is_grad_enabled()
@@ -98,17 +115,15 @@ def _fused_forward(layer, original, hidden_states, attention_mask=None, position
         or hidden_states.dtype not in NATIVE_DTYPES
         or hidden_states.device.type != "cpu"
         or not isinstance(layer_cache, PreallocatedLayer)
-        or layer.self_attn.config._attn_implementation not in SDPA_ATTENTION
+        or attn.config._attn_implementation not in SDPA_ATTENTION
         or (mask is not None and (mask.dtype != torch.bool or mask.shape[1] != 1))
     ):
         return original(hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache, **kwargs)
-    attn = layer.self_attn
-    h_kv = attn.config.num_key_value_heads
-    like = hidden_states.new_empty((b, h_kv, r, attn.head_dim))
+    weights, biases = _parameters(layer)
+    like = hidden_states.new_empty((b, weights[2].shape[0] // attn.head_dim, r, attn.head_dim))  # k's rows
     start = layer_cache.reserve_rows(r, like, like)
     if mask is not None and mask.shape[-1] != start + r:  # a mask over other slots than the cache's
         return original(hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache, **kwargs)
-    weights, biases = _parameters(layer)  # read each call: a replaced parameter is never computed stale
     cos, sin = position_embeddings
     out = torch.ops.harness.llama_layer(
         hidden_states.contiguous(),
@@ -120,8 +135,8 @@ def _fused_forward(layer, original, hidden_states, attention_mask=None, position
         start,
         weights,
         biases,
-        layer.input_layernorm.variance_epsilon,
-        layer.post_attention_layernorm.variance_epsilon,
+        _submodule(layer, "input_layernorm").variance_epsilon,
+        _submodule(layer, "post_attention_layernorm").variance_epsilon,
         attn.scaling,
     )
     layer_cache.filled_to(start + r)

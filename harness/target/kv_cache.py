@@ -91,7 +91,7 @@ class PreallocatedLayer(DynamicLayer):
 
     def filled_to(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The buffers' slots ``[0, end)`` hold the cache now; returns them as ``keys`` / ``values``."""
-        self._keys, self._values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+        self._keys, self._values = self._key_buffer.narrow(2, 0, end), self._value_buffer.narrow(2, 0, end)
         self._keys_in_buffer = self._values_in_buffer = True
         return self._keys, self._values
 
