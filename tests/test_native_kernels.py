@@ -205,11 +205,14 @@ def test_a_bfloat16_layer_stays_within_bfloat16_rounding_of_the_float32_layer_an
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="instruction-set variants of x86")
 def test_every_code_path_it_ships_computes_the_same_product(tmp_path):
-    """AVX-512 without AVX512-BF16 (bfloat16 widened to float32), the AVX2 path (CPUs without
+    """AVX-512 without AVX512-BF16 (bfloat16 widened to float32), AVX-512 with float32 products in
+    the vector width this CPU's build does not use (256 or 512 bits), the AVX2 path (CPUs without
     AVX-512) and the portable one (neither AVX2 nor AVX-512, e.g. ARM), built here under their own
     op namespaces and checked as the real build is, in float32 and bfloat16."""
+    other_width = 512 if native.float32_width() == 256 else 256
     variants = {
         "harness_avx512": ("-mno-avx512bf16",),  # AVX-512 without its bfloat16 dot products
+        "harness_f32_other": (f"-DHARNESS_F32_WIDTH={other_width}",),
         "harness_avx2": ("-mno-avx512f",),
         "harness_portable": ("-mno-avx512f", "-mno-avx2", "-mno-fma"),
     }
@@ -246,6 +249,13 @@ def test_a_build_that_fails_is_one_line_and_a_missing_compiler_is_named(tmp_path
         native.build(out_dir=tmp_path)
 
 
+def test_the_float32_width_is_256_bits_on_zen_4_only():
+    zen4 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+    zen5 = zen4.replace(": 25", ": 26")
+    xeon = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+    assert [native.float32_width(t) for t in (zen4, zen5, xeon, "")] == [256, 512, 512, 512]
+
+
 def test_a_build_is_reused_until_its_inputs_change(tmp_path, monkeypatch):
     import subprocess
 
@@ -258,6 +268,7 @@ def test_a_build_is_reused_until_its_inputs_change(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "_cpu_fingerprint", lambda: "another CPU")  # what -march=native builds for
     assert native.build(out_dir=tmp_path) != first
     assert calls[-1][0] == native.cpp_compiler() and "-march=native" in calls[-1]  # a new key: a build
+    assert f"-DHARNESS_F32_WIDTH={native.float32_width()}" in calls[-1]  # the width chosen for this CPU
 
 
 def test_the_streaming_kernel_is_refused_in_one_line_where_it_cannot_run(monkeypatch):

@@ -11,7 +11,8 @@ layer's own exp, for its tests:
   :mod:`harness.target.fused_layers`).
 
 The source is compiled for this CPU (``-march=native``, ``-ffp-contract=off``) against the installed
-torch's headers, once per source, flags, torch version, compiler and CPU, into
+torch's headers (float32 products in the vector width :func:`float32_width` picks for the CPU), once
+per source, flags, torch version, compiler and CPU, into
 ``$HARNESS_CACHE/native/`` (a finished build is moved into place atomically, so concurrent jobs
 never load a half-written library), then loaded with ``torch.ops.load_library``. The ops join
 torch's own OpenMP pool (the library links ``libgomp.so.1``, which torch has already loaded).
@@ -65,6 +66,24 @@ def _cpu_fingerprint() -> str:
     return "\n".join(dict.fromkeys(keep))
 
 
+def float32_width(cpuinfo: str | None = None) -> int:
+    """The float32 products' vector width (bits) the build chooses for this CPU (``cpuinfo``: the text
+    of ``/proc/cpuinfo``, read when not given): 256 on AMD family 19h (Zen 4, whose AVX-512
+    instructions run as two 256-bit halves; its one-row products stream faster in 256-bit loads),
+    else 512 (which only AVX-512 builds use)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return 512
+    fields: dict[str, str] = {}
+    for ln in cpuinfo.splitlines():
+        key, _, value = ln.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    amd_19h = fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "25"
+    return 256 if amd_19h else 512
+
+
 def _compiler_version(cxx: str) -> str:
     out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
     return (out.stdout.splitlines() or [""])[0]
@@ -77,8 +96,14 @@ def build(*, namespace: str = "harness", extra_flags: tuple[str, ...] = (), out_
     if cxx is None:
         raise NativeBuildError("no C++ compiler found (install g++ or set $CXX)")
     torch_dir = Path(torch.__file__).parent
+    width = (
+        ()
+        if any(f.startswith("-DHARNESS_F32_WIDTH=") for f in extra_flags)
+        else (f"-DHARNESS_F32_WIDTH={float32_width()}",)
+    )
     flags = [
         *BASE_FLAGS,
+        *width,
         *extra_flags,
         f"-DHARNESS_NAMESPACE={namespace}",
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",

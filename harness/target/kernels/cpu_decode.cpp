@@ -10,7 +10,8 @@
 // OpenMP pool); within a block, register tiles of up to MB input rows by NB weight rows hold one
 // vector accumulator per output element, and the next block is prefetched into L2 while the first
 // tile of the current one runs (a one-row bfloat16 product instead reads its rows in sequence and
-// leaves the prefetching to the hardware). Several products that share their input (q, k and v;
+// leaves the prefetching to the hardware, as a one-row float32 product does where float32 products
+// use 256-bit vectors, below). Several products that share their input (q, k and v;
 // gate and up) run as one split of the union of their blocks. bfloat16 products accumulate in
 // float32 and round once. More than 64 rows (a prefill) are computed 64 at a time, one pass over the weights each.
 //
@@ -42,8 +43,17 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+// the horizontal sum of eight floats, in a fixed order
+inline float sum256(__m256 h) {
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+#endif
+
+#if defined(__AVX512F__)
 struct Vec {
   using T = __m512;
   static constexpr int width = 16;
@@ -55,16 +65,10 @@ struct Vec {
   static T widen(const uint16_t* p) {  // 16 bfloat16 -> float32 (exact: the high half of each float)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
   }
-  static float sum(T v) {
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
-  }
+  static float sum(T v) { return sum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))); }
 };
 #define HARNESS_PREFETCH(p) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1)
 #elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
 struct Vec {
   using T = __m256;
   static constexpr int width = 8;
@@ -76,11 +80,7 @@ struct Vec {
   static T widen(const uint16_t* p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
   }
-  static float sum(T h) {
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
-  }
+  static float sum(T h) { return sum256(h); }
 };
 #define HARNESS_PREFETCH(p) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1)
 #else
@@ -146,10 +146,37 @@ struct Team {
 // How one dtype's products are computed: the weight (`Wt`), input (`X`) and output (`Y`) element
 // types, the elements a vector step covers, the step itself, and whether a one-row product reads
 // its weight rows one after another (a single stream for the hardware prefetcher) rather than 16 at
-// a time. On Zen 4 the single stream is 5-10% faster for SmolLM2's bfloat16 products and 6-9%
-// slower for float32 ones; either way each output element is reduced in the same order.
+// a time. On Zen 4 the single stream is 5-10% faster for SmolLM2's bfloat16 products and for
+// float32 ones in 256-bit vectors, and 6-9% slower for float32 ones in 512-bit vectors; either way
+// each output element is reduced in the same order.
 //
-// F32: float32 everywhere, one fused multiply-add per vector of weights and inputs.
+// F32: float32 everywhere, one fused multiply-add per vector of weights and inputs. Where AVX-512 is
+// built, its vectors are 512 bits unless HARNESS_F32_WIDTH is 256: AMD Zen 4 executes 512-bit
+// instructions as two 256-bit halves, and there SmolLM2's one-row products stream 5-12% faster with
+// 256-bit loads, one weight row after another (measured by interleaved A/B; no slower from 2 to 16
+// rows). The build picks the width per CPU (harness/target/native.py); the width sets the order
+// each element is reduced in, for every M alike, so rows stay invariant either way.
+#ifndef HARNESS_F32_WIDTH
+#define HARNESS_F32_WIDTH 512
+#endif
+#if defined(__AVX512F__) && HARNESS_F32_WIDTH == 256
+struct F32 {
+  using Wt = float;
+  using X = float;
+  using Y = float;
+  using Acc = __m256;
+  using WV = __m256;
+  using XV = __m256;
+  static constexpr int step = 8;
+  static constexpr bool one_row_in_sequence = true;
+  static Acc zero() { return _mm256_setzero_ps(); }
+  static WV wload(const Wt* p) { return _mm256_loadu_ps(p); }
+  static XV xload(const X* p) { return _mm256_loadu_ps(p); }
+  static Acc madd(Acc acc, XV x, WV w) { return _mm256_fmadd_ps(x, w, acc); }
+  static Y out(float s) { return s; }
+  static float sum(Acc h) { return sum256(h); }
+};
+#else
 struct F32 {
   using Wt = float;
   using X = float;
@@ -164,7 +191,9 @@ struct F32 {
   static XV xload(const X* p) { return Vec::load(p); }
   static Acc madd(Acc acc, XV x, WV w) { return Vec::fma(x, w, acc); }
   static Y out(float s) { return s; }
+  static float sum(Acc v) { return Vec::sum(v); }
 };
+#endif
 
 // bfloat16 weights, inputs and outputs, accumulated in float32 and rounded to bfloat16 once, at the
 // end (round to nearest even, as torch converts). With AVX512-BF16 each step is one VDPBF16PS (32
@@ -187,6 +216,7 @@ struct BF16 {
   static XV xload(const X* p) { return (__m512bh)_mm512_loadu_si512(p); }
   static Acc madd(Acc acc, XV x, WV w) { return _mm512_dpbf16_ps(acc, x, w); }
   static Y out(float s) { return bf16(s); }
+  static float sum(Acc v) { return Vec::sum(v); }
 };
 #else
 struct BF16 {
@@ -203,6 +233,7 @@ struct BF16 {
   static XV xload(const X* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
   static Acc madd(Acc acc, XV x, WV w) { return Vec::fma(x, w, acc); }
   static Y out(float s) { return bf16(s); }
+  static float sum(Acc v) { return Vec::sum(v); }
 };
 #endif
 
@@ -258,7 +289,7 @@ inline void tile(const Input<P>& in, const Product<P>& p, int64_t m, int64_t n, 
   }
   for (int i = 0; i < TM; ++i)
     for (int j = 0; j < TN; ++j) {
-      float s = Vec::sum(acc[i][j]);
+      float s = P::sum(acc[i][j]);
       for (int64_t k = in.kv; k < in.K; ++k) s += load1(x + i * in.K + k) * load1(w + j * in.K + k);
       if (p.bias != nullptr) s += load1(p.bias + n + j);
       p.y[(m + i) * p.N + n + j] = P::out(s);
