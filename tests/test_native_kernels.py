@@ -106,6 +106,59 @@ def test_the_kernel_computes_the_linear_product_and_each_row_independently_of_th
     _check_product(torch.ops.harness.streaming_linear, dtype)
 
 
+def _rows_case(dh: int, dtype, rows: int = 9, start: int = 11) -> dict:
+    """One layer's inputs for ``rows`` rows after ``start`` cached ones, heads of ``dh``, and a mask in
+    which each row sees some of the prefix and of the rows before it, and itself."""
+    g = torch.Generator().manual_seed(dh)
+    hq, hkv, d, inter = 4, 2, 48, 40
+
+    def rand(*shape):
+        return (0.3 * torch.randn(*shape, generator=g)).to(dtype)
+
+    weights = [1 + rand(d), rand(hq * dh, d), rand(hkv * dh, d), rand(hkv * dh, d), rand(d, hq * dh)]
+    weights += [1 + rand(d), rand(inter, d), rand(inter, d), rand(d, inter)]
+    angles = (3 * torch.randn(1, rows, dh // 2, generator=g)).repeat(1, 1, 2)
+    sees = torch.rand(1, rows, start + rows, generator=g) < 0.6
+    sees &= torch.ones(start + rows, start + rows, dtype=torch.bool).tril()[start:]  # nothing after itself
+    sees[0, torch.arange(rows), start + torch.arange(rows)] = True
+    return {
+        "hidden": 3 * rand(1, rows, d),
+        "cos": angles.cos().to(dtype),
+        "sin": angles.sin().to(dtype),
+        "keys": rand(1, hkv, start + rows, dh),
+        "values": rand(1, hkv, start + rows, dh),
+        "start": start,
+        "weights": weights,
+        "mask": sees,
+    }
+
+
+def _first_rows(case: dict, k: int, masked: bool) -> torch.Tensor:
+    """The layer's output for the case's first ``k`` rows alone (on copies of its cache)."""
+    start = case["start"]
+    first = [case[n][:, :k].contiguous() for n in ("hidden", "cos", "sin")]
+    mask = case["mask"][:, :k, : start + k].contiguous() if masked else None
+    caches = case["keys"].clone(), case["values"].clone()
+    dh = case["keys"].shape[-1]
+    return torch.ops.harness.llama_layer(
+        *first, mask, *caches, start, case["weights"], [None] * 7, 1e-5, 1e-6, dh**-0.5
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_attention_does_not_depend_on_the_rows_after_it(dtype):
+    """Heads of 16, 32, 64 and 128 (attention in blocks of rows sharing each key load) and of 24 (one
+    row at a time), causal and under a mask: the first k rows of a 9-row forward are the bits a
+    forward of those k rows alone gives."""
+    native.load_native_kernels()
+    for dh in (16, 32, 64, 128, 24):
+        case = _rows_case(dh, dtype)
+        for masked in (False, True):
+            full = _first_rows(case, 9, masked)
+            for k in (1, 2, 3, 4, 5, 8):
+                assert torch.equal(_first_rows(case, k, masked), full[:, :k]), (dh, k, masked)
+
+
 def test_the_layer_refuses_inputs_it_would_read_out_of_bounds():
     native.load_native_kernels()
     op = torch.ops.harness.llama_layer

@@ -32,7 +32,9 @@
 // operation, rounding to bfloat16 where its bfloat16 operators round (the file is built with
 // -ffp-contract=off, so no multiply-add is fused where torch rounds twice); the attention is an
 // exact softmax over the allowed keys (max subtracted), whose float32 rounding differs from
-// PyTorch's SDPA kernels by summation order and its own vectorised exp.
+// PyTorch's SDPA kernels by summation order and its own vectorised exp. It runs over blocks of up to
+// four rows of a head that share each key and value load (a verify forward's rows read the cache
+// once per block, not once per row), each row reduced in the order it would be alone.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <omp.h>
@@ -513,9 +515,106 @@ struct Attention {
   float scaling;
 };
 
-// Scores, softmax and the weighted sum of values in float32; the output rounded to T once.
+// Scores, softmax and the weighted sum of values in float32 for one (batch, head) and rows
+// [r0, r0 + RB) of the forward; the output rounded to T once. Every (row, key) score is reduced as
+// dot() reduces it (one accumulator over the head's NV vectors, the horizontal sum, the scaling) and
+// every row's weighted sum runs over its keys in order, so a row's output is the same bits whichever
+// rows share its block, its forward or its thread. The rows of a block share each key and value
+// vector load, and their value sums stay in registers (the head's width is NV vectors).
+template <class T, int NV, int RB>
+void attend_rows(const Attention<T>& a, int64_t b, int64_t h, int64_t r0, float* scores) {
+  const int64_t rep = a.Hq / a.Hkv, L = a.L, dh = a.dh;
+  const int64_t base = (b * a.Hkv + h / rep) * a.cap * dh;
+  const T* keys = a.keys + base;
+  const T* values = a.values + base;
+  const bool* allowed[RB];
+  int64_t seen[RB];
+  float top[RB];
+  Vec::T qv[RB][NV];
+  int64_t keys_seen = 0;
+  for (int i = 0; i < RB; ++i) {
+    const int64_t r = r0 + i;
+    allowed[i] = a.mask != nullptr ? a.mask + (b * a.R + r) * L : nullptr;
+    seen[i] = a.mask != nullptr ? L : a.start + r + 1;
+    keys_seen = std::max(keys_seen, seen[i]);
+    top[i] = -INFINITY;
+    const T* q = a.q + ((b * a.R + r) * a.Hq + h) * dh;
+    for (int v = 0; v < NV; ++v) qv[i][v] = loadv(q + v * W);
+  }
+  auto sees = [&](int i, int64_t j) { return j < seen[i] && (allowed[i] == nullptr || allowed[i][j]); };
+  for (int64_t j = 0; j < keys_seen; ++j) {
+    const T* k = keys + j * dh;
+    __builtin_prefetch(k + 8 * dh, 0, 3);
+    Vec::T kv[NV];
+    for (int v = 0; v < NV; ++v) kv[v] = loadv(k + v * W);
+    for (int i = 0; i < RB; ++i) {
+      if (!sees(i, j)) continue;
+      Vec::T acc = Vec::zero();
+      for (int v = 0; v < NV; ++v) acc = Vec::fma(qv[i][v], kv[v], acc);
+      const float score = Vec::sum(acc) * a.scaling;
+      scores[i * L + j] = score;
+      top[i] = std::max(top[i], score);
+    }
+  }
+  for (int i = 0; i < RB; ++i) {
+    float* row = scores + i * L;
+    for (int64_t j = 0; j < seen[i]; ++j) row[j] = sees(i, j) ? row[j] - top[i] : -INFINITY;
+    exp_inplace(row, seen[i]);
+  }
+  Vec::T acc[RB][NV];
+  float total[RB];
+  for (int i = 0; i < RB; ++i) {
+    total[i] = 0.f;
+    for (int v = 0; v < NV; ++v) acc[i][v] = Vec::zero();
+  }
+  for (int64_t j = 0; j < keys_seen; ++j) {
+    const T* val = values + j * dh;
+    __builtin_prefetch(val + 8 * dh, 0, 3);
+    Vec::T vv[NV];
+    for (int v = 0; v < NV; ++v) vv[v] = loadv(val + v * W);
+    for (int i = 0; i < RB; ++i) {
+      if (!sees(i, j)) continue;
+      const float p = scores[i * L + j];
+      total[i] += p;
+      const Vec::T pv = Vec::set1(p);
+      for (int v = 0; v < NV; ++v) acc[i][v] = Vec::fma(pv, vv[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < RB; ++i) {
+    float sum[NV * W];
+    for (int v = 0; v < NV; ++v) Vec::store(sum + v * W, acc[i][v]);
+    const float inv = 1.f / total[i];
+    T* out = a.out + ((b * a.R + r0 + i) * a.Hq + h) * dh;
+    for (int64_t e = 0; e < dh; ++e) store1(out + e, sum[e] * inv);
+  }
+}
+
+// Every (batch, head) in blocks of RB rows (the last rows in a smaller block), split over the team.
+template <class T, int NV, int RB>
+void attend_blocked(const Attention<T>& a, const Team& team) {
+  const int64_t blocks = (a.R + RB - 1) / RB;
+  team.split(a.B * a.Hq * blocks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores(RB * a.L);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t rb = t % blocks, h = (t / blocks) % a.Hq, b = t / (blocks * a.Hq);
+      const int64_t r0 = rb * RB, n = std::min<int64_t>(RB, a.R - r0);
+      if (n == RB) attend_rows<T, NV, RB>(a, b, h, r0, scores.data());
+      else if (n == 3) attend_rows<T, NV, 3>(a, b, h, r0, scores.data());
+      else if (n == 2) attend_rows<T, NV, 2>(a, b, h, r0, scores.data());
+      else attend_rows<T, NV, 1>(a, b, h, r0, scores.data());
+    }
+  });
+}
+
+// Scores, softmax and the weighted sum of values in float32; the output rounded to T once. Heads of
+// 1, 2, 4 or 8 vectors run blocked (attend_rows), any other width this loop, which reduces every
+// score and sum in the same order.
 template <class T>
 void attend(const Attention<T>& a, const Team& team) {
+  if (a.dh == W) return attend_blocked<T, 1, 4>(a, team);
+  if (a.dh == 2 * W) return attend_blocked<T, 2, 4>(a, team);
+  if (a.dh == 4 * W) return attend_blocked<T, 4, 4>(a, team);
+  if (a.dh == 8 * W) return attend_blocked<T, 8, 2>(a, team);
   const int64_t rep = a.Hq / a.Hkv;
   team.split(a.B * a.Hq * a.R, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores(a.L), acc(a.dh);
