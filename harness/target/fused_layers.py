@@ -89,14 +89,24 @@ def _submodule(module: torch.nn.Module, name: str) -> torch.nn.Module:
 
 def _parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
     """The layer's weights and biases in the native layer's order, read from the modules on every
-    call (a replaced parameter or submodule is never computed stale)."""
-    a, m = _submodule(layer, "self_attn"), _submodule(layer, "mlp")
-    linears = [_submodule(a, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    linears += [_submodule(m, n) for n in ("gate_proj", "up_proj", "down_proj")]
-    weights = [_param(_submodule(layer, "input_layernorm"), "weight"), *[_param(x, "weight") for x in linears[:4]]]
-    weights += [_param(_submodule(layer, "post_attention_layernorm"), "weight")]
-    weights += [_param(x, "weight") for x in linears[4:]]
-    return weights, [_param(x, "bias") for x in linears]
+    call (a replaced parameter or submodule is never computed stale): straight dict lookups where
+    each is a registered submodule and parameter, as fusing found them, else by attribute."""
+    try:
+        mods = layer._modules
+        a, m = mods["self_attn"]._modules, mods["mlp"]._modules
+        q, k, v, o = (a[n]._parameters for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        gate, up, down = (m[n]._parameters for n in ("gate_proj", "up_proj", "down_proj"))
+        norm_in, norm_post = mods["input_layernorm"]._parameters, mods["post_attention_layernorm"]._parameters
+        weights = [norm_in["weight"], q["weight"], k["weight"], v["weight"], o["weight"], norm_post["weight"]]
+        weights += [gate["weight"], up["weight"], down["weight"]]
+        return weights, [q["bias"], k["bias"], v["bias"], o["bias"], gate["bias"], up["bias"], down["bias"]]
+    except KeyError:  # something not registered the usual way (a parametrisation, a property)
+        a, m = _submodule(layer, "self_attn"), _submodule(layer, "mlp")
+        linears = [_submodule(a, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        linears += [_submodule(m, n) for n in ("gate_proj", "up_proj", "down_proj")]
+        norms = [_param(_submodule(layer, n), "weight") for n in ("input_layernorm", "post_attention_layernorm")]
+        weights = [norms[0], *[_param(x, "weight") for x in linears[:4]], norms[1]]
+        return weights + [_param(x, "weight") for x in linears[4:]], [_param(x, "bias") for x in linears]
 
 
 def _fused_forward(layer, original, hidden_states, attention_mask=None, position_ids=None, cache=None, **kwargs):
