@@ -12,6 +12,7 @@ from harness.contracts import Selection
 from harness.random_source import RandomSource
 from harness.topology.compiler import CompiledTree
 from harness.verifiers.base import Verifier, register, walk_children
+from harness.verifiers.sampling import argmax_rows
 
 ALL_SEMANTICS = frozenset({"normalized_conditional", "score_only", "frequency", "absent"})
 ALL_RELATIONS = frozenset({"iid", "without_replacement", "beam", "deterministic_lookup"})
@@ -38,7 +39,7 @@ class GreedyVerifier(Verifier):
     temperatures = "zero"
 
     def select(self, tree: CompiledTree, target_probs: torch.Tensor, rng: RandomSource) -> Selection:
-        argmax = target_probs.argmax(dim=-1).tolist()  # [1 + N]
+        argmax = argmax_rows(target_probs).tolist()  # [1 + N]
         node, path = -1, []
         while True:
             tok = int(argmax[node + 1])

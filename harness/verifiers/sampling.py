@@ -11,6 +11,18 @@ from dataclasses import dataclass
 import torch
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)``: the first index of each row's maximum (a NaN counts as the maximum, as
+    in torch). On the CPU it is computed by NumPy, whose argmax over a vocabulary-sized row is
+    about ten times faster than torch's here (a 7-row verify of a 49k vocabulary: 24 us against
+    300); half-precision rows are widened to float32 first (exact, so the order and ties are kept)."""
+    if x.device.type != "cpu":
+        return x.argmax(dim=-1)
+    if x.dtype in (torch.bfloat16, torch.float16):
+        x = x.float()
+    return torch.as_tensor(x.detach().numpy().argmax(axis=-1), dtype=torch.long)
+
+
 @dataclass(frozen=True)
 class SamplingPolicy:
     temperature: float = 0.0
@@ -36,7 +48,7 @@ class SamplingPolicy:
             dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         logits = logits.to(dtype)
         if self.greedy:
-            idx = logits.argmax(dim=-1, keepdim=True)
+            idx = argmax_rows(logits).unsqueeze(-1)
             return torch.zeros_like(logits).scatter_(-1, idx, 1.0)
         scaled = logits / self.temperature
         if self.top_k > 0 and self.top_k < scaled.shape[-1]:
