@@ -130,12 +130,19 @@ def test_forwards_it_does_not_cover_run_the_layers_own_forward():
         assert _native_calls(lambda: run(ids)) == 0
 
 
+class _Doubled(torch.nn.Module):
+    def forward(self, w):
+        return 2 * w
+
+
 def test_fusing_is_undone_and_only_llama_layers_are_fused():
     model = build_tiny_model(seed=1)
     assert apply_fused_layers(model, True) == 2 and fused_layers_of(model) == 2
     reference = build_tiny_model(seed=1)
     for m in (model, reference):  # a parameter replaced after fusing is the one computed with
         m.model.layers[1].mlp.down_proj.weight = torch.nn.Parameter(torch.full((32, 64), 0.01))
+        # and a parametrised one (no longer a registered parameter: read by attribute) as it computes
+        torch.nn.utils.parametrize.register_parametrization(m.model.layers[0].self_attn.q_proj, "weight", _Doubled())
     ids, cache = torch.tensor([PROMPTS[0]]), kv_cache.new_cache(model.config, preallocated=True)
     with torch.no_grad():
         assert _native_calls(lambda: model(input_ids=ids, cache=cache)) == 2

@@ -75,14 +75,9 @@ def fusable(layer: torch.nn.Module) -> str | None:
     return None
 
 
-def _param(module: torch.nn.Module, name: str) -> torch.Tensor | None:
-    """``module.<name>`` by a dict lookup where the attribute is a registered parameter (what
-    ``nn.Module.__getattr__`` would return, at a tenth of its cost), else by ``getattr``."""
-    params = module._parameters
-    return params[name] if name in params else getattr(module, name)
-
-
 def _submodule(module: torch.nn.Module, name: str) -> torch.nn.Module:
+    """``module.<name>`` by a dict lookup where it is a registered submodule (what
+    ``nn.Module.__getattr__`` would return, at a tenth of its cost), else by ``getattr``."""
     modules = module._modules
     return modules[name] if name in modules else getattr(module, name)
 
@@ -101,12 +96,14 @@ def _parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.
         weights += [gate["weight"], up["weight"], down["weight"]]
         return weights, [q["bias"], k["bias"], v["bias"], o["bias"], gate["bias"], up["bias"], down["bias"]]
     except KeyError:  # something not registered the usual way (a parametrisation, a property)
-        a, m = _submodule(layer, "self_attn"), _submodule(layer, "mlp")
-        linears = [_submodule(a, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        linears += [_submodule(m, n) for n in ("gate_proj", "up_proj", "down_proj")]
-        norms = [_param(_submodule(layer, n), "weight") for n in ("input_layernorm", "post_attention_layernorm")]
-        weights = [norms[0], *[_param(x, "weight") for x in linears[:4]], norms[1]]
-        return weights + [_param(x, "weight") for x in linears[4:]], [_param(x, "bias") for x in linears]
+        a, m = layer.self_attn, layer.mlp
+        linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+        weights = [
+            layer.input_layernorm.weight,
+            *[x.weight for x in linears[:4]],
+            layer.post_attention_layernorm.weight,
+        ]
+        return weights + [x.weight for x in linears[4:]], [x.bias for x in linears]
 
 
 def _fused_forward(layer, original, hidden_states, attention_mask=None, position_ids=None, cache=None, **kwargs):
