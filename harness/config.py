@@ -116,6 +116,8 @@ class PromptLookupConfig(ProposerConfig):
     budget_policy: str = ranged("fixed", choices=("fixed", "adaptive"))
     # normalised t(1..max_nodes+1); measured when absent
     verify_cost: Optional[list[float]] = ranged(None, gt=0.0, each=True)
+    # tokens of earlier requests' outputs searched too (0: the current request only)
+    history_tokens: int = ranged(0, ge=0)
 
 
 @dataclass

@@ -47,7 +47,7 @@ def tally(prompt: list[int], output: list[int], *, max_ngram: int, max_depth: in
         matches = find_continuations(
             np.asarray(committed), max_ngram=max_ngram, min_ngram=1, max_depth=max_depth, max_matches=max_matches
         )
-        for context, continuation in matches:
+        for context, continuation, _ in matches:
             depth = 0
             for token, truth in zip(continuation.tolist(), output[pos:]):
                 cell = counts.setdefault(context + depth, [0, 0])

@@ -233,10 +233,14 @@ def test_occurrences_are_ranked_by_how_much_context_they_match():
     got = find_continuations(tokens, max_ngram=2, min_ngram=1, max_depth=2, max_matches=8)
     # [1, 2] after 5 (context 3: 5 1 2), then the more recent [1, 2] after 7 (context 2), then the
     # 1-gram [2] at 10 (context 1; the 2s at 2 and 7 are taken by the 2-gram matches)
-    assert [(c, cont.tolist()) for c, cont in got] == [(3, [8, 30]), (2, [9, 31]), (1, [40, 32])]
-    assert [c for c, _ in find_continuations(tokens, max_ngram=2, min_ngram=2, max_depth=2, max_matches=1)] == [3]
+    assert [(c, cont.tolist(), h) for c, cont, h in got] == [
+        (3, [8, 30], False),
+        (2, [9, 31], False),
+        (1, [40, 32], False),
+    ]
+    assert [c for c, *_ in find_continuations(tokens, max_ngram=2, min_ngram=2, max_depth=2, max_matches=1)] == [3]
     loop = np.array(list(range(3, 43)) * 2)  # 40 tokens repeated: the match runs as far back as it can
-    (context, cont), *_ = find_continuations(loop, max_ngram=2, min_ngram=1, max_depth=3, max_matches=8)
+    (context, cont, _), *_ = find_continuations(loop, max_ngram=2, min_ngram=1, max_depth=3, max_matches=8)
     assert context == MAX_CONTEXT and cont.tolist() == [3, 4, 5]
 
 
@@ -274,3 +278,83 @@ def test_the_lookup_comparison_loads_another_commits_proposer_beside_this_one():
     assert baseline.PromptLookupProposer.name == "prompt_lookup"
     with pytest.raises(SystemExit, match="cannot read prompt_lookup.py"):
         script.baseline_module("no-such-revision-anywhere")
+
+
+def test_a_corpus_of_earlier_requests_is_searched_below_the_current_one():
+    from harness.proposers.prompt_lookup import SEPARATOR, TokenCorpus, find_continuations
+
+    tokens = np.array([7, 1, 2, 50, 51, 3, 1, 2])
+    # earlier requests: [1, 2] with 3 tokens of context (3 1 2) -> 60, cut by the separator after
+    # it; [1, 2] after 4 -> 70 71 (context 2)
+    corpus = TokenCorpus(np.array([9, 3, 1, 2, 60, SEPARATOR, 4, 1, 2, 70, 71, SEPARATOR]))
+    got = find_continuations(tokens, max_ngram=2, min_ngram=2, max_depth=3, max_matches=8, corpus=corpus)
+    assert [(c, cont.tolist(), h) for c, cont, h in got] == [
+        (3, [60], True),
+        (2, [50, 51, 3], False),
+        (2, [70, 71], True),
+    ]
+    # a context never runs across a separator, nor before the current request's first token
+    assert (
+        find_continuations(np.array([1, 2]), max_ngram=2, min_ngram=2, max_depth=2, max_matches=8, corpus=corpus)[0][0]
+        == 2
+    )
+    assert find_continuations(tokens, max_ngram=2, min_ngram=2, max_depth=3, max_matches=1, corpus=corpus)[0][2]
+
+
+def _lookup(history_tokens, **kw):
+    return PromptLookupProposer(
+        budget=Budget(shape="sequences", max_nodes=8, max_depth=4),
+        manifest_hash="h",
+        history_tokens=history_tokens,
+        **kw,
+    )
+
+
+def _serve(prop, prompt, output):
+    prop.start(list(prompt))
+    committed = list(prompt)
+    prop.propose(committed, TorchRandomSource(0))
+    committed += output
+    prop.observe_commit(committed)
+    prop.finish()
+
+
+def test_history_serves_later_requests_but_never_a_request_its_own_answer():
+    prop = _lookup(64)
+    _serve(prop, [10, 11, 12], [20, 21, 22, 23, 24])
+    other = [30, 31, 21, 22]  # ends with a bigram of the earlier output
+    prop.start(other)
+    assert [n.token_id for n in prop.propose(other, TorchRandomSource(0)).nodes] == [23, 24]
+    prop.finish()
+    # the same prompt again (a warm-up, a repeat, a gate's pass): its own earlier answer is not read
+    again = [10, 11, 12, 20, 21, 22]
+    prop.start(again[:3])
+    assert prop.propose(again, TorchRandomSource(0)).nodes == ()
+    prop.finish()
+    # off: nothing is kept
+    off = _lookup(0)
+    _serve(off, [10, 11, 12], [20, 21, 22, 23, 24])
+    off.start(other)
+    assert off.propose(other, TorchRandomSource(0)).nodes == ()
+
+
+def test_history_keeps_the_newest_tokens_up_to_its_size():
+    prop = _lookup(6)
+    _serve(prop, [1], [40, 41, 42, 43])
+    _serve(prop, [2], [50, 51, 52, 53])  # 8 tokens: the oldest request is dropped
+    assert [out.tolist() for _, out in prop._history] == [[50, 51, 52, 53]]
+    assert prop.state_bytes() >= 4 * 8
+    _serve(prop, [3], list(range(60, 70)))  # longer than the whole history: its last 6 tokens
+    assert [out.tolist() for _, out in prop._history] == [list(range(64, 70))]
+    with pytest.raises(ValueError, match="history_tokens"):
+        _lookup(-1)
+
+
+def test_adaptive_prompt_lookup_with_history_is_exact_across_requests(models):
+    target, _, _ = models
+    prompts = [PROMPT, [5, 17, 33, 8, 40, 41], PROMPT[::-1], PROMPT]
+    prop = _lookup(4096, budget_policy="adaptive", verify_cost=[1.0 + 0.01 * k for k in range(9)])
+    for prompt in prompts:
+        res, _ = run(target, prop, prompt=prompt)
+        assert res.tokens == autoregressive(target, prompt=prompt)
+    assert prop.stats.extras["rows_kept_from_history"] > 0

@@ -120,3 +120,26 @@ def test_the_speculative_arm_pays_for_its_drafts_prefill(tmp_path, monkeypatch):
     spec_tokens = m["committed_tokens"]
     assert m["end_to_end_time_per_token_ms"] - m["time_per_committed_token_ms"] >= 2 * 80 / spec_tokens
     assert m["speedup"] < m["decode_speedup"]  # the draft's prefill is charged to the speculative arm
+
+
+def test_a_lookup_run_with_history_reads_earlier_requests_and_stays_exact(tmp_path, monkeypatch):
+    """Prompt lookup over earlier requests' outputs (the default experiment's setting) in a whole
+    run: warm-up, both arms, gates. Every prompt's speculative output equals its autoregressive one
+    and later requests were served candidates from the history."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    cfg = compose(
+        [
+            "model=tiny",
+            "topology=sequences",
+            "proposer.budget_policy=adaptive",
+            "proposer.verify_cost=[1.0,1.01,1.02,1.03,1.04,1.05,1.06,1.07,1.08,1.09,1.1,1.11,1.12,1.13,1.14,1.15,1.16]",
+            "proposer.history_tokens=4096",
+            "workload.limit=4",
+            "generation.max_new_tokens=24",
+            "gates.oracle=false",
+        ]
+    )
+    m = run_job(cfg, run_dir=tmp_path / "run")["metrics"]
+    assert m["greedy_identical"] is True
+    assert m["retrieval"]["rows_kept_from_history"] > 0
+    assert m["proposal_state_bytes"] > 0

@@ -21,11 +21,23 @@ out-reaches its parent), and the round keeps the ``k`` rows that minimise ``t(1 
 their reach)``, the predicted time per committed token. The rates are proposal-side statistics
 only: they change which candidates are verified, never what is accepted, so exactness is untouched.
 
+``history_tokens > 0`` adds a memory of the target's earlier outputs in this proposer's lifetime
+(the requests it served before, up to that many tokens, the oldest dropped first), searched like
+the current request: an occurrence there ranks below one in the current request of the same
+context length, its context and its continuation stop at the boundaries between requests, and its
+candidates share the learned acceptance rates. This is the cross-request suffix search of
+SuffixDecoding (Oliaro et al., 2024, "SuffixDecoding: A Model-Free Approach to Speeding Up Large
+Language Model Inference"): what a model said to earlier requests predicts what it says next,
+boilerplate and idioms in code, recurring phrasing in chat. A request never reads the outputs of
+an earlier request with the same prompt (a warm-up, a repeat or a gate's pass over the same
+prompts would otherwise copy its own answer): the memory serves other requests only.
+
 Candidates carry a ``score`` (the matched context length), never a ``q``.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import ClassVar
 
 import numpy as np
@@ -36,45 +48,133 @@ from harness.random_source import RandomSource
 
 #: the longest context an occurrence's match is measured over (tokens)
 MAX_CONTEXT = 32
+#: the token id that separates requests in a history corpus (never a real token)
+SEPARATOR = -1
+
+
+class TokenCorpus:
+    """Earlier sequences, each followed by ``SEPARATOR``, indexed for n-gram search: the positions
+    of every token and of every bigram, sorted by value, so the occurrences of an n-gram are found
+    by binary search instead of a scan (a history of 65,536 tokens is searched in microseconds, a
+    scan took ~4 ms here). Built once per change of the sequences it holds."""
+
+    #: occurrences of one n-gram considered per search, the most recent (bounds a search's cost
+    #: where a common token occurs thousands of times)
+    MAX_HITS = 1024
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.tokens = np.asarray(tokens, dtype=np.int64)
+        shifted = self.tokens + 1  # the separator becomes 0: every code is non-negative
+        self._base = int(shifted.max(initial=0)) + 1
+        self._uni_order = np.argsort(shifted, kind="stable")
+        self._uni = shifted[self._uni_order]
+        codes = shifted[:-1] * self._base + shifted[1:]
+        self._bi_order = np.argsort(codes, kind="stable")
+        self._bi = codes[self._bi_order]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.tokens, self._uni_order, self._uni, self._bi_order, self._bi))
+
+    def occurrences(self, gram: np.ndarray) -> np.ndarray:
+        """Ascending positions ``i`` with ``tokens[i:i+n] == gram`` and a token after them (at most
+        the last ``MAX_HITS``)."""
+        g = np.asarray(gram, dtype=np.int64) + 1
+        n = len(g)
+        if n == 1:
+            sorted_, order, code = self._uni, self._uni_order, int(g[0])
+        else:
+            sorted_, order, code = self._bi, self._bi_order, int(g[0]) * self._base + int(g[1])
+        lo, hi = np.searchsorted(sorted_, code, side="left"), np.searchsorted(sorted_, code, side="right")
+        pos = np.sort(order[lo:hi])
+        pos = pos[pos + n < len(self.tokens)]
+        if n > 2 and len(pos):
+            rest = self.tokens[np.minimum(pos[:, None] + np.arange(2, n)[None, :], len(self.tokens) - 1)]
+            pos = pos[(rest == gram[2:][None, :]).all(axis=1)]
+        return pos[-self.MAX_HITS :]
+
+
+def _context_lengths(seq: np.ndarray, hits: np.ndarray, n: int, tokens: np.ndarray) -> np.ndarray:
+    """How many tokens before each occurrence ``seq[hits:hits+n]`` of the suffix n-gram of ``tokens``
+    equal the tokens before that suffix, counting the n-gram (at most ``MAX_CONTEXT``, never from
+    before ``tokens[1]``; a separator ends a run)."""
+    total = len(tokens)
+    reach = min(MAX_CONTEXT, total - 1) - n  # further tokens a match may extend over
+    context = np.full(len(hits), n)
+    if reach > 0:
+        back = np.arange(1, reach + 1)  # [E]
+        before = hits[:, None] - back[None, :]  # [H, E] positions before each occurrence
+        same = (before >= 0) & (seq[np.maximum(before, 0)] == tokens[total - n - back][None, :])
+        context += np.cumprod(same, axis=1).sum(axis=1)  # leading run of equal tokens
+    return context
 
 
 def find_continuations(
-    tokens: np.ndarray, *, max_ngram: int, min_ngram: int, max_depth: int, max_matches: int
-) -> list[tuple[int, np.ndarray]]:
-    """``[(context_len, continuation)]`` for earlier occurrences of the suffix, best first.
+    tokens: np.ndarray,
+    *,
+    max_ngram: int,
+    min_ngram: int,
+    max_depth: int,
+    max_matches: int,
+    corpus: TokenCorpus | None = None,
+    skip: np.ndarray | None = None,
+) -> list[tuple[int, np.ndarray, bool]]:
+    """``[(context_len, continuation, in_corpus)]`` for earlier occurrences of the suffix, best first.
 
     tokens: ``[T]`` int. An occurrence at ``i`` matches ``tokens[i:i+n] == tokens[T-n:]`` with
     ``i + n < T`` (it has at least one following token, so it is not the suffix itself), for the
     longest ``n`` in ``[min_ngram, max_ngram]`` that matches there. Its context length extends the
-    n-gram backwards while ``tokens[i-k] == tokens[T-n-k]`` (up to ``MAX_CONTEXT`` tokens in all).
-    Occurrences are ranked by context length, then the more recent first.
+    n-gram backwards while ``tokens[i-k] == tokens[T-n-k]`` (up to ``MAX_CONTEXT`` tokens in all,
+    and never further back than the start of ``tokens``). Occurrences are ranked by context length,
+    then the more recent first.
+
+    corpus: earlier sequences, searched as if they came before ``tokens`` (their occurrences are
+    the less recent), contexts and continuations cut at the separators between them; ``skip``
+    (``[len(corpus)]`` bool) marks corpus positions no occurrence may start in.
     """
     total = len(tokens)
-    starts: list[np.ndarray] = []
-    lengths: list[np.ndarray] = []
+    offset = len(corpus) if corpus is not None else 0  # current positions rank after the corpus's
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rank position, context, source)
     seen = np.zeros(total + 1, dtype=bool)  # continuation starts already taken by a longer n-gram
-    for n in range(min(max_ngram, total - 1), min_ngram - 1, -1):
+    seen_corpus = np.zeros(offset + 1, dtype=bool)
+    for n in range(min(max_ngram, total if offset else total - 1), min_ngram - 1, -1):
         suffix = tokens[total - n :]
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[: total - 1], n)  # [T-n, n]
-        hits = np.flatnonzero((windows == suffix).all(axis=1))  # window starts i, continuation at i + n
-        hits = hits[~seen[hits + n]]
-        if not len(hits):
-            continue
-        seen[hits + n] = True
-        reach = min(MAX_CONTEXT, total - 1) - n  # further tokens a match may extend over
-        context = np.full(len(hits), n)
-        if reach > 0:
-            back = np.arange(1, reach + 1)  # [E]
-            before = hits[:, None] - back[None, :]  # [H, E] positions before each occurrence
-            same = (before >= 0) & (tokens[np.maximum(before, 0)] == tokens[total - n - back][None, :])
-            context += np.cumprod(same, axis=1).sum(axis=1)  # leading run of equal tokens
-        starts.append(hits + n)
-        lengths.append(context)
-    if not starts:
+        hits = np.empty(0, dtype=np.int64)
+        if n < total:
+            windows = np.lib.stride_tricks.sliding_window_view(tokens[: total - 1], n)  # [T-n, n]
+            hits = np.flatnonzero((windows == suffix).all(axis=1))  # window starts i, continuation at i + n
+            hits = hits[~seen[hits + n]]
+        if len(hits):
+            seen[hits + n] = True
+            found.append((hits + n + offset, _context_lengths(tokens, hits, n, tokens), np.zeros(len(hits), bool)))
+        if corpus is not None and offset:
+            hits = corpus.occurrences(suffix)
+            if skip is not None:
+                hits = hits[~skip[hits]]
+            hits = hits[~seen_corpus[hits + n]]
+            if len(hits):
+                seen_corpus[hits + n] = True
+                found.append((hits + n, _context_lengths(corpus.tokens, hits, n, tokens), np.ones(len(hits), bool)))
+    if not found:
         return []
-    start, context = np.concatenate(starts), np.concatenate(lengths)
-    order = np.lexsort((-start, -context))[:max_matches]  # longest context, then most recent
-    return [(int(context[k]), tokens[start[k] : start[k] + max_depth]) for k in order]
+    start, context, in_corpus = (np.concatenate(x) for x in zip(*found))
+    order = np.lexsort((-start, -context))  # longest context, then most recent
+    out = []
+    for k in order:
+        if in_corpus[k]:
+            cont = corpus.tokens[start[k] : start[k] + max_depth]
+            cut = np.flatnonzero(cont == SEPARATOR)
+            cont = cont[: cut[0]] if len(cut) else cont
+        else:
+            cont = tokens[start[k] - offset : start[k] - offset + max_depth]
+        if len(cont):
+            out.append((int(context[k]), cont, bool(in_corpus[k])))
+            if len(out) == max_matches:
+                break
+    return out
 
 
 class AcceptanceRates:
@@ -92,21 +192,23 @@ class AcceptanceRates:
     def __init__(self, *, prior_strength: float = 4.0, max_rank_key: int = 3) -> None:
         self.prior_strength = prior_strength
         self.max_rank_key = max_rank_key
-        self.accepted: dict[tuple[int, int], int] = {}
-        self.tried: dict[tuple[int, int], int] = {}
+        self.accepted: dict[tuple[int, ...], int] = {}
+        self.tried: dict[tuple[int, ...], int] = {}
 
-    def key(self, depth: int, context: int, rank: int) -> tuple[int, int]:
+    def key(self, depth: int, context: int, rank: int, *, history: bool = False) -> tuple[int, ...]:
         """The key of a candidate at ``depth`` (1 = the first token of its continuation) below a
-        match of ``context`` tokens, ``rank``-th among its siblings."""
+        match of ``context`` tokens, ``rank``-th among its siblings; a match in the history of
+        earlier requests (``history``) is counted apart from one in the current request, from the
+        same prior."""
         effective = context + depth - 1
         bucket = next((b for b, bound in enumerate(self.BUCKETS) if effective <= bound), len(self.BUCKETS))
-        return bucket, min(rank, self.max_rank_key)
+        return (bucket, min(rank, self.max_rank_key), *((1,) if history else ()))
 
-    def rate(self, key: tuple[int, int]) -> float:
+    def rate(self, key: tuple[int, ...]) -> float:
         a = self.PRIOR_MEAN[key[0]] * self.prior_strength
         return (self.accepted.get(key, 0) + a) / (self.tried.get(key, 0) + self.prior_strength)
 
-    def observe(self, key: tuple[int, int], accepted: bool) -> None:
+    def observe(self, key: tuple[int, ...], accepted: bool) -> None:
         self.tried[key] = self.tried.get(key, 0) + 1
         if accepted:
             self.accepted[key] = self.accepted.get(key, 0) + 1
@@ -129,8 +231,11 @@ class PromptLookupProposer(Proposer):
         max_matches: int = 8,
         budget_policy: str = "fixed",
         verify_cost: list[float] | None = None,
+        history_tokens: int = 0,
     ) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
+        if history_tokens < 0:
+            raise ValueError(f"proposer.history_tokens must be >= 0; got {history_tokens}")
         if not (1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram; got {min_ngram}, {max_ngram}")
         if budget_policy not in ("fixed", "adaptive"):
@@ -149,11 +254,53 @@ class PromptLookupProposer(Proposer):
         self.budget_policy = budget_policy
         self.verify_cost = np.asarray(verify_cost, dtype=np.float64) if verify_cost else None
         self.rates = AcceptanceRates()
-        self._last: tuple[int, list[tuple[int, ...]], list[tuple[int, int]]] | None = None
+        self._last: tuple[int, list[tuple[int, ...]], list[tuple[int, ...]]] | None = None
         self.stats.extras.update({"rows_proposed": 0, "rows_kept": 0})
+        self.history_tokens = int(history_tokens)
+        if self.history_tokens:
+            self.stats.extras["rows_kept_from_history"] = 0
+        self._history: list[tuple[bytes, np.ndarray]] = []  # (prompt key, output tokens), oldest first
+        self._corpus: TokenCorpus | None = None  # the history, indexed
+        self._skip: np.ndarray | None = None  # history positions the current request may not read
+        self._request: tuple[bytes, int] | None = None  # (prompt key, prompt length) of the current request
+        self._committed: list[int] | None = None
+
+    # ------------------------------------------------------------------ history across requests
+    @staticmethod
+    def _prompt_key(prompt_ids: list[int]) -> bytes:
+        return hashlib.blake2b(np.asarray(prompt_ids, dtype=np.int64).tobytes(), digest_size=16).digest()
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self._request = (self._prompt_key(prompt_ids), len(prompt_ids)) if self.history_tokens else None
+        self._committed = None
+        self._skip = None
+        if self._request is not None and any(key == self._request[0] for key, _ in self._history):
+            owners = np.concatenate([np.full(len(o) + 1, key == self._request[0]) for key, o in self._history])
+            self._skip = owners  # the positions of earlier answers to this same prompt
+
+    def finish(self) -> None:
+        """Keep the finished request's output (the tokens after its prompt) in the history: the last
+        committed sequence seen (the round loop extends its list in place, so that is the final one;
+        a caller passing copies loses at most the last round's tokens)."""
+        if self._request is not None and self._committed is not None:
+            key, prompt_len = self._request
+            output = np.asarray(self._committed[prompt_len:], dtype=np.int64)[-self.history_tokens :]
+            if len(output):
+                self._history.append((key, output))
+                total = sum(len(o) for _, o in self._history)
+                while total > self.history_tokens:
+                    total -= len(self._history.pop(0)[1])
+                self._corpus = TokenCorpus(
+                    np.concatenate([p for _, o in self._history for p in (o, np.array([SEPARATOR]))])
+                )
+        self._request = self._committed = self._skip = None
+
+    def state_bytes(self) -> int:
+        return sum(o.nbytes for _, o in self._history) + (self._corpus.nbytes if self._corpus is not None else 0)
 
     # ------------------------------------------------------------------ proposing
     def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
+        self._committed = committed
         tokens = np.asarray(committed, dtype=np.int64)
         depth = (
             self.budget.max_depth
@@ -161,16 +308,22 @@ class PromptLookupProposer(Proposer):
             else min(self.budget.max_depth, self.budget.max_nodes)
         )
         matches = find_continuations(
-            tokens, max_ngram=self.max_ngram, min_ngram=self.min_ngram, max_depth=depth, max_matches=self.max_matches
+            tokens,
+            max_ngram=self.max_ngram,
+            min_ngram=self.min_ngram,
+            max_depth=depth,
+            max_matches=self.max_matches,
+            corpus=self._corpus,
+            skip=self._skip,
         )
         prefixes: list[tuple[int, ...]] = []  # full candidate prefix of each node
         parents: list[int] = []
-        keys: list[tuple[int, int]] = []
+        keys: list[tuple[int, ...]] = []
         context_of: list[int] = []
         index: dict[tuple[int, ...], int] = {}
         children: dict[int, int] = {}
         limit = self.budget.max_nodes if self.budget_policy == "fixed" else 4 * self.budget.max_nodes
-        for context, cont in matches:
+        for context, cont, in_history in matches:
             parent, prefix = -1, ()
             for tok in cont.tolist():
                 prefix += (tok,)
@@ -184,7 +337,7 @@ class PromptLookupProposer(Proposer):
                     prefixes.append(prefix)
                     parents.append(parent)
                     context_of.append(context)
-                    keys.append(self.rates.key(len(prefix), context, rank))
+                    keys.append(self.rates.key(len(prefix), context, rank, history=in_history))
                 parent = node
         keep = list(range(len(prefixes)))
         if self.budget_policy == "adaptive" and prefixes:
@@ -201,6 +354,8 @@ class PromptLookupProposer(Proposer):
         )
         self.stats.extras["rows_proposed"] += len(prefixes)
         self.stats.extras["rows_kept"] += len(keep)
+        if self.history_tokens:
+            self.stats.extras["rows_kept_from_history"] += sum(len(keys[i]) > 2 for i in keep)
         self._last = (len(committed), prefixes, keys)
         topology = "sequence" if all(nd.parent == i - 1 for i, nd in enumerate(nodes)) else "tree"
         return ProposalResult(
@@ -213,7 +368,7 @@ class PromptLookupProposer(Proposer):
             source=self.name,
         )
 
-    def _choose_rows(self, parents: list[int], keys: list[tuple[int, int]]) -> list[int]:
+    def _choose_rows(self, parents: list[int], keys: list[tuple[int, ...]]) -> list[int]:
         """Rows in descending reach order; the count minimising predicted time per token."""
         reach = np.empty(len(parents))
         for i, (p, key) in enumerate(zip(parents, keys)):
@@ -227,6 +382,7 @@ class PromptLookupProposer(Proposer):
 
     def observe_commit(self, committed: list[int]) -> None:
         """Update acceptance rates: walk the committed continuation through the last proposal."""
+        self._committed = committed
         if self._last is None:
             return
         start, prefixes, keys = self._last
