@@ -8,11 +8,16 @@ each arm against plain autoregressive decoding). Arms, interleaved per prompt:
 - ``ours_ar``: our round loop with an empty proposer;
 - ``ours_sequence``: our prompt lookup, one continuation (same n and K as transformers);
 - ``ours_tree``: several matches merged into one verified tree (a fixed budget);
-- ``ours_adaptive``: the same tree, rows chosen per round from the measured t(n) and learned acceptance
-  (the default experiment's arm).
+- ``ours_adaptive_prompt_only``: the same tree, rows chosen per round from the measured t(n) and
+  learned acceptance, searching the current request only;
+- ``ours_adaptive``: the default experiment's arm: the adaptive tree over the current request and
+  the outputs of the earlier prompts (``--history-tokens``, the default experiment's
+  ``proposer.history_tokens``; a prompt never reads its own earlier answer, so the warm-up on the
+  first prompt does not serve it).
 
 Each of our arms keeps one proposer for the whole benchmark, warm-up included, as a run keeps one
-per batch slot for a whole job (the adaptive arm's learned acceptance carries across prompts).
+per batch slot for a whole job (the adaptive arms' learned acceptance and history carry across
+prompts).
 
 Decode time only (prefill and the first token are excluded from both families by timing
 ``max_new_tokens`` generation and subtracting a 1-token generation for the HF arms; our arms report
@@ -109,6 +114,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tree-nodes", type=int, default=16, help="candidate-row budget of the tree arms")
     ap.add_argument("--tree-matches", type=int, default=8)
     ap.add_argument("--tree-depth", type=int, default=None, help="the tree arms' max depth (default: --num-tokens)")
+    ap.add_argument(
+        "--history-tokens",
+        type=int,
+        default=65536,
+        help="ours_adaptive's memory of earlier prompts' outputs (the default experiment's proposer.history_tokens)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workload", default="humaneval", choices=WORKLOADS)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -219,14 +230,18 @@ def main(argv=None) -> int:
             max_ngram=args.ngram,
             max_matches=args.tree_matches,
         ),
-        "ours_adaptive": PromptLookupProposer(
-            budget=Budget("sequences", tree_nodes, args.tree_depth),
-            manifest_hash="b",
-            max_ngram=args.ngram,
-            max_matches=args.tree_matches,
-            budget_policy="adaptive",
-            verify_cost=profile["normalised"][: tree_nodes + 1],
-        ),
+        **{
+            name: PromptLookupProposer(
+                budget=Budget("sequences", tree_nodes, args.tree_depth),
+                manifest_hash="b",
+                max_ngram=args.ngram,
+                max_matches=args.tree_matches,
+                budget_policy="adaptive",
+                verify_cost=profile["normalised"][: tree_nodes + 1],
+                history_tokens=history,
+            )
+            for name, history in (("ours_adaptive_prompt_only", 0), ("ours_adaptive", args.history_tokens))
+        },
     }
     arms = {name: (lambda ids, new, p=p: ours(p, ids, new)) for name, p in proposers.items()}
     arms["hf_ar"] = lambda ids, new: hf(ids, new)
@@ -283,6 +298,8 @@ def main(argv=None) -> int:
         "tree_nodes": tree_nodes,
         "tree_matches": args.tree_matches,
         "tree_depth": args.tree_depth,
+        "history_tokens": args.history_tokens,
+        "rows_kept_from_history": proposers["ours_adaptive"].stats.extras.get("rows_kept_from_history", 0),
         "t_of_n_ms": t_of_n,
         "read_bandwidth_gbs": bandwidth,
         "streamed_weight_bytes": streamed_weight_bytes(model),
@@ -293,6 +310,7 @@ def main(argv=None) -> int:
         "ours_sequence_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_sequence"],
         "ours_tree_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_tree"],
         "ours_tree_vs_ours_ar": per_tok["ours_ar"] / per_tok["ours_tree"],
+        "ours_adaptive_prompt_only_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_adaptive_prompt_only"],
         "ours_adaptive_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_adaptive"],
         "ours_adaptive_vs_ours_ar": per_tok["ours_ar"] / per_tok["ours_adaptive"],
         "ours_adaptive_vs_hf_ar": per_tok["hf_ar"] / per_tok["ours_adaptive"],
@@ -313,6 +331,7 @@ def main(argv=None) -> int:
                     "ours_sequence_vs_hf_pld",
                     "ours_tree_vs_hf_pld",
                     "ours_tree_vs_ours_ar",
+                    "ours_adaptive_prompt_only_vs_hf_pld",
                     "ours_adaptive_vs_hf_pld",
                     "ours_adaptive_vs_ours_ar",
                     "outputs_identical",
