@@ -358,3 +358,37 @@ def test_adaptive_prompt_lookup_with_history_is_exact_across_requests(models):
         res, _ = run(target, prop, prompt=prompt)
         assert res.tokens == autoregressive(target, prompt=prompt)
     assert prop.stats.extras["rows_kept_from_history"] > 0
+
+
+def test_the_lookup_replay_prices_rounds_with_the_cost_curve(tmp_path):
+    import json
+
+    from harness.contracts import ProposalNode
+
+    script = _script("lookup_replay")
+    # transformers' rule: the leftmost occurrence of the longest suffix n-gram
+    assert script.transformers_lookup([1, 2, 5, 6, 1, 2, 7, 1, 2], num_tokens=3, ngram=2) == [5, 6, 1]
+    assert script.transformers_lookup([4, 9, 8, 4], num_tokens=3, ngram=2) == [9, 8, 4]
+    assert script.transformers_lookup([1, 2, 3], num_tokens=3, ngram=2) == []
+    tree = [ProposalNode(token_id=t, parent=p, score=1.0, source="x") for t, p in ((5, -1), (6, 0), (7, 0))]
+    assert script.accepted_along(tree, [5, 7, 1]) == 2 and script.accepted_along(tree, [6]) == 0
+    t = [10.0, 10.5, 11.0, 11.5] + [12.0 + k for k in range(14)]  # t(1..18)
+    loop = list(range(30, 50))
+    records = [{"prompt": [1, *loop], "out": loop * 2}]  # the output copies its prompt
+    ar = script.replay(records, t, propose=lambda committed, truth: (0, 0))
+    assert ar["ms_per_token"] == 10.0 and ar["tokens_per_round"] == 1.0
+    hf = script.transformers_replay(records, t)
+    ours = script.replay(records, t, proposer=script.adaptive_proposer(t))
+    assert hf["ms_per_token"] < 10.0 and ours["ms_per_token"] < 10.0 and ours["tokens_per_round"] > 2
+    # a second prompt whose output repeats the first's: only the history finds it
+    other = [{"prompt": [2, 3], "out": loop}, {"prompt": [4, 5], "out": loop}]
+    alone = script.replay(other, t, proposer=script.adaptive_proposer(t))
+    shared = script.replay(other, t, proposer=script.adaptive_proposer(t, history_tokens=1000))
+    assert shared["ms_per_token"] < alone["ms_per_token"]
+    path = tmp_path / "outputs.json"
+    path.write_text(json.dumps({"sets": {"x/eval": other}}))
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"t_of_n_ms": t}))
+    assert script.main(["replay", str(path), "--t-from", str(bench), "--out", str(tmp_path / "r.json")]) == 0
+    row = json.loads((tmp_path / "r.json").read_text())["table"]["x/eval"]
+    assert row["adaptive_history_65536_vs_transformers"] > row["adaptive_history_0_vs_transformers"]

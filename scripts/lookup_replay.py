@@ -1,0 +1,226 @@
+"""Replay recorded greedy outputs through prompt-lookup proposers and price each round with a
+measured verify-cost curve: which candidates a proposer would verify, how many the target would
+accept, and the time per token that predicts, without timing noise.
+
+Greedy verification accepts the longest path of the tree that the target's own greedy output
+follows, so once the output of every prompt is known (``collect``), any deterministic proposer can
+be replayed against it exactly: its real code proposes, the replay accepts what greedy
+verification would, and the round costs ``t(1 + rows)`` of the curve. transformers'
+``prompt_lookup_num_tokens`` is replayed by its own rule (the first, leftmost occurrence of the
+longest suffix n-gram, ``K`` tokens after it). The benchmark ``harness.bench.prompt_lookup_vs_hf``
+stays the measurement; this is the design tool beside it (it predicted the benchmark's adaptive
+against transformers' ratio within about 3% on code and chat).
+
+    # once: every prompt's greedy output (decoded by the benchmark's lookup arm, equal to AR)
+    .venv/bin/python scripts/lookup_replay.py collect --workloads humaneval chat copy --splits dev eval \\
+        --limit 16 --out results/replay/outputs.json
+    # then, as often as wanted: t(n) from a benchmark JSON's t_of_n_ms
+    .venv/bin/python scripts/lookup_replay.py replay results/replay/outputs.json \\
+        --t-from docs/measurements/pld_s3_float32_humaneval.json --history-tokens 0 65536
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from harness.contracts import Budget, ProposalNode
+from harness.proposers.prompt_lookup import PromptLookupProposer
+from harness.random_source import TorchRandomSource
+
+
+def accepted_along(nodes: Sequence[ProposalNode], truth: Sequence[int]) -> int:
+    """Candidate tokens greedy verification accepts: the path from the root that ``truth`` follows."""
+    children: dict[int, list[int]] = {}
+    for i, node in enumerate(nodes):
+        children.setdefault(node.parent, []).append(i)
+    at, accepted = -1, 0
+    while accepted < len(truth):
+        nxt = [c for c in children.get(at, ()) if nodes[c].token_id == truth[accepted]]
+        if not nxt:
+            break
+        at, accepted = nxt[0], accepted + 1
+    return accepted
+
+
+def transformers_lookup(tokens: Sequence[int], *, num_tokens: int, ngram: int) -> list[int]:
+    """transformers' prompt-lookup candidates: for n from ``ngram`` down to 1, the first (leftmost)
+    occurrence of the suffix n-gram with a token after it gives up to ``num_tokens`` tokens."""
+    total = len(tokens)
+    for n in range(min(ngram, total - 1), 0, -1):
+        suffix = list(tokens[total - n :])
+        for i in range(total - n):
+            if list(tokens[i : i + n]) == suffix and i + n < total:
+                return list(tokens[i + n : min(i + n + num_tokens, total)])
+    return []
+
+
+def replay(
+    records: Sequence[dict],
+    t_ms: Sequence[float],
+    *,
+    proposer: PromptLookupProposer | None = None,
+    propose: Callable[[list[int], list[int]], tuple[int, int]] | None = None,
+) -> dict:
+    """Replay ``records`` (``{"prompt": ids, "out": greedy output ids}``) with one proposer for all
+    of them (as a run keeps one per slot), or with ``propose(committed, truth) -> accepted, rows``.
+    The first output token is the prefill's (not counted, as the benchmark counts decode time
+    only). Returns the predicted ms per token, tokens per round and the rows histogram."""
+    t_ms = np.asarray(t_ms, dtype=np.float64)
+    cost, tokens, rounds, rows_hist = 0.0, 0, 0, np.zeros(len(t_ms), dtype=np.int64)
+    for rec in records:
+        prompt, out = list(rec["prompt"]), list(rec["out"])
+        if proposer is not None:
+            proposer.start(list(prompt))
+        committed, pos = prompt + out[:1], 1
+        while pos < len(out):
+            if proposer is not None:
+                nodes = proposer.propose(committed, TorchRandomSource(0)).nodes
+                rows, accepted = len(nodes), accepted_along(nodes, out[pos:])
+            else:
+                accepted, rows = propose(committed, out[pos:])
+            rows = min(rows, len(t_ms) - 1)
+            take = min(accepted + 1, len(out) - pos)
+            committed += out[pos : pos + take]
+            pos += take
+            if proposer is not None:
+                proposer.observe_commit(committed)
+            cost += t_ms[rows]
+            tokens += take
+            rounds += 1
+            rows_hist[rows] += 1
+        if proposer is not None:
+            proposer.finish()
+    return {
+        "ms_per_token": cost / max(tokens, 1),
+        "tokens_per_round": tokens / max(rounds, 1),
+        "rows_hist": rows_hist.tolist(),
+    }
+
+
+def transformers_replay(records, t_ms, *, num_tokens: int = 10, ngram: int = 2) -> dict:
+    def propose(committed, truth):
+        cand = transformers_lookup(committed, num_tokens=num_tokens, ngram=ngram)
+        accepted = 0
+        while accepted < min(len(cand), len(truth)) and cand[accepted] == truth[accepted]:
+            accepted += 1
+        return accepted, len(cand)
+
+    return replay(records, t_ms, propose=propose)
+
+
+def adaptive_proposer(t_ms, *, nodes=16, depth=10, matches=8, ngram=2, history_tokens=0) -> PromptLookupProposer:
+    t = np.asarray(t_ms, dtype=np.float64)
+    return PromptLookupProposer(
+        budget=Budget("sequences", nodes, depth),
+        manifest_hash="replay",
+        max_ngram=ngram,
+        max_matches=matches,
+        budget_policy="adaptive",
+        verify_cost=(t / t[0])[: nodes + 1].tolist(),
+        history_tokens=history_tokens,
+    )
+
+
+def collect(args) -> int:
+    import torch
+
+    from harness.bench.prompt_lookup_vs_hf import bench_items
+    from harness.engine.decode import RoundConfig, decode
+    from harness.target.backend import CausalLMBackend
+    from harness.target.fused_layers import apply_fused_layers
+    from harness.target.loading import load_model
+    from harness.target.options import (
+        apply_linear_kernel,
+        apply_static_cache,
+        resolve_fused_layers,
+        resolve_linear_kernel,
+    )
+    from harness.verifiers import get_verifier
+    from harness.verifiers.sampling import SamplingPolicy
+
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    loaded = load_model(name="smollm2", dtype=args.dtype, attn_implementation="harness_sdpa")
+    model, tok = loaded.model, loaded.tokenizer
+    apply_linear_kernel(model, "auto")
+    apply_static_cache(model, True)
+    kernel = resolve_linear_kernel("auto", dtype, "cpu")
+    apply_fused_layers(
+        model, resolve_fused_layers(None, dtype, "cpu", linear_kernel=kernel, compiled=False, static_cache=True)
+    )
+    backend = CausalLMBackend(model)
+    eos = frozenset({int(tok.eos_token_id)})
+    out: dict[str, list[dict]] = {}
+    for workload in args.workloads:
+        for split in args.splits:
+            lookup = PromptLookupProposer(budget=Budget("sequence", 10, 10), manifest_hash="replay", max_ngram=2)
+            rows = []
+            for prompt, ids in bench_items(workload, tok, split=split, limit=args.limit):
+                res = decode(
+                    target=backend,
+                    proposer=lookup,
+                    verifier=get_verifier("greedy"),
+                    policy=SamplingPolicy(),
+                    prompt_ids=ids,
+                    max_new_tokens=args.max_new_tokens,
+                    eos_token_ids=eos,
+                    rng=TorchRandomSource(0),
+                    round_cfg=RoundConfig(max_nodes=10, max_depth=10),
+                )
+                rows.append({"id": prompt.prompt_id, "prompt": list(ids), "out": list(res.tokens)})
+            out[f"{workload}/{split}"] = rows
+            print(f"{workload}/{split}: {len(rows)} prompts", file=sys.stderr)
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "sets": out}))
+    return 0
+
+
+def replay_cmd(args) -> int:
+    sets = json.loads(Path(args.outputs).read_text())["sets"]
+    t_ms = json.loads(Path(args.t_from).read_text())["t_of_n_ms"]
+    table = {}
+    for name, records in sets.items():
+        hf = transformers_replay(records, t_ms, num_tokens=args.num_tokens, ngram=args.ngram)
+        row = {"transformers_ms_per_token": hf["ms_per_token"]}
+        for h in args.history_tokens:
+            ours = replay(records, t_ms, proposer=adaptive_proposer(t_ms, ngram=args.ngram, history_tokens=h))
+            row[f"adaptive_history_{h}_ms_per_token"] = ours["ms_per_token"]
+            row[f"adaptive_history_{h}_vs_transformers"] = hf["ms_per_token"] / ours["ms_per_token"]
+        table[name] = row
+        print(name, {k: round(v, 3) for k, v in row.items()})
+    if args.out:
+        Path(args.out).write_text(json.dumps({"t_of_n_ms": t_ms, "table": table}, indent=2))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect", help="decode every prompt greedily and store prompt and output ids")
+    c.add_argument("--workloads", nargs="+", default=["humaneval", "chat", "copy"])
+    c.add_argument("--splits", nargs="+", default=["dev", "eval"])
+    c.add_argument("--limit", type=int, default=16)
+    c.add_argument("--max-new-tokens", type=int, default=128)
+    c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--out", required=True)
+    r = sub.add_parser("replay", help="price each proposer's rounds with a measured t(n)")
+    r.add_argument("outputs")
+    r.add_argument("--t-from", required=True, help="a benchmark JSON with t_of_n_ms")
+    r.add_argument("--num-tokens", type=int, default=10)
+    r.add_argument("--ngram", type=int, default=2)
+    r.add_argument("--history-tokens", type=int, nargs="+", default=[0, 65536])
+    r.add_argument("--out")
+    args = ap.parse_args(argv)
+    return collect(args) if args.cmd == "collect" else replay_cmd(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
