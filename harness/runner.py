@@ -50,7 +50,7 @@ from harness.proposers.base import NullProposer
 from harness.random_source import TorchRandomSource
 from harness.record_schema import is_gated
 from harness.target.backend import CausalLMBackend
-from harness.target.fused_layers import apply_fused_layers
+from harness.target.fused_layers import apply_fused_layers, fused_stack_of
 from harness.target.loading import (
     DERIVED,
     CheckpointError,
@@ -440,6 +440,7 @@ def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:
     apply_linear_kernel(loaded.model, m.get("linear_kernel", "auto"))
     apply_static_cache(loaded.model, resolve_static_cache(m.get("static_cache"), bool(m.get("compile"))))
     loaded.load_report["fused_layers"] = apply_fused_layers(loaded.model, resolved_fused_layers(m))
+    loaded.load_report["fused_stack"] = fused_stack_of(loaded.model)
     if m.get("compile"):
         compile_model(loaded.model)
     return loaded

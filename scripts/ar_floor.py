@@ -11,7 +11,10 @@ round times, in turn:
   kernel: the matrix-vector products a step cannot avoid, streaming the same weights;
 - ``skeleton``: the same step on the same architecture shrunk to a hidden size of 64 (two heads,
   a 256-token vocabulary, every layer kept): the same operators in the same number, doing almost
-  no arithmetic, i.e. what the eager forward costs in dispatch and Python alone.
+  no arithmetic, i.e. what the eager forward costs in dispatch and Python alone;
+- ``step_per_layer`` (with ``--fused-layers``): the step with the decoder layers one native call
+  each instead of the whole stack in one (:mod:`harness.target.fused_layers`), the same model
+  switched back and forth between rounds.
 
 What the step spends beyond ``products + skeleton`` is the arithmetic and memory traffic of the
 rest at full width (attention over the prefix, norms, rotary embeddings, the cache append).
@@ -37,7 +40,7 @@ from tqdm import tqdm
 
 from harness.measure.hardware import cpu_capability, cpu_name
 from harness.target.backend import CausalLMBackend
-from harness.target.fused_layers import apply_fused_layers, fused_layers_of
+from harness.target.fused_layers import apply_fused_layers, fused_layers_of, fused_stack_of
 from harness.target.loading import load_model
 from harness.target.options import (
     LINEAR_KERNELS,
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             compile_model(m)
     backends = {"step": CausalLMBackend(model), "skeleton": CausalLMBackend(skeleton)}
     prefix = {k: synthetic_prefix(args.prefix_len + 1, b.vocab_size) for k, b in backends.items()}
-    samples: dict[str, list[float]] = {k: [] for k in ("read_gbs", "step", "products", "skeleton")}
+    keys = ("read_gbs", "step", "products", "skeleton") + (("step_per_layer",) if args.fused_layers else ())
+    samples: dict[str, list[float]] = {k: [] for k in keys}
     for k in ("step", "skeleton"):  # warm-up, untimed: a compiled model compiles here (each shape it meets)
         verify_times(backends[k], prefix_ids=prefix[k], ns=[1], warmup=2, repeats=1)
     products_ms(model, 1)
@@ -136,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
                 got = verify_times(backends[k], prefix_ids=prefix[k], ns=[1], repeats=args.repeats)
                 samples[k].extend(got[1])
             samples["products"].append(products_ms(model, args.repeats))
+            if args.fused_layers:  # the same step, every layer its own native call
+                apply_fused_layers(model, True, stack=False)
+                got = verify_times(backends["step"], prefix_ids=prefix["step"], ns=[1], repeats=args.repeats)
+                samples["step_per_layer"].extend(got[1])
+                apply_fused_layers(model, True)
             bar.update()
     med = {k: statistics.median(v) for k, v in samples.items()}
     floor = weight_stream_floor_ms(model, med["read_gbs"])
@@ -150,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "static_cache": static_cache_of(model),
         "compile": args.compile,
         "fused_layers": fused_layers_of(model),
+        "fused_stack": fused_stack_of(model),
         "attention": args.attn,
         "prefix_len": args.prefix_len,
         "rounds": args.rounds,
@@ -163,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "skeleton_step_ms": med["skeleton"],
         "rest_ms": rest,
         "ar_step_vs_floor": med["step"] / floor,
+        "ar_step_per_layer_ms": med.get("step_per_layer"),
         "samples": samples,
     }
     out = Path(args.out)
@@ -175,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         ("  the same step, every width shrunk (dispatch and Python)", med["skeleton"]),
         ("  the rest at full width (attention, norms, rotary, cache)", rest),
     ]
+    if args.fused_layers:
+        rows.append(("the step with each layer its own native call", med["step_per_layer"]))
     text = "\n".join(
         [
             f"# The autoregressive step against the weight-streaming floor: {args.model} {args.dtype}, "

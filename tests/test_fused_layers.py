@@ -11,10 +11,11 @@ from torch.profiler import profile
 from harness.config import compose
 from harness.contracts import ConfigError, ProposalResult
 from harness.gates.equivalence import equivalence_gate
+from harness.heads.state import HiddenTap
 from harness.runner import check_models
 from harness.target import kv_cache, native, options
 from harness.target.backend import CausalLMBackend
-from harness.target.fused_layers import apply_fused_layers, decoder_layers, fusable, fused_layers_of
+from harness.target.fused_layers import apply_fused_layers, decoder_layers, fusable, fused_layers_of, fused_stack_of
 from harness.target.loading import build_tiny_model
 from harness.topology.compiler import compile_tree
 
@@ -56,22 +57,27 @@ def _close_caches(a, b):
         torch.testing.assert_close(la.values, lb.values, atol=2e-5, rtol=1e-5)
 
 
-def _native_calls(fn) -> int:
+def _native_calls(fn) -> dict[str, int]:
+    """The native layer ops ``fn`` called: ``{"llama_stack": 1}`` for a decoder run as one call,
+    ``{"llama_layer": n}`` for n layers one call each, ``{}`` for transformers' own layers."""
     with profile() as prof:
         fn()
-    return sum(e.count for e in prof.key_averages() if e.key == "harness::llama_layer")
+    ops = ("harness::llama_layer", "harness::llama_stack")
+    return {e.key.split("::")[1]: e.count for e in prof.key_averages() if e.key in ops}
 
 
-@pytest.mark.parametrize("geometry", range(len(GEOMETRIES)))
-def test_every_backend_move_gives_the_unfused_logits_and_cache(monkeypatch, geometry):
+STACK = {"llama_stack": 1}
+
+
+def _every_move(backends, same_logits, same_caches, calls):
     """Prefill of ragged prompts, tree verifies with padding, non-contiguous commits, a rollback, a
-    finished request dropped, single-row steps, buffers outgrown: logits and cache rows equal
-    transformers' own layers to float32 rounding, and every forward ran the native layer."""
-    monkeypatch.setattr(kv_cache, "DEFAULT_RESERVE", 3)
-    plain, fused = _pair(GEOMETRIES[geometry], bias=geometry == 2)
+    finished request dropped, single-row steps, buffers outgrown (with a reserve of 3): the same moves
+    on each backend. ``same_logits(a, b)`` and ``same_caches(a, b)`` compare the first backend's to
+    each other's after every move; ``calls[i]``: the native ops backend i's verifies must call."""
     with torch.inference_mode():
-        states = [plain.prefill(PROMPTS), fused.prefill(PROMPTS)]
-        _close_caches(*states)
+        states = [b.prefill(PROMPTS) for b in backends]
+        for other in states[1:]:
+            same_caches(states[0], other)
         pending = [p[-1] for p in PROMPTS]
         rounds = [
             ([[10, 11, 12], [10, 11, 13], [10, 15], [30]], [[0, 1, 3], [2], []]),
@@ -81,23 +87,111 @@ def test_every_backend_move_gives_the_unfused_logits_and_cache(monkeypatch, geom
         ]
         for paths, accept in rounds:
             outs = []
-            for backend, state in zip((plain, fused), states):
+            for backend, state, expected in zip(backends, states, calls):
                 trees = [_tree(paths or [[20]], state.lengths[i] + 1) for i in range(state.batch_size)]
-                calls = _native_calls(lambda b=backend, s=state, t=trees, o=outs: o.append(b.verify(s, pending, t)))
-                assert calls == (len(decoder_layers(backend.model)) if backend is fused else 0)
+                got = _native_calls(lambda b=backend, s=state, t=trees, o=outs: o.append(b.verify(s, pending, t)))
+                assert got == expected
                 backend.rollback(state) if accept is None else backend.commit(state, accept)
-            for a, b in zip(outs[0].logits, outs[1].logits):
-                torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5, equal_nan=True)
-            _close_caches(*states)
-        for backend, state in zip((plain, fused), states):
+            for out, state in zip(outs[1:], states[1:]):
+                for a, b in zip(outs[0].logits, out.logits):
+                    same_logits(a, b)
+                same_caches(states[0], state)
+        for backend, state in zip(backends, states):
             backend.drop(state, [1])
         for _ in range(10):  # single-row steps: the causal rule without a mask
-            outs = [b.verify(s, pending[:2], [None, None]) for b, s in zip((plain, fused), states)]
-            for a, b in zip(outs[0].logits, outs[1].logits):
-                torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
-            for b, s in zip((plain, fused), states):
+            outs = [b.verify(s, pending[:2], [None, None]) for b, s in zip(backends, states)]
+            for out in outs[1:]:
+                for a, b in zip(outs[0].logits, out.logits):
+                    same_logits(a, b)
+            for b, s in zip(backends, states):
                 b.commit(s, [[], []])
-            _close_caches(*states)
+            for state in states[1:]:
+                same_caches(states[0], state)
+
+
+@pytest.mark.parametrize("geometry", range(len(GEOMETRIES)))
+def test_every_backend_move_gives_the_unfused_logits_and_cache(monkeypatch, geometry):
+    """Through every move of the backend, logits and cache rows equal transformers' own layers to
+    float32 rounding, and every forward ran the decoder as one native call."""
+    monkeypatch.setattr(kv_cache, "DEFAULT_RESERVE", 3)
+    plain, fused = _pair(GEOMETRIES[geometry], bias=geometry == 2)
+
+    def close(a, b):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5, equal_nan=True)
+
+    _every_move([plain, fused], close, _close_caches, [{}, STACK])
+
+
+def _equal_caches(a, b):
+    assert a.lengths == b.lengths and a.phys_len == b.phys_len and a.tokens == b.tokens
+    for la, lb in zip(a.cache.layers, b.cache.layers):
+        assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
+
+
+@pytest.mark.parametrize(("dtype", "layers"), [(torch.float32, 3), (torch.bfloat16, 2)])
+def test_the_decoder_as_one_call_computes_what_the_layers_one_call_each_compute_bit_for_bit(monkeypatch, dtype, layers):
+    """The native stack (one call for every layer) against the same layers one native call each:
+    the same logits and cache bits through every backend move, an odd and an even number of layers."""
+    monkeypatch.setattr(kv_cache, "DEFAULT_RESERVE", 3)
+    stacked, layered = (build_tiny_model(seed=6, dtype=dtype, num_layers=layers, **GEOMETRIES[2]) for _ in range(2))
+    for model, stack in ((stacked, True), (layered, False)):
+        options.apply_linear_kernel(model, "streaming")
+        assert apply_fused_layers(model, True, stack=stack) == layers and fused_stack_of(model) is stack
+
+    def equal(a, b):
+        assert torch.equal(a, b)
+
+    backends = [CausalLMBackend(stacked), CausalLMBackend(layered)]
+    _every_move(backends, equal, _equal_caches, [STACK, {"llama_layer": layers}])
+
+
+def test_forwards_that_need_the_layers_one_by_one_leave_the_stack_and_compute_the_same_bits():
+    """Hidden states asked for, a hook on a decoder layer (a head reading the residual stream entering
+    it), a two-dimensional padding mask: transformers' forward over the layers one native call each,
+    the same logits bits as the stack; once hidden states were asked for (transformers leaves its
+    capturing hooks on the layers) a plain forward runs the stack again."""
+    model = build_tiny_model(seed=7)
+    apply_fused_layers(model, True)
+    ids = torch.tensor([PROMPTS[2]])
+
+    def run(**kwargs):
+        return model(input_ids=ids, cache=kv_cache.new_cache(model.config, preallocated=True), **kwargs)
+
+    per_layer = {"llama_layer": 2}
+    with torch.inference_mode():
+        stacked = run().logits
+        assert _native_calls(run) == STACK
+        hidden = run(output_hidden_states=True)
+        assert torch.equal(hidden.logits, stacked) and len(hidden.hidden_states) == 3
+        assert _native_calls(lambda: run(output_hidden_states=True)) == per_layer
+        assert _native_calls(run) == STACK  # transformers' capturing hooks are still on the layers
+        assert _native_calls(lambda: run(attention_mask=torch.ones_like(ids))) == per_layer
+        assert torch.equal(run(attention_mask=torch.ones_like(ids)).logits, stacked)
+        HiddenTap.on(model).capture_layers([1])
+        assert _native_calls(run) == per_layer
+        assert torch.equal(run().logits, stacked)
+
+
+def test_the_stack_op_refuses_lists_that_do_not_match_in_one_line():
+    model = build_tiny_model(seed=7)
+    layer = decoder_layers(model)[0]
+    buffers = torch.zeros(1, 2, 8, 16)
+    weights = [p.detach() for p in (layer.input_layernorm.weight, layer.self_attn.q_proj.weight)]
+    with pytest.raises(RuntimeError, match="llama_stack: per layer one key and one value buffer, 9 weights"):
+        torch.ops.harness.llama_stack(
+            torch.zeros(1, 1, 64),
+            torch.zeros(1, 1, 16),
+            torch.zeros(1, 1, 16),
+            None,
+            [buffers],
+            [buffers],
+            0,
+            weights,
+            [None] * 7,
+            [1e-5],
+            [1e-5],
+            0.25,
+        )
 
 
 def test_a_fused_target_decodes_what_transformers_generate_decodes_and_passes_the_equivalence_gate():
@@ -119,15 +213,15 @@ def test_forwards_it_does_not_cover_run_the_layers_own_forward():
         return model(input_ids=tokens, cache=kv_cache.new_cache(model.config, preallocated=preallocated))
 
     with torch.no_grad():
-        assert _native_calls(lambda: run(ids)) == 2  # a preallocated cache: every layer native
-        assert _native_calls(lambda: run(ids, preallocated=False)) == 0  # DynamicCache: nothing to fill in place
-        assert _native_calls(lambda: model(input_ids=ids)) == 0  # transformers' own cache
+        assert _native_calls(lambda: run(ids)) == STACK  # a preallocated cache: the decoder in one call
+        assert _native_calls(lambda: run(ids, preallocated=False)) == {}  # DynamicCache: nothing to fill in place
+        assert _native_calls(lambda: model(input_ids=ids)) == {}  # transformers' own cache
         torch.testing.assert_close(run(ids).logits, plain.model(input_ids=ids).logits, atol=2e-5, rtol=1e-5)
     with torch.enable_grad():  # gradients: autograd's own layers
-        assert run(ids).logits.requires_grad and _native_calls(lambda: run(ids)) == 0
+        assert run(ids).logits.requires_grad and _native_calls(lambda: run(ids)) == {}
     model.set_attn_implementation("eager")  # eager attention asked for: transformers' layers throughout
     with torch.no_grad():
-        assert _native_calls(lambda: run(ids)) == 0
+        assert _native_calls(lambda: run(ids)) == {}
 
 
 class _Doubled(torch.nn.Module):
@@ -137,7 +231,7 @@ class _Doubled(torch.nn.Module):
 
 def test_fusing_is_undone_and_only_llama_layers_are_fused():
     model = build_tiny_model(seed=1)
-    assert apply_fused_layers(model, True) == 2 and fused_layers_of(model) == 2
+    assert apply_fused_layers(model, True) == 2 and fused_layers_of(model) == 2 and fused_stack_of(model)
     reference = build_tiny_model(seed=1)
     for m in (model, reference):  # a parameter replaced after fusing is the one computed with
         m.model.layers[1].mlp.down_proj.weight = torch.nn.Parameter(torch.full((32, 64), 0.01))
@@ -145,12 +239,12 @@ def test_fusing_is_undone_and_only_llama_layers_are_fused():
         torch.nn.utils.parametrize.register_parametrization(m.model.layers[0].self_attn.q_proj, "weight", _Doubled())
     ids, cache = torch.tensor([PROMPTS[0]]), kv_cache.new_cache(model.config, preallocated=True)
     with torch.no_grad():
-        assert _native_calls(lambda: model(input_ids=ids, cache=cache)) == 2
+        assert _native_calls(lambda: model(input_ids=ids, cache=cache)) == STACK
         torch.testing.assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits, atol=2e-5, rtol=1e-5)
         fused = model(input_ids=ids, cache=kv_cache.new_cache(model.config, preallocated=True)).logits
         torch.testing.assert_close(fused, reference(input_ids=ids).logits, atol=2e-5, rtol=1e-5)
-    assert apply_fused_layers(model, False) == 0 and fused_layers_of(model) == 0
-    assert all("forward" not in layer.__dict__ for layer in decoder_layers(model))
+    assert apply_fused_layers(model, False) == 0 and fused_layers_of(model) == 0 and not fused_stack_of(model)
+    assert all("forward" not in m.__dict__ for m in [model.model, *decoder_layers(model)])
     layer = decoder_layers(model)[0]
     layer.mlp.act_fn = torch.nn.GELU()
     model.config.hidden_act = "gelu"
@@ -197,6 +291,7 @@ def test_a_run_records_its_fused_layers_and_both_arms_agree(tmp_path, monkeypatc
     record = runner.run_job(cfg, run_dir=tmp_path / "run")
     assert record["manifest"]["backend"]["fused_layers"] is True
     assert record["load_report"]["target"]["fused_layers"] == cfg.model.tiny.num_layers
+    assert record["load_report"]["target"]["fused_stack"] is True
     assert record["metrics"]["greedy_identical"] is True
     assert record["gates"]["equivalence"]["status"] == "passed"
 
@@ -222,7 +317,7 @@ def test_a_rows_logits_do_not_depend_on_how_the_forwards_were_split(dtype):
         return out, [layer.keys[:, :, :150].clone() for layer in cache.layers]
 
     whole, whole_keys = forwards([150])
-    assert _native_calls(lambda: forwards([150])) == len(decoder_layers(model))  # the prefill ran natively
+    assert _native_calls(lambda: forwards([150])) == STACK  # the prefill ran natively
     for splits in ([149, 150], [1, 65, 150]):
         logits, keys = forwards(splits)
         assert torch.equal(logits, whole), splits
@@ -246,7 +341,7 @@ def test_in_bfloat16_the_fused_target_follows_transformers_and_speculation_decod
 
     with torch.inference_mode():
         logits = [prefill(plain), prefill(fused)]
-        assert _native_calls(lambda: prefill(fused)) == 2
+        assert _native_calls(lambda: prefill(fused)) == STACK
     assert logits[1].dtype == torch.bfloat16
     torch.testing.assert_close(logits[1].float(), logits[0].float(), rtol=2**-6, atol=2**-6)
     backend = CausalLMBackend(fused)

@@ -27,6 +27,17 @@ products the kernel computes 64 rows per pass where a BLAS blocks for the caches
 this was measured on, SmolLM2's prefill of 256 tokens costs what it costs with transformers' layers
 around the same kernel, 0.81 s in float32 and 0.41 s in bfloat16; one of 1,024 tokens takes 4.0 s
 and 2.2 s, against 3.6 and 1.6 s).
+
+Where every decoder layer is fused, the model's decoder (``model.model``) also gets an
+instance-level forward that runs the whole stack of layers as one native call
+(``torch.ops.harness.llama_stack``), the same per-layer computation bit for bit: a step then pays
+one dispatch for thirty layers instead of thirty, and skips transformers' mask construction where
+the mask is one the native attention reads as it is. It falls back to transformers' forward (and so
+to the layers one call each) whenever the forward asks for something only the layer-by-layer loop
+provides: hidden states or attentions as outputs, a hook on a decoder layer (other than
+transformers' own output-capturing hooks, which do nothing unless outputs are asked for), a
+two-dimensional padding mask, a cache that is not preallocated, or any case a single layer falls
+back on.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from harness.target.kv_cache import PreallocatedLayer
 from harness.target.native import load_native_kernels
@@ -42,6 +54,8 @@ from harness.target.native import load_native_kernels
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 #: the transformers layer classes whose forward the native layer reproduces
 FUSABLE_CLASSES = ("LlamaDecoderLayer",)
+#: the decoder classes whose forward (embedding, layers, final norm) the native stack reproduces
+FUSABLE_MODELS = ("LlamaModel",)
 #: attention implementations the native attention stands in for (boolean masks, exact softmax);
 #: with any other (eager's additive masks, flash kernels) the layer runs transformers' forward
 SDPA_ATTENTION = ("sdpa", "harness_sdpa")
@@ -150,13 +164,146 @@ def _fused_forward(layer, original, hidden_states, attention_mask=None, position
     return out
 
 
-def apply_fused_layers(model: torch.nn.Module, enabled: bool) -> int:
+#: the name of the forward hooks transformers installs on decoder layers to collect hidden states
+#: when a forward asks for them (they record nothing otherwise)
+_CAPTURING_HOOK = "output_capturing_hook"
+#: the cache field of transformers' model outputs (``cache`` from 5.x, ``past_key_values`` before)
+_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    """Whether a hook that could observe or change ``module``'s forward is registered on it."""
+    if module._forward_pre_hooks:
+        return True
+    return any(getattr(h, "__name__", "") != _CAPTURING_HOOK for h in module._forward_hooks.values())
+
+
+def _stack_fallback(base, layers, kwargs, attention_mask, use_cache, cache) -> bool:
+    """Whether this forward of the decoder must run transformers' forward (layer by layer)."""
+    config = base.config
+    if torch.is_grad_enabled() or base.training or not use_cache:
+        return True
+    for name in ("output_hidden_states", "output_attentions"):
+        if kwargs.get(name, getattr(config, name, False)):
+            return True
+    if kwargs.get("return_dict") is False or len(layers) != config.num_hidden_layers:
+        return True
+    if torch.nn.modules.module._global_forward_pre_hooks or torch.nn.modules.module._global_forward_hooks:
+        return True
+    if any("_harness_fused" not in layer.__dict__ or _hooked(layer) for layer in layers):
+        return True
+    if config._attn_implementation not in SDPA_ATTENTION:
+        return True
+    caches = getattr(cache, "layers", None)
+    if caches is None or len(caches) != len(layers) or not all(isinstance(c, PreallocatedLayer) for c in caches):
+        return True
+    if attention_mask is not None and (
+        attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
+    ):
+        return True
+    return False
+
+
+def _stack_forward(
+    base,
+    original,
+    input_ids=None,
+    attention_mask=None,
+    position_ids=None,
+    cache=None,
+    inputs_embeds=None,
+    use_cache=None,
+    **kwargs,
+):
+    cache = kwargs.pop("past_key_values", cache)
+    layers = base._modules["layers"]
+    if use_cache is None:
+        use_cache = base.config.use_cache
+    if (input_ids is None) == (inputs_embeds is None) or _stack_fallback(
+        base, layers, kwargs, attention_mask, use_cache, cache
+    ):
+        return original(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+    hidden = base._modules["embed_tokens"](input_ids) if inputs_embeds is None else inputs_embeds
+    attn = layers[0]._modules["self_attn"]
+    if (
+        hidden.dtype not in NATIVE_DTYPES
+        or hidden.device.type != "cpu"
+        or any(p.dtype != hidden.dtype for p in (attn.q_proj.weight, base.norm.weight))
+    ):
+        return original(
+            inputs_embeds=hidden,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+            **kwargs,
+        )
+    b, r, _ = hidden.shape
+    like = hidden.new_empty((b, attn.config.num_key_value_heads, r, attn.head_dim))
+    caches = cache.layers
+    starts = {c.reserve_rows(r, like, like) for c in caches}
+    start = starts.pop()
+    mask = attention_mask
+    if starts or (mask is not None and (mask.shape[0] != b or mask.shape[2] != r or mask.shape[3] != start + r)):
+        return original(
+            inputs_embeds=hidden,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+            **kwargs,
+        )
+    if position_ids is None:
+        position_ids = torch.arange(start, start + r, device=hidden.device).unsqueeze(0)
+    cos, sin = base._modules["rotary_emb"](hidden, position_ids=position_ids)
+    weights, biases, input_eps, post_eps = [], [], [], []
+    for layer in layers:
+        w, bias = _parameters(layer)
+        weights += w
+        biases += bias
+        mods = layer._modules
+        input_eps.append(mods["input_layernorm"].variance_epsilon)
+        post_eps.append(mods["post_attention_layernorm"].variance_epsilon)
+    out = torch.ops.harness.llama_stack(
+        hidden.contiguous(),
+        cos.contiguous(),
+        sin.contiguous(),
+        None if mask is None else mask.reshape(b, r, start + r).contiguous(),
+        [c._key_buffer for c in caches],
+        [c._value_buffer for c in caches],
+        start,
+        weights,
+        biases,
+        input_eps,
+        post_eps,
+        attn.scaling,
+    )
+    for c in caches:
+        c.filled_to(start + r)
+    out = base._modules["norm"](out)  # transformers' own norm: the same bits as its layer-by-layer forward
+    return BaseModelOutputWithPast(last_hidden_state=out, **{_CACHE_FIELD: cache})
+
+
+def apply_fused_layers(model: torch.nn.Module, enabled: bool, *, stack: bool = True) -> int:
     """Route every fusable decoder layer of ``model`` through the native layer (``enabled``) or back
-    to its own forward. Returns how many layers are fused."""
+    to its own forward, and, with ``stack`` where every layer is fused, the decoder's forward through
+    the native stack. Returns how many layers are fused."""
     layers = decoder_layers(model)
+    base = getattr(model, "model", None)
     for layer in layers:
         layer.__dict__.pop("forward", None)
         layer.__dict__.pop("_harness_fused", None)
+    if base is not None:
+        base.__dict__.pop("forward", None)
+        base.__dict__.pop("_harness_fused_stack", None)
     if not enabled:
         return 0
     load_native_kernels()
@@ -166,7 +313,16 @@ def apply_fused_layers(model: torch.nn.Module, enabled: bool) -> int:
             layer._harness_fused = True
             layer.forward = functools.partial(_fused_forward, layer, layer.forward)
             count += 1
+    if stack and count and count == len(layers) and type(base).__name__ in FUSABLE_MODELS:
+        base._harness_fused_stack = True
+        base.forward = functools.partial(_stack_forward, base, base.forward)
     return count
+
+
+def fused_stack_of(model: torch.nn.Module) -> bool:
+    """Whether the model's decoder runs as one native call where a forward allows it."""
+    base = getattr(model, "model", None)
+    return base is not None and "_harness_fused_stack" in base.__dict__
 
 
 def fused_layers_of(model: torch.nn.Module) -> int:

@@ -1,6 +1,6 @@
 """Native CPU kernels of the target, built on first use with this machine's C++ compiler.
 
-``kernels/cpu_decode.cpp`` defines two ops (see the source's header), and ``vector_exp``, the
+``kernels/cpu_decode.cpp`` defines three ops (see the source's header), and ``vector_exp``, the
 layer's own exp, for its tests:
 
 - ``torch.ops.harness.streaming_linear(x, weight, bias)``: ``x @ weight.T + bias`` in float32 or
@@ -8,7 +8,9 @@ layer's own exp, for its tests:
   reduced in an order that does not depend on the number of rows (``model.linear_kernel=streaming``);
 - ``torch.ops.harness.llama_layer(...)``: a whole Llama decoder layer in one call, float32 or
   bfloat16, appending to preallocated cache buffers (``model.fused_layers``,
-  :mod:`harness.target.fused_layers`).
+  :mod:`harness.target.fused_layers`);
+- ``torch.ops.harness.llama_stack(...)``: every decoder layer in one call, what the layers compute
+  one call each, bit for bit (the same option, where a forward allows it).
 
 The source is compiled for this CPU (``-march=native``, ``-ffp-contract=off``) against the installed
 torch's headers (float32 products in the vector width :func:`float32_width` picks for the CPU), once
@@ -163,6 +165,10 @@ def register_fake(namespace: str) -> None:
 
     @torch.library.register_fake(f"{namespace}::llama_layer")
     def _(hidden, cos, sin, mask, key_buffer, value_buffer, start, weights, biases, input_eps, post_eps, scaling):
+        return torch.empty_like(hidden)
+
+    @torch.library.register_fake(f"{namespace}::llama_stack")
+    def _(hidden, cos, sin, mask, keys, values, start, weights, biases, input_eps, post_eps, scaling):
         return torch.empty_like(hidden)
 
 

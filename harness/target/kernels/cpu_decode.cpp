@@ -35,6 +35,10 @@
 // PyTorch's SDPA kernels by summation order and its own vectorised exp. It runs over blocks of up to
 // four rows of a head that share each key and value load (a verify forward's rows read the cache
 // once per block, not once per row), each row reduced in the order it would be alone.
+//
+// harness::llama_stack(...): a whole stack of such layers as one call: the same per-layer steps, layer after layer, in one parallel region of torch's OpenMP pool
+// with one set of scratch buffers, so a decode step pays one dispatch and one thread-team start for
+// the whole decoder rather than one per layer; bit for bit what the layers compute one call each.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <omp.h>
@@ -149,8 +153,9 @@ struct Team {
 // types, the elements a vector step covers, the step itself, and whether a one-row product reads
 // its weight rows one after another (a single stream for the hardware prefetcher) rather than 16 at
 // a time. On Zen 4 the single stream is 5-10% faster for SmolLM2's bfloat16 products and for
-// float32 ones in 256-bit vectors, and 6-9% slower for float32 ones in 512-bit vectors; either way
-// each output element is reduced in the same order.
+// float32 ones in 256-bit vectors, and 6-9% slower for float32 ones in 512-bit vectors; on Zen 3
+// (AVX2, no AVX-512) a one-row float32 product streams about 14% faster in sequence (SmolLM2's
+// layers and head, interleaved A/B). Either way each output element is reduced in the same order.
 //
 // F32: float32 everywhere, one fused multiply-add per vector of weights and inputs. Where AVX-512 is
 // built, its vectors are 512 bits unless HARNESS_F32_WIDTH is 256: AMD Zen 4 executes 512-bit
@@ -187,7 +192,11 @@ struct F32 {
   using WV = Vec::T;
   using XV = Vec::T;
   static constexpr int step = W;
-  static constexpr bool one_row_in_sequence = false;
+#if defined(__AVX512F__)
+  static constexpr bool one_row_in_sequence = false;  // 512-bit vectors: 16 rows at a time stream faster
+#else
+  static constexpr bool one_row_in_sequence = true;  // 256-bit vectors (AVX2 and others): one stream
+#endif
   static Acc zero() { return Vec::zero(); }
   static WV wload(const Wt* p) { return Vec::load(p); }
   static XV xload(const X* p) { return Vec::load(p); }
@@ -646,93 +655,235 @@ void attend(const Attention<T>& a, const Team& team) {
   });
 }
 
+// One decoder layer's parameters and cache buffers, as raw pointers in the layer's dtype.
 template <class T>
-const T* ptr_or_null(const c10::List<std::optional<at::Tensor>>& list, int64_t i) {
-  const std::optional<at::Tensor> t = list.get(i);
-  return t.has_value() ? t->data_ptr<T>() : nullptr;
+struct LayerParams {
+  const T* w[9];     // input norm, q, k, v, o, post norm, gate, up, down
+  const T* bias[7];  // q, k, v, o, gate, up, down (each or null)
+  T* keys;           // [B, Hkv, cap, dh]
+  T* values;
+  float input_eps, post_eps;
+};
+
+// The shapes of a forward over M = B * R rows and the scratch its layers share (every layer of a
+// stack has the same shapes, so one set of buffers serves them all in turn).
+template <class T>
+struct LayerPlan {
+  int64_t B, R, d, Hq, Hkv, dh, cap, I, start;
+  const T* cos;  // [B, R, dh]
+  const T* sin;
+  const bool* mask;  // [B, R, start + R] or null (causal)
+  float scaling;
+  T *x, *q, *k, *v, *ctx, *mid, *gate, *up;  // [M, d], [M, Hq dh], [M, Hkv dh] x 2, [M, Hq dh], [M, d], [M, I] x 2
+};
+
+// Scratch tensors for a plan; they stay alive as long as the returned vector.
+template <class T>
+std::vector<at::Tensor> allocate_scratch(LayerPlan<T>& s, const at::TensorOptions& opts) {
+  const int64_t M = s.B * s.R;
+  std::vector<at::Tensor> keep = {at::empty({M, s.d}, opts),         at::empty({M, s.Hq * s.dh}, opts),
+                                  at::empty({M, s.Hkv * s.dh}, opts), at::empty({M, s.Hkv * s.dh}, opts),
+                                  at::empty({M, s.Hq * s.dh}, opts), at::empty({M, s.d}, opts),
+                                  at::empty({M, s.I}, opts),         at::empty({M, s.I}, opts)};
+  T** slots[8] = {&s.x, &s.q, &s.k, &s.v, &s.ctx, &s.mid, &s.gate, &s.up};
+  for (int i = 0; i < 8; ++i) *slots[i] = keep[i].data_ptr<T>();
+  return keep;
 }
 
-// The layer in P's dtype (float32 or bfloat16); the arguments are checked by llama_layer.
+// One layer: out [M, d] from h [M, d] (never the same memory), this thread's share of every step,
+// a barrier after each (Team::split), so a team runs layer after layer without leaving its region.
+template <class P>
+void layer_steps(const LayerPlan<typename P::Wt>& s, const LayerParams<typename P::Wt>& lp, const typename P::Wt* h,
+                 typename P::Wt* out, const Team& team) {
+  using T = typename P::Wt;
+  const int64_t M = s.B * s.R, d = s.d, dh = s.dh, hq = s.Hq * dh, hk = s.Hkv * dh, I = s.I, R = s.R;
+  T *xp = s.x, *qp = s.q, *kp = s.k, *vp = s.v, *cp = s.ctx, *mid = s.mid, *g = s.gate;
+  const T* u = s.up;
+  const Product<P> qkv[3] = {{lp.w[1], lp.bias[0], qp, hq}, {lp.w[2], lp.bias[1], kp, hk}, {lp.w[3], lp.bias[2], vp, hk}};
+  const Product<P> o{lp.w[4], lp.bias[3], mid, d};
+  const Product<P> gate_up[2] = {{lp.w[6], lp.bias[4], g, I}, {lp.w[7], lp.bias[5], s.up, I}};
+  const Product<P> down{lp.w[8], lp.bias[6], out, d};
+  team.split(M, 1, [&](int64_t m0, int64_t m1) { rms_norm(h + m0 * d, lp.w[0], xp + m0 * d, m1 - m0, d, lp.input_eps); });
+  run_products<P>(input_of<P>(xp, M, d), qkv, 3, team);
+  team.split(M, 1, [&](int64_t m0, int64_t m1) {
+    rotary(qp + m0 * hq, s.cos + m0 * dh, s.sin + m0 * dh, m1 - m0, s.Hq, dh);
+    rotary(kp + m0 * hk, s.cos + m0 * dh, s.sin + m0 * dh, m1 - m0, s.Hkv, dh);
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t gi = 0; gi < s.Hkv; ++gi) {
+        const int64_t b = m / R, r = m % R, src = m * hk + gi * dh, dst = ((b * s.Hkv + gi) * s.cap + s.start + r) * dh;
+        std::copy(kp + src, kp + src + dh, lp.keys + dst);
+        std::copy(vp + src, vp + src + dh, lp.values + dst);
+      }
+  });
+  attend(Attention<T>{qp, lp.keys, lp.values, s.mask, cp, s.B, R, s.Hq, s.Hkv, dh, s.cap, s.start, s.start + R, s.scaling},
+         team);
+  run_products<P>(input_of<P>(cp, M, hq), &o, 1, team);
+  team.split(M, 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t i = m0 * d; i < m1 * d; ++i) store1(mid + i, load1(h + i) + load1(mid + i));
+    rms_norm(mid + m0 * d, lp.w[5], xp + m0 * d, m1 - m0, d, lp.post_eps);
+  });
+  run_products<P>(input_of<P>(xp, M, d), gate_up, 2, team);
+  team.split(M, 1, [&](int64_t m0, int64_t m1) {  // silu(gate) * up, a chunk of elements at a time
+    float e[1024];
+    for (int64_t c = m0 * I; c < m1 * I; c += 1024) {
+      const int64_t n = std::min<int64_t>(1024, m1 * I - c);
+      for (int64_t i = 0; i < n; ++i) e[i] = -load1(g + c + i);
+      exp_inplace(e, n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float gi = load1(g + c + i);
+        store1(g + c + i, rnd(gi / (1.f + e[i]), T{}) * load1(u + c + i));
+      }
+    }
+  });
+  run_products<P>(input_of<P>(g, M, I), &down, 1, team);
+  team.split(M, 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t i = m0 * d; i < m1 * d; ++i) store1(out + i, load1(mid + i) + load1(out + i));
+  });
+}
+
+// fn(team) on every thread of torch's intra-op pool in one parallel region (or inline on one thread)
+template <class F>
+void on_team(const F& fn) {
+  const int threads = at::get_num_threads();
+  if (threads <= 1 || at::in_parallel_region()) {
+    fn(Team{});
+  } else {
+#pragma omp parallel num_threads(threads)
+    fn(Team{omp_get_thread_num(), omp_get_num_threads()});
+  }
+}
+
+// The argument checks of one layer (weights / biases: the layer's 9 and 7); returns its params.
+template <class T>
+LayerParams<T> layer_params(const std::vector<at::Tensor>& weights, const std::vector<std::optional<at::Tensor>>& biases,
+                            at::Tensor& key_buffer, at::Tensor& value_buffer, at::ScalarType dtype, int64_t B,
+                            int64_t d, int64_t L, double input_eps, double post_eps, const char* op) {
+  auto ok = [&](const at::Tensor& t) { return t.is_contiguous() && is_cpu(t, dtype); };
+  TORCH_CHECK(weights.size() == 9 && biases.size() == 7, op, ": 9 weights and 7 biases per layer expected");
+  TORCH_CHECK(ok(key_buffer) && ok(value_buffer) && key_buffer.dim() == 4 && value_buffer.sizes() == key_buffer.sizes(),
+              op, ": equal contiguous key / value buffers [B, Hkv, cap, dh] in the hidden states' dtype expected");
+  for (const at::Tensor& w : weights)
+    TORCH_CHECK(ok(w), op, ": contiguous CPU weights in the hidden states' dtype expected");
+  const int64_t Hkv = key_buffer.size(1), cap = key_buffer.size(2), dh = key_buffer.size(3);
+  TORCH_CHECK(dh > 0 && dh % 2 == 0 && Hkv > 0 && weights[1].size(0) % dh == 0, op, ": shapes out of range");
+  const int64_t Hq = weights[1].size(0) / dh, I = weights[6].size(0);
+  TORCH_CHECK(L <= cap && key_buffer.size(0) == B && Hq % Hkv == 0, op, ": shapes out of range");
+  const int64_t shapes[9][2] = {{d, 1}, {Hq * dh, d}, {Hkv * dh, d}, {Hkv * dh, d}, {d, Hq * dh},
+                                {d, 1}, {I, d},       {I, d},        {d, I}};
+  for (int i = 0; i < 9; ++i)
+    TORCH_CHECK(weights[i].numel() == shapes[i][0] * shapes[i][1] && weights[i].size(0) == shapes[i][0], op,
+                ": weight ", i, " has shape ", weights[i].sizes());
+  const int64_t bias_sizes[7] = {Hq * dh, Hkv * dh, Hkv * dh, d, I, I, d};
+  LayerParams<T> lp;
+  for (int i = 0; i < 9; ++i) lp.w[i] = weights[i].data_ptr<T>();
+  for (int i = 0; i < 7; ++i) {
+    const std::optional<at::Tensor>& b = biases[i];
+    TORCH_CHECK(!b.has_value() || (ok(*b) && b->numel() == bias_sizes[i]), op, ": bias ", i,
+                " must be a contiguous CPU vector of ", bias_sizes[i], " in the hidden states' dtype");
+    lp.bias[i] = b.has_value() ? b->data_ptr<T>() : nullptr;
+  }
+  lp.keys = key_buffer.data_ptr<T>();
+  lp.values = value_buffer.data_ptr<T>();
+  lp.input_eps = static_cast<float>(input_eps);
+  lp.post_eps = static_cast<float>(post_eps);
+  return lp;
+}
+
+// The plan of a forward whose first layer has these weights and buffers, after the checks every
+// layer shares (hidden, cos, sin, mask).
+template <class T>
+LayerPlan<T> plan_of(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                     const std::optional<at::Tensor>& mask, const at::Tensor& key_buffer, const at::Tensor& q_weight,
+                     const at::Tensor& gate_weight, int64_t start, double scaling, const char* op) {
+  const at::ScalarType dtype = hidden.scalar_type();
+  auto ok = [&](const at::Tensor& t) { return t.is_contiguous() && is_cpu(t, dtype); };
+  TORCH_CHECK(hidden.dim() == 3 && ok(hidden), op, ": hidden [B, R, d] on the CPU");
+  TORCH_CHECK(ok(cos) && ok(sin), op, ": contiguous cos / sin in the hidden states' dtype expected");
+  LayerPlan<T> s{};
+  s.B = hidden.size(0);
+  s.R = hidden.size(1);
+  s.d = hidden.size(2);
+  s.Hkv = key_buffer.size(1);
+  s.cap = key_buffer.size(2);
+  s.dh = key_buffer.size(3);
+  s.Hq = q_weight.size(0) / s.dh;
+  s.I = gate_weight.size(0);
+  s.start = start;
+  const int64_t M = s.B * s.R, L = start + s.R;
+  TORCH_CHECK(M > 0 && start >= 0, op, ": shapes out of range");
+  TORCH_CHECK(cos.numel() == M * s.dh && sin.numel() == M * s.dh, op, ": cos / sin [B, R, dh] expected");
+  TORCH_CHECK(!mask.has_value() || (mask->scalar_type() == at::kBool && mask->is_contiguous() && mask->numel() == M * L),
+              op, ": mask must be bool [B, R, start + R]");
+  s.cos = cos.data_ptr<T>();
+  s.sin = sin.data_ptr<T>();
+  s.mask = mask.has_value() ? mask->data_ptr<bool>() : nullptr;
+  s.scaling = static_cast<float>(scaling);
+  return s;
+}
+
+std::vector<std::optional<at::Tensor>> optional_list(const c10::List<std::optional<at::Tensor>>& list, int64_t from,
+                                                     int64_t n) {
+  std::vector<std::optional<at::Tensor>> out;
+  for (int64_t i = from; i < from + n; ++i) out.push_back(list.get(i));
+  return out;
+}
+
 template <class P>
 at::Tensor layer_forward(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
                          const std::optional<at::Tensor>& mask, at::Tensor& key_buffer, at::Tensor& value_buffer,
                          int64_t start, at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases,
-                         float input_eps, float post_eps, float scaling) {
+                         double input_eps, double post_eps, double scaling) {
   using T = typename P::Wt;
-  const int64_t B = hidden.size(0), R = hidden.size(1), d = hidden.size(2), M = B * R;
-  const int64_t Hkv = key_buffer.size(1), cap = key_buffer.size(2), dh = key_buffer.size(3);
-  const int64_t Hq = weights[1].size(0) / dh, I = weights[6].size(0), L = start + R;
-  const auto opts = hidden.options();
+  const char* op = "llama_layer";
+  TORCH_CHECK(weights.size() == 9 && biases.size() == 7, op, ": 9 weights and 7 biases expected");
+  LayerPlan<T> s = plan_of<T>(hidden, cos, sin, mask, key_buffer, weights[1], weights[6], start, scaling, op);
+  const LayerParams<T> lp = layer_params<T>(weights.vec(), optional_list(biases, 0, 7), key_buffer, value_buffer,
+                                            hidden.scalar_type(), s.B, s.d, start + s.R, input_eps, post_eps, op);
+  const std::vector<at::Tensor> scratch = allocate_scratch(s, hidden.options());
+  at::Tensor out = at::empty({s.B, s.R, s.d}, hidden.options());
   const T* h = hidden.data_ptr<T>();
-  auto w = [&](int i) { return weights[i].data_ptr<T>(); };
-  at::Tensor x = at::empty({M, d}, opts), q = at::empty({M, Hq * dh}, opts);
-  at::Tensor k = at::empty({M, Hkv * dh}, opts), v = at::empty({M, Hkv * dh}, opts);
-  at::Tensor ctx = at::empty({M, Hq * dh}, opts), attn = at::empty({M, d}, opts);
-  at::Tensor out = at::empty({B, R, d}, opts);
-  T* xp = x.data_ptr<T>();
-  T* kb = key_buffer.data_ptr<T>();
-  T* vb = value_buffer.data_ptr<T>();
-  T* mid = attn.data_ptr<T>();  // the residual stream after attention, in place
-  at::Tensor gate = at::empty({M, I}, opts), up = at::empty({M, I}, opts);
-  T* g = gate.data_ptr<T>();
-  const T* u = up.data_ptr<T>();
-  T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>(), *cp = ctx.data_ptr<T>();
-  const T *cosp = cos.data_ptr<T>(), *sinp = sin.data_ptr<T>(), *norm_in = w(0), *norm_post = w(5);
-  const bool* allowed = mask.has_value() ? mask->data_ptr<bool>() : nullptr;
-  T* o_ptr = out.data_ptr<T>();
-  const Product<P> qkv[3] = {{w(1), ptr_or_null<T>(biases, 0), qp, Hq * dh},
-                             {w(2), ptr_or_null<T>(biases, 1), kp, Hkv * dh},
-                             {w(3), ptr_or_null<T>(biases, 2), vp, Hkv * dh}};
-  const Product<P> o{w(4), ptr_or_null<T>(biases, 3), mid, d};
-  const Product<P> gate_up[2] = {{w(6), ptr_or_null<T>(biases, 4), g, I}, {w(7), ptr_or_null<T>(biases, 5), up.data_ptr<T>(), I}};
-  const Product<P> down{w(8), ptr_or_null<T>(biases, 6), o_ptr, d};
-
-  auto steps = [&](const Team& team) {  // element-wise steps split by rows, or by elements
-    const int64_t hq = Hq * dh, hk = Hkv * dh;
-    team.split(M, 1, [&](int64_t m0, int64_t m1) { rms_norm(h + m0 * d, norm_in, xp + m0 * d, m1 - m0, d, input_eps); });
-    run_products<P>(input_of<P>(xp, M, d), qkv, 3, team);
-    team.split(M, 1, [&](int64_t m0, int64_t m1) {
-      rotary(qp + m0 * hq, cosp + m0 * dh, sinp + m0 * dh, m1 - m0, Hq, dh);
-      rotary(kp + m0 * hk, cosp + m0 * dh, sinp + m0 * dh, m1 - m0, Hkv, dh);
-      for (int64_t m = m0; m < m1; ++m)
-        for (int64_t gi = 0; gi < Hkv; ++gi) {
-          const int64_t b = m / R, r = m % R, src = m * hk + gi * dh, dst = ((b * Hkv + gi) * cap + start + r) * dh;
-          std::copy(kp + src, kp + src + dh, kb + dst);
-          std::copy(vp + src, vp + src + dh, vb + dst);
-        }
-    });
-    attend(Attention<T>{qp, kb, vb, allowed, cp, B, R, Hq, Hkv, dh, cap, start, L, scaling}, team);
-    run_products<P>(input_of<P>(cp, M, hq), &o, 1, team);
-    team.split(M, 1, [&](int64_t m0, int64_t m1) {
-      for (int64_t i = m0 * d; i < m1 * d; ++i) store1(mid + i, load1(h + i) + load1(mid + i));
-      rms_norm(mid + m0 * d, norm_post, xp + m0 * d, m1 - m0, d, post_eps);
-    });
-    run_products<P>(input_of<P>(xp, M, d), gate_up, 2, team);
-    team.split(M, 1, [&](int64_t m0, int64_t m1) {  // silu(gate) * up, a chunk of elements at a time
-      float e[1024];
-      for (int64_t c = m0 * I; c < m1 * I; c += 1024) {
-        const int64_t n = std::min<int64_t>(1024, m1 * I - c);
-        for (int64_t i = 0; i < n; ++i) e[i] = -load1(g + c + i);
-        exp_inplace(e, n);
-        for (int64_t i = 0; i < n; ++i) {
-          const float gi = load1(g + c + i);
-          store1(g + c + i, rnd(gi / (1.f + e[i]), T{}) * load1(u + c + i));
-        }
-      }
-    });
-    run_products<P>(input_of<P>(g, M, I), &down, 1, team);
-    team.split(M, 1, [&](int64_t m0, int64_t m1) {
-      for (int64_t i = m0 * d; i < m1 * d; ++i) store1(o_ptr + i, load1(mid + i) + load1(o_ptr + i));
-    });
-  };
-  const int threads = at::get_num_threads();
-  if (threads <= 1 || at::in_parallel_region()) {
-    steps(Team{});
-  } else {
-#pragma omp parallel num_threads(threads)
-    steps(Team{omp_get_thread_num(), omp_get_num_threads()});
-  }
+  T* o = out.data_ptr<T>();
+  on_team([&](const Team& team) { layer_steps<P>(s, lp, h, o, team); });
   return out;
+}
+
+// Layers 0..n-1 in turn in one parallel region (the output of each the input of the next, in two
+// buffers used alternately).
+template <class P>
+at::Tensor stack_forward(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                         const std::optional<at::Tensor>& mask, at::TensorList key_buffers, at::TensorList value_buffers,
+                         int64_t start, at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases,
+                         at::ArrayRef<double> input_eps, at::ArrayRef<double> post_eps, double scaling) {
+  using T = typename P::Wt;
+  const char* op = "llama_stack";
+  const int64_t n = static_cast<int64_t>(key_buffers.size());
+  TORCH_CHECK(n > 0 && value_buffers.size() == static_cast<size_t>(n) && weights.size() == static_cast<size_t>(9 * n) &&
+                  biases.size() == static_cast<size_t>(7 * n) && input_eps.size() == static_cast<size_t>(n) &&
+                  post_eps.size() == static_cast<size_t>(n),
+              op, ": per layer one key and one value buffer, 9 weights, 7 biases and two epsilons expected");
+  LayerPlan<T> s = plan_of<T>(hidden, cos, sin, mask, key_buffers[0], weights[1], weights[6], start, scaling, op);
+  std::vector<LayerParams<T>> layers;
+  for (int64_t l = 0; l < n; ++l) {
+    at::Tensor kb = key_buffers[l], vb = value_buffers[l];
+    TORCH_CHECK(kb.sizes() == key_buffers[0].sizes() && weights[9 * l + 1].sizes() == weights[1].sizes() &&
+                    weights[9 * l + 6].sizes() == weights[6].sizes(),
+                op, ": every layer must have the first layer's shapes (layer ", l, " differs)");
+    std::vector<at::Tensor> w(weights.begin() + 9 * l, weights.begin() + 9 * l + 9);
+    layers.push_back(layer_params<T>(w, optional_list(biases, 7 * l, 7), kb, vb, hidden.scalar_type(), s.B, s.d,
+                                     start + s.R, input_eps[l], post_eps[l], op));
+  }
+  const std::vector<at::Tensor> scratch = allocate_scratch(s, hidden.options());
+  at::Tensor ping = at::empty({s.B, s.R, s.d}, hidden.options()), pong = at::empty({s.B, s.R, s.d}, hidden.options());
+  T* bufs[2] = {ping.data_ptr<T>(), pong.data_ptr<T>()};
+  const T* h0 = hidden.data_ptr<T>();
+  on_team([&](const Team& team) {
+    const T* in = h0;
+    for (int64_t l = 0; l < n; ++l) {
+      layer_steps<P>(s, layers[l], in, bufs[l % 2], team);
+      in = bufs[l % 2];
+    }
+  });
+  return n % 2 ? ping : pong;
 }
 
 // exp of a float32 tensor with the layer's own vectorised exp (for its tests)
@@ -752,40 +903,29 @@ at::Tensor llama_layer(const at::Tensor& hidden, const at::Tensor& cos, const at
                        const std::optional<at::Tensor>& mask, at::Tensor key_buffer, at::Tensor value_buffer,
                        int64_t start, at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases,
                        double input_eps, double post_eps, double scaling) {
-  TORCH_CHECK(weights.size() == 9 && biases.size() == 7, "llama_layer: 9 weights and 7 biases expected");
   const at::ScalarType dtype = hidden.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "llama_layer: float32 or bfloat16, not ", dtype);
-  auto ok = [&](const at::Tensor& t) { return t.is_contiguous() && is_cpu(t, dtype); };
-  TORCH_CHECK(hidden.dim() == 3 && ok(hidden), "llama_layer: hidden [B, R, d] on the CPU");
-  for (const at::Tensor& t : {cos, sin, key_buffer, value_buffer})
-    TORCH_CHECK(ok(t), "llama_layer: contiguous CPU tensors in the hidden states' dtype expected");
-  for (const at::Tensor& w : weights)
-    TORCH_CHECK(ok(w), "llama_layer: contiguous CPU weights in the hidden states' dtype expected");
-  const int64_t B = hidden.size(0), R = hidden.size(1), d = hidden.size(2), M = B * R;
-  TORCH_CHECK(key_buffer.dim() == 4, "llama_layer: key / value buffers [B, Hkv, cap, dh] expected");
-  const int64_t Hkv = key_buffer.size(1), cap = key_buffer.size(2), dh = key_buffer.size(3);
-  const int64_t Hq = weights[1].size(0) / dh, I = weights[6].size(0), L = start + R;
-  TORCH_CHECK(M > 0 && L <= cap && start >= 0 && key_buffer.size(0) == B && Hkv > 0 && Hq % Hkv == 0 &&
-                  dh % 2 == 0, "llama_layer: shapes out of range");
-  const int64_t shapes[9][2] = {{d, 1}, {Hq * dh, d}, {Hkv * dh, d}, {Hkv * dh, d}, {d, Hq * dh},
-                                {d, 1}, {I, d},       {I, d},        {d, I}};
-  for (int i = 0; i < 9; ++i)
-    TORCH_CHECK(weights[i].numel() == shapes[i][0] * shapes[i][1] && weights[i].size(0) == shapes[i][0],
-                "llama_layer: weight ", i, " has shape ", weights[i].sizes());
-  const int64_t bias_sizes[7] = {Hq * dh, Hkv * dh, Hkv * dh, d, I, I, d};
-  for (int i = 0; i < 7; ++i) {
-    const std::optional<at::Tensor> b = biases.get(i);
-    TORCH_CHECK(!b.has_value() || (ok(*b) && b->numel() == bias_sizes[i]), "llama_layer: bias ", i,
-                " must be a contiguous CPU vector of ", bias_sizes[i], " in the hidden states' dtype");
-  }
-  TORCH_CHECK(cos.numel() == M * dh && sin.numel() == M * dh && value_buffer.sizes() == key_buffer.sizes(),
-              "llama_layer: cos / sin [B, R, dh] and equal key / value buffers expected");
-  TORCH_CHECK(!mask.has_value() || (mask->scalar_type() == at::kBool && mask->is_contiguous() &&
-                                    mask->numel() == M * L), "llama_layer: mask must be bool [B, R, start + R]");
-  const float ie = static_cast<float>(input_eps), pe = static_cast<float>(post_eps), sc = static_cast<float>(scaling);
   if (dtype == at::kFloat)
-    return layer_forward<F32>(hidden, cos, sin, mask, key_buffer, value_buffer, start, weights, biases, ie, pe, sc);
-  return layer_forward<BF16>(hidden, cos, sin, mask, key_buffer, value_buffer, start, weights, biases, ie, pe, sc);
+    return layer_forward<F32>(hidden, cos, sin, mask, key_buffer, value_buffer, start, weights, biases, input_eps,
+                              post_eps, scaling);
+  return layer_forward<BF16>(hidden, cos, sin, mask, key_buffer, value_buffer, start, weights, biases, input_eps,
+                             post_eps, scaling);
+}
+
+// A stack of n such layers as one call (what n llama_layer calls in turn compute, bit for bit):
+// key_buffers, value_buffers one per layer; weights 9 per layer and biases 7 per layer, layer after
+// layer, in llama_layer's order; input_eps, post_eps one per layer.
+at::Tensor llama_stack(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                       const std::optional<at::Tensor>& mask, at::TensorList key_buffers, at::TensorList value_buffers,
+                       int64_t start, at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases,
+                       at::ArrayRef<double> input_eps, at::ArrayRef<double> post_eps, double scaling) {
+  const at::ScalarType dtype = hidden.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "llama_stack: float32 or bfloat16, not ", dtype);
+  if (dtype == at::kFloat)
+    return stack_forward<F32>(hidden, cos, sin, mask, key_buffers, value_buffers, start, weights, biases, input_eps,
+                              post_eps, scaling);
+  return stack_forward<BF16>(hidden, cos, sin, mask, key_buffers, value_buffers, start, weights, biases, input_eps,
+                             post_eps, scaling);
 }
 
 }  // namespace
@@ -804,10 +944,15 @@ HARNESS_LIBRARY(HARNESS_NAMESPACE, m) {
       "llama_layer(Tensor hidden, Tensor cos, Tensor sin, Tensor? mask, Tensor(a!) key_buffer, "
       "Tensor(b!) value_buffer, int start, Tensor[] weights, Tensor?[] biases, float input_eps, float post_eps, "
       "float scaling) -> Tensor");
+  m.def(
+      "llama_stack(Tensor hidden, Tensor cos, Tensor sin, Tensor? mask, Tensor(a!)[] key_buffers, "
+      "Tensor(b!)[] value_buffers, int start, Tensor[] weights, Tensor?[] biases, float[] input_eps, "
+      "float[] post_eps, float scaling) -> Tensor");
 }
 
 HARNESS_LIBRARY_IMPL(HARNESS_NAMESPACE, CPU, m) {
   m.impl("streaming_linear", &streaming_linear);
   m.impl("vector_exp", &vector_exp);
   m.impl("llama_layer", &llama_layer);
+  m.impl("llama_stack", &llama_stack);
 }
