@@ -68,6 +68,7 @@ def test_a_draft_given_by_path_loads_every_layer(ckpts):
         "unexpected_keys": [],
         "mismatched_keys": [],
         "fused_layers": fused,
+        "fused_stack": fused > 0,  # and, with every layer fused, the decoder as one native call
     }
     assert str(ckpts["other"]) in draft.source
 

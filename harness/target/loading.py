@@ -193,7 +193,8 @@ class LoadedModel:
     #: what loading reported: ``layers`` loaded, ``unexpected_keys`` (checkpoint tensors the model
     #: has no place for: shown, not fatal), ``missing_keys`` (always empty: a load with missing
     #: weights is refused), ``mismatched_keys``; and, once the runner applied the target options,
-    #: ``fused_layers`` (decoder layers running as native calls)
+    #: ``fused_layers`` (decoder layers running as native calls) and ``fused_stack`` (the decoder as one
+    #: native call where a forward allows it)
     load_report: dict = field(default_factory=dict)
 
 
