@@ -204,63 +204,23 @@ def _stack_fallback(base, layers, kwargs, attention_mask, use_cache, cache) -> b
     return False
 
 
-def _stack_forward(
-    base,
-    original,
-    input_ids=None,
-    attention_mask=None,
-    position_ids=None,
-    cache=None,
-    inputs_embeds=None,
-    use_cache=None,
-    **kwargs,
-):
-    cache = kwargs.pop("past_key_values", cache)
-    layers = base._modules["layers"]
-    if use_cache is None:
-        use_cache = base.config.use_cache
-    if (input_ids is None) == (inputs_embeds is None) or _stack_fallback(
-        base, layers, kwargs, attention_mask, use_cache, cache
-    ):
-        return original(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
-        )
-    hidden = base._modules["embed_tokens"](input_ids) if inputs_embeds is None else inputs_embeds
+def _run_stack(base, layers, hidden, mask, position_ids, cache) -> torch.Tensor | None:
+    """The decoder's last hidden states (before the final norm) from ``hidden`` ``[B, R, d]`` as one
+    native call, appending to ``cache``; None where this forward cannot run it."""
     attn = layers[0]._modules["self_attn"]
     if (
         hidden.dtype not in NATIVE_DTYPES
         or hidden.device.type != "cpu"
         or any(p.dtype != hidden.dtype for p in (attn.q_proj.weight, base.norm.weight))
     ):
-        return original(
-            inputs_embeds=hidden,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            use_cache=use_cache,
-            **kwargs,
-        )
+        return None
     b, r, _ = hidden.shape
     like = hidden.new_empty((b, attn.config.num_key_value_heads, r, attn.head_dim))
     caches = cache.layers
     starts = {c.reserve_rows(r, like, like) for c in caches}
     start = starts.pop()
-    mask = attention_mask
     if starts or (mask is not None and (mask.shape[0] != b or mask.shape[2] != r or mask.shape[3] != start + r)):
-        return original(
-            inputs_embeds=hidden,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            use_cache=use_cache,
-            **kwargs,
-        )
+        return None
     if position_ids is None:
         position_ids = torch.arange(start, start + r, device=hidden.device).unsqueeze(0)
     cos, sin = base._modules["rotary_emb"](hidden, position_ids=position_ids)
@@ -288,6 +248,41 @@ def _stack_forward(
     )
     for c in caches:
         c.filled_to(start + r)
+    return out
+
+
+def _stack_forward(
+    base,
+    original,
+    input_ids=None,
+    attention_mask=None,
+    position_ids=None,
+    cache=None,
+    inputs_embeds=None,
+    use_cache=None,
+    **kwargs,
+):
+    cache = kwargs.pop("past_key_values", cache)
+    layers = base._modules["layers"]
+    if use_cache is None:
+        use_cache = base.config.use_cache
+    out = None
+    if (input_ids is None) != (inputs_embeds is None) and not _stack_fallback(
+        base, layers, kwargs, attention_mask, use_cache, cache
+    ):
+        if inputs_embeds is None:
+            inputs_embeds, input_ids = base._modules["embed_tokens"](input_ids), None
+        out = _run_stack(base, layers, inputs_embeds, attention_mask, position_ids, cache)
+    if out is None:
+        return original(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
     out = base._modules["norm"](out)  # transformers' own norm: the same bits as its layer-by-layer forward
     return BaseModelOutputWithPast(last_hidden_state=out, **{_CACHE_FIELD: cache})
 
