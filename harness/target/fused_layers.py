@@ -54,7 +54,8 @@ from harness.target.native import load_native_kernels
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 #: the transformers layer classes whose forward the native layer reproduces
 FUSABLE_CLASSES = ("LlamaDecoderLayer",)
-#: the decoder classes whose forward (embedding, layers, final norm) the native stack reproduces
+#: the decoder classes whose forward the stack forward reproduces (transformers' embedding, rotary table and
+#: final norm around one native call for the layers)
 FUSABLE_MODELS = ("LlamaModel",)
 #: attention implementations the native attention stands in for (boolean masks, exact softmax);
 #: with any other (eager's additive masks, flash kernels) the layer runs transformers' forward
