@@ -34,6 +34,12 @@ weight bytes one step streams gives ``weight_stream_floor_ms`` (the samples are 
 sample of a shared machine's bandwidth can be far from the next). It is printed and stored next to
 the AR arms' time per token (``ar_step_vs_floor``: how many floors one AR step takes).
 
+Every ratio (``<arm>_vs_<base>``: the base's time per token over the arm's, both summed over the
+prompts) comes with a 95% paired-bootstrap interval over prompts (``ratio_ci95``; the same estimator
+as ``harness compare``), and each prompt's decode time and tokens per arm are stored
+(``per_prompt``), so a claim such as "1.4x transformers" can be read with its uncertainty.
+``--arms`` runs a subset (``ours_ar``, the reference every output is checked against, always runs).
+
     python -m harness.bench.prompt_lookup_vs_hf --workload chat --limit 10 --max-new-tokens 128 \
         --out results/bench/pld_chat.json
 """
@@ -79,6 +85,45 @@ from harness.workloads.prompts import Prompt, load_workload
 
 WORKLOADS = ("humaneval", "chat", "copy")
 COPY_MIN_CHARS = 400
+ARMS = (
+    "ours_ar",
+    "ours_sequence",
+    "ours_tree",
+    "ours_adaptive_prompt_only",
+    "ours_adaptive",
+    "hf_ar",
+    "hf_pld",
+)
+# (arm, base): the ratios reported, each where both arms ran
+RATIOS = (
+    ("ours_sequence", "hf_pld"),
+    ("ours_tree", "hf_pld"),
+    ("ours_tree", "ours_ar"),
+    ("ours_adaptive_prompt_only", "hf_pld"),
+    ("ours_adaptive", "hf_pld"),
+    ("ours_adaptive", "ours_ar"),
+    ("ours_adaptive", "hf_ar"),
+    ("hf_pld", "hf_ar"),
+)
+
+
+def ratio_estimates(per_prompt: list[dict], *, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
+    """``{"<arm>_vs_<base>": {"value", "ci_low", "ci_high"}}`` for every ratio of :data:`RATIOS` whose
+    arms both ran: the base's decode ms per token over the arm's, summed over prompts, with a paired
+    bootstrap interval that resamples prompts (``per_prompt``: ``{"arms": {arm: {"decode_ms",
+    "tokens"}}}`` per prompt)."""
+    from harness.tracking.compare import paired_bootstrap, speedup_statistic
+
+    out = {}
+    for arm, base in RATIOS:
+        if not per_prompt or any(a not in per_prompt[0]["arms"] for a in (arm, base)):
+            continue
+        cols = [[p["arms"][a][k] for p in per_prompt] for a in (base, arm) for k in ("decode_ms", "tokens")]
+        est = paired_bootstrap(
+            cols, speedup_statistic, confidence_level=level, n_resamples=resamples, seed=seed, method="percentile"
+        )
+        out[f"{arm}_vs_{base}"] = {"value": est.value, "ci_low": est.ci_low, "ci_high": est.ci_high}
+    return out
 
 
 def bench_items(workload: str, tokenizer, *, split: str, limit: int) -> list[tuple[Prompt, list[int]]]:
@@ -143,8 +188,18 @@ def main(argv=None) -> int:
         choices=["auto", "true", "false"],
         help="every arm's decoder layers as native calls (auto: as model.fused_layers=null resolves)",
     )
+    ap.add_argument(
+        "--arms", nargs="+", default=list(ARMS), metavar="ARM", help=f"the arms to run, of {', '.join(ARMS)}"
+    )
     ap.add_argument("--out", default="results/bench/prompt_lookup_vs_hf.json")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.arms) - set(ARMS))
+    if unknown:
+        ap.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms are {', '.join(ARMS)}")
+    if "ours_ar" not in args.arms:
+        ap.error("--arms must include ours_ar: every arm's output is checked against it")
+    if args.limit < 1 or args.max_new_tokens < 2:
+        ap.error("--limit must be >= 1 and --max-new-tokens >= 2")
     dtype = getattr(torch, args.dtype)
     static_cache = args.static_cache == "true"
     fused = resolve_fused_layers(
@@ -250,27 +305,29 @@ def main(argv=None) -> int:
     arms["hf_pld"] = lambda ids, new: hf(
         ids, new, prompt_lookup_num_tokens=args.num_tokens, max_matching_ngram_size=args.ngram
     )
+    arms = {a: arms[a] for a in ARMS if a in args.arms}
     # warm-up (excluded)
     for fn in arms.values():
         fn(items[0][1], 8)
     totals = {a: {"decode_ms": 0.0, "tokens": 0, "rounds": 0} for a in arms}
+    per_prompt = []
     mismatches = []
     for i, (p, ids) in enumerate(tqdm(items, desc="prompts", file=sys.stderr)):
         order = list(arms) if i % 2 == 0 else list(reversed(arms))
-        outs = {}
+        outs, this = {}, {}
         for a in order:
             if a.startswith("hf"):
                 toks, ms = arms[a](ids, args.max_new_tokens)
                 _, first_ms = arms[a](ids, 1)  # prefill + first token, subtracted: decode only
                 outs[a] = toks
-                totals[a]["decode_ms"] += ms - first_ms
-                totals[a]["tokens"] += len(toks) - 1
+                this[a] = {"decode_ms": ms - first_ms, "tokens": len(toks) - 1}
             else:
                 toks, ms, ledger = arms[a](ids, args.max_new_tokens)
                 outs[a] = toks
-                totals[a]["decode_ms"] += ms
-                totals[a]["tokens"] += len(toks)
-                totals[a]["rounds"] += ledger.rounds
+                this[a] = {"decode_ms": ms, "tokens": len(toks), "rounds": ledger.rounds}
+            for k, v in this[a].items():
+                totals[a][k] += v
+        per_prompt.append({"prompt_id": p.prompt_id, "arms": {a: this[a] for a in arms}})
         ref = outs["ours_ar"]
         for a, toks in outs.items():
             if toks != ref:
@@ -287,6 +344,8 @@ def main(argv=None) -> int:
     bandwidth = statistics.median(bandwidths)
     floor_ms = weight_stream_floor_ms(model, bandwidth)
     per_tok = {a: v["decode_ms"] / max(v["tokens"], 1) for a, v in totals.items()}
+    ratios = {f"{arm}_vs_{base}": per_tok[base] / per_tok[arm] for arm, base in RATIOS if {arm, base} <= set(arms)}
+    intervals = ratio_estimates(per_prompt)
     result = {
         "workload": args.workload,
         "dtype": args.dtype,
@@ -310,19 +369,16 @@ def main(argv=None) -> int:
         "read_bandwidth_gbs_samples": bandwidths,
         "streamed_weight_bytes": streamed_weight_bytes(model),
         "weight_stream_floor_ms": floor_ms,
-        "ar_step_vs_floor": {a: per_tok[a] / floor_ms for a in ("ours_ar", "hf_ar")},
+        "ar_step_vs_floor": {a: per_tok[a] / floor_ms for a in ("ours_ar", "hf_ar") if a in per_tok},
+        "arms": list(arms),
         "time_per_token_ms": per_tok,
         "tokens_per_round": {a: v["tokens"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
-        "ours_sequence_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_sequence"],
-        "ours_tree_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_tree"],
-        "ours_tree_vs_ours_ar": per_tok["ours_ar"] / per_tok["ours_tree"],
-        "ours_adaptive_prompt_only_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_adaptive_prompt_only"],
-        "ours_adaptive_vs_hf_pld": per_tok["hf_pld"] / per_tok["ours_adaptive"],
-        "ours_adaptive_vs_ours_ar": per_tok["ours_ar"] / per_tok["ours_adaptive"],
-        "ours_adaptive_vs_hf_ar": per_tok["hf_ar"] / per_tok["ours_adaptive"],
+        **ratios,
+        "ratio_ci95": intervals,
         "outputs_identical": not mismatches,
         "mismatches": mismatches,
         "totals": totals,
+        "per_prompt": per_prompt,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -334,12 +390,7 @@ def main(argv=None) -> int:
                 for k in (
                     "time_per_token_ms",
                     "tokens_per_round",
-                    "ours_sequence_vs_hf_pld",
-                    "ours_tree_vs_hf_pld",
-                    "ours_tree_vs_ours_ar",
-                    "ours_adaptive_prompt_only_vs_hf_pld",
-                    "ours_adaptive_vs_hf_pld",
-                    "ours_adaptive_vs_ours_ar",
+                    *ratios,
                     "outputs_identical",
                     "tree_nodes",
                     "weight_stream_floor_ms",
@@ -349,8 +400,13 @@ def main(argv=None) -> int:
             indent=2,
         )
     )
+    for key, est in intervals.items():
+        ci = est["ci_low"] is not None and est["ci_high"] is not None
+        span = f" (95% CI over {len(items)} prompts: {est['ci_low']:.3f} to {est['ci_high']:.3f})" if ci else ""
+        print(f"{key}: {est['value']:.3f}x{span}")
+    hf_ar = f", transformers {per_tok['hf_ar']:.2f} ms" if "hf_ar" in per_tok else ""
     print(
-        f"AR step per token: ours {per_tok['ours_ar']:.2f} ms, transformers {per_tok['hf_ar']:.2f} ms; "
+        f"AR step per token: ours {per_tok['ours_ar']:.2f} ms{hf_ar}; "
         f"weight-streaming floor {floor_ms:.2f} ms "
         f"({streamed_weight_bytes(model) / 1e6:.0f} MB at {bandwidth:.1f} GB/s read, the median of "
         f"{len(bandwidths)} samples from {min(bandwidths):.1f} to {max(bandwidths):.1f})"

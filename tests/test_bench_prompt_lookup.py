@@ -1,0 +1,64 @@
+"""The prompt-lookup benchmark's ratios with their intervals, and its refusal of bad arms."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.bench import prompt_lookup_vs_hf as bench
+
+
+def _prompts(rows):
+    """per_prompt records from (ours_ar ms, ours_adaptive ms, hf_pld ms) rows, 10 tokens each."""
+    return [
+        {
+            "prompt_id": f"p{i}",
+            "arms": {
+                name: {"decode_ms": ms, "tokens": 10}
+                for name, ms in zip(("ours_ar", "ours_adaptive", "hf_pld"), row, strict=True)
+            },
+        }
+        for i, row in enumerate(rows)
+    ]
+
+
+def test_a_ratio_is_the_bases_time_per_token_over_the_arms_with_an_interval_around_it():
+    rows = [(100, 50, 80), (120, 70, 90), (90, 40, 85), (110, 80, 70), (100, 55, 75), (95, 45, 88)]
+    got = bench.ratio_estimates(_prompts(rows), resamples=500)
+    assert set(got) == {"ours_adaptive_vs_hf_pld", "ours_adaptive_vs_ours_ar"}  # only arms that ran
+    est = got["ours_adaptive_vs_hf_pld"]
+    assert est["value"] == pytest.approx(sum(r[2] for r in rows) / sum(r[1] for r in rows))
+    assert est["ci_low"] < est["value"] < est["ci_high"]
+    # prompts that disagree widen the interval; prompts that all agree leave none to speak of
+    same = bench.ratio_estimates(_prompts([(100, 50, 75)] * 6), resamples=500)["ours_adaptive_vs_hf_pld"]
+    assert same["value"] == pytest.approx(1.5)
+    assert same["ci_low"] == pytest.approx(1.5) and same["ci_high"] == pytest.approx(1.5)
+
+
+def test_a_ratio_weighs_prompts_by_their_tokens():
+    per_prompt = _prompts([(100, 50, 100), (100, 100, 100)])
+    per_prompt[0]["arms"]["ours_adaptive"]["tokens"] = 30  # 30 tokens in 50 ms on the first prompt
+    est = bench.ratio_estimates(per_prompt, resamples=200)["ours_adaptive_vs_hf_pld"]
+    assert est["value"] == pytest.approx((200 / 20) / (150 / 40))
+
+
+@pytest.mark.parametrize(
+    ("arms", "message"),
+    [
+        (["ours_adaptive", "hf_pld"], "must include ours_ar"),
+        (["ours_ar", "hf_pdl"], "unknown arm(s) hf_pdl"),
+    ],
+)
+def test_bad_arms_are_one_line_and_a_nonzero_exit_before_anything_loads(arms, message, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "load_model", lambda **_: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--arms", *arms, "--out", "/nonexistent/never-written.json"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1]
+
+
+def test_a_limit_below_one_is_refused(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--limit", "0"])
+    assert exc.value.code == 2
+    assert "--limit must be >= 1" in capsys.readouterr().err
