@@ -62,3 +62,29 @@ def test_a_limit_below_one_is_refused(capsys):
         bench.main(["--limit", "0"])
     assert exc.value.code == 2
     assert "--limit must be >= 1" in capsys.readouterr().err
+
+
+def _items(*lengths):
+    from harness.workloads.prompts import Prompt
+
+    return [
+        (Prompt(prompt_id=f"p{i}", category="chat", messages=({"role": "user", "content": "x"},)), list(range(n)))
+        for i, n in enumerate(lengths)
+    ]
+
+
+def test_a_prompt_longer_than_the_positions_allow_is_refused_in_one_line_or_cut_from_the_left():
+    from harness.workloads.prompts import WorkloadError
+
+    items = _items(40, 90, 50)  # room: 128 - 32 - 17 = 79 tokens
+    limits = dict(positions=128, max_new_tokens=32, verify_rows=17)
+    with pytest.raises(WorkloadError, match=r"prompt 'p1': 90 tokens .* > the target's 128 positions") as exc:
+        bench.fit_to_context(items, rule="false", **limits)
+    assert "\n" not in str(exc.value)
+    kept, cut = bench.fit_to_context(items, rule="left", **limits)
+    assert [len(ids) for _, ids in kept] == [40, 79, 50]
+    assert kept[1][1] == list(range(11, 90))  # the prompt's last tokens, where the answer continues
+    assert cut == [{"prompt_id": "p1", "prompt_tokens": 90, "kept_tokens": 79}]
+    assert bench.fit_to_context(items, rule="false", positions=None, max_new_tokens=32, verify_rows=17) == (items, [])
+    with pytest.raises(WorkloadError, match="leave no room"):
+        bench.fit_to_context(items, rule="left", positions=40, max_new_tokens=32, verify_rows=17)

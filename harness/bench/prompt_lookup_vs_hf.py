@@ -40,6 +40,11 @@ as ``harness compare``), and each prompt's decode time and tokens per arm are st
 (``per_prompt``), so a claim such as "1.4x transformers" can be read with its uncertainty.
 ``--arms`` runs a subset (``ours_ar``, the reference every output is checked against, always runs).
 
+A prompt that does not fit the target's positions with the generation budget and the largest verify
+forward is refused in one line before any arm runs, as the runner refuses it, or, with ``--truncate
+left``, cut from the left to fit (``truncated_prompts`` records each; ShareGPT's eval split holds
+prompts of tens of thousands of tokens).
+
     python -m harness.bench.prompt_lookup_vs_hf --workload chat --limit 10 --max-new-tokens 128 \
         --out results/bench/pld_chat.json
 """
@@ -64,7 +69,7 @@ from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.fused_layers import apply_fused_layers, fused_layers_of
 from harness.target.kv_cache import new_cache
-from harness.target.loading import load_model
+from harness.target.loading import config_position_limit, load_model
 from harness.target.options import (
     LINEAR_KERNELS,
     apply_linear_kernel,
@@ -80,8 +85,8 @@ from harness.target.options import (
 from harness.target.timing import read_bandwidth_gbs, streamed_weight_bytes, verify_cost_curve, weight_stream_floor_ms
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
-from harness.workloads.conversations import encode_prompt
-from harness.workloads.prompts import Prompt, load_workload
+from harness.workloads.conversations import TRUNCATE_LEFT, encode_prompt
+from harness.workloads.prompts import Prompt, WorkloadError, load_workload
 
 WORKLOADS = ("humaneval", "chat", "copy")
 COPY_MIN_CHARS = 400
@@ -105,6 +110,36 @@ RATIOS = (
     ("ours_adaptive", "hf_ar"),
     ("hf_pld", "hf_ar"),
 )
+
+
+def fit_to_context(
+    items: list[tuple[Prompt, list[int]]], *, positions: int | None, max_new_tokens: int, verify_rows: int, rule: str
+) -> tuple[list[tuple[Prompt, list[int]]], list[dict]]:
+    """``items`` with every prompt fitting ``positions`` together with ``max_new_tokens`` and a
+    verify forward of ``verify_rows`` rows: with ``rule`` ``left`` an over-long prompt keeps its last
+    tokens (each cut recorded in the returned list); otherwise the first that does not fit raises
+    :class:`WorkloadError` (one line)."""
+    if positions is None:
+        return items, []
+    room = positions - max_new_tokens - verify_rows
+    if room < 1:
+        raise WorkloadError(
+            f"--max-new-tokens {max_new_tokens} + {verify_rows} verify rows leave no room for a prompt in "
+            f"the target's {positions:,} positions"
+        )
+    out, cut = [], []
+    for p, ids in items:
+        if len(ids) > room:
+            if rule != TRUNCATE_LEFT:
+                raise WorkloadError(
+                    f"prompt {p.prompt_id!r}: {len(ids):,} tokens + --max-new-tokens {max_new_tokens} + "
+                    f"{verify_rows} verify rows > the target's {positions:,} positions; --truncate left cuts "
+                    "prompts from the left (recorded per prompt)"
+                )
+            cut.append({"prompt_id": p.prompt_id, "prompt_tokens": len(ids), "kept_tokens": room})
+            ids = ids[-room:]
+        out.append((p, ids))
+    return out, cut
 
 
 def ratio_estimates(per_prompt: list[dict], *, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
@@ -191,6 +226,12 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--arms", nargs="+", default=list(ARMS), metavar="ARM", help=f"the arms to run, of {', '.join(ARMS)}"
     )
+    ap.add_argument(
+        "--truncate",
+        default="false",
+        choices=[TRUNCATE_LEFT, "false"],
+        help="a prompt longer than the target's positions allow: cut from the left, or refuse (false)",
+    )
     ap.add_argument("--out", default="results/bench/prompt_lookup_vs_hf.json")
     args = ap.parse_args(argv)
     unknown = sorted(set(args.arms) - set(ARMS))
@@ -229,6 +270,17 @@ def main(argv=None) -> int:
     backend = CausalLMBackend(model)
     bandwidths = [read_bandwidth_gbs(backend.device)]
     items = bench_items(args.workload, tok, split=args.split, limit=args.limit)
+    try:
+        items, truncated = fit_to_context(
+            items,
+            positions=config_position_limit(model.config),
+            max_new_tokens=args.max_new_tokens,
+            verify_rows=max(args.num_tokens, args.tree_nodes or 16) + 1,
+            rule=args.truncate,
+        )
+    except WorkloadError as exc:
+        print(f"prompt_lookup_vs_hf: {exc}", file=sys.stderr)
+        return 2
     eos = frozenset({int(tok.eos_token_id)})
     greedy = get_verifier("greedy")
     policy = SamplingPolicy()
@@ -355,6 +407,8 @@ def main(argv=None) -> int:
         "static_cache": static_cache,
         "fused_layers": fused_layers_of(model),
         "prompts": len(items),
+        "truncate": args.truncate,
+        "truncated_prompts": truncated,
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),
         "K": args.num_tokens,
