@@ -270,12 +270,13 @@ def main(argv=None) -> int:
     backend = CausalLMBackend(model)
     bandwidths = [read_bandwidth_gbs(backend.device)]
     items = bench_items(args.workload, tok, split=args.split, limit=args.limit)
+    tree_nodes = args.tree_nodes or 16
     try:
         items, truncated = fit_to_context(
             items,
             positions=config_position_limit(model.config),
             max_new_tokens=args.max_new_tokens,
-            verify_rows=max(args.num_tokens, args.tree_nodes or 16) + 1,
+            verify_rows=max(args.num_tokens, tree_nodes) + 1,
             rule=args.truncate,
         )
     except WorkloadError as exc:
@@ -287,7 +288,6 @@ def main(argv=None) -> int:
 
     profile = verify_cost_curve(backend, items[0][1], max_rows=max(args.tree_nodes, 16))
     t_of_n = profile["t_ms"]
-    tree_nodes = args.tree_nodes or 16
     args.tree_depth = args.tree_depth or args.num_tokens
 
     def ours(proposer, ids, new):
@@ -396,8 +396,8 @@ def main(argv=None) -> int:
     bandwidth = statistics.median(bandwidths)
     floor_ms = weight_stream_floor_ms(model, bandwidth)
     per_tok = {a: v["decode_ms"] / max(v["tokens"], 1) for a, v in totals.items()}
-    ratios = {f"{arm}_vs_{base}": per_tok[base] / per_tok[arm] for arm, base in RATIOS if {arm, base} <= set(arms)}
-    intervals = ratio_estimates(per_prompt)
+    intervals = ratio_estimates(per_prompt)  # each ratio's value is per_tok[base] / per_tok[arm]
+    ratios = {key: est["value"] for key, est in intervals.items()}
     result = {
         "workload": args.workload,
         "dtype": args.dtype,
@@ -455,6 +455,8 @@ def main(argv=None) -> int:
         )
     )
     for key, est in intervals.items():
+        if est["value"] is None:  # an arm without tokens
+            continue
         ci = est["ci_low"] is not None and est["ci_high"] is not None
         span = f" (95% CI over {len(items)} prompts: {est['ci_low']:.3f} to {est['ci_high']:.3f})" if ci else ""
         print(f"{key}: {est['value']:.3f}x{span}")

@@ -11,8 +11,8 @@
 // vector accumulator per output element, and the next block is prefetched into L2 while the first
 // tile of the current one runs (a one-row bfloat16 product instead reads its rows in sequence, as a
 // one-row float32 product does where float32 products use 256-bit vectors, below, with a software
-// prefetch 512 bytes ahead in that stream where AVX-512 is not built). Several products that share their input (q, k and v;
-// gate and up) run as one split of the union of their blocks. bfloat16 products accumulate in
+// prefetch 512 bytes ahead in that stream where AVX-512 is not built). Several products that share
+// their input (q, k and v; gate and up) run as one split of the union of their blocks. bfloat16 products accumulate in
 // float32 and round once. More than 64 rows (a prefill) are computed 64 at a time, one pass over the weights each.
 //
 // Row invariance: every output element y[m, n] is reduced in the same order (one accumulator over
