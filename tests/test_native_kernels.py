@@ -343,3 +343,50 @@ def test_a_linear_layer_that_needs_gradients_is_computed_by_autograd():
     assert x.grad is not None and layer.weight.grad is not None
     with torch.inference_mode():
         torch.testing.assert_close(layer(x.detach()), F.linear(x.detach(), layer.weight, layer.bias))
+
+
+def _attention_case(dh: int, rows: int, start: int, masked: bool, dtype) -> list:
+    """``llama_layer``'s arguments for a batch of 2, 6 query heads over 2 key heads (as SmolLM2
+    groups them), ``rows`` rows after ``start`` cached ones; under a mask, each row sees a random part
+    of the prefix (with runs of unseen keys) and of the rows before it, and itself."""
+    g = torch.Generator().manual_seed(1000 * dh + 10 * rows + start)
+    hq, hkv, d, inter, b = 6, 2, 48, 40, 2
+
+    def rand(*shape, scale=0.3):
+        return (scale * torch.randn(*shape, generator=g)).to(dtype)
+
+    weights = [1 + rand(d), rand(hq * dh, d), rand(hkv * dh, d), rand(hkv * dh, d), rand(d, hq * dh)]
+    weights += [1 + rand(d), rand(inter, d), rand(inter, d), rand(d, inter)]
+    angles = (3 * torch.randn(b, rows, dh // 2, generator=g)).repeat(1, 1, 2)
+    mask = None
+    if masked:
+        mask = torch.rand(b, rows, start + rows, generator=g) < 0.8
+        mask[:, :, start // 3 : start // 2] = False  # a run every row skips
+        mask &= torch.ones(start + rows, start + rows, dtype=torch.bool).tril()[start:]
+        mask[:, torch.arange(rows), start + torch.arange(rows)] = True
+    caches = [rand(b, hkv, start + rows, dh, scale=1.0) for _ in range(2)]
+    hidden = rand(b, rows, d, scale=3.0)
+    return [hidden, angles.cos().to(dtype), angles.sin().to(dtype), mask, *caches, start, weights, [None] * 7]
+
+
+def test_grouped_attention_gives_the_bits_of_attention_one_query_head_at_a_time(tmp_path):
+    """The default build computes the heads of a key head together (its scores, softmax and value sums
+    split over runs of keys and slices of the head); a build that never groups computes each query head
+    on its own. Both must give the same bits, cache included, for every head width, causal and under a
+    mask, from one row to a verify forward's, over prefixes shorter and longer than one run of keys,
+    in float32 and bfloat16."""
+    library = native.build(
+        namespace="harness_ungrouped", extra_flags=("-DHARNESS_GROUPED_ATTENTION_BYTES=0",), out_dir=tmp_path
+    )
+    native.load_native_kernels()
+    torch.ops.load_library(str(library))
+    grouped, ungrouped = torch.ops.harness.llama_layer, torch.ops.harness_ungrouped.llama_layer
+    shapes = ((1, 0), (1, 70), (2, 11), (3, 130), (9, 70))  # (rows, start)
+    cases = [(dh, r, s, masked) for dh in (8, 16, 32, 64, 128) for r, s in shapes for masked in (False, True)]
+    for dtype in (torch.float32, torch.bfloat16):
+        for dh, rows, start, masked in cases:
+            a, b = (_attention_case(dh, rows, start, masked, dtype) for _ in range(2))
+            out_a, out_b = grouped(*a, 1e-5, 1e-6, dh**-0.5), ungrouped(*b, 1e-5, 1e-6, dh**-0.5)
+            assert torch.equal(out_a, out_b), (dtype, dh, rows, start, masked)
+            assert torch.equal(a[4], b[4]) and torch.equal(a[5], b[5])
+            assert out_a.isfinite().all()

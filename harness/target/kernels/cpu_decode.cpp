@@ -32,9 +32,12 @@
 // operation, rounding to bfloat16 where its bfloat16 operators round (the file is built with
 // -ffp-contract=off, so no multiply-add is fused where torch rounds twice); the attention is an
 // exact softmax over the allowed keys (max subtracted), whose float32 rounding differs from
-// PyTorch's SDPA kernels by summation order and its own vectorised exp. It runs over blocks of up to
-// four rows of a head that share each key and value load (a verify forward's rows read the cache
-// once per block, not once per row), each row reduced in the order it would be alone.
+// PyTorch's SDPA kernels by summation order and its own vectorised exp. The query heads that share a
+// key / value head run together, every row and head of the forward reading each key and value once,
+// with the scores split over runs of keys and the value sums over slices of the head's width so that
+// a decode step's few heads spread evenly over the threads (forwards whose scores would not fit its
+// scratch, such as a long prefill, run over blocks of up to four rows of one head instead); either way
+// each row is reduced in the order it would be alone.
 //
 // harness::llama_stack(...): a whole stack of such layers as one call: the same per-layer steps, layer after layer, in one parallel region of torch's OpenMP pool
 // with one set of scratch buffers, so a decode step pays one dispatch and one thread-team start for
@@ -47,6 +50,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -645,11 +649,159 @@ void attend_blocked(const Attention<T>& a, const Team& team) {
   });
 }
 
-// Scores, softmax and the weighted sum of values in float32; the output rounded to T once. Heads of
-// 1, 2, 4 or 8 vectors run blocked (attend_rows), any other width this loop, which reduces every
-// score and sum in the same order.
+// The same attention for the heads of one key / value head together, in three steps with a barrier
+// after each, for forwards whose scores fit `scratch` ([B, R, Hq, L] scores, then [B, R, Hq] sums):
+// (1) every score, split over (batch, key head, run of keys): each key vector is read once for every
+// query head of its group and every row; (2) per (batch, row, head) the maximum, the exponentials
+// and their sum, in key order; (3) the weighted sums of values, split over (batch, key head, 64-byte
+// slice of the head's width, block of query rows and heads): each value slice is read once per
+// block. A decode step's few heads are so spread evenly over the threads, and each key and value
+// is read from memory once per step rather than once per query head. Every score, maximum, sum and
+// output element is computed by the operations attend_rows uses, in its order, so both give the
+// same bits (the split only changes which thread computes what).
+constexpr int64_t kKeysPerItem = 64;
+#ifndef HARNESS_GROUPED_ATTENTION_BYTES  // the scratch attend_grouped may use (0: never grouped)
+#define HARNESS_GROUPED_ATTENTION_BYTES (int64_t{64} << 20)
+#endif
+constexpr int64_t kGroupedScratchBytes = HARNESS_GROUPED_ATTENTION_BYTES;
+
+inline int64_t grouped_scratch_floats(int64_t B, int64_t R, int64_t Hq, int64_t L) { return B * R * Hq * L; }
+
+template <class T, int NV>
+void attend_grouped(const Attention<T>& a, float* scratch, const Team& team) {
+  const int64_t rep = a.Hq / a.Hkv, L = a.L, dh = a.dh, R = a.R, pairs = R * rep;
+  const int64_t keys_max = a.mask != nullptr ? L : a.start + R;
+  auto seen_of = [&](int64_t r) { return a.mask != nullptr ? L : a.start + r + 1; };
+  auto allowed_of = [&](int64_t b, int64_t r) { return a.mask != nullptr ? a.mask + (b * R + r) * L : nullptr; };
+  auto row_of = [&](int64_t b, int64_t r, int64_t h) { return (b * R + r) * a.Hq + h; };  // (b, r, h) -> row
+  const int64_t runs = (keys_max + kKeysPerItem - 1) / kKeysPerItem;
+  team.split(a.B * a.Hkv * runs, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t run = t % runs, g = (t / runs) % a.Hkv, b = t / (runs * a.Hkv);
+      const T* keys = a.keys + (b * a.Hkv + g) * a.cap * dh;
+      const int64_t j0 = run * kKeysPerItem, j1 = std::min(keys_max, j0 + kKeysPerItem);
+      for (int64_t pr = 0; pr < pairs; ++pr) {
+        const int64_t r = pr / rep, h = g * rep + pr % rep;
+        const int64_t seen = std::min(j1, seen_of(r));
+        const bool* allowed = allowed_of(b, r);
+        const T* q = a.q + row_of(b, r, h) * dh;
+        Vec::T qv[NV];
+        for (int v = 0; v < NV; ++v) qv[v] = loadv(q + v * W);
+        float* row = scratch + row_of(b, r, h) * L;
+        for (int64_t j = j0; j < seen; ++j) {
+          if (allowed != nullptr && !allowed[j]) {
+            row[j] = -INFINITY;
+            continue;
+          }
+          const T* k = keys + j * dh;
+          Vec::T acc = Vec::zero();
+          for (int v = 0; v < NV; ++v) acc = Vec::fma(qv[v], loadv(k + v * W), acc);
+          row[j] = Vec::sum(acc) * a.scaling;
+        }
+      }
+    }
+  });
+  team.split(a.B * R * a.Hq, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t seen = seen_of((t / a.Hq) % R);
+      float* row = scratch + t * L;  // an unseen key's score is -inf, so it never is the maximum
+      Vec::T tops = Vec::set1(-INFINITY);
+      int64_t j = 0;
+      for (; j + W <= seen; j += W) {
+        const Vec::T x = Vec::load(row + j);
+        tops = tops < x ? x : tops;
+      }
+      float lanes[W], top = -INFINITY;
+      Vec::store(lanes, tops);
+      for (int i = 0; i < W; ++i) top = std::max(top, lanes[i]);
+      for (; j < seen; ++j) top = std::max(top, row[j]);
+      for (j = 0; j < seen; ++j) row[j] -= top;
+      exp_inplace(row, seen);
+    }
+  });
+  constexpr int CV = NV >= 128 / (W * 4) ? 128 / (W * 4) : NV;  // vectors per slice: 128 bytes of floats
+  constexpr int PB = std::max(1, 8 / CV);                        // (row, head) pairs per block
+  constexpr int slices = NV / CV;
+  const int64_t blocks = (pairs + PB - 1) / PB;
+  team.split(a.B * a.Hkv * slices * blocks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t blk = t % blocks, sl = (t / blocks) % slices, g = (t / (blocks * slices)) % a.Hkv;
+      const int64_t b = t / (blocks * slices * a.Hkv);
+      const T* values = a.values + (b * a.Hkv + g) * a.cap * dh + sl * CV * W;
+      const int64_t p0 = blk * PB, n = std::min<int64_t>(PB, pairs - p0);
+      const float* rows[PB];
+      const bool* allowed[PB];
+      int64_t seen[PB], out_row[PB];
+      int64_t keys_seen = 0, all_see = keys_max;  // every pair of the block sees keys [0, all_see)
+      for (int i = 0; i < n; ++i) {
+        const int64_t r = (p0 + i) / rep, h = g * rep + (p0 + i) % rep;
+        out_row[i] = row_of(b, r, h);
+        rows[i] = scratch + out_row[i] * L;
+        allowed[i] = allowed_of(b, r);
+        seen[i] = seen_of(r);
+        keys_seen = std::max(keys_seen, seen[i]);
+        all_see = std::min(all_see, seen[i]);
+        if (allowed[i] != nullptr) {
+          const void* hole = std::memchr(allowed[i], 0, static_cast<size_t>(all_see));
+          if (hole != nullptr) all_see = static_cast<const bool*>(hole) - allowed[i];
+        }
+      }
+      Vec::T acc[PB][CV];
+      float total[PB];
+      for (int i = 0; i < PB; ++i) {
+        total[i] = 0.f;
+        for (int c = 0; c < CV; ++c) acc[i][c] = Vec::zero();
+      }
+      int64_t j = 0;
+      if (n == PB) {
+        for (; j < all_see; ++j) {
+          const T* val = values + j * dh;
+          Vec::T vv[CV];
+          for (int c = 0; c < CV; ++c) vv[c] = loadv(val + c * W);
+          for (int i = 0; i < PB; ++i) {
+            const float p = rows[i][j];
+            total[i] += p;
+            const Vec::T pv = Vec::set1(p);
+            for (int c = 0; c < CV; ++c) acc[i][c] = Vec::fma(pv, vv[c], acc[i][c]);
+          }
+        }
+      }
+      for (; j < keys_seen; ++j) {
+        const T* val = values + j * dh;
+        Vec::T vv[CV];
+        for (int c = 0; c < CV; ++c) vv[c] = loadv(val + c * W);
+        for (int i = 0; i < n; ++i) {
+          if (j >= seen[i] || (allowed[i] != nullptr && !allowed[i][j])) continue;
+          const float p = rows[i][j];
+          total[i] += p;
+          const Vec::T pv = Vec::set1(p);
+          for (int c = 0; c < CV; ++c) acc[i][c] = Vec::fma(pv, vv[c], acc[i][c]);
+        }
+      }
+      for (int i = 0; i < n; ++i) {
+        float sum[CV * W];
+        for (int c = 0; c < CV; ++c) Vec::store(sum + c * W, acc[i][c]);
+        const float inv = 1.f / total[i];
+        T* out = a.out + out_row[i] * dh + sl * CV * W;
+        for (int e = 0; e < CV * W; ++e) store1(out + e, sum[e] * inv);
+      }
+    }
+  });
+}
+
+// Scores, softmax and the weighted sum of values in float32; the output rounded to T once. With
+// `scratch` (a forward whose scores fit it) heads of 1, 2, 4, 8 or 16 vectors run grouped
+// (attend_grouped); otherwise heads of 1, 2, 4 or 8 vectors run blocked (attend_rows), any other
+// width this loop, which reduces every score and sum in the same order.
 template <class T>
-void attend(const Attention<T>& a, const Team& team) {
+void attend(const Attention<T>& a, float* scratch, const Team& team) {
+  if (scratch != nullptr) {
+    if (a.dh == W) return attend_grouped<T, 1>(a, scratch, team);
+    if (a.dh == 2 * W) return attend_grouped<T, 2>(a, scratch, team);
+    if (a.dh == 4 * W) return attend_grouped<T, 4>(a, scratch, team);
+    if (a.dh == 8 * W) return attend_grouped<T, 8>(a, scratch, team);
+    if (a.dh == 16 * W) return attend_grouped<T, 16>(a, scratch, team);
+  }
   if (a.dh == W) return attend_blocked<T, 1, 4>(a, team);
   if (a.dh == 2 * W) return attend_blocked<T, 2, 4>(a, team);
   if (a.dh == 4 * W) return attend_blocked<T, 4, 4>(a, team);
@@ -705,6 +857,7 @@ struct LayerPlan {
   const bool* mask;  // [B, R, start + R] or null (causal)
   float scaling;
   T *x, *q, *k, *v, *ctx, *mid, *gate, *up;  // [M, d], [M, Hq dh], [M, Hkv dh] x 2, [M, Hq dh], [M, d], [M, I] x 2
+  float* attention;  // attend_grouped's scratch, or null where its scores would not fit
 };
 
 // Scratch tensors for a plan; they stay alive as long as the returned vector.
@@ -717,6 +870,12 @@ std::vector<at::Tensor> allocate_scratch(LayerPlan<T>& s, const at::TensorOption
                                   at::empty({M, s.I}, opts),         at::empty({M, s.I}, opts)};
   T** slots[8] = {&s.x, &s.q, &s.k, &s.v, &s.ctx, &s.mid, &s.gate, &s.up};
   for (int i = 0; i < 8; ++i) *slots[i] = keep[i].data_ptr<T>();
+  const int64_t floats = grouped_scratch_floats(s.B, s.R, s.Hq, s.start + s.R);
+  s.attention = nullptr;
+  if (floats > 0 && floats * static_cast<int64_t>(sizeof(float)) <= kGroupedScratchBytes) {
+    keep.push_back(at::empty({floats}, opts.dtype(at::kFloat)));
+    s.attention = keep.back().data_ptr<float>();
+  }
   return keep;
 }
 
@@ -746,7 +905,7 @@ void layer_steps(const LayerPlan<typename P::Wt>& s, const LayerParams<typename 
       }
   });
   attend(Attention<T>{qp, lp.keys, lp.values, s.mask, cp, s.B, R, s.Hq, s.Hkv, dh, s.cap, s.start, s.start + R, s.scaling},
-         team);
+         s.attention, team);
   run_products<P>(input_of<P>(cp, M, hq), &o, 1, team);
   team.split(M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t i = m0 * d; i < m1 * d; ++i) store1(mid + i, load1(h + i) + load1(mid + i));
