@@ -33,11 +33,11 @@
 // -ffp-contract=off, so no multiply-add is fused where torch rounds twice); the attention is an
 // exact softmax over the allowed keys (max subtracted), whose float32 rounding differs from
 // PyTorch's SDPA kernels by summation order and its own vectorised exp. The query heads that share a
-// key / value head run together, every row and head of the forward reading each key and value once,
-// with the scores split over runs of keys and the value sums over slices of the head's width so that
-// a decode step's few heads spread evenly over the threads (forwards whose scores would not fit its
-// scratch, such as a long prefill, run over blocks of up to four rows of one head instead); either way
-// each row is reduced in the order it would be alone.
+// key / value head run together: every row and head of the forward reads each key once (and each
+// value once per block of rows and heads), the scores split over runs of keys and the value sums
+// over slices of the head's width, so a decode step's few heads spread evenly over the threads
+// (forwards whose scores would not fit its scratch, such as a long prefill, run over blocks of up
+// to four rows of one head instead); either way each row is reduced in the order it would be alone.
 //
 // harness::llama_stack(...): a whole stack of such layers as one call: the same per-layer steps, layer after layer, in one parallel region of torch's OpenMP pool
 // with one set of scratch buffers, so a decode step pays one dispatch and one thread-team start for
