@@ -187,3 +187,22 @@ def test_a_compiled_target_on_the_static_cache_decodes_what_the_plain_target_dec
     apply_static_cache(compiled, True)
     options.compile_model(compiled)
     assert _greedy(compiled, prompt) == _greedy(build_tiny_model(seed=4), prompt)
+
+
+def test_a_crop_narrows_the_buffers_and_a_cache_held_elsewhere_is_sliced():
+    layer = kv_cache.PreallocatedLayer(reserve=8)
+    keys, values = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    layer.update(keys, values)
+    buffer = layer._key_buffer
+    layer.keep_first(3)  # a prefix of the buffers: a narrower view of them, still appended in place
+    assert layer.keys.shape[-2] == 3 and layer.keys.data_ptr() == buffer.data_ptr()
+    assert torch.equal(layer.keys, keys[:, :, :3]) and torch.equal(layer.values, values[:, :, :3])
+    more = torch.randn(1, 2, 2, 4)
+    layer.update(more, more)
+    assert layer._key_buffer is buffer and torch.equal(layer.keys, torch.cat([keys[:, :, :3], more], dim=2))
+    held = torch.randn(1, 2, 5, 4)  # a cache assigned from outside (a batch-row selection): not the buffers
+    layer.keys, layer.values = held, held.clone()
+    layer.keep_first(2)
+    assert torch.equal(layer.keys, held[:, :, :2]) and not layer._keys_in_buffer
+    layer.update(more, more)  # the next append copies it into buffers again
+    assert torch.equal(layer.keys, torch.cat([held[:, :, :2], more], dim=2)) and layer._keys_in_buffer

@@ -54,6 +54,7 @@ import torch
 # on a 2-core machine), so commands that never build one (`harness tree`, `compare`, `report`,
 # `oracles` listing) do not pay for it.
 from harness.target.attention import uses_boolean_masks
+from harness.target.kv_cache import PreallocatedLayer
 from harness.target.options import static_cache_of
 from harness.topology.compiler import CompiledTree
 
@@ -74,10 +75,13 @@ def cache_layers(cache) -> list:
 
 
 def cache_bytes(cache) -> int:
-    return sum(
-        layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
-        for layer in cache_layers(cache)
-    )
+    total = 0
+    for layer in cache.layers:  # the layers cache_layers selects, in one pass
+        keys = getattr(layer, "keys", None)
+        if keys is not None and keys.dim() == 4:
+            values = layer.values
+            total += keys.numel() * keys.element_size() + values.numel() * values.element_size()
+    return total
 
 
 @dataclass
@@ -202,8 +206,11 @@ class CausalLMBackend:
     def _crop(self, state: CacheState, new_len: int) -> None:
         for layer in cache_layers(state.cache):
             if layer.keys.shape[-2] > new_len:
-                layer.keys = layer.keys[:, :, :new_len]
-                layer.values = layer.values[:, :, :new_len]
+                if isinstance(layer, PreallocatedLayer):
+                    layer.keep_first(new_len)
+                else:
+                    layer.keys = layer.keys[:, :, :new_len]
+                    layer.values = layer.values[:, :, :new_len]
         state.phys_len = new_len
 
     @torch.inference_mode()

@@ -95,6 +95,14 @@ class PreallocatedLayer(DynamicLayer):
         self._keys_in_buffer = self._values_in_buffer = True
         return self._keys, self._values
 
+    def keep_first(self, end: int) -> None:
+        """Keep the cache's first ``end`` rows (a crop): a narrower view of the buffers where the
+        cache is their prefix, else a slice of whatever tensors it holds."""
+        if self._keys_in_buffer and self._values_in_buffer:
+            self.filled_to(end)
+        else:
+            self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+
     @torch._dynamo.disable  # appending into a buffer the graph does not own: eager (a compiled forward breaks here)
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
