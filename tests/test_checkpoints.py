@@ -316,3 +316,24 @@ def test_cli_refuses_a_truncated_checkpoint_draft_in_one_line(ckpts, tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "applies only to proposer.model.name=derived" in err[0]
     assert not (run_dir / "record.json").exists() and not (run_dir / "outputs.jsonl").exists()
+
+
+def test_a_checkpoints_weights_are_aligned_to_a_cache_line_and_tied_weights_stay_tied(tmp_path):
+    from harness.target.loading import PARAMETER_ALIGNMENT, align_parameters, build_tiny_model, load_model
+
+    loaded = load_model(name="hf", name_or_path=str(tiny_checkpoint(tmp_path / "ckpt", num_layers=2)))
+    assert all(p.data_ptr() % PARAMETER_ALIGNMENT == 0 for p in loaded.model.parameters())
+    model = build_tiny_model(seed=0)
+    model.get_output_embeddings().weight = model.get_input_embeddings().weight  # tied, as SmolLM2's are
+    misplaced = {}
+    for name, p in model.named_parameters():  # each moved 4 bytes past the alignment, as a mapped file may put it
+        storage = torch.empty(p.numel() + 16, dtype=p.dtype)
+        offset = (-storage.data_ptr() // p.element_size()) % (PARAMETER_ALIGNMENT // p.element_size()) + 1
+        p.data = storage[offset : offset + p.numel()].view_as(p).copy_(p.data)
+        assert p.data_ptr() % PARAMETER_ALIGNMENT
+        misplaced[name] = p.detach().clone()
+    assert align_parameters(model) == len(misplaced)
+    for name, p in model.named_parameters():
+        assert p.data_ptr() % PARAMETER_ALIGNMENT == 0 and torch.equal(p, misplaced[name])
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert align_parameters(model) == 0  # nothing left to move

