@@ -307,7 +307,7 @@ def align_parameters(model: torch.nn.Module, alignment: int = PARAMETER_ALIGNMEN
 
     A checkpoint's tensors are memory-mapped where the safetensors file put them (SmolLM2's fp32
     weights all start 40 bytes past a cache line), so half of every 256-bit load of a weight row
-    straddles two lines. On an AMD EPYC (Zen 3) SmolLM2's verify forward of 8 and 16 rows took 5%
+    straddles two lines. On an AMD EPYC (Zen 3) SmolLM2's verify forward of 8 and 16 rows took 6%
     and 9% less time from aligned copies (one row, bound by memory, unchanged), the same bits. A
     parameter shared by two modules (tied embeddings) is one ``Parameter`` and stays shared."""
     moved = 0
