@@ -206,3 +206,32 @@ def test_a_crop_narrows_the_buffers_and_a_cache_held_elsewhere_is_sliced():
     assert torch.equal(layer.keys, held[:, :, :2]) and not layer._keys_in_buffer
     layer.update(more, more)  # the next append copies it into buffers again
     assert torch.equal(layer.keys, torch.cat([held[:, :, :2], more], dim=2)) and layer._keys_in_buffer
+
+
+def test_a_filled_count_stands_for_the_views_until_someone_reads_them():
+    layer = kv_cache.PreallocatedLayer(reserve=8)
+    keys, values = torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 4)
+    layer.update(keys, values)
+    start = layer.reserve_rows(2, keys[:, :, :2], values[:, :, :2])  # what the native stack does
+    new_k, new_v = torch.randn(2, 3, 2, 4), torch.randn(2, 3, 2, 4)
+    layer._key_buffer[:, :, start : start + 2] = new_k
+    layer._value_buffer[:, :, start : start + 2] = new_v
+    layer.mark_filled(start + 2)
+    assert layer._keys is not None and layer._keys.shape[-2] == 6  # no view made yet
+    assert layer.get_seq_length() == 8
+    assert layer.cached_bytes() == 2 * 2 * 3 * 8 * 4 * 4
+    assert torch.equal(layer.keys, torch.cat([keys, new_k], dim=2))  # made when read
+    assert torch.equal(layer.values, torch.cat([values, new_v], dim=2))
+    assert layer.cached_bytes() == layer.keys.numel() * 4 + layer.values.numel() * 4
+    layer.keep_first(5)  # a crop: the count alone
+    assert layer.get_seq_length() == 5 and torch.equal(layer.keys, keys[:, :, :5])
+    layer.keep_first(4)
+    layer.keys = layer.keys[1:]  # one side replaced from outside: the other's view is made first
+    assert torch.equal(layer.values, values[:, :, :4]) and not layer._keys_in_buffer
+    layer.values = layer.values[1:]
+    more = torch.randn(1, 3, 1, 4)
+    got_k, got_v = layer.update(more, more)  # a selection of batch rows: copied into fresh buffers
+    assert torch.equal(got_k, torch.cat([keys[1:, :, :4], more], dim=2))
+    assert torch.equal(got_v, torch.cat([values[1:, :, :4], more], dim=2))
+    layer.reset()
+    assert layer.get_seq_length() == 0 and layer.cached_bytes() == 0

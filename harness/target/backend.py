@@ -77,6 +77,9 @@ def cache_layers(cache) -> list:
 def cache_bytes(cache) -> int:
     total = 0
     for layer in cache.layers:  # the layers cache_layers selects, in one pass
+        if isinstance(layer, PreallocatedLayer):
+            total += layer.cached_bytes()
+            continue
         keys = getattr(layer, "keys", None)
         if keys is not None and keys.dim() == 4:
             values = layer.values
@@ -204,13 +207,13 @@ class CausalLMBackend:
         )
 
     def _crop(self, state: CacheState, new_len: int) -> None:
-        for layer in cache_layers(state.cache):
-            if layer.keys.shape[-2] > new_len:
-                if isinstance(layer, PreallocatedLayer):
+        for layer in state.cache.layers:
+            if isinstance(layer, PreallocatedLayer):
+                if layer.get_seq_length() > new_len:
                     layer.keep_first(new_len)
-                else:
-                    layer.keys = layer.keys[:, :, :new_len]
-                    layer.values = layer.values[:, :, :new_len]
+            elif getattr(layer, "keys", None) is not None and layer.keys.dim() == 4 and layer.keys.shape[-2] > new_len:
+                layer.keys = layer.keys[:, :, :new_len]
+                layer.values = layer.values[:, :, :new_len]
         state.phys_len = new_len
 
     @torch.inference_mode()

@@ -161,7 +161,7 @@ def _fused_forward(layer, original, hidden_states, attention_mask=None, position
         _submodule(layer, "post_attention_layernorm").variance_epsilon,
         attn.scaling,
     )
-    layer_cache.filled_to(start + r)
+    layer_cache.mark_filled(start + r)
     return out
 
 
@@ -248,7 +248,7 @@ def _run_stack(base, layers, hidden, mask, position_ids, cache) -> torch.Tensor 
         attn.scaling,
     )
     for c in caches:
-        c.filled_to(start + r)
+        c.mark_filled(start + r)
     return out
 
 

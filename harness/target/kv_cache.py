@@ -34,29 +34,59 @@ class PreallocatedLayer(DynamicLayer):
     def __init__(self, reserve: int | None = None, **kwargs) -> None:
         self._key_buffer: torch.Tensor | None = None  # [B, H_kv, capacity, d_h]
         self._value_buffer: torch.Tensor | None = None
+        self._filled: int | None = None  # the cache is the buffers' first _filled slots (views made when read)
         super().__init__(**kwargs)
         self.reserve = max(int(DEFAULT_RESERVE if reserve is None else reserve), 1)
 
     # ``keys`` / ``values`` as attributes of the layer: an assignment from outside (a crop to a
     # shorter prefix, a batch-row selection) records whether the new tensor is still a prefix view
     # of the buffer, so :meth:`update` never has to inspect pointers (nor does a compiled forward).
+    # Where the cache is the buffers' first slots (after a forward or a crop) only that count is
+    # kept, and the views are made the first time someone reads them: a step of the native stack
+    # and a round's rollback then cost no tensor views at all.
     @property
     def keys(self) -> torch.Tensor | None:
+        if self._filled is not None:
+            self._make_views()
         return self._keys
 
     @keys.setter
     def keys(self, value: torch.Tensor | None) -> None:
+        if self._filled is not None:
+            self._make_views()
         self._keys = value
         self._keys_in_buffer = _prefix_view(value, self._key_buffer)
 
     @property
     def values(self) -> torch.Tensor | None:
+        if self._filled is not None:
+            self._make_views()
         return self._values
 
     @values.setter
     def values(self, value: torch.Tensor | None) -> None:
+        if self._filled is not None:
+            self._make_views()
         self._values = value
         self._values_in_buffer = _prefix_view(value, self._value_buffer)
+
+    def _make_views(self) -> None:
+        end, self._filled = self._filled, None
+        self._keys, self._values = self._key_buffer.narrow(2, 0, end), self._value_buffer.narrow(2, 0, end)
+
+    def get_seq_length(self) -> int:
+        return self._filled if self._filled is not None else super().get_seq_length()
+
+    def cached_bytes(self) -> int:
+        """Bytes of the rows the layer holds (``keys`` and ``values``), without making views."""
+        if self._filled is not None:
+            k, v = self._key_buffer, self._value_buffer
+            per_slot = k.shape[0] * k.shape[1] * k.shape[3] * k.element_size()
+            return self._filled * (per_slot + v.shape[0] * v.shape[1] * v.shape[3] * v.element_size())
+        keys, values = self._keys, self._values
+        if keys is None or keys.dim() != 4:
+            return 0
+        return keys.numel() * keys.element_size() + values.numel() * values.element_size()
 
     @property
     def capacity(self) -> int:
@@ -72,8 +102,8 @@ class PreallocatedLayer(DynamicLayer):
         keys = like_keys.new_empty((b, h, capacity, d))
         values = like_values.new_empty((b, h, capacity, like_values.shape[-1]))
         if length:
-            keys[:, :, :length] = self._keys
-            values[:, :, :length] = self._values
+            keys[:, :, :length] = self.keys
+            values[:, :, :length] = self.values
         self._key_buffer, self._value_buffer = keys, values
 
     def reserve_rows(self, rows: int, like_keys: torch.Tensor, like_values: torch.Tensor) -> int:
@@ -82,24 +112,29 @@ class PreallocatedLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(like_keys, like_values)
         length = self.get_seq_length()
-        if length and tuple(self._keys.shape[:2]) != tuple(like_keys.shape[:2]):
-            raise ValueError(f"cache layer holds {tuple(self._keys.shape)}; cannot append {tuple(like_keys.shape)}")
+        held = self._key_buffer if self._filled is not None else self._keys
+        if length and tuple(held.shape[:2]) != tuple(like_keys.shape[:2]):
+            raise ValueError(f"cache layer holds {tuple(self.keys.shape)}; cannot append {tuple(like_keys.shape)}")
         end = length + rows
         if not (self._keys_in_buffer and self._values_in_buffer) or end > self.capacity:
             self._reallocate(length, end, like_keys, like_values)
         return length
 
-    def filled_to(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The buffers' slots ``[0, end)`` hold the cache now; returns them as ``keys`` / ``values``."""
-        self._keys, self._values = self._key_buffer.narrow(2, 0, end), self._value_buffer.narrow(2, 0, end)
+    def mark_filled(self, end: int) -> None:
+        """The buffers' slots ``[0, end)`` hold the cache now (their views are made when read)."""
+        self._filled = end
         self._keys_in_buffer = self._values_in_buffer = True
-        return self._keys, self._values
+
+    def filled_to(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`mark_filled`, returning the slots ``[0, end)`` as ``keys`` / ``values``."""
+        self.mark_filled(end)
+        return self.keys, self.values
 
     def keep_first(self, end: int) -> None:
-        """Keep the cache's first ``end`` rows (a crop): a narrower view of the buffers where the
-        cache is their prefix, else a slice of whatever tensors it holds."""
+        """Keep the cache's first ``end`` rows (a crop): the count alone where the cache is the
+        buffers' prefix, else a slice of whatever tensors it holds."""
         if self._keys_in_buffer and self._values_in_buffer:
-            self.filled_to(end)
+            self.mark_filled(end)
         else:
             self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
 
@@ -117,6 +152,7 @@ class PreallocatedLayer(DynamicLayer):
 
     def reset(self) -> None:
         self._key_buffer = self._value_buffer = None
+        self._filled = None
         super().reset()
 
 
