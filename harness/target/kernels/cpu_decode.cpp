@@ -9,9 +9,10 @@
 // over output features (blocks of NB weight rows, one thread per range of blocks, torch's own
 // OpenMP pool); within a block, register tiles of up to MB input rows by NB weight rows hold one
 // vector accumulator per output element, and the next block is prefetched into L2 while the first
-// tile of the current one runs (a one-row bfloat16 product instead reads its rows in sequence, as a
-// one-row float32 product does where float32 products use 256-bit vectors, below, with a software
-// prefetch 512 bytes ahead in that stream where AVX-512 is not built). Several products that share
+// tile of the current one runs (a one-row float32 product instead reads its rows in sequence where
+// float32 products use 256-bit vectors, below, with a software prefetch ahead in that stream where
+// AVX-512 is not built; a one-row bfloat16 product reads them in sequence where AVX-512 is built, in
+// tiles of two rows where it is not). Several products that share
 // their input (q, k and v; gate and up) run as one split of the union of their blocks. bfloat16 products accumulate in
 // float32 and round once. More than 64 rows (a prefill) are computed 64 at a time, one pass over the weights each.
 //
@@ -166,11 +167,17 @@ struct Team {
 // float32 ones in 256-bit vectors, and 6-9% slower for float32 ones in 512-bit vectors; on Zen 3
 // (AVX2, no AVX-512) a one-row float32 product streams about 14% faster in sequence (SmolLM2's
 // layers and head, interleaved A/B). Either way each output element is reduced in the same order.
-// Without AVX-512, a row read on its own also prefetches its stream 512 bytes ahead, once per cache
-// line: each element is one chain of dependent multiply-adds (the fixed order), which fills the
-// out-of-order window and with it limits the loads in flight; the prefetch runs ahead of the chain.
-// On Zen 3 SmolLM2's one-row step (layers and head) took 8-10% less time in fp32 and 8% in bf16,
-// the same bits, multi-row forwards unchanged (12 interleaved rounds each).
+// Without AVX-512, a row read on its own also prefetches its stream ahead (kRowPrefetchBytes), once
+// per cache line: each element is one chain of dependent multiply-adds (the fixed order), which fills
+// the out-of-order window and with it limits the loads in flight; the prefetch runs ahead of the
+// chain. On Zen 3 SmolLM2's one-row step (layers and head) took 8-10% less time in fp32 and 8% in
+// bf16, the same bits, multi-row forwards unchanged (12 interleaved rounds each); float32 is no
+// faster 1-2 KB ahead. Without AVX-512 a one-row bfloat16 product is faster still in 1 x 2 tiles, two
+// weight rows at a time with the next pair prefetched, each row its own chain in the same order: its
+// loop (every vector widened before the multiply-add) has several times float32's instructions per
+// byte, so one chain's window reaches fewer bytes ahead. On Zen 3 SmolLM2's bf16 one-row step took
+// 0.94 of the time in sequence with a 2 KB prefetch, and 1 x 2 tiles 0.90 of that (12 interleaved
+// rounds each, same bits); two float32 rows at a time stream slower than one.
 //
 // F32: float32 everywhere, one fused multiply-add per vector of weights and inputs. Where AVX-512 is
 // built, its vectors are 512 bits unless HARNESS_F32_WIDTH is 256: AMD Zen 4 executes 512-bit
@@ -191,6 +198,7 @@ struct F32 {
   using XV = __m256;
   static constexpr int step = 8;
   static constexpr bool one_row_in_sequence = true;
+  static constexpr int one_row_cols = 16;
   static Acc zero() { return _mm256_setzero_ps(); }
   static WV wload(const Wt* p) { return _mm256_loadu_ps(p); }
   static XV xload(const X* p) { return _mm256_loadu_ps(p); }
@@ -212,6 +220,7 @@ struct F32 {
 #else
   static constexpr bool one_row_in_sequence = true;  // 256-bit vectors (AVX2 and others): one stream
 #endif
+  static constexpr int one_row_cols = 16;
   static Acc zero() { return Vec::zero(); }
   static WV wload(const Wt* p) { return Vec::load(p); }
   static XV xload(const X* p) { return Vec::load(p); }
@@ -237,6 +246,7 @@ struct BF16 {
   using XV = __m512bh;
   static constexpr int step = 32;
   static constexpr bool one_row_in_sequence = true;
+  static constexpr int one_row_cols = 16;
   static Acc zero() { return _mm512_setzero_ps(); }
   static WV wload(const Wt* p) { return (__m512bh)_mm512_loadu_si512(p); }
   static XV xload(const X* p) { return (__m512bh)_mm512_loadu_si512(p); }
@@ -253,7 +263,13 @@ struct BF16 {
   using WV = Vec::T;
   using XV = Vec::T;
   static constexpr int step = W;
+#if defined(__AVX512F__)
   static constexpr bool one_row_in_sequence = true;
+  static constexpr int one_row_cols = 16;
+#else
+  static constexpr bool one_row_in_sequence = false;  // AVX2 and others: 1 x 2 tiles (see above)
+  static constexpr int one_row_cols = 2;
+#endif
   static Acc zero() { return Vec::zero(); }
   static WV wload(const Wt* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
   static XV xload(const X* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
@@ -404,7 +420,7 @@ void run_products(const Input<P>& in, const Product<P>* ps, int count, const Tea
     Product<P> rows[8];
     for (int i = 0; i < count; ++i) rows[i] = Product<P>{ps[i].w, ps[i].bias, ps[i].y + m0 * ps[i].N, ps[i].N};
     if (part.M == 1)
-      run_blocks<P, 16, 1>(part, rows, count, team);
+      run_blocks<P, P::one_row_cols, 1>(part, rows, count, team);
     else if (part.M == 2)
       run_blocks<P, kTwoRowTile, 2>(part, rows, count, team);
     else
