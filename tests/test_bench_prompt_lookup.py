@@ -88,3 +88,46 @@ def test_a_prompt_longer_than_the_positions_allow_is_refused_in_one_line_or_cut_
     assert bench.fit_to_context(items, rule="false", positions=None, max_new_tokens=32, verify_rows=17) == (items, [])
     with pytest.raises(WorkloadError, match="leave no room"):
         bench.fit_to_context(items, rule="left", positions=40, max_new_tokens=32, verify_rows=17)
+
+
+@pytest.mark.parametrize("lookup", [False, True])
+def test_a_transformers_arm_is_timed_from_the_end_of_its_first_forward_within_one_call(lookup):
+    """Greedy: the prefill gives one token and every later forward one more, so the decode counts
+    the tokens after the first and the hook's time falls before the second forward. With prompt
+    lookup the first forward verifies candidates from the prompt too; its tokens are left out."""
+    import torch
+
+    from harness.target.kv_cache import new_cache
+    from harness.target.loading import build_tiny_model
+
+    model = build_tiny_model(seed=3)
+    ids = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]  # repeats, so lookup finds candidates in the prompt
+    first = bench.FirstForward("cpu")
+    starts = []  # when each forward began
+    count = model.register_forward_pre_hook(lambda *a: starts.append(first.clock.now()))
+    hook = model.register_forward_hook(first.hook)
+    kw = {"prompt_lookup_num_tokens": 4, "max_matching_ngram_size": 2} if lookup else {}
+    try:
+        out = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=12,
+            min_new_tokens=12,
+            do_sample=False,
+            cache=new_cache(model.config, preallocated=True),
+            streamer=first,
+            **kw,
+        )
+        done = first.clock.now()
+    finally:
+        hook.remove()
+        count.remove()
+    new = out.shape[1] - len(ids)
+    ms, tokens = first.decode(done, new)
+    assert new == 12 and starts[0] < first.end_s < starts[1] and 0 < ms < (done - starts[0]) * 1e3
+    if lookup:
+        assert 1 <= first.first_tokens <= 5 and tokens == new - first.first_tokens
+    else:
+        assert first.first_tokens == 1 and tokens == 11 and len(starts) == 12
+    with pytest.raises(RuntimeError, match="without a forward"):
+        bench.FirstForward("cpu").decode(done, 3)

@@ -19,9 +19,13 @@ Each of our arms keeps one proposer for the whole benchmark, warm-up included, a
 per batch slot for a whole job (the adaptive arms' learned acceptance and history carry across
 prompts).
 
-Decode time only (prefill and the first token are excluded from both families by timing
-``max_new_tokens`` generation and subtracting a 1-token generation for the HF arms; our arms report
-decode time directly). Both families run the same model in the same dtype; transformers' arms use
+Decode time only: prefill and the first token are excluded from both families. Our arms report
+decode time directly; transformers' arms are timed within the one ``generate`` call, from the end
+of its first forward (the prompt's prefill, which with prompt lookup also verifies the first
+candidates) to the return, over the tokens after those that forward gave (:class:`FirstForward`).
+Subtracting a separate 1-token generation instead left two prefills' noise in every HF figure,
+larger than the whole decode on a long prompt (an 8,047-token chat prompt measured a negative decode
+time that way). Both families run the same model in the same dtype; transformers' arms use
 its stock ``sdpa`` attention, ours the configured one (``--attn``). Workloads (``--workload``):
 ``humaneval`` (code, plain prompts), ``chat`` (ShareGPT first turns through the chat template) and
 ``copy`` (copy-heavy: the chat model is asked to repeat a ShareGPT answer of at least 400 characters
@@ -55,7 +59,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -63,6 +66,7 @@ from tqdm import tqdm
 
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
+from harness.measure.ledger import StageClock
 from harness.proposers.base import NullProposer
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
@@ -140,6 +144,37 @@ def fit_to_context(
             ids = ids[-room:]
         out.append((p, ids))
     return out, cut
+
+
+class FirstForward:
+    """Where transformers' ``generate`` ends its first forward, and how many tokens that forward gave:
+    a forward hook on the model takes the time (the device synchronised), and as the call's streamer
+    it counts the tokens of its first put after the prompt (``generate`` puts the prompt first, then
+    each forward's new tokens). :meth:`decode` gives the ms from there to ``done`` and the tokens
+    after those."""
+
+    def __init__(self, device) -> None:
+        self.clock = StageClock(device)
+        self.end_s: float | None = None
+        self.first_tokens: int | None = None
+        self._puts = 0
+
+    def hook(self, module, args, output) -> None:
+        if self.end_s is None:
+            self.end_s = self.clock.now()
+
+    def put(self, value: torch.Tensor) -> None:
+        self._puts += 1
+        if self._puts == 2:
+            self.first_tokens = int(value.numel())
+
+    def end(self) -> None:
+        pass
+
+    def decode(self, done: float, new_tokens: int) -> tuple[float, int]:
+        if self.end_s is None or self.first_tokens is None:
+            raise RuntimeError("generate returned without a forward and its tokens")
+        return (done - self.end_s) * 1e3, new_tokens - min(self.first_tokens, new_tokens)
 
 
 def ratio_estimates(per_prompt: list[dict], *, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
@@ -306,12 +341,15 @@ def main(argv=None) -> int:
         return res.tokens, res.decode_ms, res.ledger
 
     def hf(ids, new, **kw):
+        """transformers' ``generate``: its new tokens, and its decode ms and tokens (after the first
+        forward's)."""
         inp = torch.tensor([ids])
         mask = torch.ones_like(inp)
         model.set_attn_implementation("sdpa")  # transformers' arms: its own attention
         cache = new_cache(model.config, preallocated=static_cache, reserve=new + args.num_tokens + 1)
+        first = FirstForward(backend.device)
+        hook = model.register_forward_hook(first.hook)
         try:
-            t0 = time.perf_counter()
             out = model.generate(
                 inp,
                 attention_mask=mask,
@@ -319,12 +357,15 @@ def main(argv=None) -> int:
                 do_sample=False,
                 pad_token_id=tok.eos_token_id,
                 cache=cache,
+                streamer=first,
                 **kw,
             )
-            dt = (time.perf_counter() - t0) * 1e3
+            done = first.clock.now()
         finally:
+            hook.remove()
             model.set_attn_implementation(args.attn)
-        return out[0, len(ids) :].tolist(), dt
+        toks = out[0, len(ids) :].tolist()
+        return toks, first.decode(done, len(toks))
 
     # One proposer per arm for the whole benchmark, warm-up included, as the runner keeps one per
     # batch slot for a whole job: the adaptive arm's learned acceptance carries across prompts.
@@ -369,10 +410,9 @@ def main(argv=None) -> int:
         outs, this = {}, {}
         for a in order:
             if a.startswith("hf"):
-                toks, ms = arms[a](ids, args.max_new_tokens)
-                _, first_ms = arms[a](ids, 1)  # prefill + first token, subtracted: decode only
+                toks, (ms, decoded) = arms[a](ids, args.max_new_tokens)
                 outs[a] = toks
-                this[a] = {"decode_ms": ms - first_ms, "tokens": len(toks) - 1}
+                this[a] = {"decode_ms": ms, "tokens": decoded}
             else:
                 toks, ms, ledger = arms[a](ids, args.max_new_tokens)
                 outs[a] = toks
