@@ -77,6 +77,9 @@ struct Vec {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
   }
   static float sum(T v) { return sum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))); }
+  static void sum8(const T* v, float* out) {  // out[c] = sum(v[c]), c < 8
+    for (int c = 0; c < 8; ++c) out[c] = sum(v[c]);
+  }
 };
 #define HARNESS_PREFETCH(p) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1)
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -92,6 +95,20 @@ struct Vec {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
   }
   static float sum(T h) { return sum256(h); }
+  // out[c] = sum(v[c]) for c < 8, bit for bit: the same additions as sum256's, eight vectors at a
+  // time (the halves of v[c] and v[c + 4] folded in one add, then pairs of lanes, then the pair).
+  static void sum8(const T* v, float* out) {
+    auto fold = [](T a, T b) {  // [a_lo + a_hi | b_lo + b_hi]
+      return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    };
+    auto pairs = [](T a, T b) {  // per 128-bit lane [a0 + a2, a1 + a3, b0 + b2, b1 + b3]
+      return _mm256_add_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    };
+    const T low = pairs(fold(v[0], v[4]), fold(v[1], v[5]));  // [v0 v1 | v4 v5], two partial sums each
+    const T high = pairs(fold(v[2], v[6]), fold(v[3], v[7]));
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_shuffle_ps(low, high, _MM_SHUFFLE(2, 0, 2, 0)),
+                                        _mm256_shuffle_ps(low, high, _MM_SHUFFLE(3, 1, 3, 1))));
+  }
 };
 #define HARNESS_PREFETCH(p) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1)
 #else
@@ -121,6 +138,9 @@ struct Vec {
     for (int w = width / 2; w >= 1; w /= 2)
       for (int i = 0; i < w; ++i) s[i] += s[i + w];
     return s[0];
+  }
+  static void sum8(const T* v, float* out) {
+    for (int c = 0; c < 8; ++c) out[c] = sum(v[c]);
   }
 };
 #define HARNESS_PREFETCH(p) __builtin_prefetch((p), 0, 2)
@@ -704,7 +724,21 @@ void attend_grouped(const Attention<T>& a, float* scratch, const Team& team) {
         Vec::T qv[NV];
         for (int v = 0; v < NV; ++v) qv[v] = loadv(q + v * W);
         float* row = scratch + row_of(b, r, h) * L;
-        for (int64_t j = j0; j < seen; ++j) {
+        // The first pair streams the run's keys from memory one at a time; the others find them in
+        // the cache and take eight at a time. Either way each score is reduced as dot() reduces it.
+        int64_t j = j0;
+        for (; pr > 0 && j + 8 <= seen; j += 8) {
+          const T* k = keys + j * dh;
+          Vec::T acc[8];
+          for (int c = 0; c < 8; ++c) acc[c] = Vec::zero();
+          for (int v = 0; v < NV; ++v)
+            for (int c = 0; c < 8; ++c) acc[c] = Vec::fma(qv[v], loadv(k + c * dh + v * W), acc[c]);
+          float sums[8];
+          Vec::sum8(acc, sums);
+          for (int c = 0; c < 8; ++c)
+            row[j + c] = allowed != nullptr && !allowed[j + c] ? -INFINITY : sums[c] * a.scaling;
+        }
+        for (; j < seen; ++j) {
           if (allowed != nullptr && !allowed[j]) {
             row[j] = -INFINITY;
             continue;
