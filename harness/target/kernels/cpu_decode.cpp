@@ -98,8 +98,8 @@ struct Vec {
   // out[c] = sum(v[c]) for c < 8, bit for bit: the same additions as sum256's, eight vectors at a
   // time (the halves of v[c] and v[c + 4] folded in one add, then pairs of lanes, then the pair).
   static void sum8(const T* v, float* out) {
-    auto fold = [](T a, T b) {  // [a_lo + a_hi | b_lo + b_hi]
-      return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    auto fold = [](T a, T b) {  // [a_lo + a_hi | b_lo + b_hi] (halves 0, 1: a's; 2, 3: b's)
+      return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 2 << 4 | 0), _mm256_permute2f128_ps(a, b, 3 << 4 | 1));
     };
     auto pairs = [](T a, T b) {  // per 128-bit lane [a0 + a2, a1 + a3, b0 + b2, b1 + b3]
       return _mm256_add_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
