@@ -35,6 +35,7 @@ class PreallocatedLayer(DynamicLayer):
         self._key_buffer: torch.Tensor | None = None  # [B, H_kv, capacity, d_h]
         self._value_buffer: torch.Tensor | None = None
         self._filled: int | None = None  # the cache is the buffers' first _filled slots (views made when read)
+        self._set_layout()
         super().__init__(**kwargs)
         self.reserve = max(int(DEFAULT_RESERVE if reserve is None else reserve), 1)
 
@@ -77,12 +78,20 @@ class PreallocatedLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self._filled if self._filled is not None else super().get_seq_length()
 
+    def _set_layout(self) -> None:
+        """Record the buffers' batch and heads, capacity and bytes per slot (read on every step)."""
+        k, v = self._key_buffer, self._value_buffer
+        if k is None:
+            self._batch_heads, self._capacity, self._slot_bytes = None, 0, 0
+            return
+        self._batch_heads, self._capacity = tuple(k.shape[:2]), int(k.shape[-2])
+        per_slot = k.shape[0] * k.shape[1] * k.shape[3] * k.element_size()
+        self._slot_bytes = per_slot + v.shape[0] * v.shape[1] * v.shape[3] * v.element_size()
+
     def cached_bytes(self) -> int:
         """Bytes of the rows the layer holds (``keys`` and ``values``), without making views."""
         if self._filled is not None:
-            k, v = self._key_buffer, self._value_buffer
-            per_slot = k.shape[0] * k.shape[1] * k.shape[3] * k.element_size()
-            return self._filled * (per_slot + v.shape[0] * v.shape[1] * v.shape[3] * v.element_size())
+            return self._filled * self._slot_bytes
         keys, values = self._keys, self._values
         if keys is None or keys.dim() != 4:
             return 0
@@ -90,7 +99,7 @@ class PreallocatedLayer(DynamicLayer):
 
     @property
     def capacity(self) -> int:
-        return 0 if self._key_buffer is None else int(self._key_buffer.shape[-2])
+        return self._capacity
 
     def _reallocate(self, length: int, needed: int, like_keys: torch.Tensor, like_values: torch.Tensor) -> None:
         """Fresh buffers of at least ``needed`` slots holding the first ``length`` current rows: the
@@ -105,6 +114,7 @@ class PreallocatedLayer(DynamicLayer):
             keys[:, :, :length] = self.keys
             values[:, :, :length] = self.values
         self._key_buffer, self._value_buffer = keys, values
+        self._set_layout()
 
     def reserve_rows(self, rows: int, like_keys: torch.Tensor, like_values: torch.Tensor) -> int:
         """Make room for ``rows`` more rows after the cached ones (``like_*``: a forward's new keys and
@@ -153,6 +163,7 @@ class PreallocatedLayer(DynamicLayer):
     def reset(self) -> None:
         self._key_buffer = self._value_buffer = None
         self._filled = None
+        self._set_layout()
         super().reset()
 
 
