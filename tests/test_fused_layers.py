@@ -253,6 +253,92 @@ def test_fusing_is_undone_and_only_llama_layers_are_fused():
     assert "is not one of" in fusable(torch.nn.Linear(2, 2))
 
 
+def test_the_stack_keeps_its_weight_list_only_while_no_parameter_has_been_replaced():
+    model, reference = build_tiny_model(seed=1), build_tiny_model(seed=1)
+    assert apply_fused_layers(model, True) == 2 and fused_stack_of(model)
+    ids = torch.tensor([PROMPTS[0]])
+
+    def same_logits():
+        cache = kv_cache.new_cache(model.config, preallocated=True)
+        with torch.no_grad():
+            assert _native_calls(lambda: model(input_ids=ids, cache=cache)) == STACK
+            fused = model(input_ids=ids, cache=kv_cache.new_cache(model.config, preallocated=True)).logits
+            torch.testing.assert_close(fused, reference(input_ids=ids).logits, atol=2e-5, rtol=1e-5)
+
+    same_logits()
+    kept = model.model.__dict__["_harness_stack_weights"]
+    same_logits()  # read once, kept while nothing is registered
+    assert model.model.__dict__["_harness_stack_weights"] is kept
+    for m in (model, reference):  # a parameter replaced through setattr
+        m.model.layers[1].mlp.up_proj.weight = torch.nn.Parameter(torch.full((64, 32), 0.02))
+    same_logits()
+    assert model.model.__dict__["_harness_stack_weights"] is not kept
+    overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:  # every parameter replaced by Module.to without a registration, then changed in place
+        model.to(torch.float64).to(torch.float32)
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+    with torch.no_grad():
+        for m in (model, reference):
+            m.model.layers[0].self_attn.v_proj.weight.mul_(3.0)
+    same_logits()
+    for m in (model, reference):  # parametrised: computed by each read, never kept
+        torch.nn.utils.parametrize.register_parametrization(m.model.layers[0].mlp.gate_proj, "weight", _Doubled())
+    same_logits()
+    assert "_harness_stack_weights" not in model.model.__dict__
+    assert apply_fused_layers(model, False) == 0 and "_harness_stack_weights" not in model.model.__dict__
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_backend_reads_the_stacks_logits_directly_with_the_bits_of_the_models_forward(monkeypatch, dtype):
+    from harness.target import backend as backend_module
+    from harness.target.fused_layers import stack_logits
+
+    model = build_tiny_model(seed=3).to(dtype)
+    assert apply_fused_layers(model, True) == 2
+    ids, pos = torch.tensor([PROMPTS[2]]), torch.arange(len(PROMPTS[2]))[None]
+    with torch.no_grad():
+        caches = [kv_cache.new_cache(model.config, preallocated=True) for _ in range(2)]
+        direct = stack_logits(model, ids, pos, None, caches[0])
+        through = model(input_ids=ids, position_ids=pos, cache=caches[1], use_cache=True).logits
+        assert direct.shape == through.shape and torch.equal(direct, through)
+        step = torch.tensor([[5]]), torch.tensor([[len(PROMPTS[2])]])
+        last = stack_logits(model, *step, None, caches[0], last_only=True)
+        assert torch.equal(
+            last, model(input_ids=step[0], position_ids=step[1], cache=caches[1], logits_to_keep=1).logits
+        )
+        for a, b in zip(caches[0].layers, caches[1].layers):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(stack_logits(*args, **kwargs))
+        return calls[-1]
+
+    def run(direct: bool):  # a prefill, tree verifies with commits, a rollback, single-row steps
+        monkeypatch.setattr(backend_module, "stack_logits", counted if direct else lambda *a, **k: None)
+        backend, got = CausalLMBackend(model), []
+        with torch.inference_mode():
+            state = backend.prefill(PROMPTS[:2])
+            for paths, accept in (([[10, 11, 12], [10, 13], [14]], [[0, 1], [2]]), ([[4, 6]], None), (None, None)):
+                trees = [_tree(paths, state.lengths[i] + 1) if paths else None for i in range(2)]
+                got += backend.verify(state, [3, 9], trees).logits
+                backend.rollback(state) if accept is None else backend.commit(state, accept)
+        return got
+
+    with_direct, without = run(True), run(False)
+    assert calls and all(c is not None for c in calls)
+    assert len(with_direct) == len(without) and all(torch.equal(a, b) for a, b in zip(with_direct, without))
+
+    seen = []  # a hook on the LM head: transformers' forward, which calls it
+    model.lm_head.register_forward_hook(lambda *_: seen.append(1))
+    calls.clear()
+    run(True)
+    assert seen and calls and all(c is None for c in calls)
+
+
 def test_the_option_resolves_records_and_refuses_in_one_line(tmp_path, monkeypatch):
     from harness.manifest import job_manifest
 

@@ -54,6 +54,7 @@ import torch
 # on a 2-core machine), so commands that never build one (`harness tree`, `compare`, `report`,
 # `oracles` listing) do not pay for it.
 from harness.target.attention import uses_boolean_masks
+from harness.target.fused_layers import stack_logits
 from harness.target.kv_cache import PreallocatedLayer
 from harness.target.options import static_cache_of
 from harness.topology.compiler import CompiledTree
@@ -143,6 +144,14 @@ class VerifyOutput:
 
 
 @dataclass
+class _Logits:
+    """What the backend reads of a model output, where :func:`stack_logits` computed the logits."""
+
+    logits: torch.Tensor  # [B, R, V]
+    hidden_states: None = None
+
+
+@dataclass
 class CausalLMBackend:
     model: torch.nn.Module
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -196,6 +205,17 @@ class CausalLMBackend:
             kwargs["attention_mask"] = additive.unsqueeze(1)  # [B, 1, R, K]
         if last_only and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = 1
+        if not output_hidden and (allowed is None or self._bool_masks):
+            logits = stack_logits(
+                self.model,
+                ids.to(self.device),
+                pos.to(self.device),
+                kwargs.get("attention_mask"),
+                cache,
+                last_only="logits_to_keep" in kwargs,
+            )
+            if logits is not None:
+                return _Logits(logits)
         return self.model(
             input_ids=ids.to(self.device),
             position_ids=pos.to(self.device),
