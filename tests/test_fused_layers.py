@@ -253,40 +253,90 @@ def test_fusing_is_undone_and_only_llama_layers_are_fused():
     assert "is not one of" in fusable(torch.nn.Linear(2, 2))
 
 
-def test_the_stack_keeps_its_weight_list_only_while_no_parameter_has_been_replaced():
+def test_the_stack_keeps_its_weight_list_only_while_every_weight_is_where_it_was_read():
+    import copy
+
     model, reference = build_tiny_model(seed=1), build_tiny_model(seed=1)
     assert apply_fused_layers(model, True) == 2 and fused_stack_of(model)
     ids = torch.tensor([PROMPTS[0]])
 
-    def same_logits():
-        cache = kv_cache.new_cache(model.config, preallocated=True)
+    def logits(m):
         with torch.no_grad():
-            assert _native_calls(lambda: model(input_ids=ids, cache=cache)) == STACK
-            fused = model(input_ids=ids, cache=kv_cache.new_cache(model.config, preallocated=True)).logits
-            torch.testing.assert_close(fused, reference(input_ids=ids).logits, atol=2e-5, rtol=1e-5)
+            return m(input_ids=ids, cache=kv_cache.new_cache(m.config, preallocated=True)).logits
+
+    def same_logits(fused=model):
+        with torch.no_grad():
+            assert (
+                _native_calls(lambda: fused(input_ids=ids, cache=kv_cache.new_cache(fused.config, preallocated=True)))
+                == STACK
+            )
+        torch.testing.assert_close(logits(fused), reference(input_ids=ids).logits, atol=2e-5, rtol=1e-5)
+
+    def both(edit):
+        assert "_harness_stack_weights" in model.model.__dict__  # kept: the edit must be noticed
+        for m in (model, reference):
+            edit(m)
+        same_logits()
 
     same_logits()
     kept = model.model.__dict__["_harness_stack_weights"]
-    same_logits()  # read once, kept while nothing is registered
+    same_logits()  # read once, kept while nothing moved
     assert model.model.__dict__["_harness_stack_weights"] is kept
-    for m in (model, reference):  # a parameter replaced through setattr
+
+    def parameter(m):  # setattr
         m.model.layers[1].mlp.up_proj.weight = torch.nn.Parameter(torch.full((64, 32), 0.02))
-    same_logits()
+
+    def written(m):  # straight into the module's parameter dict, as torch.func and accelerate do
+        m.model.layers[0].self_attn.o_proj._parameters["weight"] = torch.nn.Parameter(torch.full((32, 32), -0.01))
+
+    def plain_tensor(m):  # the parameter deleted, a plain tensor in its place
+        lin = m.model.layers[1].self_attn.k_proj
+        w = lin.weight.detach() * 0.5
+        del lin.weight
+        lin.weight = w
+
+    def layer_swapped(m):  # a layer taken out of the list and a changed copy put back
+        layer = copy.deepcopy(m.model.layers[1])
+        with torch.no_grad():
+            layer.mlp.down_proj.weight.mul_(-1.0)
+        del m.model.layers[1]
+        m.model.layers.insert(1, layer)
+
+    both(parameter)
     assert model.model.__dict__["_harness_stack_weights"] is not kept
+    both(written)
+    both(layer_swapped)
     overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.__future__.set_overwrite_module_params_on_conversion(True)
-    try:  # every parameter replaced by Module.to without a registration, then changed in place
-        model.to(torch.float64).to(torch.float32)
+    try:  # one layer's parameters replaced by Module.to, then changed in place
+        model.model.layers[1].to(torch.float64).to(torch.float32)
     finally:
         torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
-    with torch.no_grad():
-        for m in (model, reference):
-            m.model.layers[0].self_attn.v_proj.weight.mul_(3.0)
+    both(lambda m: torch.nn.init.constant_(m.model.layers[1].self_attn.v_proj.weight, 0.03))
+    assert "_harness_stack_weights" in model.model.__dict__
+    name, value = "model.layers.0.mlp.gate_proj.weight", torch.full((64, 32), 0.05)
+    with torch.no_grad():  # parameters swapped in for one call only
+        torch.testing.assert_close(
+            torch.func.functional_call(
+                model, {name: value}, (ids,), {"cache": kv_cache.new_cache(model.config, preallocated=True)}
+            ).logits,
+            torch.func.functional_call(reference, {name: value}, (ids,)).logits,
+            atol=2e-5,
+            rtol=1e-5,
+        )
     same_logits()
-    for m in (model, reference):  # parametrised: computed by each read, never kept
+    twin = copy.deepcopy(model)  # a copy keeps its own list, which follows its own modules
+    assert "_harness_stack_weights" in twin.model.__dict__
+    twin.model.layers[0].mlp.up_proj.weight = torch.nn.Parameter(torch.full((64, 32), 0.07))
+    reference_twin = copy.deepcopy(reference)
+    reference_twin.model.layers[0].mlp.up_proj.weight = torch.nn.Parameter(torch.full((64, 32), 0.07))
+    torch.testing.assert_close(logits(twin), reference_twin(input_ids=ids).logits, atol=2e-5, rtol=1e-5)
+    same_logits()
+    both(plain_tensor)
+    assert "_harness_stack_weights" not in model.model.__dict__  # not a registered parameter: never kept
+    for m in (model, reference):  # parametrised: computed by each read
         torch.nn.utils.parametrize.register_parametrization(m.model.layers[0].mlp.gate_proj, "weight", _Doubled())
     same_logits()
-    assert "_harness_stack_weights" not in model.model.__dict__
     assert apply_fused_layers(model, False) == 0 and "_harness_stack_weights" not in model.model.__dict__
 
 
@@ -333,10 +383,28 @@ def test_the_backend_reads_the_stacks_logits_directly_with_the_bits_of_the_model
     assert len(with_direct) == len(without) and all(torch.equal(a, b) for a, b in zip(with_direct, without))
 
     seen = []  # a hook on the LM head: transformers' forward, which calls it
-    model.lm_head.register_forward_hook(lambda *_: seen.append(1))
+    handle = model.lm_head.register_forward_hook(lambda *_: seen.append(1))
     calls.clear()
     run(True)
     assert seen and calls and all(c is None for c in calls)
+    handle.remove()
+
+    def direct() -> bool:
+        with torch.no_grad():
+            return stack_logits(model, ids, pos, None, kv_cache.new_cache(model.config, preallocated=True)) is not None
+
+    assert direct()
+    cls, original = type(model), type(model).forward
+    monkeypatch.setattr(cls, "forward", lambda self, *a, **k: original(self, *a, **k))
+    assert not direct()  # the class's forward patched since fusing
+    monkeypatch.undo()
+    fused_forward = model.model.forward
+    model.model.forward = lambda *a, **k: fused_forward(*a, **k)  # the decoder's forward wrapped (as accelerate does)
+    assert not direct()
+    model.model.forward = fused_forward
+    assert direct()
+    model.compile()  # a compiled model calls its compiled forward
+    assert not direct()
 
 
 def test_the_option_resolves_records_and_refuses_in_one_line(tmp_path, monkeypatch):

@@ -235,3 +235,17 @@ def test_a_filled_count_stands_for_the_views_until_someone_reads_them():
     assert torch.equal(got_v, torch.cat([values[1:, :, :4], more], dim=2))
     layer.reset()
     assert layer.get_seq_length() == 0 and layer.cached_bytes() == 0
+
+
+def test_a_reservation_that_fits_moves_nothing_and_one_that_does_not_fit_or_match_does():
+    layer = kv_cache.PreallocatedLayer(reserve=8)
+    keys = torch.randn(2, 3, 6, 4)
+    layer.update(keys, keys.clone())
+    layer.mark_filled(layer.reserve_rows(2, keys[:, :, :2], keys[:, :, :2]) + 2)  # 8 of 14 slots filled
+    buffer = layer._key_buffer.data_ptr()
+    assert layer.capacity == 14 and layer.reserve_rows(6, keys, keys) == 8 and layer._key_buffer.data_ptr() == buffer
+    with pytest.raises(ValueError, match=r"cannot append \(1, 3, 1, 4\)"):
+        layer.reserve_rows(1, keys[:1, :, :1], keys[:1, :, :1])  # another batch: refused, not reserved
+    assert layer.reserve_rows(7, keys, keys) == 8  # 15 slots: the buffers at least doubled, the rows kept
+    assert layer.capacity >= 28 and layer._key_buffer.data_ptr() != buffer
+    assert torch.equal(layer._key_buffer[:, :, :6], keys) and layer.cached_bytes() == 2 * 2 * 3 * 8 * 4 * 4

@@ -37,22 +37,23 @@ to the layers one call each) whenever the forward asks for something only the la
 provides: hidden states or attentions as outputs, a hook on a decoder layer (other than
 transformers' own output-capturing hooks, which do nothing unless outputs are asked for), a
 two-dimensional padding mask, a cache that is not preallocated, or any case a single layer falls
-back on. The stack's weight list is read from the layers once and kept while none of the modules
-it came from has had a parameter or submodule replaced.
+back on. The stack's weight list is read from the layers once and kept with every dict entry it
+was reached through, and used while each still holds the same object.
 
 The backend (:class:`harness.target.backend.CausalLMBackend`) reads such a model's logits through
 :func:`stack_logits`: the embedding, the native stack, the final norm and the LM head called in
 the order ``LlamaForCausalLM`` calls them, the same bits, without transformers' output objects and
-per-module call machinery around them; wherever a hook or an output asks for transformers' forward,
-it runs that. On SmolLM2 (AMD EPYC, two threads) the kept weight list and the direct call took a
-decode step's Python outside the native calls from about 2.6 to 1.5 ms (bf16 step 0.90 of the time,
-float32 0.97, interleaved in one process).
+per-module call machinery around them; wherever a hook, an output, compilation or a replaced
+forward asks for the model's own forward, it runs that. On SmolLM2 (AMD EPYC, two threads) the
+kept weight list and the direct call took a decode step's Python outside the native calls from
+about 2.4 to 1.9 ms in bf16 and 2.0 to 1.5 ms in float32 (the bf16 step 0.94 of the time, float32
+0.98, interleaved in one process).
 """
 
 from __future__ import annotations
 
 import functools
-import weakref
+import operator
 
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -140,74 +141,64 @@ def _parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.
     return weights + [x.weight for x in linears[4:]], [x.bias for x in linears]
 
 
-class _Registrations:
-    """A count of the parameters and submodules registered on a watched module (through ``setattr``,
-    ``register_parameter``, ``register_module``, a parametrisation, ``load_state_dict`` with
-    ``assign``), bumped by torch's global registration hooks. The watched modules are those a kept
-    weight list was read from, so where the count has not moved since, none of their parameters or
-    submodules has been replaced that way; registrations elsewhere (transformers' layer loop slices
-    its ``ModuleList`` into a new one every forward) leave it alone."""
-
-    count = 0
-    watched: weakref.WeakSet = weakref.WeakSet()
-
-    @classmethod
-    def registered(cls, module: torch.nn.Module, *_args) -> None:
-        if module in cls.watched:
-            cls.count += 1
-
-    @classmethod
-    def watch(cls, modules) -> None:
-        cls.watched.update(modules)
-
-
-torch.nn.modules.module.register_module_parameter_registration_hook(_Registrations.registered)
-torch.nn.modules.module.register_module_module_registration_hook(_Registrations.registered)
-
-
-def _holders(layer: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules a layer's weight list is read from (the layer, its attention and MLP, their
-    projections and the two norms)."""
-    mods = layer._modules
-    a, m = mods["self_attn"], mods["mlp"]
-    return [
-        layer,
-        a,
-        m,
-        mods["input_layernorm"],
-        mods["post_attention_layernorm"],
-        *a._modules.values(),
-        *m._modules.values(),
-    ]
-
-
-#: where a fused decoder keeps the weight list of its stack: (registration count, layers, the
-#: first layer's first weight, weights, biases)
+#: where a fused decoder keeps the weight list of its stack: (links, weights, biases)
 _STACK_WEIGHTS = "_harness_stack_weights"
+
+_ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def _links(base: torch.nn.Module, layers) -> tuple[list, list, list] | None:
+    """Every dict entry the stack's weights are reached through, as three parallel lists (the
+    dicts, the keys, the objects found): the decoder's layer list, each layer in it, each layer's
+    attention, MLP, norms and projections, and each of their weights and biases. None where a weight
+    is not a registered parameter (a parametrised weight is computed by each read)."""
+    dicts, keys, found = [base._modules], ["layers"], [layers]
+    try:
+        for name, layer in layers._modules.items():
+            mods = layer._modules
+            attn, mlp = mods["self_attn"], mods["mlp"]
+            dicts += [layers._modules, mods, mods, mods, mods]
+            keys += [name, "self_attn", "mlp", "input_layernorm", "post_attention_layernorm"]
+            found += [layer, attn, mlp, mods["input_layernorm"], mods["post_attention_layernorm"]]
+            for owner, names in ((attn, _ATTENTION_PROJECTIONS), (mlp, _MLP_PROJECTIONS)):
+                for n in names:
+                    proj = owner._modules[n]
+                    dicts += [owner._modules, proj._parameters, proj._parameters]
+                    keys += [n, "weight", "bias"]
+                    found += [proj, proj._parameters["weight"], proj._parameters.get("bias")]
+            for norm in (mods["input_layernorm"], mods["post_attention_layernorm"]):
+                dicts.append(norm._parameters)
+                keys.append("weight")
+                found.append(norm._parameters["weight"])
+    except KeyError:
+        return None
+    return dicts, keys, found
 
 
 def _stack_parameters(base: torch.nn.Module, layers) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-    """Every layer's weights and biases in the native stack's order. A decode step would otherwise
-    walk 30 layers' modules for them every forward (after the step has streamed the weights through
-    the caches, so every lookup misses); the list is kept on the decoder while nothing has been
-    registered on the modules it was read from (:class:`_Registrations`) and the first layer's
-    first weight is the same object (``Module.to`` to another device and back replaces every
-    parameter without a registration). A layer whose weights are not all registered parameters (a
-    parametrised weight is computed by each read) is read afresh every forward."""
+    """Every layer's weights and biases in the native stack's order. Building the list walks 30
+    layers' modules every forward, after the step has streamed the weights through the caches, so
+    every lookup misses (about 0.5 ms of a SmolLM2 step on the CPU measured); the list is kept on the
+    decoder with every dict entry it was reached through, and used while each of those entries
+    still holds the same object (one pass of C-level lookups and identity tests). A parameter or
+    submodule replaced in any way (``setattr``, a write into ``_parameters``, ``Module.to`` that
+    overwrites parameters, ``torch.func.functional_call``, a layer list edited) or a copy of the
+    model reads the list afresh; a layer whose weights are not all registered parameters is read
+    afresh every forward."""
     kept = base.__dict__.get(_STACK_WEIGHTS)
-    first = layers[0]._modules["input_layernorm"]._parameters.get("weight")
-    if kept is not None and kept[0] == _Registrations.count and kept[1] is layers and kept[2] is first:
-        return kept[3], kept[4]
-    weights, biases, cacheable = [], [], True
+    if kept is not None:
+        dicts, keys, found = kept[0]
+        if all(map(operator.is_, map(dict.get, dicts, keys), found)):
+            return kept[1], kept[2]
+    weights, biases = [], []
     for layer in layers:
-        registered = _registered_parameters(layer)
-        cacheable = cacheable and registered is not None
-        w, b = registered if registered is not None else _parameters(layer)
+        w, b = _parameters(layer)
         weights += w
         biases += b
-    if cacheable and first is not None:
-        _Registrations.watch([base, layers, *(m for layer in layers for m in _holders(layer))])
-        base.__dict__[_STACK_WEIGHTS] = (_Registrations.count, layers, first, weights, biases)
+    links = _links(base, layers)
+    if links is not None:
+        base.__dict__[_STACK_WEIGHTS] = (links, weights, biases)
     else:
         base.__dict__.pop(_STACK_WEIGHTS, None)
     return weights, biases
@@ -380,6 +371,10 @@ def _stack_forward(
 FUSABLE_CAUSAL_LMS = ("LlamaForCausalLM",)
 
 
+#: where a fused decoder records its causal LM's class-level forward when it is fused
+_LM_FORWARD = "_harness_lm_forward"
+
+
 def _any_hook(module: torch.nn.Module) -> bool:
     return bool(module._forward_pre_hooks or module._forward_hooks)
 
@@ -398,14 +393,20 @@ def stack_logits(
     where its decoder runs as one native call: the same modules called in the same order (embedding,
     the native stack, the final norm, the LM head), so the same bits, without transformers' output
     objects, argument handling and per-module call machinery around them. None, the cache's
-    content unchanged, where the forward needs transformers' own (a hook on any of those modules,
-    hidden states asked for, anything the stack itself falls back on)."""
+    content unchanged, where the forward needs the model's own: a hook on any of those modules,
+    hidden states asked for, anything the stack itself falls back on, a compiled model, or a forward
+    replaced since fusing (the model's class-level forward, the model's or decoder's instance
+    forward)."""
     base = getattr(model, "model", None)
     if (
         base is None
         or type(model).__name__ not in FUSABLE_CAUSAL_LMS
         or "_harness_fused_stack" not in base.__dict__
+        or type(model).forward is not base.__dict__.get(_LM_FORWARD)  # the class's forward patched since
         or "forward" in model.__dict__
+        or getattr(base.__dict__.get("forward"), "func", None) is not _stack_forward  # the decoder's replaced
+        or getattr(model, "_compiled_call_impl", None) is not None
+        or getattr(base, "_compiled_call_impl", None) is not None
         or model.training
     ):
         return None
@@ -436,6 +437,7 @@ def apply_fused_layers(model: torch.nn.Module, enabled: bool, *, stack: bool = T
         base.__dict__.pop("forward", None)
         base.__dict__.pop("_harness_fused_stack", None)
         base.__dict__.pop(_STACK_WEIGHTS, None)
+        base.__dict__.pop(_LM_FORWARD, None)
     if not enabled:
         return 0
     load_native_kernels()
@@ -448,6 +450,7 @@ def apply_fused_layers(model: torch.nn.Module, enabled: bool, *, stack: bool = T
     if stack and count and count == len(layers) and type(base).__name__ in FUSABLE_MODELS:
         base._harness_fused_stack = True
         base.forward = functools.partial(_stack_forward, base, base.forward)
+        base.__dict__[_LM_FORWARD] = type(model).forward
     return count
 
 

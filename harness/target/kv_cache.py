@@ -119,6 +119,9 @@ class PreallocatedLayer(DynamicLayer):
     def reserve_rows(self, rows: int, like_keys: torch.Tensor, like_values: torch.Tensor) -> int:
         """Make room for ``rows`` more rows after the cached ones (``like_*``: a forward's new keys and
         values, or tensors of their shape and dtype); returns the first free slot."""
+        filled = self._filled
+        if filled is not None and filled + rows <= self._capacity and like_keys.shape[:2] == self._batch_heads:
+            return filled  # the cache is the buffers' prefix and the rows fit: nothing to move
         if not self.is_initialized:
             self.lazy_initialization(like_keys, like_values)
         length = self.get_seq_length()
