@@ -37,23 +37,18 @@ to the layers one call each) whenever the forward asks for something only the la
 provides: hidden states or attentions as outputs, a hook on a decoder layer (other than
 transformers' own output-capturing hooks, which do nothing unless outputs are asked for), a
 two-dimensional padding mask, a cache that is not preallocated, or any case a single layer falls
-back on. The stack's weight list is read from the layers once and kept with every dict entry it
-was reached through, and used while each still holds the same object.
+back on.
 
 The backend (:class:`harness.target.backend.CausalLMBackend`) reads such a model's logits through
 :func:`stack_logits`: the embedding, the native stack, the final norm and the LM head called in
 the order ``LlamaForCausalLM`` calls them, the same bits, without transformers' output objects and
 per-module call machinery around them; wherever a hook, an output, compilation or a replaced
-forward asks for the model's own forward, it runs that. On SmolLM2 (AMD EPYC, two threads) the
-kept weight list and the direct call took a decode step's Python outside the native calls from
-about 2.4 to 1.9 ms in bf16 and 2.0 to 1.5 ms in float32 (the bf16 step 0.94 of the time, float32
-0.98, interleaved in one process).
+forward asks for the model's own forward, it runs that.
 """
 
 from __future__ import annotations
 
 import functools
-import operator
 
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -108,9 +103,10 @@ def _submodule(module: torch.nn.Module, name: str) -> torch.nn.Module:
     return modules[name] if name in modules else getattr(module, name)
 
 
-def _registered_parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor | None]] | None:
-    """The layer's weights and biases in the native layer's order by straight dict lookups, where
-    each is a registered submodule and parameter as fusing found them; else None."""
+def _parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """The layer's weights and biases in the native layer's order, read from the modules on every
+    call (a replaced parameter or submodule is never computed stale): straight dict lookups where
+    each is a registered submodule and parameter, as fusing found them, else by attribute."""
     try:
         mods = layer._modules
         a, m = mods["self_attn"]._modules, mods["mlp"]._modules
@@ -121,87 +117,14 @@ def _registered_parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], 
         weights += [gate["weight"], up["weight"], down["weight"]]
         return weights, [q["bias"], k["bias"], v["bias"], o["bias"], gate["bias"], up["bias"], down["bias"]]
     except KeyError:  # something not registered the usual way (a parametrisation, a property)
-        return None
-
-
-def _parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-    """The layer's weights and biases in the native layer's order, read from the modules on every
-    call (a replaced parameter or submodule is never computed stale): straight dict lookups where
-    each is a registered submodule and parameter, as fusing found them, else by attribute."""
-    registered = _registered_parameters(layer)
-    if registered is not None:
-        return registered
-    a, m = layer.self_attn, layer.mlp
-    linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
-    weights = [
-        layer.input_layernorm.weight,
-        *[x.weight for x in linears[:4]],
-        layer.post_attention_layernorm.weight,
-    ]
-    return weights + [x.weight for x in linears[4:]], [x.bias for x in linears]
-
-
-#: where a fused decoder keeps the weight list of its stack: (links, weights, biases)
-_STACK_WEIGHTS = "_harness_stack_weights"
-
-_ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-_MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-
-
-def _links(base: torch.nn.Module, layers) -> tuple[list, list, list] | None:
-    """Every dict entry the stack's weights are reached through, as three parallel lists (the
-    dicts, the keys, the objects found): the decoder's layer list, each layer in it, each layer's
-    attention, MLP, norms and projections, and each of their weights and biases. None where a weight
-    is not a registered parameter (a parametrised weight is computed by each read)."""
-    dicts, keys, found = [base._modules], ["layers"], [layers]
-    try:
-        for name, layer in layers._modules.items():
-            mods = layer._modules
-            attn, mlp = mods["self_attn"], mods["mlp"]
-            dicts += [layers._modules, mods, mods, mods, mods]
-            keys += [name, "self_attn", "mlp", "input_layernorm", "post_attention_layernorm"]
-            found += [layer, attn, mlp, mods["input_layernorm"], mods["post_attention_layernorm"]]
-            for owner, names in ((attn, _ATTENTION_PROJECTIONS), (mlp, _MLP_PROJECTIONS)):
-                for n in names:
-                    proj = owner._modules[n]
-                    dicts += [owner._modules, proj._parameters, proj._parameters]
-                    keys += [n, "weight", "bias"]
-                    found += [proj, proj._parameters["weight"], proj._parameters.get("bias")]
-            for norm in (mods["input_layernorm"], mods["post_attention_layernorm"]):
-                dicts.append(norm._parameters)
-                keys.append("weight")
-                found.append(norm._parameters["weight"])
-    except KeyError:
-        return None
-    return dicts, keys, found
-
-
-def _stack_parameters(base: torch.nn.Module, layers) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-    """Every layer's weights and biases in the native stack's order. Building the list walks 30
-    layers' modules every forward, after the step has streamed the weights through the caches, so
-    every lookup misses (about 0.5 ms of a SmolLM2 step on the CPU measured); the list is kept on the
-    decoder with every dict entry it was reached through, and used while each of those entries
-    still holds the same object (one pass of C-level lookups and identity tests). A parameter or
-    submodule replaced in any way (``setattr``, a write into ``_parameters``, ``Module.to`` that
-    overwrites parameters, ``torch.func.functional_call``, a layer list edited) or a copy of the
-    model reads the list afresh; a layer whose weights are not all registered parameters is read
-    afresh every forward."""
-    kept = base.__dict__.get(_STACK_WEIGHTS)
-    if kept is not None:
-        dicts, keys, found = kept[0]
-        if all(map(operator.is_, map(dict.get, dicts, keys), found)):
-            return kept[1], kept[2]
-    weights, biases = [], []
-    for layer in layers:
-        w, b = _parameters(layer)
-        weights += w
-        biases += b
-    links = _links(base, layers)
-    if links is not None:
-        base.__dict__[_STACK_WEIGHTS] = (links, weights, biases)
-    else:
-        base.__dict__.pop(_STACK_WEIGHTS, None)
-    return weights, biases
+        a, m = layer.self_attn, layer.mlp
+        linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+        weights = [
+            layer.input_layernorm.weight,
+            *[x.weight for x in linears[:4]],
+            layer.post_attention_layernorm.weight,
+        ]
+        return weights + [x.weight for x in linears[4:]], [x.bias for x in linears]
 
 
 def _fused_forward(layer, original, hidden_states, attention_mask=None, position_ids=None, cache=None, **kwargs):
@@ -308,9 +231,14 @@ def _run_stack(base, layers, hidden, mask, position_ids, cache) -> torch.Tensor 
     if position_ids is None:
         position_ids = torch.arange(start, start + r, device=hidden.device).unsqueeze(0)
     cos, sin = base._modules["rotary_emb"](hidden, position_ids=position_ids)
-    weights, biases = _stack_parameters(base, layers)
-    input_eps = [layer._modules["input_layernorm"].variance_epsilon for layer in layers]
-    post_eps = [layer._modules["post_attention_layernorm"].variance_epsilon for layer in layers]
+    weights, biases, input_eps, post_eps = [], [], [], []
+    for layer in layers:
+        w, bias = _parameters(layer)
+        weights += w
+        biases += bias
+        mods = layer._modules
+        input_eps.append(mods["input_layernorm"].variance_epsilon)
+        post_eps.append(mods["post_attention_layernorm"].variance_epsilon)
     out = torch.ops.harness.llama_stack(
         hidden.contiguous(),
         cos.contiguous(),
@@ -436,7 +364,6 @@ def apply_fused_layers(model: torch.nn.Module, enabled: bool, *, stack: bool = T
     if base is not None:
         base.__dict__.pop("forward", None)
         base.__dict__.pop("_harness_fused_stack", None)
-        base.__dict__.pop(_STACK_WEIGHTS, None)
         base.__dict__.pop(_LM_FORWARD, None)
     if not enabled:
         return 0
