@@ -349,6 +349,9 @@ def test_the_stack_computes_with_the_weights_its_modules_hold_however_they_were_
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
+)  # torch.compile's import
 def test_the_backend_reads_the_stacks_logits_directly_with_the_bits_of_the_models_forward(monkeypatch, dtype):
     from harness.target import backend as backend_module
     from harness.target.fused_layers import stack_logits
