@@ -196,6 +196,7 @@ class CausalLMBackend:
     ):
         """``ids``/``pos`` ``[B, R]``; ``allowed`` bool ``[B, R, start + R]`` or None (causal)."""
         r = ids.shape[1]
+        ids, pos = ids.to(self.device), pos.to(self.device)
         kwargs = {}
         if allowed is not None and self._bool_masks:
             kwargs["attention_mask"] = allowed.to(self.device).unsqueeze(1)  # [B, 1, R, K], True = attend
@@ -207,18 +208,13 @@ class CausalLMBackend:
             kwargs["logits_to_keep"] = 1
         if not output_hidden and (allowed is None or self._bool_masks):
             logits = stack_logits(
-                self.model,
-                ids.to(self.device),
-                pos.to(self.device),
-                kwargs.get("attention_mask"),
-                cache,
-                last_only="logits_to_keep" in kwargs,
+                self.model, ids, pos, kwargs.get("attention_mask"), cache, last_only="logits_to_keep" in kwargs
             )
             if logits is not None:
                 return _Logits(logits)
         return self.model(
-            input_ids=ids.to(self.device),
-            position_ids=pos.to(self.device),
+            input_ids=ids,
+            position_ids=pos,
             use_cache=True,
             **{self._cache_kw: cache},
             cache_position=torch.arange(start, start + r, device=self.device),
