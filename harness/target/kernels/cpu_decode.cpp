@@ -9,7 +9,7 @@
 // over output features (blocks of NB weight rows, one thread per range of blocks, torch's own
 // OpenMP pool); within a block, register tiles of up to MB input rows by NB weight rows hold one
 // vector accumulator per output element, and the next block is prefetched into L2 while the first
-// tile of the current one runs (a one-row float32 product instead reads its rows in sequence where
+// tile of the current one runs (float32 without AVX-512: while all its tiles run; a one-row float32 product instead reads its rows in sequence where
 // float32 products use 256-bit vectors, below, with a software prefetch ahead in that stream where
 // AVX-512 is not built; a one-row bfloat16 product reads them in sequence where AVX-512 is built, in
 // tiles of two rows where it is not). Several products that share
@@ -154,6 +154,18 @@ constexpr int kRowPrefetchBytes = 0;
 #else
 constexpr int kRowPrefetchBytes = 512;  // how far ahead a one-row product prefetches its own stream
 #endif
+// A block of weight rows is read from memory by its first tile of input rows and from L1 by the
+// rest; a prefetch of the next block keeps the memory busy meanwhile. Where this is set, float32
+// blocks split that prefetch evenly over all their tiles, so the next block streams in during every
+// tile instead of only the first one's (the memory otherwise idles while the later tiles compute).
+// On Zen 3 (AVX2) SmolLM2's float32 forwards of 6-16 rows took 0.90-0.95 of the time, 4 rows or
+// fewer (one tile) unchanged; bfloat16 ones, whose tiles compute longer per byte, gained nothing
+// (0.96-1.09 at 4-16 rows), so they keep the first tile's prefetch. Not measured with AVX-512.
+#if defined(__AVX512F__)
+constexpr bool kSpreadF32Prefetch = false;
+#else
+constexpr bool kSpreadF32Prefetch = true;
+#endif
 #define HARNESS_PREFETCH_NEAR(p) __builtin_prefetch((p), 0, 3)
 constexpr int W = Vec::width;
 
@@ -219,6 +231,7 @@ struct F32 {
   static constexpr int step = 8;
   static constexpr bool one_row_in_sequence = true;
   static constexpr int one_row_cols = 16;
+  static constexpr bool spread_prefetch = kSpreadF32Prefetch;
   static Acc zero() { return _mm256_setzero_ps(); }
   static WV wload(const Wt* p) { return _mm256_loadu_ps(p); }
   static XV xload(const X* p) { return _mm256_loadu_ps(p); }
@@ -241,6 +254,7 @@ struct F32 {
   static constexpr bool one_row_in_sequence = true;  // 256-bit vectors (AVX2 and others): one stream
 #endif
   static constexpr int one_row_cols = 16;
+  static constexpr bool spread_prefetch = kSpreadF32Prefetch;
   static Acc zero() { return Vec::zero(); }
   static WV wload(const Wt* p) { return Vec::load(p); }
   static XV xload(const X* p) { return Vec::load(p); }
@@ -267,6 +281,7 @@ struct BF16 {
   static constexpr int step = 32;
   static constexpr bool one_row_in_sequence = true;
   static constexpr int one_row_cols = 16;
+  static constexpr bool spread_prefetch = false;  // measured: no gain (see kSpreadF32Prefetch)
   static Acc zero() { return _mm512_setzero_ps(); }
   static WV wload(const Wt* p) { return (__m512bh)_mm512_loadu_si512(p); }
   static XV xload(const X* p) { return (__m512bh)_mm512_loadu_si512(p); }
@@ -290,6 +305,7 @@ struct BF16 {
   static constexpr bool one_row_in_sequence = false;  // AVX2 and others: 1 x 2 tiles (see above)
   static constexpr int one_row_cols = 2;
 #endif
+  static constexpr bool spread_prefetch = false;  // measured: no gain (see kSpreadF32Prefetch)
   static Acc zero() { return Vec::zero(); }
   static WV wload(const Wt* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
   static XV xload(const X* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
@@ -327,10 +343,13 @@ inline void store1(bf16* p, float v) { *p = bf16(v); }
 inline Vec::T loadv(const float* p) { return Vec::load(p); }
 inline Vec::T loadv(const bf16* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
 
-// Rows [m, m + TM) of x against weight rows [n, n + TN); `ahead`, when set, is prefetched (the
-// next block's weights, TN * K elements) a step's worth per weight row and step.
+// Rows [m, m + TM) of x against weight rows [n, n + TN). `ahead`, when set, is the next block's
+// weights (TN * K elements), prefetched in chunks of a step's worth per weight row: the block's
+// `shares` tiles split its chunks evenly, this tile (`share` of them) taking every shares-th step of
+// the steps all of them run, so the next block streams in while every tile of this one computes.
 template <class P, int TM, int TN>
-inline void tile(const Input<P>& in, const Product<P>& p, int64_t m, int64_t n, const typename P::Wt* ahead) {
+inline void tile(const Input<P>& in, const Product<P>& p, int64_t m, int64_t n, const typename P::Wt* ahead,
+                 int64_t share = 0, int64_t shares = 1) {
   const typename P::X* x = in.x + m * in.K;
   const typename P::Wt* w = p.w + n * in.K;
   typename P::Acc acc[TM][TN];
@@ -347,8 +366,25 @@ inline void tile(const Input<P>& in, const Product<P>& p, int64_t m, int64_t n, 
         acc[0][0] = P::madd(acc[0][0], P::xload(x + k0 + u * P::step), P::wload(w + k0 + u * P::step));
     }
   }
+  const char* chunk = nullptr;  // spread: the next chunk of `ahead` this tile prefetches
+  int64_t wait = 0;             // and the steps until it
+  if (P::spread_prefetch && ahead != nullptr) {
+    const int64_t first = share * (in.kv / P::step);  // this tile's first step, counted over the block
+    const int64_t c = (first + shares - 1) / shares;  // the first chunk it takes
+    chunk = reinterpret_cast<const char*>(ahead) + c * ahead_bytes;
+    wait = c * shares - first;
+  }
   for (int64_t k = k0; k < in.kv; k += P::step) {
-    if (ahead != nullptr) {
+    if constexpr (P::spread_prefetch) {
+      if (chunk != nullptr) {
+        if (wait == 0) {
+          for (int b = 0; b < ahead_bytes; b += 64) HARNESS_PREFETCH(chunk + b);
+          chunk += ahead_bytes;
+          wait = shares;
+        }
+        --wait;
+      }
+    } else if (ahead != nullptr) {
       const char* a = reinterpret_cast<const char*>(ahead + k * TN);
       for (int b = 0; b < ahead_bytes; b += 64) HARNESS_PREFETCH(a + b);
     }
@@ -371,12 +407,13 @@ inline void tile(const Input<P>& in, const Product<P>& p, int64_t m, int64_t n, 
 // Every input row against weight rows [n, n + TN).
 // The last in.M - m < MB rows in one tile of that many rows.
 template <class P, int TN, int TM>
-inline void tail_tile(const Input<P>& in, const Product<P>& p, int64_t m, int64_t n, const typename P::Wt* ahead) {
+inline void tail_tile(const Input<P>& in, const Product<P>& p, int64_t m, int64_t n, const typename P::Wt* ahead,
+                      int64_t share, int64_t shares) {
   if constexpr (TM >= 1) {
     if (in.M - m == TM)
-      tile<P, TM, TN>(in, p, m, n, ahead);
+      tile<P, TM, TN>(in, p, m, n, ahead, share, shares);
     else
-      tail_tile<P, TN, TM - 1>(in, p, m, n, ahead);
+      tail_tile<P, TN, TM - 1>(in, p, m, n, ahead, share, shares);
   }
 }
 
@@ -386,9 +423,14 @@ void block(const Input<P>& in, const Product<P>& p, int64_t n, const typename P:
     for (int j = 0; j < TN; ++j) tile<P, 1, 1>(in, p, 0, n + j, nullptr);
     return;
   }
-  int64_t m = 0;
-  for (; m + MB <= in.M; m += MB, ahead = nullptr) tile<P, MB, TN>(in, p, m, n, ahead);
-  tail_tile<P, TN, MB - 1>(in, p, m, n, ahead);
+  // the block's tiles share the prefetch of the next block, or the first tile issues all of it
+  const int64_t shares = P::spread_prefetch ? (in.M + MB - 1) / MB : 1;
+  int64_t m = 0, share = 0;
+  for (; m + MB <= in.M; m += MB, ++share) {
+    tile<P, MB, TN>(in, p, m, n, ahead, share, shares);
+    if (!P::spread_prefetch) ahead = nullptr;
+  }
+  tail_tile<P, TN, MB - 1>(in, p, m, n, ahead, share, shares);
 }
 
 // Every product of `ps` (all sharing the input) in one parallel split of their blocks.
