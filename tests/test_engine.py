@@ -244,6 +244,39 @@ def test_occurrences_are_ranked_by_how_much_context_they_match():
     assert context == MAX_CONTEXT and cont.tolist() == [3, 4, 5]
 
 
+def _continuations_by_the_rule(tokens: list[int], *, max_ngram: int, max_depth: int) -> list[tuple[int, list[int]]]:
+    """find_continuations' documented rule, written out with loops: every earlier occurrence of the
+    longest suffix n-gram that matches at a continuation start, its context extended backwards,
+    ranked by context and then recency."""
+    from harness.proposers.prompt_lookup import MAX_CONTEXT
+
+    total, found = len(tokens), {}
+    for n in range(min(max_ngram, total - 1), 0, -1):
+        for i in range(total - n):
+            if tokens[i : i + n] == tokens[total - n :] and i + n not in found:
+                context = n
+                while context < min(MAX_CONTEXT, total - 1) and i - (context - n) - 1 >= 0:
+                    back = context - n + 1
+                    if tokens[i - back] != tokens[total - n - back]:
+                        break
+                    context += 1
+                found[i + n] = context
+    order = sorted(found, key=lambda start: (-found[start], -start))
+    return [(found[s], tokens[s : s + max_depth]) for s in order]
+
+
+def test_the_vectorised_search_finds_what_the_rule_says_on_random_sequences():
+    from harness.proposers.prompt_lookup import find_continuations
+
+    rng = np.random.default_rng(0)
+    for case in range(300):
+        tokens = rng.integers(0, 2 + case % 4, size=int(rng.integers(2, 70))).tolist()
+        max_ngram, depth = 1 + case % 4, 1 + case % 5
+        got = find_continuations(np.array(tokens), max_ngram=max_ngram, min_ngram=1, max_depth=depth, max_matches=10**6)
+        want = _continuations_by_the_rule(tokens, max_ngram=max_ngram, max_depth=depth)
+        assert [(c, cont.tolist()) for c, cont, _ in got] == want, (case, tokens)
+
+
 def _script(name):
     import importlib.util
     from pathlib import Path

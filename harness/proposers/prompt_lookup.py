@@ -144,8 +144,10 @@ def find_continuations(
         suffix = tokens[total - n :]
         hits = np.empty(0, dtype=np.int64)
         if n < total:
-            windows = np.lib.stride_tricks.sliding_window_view(tokens[: total - 1], n)  # [T-n, n]
-            hits = np.flatnonzero((windows == suffix).all(axis=1))  # window starts i, continuation at i + n
+            same = tokens[: total - n] == suffix[0]  # window starts i (tokens[i:i+n]), continuation at i + n
+            for j in range(1, n):
+                same &= tokens[j : total - n + j] == suffix[j]
+            hits = np.flatnonzero(same)
             hits = hits[~seen[hits + n]]
         if len(hits):
             seen[hits + n] = True
@@ -177,6 +179,11 @@ def find_continuations(
     return out
 
 
+def _bucket_table(bounds: tuple[int, ...]) -> tuple[int, ...]:
+    """For each value from 0 to the last bound, the index of the first bound it does not exceed."""
+    return tuple(sum(value > bound for bound in bounds) for value in range(bounds[-1] + 1))
+
+
 class AcceptanceRates:
     """Online acceptance rates per (effective context bucket, sibling rank): Beta posteriors whose
     prior means rise with the context a candidate's match has (``PRIOR_MEAN``, measured on held-out
@@ -188,6 +195,8 @@ class AcceptanceRates:
     #: prior acceptance per bucket: SmolLM2, dev split of HumanEval, ShareGPT and copy prompts
     #: (0.22, 0.35, 0.71, 0.82, 0.83, 0.97 measured by scripts/lookup_context_calibration.py), to 0.05
     PRIOR_MEAN: ClassVar[tuple[float, ...]] = (0.2, 0.35, 0.7, 0.8, 0.85, 0.95)
+    #: the bucket of each effective context up to the last bound (the first bound it does not exceed)
+    _BUCKET_OF: ClassVar[tuple[int, ...]] = _bucket_table(BUCKETS)
 
     def __init__(self, *, prior_strength: float = 4.0, max_rank_key: int = 3) -> None:
         self.prior_strength = prior_strength
@@ -201,8 +210,10 @@ class AcceptanceRates:
         earlier requests (``history``) is counted apart from one in the current request, from the
         same prior."""
         effective = context + depth - 1
-        bucket = next((b for b, bound in enumerate(self.BUCKETS) if effective <= bound), len(self.BUCKETS))
-        return (bucket, min(rank, self.max_rank_key), *((1,) if history else ()))
+        table = self._BUCKET_OF
+        bucket = table[effective] if 0 <= effective < len(table) else (0 if effective < 0 else len(self.BUCKETS))
+        rank = rank if rank < self.max_rank_key else self.max_rank_key
+        return (bucket, rank, 1) if history else (bucket, rank)
 
     def rate(self, key: tuple[int, ...]) -> float:
         a = self.PRIOR_MEAN[key[0]] * self.prior_strength
