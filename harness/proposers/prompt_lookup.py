@@ -210,8 +210,7 @@ class AcceptanceRates:
         earlier requests (``history``) is counted apart from one in the current request, from the
         same prior."""
         effective = context + depth - 1
-        table = self._BUCKET_OF
-        bucket = table[effective] if 0 <= effective < len(table) else (0 if effective < 0 else len(self.BUCKETS))
+        bucket = self._BUCKET_OF[max(effective, 0)] if effective < len(self._BUCKET_OF) else len(self.BUCKETS)
         rank = rank if rank < self.max_rank_key else self.max_rank_key
         return (bucket, rank, 1) if history else (bucket, rank)
 

@@ -9,12 +9,13 @@
 // over output features (blocks of NB weight rows, one thread per range of blocks, torch's own
 // OpenMP pool); within a block, register tiles of up to MB input rows by NB weight rows hold one
 // vector accumulator per output element, and the next block is prefetched into L2 while the first
-// tile of the current one runs (float32 without AVX-512: while all its tiles run; a one-row float32 product instead reads its rows in sequence where
-// float32 products use 256-bit vectors, below, with a software prefetch ahead in that stream where
-// AVX-512 is not built; a one-row bfloat16 product reads them in sequence where AVX-512 is built, in
-// tiles of two rows where it is not). Several products that share
-// their input (q, k and v; gate and up) run as one split of the union of their blocks. bfloat16 products accumulate in
-// float32 and round once. More than 64 rows (a prefill) are computed 64 at a time, one pass over the weights each.
+// tile of the current one runs (float32 without AVX-512: while all its tiles run; a one-row float32
+// product instead reads its rows in sequence where float32 products use 256-bit vectors, below, with
+// a software prefetch ahead in that stream where AVX-512 is not built; a one-row bfloat16 product
+// reads them in sequence where AVX-512 is built, in tiles of two rows where it is not). Several
+// products that share their input (q, k and v; gate and up) run as one split of the union of their
+// blocks. bfloat16 products accumulate in float32 and round once. More than 64 rows (a prefill) are
+// computed 64 at a time, one pass over the weights each.
 //
 // Row invariance: every output element y[m, n] is reduced in the same order (one accumulator over
 // k in steps of the vector width, a fixed horizontal sum, the scalar tail, then the bias, then the
@@ -158,7 +159,7 @@ constexpr int kRowPrefetchBytes = 512;  // how far ahead a one-row product prefe
 // rest; a prefetch of the next block keeps the memory busy meanwhile. Where this is set, float32
 // blocks split that prefetch evenly over all their tiles, so the next block streams in during every
 // tile instead of only the first one's (the memory otherwise idles while the later tiles compute).
-// On Zen 3 (AVX2) SmolLM2's float32 forwards of 6-16 rows took 0.90-0.95 of the time, 4 rows or
+// On Zen 3 (AVX2) SmolLM2's float32 forwards of 6-16 rows took 0.80-0.95 of the time, 4 rows or
 // fewer (one tile) unchanged; bfloat16 ones, whose tiles compute longer per byte, gained nothing
 // (0.96-1.09 at 4-16 rows), so they keep the first tile's prefetch. Not measured with AVX-512.
 #if defined(__AVX512F__)
