@@ -53,6 +53,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -232,7 +233,6 @@ struct F32 {
   static constexpr int step = 8;
   static constexpr bool one_row_in_sequence = true;
   static constexpr int one_row_cols = 16;
-  static constexpr bool spread_prefetch = kSpreadF32Prefetch;
   static Acc zero() { return _mm256_setzero_ps(); }
   static WV wload(const Wt* p) { return _mm256_loadu_ps(p); }
   static XV xload(const X* p) { return _mm256_loadu_ps(p); }
@@ -255,7 +255,6 @@ struct F32 {
   static constexpr bool one_row_in_sequence = true;  // 256-bit vectors (AVX2 and others): one stream
 #endif
   static constexpr int one_row_cols = 16;
-  static constexpr bool spread_prefetch = kSpreadF32Prefetch;
   static Acc zero() { return Vec::zero(); }
   static WV wload(const Wt* p) { return Vec::load(p); }
   static XV xload(const X* p) { return Vec::load(p); }
@@ -282,7 +281,6 @@ struct BF16 {
   static constexpr int step = 32;
   static constexpr bool one_row_in_sequence = true;
   static constexpr int one_row_cols = 16;
-  static constexpr bool spread_prefetch = false;  // measured: no gain (see kSpreadF32Prefetch)
   static Acc zero() { return _mm512_setzero_ps(); }
   static WV wload(const Wt* p) { return (__m512bh)_mm512_loadu_si512(p); }
   static XV xload(const X* p) { return (__m512bh)_mm512_loadu_si512(p); }
@@ -306,7 +304,6 @@ struct BF16 {
   static constexpr bool one_row_in_sequence = false;  // AVX2 and others: 1 x 2 tiles (see above)
   static constexpr int one_row_cols = 2;
 #endif
-  static constexpr bool spread_prefetch = false;  // measured: no gain (see kSpreadF32Prefetch)
   static Acc zero() { return Vec::zero(); }
   static WV wload(const Wt* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
   static XV xload(const X* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
@@ -344,6 +341,10 @@ inline void store1(bf16* p, float v) { *p = bf16(v); }
 inline Vec::T loadv(const float* p) { return Vec::load(p); }
 inline Vec::T loadv(const bf16* p) { return Vec::widen(reinterpret_cast<const uint16_t*>(p)); }
 
+// Whether P's blocks spread the next block's prefetch over their tiles (float32 only).
+template <class P>
+constexpr bool spreads_prefetch = kSpreadF32Prefetch && std::is_same_v<typename P::Wt, float>;
+
 // Rows [m, m + TM) of x against weight rows [n, n + TN). `ahead`, when set, is the next block's
 // weights (TN * K elements), prefetched in chunks of a step's worth per weight row: the block's
 // `shares` tiles split its chunks evenly, this tile (`share` of them) taking every shares-th step of
@@ -369,14 +370,14 @@ inline void tile(const Input<P>& in, const Product<P>& p, int64_t m, int64_t n, 
   }
   const char* chunk = nullptr;  // spread: the next chunk of `ahead` this tile prefetches
   int64_t wait = 0;             // and the steps until it
-  if (P::spread_prefetch && ahead != nullptr) {
+  if (spreads_prefetch<P> && ahead != nullptr) {
     const int64_t first = share * (in.kv / P::step);  // this tile's first step, counted over the block
     const int64_t c = (first + shares - 1) / shares;  // the first chunk it takes
     chunk = reinterpret_cast<const char*>(ahead) + c * ahead_bytes;
     wait = c * shares - first;
   }
   for (int64_t k = k0; k < in.kv; k += P::step) {
-    if constexpr (P::spread_prefetch) {
+    if constexpr (spreads_prefetch<P>) {
       if (chunk != nullptr) {
         if (wait == 0) {
           for (int b = 0; b < ahead_bytes; b += 64) HARNESS_PREFETCH(chunk + b);
@@ -425,11 +426,11 @@ void block(const Input<P>& in, const Product<P>& p, int64_t n, const typename P:
     return;
   }
   // the block's tiles share the prefetch of the next block, or the first tile issues all of it
-  const int64_t shares = P::spread_prefetch ? (in.M + MB - 1) / MB : 1;
+  const int64_t shares = spreads_prefetch<P> ? (in.M + MB - 1) / MB : 1;
   int64_t m = 0, share = 0;
   for (; m + MB <= in.M; m += MB, ++share) {
     tile<P, MB, TN>(in, p, m, n, ahead, share, shares);
-    if (!P::spread_prefetch) ahead = nullptr;
+    if (!spreads_prefetch<P>) ahead = nullptr;
   }
   tail_tile<P, TN, MB - 1>(in, p, m, n, ahead, share, shares);
 }
