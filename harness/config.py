@@ -86,9 +86,11 @@ class ModelConfig:
     seed: int = ranged(0, **SEED)  # weights seed for model=tiny
     trust_remote_code: bool = False  # explicit opt-in: runs code from the checkpoint
     tiny: TinyConfig = field(default_factory=TinyConfig)  # the LlamaConfig of model=tiny
-    # how every nn.Linear computes (harness.target.options): auto (streaming for float32 on a non-Intel
-    # x86 CPU with a C++ compiler, weight_major without one, else default) | default (F.linear) |
-    # onednn | mkl_packed | weight_major ((W @ x.T).T) | streaming (the harness's own kernel)
+    # how every nn.Linear computes (harness.target.options): auto (streaming for float32 and bfloat16
+    # on a non-Intel x86 CPU with a C++ compiler, streaming_panels for float32 where it lacks AVX-512,
+    # weight_major without a compiler, else default) | default (F.linear) | onednn | mkl_packed |
+    # weight_major ((W @ x.T).T) | streaming (the harness's own kernel) | streaming_panels (the same
+    # over a copy of each float32 weight packed in panels of 16 output features)
     linear_kernel: str = ranged("auto", choices=LINEAR_KERNELS)
     # torch.compile(dynamic=True) of the model's forward (on CPU it needs a C++ compiler)
     compile: bool = False
@@ -97,7 +99,8 @@ class ModelConfig:
     # null: preallocated, unless model.compile (a compiled forward breaks its graph at each append)
     static_cache: Optional[bool] = None
     # each Llama decoder layer as one native call (harness.target.fused_layers); null: where the
-    # linear kernel is streaming (float32 CPU), the cache preallocated and the forward uncompiled
+    # linear kernel is streaming or streaming_panels (CPU), the cache preallocated and the forward
+    # uncompiled
     fused_layers: Optional[bool] = None
 
 

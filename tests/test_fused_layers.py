@@ -421,7 +421,7 @@ def test_the_backend_reads_the_stacks_logits_directly_with_the_bits_of_the_model
 def test_the_option_resolves_records_and_refuses_in_one_line(tmp_path, monkeypatch):
     from harness.manifest import job_manifest
 
-    streams = options.resolve_linear_kernel("auto", torch.float32, "cpu") == "streaming"
+    streams = options.resolve_linear_kernel("auto", torch.float32, "cpu") in options.STREAMING_KERNELS
     assert job_manifest(compose(["model=tiny"]), versions={})["backend"]["fused_layers"] is streams
     for overrides, expected in (
         (["model.fused_layers=true"], True),

@@ -106,17 +106,108 @@ def test_the_kernel_computes_the_linear_product_and_each_row_independently_of_th
     _check_product(torch.ops.harness.streaming_linear, dtype)
 
 
+# (M, K, N) for weights in panels (N a multiple of 16): every tile (one to three rows in groups of
+# panels, a group cut short at a product's end, four or more in tiles of up to six), passes of 64 rows
+PANEL_SHAPES = [
+    (1, 576, 1536),
+    (1, 40, 48),
+    (2, 64, 96),
+    (3, 37, 16),
+    (4, 8, 32),
+    (5, 1536, 576),
+    (7, 40, 48),
+    (16, 48, 64),
+    (17, 33, 80),
+    (64, 33, 16),
+    (65, 40, 32),
+    (150, 72, 48),
+]
+
+
+def _fma_chain(x: torch.Tensor, w: torch.Tensor, bias: float | None, fused: bool = True) -> float:
+    """x . w as the panel order defines it: from zero, one multiply-add per k in order, fused (the
+    product of two float32 values is exact in float64, so one rounding of the float64 sum is the
+    fused operation's) or, without FMA instructions, a rounded product and a rounded sum; then the
+    bias added in float32."""
+    acc = torch.zeros((), dtype=torch.float32)
+    for xk, wk in zip(x.double(), w.double()):
+        product = xk * wk if fused else (xk * wk).float().double()
+        acc = (product + acc.double()).float()
+    return (acc + bias).item() if bias is not None else acc.item()
+
+
+def _check_panels(op, fused: bool = True) -> None:
+    g = torch.Generator().manual_seed(1)
+    for m, k, n in PANEL_SHAPES:
+        x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+        panels = options.weight_panels(w)
+        assert panels.shape == (n // 16, k, 16) and torch.equal(
+            panels[1 % (n // 16), 3, 5], w[(1 % (n // 16)) * 16 + 5, 3]
+        )
+        for bias in (b, None):
+            got = op(x, panels, bias)
+            assert got.shape == (m, n)
+            torch.testing.assert_close(got, _exact(x, w, bias), **TOLERANCE[torch.float32])
+            for r in {0, m // 2, m - 1}:  # each row alone gives the bits it gets beside the others
+                assert torch.equal(op(x[r : r + 1], panels, bias)[0], got[r]), (m, k, n, r)
+        for r, c in ((0, 0), (m - 1, n - 1), (m // 2, n // 3)):  # the order: one chain over k, then the bias
+            assert got[r, c].item() == _fma_chain(x[r], w[c], None, fused)
+            assert op(x, panels, b)[r, c].item() == _fma_chain(x[r], w[c], b[c], fused)
+    x = torch.randn(2, 3, 64, generator=g)  # leading dimensions, as a verify forward's [B, R, d]
+    w = torch.randn(32, 64, generator=g)
+    assert op(x, options.weight_panels(w), None).shape == (2, 3, 32)
+    torch.testing.assert_close(op(x, options.weight_panels(w), None), _exact(x, w, None), **TOLERANCE[torch.float32])
+
+
+def test_weights_in_panels_give_the_product_as_one_chain_over_k_each_row_independently_of_the_others():
+    native.load_native_kernels()
+    _check_panels(torch.ops.harness.streaming_linear)
+
+
+def test_weights_in_panels_are_refused_in_one_line_where_they_do_not_fit():
+    native.load_native_kernels()
+    op = torch.ops.harness.streaming_linear
+    x, w = torch.randn(2, 8), torch.randn(32, 8)
+    with pytest.raises(RuntimeError, match="float32 CPU input and bias of 32 features"):
+        op(x.bfloat16(), options.weight_panels(w), None)
+    with pytest.raises(RuntimeError, match="float32 CPU input and bias of 32 features"):
+        op(x, options.weight_panels(w), torch.randn(16))
+    with pytest.raises(RuntimeError, match=r"weight must be \[N, K\] or float32 in panels"):
+        op(x, torch.randn(2, 8, 8), None)
+    assert op(x[:0], options.weight_panels(w), None).shape == (0, 32)
+
+
+def test_a_weights_panels_are_made_once_and_again_when_the_weight_changes():
+    w = torch.nn.Parameter(torch.randn(32, 8), requires_grad=False)
+    first = options.weight_panels(w)
+    assert options.weight_panels(w) is first  # kept on the weight
+    with torch.no_grad():
+        w.mul_(2)  # an in-place operation bumps the version
+    again = options.weight_panels(w)
+    assert again is not first and torch.equal(again, 2 * first)
+    other = torch.nn.Linear(8, 32)
+    other.load_state_dict({"weight": torch.ones(32, 8), "bias": torch.zeros(32)})
+    options.weight_panels(other.weight)
+    other.load_state_dict({"weight": torch.full((32, 8), 3.0), "bias": torch.zeros(32)})
+    assert options.weight_panels(other.weight).eq(3.0).all()
+
+
 def _rows_case(dh: int, dtype, rows: int = 9, start: int = 11) -> dict:
     """One layer's inputs for ``rows`` rows after ``start`` cached ones, heads of ``dh``, and a mask in
-    which each row sees some of the prefix and of the rows before it, and itself."""
+    which each row sees some of the prefix and of the rows before it, and itself (``dtype``
+    "panels": float32 with the products' weights in panels)."""
+    panels = dtype == "panels"
+    dtype = torch.float32 if panels else dtype
     g = torch.Generator().manual_seed(dh)
-    hq, hkv, d, inter = 4, 2, 48, 40
+    hq, hkv, d, inter = 4, 2, 48, 64 if panels else 40
 
     def rand(*shape):
         return (0.3 * torch.randn(*shape, generator=g)).to(dtype)
 
     weights = [1 + rand(d), rand(hq * dh, d), rand(hkv * dh, d), rand(hkv * dh, d), rand(d, hq * dh)]
     weights += [1 + rand(d), rand(inter, d), rand(inter, d), rand(d, inter)]
+    if panels:
+        weights = [w if w.dim() == 1 else options.weight_panels(w) for w in weights]
     angles = (3 * torch.randn(1, rows, dh // 2, generator=g)).repeat(1, 1, 2)
     sees = torch.rand(1, rows, start + rows, generator=g) < 0.6
     sees &= torch.ones(start + rows, start + rows, dtype=torch.bool).tril()[start:]  # nothing after itself
@@ -145,7 +236,7 @@ def _first_rows(case: dict, k: int, masked: bool) -> torch.Tensor:
     )
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "panels"])
 def test_a_rows_attention_does_not_depend_on_the_rows_after_it(dtype):
     """Heads of 16, 32, 64 and 128 (attention in blocks of rows sharing each key load) and of 24 (one
     row at a time), causal and under a mask: the first k rows of a 9-row forward are the bits a
@@ -157,6 +248,27 @@ def test_a_rows_attention_does_not_depend_on_the_rows_after_it(dtype):
             full = _first_rows(case, 9, masked)
             for k in (1, 2, 3, 4, 5, 8):
                 assert torch.equal(_first_rows(case, k, masked), full[:, :k]), (dh, k, masked)
+
+
+def test_a_layer_with_weights_in_panels_computes_the_layer_and_refuses_a_mix_of_layouts():
+    native.load_native_kernels()
+    op = torch.ops.harness.llama_layer
+    case = _rows_case(16, "panels")
+    plain = {
+        **case,
+        "weights": [w if w.dim() == 1 else w.transpose(1, 2).reshape(-1, w.shape[1]) for w in case["weights"]],
+    }
+
+    def run(c, weights):
+        caches = c["keys"].clone(), c["values"].clone()
+        args = (c["hidden"], c["cos"], c["sin"], c["mask"], *caches, c["start"], weights, [None] * 7)
+        return op(*args, 1e-5, 1e-6, 0.25)
+
+    torch.testing.assert_close(run(case, case["weights"]), run(plain, plain["weights"]), rtol=1e-5, atol=1e-5)
+    mixed = list(case["weights"])
+    mixed[2] = plain["weights"][2]  # k in [N, K] beside q in panels
+    with pytest.raises(RuntimeError, match="all float32 in panels"):
+        run(case, mixed)
 
 
 def test_the_layer_refuses_inputs_it_would_read_out_of_bounds():
@@ -187,12 +299,16 @@ def _threads(n: int):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "panels"])
 def test_the_result_does_not_depend_on_the_number_of_threads(dtype):
     native.load_native_kernels()
     op = torch.ops.harness.streaming_linear
-    for rows in (1, 2, 7):  # each tile shape
-        x, w = torch.randn(rows, 576, dtype=dtype), torch.randn(1000, 576, dtype=dtype)
+    for rows in (1, 2, 3, 7, 16):  # each tile shape
+        x, w = torch.randn(rows, 576), torch.randn(1008, 576)
+        if dtype == "panels":
+            w = options.weight_panels(w)
+        else:
+            x, w = x.to(dtype), w.to(dtype)
         with _threads(1):
             one = op(x, w, None)
         with _threads(max(torch.get_num_threads(), 2)):
@@ -289,6 +405,7 @@ def test_every_code_path_it_ships_computes_the_same_product(tmp_path):
         for dtype in (torch.float32, torch.bfloat16):
             _check_product(getattr(torch.ops, namespace).streaming_linear, dtype)
             _check_layer(getattr(torch.ops, namespace).llama_layer, torch.ops.harness.llama_layer, dtype)
+        _check_panels(getattr(torch.ops, namespace).streaming_linear, fused=namespace != "harness_portable")
         _check_exp(getattr(torch.ops, namespace).vector_exp)
 
 

@@ -95,7 +95,9 @@ def test_a_linear_kernel_this_machine_cannot_run_is_refused_in_one_line():
 def test_auto_streams_float32_and_bfloat16_on_a_non_intel_x86_cpu_and_is_plain_linear_elsewhere(monkeypatch):
     resolve = options.resolve_linear_kernel
     monkeypatch.setattr(options, "cpp_compiler", lambda: "/usr/bin/g++")
-    assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD") == "streaming"
+    assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD", avx512=True) == "streaming"
+    assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD", avx512=False) == "streaming_panels"
+    assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD", avx512=False) == "streaming"
     assert resolve("auto", torch.float32, "cpu", vendor="GenuineIntel") == "default"
     assert resolve("auto", torch.float32, "cpu", vendor="") == "default"  # ARM, or a vendor nobody reported
     assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD") == "streaming"
@@ -110,13 +112,17 @@ def test_auto_streams_float32_and_bfloat16_on_a_non_intel_x86_cpu_and_is_plain_l
     assert options.linear_kernel_problem("weight_major", torch.bfloat16, "cuda") is None
     monkeypatch.undo()
     streams = native.cpp_compiler() is not None
-    for vendor, kernel in (("AuthenticAMD", "streaming" if streams else "weight_major"), ("GenuineIntel", "default")):
+    fp32_streaming = "streaming" if native.cpu_has_avx512() else "streaming_panels"
+    for vendor, kernel in (
+        ("AuthenticAMD", fp32_streaming if streams else "weight_major"),
+        ("GenuineIntel", "default"),
+    ):
         monkeypatch.setattr(options, "cpu_vendor", lambda v=vendor: v)  # this machine's vendor, as auto reads it
         assert resolve("auto", torch.float32, "cpu") == kernel
         fp32, bf16 = build_tiny_model(seed=3), build_tiny_model(seed=3, dtype=torch.bfloat16)
         options.apply_linear_kernel(fp32, "auto")
         options.apply_linear_kernel(bf16, "auto")
-        bf16_kernel = "streaming" if kernel == "streaming" else "default"
+        bf16_kernel = "streaming" if kernel in options.STREAMING_KERNELS else "default"
         assert options.linear_kernel_of(fp32) == {kernel} and options.linear_kernel_of(bf16) == {bf16_kernel}
     assert compose(["model=tiny"]).model.linear_kernel == "auto"  # the configured default
 

@@ -44,6 +44,12 @@ The backend (:class:`harness.target.backend.CausalLMBackend`) reads such a model
 the order ``LlamaForCausalLM`` calls them, the same bits, without transformers' output objects and
 per-module call machinery around them; wherever a hook, an output, compilation or a replaced
 forward asks for the model's own forward, it runs that.
+
+With ``model.linear_kernel=streaming_panels`` the layers' seven products read their weights in
+panels (:func:`harness.target.options.weight_panels`, the copy that kernel keeps for each weight),
+in that kernel's summation order, so fused and unfused layers compute the same products; a layer
+one of whose products has a number of output features that is not a multiple of 16 reads them all
+as they are, in ``streaming``'s order.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from harness.target.kv_cache import PreallocatedLayer
 from harness.target.native import load_native_kernels
+from harness.target.options import PANEL, weight_panels
 
 #: the dtypes the native layer computes (its parameters, cache and rotary tables in the same dtype)
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
@@ -105,8 +112,26 @@ def _submodule(module: torch.nn.Module, name: str) -> torch.nn.Module:
 
 def _parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
     """The layer's weights and biases in the native layer's order, read from the modules on every
-    call (a replaced parameter or submodule is never computed stale): straight dict lookups where
-    each is a registered submodule and parameter, as fusing found them, else by attribute."""
+    call (a replaced parameter or submodule is never computed stale), the products' weights in
+    panels where the layer's linear kernel is ``streaming_panels``."""
+    weights, biases = _module_parameters(layer)
+    q_proj = layer._modules["self_attn"]._modules.get("q_proj")
+    if q_proj is not None and q_proj.__dict__.get("_harness_linear_kernel") == "streaming_panels":
+        products = [weights[i] for i in _PRODUCTS]
+        if all(w.dtype == torch.float32 and w.dim() == 2 and w.shape[0] % PANEL == 0 for w in products):
+            for i, w in zip(_PRODUCTS, products):
+                weights[i] = weight_panels(w)
+    return weights, biases
+
+
+#: the positions of the seven products' weights among a layer's nine (the others are the norms')
+_PRODUCTS = (1, 2, 3, 4, 6, 7, 8)
+
+
+def _module_parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """The layer's weights and biases in the native layer's order, as the modules hold them:
+    straight dict lookups where each is a registered submodule and parameter, as fusing found
+    them, else by attribute."""
     try:
         mods = layer._modules
         a, m = mods["self_attn"]._modules, mods["mlp"]._modules

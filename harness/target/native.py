@@ -5,7 +5,9 @@ layer's own exp, for its tests:
 
 - ``torch.ops.harness.streaming_linear(x, weight, bias)``: ``x @ weight.T + bias`` in float32 or
   bfloat16, each weight row streamed from memory once for every 64 rows, with every output element
-  reduced in an order that does not depend on the number of rows (``model.linear_kernel=streaming``);
+  reduced in an order that does not depend on the number of rows (``model.linear_kernel=streaming``),
+  or with a float32 weight packed in panels ``[N / 16, K, 16]``, each element one chain of
+  multiply-adds over k (``model.linear_kernel=streaming_panels``);
 - ``torch.ops.harness.llama_layer(...)``: a whole Llama decoder layer in one call, float32 or
   bfloat16, appending to preallocated cache buffers (``model.fused_layers``,
   :mod:`harness.target.fused_layers`);
@@ -84,6 +86,19 @@ def float32_width(cpuinfo: str | None = None) -> int:
         fields.setdefault(key.strip(), value.strip())
     amd_19h = fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "25"
     return 256 if amd_19h else 512
+
+
+def cpu_has_avx512(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU (``cpuinfo``: the text of ``/proc/cpuinfo``, read when not given) has AVX-512F."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    for ln in cpuinfo.splitlines():
+        if ln.startswith("flags"):
+            return "avx512f" in ln.split(":", 1)[-1].split()
+    return False
 
 
 def _compiler_version(cxx: str) -> str:

@@ -29,8 +29,18 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
   weight-streaming floor), and its verify forward costs 1.07x a one-row step at 2 rows, 1.09x at 4.
   In bfloat16 the same products read half the bytes: 16 ms on one row against 36 ms for
   ``F.linear`` (oneDNN) on the same CPU;
+- ``streaming_panels``: the same kernel over a copy of each float32 weight packed in panels of 16
+  output features (``[N / 16, K, 16]``, made on first use and again whenever the weight is replaced
+  or changed in place by a tensor operation; a write through ``.data`` is invisible to it, as to
+  autograd), reduced in the other order: each output element one chain of multiply-adds over k, a
+  broadcast input element times a panel's vectors, no horizontal sums. It keeps rows invariant the
+  same way and differs from ``streaming`` by float32 rounding. On an AMD EPYC without AVX-512 (Zen 3,
+  2 threads) SmolLM2's products took 0.77-0.80 of ``streaming``'s time at 16-32 rows and 0.92-0.98
+  at 1-8; it holds a second copy of the weights. float32 on CPU only; a layer whose output features
+  are not a multiple of 16 stays on ``streaming``;
 - ``auto`` (the configured default): for float32 and bfloat16 on an x86 CPU of a vendor other than
-  Intel, ``streaming`` where a C++ compiler is installed to build it, and where none is
+  Intel, ``streaming`` where a C++ compiler is installed to build it (``streaming_panels`` for
+  float32 where the CPU lacks AVX-512, the only kind it was measured on), and where none is
   ``weight_major`` in float32 (measured on AMD EPYC: as fast as ``F.linear`` at one row, 15-40%
   faster at 2 to 32 rows on an AVX2 part) and ``default`` in bfloat16; ``default`` everywhere else
   (Intel CPUs, where ``streaming`` has not been measured yet and ``F.linear`` was the fastest of the
@@ -81,11 +91,15 @@ import torch
 import torch.nn.functional as F
 
 from harness.measure.hardware import cpu_vendor
-from harness.target.native import cpp_compiler, load_native_kernels, native_kernels_problem
+from harness.target.native import cpp_compiler, cpu_has_avx512, load_native_kernels, native_kernels_problem
 
 #: the dtypes the streaming kernel computes (others would go to F.linear)
 STREAMING_DTYPES = (torch.float32, torch.bfloat16)
-LINEAR_KERNELS = ("auto", "default", "onednn", "mkl_packed", "weight_major", "streaming")
+LINEAR_KERNELS = ("auto", "default", "onednn", "mkl_packed", "weight_major", "streaming", "streaming_panels")
+#: the kernels of the native library, whose layers can run fused
+STREAMING_KERNELS = ("streaming", "streaming_panels")
+#: output features per panel of ``streaming_panels``
+PANEL = 16
 
 
 #: x86 vendor ids for which MKL's single-precision GEMM takes its own code path
@@ -93,12 +107,18 @@ INTEL_VENDORS = ("GenuineIntel",)
 
 
 def resolve_linear_kernel(
-    kernel: str, dtype: torch.dtype, device: str | torch.device, *, vendor: str | None = None
+    kernel: str,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    *,
+    vendor: str | None = None,
+    avx512: bool | None = None,
 ) -> str:
     """The kernel ``kernel`` names for linear layers of ``dtype`` on ``device``: ``auto`` becomes, for
-    float32 on an x86 CPU whose vendor (``vendor``, default: this machine's) is not Intel,
-    ``streaming`` where a C++ compiler can build it and ``weight_major`` where none is installed, and
-    ``default`` elsewhere; any other name is itself."""
+    float32 and bfloat16 on an x86 CPU whose vendor (``vendor``, default: this machine's) is not
+    Intel, ``streaming`` where a C++ compiler can build it (``streaming_panels`` for float32 on a CPU
+    without AVX-512: ``avx512``, default: this machine's flags) and ``weight_major`` (float32) where
+    none is installed, and ``default`` elsewhere; any other name is itself."""
     if kernel != "auto":
         return kernel
     on_cpu = str(device).split(":")[0] == "cpu"  # a string, so a bad device is refused by its own check
@@ -108,6 +128,8 @@ def resolve_linear_kernel(
     if not vendor or vendor in INTEL_VENDORS:
         return "default"
     if cpp_compiler() is not None:
+        if dtype == torch.float32 and not (cpu_has_avx512() if avx512 is None else avx512):
+            return "streaming_panels"
         return "streaming"
     return "weight_major" if dtype == torch.float32 else "default"
 
@@ -125,19 +147,19 @@ def linear_kernel_problem(kernel: str, dtype: torch.dtype, device: str) -> str |
         return None  # torch.mm: every device and dtype
     if torch.device(device).type != "cpu":
         return f"model.linear_kernel={kernel} is a CPU kernel; model.device={device} (use model.linear_kernel=default)"
-    if kernel == "mkl_packed" and dtype != torch.float32:
+    if kernel in ("mkl_packed", "streaming_panels") and dtype != torch.float32:
         return f"model.linear_kernel={kernel} is float32 only; model.dtype is {str(dtype).removeprefix('torch.')}"
     if kernel == "streaming" and dtype not in STREAMING_DTYPES:
         name = str(dtype).removeprefix("torch.")
         return f"model.linear_kernel=streaming computes float32 and bfloat16; model.dtype is {name}"
-    if kernel == "streaming" and (problem := native_kernels_problem()) is not None:
-        return f"model.linear_kernel=streaming cannot run here: {problem} (use model.linear_kernel=weight_major)"
-    w = torch.ones(8, 16, dtype=dtype)
+    if kernel in STREAMING_KERNELS and (problem := native_kernels_problem()) is not None:
+        return f"model.linear_kernel={kernel} cannot run here: {problem} (use model.linear_kernel=weight_major)"
+    w = torch.ones(PANEL, 16, dtype=dtype)
     x = torch.ones(2, 16, dtype=dtype)
     try:
         with torch.inference_mode():
             y = _kernel_fn(kernel, w, None)(x)
-        if not torch.equal(y.float(), torch.full((2, 8), 16.0)):
+        if not torch.equal(y.float(), torch.full((2, PANEL), 16.0)):
             return f"model.linear_kernel={kernel} computed a wrong product on this CPU"
     except Exception as exc:  # the op is missing from this build, or the CPU lacks the instructions
         first = (str(exc).strip().splitlines() or [""])[0][:160]
@@ -178,9 +200,36 @@ def _kernel_fn(kernel: str, weight: torch.Tensor, bias: torch.Tensor | None):
             return op(x, weight, bias)
 
         return streaming_linear
+    if kernel == "streaming_panels":
+        if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[0] % PANEL:
+            return _kernel_fn("streaming", weight, bias)
+        load_native_kernels()
+        op = torch.ops.harness.streaming_linear
+
+        def streaming_panels_linear(x: torch.Tensor) -> torch.Tensor:
+            if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+                return F.linear(x, weight, bias)
+            return op(x, weight_panels(weight), bias)
+
+        return streaming_panels_linear
     if kernel == "default":
         return lambda x: F.linear(x, weight, bias)
     raise ValueError(f"unknown linear kernel {kernel!r}")
+
+
+def weight_panels(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [N, K] (float32, N a multiple of 16) in panels ``[N / 16, K, 16]`` (panel p: rows
+    16p .. 16p + 15 transposed), the copy ``streaming_panels`` reads. Made on first use and kept on
+    the weight; made again when the weight's storage or version changes (an in-place tensor
+    operation, ``load_state_dict``), not when it is written through ``.data``."""
+    cached = weight.__dict__.get("_harness_panels")
+    version, ptr = weight._version, weight.data_ptr()
+    if cached is not None and cached[0] == version and cached[1] == ptr:
+        return cached[2]
+    n, k = weight.shape
+    panels = weight.detach().reshape(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
+    weight.__dict__["_harness_panels"] = (version, ptr, panels)
+    return panels
 
 
 def _linear_forward(module: torch.nn.Linear, kernel: str, x: torch.Tensor) -> torch.Tensor:
@@ -236,7 +285,7 @@ def resolve_fused_layers(
     if fused_layers is not None:
         return bool(fused_layers)
     on_cpu = str(device).split(":")[0] == "cpu"
-    return on_cpu and dtype in STREAMING_DTYPES and linear_kernel == "streaming" and static_cache and not compiled
+    return on_cpu and dtype in STREAMING_DTYPES and linear_kernel in STREAMING_KERNELS and static_cache and not compiled
 
 
 def resolved_fused_layers(m) -> bool:

@@ -25,6 +25,12 @@
 // prompt the values a prefill of all but its last token and a step over that token give. Any other
 // dtype (or a mix of dtypes) or device goes to at::linear.
 //
+// A float32 weight may also come packed in panels of 16 output features ([N / 16, K, 16], each
+// panel's rows transposed; model.linear_kernel=streaming_panels packs them once): its products
+// reduce every element in the other order, one chain of multiply-adds over k from zero, then the
+// bias, again whatever M, the tile or the thread (see "float32 weights in panels" below). A layer's
+// seven products come all in panels or none.
+//
 // harness::llama_layer(...): one Llama decoder layer (RMSNorm, q/k/v projections, rotary
 // embedding, the append of k and v into preallocated cache buffers, grouped-query attention under
 // a boolean mask or the causal rule, the output projection and residual, RMSNorm, the SiLU-gated
@@ -320,6 +326,7 @@ struct Product {
   const typename P::Wt* bias;  // or null
   typename P::Y* y;
   int64_t N;
+  bool panels = false;  // w is float32 in panels [N / 16, K, 16] (below), not [N, K]
 };
 
 template <class P>
@@ -460,6 +467,194 @@ void run_blocks(const Input<P>& in, const Product<P>* ps, int count, const Team&
   });
 }
 
+// ------------------------------------------------------------------ float32 weights in panels
+//
+// The other summation order, for float32 weights packed once in panels of 16 output features:
+// panel p holds rows 16p .. 16p + 15 of W transposed, [K, 16], so one cache line holds one k of the
+// panel's 16 features. A tile of R input rows by C vectors of output features (C / 2 consecutive
+// panels) keeps one vector accumulator per 8 outputs and, for each k in turn, multiplies a broadcast
+// input element into the panel's vectors: y[m, n] = (((0 + x[m,0] w[n,0]) + x[m,1] w[n,1]) + ...) + bias[n],
+// one multiply-add after another over k, whatever M, the tile or the thread, so rows are invariant
+// as in the dot order above (the two orders round differently; a model computes in one of them).
+// The tile needs no horizontal sums and no input vectors: each step is C loads of weights, R
+// broadcasts and R * C multiply-adds on registers. On Zen 3 (AVX2, 2 threads) SmolLM2's products
+// took 0.77-0.80 of the dot kernel's time at 16-32 rows and 0.92-0.98 at 1-8, with the weights
+// packed (a copy next to the original).
+#if defined(__AVX2__) && defined(__FMA__)
+struct V8 {
+  using T = __m256;
+  static T zero() { return _mm256_setzero_ps(); }
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static T broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+};
+#else
+struct V8 {
+  typedef float T __attribute__((vector_size(32)));
+  static T zero() { return T{}; }
+  static T load(const float* p) {
+    T v;
+    __builtin_memcpy(&v, p, sizeof(T));
+    return v;
+  }
+  static T broadcast(const float* p) { return T{} + *p; }
+  static T fma(T a, T b, T c) { return a * b + c; }
+  static T add(T a, T b) { return a + b; }
+  static void store(float* p, T v) { __builtin_memcpy(p, &v, sizeof(T)); }
+};
+#endif
+constexpr int kPanel = 16;  // output features per panel
+
+// Rows [0, R) of x [R, K] against the C / 2 consecutive panels from `panel` on: y [R, C * 8] (row
+// stride ldy), the bias (or null) added after the last step. `pf`, when set, is `pf_lines` cache
+// lines to prefetch into L2, spread evenly over the K steps: a share of the next panel, streaming in
+// while this tile computes. The accumulators are named variables: GCC keeps an array of them in
+// registers but also stores it to the stack on every step.
+template <int R, int C>
+inline void panel_tile(const float* x, const float* panel, int64_t K, const float* bias, float* y, int64_t ldy,
+                       const char* pf, int64_t pf_lines) {
+  static_assert(R >= 1 && R <= 6 && C >= 2 && C <= 8 && C % 2 == 0 && R * C <= 12, "tile out of range");
+  const int64_t ps = K * kPanel;  // floats per panel
+  const V8::T z = V8::zero();
+  V8::T a00 = z, a01 = z, a02 = z, a03 = z, a04 = z, a05 = z, a06 = z, a07 = z;
+  V8::T a10 = z, a11 = z, a12 = z, a13 = z, a14 = z, a15 = z;
+  V8::T a20 = z, a21 = z, a22 = z, a23 = z;
+  V8::T a30 = z, a31 = z, a40 = z, a41 = z, a50 = z, a51 = z;
+  int64_t credit = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    if (pf != nullptr)  // pf_lines / K lines a step
+      for (credit += pf_lines; credit >= K; credit -= K, pf += 64) HARNESS_PREFETCH(pf);
+    const float* wk = panel + k * kPanel;
+    const V8::T w0 = V8::load(wk), w1 = V8::load(wk + 8);
+    V8::T w2 = z, w3 = z, w4 = z, w5 = z, w6 = z, w7 = z;
+    if constexpr (C > 2) w2 = V8::load(wk + ps), w3 = V8::load(wk + ps + 8);
+    if constexpr (C > 4) w4 = V8::load(wk + 2 * ps), w5 = V8::load(wk + 2 * ps + 8);
+    if constexpr (C > 6) w6 = V8::load(wk + 3 * ps), w7 = V8::load(wk + 3 * ps + 8);
+#define HARNESS_PANEL_FMA(r, c) \
+  if constexpr (C > c) a##r##c = V8::fma(b, w##c, a##r##c);
+    {
+      const V8::T b = V8::broadcast(x + k);
+      HARNESS_PANEL_FMA(0, 0) HARNESS_PANEL_FMA(0, 1) HARNESS_PANEL_FMA(0, 2) HARNESS_PANEL_FMA(0, 3)
+      HARNESS_PANEL_FMA(0, 4) HARNESS_PANEL_FMA(0, 5) HARNESS_PANEL_FMA(0, 6) HARNESS_PANEL_FMA(0, 7)
+    }
+    if constexpr (R > 1) {
+      const V8::T b = V8::broadcast(x + K + k);
+      HARNESS_PANEL_FMA(1, 0) HARNESS_PANEL_FMA(1, 1) HARNESS_PANEL_FMA(1, 2) HARNESS_PANEL_FMA(1, 3)
+      HARNESS_PANEL_FMA(1, 4) HARNESS_PANEL_FMA(1, 5)
+    }
+    if constexpr (R > 2) {
+      const V8::T b = V8::broadcast(x + 2 * K + k);
+      HARNESS_PANEL_FMA(2, 0) HARNESS_PANEL_FMA(2, 1) HARNESS_PANEL_FMA(2, 2) HARNESS_PANEL_FMA(2, 3)
+    }
+    if constexpr (R > 3) {
+      const V8::T b = V8::broadcast(x + 3 * K + k);
+      HARNESS_PANEL_FMA(3, 0) HARNESS_PANEL_FMA(3, 1)
+    }
+    if constexpr (R > 4) {
+      const V8::T b = V8::broadcast(x + 4 * K + k);
+      HARNESS_PANEL_FMA(4, 0) HARNESS_PANEL_FMA(4, 1)
+    }
+    if constexpr (R > 5) {
+      const V8::T b = V8::broadcast(x + 5 * K + k);
+      HARNESS_PANEL_FMA(5, 0) HARNESS_PANEL_FMA(5, 1)
+    }
+#undef HARNESS_PANEL_FMA
+  }
+  // the panels are consecutive: output vector c is features 8c .. 8c + 7 of the tile
+#define HARNESS_PANEL_STORE(r, c)                                                                   \
+  if constexpr (R > r && C > c)                                                                     \
+    V8::store(y + r * ldy + 8 * c, bias != nullptr ? V8::add(a##r##c, V8::load(bias + 8 * c)) : a##r##c);
+  HARNESS_PANEL_STORE(0, 0) HARNESS_PANEL_STORE(0, 1) HARNESS_PANEL_STORE(0, 2) HARNESS_PANEL_STORE(0, 3)
+  HARNESS_PANEL_STORE(0, 4) HARNESS_PANEL_STORE(0, 5) HARNESS_PANEL_STORE(0, 6) HARNESS_PANEL_STORE(0, 7)
+  HARNESS_PANEL_STORE(1, 0) HARNESS_PANEL_STORE(1, 1) HARNESS_PANEL_STORE(1, 2) HARNESS_PANEL_STORE(1, 3)
+  HARNESS_PANEL_STORE(1, 4) HARNESS_PANEL_STORE(1, 5)
+  HARNESS_PANEL_STORE(2, 0) HARNESS_PANEL_STORE(2, 1) HARNESS_PANEL_STORE(2, 2) HARNESS_PANEL_STORE(2, 3)
+  HARNESS_PANEL_STORE(3, 0) HARNESS_PANEL_STORE(3, 1) HARNESS_PANEL_STORE(4, 0) HARNESS_PANEL_STORE(4, 1)
+  HARNESS_PANEL_STORE(5, 0) HARNESS_PANEL_STORE(5, 1)
+#undef HARNESS_PANEL_STORE
+}
+
+// The tiles of a panel over M >= 4 rows: as few as 6-row tiles allow (each reads the panel once),
+// the rows spread evenly over them (16 rows: 6, 5, 5), so each keeps 8 to 12 chains in flight.
+inline int64_t panel_tiles(int64_t M) { return (M + 5) / 6; }
+inline int64_t panel_rows(int64_t left, int64_t tiles_left) { return (left + tiles_left - 1) / tiles_left; }
+
+template <int R>
+inline void panel_rows_tile(int64_t rows, const float* x, const float* panel, int64_t K, const float* bias, float* y,
+                            int64_t ldy, const char* pf, int64_t pf_lines) {
+  if constexpr (R >= 1) {
+    if (rows == R)
+      panel_tile<R, 2>(x, panel, K, bias, y, ldy, pf, pf_lines);
+    else
+      panel_rows_tile<R - 1>(rows, x, panel, K, bias, y, ldy, pf, pf_lines);
+  }
+}
+
+// Rows [0, M) against `panels` panels from panel index j of product p. One to three rows: the whole
+// group in one tile of M x 2G vectors, reading its panels as streams (on Zen 3 a prefetch of the
+// next group made SmolLM2's one- to three-row steps 10-20% slower). Four or more (M = 0 here, G =
+// 1): the panel in tiles of rows, each tile prefetching its share of the next panel (`ahead`, or
+// null) into L2, since the later tiles read this one from the caches while the memory would idle.
+template <int M, int G>
+inline void panel_group(const Input<F32>& in, const Product<F32>& p, int64_t j, int64_t panels, const float* ahead) {
+  const int64_t K = in.K, ps = K * kPanel;
+  const float* bias = p.bias != nullptr ? p.bias + j * kPanel : nullptr;
+  if constexpr (M >= 1) {
+    if (panels == G) {
+      panel_tile<M, 2 * G>(in.x, p.w + j * ps, K, bias, p.y + j * kPanel, p.N, nullptr, 0);
+    } else {
+      for (int64_t g = 0; g < panels; ++g)
+        panel_tile<M, 2>(in.x, p.w + (j + g) * ps, K, bias == nullptr ? nullptr : bias + g * kPanel,
+                         p.y + (j + g) * kPanel, p.N, nullptr, 0);
+    }
+  } else {
+    const char* pf = reinterpret_cast<const char*>(ahead);
+    const int64_t tiles = panel_tiles(in.M);
+    for (int64_t m = 0, t = 0; m < in.M; ++t) {
+      const int64_t rows = panel_rows(in.M - m, tiles - t);
+      const int64_t l0 = t * K / tiles, l1 = (t + 1) * K / tiles;  // this tile's share of the next panel's lines
+      panel_rows_tile<6>(rows, in.x + m * K, p.w + j * ps, K, bias, p.y + m * p.N + j * kPanel, p.N,
+                         pf == nullptr ? nullptr : pf + l0 * 64, l1 - l0);
+      m += rows;
+    }
+  }
+}
+
+// Every product of `ps` (all in panels, all sharing the input) in one split of their groups of G
+// panels (M = 0: four or more rows, one panel a group).
+template <int M, int G>
+void run_panel_groups(const Input<F32>& in, const Product<F32>* ps, int count, const Team& team) {
+  int64_t first[8];  // first group id of each product (count <= 7)
+  int64_t total = 0;
+  for (int i = 0; i < count; ++i) {
+    first[i] = total;
+    total += (ps[i].N / kPanel + G - 1) / G;
+  }
+  team.split(total, 1, [&](int64_t b0, int64_t b1) {
+    int i = 0;
+    for (int64_t b = b0; b < b1; ++b) {
+      while (i + 1 < count && b >= first[i + 1]) ++i;
+      const Product<F32>& p = ps[i];
+      const int64_t panels = p.N / kPanel, j = (b - first[i]) * G, here = std::min<int64_t>(G, panels - j);
+      const bool next_full = b + 1 < b1 && j + 2 * G <= panels;  // the next group is this product's, whole
+      panel_group<M, G>(in, p, j, here, M == 0 && next_full ? p.w + (j + G) * in.K * kPanel : nullptr);
+    }
+  });
+}
+
+void run_panels(const Input<F32>& in, const Product<F32>* ps, int count, const Team& team) {
+  if (in.M == 1)
+    run_panel_groups<1, 2>(in, ps, count, team);
+  else if (in.M == 2)
+    run_panel_groups<2, 2>(in, ps, count, team);
+  else if (in.M == 3)
+    run_panel_groups<3, 2>(in, ps, count, team);
+  else
+    run_panel_groups<0, 1>(in, ps, count, team);
+}
+
 // The register tile for M rows: 1 x 16 for one row (or 16 tiles of 1 x 1 in sequence, per the
 // dtype's policy), 2 x 8 for two, 6 x 4 from three on, the last rows (M mod 6) in one smaller tile (a
 // block of the split is one tile's weight rows). Those are AVX-512's shapes (32 vector registers);
@@ -482,7 +677,14 @@ void run_products(const Input<P>& in, const Product<P>* ps, int count, const Tea
   for (int64_t m0 = 0; m0 < in.M; m0 += kChunkRows) {  // one pass over the weights per 64 rows
     const Input<P> part{in.x + m0 * in.K, std::min(kChunkRows, in.M - m0), in.K, in.kv};
     Product<P> rows[8];
-    for (int i = 0; i < count; ++i) rows[i] = Product<P>{ps[i].w, ps[i].bias, ps[i].y + m0 * ps[i].N, ps[i].N};
+    for (int i = 0; i < count; ++i)
+      rows[i] = Product<P>{ps[i].w, ps[i].bias, ps[i].y + m0 * ps[i].N, ps[i].N, ps[i].panels};
+    if constexpr (std::is_same_v<P, F32>) {
+      if (ps[0].panels) {  // the callers' checks: every product of a call in panels, or none
+        run_panels(part, rows, count, team);
+        continue;
+      }
+    }
     if (part.M == 1)
       run_blocks<P, P::one_row_cols, 1>(part, rows, count, team);
     else if (part.M == 2)
@@ -499,6 +701,11 @@ Input<P> input_of(const typename P::X* x, int64_t M, int64_t K) {
 
 bool is_cpu(const at::Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype && t.device().is_cpu(); }
 
+// Whether a weight is float32 in panels ([N / 16, K, 16]) rather than [N, K]; its N and K either way.
+bool in_panels(const at::Tensor& w) { return w.dim() == 3 && w.size(2) == kPanel && w.scalar_type() == at::kFloat; }
+int64_t rows_of(const at::Tensor& w) { return in_panels(w) ? w.size(0) * kPanel : w.size(0); }
+int64_t cols_of(const at::Tensor& w) { return w.size(1); }
+
 // The dtype both products of a streaming_linear call run in (float32 or bfloat16), or Undefined.
 at::ScalarType streaming_dtype(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
@@ -509,23 +716,34 @@ at::ScalarType streaming_dtype(const at::Tensor& x, const at::Tensor& weight, co
 template <class P>
 void linear_rows(const at::Tensor& xc, const at::Tensor& wc, const at::Tensor& bc, at::Tensor& y) {
   using T = typename P::Wt;
-  const Product<P> p{wc.data_ptr<T>(), bc.defined() ? bc.data_ptr<T>() : nullptr, y.data_ptr<T>(), wc.size(0)};
+  const Product<P> p{wc.data_ptr<T>(), bc.defined() ? bc.data_ptr<T>() : nullptr, y.data_ptr<T>(), rows_of(wc),
+                     in_panels(wc)};
   run_products<P>(input_of<P>(xc.data_ptr<T>(), xc.size(0), xc.size(1)), &p, 1);
 }
 
 at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(weight.dim() == 2, "streaming_linear: weight must be [N, K]; got ", weight.sizes());
+  TORCH_CHECK(weight.dim() == 2 || in_panels(weight),
+              "streaming_linear: weight must be [N, K] or float32 in panels [N / 16, K, 16]; got ", weight.sizes());
   TORCH_CHECK(x.size(-1) == weight.size(1), "streaming_linear: x has ", x.size(-1), " features, weight ",
               weight.size(1));
-  const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1);
+  const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1), N = rows_of(weight);
   const at::ScalarType dtype = streaming_dtype(x, weight, bias);
+  if (weight.dim() == 3) {
+    TORCH_CHECK(dtype == at::kFloat && (!bias.has_value() || bias->numel() == N),
+                "streaming_linear: a weight in panels takes a float32 CPU input and bias of ", N, " features");
+    if (rows == 0) return x.new_empty([&] {
+      std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+      shape.back() = N;
+      return shape;
+    }());
+  }
   if (dtype == at::ScalarType::Undefined || rows == 0) return at::linear(x, weight, bias);
   const at::Tensor xc = x.reshape({rows, x.size(-1)}).contiguous();
   const at::Tensor wc = weight.contiguous();
   const at::Tensor bc = bias.has_value() ? bias->contiguous() : at::Tensor();
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = weight.size(0);
-  at::Tensor y = at::empty({rows, weight.size(0)}, x.options());
+  out_shape.back() = N;
+  at::Tensor y = at::empty({rows, N}, x.options());
   if (dtype == at::kFloat)
     linear_rows<F32>(xc, wc, bc, y);
   else
@@ -938,6 +1156,7 @@ void attend(const Attention<T>& a, float* scratch, const Team& team) {
 template <class T>
 struct LayerParams {
   const T* w[9];     // input norm, q, k, v, o, post norm, gate, up, down
+  bool panels;       // the seven products' weights in panels (float32), or none of them
   const T* bias[7];  // q, k, v, o, gate, up, down (each or null)
   T* keys;           // [B, Hkv, cap, dh]
   T* values;
@@ -985,10 +1204,12 @@ void layer_steps(const LayerPlan<typename P::Wt>& s, const LayerParams<typename 
   const int64_t M = s.B * s.R, d = s.d, dh = s.dh, hq = s.Hq * dh, hk = s.Hkv * dh, I = s.I, R = s.R;
   T *xp = s.x, *qp = s.q, *kp = s.k, *vp = s.v, *cp = s.ctx, *mid = s.mid, *g = s.gate;
   const T* u = s.up;
-  const Product<P> qkv[3] = {{lp.w[1], lp.bias[0], qp, hq}, {lp.w[2], lp.bias[1], kp, hk}, {lp.w[3], lp.bias[2], vp, hk}};
-  const Product<P> o{lp.w[4], lp.bias[3], mid, d};
-  const Product<P> gate_up[2] = {{lp.w[6], lp.bias[4], g, I}, {lp.w[7], lp.bias[5], s.up, I}};
-  const Product<P> down{lp.w[8], lp.bias[6], out, d};
+  const bool pn = lp.panels;
+  const Product<P> qkv[3] = {
+      {lp.w[1], lp.bias[0], qp, hq, pn}, {lp.w[2], lp.bias[1], kp, hk, pn}, {lp.w[3], lp.bias[2], vp, hk, pn}};
+  const Product<P> o{lp.w[4], lp.bias[3], mid, d, pn};
+  const Product<P> gate_up[2] = {{lp.w[6], lp.bias[4], g, I, pn}, {lp.w[7], lp.bias[5], s.up, I, pn}};
+  const Product<P> down{lp.w[8], lp.bias[6], out, d, pn};
   team.split(M, 1, [&](int64_t m0, int64_t m1) { rms_norm(h + m0 * d, lp.w[0], xp + m0 * d, m1 - m0, d, lp.input_eps); });
   run_products<P>(input_of<P>(xp, M, d), qkv, 3, team);
   team.split(M, 1, [&](int64_t m0, int64_t m1) {
@@ -1051,17 +1272,23 @@ LayerParams<T> layer_params(const std::vector<at::Tensor>& weights, const std::v
   for (const at::Tensor& w : weights)
     TORCH_CHECK(ok(w), op, ": contiguous CPU weights in the hidden states' dtype expected");
   const int64_t Hkv = key_buffer.size(1), cap = key_buffer.size(2), dh = key_buffer.size(3);
-  TORCH_CHECK(dh > 0 && dh % 2 == 0 && Hkv > 0 && weights[1].size(0) % dh == 0, op, ": shapes out of range");
-  const int64_t Hq = weights[1].size(0) / dh, I = weights[6].size(0);
+  TORCH_CHECK(dh > 0 && dh % 2 == 0 && Hkv > 0 && rows_of(weights[1]) % dh == 0, op, ": shapes out of range");
+  const int64_t Hq = rows_of(weights[1]) / dh, I = rows_of(weights[6]);
   TORCH_CHECK(L <= cap && key_buffer.size(0) == B && Hq % Hkv == 0, op, ": shapes out of range");
   const int64_t shapes[9][2] = {{d, 1}, {Hq * dh, d}, {Hkv * dh, d}, {Hkv * dh, d}, {d, Hq * dh},
                                 {d, 1}, {I, d},       {I, d},        {d, I}};
-  for (int i = 0; i < 9; ++i)
-    TORCH_CHECK(weights[i].numel() == shapes[i][0] * shapes[i][1] && weights[i].size(0) == shapes[i][0], op,
-                ": weight ", i, " has shape ", weights[i].sizes());
+  const bool panels = in_panels(weights[1]);
+  for (int i = 0; i < 9; ++i) {
+    const bool product = i != 0 && i != 5;
+    TORCH_CHECK(weights[i].numel() == shapes[i][0] * shapes[i][1] && rows_of(weights[i]) == shapes[i][0] &&
+                    (product ? in_panels(weights[i]) == panels : weights[i].dim() == 1),
+                op, ": weight ", i, " has shape ", weights[i].sizes(),
+                " (the products' weights all [N, K] or all float32 in panels [N / 16, K, 16])");
+  }
   const int64_t bias_sizes[7] = {Hq * dh, Hkv * dh, Hkv * dh, d, I, I, d};
   LayerParams<T> lp;
   for (int i = 0; i < 9; ++i) lp.w[i] = weights[i].data_ptr<T>();
+  lp.panels = panels;
   for (int i = 0; i < 7; ++i) {
     const std::optional<at::Tensor>& b = biases[i];
     TORCH_CHECK(!b.has_value() || (ok(*b) && b->numel() == bias_sizes[i]), op, ": bias ", i,
@@ -1092,8 +1319,8 @@ LayerPlan<T> plan_of(const at::Tensor& hidden, const at::Tensor& cos, const at::
   s.Hkv = key_buffer.size(1);
   s.cap = key_buffer.size(2);
   s.dh = key_buffer.size(3);
-  s.Hq = q_weight.size(0) / s.dh;
-  s.I = gate_weight.size(0);
+  s.Hq = rows_of(q_weight) / s.dh;
+  s.I = rows_of(gate_weight);
   s.start = start;
   const int64_t M = s.B * s.R, L = start + s.R;
   TORCH_CHECK(M > 0 && start >= 0, op, ": shapes out of range");
