@@ -576,27 +576,43 @@ inline void panel_tile(const float* x, const float* panel, int64_t K, const floa
 #undef HARNESS_PANEL_STORE
 }
 
-// The tiles of a panel over M >= 4 rows: as few as 6-row tiles allow (each reads the panel once),
-// the rows spread evenly over them (16 rows: 6, 5, 5), so each keeps 8 to 12 chains in flight.
-inline int64_t panel_tiles(int64_t M) { return (M + 5) / 6; }
+// The rows of the next tile when `left` rows remain for `tiles_left` tiles: as even as they go
+// (16 rows in tiles of up to 6: 6, 5, 5), so each tile keeps 8 to 12 chains in flight.
 inline int64_t panel_rows(int64_t left, int64_t tiles_left) { return (left + tiles_left - 1) / tiles_left; }
 
-template <int R>
+template <int R, int C>
 inline void panel_rows_tile(int64_t rows, const float* x, const float* panel, int64_t K, const float* bias, float* y,
                             int64_t ldy, const char* pf, int64_t pf_lines) {
   if constexpr (R >= 1) {
     if (rows == R)
-      panel_tile<R, 2>(x, panel, K, bias, y, ldy, pf, pf_lines);
+      panel_tile<R, C>(x, panel, K, bias, y, ldy, pf, pf_lines);
     else
-      panel_rows_tile<R - 1>(rows, x, panel, K, bias, y, ldy, pf, pf_lines);
+      panel_rows_tile<R - 1, C>(rows, x, panel, K, bias, y, ldy, pf, pf_lines);
   }
 }
 
-// Rows [0, M) against `panels` panels from panel index j of product p. One to three rows: the whole
-// group in one tile of M x 2G vectors, reading its panels as streams (on Zen 3 a prefetch of the
-// next group made SmolLM2's one- to three-row steps 10-20% slower). Four or more (M = 0 here, G =
-// 1): the panel in tiles of rows, each tile prefetching its share of the next panel (`ahead`, or
-// null) into L2, since the later tiles read this one from the caches while the memory would idle.
+// Rows [0, M) in tiles of up to RT rows against the G consecutive panels from `panel` on, each tile
+// prefetching its share of `pf` (the next G panels' lines, or null).
+template <int RT, int G>
+inline void panel_row_tiles(const Input<F32>& in, const float* panel, const float* bias, float* y, int64_t ldy,
+                            const char* pf) {
+  const int64_t K = in.K, tiles = (in.M + RT - 1) / RT, lines = G * K;
+  for (int64_t m = 0, t = 0; m < in.M; ++t) {
+    const int64_t rows = panel_rows(in.M - m, tiles - t);
+    const int64_t l0 = t * lines / tiles, l1 = (t + 1) * lines / tiles;  // this tile's share of the lines
+    panel_rows_tile<RT, 2 * G>(rows, in.x + m * K, panel, K, bias, y + m * ldy, ldy,
+                               pf == nullptr ? nullptr : pf + l0 * 64, l1 - l0);
+    m += rows;
+  }
+}
+
+// Rows [0, M) against `panels` panels from panel index j of product p (G of them, or fewer at the
+// product's end). One to three rows: the whole group in one tile of M x 2G vectors, reading its
+// panels as streams (on Zen 3 a prefetch of the next group made SmolLM2's one- to three-row steps
+// 10-20% slower). Four or more (M = 0 here): the group in tiles of rows (up to 6 rows of one panel,
+// or 3 rows of two), each tile prefetching its share of the next group (`ahead`, or null) into L2,
+// since the later tiles read this one from the caches while the memory would otherwise idle (on Zen
+// 3, without that prefetch SmolLM2's 4- to 16-row forwards took 3-10% longer).
 template <int M, int G>
 inline void panel_group(const Input<F32>& in, const Product<F32>& p, int64_t j, int64_t panels, const float* ahead) {
   const int64_t K = in.K, ps = K * kPanel;
@@ -609,16 +625,13 @@ inline void panel_group(const Input<F32>& in, const Product<F32>& p, int64_t j, 
         panel_tile<M, 2>(in.x, p.w + (j + g) * ps, K, bias == nullptr ? nullptr : bias + g * kPanel,
                          p.y + (j + g) * kPanel, p.N, nullptr, 0);
     }
+  } else if (panels == G) {
+    panel_row_tiles<G == 1 ? 6 : 3, G>(in, p.w + j * ps, bias, p.y + j * kPanel, p.N,
+                                       reinterpret_cast<const char*>(ahead));
   } else {
-    const char* pf = reinterpret_cast<const char*>(ahead);
-    const int64_t tiles = panel_tiles(in.M);
-    for (int64_t m = 0, t = 0; m < in.M; ++t) {
-      const int64_t rows = panel_rows(in.M - m, tiles - t);
-      const int64_t l0 = t * K / tiles, l1 = (t + 1) * K / tiles;  // this tile's share of the next panel's lines
-      panel_rows_tile<6>(rows, in.x + m * K, p.w + j * ps, K, bias, p.y + m * p.N + j * kPanel, p.N,
-                         pf == nullptr ? nullptr : pf + l0 * 64, l1 - l0);
-      m += rows;
-    }
+    for (int64_t g = 0; g < panels; ++g)
+      panel_row_tiles<6, 1>(in, p.w + (j + g) * ps, bias == nullptr ? nullptr : bias + g * kPanel,
+                            p.y + (j + g) * kPanel, p.N, nullptr);
   }
 }
 
@@ -644,6 +657,11 @@ void run_panel_groups(const Input<F32>& in, const Product<F32>* ps, int count, c
   });
 }
 
+// The tile shapes by rows, as measured on Zen 3 (SmolLM2's layers and head, interleaved): one to three
+// rows in groups of two panels (1 x 4 streams as fast as four panels at a time and splits more
+// evenly over the threads); 7-8 rows in tiles of up to 3 rows by two panels (0.84-0.89 of the dot
+// kernel's time, against 0.93-0.94 in 4-row tiles of one panel); otherwise tiles of up to 6 rows of
+// one panel (two panels at a time were no faster at 4-6 rows and slower at 10-16).
 void run_panels(const Input<F32>& in, const Product<F32>* ps, int count, const Team& team) {
   if (in.M == 1)
     run_panel_groups<1, 2>(in, ps, count, team);
@@ -651,6 +669,8 @@ void run_panels(const Input<F32>& in, const Product<F32>* ps, int count, const T
     run_panel_groups<2, 2>(in, ps, count, team);
   else if (in.M == 3)
     run_panel_groups<3, 2>(in, ps, count, team);
+  else if (in.M == 7 || in.M == 8)
+    run_panel_groups<0, 2>(in, ps, count, team);
   else
     run_panel_groups<0, 1>(in, ps, count, team);
 }
