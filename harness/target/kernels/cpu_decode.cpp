@@ -477,9 +477,9 @@ void run_blocks(const Input<P>& in, const Product<P>* ps, int count, const Team&
 // one multiply-add after another over k, whatever M, the tile or the thread, so rows are invariant
 // as in the dot order above (the two orders round differently; a model computes in one of them).
 // The tile needs no horizontal sums and no input vectors: each step is C loads of weights, R
-// broadcasts and R * C multiply-adds on registers. On Zen 3 (AVX2, 2 threads) SmolLM2's products
-// took 0.77-0.80 of the dot kernel's time at 16-32 rows and 0.92-0.98 at 1-8, with the weights
-// packed (a copy next to the original).
+// broadcasts and R * C multiply-adds on registers. On Zen 3 (AVX2, 2 threads) SmolLM2's verify
+// forwards took 0.83-0.89 of the dot order's time at one row, 0.93-0.99 at four and 0.78-0.80 at
+// 16-32 (interleaved), with the weights packed once (a copy next to the original).
 #if defined(__AVX2__) && defined(__FMA__)
 struct V8 {
   using T = __m256;
