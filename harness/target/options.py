@@ -36,8 +36,8 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
   broadcast input element times a panel's vectors, no horizontal sums. It keeps rows invariant the
   same way and differs from ``streaming`` by float32 rounding. On an AMD EPYC without AVX-512 (Zen 3,
   2 threads) SmolLM2's verify forwards took 0.83-0.89 of ``streaming``'s time at one row, 0.93-0.99
-  at four and 0.78-0.80 at 16-32; it holds a second copy of the weights. float32 on CPU only; a layer whose output features
-  are not a multiple of 16 stays on ``streaming``;
+  at four and 0.78-0.80 at 16-32; it holds a second copy of the weights. float32 on CPU only; a
+  layer whose output features are not a multiple of 16 stays on ``streaming``;
 - ``auto`` (the configured default): for float32 and bfloat16 on an x86 CPU of a vendor other than
   Intel, ``streaming`` where a C++ compiler is installed to build it (``streaming_panels`` for
   float32 where the CPU lacks AVX-512, the only kind it was measured on), and where none is
