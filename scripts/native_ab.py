@@ -10,6 +10,10 @@ into ``--out``.
 
     .venv/bin/python scripts/native_ab.py --base ff56a4b --out results/native_ab            # ~3 min
     .venv/bin/python scripts/native_ab.py --base HEAD~1 --dtype bfloat16 --rows 1 8 --out /tmp/ab
+    .venv/bin/python scripts/native_ab.py --base HEAD~1 --panels --out /tmp/ab   # float32 weights in panels
+
+With ``--panels`` both builds read every product's weight packed in panels
+(``model.linear_kernel=streaming_panels``), so the base revision must know that layout.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from harness.measure.hardware import cpu_capability, cpu_name
 from harness.target import native
 from harness.target.fused_layers import _parameters
 from harness.target.loading import load_model
+from harness.target.options import weight_panels
 
 #: the largest relative error a build's product may show against the float64 reference (float32
 #: accumulation; bfloat16 also rounds its outputs)
@@ -51,14 +56,19 @@ def build_at(revision: str, out_dir: Path) -> Path:
         native.SOURCE = here
 
 
-def stack_inputs(model: torch.nn.Module, rows: int, prefix: int, dtype: torch.dtype, seed: int) -> list[list]:
-    """Per layer: ``llama_layer``'s arguments for ``rows`` new rows after ``prefix`` cached ones."""
+def stack_inputs(
+    model: torch.nn.Module, rows: int, prefix: int, dtype: torch.dtype, seed: int, panels: bool = False
+) -> list[list]:
+    """Per layer: ``llama_layer``'s arguments for ``rows`` new rows after ``prefix`` cached ones (the
+    products' weights in panels with ``panels``)."""
     g = torch.Generator().manual_seed(seed)
     cfg = model.config
     dh = cfg.head_dim
     out = []
     for layer in model.model.layers:
         weights, biases = _parameters(layer)
+        if panels:
+            weights = [w if w.dim() == 1 else weight_panels(w) for w in weights]
         cache = [torch.randn(1, cfg.num_key_value_heads, prefix + rows, dh, generator=g).to(dtype) for _ in range(2)]
         hidden, angles = torch.randn(1, rows, cfg.hidden_size, generator=g), torch.randn(1, rows, dh, generator=g)
         out.append([hidden.to(dtype), angles.cos().to(dtype), angles.sin().to(dtype), None, *cache, prefix])
@@ -77,12 +87,14 @@ def run_stack(namespace: str, layers: list[list], head: torch.Tensor) -> tuple[f
     return (time.perf_counter() - t0) * 1e3, logits
 
 
-def product_error_of(namespace: str, rows: int, weight: torch.Tensor, dtype: torch.dtype, seed: int) -> float:
+def product_error_of(
+    namespace: str, rows: int, weight: torch.Tensor, dtype: torch.dtype, seed: int, panels: bool = False
+) -> float:
     """The largest error, relative to the largest reference value, of the build's product of ``rows``
-    random rows with ``weight`` against a float64 reference: a check of each build that does not
-    depend on the other one."""
+    random rows with ``weight`` (read in panels with ``panels``) against a float64 reference: a check
+    of each build that does not depend on the other one."""
     x = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(seed)).to(dtype)
-    got = getattr(torch.ops, namespace).streaming_linear(x, weight, None).double()
+    got = getattr(torch.ops, namespace).streaming_linear(x, weight_panels(weight) if panels else weight, None).double()
     ref = x.double() @ weight.double().T
     return float((got - ref).abs().max() / ref.abs().max())
 
@@ -102,10 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefixes", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--panels", action="store_true", help="float32 weights in panels (streaming_panels)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.rounds < 2 or min(args.rows) < 1 or min(args.prefixes) < 1:
         ap.error("--rounds must be >= 2, --rows and --prefixes >= 1")
+    if args.panels and args.dtype != "float32":
+        ap.error("--panels is float32 only")
     if argv is None and os.environ.get("MALLOC_PERTURB_") is None:
         # glibc fills every allocation with a pattern: an op that leaves its output unwritten cannot
         # pass the bit comparison below by reading the base build's freed result from reused memory
@@ -121,18 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype)
     model = load_model(name="smollm2", dtype=args.dtype).model
     head = model.lm_head.weight
+    head_read = weight_panels(head) if args.panels else head
     cases = [(p, r) for p in args.prefixes for r in args.rows]
     results = []
     for prefix, rows in tqdm(cases, desc="native a/b", file=sys.stderr):
-        layers = stack_inputs(model, rows, prefix, dtype, seed=rows)
+        layers = stack_inputs(model, rows, prefix, dtype, seed=rows, panels=args.panels)
         samples: dict[str, list[float]] = {"harness_base": [], "harness": []}
         outputs = {}
         for r in range(args.rounds):
             for ns in ("harness_base", "harness") if r % 2 == 0 else ("harness", "harness_base"):
-                ms, outputs[ns] = run_stack(ns, layers, head)
+                ms, outputs[ns] = run_stack(ns, layers, head_read)
                 samples[ns].append(ms)
         ratios = sorted(b / a for a, b in zip(samples["harness_base"], samples["harness"]))
-        product_error = {ns: product_error_of(ns, rows, head, dtype, seed=rows) for ns in samples}
+        product_error = {ns: product_error_of(ns, rows, head, dtype, seed=rows, panels=args.panels) for ns in samples}
         results.append(
             {
                 "prefix": prefix,
@@ -156,12 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "rounds": args.rounds,
         "float32_width": native.float32_width(),
+        "panels": args.panels,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "native_ab.json").write_text(json.dumps({**meta, "results": results}, indent=2) + "\n")
     lines = [
-        f"# SmolLM2's layers and LM head, {args.dtype}: kernels at {meta['head']} against {args.base} "
+        f"# SmolLM2's layers and LM head, {args.dtype}{', weights in panels' if args.panels else ''}: kernels at "
+        f"{meta['head']} against {args.base} "
         f"({meta['cpu']}, {args.threads} threads, {args.rounds} alternating rounds, medians)",
         "",
         "| prefix | rows | base ms | this ms | this / base | outputs |",
