@@ -61,7 +61,10 @@ def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[st
             "dtype": c["model"]["dtype"],
             "attn_implementation": c["model"]["attn_implementation"],
             "linear_kernel": resolve_linear_kernel(
-                c["model"].get("linear_kernel", "auto"), resolve_dtype(c["model"]["dtype"]), c["model"]["device"]
+                c["model"].get("linear_kernel", "auto"),
+                resolve_dtype(c["model"]["dtype"]),
+                c["model"]["device"],
+                compiled=bool(c["model"].get("compile")),
             ),
             "static_cache": resolve_static_cache(c["model"].get("static_cache"), bool(c["model"].get("compile"))),
             "compile": bool(c["model"].get("compile", False)),

@@ -437,7 +437,7 @@ def check_model_options(m: DictConfig, key: str) -> None:
 def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:
     """The configured linear kernel, cache layout, fused layers, then ``torch.compile``, applied to a
     loaded model in place; the load report records how many decoder layers run fused."""
-    apply_linear_kernel(loaded.model, m.get("linear_kernel", "auto"))
+    apply_linear_kernel(loaded.model, m.get("linear_kernel", "auto"), compiled=bool(m.get("compile")))
     apply_static_cache(loaded.model, resolve_static_cache(m.get("static_cache"), bool(m.get("compile"))))
     loaded.load_report["fused_layers"] = apply_fused_layers(loaded.model, resolved_fused_layers(m))
     loaded.load_report["fused_stack"] = fused_stack_of(loaded.model)

@@ -145,12 +145,15 @@ def test_the_decoder_as_one_call_computes_what_the_layers_one_call_each_compute_
     _every_move(backends, equal, _equal_caches, [STACK, {"llama_layer": layers}])
 
 
-def test_forwards_that_need_the_layers_one_by_one_leave_the_stack_and_compute_the_same_bits():
+@pytest.mark.parametrize("kernel", ["default", "streaming_panels"])
+def test_forwards_that_need_the_layers_one_by_one_leave_the_stack_and_compute_the_same_bits(kernel):
     """Hidden states asked for, a hook on a decoder layer (a head reading the residual stream entering
     it), a two-dimensional padding mask: transformers' forward over the layers one native call each,
     the same logits bits as the stack; once hidden states were asked for (transformers leaves its
-    capturing hooks on the layers) a plain forward runs the stack again."""
+    capturing hooks on the layers) a plain forward runs the stack again. With the products' weights
+    in panels as well."""
     model = build_tiny_model(seed=7)
+    options.apply_linear_kernel(model, kernel)
     apply_fused_layers(model, True)
     ids = torch.tensor([PROMPTS[2]])
 

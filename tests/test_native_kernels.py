@@ -127,9 +127,9 @@ PANEL_SHAPES = [
 
 def _fma_chain(x: torch.Tensor, w: torch.Tensor, bias: float | None, fused: bool = True) -> float:
     """x . w as the panel order defines it: from zero, one multiply-add per k in order, fused (the
-    product of two float32 values is exact in float64, so one rounding of the float64 sum is the
-    fused operation's) or, without FMA instructions, a rounded product and a rounded sum; then the
-    bias added in float32."""
+    product of two float32 values is exact in float64, and the float64 sum rounded to float32 is the
+    fused operation's result but in rare double-rounding cases, which these inputs do not hit) or,
+    without FMA instructions, a rounded product and a rounded sum; then the bias added in float32."""
     acc = torch.zeros((), dtype=torch.float32)
     for xk, wk in zip(x.double(), w.double()):
         product = xk * wk if fused else (xk * wk).float().double()
@@ -160,9 +160,19 @@ def _check_panels(op, fused: bool = True) -> None:
     torch.testing.assert_close(op(x, options.weight_panels(w), None), _exact(x, w, None), **TOLERANCE[torch.float32])
 
 
+def _builds_fused_multiply_add() -> bool:
+    """Whether this machine's build has FMA instructions (x86 with AVX2 and FMA; the portable path
+    elsewhere multiplies and adds with a rounding each)."""
+    try:
+        flags = next(ln for ln in open("/proc/cpuinfo").read().splitlines() if ln.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return platform.machine() in ("x86_64", "AMD64") and "avx2" in flags and "fma" in flags
+
+
 def test_weights_in_panels_give_the_product_as_one_chain_over_k_each_row_independently_of_the_others():
     native.load_native_kernels()
-    _check_panels(torch.ops.harness.streaming_linear)
+    _check_panels(torch.ops.harness.streaming_linear, fused=_builds_fused_multiply_add())
 
 
 def test_weights_in_panels_are_refused_in_one_line_where_they_do_not_fit():
@@ -175,7 +185,13 @@ def test_weights_in_panels_are_refused_in_one_line_where_they_do_not_fit():
         op(x, options.weight_panels(w), torch.randn(16))
     with pytest.raises(RuntimeError, match=r"weight must be \[N, K\] or float32 in panels"):
         op(x, torch.randn(2, 8, 8), None)
+    with pytest.raises(RuntimeError, match=r"weight must be \[N, K\] or float32 in panels"):
+        op(x.bfloat16(), options.weight_panels(w).bfloat16(), None)
+    with pytest.raises(RuntimeError, match="a bias of 32 features expected, got 16"):
+        op(x, w, torch.randn(16))  # the [N, K] layout checks its bias as well
     assert op(x[:0], options.weight_panels(w), None).shape == (0, 32)
+    b = torch.randn(32)
+    assert torch.equal(op(torch.randn(3, 0), torch.randn(32, 0).reshape(2, 16, 0).transpose(1, 2), b), b.expand(3, 32))
 
 
 def test_a_weights_panels_are_made_once_and_again_when_the_weight_changes():
@@ -266,6 +282,13 @@ def test_a_layer_with_weights_in_panels_computes_the_layer_and_refuses_a_mix_of_
         return op(*args, 1e-5, 1e-6, 0.25)
 
     torch.testing.assert_close(run(case, case["weights"]), run(plain, plain["weights"]), rtol=1e-5, atol=1e-5)
+    for dh, rows in ((24, 1), (24, 3), (24, 8), (16, 2)):  # every tile family; q, k, v in one split cut short
+        c = _rows_case(dh, "panels", rows=rows)
+        flat = {
+            **c,
+            "weights": [w if w.dim() == 1 else w.transpose(1, 2).reshape(-1, w.shape[1]) for w in c["weights"]],
+        }
+        torch.testing.assert_close(run(c, c["weights"]), run(flat, flat["weights"]), rtol=1e-5, atol=1e-5)
     mixed = list(case["weights"])
     mixed[2] = plain["weights"][2]  # k in [N, K] beside q in panels
     with pytest.raises(RuntimeError, match="all float32 in panels"):
@@ -305,27 +328,34 @@ def test_the_result_does_not_depend_on_the_number_of_threads(dtype):
     native.load_native_kernels()
     op = torch.ops.harness.streaming_linear
     for rows in (1, 2, 3, 7, 16):  # each tile shape
-        x, w = torch.randn(rows, 576), torch.randn(1008, 576)
-        if dtype == "panels":
-            w = options.weight_panels(w)
-        else:
-            x, w = x.to(dtype), w.to(dtype)
+        if dtype == "panels":  # 63 panels: groups of two cut short at the end
+            x, w = torch.randn(rows, 576), options.weight_panels(torch.randn(1008, 576))
+        else:  # 1000 rows: blocks of weight rows cut short at the end
+            x, w = torch.randn(rows, 576, dtype=dtype), torch.randn(1000, 576, dtype=dtype)
         with _threads(1):
             one = op(x, w, None)
         with _threads(max(torch.get_num_threads(), 2)):
             assert torch.equal(op(x, w, None), one)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "panels"])
 def test_the_layer_gives_the_same_bits_on_one_thread_and_on_a_team_of_threads(dtype):
     native.load_native_kernels()
     op = torch.ops.harness.llama_layer
     outs = []
     for n in (1, max(torch.get_num_threads(), 2)):  # one thread: each split inline; more: one OpenMP team
         with _threads(n):
-            case = _layer_case(0, True, dtype)
-            outs.append((op(*case, 1e-5, 1e-6, 0.3), case[4], case[5]))
-    assert all(torch.equal(a, b) for a, b in zip(*outs))
+            if dtype == "panels":  # 1, 3 and 8 rows: each tile family of the panels
+                for rows in (1, 3, 8):
+                    c = _rows_case(24, "panels", rows=rows)
+                    caches = c["keys"].clone(), c["values"].clone()
+                    args = (c["hidden"], c["cos"], c["sin"], c["mask"], *caches, c["start"], c["weights"])
+                    outs.append((op(*args, [None] * 7, 1e-5, 1e-6, 0.2), *caches))
+            else:
+                case = _layer_case(0, True, dtype)
+                outs.append((op(*case, 1e-5, 1e-6, 0.3), case[4], case[5]))
+    half = len(outs) // 2
+    assert all(torch.equal(a, b) for one, team in zip(outs[:half], outs[half:]) for a, b in zip(one, team))
 
 
 def _check_exp(op) -> None:

@@ -98,6 +98,11 @@ def test_auto_streams_float32_and_bfloat16_on_a_non_intel_x86_cpu_and_is_plain_l
     assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD", avx512=True) == "streaming"
     assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD", avx512=False) == "streaming_panels"
     assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD", avx512=False) == "streaming"
+    # a compiled forward: the panels' check on the weight would break the graph at every layer
+    assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD", avx512=False, compiled=True) == "streaming"
+    assert native.cpu_has_avx512("vendor_id\t: AuthenticAMD\nflags\t\t: fpu sse avx2 avx512f avx512bw\n")
+    assert not native.cpu_has_avx512("flags\t\t: fpu sse avx2 fma\nbugs\t\t: avx512f_fake\n")
+    assert "float32 only" in options.linear_kernel_problem("streaming_panels", torch.bfloat16, "cpu")
     assert resolve("auto", torch.float32, "cpu", vendor="GenuineIntel") == "default"
     assert resolve("auto", torch.float32, "cpu", vendor="") == "default"  # ARM, or a vendor nobody reported
     assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD") == "streaming"
@@ -289,3 +294,26 @@ def test_the_floor_script_splits_the_autoregressive_step_into_its_parts(tmp_path
     assert skeleton.config.num_hidden_layers == build_tiny_model().config.num_hidden_layers  # every layer kept
     assert skeleton.config.hidden_size == 64
     assert "| autoregressive step t(1) |" in (tmp_path / "ar_floor.md").read_text()
+
+
+def test_weights_in_panels_trace_under_torch_compile_and_follow_the_weight():
+    if options.linear_kernel_problem("streaming_panels", torch.float32, "cpu"):
+        pytest.skip(options.linear_kernel_problem("streaming_panels", torch.float32, "cpu"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():  # the op's shape for torch.compile's tracing: N = 16 x the panels' first dim
+        assert torch.ops.harness.streaming_linear(torch.empty(2, 8), torch.empty(2, 8, 16), None).shape == (2, 32)
+    layer = torch.nn.Linear(32, 48)
+    options.apply_linear_kernel(layer, "streaming_panels")
+    compiled = torch.compile(layer, backend="eager", dynamic=True)
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            compiled(x), torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5
+        )
+        layer.weight.mul_(2)  # the panels are made again for the changed weight
+        torch.testing.assert_close(
+            compiled(x), torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5
+        )
+    options.apply_linear_kernel(layer, "default")  # another kernel drops the panels kept on the weight
+    assert "_harness_panels" not in layer.weight.__dict__

@@ -47,9 +47,10 @@ forward asks for the model's own forward, it runs that.
 
 With ``model.linear_kernel=streaming_panels`` the layers' seven products read their weights in
 panels (:func:`harness.target.options.weight_panels`, the copy that kernel keeps for each weight),
-in that kernel's summation order, so fused and unfused layers compute the same products; a layer
-one of whose products has a number of output features that is not a multiple of 16 reads them all
-as they are, in ``streaming``'s order.
+in that kernel's summation order, so fused and unfused layers compute the same products. A layer
+one of whose products has a number of output features that is not a multiple of 16 reads all seven
+as they are, in ``streaming``'s order, where the unfused layer would compute those whose features
+are multiples of 16 in panels.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def _fused_forward(layer, original, hidden_states, attention_mask=None, position
     ):
         return original(hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache, **kwargs)
     weights, biases = _parameters(layer)
-    like = hidden_states.new_empty((b, weights[2].shape[0] // attn.head_dim, r, attn.head_dim))  # k's rows
+    like = hidden_states.new_empty((b, attn.config.num_key_value_heads, r, attn.head_dim))
     start = layer_cache.reserve_rows(r, like, like)
     if mask is not None and mask.shape[-1] != start + r:  # a mask over other slots than the cache's
         return original(hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache, **kwargs)

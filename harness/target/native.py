@@ -171,8 +171,8 @@ def register_fake(namespace: str) -> None:
     """The op's output shape and dtype without computing it (for ``torch.compile``'s tracing)."""
 
     @torch.library.register_fake(f"{namespace}::streaming_linear")
-    def _(x, weight, bias):
-        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+    def _(x, weight, bias):  # a float32 weight in panels [N / 16, K, 16] has N = 16 * its first dim
+        return x.new_empty((*x.shape[:-1], weight.shape[0] * (16 if weight.dim() == 3 else 1)))
 
     @torch.library.register_fake(f"{namespace}::vector_exp")
     def _(x):

@@ -113,12 +113,14 @@ def resolve_linear_kernel(
     *,
     vendor: str | None = None,
     avx512: bool | None = None,
+    compiled: bool = False,
 ) -> str:
     """The kernel ``kernel`` names for linear layers of ``dtype`` on ``device``: ``auto`` becomes, for
     float32 and bfloat16 on an x86 CPU whose vendor (``vendor``, default: this machine's) is not
     Intel, ``streaming`` where a C++ compiler can build it (``streaming_panels`` for float32 on a CPU
-    without AVX-512: ``avx512``, default: this machine's flags) and ``weight_major`` (float32) where
-    none is installed, and ``default`` elsewhere; any other name is itself."""
+    without AVX-512, ``avx512``, default: this machine's flags, unless the forward is ``compiled``:
+    the panels' staleness check runs outside the graph) and ``weight_major`` (float32) where none is
+    installed, and ``default`` elsewhere; any other name is itself."""
     if kernel != "auto":
         return kernel
     on_cpu = str(device).split(":")[0] == "cpu"  # a string, so a bad device is refused by its own check
@@ -128,7 +130,7 @@ def resolve_linear_kernel(
     if not vendor or vendor in INTEL_VENDORS:
         return "default"
     if cpp_compiler() is not None:
-        if dtype == torch.float32 and not (cpu_has_avx512() if avx512 is None else avx512):
+        if dtype == torch.float32 and not compiled and not (cpu_has_avx512() if avx512 is None else avx512):
             return "streaming_panels"
         return "streaming"
     return "weight_major" if dtype == torch.float32 else "default"
@@ -209,7 +211,8 @@ def _kernel_fn(kernel: str, weight: torch.Tensor, bias: torch.Tensor | None):
         def streaming_panels_linear(x: torch.Tensor) -> torch.Tensor:
             if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
                 return F.linear(x, weight, bias)
-            return op(x, weight_panels(weight), bias)
+            panels = _weight_panels_eagerly(weight) if torch.compiler.is_compiling() else weight_panels(weight)
+            return op(x, panels, bias)
 
         return streaming_panels_linear
     if kernel == "default":
@@ -220,16 +223,23 @@ def _kernel_fn(kernel: str, weight: torch.Tensor, bias: torch.Tensor | None):
 def weight_panels(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` [N, K] (float32, N a multiple of 16) in panels ``[N / 16, K, 16]`` (panel p: rows
     16p .. 16p + 15 transposed), the copy ``streaming_panels`` reads. Made on first use and kept on
-    the weight; made again when the weight's storage or version changes (an in-place tensor
-    operation, ``load_state_dict``), not when it is written through ``.data``."""
+    the weight; made again when the weight's version changes (an in-place tensor operation,
+    ``load_state_dict``) or its storage moves (``weight.data = other``). An in-place write through
+    ``weight.data`` changes neither, and an inference tensor has no version: such writes are not
+    seen. A forward being compiled calls it outside the graph (:func:`_weight_panels_eagerly`)."""
     cached = weight.__dict__.get("_harness_panels")
-    version, ptr = weight._version, weight.data_ptr()
+    version, ptr = (-1 if weight.is_inference() else weight._version), weight.data_ptr()
     if cached is not None and cached[0] == version and cached[1] == ptr:
         return cached[2]
     n, k = weight.shape
     panels = weight.detach().reshape(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
     weight.__dict__["_harness_panels"] = (version, ptr, panels)
     return panels
+
+
+#: :func:`weight_panels` for a forward ``torch.compile`` traces: a graph break around it, since the
+#: tracer cannot follow the copy kept in the weight's ``__dict__`` (eager calls skip the wrapper)
+_weight_panels_eagerly = torch.compiler.disable(weight_panels)
 
 
 def _linear_forward(module: torch.nn.Linear, kernel: str, x: torch.Tensor) -> torch.Tensor:
@@ -240,16 +250,21 @@ def _linear_forward(module: torch.nn.Linear, kernel: str, x: torch.Tensor) -> to
     return cached[2](x)
 
 
-def apply_linear_kernel(model: torch.nn.Module, kernel: str) -> int:
+def apply_linear_kernel(model: torch.nn.Module, kernel: str, *, compiled: bool = False) -> int:
     """Route every ``nn.Linear`` of ``model`` through ``kernel`` (an instance-level forward; the
     module, its parameters and hooks are unchanged; ``auto`` resolved for the model's dtype and
-    device; ``default`` puts back ``nn.Linear``'s own forward). Returns how many layers now use a
-    kernel other than ``default``."""
+    device, and whether its forward will be ``compiled``; ``default`` puts back ``nn.Linear``'s own
+    forward). Returns how many layers now use a kernel other than ``default``. A kernel other than
+    ``streaming_panels`` drops the panels that one kept on the weights."""
     first = next(model.parameters(), None)
     if first is not None:
-        kernel = resolve_linear_kernel(kernel, first.dtype, first.device)
+        kernel = resolve_linear_kernel(kernel, first.dtype, first.device, compiled=compiled)
     elif kernel == "auto":
         kernel = "default"
+    if kernel != "streaming_panels":
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.__dict__.pop("_harness_panels", None)
     if kernel == "default":
         for module in model.modules():
             if isinstance(module, torch.nn.Linear):
@@ -280,8 +295,9 @@ def resolve_fused_layers(
     compiled: bool,
     static_cache: bool,
 ) -> bool:
-    """``model.fused_layers`` as it applies: an explicit value is itself; ``None`` fuses float32 layers
-    on CPU whose linear kernel resolved to ``streaming``, on a preallocated cache, uncompiled."""
+    """``model.fused_layers`` as it applies: an explicit value is itself; ``None`` fuses float32 and
+    bfloat16 layers on CPU whose linear kernel resolved to ``streaming`` or ``streaming_panels``, on a
+    preallocated cache, uncompiled."""
     if fused_layers is not None:
         return bool(fused_layers)
     on_cpu = str(device).split(":")[0] == "cpu"
@@ -299,7 +315,7 @@ def resolved_fused_layers(m) -> bool:
         m.get("fused_layers"),
         dtype,
         m["device"],
-        linear_kernel=resolve_linear_kernel(m.get("linear_kernel", "auto"), dtype, m["device"]),
+        linear_kernel=resolve_linear_kernel(m.get("linear_kernel", "auto"), dtype, m["device"], compiled=compiled),
         compiled=compiled,
         static_cache=resolve_static_cache(m.get("static_cache"), compiled),
     )

@@ -509,8 +509,8 @@ constexpr int kPanel = 16;  // output features per panel
 
 // Rows [0, R) of x [R, K] against the C / 2 consecutive panels from `panel` on: y [R, C * 8] (row
 // stride ldy), the bias (or null) added after the last step. `pf`, when set, is `pf_lines` cache
-// lines to prefetch into L2, spread evenly over the K steps: a share of the next panel, streaming in
-// while this tile computes. The accumulators are named variables: GCC keeps an array of them in
+// lines to prefetch into L2, spread evenly over the K steps: a share of the next group of panels,
+// streaming in while this tile computes. The accumulators are named variables: GCC keeps an array of them in
 // registers but also stores it to the stack on every step.
 template <int R, int C>
 inline void panel_tile(const float* x, const float* panel, int64_t K, const float* bias, float* y, int64_t ldy,
@@ -636,7 +636,7 @@ inline void panel_group(const Input<F32>& in, const Product<F32>& p, int64_t j, 
 }
 
 // Every product of `ps` (all in panels, all sharing the input) in one split of their groups of G
-// panels (M = 0: four or more rows, one panel a group).
+// panels (M = 0: four or more rows in tiles of rows; see run_panels for G).
 template <int M, int G>
 void run_panel_groups(const Input<F32>& in, const Product<F32>* ps, int count, const Team& team) {
   int64_t first[8];  // first group id of each product (count <= 7)
@@ -724,7 +724,6 @@ bool is_cpu(const at::Tensor& t, at::ScalarType dtype) { return t.scalar_type() 
 // Whether a weight is float32 in panels ([N / 16, K, 16]) rather than [N, K]; its N and K either way.
 bool in_panels(const at::Tensor& w) { return w.dim() == 3 && w.size(2) == kPanel && w.scalar_type() == at::kFloat; }
 int64_t rows_of(const at::Tensor& w) { return in_panels(w) ? w.size(0) * kPanel : w.size(0); }
-int64_t cols_of(const at::Tensor& w) { return w.size(1); }
 
 // The dtype both products of a streaming_linear call run in (float32 or bfloat16), or Undefined.
 at::ScalarType streaming_dtype(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
@@ -751,12 +750,15 @@ at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, const
   if (weight.dim() == 3) {
     TORCH_CHECK(dtype == at::kFloat && (!bias.has_value() || bias->numel() == N),
                 "streaming_linear: a weight in panels takes a float32 CPU input and bias of ", N, " features");
-    if (rows == 0) return x.new_empty([&] {
+    if (rows == 0 || x.size(-1) == 0) {  // no rows, or an empty sum: the bias alone, as at::linear gives
       std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
       shape.back() = N;
-      return shape;
-    }());
+      at::Tensor y = at::zeros(shape, x.options());
+      return bias.has_value() ? y.add_(*bias) : y;
+    }
   }
+  TORCH_CHECK(!bias.has_value() || bias->numel() == N, "streaming_linear: a bias of ", N, " features expected, got ",
+              bias.has_value() ? bias->numel() : 0);
   if (dtype == at::ScalarType::Undefined || rows == 0) return at::linear(x, weight, bias);
   const at::Tensor xc = x.reshape({rows, x.size(-1)}).contiguous();
   const at::Tensor wc = weight.contiguous();
@@ -1339,6 +1341,7 @@ LayerPlan<T> plan_of(const at::Tensor& hidden, const at::Tensor& cos, const at::
   s.Hkv = key_buffer.size(1);
   s.cap = key_buffer.size(2);
   s.dh = key_buffer.size(3);
+  TORCH_CHECK(key_buffer.dim() == 4 && s.dh > 0, op, ": key / value buffers [B, Hkv, cap, dh] with dh > 0 expected");
   s.Hq = rows_of(q_weight) / s.dh;
   s.I = rows_of(gate_weight);
   s.start = start;
@@ -1430,8 +1433,9 @@ at::Tensor vector_exp(const at::Tensor& x) {
 // hidden [B, R, d]; cos, sin [B, R, dh]; mask bool [B, R, start + R] or none (causal);
 // key_buffer, value_buffer [B, Hkv, cap, dh] receive this forward's rows at [start, start + R);
 // weights: input norm [d], q [Hq dh, d], k [Hkv dh, d], v [Hkv dh, d], o [d, Hq dh], post norm [d],
-// gate [I, d], up [I, d], down [d, I]; biases: q, k, v, o, gate, up, down (each or none). Every
-// tensor but the mask in one dtype, float32 or bfloat16.
+// gate [I, d], up [I, d], down [d, I] (the seven products' weights all [N, K], or all float32 in panels
+// [N / 16, K, 16]); biases: q, k, v, o, gate, up, down (each or none). Every tensor but the mask in one
+// dtype, float32 or bfloat16.
 at::Tensor llama_layer(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
                        const std::optional<at::Tensor>& mask, at::Tensor key_buffer, at::Tensor value_buffer,
                        int64_t start, at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases,
