@@ -521,3 +521,25 @@ def test_in_bfloat16_the_fused_target_follows_transformers_and_speculation_decod
     assert tokens == ref[0, len(prompt) :].tolist() and len(tokens) == 40
     gate = equivalence_gate(backend, prompt)  # its sequential reference runs the same native forward
     assert gate["status"] == "passed" and gate["tree_max_abs_logit_diff"] == 0.0
+
+
+def test_a_fused_layer_reads_its_weights_panels_again_when_a_weight_changes_or_is_replaced():
+    from harness.target.fused_layers import _parameters
+
+    model = build_tiny_model(seed=7)
+    options.apply_linear_kernel(model, "streaming_panels")
+    apply_fused_layers(model, True)
+    layer = decoder_layers(model)[0]
+    q, down = layer.self_attn.q_proj, layer.mlp.down_proj
+    first = _parameters(layer)[0]
+    assert torch.equal(first[1], options.weight_panels(q.weight)) and first[1].dim() == 3
+    assert _parameters(layer)[0][1] is first[1]  # kept between forwards
+    with torch.no_grad():
+        q.weight.mul_(2)  # in place: a new version
+    assert torch.equal(_parameters(layer)[0][1], 2 * first[1])
+    down.weight = torch.nn.Parameter(torch.ones_like(down.weight), requires_grad=False)  # replaced
+    assert _parameters(layer)[0][8].eq(1).all()
+    down.weight.data = torch.full_like(down.weight, 3.0)  # new storage under the same parameter
+    assert _parameters(layer)[0][8].eq(3).all()
+    options.apply_linear_kernel(model, "streaming")  # another kernel: the weights as they are, no copies kept
+    assert _parameters(layer)[0][1].dim() == 2 and "_harness_panel_weights" not in layer.__dict__

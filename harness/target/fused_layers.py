@@ -118,15 +118,37 @@ def _parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.
     weights, biases = _module_parameters(layer)
     q_proj = layer._modules["self_attn"]._modules.get("q_proj")
     if q_proj is not None and q_proj.__dict__.get("_harness_linear_kernel") == "streaming_panels":
-        products = [weights[i] for i in _PRODUCTS]
-        if all(w.dtype == torch.float32 and w.dim() == 2 and w.shape[0] % PANEL == 0 for w in products):
-            for i, w in zip(_PRODUCTS, products):
-                weights[i] = weight_panels(w)
+        panels = _layer_panels(layer, [weights[i] for i in _PRODUCTS])
+        if panels is not None:
+            for i, p in zip(_PRODUCTS, panels):
+                weights[i] = p
     return weights, biases
 
 
 #: the positions of the seven products' weights among a layer's nine (the others are the norms')
 _PRODUCTS = (1, 2, 3, 4, 6, 7, 8)
+#: where a layer keeps the panels of its products' weights, with what they were made from
+PANELS_KEY = "_harness_panel_weights"
+
+
+def _layer_panels(layer: torch.nn.Module, products: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """The seven products' weights in panels (:func:`weight_panels`), or None where one of them
+    cannot be (not float32 [N, K] with N a multiple of 16). The layer keeps the list with each
+    weight's version and storage, so a forward checks seven stamps instead of making seven lookups;
+    a changed, moved or replaced weight makes it again."""
+    try:  # the weights' identities (the list keeps them alive, so no id is reused meanwhile)
+        stamp = [(id(w), w._version, w.data_ptr()) for w in products]
+    except RuntimeError:  # an inference tensor carries no version: no list kept
+        stamp = None
+    cached = layer.__dict__.get(PANELS_KEY)
+    if stamp is not None and cached is not None and cached[0] == stamp:
+        return cached[2]
+    panels = None
+    if all(w.dtype == torch.float32 and w.dim() == 2 and w.shape[0] % PANEL == 0 for w in products):
+        panels = [weight_panels(w) for w in products]
+    if stamp is not None:
+        layer.__dict__[PANELS_KEY] = (stamp, products, panels)
+    return panels
 
 
 def _module_parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:

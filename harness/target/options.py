@@ -261,8 +261,9 @@ def apply_linear_kernel(model: torch.nn.Module, kernel: str, *, compiled: bool =
         kernel = resolve_linear_kernel(kernel, first.dtype, first.device, compiled=compiled)
     elif kernel == "auto":
         kernel = "default"
-    if kernel != "streaming_panels":
+    if kernel != "streaming_panels":  # the copies kept on the weights and on fused decoder layers
         for module in model.modules():
+            module.__dict__.pop("_harness_panel_weights", None)
             if isinstance(module, torch.nn.Linear):
                 module.weight.__dict__.pop("_harness_panels", None)
     if kernel == "default":
