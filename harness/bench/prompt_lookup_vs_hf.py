@@ -282,7 +282,7 @@ def main(argv=None) -> int:
         None if args.fused_layers == "auto" else args.fused_layers == "true",
         dtype,
         "cpu",
-        linear_kernel=resolve_linear_kernel(args.linear_kernel, dtype, "cpu"),
+        linear_kernel=resolve_linear_kernel(args.linear_kernel, dtype, "cpu", compiled=args.compile),
         compiled=args.compile,
         static_cache=static_cache,
     )
@@ -297,7 +297,7 @@ def main(argv=None) -> int:
 
     loaded = load_model(name="smollm2", dtype=args.dtype, attn_implementation=args.attn)
     model, tok = loaded.model, loaded.tokenizer
-    apply_linear_kernel(model, args.linear_kernel)  # the one model every arm runs: both families alike
+    apply_linear_kernel(model, args.linear_kernel, compiled=args.compile)  # the one model every arm runs
     apply_static_cache(model, static_cache)
     apply_fused_layers(model, fused)
     if args.compile:

@@ -62,7 +62,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from harness.target.kv_cache import PreallocatedLayer
 from harness.target.native import load_native_kernels
-from harness.target.options import PANEL, weight_panels
+from harness.target.options import LAYER_PANELS_KEY, PANEL, weight_panels
 
 #: the dtypes the native layer computes (its parameters, cache and rotary tables in the same dtype)
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
@@ -127,8 +127,6 @@ def _parameters(layer: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.
 
 #: the positions of the seven products' weights among a layer's nine (the others are the norms')
 _PRODUCTS = (1, 2, 3, 4, 6, 7, 8)
-#: where a layer keeps the panels of its products' weights, with what they were made from
-PANELS_KEY = "_harness_panel_weights"
 
 
 def _layer_panels(layer: torch.nn.Module, products: list[torch.Tensor]) -> list[torch.Tensor] | None:
@@ -140,14 +138,14 @@ def _layer_panels(layer: torch.nn.Module, products: list[torch.Tensor]) -> list[
         stamp = [(id(w), w._version, w.data_ptr()) for w in products]
     except RuntimeError:  # an inference tensor carries no version: no list kept
         stamp = None
-    cached = layer.__dict__.get(PANELS_KEY)
+    cached = layer.__dict__.get(LAYER_PANELS_KEY)
     if stamp is not None and cached is not None and cached[0] == stamp:
         return cached[2]
     panels = None
     if all(w.dtype == torch.float32 and w.dim() == 2 and w.shape[0] % PANEL == 0 for w in products):
         panels = [weight_panels(w) for w in products]
     if stamp is not None:
-        layer.__dict__[PANELS_KEY] = (stamp, products, panels)
+        layer.__dict__[LAYER_PANELS_KEY] = (stamp, products, panels)
     return panels
 
 

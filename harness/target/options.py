@@ -100,6 +100,8 @@ LINEAR_KERNELS = ("auto", "default", "onednn", "mkl_packed", "weight_major", "st
 STREAMING_KERNELS = ("streaming", "streaming_panels")
 #: output features per panel of ``streaming_panels``
 PANEL = 16
+#: where a fused decoder layer keeps the panels of its products' weights (harness.target.fused_layers)
+LAYER_PANELS_KEY = "_harness_panel_weights"
 
 
 #: x86 vendor ids for which MKL's single-precision GEMM takes its own code path
@@ -263,7 +265,7 @@ def apply_linear_kernel(model: torch.nn.Module, kernel: str, *, compiled: bool =
         kernel = "default"
     if kernel != "streaming_panels":  # the copies kept on the weights and on fused decoder layers
         for module in model.modules():
-            module.__dict__.pop("_harness_panel_weights", None)
+            module.__dict__.pop(LAYER_PANELS_KEY, None)
             if isinstance(module, torch.nn.Linear):
                 module.weight.__dict__.pop("_harness_panels", None)
     if kernel == "default":
