@@ -9,7 +9,11 @@ verification would, and the round costs ``t(1 + rows)`` of the curve. transforme
 ``prompt_lookup_num_tokens`` is replayed by its own rule (the first, leftmost occurrence of the
 longest suffix n-gram, ``K`` tokens after it). The benchmark ``harness.bench.prompt_lookup_vs_hf``
 stays the measurement; this is the design tool beside it (it predicted the benchmark's adaptive
-against transformers' ratio within about 3% on code and chat).
+against transformers' ratio within about 3% on code and chat). Beside them it prices a clairvoyant
+lookup proposer (:func:`clairvoyant_replay`): every round the best continuation of any earlier
+occurrence of the last token, and nothing else, verified. No lookup proposer over the same text
+does better round by round, so its ratio to transformers is the ceiling of what choosing
+candidates better could gain.
 
     # once: every prompt's greedy output (decoded by the benchmark's lookup arm, equal to AR)
     .venv/bin/python scripts/lookup_replay.py collect --workloads humaneval chat copy --splits dev eval \\
@@ -97,7 +101,7 @@ def replay(
         if proposer is not None:
             proposer.finish()
     return {
-        "ms_per_token": cost / max(tokens, 1),
+        "ms_per_token": float(cost / max(tokens, 1)),
         "tokens_per_round": tokens / max(rounds, 1),
         "rows_hist": rows_hist.tolist(),
     }
@@ -112,6 +116,48 @@ def transformers_replay(records, t_ms, *, num_tokens: int = 10, ngram: int = 2) 
         return accepted, len(cand)
 
     return replay(records, t_ms, propose=propose)
+
+
+def best_continuation(context: Sequence[int], truth: Sequence[int], *, depth: int) -> int:
+    """The most tokens of ``truth`` (at most ``depth``) that the continuation after any earlier
+    occurrence of ``context``'s last token matches. Every prompt-lookup candidate continues an
+    occurrence of the suffix n-gram, so of that token, and a tree of them accepts one path: no such
+    proposer reading ``context`` accepts more this round."""
+    a = np.asarray(context, dtype=np.int64)
+    want = np.asarray(truth[:depth], dtype=np.int64)
+    best = 0
+    for i in np.flatnonzero(a[:-1] == a[-1])[::-1]:
+        cont = a[i + 1 : i + 1 + len(want)]
+        agree = int(np.argmin(np.append(cont == want[: len(cont)], False)))
+        best = max(best, agree)
+        if best == len(want):
+            break
+    return best
+
+
+def clairvoyant_replay(records, t_ms, *, depth: int = 10, history: bool = False) -> dict:
+    """A clairvoyant prompt-lookup proposer: each round it verifies exactly the best continuation
+    (:func:`best_continuation` over the request, and with ``history`` the earlier records' outputs,
+    which the default experiment's proposer also reads) and nothing else, priced at the lower
+    envelope of ``t_ms`` (t'(n) = min over m >= n of t(m), so a noisy dip in the curve is not held
+    against it). A ceiling for any lookup proposer over the same text, round by round: a real one
+    verifies rows the target rejects and misses continuations it could not rank first."""
+    t = np.minimum.accumulate(np.asarray(t_ms, dtype=np.float64)[::-1])[::-1]
+    cost, tokens, rounds, earlier = 0.0, 0, 0, []
+    for rec in records:
+        prompt, out = list(rec["prompt"]), list(rec["out"])
+        committed, pos = prompt + out[:1], 1
+        while pos < len(out):
+            context = (earlier if history else []) + committed
+            accepted = min(best_continuation(context, out[pos:], depth=depth), len(t) - 1)
+            take = min(accepted + 1, len(out) - pos)
+            committed += out[pos : pos + take]
+            pos += take
+            cost += t[accepted]
+            tokens += take
+            rounds += 1
+        earlier += [*out, -1]  # -1: no token id, so no match runs across two outputs
+    return {"ms_per_token": float(cost / max(tokens, 1)), "tokens_per_round": tokens / max(rounds, 1)}
 
 
 def adaptive_proposer(t_ms, *, nodes=16, depth=10, matches=8, ngram=2, history_tokens=0) -> PromptLookupProposer:
@@ -188,13 +234,19 @@ def replay_cmd(args) -> int:
     table = {}
     for name, records in sets.items():
         hf = transformers_replay(records, t_ms, num_tokens=args.num_tokens, ngram=args.ngram)
-        row = {"transformers_ms_per_token": hf["ms_per_token"]}
+        row = {"transformers_ms_per_token": hf["ms_per_token"], "transformers_tokens_per_round": hf["tokens_per_round"]}
+        for history in (False, True):
+            ceiling = clairvoyant_replay(records, t_ms, depth=args.clairvoyant_depth, history=history)
+            key = f"clairvoyant_{'history' if history else 'request'}"
+            row[f"{key}_tokens_per_round"] = ceiling["tokens_per_round"]
+            row[f"{key}_vs_transformers"] = hf["ms_per_token"] / ceiling["ms_per_token"]
         for h in args.history_tokens:
             ours = replay(records, t_ms, proposer=adaptive_proposer(t_ms, ngram=args.ngram, history_tokens=h))
             row[f"adaptive_history_{h}_ms_per_token"] = ours["ms_per_token"]
+            row[f"adaptive_history_{h}_tokens_per_round"] = ours["tokens_per_round"]
             row[f"adaptive_history_{h}_vs_transformers"] = hf["ms_per_token"] / ours["ms_per_token"]
         table[name] = row
-        print(name, {k: round(v, 3) for k, v in row.items()})
+        print(name, {k: round(float(v), 3) for k, v in row.items()})
     if args.out:
         Path(args.out).write_text(json.dumps({"t_of_n_ms": t_ms, "table": table}, indent=2))
     return 0
@@ -217,6 +269,9 @@ def main(argv=None) -> int:
     r.add_argument("--num-tokens", type=int, default=10)
     r.add_argument("--ngram", type=int, default=2)
     r.add_argument("--history-tokens", type=int, nargs="+", default=[0, 65536])
+    r.add_argument(
+        "--clairvoyant-depth", type=int, default=10, help="the longest chain the clairvoyant ceiling verifies"
+    )
     r.add_argument("--out")
     args = ap.parse_args(argv)
     return collect(args) if args.cmd == "collect" else replay_cmd(args)

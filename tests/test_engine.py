@@ -418,6 +418,25 @@ def test_the_lookup_replay_prices_rounds_with_the_cost_curve(tmp_path):
     alone = script.replay(other, t, proposer=script.adaptive_proposer(t))
     shared = script.replay(other, t, proposer=script.adaptive_proposer(t, history_tokens=1000))
     assert shared["ms_per_token"] < alone["ms_per_token"]
+    # the clairvoyant ceiling: the best continuation of any earlier occurrence of the last token
+    assert script.best_continuation([7, 1, 2, 3, 7, 1, 2, 9, 7], [1, 2, 9, 4], depth=8) == 3
+    assert script.best_continuation([7, 1, 2, 3, 7, 1, 2, 9, 7], [1, 2, 9, 4], depth=2) == 2
+    assert script.best_continuation([5, 6, 7], [8], depth=8) == 0
+    for recs, prop in (
+        (records, script.adaptive_proposer(t)),
+        (other, script.adaptive_proposer(t, history_tokens=1000)),
+    ):
+        real = script.replay(recs, t, proposer=prop)
+        ceiling = script.clairvoyant_replay(recs, t, history=True)
+        assert ceiling["tokens_per_round"] >= real["tokens_per_round"]
+        assert ceiling["ms_per_token"] < real["ms_per_token"]
+    blind = script.clairvoyant_replay(other, t, history=False)
+    assert blind["ms_per_token"] > script.clairvoyant_replay(other, t, history=True)["ms_per_token"]
+    # a dip in the curve is not held against it: the lower envelope prices each chain
+    dip = [10.0, 20.0, 15.0] + [30.0] * 15
+    one = [{"prompt": [1, 2, 3, 1], "out": [2, 3, 1, 2]}]  # two rounds, each a 1-token chain at t'(2) = 15
+    got = script.clairvoyant_replay(one, dip, depth=1)
+    assert got["ms_per_token"] == pytest.approx(30.0 / 3) and got["tokens_per_round"] == 1.5
     path = tmp_path / "outputs.json"
     path.write_text(json.dumps({"sets": {"x/eval": other}}))
     bench = tmp_path / "bench.json"
@@ -425,3 +444,4 @@ def test_the_lookup_replay_prices_rounds_with_the_cost_curve(tmp_path):
     assert script.main(["replay", str(path), "--t-from", str(bench), "--out", str(tmp_path / "r.json")]) == 0
     row = json.loads((tmp_path / "r.json").read_text())["table"]["x/eval"]
     assert row["adaptive_history_65536_vs_transformers"] > row["adaptive_history_0_vs_transformers"]
+    assert row["clairvoyant_history_vs_transformers"] >= row["adaptive_history_65536_vs_transformers"]
