@@ -33,6 +33,25 @@ def test_floor_is_bytes_over_bandwidth():
     assert math.isfinite(bw) and bw > 0
 
 
+def test_a_bandwidth_sample_is_several_sums_off_the_cpu(monkeypatch):
+    """A sample's time is divided by its sums (a GPU's single sum is as short as a launch and a
+    synchronisation); a clock that moves 8 s between readings makes that visible."""
+    import harness.target.timing as timing
+
+    class Clock:
+        def __init__(self, device):
+            self.t = 0.0
+
+        def now(self):
+            self.t += 8.0
+            return self.t
+
+    monkeypatch.setattr(timing, "StageClock", Clock)
+    one = read_bandwidth_gbs(nbytes=1 << 20, repeats=3)
+    four = read_bandwidth_gbs(nbytes=1 << 20, repeats=3, sums_per_sample=4)
+    assert one == pytest.approx((1 << 20) / 8.0 / 1e9) and four == pytest.approx(4 * one)
+
+
 # ---------------------------------------------------------------------------------------- options
 
 import pytest  # noqa: E402

@@ -51,18 +51,19 @@ class ExitAdapter(nn.Module):
         return self.norm2(x + a)
 
 
-def _causal_additive(n: int, dtype: torch.dtype) -> torch.Tensor:
-    add = torch.zeros(n, n, dtype=dtype)
-    add.masked_fill_(~torch.tril(torch.ones(n, n, dtype=torch.bool)), torch.finfo(dtype).min)
+def _causal_additive(n: int, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
+    add = torch.zeros(n, n, dtype=dtype, device=device)
+    add.masked_fill_(~torch.tril(torch.ones(n, n, dtype=torch.bool, device=device)), torch.finfo(dtype).min)
     return add[None, None]  # [1, 1, n, n]
 
 
 def adapter_logits(adapter: ExitAdapter, model: torch.nn.Module, shallow: torch.Tensor) -> torch.Tensor:
     """Teacher-forced adapter logits ``[L, V]`` for one document's shallow rows ``[L, d]``."""
-    x = shallow[None].to(next(model.parameters()).dtype)  # [1, L, d]
-    pos = torch.arange(x.shape[1])[None]
+    p = next(model.parameters())
+    x = shallow[None].to(device=p.device, dtype=p.dtype)  # [1, L, d]
+    pos = torch.arange(x.shape[1], device=x.device)[None]
     rope = model.base_model.rotary_emb(x, position_ids=pos)
-    y = adapter(x, rope=rope, mask=_causal_additive(x.shape[1], x.dtype))
+    y = adapter(x, rope=rope, mask=_causal_additive(x.shape[1], x.dtype, x.device))
     return model.get_output_embeddings()(y)[0].float()
 
 
@@ -76,7 +77,8 @@ class AdapterArtifact:
 def build_adapter(model: torch.nn.Module, state: dict | None = None, *, seed: int = 0) -> ExitAdapter:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        adapter = ExitAdapter(model).to(next(model.parameters()).dtype)
+        p = next(model.parameters())
+        adapter = ExitAdapter(model).to(device=p.device, dtype=p.dtype)
     if state is not None:
         adapter.load_state_dict(state, strict=True)
     return adapter.eval()

@@ -19,12 +19,13 @@ class StageClock:
     stage's time includes the kernels it launched (CUDA events would need the same sync to read)."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
-        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self.times: dict[str, float] = {}
 
     def now(self) -> float:
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)  # that device, not the current one
         return time.perf_counter()
 
     @contextmanager

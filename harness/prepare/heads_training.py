@@ -78,7 +78,7 @@ def head_logits(heads: DraftHeads, batch: Batch, *, embed: nn.Module, lm_head: n
 def head_loss(logits: torch.Tensor, batch: Batch, *, recipe: TrainRecipe, lm_head: nn.Module) -> torch.Tensor:
     """Weighted per-head loss (scalar). logits ``[B, K, V]``."""
     k = logits.shape[1]
-    weights = torch.tensor([recipe.head_decay**i for i in range(k)])  # [K]
+    weights = torch.tensor([recipe.head_decay**i for i in range(k)], device=logits.device)  # [K]
     mask = batch.head_mask.float()  # [B, K]
     if recipe.loss == "hard":
         ce = nn.functional.cross_entropy(

@@ -109,8 +109,9 @@ def layer_influence(model, prompts: list[list[int]]) -> list[float]:
     layer turns the residual stream (a layer that barely turns it is a cheap one to skip)."""
     totals: list[float] | None = None
     count = 0
+    device = next(model.parameters()).device
     for ids in prompts:
-        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=False)
+        out = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True, use_cache=False)
         hs = out.hidden_states  # embeddings, then each layer's output (the last one after the final norm)
         layers = len(hs) - 1
         per = []

@@ -64,9 +64,9 @@ def without_replacement_law(q: torch.Tensor, sampled: Sequence[int]) -> torch.Te
     if len(set(sampled)) >= vocab:
         raise ValueError(f"cannot draw without replacement: all {vocab} tokens already sampled")
     law = q.clone()  # [V]
-    taken = torch.zeros(vocab, dtype=torch.bool)  # [V]
+    taken = torch.zeros(vocab, dtype=torch.bool, device=q.device)  # [V]
     if sampled:
-        taken[torch.tensor(list(sampled), dtype=torch.long)] = True
+        taken[torch.tensor(list(sampled), dtype=torch.long, device=q.device)] = True
     law = law.masked_fill(taken, 0.0)
     z = float(law.sum())
     if z > 0.0:

@@ -199,7 +199,7 @@ class EarlyExitProposer(SelfSpecProposer):
 
     def _forward(self, ids, positions, mask):
         h = self.path.run(self.path.embed(ids), positions, mask, self.kv)  # [1, R, d] shallow features F_l
-        pos = torch.as_tensor(positions, dtype=torch.long)[None]
+        pos = torch.as_tensor(positions, dtype=torch.long, device=h.device)[None]
         rope = self.path.base.rotary_emb(h, position_ids=pos)
         y = self.adapter(h, rope=rope, mask=self.path.additive_mask(mask), cache=self.kv)
         return self.lm_head(y)[0]

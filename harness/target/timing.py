@@ -181,20 +181,29 @@ BANDWIDTH_BUFFER_BYTES = 256 * 2**20
 
 
 def read_bandwidth_gbs(
-    device: str | torch.device = "cpu", *, nbytes: int = BANDWIDTH_BUFFER_BYTES, repeats: int = 7
+    device: str | torch.device = "cpu",
+    *,
+    nbytes: int = BANDWIDTH_BUFFER_BYTES,
+    repeats: int = 7,
+    sums_per_sample: int | None = None,
 ) -> float:
-    """Measured read bandwidth (GB/s, 1e9 bytes) of this process: the median of ``repeats`` sums of
-    one ``nbytes`` float32 buffer (after one untimed sum that faults its pages in). A sum reads each
-    byte once and writes nothing, as a memory-bound matrix-vector product streams its weights."""
+    """Measured read bandwidth (GB/s, 1e9 bytes) of this process: the median of ``repeats`` samples,
+    each ``sums_per_sample`` sums of one ``nbytes`` float32 buffer (after one untimed sum that faults
+    its pages in). A sum reads each byte once and writes nothing, as a memory-bound matrix-vector
+    product streams its weights. On a GPU one sum of the buffer takes tens of microseconds, about
+    what a launch and a synchronisation cost, so a sample there is 16 sums between two
+    synchronisations (one on CPU, where a sum takes milliseconds)."""
     device = torch.device(device)
+    inner = max(1, sums_per_sample if sums_per_sample is not None else (1 if device.type == "cpu" else 16))
     buf = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device=device)
     clock = StageClock(device)
     buf.sum()
     times = []
     for _ in range(max(repeats, 1)):
         t0 = clock.now()
-        buf.sum()
-        times.append(clock.now() - t0)
+        for _ in range(inner):
+            buf.sum()
+        times.append((clock.now() - t0) / inner)
     return buf.numel() * 4 / statistics.median(times) / 1e9
 
 
