@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from harness.bench import prompt_lookup_vs_hf as bench
 
@@ -55,6 +56,20 @@ def test_bad_arms_are_one_line_and_a_nonzero_exit_before_anything_loads(arms, me
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1]
+
+
+@pytest.mark.parametrize(
+    ("device", "message"), [("cuda:0", "no CUDA device here"), ("tpu", "not a device"), ("mps", "cpu, cuda or cuda:N")]
+)
+def test_a_device_it_cannot_use_is_one_line_before_anything_loads(device, message, capsys, monkeypatch):
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    monkeypatch.setattr(bench, "load_model", lambda **_: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--device", device, "--out", "/nonexistent/never-written.json"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "error: --device" in err[-1] and message in err[-1]
 
 
 def test_a_limit_below_one_is_refused(capsys):

@@ -25,7 +25,9 @@ of its first forward (the prompt's prefill, which with prompt lookup also verifi
 candidates) to the return, over the tokens after those that forward gave (:class:`FirstForward`).
 Subtracting a separate 1-token generation instead left two prefills' noise in every HF figure,
 larger than the whole decode on a long prompt (an 8,047-token chat prompt measured a negative decode
-time that way). Both families run the same model in the same dtype; transformers' arms use
+time that way). Both families run the same model in the same dtype on ``--device`` (``cpu``, or
+``cuda``, where the dtype defaults to bfloat16 and every timed region synchronises the device);
+transformers' arms use
 its stock ``sdpa`` attention, ours the configured one (``--attn``). Workloads (``--workload``):
 ``humaneval`` (code, plain prompts), ``chat`` (ShareGPT first turns through the chat template) and
 ``copy`` (copy-heavy: the chat model is asked to repeat a ShareGPT answer of at least 400 characters
@@ -56,6 +58,7 @@ prompts of tens of thousands of tokens).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import statistics
 import sys
@@ -240,7 +243,10 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workload", default="humaneval", choices=WORKLOADS)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: the one model every arm runs")
+    ap.add_argument(
+        "--dtype", default=None, choices=["float32", "bfloat16"], help="default: float32 on CPU, bfloat16 on CUDA"
+    )
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "harness_sdpa"], help="our arms' attention")
     ap.add_argument(
         "--linear-kernel", default="auto", choices=LINEAR_KERNELS, help="every arm's linear layers (one model)"
@@ -276,33 +282,46 @@ def main(argv=None) -> int:
         ap.error("--arms must include ours_ar: every arm's output is checked against it")
     if args.limit < 1 or args.max_new_tokens < 2:
         ap.error("--limit must be >= 1 and --max-new-tokens >= 2")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        ap.error(f"--device {args.device}: not a device (cpu, cuda or cuda:N)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: no CUDA device here")
+    if device.type not in ("cpu", "cuda"):
+        ap.error(f"--device {args.device}: cpu, cuda or cuda:N")
+    args.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     dtype = getattr(torch, args.dtype)
     static_cache = args.static_cache == "true"
     fused = resolve_fused_layers(
         None if args.fused_layers == "auto" else args.fused_layers == "true",
         dtype,
-        "cpu",
-        linear_kernel=resolve_linear_kernel(args.linear_kernel, dtype, "cpu", compiled=args.compile),
+        device,
+        linear_kernel=resolve_linear_kernel(args.linear_kernel, dtype, device, compiled=args.compile),
         compiled=args.compile,
         static_cache=static_cache,
     )
     problem = (
-        linear_kernel_problem(args.linear_kernel, dtype, "cpu")
-        or (compile_problem("cpu") if args.compile else None)
-        or (fused_layers_problem(dtype, "cpu", compiled=args.compile, static_cache=static_cache) if fused else None)
+        linear_kernel_problem(args.linear_kernel, dtype, str(device))
+        or (compile_problem(str(device)) if args.compile else None)
+        or (
+            fused_layers_problem(dtype, str(device), compiled=args.compile, static_cache=static_cache)
+            if fused
+            else None
+        )
     )
     if problem:
         ap.error(problem)
     torch.set_num_threads(args.threads)
 
-    loaded = load_model(name="smollm2", dtype=args.dtype, attn_implementation=args.attn)
+    loaded = load_model(name="smollm2", dtype=args.dtype, device=str(device), attn_implementation=args.attn)
     model, tok = loaded.model, loaded.tokenizer
     apply_linear_kernel(model, args.linear_kernel, compiled=args.compile)  # the one model every arm runs
     apply_static_cache(model, static_cache)
     apply_fused_layers(model, fused)
     if args.compile:
         compile_model(model)
-    backend = CausalLMBackend(model)
+    backend = CausalLMBackend(model, device=device)
     bandwidths = [read_bandwidth_gbs(backend.device)]
     items = bench_items(args.workload, tok, split=args.split, limit=args.limit)
     tree_nodes = args.tree_nodes or 16
@@ -340,10 +359,13 @@ def main(argv=None) -> int:
         )
         return res.tokens, res.decode_ms, res.ledger
 
+    # transformers 5.24 renamed generate's `past_key_values=` to `cache=`; older releases know the former
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
     def hf(ids, new, **kw):
         """transformers' ``generate``: its new tokens, and its decode ms and tokens (after the first
         forward's)."""
-        inp = torch.tensor([ids])
+        inp = torch.tensor([ids], device=backend.device)
         mask = torch.ones_like(inp)
         model.set_attn_implementation("sdpa")  # transformers' arms: its own attention
         cache = new_cache(model.config, preallocated=static_cache, reserve=new + args.num_tokens + 1)
@@ -356,8 +378,8 @@ def main(argv=None) -> int:
                 max_new_tokens=new,
                 do_sample=False,
                 pad_token_id=tok.eos_token_id,
-                cache=cache,
                 streamer=first,
+                **{cache_kw: cache},
                 **kw,
             )
             done = first.clock.now()
@@ -440,6 +462,7 @@ def main(argv=None) -> int:
     ratios = {key: est["value"] for key, est in intervals.items()}
     result = {
         "workload": args.workload,
+        "device": str(device),
         "dtype": args.dtype,
         "attention": args.attn,
         "linear_kernel": sorted(linear_kernel_of(model)),
