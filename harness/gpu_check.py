@@ -261,6 +261,10 @@ def verdict(report: dict) -> tuple[bool, bool]:
     return passed, complete
 
 
+#: rows n of the t(n) sweeps: over a 256-token prefix, and over a 1,024-token one
+T_OF_N_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+LONG_PREFIX_ROWS = (1, 2, 8, 32)
+
 SECTIONS = (
     "equivalence_fp32",
     "equivalence",
@@ -334,14 +338,14 @@ def main(argv=None) -> int:
             return {"skipped": True, "missing_packages": missing}
         return runner(device, args.runner_dtype, out.parent / "gpu_check_run")
 
-    ns = [1, 2, 4, 8, 16, 32, 64, 128]
+    ns = list(T_OF_N_ROWS)
     sections = [
         ("equivalence_fp32", lambda: equivalence(smollm2_shaped(torch.float32, device, layers=4), device)),
         ("equivalence", lambda: equivalence(model(), device)),
         ("t_of_n", lambda: t_of_n(model(), device, ns)),
         ("t_of_n_grouped", grouped(True, 256, ns)),
-        ("t_of_n_grouped_prefix1024_preallocated", grouped(True, 1024, [1, 2, 8, 32])),
-        ("t_of_n_grouped_prefix1024_dynamic_cache", grouped(False, 1024, [1, 2, 8, 32])),
+        ("t_of_n_grouped_prefix1024_preallocated", grouped(True, 1024, list(LONG_PREFIX_ROWS))),
+        ("t_of_n_grouped_prefix1024_dynamic_cache", grouped(False, 1024, list(LONG_PREFIX_ROWS))),
         ("round_loop", lambda: round_loop(model(), device)),
         ("runner", run_runner),
     ]

@@ -14,19 +14,6 @@ def test_gpu_check_equivalence_runs_on_a_smollm2_shaped_model():
     assert result["tree_max_abs_logit_diff"] < 1e-3
 
 
-def test_gpu_check_runs_the_real_runner(tmp_path, monkeypatch):
-    """The runner part of the GPU check on CPU with a small shape: gates, greedy equality, a record."""
-    from harness.gpu_check import SMOLLM2_SHAPE, runner
-
-    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
-    shape = {**SMOLLM2_SHAPE, "num_layers": 2, "vocab_size": 512, "hidden_size": 72, "intermediate_size": 96}
-    out = runner(
-        "cpu", "float32", tmp_path / "run", shape=shape, extra=["workload.limit=1", "generation.max_new_tokens=8"]
-    )
-    assert out["gated"] is True and out["equivalence"]["status"] == "passed"
-    assert out["metrics"]["greedy_identical"] is True and (tmp_path / "run" / "record.json").exists()
-
-
 def test_gpu_check_keeps_every_section_when_one_fails(tmp_path):
     """A section's exception is recorded with its traceback, the later sections still run, and the
     JSON on disk holds every finished section after each one."""
@@ -124,3 +111,37 @@ def test_the_gpu_checks_runner_imports_without_packages_the_gpu_image_lacks(tmp_
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["ok", "prompt_lookup"]
+
+
+def test_the_whole_gpu_check_runs_end_to_end_with_the_device_faked(tmp_path, monkeypatch):
+    """main() on CPU with torch told a CUDA device exists: every section runs (small shapes and row
+    counts), the JSON records each, and the check passes and is complete."""
+    import json
+
+    import harness.gpu_check as gc
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "faked")
+    monkeypatch.setattr(gc, "T_OF_N_ROWS", (1, 2, 4))
+    monkeypatch.setattr(gc, "LONG_PREFIX_ROWS", (1, 2))
+    shaped = gc.smollm2_shaped
+    monkeypatch.setattr(gc, "smollm2_shaped", lambda dtype, device, layers=30: shaped(dtype, device, layers=2))
+    real_runner = gc.runner
+    small = {**gc.SMOLLM2_SHAPE, "num_layers": 2, "vocab_size": 512, "hidden_size": 72, "intermediate_size": 96}
+    monkeypatch.setattr(
+        gc,
+        "runner",
+        lambda device, dtype, out_dir: real_runner(
+            device, dtype, out_dir, shape=small, extra=["workload.limit=1", "generation.max_new_tokens=8"]
+        ),
+    )
+    out = tmp_path / "gpu" / "gpu_check.json"
+    assert gc.main(["--out", str(out), "--device", "cpu", "--dtype", "bfloat16"]) == 0
+    report = json.loads(out.read_text())
+    assert report["device"] == "faked" and report["runner_dtype"] == "float32"
+    assert report["passed"] is True and report["complete"] is True
+    assert set(gc.SECTIONS) <= set(report) and not any("error" in report[k] for k in gc.SECTIONS)
+    assert set(report["t_of_n"]) == {"1", "2", "4"} and report["round_loop"]["greedy"]["passed"] is True
+    assert report["runner"]["gated"] is True and report["runner"]["equivalence"]["status"] == "passed"
+    assert report["runner"]["metrics"]["greedy_identical"] is True
+    assert (tmp_path / "gpu" / "gpu_check_run" / "record.json").exists()
