@@ -19,7 +19,7 @@ def test_gpu_check_keeps_every_section_when_one_fails(tmp_path):
     JSON on disk holds every finished section after each one."""
     import json
 
-    from harness.gpu_check import run_sections, verdict
+    from harness.gpu_check import SECTIONS, run_sections, verdict
 
     out = tmp_path / "gpu_check.json"
     seen_on_disk = []
@@ -32,33 +32,34 @@ def test_gpu_check_keeps_every_section_when_one_fails(tmp_path):
         return {"status": "passed"}
 
     report = {"device": "test"}
-    run_sections(
-        [("equivalence_fp32", lambda: {"status": "passed"}), ("t_of_n", second), ("equivalence", third)], report, out
-    )
+    sections = [
+        ("equivalence_fp32", lambda: {"status": "passed"}),
+        ("t_of_n", second),
+        ("equivalence", third),
+        ("round_loop", lambda: {(1, 2): "a key JSON cannot hold"}),
+        ("runner", lambda: {"gated": True}),
+    ]
+    run_sections(sections, report, out)
     assert seen_on_disk[0]["equivalence_fp32"] == {"status": "passed"}
     assert "CUDA error: out of memory" in seen_on_disk[0]["t_of_n"]["error"]
     assert "Traceback" in seen_on_disk[0]["t_of_n"]["traceback"]
     on_disk = json.loads(out.read_text())
-    assert on_disk["equivalence"] == {"status": "passed"} and set(on_disk["section_seconds"]) == {
-        "equivalence_fp32",
-        "t_of_n",
-        "equivalence",
-    }
-    passed, complete = verdict(on_disk)
-    assert complete is False and passed is False  # the round loop and the runner never ran
-    full = {
-        "equivalence_fp32": {"status": "passed"},
-        "equivalence": {"status": "passed"},
-        "round_loop": {"greedy": {"passed": True}},
-        "runner": {"gated": True},
-    }
+    assert on_disk["equivalence"] == {"status": "passed"} and on_disk["runner"] == {"gated": True}
+    assert "TypeError" in on_disk["round_loop"]["error"]  # unserialisable: its own section fails, no other
+    assert set(on_disk["section_seconds"]) == {name for name, _ in sections}
+    assert verdict(on_disk) == (False, False)
+    full = {name: {"status": "passed"} for name in SECTIONS}
+    full |= {"round_loop": {"greedy": {"passed": True}}, "runner": {"gated": True}}
     assert verdict(full) == (True, True)
-    assert verdict({**full, "runner": {"skipped": True, "missing_packages": ["hydra-core"]}}) == (True, False)
+    assert verdict({k: v for k, v in full.items() if k != "t_of_n_grouped"}) == (True, False)  # a section missing
+    assert verdict({**full, "runner": {"skipped": True, "missing_packages": ["hydra-core"]}}) == (False, False)
     assert verdict({**full, "runner": {"gated": False}}) == (False, True)
+    assert verdict({**full, "round_loop": {"greedy": {"passed": False}}}) == (False, True)
     assert verdict({**full, "t_of_n": {"error": "x"}}) == (True, False)
 
 
-def test_gpu_check_judges_a_divergence_by_the_near_tie_rule():
+def test_gpu_check_judges_a_divergence_by_the_greedy_gate(monkeypatch):
+    import harness.gates.greedy as greedy_gate
     from harness.gpu_check import greedy_verdict
     from harness.target.loading import build_tiny_model
 
@@ -77,6 +78,12 @@ def test_gpu_check_judges_a_divergence_by_the_near_tie_rule():
     wrong = ar[:2] + [worst] + ar[3:]
     got = greedy_verdict(model, prompt, ar, wrong)
     assert got["passed"] is False and got["identical"] is False and "greedy equality failed" in got["error"]
+    # every divergence a near-tie: allowed up to the gate's fraction of the tokens, refused beyond it
+    monkeypatch.setattr(greedy_gate, "NEAR_TIE_LOGIT_TOL", {torch.float32: 1e9})
+    tie = greedy_verdict(model, prompt, ar, wrong, max_fraction=1.0)
+    assert tie["passed"] is True and tie["identical"] is False and tie["tokens"] == 6 and tie["near_ties"] >= 1
+    over = greedy_verdict(model, prompt, ar, wrong)  # the default 1%: even one near-tie in 6 tokens is over it
+    assert over["passed"] is False and "near-ties in 6 generated tokens" in over["error"]
 
 
 def test_gpu_check_exits_without_a_gpu(tmp_path, capsys):
@@ -139,6 +146,7 @@ def test_the_whole_gpu_check_runs_end_to_end_with_the_device_faked(tmp_path, mon
     assert gc.main(["--out", str(out), "--device", "cpu", "--dtype", "bfloat16"]) == 0
     report = json.loads(out.read_text())
     assert report["device"] == "faked" and report["runner_dtype"] == "float32"
+    assert "model.dtype=float32" in report["runner"]["overrides"]
     assert report["passed"] is True and report["complete"] is True
     assert set(gc.SECTIONS) <= set(report) and not any("error" in report[k] for k in gc.SECTIONS)
     assert set(report["t_of_n"]) == {"1", "2", "4"} and report["round_loop"]["greedy"]["passed"] is True

@@ -322,6 +322,18 @@ def test_training_reaches_high_held_out_agreement_on_a_learnable_target(env, kin
     assert all(a > 0.9 for a in held["top1_agreement"]), held
 
 
+def test_heads_train_for_a_bfloat16_target(env):
+    """The target's embedding and LM head run in its dtype: bf16 rows in, float32 logits out."""
+    model = build_tiny_model(seed=2, dtype=torch.bfloat16)
+    docs = env["docs"]
+    art = ensure_heads(
+        "medusa", OPTIONS, Target(model, None, "tiny seed=2 bf16"), documents=(docs[:30], docs[30:]), progress=False
+    )
+    held = art.manifest["held_out"]
+    assert len(held["top1_agreement"]) == 3 and all(0.0 <= a <= 1.0 for a in held["top1_agreement"]), held
+    assert all(p.dtype == torch.float32 for p in art.heads.parameters())
+
+
 def test_manifest_fields(env):
     m = env["arts"]["hydra"].manifest
     assert len(m["held_out"]["top1_agreement"]) == 3 and m["held_out"]["rows"][0] > 0

@@ -59,6 +59,16 @@ def env(tmp_path_factory):
         os.environ["HARNESS_CACHE"] = old
 
 
+def test_an_early_exit_adapter_trains_for_a_bfloat16_target(env):
+    """The adapter takes the target's dtype and device; the teacher's rows run on its LM head in it."""
+    model = build_tiny_model(seed=1, num_layers=4, dtype=torch.bfloat16)
+    docs = env["docs"]
+    art = ensure_adapter(EXIT_OPTS, Target(model, None, "tiny4 bf16"), documents=(docs[:30], docs[30:]), progress=False)
+    assert all(p.dtype == torch.bfloat16 for p in art.adapter.parameters())
+    held = art.manifest["held_out"]
+    assert 0.0 <= held["top1_agreement"] <= 1.0, held
+
+
 def run(env, proposer, *, verifier="greedy", prompt, new=30, policy=GREEDY, seed=0, capture=None):
     rounds = []
     b = proposer.budget

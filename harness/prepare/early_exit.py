@@ -36,6 +36,13 @@ def documents_of(stream: PackedStream) -> list[slice]:
     return out
 
 
+def teacher_logits(lm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's LM head on its final hidden rows ``[L, d]`` (kept on the CPU in half precision):
+    ``[L, V]`` float32, computed on the head's device and in its dtype."""
+    w = lm.weight
+    return lm(hidden.to(device=w.device, dtype=w.dtype)).float()
+
+
 @torch.no_grad()
 def evaluate_adapter(
     adapter: ExitAdapter, model: torch.nn.Module, stream: PackedStream, *, layer: int, eta: float = 0.5
@@ -44,7 +51,7 @@ def evaluate_adapter(
     agree = conf_n = conf_agree = rows = 0
     for sl in documents_of(stream):
         s = adapter_logits(adapter, model, stream.extra[layer][sl].float())  # [L, V]
-        t = lm(stream.hidden[sl].float()).float()  # [L, V]
+        t = teacher_logits(lm, stream.hidden[sl])  # [L, V]
         top_s, top_t = s.argmax(-1), t.argmax(-1)
         conf = torch.softmax(s, -1).max(-1).values
         agree += int((top_s == top_t).sum())
@@ -93,7 +100,7 @@ def train_adapter(
             sl = docs[k]
             student = adapter_logits(adapter, model, stream.extra[layer][sl].float())  # [L, V]
             with torch.no_grad():
-                teacher = torch.softmax(lm(stream.hidden[sl].float()).float() / tau, -1)  # [L, V]
+                teacher = torch.softmax(teacher_logits(lm, stream.hidden[sl]) / tau, -1)  # [L, V]
             loss = -(tau**2) * (teacher * torch.log_softmax(student / tau, -1)).sum(-1).mean()
             last = optimiser_step(loss, opt, sched, adapter.parameters(), bar)
     bar.close()

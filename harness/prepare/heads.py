@@ -28,7 +28,8 @@ def train_artifact(
 ) -> HeadsArtifact:
     """Build the streams (cached), train, evaluate held-out, save. Returns the loaded artifact."""
     streams = training_data(target, recipe, documents=documents, progress=progress)
-    heads = build_heads(recipe, seed=int(recipe["train"]["seed"]))
+    device = next(target.model.parameters()).device
+    heads = build_heads(recipe, seed=int(recipe["train"]["seed"])).to(device)  # trained where the target runs
     embed, lm_head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
     before = evaluate(heads, streams.held, embed=embed, lm_head=lm_head)
     log_ = train_heads(
@@ -42,10 +43,10 @@ def train_artifact(
         before=before,
         after=after,
         training_log=log_,
-        device=next(target.model.parameters()).device,
+        device=device,
         parameters=heads.num_parameters(),
     )
-    save_artifact(out_dir, manifest=manifest, state=heads.state_dict())
+    save_artifact(out_dir, manifest=manifest, state={k: v.cpu() for k, v in heads.state_dict().items()})
     return load_heads(kind, recipe, model=target.model, tokenizer=target.tokenizer, path=out_dir)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -40,6 +40,10 @@ class Batch:
     labels: torch.Tensor  # [B, K] tokens t+1 .. t+K
     teacher_rows: torch.Tensor  # [B, K, d] hidden rows t .. t+K-1 (predict the labels)
     head_mask: torch.Tensor  # [B, K] bool: head i has a row at this anchor
+
+    def to(self, device: torch.device) -> Batch:
+        """The batch on ``device`` (the target's, where its embedding and LM head run)."""
+        return Batch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
 def gather_batch(
@@ -67,12 +71,17 @@ def gather_batch(
     )
 
 
+def on_head(lm_head: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """The target's LM head on float32 rows ``[..., d]``, in the head's dtype: float32 logits."""
+    return lm_head(rows.to(lm_head.weight.dtype)).float()
+
+
 def head_logits(heads: DraftHeads, batch: Batch, *, embed: nn.Module, lm_head: nn.Module) -> torch.Tensor:
     """Teacher-forced logits of every head ``[B, K, V]``."""
     ctx = heads.context(batch.ctx_window, batch.ctx_mask)  # [B, d]
     path_emb = embed(batch.path).float()  # [B, K, d_e]
     out = heads.all_depths(ctx, path_emb)  # [B, K, d]
-    return lm_head(out).float()
+    return on_head(lm_head, out)
 
 
 def head_loss(logits: torch.Tensor, batch: Batch, *, recipe: TrainRecipe, lm_head: nn.Module) -> torch.Tensor:
@@ -88,7 +97,7 @@ def head_loss(logits: torch.Tensor, batch: Batch, *, recipe: TrainRecipe, lm_hea
     else:
         tau = recipe.distill_temperature
         with torch.no_grad():
-            teacher = torch.softmax(lm_head(batch.teacher_rows).float() / tau, dim=-1)  # [B, K, V]
+            teacher = torch.softmax(on_head(lm_head, batch.teacher_rows) / tau, dim=-1)  # [B, K, V]
         per = -(tau**2) * (teacher * torch.log_softmax(logits / tau, dim=-1)).sum(-1)  # [B, K]
     per_head = (per * mask).sum(0) / mask.sum(0).clamp(min=1.0)  # [K]
     return (weights * per_head).sum()
@@ -114,12 +123,13 @@ def evaluate(
         b = gather_batch(
             stream, anchors[s : s + batch_size], heads=heads_max, run=run, num_heads=k, window=heads.spec.prefix_window
         )
+        b = b.to(lm_head.weight.device)
         top = head_logits(heads, b, embed=embed, lm_head=lm_head).argmax(-1)  # [B, K]
-        target_top = lm_head(b.teacher_rows).argmax(-1)  # [B, K]
+        target_top = on_head(lm_head, b.teacher_rows).argmax(-1)  # [B, K]
         m = b.head_mask
-        agree += ((top == target_top) & m).sum(0)
-        label += ((top == b.labels) & m).sum(0)
-        rows += m.sum(0)
+        agree += ((top == target_top) & m).sum(0).cpu()
+        label += ((top == b.labels) & m).sum(0).cpu()
+        rows += m.sum(0).cpu()
     heads.train(was)
     frac = lambda x: [float(a / r) if r else None for a, r in zip(x, rows)]  # noqa: E731
     return {"rows": [int(r) for r in rows], "top1_agreement": frac(agree), "label_accuracy": frac(label)}
@@ -199,6 +209,7 @@ def train_heads(
                 num_heads=k,
                 window=heads.spec.prefix_window,
             )
+            batch = batch.to(lm_head.weight.device)
             logits = head_logits(heads, batch, embed=embed, lm_head=lm_head)
             loss = head_loss(logits, batch, recipe=recipe, lm_head=lm_head)
             last_loss = optimiser_step(loss, opt, sched, heads.parameters(), bar)
