@@ -141,7 +141,10 @@ def clairvoyant_replay(records, t_ms, *, depth: int = 10, history: bool = False)
     which the default experiment's proposer also reads) and nothing else, priced at the lower
     envelope of ``t_ms`` (t'(n) = min over m >= n of t(m), so a noisy dip in the curve is not held
     against it). A ceiling for any lookup proposer over the same text, round by round: a real one
-    verifies rows the target rejects and misses continuations it could not rank first."""
+    verifies rows the target rejects and misses continuations it could not rank first. Over a whole
+    output it is a ceiling where one round accepting k tokens costs less than rounds sharing them
+    (t(1 + k) < 2 t(1), as on this project's curves at depth 10); an output's last round is priced
+    for the tokens it accepts, which can run past the output's end."""
     t = np.minimum.accumulate(np.asarray(t_ms, dtype=np.float64)[::-1])[::-1]
     cost, tokens, rounds, earlier = 0.0, 0, 0, []
     for rec in records:
