@@ -143,8 +143,8 @@ def clairvoyant_replay(records, t_ms, *, depth: int = 10, history: bool = False)
     against it). A ceiling for any lookup proposer over the same text, round by round: a real one
     verifies rows the target rejects and misses continuations it could not rank first. Over a whole
     output it is a ceiling where one round accepting k tokens costs less than rounds sharing them
-    (t(1 + k) < 2 t(1), as on this project's curves at depth 10); an output's last round is priced
-    for the tokens it accepts, which can run past the output's end."""
+    (t(1 + k) < 2 t(1), as on this project's curves at depth 10); an output's last round may price
+    one row more than the tokens it has left need."""
     t = np.minimum.accumulate(np.asarray(t_ms, dtype=np.float64)[::-1])[::-1]
     cost, tokens, rounds, earlier = 0.0, 0, 0, []
     for rec in records:
