@@ -50,6 +50,8 @@ def test_a_bandwidth_sample_is_several_sums_off_the_cpu(monkeypatch):
     one = read_bandwidth_gbs(nbytes=1 << 20, repeats=3)
     four = read_bandwidth_gbs(nbytes=1 << 20, repeats=3, sums_per_sample=4)
     assert one == pytest.approx((1 << 20) / 8.0 / 1e9) and four == pytest.approx(4 * one)
+    off_cpu = read_bandwidth_gbs("meta", nbytes=1 << 20, repeats=3)  # any device but the CPU: 16 sums a sample
+    assert off_cpu == pytest.approx(16 * one)
 
 
 # ---------------------------------------------------------------------------------------- options
