@@ -65,6 +65,9 @@ class TinyConfig:
     num_kv_heads: int = ranged(2, **POSITIVE_INT)
     intermediate_size: int = ranged(64, **POSITIVE_INT)
     max_position_embeddings: int = ranged(512, **POSITIVE_INT)
+    rope_theta: float = ranged(10000.0, gt=0.0)
+    rms_norm_eps: float = ranged(1e-6, gt=0.0)
+    tie_word_embeddings: bool = False  # the LM head shares the input embedding's matrix
 
 
 #: decoder layers of the default derived draft (proposer=draft_model: the target's first k layers)

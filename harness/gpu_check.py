@@ -46,7 +46,6 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
@@ -59,6 +58,7 @@ from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
 from harness.target import attention
 from harness.target.backend import CausalLMBackend
+from harness.target.loading import build_tiny_model
 from harness.target.options import apply_static_cache
 from harness.target.timing import verify_times
 from harness.verifiers import get_verifier
@@ -66,22 +66,8 @@ from harness.verifiers.sampling import SamplingPolicy
 
 
 def smollm2_shaped(dtype: torch.dtype, device: str, layers: int = 30):
-    cfg = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=layers,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
+    """A random model of SmolLM2's shape (:data:`SMOLLM2_SHAPE`, as the runner's ``model=tiny`` builds it)."""
+    model = build_tiny_model(seed=0, **{**SMOLLM2_SHAPE, "num_layers": layers})
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -178,6 +164,9 @@ SMOLLM2_SHAPE = {
     "num_kv_heads": 3,
     "intermediate_size": 1536,
     "max_position_embeddings": 8192,
+    "rope_theta": 100000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
 }
 
 

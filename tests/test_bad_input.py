@@ -183,6 +183,8 @@ def test_every_default_lies_in_its_range():
         (["model.dtype=float8"], ["model.dtype=float8", "one of"]),
         (["model=tiny", "model.tiny.vocab_size=3"], ["model.tiny.vocab_size=3", ">= 4"]),
         (["model=tiny", "model.tiny.num_heads=3"], ["model.tiny.hidden_size=32", "num_heads=3"]),
+        (["model=tiny", "model.tiny.rms_norm_eps=0"], ["model.tiny.rms_norm_eps=0.0", "> 0"]),
+        (["model=tiny", "model.tiny.rope_theta=-1"], ["model.tiny.rope_theta=-1.0", "> 0"]),
         (["threads=0"], ["threads=0", ">= 1"]),
         (["seed=-1"], ["seed=-1", ">= 0"]),
         (["+foo=1"], ["foo is no option"]),

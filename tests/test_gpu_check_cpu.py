@@ -9,6 +9,7 @@ from harness.gpu_check import equivalence, smollm2_shaped
 def test_gpu_check_equivalence_runs_on_a_smollm2_shaped_model():
     model = smollm2_shaped(torch.float32, "cpu", layers=2)
     assert model.config.num_key_value_heads == 3 and model.config.vocab_size == 49152
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.config.rms_norm_eps == 1e-5
     result = equivalence(model, "cpu")
     assert result["status"] == "passed", result
     assert result["tree_max_abs_logit_diff"] < 1e-3

@@ -155,6 +155,9 @@ def tiny_llama_config(
     num_kv_heads: int = 2,
     intermediate_size: int = 64,
     max_position_embeddings: int = 512,
+    rope_theta: float = 10000.0,
+    rms_norm_eps: float = 1e-6,
+    tie_word_embeddings: bool = False,
 ):
     from transformers import LlamaConfig
 
@@ -169,7 +172,9 @@ def tiny_llama_config(
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
-        tie_word_embeddings=False,
+        rope_theta=rope_theta,
+        rms_norm_eps=rms_norm_eps,
+        tie_word_embeddings=tie_word_embeddings,
         attn_implementation="sdpa",
     )
 
