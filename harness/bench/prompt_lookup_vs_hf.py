@@ -58,7 +58,6 @@ prompts of tens of thousands of tokens).
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import statistics
 import sys
@@ -359,9 +358,6 @@ def main(argv=None) -> int:
         )
         return res.tokens, res.decode_ms, res.ledger
 
-    # transformers 5.24 renamed generate's `past_key_values=` to `cache=`; older releases know the former
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
     def hf(ids, new, **kw):
         """transformers' ``generate``: its new tokens, and its decode ms and tokens (after the first
         forward's)."""
@@ -379,7 +375,7 @@ def main(argv=None) -> int:
                 do_sample=False,
                 pad_token_id=tok.eos_token_id,
                 streamer=first,
-                **{cache_kw: cache},
+                **{backend.cache_kw: cache},  # the keyword this transformers' forward takes
                 **kw,
             )
             done = first.clock.now()

@@ -21,7 +21,7 @@ from harness.heads.early_exit import AdapterArtifact, ExitAdapter, adapter_logit
 from harness.heads.recipes import AdapterRecipe
 from harness.prepare import Preparation
 from harness.prepare.heads_data import PackedStream, training_data
-from harness.prepare.heads_training import optimiser_step
+from harness.prepare.heads_training import on_head, optimiser_step
 from harness.prepare.trained import Target, load_or_train, of_context, trained_summary
 
 
@@ -36,13 +36,6 @@ def documents_of(stream: PackedStream) -> list[slice]:
     return out
 
 
-def teacher_logits(lm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """The target's LM head on its final hidden rows ``[L, d]`` (kept on the CPU in half precision):
-    ``[L, V]`` float32, computed on the head's device and in its dtype."""
-    w = lm.weight
-    return lm(hidden.to(device=w.device, dtype=w.dtype)).float()
-
-
 @torch.no_grad()
 def evaluate_adapter(
     adapter: ExitAdapter, model: torch.nn.Module, stream: PackedStream, *, layer: int, eta: float = 0.5
@@ -51,7 +44,7 @@ def evaluate_adapter(
     agree = conf_n = conf_agree = rows = 0
     for sl in documents_of(stream):
         s = adapter_logits(adapter, model, stream.extra[layer][sl].float())  # [L, V]
-        t = teacher_logits(lm, stream.hidden[sl])  # [L, V]
+        t = on_head(lm, stream.hidden[sl])  # [L, V]
         top_s, top_t = s.argmax(-1), t.argmax(-1)
         conf = torch.softmax(s, -1).max(-1).values
         agree += int((top_s == top_t).sum())
@@ -100,7 +93,7 @@ def train_adapter(
             sl = docs[k]
             student = adapter_logits(adapter, model, stream.extra[layer][sl].float())  # [L, V]
             with torch.no_grad():
-                teacher = torch.softmax(teacher_logits(lm, stream.hidden[sl]) / tau, -1)  # [L, V]
+                teacher = torch.softmax(on_head(lm, stream.hidden[sl]) / tau, -1)  # [L, V]
             loss = -(tau**2) * (teacher * torch.log_softmax(student / tau, -1)).sum(-1).mean()
             last = optimiser_step(loss, opt, sched, adapter.parameters(), bar)
     bar.close()

@@ -72,8 +72,10 @@ def gather_batch(
 
 
 def on_head(lm_head: nn.Module, rows: torch.Tensor) -> torch.Tensor:
-    """The target's LM head on float32 rows ``[..., d]``, in the head's dtype: float32 logits."""
-    return lm_head(rows.to(lm_head.weight.dtype)).float()
+    """The target's LM head on hidden rows ``[..., d]`` (of any dtype and device), computed on the
+    head's device and in its dtype: float32 logits ``[..., V]``."""
+    w = lm_head.weight
+    return lm_head(rows.to(device=w.device, dtype=w.dtype)).float()
 
 
 def head_logits(heads: DraftHeads, batch: Batch, *, embed: nn.Module, lm_head: nn.Module) -> torch.Tensor:

@@ -166,7 +166,7 @@ class CausalLMBackend:
         self.num_layers = int(self.model.config.num_hidden_layers)
         params = inspect.signature(self.model.forward).parameters
         # transformers 5.24 renamed `past_key_values=` to `cache=`; older releases only know the former
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in params
         self._bool_masks = uses_boolean_masks(self.model)  # SDPA takes them as they are; eager adds a float mask
 
@@ -216,7 +216,7 @@ class CausalLMBackend:
             input_ids=ids,
             position_ids=pos,
             use_cache=True,
-            **{self._cache_kw: cache},
+            **{self.cache_kw: cache},
             cache_position=torch.arange(start, start + r, device=self.device),
             output_hidden_states=output_hidden,
             **kwargs,
