@@ -4,10 +4,12 @@ Loads ``harness/proposers/prompt_lookup.py`` as it was at ``--baseline-rev`` (``
 the current module and runs, per prompt and in an order alternating per prompt: the harness's
 autoregressive arm, the baseline's adaptive tree, the current adaptive tree (at each
 ``--depths``), and transformers' ``generate(prompt_lookup_num_tokens=K)``. Every arm shares the one
-model, its cache layout and the one t(n) profile measured at the start, and each of our arms keeps
-one proposer for all prompts (as a run does). Decode time only; every output must equal the
-autoregressive one. Comparing commits in one process keeps this machine's drift between sittings
-(10-20% here) out of the comparison. Writes ``--out`` (JSON).
+model, set up as the benchmark sets it up on this device by default (the linear kernel ``auto``,
+the preallocated cache, fused layers where they apply), its cache layout and the one t(n) profile
+measured at the start, and each of our arms keeps one proposer for all prompts (as a run does),
+with the default experiment's memory of earlier outputs (``--history-tokens``). Decode time only;
+every output must equal the autoregressive one. Comparing commits in one process keeps this
+machine's drift between sittings (10-20% here) out of the comparison. Writes ``--out`` (JSON).
 
     .venv/bin/python scripts/lookup_ab.py --baseline-rev 6248dc6 --workload chat --limit 8 --out results/ab_chat.json
 """
@@ -26,16 +28,23 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from harness.bench.prompt_lookup_vs_hf import WORKLOADS, bench_items
+from harness.bench.prompt_lookup_vs_hf import WORKLOADS, bench_items, fit_to_context
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
 from harness.proposers.base import NullProposer
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
+from harness.target.fused_layers import apply_fused_layers
 from harness.target.kv_cache import new_cache
-from harness.target.loading import load_model
-from harness.target.options import static_cache_of
+from harness.target.loading import config_position_limit, load_model
+from harness.target.options import (
+    apply_linear_kernel,
+    apply_static_cache,
+    resolve_fused_layers,
+    resolve_linear_kernel,
+    static_cache_of,
+)
 from harness.target.timing import verify_cost_curve
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
@@ -72,14 +81,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-tokens", type=int, default=10, help="K of transformers' lookup and the baseline's depth")
     ap.add_argument("--ngram", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--history-tokens", type=int, default=65536, help="proposer.history_tokens of our arms")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     baseline = baseline_module(args.baseline_rev)
     torch.set_num_threads(args.threads)
     loaded = load_model(name="smollm2", dtype="float32", attn_implementation="harness_sdpa")
     model, tok = loaded.model, loaded.tokenizer
+    apply_linear_kernel(model, "auto")
+    apply_static_cache(model, True)
+    kernel = resolve_linear_kernel("auto", torch.float32, "cpu")
+    apply_fused_layers(
+        model, resolve_fused_layers(None, torch.float32, "cpu", linear_kernel=kernel, compiled=False, static_cache=True)
+    )
     backend = CausalLMBackend(model)
-    items = bench_items(args.workload, tok, split=args.split, limit=args.limit)
+    items, _ = fit_to_context(  # an over-long prompt keeps its last tokens, as the benchmark's --truncate left
+        bench_items(args.workload, tok, split=args.split, limit=args.limit),
+        positions=config_position_limit(model.config),
+        max_new_tokens=args.max_new_tokens,
+        verify_rows=max(args.nodes, args.num_tokens) + 1,
+        rule="left",
+    )
     eos = frozenset({int(tok.eos_token_id)})
     cost = verify_cost_curve(backend, items[0][1], max_rows=args.nodes)["normalised"][: args.nodes + 1]
 
@@ -91,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             max_matches=8,
             budget_policy="adaptive",
             verify_cost=cost,
+            **({"history_tokens": args.history_tokens} if args.history_tokens else {}),
         )
 
     proposers = {
@@ -117,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     def hf_pld(ids, new):
         inp = torch.tensor([ids])
         cache = new_cache(model.config, preallocated=static_cache_of(model), reserve=new + args.num_tokens + 1)
+        cache_kw = {backend.cache_kw: cache}
         model.set_attn_implementation("sdpa")
         try:
             t0 = time.perf_counter()
@@ -126,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_new_tokens=new,
                 do_sample=False,
                 pad_token_id=tok.eos_token_id,
-                cache=cache,
+                **cache_kw,
                 prompt_lookup_num_tokens=args.num_tokens,
                 max_matching_ngram_size=args.ngram,
             )
@@ -158,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     per_token = {a: ms / max(n, 1) for a, (ms, n) in totals.items()}
     result = {
         "baseline_rev": args.baseline_rev,
+        "history_tokens": args.history_tokens,
         "workload": args.workload,
         "split": args.split,
         "prompts": len(items),

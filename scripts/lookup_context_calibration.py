@@ -7,9 +7,11 @@ at each round the occurrences :func:`harness.proposers.prompt_lookup.find_contin
 propose their continuations, every candidate token whose parent was the target's token is *tried*,
 and it is *accepted* when it is the target's next token; the round then commits the longest
 accepted path plus one token. Tries are tallied by effective context (the occurrence's context
-length plus the candidate's depth below it, less one) and by the buckets of
-:class:`harness.proposers.prompt_lookup.AcceptanceRates`, whose prior means come from this table
-on the dev split. Writes ``lookup_context.md`` and ``lookup_context.json`` into ``--out``.
+length plus the candidate's depth below it, less one) and by buckets of it. The acceptance model
+the adaptive budget uses (:class:`harness.proposers.prompt_lookup.AcceptanceModel`) is fitted by
+``scripts/lookup_acceptance_fit.py`` with this and more of each row's features; this table is the
+plain view of the strongest one. Writes ``lookup_context.md`` and ``lookup_context.json`` into
+``--out``.
 
     .venv/bin/python scripts/lookup_context_calibration.py --split dev --limit 16 --out results/lookup_context
     .venv/bin/python scripts/lookup_context_calibration.py --model tiny --limit 2 --max-new-tokens 8 --out /tmp/lc
@@ -30,12 +32,20 @@ from harness.bench.prompt_lookup_vs_hf import WORKLOADS, bench_items
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
 from harness.proposers.base import NullProposer
-from harness.proposers.prompt_lookup import AcceptanceRates, find_continuations
+from harness.proposers.prompt_lookup import find_continuations
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import load_model
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
+
+#: upper bounds of the effective-context buckets of the table (the last one is open)
+BUCKETS = (1, 2, 4, 8, 16)
+
+
+def bucket_of(effective_context: int) -> int:
+    """The index of the first bound of ``BUCKETS`` that ``effective_context`` does not exceed."""
+    return sum(effective_context > bound for bound in BUCKETS)
 
 
 def tally(prompt: list[int], output: list[int], *, max_ngram: int, max_depth: int, max_matches: int) -> dict:
@@ -89,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     backend = CausalLMBackend(loaded.model)
     tokenizer = loaded.tokenizer
     eos = frozenset() if tokenizer is None else frozenset({int(tokenizer.eos_token_id)})
-    rates = AcceptanceRates()
     per: dict[str, dict[int, list[int]]] = {}
     for workload in args.workloads:
         counts: dict[int, list[int]] = {}
@@ -119,13 +128,13 @@ def main(argv: list[str] | None = None) -> int:
             cell[1] += t
     buckets: dict[int, list[int]] = {}
     for k, (a, t) in pooled.items():
-        cell = buckets.setdefault(rates.key(1, k, 0)[0], [0, 0])
+        cell = buckets.setdefault(bucket_of(k), [0, 0])
         cell[0] += a
         cell[1] += t
-    bounds = [1, *[b + 1 for b in rates.BUCKETS]]
-    labels = [
-        f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in zip(bounds, [*rates.BUCKETS, None]) if hi is not None
-    ] + [f"{bounds[-1]}+"]
+    bounds = [1, *[b + 1 for b in BUCKETS]]
+    labels = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in zip(bounds, [*BUCKETS, None]) if hi is not None] + [
+        f"{bounds[-1]}+"
+    ]
     result = {
         "model": args.model,
         "split": args.split,
@@ -134,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
         "ngram": args.ngram,
         "by_effective_context": {w: {str(k): v for k, v in sorted(c.items())} for w, c in per.items()},
         "buckets": {labels[b]: {"accepted": a, "tried": t, "rate": a / t} for b, (a, t) in sorted(buckets.items())},
-        "prior_mean": dict(zip(labels, rates.PRIOR_MEAN)),
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -143,16 +151,16 @@ def main(argv: list[str] | None = None) -> int:
         f"# Prompt-lookup candidates accepted by effective context: {args.model}, {args.split} split, "
         f"{args.limit} prompts per workload, {args.max_new_tokens} tokens, max_ngram {args.ngram}",
         "",
-        "| effective context | " + " | ".join(args.workloads) + " | pooled | prior mean |",
-        "|---|" + "---:|" * (len(args.workloads) + 2),
+        "| effective context | " + " | ".join(args.workloads) + " | pooled |",
+        "|---|" + "---:|" * (len(args.workloads) + 1),
     ]
     for b, label in enumerate(labels):
         cells = []
         for counts in [*per.values(), pooled]:
-            a = sum(v[0] for k, v in counts.items() if rates.key(1, k, 0)[0] == b)
-            t = sum(v[1] for k, v in counts.items() if rates.key(1, k, 0)[0] == b)
+            a = sum(v[0] for k, v in counts.items() if bucket_of(k) == b)
+            t = sum(v[1] for k, v in counts.items() if bucket_of(k) == b)
             cells.append(f"{a / t:.2f} ({t})" if t else "-")
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {rates.PRIOR_MEAN[b]:.2f} |")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     (out_dir / "lookup_context.md").write_text(text)
     print(text)

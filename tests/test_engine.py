@@ -203,27 +203,93 @@ def test_adaptive_prompt_lookup_is_exact_and_uses_the_cost_curve(models):
         PromptLookupProposer(budget=budget, manifest_hash="h", budget_policy="adaptive")
 
 
-def test_acceptance_rates_learn_from_commits():
+def test_the_candidate_tree_counts_how_many_matches_agree_on_each_row():
+    from harness.proposers.prompt_lookup import candidate_tree
+
+    matches = [
+        (3, np.array([9, 1, 2]), False),
+        (1, np.array([9, 1, 5]), False),
+        (1, np.array([9, 4]), True),
+        (1, np.array([7, 8]), True),
+    ]
+    tree = candidate_tree(matches, limit=16)
+    assert tree.prefixes == ((9,), (9, 1), (9, 1, 2), (9, 1, 5), (9, 4), (7,), (7, 8))
+    assert tree.parents.tolist() == [-1, 0, 1, 1, 0, -1, 5]
+    assert tree.depth.tolist() == [1, 2, 3, 3, 2, 1, 2]
+    assert tree.context.tolist() == [3, 3, 3, 1, 1, 1, 1]  # the best match that made each row
+    assert tree.rank.tolist() == [0, 0, 0, 1, 1, 1, 0]
+    assert tree.history.tolist() == [False, False, False, False, True, True, True]
+    assert tree.support.tolist() == [3, 2, 1, 1, 1, 1, 1]
+    assert tree.parent_support.tolist() == [4, 3, 2, 2, 3, 4, 1]  # below the root: the number of matches
+    small = candidate_tree(matches, limit=3)
+    assert small.prefixes == ((9,), (9, 1), (9, 1, 2))
+    assert small.support.tolist() == [3, 2, 1]  # matches past the limit still count where they pass
+    assert len(candidate_tree([], limit=8)) == 0
+
+
+def test_tried_rows_are_those_whose_parent_the_target_followed():
+    from harness.proposers.prompt_lookup import tried_rows
+
+    prefixes = ((9,), (9, 1), (9, 1, 2), (9, 1, 5), (9, 4), (7,), (7, 8))
+    rows, accepted = tried_rows(prefixes, (9, 1, 6))  # 9 and 1 accepted, then 6: no row has it
+    assert rows.tolist() == [0, 1, 2, 3, 4, 5] and accepted.tolist() == [True, True, False, False, False, False]
+    rows, accepted = tried_rows(prefixes, (7,))  # one token committed: only the root's children are known
+    assert rows.tolist() == [0, 5] and accepted.tolist() == [False, True]
+
+
+def test_the_acceptance_model_learns_from_every_tried_row_kept_or_not():
+    from harness.proposers.prompt_lookup import AcceptanceModel
+
     prop = PromptLookupProposer(
         budget=Budget(shape="sequences", max_nodes=8, max_depth=4),
         manifest_hash="h",
         budget_policy="adaptive",
         verify_cost=[1.0] * 9,
     )
+    model = prop.acceptance
+    assert model.weights.tolist() == list(AcceptanceModel.WEIGHTS) and model.bias == AcceptanceModel.BIAS
     committed = [1, 2, 3, 9, 1, 2, 3]
     result = prop.propose(committed, TorchRandomSource(0))
     assert [n.token_id for n in result.nodes] == [9, 1, 2, 3]  # the one occurrence: context 3
     assert [n.score for n in result.nodes] == [3.0] * 4
+    x = prop._last[2][:3]
+    outcome = np.array([1.0, 1.0, 0.0])
+
+    def loss():
+        p = model.predict(x)
+        return -np.mean(outcome * np.log(p) + (1 - outcome) * np.log(1 - p))
+
+    before = loss()
     prop.observe_commit(committed + [9, 1, 7])  # 9 and 1 accepted, then 7 instead of 2
-    rates = prop.rates
-    near = rates.key(1, 3, 0)  # depths 1 and 2 extend the 3-token match to 3 and 4: one bucket
-    assert rates.key(2, 3, 0) == near and rates.tried[near] == 2 and rates.accepted[near] == 2
-    far = rates.key(3, 3, 0)  # depth 3: 5 tokens of context, the next bucket
-    assert far != near and rates.tried[far] == 1 and rates.accepted.get(far, 0) == 0
-    assert rates.key(4, 3, 0) == far and rates.tried[far] == 1  # depth 4 was never reached: not tried
-    prior = rates.PRIOR_MEAN[near[0]] * rates.prior_strength
-    assert rates.rate(near) == pytest.approx((2 + prior) / (2 + rates.prior_strength))
-    assert rates.rate(rates.key(1, 1, 0)) == pytest.approx(rates.PRIOR_MEAN[0])  # untried: its prior
+    assert model.rows_learned == 3  # depth 4 was never reached: not tried
+    assert loss() < before  # one gradient step on what the target said
+    assert prop._last is None
+    prop.observe_commit(committed + [9, 1, 7, 4])  # nothing pending: nothing learned twice
+    assert model.rows_learned == 3
+    prop.propose(committed, TorchRandomSource(0))
+    x, rising = prop._last[2], model.predict(prop._last[2])
+    prop.observe_commit(committed + [9, 1, 2, 3])  # every row accepted: every estimate rises
+    assert (model.predict(x) > rising).all() and model.rows_learned == 7
+
+
+def test_the_acceptance_model_s_starting_constants_rank_copies_as_the_dev_prompts_did():
+    from harness.proposers.prompt_lookup import AcceptanceModel, candidate_tree
+
+    model = AcceptanceModel()
+    assert len(AcceptanceModel.MEAN) == len(AcceptanceModel.SCALE) == len(AcceptanceModel.WEIGHTS)
+    assert len(AcceptanceModel.WEIGHTS) == len(AcceptanceModel.FEATURES)
+
+    def first_row(*matches):
+        return float(model.predict(AcceptanceModel.features(candidate_tree(list(matches), limit=16)))[0])
+
+    long_ctx, short_ctx = first_row((12, np.array([5]), False)), first_row((1, np.array([5]), False))
+    assert 0 < short_ctx < long_ctx < 1
+    alone = first_row((1, np.array([5]), False), (1, np.array([6]), False), (1, np.array([7]), False))
+    agreed = first_row((1, np.array([5]), False), (1, np.array([5]), False), (1, np.array([5]), False))
+    assert agreed > alone  # three matches agreeing on the row predict it better than one of three
+    assert first_row((4, np.array([5]), True)) < first_row((4, np.array([5]), False))  # history ranks below
+    with pytest.raises(ValueError, match="learning_rate"):
+        AcceptanceModel(learning_rate=float("nan"))
 
 
 def test_occurrences_are_ranked_by_how_much_context_they_match():
@@ -301,7 +367,8 @@ def test_the_context_calibration_tallies_each_tried_candidate_by_its_effective_c
     assert sum(b["tried"] for b in result["buckets"].values()) == sum(
         t for w in result["by_effective_context"].values() for _, t in w.values()
     )
-    assert "| prior mean |" in (tmp_path / "lookup_context.md").read_text()
+    assert "| pooled |" in (tmp_path / "lookup_context.md").read_text()
+    assert [script.bucket_of(k) for k in (1, 2, 3, 4, 5, 16, 17, 40)] == [0, 1, 2, 2, 3, 4, 5, 5]
 
 
 def test_the_lookup_comparison_loads_another_commits_proposer_beside_this_one():
@@ -445,3 +512,43 @@ def test_the_lookup_replay_prices_rounds_with_the_cost_curve(tmp_path):
     row = json.loads((tmp_path / "r.json").read_text())["table"]["x/eval"]
     assert row["adaptive_history_65536_vs_transformers"] > row["adaptive_history_0_vs_transformers"]
     assert row["clairvoyant_history_vs_transformers"] >= row["adaptive_history_65536_vs_transformers"]
+
+
+def test_the_acceptance_fit_observes_tried_rows_and_recovers_a_known_law(tmp_path, capsys):
+    import json
+
+    from harness.proposers.prompt_lookup import AcceptanceModel
+
+    script = _script("lookup_acceptance_fit")
+    # the prompt holds one occurrence of [2, 3] followed by 9 1 5; the target says 9 1 7
+    x, y = script.observations([{"prompt": [1, 2, 3, 9, 1, 5, 0, 2, 3], "out": [4, 9, 1, 7]}])
+    assert x.shape[1] == len(AcceptanceModel.FEATURES) and len(x) == len(y)
+    assert y.any() and not y.all()
+    # a law over the standardised features: only agreement and the first-sibling flag matter
+    rng = np.random.default_rng(0)
+    raw = rng.normal(size=(20000, len(AcceptanceModel.FEATURES)))
+    true_w = np.zeros(len(AcceptanceModel.FEATURES))
+    true_w[AcceptanceModel.FEATURES.index("agreement")] = 1.5
+    true_w[AcceptanceModel.FEATURES.index("first_sibling")] = -1.0
+    p = 1 / (1 + np.exp(-(raw @ true_w + 0.3)))
+    model = script.fit(raw * 2.0 + 1.0, rng.random(len(p)) < p, l2=0.0)
+    np.testing.assert_allclose(model["weights"], true_w, atol=0.1)
+    assert model["bias"] == pytest.approx(0.3, abs=0.1)
+    assert np.allclose(model["mean"], 1.0, atol=0.1) and np.allclose(model["scale"], 2.0, atol=0.1)
+    with pytest.raises(ValueError, match="both accepted and rejected"):
+        script.fit(raw, np.ones(len(raw), dtype=bool))
+    # the command: fits on the dev sets, reports every set, writes the constants
+    loop = list(range(30, 60))
+    sets = {
+        "code/dev": [{"prompt": [1, *loop[:20]], "out": loop + [7, 8] + loop[:10]}, {"prompt": [2], "out": loop}],
+        "code/eval": [{"prompt": [3, *loop[:10]], "out": loop[:15] + [9] + loop[15:]}],
+    }
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"sets": sets}))
+    assert script.main([str(outputs), "--out", str(tmp_path / "fit.json")]) == 0
+    result = json.loads((tmp_path / "fit.json").read_text())
+    assert result["fit_sets"] == ["code/dev"] and result["features"] == list(AcceptanceModel.FEATURES)
+    assert result["sets"]["code/eval"]["fitted_on"] is False and result["sets"]["code/dev"]["rows"] > 0
+    assert "WEIGHTS: ClassVar" in capsys.readouterr().out
+    assert script.main([str(outputs), "--fit", "code/test"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

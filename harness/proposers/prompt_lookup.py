@@ -14,12 +14,12 @@ was tried, 3-4 tokens 70%, 17 or more 97%.
 
 ``budget=adaptive`` sizes each round's tree from the measured verify cost instead of a fixed
 count: every candidate row gets an estimated reach probability (the product, along its path, of
-acceptance rates learned online per effective context length (the occurrence's context length
-plus the candidate's depth below it: a row at depth d extends the match by d - 1 tokens) and
-sibling rank), rows are taken in descending reach order (a prefix-closed set, since a child never
-out-reaches its parent), and the round keeps the ``k`` rows that minimise ``t(1 + k) / (1 + sum of
-their reach)``, the predicted time per committed token. The rates are proposal-side statistics
-only: they change which candidates are verified, never what is accepted, so exactness is untouched.
+the probability that a row is the target's next token given that its parent was, from
+:class:`AcceptanceModel`), rows are taken in descending reach order (a prefix-closed set, since a
+child never out-reaches its parent), and the round keeps the ``k`` rows that minimise
+``t(1 + k) / (1 + sum of their reach)``, the predicted time per committed token. The model's
+estimates are proposal-side statistics only: they change which candidates are verified, never what
+is accepted, so exactness is untouched.
 
 ``history_tokens > 0`` adds a memory of the target's earlier outputs in this proposer's lifetime
 (the requests it served before, up to that many tokens, the oldest dropped first), searched like
@@ -38,6 +38,7 @@ Candidates carry a ``score`` (the matched context length), never a ``q``.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -179,49 +180,153 @@ def find_continuations(
     return out
 
 
-def _bucket_table(bounds: tuple[int, ...]) -> tuple[int, ...]:
-    """For each value from 0 to the last bound, the index of the first bound it does not exceed."""
-    return tuple(sum(value > bound for bound in bounds) for value in range(bounds[-1] + 1))
+@dataclass(frozen=True)
+class CandidateTree:
+    """The continuations of several matches merged into one prefix tree, in the order rows were
+    first made (a parent before its children). Per row ``i``: ``prefixes[i]`` (the tokens from the
+    root to it), ``parents[i]`` (-1 below the root), ``depth`` (1 = a continuation's first token),
+    ``context`` (the context length of the best match that made it), ``rank`` (its place among its
+    siblings, in the order the matches reached them), ``history`` (made by a match in the history of
+    earlier requests), ``support`` (how many matches' continuations pass through it) and
+    ``parent_support`` (its parent's support; below the root, the number of matches)."""
+
+    prefixes: tuple[tuple[int, ...], ...]
+    parents: np.ndarray
+    depth: np.ndarray
+    context: np.ndarray
+    rank: np.ndarray
+    history: np.ndarray
+    support: np.ndarray
+    parent_support: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.prefixes)
 
 
-class AcceptanceRates:
-    """Online acceptance rates per (effective context bucket, sibling rank): Beta posteriors whose
-    prior means rise with the context a candidate's match has (``PRIOR_MEAN``, measured on held-out
-    dev prompts), ``prior_strength`` pseudo-observations each, so a run starts from what context
-    length says and learns its own workload from there."""
+def candidate_tree(matches: list[tuple[int, np.ndarray, bool]], *, limit: int) -> CandidateTree:
+    """Merge ``matches`` (:func:`find_continuations`' output, best first) into one prefix tree of
+    at most ``limit`` rows; a match whose continuation runs past the limit still counts towards the
+    support of the rows it passes through."""
+    prefixes: list[tuple[int, ...]] = []
+    parents: list[int] = []
+    cols: list[tuple[int, int, int, bool]] = []  # (depth, context, rank, history) of each row
+    support: list[int] = []
+    index: dict[tuple[int, ...], int] = {}
+    children: dict[int, int] = {}
+    for context, cont, in_history in matches:
+        parent, prefix = -1, ()
+        for tok in cont.tolist():
+            prefix += (tok,)
+            node = index.get(prefix)
+            if node is None:
+                if len(prefixes) >= limit:
+                    break
+                node = index[prefix] = len(prefixes)
+                rank = children.get(parent, 0)
+                children[parent] = rank + 1
+                prefixes.append(prefix)
+                parents.append(parent)
+                cols.append((len(prefix), context, rank, in_history))
+                support.append(0)
+            support[node] += 1
+            parent = node
+    parent_arr = np.asarray(parents, dtype=np.int64)
+    support_arr = np.asarray(support, dtype=np.int64)
+    depth, context, rank, history = (np.asarray(c) for c in zip(*cols)) if cols else (np.empty(0, np.int64),) * 4
+    return CandidateTree(
+        prefixes=tuple(prefixes),
+        parents=parent_arr,
+        depth=depth.astype(np.int64),
+        context=context.astype(np.int64),
+        rank=rank.astype(np.int64),
+        history=history.astype(bool),
+        support=support_arr,
+        parent_support=np.where(parent_arr >= 0, support_arr[np.maximum(parent_arr, 0)], len(matches)),
+    )
 
-    #: upper bounds of the effective-context buckets (the last one is open)
-    BUCKETS: ClassVar[tuple[int, ...]] = (1, 2, 4, 8, 16)
-    #: prior acceptance per bucket: SmolLM2, dev split of HumanEval, ShareGPT and copy prompts
-    #: (0.22, 0.35, 0.71, 0.82, 0.83, 0.97 measured by scripts/lookup_context_calibration.py), to 0.05
-    PRIOR_MEAN: ClassVar[tuple[float, ...]] = (0.2, 0.35, 0.7, 0.8, 0.85, 0.95)
-    #: the bucket of each effective context up to the last bound (the first bound it does not exceed)
-    _BUCKET_OF: ClassVar[tuple[int, ...]] = _bucket_table(BUCKETS)
 
-    def __init__(self, *, prior_strength: float = 4.0, max_rank_key: int = 3) -> None:
-        self.prior_strength = prior_strength
-        self.max_rank_key = max_rank_key
-        self.accepted: dict[tuple[int, ...], int] = {}
-        self.tried: dict[tuple[int, ...], int] = {}
+def tried_rows(prefixes: tuple[tuple[int, ...], ...], continuation: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of a tree that the committed ``continuation`` tells about: those whose parent was
+    the target's token (the root's children, and the children of each accepted row) with a
+    committed token at their depth. Returns (row indices, whether each was the target's token)."""
+    rows, accepted = [], []
+    for i, prefix in enumerate(prefixes):
+        if len(continuation) >= len(prefix) and continuation[: len(prefix) - 1] == prefix[:-1]:
+            rows.append(i)
+            accepted.append(continuation[len(prefix) - 1] == prefix[-1])
+    return np.asarray(rows, dtype=np.int64), np.asarray(accepted, dtype=bool)
 
-    def key(self, depth: int, context: int, rank: int, *, history: bool = False) -> tuple[int, ...]:
-        """The key of a candidate at ``depth`` (1 = the first token of its continuation) below a
-        match of ``context`` tokens, ``rank``-th among its siblings; a match in the history of
-        earlier requests (``history``) is counted apart from one in the current request, from the
-        same prior."""
-        effective = context + depth - 1
-        bucket = self._BUCKET_OF[max(effective, 0)] if effective < len(self._BUCKET_OF) else len(self.BUCKETS)
-        rank = rank if rank < self.max_rank_key else self.max_rank_key
-        return (bucket, rank, 1) if history else (bucket, rank)
 
-    def rate(self, key: tuple[int, ...]) -> float:
-        a = self.PRIOR_MEAN[key[0]] * self.prior_strength
-        return (self.accepted.get(key, 0) + a) / (self.tried.get(key, 0) + self.prior_strength)
+class AcceptanceModel:
+    """The probability that a candidate row is the target's next token, given that its parent was:
+    a logistic model over the row's features (:meth:`features`), fitted offline on held-out dev
+    prompts and updated online, one gradient step on the log-loss of each round's tried rows, so a
+    run starts from what the dev prompts say and learns its own target and workload from there.
 
-    def observe(self, key: tuple[int, ...], accepted: bool) -> None:
-        self.tried[key] = self.tried.get(key, 0) + 1
-        if accepted:
-            self.accepted[key] = self.accepted.get(key, 0) + 1
+    What predicts a copy: the context the match has (its context length plus the row's depth below
+    it, less one), whether the row is its parent's first or second child, whether the match is in
+    the history of earlier requests, and how many of the matches agree on the row (its support and
+    the fraction of its parent's support it carries). The constants are SmolLM2's on the dev splits
+    of HumanEval, ShareGPT and the copy-heavy prompts, every output position
+    (``scripts/lookup_acceptance_fit.py``, which prints them)."""
+
+    #: the columns of :meth:`features`
+    FEATURES: ClassVar[tuple[str, ...]] = (
+        "log_effective_context",
+        "first_sibling",
+        "second_sibling",
+        "history",
+        "agreement",
+        "log_support",
+        "log_parent_support",
+    )
+    #: each feature's mean and standard deviation on the fitting set (features are standardised)
+    MEAN: ClassVar[tuple[float, ...]] = (1.7025, 0.6295, 0.1414, 0.1663, 0.6270, 0.3133, 1.0774)
+    SCALE: ClassVar[tuple[float, ...]] = (1.3199, 0.4829, 0.3485, 0.3723, 0.3854, 0.5479, 0.8941)
+    #: the fitted weights of the standardised features, and the bias
+    WEIGHTS: ClassVar[tuple[float, ...]] = (1.2529, 0.9530, -0.0134, -0.3133, 0.8208, 0.2880, 0.1259)
+    BIAS: ClassVar[float] = 0.1137
+
+    def __init__(self, *, learning_rate: float = 0.02) -> None:
+        if not (learning_rate >= 0 and np.isfinite(learning_rate)):
+            raise ValueError(f"learning_rate must be >= 0 and finite; got {learning_rate}")
+        self.learning_rate = learning_rate
+        self.weights = np.asarray(self.WEIGHTS, dtype=np.float64)
+        self.bias = float(self.BIAS)
+        self.rows_learned = 0
+
+    @classmethod
+    def features(cls, tree: CandidateTree) -> np.ndarray:
+        """``[rows, len(FEATURES)]``, standardised."""
+        return (cls.raw_features(tree) - np.asarray(cls.MEAN)) / np.asarray(cls.SCALE)
+
+    @staticmethod
+    def raw_features(tree: CandidateTree) -> np.ndarray:
+        """``[rows, len(FEATURES)]`` as measured, before standardising."""
+        return np.stack(
+            [
+                np.log(np.maximum(tree.context + tree.depth - 1, 1)),
+                tree.rank == 0,
+                tree.rank == 1,
+                tree.history,
+                tree.support / np.maximum(tree.parent_support, 1),
+                np.log(np.maximum(tree.support, 1)),
+                np.log(np.maximum(tree.parent_support, 1)),
+            ],
+            axis=1,
+        ).astype(np.float64)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-(x @ self.weights + self.bias)))
+
+    def update(self, x: np.ndarray, accepted: np.ndarray) -> None:
+        """One gradient step on the mean log-loss of rows ``x`` with outcomes ``accepted``."""
+        if not len(x):
+            return
+        grad = self.predict(x) - accepted.astype(np.float64)
+        self.weights -= self.learning_rate * (x * grad[:, None]).mean(axis=0)
+        self.bias -= self.learning_rate * float(grad.mean())
+        self.rows_learned += len(x)
 
 
 class PromptLookupProposer(Proposer):
@@ -263,8 +368,9 @@ class PromptLookupProposer(Proposer):
         self.max_matches = 1 if budget.shape == "sequence" else max_matches
         self.budget_policy = budget_policy
         self.verify_cost = np.asarray(verify_cost, dtype=np.float64) if verify_cost else None
-        self.rates = AcceptanceRates()
-        self._last: tuple[int, list[tuple[int, ...]], list[tuple[int, ...]]] | None = None
+        self.acceptance = AcceptanceModel()
+        #: (committed length, tree, its rows' features) of the last adaptive proposal
+        self._last: tuple[int, CandidateTree, np.ndarray] | None = None
         self.stats.extras.update({"rows_proposed": 0, "rows_kept": 0})
         self.history_tokens = int(history_tokens)
         if self.history_tokens:
@@ -326,47 +432,27 @@ class PromptLookupProposer(Proposer):
             corpus=self._corpus,
             skip=self._skip,
         )
-        prefixes: list[tuple[int, ...]] = []  # full candidate prefix of each node
-        parents: list[int] = []
-        keys: list[tuple[int, ...]] = []
-        context_of: list[int] = []
-        index: dict[tuple[int, ...], int] = {}
-        children: dict[int, int] = {}
         limit = self.budget.max_nodes if self.budget_policy == "fixed" else 4 * self.budget.max_nodes
-        for context, cont, in_history in matches:
-            parent, prefix = -1, ()
-            for tok in cont.tolist():
-                prefix += (tok,)
-                node = index.get(prefix)
-                if node is None:
-                    if len(prefixes) >= limit:
-                        break
-                    node = index[prefix] = len(prefixes)
-                    rank = children.get(parent, 0)
-                    children[parent] = rank + 1
-                    prefixes.append(prefix)
-                    parents.append(parent)
-                    context_of.append(context)
-                    keys.append(self.rates.key(len(prefix), context, rank, history=in_history))
-                parent = node
-        keep = list(range(len(prefixes)))
-        if self.budget_policy == "adaptive" and prefixes:
-            keep = self._choose_rows(parents, keys)
+        tree = candidate_tree(matches, limit=limit)
+        x = AcceptanceModel.features(tree) if self.budget_policy == "adaptive" else None
+        keep = list(range(len(tree)))
+        if x is not None and len(tree):
+            keep = self._choose_rows(tree.parents, self.acceptance.predict(x))
         remap = {old: new for new, old in enumerate(keep)}
         nodes = tuple(
             ProposalNode(
-                token_id=prefixes[i][-1],
-                parent=remap[parents[i]] if parents[i] >= 0 else -1,
-                score=float(context_of[i]),
+                token_id=tree.prefixes[i][-1],
+                parent=remap[int(tree.parents[i])] if tree.parents[i] >= 0 else -1,
+                score=float(tree.context[i]),
                 source=self.name,
             )
             for i in keep
         )
-        self.stats.extras["rows_proposed"] += len(prefixes)
+        self.stats.extras["rows_proposed"] += len(tree)
         self.stats.extras["rows_kept"] += len(keep)
         if self.history_tokens:
-            self.stats.extras["rows_kept_from_history"] += sum(len(keys[i]) > 2 for i in keep)
-        self._last = (len(committed), prefixes, keys)
+            self.stats.extras["rows_kept_from_history"] += int(tree.history[keep].sum())
+        self._last = (len(committed), tree, x) if x is not None else None
         topology = "sequence" if all(nd.parent == i - 1 for i, nd in enumerate(nodes)) else "tree"
         return ProposalResult(
             nodes=nodes,
@@ -378,11 +464,11 @@ class PromptLookupProposer(Proposer):
             source=self.name,
         )
 
-    def _choose_rows(self, parents: list[int], keys: list[tuple[int, ...]]) -> list[int]:
+    def _choose_rows(self, parents: np.ndarray, rate: np.ndarray) -> list[int]:
         """Rows in descending reach order; the count minimising predicted time per token."""
         reach = np.empty(len(parents))
-        for i, (p, key) in enumerate(zip(parents, keys)):
-            reach[i] = (1.0 if p < 0 else reach[p]) * self.rates.rate(key)
+        for i, p in enumerate(parents.tolist()):
+            reach[i] = (1.0 if p < 0 else reach[p]) * rate[i]
         order = np.argsort(-reach, kind="stable")  # a parent (earlier, reach >=) precedes its children
         cap = min(len(order), self.budget.max_nodes)
         expected = 1.0 + np.concatenate([[0.0], np.cumsum(reach[order[:cap]])])  # k = 0..cap
@@ -391,16 +477,13 @@ class PromptLookupProposer(Proposer):
         return sorted(order[:k].tolist())
 
     def observe_commit(self, committed: list[int]) -> None:
-        """Update acceptance rates: walk the committed continuation through the last proposal."""
+        """Teach the acceptance model what the target said about the last proposal's rows: every
+        row whose parent the committed continuation followed (kept for verification or not)."""
         self._committed = committed
         if self._last is None:
             return
-        start, prefixes, keys = self._last
+        start, tree, x = self._last
         self._last = None
-        if not prefixes:
-            return
-        continuation = tuple(committed[start:])
-        for prefix, key in zip(prefixes, keys):
-            parent_reached = continuation[: len(prefix) - 1] == prefix[:-1]
-            if parent_reached and len(continuation) >= len(prefix):
-                self.rates.observe(key, continuation[: len(prefix)] == prefix)
+        rows, accepted = tried_rows(tree.prefixes, tuple(committed[start:]))
+        if len(rows):
+            self.acceptance.update(x[rows], accepted)
