@@ -25,7 +25,7 @@ is accepted, so exactness is untouched.
 (the requests it served before, up to that many tokens, the oldest dropped first), searched like
 the current request: an occurrence there ranks below one in the current request of the same
 context length, its context and its continuation stop at the boundaries between requests, and its
-candidates share the learned acceptance rates. This is the cross-request suffix search of
+candidates share the acceptance model (with a feature that marks them). This is the cross-request suffix search of
 SuffixDecoding (Oliaro et al., 2024, "SuffixDecoding: A Model-Free Approach to Speeding Up Large
 Language Model Inference"): what a model said to earlier requests predicts what it says next,
 boilerplate and idioms in code, recurring phrasing in chat. A request never reads the outputs of
