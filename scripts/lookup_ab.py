@@ -11,13 +11,16 @@ with the default experiment's memory of earlier outputs (``--history-tokens``). 
 every output must equal the autoregressive one. Comparing commits in one process keeps this
 machine's drift between sittings (10-20% here) out of the comparison. Writes ``--out`` (JSON).
 
-    .venv/bin/python scripts/lookup_ab.py --baseline-rev 6248dc6 --workload chat --limit 8 --out results/ab_chat.json
+    .venv/bin/python scripts/lookup_ab.py --baseline-rev e22fade --workload chat --limit 30 --out results/ab_chat.json
+
+A baseline from before the proposer had a history of earlier outputs needs ``--history-tokens 0``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import subprocess
 import sys
@@ -48,6 +51,7 @@ from harness.target.options import (
 from harness.target.timing import verify_cost_curve
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
+from harness.workloads.prompts import WorkloadError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,11 +64,13 @@ def baseline_module(rev: str):
     )
     if source.returncode != 0:
         raise SystemExit(f"lookup_ab: cannot read prompt_lookup.py at {rev}: {source.stderr.strip()}")
+    name = "baseline_prompt_lookup_" + "".join(c if c.isalnum() else "_" for c in rev)
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "baseline_prompt_lookup.py"
+        path = Path(folder) / f"{name}.py"
         path.write_text(source.stdout)
-        spec = importlib.util.spec_from_file_location("baseline_prompt_lookup", path)
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses resolve their annotations through the module's entry
         spec.loader.exec_module(module)
     return module
 
@@ -84,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history-tokens", type=int, default=65536, help="proposer.history_tokens of our arms")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.history_tokens < 0 or args.limit < 1 or args.max_new_tokens < 2:
+        ap.error("--history-tokens must be >= 0, --limit >= 1 and --max-new-tokens >= 2")
     baseline = baseline_module(args.baseline_rev)
+    if args.history_tokens and "history_tokens" not in inspect.signature(baseline.PromptLookupProposer).parameters:
+        ap.error(f"the proposer at {args.baseline_rev} has no history of earlier outputs; pass --history-tokens 0")
     torch.set_num_threads(args.threads)
     loaded = load_model(name="smollm2", dtype="float32", attn_implementation="harness_sdpa")
     model, tok = loaded.model, loaded.tokenizer
@@ -95,13 +105,17 @@ def main(argv: list[str] | None = None) -> int:
         model, resolve_fused_layers(None, torch.float32, "cpu", linear_kernel=kernel, compiled=False, static_cache=True)
     )
     backend = CausalLMBackend(model)
-    items, _ = fit_to_context(  # an over-long prompt keeps its last tokens, as the benchmark's --truncate left
-        bench_items(args.workload, tok, split=args.split, limit=args.limit),
-        positions=config_position_limit(model.config),
-        max_new_tokens=args.max_new_tokens,
-        verify_rows=max(args.nodes, args.num_tokens) + 1,
-        rule="left",
-    )
+    try:
+        items, _ = fit_to_context(  # an over-long prompt keeps its last tokens, as the benchmark's --truncate left
+            bench_items(args.workload, tok, split=args.split, limit=args.limit),
+            positions=config_position_limit(model.config),
+            max_new_tokens=args.max_new_tokens,
+            verify_rows=max(args.nodes, args.num_tokens) + 1,
+            rule="left",
+        )
+    except WorkloadError as exc:
+        print(f"lookup_ab: {exc}", file=sys.stderr)
+        return 2
     eos = frozenset({int(tok.eos_token_id)})
     cost = verify_cost_curve(backend, items[0][1], max_rows=args.nodes)["normalised"][: args.nodes + 1]
 

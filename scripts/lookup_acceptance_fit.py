@@ -14,7 +14,12 @@ constants to paste into :class:`harness.proposers.prompt_lookup.AcceptanceModel`
     .venv/bin/python scripts/lookup_replay.py collect --workloads humaneval chat copy --splits dev eval \\
         --limit 24 --out results/replay/outputs.json
     .venv/bin/python scripts/lookup_acceptance_fit.py results/replay/outputs.json \\
-        --fit humaneval/dev chat/dev copy/dev --out docs/measurements/lookup_acceptance.json
+        --fit humaneval/dev chat/dev copy/dev --out results/replay/acceptance_fit.json
+
+The lookup settings (``--ngram``, ``--max-depth``, ``--max-matches``, ``--rows``) default to the
+default experiment's (a tree of up to 4 x ``topology.max_nodes`` rows before the adaptive choice).
+Bad input (a missing or malformed file, a set without records, no rows to fit) ends with one line
+and exit status 2.
 """
 
 from __future__ import annotations
@@ -115,25 +120,74 @@ def as_python(model: dict) -> str:
     )
 
 
+def load_sets(paths: Sequence[str]) -> dict[str, list[dict]]:
+    """``{set name: records}`` from ``lookup_replay.py collect`` files; ``ValueError`` (one line) for
+    anything else, or for a set named in two files."""
+    sets: dict[str, list[dict]] = {}
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: cannot read recorded outputs ({exc})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("sets"), dict):
+            raise ValueError(
+                f"{path}: not a file of recorded outputs (no 'sets'; write one with lookup_replay.py collect)"
+            )
+        for name, records in data["sets"].items():
+            if name in sets:
+                raise ValueError(f"{path}: set {name!r} is also in an earlier file")
+            if not isinstance(records, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("prompt"), list) and isinstance(r.get("out"), list)
+                for r in records
+            ):
+                raise ValueError(f"{path}: set {name!r} is not a list of {{'prompt': ids, 'out': ids}} records")
+            sets[name] = records
+    return sets
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("outputs", nargs="+", help="JSON files written by scripts/lookup_replay.py collect")
     ap.add_argument("--fit", nargs="+", help="the sets to fit on (default: every set whose name ends in /dev)")
-    ap.add_argument("--l2", type=float, default=1e-3)
+    ap.add_argument("--l2", type=float, default=1e-3, help="the L2 penalty on the standardised weights (>= 0)")
+    ap.add_argument("--ngram", type=int, default=2, help="max_ngram of the matches")
+    ap.add_argument("--max-depth", type=int, default=10)
+    ap.add_argument("--max-matches", type=int, default=8)
+    ap.add_argument("--rows", type=int, default=64, help="the candidate tree's row limit")
     ap.add_argument("--out", help="write the constants and log-losses here (JSON)")
     args = ap.parse_args(argv)
-    sets: dict[str, list[dict]] = {}
-    for path in args.outputs:
-        sets.update(json.loads(Path(path).read_text())["sets"])
-    fit_names = args.fit or [name for name in sets if name.endswith("/dev")]
-    missing = [name for name in fit_names if name not in sets]
-    if missing or not fit_names:
-        print(f"error: no recorded set named {missing or fit_names}; have {sorted(sets)}", file=sys.stderr)
+    if not args.l2 >= 0 or min(args.ngram, args.max_depth, args.max_matches, args.rows) < 1:
+        ap.error("--l2 must be >= 0, and --ngram, --max-depth, --max-matches and --rows >= 1")
+    try:
+        sets = load_sets(args.outputs)
+        fit_names = args.fit or [name for name in sets if name.endswith("/dev")]
+        if not fit_names:
+            raise ValueError(f"no set name ends in /dev; pass --fit with some of {sorted(sets)}")
+        missing = [name for name in fit_names if name not in sets]
+        if missing:
+            raise ValueError(f"no recorded set named {', '.join(missing)}; have {', '.join(sorted(sets))}")
+        settings = {
+            "max_ngram": args.ngram,
+            "max_depth": args.max_depth,
+            "max_matches": args.max_matches,
+            "rows": args.rows,
+        }
+        data = {
+            name: observations(
+                records,
+                max_ngram=args.ngram,
+                max_depth=args.max_depth,
+                max_matches=args.max_matches,
+                limit=args.rows,
+            )
+            for name, records in sets.items()
+        }
+        model = fit(
+            np.concatenate([data[n][0] for n in fit_names]), np.concatenate([data[n][1] for n in fit_names]), l2=args.l2
+        )
+    except ValueError as exc:
+        print(f"lookup_acceptance_fit: {exc}", file=sys.stderr)
         return 2
-    data = {name: observations(records) for name, records in sets.items()}
-    model = fit(
-        np.concatenate([data[n][0] for n in fit_names]), np.concatenate([data[n][1] for n in fit_names]), l2=args.l2
-    )
     current = current_constants()
     table = {
         name: {
@@ -150,7 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     print(as_python(model))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        result = {"features": list(AcceptanceModel.FEATURES), "fit_sets": fit_names, "model": model, "sets": table}
+        result = {
+            "features": list(AcceptanceModel.FEATURES),
+            "settings": settings,
+            "l2": args.l2,
+            "fit_sets": fit_names,
+            "model": model,
+            "sets": table,
+        }
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 

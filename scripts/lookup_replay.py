@@ -26,6 +26,7 @@ candidates better could gain.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -34,7 +35,13 @@ from pathlib import Path
 import numpy as np
 
 from harness.contracts import Budget, ProposalNode
-from harness.proposers.prompt_lookup import PromptLookupProposer
+from harness.proposers.prompt_lookup import (
+    SEPARATOR,
+    PromptLookupProposer,
+    TokenCorpus,
+    candidate_tree,
+    find_continuations,
+)
 from harness.random_source import TorchRandomSource
 
 
@@ -163,16 +170,55 @@ def clairvoyant_replay(records, t_ms, *, depth: int = 10, history: bool = False)
     return {"ms_per_token": float(cost / max(tokens, 1)), "tokens_per_round": tokens / max(rounds, 1)}
 
 
-def adaptive_proposer(t_ms, *, nodes=16, depth=10, matches=8, ngram=2, history_tokens=0) -> PromptLookupProposer:
+def selection_oracle_replay(records, t_ms, *, nodes=16, depth=10, matches=8, ngram=2, history=True) -> dict:
+    """The candidates the default experiment's proposer builds (:func:`candidate_tree` over its
+    matches, in the request and, with ``history``, the earlier records' outputs), of which an oracle
+    verifies exactly the accepted path and nothing else (at most ``nodes`` rows), priced on ``t_ms``
+    as it is. A ceiling for any choice among these candidates; the clairvoyant ceiling is one for any
+    candidates at all."""
+    earlier: list[int] = []
+    corpus: list[TokenCorpus | None] = [None]
+
+    def propose(committed, truth):
+        found = find_continuations(
+            np.asarray(committed, dtype=np.int64),
+            max_ngram=ngram,
+            min_ngram=1,
+            max_depth=depth,
+            max_matches=matches,
+            corpus=corpus[0],
+        )
+        tree = candidate_tree(found, limit=4 * nodes)
+        best = max((len(p) for p in tree.prefixes if tuple(truth[: len(p)]) == p), default=0)
+        best = min(best, nodes)
+        return best, best
+
+    cost = tokens = rounds = 0.0
+    for rec in records:
+        got = replay([rec], t_ms, propose=propose)
+        n = len(rec["out"]) - 1
+        cost += got["ms_per_token"] * n
+        tokens += n
+        rounds += n / got["tokens_per_round"] if n else 0
+        if history:
+            earlier += [*rec["out"], SEPARATOR]
+            corpus[0] = TokenCorpus(np.asarray(earlier, dtype=np.int64))
+    return {"ms_per_token": cost / max(tokens, 1), "tokens_per_round": tokens / max(rounds, 1)}
+
+
+def adaptive_proposer(
+    t_ms, *, nodes=16, depth=10, matches=8, ngram=2, history_tokens=0, cls=PromptLookupProposer
+) -> PromptLookupProposer:
+    """The default experiment's proposer (``cls``: this checkout's, or another commit's class)."""
     t = np.asarray(t_ms, dtype=np.float64)
-    return PromptLookupProposer(
+    return cls(
         budget=Budget("sequences", nodes, depth),
         manifest_hash="replay",
         max_ngram=ngram,
         max_matches=matches,
         budget_policy="adaptive",
         verify_cost=(t / t[0])[: nodes + 1].tolist(),
-        history_tokens=history_tokens,
+        **({"history_tokens": history_tokens} if history_tokens else {}),
     )
 
 
@@ -234,6 +280,12 @@ def collect(args) -> int:
 def replay_cmd(args) -> int:
     sets = json.loads(Path(args.outputs).read_text())["sets"]
     t_ms = json.loads(Path(args.t_from).read_text())["t_of_n_ms"]
+    baseline = None
+    if args.baseline_rev:
+        spec = importlib.util.spec_from_file_location("lookup_ab", Path(__file__).with_name("lookup_ab.py"))
+        lookup_ab = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(lookup_ab)
+        baseline = lookup_ab.baseline_module(args.baseline_rev).PromptLookupProposer
     table = {}
     for name, records in sets.items():
         hf = transformers_replay(records, t_ms, num_tokens=args.num_tokens, ngram=args.ngram)
@@ -243,15 +295,24 @@ def replay_cmd(args) -> int:
             key = f"clairvoyant_{'history' if history else 'request'}"
             row[f"{key}_tokens_per_round"] = ceiling["tokens_per_round"]
             row[f"{key}_vs_transformers"] = hf["ms_per_token"] / ceiling["ms_per_token"]
-        for h in args.history_tokens:
-            ours = replay(records, t_ms, proposer=adaptive_proposer(t_ms, ngram=args.ngram, history_tokens=h))
-            row[f"adaptive_history_{h}_ms_per_token"] = ours["ms_per_token"]
-            row[f"adaptive_history_{h}_tokens_per_round"] = ours["tokens_per_round"]
-            row[f"adaptive_history_{h}_vs_transformers"] = hf["ms_per_token"] / ours["ms_per_token"]
+        oracle = selection_oracle_replay(records, t_ms, ngram=args.ngram)
+        row["selection_oracle_tokens_per_round"] = oracle["tokens_per_round"]
+        row["selection_oracle_vs_transformers"] = hf["ms_per_token"] / oracle["ms_per_token"]
+        arms = [("adaptive", PromptLookupProposer)] + ([("baseline", baseline)] if baseline is not None else [])
+        for arm, cls in arms:
+            for h in args.history_tokens:
+                ours = replay(
+                    records, t_ms, proposer=adaptive_proposer(t_ms, ngram=args.ngram, history_tokens=h, cls=cls)
+                )
+                row[f"{arm}_history_{h}_ms_per_token"] = ours["ms_per_token"]
+                row[f"{arm}_history_{h}_tokens_per_round"] = ours["tokens_per_round"]
+                row[f"{arm}_history_{h}_vs_transformers"] = hf["ms_per_token"] / ours["ms_per_token"]
         table[name] = row
         print(name, {k: round(float(v), 3) for k, v in row.items()})
     if args.out:
-        Path(args.out).write_text(json.dumps({"t_of_n_ms": t_ms, "table": table}, indent=2))
+        Path(args.out).write_text(
+            json.dumps({"t_of_n_ms": t_ms, "baseline_rev": args.baseline_rev, "table": table}, indent=2)
+        )
     return 0
 
 
@@ -274,6 +335,10 @@ def main(argv=None) -> int:
     r.add_argument("--history-tokens", type=int, nargs="+", default=[0, 65536])
     r.add_argument(
         "--clairvoyant-depth", type=int, default=10, help="the longest chain the clairvoyant ceiling verifies"
+    )
+    r.add_argument(
+        "--baseline-rev",
+        help="also replay the proposer of this git revision (rows baseline_*), as scripts/lookup_ab.py loads it",
     )
     r.add_argument("--out")
     args = ap.parse_args(argv)

@@ -270,6 +270,17 @@ def test_the_acceptance_model_learns_from_every_tried_row_kept_or_not():
     x, rising = prop._last[2], model.predict(prop._last[2])
     prop.observe_commit(committed + [9, 1, 2, 3])  # every row accepted: every estimate rises
     assert (model.predict(x) > rising).all() and model.rows_learned == 7
+    # rows the round did not keep are learned from too, where the commit tells about them
+    steep = PromptLookupProposer(
+        budget=Budget(shape="sequences", max_nodes=8, max_depth=4),
+        manifest_hash="h",
+        budget_policy="adaptive",
+        verify_cost=[1.0, 1.0] + [5.0] * 7,
+    )
+    kept = steep.propose(committed, TorchRandomSource(0)).nodes
+    assert len(kept) == 1 and len(steep._last[1]) == 4  # one of the four rows verified
+    steep.observe_commit(committed + [9, 1, 7])  # the target's tokens, as another round found them
+    assert steep.acceptance.rows_learned == 3
 
 
 def test_the_acceptance_model_s_starting_constants_rank_copies_as_the_dev_prompts_did():
@@ -288,6 +299,19 @@ def test_the_acceptance_model_s_starting_constants_rank_copies_as_the_dev_prompt
     agreed = first_row((1, np.array([5]), False), (1, np.array([5]), False), (1, np.array([5]), False))
     assert agreed > alone  # three matches agreeing on the row predict it better than one of three
     assert first_row((4, np.array([5]), True)) < first_row((4, np.array([5]), False))  # history ranks below
+    tree = candidate_tree([(3, np.array([5, 6]), True), (1, np.array([7]), False)], limit=16)
+    np.testing.assert_allclose(
+        AcceptanceModel.features(tree),
+        (AcceptanceModel.raw_features(tree) - np.asarray(AcceptanceModel.MEAN)) / np.asarray(AcceptanceModel.SCALE),
+    )
+    np.testing.assert_allclose(
+        AcceptanceModel.raw_features(tree),
+        [
+            [np.log(3), 1, 0, 1, 0.5, 0, np.log(2)],  # 5: context 3, first child, history, 1 of 2 matches
+            [np.log(4), 1, 0, 1, 1.0, 0, 0],  # 6 below it: context 3 + depth 2 - 1
+            [0, 0, 1, 0, 0.5, 0, np.log(2)],  # 7: the root's second child
+        ],
+    )
     with pytest.raises(ValueError, match="learning_rate"):
         AcceptanceModel(learning_rate=float("nan"))
 
@@ -497,6 +521,13 @@ def test_the_lookup_replay_prices_rounds_with_the_cost_curve(tmp_path):
         ceiling = script.clairvoyant_replay(recs, t, history=True)
         assert ceiling["tokens_per_round"] >= real["tokens_per_round"]
         assert ceiling["ms_per_token"] < real["ms_per_token"]
+        chosen = script.selection_oracle_replay(recs, t)  # the accepted path of the real candidates
+        assert real["ms_per_token"] > chosen["ms_per_token"] >= ceiling["ms_per_token"]
+    # the oracle keeps what greedy verification accepts of the proposer's own candidates: after the
+    # prefill's 7, the earlier 7s propose 8 9 1 ... and 7; the target says 8 5, so one round verifies
+    # the one row 8 (t(2)) and commits 8 and 5
+    got = script.selection_oracle_replay([{"prompt": [7, 8, 9, 1, 7], "out": [7, 8, 5]}], t)
+    assert got["tokens_per_round"] == 2.0 and got["ms_per_token"] == pytest.approx(t[1] / 2)
     blind = script.clairvoyant_replay(other, t, history=False)
     assert blind["ms_per_token"] > script.clairvoyant_replay(other, t, history=True)["ms_per_token"]
     # a dip in the curve is not held against it: the lower envelope prices each chain
@@ -508,10 +539,13 @@ def test_the_lookup_replay_prices_rounds_with_the_cost_curve(tmp_path):
     path.write_text(json.dumps({"sets": {"x/eval": other}}))
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"t_of_n_ms": t}))
-    assert script.main(["replay", str(path), "--t-from", str(bench), "--out", str(tmp_path / "r.json")]) == 0
+    argv = ["replay", str(path), "--t-from", str(bench), "--baseline-rev", "HEAD", "--out", str(tmp_path / "r.json")]
+    assert script.main(argv) == 0
     row = json.loads((tmp_path / "r.json").read_text())["table"]["x/eval"]
     assert row["adaptive_history_65536_vs_transformers"] > row["adaptive_history_0_vs_transformers"]
-    assert row["clairvoyant_history_vs_transformers"] >= row["adaptive_history_65536_vs_transformers"]
+    assert row["clairvoyant_history_vs_transformers"] >= row["selection_oracle_vs_transformers"]
+    assert row["selection_oracle_vs_transformers"] > row["adaptive_history_65536_vs_transformers"]
+    assert row["baseline_history_0_vs_transformers"] > 0  # the committed proposer, loaded from git
 
 
 def test_the_acceptance_fit_observes_tried_rows_and_recovers_a_known_law(tmp_path, capsys):
@@ -520,10 +554,14 @@ def test_the_acceptance_fit_observes_tried_rows_and_recovers_a_known_law(tmp_pat
     from harness.proposers.prompt_lookup import AcceptanceModel
 
     script = _script("lookup_acceptance_fit")
-    # the prompt holds one occurrence of [2, 3] followed by 9 1 5; the target says 9 1 7
+    # output position 0 is the prefill's token (not tried); after 4 there is no earlier 4. After
+    # 4 9, the 9 at 3 proposes 1 5 ...: 1 is the target's, 5 is not (it says 7). After 9 1, the
+    # bigram at 3 proposes 5 (not 7), and the unigram 1 at 0 proposes 2 (not 7).
     x, y = script.observations([{"prompt": [1, 2, 3, 9, 1, 5, 0, 2, 3], "out": [4, 9, 1, 7]}])
     assert x.shape[1] == len(AcceptanceModel.FEATURES) and len(x) == len(y)
-    assert y.any() and not y.all()
+    assert y.tolist() == [True, False, False, False]
+    effective = np.exp(x[:, AcceptanceModel.FEATURES.index("log_effective_context")]).round().tolist()
+    assert effective == [1, 2, 2, 1]  # the 9 (context 1, depth 1 and 2), the bigram 9 1, the unigram 1
     # a law over the standardised features: only agreement and the first-sibling flag matter
     rng = np.random.default_rng(0)
     raw = rng.normal(size=(20000, len(AcceptanceModel.FEATURES)))
@@ -550,5 +588,28 @@ def test_the_acceptance_fit_observes_tried_rows_and_recovers_a_known_law(tmp_pat
     assert result["fit_sets"] == ["code/dev"] and result["features"] == list(AcceptanceModel.FEATURES)
     assert result["sets"]["code/eval"]["fitted_on"] is False and result["sets"]["code/dev"]["rows"] > 0
     assert "WEIGHTS: ClassVar" in capsys.readouterr().out
-    assert script.main([str(outputs), "--fit", "code/test"]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+    assert result["settings"] == {"max_ngram": 2, "max_depth": 10, "max_matches": 8, "rows": 64}
+    # bad input: one line and exit status 2, nothing written
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    no_sets = tmp_path / "no_sets.json"
+    no_sets.write_text(json.dumps({"records": []}))
+    eval_only = tmp_path / "eval_only.json"
+    eval_only.write_text(json.dumps({"sets": {"code/eval": sets["code/eval"]}}))
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"sets": {"code/dev": [{"prompt": [1, 2]}]}}))
+    for argv, says in (
+        ([str(outputs), "--fit", "code/test"], "no recorded set named code/test"),
+        ([str(tmp_path / "missing.json")], "cannot read recorded outputs"),
+        ([str(bad)], "cannot read recorded outputs"),
+        ([str(no_sets)], "not a file of recorded outputs"),
+        ([str(eval_only)], "no set name ends in /dev"),
+        ([str(broken)], "is not a list of"),
+        ([str(outputs), str(outputs)], "also in an earlier file"),
+    ):
+        assert script.main([*argv, "--out", str(tmp_path / "not_written.json")]) == 2, argv
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "not_written.json").exists()
+    with pytest.raises(SystemExit):
+        script.main([str(outputs), "--l2", "-1"])

@@ -12,7 +12,7 @@ before the current position, counted back from the matched n-gram (at least n, a
 and ShareGPT) a candidate whose context length is 1 was the target's next token 22% of the times it
 was tried, 3-4 tokens 70%, 17 or more 97%.
 
-``budget=adaptive`` sizes each round's tree from the measured verify cost instead of a fixed
+``budget_policy=adaptive`` sizes each round's tree from the measured verify cost instead of a fixed
 count: every candidate row gets an estimated reach probability (the product, along its path, of
 the probability that a row is the target's next token given that its parent was, from
 :class:`AcceptanceModel`), rows are taken in descending reach order (a prefix-closed set, since a
@@ -25,12 +25,12 @@ is accepted, so exactness is untouched.
 (the requests it served before, up to that many tokens, the oldest dropped first), searched like
 the current request: an occurrence there ranks below one in the current request of the same
 context length, its context and its continuation stop at the boundaries between requests, and its
-candidates share the acceptance model (with a feature that marks them). This is the cross-request suffix search of
-SuffixDecoding (Oliaro et al., 2024, "SuffixDecoding: A Model-Free Approach to Speeding Up Large
-Language Model Inference"): what a model said to earlier requests predicts what it says next,
-boilerplate and idioms in code, recurring phrasing in chat. A request never reads the outputs of
-an earlier request with the same prompt (a warm-up, a repeat or a gate's pass over the same
-prompts would otherwise copy its own answer): the memory serves other requests only.
+candidates share the acceptance model (with a feature that marks them). This is the cross-request
+suffix search of SuffixDecoding (Oliaro et al., 2024, "SuffixDecoding: A Model-Free Approach to
+Speeding Up Large Language Model Inference"): what a model said to earlier requests predicts what
+it says next, boilerplate and idioms in code, recurring phrasing in chat. A request never reads the
+outputs of an earlier request with the same prompt (a warm-up, a repeat or a gate's pass over the
+same prompts would otherwise copy its own answer): the memory serves other requests only.
 
 Candidates carry a ``score`` (the matched context length), never a ``q``.
 """
@@ -268,7 +268,10 @@ class AcceptanceModel:
     the history of earlier requests, and how many of the matches agree on the row (its support and
     the fraction of its parent's support it carries). The constants are SmolLM2's on the dev splits
     of HumanEval, ShareGPT and the copy-heavy prompts, every output position
-    (``scripts/lookup_acceptance_fit.py``, which prints them)."""
+    (``scripts/lookup_acceptance_fit.py``, which prints them), with the default experiment's lookup
+    settings (``max_ngram`` 2, 8 matches, depth 10, trees of up to 64 rows before the choice): the
+    support features' scale depends on the number of matches. Another target, workload or setting
+    starts from them and moves them by the online steps."""
 
     #: the columns of :meth:`features`
     FEATURES: ClassVar[tuple[str, ...]] = (
