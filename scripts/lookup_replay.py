@@ -13,7 +13,9 @@ against transformers' ratio within about 3% on code and chat). Beside them it pr
 lookup proposer (:func:`clairvoyant_replay`): every round the best continuation of any earlier
 occurrence of the last token, and nothing else, verified. No lookup proposer over the same text
 does better round by round, so its ratio to transformers is the ceiling of what choosing
-candidates better could gain.
+candidates better could gain. The selection oracle (:func:`selection_oracle_replay`) is the same
+ceiling for choosing among the candidates the default proposer builds. ``--baseline-rev`` replays
+another commit's proposer beside this checkout's (rows ``baseline_*``).
 
     # once: every prompt's greedy output (decoded by the benchmark's lookup arm, equal to AR)
     .venv/bin/python scripts/lookup_replay.py collect --workloads humaneval chat copy --splits dev eval \\
@@ -77,11 +79,13 @@ def replay(
     *,
     proposer: PromptLookupProposer | None = None,
     propose: Callable[[list[int], list[int]], tuple[int, int]] | None = None,
+    after_record: Callable[[dict], None] | None = None,
 ) -> dict:
     """Replay ``records`` (``{"prompt": ids, "out": greedy output ids}``) with one proposer for all
-    of them (as a run keeps one per slot), or with ``propose(committed, truth) -> accepted, rows``.
-    The first output token is the prefill's (not counted, as the benchmark counts decode time
-    only). Returns the predicted ms per token, tokens per round and the rows histogram."""
+    of them (as a run keeps one per slot), or with ``propose(committed, truth) -> accepted, rows``
+    (and ``after_record(record)`` once each record is done). The first output token is the
+    prefill's (not counted, as the benchmark counts decode time only). Returns the predicted ms
+    per token, tokens per round and the rows histogram."""
     t_ms = np.asarray(t_ms, dtype=np.float64)
     cost, tokens, rounds, rows_hist = 0.0, 0, 0, np.zeros(len(t_ms), dtype=np.int64)
     for rec in records:
@@ -107,6 +111,8 @@ def replay(
             rows_hist[rows] += 1
         if proposer is not None:
             proposer.finish()
+        if after_record is not None:
+            after_record(rec)
     return {
         "ms_per_token": float(cost / max(tokens, 1)),
         "tokens_per_round": tokens / max(rounds, 1),
@@ -193,17 +199,13 @@ def selection_oracle_replay(records, t_ms, *, nodes=16, depth=10, matches=8, ngr
         best = min(best, nodes)
         return best, best
 
-    cost = tokens = rounds = 0.0
-    for rec in records:
-        got = replay([rec], t_ms, propose=propose)
-        n = len(rec["out"]) - 1
-        cost += got["ms_per_token"] * n
-        tokens += n
-        rounds += n / got["tokens_per_round"] if n else 0
+    def remember(rec):
         if history:
-            earlier += [*rec["out"], SEPARATOR]
+            earlier.extend([*rec["out"], SEPARATOR])
             corpus[0] = TokenCorpus(np.asarray(earlier, dtype=np.int64))
-    return {"ms_per_token": cost / max(tokens, 1), "tokens_per_round": tokens / max(rounds, 1)}
+
+    got = replay(records, t_ms, propose=propose, after_record=remember)
+    return {"ms_per_token": got["ms_per_token"], "tokens_per_round": got["tokens_per_round"]}
 
 
 def adaptive_proposer(
