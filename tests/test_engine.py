@@ -613,3 +613,68 @@ def test_the_acceptance_fit_observes_tried_rows_and_recovers_a_known_law(tmp_pat
     assert not (tmp_path / "not_written.json").exists()
     with pytest.raises(SystemExit):
         script.main([str(outputs), "--l2", "-1"])
+
+
+def test_the_verify_cost_model_follows_the_rounds_own_times():
+    from harness.proposers.prompt_lookup import VerifyCostModel
+
+    profile = np.array([1.0, 1.1, 1.2, 1.6])
+    model = VerifyCostModel(profile)
+    np.testing.assert_allclose(model.cost(4), profile)  # nothing observed: the profile
+    model.observe(0, 5.0)  # no such row count
+    model.observe(5, 5.0)  # beyond the profile
+    model.observe(2, 0.0)
+    model.observe(2, float("nan"))
+    assert model.observed == 0
+    for _ in range(200):  # the machine is twice as slow as profiled, and 3 rows cost what 1 does
+        model.observe(1, 20.0)
+        model.observe(3, 20.0)
+    cost = model.cost(4)
+    assert cost[0] == pytest.approx(20.0, rel=0.02) and cost[2] == pytest.approx(20.0, rel=0.02)
+    scale = cost[0] / profile[0]  # an unobserved count: the profile at the machine's current speed
+    assert cost[3] == pytest.approx(profile[3] * scale, rel=0.1)
+    before = model.cost(4)[0]
+    model.observe(1, 2000.0)  # one very slow round moves a well-observed count little
+    assert model.cost(4)[0] < before * 2000.0 ** (1 / (model.PRIOR_WEIGHT + model.WINDOW)) * 1.01
+
+
+def test_a_request_verified_alone_tells_its_proposer_each_round_s_verify_time(models):
+    from harness.engine.decode import RoundConfig, decode_batch
+
+    target, _, _ = models
+
+    class Spy(PromptLookupProposer):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.seen = []
+
+        def observe_verify(self, rows, ms):
+            self.seen.append((rows, ms))
+            super().observe_verify(rows, ms)
+
+    budget = Budget(shape="sequences", max_nodes=4, max_depth=4)
+    prop = Spy(budget=budget, manifest_hash="h", budget_policy="adaptive", verify_cost=[1.0] * 5)
+    res, rounds = run(target, prop, new=16)
+    assert [rows for rows, _ in prop.seen] == [1 + r["tree"].num_rows for r in rounds]
+    assert all(ms > 0 for _, ms in prop.seen) and prop.cost_model.observed == len(rounds)
+    pair = [Spy(budget=budget, manifest_hash="h", budget_policy="adaptive", verify_cost=[1.0] * 5) for _ in "ab"]
+    alone = {0: 0, 1: 0, "shared": 0}
+
+    def count(*, live, **_):
+        alone[live[0] if len(live) == 1 else "shared"] += 1
+
+    decode_batch(
+        target=target,
+        proposers=pair,
+        verifier=get_verifier("greedy"),
+        policy=GREEDY,
+        prompts=[PROMPT, PROMPT[::-1]],
+        max_new_tokens=8,
+        eos_token_ids=frozenset(),
+        rngs=[TorchRandomSource(0), TorchRandomSource(1)],
+        round_cfg=RoundConfig(max_nodes=4, max_depth=4),
+        on_round=count,
+    )
+    # a shared forward's time is no one request's cost: only the rounds where a request ran alone
+    assert [len(p.seen) for p in pair] == [alone[0], alone[1]]
+    assert alone["shared"] > 0  # the two were verified together in some rounds

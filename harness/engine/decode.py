@@ -297,6 +297,8 @@ def decode_batch(
             temp_kv_padded_bytes=out.padded_candidate_rows * bpt,
             hole_bytes=holes,
         )
+        if len(live) == 1:  # a forward of one request's rows: what its proposer's cost model prices
+            live[0].proposer.observe_verify(out.rows, verify_ms)
         now = (clock.now() - t_decode) * 1e3
         finished_rows, emitted_all = [], []
         for k, req in enumerate(live):

@@ -99,6 +99,11 @@ class Proposer(ABC):
     def observe_commit(self, committed: list[int]) -> None:
         """The target committed; roll provisional state back to ``committed`` (pending last)."""
 
+    def observe_verify(self, rows: int, ms: float) -> None:
+        """The target's verify forward of this request's last proposal took ``ms`` for ``rows`` rows
+        (the pending row included); called only when the request was verified alone (batch of one),
+        before :meth:`observe_commit`."""
+
     def finish(self) -> None:
         """Release per-request state."""
 

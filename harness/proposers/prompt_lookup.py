@@ -17,9 +17,11 @@ count: every candidate row gets an estimated reach probability (the product, alo
 the probability that a row is the target's next token given that its parent was, from
 :class:`AcceptanceModel`), rows are taken in descending reach order (a prefix-closed set, since a
 child never out-reaches its parent), and the round keeps the ``k`` rows that minimise
-``t(1 + k) / (1 + sum of their reach)``, the predicted time per committed token. The model's
-estimates are proposal-side statistics only: they change which candidates are verified, never what
-is accepted, so exactness is untouched.
+``t(1 + k) / (1 + sum of their reach)``, the predicted time per committed token. t comes from
+:class:`VerifyCostModel`: the verify-cost profile the run measured at its start, corrected by the
+verify times of the rounds this proposer's request ran alone. The estimates are proposal-side
+statistics only: they change which candidates are verified, never what is accepted, so exactness
+is untouched.
 
 ``history_tokens > 0`` adds a memory of the target's earlier outputs in this proposer's lifetime
 (the requests it served before, up to that many tokens, the oldest dropped first), searched like
@@ -332,6 +334,50 @@ class AcceptanceModel:
         self.rows_learned += len(x)
 
 
+class VerifyCostModel:
+    """t(n), a verify forward's cost for n rows (pending included), as the adaptive budget prices a
+    round: the profile a run measured at its start (normalised), corrected online by the rounds' own
+    verify times. A row count's estimate is a weighted mean, in logs, of the profile scaled to the
+    machine's current speed (``PRIOR_WEIGHT`` pseudo-observations) and of its own recent times (the
+    last ``WINDOW`` or so, exponentially weighted beyond), so one slow round moves it little, and a
+    profile taken at an unrepresentative moment, or a machine that drifts, is followed within a few
+    dozen rounds. Costs are proposal-side statistics, like the acceptance estimates."""
+
+    #: pseudo-observations of the scaled profile in each row count's estimate
+    PRIOR_WEIGHT: ClassVar[float] = 5.0
+    #: observations a row count's own mean averages over (beyond, older ones decay)
+    WINDOW: ClassVar[int] = 20
+    #: observations the machine's speed (the profile's scale) averages over
+    SCALE_WINDOW: ClassVar[int] = 50
+
+    def __init__(self, profile: np.ndarray) -> None:
+        self.profile = np.asarray(profile, dtype=np.float64)
+        self.log_mean = np.zeros(len(self.profile))
+        self.count = np.zeros(len(self.profile), dtype=np.int64)
+        self.log_scale = 0.0
+        self.observed = 0
+
+    def observe(self, rows: int, ms: float) -> None:
+        """One verify forward of ``rows`` rows took ``ms``; row counts beyond the profile and
+        non-positive times are ignored."""
+        if not (1 <= rows <= len(self.profile)) or not (ms > 0 and np.isfinite(ms)):
+            return
+        i, x = rows - 1, float(np.log(ms))
+        self.count[i] += 1
+        self.log_mean[i] += (x - self.log_mean[i]) / min(self.count[i], self.WINDOW)
+        self.observed += 1
+        rel = x - float(np.log(self.profile[i]))
+        self.log_scale += (rel - self.log_scale) / min(self.observed, self.SCALE_WINDOW)
+
+    def cost(self, n: int) -> np.ndarray:
+        """Estimated t(1..n), in the profile's units until a round is observed and in ms after."""
+        if not self.observed:
+            return self.profile[:n]
+        prior = self.log_scale + np.log(self.profile[:n])
+        own = np.minimum(self.count[:n], self.WINDOW)
+        return np.exp((self.PRIOR_WEIGHT * prior + own * self.log_mean[:n]) / (self.PRIOR_WEIGHT + own))
+
+
 class PromptLookupProposer(Proposer):
     name: ClassVar[str] = "prompt_lookup"
     probability_semantics: ClassVar[str] = "score_only"
@@ -371,6 +417,7 @@ class PromptLookupProposer(Proposer):
         self.max_matches = 1 if budget.shape == "sequence" else max_matches
         self.budget_policy = budget_policy
         self.verify_cost = np.asarray(verify_cost, dtype=np.float64) if verify_cost else None
+        self.cost_model = VerifyCostModel(self.verify_cost) if budget_policy == "adaptive" else None
         self.acceptance = AcceptanceModel()
         #: (committed length, tree, its rows' features) of the last adaptive proposal
         self._last: tuple[int, CandidateTree, np.ndarray] | None = None
@@ -475,9 +522,14 @@ class PromptLookupProposer(Proposer):
         order = np.argsort(-reach, kind="stable")  # a parent (earlier, reach >=) precedes its children
         cap = min(len(order), self.budget.max_nodes)
         expected = 1.0 + np.concatenate([[0.0], np.cumsum(reach[order[:cap]])])  # k = 0..cap
-        cost = self.verify_cost[: cap + 1]  # t(1 + k)
+        cost = self.cost_model.cost(cap + 1)  # t(1 + k)
         k = int(np.argmin(cost / expected))
         return sorted(order[:k].tolist())
+
+    def observe_verify(self, rows: int, ms: float) -> None:
+        """The adaptive budget's cost model learns the round's verify time."""
+        if self.cost_model is not None:
+            self.cost_model.observe(rows, ms)
 
     def observe_commit(self, committed: list[int]) -> None:
         """Teach the acceptance model what the target said about the last proposal's rows: every
