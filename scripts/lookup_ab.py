@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     per_token = {a: ms / max(n, 1) for a, (ms, n) in totals.items()}
     result = {
         "baseline_rev": args.baseline_rev,
+        "baseline_commit": subprocess.run(
+            ["git", "rev-parse", args.baseline_rev], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip(),
         "history_tokens": args.history_tokens,
         "workload": args.workload,
         "split": args.split,

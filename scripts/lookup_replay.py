@@ -100,6 +100,8 @@ def replay(
             else:
                 accepted, rows = propose(committed, out[pos:])
             rows = min(rows, len(t_ms) - 1)
+            if proposer is not None:  # the round's verify time, as the round loop reports it
+                proposer.observe_verify(1 + rows, float(t_ms[rows]))
             take = min(accepted + 1, len(out) - pos)
             committed += out[pos : pos + take]
             pos += take

@@ -621,21 +621,31 @@ def test_the_verify_cost_model_follows_the_rounds_own_times():
     profile = np.array([1.0, 1.1, 1.2, 1.6])
     model = VerifyCostModel(profile)
     np.testing.assert_allclose(model.cost(4), profile)  # nothing observed: the profile
-    model.observe(0, 5.0)  # no such row count
-    model.observe(5, 5.0)  # beyond the profile
-    model.observe(2, 0.0)
-    model.observe(2, float("nan"))
+    for rows, ms in ((0, 5.0), (5, 5.0), (2, 0.0), (2, float("nan"))):  # no such count, or no time
+        model.observe(rows, ms)
     assert model.observed == 0
-    for _ in range(200):  # the machine is twice as slow as profiled, and 3 rows cost what 1 does
+    for _ in range(200):  # the machine is twenty times slower than profiled, and 3 rows cost what 1 does
         model.observe(1, 20.0)
         model.observe(3, 20.0)
     cost = model.cost(4)
-    assert cost[0] == pytest.approx(20.0, rel=0.02) and cost[2] == pytest.approx(20.0, rel=0.02)
-    scale = cost[0] / profile[0]  # an unobserved count: the profile at the machine's current speed
-    assert cost[3] == pytest.approx(profile[3] * scale, rel=0.1)
-    before = model.cost(4)[0]
-    model.observe(1, 2000.0)  # one very slow round moves a well-observed count little
-    assert model.cost(4)[0] < before * 2000.0 ** (1 / (model.PRIOR_WEIGHT + model.WINDOW)) * 1.01
+    assert cost[0] == pytest.approx(20.0, rel=0.05) and cost[2] / cost[0] < 1.06  # from 1.2
+    assert cost[3] / cost[0] == pytest.approx(profile[3] / profile[0], rel=0.06)  # unobserved: the profile's shape
+    before = model.cost(4)
+    model.observe(1, 2000.0)  # one very slow round moves a count by a few percent at most
+    assert (model.cost(4) / before).max() < 1.05
+
+
+def test_a_slow_first_round_does_not_distort_the_verify_cost_shape():
+    from harness.proposers.prompt_lookup import VerifyCostModel
+
+    profile = np.array([1.0, 1.1, 1.2, 1.6, 1.7, 1.8])
+    model = VerifyCostModel(profile)
+    model.observe(1, 1000.0)  # a warm-up or compile: a hundred times a normal round
+    for _ in range(40):
+        model.observe(1, 10.0)
+    cost = model.cost(6)
+    assert cost[0] == pytest.approx(10.0, rel=0.05)
+    np.testing.assert_allclose(cost[1:] / cost[0], profile[1:] / profile[0], rtol=0.05)  # never seen: unchanged
 
 
 def test_a_request_verified_alone_tells_its_proposer_each_round_s_verify_time(models):
@@ -677,4 +687,4 @@ def test_a_request_verified_alone_tells_its_proposer_each_round_s_verify_time(mo
     )
     # a shared forward's time is no one request's cost: only the rounds where a request ran alone
     assert [len(p.seen) for p in pair] == [alone[0], alone[1]]
-    assert alone["shared"] > 0  # the two were verified together in some rounds
+    assert alone["shared"] > 0 and alone[0] + alone[1] > 0  # rounds of both kinds happened

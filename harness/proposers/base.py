@@ -4,8 +4,9 @@ A proposer owns its provisional state (draft KV, retrieval cursor, head state) a
 evidence for one round. It never publishes output and its state is never target state.
 
 Lifecycle per request: ``start(prompt_ids)`` -> repeated ``propose(committed)`` /
-``observe_commit(committed)`` -> ``finish()``. ``committed`` is every committed token id of the
-request so far, the pending bonus/correction token last (the target has not yet computed its KV).
+(``observe_verify(rows, ms)`` when verified alone) / ``observe_commit(committed)`` -> ``finish()``.
+``committed`` is every committed token id of the request so far, the pending bonus/correction token
+last (the target has not yet computed its KV).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class Proposer(ABC):
     def observe_verify(self, rows: int, ms: float) -> None:
         """The target's verify forward of this request's last proposal took ``ms`` for ``rows`` rows
         (the pending row included); called only when the request was verified alone (batch of one),
-        before :meth:`observe_commit`."""
+        before :meth:`observe_commit` (or :meth:`finish`, after its last round)."""
 
     def finish(self) -> None:
         """Release per-request state."""

@@ -337,45 +337,61 @@ class AcceptanceModel:
 class VerifyCostModel:
     """t(n), a verify forward's cost for n rows (pending included), as the adaptive budget prices a
     round: the profile a run measured at its start (normalised), corrected online by the rounds' own
-    verify times. A row count's estimate is a weighted mean, in logs, of the profile scaled to the
-    machine's current speed (``PRIOR_WEIGHT`` pseudo-observations) and of its own recent times (the
-    last ``WINDOW`` or so, exponentially weighted beyond), so one slow round moves it little, and a
-    profile taken at an unrepresentative moment, or a machine that drifts, is followed within a few
-    dozen rounds. Costs are proposal-side statistics, like the acceptance estimates."""
+    verify times. Two things are learned apart: the machine's speed (a scale on the whole profile,
+    averaged over the last ``SCALE_WINDOW`` or so rounds of any size), and each row count's shape
+    correction (its times relative to the scaled profile, over its last ``WINDOW`` or so rounds,
+    weighed against ``PRIOR_WEIGHT`` pseudo-observations of no correction). Every residual, in logs,
+    is clipped to ``CLIP``, so one slow round (a warm-up, a compile, the OS) moves a count by a few
+    percent at most and a drifting machine moves every count together. Costs are proposal-side
+    statistics, like the acceptance estimates."""
 
-    #: pseudo-observations of the scaled profile in each row count's estimate
+    #: pseudo-observations of "no correction" in each row count's shape estimate
     PRIOR_WEIGHT: ClassVar[float] = 5.0
-    #: observations a row count's own mean averages over (beyond, older ones decay)
+    #: observations a row count's own correction averages over (beyond, older ones decay)
     WINDOW: ClassVar[int] = 20
     #: observations the machine's speed (the profile's scale) averages over
     SCALE_WINDOW: ClassVar[int] = 50
+    #: the largest residual (natural log) one observation contributes: a factor of 1.5
+    CLIP: ClassVar[float] = float(np.log(1.5))
+    #: rounds whose median sets the units before anything else is learned
+    SCALE_START: ClassVar[int] = 5
 
     def __init__(self, profile: np.ndarray) -> None:
         self.profile = np.asarray(profile, dtype=np.float64)
-        self.log_mean = np.zeros(len(self.profile))
+        self.log_profile = np.log(self.profile)
+        self.correction = np.zeros(len(self.profile))
         self.count = np.zeros(len(self.profile), dtype=np.int64)
         self.log_scale = 0.0
         self.observed = 0
+        self._start: list[float] = []
 
     def observe(self, rows: int, ms: float) -> None:
         """One verify forward of ``rows`` rows took ``ms``; row counts beyond the profile and
-        non-positive times are ignored."""
+        non-positive times are ignored. The first ``SCALE_START`` rounds only set the units (their
+        median, so a slow first round does not); shape corrections are learned after them."""
         if not (1 <= rows <= len(self.profile)) or not (ms > 0 and np.isfinite(ms)):
             return
-        i, x = rows - 1, float(np.log(ms))
-        self.count[i] += 1
-        self.log_mean[i] += (x - self.log_mean[i]) / min(self.count[i], self.WINDOW)
+        i = rows - 1
+        rel = float(np.log(ms)) - self.log_profile[i]
         self.observed += 1
-        rel = x - float(np.log(self.profile[i]))
-        self.log_scale += (rel - self.log_scale) / min(self.observed, self.SCALE_WINDOW)
+        if self.observed <= self.SCALE_START:
+            self._start.append(rel)
+            if self.observed == self.SCALE_START:
+                self.log_scale = float(np.median(self._start))
+            return
+        step = float(np.clip(rel - self.log_scale - self.correction[i], -self.CLIP, self.CLIP))
+        self.log_scale += step / min(self.observed, self.SCALE_WINDOW)
+        self.count[i] += 1
+        residual = float(np.clip(rel - self.log_scale, -self.CLIP, self.CLIP))
+        self.correction[i] += (residual - self.correction[i]) / min(self.count[i], self.WINDOW)
 
     def cost(self, n: int) -> np.ndarray:
-        """Estimated t(1..n), in the profile's units until a round is observed and in ms after."""
-        if not self.observed:
+        """Estimated t(1..n), in the profile's units until the units are set and in ms after."""
+        if self.observed < self.SCALE_START:
             return self.profile[:n]
-        prior = self.log_scale + np.log(self.profile[:n])
         own = np.minimum(self.count[:n], self.WINDOW)
-        return np.exp((self.PRIOR_WEIGHT * prior + own * self.log_mean[:n]) / (self.PRIOR_WEIGHT + own))
+        shape = own * self.correction[:n] / (self.PRIOR_WEIGHT + own)
+        return np.exp(self.log_scale + self.log_profile[:n] + shape)
 
 
 class PromptLookupProposer(Proposer):
