@@ -432,8 +432,7 @@ class PromptLookupProposer(Proposer):
         self.min_ngram = min_ngram
         self.max_matches = 1 if budget.shape == "sequence" else max_matches
         self.budget_policy = budget_policy
-        self.verify_cost = np.asarray(verify_cost, dtype=np.float64) if verify_cost else None
-        self.cost_model = VerifyCostModel(self.verify_cost) if budget_policy == "adaptive" else None
+        self.cost_model = VerifyCostModel(np.asarray(verify_cost)) if budget_policy == "adaptive" else None
         self.acceptance = AcceptanceModel()
         #: (committed length, tree, its rows' features) of the last adaptive proposal
         self._last: tuple[int, CandidateTree, np.ndarray] | None = None
