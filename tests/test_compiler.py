@@ -134,6 +134,7 @@ def test_iid_duplicate_draws_merge_rows_but_keep_draws():
 def test_ancestor_mask_matches_definition():
     parents = [-1, 0, 1, 1, 0, -1, 5]
     mask = build_ancestor_mask(parents)
+    assert mask.dtype == torch.bool and mask.shape == (len(parents), len(parents))
     for u in range(len(parents)):
         anc, p = {u}, parents[u]
         while p != -1:

@@ -4,7 +4,8 @@ A round of :func:`decode_batch`:
 
     for each live request b:  proposer_b.propose(committed_b, rng_b) -> compile_tree -> tree_b
     CausalLMBackend.verify(state, pending, [tree_b])     one forward, rows padded to 1 + max N_b
-    for each live request b:  Verifier.select(tree_b, policy.probs(logits_b), rng_b)
+    for each live request b:  Verifier.select_logits(tree_b, logits_b, policy, rng_b)
+                              (select on policy.probs(logits_b); greedy reads the argmax alone)
     CausalLMBackend.commit(state, [accepted_b])         per request, ragged lengths
     for each live request b:  emit (EOS / max_new_tokens truncate), RoundLedger.observe_round
     finished requests leave the batch (CausalLMBackend.drop)
@@ -264,8 +265,8 @@ def decode_batch(
         selections = []
         for k, req in enumerate(live):
             t0 = clock.now()
-            probs = policy.probs(out.logits[k])  # [1 + N_k, V] real rows only
-            selections.append(verifier.select(trees[k], probs, req.rng))
+            # policy.probs then select, or what the verifier computes equally from the logits
+            selections.append(verifier.select_logits(trees[k], out.logits[k], policy, req.rng))  # [1 + N_k, V]
             own[k]["selection"] = (clock.now() - t0) * 1e3
         t_commit = clock.now()
         for k, req in enumerate(live):

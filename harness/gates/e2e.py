@@ -6,7 +6,8 @@ real class: a draft model, prompt lookup, REST over an in-memory datastore, Medu
 Clover heads, an EAGLE draft over the target's own features with its dynamic trees, early exit,
 layer skip, merged sources; sampling through the injected source),
 ``compile_tree``, the target's verify forward
-(:class:`~harness.target.backend.CausalLMBackend`), ``policy.probs``, ``verifier.select`` and
+(:class:`~harness.target.backend.CausalLMBackend`), ``verifier.select_logits`` (``policy.probs`` then
+``verifier.select``, or a verifier's direct equivalent) and
 ``backend.commit`` — on a tiny model, with the oracle's enumerating source driving BOTH the
 proposal draws and the verifier draws. It is therefore the one check that catches a proposer whose
 recorded ``q`` differs from the law it actually sampled (multi-draft exactness holds only for the
@@ -365,11 +366,11 @@ def e2e_output_law(
             tree = compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=max_depth)
             validate_candidate_graph(tree)
             seq_v = copy.deepcopy(seq)
-            probs = policy.probs(target.verify_one(seq_v, committed[-1], tree).logits)  # [1 + N, V], as decode does
+            logits = target.verify_one(seq_v, committed[-1], tree).logits  # [1 + N, V]
             verified = snapshot_taps(taps)  # what the next round's proposer reads from the hooks
 
-            def select(rng: RandomSource, tree: CompiledTree = tree, probs: torch.Tensor = probs) -> Selection:
-                sel = verifier.select(tree, probs, rng)
+            def select(rng: RandomSource, tree: CompiledTree = tree, logits: torch.Tensor = logits) -> Selection:
+                sel = verifier.select_logits(tree, logits, policy, rng)  # as decode selects
                 validate_commit(tree, sel.accepted_rows)
                 return sel
 

@@ -40,6 +40,8 @@ Candidates carry a ``score`` (the matched context length), never a ``q``.
 from __future__ import annotations
 
 import hashlib
+import math
+import statistics
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -369,21 +371,25 @@ class VerifyCostModel:
         """One verify forward of ``rows`` rows took ``ms``; row counts beyond the profile and
         non-positive times are ignored. The first ``SCALE_START`` rounds only set the units (their
         median, so a slow first round does not); shape corrections are learned after them."""
-        if not (1 <= rows <= len(self.profile)) or not (ms > 0 and np.isfinite(ms)):
+        # scalar arithmetic in Python floats: this runs every round, where NumPy's scalar calls cost more
+        if not (1 <= rows <= len(self.profile)) or not (ms > 0 and math.isfinite(ms)):
             return
         i = rows - 1
-        rel = float(np.log(ms)) - self.log_profile[i]
+        rel = math.log(ms) - float(self.log_profile[i])
         self.observed += 1
         if self.observed <= self.SCALE_START:
             self._start.append(rel)
             if self.observed == self.SCALE_START:
-                self.log_scale = float(np.median(self._start))
+                self.log_scale = statistics.median(self._start)
             return
-        step = float(np.clip(rel - self.log_scale - self.correction[i], -self.CLIP, self.CLIP))
+        clip = self.CLIP
+        step = min(max(rel - self.log_scale - float(self.correction[i]), -clip), clip)
         self.log_scale += step / min(self.observed, self.SCALE_WINDOW)
-        self.count[i] += 1
-        residual = float(np.clip(rel - self.log_scale, -self.CLIP, self.CLIP))
-        self.correction[i] += (residual - self.correction[i]) / min(self.count[i], self.WINDOW)
+        count = int(self.count[i]) + 1
+        self.count[i] = count
+        residual = min(max(rel - self.log_scale, -clip), clip)
+        correction = float(self.correction[i])
+        self.correction[i] = correction + (residual - correction) / min(count, self.WINDOW)
 
     def cost(self, n: int) -> np.ndarray:
         """Estimated t(1..n), in the profile's units until the units are set and in ms after."""

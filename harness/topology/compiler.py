@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from harness.contracts import PREFIX_FRONTIER, ContractError, ProposalResult
@@ -90,12 +91,12 @@ def _topology_of(parents: list[int]) -> str:
 def build_ancestor_mask(parents: Sequence[int]) -> torch.Tensor:
     """``mask[u, v]`` is True iff ``v`` is ``u`` or an ancestor of ``u``. ``[N, N]`` bool."""
     n = len(parents)
-    mask = torch.zeros((n, n), dtype=torch.bool)
+    mask = np.zeros((n, n), dtype=bool)  # built in NumPy: a row copy there is a fraction of a torch op's dispatch
     for u, p in enumerate(parents):
         if p != PREFIX_FRONTIER:
             mask[u] = mask[p]
         mask[u, u] = True
-    return mask
+    return torch.from_numpy(mask)
 
 
 def compile_tree(

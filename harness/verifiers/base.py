@@ -20,6 +20,7 @@ import torch
 from harness.contracts import Capabilities, ConfigError, Selection
 from harness.random_source import RandomSource
 from harness.topology.compiler import CompiledTree
+from harness.verifiers.sampling import SamplingPolicy
 
 
 class NegotiationError(ConfigError):
@@ -42,6 +43,14 @@ class Verifier(ABC):
 
     @abstractmethod
     def select(self, tree: CompiledTree, target_probs: torch.Tensor, rng: RandomSource) -> Selection: ...
+
+    def select_logits(
+        self, tree: CompiledTree, logits: torch.Tensor, policy: SamplingPolicy, rng: RandomSource
+    ) -> Selection:
+        """:meth:`select` on ``policy.probs(logits)`` (``logits`` ``[1 + N, V]``): what a round calls. A
+        verifier may compute the same selection more directly from the logits (greedy reads only the
+        argmax), and must then select exactly what :meth:`select` selects on the policy's law."""
+        return self.select(tree, policy.probs(logits), rng)
 
 
 VERIFIERS: dict[str, type[Verifier]] = {}
@@ -126,7 +135,8 @@ def refusal(proposer: Capabilities, verifier: Verifier, *, temperature: float, e
 
 def walk_children(tree: CompiledTree, node: int, token: int) -> int | None:
     """The child row of ``node`` (``-1``: frontier) carrying ``token``, or None."""
+    prefixes = tree.full_prefixes  # a row's last prefix token is its token (a tuple: no tensor reads)
     for child in tree.children(node):
-        if int(tree.token_ids[child]) == token:
+        if prefixes[child][-1] == token:
             return child
     return None

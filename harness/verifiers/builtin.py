@@ -12,7 +12,7 @@ from harness.contracts import Selection
 from harness.random_source import RandomSource
 from harness.topology.compiler import CompiledTree
 from harness.verifiers.base import Verifier, register, walk_children
-from harness.verifiers.sampling import argmax_rows
+from harness.verifiers.sampling import SamplingPolicy, argmax_rows
 
 ALL_SEMANTICS = frozenset({"normalized_conditional", "score_only", "frequency", "absent"})
 ALL_RELATIONS = frozenset({"iid", "without_replacement", "beam", "deterministic_lookup"})
@@ -39,7 +39,21 @@ class GreedyVerifier(Verifier):
     temperatures = "zero"
 
     def select(self, tree: CompiledTree, target_probs: torch.Tensor, rng: RandomSource) -> Selection:
-        argmax = argmax_rows(target_probs).tolist()  # [1 + N]
+        return self._walk(tree, argmax_rows(target_probs).tolist())
+
+    def select_logits(
+        self, tree: CompiledTree, logits: torch.Tensor, policy: SamplingPolicy, rng: RandomSource
+    ) -> Selection:
+        """At temperature 0 the policy's law is the one-hot of each row's argmax (the first index of
+        its maximum), whose argmax is that index again: walk the logits' argmax directly, without
+        building the ``[1 + N, V]`` one-hot."""
+        if not policy.greedy:
+            return super().select_logits(tree, logits, policy, rng)
+        return self._walk(tree, argmax_rows(logits).tolist())
+
+    @staticmethod
+    def _walk(tree: CompiledTree, argmax: list[int]) -> Selection:
+        """Follow the child carrying each reached node's argmax (``argmax[1 + node]``)."""
         node, path = -1, []
         while True:
             tok = int(argmax[node + 1])
