@@ -14,7 +14,9 @@ lookup proposer (:func:`clairvoyant_replay`): every round the best continuation 
 occurrence of the last token, and nothing else, verified. No lookup proposer over the same text
 does better round by round, so its ratio to transformers is the ceiling of what choosing
 candidates better could gain. The selection oracle (:func:`selection_oracle_replay`) is the same
-ceiling for choosing among the candidates the default proposer builds. ``--baseline-rev`` replays
+ceiling for choosing among the candidates the default proposer builds. The ``remainder_*`` rows
+(:func:`rejected_remainder_replay`) measure a candidate source the proposer does not use: the tail of
+a rejected candidate, proposed after the target's correction. ``--baseline-rev`` replays
 another commit's proposer beside this checkout's (rows ``baseline_*``).
 
     # once: every prompt's greedy output (decoded by the benchmark's lookup arm, equal to AR)
@@ -80,10 +82,12 @@ def replay(
     proposer: PromptLookupProposer | None = None,
     propose: Callable[[list[int], list[int]], tuple[int, int]] | None = None,
     after_record: Callable[[dict], None] | None = None,
+    on_round: Callable[[list[int], list[int], Sequence[ProposalNode], int], None] | None = None,
 ) -> dict:
     """Replay ``records`` (``{"prompt": ids, "out": greedy output ids}``) with one proposer for all
     of them (as a run keeps one per slot), or with ``propose(committed, truth) -> accepted, rows``
-    (and ``after_record(record)`` once each record is done). The first output token is the
+    (and ``after_record(record)`` once each record is done); ``on_round(committed, truth, nodes,
+    accepted)`` sees each of ``proposer``'s rounds before its commit. The first output token is the
     prefill's (not counted, as the benchmark counts decode time only). Returns the predicted ms
     per token, tokens per round and the rows histogram."""
     t_ms = np.asarray(t_ms, dtype=np.float64)
@@ -97,6 +101,8 @@ def replay(
             if proposer is not None:
                 nodes = proposer.propose(committed, TorchRandomSource(0)).nodes
                 rows, accepted = len(nodes), accepted_along(nodes, out[pos:])
+                if on_round is not None:
+                    on_round(committed, out[pos:], nodes, accepted)
             else:
                 accepted, rows = propose(committed, out[pos:])
             rows = min(rows, len(t_ms) - 1)
@@ -210,6 +216,64 @@ def selection_oracle_replay(records, t_ms, *, nodes=16, depth=10, matches=8, ngr
     return {"ms_per_token": got["ms_per_token"], "tokens_per_round": got["tokens_per_round"]}
 
 
+def rejected_remainder_replay(records, t_ms, *, nodes=16, depth=10, matches=8, ngram=2) -> dict:
+    """How often the tail of a rejected candidate would have continued the output past the target's
+    correction: after a round in which the default arm (history on) accepted ``m`` tokens, every row
+    of that round's candidate tree (:func:`candidate_tree` over its matches, before the adaptive
+    choice) that followed the accepted path for ``m`` tokens and then differed is a substitution
+    guess: skip its token at depth ``m + 1`` (the target wrote another) and propose the rest after
+    the target's token. Per round of the arm: ``available`` (some such tail exists), ``hits`` (one
+    predicts at least the next token), ``beats_proposal`` (one predicts more tokens than the arm
+    accepts that round) and ``oracle_extra_tokens_per_round`` (the tokens a choice that always knew
+    when to take a tail would add). A measure of a candidate source, not of a proposer."""
+    earlier: list[int] = []
+    corpus: list[TokenCorpus | None] = [None]
+    last: list = [None]  # (candidate prefixes, accepted tokens) of the request's previous round
+    counts = {"rounds": 0, "available": 0, "hits": 0, "beats_proposal": 0, "extra_tokens": 0}
+
+    def on_round(committed, truth, _nodes, accepted):
+        if last[0] is not None:
+            prefixes, path = last[0]
+            m, best, available = len(path), 0, False
+            for prefix in prefixes:
+                if len(prefix) >= m + 2 and prefix[:m] == path:
+                    available = True
+                    tail = prefix[m + 1 :]
+                    k = 0
+                    while k < min(len(tail), len(truth)) and tail[k] == truth[k]:
+                        k += 1
+                    best = max(best, k)
+            counts["available"] += available
+            counts["hits"] += best > 0
+            counts["beats_proposal"] += best > accepted
+            counts["extra_tokens"] += max(best - accepted, 0)
+        found = find_continuations(
+            np.asarray(committed, dtype=np.int64),
+            max_ngram=ngram,
+            min_ngram=1,
+            max_depth=depth,
+            max_matches=matches,
+            corpus=corpus[0],
+        )
+        last[0] = (candidate_tree(found, limit=4 * nodes).prefixes, tuple(truth[:accepted]))
+        counts["rounds"] += 1
+
+    def remember(rec):
+        last[0] = None  # a new request: no previous round
+        earlier.extend([*rec["out"], SEPARATOR])
+        corpus[0] = TokenCorpus(np.asarray(earlier, dtype=np.int64))
+
+    proposer = adaptive_proposer(t_ms, nodes=nodes, depth=depth, matches=matches, ngram=ngram, history_tokens=65536)
+    replay(records, t_ms, proposer=proposer, on_round=on_round, after_record=remember)
+    r = max(counts["rounds"], 1)
+    return {
+        "available": counts["available"] / r,
+        "hits": counts["hits"] / r,
+        "beats_proposal": counts["beats_proposal"] / r,
+        "oracle_extra_tokens_per_round": counts["extra_tokens"] / r,
+    }
+
+
 def adaptive_proposer(
     t_ms, *, nodes=16, depth=10, matches=8, ngram=2, history_tokens=0, cls=PromptLookupProposer
 ) -> PromptLookupProposer:
@@ -302,6 +366,8 @@ def replay_cmd(args) -> int:
         oracle = selection_oracle_replay(records, t_ms, ngram=args.ngram)
         row["selection_oracle_tokens_per_round"] = oracle["tokens_per_round"]
         row["selection_oracle_vs_transformers"] = hf["ms_per_token"] / oracle["ms_per_token"]
+        for key, value in rejected_remainder_replay(records, t_ms, ngram=args.ngram).items():
+            row[f"remainder_{key}"] = value
         arms = [("adaptive", PromptLookupProposer)] + ([("baseline", baseline)] if baseline is not None else [])
         for arm, cls in arms:
             for h in args.history_tokens:

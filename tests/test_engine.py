@@ -535,6 +535,15 @@ def test_the_lookup_replay_prices_rounds_with_the_cost_curve(tmp_path):
     one = [{"prompt": [1, 2, 3, 1], "out": [2, 3, 1, 2]}]  # two rounds, each a 1-token chain at t'(2) = 15
     got = script.clairvoyant_replay(one, dip, depth=1)
     assert got["ms_per_token"] == pytest.approx(30.0 / 3) and got["tokens_per_round"] == 1.5
+    # a rejected candidate's tail after the target's correction: the prompt's 1 2 3 4 5 6 proposes
+    # 2 3 4 5 6 after the prefill's 1; the target writes 7 instead of 2 (round 1), nothing matches
+    # after 7 (round 2: the tail 3 4 5 6 would have given four tokens), and the unigram 3 finds 4 5 6
+    # (round 3)
+    substitution = [{"prompt": [9, 1, 2, 3, 4, 5, 6, 9], "out": [1, 7, 3, 4, 5, 6]}]
+    got = script.rejected_remainder_replay(substitution, t)
+    assert got == {"available": 1 / 3, "hits": 1 / 3, "beats_proposal": 1 / 3, "oracle_extra_tokens_per_round": 4 / 3}
+    copied = [{"prompt": [9, 1, 2, 3, 4, 5, 6, 9], "out": [1, 2, 3, 4, 5, 6]}]  # nothing rejected
+    assert script.rejected_remainder_replay(copied, t)["available"] == 0.0
     path = tmp_path / "outputs.json"
     path.write_text(json.dumps({"sets": {"x/eval": other}}))
     bench = tmp_path / "bench.json"
@@ -543,6 +552,7 @@ def test_the_lookup_replay_prices_rounds_with_the_cost_curve(tmp_path):
     assert script.main(argv) == 0
     row = json.loads((tmp_path / "r.json").read_text())["table"]["x/eval"]
     assert row["adaptive_history_65536_vs_transformers"] > row["adaptive_history_0_vs_transformers"]
+    assert 0.0 <= row["remainder_hits"] <= row["remainder_available"] <= 1.0
     assert row["clairvoyant_history_vs_transformers"] >= row["selection_oracle_vs_transformers"]
     assert row["selection_oracle_vs_transformers"] > row["adaptive_history_65536_vs_transformers"]
     assert row["baseline_history_0_vs_transformers"] > 0  # the committed proposer, loaded from git
