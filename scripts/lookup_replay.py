@@ -235,8 +235,9 @@ def rejected_remainder_replay(records, t_ms, *, nodes=16, depth=10, matches=8, n
         if last[0] is not None:
             prefixes, path = last[0]
             m, best, available = len(path), 0, False
+            written = committed[-1]  # the target's token at depth m + 1 (the round's correction)
             for prefix in prefixes:
-                if len(prefix) >= m + 2 and prefix[:m] == path:
+                if len(prefix) >= m + 2 and prefix[:m] == path and prefix[m] != written:
                     available = True
                     tail = prefix[m + 1 :]
                     k = 0

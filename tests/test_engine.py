@@ -544,6 +544,11 @@ def test_the_lookup_replay_prices_rounds_with_the_cost_curve(tmp_path):
     assert got == {"available": 1 / 3, "hits": 1 / 3, "beats_proposal": 1 / 3, "oracle_extra_tokens_per_round": 4 / 3}
     copied = [{"prompt": [9, 1, 2, 3, 4, 5, 6, 9], "out": [1, 2, 3, 4, 5, 6]}]  # nothing rejected
     assert script.rejected_remainder_replay(copied, t)["available"] == 0.0
+    # a copy over many rounds (a steep curve keeps rounds short): the candidates the arm did not verify
+    # continue the output, and the target never wrote another token, so there is no rejected tail
+    steep = [10.0, 19.0] + [40.0 + 10 * k for k in range(16)]
+    got = script.rejected_remainder_replay(records, steep)
+    assert got == {"available": 0.0, "hits": 0.0, "beats_proposal": 0.0, "oracle_extra_tokens_per_round": 0.0}
     path = tmp_path / "outputs.json"
     path.write_text(json.dumps({"sets": {"x/eval": other}}))
     bench = tmp_path / "bench.json"

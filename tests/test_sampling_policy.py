@@ -64,6 +64,8 @@ def test_greedy_selection_from_logits_is_selection_on_the_policys_law(dtype):
             logits[0, 1] = logits[0, 2] = logits[0].max() + 1  # a tie at the frontier
         if case % 11 == 0:
             logits[-1, 5] = float("nan")
+        if case % 13 == 0:
+            logits[0, 6] = float("nan")  # at the frontier: a NaN counts as the maximum, nothing is accepted
         logits = logits.to(dtype)
         rng = TorchRandomSource(0)
         got = greedy.select_logits(tree, logits, policy, rng)
@@ -74,10 +76,14 @@ def test_greedy_selection_from_logits_is_selection_on_the_policys_law(dtype):
 
 
 def test_select_logits_is_select_on_the_policys_law_for_every_verifier():
-    """The base class's ``select_logits`` (what every verifier but greedy runs) is ``select`` on
-    ``policy.probs``: the same draws from the same source give the same selection."""
+    """Every registered verifier but greedy selects through the base class's ``select_logits``, which
+    is ``select`` on ``policy.probs``: the same draws from the same source give the same selection."""
     from harness.random_source import TorchRandomSource
     from harness.verifiers import get_verifier
+    from harness.verifiers.base import VERIFIERS, Verifier
+
+    overriding = {name for name, cls in VERIFIERS.items() if cls.select_logits is not Verifier.select_logits}
+    assert overriding == {"greedy"}  # another override needs its own equivalence test, as greedy's above
 
     g = torch.Generator().manual_seed(2)
     tree = _random_tree(g, 6)

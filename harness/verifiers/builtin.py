@@ -46,7 +46,9 @@ class GreedyVerifier(Verifier):
     ) -> Selection:
         """At temperature 0 the policy's law is the one-hot of each row's argmax (the first index of
         its maximum), whose argmax is that index again: walk the logits' argmax directly, without
-        building the ``[1 + N, V]`` one-hot."""
+        building the ``[1 + N, V]`` one-hot. This holds for any policy whose greedy law is the one-hot of
+        the argmax of the logits in their own or a wider dtype (a narrower one could round two values
+        into a tie)."""
         if not policy.greedy:
             return super().select_logits(tree, logits, policy, rng)
         return self._walk(tree, argmax_rows(logits).tolist())
