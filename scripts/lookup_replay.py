@@ -184,6 +184,20 @@ def clairvoyant_replay(records, t_ms, *, depth: int = 10, history: bool = False)
     return {"ms_per_token": float(cost / max(tokens, 1)), "tokens_per_round": tokens / max(rounds, 1)}
 
 
+def default_candidates(committed, corpus, *, nodes, depth, matches, ngram):
+    """The default proposer's candidate tree before its adaptive choice: :func:`candidate_tree` over
+    its matches in ``committed`` and ``corpus`` (the earlier outputs, or None)."""
+    found = find_continuations(
+        np.asarray(committed, dtype=np.int64),
+        max_ngram=ngram,
+        min_ngram=1,
+        max_depth=depth,
+        max_matches=matches,
+        corpus=corpus,
+    )
+    return candidate_tree(found, limit=4 * nodes)
+
+
 def selection_oracle_replay(records, t_ms, *, nodes=16, depth=10, matches=8, ngram=2, history=True) -> dict:
     """The candidates the default experiment's proposer builds (:func:`candidate_tree` over its
     matches, in the request and, with ``history``, the earlier records' outputs), of which an oracle
@@ -194,15 +208,7 @@ def selection_oracle_replay(records, t_ms, *, nodes=16, depth=10, matches=8, ngr
     corpus: list[TokenCorpus | None] = [None]
 
     def propose(committed, truth):
-        found = find_continuations(
-            np.asarray(committed, dtype=np.int64),
-            max_ngram=ngram,
-            min_ngram=1,
-            max_depth=depth,
-            max_matches=matches,
-            corpus=corpus[0],
-        )
-        tree = candidate_tree(found, limit=4 * nodes)
+        tree = default_candidates(committed, corpus[0], nodes=nodes, depth=depth, matches=matches, ngram=ngram)
         best = max((len(p) for p in tree.prefixes if tuple(truth[: len(p)]) == p), default=0)
         best = min(best, nodes)
         return best, best
@@ -248,15 +254,8 @@ def rejected_remainder_replay(records, t_ms, *, nodes=16, depth=10, matches=8, n
             counts["hits"] += best > 0
             counts["beats_proposal"] += best > accepted
             counts["extra_tokens"] += max(best - accepted, 0)
-        found = find_continuations(
-            np.asarray(committed, dtype=np.int64),
-            max_ngram=ngram,
-            min_ngram=1,
-            max_depth=depth,
-            max_matches=matches,
-            corpus=corpus[0],
-        )
-        last[0] = (candidate_tree(found, limit=4 * nodes).prefixes, tuple(truth[:accepted]))
+        tree = default_candidates(committed, corpus[0], nodes=nodes, depth=depth, matches=matches, ngram=ngram)
+        last[0] = (tree.prefixes, tuple(truth[:accepted]))
         counts["rounds"] += 1
 
     def remember(rec):
