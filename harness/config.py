@@ -124,6 +124,8 @@ class PromptLookupConfig(ProposerConfig):
     verify_cost: Optional[list[float]] = ranged(None, gt=0.0, each=True)
     # tokens of earlier requests' outputs searched too (0: the current request only)
     history_tokens: int = ranged(0, ge=0)
+    # after a round, propose the tails of candidates the target rejected by one token (shape=sequences)
+    rejected_tails: bool = False
 
 
 @dataclass

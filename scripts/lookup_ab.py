@@ -9,7 +9,13 @@ the preallocated cache, fused layers where they apply), its cache layout and the
 measured at the start, and each of our arms keeps one proposer for all prompts (as a run does),
 with the default experiment's memory of earlier outputs (``--history-tokens``). Decode time only;
 every output must equal the autoregressive one. Comparing commits in one process keeps this
-machine's drift between sittings (10-20% here) out of the comparison. Writes ``--out`` (JSON).
+machine's drift between sittings (10-20% here) out of the comparison. Writes ``--out`` (JSON): time
+per token per arm, 95% paired-bootstrap intervals over prompts of each current arm against the
+baseline and against transformers' lookup, per-prompt times, and per arm of ours its tokens, rows
+and stage times per round, the verify forward's median time by candidate rows, and the learned
+verify cost at the end. ``--rejected-tails false true`` adds the current proposer with
+``rejected_tails`` on (arm ``current_d<depth>_tails``). Two runs of one comparison on a shared
+machine can differ by more than either's interval: the interval covers prompts, not sittings.
 
     .venv/bin/python scripts/lookup_ab.py --baseline-rev e22fade --workload chat --limit 30 --out results/ab_chat.json
 
@@ -22,6 +28,7 @@ import argparse
 import importlib.util
 import inspect
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,7 +38,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from harness.bench.prompt_lookup_vs_hf import WORKLOADS, bench_items, fit_to_context
+from harness.bench.prompt_lookup_vs_hf import WORKLOADS, bench_items, fit_to_context, ratio_estimates
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
 from harness.proposers.base import NullProposer
@@ -88,6 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ngram", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--history-tokens", type=int, default=65536, help="proposer.history_tokens of our arms")
+    ap.add_argument(
+        "--rejected-tails",
+        nargs="+",
+        default=["false"],
+        choices=["true", "false"],
+        help="the current proposer's rejected_tails (the default experiment's: false); both values: one current arm "
+        "each (a suffix _tails on true)",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.history_tokens < 0 or args.limit < 1 or args.max_new_tokens < 2:
@@ -119,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     eos = frozenset({int(tok.eos_token_id)})
     cost = verify_cost_curve(backend, items[0][1], max_rows=args.nodes)["normalised"][: args.nodes + 1]
 
-    def adaptive(cls, depth):
+    def adaptive(cls, depth, **options):
         return cls(
             budget=Budget("sequences", args.nodes, depth),
             manifest_hash="ab",
@@ -128,12 +143,19 @@ def main(argv: list[str] | None = None) -> int:
             budget_policy="adaptive",
             verify_cost=cost,
             **({"history_tokens": args.history_tokens} if args.history_tokens else {}),
+            **options,
         )
 
     proposers = {
         "ours_ar": NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="ab"),
         "baseline": adaptive(baseline.PromptLookupProposer, args.num_tokens),
-        **{f"current_d{d}": adaptive(PromptLookupProposer, d) for d in args.depths},
+        **{
+            f"current_d{d}{'_tails' if tails == 'true' else ''}": adaptive(
+                PromptLookupProposer, d, rejected_tails=tails == "true"
+            )
+            for d in args.depths
+            for tails in dict.fromkeys(args.rejected_tails)
+        },
     }
 
     def ours(name, ids, new):
@@ -149,6 +171,15 @@ def main(argv: list[str] | None = None) -> int:
             rng=TorchRandomSource(0),
             round_cfg=RoundConfig(max_nodes=p.budget.max_nodes, max_depth=p.budget.max_depth),
         )
+        led = res.ledger
+        tally = rounds_of[name]
+        tally["rounds"] += led.rounds
+        tally["committed_tokens"] += led.committed_tokens
+        tally["candidate_rows"] += led.candidate_rows_total
+        for stage, ms in led.stage_ms.items():
+            tally["stage_ms"][stage] = tally["stage_ms"].get(stage, 0.0) + ms
+        for rows, stages in zip(led.round_rows, led.round_stage_ms):
+            tally["verify_ms"].setdefault(rows, []).append(stages["target_verify"])
         return res.tokens, res.decode_ms
 
     def hf_pld(ids, new):
@@ -174,24 +205,36 @@ def main(argv: list[str] | None = None) -> int:
         return out[0, len(ids) :].tolist(), ms
 
     arms = [*proposers, "hf_pld"]
+
+    def fresh_tallies():
+        return {
+            name: {"rounds": 0, "committed_tokens": 0, "candidate_rows": 0, "stage_ms": {}, "verify_ms": {}}
+            for name in proposers
+        }
+
+    rounds_of = fresh_tallies()
     for name in proposers:  # warm-up (excluded), proposers kept
         ours(name, items[0][1], 8)
+    rounds_of = fresh_tallies()
     hf_pld(items[0][1], 8)
     totals = {a: [0.0, 0] for a in arms}
+    per_prompt = []
     identical = True
     for i, (_, ids) in enumerate(tqdm(items, desc=args.workload, file=sys.stderr)):
-        outs = {}
+        outs, timed = {}, {}
         for a in arms if i % 2 == 0 else arms[::-1]:
             if a == "hf_pld":
                 toks, ms = hf_pld(ids, args.max_new_tokens)
                 _, first = hf_pld(ids, 1)  # prefill and the first token: decode time only
-                totals[a][0] += ms - first
-                totals[a][1] += len(toks) - 1
+                ms, n = ms - first, len(toks) - 1
             else:
                 toks, ms = ours(a, ids, args.max_new_tokens)
-                totals[a][0] += ms
-                totals[a][1] += len(toks)
+                n = len(toks)
+            totals[a][0] += ms
+            totals[a][1] += n
+            timed[a] = {"decode_ms": ms, "tokens": n}
             outs[a] = toks
+        per_prompt.append({"arms": timed})
         identical &= all(outs[a] == outs["ours_ar"] for a in arms)
     per_token = {a: ms / max(n, 1) for a, (ms, n) in totals.items()}
     result = {
@@ -200,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             ["git", "rev-parse", args.baseline_rev], cwd=REPO, capture_output=True, text=True
         ).stdout.strip(),
         "history_tokens": args.history_tokens,
+        "rejected_tails": args.rejected_tails,
         "workload": args.workload,
         "split": args.split,
         "prompts": len(items),
@@ -207,11 +251,45 @@ def main(argv: list[str] | None = None) -> int:
         "verify_cost": cost,
         "time_per_token_ms": per_token,
         "vs_hf_pld": {a: per_token["hf_pld"] / per_token[a] for a in arms},
+        # 95% paired-bootstrap intervals over prompts: each current arm against the baseline and
+        # against transformers' lookup (this machine's noise between arms is several percent)
+        "ratio_ci95": ratio_estimates(
+            per_prompt,
+            pairs=[(a, b) for a in proposers if a.startswith("current") for b in ("baseline", "hf_pld")]
+            + [("baseline", "hf_pld")],
+        ),
+        "per_prompt": per_prompt,
+        # per arm of ours: tokens and candidate rows per round, and each stage's ms per round
+        "rounds": {
+            a: {
+                "tokens_per_round": t["committed_tokens"] / max(t["rounds"], 1),
+                "rows_per_round": t["candidate_rows"] / max(t["rounds"], 1),
+                "stage_ms_per_round": {k: v / max(t["rounds"], 1) for k, v in t["stage_ms"].items()},
+                # the verify forward's median ms and count by candidate rows, as the run measured it
+                "verify_ms_by_candidate_rows": {
+                    rows: {"median": statistics.median(ms), "rounds": len(ms)}
+                    for rows, ms in sorted(t["verify_ms"].items())
+                },
+            }
+            for a, t in rounds_of.items()
+        },
+        # the adaptive arms' verify cost t(1..), in ms, as each had learned it by the end (the start
+        # profile scaled and corrected by the rounds' own verify times)
+        "learned_verify_cost_ms": {
+            a: p.cost_model.cost(args.nodes + 1).tolist()
+            for a, p in proposers.items()
+            if getattr(p, "cost_model", None) is not None
+        },
+        "learned_verify_cost_observations": {
+            a: p.cost_model.count[: args.nodes + 1].tolist()
+            for a, p in proposers.items()
+            if getattr(p, "cost_model", None) is not None
+        },
         "outputs_identical": identical,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("time_per_token_ms", "vs_hf_pld", "outputs_identical")}, indent=2))
+    print(json.dumps({k: result[k] for k in ("time_per_token_ms", "ratio_ci95", "outputs_identical")}, indent=2))
     return 0 if identical else 1
 
 

@@ -1,6 +1,10 @@
 """Fit the prompt-lookup acceptance model's starting constants from recorded greedy outputs.
 
-At every position of every recorded output, the default experiment's lookup candidates (the
+With ``--t-from`` (a benchmark JSON's measured t(n)), the observations are the rounds a run sees:
+the default experiment's proposer (history of earlier records) with rejected tails on is
+replayed over each set, and every round's candidate tree before the adaptive choice is tried
+against the output (:func:`round_observations`). Without it, at every position of every recorded
+output, the default experiment's lookup candidates (the
 matches :func:`harness.proposers.prompt_lookup.find_continuations` finds in the request and in the
 outputs of the set's earlier records, as a run's history holds them, merged by
 :func:`harness.proposers.prompt_lookup.candidate_tree`) are tried against the output: every row whose
@@ -14,17 +18,24 @@ constants to paste into :class:`harness.proposers.prompt_lookup.AcceptanceModel`
     .venv/bin/python scripts/lookup_replay.py collect --workloads humaneval chat copy --splits dev eval \\
         --limit 24 --out results/replay/outputs.json
     .venv/bin/python scripts/lookup_acceptance_fit.py results/replay/outputs.json \\
-        --fit humaneval/dev chat/dev copy/dev --out results/replay/acceptance_fit.json
+        --fit humaneval/dev chat/dev copy/dev --t-from results/pld_float32_humaneval.json \\
+        --out results/replay/acceptance_fit.json
+
+``--only FEATURE ...`` fits those features' weights alone, unstandardised, every other constant
+held at :class:`~harness.proposers.prompt_lookup.AcceptanceModel`'s: how the rejected-tail terms
+were added (``--t-from ... --only tail log_tail_run``) without moving the probability of any other
+row.
 
 The lookup settings (``--ngram``, ``--max-depth``, ``--max-matches``, ``--rows``) default to the
 default experiment's (a tree of up to 4 x ``topology.max_nodes`` rows before the adaptive choice).
-Bad input (a missing or malformed file, a set without records, no rows to fit) ends with one line
-and exit status 2.
+Bad input (a missing or malformed file, a set without records, no rows to fit, a ``--t-from``
+without a usable ``t_of_n_ms``) ends with one line and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections.abc import Sequence
@@ -73,25 +84,117 @@ def observations(
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def fit(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3) -> dict:
-    """Logistic regression on standardised ``x``: ``{"mean", "scale", "weights", "bias"}``."""
+def _lookup_replay():
+    spec = importlib.util.spec_from_file_location("lookup_replay", Path(__file__).with_name("lookup_replay.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def round_observations(
+    records: Sequence[dict],
+    t_ms: Sequence[float],
+    *,
+    max_ngram: int = 2,
+    max_depth: int = 10,
+    max_matches: int = 8,
+    nodes: int = 16,
+    rejected_tails: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(raw features ``[N, F]``, accepted ``[N]``) of every tried row of every round of the default
+    experiment's proposer (with ``rejected_tails``, and the history of earlier records) replayed
+    over ``records`` with verify costs ``t_ms``: each round's candidate tree before the adaptive
+    choice, tried against the output's next ``max_depth`` tokens. Only the rounds a run sees are
+    observed, and the tails, which exist only after a round, with them."""
+    lookup_replay = _lookup_replay()
+    xs, ys = [], []
+    proposer = lookup_replay.adaptive_proposer(
+        t_ms,
+        nodes=nodes,
+        depth=max_depth,
+        matches=max_matches,
+        ngram=max_ngram,
+        history_tokens=65536,
+        rejected_tails=rejected_tails,
+    )
+
+    def on_round(committed, truth, _nodes, _accepted):
+        tree = proposer.last_candidates
+        rows, accepted = tried_rows(tree.prefixes, tuple(truth[:max_depth]))
+        if len(rows):
+            xs.append(AcceptanceModel.raw_features(tree)[rows])
+            ys.append(accepted)
+
+    lookup_replay.replay(records, t_ms, proposer=proposer, on_round=on_round)
+    width = len(AcceptanceModel.FEATURES)
+    if not xs:
+        return np.empty((0, width)), np.empty(0, dtype=bool)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def fit(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    l2: float = 1e-3,
+    only: Sequence[int] | None = None,
+    held: dict | None = None,
+) -> dict:
+    """Logistic regression on standardised ``x``: ``{"mean", "scale", "weights", "bias"}``.
+
+    only: fit the weights of these feature columns alone, unstandardised (mean 0, scale 1), with
+    every other constant and the bias held at ``held``'s: rows on which those features are zero
+    keep the probabilities ``held`` gives them without its terms for those columns (all of them,
+    where those terms are zero, as for features ``held`` never weighed), so a new kind of row gets
+    its own terms without moving the rest."""
+    if only is not None and held is None:
+        raise ValueError("fitting some features alone needs the held constants of the others")
     if len(x) == 0 or y.all() or not y.any():
         raise ValueError(f"need both accepted and rejected rows to fit; got {int(y.sum())} of {len(y)} accepted")
-    mean, scale = x.mean(axis=0), x.std(axis=0)
-    scale = np.where(scale > 0, scale, 1.0)  # a constant feature keeps weight 0
-    xt = torch.tensor((x - mean) / scale, dtype=torch.float64)
     yt = torch.tensor(y, dtype=torch.float64)
-    w = torch.zeros(x.shape[1] + 1, dtype=torch.float64, requires_grad=True)
+    if only is not None:
+        cols = list(only)
+        rest = [i for i in range(x.shape[1]) if i not in cols]
+        mean, scale, weights = (np.asarray(held[k], dtype=np.float64).copy() for k in ("mean", "scale", "weights"))
+        offset = ((x[:, rest] - mean[rest]) / scale[rest]) @ weights[rest] + held["bias"]
+        xt, base = torch.tensor(x[:, cols], dtype=torch.float64), torch.tensor(offset, dtype=torch.float64)
+        w = torch.zeros(len(cols), dtype=torch.float64, requires_grad=True)
+
+        def logits():
+            return base + xt @ w
+
+        def penalty():
+            return l2 * (w**2).sum()
+    else:
+        mean, scale = x.mean(axis=0), x.std(axis=0)
+        scale = np.where(scale > 0, scale, 1.0)  # a constant feature keeps weight 0
+        xt = torch.tensor((x - mean) / scale, dtype=torch.float64)
+        w = torch.zeros(x.shape[1] + 1, dtype=torch.float64, requires_grad=True)
+
+        def logits():
+            return xt @ w[:-1] + w[-1]
+
+        def penalty():
+            return l2 * (w[:-1] ** 2).sum()
+
     opt = torch.optim.LBFGS([w], max_iter=500, tolerance_grad=1e-10, line_search_fn="strong_wolfe")
 
     def closure():
         opt.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(xt @ w[:-1] + w[-1], yt) + l2 * (w[:-1] ** 2).sum()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits(), yt) + penalty()
         loss.backward()
         return loss
 
     opt.step(closure)
     w = w.detach().numpy()
+    if only is not None:
+        mean[cols], scale[cols], weights[cols] = 0.0, 1.0, w
+        return {
+            "mean": mean.tolist(),
+            "scale": scale.tolist(),
+            "weights": weights.tolist(),
+            "bias": float(held["bias"]),
+        }
     return {"mean": mean.tolist(), "scale": scale.tolist(), "weights": w[:-1].tolist(), "bias": float(w[-1])}
 
 
@@ -118,6 +221,21 @@ def as_python(model: dict) -> str:
             f"    BIAS: ClassVar[float] = {model['bias']:.4f}",
         ]
     )
+
+
+def load_t_of_n(path: str, *, rows: int) -> list[float]:
+    """A benchmark JSON's ``t_of_n_ms`` (at least ``rows`` positive times); ``ValueError`` otherwise."""
+    try:
+        t_ms = json.loads(Path(path).read_text()).get("t_of_n_ms")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{path}: cannot read a benchmark's t_of_n_ms ({exc})") from None
+    if (
+        not isinstance(t_ms, list)
+        or len(t_ms) < rows
+        or not all(isinstance(t, (int, float)) and t > 0 and np.isfinite(t) for t in t_ms)
+    ):
+        raise ValueError(f"{path}: t_of_n_ms must list at least {rows} positive times (ms for 1, 2, ... rows)")
+    return [float(t) for t in t_ms]
 
 
 def load_sets(paths: Sequence[str]) -> dict[str, list[dict]]:
@@ -154,6 +272,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-depth", type=int, default=10)
     ap.add_argument("--max-matches", type=int, default=8)
     ap.add_argument("--rows", type=int, default=64, help="the candidate tree's row limit")
+    ap.add_argument(
+        "--t-from",
+        help="a benchmark JSON whose t_of_n_ms prices the replayed rounds: observe the proposer's rounds "
+        "(tails included) instead of every position",
+    )
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        choices=AcceptanceModel.FEATURES,
+        help="fit these features' weights alone (unstandardised), every other constant held at the current ones",
+    )
     ap.add_argument("--out", help="write the constants and log-losses here (JSON)")
     args = ap.parse_args(argv)
     if not args.l2 >= 0 or min(args.ngram, args.max_depth, args.max_matches, args.rows) < 1:
@@ -172,18 +301,20 @@ def main(argv: list[str] | None = None) -> int:
             "max_matches": args.max_matches,
             "rows": args.rows,
         }
-        data = {
-            name: observations(
-                records,
-                max_ngram=args.ngram,
-                max_depth=args.max_depth,
-                max_matches=args.max_matches,
-                limit=args.rows,
-            )
-            for name, records in sets.items()
-        }
+        lookup = {"max_ngram": args.ngram, "max_depth": args.max_depth, "max_matches": args.max_matches}
+        if args.t_from:
+            nodes = max(args.rows // 4, 1)
+            t_ms = load_t_of_n(args.t_from, rows=nodes + 1)
+            settings["t_from"] = args.t_from
+            data = {name: round_observations(records, t_ms, nodes=nodes, **lookup) for name, records in sets.items()}
+        else:
+            data = {name: observations(records, limit=args.rows, **lookup) for name, records in sets.items()}
         model = fit(
-            np.concatenate([data[n][0] for n in fit_names]), np.concatenate([data[n][1] for n in fit_names]), l2=args.l2
+            np.concatenate([data[n][0] for n in fit_names]),
+            np.concatenate([data[n][1] for n in fit_names]),
+            l2=args.l2,
+            only=[AcceptanceModel.FEATURES.index(f) for f in dict.fromkeys(args.only)] if args.only else None,
+            held=current_constants(),
         )
     except ValueError as exc:
         print(f"lookup_acceptance_fit: {exc}", file=sys.stderr)
@@ -209,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             "settings": settings,
             "l2": args.l2,
             "fit_sets": fit_names,
+            "only": args.only,
             "model": model,
             "sets": table,
         }

@@ -15,9 +15,10 @@ occurrence of the last token, and nothing else, verified. No lookup proposer ove
 does better round by round, so its ratio to transformers is the ceiling of what choosing
 candidates better could gain. The selection oracle (:func:`selection_oracle_replay`) is the same
 ceiling for choosing among the candidates the default proposer builds. The ``remainder_*`` rows
-(:func:`rejected_remainder_replay`) measure a candidate source the proposer does not use: the tail of
-a rejected candidate, proposed after the target's correction. ``--baseline-rev`` replays
-another commit's proposer beside this checkout's (rows ``baseline_*``).
+(:func:`rejected_remainder_replay`) measure what an oracle could gain from the tail of a rejected
+candidate, proposed after the target's correction, a source the default proposer leaves off
+(``proposer.rejected_tails``; ``--rejected-tails true`` replays it on, rows ``adaptive_tails_*``).
+``--baseline-rev`` replays another commit's proposer beside this checkout's (rows ``baseline_*``).
 
     # once: every prompt's greedy output (decoded by the benchmark's lookup arm, equal to AR)
     .venv/bin/python scripts/lookup_replay.py collect --workloads humaneval chat copy --splits dev eval \\
@@ -275,7 +276,7 @@ def rejected_remainder_replay(records, t_ms, *, nodes=16, depth=10, matches=8, n
 
 
 def adaptive_proposer(
-    t_ms, *, nodes=16, depth=10, matches=8, ngram=2, history_tokens=0, cls=PromptLookupProposer
+    t_ms, *, nodes=16, depth=10, matches=8, ngram=2, history_tokens=0, rejected_tails=False, cls=PromptLookupProposer
 ) -> PromptLookupProposer:
     """The default experiment's proposer (``cls``: this checkout's, or another commit's class)."""
     t = np.asarray(t_ms, dtype=np.float64)
@@ -287,6 +288,7 @@ def adaptive_proposer(
         budget_policy="adaptive",
         verify_cost=(t / t[0])[: nodes + 1].tolist(),
         **({"history_tokens": history_tokens} if history_tokens else {}),
+        **({"rejected_tails": True} if rejected_tails else {}),
     )
 
 
@@ -368,12 +370,14 @@ def replay_cmd(args) -> int:
         row["selection_oracle_vs_transformers"] = hf["ms_per_token"] / oracle["ms_per_token"]
         for key, value in rejected_remainder_replay(records, t_ms, ngram=args.ngram).items():
             row[f"remainder_{key}"] = value
-        arms = [("adaptive", PromptLookupProposer)] + ([("baseline", baseline)] if baseline is not None else [])
-        for arm, cls in arms:
+        arms = [
+            ("adaptive_tails" if tails == "true" else "adaptive", PromptLookupProposer, tails == "true")
+            for tails in dict.fromkeys(args.rejected_tails)
+        ] + ([("baseline", baseline, False)] if baseline is not None else [])
+        for arm, cls, tails in arms:
             for h in args.history_tokens:
-                ours = replay(
-                    records, t_ms, proposer=adaptive_proposer(t_ms, ngram=args.ngram, history_tokens=h, cls=cls)
-                )
+                proposer = adaptive_proposer(t_ms, ngram=args.ngram, history_tokens=h, rejected_tails=tails, cls=cls)
+                ours = replay(records, t_ms, proposer=proposer)
                 row[f"{arm}_history_{h}_ms_per_token"] = ours["ms_per_token"]
                 row[f"{arm}_history_{h}_tokens_per_round"] = ours["tokens_per_round"]
                 row[f"{arm}_history_{h}_vs_transformers"] = hf["ms_per_token"] / ours["ms_per_token"]
@@ -403,6 +407,14 @@ def main(argv=None) -> int:
     r.add_argument("--num-tokens", type=int, default=10)
     r.add_argument("--ngram", type=int, default=2)
     r.add_argument("--history-tokens", type=int, nargs="+", default=[0, 65536])
+    r.add_argument(
+        "--rejected-tails",
+        nargs="+",
+        default=["false"],
+        choices=["true", "false"],
+        help="this checkout's proposer's rejected_tails (false: rows adaptive_*, as the default experiment; "
+        "true: rows adaptive_tails_*)",
+    )
     r.add_argument(
         "--clairvoyant-depth", type=int, default=10, help="the longest chain the clairvoyant ceiling verifies"
     )

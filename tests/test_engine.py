@@ -299,6 +299,11 @@ def test_the_acceptance_model_s_starting_constants_rank_copies_as_the_dev_prompt
     agreed = first_row((1, np.array([5]), False), (1, np.array([5]), False), (1, np.array([5]), False))
     assert agreed > alone  # three matches agreeing on the row predict it better than one of three
     assert first_row((4, np.array([5]), True)) < first_row((4, np.array([5]), False))  # history ranks below
+    # a rejected tail ranks below a match of the same context, the more so the shorter its copy had run
+    match = AcceptanceModel.features(candidate_tree([(4, np.array([5]), False)], limit=16))
+    tails = [AcceptanceModel.features(candidate_tree([], limit=16, tails=[(4, (5,), False, run)]))[0] for run in (0, 3)]
+    short_run, long_run = model.predict(np.stack(tails)).tolist()
+    assert short_run < long_run < model.predict(match)[0]
     tree = candidate_tree([(3, np.array([5, 6]), True), (1, np.array([7]), False)], limit=16)
     np.testing.assert_allclose(
         AcceptanceModel.features(tree),
@@ -307,9 +312,9 @@ def test_the_acceptance_model_s_starting_constants_rank_copies_as_the_dev_prompt
     np.testing.assert_allclose(
         AcceptanceModel.raw_features(tree),
         [
-            [np.log(3), 1, 0, 1, 0.5, 0, np.log(2)],  # 5: context 3, first child, history, 1 of 2 matches
-            [np.log(4), 1, 0, 1, 1.0, 0, 0],  # 6 below it: context 3 + depth 2 - 1
-            [0, 0, 1, 0, 0.5, 0, np.log(2)],  # 7: the root's second child
+            [np.log(3), 1, 0, 1, 0.5, 0, np.log(2), 0, 0],  # 5: context 3, first child, history, 1 of 2 matches
+            [np.log(4), 1, 0, 1, 1.0, 0, 0, 0, 0],  # 6 below it: context 3 + depth 2 - 1
+            [0, 0, 1, 0, 0.5, 0, np.log(2), 0, 0],  # 7: the root's second child (no row is a tail)
         ],
     )
     with pytest.raises(ValueError, match="learning_rate"):
@@ -554,8 +559,9 @@ def test_the_lookup_replay_prices_rounds_with_the_cost_curve(tmp_path):
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"t_of_n_ms": t}))
     argv = ["replay", str(path), "--t-from", str(bench), "--baseline-rev", "HEAD", "--out", str(tmp_path / "r.json")]
-    assert script.main(argv) == 0
+    assert script.main([*argv, "--rejected-tails", "true", "false"]) == 0
     row = json.loads((tmp_path / "r.json").read_text())["table"]["x/eval"]
+    assert row["adaptive_tails_history_0_ms_per_token"] > 0 and row["adaptive_history_0_ms_per_token"] > 0
     assert row["adaptive_history_65536_vs_transformers"] > row["adaptive_history_0_vs_transformers"]
     assert 0.0 <= row["remainder_hits"] <= row["remainder_available"] <= 1.0
     assert row["clairvoyant_history_vs_transformers"] >= row["selection_oracle_vs_transformers"]
@@ -590,6 +596,18 @@ def test_the_acceptance_fit_observes_tried_rows_and_recovers_a_known_law(tmp_pat
     assert np.allclose(model["mean"], 1.0, atol=0.1) and np.allclose(model["scale"], 2.0, atol=0.1)
     with pytest.raises(ValueError, match="both accepted and rejected"):
         script.fit(raw, np.ones(len(raw), dtype=bool))
+    # one feature fitted alone, the rest held: rows where it is zero keep the held probabilities
+    held = {"mean": [1.0] * raw.shape[1], "scale": [2.0] * raw.shape[1], "weights": true_w.tolist(), "bias": 0.3}
+    extra = np.where(rng.random(len(raw)) < 0.3, rng.integers(1, 4, len(raw)), 0).astype(np.float64)
+    x = raw * 2.0 + 1.0
+    x[:, -1] = extra
+    z = ((x[:, :-1] - 1.0) / 2.0) @ true_w[:-1] + 0.3 - 0.8 * extra
+    y = rng.random(len(z)) < 1 / (1 + np.exp(-z))
+    only = script.fit(x, y, l2=0.0, only=[raw.shape[1] - 1], held=held)
+    assert only["weights"][-1] == pytest.approx(-0.8, abs=0.1) and only["weights"][:-1] == held["weights"][:-1]
+    assert (only["mean"][-1], only["scale"][-1], only["bias"]) == (0.0, 1.0, 0.3)
+    plain = x[:, -1] == 0
+    assert script.log_loss(only, x[plain], y[plain]) == pytest.approx(script.log_loss(held, x[plain], y[plain]))
     # the command: fits on the dev sets, reports every set, writes the constants
     loop = list(range(30, 60))
     sets = {
@@ -604,6 +622,28 @@ def test_the_acceptance_fit_observes_tried_rows_and_recovers_a_known_law(tmp_pat
     assert result["sets"]["code/eval"]["fitted_on"] is False and result["sets"]["code/dev"]["rows"] > 0
     assert "WEIGHTS: ClassVar" in capsys.readouterr().out
     assert result["settings"] == {"max_ngram": 2, "max_depth": 10, "max_matches": 8, "rows": 64}
+    # the rounds a run sees: the proposer replayed on a cost curve, rejected tails among its rows. After
+    # the prefill's 1, the prompt's 1 proposes 2 3 4 5 6 9 1; the target writes 7, and the tail
+    # 3 4 5 6 9 1 of that candidate is tried in the next round (its first four rows accepted)
+    t = [10.0 + 0.2 * k for k in range(17)]
+    substitution = [{"prompt": [9, 1, 2, 3, 4, 5, 6, 9], "out": [1, 7, 3, 4, 5, 6]}]
+    x, y = script.round_observations(substitution, t)
+    tail = x[:, AcceptanceModel.FEATURES.index("tail")] > 0
+    assert tail.any() and y[tail].any() and len(x) == len(y)
+    x_off, _ = script.round_observations(substitution, t, rejected_tails=False)
+    assert not x_off[:, AcceptanceModel.FEATURES.index("tail")].any()
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"t_of_n_ms": t}))
+    assert script.main([str(outputs), "--t-from", str(bench), "--out", str(tmp_path / "rounds.json")]) == 0
+    rounds = json.loads((tmp_path / "rounds.json").read_text())
+    assert rounds["settings"]["t_from"] == str(bench) and rounds["sets"]["code/dev"]["rows"] > 0
+    argv = [str(outputs), "--t-from", str(bench), "--only", "tail", "log_tail_run", "--out", str(tmp_path / "t.json")]
+    assert script.main(argv) == 0
+    tails_only = json.loads((tmp_path / "t.json").read_text())
+    assert tails_only["only"] == ["tail", "log_tail_run"]
+    assert tails_only["model"]["weights"][:-2] == list(AcceptanceModel.WEIGHTS[:-2])
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"t_of_n_ms": t[:5]}))
     # bad input: one line and exit status 2, nothing written
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
@@ -621,6 +661,8 @@ def test_the_acceptance_fit_observes_tried_rows_and_recovers_a_known_law(tmp_pat
         ([str(eval_only)], "no set name ends in /dev"),
         ([str(broken)], "is not a list of"),
         ([str(outputs), str(outputs)], "also in an earlier file"),
+        ([str(outputs), "--t-from", str(tmp_path / "missing.json")], "cannot read a benchmark's t_of_n_ms"),
+        ([str(outputs), "--t-from", str(short)], "must list at least 17 positive times"),
     ):
         assert script.main([*argv, "--out", str(tmp_path / "not_written.json")]) == 2, argv
         err = capsys.readouterr().err

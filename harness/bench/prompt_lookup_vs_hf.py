@@ -13,7 +13,9 @@ each arm against plain autoregressive decoding). Arms, interleaved per prompt:
 - ``ours_adaptive``: the default experiment's arm: the adaptive tree over the current request and
   the outputs of the earlier prompts (``--history-tokens``, the default experiment's
   ``proposer.history_tokens``; a prompt never reads its own earlier answer, so the warm-up on the
-  first prompt does not serve it).
+  first prompt does not serve it). ``--rejected-tails true`` makes both adaptive arms propose the
+  tails of candidates the target rejected by one token (``proposer.rejected_tails``; off in the
+  default experiment).
 
 Each of our arms keeps one proposer for the whole benchmark, warm-up included, as a run keeps one
 per batch slot for a whole job (the adaptive arms' learned acceptance and history carry across
@@ -61,6 +63,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -179,15 +182,22 @@ class FirstForward:
         return (done - self.end_s) * 1e3, new_tokens - min(self.first_tokens, new_tokens)
 
 
-def ratio_estimates(per_prompt: list[dict], *, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
-    """``{"<arm>_vs_<base>": {"value", "ci_low", "ci_high"}}`` for every ratio of :data:`RATIOS` whose
-    arms both ran: the base's decode ms per token over the arm's, summed over prompts, with a paired
-    bootstrap interval that resamples prompts (``per_prompt``: ``{"arms": {arm: {"decode_ms",
-    "tokens"}}}`` per prompt)."""
+def ratio_estimates(
+    per_prompt: list[dict],
+    *,
+    level: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    pairs: Sequence[tuple[str, str]] = RATIOS,
+) -> dict:
+    """``{"<arm>_vs_<base>": {"value", "ci_low", "ci_high"}}`` for every ``(arm, base)`` of ``pairs``
+    (:data:`RATIOS` unless given) whose arms both ran: the base's decode ms per token over the arm's,
+    summed over prompts, with a paired bootstrap interval that resamples prompts (``per_prompt``:
+    ``{"arms": {arm: {"decode_ms", "tokens"}}}`` per prompt)."""
     from harness.tracking.compare import paired_bootstrap, speedup_statistic
 
     out = {}
-    for arm, base in RATIOS:
+    for arm, base in pairs:
         if not per_prompt or any(a not in per_prompt[0]["arms"] for a in (arm, base)):
             continue
         cols = [[p["arms"][a][k] for p in per_prompt] for a in (base, arm) for k in ("decode_ms", "tokens")]
@@ -239,6 +249,12 @@ def main(argv=None) -> int:
         type=int,
         default=65536,
         help="ours_adaptive's memory of earlier prompts' outputs (the default experiment's proposer.history_tokens)",
+    )
+    ap.add_argument(
+        "--rejected-tails",
+        default="false",
+        choices=["true", "false"],
+        help="the adaptive arms' proposer.rejected_tails (the default experiment's: false)",
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workload", default="humaneval", choices=WORKLOADS)
@@ -407,6 +423,7 @@ def main(argv=None) -> int:
                 budget_policy="adaptive",
                 verify_cost=profile["normalised"][: tree_nodes + 1],
                 history_tokens=history,
+                rejected_tails=args.rejected_tails == "true",
             )
             for name, history in (("ours_adaptive_prompt_only", 0), ("ours_adaptive", args.history_tokens))
         },
@@ -477,6 +494,8 @@ def main(argv=None) -> int:
         "tree_depth": args.tree_depth,
         "history_tokens": args.history_tokens,
         "rows_kept_from_history": proposers["ours_adaptive"].stats.extras.get("rows_kept_from_history", 0),
+        "rejected_tails": args.rejected_tails == "true",
+        "rows_kept_from_tails": proposers["ours_adaptive"].stats.extras.get("rows_kept_from_tails", 0),
         "t_of_n_ms": t_of_n,
         "read_bandwidth_gbs": bandwidth,
         "read_bandwidth_gbs_samples": bandwidths,

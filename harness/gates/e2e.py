@@ -535,7 +535,7 @@ def make_proposer(
             target_vocab=target_vocab,
         )
     if case.proposer == "prompt_lookup":
-        return PromptLookupProposer(budget=case.budget, manifest_hash="e2e")
+        return PromptLookupProposer(budget=case.budget, manifest_hash="e2e", **case.options)
     if case.proposer == "merged":  # the sources a run builds, each with the round's budget
         sources = [
             make_proposer(
@@ -828,6 +828,7 @@ def standard_cases() -> list[E2ECase]:
     set2 = Budget(shape="set", max_nodes=2, max_depth=1, widths=(2,))
     exp21 = Budget(shape="expansion", max_nodes=4, max_depth=2, widths=(2, 1))
     lookup = Budget(shape="sequences", max_nodes=6, max_depth=2)
+    tails = {"rejected_tails": True}
     merged = Budget(shape="merged", max_nodes=6, max_depth=2)
     # topology=choices [[0], [1], [0, 0]]: two first tokens, the first of them extended
     choices = Budget(shape="choices", max_nodes=3, max_depth=2, parents=(-1, -1, 0), ranks=(0, 1, 0))
@@ -846,6 +847,9 @@ def standard_cases() -> list[E2ECase]:
         E2ECase("draft/iid/exp21/T0", "draft_model", exp21, greedy, "iid"),
         E2ECase("draft/beam/exp21/T0", "draft_model", exp21, greedy, "beam"),
         E2ECase("lookup/sequences/T0", "prompt_lookup", lookup, greedy),
+        # the tails of the first round's rejected candidates join the second round's tree
+        E2ECase("lookup/sequences-tails/T1/2-rounds", "prompt_lookup", lookup, t1, rounds=2, options=tails),
+        E2ECase("lookup/sequences-tails/T0/2-rounds", "prompt_lookup", lookup, greedy, rounds=2, options=tails),
         E2ECase("merged/draft+lookup/T1", "merged", merged, t1, "iid"),
         E2ECase("merged/draft+lookup/T0", "merged", merged, greedy, "iid"),
         E2ECase("draft-padded/iid/seq2/T1", "draft_model", seq2, t1, "iid", draft="padded"),

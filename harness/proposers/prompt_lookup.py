@@ -34,6 +34,15 @@ it says next, boilerplate and idioms in code, recurring phrasing in chat. A requ
 outputs of an earlier request with the same prompt (a warm-up, a repeat or a gate's pass over the
 same prompts would otherwise copy its own answer): the memory serves other requests only.
 
+``rejected_tails`` adds, in the round after a rejection, the tails of the candidates the target
+rejected by one token: a candidate that followed the committed tokens and then held another token
+than the target's is a copy with one token edited (a renamed variable, a changed word), and what
+followed its wrong token is proposed after the target's (:func:`rejected_tails`). The lookup itself
+cannot find it then: the suffix n-gram now ends in the target's new token. The tails share the
+acceptance model (with features that mark them and how far their copy had run). Off by default:
+timed in one process on this project's CPU, the rows they add cost more than the 3-5% more tokens a
+round they bring (docs/measurements.md, "Rejected tails as a candidate source").
+
 Candidates carry a ``score`` (the matched context length), never a ``q``.
 """
 
@@ -42,12 +51,13 @@ from __future__ import annotations
 import hashlib
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from harness.contracts import Budget, ProposalNode, ProposalResult, ProposalStateHandle
+from harness.contracts import Budget, ConfigError, ProposalNode, ProposalResult, ProposalStateHandle
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
 
@@ -191,8 +201,12 @@ class CandidateTree:
     root to it), ``parents[i]`` (-1 below the root), ``depth`` (1 = a continuation's first token),
     ``context`` (the context length of the best match that made it), ``rank`` (its place among its
     siblings, in the order the matches reached them), ``history`` (made by a match in the history of
-    earlier requests), ``support`` (how many matches' continuations pass through it) and
-    ``parent_support`` (its parent's support; below the root, the number of matches)."""
+    earlier requests), ``support`` (how many matches' continuations pass through it; for a row a
+    tail made, how many tails'), ``parent_support`` (its parent's support; below the root, the
+    number of matches, or for a row a tail made the number of tails),
+    ``tail`` (made by the tail of a candidate the target rejected last round, see
+    :func:`rejected_tails`) and ``tail_run`` (for such a row, how many tokens that candidate had run
+    along the output before the substitution; 0 for the others)."""
 
     prefixes: tuple[tuple[int, ...], ...]
     parents: np.ndarray
@@ -202,24 +216,36 @@ class CandidateTree:
     history: np.ndarray
     support: np.ndarray
     parent_support: np.ndarray
+    tail: np.ndarray
+    tail_run: np.ndarray
 
     def __len__(self) -> int:
         return len(self.prefixes)
 
 
-def candidate_tree(matches: list[tuple[int, np.ndarray, bool]], *, limit: int) -> CandidateTree:
-    """Merge ``matches`` (:func:`find_continuations`' output, best first) into one prefix tree of
-    at most ``limit`` rows; a match whose continuation runs past the limit still counts towards the
-    support of the rows it passes through."""
+def candidate_tree(
+    matches: list[tuple[int, np.ndarray, bool]],
+    *,
+    limit: int,
+    tails: Sequence[tuple[int, tuple[int, ...], bool, int]] = (),
+) -> CandidateTree:
+    """Merge ``matches`` (:func:`find_continuations`' output, best first) and ``tails``
+    (:func:`rejected_tails`' output) into one prefix tree of at most ``limit`` rows, the tails after
+    the matches; a continuation that runs past the limit still counts towards the support of the
+    rows it passes through. A tail counts towards the support of the rows the tails made only, and
+    below the root a tail row's parent support is the number of tails: every row a match made has
+    the features it would have without the tails."""
     prefixes: list[tuple[int, ...]] = []
     parents: list[int] = []
-    cols: list[tuple[int, int, int, bool]] = []  # (depth, context, rank, history) of each row
+    cols: list[tuple[int, int, int, bool, bool, int]] = []  # (depth, context, rank, history, tail, run) per row
     support: list[int] = []
+    tail_of: list[bool] = []
     index: dict[tuple[int, ...], int] = {}
     children: dict[int, int] = {}
-    for context, cont, in_history in matches:
+    sources = [(c, cont, h, False, 0) for c, cont, h in matches] + [(c, t, h, True, r) for c, t, h, r in tails]
+    for context, cont, in_history, is_tail, run in sources:
         parent, prefix = -1, ()
-        for tok in cont.tolist():
+        for tok in cont.tolist() if isinstance(cont, np.ndarray) else cont:
             prefix += (tok,)
             node = index.get(prefix)
             if node is None:
@@ -230,13 +256,18 @@ def candidate_tree(matches: list[tuple[int, np.ndarray, bool]], *, limit: int) -
                 children[parent] = rank + 1
                 prefixes.append(prefix)
                 parents.append(parent)
-                cols.append((len(prefix), context, rank, in_history))
+                cols.append((len(prefix), context, rank, in_history, is_tail, run))
+                tail_of.append(is_tail)
                 support.append(0)
-            support[node] += 1
+            if tail_of[node] == is_tail:
+                support[node] += 1
             parent = node
     parent_arr = np.asarray(parents, dtype=np.int64)
     support_arr = np.asarray(support, dtype=np.int64)
-    depth, context, rank, history = (np.asarray(c) for c in zip(*cols)) if cols else (np.empty(0, np.int64),) * 4
+    if cols:
+        depth, context, rank, history, tail, tail_run = (np.asarray(c) for c in zip(*cols))
+    else:
+        depth, context, rank, history, tail, tail_run = (np.empty(0, np.int64),) * 6
     return CandidateTree(
         prefixes=tuple(prefixes),
         parents=parent_arr,
@@ -245,8 +276,38 @@ def candidate_tree(matches: list[tuple[int, np.ndarray, bool]], *, limit: int) -
         rank=rank.astype(np.int64),
         history=history.astype(bool),
         support=support_arr,
-        parent_support=np.where(parent_arr >= 0, support_arr[np.maximum(parent_arr, 0)], len(matches)),
+        parent_support=np.where(
+            parent_arr >= 0, support_arr[np.maximum(parent_arr, 0)], np.where(tail, len(tails), len(matches))
+        ),
+        tail=tail.astype(bool),
+        tail_run=tail_run.astype(np.int64),
     )
+
+
+def rejected_tails(tree: CandidateTree, continuation: Sequence[int]) -> list[tuple[int, tuple[int, ...], bool, int]]:
+    """The tails of ``tree``'s candidates that the target rejected by one substitution: the round
+    committed ``continuation`` (its accepted tokens, ``m`` of them, then the target's own token);
+    every leaf whose path followed the accepted tokens for ``m`` tokens and then held another token
+    than the target's, and has tokens after that, gives ``(context, tail, history, m)``: the tokens
+    after the substituted one, to propose after the target's token, as if the copy resumed past a
+    one-token edit (a renamed variable, a changed word). ``context`` is the leaf's match context and
+    ``history`` whether its match was in the history; ``m``, how far the copy had run, is a feature
+    of its own. One tail per distinct token sequence, in the tree's row order."""
+    m = len(continuation) - 1
+    if m < 0 or not len(tree):
+        return []
+    path, written = tuple(continuation[:m]), continuation[m]
+    has_child = np.zeros(len(tree), dtype=bool)
+    has_child[tree.parents[tree.parents >= 0]] = True
+    out, seen = [], set()
+    for i in np.flatnonzero(~has_child & (tree.depth >= m + 2)).tolist():
+        prefix = tree.prefixes[i]
+        if prefix[m] != written and prefix[:m] == path:
+            tail = prefix[m + 1 :]
+            if tail not in seen:
+                seen.add(tail)
+                out.append((int(tree.context[i]), tail, bool(tree.history[i]), m))
+    return out
 
 
 def tried_rows(prefixes: tuple[tuple[int, ...], ...], continuation: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -270,12 +331,16 @@ class AcceptanceModel:
     What predicts a copy: the context the match has (its context length plus the row's depth below
     it, less one), whether the row is its parent's first or second child, whether the match is in
     the history of earlier requests, and how many of the matches agree on the row (its support and
-    the fraction of its parent's support it carries). The constants are SmolLM2's on the dev splits
-    of HumanEval, ShareGPT and the copy-heavy prompts, every output position
+    the fraction of its parent's support it carries), and whether the row comes from a rejected
+    tail and how many tokens its copy had run before the substitution. The constants are SmolLM2's
+    on the dev splits of HumanEval, ShareGPT and the copy-heavy prompts
     (``scripts/lookup_acceptance_fit.py``, which prints them), with the default experiment's lookup
     settings (``max_ngram`` 2, 8 matches, depth 10, trees of up to 64 rows before the choice): the
-    support features' scale depends on the number of matches. Another target, workload or setting
-    starts from them and moves them by the online steps."""
+    first seven at every output position; the two tail terms, unstandardised, on every round of
+    the proposer with rejected tails on, replayed on a measured t(n), the first seven held
+    (``--t-from ... --only tail log_tail_run``), so a row that is not a tail has the probability it
+    had before tails existed. The support features' scale depends on the number of matches. Another target,
+    workload or setting starts from them and moves them by the online steps."""
 
     #: the columns of :meth:`features`
     FEATURES: ClassVar[tuple[str, ...]] = (
@@ -286,12 +351,14 @@ class AcceptanceModel:
         "agreement",
         "log_support",
         "log_parent_support",
+        "tail",
+        "log_tail_run",
     )
     #: each feature's mean and standard deviation on the fitting set (features are standardised)
-    MEAN: ClassVar[tuple[float, ...]] = (1.7025, 0.6295, 0.1414, 0.1663, 0.6270, 0.3133, 1.0774)
-    SCALE: ClassVar[tuple[float, ...]] = (1.3199, 0.4829, 0.3485, 0.3723, 0.3854, 0.5479, 0.8941)
+    MEAN: ClassVar[tuple[float, ...]] = (1.7025, 0.6295, 0.1414, 0.1663, 0.6270, 0.3133, 1.0774, 0.0000, 0.0000)
+    SCALE: ClassVar[tuple[float, ...]] = (1.3199, 0.4829, 0.3485, 0.3723, 0.3854, 0.5479, 0.8941, 1.0000, 1.0000)
     #: the fitted weights of the standardised features, and the bias
-    WEIGHTS: ClassVar[tuple[float, ...]] = (1.2529, 0.9530, -0.0134, -0.3133, 0.8208, 0.2880, 0.1259)
+    WEIGHTS: ClassVar[tuple[float, ...]] = (1.2529, 0.9530, -0.0134, -0.3133, 0.8208, 0.2880, 0.1259, -0.6948, 0.0075)
     BIAS: ClassVar[float] = 0.1137
 
     def __init__(self, *, learning_rate: float = 0.02) -> None:
@@ -319,6 +386,8 @@ class AcceptanceModel:
                 tree.support / np.maximum(tree.parent_support, 1),
                 np.log(np.maximum(tree.support, 1)),
                 np.log(np.maximum(tree.parent_support, 1)),
+                tree.tail,
+                np.log1p(tree.tail_run),
             ],
             axis=1,
         ).astype(np.float64)
@@ -418,12 +487,17 @@ class PromptLookupProposer(Proposer):
         budget_policy: str = "fixed",
         verify_cost: list[float] | None = None,
         history_tokens: int = 0,
+        rejected_tails: bool = False,
     ) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
         if history_tokens < 0:
             raise ValueError(f"proposer.history_tokens must be >= 0; got {history_tokens}")
         if not (1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram; got {min_ngram}, {max_ngram}")
+        if rejected_tails and budget.shape != "sequences":
+            raise ValueError(
+                f"proposer.rejected_tails needs topology.shape=sequences (its tails branch); got {budget.shape!r}"
+            )
         if budget_policy not in ("fixed", "adaptive"):
             raise ValueError(f"proposer.budget_policy must be fixed or adaptive; got {budget_policy!r}")
         if budget_policy == "adaptive":
@@ -440,8 +514,13 @@ class PromptLookupProposer(Proposer):
         self.budget_policy = budget_policy
         self.cost_model = VerifyCostModel(np.asarray(verify_cost)) if budget_policy == "adaptive" else None
         self.acceptance = AcceptanceModel()
-        #: (committed length, tree, its rows' features) of the last adaptive proposal
-        self._last: tuple[int, CandidateTree, np.ndarray] | None = None
+        #: (committed length, tree, its rows' features under the adaptive budget) of the last proposal
+        self._last: tuple[int, CandidateTree, np.ndarray | None] | None = None
+        self.rejected_tails = bool(rejected_tails)
+        #: (committed length they follow, tails) from the last round's commit
+        self._tails: tuple[int, list[tuple[int, tuple[int, ...], bool, int]]] = (-1, [])
+        if self.rejected_tails:
+            self.stats.extras["rows_kept_from_tails"] = 0
         self.stats.extras.update({"rows_proposed": 0, "rows_kept": 0})
         self.history_tokens = int(history_tokens)
         if self.history_tokens:
@@ -452,6 +531,17 @@ class PromptLookupProposer(Proposer):
         self._request: tuple[bytes, int] | None = None  # (prompt key, prompt length) of the current request
         self._committed: list[int] | None = None
 
+    @classmethod
+    def check_plan(cls, options: dict, budget: Budget, geometry) -> None:
+        """Before any model work: rejected tails branch off the lookup's candidates, so they need a
+        tree of several continuations (``shape=sequences``)."""
+        if options.get("rejected_tails") and budget.shape != "sequences":
+            raise ConfigError(
+                f"proposer.rejected_tails=true needs topology=sequences (the tails branch off the lookup's "
+                f"candidates); this topology's shape is {budget.shape!r}",
+                suggestions=[("topology=sequences",), ("proposer.rejected_tails=false",)],
+            )
+
     # ------------------------------------------------------------------ history across requests
     @staticmethod
     def _prompt_key(prompt_ids: list[int]) -> bytes:
@@ -460,6 +550,7 @@ class PromptLookupProposer(Proposer):
     def start(self, prompt_ids: list[int]) -> None:
         self._request = (self._prompt_key(prompt_ids), len(prompt_ids)) if self.history_tokens else None
         self._committed = None
+        self._last, self._tails = None, (-1, [])
         self._skip = None
         if self._request is not None and any(key == self._request[0] for key, _ in self._history):
             owners = np.concatenate([np.full(len(o) + 1, key == self._request[0]) for key, o in self._history])
@@ -504,7 +595,8 @@ class PromptLookupProposer(Proposer):
             skip=self._skip,
         )
         limit = self.budget.max_nodes if self.budget_policy == "fixed" else 4 * self.budget.max_nodes
-        tree = candidate_tree(matches, limit=limit)
+        after, tails = self._tails
+        tree = candidate_tree(matches, limit=limit, tails=tails if after == len(committed) else ())
         x = AcceptanceModel.features(tree) if self.budget_policy == "adaptive" else None
         keep = list(range(len(tree)))
         if x is not None and len(tree):
@@ -523,7 +615,9 @@ class PromptLookupProposer(Proposer):
         self.stats.extras["rows_kept"] += len(keep)
         if self.history_tokens:
             self.stats.extras["rows_kept_from_history"] += int(tree.history[keep].sum())
-        self._last = (len(committed), tree, x) if x is not None else None
+        if self.rejected_tails:
+            self.stats.extras["rows_kept_from_tails"] += int(tree.tail[keep].sum())
+        self._last = (len(committed), tree, x) if (x is not None or self.rejected_tails) else None
         topology = "sequence" if all(nd.parent == i - 1 for i, nd in enumerate(nodes)) else "tree"
         return ProposalResult(
             nodes=nodes,
@@ -534,6 +628,12 @@ class PromptLookupProposer(Proposer):
             manifest_hash=self.manifest_hash,
             source=self.name,
         )
+
+    @property
+    def last_candidates(self) -> CandidateTree | None:
+        """The candidate tree of the last proposal before any choice among its rows, until its
+        commit is observed; None under the fixed budget without rejected tails (nothing keeps it)."""
+        return self._last[1] if self._last is not None else None
 
     def _choose_rows(self, parents: np.ndarray, rate: np.ndarray) -> list[int]:
         """Rows in descending reach order; the count minimising predicted time per token."""
@@ -554,12 +654,19 @@ class PromptLookupProposer(Proposer):
 
     def observe_commit(self, committed: list[int]) -> None:
         """Teach the acceptance model what the target said about the last proposal's rows: every
-        row whose parent the committed continuation followed (kept for verification or not)."""
+        row whose parent the committed continuation followed (kept for verification or not); with
+        ``rejected_tails``, keep the tails of the candidates the target rejected for the next
+        proposal (:func:`rejected_tails`)."""
         self._committed = committed
         if self._last is None:
             return
         start, tree, x = self._last
         self._last = None
-        rows, accepted = tried_rows(tree.prefixes, tuple(committed[start:]))
+        continuation = tuple(committed[start:])
+        if self.rejected_tails:
+            self._tails = (len(committed), rejected_tails(tree, continuation))
+        if x is None:
+            return
+        rows, accepted = tried_rows(tree.prefixes, continuation)
         if len(rows):
             self.acceptance.update(x[rows], accepted)
