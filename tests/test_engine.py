@@ -692,6 +692,33 @@ def test_the_verify_cost_model_follows_the_rounds_own_times():
     assert (model.cost(4) / before).max() < 1.05
 
 
+def test_the_learned_verify_cost_never_prices_more_rows_below_fewer():
+    from harness.proposers.prompt_lookup import VerifyCostModel, non_decreasing
+
+    np.testing.assert_allclose(non_decreasing(np.array([1.0, 3.0, 2.0, 4.0]), np.ones(4)), [1, 2.5, 2.5, 4])
+    np.testing.assert_allclose(
+        non_decreasing(np.array([1.0, 3.0, 2.0, 4.0]), np.array([1, 1, 3, 1])), [1, 2.25, 2.25, 4]
+    )
+    np.testing.assert_allclose(non_decreasing(np.array([3.0, 2.0, 1.0]), np.ones(3)), [2, 2, 2])
+    profile = np.array([1.0, 1.02, 1.04, 1.3, 1.5])
+    model = VerifyCostModel(profile)
+    for _ in range(60):  # two rows observed only in slow minutes, three in ordinary ones
+        model.observe(1, 10.0)
+        model.observe(2, 15.0)
+        model.observe(3, 10.4)
+    cost = model.cost(5)
+    assert (np.diff(cost) >= 0).all()
+    # the dip is pooled: two and three rows share a price between what each was seen to cost
+    assert cost[1] == pytest.approx(cost[2]) and 10.4 < cost[1] < 15.0
+    assert cost[3] / cost[0] == pytest.approx(1.3, rel=0.05)  # unobserved counts above keep the profile
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # whatever the rounds saw, the estimate never decreases
+        model = VerifyCostModel(np.sort(rng.uniform(1, 2, 9)))
+        for rows, ms in zip(rng.integers(1, 10, 300), rng.lognormal(2.5, 0.4, 300)):
+            model.observe(int(rows), float(ms))
+        assert (np.diff(model.cost(9)) >= 0).all()
+
+
 def test_a_slow_first_round_does_not_distort_the_verify_cost_shape():
     from harness.proposers.prompt_lookup import VerifyCostModel
 

@@ -19,7 +19,8 @@ the probability that a row is the target's next token given that its parent was,
 child never out-reaches its parent), and the round keeps the ``k`` rows that minimise
 ``t(1 + k) / (1 + sum of their reach)``, the predicted time per committed token. t comes from
 :class:`VerifyCostModel`: the verify-cost profile the run measured at its start, corrected by the
-verify times of the rounds this proposer's request ran alone. The estimates are proposal-side
+verify times of the rounds this proposer's request ran alone, never decreasing in the row count.
+The estimates are proposal-side
 statistics only: they change which candidates are verified, never what is accepted, so exactness
 is untouched.
 
@@ -461,12 +462,36 @@ class VerifyCostModel:
         self.correction[i] = correction + (residual - correction) / min(count, self.WINDOW)
 
     def cost(self, n: int) -> np.ndarray:
-        """Estimated t(1..n), in the profile's units until the units are set and in ms after."""
+        """Estimated t(1..n), in the profile's units until the units are set and in ms after; never
+        decreasing in the row count (:func:`non_decreasing`, each count weighed by its
+        pseudo-observations and observations): a verify forward of more rows does not cost less,
+        and a count last seen in a slow minute would otherwise price more rows below fewer and lead
+        the choice of rows to chase the noise."""
         if self.observed < self.SCALE_START:
-            return self.profile[:n]
-        own = np.minimum(self.count[:n], self.WINDOW)
-        shape = own * self.correction[:n] / (self.PRIOR_WEIGHT + own)
-        return np.exp(self.log_scale + self.log_profile[:n] + shape)
+            return np.exp(non_decreasing(self.log_profile, np.ones(len(self.profile))))[:n]
+        own = np.minimum(self.count, self.WINDOW)
+        shape = own * self.correction / (self.PRIOR_WEIGHT + own)
+        log_t = non_decreasing(self.log_profile + shape, self.PRIOR_WEIGHT + own)
+        return np.exp(self.log_scale + log_t[:n])
+
+
+def non_decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence nearest ``values`` in weighted least squares (pool adjacent
+    violators: a run that decreases is replaced by its weighted mean)."""
+    means: list[float] = []
+    sizes: list[float] = []
+    counts: list[int] = []
+    for v, w in zip(values.tolist(), np.asarray(weights, dtype=np.float64).tolist()):
+        means.append(v)
+        sizes.append(w)
+        counts.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            w2 = sizes[-2] + sizes[-1]
+            means[-2] = (means[-2] * sizes[-2] + means[-1] * sizes[-1]) / w2
+            sizes[-2] = w2
+            counts[-2] += counts[-1]
+            del means[-1], sizes[-1], counts[-1]
+    return np.repeat(np.asarray(means), counts)
 
 
 class PromptLookupProposer(Proposer):
