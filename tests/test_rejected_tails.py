@@ -3,16 +3,14 @@ substituted token, proposed after the target's own token (a copy resuming past a
 
 import numpy as np
 import pytest
+from helpers import greedy_tokens
 
 from harness.contracts import Budget, ConfigError
-from harness.engine.decode import RoundConfig, decode
 from harness.proposers.base import NullProposer
 from harness.proposers.prompt_lookup import AcceptanceModel, PromptLookupProposer, candidate_tree, rejected_tails
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import build_tiny_model
-from harness.verifiers import get_verifier
-from harness.verifiers.sampling import SamplingPolicy
 
 MATCHES = [
     (3, np.array([9, 1, 2, 3]), False),
@@ -106,22 +104,9 @@ def test_greedy_output_with_rejected_tails_equals_the_target_s(budget_policy):
     options = {"budget_policy": "adaptive", "verify_cost": [1.0 + 0.01 * k for k in range(9)]}
     prop = _proposer(True, **(options if budget_policy == "adaptive" else {}))
 
-    def run(proposer, prompt):
-        return decode(
-            target=target,
-            proposer=proposer,
-            verifier=get_verifier("greedy"),
-            policy=SamplingPolicy(),
-            prompt_ids=prompt,
-            max_new_tokens=40,
-            eos_token_ids=frozenset(),
-            rng=TorchRandomSource(0),
-            round_cfg=RoundConfig(max_nodes=8, max_depth=4),
-        ).tokens
-
     null = NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="h")
     for prompt in ([5, 17, 33, 8, 5, 17, 33, 9, 40, 41], [7, 3, 7, 4, 7, 5, 3, 4, 5, 7], list(range(20, 40)) * 2):
-        assert run(prop, prompt) == run(null, prompt)
+        assert greedy_tokens(target, prompt, 40, prop) == greedy_tokens(target, prompt, 40, null)
     assert prop.stats.extras["rows_kept_from_tails"] > 0
 
 
