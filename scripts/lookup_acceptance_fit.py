@@ -35,6 +35,7 @@ without a usable ``t_of_n_ms``) ends with one line and exit status 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import sys
@@ -84,6 +85,7 @@ def observations(
     return np.concatenate(xs), np.concatenate(ys)
 
 
+@functools.cache
 def _lookup_replay():
     spec = importlib.util.spec_from_file_location("lookup_replay", Path(__file__).with_name("lookup_replay.py"))
     module = importlib.util.module_from_spec(spec)

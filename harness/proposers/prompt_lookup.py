@@ -20,9 +20,8 @@ child never out-reaches its parent), and the round keeps the ``k`` rows that min
 ``t(1 + k) / (1 + sum of their reach)``, the predicted time per committed token. t comes from
 :class:`VerifyCostModel`: the verify-cost profile the run measured at its start, corrected by the
 verify times of the rounds this proposer's request ran alone, never decreasing in the row count.
-The estimates are proposal-side
-statistics only: they change which candidates are verified, never what is accepted, so exactness
-is untouched.
+The estimates are proposal-side statistics only: they change which candidates are verified, never
+what is accepted, so exactness is untouched.
 
 ``history_tokens > 0`` adds a memory of the target's earlier outputs in this proposer's lifetime
 (the requests it served before, up to that many tokens, the oldest dropped first), searched like
@@ -340,8 +339,8 @@ class AcceptanceModel:
     first seven at every output position; the two tail terms, unstandardised, on every round of
     the proposer with rejected tails on, replayed on a measured t(n), the first seven held
     (``--t-from ... --only tail log_tail_run``), so a row that is not a tail has the probability it
-    had before tails existed. The support features' scale depends on the number of matches. Another target,
-    workload or setting starts from them and moves them by the online steps."""
+    had before tails existed. The support features' scale depends on the number of matches. Another
+    target, workload or setting starts from them and moves them by the online steps."""
 
     #: the columns of :meth:`features`
     FEATURES: ClassVar[tuple[str, ...]] = (
@@ -519,10 +518,7 @@ class PromptLookupProposer(Proposer):
             raise ValueError(f"proposer.history_tokens must be >= 0; got {history_tokens}")
         if not (1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram; got {min_ngram}, {max_ngram}")
-        if rejected_tails and budget.shape != "sequences":
-            raise ValueError(
-                f"proposer.rejected_tails needs topology.shape=sequences (its tails branch); got {budget.shape!r}"
-            )
+        self.check_plan({"rejected_tails": rejected_tails}, budget, None)
         if budget_policy not in ("fixed", "adaptive"):
             raise ValueError(f"proposer.budget_policy must be fixed or adaptive; got {budget_policy!r}")
         if budget_policy == "adaptive":
