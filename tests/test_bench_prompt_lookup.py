@@ -146,3 +146,64 @@ def test_a_transformers_arm_is_timed_from_the_end_of_its_first_forward_within_on
         assert first.first_tokens == 1 and tokens == 11 and len(starts) == 12
     with pytest.raises(RuntimeError, match="without a forward"):
         bench.FirstForward("cpu").decode(done, 3)
+
+
+def test_each_prompt_gets_the_bandwidth_around_it():
+    assert bench.prompt_bandwidths([40.0, 10.0, 90.0], 2) == pytest.approx([20.0, 30.0])
+    with pytest.raises(ValueError, match="one bandwidth sample before the first prompt"):
+        bench.prompt_bandwidths([40.0, 10.0], 2)
+
+
+def test_ratios_by_bandwidth_split_the_prompts_at_the_median_bandwidth():
+    # prompts at low bandwidth: ours 2x transformers; at high bandwidth: 1.25x
+    rows = [(100, 50, 100), (100, 50, 100), (100, 80, 100), (100, 80, 100), (100, 50, 100)]
+    gbs = [30.0, 32.0, 60.0, 70.0, 50.0]
+    got = bench.ratio_by_bandwidth(_prompts(rows), gbs, resamples=200)
+    assert got["split_gbs"] == 50.0
+    low, high = got["low"], got["high"]
+    assert (low["prompts"], low["gbs"]) == (2, [30.0, 32.0])
+    assert (high["prompts"], high["gbs"]) == (3, [50.0, 70.0])  # an odd count's median prompt goes up
+    assert low["ratios"]["ours_adaptive_vs_hf_pld"]["value"] == pytest.approx(2.0)
+    assert high["ratios"]["ours_adaptive_vs_hf_pld"]["value"] == pytest.approx(300 / 210)
+    assert bench.ratio_by_bandwidth(_prompts(rows[:3]), gbs[:3]) is None  # too few for two halves
+    with pytest.raises(ValueError, match="one bandwidth per prompt"):
+        bench.ratio_by_bandwidth(_prompts(rows), gbs[:4])
+
+
+def _script(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_ratio_by_bandwidth_table_reads_old_and_new_result_files(tmp_path, capsys):
+    import json
+
+    script = _script("ratio_vs_bandwidth")
+    rows = [(100, 50, 100), (100, 50, 100), (100, 80, 100), (100, 80, 100)]
+    old = {"workload": "chat", "ours_adaptive_vs_hf_pld": 1.54, "per_prompt": _prompts(rows)}
+    old["read_bandwidth_gbs_samples"] = [30.0, 30.0, 30.0, 70.0, 70.0]  # before the first prompt, then after each
+    new = {"workload": "humaneval", "ours_adaptive_vs_hf_pld": 1.54, "per_prompt": _prompts(rows)}
+    for p, gbs in zip(new["per_prompt"], [70.0, 60.0, 20.0, 10.0], strict=True):
+        p["read_bandwidth_gbs"] = gbs
+    paths = []
+    for name, result in (("old.json", old), ("new.json", new)):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps(result))
+    out = tmp_path / "table.json"
+    assert script.main([*map(str, paths), "--out", str(out), "--plot", str(tmp_path / "p.png")]) == 0
+    runs = {r["workload"]: r for r in json.loads(out.read_text())["runs"]}
+    # the old file: prompts 0-1 at 30 GB/s, 2-3 at about 46 and 70 -> 2x below the split, 1.25x above
+    assert runs["chat"]["low"]["value"] == pytest.approx(2.0) and runs["chat"]["high"]["value"] == pytest.approx(1.25)
+    assert runs["chat"]["spearman"] < 0 < runs["humaneval"]["spearman"]  # the new file: the other way round
+    assert runs["humaneval"]["low"]["value"] == pytest.approx(1.25)
+    assert (tmp_path / "p.png").stat().st_size > 0
+    assert "| old.json | chat | 4 |" in capsys.readouterr().out.replace(f"{tmp_path.name}/", "")
+    with pytest.raises(SystemExit) as exc:
+        script.main([str(tmp_path / "missing.json")])
+    assert exc.value.code == 2 and "no such result file" in capsys.readouterr().err

@@ -40,7 +40,11 @@ read bandwidth (each sample the median of several sums of a buffer far larger th
 sampled before the first prompt and after every prompt, and the median of those samples with the
 weight bytes one step streams gives ``weight_stream_floor_ms`` (the samples are stored too: one
 sample of a shared machine's bandwidth can be far from the next). It is printed and stored next to
-the AR arms' time per token (``ar_step_vs_floor``: how many floors one AR step takes).
+the AR arms' time per token (``ar_step_vs_floor``: how many floors one AR step takes). Each prompt
+also gets the bandwidth around it (``per_prompt[i].read_bandwidth_gbs``, the geometric mean of the
+samples before and after it), and every ratio is given again in the prompts of the lower and of the
+upper half of that bandwidth (``ratio_by_bandwidth``): on a machine whose bandwidth swings, the
+price of a candidate row against an autoregressive step swings with it.
 
 Every ratio (``<arm>_vs_<base>``: the base's time per token over the arm's, both summed over the
 prompts) comes with a 95% paired-bootstrap interval over prompts (``ratio_ci95``; the same estimator
@@ -205,6 +209,46 @@ def ratio_estimates(
             cols, speedup_statistic, confidence_level=level, n_resamples=resamples, seed=seed, method="percentile"
         )
         out[f"{arm}_vs_{base}"] = {"value": est.value, "ci_low": est.ci_low, "ci_high": est.ci_high}
+    return out
+
+
+def prompt_bandwidths(samples: Sequence[float], prompts: int) -> list[float]:
+    """Each prompt's read bandwidth (GB/s): the geometric mean of the samples taken just before and
+    just after its arms ran (``samples``: one before the first prompt, then one after each)."""
+    if len(samples) != prompts + 1:
+        raise ValueError(
+            f"need one bandwidth sample before the first prompt and one after each; got {len(samples)} "
+            f"samples for {prompts} prompts"
+        )
+    return [float((samples[i] * samples[i + 1]) ** 0.5) for i in range(prompts)]
+
+
+def ratio_by_bandwidth(
+    per_prompt: list[dict], bandwidths: Sequence[float], *, pairs: Sequence[tuple[str, str]] = RATIOS, **bootstrap
+) -> dict | None:
+    """The ratios (:func:`ratio_estimates`) in the prompts whose arms ran at the lower half of the
+    read bandwidth measured around them and in the upper half (split at the median; ``bandwidths``:
+    one per prompt, :func:`prompt_bandwidths`). On a machine whose memory bandwidth swings (a
+    shared VM), a one-row forward follows the bandwidth while a forward of many rows is bound by
+    arithmetic, so what a candidate row costs against an autoregressive step, and with it every
+    ratio between a proposer that verifies few rows and one that verifies many, depends on when
+    a prompt ran. ``{"split_gbs", "low": {"prompts", "gbs": [min, max], "ratios"}, "high": ...}``;
+    None below four prompts (too few for two halves with intervals)."""
+    if len(bandwidths) != len(per_prompt):
+        raise ValueError(f"need one bandwidth per prompt; got {len(bandwidths)} for {len(per_prompt)} prompts")
+    if len(per_prompt) < 4:
+        return None
+    split = statistics.median(bandwidths)
+    order = sorted(range(len(per_prompt)), key=lambda i: bandwidths[i])
+    half = len(order) // 2  # an odd count leaves its median prompt in the upper half
+    out: dict = {"split_gbs": split}
+    for name, idx in (("low", order[:half]), ("high", order[half:])):
+        gbs = [bandwidths[i] for i in idx]
+        out[name] = {
+            "prompts": len(idx),
+            "gbs": [min(gbs), max(gbs)],
+            "ratios": ratio_estimates([per_prompt[i] for i in sorted(idx)], pairs=pairs, **bootstrap),
+        }
     return out
 
 
@@ -470,8 +514,11 @@ def main(argv=None) -> int:
         bandwidths.append(read_bandwidth_gbs(backend.device))
     bandwidth = statistics.median(bandwidths)
     floor_ms = weight_stream_floor_ms(model, bandwidth)
+    for entry, gbs in zip(per_prompt, prompt_bandwidths(bandwidths, len(per_prompt)), strict=True):
+        entry["read_bandwidth_gbs"] = gbs
     per_tok = {a: v["decode_ms"] / max(v["tokens"], 1) for a, v in totals.items()}
     intervals = ratio_estimates(per_prompt)  # each ratio's value is per_tok[base] / per_tok[arm]
+    by_bandwidth = ratio_by_bandwidth(per_prompt, [e["read_bandwidth_gbs"] for e in per_prompt])
     ratios = {key: est["value"] for key, est in intervals.items()}
     result = {
         "workload": args.workload,
@@ -507,6 +554,7 @@ def main(argv=None) -> int:
         "tokens_per_round": {a: v["tokens"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
         **ratios,
         "ratio_ci95": intervals,
+        "ratio_by_bandwidth": by_bandwidth,
         "outputs_identical": not mismatches,
         "mismatches": mismatches,
         "totals": totals,
@@ -538,6 +586,13 @@ def main(argv=None) -> int:
         ci = est["ci_low"] is not None and est["ci_high"] is not None
         span = f" (95% CI over {len(items)} prompts: {est['ci_low']:.3f} to {est['ci_high']:.3f})" if ci else ""
         print(f"{key}: {est['value']:.3f}x{span}")
+        if by_bandwidth is not None and all(by_bandwidth[h]["ratios"][key]["value"] for h in ("low", "high")):
+            halves = [
+                f"{by_bandwidth[h]['ratios'][key]['value']:.3f}x in the {by_bandwidth[h]['prompts']} prompts at "
+                f"{by_bandwidth[h]['gbs'][0]:.0f}-{by_bandwidth[h]['gbs'][1]:.0f} GB/s"
+                for h in ("low", "high")
+            ]
+            print(f"  by read bandwidth around the prompt: {halves[0]}; {halves[1]}")
     hf_ar = f", transformers {per_tok['hf_ar']:.2f} ms" if "hf_ar" in per_tok else ""
     print(
         f"AR step per token: ours {per_tok['ours_ar']:.2f} ms{hf_ar}; "
