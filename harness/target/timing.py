@@ -85,11 +85,13 @@ def verify_times(
     shape: str = "heap",
     warmup: int = 1,
     repeats: int = 5,
+    rotation: int = 0,
 ) -> dict[int, list[float]]:
     """Timed samples (ms) of one verify forward of ``n`` rows (pending row included) for each ``n``
     in ``ns``, ``batch_size`` requests over the cached ``prefix_ids`` (its last token pending).
     Each round times every size once, in an order rotated per round so that no size always runs
-    first; the first ``warmup`` rounds are excluded."""
+    first (round ``r`` starts at the ``(r + rotation)``-th size: a caller repeating one-round calls
+    passes its count); the first ``warmup`` rounds are excluded."""
     if batch_size < 1 or repeats < 1 or warmup < 0 or not ns or min(ns) < 1:
         raise ValueError(
             f"need batch_size >= 1, repeats >= 1, warmup >= 0 and sizes >= 1; got "
@@ -104,7 +106,7 @@ def verify_times(
     state = backend.prefill([prefix] * batch_size)
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     for r in range(warmup + repeats):
-        k = r % len(sizes)
+        k = (r + rotation) % len(sizes)
         for n in sizes[k:] + sizes[:k]:
             dt = timed_verify_ms(backend, state, pending=prefix[-1], tree=trees[n], clock=clock)
             if r >= warmup:
