@@ -13,9 +13,11 @@ machine's drift between sittings (10-20% here) out of the comparison. Writes ``-
 per token per arm, 95% paired-bootstrap intervals over prompts of each current arm against the
 baseline and against transformers' lookup, per-prompt times, and per arm of ours its tokens, rows
 and stage times per round, the verify forward's median time by candidate rows, and the learned
-verify cost at the end. ``--rejected-tails false true`` adds the current proposer with
-``rejected_tails`` on (arm ``current_d<depth>_tails``). Two runs of one comparison on a shared
-machine can differ by more than either's interval: the interval covers prompts, not sittings.
+verify cost at the end (with ``--round-series``, every round's candidate rows and verify time in
+order: how the machine's state moved the forward's cost during the run). ``--rejected-tails false
+true`` adds the current proposer with ``rejected_tails`` on (arm ``current_d<depth>_tails``). Two
+runs of one comparison on a shared machine can differ by more than either's interval: the interval
+covers prompts, not sittings.
 
     .venv/bin/python scripts/lookup_ab.py --baseline-rev e22fade --workload chat --limit 30 --out results/ab_chat.json
 
@@ -103,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the current proposer's rejected_tails (the default experiment's: false); both values: one current arm "
         "each (a suffix _tails on true)",
     )
+    ap.add_argument(
+        "--round-series",
+        action="store_true",
+        help="also store every round's candidate rows and verify ms, in order, per arm of ours (round_series)",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.history_tokens < 0 or args.limit < 1 or args.max_new_tokens < 2:
@@ -180,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             tally["stage_ms"][stage] = tally["stage_ms"].get(stage, 0.0) + ms
         for rows, stages in zip(led.round_rows, led.round_stage_ms):
             tally["verify_ms"].setdefault(rows, []).append(stages["target_verify"])
+            if args.round_series:
+                tally["series"].append([int(rows), round(stages["target_verify"], 3)])
         return res.tokens, res.decode_ms
 
     def hf_pld(ids, new):
@@ -208,7 +217,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def fresh_tallies():
         return {
-            name: {"rounds": 0, "committed_tokens": 0, "candidate_rows": 0, "stage_ms": {}, "verify_ms": {}}
+            name: {
+                "rounds": 0,
+                "committed_tokens": 0,
+                "candidate_rows": 0,
+                "stage_ms": {},
+                "verify_ms": {},
+                "series": [],
+            }
             for name in proposers
         }
 
@@ -287,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "outputs_identical": identical,
     }
+    if args.round_series:  # per arm of ours: [candidate rows, verify ms] of every measured round, in order
+        result["round_series"] = {a: t["series"] for a, t in rounds_of.items()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("time_per_token_ms", "ratio_ci95", "outputs_identical")}, indent=2))
