@@ -732,6 +732,33 @@ def test_a_slow_first_round_does_not_distort_the_verify_cost_shape():
     np.testing.assert_allclose(cost[1:] / cost[0], profile[1:] / profile[0], rtol=0.05)  # never seen: unchanged
 
 
+def test_the_adaptive_budget_reports_what_it_learned_when_a_request_finishes():
+    from harness.proposers.prompt_lookup import AcceptanceModel
+
+    fixed = _lookup(0)
+    assert fixed.learned_state() is None
+    prop = _lookup(0, budget_policy="adaptive", verify_cost=[1.0, 1.0, 1.1, 1.2, 1.5, 1.6, 1.7, 1.8, 1.9])
+    tokens = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6]
+    prop.start(tokens)
+    assert prop.learned_state()["verify_cost_ms"] is None  # no round yet: no units
+    for k in range(8):
+        nodes = prop.propose(tokens, TorchRandomSource(0)).nodes
+        prop.observe_verify(1 + len(nodes), 10.0 + len(nodes))
+        tokens = tokens + [7 if k % 2 else 8]
+        prop.observe_commit(tokens)
+    prop.finish()
+    state = prop.stats.extras["adaptive_budget"]
+    assert state == prop.learned_state()
+    assert state["verify_cost_ms"] == prop.cost_model.cost(9).tolist() and len(state["verify_cost_ms"]) == 9
+    assert state["verify_rounds_observed"] == 8 and sum(state["verify_rounds_by_rows"]) == 8 - 5  # after the units
+    assert state["acceptance_rows_learned"] == prop.acceptance.rows_learned > 0  # the commits taught it
+    assert list(state["acceptance_weights"]) == list(AcceptanceModel.FEATURES)
+    assert state["acceptance_weights"] != dict(zip(AcceptanceModel.FEATURES, AcceptanceModel.WEIGHTS, strict=True))
+    fixed.start(tokens)
+    fixed.finish()
+    assert "adaptive_budget" not in fixed.stats.extras
+
+
 def test_a_request_verified_alone_tells_its_proposer_each_round_s_verify_time(models):
     from harness.engine.decode import RoundConfig, decode_batch
 

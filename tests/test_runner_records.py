@@ -58,6 +58,10 @@ def test_adaptive_lookup_run_writes_a_complete_record(tmp_path, monkeypatch):
         "temporary_state",
     }
     assert m["greedy_identical"] is True
+    learned = m["retrieval"]["adaptive_budget"]  # what the adaptive budget learned, after the last request
+    assert len(learned["verify_cost_ms"]) == cfg.topology.max_nodes + 1  # t(1 .. 1 + max_nodes)
+    assert all(b >= a > 0 for a, b in zip(learned["verify_cost_ms"], learned["verify_cost_ms"][1:]))
+    assert learned["acceptance_rows_learned"] > 0
     assert m["temp_kv_bytes_peak"] == m["temp_kv_bytes_formula"]
     assert m["decode_speedup"] == m["ar_time_per_token_ms"] / m["time_per_committed_token_ms"]
     assert m["speedup"] == m["ar_end_to_end_time_per_token_ms"] / m["end_to_end_time_per_token_ms"]

@@ -593,6 +593,27 @@ class PromptLookupProposer(Proposer):
                     np.concatenate([p for _, o in self._history for p in (o, np.array([SEPARATOR]))])
                 )
         self._request = self._committed = self._skip = None
+        if self.cost_model is not None:
+            self.stats.extras["adaptive_budget"] = self.learned_state()
+
+    def learned_state(self) -> dict | None:
+        """What the adaptive budget has learned so far (None under the fixed budget): the verify cost
+        t(1..) in ms as it prices rows now (None until the first rounds have set its units), the
+        rounds it has observed in all and per row count, and the acceptance model's rows learned,
+        weights (standardised features) and bias. A run's record carries it as it stood after the
+        last request (``metrics.retrieval.adaptive_budget``, the first batch slot's)."""
+        cm = self.cost_model
+        if cm is None:
+            return None
+        units = cm.observed >= cm.SCALE_START
+        return {
+            "verify_cost_ms": cm.cost(len(cm.profile)).tolist() if units else None,
+            "verify_rounds_observed": int(cm.observed),
+            "verify_rounds_by_rows": cm.count.tolist(),
+            "acceptance_rows_learned": int(self.acceptance.rows_learned),
+            "acceptance_weights": dict(zip(AcceptanceModel.FEATURES, self.acceptance.weights.tolist(), strict=True)),
+            "acceptance_bias": float(self.acceptance.bias),
+        }
 
     def state_bytes(self) -> int:
         return sum(o.nbytes for _, o in self._history) + (self._corpus.nbytes if self._corpus is not None else 0)
