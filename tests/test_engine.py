@@ -430,6 +430,40 @@ def test_a_corpus_of_earlier_requests_is_searched_below_the_current_one():
     assert find_continuations(tokens, max_ngram=2, min_ngram=2, max_depth=3, max_matches=1, corpus=corpus)[0][2]
 
 
+def test_the_history_index_finds_what_a_scan_finds(monkeypatch):
+    from harness.proposers.prompt_lookup import SEPARATOR, TokenCorpus
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 4, 400)
+    tokens[rng.integers(0, 400, 12)] = SEPARATOR
+    corpus = TokenCorpus(tokens)
+    for cap in (TokenCorpus.MAX_HITS, 5):  # every hit, and only the last few
+        monkeypatch.setattr(TokenCorpus, "MAX_HITS", cap)
+        for gram in ([0], [3], [1, 2], [2, 2], [0, 1, 3], [3, 3, 3, 0]):
+            n = len(gram)
+            want = [i for i in range(len(tokens) - n) if tokens[i : i + n].tolist() == gram][-cap:]
+            assert corpus.occurrences(np.array(gram)).tolist() == want, (cap, gram)
+
+
+def test_a_match_s_context_is_the_run_of_equal_tokens_before_it():
+    from harness.proposers.prompt_lookup import MAX_CONTEXT, _context_lengths
+
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        seq = rng.integers(0, 3, int(rng.integers(5, 120)))
+        tokens = rng.integers(0, 3, int(rng.integers(3, 60)))
+        n = int(rng.integers(1, 3))
+        hits = np.sort(rng.choice(len(seq), size=min(len(seq), 20), replace=False))
+        reach = min(MAX_CONTEXT, len(tokens) - 1) - n
+        want = []
+        for h in hits.tolist():
+            run = 0
+            while run < reach and h - 1 - run >= 0 and seq[h - 1 - run] == tokens[len(tokens) - n - 1 - run]:
+                run += 1
+            want.append(n + run)
+        assert _context_lengths(seq, hits, n, tokens).tolist() == want
+
+
 def _lookup(history_tokens, **kw):
     return PromptLookupProposer(
         budget=Budget(shape="sequences", max_nodes=8, max_depth=4),

@@ -104,7 +104,9 @@ class TokenCorpus:
         else:
             sorted_, order, code = self._bi, self._bi_order, int(g[0]) * self._base + int(g[1])
         lo, hi = np.searchsorted(sorted_, code, side="left"), np.searchsorted(sorted_, code, side="right")
-        pos = np.sort(order[lo:hi])
+        if n <= 2:  # only the last n positions lack a following token: the last MAX_HITS + n suffice
+            lo = max(lo, hi - self.MAX_HITS - n)
+        pos = order[lo:hi]  # ascending: a stable sort keeps equal codes in position order
         pos = pos[pos + n < len(self.tokens)]
         if n > 2 and len(pos):
             rest = self.tokens[np.minimum(pos[:, None] + np.arange(2, n)[None, :], len(self.tokens) - 1)]
@@ -119,11 +121,16 @@ def _context_lengths(seq: np.ndarray, hits: np.ndarray, n: int, tokens: np.ndarr
     total = len(tokens)
     reach = min(MAX_CONTEXT, total - 1) - n  # further tokens a match may extend over
     context = np.full(len(hits), n)
-    if reach > 0:
-        back = np.arange(1, reach + 1)  # [E]
-        before = hits[:, None] - back[None, :]  # [H, E] positions before each occurrence
-        same = (before >= 0) & (seq[np.maximum(before, 0)] == tokens[total - n - back][None, :])
-        context += np.cumprod(same, axis=1).sum(axis=1)  # leading run of equal tokens
+    if reach > 0 and len(hits):
+        # most occurrences of a short n-gram differ at the first token before it: the run is measured
+        # for the others only (a common token has hundreds of occurrences in a long history)
+        first = hits - 1
+        extends = np.flatnonzero((first >= 0) & (seq[np.maximum(first, 0)] == tokens[total - n - 1]))
+        if len(extends):
+            back = np.arange(1, reach + 1)  # [E]
+            before = hits[extends, None] - back[None, :]  # [H', E] positions before each such occurrence
+            same = (before >= 0) & (seq[np.maximum(before, 0)] == tokens[total - n - back][None, :])
+            context[extends] += np.cumprod(same, axis=1).sum(axis=1)  # leading run of equal tokens
     return context
 
 
@@ -599,9 +606,10 @@ class PromptLookupProposer(Proposer):
     def learned_state(self) -> dict | None:
         """What the adaptive budget has learned so far (None under the fixed budget): the verify cost
         t(1..) in ms as it prices rows now (None until the first rounds have set its units), the
-        rounds it has observed in all and per row count, and the acceptance model's rows learned,
-        weights (standardised features) and bias. A run's record carries it as it stood after the
-        last request (``metrics.retrieval.adaptive_budget``, the first batch slot's)."""
+        rounds it has observed in all and, after those first rounds, per row count (pending row
+        included: index 0 is one row), and the acceptance model's rows learned, weights
+        (standardised features) and bias. A run's record carries it as it stood after the last
+        request (``metrics.retrieval.adaptive_budget``, the first batch slot's)."""
         cm = self.cost_model
         if cm is None:
             return None
