@@ -4,7 +4,7 @@ verifier at temperature 0, EOS inside an accepted path, input/cache lengths, neg
 import numpy as np
 import pytest
 import torch
-from helpers import round_of_one
+from helpers import load_script, round_of_one
 
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
@@ -372,21 +372,10 @@ def test_the_vectorised_search_finds_what_the_rule_says_on_random_sequences():
         assert [(c, cont.tolist()) for c, cont, _ in got] == want, (case, tokens)
 
 
-def _script(name):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_context_calibration_tallies_each_tried_candidate_by_its_effective_context(tmp_path):
     import json
 
-    script = _script("lookup_context_calibration")
+    script = load_script("lookup_context_calibration")
     # one occurrence of [2, 3] with 3 tokens of context; the target says 9, 1, then 7 (not 2)
     got = script.tally([1, 2, 3, 9, 1, 2, 3], [9, 1, 7], max_ngram=2, max_depth=10, max_matches=8)
     assert got == {3: [1, 1], 4: [1, 1], 5: [0, 1]}
@@ -401,7 +390,7 @@ def test_the_context_calibration_tallies_each_tried_candidate_by_its_effective_c
 
 
 def test_the_lookup_comparison_loads_another_commits_proposer_beside_this_one():
-    script = _script("lookup_ab")
+    script = load_script("lookup_ab")
     baseline = script.baseline_module("HEAD")
     assert baseline.PromptLookupProposer is not PromptLookupProposer  # a module of its own
     assert baseline.PromptLookupProposer.name == "prompt_lookup"
@@ -439,20 +428,25 @@ def test_the_history_index_finds_what_a_scan_finds(monkeypatch):
     corpus = TokenCorpus(tokens)
     for cap in (TokenCorpus.MAX_HITS, 5):  # every hit, and only the last few
         monkeypatch.setattr(TokenCorpus, "MAX_HITS", cap)
-        for gram in ([0], [3], [1, 2], [2, 2], [0, 1, 3], [3, 3, 3, 0]):
+        tail = tokens[-2:].tolist()  # grams ending the history: no token after their last occurrence
+        for gram in ([0], [3], [1, 2], [2, 2], [0, 1, 3], [3, 3, 3, 0], tail[1:], tail):
             n = len(gram)
             want = [i for i in range(len(tokens) - n) if tokens[i : i + n].tolist() == gram][-cap:]
             assert corpus.occurrences(np.array(gram)).tolist() == want, (cap, gram)
+    # a token the history never holds occurs nowhere (its code must not alias another bigram's)
+    history = TokenCorpus(np.array([1, 0, 2, 3, 1, 0, 3]))
+    assert history.occurrences(np.array([0, 5])).tolist() == [] and history.occurrences(np.array([9])).tolist() == []
 
 
 def test_a_match_s_context_is_the_run_of_equal_tokens_before_it():
     from harness.proposers.prompt_lookup import MAX_CONTEXT, _context_lengths
 
     rng = np.random.default_rng(1)
-    for _ in range(30):
+    for _ in range(60):
         seq = rng.integers(0, 3, int(rng.integers(5, 120)))
+        seq[rng.integers(0, len(seq), 3)] = -1  # separators: never equal to a request's token
         tokens = rng.integers(0, 3, int(rng.integers(3, 60)))
-        n = int(rng.integers(1, 3))
+        n = int(rng.integers(1, 6))
         hits = np.sort(rng.choice(len(seq), size=min(len(seq), 20), replace=False))
         reach = min(MAX_CONTEXT, len(tokens) - 1) - n
         want = []
@@ -528,7 +522,7 @@ def test_the_lookup_replay_prices_rounds_with_the_cost_curve(tmp_path):
 
     from harness.contracts import ProposalNode
 
-    script = _script("lookup_replay")
+    script = load_script("lookup_replay")
     # transformers' rule: the leftmost occurrence of the longest suffix n-gram
     assert script.transformers_lookup([1, 2, 5, 6, 1, 2, 7, 1, 2], num_tokens=3, ngram=2) == [5, 6, 1]
     assert script.transformers_lookup([4, 9, 8, 4], num_tokens=3, ngram=2) == [9, 8, 4]
@@ -608,7 +602,7 @@ def test_the_acceptance_fit_observes_tried_rows_and_recovers_a_known_law(tmp_pat
 
     from harness.proposers.prompt_lookup import AcceptanceModel
 
-    script = _script("lookup_acceptance_fit")
+    script = load_script("lookup_acceptance_fit")
     # output position 0 is the prefill's token (not tried); after 4 there is no earlier 4. After
     # 4 9, the 9 at 3 proposes 1 5 ...: 1 is the target's, 5 is not (it says 7). After 9 1, the
     # bigram at 3 proposes 5 (not 7), and the unigram 1 at 0 proposes 2 (not 7).
