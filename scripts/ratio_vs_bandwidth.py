@@ -1,16 +1,17 @@
 """How a prompt-lookup benchmark's ratio depends on the read bandwidth its prompts ran at.
 
-    .venv/bin/python scripts/ratio_vs_bandwidth.py docs/measurements/pld_s1*/pld_float32_*.json \\
+    .venv/bin/python scripts/ratio_vs_bandwidth.py \\
+        docs/measurements/pld_s1{0,1,2,4,5,6}/pld_float32_*.json \\
         --plot docs/measurements/pld_s17/ratio_vs_bandwidth.png --out docs/measurements/pld_s17/ratio_vs_bandwidth.json
 
 Reads ``harness.bench.prompt_lookup_vs_hf`` result files. Each prompt's bandwidth is the one the
 benchmark stored with it, or for files from before it stored one, the geometric mean of the
-samples taken before and after the prompt. Per file: the rank correlation (Spearman) between a
-prompt's ratio (``--ratio``: the base's time per token over the arm's, on that prompt) and its
-bandwidth, and the ratio over the prompts of the lower and of the upper half of the bandwidth
-(:func:`harness.bench.prompt_lookup_vs_hf.ratio_by_bandwidth`, with their intervals). Prints a
-table, writes it as JSON (``--out``) and plots every prompt's ratio against its bandwidth, one
-panel per workload (``--plot``).
+samples taken before and after the prompt. Per file: the rank correlation (Spearman, ties at
+their mean rank) between a prompt's ratio (``--ratio``: the base's time per token over the arm's,
+on that prompt) and its bandwidth, and the ratio over the prompts of the lower and of the upper
+half of the bandwidth (:func:`harness.bench.prompt_lookup_vs_hf.ratio_by_bandwidth`, with their
+intervals). Prints a table, writes it as JSON (``--out``) and plots every prompt's ratio against
+its bandwidth, one panel per workload (``--plot``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.bench.prompt_lookup_vs_hf import prompt_bandwidths, ratio_by_bandwidth
+from harness.bench.prompt_lookup_vs_hf import prompt_bandwidths, ratio_by_bandwidth, ratio_estimates
 
 
 def prompt_ratios(per_prompt: list[dict], arm: str, base: str) -> list[float]:
@@ -34,39 +35,64 @@ def prompt_ratios(per_prompt: list[dict], arm: str, base: str) -> list[float]:
     return out
 
 
-def spearman(x: list[float], y: list[float]) -> float:
-    """Rank correlation of ``x`` and ``y`` (ties ranked by order; benchmark times do not tie)."""
-    rx, ry = (np.argsort(np.argsort(v)).astype(np.float64) for v in (x, y))
+def ranks(v: list[float]) -> np.ndarray:
+    """Ranks from 0, tied values sharing the mean of their ranks."""
+    a = np.asarray(v, dtype=np.float64)
+    order = np.argsort(a, kind="stable")
+    r = np.empty(len(a))
+    r[order] = np.arange(len(a))
+    for value in np.unique(a):
+        tied = a == value
+        r[tied] = r[tied].mean()
+    return r
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    """Rank correlation of ``x`` and ``y`` (ties at their mean rank); None where either is constant."""
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return None
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def summarise(path: Path, ratio: str) -> dict | None:
-    """One file's row of the table, or None where the file lacks the arms or the bandwidths."""
+def summarise(path: Path, ratio: str) -> tuple[dict | None, str]:
+    """One file's row of the table, or None and why the file has none."""
     result = json.loads(path.read_text())
     per_prompt = result.get("per_prompt") or []
     arm, base = ratio.split("_vs_")
     if not per_prompt or any(a not in per_prompt[0]["arms"] for a in (arm, base)):
-        return None
+        return None, f"not the arms of {ratio}"
     if all("read_bandwidth_gbs" in p for p in per_prompt):
         gbs = [p["read_bandwidth_gbs"] for p in per_prompt]
     elif len(result.get("read_bandwidth_gbs_samples") or []) == len(per_prompt) + 1:
         gbs = prompt_bandwidths(result["read_bandwidth_gbs_samples"], len(per_prompt))
     else:
-        return None
+        return None, "no per-prompt bandwidths"
     halves = ratio_by_bandwidth(per_prompt, gbs, pairs=[(arm, base)])
     if halves is None:
-        return None
+        return None, f"{len(per_prompt)} prompts, too few for two halves"
     ratios = prompt_ratios(per_prompt, arm, base)
+    whole = ratio_estimates(per_prompt, pairs=[(arm, base)])[ratio]
     return {
         "file": str(path),
         "workload": result.get("workload"),
         "prompts": len(per_prompt),
-        "ratio": result.get(ratio),
+        "ratio": whole["value"],
         "spearman": spearman(gbs, ratios),
         "split_gbs": halves["split_gbs"],
         **{h: {"gbs": halves[h]["gbs"], **halves[h]["ratios"][ratio]} for h in ("low", "high")},
         "per_prompt": [{"read_bandwidth_gbs": g, "ratio": r} for g, r in zip(gbs, ratios, strict=True)],
-    }
+    }, ""
+
+
+def run_name(file: str) -> str:
+    """A result file's folder and name, the name without the ``.json``."""
+    path = Path(file)
+    return f"{path.parent.name}/{path.stem}"
+
+
+def fmt(v: float | None, spec: str = ".2f") -> str:
+    return "n/a" if v is None else format(v, spec)
 
 
 def plot(rows: list[dict], ratio: str, path: Path) -> None:
@@ -79,7 +105,8 @@ def plot(rows: list[dict], ratio: str, path: Path) -> None:
         for r in (r for r in rows if r["workload"] == workload):
             x = [p["read_bandwidth_gbs"] for p in r["per_prompt"]]
             y = [p["ratio"] for p in r["per_prompt"]]
-            ax.scatter(x, y, s=10, alpha=0.7, label=f"{Path(r['file']).parent.name} ({r['spearman']:+.2f})")
+            rho = "n/a" if r["spearman"] is None else f"{r['spearman']:+.2f}"
+            ax.scatter(x, y, s=10, alpha=0.7, label=f"{run_name(r['file'])} ({rho})")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_yscale("log")  # a prompt the lookup copies whole runs several times faster
         ax.set_title(workload)
@@ -104,8 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"no such result file: {', '.join(missing)}")
     rows, skipped = [], []
     for path in args.results:
-        row = summarise(path, args.ratio)
-        (rows if row is not None else skipped).append(row if row is not None else str(path))
+        row, why = summarise(path, args.ratio)
+        if row is None:
+            skipped.append((path, why))
+        else:
+            rows.append(row)
+    for path, why in skipped:
+        print(f"skipped {path}: {why}", file=sys.stderr)
     if not rows:
         print(f"ratio_vs_bandwidth: no file has {args.ratio}'s arms and per-prompt bandwidths", file=sys.stderr)
         return 2
@@ -113,16 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---:|---:|---:|---|---|")
     for r in rows:
         cells = [
-            f"{r[h]['value']:.2f}x ({r[h]['ci_low']:.2f}-{r[h]['ci_high']:.2f}) at "
+            f"{fmt(r[h]['value'])}x ({fmt(r[h]['ci_low'])}-{fmt(r[h]['ci_high'])}) at "
             f"{r[h]['gbs'][0]:.0f}-{r[h]['gbs'][1]:.0f} GB/s"
             for h in ("low", "high")
         ]
         print(
-            f"| {Path(r['file']).parent.name}/{Path(r['file']).name} | {r['workload']} | {r['prompts']} | "
-            f"{r['ratio']:.2f}x | {r['spearman']:+.2f} | {cells[0]} | {cells[1]} |"
+            f"| {run_name(r['file'])} | {r['workload']} | {r['prompts']} | {fmt(r['ratio'])}x | "
+            f"{fmt(r['spearman'], '+.2f')} | {cells[0]} | {cells[1]} |"
         )
-    for path in skipped:
-        print(f"skipped {path}: no per-prompt bandwidths or not the arms of {args.ratio}", file=sys.stderr)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"ratio": args.ratio, "runs": rows}, indent=1) + "\n")

@@ -1,6 +1,6 @@
 """t(n) of the verify forward as the machine's read bandwidth swings: the cost curve of each state.
 
-    .venv/bin/python scripts/verify_cost_regimes.py --seconds 240 --out-dir docs/measurements/regimes
+    .venv/bin/python scripts/verify_cost_regimes.py --seconds 300 --out-dir docs/measurements/pld_s17/regimes
 
 Sets up the embedded SmolLM2 as the prompt-lookup benchmark does on this device (the linear kernel
 ``auto``, the preallocated cache, fused layers where they apply) and, for ``--seconds``, repeats a
@@ -66,7 +66,7 @@ def state_curves(sweeps: list[dict], *, quantile: float = 0.25) -> dict[str, dic
 def plot_sweeps(sweeps: list[dict], path: Path, *, rows: tuple[int, ...] = (4, 6, 11, 17)) -> None:
     """Each sweep's t(n) / t(1), for a few row counts ``rows``, against the read bandwidth sampled
     right after it: how much more a forward of n rows costs than one row, by the machine's state.
-    (Against the sweep's own t(1) the ratio would fall with its noise alone.)"""
+    (Plotted against t(1) instead of the bandwidth, the ratio would fall with t(1)'s noise alone.)"""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(5.5, 3.8), layout="constrained")

@@ -157,3 +157,14 @@ def greedy_lookup_tokens(backend, prompt: list[int], new: int = 40, *, matches: 
 
     lookup = PromptLookupProposer(budget=Budget("sequences", 8, 4), manifest_hash="t", max_matches=matches)
     return greedy_tokens(backend, prompt, new, lookup)
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` as a module (the scripts folder is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

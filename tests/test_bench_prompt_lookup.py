@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import load_script
 
 from harness.bench import prompt_lookup_vs_hf as bench
 
@@ -166,25 +167,17 @@ def test_ratios_by_bandwidth_split_the_prompts_at_the_median_bandwidth():
     assert low["ratios"]["ours_adaptive_vs_hf_pld"]["value"] == pytest.approx(2.0)
     assert high["ratios"]["ours_adaptive_vs_hf_pld"]["value"] == pytest.approx(300 / 210)
     assert bench.ratio_by_bandwidth(_prompts(rows[:3]), gbs[:3]) is None  # too few for two halves
+    tied = bench.ratio_by_bandwidth(_prompts(rows[:4]), [40.0, 40.0, 40.0, 40.0], resamples=200)
+    assert tied["low"]["prompts"] == tied["high"]["prompts"] == 2  # ties split in prompt order
+    assert tied["low"]["ratios"]["ours_adaptive_vs_hf_pld"]["value"] == pytest.approx(2.0)
     with pytest.raises(ValueError, match="one bandwidth per prompt"):
         bench.ratio_by_bandwidth(_prompts(rows), gbs[:4])
-
-
-def _script(name):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_ratio_by_bandwidth_table_reads_old_and_new_result_files(tmp_path, capsys):
     import json
 
-    script = _script("ratio_vs_bandwidth")
+    script = load_script("ratio_vs_bandwidth")
     rows = [(100, 50, 100), (100, 50, 100), (100, 80, 100), (100, 80, 100)]
     old = {"workload": "chat", "ours_adaptive_vs_hf_pld": 1.54, "per_prompt": _prompts(rows)}
     old["read_bandwidth_gbs_samples"] = [30.0, 30.0, 30.0, 70.0, 70.0]  # before the first prompt, then after each
@@ -203,7 +196,11 @@ def test_the_ratio_by_bandwidth_table_reads_old_and_new_result_files(tmp_path, c
     assert runs["chat"]["spearman"] < 0 < runs["humaneval"]["spearman"]  # the new file: the other way round
     assert runs["humaneval"]["low"]["value"] == pytest.approx(1.25)
     assert (tmp_path / "p.png").stat().st_size > 0
-    assert "| old.json | chat | 4 |" in capsys.readouterr().out.replace(f"{tmp_path.name}/", "")
+    assert "| old | chat | 4 |" in capsys.readouterr().out.replace(f"{tmp_path.name}/", "")
+    # a ratio the benchmark does not report is computed from the prompts
+    assert script.main([str(paths[1]), "--ratio", "hf_pld_vs_ours_ar", "--out", str(out)]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["ratio"] == pytest.approx(1.0) and run["spearman"] is None  # every prompt at 1.0: no ranking
     with pytest.raises(SystemExit) as exc:
         script.main([str(tmp_path / "missing.json")])
     assert exc.value.code == 2 and "no such result file" in capsys.readouterr().err

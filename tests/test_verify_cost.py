@@ -1,4 +1,5 @@
 import pytest
+from helpers import load_script
 
 from harness.target.backend import CausalLMBackend
 from harness.target.timing import monotone_fit, verify_cost_curve
@@ -36,13 +37,7 @@ def test_one_round_calls_rotate_the_order_by_the_callers_count(tiny_model, monke
 
 
 def test_the_regimes_script_splits_sweeps_by_bandwidth_quartile():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "verify_cost_regimes.py"
-    spec = importlib.util.spec_from_file_location("verify_cost_regimes", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("verify_cost_regimes")
     # a slow state (20 GB/s: one row 15 ms, rows nearly free) and a fast one (60 GB/s: 10 ms, rows cost)
     slow = [{"read_bandwidth_gbs": 20.0 + i / 10, "ms": [15.0, 15.5, 14.9, 18.0]} for i in range(4)]
     fast = [{"read_bandwidth_gbs": 60.0 + i / 10, "ms": [10.0, 12.0, 14.0, 17.0]} for i in range(4)]

@@ -232,8 +232,9 @@ def ratio_by_bandwidth(
     shared VM), a one-row forward follows the bandwidth while a forward of many rows is bound by
     arithmetic, so what a candidate row costs against an autoregressive step, and with it every
     ratio between a proposer that verifies few rows and one that verifies many, depends on when
-    a prompt ran. ``{"split_gbs", "low": {"prompts", "gbs": [min, max], "ratios"}, "high": ...}``;
-    None below four prompts (too few for two halves with intervals)."""
+    a prompt ran. The prompts are ranked by bandwidth (ties in prompt order) and the lower half of
+    the ranks is ``low``. ``{"split_gbs", "low": {"prompts", "gbs": [min, max], "ratios"}, "high":
+    ...}``; None below four prompts (too few for two halves with intervals)."""
     if len(bandwidths) != len(per_prompt):
         raise ValueError(f"need one bandwidth per prompt; got {len(bandwidths)} for {len(per_prompt)} prompts")
     if len(per_prompt) < 4:
@@ -586,7 +587,9 @@ def main(argv=None) -> int:
         ci = est["ci_low"] is not None and est["ci_high"] is not None
         span = f" (95% CI over {len(items)} prompts: {est['ci_low']:.3f} to {est['ci_high']:.3f})" if ci else ""
         print(f"{key}: {est['value']:.3f}x{span}")
-        if by_bandwidth is not None and all(by_bandwidth[h]["ratios"][key]["value"] for h in ("low", "high")):
+        if by_bandwidth is not None and all(
+            by_bandwidth[h]["ratios"][key]["value"] is not None for h in ("low", "high")
+        ):
             halves = [
                 f"{by_bandwidth[h]['ratios'][key]['value']:.3f}x in the {by_bandwidth[h]['prompts']} prompts at "
                 f"{by_bandwidth[h]['gbs'][0]:.0f}-{by_bandwidth[h]['gbs'][1]:.0f} GB/s"
