@@ -292,6 +292,22 @@ def test_merged_rest_and_prompt_lookup_keep_greedy_equality(tiny):
     assert merged.manifest_hash == "h"  # directly built sources share the run hash
 
 
+def test_a_merged_round_s_verify_time_reaches_its_sources(tiny):
+    backend, ar = tiny
+    lookup = PromptLookupProposer(
+        budget=Budget(shape="sequences", max_nodes=16, max_depth=8),
+        manifest_hash="h",
+        budget_policy="adaptive",
+        verify_cost=[1.0 + 0.02 * k for k in range(17)],
+    )
+    merged = MergedProposer(budget=MERGED, manifest_hash="h", sources=[lookup])
+    res = greedy_decode(backend, merged, 40)
+    assert res.tokens == ar
+    assert lookup.cost_model.observed == res.ledger.rounds > 5  # every round's forward, priced by the lookup
+    learned = merged.stats.extras["sources"]["prompt_lookup"]["adaptive_budget"]  # in the record, by source
+    assert learned["verify_rounds_observed"] == res.ledger.rounds and learned["verify_cost_ms"] is not None
+
+
 # ------------------------------------------------------------------------------ harness run
 
 

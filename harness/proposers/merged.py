@@ -265,6 +265,12 @@ class MergedProposer(Proposer):
         for s in self.sources:
             s.finish()
 
+    def observe_verify(self, rows: int, ms: float) -> None:
+        """Every source learns the round's verify time: what a forward of ``rows`` rows cost, whichever
+        sources made them (prompt lookup's adaptive budget prices its rows with it)."""
+        for s in self.sources:
+            s.observe_verify(rows, ms)
+
     def state_bytes(self) -> int:
         return sum(s.state_bytes() for s in self.sources)
 
