@@ -458,6 +458,49 @@ def test_a_match_s_context_is_the_run_of_equal_tokens_before_it():
         assert _context_lengths(seq, hits, n, tokens).tolist() == want
 
 
+def test_the_native_match_search_finds_what_the_python_reference_finds(monkeypatch):
+    from harness.proposers.prompt_lookup import (
+        SEPARATOR,
+        TokenCorpus,
+        find_continuations,
+        find_continuations_python,
+        match_search,
+    )
+
+    if match_search() != "native":
+        pytest.skip("the native kernels do not build here (no C++ compiler)")
+    rng = np.random.default_rng(0)
+    for case in range(600):
+        vocab = int(rng.integers(2, 8))
+        tokens = rng.integers(0, vocab, int(rng.integers(0, 80)))
+        corpus = skip = None
+        if rng.random() < 0.7:  # a history, with separators, tokens the request lacks and a skip mask
+            held = rng.integers(0, int(rng.integers(1, vocab + 3)), int(rng.integers(1, 300)))
+            held[rng.integers(0, len(held), max(1, len(held) // int(rng.choice([2, 3, 30]))))] = SEPARATOR
+            corpus = TokenCorpus(held)
+            skip = rng.random(len(corpus)) < 0.3 if rng.random() < 0.4 else None
+        monkeypatch.setattr(TokenCorpus, "MAX_HITS", int(rng.integers(1, 6)) if rng.random() < 0.3 else 1024)
+        low = int(rng.integers(1, 4))
+        kw = {
+            "max_ngram": int(rng.integers(low, 6)),
+            "min_ngram": low,
+            "max_depth": int(rng.integers(1, 12)),
+            "max_matches": int(rng.integers(1, 10)),
+            "corpus": corpus,
+            "skip": skip,
+        }
+        got = [(c, cont.tolist(), h) for c, cont, h in find_continuations(tokens, **kw)]
+        want = [(c, cont.tolist(), h) for c, cont, h in find_continuations_python(tokens, **kw)]
+        assert got == want, (case, tokens.tolist(), kw)
+    # the best occurrences all end at a separator: the search reads past the ones it ordered first
+    monkeypatch.setattr(TokenCorpus, "MAX_HITS", 1024)
+    older = [t for k in range(10) for t in (7, 20 + k, SEPARATOR)]  # ten continuations, 20 the oldest
+    corpus = TokenCorpus(np.array(older + [7, SEPARATOR] * 30))
+    for search in (find_continuations, find_continuations_python):
+        got = search(np.array([1, 7]), max_ngram=1, min_ngram=1, max_depth=3, max_matches=3, corpus=corpus)
+        assert [(c, cont.tolist(), h) for c, cont, h in got] == [(1, [29], True), (1, [28], True), (1, [27], True)]
+
+
 def _lookup(history_tokens, **kw):
     return PromptLookupProposer(
         budget=Budget(shape="sequences", max_nodes=8, max_depth=4),

@@ -43,11 +43,16 @@ acceptance model (with features that mark them and how far their copy had run). 
 timed in one process on this project's CPU, the rows they add cost more than the 3-5% more tokens a
 round they bring (docs/measurements.md, "Rejected tails as a candidate source").
 
+The match search runs as a native op where the harness's native kernels build (a C++ compiler
+is installed), with the Python search as its reference and fallback; a proposer's stats say which
+(``match_search``).
+
 Candidates carry a ``score`` (the matched context length), never a ``q``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import statistics
@@ -56,6 +61,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+import torch
 
 from harness.contracts import Budget, ConfigError, ProposalNode, ProposalResult, ProposalStateHandle
 from harness.proposers.base import Proposer
@@ -89,6 +95,13 @@ class TokenCorpus:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @functools.cached_property
+    def native_arrays(self) -> tuple[torch.Tensor, ...]:
+        """The tokens and the sorted unigram and bigram codes with their positions, as tensors sharing
+        these arrays' memory (what the native search reads)."""
+        arrays = (self.tokens, self._uni, self._uni_order, self._bi, self._bi_order)
+        return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
 
     @property
     def nbytes(self) -> int:
@@ -158,7 +171,79 @@ def find_continuations(
     corpus: earlier sequences, searched as if they came before ``tokens`` (their occurrences are
     the less recent), contexts and continuations cut at the separators between them; ``skip``
     (``[len(corpus)]`` bool) marks corpus positions no occurrence may start in.
+
+    The search runs as the native op ``torch.ops.harness.lookup_matches`` where the harness's native
+    kernels build and load (the same matches in the same order, integer work only), else as the
+    Python reference :func:`find_continuations_python`; :func:`match_search` says which.
     """
+    search = _native_search()
+    if search is None:
+        return find_continuations_python(
+            tokens,
+            max_ngram=max_ngram,
+            min_ngram=min_ngram,
+            max_depth=max_depth,
+            max_matches=max_matches,
+            corpus=corpus,
+            skip=skip,
+        )
+    if corpus is not None and len(corpus):
+        history, uni, uni_order, bi, bi_order = corpus.native_arrays
+        base = corpus._base
+    else:
+        history = uni = uni_order = bi = bi_order = _NO_HISTORY
+        base = 1
+    context, in_history, conts, lengths = search(
+        torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)),
+        history,
+        uni,
+        uni_order,
+        bi,
+        bi_order,
+        base,
+        None if skip is None or history is _NO_HISTORY else torch.from_numpy(np.ascontiguousarray(skip, dtype=bool)),
+        max_ngram,
+        min_ngram,
+        max_depth,
+        max_matches,
+        TokenCorpus.MAX_HITS,
+        MAX_CONTEXT,
+    )
+    rows = conts.numpy()
+    return [
+        (c, rows[i, :n], h)
+        for i, (c, h, n) in enumerate(zip(context.tolist(), in_history.tolist(), lengths.tolist(), strict=True))
+    ]
+
+
+#: the native search's arrays where there is no history
+_NO_HISTORY = torch.empty(0, dtype=torch.long)
+
+
+@functools.cache
+def _native_search():
+    """``torch.ops.harness.lookup_matches`` where the native kernels build and load here, else None."""
+    from harness.target.native import native_kernels_problem
+
+    return None if native_kernels_problem() is not None else torch.ops.harness.lookup_matches
+
+
+def match_search() -> str:
+    """``native`` or ``python``: which implementation :func:`find_continuations` runs here."""
+    return "native" if _native_search() is not None else "python"
+
+
+def find_continuations_python(
+    tokens: np.ndarray,
+    *,
+    max_ngram: int,
+    min_ngram: int,
+    max_depth: int,
+    max_matches: int,
+    corpus: TokenCorpus | None = None,
+    skip: np.ndarray | None = None,
+) -> list[tuple[int, np.ndarray, bool]]:
+    """:func:`find_continuations` in Python and NumPy: the reference the native op must equal."""
     total = len(tokens)
     offset = len(corpus) if corpus is not None else 0  # current positions rank after the corpus's
     found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rank position, context, source)
@@ -578,6 +663,7 @@ class PromptLookupProposer(Proposer):
         return hashlib.blake2b(np.asarray(prompt_ids, dtype=np.int64).tobytes(), digest_size=16).digest()
 
     def start(self, prompt_ids: list[int]) -> None:
+        self.stats.extras["match_search"] = match_search()  # which implementation timed the proposals
         self._request = (self._prompt_key(prompt_ids), len(prompt_ids)) if self.history_tokens else None
         self._committed = None
         self._last, self._tails = None, (-1, [])

@@ -1,6 +1,6 @@
 """Native CPU kernels of the target, built on first use with this machine's C++ compiler.
 
-``kernels/cpu_decode.cpp`` defines three ops (see the source's header), and ``vector_exp``, the
+``kernels/cpu_decode.cpp`` defines four ops (see the source's header), and ``vector_exp``, the
 layer's own exp, for its tests:
 
 - ``torch.ops.harness.streaming_linear(x, weight, bias)``: ``x @ weight.T + bias`` in float32 or
@@ -12,7 +12,9 @@ layer's own exp, for its tests:
   bfloat16, appending to preallocated cache buffers (``model.fused_layers``,
   :mod:`harness.target.fused_layers`);
 - ``torch.ops.harness.llama_stack(...)``: every decoder layer in one call, what the layers compute
-  one call each, bit for bit (the same option, where a forward allows it).
+  one call each, bit for bit (the same option, where a forward allows it);
+- ``torch.ops.harness.lookup_matches(...)``: prompt lookup's match search, the same matches in the
+  same order as its Python reference (:func:`harness.proposers.prompt_lookup.find_continuations`).
 
 The source is compiled for this CPU (``-march=native``, ``-ffp-contract=off``) against the installed
 torch's headers (float32 products in the vector width :func:`float32_width` picks for the CPU), once

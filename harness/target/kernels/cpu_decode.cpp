@@ -50,6 +50,9 @@
 // harness::llama_stack(...): a whole stack of such layers as one call: the same per-layer steps, layer after layer, in one parallel region of torch's OpenMP pool
 // with one set of scratch buffers, so a decode step pays one dispatch and one thread-team start for
 // the whole decoder rather than one per layer; bit for bit what the layers compute one call each.
+//
+// harness::lookup_matches(...): prompt lookup's match search over the request and the history of
+// earlier outputs (integer work; see its section at the end).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <omp.h>
@@ -60,6 +63,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <tuple>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -1467,6 +1471,140 @@ at::Tensor llama_stack(const at::Tensor& hidden, const at::Tensor& cos, const at
 
 }  // namespace
 
+// ---------------------------------------------------------------------------------------------
+// harness::lookup_matches(...): prompt lookup's match search (harness/proposers/prompt_lookup.py,
+// find_continuations), the same matches in the same order. For n from the longest n-gram down:
+// every earlier occurrence of the request's suffix n-gram in the request (a scan) and in the
+// history of earlier outputs (binary search in its sorted unigram and bigram codes), each
+// continuation start taken by the longest n that reaches it, its context the n-gram plus the run
+// of equal tokens before it (at most max_context in all, never from before the request's second
+// token, never across a separator); ranked by context, then the most recent (the request after
+// the history); the first max_matches non-empty continuations of up to max_depth tokens (a
+// history continuation cut at its separator). Integer work only, so the Python search and this
+// one agree exactly.
+namespace lookup {
+
+constexpr int64_t kSeparator = -1;
+
+struct Found {
+  int64_t rank;     // position that orders recency: history positions before every request position
+  int64_t context;  // the matched context length
+  int64_t start;    // the continuation's first position (in the request or in the history)
+  bool in_history;
+};
+
+int64_t context_length(const int64_t* seq, int64_t hit, int64_t n, const int64_t* tokens, int64_t total,
+                       int64_t max_context) {
+  const int64_t reach = std::min<int64_t>(max_context, total - 1) - n;
+  int64_t run = 0;
+  while (run < reach && hit - 1 - run >= 0 && seq[hit - 1 - run] == tokens[total - n - 1 - run]) ++run;
+  return n + run;
+}
+
+// Ascending history positions p with history[p:p+n] == gram and a token after them, the last max_hits.
+std::vector<int64_t> history_hits(const int64_t* hist, int64_t size, const at::Tensor& uni, const at::Tensor& uni_order,
+                                  const at::Tensor& bi, const at::Tensor& bi_order, int64_t base, const int64_t* gram,
+                                  int64_t n, int64_t max_hits) {
+  std::vector<int64_t> out;
+  const int64_t g0 = gram[0] + 1, g1 = n > 1 ? gram[1] + 1 : 0;
+  if (g0 >= base || g1 >= base) return out;  // a token the history never holds
+  const at::Tensor& codes = n == 1 ? uni : bi;
+  const int64_t* sorted = codes.data_ptr<int64_t>();
+  const int64_t* order = (n == 1 ? uni_order : bi_order).data_ptr<int64_t>();
+  const int64_t len = codes.numel(), code = n == 1 ? g0 : g0 * base + g1;
+  const int64_t lo = std::lower_bound(sorted, sorted + len, code) - sorted;
+  const int64_t hi = std::upper_bound(sorted, sorted + len, code) - sorted;
+  // order[lo:hi] is ascending (a stable sort kept equal codes in position order): walk it from the
+  // most recent end until max_hits are found, then put them back in ascending order
+  for (int64_t i = hi - 1; i >= lo && static_cast<int64_t>(out.size()) < max_hits; --i) {
+    const int64_t p = order[i];
+    if (p + n >= size) continue;
+    bool same = true;
+    for (int64_t j = 2; j < n && same; ++j) same = hist[p + j] == gram[j];
+    if (same) out.push_back(p);
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace lookup
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lookup_matches(
+    const at::Tensor& tokens_t, const at::Tensor& history_t, const at::Tensor& uni_t, const at::Tensor& uni_order_t,
+    const at::Tensor& bi_t, const at::Tensor& bi_order_t, int64_t base, const c10::optional<at::Tensor>& skip_t,
+    int64_t max_ngram, int64_t min_ngram, int64_t max_depth, int64_t max_matches, int64_t max_hits,
+    int64_t max_context) {
+  for (const at::Tensor* t : {&tokens_t, &history_t, &uni_t, &uni_order_t, &bi_t, &bi_order_t})
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->dim() == 1 && t->is_contiguous() && t->device().is_cpu(),
+                "lookup_matches: token and index arrays are contiguous 1-D int64 CPU tensors");
+  TORCH_CHECK(min_ngram >= 1 && max_depth >= 1 && max_matches >= 1 && max_hits >= 1,
+              "lookup_matches: min_ngram, max_depth, max_matches and max_hits must be >= 1");
+  const int64_t total = tokens_t.numel(), offset = history_t.numel();
+  const int64_t* tokens = tokens_t.data_ptr<int64_t>();
+  const int64_t* hist = history_t.data_ptr<int64_t>();
+  const bool* skip = nullptr;
+  if (skip_t.has_value() && skip_t->defined()) {
+    TORCH_CHECK(skip_t->scalar_type() == at::kBool && skip_t->numel() == offset && skip_t->is_contiguous(),
+                "lookup_matches: skip is a contiguous bool mask over the history");
+    skip = skip_t->data_ptr<bool>();
+  }
+  std::vector<char> seen(total + 1, 0), seen_history(offset + 1, 0);
+  std::vector<lookup::Found> found;
+  std::vector<int64_t> hits;
+  const int64_t top = std::min<int64_t>(max_ngram, offset ? total : total - 1);
+  for (int64_t n = top; n >= min_ngram; --n) {
+    const int64_t* suffix = tokens + total - n;
+    hits.clear();
+    if (n < total) {
+      for (int64_t i = 0; i + n < total; ++i) {
+        bool same = true;
+        for (int64_t j = 0; j < n && same; ++j) same = tokens[i + j] == suffix[j];
+        if (same && !seen[i + n]) hits.push_back(i);
+      }
+      for (int64_t i : hits) {
+        seen[i + n] = 1;
+        found.push_back({i + n + offset, lookup::context_length(tokens, i, n, tokens, total, max_context), i + n, false});
+      }
+    }
+    if (offset) {
+      for (int64_t p : lookup::history_hits(hist, offset, uni_t, uni_order_t, bi_t, bi_order_t, base, suffix, n,
+                                            max_hits)) {
+        if ((skip && skip[p]) || seen_history[p + n]) continue;
+        seen_history[p + n] = 1;
+        found.push_back({p + n, lookup::context_length(hist, p, n, tokens, total, max_context), p + n, true});
+      }
+    }
+  }
+  const auto better = [](const lookup::Found& a, const lookup::Found& b) {
+    return a.context != b.context ? a.context > b.context : a.rank > b.rank;  // (context, rank) are unique
+  };
+  // only the best few are read: order a prefix, and the rest only if empty continuations exhaust it
+  const size_t head = std::min(found.size(), static_cast<size_t>(max_matches) + 16);
+  std::partial_sort(found.begin(), found.begin() + head, found.end(), better);
+  const int64_t rows = std::min<int64_t>(max_matches, static_cast<int64_t>(found.size()));
+  at::Tensor context = at::empty({rows}, at::kLong), in_history = at::empty({rows}, at::kBool);
+  at::Tensor conts = at::empty({rows, max_depth}, at::kLong), lengths = at::empty({rows}, at::kLong);
+  int64_t m = 0;
+  for (size_t k = 0; k < found.size() && m < rows; ++k) {
+    if (k == head) std::sort(found.begin() + head, found.end(), better);
+    const lookup::Found& f = found[k];
+    const int64_t* src = f.in_history ? hist : tokens;
+    const int64_t end = std::min(f.start + max_depth, f.in_history ? offset : total);
+    int64_t len = 0;
+    int64_t* row = conts.data_ptr<int64_t>() + m * max_depth;
+    while (f.start + len < end && !(f.in_history && src[f.start + len] == lookup::kSeparator)) {
+      row[len] = src[f.start + len];
+      ++len;
+    }
+    if (len == 0) continue;
+    context.data_ptr<int64_t>()[m] = f.context;
+    in_history.data_ptr<bool>()[m] = f.in_history;
+    lengths.data_ptr<int64_t>()[m] = len;
+    ++m;
+  }
+  return {context.narrow(0, 0, m), in_history.narrow(0, 0, m), conts.narrow(0, 0, m), lengths.narrow(0, 0, m)};
+}
+
 // The ops' namespace is a build flag (tests load builds for other instruction sets beside the real one).
 #ifndef HARNESS_NAMESPACE
 #define HARNESS_NAMESPACE harness
@@ -1485,6 +1623,10 @@ HARNESS_LIBRARY(HARNESS_NAMESPACE, m) {
       "llama_stack(Tensor hidden, Tensor cos, Tensor sin, Tensor? mask, Tensor(a!)[] key_buffers, "
       "Tensor(b!)[] value_buffers, int start, Tensor[] weights, Tensor?[] biases, float[] input_eps, "
       "float[] post_eps, float scaling) -> Tensor");
+  m.def(
+      "lookup_matches(Tensor tokens, Tensor history, Tensor uni, Tensor uni_order, Tensor bi, Tensor bi_order, "
+      "int base, Tensor? skip, int max_ngram, int min_ngram, int max_depth, int max_matches, int max_hits, "
+      "int max_context) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 HARNESS_LIBRARY_IMPL(HARNESS_NAMESPACE, CPU, m) {
@@ -1492,4 +1634,5 @@ HARNESS_LIBRARY_IMPL(HARNESS_NAMESPACE, CPU, m) {
   m.impl("vector_exp", &vector_exp);
   m.impl("llama_layer", &llama_layer);
   m.impl("llama_stack", &llama_stack);
+  m.impl("lookup_matches", &lookup_matches);
 }
