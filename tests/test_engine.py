@@ -459,6 +459,7 @@ def test_a_match_s_context_is_the_run_of_equal_tokens_before_it():
 
 
 def test_the_native_match_search_finds_what_the_python_reference_finds(monkeypatch):
+    import harness.proposers.prompt_lookup as lookup
     from harness.proposers.prompt_lookup import (
         SEPARATOR,
         TokenCorpus,
@@ -468,7 +469,7 @@ def test_the_native_match_search_finds_what_the_python_reference_finds(monkeypat
     )
 
     if match_search() != "native":
-        pytest.skip("the native kernels do not build here (no C++ compiler)")
+        pytest.skip("the native kernels do not build or load here")
     rng = np.random.default_rng(0)
     for case in range(600):
         vocab = int(rng.integers(2, 8))
@@ -479,7 +480,10 @@ def test_the_native_match_search_finds_what_the_python_reference_finds(monkeypat
             held[rng.integers(0, len(held), max(1, len(held) // int(rng.choice([2, 3, 30]))))] = SEPARATOR
             corpus = TokenCorpus(held)
             skip = rng.random(len(corpus)) < 0.3 if rng.random() < 0.4 else None
+        if rng.random() < 0.1:  # an empty history, or a skip mask without one
+            corpus, skip = (TokenCorpus(np.empty(0, dtype=np.int64)), None) if rng.random() < 0.5 else (None, skip)
         monkeypatch.setattr(TokenCorpus, "MAX_HITS", int(rng.integers(1, 6)) if rng.random() < 0.3 else 1024)
+        monkeypatch.setattr(lookup, "MAX_CONTEXT", int(rng.integers(2, 7)) if rng.random() < 0.3 else 32)
         low = int(rng.integers(1, 4))
         kw = {
             "max_ngram": int(rng.integers(low, 6)),
@@ -492,8 +496,11 @@ def test_the_native_match_search_finds_what_the_python_reference_finds(monkeypat
         got = [(c, cont.tolist(), h) for c, cont, h in find_continuations(tokens, **kw)]
         want = [(c, cont.tolist(), h) for c, cont, h in find_continuations_python(tokens, **kw)]
         assert got == want, (case, tokens.tolist(), kw)
-    # the best occurrences all end at a separator: the search reads past the ones it ordered first
-    monkeypatch.setattr(TokenCorpus, "MAX_HITS", 1024)
+
+
+def test_the_search_reads_past_the_best_occurrences_when_they_all_end_at_a_separator():
+    from harness.proposers.prompt_lookup import SEPARATOR, TokenCorpus, find_continuations, find_continuations_python
+
     older = [t for k in range(10) for t in (7, 20 + k, SEPARATOR)]  # ten continuations, 20 the oldest
     corpus = TokenCorpus(np.array(older + [7, SEPARATOR] * 30))
     for search in (find_continuations, find_continuations_python):

@@ -96,12 +96,12 @@ class TokenCorpus:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    @functools.cached_property
     def native_arrays(self) -> tuple[torch.Tensor, ...]:
         """The tokens and the sorted unigram and bigram codes with their positions, as tensors sharing
-        these arrays' memory (what the native search reads)."""
+        these arrays' memory (what the native search reads; made per search, so a copied corpus
+        never holds a second copy)."""
         arrays = (self.tokens, self._uni, self._uni_order, self._bi, self._bi_order)
-        return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
+        return tuple(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in arrays)
 
     @property
     def nbytes(self) -> int:
@@ -188,11 +188,11 @@ def find_continuations(
             skip=skip,
         )
     if corpus is not None and len(corpus):
-        history, uni, uni_order, bi, bi_order = corpus.native_arrays
-        base = corpus._base
+        history, uni, uni_order, bi, bi_order = corpus.native_arrays()
+        base, max_hits = corpus._base, corpus.MAX_HITS
     else:
         history = uni = uni_order = bi = bi_order = _NO_HISTORY
-        base = 1
+        base, max_hits = 1, 1
     context, in_history, conts, lengths = search(
         torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)),
         history,
@@ -206,7 +206,7 @@ def find_continuations(
         min_ngram,
         max_depth,
         max_matches,
-        TokenCorpus.MAX_HITS,
+        max_hits,
         MAX_CONTEXT,
     )
     rows = conts.numpy()
@@ -222,10 +222,14 @@ _NO_HISTORY = torch.empty(0, dtype=torch.long)
 
 @functools.cache
 def _native_search():
-    """``torch.ops.harness.lookup_matches`` where the native kernels build and load here, else None."""
+    """``torch.ops.harness.lookup_matches`` where the native kernels build and load here, else None
+    (no compiler, a failed build, a cache folder that cannot be written: the Python search serves)."""
     from harness.target.native import native_kernels_problem
 
-    return None if native_kernels_problem() is not None else torch.ops.harness.lookup_matches
+    try:
+        return None if native_kernels_problem() is not None else torch.ops.harness.lookup_matches
+    except Exception:  # the fallback exists for whatever stops the build
+        return None
 
 
 def match_search() -> str:
@@ -637,6 +641,9 @@ class PromptLookupProposer(Proposer):
         if self.rejected_tails:
             self.stats.extras["rows_kept_from_tails"] = 0
         self.stats.extras.update({"rows_proposed": 0, "rows_kept": 0})
+        # which search implementation the proposals are timed with (resolving it builds the native
+        # kernels on first use: here, before any timed region)
+        self.stats.extras["match_search"] = match_search()
         self.history_tokens = int(history_tokens)
         if self.history_tokens:
             self.stats.extras["rows_kept_from_history"] = 0
@@ -663,7 +670,6 @@ class PromptLookupProposer(Proposer):
         return hashlib.blake2b(np.asarray(prompt_ids, dtype=np.int64).tobytes(), digest_size=16).digest()
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.stats.extras["match_search"] = match_search()  # which implementation timed the proposals
         self._request = (self._prompt_key(prompt_ids), len(prompt_ids)) if self.history_tokens else None
         self._committed = None
         self._last, self._tails = None, (-1, [])

@@ -1,4 +1,5 @@
-"""Native CPU kernels of the target, built on first use with this machine's C++ compiler.
+"""Native CPU kernels of the target and of prompt lookup, built on first use with this machine's C++
+compiler.
 
 ``kernels/cpu_decode.cpp`` defines four ops (see the source's header), and ``vector_exp``, the
 layer's own exp, for its tests:
@@ -14,7 +15,7 @@ layer's own exp, for its tests:
 - ``torch.ops.harness.llama_stack(...)``: every decoder layer in one call, what the layers compute
   one call each, bit for bit (the same option, where a forward allows it);
 - ``torch.ops.harness.lookup_matches(...)``: prompt lookup's match search, the same matches in the
-  same order as its Python reference (:func:`harness.proposers.prompt_lookup.find_continuations`).
+  same order as its Python reference (:func:`harness.proposers.prompt_lookup.find_continuations_python`).
 
 The source is compiled for this CPU (``-march=native``, ``-ffp-contract=off``) against the installed
 torch's headers (float32 products in the vector width :func:`float32_width` picks for the CPU), once
@@ -23,8 +24,8 @@ per source, flags, torch version, compiler and CPU, into
 never load a half-written library), then loaded with ``torch.ops.load_library``. The ops join
 torch's own OpenMP pool (the library links ``libgomp.so.1``, which torch has already loaded).
 
-Fake (meta) implementations are registered with them, so ``torch.compile`` traces through them as
-opaque calls.
+Fake (meta) implementations are registered with the decode ops, so ``torch.compile`` traces through
+them as opaque calls (the match search runs outside any compiled region).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-// Native CPU kernels for the rows of a decode, verify or prefill step (float32 and bfloat16).
+// Native CPU kernels for the rows of a decode, verify or prefill step (float32 and bfloat16), and
+// prompt lookup's match search.
 //
 // harness::streaming_linear(x, weight, bias): x @ weight.T + bias, each weight row streamed from
 // memory once for every 64 input rows.
@@ -62,8 +63,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -1469,11 +1470,10 @@ at::Tensor llama_stack(const at::Tensor& hidden, const at::Tensor& cos, const at
                              post_eps, scaling);
 }
 
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // harness::lookup_matches(...): prompt lookup's match search (harness/proposers/prompt_lookup.py,
-// find_continuations), the same matches in the same order. For n from the longest n-gram down:
+// find_continuations_python), the same matches in the same order. For n from the longest n-gram down:
 // every earlier occurrence of the request's suffix n-gram in the request (a scan) and in the
 // history of earlier outputs (binary search in its sorted unigram and bigram codes), each
 // continuation start taken by the longest n that reaches it, its context the n-gram plus the run
@@ -1518,7 +1518,7 @@ std::vector<int64_t> history_hits(const int64_t* hist, int64_t size, const at::T
   // most recent end until max_hits are found, then put them back in ascending order
   for (int64_t i = hi - 1; i >= lo && static_cast<int64_t>(out.size()) < max_hits; --i) {
     const int64_t p = order[i];
-    if (p + n >= size) continue;
+    if (p < 0 || p + n >= size) continue;
     bool same = true;
     for (int64_t j = 2; j < n && same; ++j) same = hist[p + j] == gram[j];
     if (same) out.push_back(p);
@@ -1531,7 +1531,7 @@ std::vector<int64_t> history_hits(const int64_t* hist, int64_t size, const at::T
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lookup_matches(
     const at::Tensor& tokens_t, const at::Tensor& history_t, const at::Tensor& uni_t, const at::Tensor& uni_order_t,
-    const at::Tensor& bi_t, const at::Tensor& bi_order_t, int64_t base, const c10::optional<at::Tensor>& skip_t,
+    const at::Tensor& bi_t, const at::Tensor& bi_order_t, int64_t base, const std::optional<at::Tensor>& skip_t,
     int64_t max_ngram, int64_t min_ngram, int64_t max_depth, int64_t max_matches, int64_t max_hits,
     int64_t max_context) {
   for (const at::Tensor* t : {&tokens_t, &history_t, &uni_t, &uni_order_t, &bi_t, &bi_order_t})
@@ -1540,12 +1540,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lookup_matches(
   TORCH_CHECK(min_ngram >= 1 && max_depth >= 1 && max_matches >= 1 && max_hits >= 1,
               "lookup_matches: min_ngram, max_depth, max_matches and max_hits must be >= 1");
   const int64_t total = tokens_t.numel(), offset = history_t.numel();
+  TORCH_CHECK(uni_t.numel() == offset && uni_order_t.numel() == offset &&
+                  bi_t.numel() == std::max<int64_t>(offset - 1, 0) && bi_order_t.numel() == bi_t.numel(),
+              "lookup_matches: the index arrays do not index a history of ", offset, " tokens");
   const int64_t* tokens = tokens_t.data_ptr<int64_t>();
   const int64_t* hist = history_t.data_ptr<int64_t>();
   const bool* skip = nullptr;
   if (skip_t.has_value() && skip_t->defined()) {
-    TORCH_CHECK(skip_t->scalar_type() == at::kBool && skip_t->numel() == offset && skip_t->is_contiguous(),
-                "lookup_matches: skip is a contiguous bool mask over the history");
+    TORCH_CHECK(skip_t->scalar_type() == at::kBool && skip_t->dim() == 1 && skip_t->numel() == offset &&
+                    skip_t->is_contiguous() && skip_t->device().is_cpu(),
+                "lookup_matches: skip is a contiguous 1-D bool CPU mask over the history");
     skip = skip_t->data_ptr<bool>();
   }
   std::vector<char> seen(total + 1, 0), seen_history(offset + 1, 0);
@@ -1604,6 +1608,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lookup_matches(
   }
   return {context.narrow(0, 0, m), in_history.narrow(0, 0, m), conts.narrow(0, 0, m), lengths.narrow(0, 0, m)};
 }
+
+}  // namespace
 
 // The ops' namespace is a build flag (tests load builds for other instruction sets beside the real one).
 #ifndef HARNESS_NAMESPACE
