@@ -41,20 +41,15 @@ import torch
 from tqdm import tqdm
 
 from harness.bench.prompt_lookup_vs_hf import WORKLOADS, bench_items, fit_to_context, ratio_estimates
+from harness.bench.target import default_cpu_target
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
 from harness.proposers.base import NullProposer
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
-from harness.target.backend import CausalLMBackend
-from harness.target.fused_layers import apply_fused_layers
 from harness.target.kv_cache import new_cache
-from harness.target.loading import config_position_limit, load_model
+from harness.target.loading import config_position_limit
 from harness.target.options import (
-    apply_linear_kernel,
-    apply_static_cache,
-    resolve_fused_layers,
-    resolve_linear_kernel,
     static_cache_of,
 )
 from harness.target.timing import verify_cost_curve
@@ -118,15 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.history_tokens and "history_tokens" not in inspect.signature(baseline.PromptLookupProposer).parameters:
         ap.error(f"the proposer at {args.baseline_rev} has no history of earlier outputs; pass --history-tokens 0")
     torch.set_num_threads(args.threads)
-    loaded = load_model(name="smollm2", dtype="float32", attn_implementation="harness_sdpa")
+    loaded, backend = default_cpu_target("float32")
     model, tok = loaded.model, loaded.tokenizer
-    apply_linear_kernel(model, "auto")
-    apply_static_cache(model, True)
-    kernel = resolve_linear_kernel("auto", torch.float32, "cpu")
-    apply_fused_layers(
-        model, resolve_fused_layers(None, torch.float32, "cpu", linear_kernel=kernel, compiled=False, static_cache=True)
-    )
-    backend = CausalLMBackend(model)
     try:
         items, _ = fit_to_context(  # an over-long prompt keeps its last tokens, as the benchmark's --truncate left
             bench_items(args.workload, tok, split=args.split, limit=args.limit),

@@ -296,30 +296,14 @@ def collect(args) -> int:
     import torch
 
     from harness.bench.prompt_lookup_vs_hf import bench_items
+    from harness.bench.target import default_cpu_target
     from harness.engine.decode import RoundConfig, decode
-    from harness.target.backend import CausalLMBackend
-    from harness.target.fused_layers import apply_fused_layers
-    from harness.target.loading import load_model
-    from harness.target.options import (
-        apply_linear_kernel,
-        apply_static_cache,
-        resolve_fused_layers,
-        resolve_linear_kernel,
-    )
     from harness.verifiers import get_verifier
     from harness.verifiers.sampling import SamplingPolicy
 
     torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    loaded = load_model(name="smollm2", dtype=args.dtype, attn_implementation="harness_sdpa")
-    model, tok = loaded.model, loaded.tokenizer
-    apply_linear_kernel(model, "auto")
-    apply_static_cache(model, True)
-    kernel = resolve_linear_kernel("auto", dtype, "cpu")
-    apply_fused_layers(
-        model, resolve_fused_layers(None, dtype, "cpu", linear_kernel=kernel, compiled=False, static_cache=True)
-    )
-    backend = CausalLMBackend(model)
+    loaded, backend = default_cpu_target(args.dtype)
+    tok = loaded.tokenizer
     eos = frozenset({int(tok.eos_token_id)})
     out: dict[str, list[dict]] = {}
     for workload in args.workloads:

@@ -35,10 +35,7 @@ import torch
 from tqdm import tqdm
 
 from harness.bench.prompt_lookup_vs_hf import WORKLOADS, bench_items
-from harness.target.backend import CausalLMBackend
-from harness.target.fused_layers import apply_fused_layers
-from harness.target.loading import load_model
-from harness.target.options import apply_linear_kernel, apply_static_cache, resolve_fused_layers, resolve_linear_kernel
+from harness.bench.target import default_cpu_target
 from harness.target.timing import monotone_fit, read_bandwidth_gbs, verify_times
 
 
@@ -103,16 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = {k: v for k, v in saved.items() if k != "sweeps"}
         return report(saved["sweeps"], meta, args.out_dir)
     torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    loaded = load_model(name="smollm2", dtype=args.dtype, attn_implementation="harness_sdpa")
-    model = loaded.model
-    apply_linear_kernel(model, "auto")
-    apply_static_cache(model, True)
-    kernel = resolve_linear_kernel("auto", dtype, "cpu")
-    apply_fused_layers(
-        model, resolve_fused_layers(None, dtype, "cpu", linear_kernel=kernel, compiled=False, static_cache=True)
-    )
-    backend = CausalLMBackend(model)
+    loaded, backend = default_cpu_target(args.dtype)
     prefix = [
         t for _, ids in bench_items(args.workload, loaded.tokenizer, split="eval", limit=args.prompts) for t in ids
     ]

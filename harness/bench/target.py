@@ -1,0 +1,26 @@
+"""The embedded model as the prompt-lookup benchmark sets it up on CPU by default, for the scripts
+that time beside it (``scripts/lookup_ab.py``, ``scripts/lookup_replay.py``,
+``scripts/verify_cost_regimes.py``): the linear kernel ``auto``, the preallocated cache, and fused
+decoder layers where they apply."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.target.backend import CausalLMBackend
+from harness.target.fused_layers import apply_fused_layers
+from harness.target.loading import LoadedModel, load_model
+from harness.target.options import apply_linear_kernel, apply_static_cache, resolve_fused_layers, resolve_linear_kernel
+
+
+def default_cpu_target(dtype: str = "float32") -> tuple[LoadedModel, CausalLMBackend]:
+    """SmolLM2 in ``dtype`` on CPU with the benchmark's default options, and its backend."""
+    loaded = load_model(name="smollm2", dtype=dtype, attn_implementation="harness_sdpa")
+    model, torch_dtype = loaded.model, getattr(torch, dtype)
+    apply_linear_kernel(model, "auto")
+    apply_static_cache(model, True)
+    kernel = resolve_linear_kernel("auto", torch_dtype, "cpu")
+    apply_fused_layers(
+        model, resolve_fused_layers(None, torch_dtype, "cpu", linear_kernel=kernel, compiled=False, static_cache=True)
+    )
+    return loaded, CausalLMBackend(model)
