@@ -508,6 +508,28 @@ def test_the_search_reads_past_the_best_occurrences_when_they_all_end_at_a_separ
         assert [(c, cont.tolist(), h) for c, cont, h in got] == [(1, [29], True), (1, [28], True), (1, [27], True)]
 
 
+def test_without_the_native_kernels_the_python_search_serves_and_the_stats_say_so(monkeypatch):
+    import harness.proposers.prompt_lookup as lookup
+
+    monkeypatch.setattr(lookup, "_native_search", lambda: None)  # as where no compiler builds them
+    monkeypatch.setattr(lookup, "find_continuations_python", spy := _Spy(lookup.find_continuations_python))
+    prop = _lookup(0)
+    assert prop.stats.extras["match_search"] == "python"
+    tokens = [5, 6, 7, 8, 5, 6]
+    prop.start(tokens)
+    nodes = prop.propose(tokens, TorchRandomSource(0)).nodes
+    assert spy.calls == 1 and [nd.token_id for nd in nodes][:2] == [7, 8]  # what followed "5 6"
+
+
+class _Spy:
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
 def _lookup(history_tokens, **kw):
     return PromptLookupProposer(
         budget=Budget(shape="sequences", max_nodes=8, max_depth=4),
