@@ -112,8 +112,8 @@ class TokenCorpus:
         the last ``MAX_HITS``)."""
         g = np.asarray(gram, dtype=np.int64) + 1
         n = len(g)
-        if (g[:2] >= self._base).any():  # a token the history never holds (its code would be another bigram's)
-            return np.empty(0, dtype=np.int64)
+        if ((g[:2] < 0) | (g[:2] >= self._base)).any():  # a token the history never holds: its code
+            return np.empty(0, dtype=np.int64)  # would be another bigram's
         if n == 1:
             sorted_, order, code = self._uni, self._uni_order, int(g[0])
         else:

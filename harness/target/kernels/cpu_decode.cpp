@@ -1507,7 +1507,7 @@ std::vector<int64_t> history_hits(const int64_t* hist, int64_t size, const at::T
                                   int64_t n, int64_t max_hits) {
   std::vector<int64_t> out;
   const int64_t g0 = gram[0] + 1, g1 = n > 1 ? gram[1] + 1 : 0;
-  if (g0 >= base || g1 >= base) return out;  // a token the history never holds
+  if (g0 < 0 || g1 < 0 || g0 >= base || g1 >= base) return out;  // a token the history never holds
   const at::Tensor& codes = n == 1 ? uni : bi;
   const int64_t* sorted = codes.data_ptr<int64_t>();
   const int64_t* order = (n == 1 ? uni_order : bi_order).data_ptr<int64_t>();
