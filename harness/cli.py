@@ -79,17 +79,23 @@ def report_failure(command: str, exc: BaseException, *, refusals: tuple[type, ..
     return code
 
 
+def print_usage(usage: str, asked: bool) -> int:
+    """Print a command's usage: on stdout with status 0 when asked for (``-h``/``--help``), on
+    stderr with status 2 when the arguments were missing."""
+    print(usage, file=sys.stdout if asked else sys.stderr)
+    return 0 if asked else REFUSED
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--traceback":
         os.environ[TRACEBACK_ENV] = "1"
         argv = argv[1:]
     if not argv or argv[0] in {"-h", "--help"}:
-        print("usage: harness [--traceback] <command> [args...]\n\ncommands:")
-        for name, (_, doc) in SUBCOMMANDS.items():
-            print(f"  {name:<10} {doc}")
-        print(f"\n--traceback (or {TRACEBACK_ENV}=1): print the traceback of a failure, not just its one line")
-        return 0 if argv else REFUSED
+        lines = ["usage: harness [--traceback] <command> [args...]", "", "commands:"]
+        lines += [f"  {name:<10} {doc}" for name, (_, doc) in SUBCOMMANDS.items()]
+        lines += ["", f"--traceback (or {TRACEBACK_ENV}=1): print the traceback of a failure, not just its one line"]
+        return print_usage("\n".join(lines), bool(argv))
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         print(f"harness: unknown command {name!r}; one of {sorted(SUBCOMMANDS)}", file=sys.stderr)

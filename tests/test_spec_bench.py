@@ -155,7 +155,36 @@ def test_export_command_and_its_refusals(exported, tmp_path, capsys):
     assert cli_main(["export", "csv", str(root / "run"), str(out)]) == 2
     assert "unknown export format 'csv'" in capsys.readouterr().err
     assert cli_main(["export", "spec-bench", str(root / "run")]) == 2
-    assert "expected RUN_DIR OUT.jsonl" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("harness export: refused: expected RUN_DIR OUT.jsonl")
+    assert cli_main(["export"]) == 2  # no arguments: the usage, on stderr
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("usage: harness export spec-bench")
+    # an existing answer file is kept unless overwrite=true
+    before = out.read_text()
+    assert cli_main(["export", "spec-bench", str(root / "run"), str(out), f"baseline={tmp_path / 'b2.jsonl'}"]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == f"harness export: refused: {out} already exists; give another path or overwrite=true"
+    )
+    assert out.read_text() == before and not (tmp_path / "b2.jsonl").exists()
+    argv = ["export", "spec-bench", str(root / "run"), str(out), f"baseline={tmp_path / 'b.jsonl'}", "overwrite=true"]
+    assert cli_main(argv) == 0
+    capsys.readouterr()
+    # nothing is written inside a run folder: there it would replace or sit beside the bound files
+    run_files = sorted(p.name for p in (root / "run").iterdir())
+    for target in (root / "run" / "record.json", root / "run" / "answers.jsonl", root / "run" / "sub" / "a.jsonl"):
+        assert cli_main(["export", "spec-bench", str(root / "run"), str(target), "overwrite=true"]) == 2
+        assert f"is inside the run folder {(root / 'run').resolve()}" in capsys.readouterr().err
+    assert sorted(p.name for p in (root / "run").iterdir()) == run_files
+    # outputs that are not the ones the record binds are not exported
+    tampered = tmp_path / "tampered"
+    shutil.copytree(root / "run", tampered)
+    with open(tampered / "outputs.jsonl", "a") as f:
+        f.write("\n")
+    with pytest.raises(ExportError, match="outputs.jsonl is not the one the record binds"):
+        export_spec_bench(tampered, tmp_path / "t.jsonl")
+    assert not (tmp_path / "t.jsonl").exists()
     with pytest.raises(ExportError, match="would overwrite"):
         export_spec_bench(root / "run", out, baseline=out)
     with pytest.raises(ExportError, match="no such record file"):
@@ -180,7 +209,7 @@ def test_export_command_and_its_refusals(exported, tmp_path, capsys):
     bare = tmp_path / "bare"
     bare.mkdir()
     shutil.copy(fixture / "record.json", bare / "record.json")
-    with pytest.raises(ExportError, match="outputs.jsonl: no such file"):
+    with pytest.raises(ExportError, match="bare: its outputs.jsonl is missing"):
         export_spec_bench(bare, tmp_path / "x.jsonl")
     assert not (tmp_path / "x.jsonl").exists()
 

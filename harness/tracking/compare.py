@@ -579,7 +579,7 @@ def parse_command(command: str, usage: str, argv: list[str] | None) -> tuple[lis
     arguments: 2) or a refusal (2), the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in {"-h", "--help"}:
-        print(usage)
+        print(usage, file=sys.stdout if argv else sys.stderr)  # asked for: stdout, status 0
         return 0 if argv else 2
     try:
         return parse_kv(argv)

@@ -387,7 +387,7 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
     argv = list(sys.argv[1:] if argv is None else argv)
     known = dict(known or {})
     if not argv or argv[0] in {"-h", "--help"}:
-        print(USAGE)
+        print(USAGE, file=sys.stdout if argv else sys.stderr)  # asked for: stdout, status 0
         return 0 if argv else 2
     positionals, opts = _options(argv)
     try:

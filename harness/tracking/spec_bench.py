@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.tracking.record import write_jsonl_atomic
-from harness.tracking.store import OUTPUTS_FILENAME, RecordError, load_record
+from harness.tracking.store import OUTPUTS_FILENAME, RECORD_FILENAME, RecordError, load_record, outputs_problem
 
 #: Spec-Bench's categories: MT-bench's eight (merged into the task ``mt_bench`` by its evaluation)
 #: and five single-turn tasks. harness/workloads/prompts.py holds the same names.
@@ -104,7 +104,34 @@ def read_outputs(run_dir: Path) -> list[dict]:
     path = run_dir / OUTPUTS_FILENAME
     if not path.is_file():
         raise ExportError(f"{path}: no such file (the run's outputs)")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ExportError(f"{path}:{n}: not valid JSON ({exc})") from None
+    return rows
+
+
+def _inside_a_run_folder(path: Path) -> Path | None:
+    """The run folder (one holding a ``record.json``) that ``path`` would be written into, if any."""
+    for folder in path.resolve().parents:
+        if (folder / RECORD_FILENAME).is_file():
+            return folder
+    return None
+
+
+def check_destination(path: Path, *, overwrite: bool) -> None:
+    """Refuse to write an answer file into a run folder (it would sit beside, or replace, the files
+    a record binds) or over an existing file unless ``overwrite``."""
+    run = _inside_a_run_folder(path)
+    if run is not None:
+        raise ExportError(f"{path} is inside the run folder {run}: write the answers outside any run folder")
+    if path.is_dir():
+        raise ExportError(f"{path} is a folder; give a file path, e.g. {path / 'answers.jsonl'}")
+    if path.exists() and not overwrite:
+        raise ExportError(f"{path} already exists; give another path or overwrite=true")
 
 
 def answer_lines(record: dict, outputs: Sequence[dict], arm: str, *, model_id: str | None = None) -> list[dict]:
@@ -156,18 +183,32 @@ def baseline_path(out: Path) -> Path:
 
 
 def export_spec_bench(
-    run_dir: str | Path, out: str | Path, *, baseline: str | Path | None = None, model_id: str | None = None
+    run_dir: str | Path,
+    out: str | Path,
+    *,
+    baseline: str | Path | None = None,
+    model_id: str | None = None,
+    overwrite: bool = False,
 ) -> dict:
-    """Write both arms' answer files; returns what was written and the run's own figures."""
+    """Write both arms' answer files; returns what was written and the run's own figures.
+
+    The run's ``outputs.jsonl`` must be the one its record binds; the answer files go outside
+    every run folder and, unless ``overwrite``, to paths that do not exist yet."""
     run_dir, out = Path(run_dir), Path(out)
     try:
         record = load_record(run_dir)
     except RecordError as exc:
         raise ExportError(str(exc)) from None
-    outputs = read_outputs(run_dir)
+    folder = run_dir if run_dir.is_dir() else run_dir.parent
+    problem = outputs_problem(record, folder)
+    if problem is not None:
+        raise ExportError(f"{folder}: {problem}; re-run it rather than export answers the record does not vouch for")
+    outputs = read_outputs(folder)
     base = Path(baseline) if baseline else baseline_path(out)
     if base.resolve() == out.resolve():
         raise ExportError(f"the baseline file would overwrite {out}; give baseline=<another path>")
+    for path in (out, base):
+        check_destination(path, overwrite=overwrite)
     spec_lines = answer_lines(record, outputs, "spec", model_id=model_id)
     ar_lines = answer_lines(record, outputs, "ar", model_id=f"{model_id}-baseline" if model_id else None)
     for path in (out, base):
@@ -187,16 +228,18 @@ def export_spec_bench(
 
 
 USAGE = (
-    "usage: harness export spec-bench RUN_DIR OUT.jsonl [baseline=BASE.jsonl] [model_id=NAME]\n"
+    "usage: harness export spec-bench RUN_DIR OUT.jsonl [baseline=BASE.jsonl] [model_id=NAME] [overwrite=true]\n"
     "writes the speculative arm's answers to OUT.jsonl and the AR baseline's to BASE.jsonl "
-    "(default <OUT stem>-baseline.jsonl), in Spec-Bench's answer format"
+    "(default <OUT stem>-baseline.jsonl), in Spec-Bench's answer format; existing files are kept "
+    "unless overwrite=true, and nothing is written inside a run folder"
 )
+OPTIONS = ("baseline", "model_id", "overwrite")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in {"-h", "--help"}:
-        print(USAGE)
+        print(USAGE, file=sys.stdout if argv else sys.stderr)  # asked for: stdout, status 0
         return 0 if argv else 2
     kind, rest = argv[0], argv[1:]
     positionals = [a for a in rest if "=" not in a]
@@ -204,14 +247,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if kind != "spec-bench":
             raise ExportError(f"unknown export format {kind!r}; one of ['spec-bench']")
-        unknown = sorted(set(options) - {"baseline", "model_id"})
+        unknown = sorted(set(options) - set(OPTIONS))
         if len(positionals) != 2 or unknown:
-            raise ExportError(f"expected RUN_DIR OUT.jsonl and only baseline=/model_id=; got {positionals} {unknown}")
+            raise ExportError(
+                f"expected RUN_DIR OUT.jsonl and only baseline=/model_id=/overwrite=; got {positionals} {unknown} "
+                "(harness export --help)"
+            )
+        overwrite = options.get("overwrite", "false").strip().lower()
+        if overwrite not in {"true", "false"}:
+            raise ExportError(f"overwrite={options['overwrite']!r}: must be true or false")
         summary = export_spec_bench(
-            positionals[0], positionals[1], baseline=options.get("baseline"), model_id=options.get("model_id")
+            positionals[0],
+            positionals[1],
+            baseline=options.get("baseline"),
+            model_id=options.get("model_id"),
+            overwrite=overwrite == "true",
         )
     except ExportError as exc:
-        print(f"harness export: {exc}\n{USAGE}", file=sys.stderr)
+        print(f"harness export: refused: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2))
     return 0

@@ -777,7 +777,7 @@ def _summary(ds: Datastore) -> dict:
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in {"-h", "--help"}:
-        print(USAGE)
+        print(USAGE, file=sys.stdout if argv else sys.stderr)  # asked for: stdout, status 0
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     try:
