@@ -3,9 +3,11 @@
 Each stage is a function of typed values; :func:`run_job` reads as the list of them. Nothing is
 written unless every stage before ``write`` succeeded: a refused plan, a failed gate or a greedy
 divergence raises, and the job leaves no record. From the first model work on, the job holds its
-folder's lock (a second run there is refused), and a record or outputs already in the folder are
-first moved aside with a warning (:mod:`harness.tracking.job_folder`), so a job that fails leaves
-no record there, not even an earlier one. With ``tracking=wandb`` the W&B run opens once the plan is
+folder's lock (a second run there is refused). A job refused while loading or preparing (a prompt
+over the context limit, a datastore or artifact that does not fit) leaves the folder as it was; once
+those stages pass, a record or outputs already in the folder are moved aside with a warning
+(:mod:`harness.tracking.job_folder`), so a job that then fails its gates or breaks leaves no record
+there, not even an earlier one. With ``tracking=wandb`` the W&B run opens once the plan is
 accepted (a refused configuration logs nothing), so its system monitor covers the job; a later stage
 that raises finishes it as failed (tagged ``refused`` for a gate or contract refusal), and a
 finished job logs its record there. The autoregressive baseline and the
@@ -142,8 +144,6 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         torch.set_num_threads(int(cfg.threads))
     planned = plan_job(cfg, run_dir)
     with job_lock(planned.run_dir):  # one run per folder, from the first model work to the record
-        earlier = inspect_job(planned.run_dir, manifest_hash=planned.manifest_hash, manifest=planned.manifest)
-        clear_for_run(planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting")
         tracker = open_tracker(cfg, planned)
         host_memory = JobHostMemory().start()  # this job's peak RSS, even when jobs share a process
         stage = "load"
@@ -151,6 +151,9 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
             loaded = load(cfg, planned)
             stage = "prepare"
             prepared = prepare_job(cfg, planned, loaded)
+            # every refusal of the job's input has passed: only now are earlier files moved aside
+            earlier = inspect_job(planned.run_dir, manifest_hash=planned.manifest_hash, manifest=planned.manifest)
+            clear_for_run(planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting")
             stage = "gate"
             gates = gate(cfg, planned, loaded, prepared)
             stage = "measure"
@@ -336,7 +339,23 @@ def load_models(cfg: DictConfig) -> tuple[LoadedModel, LoadedModel | None]:
         apply_model_options(draft, d)
     else:
         draft = _load(d, tokenizer=draft_tokenizer)
+        check_draft_reads_the_vocabulary(draft, target_tokenizer, draft_ref=d.name_or_path or d.name)
     return target, draft
+
+
+def check_draft_reads_the_vocabulary(draft: LoadedModel, tokenizer, *, draft_ref: str) -> None:
+    """A draft must embed every id its tokenizer produces: a smaller embedding matrix than the
+    tokenizer's length cannot read prompts or answers holding the ids past it. (A larger one, or a
+    target padded differently, is fine: proposals keep to the range all share.)"""
+    if tokenizer is None:
+        return
+    rows = int(draft.model.get_input_embeddings().weight.shape[0])
+    if rows < len(tokenizer):
+        raise CheckpointError(
+            f"the draft {draft_ref!r} embeds {rows} token ids but the tokenizer it shares with the target has "
+            f"{len(tokenizer)}: prompts and answers can hold ids it cannot read; use a draft whose vocabulary "
+            "covers the tokenizer"
+        )
 
 
 def _load(m: DictConfig, *, tokenizer=None) -> LoadedModel:

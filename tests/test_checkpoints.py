@@ -35,6 +35,10 @@ def ckpts(tmp_path_factory):
 
 
 def cfg_for(ckpts, draft: str | None = "target", *extra: str):
+    return compose(cfg_for_overrides(ckpts, draft, *extra))
+
+
+def cfg_for_overrides(ckpts, draft: str | None = "target", *extra: str) -> list[str]:
     overrides = [
         "model=hf",
         f"model.name_or_path={ckpts['target']}",
@@ -45,7 +49,7 @@ def cfg_for(ckpts, draft: str | None = "target", *extra: str):
     ]
     if draft is not None:
         overrides += ["proposer=draft_model", "proposer.model.name=hf", f"proposer.model.name_or_path={ckpts[draft]}"]
-    return compose(overrides + list(extra))
+    return overrides + list(extra)
 
 
 # --------------------------------------------------------------------------- loading whole
@@ -222,6 +226,22 @@ def test_padded_vocabulary_is_admitted_and_q_stays_in_the_shared_range(ckpts):
         # the padding rows would win every unrestricted argmax
         unrestricted = draft.model(torch.tensor([ids])).logits[0, -1]
         assert int(unrestricted.argmax()) >= BYTE_VOCAB
+
+
+def test_a_draft_that_embeds_fewer_ids_than_the_tokenizer_is_refused_at_load_naming_both(ckpts, tmp_path, capsys):
+    from harness.app import run_main
+    from harness.runner import CheckpointError, load_models
+
+    short = tiny_checkpoint(tmp_path / "short", seed=3, pad_to=200)  # the same tokenizer, 200 embedding rows
+    with pytest.raises(CheckpointError, match=f"embeds 200 token ids but the tokenizer .* has {BYTE_VOCAB}"):
+        load_models(compose([*cfg_for_overrides(ckpts, "target"), f"proposer.model.name_or_path={short}"]))
+    out = tmp_path / "run"
+    args = [*cfg_for_overrides(ckpts, "target"), f"proposer.model.name_or_path={short}", f"output_dir={out}"]
+    capsys.readouterr()
+    assert run_main(args) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("harness")]
+    assert len(said) == 1 and said[0].startswith(f"harness run: refused: the draft '{short}' embeds 200 token ids")
+    assert not out.exists()
 
 
 def test_the_draft_follows_its_own_dtype_and_attention_settings(ckpts):

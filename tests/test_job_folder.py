@@ -346,6 +346,15 @@ def test_harness_run_into_a_folder_with_a_record_moves_it_aside_and_a_failed_gat
         f"({first['run_id']}); its earlier files are moved to {aside}"
     ) in out
 
+    # a run refused while loading (its prompt is over the context limit) leaves the folder as it was
+    overlong = [*args, "model.tiny.max_position_embeddings=40", "workload.truncate=false"]
+    assert run_main(overlong) == 2
+    captured = capsys.readouterr()
+    assert "harness run: refused: prompt " in captured.err and "> 40 positions of the target" in captured.err
+    assert "WARNING" not in captured.out
+    assert load_record(folder)["run_id"] == second["run_id"]
+    assert len(list((folder / PREVIOUS_DIR).iterdir())) == 1
+
     def failing_gate(*a, **k):
         raise GateError("statistical gate failed (test)")
 
@@ -372,3 +381,27 @@ def test_a_run_folder_that_cannot_be_created_is_refused_in_one_line(cache, capsy
     assert run_main([*TINY, f"hydra.run.dir={cache / 'afile' / 'hydra'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"harness run: refused: cannot create the job folder {cache / 'afile' / 'hydra'}: Not a directory"]
+
+
+def test_run_folders_are_named_by_experiment_else_adhoc_and_a_refused_run_leaves_none(cache, capsys):
+    from harness.app import run_main
+
+    assert run_main(TINY) == 0  # no experiment: outputs/adhoc/<time>
+    (run,) = (cache / "outputs" / "adhoc").iterdir()
+    assert load_record(run)["outputs"]["rows"] == 1 and (run / ".hydra" / "config.yaml").is_file()
+    # output_dir alone: Hydra's files beside the record, no second folder
+    assert run_main([*TINY, f"output_dir={cache / 'mine'}"]) == 0
+    assert (cache / "mine" / ".hydra").is_dir() and load_record(cache / "mine")
+    assert len(list((cache / "outputs" / "adhoc").iterdir())) == 1
+    capsys.readouterr()
+    # refused while loading (a prompt over the context limit) or by a range: no folder of either kind
+    for extra in (["model.tiny.max_position_embeddings=40", "workload.truncate=false"], ["seed=-3"]):
+        assert run_main([*TINY, *extra]) == 2
+        assert run_main([*TINY, *extra, f"output_dir={cache / 'refused'}"]) == 2
+        assert len(list((cache / "outputs" / "adhoc").iterdir())) == 1
+        assert not (cache / "refused").exists()
+    assert not (cache / "outputs" / "None").exists()
+    # a multirun outside any sweep: multirun/adhoc/<time>
+    assert run_main(["-m", *TINY, "seed=1,2"]) == 0
+    (sweep,) = (cache / "multirun" / "adhoc").iterdir()
+    assert len(list(sweep.glob("*/record.json"))) == 2
