@@ -10,8 +10,10 @@ and turns the outcome into an exit code and a one-line refusal.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -25,8 +27,8 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from harness import sweep
-from harness.cli import report_failure
-from harness.config import CONF_DIR, checked_plan, compose_checked, explain_compose_error, offer
+from harness.cli import print_usage, report_failure
+from harness.config import CONF_DIR, Config, checked_plan, compose_checked, explain_compose_error, offer
 from harness.contracts import ConfigError, resolve_ref
 from harness.engine.build import plan
 from harness.engine.checks import validate_config
@@ -35,11 +37,15 @@ from harness.prepare import TRAINERS
 from harness.prepare.sequoia import ensure_tree_artifact
 from harness.runner import build_context, load, load_models, plan_job, run_job, track
 from harness.tracking import dashboard
-from harness.tracking.job_folder import JobFolderError, job_lock
+from harness.tracking.job_folder import LOCK_FILENAME, JobFolderError, job_lock
 
 #: what a command reports as a refusal besides ValueError and OSError: a failed gate, and a config
 #: Hydra or OmegaConf could not compose (a mistyped key or group option, a wrong type)
 REFUSALS = (GateError, HydraException, OmegaConfBaseException)
+
+
+#: top-level options that say how a multirun is launched, not what a job runs
+LAUNCH_OPTIONS = ("concurrent_jobs",)
 
 
 def is_plain_run(argv: list[str]) -> bool:
@@ -51,6 +57,23 @@ def preflight(argv: list[str]) -> None:
     """Everything a plain `harness run` refuses from its config alone, before Hydra creates its run
     folder: composition, values, negotiation, budgets, the workload and the output folder."""
     checked_plan(argv)
+
+
+def check_launch_options(argv: list[str]) -> None:
+    """A multirun's launch-only options (``concurrent_jobs``) checked against their declared ranges
+    before Hydra's sweeper sees them (it would stop on an assertion, after writing its folder)."""
+    ranges = {f.name: f.metadata["range"] for f in dataclasses.fields(Config) if f.name in LAUNCH_OPTIONS}
+    for arg in argv:
+        key, eq, text = arg.lstrip("+~").partition("=")
+        if not eq or key not in ranges:
+            continue
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(
+                f"{key}={text} is not one whole number: launch options take one value for the whole sweep"
+            ) from None
+        ranges[key].check(key, value)
 
 
 def check_flags(argv: list[str], command: str) -> None:
@@ -75,6 +98,8 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
         check_flags(argv, command)
         if is_plain_run(argv):
             preflight(argv)
+        else:
+            check_launch_options(argv)
     except Exception as exc:  # reported in one line; nothing has been written yet
         return report_failure(command, exc, refusals=REFUSALS)
 
@@ -161,29 +186,45 @@ class RunFolderLock(Callback):
 
     def __init__(self) -> None:
         self._lock = None
+        self._folder: Path | None = None
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         HydraConfig.instance().set_config(config)  # as Hydra does next, to resolve hydra.run.dir
         folder = Path(str(config.hydra.run.dir))
+        created = not folder.exists()
         lock = job_lock(folder)
         try:
             lock.__enter__()
         except JobFolderError as exc:
             print(f"harness run: refused: {exc}", file=sys.stderr)
             raise SystemExit(2) from None  # Hydra turns a callback's exceptions into warnings
-        self._lock = lock
+        self._lock, self._folder = lock, folder if created else None
 
     def on_run_end(self, config: DictConfig, **kwargs) -> None:
+        if self._folder is not None:
+            remove_hydra_files_of_a_run_that_wrote_nothing(self._folder)
         if self._lock is not None:
-            self._lock.__exit__(None, None, None)
+            self._lock.__exit__(None, None, None)  # removes the folder when only its lock is left
             self._lock = None
+
+
+def remove_hydra_files_of_a_run_that_wrote_nothing(folder: Path) -> None:
+    """Remove ``.hydra/`` and the log from a folder this run created when nothing else is there (the
+    job was refused or failed before writing): a refused run leaves no run folder behind."""
+    entries = list(folder.iterdir())
+    if not all(p.name in {".hydra", LOCK_FILENAME} or (p.is_file() and p.suffix == ".log") for p in entries):
+        return
+    for p in entries:
+        if p.name == ".hydra":
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.name != LOCK_FILENAME:
+            p.unlink(missing_ok=True)
 
 
 def sweep_main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
-        print(sweep.USAGE)
-        return 0 if argv else 2
+        return print_usage(sweep.USAGE, bool(argv))
     if argv[0] == "--list":
         for name in sweep.list_sweeps():
             print(name)
@@ -267,8 +308,7 @@ artifact's manifest summary as JSON."""
 
 def train_main(argv: list[str]) -> int:
     if not argv or argv[0] in {"-h", "--help"}:
-        print(TRAIN_USAGE)
-        return 0 if argv else 2
+        return print_usage(TRAIN_USAGE, bool(argv))
     try:
         summary = train(argv)
     except Exception as exc:

@@ -48,7 +48,7 @@ def ranged(default: Any = dataclasses.MISSING, *, default_factory: Any = datacla
     return field(default=default, default_factory=default_factory, metadata={"range": Range(**bounds)})
 
 
-SEED = {"ge": 0}
+SEED = {"ge": 0, "le": 2**32 - 1}  # numpy's seed range; derived seeds add offsets and multiples within int64
 POSITIVE_INT = {"ge": 1}
 PROBABILITY = {"ge": 0.0, "le": 1.0}
 
@@ -514,6 +514,12 @@ def derived_layers(draft_name: str, target_name: str, target_tiny_layers: int) -
     return DEFAULT_DERIVED_LAYERS
 
 
+def or_default(value: Any, default: Any) -> Any:
+    """``value`` unless it is null or empty, else ``default`` (``${oc.select:...}`` returns a null
+    value as it is: a run outside any experiment would otherwise land in ``outputs/None``)."""
+    return default if value is None or value == "" else value
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
@@ -533,6 +539,7 @@ def register_configs() -> None:
         replace=True,
     )
     OmegaConf.register_new_resolver("derived_layers", derived_layers, replace=True)
+    OmegaConf.register_new_resolver("or_default", or_default, replace=True)
     OmegaConf.register_new_resolver("device_dtype", device_dtype, replace=True)
 
 
