@@ -703,6 +703,44 @@ def test_published_checkpoint_refusals(env, tmp_path):
         load_configured_eagle({"artifact": str(tmp_path / "empty")}, model=model, tokenizer=None)
 
 
+def test_malformed_published_eagle_checkpoints_are_refused_naming_file_key_or_field(env, tmp_path):
+    """Each refusal is an ArtifactError (one line, exit 2), never a KeyError or a library error,
+    and names the artifact and what is wrong."""
+    model = env["model"]
+    cfg = model.config
+    good = eagle12_state(cfg, embed=model.get_input_embeddings().weight)
+
+    def load(name, config, state, fmt="bin"):
+        path = write_published(tmp_path / name, config, state, fmt=fmt)
+        return load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+
+    as_int = {**good, "fc.weight": good["fc.weight"].to(torch.int32)}
+    with pytest.raises(ArtifactError, match=r"'.*int32'.*fc.weight is torch.int32; weights must be floating point"):
+        load("int32", llama_fields(cfg), as_int)
+    nan = {**good, "layers.0.mlp.up_proj.weight": good["layers.0.mlp.up_proj.weight"].clone()}
+    nan["layers.0.mlp.up_proj.weight"][0, 0] = float("nan")
+    with pytest.raises(ArtifactError, match=r"layers.0.mlp.up_proj.weight holds 1 non-finite value"):
+        load("nan", llama_fields(cfg), nan)
+    fields = llama_fields(cfg)
+    del fields["intermediate_size"]
+    with pytest.raises(ArtifactError, match=r"'.*no-inter'.*config.json lacks 'intermediate_size'"):
+        load("no-inter", fields, good)
+    with pytest.raises(ArtifactError, match=r"config.json.* holds a JSON list, not an object"):
+        path = write_published(tmp_path / "list", {}, good)
+        (path / "config.json").write_text("[1, 2]")
+        load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+    with pytest.raises(ArtifactError, match=r"config.json' is not valid JSON"):
+        (path / "config.json").write_text("{not json")
+        load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+    empty = write_published(tmp_path / "zero", llama_fields(cfg), good, fmt="safetensors")
+    (empty / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ArtifactError, match=r"cannot read '.*zero/model.safetensors' as a tensor file"):
+        load_configured_eagle({"artifact": str(empty)}, model=model, tokenizer=None)
+    config, state, _ = eagle3_checkpoint(cfg, draft_vocab=48)
+    with pytest.raises(ArtifactError, match=r"d2t is torch.float32; it holds token ids and must be integer"):
+        load("float-d2t", config, {**state, "d2t": state["d2t"].float()})
+
+
 def eagle3_checkpoint(cfg, *, draft_vocab: int, seed=0, speculators=False):
     """Random EAGLE-3 weights and config (EAGLE repo naming, or speculators' ``layers.0.``)."""
     gen = torch.Generator().manual_seed(seed)

@@ -29,7 +29,7 @@ from harness.config import compose
 from harness.contracts import Budget
 from harness.heads.artifacts import load_configured_heads
 from harness.heads.checkpoint import ArtifactError, cpu_budget_label
-from harness.heads.published import check_target, inspect, is_published
+from harness.heads.published import check_target, inspect, is_published, load_published_heads
 from harness.target.loading import build_tiny_model, model_geometry
 
 H, V = 32, 96  # the tiny target's hidden size and vocabulary
@@ -163,6 +163,37 @@ def test_a_tampered_medusa_checkpoint_is_refused(tmp_path, tamper, match):
     path = write_medusa(tmp_path / "bad", state, config=medusa_config(3, 1))
     with pytest.raises(ArtifactError, match=match):
         inspect(str(path), "medusa")
+
+
+def test_malformed_published_heads_are_refused_naming_file_key_or_field(tmp_path):
+    """Each refusal is an ArtifactError (one line, exit 2), never a KeyError or a library error."""
+    good = medusa_state(heads=3, layers=1, hidden=H, vocab=V)
+
+    def written(name, state=None, config=None, fmt="pt"):
+        return write_medusa(tmp_path / name, state or good, config=config or medusa_config(3, 1), fmt=fmt)
+
+    as_int = {**good, "1.0.linear.weight": good["1.0.linear.weight"].to(torch.int64)}
+    for fmt in ("pt", "safetensors"):  # the dtype is read from the header, before any weight
+        with pytest.raises(ArtifactError, match=r"1\.0\.linear\.weight is torch\.int64; weights must be floating"):
+            inspect(str(written(f"int-{fmt}", as_int, fmt=fmt)), "medusa")
+    no_head0 = {k: v for k, v in good.items() if not k.startswith("0.")}
+    with pytest.raises(ArtifactError, match=r"missing tensor\(s\) \['0\.0\.linear\.bias', '0\.0\.linear\.weight'"):
+        inspect(str(written("no-head-0", no_head0)), "medusa")
+    with pytest.raises(ArtifactError, match=r"medusa_num_heads='three' is not a whole number"):
+        inspect(str(written("str-count", config=medusa_config(3, 1, medusa_num_heads="three"))), "medusa")
+    listed = written("list")
+    (listed / "config.json").write_text("[3, 1]")
+    with pytest.raises(ArtifactError, match=r"list/config.json' holds a JSON list, not an object"):
+        inspect(str(listed), "medusa")
+    zero = written("zero", fmt="safetensors")
+    (zero / "medusa_lm_head.safetensors").write_bytes(b"")
+    with pytest.raises(ArtifactError, match=r"cannot read '.*zero/medusa_lm_head.safetensors' as a safetensors file"):
+        inspect(str(zero), "medusa")
+    nan = {k: v.clone() for k, v in good.items()}
+    nan["2.0.linear.weight"][1, 1] = float("inf")
+    layout = inspect(str(written("inf", nan)), "medusa")  # shapes and dtypes pass; the values are read at load
+    with pytest.raises(ArtifactError, match=r"inf'.*2\.0\.linear\.weight holds 1 non-finite value"):
+        load_published_heads(layout, model=build_tiny_model(seed=0, vocab_size=V))
 
 
 def test_heads_for_another_target_are_refused_with_expected_and_got(tmp_path):

@@ -16,7 +16,14 @@ from pathlib import Path
 
 import torch
 
-from harness.heads.checkpoint import ArtifactError, artifact_dir, cpu_budget_label, load_artifact, target_fingerprint
+from harness.heads.checkpoint import (
+    ArtifactError,
+    artifact_dir,
+    cpu_budget_label,
+    load_artifact,
+    read_config_object,
+    target_fingerprint,
+)
 from harness.heads.eagle import EagleSpec, build_draft
 from harness.heads.eagle_formats import parse_published, read_weights, resolve_source
 from harness.heads.early_exit import AdapterArtifact, build_adapter
@@ -169,12 +176,13 @@ def eagle_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> 
 def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifact:
     """A published EAGLE / EAGLE-2 / EAGLE-3 checkpoint (local directory or hub id), checked
     against the target's hidden size, vocabulary and layers."""
-    import json
-
     path = resolve_source(source)
-    cfg = json.loads((path / "config.json").read_text())
+    cfg = read_config_object(path / "config.json")
     raw, digests = read_weights(path)
-    fmt, spec, state = parse_published(cfg, raw, target_config=model.config)
+    try:
+        fmt, spec, state = parse_published(cfg, raw, target_config=model.config)
+    except ArtifactError as exc:
+        raise ArtifactError(f"proposer.artifact={source!r}: {exc}") from None
     draft = build_eagle(spec, {k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     embedding = {"in_checkpoint": "embed_tokens.weight" in state}
     if embedding["in_checkpoint"]:

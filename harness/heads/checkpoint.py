@@ -34,6 +34,37 @@ class ArtifactError(ValueError):
     """A proposal artifact does not belong to this target / recipe, or was altered."""
 
 
+def read_config_object(path: Path) -> dict[str, Any]:
+    """A published checkpoint's ``config.json``: one JSON object, or :class:`ArtifactError` naming
+    the file and what is wrong with it."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ArtifactError(f"{str(path)!r} is not UTF-8 text ({exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{str(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ArtifactError(f"{str(path)!r} holds a JSON {type(config).__name__}, not an object of settings")
+    return config
+
+
+def check_weight_tensors(where: str, state: dict[str, torch.Tensor], *, integer_keys: tuple[str, ...] = ()) -> None:
+    """Every weight of a published checkpoint is a floating-point tensor with finite values (index
+    tensors, ``integer_keys``, hold integers or booleans): a weight stored as integers, an index
+    stored as floats, or a weight holding NaN or inf is refused naming the tensor, before any
+    forward."""
+    for key, tensor in state.items():
+        if key in integer_keys:
+            if tensor.is_floating_point() or tensor.is_complex():
+                raise ArtifactError(f"{where}: {key} is {tensor.dtype}; it holds token ids and must be integer")
+            continue
+        if not tensor.is_floating_point():
+            raise ArtifactError(f"{where}: {key} is {tensor.dtype}; weights must be floating point")
+        if tensor.device.type != "meta" and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ArtifactError(f"{where}: {key} holds {bad} non-finite value(s) (NaN or inf)")
+
+
 #: an artifact that recorded fewer training tokens than this is a CPU-budget artifact: the label
 #: reports keep apart (trained here on tens of thousands of tokens, not a full training run)
 CPU_BUDGET_MAX_TOKENS = 10_000_000

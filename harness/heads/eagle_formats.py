@@ -38,12 +38,11 @@ the expected and the actual value before anything runs.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import torch
 
-from harness.heads.checkpoint import ArtifactError
+from harness.heads.checkpoint import ArtifactError, check_weight_tensors, read_config_object
 from harness.heads.eagle import EagleSpec
 from harness.target.loading import looks_like_hub_id
 
@@ -92,8 +91,8 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     files: list[Path] = []
     for name in INDEX_FILES:
         if (path / name).is_file():
-            index = json.loads((path / name).read_text())
-            files = [path / f for f in sorted(set(index.get("weight_map", {}).values()))]
+            index = read_config_object(path / name)
+            files = [path / f for f in sorted(set((index.get("weight_map") or {}).values()))]
             break
     if not files:
         files = [path / f for f in WEIGHT_FILES if (path / f).is_file()][:1]
@@ -103,10 +102,18 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         if not f.is_file():
             raise ArtifactError(f"published checkpoint {str(path)!r}: shard {f.name!r} missing")
         digests[f.name] = hashlib.sha256(f.read_bytes()).hexdigest()
-        if f.suffix == ".safetensors":
-            state.update(load_file(str(f)))
-        else:
-            state.update(torch.load(str(f), map_location="cpu", weights_only=True))
+        try:
+            if f.suffix == ".safetensors":
+                part = load_file(str(f))
+            else:
+                part = torch.load(str(f), map_location="cpu", weights_only=True)
+        except Exception as exc:  # a truncated or empty file, a pickle of something else
+            raise ArtifactError(f"cannot read {str(f)!r} as a tensor file: {type(exc).__name__}: {exc}") from None
+        if not isinstance(part, dict) or not all(isinstance(t, torch.Tensor) for t in part.values()):
+            raise ArtifactError(f"{str(f)!r} holds a {type(part).__name__}, not a state dict of tensors")
+        state.update(part)
+    if not state:
+        raise ArtifactError(f"published checkpoint {str(path)!r}: its weight files hold no tensors")
     return state, digests
 
 
@@ -154,9 +161,27 @@ def _rename(state: dict, old: str, new: str) -> dict:
     return {(new + k[len(old) :] if k.startswith(old) else k): v for k, v in state.items()}
 
 
+#: EAGLE-3's vocabulary maps: index tensors, not weights
+INDEX_KEYS = ("d2t", "t2d")
+
+
 def parse_published(cfg: dict, state: dict[str, torch.Tensor], *, target_config) -> tuple[str, EagleSpec, dict]:
     """(format name, spec, state dict in this harness's key names) of a published checkpoint,
-    checked against the target's config. Raises :class:`ArtifactError` naming expected vs got."""
+    checked against the target's config. Raises :class:`ArtifactError` naming expected vs got: a
+    config field that is missing or of the wrong type, a weight that is not floating point or not
+    finite, a vocabulary map that is not integer."""
+    check_weight_tensors("EAGLE checkpoint", state, integer_keys=INDEX_KEYS)
+    try:
+        return _parse_published(cfg, state, target_config=target_config)
+    except KeyError as exc:
+        raise ArtifactError(f"EAGLE checkpoint config.json lacks {exc} (a decoder layer's settings)") from None
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ArtifactError):
+            raise
+        raise ArtifactError(f"EAGLE checkpoint config.json: a setting of the wrong type ({exc})") from None
+
+
+def _parse_published(cfg: dict, state: dict[str, torch.Tensor], *, target_config) -> tuple[str, EagleSpec, dict]:
     target_h = int(target_config.hidden_size)
     target_v = int(target_config.vocab_size)
     kind = cfg.get("speculators_model_type")

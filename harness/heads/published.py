@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from inspect import signature as inspect_signature
@@ -59,7 +58,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from harness.heads.checkpoint import MANIFEST_FILE, ArtifactError
+from harness.heads.checkpoint import MANIFEST_FILE, ArtifactError, check_weight_tensors, read_config_object
 from harness.heads.models import vocab_projection
 from harness.target.loading import looks_like_hub_id
 
@@ -153,7 +152,7 @@ def locate(ref: str, kind: str) -> tuple[Path, str, list[Path]]:
 
 
 def _shards_with_prefix(index: Path, prefix: str) -> list[str]:
-    weight_map = json.loads(index.read_text()).get("weight_map") or {}
+    weight_map = read_config_object(index).get("weight_map") or {}
     return sorted({f for k, f in weight_map.items() if k.startswith(prefix)})
 
 
@@ -167,23 +166,47 @@ def _local_shards(directory: Path) -> list[Path]:
 # --------------------------------------------------------------------------- reading tensors
 
 
+#: safetensors' dtype names (a file header's ``dtype`` field) as torch dtypes
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def _read_safetensors(f: Path, prefix: str, data: bool, out: dict[str, torch.Tensor]) -> None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(f), framework="pt") as sf:
+            for key in sf.keys():
+                if key.startswith(prefix):
+                    name = key[len(prefix) :]
+                    if data:
+                        out[name] = sf.get_tensor(key)
+                    else:
+                        sl = sf.get_slice(key)
+                        dtype = SAFETENSORS_DTYPES.get(sl.get_dtype(), torch.float32)
+                        out[name] = torch.empty(sl.get_shape(), dtype=dtype, device="meta")
+    except Exception as exc:  # a truncated or empty file, a header that is not safetensors'
+        raise ArtifactError(f"cannot read {str(f)!r} as a safetensors file: {type(exc).__name__}: {exc}") from None
+
+
 def _read_tensors(files: list[Path], *, prefix: str = "", data: bool) -> dict[str, torch.Tensor]:
     """Tensors of ``files`` whose keys start with ``prefix`` (prefix stripped). ``data=False``
-    reads shapes only where the format allows (safetensors headers; ``.pt`` files memory-mapped)."""
+    reads shapes and dtypes only where the format allows (safetensors headers; ``.pt`` files
+    memory-mapped)."""
     out: dict[str, torch.Tensor] = {}
     for f in files:
         if f.suffix == ".safetensors":
-            from safetensors import safe_open
-
-            with safe_open(str(f), framework="pt") as sf:
-                for key in sf.keys():
-                    if key.startswith(prefix):
-                        name = key[len(prefix) :]
-                        if data:
-                            out[name] = sf.get_tensor(key)
-                        else:
-                            sl = sf.get_slice(key)
-                            out[name] = torch.empty(sl.get_shape(), dtype=torch.float32, device="meta")
+            _read_safetensors(f, prefix, data, out)
         else:
             try:
                 state = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
@@ -193,7 +216,9 @@ def _read_tensors(files: list[Path], *, prefix: str = "", data: bool) -> dict[st
                 raise ArtifactError(f"{str(f)!r} holds a {type(state).__name__}, not a state dict of tensors")
             for key, tensor in state.items():
                 if isinstance(tensor, torch.Tensor) and key.startswith(prefix):
-                    out[key[len(prefix) :]] = tensor if data else torch.empty(tensor.shape, device="meta")
+                    out[key[len(prefix) :]] = (
+                        tensor if data else torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+                    )
     return out
 
 
@@ -269,7 +294,9 @@ def _head_blocks(ref, shapes, kind: str, prefix: str = "") -> tuple[int, int]:
             f"proposer.artifact={ref!r}: no {kind} head tensors ({prefix}{{k}}.{{j}}.linear.weight); got keys "
             f"{sorted(shapes)[:6]}"
         )
-    return max(k for k, _ in blocks) + 1, max(j for k, j in blocks if k == 0)
+    # a head missing from the weights (head 0 included) is named by the key check that follows
+    k0 = min(k for k, _ in blocks)
+    return max(k for k, _ in blocks) + 1, max(j for k, j in blocks if k == k0)
 
 
 def inspect(ref: str, kind: str) -> PublishedLayout:
@@ -277,17 +304,23 @@ def inspect(ref: str, kind: str) -> PublishedLayout:
     if kind not in ("medusa", "hydra"):
         raise ArtifactError(f"proposer={kind} reads artifacts trained here only; published heads: medusa, hydra")
     directory, layout, files = locate(str(ref), kind)
-    try:
-        config = json.loads((directory / "config.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise ArtifactError(f"{str(directory / 'config.json')!r} is not valid JSON: {exc}") from None
+    config = read_config_object(directory / "config.json")
     prefix = MEDUSA_FULL_PREFIX if layout == "full-model" else ""
-    shapes = {k: tuple(t.shape) for k, t in _read_tensors(files, prefix=prefix, data=False).items()}
+    tensors = _read_tensors(files, prefix=prefix, data=False)
+    shapes = {k: tuple(t.shape) for k, t in tensors.items()}
     if not shapes:
         raise ArtifactError(f"proposer.artifact={ref!r}: {', '.join(f.name for f in files)} hold no {kind} tensors")
-    read = _inspect_medusa(ref, layout, config, shapes) if kind == "medusa" else _inspect_hydra(ref, config, shapes)
+    try:
+        read = _inspect_medusa(ref, layout, config, shapes) if kind == "medusa" else _inspect_hydra(ref, config, shapes)
+    except ArtifactError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError) as exc:  # a layout none of the checks above foresaw
+        raise ArtifactError(
+            f"proposer.artifact={ref!r}: not a readable {kind} checkpoint ({type(exc).__name__}: {exc})"
+        ) from None
     out = PublishedLayout(kind=kind, ref=str(ref), directory=directory, files=tuple(files), config=config, **read)
     check_keys(out, shapes)
+    check_weight_tensors(f"proposer.artifact={ref!r} ({out.format})", tensors)
     return out
 
 
@@ -297,6 +330,8 @@ def config_disagreements(config: dict, **from_weights: int) -> list[str]:
     notes = []
     for key, got in from_weights.items():
         said = config.get(key)
+        if said is not None and (isinstance(said, bool) or not isinstance(said, int)):
+            raise ArtifactError(f"config.json: {key}={said!r} is not a whole number (the weights hold {got})")
         if said is not None and int(said) != got:
             notes.append(f"config.json says {key}={said}; the weights hold {got} (read from the weights)")
     return notes
@@ -306,7 +341,7 @@ def _inspect_medusa(ref, layout, config, shapes) -> dict:
     """The :class:`PublishedLayout` fields a Medusa checkpoint's config and shapes give."""
     heads, last = _head_blocks(ref, shapes, "Medusa")
     layers = last + 1
-    hidden = shapes["0.0.linear.weight"][1]
+    hidden = next(shape[1] for key, shape in sorted(shapes.items()) if key.endswith(".0.linear.weight"))
     proj = f"0.{layers}.weight"
     vocab = shapes[proj][0] if proj in shapes else None
     notes = []
@@ -349,6 +384,8 @@ def _inspect_hydra(ref, config, shapes) -> dict:
     heads, last = _head_blocks(ref, shapes, "Hydra", "hydra_mlp.")
     layers = (last - first) // step + 1
     last = f"hydra_mlp.0.{first + step * (layers - 1)}.linear.weight"
+    if last not in shapes:
+        raise ArtifactError(f"proposer.artifact={ref!r}: missing tensor(s) ['{last}'] (head 0's last block)")
     hidden = shapes[last][0]
     head = "hydra_lm_head.0.1.weight" if arch == "prefix-mlp" else "hydra_lm_head.0.weight"
     if head not in shapes:
@@ -717,6 +754,7 @@ def load_published_heads(layout: PublishedLayout, *, model: nn.Module) -> Publis
     equals the target's (None: none saved)."""
     state = _read_tensors(list(layout.files), prefix=layout.key_prefix, data=True)
     check_keys(layout, {k: tuple(v.shape) for k, v in state.items()})  # the files may have changed since
+    check_weight_tensors(f"proposer.artifact={layout.ref!r} ({layout.format})", state)
     embed = model.get_input_embeddings().weight.detach()
     saved = state.get("input_embed_fn.weight")
     matches = None
