@@ -124,7 +124,12 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
             json.dumps(
                 {
                     "record": str(run_dir / "record.json"),
+                    # end to end: prefill (a draft's prompt forward included) + decode, per token
                     "speedup": m["speedup"],
+                    "end_to_end_time_per_token_ms": m.get("end_to_end_time_per_token_ms"),
+                    "ar_end_to_end_time_per_token_ms": m.get("ar_end_to_end_time_per_token_ms"),
+                    # the round loop alone
+                    "decode_speedup": m.get("decode_speedup"),
                     "time_per_committed_token_ms": m["time_per_committed_token_ms"],
                     "ar_time_per_token_ms": m["ar_time_per_token_ms"],
                     "mean_committed_per_round": m["mean_committed_per_round"],

@@ -13,6 +13,7 @@ from helpers import FIXTURE_ROOT, fixture_record, fixture_run_id
 from harness.tracking.compare import (
     ALL,
     compare,
+    format_table,
     main,
     paired_bootstrap,
     parse_kv,
@@ -142,6 +143,15 @@ def test_fixture_arms_match_the_records_and_sections_stay_apart():
     spec = _per_prompt_ratio(rec, "spec_decode_ms", "spec_tokens")
     assert draft.time_per_committed_token_ms.value == pytest.approx(spec, rel=1e-9)
     assert draft.speedup.value == pytest.approx(_per_prompt_ratio(rec, "ar_decode_ms", "ar_tokens") / spec, rel=1e-9)
+    # the counterparts of the record's decode_speedup and (prefill counted) headline speedup, which
+    # divide batch wall time rather than sum request latencies: equal up to the batch's bookkeeping
+    m = rec["metrics"]
+    assert draft.speedup.value == pytest.approx(m["decode_speedup"], rel=0.01)
+    assert draft.end_to_end_speedup.value == pytest.approx(m["speedup"], rel=0.01)
+    assert draft.end_to_end_speedup.value != pytest.approx(draft.speedup.value, rel=0.01)
+    assert draft.end_to_end_speedup.ci_low <= draft.end_to_end_speedup.value <= draft.end_to_end_speedup.ci_high
+    table = format_table(rows, by="proposer", baseline=None, level=0.95)
+    assert "decode speedup vs AR [95% CI]" in table and "end-to-end speedup [95% CI]" in table
     assert {r.category for r in rows} == {"code", "chat", ALL}
     assert _row(rows, "draft_model", "code").n_prompts == 2 and _row(rows, "draft_model").n_prompts == 4
     by_section = {

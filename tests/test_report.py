@@ -76,7 +76,13 @@ def test_default_report_from_records_only_without_model_code(tmp_path):
     # the runs table shows the record's own numbers
     rec = fixture_record(3)
     m = rec["metrics"]
-    numbers = (m["speedup"], m["time_per_committed_token_ms"], m["ar_time_per_token_ms"], m["mean_committed_per_round"])
+    numbers = (
+        m["speedup"],
+        m["decode_speedup"],
+        m["time_per_committed_token_ms"],
+        m["ar_time_per_token_ms"],
+        m["mean_committed_per_round"],
+    )
     row = f"| {rec['run_id']} | draft_model | expansion | greedy | 0 | 1 | jsonl | tiny | "
     assert row + " | ".join(f"{x:.4g}" for x in numbers) + " | True |" in md
 
@@ -113,7 +119,13 @@ def test_every_plot_survives_unmeasured_metrics_and_reads_a_parquet_store(tmp_pa
     shutil.copytree(fixture_run(1), root / "a")
     shutil.copytree(fixture_run(2), root / "b")  # the outputs its record binds come along
     rec = load_record(fixture_run(2))
-    for name in ("speedup", "time_per_committed_token_ms", "ar_time_per_token_ms", "temp_kv_bytes_peak"):
+    for name in (
+        "speedup",
+        "decode_speedup",
+        "time_per_committed_token_ms",
+        "ar_time_per_token_ms",
+        "temp_kv_bytes_peak",
+    ):
         rec["metrics"][name] = None
     rec["metrics"]["round_cost_ms"]["retrieval"] = None
     rec["metrics"]["acceptance_by_depth"] = rec["metrics"]["reach_by_depth"] = []
@@ -128,7 +140,7 @@ def test_every_plot_survives_unmeasured_metrics_and_reads_a_parquet_store(tmp_pa
     assert (root / "report" / "08_frontier.png").is_file()
     assert "_Not drawn: no record carries a t(n) profile._" in md
     assert "_Not drawn: fewer than two batch sizes among the runs._" in md
-    assert f"| {rec['run_id']} | rest | sequences | greedy | 0 | 1 | jsonl | tiny | - | - |" in md
+    assert f"| {rec['run_id']} | rest | sequences | greedy | 0 | 1 | jsonl | tiny | - | - | - |" in md
 
 
 def test_recipes_are_validated(tmp_path, capsys):

@@ -589,7 +589,7 @@ def test_jobs_resume_by_what_ran_not_by_job_number(env, capsys):
     rc, third = launch(sweep_dir, *common, "verifier=greedy,membership")
     assert rc == 0 and third["ran"] == [job] and len(third["skipped"]) == 1
     (aside,) = (sweep_dir / job / ".previous").iterdir()
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert (
         f"[WARNING] - re-running sweep job {job}: its outputs.jsonl is missing; its earlier files are moved to {aside}"
     ) in out
@@ -634,7 +634,7 @@ def test_a_job_rerun_after_a_code_change_that_fails_its_gate_leaves_no_record_in
     status = json.loads((folder / JOB_STATUS).read_text())
     assert (status["status"], status["stage"], status["refused"]) == ("failed", "run", True)
     assert status["manifest_hash"] != old["manifest_hash"]
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert (
         f"[WARNING] - re-running sweep job {job}: its record has manifest hash {old['manifest_hash']}, "
         f"this job {status['manifest_hash']} (changed: harness_code); its earlier files are moved to {aside}"

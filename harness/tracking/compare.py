@@ -9,9 +9,13 @@ An *arm* is every run sharing one value of the ``by`` axis inside one section (a
 filters). Its per-prompt rows are summed by ``prompt_id`` over its runs, so the pairing unit is
 always the prompt. For each arm and each workload category (and ``all``):
 
-* ``time_per_committed_token_ms`` = sum(spec_decode_ms) / sum(spec_tokens);
+* ``time_per_committed_token_ms`` = sum(spec_decode_ms) / sum(spec_tokens) (decode time);
 * ``speedup`` = [sum(ar_decode_ms) / sum(ar_tokens)] / [sum(spec_decode_ms) / sum(spec_tokens)],
-  the AR baseline of the same runs on the same prompts;
+  the AR baseline of the same runs on the same prompts: the **decode** speedup (the round loop's;
+  the counterpart of a record's ``decode_speedup``), printed as "decode speedup";
+* ``end_to_end_speedup``: the same ratio with each prompt's prefill added to its decode time
+  (the target's prompt forward and every proposer's start: a draft's prompt forward is the
+  speculative arm's cost), the counterpart of a record's headline ``speedup``;
 * with ``baseline=V``: ``vs_baseline`` = time per committed token of arm ``V`` over this arm's,
   on the prompts both arms ran (> 1: this arm is faster).
 
@@ -27,8 +31,10 @@ point value.
 Confidence intervals: ``scipy.stats.bootstrap`` with ``paired=True``, resampling prompts (every
 quantity of one prompt moves together). Runs whose timings are not honest
 (``cpu_budget_artifact``) and heuristic runs (``exact: false``) are labelled and reported in
-their own sections, never mixed with exact runs. Values are recomputed from ``per_prompt``; they
-agree with the record's own ``speedup`` metric when the runner derives it the same way.
+their own sections, never mixed with exact runs. Values are recomputed from ``per_prompt``, each
+request's latency inside its batch; a record's ``decode_speedup`` and ``speedup`` divide batch
+wall time instead, so at batch 1 they differ by the batch's own bookkeeping (under 1% on the test
+fixtures) and at larger batches by what batching overlaps.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ SECTION_TITLES: dict[str, str] = {
 }
 _OPTION_KEYS = ("by", "baseline", "json", "level", "resamples", "seed", "method", "leaderboard")
 _PROMPT_COLUMNS = ("spec_decode_ms", "spec_tokens", "ar_decode_ms", "ar_tokens")
+#: per-prompt prefill times (missing in older records: their end-to-end speedup is "-")
+_PREFILL_COLUMNS = ("spec_prefill_ms", "ar_prefill_ms")
 
 
 @dataclass(frozen=True)
@@ -87,10 +95,11 @@ class ArmRow:
     varying: dict[str, list[str]]
     time_per_committed_token_ms: Estimate
     ar_time_per_token_ms: float | None
-    speedup: Estimate
+    speedup: Estimate  # decode time
     vs_baseline: Estimate | None = None
     n_pairs_baseline: int = 0
     labels: tuple[str, ...] = field(default=())
+    end_to_end_speedup: Estimate = field(default=Estimate(None))  # prefill + decode
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,20 +201,25 @@ def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
             "prompt_id": str(p["prompt_id"]),
             "category": str(p["category"]),
             **{c: float(p[c]) for c in _PROMPT_COLUMNS},
+            **{c: float(p[c]) if p.get(c) is not None else math.nan for c in _PREFILL_COLUMNS},
         }
         for run, p in run_prompts(df)
     ]
-    columns = ["run_id", "section", *AXES, "prompt_id", "category", *_PROMPT_COLUMNS]
+    columns = ["run_id", "section", *AXES, "prompt_id", "category", *_PROMPT_COLUMNS, *_PREFILL_COLUMNS]
     return pd.DataFrame(rows, columns=columns)
 
 
 def _arm_prompts(long: pd.DataFrame) -> pd.DataFrame:
-    """Sum one arm's rows by prompt: [prompt_id] -> category + the four per-prompt columns."""
+    """Sum one arm's rows by prompt: [prompt_id] -> category, the four decode columns and the
+    two prefill columns."""
     cats = long.groupby("prompt_id")["category"].nunique()
     if (cats > 1).any():
         bad = cats[cats > 1].index.tolist()
         raise ValueError(f"prompts {bad} carry different categories in different runs")
     summed = long.groupby("prompt_id", sort=True)[list(_PROMPT_COLUMNS)].sum()
+    grouped = long.groupby("prompt_id", sort=True)
+    for c in _PREFILL_COLUMNS:  # NaN where any run of the prompt lacks it
+        summed[c] = grouped[c].sum(min_count=1).where(grouped[c].count() == grouped[c].size())
     summed["category"] = long.groupby("prompt_id", sort=True)["category"].first()
     return summed
 
@@ -221,9 +235,25 @@ def _arm_runs(df: pd.DataFrame, by: str, filters: Mapping[str, str] | None) -> p
 
 
 def _speedup(p: pd.DataFrame, boot: Mapping[str, Any]) -> Estimate:
-    """Speedup vs AR of one arm's summed prompts ``p``: AR's ms per token over the arm's."""
+    """Decode speedup vs AR of one arm's summed prompts ``p``: AR's ms per token over the arm's."""
     return paired_bootstrap(
         (p["ar_decode_ms"], p["ar_tokens"], p["spec_decode_ms"], p["spec_tokens"]), speedup_statistic, **boot
+    )
+
+
+def _end_to_end_speedup(p: pd.DataFrame, boot: Mapping[str, Any]) -> Estimate:
+    """The same with each prompt's prefill counted; None when a prompt has no recorded prefill."""
+    if any(c not in p.columns or p[c].isna().any() for c in _PREFILL_COLUMNS):
+        return Estimate(None)
+    return paired_bootstrap(
+        (
+            p["ar_prefill_ms"] + p["ar_decode_ms"],
+            p["ar_tokens"],
+            p["spec_prefill_ms"] + p["spec_decode_ms"],
+            p["spec_tokens"],
+        ),
+        speedup_statistic,
+        **boot,
     )
 
 
@@ -320,6 +350,7 @@ def compare(
                         vs_baseline=vs,
                         n_pairs_baseline=n_pairs,
                         labels=_labels(section),
+                        end_to_end_speedup=_end_to_end_speedup(p, boot),
                     )
                 )
     return out
@@ -494,9 +525,10 @@ def arm_table(
 ) -> tuple[list[str], list[list[str]]]:
     """Header and rows of one section's arms: ``ci`` follows each estimate's heading;
     ``ar_column`` adds AR's ms per token."""
-    header = [by, "category", "prompts", "runs", f"ms/committed token{ci}"]
-    header += ["AR ms/token"] if ar_column else []
-    header.append(f"speedup vs AR{ci}")
+    header = [by, "category", "prompts", "runs", f"decode ms/committed token{ci}"]
+    header += ["AR decode ms/token"] if ar_column else []
+    header.append(f"decode speedup vs AR{ci}")
+    header.append(f"end-to-end speedup{ci}")
     if baseline is not None:
         header.append(f"vs {by}={baseline}{ci}")
     header.append("mixed axes")
@@ -505,6 +537,7 @@ def arm_table(
         line = [r.arm, r.category, str(r.n_prompts), str(len(r.run_ids)), r.time_per_committed_token_ms.fmt(2)]
         line += [Estimate(r.ar_time_per_token_ms).fmt(2)] if ar_column else []
         line.append(r.speedup.fmt(3))
+        line.append(r.end_to_end_speedup.fmt(3))
         if baseline is not None:
             line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-")
         line.append("; ".join(f"{k}={','.join(v)}" for k, v in r.varying.items()) or "-")

@@ -28,9 +28,9 @@ What each field holds here:
 Spec-Bench's speed statistic over these files (per task: mean over questions of
 ``sum(new_tokens) / sum(wall_time)``, over the same mean for the baseline, whose tokens it recounts
 from ``turns`` with its tokenizer, minus one for a BOS) is recorded by every run as
-``metrics.spec_bench_speedup`` from the same numbers; the harness's own ``speedup`` is a ratio of
-sums over decode time (prefill excluded), a different statistic. This module reads records and
-outputs only.
+``metrics.spec_bench_speedup`` from the same numbers; the record's own ``speedup`` is a ratio of
+sums of end-to-end time and its ``decode_speedup`` a ratio of sums over decode time (prefill
+excluded), different statistics. This module reads records and outputs only.
 """
 
 from __future__ import annotations
