@@ -756,10 +756,20 @@ def write(record: dict, measured: Measured, run_dir: Path) -> dict:
 # --------------------------------------------------------------------------- trackers
 
 
+def model_label(m: DictConfig) -> str:
+    """The ``model`` axis of a target: what tells two targets apart in the store, compare and
+    exports. A built-in name (``smollm2``, ``tiny``) or a hub id as given, a local checkpoint by its
+    folder's name, then ``@<dtype>`` unless the weights run in float32."""
+    ref = str(m.name_or_path or m.name)
+    label = Path(ref).expanduser().resolve().name if (m.name_or_path and Path(ref).expanduser().exists()) else ref
+    dtype = str(m.dtype)
+    return label if dtype == "float32" else f"{label}@{dtype}"
+
+
 def axes_of(cfg: DictConfig) -> dict:
     """The record's axes (the store's columns, W&B's top-level config keys)."""
     return {
-        "model": cfg.model.name,
+        "model": model_label(cfg.model),
         "proposer": cfg.proposer.name,
         "topology": cfg.topology.name,
         "verifier": cfg.verifier.name,

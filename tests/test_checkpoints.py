@@ -357,3 +357,15 @@ def test_a_checkpoints_weights_are_aligned_to_a_cache_line_and_tied_weights_stay
         assert p.data_ptr() % PARAMETER_ALIGNMENT == 0 and torch.equal(p, misplaced[name])
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     assert align_parameters(model) == 0  # nothing left to move
+
+
+def test_the_model_axis_tells_checkpoints_and_dtypes_apart(ckpts):
+    """Two checkpoints (or one in two dtypes) never share an arm in the store, compare or exports."""
+    from harness.runner import model_label
+
+    assert model_label(compose([]).model) == "smollm2"
+    assert model_label(compose(["model=tiny"]).model) == "tiny"
+    assert model_label(cfg_for(ckpts, None).model) == "target"  # a local folder by its name
+    assert model_label(cfg_for(ckpts, None, "model.dtype=bfloat16").model) == "target@bfloat16"
+    hub = compose(["model=hf", "model.name_or_path=meta-llama/Meta-Llama-3-8B-Instruct", "model.device=cuda"])
+    assert model_label(hub.model) == "meta-llama/Meta-Llama-3-8B-Instruct@bfloat16"  # cuda's default dtype
