@@ -358,6 +358,8 @@ class Range:
                     )
             return
         if not self.admits(value):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{format_override(key, value)} is not a finite number: it must be {self.describe()}")
             raise ConfigError(f"{format_override(key, value)} is out of range: it must be {self.describe()}")
 
 

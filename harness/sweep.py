@@ -104,6 +104,30 @@ def list_sweeps(sweeps_dir: Path = SWEEPS_DIR) -> list[str]:
     return sorted(p.stem for p in sweeps_dir.glob("*.yaml") if not p.stem.startswith("_"))
 
 
+def check_sweep_file(path: Path) -> None:
+    """A sweep file must be YAML holding a mapping (its ``defaults`` and ``hydra.sweeper.params``):
+    a parse error is refused naming the file and line, an empty file or another kind of document
+    naming what it holds."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"sweep file {path} is not UTF-8 text ({exc.reason})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ValueError(f"sweep file {path} is not valid YAML{where}: {problem}") from None
+    if doc is None:
+        raise ValueError(
+            f"sweep file {path} is empty: a sweep sets hydra.sweeper.params (the axes) and its defaults; "
+            f"see the packaged ones in {SWEEPS_DIR}"
+        )
+    if not isinstance(doc, dict):
+        raise ValueError(f"sweep file {path} holds a YAML {type(doc).__name__}, not a mapping of settings")
+
+
 def sweep_file_search_path(path: Path, *, sweeps_dir: Path = SWEEPS_DIR) -> tuple[str, Path]:
     """``(sweep group option, config root)`` that lets Hydra compose a sweep file kept anywhere.
 
@@ -116,6 +140,7 @@ def sweep_file_search_path(path: Path, *, sweeps_dir: Path = SWEEPS_DIR) -> tupl
     path = path.resolve()
     if not path.is_file():
         raise ValueError(f"sweep file {path} does not exist")
+    check_sweep_file(path)
     if path.stem in list_sweeps(sweeps_dir) or path.stem.startswith("_"):
         raise ValueError(
             f"sweep file {path}: its name {path.stem!r} is taken by a packaged sweep or a shared part; rename it"

@@ -169,7 +169,8 @@ def test_every_default_lies_in_its_range():
         (["gates.chi2_samples=0"], ["gates.chi2_samples=0", ">= 1"]),
         (["gates.chi2_samples=20"], ["gates.chi2_samples=20", "chi2_top_m=8", ">= 45"]),
         (["generation.temperature=-0.1"], ["generation.temperature=-0.1", ">= 0"]),
-        (["generation.temperature=nan"], ["generation.temperature=nan", ">= 0"]),
+        (["generation.temperature=nan"], ["generation.temperature=nan is not a finite number", ">= 0"]),
+        (["generation.temperature=inf"], ["generation.temperature=inf is not a finite number: it must be >= 0"]),
         (["generation.top_p=0"], ["generation.top_p=0.0", "in (0, 1]"]),
         (["generation.top_p=1.5"], ["generation.top_p=1.5", "in (0, 1]"]),
         (["generation.top_k=-1"], ["generation.top_k=-1", ">= 0"]),
@@ -276,12 +277,39 @@ def test_a_device_torch_does_not_know_is_refused(tmp_path, workload, capsys, no_
         ({"id": "a", "prompt": 42}, '"prompt" must be a string; got 42'),
         ({"id": "a", "messages": [{"role": "user", "content": 7}]}, '"messages" must be a non-empty list'),
         ({"id": None, "prompt": "x"}, '"id" must be a string or an integer'),
+        ({"id": "a", "prompt": ""}, "\"prompt\" of id 'a' is empty: there is nothing to continue"),
+        ({"id": "a", "prompt": "  \n"}, "\"prompt\" of id 'a' is empty"),
     ],
 )
 def test_jsonl_prompts_of_the_wrong_type(tmp_path, capsys, no_models, line, fragment):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(PROMPTS[0]) + "\n" + json.dumps(line) + "\n")
     assert_refused_run(tmp_path, capsys, argv_for(tmp_path, path), f"{path}:2:", fragment)
+
+
+def test_a_prompt_file_that_is_not_utf8_names_its_line_and_column(tmp_path, capsys, no_models):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps(PROMPTS[0]).encode() + b"\n" + '{"id": "b", "prompt": "caf\u00e9"}'.encode("latin-1"))
+    line = assert_refused_run(tmp_path, capsys, argv_for(tmp_path, path), f"{path}:2: not UTF-8 text")
+    assert "(byte 0xe9 at column 27)" in line and line.endswith("save the file as UTF-8")
+
+
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("", "holds no prompts (workload=spec_bench workload.path=<path>): it is empty or every line is blank"),
+        ("\n  \n", "holds no prompts"),
+        (
+            '{"question_id": 1, "category": "qa", "turns": "hello"}\n',
+            ':1: question 1: "turns" must be a list of user messages; got a str (write "turns": ["hello"])',
+        ),
+    ],
+)
+def test_a_spec_bench_file_without_questions_or_with_a_bare_turn(tmp_path, capsys, no_models, text, fragment):
+    path = tmp_path / "question.jsonl"
+    path.write_text(text)
+    argv = [*argv_for(tmp_path, path), "workload=spec_bench"]
+    assert_refused_run(tmp_path, capsys, argv, str(path), fragment.replace("<path>", str(path)))
 
 
 def test_an_output_folder_that_cannot_be_created(tmp_path, workload, capsys, no_models):
@@ -353,6 +381,7 @@ def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
         (["tree", "foo"], "harness tree: error: ", "key=value"),
         (["oracles", "--foo"], "harness oracles: refused: ", "unrecognized arguments: --foo"),
         (["oracles", "--random", "-1"], "harness oracles: refused: ", "must be >= 0"),
+        (["oracles", "--json", f"{__file__}/o.json"], "harness oracles: refused: ", f"{__file__} is a file"),
         (["datastore", "info", "/nonexistent-store"], "harness datastore: refused: ", "/nonexistent-store"),
         (["datastore", "info"], "harness datastore: refused: ", "needs a datastore directory"),
         (["sweep", "nope"], "harness sweep: refused: ", "unknown sweep 'nope'"),
@@ -383,6 +412,17 @@ def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
 def test_every_command_refuses_in_one_line(capsys, no_models, argv, prefix, fragment):
     assert cli.main(argv) == 2
     assert fragment in one_line(capsys, prefix)
+
+
+@pytest.mark.parametrize("command", ["compare", "report"])
+def test_compare_and_report_on_a_folder_without_records_say_so(tmp_path, capsys, command):
+    (tmp_path / "empty").mkdir()
+    assert cli.main([command, str(tmp_path / "empty")]) == 2
+    line = one_line(capsys, f"harness {command}: refused: ")
+    assert f"no run records under {tmp_path / 'empty'}" in line
+    assert cli.main([command]) == 2  # no arguments: the usage, on stderr only
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("usage: harness ")
 
 
 def test_an_error_escaping_a_command_is_one_line(capsys, monkeypatch):

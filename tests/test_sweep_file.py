@@ -91,6 +91,16 @@ def test_bad_sweep_files_are_refused(env, capsys):
         sweep_argv(str(clash), [])
     assert sweep_main([str(env / "missing.yaml")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    for name, text, fragment in (
+        ("broken", "defaults: [\n  - bad", "is not valid YAML at line 2, column 3: expected the node content"),
+        ("empty", "", "is empty: a sweep sets hydra.sweeper.params"),
+        ("listed", "[1, 2]\n", "holds a YAML list, not a mapping of settings"),
+    ):
+        path = env / f"{name}.yaml"
+        path.write_text(text)
+        assert sweep_main([str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"harness sweep: refused: sweep file {path} {fragment}"), err
 
 
 def test_harness_sweep_runs_a_sweep_file_from_outside_the_repository(env):

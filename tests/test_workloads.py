@@ -94,7 +94,10 @@ def test_categories_select_and_mt_bench_names_the_eight(tmp_path):
         (['{"question_id": 1, "category": "qa", "turns": ["a"]}', '{"foo": 1}'], r":2: neither a Spec-Bench"),
         (['{"question_id": 1, "category": "qa", "turns": []}'], r":1: question 1 has empty \"turns\""),
         (['{"question_id": 1, "category": "qa", "turns": ["a", "  "]}'], r":1: turn 2 of question 1 is empty"),
-        (['{"question_id": 1, "category": "qa", "turns": "a"}'], r":1: question 1 has empty \"turns\""),
+        (
+            ['{"question_id": 1, "category": "qa", "turns": "a"}'],
+            r":1: question 1: \"turns\" must be a list of user messages",
+        ),
         (['{"question_id": 1, "turns": ["a"]}'], r":1: question 1 needs a non-empty \"category\""),
         (['{"question_id": true, "category": "qa", "turns": ["a"]}'], r":1: \"question_id\" must be"),
         (

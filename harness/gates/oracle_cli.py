@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -191,6 +192,21 @@ def _count(text: str) -> int:
     return value
 
 
+def check_json_destination(path: Path) -> None:
+    """``--json PATH`` must be a file path whose folder exists or can be created and is writable."""
+    if path.is_dir():
+        raise ValueError(f"--json {path} is a folder; give a file path, e.g. {path / 'oracles.json'}")
+    blocker = next((p for p in path.parents if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise ValueError(f"--json {path}: its folder cannot be created: {blocker} is a file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--json {path}: its folder cannot be created ({exc.strerror or exc})") from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"--json {path}: not writable")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="harness oracles", description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None, help="write rows and summary as JSON here")
@@ -210,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         args = parser.parse_args([] if argv is None else argv)
+        if args.json is not None:  # a destination that cannot be written is refused before the suite runs
+            check_json_destination(args.json)
         seeds = (0,) if args.quick else (0, 1)
         random_count = args.random if args.random is not None else (2 if args.quick else 4)
         rows = run_suite(args.verifier, seeds=seeds, random_count=random_count, negative_control=True)
@@ -239,6 +257,5 @@ def main(argv: list[str] | None = None) -> int:
         f"{time.perf_counter() - t0:.1f} s: {'PASS' if summary['passed'] else 'FAIL'}"
     )
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2, sort_keys=True))
     return 0 if summary["passed"] else 1

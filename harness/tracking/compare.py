@@ -629,6 +629,10 @@ def main(argv: list[str] | None = None) -> int:
         if len(positionals) != 1:
             raise ValueError(f"expected one records folder or store; got {positionals}")
         df, _ = read_results(positionals[0])
+        if df.empty:
+            raise ValueError(
+                f"no run records under {positionals[0]} (a record.json in a run folder, hidden ones aside)"
+            )
         opts = {k: kv.pop(k) for k in _OPTION_KEYS if k in kv}
         by = opts.get("by", "proposer")
         level = float(opts.get("level", 0.95))

@@ -803,7 +803,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"expected one source and only out=/recipe=; got {positionals} and {sorted(extra)}")
         df, root = read_results(positionals[0])
         if df.empty:
-            raise ValueError(f"no records under {positionals[0]}")
+            raise ValueError(
+                f"no run records under {positionals[0]} (a record.json in a run folder, hidden ones aside)"
+            )
         recipe_path = find_recipe(kv.get("recipe", "default"))
         recipe = load_recipe(recipe_path)
         out_dir = Path(kv["out"]) if "out" in kv else (root or Path(".")) / "report"

@@ -141,7 +141,12 @@ def _spec_bench_prompt(where: str, obj: dict) -> Prompt:
     if not isinstance(category, str) or not category.strip():
         raise WorkloadError(f'{where}: question {qid!r} needs a non-empty "category" string; got {category!r}')
     turns = obj["turns"]
-    if not isinstance(turns, list) or not turns:
+    if not isinstance(turns, list):
+        raise WorkloadError(
+            f'{where}: question {qid!r}: "turns" must be a list of user messages; got a {type(turns).__name__} '
+            f'(write "turns": [{json.dumps(turns)[:40]}])'
+        )
+    if not turns:
         raise WorkloadError(f'{where}: question {qid!r} has empty "turns" (a non-empty list of user messages)')
     for k, t in enumerate(turns, start=1):
         if not isinstance(t, str) or not t.strip():
@@ -160,6 +165,8 @@ def _harness_prompt(where: str, obj: dict) -> Prompt:
         raise WorkloadError(f'{where}: "id" must be a string or an integer; got {json.dumps(obj["id"])}')
     if "prompt" in obj and not isinstance(obj["prompt"], str):
         raise WorkloadError(f'{where}: "prompt" must be a string; got {json.dumps(obj["prompt"])[:40]}')
+    if "prompt" in obj and not obj["prompt"].strip():
+        raise WorkloadError(f'{where}: "prompt" of id {obj["id"]!r} is empty: there is nothing to continue')
     if "messages" in obj and (
         not isinstance(obj["messages"], list)
         or not obj["messages"]
@@ -191,10 +198,17 @@ def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prom
     out: list[Prompt] = []
     first: tuple[int, str] | None = None  # (line number, format) of the first prompt line
     seen: dict[str, int] = {}
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, raw in enumerate(p.read_bytes().splitlines(), start=1):
+        where = f"{path}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise WorkloadError(
+                f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
+                "save the file as UTF-8"
+            ) from None
         if not line.strip():
             continue
-        where = f"{path}:{lineno}"
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -291,8 +305,14 @@ def load_workload(
             raise WorkloadError(f"workload.limit={limit} is out of range: it must be >= 1 (or null: every prompt)")
         prompts = prompts[: int(limit)]
     if not prompts:
-        where = f"{path} has" if name == "jsonl" else f"workload {name!r} has"
-        others = [s for s in SPLITS if s != split and name == "jsonl" and load_jsonl(path, s)]
+        from_file = name in ("jsonl", "spec_bench")
+        expect = "spec_bench" if name == "spec_bench" else None
+        if from_file and not any(line.strip() for line in Path(path).read_bytes().splitlines()):
+            raise WorkloadError(
+                f"{path} holds no prompts (workload={name} workload.path={path}): it is empty or every line is blank"
+            )
+        where = f"{path} has" if from_file else f"workload {name!r} has"
+        others = [s for s in SPLITS if s != split and from_file and load_jsonl(path, s, expect=expect)]
         raise WorkloadError(
             f"{where} no prompts in split {split!r} (workload.split={split})",
             suggestions=[(f"workload.split={s}",) for s in others],
