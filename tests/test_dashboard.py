@@ -133,10 +133,23 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, capsys, monke
     assert dashboard_main(["batch_scaling", "mode=cloud"]) == 2
     assert dashboard_main(["batch_scaling", "colour=red"]) == 2
     assert dashboard_main(["x", f"records={tmp_path / 'missing'}"]) == 2
+    capsys.readouterr()
     (tmp_path / "bad.json").write_text("{}")
     assert dashboard_main(["--publish", str(tmp_path / "bad.json")]) == 2
     assert "not a dashboard specification" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json"]
+    (tmp_path / "garbage.txt").write_text("garbage\n")
+    assert dashboard_main(["--publish", str(tmp_path / "garbage.txt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # one line, naming the file
+    assert err == [
+        f"harness dashboard: refused: --publish {tmp_path / 'garbage.txt'}: not a JSON dashboard specification "
+        "(Expecting value: line 1 column 1 (char 0))"
+    ]
+    assert dashboard_main(["--publish", str(tmp_path / "none.json")]) == 2
+    assert "none.json: no such file" in capsys.readouterr().err
+    assert dashboard_main(["batch_scaling", "colour=red"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("harness dashboard: refused: expected one sweep or experiment name")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "garbage.txt"]
     assert {"batch_scaling", "sources/rest_T0", "default"} <= set(dashboard_groups())
 
 

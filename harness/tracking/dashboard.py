@@ -395,7 +395,13 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
             if len(positionals) != 2 or set(opts) - {"entity"}:
                 raise ValueError("--publish takes one specification file and optionally entity=")
             path = Path(positionals[1])
-            spec = validate_spec(json.loads(path.read_text(encoding="utf-8")), path=path)
+            if not path.is_file():
+                raise ValueError(f"--publish {path}: no such file (a specification `harness dashboard NAME` wrote)")
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ValueError(f"--publish {path}: not a JSON dashboard specification ({exc})") from None
+            spec = validate_spec(doc, path=path)
             problem = unreachable(base_url())
             if problem is not None:
                 raise ValueError(f"W&B server {base_url()} not reachable ({problem}); nothing published")
@@ -404,7 +410,8 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
         extra = set(opts) - {"mode", "project", "entity", "records", "out", "min_rounds"}
         if len(positionals) != 1 or extra:
             raise ValueError(
-                f"expected one sweep or experiment name and options; got {positionals} and {sorted(extra)}"
+                f"expected one sweep or experiment name and options; got {positionals} and {sorted(extra)} "
+                "(harness dashboard --help shows the usage)"
             )
         group = positionals[0]
         mode = opts.get("mode", "offline")
@@ -422,7 +429,7 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
             raise ValueError(f"records={records}: not a folder")
         axes_rows = group_axes(records, group) if records is not None and records.is_dir() else []
     except (ValueError, OSError, RecordError) as exc:
-        print(f"harness dashboard: {exc}\n{USAGE}", file=sys.stderr)
+        print(f"harness dashboard: refused: {exc}", file=sys.stderr)
         return 2
     spec = build_spec(
         group,
