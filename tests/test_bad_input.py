@@ -597,3 +597,45 @@ def test_range_describes_its_bounds():
     assert Range(gt=0.0, lt=1.0).describe() == "in (0, 1)"
     assert Range(gt=0.0, le=1.0).describe() == "in (0, 1]"
     assert not Range(ge=0.0).admits(math.inf) and not Range(ge=0).admits(True)
+
+
+def test_a_hub_id_while_the_hub_is_unreachable_reads_the_cache_only_and_says_why(monkeypatch):
+    """No retries against a hub that cannot be reached: the cache is asked at once, and a miss is
+    one line naming the reason."""
+    seen = {}
+
+    class AutoConfig:
+        @staticmethod
+        def from_pretrained(source, **kwargs):
+            seen.update(kwargs)
+            raise OSError("not in the cache")
+
+    monkeypatch.setattr(loading, "hub_unreachable", lambda: "huggingface.co:443: Name or service not known")
+    with pytest.raises(loading.CheckpointError) as info:
+        loading.from_pretrained(AutoConfig, "someone/model", key="model.name_or_path")
+    assert seen == {"local_files_only": True}
+    assert str(info.value) == (
+        "model.name_or_path=someone/model: cannot load its Config: not in the local Hugging Face cache, and the hub "
+        "cannot be reached (huggingface.co:443: Name or service not known); give a checkpoint folder, or fetch it "
+        "where the hub is reachable"
+    )
+    seen.clear()
+    monkeypatch.setattr(loading, "hub_unreachable", lambda: None)  # reachable: the hub client decides
+    with pytest.raises(loading.CheckpointError, match=r"cannot load its Config \(OSError: not in the cache\)"):
+        loading.from_pretrained(AutoConfig, "someone/model")
+    assert seen == {}
+
+
+def test_the_hub_probe_trusts_a_proxy_and_hf_hub_offline(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    loading.hub_unreachable.cache_clear()
+    try:
+        assert loading.hub_unreachable() is None  # a direct connection says nothing behind a proxy
+        for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        loading.hub_unreachable.cache_clear()
+        assert loading.hub_unreachable() == "HF_HUB_OFFLINE is set"
+    finally:
+        loading.hub_unreachable.cache_clear()

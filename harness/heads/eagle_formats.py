@@ -44,7 +44,7 @@ import torch
 
 from harness.heads.checkpoint import ArtifactError, check_weight_tensors, read_config_object
 from harness.heads.eagle import EagleSpec
-from harness.target.loading import looks_like_hub_id
+from harness.target.loading import hub_unreachable, looks_like_hub_id
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -74,13 +74,24 @@ def resolve_source(source: str) -> Path:
         return path
     if not looks_like_hub_id(source):
         raise ArtifactError(f"proposer.artifact={source!r} does not exist (and is not a hub id owner/name)")
+    offline = hub_unreachable()  # then the cache only, at once, not after the client's retries
     try:
         # huggingface_hub imports in ~0.3 s; only a hub id pays for it
         from huggingface_hub import snapshot_download
 
-        local = snapshot_download(repo_id=source, allow_patterns=["*.json", "*.safetensors", "*.bin"])
+        local = snapshot_download(
+            repo_id=source, allow_patterns=["*.json", "*.safetensors", "*.bin"], local_files_only=offline is not None
+        )
     except Exception as exc:  # network, authentication, missing repository
-        raise ArtifactError(f"cannot download the EAGLE checkpoint {source!r} from the hub: {exc}") from None
+        if offline is not None:
+            raise ArtifactError(
+                f"proposer.artifact={source!r} is not a local directory, not in the local hub cache, and the hub "
+                f"cannot be reached ({offline}): download the repository first or give its directory"
+            ) from None
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ArtifactError(
+            f"cannot download the EAGLE checkpoint {source!r} from the hub: {type(exc).__name__}: {first}"
+        ) from None
     return Path(local)
 
 

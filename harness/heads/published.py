@@ -60,7 +60,7 @@ from torch import nn
 
 from harness.heads.checkpoint import MANIFEST_FILE, ArtifactError, check_weight_tensors, read_config_object
 from harness.heads.models import vocab_projection
-from harness.target.loading import looks_like_hub_id
+from harness.target.loading import hub_unreachable, looks_like_hub_id
 
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 HYDRA_FILES = ("hydra_lm_head.safetensors", "hydra_lm_head.pt")
@@ -91,14 +91,15 @@ def _hub_file(repo: str, filename: str) -> Path | None:
     from huggingface_hub import hf_hub_download  # imported on use: only hub ids need it
     from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
 
+    offline = hub_unreachable()  # then the cache only, at once, not after the client's retries
     try:
-        return Path(hf_hub_download(repo, filename))
+        return Path(hf_hub_download(repo, filename, local_files_only=offline is not None))
     except RemoteEntryNotFoundError:
         return None
     except LocalEntryNotFoundError:
         raise ArtifactError(
             f"proposer.artifact={repo!r} is not a local directory, and {filename!r} is neither in the local hub "
-            "cache nor reachable (offline?): download the repository first or give its directory"
+            f"cache nor reachable ({offline or 'offline?'}): download the repository first or give its directory"
         ) from None
     except Exception as exc:  # no such repository, no access, network errors: one line for the user
         first = str(exc).splitlines()[0] if str(exc) else ""

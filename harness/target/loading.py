@@ -20,12 +20,15 @@ the range both share (:func:`shared_vocab_size`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
 import logging
 import os
 import shutil
+import socket
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,16 +55,45 @@ class CheckpointError(ValueError):
     """A checkpoint (folder or hub id) whose config, weights or tokenizer cannot be loaded."""
 
 
+@functools.lru_cache(maxsize=1)
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached from here (None when it can, when a proxy is
+    configured, or when ``HF_HUB_OFFLINE`` already says so): one TCP connection, 3 s at most,
+    asked once per process. A hub id is then read from the local cache only, at once, instead of
+    after the hub client's retries."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
+        return "HF_HUB_OFFLINE is set"
+    endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or type(exc).__name__}"
+    return None
+
+
 def from_pretrained(loader, source, *, key: str | None = None, **kwargs):
     """``loader.from_pretrained(source, **kwargs)``, any failure refused as one
     :class:`CheckpointError` naming the source (and the option ``key`` that gave it; the cause
-    stays chained)."""
+    stays chained). A hub id while the hub cannot be reached is read from the local cache only."""
+    offline = None
+    if not Path(str(source)).expanduser().exists() and looks_like_hub_id(str(source)):
+        offline = hub_unreachable()
+        if offline is not None:
+            kwargs.setdefault("local_files_only", True)
+    where = f"{key}={source}" if key else f"checkpoint {str(source)!r}"
+    what = loader.__name__.removeprefix("Auto")
     try:
         return loader.from_pretrained(source, **kwargs)
     except Exception as exc:  # OSError (missing files, hub), ValueError (unknown model type), RuntimeError (shapes)
+        if offline is not None and isinstance(exc, OSError):
+            raise CheckpointError(
+                f"{where}: cannot load its {what}: not in the local Hugging Face cache, and the hub cannot be "
+                f"reached ({offline}); give a checkpoint folder, or fetch it where the hub is reachable"
+            ) from exc
         first = (str(exc).strip().splitlines() or [""])[0]
-        where = f"{key}={source}" if key else f"checkpoint {str(source)!r}"
-        what = loader.__name__.removeprefix("Auto")
         raise CheckpointError(f"{where}: cannot load its {what} ({type(exc).__name__}: {first})") from exc
 
 
@@ -427,8 +459,8 @@ def model_position_limit(model_cfg) -> int | None:
         return SMOLLM2_POSITIONS
     from transformers import AutoConfig
 
-    c = AutoConfig.from_pretrained(
-        model_cfg.name_or_path or model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code)
+    c = from_pretrained(
+        AutoConfig, model_cfg.name_or_path or model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code)
     )
     return config_position_limit(c)
 
