@@ -1033,15 +1033,23 @@ def test_a_hub_id_is_downloaded_then_read_like_a_directory(env, tmp_path, monkey
     )
     calls = []
 
-    def fake_download(repo_id, allow_patterns):
-        calls.append((repo_id, tuple(allow_patterns)))
+    def fake_download(repo_id, allow_patterns, local_files_only=False):
+        calls.append((repo_id, tuple(allow_patterns), local_files_only))
         if repo_id == "someone/missing":
             raise OSError("404 Client Error: repository not found")
         return str(local)
 
+    import harness.heads.eagle_formats as formats
+
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    monkeypatch.setattr(formats, "hub_unreachable", lambda: None)
     art = load_configured_eagle({"artifact": "someone/eagle-tiny"}, model=model, tokenizer=None)
     assert art.manifest["source"] == "someone/eagle-tiny" and art.manifest["path"] == str(local)
-    assert calls == [("someone/eagle-tiny", ("*.json", "*.safetensors", "*.bin"))]
+    assert calls == [("someone/eagle-tiny", ("*.json", "*.safetensors", "*.bin"), False)]
     with pytest.raises(ArtifactError, match="cannot download the EAGLE checkpoint 'someone/missing'.*404"):
         load_configured_eagle({"artifact": "someone/missing"}, model=model, tokenizer=None)
+    # the hub unreachable: the local cache only, and a miss says why
+    monkeypatch.setattr(formats, "hub_unreachable", lambda: "huggingface.co:443: Name or service not known")
+    with pytest.raises(ArtifactError, match=r"not in the local hub cache, and the hub cannot be reached \(huggingface"):
+        load_configured_eagle({"artifact": "someone/missing"}, model=model, tokenizer=None)
+    assert calls[-1] == ("someone/missing", ("*.json", "*.safetensors", "*.bin"), True)
