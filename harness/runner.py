@@ -3,16 +3,16 @@
 Each stage is a function of typed values; :func:`run_job` reads as the list of them. Nothing is
 written unless every stage before ``write`` succeeded: a refused plan, a failed gate or a greedy
 divergence raises, and the job leaves no record. From the first model work on, the job holds its
-folder's lock (a second run there is refused). A job refused while loading or preparing (a prompt
-over the context limit, a datastore or artifact that does not fit) leaves the folder as it was; once
-those stages pass, a record or outputs already in the folder are moved aside with a warning
-(:mod:`harness.tracking.job_folder`), so a job that then fails its gates or breaks leaves no record
-there, not even an earlier one. With ``tracking=wandb`` the W&B run opens once the plan is
-accepted (a refused configuration logs nothing), so its system monitor covers the job; a later stage
-that raises finishes it as failed (tagged ``refused`` for a gate or contract refusal), and a
-finished job logs its record there. The autoregressive baseline and the
-speculative arm run on the same prompts with the same seeds, batch by batch (a batch of one at
-``generation.batch_size=1``), interleaved, through the same round loop and clock.
+folder's lock (a second run there is refused). A record or outputs already in the folder are
+moved aside with a warning (:mod:`harness.tracking.job_folder`) and put back when the job is
+refused while loading or preparing (a prompt over the context limit, a datastore or artifact that
+does not fit); a job that then fails its gates or breaks leaves no record there, not even an
+earlier one. With ``tracking=wandb`` the W&B run opens once the plan is accepted (a refused
+configuration logs nothing), so its system monitor covers the job; a later stage that raises
+finishes it as failed (tagged ``refused`` for a gate or contract refusal), and a finished job logs
+its record there. The autoregressive baseline and the speculative arm run on the same prompts with
+the same seeds, batch by batch (a batch of one at ``generation.batch_size=1``), interleaved,
+through the same round loop and clock.
 
 The workload is read at plan (a bad file is refused before any model is loaded) and tokenized at
 load, where every prompt is checked against the context limit (``workload.truncate``: refuse, or
@@ -80,7 +80,7 @@ from harness.target.options import (
     resolved_fused_layers,
 )
 from harness.target.timing import read_bandwidth_gbs, weight_stream_floor_ms
-from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, write_job
+from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, restore_aside, write_job
 from harness.tracking.store import ROUNDS_FILENAME
 from harness.tracking.wandb_tracker import NullTracker, Tracker, open_run, wandb_group
 from harness.verifiers.base import NegotiationError
@@ -144,16 +144,19 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         torch.set_num_threads(int(cfg.threads))
     planned = plan_job(cfg, run_dir)
     with job_lock(planned.run_dir):  # one run per folder, from the first model work to the record
+        earlier = inspect_job(planned.run_dir, manifest_hash=planned.manifest_hash, manifest=planned.manifest)
+        aside = clear_for_run(planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting")
         tracker = open_tracker(cfg, planned)
         host_memory = JobHostMemory().start()  # this job's peak RSS, even when jobs share a process
         stage = "load"
         try:
-            loaded = load(cfg, planned)
-            stage = "prepare"
-            prepared = prepare_job(cfg, planned, loaded)
-            # every refusal of the job's input has passed: only now are earlier files moved aside
-            earlier = inspect_job(planned.run_dir, manifest_hash=planned.manifest_hash, manifest=planned.manifest)
-            clear_for_run(planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting")
+            try:
+                loaded = load(cfg, planned)
+                stage = "prepare"
+                prepared = prepare_job(cfg, planned, loaded)
+            except ValueError:  # refused while reading its input: the earlier files go back in place
+                restore_aside(planned.run_dir, aside)
+                raise
             stage = "gate"
             gates = gate(cfg, planned, loaded, prepared)
             stage = "measure"

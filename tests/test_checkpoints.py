@@ -138,7 +138,7 @@ def test_derived_layer_count_checked_against_the_target(ckpts):
         plan_job(cfg, None)
 
 
-def test_missing_weights_refused_with_their_names_and_unexpected_ones_shown(ckpts, tmp_path, caplog):
+def test_missing_weights_refused_with_their_names_and_unexpected_ones_shown(ckpts, tmp_path, caplog, capfd):
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -151,8 +151,21 @@ def test_missing_weights_refused_with_their_names_and_unexpected_ones_shown(ckpt
     del state["model.layers.1.mlp.up_proj.weight"]
     save_file(state, str(broken / "model.safetensors"), metadata={"format": "pt"})
     ckpts2 = {**ckpts, "broken": broken}
+    capfd.readouterr()
     with pytest.raises(CheckpointError, match=r"missing weight\(s\): model\.layers\.1\.mlp\.up_proj\.weight"):
         load_models(cfg_for(ckpts2, "broken"))
+    assert "LOAD REPORT" not in capfd.readouterr().err  # transformers' table held back: the refusal names the keys
+
+    # a weight of the wrong shape: transformers stops after its load table; the refusal names the key
+    wrong = tmp_path / "wrong"
+    shutil.copytree(ckpts["other"], wrong)
+    state = load_file(str(wrong / "model.safetensors"))
+    state["model.layers.1.mlp.up_proj.weight"] = torch.zeros(3, 5)
+    save_file(state, str(wrong / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError) as info:
+        load_models(cfg_for({**ckpts, "wrong": wrong}, "wrong"))
+    assert "model.layers.1.mlp.up_proj.weight" in str(info.value) and "\n" not in str(info.value)
+    assert "LOAD REPORT" not in capfd.readouterr().err
 
     extra = tmp_path / "extra"
     shutil.copytree(ckpts["other"], extra)

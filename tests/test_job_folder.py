@@ -29,7 +29,7 @@ from harness.tracking.job_folder import (
     set_aside,
     write_job,
 )
-from harness.tracking.store import RecordError, aggregate, load_record
+from harness.tracking.store import RecordError, aggregate, load_record, outputs_problem
 
 FIXTURE = fixture_run(3) / "record.json"  # a record the runner wrote
 REPO = Path(__file__).resolve().parents[1]
@@ -354,8 +354,9 @@ def test_harness_run_into_a_folder_with_a_record_moves_it_aside_and_a_failed_gat
     assert run_main(overlong) == 2
     captured = capsys.readouterr()
     assert "harness run: refused: prompt " in captured.err and "> 40 positions of the target" in captured.err
-    assert "WARNING" not in captured.err
+    assert f"the job was refused: the earlier files are back in {folder}" in captured.err
     assert load_record(folder)["run_id"] == second["run_id"]
+    assert outputs_problem(load_record(folder), folder) is None
     assert len(list((folder / PREVIOUS_DIR).iterdir())) == 1
 
     def failing_gate(*a, **k):

@@ -26,6 +26,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import urllib.parse
@@ -53,6 +54,37 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 class CheckpointError(ValueError):
     """A checkpoint (folder or hub id) whose config, weights or tokenizer cannot be loaded."""
+
+
+class _LoadReportCapture(logging.Filter):
+    """Holds back transformers' load report (a multi-line table logged as a warning) while a
+    checkpoint loads; ``rows`` keeps its key/status lines, for a refusal that names them."""
+
+    LOGGERS = ("transformers.modeling_utils", "transformers.modeling_layers", "transformers.utils.loading_report")
+    STATUSES = ("MISSING", "UNEXPECTED", "MISMATCH", "CONVERSION")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = re.sub(r"\x1b\[[0-9;]*m", "", record.getMessage())
+        if "LOAD REPORT" not in text:
+            return True
+        for line in text.splitlines():
+            cells = [c.strip() for c in re.split(r"[|│]", line) if c.strip()]
+            if len(cells) >= 2 and cells[1] in self.STATUSES:
+                self.rows.append(" ".join(cells[:3]))
+        return False
+
+    def __enter__(self) -> _LoadReportCapture:
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeFilter(self)
 
 
 @functools.lru_cache(maxsize=1)
@@ -85,9 +117,16 @@ def from_pretrained(loader, source, *, key: str | None = None, **kwargs):
             kwargs.setdefault("local_files_only", True)
     where = f"{key}={source}" if key else f"checkpoint {str(source)!r}"
     what = loader.__name__.removeprefix("Auto")
+    report = _LoadReportCapture()
     try:
-        return loader.from_pretrained(source, **kwargs)
+        with report:  # transformers' multi-line load table: its keys reach the user through our own check
+            return loader.from_pretrained(source, **kwargs)
     except Exception as exc:  # OSError (missing files, hub), ValueError (unknown model type), RuntimeError (shapes)
+        if report.rows:
+            raise CheckpointError(
+                f"{where}: cannot load its {what}: {'; '.join(report.rows[:6])}"
+                + (f" and {len(report.rows) - 6} more" if len(report.rows) > 6 else "")
+            ) from exc
         if offline is not None and isinstance(exc, OSError):
             raise CheckpointError(
                 f"{where}: cannot load its {what}: not in the local Hugging Face cache, and the hub cannot be "

@@ -194,6 +194,24 @@ def set_aside(folder: str | Path, files: tuple[str, ...] | None = None) -> Path 
     return dest
 
 
+def restore_aside(folder: str | Path, aside: Path | None) -> None:
+    """Put the files :func:`set_aside` moved to ``aside`` back into ``folder`` (a job refused
+    before it measured anything leaves the folder as it was). A name the refused job wrote itself
+    (its W&B run's ``wandb/``) stays where it is aside."""
+    if aside is None or not aside.is_dir():
+        return
+    folder = Path(folder)
+    for name in JOB_FILES:
+        if (aside / name).exists() and not (folder / name).exists():
+            shutil.move(str(aside / name), str(folder / name))
+    if not any(p.exists() for p in (aside / n for n in JOB_FILES)):
+        shutil.rmtree(aside, ignore_errors=True)
+        previous = aside.parent
+        if previous.is_dir() and not any(previous.iterdir()):
+            previous.rmdir()
+    log.warning("the job was refused: the earlier files are back in %s", folder)
+
+
 def clear_for_run(folder: str | Path, state: JobState, *, what: str, action: str) -> Path | None:
     """Move a folder's earlier job files aside before a run, with a warning naming ``what`` (the job
     or folder), the ``action`` (re-running, overwriting) and the reason."""
