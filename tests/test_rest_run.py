@@ -273,6 +273,11 @@ def test_open_datastore_refuses_another_tokenizer_and_token_id_mismatches(tmp_pa
         open_datastore({"path": str(tmp_path / "ids")}, tokenizer=tok, model="toy")
     with pytest.raises(DatastoreError, match="is not a datastore"):
         open_datastore({"path": str(tmp_path / "absent")}, tokenizer=tok, model="toy")
+    # a model without a tokenizer is not told to build from a corpus (its build would be refused)
+    with pytest.raises(DatastoreError) as info:
+        open_datastore({"path": str(tmp_path / "absent")}, tokenizer=None, model="tiny")
+    assert "has no tokenizer to build one from a corpus" in str(info.value)
+    assert "datastore build" not in str(info.value)
 
 
 def test_tiny_without_a_datastore_path_gets_a_clear_error(tmp_path, monkeypatch):

@@ -499,6 +499,12 @@ def open_datastore(
     if explicit is not None:
         path = Path(str(explicit))
         if not (path / MANIFEST_FILE).is_file():
+            if tokenizer is None:  # no corpus can be tokenized for it: only a token-id datastore serves
+                raise DatastoreError(
+                    f"proposer.datastore.path={str(path)!r} is not a datastore ({MANIFEST_FILE} missing), and "
+                    f"model={model!r} has no tokenizer to build one from a corpus: write a token-id datastore there "
+                    "(harness.workloads.datastore.datastore_from_token_ids + write_datastore)"
+                )
             raise DatastoreError(
                 f"proposer.datastore.path={str(path)!r} is not a datastore ({MANIFEST_FILE} missing). Build it with "
                 f"`harness datastore build corpus={cfg.get('corpus', 'stdlib')} model={model} out={path}`, or set "
