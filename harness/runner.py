@@ -199,11 +199,40 @@ class Checked:
     run_dir: Path
 
 
+def check_budget_fits_vocabulary(cfg: DictConfig, budget) -> None:
+    """A topology that asks for more children of one node than the target has tokens (a choice
+    list's rank, an expansion or Cartesian width, a dynamic tree's top-k) is refused naming the
+    option, before any model work."""
+    wants = []
+    if budget.ranks:
+        wants.append(
+            (
+                "topology.choices" if cfg.topology.get("choices") is not None else "topology.choices_file",
+                max(budget.ranks) + 1,
+                f"rank {max(budget.ranks)}",
+            )
+        )
+    if budget.widths:
+        wants.append(("topology.widths", max(budget.widths), "its widest level"))
+    if budget.topk:
+        wants.append(("topology.topk", int(budget.topk), "its top-k"))
+    if not wants:
+        return
+    vocab = int(model_geometry(cfg.model)["vocab_size"])
+    for key, need, what in wants:
+        if need > vocab:
+            raise ConfigError(
+                f"{key} asks for {need} children of one node ({what}) but the target's vocabulary has {vocab} "
+                f"tokens (model={model_label(cfg.model)})"
+            )
+
+
 def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
     """Values, negotiation, budgets, the output folder (when one is named), the workload's prompts,
     the context limit and the temporary-KV budget."""
     check_models(cfg)
     plan_ = plan(cfg)
+    check_budget_fits_vocabulary(cfg, plan_.budget)
     if run_dir is not None or cfg.output_dir:
         check_output_dir("output_dir" if cfg.output_dir else "the run folder", run_dir or cfg.output_dir)
     bpt = model_kv_bytes_per_token(cfg.model)

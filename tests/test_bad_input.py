@@ -312,6 +312,26 @@ def test_a_spec_bench_file_without_questions_or_with_a_bare_turn(tmp_path, capsy
     assert_refused_run(tmp_path, capsys, argv, str(path), fragment.replace("<path>", str(path)))
 
 
+@pytest.mark.parametrize(
+    "overrides,fragment",
+    [
+        (
+            ["proposer=medusa", "topology=choices", "topology.choices=[[0],[200]]"],
+            "topology.choices asks for 201 children of one node (rank 200) but the target's vocabulary has 96 tokens "
+            "(model=tiny)",
+        ),
+        (
+            ["proposer=medusa", "topology=expansion", "topology.widths=[100]", "topology.max_nodes=100"],
+            "topology.widths asks for 100 children of one node (its widest level)",
+        ),
+    ],
+)
+def test_a_tree_wider_than_the_vocabulary_is_refused_before_any_training(
+    tmp_path, workload, capsys, no_models, overrides, fragment
+):
+    assert_refused_run(tmp_path, capsys, argv_for(tmp_path, workload, *overrides), fragment)
+
+
 def test_an_output_folder_that_cannot_be_created(tmp_path, workload, capsys, no_models):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
