@@ -1,0 +1,63 @@
+"""The equivalence gate's tolerance in half precision scales with the magnitude it compares (units in
+the last place), so reduction-order noise passes while a wrong context or position fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.gates.equivalence import EQUIVALENCE_ATOL, equivalence_gate, tolerance
+from harness.target.backend import CausalLMBackend
+from harness.target.loading import build_tiny_model
+
+FIB = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
+
+
+def test_half_precision_tolerance_is_counted_in_ulps_of_the_largest_magnitude():
+    assert tolerance(torch.float32, 40.0) == EQUIVALENCE_ATOL[torch.float32] == 2e-3  # absolute
+    assert tolerance(torch.bfloat16, 37.0) == 8 * 2**-7 * 32 == 2.0  # 8 ulps at [32, 64)
+    assert tolerance(torch.float16, 36.8) == 16 * 2**-10 * 32 == 0.5  # 16 ulps at [32, 64)
+    assert tolerance(torch.bfloat16, 1.5) == EQUIVALENCE_ATOL[torch.bfloat16]  # small values: the floor
+    assert tolerance(torch.bfloat16, 0.0) == EQUIVALENCE_ATOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_tiny_model_passes_and_a_shifted_row_fails(dtype, monkeypatch):
+    model = build_tiny_model(seed=0, dtype=dtype)
+    backend = CausalLMBackend(model)
+    prompt = list(range(3, 40))
+    ev = equivalence_gate(backend, prompt)
+    assert ev["status"] == "passed", ev
+    real = CausalLMBackend.verify_one
+
+    def wrong_row(self, seq, last, tree):  # WRONG: one row's logits moved as a position error moves them
+        out = real(self, seq, last, tree)
+        out.logits[2] += 4 * ev["tolerance"]
+        return out
+
+    monkeypatch.setattr(CausalLMBackend, "verify_one", wrong_row)
+    assert equivalence_gate(backend, prompt)["status"] == "failed"
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_smollm2_in_half_precision_passes_the_gate_and_a_position_error_fails_it(dtype, monkeypatch):
+    """On this prompt the bfloat16 tree forward differs from the sequential one by 0.59 (2.4 ulps),
+    over the old fixed tolerance of 0.25; a position off by one moves a logit by ~4.3."""
+    from harness.target.loading import load_model
+
+    lm = load_model(name="smollm2", dtype=dtype)
+    backend = CausalLMBackend(lm.model)
+    ids = lm.tokenizer(FIB)["input_ids"]
+    ev = equivalence_gate(backend, ids)
+    assert ev["status"] == "passed" and ev["tree_max_abs_logit_diff"] > 0, ev
+    assert ev["tolerance"] < 4.3  # a position error (measured in float32: 4.30) is still caught
+    real = CausalLMBackend.verify_one
+
+    def shifted(self, seq, last, tree):
+        out = real(self, seq, last, tree)
+        out.logits[1, int(out.logits[1].argmax())] += 4.3
+        return out
+
+    monkeypatch.setattr(CausalLMBackend, "verify_one", shifted)
+    assert equivalence_gate(backend, ids)["status"] == "failed"
