@@ -253,3 +253,17 @@ def test_wilson_interval_matches_scipy():
     assert wilson_interval(0, 0) is None
     rows = depth_rows({"acceptance_by_depth": [0.5, None], "reach_by_depth": [0.5, 0.0]})
     assert rows[0]["tried"] is None and rows[0]["acceptance_low"] is None and rows[1]["acceptance"] is None
+
+
+def test_depths_no_round_tried_are_drawn_at_zero_not_at_a_made_up_count(tmp_path):
+    from harness.tracking.report import plot_acceptance_by_depth
+    from harness.tracking.store import aggregate
+
+    root = tmp_path / "recs"
+    shutil.copytree(fixture_run(1), root / "a")
+    tried = fixture_record(1)["metrics"]["rounds_tried_by_depth"]
+    assert 0 in tried  # the fixture run's deepest depths were never tried
+    plot = plot_acceptance_by_depth(aggregate(root), {})
+    ax_n = plot.figure.axes[2]
+    (line,) = [ln for ln in ax_n.get_lines() if len(ln.get_ydata()) == len(tried)]
+    assert list(line.get_ydata()) == tried and ax_n.get_yscale() == "symlog" and ax_n.get_ylim()[0] == 0

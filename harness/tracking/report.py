@@ -293,7 +293,7 @@ def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         if counted:
             ax_n.plot(
                 [row["depth"] for row in counted],
-                [max(row["tried"], 0.8) for row in counted],
+                [row["tried"] for row in counted],  # 0 drawn at 0: the axis is linear below 1
                 marker=st["marker"],
                 color=color,
                 linestyle=st["linestyle"],
@@ -308,10 +308,11 @@ def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         ax.set_xlabel("depth d")
         ax.grid(alpha=0.3)
     ax_c.set_ylabel("probability (95% Wilson interval)")
-    ax_n.set_yscale("log")
+    ax_n.set_yscale("symlog", linthresh=1.0)  # logarithmic above 1 round, linear to 0 (a depth no round tried)
+    ax_n.set_ylim(bottom=0)
     ax_n.axhline(min_rounds, color="0.5", linestyle=":", linewidth=1)
     ax_n.text(ax_n.get_xlim()[0], min_rounds, f" {min_rounds} rounds", va="bottom", fontsize=7, color="0.4")
-    ax_n.set_ylabel("rounds (log)")
+    ax_n.set_ylabel("rounds (log above 1)")
     fig.legend(loc="outside right center", fontsize=7)
     note = f"depths tried by fewer than {min_rounds} rounds: hollow grey points"
     if uncounted:
