@@ -56,6 +56,10 @@ class CheckpointError(ValueError):
     """A checkpoint (folder or hub id) whose config, weights or tokenizer cannot be loaded."""
 
 
+#: the files a Hugging Face tokenizer is read from (any one of them)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json", "vocab.txt")
+
+
 class _LoadReportCapture(logging.Filter):
     """Holds back transformers' load report (a multi-line table logged as a warning) while a
     checkpoint loads; ``rows`` keeps its key/status lines, for a refusal that names them."""
@@ -132,8 +136,16 @@ def from_pretrained(loader, source, *, key: str | None = None, **kwargs):
                 f"{where}: cannot load its {what}: not in the local Hugging Face cache, and the hub cannot be "
                 f"reached ({offline}); give a checkpoint folder, or fetch it where the hub is reachable"
             ) from exc
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise CheckpointError(f"{where}: cannot load its {what} ({type(exc).__name__}: {first})") from exc
+        if what == "Tokenizer" and Path(str(source)).is_dir():
+            present = sorted(p.name for p in Path(str(source)).iterdir() if p.name in TOKENIZER_FILES)
+            if not present:
+                raise CheckpointError(
+                    f"{where}: no tokenizer in it (none of {', '.join(TOKENIZER_FILES)}): a checkpoint carries the "
+                    "tokenizer it was trained with (save it with tokenizer.save_pretrained)"
+                ) from exc
+        text = " ".join(str(exc).split())  # the whole message on one line, however many it had
+        text = text if len(text) <= 300 else text[:297] + "..."
+        raise CheckpointError(f"{where}: cannot load its {what} ({type(exc).__name__}: {text})") from exc
 
 
 def cache_root() -> Path:
