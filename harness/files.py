@@ -35,6 +35,26 @@ from pathlib import Path
 log = logging.getLogger("harness.files")
 
 
+def output_folder_problem(key: str, path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be a folder this process creates or writes into (None when it can). Tried,
+    not inferred from permission bits (root, read-only mounts, /proc): a temporary folder is made in
+    the nearest existing folder and removed at once, so nothing is left behind."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        return f"{key}={path}: a file is in the way; an output folder is needed there"
+    nearest = p.absolute()
+    while not nearest.exists():
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        return f"{key}={path}: cannot be created: {nearest} is a file"
+    try:
+        probe = tempfile.mkdtemp(prefix=".harness-write-check-", dir=nearest)
+    except OSError as exc:
+        return f"{key}={path}: cannot write in {nearest} ({exc.strerror or exc})"
+    os.rmdir(probe)
+    return None
+
+
 def temporary_sibling(path: str | Path, tag: str = "tmp") -> Path:
     """A hidden name beside ``path`` that no other process or host picks: ``.<name>.<uuid>.<tag>``."""
     path = Path(path)

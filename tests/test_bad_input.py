@@ -406,6 +406,12 @@ def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
         (["oracles", "--foo"], "harness oracles: refused: ", "unrecognized arguments: --foo"),
         (["oracles", "--random", "-1"], "harness oracles: refused: ", "must be >= 0"),
         (["oracles", "--json", f"{__file__}/o.json"], "harness oracles: refused: ", f"{__file__} is a file"),
+        (
+            ["report", str(Path(__file__).parent / "fixtures" / "records"), f"out={__file__}"],
+            "harness report: refused: ",
+            f"out={__file__}: a file is in the way; an output folder is needed there",
+        ),
+        (["dashboard", "smoke", f"out={__file__}/d.json"], "harness dashboard: refused: ", "a file is in the way"),
         (["datastore", "info", "/nonexistent-store"], "harness datastore: refused: ", "/nonexistent-store"),
         (["datastore", "info"], "harness datastore: refused: ", "needs a datastore directory"),
         (["sweep", "nope"], "harness sweep: refused: ", "unknown sweep 'nope'"),

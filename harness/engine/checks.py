@@ -20,7 +20,6 @@ import difflib
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.contracts import ConfigError, Range, format_override
+from harness.files import output_folder_problem
 
 #: model names the loader builds itself; any other name is a checkpoint folder or a hub id
 BUILTIN_MODELS = ("smollm2", "tiny", "hf")
@@ -226,19 +226,7 @@ def proposer_nodes(node: DictConfig, key: str) -> list[tuple[str, DictConfig]]:
 
 
 def check_output_dir(key: str, path: str | os.PathLike) -> None:
-    """``path`` is a folder this process can create or write into. Tried, not inferred from
-    permission bits (root, read-only mounts, /proc): a temporary folder is made in the nearest
-    existing folder and removed at once, so nothing is left behind."""
-    p = Path(path).expanduser()
-    if p.exists() and not p.is_dir():
-        raise ConfigError(f"{key}={path}: a file is in the way; an output folder is needed there")
-    nearest = p.absolute()
-    while not nearest.exists():
-        nearest = nearest.parent
-    if not nearest.is_dir():
-        raise ConfigError(f"{key}={path}: cannot be created: {nearest} is a file")
-    try:
-        probe = tempfile.mkdtemp(prefix=".harness-write-check-", dir=nearest)
-    except OSError as exc:
-        raise ConfigError(f"{key}={path}: cannot write in {nearest} ({exc.strerror or exc})") from None
-    os.rmdir(probe)
+    """``path`` is a folder this process can create or write into (:func:`output_folder_problem`)."""
+    problem = output_folder_problem(key, path)
+    if problem is not None:
+        raise ConfigError(problem)

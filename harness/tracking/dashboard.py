@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.files import output_folder_problem
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, NAME_AXES, varying_axes
 from harness.tracking.record import write_json_atomic
 from harness.tracking.store import AXES, ROUND_COST_STAGES, RecordError, aggregate
@@ -444,6 +445,13 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
         out = records / "dashboard.json"
     else:
         out = Path(f"dashboard-{group.replace('/', '_')}.json")
+    if out.is_dir():
+        problem = f"out={out} is a folder; give a file path, e.g. out={out / 'dashboard.json'}"
+    else:
+        problem = output_folder_problem("out", out.parent)  # names the folder the file goes in
+    if problem is not None:
+        print(f"harness dashboard: refused: {problem} (writing {out})", file=sys.stderr)
+        return 2
     write_json_atomic(out, spec)
     n_panels = sum(len(s["panels"]) for s in spec["sections"])
     source = f"legends from {len(axes_rows)} records" if axes_rows else "no records found: legends name every axis"

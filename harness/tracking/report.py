@@ -26,6 +26,7 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
+from harness.files import output_folder_problem
 from harness.tracking.compare import (
     ALL,
     SECTION_TITLES,
@@ -810,6 +811,9 @@ def main(argv: list[str] | None = None) -> int:
         recipe_path = find_recipe(kv.get("recipe", "default"))
         recipe = load_recipe(recipe_path)
         out_dir = Path(kv["out"]) if "out" in kv else (root or Path(".")) / "report"
+        problem = output_folder_problem("out", out_dir)
+        if problem is not None:
+            raise ValueError(problem)
         path = build_report(df, out_dir, recipe, recipe_path=recipe_path, source=positionals[0])
     except (ValueError, OSError) as exc:
         return refuse("report", exc)
