@@ -40,7 +40,7 @@ from harness.engine.build import BuildContext, Plan, build_proposer, plan
 from harness.engine.checks import check_output_dir
 from harness.engine.decode import RoundConfig, check_temp_kv_budget
 from harness.gates.drift import heuristic_drift
-from harness.gates.greedy import greedy_equality
+from harness.gates.greedy import greedy_equality, output_turns
 from harness.gates.stages import announce_disabled, disabled_gates, run_gates
 from harness.gates.status import GateError
 from harness.manifest import RECORD_SCHEMA_VERSION, freeze_manifest, manifest_extras, manifest_hash
@@ -702,8 +702,10 @@ def summarise(
             "temp_kv_bytes_budget_formula": planned.temp_kv_budget_formula_bytes,
             "proposal_state_bytes": sum(p.state_bytes() for p in slots),
             "retrieval": merged_proposer_extras(slots),
-            "greedy_identical": (
-                all(o["ar_token_ids"] == o["spec_token_ids"] for o in measured.outputs) if plan_.policy.greedy else None
+            "greedy_identical": (  # every turn of every conversation, not only the first
+                all(t["ar_token_ids"] == t["spec_token_ids"] for o in measured.outputs for t in output_turns(o))
+                if plan_.policy.greedy
+                else None
             ),
             "greedy_near_ties": measured.greedy["near_ties"] if measured.greedy is not None else None,
             # this job's peak host RSS (peak_rss_method: how), not the process lifetime's

@@ -296,3 +296,20 @@ def test_greedy_gate_checks_a_turn_whose_prompts_differ_at_the_speculative_conte
             [{**row, "turns": [row["turns"][0], {**row["turns"][1], "spec_token_ids": bad}]}],
             max_fraction=0.01,
         )
+
+
+def test_greedy_identical_reads_every_turn_not_only_the_first(tmp_path, questions, monkeypatch):
+    real = runner.measure
+
+    def second_turn_differs(cfg, planned, loaded, prepared):
+        measured = real(cfg, planned, loaded, prepared)
+        for o in measured.outputs:
+            if len(o["turns"]) > 1:
+                o["turns"][1]["spec_token_ids"] = o["turns"][1]["spec_token_ids"] + [3]
+                break
+        return measured
+
+    monkeypatch.setattr(runner, "measure", second_turn_differs)
+    record = runner.run_job(spec_bench_cfg(questions, "gates.enabled=false"), run_dir=tmp_path / "run")
+    first_turns = [o["ar_token_ids"] == o["spec_token_ids"] for o in outputs(tmp_path / "run")]
+    assert all(first_turns) and record["metrics"]["greedy_identical"] is False
