@@ -313,3 +313,15 @@ def test_greedy_identical_reads_every_turn_not_only_the_first(tmp_path, question
     record = runner.run_job(spec_bench_cfg(questions, "gates.enabled=false"), run_dir=tmp_path / "run")
     first_turns = [o["ar_token_ids"] == o["spec_token_ids"] for o in outputs(tmp_path / "run")]
     assert all(first_turns) and record["metrics"]["greedy_identical"] is False
+
+
+def test_rounds_and_per_turn_metrics_number_turns_from_one_and_name_the_decode_speedup(tmp_path, questions):
+    record = runner.run_job(spec_bench_cfg(questions), run_dir=tmp_path / "run")
+    rounds = [json.loads(x) for x in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    per_turn = record["metrics"]["per_turn"]
+    assert {str(r["turn"]) for r in rounds} == set(per_turn) == {"1", "2"}  # the questions have 1 or 2 turns
+    for entry in per_turn.values():
+        assert "speedup" not in entry  # the record's speedup is end to end; a turn's is decode only
+        assert entry["decode_speedup"] == pytest.approx(
+            entry["ar_time_per_token_ms"] / entry["time_per_committed_token_ms"]
+        )

@@ -199,13 +199,13 @@ class ArmsResult:
 
     def round_series(self, arm: str = "spec") -> list[dict]:
         """Every round of ``arm``, request by request in prompt and turn order: ``prompt_index``,
-        ``turn``, ``batch_index`` and the round's row of :meth:`RoundLedger.rounds_table` (at B > 1 a
+        ``turn`` (1 = the first user turn, as in the record), ``batch_index`` and the round's row of :meth:`RoundLedger.rounds_table` (at B > 1 a
         request's stage times include the shared verify and commit in full)."""
         rows = []
         for i in sorted(self.batch_of):
             for turn in range(self.turns_of[i]):
                 for row in self.request(arm, i, turn).ledger.rounds_table():
-                    rows.append({"prompt_index": i, "turn": turn, "batch_index": self.batch_of[i], **row})
+                    rows.append({"prompt_index": i, "turn": turn + 1, "batch_index": self.batch_of[i], **row})
         return rows
 
     def observe_device_peak(self, arm: str, peak: tuple[int | None, int | None]) -> None:
@@ -229,7 +229,8 @@ class ArmsResult:
         return (sum(rates["spec"]) / len(rates["spec"])) / (sum(rates["ar"]) / len(rates["ar"]))
 
     def turn_metrics(self) -> dict[str, dict]:
-        """Per turn (``"1"``, ``"2"``, ...): the requests, tokens, time per token and speedup of that turn."""
+        """Per turn (``"1"``, ``"2"``, ...): the requests, tokens, decode time per token and decode
+        speedup of that turn."""
         out: dict[str, dict] = {}
         for turn in sorted(set(self.step_turn)):
             steps = [k for k, t in enumerate(self.step_turn) if t == turn]
@@ -247,7 +248,7 @@ class ArmsResult:
                     entry["rounds"] = rounds
                     entry["mean_committed_per_round"] = tok / rounds if rounds else None
             tpt, ar_tpt = entry["time_per_committed_token_ms"], entry["ar_time_per_token_ms"]
-            entry["speedup"] = ar_tpt / tpt if (tpt and ar_tpt) else None
+            entry["decode_speedup"] = ar_tpt / tpt if (tpt and ar_tpt) else None  # decode time only
             out[str(turn + 1)] = entry
         return out
 
