@@ -637,7 +637,15 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
                 }
             )
         cut = sum(tf["spec_cut_tokens"] + tf["ar_cut_tokens"] for tf in fields["turns"])
-        per_prompt.append({"prompt_id": prompt.prompt_id, "category": prompt.category, "cut_tokens": cut, **fields})
+        per_prompt.append(
+            {
+                "prompt_id": prompt.prompt_id,
+                "prompt_sha256": prompt.fingerprint,
+                "category": prompt.category,
+                "cut_tokens": cut,
+                **fields,
+            }
+        )
         first = turns_out[0]
         outputs.append(
             {

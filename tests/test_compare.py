@@ -229,3 +229,27 @@ def test_main_reports_errors_with_usage(capsys):
     assert main([str(FIXTURES), "colour=red"]) == 2
     assert "unknown filter 'colour'" in capsys.readouterr().err
     assert main([]) == 2
+
+
+def test_an_arm_pooling_other_configurations_and_other_prompts_says_so_and_keeps_the_prompts_apart():
+    """Two runs of one arm that differ outside the axes (another prompt file whose ids repeat,
+    another tree budget) are listed under mixed axes, and prompts with one id in two files are two
+    prompts; prompts with a content fingerprint pair by it."""
+    r1 = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 10, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": r1}, "r2": {"proposer": "a", "prompts": r1}})
+    df["config.workload.name"] = "jsonl"
+    df["config.workload.path"] = ["/data/p.jsonl", "/data/p2.jsonl"]
+    df["config.topology.max_nodes"] = [8, 2]
+    df["config.output_dir"] = ["x", "y"]  # where a run wrote is no difference in what it measured
+    row = _row(compare(df, n_resamples=200), "a")
+    assert row.n_prompts == 4  # p1 and p2 of each file
+    assert row.varying == {"topology.max_nodes": ["2", "8"], "workload.path": ["/data/p.jsonl", "/data/p2.jsonl"]}
+    table = format_table(compare(df, n_resamples=200), by="proposer", baseline=None, level=0.95)
+    assert "topology.max_nodes=2,8; workload.path=/data/p.jsonl,/data/p2.jsonl" in table
+    # records that carry each prompt's fingerprint pair by it, whatever the file is called
+    prompts = [json.loads(p) for p in df["per_prompt"]]
+    for run in prompts:
+        for p in run:
+            p["prompt_sha256"] = f"sha-{p['prompt_id']}"
+    df["per_prompt"] = [json.dumps(p) for p in prompts]
+    assert _row(compare(df, n_resamples=200), "a").n_prompts == 2

@@ -319,6 +319,8 @@ def test_rounds_and_per_turn_metrics_number_turns_from_one_and_name_the_decode_s
     record = runner.run_job(spec_bench_cfg(questions), run_dir=tmp_path / "run")
     rounds = [json.loads(x) for x in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     per_turn = record["metrics"]["per_turn"]
+    shas = [row["prompt_sha256"] for row in record["per_prompt"]]  # what pairs prompts across runs
+    assert len(set(shas)) == len(shas) and all(len(x) == 16 for x in shas)
     assert {str(r["turn"]) for r in rounds} == set(per_turn) == {"1", "2"}  # the questions have 1 or 2 turns
     for entry in per_turn.values():
         assert "speedup" not in entry  # the record's speedup is end to end; a turn's is decode only

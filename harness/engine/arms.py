@@ -56,6 +56,19 @@ METRIC_NOTES = {
         "the request's latency inside its batch (not the batch wall time), summed over a conversation's turns"
     ),
     "per_prompt.turns": "one entry per turn of the conversation: the same fields for that turn's request",
+    "per_prompt.spec_prefill_ms": (
+        "the prefill the request waited for: at batch > 1 its batch's whole prefill, so summed over requests it "
+        "counts a batch's prefill once per request (the *_prefill_ms_total metrics count it once)"
+    ),
+    "per_prompt.prompt_sha256": "16 hex digits of the prompt's text, messages and turns: pairs prompts across runs",
+    "conversation_turns": "(prompt, turn) requests measured: a two-turn conversation counts 2",
+    "fallback_rate": "fraction of rounds with no candidate row (the round committed the target's token only)",
+    "first_child_coverage": (
+        "among rounds with candidates, the fraction whose accepted path starts at the root's first child "
+        "(the proposer's top-ranked first token)"
+    ),
+    "mean_candidate_rows": "candidate rows per verify forward, mean over rounds",
+    "proposal_state_bytes": "the proposers' state in bytes as each reports it (a draft's KV cache, head state)",
     "per_turn": "the decode metrics of the requests of each turn (1 = the first user turn)",
     "rounds_tried_by_depth": (
         "rounds that tried depth d (the walk reached depth d-1 and the tree had a row at d): the trials behind "
@@ -199,8 +212,9 @@ class ArmsResult:
 
     def round_series(self, arm: str = "spec") -> list[dict]:
         """Every round of ``arm``, request by request in prompt and turn order: ``prompt_index``,
-        ``turn`` (1 = the first user turn, as in the record), ``batch_index`` and the round's row of :meth:`RoundLedger.rounds_table` (at B > 1 a
-        request's stage times include the shared verify and commit in full)."""
+        ``turn`` (1 = the first user turn, as in the record), ``batch_index`` and the round's row of
+        :meth:`RoundLedger.rounds_table` (at B > 1 a request's stage times include the shared verify
+        and commit in full)."""
         rows = []
         for i in sorted(self.batch_of):
             for turn in range(self.turns_of[i]):

@@ -6,7 +6,8 @@
                     [<axis>=<value> ...]            # filters, e.g. temperature=0 batch_size=1
 
 An *arm* is every run sharing one value of the ``by`` axis inside one section (after the
-filters). Its per-prompt rows are summed by ``prompt_id`` over its runs, so the pairing unit is
+filters). Its per-prompt rows are summed by prompt (its id and content fingerprint,
+:func:`prompt_key`) over its runs, so the pairing unit is
 always the prompt. For each arm and each workload category (and ``all``):
 
 * ``time_per_committed_token_ms`` = sum(spec_decode_ms) / sum(spec_tokens) (decode time);
@@ -191,6 +192,22 @@ def run_prompts(df: pd.DataFrame) -> Iterator[tuple[pd.Series, dict[str, Any]]]:
             yield run, p
 
 
+def prompt_key(run: pd.Series, p: Mapping[str, Any]) -> str:
+    """What pairs a prompt across runs: its id with the fingerprint of its content
+    (``prompt_sha256``), or, in records written before they carried one, with the workload it came
+    from (name, file name, split). One id in two different files is two prompts."""
+    pid = str(p["prompt_id"])
+    if p.get("prompt_sha256"):
+        return f"{pid}#{p['prompt_sha256']}"
+
+    def cfg(key: str) -> str:
+        value = run.get(f"config.workload.{key}")
+        return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+    source = "/".join(x for x in (cfg("name"), Path(cfg("path")).name if cfg("path") else "", cfg("split")) if x)
+    return f"{pid}@{source}" if source else pid
+
+
 def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, prompt) from the store's ``per_prompt`` column."""
     rows = [
@@ -198,7 +215,7 @@ def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
             "run_id": run["run_id"],
             "section": run["section"],
             **{a: run[a] for a in AXES},
-            "prompt_id": str(p["prompt_id"]),
+            "prompt_id": prompt_key(run, p),
             "category": str(p["category"]),
             **{c: float(p[c]) for c in _PROMPT_COLUMNS},
             **{c: float(p[c]) if p.get(c) is not None else math.nan for c in _PREFILL_COLUMNS},
@@ -257,7 +274,30 @@ def _end_to_end_speedup(p: pd.DataFrame, boot: Mapping[str, Any]) -> Estimate:
     )
 
 
+#: config keys that say where or how a run was launched or logged, not what it measured
+_LAUNCH_CONFIG = (
+    "config.output_dir",
+    "config.experiment",
+    "config.sweep",
+    "config.concurrent_jobs",
+    "config.tracking.",
+)
+#: the config keys behind each axis: the axis's own value, or the options of its group
+_AXIS_CONFIG = {
+    "proposer": "config.proposer.",
+    "topology": "config.topology.",
+    "verifier": "config.verifier.",
+    "workload": "config.workload.name",
+    "model": "config.model.",
+    "temperature": "config.generation.temperature",
+    "batch_size": "config.generation.batch_size",
+}
+
+
 def _varying(runs: pd.DataFrame, by: str) -> dict[str, list[str]]:
+    """The axes, then the other config keys, whose values differ among one arm's runs: an arm that
+    pools runs of different configurations says which (``mixed axes``). The options of a group
+    whose axis already differs (another proposer's settings, say) are not listed again."""
     out: dict[str, list[str]] = {}
     for axis in AXES:
         if axis == by or axis not in runs.columns:
@@ -265,7 +305,24 @@ def _varying(runs: pd.DataFrame, by: str) -> dict[str, list[str]]:
         values = sorted({arm_label(v) for v in runs[axis]})
         if len(values) > 1:
             out[axis] = values
+    hidden = [_AXIS_CONFIG[a] for a in out if a in _AXIS_CONFIG]
+    hidden += [_AXIS_CONFIG[a] for a in ("workload", "temperature", "batch_size") if a in _AXIS_CONFIG]
+    hidden += [f"{_AXIS_CONFIG[a]}name" for a in ("proposer", "topology", "verifier", "model")]
+    for column in sorted(c for c in runs.columns if c.startswith("config.")):
+        if column.startswith((*_LAUNCH_CONFIG, *hidden)):
+            continue
+        values = sorted({_config_text(v) for v in runs[column]})
+        if len(values) > 1:
+            out[column.removeprefix("config.")] = values
     return out
+
+
+def _config_text(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "null"
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return "[" + ",".join(_config_text(v) for v in value) + "]"
+    return arm_label(value)
 
 
 def _labels(section: str) -> tuple[str, ...]:
@@ -384,7 +441,7 @@ def leaderboard_prompts(runs: pd.DataFrame) -> pd.DataFrame:
     rows = [
         {
             "run_id": run["run_id"],
-            "prompt_id": str(p["prompt_id"]),
+            "prompt_id": prompt_key(run, p),
             "task": task_of(str(p["category"])),
             **{c: float(p[c]) if p.get(c) is not None else np.nan for c in _LEADER_COLUMNS},
         }
@@ -540,7 +597,8 @@ def arm_table(
         line.append(r.end_to_end_speedup.fmt(3))
         if baseline is not None:
             line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-")
-        line.append("; ".join(f"{k}={','.join(v)}" for k, v in r.varying.items()) or "-")
+        mixed = [f"{k}={','.join(v)}" for k, v in r.varying.items()]
+        line.append("; ".join(mixed[:4]) + (f"; and {len(mixed) - 4} more" if len(mixed) > 4 else "") or "-")
         body.append(line)
     return header, body
 

@@ -65,6 +65,13 @@ class Prompt:
     def n_turns(self) -> int:
         return len(self.turns) if self.turns else 1
 
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 (16 hex digits) of what the model is given: text, messages and turns. Two
+        prompts with one id in different files differ here, and are never paired as one prompt."""
+        content = json.dumps([self.text, list(self.messages or ()), list(self.turns or ())], sort_keys=True)
+        return hashlib.sha256(content.encode("utf-8")).hexdigest()[:16]
+
 
 def humaneval_split(task_id: str) -> str:
     bucket = int(hashlib.sha256(f"harness-humaneval-split-v1:{task_id}".encode()).hexdigest()[:8], 16) % 100
