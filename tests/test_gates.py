@@ -459,3 +459,17 @@ def test_an_unreadable_gate_cache_file_is_recomputed_and_replaced(tmp_path, monk
     again = stages._cached("oracle", "k1", True, compute)
     assert again["cached"] is False and len(calls) == 2 and json.loads(path.read_text())["status"] == "passed"
     assert not [p for p in path.parent.iterdir() if p.name != path.name]  # no temporary left beside it
+
+
+def test_the_switched_off_line_names_only_gates_that_apply_at_the_runs_temperature(capsys):
+    from harness.config import compose
+    from harness.gates.stages import announce_disabled
+
+    announce_disabled(compose(["model=tiny", "gates.enabled=false"]))
+    line = capsys.readouterr().err
+    assert "greedy_equality" in line and "statistical" not in line  # temperature 0: no sampled rounds
+    announce_disabled(
+        compose(["model=tiny", "gates.enabled=false", "generation.temperature=0.7", "verifier=membership"])
+    )
+    line = capsys.readouterr().err
+    assert "statistical" in line and "greedy_equality" not in line

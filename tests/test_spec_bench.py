@@ -118,8 +118,8 @@ def test_export_writes_spec_bench_fields_per_question(exported):
             # model=tiny has no tokenizer: every generated id as a decimal word
             assert [len(t.split()) for t in c["turns"]] == c["new_tokens"]
     assert all(set(r["choices"][0]["accept_lengths"]) == {1} for r in base)  # AR: one token per round
-    assert spec[0]["model_id"].endswith("prompt_lookup-sequence-greedy-temperature-0")
-    assert base[0]["model_id"].endswith("ar-baseline-temperature-0")
+    assert spec[0]["model_id"].endswith(f"prompt_lookup-sequence-greedy-temperature-0-{record['manifest_hash'][:8]}")
+    assert base[0]["model_id"].endswith(f"ar-baseline-temperature-0-{record['manifest_hash'][:8]}")
 
 
 def test_spec_bench_speed_on_our_export_agrees_with_the_recorded_figures(exported):
@@ -243,3 +243,8 @@ def test_model_id_names_the_experiment_else_the_sweep_else_adhoc():
     assert default_model_id(in_sweep, "spec") == "spec_bench/smollm2/rest-sequences-greedy-temperature-0"
     assert default_model_id({**in_sweep, "experiment": "default"}, "ar").startswith("default/smollm2/ar-baseline")
     assert default_model_id({**in_sweep, "sweep": None}, "spec").startswith("adhoc/")
+    # two configurations the axes do not tell apart get two ids: the manifest hash, and the batch size
+    hashed = {**in_sweep, "manifest_hash": "0123456789abcdef"}
+    assert default_model_id(hashed, "spec") == "spec_bench/smollm2/rest-sequences-greedy-temperature-0-01234567"
+    batched = {**hashed, "axes": {**axes, "batch_size": 4}}
+    assert default_model_id(batched, "ar") == "spec_bench/smollm2/ar-baseline-temperature-0-batch-4-01234567"

@@ -153,8 +153,12 @@ def disabled_gates(cfg: DictConfig) -> dict[str, str]:
 
 
 def announce_disabled(cfg: DictConfig) -> None:
-    """One line on stderr at start for every run whose gates an override switched off."""
+    """One line on stderr at start for every run whose gates an override switched off (only the
+    gates that apply at the run's temperature: the statistical gate tests sampled rounds, the
+    greedy-equality gate greedy ones)."""
     off = disabled_gates(cfg)
+    greedy = float(cfg.generation.temperature) == 0.0
+    off.pop("statistical" if greedy else "greedy_equality", None)
     if off:
         overrides = sorted(set(off.values()))
         print(

@@ -537,7 +537,7 @@ def format_leaderboard(columns: Sequence[str], rows: Sequence[LeaderRow], *, by:
         widths = [max(len(h), *(len(b[i]) for b in body + sb)) for i, h in enumerate(header)]
         lines.append(f"== leaderboard (Spec-Bench shape), {SECTION_TITLES[section]} ==")
         lines.append(
-            f"cell: speedup vs AR [{pct}] / mean accepted tokens per round, bonus token counted [{pct}]; "
+            f"cell: decode speedup vs AR [{pct}] / mean accepted tokens per round, bonus token counted [{pct}]; "
             f"prompts per column: "
             + ", ".join(f"{c}={sec[0].cells[c].n_prompts}" for c in columns if c in sec[0].cells)
         )

@@ -94,10 +94,17 @@ def _created_epoch(record: dict) -> float | None:
 
 
 def default_model_id(record: dict, arm: str) -> str:
+    """``<experiment|sweep|adhoc>/<model>/<arm>-temperature-<T>[-batch-<B>]-<manifest hash, 8>``:
+    Spec-Bench groups answers by model id, so two configurations never share one (the manifest
+    hash tells apart what the axes do not: budgets, files, options)."""
     ax = record["axes"]
     who = f"{ax['proposer']}-{ax['topology']}-{ax['verifier']}" if arm == "spec" else "ar-baseline"
     group = record.get("experiment") or record.get("sweep") or "adhoc"  # as the run folders are named
-    return f"{group}/{ax['model']}/{who}-temperature-{float(ax['temperature']):g}"
+    batch = int(ax.get("batch_size") or 1)
+    tail = (f"-batch-{batch}" if batch > 1 else "") + (
+        f"-{str(record['manifest_hash'])[:8]}" if record.get("manifest_hash") else ""
+    )
+    return f"{group}/{ax['model']}/{who}-temperature-{float(ax['temperature']):g}{tail}"
 
 
 def read_outputs(run_dir: Path) -> list[dict]:
