@@ -267,3 +267,25 @@ def test_depths_no_round_tried_are_drawn_at_zero_not_at_a_made_up_count(tmp_path
     ax_n = plot.figure.axes[2]
     (line,) = [ln for ln in ax_n.get_lines() if len(ln.get_ydata()) == len(tried)]
     assert list(line.get_ydata()) == tried and ax_n.get_yscale() == "symlog" and ax_n.get_ylim()[0] == 0
+
+
+def test_speedup_vs_batch_is_not_drawn_empty_when_no_configuration_has_two_batch_sizes():
+    from harness.tracking.report import plot_speedup_vs_batch
+
+    df = pd.DataFrame(
+        {
+            "section": ["exact", "exact"],
+            "run_id": ["r1", "r2"],
+            "proposer": ["a", "b"],  # batch 1 for one proposer, batch 2 for the other: no series
+            "topology": "t",
+            "verifier": "greedy",
+            "temperature": 0.0,
+            "batch_size": [1, 2],
+            "workload": "w",
+            "model": "m",
+            "speedup": [1.1, 1.2],
+            "per_prompt": "[]",
+        }
+    )
+    plot = plot_speedup_vs_batch(df, {})
+    assert plot.figure is None and "no configuration was run at two batch sizes" in plot.note

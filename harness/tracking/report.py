@@ -454,9 +454,11 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     ax = fig.add_subplot()
     keyed = runs.assign(_key=runs[series_axes].apply(lambda r: tuple(arm_label(v) for v in r), axis=1))
     vary = [a for a in series_axes if runs[a].map(arm_label).nunique() > 1]
+    drawn = 0
     for _key, group in keyed.groupby("_key", sort=True):
         if group["batch_size"].nunique() < 2:
             continue
+        drawn += 1
         group = group.sort_values("batch_size")
         # the point is the record's own speedup: at batch B > 1 the batch wall time per committed
         # token against batched AR on the same batches (throughput), which per-prompt latencies
@@ -475,6 +477,8 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         lo, hi = np.clip(lo, 0.0, None), np.clip(hi, 0.0, None)
         label = "/".join(axis_piece(a, group.iloc[0][a]) for a in vary) or "runs"
         ax.errorbar(group["batch_size"], ys, yerr=[lo, hi], marker="o", capsize=3, label=label)
+    if not drawn:
+        return Plot(None, "no configuration was run at two batch sizes (the other axes held fixed)")
     ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(runs["batch_size"].unique()), [arm_label(b) for b in sorted(runs["batch_size"].unique())])
