@@ -126,10 +126,12 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
                     "record": str(run_dir / "record.json"),
                     # end to end: prefill (a draft's prompt forward included) + decode, per token
                     "speedup": m["speedup"],
+                    "speedup_ci95": m.get("speedup_ci95"),  # over prompts: how far another draw could move it
                     "end_to_end_time_per_token_ms": m.get("end_to_end_time_per_token_ms"),
                     "ar_end_to_end_time_per_token_ms": m.get("ar_end_to_end_time_per_token_ms"),
                     # the round loop alone
                     "decode_speedup": m.get("decode_speedup"),
+                    "decode_speedup_ci95": m.get("decode_speedup_ci95"),
                     "time_per_committed_token_ms": m["time_per_committed_token_ms"],
                     "ar_time_per_token_ms": m["ar_time_per_token_ms"],
                     "mean_committed_per_round": m["mean_committed_per_round"],

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -80,6 +81,7 @@ from harness.target.options import (
     resolved_fused_layers,
 )
 from harness.target.timing import read_bandwidth_gbs, weight_stream_floor_ms
+from harness.tracking.compare import paired_bootstrap, speedup_statistic
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, restore_aside, write_job
 from harness.tracking.store import ROUNDS_FILENAME
 from harness.tracking.wandb_tracker import NullTracker, Tracker, open_run, wandb_group
@@ -724,6 +726,7 @@ def summarise(
             "cpu_budget_artifact": bool(getattr(proposer, "cpu_budget_artifact", False)),
             "job_seconds": job_seconds,
             "context": context_metrics(planned.context, measured.per_prompt),
+            **speedup_intervals(measured.per_prompt),
         }
     )
     if not plan_.verifier.exact:
@@ -773,6 +776,45 @@ def summarise(
     if "sequoia_predicted_time_per_token_ms" in metrics:
         metrics["sequoia_cost_model_error"] = cost_model_error(record)
     return record
+
+
+def speedup_intervals(per_prompt: list[dict]) -> dict:
+    """95% paired-bootstrap intervals over prompts (as ``harness compare`` draws them, from each
+    request's latency) of the decode and end-to-end speedups: how far another draw of prompts
+    could move them. None with fewer than two prompts."""
+    cols = {c: np.array([float(p[c]) for p in per_prompt]) for c in PER_PROMPT_TIMES}  # each [P]
+    boot = dict(confidence_level=0.95, n_resamples=2000, seed=0, method="percentile")
+    decode = paired_bootstrap(
+        (cols["ar_decode_ms"], cols["ar_tokens"], cols["spec_decode_ms"], cols["spec_tokens"]),
+        speedup_statistic,
+        **boot,
+    )
+    e2e = paired_bootstrap(
+        (
+            cols["ar_prefill_ms"] + cols["ar_decode_ms"],
+            cols["ar_tokens"],
+            cols["spec_prefill_ms"] + cols["spec_decode_ms"],
+            cols["spec_tokens"],
+        ),
+        speedup_statistic,
+        **boot,
+    )
+
+    def interval(e) -> list[float] | None:
+        return None if e.ci_low is None or e.ci_high is None else [e.ci_low, e.ci_high]
+
+    return {"decode_speedup_ci95": interval(decode), "speedup_ci95": interval(e2e)}
+
+
+#: the per-prompt fields the speedup intervals resample
+PER_PROMPT_TIMES = (
+    "spec_decode_ms",
+    "spec_tokens",
+    "spec_prefill_ms",
+    "ar_decode_ms",
+    "ar_tokens",
+    "ar_prefill_ms",
+)
 
 
 def context_metrics(limit: ContextLimit, per_prompt: list[dict]) -> dict:

@@ -147,3 +147,35 @@ def test_a_lookup_run_with_history_reads_earlier_requests_and_stays_exact(tmp_pa
     assert m["greedy_identical"] is True
     assert m["retrieval"]["rows_kept_from_history"] > 0
     assert m["proposal_state_bytes"] > 0
+
+
+def test_the_record_carries_paired_bootstrap_intervals_of_both_speedups():
+    from harness.runner import speedup_intervals
+    from harness.tracking.compare import paired_bootstrap, speedup_statistic
+
+    rows = [
+        {
+            "spec_decode_ms": d,
+            "spec_tokens": 10,
+            "spec_prefill_ms": 5.0,
+            "ar_decode_ms": 20.0,
+            "ar_tokens": 10,
+            "ar_prefill_ms": 4.0,
+        }
+        for d in (8.0, 10.0, 12.0, 15.0)
+    ]
+    got = speedup_intervals(rows)
+    lo, hi = got["decode_speedup_ci95"]
+    assert lo < 80 / 45 < hi  # the point (ratio of sums) lies inside
+    again = paired_bootstrap(
+        ([20.0] * 4, [10] * 4, [8.0, 10.0, 12.0, 15.0], [10] * 4),
+        speedup_statistic,
+        confidence_level=0.95,
+        n_resamples=2000,
+        seed=0,
+        method="percentile",
+    )
+    assert [again.ci_low, again.ci_high] == [lo, hi]  # the interval harness compare draws
+    e_lo, e_hi = got["speedup_ci95"]
+    assert e_lo < (80 + 16) / (45 + 20) < e_hi
+    assert speedup_intervals(rows[:1]) == {"decode_speedup_ci95": None, "speedup_ci95": None}

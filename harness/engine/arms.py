@@ -40,6 +40,10 @@ METRIC_NOTES = {
         "start (a draft model's prompt forward, a head's state warm-up), so the speculative arm pays for its draft"
     ),
     "speedup": "AR end-to-end time per token / speculative end-to-end time per token, same prompts and batches",
+    "speedup_ci95": (
+        "95% paired-bootstrap interval over prompts of the end-to-end speedup from each request's latency "
+        "(as harness compare draws it; decode_speedup_ci95 likewise); None below two prompts"
+    ),
     "ttft_ms": "prefill (target and proposer start) + the request's first round",
     "request_time_per_token_ms": "per request: its completion time since its batch's decode start / its tokens",
     "request_speedup": "AR mean request time per token / speculative mean, same batches",
