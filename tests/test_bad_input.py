@@ -332,6 +332,23 @@ def test_a_tree_wider_than_the_vocabulary_is_refused_before_any_training(
     assert_refused_run(tmp_path, capsys, argv_for(tmp_path, workload, *overrides), fragment)
 
 
+def test_a_sequoia_search_too_large_for_memory_is_refused_before_calibration(tmp_path, workload, capsys, no_models):
+    argv = argv_for(
+        tmp_path,
+        workload,
+        "proposer=draft_model",
+        "topology=sequoia",
+        "topology.max_nodes=20000",
+        "topology.max_depth=100",
+    )
+    assert_refused_run(
+        tmp_path,
+        capsys,
+        argv,
+        "topology.max_nodes=20000 topology.max_depth=100: the Sequoia DP over 8 ranks would hold",
+    )
+
+
 def test_an_output_folder_that_cannot_be_created(tmp_path, workload, capsys, no_models):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -402,7 +419,7 @@ def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
     [
         (["compare", "/nonexistent-records"], "harness compare: refused: ", "/nonexistent-records"),
         (["report", "/nonexistent-records"], "harness report: refused: ", "/nonexistent-records"),
-        (["tree", "foo"], "harness tree: error: ", "key=value"),
+        (["tree", "foo"], "harness tree: refused: ", "key=value"),
         (["oracles", "--foo"], "harness oracles: refused: ", "unrecognized arguments: --foo"),
         (["oracles", "--random", "-1"], "harness oracles: refused: ", "must be >= 0"),
         (["oracles", "--json", f"{__file__}/o.json"], "harness oracles: refused: ", f"{__file__} is a file"),

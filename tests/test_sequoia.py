@@ -375,3 +375,19 @@ def test_hardware_aware_refuses_bad_costs(kwargs, reason):
     table = optimize_tree(acceptance=TOY_P, max_nodes=8, max_depth=4)
     with pytest.raises(ValueError, match=reason):
         select_hardware_aware(table, **kwargs)
+
+
+def test_a_depth_past_the_node_count_is_capped_and_a_table_past_the_memory_limit_refused():
+    """A tree of n nodes is at most n - 1 deep: a larger depth bound gives the same trees without
+    the table growing with it; bounds whose DP would not fit are refused before any allocation."""
+    from harness.topology.sequoia import DP_TABLE_LIMIT_BYTES, dp_table_bytes
+
+    acc = [0.6, 0.2, 0.1]
+    capped = optimize_tree(acceptance=acc, max_nodes=12, max_depth=1_000_000)
+    exact = optimize_tree(acceptance=acc, max_nodes=12, max_depth=11)
+    assert capped.max_depth == 11 and capped.score.shape == exact.score.shape
+    assert capped.best(12, 1_000_000).parents == exact.best(12, 11).parents
+    assert capped.g(12, 500) == exact.g(12, 11)
+    assert dp_table_bytes(20_000, 20, 2) > DP_TABLE_LIMIT_BYTES
+    with pytest.raises(ValueError, match=r"max_nodes=20000 max_depth=20 over 2 ranks: the Sequoia DP would hold"):
+        optimize_tree(acceptance=[0.5, 0.2], max_nodes=20_000, max_depth=20)

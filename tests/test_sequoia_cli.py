@@ -125,7 +125,9 @@ def test_draft_base_cost_changes_the_time(capsys):
         (TOY_ARGS[:3] + ["verify_cost=[1.0,1.0]"], "both verify_cost"),
         (TOY_ARGS[:3] + ["draft_cost=0.09"], "both verify_cost"),
         (TOY_ARGS + ["profile=/nonexistent/profile.json"], "already gives the costs"),
-        (TOY_ARGS[:3] + ["profile=/nonexistent/profile.json"], "cannot read hardware profile"),
+        (TOY_ARGS[:3] + ["profile=/nonexistent/profile.json"], "profile=/nonexistent/profile.json: does not exist"),
+        (TOY_ARGS[:3] + ["profile=/tmp"], "profile=/tmp: is a folder"),
+        (["acceptance=[0.5,0.2]", "max_nodes=20000", "max_depth=20"], "the Sequoia DP would hold 17.9 GiB"),
         (TOY_ARGS + ["colour=blue"], "unknown key"),
         (TOY_ARGS + ["max_nodes=9"], "twice"),
         (["acceptance=[0.82", "max_nodes=8", "max_depth=4"], "cannot parse"),
@@ -148,7 +150,7 @@ def test_draft_base_cost_changes_the_time(capsys):
 def test_bad_input_exits_2_with_reason(capsys, argv, reason):
     rc, _, err = _run(capsys, argv)
     assert rc == 2
-    assert err.startswith("harness tree: error:")
+    assert err.startswith("harness tree: refused:")
     assert re.search(reason, err), err
 
 

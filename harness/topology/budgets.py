@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from harness.contracts import Budget, ConfigError
 from harness.topology.choices import ChoicesError, resolve_choices
+from harness.topology.sequoia import DP_TABLE_LIMIT_BYTES, dp_table_bytes
 
 
 def chain_budget(t) -> Budget:
@@ -48,8 +49,18 @@ def expansion_budget(t) -> Budget:
 
 
 def sequoia_budget(t) -> Budget:
-    """The search bounds as a tree budget, for negotiation before model work."""
-    return Budget(shape="tree", max_nodes=int(t.max_nodes), max_depth=int(t.max_depth))
+    """The search bounds as a tree budget, for negotiation before model work; bounds whose DP
+    would not fit in memory are refused here, before any calibration."""
+    rows, depth = int(t.max_nodes), int(t.max_depth)
+    branches = int(t.calibration.branches) if t.get("calibration") is not None else 8
+    need = dp_table_bytes(rows + 1, depth, branches)
+    if need > DP_TABLE_LIMIT_BYTES:
+        raise ConfigError(
+            f"topology.max_nodes={rows} topology.max_depth={depth}: the Sequoia DP over {branches} ranks would hold "
+            f"{need / 2**30:.1f} GiB (limit {DP_TABLE_LIMIT_BYTES / 2**30:.0f} GiB; a tree of {rows} rows is at most "
+            f"{rows} deep); lower topology.max_nodes or topology.max_depth"
+        )
+    return Budget(shape="tree", max_nodes=rows, max_depth=depth)
 
 
 def cartesian_rows(widths: Sequence[int]) -> int:

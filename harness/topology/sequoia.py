@@ -219,21 +219,21 @@ class SequoiaTable:
     best_g: np.ndarray
     best_b: np.ndarray
 
-    def _check_query(self, n: int, d: int) -> None:
-        if not (1 <= n <= self.max_nodes and 0 <= d <= self.max_depth):
-            raise ValueError(
-                f"(n, d) must satisfy 1 <= n <= {self.max_nodes} and 0 <= d <= {self.max_depth}; got ({n}, {d})"
-            )
+    def _check_query(self, n: int, d: int) -> int:
+        """``d`` as stored: a depth bound past the table's (at most max_nodes - 1) reads as it."""
+        if not (1 <= n <= self.max_nodes and 0 <= d):
+            raise ValueError(f"(n, d) must satisfy 1 <= n <= {self.max_nodes} and 0 <= d; got ({n}, {d})")
+        return min(int(d), self.max_depth)
 
     def g(self, n: int, d: int) -> float | None:
         """Best expected tokens with exactly n nodes and depth <= d; None where infeasible."""
-        self._check_query(n, d)
+        d = self._check_query(n, d)
         value = float(self.best_g[n, d])
         return value if math.isfinite(value) else None
 
     def best(self, n: int, d: int) -> TreeResult | None:
         """The optimal tree with exactly n nodes (root included) and depth <= d; None if none fits."""
-        self._check_query(n, d)
+        d = self._check_query(n, d)
         if not math.isfinite(float(self.best_g[n, d])):
             return None
         parents: list[int] = [-1]
@@ -269,6 +269,29 @@ class SequoiaTable:
         return [[n, d, self.g(n, d)] for n in range(1, self.max_nodes + 1) for d in range(self.max_depth + 1)]
 
 
+#: the largest DP table (and its temporaries) :func:`optimize_tree` fills, in bytes
+DP_TABLE_LIMIT_BYTES = 2 << 30
+
+
+def dp_table_bytes(max_nodes: int, max_depth: int, branches: int) -> int:
+    """Bytes the DP for these bounds holds at once: the [N+1, D+1, B+1] score and split tables,
+    the [N+1, D+1] best tables and about six [N+1, N+1] temporaries (D capped at N - 1)."""
+    n, d = int(max_nodes) + 1, min(int(max_depth), int(max_nodes) - 1) + 1
+    return n * d * (int(branches) + 1) * 16 + n * d * 16 + 6 * n * n * 8
+
+
+def check_dp_size(max_nodes: int, max_depth: int, branches: int, *, keys: tuple[str, str] = ("max_nodes", "max_depth")):
+    """Refuse bounds whose DP would not fit :data:`DP_TABLE_LIMIT_BYTES`, naming what to lower."""
+    need = dp_table_bytes(max_nodes, max_depth, branches)
+    if need > DP_TABLE_LIMIT_BYTES:
+        depth = min(int(max_depth), int(max_nodes) - 1)
+        raise ValueError(
+            f"{keys[0]}={max_nodes} {keys[1]}={max_depth} over {branches} ranks: the Sequoia DP would hold "
+            f"{need / 2**30:.1f} GiB (limit {DP_TABLE_LIMIT_BYTES / 2**30:.0f} GiB; depth {depth} used, a tree of "
+            f"n nodes being at most n - 1 deep); lower {keys[0]} or {keys[1]}"
+        )
+
+
 def optimize_tree(*, acceptance: Sequence[float], max_nodes: int, max_depth: int) -> SequoiaTable:
     """Fill Sequoia's depth-indexed DP table T[n, d, b] for n <= max_nodes (root included),
     d <= max_depth edges.
@@ -281,7 +304,9 @@ def optimize_tree(*, acceptance: Sequence[float], max_nodes: int, max_depth: int
     for name, v, lo in (("max_nodes", max_nodes, 1), ("max_depth", max_depth, 0)):
         if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}; got {v!r}")
-    N, D, B = int(max_nodes), int(max_depth), len(p)
+    # a tree of n nodes is at most n - 1 deep: deeper bounds change nothing and are not stored
+    N, D, B = int(max_nodes), min(int(max_depth), int(max_nodes) - 1), len(p)
+    check_dp_size(N, int(max_depth), B)
 
     score = np.full((N + 1, D + 1, B + 1), -np.inf)  # [N+1, D+1, B+1]
     split = np.full((N + 1, D + 1, B + 1), -1, dtype=np.int64)  # [N+1, D+1, B+1]

@@ -108,10 +108,13 @@ def _costs(args: dict) -> tuple[dict | None, str | None]:
         if given:
             raise UsageError(f"profile= already gives the costs; drop {given}")
         path = Path(str(args["profile"]))
+        if not path.is_file():
+            what = "is a folder" if path.is_dir() else "does not exist"
+            raise UsageError(f"profile={path}: {what}; give a hardware profile JSON (harness calibrate writes one)")
         try:
-            profile = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UsageError(f"cannot read hardware profile {str(path)!r}: {exc}") from exc
+            profile = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise UsageError(f"profile={path}: not a hardware profile JSON ({exc})") from exc
         if not isinstance(profile, dict):
             raise UsageError(f"hardware profile {str(path)!r} must be a JSON object")
         missing = [k for k in ("verify_cost", "draft_cost") if k not in profile]
@@ -215,7 +218,7 @@ def main(argv: list[str]) -> int:
     try:
         out = run_tree(parse_args(argv))
     except ValueError as exc:  # UsageError and the algorithm's boundary checks
-        print(f"harness tree: error: {exc}", file=sys.stderr)
+        print(f"harness tree: refused: {exc}", file=sys.stderr)
         return 2
     assert all(g is None or math.isfinite(g) for _, _, g in out["expected_tokens_table"])
     print(json.dumps(out, allow_nan=False))
