@@ -36,6 +36,7 @@ from harness.runner import check_job
 from harness.target.loading import DTYPES
 from harness.target.options import LINEAR_KERNELS
 from harness.topology.budgets import cartesian_rows, choices_size
+from harness.workloads.datastore import DEFAULT_MAX_TOKENS
 from harness.workloads.prompts import SPLITS
 
 #: the config groups (schema-backed YAML) that `harness run` composes
@@ -144,7 +145,7 @@ class DatastoreConfig:
 
     corpus: str = ranged("stdlib", choices=("stdlib", "sharegpt"))  # harness/workloads/corpora.py
     path: Optional[str] = None  # a datastore directory (its release manifest rules); null: cache, built on first use
-    max_tokens: Optional[int] = ranged(2_000_000, **POSITIVE_INT)  # build cap (sentinels included)
+    max_tokens: Optional[int] = ranged(DEFAULT_MAX_TOKENS, **POSITIVE_INT)  # build cap (sentinels included)
     context_len: int = ranged(16, **POSITIVE_INT)
     continuation_len: int = ranged(8, **POSITIVE_INT)
     max_matches: int = ranged(64, **POSITIVE_INT)

@@ -274,7 +274,7 @@ def test_cli_build_and_info(tmp_path, monkeypatch, capsys):
                 "build",
                 "corpus=stdlib",
                 f"out={out}",
-                "model=toy",
+                "model=owner/toy",  # a hub id's form (its tokenizer is the test's)
                 "datastore.max_tokens=100",
                 "exclude=none",
                 "progress=false",
@@ -283,12 +283,48 @@ def test_cli_build_and_info(tmp_path, monkeypatch, capsys):
         == 0
     )
     built = json.loads(capsys.readouterr().out)
-    assert built["n_tokens"] == 7 and built["corpus"] == "stdlib" and built["target_family"] == "toy"
+    assert built["n_tokens"] == 7 and built["corpus"] == "stdlib" and built["target_family"] == "owner/toy"
     assert main(["info", str(out), "verify_corpus=true"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["release_id"] == built["release_id"]
     assert main(["build", "corpus=nope", f"out={tmp_path / 'x'}"]) == 2
     assert "corpus must be one of" in capsys.readouterr().err
+    # options refused in one line naming the option, before any tokenizer or corpus work
+    (tmp_path / "afile").write_text("")
+    for args, said in (
+        (["out="], "out= is empty; give a folder or leave the option out"),
+        ([f"out={out}", f"path={out}"], "give one of out=DIR and path=DIR"),
+        (["max_tokens=abc"], "max_tokens='abc': expected a whole number >= 1"),
+        (["max_tokens=0"], "max_tokens=0 is out of range: it must be >= 1"),
+        (["overwrite=maybe"], "overwrite='maybe': expected true or false"),
+        (["exclude=missing.jsonl"], "exclude=missing.jsonl: cannot read missing.jsonl (No such file or directory)"),
+        ([f"out={tmp_path / 'afile'}"], "a file is in the way; an output folder is needed there"),
+        (["model=nope"], "model='nope': no such directory (and not a hub id of the form owner/name)"),
+    ):
+        model = [] if args[0].startswith("model=") else ["model=owner/toy"]
+        assert main(["build", "corpus=stdlib", *model, *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], (args, err)
+    assert main(["build", "--help"]) == 0 and capsys.readouterr().out.startswith("usage:")
+    # the default cap is the run's: a store built here is the one `harness run proposer=rest` opens
+    from harness.config import DatastoreConfig
+
+    assert datastore_module.DEFAULT_MAX_TOKENS == DatastoreConfig().max_tokens
+    # a damaged datastore is refused naming what is wrong, never a raw library error
+    (out / "sa.npy").write_bytes(b"")
+    assert main(["info", str(out)]) == 2
+    assert "sa.npy is damaged" in capsys.readouterr().err
+    (out / "sa.npy").unlink()
+    assert main(["info", str(out)]) == 2
+    assert "sa.npy is missing; rebuild it" in capsys.readouterr().err
+    (out / "manifest.json").write_text("[]")
+    assert main(["info", str(out)]) == 2
+    assert "holds a JSON list, not a datastore manifest" in capsys.readouterr().err
+    (out / "manifest.json").write_text("{")
+    assert main(["info", str(out)]) == 2
+    assert "manifest.json' is not valid JSON" in capsys.readouterr().err
+    assert main(["info", str(out), "foo=1"]) == 2
+    assert "info: unknown option(s) ['foo']" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- corpora

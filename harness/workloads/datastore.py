@@ -46,8 +46,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from harness.files import atomic_write_bytes, atomic_write_text
-from harness.target.loading import cache_root, load_tokenizer, tokenizer_fingerprint
+from harness.files import atomic_write_bytes, atomic_write_text, output_folder_problem
+from harness.target.loading import cache_root, checkpoint_ref_problem, load_tokenizer, tokenizer_fingerprint
 from harness.workloads.corpora import SPLITS, Corpus, corpus_from_description, make_corpus, sharegpt_conversations
 
 BUILDER_VERSION = "harness-datastore/1"
@@ -58,6 +58,8 @@ MANIFEST_FILE = "manifest.json"
 DEFAULT_CONTEXT_LEN = 16
 DEFAULT_CONTINUATION_LEN = 8
 DEFAULT_MAX_MATCHES = 64
+#: the build cap a run's datastore uses (``proposer.datastore.max_tokens``), sentinels included
+DEFAULT_MAX_TOKENS = 2_000_000
 LEAKAGE_THRESHOLD = 32
 #: libdivsufsort's 32-bit search indexes bytes with int32: 4 bytes per token
 MAX_TOKENS_32BIT = (2**31 - 1) // 4
@@ -547,7 +549,14 @@ def load_datastore(
     mpath = path / MANIFEST_FILE
     if not mpath.is_file():
         raise DatastoreError(f"{str(path)!r} is not a datastore: {MANIFEST_FILE} missing")
-    manifest = json.loads(mpath.read_text())
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatastoreError(
+            f"{str(mpath)!r} is not valid JSON ({exc}): the datastore is damaged; rebuild it"
+        ) from None
+    if not isinstance(manifest, dict):
+        raise DatastoreError(f"{str(mpath)!r} holds a JSON {type(manifest).__name__}, not a datastore manifest")
     if manifest.get("builder_version") != BUILDER_VERSION:
         raise DatastoreError(
             f"datastore {str(path)!r} was built by {manifest.get('builder_version')!r}; "
@@ -558,8 +567,15 @@ def load_datastore(
             f"datastore {str(path)!r}: manifest.json was edited after release "
             f"(release_id {manifest.get('release_id')!r} != content hash {_release_id(manifest)!r})"
         )
-    tokens = np.load(path / TOKENS_FILE, allow_pickle=False)
-    sa = np.load(path / SA_FILE, allow_pickle=False)
+    arrays = {}
+    for name in (TOKENS_FILE, SA_FILE):
+        try:
+            arrays[name] = np.load(path / name, allow_pickle=False)
+        except FileNotFoundError:
+            raise DatastoreError(f"datastore {str(path)!r}: {name} is missing; rebuild it") from None
+        except (OSError, ValueError, EOFError) as exc:  # empty, truncated or not an .npy file
+            raise DatastoreError(f"datastore {str(path)!r}: {name} is damaged ({exc}); rebuild it") from None
+    tokens, sa = arrays[TOKENS_FILE], arrays[SA_FILE]
     for name, arr in ((TOKENS_FILE, tokens), (SA_FILE, sa)):
         if arr.dtype != np.dtype("<i4") or arr.ndim != 1:
             raise DatastoreError(f"{name} must be 1-D int32 little-endian; got {arr.dtype} {arr.shape}")
@@ -746,12 +762,28 @@ def _parse_overrides(args: list[str]) -> dict[str, str]:
     return out
 
 
-def _bool(value: str) -> bool:
+def _bool(value: str, key: str = "option") -> bool:
     if value.lower() in {"true", "1", "yes"}:
         return True
     if value.lower() in {"false", "0", "no"}:
         return False
-    raise DatastoreError(f"expected true/false; got {value!r}")
+    raise DatastoreError(f"{key}={value!r}: expected true or false")
+
+
+def _count(opts: dict[str, str], key: str, default: int | None) -> int | None:
+    """``opts[key]`` as a whole number >= 1 (``null`` where ``default`` may be None), naming the key."""
+    text = opts.get(key)
+    if text is None:
+        return default
+    if text in ("null", "None") and key == "max_tokens":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise DatastoreError(f"{key}={text!r}: expected a whole number >= 1") from None
+    if value < 1:
+        raise DatastoreError(f"{key}={value} is out of range: it must be >= 1")
+    return value
 
 
 def _summary(ds: Datastore) -> dict:
@@ -784,14 +816,24 @@ def main(argv: list[str]) -> int:
         if cmd == "info":
             if not rest:
                 raise DatastoreError("info needs a datastore directory (harness datastore --help shows the usage)")
+            if rest[0] in {"-h", "--help"}:
+                print(USAGE)
+                return 0
             opts = _parse_overrides(rest[1:])
-            ds = load_datastore(rest[0], tokenizer=None, verify_corpus=_bool(opts.get("verify_corpus", "false")))
+            unknown = sorted(set(opts) - {"verify_corpus"})
+            if unknown:
+                raise DatastoreError(f"info: unknown option(s) {unknown}; known: ['verify_corpus']")
+            verify = _bool(opts.get("verify_corpus", "false"), "verify_corpus")
+            ds = load_datastore(rest[0], tokenizer=None, verify_corpus=verify)
             print(json.dumps(_summary(ds), indent=2))
             return 0
         if cmd != "build":
             raise DatastoreError(
                 f"unknown datastore command {cmd!r}: build or info (harness datastore --help shows the usage)"
             )
+        if rest and rest[0] in {"-h", "--help"}:
+            print(USAGE)
+            return 0
         opts = _parse_overrides(rest)
         known = {
             "corpus",
@@ -820,25 +862,47 @@ def main(argv: list[str]) -> int:
             corpus_opts["roles"] = tuple(opts["roles"].split(","))
         corpus = make_corpus(name, **corpus_opts)
         model = opts.get("model", "smollm2")
-
+        if "out" in opts and "path" in opts:
+            raise DatastoreError("give one of out=DIR and path=DIR (the same option), not both")
+        for key in ("out", "path", "model"):
+            if key in opts and not opts[key].strip():
+                what = "model" if key == "model" else "folder"
+                raise DatastoreError(f"{key}= is empty; give a {what} or leave the option out")
+        if model not in ("smollm2", "tiny"):
+            problem = checkpoint_ref_problem(model, "model")
+            if problem:
+                raise DatastoreError(f"{problem}; built-in: smollm2")
+        sizes = {
+            "max_tokens": _count(opts, "max_tokens", DEFAULT_MAX_TOKENS),
+            "context_len": _count(opts, "context_len", DEFAULT_CONTEXT_LEN),
+            "continuation_len": _count(opts, "continuation_len", DEFAULT_CONTINUATION_LEN),
+            "max_matches": _count(opts, "max_matches", DEFAULT_MAX_MATCHES),
+        }
+        overwrite = _bool(opts.get("overwrite", "false"), "overwrite")
+        progress = _bool(opts.get("progress", "true"), "progress")
+        exclude_spec = opts.get("exclude", _DEFAULT_EXCLUDE.get(name, "none"))
+        try:
+            exclude = exclusions_for(exclude_spec)
+        except OSError as exc:
+            raise DatastoreError(f"exclude={exclude_spec}: cannot read {exc.filename or ''} ({exc.strerror})") from None
+        key = "out" if "out" in opts else "path"
+        out = opts.get("out") or opts.get("path") or datastore_path(name, model=model)
+        problem = output_folder_problem(key, out)
+        if problem:
+            raise DatastoreError(problem)
         tokenizer = load_tokenizer(model)
         if tokenizer is None:
             raise DatastoreError(f"model {model!r} has no tokenizer; a datastore needs the target's tokenizer")
-        out = opts.get("out") or opts.get("path") or datastore_path(name, model=model)
-        max_tokens = opts.get("max_tokens")
         t0 = time.perf_counter()
         ds = build_datastore(
             corpus,
             tokenizer=tokenizer,
             target_family=model,
             out_dir=out,
-            max_tokens=None if max_tokens in (None, "null", "None") else int(max_tokens),
-            context_len=int(opts.get("context_len", DEFAULT_CONTEXT_LEN)),
-            continuation_len=int(opts.get("continuation_len", DEFAULT_CONTINUATION_LEN)),
-            max_matches=int(opts.get("max_matches", DEFAULT_MAX_MATCHES)),
-            exclude=exclusions_for(opts.get("exclude", _DEFAULT_EXCLUDE.get(name, "none"))),
-            overwrite=_bool(opts.get("overwrite", "false")),
-            progress=_bool(opts.get("progress", "true")),
+            exclude=exclude,
+            overwrite=overwrite,
+            progress=progress,
+            **sizes,
         )
         summary = _summary(ds)
         summary["build_s"] = round(time.perf_counter() - t0, 3)
