@@ -245,6 +245,12 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
         batch_size=int(cfg.generation.batch_size),
     )
     prompts = load_configured(cfg.workload)
+    batch = int(cfg.generation.batch_size)
+    if batch > len(prompts):  # every batch would be partial: the record's batch axis would not be what ran
+        raise ConfigError(
+            f"generation.batch_size={batch} exceeds the workload's {len(prompts)} prompt(s): no batch would be full",
+            suggestions=[(f"generation.batch_size={len(prompts)}",)],
+        )
     context = plan_context(cfg, plan_.budget.max_nodes)
     if cfg.model.name != "tiny" and not cfg.workload.chat:
         multi = next((p for p in prompts if p.n_turns > 1), None)

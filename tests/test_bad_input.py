@@ -349,6 +349,19 @@ def test_a_sequoia_search_too_large_for_memory_is_refused_before_calibration(tmp
     )
 
 
+def test_a_batch_larger_than_the_workload_is_refused_and_the_fitting_size_offered(
+    tmp_path, workload, capsys, no_models
+):
+    line = assert_refused_run(
+        tmp_path,
+        capsys,
+        argv_for(tmp_path, workload, "generation.batch_size=4"),
+        "generation.batch_size=4 exceeds the workload's 2 prompt(s): no batch would be full",
+    )
+    assert suggestions_in(line) == [["generation.batch_size=2"]]
+    accepted(["model=tiny", "workload=jsonl", f"workload.path={workload}", "generation.batch_size=2"])
+
+
 def test_an_output_folder_that_cannot_be_created(tmp_path, workload, capsys, no_models):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
