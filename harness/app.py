@@ -288,10 +288,16 @@ def calibrate_main(argv: list[str]) -> int:
         return 0
     overrides = with_sequoia(argv)
     try:
-        cfg, _ = checked_plan(overrides)
         try:
+            cfg, _ = checked_plan(overrides)
             out = calibrate(cfg)
-        except ConfigError as exc:
+        except ConfigError as exc:  # offer only fixes calibrate accepts (a Sequoia tree, a sampling draft)
+            if not exc.suggestions or all(any(o.startswith("topology=") for o in fix) for fix in exc.suggestions):
+                exc = type(exc)(
+                    exc.reason,
+                    suggestions=[*exc.suggestions, ("proposer=draft_model", "proposer.sampling=without_replacement")],
+                    replaces=exc.replaces,
+                )
             raise offer(exc, overrides, accept=lambda c: (plan(c), require_sequoia(c))) from exc
     except Exception as exc:
         return report_failure("calibrate", exc, refusals=REFUSALS)
@@ -305,7 +311,7 @@ TRAIN_USAGE = f"""usage: harness train proposer=<{"|".join(TRAINERS)}> [hydra ov
 
 Builds a proposer's trained or searched artifact for the configured target, e.g.
     harness train proposer=hydra [model=smollm2] [proposer.data.token_budget=20000] [force=true]
-    harness train proposer=early_exit model=tiny
+    harness train proposer=early_exit model=tiny proposer.exit_layer=1
     harness train proposer=eagle [proposer.train.epochs=1] [proposer.data.token_budget=40000]
     harness train proposer=layer_skip proposer.search.trials=20
 The same config composition as `harness run`, so the artifact's recipe is exactly the one a run
@@ -316,6 +322,12 @@ artifact's manifest summary as JSON."""
 def train_main(argv: list[str]) -> int:
     if not argv or argv[0] in {"-h", "--help"}:
         return print_usage(TRAIN_USAGE, bool(argv))
+    flags = [a for a in argv if a.startswith("-")]
+    if flags:
+        return report_failure(
+            "train",
+            ConfigError(f"harness train takes key=value overrides, not flags; got {flags} (force=true retrains)"),
+        )
     try:
         summary = train(argv)
     except Exception as exc:
