@@ -578,11 +578,34 @@ def compose_checked(overrides: list[str] = ()) -> DictConfig:
     group option or value) offering the fixes the runner accepts."""
     overrides = list(overrides)
     try:
-        return compose(overrides)
+        cfg = compose(overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         error = explain_compose_error(exc, overrides)
         rest = [o for o in overrides if o != error.replaces]
         raise offer(error, rest) from exc
+    check_boolean_overrides(cfg, overrides)
+    return cfg
+
+
+#: how a boolean may be written in an override (OmegaConf would also take any other integer as true)
+BOOLEAN_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0", "y", "n"}
+
+
+def check_boolean_overrides(cfg: DictConfig, overrides: list[str]) -> None:
+    """An override of a boolean option must say true or false: ``generation.exact=2`` is refused,
+    not read as true."""
+    for override in overrides:
+        key, eq, value = override.lstrip("+~").partition("=")
+        if not eq or key.startswith("hydra") or "," in value:
+            continue
+        try:
+            composed = OmegaConf.select(cfg, key, throw_on_missing=False)
+        except OmegaConfBaseException:
+            continue
+        if isinstance(composed, bool) and value.strip().lower() not in BOOLEAN_WORDS:
+            raise ConfigError(
+                f"{key}={value}: expected true or false", suggestions=[(f"{key}=true",), (f"{key}=false",)]
+            )
 
 
 def checked_plan(overrides: list[str] = (), run_dir=None):

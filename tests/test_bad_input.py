@@ -227,6 +227,7 @@ def test_range_boundaries_are_accepted(overrides):
         (["generation.max_new_tokenz=3"], ["no option 'max_new_tokenz'", "try generation.max_new_tokens=3"]),
         (["proposer=base_prompt_lookup"], ["proposer=base_prompt_lookup is no option", "prompt_lookup"]),
         (["+proposer.model.tiny.vocab_size=128", "proposer=draft_model"], ["without the leading '+'"]),
+        (["generation.exact=2"], ["generation.exact=2: expected true or false"]),  # OmegaConf reads 2 as true
     ],
 )
 def test_harness_run_refuses_bad_values_in_one_line_and_writes_nothing(
