@@ -21,6 +21,7 @@ import hydra
 import torch
 from hydra._internal.utils import get_args_parser  # the parser hydra.main uses (no public accessor)
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobStatus
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -140,7 +141,7 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
                 indent=2,
             )
         )
-        return None
+        return {"record": str(run_dir / "record.json")}  # a finished run (its Hydra folder is kept)
 
     multirun = any(a in {"-m", "--multirun"} or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
     sweep.LAST_SUMMARY.clear()
@@ -206,6 +207,10 @@ class RunFolderLock(Callback):
             print(f"harness run: refused: {exc}", file=sys.stderr)
             raise SystemExit(2) from None  # Hydra turns a callback's exceptions into warnings
         self._lock, self._folder = lock, folder if created else None
+
+    def on_job_end(self, config: DictConfig, job_return=None, **kwargs) -> None:
+        if job_return is not None and job_return.status == JobStatus.COMPLETED and job_return.return_value:
+            self._folder = None  # the run finished: its Hydra files stay, wherever the record went
 
     def on_run_end(self, config: DictConfig, **kwargs) -> None:
         if self._folder is not None:

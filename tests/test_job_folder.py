@@ -405,6 +405,9 @@ def test_run_folders_are_named_by_experiment_else_adhoc_and_a_refused_run_leaves
         assert len(list((cache / "outputs" / "adhoc").iterdir())) == 1
         assert not (cache / "refused").exists()
     assert not (cache / "outputs" / "None").exists()
+    # a finished run keeps the Hydra folder it was given, even when its record went elsewhere
+    assert run_main([*TINY, f"output_dir={cache / 'rec'}", f"hydra.run.dir={cache / 'hyd'}"]) == 0
+    assert (cache / "hyd" / ".hydra" / "config.yaml").is_file() and load_record(cache / "rec")
     # a multirun outside any sweep: multirun/adhoc/<time>
     assert run_main(["-m", *TINY, "seed=1,2"]) == 0
     (sweep,) = (cache / "multirun" / "adhoc").iterdir()
