@@ -297,7 +297,7 @@ def calibrate_main(argv: list[str]) -> int:
             cfg, _ = checked_plan(overrides)
             out = calibrate(cfg)
         except ConfigError as exc:  # offer only fixes calibrate accepts (a Sequoia tree, a sampling draft)
-            if not exc.suggestions or all(any(o.startswith("topology=") for o in fix) for fix in exc.suggestions):
+            if "cannot build topology=sequoia" in exc.reason:
                 exc = type(exc)(
                     exc.reason,
                     suggestions=[*exc.suggestions, ("proposer=draft_model", "proposer.sampling=without_replacement")],

@@ -587,13 +587,9 @@ def compose_checked(overrides: list[str] = ()) -> DictConfig:
     return cfg
 
 
-#: how a boolean may be written in an override (OmegaConf would also take any other integer as true)
-BOOLEAN_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0", "y", "n"}
-
-
 def check_boolean_overrides(cfg: DictConfig, overrides: list[str]) -> None:
-    """An override of a boolean option must say true or false: ``generation.exact=2`` is refused,
-    not read as true."""
+    """An override of a boolean option given as a number must be 0 or 1: ``generation.exact=2`` is
+    refused, not read as true (OmegaConf takes any other integer as true)."""
     for override in overrides:
         key, eq, value = override.lstrip("+~").partition("=")
         if not eq or key.startswith("hydra") or "," in value:
@@ -602,7 +598,7 @@ def check_boolean_overrides(cfg: DictConfig, overrides: list[str]) -> None:
             composed = OmegaConf.select(cfg, key, throw_on_missing=False)
         except OmegaConfBaseException:
             continue
-        if isinstance(composed, bool) and value.strip().lower() not in BOOLEAN_WORDS:
+        if isinstance(composed, bool) and re.fullmatch(r"[+-]?\d+", value.strip()) and value.strip() not in ("0", "1"):
             raise ConfigError(
                 f"{key}={value}: expected true or false", suggestions=[(f"{key}=true",), (f"{key}=false",)]
             )

@@ -156,7 +156,7 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
                 loaded = load(cfg, planned)
                 stage = "prepare"
                 prepared = prepare_job(cfg, planned, loaded)
-            except ValueError:  # refused while reading its input: the earlier files go back in place
+            except (ValueError, OSError):  # refused while reading its input: the earlier files go back in place
                 restore_aside(planned.run_dir, aside)
                 raise
             stage = "gate"
@@ -214,8 +214,9 @@ def check_budget_fits_vocabulary(cfg: DictConfig, budget) -> None:
                 f"rank {max(budget.ranks)}",
             )
         )
-    if budget.widths:
-        wants.append(("topology.widths", max(budget.widths), "its widest level"))
+    if budget.widths:  # topology=set keeps its width as max_nodes
+        key = "topology.max_nodes" if cfg.topology.name == "set" else "topology.widths"
+        wants.append((key, max(budget.widths), "its widest level"))
     if budget.topk:
         wants.append(("topology.topk", int(budget.topk), "its top-k"))
     if not wants:
@@ -718,7 +719,7 @@ def summarise(
             "temp_kv_bytes_budget_formula": planned.temp_kv_budget_formula_bytes,
             "proposal_state_bytes": sum(p.state_bytes() for p in slots),
             "retrieval": merged_proposer_extras(slots),
-            "greedy_identical": (  # every turn of every conversation, not only the first
+            "greedy_identical": (  # every turn of every conversation
                 all(t["ar_token_ids"] == t["spec_token_ids"] for o in measured.outputs for t in output_turns(o))
                 if plan_.policy.greedy
                 else None
@@ -732,7 +733,7 @@ def summarise(
             "cpu_budget_artifact": bool(getattr(proposer, "cpu_budget_artifact", False)),
             "job_seconds": job_seconds,
             "context": context_metrics(planned.context, measured.per_prompt),
-            **speedup_intervals(measured.per_prompt),
+            **speedup_intervals(measured.per_prompt, batch_size=int(cfg.generation.batch_size)),
         }
     )
     if not plan_.verifier.exact:
@@ -784,10 +785,13 @@ def summarise(
     return record
 
 
-def speedup_intervals(per_prompt: list[dict]) -> dict:
+def speedup_intervals(per_prompt: list[dict], *, batch_size: int = 1) -> dict:
     """95% paired-bootstrap intervals over prompts (as ``harness compare`` draws them, from each
     request's latency) of the decode and end-to-end speedups: how far another draw of prompts
-    could move them. None with fewer than two prompts."""
+    could move them. None with fewer than two prompts, and at batch > 1, where requests share
+    their batch's time and the record's speedups divide batch wall time instead."""
+    if batch_size > 1:
+        return {"decode_speedup_ci95": None, "speedup_ci95": None}
     cols = {c: np.array([float(p[c]) for p in per_prompt]) for c in PER_PROMPT_TIMES}  # each [P]
     boot = dict(confidence_level=0.95, n_resamples=2000, seed=0, method="percentile")
     decode = paired_bootstrap(

@@ -253,3 +253,7 @@ def test_an_arm_pooling_other_configurations_and_other_prompts_says_so_and_keeps
             p["prompt_sha256"] = f"sha-{p['prompt_id']}"
     df["per_prompt"] = [json.dumps(p) for p in prompts]
     assert _row(compare(df, n_resamples=200), "a").n_prompts == 2
+    # one record without fingerprints among them: all pair by workload source, never half and half
+    del prompts[1][0]["prompt_sha256"]
+    df["per_prompt"] = [json.dumps(p) for p in prompts]
+    assert _row(compare(df, n_resamples=200), "a").n_prompts == 4

@@ -42,8 +42,8 @@ def test_a_half_precision_tiny_model_passes_and_a_shifted_row_fails(dtype, monke
 @pytest.mark.model
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_smollm2_in_half_precision_passes_the_gate_and_a_position_error_fails_it(dtype, monkeypatch):
-    """On this prompt the bfloat16 tree forward differs from the sequential one by 0.59 (2.4 ulps),
-    over the old fixed tolerance of 0.25; a position off by one moves a logit by ~4.3."""
+    """On this prompt the bfloat16 tree forward differs from the sequential one by 0.59 (2.4 ulps,
+    more than a fixed 0.25 would admit); a position off by one moves a logit by ~4.3."""
     from harness.target.loading import load_model
 
     lm = load_model(name="smollm2", dtype=dtype)

@@ -471,3 +471,33 @@ def test_the_cpu_budget_label_follows_recorded_training_not_the_device():
     assert cpu_budget_label({"kind": "layer_skip", "token_budget": 1152}) is True
     assert cpu_budget_label({"source": "published", "format": "medusa-heads"}) is False
     assert cpu_budget_label({"source": "proposer.skip"}) is False
+
+
+def test_a_cached_hub_repository_with_only_a_pt_heads_file_loads_while_the_hub_is_unreachable(tmp_path, monkeypatch):
+    """Offline, a file missing from the cache is a name to skip (the layout's other names are
+    tried), not a refusal: a cached Medusa-1 repository ships medusa_lm_head.pt only."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    import harness.heads.published as published
+
+    snapshot = write_medusa(
+        tmp_path / "snap", medusa_state(heads=3, layers=1, hidden=H, vocab=V), config=medusa_config(3, 1)
+    )
+    asked = []
+
+    def cached_only(repo, filename, local_files_only=False):
+        asked.append((filename, local_files_only))
+        if (snapshot / filename).is_file():
+            return str(snapshot / filename)
+        raise LocalEntryNotFoundError(f"{filename} is not cached")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cached_only)
+    monkeypatch.setattr(published, "hub_unreachable", lambda: "huggingface.co:443: Name or service not known")
+    layout = inspect("someone/medusa-heads", "medusa")
+    assert layout.files == (snapshot / "medusa_lm_head.pt",) and all(offline for _, offline in asked)
+    monkeypatch.setattr(
+        huggingface_hub, "hf_hub_download", lambda *a, **k: (_ for _ in ()).throw(LocalEntryNotFoundError("x"))
+    )
+    with pytest.raises(ArtifactError, match=r"not in the local hub cache, and the hub cannot be reached \(huggingface"):
+        inspect("someone/medusa-heads", "medusa")

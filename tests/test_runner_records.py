@@ -179,3 +179,5 @@ def test_the_record_carries_paired_bootstrap_intervals_of_both_speedups():
     e_lo, e_hi = got["speedup_ci95"]
     assert e_lo < (80 + 16) / (45 + 20) < e_hi
     assert speedup_intervals(rows[:1]) == {"decode_speedup_ci95": None, "speedup_ci95": None}
+    # at batch > 1 requests share their batch's time: no interval rather than one around another statistic
+    assert speedup_intervals(rows, batch_size=2) == {"decode_speedup_ci95": None, "speedup_ci95": None}

@@ -97,6 +97,8 @@ def _hub_file(repo: str, filename: str) -> Path | None:
     except RemoteEntryNotFoundError:
         return None
     except LocalEntryNotFoundError:
+        if offline is not None:
+            return None  # not cached: the caller tries the layout's other names, then says why
         raise ArtifactError(
             f"proposer.artifact={repo!r} is not a local directory, and {filename!r} is neither in the local hub "
             f"cache nor reachable ({offline or 'offline?'}): download the repository first or give its directory"
@@ -132,8 +134,14 @@ def locate(ref: str, kind: str) -> tuple[Path, str, list[Path]]:
         )
     if not looks_like_hub_id(str(ref)):
         raise ArtifactError(f"proposer.artifact={ref!r}: no such directory (and not a hub id of the form owner/name)")
+    offline = hub_unreachable()
     config = _hub_file(str(ref), "config.json")
     if config is None:
+        if offline is not None:
+            raise ArtifactError(
+                f"proposer.artifact={ref!r} is not a local directory and not in the local hub cache, and the hub "
+                f"cannot be reached ({offline}): download the repository first or give its directory"
+            )
         raise ArtifactError(f"hub repository {ref!r} has no config.json: not a published {kind} checkpoint")
     for name in heads_files:
         got = _hub_file(str(ref), name)
@@ -149,7 +157,8 @@ def locate(ref: str, kind: str) -> tuple[Path, str, list[Path]]:
             got = _hub_file(str(ref), name)
             if got is not None:
                 return config.parent, "full-model", [got]
-    raise ArtifactError(f"hub repository {ref!r} holds no {kind} heads file ({' or '.join(heads_files)})")
+    where = f" in the local hub cache (the hub cannot be reached: {offline})" if offline is not None else ""
+    raise ArtifactError(f"hub repository {ref!r} holds no {kind} heads file ({' or '.join(heads_files)}){where}")
 
 
 def _shards_with_prefix(index: Path, prefix: str) -> list[str]:

@@ -93,8 +93,8 @@ class _LoadReportCapture(logging.Filter):
 
 @functools.lru_cache(maxsize=1)
 def hub_unreachable() -> str | None:
-    """Why the Hugging Face hub cannot be reached from here (None when it can, when a proxy is
-    configured, or when ``HF_HUB_OFFLINE`` already says so): one TCP connection, 3 s at most,
+    """Why the Hugging Face hub cannot be reached from here (``HF_HUB_OFFLINE is set`` when it
+    says so; None when it can be, or when a proxy is configured): one TCP connection, 3 s at most,
     asked once per process. A hub id is then read from the local cache only, at once, instead of
     after the hub client's retries."""
     if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):

@@ -192,12 +192,19 @@ def run_prompts(df: pd.DataFrame) -> Iterator[tuple[pd.Series, dict[str, Any]]]:
             yield run, p
 
 
-def prompt_key(run: pd.Series, p: Mapping[str, Any]) -> str:
+def fingerprinted(df: pd.DataFrame) -> bool:
+    """Whether every prompt of every run carries its content fingerprint (``prompt_sha256``): then
+    prompts pair by it; with any older record among them, all pair by their workload source, so
+    old and new records of one prompt still pair."""
+    return all(p.get("prompt_sha256") for _, p in run_prompts(df))
+
+
+def prompt_key(run: pd.Series, p: Mapping[str, Any], *, by_fingerprint: bool = True) -> str:
     """What pairs a prompt across runs: its id with the fingerprint of its content
-    (``prompt_sha256``), or, in records written before they carried one, with the workload it came
-    from (name, file name, split). One id in two different files is two prompts."""
+    (``prompt_sha256``; ``by_fingerprint``), or else with the workload it came from (name, file
+    name, split). One id in two different files is two prompts."""
     pid = str(p["prompt_id"])
-    if p.get("prompt_sha256"):
+    if by_fingerprint and p.get("prompt_sha256"):
         return f"{pid}#{p['prompt_sha256']}"
 
     def cfg(key: str) -> str:
@@ -210,12 +217,13 @@ def prompt_key(run: pd.Series, p: Mapping[str, Any]) -> str:
 
 def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, prompt) from the store's ``per_prompt`` column."""
+    by_fingerprint = fingerprinted(df)
     rows = [
         {
             "run_id": run["run_id"],
             "section": run["section"],
             **{a: run[a] for a in AXES},
-            "prompt_id": prompt_key(run, p),
+            "prompt_id": prompt_key(run, p, by_fingerprint=by_fingerprint),
             "category": str(p["category"]),
             **{c: float(p[c]) for c in _PROMPT_COLUMNS},
             **{c: float(p[c]) if p.get(c) is not None else math.nan for c in _PREFILL_COLUMNS},
@@ -438,10 +446,11 @@ class LeaderRow:
 
 def leaderboard_prompts(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, prompt) with the leaderboard's per-prompt columns (NaN where absent)."""
+    by_fingerprint = fingerprinted(runs)
     rows = [
         {
             "run_id": run["run_id"],
-            "prompt_id": prompt_key(run, p),
+            "prompt_id": prompt_key(run, p, by_fingerprint=by_fingerprint),
             "task": task_of(str(p["category"])),
             **{c: float(p[c]) if p.get(c) is not None else np.nan for c in _LEADER_COLUMNS},
         }
