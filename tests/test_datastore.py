@@ -383,7 +383,16 @@ def test_cli_builds_the_real_sharegpt_datastore_excluding_held_out_conversations
     monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
     out = tmp_path / "ds"
     assert (
-        main(["build", "corpus=sharegpt", f"out={out}", "model=toy", "datastore.max_tokens=20000", "progress=false"])
+        main(
+            [
+                "build",
+                "corpus=sharegpt",
+                f"out={out}",
+                "model=owner/toy",
+                "datastore.max_tokens=20000",
+                "progress=false",
+            ]
+        )
         == 0
     )
     built = json.loads(capsys.readouterr().out)
