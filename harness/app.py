@@ -194,7 +194,8 @@ class RunFolderLock(Callback):
 
     def __init__(self) -> None:
         self._lock = None
-        self._folder: Path | None = None
+        self._folder: Path | None = None  # a folder this run created: removed if it writes nothing
+        self._subdir: Path | None = None  # Hydra's files of this run in a folder that was there
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         HydraConfig.instance().set_config(config)  # as Hydra does next, to resolve hydra.run.dir
@@ -207,14 +208,21 @@ class RunFolderLock(Callback):
             print(f"harness run: refused: {exc}", file=sys.stderr)
             raise SystemExit(2) from None  # Hydra turns a callback's exceptions into warnings
         self._lock, self._folder = lock, folder if created else None
+        subdir = folder / str(config.hydra.output_subdir)
+        self._subdir = subdir if not created and not subdir.exists() else None
 
     def on_job_end(self, config: DictConfig, job_return=None, **kwargs) -> None:
         if job_return is not None and job_return.status == JobStatus.COMPLETED and job_return.return_value:
-            self._folder = None  # the run finished: its Hydra files stay, wherever the record went
+            self._folder = self._subdir = None  # the run finished: its Hydra files stay
 
     def on_run_end(self, config: DictConfig, **kwargs) -> None:
         if self._folder is not None:
             remove_hydra_files_of_a_run_that_wrote_nothing(self._folder)
+        if self._subdir is not None and self._subdir.is_dir():  # a refused run into an existing folder
+            shutil.rmtree(self._subdir, ignore_errors=True)
+            if self._subdir.parent.name == ".hydra" and not any(self._subdir.parent.iterdir()):
+                self._subdir.parent.rmdir()
+            self._subdir = None
         if self._lock is not None:
             self._lock.__exit__(None, None, None)  # removes the folder when only its lock is left
             self._lock = None

@@ -521,6 +521,11 @@ def or_default(value: Any, default: Any) -> Any:
     return default if value is None or value == "" else value
 
 
+def when_set(value: Any, then: Any, otherwise: Any) -> Any:
+    """``then`` when ``value`` is set (not null, not empty), else ``otherwise``."""
+    return otherwise if value is None or value == "" else then
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
@@ -541,6 +546,7 @@ def register_configs() -> None:
     )
     OmegaConf.register_new_resolver("derived_layers", derived_layers, replace=True)
     OmegaConf.register_new_resolver("or_default", or_default, replace=True)
+    OmegaConf.register_new_resolver("when_set", when_set, replace=True)
     OmegaConf.register_new_resolver("device_dtype", device_dtype, replace=True)
 
 

@@ -405,9 +405,18 @@ def test_run_folders_are_named_by_experiment_else_adhoc_and_a_refused_run_leaves
         assert len(list((cache / "outputs" / "adhoc").iterdir())) == 1
         assert not (cache / "refused").exists()
     assert not (cache / "outputs" / "None").exists()
+    # a run refused in a folder that holds a run keeps that run's Hydra files and adds none
+    (kept,) = (cache / "mine" / ".hydra").iterdir()
+    assert (
+        run_main(
+            [*TINY, "model.tiny.max_position_embeddings=40", "workload.truncate=false", f"output_dir={cache / 'mine'}"]
+        )
+        == 2
+    )
+    assert list((cache / "mine" / ".hydra").iterdir()) == [kept] and (kept / "config.yaml").is_file()
     # a finished run keeps the Hydra folder it was given, even when its record went elsewhere
     assert run_main([*TINY, f"output_dir={cache / 'rec'}", f"hydra.run.dir={cache / 'hyd'}"]) == 0
-    assert (cache / "hyd" / ".hydra" / "config.yaml").is_file() and load_record(cache / "rec")
+    assert len(list((cache / "hyd" / ".hydra").rglob("config.yaml"))) == 1 and load_record(cache / "rec")
     # a multirun outside any sweep: multirun/adhoc/<time>
     assert run_main(["-m", *TINY, "seed=1,2"]) == 0
     (sweep,) = (cache / "multirun" / "adhoc").iterdir()
