@@ -55,6 +55,7 @@ from harness.contracts import ConfigError, ContractError
 from harness.gates.status import GateError
 from harness.manifest import job_manifest, manifest_hash
 from harness.runner import run_job, track
+from harness.target.loading import cache_root
 from harness.tracking import report as report_mod
 from harness.tracking.job_folder import JobFolderError, clear_for_run, inspect_job, job_lock, set_aside
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
@@ -147,7 +148,7 @@ def sweep_file_search_path(path: Path, *, sweeps_dir: Path = SWEEPS_DIR) -> tupl
         )
     if path.parent.name == "sweep":
         return path.stem, path.parent.parent
-    cache = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness"))
+    cache = cache_root()
     root = cache / "sweep-files" / hashlib.sha256(str(path).encode()).hexdigest()[:16]
     link = root / "sweep" / f"{path.stem}.yaml"
     link.parent.mkdir(parents=True, exist_ok=True)

@@ -363,6 +363,18 @@ def test_a_batch_larger_than_the_workload_is_refused_and_the_fitting_size_offere
     accepted(["model=tiny", "workload=jsonl", f"workload.path={workload}", "generation.batch_size=2"])
 
 
+def test_a_cache_variable_pointing_at_a_file_is_refused_naming_it(tmp_path, workload, capsys, monkeypatch):
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "afile" / "cache"))
+    assert run_main(argv_for(tmp_path, workload)) == 2
+    line = one_line(capsys, "harness run: refused: ")
+    assert line.endswith(
+        f"HARNESS_CACHE={tmp_path / 'afile' / 'cache'}: {tmp_path / 'afile'} is a file; the cache needs a folder "
+        "there (set HARNESS_CACHE=<a folder>)"
+    )
+    assert not (tmp_path / "run" / "record.json").exists()
+
+
 def test_an_output_folder_that_cannot_be_created(tmp_path, workload, capsys, no_models):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -149,7 +149,15 @@ def from_pretrained(loader, source, *, key: str | None = None, **kwargs):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness"))
+    """The harness's cache folder (``$HARNESS_CACHE``, else ``~/.cache/harness``); a path that is
+    blocked by a file is refused naming the variable."""
+    root = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness"))
+    blocker = next((p for p in (root, *root.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise CheckpointError(
+            f"HARNESS_CACHE={root}: {blocker} is a file; the cache needs a folder there (set HARNESS_CACHE=<a folder>)"
+        )
+    return root
 
 
 def resolve_dtype(name: str) -> torch.dtype:
