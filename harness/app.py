@@ -367,6 +367,11 @@ def train(argv: list[str]) -> dict:
         validate_config(cfg)
     except ConfigError as exc:
         raise offer(exc, overrides) from exc
+    if name == "layer_skip" and cfg.proposer.get("skip") is not None:  # before any model work
+        raise ConfigError(
+            f"proposer.skip={list(cfg.proposer.skip)} is given: harness train searches a skip vector, there is "
+            "nothing to search; drop proposer.skip to search one, or use it in harness run"
+        )
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     target, _ = load_models(cfg)

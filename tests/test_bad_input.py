@@ -466,6 +466,11 @@ def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
         (["train", "proposer=hydra", "model=tiny", "proposer.num_heads=0"], "harness train: refused: ", ">= 1"),
         (["train", "proposer=hydra", "force=maybe"], "harness train: refused: ", "force=maybe"),
         (["train", "proposer=hydra", "--force"], "harness train: refused: ", "not flags; got ['--force'] (force=true"),
+        (
+            ["train", "model=tiny", "proposer=layer_skip", "proposer.skip=[5]"],
+            "harness train: refused: ",
+            "nothing to search",
+        ),
         (["calibrate", "model=tiny"], "harness calibrate: refused: ", "try proposer=draft_model proposer.sampling="),
         (["calibrate", "model=tiny", "topology=sequence"], "harness calibrate: refused: ", "needs topology=sequoia"),
         (
