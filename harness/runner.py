@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -81,7 +81,7 @@ from harness.target.options import (
     resolved_fused_layers,
 )
 from harness.target.timing import read_bandwidth_gbs, weight_stream_floor_ms
-from harness.tracking.compare import paired_bootstrap, speedup_statistic
+from harness.tracking.compare import decode_speedup, end_to_end_speedup
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, restore_aside, write_job
 from harness.tracking.store import ROUNDS_FILENAME
 from harness.tracking.wandb_tracker import NullTracker, Tracker, open_run, wandb_group
@@ -792,23 +792,9 @@ def speedup_intervals(per_prompt: list[dict], *, batch_size: int = 1) -> dict:
     their batch's time and the record's speedups divide batch wall time instead."""
     if batch_size > 1:
         return {"decode_speedup_ci95": None, "speedup_ci95": None}
-    cols = {c: np.array([float(p[c]) for p in per_prompt]) for c in PER_PROMPT_TIMES}  # each [P]
+    p = pd.DataFrame([{c: float(row[c]) for c in PER_PROMPT_TIMES} for row in per_prompt], columns=PER_PROMPT_TIMES)
     boot = dict(confidence_level=0.95, n_resamples=2000, seed=0, method="percentile")
-    decode = paired_bootstrap(
-        (cols["ar_decode_ms"], cols["ar_tokens"], cols["spec_decode_ms"], cols["spec_tokens"]),
-        speedup_statistic,
-        **boot,
-    )
-    e2e = paired_bootstrap(
-        (
-            cols["ar_prefill_ms"] + cols["ar_decode_ms"],
-            cols["ar_tokens"],
-            cols["spec_prefill_ms"] + cols["spec_decode_ms"],
-            cols["spec_tokens"],
-        ),
-        speedup_statistic,
-        **boot,
-    )
+    decode, e2e = decode_speedup(p, boot), end_to_end_speedup(p, boot)
 
     def interval(e) -> list[float] | None:
         return None if e.ci_low is None or e.ci_high is None else [e.ci_low, e.ci_high]

@@ -448,7 +448,11 @@ def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
         (["tree", "foo"], "harness tree: refused: ", "key=value"),
         (["oracles", "--foo"], "harness oracles: refused: ", "unrecognized arguments: --foo"),
         (["oracles", "--random", "-1"], "harness oracles: refused: ", "must be >= 0"),
-        (["oracles", "--json", f"{__file__}/o.json"], "harness oracles: refused: ", f"{__file__} is a file"),
+        (
+            ["oracles", "--json", f"{__file__}/o.json"],
+            "harness oracles: refused: ",
+            f"{__file__}: a file is in the way",
+        ),
         (
             ["report", str(Path(__file__).parent / "fixtures" / "records"), f"out={__file__}"],
             "harness report: refused: ",

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from harness.files import output_folder_problem
 from harness.gates.e2e import E2EModels, negative_control_rows, run_e2e_suite
 from harness.gates.oracle import MARGINAL_ATOL, check_case, exact_verifier_names, verifier_cases
 from harness.gates.transport import check_transport, transport_applies, transport_instances
@@ -196,14 +197,10 @@ def check_json_destination(path: Path) -> None:
     """``--json PATH`` must be a file path whose folder exists or can be created and is writable."""
     if path.is_dir():
         raise ValueError(f"--json {path} is a folder; give a file path, e.g. {path / 'oracles.json'}")
-    blocker = next((p for p in path.parents if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        raise ValueError(f"--json {path}: its folder cannot be created: {blocker} is a file")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"--json {path}: its folder cannot be created ({exc.strerror or exc})") from None
-    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    problem = output_folder_problem("--json", path.parent)
+    if problem is not None:
+        raise ValueError(f"{problem} (writing {path})")
+    if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"--json {path}: not writable")
 
 

@@ -259,14 +259,14 @@ def _arm_runs(df: pd.DataFrame, by: str, filters: Mapping[str, str] | None) -> p
     return runs
 
 
-def _speedup(p: pd.DataFrame, boot: Mapping[str, Any]) -> Estimate:
+def decode_speedup(p: pd.DataFrame, boot: Mapping[str, Any]) -> Estimate:
     """Decode speedup vs AR of one arm's summed prompts ``p``: AR's ms per token over the arm's."""
     return paired_bootstrap(
         (p["ar_decode_ms"], p["ar_tokens"], p["spec_decode_ms"], p["spec_tokens"]), speedup_statistic, **boot
     )
 
 
-def _end_to_end_speedup(p: pd.DataFrame, boot: Mapping[str, Any]) -> Estimate:
+def end_to_end_speedup(p: pd.DataFrame, boot: Mapping[str, Any]) -> Estimate:
     """The same with each prompt's prefill counted; None when a prompt has no recorded prefill."""
     if any(c not in p.columns or p[c].isna().any() for c in _PREFILL_COLUMNS):
         return Estimate(None)
@@ -385,7 +385,7 @@ def compare(
                 if p.empty:
                     continue
                 tpt = paired_bootstrap((p["spec_decode_ms"], p["spec_tokens"]), ratio_of_sums, **boot)
-                speed = _speedup(p, boot)
+                speed = decode_speedup(p, boot)
                 vs, n_pairs = None, 0
                 bk = base_key.get(section)
                 if bk is not None:
@@ -415,7 +415,7 @@ def compare(
                         vs_baseline=vs,
                         n_pairs_baseline=n_pairs,
                         labels=_labels(section),
-                        end_to_end_speedup=_end_to_end_speedup(p, boot),
+                        end_to_end_speedup=end_to_end_speedup(p, boot),
                     )
                 )
     return out
@@ -498,7 +498,7 @@ def leaderboard(
                 p = summed if col == OVERALL else summed[summed["task"] == col]
                 if p.empty:
                     continue
-                speed = _speedup(p, boot)
+                speed = decode_speedup(p, boot)
                 accepted = Estimate(None)
                 if not p["spec_rounds"].isna().any():
                     accepted = paired_bootstrap((p["spec_tokens"], p["spec_rounds"]), ratio_of_sums, **boot)
