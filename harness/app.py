@@ -196,6 +196,7 @@ class RunFolderLock(Callback):
         self._lock = None
         self._folder: Path | None = None  # a folder this run created: removed if it writes nothing
         self._subdir: Path | None = None  # Hydra's files of this run in a folder that was there
+        self._logs: tuple[Path, dict[Path, int]] | None = None  # a folder that was there, its logs' sizes
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         HydraConfig.instance().set_config(config)  # as Hydra does next, to resolve hydra.run.dir
@@ -210,10 +211,11 @@ class RunFolderLock(Callback):
         self._lock, self._folder = lock, folder if created else None
         subdir = folder / str(config.hydra.output_subdir)
         self._subdir = subdir if not created and not subdir.exists() else None
+        self._logs = None if created else (folder, {p: p.stat().st_size for p in folder.glob("*.log") if p.is_file()})
 
     def on_job_end(self, config: DictConfig, job_return=None, **kwargs) -> None:
         if job_return is not None and job_return.status == JobStatus.COMPLETED and job_return.return_value:
-            self._folder = self._subdir = None  # the run finished: its Hydra files stay
+            self._folder = self._subdir = self._logs = None  # the run finished: its Hydra files and log lines stay
 
     def on_run_end(self, config: DictConfig, **kwargs) -> None:
         if self._folder is not None:
@@ -223,9 +225,25 @@ class RunFolderLock(Callback):
             if self._subdir.parent.name == ".hydra" and not any(self._subdir.parent.iterdir()):
                 self._subdir.parent.rmdir()
             self._subdir = None
+        if self._logs is not None:  # a refused run into an existing folder: its log lines go too
+            restore_logs(*self._logs)
+            self._logs = None
         if self._lock is not None:
             self._lock.__exit__(None, None, None)  # removes the folder when only its lock is left
             self._lock = None
+
+
+def restore_logs(folder: Path, sizes: dict[Path, int]) -> None:
+    """Cut each log file of ``folder`` back to its size in ``sizes`` (the folder's logs before a refused
+    run appended to them) and remove the log files that run created."""
+    for path in folder.glob("*.log"):
+        try:
+            if path not in sizes:
+                path.unlink()
+            elif path.stat().st_size > sizes[path]:
+                os.truncate(path, sizes[path])
+        except OSError:
+            pass  # a log that cannot be restored is left as it is; the refusal was reported
 
 
 def remove_hydra_files_of_a_run_that_wrote_nothing(folder: Path) -> None:

@@ -349,9 +349,13 @@ def test_harness_run_into_a_folder_with_a_record_moves_it_aside_and_a_failed_gat
         f"({first['run_id']}); its earlier files are moved to {aside}"
     ) in out
 
-    # a run refused while loading (its prompt is over the context limit) leaves the folder as it was
+    # a run refused while loading (its prompt is over the context limit) leaves the folder as it was,
+    # its log included (the refused run warned that it would overwrite, then restored)
+    log = (folder / "app.log").read_bytes()
+    assert b"harness run: overwriting" in log
     overlong = [*args, "model.tiny.max_position_embeddings=40", "workload.truncate=false"]
     assert run_main(overlong) == 2
+    assert (folder / "app.log").read_bytes() == log
     captured = capsys.readouterr()
     assert "harness run: refused: prompt " in captured.err and "> 40 positions of the target" in captured.err
     assert f"the job was refused: the earlier files are back in {folder}" in captured.err
@@ -405,8 +409,10 @@ def test_run_folders_are_named_by_experiment_else_adhoc_and_a_refused_run_leaves
         assert len(list((cache / "outputs" / "adhoc").iterdir())) == 1
         assert not (cache / "refused").exists()
     assert not (cache / "outputs" / "None").exists()
-    # a run refused in a folder that holds a run keeps that run's Hydra files and adds none
+    # a run refused in a folder that holds a run keeps that run's Hydra files and log and adds none
     (kept,) = (cache / "mine" / ".hydra").iterdir()
+    logs = {p.name: p.read_bytes() for p in (cache / "mine").glob("*.log")}
+    assert list(logs) == ["app.log"]  # the finished run's log (empty: it warned of nothing)
     assert (
         run_main(
             [*TINY, "model.tiny.max_position_embeddings=40", "workload.truncate=false", f"output_dir={cache / 'mine'}"]
@@ -414,6 +420,7 @@ def test_run_folders_are_named_by_experiment_else_adhoc_and_a_refused_run_leaves
         == 2
     )
     assert list((cache / "mine" / ".hydra").iterdir()) == [kept] and (kept / "config.yaml").is_file()
+    assert {p.name: p.read_bytes() for p in (cache / "mine").glob("*.log")} == logs
     # a finished run keeps the Hydra folder it was given, even when its record went elsewhere
     assert run_main([*TINY, f"output_dir={cache / 'rec'}", f"hydra.run.dir={cache / 'hyd'}"]) == 0
     assert len(list((cache / "hyd" / ".hydra").rglob("config.yaml"))) == 1 and load_record(cache / "rec")
