@@ -36,6 +36,7 @@ from harness.engine.checks import validate_config
 from harness.gates.stages import GateError
 from harness.prepare import TRAINERS
 from harness.prepare.sequoia import ensure_tree_artifact
+from harness.prepare.trained import noting_outcomes
 from harness.runner import build_context, load, load_models, plan_job, run_job, track
 from harness.tracking import dashboard
 from harness.tracking.job_folder import LOCK_FILENAME, JobFolderError, job_lock
@@ -346,8 +347,8 @@ Builds a proposer's trained or searched artifact for the configured target, e.g.
     harness train proposer=eagle [proposer.train.epochs=1] [proposer.data.token_budget=40000]
     harness train proposer=layer_skip proposer.search.trials=20
 The same config composition as `harness run`, so the artifact's recipe is exactly the one a run
-with the same overrides looks for. force=true retrains even when the artifact exists. Prints the
-artifact's manifest summary as JSON."""
+with the same overrides looks for. Prints the artifact's manifest summary as JSON; an artifact
+that exists is printed as it is ("reused": true), force=true retrains it."""
 
 
 def train_main(argv: list[str]) -> int:
@@ -393,7 +394,18 @@ def train(argv: list[str]) -> dict:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     target, _ = load_models(cfg)
-    return resolve_ref(TRAINERS[name])(cfg, target=target, force=force)
+    with noting_outcomes() as outcomes:
+        summary = resolve_ref(TRAINERS[name])(cfg, target=target, force=force)
+    if outcomes:  # a published artifact goes through no training at all
+        (outcome, path) = outcomes[-1]
+        summary = {"reused": outcome == "loaded", **summary}
+        if summary["reused"]:
+            print(
+                f"harness train: {path} already holds this recipe's {name} artifact: printed as it is, "
+                "nothing trained (force=true retrains)",
+                file=sys.stderr,
+            )
+    return summary
 
 
 # --------------------------------------------------------------------------- harness dashboard

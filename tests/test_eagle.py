@@ -949,11 +949,21 @@ def test_harness_train_proposer_eagle_on_the_tiny_model(tmp_path, monkeypatch, c
         "proposer.train.eval_depths=2",
     ]
     assert train_main(argv) == 0
-    summary = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
     assert summary["kind"] == "eagle" and summary["tokens_seen"] <= 300 and summary["cpu_budget_artifact"] is True
     assert len(summary["held_out_top1_agreement_by_depth"]) == 2
-    assert train_main(argv) == 0  # loads the existing artifact
-    assert json.loads(capsys.readouterr().out)["artifact_id"] == summary["artifact_id"]
+    assert summary["reused"] is False and "already holds" not in captured.err
+    assert train_main(argv) == 0  # loads the existing artifact, and says so
+    captured = capsys.readouterr()
+    again = json.loads(captured.out)
+    assert again["artifact_id"] == summary["artifact_id"] and again["reused"] is True
+    assert (
+        f"harness train: {summary['path']} already holds this recipe's eagle artifact: printed as it is, "
+        "nothing trained (force=true retrains)"
+    ) in captured.err
+    assert train_main([*argv, "force=true"]) == 0  # retrains in place
+    assert json.loads(capsys.readouterr().out)["reused"] is False
     model = build_tiny_model()
     path = write_published(tmp_path / "ckpt", llama_fields(model.config), eagle12_state(model.config))
     assert train_main([*argv, f"proposer.artifact={path}", "force=true"]) == 2

@@ -5,12 +5,15 @@ load: draft heads, EAGLE drafts, the early-exit adapter, the layer-skip vector.
 artifact's lock, so that concurrent jobs train it once and a job that waited for the lock loads
 what the holder trained. :func:`refuse_untrained` is the refusal to train an artifact the
 configuration names or forbids training. :class:`Target` is the frozen target an artifact is
-trained for, as the ``ensure_*`` functions take it.
+trained for, as the ``ensure_*`` functions take it. :func:`noting_outcomes` collects which
+artifacts were loaded and which trained (`harness train` says when it trained nothing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +24,26 @@ from harness.files import artifact_lock
 from harness.heads.checkpoint import ArtifactError, cpu_budget_label
 
 T = TypeVar("T")
+
+_OUTCOMES: ContextVar[list[tuple[str, Path]] | None] = ContextVar("artifact_outcomes", default=None)
+
+
+@contextmanager
+def noting_outcomes() -> Iterator[list[tuple[str, Path]]]:
+    """Within the block, every :func:`load_or_train` appends ``("loaded" | "trained", path)`` to the
+    list this yields."""
+    outcomes: list[tuple[str, Path]] = []
+    token = _OUTCOMES.set(outcomes)
+    try:
+        yield outcomes
+    finally:
+        _OUTCOMES.reset(token)
+
+
+def _note(outcome: str, path: Path) -> None:
+    outcomes = _OUTCOMES.get()
+    if outcomes is not None:
+        outcomes.append((outcome, Path(path)))
 
 
 @dataclass(frozen=True)
@@ -41,10 +64,13 @@ def load_or_train(path: Path, *, load: Callable[[], T], train: Callable[[], T], 
         return not force and (path / "manifest.json").is_file()
 
     if present():
+        _note("loaded", path)
         return load()
     with artifact_lock(path, purpose=purpose):  # concurrent jobs train once
         if present():  # trained by the job that held the lock
+            _note("loaded", path)
             return load()
+        _note("trained", path)
         return train()
 
 
