@@ -138,6 +138,50 @@ def test_medusa2_full_model_heads_are_read_from_the_weight_shards(tmp_path, targ
     torch.testing.assert_close(medusa_logits(art.heads, base, 1, h), medusa_reference(heads, 1, 1, h))
 
 
+def test_medusa2_sharded_full_model_with_a_head_shard_absent_is_refused_naming_it(tmp_path, monkeypatch):
+    """A sharded Medusa-2 checkpoint whose index puts the heads in a shard that is not there: a local
+    directory lacking it, or a hub repository offline with that shard uncached, is refused in one line."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+    from safetensors.torch import save_file
+
+    import harness.heads.published as published
+
+    folder = tmp_path / "medusa2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1}))
+    heads = medusa_state(heads=2, layers=1, hidden=H, vocab=V, seed=3)
+    save_file({"model.norm.weight": torch.ones(H)}, str(folder / "model-00001-of-00002.safetensors"))
+    weight_map = {"model.norm.weight": "model-00001-of-00002.safetensors"}
+    weight_map.update({f"medusa_head.{k}": "model-00002-of-00002.safetensors" for k in heads})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(
+        ArtifactError,
+        match=r"its weight index lists medusa_head\.\* tensors in model-00002-of-00002\.safetensors, which the "
+        r"directory lacks",
+    ):
+        inspect(str(folder), "medusa")
+    save_file({f"medusa_head.{k}": v for k, v in heads.items()}, str(folder / "model-00002-of-00002.safetensors"))
+    assert inspect(str(folder), "medusa").num_heads == 2  # complete: read
+
+    (folder / "model-00002-of-00002.safetensors").unlink()
+
+    def cached_only(repo, filename, local_files_only=False):
+        if (folder / filename).is_file():
+            return str(folder / filename)
+        raise LocalEntryNotFoundError(f"{filename} is not cached")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cached_only)
+    monkeypatch.setattr(published, "hub_unreachable", lambda: "huggingface.co:443: Name or service not known")
+    with pytest.raises(
+        ArtifactError,
+        match=r"^hub repository 'someone/medusa2': model\.safetensors\.index\.json lists medusa_head\.\* tensors in "
+        r"model-00002-of-00002\.safetensors, not in the local hub cache and the hub cannot be reached "
+        r"\(huggingface\.co:443: Name or service not known\): download the repository first",
+    ):
+        inspect("someone/medusa2", "medusa")
+
+
 @pytest.mark.parametrize(
     "tamper, match",
     [

@@ -125,6 +125,12 @@ def locate(ref: str, kind: str) -> tuple[Path, str, list[Path]]:
                 return local, "heads", [local / name]
         if kind == "medusa":
             shards = _local_shards(local)
+            missing = [f.name for f in shards if not f.is_file()]
+            if missing:
+                raise ArtifactError(
+                    f"proposer.artifact={ref!r}: its weight index lists medusa_head.* tensors in "
+                    f"{', '.join(missing)}, which the directory lacks"
+                )
             if shards:
                 return local, "full-model", shards
         raise ArtifactError(
@@ -152,7 +158,19 @@ def locate(ref: str, kind: str) -> tuple[Path, str, list[Path]]:
             got = _hub_file(str(ref), index)
             if got is not None:
                 wanted = _shards_with_prefix(got, MEDUSA_FULL_PREFIX)
-                return config.parent, "full-model", [_hub_file(str(ref), n) for n in wanted]
+                shards = {n: _hub_file(str(ref), n) for n in wanted}
+                missing = [n for n, f in shards.items() if f is None]
+                if missing:
+                    why = (
+                        f"not in the local hub cache and the hub cannot be reached ({offline})"
+                        if offline is not None
+                        else "not in the repository"
+                    )
+                    raise ArtifactError(
+                        f"hub repository {ref!r}: {index} lists medusa_head.* tensors in {', '.join(missing)}, "
+                        f"{why}: download the repository first or give its directory"
+                    )
+                return config.parent, "full-model", list(shards.values())
         for name in FULL_MODEL_FILES:
             got = _hub_file(str(ref), name)
             if got is not None:
