@@ -8,15 +8,15 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import FIXTURE_ROOT, fixture_record, fixture_run_id
+from helpers import FIXTURE_ROOT, fixture_record, fixture_run, fixture_run_id
 
+from harness.tracking.command_line import split_arguments
 from harness.tracking.compare import (
     ALL,
     compare,
     format_table,
     main,
     paired_bootstrap,
-    parse_kv,
     speedup_statistic,
 )
 from harness.tracking.store import aggregate, rebuild_store
@@ -182,7 +182,7 @@ def test_compare_refuses_bad_arguments():
     with pytest.raises(ValueError, match="baseline proposer='medusa' has no runs"):
         compare(df, baseline="medusa")
     with pytest.raises(ValueError, match="given twice"):
-        parse_kv(["by=a", "by=b"])
+        split_arguments(["by=a", "by=b"])
 
 
 def test_main_prints_sections_and_writes_json(tmp_path, capsys):
@@ -257,3 +257,47 @@ def test_an_arm_pooling_other_configurations_and_other_prompts_says_so_and_keeps
     del prompts[1][0]["prompt_sha256"]
     df["per_prompt"] = [json.dumps(p) for p in prompts]
     assert _row(compare(df, n_resamples=200), "a").n_prompts == 4
+
+
+def test_json_replaces_its_own_file_only_and_job_folders_named_by_overrides_are_paths(tmp_path, capsys, monkeypatch):
+    """``json=`` never replaces a run's record or another file (unless overwrite=true); a job folder
+    of a multirun, named ``key=value,...``, is a records root, not an option."""
+    job = tmp_path / "sweep" / "proposer=prompt_lookup,topology=sequence,seed=1"
+    shutil.copytree(fixture_run(1), job)
+    record = (job / "record.json").read_bytes()
+    for target in (job / "record.json", job / "outputs.jsonl"):
+        assert main([str(job), f"json={target}", "resamples=50"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"harness compare: refused: json={target} is a file of the run folder {job}: write a compare JSON "
+            "elsewhere (harness compare --help shows the usage)"
+        ]
+        assert main([str(job), f"json={target}", "overwrite=true", "resamples=50"]) == 2
+        capsys.readouterr()
+    assert (job / "record.json").read_bytes() == record
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}\n')
+    assert main([str(job), f"json={notes}", "resamples=50"]) == 2
+    assert (
+        f"json={notes} already exists and is not a compare JSON; give another path or overwrite=true"
+        in capsys.readouterr().err
+    )
+    assert notes.read_text() == '{"mine": 1}\n'
+    assert main([str(job), f"json={tmp_path}", "resamples=50"]) == 2
+    assert f"json={tmp_path} is a folder; give a file path, e.g. json={tmp_path / 'compare.json'}" in (
+        capsys.readouterr().err
+    )
+    assert main([str(job), "overwrite=true", "resamples=50"]) == 2
+    assert "overwrite= goes with json=PATH" in capsys.readouterr().err
+    # the job folder by its own name, relative or absolute; a compare JSON replaces its earlier self
+    out = tmp_path / "cmp.json"
+    assert main([str(job), f"json={out}", "resamples=50"]) == 0
+    first = json.loads(out.read_text())
+    assert first["source"] == str(job) and first["sections"]["exact"]
+    assert main([str(job), f"json={out}", "resamples=50"]) == 0
+    assert main([str(job), f"json={notes}", "overwrite=true", "resamples=50"]) == 0
+    assert json.loads(notes.read_text())["sections"] == first["sections"]
+    capsys.readouterr()
+    monkeypatch.chdir(job.parent)
+    assert main([job.name, "resamples=50"]) == 0
+    assert "prompt_lookup" in capsys.readouterr().out

@@ -160,3 +160,36 @@ def test_online_without_a_reachable_server_keeps_the_specification_and_says_so(t
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("harness dashboard: not published (ConnectionRefusedError")
     assert "harness dashboard --publish" in lines[0]
+
+
+def test_out_replaces_a_specification_only_and_records_may_be_a_job_folder(tmp_path, capsys, monkeypatch):
+    """``out=`` never replaces a run's record or a file that is no specification (unless
+    overwrite=true); ``records=`` and ``--publish`` take paths with ``=`` in them (job folders)."""
+    job = tmp_path / "sweep" / "proposer=prompt_lookup,seed=1"
+    shutil.copytree(FIXTURE_RUNS[0], job)
+    record = (job / "record.json").read_bytes()
+    base = ["fixture-sweep", f"records={job.parent}"]
+    assert dashboard_main([*base, f"out={job / 'record.json'}", "overwrite=true"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"harness dashboard: refused: out={job / 'record.json'} is a file of the run folder {job}: write a "
+        f"dashboard specification elsewhere (writing {job / 'record.json'})"
+    ]
+    assert (job / "record.json").read_bytes() == record
+    notes = tmp_path / "notes.json"
+    notes.write_text("[1, 2]\n")
+    assert dashboard_main([*base, f"out={notes}"]) == 2
+    assert f"out={notes} already exists and is not a dashboard specification" in capsys.readouterr().err
+    assert notes.read_text() == "[1, 2]\n"
+    assert dashboard_main([*base, f"out={notes}", "overwrite=maybe"]) == 2
+    assert "overwrite='maybe': must be true or false" in capsys.readouterr().err
+    assert dashboard_main([*base, f"out={notes}", "overwrite=true"]) == 0
+    assert json.loads(notes.read_text())["group"] == "fixture-sweep"
+    assert dashboard_main([*base, f"out={notes}"]) == 0  # a specification replaces its earlier self
+    spec_in_job_name = job.parent / "a=b.json"
+    assert dashboard_main(["fixture-sweep", f"records={job}", f"out={spec_in_job_name}"]) == 0
+    assert json.loads(spec_in_job_name.read_text())["group"] == "fixture-sweep"
+    capsys.readouterr()
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    assert dashboard_main(["--publish", str(spec_in_job_name), "entity=x"]) == 2  # read as a path: no server here
+    assert "not reachable" in capsys.readouterr().err

@@ -289,3 +289,31 @@ def test_speedup_vs_batch_is_not_drawn_empty_when_no_configuration_has_two_batch
     )
     plot = plot_speedup_vs_batch(df, {})
     assert plot.figure is None and "no configuration was run at two batch sizes" in plot.note
+
+
+def test_a_reused_report_folder_keeps_no_plot_of_other_runs_and_a_run_folder_is_refused(tmp_path, capsys):
+    """Plots an earlier report drew that this one does not are removed (other files are kept), and
+    out= naming a run folder is refused with the folder untouched."""
+    out = tmp_path / "report"
+    out.mkdir()
+    stale = out / "07_speedup_vs_batch.png"
+    stale.write_bytes(PNG_MAGIC)
+    mine = out / "01_my_own_figure.png"
+    mine.write_bytes(PNG_MAGIC)
+    one = tmp_path / "one"
+    shutil.copytree(fixture_run(1), one / fixture_run(1).name)
+    assert main([str(one), f"out={out}"]) == 0
+    capsys.readouterr()
+    text = (out / "report.md").read_text()
+    drawn = {p.name for p in out.glob("*.png")}
+    assert not stale.exists() and mine.exists()
+    assert all(name in text for name in drawn - {mine.name}) and mine.name not in text
+    run = one / fixture_run(1).name
+    before = sorted(p.name for p in run.iterdir())
+    assert main([str(one), f"out={run}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"harness report: refused: out={run} is a run folder (it holds record.json); write the report elsewhere "
+        "(harness report --help shows the usage)"
+    ]
+    assert sorted(p.name for p in run.iterdir()) == before

@@ -177,6 +177,13 @@ def test_export_command_and_its_refusals(exported, tmp_path, capsys):
         assert cli_main(["export", "spec-bench", str(root / "run"), str(target), "overwrite=true"]) == 2
         assert f"is inside the run folder {(root / 'run').resolve()}" in capsys.readouterr().err
     assert sorted(p.name for p in (root / "run").iterdir()) == run_files
+    # a job folder of a multirun is named by its overrides: a path with "=" in it is still a path
+    job = tmp_path / "sweep" / "proposer=prompt_lookup,workload=spec_bench"
+    shutil.copytree(root / "run", job)
+    assert cli_main(["export", "spec-bench", str(job), str(tmp_path / "job=answers.jsonl")]) == 0
+    assert (
+        json.loads(capsys.readouterr().out)["questions"] == 10 and (tmp_path / "job=answers-baseline.jsonl").is_file()
+    )
     # outputs that are not the ones the record binds are not exported
     tampered = tmp_path / "tampered"
     shutil.copytree(root / "run", tampered)

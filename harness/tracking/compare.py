@@ -1,9 +1,14 @@
 """`harness compare`: arms side by side, paired on prompts, with bootstrap CIs.
 
     harness compare <records_root | store.parquet> [by=proposer] [baseline=hydra]
-                    [json=PATH] [level=0.95] [resamples=2000] [seed=0] [method=percentile]
-                    [leaderboard=true|false]
+                    [json=PATH [overwrite=true]] [level=0.95] [resamples=2000] [seed=0]
+                    [method=percentile] [leaderboard=true|false]
                     [<axis>=<value> ...]            # filters, e.g. temperature=0 batch_size=1
+
+A records root may be a job folder of a multirun (its name holds ``=``: an argument that names a
+path is never read as an option). ``json=`` writes the tables as JSON; it replaces a compare JSON
+written before, and refuses a run's record or outputs, a folder, or any other existing file
+(unless ``overwrite=true``).
 
 An *arm* is every run sharing one value of the ``by`` axis inside one section (after the
 filters). Its per-prompt rows are summed by prompt (its id and content fingerprint,
@@ -40,7 +45,6 @@ fixtures) and at larger batches by what batching overlaps.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import warnings
@@ -53,6 +57,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from harness.tracking.command_line import boolean_option, json_object_with, output_file_problem, parse_command, refuse
+from harness.tracking.record import write_json_atomic
 from harness.tracking.spec_bench import OVERALL, task_of, task_order
 from harness.tracking.store import AXES, SECTIONS, json_column, read_results
 
@@ -64,7 +70,7 @@ SECTION_TITLES: dict[str, str] = {
     "cpu_budget_artifact": "CPU-BUDGET ARTIFACTS (heads, adapters or skip vectors trained or searched "
     "on this CPU's small token budget; acceptance is a lower bound, not the method's)",
 }
-_OPTION_KEYS = ("by", "baseline", "json", "level", "resamples", "seed", "method", "leaderboard")
+_OPTION_KEYS = ("by", "baseline", "json", "overwrite", "level", "resamples", "seed", "method", "leaderboard")
 _PROMPT_COLUMNS = ("spec_decode_ms", "spec_tokens", "ar_decode_ms", "ar_tokens")
 #: per-prompt prefill times (missing in older records: their end-to-end speedup is "-")
 _PREFILL_COLUMNS = ("spec_prefill_ms", "ar_prefill_ms")
@@ -640,51 +646,11 @@ def to_json(rows: Sequence[ArmRow], **meta: Any) -> dict[str, Any]:
     return {**meta, "sections": sections}
 
 
-def parse_kv(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """``["root", "by=proposer"]`` -> (positionals, {key: value}); ``--k=v`` is accepted too."""
-    positionals: list[str] = []
-    kv: dict[str, str] = {}
-    for arg in argv:
-        key, sep, value = arg.lstrip("-").partition("=")
-        if sep and key:
-            if key in kv:
-                raise ValueError(f"{key}= given twice: {kv[key]!r} and {value!r}")
-            kv[key] = value
-        else:
-            positionals.append(arg)
-    return positionals, kv
-
-
 USAGE = (
     "usage: harness compare <records_root | store.parquet> [by=proposer] [baseline=VALUE] "
-    "[json=PATH] [level=0.95] [resamples=2000] [seed=0] [method=percentile|basic|BCa] "
+    "[json=PATH [overwrite=true]] [level=0.95] [resamples=2000] [seed=0] [method=percentile|basic|BCa] "
     "[leaderboard=true|false] [<axis>=<value> ...]"
 )
-
-
-def _one_line(exc: BaseException) -> str:
-    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # a KeyError's str() is its repr
-    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
-def refuse(command: str, exc: BaseException) -> int:
-    """Say on one stderr line why ``harness <command>`` refused; returns the exit status, 2."""
-    print(f"harness {command}: refused: {_one_line(exc)} (harness {command} --help shows the usage)", file=sys.stderr)
-    return 2
-
-
-def parse_command(command: str, usage: str, argv: list[str] | None) -> tuple[list[str], dict[str, str]] | int:
-    """``harness <command>``'s arguments (``sys.argv[1:]`` when None) as (positionals,
-    ``key=value`` options); or, having printed ``usage`` (``-h``/``--help``: status 0; no
-    arguments: 2) or a refusal (2), the exit status."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in {"-h", "--help"}:
-        print(usage, file=sys.stdout if argv else sys.stderr)  # asked for: stdout, status 0
-        return 0 if argv else 2
-    try:
-        return parse_kv(argv)
-    except ValueError as exc:
-        return refuse(command, exc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -709,6 +675,19 @@ def main(argv: list[str] | None = None) -> int:
             "seed": int(opts.get("seed", 0)),
             "method": opts.get("method", "percentile"),
         }
+        if "json" in opts:  # before any work: a JSON that may not be written is refused first
+            problem = output_file_problem(
+                "json",
+                Path(opts["json"]),
+                what="a compare JSON",
+                ours=json_object_with("sections", "pairing"),
+                example="compare.json",
+                overwrite=boolean_option("overwrite", opts.get("overwrite")),
+            )
+            if problem is not None:
+                raise ValueError(problem)
+        elif "overwrite" in opts:
+            raise ValueError("overwrite= goes with json=PATH (the file it may replace)")
         rows = compare(df, by=by, baseline=opts.get("baseline"), filters=kv, **boot)
     except (ValueError, KeyError, OSError) as exc:
         return refuse("compare", exc)
@@ -728,8 +707,7 @@ def main(argv: list[str] | None = None) -> int:
             pairing="prompt_id",
             **({"leaderboard": leaderboard_json(*board)} if board is not None else {}),
         )
-        Path(opts["json"]).parent.mkdir(parents=True, exist_ok=True)
-        Path(opts["json"]).write_text(json.dumps(payload, indent=1) + "\n")
+        write_json_atomic(Path(opts["json"]), payload)
         print(f"wrote {opts['json']}")
     return 0
 

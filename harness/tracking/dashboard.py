@@ -1,8 +1,11 @@
 """`harness dashboard`: the panels a design review needs, as a W&B report, built from code.
 
     harness dashboard SWEEP_OR_EXPERIMENT [mode=offline|online] [project=spec-harness] [entity=E]
-                      [records=DIR] [out=FILE] [min_rounds=30]
+                      [records=DIR] [out=FILE [overwrite=true]] [min_rounds=30]
     harness dashboard --publish FILE [entity=E]
+
+``out=`` replaces a specification written before; a run's record or outputs, a folder, or any
+other existing file is refused (unless ``overwrite=true``).
 
 One panel specification (:func:`build_spec`, plain JSON) describes the review of one W&B group (a
 sweep, or an experiment's runs): speedup by proposer and workload, acceptance and reach by depth
@@ -29,7 +32,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.files import output_folder_problem
+from harness.tracking.command_line import (
+    boolean_option,
+    json_object_with,
+    output_file_problem,
+    split_arguments,
+    usage_status,
+)
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, NAME_AXES, varying_axes
 from harness.tracking.record import write_json_atomic
 from harness.tracking.store import AXES, ROUND_COST_STAGES, RecordError, aggregate
@@ -42,7 +51,7 @@ PANEL_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "parallel_coordinates"
 
 USAGE = (
     "usage: harness dashboard SWEEP_OR_EXPERIMENT [mode=offline|online] [project=NAME] [entity=NAME]\n"
-    "                         [records=DIR] [out=FILE] [min_rounds=N]\n"
+    "                         [records=DIR] [out=FILE [overwrite=true]] [min_rounds=N]\n"
     "       harness dashboard --publish FILE [entity=NAME]"
 )
 
@@ -355,15 +364,11 @@ def publish(spec: Mapping[str, Any], *, entity: str | None = None) -> str:
 # command line
 
 
-def _options(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    positionals, options = [], {}
-    for arg in argv:
-        if "=" in arg and not arg.startswith("-"):
-            key, value = arg.split("=", 1)
-            options[key] = value
-        else:
-            positionals.append(arg)
-    return positionals, options
+def is_spec_file(path: Path) -> bool:
+    """Whether ``path`` holds a panel specification (which ``out=`` may replace)."""
+    if not json_object_with("format", "sections")(path):
+        return False
+    return json.loads(path.read_text(encoding="utf-8"))["format"] == SPEC_FORMAT
 
 
 def group_axes(records_root: Path, group: str) -> list[dict[str, Any]]:
@@ -387,11 +392,11 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
     records land in by default (or None); the caller (``harness.app``) knows them."""
     argv = list(sys.argv[1:] if argv is None else argv)
     known = dict(known or {})
-    if not argv or argv[0] in {"-h", "--help"}:
-        print(USAGE, file=sys.stdout if argv else sys.stderr)  # asked for: stdout, status 0
-        return 0 if argv else 2
-    positionals, opts = _options(argv)
+    status = usage_status(USAGE, argv)
+    if status is not None:
+        return status
     try:
+        positionals, opts = split_arguments(argv)
         if positionals and positionals[0] == "--publish":
             if len(positionals) != 2 or set(opts) - {"entity"}:
                 raise ValueError("--publish takes one specification file and optionally entity=")
@@ -408,7 +413,7 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
                 raise ValueError(f"W&B server {base_url()} not reachable ({problem}); nothing published")
             print(f"published {publish(spec, entity=opts.get('entity'))}")
             return 0
-        extra = set(opts) - {"mode", "project", "entity", "records", "out", "min_rounds"}
+        extra = set(opts) - {"mode", "project", "entity", "records", "out", "overwrite", "min_rounds"}
         if len(positionals) != 1 or extra:
             raise ValueError(
                 f"expected one sweep or experiment name and options; got {positionals} and {sorted(extra)} "
@@ -445,10 +450,19 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
         out = records / "dashboard.json"
     else:
         out = Path(f"dashboard-{group.replace('/', '_')}.json")
-    if out.is_dir():
-        problem = f"out={out} is a folder; give a file path, e.g. out={out / 'dashboard.json'}"
+    try:
+        overwrite = boolean_option("overwrite", opts.get("overwrite"))
+    except ValueError as exc:
+        problem = str(exc)
     else:
-        problem = output_folder_problem("out", out.parent)  # names the folder the file goes in
+        problem = output_file_problem(
+            "out",
+            out,
+            what="a dashboard specification",
+            ours=is_spec_file,
+            example="dashboard.json",
+            overwrite=overwrite,
+        )
     if problem is not None:
         print(f"harness dashboard: refused: {problem} (writing {out})", file=sys.stderr)
         return 2

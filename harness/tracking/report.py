@@ -27,6 +27,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from harness.files import output_folder_problem
+from harness.tracking.command_line import parse_command, refuse
 from harness.tracking.compare import (
     ALL,
     SECTION_TITLES,
@@ -38,14 +39,12 @@ from harness.tracking.compare import (
     leader_cell,
     leaderboard,
     paired_bootstrap,
-    parse_command,
-    refuse,
     speedup_statistic,
 )
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_labels, depth_rows
 from harness.tracking.conventions import axis_piece as _axis_piece
 from harness.tracking.spec_bench import OVERALL, TASK_TITLES
-from harness.tracking.store import AXES, ROUND_COST_STAGES, SECTIONS, json_column, read_results
+from harness.tracking.store import AXES, RECORD_FILENAME, ROUND_COST_STAGES, SECTIONS, json_column, read_results
 
 REPO_REPORTS = Path(__file__).resolve().parents[1] / "reports"
 SECTION_STYLE: dict[str, dict[str, Any]] = {
@@ -738,6 +737,16 @@ def numeric_metrics(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def remove_stale_plots(out_dir: Path, recipe: Mapping[str, Any], *, keep: set[str]) -> None:
+    """Remove the plots an earlier report left in ``out_dir`` that this one did not draw: files named
+    as a report names its plots (``NN_<name>.png``, ``name`` a plot name of ``recipe`` or a plot
+    kind), so a reused report folder shows no figure of other runs; other files are left alone."""
+    names = set(PLOTS) | {str(spec.get("name", spec["kind"])) for spec in recipe["plots"]}
+    for png in out_dir.glob("[0-9][0-9]_*.png"):
+        if png.name not in keep and png.stem[3:] in names:
+            png.unlink(missing_ok=True)
+
+
 def build_report(df: pd.DataFrame, out_dir: Path, recipe: Mapping[str, Any], *, recipe_path: Path, source: str) -> Path:
     """Write ``report.md`` and one PNG per plot into ``out_dir``; returns the Markdown path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -762,6 +771,7 @@ def build_report(df: pd.DataFrame, out_dir: Path, recipe: Mapping[str, Any], *, 
         "## Plots",
         "",
     ]
+    drawn: set[str] = set()
     for i, spec in enumerate(recipe["plots"]):
         name = spec.get("name", spec["kind"])
         where = {k: str(v) for k, v in (spec.get("where") or {}).items()}
@@ -776,7 +786,9 @@ def build_report(df: pd.DataFrame, out_dir: Path, recipe: Mapping[str, Any], *, 
             continue
         png = out_dir / f"{i + 1:02d}_{name}.png"
         plot.figure.savefig(png)
+        drawn.add(png.name)
         lines += [f"![{heading}]({png.name})", ""]
+    remove_stale_plots(out_dir, recipe, keep=drawn)
     sources = recipe.get("source_reported")
     source_path = (recipe_path.parent / sources) if sources else None
     entries = load_source_reported(source_path)
@@ -816,6 +828,8 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load_recipe(recipe_path)
         out_dir = Path(kv["out"]) if "out" in kv else (root or Path(".")) / "report"
         problem = output_folder_problem("out", out_dir)
+        if problem is None and (out_dir / RECORD_FILENAME).is_file():
+            problem = f"out={out_dir} is a run folder (it holds {RECORD_FILENAME}); write the report elsewhere"
         if problem is not None:
             raise ValueError(problem)
         path = build_report(df, out_dir, recipe, recipe_path=recipe_path, source=positionals[0])

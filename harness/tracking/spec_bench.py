@@ -42,8 +42,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.tracking.command_line import boolean_option, run_folder_of, split_arguments, usage_status
 from harness.tracking.record import write_jsonl_atomic
-from harness.tracking.store import OUTPUTS_FILENAME, RECORD_FILENAME, RecordError, load_record, outputs_problem
+from harness.tracking.store import OUTPUTS_FILENAME, RecordError, load_record, outputs_problem
 
 #: Spec-Bench's categories: MT-bench's eight (merged into the task ``mt_bench`` by its evaluation)
 #: and five single-turn tasks. harness/workloads/prompts.py holds the same names.
@@ -121,18 +122,10 @@ def read_outputs(run_dir: Path) -> list[dict]:
     return rows
 
 
-def _inside_a_run_folder(path: Path) -> Path | None:
-    """The run folder (one holding a ``record.json``) that ``path`` would be written into, if any."""
-    for folder in path.resolve().parents:
-        if (folder / RECORD_FILENAME).is_file():
-            return folder
-    return None
-
-
 def check_destination(path: Path, *, overwrite: bool) -> None:
     """Refuse to write an answer file into a run folder (it would sit beside, or replace, the files
     a record binds) or over an existing file unless ``overwrite``."""
-    run = _inside_a_run_folder(path)
+    run = run_folder_of(path.parent)
     if run is not None:
         raise ExportError(f"{path} is inside the run folder {run}: write the answers outside any run folder")
     if path.is_dir():
@@ -245,13 +238,12 @@ OPTIONS = ("baseline", "model_id", "overwrite")
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in {"-h", "--help"}:
-        print(USAGE, file=sys.stdout if argv else sys.stderr)  # asked for: stdout, status 0
-        return 0 if argv else 2
-    kind, rest = argv[0], argv[1:]
-    positionals = [a for a in rest if "=" not in a]
-    options = dict(a.split("=", 1) for a in rest if "=" in a)
+    status = usage_status(USAGE, argv)
+    if status is not None:
+        return status
+    kind = argv[0]
     try:
+        positionals, options = split_arguments(argv[1:])
         if kind != "spec-bench":
             raise ExportError(f"unknown export format {kind!r}; one of ['spec-bench']")
         unknown = sorted(set(options) - set(OPTIONS))
@@ -260,17 +252,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"expected RUN_DIR OUT.jsonl and only baseline=/model_id=/overwrite=; got {positionals} {unknown} "
                 "(harness export --help)"
             )
-        overwrite = options.get("overwrite", "false").strip().lower()
-        if overwrite not in {"true", "false"}:
-            raise ExportError(f"overwrite={options['overwrite']!r}: must be true or false")
+        overwrite = boolean_option("overwrite", options.get("overwrite"))
         summary = export_spec_bench(
             positionals[0],
             positionals[1],
             baseline=options.get("baseline"),
             model_id=options.get("model_id"),
-            overwrite=overwrite == "true",
+            overwrite=overwrite,
         )
-    except ExportError as exc:
+    except (ExportError, ValueError) as exc:
         print(f"harness export: refused: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2))

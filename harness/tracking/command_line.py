@@ -1,0 +1,127 @@
+"""What the commands that read stored runs (compare, report, dashboard, export) share on their
+command lines: arguments split into paths and ``key=value`` options, and where an output file may go.
+
+Job folders of a multirun are named by their overrides (``proposer=prompt_lookup,seed=1``), so an
+argument with ``=`` in it may be a path: it is one when its key part holds a path separator or the
+argument names something that exists. Output files never replace what they did not write: a
+run's record or outputs, or any other file that is not what the command writes, is refused unless
+``overwrite=true``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from harness.files import output_folder_problem
+from harness.tracking.store import OUTPUTS_FILENAME, RECORD_FILENAME, ROUNDS_FILENAME
+
+#: the files a run folder's record binds or describes: never an output of these commands
+RUN_FILES = (RECORD_FILENAME, OUTPUTS_FILENAME, ROUNDS_FILENAME)
+
+
+def is_path_argument(arg: str) -> bool:
+    """Whether ``arg`` names a path rather than a ``key=value`` option."""
+    key = arg.lstrip("-").partition("=")[0]
+    return "/" in key or os.sep in key or Path(arg).expanduser().exists()
+
+
+def split_arguments(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """``["root", "by=proposer"]`` -> (positionals, {key: value}); ``--k=v`` is accepted too, and an
+    argument that names a path (:func:`is_path_argument`) is positional whatever it holds."""
+    positionals: list[str] = []
+    kv: dict[str, str] = {}
+    for arg in argv:
+        key, sep, value = arg.lstrip("-").partition("=")
+        if sep and key and not is_path_argument(arg):
+            if key in kv:
+                raise ValueError(f"{key}= given twice: {kv[key]!r} and {value!r}")
+            kv[key] = value
+        else:
+            positionals.append(arg)
+    return positionals, kv
+
+
+def run_folder_of(path: str | os.PathLike) -> Path | None:
+    """The run folder (one holding a ``record.json``) that ``path`` is or would be written into."""
+    p = Path(path).expanduser().resolve()
+    for folder in (p, *p.parents):
+        if (folder / RECORD_FILENAME).is_file():
+            return folder
+    return None
+
+
+def json_object_with(*keys: str) -> Callable[[Path], bool]:
+    """A test of whether a file is a JSON object holding every one of ``keys`` (what a command
+    recognises as a file it wrote before)."""
+
+    def test(path: Path) -> bool:
+        try:
+            value = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return False
+        return isinstance(value, dict) and all(k in value for k in keys)
+
+    return test
+
+
+def output_file_problem(
+    key: str, path: Path, *, what: str, ours: Callable[[Path], bool], example: str, overwrite: bool = False
+) -> str | None:
+    """Why ``path`` may not receive the file a command writes (``what``, e.g. "a compare JSON"), or
+    None: a folder; a run folder's record, outputs or rounds; any other existing file that ``ours``
+    does not recognise, unless ``overwrite``; a folder that cannot be written."""
+    if path.is_dir():
+        return f"{key}={path} is a folder; give a file path, e.g. {key}={path / example}"
+    if path.name in RUN_FILES and (path.parent / RECORD_FILENAME).is_file():
+        return f"{key}={path} is a file of the run folder {path.parent}: write {what} elsewhere"
+    if path.exists() and not overwrite and not ours(path):
+        return f"{key}={path} already exists and is not {what}; give another path or overwrite=true"
+    return output_folder_problem(key, path.parent)
+
+
+def boolean_option(key: str, value: str | None, default: bool = False) -> bool:
+    """``true``/``false`` (any case) as a bool; anything else raises ValueError naming ``key``."""
+    if value is None:
+        return default
+    v = value.strip().lower()
+    if v not in {"true", "false"}:
+        raise ValueError(f"{key}={value!r}: must be true or false")
+    return v == "true"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # a KeyError's str() is its repr
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def refuse(command: str, exc: BaseException) -> int:
+    """Say on one stderr line why ``harness <command>`` refused; returns the exit status, 2."""
+    print(f"harness {command}: refused: {_one_line(exc)} (harness {command} --help shows the usage)", file=sys.stderr)
+    return 2
+
+
+def usage_status(usage: str, argv: Sequence[str]) -> int | None:
+    """For ``-h``/``--help`` (``usage`` on stdout, status 0) or no arguments at all (``usage`` on
+    stderr, status 2): the exit status, having printed it; None otherwise."""
+    if argv and argv[0] not in {"-h", "--help"}:
+        return None
+    print(usage, file=sys.stdout if argv else sys.stderr)  # asked for: stdout, status 0
+    return 0 if argv else 2
+
+
+def parse_command(command: str, usage: str, argv: list[str] | None) -> tuple[list[str], dict[str, str]] | int:
+    """``harness <command>``'s arguments (``sys.argv[1:]`` when None) as (positionals,
+    ``key=value`` options); or, having printed ``usage`` (:func:`usage_status`) or a refusal (2),
+    the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    status = usage_status(usage, argv)
+    if status is not None:
+        return status
+    try:
+        return split_arguments(argv)
+    except ValueError as exc:
+        return refuse(command, exc)
