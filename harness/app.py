@@ -28,8 +28,17 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from harness import sweep
-from harness.cli import print_usage, report_failure
-from harness.config import CONF_DIR, Config, checked_plan, compose_checked, explain_compose_error, offer
+from harness.cli import one_line, print_usage, report_failure
+from harness.config import (
+    CONF_DIR,
+    Config,
+    checked_plan,
+    compose,
+    compose_checked,
+    explain_compose_error,
+    offer,
+    override_key,
+)
 from harness.contracts import ConfigError, resolve_ref
 from harness.engine.build import plan
 from harness.engine.checks import validate_config
@@ -40,6 +49,7 @@ from harness.prepare.trained import noting_outcomes
 from harness.runner import build_context, load, load_models, plan_job, run_job, track
 from harness.tracking import dashboard
 from harness.tracking.job_folder import LOCK_FILENAME, JobFolderError, job_lock
+from harness.verifiers.base import NegotiationError
 
 #: what a command reports as a refusal besides ValueError and OSError: a failed gate, and a config
 #: Hydra or OmegaConf could not compose (a mistyped key or group option, a wrong type)
@@ -59,6 +69,78 @@ def preflight(argv: list[str]) -> None:
     """Everything a plain `harness run` refuses from its config alone, before Hydra creates its run
     folder: composition, values, negotiation, budgets, the workload and the output folder."""
     checked_plan(argv)
+
+
+#: launchers that run a multirun's jobs on this machine (in this process or beside it)
+LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher", "LocalLauncher")
+
+
+def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str]:
+    """The override lists of a multirun's jobs, as Hydra's basic sweeper makes them (the sweep
+    parameters the composed config holds, ``hydra.sweeper.params``: a sweep file's axes, followed
+    by the command line's overrides, crossed), and the launcher's ``_target_``. ``argv`` holds no
+    flag but ``-m``/``--multirun``."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = [a for a in argv if a not in {"-m", "--multirun"}]
+    parser = OverridesParser.create()
+    fixed = [o.input_line for o in parser.parse_overrides(overrides) if not o.is_sweep_override()]
+    cfg = compose(fixed, return_hydra_config=True)
+    params = cfg.hydra.sweeper.get("params") or {}
+    from_config = [f"{k}={v}" for k, v in params.items()]
+    parsed = parser.parse_overrides([*from_config, *overrides])
+    jobs = [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    return jobs, str(cfg.hydra.launcher.get("_target_", ""))
+
+
+def preflight_multirun(argv: list[str]) -> None:
+    """Every job of a multirun checked as a plain run's preflight checks it (composition, values,
+    negotiation, budgets, the workload; only the values where the launcher runs the jobs on other
+    machines, whose models, paths and devices may not be here), before Hydra's sweeper starts the
+    first. A job refused for
+    anything but the combination of its methods (a value out of range, an unknown option, a batch
+    larger than the workload, ...) refuses the whole launch, naming the job: nothing runs or is
+    written. A job whose proposer, topology, verifier and temperature do not go together
+    (:class:`NegotiationError`; a cross of axes may hold such holes) is named on stderr and the
+    others run; it is recorded as refused. Skipped where the command line carries Hydra flags other
+    than ``-m`` (``--cfg``, ``-cd``, ...)."""
+    if any(a.startswith("-") and a not in {"-m", "--multirun"} for a in argv):
+        return
+    try:
+        jobs, launcher = multirun_jobs(argv)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise explain_compose_error(exc, argv) from exc
+    here = launcher.rsplit(".", 1)[-1] in LOCAL_LAUNCHERS
+    values: dict[str, set[str]] = {}
+    for job in jobs:
+        for o in job:
+            values.setdefault(override_key(o), set()).add(o)
+    swept = {k for k, v in values.items() if len(v) > 1}  # what tells the jobs apart
+    holes = []
+    for i, job in enumerate(jobs):
+        told = ",".join(o for o in job if override_key(o) in swept)
+        name = f"job {i + 1} of {len(jobs)}" + (f" ({told})" if told else "")
+        try:
+            if here:
+                cfg, _ = checked_plan(job)
+            else:
+                cfg = compose_checked(job)
+                validate_config(cfg)
+            if cfg.output_dir:
+                raise ConfigError(
+                    f"output_dir={cfg.output_dir!r} is for single runs; a multirun writes each job to "
+                    "hydra.sweep.dir/hydra.sweep.subdir"
+                )
+        except NegotiationError as exc:
+            holes.append(f"{name} will be refused: {one_line(exc)}")
+        except (ValueError, OSError, *REFUSALS) as exc:
+            refusal = one_line(exc) or type(exc).__name__
+            raise ConfigError(f"{name}: {refusal}; no job was run") from exc
+    if holes and len(holes) == len(jobs):
+        raise ConfigError(f"every job would be refused, e.g. {holes[0].split(' will be refused: ', 1)[1]}")
+    for hole in holes:
+        print(f"harness run: {hole}; the other jobs run", file=sys.stderr)
 
 
 def check_launch_options(argv: list[str]) -> None:
@@ -102,6 +184,8 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
             preflight(argv)
         else:
             check_launch_options(argv)
+            if any(a in {"-m", "--multirun"} for a in argv):
+                preflight_multirun(argv)
     except Exception as exc:  # reported in one line; nothing has been written yet
         return report_failure(command, exc, refusals=REFUSALS)
 

@@ -48,10 +48,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback as _Callback
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from harness.contracts import ConfigError, ContractError
 from harness.gates.status import GateError
 from harness.manifest import job_manifest, manifest_hash
 from harness.runner import run_job, track
@@ -60,7 +61,6 @@ from harness.tracking import report as report_mod
 from harness.tracking.job_folder import JobFolderError, clear_for_run, inspect_job, job_lock, set_aside
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
 from harness.tracking.store import RECORD_FILENAME, rebuild_store
-from harness.verifiers.base import NegotiationError
 from hydra_plugins.harness_launcher.slurm import slurm_refusal
 
 log = logging.getLogger("harness.sweep")
@@ -257,8 +257,9 @@ def _launch_id(sweep_dir: Path) -> str | None:
 
 
 def _is_refusal(exc: BaseException) -> bool:
-
-    return isinstance(exc, (GateError, ConfigError, NegotiationError, ContractError, JobFolderError))
+    """A job refused rather than failed, by the rule `harness run` reports with (a config, workload,
+    datastore, checkpoint or folder refusal is a ValueError or OSError; a gate's is a GateError)."""
+    return isinstance(exc, (ValueError, OSError, GateError, HydraException, OmegaConfBaseException))
 
 
 def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:

@@ -323,7 +323,7 @@ def test_slurm_refusals_name_what_to_set():
     )
 
 
-def test_output_dir_in_a_sweep_fails_the_job_before_model_work(env):
+def test_output_dir_in_a_sweep_is_refused_before_any_job(env, capsys):
     sweep_dir = env / "multirun" / "smoke"
     rc, summary = launch(
         sweep_dir,
@@ -333,13 +333,13 @@ def test_output_dir_in_a_sweep_fails_the_job_before_model_work(env):
         "output_dir=elsewhere",
         "hydra.callbacks.harness_sweep.report=false",
     )
-    assert rc == 1 and len(summary["failed"]) == 1
-    (failure,) = [json.loads(line) for line in (sweep_dir / FAILURES_FILE).read_text().splitlines()]
-    assert failure["stage"] == "setup"
-    assert failure["error"]["message"] == (
-        "output_dir='elsewhere' is for single runs; a sweep writes each job to hydra.sweep.dir/hydra.sweep.subdir"
-    )
-    assert not (env / "elsewhere").exists()
+    assert rc == 2 and not summary
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert err == [
+        "harness sweep: refused: job 1 of 1: output_dir='elsewhere' is for single runs; a multirun writes each "
+        "job to hydra.sweep.dir/hydra.sweep.subdir; no job was run"
+    ]
+    assert not sweep_dir.exists() and not (env / "elsewhere").exists()
 
 
 def _hydra(launcher: dict, max_batch_size=None):
@@ -680,7 +680,7 @@ TINY_MULTIRUN = [
     "threads=1",
     "gates.enabled=false",
     "proposer=prompt_lookup",
-    "verifier=greedy,rejection",  # rejection needs temperature > 0: refused, so this multirun has a failed job
+    "verifier=greedy,rejection",  # rejection needs temperature > 0: named before the launch, then refused
     "hydra.callbacks.harness_sweep.report=false",
 ]
 
@@ -696,6 +696,7 @@ def _multirun_with_a_failure(sweep_dir: Path, launcher: str, capsys) -> None:
     (failed,) = summary["failed"]
     assert "verifier=rejection" in failed and "verifier=greedy" in ran
     assert f"harness run: 1 job(s) failed: {failed} (errors in {sweep_dir / FAILURES_FILE})" in err
+    assert "harness run: job 2 of 2 (verifier=rejection) will be refused: " in err and "the other jobs run" in err
     record = load_record(sweep_dir / ran)
     assert record["metrics"]["concurrent_jobs"] == 1  # one timed job at a time unless raised
     assert json.loads((sweep_dir / FAILURES_FILE).read_text())["error"]["type"] == "NegotiationError"
@@ -717,6 +718,32 @@ def test_harness_run_multirun_with_hydras_own_launcher_switch_works_and_names_fa
             from joblib.externals.loky import get_reusable_executor
 
             get_reusable_executor().shutdown(wait=True)
+
+
+def test_a_multirun_with_a_value_one_job_refuses_runs_no_job_and_writes_nothing(env, capsys):
+    """Every job is checked before the first runs: a bad value in a later job (an unknown option,
+    a value out of range, output_dir) refuses the launch in one line naming the job; a cross whose
+    every job is a refused combination is refused too."""
+    from harness.app import run_main
+
+    base = ["-m", "model=tiny", "workload.limit=1", "generation.max_new_tokens=8", "gates.enabled=false"]
+    cases = [
+        (["proposer=prompt_lookup,nosuch"], "job 2 of 2 (proposer=nosuch): proposer=nosuch is no option of proposer"),
+        (
+            ["seed=1,2", "generation.max_new_tokens=0"],
+            "job 1 of 2 (seed=1): generation.max_new_tokens=0 is out of range",
+        ),
+        (["seed=1,2", f"output_dir={env / 'one'}"], "job 1 of 2 (seed=1): output_dir="),
+        (["verifier=rejection,specinfer"], "every job would be refused, e.g. "),
+        # a launcher that runs the jobs elsewhere: their values are checked here, not their models or paths
+        (["seed=1,2", "generation.top_p=0", "hydra/launcher=submitit_slurm"], "job 1 of 2 (seed=1): generation.top_p"),
+    ]
+    for extra, expected in cases:
+        sweep_dir = env / "never"
+        assert run_main([*base, *extra, f"hydra.sweep.dir={sweep_dir}"]) == 2
+        err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+        assert len(err) == 1 and err[0].startswith(f"harness run: refused: {expected}"), err
+        assert not sweep_dir.exists() and not (env / "one").exists()
 
 
 def test_slurm_launcher_config_composes_gpu_jobs_in_one_array(hydra_conf):
@@ -803,6 +830,7 @@ def test_a_slurm_sweep_without_a_partition_is_refused_before_anything_is_submitt
     sweep_dir = env / "multirun" / "smoke"
     assert sweep_main(["smoke", "launcher=slurm", f"hydra.sweep.dir={sweep_dir}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
+    err = [ln for ln in err if not ln.startswith("harness: compiling")]  # once per cache, as a job plans
     assert err == [
         "harness run: refused: hydra.launcher.partition is not set: a Slurm sweep needs the partition its "
         "jobs run in (hydra.launcher.partition=<name>; `sinfo -s` lists them)"
