@@ -217,7 +217,9 @@ struct Team {
 // the out-of-order window and with it limits the loads in flight; the prefetch runs ahead of the
 // chain. On Zen 3 SmolLM2's one-row step (layers and head) took 8-10% less time in fp32 and 8% in
 // bf16, the same bits, multi-row forwards unchanged (12 interleaved rounds each); float32 is no
-// faster 1-2 KB ahead. Without AVX-512 a one-row bfloat16 product is faster still in 1 x 2 tiles, two
+// faster 1-2 KB ahead. On Zen 4 (AVX-512 built, float32 in 256-bit vectors) the same prefetch made
+// the one-row step slower, 1.04x in fp32 and 1.12x in bf16 (12 interleaved rounds), so it stays off
+// wherever AVX-512 is built. Without AVX-512 a one-row bfloat16 product is faster still in 1 x 2 tiles, two
 // weight rows at a time with the next pair prefetched, each row its own chain in the same order: its
 // loop (every vector widened before the multiply-add) has several times float32's instructions per
 // byte, so one chain's window reaches fewer bytes ahead. On Zen 3 SmolLM2's bf16 one-row step took
