@@ -345,6 +345,31 @@ def test_statistical_gate_fails_a_verifier_that_returns_the_argmax(tmp_path, wor
     _refused_without_record(run_dir)
 
 
+def test_a_one_token_law_passes_when_every_sample_is_that_token_and_fails_otherwise(
+    tmp_path, workload, cache, monkeypatch
+):
+    """top_k=1 at T > 0 leaves the target one token: no chi-square test exists (one bin); the gate
+    passes a correct round by count, and fails a verifier that commits a token of zero mass."""
+    from harness.contracts import Selection
+    from harness.verifiers.builtin import MembershipVerifier
+
+    one = (*STAT, "generation.top_k=1")
+    record = runner.run_job(compose_cfg(tmp_path / "run", workload, *one), run_dir=tmp_path / "run")
+    stat = record["gates"]["statistical"]
+    assert stat["status"] == "passed" and stat["bins"] == 1 and stat["observed"] == [400]
+    assert stat["impossible_samples"] == 0 and stat["p_value"] is None and "one token" in stat["note"]
+
+    def impossible(self, tree, target_probs, rng):  # WRONG: a token the target's law gives no mass
+        return Selection(accepted_rows=(), next_token=int(target_probs[0].argmin()))
+
+    monkeypatch.setattr(MembershipVerifier, "select", impossible)
+    run_dir = tmp_path / "wrong"
+    with pytest.raises(GateError, match=r"gate 'statistical' failed for verifier 'membership'") as err:
+        runner.run_job(compose_cfg(run_dir, workload, *one), run_dir=run_dir)
+    assert '"impossible_samples": 400' in str(err.value)
+    assert not (run_dir / "record.json").exists()
+
+
 def test_skipping_the_statistical_gate_is_stated_in_the_record(tmp_path, workload, cache):
     record = runner.run_job(
         compose_cfg(tmp_path / "run", workload, *STAT, "gates.skip_statistical=true"), run_dir=tmp_path / "run"

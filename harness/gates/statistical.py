@@ -379,6 +379,9 @@ def chi_square_test(
     else:
         counts, p_exact, target = verify_by_tree(backend, committed, distinct, tree_of, rngs, verifier, policy, batch)
     t_verify = time.perf_counter() - t0 - t_propose
+    # a committed token the target's law gives no mass (outside top-k / top-p) fails outright: no
+    # bin may hide it
+    impossible = sum(n for t, n in counts.items() if float(p_exact[t]) <= 0.0)
     top = torch.topk(p_exact, min(top_m, int((p_exact > 0).sum()))).indices.tolist()
     expected = [float(p_exact[t]) * samples for t in top]
     observed = [counts.get(t, 0) for t in top]
@@ -389,13 +392,19 @@ def chi_square_test(
     else:  # fold a tiny tail into the last bin so every expected count stays usable
         expected[-1] += other_p * samples
         observed[-1] += samples - sum(observed)
-    stat, pvalue = chisquare(observed, f_exp=expected)
+    if len(observed) > 1:
+        stat, pvalue = chisquare(observed, f_exp=expected)
+        passed = bool(pvalue >= alpha) and impossible == 0
+        test = {"statistic": float(stat), "p_value": float(pvalue)}
+    else:  # one token holds all the mass (top_k=1, a tiny top_p or temperature): no test, a count
+        passed = impossible == 0
+        test = {"statistic": None, "p_value": None, "note": "the target's law has one token: every sample must be it"}
     return {
-        "status": "passed" if pvalue >= alpha else "failed",
+        "status": "passed" if passed else "failed",
         "samples": samples,
         "bins": len(observed),
-        "statistic": float(stat),
-        "p_value": float(pvalue),
+        "impossible_samples": impossible,
+        **test,
         "alpha": alpha,
         "observed": observed,
         "expected": [round(e, 3) for e in expected],
