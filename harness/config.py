@@ -526,6 +526,13 @@ def when_set(value: Any, then: Any, otherwise: Any) -> Any:
     return otherwise if value is None or value == "" else then
 
 
+def greedy_else(temperature: Any, at_zero: Any, above: Any) -> Any:
+    """``at_zero`` at temperature 0 (greedy decoding), ``above`` otherwise: a draft's default child
+    sampling, its top-ranked tokens (``beam``) where i.i.d. draws from a one-hot law would all be
+    the argmax, and i.i.d. draws (SpecInfer) where the law is a distribution."""
+    return at_zero if float(temperature) == 0.0 else above
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
@@ -548,6 +555,7 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("or_default", or_default, replace=True)
     OmegaConf.register_new_resolver("when_set", when_set, replace=True)
     OmegaConf.register_new_resolver("device_dtype", device_dtype, replace=True)
+    OmegaConf.register_new_resolver("greedy_else", greedy_else, replace=True)
 
 
 register_configs()

@@ -181,3 +181,36 @@ def test_the_record_carries_paired_bootstrap_intervals_of_both_speedups():
     assert speedup_intervals(rows[:1]) == {"decode_speedup_ci95": None, "speedup_ci95": None}
     # at batch > 1 requests share their batch's time: no interval rather than one around another statistic
     assert speedup_intervals(rows, batch_size=2) == {"decode_speedup_ci95": None, "speedup_ci95": None}
+
+
+def test_a_draft_tree_at_temperature_0_branches_and_iid_children_there_are_refused(tmp_path, monkeypatch):
+    """At temperature 0 a draft model's children are its top-ranked tokens by default (i.i.d. draws
+    from its one-hot law would all be the argmax: a set or expansion tree would run as one chain
+    under the tree's name); above it, i.i.d. draws. Asking for i.i.d. children of a branching tree
+    at temperature 0 is refused with the samplings that branch."""
+    from harness.config import checked_plan
+    from harness.contracts import ConfigError
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    assert compose(["proposer=draft_model"]).proposer.sampling == "beam"
+    assert compose(["proposer=draft_model", "generation.temperature=0.7"]).proposer.sampling == "iid"
+    assert compose(["proposer=merged", "generation.temperature=0.7"]).proposer.draft_model.sampling == "iid"
+    with pytest.raises(ConfigError, match=r"proposer.sampling=iid at temperature 0 draws the draft's argmax") as info:
+        checked_plan(["model=tiny", "proposer=draft_model", "proposer.sampling=iid", "topology=set"])
+    assert "topology=set tree would collapse into one chain" in str(info.value)
+    assert "try proposer.sampling=beam" in str(info.value)
+    checked_plan(["model=tiny", "proposer=draft_model", "proposer.sampling=iid", "topology=sequence"])  # a chain
+    cfg = compose(
+        [
+            "model=tiny",
+            "proposer=draft_model",
+            "topology=set",
+            "topology.max_nodes=4",
+            "workload.limit=1",
+            "generation.max_new_tokens=8",
+            "gates.enabled=false",
+        ]
+    )
+    run_job(cfg, run_dir=tmp_path / "run")
+    rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert rounds and all(r["candidate_rows"] == 4 and r["tree_depth"] == 1 for r in rounds)  # four siblings

@@ -82,6 +82,12 @@ def plan(cfg: DictConfig) -> Plan:
         )
     caps = declared_capabilities(cfg, budget)
     negotiate(caps, verifier, temperature=policy.temperature, exact_mode=bool(cfg.generation.exact))
+    if policy.greedy and "iid" in caps.sampling_relations and budget.shape not in ("sequence", "dynamic"):
+        raise ConfigError(
+            f"proposer.sampling=iid at temperature 0 draws the draft's argmax for every child: a "
+            f"topology={cfg.topology.name} tree would collapse into one chain while its records named the tree",
+            suggestions=[("proposer.sampling=beam",), ("proposer.sampling=without_replacement",)],
+        )
     batch = int(cfg.generation.batch_size)
     check = getattr(cls, "check_plan", None)
     if check is not None:  # e.g. a published head checkpoint against the target's geometry
