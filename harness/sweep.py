@@ -39,6 +39,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -127,6 +128,16 @@ def check_sweep_file(path: Path) -> None:
         )
     if not isinstance(doc, dict):
         raise ValueError(f"sweep file {path} holds a YAML {type(doc).__name__}, not a mapping of settings")
+    name = doc.get("sweep")
+    if name is None:
+        raise ValueError(
+            f"sweep file {path} sets no sweep name: add `sweep: {path.stem}` (its jobs go to multirun/<sweep>/)"
+        )
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):
+        raise ValueError(
+            f"sweep file {path} names sweep={name!r}: it must be a plain name (letters, digits, '_', '-', '.'), "
+            "not a path: it names the folder multirun/<sweep>/"
+        )
 
 
 def sweep_file_search_path(path: Path, *, sweeps_dir: Path = SWEEPS_DIR) -> tuple[str, Path]:

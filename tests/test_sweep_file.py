@@ -95,6 +95,12 @@ def test_bad_sweep_files_are_refused(env, capsys):
         ("broken", "defaults: [\n  - bad", "is not valid YAML at line 2, column 3: expected the node content"),
         ("empty", "", "is empty: a sweep sets hydra.sweeper.params"),
         ("listed", "[1, 2]\n", "holds a YAML list, not a mapping of settings"),
+        ("nameless", SWEEP_FILE.replace("sweep: mine\n", ""), "sets no sweep name: add `sweep: nameless`"),
+        (
+            "escape",
+            SWEEP_FILE.replace("sweep: mine", "sweep: ../../escaped"),
+            "names sweep='../../escaped': it must be a plain",
+        ),
     ):
         path = env / f"{name}.yaml"
         path.write_text(text)
