@@ -723,3 +723,16 @@ def test_the_hub_probe_trusts_a_proxy_and_hf_hub_offline(monkeypatch):
         assert loading.hub_unreachable() == "HF_HUB_OFFLINE is set"
     finally:
         loading.hub_unreachable.cache_clear()
+
+
+def test_an_exit_layer_outside_the_target_is_refused_before_any_model_work(no_models):
+    """proposer=early_exit's default exit layer (2) cannot cut the two-layer tiny target: refused at
+    plan from the target's config alone, offering a layer that fits; a given artifact carries its own."""
+    with pytest.raises(
+        ConfigError, match=r"proposer.exit_layer must be in \[1, 1\] for this 2-layer target; got 2"
+    ) as info:
+        checked_plan(["model=tiny", "proposer=early_exit"])
+    assert info.value.suggestions == (("proposer.exit_layer=1",),)
+    checked_plan(["model=tiny", "proposer=early_exit", "proposer.exit_layer=1"])
+    with pytest.raises(ConfigError, match=r"must be in \[1, 29\] for this 30-layer target; got 30"):
+        checked_plan(["proposer=early_exit", "proposer.exit_layer=30"])

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import torch
 
-from harness.contracts import ProposalNode, ProposalResult, ProposalStateHandle
+from harness.contracts import Budget, ConfigError, ProposalNode, ProposalResult, ProposalStateHandle
 from harness.heads.artifacts import load_adapter, load_skip
 from harness.heads.partial import PartialPath, ProvisionalKV, causal_rows_mask
 from harness.heads.state import PrefixHashes
@@ -183,6 +183,20 @@ class EarlyExitProposer(SelfSpecProposer):
         self.adapter = adapter.eval()
         self.exit_layer = int(exit_layer)
         self.eta = float(eta)
+
+    @classmethod
+    def check_plan(cls, options: dict, budget: Budget, geometry) -> None:
+        """Before any model work: the exit layer of an adapter trained here lies inside the target
+        (``geometry()``: its layer count); a given artifact carries its own."""
+        if options.get("artifact"):
+            return
+        layers = int(geometry()["num_hidden_layers"])
+        exit_layer = int(options.get("exit_layer", 2))
+        if not 1 <= exit_layer < layers:
+            raise ConfigError(
+                f"proposer.exit_layer must be in [1, {layers - 1}] for this {layers}-layer target; got {exit_layer}",
+                suggestions=[(f"proposer.exit_layer={min(max(1, layers // 2), layers - 1)}",)] if layers > 1 else [],
+            )
 
     @classmethod
     def load_artifact(cls, options: dict, *, model: torch.nn.Module, tokenizer) -> dict:
