@@ -301,3 +301,18 @@ def test_json_replaces_its_own_file_only_and_job_folders_named_by_overrides_are_
     monkeypatch.chdir(job.parent)
     assert main([job.name, "resamples=50"]) == 0
     assert "prompt_lookup" in capsys.readouterr().out
+
+
+def test_runs_without_a_value_of_the_by_axis_are_an_arm_of_their_own():
+    """by=experiment over runs of which one ran outside any experiment: it is the arm "(none)", not
+    dropped, in the tables and the leaderboard."""
+    from harness.tracking.compare import NO_VALUE, leaderboard
+
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "b", "prompts": prompts}})
+    df["experiment"] = [("sources/lookup_T0" if r == "r1" else None) for r in df["run_id"]]
+    rows = compare(df, by="experiment", n_resamples=50)
+    arms = {r.arm for r in rows if r.category == ALL}
+    assert arms == {"sources/lookup_T0", NO_VALUE}
+    board = leaderboard(df, by="experiment", n_resamples=50)
+    assert NO_VALUE in json.dumps(str(board))

@@ -255,13 +255,20 @@ def _arm_prompts(long: pd.DataFrame) -> pd.DataFrame:
     return summed
 
 
+#: the arm of the runs that have no value of the ``by`` axis (e.g. ``by=experiment`` for runs outside any)
+NO_VALUE = "(none)"
+
+
 def _arm_runs(df: pd.DataFrame, by: str, filters: Mapping[str, str] | None) -> pd.DataFrame:
-    """The runs the filters keep; refuses a ``by`` that names no column and an empty selection."""
+    """The runs the filters keep, those without a value of ``by`` as the arm :data:`NO_VALUE`;
+    refuses a ``by`` that names no column and an empty selection."""
     if by not in df.columns:
         raise ValueError(f"by must name an axis {list(AXES)} or a store column; got {by!r}")
     runs = filter_runs(df, filters or {})
     if runs.empty:
         raise ValueError(f"no runs left after filters {dict(filters or {})}")
+    if runs[by].isna().any():  # grouping would drop them
+        runs = runs.assign(**{by: runs[by].astype(object).where(runs[by].notna(), NO_VALUE)})
     return runs
 
 
