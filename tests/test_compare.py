@@ -316,3 +316,19 @@ def test_runs_without_a_value_of_the_by_axis_are_an_arm_of_their_own():
     assert arms == {"sources/lookup_T0", NO_VALUE}
     board = leaderboard(df, by="experiment", n_resamples=50)
     assert NO_VALUE in json.dumps(str(board))
+
+
+def test_arms_with_batched_runs_say_their_figures_are_per_request():
+    """At batch > 1 a prompt's time is its request's latency in the batch: compare's figures for such
+    an arm are per request (a record's request_speedup), and the table says so under the section."""
+    from harness.tracking.compare import batched_note
+
+    df = aggregate(FIXTURES)
+    rows = compare(df, by="batch_size", n_resamples=50)
+    by_arm = {r.arm: r.batch_sizes for r in rows if r.section == "exact" and r.category == ALL}
+    assert by_arm["1"] == (1,) and by_arm["4"] == (4,)
+    text = format_table(rows, by="batch_size", baseline=None, level=0.95)
+    assert "note: arms with runs at batch > 1 (2 (batch 2); 4 (batch 4)): a prompt's time is its request's" in text
+    single = compare(df, by="proposer", filters={"batch_size": "1"}, n_resamples=50)
+    assert batched_note([r for r in single if r.section == "exact"]) is None
+    assert "note: arms with runs at batch > 1" not in format_table(single, by="proposer", baseline=None, level=0.95)

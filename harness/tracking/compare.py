@@ -25,6 +25,10 @@ always the prompt. For each arm and each workload category (and ``all``):
 * with ``baseline=V``: ``vs_baseline`` = time per committed token of arm ``V`` over this arm's,
   on the prompts both arms ran (> 1: this arm is faster).
 
+At batch > 1 a prompt's time is its request's latency inside its batch, so an arm with batched
+runs has per-request figures (a record's ``request_speedup``), not a record's per-batch
+``time_per_committed_token_ms`` and ``decode_speedup``; the table says so under its section.
+
 The leaderboard (:func:`leaderboard`, printed after the tables; ``leaderboard=false`` leaves it
 out) has Spec-Bench's shape: one row per arm, one column per Spec-Bench task (its eight MT-bench
 categories merged into ``mt_bench``; any other category as its own column) plus ``overall``; each
@@ -107,6 +111,7 @@ class ArmRow:
     n_pairs_baseline: int = 0
     labels: tuple[str, ...] = field(default=())
     end_to_end_speedup: Estimate = field(default=Estimate(None))  # prefill + decode
+    batch_sizes: tuple[int, ...] = field(default=())  # of its runs: above 1, its times are per request
 
 
 # --------------------------------------------------------------------------------------------
@@ -429,6 +434,7 @@ def compare(
                         n_pairs_baseline=n_pairs,
                         labels=_labels(section),
                         end_to_end_speedup=end_to_end_speedup(p, boot),
+                        batch_sizes=_batch_sizes(arm_runs[key]),
                     )
                 )
     return out
@@ -630,8 +636,31 @@ def _aligned(cells: Sequence[Sequence[str]], widths: Sequence[int]) -> list[str]
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
 
 
+def _batch_sizes(runs: pd.DataFrame) -> tuple[int, ...]:
+    if "batch_size" not in runs.columns:
+        return ()
+    return tuple(sorted({int(b) for b in runs["batch_size"].dropna()}))
+
+
+#: what an arm's figures mean when its runs batched requests
+BATCHED_NOTE = (
+    "arms with runs at batch > 1 ({arms}): a prompt's time is its request's latency inside its batch, so "
+    "their ms/committed token and speedups are per request (a record's request_speedup), not a record's "
+    "time_per_committed_token_ms and decode_speedup (batch time per token: throughput)"
+)
+
+
+def batched_note(sec: Sequence[ArmRow]) -> str | None:
+    """:data:`BATCHED_NOTE` naming the arms of ``sec`` whose runs batched requests, or None."""
+    batched = sorted(
+        {f"{r.arm} (batch {','.join(map(str, r.batch_sizes))})" for r in sec if max(r.batch_sizes or (1,)) > 1}
+    )
+    return BATCHED_NOTE.format(arms="; ".join(batched)) if batched else None
+
+
 def format_table(rows: Sequence[ArmRow], *, by: str, baseline: str | None, level: float) -> str:
-    """Plain-text tables, one per section, with each section's label as its heading."""
+    """Plain-text tables, one per section, with each section's label as its heading; a note under a
+    section whose arms batched requests (their figures are per request)."""
     ci = f" [{level * 100:g}% CI]"
     lines: list[str] = []
     for section, sec in by_section(rows):
@@ -639,6 +668,9 @@ def format_table(rows: Sequence[ArmRow], *, by: str, baseline: str | None, level
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
         lines.append(f"== {SECTION_TITLES[section]} ==")
         lines += _aligned([header, ["-" * w for w in widths], *body], widths)
+        note = batched_note(sec)
+        if note:
+            lines.append(f"note: {note}")
         lines.append("")
     return "\n".join(lines)
 

@@ -33,6 +33,7 @@ from harness.tracking.compare import (
     SECTION_TITLES,
     arm_label,
     arm_table,
+    batched_note,
     by_section,
     compare,
     filter_runs,
@@ -684,6 +685,8 @@ def _compare_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
     for section, sec in by_section(rows):
         header, body = arm_table(sec, by=by, baseline=baseline, ar_column=False)
         out += [f"### {SECTION_TITLES[section]}", "", md_table(header, body), ""]
+        note = batched_note(sec)
+        out += [f"Note: {note}.", ""] if note else []
     return out
 
 
