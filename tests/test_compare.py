@@ -332,3 +332,17 @@ def test_arms_with_batched_runs_say_their_figures_are_per_request():
     single = compare(df, by="proposer", filters={"batch_size": "1"}, n_resamples=50)
     assert batched_note([r for r in single if r.section == "exact"]) is None
     assert "note: arms with runs at batch > 1" not in format_table(single, by="proposer", baseline=None, level=0.95)
+
+
+def test_seed_filters_runs_by_their_seed_and_bootstrap_seed_seeds_the_resampling(capsys):
+    """``seed=`` is the runs' seed (a top-level config key filters by ``config.<key>``), as ``harness
+    run`` spells it; the resampling's own seed is ``bootstrap_seed=``."""
+    assert main([str(FIXTURES), "seed=0", "resamples=50", "leaderboard=false"]) == 0
+    assert "prompt_lookup" in capsys.readouterr().out
+    assert main([str(FIXTURES), "seed=3", "resamples=50"]) == 2
+    assert "no runs left after filters {'seed': '3'}" in capsys.readouterr().err
+    outs = []
+    for seed in ("1", "1", "2"):
+        assert main([str(FIXTURES), "batch_size=1", f"bootstrap_seed={seed}", "resamples=50", "leaderboard=false"]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and outs[0] != outs[2]

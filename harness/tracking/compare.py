@@ -1,8 +1,8 @@
 """`harness compare`: arms side by side, paired on prompts, with bootstrap CIs.
 
     harness compare <records_root | store.parquet> [by=proposer] [baseline=hydra]
-                    [json=PATH [overwrite=true]] [level=0.95] [resamples=2000] [seed=0]
-                    [method=percentile] [leaderboard=true|false]
+                    [json=PATH [overwrite=true]] [level=0.95] [resamples=2000]
+                    [bootstrap_seed=0] [method=percentile] [leaderboard=true|false]
                     [<axis>=<value> ...]            # filters, e.g. temperature=0 batch_size=1
 
 A records root may be a job folder of a multirun (its name holds ``=``: an argument that names a
@@ -74,7 +74,7 @@ SECTION_TITLES: dict[str, str] = {
     "cpu_budget_artifact": "CPU-BUDGET ARTIFACTS (heads, adapters or skip vectors trained or searched "
     "on this CPU's small token budget; acceptance is a lower bound, not the method's)",
 }
-_OPTION_KEYS = ("by", "baseline", "json", "overwrite", "level", "resamples", "seed", "method", "leaderboard")
+_OPTION_KEYS = ("by", "baseline", "json", "overwrite", "level", "resamples", "bootstrap_seed", "method", "leaderboard")
 _PROMPT_COLUMNS = ("spec_decode_ms", "spec_tokens", "ar_decode_ms", "ar_tokens")
 #: per-prompt prefill times (missing in older records: their end-to-end speedup is "-")
 _PREFILL_COLUMNS = ("spec_prefill_ms", "ar_prefill_ms")
@@ -188,11 +188,14 @@ def arm_label(value: Any) -> str:
 
 
 def filter_runs(df: pd.DataFrame, filters: Mapping[str, str]) -> pd.DataFrame:
-    """Keep runs whose column ``k`` matches ``v`` for every filter (numbers compared as numbers)."""
+    """Keep runs whose column ``k`` matches ``v`` for every filter (numbers compared as numbers); a
+    key that is no column but a top-level config key (``seed``, ``threads``) filters by
+    ``config.<key>``."""
     for key, wanted in filters.items():
-        if key not in df.columns:
+        column = key if key in df.columns else f"config.{key}"
+        if column not in df.columns:
             raise ValueError(f"unknown filter {key!r}; expected an axis {list(AXES)} or a store column")
-        df = df[df[key].map(lambda v, w=wanted: _matches(v, w))]
+        df = df[df[column].map(lambda v, w=wanted: _matches(v, w))]
     return df
 
 
@@ -687,7 +690,7 @@ def to_json(rows: Sequence[ArmRow], **meta: Any) -> dict[str, Any]:
 
 USAGE = (
     "usage: harness compare <records_root | store.parquet> [by=proposer] [baseline=VALUE] "
-    "[json=PATH [overwrite=true]] [level=0.95] [resamples=2000] [seed=0] [method=percentile|basic|BCa] "
+    "[json=PATH [overwrite=true]] [level=0.95] [resamples=2000] [bootstrap_seed=0] [method=percentile|basic|BCa] "
     "[leaderboard=true|false] [<axis>=<value> ...]"
 )
 
@@ -711,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
         boot = {
             "confidence_level": level,
             "n_resamples": int(opts.get("resamples", 2000)),
-            "seed": int(opts.get("seed", 0)),
+            "seed": int(opts.get("bootstrap_seed", 0)),
             "method": opts.get("method", "percentile"),
         }
         if "json" in opts:  # before any work: a JSON that may not be written is refused first
