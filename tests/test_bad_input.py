@@ -736,3 +736,15 @@ def test_an_exit_layer_outside_the_target_is_refused_before_any_model_work(no_mo
     checked_plan(["model=tiny", "proposer=early_exit", "proposer.exit_layer=1"])
     with pytest.raises(ConfigError, match=r"must be in \[1, 29\] for this 30-layer target; got 30"):
         checked_plan(["proposer=early_exit", "proposer.exit_layer=30"])
+
+
+@pytest.mark.parametrize("topology, shape", [("sequences", "sequences"), ("sequoia", "tree")])
+def test_a_shape_eagle_cannot_build_is_refused_as_such(no_models, topology, shape):
+    """The fixes offered for a topology the proposer cannot build are computed over every shape it
+    builds, the dynamic tree included (whose budget needs its own topk): the refusal names the
+    shape, not a budget the user never asked for."""
+    with pytest.raises(ConfigError) as info:
+        checked_plan(["model=tiny", "proposer=eagle", f"topology={topology}"])
+    message = str(info.value)
+    assert message.startswith(f"proposer=eagle cannot build topology={topology} (shape '{shape}')"), message
+    assert "try topology=sequence" in message and "topk" not in message

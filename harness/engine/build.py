@@ -70,11 +70,14 @@ def plan(cfg: DictConfig) -> Plan:
     verifier = get_verifier(cfg.verifier.name)
     cls = proposer_class(cfg.proposer.name)
     if budget.shape not in cls.shapes:
-        fits = [
-            name
-            for name, shape in TOPOLOGY_SHAPES.items()
-            if shape in cls.shapes and budget_topology(replace(budget, shape=shape)) in verifier.topologies
-        ]
+
+        def fits_verifier(shape: str) -> bool:
+            try:
+                return budget_topology(replace(budget, shape=shape)) in verifier.topologies
+            except ValueError:  # a shape this budget cannot describe (dynamic without topk): offered anyway
+                return True  # (a fix offered is composed and planned first; one that is refused is dropped)
+
+        fits = [name for name, shape in TOPOLOGY_SHAPES.items() if shape in cls.shapes and fits_verifier(shape)]
         raise ConfigError(
             f"proposer={cfg.proposer.name} cannot build topology={cfg.topology.name} (shape {budget.shape!r}); "
             f"it builds {sorted(cls.shapes)}",
