@@ -248,23 +248,23 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
         else:
             os.environ["HYDRA_FULL_ERROR"] = old_full_error
     if multirun:
-        return multirun_exit_code(status["code"])
+        return multirun_exit_code(status["code"], command=command)
     return status["code"]
 
 
-def multirun_exit_code(in_process_code: int) -> int:
+def multirun_exit_code(in_process_code: int, *, command: str = "run") -> int:
     """A multirun's exit code from the sweep summary the launching process wrote (whatever the
     launcher, jobs in this process or not): non-zero, naming the failed jobs, when any failed."""
     summary = sweep.LAST_SUMMARY
     if not summary:
         print(
-            "harness run: the multirun finished without a sweep summary (was hydra.callbacks changed?)",
+            f"harness {command}: the multirun finished without a sweep summary (was hydra.callbacks changed?)",
             file=sys.stderr,
         )
         return in_process_code or 1
     if summary.get("failed"):
         print(
-            f"harness run: {len(summary['failed'])} job(s) failed: {', '.join(summary['failed'])} "
+            f"harness {command}: {len(summary['failed'])} job(s) failed: {', '.join(summary['failed'])} "
             f"(errors in {Path(summary['sweep_dir']) / sweep.FAILURES_FILE})",
             file=sys.stderr,
         )

@@ -647,7 +647,7 @@ def test_a_job_rerun_after_a_code_change_that_fails_its_gate_leaves_no_record_in
     assert [(f["job"], f["error"]["type"]) for f in failures] == [(job, "GateError")]
 
 
-def test_a_sweep_job_whose_folder_a_live_run_holds_fails_without_touching_it(env):
+def test_a_sweep_job_whose_folder_a_live_run_holds_fails_without_touching_it(env, capsys):
     from test_job_folder import _hold
 
     sweep_dir = env / "multirun" / "smoke"
@@ -662,6 +662,7 @@ def test_a_sweep_job_whose_folder_a_live_run_holds_fails_without_touching_it(env
         proc.kill()
         proc.wait()
     assert rc == 1 and summary["failed"] == [job]
+    assert f"harness sweep: 1 job(s) failed: {job}" in capsys.readouterr().err  # the command the user ran
     assert (sweep_dir / job / "record.json").read_bytes() == before  # the other run's files untouched
     failures = [json.loads(line) for line in (sweep_dir / FAILURES_FILE).read_text().splitlines()]
     assert failures[0]["error"]["type"] == "FolderBusy" and failures[0]["refused"] is True
