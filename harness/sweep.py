@@ -61,7 +61,7 @@ from harness.target.loading import cache_root
 from harness.tracking import report as report_mod
 from harness.tracking.job_folder import JobFolderError, clear_for_run, inspect_job, job_lock, set_aside
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
-from harness.tracking.store import RECORD_FILENAME, rebuild_store
+from harness.tracking.store import FAILURES_FILENAME, RECORD_FILENAME, rebuild_store
 from hydra_plugins.harness_launcher.slurm import slurm_refusal
 
 log = logging.getLogger("harness.sweep")
@@ -69,7 +69,7 @@ log = logging.getLogger("harness.sweep")
 SWEEPS_DIR = Path(__file__).resolve().parent / "conf" / "sweep"
 JOB_STATUS = "job_status.json"
 LAUNCH_FILE = "launch.json"
-FAILURES_FILE = "failures.jsonl"
+FAILURES_FILE = FAILURES_FILENAME
 SUMMARY_FILE = "summary.json"
 STORE_FILE = "store.parquet"
 REPORT_DIR = "report"

@@ -317,3 +317,27 @@ def test_a_reused_report_folder_keeps_no_plot_of_other_runs_and_a_run_folder_is_
         "(harness report --help shows the usage)"
     ]
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_a_sweep_folders_jobs_without_a_record_are_listed(tmp_path, capsys):
+    """A sweep folder's failures file names the jobs that wrote no record: the report lists them
+    (refused or failed, the stage, the error) after its runs; a folder without one lists none."""
+    root = tmp_path / "sweep"
+    shutil.copytree(fixture_run(1), root / fixture_run(1).name)
+    assert main([str(root), f"out={tmp_path / 'r0'}"]) == 0
+    assert "Jobs without a record" not in (tmp_path / "r0" / "report.md").read_text()
+    failure = {
+        "job": "proposer=prompt_lookup,verifier=rejection",
+        "stage": "setup",
+        "refused": True,
+        "error": {"type": "NegotiationError", "message": "verifier 'rejection' needs temperature > 0\n(more)"},
+    }
+    (root / "failures.jsonl").write_text(json.dumps(failure) + "\n")
+    assert main([str(root), f"out={tmp_path / 'r1'}"]) == 0
+    capsys.readouterr()
+    text = (tmp_path / "r1" / "report.md").read_text()
+    assert "## Jobs without a record" in text and "1 job(s) of this sweep wrote no record" in text
+    assert (
+        "| `proposer=prompt_lookup,verifier=rejection` | refused | setup | NegotiationError: verifier 'rejection' "
+        "needs temperature > 0 (more) |"
+    ) in text

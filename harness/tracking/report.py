@@ -14,6 +14,7 @@ from papers (``source_reported`` in the recipe) appear only in a table titled "s
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -45,7 +46,15 @@ from harness.tracking.compare import (
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_labels, depth_rows
 from harness.tracking.conventions import axis_piece as _axis_piece
 from harness.tracking.spec_bench import OVERALL, TASK_TITLES
-from harness.tracking.store import AXES, RECORD_FILENAME, ROUND_COST_STAGES, SECTIONS, json_column, read_results
+from harness.tracking.store import (
+    AXES,
+    FAILURES_FILENAME,
+    RECORD_FILENAME,
+    ROUND_COST_STAGES,
+    SECTIONS,
+    json_column,
+    read_results,
+)
 
 REPO_REPORTS = Path(__file__).resolve().parents[1] / "reports"
 SECTION_STYLE: dict[str, dict[str, Any]] = {
@@ -750,8 +759,58 @@ def remove_stale_plots(out_dir: Path, recipe: Mapping[str, Any], *, keep: set[st
             png.unlink(missing_ok=True)
 
 
-def build_report(df: pd.DataFrame, out_dir: Path, recipe: Mapping[str, Any], *, recipe_path: Path, source: str) -> Path:
-    """Write ``report.md`` and one PNG per plot into ``out_dir``; returns the Markdown path."""
+def failed_jobs(root: Path | None) -> list[dict[str, Any]]:
+    """The jobs a sweep folder ``root`` lists in its failures file (none elsewhere)."""
+    path = root / FAILURES_FILENAME if root is not None else None
+    if path is None or not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _failures_section(failures: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not failures:
+        return []
+    body = []
+    for f in failures:
+        error = f.get("error") or {}
+        message = " ".join(str(error.get("message", "")).split())
+        body.append(
+            [
+                f"`{f.get('job', '?')}`",
+                "refused" if f.get("refused") else "failed",
+                str(f.get("stage", "")),
+                f"{error.get('type', '')}: {message[:160]}",
+            ]
+        )
+    return [
+        "## Jobs without a record",
+        "",
+        f"{len(failures)} job(s) of this sweep wrote no record (`{FAILURES_FILENAME}`); nothing above counts them.",
+        "",
+        md_table(["job", "outcome", "stage", "error"], body),
+        "",
+    ]
+
+
+def build_report(
+    df: pd.DataFrame,
+    out_dir: Path,
+    recipe: Mapping[str, Any],
+    *,
+    recipe_path: Path,
+    source: str,
+    failures: Sequence[Mapping[str, Any]] = (),
+) -> Path:
+    """Write ``report.md`` and one PNG per plot into ``out_dir``; returns the Markdown path.
+    ``failures``: the sweep's jobs that wrote no record, listed after the runs."""
     out_dir.mkdir(parents=True, exist_ok=True)
     df = numeric_metrics(df)
     title = recipe.get("title", "Speculative decoding harness report")
@@ -765,6 +824,7 @@ def build_report(df: pd.DataFrame, out_dir: Path, recipe: Mapping[str, Any], *, 
         "## Runs",
         "",
         *_runs_section(df),
+        *_failures_section(failures),
         "## Comparison",
         "",
         *_compare_section(df, recipe.get("compare") or {}),
@@ -835,7 +895,9 @@ def main(argv: list[str] | None = None) -> int:
             problem = f"out={out_dir} is a run folder (it holds {RECORD_FILENAME}); write the report elsewhere"
         if problem is not None:
             raise ValueError(problem)
-        path = build_report(df, out_dir, recipe, recipe_path=recipe_path, source=positionals[0])
+        path = build_report(
+            df, out_dir, recipe, recipe_path=recipe_path, source=positionals[0], failures=failed_jobs(root)
+        )
     except (ValueError, OSError) as exc:
         return refuse("report", exc)
     print(f"wrote {path}")

@@ -57,6 +57,8 @@ RECORD_FILENAME = "record.json"
 OUTPUTS_FILENAME = "outputs.jsonl"
 #: the speculative arm's per-round series (one JSON row per request round), beside the record
 ROUNDS_FILENAME = "rounds.jsonl"
+#: a sweep folder's jobs that wrote no record: one JSON line each (job, stage, refused, error)
+FAILURES_FILENAME = "failures.jsonl"
 
 REQUIRED_TOP_LEVEL: tuple[str, ...] = (
     "schema_version",
