@@ -370,6 +370,26 @@ def test_a_one_token_law_passes_when_every_sample_is_that_token_and_fails_otherw
     assert not (run_dir / "record.json").exists()
 
 
+def test_the_drift_of_a_sampled_draft_tree_reads_as_an_upper_bound(tmp_path, workload, cache):
+    """A draft whose children are i.i.d. draws: the first-token law given one drawn tree is not the
+    emitted token's law (that is its average over the draw), so the record calls the figure a bound."""
+    record = runner.run_job(
+        compose_cfg(
+            tmp_path / "run",
+            workload,
+            "proposer=draft_model",
+            "topology=sequence",
+            "verifier=typical",
+            "generation.exact=false",
+            "generation.temperature=0.7",
+        ),
+        run_dir=tmp_path / "run",
+    )
+    drift = record["metrics"]["drift"]
+    assert record["config"]["proposer"]["sampling"] == "iid"
+    assert drift["tree_sampled"] is True and drift["reads_as"] == "upper_bound" and drift["rounds"] >= 1
+
+
 def test_skipping_the_statistical_gate_is_stated_in_the_record(tmp_path, workload, cache):
     record = runner.run_job(
         compose_cfg(tmp_path / "run", workload, *STAT, "gates.skip_statistical=true"), run_dir=tmp_path / "run"
@@ -403,6 +423,8 @@ def test_typical_allowed_explicitly_records_exact_false_and_its_drift(tmp_path, 
     drift = record["metrics"]["drift"]
     assert drift["metric"] == "first_token_total_variation" and "total variation" in drift["method"]
     assert drift["verifier"] == "typical" and drift["verifier_params"] == {"epsilon": 0.09, "delta": 0.3}
+    # prompt lookup's tree is a function of the context: the figure is the divergence itself
+    assert drift["tree_sampled"] is False and drift["reads_as"] == "divergence"
     assert drift["rounds"] == 8 and len(drift["per_round_tv"]) == 8
     assert 0.0 <= drift["min_tv"] <= drift["mean_tv"] <= drift["max_tv"] <= 1.0
 

@@ -10,10 +10,16 @@ each round, the EXACT law of the first emitted token given that round's proposal
 — in closed form for ``typical`` (:func:`~harness.verifiers.typical.typical_first_token_law`),
 otherwise by enumerating the verifier's draws with the oracle's enumerating source — and compared
 with the target's distribution at the frontier by total variation. The run then continues with the
-verifier's own selection (sampled, as in the measured arm). The mean over rounds estimates the
-per-token divergence of the emitted stream from the target; because TV is convex, it bounds the
-TV of the round-averaged first-token law from above. Tokens after the first in an accepted path
-are not scored separately (their divergence is of the same kind, conditional on the first).
+verifier's own selection (sampled, as in the measured arm). Tokens after the first in an accepted
+path are not scored separately (their divergence is of the same kind, conditional on the first).
+
+What the mean over rounds measures depends on the proposer. Where its tree is a function of the
+context (prompt lookup, REST, beam children: ``tree_sampled: false``), the round's first-token law
+is the emitted token's law, and the mean estimates the per-token divergence itself. Where the tree
+is drawn (i.i.d. or without-replacement children, ``tree_sampled: true``), the emitted token's law
+is the average of the per-tree laws over the draw; TV is convex, so the per-tree figure bounds it
+from above and can be far above it: even an exact verifier scores near ``1 - p(x)`` there (its
+per-tree law is not the target's; only the average is). The record says which (``reads_as``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ DRIFT_PROMPTS = 2
 DRIFT_ROUNDS = 4
 #: enumeration cap for a generic heuristic verifier's first-token law per round
 DRIFT_MAX_LEAVES = 100_000
+#: sampling relations whose proposal trees are drawn: the per-tree figure then bounds the drift
+SAMPLED_RELATIONS = frozenset({"iid", "without_replacement"})
 
 METHOD = (
     "mean over real rounds (first prompts, spec-arm seeds) of the total variation between the exact law of "
@@ -100,9 +108,12 @@ def heuristic_drift(
         proposer.finish()
     n = len(per_round)
     params = {k: getattr(verifier, k) for k in ("epsilon", "delta") if hasattr(verifier, k)}
+    sampled = bool(set(proposer.capabilities().sampling_relations) & SAMPLED_RELATIONS)
     return {
         "metric": "first_token_total_variation",
         "method": METHOD,
+        "tree_sampled": sampled,
+        "reads_as": "upper_bound" if sampled else "divergence",
         "verifier": verifier.name,
         "verifier_params": params,
         "temperature": policy.temperature,
