@@ -94,17 +94,16 @@ def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str]:
     return jobs, str(cfg.hydra.launcher.get("_target_", ""))
 
 
-def preflight_multirun(argv: list[str]) -> None:
+def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
     """Every job of a multirun checked as a plain run's preflight checks it (composition, values,
     negotiation, budgets, the workload; only the values where the launcher runs the jobs on other
     machines, whose models, paths and devices may not be here), before Hydra's sweeper starts the
-    first. A job refused for
-    anything but the combination of its methods (a value out of range, an unknown option, a batch
-    larger than the workload, ...) refuses the whole launch, naming the job: nothing runs or is
-    written. A job whose proposer, topology, verifier and temperature do not go together
-    (:class:`NegotiationError`; a cross of axes may hold such holes) is named on stderr and the
-    others run; it is recorded as refused. Skipped where the command line carries Hydra flags other
-    than ``-m`` (``--cfg``, ``-cd``, ...)."""
+    first. A job refused for anything but the combination of its methods (a value out of range, an
+    unknown option, a batch larger than the workload, ...) refuses the whole launch, naming the
+    job: nothing runs or is written. A job whose proposer, topology, verifier and temperature do not
+    go together (:class:`NegotiationError`; a cross of axes may hold such holes) is named on stderr
+    and the others run; it is recorded as refused. Skipped where the command line carries Hydra
+    flags other than ``-m`` (``--cfg``, ``-cd``, ...)."""
     if any(a.startswith("-") and a not in {"-m", "--multirun"} for a in argv):
         return
     try:
@@ -117,7 +116,7 @@ def preflight_multirun(argv: list[str]) -> None:
         for o in job:
             values.setdefault(override_key(o), set()).add(o)
     swept = {k for k, v in values.items() if len(v) > 1}  # what tells the jobs apart
-    holes = []
+    holes: list[tuple[str, str]] = []  # (job, why it will be refused)
     for i, job in enumerate(jobs):
         told = ",".join(o for o in job if override_key(o) in swept)
         name = f"job {i + 1} of {len(jobs)}" + (f" ({told})" if told else "")
@@ -133,14 +132,14 @@ def preflight_multirun(argv: list[str]) -> None:
                     "hydra.sweep.dir/hydra.sweep.subdir"
                 )
         except NegotiationError as exc:
-            holes.append(f"{name} will be refused: {one_line(exc)}")
+            holes.append((name, one_line(exc)))
         except (ValueError, OSError, *REFUSALS) as exc:
             refusal = one_line(exc) or type(exc).__name__
             raise ConfigError(f"{name}: {refusal}; no job was run") from exc
     if holes and len(holes) == len(jobs):
-        raise ConfigError(f"every job would be refused, e.g. {holes[0].split(' will be refused: ', 1)[1]}")
-    for hole in holes:
-        print(f"harness run: {hole}; the other jobs run", file=sys.stderr)
+        raise ConfigError(f"every job would be refused, e.g. {holes[0][1]}")
+    for name, why in holes:
+        print(f"harness {command}: {name} will be refused: {why}; the other jobs run", file=sys.stderr)
 
 
 def check_launch_options(argv: list[str]) -> None:
@@ -185,7 +184,7 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
         else:
             check_launch_options(argv)
             if any(a in {"-m", "--multirun"} for a in argv):
-                preflight_multirun(argv)
+                preflight_multirun(argv, command=command)
     except Exception as exc:  # reported in one line; nothing has been written yet
         return report_failure(command, exc, refusals=REFUSALS)
 
