@@ -478,6 +478,7 @@ class SweepCallback(_Callback):
     def __init__(self, report: bool = True) -> None:
         self.report = report
         self.launch_id: str | None = None
+        self._lock = None  # the sweep folder's, held from the launch to the summary
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refusal = launcher_refusal(config.hydra)
@@ -485,6 +486,13 @@ class SweepCallback(_Callback):
             print(f"harness run: refused: {refusal}", file=sys.stderr)
             raise SystemExit(2)  # Hydra turns a callback's exceptions into warnings; this one stops the launch
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        lock = job_lock(sweep_dir, purpose="harness sweep", elsewhere="hydra.sweep.dir=...")
+        try:  # one launch at a time per sweep folder: two would take each other's jobs and miscount
+            lock.__enter__()
+        except JobFolderError as exc:
+            print(f"harness run: refused: the sweep folder {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        self._lock = lock
         self.launch_id = uuid.uuid4().hex[:12]
         write_json_atomic(
             sweep_dir / LAUNCH_FILE,
@@ -500,7 +508,12 @@ class SweepCallback(_Callback):
         )
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        summary = finish_sweep(Path(str(config.hydra.sweep.dir)), launch_id=self.launch_id, report=self.report)
+        try:
+            summary = finish_sweep(Path(str(config.hydra.sweep.dir)), launch_id=self.launch_id, report=self.report)
+        finally:
+            if self._lock is not None:
+                self._lock.__exit__(None, None, None)
+                self._lock = None
         LAST_SUMMARY.clear()
         LAST_SUMMARY.update(asdict(summary))
         print(format_summary(summary), file=sys.stderr)

@@ -670,6 +670,28 @@ def test_a_sweep_job_whose_folder_a_live_run_holds_fails_without_touching_it(env
     assert len(pd.read_parquet(sweep_dir / STORE_FILE)) == 1
 
 
+def test_a_second_launch_into_a_sweep_folder_a_live_launch_holds_is_refused(env, capsys):
+    """One launch at a time per sweep folder: a second one is refused in one line before any job
+    (two would take each other's jobs and count them failed); the folder is free again after."""
+    from test_job_folder import _hold
+
+    sweep_dir = env / "multirun" / "smoke"
+    args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
+    proc = _hold(sweep_dir)
+    try:
+        rc, summary = launch(sweep_dir, *args, "hydra.callbacks.harness_sweep.report=false")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert rc == 2 and not summary
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert len(err) == 1 and err[0].startswith(f"harness run: refused: the sweep folder {sweep_dir} is in use")
+    assert err[0].endswith("or write elsewhere (hydra.sweep.dir=...)")
+    assert not any(p.is_dir() for p in sweep_dir.iterdir())  # no job ran
+    rc, summary = launch(sweep_dir, *args, "hydra.callbacks.harness_sweep.report=false")
+    assert rc == 0 and len(summary["ran"]) == 1
+
+
 # --------------------------------------------------------------------------------------------
 # Hydra's own launcher switch, failures in any launcher, Slurm
 

@@ -56,7 +56,9 @@ class FolderBusy(JobFolderError):
 
 
 @contextmanager
-def job_lock(folder: str | Path, *, purpose: str = "harness run") -> Iterator[Path]:
+def job_lock(
+    folder: str | Path, *, purpose: str = "harness run", elsewhere: str = "output_dir=... or hydra.run.dir=..."
+) -> Iterator[Path]:
     """Hold the job folder's lock (the folder is created); :class:`FolderBusy` when a live run has it.
 
     Re-entrant within a thread: the sweep job that locked its folder calls the runner, which takes
@@ -80,7 +82,7 @@ def job_lock(folder: str | Path, *, purpose: str = "harness run") -> Iterator[Pa
     except LockBusy as exc:
         raise FolderBusy(
             f"{folder} is in use by another run ({describe_holder(exc.holder)}): wait for it to finish, "
-            "or write elsewhere (output_dir=... or hydra.run.dir=...)"
+            f"or write elsewhere ({elsewhere})"
         ) from None
 
 
