@@ -200,6 +200,9 @@ def test_a_draft_tree_at_temperature_0_branches_and_iid_children_there_are_refus
     assert "topology=set tree would collapse into one chain" in str(info.value)
     assert "try proposer.sampling=beam" in str(info.value)
     checked_plan(["model=tiny", "proposer=draft_model", "proposer.sampling=iid", "topology=sequence"])  # a chain
+    # EAGLE-2's dynamic tree draws its sampled children the same way: refused at temperature 0 too
+    with pytest.raises(ConfigError, match="topology=dynamic tree would collapse into one chain"):
+        checked_plan(["model=tiny", "proposer=eagle", "proposer.sampling=iid", "topology=dynamic"])
     cfg = compose(
         [
             "model=tiny",

@@ -85,7 +85,7 @@ def plan(cfg: DictConfig) -> Plan:
         )
     caps = declared_capabilities(cfg, budget)
     negotiate(caps, verifier, temperature=policy.temperature, exact_mode=bool(cfg.generation.exact))
-    if policy.greedy and "iid" in caps.sampling_relations and budget.shape not in ("sequence", "dynamic"):
+    if policy.greedy and "iid" in caps.sampling_relations and budget.shape != "sequence":
         raise ConfigError(
             f"proposer.sampling=iid at temperature 0 draws the draft's argmax for every child: a "
             f"topology={cfg.topology.name} tree would collapse into one chain while its records named the tree",

@@ -54,16 +54,20 @@ def run_folder_of(path: str | os.PathLike) -> Path | None:
     return None
 
 
-def json_object_with(*keys: str) -> Callable[[Path], bool]:
-    """A test of whether a file is a JSON object holding every one of ``keys`` (what a command
-    recognises as a file it wrote before)."""
+def json_object_with(*keys: str, **values: object) -> Callable[[Path], bool]:
+    """A test of whether a file is a JSON object holding every one of ``keys``, and ``values`` as
+    given (what a command recognises as a file it wrote before)."""
 
     def test(path: Path) -> bool:
         try:
             value = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError):
             return False
-        return isinstance(value, dict) and all(k in value for k in keys)
+        return (
+            isinstance(value, dict)
+            and all(k in value for k in keys)
+            and all(value.get(k) == v for k, v in values.items())
+        )
 
     return test
 

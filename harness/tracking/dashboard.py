@@ -364,13 +364,6 @@ def publish(spec: Mapping[str, Any], *, entity: str | None = None) -> str:
 # command line
 
 
-def is_spec_file(path: Path) -> bool:
-    """Whether ``path`` holds a panel specification (which ``out=`` may replace)."""
-    if not json_object_with("format", "sections")(path):
-        return False
-    return json.loads(path.read_text(encoding="utf-8"))["format"] == SPEC_FORMAT
-
-
 def group_axes(records_root: Path, group: str) -> list[dict[str, Any]]:
     """The axes of the records under ``records_root`` that belong to W&B group ``group``."""
     df = aggregate(records_root)
@@ -459,7 +452,7 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
             "out",
             out,
             what="a dashboard specification",
-            ours=is_spec_file,
+            ours=json_object_with("sections", format=SPEC_FORMAT),
             example="dashboard.json",
             overwrite=overwrite,
         )
