@@ -106,6 +106,10 @@ class ModelConfig:
     # linear kernel is streaming or streaming_panels (CPU), the cache preallocated and the forward
     # uncompiled
     fused_layers: Optional[bool] = None
+    # on a CUDA device, whether scaled-dot-product attention may dispatch to cuDNN's attention kernel
+    # (harness.target.options.resolve_cudnn_attention); null: false (cuDNN plans each new sequence
+    # length, a host-side cost per attention call that dominates a small model's decode step)
+    cudnn_attention: Optional[bool] = None
 
 
 @dataclass

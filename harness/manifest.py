@@ -15,7 +15,12 @@ from harness.heads.published import inspect, is_published
 from harness.measure.hardware import library_versions
 from harness.proposers.rest import manifest_datastores
 from harness.target.loading import resolve_dtype
-from harness.target.options import resolve_linear_kernel, resolve_static_cache, resolved_fused_layers
+from harness.target.options import (
+    resolve_cudnn_attention,
+    resolve_linear_kernel,
+    resolve_static_cache,
+    resolved_fused_layers,
+)
 
 COMPILER_VERSION = "compiler-1"
 RECORD_SCHEMA_VERSION = 2
@@ -69,6 +74,7 @@ def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[st
             "static_cache": resolve_static_cache(c["model"].get("static_cache"), bool(c["model"].get("compile"))),
             "compile": bool(c["model"].get("compile", False)),
             "fused_layers": resolved_fused_layers(c["model"]),
+            "cudnn_attention": resolve_cudnn_attention(c["model"].get("cudnn_attention"), c["model"]["device"]),
             "threads": c.get("threads"),
         },
         "versions": versions,

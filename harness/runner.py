@@ -71,12 +71,15 @@ from harness.target.loading import (
     tokenizer_difference,
 )
 from harness.target.options import (
+    apply_cudnn_attention,
     apply_linear_kernel,
     apply_static_cache,
     compile_model,
     compile_problem,
+    cudnn_attention_problem,
     fused_layers_problem,
     linear_kernel_problem,
+    resolve_cudnn_attention,
     resolve_static_cache,
     resolved_fused_layers,
 )
@@ -434,7 +437,8 @@ def check_models(cfg: DictConfig) -> None:
     """Refuse a draft model configuration before any model work: truncation asked of a
     checkpoint (or of the target), a derived draft without a valid layer count, a checkpoint draft
     without a path; target options (``model.linear_kernel``, ``model.compile``,
-    ``model.static_cache``) this machine cannot honour."""
+    ``model.static_cache``, ``model.cudnn_attention``) this machine cannot honour; a target and draft
+    that ask for different values of the process-wide cuDNN attention switch."""
     check_model_options(cfg.model, "model")
     if cfg.model.num_layers is not None:
         raise CheckpointError(
@@ -446,6 +450,14 @@ def check_models(cfg: DictConfig) -> None:
         return
     key = draft_model_key(cfg)
     check_model_options(d, key)
+    ours = resolve_cudnn_attention(cfg.model.get("cudnn_attention"), cfg.model.device)
+    theirs = resolve_cudnn_attention(d.get("cudnn_attention"), d.device)
+    if None not in (ours, theirs) and ours != theirs:
+        raise ConfigError(
+            f"model.cudnn_attention={str(ours).lower()} and {key}.cudnn_attention={str(theirs).lower()}: "
+            "PyTorch's switch for cuDNN attention is process-wide, so the target and its draft share one value; "
+            "set them alike"
+        )
     if d.name == DERIVED:
         if d.num_layers is None:
             raise CheckpointError(f"{key}.name=derived needs {key}.num_layers=<k>: the target's first k layers")
@@ -492,15 +504,20 @@ def check_model_options(m: DictConfig, key: str) -> None:
         )
         if problem:
             raise ConfigError(problem.replace("model.", f"{key}.", 1), suggestions=[(f"{key}.fused_layers=false",)])
+    problem = cudnn_attention_problem(m.get("cudnn_attention"), m.device)
+    if problem:
+        raise ConfigError(problem.replace("model.", f"{key}.", 1), suggestions=[(f"{key}.cudnn_attention=null",)])
 
 
 def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:
-    """The configured linear kernel, cache layout, fused layers, then ``torch.compile``, applied to a
-    loaded model in place; the load report records how many decoder layers run fused."""
+    """The configured linear kernel, cache layout, fused layers, cuDNN attention (on CUDA; a process-wide
+    switch), then ``torch.compile``, applied to a loaded model in place; the load report records how
+    many decoder layers run fused."""
     apply_linear_kernel(loaded.model, m.get("linear_kernel", "auto"), compiled=bool(m.get("compile")))
     apply_static_cache(loaded.model, resolve_static_cache(m.get("static_cache"), bool(m.get("compile"))))
     loaded.load_report["fused_layers"] = apply_fused_layers(loaded.model, resolved_fused_layers(m))
     loaded.load_report["fused_stack"] = fused_stack_of(loaded.model)
+    apply_cudnn_attention(resolve_cudnn_attention(m.get("cudnn_attention"), m.device))
     if m.get("compile"):
         compile_model(loaded.model)
     return loaded

@@ -73,6 +73,15 @@ def test_a_device_it_cannot_use_is_one_line_before_anything_loads(device, messag
     assert "error: --device" in err[-1] and message in err[-1]
 
 
+def test_cudnn_attention_off_cuda_is_one_line_before_anything_loads(capsys, monkeypatch):
+    monkeypatch.setattr(bench, "load_model", lambda **_: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--cudnn-attention", "true", "--out", "/nonexistent/never-written.json"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("error: --cudnn-attention true applies to a CUDA device only; --device cpu")
+
+
 def test_a_limit_below_one_is_refused(capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--limit", "0"])

@@ -338,3 +338,65 @@ def test_weights_in_panels_trace_under_torch_compile_and_follow_the_weight():
         )
     options.apply_linear_kernel(layer, "default")  # another kernel drops the panels kept on the weight
     assert "_harness_panels" not in layer.weight.__dict__
+
+
+def test_cudnn_attention_is_forbidden_on_cuda_unless_asked_and_refused_off_cuda():
+    resolve = options.resolve_cudnn_attention
+    assert resolve(None, "cpu") is None and resolve(False, "cpu") is None  # no such kernel off CUDA
+    assert resolve(None, "cuda") is False and resolve(None, "cuda:1") is False and resolve(True, "cuda") is True
+    assert options.cudnn_attention_problem(True, "cuda:0") is None
+    assert (
+        options.cudnn_attention_problem(False, "cpu") is None and options.cudnn_attention_problem(None, "cpu") is None
+    )
+    with pytest.raises(
+        ConfigError, match=r"^model.cudnn_attention=true applies to a CUDA device only; model.device=cpu$"
+    ) as err:
+        check_models(compose(["model=tiny", "model.cudnn_attention=true"]))
+    assert err.value.suggestions == (("model.cudnn_attention=null",),)
+    # the target and its draft share PyTorch's one process-wide switch: different values are refused
+    draft = ["proposer=draft_model", "proposer.model.name=tiny", "proposer.model.device=cuda"]
+    with pytest.raises(ConfigError, match=r"^model.cudnn_attention=true and proposer.model.cudnn_attention=false: "):
+        check_models(compose(["model=tiny", "model.device=cuda", "model.cudnn_attention=true", *draft]))
+    check_models(compose(["model=tiny", "model.device=cuda", *draft]))  # both unset: both forbid it
+    check_models(compose(["model=tiny", "model.cudnn_attention=false", *draft[:2]]))  # both on CPU
+
+
+def test_the_cudnn_switch_is_torchs_process_wide_flag_and_none_leaves_it():
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        options.apply_cudnn_attention(False)
+        assert torch.backends.cuda.cudnn_sdp_enabled() is False
+        options.apply_cudnn_attention(None)
+        assert torch.backends.cuda.cudnn_sdp_enabled() is False
+        options.apply_cudnn_attention(True)
+        assert torch.backends.cuda.cudnn_sdp_enabled() is True
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_the_manifest_records_whether_attention_may_use_cudnn():
+    from harness.manifest import job_manifest
+
+    assert job_manifest(compose(["model=tiny"]), versions={})["backend"]["cudnn_attention"] is None
+    cuda = job_manifest(compose(["model=tiny", "model.device=cuda"]), versions={})
+    assert cuda["backend"]["cudnn_attention"] is False and cuda["backend"]["dtype"] == "bfloat16"
+    asked = job_manifest(compose(["model=tiny", "model.device=cuda", "model.cudnn_attention=true"]), versions={})
+    assert asked["backend"]["cudnn_attention"] is True
+
+
+def test_the_runner_forbids_cudnn_attention_when_it_applies_a_cuda_targets_options():
+    from harness.runner import apply_model_options
+    from harness.target.loading import LoadedModel
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    loaded = LoadedModel(model=build_tiny_model(), tokenizer=None, name="tiny", source="random-init", load_report={})
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        apply_model_options(loaded, compose(["model=tiny"]).model)  # on CPU the switch is left alone
+        assert torch.backends.cuda.cudnn_sdp_enabled() is True
+        apply_model_options(loaded, compose(["model=tiny", "model.device=cuda"]).model)
+        assert torch.backends.cuda.cudnn_sdp_enabled() is False
+        apply_model_options(loaded, compose(["model=tiny", "model.device=cuda", "model.cudnn_attention=true"]).model)
+        assert torch.backends.cuda.cudnn_sdp_enabled() is True
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

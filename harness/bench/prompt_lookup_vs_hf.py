@@ -85,13 +85,16 @@ from harness.target.kv_cache import new_cache
 from harness.target.loading import config_position_limit, load_model
 from harness.target.options import (
     LINEAR_KERNELS,
+    apply_cudnn_attention,
     apply_linear_kernel,
     apply_static_cache,
     compile_model,
     compile_problem,
+    cudnn_attention_problem,
     fused_layers_problem,
     linear_kernel_of,
     linear_kernel_problem,
+    resolve_cudnn_attention,
     resolve_fused_layers,
     resolve_linear_kernel,
 )
@@ -319,6 +322,12 @@ def main(argv=None) -> int:
         help="every arm's KV cache: preallocated and written in place (true), or transformers' DynamicCache",
     )
     ap.add_argument(
+        "--cudnn-attention",
+        default="false",
+        choices=["true", "false"],
+        help="on CUDA, whether every arm's attention may use cuDNN's kernel (a per-shape plan each decode step)",
+    )
+    ap.add_argument(
         "--fused-layers",
         default="auto",
         choices=["auto", "true", "false"],
@@ -372,6 +381,8 @@ def main(argv=None) -> int:
     )
     if problem:
         ap.error(problem)
+    if cudnn_attention_problem(args.cudnn_attention == "true", str(device)):
+        ap.error(f"--cudnn-attention true applies to a CUDA device only; --device {args.device}")
     torch.set_num_threads(args.threads)
 
     loaded = load_model(name="smollm2", dtype=args.dtype, device=str(device), attn_implementation=args.attn)
@@ -379,6 +390,8 @@ def main(argv=None) -> int:
     apply_linear_kernel(model, args.linear_kernel, compiled=args.compile)  # the one model every arm runs
     apply_static_cache(model, static_cache)
     apply_fused_layers(model, fused)
+    cudnn_attention = resolve_cudnn_attention(args.cudnn_attention == "true", str(device))
+    apply_cudnn_attention(cudnn_attention)  # process-wide: transformers' generate runs under it too
     if args.compile:
         compile_model(model)
     backend = CausalLMBackend(model, device=device)
@@ -529,6 +542,7 @@ def main(argv=None) -> int:
         "linear_kernel": sorted(linear_kernel_of(model)),
         "compile": args.compile,
         "static_cache": static_cache,
+        "cudnn_attention": cudnn_attention,
         "fused_layers": fused_layers_of(model),
         "prompts": len(items),
         "truncate": args.truncate,
