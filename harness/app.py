@@ -46,7 +46,7 @@ from harness.gates.stages import GateError
 from harness.prepare import TRAINERS
 from harness.prepare.sequoia import ensure_tree_artifact
 from harness.prepare.trained import noting_outcomes
-from harness.runner import build_context, load, load_models, plan_job, run_job, track
+from harness.runner import build_context, load, load_models, plan_job, run_job, timing_outlier_note, track
 from harness.tracking import dashboard
 from harness.tracking.job_folder import LOCK_FILENAME, JobFolderError, job_lock
 from harness.verifiers.base import NegotiationError
@@ -221,10 +221,13 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
                     "ar_time_per_token_ms": m["ar_time_per_token_ms"],
                     "mean_committed_per_round": m["mean_committed_per_round"],
                     "greedy_identical": m["greedy_identical"],
+                    "timing_outliers": len(m.get("timing_outliers") or []),
                 },
                 indent=2,
             )
         )
+        if m.get("timing_outliers"):
+            print(f"harness {command}: note: {timing_outlier_note(m['timing_outliers'])}", file=sys.stderr)
         return {"record": str(run_dir / "record.json")}  # a finished run (its Hydra folder is kept)
 
     multirun = any(a in {"-m", "--multirun"} or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)

@@ -23,6 +23,7 @@ arm's own answers (:class:`~harness.workloads.conversations.PromptEncoder`).
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 import uuid
@@ -751,6 +752,7 @@ def summarise(
             "job_seconds": job_seconds,
             "context": context_metrics(planned.context, measured.per_prompt),
             **speedup_intervals(measured.per_prompt, batch_size=int(cfg.generation.batch_size)),
+            "timing_outliers": timing_outliers(measured.per_prompt),
         }
     )
     if not plan_.verifier.exact:
@@ -817,6 +819,52 @@ def speedup_intervals(per_prompt: list[dict], *, batch_size: int = 1) -> dict:
         return None if e.ci_low is None or e.ci_high is None else [e.ci_low, e.ci_high]
 
     return {"decode_speedup_ci95": interval(decode), "speedup_ci95": interval(e2e)}
+
+
+#: a prompt whose arm took this many times its arm's median time per round is flagged
+TIMING_OUTLIER_FACTOR = 3.0
+
+
+def timing_outliers(per_prompt: list[dict], *, factor: float = TIMING_OUTLIER_FACTOR) -> list[dict]:
+    """Prompts whose decode time per round, in either arm, is ``factor`` or more times that arm's
+    median over the run's prompts (at least three prompts with rounds): a stall (another process,
+    a page fault storm, a throttled clock) inflates one prompt's time, and with it the speedup or
+    slowdown that prompt reports and the run's ratio of summed times, which carries it without a trace.
+    A round's cost varies with the rows it verifies and the context it reads, within a small factor
+    on the machines measured, so a threefold round is not the method's."""
+    out: list[dict] = []
+    for arm in ("ar", "spec"):
+        per_round = {
+            i: row[f"{arm}_decode_ms"] / row[f"{arm}_rounds"]
+            for i, row in enumerate(per_prompt)
+            if row[f"{arm}_rounds"]
+        }
+        if len(per_round) < 3:
+            continue
+        median = statistics.median(per_round.values())
+        for i, ms in per_round.items():
+            if median > 0 and ms >= factor * median:
+                out.append(
+                    {
+                        "prompt_id": per_prompt[i]["prompt_id"],
+                        "arm": arm,
+                        "ms_per_round": ms,
+                        "median_ms_per_round": median,
+                        "ratio": ms / median,
+                    }
+                )
+    return out
+
+
+def timing_outlier_note(outliers: list[dict]) -> str:
+    """One line naming a run's timing outliers (:func:`timing_outliers`), for the console."""
+    named = ", ".join(f"{o['prompt_id']} ({o['arm']}, {o['ratio']:.1f}x)" for o in outliers[:3])
+    more = f" and {len(outliers) - 3} more" if len(outliers) > 3 else ""
+    prompts = "prompt's arm" if len(outliers) == 1 else "prompts' arms"
+    return (
+        f"{len(outliers)} {prompts} took {TIMING_OUTLIER_FACTOR:g}x or more the arm's median time per round: "
+        f"{named}{more}; a stall, not the method: their speedups are suspect (metrics.timing_outliers)"
+    )
 
 
 #: the per-prompt fields the speedup intervals resample

@@ -334,6 +334,33 @@ def test_arms_with_batched_runs_say_their_figures_are_per_request():
     assert "note: arms with runs at batch > 1" not in format_table(single, by="proposer", baseline=None, level=0.95)
 
 
+def test_arms_whose_runs_flagged_timing_outliers_are_noted_under_their_section():
+    """A record's metrics.timing_outliers (prompts timed through a stall) reaches compare's table and
+    the report as a note naming the arm and how many prompts its runs flagged; records without the
+    field (written before it) count none."""
+    from harness.tracking.compare import outlier_note
+
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10), ("p3", "c", 11, 10, 90, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "b", "prompts": prompts}})
+    assert outlier_note([r for r in compare(df, by="proposer", n_resamples=50)]) is None  # no such column
+    stall = {"prompt_id": "p3", "arm": "ar", "ms_per_round": 9.0, "median_ms_per_round": 2.0, "ratio": 4.5}
+    df["timing_outliers"] = [json.dumps([stall]), json.dumps([])]
+    rows = compare(df, by="proposer", n_resamples=50)
+    assert {r.arm: r.timing_outliers for r in rows if r.category == ALL} == {"a": 1, "b": 0}
+    text = format_table(rows, by="proposer", baseline=None, level=0.95)
+    assert "note: arms whose runs flagged timing outliers (a (1 flagged)): a prompt's decode round took 3x" in text
+    from harness.tracking.report import _compare_section
+
+    assert any(
+        line.startswith("Note: arms whose runs flagged timing outliers (a (1 flagged))")
+        for line in _compare_section(df, {"by": "proposer"})
+    )  # the report's comparison says it too
+    df["timing_outliers"] = [json.dumps([]), None]  # an empty list, and a record from before the flag
+    assert "timing outliers" not in format_table(
+        compare(df, by="proposer", n_resamples=50), by="proposer", baseline=None, level=0.95
+    )
+
+
 def test_seed_filters_runs_by_their_seed_and_bootstrap_seed_seeds_the_resampling(capsys):
     """``seed=`` is the runs' seed (a top-level config key filters by ``config.<key>``), as ``harness
     run`` spells it; the resampling's own seed is ``bootstrap_seed=``."""

@@ -217,3 +217,72 @@ def test_a_draft_tree_at_temperature_0_branches_and_iid_children_there_are_refus
     run_job(cfg, run_dir=tmp_path / "run")
     rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     assert rounds and all(r["candidate_rows"] == 4 and r["tree_depth"] == 1 for r in rounds)  # four siblings
+
+
+def test_timing_outliers_flag_a_prompt_whose_round_took_three_times_its_arms_median():
+    from harness.runner import timing_outlier_note, timing_outliers
+
+    def row(pid, ar_ms, spec_ms, ar_rounds=10, spec_rounds=4):
+        return {
+            "prompt_id": pid,
+            "ar_decode_ms": ar_ms,
+            "ar_rounds": ar_rounds,
+            "spec_decode_ms": spec_ms,
+            "spec_rounds": spec_rounds,
+        }
+
+    rows = [row("a", 100.0, 60.0), row("b", 110.0, 150.0), row("c", 95.0, 55.0), row("d", 400.0, 58.0)]
+    got = timing_outliers(rows)
+    assert [(o["prompt_id"], o["arm"]) for o in got] == [("d", "ar")]  # 40 ms a round against a median of 10.5
+    assert got[0]["ms_per_round"] == 40.0 and got[0]["median_ms_per_round"] == 10.5
+    assert abs(got[0]["ratio"] - 40.0 / 10.5) < 1e-12
+    assert timing_outliers(rows[:2] + [row("d", 400.0, 58.0)])[0]["prompt_id"] == "d"  # three prompts suffice
+    assert timing_outliers([rows[0], rows[3]]) == []  # two prompts have no median worth the name
+    # a round 2.7x the median (b's speculative rounds) is within what rows and context explain
+    assert timing_outliers(rows, factor=3.0) == got and len(timing_outliers(rows, factor=2.5)) == 2
+    # an arm with no rounds (a prompt that ended at once) neither counts nor divides by zero
+    assert timing_outliers([*rows, row("e", 0.0, 0.0, 0, 0)]) == got
+    note = timing_outlier_note(got)
+    assert note.startswith("1 prompt's arm took 3x or more the arm's median time per round: d (ar, 3.8x); ")
+    assert "(metrics.timing_outliers)" in note
+
+
+def test_a_stalled_prompt_is_flagged_in_the_record_and_on_the_console(tmp_path, monkeypatch, capsys):
+    """A stall injected into one prompt's AR arm (a sleep in every round, as another process would
+    cause) is named in the record's timing_outliers, counted in the printed summary and noted on stderr."""
+    import time
+
+    from harness.app import run_main
+    from harness.engine.arms import Arms
+    from harness.proposers.base import NullProposer
+
+    stalled = {"on": False}
+    real_run, real_propose = Arms._run, NullProposer.propose
+
+    def run(self, arm, idx, prompts, turn, max_new_tokens):
+        stalled["on"] = arm == "ar" and idx == [2]
+        try:
+            return real_run(self, arm, idx, prompts, turn, max_new_tokens)
+        finally:
+            stalled["on"] = False
+
+    def propose(self, committed, rng):
+        if stalled["on"]:
+            time.sleep(0.05)
+        return real_propose(self, committed, rng)
+
+    monkeypatch.setattr(Arms, "_run", run)
+    monkeypatch.setattr(NullProposer, "propose", propose)
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    argv = ["model=tiny", "workload.limit=4", "generation.max_new_tokens=8", "gates.oracle=false", "threads=1"]
+    argv += [f"hydra.run.dir={tmp_path / 'hydra'}", f"output_dir={tmp_path / 'run'}"]
+    assert run_main(argv) == 0
+    captured = capsys.readouterr()
+    record = load_record(tmp_path / "run" / "record.json")
+    stalled_id = record["per_prompt"][2]["prompt_id"]
+    flagged = {(o["prompt_id"], o["arm"]): o for o in record["metrics"]["timing_outliers"]}
+    assert (stalled_id, "ar") in flagged and flagged[(stalled_id, "ar")]["ratio"] >= 3.0
+    summary = json.loads(captured.out[captured.out.index("{") :])
+    assert summary["timing_outliers"] == len(flagged)
+    note = [line for line in captured.err.splitlines() if line.startswith("harness run: note: ")]
+    assert len(note) == 1 and f"{stalled_id} (ar, " in note[0] and "a stall, not the method" in note[0]

@@ -87,6 +87,11 @@ METRIC_NOTES = {
         "the positions every turn's prompt had to fit (prompt + max_new_tokens + candidate rows) and the rule "
         "(refuse | left); truncated_turns and cut_tokens count what the left cut removed, both arms"
     ),
+    "timing_outliers": (
+        "prompts whose decode time per round in one arm is 3x or more that arm's median over the run's prompts "
+        "(three or more prompts): a stall, not the method; their speedups are suspect, and so is the run's if the "
+        "list is long"
+    ),
     "spec_bench_speedup": (
         "Spec-Bench's statistic (its evaluation/speed.py): mean over prompts of speculative tokens / wall s, "
         "over the same mean for AR; wall = each turn's prefill + decode, summed over turns (a ratio of means, "

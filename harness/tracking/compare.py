@@ -49,6 +49,7 @@ fixtures) and at larger batches by what batching overlaps.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import warnings
@@ -112,6 +113,7 @@ class ArmRow:
     labels: tuple[str, ...] = field(default=())
     end_to_end_speedup: Estimate = field(default=Estimate(None))  # prefill + decode
     batch_sizes: tuple[int, ...] = field(default=())  # of its runs: above 1, its times are per request
+    timing_outliers: int = 0  # prompts its runs flagged as stalled (a record's metrics.timing_outliers)
 
 
 # --------------------------------------------------------------------------------------------
@@ -438,6 +440,7 @@ def compare(
                         labels=_labels(section),
                         end_to_end_speedup=end_to_end_speedup(p, boot),
                         batch_sizes=_batch_sizes(arm_runs[key]),
+                        timing_outliers=_timing_outliers(arm_runs[key]),
                     )
                 )
     return out
@@ -645,6 +648,28 @@ def _batch_sizes(runs: pd.DataFrame) -> tuple[int, ...]:
     return tuple(sorted({int(b) for b in runs["batch_size"].dropna()}))
 
 
+def _timing_outliers(runs: pd.DataFrame) -> int:
+    """Flagged (prompt, arm) pairs over ``runs`` (each record's ``metrics.timing_outliers``, a JSON list
+    in the store; absent in records written before the flag)."""
+    if "timing_outliers" not in runs.columns:
+        return 0
+    return sum(len(json.loads(v)) for v in runs["timing_outliers"] if isinstance(v, str))
+
+
+#: what an arm's figures mean when its runs hold prompts timed through a stall
+OUTLIER_NOTE = (
+    "arms whose runs flagged timing outliers ({arms}): a prompt's decode round took 3x or more its arm's "
+    "median, a stall rather than the method, and those prompts' times are in the figures above; see each "
+    "record's metrics.timing_outliers, and re-run on a quiet machine"
+)
+
+
+def outlier_note(sec: Sequence[ArmRow]) -> str | None:
+    """:data:`OUTLIER_NOTE` naming the arms of ``sec`` whose runs flagged timing outliers, or None."""
+    flagged = sorted({f"{r.arm} ({r.timing_outliers} flagged)" for r in sec if r.timing_outliers})
+    return OUTLIER_NOTE.format(arms="; ".join(flagged)) if flagged else None
+
+
 #: what an arm's figures mean when its runs batched requests
 BATCHED_NOTE = (
     "arms with runs at batch > 1 ({arms}): a prompt's time is its request's latency inside its batch, so "
@@ -671,9 +696,9 @@ def format_table(rows: Sequence[ArmRow], *, by: str, baseline: str | None, level
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
         lines.append(f"== {SECTION_TITLES[section]} ==")
         lines += _aligned([header, ["-" * w for w in widths], *body], widths)
-        note = batched_note(sec)
-        if note:
-            lines.append(f"note: {note}")
+        for note in (batched_note(sec), outlier_note(sec)):
+            if note:
+                lines.append(f"note: {note}")
         lines.append("")
     return "\n".join(lines)
 

@@ -40,6 +40,7 @@ from harness.tracking.compare import (
     filter_runs,
     leader_cell,
     leaderboard,
+    outlier_note,
     paired_bootstrap,
     speedup_statistic,
 )
@@ -694,8 +695,8 @@ def _compare_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
     for section, sec in by_section(rows):
         header, body = arm_table(sec, by=by, baseline=baseline, ar_column=False)
         out += [f"### {SECTION_TITLES[section]}", "", md_table(header, body), ""]
-        note = batched_note(sec)
-        out += [f"Note: {note}.", ""] if note else []
+        for note in (batched_note(sec), outlier_note(sec)):
+            out += [f"Note: {note}.", ""] if note else []
     return out
 
 
