@@ -490,6 +490,32 @@ def test_gate_cases_prefer_the_runs_own_proposer_and_shape():
     ]
 
 
+def test_the_gate_says_which_tier_of_cases_covered_the_run():
+    """The tier of :func:`gate_cases` that gave the cases is named with them: the run's own
+    configuration (1), its proposer and relations in another shape (2), some of its relations (3),
+    another proposer's cases of its relations (4); a run no case covers has none."""
+    tier = E.gate_tier
+    assert tier("draft_model", ["without_replacement"], "sequoia", greedy=False, shape="tree")[0] == 1
+    assert tier("medusa", ["iid"], "specinfer", greedy=False, shape="cartesian")[0] == 2
+    assert tier("merged", {"beam", "deterministic_lookup"}, "greedy", greedy=True)[0] == 3
+    four, cases = tier("a_new_proposer", {"iid"}, "specinfer", greedy=False)
+    assert four == 4 and _names(cases) == _names(E.gate_cases("a_new_proposer", {"iid"}, "specinfer", greedy=False))
+    assert tier("draft_model", {"iid"}, "typical", greedy=False) == (None, [])
+    assert set(E.GATE_TIERS) == {1, 2, 3, 4}
+
+
+def test_the_end_to_end_gate_entry_records_its_coverage():
+    from harness.gates.stages import e2e_gate
+
+    own = e2e_gate("greedy", "hydra", ["beam"], greedy=True, shape="expansion")
+    assert own["status"] == "passed" and own["cases"] == ["e2e/hydra/beam/exp21/T0"]
+    assert own["coverage"] == {"tier": 1, "covers": E.GATE_TIERS[1], "run_shape": "expansion"}
+    other = e2e_gate("greedy", "hydra", ["beam"], greedy=True, shape="cartesian")
+    assert other["coverage"]["tier"] == 2 and other["coverage"]["run_shape"] == "cartesian"
+    assert "another topology shape" in other["coverage"]["covers"]
+    assert "coverage" not in e2e_gate("typical", "draft_model", ["iid"], greedy=False)  # not applicable
+
+
 def test_gate_cases_for_merged_match_its_sources_relations():
     assert _names(E.gate_cases("merged", {"deterministic_lookup"}, "membership", greedy=False)) == [
         "merged/rest+lookup/T1"

@@ -998,6 +998,28 @@ def gate_cases(
     An empty list: nothing of the run's kind is covered (a heuristic verifier, say). The result does
     not depend on Python's hash seed (relations are sorted; the case order is fixed).
     """
+    return gate_tier(proposer, relations, verifier, greedy=greedy, shape=shape, cases=cases)[1]
+
+
+#: what each tier of :func:`gate_cases` proves about the run, as its gate entry says it
+GATE_TIERS = {
+    1: "the run's proposer with its sampling relations and topology shape",
+    2: "the run's proposer with its sampling relations, in another topology shape (none of the run's shape)",
+    3: "the run's proposer with some of its sampling relations (none with all of them)",
+    4: "another proposer with the run's sampling relations (this proposer has no end-to-end case of its own)",
+}
+
+
+def gate_tier(
+    proposer: str,
+    relations: Iterable[str],
+    verifier: str | Verifier,
+    *,
+    greedy: bool,
+    shape: str | None = None,
+    cases: Sequence[E2ECase] | None = None,
+) -> tuple[int | None, list[E2ECase]]:
+    """:func:`gate_cases` with the tier (1-4, :data:`GATE_TIERS`) its cases came from; None with no case."""
     if isinstance(verifier, str):
         if verifier not in VERIFIERS:
             raise ValueError(f"unknown verifier {verifier!r}; registered: {sorted(VERIFIERS)}")
@@ -1016,7 +1038,7 @@ def gate_cases(
         [c for c in own if set(case_relations(c)) & set(wanted)],
         [c for c in pool if set(case_relations(c)) & set(wanted)],
     )
-    return next((list(tier) for tier in tiers if tier), [])
+    return next(((k, list(tier)) for k, tier in enumerate(tiers, start=1) if tier), (None, []))
 
 
 # --------------------------------------------------------------------------- running cases

@@ -29,7 +29,7 @@ import time
 from omegaconf import DictConfig, OmegaConf
 
 from harness.files import atomic_write_text
-from harness.gates.e2e import E2EModels, check_e2e_case, gate_cases
+from harness.gates.e2e import GATE_TIERS, E2EModels, check_e2e_case, gate_tier
 from harness.gates.equivalence import equivalence_gate
 from harness.gates.keys import gate_key
 from harness.gates.oracle import MARGINAL_ATOL, check_case, verifier_cases
@@ -117,7 +117,7 @@ def e2e_gate(
     kind of temperature enumerates (:func:`harness.gates.e2e.gate_cases`: its own proposer first)."""
     t0 = time.perf_counter()
     verifier = VERIFIERS[verifier_name]()
-    cases = gate_cases(proposer, relations, verifier, greedy=greedy, shape=shape)
+    tier, cases = gate_tier(proposer, relations, verifier, greedy=greedy, shape=shape)
     rows: list[dict] = []
     if cases:
         models = E2EModels.build()
@@ -125,9 +125,12 @@ def e2e_gate(
             rows.append(check_e2e_case(verifier, case, models))
             if not rows[-1]["passed"]:
                 break
-    return _summarise_rows(
+    entry = _summarise_rows(
         rows, t0, empty_why=f"no end-to-end case runs verifier {verifier_name!r} with relations {relations}"
     )
+    if tier is not None:  # what the cases prove about this run: its own configuration, or the nearest covered
+        entry["coverage"] = {"tier": tier, "covers": GATE_TIERS[tier], "run_shape": shape}
+    return entry
 
 
 # --------------------------------------------------------------------------- orchestration
