@@ -244,10 +244,14 @@ def test_job_folder_is_the_override_dirname_without_launch_keys(hydra_conf):
             "verifier=greedy",
             "concurrent_jobs=2",
             "tracking=wandb",
+            "tracking.init_timeout_s=30",
+            "tracking.system_metrics=false",
+            "tracking.system_metrics_interval_s=1",
+            "gates.cache=false",
             "workload.limit=2",
         ]
     )
-    # launch-only keys (sweep name, concurrency, tracking) stay out: a re-launch finds the folder
+    # launch-only keys (sweep name, concurrency, tracking, the gate cache) stay out: a re-launch finds the folder
     assert (
         cfg.hydra.sweep.subdir
         == cfg.hydra.job.override_dirname
