@@ -472,6 +472,13 @@ def format_summary(summary: SweepSummary) -> str:
     return "\n".join(lines)
 
 
+def launching_command() -> str:
+    """The command that launched this process's Hydra job, as its refusal lines name it: ``harness
+    sweep`` or ``harness run`` (the entry point sets ``sys.argv[0]`` to it; ``harness run`` otherwise)."""
+    name = sys.argv[0] if sys.argv else ""
+    return name if name in ("harness run", "harness sweep") else "harness run"
+
+
 class SweepCallback(_Callback):
     """Hydra callback (``hydra.callbacks`` in the root config); runs in the launching process."""
 
@@ -483,14 +490,14 @@ class SweepCallback(_Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refusal = launcher_refusal(config.hydra)
         if refusal is not None:  # before anything is submitted or written
-            print(f"harness run: refused: {refusal}", file=sys.stderr)
+            print(f"{launching_command()}: refused: {refusal}", file=sys.stderr)
             raise SystemExit(2)  # Hydra turns a callback's exceptions into warnings; this one stops the launch
         sweep_dir = Path(str(config.hydra.sweep.dir))
         lock = job_lock(sweep_dir, purpose="harness sweep", elsewhere="hydra.sweep.dir=...")
         try:  # one launch at a time per sweep folder: two would take each other's jobs and miscount
             lock.__enter__()
         except JobFolderError as exc:
-            print(f"harness run: refused: the sweep folder {exc}", file=sys.stderr)
+            print(f"{launching_command()}: refused: the sweep folder {exc}", file=sys.stderr)
             raise SystemExit(2) from None
         self._lock = lock
         self.launch_id = uuid.uuid4().hex[:12]

@@ -689,7 +689,7 @@ def test_a_second_launch_into_a_sweep_folder_a_live_launch_holds_is_refused(env,
         proc.wait()
     assert rc == 2 and not summary
     err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
-    assert len(err) == 1 and err[0].startswith(f"harness run: refused: the sweep folder {sweep_dir} is in use")
+    assert len(err) == 1 and err[0].startswith(f"harness sweep: refused: the sweep folder {sweep_dir} is in use")
     assert err[0].endswith("or write elsewhere (hydra.sweep.dir=...)")
     assert not any(p.is_dir() for p in sweep_dir.iterdir())  # no job ran
     rc, summary = launch(sweep_dir, *args, "hydra.callbacks.harness_sweep.report=false")
@@ -858,8 +858,8 @@ def test_a_slurm_sweep_without_a_partition_is_refused_before_anything_is_submitt
     assert sweep_main(["smoke", "launcher=slurm", f"hydra.sweep.dir={sweep_dir}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     err = [ln for ln in err if not ln.startswith("harness: compiling")]  # once per cache, as a job plans
-    assert err == [
-        "harness run: refused: hydra.launcher.partition is not set: a Slurm sweep needs the partition its "
+    assert err == [  # named as the user ran it
+        "harness sweep: refused: hydra.launcher.partition is not set: a Slurm sweep needs the partition its "
         "jobs run in (hydra.launcher.partition=<name>; `sinfo -s` lists them)"
     ]
     # Hydra's own switch, with submitit's Slurm launcher: the same refusal
