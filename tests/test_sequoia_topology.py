@@ -229,8 +229,16 @@ def test_cost_model_error_from_a_record():
     err = cost_model_error(rec)
     assert err["time_relative_error"] == pytest.approx(0.25)
     assert err["tokens_relative_error"] == pytest.approx(-0.25)
+    assert err["measured_basis"] == "time_per_committed_token_ms"
     with pytest.raises(ValueError, match="not a topology=sequoia run"):
         cost_model_error({"metrics": {}})
+    # at batch 8 the record's time per token is a batch's time over 8 requests' tokens; the model
+    # predicts one request's: the measured figure compared is per request too
+    batched = {"metrics": {**rec["metrics"], "time_per_committed_token_ms": 7.92, "mean_live_requests": 8.0}}
+    err = cost_model_error(batched)
+    assert err["measured_time_per_token_ms"] == pytest.approx(63.36)
+    assert err["time_relative_error"] == pytest.approx(5.336)
+    assert "per request" in err["measured_basis"]
 
 
 # ---------------------------------------------------------------- `harness run` end to end

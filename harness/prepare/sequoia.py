@@ -399,15 +399,28 @@ def prepare_sequoia(cfg, plan_, context):
 
 def cost_model_error(record: dict) -> dict:
     """Predicted vs measured time per committed token (and expected vs measured tokens per round)
-    of a `topology=sequoia` run record: the cost model's error."""
+    of a `topology=sequoia` run record: the cost model's error.
+
+    The model predicts one request's time per token: a round of B requests (the profile's t(n) is
+    of a batch-B forward) over the tokens one request commits. The record's
+    ``time_per_committed_token_ms`` divides a batch's time by every live request's tokens, so at
+    batch > 1 the measured figure compared is that times the mean live requests per round (the
+    same per-request basis; ``measured_basis`` says which was used)."""
     m = record["metrics"]
-    predicted, measured = m.get("sequoia_predicted_time_per_token_ms"), m.get("time_per_committed_token_ms")
+    predicted, per_token = m.get("sequoia_predicted_time_per_token_ms"), m.get("time_per_committed_token_ms")
     if predicted is None:
         raise ValueError("the record has no sequoia_predicted_time_per_token_ms (not a topology=sequoia run)")
     g, committed = m.get("sequoia_predicted_expected_tokens"), m.get("mean_committed_per_round")
+    live = float(m.get("mean_live_requests") or 1.0)
+    measured = None if per_token is None else per_token * live
     return {
         "predicted_time_per_token_ms": predicted,
         "measured_time_per_token_ms": measured,
+        "measured_basis": (
+            "time_per_committed_token_ms"
+            if live == 1.0
+            else f"time_per_committed_token_ms x mean_live_requests ({live:.3g}): per request, as predicted"
+        ),
         "time_relative_error": None if not measured else (measured - predicted) / predicted,
         "predicted_expected_tokens": g,
         "measured_committed_per_round": committed,
