@@ -189,7 +189,11 @@ def test_a_chance_rejection_of_a_correct_round_is_overturned_by_the_confirmation
     entry = record["gates"]["statistical"]
     assert entry["first_test"]["status"] == "failed" and entry["first_test"]["p_value"] < entry["alpha"]
     assert entry["confirmation"]["status"] == "passed" and entry["confirmation"]["p_value"] >= entry["alpha"]
-    assert entry["status"] == "passed" and entry["p_value"] == entry["first_test"]["p_value"]
+    # the top level is the deciding test's: no "passed" beside the rejected first test's p-value
+    assert entry["status"] == "passed" and entry["decided_by"] == "confirmation"
+    assert (
+        entry["p_value"] == entry["confirmation"]["p_value"] and entry["observed"] == entry["confirmation"]["observed"]
+    )
 
 
 def test_a_biased_round_fails_the_confirmation_too(workload, tmp_path, monkeypatch):

@@ -154,9 +154,10 @@ def statistical_gate(
     :func:`choose_prefix` finds in ``prompts``. Returns the evidence (``status`` ``passed`` or
     ``failed``, or ``not_applicable`` when the proposer proposes at no candidate prefix); a first
     rejection is confirmed on independent samples (``confirm``), and the gate fails only when the
-    confirmation rejects too. ``memo=False`` shares nothing but whole trees' verify forwards (``batch``
-    per forward) and computes every draft step of every sample (same
-    result, slower: for tests)."""
+    confirmation rejects too; the entry's top level is then the confirmation's (``decided_by``), with
+    both tests under ``first_test`` and ``confirmation``. ``memo=False`` shares nothing but whole
+    trees' verify forwards (``batch`` per forward) and computes every draft step of every sample
+    (same result, slower: for tests)."""
     with _counters_restored(proposer):
         return _statistical_gate(
             backend=backend,
@@ -244,10 +245,11 @@ def _statistical_gate(
         return {**first, "prefix": prefix, "seconds": time.perf_counter() - t0}
     second = chi_square_test(stream=seed * 7919 + CONFIRMATION_STREAM, **kw)
     keep = ("status", "statistic", "p_value", "observed", "expected", "distinct_trees", "draft_calls", "memo_hits")
-    return {
+    return {  # the top level is the deciding test's, so a status never sits beside another test's p-value
         **first,
+        **{k: second[k] for k in keep if k in second},
         "prefix": prefix,
-        "status": second["status"],
+        "decided_by": "confirmation",
         "first_test": {k: first[k] for k in keep if k in first},
         "confirmation": {k: second[k] for k in keep if k in second},
         "seconds": time.perf_counter() - t0,
