@@ -350,6 +350,20 @@ def test_a_sequoia_search_too_large_for_memory_is_refused_before_calibration(tmp
     )
 
 
+def test_a_sequoia_min_nodes_above_its_max_is_refused_before_calibration(tmp_path, workload, capsys, no_models):
+    argv = argv_for(tmp_path, workload, "proposer=draft_model", "topology=sequoia", "topology.min_nodes=20")
+    line = assert_refused_run(
+        tmp_path,
+        capsys,
+        argv,
+        "topology.min_nodes=20 exceeds topology.max_nodes + 1 = 9 (min_nodes counts the root, max_nodes the "
+        "candidate rows): the search would have no size to try",
+    )
+    assert suggestions_in(line) == [["topology.min_nodes=9"], ["topology.max_nodes=19"]]
+    for suggestion in suggestions_in(line):
+        accepted(["proposer=draft_model", "topology=sequoia", "topology.min_nodes=20", *suggestion])
+
+
 def test_a_batch_larger_than_the_workload_is_refused_and_the_fitting_size_offered(
     tmp_path, workload, capsys, no_models
 ):

@@ -52,6 +52,13 @@ def sequoia_budget(t) -> Budget:
     """The search bounds as a tree budget, for negotiation before model work; bounds whose DP
     would not fit in memory are refused here, before any calibration."""
     rows, depth = int(t.max_nodes), int(t.max_depth)
+    min_nodes = int(t.get("min_nodes", 2))
+    if min_nodes > rows + 1:  # nodes count the root; topology.max_nodes counts candidate rows
+        raise ConfigError(
+            f"topology.min_nodes={min_nodes} exceeds topology.max_nodes + 1 = {rows + 1} (min_nodes counts the "
+            f"root, max_nodes the candidate rows): the search would have no size to try",
+            suggestions=[(f"topology.min_nodes={rows + 1}",), (f"topology.max_nodes={min_nodes - 1}",)],
+        )
     branches = int(t.calibration.branches) if t.get("calibration") is not None else 8
     need = dp_table_bytes(rows + 1, depth, branches)
     if need > DP_TABLE_LIMIT_BYTES:
