@@ -361,6 +361,43 @@ def test_arms_whose_runs_flagged_timing_outliers_are_noted_under_their_section()
     )
 
 
+def test_batched_arms_resample_whole_batches_and_a_single_batch_has_no_interval():
+    """A batch's requests share its time, so they are one measurement: an arm of batched runs
+    resamples batches (its point estimate is the same ratio of sums), one batch gives no interval,
+    and its comparison with a baseline keeps the point and drops the interval."""
+    from harness.tracking.compare import leaderboard
+
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 14, 10, 20, 10), ("p3", "c", 9, 10, 30, 10)]
+    prompts.append(("p4", "c", 12, 10, 25, 10))
+    df = _toy({"b2": {"proposer": "two", "prompts": prompts}, "b4": {"proposer": "four", "prompts": prompts}})
+    df = pd.concat([df, _toy({"b1": {"proposer": "one", "prompts": prompts}})], ignore_index=True)
+    df["batch_size"] = [2, 4, 1]
+    per_prompt = []
+    for run, size in zip(df["run_id"], df["batch_size"], strict=True):
+        entries = json.loads(df.loc[df["run_id"] == run, "per_prompt"].item())
+        per_prompt.append(json.dumps([{**e, "batch_index": i // size} for i, e in enumerate(entries)]))
+    df["per_prompt"] = per_prompt
+    rows = {r.arm: r for r in compare(df, by="proposer", baseline="one", n_resamples=200) if r.category == ALL}
+    point = (20 + 20 + 30 + 25) / (10 + 14 + 9 + 12)
+    for arm in ("one", "two", "four"):
+        assert rows[arm].speedup.value == pytest.approx(point)  # the same ratio of sums whatever the unit
+    assert rows["four"].speedup.ci_low is None and rows["four"].time_per_committed_token_ms.ci_low is None
+    two = paired_bootstrap(
+        ([40.0, 55.0], [20.0, 20.0], [24.0, 21.0], [20.0, 20.0]),
+        speedup_statistic,
+        confidence_level=0.95,
+        n_resamples=200,
+        seed=0,
+        method="percentile",
+    )
+    assert (rows["two"].speedup.ci_low, rows["two"].speedup.ci_high) == (two.ci_low, two.ci_high)  # two batches
+    assert rows["one"].speedup.ci_low is not None  # four prompts at batch 1: four units
+    assert rows["two"].vs_baseline.value is not None and rows["two"].vs_baseline.ci_low is None
+    _, board = leaderboard(df, by="proposer", n_resamples=200)
+    cells = {r.arm: r.cells["overall"] for r in board}
+    assert cells["four"].speedup.ci_low is None and cells["two"].speedup.ci_low == two.ci_low
+
+
 def test_seed_filters_runs_by_their_seed_and_bootstrap_seed_seeds_the_resampling(capsys):
     """``seed=`` is the runs' seed (a top-level config key filters by ``config.<key>``), as ``harness
     run`` spells it; the resampling's own seed is ``bootstrap_seed=``."""

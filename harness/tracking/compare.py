@@ -231,6 +231,13 @@ def prompt_key(run: pd.Series, p: Mapping[str, Any], *, by_fingerprint: bool = T
     return f"{pid}@{source}" if source else pid
 
 
+def _batch_unit(run: pd.Series, p: Mapping[str, Any]) -> str:
+    """The unit a run's requests share time in: its batch (records before batches: the prompt)."""
+    if p.get("batch_index") is not None:
+        return f"{run['run_id']}/batch {p['batch_index']}"
+    return f"{run['run_id']}/{p['prompt_id']}"
+
+
 def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, prompt) from the store's ``per_prompt`` column."""
     by_fingerprint = fingerprinted(df)
@@ -240,13 +247,14 @@ def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
             "section": run["section"],
             **{a: run[a] for a in AXES},
             "prompt_id": prompt_key(run, p, by_fingerprint=by_fingerprint),
+            "batch_unit": _batch_unit(run, p),
             "category": str(p["category"]),
             **{c: float(p[c]) for c in _PROMPT_COLUMNS},
             **{c: float(p[c]) if p.get(c) is not None else math.nan for c in _PREFILL_COLUMNS},
         }
         for run, p in run_prompts(df)
     ]
-    columns = ["run_id", "section", *AXES, "prompt_id", "category", *_PROMPT_COLUMNS, *_PREFILL_COLUMNS]
+    columns = ["run_id", "section", *AXES, "prompt_id", "batch_unit", "category", *_PROMPT_COLUMNS, *_PREFILL_COLUMNS]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -257,11 +265,17 @@ def _arm_prompts(long: pd.DataFrame) -> pd.DataFrame:
     if (cats > 1).any():
         bad = cats[cats > 1].index.tolist()
         raise ValueError(f"prompts {bad} carry different categories in different runs")
-    summed = long.groupby("prompt_id", sort=True)[list(_PROMPT_COLUMNS)].sum()
-    grouped = long.groupby("prompt_id", sort=True)
-    for c in _PREFILL_COLUMNS:  # NaN where any run of the prompt lacks it
-        summed[c] = grouped[c].sum(min_count=1).where(grouped[c].count() == grouped[c].size())
+    summed = _summed(long, "prompt_id")
     summed["category"] = long.groupby("prompt_id", sort=True)["category"].first()
+    return summed
+
+
+def _summed(long: pd.DataFrame, unit: str) -> pd.DataFrame:
+    """The decode and prefill columns of ``long`` summed per ``unit`` (prefill NaN where any row lacks it)."""
+    summed = long.groupby(unit, sort=True)[list(_PROMPT_COLUMNS)].sum()
+    grouped = long.groupby(unit, sort=True)
+    for c in _PREFILL_COLUMNS:
+        summed[c] = grouped[c].sum(min_count=1).where(grouped[c].count() == grouped[c].size())
     return summed
 
 
@@ -385,10 +399,13 @@ def compare(
 
     arms: dict[tuple[str, str], pd.DataFrame] = {}
     arm_runs: dict[tuple[str, str], pd.DataFrame] = {}
+    arm_long: dict[tuple[str, str], pd.DataFrame] = {}
     for (section, value), group in runs.groupby(["section", by], sort=True):
         key = (str(section), arm_label(value))
         arm_runs[key] = group
-        arms[key] = _arm_prompts(long[long["run_id"].isin(group["run_id"])])
+        arm_long[key] = long[long["run_id"].isin(group["run_id"])]
+        arms[key] = _arm_prompts(arm_long[key])
+    batched = {key: max(_batch_sizes(group) or (1,)) > 1 for key, group in arm_runs.items()}
 
     base_key: dict[str, tuple[str, str] | None] = {}
     if baseline is not None:
@@ -407,8 +424,13 @@ def compare(
                 p = prompts if cat == ALL else prompts[prompts["category"] == cat]
                 if p.empty:
                     continue
-                tpt = paired_bootstrap((p["spec_decode_ms"], p["spec_tokens"]), ratio_of_sums, **boot)
-                speed = decode_speedup(p, boot)
+                # the resampling unit: a prompt, or for batched runs a batch, whose requests share its time
+                units = p
+                if batched[key]:
+                    rows = arm_long[key] if cat == ALL else arm_long[key][arm_long[key]["category"] == cat]
+                    units = _summed(rows, "batch_unit")
+                tpt = paired_bootstrap((units["spec_decode_ms"], units["spec_tokens"]), ratio_of_sums, **boot)
+                speed = decode_speedup(units, boot)
                 vs, n_pairs = None, 0
                 bk = base_key.get(section)
                 if bk is not None:
@@ -422,6 +444,8 @@ def compare(
                             speedup_statistic,
                             **boot,
                         )
+                        if batched[key] or batched[bk]:  # prompts paired across batches are not independent
+                            vs = Estimate(vs.value)
                 out.append(
                     ArmRow(
                         section=section,
@@ -438,7 +462,7 @@ def compare(
                         vs_baseline=vs,
                         n_pairs_baseline=n_pairs,
                         labels=_labels(section),
-                        end_to_end_speedup=end_to_end_speedup(p, boot),
+                        end_to_end_speedup=end_to_end_speedup(units, boot),
                         batch_sizes=_batch_sizes(arm_runs[key]),
                         timing_outliers=_timing_outliers(arm_runs[key]),
                     )
@@ -476,12 +500,13 @@ def leaderboard_prompts(runs: pd.DataFrame) -> pd.DataFrame:
         {
             "run_id": run["run_id"],
             "prompt_id": prompt_key(run, p, by_fingerprint=by_fingerprint),
+            "batch_unit": _batch_unit(run, p),
             "task": task_of(str(p["category"])),
             **{c: float(p[c]) if p.get(c) is not None else np.nan for c in _LEADER_COLUMNS},
         }
         for run, p in run_prompts(runs)
     ]
-    return pd.DataFrame(rows, columns=["run_id", "prompt_id", "task", *_LEADER_COLUMNS])
+    return pd.DataFrame(rows, columns=["run_id", "prompt_id", "batch_unit", "task", *_LEADER_COLUMNS])
 
 
 def spec_bench_statistic(p: pd.DataFrame) -> float | None:
@@ -518,15 +543,20 @@ def leaderboard(
             mine = long[long["run_id"].isin(group["run_id"])]
             summed = mine.groupby("prompt_id", sort=True)[list(_LEADER_COLUMNS)].sum(min_count=1)
             summed["task"] = mine.groupby("prompt_id", sort=True)["task"].first()
+            batched = max(_batch_sizes(group) or (1,)) > 1  # then a batch is the resampling unit
             cells = {}
             for col in columns:
                 p = summed if col == OVERALL else summed[summed["task"] == col]
                 if p.empty:
                     continue
-                speed = decode_speedup(p, boot)
+                units = p
+                if batched:
+                    rows_ = mine if col == OVERALL else mine[mine["task"] == col]
+                    units = rows_.groupby("batch_unit", sort=True)[list(_LEADER_COLUMNS)].sum(min_count=1)
+                speed = decode_speedup(units, boot)
                 accepted = Estimate(None)
-                if not p["spec_rounds"].isna().any():
-                    accepted = paired_bootstrap((p["spec_tokens"], p["spec_rounds"]), ratio_of_sums, **boot)
+                if not units["spec_rounds"].isna().any():
+                    accepted = paired_bootstrap((units["spec_tokens"], units["spec_rounds"]), ratio_of_sums, **boot)
                 cells[col] = LeaderCell(len(p), speed, accepted, spec_bench_statistic(p))
             rows.append(LeaderRow(section, arm_label(value), tuple(sorted(group["run_id"])), cells))
         rows.sort(key=lambda r: -(r.cells[OVERALL].speedup.value or -math.inf) if OVERALL in r.cells else math.inf)
@@ -674,7 +704,9 @@ def outlier_note(sec: Sequence[ArmRow]) -> str | None:
 BATCHED_NOTE = (
     "arms with runs at batch > 1 ({arms}): a prompt's time is its request's latency inside its batch, so "
     "their ms/committed token and speedups are per request (a record's request_speedup), not a record's "
-    "time_per_committed_token_ms and decode_speedup (batch time per token: throughput)"
+    "time_per_committed_token_ms and decode_speedup (batch time per token: throughput); their intervals "
+    "resample whole batches (a batch's requests share its time; none from a single batch), and their "
+    "comparison with the baseline has no interval"
 )
 
 
