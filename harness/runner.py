@@ -690,7 +690,7 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
         )
     bar.close()
     greedy = None
-    if plan_.policy.greedy and "greedy_equality" not in disabled_gates(cfg):
+    if plan_.policy.deterministic and "greedy_equality" not in disabled_gates(cfg):
         greedy = greedy_equality(loaded.backend.model, outputs, max_fraction=float(cfg.gates.near_tie_max_fraction))
     rounds = [
         {"prompt_id": loaded.items[row["prompt_index"]][0].prompt_id, **row} for row in arms.result.round_series("spec")
@@ -739,7 +739,7 @@ def summarise(
             "retrieval": merged_proposer_extras(slots),
             "greedy_identical": (  # every turn of every conversation
                 all(t["ar_token_ids"] == t["spec_token_ids"] for o in measured.outputs for t in output_turns(o))
-                if plan_.policy.greedy
+                if plan_.policy.deterministic
                 else None
             ),
             "greedy_near_ties": measured.greedy["near_ties"] if measured.greedy is not None else None,

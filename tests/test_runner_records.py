@@ -286,3 +286,23 @@ def test_a_stalled_prompt_is_flagged_in_the_record_and_on_the_console(tmp_path, 
     assert summary["timing_outliers"] == len(flagged)
     note = [line for line in captured.err.splitlines() if line.startswith("harness run: note: ")]
     assert len(note) == 1 and f"{stalled_id} (ar, " in note[0] and "a stall, not the method" in note[0]
+
+
+def test_a_sampling_policy_that_keeps_one_token_has_its_outputs_compared_as_greedy_ones(tmp_path, monkeypatch):
+    """top_k = 1 at a temperature above 0 leaves the target one token per position (ties aside):
+    decoding is the argmax, so the greedy gate compares both arms' outputs token for token instead
+    of calling them sampled, and the record says whether they were identical."""
+    from harness.verifiers.sampling import SamplingPolicy
+
+    assert SamplingPolicy(temperature=0.7, top_k=1).deterministic and SamplingPolicy().deterministic
+    assert not SamplingPolicy(temperature=0.7, top_k=2).deterministic
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    overrides = ["model=tiny", "verifier=membership", "generation.temperature=0.7", "generation.top_k=1"]
+    overrides += ["workload.limit=2", "generation.max_new_tokens=12", "gates.oracle=false", "threads=1"]
+    record = run_job(compose([*overrides, f"output_dir={tmp_path / 'run'}"]), run_dir=tmp_path / "run")
+    assert record["gates"]["greedy_equality"]["status"] == "passed"
+    assert record["metrics"]["greedy_identical"] is True
+    sampled = compose([*overrides[:3], "generation.top_k=2", *overrides[4:], f"output_dir={tmp_path / 'two'}"])
+    record = run_job(sampled, run_dir=tmp_path / "two")
+    assert record["gates"]["greedy_equality"]["status"] == "not_applicable"
+    assert record["metrics"]["greedy_identical"] is None

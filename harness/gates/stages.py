@@ -310,7 +310,7 @@ def run_gates(
     gates["workload_governance"] = (
         governance if governance is not None else not_applicable(f"proposer {caps.name!r} reads no datastore")
     )
-    if policy.greedy:
+    if policy.deterministic:  # temperature 0, or top_k = 1: one token per position, outputs compared
         gates["greedy_equality"] = (
             skipped(off["greedy_equality"]) if "greedy_equality" in off else {"status": "pending"}
         )

@@ -41,6 +41,13 @@ class SamplingPolicy:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def deterministic(self) -> bool:
+        """Whether the target's law keeps one token at every position (ties aside): temperature 0,
+        or top_k = 1 at any temperature. Decoding is then the argmax, and both arms' outputs are
+        compared token for token as greedy decoding's are."""
+        return self.greedy or self.top_k == 1
+
     def probs(self, logits: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Distribution ``[..., V]`` from logits ``[..., V]`` under this policy, in ``dtype``
         (default: float64 for float64 logits, float32 otherwise)."""
