@@ -860,7 +860,9 @@ def test_the_adaptive_budget_reports_what_it_learned_when_a_request_finishes():
     assert "adaptive_budget" not in fixed.stats.extras
 
 
-def test_a_request_verified_alone_tells_its_proposer_each_round_s_verify_time(models):
+def test_a_full_batch_round_tells_its_proposers_its_verify_time(models):
+    """A round's verify time reaches the cost models when the run's batch size of requests shared the
+    forward: the size their t(n) curve was measured at (at batch 1, every round of the request)."""
     from harness.engine.decode import RoundConfig, decode_batch
 
     target, _, _ = models
@@ -897,6 +899,7 @@ def test_a_request_verified_alone_tells_its_proposer_each_round_s_verify_time(mo
         round_cfg=RoundConfig(max_nodes=4, max_depth=4),
         on_round=count,
     )
-    # a shared forward's time is no one request's cost: only the rounds where a request ran alone
-    assert [len(p.seen) for p in pair] == [alone[0], alone[1]]
+    # the batch-2 curve prices a forward of both requests' rows: only the rounds they shared
+    assert [len(p.seen) for p in pair] == [alone["shared"], alone["shared"]]
+    assert pair[0].seen == pair[1].seen  # the same forward, the same rows per request and time
     assert alone["shared"] > 0 and alone[0] + alone[1] > 0  # rounds of both kinds happened

@@ -14,6 +14,30 @@ def test_verify_cost_curve_shape(tiny_model):
     assert prof["measured_rows"][0] == 0 and prof["measured_rows"][-1] == 10
 
 
+def test_a_batched_runs_curve_times_forwards_of_that_many_requests(tiny_model, monkeypatch):
+    import harness.target.timing as timing
+
+    seen = []
+    real = timing.median_verify_ms
+    monkeypatch.setattr(timing, "median_verify_ms", lambda b, **kw: seen.append(kw["batch_size"]) or real(b, **kw))
+    prof = verify_cost_curve(CausalLMBackend(tiny_model), list(range(3, 40)), max_rows=4, reps=1, batch_size=3)
+    assert seen == [3] and prof["batch_size"] == 3 and prof["t_profile"]["batch_size"] == 3
+
+
+def test_an_adaptive_run_at_batch_two_prices_rows_on_its_batch_and_learns_from_its_rounds(tmp_path, monkeypatch):
+    """At batch 2 the adaptive budget's t(n) is measured over forwards of two requests, and the
+    rounds both requests share correct it (the record says how many it observed)."""
+    from harness.config import compose
+    from harness.runner import run_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    overrides = ["model=tiny", "proposer.budget_policy=adaptive", "topology=sequences", "generation.batch_size=2"]
+    overrides += ["workload.limit=2", "generation.max_new_tokens=12", "gates.oracle=false", "threads=1"]
+    record = run_job(compose([*overrides, f"output_dir={tmp_path / 'run'}"]), run_dir=tmp_path / "run")
+    assert record["t_profile"]["batch_size"] == 2
+    assert record["metrics"]["retrieval"]["adaptive_budget"]["verify_rounds_observed"] > 0
+
+
 def test_the_monotone_fit_averages_a_dip_instead_of_carrying_a_slow_sample_forward():
     assert monotone_fit([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]  # a running max: [1, 3, 3, 4]
     assert monotone_fit([5.0, 1.0, 1.0, 1.0]) == [2.0, 2.0, 2.0, 2.0]

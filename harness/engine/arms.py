@@ -410,6 +410,7 @@ class Arms:
             eos_token_ids=self.eos,
             rngs=[self.rng_factory(self.seed_of(i, turn)) for i in idx],
             round_cfg=self.round_cfg,
+            full_batch=self.batch_size,
         )
 
     def warmup(self, tokens: int) -> None:

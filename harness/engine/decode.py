@@ -198,8 +198,13 @@ def decode_batch(
     rngs: Sequence[RandomSource],
     round_cfg: RoundConfig,
     on_round: Callable | None = None,
+    full_batch: int | None = None,
 ) -> BatchDecodeResult:
     """Decode ``len(prompts)`` requests together; ``proposers[k]`` and ``rngs[k]`` serve prompt k.
+
+    ``full_batch`` (default ``len(prompts)``): the run's batch size. A round's verify time reaches
+    the live proposers' cost models (:meth:`Proposer.observe_verify`) only when that many requests
+    shared the forward, the batch size their measured t(n) was taken at.
 
     ``on_round`` (optional) is called after each batch round's commit with ``live`` (request
     indices), ``trees``, ``selections``, ``emitted`` (per live request), ``output`` (the verify
@@ -298,8 +303,9 @@ def decode_batch(
             temp_kv_padded_bytes=out.padded_candidate_rows * bpt,
             hole_bytes=holes,
         )
-        if len(live) == 1:  # a forward of one request's rows: what its proposer's cost model prices
-            live[0].proposer.observe_verify(out.rows, verify_ms)
+        if len(live) == (b if full_batch is None else full_batch):  # the forward their t(n) curve prices
+            for req in live:
+                req.proposer.observe_verify(out.rows, verify_ms)
         now = (clock.now() - t_decode) * 1e3
         finished_rows, emitted_all = [], []
         for k, req in enumerate(live):

@@ -1,5 +1,6 @@
 """Prompt lookup's adaptive budget needs the target's measured verify cost t(n): measured here
-once per run (not once per batch slot) over the workload's first prompt."""
+once per run (not once per batch slot) over the workload's first prompt, at the run's batch size
+(a batched run verifies every request's rows in one forward)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ def prepare_prompt_lookup(options: dict, context) -> Preparation:
         return Preparation()
     ids = context.items[0][1] if context.items else [1, 2, 3, 4] * 16
     max_rows = int(context.cfg.topology.max_nodes)
-    profile = verify_cost_curve(context.target_backend, ids, max_rows=max_rows)
+    batch_size = int(context.cfg.generation.batch_size)
+    profile = verify_cost_curve(context.target_backend, ids, max_rows=max_rows, batch_size=batch_size)
     # the curve the budget uses, and the raw t(n) the record and report show
     return Preparation(options={"verify_cost": profile["normalised"]}, extras={"t_profile": profile["t_profile"]})

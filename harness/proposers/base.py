@@ -102,8 +102,9 @@ class Proposer(ABC):
 
     def observe_verify(self, rows: int, ms: float) -> None:
         """The target's verify forward of this request's last proposal took ``ms`` for ``rows`` rows
-        (the pending row included); called only when the request was verified alone (batch of one),
-        before :meth:`observe_commit` (or :meth:`finish`, after its last round)."""
+        per request (the pending row included); called only when the batch was full (the run's batch
+        size of requests shared the forward: at batch 1, the request alone), before
+        :meth:`observe_commit` (or :meth:`finish`, after its last round)."""
 
     def finish(self) -> None:
         """Release per-request state."""

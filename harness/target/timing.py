@@ -157,14 +157,18 @@ def verify_cost_curve(
     max_rows: int,
     reps: int = 5,
     points: Sequence[int] = (*range(17), 24, 32, 48, 64),
+    batch_size: int = 1,
 ) -> dict:
     """Median verify time over a real prefix at ``1 + rows`` for the given row counts (every count up
     to 16 by default: register tiles make the curve step, not grow smoothly), interpolated to every
     ``rows <= max_rows`` and made monotone by :func:`monotone_fit` (cost never decreases with more
-    rows; the raw medians are kept). Returns ``{"t_ms": [t(1), ..., t(max_rows + 1)], "normalised":
-    [...], ...}``: what prompt lookup's adaptive budget needs."""
+    rows; the raw medians are kept), each forward of ``batch_size`` requests of that many rows (a
+    batched run's verify). Returns ``{"t_ms": [t(1), ..., t(max_rows + 1)], "normalised": [...],
+    ...}``: what prompt lookup's adaptive budget needs."""
     pts = sorted({p for p in points if p <= max_rows} | {0, max_rows})
-    med = median_verify_ms(backend, prefix_ids=prompt_ids, ns=[1 + p for p in pts], warmup=1, repeats=reps)
+    med = median_verify_ms(
+        backend, prefix_ids=prompt_ids, ns=[1 + p for p in pts], batch_size=batch_size, warmup=1, repeats=reps
+    )
     raw = [med[1 + p] for p in pts]
     t_ms = np.interp(np.arange(0, max_rows + 1), pts, monotone_fit(raw))
     return {
@@ -174,7 +178,8 @@ def verify_cost_curve(
         "measured_ms": raw,
         "prefix_len": len(prompt_ids),
         "reps": reps,
-        "t_profile": {"n": [1 + r for r in pts], "t": raw},
+        "batch_size": batch_size,
+        "t_profile": {"n": [1 + r for r in pts], "t": raw, "batch_size": batch_size},
     }
 
 
