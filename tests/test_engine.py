@@ -903,3 +903,28 @@ def test_a_full_batch_round_tells_its_proposers_its_verify_time(models):
     assert [len(p.seen) for p in pair] == [alone["shared"], alone["shared"]]
     assert pair[0].seen == pair[1].seen  # the same forward, the same rows per request and time
     assert alone["shared"] > 0 and alone[0] + alone[1] > 0  # rounds of both kinds happened
+
+
+def test_a_round_cut_by_the_token_budget_keeps_its_tree_depth_and_counts_only_the_depths_tried():
+    """The round series shows the verified tree's depth (a 4-row chain is 4 deep, even when the
+    request had one token left); acceptance by depth counts only the depths the walk tried."""
+    from harness.measure.ledger import RoundLedger
+
+    led = RoundLedger(max_depth=4)
+    stage = {"proposal": 1.0, "target_verify": 2.0}
+    led.observe_round(
+        tree_depth=4,
+        num_rows=4,
+        accepted=0,
+        committed=1,
+        first_child_hit=False,
+        stage_ms=stage,
+        temp_kv_bytes=0,
+        depth_tried=0,
+    )  # one token left: the first candidate was accepted but cut, the bonus never emitted
+    led.observe_round(
+        tree_depth=4, num_rows=4, accepted=2, committed=3, first_child_hit=True, stage_ms=stage, temp_kv_bytes=0
+    )  # a whole round: depths 1-3 tried, 1-2 accepted
+    rows = led.rounds_table()
+    assert [r["tree_depth"] for r in rows] == [4, 4] and [r["candidate_rows"] for r in rows] == [4, 4]
+    assert led.reached == [1, 1, 1, 0] and led.accepted_at == [1, 1, 0, 0]

@@ -316,10 +316,12 @@ def decode_batch(
             emitted_all.append(emitted)
             first_child = tree.children(-1)
             depth = int(tree.depths.max()) if tree.num_rows else 0
-            if counted < len(sel.accepted_rows):  # cut by EOS or the token budget: the depths past the
-                depth = counted  # cut were accepted, not tried and rejected, so they are not counted
+            # cut by EOS or the token budget: the depths past the cut were accepted, not tried and
+            # rejected, so acceptance by depth does not count them (the round series keeps the depth)
+            cut = counted < len(sel.accepted_rows)
             req.ledger.observe_round(
                 tree_depth=depth,
+                depth_tried=counted if cut else None,
                 num_rows=tree.num_rows,
                 accepted=counted,
                 committed=len(emitted),

@@ -75,7 +75,12 @@ class RoundLedger:
         first_child_hit: bool,
         stage_ms: dict[str, float],
         temp_kv_bytes: int,
+        depth_tried: int | None = None,
     ) -> None:
+        """``tree_depth``: the verified tree's depth (the round series shows it); ``depth_tried``:
+        how deep acceptance by depth counts the round when that is less (a round cut by EOS or the
+        token budget accepted the depths past the cut, it did not try and reject them)."""
+        counted_depth = tree_depth if depth_tried is None else min(depth_tried, tree_depth)
         self.rounds += 1
         self.committed_tokens += committed
         self.accepted_tokens += accepted
@@ -85,11 +90,11 @@ class RoundLedger:
         else:
             self.rounds_with_candidates += 1
             self.first_child_hits += int(first_child_hit)
-        need = max(tree_depth, accepted)
+        need = max(counted_depth, accepted)
         while len(self.reached) < need:
             self.reached.append(0)
             self.accepted_at.append(0)
-        for d in range(1, tree_depth + 1):
+        for d in range(1, counted_depth + 1):
             if accepted >= d - 1:  # the walk reached depth d-1, so depth d was tried
                 self.reached[d - 1] += 1
                 if accepted >= d:
