@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.heads.published import inspect, is_published
+from harness.heads.published import file_sha256, inspect, is_published
 from harness.measure.hardware import library_versions
 from harness.proposers.rest import manifest_datastores
 from harness.target.loading import resolve_dtype
@@ -107,17 +107,62 @@ def job_manifest_hash(cfg: DictConfig, *, versions: dict[str, str] | None = None
     return manifest_hash(job_manifest(cfg, versions=versions))
 
 
+def draft_model_config(cfg: DictConfig):
+    """The separate draft model a run needs: ``proposer=draft_model``, or a merged tree with
+    ``draft_model`` among ``proposer.sources``; None otherwise (nothing is loaded)."""
+    if cfg.proposer.name == "draft_model":
+        return cfg.proposer.model
+    if cfg.proposer.name == "merged" and "draft_model" in (cfg.proposer.get("sources") or []):
+        return cfg.proposer.draft_model.model
+    return None
+
+
+#: the files of a checkpoint directory that decide what it computes: weights, configs, tokenizer, code
+CHECKPOINT_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".pth", ".model", ".txt", ".py", ".gguf", ".tiktoken")
+
+
+def checkpoint_fingerprint(ref: str) -> dict:
+    """What binds a checkpoint given by path or hub id: a local directory's files (weights, configs,
+    tokenizer; each SHA-256, read once per process per file version), so new weights at the same
+    path make another manifest; a hub id by its name only (its files are not read here: give the
+    downloaded directory to bind them)."""
+    path = Path(str(ref)).expanduser()
+    if not path.is_dir():
+        return {"ref": str(ref), "files": None, "bound_by": "name"}
+    files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in CHECKPOINT_SUFFIXES)
+    return {"ref": str(ref), "directory": str(path.resolve()), "files": {f.name: file_sha256(f) for f in files}}
+
+
+def _by_path(m) -> str | None:
+    """The checkpoint a model config loads by path or hub id (None: the embedded or a built model)."""
+    if m.get("name_or_path"):
+        return str(m.name_or_path)
+    if m.name not in ("tiny", "smollm2", "derived"):
+        return str(m.name)
+    return None
+
+
 def manifest_extras(cfg: DictConfig) -> dict:
     """Versioned artifacts the manifest binds beyond the config: the datastore release ids of a
-    retrieval proposer (opened, or built on first use, before any model is loaded), and the
+    retrieval proposer (opened, or built on first use, before any model is loaded), the
     provenance of a published head checkpoint (path or hub id, layout, SHA-256 of every file read),
-    and the SHA-256 of a choice-list file (``topology.choices_file``: its content is the tree)."""
+    the files of any other artifact directory given by path (EAGLE's, trained heads') and of a
+    target or draft loaded by path (:func:`checkpoint_fingerprint`), and the SHA-256 of a
+    choice-list file (``topology.choices_file``: its content is the tree)."""
     p = cfg.proposer
     extras: dict = {}
     if p.name == "rest" or (p.name == "merged" and "rest" in list(p.get("sources", []))):
         extras.update(manifest_datastores(cfg))
     elif p.name in ("medusa", "hydra") and is_published(p.get("artifact")):
         extras["proposer_artifact"] = inspect(str(p.artifact), p.name).provenance()
+    elif p.get("artifact") and Path(str(p.artifact)).expanduser().is_dir():
+        extras["proposer_artifact"] = checkpoint_fingerprint(str(p.artifact))
+    target = _by_path(cfg.model)
+    if target is not None:
+        extras["target_checkpoint"] = checkpoint_fingerprint(target)
+    draft = draft_model_config(cfg)
+    if draft is not None and _by_path(draft) is not None:
+        extras["draft_checkpoint"] = checkpoint_fingerprint(_by_path(draft))
     choices_file = cfg.topology.get("choices_file")
     if cfg.topology.name == "choices" and choices_file:
         data = Path(str(choices_file)).expanduser().read_bytes()  # the budget has read it already

@@ -45,7 +45,13 @@ from harness.gates.drift import heuristic_drift
 from harness.gates.greedy import greedy_equality, output_turns
 from harness.gates.stages import announce_disabled, disabled_gates, run_gates
 from harness.gates.status import GateError
-from harness.manifest import RECORD_SCHEMA_VERSION, freeze_manifest, manifest_extras, manifest_hash
+from harness.manifest import (
+    RECORD_SCHEMA_VERSION,
+    draft_model_config,
+    freeze_manifest,
+    manifest_extras,
+    manifest_hash,
+)
 from harness.measure.hardware import hardware_card, library_versions, peak_rss_bytes
 from harness.measure.memory import JobHostMemory
 from harness.prepare import prepare
@@ -417,16 +423,6 @@ def _load(m: DictConfig, *, tokenizer=None) -> LoadedModel:
         tokenizer=tokenizer,
     )
     return apply_model_options(loaded, m)
-
-
-def draft_model_config(cfg: DictConfig):
-    """The separate draft model a run needs: ``proposer=draft_model``, or a merged tree with
-    ``draft_model`` among ``proposer.sources``; None otherwise (nothing is loaded)."""
-    if cfg.proposer.name == "draft_model":
-        return cfg.proposer.model
-    if cfg.proposer.name == "merged" and "draft_model" in (cfg.proposer.get("sources") or []):
-        return cfg.proposer.draft_model.model
-    return None
 
 
 def draft_model_key(cfg: DictConfig) -> str:

@@ -382,3 +382,39 @@ def test_the_model_axis_tells_checkpoints_and_dtypes_apart(ckpts):
     assert model_label(cfg_for(ckpts, None, "model.dtype=bfloat16").model) == "target@bfloat16"
     hub = compose(["model=hf", "model.name_or_path=meta-llama/Meta-Llama-3-8B-Instruct", "model.device=cuda"])
     assert model_label(hub.model) == "meta-llama/Meta-Llama-3-8B-Instruct@bfloat16"  # cuda's default dtype
+
+
+def test_new_weights_at_the_same_path_make_another_manifest(tmp_path):
+    """A target or draft loaded by path and an artifact directory (EAGLE's) are bound by their files:
+    new weights at the same path change the manifest hash (a sweep then re-runs the job instead of
+    keeping a record of the old weights); a hub id is bound by its name."""
+    from harness.manifest import checkpoint_fingerprint, job_manifest, job_manifest_hash
+
+    target, draft = tiny_checkpoint(tmp_path / "target"), tiny_checkpoint(tmp_path / "draft", seed=1)
+    eagle = tmp_path / "eagle"
+    eagle.mkdir()
+    (eagle / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle"]}')
+    torch.save({"fc.weight": torch.zeros(2, 2)}, eagle / "pytorch_model.bin")
+    runs = {
+        "target": ["model=hf", f"model.name_or_path={target}"],
+        "draft": [
+            "model=tiny",
+            "proposer=draft_model",
+            "proposer.model.name=hf",
+            f"proposer.model.name_or_path={draft}",
+        ],
+        "eagle": ["model=tiny", "proposer=eagle", f"proposer.artifact={eagle}", "topology=sequence"],
+    }
+    before = {k: job_manifest_hash(compose(v), versions={}) for k, v in runs.items()}
+    assert job_manifest(compose(runs["draft"]), versions={})["draft_checkpoint"]["files"]["model.safetensors"]
+    tiny_checkpoint(target, seed=7)  # other weights, same files
+    tiny_checkpoint(draft, seed=8)
+    torch.save({"fc.weight": torch.ones(2, 2)}, eagle / "pytorch_model.bin")
+    after = {k: job_manifest_hash(compose(v), versions={}) for k, v in runs.items()}
+    assert all(before[k] != after[k] for k in runs), (before, after)
+    assert checkpoint_fingerprint("someone/some-model") == {
+        "ref": "someone/some-model",
+        "files": None,
+        "bound_by": "name",
+    }
+    assert "target_checkpoint" not in job_manifest(compose(["model=tiny"]), versions={})
