@@ -82,7 +82,23 @@ def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[st
     }
     if extra:
         manifest.update(extra)
+    published = (extra or {}).get("proposer_artifact") or {}
+    if published.get("source") == "published" and "num_heads" in published:
+        manifest["proposer"] = published_bank_options(manifest["proposer"], published)
     return manifest
+
+
+def published_bank_options(proposer: dict, provenance: dict) -> dict:
+    """The proposer options as a published head bank runs them: its architecture comes from the
+    checkpoint, so ``num_heads`` and ``mlp_layers`` are the bank's, and configured values it
+    overrode are listed under ``overridden_by_checkpoint`` (the record never claims a shape that
+    did not run)."""
+    actual = {"num_heads": provenance["num_heads"], "mlp_layers": provenance["num_layers"]}
+    overridden = {k: proposer[k] for k, v in actual.items() if k in proposer and proposer[k] != v}
+    out = {**proposer, **actual}
+    if overridden:
+        out["overridden_by_checkpoint"] = overridden
+    return out
 
 
 def manifest_hash(manifest: dict) -> str:

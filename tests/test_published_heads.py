@@ -27,6 +27,7 @@ from checkpoint_fixtures import (
 
 from harness.config import compose
 from harness.contracts import Budget
+from harness.engine.build import plan
 from harness.heads.artifacts import load_configured_heads
 from harness.heads.checkpoint import ArtifactError, cpu_budget_label
 from harness.heads.published import check_target, inspect, is_published, load_published_heads
@@ -478,10 +479,31 @@ def test_published_heads_run_end_to_end_with_provenance(tmp_path, monkeypatch, t
     for name, digest in prov["files"].items():
         assert digest == hashlib.sha256((path / name).read_bytes()).hexdigest()
     assert record["artifacts"]["proposer_artifact"]["files"] == prov["files"]
+    # the manifest's proposer options are the shape that ran: the bank's, not the configured defaults
+    ran = record["manifest"]["proposer"]
+    assert (ran["num_heads"], ran["mlp_layers"]) == (prov["num_heads"], prov["num_layers"])
+    if kind == "medusa":  # 4 heads against the configured default of 3
+        assert ran["overridden_by_checkpoint"] == {"num_heads": 3}
     extras = m["retrieval"]
     assert extras["hidden_misses"] == 0 and extras["head_stages"] > 0
     if kind == "hydra-prefix":  # the prefix layer saw every committed row before the last, once
         assert m["proposal_state_bytes"] > 0 and extras["prefix_rows_fed"] > 0
+
+
+def test_hydra_plus_plus_switches_on_a_published_bank_are_refused_and_other_options_recorded_as_overridden(
+    tmp_path, target
+):
+    from harness.manifest import job_manifest
+
+    state = hydra_state(heads=3, layers=1, hidden=H, vocab=V, embed=target.get_input_embeddings().weight)
+    path = write_hydra(tmp_path / "heads", state, config=hydra_config(3, 1))
+    base = ["model=tiny", "proposer=hydra", f"proposer.artifact={path}", "topology=sequence", "topology.max_depth=3"]
+    for switch in ("distill", "prefix_attention"):
+        with pytest.raises(ArtifactError, match=rf"^proposer.{switch}=true trains Hydra\+\+ heads here; "):
+            plan(compose([*base, f"proposer.{switch}=true"]))
+    manifest = job_manifest(compose([*base, "proposer.num_heads=9", "proposer.mlp_layers=4"]), versions={})
+    assert manifest["proposer"]["num_heads"] == 3 and manifest["proposer"]["mlp_layers"] == 1
+    assert manifest["proposer"]["overridden_by_checkpoint"] == {"num_heads": 9, "mlp_layers": 4}
 
 
 def test_training_a_published_checkpoint_is_refused(tmp_path, target):

@@ -153,6 +153,12 @@ class HeadsProposer(HiddenRowProposer):
             raise ArtifactError(
                 f"proposer={cls.name} loads artifacts trained here only; published layouts: medusa, hydra"
             )
+        switched = [k for k in ("distill", "prefix_attention") if options.get(k)]
+        if switched:
+            raise ArtifactError(
+                f"proposer.{switched[0]}=true trains Hydra++ heads here; proposer.artifact={ref!r} is a published "
+                f"bank, run as its checkpoint defines it: drop proposer.{switched[0]}"
+            )
         layout = inspect(str(ref), cls.kind)
         depth = len(draft_widths(budget, 1 << 30))
         check_target(layout, geometry(), depth=depth)
