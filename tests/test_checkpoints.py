@@ -418,3 +418,18 @@ def test_new_weights_at_the_same_path_make_another_manifest(tmp_path):
         "bound_by": "name",
     }
     assert "target_checkpoint" not in job_manifest(compose(["model=tiny"]), versions={})
+
+
+def test_a_checkpoint_with_a_non_finite_weight_is_refused_at_load_naming_the_tensor(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from harness.target.loading import load_model
+
+    path = tiny_checkpoint(tmp_path / "ckpt")
+    state = load_file(str(path / "model.safetensors"))
+    name = "model.layers.0.mlp.up_proj.weight"
+    state[name][0, 0] = float("nan")
+    state[name][1, 1] = float("inf")
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=rf"^checkpoint '{path}': {name} holds 2 non-finite value\(s\)"):
+        load_model(name="hf", name_or_path=str(path))

@@ -379,6 +379,7 @@ def load_model(
             output_loading_info=True,
         )
         report = check_loading_info(info, source=source)
+        check_finite_weights(model, source=source)
         report["layers"] = _layer_count(model)
         if tokenizer is None:
             from transformers import AutoTokenizer
@@ -412,6 +413,20 @@ def align_parameters(model: torch.nn.Module, alignment: int = PARAMETER_ALIGNMEN
             p.data = p.data.clone(memory_format=torch.contiguous_format)
             moved += 1
     return moved
+
+
+def check_finite_weights(model: torch.nn.Module, *, source: str) -> None:
+    """Refuse a loaded checkpoint whose floating-point weights hold NaN or infinity, naming the
+    first such tensor and its count (a corrupt file would otherwise surface rounds later as a
+    non-finite draft law or target logit, naming nothing). One pass over the weights."""
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and p.numel():
+            bad = int((~torch.isfinite(p)).sum())
+            if bad:
+                raise CheckpointError(
+                    f"checkpoint {source!r}: {name} holds {bad} non-finite value(s) (NaN or infinity) of "
+                    f"{p.numel()}: the file is corrupt or was saved from a diverged run"
+                )
 
 
 def check_loading_info(info: dict, *, source: str) -> dict:
