@@ -379,6 +379,9 @@ def test_artifact_refused_for_another_recipe_or_edited_manifest(env, tmp_path):
             Target(env["model"], None, "tiny"),
             progress=False,
         )
+    (copy / "manifest.json").write_text("{bad")  # a broken file is named, not a bare JSON error
+    with pytest.raises(ArtifactError, match=r"^'.*edited/manifest.json' is not valid JSON: Expecting property name"):
+        ensure_heads("hydra", {**OPTIONS, "artifact": str(copy)}, Target(env["model"], None, "tiny"), progress=False)
 
 
 def test_missing_artifact_without_auto_train_is_refused(env):

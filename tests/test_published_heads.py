@@ -226,6 +226,18 @@ def test_malformed_published_heads_are_refused_naming_file_key_or_field(tmp_path
         inspect(str(written("no-head-0", no_head0)), "medusa")
     with pytest.raises(ArtifactError, match=r"medusa_num_heads='three' is not a whole number"):
         inspect(str(written("str-count", config=medusa_config(3, 1, medusa_num_heads="three"))), "medusa")
+    with pytest.raises(ArtifactError, match=r"config.json says version='9'; readable Medusa versions: 1 .* and 2 "):
+        inspect(str(written("v9", config=medusa_config(3, 1, version="9"))), "medusa")
+    # version 1 promises each head's own projection: without its key the file is truncated, not version 2
+    no_proj = {k: v for k, v in good.items() if not k.endswith(".1.weight")}
+    with pytest.raises(ArtifactError, match=r"says version 1 .* but the weights hold no 0\.1\.weight: the file is"):
+        inspect(str(written("v1-cut", no_proj, config=medusa_config(3, 1, version="1"))), "medusa")
+    unsaid = inspect(str(written("v-unsaid", no_proj)), "medusa")  # no version: read as 2, and said so
+    assert unsaid.format == "medusa-heads-v2"
+    assert unsaid.provenance()["notes"] == [
+        "the weights hold no 0.1.weight and config.json names no version: read as version 2 (heads projecting "
+        "with the target's LM head)"
+    ]
     listed = written("list")
     (listed / "config.json").write_text("[3, 1]")
     with pytest.raises(ArtifactError, match=r"list/config.json' holds a JSON list, not an object"):
@@ -501,6 +513,11 @@ def test_hydra_plus_plus_switches_on_a_published_bank_are_refused_and_other_opti
     for switch in ("distill", "prefix_attention"):
         with pytest.raises(ArtifactError, match=rf"^proposer.{switch}=true trains Hydra\+\+ heads here; "):
             plan(compose([*base, f"proposer.{switch}=true"]))
+    stringly = hydra_config(3, 1)
+    stringly["grounded_heads"] = "false"  # a string: read as a truth value it would flip the head layout
+    odd = write_hydra(tmp_path / "stringly", state, config=stringly)
+    with pytest.raises(ArtifactError, match=r"config.json: grounded_heads='false' must be true or false"):
+        inspect(str(odd), "hydra")
     manifest = job_manifest(compose([*base, "proposer.num_heads=9", "proposer.mlp_layers=4"]), versions={})
     assert manifest["proposer"]["num_heads"] == 3 and manifest["proposer"]["mlp_layers"] == 1
     assert manifest["proposer"]["overridden_by_checkpoint"] == {"num_heads": 9, "mlp_layers": 4}

@@ -35,8 +35,8 @@ class ArtifactError(ValueError):
 
 
 def read_config_object(path: Path) -> dict[str, Any]:
-    """A published checkpoint's ``config.json``: one JSON object, or :class:`ArtifactError` naming
-    the file and what is wrong with it."""
+    """A published checkpoint's ``config.json`` (or an artifact's ``manifest.json``): one JSON
+    object, or :class:`ArtifactError` naming the file and what is wrong with it."""
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
@@ -171,7 +171,7 @@ def load_artifact(
     mpath = path / MANIFEST_FILE
     if not mpath.is_file():
         raise ArtifactError(f"{str(path)!r} is not a proposal artifact: {MANIFEST_FILE} missing")
-    manifest = json.loads(mpath.read_text())
+    manifest = read_config_object(mpath)
     if manifest.get("version") != ARTIFACT_VERSION:
         raise ArtifactError(
             f"artifact {str(path)!r} has version {manifest.get('version')!r}; "

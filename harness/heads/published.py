@@ -374,6 +374,21 @@ def _inspect_medusa(ref, layout, config, shapes) -> dict:
     vocab = shapes[proj][0] if proj in shapes else None
     notes = []
     version = str(config.get("version", "")) or None
+    if version not in (None, "1", "2"):
+        raise ArtifactError(
+            f"proposer.artifact={ref!r}: config.json says version={config['version']!r}; readable Medusa "
+            "versions: 1 (heads with their own vocabulary projection) and 2 (heads projecting with the target's)"
+        )
+    if version == "1" and vocab is None:
+        raise ArtifactError(
+            f"proposer.artifact={ref!r}: config.json says version 1 (heads with their own vocabulary projection) "
+            f"but the weights hold no {proj}: the file is truncated, or its config should say version 2"
+        )
+    if version is None and vocab is None:
+        notes.append(
+            f"the weights hold no {proj} and config.json names no version: read as version 2 (heads projecting "
+            "with the target's LM head)"
+        )
     if version == "2" and vocab is not None:
         raise ArtifactError(
             f"proposer.artifact={ref!r}: config.json says version 2 (heads without their own vocabulary "
@@ -407,7 +422,12 @@ def _inspect_hydra(ref, config, shapes) -> dict:
             f"proposer.artifact={ref!r}: hidden_state_offset={offset} is not read here (only 0: the target's "
             "final-norm hidden state)"
         )
-    grounded = bool(config.get("grounded_heads", False))
+    grounded = config.get("grounded_heads", False)
+    if not isinstance(grounded, bool):
+        raise ArtifactError(
+            f"proposer.artifact={ref!r}: config.json: grounded_heads={grounded!r} must be true or false "
+            "(a JSON boolean)"
+        )
     step, first = (2, 1) if arch == "prefix-mlp" else (1, 0)
     heads, last = _head_blocks(ref, shapes, "Hydra", "hydra_mlp.")
     layers = (last - first) // step + 1
