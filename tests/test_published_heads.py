@@ -293,6 +293,10 @@ def test_a_mismatched_checkpoint_is_refused_before_any_model_work(tmp_path, monk
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "drafts 4 tokens deep" in err[0]
+    # a chain deeper than the bank drafts as deep as the bank reaches, as heads trained here do
+    cfg = compose(["model=tiny", "proposer=medusa", f"proposer.artifact={ok}", "topology=sequence"])
+    assert cfg.topology.max_depth > 3
+    plan(cfg)
 
 
 def test_a_hub_id_that_cannot_be_fetched_is_one_clear_refusal(monkeypatch):

@@ -160,7 +160,8 @@ class HeadsProposer(HiddenRowProposer):
                 f"bank, run as its checkpoint defines it: drop proposer.{switched[0]}"
             )
         layout = inspect(str(ref), cls.kind)
-        depth = len(draft_widths(budget, 1 << 30))
+        # a chain drafts as deep as the bank reaches (as for heads trained here); other shapes name their depth
+        depth = len(draft_widths(budget, layout.num_heads if budget.shape == "sequence" else 1 << 30))
         check_target(layout, geometry(), depth=depth)
 
     # ------------------------------------------------------------------ lifecycle
