@@ -130,6 +130,48 @@ def test_a_commit_that_keeps_a_rejected_row_fails_the_equivalence_gate(workload,
     nothing_written(run_dir)
 
 
+def test_a_batched_run_checks_the_batched_verify_and_commit_and_a_broken_one_fails(workload, tmp_path, monkeypatch):
+    """At batch > 1 the equivalence gate also runs over a batch of the run's prompts (ragged
+    lengths, padded rows, requests that accept nothing): it passes for the real backend, and fails
+    for one whose batched forward mixes up its requests' positions, which a batch of one never shows."""
+    from harness.target.backend import CausalLMBackend
+
+    record = run_job(cfg(workload, "gates.oracle=false", "generation.batch_size=2"), run_dir=tmp_path / "ok")
+    batched = record["gates"]["equivalence"]["batched"]
+    assert batched["status"] == "passed" and batched["batch_size"] == 2
+    assert batched["max_abs_logit_diff"] <= batched["tolerance"]
+    assert len(set(batched["prompt_tokens"])) == 2  # a ragged batch
+    single = run_job(cfg(workload, "gates.oracle=false"), run_dir=tmp_path / "one")
+    assert "batched" not in single["gates"]["equivalence"]
+
+    real = CausalLMBackend.verify
+
+    def swapped(self, state, pending, trees):  # WRONG: the second request gets the first one's logits
+        out = real(self, state, pending, trees)
+        if len(out.logits) > 1:
+            rows = min(len(out.logits[0]), len(out.logits[1]))
+            out.logits[1] = torch.cat([out.logits[0][:rows], out.logits[1][rows:]])
+        return out
+
+    bad = cfg(workload, "gates.oracle=false", "generation.batch_size=2", "gates.cache=false")
+    with monkeypatch.context() as m:
+        m.setattr(CausalLMBackend, "verify", swapped)
+        with pytest.raises(GateError, match=r"gate 'equivalence' failed .*\"batched\""):
+            run_job(bad, run_dir=tmp_path / "bad")
+    nothing_written(tmp_path / "bad")
+    real_commit = CausalLMBackend.commit
+
+    def second_keeps_first_rows(self, state, accepted_rows):  # WRONG for request 1: its first rows, not its path
+        if len(accepted_rows) > 1:
+            accepted_rows = [accepted_rows[0], list(range(len(accepted_rows[1]))), *accepted_rows[2:]]
+        return real_commit(self, state, accepted_rows)
+
+    monkeypatch.setattr(CausalLMBackend, "commit", second_keeps_first_rows)
+    with pytest.raises(GateError, match=r"gate 'equivalence' failed .*\"batched\""):
+        run_job(bad, run_dir=tmp_path / "bad-commit")
+    nothing_written(tmp_path / "bad-commit")
+
+
 def test_a_proposer_that_misrecords_q_fails_the_statistical_gate(workload, tmp_path, monkeypatch):
     from harness.proposers.draft_model import DraftModelProposer
 

@@ -92,3 +92,70 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
         "rounds": rounds,
         "dtype": str(backend.dtype),
     }
+
+
+@torch.inference_mode()
+def batched_equivalence_gate(backend: CausalLMBackend, prompts: list[list[int]], *, rounds: int = 3) -> dict:
+    """The same equivalence over one batch, as a batched run verifies and commits: requests of
+    different prompt lengths (a ragged batch), each round a different tree per request (fewer rows
+    padded to the widest), different path lengths committed (the empty path too: ragged holes).
+    Every request's rows must equal its root-to-node paths decoded alone, and after the last commit
+    each request's next row must equal its committed sequence decoded alone (what its cache holds).
+    Returns the evidence (``status`` ``passed`` or ``failed``)."""
+    b = len(prompts)
+    committed = []
+    for k, p in enumerate(prompts):
+        ids = list(p[-(48 - 5 * k) :]) if len(p) > 48 - 5 * k else list(p)
+        committed.append(ids if len(ids) >= 2 else ids + ids)
+    state = backend.prefill(committed, reserve=rounds * 4 + 2)
+    worst, scale = 0.0, 0.0
+
+    def alone(sequence: list[int]) -> torch.Tensor:
+        return backend.forward_rows(backend.new_state(), sequence, list(range(len(sequence))), None).logits[-1]
+
+    def compare(got: torch.Tensor, ref: torch.Tensor) -> None:
+        nonlocal worst, scale
+        diff = float((got.float() - ref.float()).abs().max())
+        worst = diff if math.isnan(diff) else max(worst, diff)
+        scale = max(scale, float(ref.float().abs().max()))
+
+    for r in range(rounds):
+        trees = []
+        for k in range(b):
+            paths = _paths_from(committed[k][-(7 + r + k) :])
+            paths = paths[: 1 + (r + k) % len(paths)]  # another row count per request and round
+            tree = compile_tree(
+                [ProposalResult.from_paths(paths, source="gate", manifest_hash="gate")], prefix_len=len(committed[k])
+            )
+            validate_candidate_graph(tree)
+            trees.append(tree)
+        out = backend.verify(state, [c[-1] for c in committed], trees)
+        for k, tree in enumerate(trees):
+            for row in range(-1, tree.num_rows):
+                path = [] if row < 0 else [int(tree.token_ids[x]) for x in tree.path_to(row)]
+                compare(out.logits[k][row + 1], alone(committed[k] + path))
+        accepted = []
+        for k, tree in enumerate(trees):
+            deep = max(range(tree.num_rows), key=lambda x: (int(tree.depths[x]), x))
+            rows = list(tree.path_to(deep)) if (r + k) % 3 else []  # some requests accept nothing
+            validate_commit(tree, rows)
+            accepted.append(rows)
+        backend.commit(state, accepted)
+        for k, rows in enumerate(accepted):
+            bonus = int(out.logits[k][1 + rows[-1] if rows else 0].argmax())
+            committed[k] += [int(trees[k].token_ids[x]) for x in rows] + [bonus]
+    out = backend.verify(state, [c[-1] for c in committed], [None] * b)
+    for k in range(b):
+        compare(out.logits[k][0], alone(committed[k]))
+    finite = math.isfinite(worst) and math.isfinite(scale)
+    atol = tolerance(backend.dtype, scale if finite else 0.0)
+    return {
+        "status": "passed" if finite and worst <= atol else "failed",
+        "batch_size": b,
+        "max_abs_logit_diff": worst,
+        "tolerance": atol,
+        "max_abs_logit": scale,
+        "rounds": rounds,
+        "prompt_tokens": [len(p) for p in prompts],
+        "dtype": str(backend.dtype),
+    }

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.files import atomic_write_text
 from harness.gates.e2e import GATE_TIERS, E2EModels, check_e2e_case, gate_tier
-from harness.gates.equivalence import equivalence_gate
+from harness.gates.equivalence import batched_equivalence_gate, equivalence_gate
 from harness.gates.keys import gate_key
 from harness.gates.oracle import MARGINAL_ATOL, check_case, verifier_cases
 from harness.gates.statistical import GATE_PROMPTS, prefix_rule, statistical_gate
@@ -260,6 +260,27 @@ def run_gates(
             lambda: equivalence_gate(backend, prompt),
         ),
     )
+    batch = int(cfg.generation.batch_size)
+    if batch > 1 and gates["equivalence"].get("status") == "passed":
+        # a batched run verifies and commits several requests at once (ragged prompts, padded rows,
+        # holes): checked over the run's batch size of its own prompts
+        batch_prompts = [list(item[1]) for item in items[:batch]]
+        batch_prompts += [batch_prompts[i % len(batch_prompts)][1:] for i in range(batch - len(batch_prompts))]
+
+        def with_batch() -> dict:
+            batched = _cached(
+                "equivalence_batched",
+                gate_key(
+                    "equivalence_batched",
+                    entries=["harness.gates.equivalence", "harness.target.loading"],
+                    inputs={**model_id, "prompts": [p[-48:] for p in batch_prompts]},
+                ),
+                g.cache,
+                lambda: batched_equivalence_gate(backend, batch_prompts),
+            )
+            return {**gates["equivalence"], "status": batched["status"], "batched": batched}
+
+        gate("equivalence", with_batch)
     if policy.greedy:
         gates["statistical"] = not_applicable("temperature 0: greedy equality is checked on every output instead")
     elif heuristic:
