@@ -561,6 +561,8 @@ def prepare_job(cfg: DictConfig, planned: Planned, loaded: Loaded) -> Prepared:
     plan_ = prepare(cfg, planned.plan, context)
     batch = int(cfg.generation.batch_size)
     proposers = [build_proposer(cfg, plan_, manifest_hash=planned.manifest_hash, context=context) for _ in range(batch)]
+    for slot in proposers[1:]:  # what a proposer remembers of earlier requests is the job's, not one slot's
+        slot.join(proposers[0])
     null_budget = Budget(shape="sequence", max_nodes=1, max_depth=1)
     nulls = [NullProposer(budget=null_budget, manifest_hash=planned.manifest_hash) for _ in range(batch)]
     return Prepared(plan=plan_, context=context, proposers=proposers, null_proposers=nulls)

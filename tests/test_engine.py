@@ -568,14 +568,33 @@ def test_history_serves_later_requests_but_never_a_request_its_own_answer():
     assert off.propose(other, TorchRandomSource(0)).nodes == ()
 
 
+def test_batch_slots_share_one_history_and_a_request_searches_it_as_it_started():
+    """The job's batch slots each have a lookup proposer; joined, every slot searches what any slot
+    served before (a batch of two: the next batch reads both outputs), and a request that started
+    before another finished does not read it mid-request."""
+    a, b = _lookup(64), _lookup(64)
+    b.join(a)
+    other = [30, 31, 21, 22]  # ends with a bigram of slot a's output
+    b.start(other)  # started before slot a's request finished
+    _serve(a, [10, 11, 12], [20, 21, 22, 23, 24])
+    assert b.propose(other, TorchRandomSource(0)).nodes == ()  # not in the history it started with
+    b.finish()
+    b.start(other)
+    assert [n.token_id for n in b.propose(other, TorchRandomSource(0)).nodes] == [23, 24]  # a's output
+    b.finish()
+    alone = _lookup(64)  # a slot not joined keeps its own history
+    alone.start(other)
+    assert alone.propose(other, TorchRandomSource(0)).nodes == ()
+
+
 def test_history_keeps_the_newest_tokens_up_to_its_size():
     prop = _lookup(6)
     _serve(prop, [1], [40, 41, 42, 43])
     _serve(prop, [2], [50, 51, 52, 53])  # 8 tokens: the oldest request is dropped
-    assert [out.tolist() for _, out in prop._history] == [[50, 51, 52, 53]]
+    assert [out.tolist() for _, out in prop._shelf.history] == [[50, 51, 52, 53]]
     assert prop.state_bytes() >= 4 * 8
     _serve(prop, [3], list(range(60, 70)))  # longer than the whole history: its last 6 tokens
-    assert [out.tolist() for _, out in prop._history] == [list(range(64, 70))]
+    assert [out.tolist() for _, out in prop._shelf.history] == [list(range(64, 70))]
     with pytest.raises(ValueError, match="history_tokens"):
         _lookup(-1)
 

@@ -109,6 +109,11 @@ class Proposer(ABC):
     def finish(self) -> None:
         """Release per-request state."""
 
+    def join(self, first: Proposer) -> None:
+        """Share what this proposer keeps across requests with ``first``, another batch slot's
+        proposer of the same configuration: a memory of earlier requests is the job's, not one
+        slot's. Nothing by default."""
+
     def state_bytes(self) -> int:
         return 0
 

@@ -253,6 +253,10 @@ class MergedProposer(Proposer):
 
     # ------------------------------------------------------------------ lifecycle
 
+    def join(self, first: Proposer) -> None:
+        for mine, theirs in zip(self.sources, getattr(first, "sources", ()), strict=False):
+            mine.join(theirs)
+
     def start(self, prompt_ids: list[int]) -> None:
         for s in self.sources:
             s.start(prompt_ids)

@@ -591,6 +591,23 @@ def non_decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return np.repeat(np.asarray(means), counts)
 
 
+class _HistoryShelf:
+    """Earlier requests' outputs, oldest first, with their index (a new corpus per added output, so
+    a request that started earlier keeps searching the one it started with)."""
+
+    def __init__(self) -> None:
+        self.history: list[tuple[bytes, np.ndarray]] = []  # (prompt key, output tokens)
+        self.corpus: TokenCorpus | None = None
+
+    def add(self, key: bytes, output: np.ndarray, limit: int) -> None:
+        """Keep ``output`` (dropping the oldest beyond ``limit`` tokens) and index the history anew."""
+        self.history.append((key, output))
+        total = sum(len(o) for _, o in self.history)
+        while total > limit:
+            total -= len(self.history.pop(0)[1])
+        self.corpus = TokenCorpus(np.concatenate([p for _, o in self.history for p in (o, np.array([SEPARATOR]))]))
+
+
 class PromptLookupProposer(Proposer):
     name: ClassVar[str] = "prompt_lookup"
     probability_semantics: ClassVar[str] = "score_only"
@@ -647,8 +664,8 @@ class PromptLookupProposer(Proposer):
         self.history_tokens = int(history_tokens)
         if self.history_tokens:
             self.stats.extras["rows_kept_from_history"] = 0
-        self._history: list[tuple[bytes, np.ndarray]] = []  # (prompt key, output tokens), oldest first
-        self._corpus: TokenCorpus | None = None  # the history, indexed
+        self._shelf = _HistoryShelf()  # earlier requests' outputs; shared by the job's batch slots (join)
+        self._corpus: TokenCorpus | None = None  # the history as this request started, indexed
         self._skip: np.ndarray | None = None  # history positions the current request may not read
         self._request: tuple[bytes, int] | None = None  # (prompt key, prompt length) of the current request
         self._committed: list[int] | None = None
@@ -669,13 +686,22 @@ class PromptLookupProposer(Proposer):
     def _prompt_key(prompt_ids: list[int]) -> bytes:
         return hashlib.blake2b(np.asarray(prompt_ids, dtype=np.int64).tobytes(), digest_size=16).digest()
 
+    def join(self, first: Proposer) -> None:
+        """Search the same history as ``first`` (another batch slot's lookup): every finished request
+        of the job, whichever slot served it."""
+        if isinstance(first, PromptLookupProposer):
+            self._shelf = first._shelf
+
     def start(self, prompt_ids: list[int]) -> None:
         self._request = (self._prompt_key(prompt_ids), len(prompt_ids)) if self.history_tokens else None
         self._committed = None
         self._last, self._tails = None, (-1, [])
         self._skip = None
-        if self._request is not None and any(key == self._request[0] for key, _ in self._history):
-            owners = np.concatenate([np.full(len(o) + 1, key == self._request[0]) for key, o in self._history])
+        history = self._shelf.history
+        # the history as this request starts: requests that finish while it runs are not searched by it
+        self._corpus = self._shelf.corpus if self._request is not None else None
+        if self._request is not None and any(key == self._request[0] for key, _ in history):
+            owners = np.concatenate([np.full(len(o) + 1, key == self._request[0]) for key, o in history])
             self._skip = owners  # the positions of earlier answers to this same prompt
 
     def finish(self) -> None:
@@ -686,13 +712,7 @@ class PromptLookupProposer(Proposer):
             key, prompt_len = self._request
             output = np.asarray(self._committed[prompt_len:], dtype=np.int64)[-self.history_tokens :]
             if len(output):
-                self._history.append((key, output))
-                total = sum(len(o) for _, o in self._history)
-                while total > self.history_tokens:
-                    total -= len(self._history.pop(0)[1])
-                self._corpus = TokenCorpus(
-                    np.concatenate([p for _, o in self._history for p in (o, np.array([SEPARATOR]))])
-                )
+                self._shelf.add(key, output, self.history_tokens)
         self._request = self._committed = self._skip = None
         if self.cost_model is not None:
             self.stats.extras["adaptive_budget"] = self.learned_state()
@@ -718,7 +738,8 @@ class PromptLookupProposer(Proposer):
         }
 
     def state_bytes(self) -> int:
-        return sum(o.nbytes for _, o in self._history) + (self._corpus.nbytes if self._corpus is not None else 0)
+        shelf = self._shelf
+        return sum(o.nbytes for _, o in shelf.history) + (shelf.corpus.nbytes if shelf.corpus is not None else 0)
 
     # ------------------------------------------------------------------ proposing
     def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
