@@ -155,6 +155,9 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     planned = plan_job(cfg, run_dir)
+    inert = inert_options(cfg)
+    if inert:  # accepted (a sweep may cross them with a setting that ignores them), never silently
+        print(f"harness: note: option(s) with no effect here: {'; '.join(inert)}", file=sys.stderr)
     with job_lock(planned.run_dir):  # one run per folder, from the first model work to the record
         earlier = inspect_job(planned.run_dir, manifest_hash=planned.manifest_hash, manifest=planned.manifest)
         aside = clear_for_run(planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting")
@@ -520,6 +523,46 @@ def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:
     return loaded
 
 
+#: the topology options each topology reads (beyond max_nodes and max_depth)
+_TOPOLOGY_READERS = {"widths": ("expansion", "cartesian"), "topk": ("dynamic",), "tree_artifact": ("sequoia",)}
+
+
+def inert_options(cfg: DictConfig) -> list[str]:
+    """The options set away from their defaults that change nothing in this combination, each as
+    ``key=value: why`` (the runner notes them at start and the record lists them under
+    ``inert_options``): a sweep may cross them with a setting that ignores them, so they are not
+    refused, but no record claims an effect that did not happen."""
+    out: list[str] = []
+    gen, topo, prop = cfg.generation, cfg.topology, cfg.proposer
+    if float(gen.temperature) == 0.0:
+        greedy = "temperature 0 decodes the argmax"
+        if float(gen.top_p) < 1.0:  # 1: no nucleus truncation
+            out.append(f"generation.top_p={gen.top_p}: {greedy}")
+        if int(gen.top_k) > 0:  # 0: no top-k truncation
+            out.append(f"generation.top_k={gen.top_k}: {greedy}")
+        if cfg.gates.get("skip_statistical"):
+            out.append("gates.skip_statistical=true: the statistical gate tests sampled rounds (temperature > 0)")
+    for key, readers in _TOPOLOGY_READERS.items():
+        value = topo.get(key)
+        if value not in (None, 0, []) and topo.name not in readers and not (key == "widths" and not list(value)):
+            out.append(
+                f"topology.{key}={_text(value)}: topology={topo.name} does not read it (only {', '.join(readers)})"
+            )
+    if prop.get("verify_cost") and prop.get("budget_policy", "fixed") != "adaptive":
+        out.append(
+            f"proposer.verify_cost={_text(prop.verify_cost)}: the fixed budget prices no rows "
+            "(proposer.budget_policy=adaptive reads it)"
+        )
+    return out
+
+
+def _text(value: Any) -> str:
+    """A config value as an override spells it."""
+    if isinstance(value, (list, tuple)) or OmegaConf.is_list(value):
+        return "[" + ",".join(_text(v) for v in value) + "]"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def check_same_tokenizer(target_tokenizer, draft_tokenizer, *, draft_ref: str = "the draft") -> None:
     """A parametric draft must tokenize exactly as the target: compared by content (vocabulary,
     special tokens, normalisation), not by ``config.vocab_size`` (embedding matrices of one family
@@ -775,6 +818,7 @@ def summarise(
         "metrics": metrics,
         "metric_notes": METRIC_NOTES,
         "per_prompt": measured.per_prompt,
+        "inert_options": inert_options(cfg),  # set, but changing nothing in this combination
         "hardware": hardware_card(cfg.model.device),
         "model_source": loaded.target.source,
         "draft_source": loaded.draft.source if loaded.draft is not None else None,

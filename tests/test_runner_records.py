@@ -306,3 +306,28 @@ def test_a_sampling_policy_that_keeps_one_token_has_its_outputs_compared_as_gree
     record = run_job(sampled, run_dir=tmp_path / "two")
     assert record["gates"]["greedy_equality"]["status"] == "not_applicable"
     assert record["metrics"]["greedy_identical"] is None
+
+
+def test_options_that_change_nothing_here_are_noted_at_start_and_listed_in_the_record(tmp_path, monkeypatch, capsys):
+    """An option set where the combination ignores it (top-p at temperature 0, widths on a chain, a
+    verify-cost curve under the fixed budget) is accepted, a sweep may cross it with such a
+    setting, but noted on stderr at start and listed in the record: no record claims its effect."""
+    from harness.app import run_main
+    from harness.runner import inert_options
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    argv = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=8", "gates.oracle=false", "threads=1"]
+    argv += ["generation.top_p=0.5", "topology=sequence", "topology.widths=[2,2]", "proposer.verify_cost=[1.0,1.1]"]
+    argv += [f"hydra.run.dir={tmp_path / 'hydra'}", f"output_dir={tmp_path / 'run'}"]
+    assert run_main(argv) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "option(s) with no effect here" in line]
+    expected = [
+        "generation.top_p=0.5: temperature 0 decodes the argmax",
+        "topology.widths=[2,2]: topology=sequence does not read it (only expansion, cartesian)",
+        "proposer.verify_cost=[1.0,1.1]: the fixed budget prices no rows (proposer.budget_policy=adaptive reads it)",
+    ]
+    assert notes == [f"harness: note: option(s) with no effect here: {'; '.join(expected)}"]
+    assert load_record(tmp_path / "run" / "record.json")["inert_options"] == expected
+    # where they apply they are no note: top-p when sampling, widths on an expansion tree
+    sampled = compose(["model=tiny", "generation.temperature=0.7", "generation.top_p=0.5", "verifier=membership"])
+    assert inert_options(sampled) == [] and inert_options(compose(["model=tiny", "topology=expansion"])) == []
