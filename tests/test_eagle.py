@@ -701,6 +701,19 @@ def test_published_checkpoint_refusals(env, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ArtifactError, match="neither a harness EAGLE artifact"):
         load_configured_eagle({"artifact": str(tmp_path / "empty")}, model=model, tokenizer=None)
+    # a tensor the config requires is missing: refused by name; a config the weights contradict otherwise: noted
+    no_fc_bias = eagle12_state(cfg, embed=emb)
+    no_fc_bias.pop("fc.bias")
+    with pytest.raises(ArtifactError, match=r"config.json says bias=true but the weights hold no fc.bias"):
+        load("no-fc-bias", llama_fields(cfg, bias=True), no_fc_bias)
+    with pytest.raises(ArtifactError, match=r"says qkv_bias=true but the weights hold no layers.0.self_attn.q_proj"):
+        load("no-qkv-bias", llama_fields(cfg, qkv_bias=True), eagle12_state(cfg, embed=emb))
+    noted = load("contradicted", llama_fields(cfg, bias=False, num_hidden_layers=3), eagle12_state(cfg, embed=emb))
+    assert noted.draft.spec.fc_bias and noted.draft.spec.num_layers == 1  # the weights decide
+    assert noted.manifest["notes"] == [
+        "config.json says bias=false; the weights hold the bias (read from the weights)",
+        "config.json says num_hidden_layers=3; the weights hold 1 (read from the weights)",
+    ]
 
 
 def test_malformed_published_eagle_checkpoints_are_refused_naming_file_key_or_field(env, tmp_path):

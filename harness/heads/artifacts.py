@@ -25,7 +25,7 @@ from harness.heads.checkpoint import (
     target_fingerprint,
 )
 from harness.heads.eagle import EagleSpec, build_draft
-from harness.heads.eagle_formats import parse_published, read_weights, resolve_source
+from harness.heads.eagle_formats import config_notes, parse_published, read_weights, resolve_source
 from harness.heads.early_exit import AdapterArtifact, build_adapter
 from harness.heads.models import DraftHeads, HeadSpec
 from harness.heads.published import PublishedHeads, inspect, is_published, load_published_heads
@@ -201,6 +201,7 @@ def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifac
         "config": {k: cfg[k] for k in sorted(cfg) if not isinstance(cfg[k], (dict, list)) or k == "architectures"},
         "verifier": (cfg.get("speculators_config") or {}).get("verifier"),
         "embedding": embedding,
+        "notes": config_notes(cfg, spec),
         "parameters": sum(p.numel() for p in draft.parameters()),
         "cpu_budget_artifact": False,
     }

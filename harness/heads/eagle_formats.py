@@ -230,6 +230,23 @@ def _parse_published(cfg: dict, state: dict[str, torch.Tensor], *, target_config
     )
 
 
+def config_notes(cfg: dict, spec: EagleSpec) -> list[str]:
+    """A note for every setting of an EAGLE-1/2 ``config.json`` the weights contradict (the weights
+    decide: a bias present though the config says none, another layer count)."""
+    if cfg.get("speculators_model_type") is not None or spec.version != "eagle":
+        return []
+    notes = []
+    for key, has in (("bias", spec.fc_bias), ("qkv_bias", spec.qkv_bias), ("attention_bias", spec.qkv_bias)):
+        if cfg.get(key) is False and has:
+            notes.append(f"config.json says {key}=false; the weights hold the bias (read from the weights)")
+    said = cfg.get("num_hidden_layers")
+    if isinstance(said, int) and not isinstance(said, bool) and said != spec.num_layers:
+        notes.append(
+            f"config.json says num_hidden_layers={said}; the weights hold {spec.num_layers} (read from the weights)"
+        )
+    return notes
+
+
 def _check_keys(fmt: str, state: dict, expected: dict[str, tuple[int, ...]], optional: set[str]) -> dict:
     missing = sorted(k for k in expected if k not in state)
     if missing:
@@ -262,6 +279,13 @@ def _eagle12(fmt: str, cfg: dict, state: dict, target_h: int, target_v: int) -> 
         raise ArtifactError(f"{fmt} checkpoint decoder layers {layers}; expected 0..n-1 with n >= 1")
     fc_bias = "fc.bias" in state
     qkv_bias = "layers.0.self_attn.q_proj.bias" in state
+    for key, has, tensor in (
+        ("bias", fc_bias, "fc.bias"),
+        ("qkv_bias", qkv_bias, "layers.0.self_attn.q_proj.bias"),
+        ("attention_bias", qkv_bias, "layers.0.self_attn.q_proj.bias"),
+    ):
+        if cfg.get(key) is True and not has:  # a tensor the config requires is missing: a truncated file
+            raise ArtifactError(f"{fmt} checkpoint: config.json says {key}=true but the weights hold no {tensor}")
     spec = EagleSpec(version="eagle", vocab_size=target_v, num_layers=n, fc_bias=fc_bias, qkv_bias=qkv_bias, **fields)
     hd, nh, nkv, inter = spec.head_dim, spec.num_attention_heads, spec.num_key_value_heads, spec.intermediate_size
     expected = {"fc.weight": (h, 2 * h)}
