@@ -226,6 +226,9 @@ def test_malformed_published_heads_are_refused_naming_file_key_or_field(tmp_path
         inspect(str(written("no-head-0", no_head0)), "medusa")
     with pytest.raises(ArtifactError, match=r"medusa_num_heads='three' is not a whole number"):
         inspect(str(written("str-count", config=medusa_config(3, 1, medusa_num_heads="three"))), "medusa")
+    skew = {**good, "0.0.linear.weight": torch.randn(H, H + 1)}
+    with pytest.raises(ArtifactError, match=rf"0\.0\.linear\.weight has shape \[{H}, {H + 1}\]; a Medusa residual"):
+        inspect(str(written("skew", skew)), "medusa")
     with pytest.raises(ArtifactError, match=r"config.json says version='9'; readable Medusa versions: 1 .* and 2 "):
         inspect(str(written("v9", config=medusa_config(3, 1, version="9"))), "medusa")
     # version 1 promises each head's own projection: without its key the file is truncated, not version 2

@@ -369,6 +369,12 @@ def _inspect_medusa(ref, layout, config, shapes) -> dict:
     """The :class:`PublishedLayout` fields a Medusa checkpoint's config and shapes give."""
     heads, last = _head_blocks(ref, shapes, "Medusa")
     layers = last + 1
+    for key, shape in sorted(shapes.items()):  # a residual block maps the hidden state to itself
+        if key.endswith(".linear.weight") and (len(shape) != 2 or shape[0] != shape[1]):
+            raise ArtifactError(
+                f"proposer.artifact={ref!r}: {key} has shape {list(shape)}; a Medusa residual block's weight is "
+                "square, [hidden, hidden]"
+            )
     hidden = next(shape[1] for key, shape in sorted(shapes.items()) if key.endswith(".0.linear.weight"))
     proj = f"0.{layers}.weight"
     vocab = shapes[proj][0] if proj in shapes else None
