@@ -477,6 +477,13 @@ def train(argv: list[str]) -> dict:
             f"proposer.skip={list(cfg.proposer.skip)} is given: harness train searches a skip vector, there is "
             "nothing to search; drop proposer.skip to search one, or use it in harness run"
         )
+    artifact = cfg.proposer.get("artifact")
+    if artifact and not Path(str(artifact)).expanduser().exists():  # before any model work
+        raise ConfigError(
+            f"proposer.artifact={artifact!r} does not exist: harness train writes its artifact to the cache (by "
+            "target and recipe) and prints the path; proposer.artifact names an existing artifact for harness run: "
+            "drop proposer.artifact"
+        )
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     target, _ = load_models(cfg)
