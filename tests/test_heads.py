@@ -365,6 +365,14 @@ def test_artifact_refused_for_another_recipe_or_edited_manifest(env, tmp_path):
             Target(env["model"], None, "tiny"),
             progress=False,
         )
+    # the differences are named as the overrides that set them, with the artifact's values to set
+    other = {**OPTIONS, "data": {**OPTIONS["data"], "token_budget": 4000}, "artifact": str(path)}
+    with pytest.raises(
+        ArtifactError,
+        match=r"was built with another recipe: proposer.data.token_budget: artifact "
+        r"1200, configured 4000; to use it, set proposer.data.token_budget=1200 \(or leave",
+    ):
+        ensure_heads("hydra", other, Target(env["model"], None, "tiny"), progress=False)
     import shutil
 
     copy = tmp_path / "edited"

@@ -163,6 +163,43 @@ def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch
     return out_dir
 
 
+#: recipe sections and the proposer options that set their fields
+_RECIPE_OPTIONS = {"data": "proposer.data.", "train": "proposer.train.", "spec": "proposer."}
+#: recipe fields no proposer option sets (they come from the target or the artifact kind)
+_DERIVED_FIELDS = {"kind", "hidden_size", "embed_size", "vocab_size", "version"}
+
+
+def recipe_differences(have: dict, want: dict) -> list[tuple[str, Any, Any]]:
+    """``(key, artifact's value, configured value)`` for every recipe field that differs, the key as
+    the override that sets it (``proposer.data.token_budget``; the training loss is
+    ``proposer.distill``), or in parentheses where no option sets it (a field the target decides)."""
+    out: list[tuple[str, Any, Any]] = []
+    for section in sorted(set(have) | set(want)):
+        a, c = have.get(section), want.get(section)
+        if isinstance(a, dict) and isinstance(c, dict) and section in _RECIPE_OPTIONS:
+            for field in sorted(set(a) | set(c)):
+                if a.get(field) == c.get(field):
+                    continue
+                if section == "train" and field == "loss":
+                    key, va, vc = "proposer.distill", a.get(field) == "distill", c.get(field) == "distill"
+                    out.append((key, va, vc))
+                    continue
+                key = f"({section}.{field})" if field in _DERIVED_FIELDS else _RECIPE_OPTIONS[section] + field
+                out.append((key, a.get(field), c.get(field)))
+        elif a != c:
+            out.append((f"({section})", a, c))
+    return out
+
+
+def _spelled(value: Any) -> str:
+    """A value as an override spells it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_spelled(v) for v in value) + "]"
+    return "null" if value is None else str(value)
+
+
 def load_artifact(
     path: str | Path, *, kind: str, target_hash: str, recipe: dict | None = None
 ) -> tuple[dict, dict[str, torch.Tensor] | None]:
@@ -191,11 +228,14 @@ def load_artifact(
             "a proposal artifact is only valid for the target it was trained or searched on"
         )
     if recipe is not None and canonical(manifest.get("recipe")) != canonical(recipe):
-        have, want = manifest.get("recipe") or {}, recipe
-        diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+        diff = recipe_differences(manifest.get("recipe") or {}, recipe)
+        shown = "; ".join(f"{key}: artifact {_spelled(a)}, configured {_spelled(c)}" for key, a, c in diff[:6])
+        more = f"; and {len(diff) - 6} more" if len(diff) > 6 else ""
+        settable = [f"{key}={_spelled(a)}" for key, a, _ in diff if a is not None and not key.startswith("(")]
+        hint = f"; to use it, set {' '.join(settable)}" if settable and len(settable) == len(diff) else ""
         raise ArtifactError(
-            f"artifact {str(path)!r} recipe differs from the configured one in {diff}: "
-            f"artifact {[have.get(k) for k in diff]}, configured {[want.get(k) for k in diff]}"
+            f"artifact {str(path)!r} was built with another recipe: {shown}{more}{hint} (or leave "
+            "proposer.artifact unset to use or train the cache's artifact for the configured recipe)"
         )
     state = None
     wpath = path / WEIGHTS_FILE
