@@ -133,6 +133,7 @@ def test_medusa2_full_model_heads_are_read_from_the_weight_shards(tmp_path, targ
     (ckpt / "config.json").write_text(json.dumps({**cfg, "medusa_num_heads": 2, "medusa_num_layers": 1}))
     layout = inspect(str(ckpt), "medusa")
     assert layout.format == "medusa-full-model" and layout.num_heads == 2 and layout.vocab_size == 259
+    assert any(n.startswith("a Medusa-2 full model: only its medusa_head.* tensors are read") for n in layout.notes)
     base = build_tiny_model(seed=0, vocab_size=259)
     art = load_configured_heads("medusa", {"artifact": str(ckpt)}, model=base, tokenizer=None)
     h = torch.randn(1, H)

@@ -401,6 +401,11 @@ def _inspect_medusa(ref, layout, config, shapes) -> dict:
             f"projection) but the weights hold {proj} {list(shapes[proj])}"
         )
     notes += config_disagreements(config, medusa_num_heads=heads, medusa_num_layers=layers)
+    if layout == "full-model":
+        notes.append(
+            "a Medusa-2 full model: only its medusa_head.* tensors are read; its heads were trained with its own "
+            "fine-tuned backbone, which is not compared with the configured target (use that backbone as the target)"
+        )
     fmt = (
         "medusa-full-model" if layout == "full-model" else ("medusa-heads" if vocab is not None else "medusa-heads-v2")
     )
