@@ -559,7 +559,7 @@ def test_artifact_refused_against_another_target_or_recipe(env):
             Target(build_tiny_model(seed=2), None, "tiny seed=2"),
             progress=False,
         )
-    with pytest.raises(ArtifactError, match="spec"):
+    with pytest.raises(ArtifactError, match=r"proposer.num_layers: artifact 1, configured 2; to use it, set proposer"):
         ensure_eagle(
             {**OPTIONS, "num_layers": 2, "artifact": str(env["art"].path)},
             Target(env["model"], None, "tiny"),
