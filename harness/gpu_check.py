@@ -97,6 +97,27 @@ def t_of_n(model, device, ns, prefix=256, reps=20) -> dict:
     return out
 
 
+def greedy_decode(backend: CausalLMBackend, proposer, prompt: list[int], new_tokens: int):
+    """The runs' round loop at temperature 0 (greedy verifier, no EOS) with ``proposer`` (a
+    :class:`NullProposer` of one row: autoregressive decoding)."""
+    return decode(
+        target=backend,
+        proposer=proposer,
+        verifier=get_verifier("greedy"),
+        policy=SamplingPolicy(),
+        prompt_ids=prompt,
+        max_new_tokens=new_tokens,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(0),
+        round_cfg=RoundConfig(max_nodes=proposer.budget.max_nodes, max_depth=proposer.budget.max_depth),
+    )
+
+
+def ar_proposer() -> NullProposer:
+    """The autoregressive arm's proposer: no candidates, one row per round."""
+    return NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="g")
+
+
 @torch.inference_mode()
 def round_loop(model, device, new_tokens=64) -> dict:
 
@@ -105,22 +126,11 @@ def round_loop(model, device, new_tokens=64) -> dict:
     prompt = base * 8  # repetitive: prompt lookup finds matches
     out = {}
     for name, prop in (
-        ("ar", NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="g")),
+        ("ar", ar_proposer()),
         ("prompt_lookup_sequences", PromptLookupProposer(budget=Budget("sequences", 16, 8), manifest_hash="g")),
     ):
-        rc = RoundConfig(max_nodes=prop.budget.max_nodes, max_depth=prop.budget.max_depth)
         for warm in (True, False):
-            res = decode(
-                target=backend,
-                proposer=prop,
-                verifier=get_verifier("greedy"),
-                policy=SamplingPolicy(),
-                prompt_ids=prompt,
-                max_new_tokens=8 if warm else new_tokens,
-                eos_token_ids=frozenset(),
-                rng=TorchRandomSource(0),
-                round_cfg=rc,
-            )
+            res = greedy_decode(backend, prop, prompt, 8 if warm else new_tokens)
         out[name] = {
             "time_per_committed_token_ms": res.decode_ms / len(res.tokens),
             "tokens": res.tokens,
@@ -144,8 +154,7 @@ def cudnn_attention_cost(model, device, new_tokens=32, repeats=2) -> dict:
     (``model.cudnn_attention``), interleaved, each decode from a prompt of a length no decode before
     used, so every step's shapes are new (as in a run); the switch is left as it was."""
     backend = CausalLMBackend(model, device=torch.device(device))
-    prop = NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="g")
-    rc = RoundConfig(max_nodes=1, max_depth=1)
+    prop = ar_proposer()
     times: dict[str, list[float]] = {"cudnn": [], "no_cudnn": []}
     length = 97
     before = torch.backends.cuda.cudnn_sdp_enabled()
@@ -155,17 +164,7 @@ def cudnn_attention_cost(model, device, new_tokens=32, repeats=2) -> dict:
                 apply_cudnn_attention(allowed)
                 length += new_tokens + 11
                 prompt = torch.randint(3, 49000, (length,), generator=torch.Generator().manual_seed(length)).tolist()
-                res = decode(
-                    target=backend,
-                    proposer=prop,
-                    verifier=get_verifier("greedy"),
-                    policy=SamplingPolicy(),
-                    prompt_ids=prompt,
-                    max_new_tokens=new_tokens,
-                    eos_token_ids=frozenset(),
-                    rng=TorchRandomSource(0),
-                    round_cfg=rc,
-                )
+                res = greedy_decode(backend, prop, prompt, new_tokens)
                 times[name].append(res.decode_ms / len(res.tokens))
     finally:
         apply_cudnn_attention(before)

@@ -18,16 +18,10 @@ import traceback
 
 import torch
 
-from harness.contracts import Budget
-from harness.engine.decode import RoundConfig, decode
-from harness.gpu_check import smollm2_shaped, t_of_n
-from harness.proposers.base import NullProposer
-from harness.random_source import TorchRandomSource
+from harness.gpu_check import ar_proposer, greedy_decode, smollm2_shaped, t_of_n
 from harness.target import attention
 from harness.target.backend import CausalLMBackend
 from harness.target.options import apply_static_cache, compile_model
-from harness.verifiers import get_verifier
-from harness.verifiers.sampling import SamplingPolicy
 
 OUT = os.environ.get("OUT", "results/gpu")
 os.makedirs(OUT, exist_ok=True)
@@ -45,23 +39,12 @@ def ar(model, n=32, inference=True):
     backend = CausalLMBackend(model, device=torch.device("cuda"))
     base = torch.randint(3, 49000, (24,), generator=torch.Generator().manual_seed(2)).tolist()
     prompt = base * 8
-    prop = NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="g")
-    rc = RoundConfig(max_nodes=1, max_depth=1)
+    prop = ar_proposer()
     ctx = torch.inference_mode() if inference else torch.no_grad()
     with ctx:
         for warm in (True, False):
             t0 = time.perf_counter()
-            res = decode(
-                target=backend,
-                proposer=prop,
-                verifier=get_verifier("greedy"),
-                policy=SamplingPolicy(),
-                prompt_ids=prompt,
-                max_new_tokens=8 if warm else n,
-                eos_token_ids=frozenset(),
-                rng=TorchRandomSource(0),
-                round_cfg=rc,
-            )
+            res = greedy_decode(backend, prop, prompt, 8 if warm else n)
             wall = time.perf_counter() - t0
     return {
         "ms_per_token": res.decode_ms / len(res.tokens),
