@@ -93,7 +93,8 @@ from harness.target.options import (
 from harness.target.timing import read_bandwidth_gbs, weight_stream_floor_ms
 from harness.tracking.compare import decode_speedup, end_to_end_speedup
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, restore_aside, write_job
-from harness.tracking.store import ROUNDS_FILENAME
+from harness.tracking.record import write_json_atomic
+from harness.tracking.store import RECORD_FILENAME, ROUNDS_FILENAME
 from harness.tracking.wandb_tracker import NullTracker, Tracker, open_run, wandb_group
 from harness.verifiers.base import NegotiationError
 from harness.workloads.conversations import ContextLimit, PromptEncoder, TurnPrompt, context_limit, truncate_rule
@@ -987,13 +988,15 @@ def open_tracker(cfg: DictConfig, planned: Planned) -> Tracker | NullTracker:
     )
 
 
-def track(cfg: DictConfig, record: dict, run_dir: Path) -> None:
-    """Log a record that no tracker saw (one with no ``tracking`` entry) after the fact.
+def track(cfg: DictConfig, record: dict, run_dir: Path) -> bool:
+    """Log a record that no tracker saw (one with no ``tracking`` entry) after the fact, and write
+    where its W&B run is into the record (``tracking``), so a later launch does not log it again.
+    Returns whether it logged.
 
     A job run by :func:`run_job` with ``tracking=wandb`` already logged its record into the W&B
     run that watched it, so this does nothing for it."""
     if cfg.tracking.name == "none" or record.get("tracking") is not None:
-        return
+        return False
     t = cfg.tracking
     with open_run(
         record,
@@ -1006,3 +1009,6 @@ def track(cfg: DictConfig, record: dict, run_dir: Path) -> None:
         init_timeout_s=float(t.init_timeout_s),
     ) as tracker:
         tracker.log_record(record, run_dir)
+        record["tracking"] = {**tracker.describe(), "logged_after_the_run": True}
+    write_json_atomic(Path(run_dir) / RECORD_FILENAME, record)  # its outputs are untouched: the binding holds
+    return True

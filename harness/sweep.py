@@ -360,6 +360,10 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
             log.info("skipped %s: complete record with manifest hash %s", job, mhash)
             print(f"harness sweep: skipped {job} (complete record, manifest hash {mhash})", file=sys.stderr)
             status.update(status="skipped", record=str(run_dir / RECORD_FILENAME))
+            stage = "tracking"
+            if track(cfg, state.record, run_dir):  # it ran untracked: its W&B run is logged now, once
+                print(f"harness sweep: logged {job}'s record to W&B after the fact (it ran untracked)", file=sys.stderr)
+                status["tracked_after_the_run"] = True
             return
         clear_for_run(run_dir, state, what=f"sweep job {job}", action="re-running")
         stage = "run"

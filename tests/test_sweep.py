@@ -926,3 +926,31 @@ def test_slurm_array_tasks_run_jobs_that_record_the_array_parallelism(env, fake_
         record = load_record(sweep_dir / job)
         assert record["metrics"]["concurrent_jobs"] == 2
         assert record["config"]["model"]["device"] == "cpu"
+
+
+def test_a_relaunch_with_tracking_logs_the_jobs_it_skips_that_ran_untracked_once(env, capsys):
+    """A sweep launched without tracking, then again with tracking=wandb: the finished jobs are
+    skipped (their records kept) and their records logged to W&B after the fact, once; the record
+    says where, so a third launch logs nothing again."""
+    sweep_dir = env / "multirun" / "smoke"
+    args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.oracle=false"]
+    args.append("hydra.callbacks.harness_sweep.report=false")
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 0 and len(summary["ran"]) == 1
+    (job,) = summary["ran"]
+    record_file = sweep_dir / job / "record.json"
+    before = load_record(record_file)
+    assert "tracking" not in before
+    capsys.readouterr()
+    rc, summary = launch(sweep_dir, *args, "tracking=wandb")
+    assert rc == 0 and summary["skipped"] == [job] and not summary["ran"]
+    err = capsys.readouterr().err
+    assert f"harness sweep: logged {job}'s record to W&B after the fact (it ran untracked)" in err
+    after = load_record(record_file)
+    assert after["tracking"]["logged_after_the_run"] is True and (sweep_dir / job / "wandb").is_dir()
+    assert {k: v for k, v in after.items() if k != "tracking"} == before  # the measurement untouched
+    assert _statuses(sweep_dir)[job]["tracked_after_the_run"] is True
+    rc, summary = launch(sweep_dir, *args, "tracking=wandb")
+    assert rc == 0 and summary["skipped"] == [job]
+    assert "after the fact" not in capsys.readouterr().err
+    assert load_record(record_file)["tracking"] == after["tracking"]
