@@ -16,7 +16,9 @@ and the folder naming). Everything here is wiring around Hydra's own mechanisms:
   it binds, :func:`harness.tracking.job_folder.inspect_job`) with the manifest hash this job would
   freeze (:func:`harness.manifest.job_manifest`), and otherwise moves the folder's earlier files to
   ``<job>/.previous/`` with a warning giving the reason before running it: a job that then fails
-  leaves no record in its folder.
+  leaves no record in its folder. The same job reached by other overrides (a default restated,
+  ``seed=0``: another folder name, the same manifest hash) is skipped too, naming the folder that
+  holds it (:func:`twin_job`), so the sweep folder never holds one job's measurement twice.
 * **A failing job does not stop the others**: the job's exception (refusals included: negotiation
   errors, gate failures, a folder another live run holds) is caught, written to the job's
   ``job_status.json`` and the job returns normally, so Hydra's sweeper moves on to the next batch.
@@ -59,7 +61,14 @@ from harness.manifest import job_manifest, manifest_hash
 from harness.runner import run_job, track
 from harness.target.loading import cache_root
 from harness.tracking import report as report_mod
-from harness.tracking.job_folder import JobFolderError, clear_for_run, inspect_job, job_lock, set_aside
+from harness.tracking.job_folder import (
+    PREVIOUS_DIR,
+    JobFolderError,
+    clear_for_run,
+    inspect_job,
+    job_lock,
+    set_aside,
+)
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
 from harness.tracking.store import FAILURES_FILENAME, RECORD_FILENAME, rebuild_store
 from hydra_plugins.harness_launcher.slurm import slurm_refusal
@@ -356,12 +365,26 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
         mhash = manifest_hash(manifest)
         status["manifest_hash"] = mhash
         state = inspect_job(run_dir, manifest_hash=mhash, manifest=manifest)
-        if state.record is not None:
-            log.info("skipped %s: complete record with manifest hash %s", job, mhash)
-            print(f"harness sweep: skipped {job} (complete record, manifest hash {mhash})", file=sys.stderr)
-            status.update(status="skipped", record=str(run_dir / RECORD_FILENAME))
+        record_dir, twin = run_dir, None
+        if state.record is None:  # the same job under other overrides (a default restated: seed=0)
+            twin = twin_job(Path(str(hydra_cfg.sweep.dir)), run_dir, manifest_hash=mhash)
+        if state.record is not None or twin is not None:
+            record = state.record
+            if twin is not None:
+                record_dir, record = twin
+                other = record_dir.resolve().relative_to(Path(str(hydra_cfg.sweep.dir)).resolve()).as_posix()
+                status["same_as"] = other
+                log.info("skipped %s: the same job (manifest hash %s) is complete in %s", job, mhash, other)
+                print(
+                    f"harness sweep: skipped {job}: the same job (manifest hash {mhash}) is complete in {other}",
+                    file=sys.stderr,
+                )
+            else:
+                log.info("skipped %s: complete record with manifest hash %s", job, mhash)
+                print(f"harness sweep: skipped {job} (complete record, manifest hash {mhash})", file=sys.stderr)
+            status.update(status="skipped", record=str(record_dir / RECORD_FILENAME))
             stage = "tracking"
-            if track(cfg, state.record, run_dir):  # it ran untracked: its W&B run is logged now, once
+            if track(cfg, record, record_dir):  # it ran untracked: its W&B run is logged now, once
                 print(f"harness sweep: logged {job}'s record to W&B after the fact (it ran untracked)", file=sys.stderr)
                 status["tracked_after_the_run"] = True
             return
@@ -385,6 +408,26 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
         _failed(status, job, stage, exc)
 
 
+def twin_job(sweep_dir: Path, run_dir: Path, *, manifest_hash: str) -> tuple[Path, dict] | None:
+    """Another job folder of the sweep holding a complete job of ``manifest_hash``: ``(folder,
+    record)``, else None. Job folders are named by their overrides, so one job reached by other
+    overrides (a default restated, ``seed=0``) has a folder of its own; it is not measured twice."""
+    own = run_dir.resolve()
+    for path in sorted(sweep_dir.rglob(RECORD_FILENAME)):
+        folder = path.parent
+        if folder.resolve() == own or PREVIOUS_DIR in path.relative_to(sweep_dir).parts:
+            continue
+        try:  # a cheap look first: most records are other jobs'
+            if json.loads(path.read_text(encoding="utf-8")).get("manifest_hash") != manifest_hash:
+                continue
+        except (OSError, ValueError):
+            continue
+        state = inspect_job(folder, manifest_hash=manifest_hash)
+        if state.record is not None:
+            return folder, state.record
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # after the sweep
 
@@ -396,6 +439,8 @@ class SweepSummary:
     ran: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    #: a skipped job -> the other job folder that holds the same job (same manifest hash)
+    same_as: dict[str, str] = field(default_factory=dict)
     records: int = 0
     store: str | None = None
     report: str | None = None
@@ -424,6 +469,8 @@ def finish_sweep(sweep_dir: str | Path, *, launch_id: str | None = None, report:
     summary = SweepSummary(sweep_dir=str(sweep_dir), launch_id=launch_id)
     for s in statuses:
         getattr(summary, s.get("status", "failed")).append(s["job"])
+        if s.get("same_as"):
+            summary.same_as[s["job"]] = s["same_as"]
     write_jsonl_atomic(
         sweep_dir / FAILURES_FILE,
         [
@@ -465,7 +512,12 @@ def format_summary(summary: SweepSummary) -> str:
         f"{len(summary.failed)} failed"
     ]
     if summary.skipped:
-        lines.append("skipped (complete record with the same manifest hash): " + ", ".join(summary.skipped))
+        lines.append(
+            "skipped (complete record with the same manifest hash): "
+            + ", ".join(
+                f"{j} (same job as {summary.same_as[j]})" if j in summary.same_as else j for j in summary.skipped
+            )
+        )
     if summary.failed:
         lines.append(f"failed (see {Path(summary.sweep_dir) / FAILURES_FILE}): " + ", ".join(summary.failed))
     lines.append(f"store: {summary.store} ({summary.records} records)")

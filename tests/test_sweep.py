@@ -29,6 +29,7 @@ from harness.sweep import (
     list_sweeps,
     sweep_argv,
 )
+from harness.tracking.job_folder import set_aside
 from harness.tracking.store import load_record
 
 REPO = Path(__file__).resolve().parents[1]
@@ -600,6 +601,50 @@ def test_jobs_resume_by_what_ran_not_by_job_number(env, capsys):
     assert load_record(aside / "record.json")["run_id"] == record["run_id"]
     store = pd.read_parquet(sweep_dir / STORE_FILE)
     assert len(store) == 2 and record["run_id"] not in set(store["run_id"])
+
+
+def test_the_same_job_under_restated_overrides_is_skipped_naming_the_folder_that_holds_it(env, capsys):
+    """A default restated on the command line (seed=0) names other folders for the same jobs: they
+    are skipped, naming the folder with the record, and the store holds each measurement once. A
+    record set aside in .previous/ does not count, and a changed job is not another's twin."""
+    sweep_dir = env / "multirun" / "smoke"
+    common = [
+        "launcher=basic",
+        "proposer=prompt_lookup",
+        "verifier=greedy",
+        "gates.enabled=false",
+        "hydra.callbacks.harness_sweep.report=false",
+    ]
+    rc, first = launch(sweep_dir, *common)
+    assert rc == 0 and len(first["ran"]) == 1
+    (job,) = first["ran"]
+    record = load_record(sweep_dir / job / "record.json")
+
+    capsys.readouterr()
+    rc, again = launch(sweep_dir, *common, "seed=0")
+    assert rc == 0 and again["ran"] == [] and again["failed"] == []
+    (restated,) = again["skipped"]
+    assert restated != job and "seed=0" in restated
+    assert again["same_as"] == {restated: job}
+    err = capsys.readouterr().err
+    assert f"skipped {restated}: the same job (manifest hash {record['manifest_hash']}) is complete in {job}" in err
+    status = _statuses(sweep_dir)[restated]
+    assert status["record"] == str(sweep_dir / job / "record.json")
+    assert not (sweep_dir / restated / "record.json").exists()
+    store = pd.read_parquet(sweep_dir / STORE_FILE)
+    assert list(store["run_id"]) == [record["run_id"]]
+    summary_text = sweep.format_summary(
+        sweep.SweepSummary(**{k: again[k] for k in ("sweep_dir", "launch_id", "skipped", "same_as")})
+    )
+    assert f"{restated} (same job as {job})" in summary_text
+
+    # another seed is another job; and a twin set aside in .previous/ is no twin
+    rc, other = launch(sweep_dir, *common, "seed=1")
+    assert rc == 0 and len(other["ran"]) == 1 and other["same_as"] == {}
+    set_aside(sweep_dir / job)
+    rc, moved = launch(sweep_dir, *common, "seed=0")
+    assert rc == 0 and moved["ran"] == [restated] and moved["same_as"] == {}
+    assert load_record(sweep_dir / restated / "record.json")["manifest_hash"] == record["manifest_hash"]
 
 
 def test_a_job_rerun_after_a_code_change_that_fails_its_gate_leaves_no_record_in_folder_store_or_report(
