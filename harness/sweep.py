@@ -543,6 +543,12 @@ class SweepCallback(_Callback):
         self.launch_id: str | None = None
         self._lock = None  # the sweep folder's, held from the launch to the summary
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A launcher that runs jobs in other processes (submitit, joblib) pickles the Hydra
+        context, this callback included: the copy leaves the launching process's lock behind (a
+        held lock is a live generator, and only the launching process releases it)."""
+        return {**self.__dict__, "_lock": None}
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refusal = launcher_refusal(config.hydra)
         if refusal is not None:  # before anything is submitted or written

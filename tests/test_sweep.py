@@ -741,6 +741,24 @@ def test_a_second_launch_into_a_sweep_folder_a_live_launch_holds_is_refused(env,
     assert rc == 0 and len(summary["ran"]) == 1
 
 
+def test_the_sweep_callback_holding_its_folder_pickles_for_launchers_in_other_processes(tmp_path):
+    """submitit and joblib pickle the Hydra context, the callback with it, to start each job: the
+    copy travels without the launching process's held lock, which stays held where it was taken."""
+    import cloudpickle
+
+    from harness.tracking.job_folder import LOCK_FILENAME, job_lock
+
+    cb = sweep.SweepCallback()
+    cb._lock = job_lock(tmp_path, purpose="harness sweep")
+    cb._lock.__enter__()
+    try:
+        copy = cloudpickle.loads(cloudpickle.dumps(cb))
+        assert copy._lock is None and copy.report is True
+        assert cb._lock is not None and (tmp_path / LOCK_FILENAME).exists()  # still held here
+    finally:
+        cb._lock.__exit__(None, None, None)
+
+
 # --------------------------------------------------------------------------------------------
 # Hydra's own launcher switch, failures in any launcher, Slurm
 
