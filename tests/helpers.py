@@ -35,6 +35,22 @@ def round_of_one(kw: dict) -> dict:
     }
 
 
+def tokens_left(rounds: list[dict], new: int) -> list[int]:
+    """The tokens each round's request had left to commit when the round began (``new`` the
+    request's max_new_tokens; ``rounds`` as :func:`round_of_one` gives them, no EOS)."""
+    out, done = [], 0
+    for r in rounds:
+        out.append(new - done)
+        done += len(r["emitted"])
+    return out
+
+
+def rounds_with_room(rounds: list[dict], new: int) -> list[dict]:
+    """The rounds that could commit a candidate: not a round with one token left, whose tree the
+    round loop cuts to nothing (it commits the bonus token alone)."""
+    return [r for r, left in zip(rounds, tokens_left(rounds, new)) if left > 1]
+
+
 #: Spec-Bench's categories in its file order (the eight MT-bench ones have two turns)
 SB_MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SB_CATEGORIES = (*SB_MT_BENCH, "translation", "summarization", "qa", "math_reasoning", "rag")

@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from helpers import round_of_one
+from helpers import round_of_one, rounds_with_room, tokens_left
 from safetensors.torch import save_file
 
 from harness.contracts import Budget, ConfigError
@@ -256,9 +256,33 @@ def test_greedy_equality(env, budget, verifier):
     assert res.tokens == expected
     ex = p.stats.extras
     assert ex["hidden_misses"] == 0 and ex["feature_gaps"] == 0 and ex["refused_reuse"] == 0
-    assert all(r["tree"].num_rows >= 1 for r in rounds)
+    assert all(r["tree"].num_rows >= 1 for r in rounds_with_room(rounds, 24))
     assert len(rounds) < len(expected)  # some round committed more than one token
+    # near the end the trees are cut to what the round can commit
+    left = tokens_left(rounds, 24)
+    assert all(r["tree"].num_rows == 0 or int(r["tree"].depths.max()) <= n - 1 for r, n in zip(rounds, left))
+
     assert ex["pairs_fed"] == len(prompt) - 1 + sum(len(r["emitted"]) for r in rounds[:-1])
+
+
+def test_a_round_after_a_cut_tree_finds_the_draft_s_features_in_its_verify_forward(env):
+    """Near the end of a request the round loop cuts the tree to what the round can commit; the
+    draft reads the target's features of that cut tree's verify forward, so the next round drafts
+    from them (no hidden misses, no feature gaps) and decoding stays exact."""
+    prompt = env["docs"][33][:6]
+    for new in range(6, 30):
+        p = make(env, CHAIN)
+        res, rounds = run(env["backend"], p, prompt=prompt, new=new)
+        assert res.tokens == autoregressive(env["backend"], prompt, new=new)
+        ex = p.stats.extras
+        assert ex["hidden_misses"] == 0 and ex["feature_gaps"] == 0 and ex["refused_reuse"] == 0
+        left = tokens_left(rounds, new)
+        cut = [k for k, n in enumerate(left[:-1]) if 1 < n <= CHAIN.max_depth]
+        if cut and rounds[cut[0] + 1]["tree"].num_rows >= 1:
+            assert int(rounds[cut[0]]["tree"].depths.max()) <= left[cut[0]] - 1
+            break
+    else:
+        pytest.fail("no request had a cut round followed by a drafted one")
 
 
 def test_a_choice_list_shapes_every_proposal_by_rank(env):
@@ -334,7 +358,7 @@ def test_dynamic_tree_shape_follows_the_drafts_confidence():
     assert res.tokens == autoregressive(backend, prompt)
     shapes = {tuple(r["tree"].parents.tolist()) for r in rounds}
     assert len(shapes) >= 3  # not a fixed shape
-    for r in rounds:
+    for r in rounds_with_room(rounds, 24):
         tree = r["tree"]
         assert 1 <= tree.num_rows <= 6 and int(tree.depths.max()) <= 4
         assert all(int(par) < i for i, par in enumerate(tree.parents.tolist()))  # connected, topological
@@ -372,8 +396,11 @@ def test_dynamic_tree_is_eagle2s_rerank_of_the_full_pool(env, monkeypatch):
 def test_critical_path_is_one_draft_stage_per_depth(env):
     prompt = env["docs"][31][:6]
     p = make(env, CHAIN)
-    run(env["backend"], p, prompt=prompt)
-    assert p.stats.extras["critical_path_stages_per_round"] == 4.0  # catch-up + depths 2..4
+    _, rounds = run(env["backend"], p, prompt=prompt)
+    # catch-up + depths 2..4, or fewer where the request had fewer tokens left than 4 + 1
+    depths = [max(1, min(CHAIN.max_depth, n - 1)) for n in tokens_left(rounds, 24)]
+    assert depths[0] == 4 and min(depths) < 4
+    assert p.stats.extras["critical_path_stages_per_round"] == pytest.approx(sum(depths) / len(depths))
 
 
 def test_unexpected_forward_is_a_miss_not_a_wrong_feature(env):
@@ -1016,7 +1043,7 @@ def test_smollm2_published_layout_checkpoint_decodes_exactly_with_a_dynamic_tree
     )
     res, rounds = run(backend, p, prompt=prompt, new=16)
     assert res.tokens == autoregressive(backend, prompt, new=16)
-    assert p.stats.extras["hidden_misses"] == 0 and all(r["tree"].num_rows >= 1 for r in rounds)
+    assert p.stats.extras["hidden_misses"] == 0 and all(r["tree"].num_rows >= 1 for r in rounds_with_room(rounds, 16))
 
 
 @pytest.mark.model

@@ -141,6 +141,46 @@ def test_max_new_tokens_inside_accepted_path(models):
     assert len(res.tokens) == 7 and res.ledger.committed_tokens == 7
 
 
+@pytest.mark.parametrize(
+    "budget",
+    [
+        Budget(shape="sequence", max_nodes=4, max_depth=4),
+        Budget(shape="expansion", max_nodes=12, max_depth=4, widths=(2, 2, 1, 1)),
+    ],
+)
+@pytest.mark.parametrize("new,last_depth", [(7, 1), (6, 0), (8, 2)])
+def test_a_round_near_the_token_budget_verifies_only_what_it_can_commit(models, budget, new, last_depth):
+    """An identical draft accepts every candidate: the first round commits 5 tokens, and the
+    second, with ``new - 5`` left, gets a tree no deeper than it can commit (one token less than
+    it has left: the bonus token is the last), so no round drafts or verifies rows past the end."""
+    target, _, same = models
+    proposer = make("draft_model", budget, "beam", same)
+    seen_caps = []
+    propose = proposer.propose
+
+    drafted = []
+
+    def spy(committed, rng):
+        seen_caps.append(proposer.depth_cap)
+        result = propose(committed, rng)
+        depth = {-1: 0}
+        for i, node in enumerate(result.nodes):
+            depth[i] = depth[node.parent] + 1
+        drafted.append(max(depth.values()))
+        return result
+
+    proposer.propose = spy
+    res, rounds = run(target, proposer, new=new)
+    assert res.tokens == autoregressive(target, new=new)
+    depths = [int(r["tree"].depths.max()) if r["tree"].num_rows else 0 for r in rounds]
+    assert depths == [4, last_depth]
+    assert seen_caps == [None, last_depth] and proposer.depth_cap is None  # the cap was the round's
+    assert drafted == [4, last_depth]  # the draft drafted no deeper than the round could commit
+    assert [len(r["emitted"]) for r in rounds] == [5, new - 5]
+    assert len(rounds[1]["selection"].accepted_rows) == last_depth  # every row it verified was accepted
+    assert res.ledger.reached[:4] == [1 + (last_depth >= 1), 1 + (last_depth >= 2), 1, 1]
+
+
 def test_verify_input_and_cache_lengths(models):
     """The prefix is never recomputed; the pending token rides in the verify forward."""
     target, different, _ = models

@@ -10,6 +10,10 @@ A round of :func:`decode_batch`:
     for each live request b:  emit (EOS / max_new_tokens truncate), RoundLedger.observe_round
     finished requests leave the batch (CausalLMBackend.drop)
 
+Near the end of a request the tree is compiled no deeper than the round can commit (the tokens
+left, less the bonus token): the proposer reads that depth as
+:attr:`~harness.proposers.base.Proposer.depth_cap` before proposing, and may draft only so deep.
+
 One code path serves both arms: the autoregressive baseline is this loop with
 :class:`~harness.proposers.base.NullProposer` slots (an empty tree: one target step per round), so
 the baseline is measured by the same clock, on the same prompts and seeds. :func:`decode` is a
@@ -248,14 +252,20 @@ def decode_batch(
         for req in live:  # proposal + packing, per request
             t0 = clock.now()
             retrieval_before = req.proposer.stats.retrieval_ms
-            proposal = req.proposer.propose(req.committed, req.rng)
+            # a round commits at most the tokens left: the accepted rows and the bonus token
+            depth = min(round_cfg.max_depth, max_new_tokens - len(req.generated) - 1)
+            req.proposer.depth_cap = depth if depth < round_cfg.max_depth else None
+            try:
+                proposal = req.proposer.propose(req.committed, req.rng)
+            finally:  # the cap is this round's: a gate or the next request proposes uncapped
+                req.proposer.depth_cap = None
             retrieval = req.proposer.stats.retrieval_ms - retrieval_before
             t1 = clock.now()
             tree = compile_tree(
                 [proposal],
                 prefix_len=len(req.committed),
                 max_nodes=round_cfg.max_nodes,
-                max_depth=round_cfg.max_depth,
+                max_depth=depth,
             )
             if req.ledger.rounds < round_cfg.validate_rounds:
                 validate_candidate_graph(tree)

@@ -85,6 +85,15 @@ class Proposer(ABC):
     def capabilities(self) -> Capabilities:
         return self.capabilities_on(self.budget, {self.probability_semantics}, {self.sampling_relation})
 
+    #: the deepest proposal the coming round can still commit, set by the round loop before
+    #: :meth:`propose` when the request has fewer tokens left than the budget's depth (None: the
+    #: budget's depth). The loop compiles the tree to this depth; a proposer may draft only that deep.
+    depth_cap: int | None = None
+
+    def round_max_depth(self) -> int:
+        """The depth the coming round's tree is compiled to: the budget's, or :attr:`depth_cap`."""
+        return self.budget.max_depth if self.depth_cap is None else min(self.budget.max_depth, self.depth_cap)
+
     def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict | None:
         """Proposal-quality governance for the evaluation workload (e.g. datastore leakage).
         Returns a gate entry (``{"status": ...}``, see :mod:`harness.gates.status`) or None when it

@@ -244,6 +244,7 @@ class DraftModelProposer(Proposer):
                 source=self.name,
                 manifest_hash=self.manifest_hash,
                 state_handle=handle,
+                max_depth=self.depth_cap,
             )
         if self.shape_parents:
             return sample_shaped_tree_proposal(
@@ -254,6 +255,7 @@ class DraftModelProposer(Proposer):
                 source=self.name,
                 manifest_hash=self.manifest_hash,
                 state_handle=handle,
+                max_depth=self.depth_cap,
             )
         return sample_tree_proposal(
             q_level,
@@ -263,6 +265,7 @@ class DraftModelProposer(Proposer):
             source=self.name,
             manifest_hash=self.manifest_hash,
             state_handle=handle,
+            max_depth=self.depth_cap,
         )
 
 

@@ -291,7 +291,7 @@ class EagleProposer(HiddenRowProposer):
             self.peak_state_bytes = max(self.peak_state_bytes, self.cache.nbytes())
             self.cache.crop(real_len)  # drafted rows hold predicted features: never kept
             self._observe_tree(result)
-        self._expect = (self.tap.serial, tuple(committed), result)
+        self._expect = (self.tap.serial, tuple(committed), result, self.round_max_depth())
         self.tap.deliver_next(self._on_forward)
         return result
 
@@ -324,7 +324,7 @@ class EagleProposer(HiddenRowProposer):
     # ------------------------------------------------------------------ EAGLE-2 dynamic trees
     def _dynamic_beam(self, level: _TreeRows, handle: ProposalStateHandle) -> ProposalResult:
         """EAGLE-2: confidence-ordered expansion, then the connected top-``max_nodes`` rerank."""
-        k, max_nodes, max_depth = self.budget.topk, self.budget.max_nodes, self.budget.max_depth
+        k, max_nodes, max_depth = self.budget.topk, self.budget.max_nodes, self.round_max_depth()
         tok: list[int] = []
         par: list[int] = []
         joint: list[float] = []  # joint log-confidence of each pool node's path
@@ -375,7 +375,7 @@ class EagleProposer(HiddenRowProposer):
     def _dynamic_sampled(self, q_level, rng: RandomSource, handle: ProposalStateHandle) -> ProposalResult:
         """Confidence-driven expansion with sampled children and no value-dependent pruning;
         ``q_level(prefixes)``: the draft's law ``[len(prefixes), V]`` below each candidate prefix."""
-        k, max_nodes, max_depth = self.budget.topk, self.budget.max_nodes, self.budget.max_depth
+        k, max_nodes, max_depth = self.budget.topk, self.budget.max_nodes, self.round_max_depth()
         nodes: list[ProposalNode] = []
         laws: list[torch.Tensor] = []
         joint: list[float] = []

@@ -236,7 +236,7 @@ class HeadsProposer(HiddenRowProposer):
             result = self._no_proposal(handle)
         else:
             result = self._fixed_tree(self._q_level(ctx, committed[-1]), self.widths, rng, handle)
-        self._expect = (self.tap.serial, tuple(committed), result)
+        self._expect = (self.tap.serial, tuple(committed), result, self.round_max_depth())
         return result
 
     def _round_context(self, pos: int) -> torch.Tensor | None:

@@ -284,7 +284,11 @@ class MergedProposer(Proposer):
         for s in self.sources:
             before = s.stats.retrieval_ms
             t0 = time.perf_counter()
-            results.append(s.propose(committed, rng))
+            s.depth_cap = self.depth_cap
+            try:
+                results.append(s.propose(committed, rng))
+            finally:
+                s.depth_cap = None
             per[s.name]["proposal_ms"] += (time.perf_counter() - t0) * 1e3
             retrieval += s.stats.retrieval_ms - before
         nodes, counts = merge_proposals(

@@ -182,6 +182,7 @@ def sample_shaped_tree_proposal(
     relation: str,
     rng: RandomSource,
     ranks: Sequence[int] | None = None,
+    max_depth: int | None = None,
     source: str = "sampled",
     manifest_hash: str = "unhashed",
     state_handle: ProposalStateHandle = NO_STATE,
@@ -203,6 +204,9 @@ def sample_shaped_tree_proposal(
     ``ranks[i]``-th child of its parent. Ranks ``0 .. n - 1`` below every node are the sibling
     order above; ``beam`` also takes lists that skip ranks: a node whose children have ranks up to
     ``r`` ranks ``r + 1`` tokens and keeps the listed ones.
+
+    ``max_depth`` (default: the whole shape): draw no deeper; the shape's deeper nodes are absent
+    (the round cannot commit them). ``0`` draws nothing.
     """
     if ranks is None:
         par, gap = check_shape_parents(parents), None
@@ -227,7 +231,9 @@ def sample_shaped_tree_proposal(
     score_of: dict[int, float] = {}  # shape node -> q of its token (beam's score-only evidence)
     expand: dict[int, tuple[int, ...]] = {PREFIX_FRONTIER: ()}  # expandable shape node -> prefix
     level = [PREFIX_FRONTIER]  # shape nodes whose children are drawn at this depth
-    while level:
+    depth = 0
+    while level and (max_depth is None or depth < max_depth):
+        depth += 1
         qs = q_level([expand[u] for u in level])  # [len(level), V]
         if qs.dim() != 2 or qs.shape[0] != len(level):
             raise ContractError(f"q_level must return [{len(level)}, V]; got {tuple(qs.shape)}")
@@ -336,6 +342,6 @@ def _sampled_result(
         topology=topology,
         state_handle=state_handle,
         manifest_hash=manifest_hash,
-        q_dists=torch.stack(laws),
+        q_dists=torch.stack(laws) if laws else None,
         source=source,
     )

@@ -126,7 +126,8 @@ class SelfSpecProposer(TargetBoundProposer):
         nodes: list[ProposalNode] = []
         laws: list[torch.Tensor] = []
         threshold = self.threshold()
-        for j in range(self.depth):
+        depth = min(self.depth, self.round_max_depth())
+        for j in range(depth):
             conf = torch.softmax(logits.float(), dim=-1)  # [V]
             top = float(conf.max())
             if top <= threshold:
@@ -140,7 +141,7 @@ class SelfSpecProposer(TargetBoundProposer):
                 tok, law = sample_children(q, 1, relation="iid", rng=rng)[0]
                 nodes.append(ProposalNode(token_id=tok, parent=j - 1, q=float(law[tok]), source=self.name))
                 laws.append(law)
-            if j + 1 < self.depth:  # the last draft token needs no forward: nothing follows it
+            if j + 1 < depth:  # the last draft token needs no forward: nothing follows it
                 self.hashes.sync(committed + [n.token_id for n in nodes])
                 logits = self._extend([tok], len(committed) + j)[-1]
         self.hashes.sync(committed)

@@ -121,7 +121,8 @@ class HiddenRowProposer(TargetBoundProposer):
     def __init__(self, **common) -> None:
         super().__init__(**common)
         self.tap = HiddenTap.on(self.model)
-        self._expect: tuple[int, tuple[int, ...], ProposalResult] | None = None
+        # (tap serial, committed, proposal, the depth the round loop compiles it to)
+        self._expect: tuple[int, tuple[int, ...], ProposalResult, int] | None = None
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The draft's law ``[n, V]`` of logits ``[n, V]``: its own softmax for ``beam`` (ranking
@@ -146,7 +147,13 @@ class HiddenRowProposer(TargetBoundProposer):
     ) -> ProposalResult:
         """A fixed-shape tree (``widths`` per depth, or the budget's choice list) drawn level by
         level from ``q_level``, cut to the budget's ``max_nodes``."""
-        common = dict(relation=self.sampling, rng=rng, source=self.name, manifest_hash=self.manifest_hash)
+        common = dict(
+            relation=self.sampling,
+            rng=rng,
+            source=self.name,
+            manifest_hash=self.manifest_hash,
+            max_depth=self.depth_cap,
+        )
         if self.budget.shape == "choices":
             result = sample_ranked_tree_proposal(
                 q_level, parents=self.budget.parents, ranks=self.budget.ranks, state_handle=handle, **common
@@ -180,12 +187,10 @@ class HiddenRowProposer(TargetBoundProposer):
         pending token, row ``1 + r`` the tree's row ``r``."""
         if cap is None or self._expect is None:
             return None
-        serial, old, proposal = self._expect
+        serial, old, proposal, depth = self._expect
         if cap.serial != serial + 1 or cap.cache_len != len(old) - 1:
             return None
-        tree = compile_tree(
-            [proposal], prefix_len=len(old), max_nodes=self.budget.max_nodes, max_depth=self.budget.max_depth
-        )
+        tree = compile_tree([proposal], prefix_len=len(old), max_nodes=self.budget.max_nodes, max_depth=depth)
         if cap.input_ids != (old[-1],) + tuple(tree.token_ids.tolist()):
             return None
         return serial + 1, PrefixHashes.extend(0, old), tree
