@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -91,7 +90,7 @@ from harness.target.options import (
     resolved_fused_layers,
 )
 from harness.target.timing import read_bandwidth_gbs, weight_stream_floor_ms
-from harness.tracking.compare import decode_speedup, end_to_end_speedup
+from harness.tracking.compare import run_speedups
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, restore_aside, write_job
 from harness.tracking.record import write_json_atomic
 from harness.tracking.store import RECORD_FILENAME, ROUNDS_FILENAME
@@ -854,9 +853,7 @@ def speedup_intervals(per_prompt: list[dict], *, batch_size: int = 1) -> dict:
     their batch's time and the record's speedups divide batch wall time instead."""
     if batch_size > 1:
         return {"decode_speedup_ci95": None, "speedup_ci95": None}
-    p = pd.DataFrame([{c: float(row[c]) for c in PER_PROMPT_TIMES} for row in per_prompt], columns=PER_PROMPT_TIMES)
-    boot = dict(confidence_level=0.95, n_resamples=2000, seed=0, method="percentile")
-    decode, e2e = decode_speedup(p, boot), end_to_end_speedup(p, boot)
+    decode, e2e = run_speedups(per_prompt)
 
     def interval(e) -> list[float] | None:
         return None if e.ci_low is None or e.ci_high is None else [e.ci_low, e.ci_high]
@@ -908,17 +905,6 @@ def timing_outlier_note(outliers: list[dict]) -> str:
         f"{len(outliers)} {prompts} took {TIMING_OUTLIER_FACTOR:g}x or more the arm's median time per round: "
         f"{named}{more}; a stall, not the method: their speedups are suspect (metrics.timing_outliers)"
     )
-
-
-#: the per-prompt fields the speedup intervals resample
-PER_PROMPT_TIMES = (
-    "spec_decode_ms",
-    "spec_tokens",
-    "spec_prefill_ms",
-    "ar_decode_ms",
-    "ar_tokens",
-    "ar_prefill_ms",
-)
 
 
 def context_metrics(limit: ContextLimit, per_prompt: list[dict]) -> dict:

@@ -341,3 +341,79 @@ def test_a_sweep_folders_jobs_without_a_record_are_listed(tmp_path, capsys):
         "| `proposer=prompt_lookup,verifier=rejection` | refused | setup | NegotiationError: verifier 'rejection' "
         "needs temperature > 0 (more) |"
     ) in text
+
+
+def test_the_round_cost_bar_reaches_the_batch_round_time_and_ends_before_its_mark_exactly_when_faster():
+    """Each bar (the timed stages plus the time between them) is the run's decode time per batch
+    round, and its mark what AR takes for the tokens one batch round commits: the bar ends before
+    the mark exactly when the record's decode speedup is above 1, at batch 1 and above."""
+    df = _store_frame()
+    runs = df[df["section"].isin(["exact", "heuristic"])]
+    ax = PLOTS["round_cost"](runs, {}).figure.axes[0]
+    names = [t.get_text() for t in ax.get_yticklabels()]
+    from harness.tracking.report import run_labels
+
+    labels = run_labels(runs)
+    totals = dict.fromkeys(names, 0.0)
+    for bar in ax.patches:
+        y = bar.get_y() + bar.get_height() / 2
+        totals[names[round(y)]] += bar.get_width()
+    (marks,) = [c for c in ax.collections if c.get_label().startswith("break-even")]
+    mark_at = {names[round(y)]: x for x, y in marks.get_offsets()}
+    assert {int(b) for b in runs["batch_size"]} >= {1, 2, 4}
+    for _, run in runs.iterrows():
+        name = labels[run["run_id"]]
+        per_round = run["committed_tokens"] / run["batch_rounds"]
+        assert totals[name] == pytest.approx(run["time_per_committed_token_ms"] * per_round, rel=1e-9)
+        assert mark_at[name] == pytest.approx(run["ar_time_per_token_ms"] * per_round, rel=1e-9)
+        assert (totals[name] < mark_at[name]) == (run["decode_speedup"] > 1), name
+
+
+def test_speedup_vs_batch_draws_the_decode_speedup_with_its_own_interval():
+    """The points are the records' decode speedups; at batch 1 the interval is the one harness
+    compare draws for that run (the same statistic), never the end-to-end speedup's."""
+    from harness.tracking.compare import ALL, compare
+
+    df = _store_frame()
+    runs = df[(df["proposer"] == "draft_model") & (df["verifier"] == "greedy")]
+    ax = PLOTS["speedup_vs_batch"](runs, {}).figure.axes[0]
+    (line,) = ax.get_lines()[:1]
+    by_batch = dict(zip(line.get_xdata(), line.get_ydata(), strict=True))
+    for _, run in runs.iterrows():
+        assert by_batch[run["batch_size"]] == pytest.approx(run["decode_speedup"])
+    one = runs[runs["batch_size"] == 1]
+    (row,) = [r for r in compare(one) if r.category == ALL]
+    segs = [seg for coll in ax.collections for seg in coll.get_segments() if abs(seg[0][0] - 1.0) < 1e-9]
+    assert any(
+        seg[0][1] == pytest.approx(row.speedup.ci_low) and seg[1][1] == pytest.approx(row.speedup.ci_high)
+        for seg in segs
+    )
+    assert "decode speedup" in ax.get_ylabel()
+
+
+def test_the_category_plot_draws_the_report_table_s_intervals_and_by_groups_the_first_plot():
+    from harness.tracking.compare import leaderboard
+
+    df = _store_frame()
+    exact = df[df["section"] == "exact"]
+    ax = PLOTS["speedup_by_category"](exact, {"by": "topology"}).figure.axes[0]
+    columns, rows = leaderboard(exact, by="topology")  # the table's resamples
+    drawn = sorted((round(seg[0][1], 9), round(seg[1][1], 9)) for coll in ax.collections for seg in coll.get_segments())
+    table = sorted(
+        (round(c.speedup.ci_low, 9), round(c.speedup.ci_high, 9))
+        for r in rows
+        for c in r.cells.values()
+        if c.speedup.ci_low is not None
+    )
+    assert table and set(table) <= set(drawn)
+    ax1 = PLOTS["speedup_by_proposer_workload"](exact, {"by": "topology"}).figure.axes[0]
+    assert ax1.get_xlabel() == "topology"
+    assert [t.get_text() for t in ax1.get_xticklabels()] == sorted(set(exact["topology"]))
+
+
+def test_markdown_tables_escape_pipes_in_the_header_too():
+    from harness.tracking.report import md_table
+
+    table = md_table(["proposer", "a|b"], [["x", "c|d"]])
+    assert table.splitlines()[0] == "| proposer | a\\|b |"
+    assert table.splitlines()[2] == "| x | c\\|d |"

@@ -150,34 +150,40 @@ def test_a_lookup_run_with_history_reads_earlier_requests_and_stays_exact(tmp_pa
 
 
 def test_the_record_carries_paired_bootstrap_intervals_of_both_speedups():
+    """The record's intervals are the ones `harness compare` draws for the run alone: the same
+    resamples over the prompts in compare's order (by prompt key, not by run order)."""
+    import json
+
+    import pandas as pd
+
     from harness.runner import speedup_intervals
-    from harness.tracking.compare import paired_bootstrap, speedup_statistic
+    from harness.tracking.compare import ALL, compare
 
     rows = [
         {
+            "prompt_id": pid,
+            "prompt_sha256": f"{k:016x}",
+            "category": "code",
             "spec_decode_ms": d,
             "spec_tokens": 10,
-            "spec_prefill_ms": 5.0,
-            "ar_decode_ms": 20.0,
+            "spec_prefill_ms": 5.0 + k,
+            "ar_decode_ms": 20.0 + 3 * k,
             "ar_tokens": 10,
             "ar_prefill_ms": 4.0,
         }
-        for d in (8.0, 10.0, 12.0, 15.0)
+        for k, (pid, d) in enumerate((("b", 8.0), ("a10", 10.0), ("a2", 12.0), ("c", 15.0), ("a1", 9.0)))
     ]
     got = speedup_intervals(rows)
     lo, hi = got["decode_speedup_ci95"]
-    assert lo < 80 / 45 < hi  # the point (ratio of sums) lies inside
-    again = paired_bootstrap(
-        ([20.0] * 4, [10] * 4, [8.0, 10.0, 12.0, 15.0], [10] * 4),
-        speedup_statistic,
-        confidence_level=0.95,
-        n_resamples=2000,
-        seed=0,
-        method="percentile",
-    )
-    assert [again.ci_low, again.ci_high] == [lo, hi]  # the interval harness compare draws
+    ar, spec = sum(r["ar_decode_ms"] for r in rows), sum(r["spec_decode_ms"] for r in rows)
+    assert lo < ar / spec < hi  # the point (ratio of sums) lies inside
     e_lo, e_hi = got["speedup_ci95"]
-    assert e_lo < (80 + 16) / (45 + 20) < e_hi
+    assert e_lo < (ar + 20) / (spec + sum(r["spec_prefill_ms"] for r in rows)) < e_hi
+    axes = dict(proposer="p", topology="t", verifier="greedy", temperature=0.0, batch_size=1, workload="w", model="m")
+    store = pd.DataFrame([{"run_id": "r", "section": "exact", **axes, "per_prompt": json.dumps(rows)}])
+    (row,) = [r for r in compare(store) if r.category == ALL]
+    assert [row.speedup.ci_low, row.speedup.ci_high] == [lo, hi]  # the interval harness compare draws
+    assert [row.end_to_end_speedup.ci_low, row.end_to_end_speedup.ci_high] == [e_lo, e_hi]
     assert speedup_intervals(rows[:1]) == {"decode_speedup_ci95": None, "speedup_ci95": None}
     # at batch > 1 requests share their batch's time: no interval rather than one around another statistic
     assert speedup_intervals(rows, batch_size=2) == {"decode_speedup_ci95": None, "speedup_ci95": None}

@@ -303,6 +303,24 @@ def decode_speedup(p: pd.DataFrame, boot: Mapping[str, Any]) -> Estimate:
     )
 
 
+#: the intervals ``harness compare`` draws by default
+DEFAULT_BOOTSTRAP = {"confidence_level": 0.95, "n_resamples": 2000, "seed": 0, "method": "percentile"}
+
+
+def run_speedups(per_prompt: Sequence[Mapping[str, Any]], run: pd.Series | None = None) -> tuple[Estimate, Estimate]:
+    """One run's decode and end-to-end speedups with the intervals ``harness compare`` draws for
+    that run alone: its prompts in compare's order (by :func:`prompt_key`; ``run``, the store row,
+    names the workload of prompts without a fingerprint), compare's default resamples and seed."""
+    run = pd.Series(dtype=object) if run is None else run
+    fingerprints = all(q.get("prompt_sha256") for q in per_prompt)
+    rows = sorted(per_prompt, key=lambda q: prompt_key(run, q, by_fingerprint=fingerprints))
+    columns = (*_PROMPT_COLUMNS, *_PREFILL_COLUMNS)
+    p = pd.DataFrame(
+        [{c: math.nan if q.get(c) is None else float(q[c]) for c in columns} for q in rows], columns=columns
+    )
+    return decode_speedup(p, DEFAULT_BOOTSTRAP), end_to_end_speedup(p, DEFAULT_BOOTSTRAP)
+
+
 def end_to_end_speedup(p: pd.DataFrame, boot: Mapping[str, Any]) -> Estimate:
     """The same with each prompt's prefill counted; None when a prompt has no recorded prefill."""
     if any(c not in p.columns or p[c].isna().any() for c in _PREFILL_COLUMNS):

@@ -41,8 +41,7 @@ from harness.tracking.compare import (
     leader_cell,
     leaderboard,
     outlier_note,
-    paired_bootstrap,
-    speedup_statistic,
+    run_speedups,
 )
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_labels, depth_rows
 from harness.tracking.conventions import axis_piece as _axis_piece
@@ -190,12 +189,17 @@ def _finish(
 # plots: each takes the filtered store frame and its spec, returns a Plot
 
 
+#: the y label of the plots of the decode speedup (the leaderboard's and compare's statistic)
+SPEEDUP_LABEL = "decode speedup over AR\n(sum AR ms/token / sum spec ms/token)"
+
+
 def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     (section,) = spec.get("sections", ["exact"])[:1] or ["exact"]
     runs = df[df["section"] == section]
     if runs.empty:
         return Plot(None, f"no {section} runs")
-    rows = [r for r in compare(runs, by="proposer") if r.section == section]
+    by = spec.get("by", "proposer")
+    rows = [r for r in compare(runs, by=by) if r.section == section]
     arms = sorted({r.arm for r in rows})
     cats = sorted({r.category for r in rows} - {ALL}) + [ALL]
     fig = _new_figure()
@@ -222,14 +226,15 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
             color=None if cat != ALL else "0.55",
         )
     ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
-    ax.text(len(arms) - 0.5, 1.0, " AR = 1", va="bottom", ha="right", fontsize=8)
+    ax.text(0.99, 1.0, "AR = 1", va="bottom", ha="right", fontsize=8, transform=ax.get_yaxis_transform())
     ax.set_xticks(range(len(arms)), arms)
-    ax.set_xlabel("proposer")
-    ax.set_ylabel("decode speedup over AR (sum AR ms/token / sum spec ms/token)")
+    ax.set_xlabel(by)
+    ax.set_ylabel(SPEEDUP_LABEL)
     ax.legend(fontsize=8)
     ax.set_title(
         spec.get(
-            "title", f"Speedup by proposer and workload category ({section} runs; 95% paired-bootstrap CI over prompts)"
+            "title",
+            f"Speedup by {by} and workload category\n({section} runs; 95% paired-bootstrap CI over prompts)",
         ),
         fontsize=10,
     )
@@ -373,15 +378,26 @@ def plot_round_cost(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         vals = runs[f"round_cost_ms.{stage}"].map(lambda v: _num(v) or 0.0).to_numpy()  # [R]
         ax.barh(names, vals, left=left, color=color, label=stage)
         left += vals
-    breakeven = (runs["ar_time_per_token_ms"] * runs["mean_committed_per_round"]).to_numpy()
+    # a batch round's wall time (decode time / batch rounds) and what AR takes for the tokens one
+    # commits (AR ms/token x tokens per batch round): the bar reaches the first, so it ends before
+    # its mark exactly when the run's decode speedup is above 1, at any batch size
+    per_round = runs["committed_tokens"].map(_num) / runs["batch_rounds"].map(_num)  # [R] tokens per batch round
+    wall = (runs["time_per_committed_token_ms"].map(_num) * per_round).to_numpy(dtype=float)
+    other = np.clip(np.nan_to_num(wall - left), 0.0, None)  # the round's time outside its timed stages
+    ax.barh(names, other, left=left, color="0.8", label="other (between stages)")
+    breakeven = (runs["ar_time_per_token_ms"].map(_num) * per_round).to_numpy(dtype=float)
     ax.scatter(
-        breakeven, names, marker="|", s=250, color="k", zorder=3, label="break-even: AR ms/token x mean committed/round"
+        breakeven, names, marker="|", s=250, color="k", zorder=3, label="break-even: AR ms/token x tokens/batch round"
     )
     ax.invert_yaxis()
     ax.set_xlabel("mean ms per round")
     fig.legend(loc="outside lower center", ncol=4, fontsize=7)
     ax.set_title(
-        spec.get("title", "Round-cost ledger per run\n(a bar shorter than its break-even mark is faster than AR)"),
+        spec.get(
+            "title",
+            "Round-cost ledger per run: mean ms per batch round\n"
+            "(a bar shorter than its break-even mark is faster than AR)",
+        ),
         fontsize=10,
     )
     return Plot(fig)
@@ -441,17 +457,11 @@ def plot_t_profile(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     )
 
 
-def _run_speedup(
-    row: pd.Series, prompts: list[dict[str, Any]] | None
-) -> tuple[float | None, float | None, float | None]:
+def _run_speedup(row: pd.Series, prompts: list[dict[str, Any]] | None) -> tuple[float | None, ...]:
+    """The run's decode speedup and its interval, as the record and ``harness compare`` give them."""
     if not prompts:
         return None, None, None
-    arrays = [
-        np.array([float(p[c]) for p in prompts]) for c in ("ar_decode_ms", "ar_tokens", "spec_decode_ms", "spec_tokens")
-    ]  # each [P]
-    est = paired_bootstrap(
-        arrays, speedup_statistic, confidence_level=0.95, n_resamples=1000, seed=0, method="percentile"
-    )
+    est, _ = run_speedups(prompts, row)
     return est.value, est.ci_low, est.ci_high
 
 
@@ -470,13 +480,12 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
             continue
         drawn += 1
         group = group.sort_values("batch_size")
-        # the point is the record's own speedup: at batch B > 1 the batch wall time per committed
-        # token against batched AR on the same batches (throughput), which per-prompt latencies
-        # cannot reproduce; the paired-bootstrap CI over prompts is drawn at batch size 1 only
+        # the point is the record's own decode speedup: at batch B > 1 the batch wall time per
+        # committed token against batched AR on the same batches (throughput), which per-prompt
+        # latencies cannot reproduce; the paired-bootstrap CI over prompts (the same statistic at
+        # batch size 1) is drawn at batch size 1 only
         pts = [_run_speedup(r, p) for (_, r), p in zip(group.iterrows(), json_column(group, "per_prompt"), strict=True)]
-        ys = np.array(
-            [np.nan if r.get("speedup") is None else float(r["speedup"]) for _, r in group.iterrows()], dtype=float
-        )
+        ys = np.array([_num(r.get("decode_speedup")) or np.nan for _, r in group.iterrows()], dtype=float)
         single = (group["batch_size"].astype(int) == 1).to_numpy()
         lo = np.where(
             single, np.nan_to_num(ys - np.array([np.nan if p[1] is None else p[1] for p in pts], dtype=float)), 0.0
@@ -496,9 +505,9 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         fig,
         ax,
         spec,
-        "Speedup over batched AR vs batch size (CI over prompts at B=1)",
+        "Decode speedup over batched AR vs batch size (CI over prompts at B=1)",
         xlabel="batch size",
-        ylabel="speedup over AR at the same batch size",
+        ylabel="decode speedup over AR\nat the same batch size",
     )
 
 
@@ -572,7 +581,7 @@ def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     if runs.empty:
         return Plot(None, f"no {section} runs")
     by = spec.get("by", "proposer")
-    columns, rows = leaderboard(runs, by=by, n_resamples=1000)
+    columns, rows = leaderboard(runs, by=by)  # the resamples of the report's leaderboard table: the same CIs
     rows = [r for r in rows if r.section == section]
     fig = _new_figure(max(8.0, 1.2 * len(columns) + 3), 4.5)
     ax = fig.add_subplot()
@@ -591,10 +600,10 @@ def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         ax.bar(xs, ys, width=width, yerr=[lo, hi], capsize=3, label=f"{by}: {row.arm}")
     ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(columns)), [TASK_TITLES.get(c, c) for c in columns], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("decode speedup over AR (sum AR ms/token / sum spec ms/token)")
+    ax.set_ylabel(SPEEDUP_LABEL)
     ax.legend(fontsize=8)
     ax.set_title(
-        spec.get("title", f"Speedup by category ({section} runs; 95% paired-bootstrap CI over prompts)"), fontsize=10
+        spec.get("title", f"Speedup by category\n({section} runs; 95% paired-bootstrap CI over prompts)"), fontsize=10
     )
     return Plot(fig)
 
@@ -636,7 +645,7 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
             return f"{v:.4g}"
         return str(v).replace("|", "\\|")
 
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
     return "\n".join(lines)
 
