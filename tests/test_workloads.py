@@ -136,3 +136,21 @@ def test_spec_bench_workload_refuses_a_harness_prompt_file(tmp_path):
         load_workload(name="spec_bench", split="eval", path=f)
     with pytest.raises(WorkloadError, match="workload=spec_bench needs workload.path"):
         load_workload(name="spec_bench", split="eval")
+
+
+@pytest.mark.parametrize("category", ["all", "Overall"])
+def test_a_category_named_like_the_reports_aggregate_is_refused(tmp_path, category):
+    """compare's aggregate row is "all" and the leaderboard's aggregate column "overall": a
+    category of either name would be merged into (or hidden by) the aggregate."""
+    from harness.tracking.compare import ALL
+    from harness.tracking.spec_bench import OVERALL
+    from harness.workloads.prompts import RESERVED_CATEGORIES
+
+    assert set(RESERVED_CATEGORIES) == {ALL, OVERALL}
+    f = tmp_path / "w.jsonl"
+    f.write_text(json.dumps({"id": "a", "prompt": "x", "category": category}) + "\n")
+    with pytest.raises(WorkloadError, match=rf"w.jsonl:1: prompt 'a' has category '{category}', the name of the"):
+        load_jsonl(str(f), "eval")
+    f.write_text(json.dumps({"question_id": 7, "category": category, "turns": ["x"]}) + "\n")
+    with pytest.raises(WorkloadError, match=r"are reserved\): rename it"):
+        load_jsonl(str(f), "eval")

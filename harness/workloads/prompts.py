@@ -43,6 +43,9 @@ MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "ex
 SPEC_BENCH_CATEGORIES = (*MT_BENCH_CATEGORIES, "translation", "summarization", "qa", "math_reasoning", "rag")
 #: category names that select a group
 CATEGORY_GROUPS = {"mt_bench": MT_BENCH_CATEGORIES}
+#: the names of the aggregate row of `harness compare` and the aggregate column of the leaderboard
+#: (tracking/compare.py ALL, tracking/spec_bench.py OVERALL): no category may take them
+RESERVED_CATEGORIES = ("all", "overall")
 
 
 class WorkloadError(ConfigError):
@@ -140,6 +143,15 @@ def _flat_reference(ref: Any) -> str | None:
     return str(ref)
 
 
+def _check_category(where: str, pid: object, category: str) -> str:
+    if category.strip().lower() in RESERVED_CATEGORIES:
+        raise WorkloadError(
+            f"{where}: prompt {pid!r} has category {category!r}, the name of the reports' aggregate over every "
+            f"category ({' and '.join(RESERVED_CATEGORIES)} are reserved): rename it"
+        )
+    return category
+
+
 def _spec_bench_prompt(where: str, obj: dict) -> Prompt:
     qid = obj["question_id"]
     if isinstance(qid, bool) or not isinstance(qid, (int, str)) or qid == "":
@@ -160,7 +172,7 @@ def _spec_bench_prompt(where: str, obj: dict) -> Prompt:
             raise WorkloadError(f"{where}: turn {k} of question {qid!r} is empty or not a string: {t!r}")
     return Prompt(
         prompt_id=str(qid),
-        category=category,
+        category=_check_category(where, qid, category),
         turns=tuple(turns),
         reference=_flat_reference(obj.get("reference")),
         source_id=qid,
@@ -188,7 +200,7 @@ def _harness_prompt(where: str, obj: dict) -> Prompt:
             raise WorkloadError(f'{where}: "{key}" must be a string; got {json.dumps(obj[key])[:40]}')
     return Prompt(
         prompt_id=str(obj["id"]),
-        category=str(obj.get("category", "default")),
+        category=_check_category(where, obj["id"], str(obj.get("category", "default"))),
         text=obj.get("prompt"),
         messages=tuple(obj["messages"]) if "messages" in obj else None,
         reference=obj.get("reference"),
