@@ -67,6 +67,12 @@ def test_load_record_reads_a_run_folder_or_its_file():
         (lambda r: r["gates"].pop("oracle"), "gates is missing required keys ['oracle']"),
         (lambda r: r.pop("gated"), "gated must be bool; got NoneType None"),
         (lambda r: r.update(t_profile={"n": [1, 2], "t": [1.0]}), "same length; got 2 and 1"),
+        (
+            lambda r: r["per_prompt"][0].update(spec_decode_ms=float("nan")),
+            "per_prompt[0].spec_decode_ms must be a finite number >= 0",
+        ),
+        (lambda r: r["per_prompt"][1].update(ar_tokens=-3), "per_prompt[1].ar_tokens must be a finite number >= 0"),
+        (lambda r: r["per_prompt"][0].update(ar_prefill_ms="5"), "per_prompt[0].ar_prefill_ms must be a finite"),
     ],
 )
 def test_load_record_refuses_bad_records_with_the_key_and_values(tmp_path, mutate, message):

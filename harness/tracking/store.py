@@ -229,6 +229,15 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
     for i, row in enumerate(record["per_prompt"]):
         _require_type(path, f"per_prompt[{i}]", row, dict)
         _require_keys(path, f"per_prompt[{i}]", row, PER_PROMPT_KEYS)
+        for key in ("spec_decode_ms", "spec_tokens", "ar_decode_ms", "ar_tokens", "spec_prefill_ms", "ar_prefill_ms"):
+            value = row.get(key)
+            if key.endswith("prefill_ms") and value is None:  # older records have none
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise RecordError(
+                    f"{path}: per_prompt[{i}].{key} must be a finite number >= 0 (prompt {row.get('prompt_id')!r}); "
+                    f"got {value!r}"
+                )
     series = record.get("round_series")
     if series is not None:
         _require_type(path, "round_series", series, dict)
