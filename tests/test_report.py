@@ -342,6 +342,34 @@ def test_a_sweep_folders_jobs_without_a_record_are_listed(tmp_path, capsys):
         "needs temperature > 0 (more) |"
     ) in text
 
+    # a report over the folder above the sweep lists the sweep's failed jobs too, by their path
+    assert main([str(tmp_path), f"out={tmp_path / 'r2'}"]) == 0
+    text = (tmp_path / "r2" / "report.md").read_text()
+    assert "| `sweep/proposer=prompt_lookup,verifier=rejection` | refused | setup |" in text
+
+
+def test_records_left_out_for_their_outputs_are_named_in_the_report_and_in_an_empty_result(tmp_path, capsys):
+    """A record whose bound outputs are gone is no complete job: the report says which and why
+    (not only a warning on stderr), and a folder holding only such records says so rather than
+    'no run records'."""
+    from harness.tracking.compare import main as compare_main
+
+    root = tmp_path / "runs"
+    for k in (1, 2):
+        shutil.copytree(fixture_run(k), root / fixture_run(k).name)
+    (root / fixture_run(2).name / "outputs.jsonl").unlink()
+    assert main([str(root), f"out={tmp_path / 'r'}"]) == 0
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "Regenerated from 1 stored run records" in text
+    assert "## Records left out" in text and f"| `{fixture_run(2).name}` | its outputs.jsonl is missing |" in text
+    (root / fixture_run(1).name / "outputs.jsonl").unlink()
+    capsys.readouterr()
+    for command in (main, compare_main):
+        assert command([str(root)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"no complete run records under {root}: 2 record(s) left out because their outputs" in err
+        assert f"{fixture_run(1).name}: its outputs.jsonl is missing" in err
+
 
 def test_the_round_cost_bar_reaches_the_batch_round_time_and_ends_before_its_mark_exactly_when_faster():
     """Each bar (the timed stages plus the time between them) is the run's decode time per batch

@@ -65,7 +65,7 @@ from scipy import stats
 from harness.tracking.command_line import boolean_option, json_object_with, output_file_problem, parse_command, refuse
 from harness.tracking.record import write_json_atomic
 from harness.tracking.spec_bench import OVERALL, task_of, task_order
-from harness.tracking.store import AXES, SECTIONS, json_column, read_results
+from harness.tracking.store import AXES, SECTIONS, json_column, no_records_message, read_results
 
 ALL = "all"
 SECTION_TITLES: dict[str, str] = {
@@ -778,11 +778,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if len(positionals) != 1:
             raise ValueError(f"expected one records folder or store; got {positionals}")
-        df, _ = read_results(positionals[0])
+        df, root = read_results(positionals[0])
         if df.empty:
-            raise ValueError(
-                f"no run records under {positionals[0]} (a record.json in a run folder, hidden ones aside)"
-            )
+            raise ValueError(no_records_message(positionals[0], root if Path(positionals[0]).is_dir() else None))
         opts = {k: kv.pop(k) for k in _OPTION_KEYS if k in kv}
         by = opts.get("by", "proposer")
         level = float(opts.get("level", 0.95))

@@ -53,6 +53,8 @@ from harness.tracking.store import (
     ROUND_COST_STAGES,
     SECTIONS,
     json_column,
+    left_out_records,
+    no_records_message,
     read_results,
 )
 
@@ -770,24 +772,42 @@ def remove_stale_plots(out_dir: Path, recipe: Mapping[str, Any], *, keep: set[st
 
 
 def failed_jobs(root: Path | None) -> list[dict[str, Any]]:
-    """The jobs a sweep folder ``root`` lists in its failures file (none elsewhere)."""
-    path = root / FAILURES_FILENAME if root is not None else None
-    if path is None or not path.is_file():
+    """The jobs that wrote no record, as the sweep folders under ``root`` (``root`` itself included)
+    list them in their failures files; a job of a sweep folder below the root is named by its path
+    from the root."""
+    if root is None or not root.is_dir():
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
+    for path in sorted(root.rglob(FAILURES_FILENAME)):
+        where = path.parent.relative_to(root)
+        if any(part.startswith(".") for part in where.parts):
             continue
-        if isinstance(row, dict):
-            rows.append(row)
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                if where.parts:
+                    row = {**row, "job": f"{where.as_posix()}/{row.get('job', '?')}"}
+                rows.append(row)
     return rows
 
 
-def _failures_section(failures: Sequence[Mapping[str, Any]]) -> list[str]:
+def _failures_section(failures: Sequence[Mapping[str, Any]], left_out: Sequence[tuple[str, str]] = ()) -> list[str]:
+    out: list[str] = []
+    if left_out:
+        out += [
+            "## Records left out",
+            "",
+            f"{len(left_out)} record(s) under the source are not counted anywhere in this report: the outputs "
+            "each binds are missing or changed, so it is no complete job.",
+            "",
+            md_table(["folder", "why"], [[f"`{folder}`", why] for folder, why in left_out]),
+            "",
+        ]
     if not failures:
-        return []
+        return out
     body = []
     for f in failures:
         error = f.get("error") or {}
@@ -801,6 +821,7 @@ def _failures_section(failures: Sequence[Mapping[str, Any]]) -> list[str]:
             ]
         )
     return [
+        *out,
         "## Jobs without a record",
         "",
         f"{len(failures)} job(s) of this sweep wrote no record (`{FAILURES_FILENAME}`); nothing above counts them.",
@@ -818,9 +839,11 @@ def build_report(
     recipe_path: Path,
     source: str,
     failures: Sequence[Mapping[str, Any]] = (),
+    left_out: Sequence[tuple[str, str]] = (),
 ) -> Path:
     """Write ``report.md`` and one PNG per plot into ``out_dir``; returns the Markdown path.
-    ``failures``: the sweep's jobs that wrote no record, listed after the runs."""
+    ``failures``: the sweep's jobs that wrote no record; ``left_out``: records the store left out
+    (``(folder, why)``); both listed after the runs."""
     out_dir.mkdir(parents=True, exist_ok=True)
     df = numeric_metrics(df)
     title = recipe.get("title", "Speculative decoding harness report")
@@ -834,7 +857,7 @@ def build_report(
         "## Runs",
         "",
         *_runs_section(df),
-        *_failures_section(failures),
+        *_failures_section(failures, left_out),
         "## Comparison",
         "",
         *_compare_section(df, recipe.get("compare") or {}),
@@ -894,9 +917,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"expected one source and only out=/recipe=; got {positionals} and {sorted(extra)}")
         df, root = read_results(positionals[0])
         if df.empty:
-            raise ValueError(
-                f"no run records under {positionals[0]} (a record.json in a run folder, hidden ones aside)"
-            )
+            raise ValueError(no_records_message(positionals[0], root if Path(positionals[0]).is_dir() else None))
         recipe_path = find_recipe(kv.get("recipe", "default"))
         recipe = load_recipe(recipe_path)
         out_dir = Path(kv["out"]) if "out" in kv else (root or Path(".")) / "report"
@@ -905,8 +926,15 @@ def main(argv: list[str] | None = None) -> int:
             problem = f"out={out_dir} is a run folder (it holds {RECORD_FILENAME}); write the report elsewhere"
         if problem is not None:
             raise ValueError(problem)
+        from_folder = Path(positionals[0]).is_dir()
         path = build_report(
-            df, out_dir, recipe, recipe_path=recipe_path, source=positionals[0], failures=failed_jobs(root)
+            df,
+            out_dir,
+            recipe,
+            recipe_path=recipe_path,
+            source=positionals[0],
+            failures=failed_jobs(root),
+            left_out=left_out_records(root) if from_folder else (),
         )
     except (ValueError, OSError) as exc:
         return refuse("report", exc)

@@ -452,6 +452,33 @@ def write_store(df: pd.DataFrame, path: str | Path) -> Path:
     return path
 
 
+def left_out_records(records_root: str | Path) -> list[tuple[str, str]]:
+    """The records under ``records_root`` that :func:`aggregate` leaves out (their bound outputs
+    are missing or changed): ``(folder relative to the root, why)``."""
+    root = Path(records_root)
+    out = []
+    for path in iter_record_paths(root):
+        try:
+            problem = outputs_problem(load_record(path), path.parent)
+        except RecordError:
+            continue  # aggregate refuses it outright, naming it
+        if problem is not None:
+            out.append((path.parent.relative_to(root).as_posix() or ".", problem))
+    return out
+
+
+def no_records_message(source: str | Path, root: Path | None) -> str:
+    """Why a records folder gave no run: none there, or each one left out (and why)."""
+    left = left_out_records(root) if root is not None and Path(root).is_dir() else []
+    if not left:
+        return f"no run records under {source} (a record.json in a run folder, hidden ones aside)"
+    named = "; ".join(f"{folder}: {why}" for folder, why in left[:3]) + ("; ..." if len(left) > 3 else "")
+    return (
+        f"no complete run records under {source}: {len(left)} record(s) left out because their outputs are not "
+        f"the ones they bind ({named})"
+    )
+
+
 def rebuild_store(records_root: str | Path, path: str | Path | None = None) -> pd.DataFrame:
     """Aggregate the records and write them to ``path`` (default ``<root>/store.parquet``)."""
     df = aggregate(records_root)
