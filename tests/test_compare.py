@@ -231,6 +231,23 @@ def test_main_reports_errors_with_usage(capsys):
     assert main([]) == 2
 
 
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("resamples=0", "resamples=0 is out of range: it must be >= 2"),
+        ("resamples=many", "resamples='many': expected a whole number >= 2"),
+        ("bootstrap_seed=-1", "bootstrap_seed=-1 is out of range: it must be >= 0"),
+        ("level=95", "level=95 is out of range: it must be in (0, 1), e.g. level=0.9"),
+        ("level=high", "level='high': expected a number in (0, 1), e.g. level=0.9"),
+        ("method=bca", "method='bca': expected percentile, basic or BCa"),
+    ],
+)
+def test_bootstrap_options_out_of_range_are_refused_naming_the_option(capsys, option, message):
+    assert main([str(FIXTURES), option]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0] == f"harness compare: refused: {message} (harness compare --help shows the usage)"
+
+
 def test_an_arm_pooling_other_configurations_and_other_prompts_says_so_and_keeps_the_prompts_apart():
     """Two runs of one arm that differ outside the axes (another prompt file whose ids repeat,
     another tree budget) are listed under mixed axes, and prompts with one id in two files are two

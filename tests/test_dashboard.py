@@ -75,6 +75,22 @@ def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_pat
 
     rc, spec20, _, _ = _spec_from_cli(tmp_path, capsys, "min_rounds=20")
     assert rc == 0 and spec20["min_depth_rounds"] == 20
+    (tmp_path / "dashboard.json").unlink()
+    for value, message in (("abc", "min_rounds='abc': expected a whole number >= 1"), ("0", "min_rounds=0 is out")):
+        rc, none, _, err = _spec_from_cli(tmp_path, capsys, f"min_rounds={value}")
+        assert rc == 2 and none is None and err.startswith(f"harness dashboard: refused: {message}")
+
+
+def test_a_dashboard_for_one_run_s_records_is_not_written_into_that_run_s_folder(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE_RUNS[0], run)
+    monkeypatch.chdir(tmp_path)
+    assert dashboard_main(["adhoc", f"records={run}"]) == 0
+    assert not (run / "dashboard.json").exists() and (tmp_path / "dashboard-adhoc.json").is_file()
+    # the run is of another group than the one asked: the output says so, not "no records found"
+    assert f"no record under {run} is of group 'adhoc' (their groups: fixture-sweep)" in capsys.readouterr().out
+    assert dashboard_main(["fixture-sweep", f"records={run}", "out=d.json"]) == 0
+    assert "legends from 1 records" in capsys.readouterr().out
 
 
 def test_every_key_the_panels_read_is_logged_by_a_tracked_run(tmp_path, monkeypatch):

@@ -97,6 +97,19 @@ def boolean_option(key: str, value: str | None, default: bool = False) -> bool:
     return v == "true"
 
 
+def whole_number_option(key: str, value: str | None, default: int, *, minimum: int = 1) -> int:
+    """A whole number ``>= minimum`` (``default`` when absent); anything else raises ValueError naming ``key``."""
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{key}={value!r}: expected a whole number >= {minimum}") from None
+    if number < minimum:
+        raise ValueError(f"{key}={number} is out of range: it must be >= {minimum}")
+    return number
+
+
 def _one_line(exc: BaseException) -> str:
     text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # a KeyError's str() is its repr
     return " ".join(line.strip() for line in str(text).splitlines() if line.strip())

@@ -62,7 +62,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from harness.tracking.command_line import boolean_option, json_object_with, output_file_problem, parse_command, refuse
+from harness.tracking.command_line import (
+    boolean_option,
+    json_object_with,
+    output_file_problem,
+    parse_command,
+    refuse,
+    whole_number_option,
+)
 from harness.tracking.record import write_json_atomic
 from harness.tracking.spec_bench import OVERALL, task_of, task_order
 from harness.tracking.store import AXES, SECTIONS, json_column, no_records_message, read_results
@@ -783,13 +790,20 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(no_records_message(positionals[0], root if Path(positionals[0]).is_dir() else None))
         opts = {k: kv.pop(k) for k in _OPTION_KEYS if k in kv}
         by = opts.get("by", "proposer")
-        level = float(opts.get("level", 0.95))
+        try:
+            level = float(opts.get("level", 0.95))
+        except ValueError:
+            raise ValueError(f"level={opts['level']!r}: expected a number in (0, 1), e.g. level=0.9") from None
+        if not 0.0 < level < 1.0:
+            raise ValueError(f"level={level:g} is out of range: it must be in (0, 1), e.g. level=0.9")
         boot = {
             "confidence_level": level,
-            "n_resamples": int(opts.get("resamples", 2000)),
-            "seed": int(opts.get("bootstrap_seed", 0)),
+            "n_resamples": whole_number_option("resamples", opts.get("resamples"), 2000, minimum=2),
+            "seed": whole_number_option("bootstrap_seed", opts.get("bootstrap_seed"), 0, minimum=0),
             "method": opts.get("method", "percentile"),
         }
+        if boot["method"] not in ("percentile", "basic", "BCa"):
+            raise ValueError(f"method={boot['method']!r}: expected percentile, basic or BCa")
         if "json" in opts:  # before any work: a JSON that may not be written is refused first
             problem = output_file_problem(
                 "json",

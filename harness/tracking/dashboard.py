@@ -38,10 +38,11 @@ from harness.tracking.command_line import (
     output_file_problem,
     split_arguments,
     usage_status,
+    whole_number_option,
 )
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, NAME_AXES, varying_axes
 from harness.tracking.record import write_json_atomic
-from harness.tracking.store import AXES, ROUND_COST_STAGES, RecordError, aggregate
+from harness.tracking.store import AXES, RECORD_FILENAME, ROUND_COST_STAGES, RecordError, aggregate
 from harness.tracking.wandb_tracker import DEFAULT_PROJECT, base_url, unreachable, wandb_group
 
 SPEC_FORMAT = "harness-dashboard/1"
@@ -364,20 +365,19 @@ def publish(spec: Mapping[str, Any], *, entity: str | None = None) -> str:
 # command line
 
 
-def group_axes(records_root: Path, group: str) -> list[dict[str, Any]]:
-    """The axes of the records under ``records_root`` that belong to W&B group ``group``."""
+def group_axes(records_root: Path, group: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The axes of the records under ``records_root`` that belong to W&B group ``group``, and the
+    groups of every record there."""
     df = aggregate(records_root)
     if df.empty:
-        return []
+        return [], []
 
     def none(v: Any) -> Any:
         return None if v is None or (isinstance(v, float) and v != v) else v
 
-    return [
-        {a: r[a] for a in AXES if a in df.columns}
-        for _, r in df.iterrows()
-        if wandb_group(none(r["sweep"]), none(r["experiment"])) == group
-    ]
+    groups = [wandb_group(none(r["sweep"]), none(r["experiment"])) for _, r in df.iterrows()]
+    rows = [{a: r[a] for a in AXES if a in df.columns} for (_, r), g in zip(df.iterrows(), groups) if g == group]
+    return rows, sorted(set(groups))
 
 
 def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] | None = None) -> int:
@@ -420,13 +420,11 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
             raise ValueError(
                 f"unknown sweep or experiment {group!r}; one of {sorted(known)} (or give records=DIR for another group)"
             )
-        min_rounds = int(opts.get("min_rounds", MIN_DEPTH_ROUNDS))
-        if min_rounds < 1:
-            raise ValueError(f"min_rounds must be >= 1; got {min_rounds}")
+        min_rounds = whole_number_option("min_rounds", opts.get("min_rounds"), MIN_DEPTH_ROUNDS)
         records = Path(opts["records"]) if "records" in opts else known.get(group)
         if "records" in opts and not records.is_dir():
             raise ValueError(f"records={records}: not a folder")
-        axes_rows = group_axes(records, group) if records is not None and records.is_dir() else []
+        axes_rows, groups = group_axes(records, group) if records is not None and records.is_dir() else ([], [])
     except (ValueError, OSError, RecordError) as exc:
         print(f"harness dashboard: refused: {exc}", file=sys.stderr)
         return 2
@@ -439,8 +437,8 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
     )
     if "out" in opts:
         out = Path(opts["out"])
-    elif records is not None and records.is_dir():
-        out = records / "dashboard.json"
+    elif records is not None and records.is_dir() and not (records / RECORD_FILENAME).is_file():
+        out = records / "dashboard.json"  # beside the sweep's records; never inside one run's folder
     else:
         out = Path(f"dashboard-{group.replace('/', '_')}.json")
     try:
@@ -461,7 +459,15 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
         return 2
     write_json_atomic(out, spec)
     n_panels = sum(len(s["panels"]) for s in spec["sections"])
-    source = f"legends from {len(axes_rows)} records" if axes_rows else "no records found: legends name every axis"
+    if axes_rows:
+        source = f"legends from {len(axes_rows)} records"
+    elif groups:
+        source = (
+            f"no record under {records} is of group {group!r} (their groups: {', '.join(groups)}): "
+            "legends name every axis"
+        )
+    else:
+        source = "no records found: legends name every axis"
     print(f"wrote {out}: {n_panels} panels for W&B group {group!r} ({source})")
     publish_cmd = f"harness dashboard --publish {out}" + ("" if spec["entity"] else " entity=<your W&B entity>")
     if mode == "offline":
