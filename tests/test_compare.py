@@ -427,3 +427,19 @@ def test_seed_filters_runs_by_their_seed_and_bootstrap_seed_seeds_the_resampling
         assert main([str(FIXTURES), "batch_size=1", f"bootstrap_seed={seed}", "resamples=50", "leaderboard=false"]) == 0
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1] and outs[0] != outs[2]
+
+
+def test_a_category_row_counts_the_runs_that_hold_its_prompts_and_their_outliers_only():
+    """An arm of two runs where one category is in one run only: that category's row names that
+    run alone (no mixed axes from the other), and a stalled prompt counts in its own category."""
+    r1 = [("p1", "code", 10, 10, 20, 10), ("p2", "chat", 10, 10, 20, 10)]
+    r2 = [("q1", "code", 10, 10, 20, 10), ("q2", "code", 11, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": r1}, "r2": {"proposer": "a", "prompts": r2}})
+    df["workload"] = ["w1", "w2"]
+    stall = {"prompt_id": "p2", "arm": "spec", "ms_per_round": 9.0, "median_ms_per_round": 2.0, "ratio": 4.5}
+    df["timing_outliers"] = [json.dumps([stall]), json.dumps([])]
+    rows = {r.category: r for r in compare(df, by="proposer", n_resamples=50)}
+    assert rows["chat"].run_ids == ("r1",) and rows["chat"].varying == {}
+    assert rows["code"].run_ids == ("r1", "r2") and rows["code"].varying == {"workload": ["w1", "w2"]}
+    assert rows[ALL].run_ids == ("r1", "r2")
+    assert (rows["chat"].timing_outliers, rows["code"].timing_outliers, rows[ALL].timing_outliers) == (1, 0, 1)

@@ -254,6 +254,7 @@ def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
             "section": run["section"],
             **{a: run[a] for a in AXES},
             "prompt_id": prompt_key(run, p, by_fingerprint=by_fingerprint),
+            "raw_prompt_id": str(p["prompt_id"]),
             "batch_unit": _batch_unit(run, p),
             "category": str(p["category"]),
             **{c: float(p[c]) for c in _PROMPT_COLUMNS},
@@ -261,7 +262,17 @@ def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
         }
         for run, p in run_prompts(df)
     ]
-    columns = ["run_id", "section", *AXES, "prompt_id", "batch_unit", "category", *_PROMPT_COLUMNS, *_PREFILL_COLUMNS]
+    columns = [
+        "run_id",
+        "section",
+        *AXES,
+        "prompt_id",
+        "raw_prompt_id",
+        "batch_unit",
+        "category",
+        *_PROMPT_COLUMNS,
+        *_PREFILL_COLUMNS,
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -449,6 +460,9 @@ def compare(
                 p = prompts if cat == ALL else prompts[prompts["category"] == cat]
                 if p.empty:
                     continue
+                # a category's row counts the runs that hold its prompts, and their outliers only
+                cat_long = arm_long[key] if cat == ALL else arm_long[key][arm_long[key]["category"] == cat]
+                cat_runs = arm_runs[key][arm_runs[key]["run_id"].isin(cat_long["run_id"])]
                 # the resampling unit: a prompt, or for batched runs a batch, whose requests share its time
                 units = p
                 if batched[key]:
@@ -477,8 +491,8 @@ def compare(
                         arm=key[1],
                         category=cat,
                         n_prompts=len(p),
-                        run_ids=tuple(sorted(arm_runs[key]["run_id"])),
-                        varying=_varying(arm_runs[key], by),
+                        run_ids=tuple(sorted(cat_runs["run_id"])),
+                        varying=_varying(cat_runs, by),
                         time_per_committed_token_ms=tpt,
                         ar_time_per_token_ms=_clean(p["ar_decode_ms"].sum() / p["ar_tokens"].sum())
                         if p["ar_tokens"].sum()
@@ -488,8 +502,8 @@ def compare(
                         n_pairs_baseline=n_pairs,
                         labels=_labels(section),
                         end_to_end_speedup=end_to_end_speedup(units, boot),
-                        batch_sizes=_batch_sizes(arm_runs[key]),
-                        timing_outliers=_timing_outliers(arm_runs[key]),
+                        batch_sizes=_batch_sizes(cat_runs),
+                        timing_outliers=_timing_outliers(cat_runs, cat_long),
                     )
                 )
     return out
@@ -525,6 +539,7 @@ def leaderboard_prompts(runs: pd.DataFrame) -> pd.DataFrame:
         {
             "run_id": run["run_id"],
             "prompt_id": prompt_key(run, p, by_fingerprint=by_fingerprint),
+            "raw_prompt_id": str(p["prompt_id"]),
             "batch_unit": _batch_unit(run, p),
             "task": task_of(str(p["category"])),
             **{c: float(p[c]) if p.get(c) is not None else np.nan for c in _LEADER_COLUMNS},
@@ -703,12 +718,18 @@ def _batch_sizes(runs: pd.DataFrame) -> tuple[int, ...]:
     return tuple(sorted({int(b) for b in runs["batch_size"].dropna()}))
 
 
-def _timing_outliers(runs: pd.DataFrame) -> int:
+def _timing_outliers(runs: pd.DataFrame, prompts: pd.DataFrame | None = None) -> int:
     """Flagged (prompt, arm) pairs over ``runs`` (each record's ``metrics.timing_outliers``, a JSON list
-    in the store; absent in records written before the flag)."""
+    in the store; absent in records written before the flag); with ``prompts`` (rows of
+    :func:`prompt_table`), only those of these prompts."""
     if "timing_outliers" not in runs.columns:
         return 0
-    return sum(len(json.loads(v)) for v in runs["timing_outliers"] if isinstance(v, str))
+    keep = None if prompts is None else set(zip(prompts["run_id"], prompts["raw_prompt_id"], strict=True))
+    n = 0
+    for run_id, v in zip(runs["run_id"], runs["timing_outliers"], strict=True):
+        if isinstance(v, str):
+            n += sum(1 for o in json.loads(v) if keep is None or (run_id, str(o.get("prompt_id"))) in keep)
+    return n
 
 
 #: what an arm's figures mean when its runs hold prompts timed through a stall
