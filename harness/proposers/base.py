@@ -126,6 +126,18 @@ class Proposer(ABC):
     def state_bytes(self) -> int:
         return 0
 
+    def counters(self) -> dict:
+        """The ``stats.extras`` counters as they start (a fresh dict each call): what
+        :meth:`reset_counters` restores. Learned state, settings and an index's figures are no
+        counters and are not listed."""
+        return {}
+
+    def reset_counters(self) -> None:
+        """Restart the counters (:meth:`counters`, ``stats.retrieval_ms``): after the warm-up and a
+        gate's rounds, so the record's proposer figures count the measured rounds only."""
+        self.stats.retrieval_ms = 0.0
+        self.stats.extras.update(self.counters())
+
 
 class NullProposer(Proposer):
     """Proposes nothing: the round degenerates to one autoregressive target step. The AR baseline

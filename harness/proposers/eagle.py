@@ -113,23 +113,7 @@ class EagleProposer(HiddenRowProposer):
         self.peak_state_bytes = 0
         self._start_capture: CapturedForward | None = None
         self._delivered: CapturedForward | None = None
-        self.stats.extras.update(
-            {
-                "rounds": 0,
-                "hidden_misses": 0,
-                "feature_gaps": 0,
-                "refused_reuse": 0,
-                "pairs_fed": 0,
-                "draft_stages": 0,
-                "lm_head_rows": 0,
-                "tree_rows_total": 0,
-                "max_tree_rows": 0,
-                "max_tree_depth": 0,
-                "tree_rows_hist": [],
-                "critical_path_stages_per_round": None,
-                "mean_tree_rows": None,
-            }
-        )
+        self.stats.extras.update(self.counters())
 
     # ------------------------------------------------------------------ config
     @classmethod
@@ -147,6 +131,23 @@ class EagleProposer(HiddenRowProposer):
         return {"draft": artifact.draft, "artifact_manifest": artifact.manifest}
 
     # ------------------------------------------------------------------ lifecycle
+    def counters(self) -> dict:
+        return {
+            "rounds": 0,
+            "hidden_misses": 0,
+            "feature_gaps": 0,
+            "refused_reuse": 0,
+            "pairs_fed": 0,
+            "draft_stages": 0,
+            "lm_head_rows": 0,
+            "tree_rows_total": 0,
+            "max_tree_rows": 0,
+            "max_tree_depth": 0,
+            "tree_rows_hist": [],
+            "critical_path_stages_per_round": None,
+            "mean_tree_rows": None,
+        }
+
     def start(self, prompt_ids: list[int]) -> None:
         self._reset()
         last = self.tap.last

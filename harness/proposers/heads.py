@@ -119,16 +119,7 @@ class HeadsProposer(HiddenRowProposer):
         self._prefix_cache = None
         self._prefix_fed = 0  # committed positions the prefix layer has seen
         self._prefix_out: torch.Tensor | None = None
-        self.stats.extras.update(
-            {
-                "rounds": 0,
-                "hidden_misses": 0,
-                "head_stages": 0,
-                "lm_head_rows": 0,
-                "refused_reuse": 0,
-                "critical_path_stages_per_round": None,
-            }
-        )
+        self.stats.extras.update(self.counters())
 
     # ------------------------------------------------------------------ config
     @classmethod
@@ -171,6 +162,18 @@ class HeadsProposer(HiddenRowProposer):
         self._ingested = -1
         self._expect = None
         self._reset_prefix()
+
+    def counters(self) -> dict:
+        fed = {"prefix_rows_fed": 0} if "prefix_rows_fed" in self.stats.extras else {}
+        return {
+            "rounds": 0,
+            "hidden_misses": 0,
+            "head_stages": 0,
+            "lm_head_rows": 0,
+            "refused_reuse": 0,
+            "critical_path_stages_per_round": None,
+            **fed,
+        }
 
     def finish(self) -> None:
         self.store.reset()

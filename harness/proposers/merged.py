@@ -176,6 +176,20 @@ class MergedProposer(Proposer):
             }
         )
 
+    def counters(self) -> dict:
+        return {
+            "rounds": 0,
+            "per_source": {
+                s.name: {"proposal_ms": 0.0, "offered": 0, "new_rows": 0, "shared": 0} for s in self.sources
+            },
+        }
+
+    def reset_counters(self) -> None:
+        """Its own counters and every source's."""
+        super().reset_counters()
+        for s in self.sources:
+            s.reset_counters()
+
     # ------------------------------------------------------------------ negotiation and wiring
 
     @classmethod
@@ -240,10 +254,7 @@ class MergedProposer(Proposer):
             entry = s.check_workload(items, allow_leakage=allow_leakage)
             if entry is not None:
                 entries[s.name] = entry
-        for v in self.stats.extras["per_source"].values():
-            v.update({"proposal_ms": 0.0, "offered": 0, "new_rows": 0, "shared": 0})
-        self.stats.extras["rounds"] = 0
-        self.stats.retrieval_ms = 0.0
+        Proposer.reset_counters(self)  # its own only: each source restarted its own above
         if not entries:
             return None
         statuses = {e["status"] for e in entries.values()}

@@ -655,9 +655,9 @@ class PromptLookupProposer(Proposer):
         self.rejected_tails = bool(rejected_tails)
         #: (committed length they follow, tails) from the last round's commit
         self._tails: tuple[int, list[tuple[int, tuple[int, ...], bool, int]]] = (-1, [])
+        self.stats.extras.update({"rows_proposed": 0, "rows_kept": 0})
         if self.rejected_tails:
             self.stats.extras["rows_kept_from_tails"] = 0
-        self.stats.extras.update({"rows_proposed": 0, "rows_kept": 0})
         # which search implementation the proposals are timed with (resolving it builds the native
         # kernels on first use: here, before any timed region)
         self.stats.extras["match_search"] = match_search()
@@ -669,6 +669,10 @@ class PromptLookupProposer(Proposer):
         self._skip: np.ndarray | None = None  # history positions the current request may not read
         self._request: tuple[bytes, int] | None = None  # (prompt key, prompt length) of the current request
         self._committed: list[int] | None = None
+
+    def counters(self) -> dict:
+        kept = {k: 0 for k in ("rows_kept_from_tails", "rows_kept_from_history") if k in self.stats.extras}
+        return {"rows_proposed": 0, "rows_kept": 0, **kept}
 
     @classmethod
     def check_plan(cls, options: dict, budget: Budget, geometry) -> None:

@@ -214,10 +214,9 @@ class RestProposer(Proposer):
         self.vocab_size: int | None = None
         self.leakage_threshold = LEAKAGE_THRESHOLD
 
-    def reset_counters(self) -> None:
-        """Restart the per-round retrieval counters (``stats.extras``, ``stats.retrieval_ms``)."""
-        self.stats.retrieval_ms = 0.0
-        self.stats.extras.update(
+    def counters(self) -> dict:
+        """The per-round retrieval counters."""
+        return dict(
             {
                 "rounds": 0,
                 "misses": 0,

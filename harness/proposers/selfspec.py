@@ -54,16 +54,17 @@ class SelfSpecProposer(TargetBoundProposer):
         self.hashes = PrefixHashes()
         self.peak_state_bytes = 0
         self._last: tuple[int, list[int]] | None = None
-        self.stats.extras.update(
-            {
-                "rounds": 0,
-                "drafted": 0,
-                "confidence_stops": 0,
-                "reused_rows": 0,
-                "recomputed_rows": 0,
-                "draft_forwards": 0,
-            }
-        )
+        self.stats.extras.update(self.counters())
+
+    def counters(self) -> dict:
+        return {
+            "rounds": 0,
+            "drafted": 0,
+            "confidence_stops": 0,
+            "reused_rows": 0,
+            "recomputed_rows": 0,
+            "draft_forwards": 0,
+        }
 
     # ------------------------------------------------------------------ subclass hooks
     def _forward(self, ids: list[int], positions: list[int], mask: torch.Tensor) -> torch.Tensor:
