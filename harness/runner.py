@@ -56,6 +56,7 @@ from harness.measure.memory import JobHostMemory
 from harness.prepare import prepare
 from harness.prepare.sequoia import cost_model_error
 from harness.proposers.base import NullProposer
+from harness.proposers.rest import path_inert_options
 from harness.random_source import TorchRandomSource
 from harness.record_schema import is_gated
 from harness.target.backend import CausalLMBackend
@@ -548,6 +549,10 @@ def inert_options(cfg: DictConfig) -> list[str]:
             out.append(
                 f"topology.{key}={_text(value)}: topology={topo.name} does not read it (only {', '.join(readers)})"
             )
+    if prop.name == "rest":
+        out += path_inert_options(prop.datastore, "proposer.datastore")
+    elif prop.name == "merged" and "rest" in list(prop.get("sources") or []):
+        out += path_inert_options(prop.rest.datastore, "proposer.rest.datastore")
     if prop.get("verify_cost") and prop.get("budget_policy", "fixed") != "adaptive":
         out.append(
             f"proposer.verify_cost={_text(prop.verify_cost)}: the fixed budget prices no rows "

@@ -129,6 +129,14 @@ def test_rest_run_end_to_end_on_tiny_with_a_token_id_datastore(env, tmp_path):
     assert m["mean_accepted_per_round"] > 1.0
     r = m["retrieval"]
     assert r["datastore_release_id"] == ds.release_id and r["datastore_bytes"] == ds.nbytes > 0
+    # with a path, the datastore's manifest decides how it was built: the config's build options
+    # that say otherwise are listed as inert, not claimed
+    why = f"the datastore at {store} was built with {{}} (its manifest decides; nothing is built)"
+    assert record["inert_options"] == [
+        "proposer.datastore.corpus=stdlib: " + why.format("corpus=token-ids"),
+        "proposer.datastore.max_tokens=2000000: " + why.format("max_tokens=null"),
+        "proposer.datastore.exclude=humaneval: " + why.format("0 other texts excluded"),
+    ]
     # the measured rounds only: the warm-up's and the gates' rounds are no part of the figures
     assert r["rounds"] == m["rounds"] and r["miss_rate"] == pytest.approx(r["misses"] / r["rounds"])
     assert 0.0 <= r["miss_rate"] < 1.0 and r["mean_match_len"] > 0 and r["mean_retrieval_ms"] > 0
@@ -310,6 +318,18 @@ def test_cache_datastore_is_built_on_first_use_then_checked_against_the_config(t
     assert info["built_now"] is False and again.release_id == ds.release_id
     with pytest.raises(DatastoreError, match=r"max_tokens: config 5000 vs built 3000.*datastore.max_tokens=3000\)"):
         open_datastore({**cfg, "max_tokens": 5000}, tokenizer=tok, model="toy")
+    # the exclusion is a build option too: a cached datastore built with another one is refused
+    # (it would leave the evaluation texts the config names in the index), and a bad value is named
+    assert ds.manifest["exclusion"]["spec"] == "none"
+    (tmp_path / "held.jsonl").write_text(json.dumps({"id": "q", "prompt": "def keep_me_out(): pass"}) + "\n")
+    with pytest.raises(
+        DatastoreError, match=r"exclude: config '.*held.jsonl' vs built 'none'.*datastore.exclude=none\)"
+    ):
+        open_datastore({**cfg, "exclude": str(tmp_path / "held.jsonl")}, tokenizer=tok, model="toy")
+    with pytest.raises(DatastoreError, match=r"^proposer.datastore.exclude must be humaneval, .* got 'foo.txt'"):
+        open_datastore({**cfg, "exclude": "foo.txt"}, tokenizer=tok, model="toy")
+    with pytest.raises(DatastoreError, match=r"^proposer.datastore.exclude=.*missing.jsonl: cannot read"):
+        open_datastore({**cfg, "exclude": str(tmp_path / "missing.jsonl")}, tokenizer=tok, model="toy")
 
 
 def test_from_config_folds_the_release_id_into_the_proposals_manifest_hash(env):

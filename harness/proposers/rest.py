@@ -47,6 +47,7 @@ the warm-up request and the measured rounds, not the gates' rounds.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -78,8 +79,10 @@ from harness.workloads.datastore import (
     Datastore,
     DatastoreError,
     build_datastore,
+    built_exclusion,
     check_leakage,
     datastore_path,
+    exclusion_fingerprints,
     exclusions_for,
     load_datastore,
     refuse_leakage,
@@ -435,6 +438,35 @@ def _vocab_size(backend) -> int | None:
     return None if size is None else int(size)
 
 
+def configured_exclusions(spec) -> list:
+    """The texts ``proposer.datastore.exclude`` names (refused naming the option when it names none)."""
+    try:
+        return exclusions_for(str(spec))
+    except DatastoreError as exc:
+        raise DatastoreError(f"proposer.datastore.{exc}") from None
+    except OSError as exc:
+        raise DatastoreError(
+            f"proposer.datastore.exclude={spec}: cannot read {exc.filename or ''} ({exc.strerror})"
+        ) from None
+
+
+def _files_state(spec: str) -> tuple:
+    """The exclusion files a spec names, as (path, size, mtime): a changed file is read again."""
+    out = []
+    for part in spec.split(","):
+        if part.endswith(".jsonl") and Path(part).is_file():
+            st = Path(part).stat()
+            out.append((part, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=16)
+def _configured_fingerprints(spec: str, files: tuple) -> frozenset:
+    """The fingerprints of the texts ``spec`` names, read once per process (ShareGPT's held-out
+    turns take seconds to read); ``files``: :func:`_files_state`, part of the cache key."""
+    return frozenset(exclusion_fingerprints(configured_exclusions(spec)))
+
+
 #: build options checked against a cached datastore's manifest: (config key, manifest getter)
 _BUILD_KEYS = (
     ("corpus", lambda m: m.get("corpus", {}).get("name")),
@@ -443,6 +475,29 @@ _BUILD_KEYS = (
     ("continuation_len", lambda m: m.get("continuation_len")),
     ("max_matches", lambda m: m.get("match_selection", {}).get("max_matches")),
 )
+
+
+def path_inert_options(node, prefix: str) -> list[str]:
+    """With ``path`` set, the datastore's own manifest says how it was built and nothing is built:
+    each build option the config (``node``, at ``prefix``) states otherwise, as ``key=value: why``
+    (the runner's inert options)."""
+    path = node.get("path")
+    if path is None or not (Path(str(path)) / MANIFEST_FILE).is_file():
+        return []  # no path, or one that is refused when opened
+    manifest = json.loads((Path(str(path)) / MANIFEST_FILE).read_text())
+    why = f"the datastore at {path} was built with {{}} (its manifest decides; nothing is built)"
+    out = [
+        f"{prefix}.{key}={node.get(key)}: " + why.format(f"{key}={'null' if get(manifest) is None else get(manifest)}")
+        for key, get in _BUILD_KEYS
+        if key in node and node.get(key) != get(manifest)
+    ]
+    if node.get("exclude") is not None:
+        spec, built = built_exclusion(manifest)
+        if spec is not None and spec != str(node.get("exclude")):
+            out.append(f"{prefix}.exclude={node.get('exclude')}: " + why.format(f"exclude={spec}"))
+        elif spec is None and _configured_fingerprints(str(node.exclude), _files_state(str(node.exclude))) != built:
+            out.append(f"{prefix}.exclude={node.get('exclude')}: " + why.format(f"{len(built)} other texts excluded"))
+    return out
 
 
 def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
@@ -469,7 +524,8 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
             context_len=int(cfg.get("context_len", 16)),
             continuation_len=int(cfg.get("continuation_len", 8)),
             max_matches=int(cfg.get("max_matches", 64)),
-            exclude=exclusions_for(str(cfg.get("exclude", "none"))),
+            exclude=configured_exclusions(cfg.get("exclude", "none")),
+            exclude_spec=str(cfg.get("exclude", "none")),
             progress=True,
         )
         if path.exists():  # no manifest (the caller checked under the lock): a build that never finished
@@ -550,9 +606,17 @@ def open_datastore(
             for key, get in _BUILD_KEYS
             if key in cfg and cfg.get(key) != get(manifest)
         ]
+        if "exclude" in cfg:  # the evaluation texts kept out at build time, compared item by item
+            spec, built = built_exclusion(manifest)
+            if _configured_fingerprints(str(cfg["exclude"]), _files_state(str(cfg["exclude"]))) != built:
+                diff.append(("exclude", cfg["exclude"], spec if spec is not None else f"<{len(built)} items>"))
         if diff:
             said = ", ".join(f"{k}: config {want!r} vs built {got!r}" for k, want, got in diff)
-            use = " ".join(f"proposer.datastore.{k}={'null' if got is None else got}" for k, _, got in diff)
+            use = " ".join(
+                f"proposer.datastore.{k}={'null' if got is None else got}"
+                for k, _, got in diff
+                if not str(got).startswith("<")  # an exclusion built before manifests named it
+            )
             raise DatastoreError(
                 f"the cached datastore {str(path)!r} was built with other options ({said}). Rebuild it with "
                 f"`harness datastore build corpus={cfg.get('corpus')} model={model} max_tokens={cfg.get('max_tokens')} "

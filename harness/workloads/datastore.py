@@ -314,12 +314,14 @@ def build_datastore(
     continuation_len: int = DEFAULT_CONTINUATION_LEN,
     max_matches: int = DEFAULT_MAX_MATCHES,
     exclude: Sequence[ExclusionItem] = (),
+    exclude_spec: str | None = None,
     exclusion_window: int = LEAKAGE_THRESHOLD,
     batch_docs: int = 32,
     progress: bool = True,
     overwrite: bool = False,
 ) -> Datastore:
     """Tokenize ``corpus``, drop excluded documents, build the suffix array and the manifest.
+    ``exclude_spec``: how ``exclude`` was named (``humaneval``, a file, ...), kept in the manifest.
 
     ``max_tokens`` caps the stored tokens (sentinels included); the document that crosses the
     cap is cut there. With ``out_dir`` the datastore is also written to disk.
@@ -426,6 +428,7 @@ def build_datastore(
             "last_document": last_doc,
         },
         "exclusion": {
+            "spec": exclude_spec,
             "policy": EXCLUSION_POLICY,
             "window_tokens": exclusion_window,
             "items": [
@@ -724,6 +727,17 @@ def jsonl_exclusions(path: str | Path) -> list[ExclusionItem]:
     return items
 
 
+def exclusion_fingerprints(items: Sequence[ExclusionItem]) -> set[tuple[str, str]]:
+    """``(id, sha256 of the text)`` of each item, as a datastore manifest lists its exclusions."""
+    return {(it.item_id, _sha256(it.text.encode())) for it in items}
+
+
+def built_exclusion(manifest: dict) -> tuple[str | None, set[tuple[str, str]]]:
+    """How a datastore's manifest names its exclusion (None before manifests kept it) and its items."""
+    exclusion = manifest.get("exclusion") or {}
+    return exclusion.get("spec"), {(i["id"], i["sha256"]) for i in exclusion.get("items", [])}
+
+
 def exclusions_for(spec: str) -> list[ExclusionItem]:
     items: list[ExclusionItem] = []
     for part in [p for p in spec.split(",") if p]:
@@ -900,6 +914,7 @@ def main(argv: list[str]) -> int:
             target_family=model,
             out_dir=out,
             exclude=exclude,
+            exclude_spec=exclude_spec,
             overwrite=overwrite,
             progress=progress,
             **sizes,
