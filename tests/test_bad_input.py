@@ -633,6 +633,8 @@ REFUSED = [
     ["verifier=typical"],
     ["proposer=clover", "topology=merged", "verifier=greedy", "generation.temperature=0.7"],
     ["proposer=prompt_lookup", "topology=expansion"],
+    ["proposer=rest", "topology=expansion"],
+    ["proposer=rest", "topology=sequoia"],
     ["proposer=medusa", "generation.batch_size=2"],
     ["topology=cartesian", "topology.max_nodes=20"],
     ["proposer=draft_model", "topology=expansion", "topology.max_depth=2"],
@@ -657,6 +659,20 @@ def test_every_offered_suggestion_is_accepted(overrides, monkeypatch):
     base = [o for o in overrides if o != exc.replaces]  # a mistyped key's fix replaces it
     for fix in exc.suggestions:
         accepted(apply_overrides(base, fix))
+
+
+def test_a_proposer_that_cannot_draft_sibling_sets_is_neither_offered_nor_planned_a_sequoia_tree():
+    """Sequoia's calibration drafts a set of siblings below each parent: REST and merged trees
+    cannot, so topology=sequoia is refused at plan (it failed after loading the model) and no
+    refusal offers it."""
+    for proposer in (["proposer=rest"], ["proposer=merged", "proposer.sources=[prompt_lookup]"]):
+        with pytest.raises(
+            ConfigError, match=r"cannot be calibrated for topology=sequoia: the calibration drafts a set"
+        ):
+            plan(compose([*proposer, "topology=sequoia"]))
+    with pytest.raises(ConfigError) as info:
+        checked_plan(["proposer=rest", "topology=expansion"])
+    assert info.value.suggestions == (("topology=sequence",), ("topology=sequences",))
 
 
 def test_rest_with_specinfer_at_a_temperature_is_offered_membership_not_greedy():

@@ -58,6 +58,11 @@ def sampling_policy(cfg: DictConfig) -> SamplingPolicy:
     return SamplingPolicy(temperature=float(g.temperature), top_p=float(g.top_p), top_k=int(g.top_k))
 
 
+#: topologies whose tree is calibrated first, and the proposal shape that calibration drafts
+#: (harness.prepare.calibrate.measure_ranks: a set of siblings below each parent node)
+CALIBRATION_SHAPES = {"sequoia": "set"}
+
+
 def plan(cfg: DictConfig) -> Plan:
     """Check every value (:func:`~harness.engine.checks.validate_config`), then negotiate proposer x
     topology x verifier x temperature; raise before any model work.
@@ -77,11 +82,23 @@ def plan(cfg: DictConfig) -> Plan:
             except ValueError:  # a shape this budget cannot describe (dynamic without topk): offered anyway
                 return True  # (a fix offered is composed and planned first; one that is refused is dropped)
 
-        fits = [name for name, shape in TOPOLOGY_SHAPES.items() if shape in cls.shapes and fits_verifier(shape)]
+        fits = [
+            name
+            for name, shape in TOPOLOGY_SHAPES.items()
+            if shape in cls.shapes and fits_verifier(shape) and CALIBRATION_SHAPES.get(name, shape) in cls.shapes
+        ]
         raise ConfigError(
             f"proposer={cfg.proposer.name} cannot build topology={cfg.topology.name} (shape {budget.shape!r}); "
             f"it builds {sorted(cls.shapes)}",
             suggestions=[(f"topology={name}",) for name in fits],
+        )
+    needs = CALIBRATION_SHAPES.get(str(cfg.topology.name))
+    if needs is not None and needs not in cls.shapes:
+        raise ConfigError(
+            f"proposer={cfg.proposer.name} cannot be calibrated for topology={cfg.topology.name}: the calibration "
+            f"drafts a {needs} of sibling candidates below each parent to measure acceptance by sibling rank "
+            f"(Sequoia, Chen et al., 2024), and proposer={cfg.proposer.name} builds only {sorted(cls.shapes)}",
+            suggestions=[("proposer=draft_model", "proposer.sampling=without_replacement")],
         )
     caps = declared_capabilities(cfg, budget)
     negotiate(caps, verifier, temperature=policy.temperature, exact_mode=bool(cfg.generation.exact))
