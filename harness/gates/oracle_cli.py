@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from harness.files import output_folder_problem
+from harness.files import atomic_write_text, output_folder_problem
 from harness.gates.e2e import E2EModels, negative_control_rows, run_e2e_suite
 from harness.gates.oracle import MARGINAL_ATOL, check_case, exact_verifier_names, verifier_cases
 from harness.gates.transport import check_transport, transport_applies, transport_instances
@@ -253,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{summary['cases']} cases, {summary['failed']} failed, bound {MARGINAL_ATOL:g}, "
         f"{time.perf_counter() - t0:.1f} s: {'PASS' if summary['passed'] else 'FAIL'}"
     )
-    if args.json is not None:
-        args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2, sort_keys=True))
+    if args.json is not None:  # its folder was checked before the suite; created now, the file written whole
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.json, json.dumps({"summary": summary, "rows": rows}, indent=2, sort_keys=True))
     return 0 if summary["passed"] else 1
