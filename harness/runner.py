@@ -22,6 +22,7 @@ arm's own answers (:class:`~harness.workloads.conversations.PromptEncoder`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import sys
@@ -549,6 +550,14 @@ def inert_options(cfg: DictConfig) -> list[str]:
             out.append(
                 f"topology.{key}={_text(value)}: topology={topo.name} does not read it (only {', '.join(readers)})"
             )
+    if prop.name == "layer_skip" and prop.get("skip") is not None and prop.get("search") is not None:
+        kind = OmegaConf.get_type(prop.search)  # the search's schema: its defaults
+        defaults = kind() if dataclasses.is_dataclass(kind) else None
+        for key in prop.search if defaults is not None else ():
+            if prop.search[key] != getattr(defaults, key, prop.search[key]):
+                out.append(
+                    f"proposer.search.{key}={_text(prop.search[key])}: proposer.skip names the layers, no search runs"
+                )
     if prop.name == "rest":
         out += path_inert_options(prop.datastore, "proposer.datastore")
     elif prop.name == "merged" and "rest" in list(prop.get("sources") or []):

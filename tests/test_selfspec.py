@@ -366,3 +366,27 @@ def test_declare_refuses_trees_before_model_work():
         EarlyExitProposer.declare({}, Budget(shape="expansion", max_nodes=6, max_depth=3, widths=(2, 2, 1)))
     caps = LayerSkipProposer.declare({"sampling": "iid"}, CHAIN)
     assert caps.probability_semantics == frozenset({"normalized_conditional"}) and caps.topology == "sequence"
+
+
+def test_an_explicit_skip_vector_is_checked_at_plan_and_search_options_beside_it_are_inert():
+    """proposer.skip and proposer.artifact both name the skip vector: both is refused, as is a layer
+    listed twice (another manifest for the same draft) or outside the target, before any model
+    work; the search options change nothing beside an explicit vector and are listed as inert."""
+    from harness.config import compose
+    from harness.contracts import ConfigError
+    from harness.engine.build import plan
+    from harness.runner import inert_options
+
+    base = ["model=tiny", "proposer=layer_skip", "topology=sequence"]
+    with pytest.raises(ConfigError, match=r"proposer.skip=\[1\] and proposer.artifact=/x both name the skip vector"):
+        plan(compose([*base, "proposer.skip=[1]", "proposer.artifact=/x"]))
+    with pytest.raises(ConfigError, match=r"lists layer\(s\) \[1\] more than once") as info:
+        plan(compose([*base, "proposer.skip=[1,0,1]"]))
+    assert info.value.suggestions == (("proposer.skip=[0,1]",),)
+    with pytest.raises(ConfigError, match=r"lists \[2\], outside this 2-layer target's layers \[0, 1\]"):
+        plan(compose([*base, "proposer.skip=[2]"]))
+    plan(compose([*base, "proposer.skip=[1]"]))
+    assert inert_options(compose([*base, "proposer.skip=[1]", "proposer.search.trials=3"])) == [
+        "proposer.search.trials=3: proposer.skip names the layers, no search runs"
+    ]
+    assert inert_options(compose([*base, "proposer.search.trials=3"])) == []  # the search runs

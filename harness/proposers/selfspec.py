@@ -259,6 +259,35 @@ class LayerSkipProposer(SelfSpecProposer):
         self.stats.extras.update({"skip": skip, "gamma": self.gamma})
 
     @classmethod
+    def check_plan(cls, options: dict, budget: Budget, geometry) -> None:
+        """Before any model work: ``proposer.skip`` and ``proposer.artifact`` each name the skip
+        vector (one of them, not both), and an explicit vector lists each of the target's layers
+        at most once (``geometry()``: its layer count)."""
+        skip = options.get("skip")
+        if skip is None:
+            return
+        if options.get("artifact"):
+            raise ConfigError(
+                f"proposer.skip={list(skip)} and proposer.artifact={options['artifact']} both name the skip vector: "
+                "give one (the artifact's search result, or the layers to skip)",
+                suggestions=[("proposer.artifact=null",), ("proposer.skip=null",)],
+            )
+        layers = int(geometry()["num_hidden_layers"])
+        seen = [int(i) for i in skip]
+        repeated = sorted({i for i in seen if seen.count(i) > 1})
+        if repeated:
+            unique = sorted(set(seen))
+            raise ConfigError(
+                f"proposer.skip lists layer(s) {repeated} more than once: list each layer once",
+                suggestions=[(f"proposer.skip=[{','.join(map(str, unique))}]",)],
+            )
+        outside = [i for i in seen if not 0 <= i < layers]
+        if outside:
+            raise ConfigError(
+                f"proposer.skip lists {outside}, outside this {layers}-layer target's layers [0, {layers - 1}]"
+            )
+
+    @classmethod
     def load_artifact(cls, options: dict, *, model: torch.nn.Module, tokenizer) -> dict:
         skip, manifest = load_skip(options, model=model, tokenizer=tokenizer)
         return {"skip": skip, "artifact_manifest": manifest, **dict(options.get("threshold") or {})}
