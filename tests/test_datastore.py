@@ -291,6 +291,16 @@ def test_cli_build_and_info(tmp_path, monkeypatch, capsys):
     assert "corpus must be one of" in capsys.readouterr().err
     # options refused in one line naming the option, before any tokenizer or corpus work
     (tmp_path / "afile").write_text("")
+    bad = tmp_path / "bad.jsonl"
+    for lines, said in (
+        (['{"prompt": "a"}', "5"], f'{bad}:2: an exclusion record is a JSON object with a "prompt"; got 5'),
+        (["{nope"], f"{bad}:1: malformed JSON"),
+        (['{"prompt": 5}'], f'{bad}:1: "prompt" must be a string; got 5'),
+    ):
+        bad.write_text("\n".join(lines) + "\n")
+        assert main(["build", "corpus=stdlib", "model=owner/toy", f"exclude={bad}", f"out={tmp_path / 'y'}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"harness datastore: refused: {said}"), err
     for args, said in (
         (["out="], "out= is empty; give a folder or leave the option out"),
         ([f"out={out}", f"path={out}"], "give one of out=DIR and path=DIR"),
@@ -300,6 +310,7 @@ def test_cli_build_and_info(tmp_path, monkeypatch, capsys):
         (["exclude=missing.jsonl"], "exclude=missing.jsonl: cannot read missing.jsonl (No such file or directory)"),
         ([f"out={tmp_path / 'afile'}"], "a file is in the way; an output folder is needed there"),
         (["model=nope"], "model='nope': no such directory (and not a hub id of the form owner/name)"),
+        (["roles=user"], "roles= picks the turns of a conversation corpus (corpus=sharegpt); corpus=stdlib has none"),
     ):
         model = [] if args[0].startswith("model=") else ["model=owner/toy"]
         assert main(["build", "corpus=stdlib", *model, *args]) == 2

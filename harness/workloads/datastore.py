@@ -714,16 +714,27 @@ def sharegpt_heldout_exclusions() -> list[ExclusionItem]:
 def jsonl_exclusions(path: str | Path) -> list[ExclusionItem]:
     """Records with ``prompt`` and optional ``reference`` / ``id`` fields."""
     items = []
-    for n, line in enumerate(Path(path).read_text().splitlines()):
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
         if not line.strip():
             continue
-        rec = json.loads(line)
+        where = f"{path}:{n + 1}"
+        try:
+            rec = json.loads(line)
+        except ValueError as exc:
+            raise DatastoreError(f"{where}: malformed JSON ({exc})") from None
+        if not isinstance(rec, dict):
+            raise DatastoreError(
+                f'{where}: an exclusion record is a JSON object with a "prompt"; got {line.strip()[:40]}'
+            )
         if "prompt" not in rec:
-            raise DatastoreError(f"{path}:{n + 1}: exclusion record needs a 'prompt' field; got keys {sorted(rec)}")
+            raise DatastoreError(f"{where}: exclusion record needs a 'prompt' field; got keys {sorted(rec)}")
+        for key in ("prompt", "reference"):
+            if rec.get(key) is not None and not isinstance(rec[key], str):
+                raise DatastoreError(f'{where}: "{key}" must be a string; got {json.dumps(rec[key])[:40]}')
         rid = str(rec.get("id", n))
-        items.append(ExclusionItem(f"{rid}/prompt", str(rec["prompt"])))
+        items.append(ExclusionItem(f"{rid}/prompt", rec["prompt"]))
         if rec.get("reference"):
-            items.append(ExclusionItem(f"{rid}/reference", str(rec["reference"])))
+            items.append(ExclusionItem(f"{rid}/reference", rec["reference"]))
     return items
 
 
@@ -872,6 +883,10 @@ def main(argv: list[str]) -> int:
             )
         name = opts["corpus"]
         corpus_opts = {}
+        if "roles" in opts and name != "sharegpt":
+            raise DatastoreError(
+                f"roles= picks the turns of a conversation corpus (corpus=sharegpt); corpus={name} has none"
+            )
         if name == "sharegpt" and "roles" in opts:
             corpus_opts["roles"] = tuple(opts["roles"].split(","))
         corpus = make_corpus(name, **corpus_opts)
