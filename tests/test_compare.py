@@ -365,7 +365,9 @@ def test_arms_whose_runs_flagged_timing_outliers_are_noted_under_their_section()
     rows = compare(df, by="proposer", n_resamples=50)
     assert {r.arm: r.timing_outliers for r in rows if r.category == ALL} == {"a": 1, "b": 0}
     text = format_table(rows, by="proposer", baseline=None, level=0.95)
-    assert "note: arms whose runs flagged timing outliers (a (1 flagged)): a prompt's decode round took 3x" in text
+    assert (
+        "note: arms whose runs flagged timing outliers (a (1 flagged)): a prompt's decode time per round was 3x" in text
+    )
     from harness.tracking.report import _compare_section
 
     assert any(

@@ -734,8 +734,8 @@ def _timing_outliers(runs: pd.DataFrame, prompts: pd.DataFrame | None = None) ->
 
 #: what an arm's figures mean when its runs hold prompts timed through a stall
 OUTLIER_NOTE = (
-    "arms whose runs flagged timing outliers ({arms}): a prompt's decode round took 3x or more its arm's "
-    "median, a stall rather than the method, and those prompts' times are in the figures above; see each "
+    "arms whose runs flagged timing outliers ({arms}): a prompt's decode time per round was 3x or more its "
+    "arm's median, a stall rather than the method, and those prompts' times are in the figures above; see each "
     "record's metrics.timing_outliers, and re-run on a quiet machine"
 )
 
