@@ -390,3 +390,20 @@ def test_an_explicit_skip_vector_is_checked_at_plan_and_search_options_beside_it
         "proposer.search.trials=3: proposer.skip names the layers, no search runs"
     ]
     assert inert_options(compose([*base, "proposer.search.trials=3"])) == []  # the search runs
+
+
+def test_a_named_artifact_that_does_not_exist_says_to_use_the_cache_not_to_switch_auto_train(env, tmp_path):
+    """A path the config names is never trained into, auto_train or not (on by default): the
+    refusal says to leave the option unset (the cache is trained into), for both self-speculative drafts."""
+    gone = tmp_path / "gone"
+    with pytest.raises(ArtifactError) as info:
+        ensure_adapter({**EXIT_OPTS, "artifact": str(gone)}, Target(env["model"], None, "tiny4"), progress=False)
+    assert str(info.value) == (
+        f"proposer.artifact={str(gone)!r} does not exist; leave proposer.artifact unset to use the cache "
+        "(the run trains into it, or `harness train proposer=early_exit` does and prints the path)"
+    )
+    with pytest.raises(ArtifactError, match=r"`harness train proposer=layer_skip` does .*, or give the layers to skip"):
+        ensure_skip(
+            {"artifact": str(gone)}, backend=env["backend"], tokenizer=None, target_source="tiny4", prompts=[[5, 6]]
+        )
+    assert "auto_train" not in str(info.value)

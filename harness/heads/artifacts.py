@@ -74,10 +74,17 @@ def heads_artifact_path(kind: str, options: dict, *, model: torch.nn.Module, tok
     return _located(kind, heads_recipe(kind, options, model), options, model=model, tokenizer=tokenizer)
 
 
-def missing(kind: str, path: Path, explicit: bool) -> ArtifactError:
-    where = f"proposer.artifact={str(path)!r} does not exist" if explicit else f"no {kind} artifact at {str(path)!r}"
+def missing(kind: str, path: Path, explicit: bool, *, extra: str = "") -> ArtifactError:
+    """The refusal of an absent artifact: a path the config names is never trained into (train it
+    there, or leave proposer.artifact unset); the cache's is trained by a run with auto_train."""
+    if explicit:
+        return ArtifactError(
+            f"proposer.artifact={str(path)!r} does not exist; leave proposer.artifact unset to use the cache "
+            f"(the run trains into it, or `harness train proposer={kind}` does and prints the path){extra}"
+        )
     return ArtifactError(
-        f"{where}; run `harness train proposer={kind}` (or let the run train it: proposer.auto_train=true)"
+        f"no {kind} artifact at {str(path)!r}; run `harness train proposer={kind}` "
+        f"(or let the run train it: proposer.auto_train=true){extra}"
     )
 
 

@@ -15,8 +15,8 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from harness.heads.artifacts import adapter_artifact_path, load_adapter
-from harness.heads.checkpoint import ArtifactError, cpu_budget_label, save_artifact
+from harness.heads.artifacts import adapter_artifact_path, load_adapter, missing
+from harness.heads.checkpoint import cpu_budget_label, save_artifact
 from harness.heads.early_exit import AdapterArtifact, ExitAdapter, adapter_logits, build_adapter
 from harness.heads.recipes import AdapterRecipe
 from harness.prepare import Preparation
@@ -109,10 +109,7 @@ def ensure_adapter(
 
     def train() -> AdapterArtifact:
         if not force and (options.get("artifact") or not options.get("auto_train", True)):
-            raise ArtifactError(
-                f"no early_exit artifact at {str(path)!r}; run `harness train proposer=early_exit` "
-                "(or set proposer.auto_train=true)"
-            )
+            raise missing("early_exit", path, bool(options.get("artifact")))
         return distill_adapter_artifact(options, recipe, target, out_dir=path, documents=documents, progress=progress)
 
     load = partial(load_adapter, options, model=target.model, tokenizer=target.tokenizer, path=path)

@@ -26,8 +26,8 @@ from tqdm import tqdm
 
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
-from harness.heads.artifacts import load_skip, skip_artifact_path
-from harness.heads.checkpoint import ArtifactError, cpu_budget_label, save_artifact, target_fingerprint
+from harness.heads.artifacts import load_skip, missing, skip_artifact_path
+from harness.heads.checkpoint import cpu_budget_label, save_artifact, target_fingerprint
 from harness.heads.recipes import SearchRecipe
 from harness.prepare import Preparation
 from harness.prepare.heads_data import byte_ids
@@ -227,10 +227,7 @@ def _search_absent(
     recipe = SearchRecipe(**dict(options.get("search") or {}))
     explicit = options.get("artifact")
     if not force and (explicit or not options.get("auto_train", True)):
-        raise ArtifactError(
-            f"no layer_skip artifact at {str(path)!r}; run `harness train proposer=layer_skip` "
-            "(or set proposer.auto_train=true, or give proposer.skip)"
-        )
+        raise missing("layer_skip", path, bool(explicit), extra=", or give the layers to skip: proposer.skip=[...]")
     log.warning("searching the layer-skip vector (absent from %s)", path)
     t0 = time.perf_counter()
     if prompts is None:
