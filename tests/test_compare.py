@@ -445,3 +445,23 @@ def test_a_category_row_counts_the_runs_that_hold_its_prompts_and_their_outliers
     assert rows["code"].run_ids == ("r1", "r2") and rows["code"].varying == {"workload": ["w1", "w2"]}
     assert rows[ALL].run_ids == ("r1", "r2")
     assert (rows["chat"].timing_outliers, rows["code"].timing_outliers, rows[ALL].timing_outliers) == (1, 0, 1)
+
+
+def test_a_baseline_run_on_other_axes_is_noted_under_the_table():
+    """baseline=b compares arms by proposer; when the baseline arm ran at another temperature its
+    ratio is not the proposer's effect alone, and the table says so (the same arms on the same axes
+    get no note)."""
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "b", "prompts": prompts}})
+    rows = compare(df, by="proposer", baseline="b", n_resamples=50)
+    assert all(r.baseline_differs == {} for r in rows)
+    assert "across other axes" not in format_table(rows, by="proposer", baseline="b", level=0.95)
+    df["temperature"] = [0.7, 0.0]
+    rows = compare(df, by="proposer", baseline="b", n_resamples=50)
+    (a,) = [r for r in rows if r.arm == "a" and r.category == ALL]
+    assert a.baseline_differs == {"temperature": ["0.7", "0"]}
+    text = format_table(rows, by="proposer", baseline="b", level=0.95)
+    assert (
+        "note: arms compared with the baseline across other axes too (a: temperature 0.7 vs 0): their "
+        "vs-baseline ratio is not the effect of proposer alone"
+    ) in text

@@ -120,6 +120,9 @@ class ArmRow:
     labels: tuple[str, ...] = field(default=())
     end_to_end_speedup: Estimate = field(default=Estimate(None))  # prefill + decode
     batch_sizes: tuple[int, ...] = field(default=())  # of its runs: above 1, its times are per request
+    # with a baseline: the axes other than ``by`` on which this arm's runs and the baseline's differ
+    # (axis -> [this arm's values, the baseline's]): vs_baseline then compares more than ``by``
+    baseline_differs: dict[str, list[str]] = field(default_factory=dict)
     timing_outliers: int = 0  # prompts its runs flagged as stalled (a record's metrics.timing_outliers)
 
 
@@ -398,6 +401,39 @@ def _varying(runs: pd.DataFrame, by: str) -> dict[str, list[str]]:
     return out
 
 
+def _axes_apart(runs: pd.DataFrame, base: pd.DataFrame, by: str) -> dict[str, list[str]]:
+    """The axes other than ``by`` whose values differ between ``runs`` and the baseline's ``base``:
+    axis -> [these runs' values, the baseline's], each comma-joined."""
+    out = {}
+    for axis in AXES:
+        if axis == by or axis not in runs.columns or axis not in base.columns:
+            continue
+        mine, theirs = sorted({arm_label(v) for v in runs[axis]}), sorted({arm_label(v) for v in base[axis]})
+        if mine != theirs:
+            out[axis] = [",".join(mine), ",".join(theirs)]
+    return out
+
+
+#: what a comparison with the baseline means when the two arms differ beyond the ``by`` axis
+BASELINE_NOTE = (
+    "arms compared with the baseline across other axes too ({arms}): their vs-baseline ratio is not the "
+    "effect of {by} alone"
+)
+
+
+def baseline_note(sec: Sequence[ArmRow], by: str) -> str | None:
+    """:data:`BASELINE_NOTE` naming the arms of ``sec`` whose runs differ from the baseline's on an
+    axis other than ``by`` (its ``all`` rows), or None."""
+    apart = sorted(
+        {
+            f"{r.arm}: " + ", ".join(f"{a} {v[0]} vs {v[1]}" for a, v in r.baseline_differs.items())
+            for r in sec
+            if r.baseline_differs and r.category == ALL
+        }
+    )
+    return BASELINE_NOTE.format(arms="; ".join(apart), by=by) if apart else None
+
+
 def _config_text(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "null"
@@ -470,8 +506,10 @@ def compare(
                     units = _summed(rows, "batch_unit")
                 tpt = paired_bootstrap((units["spec_decode_ms"], units["spec_tokens"]), ratio_of_sums, **boot)
                 speed = decode_speedup(units, boot)
-                vs, n_pairs = None, 0
+                vs, n_pairs, differs = None, 0, {}
                 bk = base_key.get(section)
+                if bk is not None and bk != key:
+                    differs = _axes_apart(cat_runs, arm_runs[bk], by)
                 if bk is not None:
                     b = arms[bk] if cat == ALL else arms[bk][arms[bk]["category"] == cat]
                     common = p.index.intersection(b.index)
@@ -504,6 +542,7 @@ def compare(
                         end_to_end_speedup=end_to_end_speedup(units, boot),
                         batch_sizes=_batch_sizes(cat_runs),
                         timing_outliers=_timing_outliers(cat_runs, cat_long),
+                        baseline_differs=differs,
                     )
                 )
     return out
@@ -774,7 +813,7 @@ def format_table(rows: Sequence[ArmRow], *, by: str, baseline: str | None, level
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
         lines.append(f"== {SECTION_TITLES[section]} ==")
         lines += _aligned([header, ["-" * w for w in widths], *body], widths)
-        for note in (batched_note(sec), outlier_note(sec)):
+        for note in (batched_note(sec), outlier_note(sec), baseline_note(sec, by)):
             if note:
                 lines.append(f"note: {note}")
         lines.append("")

@@ -34,6 +34,7 @@ from harness.tracking.compare import (
     SECTION_TITLES,
     arm_label,
     arm_table,
+    baseline_note,
     batched_note,
     by_section,
     compare,
@@ -706,7 +707,7 @@ def _compare_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
     for section, sec in by_section(rows):
         header, body = arm_table(sec, by=by, baseline=baseline, ar_column=False)
         out += [f"### {SECTION_TITLES[section]}", "", md_table(header, body), ""]
-        for note in (batched_note(sec), outlier_note(sec)):
+        for note in (batched_note(sec), outlier_note(sec), baseline_note(sec, by)):
             out += [f"Note: {note}.", ""] if note else []
     return out
 
