@@ -357,7 +357,7 @@ def test_a_one_token_law_passes_when_every_sample_is_that_token_and_fails_otherw
     record = runner.run_job(compose_cfg(tmp_path / "run", workload, *one), run_dir=tmp_path / "run")
     stat = record["gates"]["statistical"]
     assert stat["status"] == "passed" and stat["bins"] == 1 and stat["observed"] == [400]
-    assert stat["impossible_samples"] == 0 and stat["p_value"] is None and "one token" in stat["note"]
+    assert stat["impossible_samples"] == 0 and stat["p_value"] is None and "leaves one bin" in stat["note"]
 
     def impossible(self, tree, target_probs, rng):  # WRONG: a token the target's law gives no mass
         return Selection(accepted_rows=(), next_token=int(target_probs[0].argmin()))
@@ -520,3 +520,24 @@ def test_the_switched_off_line_names_only_gates_that_apply_at_the_runs_temperatu
     )
     line = capsys.readouterr().err
     assert "statistical" in line and "greedy_equality" not in line
+
+
+def test_chi_square_bins_hold_five_expected_samples_each_pooling_rare_tokens():
+    """Each likely token is a bin while its expected count reaches 5; rarer ones are pooled in order,
+    and a remainder under 5 joins the last bin (the approximation needs 5 per bin)."""
+    import torch
+
+    from harness.gates.statistical import chi2_bins
+
+    p = torch.tensor([0.5, 0.3, 0.1, 0.05, 0.03, 0.015, 0.004, 0.001])  # token 7 outside the top
+    counts = {0: 98, 1: 61, 2: 21, 3: 9, 4: 7, 5: 2, 6: 1, 7: 1}
+    bins, expected, observed = chi2_bins(list(range(7)), p, counts, 200)
+    assert bins == [[0], [1], [2], [3], [4, 5, 6, "other"]]
+    assert expected == pytest.approx([100, 60, 20, 10, 6 + 3 + 0.8 + 0.2])
+    assert observed == [98, 61, 21, 9, 7 + 2 + 1 + 1] and sum(observed) == 200
+    # rare top tokens pooled into a bin of their own once they reach 5, the tail apart when it does
+    p = torch.tensor([0.6, 0.02, 0.02, 0.012, 0.348])
+    bins, expected, _ = chi2_bins([0, 1, 2, 3], p, {0: 300}, 500)
+    assert bins == [[0], [1], [2], [3], ["other"]] and expected == pytest.approx([300, 10, 10, 6, 174], rel=1e-5)
+    bins, expected, _ = chi2_bins([0, 1, 2, 3], p, {0: 60}, 100)
+    assert bins == [[0], [1, 2, 3], ["other"]] and expected == pytest.approx([60, 5.2, 34.8], rel=1e-5)

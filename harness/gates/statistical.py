@@ -302,6 +302,43 @@ class LazyRows:
         raise AllRowsNeeded(getattr(func, "__name__", str(func)))
 
 
+#: the chi-square approximation wants at least this many expected samples in every bin (Cochran)
+MIN_EXPECTED = 5.0
+
+
+def chi2_bins(
+    top: list[int], p_exact: torch.Tensor, counts: dict[int, int], samples: int
+) -> tuple[list[list[int | str]], list[float], list[int]]:
+    """The chi-square bins of the first committed token: ``top`` (the likeliest tokens, most likely
+    first) each in a bin of its own while its expected count reaches :data:`MIN_EXPECTED`, rarer ones
+    pooled in order until theirs does, the rest of the vocabulary as ``"other"``; a remainder below
+    the minimum joins the last bin. Returns (tokens of each bin, expected counts, observed counts)."""
+    bins: list[list[int | str]] = []
+    expected: list[float] = []
+    observed: list[int] = []
+    toks: list[int | str] = []
+    exp, obs = 0.0, 0
+    for t in top:
+        toks, exp, obs = [*toks, t], exp + float(p_exact[t]) * samples, obs + counts.get(t, 0)
+        if exp >= MIN_EXPECTED:
+            bins.append(toks)
+            expected.append(exp)
+            observed.append(obs)
+            toks, exp, obs = [], 0.0, 0
+    rest_p = 1.0 - sum(float(p_exact[t]) for t in top)
+    toks, exp = [*toks, "other"], exp + max(rest_p, 0.0) * samples
+    obs += samples - sum(counts.get(t, 0) for t in top)
+    if exp >= MIN_EXPECTED or not bins:
+        bins.append(toks)
+        expected.append(exp)
+        observed.append(obs)
+    else:  # too little for a bin of its own: pooled with the last one
+        bins[-1] = [*bins[-1], *toks]
+        expected[-1] += exp
+        observed[-1] += obs
+    return bins, expected, observed
+
+
 def chi_square_test(
     *,
     backend: CausalLMBackend,
@@ -385,22 +422,19 @@ def chi_square_test(
     # bin may hide it
     impossible = sum(n for t, n in counts.items() if float(p_exact[t]) <= 0.0)
     top = torch.topk(p_exact, min(top_m, int((p_exact > 0).sum()))).indices.tolist()
-    expected = [float(p_exact[t]) * samples for t in top]
-    observed = [counts.get(t, 0) for t in top]
-    other_p = 1.0 - sum(float(p_exact[t]) for t in top)
-    if other_p * samples >= 5.0:
-        expected.append(other_p * samples)
-        observed.append(samples - sum(observed))
-    else:  # fold a tiny tail into the last bin so every expected count stays usable
-        expected[-1] += other_p * samples
-        observed[-1] += samples - sum(observed)
+    bin_tokens, expected, observed = chi2_bins(top, p_exact, counts, samples)
     if len(observed) > 1:
         stat, pvalue = chisquare(observed, f_exp=expected)
         passed = bool(pvalue >= alpha) and impossible == 0
         test = {"statistic": float(stat), "p_value": float(pvalue)}
-    else:  # one token holds all the mass (top_k=1, a tiny top_p or temperature): no test, a count
+    else:  # one token holds (nearly) all the mass (top_k=1, a tiny top_p or temperature): no test, a count
         passed = impossible == 0
-        test = {"statistic": None, "p_value": None, "note": "the target's law has one token: every sample must be it"}
+        test = {
+            "statistic": None,
+            "p_value": None,
+            "note": f"the target's law leaves one bin of {MIN_EXPECTED:g}+ expected samples: every sample must be "
+            "a token it gives mass",
+        }
     return {
         "status": "passed" if passed else "failed",
         "samples": samples,
@@ -410,6 +444,7 @@ def chi_square_test(
         "alpha": alpha,
         "observed": observed,
         "expected": [round(e, 3) for e in expected],
+        "bin_tokens": bin_tokens,
         "prefix_len": len(committed),
         "distinct_trees": len(distinct),
         "proposal_passes": passes,
