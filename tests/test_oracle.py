@@ -221,8 +221,10 @@ def test_run_suite_filters_by_verifier_and_relation():
 def test_cli_prints_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "not" / "yet" / "oracles.json"  # its folder is created (it failed after the whole suite)
     rc = oracles_main(["--verifier", "rejection", "--quick", "--json", str(out)])
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert rc == 0
+    assert "oracle cases" in captured.err and "case/s" in captured.err  # a progress bar, on stderr
     assert "rejection" in text and "negative control naive_multi_draft: caught" in text
     data = json.loads(out.read_text())
     assert data["summary"]["passed"] is True

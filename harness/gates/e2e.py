@@ -1190,9 +1190,14 @@ def check_e2e_case(
 
 
 def run_e2e_suite(
-    verifier_names: Sequence[str], *, models: E2EModels | None = None, cases: Sequence[E2ECase] | None = None
+    verifier_names: Sequence[str],
+    *,
+    models: E2EModels | None = None,
+    cases: Sequence[E2ECase] | None = None,
+    on_row: Callable[[dict], None] | None = None,
 ) -> list[dict]:
-    """Every end-to-end case (:func:`e2e_cases`) each named verifier negotiates; one row per case."""
+    """Every end-to-end case (:func:`e2e_cases`) each named verifier negotiates; one row per case
+    (``on_row`` is called with each as it is done)."""
 
     models = models or E2EModels.build()
     rows = []
@@ -1203,6 +1208,8 @@ def run_e2e_suite(
         for case in cases if cases is not None else e2e_cases():
             if applicable(case, verifier):
                 rows.append(check_e2e_case(verifier, case, models))
+                if on_row is not None:
+                    on_row(rows[-1])
     return rows
 
 

@@ -22,8 +22,10 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+
+from tqdm import tqdm
 
 from harness.files import atomic_write_text, output_folder_problem
 from harness.gates.e2e import E2EModels, negative_control_rows, run_e2e_suite
@@ -51,8 +53,9 @@ def run_suite(
     random_count: int = 4,
     transport: bool = True,
     negative_control: bool | None = None,
+    on_row: Callable[[dict], None] | None = None,
 ) -> list[dict]:
-    """Run the oracle cases; one dict per case.
+    """Run the oracle cases; one dict per case (``on_row`` is called with each as it is done).
 
     ``verifier_names=None``: every exact, non-test-only verifier plus the negative control.
     A list runs those verifiers only (a named test-only verifier is run like any other, so a
@@ -82,6 +85,8 @@ def run_suite(
             row["negative_control"] = is_control
             row["relation"] = case.tags.get("relation")
             rows.append(row)
+            if on_row is not None:
+                on_row(row)
         if transport and transport_applies(verifier) and (wanted is None or "iid" in wanted):
             for case_name, p, q, k in transport_instances(count=max(2, random_count)):
                 if ("set" if k > 1 else "sequence") not in verifier.topologies:
@@ -90,6 +95,8 @@ def run_suite(
                 row["negative_control"] = is_control
                 row["relation"] = "iid"
                 rows.append(row)
+                if on_row is not None:
+                    on_row(row)
 
     for name in names:
         run_one(name, False)
@@ -98,7 +105,12 @@ def run_suite(
     return rows
 
 
-def run_e2e(verifier_names: list[str] | None = None, *, negative_control: bool = True) -> list[dict]:
+def run_e2e(
+    verifier_names: list[str] | None = None,
+    *,
+    negative_control: bool = True,
+    on_row: Callable[[dict], None] | None = None,
+) -> list[dict]:
     """End-to-end rows (:mod:`harness.gates.e2e`: the real round on a tiny model) for every named
     (default: every exact) verifier, plus the end-to-end negative control of those verifiers
     (proposers whose recorded q is not the law they sampled), whose rows must FAIL."""
@@ -106,7 +118,7 @@ def run_e2e(verifier_names: list[str] | None = None, *, negative_control: bool =
     _register_extras()
     names = exact_verifier_names() if verifier_names is None else list(verifier_names)
     models = E2EModels.build()
-    rows = run_e2e_suite(names, models=models)
+    rows = run_e2e_suite(names, models=models, on_row=on_row)
     for row in rows:
         row["negative_control"] = False
     if negative_control:
@@ -227,9 +239,16 @@ def main(argv: list[str] | None = None) -> int:
             check_json_destination(args.json)
         seeds = (0,) if args.quick else (0, 1)
         random_count = args.random if args.random is not None else (2 if args.quick else 4)
-        rows = run_suite(args.verifier, seeds=seeds, random_count=random_count, negative_control=True)
-        if not (args.quick or args.no_e2e):
-            rows += run_e2e(args.verifier, negative_control=True)
+        with tqdm(desc="oracle cases", unit="case", file=sys.stderr, leave=False) as bar:
+
+            def done(row: dict) -> None:
+                bar.set_postfix_str(f"{row['verifier']} {row['case']}"[:60], refresh=False)
+                bar.update(1)
+
+            rows = run_suite(args.verifier, seeds=seeds, random_count=random_count, negative_control=True, on_row=done)
+            if not (args.quick or args.no_e2e):
+                bar.set_description("end-to-end cases (tiny model)")
+                rows += run_e2e(args.verifier, negative_control=True, on_row=done)
     except ValueError as exc:
         print(f"harness oracles: refused: {exc}", file=sys.stderr)
         return 2
