@@ -411,3 +411,12 @@ def test_cli_builds_the_real_sharegpt_datastore_excluding_held_out_conversations
     assert built["exclusion_items"] > 100  # every non-train conversation's first user and assistant turn
     assert main(["info", str(out), "verify_corpus=true"]) == 0
     assert json.loads(capsys.readouterr().out)["release_id"] == built["release_id"]
+
+
+def test_an_exclusion_source_named_twice_is_read_once(tmp_path):
+    from harness.workloads.datastore import exclusions_for
+
+    f = tmp_path / "held.jsonl"
+    f.write_text('{"id": "a", "prompt": "keep me out"}\n')
+    once = exclusions_for(f"{f}")
+    assert exclusions_for(f"{f},{f}, {f}") == once and len(once) == 1

@@ -326,6 +326,8 @@ def test_cache_datastore_is_built_on_first_use_then_checked_against_the_config(t
         DatastoreError, match=r"exclude: config '.*held.jsonl' vs built 'none'.*datastore.exclude=none\)"
     ):
         open_datastore({**cfg, "exclude": str(tmp_path / "held.jsonl")}, tokenizer=tok, model="toy")
+    with pytest.raises(DatastoreError, match=r"^proposer.datastore.path is empty: give a datastore folder, or null"):
+        open_datastore({**cfg, "path": ""}, tokenizer=tok, model="toy")
     with pytest.raises(DatastoreError, match=r"^proposer.datastore.exclude must be humaneval, .* got 'foo.txt'"):
         open_datastore({**cfg, "exclude": "foo.txt"}, tokenizer=tok, model="toy")
     with pytest.raises(DatastoreError, match=r"^proposer.datastore.exclude=.*missing.jsonl: cannot read"):

@@ -551,6 +551,10 @@ def open_datastore(
     """
     explicit = cfg.get("path")
     info: dict = {"built_now": False, "build_s": None}
+    if explicit is not None and not str(explicit).strip():
+        raise DatastoreError(
+            "proposer.datastore.path is empty: give a datastore folder, or null to build into the cache on first use"
+        )
     if explicit is not None:
         path = Path(str(explicit))
         if not (path / MANIFEST_FILE).is_file():

@@ -751,7 +751,7 @@ def built_exclusion(manifest: dict) -> tuple[str | None, set[tuple[str, str]]]:
 
 def exclusions_for(spec: str) -> list[ExclusionItem]:
     items: list[ExclusionItem] = []
-    for part in [p for p in spec.split(",") if p]:
+    for part in dict.fromkeys(p.strip() for p in spec.split(",") if p.strip()):  # each source once
         if part == "none":
             continue
         if part == "humaneval":
