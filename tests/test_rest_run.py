@@ -373,3 +373,15 @@ def test_manifest_datastores_puts_the_release_id_into_the_manifest_hash(env, tmp
     merged = compose_cfg("model=tiny", "proposer=merged", "topology=merged", f"proposer.rest.datastore.path={store}")
     assert manifest_datastores(merged)["datastores"]["rest"]["release_id"] == ds.release_id
     assert manifest_datastores(compose_cfg("model=tiny", "proposer=prompt_lookup")) == {}
+    # options the release cannot serve are refused here, before any model work (it was after loading)
+    with pytest.raises(DatastoreError, match=r"^proposer.max_suffix=32 exceeds the datastore release's context_len=16"):
+        manifest_datastores(compose_cfg(*run_overrides(env, store), "proposer.max_suffix=32"))
+    over = compose_cfg(
+        "model=tiny",
+        "proposer=merged",
+        "topology=merged",
+        f"proposer.rest.datastore.path={store}",
+        "proposer.rest.continuation_len=100",
+    )
+    with pytest.raises(DatastoreError, match=r"^proposer.rest.continuation_len=100 exceeds .* continuation_len=8"):
+        manifest_datastores(over)

@@ -171,27 +171,15 @@ class RestProposer(Proposer):
         owns_datastore: bool = True,
     ) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
-        m = datastore.manifest
-        released = {
-            "context_len": int(m.get("context_len", 16)),
-            "max_matches": int(m.get("match_selection", {}).get("max_matches", 64)),
-            "continuation_len": int(m.get("continuation_len", 8)),
-        }
+        released = release_limits(datastore.manifest)
         self.max_suffix = released["context_len"] if max_suffix is None else int(max_suffix)
         self.max_matches = released["max_matches"] if max_matches is None else int(max_matches)
         self.continuation_len = released["continuation_len"] if continuation_len is None else int(continuation_len)
         self.min_suffix = int(min_suffix)
-        for key, value in (
-            ("max_suffix", self.max_suffix),
-            ("max_matches", self.max_matches),
-            ("continuation_len", self.continuation_len),
-        ):
-            limit = released["context_len" if key == "max_suffix" else key]
-            if value > limit:
-                raise DatastoreError(
-                    f"proposer.{key}={value} exceeds the datastore release's "
-                    f"{'context_len' if key == 'max_suffix' else key}={limit}; rebuild the datastore or lower it"
-                )
+        check_release_limits(
+            {"max_suffix": self.max_suffix, "max_matches": self.max_matches, "continuation_len": self.continuation_len},
+            datastore.manifest,
+        )
         if not 1 <= self.min_suffix <= self.max_suffix:
             raise ValueError(f"need 1 <= min_suffix <= max_suffix; got {self.min_suffix}, {self.max_suffix}")
         if self.max_matches < 1 or self.continuation_len < 1:
@@ -639,6 +627,30 @@ def open_datastore(
     return ds, info
 
 
+def release_limits(manifest: dict) -> dict[str, int]:
+    """What a datastore release was built to serve: suffixes up to ``context_len``, ``max_matches``
+    continuations of ``continuation_len`` tokens."""
+    return {
+        "context_len": int(manifest.get("context_len", 16)),
+        "max_matches": int(manifest.get("match_selection", {}).get("max_matches", 64)),
+        "continuation_len": int(manifest.get("continuation_len", 8)),
+    }
+
+
+def check_release_limits(options: dict, manifest: dict, prefix: str = "proposer") -> None:
+    """Refuse REST options (``max_suffix``, ``max_matches``, ``continuation_len``; None: the
+    release's) above what the release serves (:func:`release_limits`)."""
+    released = release_limits(manifest)
+    for key in ("max_suffix", "max_matches", "continuation_len"):
+        value = options.get(key)
+        limit_key = "context_len" if key == "max_suffix" else key
+        if value is not None and int(value) > released[limit_key]:
+            raise DatastoreError(
+                f"{prefix}.{key}={value} exceeds the datastore release's {limit_key}={released[limit_key]}; "
+                "rebuild the datastore or lower it"
+            )
+
+
 def manifest_datastores(cfg) -> dict:
     """The datastore releases a composed config's proposer uses, for the run manifest.
 
@@ -649,11 +661,11 @@ def manifest_datastores(cfg) -> dict:
     it puts each release id into the manifest hash; call it after negotiation (``plan``).
     """
     p = cfg.proposer
-    nodes = {}
+    nodes, options = {}, {}
     if p.name == "rest":
-        nodes["rest"] = p.datastore
+        nodes["rest"], options["rest"] = p.datastore, (p, "proposer")
     elif p.name == "merged" and "rest" in list(p.sources):
-        nodes["rest"] = p.rest.datastore
+        nodes["rest"], options["rest"] = p.rest.datastore, (p.rest, "proposer.rest")
     if not nodes:
         return {}
 
@@ -663,6 +675,10 @@ def manifest_datastores(cfg) -> dict:
     for source, node in nodes.items():
         ds_cfg = OmegaConf.to_container(node, resolve=True)
         ds, _ = open_datastore(ds_cfg, tokenizer=tokenizer, model=model)
+        opts, prefix = options[source]  # before any model work: what the release cannot serve
+        check_release_limits(
+            {k: opts.get(k) for k in ("max_suffix", "max_matches", "continuation_len")}, ds.manifest, prefix
+        )
         out[source] = {
             "release_id": ds.release_id,
             "corpus": ds.manifest.get("corpus", {}).get("name"),
