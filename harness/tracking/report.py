@@ -384,7 +384,11 @@ def plot_round_cost(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     # a batch round's wall time (decode time / batch rounds) and what AR takes for the tokens one
     # commits (AR ms/token x tokens per batch round): the bar reaches the first, so it ends before
     # its mark exactly when the run's decode speedup is above 1, at any batch size
-    per_round = runs["committed_tokens"].map(_num) / runs["batch_rounds"].map(_num)  # [R] tokens per batch round
+    if {"committed_tokens", "batch_rounds"} <= set(runs.columns):  # [R] tokens per batch round
+        per_round = runs["committed_tokens"].map(_num) / runs["batch_rounds"].map(_num)
+    else:  # records from before batch rounds were counted: batch 1's rounds
+        per_round = runs["mean_committed_per_round"].map(_num)
+    per_round = per_round.fillna(runs["mean_committed_per_round"].map(_num))
     wall = (runs["time_per_committed_token_ms"].map(_num) * per_round).to_numpy(dtype=float)
     other = np.clip(np.nan_to_num(wall - left), 0.0, None)  # the round's time outside its timed stages
     ax.barh(names, other, left=left, color="0.8", label="other (between stages)")
