@@ -167,3 +167,16 @@ def test_bad_profile_contents(tmp_path, capsys):
 def test_help(capsys):
     assert main(["--help"]) == 0
     assert "max_nodes=N" in capsys.readouterr().out
+
+
+def test_a_verify_cost_list_that_decreases_or_runs_past_the_tree_is_noted_not_silently_taken(capsys):
+    args = ["acceptance=[0.8,0.1]", "max_nodes=3", "max_depth=2", "draft_cost=0.1"]
+    rc, out, err = _run(capsys, [*args, "verify_cost=[1.0,1.2,1.3]"])
+    assert rc == 0 and "notes" not in out and err == ""
+    rc, out, err = _run(capsys, [*args, "verify_cost=[1.0,1.2,1.1,1.3]"])
+    assert rc == 0 and out["notes"] == [
+        "verify_cost decreases from t(2)=1.2 to t(3)=1.1: a larger tree is priced below a smaller one, and the "
+        "choice takes the list as given",
+        "verify_cost gives t(1..4); trees of max_nodes=3 use t(1..3)",
+    ]
+    assert err.splitlines() == [f"harness tree: note: {n}" for n in out["notes"]]

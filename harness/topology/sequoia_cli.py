@@ -150,6 +150,22 @@ def _tree_fields(tree: TreeResult) -> dict:
     }
 
 
+def cost_notes(verify_cost: list[float], *, max_nodes: int) -> list[str]:
+    """What a verify-cost list says that the choice then takes as given: a larger forward priced
+    below a smaller one (noise in a measured profile, or a typo), entries past the largest tree."""
+    notes = [
+        f"verify_cost decreases from t({i + 1})={a:g} to t({i + 2})={b:g}: a larger tree is priced below a "
+        "smaller one, and the choice takes the list as given"
+        for i, (a, b) in enumerate(zip(verify_cost, verify_cost[1:]))
+        if b < a
+    ]
+    if len(verify_cost) > max_nodes:  # t(n) prices a tree of n nodes, the root included
+        notes.append(
+            f"verify_cost gives t(1..{len(verify_cost)}); trees of max_nodes={max_nodes} use t(1..{max_nodes})"
+        )
+    return notes
+
+
 def run_tree(args: dict) -> dict:
     """Parsed arguments -> the JSON-ready result (raises UsageError / ValueError on bad input)."""
     if ("acceptance" in args) == ("h" in args):
@@ -206,6 +222,9 @@ def run_tree(args: dict) -> dict:
         }
         out["synthetic"] = costs["synthetic"]
         out["cost_source"] = source
+        notes = cost_notes(costs["verify_cost"], max_nodes=max_nodes)
+        if notes:
+            out["notes"] = notes
         out.update({k: costs[k] for k in PROFILE_KEYS})
     out["expected_tokens_table"] = table.expected_tokens_table()
     return out
@@ -221,6 +240,8 @@ def main(argv: list[str]) -> int:
         print(f"harness tree: refused: {exc}", file=sys.stderr)
         return 2
     assert all(g is None or math.isfinite(g) for _, _, g in out["expected_tokens_table"])
+    for note in out.get("notes", []):
+        print(f"harness tree: note: {note}", file=sys.stderr)
     print(json.dumps(out, allow_nan=False))
     return 0
 
