@@ -367,7 +367,12 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
         state = inspect_job(run_dir, manifest_hash=mhash, manifest=manifest)
         record_dir, twin = run_dir, None
         if state.record is None:  # the same job under other overrides (a default restated: seed=0)
-            twin = twin_job(Path(str(hydra_cfg.sweep.dir)), run_dir, manifest_hash=mhash)
+            twin = twin_job(
+                Path(str(hydra_cfg.sweep.dir)),
+                run_dir,
+                manifest_hash=mhash,
+                config=OmegaConf.to_container(cfg, resolve=True),
+            )
         if state.record is not None or twin is not None:
             record = state.record
             if twin is not None:
@@ -408,11 +413,26 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
         _failed(status, job, stage, exc)
 
 
-def twin_job(sweep_dir: Path, run_dir: Path, *, manifest_hash: str) -> tuple[Path, dict] | None:
-    """Another job folder of the sweep holding a complete job of ``manifest_hash``: ``(folder,
-    record)``, else None. Job folders are named by their overrides, so one job reached by other
-    overrides (a default restated, ``seed=0``) has a folder of its own; it is not measured twice."""
+#: config keys that say how a job was launched or logged, not what it ran and checked
+LAUNCH_ONLY_KEYS = ("sweep", "concurrent_jobs", "tracking", "output_dir")
+
+
+def _ran_and_checked(config: dict) -> dict:
+    """A resolved config without its launch-only keys (:data:`LAUNCH_ONLY_KEYS`, ``gates.cache``)."""
+    out = {k: v for k, v in config.items() if k not in LAUNCH_ONLY_KEYS}
+    if isinstance(out.get("gates"), dict):
+        out["gates"] = {k: v for k, v in out["gates"].items() if k != "cache"}
+    return out
+
+
+def twin_job(sweep_dir: Path, run_dir: Path, *, manifest_hash: str, config: dict) -> tuple[Path, dict] | None:
+    """Another job folder of the sweep holding a complete job of ``manifest_hash`` whose resolved
+    config (``config``, launch-only keys aside) is this job's: ``(folder, record)``, else None. Job
+    folders are named by their overrides, so one job reached by other overrides (a default
+    restated, ``seed=0``) has a folder of its own; it is not measured twice. The manifest leaves
+    out the gates, so the config decides: an ungated run is no twin of a gated job."""
     own = run_dir.resolve()
+    wanted = _ran_and_checked(config)
     for path in sorted(sweep_dir.rglob(RECORD_FILENAME)):
         folder = path.parent
         if folder.resolve() == own or PREVIOUS_DIR in path.relative_to(sweep_dir).parts:
@@ -423,7 +443,7 @@ def twin_job(sweep_dir: Path, run_dir: Path, *, manifest_hash: str) -> tuple[Pat
         except (OSError, ValueError):
             continue
         state = inspect_job(folder, manifest_hash=manifest_hash)
-        if state.record is not None:
+        if state.record is not None and _ran_and_checked(state.record.get("config") or {}) == wanted:
             return folder, state.record
     return None
 

@@ -638,9 +638,13 @@ def test_the_same_job_under_restated_overrides_is_skipped_naming_the_folder_that
     )
     assert f"{restated} (same job as {job})" in summary_text
 
-    # another seed is another job; and a twin set aside in .previous/ is no twin
+    # another seed is another job; a run with other gates is no twin (the manifest leaves the gates
+    # out: an ungated record must not stand for a gated job); a twin set aside in .previous/ is none
     rc, other = launch(sweep_dir, *common, "seed=1")
     assert rc == 0 and len(other["ran"]) == 1 and other["same_as"] == {}
+    rc, gated = launch(sweep_dir, *[c for c in common if c != "gates.enabled=false"], "gates.oracle=false")
+    assert rc == 0 and len(gated["ran"]) == 1 and gated["same_as"] == {}
+    assert load_record(sweep_dir / gated["ran"][0] / "record.json")["manifest_hash"] == record["manifest_hash"]
     set_aside(sweep_dir / job)
     rc, moved = launch(sweep_dir, *common, "seed=0")
     assert rc == 0 and moved["ran"] == [restated] and moved["same_as"] == {}
