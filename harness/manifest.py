@@ -33,14 +33,19 @@ def canonical_json(obj: Any) -> str:
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
+#: the package's source files: Python and the native kernels' C++ (compiled on first use)
+SOURCE_SUFFIXES = (".py", ".cpp", ".cc", ".c", ".h", ".hpp")
+
+
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """SHA-256 (16 hex) over every ``harness/**/*.py`` path and content, read once per process.
+    """SHA-256 (16 hex) over every source file's path and content under ``harness/`` (Python and
+    the native kernels' C++: :data:`SOURCE_SUFFIXES`), read once per process.
 
     Part of every run manifest, so a record is tied to the code that produced it and a sweep
     re-runs a finished job after a code change (works from a wheel too: no git needed)."""
     h = hashlib.sha256()
-    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+    for path in sorted(p for p in PACKAGE_DIR.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()):
         h.update(path.relative_to(PACKAGE_DIR).as_posix().encode())
         h.update(b"\0")
         h.update(path.read_bytes())

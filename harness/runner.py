@@ -640,7 +640,19 @@ def gate(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepared) 
         proposer=prepared.proposers[0],
         items=loaded.items,
         model_source=loaded.target.source,
+        model_identity=gate_model_identity(planned.manifest),
     )
+
+
+def gate_model_identity(manifest: dict) -> dict:
+    """What a cached gate must have checked besides the model's source, dtype and device: the
+    forward's resolved options (cache layout, kernels, fused layers, compile) and the files of a
+    target or draft loaded by path (new weights at the same path are another model)."""
+    return {
+        "backend": manifest.get("backend"),
+        "target_checkpoint": manifest.get("target_checkpoint"),
+        "draft_checkpoint": manifest.get("draft_checkpoint"),
+    }
 
 
 # --------------------------------------------------------------------------- measure

@@ -250,6 +250,46 @@ def test_changing_verifier_or_proposer_source_changes_the_gate_key(tmp_path, mon
     draft.write_bytes(draft.read_bytes() + b"\n# changed\n")
     assert key(entries) != after_builtin
     assert keys.gate_key("end_to_end_oracle", entries=entries, inputs={**inputs, "relation": "beam"}) != key(entries)
+    # the native kernels' C++ is code the gates run too (the fused decoder layers and stack)
+    equivalence = ["harness.gates.equivalence", "harness.target.loading"]
+    assert "harness.target.native" in keys.import_closure(equivalence)
+    kernel_before = keys.gate_key("equivalence", entries=equivalence, inputs={})
+    cpp = fake / "harness/target/kernels/cpu_decode.cpp"
+    cpp.write_bytes(cpp.read_bytes() + b"\n// changed\n")
+    assert keys.gate_key("equivalence", entries=equivalence, inputs={}) != kernel_before
+
+
+def test_the_run_manifest_s_code_fingerprint_covers_the_native_kernels(tmp_path, monkeypatch):
+    import harness.manifest as manifest
+
+    pkg = tmp_path / "harness"
+    (pkg / "target" / "kernels").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    cpp = pkg / "target" / "kernels" / "k.cpp"
+    cpp.write_text("int f() { return 1; }\n")
+    monkeypatch.setattr(manifest, "PACKAGE_DIR", pkg)
+    fingerprint = manifest.code_fingerprint.__wrapped__
+    before = fingerprint()
+    cpp.write_text("int f() { return 2; }\n")
+    assert fingerprint() != before
+
+
+def test_a_cached_gate_is_reused_only_for_the_same_forward(tmp_path, workload, cache):
+    """The equivalence gate checks the configured forward: another cache layout or another linear
+    kernel is another forward, so its gate runs again (it was reused from the first one run)."""
+    overrides = ("proposer=prompt_lookup", "verifier=greedy", "topology=sequence", "gates.oracle=false")
+    first = runner.run_job(compose_cfg(tmp_path / "r1", workload, *overrides), run_dir=tmp_path / "r1")
+    again = runner.run_job(compose_cfg(tmp_path / "r2", workload, *overrides), run_dir=tmp_path / "r2")
+    assert again["gates"]["equivalence"]["cached"] is True
+    keys_seen = {first["gates"]["equivalence"]["key"]}
+    kernel = "default" if first["manifest"]["backend"]["linear_kernel"] != "default" else "weight_major"
+    for i, option in enumerate(("model.static_cache=false", f"model.linear_kernel={kernel}")):
+        other = runner.run_job(
+            compose_cfg(tmp_path / f"o{i}", workload, *overrides, option), run_dir=tmp_path / f"o{i}"
+        )
+        assert other["gates"]["equivalence"]["cached"] is False, option
+        keys_seen.add(other["gates"]["equivalence"]["key"])
+    assert len(keys_seen) == 3
 
 
 def test_the_end_to_end_key_covers_every_module_its_cases_run():

@@ -72,11 +72,22 @@ def canonical(obj) -> str:
     return json.dumps(norm(obj), sort_keys=True, default=str, separators=(",", ":"))
 
 
+#: the modules that compile native sources of their own (C++ built on first use): the sources'
+#: folder beside the module, relative to the module's file
+NATIVE_SOURCES = {"harness.target.native": "kernels"}
+
+
 def gate_key(gate: str, *, entries: Iterable[str], inputs: dict) -> str:
-    """The key of ``gate``'s cached result."""
+    """The key of ``gate``'s cached result: the gate, the source of every harness module it may
+    run (the import closure of ``entries``, with the native sources such a module compiles), the
+    library versions and ``inputs``."""
     h = hashlib.sha256(gate.encode())
     for name in import_closure(entries):
         h.update(name.encode() + b"\0" + module_file(name).read_bytes() + b"\0")
+        if name in NATIVE_SOURCES:
+            folder = module_file(name).with_name(NATIVE_SOURCES[name])
+            for src in sorted(f for f in folder.iterdir() if f.is_file()):
+                h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
     h.update(canonical(library_versions()).encode())
     h.update(canonical(inputs).encode())
     return h.hexdigest()[:24]

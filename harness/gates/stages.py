@@ -172,10 +172,19 @@ def announce_disabled(cfg: DictConfig) -> None:
 
 
 def run_gates(
-    cfg: DictConfig, *, plan_, backend: CausalLMBackend, proposer, items, model_source: str
+    cfg: DictConfig,
+    *,
+    plan_,
+    backend: CausalLMBackend,
+    proposer,
+    items,
+    model_source: str,
+    model_identity: dict | None = None,
 ) -> dict[str, dict]:
     """Every gate that runs before the measurement; ``greedy_equality`` runs after it (``pending``
-    here at temperature 0). Raises GateError on the first failure."""
+    here at temperature 0). Raises GateError on the first failure. ``model_identity``: what else
+    decides the forward the gates check (the run manifest's resolved backend options and the
+    target's and draft's checkpoint files), part of every cached gate's key."""
     g = cfg.gates
     off = disabled_gates(cfg)
     caps, verifier, policy = plan_.capabilities, plan_.verifier, plan_.policy
@@ -211,6 +220,7 @@ def run_gates(
         "attn_implementation": cfg.model.attn_implementation,
         "tiny": OmegaConf.to_container(cfg.model.tiny, resolve=True) if cfg.model.name == "tiny" else None,
         "seed": int(cfg.model.seed) if cfg.model.name == "tiny" else None,
+        **(model_identity or {}),
     }
     heuristic = not verifier.exact
     why_heuristic = "heuristic verifier (exact=false): no exactness claim to check; its drift is measured"
