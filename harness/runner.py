@@ -632,7 +632,7 @@ def gate(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepared) 
     """The gates that run before anything is measured (a failure raises GateError), the proposer's
     workload governance (e.g. datastore leakage) among them. Gates an override switched off are
     announced first, one line on stderr (the record says so too)."""
-    announce_disabled(cfg)
+    announce_disabled(cfg, prepared.plan)
     return run_gates(
         cfg,
         plan_=prepared.plan,

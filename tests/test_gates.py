@@ -548,18 +548,27 @@ def test_an_unreadable_gate_cache_file_is_recomputed_and_replaced(tmp_path, monk
     assert not [p for p in path.parent.iterdir() if p.name != path.name]  # no temporary left beside it
 
 
-def test_the_switched_off_line_names_only_gates_that_apply_at_the_runs_temperature(capsys):
+def test_the_switched_off_line_names_only_gates_that_apply_to_the_run(capsys):
     from harness.config import compose
+    from harness.engine.build import plan
     from harness.gates.stages import announce_disabled
 
-    announce_disabled(compose(["model=tiny", "gates.enabled=false"]))
-    line = capsys.readouterr().err
+    def announced(*overrides: str) -> str:
+        cfg = compose(["model=tiny", *overrides])
+        announce_disabled(cfg, plan(cfg))
+        return capsys.readouterr().err
+
+    line = announced("gates.enabled=false")
     assert "greedy_equality" in line and "statistical" not in line  # temperature 0: no sampled rounds
-    announce_disabled(
-        compose(["model=tiny", "gates.enabled=false", "generation.temperature=0.7", "verifier=membership"])
-    )
-    line = capsys.readouterr().err
+    line = announced("gates.enabled=false", "generation.temperature=0.7", "verifier=membership")
     assert "statistical" in line and "greedy_equality" not in line
+    # top_k=1 at T > 0 is deterministic: the greedy gate is the one switched off, as the record says
+    line = announced("gates.enabled=false", "generation.temperature=0.7", "generation.top_k=1", "verifier=membership")
+    assert "greedy_equality" in line and "statistical" not in line
+    # a heuristic verifier's oracles do not apply (the record says not_applicable): not announced,
+    # and with nothing else switched off there is no line at all
+    line = announced("gates.oracle=false", "verifier=typical", "generation.exact=false", "generation.temperature=0.7")
+    assert line == ""
 
 
 def test_chi_square_bins_hold_five_expected_samples_each_pooling_rare_tokens():

@@ -155,13 +155,16 @@ def disabled_gates(cfg: DictConfig) -> dict[str, str]:
     return out
 
 
-def announce_disabled(cfg: DictConfig) -> None:
-    """One line on stderr at start for every run whose gates an override switched off (only the
-    gates that apply at the run's temperature: the statistical gate tests sampled rounds, the
-    greedy-equality gate greedy ones)."""
+def announce_disabled(cfg: DictConfig, plan_) -> None:
+    """One line on stderr at start for every run whose gates an override switched off, naming only
+    the gates that apply to the run (``plan_``), as :func:`run_gates` decides: the statistical gate
+    tests sampled rounds, the greedy-equality gate deterministic ones (temperature 0, or top_k=1),
+    and a heuristic verifier makes no exactness claim for the oracles to check."""
     off = disabled_gates(cfg)
-    greedy = float(cfg.generation.temperature) == 0.0
-    off.pop("statistical" if greedy else "greedy_equality", None)
+    off.pop("statistical" if plan_.policy.deterministic else "greedy_equality", None)
+    if not plan_.verifier.exact:
+        off.pop("oracle", None)
+        off.pop("end_to_end_oracle", None)
     if off:
         overrides = sorted(set(off.values()))
         print(
