@@ -61,7 +61,7 @@ from harness.proposers.rest import path_inert_options
 from harness.random_source import TorchRandomSource
 from harness.record_schema import is_gated
 from harness.target.backend import CausalLMBackend
-from harness.target.fused_layers import apply_fused_layers, fused_stack_of
+from harness.target.fused_layers import apply_fused_layers, decoder_layers, fusable, fused_stack_of
 from harness.target.loading import (
     DERIVED,
     CheckpointError,
@@ -502,7 +502,11 @@ def check_model_options(m: DictConfig, key: str) -> None:
     if m.get("fused_layers"):
         static = resolve_static_cache(m.get("static_cache"), bool(m.get("compile")))
         problem = fused_layers_problem(
-            resolve_dtype(m.dtype), m.device, compiled=bool(m.get("compile")), static_cache=static
+            resolve_dtype(m.dtype),
+            m.device,
+            compiled=bool(m.get("compile")),
+            static_cache=static,
+            attn_implementation=str(m.get("attn_implementation", "sdpa")),
         )
         if problem:
             raise ConfigError(problem.replace("model.", f"{key}.", 1), suggestions=[(f"{key}.fused_layers=false",)])
@@ -517,7 +521,13 @@ def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:
     many decoder layers run fused."""
     apply_linear_kernel(loaded.model, m.get("linear_kernel", "auto"), compiled=bool(m.get("compile")))
     apply_static_cache(loaded.model, resolve_static_cache(m.get("static_cache"), bool(m.get("compile"))))
-    loaded.load_report["fused_layers"] = apply_fused_layers(loaded.model, resolved_fused_layers(m))
+    loaded.load_report["fused_layers"] = fused = apply_fused_layers(loaded.model, resolved_fused_layers(m))
+    if m.get("fused_layers") is True and fused < len(decoder_layers(loaded.model)):  # asked, not done
+        why = next((r for r in map(fusable, decoder_layers(loaded.model)) if r is not None), "no decoder layers")
+        raise CheckpointError(
+            f"fused_layers=true, but {fused} of {len(decoder_layers(loaded.model))} decoder layers of "
+            f"{loaded.source!r} can run as the native layer ({why}): set fused_layers=false (or leave it unset)"
+        )
     loaded.load_report["fused_stack"] = fused_stack_of(loaded.model)
     apply_cudnn_attention(resolve_cudnn_attention(m.get("cudnn_attention"), m.device))
     if m.get("compile"):

@@ -400,3 +400,39 @@ def test_the_runner_forbids_cudnn_attention_when_it_applies_a_cuda_targets_optio
         assert torch.backends.cuda.cudnn_sdp_enabled() is True
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_fused_layers_are_claimed_only_where_they_run(monkeypatch):
+    """Fused layers compute SDPA attention natively: with eager attention none runs fused, so auto
+    resolves to off (the manifest said on) and an explicit true is refused before model work; a
+    model whose layers cannot run natively refuses an explicit true at load (it was ignored)."""
+    from harness import runner
+    from harness.manifest import job_manifest
+    from harness.target import fused_layers
+    from harness.target.loading import CheckpointError, load_model
+
+    eager = compose(["model=tiny", "model.attn_implementation=eager"])
+    assert job_manifest(eager)["backend"]["fused_layers"] is False
+    with pytest.raises(
+        ConfigError, match=r"fused_layers=true computes SDPA attention natively .* model.attn_implementation=eager"
+    ):
+        check_models(compose(["model=tiny", "model.attn_implementation=eager", "model.fused_layers=true"]))
+    if native.native_kernels_problem() is not None:
+        pytest.skip("no native kernels here")
+    m = compose(["model=tiny", "model.fused_layers=true"]).model
+    monkeypatch.setattr(fused_layers, "fusable", lambda layer: "q/k normalisation")
+    monkeypatch.setattr(runner, "fusable", lambda layer: "q/k normalisation")
+    with pytest.raises(CheckpointError, match=r"fused_layers=true, but 0 of 2 decoder layers .*\(q/k normalisation\)"):
+        runner.apply_model_options(load_model(name="tiny"), m)
+
+
+def test_the_tiny_model_applies_its_attention_option_and_refuses_a_checkpoint_path():
+    from harness.target.loading import CheckpointError, load_model
+
+    assert load_model(name="tiny", attn_implementation="eager").model.config._attn_implementation == "eager"
+    with pytest.raises(CheckpointError, match=r"attn_implementation='bogus': .*not supported"):
+        load_model(name="tiny", attn_implementation="bogus")
+    from harness.engine.checks import validate_config
+
+    with pytest.raises(ConfigError, match=r"model.name_or_path=/some/ckpt does not apply to model.name=tiny"):
+        validate_config(compose(["model=tiny", "model.name_or_path=/some/ckpt"]))

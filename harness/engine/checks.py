@@ -94,6 +94,12 @@ def models_in_use(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
 def check_model(key: str, m: DictConfig) -> None:
     check_device(f"{key}.device", str(m.device))
     if m.name == "tiny":
+        if m.get("name_or_path"):
+            raise ConfigError(
+                f"{key}.name_or_path={m.name_or_path} does not apply to {key}.name=tiny, a model built here with "
+                f"random weights: load the checkpoint with {key}.name=hf",
+                suggestions=[(f"{key}.name=hf",)],
+            )
         check_tiny(f"{key}.tiny", m.tiny)
         return
     if m.name == "hf" and not m.name_or_path:

@@ -62,7 +62,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from harness.target.kv_cache import PreallocatedLayer
 from harness.target.native import load_native_kernels
-from harness.target.options import LAYER_PANELS_KEY, PANEL, weight_panels
+from harness.target.options import FUSED_ATTENTION, LAYER_PANELS_KEY, PANEL, weight_panels
 
 #: the dtypes the native layer computes (its parameters, cache and rotary tables in the same dtype)
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
@@ -73,7 +73,7 @@ FUSABLE_CLASSES = ("LlamaDecoderLayer",)
 FUSABLE_MODELS = ("LlamaModel",)
 #: attention implementations the native attention stands in for (boolean masks, exact softmax);
 #: with any other (eager's additive masks, flash kernels) the layer runs transformers' forward
-SDPA_ATTENTION = ("sdpa", "harness_sdpa")
+SDPA_ATTENTION = FUSED_ATTENTION
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -356,6 +356,11 @@ def load_model(
     torch_dtype = resolve_dtype(dtype)
     if name == "tiny":
         model = build_tiny_model(seed=seed, dtype=torch_dtype, **(tiny or {}))
+        if attn_implementation not in ("sdpa", attention.NAME):  # the tiny model is built with SDPA
+            try:
+                model.set_attn_implementation(attn_implementation)
+            except (ValueError, ImportError) as exc:
+                raise CheckpointError(f"attn_implementation={attn_implementation!r}: {exc}") from None
         loaded = LoadedModel(
             model=model,
             tokenizer=None,

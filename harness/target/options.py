@@ -289,6 +289,11 @@ def linear_kernel_of(model: torch.nn.Module) -> set[str]:
     return {getattr(m, "_harness_linear_kernel", "default") for m in model.modules() if isinstance(m, torch.nn.Linear)}
 
 
+#: attention implementations the fused layers' native attention stands in for (boolean masks,
+#: exact softmax); with any other (eager's additive masks, flash kernels) no layer runs fused
+FUSED_ATTENTION = ("sdpa", "harness_sdpa")
+
+
 def resolve_fused_layers(
     fused_layers: bool | None,
     dtype: torch.dtype,
@@ -297,14 +302,22 @@ def resolve_fused_layers(
     linear_kernel: str,
     compiled: bool,
     static_cache: bool,
+    attn_implementation: str = "sdpa",
 ) -> bool:
     """``model.fused_layers`` as it applies: an explicit value is itself; ``None`` fuses float32 and
     bfloat16 layers on CPU whose linear kernel resolved to ``streaming`` or ``streaming_panels``, on a
-    preallocated cache, uncompiled."""
+    preallocated cache, uncompiled, with SDPA attention (:data:`FUSED_ATTENTION`)."""
     if fused_layers is not None:
         return bool(fused_layers)
     on_cpu = str(device).split(":")[0] == "cpu"
-    return on_cpu and dtype in STREAMING_DTYPES and linear_kernel in STREAMING_KERNELS and static_cache and not compiled
+    return (
+        on_cpu
+        and dtype in STREAMING_DTYPES
+        and linear_kernel in STREAMING_KERNELS
+        and static_cache
+        and not compiled
+        and attn_implementation in FUSED_ATTENTION
+    )
 
 
 def resolved_fused_layers(m) -> bool:
@@ -321,11 +334,19 @@ def resolved_fused_layers(m) -> bool:
         linear_kernel=resolve_linear_kernel(m.get("linear_kernel", "auto"), dtype, m["device"], compiled=compiled),
         compiled=compiled,
         static_cache=resolve_static_cache(m.get("static_cache"), compiled),
+        attn_implementation=str(m.get("attn_implementation", "sdpa")),
     )
 
 
-def fused_layers_problem(dtype: torch.dtype, device: str, *, compiled: bool, static_cache: bool) -> str | None:
+def fused_layers_problem(
+    dtype: torch.dtype, device: str, *, compiled: bool, static_cache: bool, attn_implementation: str = "sdpa"
+) -> str | None:
     """Why ``model.fused_layers=true`` cannot run here (one line), or None."""
+    if attn_implementation not in FUSED_ATTENTION:
+        return (
+            f"model.fused_layers=true computes SDPA attention natively ({' or '.join(FUSED_ATTENTION)}); "
+            f"model.attn_implementation={attn_implementation} would run every layer unfused"
+        )
     if torch.device(device).type != "cpu":
         return f"model.fused_layers=true is a CPU kernel; model.device={device}"
     if dtype not in STREAMING_DTYPES:
