@@ -46,7 +46,16 @@ from harness.gates.stages import GateError
 from harness.prepare import TRAINERS
 from harness.prepare.sequoia import ensure_tree_artifact
 from harness.prepare.trained import noting_outcomes
-from harness.runner import build_context, load, load_models, plan_job, run_job, timing_outlier_note, track
+from harness.runner import (
+    build_context,
+    check_model_options,
+    load,
+    load_models,
+    plan_job,
+    run_job,
+    timing_outlier_note,
+    track,
+)
 from harness.tracking import dashboard
 from harness.tracking.job_folder import LOCK_FILENAME, JobFolderError, job_lock
 from harness.verifiers.base import NegotiationError
@@ -470,6 +479,7 @@ def train(argv: list[str]) -> dict:
                 suggestions=[(f"proposer={t}",) for t in sorted(TRAINERS)],
             )
         validate_config(cfg)
+        check_model_options(cfg.model, "model")  # what this machine cannot run, as harness run refuses it
     except ConfigError as exc:
         raise offer(exc, overrides) from exc
     if name == "layer_skip" and cfg.proposer.get("skip") is not None:  # before any model work

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import statistics
 import sys
 import time
@@ -490,15 +491,20 @@ def check_models(cfg: DictConfig) -> None:
             raise CheckpointError(problem)
 
 
+def _keyed(problem: str, key: str) -> str:
+    """A model option's refusal with every ``model.`` option named at ``key`` (a draft's own)."""
+    return re.sub(r"(?<![\w.])model\.", f"{key}.", problem)
+
+
 def check_model_options(m: DictConfig, key: str) -> None:
     """Refuse a model option this machine cannot honour, before any model work (one line each)."""
     problem = linear_kernel_problem(m.get("linear_kernel", "auto"), resolve_dtype(m.dtype), m.device)
     if problem:
-        raise ConfigError(problem.replace("model.", f"{key}.", 1), suggestions=[(f"{key}.linear_kernel=default",)])
+        raise ConfigError(_keyed(problem, key), suggestions=[(f"{key}.linear_kernel=default",)])
     if m.get("compile"):
         problem = compile_problem(m.device)
         if problem:
-            raise ConfigError(problem.replace("model.", f"{key}.", 1), suggestions=[(f"{key}.compile=false",)])
+            raise ConfigError(_keyed(problem, key), suggestions=[(f"{key}.compile=false",)])
     if m.get("fused_layers"):
         static = resolve_static_cache(m.get("static_cache"), bool(m.get("compile")))
         problem = fused_layers_problem(
@@ -509,10 +515,10 @@ def check_model_options(m: DictConfig, key: str) -> None:
             attn_implementation=str(m.get("attn_implementation", "sdpa")),
         )
         if problem:
-            raise ConfigError(problem.replace("model.", f"{key}.", 1), suggestions=[(f"{key}.fused_layers=false",)])
+            raise ConfigError(_keyed(problem, key), suggestions=[(f"{key}.fused_layers=false",)])
     problem = cudnn_attention_problem(m.get("cudnn_attention"), m.device)
     if problem:
-        raise ConfigError(problem.replace("model.", f"{key}.", 1), suggestions=[(f"{key}.cudnn_attention=null",)])
+        raise ConfigError(_keyed(problem, key), suggestions=[(f"{key}.cudnn_attention=null",)])
 
 
 def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:

@@ -436,3 +436,29 @@ def test_the_tiny_model_applies_its_attention_option_and_refuses_a_checkpoint_pa
 
     with pytest.raises(ConfigError, match=r"model.name_or_path=/some/ckpt does not apply to model.name=tiny"):
         validate_config(compose(["model=tiny", "model.name_or_path=/some/ckpt"]))
+
+
+def test_a_draft_option_refusal_names_the_draft_s_options_and_train_refuses_as_run_does(capsys):
+    """A refusal for the draft names every option at the draft's key (it named the target's dtype
+    for the draft's); `harness train` refuses an option this machine cannot run before loading the
+    target, as `harness run` does (it loaded the model, then failed or trained regardless)."""
+    from harness import cli
+
+    with pytest.raises(ConfigError) as err:
+        check_models(
+            compose(
+                [
+                    "model=tiny",
+                    "proposer=draft_model",
+                    "proposer.model.name=tiny",
+                    "proposer.model.dtype=bfloat16",
+                    "proposer.model.linear_kernel=mkl_packed",
+                ]
+            )
+        )
+    assert str(err.value).startswith(
+        "proposer.model.linear_kernel=mkl_packed is float32 only; proposer.model.dtype is bfloat16"
+    )
+    assert cli.main(["train", "proposer=medusa", "model=tiny", "model.fused_layers=true", "model.dtype=float16"]) == 2
+    err_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err_line.startswith("harness train: refused: model.fused_layers=true computes float32 and bfloat16")
