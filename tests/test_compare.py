@@ -465,3 +465,29 @@ def test_a_baseline_run_on_other_axes_is_noted_under_the_table():
         "note: arms compared with the baseline across other axes too (a: temperature 0.7 vs 0): their "
         "vs-baseline ratio is not the effect of proposer alone"
     ) in text
+
+
+def test_an_ungated_run_that_is_also_heuristic_keeps_that_label_and_its_own_arm():
+    """Ungated runs share one section; one that is also inexact (or a CPU-budget artifact) is not
+    pooled with its arm's exact runs there, and its label says what else it is."""
+    from harness.tracking.report import run_labels
+
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy(
+        {
+            "r1": {"proposer": "a", "prompts": prompts, "section": "ungated"},
+            "r2": {"proposer": "a", "prompts": prompts, "section": "ungated", "verifier": "typical"},
+            "r3": {"proposer": "a", "prompts": prompts},
+        }
+    )
+    df["exact"] = [True, False, True]
+    df["cpu_budget_artifact"] = [False, False, False]
+    rows = [r for r in compare(df, by="proposer", n_resamples=50) if r.category == ALL]
+    assert {(r.section, r.arm, r.run_ids) for r in rows} == {
+        ("ungated", "a", ("r1",)),
+        ("ungated", "a [heuristic, exact=false]", ("r2",)),
+        ("exact", "a", ("r3",)),
+    }
+    labels = run_labels(df)
+    assert labels["r2"].endswith("[ungated: a gate was skipped] [heuristic, exact=false]")
+    assert labels["r1"].endswith("[ungated: a gate was skipped]") and "heuristic" not in labels["r1"]

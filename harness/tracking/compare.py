@@ -314,7 +314,25 @@ def _arm_runs(df: pd.DataFrame, by: str, filters: Mapping[str, str] | None) -> p
         raise ValueError(f"no runs left after filters {dict(filters or {})}")
     if runs[by].isna().any():  # grouping would drop them
         runs = runs.assign(**{by: runs[by].astype(object).where(runs[by].notna(), NO_VALUE)})
+    if "exact" in runs.columns and "cpu_budget_artifact" in runs.columns:
+        # an ungated run keeps its other label: never pooled with exact runs of its arm
+        also = [also_labelled(r) for _, r in runs.iterrows()]
+        if any(also):
+            runs = runs.assign(**{by: [f"{arm_label(v)} {a}" if a else v for v, a in zip(runs[by], also, strict=True)]})
     return runs
+
+
+def also_labelled(run: Mapping[str, Any]) -> str:
+    """What an ungated run also is, which its section (``ungated`` comes first) does not say:
+    ``[heuristic, exact=false]``, ``[CPU-budget artifact]``, both, or ``""``."""
+    if run.get("section") != "ungated":
+        return ""
+    tags = []
+    if run.get("exact") is False or run.get("exact") == 0:
+        tags.append("heuristic, exact=false")
+    if bool(run.get("cpu_budget_artifact")) and run.get("cpu_budget_artifact") == run.get("cpu_budget_artifact"):
+        tags.append("CPU-budget artifact")
+    return f"[{'; '.join(tags)}]" if tags else ""
 
 
 def decode_speedup(p: pd.DataFrame, boot: Mapping[str, Any]) -> Estimate:

@@ -32,6 +32,7 @@ from harness.tracking.command_line import parse_command, refuse
 from harness.tracking.compare import (
     ALL,
     SECTION_TITLES,
+    also_labelled,
     arm_label,
     arm_table,
     baseline_note,
@@ -147,7 +148,12 @@ def run_labels(df: pd.DataFrame) -> dict[str, str]:
     plus the section tag (:func:`harness.tracking.conventions.arm_labels`)."""
     axes = [a for a in AXES if a in df.columns]
     labels = arm_labels({r["run_id"]: {a: r[a] for a in axes} for _, r in df.iterrows()})
-    return {r["run_id"]: labels[r["run_id"]] + SECTION_STYLE[r["section"]]["tag"] for _, r in df.iterrows()}
+    return {
+        r["run_id"]: labels[r["run_id"]]
+        + SECTION_STYLE[r["section"]]["tag"]
+        + (f" {a}" if (a := also_labelled(r)) else "")
+        for _, r in df.iterrows()
+    }
 
 
 def _sections(df: pd.DataFrame, spec: Mapping[str, Any], default: Sequence[str]) -> pd.DataFrame:
