@@ -40,7 +40,7 @@ from tqdm import tqdm
 from harness.contracts import Budget, ConfigError, ContractError
 from harness.engine.arms import ARMS, METRIC_NOTES, Arms, ArmsResult, merged_proposer_extras
 from harness.engine.build import BuildContext, Plan, build_proposer, plan
-from harness.engine.checks import check_output_dir
+from harness.engine.checks import check_output_dir, models_in_use
 from harness.engine.decode import RoundConfig, check_temp_kv_budget
 from harness.gates.drift import heuristic_drift
 from harness.gates.greedy import greedy_equality, output_turns
@@ -560,6 +560,10 @@ def inert_options(cfg: DictConfig) -> list[str]:
             out.append(f"generation.top_k={gen.top_k}: {greedy}")
         if cfg.gates.get("skip_statistical"):
             out.append("gates.skip_statistical=true: the statistical gate tests sampled rounds (temperature > 0)")
+        if not cfg.gates.get("statistical", True) and cfg.gates.get("enabled", True):
+            out.append("gates.statistical=false: the statistical gate tests sampled rounds (temperature > 0)")
+    for key, m in models_in_use(cfg):
+        out += _model_inert_options(key, m)
     for key, readers in _TOPOLOGY_READERS.items():
         value = topo.get(key)
         if value not in (None, 0, []) and topo.name not in readers and not (key == "widths" and not list(value)):
@@ -583,6 +587,26 @@ def inert_options(cfg: DictConfig) -> list[str]:
             f"proposer.verify_cost={_text(prop.verify_cost)}: the fixed budget prices no rows "
             "(proposer.budget_policy=adaptive reads it)"
         )
+    return out
+
+
+def _model_inert_options(key: str, m: DictConfig) -> list[str]:
+    """The options of a model config (at ``key``) that its model ignores: the tiny model's seed and
+    shape for a checkpoint, remote code for the built-in models, cuDNN attention off CUDA."""
+    out = []
+    if m.name not in ("tiny", "derived"):  # a derived draft's fields follow the target's (refused when set apart)
+        why = f"{key}.name={m.name} loads its weights; the tiny model's options shape only {key}.name=tiny"
+        if int(m.get("seed", 0)) != 0:
+            out.append(f"{key}.seed={m.seed}: {why}")
+        kind = OmegaConf.get_type(m.tiny) if m.get("tiny") is not None else None
+        defaults = kind() if dataclasses.is_dataclass(kind) else None
+        for name in m.tiny if defaults is not None else ():
+            if m.tiny[name] != getattr(defaults, name, m.tiny[name]):
+                out.append(f"{key}.tiny.{name}={_text(m.tiny[name])}: {why}")
+    if m.get("trust_remote_code") and m.name in ("tiny", "smollm2", "derived") and not m.get("name_or_path"):
+        out.append(f"{key}.trust_remote_code=true: {key}.name={m.name} runs no code from a checkpoint")
+    if m.get("cudnn_attention") is not None and torch.device(str(m.device)).type != "cuda":
+        out.append(f"{key}.cudnn_attention={_text(m.cudnn_attention)}: cuDNN attention is a CUDA kernel")
     return out
 
 

@@ -337,3 +337,26 @@ def test_options_that_change_nothing_here_are_noted_at_start_and_listed_in_the_r
     # where they apply they are no note: top-p when sampling, widths on an expansion tree
     sampled = compose(["model=tiny", "generation.temperature=0.7", "generation.top_p=0.5", "verifier=membership"])
     assert inert_options(sampled) == [] and inert_options(compose(["model=tiny", "topology=expansion"])) == []
+
+
+def test_model_options_a_model_ignores_are_listed_as_inert():
+    """The tiny model's seed and shape on a checkpoint model, remote code on a built-in model, cuDNN
+    attention off CUDA and the statistical gate's switch at temperature 0 change nothing: listed,
+    not claimed. On the tiny model (or a derived draft, whose fields follow the target's) they apply."""
+    from harness.runner import inert_options
+
+    why = "model.name=smollm2 loads its weights; the tiny model's options shape only model.name=tiny"
+    assert inert_options(
+        compose(["model=smollm2", "model.seed=7", "model.trust_remote_code=true", "model.tiny.vocab_size=16"])
+    ) == [
+        f"model.seed=7: {why}",
+        f"model.tiny.vocab_size=16: {why}",
+        "model.trust_remote_code=true: model.name=smollm2 runs no code from a checkpoint",
+    ]
+    assert inert_options(compose(["model=tiny", "gates.statistical=false", "model.cudnn_attention=false"])) == [
+        "gates.statistical=false: the statistical gate tests sampled rounds (temperature > 0)",
+        "model.cudnn_attention=false: cuDNN attention is a CUDA kernel",
+    ]
+    assert (
+        inert_options(compose(["model=tiny", "model.seed=3", "model.tiny.vocab_size=64", "proposer=draft_model"])) == []
+    )
