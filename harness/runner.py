@@ -571,13 +571,8 @@ def inert_options(cfg: DictConfig) -> list[str]:
                 f"topology.{key}={_text(value)}: topology={topo.name} does not read it (only {', '.join(readers)})"
             )
     if prop.name == "layer_skip" and prop.get("skip") is not None and prop.get("search") is not None:
-        kind = OmegaConf.get_type(prop.search)  # the search's schema: its defaults
-        defaults = kind() if dataclasses.is_dataclass(kind) else None
-        for key in prop.search if defaults is not None else ():
-            if prop.search[key] != getattr(defaults, key, prop.search[key]):
-                out.append(
-                    f"proposer.search.{key}={_text(prop.search[key])}: proposer.skip names the layers, no search runs"
-                )
+        for key, value in _changed(prop.search):
+            out.append(f"proposer.search.{key}={_text(value)}: proposer.skip names the layers, no search runs")
     if prop.name == "rest":
         out += path_inert_options(prop.datastore, "proposer.datastore")
     elif prop.name == "merged" and "rest" in list(prop.get("sources") or []):
@@ -590,6 +585,16 @@ def inert_options(cfg: DictConfig) -> list[str]:
     return out
 
 
+def _changed(node) -> list[tuple[str, Any]]:
+    """The ``(key, value)`` pairs of a structured config node set away from its schema's defaults
+    (none for a node without a dataclass schema)."""
+    kind = OmegaConf.get_type(node) if node is not None else None
+    if not dataclasses.is_dataclass(kind):
+        return []
+    defaults = kind()
+    return [(k, node[k]) for k in node if node[k] != getattr(defaults, k, node[k])]
+
+
 def _model_inert_options(key: str, m: DictConfig) -> list[str]:
     """The options of a model config (at ``key``) that its model ignores: the tiny model's seed and
     shape for a checkpoint, remote code for the built-in models, cuDNN attention off CUDA."""
@@ -598,11 +603,7 @@ def _model_inert_options(key: str, m: DictConfig) -> list[str]:
         why = f"{key}.name={m.name} loads its weights; the tiny model's options shape only {key}.name=tiny"
         if int(m.get("seed", 0)) != 0:
             out.append(f"{key}.seed={m.seed}: {why}")
-        kind = OmegaConf.get_type(m.tiny) if m.get("tiny") is not None else None
-        defaults = kind() if dataclasses.is_dataclass(kind) else None
-        for name in m.tiny if defaults is not None else ():
-            if m.tiny[name] != getattr(defaults, name, m.tiny[name]):
-                out.append(f"{key}.tiny.{name}={_text(m.tiny[name])}: {why}")
+        out += [f"{key}.tiny.{name}={_text(value)}: {why}" for name, value in _changed(m.get("tiny"))]
     if m.get("trust_remote_code") and m.name in ("tiny", "smollm2", "derived") and not m.get("name_or_path"):
         out.append(f"{key}.trust_remote_code=true: {key}.name={m.name} runs no code from a checkpoint")
     if m.get("cudnn_attention") is not None and torch.device(str(m.device)).type != "cuda":
