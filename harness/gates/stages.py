@@ -350,6 +350,6 @@ def run_gates(
         )
     else:
         gates["greedy_equality"] = not_applicable(
-            f"temperature {policy.temperature}: outputs are sampled (the statistical gate applies)"
+            f"temperature {policy.temperature}: outputs are sampled (the statistical gate tests sampled rounds)"
         )
     return gates
