@@ -80,6 +80,7 @@ from harness.target.loading import (
     tokenizer_difference,
 )
 from harness.target.options import (
+    CompileWatch,
     apply_cudnn_attention,
     apply_linear_kernel,
     apply_static_cache,
@@ -166,6 +167,7 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         aside = clear_for_run(planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting")
         tracker = open_tracker(cfg, planned)
         host_memory = JobHostMemory().start()  # this job's peak RSS, even when jobs share a process
+        compile_watch = CompileWatch().start()  # what torch.compile did in this job, when a model is compiled
         stage = "load"
         try:
             try:
@@ -190,6 +192,7 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
                 job_seconds=time.perf_counter() - t_job,
                 host_memory=host_memory.stop(),
                 tracking=tracker.describe(),
+                compile_report=compile_watch.stop(),
             )
             stage = "write"
             record = write(record, measured, planned.run_dir)
@@ -197,6 +200,7 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
             tracker.log_record(record, planned.run_dir)
         except BaseException as exc:
             host_memory.stop()  # a sampling thread, where there is one, ends with the job
+            compile_watch.stop()
             tracker.fail(stage=stage, error=exc, refused=isinstance(exc, REFUSALS))
             raise
     return record
@@ -541,6 +545,12 @@ def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:
     return loaded
 
 
+def _compiled(loaded: Loaded) -> bool:
+    """Whether the target or the draft runs a ``torch.compile``d forward."""
+    models = [loaded.target] + ([loaded.draft] if loaded.draft is not None else [])
+    return any(getattr(m.model, "_harness_compiled", False) for m in models)
+
+
 #: the topology options each topology reads (beyond max_nodes and max_depth)
 _TOPOLOGY_READERS = {"widths": ("expansion", "cartesian"), "topk": ("dynamic",), "tree_artifact": ("sequoia",)}
 
@@ -820,6 +830,7 @@ def summarise(
     job_seconds: float,
     host_memory: dict | None = None,
     tracking: dict | None = None,
+    compile_report: dict | None = None,
 ) -> dict:
     """The run record: decode metrics (defined once in :mod:`harness.engine.arms`), proposal-side
     state, the gates, the resolved config, the manifest and the hardware card."""
@@ -863,6 +874,12 @@ def summarise(
             "timing_outliers": timing_outliers(measured.per_prompt),
         }
     )
+    if compile_report is not None and compile_report["recompile_limit_hits"] and _compiled(loaded):
+        print(
+            "harness: warning: torch.compile reached its recompile limit, so these functions ran eagerly for "
+            f"part of the run (load_report.compile): {'; '.join(compile_report['recompile_limit_hits'])}",
+            file=sys.stderr,
+        )
     if not plan_.verifier.exact:
         metrics["drift"] = heuristic_drift(cfg, plan_=plan_, backend=backend, proposer=proposer, items=loaded.items)
     metrics.update(plan_.extras.get("metrics", {}))
@@ -892,6 +909,7 @@ def summarise(
         "load_report": {
             "target": loaded.target.load_report,
             **({"draft": loaded.draft.load_report} if loaded.draft is not None else {}),
+            **({"compile": compile_report} if compile_report is not None and _compiled(loaded) else {}),
         },
         "artifacts": {
             **plan_.extras.get("artifacts", {}),

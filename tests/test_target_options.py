@@ -89,15 +89,14 @@ def test_a_linear_kernel_keeps_greedy_output_and_runs_every_linear_layer(kernel)
         x = torch.randn(1, 5, plain.config.hidden_size)
         torch.testing.assert_close(fast.lm_head(x), plain.lm_head(x), rtol=1e-5, atol=1e-5)
     assert _greedy(fast, prompt) == _greedy(plain, prompt)
-    assert all(getattr(m, "_harness_kernel_fn", None) is not None for m in linears)  # each ran through it
+    assert {m._harness_kernel_fn[2].__name__ for m in linears} == {f"{kernel}_linear"}  # built when applied
     assert set(fast.state_dict()) == set(plain.state_dict())  # weights untouched, nothing added
     other = "weight_major" if kernel != "weight_major" else "mkl_packed"
     if not options.linear_kernel_problem(other, torch.float32, "cpu"):  # a second kernel replaces the first
         options.apply_linear_kernel(fast, other)
+        assert {m._harness_kernel_fn[2].__name__ for m in linears} == {f"{other}_linear"}
         with torch.inference_mode():
-            fast.lm_head(x)
-        assert all(getattr(m, "_harness_kernel_fn", None) is None for m in linears if m is not fast.lm_head)
-        assert fast.lm_head._harness_kernel_fn[2].__name__ == f"{other}_linear"
+            torch.testing.assert_close(fast.lm_head(x), plain.lm_head(x), rtol=1e-5, atol=1e-5)
     assert options.apply_linear_kernel(fast, "default") == 0  # and back to nn.Linear's own forward
     assert options.linear_kernel_of(fast) == {"default"} and all("forward" not in m.__dict__ for m in linears)
 
@@ -234,6 +233,29 @@ def test_both_arms_of_a_run_use_the_configured_linear_kernel(tmp_path, monkeypat
     assert record["manifest"]["target"]["linear_kernel"] == "onednn"
     assert record["metrics"]["greedy_identical"] is True
     assert record["gates"]["equivalence"]["status"] == "passed"
+    assert "compile" not in record["load_report"]  # nothing compiled: no compile figures
+
+
+@pytest.mark.slow  # torch.compile builds C++ kernels: a minute or more on a 2-core machine
+def test_a_compiled_run_records_what_torch_compile_did_and_stays_compiled(tmp_path, monkeypatch, capsys):
+    """The default recompile limit (8) was reached in the warm-up, so most of the run's forwards ran
+    eagerly while the manifest said compiled; the record now counts graphs, graph breaks and the
+    functions that hit a limit."""
+    import harness.runner as runner
+
+    if options.compile_problem("cpu"):
+        pytest.skip(options.compile_problem("cpu"))
+    torch._dynamo.reset()
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    cfg = compose(
+        ["model=tiny", "model.compile=true", "proposer=prompt_lookup", "workload.limit=2"]
+        + ["generation.max_new_tokens=16", "gates.oracle=false"]
+    )
+    record = runner.run_job(cfg, run_dir=tmp_path / "run")
+    report = record["load_report"]["compile"]
+    assert report["graphs"] >= 1 and report["graph_breaks"] == 0 and report["recompile_limit_hits"] == []
+    assert record["metrics"]["greedy_identical"] is True
+    assert "recompile limit" not in capsys.readouterr().err
 
 
 @pytest.mark.slow  # torch.compile builds C++ kernels: minutes on a 2-core machine
@@ -462,3 +484,52 @@ def test_a_draft_option_refusal_names_the_draft_s_options_and_train_refuses_as_r
     assert cli.main(["train", "proposer=medusa", "model=tiny", "model.fused_layers=true", "model.dtype=float16"]) == 2
     err_line = capsys.readouterr().err.strip().splitlines()[-1]
     assert err_line.startswith("harness train: refused: model.fused_layers=true computes float32 and bfloat16")
+
+
+def test_the_compile_watch_names_a_function_that_reached_the_recompile_limit():
+    """Past dynamo's recompile limit a function runs eagerly; the watch reports it by name, and a
+    function that stays under the limit is not reported."""
+    import torch._dynamo
+
+    def scale(x):
+        return x * 2
+
+    compiled = torch.compile(scale, backend="eager")
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=2):
+        watch = options.CompileWatch().start()
+        compiled(torch.ones(3))  # one guard set
+        under = watch.stop()
+        watch = options.CompileWatch().start()
+        for dtype in (torch.float64, torch.int32, torch.int64):  # a guard set each: the third is past 2
+            compiled(torch.ones(3, dtype=dtype))
+        over = watch.stop()
+    assert under["recompile_limit_hits"] == [] and under["graphs"] == 1 and under["graph_breaks"] == 0
+    assert len(over["recompile_limit_hits"]) == 1 and "'scale'" in over["recompile_limit_hits"][0]
+    assert over["recompile_limit_hits"][0].endswith("recompile_limit=2")
+    compiled(torch.ones(3, dtype=torch.float16))  # a stopped watch no longer listens
+    assert len(watch.limit_hits) == 1
+
+
+@pytest.mark.parametrize("kernel", ["streaming", "weight_major", "onednn"])
+def test_a_linear_kernel_is_built_before_the_first_call_so_a_compiled_forward_has_no_graph_break(kernel):
+    """Building a layer's kernel inside a traced forward (the native library's file checks) broke the
+    graph at every layer, and each layer's call then became a frame of its own until dynamo's
+    recompile limit sent the rest to eager."""
+    import torch._dynamo
+
+    if options.linear_kernel_problem(kernel, torch.float32, "cpu"):
+        pytest.skip(options.linear_kernel_problem(kernel, torch.float32, "cpu"))
+    model = build_tiny_model(seed=5)
+    options.apply_linear_kernel(model, kernel, compiled=True)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.__dict__.get("_harness_kernel_fn") is not None for m in linears)
+    torch._dynamo.reset()
+    ids = torch.tensor([[3 + (5 * i) % 90 for i in range(12)]])
+    expected = build_tiny_model(seed=5)(ids).logits
+    watch = options.CompileWatch().start()
+    with torch.inference_mode():
+        got = torch.compile(model, backend="eager", dynamic=True)(ids).logits
+    report = watch.stop()
+    assert report["graph_breaks"] == 0 and report["recompile_limit_hits"] == [] and report["graphs"] >= 1
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

@@ -86,6 +86,7 @@ counts and cache lengths do not recompile each round. On CPU the inductor needs 
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
@@ -174,7 +175,11 @@ def linear_kernel_problem(kernel: str, dtype: torch.dtype, device: str) -> str |
 def _kernel_fn(kernel: str, weight: torch.Tensor, bias: torch.Tensor | None):
     """``x [..., K] -> [..., N]`` computing ``x @ weight.T + bias`` with ``kernel``."""
     if kernel == "onednn":
-        return lambda x: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+        def onednn_linear(x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+        return onednn_linear
     if kernel == "mkl_packed":
         packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, 1)  # the layout does not depend on M
 
@@ -277,7 +282,9 @@ def apply_linear_kernel(model: torch.nn.Module, kernel: str, *, compiled: bool =
     count = 0
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
-            module.__dict__.pop("_harness_kernel_fn", None)  # built by an earlier kernel: rebuilt on first call
+            # built here, not on the first call: a compiled forward would trace the build (the native
+            # library's file checks break the graph, and each layer's call becomes a frame of its own)
+            module._harness_kernel_fn = (module.weight, module.bias, _kernel_fn(kernel, module.weight, module.bias))
             module.forward = functools.partial(_linear_forward, module, kernel)
             module._harness_linear_kernel = kernel
             count += 1
@@ -416,8 +423,62 @@ def compile_problem(device: str) -> str | None:
     return None
 
 
+#: dynamo's recompile limit per code object once a target is compiled (its default is 8). A round
+#: calls the forward with several guard sets (a prefill, a one-row step, a verify forward of n rows,
+#: a cache whose keys are views after a rollback), and transformers' decorators share one code object
+#: between the model's forward and its layers' forwards, so 8 is reached during the warm-up; past the
+#: limit a frame runs eagerly for the rest of the process, which :class:`CompileWatch` reports.
+COMPILE_RECOMPILE_LIMIT = 64
+
+
 def compile_model(model: torch.nn.Module) -> torch.nn.Module:
-    """``torch.compile`` the model's ``__call__`` in place with dynamic shapes; returns the model."""
+    """``torch.compile`` the model's ``__call__`` in place with dynamic shapes (the process's recompile
+    limit raised to :data:`COMPILE_RECOMPILE_LIMIT`); returns the model."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(int(torch._dynamo.config.recompile_limit), COMPILE_RECOMPILE_LIMIT)
     model.compile(dynamic=True)
     model._harness_compiled = True
     return model
+
+
+class CompileWatch(logging.Handler):
+    """What ``torch.compile`` did from :meth:`start` on, process-wide (every compiled forward, a
+    compiled draft's included): graphs compiled, graph breaks, and the functions that reached a
+    recompile limit (dynamo runs those eagerly from then on, so a forward claimed compiled is not,
+    for some of its calls). Dynamo counts the first two; the last is only logged, so the watch
+    listens to that log line."""
+
+    LOGGER = "torch._dynamo.convert_frame"
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.limit_hits: list[str] = []
+        self._start: tuple[int, int] = (0, 0)
+
+    @staticmethod
+    def _counts() -> tuple[int, int]:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
+
+    def start(self) -> CompileWatch:
+        self._start = self._counts()
+        logging.getLogger(self.LOGGER).addHandler(self)
+        return self
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("torch._dynamo hit config.") and len(record.args or ()) >= 3:
+            limit, value, function = record.args[:3]
+            self.limit_hits.append(f"{function}: {limit}={value}")
+
+    def stop(self) -> dict:
+        """Stops listening; returns ``{"graphs", "graph_breaks", "recompile_limit_hits"}``, the last
+        the functions (name and source line) that ran eagerly past a limit."""
+        logging.getLogger(self.LOGGER).removeHandler(self)
+        graphs, breaks = self._counts()
+        return {
+            "graphs": graphs - self._start[0],
+            "graph_breaks": breaks - self._start[1],
+            "recompile_limit_hits": list(self.limit_hits),
+        }
