@@ -585,8 +585,17 @@ def inert_options(cfg: DictConfig) -> list[str]:
             out.append(f"proposer.search.{key}={_text(value)}: proposer.skip names the layers, no search runs")
     if prop.name == "rest":
         out += path_inert_options(prop.datastore, "proposer.datastore")
-    elif prop.name == "merged" and "rest" in list(prop.get("sources") or []):
-        out += path_inert_options(prop.rest.datastore, "proposer.rest.datastore")
+    elif prop.name == "merged":
+        sources = list(prop.get("sources") or [])
+        if "rest" in sources:
+            out += path_inert_options(prop.rest.datastore, "proposer.rest.datastore")
+        left_out = f"proposer.sources={_text(sources)} leaves it out"
+        for src in MERGED_SUB_CONFIGS:
+            if src not in sources:
+                out += [f"proposer.{src}.{k}={_text(v)}: {left_out}" for k, v in _changed_from_packaged(prop[src])]
+                depth = prop.depths.get(src)
+                if depth is not None and depth != OmegaConf.get_type(prop)().depths.get(src):
+                    out.append(f"proposer.depths.{src}={depth}: {left_out}")
     if prop.get("verify_cost") and prop.get("budget_policy", "fixed") != "adaptive":
         out.append(
             f"proposer.verify_cost={_text(prop.verify_cost)}: the fixed budget prices no rows "
@@ -603,6 +612,39 @@ def _changed(node) -> list[tuple[str, Any]]:
         return []
     defaults = kind()
     return [(k, node[k]) for k in node if node[k] != getattr(defaults, k, node[k])]
+
+
+#: the proposers whose options ``proposer=merged`` carries as sub-configs (read when one is a source)
+MERGED_SUB_CONFIGS = ("rest", "prompt_lookup", "draft_model")
+
+
+def _changed_from_packaged(node: DictConfig) -> list[tuple[str, Any]]:
+    """The ``(dotted key, value)`` pairs of a proposer's config node set away from what its packaged
+    option composes to (``conf/proposer/<name>.yaml`` over its schema's defaults), compared as
+    written (interpolations unresolved)."""
+    kind = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(kind):
+        return []
+    packaged = OmegaConf.load(Path(__file__).parent / "conf" / "proposer" / f"{node.name}.yaml")
+    packaged.pop("defaults", None)
+    reference = _leaves(OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(kind), packaged), resolve=False))
+    missing = object()
+    return [
+        (k, v)
+        for k, v in _leaves(OmegaConf.to_container(node, resolve=False)).items()
+        if reference.get(k, missing) != v
+    ]
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested dict's leaves by dotted key (an empty dict is a leaf)."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def _model_inert_options(key: str, m: DictConfig) -> list[str]:

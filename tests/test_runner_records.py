@@ -360,3 +360,31 @@ def test_model_options_a_model_ignores_are_listed_as_inert():
     assert (
         inert_options(compose(["model=tiny", "model.seed=3", "model.tiny.vocab_size=64", "proposer=draft_model"])) == []
     )
+
+
+def test_options_of_a_merged_proposer_s_left_out_sources_are_listed_as_inert():
+    """``proposer=merged`` carries every source's options; those of a proposer that is not a source
+    (a sweep crossing ``proposer.sources`` with a draft's options) change nothing and are listed, while
+    a source's own options, and the packaged defaults, are not."""
+    from harness.runner import inert_options
+
+    base = ["model=tiny", "proposer=merged", "topology=merged"]
+    assert inert_options(compose(base)) == []
+    assert inert_options(compose([*base, "proposer.sources=[draft_model,rest]"])) == []
+    changed = [
+        "proposer.prompt_lookup.max_ngram=4",
+        "proposer.draft_model.sampling=iid",
+        "proposer.draft_model.model.num_layers=1",
+        "proposer.depths.draft_model=2",
+        "proposer.rest.max_matches=5",
+    ]
+    left_out = "proposer.sources=[rest,prompt_lookup] leaves it out"
+    assert inert_options(compose([*base, *changed])) == [
+        f"proposer.draft_model.sampling=iid: {left_out}",
+        f"proposer.draft_model.model.num_layers=1: {left_out}",
+        f"proposer.depths.draft_model=2: {left_out}",
+    ]
+    with_draft = compose([*base, *changed, "proposer.sources=[rest,draft_model]"])
+    assert inert_options(with_draft) == [
+        "proposer.prompt_lookup.max_ngram=4: proposer.sources=[rest,draft_model] leaves it out"
+    ]
