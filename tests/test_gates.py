@@ -356,10 +356,23 @@ def test_statistical_gate_passes_a_correct_round(tmp_path, workload, cache):
     assert stat["status"] == "passed" and stat["samples"] == 400 and stat["p_value"] >= stat["alpha"] == 1e-3
     assert stat["bins"] >= 4 and sum(stat["observed"]) == 400
     assert stat["distinct_trees"] >= 1 and stat["target_forwards"] >= 1  # forwards shared across samples
+    assert 0 < stat["first_token_accepted"] < 400 and "paths_note" not in stat  # both ways to a first token
     # the oracle was switched off explicitly: recorded as skipped with the override, and the run is ungated
     for name in ("oracle", "end_to_end_oracle"):
         assert record["gates"][name] == {"status": "skipped", "override": "gates.oracle=false"}
     assert record["gated"] is False
+
+
+def test_a_draft_that_is_the_target_is_never_rejected_and_the_gate_says_so(tmp_path, workload, cache):
+    """The tiny target's default derived draft has the target's layers and weights: rejection sampling
+    accepts every proposed token, so the test never reaches the residual law, and its evidence says so."""
+    overrides = [o for o in STAT if not o.startswith(("proposer=", "verifier="))]
+    cfg = compose_cfg(tmp_path / "run", workload, *overrides, "proposer=draft_model", "verifier=rejection")
+    assert cfg.proposer.model.name == "derived" and cfg.proposer.model.num_layers == cfg.model.tiny.num_layers
+    record = runner.run_job(cfg, run_dir=tmp_path / "run")
+    stat = record["gates"]["statistical"]
+    assert stat["status"] == "passed" and stat["first_token_accepted"] == stat["samples"] == 400
+    assert "the correction after a rejection was not exercised" in stat["paths_note"]
 
 
 def test_statistical_gate_fails_a_verifier_that_returns_the_argmax(tmp_path, workload, cache, monkeypatch):
@@ -569,6 +582,14 @@ def test_the_switched_off_line_names_only_gates_that_apply_to_the_run(capsys):
     # and with nothing else switched off there is no line at all
     line = announced("gates.oracle=false", "verifier=typical", "generation.exact=false", "generation.temperature=0.7")
     assert line == ""
+
+
+def test_a_test_whose_samples_all_took_one_way_to_their_first_token_says_what_it_did_not_exercise():
+    from harness.gates.statistical import paths_note
+
+    assert "correction after a rejection was not exercised" in paths_note(400, 400)
+    assert "only the correction after a rejection was exercised" in paths_note(0, 400)
+    assert paths_note(1, 400) is None and paths_note(399, 400) is None and paths_note(0, 0) is None
 
 
 def test_chi_square_bins_hold_five_expected_samples_each_pooling_rare_tokens():

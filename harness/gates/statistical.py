@@ -244,9 +244,20 @@ def _statistical_gate(
     if first["status"] == "passed" or not confirm:
         return {**first, "prefix": prefix, "seconds": time.perf_counter() - t0}
     second = chi_square_test(stream=seed * 7919 + CONFIRMATION_STREAM, **kw)
-    keep = ("status", "statistic", "p_value", "observed", "expected", "distinct_trees", "draft_calls", "memo_hits")
+    keep = (
+        "status",
+        "statistic",
+        "p_value",
+        "observed",
+        "expected",
+        "distinct_trees",
+        "draft_calls",
+        "memo_hits",
+        "first_token_accepted",
+        "paths_note",
+    )
     return {  # the top level is the deciding test's, so a status never sits beside another test's p-value
-        **first,
+        **{k: v for k, v in first.items() if k not in keep},
         **{k: second[k] for k in keep if k in second},
         "prefix": prefix,
         "decided_by": "confirmation",
@@ -435,9 +446,11 @@ def chi_square_test(
             "note": f"the target's law leaves one bin of {MIN_EXPECTED:g}+ expected samples: every sample must be "
             "a token it gives mass",
         }
+    note = paths_note(int(target["first_token_accepted"]), samples)
     return {
         "status": "passed" if passed else "failed",
         "samples": samples,
+        **({"paths_note": note} if note else {}),
         "bins": len(observed),
         "impossible_samples": impossible,
         **test,
@@ -456,6 +469,21 @@ def chi_square_test(
     }
 
 
+def paths_note(accepted: int, samples: int) -> str | None:
+    """What the test did not exercise, when its samples all took one of the verifier's two ways to
+    a first token (a proposed token accepted, or the target's correction after the proposals were
+    rejected), or None. The evidence stays valid for the proposer as configured (a draft that
+    proposes what the target samples is never rejected in the run either), but says less."""
+    if samples and accepted == samples:
+        return (
+            "every sample's first token was an accepted proposed token: the correction after a rejection "
+            "was not exercised at this prefix"
+        )
+    if samples and accepted == 0:
+        return "no sample accepted a proposed token: only the correction after a rejection was exercised at this prefix"
+    return None
+
+
 def _first_token(tree: CompiledTree, sel) -> int:
     return int(tree.token_ids[sel.accepted_rows[0]]) if sel.accepted_rows else sel.next_token
 
@@ -467,6 +495,7 @@ def verify_by_tree(backend, committed, distinct, tree_of, rngs, verifier, policy
     for s, i in enumerate(tree_of):
         samples_of[i].append(s)
     counts: dict[int, int] = {}
+    accepted = 0  # samples whose first token is a proposed row the verifier accepted
     p_exact = None
     for i, logits in verify_distinct(backend, committed, distinct, batch=batch):
         if p_exact is None:
@@ -474,11 +503,13 @@ def verify_by_tree(backend, committed, distinct, tree_of, rngs, verifier, policy
         tree = distinct[i]
         probs = policy.probs(logits)  # [1 + N, V] as the round computes them
         for s in samples_of[i]:
-            first = _first_token(tree, verifier.select(tree, probs, rngs[s]))
+            sel = verifier.select(tree, probs, rngs[s])
+            first = _first_token(tree, sel)
             counts[first] = counts.get(first, 0) + 1
+            accepted += bool(sel.accepted_rows)
     forwards = -(-len(distinct) // max(min(batch, len(distinct)), 1))
     rows = sum(1 + tree.num_rows for tree in distinct)
-    return counts, p_exact, {"target_forwards": forwards, "target_rows": rows}
+    return counts, p_exact, {"target_forwards": forwards, "target_rows": rows, "first_token_accepted": accepted}
 
 
 def _select(verifier, tree, rng, state, paths, probs_of, *, whole: bool):
@@ -513,6 +544,7 @@ def verify_by_path(backend, committed, distinct, tree_of, rngs, verifier, policy
     paths = [[root] + [root + p for p in tree.full_prefixes] for tree in distinct]
     whole: set[int] = set()  # trees a verifier needs whole (it used the rows other than one at a time)
     counts: dict[int, int] = {}
+    accepted = 0  # samples whose first token is a proposed row the verifier accepted
     pending = [(s, rngs[s].generator.get_state()) for s in range(len(tree_of))]
     passes = 0
     while pending:
@@ -537,6 +569,7 @@ def verify_by_path(backend, committed, distinct, tree_of, rngs, verifier, policy
                 continue
             first = _first_token(tree, sel)
             counts[first] = counts.get(first, 0) + 1
+            accepted += bool(sel.accepted_rows)
         computed = rows.compute(reached)
         if stopped and not computed:
             raise RuntimeError("statistical gate: a verifier stopped for rows that are already computed")
@@ -545,5 +578,10 @@ def verify_by_path(backend, committed, distinct, tree_of, rngs, verifier, policy
     return (
         counts,
         p_exact,
-        {"target_forwards": rows.forwards, "target_rows": rows.rows_computed, "verify_passes": passes},
+        {
+            "target_forwards": rows.forwards,
+            "target_rows": rows.rows_computed,
+            "verify_passes": passes,
+            "first_token_accepted": accepted,
+        },
     )
