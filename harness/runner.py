@@ -162,6 +162,9 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
     inert = inert_options(cfg)
     if inert:  # accepted (a sweep may cross them with a setting that ignores them), never silently
         print(f"harness: note: option(s) with no effect here: {'; '.join(inert)}", file=sys.stderr)
+    partial = partial_batch_note(len(planned.prompts), int(cfg.generation.batch_size))
+    if partial:
+        print(f"harness: note: {partial}", file=sys.stderr)
     with job_lock(planned.run_dir):  # one run per folder, from the first model work to the record
         earlier = inspect_job(planned.run_dir, manifest_hash=planned.manifest_hash, manifest=planned.manifest)
         aside = clear_for_run(planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting")
@@ -543,6 +546,16 @@ def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:
     if m.get("compile"):
         compile_model(loaded.model)
     return loaded
+
+
+def partial_batch_note(prompts: int, batch_size: int) -> str | None:
+    """The line saying the last batch runs fewer requests than ``batch_size``, or None."""
+    if batch_size > 1 and prompts > batch_size and prompts % batch_size:
+        return (
+            f"{prompts} prompts at generation.batch_size={batch_size}: the last batch holds {prompts % batch_size} "
+            "request(s), and its rounds are timed with the others (metrics.batch_requests)"
+        )
+    return None
 
 
 def _compiled(loaded: Loaded) -> bool:

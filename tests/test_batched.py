@@ -417,8 +417,9 @@ def test_refuses_shared_proposer_instances(models):
         )
 
 
-def test_harness_run_at_batch_size_2_on_tiny(tmp_path):
-    """`harness run ... generation.batch_size=2` end to end: 3 prompts -> batches of 2 and 1."""
+def test_harness_run_at_batch_size_2_on_tiny(tmp_path, capsys):
+    """`harness run ... generation.batch_size=2` end to end: 3 prompts -> batches of 2 and 1, which the
+    record lists and the run notes at its start."""
     from harness.config import compose
     from harness.contracts import ConfigError
     from harness.engine.build import plan
@@ -445,6 +446,10 @@ def test_harness_run_at_batch_size_2_on_tiny(tmp_path):
     assert m["greedy_identical"] is True
     assert [p["batch_index"] for p in record["per_prompt"]] == [0, 0, 1]
     assert [p["batch_requests"] for p in record["per_prompt"]] == [2, 2, 1]
+    assert m["batch_requests"] == [2, 1]
+    assert "harness: note: 3 prompts at generation.batch_size=2: the last batch holds 1 request(s)" in (
+        capsys.readouterr().err
+    )
     assert m["committed_tokens"] == m["ar_tokens"] == 36
     assert m["decode_speedup"] == pytest.approx(m["ar_time_per_token_ms"] / m["time_per_committed_token_ms"])
     assert m["speedup"] == pytest.approx(m["ar_end_to_end_time_per_token_ms"] / m["end_to_end_time_per_token_ms"])
@@ -457,3 +462,13 @@ def test_harness_run_at_batch_size_2_on_tiny(tmp_path):
     from harness.tracking.store import load_record
 
     load_record(tmp_path)  # the record validates
+
+
+def test_the_partial_batch_note_speaks_only_of_a_last_batch_short_of_batch_size():
+    from harness.runner import partial_batch_note
+
+    assert partial_batch_note(10, 4) == (
+        "10 prompts at generation.batch_size=4: the last batch holds 2 request(s), and its rounds are timed "
+        "with the others (metrics.batch_requests)"
+    )
+    assert partial_batch_note(8, 4) is None and partial_batch_note(3, 1) is None

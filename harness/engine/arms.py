@@ -66,6 +66,11 @@ METRIC_NOTES = {
     ),
     "per_prompt.prompt_sha256": "16 hex digits of the prompt's text, messages and turns: pairs prompts across runs",
     "conversation_turns": "(prompt, turn) requests measured: a two-turn conversation counts 2",
+    "batch_requests": (
+        "requests of each batch step in order (a conversation's later turns are further steps of its batch, with the "
+        "conversations that have that turn): the last batch holds fewer than batch_size when the prompts are not a "
+        "multiple of it"
+    ),
     "fallback_rate": "fraction of rounds with no candidate row (the round committed the target's token only)",
     "first_child_coverage": (
         "among rounds with candidates, the fraction whose accepted path starts at the root's first child "
@@ -279,6 +284,7 @@ class ArmsResult:
         """Every decode metric of the record (proposal-side state and artifacts are the runner's)."""
         out: dict = {
             "batches": len(set(self.batch_of.values())),
+            "batch_requests": [len(b.requests) for b in self.batches["spec"]],
             "conversation_turns": len(self.slot),
             "per_turn": self.turn_metrics(),
             "spec_bench_speedup": self.spec_bench_speedup(),
