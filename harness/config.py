@@ -147,7 +147,11 @@ class DraftModelConfig(ProposerConfig):
 class DatastoreConfig:
     """A REST datastore (conf/datastore/*.yaml, composed at ``proposer.datastore``)."""
 
-    corpus: str = ranged("stdlib", choices=("stdlib", "sharegpt"))  # harness/workloads/corpora.py
+    corpus: str = ranged("stdlib", choices=("stdlib", "sharegpt", "files"))  # harness/workloads/corpora.py
+    # corpus=files: the user's own text, a folder (its files matching glob), a text file or a .jsonl file
+    corpus_path: Optional[str] = None
+    glob: str = "**/*"  # corpus=files, a folder: the files read, relative to it
+    roles: list[str] = field(default_factory=lambda: ["assistant"])  # conversation turns read (sharegpt, files)
     path: Optional[str] = None  # a datastore directory (its release manifest rules); null: cache, built on first use
     max_tokens: Optional[int] = ranged(DEFAULT_MAX_TOKENS, **POSITIVE_INT)  # build cap (sentinels included)
     context_len: int = ranged(16, **POSITIVE_INT)

@@ -310,7 +310,12 @@ def test_cli_build_and_info(tmp_path, monkeypatch, capsys):
         (["exclude=missing.jsonl"], "exclude=missing.jsonl: cannot read missing.jsonl (No such file or directory)"),
         ([f"out={tmp_path / 'afile'}"], "a file is in the way; an output folder is needed there"),
         (["model=nope"], "model='nope': no such directory (and not a hub id of the form owner/name)"),
-        (["roles=user"], "roles= picks the turns of a conversation corpus (corpus=sharegpt); corpus=stdlib has none"),
+        (
+            ["roles=user"],
+            "roles= picks the turns of a conversation corpus (corpus=sharegpt or files); corpus=stdlib has none",
+        ),
+        (["corpus_path=."], "corpus_path= is read with corpus=files; corpus=stdlib"),
+        (["glob=*.py"], "glob= is read with corpus=files; corpus=stdlib"),
     ):
         model = [] if args[0].startswith("model=") else ["model=owner/toy"]
         assert main(["build", "corpus=stdlib", *model, *args]) == 2
@@ -339,6 +344,118 @@ def test_cli_build_and_info(tmp_path, monkeypatch, capsys):
 
 
 # ---------------------------------------------------------------------------- corpora
+
+
+def _user_corpus(tmp_path):
+    """A user's folder: text files (one nested), a hidden folder, a cache folder, a binary file and a
+    .jsonl of text, ShareGPT and chat-message lines."""
+    root = tmp_path / "mine"
+    (root / "pkg").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (root / "__pycache__").mkdir()
+    (root / "b.txt").write_text("d e f\n")
+    (root / "pkg" / "a.py").write_text("a b c\n")
+    (root / ".git" / "HEAD").write_text("x y z\n")
+    (root / "__pycache__" / "a.pyc").write_text("x y z\n")
+    (root / "blob.bin").write_bytes(b"g h\0i")
+    lines = [
+        {"text": "j k l"},
+        {"conversations": [{"from": "human", "value": "m n"}, {"from": "gpt", "value": "o p q"}]},
+        {"messages": [{"role": "user", "content": "r s"}, {"role": "assistant", "content": "t u"}]},
+        {"text": "   "},
+    ]
+    (root / "talk.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    return root
+
+
+def test_a_files_corpus_reads_a_folder_s_text_files_and_jsonl_lines(tmp_path):
+    root = _user_corpus(tmp_path)
+    corpus = corpora.make_corpus("files", path=str(root))
+    docs = list(corpus.documents())
+    assert [(d.doc_id, d.segments) for d in docs] == [
+        ("b.txt", ("d e f\n",)),
+        ("pkg/a.py", ("a b c\n",)),
+        ("talk.jsonl:1", ("j k l",)),
+        ("talk.jsonl:2", ("o p q",)),  # the assistant turns (roles) of a ShareGPT line
+        ("talk.jsonl:3", ("t u",)),  # and of a chat-messages line
+    ]
+    both = corpora.FilesCorpus(path=str(root / "talk.jsonl"), roles=("user", "assistant"))
+    assert [d.segments for d in both.documents()][1:] == [("m n", "o p q"), ("r s", "t u")]
+    only_py = corpora.FilesCorpus(path=str(root), glob="**/*.py")
+    assert [d.doc_id for d in only_py.documents()] == ["pkg/a.py"]
+    assert only_py.describe() == {
+        "name": "files",
+        "path": str(root.resolve()),
+        "glob": "**/*.py",
+        "roles": ["assistant"],
+    }
+    snap = corpus.snapshot()
+    assert snap["n_files"] == 3 and snap["kind"] == "files"
+    (root / "b.txt").write_text("d e f g\n")  # an edit changes the snapshot: the datastore is refused
+    assert corpus.snapshot()["files_sha256"] != snap["files_sha256"]
+    assert corpora.corpus_from_description(only_py.describe()) == only_py
+    # two folders, or other roles, never share a cache folder; the default corpora keep their names
+    names = {corpora.corpus_cache_name(c) for c in (corpus, only_py, both, corpora.FilesCorpus(path=str(root / "pkg")))}
+    assert len(names) == 4 and all(n.startswith("files-") for n in names)
+    assert corpora.corpus_cache_name(corpora.make_corpus("stdlib")) == "stdlib"
+    assert corpora.corpus_cache_name(corpora.make_corpus("sharegpt")) == "sharegpt"
+    assert corpora.corpus_cache_name(corpora.make_corpus("sharegpt", roles=("user",))).startswith("sharegpt-")
+
+
+@pytest.mark.parametrize(
+    "line, said",
+    [
+        ("{nope", "talk.jsonl line 1: not JSON"),
+        ("[1]", "talk.jsonl line 1: expected an object with text, conversations or messages"),
+        ('{"prompt": "a"}', "talk.jsonl line 1: expected a text string, or a conversations or messages list"),
+        ('{"conversations": [{"from": "gpt"}]}', "talk.jsonl line 1: a turn must be an object with from/value"),
+    ],
+)
+def test_a_bad_jsonl_line_of_a_files_corpus_is_named(tmp_path, line, said):
+    (tmp_path / "talk.jsonl").write_text(line + "\n")
+    with pytest.raises(ValueError, match=said):
+        list(corpora.FilesCorpus(path=str(tmp_path / "talk.jsonl")).documents())
+
+
+def test_a_files_corpus_refuses_a_missing_path_an_empty_folder_and_bad_options(tmp_path):
+    with pytest.raises(ValueError, match=r"^corpus_path=.*nowhere: no such file or folder"):
+        corpora.FilesCorpus(path=str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match=r"^corpus_path is empty"):
+        corpora.FilesCorpus(path=" ")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"no text file matches glob=\*\*/\*"):
+        corpora.FilesCorpus(path=str(tmp_path / "empty")).files()
+    with pytest.raises(ValueError, match=r"^glob=/abs must be a pattern relative to the corpus folder"):
+        corpora.FilesCorpus(path=str(tmp_path), glob="/abs")
+    with pytest.raises(ValueError, match=r"^roles must be a non-empty subset"):
+        corpora.FilesCorpus(path=str(tmp_path), roles=("bot",))
+
+
+def test_cli_builds_a_datastore_from_the_user_s_files(tmp_path, monkeypatch, capsys):
+    import harness.workloads.datastore as datastore_module
+
+    monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    root = _user_corpus(tmp_path)
+    args = ["build", "corpus=files", f"corpus_path={root}", "glob=**/*.py", "model=owner/toy", "progress=false"]
+    assert main(args) == 0
+    built = json.loads(capsys.readouterr().out)
+    assert built["corpus"] == "files" and built["n_tokens"] == 4 and built["documents_used"] == 1
+    expected = corpora.corpus_cache_name(corpora.FilesCorpus(path=str(root), glob="**/*.py"))
+    assert built["path"] == str(tmp_path / "cache" / "datastores" / f"{expected}-owner/toy")
+    assert main(["info", built["path"], "verify_corpus=true"]) == 0  # rebuilt from the manifest's source
+    capsys.readouterr()
+    (root / "pkg" / "a.py").write_text("a b c d\n")
+    assert main(["info", built["path"], "verify_corpus=true"]) == 2
+    assert "changed since the" in capsys.readouterr().err
+    for extra, said in (
+        ([], "corpus=files needs corpus_path=: a folder, a text file or a .jsonl file"),
+        ([f"corpus_path={tmp_path / 'nowhere'}"], "nowhere: no such file or folder"),
+        ([f"corpus_path={root}", "glob=*.md"], "no text file matches glob=*.md"),
+    ):
+        assert main(["build", "corpus=files", "model=owner/toy", *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], (extra, err)
 
 
 def test_sharegpt_split_is_deterministic_disjoint_and_keeps_parts_together():

@@ -385,3 +385,57 @@ def test_manifest_datastores_puts_the_release_id_into_the_manifest_hash(env, tmp
     )
     with pytest.raises(DatastoreError, match=r"^proposer.rest.continuation_len=100 exceeds .* continuation_len=8"):
         manifest_datastores(over)
+
+
+def test_a_datastore_of_the_user_s_files_is_built_into_its_own_cache_folder_and_checked(tmp_path, monkeypatch, capsys):
+    """``corpus=files`` builds from the user's folder on first use, into a cache folder named by the
+    corpus options (another folder or glob never reuses it); an edited file refuses it, and
+    ``corpus_path`` without ``corpus=files`` is refused naming the option."""
+    from harness.workloads.corpora import FilesCorpus, corpus_cache_name
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "a.py").write_text("def return self import\nclass if else\n")
+    (mine / "notes.md").write_text("for in None\n")
+    cfg = {"corpus": "files", "corpus_path": str(mine), "glob": "**/*.py", "roles": ["assistant"], "path": None}
+    cfg |= {"max_tokens": 1000, "context_len": 8, "continuation_len": 4, "max_matches": 16, "exclude": "none"}
+    tok = word_tokenizer(WORDS)
+    ds, info = open_datastore(cfg, tokenizer=tok, model="toy")
+    name = corpus_cache_name(FilesCorpus(path=str(mine), glob="**/*.py"))
+    assert info["built_now"] and ds.path == tmp_path / "cache" / "datastores" / f"{name}-toy"
+    assert ds.manifest["corpus"]["source"]["path"] == str(mine.resolve()) and ds.n_tokens == 7 + 1  # and a sentinel
+    assert "building REST datastore 'files'" in capsys.readouterr().err
+    again, info = open_datastore(cfg, tokenizer=tok, model="toy")
+    assert not info["built_now"] and again.release_id == ds.release_id
+    every, info = open_datastore({**cfg, "glob": "**/*"}, tokenizer=tok, model="toy")
+    assert info["built_now"] and every.path != ds.path and every.n_tokens > ds.n_tokens  # its own folder
+    (mine / "a.py").write_text("def return\n")
+    with pytest.raises(DatastoreError, match=r"corpus 'files' changed since the"):
+        open_datastore(cfg, tokenizer=tok, model="toy")
+    with pytest.raises(
+        DatastoreError, match=r"^proposer.datastore.corpus_path is read with corpus=files; corpus=stdlib"
+    ):
+        open_datastore({**cfg, "corpus": "stdlib"}, tokenizer=tok, model="toy")
+    with pytest.raises(DatastoreError, match=r"^proposer.datastore.corpus=files needs proposer.datastore.corpus_path"):
+        open_datastore({**cfg, "corpus_path": None}, tokenizer=tok, model="toy")
+    with pytest.raises(DatastoreError, match=r"^proposer.datastore.corpus_path=.*nowhere: no such file or folder"):
+        open_datastore({**cfg, "corpus_path": str(tmp_path / "nowhere")}, tokenizer=tok, model="toy")
+    with pytest.raises(
+        DatastoreError, match=r"^proposer.datastore.corpus_path=.*no text file matches glob=\*\*/\*\.rs"
+    ):
+        open_datastore({**cfg, "glob": "**/*.rs"}, tokenizer=tok, model="toy")
+
+
+def test_corpus_options_a_datastore_does_not_read_are_listed_as_inert(tmp_path):
+    from harness.runner import inert_options
+
+    base = ["model=tiny", "proposer=rest"]
+    assert inert_options(compose(base)) == []
+    assert inert_options(compose([*base, "proposer.datastore.glob=**/*.py", "proposer.datastore.roles=[user]"])) == [
+        "proposer.datastore.glob=**/*.py: corpus=stdlib does not read it",
+        "proposer.datastore.roles=[user]: corpus=stdlib does not read it",
+    ]
+    assert (
+        inert_options(compose([*base, "proposer.datastore.corpus=sharegpt", "proposer.datastore.roles=[user]"])) == []
+    )

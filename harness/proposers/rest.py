@@ -72,7 +72,7 @@ from harness.files import artifact_lock, temporary_sibling
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
 from harness.target.loading import load_tokenizer
-from harness.workloads.corpora import make_corpus
+from harness.workloads.corpora import Corpus, FilesCorpus, corpus_cache_name, make_corpus
 from harness.workloads.datastore import (
     LEAKAGE_THRESHOLD,
     MANIFEST_FILE,
@@ -465,20 +465,48 @@ _BUILD_KEYS = (
 )
 
 
+#: a corpus option's value when it is not set (``corpus_path`` has none)
+_CORPUS_OPTION_DEFAULTS = {"glob": "**/*", "roles": ["assistant"]}
+
+
 def path_inert_options(node, prefix: str) -> list[str]:
-    """With ``path`` set, the datastore's own manifest says how it was built and nothing is built:
-    each build option the config (``node``, at ``prefix``) states otherwise, as ``key=value: why``
-    (the runner's inert options)."""
+    """The datastore options (``node``, at ``prefix``) that change nothing, as ``key=value: why``
+    (the runner's inert options): a corpus option the configured corpus does not read (``roles``
+    for stdlib, ``glob`` outside ``corpus=files``) and, with ``path`` set, every build option its
+    manifest states otherwise (the manifest says how it was built, and nothing is built)."""
+    out = []
+    reads = CORPUS_OPTIONS.get(str(node.get("corpus", "stdlib")), ())
+    for key, default in _CORPUS_OPTION_DEFAULTS.items():
+        value = node.get(key)
+        if key not in reads and value is not None and _plain(value) != default:
+            out.append(f"{prefix}.{key}={_override(value)}: corpus={node.get('corpus')} does not read it")
     path = node.get("path")
     if path is None or not (Path(str(path)) / MANIFEST_FILE).is_file():
-        return []  # no path, or one that is refused when opened
+        return out  # no path, or one that is refused when opened
     manifest = json.loads((Path(str(path)) / MANIFEST_FILE).read_text())
     why = f"the datastore at {path} was built with {{}} (its manifest decides; nothing is built)"
-    out = [
+    out += [
         f"{prefix}.{key}={node.get(key)}: " + why.format(f"{key}={'null' if get(manifest) is None else get(manifest)}")
         for key, get in _BUILD_KEYS
         if key in node and node.get(key) != get(manifest)
     ]
+    source = manifest.get("corpus", {}).get("source") or {}
+    for key, built in (
+        ("corpus_path", source.get("path")),
+        ("glob", source.get("glob")),
+        ("roles", source.get("roles")),
+    ):
+        value = node.get(key)
+        if (
+            key in reads
+            and value is not None
+            and _plain(value) != built
+            and not (
+                key == "corpus_path" and built is not None and str(Path(str(value)).expanduser().resolve()) == built
+            )
+        ):
+            shown = "unset" if built is None else f"{key}={_override(built)}"
+            out.append(f"{prefix}.{key}={_override(value)}: " + why.format(shown))
     if node.get("exclude") is not None:
         spec, built = built_exclusion(manifest)
         if spec is not None and spec != str(node.get("exclude")):
@@ -488,15 +516,73 @@ def path_inert_options(node, prefix: str) -> list[str]:
     return out
 
 
+#: each corpus's options beyond its name (datastore config keys; ``roles`` read by conversation corpora)
+CORPUS_OPTIONS = {"stdlib": (), "sharegpt": ("roles",), "files": ("corpus_path", "glob", "roles")}
+
+
+def configured_corpus(cfg: dict, prefix: str = "proposer.datastore") -> Corpus:
+    """The corpus ``cfg`` (a datastore config) names, with its options; refused (naming the
+    option) when ``corpus_path`` is given to a corpus that does not read it, or the corpus cannot be
+    opened (a missing path, bad roles)."""
+    name = str(cfg.get("corpus", "stdlib"))
+    if cfg.get("corpus_path") is not None and name != "files":
+        raise DatastoreError(
+            f"{prefix}.corpus_path is read with corpus=files; corpus={name} (set {prefix}.corpus=files)"
+        )
+    if name == "files" and cfg.get("corpus_path") is None:
+        raise DatastoreError(
+            f"{prefix}.corpus=files needs {prefix}.corpus_path: a folder, a text file or a .jsonl file"
+        )
+    options = {}
+    for key in CORPUS_OPTIONS.get(name, ()):
+        if cfg.get(key) is not None:
+            options["path" if key == "corpus_path" else key] = tuple(cfg[key]) if key == "roles" else str(cfg[key])
+    try:
+        corpus = make_corpus(name, **options)
+        if isinstance(corpus, FilesCorpus):
+            corpus.files()  # a folder with nothing to read is refused now, not after the tokenizer loads
+        return corpus
+    except ValueError as exc:
+        raise DatastoreError(f"{prefix}.{exc}") from None  # each corpus names its option first
+
+
+def build_command(cfg: dict, model: str, **extra) -> str:
+    """The ``harness datastore build`` line that builds what ``cfg`` configures."""
+    name = str(cfg.get("corpus", "stdlib"))
+    parts = [f"corpus={name}"]
+    for key in CORPUS_OPTIONS.get(name, ()):
+        value = cfg.get(key)
+        if (
+            value is not None
+            and not (key == "glob" and value == "**/*")
+            and not (key == "roles" and list(value) == ["assistant"])
+        ):
+            parts.append(f"{key}={','.join(value) if key == 'roles' else value}")
+    parts.append(f"model={model}")
+    parts += [f"{k}={v}" for k, v in extra.items()]
+    return "harness datastore build " + " ".join(parts)
+
+
+def _plain(value):
+    """A config value as plain Python (a list node as a list)."""
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
+def _override(value) -> str:
+    """A config value as an override spells it."""
+    value = _plain(value)
+    return "[" + ",".join(map(str, value)) + "]" if isinstance(value, (list, tuple)) else str(value)
+
+
 def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
     """Build the configured datastore into ``path`` (via a temporary directory no other process
     names, renamed into place, so concurrent jobs never see a half-written index). The caller
     holds its lock. Returns seconds."""
 
-    corpus_name = str(cfg.get("corpus", "stdlib"))
+    corpus = configured_corpus(cfg)
     max_tokens = cfg.get("max_tokens")
     print(
-        f"harness run: building REST datastore {corpus_name!r} for {model!r} into {path} "
+        f"harness run: building REST datastore {corpus.name!r} for {model!r} into {path} "
         f"(max_tokens={max_tokens}; once, then cached)",
         file=sys.stderr,
     )
@@ -504,7 +590,7 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
     tmp = temporary_sibling(path, "building")
     try:
         build_datastore(
-            make_corpus(corpus_name),
+            corpus,
             tokenizer=tokenizer,
             target_family=model,
             out_dir=tmp,
@@ -554,11 +640,12 @@ def open_datastore(
                 )
             raise DatastoreError(
                 f"proposer.datastore.path={str(path)!r} is not a datastore ({MANIFEST_FILE} missing). Build it with "
-                f"`harness datastore build corpus={cfg.get('corpus', 'stdlib')} model={model} out={path}`, or set "
+                f"`{build_command(cfg, model, out=path)}`, or set "
                 "proposer.datastore.path=null to build into the cache on first use."
             )
     else:
-        path = datastore_path(str(cfg.get("corpus", "stdlib")), model=model)
+        corpus = configured_corpus(cfg)
+        path = datastore_path(corpus_cache_name(corpus), model=model)
         if not (path / MANIFEST_FILE).is_file():
             if tokenizer is None:
                 raise DatastoreError(
@@ -567,10 +654,7 @@ def open_datastore(
                     "write_datastore) and pass proposer.datastore.path=<dir>."
                 )
             if not build:
-                raise DatastoreError(
-                    f"no datastore at {str(path)!r}; build it with "
-                    f"`harness datastore build corpus={cfg.get('corpus', 'stdlib')} model={model}`"
-                )
+                raise DatastoreError(f"no datastore at {str(path)!r}; build it with `{build_command(cfg, model)}`")
             path.parent.mkdir(parents=True, exist_ok=True)
             # jobs starting together build once: the others wait here, then load the first's build
             with artifact_lock(path, purpose=f"building REST datastore {path.name}"):
@@ -598,6 +682,9 @@ def open_datastore(
             for key, get in _BUILD_KEYS
             if key in cfg and cfg.get(key) != get(manifest)
         ]
+        built_from = manifest.get("corpus", {}).get("source")
+        if built_from is not None and built_from.get("name") == corpus.name and built_from != corpus.describe():
+            diff.append(("corpus source", corpus.describe(), built_from))
         if "exclude" in cfg:  # the evaluation texts kept out at build time, compared item by item
             spec, built = built_exclusion(manifest)
             if _configured_fingerprints(str(cfg["exclude"]), _files_state(str(cfg["exclude"]))) != built:
@@ -607,12 +694,12 @@ def open_datastore(
             use = " ".join(
                 f"proposer.datastore.{k}={'null' if got is None else got}"
                 for k, _, got in diff
-                if not str(got).startswith("<")  # an exclusion built before manifests named it
+                if k != "corpus source" and not str(got).startswith("<")  # an exclusion built before manifests named it
             )
             raise DatastoreError(
                 f"the cached datastore {str(path)!r} was built with other options ({said}). Rebuild it with "
-                f"`harness datastore build corpus={cfg.get('corpus')} model={model} max_tokens={cfg.get('max_tokens')} "
-                f"overwrite=true`, use it as built ({use}), or point proposer.datastore.path at another datastore."
+                f"`{build_command(cfg, model, max_tokens=cfg.get('max_tokens'), overwrite='true')}`, use it as built "
+                f"({use}), or point proposer.datastore.path at another datastore."
             )
     verify = bool(cfg.get("verify_corpus", True)) and built_with is not None
     ds = load_datastore(path, tokenizer=tokenizer, verify_corpus=verify)

@@ -1,6 +1,7 @@
 """Corpus documents for REST datastores (He et al., 2024) and the ShareGPT splits.
 
-Two embedded corpora, both available offline from installed packages:
+Two embedded corpora, both available offline from installed packages, and the user's own files
+(``files``, :class:`FilesCorpus`):
 
 * ``stdlib`` (code): the Python standard library's own ``*.py`` sources under
   ``sysconfig.get_paths()["stdlib"]``, in sorted relative-path order, skipping test directories
@@ -323,6 +324,132 @@ class ShareGPTCorpus:
 
 
 # --------------------------------------------------------------------------------------------
+# the user's own files
+
+FILES_LICENSE = "the user's own files (corpus=files): their licence and governance are the user's"
+#: a file is read as binary (and skipped) when its first bytes hold a NUL, as git decides
+BINARY_PROBE_BYTES = 8192
+#: folder entries never read: version-control and cache folders, and hidden entries
+FILES_SKIP_DIRS = frozenset({"__pycache__", "node_modules"})
+
+
+def _turn_text(turn, line: str) -> tuple[str | None, str]:
+    """A conversation turn's (normalised role, text): ShareGPT's ``from``/``value`` or a chat
+    message's ``role``/``content``."""
+    if not isinstance(turn, dict):
+        raise ValueError(f"{line}: a turn must be an object with from/value or role/content")
+    role = turn.get("from", turn.get("role"))
+    text = turn.get("value", turn.get("content"))
+    if not isinstance(role, str) or not isinstance(text, str):
+        raise ValueError(f"{line}: a turn must be an object with from/value or role/content strings")
+    return ROLE_ALIASES.get(role.lower()), text
+
+
+@dataclass(frozen=True)
+class FilesCorpus:
+    """A corpus of the user's own text at ``path``:
+
+    * a folder: every regular file under it matching ``glob`` (``**/*``: all), in sorted
+      relative-path order, one document per file; hidden entries, ``__pycache__`` and
+      ``node_modules`` are skipped, and so is a file holding a NUL byte in its first 8 KiB (binary);
+    * a ``.jsonl`` file (given, or found in the folder): one document per line, its ``text``
+      string, or the turns of ``roles`` of its ``conversations`` (ShareGPT's ``from``/``value``) or
+      ``messages`` (``role``/``content``);
+    * any other file: one document.
+
+    Undecodable bytes are replaced (the build stays deterministic); the snapshot hashes every file
+    read, so a changed file refuses the datastore built from it."""
+
+    path: str
+    glob: str = "**/*"
+    roles: tuple[str, ...] = ("assistant",)
+    name: str = "files"
+    license_note: str = FILES_LICENSE
+
+    def __post_init__(self) -> None:
+        if not str(self.path).strip():
+            raise ValueError("corpus_path is empty: give a folder, a text file or a .jsonl file")
+        where = Path(self.path).expanduser()
+        if not where.exists():
+            raise ValueError(f"corpus_path={self.path}: no such file or folder")
+        bad = set(self.roles) - {"user", "assistant", "system"}
+        if not self.roles or bad:
+            raise ValueError(f"roles must be a non-empty subset of user/assistant/system; got {list(self.roles)!r}")
+        if not str(self.glob).strip() or Path(str(self.glob)).is_absolute() or ".." in Path(str(self.glob)).parts:
+            raise ValueError(f"glob={self.glob} must be a pattern relative to the corpus folder, e.g. **/*.py")
+        object.__setattr__(self, "path", str(where.resolve()))
+        object.__setattr__(self, "roles", tuple(self.roles))
+
+    def describe(self) -> dict:
+        return {"name": self.name, "path": self.path, "glob": self.glob, "roles": list(self.roles)}
+
+    def files(self) -> list[Path]:
+        """The files read, in order (one for a file path)."""
+        root = Path(self.path)
+        if root.is_file():
+            return [root]
+        keep = []
+        for path in root.glob(self.glob):
+            rel = path.relative_to(root)
+            if any(part.startswith(".") or part in FILES_SKIP_DIRS for part in rel.parts) or not path.is_file():
+                continue
+            with path.open("rb") as fh:
+                if b"\0" in fh.read(BINARY_PROBE_BYTES):
+                    continue
+            keep.append(rel.as_posix())
+        if not keep:
+            raise ValueError(f"corpus_path={self.path}: no text file matches glob={self.glob}")
+        return [root / rel for rel in sorted(keep)]
+
+    def snapshot(self) -> dict:
+        root = Path(self.path)
+        h = hashlib.sha256()
+        files = self.files()
+        for path in files:
+            h.update((path.relative_to(root).as_posix() if root.is_dir() else path.name).encode() + b"\0")
+            h.update(_sha256_hex(path.read_bytes()).encode() + b"\n")
+        return {
+            "kind": "files",
+            "path": self.path,
+            "glob": self.glob,
+            "n_files": len(files),
+            "files_sha256": h.hexdigest(),
+        }
+
+    def documents(self) -> Iterator[Document]:
+        root = Path(self.path)
+        for path in self.files():
+            doc_id = path.relative_to(root).as_posix() if root.is_dir() else path.name
+            text = path.read_bytes().decode("utf-8", errors="replace")
+            if path.suffix == ".jsonl":
+                yield from self._lines(doc_id, text)
+            elif text.strip():
+                yield Document(doc_id=doc_id, segments=(text,))
+
+    def _lines(self, doc_id: str, text: str) -> Iterator[Document]:
+        for n, raw in enumerate(text.splitlines(), 1):
+            if not raw.strip():
+                continue
+            line = f"{doc_id} line {n}"
+            try:
+                row = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{line}: not JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{line}: expected an object with text, conversations or messages")
+            if isinstance(row.get("text"), str):
+                segments = (row["text"],)
+            elif isinstance(row.get("conversations", row.get("messages")), list):
+                turns = [_turn_text(t, line) for t in row.get("conversations", row.get("messages"))]
+                segments = tuple(t for role, t in turns if role in self.roles and t.strip())
+            else:
+                raise ValueError(f"{line}: expected a text string, or a conversations or messages list")
+            segments = tuple(seg for seg in segments if seg.strip())
+            if segments:
+                yield Document(doc_id=f"{doc_id}:{n}", segments=segments)
+
+
+# --------------------------------------------------------------------------------------------
 # inline corpora (tests, ad-hoc builds)
 
 
@@ -354,7 +481,15 @@ def corpus_from_description(desc: dict) -> Corpus | None:
         return StdlibCorpus(root=desc.get("root"))
     if name == "sharegpt":
         return ShareGPTCorpus(split=desc.get("split", "train"), roles=tuple(desc.get("roles", ("assistant",))))
+    if name == "files":
+        return FilesCorpus(
+            path=desc["path"], glob=desc.get("glob", "**/*"), roles=tuple(desc.get("roles", ("assistant",)))
+        )
     return None
+
+
+#: the corpora a datastore is built from by name (``files``: the user's own, at ``corpus_path``)
+CORPORA = ("stdlib", "sharegpt", "files")
 
 
 def make_corpus(name: str, **options) -> Corpus:
@@ -362,4 +497,16 @@ def make_corpus(name: str, **options) -> Corpus:
         return StdlibCorpus(**options)
     if name == "sharegpt":
         return ShareGPTCorpus(**options)
-    raise ValueError(f"corpus must be one of ['stdlib', 'sharegpt']; got {name!r}")
+    if name == "files":
+        return FilesCorpus(**options)
+    raise ValueError(f"corpus must be one of {list(CORPORA)}; got {name!r}")
+
+
+def corpus_cache_name(corpus: Corpus) -> str:
+    """The corpus's part of its cache folder name: the corpus's name for its default options, else
+    the name and a digest of the options (two users' folders, or other roles, never share a folder)."""
+    desc = corpus.describe()
+    default = make_corpus(corpus.name).describe() if corpus.name != "files" else None
+    if desc == default:
+        return corpus.name
+    return f"{corpus.name}-{hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:12]}"

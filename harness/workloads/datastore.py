@@ -48,7 +48,14 @@ from tqdm import tqdm
 
 from harness.files import atomic_write_bytes, atomic_write_text, output_folder_problem
 from harness.target.loading import cache_root, checkpoint_ref_problem, load_tokenizer, tokenizer_fingerprint
-from harness.workloads.corpora import SPLITS, Corpus, corpus_from_description, make_corpus, sharegpt_conversations
+from harness.workloads.corpora import (
+    SPLITS,
+    Corpus,
+    corpus_cache_name,
+    corpus_from_description,
+    make_corpus,
+    sharegpt_conversations,
+)
 
 BUILDER_VERSION = "harness-datastore/1"
 SENTINEL = -1
@@ -769,12 +776,14 @@ def exclusions_for(spec: str) -> list[ExclusionItem]:
 # CLI
 
 USAGE = """usage:
-  harness datastore build corpus=stdlib|sharegpt [out=DIR | path=DIR] [model=smollm2] [max_tokens=N]
+  harness datastore build corpus=stdlib|sharegpt|files [out=DIR | path=DIR] [model=smollm2] [max_tokens=N]
         [context_len=16] [continuation_len=8] [max_matches=64] [exclude=humaneval|sharegpt_heldout|none|F.jsonl]
         [roles=assistant] [overwrite=false] [progress=true]
+        corpus=files: corpus_path=DIR|FILE|F.jsonl [glob=**/*] (your own text: a folder's files matching glob,
+        one text file, or a .jsonl of {"text": ...} or conversations/messages lines)
   harness datastore info DIR [verify_corpus=false]"""
 
-_DEFAULT_EXCLUDE = {"stdlib": "humaneval", "sharegpt": "sharegpt_heldout"}
+_DEFAULT_EXCLUDE = {"stdlib": "humaneval", "sharegpt": "sharegpt_heldout", "files": "humaneval"}
 
 
 def _parse_overrides(args: list[str]) -> dict[str, str]:
@@ -871,6 +880,8 @@ def main(argv: list[str]) -> int:
             "max_matches",
             "exclude",
             "roles",
+            "corpus_path",
+            "glob",
             "overwrite",
             "progress",
         }
@@ -879,17 +890,29 @@ def main(argv: list[str]) -> int:
             raise DatastoreError(f"unknown option(s) {unknown}; known: {sorted(known)}")
         if "corpus" not in opts:
             raise DatastoreError(
-                "build needs corpus=stdlib or corpus=sharegpt (harness datastore --help shows the usage)"
+                "build needs corpus=stdlib, corpus=sharegpt or corpus=files corpus_path=... "
+                "(harness datastore --help shows the usage)"
             )
         name = opts["corpus"]
         corpus_opts = {}
-        if "roles" in opts and name != "sharegpt":
+        if "roles" in opts and name not in ("sharegpt", "files"):
             raise DatastoreError(
-                f"roles= picks the turns of a conversation corpus (corpus=sharegpt); corpus={name} has none"
+                f"roles= picks the turns of a conversation corpus (corpus=sharegpt or files); corpus={name} has none"
             )
-        if name == "sharegpt" and "roles" in opts:
+        for key in ("corpus_path", "glob"):
+            if key in opts and name != "files":
+                raise DatastoreError(f"{key}= is read with corpus=files; corpus={name}")
+        if name == "files" and "corpus_path" not in opts:
+            raise DatastoreError("corpus=files needs corpus_path=: a folder, a text file or a .jsonl file")
+        if "roles" in opts:
             corpus_opts["roles"] = tuple(opts["roles"].split(","))
+        if name == "files":
+            corpus_opts["path"] = opts["corpus_path"]
+            if "glob" in opts:
+                corpus_opts["glob"] = opts["glob"]
         corpus = make_corpus(name, **corpus_opts)
+        if name == "files":
+            corpus.files()  # nothing to read: refused before the tokenizer loads
         model = opts.get("model", "smollm2")
         if "out" in opts and "path" in opts:
             raise DatastoreError("give one of out=DIR and path=DIR (the same option), not both")
@@ -915,7 +938,7 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             raise DatastoreError(f"exclude={exclude_spec}: cannot read {exc.filename or ''} ({exc.strerror})") from None
         key = "out" if "out" in opts else "path"
-        out = opts.get("out") or opts.get("path") or datastore_path(name, model=model)
+        out = opts.get("out") or opts.get("path") or datastore_path(corpus_cache_name(corpus), model=model)
         problem = output_folder_problem(key, out)
         if problem:
             raise DatastoreError(problem)
