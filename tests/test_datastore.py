@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -537,3 +538,94 @@ def test_an_exclusion_source_named_twice_is_read_once(tmp_path):
     f.write_text('{"id": "a", "prompt": "keep me out"}\n')
     once = exclusions_for(f"{f}")
     assert exclusions_for(f"{f},{f}, {f}") == once and len(once) == 1
+
+
+# ---------------------------------------------------------------------------- REST's index files
+
+
+def _rest_index(path, *chunks):
+    """An index file in the layout REST's draftretriever writer produces: per chunk, a little-endian
+    uint32 byte count, the int32 token ids, a uint32 byte count and the chunk's suffix array."""
+    out = bytearray()
+    for chunk in chunks:
+        tokens = np.asarray(chunk, dtype="<i4")
+        sa = np.array(sorted(range(len(chunk)), key=lambda i: list(chunk[i:])), dtype="<i4")
+        out += np.uint32(tokens.nbytes).astype("<u4").tobytes() + tokens.tobytes()
+        out += np.uint32(sa.nbytes).astype("<u4").tobytes() + sa.tobytes()
+    path.write_bytes(bytes(out))
+    return path
+
+
+def test_a_rest_index_file_imports_as_a_datastore_with_the_same_matches(tmp_path):
+    from harness.workloads.datastore import import_rest_index, read_rest_index
+
+    tok = word_tokenizer()
+    first, second = ids("a b c d a b e"), ids("f a b c")
+    index = _rest_index(tmp_path / "ds.idx", first, second)
+    assert [c.tolist() for c in read_rest_index(index)] == [first, second]
+    ds = import_rest_index(index, tokenizer=tok, target_family="toy", out_dir=tmp_path / "ds", progress=False)
+    assert ds.tokens.tolist() == [*first, SENTINEL, *second, SENTINEL]  # a chunk is a segment
+    assert ds.count(ids("a b")) == 3 and ds.count(ids("a b c")) == 2 and ds.count(ids("e f")) == 0
+    m = ds.manifest
+    assert m["corpus"]["name"] == "rest-index" and m["corpus"]["snapshot"]["chunks"] == 2
+    assert m["corpus"]["snapshot"]["file_sha256"] == __import__("hashlib").sha256(index.read_bytes()).hexdigest()
+    assert "declared at import" in m["tokenizer"]["declared"] and m["exclusion"]["items"] == []
+    again = load_datastore(tmp_path / "ds", tokenizer=tok)  # verifies; the source file is not re-read
+    assert again.release_id == ds.release_id
+    index.unlink()
+    load_datastore(tmp_path / "ds", tokenizer=tok)  # the datastore holds its own tokens
+
+
+@pytest.mark.parametrize(
+    "content, said",
+    [
+        (b"", "is empty: not a REST index file"),
+        (b"\x03\x00\x00\x00abc", "chunk 0 at byte 0 declares 3 bytes of tokens (not a positive multiple of 4)"),
+        (
+            b"\x08\x00\x00\x00\x01\x00\x00\x00",
+            "chunk 0 at byte 0 declares 8 bytes of tokens (past the end of the file)",
+        ),
+        (
+            b"\x04\x00\x00\x00\x01\x00\x00\x00\x08\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
+            "chunk 0's suffix array at byte 8 declares 8 bytes for 1 tokens",
+        ),
+    ],
+)
+def test_a_file_that_is_not_a_rest_index_is_refused_naming_the_byte(tmp_path, content, said):
+    from harness.workloads.datastore import read_rest_index
+
+    (tmp_path / "bad.idx").write_bytes(content)
+    with pytest.raises(DatastoreError, match=re.escape(said)):
+        read_rest_index(tmp_path / "bad.idx")
+
+
+def test_cli_imports_a_rest_index_and_refuses_another_tokenizer_s_ids(tmp_path, monkeypatch, capsys):
+    import harness.workloads.datastore as datastore_module
+
+    monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    index = _rest_index(tmp_path / "ds.idx", ids("a b c a b d"))
+    assert main(["import", str(index), "model=owner/toy", "max_matches=4", "progress=false"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    assert built["corpus"] == "rest-index" and built["n_tokens"] == 7 and built["max_matches"] == 4
+    assert built["path"].startswith(str(tmp_path / "cache" / "datastores" / "rest-index-"))
+    assert main(["info", built["path"]]) == 0
+    capsys.readouterr()
+    wide = _rest_index(tmp_path / "wide.idx", [1, 2, 32000])  # a Llama-2 index for a 27-word tokenizer
+    (tmp_path / "junk.idx").write_bytes(b"\x03\x00\x00\x00abc")
+    for args, said in (
+        (
+            [str(wide), "model=owner/toy", f"out={tmp_path / 'w'}"],
+            "chunk 0 holds token id 32000, outside the vocabulary [0, 27)",
+        ),
+        ([str(index)], "import needs model=: the target whose tokenizer built the index"),
+        ([str(tmp_path / "none.idx"), "model=owner/toy"], "none.idx': no such index file"),
+        (["model=owner/toy"], "import needs an index file first"),
+        ([str(index), "model=owner/toy", "foo=1"], "import: unknown option(s) ['foo']"),
+        ([str(tmp_path / "junk.idx"), "model=owner/toy"], "is not a REST index file: chunk 0 at byte 0"),
+        ([str(index), "model=owner/toy", "max_matches=0"], "max_matches=0 is out of range: it must be >= 1"),
+    ):
+        assert main(["import", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], (args, err)
+    assert not (tmp_path / "w").exists()

@@ -444,13 +444,35 @@ def build_datastore(
             ],
             "dropped_documents": dropped,
         },
-        "tokenizer": {
-            "fingerprint": tokenizer_fingerprint(tokenizer),
-            "class": type(tokenizer).__name__,
-            "name_or_path": str(getattr(tokenizer, "name_or_path", "")),
-            "vocab_size": int(len(tokenizer)),
-            "normalization": "tokenizer(text, add_special_tokens=False) per segment; no other text normalization",
-        },
+        "tokenizer": _tokenizer_fields(tokenizer),
+        **_index_fields(
+            tokens, sa, context_len=context_len, continuation_len=continuation_len, max_matches=max_matches
+        ),
+        "build": {"tokenize_s": round(t_tok, 3), "suffix_array_s": round(t_sa, 3)},
+    }
+    manifest["release_id"] = _release_id(manifest)
+    ds = Datastore(tokens=tokens, sa=sa, manifest=manifest, path=out_dir)
+    if out_dir is not None:
+        write_datastore(ds, out_dir)
+    return ds
+
+
+def _tokenizer_fields(tokenizer) -> dict:
+    """The manifest's ``tokenizer`` entry: what a run's target tokenizer is compared with."""
+    return {
+        "fingerprint": tokenizer_fingerprint(tokenizer),
+        "class": type(tokenizer).__name__,
+        "name_or_path": str(getattr(tokenizer, "name_or_path", "")),
+        "vocab_size": int(len(tokenizer)),
+        "normalization": "tokenizer(text, add_special_tokens=False) per segment; no other text normalization",
+    }
+
+
+def _index_fields(
+    tokens: np.ndarray, sa: np.ndarray, *, context_len: int, continuation_len: int, max_matches: int
+) -> dict:
+    """The manifest's retrieval parameters, file encodings and index checksum."""
+    return {
         "context_len": context_len,
         "continuation_len": continuation_len,
         "key_encoding": {
@@ -470,7 +492,145 @@ def build_datastore(
             "n_tokens": int(len(tokens)),
             "sha256": _checksum(tokens, sa),
         },
-        "build": {"tokenize_s": round(t_tok, 3), "suffix_array_s": round(t_sa, 3)},
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# REST's published index files
+
+#: what an imported index's manifest says about its exclusion: REST's files keep no document
+#: boundaries, so nothing can be dropped whole at import
+IMPORTED_EXCLUSION_POLICY = (
+    "none at import: the index keeps no document boundaries, so no document can be dropped; the run-time "
+    "leakage check still refuses a prompt or reference answer the index contains (allow_leakage=true overrides)"
+)
+
+
+def read_rest_index(path: str | Path) -> list[np.ndarray]:
+    """The token chunks of an index file written by REST's ``draftretriever.Writer`` (He et al.,
+    2024): a sequence of chunks, each a little-endian uint32 byte count, that many bytes of int32
+    token ids, a uint32 byte count and the chunk's suffix array (int32 offsets). Returns each
+    chunk's tokens ``[n]`` int32 (views of a memory map); the suffix arrays are checked for size
+    only. Refuses (:class:`DatastoreError`) a file of another layout, naming the byte offset."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size == 0:
+        raise DatastoreError(f"{str(path)!r} is empty: not a REST index file")
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    chunks, at = [], 0
+    while at < size:
+        k = len(chunks)
+        if size - at < 4:
+            raise DatastoreError(f"{str(path)!r} is not a REST index file: {size - at} stray byte(s) at byte {at}")
+        data_bytes = int(np.frombuffer(mm, dtype="<u4", count=1, offset=at)[0])
+        if data_bytes == 0 or data_bytes % 4 or at + 4 + data_bytes + 4 > size:
+            why = "not a positive multiple of 4" if data_bytes == 0 or data_bytes % 4 else "past the end of the file"
+            raise DatastoreError(
+                f"{str(path)!r} is not a REST index file: chunk {k} at byte {at} declares {data_bytes} bytes of tokens "
+                f"({why})"
+            )
+        tokens = np.frombuffer(mm, dtype="<i4", count=data_bytes // 4, offset=at + 4)
+        sa_at = at + 4 + data_bytes
+        sa_bytes = int(np.frombuffer(mm, dtype="<u4", count=1, offset=sa_at)[0])
+        if sa_bytes != data_bytes or sa_at + 4 + sa_bytes > size:
+            raise DatastoreError(
+                f"{str(path)!r} is not a REST index file: chunk {k}'s suffix array at byte {sa_at} declares {sa_bytes} "
+                f"bytes for {data_bytes // 4} tokens"
+            )
+        chunks.append(tokens)
+        at = sa_at + 4 + sa_bytes
+    return chunks
+
+
+def import_rest_index(
+    index_file: str | Path,
+    *,
+    tokenizer,
+    target_family: str,
+    out_dir: str | Path | None = None,
+    context_len: int = DEFAULT_CONTEXT_LEN,
+    continuation_len: int = DEFAULT_CONTINUATION_LEN,
+    max_matches: int = DEFAULT_MAX_MATCHES,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> Datastore:
+    """A datastore over the tokens of a REST index file (:func:`read_rest_index`), for the target
+    whose ``tokenizer`` built it. The file does not record its tokenizer: the import checks that
+    every id is inside the tokenizer's vocabulary and the manifest says the tokenizer was declared.
+    Each chunk becomes one segment (REST's writer concatenates documents, so a match may cross
+    documents there as here); the suffix array is built here over the same tokens, and the file's
+    SHA-256 is kept as the corpus snapshot."""
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+            raise DatastoreError(f"output directory {str(out_dir)!r} is not empty; pass overwrite=true")
+    index_file = Path(index_file).expanduser().resolve()
+    t0 = time.perf_counter()
+    chunks = read_rest_index(index_file)
+    vocab = int(len(tokenizer))
+    for k, chunk in enumerate(chunks):
+        low, high = int(chunk.min()), int(chunk.max())
+        if low < 0 or high >= vocab:
+            raise DatastoreError(
+                f"{str(index_file)!r} chunk {k} holds token id {low if low < 0 else high}, outside the vocabulary "
+                f"[0, {vocab}) of {target_family!r}'s tokenizer: the index was built with another tokenizer"
+            )
+    digest = hashlib.sha256()
+    with (
+        index_file.open("rb") as fh,
+        tqdm(
+            total=index_file.stat().st_size,
+            unit="B",
+            unit_scale=True,
+            desc="hash index",
+            disable=not progress,
+            file=sys.stderr,
+        ) as bar,
+    ):
+        while block := fh.read(1 << 24):
+            digest.update(block)
+            bar.update(len(block))
+    sentinel = np.array([SENTINEL], dtype=np.int32)
+    tokens = np.concatenate([part for chunk in chunks for part in (chunk, sentinel)])  # [N]
+    t_read = time.perf_counter() - t0
+    sa = build_suffix_array(tokens)  # [N]
+    t_sa = time.perf_counter() - t0 - t_read
+    source = {"name": "rest-index", "path": str(index_file)}
+    manifest = {
+        "builder_version": BUILDER_VERSION,
+        "target_family": target_family,
+        "corpus": {
+            "name": "rest-index",
+            "source": source,
+            "snapshot": {
+                "kind": "rest-index",
+                "file_sha256": digest.hexdigest(),
+                "file_bytes": index_file.stat().st_size,
+                "chunks": len(chunks),
+            },
+            "license_note": "an index published with REST (its corpus's licence applies: The Stack, UltraChat, ...)",
+            "documents_seen": len(chunks),
+            "documents_used": len(chunks),
+            "documents_excluded": 0,
+            "stopped_by_max_tokens": False,
+            "max_tokens": None,
+            "last_document": None,
+        },
+        "exclusion": {
+            "spec": "none",
+            "policy": IMPORTED_EXCLUSION_POLICY,
+            "window_tokens": LEAKAGE_THRESHOLD,
+            "items": [],
+            "dropped_documents": [],
+        },
+        "tokenizer": {
+            **_tokenizer_fields(tokenizer),
+            "declared": "the index file does not record its tokenizer: declared at import, token id range checked",
+        },
+        **_index_fields(
+            tokens, sa, context_len=context_len, continuation_len=continuation_len, max_matches=max_matches
+        ),
+        "build": {"read_s": round(t_read, 3), "suffix_array_s": round(t_sa, 3)},
     }
     manifest["release_id"] = _release_id(manifest)
     ds = Datastore(tokens=tokens, sa=sa, manifest=manifest, path=out_dir)
@@ -781,6 +941,9 @@ USAGE = """usage:
         [roles=assistant] [overwrite=false] [progress=true]
         corpus=files: corpus_path=DIR|FILE|F.jsonl [glob=**/*] (your own text: a folder's files matching glob,
         one text file, or a .jsonl of {"text": ...} or conversations/messages lines)
+  harness datastore import FILE.idx model=MODEL [out=DIR] [context_len=16] [continuation_len=8] [max_matches=64]
+        [overwrite=false] [progress=true]
+        (an index file REST publishes or draftretriever.Writer writes, for the target whose tokenizer built it)
   harness datastore info DIR [verify_corpus=false]"""
 
 _DEFAULT_EXCLUDE = {"stdlib": "humaneval", "sharegpt": "sharegpt_heldout", "files": "humaneval"}
@@ -841,6 +1004,90 @@ def _summary(ds: Datastore) -> dict:
     }
 
 
+def _model_option(opts: dict[str, str], default: str | None) -> str:
+    """``model=`` (a built-in name, a checkpoint path or a hub id), checked before any tokenizer
+    loads; with ``out=`` / ``path=`` checked for emptiness and exclusivity."""
+    if "out" in opts and "path" in opts:
+        raise DatastoreError("give one of out=DIR and path=DIR (the same option), not both")
+    for key in ("out", "path", "model"):
+        if key in opts and not opts[key].strip():
+            what = "model" if key == "model" else "folder"
+            raise DatastoreError(f"{key}= is empty; give a {what} or leave the option out")
+    model = opts.get("model", default)
+    if model is None:
+        raise DatastoreError(
+            "import needs model=: the target whose tokenizer built the index (the file does not record it)"
+        )
+    if model not in ("smollm2", "tiny"):
+        problem = checkpoint_ref_problem(model, "model")
+        if problem:
+            raise DatastoreError(f"{problem}; built-in: smollm2")
+    return model
+
+
+def _retrieval_sizes(opts: dict[str, str]) -> dict[str, int]:
+    return {
+        "context_len": _count(opts, "context_len", DEFAULT_CONTEXT_LEN),
+        "continuation_len": _count(opts, "continuation_len", DEFAULT_CONTINUATION_LEN),
+        "max_matches": _count(opts, "max_matches", DEFAULT_MAX_MATCHES),
+    }
+
+
+def _output_option(opts: dict[str, str], default: Path) -> str | Path:
+    """The output folder (``out=`` or ``path=``, else ``default``), refused when it cannot be one."""
+    key = "out" if "out" in opts else "path"
+    out = opts.get("out") or opts.get("path") or default
+    problem = output_folder_problem(key, out)
+    if problem:
+        raise DatastoreError(problem)
+    return out
+
+
+def _tokenizer_of(model: str):
+    tokenizer = load_tokenizer(model)
+    if tokenizer is None:
+        raise DatastoreError(f"model {model!r} has no tokenizer; a datastore needs the target's tokenizer")
+    return tokenizer
+
+
+def _import_main(rest: list[str]) -> int:
+    """``harness datastore import FILE model=... [...]``: prints the new datastore's summary."""
+    if rest and rest[0] in {"-h", "--help"}:
+        print(USAGE)
+        return 0
+    if not rest or "=" in rest[0]:
+        raise DatastoreError("import needs an index file first (harness datastore --help shows the usage)")
+    index_file = Path(rest[0]).expanduser()
+    if not index_file.is_file():
+        raise DatastoreError(f"{str(index_file)!r}: no such index file")
+    opts = _parse_overrides(rest[1:])
+    known = {"model", "out", "path", "context_len", "continuation_len", "max_matches", "overwrite", "progress"}
+    unknown = sorted(set(opts) - known)
+    if unknown:
+        raise DatastoreError(f"import: unknown option(s) {unknown}; known: {sorted(known)}")
+    model = _model_option(opts, None)
+    sizes = _retrieval_sizes(opts)
+    overwrite = _bool(opts.get("overwrite", "false"), "overwrite")
+    progress = _bool(opts.get("progress", "true"), "progress")
+    read_rest_index(index_file)  # the layout, before the tokenizer loads
+    name = f"rest-index-{hashlib.sha256(str(index_file.resolve()).encode()).hexdigest()[:12]}"
+    out = _output_option(opts, datastore_path(name, model=model))
+    t0 = time.perf_counter()
+    ds = import_rest_index(
+        index_file,
+        tokenizer=_tokenizer_of(model),
+        target_family=model,
+        out_dir=out,
+        progress=progress,
+        overwrite=overwrite,
+        **sizes,
+    )
+    summary = _summary(ds)
+    summary["build_s"] = round(time.perf_counter() - t0, 3)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in {"-h", "--help"}:
         print(USAGE, file=sys.stdout if argv else sys.stderr)  # asked for: stdout, status 0
@@ -861,9 +1108,11 @@ def main(argv: list[str]) -> int:
             ds = load_datastore(rest[0], tokenizer=None, verify_corpus=verify)
             print(json.dumps(_summary(ds), indent=2))
             return 0
+        if cmd == "import":
+            return _import_main(rest)
         if cmd != "build":
             raise DatastoreError(
-                f"unknown datastore command {cmd!r}: build or info (harness datastore --help shows the usage)"
+                f"unknown datastore command {cmd!r}: build, import or info (harness datastore --help shows the usage)"
             )
         if rest and rest[0] in {"-h", "--help"}:
             print(USAGE)
@@ -913,23 +1162,8 @@ def main(argv: list[str]) -> int:
         corpus = make_corpus(name, **corpus_opts)
         if name == "files":
             corpus.files()  # nothing to read: refused before the tokenizer loads
-        model = opts.get("model", "smollm2")
-        if "out" in opts and "path" in opts:
-            raise DatastoreError("give one of out=DIR and path=DIR (the same option), not both")
-        for key in ("out", "path", "model"):
-            if key in opts and not opts[key].strip():
-                what = "model" if key == "model" else "folder"
-                raise DatastoreError(f"{key}= is empty; give a {what} or leave the option out")
-        if model not in ("smollm2", "tiny"):
-            problem = checkpoint_ref_problem(model, "model")
-            if problem:
-                raise DatastoreError(f"{problem}; built-in: smollm2")
-        sizes = {
-            "max_tokens": _count(opts, "max_tokens", DEFAULT_MAX_TOKENS),
-            "context_len": _count(opts, "context_len", DEFAULT_CONTEXT_LEN),
-            "continuation_len": _count(opts, "continuation_len", DEFAULT_CONTINUATION_LEN),
-            "max_matches": _count(opts, "max_matches", DEFAULT_MAX_MATCHES),
-        }
+        model = _model_option(opts, "smollm2")
+        sizes = {"max_tokens": _count(opts, "max_tokens", DEFAULT_MAX_TOKENS), **_retrieval_sizes(opts)}
         overwrite = _bool(opts.get("overwrite", "false"), "overwrite")
         progress = _bool(opts.get("progress", "true"), "progress")
         exclude_spec = opts.get("exclude", _DEFAULT_EXCLUDE.get(name, "none"))
@@ -937,14 +1171,8 @@ def main(argv: list[str]) -> int:
             exclude = exclusions_for(exclude_spec)
         except OSError as exc:
             raise DatastoreError(f"exclude={exclude_spec}: cannot read {exc.filename or ''} ({exc.strerror})") from None
-        key = "out" if "out" in opts else "path"
-        out = opts.get("out") or opts.get("path") or datastore_path(corpus_cache_name(corpus), model=model)
-        problem = output_folder_problem(key, out)
-        if problem:
-            raise DatastoreError(problem)
-        tokenizer = load_tokenizer(model)
-        if tokenizer is None:
-            raise DatastoreError(f"model {model!r} has no tokenizer; a datastore needs the target's tokenizer")
+        out = _output_option(opts, datastore_path(corpus_cache_name(corpus), model=model))
+        tokenizer = _tokenizer_of(model)
         t0 = time.perf_counter()
         ds = build_datastore(
             corpus,
