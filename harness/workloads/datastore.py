@@ -11,6 +11,9 @@ A datastore is a directory::
                    continuation lengths, key encoding, counter width, tie-breaking, checksum,
                    builder) and its ``release_id``
 
+A datastore is built from a corpus (:func:`build_datastore`) or imported from an index file in the
+layout REST publishes (:func:`import_rest_index`: its tokens, one segment per chunk, indexed here).
+
 Search uses libdivsufsort's ``sa_search`` (shipped by pydivsufsort) over search keys: each token
 as big-endian uint32 of ``token_id + 1`` (sentinel -> 0), with the token-aligned suffix array in
 byte offsets. That byte order sorts exactly like the token suffix array, so the library's binary
