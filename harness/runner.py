@@ -98,7 +98,16 @@ from harness.tracking.compare import run_speedups
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, restore_aside, write_job
 from harness.tracking.record import write_json_atomic
 from harness.tracking.store import RECORD_FILENAME, ROUNDS_FILENAME
-from harness.tracking.wandb_tracker import NullTracker, Tracker, open_run, wandb_group
+from harness.tracking.wandb_tracker import (
+    NullTracker,
+    Tracker,
+    TrackingError,
+    discard_offline_run,
+    environment_notes,
+    open_run,
+    tracking_problem,
+    wandb_group,
+)
 from harness.verifiers.base import NegotiationError
 from harness.workloads.conversations import ContextLimit, PromptEncoder, TurnPrompt, context_limit, truncate_rule
 from harness.workloads.prompts import Prompt, WorkloadError, load_configured
@@ -150,7 +159,7 @@ class Measured:
 
 
 #: exceptions that mean "this configuration was refused" rather than "the job broke"
-REFUSALS: tuple[type[BaseException], ...] = (GateError, NegotiationError, ContractError)
+REFUSALS: tuple[type[BaseException], ...] = (GateError, NegotiationError, ContractError, TrackingError)
 
 
 def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
@@ -165,10 +174,20 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
     partial = partial_batch_note(len(planned.prompts), int(cfg.generation.batch_size))
     if partial:
         print(f"harness: note: {partial}", file=sys.stderr)
+    for note in environment_notes(str(cfg.tracking.mode)) if cfg.tracking.name == "wandb" else []:
+        print(f"harness: note: {note}", file=sys.stderr)
     with job_lock(planned.run_dir):  # one run per folder, from the first model work to the record
         earlier = inspect_job(planned.run_dir, manifest_hash=planned.manifest_hash, manifest=planned.manifest)
         aside = clear_for_run(planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting")
-        tracker = open_tracker(cfg, planned)
+        try:
+            tracker = open_tracker(cfg, planned)
+        except Exception as exc:  # nothing measured yet: the folder goes back as it was
+            restore_aside(planned.run_dir, aside)
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise TrackingError(
+                f"W&B could not start the run ({type(exc).__name__}: {first}); nothing was measured "
+                "(tracking=none runs without it)"
+            ) from exc
         host_memory = JobHostMemory().start()  # this job's peak RSS, even when jobs share a process
         compile_watch = CompileWatch().start()  # what torch.compile did in this job, when a model is compiled
         stage = "load"
@@ -200,11 +219,14 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
             stage = "write"
             record = write(record, measured, planned.run_dir)
             stage = "tracking"
-            tracker.log_record(record, planned.run_dir)
+            try:
+                tracker.log_record(record, planned.run_dir)
+            except Exception as exc:  # the record stands; a later launch logs it
+                record = untracked(record, tracker, exc, planned.run_dir)
         except BaseException as exc:
             host_memory.stop()  # a sampling thread, where there is one, ends with the job
             compile_watch.stop()
-            tracker.fail(stage=stage, error=exc, refused=isinstance(exc, REFUSALS))
+            tracker.fail(stage=stage, error=exc, refused=isinstance(exc, (ValueError, OSError, *REFUSALS)))
             raise
     return record
 
@@ -259,6 +281,10 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
     check_models(cfg)
     plan_ = plan(cfg)
     check_budget_fits_vocabulary(cfg, plan_.budget)
+    if cfg.tracking.name == "wandb":
+        problem = tracking_problem(cfg.tracking.project, cfg.tracking.get("entity"))
+        if problem:
+            raise ConfigError(problem)
     if run_dir is not None or cfg.output_dir:
         check_output_dir("output_dir" if cfg.output_dir else "the run folder", run_dir or cfg.output_dir)
     bpt = model_kv_bytes_per_token(cfg.model)
@@ -587,6 +613,10 @@ def inert_options(cfg: DictConfig) -> list[str]:
             out.append("gates.statistical=false: the statistical gate tests sampled rounds (temperature > 0)")
     for key, m in models_in_use(cfg):
         out += _model_inert_options(key, m)
+    if cfg.tracking.name == "none":
+        out += [
+            f"tracking.{k}={_text(v)}: tracking=none logs nothing" for k, v in _changed(cfg.tracking) if k != "name"
+        ]
     for key, readers in _TOPOLOGY_READERS.items():
         value = topo.get(key)
         if value not in (None, 0, []) and topo.name not in readers and not (key == "widths" and not list(value)):
@@ -1114,6 +1144,27 @@ def open_tracker(cfg: DictConfig, planned: Planned) -> Tracker | NullTracker:
     )
 
 
+def untracked(record: dict, tracker: Tracker, error: BaseException, run_dir: Path) -> dict:
+    """A record whose W&B logging failed after it was written: a warning says so, the half-logged
+    offline run is removed (a later log of the same run id is the only one), and the record is
+    written again without its ``tracking`` entry, so a later launch with ``tracking=wandb`` logs it
+    (:func:`track`). Returns that record."""
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    print(
+        f"harness: warning: the record is written, but W&B could not log it ({type(error).__name__}: {first}); "
+        "launching the job again with tracking=wandb logs it",
+        file=sys.stderr,
+    )
+    try:
+        tracker.fail(stage="tracking", error=error, refused=False)
+    except Exception:  # the run is in whatever state the failure left
+        pass
+    discard_offline_run(tracker)
+    record = {k: v for k, v in record.items() if k != "tracking"}
+    write_json_atomic(Path(run_dir) / RECORD_FILENAME, record)
+    return record
+
+
 def track(cfg: DictConfig, record: dict, run_dir: Path) -> bool:
     """Log a record that no tracker saw (one with no ``tracking`` entry) after the fact, and write
     where its W&B run is into the record (``tracking``), so a later launch does not log it again.
@@ -1124,17 +1175,30 @@ def track(cfg: DictConfig, record: dict, run_dir: Path) -> bool:
     if cfg.tracking.name == "none" or record.get("tracking") is not None:
         return False
     t = cfg.tracking
-    with open_run(
-        record,
-        mode=t.mode,
-        project=t.project,
-        group=wandb_group(cfg.sweep, cfg.experiment),
-        dir=str(run_dir),
-        entity=t.entity,
-        system_metrics=False,  # the job is over: nothing to sample
-        init_timeout_s=float(t.init_timeout_s),
-    ) as tracker:
-        tracker.log_record(record, run_dir)
-        record["tracking"] = {**tracker.describe(), "logged_after_the_run": True}
+    tracker = None
+    try:
+        with open_run(
+            record,
+            mode=t.mode,
+            project=t.project,
+            group=wandb_group(cfg.sweep, cfg.experiment),
+            dir=str(run_dir),
+            entity=t.entity,
+            system_metrics=False,  # the job is over: nothing to sample
+            init_timeout_s=float(t.init_timeout_s),
+        ) as tracker:
+            tracker.log_record(record, run_dir)
+            described = {**tracker.describe(), "logged_after_the_run": True}
+    except Exception as exc:  # the record stays untracked: the next launch tries again
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        print(
+            f"harness: warning: W&B could not log the record in {run_dir} ({type(exc).__name__}: {first}); "
+            "it stays untracked, and the next launch with tracking=wandb tries again",
+            file=sys.stderr,
+        )
+        if tracker is not None:
+            discard_offline_run(tracker)
+        return False
+    record["tracking"] = described
     write_json_atomic(Path(run_dir) / RECORD_FILENAME, record)  # its outputs are untouched: the binding holds
     return True

@@ -116,14 +116,18 @@ def word_chat_tokenizer(n_words: int = 40):
 # transaction log through wandb-core; no server)
 
 
-def inspect_run(path) -> tuple[dict, list[dict]]:
-    """(state/summary/config, every record of the transaction log) of the one W&B run under ``path``."""
+def inspect_run(path, sync_dir=None) -> tuple[dict, list[dict]]:
+    """(state/summary/config, every record of the transaction log) of the one W&B run under ``path``
+    (or of the run in ``sync_dir``, one ``wandb/*run-*`` folder)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
-    (run_file,) = list(Path(path).glob("wandb/*run-*/run-*.wandb"))
+    if sync_dir is not None:
+        (run_file,) = list(Path(sync_dir).glob("run-*.wandb"))
+    else:
+        (run_file,) = list(Path(path).glob("wandb/*run-*/run-*.wandb"))
     cli = Path(sys.executable).parent / "wandb"
 
     def call(*flags: str) -> str:

@@ -36,6 +36,13 @@ REVIEW_PANELS = [
 ]
 
 
+#: the fixture records ran untracked
+UNTRACKED_NOTE = (
+    "none of the 11 record(s) of group 'fixture-sweep' was logged to W&B: the panels stay empty until a launch "
+    "with tracking=wandb logs them"
+)
+
+
 def _spec_from_cli(tmp_path, capsys, *args: str) -> tuple[int, dict | None, str, str]:
     out = tmp_path / "dashboard.json"
     rc = dashboard_main(["fixture-sweep", f"records={FIXTURES}", f"out={out}", *args])
@@ -45,7 +52,7 @@ def _spec_from_cli(tmp_path, capsys, *args: str) -> tuple[int, dict | None, str,
 
 def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_path, capsys):
     rc, spec, out, err = _spec_from_cli(tmp_path, capsys)
-    assert rc == 0 and err == ""
+    assert rc == 0 and err == f"harness dashboard: note: {UNTRACKED_NOTE}\n"
     assert validate_spec(spec) is spec
     assert "wrote" in out and "legends from 11 records" in out
     assert f"harness dashboard --publish {tmp_path / 'dashboard.json'} entity=<your W&B entity>" in out
@@ -174,8 +181,9 @@ def test_online_without_a_reachable_server_keeps_the_specification_and_says_so(t
     rc, spec, out, err = _spec_from_cli(tmp_path, capsys, "mode=online")
     assert rc == 1 and spec is not None and spec["group"] == "fixture-sweep"
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("harness dashboard: not published (ConnectionRefusedError")
-    assert "harness dashboard --publish" in lines[0]
+    assert len(lines) == 2 and lines[0] == f"harness dashboard: note: {UNTRACKED_NOTE}"
+    assert lines[1].startswith("harness dashboard: not published (ConnectionRefusedError")
+    assert "harness dashboard --publish" in lines[1]
 
 
 def test_out_replaces_a_specification_only_and_records_may_be_a_job_folder(tmp_path, capsys, monkeypatch):
@@ -209,3 +217,37 @@ def test_out_replaces_a_specification_only_and_records_may_be_a_job_folder(tmp_p
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
     assert dashboard_main(["--publish", str(spec_in_job_name), "entity=x"]) == 2  # read as a path: no server here
     assert "not reachable" in capsys.readouterr().err
+
+
+def test_the_dashboard_reads_the_project_its_records_were_logged_to(tmp_path, capsys, monkeypatch):
+    """The records say which W&B project their runs went to: the specification reads that one, a
+    ``project=`` they were not logged to is refused, and records of another group never have their
+    folder's dashboard replaced."""
+    sweep = tmp_path / "sweep"
+    for i, src in enumerate(FIXTURE_RUNS):
+        job = sweep / f"job{i}"
+        shutil.copytree(src, job)
+        record = json.loads((job / "record.json").read_text())
+        record["tracking"] = {"backend": "wandb", "mode": "offline", "project": "myproj", "run_id": record["run_id"]}
+        (job / "record.json").write_text(json.dumps(record))
+    out = tmp_path / "d.json"
+    assert dashboard_main(["fixture-sweep", f"records={sweep}", f"out={out}"]) == 0
+    assert json.loads(out.read_text())["project"] == "myproj" and capsys.readouterr().err == ""
+    for arg, said in (
+        ("project=other", "project=other: the records of group 'fixture-sweep' were logged to myproj"),
+        ("project=a:b", "project=a:b: W&B names cannot hold :"),
+        ("entity=me/you", "entity=me/you: W&B names cannot hold /"),
+    ):
+        assert dashboard_main(["fixture-sweep", f"records={sweep}", f"out={out}", arg]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"harness dashboard: refused: {said}"], err
+    record = json.loads((sweep / "job1" / "record.json").read_text())
+    record["tracking"]["project"] = "second"
+    (sweep / "job1" / "record.json").write_text(json.dumps(record))
+    assert dashboard_main(["fixture-sweep", f"records={sweep}", f"out={out}"]) == 2
+    assert "were logged to several W&B projects (myproj, second): give project=" in capsys.readouterr().err
+    (sweep / "dashboard.json").write_text('{"sections": [], "format": "kept"}')
+    monkeypatch.chdir(tmp_path)
+    assert dashboard_main(["adhoc", f"records={sweep}"]) == 0  # no record of group adhoc there
+    assert (sweep / "dashboard.json").read_text() == '{"sections": [], "format": "kept"}'
+    assert (tmp_path / "dashboard-adhoc.json").is_file()

@@ -299,3 +299,117 @@ def test_a_refused_plan_logs_nothing(tmp_path, wandb_home):
     with pytest.raises(NegotiationError):
         run_job(compose([*JOB, "verifier=rejection", f"output_dir={out}"]), run_dir=out)
     assert not out.exists() or not any(out.rglob("*.wandb"))
+
+
+def test_tracking_names_and_environment_w_and_b_refuses_are_named_before_any_work():
+    from harness.tracking.wandb_tracker import environment_notes, tracking_problem
+
+    assert tracking_problem("spec-harness", None, environ={}) is None
+    assert tracking_problem("a:b", None, environ={}) == "tracking.project=a:b: W&B names cannot hold :"
+    assert tracking_problem("", None, environ={}).startswith("tracking.project is empty")
+    assert (
+        tracking_problem("x" * 129, None, environ={}) == "tracking.project has 129 characters: W&B allows at most 128"
+    )
+    assert tracking_problem("p", "me/you", environ={}) == "tracking.entity=me/you: W&B names cannot hold /"
+    assert tracking_problem("p", environ={"WANDB_MODE": "bogus"}).startswith("WANDB_MODE=bogus in the environment")
+    assert tracking_problem("p", environ={"WANDB_BASE_URL": "notaurl"}).startswith("WANDB_BASE_URL=notaurl")
+    assert tracking_problem("p", environ={"WANDB_MODE": "offline", "WANDB_BASE_URL": "http://h:8080"}) is None
+    assert environment_notes("offline", {"WANDB_MODE": "disabled", "WANDB_DISABLED": "true"}) == [
+        "WANDB_MODE=disabled is set, but tracking.mode=offline decides: it logs offline",
+        "WANDB_DISABLED is set, but tracking=wandb asks for a run: it logs offline",
+    ]
+    assert environment_notes("offline", {"WANDB_MODE": "offline"}) == []
+
+
+def _earlier_tracked_run(tmp_path, monkeypatch):
+    from harness.config import compose
+    from harness.runner import run_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "job"
+    record = run_job(compose([*JOB, f"output_dir={out}"]), run_dir=out)
+    return out, record, {p.name for p in (out / "wandb").iterdir()}
+
+
+def test_a_w_and_b_run_that_cannot_start_leaves_the_earlier_record_in_place(tmp_path, wandb_home, monkeypatch):
+    """Opening the W&B run came after the earlier files were moved aside, and a failure there left
+    them in .previous/: they are put back, and the refusal names W&B."""
+    import harness.runner as runner
+    from harness.config import compose
+    from harness.contracts import ConfigError
+    from harness.tracking.wandb_tracker import TrackingError
+
+    out, earlier, runs = _earlier_tracked_run(tmp_path, monkeypatch)
+    with pytest.raises(ConfigError, match=r"^tracking.project=a:b: W&B names cannot hold :"):
+        runner.run_job(compose([*JOB, f"output_dir={out}", "tracking.project=a:b"]), run_dir=out)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Unable to write staging files\nmore lines")
+
+    monkeypatch.setattr(runner, "open_run", broken)
+    with pytest.raises(TrackingError, match=r"^W&B could not start the run \(RuntimeError: Unable to write staging"):
+        runner.run_job(compose([*JOB, f"output_dir={out}", "seed=1"]), run_dir=out)
+    assert load_record(out)["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
+    assert {p.name for p in (out / "wandb").iterdir()} == runs
+
+
+def test_a_w_and_b_failure_after_the_record_keeps_it_untracked_and_a_later_launch_logs_it(
+    tmp_path, wandb_home, monkeypatch, capsys
+):
+    import harness.runner as runner
+    from harness.config import compose
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "job"
+
+    def broken(self, record, run_dir):
+        raise OSError("Unable to write staging files")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Tracker, "log_record", broken)
+        record = runner.run_job(compose([*JOB, f"output_dir={out}"]), run_dir=out)
+    assert "tracking" not in record and "tracking" not in load_record(out)
+    assert "the record is written, but W&B could not log it (OSError" in capsys.readouterr().err
+    assert not list((out / "wandb").glob("offline-run-*"))  # the half-logged run is gone: one id, one run
+    cfg = compose([*JOB, f"output_dir={out}"])
+    assert runner.track(cfg, load_record(out), out) is True
+    assert load_record(out)["tracking"]["logged_after_the_run"] is True
+    assert len(list((out / "wandb").glob("offline-run-*"))) == 1
+    with monkeypatch.context() as patch:  # logging after the fact fails the same way: untracked, no stray run
+        patch.setattr(Tracker, "log_record", broken)
+        untracked = {k: v for k, v in load_record(out).items() if k != "tracking"}
+        assert runner.track(cfg, untracked, out) is False
+    assert "it stays untracked, and the next launch with tracking=wandb tries again" in capsys.readouterr().err
+    assert len(list((out / "wandb").glob("offline-run-*"))) == 1
+
+
+def test_a_refusal_while_loading_puts_the_earlier_w_and_b_runs_back_beside_its_own(tmp_path, wandb_home, monkeypatch):
+    import harness.runner as runner
+    from harness.config import compose
+
+    out, earlier, runs = _earlier_tracked_run(tmp_path, monkeypatch)
+
+    def refuse(*args, **kwargs):
+        raise ValueError("prompt 'p' does not fit")
+
+    monkeypatch.setattr(runner, "load", refuse)
+    with pytest.raises(ValueError, match="does not fit"):
+        runner.run_job(compose([*JOB, f"output_dir={out}", "seed=1"]), run_dir=out)
+    assert load_record(out)["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
+    offline = {p.name for p in (out / "wandb").glob("offline-run-*")}
+    assert {n for n in runs if n.startswith("offline-run-")} < offline and len(offline) == 2  # and the refused run
+    assert (out / earlier["tracking"]["dir"]).is_dir()
+    refused = next(out / "wandb" / n for n in offline if n not in runs)
+    info, _ = inspect_run(out, sync_dir=refused)
+    assert info["state"] == "failed" and "refused" in info["tags"]  # as the command line says: refused
+
+
+def test_tracking_options_without_tracking_are_listed_as_inert():
+    from harness.config import compose
+    from harness.runner import inert_options
+
+    assert inert_options(compose(["model=tiny", "tracking.project=foo", "tracking.entity=me"])) == [
+        "tracking.project=foo: tracking=none logs nothing",
+        "tracking.entity=me: tracking=none logs nothing",
+    ]
+    assert inert_options(compose(["model=tiny", "tracking=wandb", "tracking.project=foo"])) == []

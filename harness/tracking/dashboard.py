@@ -42,8 +42,15 @@ from harness.tracking.command_line import (
 )
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, NAME_AXES, varying_axes
 from harness.tracking.record import write_json_atomic
-from harness.tracking.store import AXES, RECORD_FILENAME, ROUND_COST_STAGES, RecordError, aggregate
-from harness.tracking.wandb_tracker import DEFAULT_PROJECT, base_url, unreachable, wandb_group
+from harness.tracking.store import (
+    AXES,
+    RECORD_FILENAME,
+    ROUND_COST_STAGES,
+    RecordError,
+    aggregate,
+    iter_record_paths,
+)
+from harness.tracking.wandb_tracker import DEFAULT_PROJECT, base_url, tracking_problem, unreachable, wandb_group
 
 SPEC_FORMAT = "harness-dashboard/1"
 #: tags of runs kept out of the main panels (see wandb_tracker.status_tags)
@@ -380,6 +387,52 @@ def group_axes(records_root: Path, group: str) -> tuple[list[dict[str, Any]], li
     return rows, sorted(set(groups))
 
 
+def group_projects(records_root: Path, group: str) -> tuple[int, set[str]]:
+    """How many records under ``records_root`` belong to W&B group ``group``, and the W&B projects
+    those that were logged went to (their ``tracking`` entries)."""
+    count, projects = 0, set()
+    for path in iter_record_paths(records_root):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # an unreadable record is the store's to report
+        if not isinstance(record, dict) or wandb_group(record.get("sweep"), record.get("experiment")) != group:
+            continue
+        count += 1
+        if isinstance(record.get("tracking"), dict) and record["tracking"].get("project"):
+            projects.add(str(record["tracking"]["project"]))
+    return count, projects
+
+
+def dashboard_project(group: str, given: str | None, count: int, projects: set[str]) -> tuple[str, str | None]:
+    """The W&B project the dashboard reads (``project=`` or the one the group's records were logged
+    to) and a note for stderr, or None. Refuses a project the records were not logged to, and an
+    ambiguous one."""
+    if given is not None:
+        problem = tracking_problem(given, environ={})
+        if problem:
+            raise ValueError(problem.replace("tracking.project", "project"))
+        if projects and given not in projects:
+            raise ValueError(
+                f"project={given}: the records of group {group!r} were logged to {', '.join(sorted(projects))}"
+            )
+        return given, None
+    if len(projects) > 1:
+        raise ValueError(
+            f"the records of group {group!r} were logged to several W&B projects ({', '.join(sorted(projects))}): "
+            "give project="
+        )
+    if projects:
+        return projects.pop(), None
+    note = None
+    if count:
+        note = (
+            f"none of the {count} record(s) of group {group!r} was logged to W&B: the panels stay empty until a "
+            "launch with tracking=wandb logs them"
+        )
+    return DEFAULT_PROJECT, note
+
+
 def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] | None = None) -> int:
     """``known``: the sweep and experiment names this installation has, each with the folder its
     records land in by default (or None); the caller (``harness.app``) knows them."""
@@ -425,19 +478,25 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
         if "records" in opts and not records.is_dir():
             raise ValueError(f"records={records}: not a folder")
         axes_rows, groups = group_axes(records, group) if records is not None and records.is_dir() else ([], [])
+        count, projects = group_projects(records, group) if records is not None and records.is_dir() else (0, set())
+        project, note = dashboard_project(group, opts.get("project"), count, projects)
+        if opts.get("entity") is not None and tracking_problem(DEFAULT_PROJECT, opts["entity"], environ={}):
+            raise ValueError(tracking_problem(DEFAULT_PROJECT, opts["entity"], environ={}).replace("tracking.", ""))
     except (ValueError, OSError, RecordError) as exc:
         print(f"harness dashboard: refused: {exc}", file=sys.stderr)
         return 2
     spec = build_spec(
         group,
-        project=opts.get("project", DEFAULT_PROJECT),
+        project=project,
         entity=opts.get("entity"),
         axes_rows=axes_rows,
         min_rounds=min_rounds,
     )
     if "out" in opts:
         out = Path(opts["out"])
-    elif records is not None and records.is_dir() and not (records / RECORD_FILENAME).is_file():
+    elif records is not None and records.is_dir() and not (records / RECORD_FILENAME).is_file() and not groups:
+        out = records / "dashboard.json"  # an empty folder the group's records will land in
+    elif records is not None and records.is_dir() and not (records / RECORD_FILENAME).is_file() and axes_rows:
         out = records / "dashboard.json"  # beside the sweep's records; never inside one run's folder
     else:
         out = Path(f"dashboard-{group.replace('/', '_')}.json")
@@ -458,6 +517,8 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
         print(f"harness dashboard: refused: {problem} (writing {out})", file=sys.stderr)
         return 2
     write_json_atomic(out, spec)
+    if note:
+        print(f"harness dashboard: note: {note}", file=sys.stderr)
     n_panels = sum(len(s["panels"]) for s in spec["sections"])
     if axes_rows:
         source = f"legends from {len(axes_rows)} records"

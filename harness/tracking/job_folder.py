@@ -198,14 +198,25 @@ def set_aside(folder: str | Path, files: tuple[str, ...] | None = None) -> Path 
 
 def restore_aside(folder: str | Path, aside: Path | None) -> None:
     """Put the files :func:`set_aside` moved to ``aside`` back into ``folder`` (a job refused
-    before it measured anything leaves the folder as it was). A name the refused job wrote itself
-    (its W&B run's ``wandb/``) stays where it is aside."""
+    before it measured anything leaves the folder as it was). Where the refused job wrote a
+    folder of the same name itself (its W&B run's ``wandb/``), the earlier folder's entries go back
+    into it beside the new ones (W&B keeps one folder per run there), unless a name is taken."""
     if aside is None or not aside.is_dir():
         return
     folder = Path(folder)
     for name in JOB_FILES:
-        if (aside / name).exists() and not (folder / name).exists():
+        if not (aside / name).exists():
+            continue
+        if not (folder / name).exists():
             shutil.move(str(aside / name), str(folder / name))
+        elif (aside / name).is_dir() and (folder / name).is_dir():
+            for entry in list((aside / name).iterdir()):
+                if not (folder / name / entry.name).exists() and not (folder / name / entry.name).is_symlink():
+                    shutil.move(str(entry), str(folder / name / entry.name))
+                elif entry.is_symlink():  # W&B's "latest-run" links: the new run's stand
+                    entry.unlink()
+            if not any((aside / name).iterdir()):
+                (aside / name).rmdir()
     if not any(p.exists() for p in (aside / n for n in JOB_FILES)):
         shutil.rmtree(aside, ignore_errors=True)
         previous = aside.parent

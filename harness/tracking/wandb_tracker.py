@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 from collections.abc import Mapping
@@ -385,6 +386,66 @@ class Tracker:
             self.fail(stage="unknown", error=exc, refused=False)
         self.finish(exit_code=0 if exc_type is None else 1)
         return False
+
+
+#: characters W&B refuses in a project or entity name, and its longest project name
+_BAD_NAME_CHARS = set("/\\#?%:")
+MAX_PROJECT_CHARS = 128
+#: the values W&B reads from ``WANDB_MODE``
+WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")
+
+
+class TrackingError(RuntimeError):
+    """W&B could not start or log a run (its message is one line naming what to change)."""
+
+
+def tracking_problem(project: Any, entity: Any = None, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why a W&B run with this project and entity cannot start here (one line naming the option or
+    the environment variable), or None: names W&B refuses, a ``WANDB_MODE`` it does not know, a
+    ``WANDB_BASE_URL`` that is no http(s) address. Checked before any model work."""
+    environ = os.environ if environ is None else environ
+    for key, value in (("tracking.project", project), ("tracking.entity", entity)):
+        if value is None and key == "tracking.entity":
+            continue
+        text = str(value if value is not None else "")
+        bad = sorted(set(text) & _BAD_NAME_CHARS)
+        if not text.strip():
+            return f"{key} is empty: W&B needs a name (the default project is {DEFAULT_PROJECT!r})"
+        if bad:
+            return f"{key}={text}: W&B names cannot hold {' '.join(bad)}"
+        if len(text) > MAX_PROJECT_CHARS:
+            return f"{key} has {len(text)} characters: W&B allows at most {MAX_PROJECT_CHARS}"
+    mode = environ.get("WANDB_MODE")
+    if mode and mode not in WANDB_MODES:
+        return f"WANDB_MODE={mode} in the environment is no W&B mode ({', '.join(WANDB_MODES)}); unset it"
+    url = environ.get("WANDB_BASE_URL")
+    if url:
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            return f"WANDB_BASE_URL={url} in the environment is no http(s) address; unset it or fix it"
+    return None
+
+
+def environment_notes(mode: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """What W&B's environment asks that ``tracking.mode`` overrides (the harness passes its mode
+    explicitly), as lines for the run's start."""
+    environ = os.environ if environ is None else environ
+    notes = []
+    if environ.get("WANDB_MODE") and environ["WANDB_MODE"] != mode:
+        notes.append(f"WANDB_MODE={environ['WANDB_MODE']} is set, but tracking.mode={mode} decides: it logs {mode}")
+    if str(environ.get("WANDB_DISABLED", "")).lower() in ("true", "1", "yes"):
+        notes.append(f"WANDB_DISABLED is set, but tracking=wandb asks for a run: it logs {mode}")
+    return notes
+
+
+def discard_offline_run(tracker: Tracker) -> None:
+    """Remove an offline run's folder after its logging failed, so a later log of the same record
+    (same run id) is the only one a ``wandb sync`` uploads."""
+    try:
+        if tracker.run.settings._offline:
+            shutil.rmtree(Path(tracker.run.settings.sync_dir), ignore_errors=True)
+    except Exception:  # the run may be half made; nothing to remove then
+        pass
 
 
 def base_url() -> str:
