@@ -79,14 +79,82 @@ def test_cudnn_attention_off_cuda_is_one_line_before_anything_loads(capsys, monk
         bench.main(["--cudnn-attention", "true", "--out", "/nonexistent/never-written.json"])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].endswith("error: --cudnn-attention true applies to a CUDA device only; --device cpu")
+    assert err == ["prompt_lookup_vs_hf: error: --cudnn-attention true applies to a CUDA device only; --device cpu"]
 
 
-def test_a_limit_below_one_is_refused(capsys):
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--limit", "0"], "argument --limit: 0 is out of range: it must be >= 1"),
+        (["--threads", "0"], "argument --threads: 0 is out of range: it must be >= 1"),
+        (["--tree-nodes", "0"], "argument --tree-nodes: 0 is out of range: it must be >= 1"),
+        (["--num-tokens", "x"], "argument --num-tokens: 'x': expected a whole number >= 1"),
+        (["--history-tokens", "-1"], "argument --history-tokens: -1 is out of range: it must be >= 0"),
+        (["--split", "bogus"], "argument --split: invalid choice: 'bogus'"),
+        (["--workload", "code"], "argument --workload: invalid choice: 'code'"),
+        (
+            ["--linear-kernel", "mkl_packed", "--dtype", "bfloat16"],
+            "--linear-kernel mkl_packed is float32 only; --dtype is",
+        ),
+    ],
+)
+def test_bad_options_are_one_line_before_anything_loads(args, message, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "load_model", lambda **_: pytest.fail("the model was loaded"))
     with pytest.raises(SystemExit) as exc:
-        bench.main(["--limit", "0"])
+        bench.main([*args, "--out", "/nonexistent/never-written.json"])
     assert exc.value.code == 2
-    assert "--limit must be >= 1" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("prompt_lookup_vs_hf: error: ") and message in err[0], err
+
+
+def test_an_out_path_it_cannot_write_is_refused_before_anything_loads(tmp_path, capsys, monkeypatch):
+    """The result was written after the whole benchmark, so a bad path lost it; and another file
+    there is replaced only with --overwrite."""
+    monkeypatch.setattr(bench, "load_model", lambda **_: pytest.fail("the model was loaded"))
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "notes.json").write_text("[1]")
+    for out, said in (
+        (tmp_path / "afile" / "x.json", "a file is in the way"),
+        (tmp_path, "is a folder; give a file path"),
+        (
+            tmp_path / "notes.json",
+            "already exists and is not a result of this benchmark; give another path or --overwrite",
+        ),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(["--out", str(out)])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
+
+
+def test_our_arms_are_timed_after_their_first_round_as_transformers_after_its_first_forward():
+    """The prefill caches every prompt token but the last, so our first round is the forward that
+    gives the first token(s): its time and tokens are left out, as transformers' first forward's are."""
+    from harness.contracts import Budget
+    from harness.engine.decode import RoundConfig, decode
+    from harness.proposers.prompt_lookup import PromptLookupProposer
+    from harness.random_source import TorchRandomSource
+    from harness.target.backend import CausalLMBackend
+    from harness.target.loading import build_tiny_model
+    from harness.verifiers import get_verifier
+    from harness.verifiers.sampling import SamplingPolicy
+
+    res = decode(
+        target=CausalLMBackend(build_tiny_model(seed=3)),
+        proposer=PromptLookupProposer(budget=Budget("sequence", 4, 4), manifest_hash="t", max_ngram=2),
+        verifier=get_verifier("greedy"),
+        policy=SamplingPolicy(),
+        prompt_ids=[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7],
+        max_new_tokens=12,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(0),
+        round_cfg=RoundConfig(max_nodes=4, max_depth=4),
+    )
+    later = bench.after_first_round(res)
+    assert len(res.round_end_ms) >= 2 and sum(res.round_tokens) == len(res.tokens) == 12
+    assert later["rounds"] == len(res.round_end_ms) - 1 and later["tokens"] == sum(res.round_tokens[1:])
+    assert later["decode_ms"] == pytest.approx(res.decode_ms - res.round_end_ms[0]) and 0 < later["decode_ms"]
 
 
 def _items(*lengths):

@@ -21,10 +21,12 @@ Each of our arms keeps one proposer for the whole benchmark, warm-up included, a
 per batch slot for a whole job (the adaptive arms' learned acceptance and history carry across
 prompts).
 
-Decode time only: prefill and the first token are excluded from both families. Our arms report
-decode time directly; transformers' arms are timed within the one ``generate`` call, from the end
-of its first forward (the prompt's prefill, which with prompt lookup also verifies the first
-candidates) to the return, over the tokens after those that forward gave (:class:`FirstForward`).
+Decode time only: both families are timed from the end of the forward that gave the first
+token(s) to the end, over the tokens after those that forward gave. For our arms that forward is the
+first round (the prefill caches every prompt token but the last, and the first round verifies it with
+the first candidates): its time and tokens are left out. Transformers' arms are timed within the one
+``generate`` call, from the end of its first forward (the prompt's prefill, which with prompt lookup
+also verifies the first candidates) to the return (:class:`FirstForward`).
 Subtracting a separate 1-token generation instead left two prefills' noise in every HF figure,
 larger than the whole decode on a long prompt (an 8,047-token chat prompt measured a negative decode
 time that way). Both families run the same model in the same dtype on ``--device`` (``cpu``, or
@@ -99,9 +101,11 @@ from harness.target.options import (
     resolve_linear_kernel,
 )
 from harness.target.timing import read_bandwidth_gbs, streamed_weight_bytes, verify_cost_curve, weight_stream_floor_ms
+from harness.tracking.command_line import json_object_with, output_file_problem
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
 from harness.workloads.conversations import TRUNCATE_LEFT, encode_prompt
+from harness.workloads.corpora import SPLITS
 from harness.workloads.prompts import Prompt, WorkloadError, load_workload
 
 WORKLOADS = ("humaneval", "chat", "copy")
@@ -282,19 +286,78 @@ def bench_items(workload: str, tokenizer, *, split: str, limit: int) -> list[tup
     return out
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose refusals are one line on stderr and exit code 2 (not the usage)."""
+
+    def error(self, message: str):
+        print(f"prompt_lookup_vs_hf: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _at_least(minimum: int):
+    """An argparse type: a whole number >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= {minimum}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: it must be >= {minimum}")
+        return value
+
+    return parse
+
+
+#: the harness's option names in the target options' refusals, and this command's flags for them
+_FLAG_NAMES = (
+    ("model.linear_kernel=", "--linear-kernel "),
+    ("model.fused_layers=true", "--fused-layers true"),
+    ("model.fused_layers=false", "--fused-layers false"),
+    ("model.compile=true", "--compile"),
+    ("model.compile=false", "no --compile"),
+    ("model.static_cache=", "--static-cache "),
+    ("model.dtype is", "--dtype is"),
+    ("model.dtype=", "--dtype "),
+    ("model.device=", "--device "),
+)
+
+
+def _in_flags(problem: str) -> str:
+    """A target-option refusal with this command's flag names."""
+    for key, flag in _FLAG_NAMES:
+        problem = problem.replace(key, flag)
+    return problem
+
+
+def after_first_round(res) -> dict:
+    """One of our arms' decode of a prompt (a :class:`~harness.engine.decode.DecodeResult`) after
+    its first round, as transformers' arms are timed after their first forward: ``decode_ms``,
+    ``tokens`` and ``rounds`` of the later rounds."""
+    if not res.round_end_ms:
+        return {"decode_ms": 0.0, "tokens": 0, "rounds": 0}
+    return {
+        "decode_ms": res.decode_ms - res.round_end_ms[0],
+        "tokens": len(res.tokens) - res.round_tokens[0],
+        "rounds": len(res.round_end_ms) - 1,
+    }
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--limit", type=int, default=10)
-    ap.add_argument("--split", default="eval")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--num-tokens", type=int, default=10, help="K: transformers' prompt_lookup_num_tokens")
-    ap.add_argument("--ngram", type=int, default=2, help="n: transformers' max_matching_ngram_size")
-    ap.add_argument("--tree-nodes", type=int, default=16, help="candidate-row budget of the tree arms")
-    ap.add_argument("--tree-matches", type=int, default=8)
-    ap.add_argument("--tree-depth", type=int, default=None, help="the tree arms' max depth (default: --num-tokens)")
+    ap = _Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=_at_least(1), default=10)
+    ap.add_argument("--split", default="eval", choices=SPLITS)
+    ap.add_argument("--max-new-tokens", type=_at_least(2), default=128)
+    ap.add_argument("--num-tokens", type=_at_least(1), default=10, help="K: transformers' prompt_lookup_num_tokens")
+    ap.add_argument("--ngram", type=_at_least(1), default=2, help="n: transformers' max_matching_ngram_size")
+    ap.add_argument("--tree-nodes", type=_at_least(1), default=16, help="candidate-row budget of the tree arms")
+    ap.add_argument("--tree-matches", type=_at_least(1), default=8)
+    ap.add_argument(
+        "--tree-depth", type=_at_least(1), default=None, help="the tree arms' max depth (default: --num-tokens)"
+    )
     ap.add_argument(
         "--history-tokens",
-        type=int,
+        type=_at_least(0),
         default=65536,
         help="ours_adaptive's memory of earlier prompts' outputs (the default experiment's proposer.history_tokens)",
     )
@@ -304,7 +367,7 @@ def main(argv=None) -> int:
         choices=["true", "false"],
         help="the adaptive arms' proposer.rejected_tails (the default experiment's: false)",
     )
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=_at_least(1), default=2)
     ap.add_argument("--workload", default="humaneval", choices=WORKLOADS)
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: the one model every arm runs")
     ap.add_argument(
@@ -343,14 +406,15 @@ def main(argv=None) -> int:
         help="a prompt longer than the target's positions allow: cut from the left, or refuse (false)",
     )
     ap.add_argument("--out", default="results/bench/prompt_lookup_vs_hf.json")
+    ap.add_argument(
+        "--overwrite", action="store_true", help="replace an --out file that is not a result of this command"
+    )
     args = ap.parse_args(argv)
     unknown = sorted(set(args.arms) - set(ARMS))
     if unknown:
         ap.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms are {', '.join(ARMS)}")
     if "ours_ar" not in args.arms:
         ap.error("--arms must include ours_ar: every arm's output is checked against it")
-    if args.limit < 1 or args.max_new_tokens < 2:
-        ap.error("--limit must be >= 1 and --max-new-tokens >= 2")
     try:
         device = torch.device(args.device)
     except RuntimeError:
@@ -380,9 +444,20 @@ def main(argv=None) -> int:
         )
     )
     if problem:
-        ap.error(problem)
+        ap.error(_in_flags(problem))
     if cudnn_attention_problem(args.cudnn_attention == "true", str(device)):
         ap.error(f"--cudnn-attention true applies to a CUDA device only; --device {args.device}")
+    out = Path(args.out)
+    problem = output_file_problem(
+        "--out",
+        out,
+        what="a result of this benchmark",
+        ours=json_object_with("time_per_token_ms", "per_prompt"),
+        example="prompt_lookup_vs_hf.json",
+        overwrite=args.overwrite,
+    )
+    if problem:  # before any model work: a result is never lost to a path it cannot be written to
+        ap.error(problem.replace("overwrite=true", "--overwrite").replace("--out=", "--out "))
     torch.set_num_threads(args.threads)
 
     loaded = load_model(name="smollm2", dtype=args.dtype, device=str(device), attn_implementation=args.attn)
@@ -397,7 +472,7 @@ def main(argv=None) -> int:
     backend = CausalLMBackend(model, device=device)
     bandwidths = [read_bandwidth_gbs(backend.device)]
     items = bench_items(args.workload, tok, split=args.split, limit=args.limit)
-    tree_nodes = args.tree_nodes or 16
+    tree_nodes = args.tree_nodes
     try:
         items, truncated = fit_to_context(
             items,
@@ -430,7 +505,7 @@ def main(argv=None) -> int:
             rng=TorchRandomSource(0),
             round_cfg=rc,
         )
-        return res.tokens, res.decode_ms, res.ledger
+        return res
 
     def hf(ids, new, **kw):
         """transformers' ``generate``: its new tokens, and its decode ms and tokens (after the first
@@ -507,9 +582,9 @@ def main(argv=None) -> int:
                 outs[a] = toks
                 this[a] = {"decode_ms": ms, "tokens": decoded}
             else:
-                toks, ms, ledger = arms[a](ids, args.max_new_tokens)
-                outs[a] = toks
-                this[a] = {"decode_ms": ms, "tokens": len(toks), "rounds": ledger.rounds}
+                res = arms[a](ids, args.max_new_tokens)
+                outs[a] = res.tokens
+                this[a] = after_first_round(res)
             for k, v in this[a].items():
                 totals[a][k] += v
         per_prompt.append({"prompt_id": p.prompt_id, "arms": {a: this[a] for a in arms}})
@@ -575,7 +650,6 @@ def main(argv=None) -> int:
         "totals": totals,
         "per_prompt": per_prompt,
     }
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(
