@@ -11,10 +11,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness.heads.eagle_formats import resolve_source
 from harness.heads.published import file_sha256, inspect, is_published
 from harness.measure.hardware import library_versions
 from harness.proposers.rest import manifest_datastores
-from harness.target.loading import resolve_dtype
+from harness.target.loading import looks_like_hub_id, resolve_dtype
 from harness.target.options import (
     resolve_cudnn_attention,
     resolve_linear_kernel,
@@ -139,7 +140,20 @@ def draft_model_config(cfg: DictConfig):
 
 
 #: the files of a checkpoint directory that decide what it computes: weights, configs, tokenizer, code
-CHECKPOINT_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".pth", ".model", ".txt", ".py", ".gguf", ".tiktoken")
+#: the files that bind a checkpoint folder (weights, configs, tokenizer, code, chat template)
+CHECKPOINT_SUFFIXES = (
+    ".json",
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".model",
+    ".txt",
+    ".py",
+    ".gguf",
+    ".tiktoken",
+    ".jinja",
+)
 
 
 def checkpoint_fingerprint(ref: str) -> dict:
@@ -178,6 +192,11 @@ def manifest_extras(cfg: DictConfig) -> dict:
         extras["proposer_artifact"] = inspect(str(p.artifact), p.name).provenance()
     elif p.get("artifact") and Path(str(p.artifact)).expanduser().is_dir():
         extras["proposer_artifact"] = checkpoint_fingerprint(str(p.artifact))
+    elif p.name == "eagle" and p.get("artifact") and looks_like_hub_id(str(p.artifact)):
+        # a published draft by hub id: the snapshot it resolves to (downloaded now, before any model
+        # work, as the load would), so new weights under the same id make another manifest
+        local = resolve_source(str(p.artifact))
+        extras["proposer_artifact"] = {**checkpoint_fingerprint(str(local)), "ref": str(p.artifact)}
     target = _by_path(cfg.model)
     if target is not None:
         extras["target_checkpoint"] = checkpoint_fingerprint(target)

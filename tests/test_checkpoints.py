@@ -418,6 +418,42 @@ def test_new_weights_at_the_same_path_make_another_manifest(tmp_path):
         "bound_by": "name",
     }
     assert "target_checkpoint" not in job_manifest(compose(["model=tiny"]), versions={})
+    (target / "chat_template.jinja").write_text("{{ messages }}")  # transformers 5 keeps the template here
+    templated = job_manifest_hash(compose(runs["target"]), versions={})
+    (target / "chat_template.jinja").write_text("{{ messages }}!")
+    assert job_manifest_hash(compose(runs["target"]), versions={}) not in (templated, after["target"])
+
+
+def test_an_eagle_draft_by_hub_id_is_bound_by_the_files_of_the_snapshot_it_resolves_to(tmp_path, monkeypatch):
+    """Medusa and Hydra by hub id were bound by their files, an EAGLE draft by hub id by nothing: a
+    sweep kept records of the old weights after the id's snapshot moved on."""
+    import harness.heads.eagle_formats as formats
+    from harness.manifest import job_manifest, job_manifest_hash
+
+    snapshots = {}
+    for rev, fill in (("abc123", 0.0), ("def456", 1.0)):
+        snap = tmp_path / rev
+        snap.mkdir()
+        (snap / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle"]}')
+        torch.save({"fc.weight": torch.full((2, 2), fill)}, snap / "pytorch_model.bin")
+        snapshots[rev] = snap
+    current = {"rev": "abc123"}
+    monkeypatch.setattr(formats, "hub_unreachable", lambda: "offline")
+
+    def cached(repo_id, allow_patterns, local_files_only=False):
+        assert repo_id == "fake/eagle" and local_files_only
+        return str(snapshots[current["rev"]])
+
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", cached)
+    cfg = compose(["model=tiny", "proposer=eagle", "proposer.artifact=fake/eagle", "topology=sequence"])
+    first = job_manifest(cfg, versions={})["proposer_artifact"]
+    assert first["ref"] == "fake/eagle" and first["directory"] == str(snapshots["abc123"].resolve())
+    assert set(first["files"]) == {"config.json", "pytorch_model.bin"}
+    before = job_manifest_hash(cfg, versions={})
+    current["rev"] = "def456"
+    assert job_manifest_hash(cfg, versions={}) != before
 
 
 def test_a_checkpoint_with_a_non_finite_weight_is_refused_at_load_naming_the_tensor(tmp_path):
