@@ -86,12 +86,29 @@ def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[st
         "versions": versions,
         "harness_code": code_fingerprint(),
     }
+    for key in checkpoint_decides(cfg.proposer):  # set by the published checkpoint, not by these options
+        manifest["proposer"].pop(key, None)
     if extra:
         manifest.update(extra)
     published = (extra or {}).get("proposer_artifact") or {}
     if published.get("source") == "published" and "num_heads" in published:
         manifest["proposer"] = published_bank_options(manifest["proposer"], published)
     return manifest
+
+
+#: options of a proposer that trains its artifact here (a published checkpoint is never trained)
+TRAINING_OPTIONS = ("auto_train", "data", "train")
+#: an EAGLE draft's shape options (a published draft's shape is read from its files)
+EAGLE_SHAPE_OPTIONS = ("num_layers", "intermediate_size", "fc_bias")
+
+
+def checkpoint_decides(proposer) -> tuple[str, ...]:
+    """The options of ``proposer`` (a config node) that a published checkpoint makes inert: its
+    training options, and an EAGLE draft's shape (read from the checkpoint's files, which the
+    manifest binds)."""
+    if proposer.name not in ("medusa", "hydra", "eagle") or not is_published(proposer.get("artifact")):
+        return ()
+    return TRAINING_OPTIONS + (EAGLE_SHAPE_OPTIONS if proposer.name == "eagle" else ())
 
 
 def published_bank_options(proposer: dict, provenance: dict) -> dict:

@@ -48,6 +48,8 @@ from harness.gates.stages import announce_disabled, disabled_gates, run_gates
 from harness.gates.status import GateError
 from harness.manifest import (
     RECORD_SCHEMA_VERSION,
+    TRAINING_OPTIONS,
+    checkpoint_decides,
     draft_model_config,
     freeze_manifest,
     manifest_extras,
@@ -617,6 +619,18 @@ def inert_options(cfg: DictConfig) -> list[str]:
         out += [
             f"tracking.{k}={_text(v)}: tracking=none logs nothing" for k, v in _changed(cfg.tracking) if k != "name"
         ]
+    decided = checkpoint_decides(prop)
+    if decided:
+        why = f"proposer.artifact={prop.artifact} is a published checkpoint, read as its authors ship it"
+        for key, value in _changed(prop):
+            if key not in decided:
+                continue
+            if OmegaConf.is_config(value):  # data, train: each option set in them
+                out += [f"proposer.{key}.{k}={_text(v)}: {why} (nothing is trained)" for k, v in _changed(value)]
+            elif key in TRAINING_OPTIONS:
+                out.append(f"proposer.{key}={_text(value)}: {why} (nothing is trained)")
+            else:
+                out.append(f"proposer.{key}={_text(value)}: {why} (its shape is read from its files)")
     for key, readers in _TOPOLOGY_READERS.items():
         value = topo.get(key)
         if value not in (None, 0, []) and topo.name not in readers and not (key == "widths" and not list(value)):

@@ -469,3 +469,42 @@ def test_a_checkpoint_with_a_non_finite_weight_is_refused_at_load_naming_the_ten
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=rf"^checkpoint '{path}': {name} holds 2 non-finite value\(s\)"):
         load_model(name="hf", name_or_path=str(path))
+
+
+def test_options_a_published_checkpoint_decides_are_inert_and_out_of_the_manifest(tmp_path):
+    """A published head bank or EAGLE draft is never trained here, and an EAGLE draft's shape is
+    read from its files: those options changed nothing but the manifest hash (two identical runs
+    looked like two arms) and were not listed."""
+    from harness.manifest import job_manifest, job_manifest_hash
+    from harness.runner import inert_options
+
+    eagle = tmp_path / "eagle"
+    eagle.mkdir()
+    (eagle / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle"]}')
+    torch.save({"fc.weight": torch.zeros(2, 2)}, eagle / "pytorch_model.bin")
+    base = ["model=tiny", "proposer=eagle", f"proposer.artifact={eagle}", "topology=sequence"]
+    changed = [
+        "proposer.num_layers=3",
+        "proposer.fc_bias=false",
+        "proposer.train.epochs=7",
+        "proposer.auto_train=false",
+    ]
+    assert job_manifest_hash(compose([*base, *changed]), versions={}) == job_manifest_hash(compose(base), versions={})
+    assert "train" not in job_manifest(compose(base), versions={})["proposer"]
+    why = f"proposer.artifact={eagle} is a published checkpoint, read as its authors ship it"
+    assert inert_options(compose([*base, *changed])) == [
+        f"proposer.num_layers=3: {why} (its shape is read from its files)",
+        f"proposer.fc_bias=false: {why} (its shape is read from its files)",
+        f"proposer.auto_train=false: {why} (nothing is trained)",
+        f"proposer.train.epochs=7: {why} (nothing is trained)",
+    ]
+    heads = tmp_path / "heads"  # a folder without the harness's manifest.json: a published layout
+    heads.mkdir()
+    medusa = ["model=tiny", "proposer=medusa", f"proposer.artifact={heads}", "proposer.data.token_budget=1000"]
+    assert inert_options(compose(medusa)) == [
+        f"proposer.data.token_budget=1000: proposer.artifact={heads} is a published checkpoint, read as its "
+        "authors ship it (nothing is trained)"
+    ]
+    trained_here = ["model=tiny", "proposer=eagle", "proposer.num_layers=3", "proposer.train.epochs=7"]
+    assert inert_options(compose(trained_here)) == []
+    assert job_manifest(compose(trained_here), versions={})["proposer"]["num_layers"] == 3
