@@ -46,6 +46,7 @@ from harness.gates.drift import heuristic_drift
 from harness.gates.greedy import greedy_equality, output_turns
 from harness.gates.stages import announce_disabled, disabled_gates, run_gates
 from harness.gates.status import GateError
+from harness.heads.eagle_formats import published_draft_vocab
 from harness.manifest import (
     RECORD_SCHEMA_VERSION,
     TRAINING_OPTIONS,
@@ -269,11 +270,18 @@ def check_budget_fits_vocabulary(cfg: DictConfig, budget) -> None:
     if not wants:
         return
     vocab = int(model_geometry(cfg.model)["vocab_size"])
+    draft_vocab = published_draft_vocab(cfg.proposer) if cfg.proposer.name == "eagle" else None
     for key, need, what in wants:
         if need > vocab:
             raise ConfigError(
                 f"{key} asks for {need} children of one node ({what}) but the target's vocabulary has {vocab} "
                 f"tokens (model={model_label(cfg.model)})"
+            )
+        if draft_vocab is not None and need > draft_vocab:
+            raise ConfigError(
+                f"{key} asks for {need} children of one node ({what}) but the EAGLE-3 draft at "
+                f"proposer.artifact={cfg.proposer.artifact} proposes from its {draft_vocab}-token vocabulary "
+                "(draft_vocab_size): the rows past it would not be the draft's proposals"
             )
 
 

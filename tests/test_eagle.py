@@ -880,6 +880,42 @@ def test_published_eagle3_checkpoint_drafts_in_its_draft_vocabulary(deep_target,
     assert proposed and proposed <= used  # no mass outside the draft vocabulary
 
 
+def test_a_tree_wider_than_an_eagle3_draft_vocabulary_is_refused(deep_target, tmp_path):
+    """Rows past a reduced draft vocabulary were filled with tokens the draft gives no mass (or a
+    uniform fill), and their acceptance was credited to the draft: refused at plan from the
+    checkpoint's config.json, and by the proposer where the config was not at hand (a hub id)."""
+    from harness.config import compose
+    from harness.contracts import ContractError
+    from harness.engine.build import plan
+    from harness.runner import check_budget_fits_vocabulary
+
+    model, _ = deep_target
+    config, state, _ = eagle3_checkpoint(model.config, draft_vocab=8)
+    path = write_published(tmp_path / "e3", config, state, fmt="safetensors")
+    base = ["model=tiny", "model.tiny.num_layers=8", "proposer=eagle", f"proposer.artifact={path}", "topology=set"]
+    cfg = compose([*base, "topology.max_nodes=12", "topology.max_depth=1"])
+    with pytest.raises(
+        ConfigError,
+        match=r"^topology.max_nodes asks for 12 children of one node \(its widest level\) "
+        r"but the EAGLE-3 draft at proposer.artifact=.* proposes from its 8-token vocabulary",
+    ):
+        check_budget_fits_vocabulary(cfg, plan(cfg).budget)
+    narrow = compose([*base, "topology.max_nodes=8", "topology.max_depth=1"])
+    check_budget_fits_vocabulary(narrow, plan(narrow).budget)
+    art = load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+    with pytest.raises(
+        ContractError, match="asks for 12 children of one node but this EAGLE-3 draft proposes from its 8"
+    ):
+        EagleProposer(
+            budget=Budget("set", 12, 1, widths=(12,)),
+            manifest_hash="h",
+            policy=GREEDY,
+            model=model,
+            draft=art.draft,
+            checkpoint=target_fingerprint(model),
+        )
+
+
 def test_published_eagle3_refusals(deep_target, tmp_path):
     model, _ = deep_target
     config, state, _ = eagle3_checkpoint(model.config, draft_vocab=40)

@@ -38,6 +38,7 @@ the expected and the actual value before anything runs.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -60,6 +61,21 @@ def is_published_dir(path: Path) -> bool:
         and not (path / "manifest.json").is_file()
         and any((path / f).is_file() for f in WEIGHT_FILES + INDEX_FILES)
     )
+
+
+def published_draft_vocab(options) -> int | None:
+    """The draft vocabulary of the published EAGLE-3 draft ``options`` names by a local folder
+    (``draft_vocab_size`` in its config.json), or None: no such folder, no reduced vocabulary, or a
+    config that cannot be read (the load then says why). Read before any model work."""
+    artifact = options.get("artifact") if options is not None else None
+    path = Path(str(artifact)).expanduser() if artifact else None
+    if path is None or not path.is_dir() or not is_published_dir(path):
+        return None
+    try:
+        size = json.loads((path / "config.json").read_text(encoding="utf-8")).get("draft_vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def resolve_source(source: str) -> Path:

@@ -57,7 +57,14 @@ from typing import ClassVar
 
 import torch
 
-from harness.contracts import PREFIX_FRONTIER, Budget, ProposalNode, ProposalResult, ProposalStateHandle
+from harness.contracts import (
+    PREFIX_FRONTIER,
+    Budget,
+    ContractError,
+    ProposalNode,
+    ProposalResult,
+    ProposalStateHandle,
+)
 from harness.heads.artifacts import load_configured_eagle
 from harness.heads.eagle import DraftKV
 from harness.heads.models import vocab_projection
@@ -105,6 +112,14 @@ class EagleProposer(HiddenRowProposer):
         boundary = "final_norm" if not self.eagle3 else "layer_inputs:" + ",".join(map(str, self.spec.aux_layers))
         self.store = CommittedHidden(checkpoint=self.checkpoint, dtype=str(self.dtype), keep=1, boundary=boundary)
         self.widths = static_widths(self.budget) if self.budget.shape != "dynamic" else ()
+        draft_vocab = self.spec.draft_vocab_size
+        if self.eagle3 and draft_vocab and draft_vocab < self.spec.vocab_size:
+            need = max([*self.widths, int(self.budget.topk or 0), *(r + 1 for r in (self.budget.ranks or ()))])
+            if need > draft_vocab:  # the rows past it would be filler, credited to the draft
+                raise ContractError(
+                    f"the topology asks for {need} children of one node but this EAGLE-3 draft proposes from its "
+                    f"{draft_vocab}-token vocabulary (draft_vocab_size): narrow the tree"
+                )
         #: an EAGLE manifest carries the label its trainer computed from the tokens it saw
         self.cpu_budget_artifact = bool(self.artifact_manifest.get("cpu_budget_artifact", False))
         self.cache = self.draft.new_cache()
