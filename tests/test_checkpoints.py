@@ -508,3 +508,17 @@ def test_options_a_published_checkpoint_decides_are_inert_and_out_of_the_manifes
     trained_here = ["model=tiny", "proposer=eagle", "proposer.num_layers=3", "proposer.train.epochs=7"]
     assert inert_options(compose(trained_here)) == []
     assert job_manifest(compose(trained_here), versions={})["proposer"]["num_layers"] == 3
+
+
+@pytest.mark.parametrize("proposer", ["medusa", "hydra", "clover", "eagle", "early_exit", "layer_skip"])
+def test_a_file_given_as_the_artifact_is_refused_naming_its_folder(tmp_path, proposer):
+    """A published checkpoint's weight file given as ``proposer.artifact`` was refused as a folder
+    that "does not exist"."""
+    from harness.engine.build import plan
+
+    weights = tmp_path / "medusa_lm_head.pt"
+    weights.write_bytes(b"not read")
+    with pytest.raises(
+        ValueError, match=rf"^proposer.artifact={weights} is a file; .* \(proposer.artifact={tmp_path}\)$"
+    ):
+        plan(compose(["model=tiny", f"proposer={proposer}", f"proposer.artifact={weights}"]))

@@ -11,6 +11,7 @@ fingerprint, then the subclass's :meth:`~TargetBoundProposer.load_artifact`).
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -83,6 +84,12 @@ class TargetBoundProposer(Proposer):
         semantics = cls.sampling_semantics(sampling)
         if budget.shape == "choices":
             check_ranked_shape(budget.parents, budget.ranks, sampling)
+        artifact = options.get("artifact")
+        if artifact and Path(str(artifact)).expanduser().is_file():  # read as a missing folder before
+            raise ValueError(
+                f"proposer.artifact={artifact} is a file; an artifact or a published checkpoint is a folder: "
+                f"give the one that holds it (proposer.artifact={Path(str(artifact)).expanduser().parent})"
+            )
         cls.check_options(options, budget)
         return cls.capabilities_on(budget, {semantics}, {sampling})
 
