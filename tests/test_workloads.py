@@ -79,13 +79,66 @@ def test_categories_select_and_mt_bench_names_the_eight(tmp_path):
     mt = load_workload(name="spec_bench", split="eval", path=path, categories=["mt_bench", "rag"])
     assert {p.category for p in mt} == {*SB_MT_BENCH, "rag"} and len(mt) == 27
     per = load_workload(name="spec_bench", split="eval", path=path, per_category=1, limit=5)
-    assert [p.category for p in per] == list(SB_CATEGORIES[:5])
+    assert [p.category for p in per] == ["writing", "translation", "summarization", "qa", "math_reasoning"]
     with pytest.raises(WorkloadError, match=r"workload.categories: 'sumarization' is not a category of .*question"):
         load_workload(name="spec_bench", split="eval", path=path, categories=["sumarization"])
     with pytest.raises(WorkloadError, match="per_category must be >= 1"):
         load_workload(name="spec_bench", split="eval", path=path, per_category=0)
     # categories work on every workload: HumanEval is all "code"
     assert len(load_workload(name="humaneval", split="eval", categories=["code"], limit=2)) == 2
+
+
+def test_per_category_counts_spec_bench_tasks_so_mt_bench_weighs_as_one(tmp_path):
+    """MT-bench's eight categories are one Spec-Bench task (80 questions, as each other task):
+    per_category=N took N of each of the eight, so MT-bench outweighed every other task eight to one."""
+    path = write_jsonl(tmp_path / "question.jsonl", spec_bench_questions(3))
+    per = load_workload(name="spec_bench", split="eval", path=path, per_category=3)
+    mt = [p.category for p in per if p.category in SB_MT_BENCH]
+    assert mt == ["writing", "roleplay", "reasoning"]  # one of each category in turn, in file order
+    assert len(per) == 3 + 5 * 3
+    ten = load_workload(name="spec_bench", split="eval", path=path, per_category=10)
+    assert sum(p.category in SB_MT_BENCH for p in ten) == 10 and len(ten) == 10 + 5 * 3
+    taken = [p.category for p in ten if p.category in SB_MT_BENCH]  # kept in file order
+    assert {c: taken.count(c) for c in SB_MT_BENCH} == {
+        c: 2 if c in ("writing", "roleplay") else 1 for c in SB_MT_BENCH
+    }
+    # workload=jsonl counts each category (a file of the user's own categories)
+    assert (
+        sum(p.category in SB_MT_BENCH for p in load_workload(name="jsonl", split="eval", path=path, per_category=3))
+        == 24
+    )
+
+
+@pytest.mark.parametrize(
+    "category, said",
+    [
+        ("poetry", r"question 1 has category 'poetry', not one of Spec-Bench's \[.*\] \(workload=jsonl reads"),
+        ("math-reasoning", r"has category 'math-reasoning', not one of .*; did you mean 'math_reasoning'\?"),
+        (" qa ", r"has category ' qa ', not one of .*; did you mean 'qa'\?"),
+        ("mt_bench", r"mt_bench names the group of MT-bench's eight; a question has one of them"),
+    ],
+)
+def test_spec_bench_refuses_a_category_outside_its_thirteen(tmp_path, category, said):
+    f = tmp_path / "q.jsonl"
+    f.write_text(json.dumps({"question_id": 1, "category": category, "turns": ["a"]}) + "\n")
+    with pytest.raises(WorkloadError, match=said):
+        load_workload(name="spec_bench", split="eval", path=str(f))
+    assert len(load_workload(name="jsonl", split="eval", path=str(f))) == 1  # its own categories
+
+
+def test_a_byte_order_mark_is_read_and_a_folder_or_a_bad_split_is_named(tmp_path):
+    f = tmp_path / "q.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + json.dumps({"question_id": 1, "category": "qa", "turns": ["a"]}).encode() + b"\n")
+    assert [p.prompt_id for p in load_workload(name="spec_bench", split="eval", path=str(f))] == ["1"]
+    (tmp_path / "adir.jsonl").mkdir()
+    with pytest.raises(WorkloadError, match=r"workload.path='.*adir.jsonl' is a folder; give a .jsonl file"):
+        load_workload(name="spec_bench", split="eval", path=str(tmp_path / "adir.jsonl"))
+    f.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["a"], "split": 5}) + "\n")
+    with pytest.raises(WorkloadError, match=r':1: "split" must be a string; got 5'):
+        load_workload(name="spec_bench", split="eval", path=str(f))
+    f.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": None}) + "\n")
+    with pytest.raises(WorkloadError, match=r'"turns" must be a list of user messages; got null$'):
+        load_workload(name="spec_bench", split="eval", path=str(f))
 
 
 @pytest.mark.parametrize(

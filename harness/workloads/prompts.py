@@ -10,7 +10,9 @@ conversation-id hash of ``harness.workloads.corpora``, HumanEval by the same kin
 of the task id, jsonl files by the ``split`` field when present (otherwise every line is in every
 split the user asks for: the file is the split). ``categories`` keeps the named categories
 (``mt_bench`` names Spec-Bench's eight MT-bench categories); ``per_category`` keeps the first N
-prompts of each category; ``limit`` the first N prompts after both.
+prompts of each category (with ``workload=spec_bench``, of each Spec-Bench task: MT-bench's eight
+categories are one task, taken from in turn, as Spec-Bench's evaluation weighs them); ``limit`` the
+first N prompts after both. ``workload=spec_bench`` refuses a category outside Spec-Bench's thirteen.
 
 Bad input is refused before any model work with one line naming the file, the line and what is
 wrong: a line in neither format, a question with empty turns, a duplicate id, a selected category
@@ -161,15 +163,18 @@ def _spec_bench_prompt(where: str, obj: dict) -> Prompt:
         raise WorkloadError(f'{where}: question {qid!r} needs a non-empty "category" string; got {category!r}')
     turns = obj["turns"]
     if not isinstance(turns, list):
+        fix = f' (write "turns": [{json.dumps(turns)[:40]}])' if isinstance(turns, str) else ""
         raise WorkloadError(
-            f'{where}: question {qid!r}: "turns" must be a list of user messages; got a {type(turns).__name__} '
-            f'(write "turns": [{json.dumps(turns)[:40]}])'
+            f'{where}: question {qid!r}: "turns" must be a list of user messages; got '
+            f"{'null' if turns is None else 'a ' + type(turns).__name__}{fix}"
         )
     if not turns:
         raise WorkloadError(f'{where}: question {qid!r} has empty "turns" (a non-empty list of user messages)')
     for k, t in enumerate(turns, start=1):
         if not isinstance(t, str) or not t.strip():
             raise WorkloadError(f"{where}: turn {k} of question {qid!r} is empty or not a string: {t!r}")
+    if obj.get("split") is not None and not isinstance(obj["split"], str):
+        raise WorkloadError(f'{where}: "split" must be a string; got {json.dumps(obj["split"])[:40]}')
     return Prompt(
         prompt_id=str(qid),
         category=_check_category(where, qid, category),
@@ -212,6 +217,8 @@ def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prom
     """Every prompt of a JSON Lines file, each line in one of two formats (one format per file):
     a Spec-Bench question or a harness prompt. ``expect="spec_bench"`` refuses harness lines."""
     p = Path(path)
+    if p.is_dir():
+        raise WorkloadError(f"workload.path={path!r} is a folder; give a .jsonl file")
     if not p.is_file():
         raise WorkloadError(f"workload.path={path!r} does not exist")
     out: list[Prompt] = []
@@ -220,7 +227,7 @@ def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prom
     for lineno, raw in enumerate(p.read_bytes().splitlines(), start=1):
         where = f"{path}:{lineno}"
         try:
-            line = raw.decode("utf-8")
+            line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a byte-order mark opens some files
         except UnicodeDecodeError as exc:
             raise WorkloadError(
                 f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
@@ -282,15 +289,52 @@ def select_categories(prompts: Sequence[Prompt], categories: Sequence[str], *, s
     return [p for p in prompts if p.category in wanted]
 
 
-def first_per_category(prompts: Sequence[Prompt], n: int) -> list[Prompt]:
-    """The first ``n`` prompts of each category, in file order."""
-    counts: dict[str, int] = {}
-    out = []
+def spec_bench_task(category: str) -> str:
+    """The Spec-Bench task a question category belongs to: ``mt_bench`` for MT-bench's eight, each
+    other category its own (Spec-Bench's evaluation weighs tasks, 80 questions each)."""
+    return "mt_bench" if category in MT_BENCH_CATEGORIES else category
+
+
+def first_per_category(prompts: Sequence[Prompt], n: int, *, task_of=None) -> list[Prompt]:
+    """``n`` prompts of each category, in file order. With ``task_of`` (a category -> task map,
+    :func:`spec_bench_task`), ``n`` of each task instead, taken from its categories in turn (the
+    first of each category, then the second, ...), so MT-bench's eight categories count as one
+    task, as Spec-Bench's evaluation weighs them."""
+    task_of = task_of or (lambda c: c)
+    by_task: dict[str, dict[str, list[int]]] = {}
+    for i, p in enumerate(prompts):
+        by_task.setdefault(task_of(p.category), {}).setdefault(p.category, []).append(i)
+    keep: set[int] = set()
+    for cats in by_task.values():
+        queues = [list(ix) for ix in cats.values()]
+        taken = 0
+        while taken < n and any(queues):
+            for q in queues:
+                if q and taken < n:
+                    keep.add(q.pop(0))
+                    taken += 1
+    return [p for i, p in enumerate(prompts) if i in keep]
+
+
+def check_spec_bench_categories(prompts: Sequence[Prompt], path: str) -> None:
+    """``workload=spec_bench``: every question's category is one of Spec-Bench's thirteen (its
+    evaluation leaves any other out of every task but the overall one, so a misspelt category
+    would quietly empty a column)."""
+    import difflib
+
     for p in prompts:
-        if counts.get(p.category, 0) < n:
-            counts[p.category] = counts.get(p.category, 0) + 1
-            out.append(p)
-    return out
+        if p.category not in SPEC_BENCH_CATEGORIES:
+            close = difflib.get_close_matches(p.category.strip().lower(), SPEC_BENCH_CATEGORIES, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            group = (
+                " (mt_bench names the group of MT-bench's eight; a question has one of them)"
+                if (p.category.strip() == "mt_bench")
+                else ""
+            )
+            raise WorkloadError(
+                f"{path}: question {p.source_id!r} has category {p.category!r}, not one of Spec-Bench's "
+                f"{list(SPEC_BENCH_CATEGORIES)}{hint}{group} (workload=jsonl reads a file of other categories)"
+            )
 
 
 def load_workload(
@@ -312,13 +356,17 @@ def load_workload(
         if not path:
             raise WorkloadError(f"workload={name} needs workload.path=<file.jsonl>")
         prompts = load_jsonl(path, split, expect="spec_bench" if name == "spec_bench" else None)
+        if name == "spec_bench":
+            check_spec_bench_categories(prompts, path)
     else:
         raise WorkloadError(f"unknown workload {name!r}; one of {', '.join(WORKLOADS)}")
     prompts = select_categories(prompts, list(categories or ()), source=path or f"workload={name}")
     if per_category is not None:
         if int(per_category) < 1:
             raise WorkloadError(f"workload.per_category must be >= 1; got {per_category}")
-        prompts = first_per_category(prompts, int(per_category))
+        prompts = first_per_category(
+            prompts, int(per_category), task_of=spec_bench_task if name == "spec_bench" else None
+        )
     if limit is not None:
         if int(limit) < 1:
             raise WorkloadError(f"workload.limit={limit} is out of range: it must be >= 1 (or null: every prompt)")
