@@ -627,6 +627,13 @@ def inert_options(cfg: DictConfig) -> list[str]:
         out += [
             f"tracking.{k}={_text(v)}: tracking=none logs nothing" for k, v in _changed(cfg.tracking) if k != "name"
         ]
+    w = cfg.workload
+    if w.get("path") is not None and w.name not in ("jsonl", "spec_bench"):
+        out.append(
+            f"workload.path={w.path}: workload={w.name} reads its own prompts (jsonl and spec_bench read a file)"
+        )
+    if w.name == "sharegpt" and not w.get("chat", True):
+        out.append("workload.chat=false: ShareGPT prompts are chat messages, always put through the chat template")
     decided = checkpoint_decides(prop)
     if decided:
         why = f"proposer.artifact={prop.artifact} is a published checkpoint, read as its authors ship it"

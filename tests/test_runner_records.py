@@ -388,3 +388,15 @@ def test_options_of_a_merged_proposer_s_left_out_sources_are_listed_as_inert():
     assert inert_options(with_draft) == [
         "proposer.prompt_lookup.max_ngram=4: proposer.sources=[rest,draft_model] leaves it out"
     ]
+
+
+def test_workload_options_the_workload_does_not_read_are_listed_as_inert():
+    from harness.runner import inert_options
+
+    assert inert_options(compose(["model=tiny", "workload=humaneval", "workload.path=q.jsonl"])) == [
+        "workload.path=q.jsonl: workload=humaneval reads its own prompts (jsonl and spec_bench read a file)"
+    ]
+    assert inert_options(compose(["model=tiny", "workload=sharegpt", "workload.chat=false"])) == [
+        "workload.chat=false: ShareGPT prompts are chat messages, always put through the chat template"
+    ]
+    assert inert_options(compose(["model=tiny", "workload=jsonl", "workload.path=q.jsonl"])) == []
