@@ -895,13 +895,14 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
                     "ar_cut_tokens": ar_prompt.cut_tokens,
                 }
             )
-        cut = sum(tf["spec_cut_tokens"] + tf["ar_cut_tokens"] for tf in fields["turns"])
         per_prompt.append(
             {
                 "prompt_id": prompt.prompt_id,
                 "prompt_sha256": prompt.fingerprint,
                 "category": prompt.category,
-                "cut_tokens": cut,
+                # each arm's (a later turn's prompt holds that arm's own answers): counted once, not summed
+                "cut_tokens": sum(tf["spec_cut_tokens"] for tf in fields["turns"]),
+                "ar_cut_tokens": sum(tf["ar_cut_tokens"] for tf in fields["turns"]),
                 **fields,
             }
         )
@@ -1107,13 +1108,15 @@ def timing_outlier_note(outliers: list[dict]) -> str:
 
 
 def context_metrics(limit: ContextLimit, per_prompt: list[dict]) -> dict:
-    """The context limit the prompts were held to, and what the left truncation cut (both arms)."""
+    """The context limit the prompts were held to, and what the left truncation cut: turns cut in
+    either arm, and the tokens cut from each arm's prompts (``cut_tokens``: the speculative arm's)."""
     cut_turns = [t for p in per_prompt for t in p["turns"] if t["spec_cut_tokens"] or t["ar_cut_tokens"]]
     return {
         **limit.summary(),
-        "truncated_prompts": sum(1 for p in per_prompt if p["cut_tokens"]),
+        "truncated_prompts": sum(1 for p in per_prompt if p["cut_tokens"] or p["ar_cut_tokens"]),
         "truncated_turns": len(cut_turns),
         "cut_tokens": sum(p["cut_tokens"] for p in per_prompt),
+        "ar_cut_tokens": sum(p["ar_cut_tokens"] for p in per_prompt),
     }
 
 

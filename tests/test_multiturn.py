@@ -180,12 +180,14 @@ def test_left_truncation_cuts_each_turn_and_records_it(tmp_path, questions):
             if t["turn"] == 1:
                 assert t["spec_cut_tokens"] == max(0, first_len[o["question_id"]] - 40)
             assert tr["spec_cut_tokens"] == t["spec_cut_tokens"]
-        assert row["cut_tokens"] == sum(t["spec_cut_tokens"] + t["ar_cut_tokens"] for t in row["turns"])
+        assert row["cut_tokens"] == sum(t["spec_cut_tokens"] for t in row["turns"])  # each arm once, not summed
+        assert row["ar_cut_tokens"] == sum(t["ar_cut_tokens"] for t in row["turns"])
     cut = [(r["prompt_id"], t["turn"]) for r in record["per_prompt"] for t in r["turns"] if t["spec_cut_tokens"]]
     assert ("81", 2) in cut  # a second turn outgrows the room: cut, not refused
     assert ctx["truncated_turns"] == len(cut) and ctx["cut_tokens"] == sum(
         r["cut_tokens"] for r in record["per_prompt"]
     )
+    assert ctx["ar_cut_tokens"] == sum(r["ar_cut_tokens"] for r in record["per_prompt"])
     assert record["gates"]["greedy_equality"]["status"] == "passed"
 
 

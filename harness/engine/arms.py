@@ -90,7 +90,9 @@ METRIC_NOTES = {
     "peak_rss_bytes": "this job's peak host resident set (peak_rss_method says how it was measured)",
     "context": (
         "the positions every turn's prompt had to fit (prompt + max_new_tokens + candidate rows) and the rule "
-        "(refuse | left); truncated_turns and cut_tokens count what the left cut removed, both arms"
+        "(refuse | left); truncated_turns counts the turns the left cut shortened in either arm, cut_tokens the "
+        "tokens it removed from the speculative arm's prompts, ar_cut_tokens from the AR arm's (they differ only "
+        "in later turns, built from each arm's own answers)"
     ),
     "timing_outliers": (
         "prompts whose decode time per round in one arm is 3x or more that arm's median over the run's prompts "
