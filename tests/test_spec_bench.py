@@ -194,6 +194,15 @@ def test_export_command_and_its_refusals(exported, tmp_path, capsys):
     assert not (tmp_path / "t.jsonl").exists()
     with pytest.raises(ExportError, match="would overwrite"):
         export_spec_bench(root / "run", out, baseline=out)
+    # a file where a folder is needed, and a path that ends like a folder, are named as such
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ExportError, match=r"a.jsonl cannot be written: .*afile is a file, not a folder$"):
+        export_spec_bench(root / "run", tmp_path / "afile" / "a.jsonl")
+    with pytest.raises(ExportError, match=r"cannot be written: .*afile is a file, not a folder$"):
+        export_spec_bench(root / "run", tmp_path / "ok.jsonl", baseline=tmp_path / "afile" / "base.jsonl")
+    with pytest.raises(ExportError, match=r"^baseline .*l.jsonl.d/ names a folder; give a file path"):
+        export_spec_bench(root / "run", tmp_path / "ok.jsonl", baseline=f"{tmp_path}/l.jsonl.d/")
+    assert not (tmp_path / "ok.jsonl").exists() and not (tmp_path / "l.jsonl.d").exists()
     with pytest.raises(ExportError, match="no such record file"):
         export_spec_bench(tmp_path / "nowhere", out)
     # a run the runner wrote exports (the fixture sweep's prompt lookup run on the tiny model)

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.files import output_folder_problem
 from harness.tracking.command_line import boolean_option, run_folder_of, split_arguments, usage_status
 from harness.tracking.record import write_jsonl_atomic
 from harness.tracking.store import OUTPUTS_FILENAME, RecordError, load_record, outputs_problem
@@ -132,6 +133,12 @@ def check_destination(path: Path, *, overwrite: bool) -> None:
         raise ExportError(f"{path} is a folder; give a file path, e.g. {path / 'answers.jsonl'}")
     if path.exists() and not overwrite:
         raise ExportError(f"{path} already exists; give another path or overwrite=true")
+    folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+    if folder is not None and not folder.is_dir():
+        raise ExportError(f"{path} cannot be written: {folder} is a file, not a folder")
+    problem = output_folder_problem("folder", path.parent)
+    if problem:  # a folder that cannot be written
+        raise ExportError(f"{path} cannot be written ({problem})")
 
 
 def answer_lines(record: dict, outputs: Sequence[dict], arm: str, *, model_id: str | None = None) -> list[dict]:
@@ -194,6 +201,9 @@ def export_spec_bench(
 
     The run's ``outputs.jsonl`` must be the one its record binds; the answer files go outside
     every run folder and, unless ``overwrite``, to paths that do not exist yet."""
+    for name, given in (("OUT", out), ("baseline", baseline)):
+        if given is not None and str(given).endswith(("/", "\\")):  # Path() would drop the slash
+            raise ExportError(f"{name} {given} names a folder; give a file path, e.g. {Path(given) / 'answers.jsonl'}")
     run_dir, out = Path(run_dir), Path(out)
     try:
         record = load_record(run_dir)
