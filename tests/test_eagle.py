@@ -677,7 +677,9 @@ def write_published(path, config: dict, state: dict, *, fmt="bin"):
     [("bin", True, False, 1), ("safetensors", False, False, 1), ("bin", True, True, 2)],
     ids=["eagle-bin", "eagle2-safetensors-nobias", "qwen2-qkv-bias-2-layers"],
 )
-def test_published_eagle12_checkpoint_loads_key_for_key_and_decodes_exactly(env, tmp_path, fmt, bias, qkv_bias, layers):
+def test_published_eagle12_checkpoint_loads_key_for_key_and_decodes_exactly(
+    env, tmp_path, capsys, fmt, bias, qkv_bias, layers
+):
     model = env["model"]
     cfg = model.config
     state = eagle12_state(cfg, layers=layers, bias=bias, qkv_bias=qkv_bias, embed=model.get_input_embeddings().weight)
@@ -699,6 +701,14 @@ def test_published_eagle12_checkpoint_loads_key_for_key_and_decodes_exactly(env,
     res, _ = run(env["backend"], p, prompt=prompt)
     assert res.tokens == autoregressive(env["backend"], prompt)
     assert p.stats.extras["hidden_misses"] == 0
+    assert capsys.readouterr().err == ""  # its embedding is the target's
+    if fmt == "bin" and not qkv_bias:  # an embedding of another base model is warned about
+        state["embed_tokens.weight"] = state["embed_tokens.weight"] + 0.5
+        other = write_published(
+            tmp_path / "other", llama_fields(cfg, num_hidden_layers=layers, **extra), state, fmt=fmt
+        )
+        load_configured_eagle({"artifact": str(other)}, model=model, tokenizer=None)
+        assert "its embedding is 0.5 away from the target's" in capsys.readouterr().err
 
 
 def test_published_checkpoint_refusals(env, tmp_path):

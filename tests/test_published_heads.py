@@ -334,6 +334,41 @@ def hydra_reference(state, k, layers, ctx, embs, *, grounded, arch="mlp"):
     return x @ state[f"{head}.weight"].T + state[f"{head}.bias"]
 
 
+def test_heads_made_for_another_base_model_are_warned_about_on_stderr(tmp_path, target, capsys):
+    """The record kept the evidence (input_embed_matches_target, base_model_name_or_path) but
+    nothing said so while the run went on with near-zero acceptance."""
+    embed = target.get_input_embeddings().weight
+    state = hydra_state(heads=3, layers=1, hidden=H, vocab=V, grounded=True, embed=embed + 1.0, seed=4)
+    path = write_hydra(tmp_path / "hydra", state, config=hydra_config(3, 1, grounded=True))
+    art = load_configured_heads("hydra", {"artifact": str(path)}, model=target, tokenizer=None)
+    assert art.manifest["input_embed_matches_target"] is False
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"harness: warning: the published hydra at {path} looks made for another"
+    )
+    assert "their saved input embedding differs from the target's" in err[0]
+    state = hydra_state(heads=3, layers=1, hidden=H, vocab=V, grounded=True, embed=embed, seed=4)
+    same = write_hydra(tmp_path / "same", state, config=hydra_config(3, 1, grounded=True))
+    load_configured_heads("hydra", {"artifact": str(same)}, model=target, tokenizer=None)
+    assert capsys.readouterr().err == ""
+    original = target.config._name_or_path
+    target.config._name_or_path = "/models/vicuna-7b-v1.3"
+    try:
+        config = {**hydra_config(3, 1, grounded=True), "base_model_name_or_path": "lmsys/vicuna-13b-v1.3"}
+        other = write_hydra(tmp_path / "other", state, config=config)
+        load_configured_heads("hydra", {"artifact": str(other)}, model=target, tokenizer=None)
+        assert "they name lmsys/vicuna-13b-v1.3 as their base model; the target is /models/vicuna-7b-v1.3" in (
+            capsys.readouterr().err
+        )
+        config["base_model_name_or_path"] = "lmsys/vicuna-7b-v1.3"  # the same model by hub id and by path
+        load_configured_heads(
+            "hydra", {"artifact": str(write_hydra(tmp_path / "o2", state, config=config))}, model=target, tokenizer=None
+        )
+        assert capsys.readouterr().err == ""
+    finally:
+        target.config._name_or_path = original
+
+
 @pytest.mark.parametrize(
     "grounded, layers", [(True, 1), (True, 3), (False, 2)], ids=["grounded-L1", "grounded-L3", "ungrounded-L2"]
 )

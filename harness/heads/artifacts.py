@@ -11,6 +11,7 @@ checkpoint (a directory without ``manifest.json``, or a hub id) is read in its p
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,12 @@ def load_published(kind: str, ref: str, *, model: torch.nn.Module) -> HeadsArtif
     """A published head bank (key for key, its published forward) with its provenance."""
     layout = inspect(ref, kind)
     heads = load_published_heads(layout, model=model)
+    base = layout.config.get("base_model_name_or_path")
+    target = str(getattr(model.config, "_name_or_path", "") or getattr(model.config, "name_or_path", "") or "")
+    if heads.embed_matches_target is False:
+        warn_base(kind, ref, "their saved input embedding differs from the target's (input_embed_matches_target)")
+    elif base and target and Path(str(base)).name.lower() != Path(target).name.lower():
+        warn_base(kind, ref, f"they name {base} as their base model; the target is {target}")
     manifest = {
         **layout.provenance(),
         "kind": kind,
@@ -100,6 +107,20 @@ def load_published(kind: str, ref: str, *, model: torch.nn.Module) -> HeadsArtif
         "cpu_budget_artifact": False,  # not trained here
     }
     return HeadsArtifact(heads=heads, manifest=manifest, path=layout.directory)
+
+
+#: a published draft's input embedding further than this from the target's was trained for another base
+EMBEDDING_MATCH_TOLERANCE = 1e-3
+
+
+def warn_base(kind: str, ref: str, why: str) -> None:
+    """One stderr line: a published draft that looks made for another base model (its acceptance
+    will be low; the outputs stay exact, and the record keeps the evidence)."""
+    print(
+        f"harness: warning: the published {kind} at {ref} looks made for another base model: {why}; "
+        "expect low acceptance (outputs stay exact)",
+        file=sys.stderr,
+    )
 
 
 def load_configured_heads(kind: str, options: dict, *, model: torch.nn.Module, tokenizer) -> HeadsArtifact:
@@ -197,6 +218,13 @@ def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifac
         theirs = model.get_input_embeddings().weight.detach().to("cpu", torch.float32)
         if mine.shape == theirs.shape:
             embedding["max_abs_diff_vs_target"] = float((mine - theirs).abs().max())
+            if embedding["max_abs_diff_vs_target"] > EMBEDDING_MATCH_TOLERANCE:
+                warn_base(
+                    "EAGLE draft",
+                    str(source),
+                    f"its embedding is {embedding['max_abs_diff_vs_target']:.3g} away from the target's "
+                    "(embedding.max_abs_diff_vs_target)",
+                )
     manifest = {
         "kind": "eagle",
         "published": True,
