@@ -72,7 +72,16 @@ def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_pat
     assert panels["frontier"]["legend"] == spec["labels"]["legend_template"]
     assert "${config:workload}" not in spec["labels"]["legend_template"]
     assert "T=${config:temperature}" in spec["labels"]["legend_template"]
-    assert panels["speedup_by_proposer_workload"]["group_by"] == ["workload", "proposer"]
+    # a bar never averages different arms: the axes that differ split it further
+    assert panels["speedup_by_proposer_workload"]["group_by"] == [
+        "workload",
+        "proposer",
+        "topology",
+        "verifier",
+        "temperature",
+        "batch_size",
+    ]
+    assert spec["labels"]["config_keys"] == []
     assert panels["acceptance_by_depth"]["x"] == "depth"
     assert "depth/acceptance_few_rounds" in panels["acceptance_by_depth"]["y"]
     assert "fewer than 30 rounds" in panels["acceptance_by_depth"]["note"]
@@ -251,3 +260,25 @@ def test_the_dashboard_reads_the_project_its_records_were_logged_to(tmp_path, ca
     assert dashboard_main(["adhoc", f"records={sweep}"]) == 0  # no record of group adhoc there
     assert (sweep / "dashboard.json").read_text() == '{"sections": [], "format": "kept"}'
     assert (tmp_path / "dashboard-adhoc.json").is_file()
+
+
+def test_runs_of_one_arm_that_differ_in_another_option_are_told_apart(tmp_path, capsys):
+    """A sweep over an option that is no axis (topology.max_nodes) makes runs with one name, job
+    type and legend; the specification names the option in the legend and splits the bars by it,
+    while repeats (another seed) stay one bar."""
+    sweep = tmp_path / "sweep"
+    for name, nodes, seed in (("a", 4, 0), ("b", 8, 0), ("c", 8, 1)):
+        job = sweep / name
+        shutil.copytree(FIXTURE_RUNS[0], job)
+        record = json.loads((job / "record.json").read_text())
+        record["config"]["topology"]["max_nodes"] = nodes
+        record["config"]["seed"] = seed
+        record["run_id"] = f"{record['run_id']}-{name}"
+        (job / "record.json").write_text(json.dumps(record))
+    out = tmp_path / "d.json"
+    assert dashboard_main(["fixture-sweep", f"records={sweep}", f"out={out}"]) == 0
+    spec = json.loads(out.read_text())
+    assert spec["labels"]["config_keys"] == ["topology.max_nodes"]
+    assert spec["labels"]["legend_template"].endswith("max_nodes=${config:resolved.topology.max_nodes}")
+    bars = next(p for p in spec["sections"][0]["panels"] if p["id"] == "speedup_by_proposer_workload")
+    assert bars["group_by"][-1] == "resolved.topology.max_nodes" and "resolved.seed" not in bars["group_by"]

@@ -419,6 +419,26 @@ def _varying(runs: pd.DataFrame, by: str) -> dict[str, list[str]]:
     return out
 
 
+#: config keys whose differences among one arm's runs are repeats, not other configurations
+REPEAT_CONFIG = ("seed",)
+
+
+def arm_config_keys(df: pd.DataFrame) -> list[str]:
+    """The config keys (dotted, without ``config.``) that differ among the runs of one arm (same
+    axes) in ``df``: a sweep over an option that is no axis (``topology.max_nodes``) makes arms
+    that share a name; a seed is a repeat and is left out. In first-seen order over the arms."""
+    keys: dict[str, None] = {}
+    present = [a for a in AXES if a in df.columns]
+    if df.empty or not present:
+        return []
+    for _, runs in df.groupby([df[a].map(arm_label) for a in present], sort=False):
+        if len(runs) > 1:
+            for key in _varying(runs, by=""):
+                if key not in AXES and key not in REPEAT_CONFIG:
+                    keys[key] = None
+    return list(keys)
+
+
 def _axes_apart(runs: pd.DataFrame, base: pd.DataFrame, by: str) -> dict[str, list[str]]:
     """The axes other than ``by`` whose values differ between ``runs`` and the baseline's ``base``:
     axis -> [these runs' values, the baseline's], each comma-joined."""

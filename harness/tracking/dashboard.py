@@ -40,6 +40,7 @@ from harness.tracking.command_line import (
     usage_status,
     whole_number_option,
 )
+from harness.tracking.compare import arm_config_keys
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, NAME_AXES, varying_axes
 from harness.tracking.record import write_json_atomic
 from harness.tracking.store import (
@@ -68,11 +69,14 @@ USAGE = (
 # the specification
 
 
-def legend_template(axes: Sequence[str]) -> str:
+def legend_template(axes: Sequence[str], config_keys: Sequence[str] = ()) -> str:
     """A W&B legend template naming a run by these axes, as the report's labels do
-    (``${config:proposer}/T=${config:temperature}``)."""
+    (``${config:proposer}/T=${config:temperature}``), then by the other config keys that tell one
+    arm's runs apart (``max_nodes=${config:resolved.topology.max_nodes}``)."""
     pieces = {"temperature": "T=${config:temperature}", "batch_size": "B=${config:batch_size}"}
-    return "/".join(pieces.get(a, f"${{config:{a}}}") for a in axes)
+    named = [pieces.get(a, f"${{config:{a}}}") for a in axes]
+    named += [f"{k.rsplit('.', 1)[-1]}=${{config:resolved.{k}}}" for k in config_keys]
+    return "/".join(named)
 
 
 def _quote(value: str) -> str:
@@ -83,8 +87,10 @@ def _panel(pid: str, title: str, kind: str, **fields: Any) -> dict[str, Any]:
     return {"id": pid, "title": title, "kind": kind, **fields}
 
 
-def review_panels(*, legend: str, min_rounds: int) -> list[dict[str, Any]]:
-    """The panels of the main section (gated exact runs), in review order."""
+def review_panels(*, legend: str, min_rounds: int, split_by: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The panels of the main section (gated exact runs), in review order. ``split_by``: the axes
+    and config keys (``resolved.<key>``) that tell the runs of one proposer and workload apart, so
+    a bar never averages different arms."""
     wilson = "95% Wilson bounds from the rounds that tried each depth"
     return [
         _panel(
@@ -92,7 +98,7 @@ def review_panels(*, legend: str, min_rounds: int) -> list[dict[str, Any]]:
             "Speedup over AR by proposer and workload",
             "bar",
             y=["speedup"],
-            group_by=["workload", "proposer"],
+            group_by=["workload", "proposer", *[k for k in split_by if k not in ("workload", "proposer")]],
             aggregate="mean",
             note="bars: mean over the runs of a group; 1.0 = autoregressive; per-prompt CIs: harness compare",
         ),
@@ -206,13 +212,16 @@ def build_spec(
     entity: str | None = None,
     axes_rows: Sequence[Mapping[str, Any]] = (),
     min_rounds: int = MIN_DEPTH_ROUNDS,
+    config_keys: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The panel specification of the review of W&B group ``group``.
 
     ``axes_rows``: the axes of the group's records, when known; the legend names runs by the
-    axes that differ among them (every axis of a run name when none is known)."""
+    axes that differ among them (every axis of a run name when none is known), then by
+    ``config_keys``, the options (no axes) that differ among one arm's runs."""
     vary = varying_axes(axes_rows) if axes_rows else list(NAME_AXES)
-    legend = legend_template(vary or list(NAME_AXES))
+    legend = legend_template(vary or list(NAME_AXES), config_keys)
+    split_by = [*(vary if axes_rows else []), *(f"resolved.{k}" for k in config_keys)]
     in_group = f"Group = {_quote(group)}"
     apart = "[" + ", ".join(_quote(t) for t in APART_TAGS) + "]"
     return {
@@ -227,14 +236,14 @@ def build_spec(
         "project": project,
         "entity": entity,
         "group": group,
-        "labels": {"axes": vary, "legend_template": legend},
+        "labels": {"axes": vary, "config_keys": list(config_keys), "legend_template": legend},
         "min_depth_rounds": min_rounds,
         "sections": [
             {
                 "id": "review",
                 "title": "Gated exact runs",
                 "filter": f"{in_group} and State = 'finished' and Tags not in {apart}",
-                "panels": review_panels(legend=legend, min_rounds=min_rounds),
+                "panels": review_panels(legend=legend, min_rounds=min_rounds, split_by=split_by),
             },
             {
                 "id": "apart",
@@ -242,7 +251,7 @@ def build_spec(
                 "filter": f"{in_group} and State = 'finished' and Tags in {apart}",
                 "panels": [
                     p
-                    for p in review_panels(legend=legend, min_rounds=min_rounds)
+                    for p in review_panels(legend=legend, min_rounds=min_rounds, split_by=split_by)
                     if p["id"] in {"speedup_by_proposer_workload", "acceptance_by_depth", "frontier"}
                 ],
             },
@@ -372,19 +381,21 @@ def publish(spec: Mapping[str, Any], *, entity: str | None = None) -> str:
 # command line
 
 
-def group_axes(records_root: Path, group: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """The axes of the records under ``records_root`` that belong to W&B group ``group``, and the
-    groups of every record there."""
+def group_axes(records_root: Path, group: str) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """The axes of the records under ``records_root`` that belong to W&B group ``group``, the
+    groups of every record there, and the config keys that tell one arm's runs of the group apart
+    (:func:`~harness.tracking.compare.arm_config_keys`)."""
     df = aggregate(records_root)
     if df.empty:
-        return [], []
+        return [], [], []
 
     def none(v: Any) -> Any:
         return None if v is None or (isinstance(v, float) and v != v) else v
 
     groups = [wandb_group(none(r["sweep"]), none(r["experiment"])) for _, r in df.iterrows()]
-    rows = [{a: r[a] for a in AXES if a in df.columns} for (_, r), g in zip(df.iterrows(), groups) if g == group]
-    return rows, sorted(set(groups))
+    mine = [g == group for g in groups]
+    rows = [{a: r[a] for a in AXES if a in df.columns} for (_, r), m in zip(df.iterrows(), mine) if m]
+    return rows, sorted(set(groups)), arm_config_keys(df[mine])
 
 
 def group_projects(records_root: Path, group: str) -> tuple[int, set[str]]:
@@ -477,7 +488,9 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
         records = Path(opts["records"]) if "records" in opts else known.get(group)
         if "records" in opts and not records.is_dir():
             raise ValueError(f"records={records}: not a folder")
-        axes_rows, groups = group_axes(records, group) if records is not None and records.is_dir() else ([], [])
+        axes_rows, groups, config_keys = (
+            group_axes(records, group) if records is not None and records.is_dir() else ([], [], [])
+        )
         count, projects = group_projects(records, group) if records is not None and records.is_dir() else (0, set())
         project, note = dashboard_project(group, opts.get("project"), count, projects)
         if opts.get("entity") is not None and tracking_problem(DEFAULT_PROJECT, opts["entity"], environ={}):
@@ -491,6 +504,7 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
         entity=opts.get("entity"),
         axes_rows=axes_rows,
         min_rounds=min_rounds,
+        config_keys=config_keys,
     )
     if "out" in opts:
         out = Path(opts["out"])
