@@ -89,10 +89,14 @@ def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_pat
     assert panels["frontier"]["y"] == "time_per_committed_token_ms"
     assert panels["speedup_vs_batch"]["x"] == "config:batch_size"
 
-    rc, spec20, _, _ = _spec_from_cli(tmp_path, capsys, "min_rounds=20")
-    assert rc == 0 and spec20["min_depth_rounds"] == 20
+    rc, spec30, _, _ = _spec_from_cli(tmp_path, capsys, "min_rounds=30")
+    assert rc == 0 and spec30["min_depth_rounds"] == 30
     (tmp_path / "dashboard.json").unlink()
-    for value, message in (("abc", "min_rounds='abc': expected a whole number >= 1"), ("0", "min_rounds=0 is out")):
+    for value, message in (
+        ("abc", "min_rounds='abc': expected a whole number >= 1"),
+        ("0", "min_rounds=0 is out"),
+        ("20", "min_rounds=20: the runs split acceptance by depth at 30 rounds when they logged it"),
+    ):
         rc, none, _, err = _spec_from_cli(tmp_path, capsys, f"min_rounds={value}")
         assert rc == 2 and none is None and err.startswith(f"harness dashboard: refused: {message}")
 

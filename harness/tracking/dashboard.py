@@ -485,6 +485,12 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
                 f"unknown sweep or experiment {group!r}; one of {sorted(known)} (or give records=DIR for another group)"
             )
         min_rounds = whole_number_option("min_rounds", opts.get("min_rounds"), MIN_DEPTH_ROUNDS)
+        if min_rounds != MIN_DEPTH_ROUNDS:  # the runs logged their split already; panels cannot move it
+            raise ValueError(
+                f"min_rounds={min_rounds}: the runs split acceptance by depth at {MIN_DEPTH_ROUNDS} rounds when they "
+                "logged it (depth/acceptance, depth/acceptance_few_rounds), and a specification cannot move that "
+                f"split; depth/rounds_tried shows each depth's rounds (min_rounds={MIN_DEPTH_ROUNDS} or leave it out)"
+            )
         records = Path(opts["records"]) if "records" in opts else known.get(group)
         if "records" in opts and not records.is_dir():
             raise ValueError(f"records={records}: not a folder")
