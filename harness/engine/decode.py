@@ -297,16 +297,24 @@ def decode_batch(
             )
         retrieval_ms = sum(o["retrieval"] for o in own)
         packing_ms = sum(o["packing"] for o in own)
+        proposal_ms = (t_verify - t_prop) * 1e3 - retrieval_ms - packing_ms
+        selection_ms = (t_commit - t_select) * 1e3
+        # the loops' own time around each request's timed span (clock reads, the depth cap, the
+        # lists) is the round's too: shared evenly, so the requests' rows add up to the round's
+        for stage, total in (("proposal", proposal_ms), ("selection", selection_ms)):
+            share = (total - sum(o[stage] for o in own)) / len(own)
+            for o in own:
+                o[stage] += share
         batch_ledger.observe_round(
             live=len(live),
             real_rows=out.real_candidate_rows,
             padded_rows=out.padded_candidate_rows,
             stage_ms={
-                "proposal": (t_verify - t_prop) * 1e3 - retrieval_ms - packing_ms,
+                "proposal": proposal_ms,
                 "retrieval": retrieval_ms,
                 "packing": packing_ms,
                 "target_verify": verify_ms,
-                "selection": (t_commit - t_select) * 1e3,
+                "selection": selection_ms,
                 "temporary_state": commit_ms,
             },
             temp_kv_real_bytes=out.real_candidate_rows * bpt,
