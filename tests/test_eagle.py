@@ -1149,3 +1149,26 @@ def test_a_hub_id_is_downloaded_then_read_like_a_directory(env, tmp_path, monkey
     with pytest.raises(ArtifactError, match=r"not in the local hub cache, and the hub cannot be reached \(huggingface"):
         load_configured_eagle({"artifact": "someone/missing"}, model=model, tokenizer=None)
     assert calls[-1] == ("someone/missing", ("*.json", "*.safetensors", "*.bin"), True)
+
+
+def test_a_published_draft_for_another_target_is_refused_before_any_model_work(env, tmp_path, monkeypatch):
+    """Its config.json names another hidden size or vocabulary: refused at plan, as published heads
+    are (it was refused after the target's weights had loaded, minutes on a 7B target)."""
+    import harness.runner as runner
+    from harness.config import compose
+    from harness.engine.build import plan
+
+    model = env["model"]
+    cfg = model.config
+    state = eagle12_state(cfg, embed=model.get_input_embeddings().weight)
+    wide = write_published(tmp_path / "wide", {**llama_fields(cfg), "vocab_size": 259}, state)
+    other = write_published(tmp_path / "other", {**llama_fields(cfg), "hidden_size": 64}, state)
+    monkeypatch.setattr(runner, "load_models", lambda *a, **k: pytest.fail("a model was loaded"))
+    for path, said in (
+        (wide, r"\(EAGLE draft\) has vocab_size 259; the target's vocabulary is 96"),
+        (other, r"\(EAGLE draft\) reads features of hidden size 64; the target's is 32"),
+    ):
+        with pytest.raises(ArtifactError, match=rf"^proposer.artifact='{path}' {said}"):
+            plan(compose(["model=tiny", "proposer=eagle", f"proposer.artifact={path}", "topology=sequence"]))
+    fits = write_published(tmp_path / "fits", llama_fields(cfg), state)
+    plan(compose(["model=tiny", "proposer=eagle", f"proposer.artifact={fits}", "topology=sequence"]))

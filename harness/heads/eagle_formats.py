@@ -78,6 +78,37 @@ def published_draft_vocab(options) -> int | None:
     return int(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
+def published_config_problem(artifact, geometry) -> str | None:
+    """Why the published EAGLE draft in local folder ``artifact`` cannot serve the target whose
+    ``geometry()`` (hidden size, vocabulary) is given, read from its config.json before any model
+    work (the weights are checked again when they load), or None: no such folder, a config that
+    states neither, or a fit. A draft by hub id is checked when it loads."""
+    path = Path(str(artifact)).expanduser() if artifact else None
+    if path is None or not path.is_dir() or not is_published_dir(path):
+        return None
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # the load names what is wrong with it
+    if not isinstance(cfg, dict):
+        return None
+    layer = {**(cfg.get("transformer_layer_config") or {}), **cfg} if cfg.get("speculators_model_type") else cfg
+    eagle3 = cfg.get("speculators_model_type") == "eagle3" or "draft_vocab_size" in cfg
+    hidden = layer.get("target_hidden_size") if eagle3 else None
+    hidden = hidden if hidden is not None else layer.get("hidden_size")
+    vocab = layer.get("vocab_size")
+    target = geometry()
+    where = f"proposer.artifact={artifact!r} ({'EAGLE-3' if eagle3 else 'EAGLE'} draft)"
+    if isinstance(hidden, int) and hidden != int(target["hidden_size"]):
+        return (
+            f"{where} reads features of hidden size {hidden}; the target's is {target['hidden_size']}: "
+            "a draft serves the model it was trained for"
+        )
+    if isinstance(vocab, int) and vocab != int(target["vocab_size"]):
+        return f"{where} has vocab_size {vocab}; the target's vocabulary is {target['vocab_size']}"
+    return None
+
+
 def resolve_source(source: str) -> Path:
     """A local directory, or a hub id downloaded to the hub cache (config and weights only)."""
     path = Path(source).expanduser()

@@ -66,7 +66,9 @@ from harness.contracts import (
     ProposalStateHandle,
 )
 from harness.heads.artifacts import load_configured_eagle
+from harness.heads.checkpoint import ArtifactError
 from harness.heads.eagle import DraftKV
+from harness.heads.eagle_formats import published_config_problem
 from harness.heads.models import vocab_projection
 from harness.heads.state import CapturedForward, CommittedHidden, PrefixHashes
 from harness.proposers.memo import LawTable, memo_call
@@ -139,6 +141,14 @@ class EagleProposer(HiddenRowProposer):
                 f"proposer.artifact={artifact!r} does not exist and is not a hub id (owner/name); give an artifact "
                 "directory, a published EAGLE checkpoint, or leave it unset to train or load one from the cache"
             )
+
+    @classmethod
+    def check_plan(cls, options: dict, budget: Budget, geometry) -> None:
+        """Before any model work: a published draft in a local folder against the target's hidden
+        size and vocabulary (its config.json; the weights are checked again when they load)."""
+        problem = published_config_problem(options.get("artifact"), geometry)
+        if problem:
+            raise ArtifactError(problem)
 
     @classmethod
     def load_artifact(cls, options: dict, *, model: torch.nn.Module, tokenizer) -> dict:
