@@ -627,3 +627,27 @@ def test_a_cached_hub_repository_with_only_a_pt_heads_file_loads_while_the_hub_i
     )
     with pytest.raises(ArtifactError, match=r"not in the local hub cache, and the hub cannot be reached \(huggingface"):
         inspect("someone/medusa-heads", "medusa")
+
+
+def test_a_hydra_grounded_heads_flag_that_disagrees_with_the_weights_is_named(tmp_path, target):
+    """The refusal listed res_connection tensors without saying that the config's flag decides
+    whether the heads are grounded."""
+    embed = target.get_input_embeddings().weight
+    grounded = hydra_state(heads=3, layers=1, hidden=H, vocab=V, grounded=True, embed=embed, seed=4)
+    config = hydra_config(3, 1, grounded=True)
+    del config["grounded_heads"]
+    path = write_hydra(tmp_path / "noflag", grounded, config=config)
+    with pytest.raises(
+        ArtifactError,
+        match=r"unexpected tensor\(s\) .*res_connection.* \(config.json has no "
+        r"grounded_heads, read as false; the weights hold the grounded heads' res_connection",
+    ):
+        load_configured_heads("hydra", {"artifact": str(path)}, model=target, tokenizer=None)
+    plain = hydra_state(heads=3, layers=1, hidden=H, vocab=V, grounded=False, embed=embed, seed=4)
+    path = write_hydra(tmp_path / "wrongflag", plain, config=hydra_config(3, 1, grounded=True))
+    with pytest.raises(
+        ArtifactError,
+        match=r"missing tensor\(s\) .*res_connection.* \(config.json says "
+        r"grounded_heads=True; the weights lack",
+    ):
+        load_configured_heads("hydra", {"artifact": str(path)}, model=target, tokenizer=None)

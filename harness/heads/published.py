@@ -506,10 +506,20 @@ def check_keys(layout: PublishedLayout, shapes: dict[str, tuple[int, ...]]) -> N
     where = f"proposer.artifact={layout.ref!r} ({layout.format})"
     missing = sorted(set(want) - set(shapes))
     extra = sorted(set(shapes) - set(want) - set(OPTIONAL_KEYS))
+    # Hydra's grounded heads hold a res_connection in their first layer: a mismatch there is the
+    # config's grounded_heads flag disagreeing with the weights
+    flag = ""
+    if layout.kind == "hydra" and any("res_connection" in k for k in missing + extra):
+        said = layout.config.get("grounded_heads")
+        flag = (
+            f" (config.json {'has no grounded_heads, read as false' if said is None else f'says grounded_heads={said}'}"
+            f"; the weights {'lack' if missing and any('res_connection' in k for k in missing) else 'hold'} "
+            "the grounded heads' res_connection: fix the flag)"
+        )
     if missing:
-        raise ArtifactError(f"{where}: missing tensor(s) {missing[:6]}{' ...' if len(missing) > 6 else ''}")
+        raise ArtifactError(f"{where}: missing tensor(s) {missing[:6]}{' ...' if len(missing) > 6 else ''}{flag}")
     if extra:
-        raise ArtifactError(f"{where}: unexpected tensor(s) {extra[:6]}{' ...' if len(extra) > 6 else ''}")
+        raise ArtifactError(f"{where}: unexpected tensor(s) {extra[:6]}{' ...' if len(extra) > 6 else ''}{flag}")
     for key, shape in want.items():
         if tuple(shapes[key]) != tuple(shape):
             raise ArtifactError(f"{where}: {key} has shape {list(shapes[key])}, expected {list(shape)}")
