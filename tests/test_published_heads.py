@@ -651,3 +651,26 @@ def test_a_hydra_grounded_heads_flag_that_disagrees_with_the_weights_is_named(tm
         r"grounded_heads=True; the weights lack",
     ):
         load_configured_heads("hydra", {"artifact": str(path)}, model=target, tokenizer=None)
+
+
+def test_a_weight_file_holding_a_pickled_module_is_refused_in_one_short_line(tmp_path):
+    """torch's own refusal is hundreds of characters with colour codes and advice to unpickle
+    unsafely; the harness says what the file is and what to save instead."""
+    from harness.heads.eagle_formats import read_weights
+    from harness.heads.published import _read_tensors
+
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "medusa_lm_head.pt")
+    with pytest.raises(ArtifactError) as err:
+        _read_tensors([tmp_path / "medusa_lm_head.pt"], data=True)
+    message = str(err.value)
+    assert "holds pickled Python objects, not only tensors" in message and "save its state_dict" in message
+    assert "\n" not in message and "\x1b" not in message and "weights_only=False" not in message
+    eagle = tmp_path / "eagle"
+    eagle.mkdir()
+    (eagle / "config.json").write_text("{}")
+    torch.save(torch.nn.Linear(2, 2), eagle / "pytorch_model.bin")
+    with pytest.raises(ArtifactError, match="holds pickled Python objects"):
+        read_weights(eagle)
+    (eagle / "pytorch_model.bin").write_bytes(b"garbage")
+    with pytest.raises(ArtifactError, match=r"^cannot read .*pytorch_model.bin' as a tensor file: \w+: .{1,200}$"):
+        read_weights(eagle)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,28 @@ def check_weight_tensors(where: str, state: dict[str, torch.Tensor], *, integer_
 #: an artifact that recorded fewer training tokens than this is a CPU-budget artifact: the label
 #: reports keep apart (trained here on tens of thousands of tokens, not a full training run)
 CPU_BUDGET_MAX_TOKENS = 10_000_000
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def unreadable_tensor_file(path: Path, exc: BaseException) -> ArtifactError:
+    """One line for a weight file ``torch.load(weights_only=True)`` refused: a pickle of Python
+    objects (a whole module saved with ``torch.save(model)``) said as such, anything else by the
+    first line of the error (torch's own advice, to unpickle with ``weights_only=False``, would run
+    the file's code)."""
+    text = _ANSI.sub("", str(exc))
+    if "Unsupported global" in text:  # a class the file asks to import: a pickled object
+        return ArtifactError(
+            f"{str(path)!r} holds pickled Python objects, not only tensors (a whole module saved with "
+            "torch.save(model)?): save its state_dict instead; weights are read without running a pickle's code"
+        )
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "WeightsUnpickler error:" in text:  # torch's preamble, then the unpickler's own words
+        after = text.split("WeightsUnpickler error:", 1)[1]
+        lines = [line.strip() for line in after.splitlines() if line.strip()] or lines
+    first = lines[0] if lines else ""
+    return ArtifactError(f"cannot read {str(path)!r} as a tensor file: {type(exc).__name__}: {first[:200]}")
 
 
 def cpu_budget_label(manifest: dict) -> bool:

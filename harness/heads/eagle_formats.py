@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from harness.heads.checkpoint import ArtifactError, check_weight_tensors, read_config_object
+from harness.heads.checkpoint import ArtifactError, check_weight_tensors, read_config_object, unreadable_tensor_file
 from harness.heads.eagle import EagleSpec
 from harness.target.loading import hub_unreachable, looks_like_hub_id
 
@@ -166,7 +166,7 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             else:
                 part = torch.load(str(f), map_location="cpu", weights_only=True)
         except Exception as exc:  # a truncated or empty file, a pickle of something else
-            raise ArtifactError(f"cannot read {str(f)!r} as a tensor file: {type(exc).__name__}: {exc}") from None
+            raise unreadable_tensor_file(f, exc) from None
         if not isinstance(part, dict) or not all(isinstance(t, torch.Tensor) for t in part.values()):
             raise ArtifactError(f"{str(f)!r} holds a {type(part).__name__}, not a state dict of tensors")
         state.update(part)

@@ -58,7 +58,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from harness.heads.checkpoint import MANIFEST_FILE, ArtifactError, check_weight_tensors, read_config_object
+from harness.heads.checkpoint import (
+    MANIFEST_FILE,
+    ArtifactError,
+    check_weight_tensors,
+    read_config_object,
+    unreadable_tensor_file,
+)
 from harness.heads.models import vocab_projection
 from harness.target.loading import hub_unreachable, looks_like_hub_id
 
@@ -239,7 +245,7 @@ def _read_tensors(files: list[Path], *, prefix: str = "", data: bool) -> dict[st
             try:
                 state = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
             except Exception as exc:
-                raise ArtifactError(f"cannot read {str(f)!r} as a tensor file: {type(exc).__name__}: {exc}") from None
+                raise unreadable_tensor_file(f, exc) from None
             if not isinstance(state, dict):
                 raise ArtifactError(f"{str(f)!r} holds a {type(state).__name__}, not a state dict of tensors")
             for key, tensor in state.items():
