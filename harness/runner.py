@@ -509,8 +509,11 @@ def check_models(cfg: DictConfig) -> None:
             raise CheckpointError(f"{key}.name=derived needs {key}.num_layers=<k>: the target's first k layers")
         total = model_geometry(cfg.model)["num_hidden_layers"]
         if not 1 <= int(d.num_layers) <= total:
-            raise CheckpointError(
+            fit = max(1, total // 5) if int(d.num_layers) > total else 1  # about the default's share of SmolLM2's 30
+            raise ConfigError(
                 f"{key}.num_layers must be in [1, {total}] for this {total}-layer target; got {d.num_layers}"
+                + (" (the derived draft's default, for SmolLM2's 30 layers)" if int(d.num_layers) == 6 else ""),
+                suggestions=[(f"{key}.num_layers={fit}",)],
             )
         own = {k: v for k, v in d.tiny.items() if v != cfg.model.tiny.get(k)}  # they follow the target's unless set
         if own:

@@ -522,3 +522,16 @@ def test_a_file_given_as_the_artifact_is_refused_naming_its_folder(tmp_path, pro
         ValueError, match=rf"^proposer.artifact={weights} is a file; .* \(proposer.artifact={tmp_path}\)$"
     ):
         plan(compose(["model=tiny", f"proposer={proposer}", f"proposer.artifact={weights}"]))
+
+
+def test_a_derived_draft_deeper_than_the_target_offers_a_depth_that_fits(tmp_path):
+    """A 2-layer target with the derived draft's default of 6 layers was refused with no fix."""
+    from harness.config import checked_plan
+    from harness.contracts import ConfigError
+
+    target = tiny_checkpoint(tmp_path / "target")
+    with pytest.raises(ConfigError) as err:
+        checked_plan(["model=hf", f"model.name_or_path={target}", "proposer=draft_model", "workload.limit=1"])
+    message = str(err.value)
+    assert message.startswith("proposer.model.num_layers must be in [1, 2] for this 2-layer target; got 6")
+    assert message.endswith("try proposer.model.num_layers=1")
