@@ -129,12 +129,13 @@ def test_draft_configuration_refused_before_model_work(ckpts, monkeypatch, extra
 
 
 def test_derived_layer_count_checked_against_the_target(ckpts):
+    from harness.contracts import ConfigError
     from harness.runner import plan_job
 
     cfg = compose(
         ["model=hf", f"model.name_or_path={ckpts['target']}", "proposer=draft_model", "proposer.model.num_layers=5"]
     )
-    with pytest.raises(CheckpointError, match=r"must be in \[1, 4\] for this 4-layer target; got 5"):
+    with pytest.raises(ConfigError, match=r"must be in \[1, 4\] for this 4-layer target; got 5"):
         plan_job(cfg, None)
 
 
