@@ -188,6 +188,11 @@ def test_tokenizer_difference_names_the_first_differing_token():
     diff = tokenizer_difference(base, byte_tokenizer(rename={100: "<odd>", 120: "<odder>"}))
     assert diff.startswith("token id 100 is") and "'<odd>' in the draft's" in diff
     assert "normalizer differs" in tokenizer_difference(base, byte_tokenizer(lowercase=True))
+    added = byte_tokenizer()
+    added.add_tokens(["<extra>"])  # an id the target does not have (it said: "is None in the target's")
+    assert tokenizer_difference(base, added) == (
+        "token id 259 is absent from the target's tokenizer and '<extra>' in the draft's"
+    )
 
 
 @pytest.mark.parametrize("draft, match", [("renamed", "token id 100 is"), ("lower", "normalizer differs")])

@@ -638,7 +638,11 @@ def tokenizer_difference(target, draft) -> str | None:
     d_ids = {i: tok for tok, i in draft.get_vocab().items()}
     for i in sorted(set(t_ids) | set(d_ids)):
         if t_ids.get(i) != d_ids.get(i):
-            return f"token id {i} is {t_ids.get(i)!r} in the target's tokenizer and {d_ids.get(i)!r} in the draft's"
+            target_has = (
+                f"{t_ids[i]!r} in the target's tokenizer" if i in t_ids else "absent from the target's tokenizer"
+            )
+            draft_has = f"{d_ids[i]!r} in the draft's" if i in d_ids else "absent from the draft's"
+            return f"token id {i} is {target_has} and {draft_has}"
     t_sp = getattr(target, "special_tokens_map", {}) or {}
     d_sp = getattr(draft, "special_tokens_map", {}) or {}
     for key in ID_SPECIAL_TOKENS:
