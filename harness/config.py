@@ -672,6 +672,21 @@ def explain_compose_error(exc: Exception, overrides: list[str]) -> ConfigError:
             suggestions=[(f"{fixed}={value}",)] if fixed else [],
             replaces=given,
         )
+    merging = re.match(r"Error merging override (\S+?)=(.*)$", text.strip().splitlines()[0] if text.strip() else "")
+    if merging and cause is not None:
+        key, value = merging.groups()
+        why = _first_line(cause)
+        if "is not a ListConfig" in why:
+            return ConfigError(f"{key}={value}: {key} takes a list", suggestions=[(f"{key}=[{value}]",)])
+        kind = re.search(r"could not be converted to (\w+)", why)
+        if kind:
+            expected = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false"}
+            return ConfigError(f"{key}={value}: expected {expected.get(kind.group(1), kind.group(1).lower())}")
+        if "is not a valid bool" in why:
+            return ConfigError(f"{key}={value}: expected true or false")
+        element = re.search(r"(\w+) is not a subclass of (\w+)", why)
+        if element:
+            return ConfigError(f"{key}={value}: each element must be a {element.group(2)}; got {element.group(1)}")
     lines = [text] + ([str(cause)] if cause is not None else [])
     return ConfigError(one_line("; ".join(lines)))
 

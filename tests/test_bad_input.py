@@ -228,6 +228,13 @@ def test_range_boundaries_are_accepted(overrides):
         (["proposer=base_prompt_lookup"], ["proposer=base_prompt_lookup is no option", "prompt_lookup"]),
         (["+proposer.model.tiny.vocab_size=128", "proposer=draft_model"], ["without the leading '+'"]),
         (["generation.exact=2"], ["generation.exact=2: expected true or false"]),  # OmegaConf reads 2 as true
+        # a value of the wrong type: the option and what it takes, not OmegaConf's merge error
+        (["workload.categories=qa"], ["workload.categories=qa: workload.categories takes a list", "try "]),
+        (["workload.per_category=abc"], ["workload.per_category=abc: expected a whole number"]),
+        (["workload.per_category=1.5"], ["workload.per_category=1.5: expected a whole number"]),
+        (["generation.temperature=hot"], ["generation.temperature=hot: expected a number"]),
+        (["gates.enabled=maybe"], ["gates.enabled=maybe: expected true or false"]),
+        (["workload.categories=[null]"], ["workload.categories=[null]: each element must be a str; got NoneType"]),
     ],
 )
 def test_harness_run_refuses_bad_values_in_one_line_and_writes_nothing(
