@@ -54,7 +54,6 @@ from harness.runner import (
     plan_job,
     run_job,
     timing_outlier_note,
-    track,
 )
 from harness.tracking import dashboard
 from harness.tracking.job_folder import LOCK_FILENAME, JobFolderError, job_lock
@@ -208,8 +207,7 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
             return job
         run_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
         try:
-            record = run_job(cfg, run_dir=run_dir)
-            track(cfg, record, run_dir)
+            record = run_job(cfg, run_dir=run_dir)  # logs to W&B itself with tracking=wandb
         except Exception as exc:
             status["code"] = report_failure(command, exc, refusals=REFUSALS)
             return None

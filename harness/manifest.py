@@ -212,8 +212,9 @@ def manifest_extras(cfg: DictConfig) -> dict:
     elif p.name == "eagle" and p.get("artifact") and looks_like_hub_id(str(p.artifact)):
         # a published draft by hub id: the snapshot it resolves to (downloaded now, before any model
         # work, as the load would), so new weights under the same id make another manifest
-        local = resolve_source(str(p.artifact))
-        extras["proposer_artifact"] = {**checkpoint_fingerprint(str(local)), "ref": str(p.artifact)}
+        local = resolve_source(str(p.artifact))  # the hub cache's snapshots/<revision>
+        files = checkpoint_fingerprint(str(local))["files"]  # not the folder: another cache holds the same draft
+        extras["proposer_artifact"] = {"ref": str(p.artifact), "revision": local.name, "files": files}
     target = _by_path(cfg.model)
     if target is not None:
         extras["target_checkpoint"] = checkpoint_fingerprint(target)

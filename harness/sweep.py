@@ -395,10 +395,8 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
             return
         clear_for_run(run_dir, state, what=f"sweep job {job}", action="re-running")
         stage = "run"
-        record = run_job(cfg, run_dir=run_dir)
+        record = run_job(cfg, run_dir=run_dir)  # logs to W&B itself with tracking=wandb
         status["manifest_hash"] = record["manifest_hash"]
-        stage = "tracking"
-        track(cfg, record, run_dir)
         status.update(status="ran", record=str(run_dir / RECORD_FILENAME), speedup=record["metrics"].get("speedup"))
     except Exception as exc:  # a failing job must not stop the sweep; it is reported, not hidden
         if stage == "setup":  # no manifest to check earlier files against: they are not this job's

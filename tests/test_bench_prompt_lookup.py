@@ -96,6 +96,7 @@ def test_cudnn_attention_off_cuda_is_one_line_before_anything_loads(capsys, monk
             ["--linear-kernel", "mkl_packed", "--dtype", "bfloat16"],
             "--linear-kernel mkl_packed is float32 only; --dtype is",
         ),
+        (["--fused-layers", "true", "--static-cache", "false"], "--static-cache false"),
     ],
 )
 def test_bad_options_are_one_line_before_anything_loads(args, message, capsys, monkeypatch):

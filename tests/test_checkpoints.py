@@ -455,7 +455,7 @@ def test_an_eagle_draft_by_hub_id_is_bound_by_the_files_of_the_snapshot_it_resol
     monkeypatch.setattr(huggingface_hub, "snapshot_download", cached)
     cfg = compose(["model=tiny", "proposer=eagle", "proposer.artifact=fake/eagle", "topology=sequence"])
     first = job_manifest(cfg, versions={})["proposer_artifact"]
-    assert first["ref"] == "fake/eagle" and first["directory"] == str(snapshots["abc123"].resolve())
+    assert first["ref"] == "fake/eagle" and first["revision"] == "abc123" and "directory" not in first
     assert set(first["files"]) == {"config.json", "pytorch_model.bin"}
     before = job_manifest_hash(cfg, versions={})
     current["rev"] = "def456"

@@ -439,3 +439,51 @@ def test_corpus_options_a_datastore_does_not_read_are_listed_as_inert(tmp_path):
     assert (
         inert_options(compose([*base, "proposer.datastore.corpus=sharegpt", "proposer.datastore.roles=[user]"])) == []
     )
+
+
+def test_a_merged_tree_s_datastore_refusals_name_its_own_options(tmp_path, monkeypatch):
+    from harness.proposers.rest import manifest_datastores
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    base = ["model=tiny", "proposer=merged", "topology=merged"]
+    with pytest.raises(
+        DatastoreError, match=r"^proposer.rest.datastore.corpus=files needs proposer.rest.datastore.corpus_path"
+    ):
+        manifest_datastores(compose_cfg(*base, "proposer.rest.datastore.corpus=files"))
+    with pytest.raises(
+        DatastoreError,
+        match=r"^proposer.rest.datastore.corpus_path is read with corpus=files; .*"
+        r"\(set proposer.rest.datastore.corpus=files\)",
+    ):
+        manifest_datastores(compose_cfg(*base, f"proposer.rest.datastore.corpus_path={tmp_path}"))
+
+
+def test_a_files_corpus_with_nothing_to_index_and_a_moved_one_are_refused(tmp_path, monkeypatch):
+    """A corpus whose turns are all of other roles built an empty index (every round proposed
+    nothing, the record said ~1x); a datastore whose corpus folder moved was refused naming
+    corpus_path, an option the user may never have set."""
+    from harness.workloads.corpora import FilesCorpus
+    from harness.workloads.datastore import load_datastore
+
+    tok = word_tokenizer(WORDS)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    talk = {"messages": [{"role": "user", "content": "def return"}, {"role": "model", "content": "self import"}]}
+    (mine / "talk.jsonl").write_text(json.dumps(talk) + "\n")
+    with pytest.raises(
+        DatastoreError,
+        match=r"gave no text to index: 0 document\(s\) read, 0 excluded \(check corpus_path, glob and roles",
+    ):
+        build_datastore(FilesCorpus(path=str(mine)), tokenizer=tok, target_family="toy", progress=False)
+    (mine / "a.py").write_text("def return self\n")
+    build_datastore(
+        FilesCorpus(path=str(mine)), tokenizer=tok, target_family="toy", out_dir=tmp_path / "ds", progress=False
+    )
+    mine.rename(tmp_path / "moved")
+    with pytest.raises(
+        DatastoreError,
+        match=r"^datastore '.*ds': the corpus it was built from cannot be read to verify it "
+        r"\(corpus_path=.*mine: no such file or folder\); rebuild it, or open it unverified",
+    ):
+        load_datastore(tmp_path / "ds", tokenizer=tok)
+    assert load_datastore(tmp_path / "ds", tokenizer=tok, verify_corpus=False).n_tokens > 0

@@ -413,3 +413,20 @@ def test_tracking_options_without_tracking_are_listed_as_inert():
         "tracking.entity=me: tracking=none logs nothing",
     ]
     assert inert_options(compose(["model=tiny", "tracking=wandb", "tracking.project=foo"])) == []
+
+
+def test_harness_run_reports_a_w_and_b_run_that_cannot_start_as_a_refusal(tmp_path, wandb_home, monkeypatch, capsys):
+    """The command line said "error" and exit 1 (the runner's refusal list had it, the app's not)."""
+    import harness.runner as runner
+    from harness.app import run_main
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Unable to write staging files")
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(runner, "open_run", broken)
+    out = tmp_path / "job"
+    assert run_main([*JOB, f"output_dir={out}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("harness run: refused: W&B could not start the run (RuntimeError: Unable to write")
+    assert not (out / "record.json").exists()

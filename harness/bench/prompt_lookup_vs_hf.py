@@ -316,6 +316,8 @@ _FLAG_NAMES = (
     ("model.fused_layers=false", "--fused-layers false"),
     ("model.compile=true", "--compile"),
     ("model.compile=false", "no --compile"),
+    ("model.static_cache is false", "--static-cache false"),
+    ("model.static_cache is true", "--static-cache true"),
     ("model.static_cache=", "--static-cache "),
     ("model.dtype is", "--dtype is"),
     ("model.dtype=", "--dtype "),

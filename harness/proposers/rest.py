@@ -426,16 +426,14 @@ def _vocab_size(backend) -> int | None:
     return None if size is None else int(size)
 
 
-def configured_exclusions(spec) -> list:
-    """The texts ``proposer.datastore.exclude`` names (refused naming the option when it names none)."""
+def configured_exclusions(spec, prefix: str = "proposer.datastore") -> list:
+    """The texts ``<prefix>.exclude`` names (refused naming the option when it names none)."""
     try:
         return exclusions_for(str(spec))
     except DatastoreError as exc:
-        raise DatastoreError(f"proposer.datastore.{exc}") from None
+        raise DatastoreError(f"{prefix}.{exc}") from None
     except OSError as exc:
-        raise DatastoreError(
-            f"proposer.datastore.exclude={spec}: cannot read {exc.filename or ''} ({exc.strerror})"
-        ) from None
+        raise DatastoreError(f"{prefix}.exclude={spec}: cannot read {exc.filename or ''} ({exc.strerror})") from None
 
 
 def _files_state(spec: str) -> tuple:
@@ -574,12 +572,12 @@ def _override(value) -> str:
     return "[" + ",".join(map(str, value)) + "]" if isinstance(value, (list, tuple)) else str(value)
 
 
-def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
+def _build_into(path: Path, cfg: dict, *, tokenizer, model: str, prefix: str = "proposer.datastore") -> float:
     """Build the configured datastore into ``path`` (via a temporary directory no other process
     names, renamed into place, so concurrent jobs never see a half-written index). The caller
     holds its lock. Returns seconds."""
 
-    corpus = configured_corpus(cfg)
+    corpus = configured_corpus(cfg, prefix)
     max_tokens = cfg.get("max_tokens")
     print(
         f"harness run: building REST datastore {corpus.name!r} for {model!r} into {path} "
@@ -598,7 +596,7 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
             context_len=int(cfg.get("context_len", 16)),
             continuation_len=int(cfg.get("continuation_len", 8)),
             max_matches=int(cfg.get("max_matches", 64)),
-            exclude=configured_exclusions(cfg.get("exclude", "none")),
+            exclude=configured_exclusions(cfg.get("exclude", "none"), prefix),
             exclude_spec=str(cfg.get("exclude", "none")),
             progress=True,
         )
@@ -612,7 +610,13 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str) -> float:
 
 
 def open_datastore(
-    cfg: dict, *, tokenizer, model: str, vocab_size: int | None = None, build: bool = True
+    cfg: dict,
+    *,
+    tokenizer,
+    model: str,
+    vocab_size: int | None = None,
+    build: bool = True,
+    prefix: str = "proposer.datastore",
 ) -> tuple[Datastore, dict]:
     """The datastore ``proposer.datastore`` (``cfg``) names, checked against the target.
 
@@ -627,31 +631,31 @@ def open_datastore(
     info: dict = {"built_now": False, "build_s": None}
     if explicit is not None and not str(explicit).strip():
         raise DatastoreError(
-            "proposer.datastore.path is empty: give a datastore folder, or null to build into the cache on first use"
+            f"{prefix}.path is empty: give a datastore folder, or null to build into the cache on first use"
         )
     if explicit is not None:
         path = Path(str(explicit))
         if not (path / MANIFEST_FILE).is_file():
             if tokenizer is None:  # no corpus can be tokenized for it: only a token-id datastore serves
                 raise DatastoreError(
-                    f"proposer.datastore.path={str(path)!r} is not a datastore ({MANIFEST_FILE} missing), and "
+                    f"{prefix}.path={str(path)!r} is not a datastore ({MANIFEST_FILE} missing), and "
                     f"model={model!r} has no tokenizer to build one from a corpus: write a token-id datastore there "
                     "(harness.workloads.datastore.datastore_from_token_ids + write_datastore)"
                 )
             raise DatastoreError(
-                f"proposer.datastore.path={str(path)!r} is not a datastore ({MANIFEST_FILE} missing). Build it with "
+                f"{prefix}.path={str(path)!r} is not a datastore ({MANIFEST_FILE} missing). Build it with "
                 f"`{build_command(cfg, model, out=path)}`, or set "
-                "proposer.datastore.path=null to build into the cache on first use."
+                f"{prefix}.path=null to build into the cache on first use."
             )
     else:
-        corpus = configured_corpus(cfg)
+        corpus = configured_corpus(cfg, prefix)
         path = datastore_path(corpus_cache_name(corpus), model=model)
         if not (path / MANIFEST_FILE).is_file():
             if tokenizer is None:
                 raise DatastoreError(
                     f"model={model!r} has no tokenizer (synthetic token ids), so no corpus datastore can be built "
                     "for it: write a token-id datastore (harness.workloads.datastore.datastore_from_token_ids + "
-                    "write_datastore) and pass proposer.datastore.path=<dir>."
+                    f"write_datastore) and pass {prefix}.path=<dir>."
                 )
             if not build:
                 raise DatastoreError(f"no datastore at {str(path)!r}; build it with `{build_command(cfg, model)}`")
@@ -659,7 +663,7 @@ def open_datastore(
             # jobs starting together build once: the others wait here, then load the first's build
             with artifact_lock(path, purpose=f"building REST datastore {path.name}"):
                 if not (path / MANIFEST_FILE).is_file():
-                    info["build_s"] = _build_into(path, cfg, tokenizer=tokenizer, model=model)
+                    info["build_s"] = _build_into(path, cfg, tokenizer=tokenizer, model=model, prefix=prefix)
                     info["built_now"] = True
     t0 = time.perf_counter()
     manifest = json.loads((path / MANIFEST_FILE).read_text())
@@ -692,14 +696,14 @@ def open_datastore(
         if diff:
             said = ", ".join(f"{k}: config {want!r} vs built {got!r}" for k, want, got in diff)
             use = " ".join(
-                f"proposer.datastore.{k}={'null' if got is None else got}"
+                f"{prefix}.{k}={'null' if got is None else got}"
                 for k, _, got in diff
                 if k != "corpus source" and not str(got).startswith("<")  # an exclusion built before manifests named it
             )
             raise DatastoreError(
                 f"the cached datastore {str(path)!r} was built with other options ({said}). Rebuild it with "
                 f"`{build_command(cfg, model, max_tokens=cfg.get('max_tokens'), overwrite='true')}`, use it as built "
-                f"({use}), or point proposer.datastore.path at another datastore."
+                f"({use}), or point {prefix}.path at another datastore."
             )
     verify = bool(cfg.get("verify_corpus", True)) and built_with is not None
     ds = load_datastore(path, tokenizer=tokenizer, verify_corpus=verify)
@@ -761,8 +765,9 @@ def manifest_datastores(cfg) -> dict:
     out = {}
     for source, node in nodes.items():
         ds_cfg = OmegaConf.to_container(node, resolve=True)
-        ds, _ = open_datastore(ds_cfg, tokenizer=tokenizer, model=model)
-        opts, prefix = options[source]  # before any model work: what the release cannot serve
+        opts, prefix = options[source]
+        ds, _ = open_datastore(ds_cfg, tokenizer=tokenizer, model=model, prefix=f"{prefix}.datastore")
+        # before any model work: what the release cannot serve
         check_release_limits(
             {k: opts.get(k) for k in ("max_suffix", "max_matches", "continuation_len")}, ds.manifest, prefix
         )

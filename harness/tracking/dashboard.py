@@ -1,7 +1,7 @@
 """`harness dashboard`: the panels a design review needs, as a W&B report, built from code.
 
     harness dashboard SWEEP_OR_EXPERIMENT [mode=offline|online] [project=spec-harness] [entity=E]
-                      [records=DIR] [out=FILE [overwrite=true]] [min_rounds=30]
+                      [records=DIR] [out=FILE [overwrite=true]]
     harness dashboard --publish FILE [entity=E]
 
 ``out=`` replaces a specification written before; a run's record or outputs, a folder, or any
@@ -60,7 +60,7 @@ PANEL_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "parallel_coordinates"
 
 USAGE = (
     "usage: harness dashboard SWEEP_OR_EXPERIMENT [mode=offline|online] [project=NAME] [entity=NAME]\n"
-    "                         [records=DIR] [out=FILE [overwrite=true]] [min_rounds=N]\n"
+    "                         [records=DIR] [out=FILE [overwrite=true]]\n"
     "       harness dashboard --publish FILE [entity=NAME]"
 )
 

@@ -395,8 +395,8 @@ MAX_PROJECT_CHARS = 128
 WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")
 
 
-class TrackingError(RuntimeError):
-    """W&B could not start or log a run (its message is one line naming what to change)."""
+class TrackingError(ValueError):
+    """W&B could not start a run (a refusal: its message is one line naming what to change)."""
 
 
 def tracking_problem(project: Any, entity: Any = None, environ: Mapping[str, str] | None = None) -> str | None:

@@ -415,6 +415,15 @@ def build_datastore(
     if batch:
         flush(batch)
     bar.close()
+    if not used:  # an index of nothing: every REST round would propose nothing, and a record would say ~1x
+        hint = (
+            " (check corpus_path, glob and roles: a conversation's turns of other roles are not read)"
+            if corpus.name == "files"
+            else ""
+        )
+        raise DatastoreError(
+            f"corpus {corpus.name!r} gave no text to index: {seen} document(s) read, {len(dropped)} excluded{hint}"
+        )
     tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)  # [N]
     if int(tokens.max(initial=0)) >= 2**31 - 1:
         raise DatastoreError("token ids must be < 2**31 - 1")
@@ -770,9 +779,15 @@ def load_datastore(
                 "Rebuild the datastore with this model's tokenizer."
             )
     if verify_corpus:
-        source = corpus if corpus is not None else corpus_from_description(manifest["corpus"]["source"])
+        try:
+            source = corpus if corpus is not None else corpus_from_description(manifest["corpus"]["source"])
+            now = source.snapshot() if source is not None else None
+        except (ValueError, OSError) as exc:  # its files moved or went: the datastore cannot be verified
+            raise DatastoreError(
+                f"datastore {str(path)!r}: the corpus it was built from cannot be read to verify it ({exc}); "
+                "rebuild it, or open it unverified (verify_corpus=false)"
+            ) from None
         if source is not None:
-            now = source.snapshot()
             then = manifest["corpus"]["snapshot"]
             if now != then:
                 diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
