@@ -214,8 +214,10 @@ def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifac
     draft = build_eagle(spec, {k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     embedding = {"in_checkpoint": "embed_tokens.weight" in state}
     if embedding["in_checkpoint"]:
-        mine = draft.embed_tokens.weight.detach()
-        theirs = model.get_input_embeddings().weight.detach().to("cpu", torch.float32)
+        target_embedding = model.get_input_embeddings().weight.detach()
+        # in the target's dtype first: a bf16 target's copy of an fp16 draft's embedding differs by rounding
+        mine = draft.embed_tokens.weight.detach().to(target_embedding.dtype).to(torch.float32)
+        theirs = target_embedding.to("cpu", torch.float32)
         if mine.shape == theirs.shape:
             embedding["max_abs_diff_vs_target"] = float((mine - theirs).abs().max())
             if embedding["max_abs_diff_vs_target"] > EMBEDDING_MATCH_TOLERANCE:
