@@ -590,6 +590,7 @@ def test_a_test_whose_samples_all_took_one_way_to_their_first_token_says_what_it
     assert "correction after a rejection was not exercised" in paths_note(400, 400)
     assert "only the correction after a rejection was exercised" in paths_note(0, 400)
     assert paths_note(1, 400) is None and paths_note(399, 400) is None and paths_note(0, 0) is None
+    assert paths_note(0, 400, proposed=0) is None  # no tree had a candidate: nothing was rejected either
 
 
 def test_chi_square_bins_hold_five_expected_samples_each_pooling_rare_tokens():

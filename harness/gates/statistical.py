@@ -446,7 +446,8 @@ def chi_square_test(
             "note": f"the target's law leaves one bin of {MIN_EXPECTED:g}+ expected samples: every sample must be "
             "a token it gives mass",
         }
-    note = paths_note(int(target["first_token_accepted"]), samples)
+    proposed = sum(1 for i in tree_of if distinct[i].num_rows > 0)  # samples whose tree had a candidate
+    note = paths_note(int(target["first_token_accepted"]), samples, proposed=proposed)
     return {
         "status": "passed" if passed else "failed",
         "samples": samples,
@@ -469,17 +470,19 @@ def chi_square_test(
     }
 
 
-def paths_note(accepted: int, samples: int) -> str | None:
+def paths_note(accepted: int, samples: int, *, proposed: int | None = None) -> str | None:
     """What the test did not exercise, when its samples all took one of the verifier's two ways to
     a first token (a proposed token accepted, or the target's correction after the proposals were
-    rejected), or None. The evidence stays valid for the proposer as configured (a draft that
+    rejected), or None. ``proposed``: the samples whose tree had a candidate (default: all); one
+    without is neither. The evidence stays valid for the proposer as configured (a draft that
     proposes what the target samples is never rejected in the run either), but says less."""
+    proposed = samples if proposed is None else proposed
     if samples and accepted == samples:
         return (
             "every sample's first token was an accepted proposed token: the correction after a rejection "
             "was not exercised at this prefix"
         )
-    if samples and accepted == 0:
+    if proposed and accepted == 0:
         return "no sample accepted a proposed token: only the correction after a rejection was exercised at this prefix"
     return None
 
