@@ -199,11 +199,11 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
                 loaded = load(cfg, planned)
                 stage = "prepare"
                 prepared = prepare_job(cfg, planned, loaded)
-            except (ValueError, OSError):  # refused while reading its input: the earlier files go back in place
+                stage = "gate"
+                gates = gate(cfg, planned, loaded, prepared)
+            except (ValueError, OSError, *REFUSALS):  # refused before measuring: the earlier files go back
                 restore_aside(planned.run_dir, aside)
                 raise
-            stage = "gate"
-            gates = gate(cfg, planned, loaded, prepared)
             stage = "measure"
             measured = measure(cfg, planned, loaded, prepared)
             stage = "summarise"

@@ -314,10 +314,20 @@ def test_cache_datastore_is_built_on_first_use_then_checked_against_the_config(t
     assert ds.n_tokens == 3000 and ds.manifest["corpus"]["max_tokens"] == 3000
     assert "building REST datastore 'stdlib'" in capsys.readouterr().err
     assert not list(tmp_path.glob("datastores/*.building-*"))
+    # the job's next open (its proposer's, after the manifest's) reports the build; later ones do not
+    again, info = open_datastore(cfg, tokenizer=tok, model="toy")
+    assert info["built_now"] is True and info["build_s"] > 0 and again.release_id == ds.release_id
     again, info = open_datastore(cfg, tokenizer=tok, model="toy")
     assert info["built_now"] is False and again.release_id == ds.release_id
-    with pytest.raises(DatastoreError, match=r"max_tokens: config 5000 vs built 3000.*datastore.max_tokens=3000\)"):
+    with pytest.raises(
+        DatastoreError, match=r"max_tokens: config 5000 vs built 3000.*datastore.max_tokens=3000\)"
+    ) as err:
         open_datastore({**cfg, "max_tokens": 5000}, tokenizer=tok, model="toy")
+    # the rebuild line carries every build option as configured: following it ends the refusal
+    assert (
+        "`harness datastore build corpus=stdlib model=toy max_tokens=5000 context_len=8 continuation_len=4 "
+        "max_matches=16 exclude=none overwrite=true`" in str(err.value)
+    )
     # the exclusion is a build option too: a cached datastore built with another one is refused
     # (it would leave the evaluation texts the config names in the index), and a bad value is named
     assert ds.manifest["exclusion"]["spec"] == "none"
@@ -406,6 +416,7 @@ def test_a_datastore_of_the_user_s_files_is_built_into_its_own_cache_folder_and_
     assert info["built_now"] and ds.path == tmp_path / "cache" / "datastores" / f"{name}-toy"
     assert ds.manifest["corpus"]["source"]["path"] == str(mine.resolve()) and ds.n_tokens == 7 + 1  # and a sentinel
     assert "building REST datastore 'files'" in capsys.readouterr().err
+    again, info = open_datastore(cfg, tokenizer=tok, model="toy")  # the proposer's open: it reports the build
     again, info = open_datastore(cfg, tokenizer=tok, model="toy")
     assert not info["built_now"] and again.release_id == ds.release_id
     every, info = open_datastore({**cfg, "glob": "**/*"}, tokenizer=tok, model="toy")

@@ -400,3 +400,23 @@ def test_workload_options_the_workload_does_not_read_are_listed_as_inert():
         "workload.chat=false: ShareGPT prompts are chat messages, always put through the chat template"
     ]
     assert inert_options(compose(["model=tiny", "workload=jsonl", "workload.path=q.jsonl"])) == []
+
+
+def test_a_refusal_at_the_gates_puts_the_folder_s_earlier_record_back(tmp_path, monkeypatch):
+    """A leakage refusal (or a failed gate) comes before any measurement, like a refusal while
+    loading; it left the earlier record in .previous/."""
+    import harness.runner as runner
+    from harness.workloads.datastore import LeakageError
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    base = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4", "gates.oracle=false", f"output_dir={out}"]
+    earlier = run_job(compose(base), run_dir=out)
+
+    def leak(*args, **kwargs):
+        raise LeakageError("evaluation leakage: prompt 'HumanEval/0' matches the datastore for 40 tokens")
+
+    monkeypatch.setattr(runner, "gate", leak)
+    with pytest.raises(LeakageError):
+        run_job(compose([*base, "seed=1"]), run_dir=out)
+    assert load_record(out / "record.json")["run_id"] == earlier["run_id"] and not (out / ".previous").exists()

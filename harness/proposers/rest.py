@@ -609,6 +609,11 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str, prefix: str = "
     return time.perf_counter() - t0
 
 
+#: datastores built by this process and not yet opened again: a job builds its datastore when its
+#: manifest is frozen (before any model work), then its proposer opens it; that open reports the build
+_BUILT_BY_THIS_JOB: dict[str, float] = {}
+
+
 def open_datastore(
     cfg: dict,
     *,
@@ -665,6 +670,9 @@ def open_datastore(
                 if not (path / MANIFEST_FILE).is_file():
                     info["build_s"] = _build_into(path, cfg, tokenizer=tokenizer, model=model, prefix=prefix)
                     info["built_now"] = True
+                    _BUILT_BY_THIS_JOB[str(path)] = info["build_s"]
+        if not info["built_now"] and str(path) in _BUILT_BY_THIS_JOB:  # built when the manifest was frozen
+            info.update(built_now=True, build_s=_BUILT_BY_THIS_JOB.pop(str(path)))
     t0 = time.perf_counter()
     manifest = json.loads((path / MANIFEST_FILE).read_text())
     built_with = manifest.get("tokenizer")
@@ -700,9 +708,12 @@ def open_datastore(
                 for k, _, got in diff
                 if k != "corpus source" and not str(got).startswith("<")  # an exclusion built before manifests named it
             )
+            # every option the build reads, as configured: following the line ends the refusal
+            build_options = ("max_tokens", "context_len", "continuation_len", "max_matches", "exclude")
+            rebuild = build_command(cfg, model, **{k: cfg.get(k) for k in build_options if k in cfg}, overwrite="true")
             raise DatastoreError(
                 f"the cached datastore {str(path)!r} was built with other options ({said}). Rebuild it with "
-                f"`{build_command(cfg, model, max_tokens=cfg.get('max_tokens'), overwrite='true')}`, use it as built "
+                f"`{rebuild}`, use it as built "
                 f"({use}), or point {prefix}.path at another datastore."
             )
     verify = bool(cfg.get("verify_corpus", True)) and built_with is not None
