@@ -523,6 +523,10 @@ def dashboard_groups() -> dict[str, Path]:
         name = path.relative_to(experiments).with_suffix("").as_posix()
         groups.setdefault(name, Path("outputs") / name)
     groups.setdefault("adhoc", Path("outputs") / "adhoc")  # single runs outside any experiment
+    sweeps = Path("multirun")  # sweeps launched from a sweep file kept anywhere land here too
+    if sweeps.is_dir():
+        for folder in sorted(p for p in sweeps.iterdir() if p.is_dir()):
+            groups.setdefault(folder.name, folder)
     return groups
 
 

@@ -286,3 +286,13 @@ def test_runs_of_one_arm_that_differ_in_another_option_are_told_apart(tmp_path, 
     assert spec["labels"]["legend_template"].endswith("max_nodes=${config:resolved.topology.max_nodes}")
     bars = next(p for p in spec["sections"][0]["panels"] if p["id"] == "speedup_by_proposer_workload")
     assert bars["group_by"][-1] == "resolved.topology.max_nodes" and "resolved.seed" not in bars["group_by"]
+
+
+def test_a_sweep_launched_from_a_sweep_file_is_found_under_multirun(tmp_path, capsys, monkeypatch):
+    """`harness sweep ~/my.yaml` writes multirun/<its name>; `harness dashboard <its name>` said the
+    name was unknown unless records= was given."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(FIXTURE_RUNS[0], tmp_path / "multirun" / "fixture-sweep" / "job0")
+    assert dashboard_main(["fixture-sweep"]) == 0
+    assert "legends from 1 records" in capsys.readouterr().out
+    assert (tmp_path / "multirun" / "fixture-sweep" / "dashboard.json").is_file()

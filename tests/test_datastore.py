@@ -629,3 +629,44 @@ def test_cli_imports_a_rest_index_and_refuses_another_tokenizer_s_ids(tmp_path, 
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0], (args, err)
     assert not (tmp_path / "w").exists()
+
+
+def test_a_datastore_is_never_written_into_a_run_folder_or_beside_other_files(tmp_path, monkeypatch, capsys):
+    import harness.workloads.datastore as datastore_module
+
+    monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
+    index = _rest_index(tmp_path / "ds.idx", ids("a b c a b d"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "record.json").write_text("{}")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("x")
+    for out, said in ((run, "holds a run folder (its record.json)"), (other, "holds files that are no datastore")):
+        assert main(["import", str(index), "model=owner/toy", f"out={out}", "overwrite=true", "progress=false"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
+    assert sorted(p.name for p in run.iterdir()) == ["record.json"]
+    cut = tmp_path / "cut.idx"
+    cut.write_bytes(index.read_bytes()[:-4])
+    assert main(["import", str(cut), "model=owner/toy", f"out={tmp_path / 'c'}"]) == 2
+    assert (
+        "is cut short: chunk 0's suffix array at byte 28 runs 4 bytes past the end of the file"
+        in capsys.readouterr().err
+    )
+    root = _user_corpus(tmp_path)  # roles written as harness run writes a list
+    assert (
+        main(
+            [
+                "build",
+                "corpus=files",
+                f"corpus_path={root / 'talk.jsonl'}",
+                "roles=[user,assistant]",
+                "model=owner/toy",
+                f"out={tmp_path / 'r'}",
+                "progress=false",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["documents_used"] == 3

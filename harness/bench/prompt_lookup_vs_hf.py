@@ -52,7 +52,7 @@ Every ratio (``<arm>_vs_<base>``: the base's time per token over the arm's, both
 prompts) comes with a 95% paired-bootstrap interval over prompts (``ratio_ci95``; the same estimator
 as ``harness compare``), and each prompt's decode time and tokens per arm are stored
 (``per_prompt``), so a claim such as "1.4x transformers" can be read with its uncertainty.
-``--arms`` runs a subset (``ours_ar``, the reference every output is checked against, always runs).
+``--arms`` runs a subset, which must include ``ours_ar`` (the reference every output is checked against).
 
 A prompt that does not fit the target's positions with the generation budget and the largest verify
 forward is refused in one line before any arm runs, as the runner refuses it, or, with ``--truncate

@@ -410,7 +410,10 @@ def tracking_problem(project: Any, entity: Any = None, environ: Mapping[str, str
         text = str(value if value is not None else "")
         bad = sorted(set(text) & _BAD_NAME_CHARS)
         if not text.strip():
-            return f"{key} is empty: W&B needs a name (the default project is {DEFAULT_PROJECT!r})"
+            default = (
+                f"the default project is {DEFAULT_PROJECT!r}" if key == "tracking.project" else "or null: your default"
+            )
+            return f"{key} is empty: W&B needs a name ({default})"
         if bad:
             return f"{key}={text}: W&B names cannot hold {' '.join(bad)}"
         if len(text) > MAX_PROJECT_CHARS:

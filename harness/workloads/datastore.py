@@ -544,10 +544,15 @@ def read_rest_index(path: str | Path) -> list[np.ndarray]:
         tokens = np.frombuffer(mm, dtype="<i4", count=data_bytes // 4, offset=at + 4)
         sa_at = at + 4 + data_bytes
         sa_bytes = int(np.frombuffer(mm, dtype="<u4", count=1, offset=sa_at)[0])
-        if sa_bytes != data_bytes or sa_at + 4 + sa_bytes > size:
+        if sa_bytes != data_bytes:
             raise DatastoreError(
                 f"{str(path)!r} is not a REST index file: chunk {k}'s suffix array at byte {sa_at} declares {sa_bytes} "
                 f"bytes for {data_bytes // 4} tokens"
+            )
+        if sa_at + 4 + sa_bytes > size:
+            raise DatastoreError(
+                f"{str(path)!r} is cut short: chunk {k}'s suffix array at byte {sa_at} runs "
+                f"{sa_at + 4 + sa_bytes - size} bytes past the end of the file"
             )
         chunks.append(tokens)
         at = sa_at + 4 + sa_bytes
@@ -1058,6 +1063,12 @@ def _output_option(opts: dict[str, str], default: Path) -> str | Path:
     problem = output_folder_problem(key, out)
     if problem:
         raise DatastoreError(problem)
+    folder = Path(out)
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST_FILE).is_file():
+        what = "a run folder (its record.json)" if (folder / "record.json").is_file() else "files that are no datastore"
+        raise DatastoreError(
+            f"{key}={out} holds {what}: give an empty or new folder (overwrite=true replaces a datastore only)"
+        )
     return out
 
 
@@ -1171,8 +1182,8 @@ def main(argv: list[str]) -> int:
                 raise DatastoreError(f"{key}= is read with corpus=files; corpus={name}")
         if name == "files" and "corpus_path" not in opts:
             raise DatastoreError("corpus=files needs corpus_path=: a folder, a text file or a .jsonl file")
-        if "roles" in opts:
-            corpus_opts["roles"] = tuple(opts["roles"].split(","))
+        if "roles" in opts:  # roles=user,assistant or, as harness run spells a list, roles=[user,assistant]
+            corpus_opts["roles"] = tuple(r.strip() for r in opts["roles"].strip().strip("[]").split(",") if r.strip())
         if name == "files":
             corpus_opts["path"] = opts["corpus_path"]
             if "glob" in opts:
