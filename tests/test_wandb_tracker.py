@@ -301,7 +301,7 @@ def test_a_refused_plan_logs_nothing(tmp_path, wandb_home):
     assert not out.exists() or not any(out.rglob("*.wandb"))
 
 
-def test_tracking_names_and_environment_w_and_b_refuses_are_named_before_any_work():
+def test_tracking_names_and_environment_w_and_b_refuses_are_named_before_any_work(tmp_path):
     from harness.tracking.wandb_tracker import environment_notes, tracking_problem
 
     assert tracking_problem("spec-harness", None, environ={}) is None
@@ -314,6 +314,11 @@ def test_tracking_names_and_environment_w_and_b_refuses_are_named_before_any_wor
     assert tracking_problem("p", environ={"WANDB_MODE": "bogus"}).startswith("WANDB_MODE=bogus in the environment")
     assert tracking_problem("p", environ={"WANDB_BASE_URL": "notaurl"}).startswith("WANDB_BASE_URL=notaurl")
     assert tracking_problem("p", environ={"WANDB_MODE": "offline", "WANDB_BASE_URL": "http://h:8080"}) is None
+    afile = tmp_path / "afile"
+    afile.write_text("x")  # a folder W&B writes into, under a regular file: it failed after the whole run
+    said = tracking_problem("p", environ={"WANDB_DATA_DIR": str(afile / "data")})
+    assert said.startswith(f"WANDB_DATA_DIR={afile / 'data'}: cannot be created") and said.endswith("W&B writes there)")
+    assert tracking_problem("p", environ={"WANDB_DATA_DIR": str(tmp_path / "fine")}) is None
     assert environment_notes("offline", {"WANDB_MODE": "disabled", "WANDB_DISABLED": "true"}) == [
         "WANDB_MODE=disabled is set, but tracking.mode=offline decides: it logs offline",
         "WANDB_DISABLED is set, but tracking=wandb asks for a run: it logs offline",

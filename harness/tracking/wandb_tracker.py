@@ -59,6 +59,7 @@ from urllib.parse import urlparse
 
 from omegaconf import OmegaConf
 
+from harness.files import output_folder_problem
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_name, depth_rows, run_name
 from harness.tracking.store import (
     AXES,
@@ -395,6 +396,10 @@ MAX_PROJECT_CHARS = 128
 WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")
 
 
+#: the environment variables naming folders W&B writes into
+WANDB_FOLDERS = ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR")
+
+
 class TrackingError(ValueError):
     """W&B could not start a run (a refusal: its message is one line naming what to change)."""
 
@@ -421,6 +426,10 @@ def tracking_problem(project: Any, entity: Any = None, environ: Mapping[str, str
     mode = environ.get("WANDB_MODE")
     if mode and mode not in WANDB_MODES:
         return f"WANDB_MODE={mode} in the environment is no W&B mode ({', '.join(WANDB_MODES)}); unset it"
+    for var in WANDB_FOLDERS:  # W&B writes there while it logs: a folder it cannot write fails after the run
+        folder = environ.get(var)
+        if folder and (problem := output_folder_problem(var, folder)):
+            return f"{problem} (in the environment; W&B writes there)"
     url = environ.get("WANDB_BASE_URL")
     if url:
         parsed = urlparse(url)
