@@ -201,7 +201,9 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
                 prepared = prepare_job(cfg, planned, loaded)
                 stage = "gate"
                 gates = gate(cfg, planned, loaded, prepared)
-            except (ValueError, OSError, *REFUSALS):  # refused before measuring: the earlier files go back
+            except (ValueError, OSError, NegotiationError, ContractError):
+                # refused before measuring (its input: a prompt too long, leakage): the earlier files go
+                # back; not after a failed gate, whose evidence refutes an earlier record of the round
                 restore_aside(planned.run_dir, aside)
                 raise
             stage = "measure"

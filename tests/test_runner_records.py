@@ -403,8 +403,9 @@ def test_workload_options_the_workload_does_not_read_are_listed_as_inert():
 
 
 def test_a_refusal_at_the_gates_puts_the_folder_s_earlier_record_back(tmp_path, monkeypatch):
-    """A leakage refusal (or a failed gate) comes before any measurement, like a refusal while
-    loading; it left the earlier record in .previous/."""
+    """A leakage refusal comes before any measurement, like a refusal while loading; it left the
+    earlier record in .previous/. (A failed gate does not put it back: its evidence refutes the
+    round the earlier record measured; tests/test_job_folder.py.)"""
     import harness.runner as runner
     from harness.workloads.datastore import LeakageError
 
