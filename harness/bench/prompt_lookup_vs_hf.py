@@ -101,7 +101,7 @@ from harness.target.options import (
     resolve_linear_kernel,
 )
 from harness.target.timing import read_bandwidth_gbs, streamed_weight_bytes, verify_cost_curve, weight_stream_floor_ms
-from harness.tracking.command_line import json_object_with, output_file_problem
+from harness.tracking.command_line import json_object_with, output_file_problem, whole_number_option
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
 from harness.workloads.conversations import TRUNCATE_LEFT, encode_prompt
@@ -299,12 +299,9 @@ def _at_least(minimum: int):
 
     def parse(text: str) -> int:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= {minimum}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is out of range: it must be >= {minimum}")
-        return value
+            return whole_number_option("value", text, minimum, minimum=minimum)
+        except ValueError as exc:  # "value=...: ..." as the harness's commands say it, without the key
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("value=")) from None
 
     return parse
 

@@ -1111,6 +1111,11 @@ def _import_main(rest: list[str]) -> int:
         overwrite=overwrite,
         **sizes,
     )
+    return _print_summary(ds, t0)
+
+
+def _print_summary(ds: Datastore, t0: float) -> int:
+    """Print the new datastore's summary (with the seconds since ``t0``) on stdout; returns 0."""
     summary = _summary(ds)
     summary["build_s"] = round(time.perf_counter() - t0, 3)
     print(json.dumps(summary, indent=2))
@@ -1214,10 +1219,7 @@ def main(argv: list[str]) -> int:
             progress=progress,
             **sizes,
         )
-        summary = _summary(ds)
-        summary["build_s"] = round(time.perf_counter() - t0, 3)
-        print(json.dumps(summary, indent=2))
-        return 0
+        return _print_summary(ds, t0)
     except (ValueError, OSError) as err:  # DatastoreError, a checkpoint or corpus refused, a missing path
         message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
         print(f"harness datastore: refused: {message}", file=sys.stderr)
