@@ -434,6 +434,7 @@ def test_a_files_corpus_refuses_a_missing_path_an_empty_folder_and_bad_options(t
 
 def test_cli_builds_a_datastore_from_the_user_s_files(tmp_path, monkeypatch, capsys):
     import harness.workloads.datastore as datastore_module
+    from harness.proposers.rest import cache_datastore_path
 
     monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
@@ -446,6 +447,13 @@ def test_cli_builds_a_datastore_from_the_user_s_files(tmp_path, monkeypatch, cap
     assert built["path"] == str(tmp_path / "cache" / "datastores" / f"{expected}-owner/toy")
     assert main(["info", built["path"], "verify_corpus=true"]) == 0  # rebuilt from the manifest's source
     capsys.readouterr()
+    # other build options: the folder a run with the same options opens (each setting has its own)
+    assert main([*args, "context_len=8", "exclude=none"]) == 0
+    other = json.loads(capsys.readouterr().out)["path"]
+    run_cfg = {"corpus": "files", "corpus_path": str(root), "glob": "**/*.py", "context_len": 8, "exclude": "none"}
+    run_cfg["max_tokens"] = datastore_module.DEFAULT_MAX_TOKENS
+    corpus = corpora.FilesCorpus(path=str(root), glob="**/*.py")
+    assert other != built["path"] and other == str(cache_datastore_path(run_cfg, corpus, "owner/toy"))
     (root / "pkg" / "a.py").write_text("a b c d\n")
     assert main(["info", built["path"], "verify_corpus=true"]) == 2
     assert "changed since the" in capsys.readouterr().err
@@ -574,6 +582,11 @@ def test_a_rest_index_file_imports_as_a_datastore_with_the_same_matches(tmp_path
     assert again.release_id == ds.release_id
     index.unlink()
     load_datastore(tmp_path / "ds", tokenizer=tok)  # the datastore holds its own tokens
+    # a run's open says what it checked of the corpus: nothing can be re-read for an imported index
+    from harness.proposers.rest import open_datastore
+
+    _, info = open_datastore({"path": str(tmp_path / "ds")}, tokenizer=tok, model="toy")
+    assert info["corpus_check"].startswith("not applicable: an imported REST index")
 
 
 @pytest.mark.parametrize(

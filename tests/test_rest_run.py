@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,12 @@ from harness.config import compose
 from harness.contracts import Budget
 from harness.engine.build import BuildContext, build_proposer, plan
 from harness.proposers.base import NullProposer
-from harness.proposers.rest import RestProposer, open_datastore, release_manifest_hash
+from harness.proposers.rest import RestProposer, cache_datastore_path, open_datastore, release_manifest_hash
 from harness.random_source import TorchRandomSource
 from harness.verifiers import get_verifier
 from harness.verifiers.base import NegotiationError
 from harness.verifiers.sampling import SamplingPolicy
+from harness.workloads.corpora import make_corpus
 from harness.workloads.datastore import (
     DatastoreError,
     LeakageError,
@@ -280,6 +282,10 @@ def test_open_datastore_refuses_another_tokenizer_and_token_id_mismatches(tmp_pa
     write_datastore(datastore_from_token_ids([[1, 2, 3]]), tmp_path / "ids")
     with pytest.raises(DatastoreError, match="no tokenizer fingerprint"):
         open_datastore({"path": str(tmp_path / "ids")}, tokenizer=tok, model="toy")
+    _, info = open_datastore({"path": str(tmp_path / "ids")}, tokenizer=None, model="tiny")
+    assert info["corpus_check"] == "not applicable: token ids given directly, no corpus"
+    _, info = open_datastore({"path": str(tmp_path / "words")}, tokenizer=tok, model="toy")
+    assert info["corpus_check"].startswith("not applicable: corpus 'inline' cannot be re-read")
     with pytest.raises(DatastoreError, match="is not a datastore"):
         open_datastore({"path": str(tmp_path / "absent")}, tokenizer=tok, model="toy")
     # a model without a tokenizer is not told to build from a corpus (its build would be refused)
@@ -309,7 +315,17 @@ def test_cache_datastore_is_built_on_first_use_then_checked_against_the_config(t
         "verify_corpus": False,
     }
     ds, info = open_datastore(cfg, tokenizer=tok, model="toy")
-    where = tmp_path / "datastores" / "stdlib-toy"
+    # build options other than the defaults name the folder: each setting has its own
+    where = cache_datastore_path(cfg, make_corpus("stdlib"), "toy")
+    assert (
+        where.parent == tmp_path / "datastores"
+        and where.name.startswith("stdlib-build-")
+        and where.name.endswith("-toy")
+    )
+    # the packaged datastore configs (their defaults) keep the corpus's own name, as before
+    for group, corpus in (("stdlib", "stdlib"), ("sharegpt", "sharegpt")):
+        node = compose_cfg("proposer=rest", f"datastore@proposer.datastore={group}").proposer.datastore
+        assert cache_datastore_path(node, make_corpus(corpus), "toy") == tmp_path / "datastores" / f"{corpus}-toy"
     assert info["built_now"] is True and ds.path == where and (where / "manifest.json").is_file()
     assert ds.n_tokens == 3000 and ds.manifest["corpus"]["max_tokens"] == 3000
     assert "building REST datastore 'stdlib'" in capsys.readouterr().err
@@ -319,23 +335,35 @@ def test_cache_datastore_is_built_on_first_use_then_checked_against_the_config(t
     assert info["built_now"] is True and info["build_s"] > 0 and again.release_id == ds.release_id
     again, info = open_datastore(cfg, tokenizer=tok, model="toy")
     assert info["built_now"] is False and again.release_id == ds.release_id
-    with pytest.raises(
-        DatastoreError, match=r"max_tokens: config 5000 vs built 3000.*datastore.max_tokens=3000\)"
-    ) as err:
+    # a sweep over a build option: the other value builds its own folder, and neither refuses the other
+    other, info = open_datastore({**cfg, "max_tokens": 5000}, tokenizer=tok, model="toy")
+    assert info["built_now"] is True and other.n_tokens == 5000 and other.path != where
+    assert open_datastore(cfg, tokenizer=tok, model="toy")[0].release_id == ds.release_id
+    # a folder whose manifest says otherwise (placed there by hand, or built before folders were named
+    # by their options) is refused, with the rebuild line and the way to use it as built
+    shutil.rmtree(other.path)
+    shutil.copytree(where, other.path)
+    with pytest.raises(DatastoreError, match=r"max_tokens: config 5000 vs built 3000") as err:
         open_datastore({**cfg, "max_tokens": 5000}, tokenizer=tok, model="toy")
     # the rebuild line carries every build option as configured: following it ends the refusal
     assert (
         "`harness datastore build corpus=stdlib model=toy max_tokens=5000 context_len=8 continuation_len=4 "
         "max_matches=16 exclude=none overwrite=true`" in str(err.value)
     )
-    # the exclusion is a build option too: a cached datastore built with another one is refused
-    # (it would leave the evaluation texts the config names in the index), and a bad value is named
+    assert f"use it as built (proposer.datastore.path={other.path}: its manifest decides)" in str(err.value)
+    # the exclusion is a build option too: another one builds its own folder; an exclusion file
+    # edited since the build refuses it (the index may hold the texts the file now names)
     assert ds.manifest["exclusion"]["spec"] == "none"
-    (tmp_path / "held.jsonl").write_text(json.dumps({"id": "q", "prompt": "def keep_me_out(): pass"}) + "\n")
+    held = tmp_path / "held.jsonl"
+    held.write_text(json.dumps({"id": "q", "prompt": "def keep_me_out(): pass"}) + "\n")
+    kept, info = open_datastore({**cfg, "exclude": str(held)}, tokenizer=tok, model="toy")
+    assert info["built_now"] is True and kept.path not in (where, other.path)
+    held.write_text(json.dumps({"id": "q", "prompt": "def keep_me_out_too(): pass"}) + "\n")
     with pytest.raises(
-        DatastoreError, match=r"exclude: config '.*held.jsonl' vs built 'none'.*datastore.exclude=none\)"
+        DatastoreError,
+        match=r"exclude: config '.*held.jsonl' vs built '.*held.jsonl as it read then \(the exclusion file changed",
     ):
-        open_datastore({**cfg, "exclude": str(tmp_path / "held.jsonl")}, tokenizer=tok, model="toy")
+        open_datastore({**cfg, "exclude": str(held)}, tokenizer=tok, model="toy")
     with pytest.raises(DatastoreError, match=r"^proposer.datastore.path is empty: give a datastore folder, or null"):
         open_datastore({**cfg, "path": ""}, tokenizer=tok, model="toy")
     with pytest.raises(DatastoreError, match=r"^proposer.datastore.exclude must be humaneval, .* got 'foo.txt'"):
@@ -413,12 +441,17 @@ def test_a_datastore_of_the_user_s_files_is_built_into_its_own_cache_folder_and_
     tok = word_tokenizer(WORDS)
     ds, info = open_datastore(cfg, tokenizer=tok, model="toy")
     name = corpus_cache_name(FilesCorpus(path=str(mine), glob="**/*.py"))
-    assert info["built_now"] and ds.path == tmp_path / "cache" / "datastores" / f"{name}-toy"
+    assert info["built_now"] and ds.path == cache_datastore_path(
+        cfg, FilesCorpus(path=str(mine), glob="**/*.py"), "toy"
+    )
+    assert ds.path.parent == tmp_path / "cache" / "datastores" and ds.path.name.startswith(f"{name}-build-")
     assert ds.manifest["corpus"]["source"]["path"] == str(mine.resolve()) and ds.n_tokens == 7 + 1  # and a sentinel
     assert "building REST datastore 'files'" in capsys.readouterr().err
     again, info = open_datastore(cfg, tokenizer=tok, model="toy")  # the proposer's open: it reports the build
     again, info = open_datastore(cfg, tokenizer=tok, model="toy")
-    assert not info["built_now"] and again.release_id == ds.release_id
+    assert not info["built_now"] and again.release_id == ds.release_id and info["corpus_check"] == "verified"
+    _, info = open_datastore({**cfg, "verify_corpus": False}, tokenizer=tok, model="toy")
+    assert info["corpus_check"] == "not verified: verify_corpus=false"
     every, info = open_datastore({**cfg, "glob": "**/*"}, tokenizer=tok, model="toy")
     assert info["built_now"] and every.path != ds.path and every.n_tokens > ds.n_tokens  # its own folder
     (mine / "a.py").write_text("def return\n")

@@ -26,7 +26,8 @@ prefix, which is what the trie is) give the pruned trie.
 In a run (``harness run proposer=rest``, :meth:`RestProposer.from_config`) the datastore comes from
 ``proposer.datastore`` (conf/datastore/*.yaml, :func:`open_datastore`): ``path`` names an existing
 directory whose release manifest is authoritative; with ``path: null`` the cache directory
-``$HARNESS_CACHE/datastores/<corpus>-<model.name>`` is loaded, or built there on first use (a
+``$HARNESS_CACHE/datastores/<corpus>[-build-<digest>]-<model.name>`` (the digest names build options
+other than the defaults, so each setting has its own folder) is loaded, or built there on first use (a
 progress-barred stage, capped by ``max_tokens``; at the default 2,000,000-token cap the stdlib
 build took 13 CPU-seconds with SmolLM2's tokenizer and holds 24 MB). A datastore built with
 another tokenizer, from raw token ids for a target that has a tokenizer, from a changed corpus or
@@ -72,7 +73,7 @@ from harness.files import artifact_lock, temporary_sibling
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
 from harness.target.loading import load_tokenizer
-from harness.workloads.corpora import Corpus, FilesCorpus, corpus_cache_name, make_corpus
+from harness.workloads.corpora import Corpus, FilesCorpus, corpus_from_description, make_corpus
 from harness.workloads.datastore import (
     LEAKAGE_THRESHOLD,
     MANIFEST_FILE,
@@ -80,6 +81,7 @@ from harness.workloads.datastore import (
     DatastoreError,
     build_datastore,
     built_exclusion,
+    cache_folder_name,
     check_leakage,
     datastore_path,
     exclusion_fingerprints,
@@ -266,6 +268,7 @@ class RestProposer(Proposer):
                 "datastore_built_now": info["built_now"],
                 "datastore_build_s": info.get("build_s"),
                 "datastore_load_s": info["load_s"],
+                "datastore_corpus_check": info.get("corpus_check"),
             }
         )
         return prop
@@ -572,6 +575,20 @@ def _override(value) -> str:
     return "[" + ",".join(map(str, value)) + "]" if isinstance(value, (list, tuple)) else str(value)
 
 
+def cache_datastore_path(cfg: dict, corpus: Corpus, model: str) -> Path:
+    """Where the datastore ``cfg`` configures (``path`` null) is cached: named by its corpus and by
+    the build options that differ from their defaults (:func:`cache_folder_name`), as
+    ``harness datastore build`` names it."""
+    max_tokens = cfg.get("max_tokens")
+    sizes = {
+        "max_tokens": None if max_tokens is None else int(max_tokens),
+        "context_len": int(cfg.get("context_len", 16)),
+        "continuation_len": int(cfg.get("continuation_len", 8)),
+        "max_matches": int(cfg.get("max_matches", 64)),
+    }
+    return datastore_path(cache_folder_name(corpus, exclude=str(cfg.get("exclude", "none")), **sizes), model=model)
+
+
 def _build_into(path: Path, cfg: dict, *, tokenizer, model: str, prefix: str = "proposer.datastore") -> float:
     """Build the configured datastore into ``path`` (via a temporary directory no other process
     names, renamed into place, so concurrent jobs never see a half-written index). The caller
@@ -626,11 +643,13 @@ def open_datastore(
     """The datastore ``proposer.datastore`` (``cfg``) names, checked against the target.
 
     ``path`` set: that directory (must exist; its release manifest is authoritative). ``path``
-    null: ``$HARNESS_CACHE/datastores/<corpus>-<model>``, built there when absent (with
-    ``build``) and otherwise checked against the configured build options. Refuses (raises
-    :class:`DatastoreError`) another tokenizer, a token-id datastore for a target with a tokenizer
-    (or the reverse), token ids outside the target vocabulary, a changed corpus and a checksum
-    mismatch. Returns ``(datastore, info)`` with ``built_now``, ``build_s`` and ``load_s``.
+    null: ``$HARNESS_CACHE/datastores/<corpus>[-build-<digest>]-<model>``
+    (:func:`cache_datastore_path`), built there when absent (with ``build``) and otherwise checked
+    against the configured build options. Refuses (raises :class:`DatastoreError`) another
+    tokenizer, a token-id datastore for a target with a tokenizer (or the reverse), token ids
+    outside the target vocabulary, a changed corpus and a checksum mismatch. Returns
+    ``(datastore, info)`` with ``built_now``, ``build_s``, ``load_s`` and ``corpus_check``
+    (:func:`corpus_check`).
     """
     explicit = cfg.get("path")
     info: dict = {"built_now": False, "build_s": None}
@@ -654,7 +673,7 @@ def open_datastore(
             )
     else:
         corpus = configured_corpus(cfg, prefix)
-        path = datastore_path(corpus_cache_name(corpus), model=model)
+        path = cache_datastore_path(cfg, corpus, model)
         if not (path / MANIFEST_FILE).is_file():
             if tokenizer is None:
                 raise DatastoreError(
@@ -700,24 +719,22 @@ def open_datastore(
         if "exclude" in cfg:  # the evaluation texts kept out at build time, compared item by item
             spec, built = built_exclusion(manifest)
             if _configured_fingerprints(str(cfg["exclude"]), _files_state(str(cfg["exclude"]))) != built:
+                if spec == str(cfg["exclude"]):  # the same files, edited since the build
+                    spec = f"{spec} as it read then (the exclusion file changed since)"
                 diff.append(("exclude", cfg["exclude"], spec if spec is not None else f"<{len(built)} items>"))
         if diff:
             said = ", ".join(f"{k}: config {want!r} vs built {got!r}" for k, want, got in diff)
-            use = " ".join(
-                f"{prefix}.{k}={'null' if got is None else got}"
-                for k, _, got in diff
-                if k != "corpus source" and not str(got).startswith("<")  # an exclusion built before manifests named it
-            )
             # every option the build reads, as configured: following the line ends the refusal
             build_options = ("max_tokens", "context_len", "continuation_len", "max_matches", "exclude")
             rebuild = build_command(cfg, model, **{k: cfg.get(k) for k in build_options if k in cfg}, overwrite="true")
             raise DatastoreError(
                 f"the cached datastore {str(path)!r} was built with other options ({said}). Rebuild it with "
-                f"`{rebuild}`, use it as built "
-                f"({use}), or point {prefix}.path at another datastore."
+                f"`{rebuild}`, use it as built ({prefix}.path={path}: its manifest decides), or point "
+                f"{prefix}.path at another datastore."
             )
     verify = bool(cfg.get("verify_corpus", True)) and built_with is not None
     ds = load_datastore(path, tokenizer=tokenizer, verify_corpus=verify)
+    info["corpus_check"] = corpus_check(manifest, verify)
     if vocab_size is not None and ds.n_tokens:
         top = int(ds.tokens.max())
         if top >= vocab_size:
@@ -727,6 +744,19 @@ def open_datastore(
             )
     info["load_s"] = time.perf_counter() - t0
     return ds, info
+
+
+def corpus_check(manifest: dict, verified: bool) -> str:
+    """What opening a datastore checked of the corpus it was built from (every open checks the
+    index checksum): ``verified`` (its snapshot recomputed and equal), or why not."""
+    source = manifest.get("corpus", {}).get("source")
+    if source is None or manifest.get("tokenizer") is None:
+        return "not applicable: token ids given directly, no corpus"
+    if source.get("name") == "rest-index":
+        return "not applicable: an imported REST index (no text to re-read; the index file was hashed at import)"
+    if corpus_from_description(source) is None:
+        return f"not applicable: corpus {source.get('name')!r} cannot be re-read (its snapshot was recorded at build)"
+    return "verified" if verified else "not verified: verify_corpus=false"
 
 
 def release_limits(manifest: dict) -> dict[str, int]:

@@ -689,6 +689,38 @@ def datastore_from_token_ids(
     return Datastore(tokens=tokens, sa=sa, manifest=manifest)
 
 
+#: the build options a cached datastore's folder is named by when they differ from these
+BUILD_OPTION_DEFAULTS = {
+    "max_tokens": DEFAULT_MAX_TOKENS,
+    "context_len": DEFAULT_CONTEXT_LEN,
+    "continuation_len": DEFAULT_CONTINUATION_LEN,
+    "max_matches": DEFAULT_MAX_MATCHES,
+}
+
+
+def default_exclusion(corpus_name: str) -> str:
+    """The exclusion a corpus is built with unless one is given (``harness datastore build``)."""
+    return _DEFAULT_EXCLUDE.get(corpus_name, "none")
+
+
+def cache_folder_name(corpus: Corpus, *, exclude: str | None = None, **sizes) -> str:
+    """A cached datastore's name (before ``-<model>``): the corpus's part (:func:`corpus_cache_name`)
+    and, when a build option (``sizes``: :data:`BUILD_OPTION_DEFAULTS`' keys) or the exclusion differs
+    from its default, ``-build-`` and a digest of those. Each setting has a folder of its own, so jobs
+    of a sweep over build options build each datastore once and never take turns over one folder; an
+    exclusion file is named by its resolved path (its content is checked against the manifest)."""
+    changed: dict = {k: sizes[k] for k, v in BUILD_OPTION_DEFAULTS.items() if k in sizes and sizes[k] != v}
+    if exclude is not None and str(exclude) != default_exclusion(corpus.name):
+        changed["exclude"] = ",".join(
+            str(Path(part).expanduser().resolve()) if part.endswith(".jsonl") else part
+            for part in str(exclude).split(",")
+        )
+    name = corpus_cache_name(corpus)
+    if not changed:
+        return name
+    return f"{name}-build-{hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:8]}"
+
+
 def datastore_path(name_or_dir: str | Path, *, model: str) -> Path:
     """A datastore directory: ``name_or_dir`` itself when it is a directory, else the cache
     location ``$HARNESS_CACHE/datastores/<name>-<model>`` the CLI builds into by default."""
@@ -1200,12 +1232,14 @@ def main(argv: list[str]) -> int:
         sizes = {"max_tokens": _count(opts, "max_tokens", DEFAULT_MAX_TOKENS), **_retrieval_sizes(opts)}
         overwrite = _bool(opts.get("overwrite", "false"), "overwrite")
         progress = _bool(opts.get("progress", "true"), "progress")
-        exclude_spec = opts.get("exclude", _DEFAULT_EXCLUDE.get(name, "none"))
+        exclude_spec = opts.get("exclude", default_exclusion(name))
         try:
             exclude = exclusions_for(exclude_spec)
         except OSError as exc:
             raise DatastoreError(f"exclude={exclude_spec}: cannot read {exc.filename or ''} ({exc.strerror})") from None
-        out = _output_option(opts, datastore_path(corpus_cache_name(corpus), model=model))
+        out = _output_option(
+            opts, datastore_path(cache_folder_name(corpus, exclude=exclude_spec, **sizes), model=model)
+        )
         tokenizer = _tokenizer_of(model)
         t0 = time.perf_counter()
         ds = build_datastore(
