@@ -687,8 +687,43 @@ def explain_compose_error(exc: Exception, overrides: list[str]) -> ConfigError:
         element = re.search(r"(\w+) is not a subclass of (\w+)", why)
         if element:
             return ConfigError(f"{key}={value}: each element must be a {element.group(2)}; got {element.group(1)}")
+    if type(exc).__name__ == "OverrideParseException":
+        return _unparsable_override(overrides) or ConfigError(one_line(text.split("\nSee https://")[0]))
     lines = [text] + ([str(cause)] if cause is not None else [])
     return ConfigError(one_line("; ".join(lines)))
+
+
+#: Hydra's message for an override its lexer stops in: the override, then a caret under the character
+_LEXER_STOP = "LexerNoViableAltException: "
+
+
+def _unparsable_override(overrides: list[str]) -> ConfigError | None:
+    """The first override Hydra's grammar cannot read, named with the character it stops at and
+    the quoting that passes the value through (None when each parses alone)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for given in overrides:
+        if given.startswith("-") and "=" not in given:
+            continue  # a flag (-m, --cfg job)
+        try:
+            parser.parse_overrides([given])
+        except OverrideParseException as exc:
+            lines = str(exc).splitlines()
+            where = ""
+            if lines and lines[0].startswith(_LEXER_STOP) and len(lines) > 1 and "^" in lines[1]:
+                column = lines[1].index("^") - len(_LEXER_STOP)
+                if 0 <= column < len(given):
+                    where = f" at {given[column]!r} (character {column + 1})"
+            why = "" if where else f" ({lines[0] if lines else 'unreadable'})"
+            key, sep, value = given.partition("=")
+            # a sweep's values (a,b) are quoted one by one, so the sweep stays a sweep
+            parts = value.split(",") if not value.startswith("[") else [value]
+            quoted = f"'{key}=" + ",".join(f'"{v}"' for v in parts) + "'" if sep and '"' not in value else None
+            hint = f"; quote a value holding characters such as # = ' [ ] or spaces: {quoted}" if quoted else ""
+            return ConfigError(f"{given}: Hydra's override grammar cannot read it{where}{why}{hint}")
+    return None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -235,6 +235,12 @@ def test_range_boundaries_are_accepted(overrides):
         (["generation.temperature=hot"], ["generation.temperature=hot: expected a number"]),
         (["gates.enabled=maybe"], ["gates.enabled=maybe: expected true or false"]),
         (["workload.categories=[null]"], ["workload.categories=[null]: each element must be a str; got NoneType"]),
+        # an override Hydra's grammar cannot read: the override, the character, and the quoting that passes it
+        (
+            ["tracking.project=a#b"],
+            ["tracking.project=a#b: Hydra's override grammar cannot read it at '#'", """'tracking.project="a#b"'"""],
+        ),
+        (["output_dir=a=b"], ["output_dir=a=b: Hydra's override grammar cannot read it (mismatched input '='"]),
     ],
 )
 def test_harness_run_refuses_bad_values_in_one_line_and_writes_nothing(
