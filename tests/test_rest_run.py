@@ -483,6 +483,20 @@ def test_corpus_options_a_datastore_does_not_read_are_listed_as_inert(tmp_path):
     assert (
         inert_options(compose([*base, "proposer.datastore.corpus=sharegpt", "proposer.datastore.roles=[user]"])) == []
     )
+    # corpus=files: glob with a single file, roles where no .jsonl file is read
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("def f(): pass\n")
+    files = [*base, "proposer.datastore.corpus=files", "proposer.datastore.roles=[user]"]
+    assert inert_options(compose([*files, f"proposer.datastore.corpus_path={tmp_path / 'src'}"])) == [
+        "proposer.datastore.roles=[user]: no .jsonl file is read, so there are no conversation turns"
+    ]
+    one = [*files, f"proposer.datastore.corpus_path={tmp_path / 'src' / 'a.py'}", "proposer.datastore.glob=*.py"]
+    assert inert_options(compose(one)) == [
+        "proposer.datastore.glob=*.py: corpus_path is one file, not a folder",
+        "proposer.datastore.roles=[user]: no .jsonl file is read, so there are no conversation turns",
+    ]
+    (tmp_path / "src" / "talk.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
+    assert inert_options(compose([*files, f"proposer.datastore.corpus_path={tmp_path / 'src'}"])) == []
 
 
 def test_a_merged_tree_s_datastore_refusals_name_its_own_options(tmp_path, monkeypatch):

@@ -482,6 +482,8 @@ def path_inert_options(node, prefix: str) -> list[str]:
         if key not in reads and value is not None and _plain(value) != default:
             out.append(f"{prefix}.{key}={_override(value)}: corpus={node.get('corpus')} does not read it")
     path = node.get("path")
+    if path is None and str(node.get("corpus")) == "files":
+        out += _unread_file_options(node, prefix)
     if path is None or not (Path(str(path)) / MANIFEST_FILE).is_file():
         return out  # no path, or one that is refused when opened
     manifest = json.loads((Path(str(path)) / MANIFEST_FILE).read_text())
@@ -514,6 +516,27 @@ def path_inert_options(node, prefix: str) -> list[str]:
             out.append(f"{prefix}.exclude={node.get('exclude')}: " + why.format(f"exclude={spec}"))
         elif spec is None and _configured_fingerprints(str(node.exclude), _files_state(str(node.exclude))) != built:
             out.append(f"{prefix}.exclude={node.get('exclude')}: " + why.format(f"{len(built)} other texts excluded"))
+    return out
+
+
+def _unread_file_options(node, prefix: str) -> list[str]:
+    """``corpus=files`` options its ``corpus_path`` gives nothing to: ``glob`` for a single file,
+    ``roles`` where no ``.jsonl`` file is read (roles pick the turns of conversation lines)."""
+    try:
+        corpus = configured_corpus(node, prefix)
+        files = corpus.files()
+    except DatastoreError:
+        return []  # refused when the datastore is opened
+    out = []
+    glob, roles = node.get("glob"), node.get("roles")
+    if Path(corpus.path).is_file() and glob is not None and glob != _CORPUS_OPTION_DEFAULTS["glob"]:
+        out.append(f"{prefix}.glob={glob}: corpus_path is one file, not a folder")
+    if (
+        roles is not None
+        and _plain(roles) != _CORPUS_OPTION_DEFAULTS["roles"]
+        and not any(f.suffix == ".jsonl" for f in files)
+    ):
+        out.append(f"{prefix}.roles={_override(roles)}: no .jsonl file is read, so there are no conversation turns")
     return out
 
 
