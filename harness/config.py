@@ -408,7 +408,9 @@ class WorkloadConfig:
     split: str = ranged("eval", choices=SPLITS)  # disjoint
     chat: bool = False  # apply the tokenizer's chat template
     categories: list[str] = field(default_factory=list)  # keep these categories (mt_bench: MT-bench's 8); []: all
-    per_category: Optional[int] = ranged(None, **POSITIVE_INT)  # the first N prompts of each category
+    per_category: Optional[int] = ranged(
+        None, **POSITIVE_INT
+    )  # the first N prompts of each category (workload=spec_bench: of each Spec-Bench task)
     # a prompt turn that does not fit the models' positions with max_new_tokens and the candidate
     # tree: false refuses before model work; left cuts the prompt from the left (recorded per turn)
     truncate: str = "false"  # false | left (checked with the context limit, before model work)

@@ -491,3 +491,77 @@ def test_an_ungated_run_that_is_also_heuristic_keeps_that_label_and_its_own_arm(
     labels = run_labels(df)
     assert labels["r2"].endswith("[ungated: a gate was skipped] [heuristic, exact=false]")
     assert labels["r1"].endswith("[ungated: a gate was skipped]") and "heuristic" not in labels["r1"]
+
+
+def test_arms_that_differ_beyond_the_by_axis_or_ran_other_prompts_say_so_without_a_baseline():
+    """Two arms on other models (or dtypes, or prompt sets) were ranked side by side with nothing
+    said; now the table names what differs among the arms, each arm's value, and when they ran
+    different prompts how many all share; the vs-baseline cell says when no prompt pairs."""
+    pa = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    pb = [("p3", "c", 10, 10, 20, 10), ("p4", "c", 12, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": pa}, "r2": {"proposer": "b", "prompts": pa}})
+    df["config.proposer.max_ngram"] = [3, None]  # a's own option: what the arms are, never a note
+    plain = format_table(compare(df, n_resamples=50), by="proposer", baseline=None, level=0.95)
+    assert "differ in more than" not in plain and "different prompts" not in plain
+    df = _toy({"r1": {"proposer": "a", "prompts": pa}, "r2": {"proposer": "b", "prompts": pb}})
+    df["model"] = ["m@bfloat16", "m"]
+    df["config.workload.split"] = ["eval", "dev"]
+    rows = compare(df, n_resamples=50)
+    assert _row(rows, "a").apart == {"model": "m@bfloat16", "workload.split": "eval"}
+    assert _row(rows, "a").common_prompts == 0 and _row(rows, "a", "c").apart == {}
+    text = format_table(rows, by="proposer", baseline=None, level=0.95)
+    assert (
+        "note: the arms differ in more than proposer (model: a m@bfloat16, b m; workload.split: a eval, b dev)"
+    ) in text
+    assert "note: the arms ran different prompts (a: 2, b: 2; 0 common to all)" in text
+    with_base = format_table(compare(df, baseline="b", n_resamples=50), by="proposer", baseline="b", level=0.95)
+    assert "- (no prompt in common)" in with_base
+
+
+def test_mixed_axes_lists_the_options_every_run_sets_when_their_group_s_axis_differs_too():
+    """A pooled arm whose runs differ in topology and in a max_nodes both topologies take listed
+    the topology only; an option one topology lacks stays out, as does the model's dtype (the model
+    axis names it)."""
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "a", "prompts": prompts}})
+    df["topology"] = ["sequence", "expansion"]
+    df["config.topology.max_nodes"] = [2, 8]
+    df["config.topology.expansion_width"] = [None, 4]
+    df["model"] = ["tiny", "tiny@bfloat16"]
+    df["config.model.dtype"] = ["float32", "bfloat16"]
+    df["config.model.tiny.hidden_size"] = [32, 64]
+    assert _row(compare(df, n_resamples=50), "a").varying == {
+        "model": ["tiny", "tiny@bfloat16"],
+        "topology": ["expansion", "sequence"],
+        "model.tiny.hidden_size": ["32", "64"],
+        "topology.max_nodes": ["2", "8"],
+    }
+
+
+def test_the_outlier_note_names_each_arm_once_with_its_whole_count():
+    from harness.tracking.compare import outlier_note
+
+    prompts = [("p1", "x", 10, 10, 20, 10), ("p2", "y", 12, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}})
+    stalls = [{"prompt_id": p, "arm": "ar", "ms_per_round": 9.0, "median_ms_per_round": 2.0} for p in ("p1", "p2")]
+    df["timing_outliers"] = [json.dumps(stalls)]
+    note = outlier_note(compare(df, n_resamples=50))
+    assert "(a (2 flagged))" in note and note.count("flagged)") == 1
+
+
+def test_leaderboard_prompt_counts_are_per_row_when_the_rows_ran_different_prompts(capsys):
+    from harness.tracking.compare import format_leaderboard, leaderboard
+
+    pa = [("p1", "qa", 10, 10, 20, 10), ("p2", "qa", 12, 10, 20, 10), ("p3", "summarization", 9, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": pa}, "r2": {"proposer": "b", "prompts": pa[:1]}})
+    columns, rows = leaderboard(df, n_resamples=50)
+    text = format_leaderboard(columns, rows, by="proposer", level=0.95)
+    assert "prompts per column: summarization=-/1, qa=1/2, overall=1/3 (rows b, a in order" in text
+    df = _toy({"r1": {"proposer": "a", "prompts": pa}, "r2": {"proposer": "b", "prompts": pa}})
+    text = format_leaderboard(*leaderboard(df, n_resamples=50), by="proposer", level=0.95)
+    assert "prompts per column: summarization=1, qa=2, overall=3\n" in text
+
+
+def test_leaderboard_option_takes_true_or_false_only(capsys):
+    assert main([str(FIXTURES), "leaderboard=maybe"]) == 2
+    assert "leaderboard='maybe': must be true or false" in capsys.readouterr().err

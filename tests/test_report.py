@@ -207,6 +207,13 @@ def test_legends_label_runs_by_the_axes_that_differ_never_by_run_id():
         "prompt_lookup-sequence-greedy-T0-B1-jsonl #1",
         "prompt_lookup-sequence-greedy-T0-B1-jsonl #2",
     ]
+    # runs of one arm told apart by a swept option that is no axis: the option names them, not #1/#2
+    swept = pd.concat([first.assign(**{"config.topology.max_nodes": 8}), first.assign(run_id="r2")])
+    swept.loc[swept["run_id"] == "r2", "config.topology.max_nodes"] = 2
+    assert sorted(run_labels(swept).values()) == [
+        "prompt_lookup-sequence-greedy-T0-B1-jsonl/topology.max_nodes=2",
+        "prompt_lookup-sequence-greedy-T0-B1-jsonl/topology.max_nodes=8",
+    ]
     for plot in ("acceptance_by_depth", "accepted_length_hist", "t_profile", "frontier"):
         fig = PLOTS[plot](df, {}).figure
         texts = [t.get_text() for t in fig.legends[0].get_texts()] if fig.legends else []
@@ -317,6 +324,20 @@ def test_a_reused_report_folder_keeps_no_plot_of_other_runs_and_a_run_folder_is_
         "(harness report --help shows the usage)"
     ]
     assert sorted(p.name for p in run.iterdir()) == before
+    # a report.md this command did not write is never replaced unless overwrite=true; its own is
+    (tmp_path / "paper").mkdir()
+    draft = tmp_path / "paper" / "report.md"
+    draft.write_text("# My paper draft\nimportant text\n")
+    assert main([str(one), f"out={draft.parent}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"harness report: refused: out={draft.parent} holds a report.md this command did not write; give another "
+        "folder or overwrite=true (harness report --help shows the usage)"
+    ]
+    assert draft.read_text() == "# My paper draft\nimportant text\n"
+    assert main([str(one), f"out={out}"]) == 0  # its own report: replaced
+    assert main([str(one), f"out={draft.parent}", "overwrite=true"]) == 0
+    assert "Regenerated from 1 stored run records" in draft.read_text()
+    assert main([str(one), f"out={out}", "overwrite=maybe"]) == 2
 
 
 def test_a_sweep_folders_jobs_without_a_record_are_listed(tmp_path, capsys):

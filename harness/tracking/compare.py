@@ -124,6 +124,11 @@ class ArmRow:
     # (axis -> [this arm's values, the baseline's]): vs_baseline then compares more than ``by``
     baseline_differs: dict[str, list[str]] = field(default_factory=dict)
     timing_outliers: int = 0  # prompts its runs flagged as stalled (a record's metrics.timing_outliers)
+    # the ``all`` row, when a section's arms differ beyond ``by``: this arm's value of each axis or
+    # config key whose values differ among the section's arms (key -> its values, comma-joined)
+    apart: dict[str, str] = field(default_factory=dict)
+    # the ``all`` row: how many of its prompts every other arm of its section ran too (None: one arm)
+    common_prompts: int | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -396,10 +401,11 @@ _AXIS_CONFIG = {
 }
 
 
-def _varying(runs: pd.DataFrame, by: str) -> dict[str, list[str]]:
+def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[str, list[str]]:
     """The axes, then the other config keys, whose values differ among one arm's runs: an arm that
-    pools runs of different configurations says which (``mixed axes``). The options of a group
-    whose axis already differs (another proposer's settings, say) are not listed again."""
+    pools runs of different configurations says which (``mixed axes``). Where a group's axis
+    already differs (two proposers, say), only the options every run sets are listed (a max_nodes
+    both topologies take), not those one side lacks; ``skip_group``: none of ``by``'s group's options."""
     out: dict[str, list[str]] = {}
     for axis in AXES:
         if axis == by or axis not in runs.columns:
@@ -407,15 +413,43 @@ def _varying(runs: pd.DataFrame, by: str) -> dict[str, list[str]]:
         values = sorted({arm_label(v) for v in runs[axis]})
         if len(values) > 1:
             out[axis] = values
-    hidden = [_AXIS_CONFIG[a] for a in out if a in _AXIS_CONFIG]
-    hidden += [_AXIS_CONFIG[a] for a in ("workload", "temperature", "batch_size") if a in _AXIS_CONFIG]
+    partial = [_AXIS_CONFIG[a] for a in out if a in _AXIS_CONFIG and _AXIS_CONFIG[a].endswith(".")]
+    hidden = [_AXIS_CONFIG[a] for a in ("workload", "temperature", "batch_size") if a in _AXIS_CONFIG]
     hidden += [f"{_AXIS_CONFIG[a]}name" for a in ("proposer", "topology", "verifier", "model")]
+    hidden += ["config.model.dtype"] if "model" in out else []  # the model axis names the dtype
+    hidden += [_AXIS_CONFIG[by]] if skip_group and by in _AXIS_CONFIG else []
     for column in sorted(c for c in runs.columns if c.startswith("config.")):
         if column.startswith((*_LAUNCH_CONFIG, *hidden)):
             continue
+        if column.startswith(tuple(partial)) and any(_config_text(v) == "null" for v in runs[column]):
+            continue  # an option of one side's group only
         values = sorted({_config_text(v) for v in runs[column]})
         if len(values) > 1:
             out[column.removeprefix("config.")] = values
+    return out
+
+
+def _arms_apart(arm_runs: Mapping[tuple[str, str], pd.DataFrame], section: str, by: str) -> dict[str, dict[str, str]]:
+    """For each arm of ``section`` (its ``by`` value), its values of the axes and config keys that
+    differ among the section's arms beyond ``by`` and ``by``'s own options: ``{}`` when they agree."""
+    keys = [k for k in arm_runs if k[0] == section]
+    if len(keys) < 2:
+        return {}
+    union = pd.concat([arm_runs[k] for k in keys], ignore_index=True)
+    differing = [k for k in _varying(union, by, skip_group=True) if k not in REPEAT_CONFIG]
+    out = {}
+    for k in keys:
+        runs = arm_runs[k]
+        out[k[1]] = {
+            key: ",".join(
+                sorted(
+                    {arm_label(v) for v in runs[key]}
+                    if key in AXES
+                    else {_config_text(v) for v in runs.get(f"config.{key}", pd.Series([None]))}
+                )
+            )
+            for key in differing
+        }
     return out
 
 
@@ -470,6 +504,38 @@ def baseline_note(sec: Sequence[ArmRow], by: str) -> str | None:
         }
     )
     return BASELINE_NOTE.format(arms="; ".join(apart), by=by) if apart else None
+
+
+#: what a section's figures mean when its arms differ beyond the ``by`` axis
+APART_NOTE = (
+    "the arms differ in more than {by} ({keys}): each arm's speedup is over its own AR baseline, but "
+    "the arms' figures are not the effect of {by} alone"
+)
+#: what a section's figures mean when its arms ran different prompts
+PROMPTS_APART_NOTE = (
+    "the arms ran different prompts ({arms}; {common} common to all): their speedups are over different "
+    "prompt sets, so rank them with care; filter to a shared workload or split to compare like with like"
+)
+
+
+def apart_notes(sec: Sequence[ArmRow], by: str) -> list[str]:
+    """:data:`APART_NOTE` naming what differs among the arms of ``sec`` beyond ``by`` (each arm's
+    values), and :data:`PROMPTS_APART_NOTE` when they ran different prompts; from the ``all`` rows."""
+    rows = [r for r in sec if r.category == ALL]
+    notes = []
+    keys = sorted({k for r in rows for k in r.apart})
+    if keys:
+        said = "; ".join(f"{k}: " + ", ".join(f"{r.arm} {r.apart.get(k, '-')}" for r in rows) for k in keys)
+        notes.append(APART_NOTE.format(by=by, keys=said))
+    if len(rows) > 1 and any(r.common_prompts is not None and r.common_prompts != r.n_prompts for r in rows):
+        common = min(r.common_prompts or 0 for r in rows)
+        notes.append(PROMPTS_APART_NOTE.format(arms=", ".join(f"{r.arm}: {r.n_prompts}" for r in rows), common=common))
+    return notes
+
+
+def config_text(value: Any) -> str:
+    """A config value as a label spells it (``null``, ``[a,b]``, ``0.7``)."""
+    return _config_text(value)
 
 
 def _config_text(value: Any) -> str:
@@ -527,7 +593,14 @@ def compare(
 
     out: list[ArmRow] = []
     for section in SECTIONS:
-        for key in sorted(k for k in arms if k[0] == section):
+        apart = _arms_apart(arm_runs, section, by)
+        section_keys = [k for k in arms if k[0] == section]
+        shared = None
+        if len(section_keys) > 1:
+            shared = set(arms[section_keys[0]].index)
+            for k in section_keys[1:]:
+                shared &= set(arms[k].index)
+        for key in sorted(section_keys):
             prompts = arms[key]
             categories = [*sorted(prompts["category"].unique()), ALL]
             for cat in categories:
@@ -581,6 +654,8 @@ def compare(
                         batch_sizes=_batch_sizes(cat_runs),
                         timing_outliers=_timing_outliers(cat_runs, cat_long),
                         baseline_differs=differs,
+                        apart=apart.get(key[1], {}) if cat == ALL else {},
+                        common_prompts=None if shared is None or cat != ALL else len(shared & set(p.index)),
                     )
                 )
     return out
@@ -719,8 +794,7 @@ def format_leaderboard(columns: Sequence[str], rows: Sequence[LeaderRow], *, by:
         lines.append(f"== leaderboard (Spec-Bench shape), {SECTION_TITLES[section]} ==")
         lines.append(
             f"cell: decode speedup vs AR [{pct}] / mean accepted tokens per round, bonus token counted [{pct}]; "
-            f"prompts per column: "
-            + ", ".join(f"{c}={sec[0].cells[c].n_prompts}" for c in columns if c in sec[0].cells)
+            f"prompts per column: {leader_counts(sec, columns)}"
         )
         lines += _aligned([header, ["-" * w for w in widths], *body], widths)
         if any(cell != "-" for b in sb for cell in b[1:]):
@@ -728,6 +802,25 @@ def format_leaderboard(columns: Sequence[str], rows: Sequence[LeaderRow], *, by:
             lines += _aligned(sb, widths)
         lines.append("")
     return "\n".join(lines)
+
+
+def leader_counts(
+    sec: Sequence[LeaderRow], columns: Sequence[str], titles: Mapping[str, str] | None = None, sep: str = "="
+) -> str:
+    """The prompts behind each column: ``code=2, overall=9`` when every row has the same, else each
+    row's count in row order (``overall=9/6``, ``-`` where a row has no such prompt) and a note."""
+    name = (lambda c: titles.get(c, c)) if titles else (lambda c: c)
+    counts = {c: [r.cells[c].n_prompts if c in r.cells else None for r in sec] for c in columns}
+    counts = {c: n for c, n in counts.items() if any(v is not None for v in n)}
+    if all(len(set(n)) == 1 for n in counts.values()):
+        return ", ".join(f"{name(c)}{sep}{n[0]}" for c, n in counts.items())
+    per_row = ", ".join(
+        f"{name(c)}{sep}" + "/".join("-" if v is None else str(v) for v in n) for c, n in counts.items()
+    )
+    return (
+        f"{per_row} (rows {', '.join(r.arm for r in sec)} in order: the rows ran different prompts, "
+        "so their cells are over different prompt sets)"
+    )
 
 
 def leaderboard_json(columns: Sequence[str], rows: Sequence[LeaderRow]) -> dict[str, Any]:
@@ -777,7 +870,9 @@ def arm_table(
         line.append(r.speedup.fmt(3))
         line.append(r.end_to_end_speedup.fmt(3))
         if baseline is not None:
-            line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-")
+            line.append(
+                r.vs_baseline.fmt(3) if r.vs_baseline else "-" if r.arm == baseline else "- (no prompt in common)"
+            )
         mixed = [f"{k}={','.join(v)}" for k, v in r.varying.items()]
         line.append("; ".join(mixed[:4]) + (f"; and {len(mixed) - 4} more" if len(mixed) > 4 else "") or "-")
         body.append(line)
@@ -819,7 +914,7 @@ OUTLIER_NOTE = (
 
 def outlier_note(sec: Sequence[ArmRow]) -> str | None:
     """:data:`OUTLIER_NOTE` naming the arms of ``sec`` whose runs flagged timing outliers, or None."""
-    flagged = sorted({f"{r.arm} ({r.timing_outliers} flagged)" for r in sec if r.timing_outliers})
+    flagged = sorted({f"{r.arm} ({r.timing_outliers} flagged)" for r in sec if r.timing_outliers and r.category == ALL})
     return OUTLIER_NOTE.format(arms="; ".join(flagged)) if flagged else None
 
 
@@ -851,7 +946,7 @@ def format_table(rows: Sequence[ArmRow], *, by: str, baseline: str | None, level
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
         lines.append(f"== {SECTION_TITLES[section]} ==")
         lines += _aligned([header, ["-" * w for w in widths], *body], widths)
-        for note in (batched_note(sec), outlier_note(sec), baseline_note(sec, by)):
+        for note in (batched_note(sec), outlier_note(sec), baseline_note(sec, by), *apart_notes(sec, by)):
             if note:
                 lines.append(f"note: {note}")
         lines.append("")
@@ -915,12 +1010,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(problem)
         elif "overwrite" in opts:
             raise ValueError("overwrite= goes with json=PATH (the file it may replace)")
+        show_board = boolean_option("leaderboard", opts.get("leaderboard"), default=True)
         rows = compare(df, by=by, baseline=opts.get("baseline"), filters=kv, **boot)
     except (ValueError, KeyError, OSError) as exc:
         return refuse("compare", exc)
     print(format_table(rows, by=by, baseline=opts.get("baseline"), level=level))
     board = None
-    if opts.get("leaderboard", "true").lower() not in {"false", "0", "no"}:
+    if show_board:
         board = leaderboard(df, by=by, filters=kv, **boot)
         print(format_leaderboard(*board, by=by, level=level))
     if "json" in opts:

@@ -71,15 +71,20 @@ def varying_axes(axes_list: Sequence[Mapping[str, Any]]) -> list[str]:
     return [a for a in LABEL_AXES if len({value_text(ax.get(a)) for ax in axes_list}) > 1]
 
 
-def arm_labels(axes_by_run: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
-    """A label per run: the axes that differ among these runs (``rest/T=0.7``).
+def arm_labels(
+    axes_by_run: Mapping[str, Mapping[str, Any]], options: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """A label per run: the axes that differ among these runs (``rest/T=0.7``), then the run's
+    ``options`` (``topology.max_nodes=8``: what tells runs of one arm apart), when given.
 
     When no axis differs, the full run name; two runs with the same label (repeats of one arm)
     get ``#1``, ``#2`` in run-id order, so no two lines share a legend entry.
     """
     vary = varying_axes(list(axes_by_run.values()))
+    options = options or {}
     labels = {
         rid: ("/".join(axis_piece(a, ax.get(a)) for a in vary) if vary else run_name(ax))
+        + (f"/{options[rid]}" if options.get(rid) else "")
         for rid, ax in axes_by_run.items()
     }
     seen: dict[str, list[str]] = {}

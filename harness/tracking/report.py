@@ -1,6 +1,6 @@
 """`harness report`: a Markdown report with PNGs, regenerated from stored records only.
 
-    harness report <records_root | store.parquet> [out=DIR] [recipe=default]
+    harness report <records_root | store.parquet> [out=DIR [overwrite=true]] [recipe=default]
 
 The recipe (``reports/<name>.yaml``, or a path to a YAML file) lists the plots, in order, with
 optional filters; see ``reports/default.yaml``. This module reads records (through
@@ -28,19 +28,23 @@ import yaml
 from matplotlib.figure import Figure
 
 from harness.files import output_folder_problem
-from harness.tracking.command_line import parse_command, refuse
+from harness.tracking.command_line import boolean_option, parse_command, refuse
 from harness.tracking.compare import (
     ALL,
     SECTION_TITLES,
     also_labelled,
+    apart_notes,
+    arm_config_keys,
     arm_label,
     arm_table,
     baseline_note,
     batched_note,
     by_section,
     compare,
+    config_text,
     filter_runs,
     leader_cell,
+    leader_counts,
     leaderboard,
     outlier_note,
     run_speedups,
@@ -145,9 +149,15 @@ def axis_piece(axis: str, value: Any) -> str:
 
 def run_labels(df: pd.DataFrame) -> dict[str, str]:
     """A label per run: its arm, by the axes that differ among the runs shown (never a run id),
-    plus the section tag (:func:`harness.tracking.conventions.arm_labels`)."""
+    and the options that tell one arm's runs apart (a swept ``topology.max_nodes``:
+    :func:`~harness.tracking.compare.arm_config_keys`), plus the section tag
+    (:func:`harness.tracking.conventions.arm_labels`)."""
     axes = [a for a in AXES if a in df.columns]
-    labels = arm_labels({r["run_id"]: {a: r[a] for a in axes} for _, r in df.iterrows()})
+    keys = arm_config_keys(df)
+    options = {
+        r["run_id"]: "/".join(f"{k}={config_text(r.get(f'config.{k}'))}" for k in keys) for _, r in df.iterrows()
+    }
+    labels = arm_labels({r["run_id"]: {a: r[a] for a in axes} for _, r in df.iterrows()}, options=options)
     return {
         r["run_id"]: labels[r["run_id"]]
         + SECTION_STYLE[r["section"]]["tag"]
@@ -717,7 +727,7 @@ def _compare_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
     for section, sec in by_section(rows):
         header, body = arm_table(sec, by=by, baseline=baseline, ar_column=False)
         out += [f"### {SECTION_TITLES[section]}", "", md_table(header, body), ""]
-        for note in (batched_note(sec), outlier_note(sec), baseline_note(sec, by)):
+        for note in (batched_note(sec), outlier_note(sec), baseline_note(sec, by), *apart_notes(sec, by)):
             out += [f"Note: {note}.", ""] if note else []
     return out
 
@@ -745,7 +755,7 @@ def _leaderboard_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
         if not sec:
             continue
         body = [[r.arm, *(leader_cell(r.cells.get(c)) for c in columns)] for r in sec]
-        counts = ", ".join(f"{TASK_TITLES.get(c, c)} {sec[0].cells[c].n_prompts}" for c in columns if c in sec[0].cells)
+        counts = leader_counts(sec, columns, TASK_TITLES, sep=" ")
         out += [f"### {SECTION_TITLES[section]}", "", md_table([by, *titles], body), "", f"Prompts: {counts}.", ""]
         sb = [
             [r.arm, *(r.cells[c].spec_bench_speedup if c in r.cells else None for c in columns)]
@@ -861,7 +871,7 @@ def build_report(
     lines = [
         f"# {title}",
         "",
-        f"Regenerated from {len(df)} stored run records under `{source}` (recipe "
+        f"{_REGENERATED}{len(df)} stored run records under `{source}` (recipe "
         f"`{recipe_path.name}`) on {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}. "
         "Nothing here ran a model; every number comes from the records.",
         "",
@@ -914,7 +924,20 @@ def build_report(
     return path
 
 
-USAGE = "usage: harness report <records_root | store.parquet> [out=DIR] [recipe=default]"
+USAGE = "usage: harness report <records_root | store.parquet> [out=DIR [overwrite=true]] [recipe=default]"
+
+#: the line under a report's title that says where its numbers come from (how a report is recognised)
+_REGENERATED = "Regenerated from "
+
+
+def _is_report(out_dir: Path) -> bool:
+    """Whether ``out_dir``'s report.md is one this command wrote (its third line says where its
+    numbers come from), which a new report may replace."""
+    try:
+        lines = (out_dir / "report.md").read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return len(lines) > 2 and lines[0].startswith("# ") and lines[2].startswith(_REGENERATED)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -923,9 +946,12 @@ def main(argv: list[str] | None = None) -> int:
         return parsed
     positionals, kv = parsed
     try:
-        extra = set(kv) - {"out", "recipe"}
+        extra = set(kv) - {"out", "recipe", "overwrite"}
         if len(positionals) != 1 or extra:
-            raise ValueError(f"expected one source and only out=/recipe=; got {positionals} and {sorted(extra)}")
+            raise ValueError(
+                f"expected one source and only out=/recipe=/overwrite=; got {positionals} and {sorted(extra)}"
+            )
+        overwrite = boolean_option("overwrite", kv.get("overwrite"))
         df, root = read_results(positionals[0])
         if df.empty:
             raise ValueError(no_records_message(positionals[0], root if Path(positionals[0]).is_dir() else None))
@@ -935,6 +961,10 @@ def main(argv: list[str] | None = None) -> int:
         problem = output_folder_problem("out", out_dir)
         if problem is None and (out_dir / RECORD_FILENAME).is_file():
             problem = f"out={out_dir} is a run folder (it holds {RECORD_FILENAME}); write the report elsewhere"
+        if problem is None and not overwrite and (out_dir / "report.md").exists() and not _is_report(out_dir):
+            problem = (
+                f"out={out_dir} holds a report.md this command did not write; give another folder or overwrite=true"
+            )
         if problem is not None:
             raise ValueError(problem)
         from_folder = Path(positionals[0]).is_dir()
