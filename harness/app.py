@@ -124,6 +124,15 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
         for o in job:
             values.setdefault(override_key(o), set()).add(o)
     swept = {k for k, v in values.items() if len(v) > 1}  # what tells the jobs apart
+    seen: dict[tuple[str, ...], int] = {}
+    for i, job in enumerate(jobs):  # a value listed twice makes one job twice: the second would skip the first
+        if tuple(job) in seen:
+            told = ",".join(o for o in job if override_key(o) in swept) or " ".join(job)
+            raise ConfigError(
+                f"jobs {seen[tuple(job)] + 1} and {i + 1} of {len(jobs)} are the same job ({told}): "
+                "a sweep value is listed twice; list each once"
+            )
+        seen[tuple(job)] = i
     holes: list[tuple[str, str]] = []  # (job, why it will be refused)
     for i, job in enumerate(jobs):
         told = ",".join(o for o in job if override_key(o) in swept)

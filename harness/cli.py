@@ -34,6 +34,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 TRACEBACK_ENV = "HARNESS_TRACEBACK"
 #: exit codes
 REFUSED, FAILED, INTERRUPTED = 2, 1, 130
+#: the status of a command whose stdout reader left (as a SIGPIPE ends a process: 128 + 13)
+BROKEN_PIPE = 141
 
 
 def wants_traceback() -> bool:
@@ -103,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     module, _, func = SUBCOMMANDS[name][0].partition(":")
     try:
         return int(getattr(importlib.import_module(module), func or "main")(rest) or 0)
+    except BrokenPipeError:  # the reader of stdout left (``| head``): no refusal, the status a SIGPIPE gives
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
+        return BROKEN_PIPE
     except (Exception, KeyboardInterrupt) as exc:  # every command ends in one line, whatever escaped it
         return report_failure(name, exc)
 

@@ -232,6 +232,9 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
             host_memory.stop()  # a sampling thread, where there is one, ends with the job
             compile_watch.stop()
             tracker.fail(stage=stage, error=exc, refused=isinstance(exc, (ValueError, OSError, *REFUSALS)))
+            if isinstance(exc, KeyboardInterrupt) and stage not in ("write", "tracking"):
+                # an interrupt before this job wrote anything refutes nothing: the earlier record stands
+                restore_aside(planned.run_dir, aside, why="the job was interrupted")
             raise
     return record
 

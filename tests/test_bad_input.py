@@ -796,3 +796,25 @@ def test_a_shape_eagle_cannot_build_is_refused_as_such(no_models, topology, shap
     message = str(info.value)
     assert message.startswith(f"proposer=eagle cannot build topology={topology} (shape '{shape}')"), message
     assert "try topology=sequence" in message and "topk" not in message
+
+
+def test_a_reader_that_leaves_the_pipe_is_no_refusal():
+    """``harness compare RECORDS | head -1`` printed ``refused: [Errno 32] Broken pipe`` and exited 2;
+    it now ends quietly with the status a SIGPIPE gives (141), nothing on stderr."""
+    import subprocess
+    import sys
+
+    from helpers import FIXTURE_ROOT
+
+    script = (
+        "import sys; from harness import cli; sys.stdout.write('x' * 10); sys.stdout.flush(); "
+        "import harness.tracking.compare as c; sys.exit(cli.main(['compare', sys.argv[1]]))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(FIXTURE_ROOT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.read(1)
+    proc.stdout.close()  # the reader leaves before the table is printed
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == cli.BROKEN_PIPE
+    assert "refused" not in err and "Broken pipe" not in err and "Traceback" not in err, err

@@ -421,3 +421,23 @@ def test_a_refusal_at_the_gates_puts_the_folder_s_earlier_record_back(tmp_path, 
     with pytest.raises(LeakageError):
         run_job(compose([*base, "seed=1"]), run_dir=out)
     assert load_record(out / "record.json")["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
+
+
+def test_an_interrupted_run_puts_the_folder_s_earlier_record_back(tmp_path, monkeypatch, caplog):
+    """Ctrl-C while a re-run measured left the earlier record in .previous/, and compare then found
+    no record in the folder; an interrupt is no evidence against it, so it goes back."""
+    import harness.runner as runner
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    base = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4", "gates.oracle=false", f"output_dir={out}"]
+    earlier = run_job(compose(base), run_dir=out)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "measure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(compose([*base, "seed=1"]), run_dir=out)
+    assert load_record(out / "record.json")["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
+    assert f"the job was interrupted: the earlier files are back in {out}" in caplog.text

@@ -347,6 +347,19 @@ def test_output_dir_in_a_sweep_is_refused_before_any_job(env, capsys):
     assert not sweep_dir.exists() and not (env / "elsewhere").exists()
 
 
+def test_a_sweep_value_listed_twice_is_refused_before_any_job(env, capsys):
+    """``seed=0,0`` made one job twice; the second skipped the first's folder and the summary said
+    ``0 ran, 1 skipped`` although the first ran."""
+    sweep_dir = env / "multirun" / "dup"
+    rc, summary = launch(sweep_dir, "launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "seed=0,1,0")
+    assert rc == 2 and not summary and not sweep_dir.exists()
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert err == [
+        "harness sweep: refused: jobs 1 and 3 of 3 are the same job (seed=0): a sweep value is listed twice; "
+        "list each once"
+    ]
+
+
 def _hydra(launcher: dict, max_batch_size=None):
     return OmegaConf.create({"launcher": launcher, "sweeper": {"max_batch_size": max_batch_size}})
 

@@ -116,7 +116,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def refuse(command: str, exc: BaseException) -> int:
-    """Say on one stderr line why ``harness <command>`` refused; returns the exit status, 2."""
+    """Say on one stderr line why ``harness <command>`` refused; returns the exit status, 2. A
+    broken pipe (stdout's reader left) is no refusal: it goes on to the command line's handler."""
+    if isinstance(exc, BrokenPipeError):
+        raise exc
     print(f"harness {command}: refused: {_one_line(exc)} (harness {command} --help shows the usage)", file=sys.stderr)
     return 2
 

@@ -196,7 +196,7 @@ def set_aside(folder: str | Path, files: tuple[str, ...] | None = None) -> Path 
     return dest
 
 
-def restore_aside(folder: str | Path, aside: Path | None) -> None:
+def restore_aside(folder: str | Path, aside: Path | None, *, why: str = "the job was refused") -> None:
     """Put the files :func:`set_aside` moved to ``aside`` back into ``folder`` (a job refused
     before it measured anything leaves the folder as it was). Where the refused job wrote a
     folder of the same name itself (its W&B run's ``wandb/``), the earlier folder's entries go back
@@ -222,7 +222,7 @@ def restore_aside(folder: str | Path, aside: Path | None) -> None:
         previous = aside.parent
         if previous.is_dir() and not any(previous.iterdir()):
             previous.rmdir()
-    log.warning("the job was refused: the earlier files are back in %s", folder)
+    log.warning("%s: the earlier files are back in %s", why, folder)
 
 
 def clear_for_run(folder: str | Path, state: JobState, *, what: str, action: str) -> Path | None:
