@@ -16,7 +16,8 @@ and the folder naming). Everything here is wiring around Hydra's own mechanisms:
   it binds, :func:`harness.tracking.job_folder.inspect_job`) with the manifest hash this job would
   freeze (:func:`harness.manifest.job_manifest`), and otherwise moves the folder's earlier files to
   ``<job>/.previous/`` with a warning giving the reason before running it: a job that then fails
-  leaves no record in its folder. The same job reached by other overrides (a default restated,
+  leaves no record in its folder (one refused before measuring, or interrupted before writing,
+  puts the earlier files back). The same job reached by other overrides (a default restated,
   ``seed=0``: another folder name, the same manifest hash) is skipped too, naming the folder that
   holds it (:func:`twin_job`), so the sweep folder never holds one job's measurement twice.
 * **A failing job does not stop the others**: the job's exception (refusals included: negotiation
