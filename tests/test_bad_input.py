@@ -402,6 +402,17 @@ def test_a_cache_variable_pointing_at_a_file_is_refused_naming_it(tmp_path, work
     assert not (tmp_path / "run" / "record.json").exists()
 
 
+def test_a_sweep_s_folder_as_output_dir_is_refused(tmp_path, workload, capsys, no_models):
+    """A single run into a sweep's root wrote a record the sweep's compare and report then counted
+    beside its jobs."""
+    sweep = tmp_path / "multirun" / "smoke"
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    argv = argv_for(tmp_path, workload, f"output_dir={sweep}")
+    assert_refused_run(tmp_path, capsys, argv, f"output_dir={sweep} is a sweep's folder (it holds multirun.yaml)")
+    assert sorted(p.name for p in sweep.iterdir()) == ["multirun.yaml"]
+
+
 def test_an_output_folder_that_cannot_be_created(tmp_path, workload, capsys, no_models):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

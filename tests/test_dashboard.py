@@ -213,6 +213,13 @@ def test_out_replaces_a_specification_only_and_records_may_be_a_job_folder(tmp_p
         f"dashboard specification elsewhere (writing {job / 'record.json'})"
     ]
     assert (job / "record.json").read_bytes() == record
+    # a specification named record.json anywhere (a sweep's root, say) would be read as a broken record
+    assert dashboard_main([*base, f"out={job.parent / 'record.json'}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"harness dashboard: refused: out={job.parent / 'record.json'}: record.json is the name of a run's record; "
+        f"give a dashboard specification another name (writing {job.parent / 'record.json'})"
+    ]
+    assert not (job.parent / "record.json").exists()
     notes = tmp_path / "notes.json"
     notes.write_text("[1, 2]\n")
     assert dashboard_main([*base, f"out={notes}"]) == 2

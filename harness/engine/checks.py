@@ -232,7 +232,13 @@ def proposer_nodes(node: DictConfig, key: str) -> list[tuple[str, DictConfig]]:
 
 
 def check_output_dir(key: str, path: str | os.PathLike) -> None:
-    """``path`` is a folder this process can create or write into (:func:`output_folder_problem`)."""
+    """``path`` is a folder this process can create or write into (:func:`output_folder_problem`),
+    and ``output_dir`` is no sweep's folder (a single run's record there would join the sweep's jobs)."""
     problem = output_folder_problem(key, path)
     if problem is not None:
         raise ConfigError(problem)
+    if key == "output_dir" and (Path(path) / "multirun.yaml").is_file():
+        raise ConfigError(
+            f"output_dir={path} is a sweep's folder (it holds multirun.yaml): a single run's record there would be "
+            "counted with the sweep's jobs; give the run a folder of its own"
+        )

@@ -82,6 +82,8 @@ def output_file_problem(
         return f"{key}={path} is a folder; give a file path, e.g. {key}={path / example}"
     if path.name in RUN_FILES and (path.parent / RECORD_FILENAME).is_file():
         return f"{key}={path} is a file of the run folder {path.parent}: write {what} elsewhere"
+    if path.name == RECORD_FILENAME:  # compare, report and sweeps read every record.json under a folder
+        return f"{key}={path}: {RECORD_FILENAME} is the name of a run's record; give {what} another name"
     if path.exists() and not overwrite and not ours(path):
         return f"{key}={path} already exists and is not {what}; give another path or overwrite=true"
     return output_folder_problem(key, path.parent)
