@@ -565,3 +565,15 @@ def test_leaderboard_prompt_counts_are_per_row_when_the_rows_ran_different_promp
 def test_leaderboard_option_takes_true_or_false_only(capsys):
     assert main([str(FIXTURES), "leaderboard=maybe"]) == 2
     assert "leaderboard='maybe': must be true or false" in capsys.readouterr().err
+
+
+def test_one_prompt_with_two_categories_in_one_arm_is_refused_naming_the_runs_and_the_way_out():
+    r1 = [("p1", "qa", 10, 10, 20, 10)]
+    r2 = [("p1", "summarization", 10, 10, 20, 10)]
+    df = _toy({"run-one": {"proposer": "a", "prompts": r1}, "run-two": {"proposer": "a", "prompts": r2}})
+    with pytest.raises(ValueError) as err:
+        compare(df, n_resamples=50)
+    assert str(err.value).startswith(
+        "prompt 'p1' (one text) carries different categories in the runs one arm pools ('qa' in run run-one, "
+        "'summarization' in run run-two; 1 such prompt(s)): compare those runs apart (by= an axis"
+    )

@@ -289,8 +289,14 @@ def _arm_prompts(long: pd.DataFrame) -> pd.DataFrame:
     two prefill columns."""
     cats = long.groupby("prompt_id")["category"].nunique()
     if (cats > 1).any():
-        bad = cats[cats > 1].index.tolist()
-        raise ValueError(f"prompts {bad} carry different categories in different runs")
+        key = cats[cats > 1].index[0]
+        rows = long[long["prompt_id"] == key]
+        said = ", ".join(f"{c!r} in run {r[:16]}" for r, c in zip(rows["run_id"], rows["category"], strict=True))
+        raise ValueError(
+            f"prompt {rows['raw_prompt_id'].iloc[0]!r} (one text) carries different categories in the runs one arm "
+            f"pools ({said}; {int((cats > 1).sum())} such prompt(s)): compare those runs apart (by= an axis they "
+            "differ in, or a filter such as workload=..., seed=...), or give the prompt one category in every file"
+        )
     summed = _summed(long, "prompt_id")
     summed["category"] = long.groupby("prompt_id", sort=True)["category"].first()
     return summed
