@@ -155,8 +155,31 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
             raise ConfigError(f"{name}: {refusal}; no job was run") from exc
     if holes and len(holes) == len(jobs):
         raise ConfigError(f"every job would be refused, e.g. {holes[0][1]}")
+    note = launcher_width_note(argv)
+    if note:
+        print(f"harness {command}: note: {note}", file=sys.stderr)
     for name, why in holes:
         print(f"harness {command}: {name} will be refused: {why}; the other jobs run", file=sys.stderr)
+
+
+def launcher_width_note(argv: list[str]) -> str | None:
+    """A note when ``hydra.launcher.n_jobs`` asks for more jobs at once than ``concurrent_jobs``
+    lets through (the sweeper hands the launcher batches of ``concurrent_jobs``), else None."""
+    given = {a.split("=", 1)[0].lstrip("+"): a.split("=", 1)[1] for a in argv if "=" in a}
+    if "hydra.sweeper.max_batch_size" in given or "hydra.launcher.sweep_batch" in given:
+        return None  # the batches are set apart from concurrent_jobs
+    try:
+        n_jobs = int(given["hydra.launcher.n_jobs"])
+        concurrent = int(given.get("concurrent_jobs", 1))
+    except (KeyError, ValueError):
+        return None
+    if n_jobs > concurrent:
+        return (
+            f"hydra.launcher.n_jobs={n_jobs} runs {concurrent} job(s) at once: the sweeper hands the launcher "
+            f"batches of concurrent_jobs={concurrent} (set concurrent_jobs={n_jobs} to run {n_jobs} at once, each "
+            "job timed beside the others)"
+        )
+    return None
 
 
 def check_launch_options(argv: list[str]) -> None:

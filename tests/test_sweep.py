@@ -1034,3 +1034,16 @@ def test_a_relaunch_with_tracking_logs_the_jobs_it_skips_that_ran_untracked_once
     assert rc == 0 and summary["skipped"] == [job]
     assert "after the fact" not in capsys.readouterr().err
     assert load_record(record_file)["tracking"] == after["tracking"]
+
+
+def test_a_joblib_width_above_concurrent_jobs_is_noted():
+    """``hydra.launcher.n_jobs=2`` alone ran one job at a time (the sweeper's batches are
+    concurrent_jobs wide) while joblib's own line said n_jobs=2; the launch now says so."""
+    from harness.app import launcher_width_note
+
+    note = launcher_width_note(["-m", "launcher=joblib", "hydra.launcher.n_jobs=2", "seed=0,1"])
+    assert note.startswith("hydra.launcher.n_jobs=2 runs 1 job(s) at once: the sweeper hands the launcher batches")
+    assert "set concurrent_jobs=2" in note
+    assert launcher_width_note(["-m", "hydra.launcher.n_jobs=2", "concurrent_jobs=2"]) is None
+    assert launcher_width_note(["-m", "hydra.launcher.n_jobs=2", "hydra.sweeper.max_batch_size=2"]) is None
+    assert launcher_width_note(["-m", "seed=0,1"]) is None
