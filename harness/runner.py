@@ -111,7 +111,7 @@ from harness.tracking.wandb_tracker import (
     tracking_problem,
     wandb_group,
 )
-from harness.verifiers.base import NegotiationError
+from harness.verifiers.base import NegotiationError, get_verifier
 from harness.workloads.conversations import ContextLimit, PromptEncoder, TurnPrompt, context_limit, truncate_rule
 from harness.workloads.prompts import Prompt, WorkloadError, load_configured
 
@@ -629,6 +629,20 @@ def inert_options(cfg: DictConfig) -> list[str]:
             out.append("gates.skip_statistical=true: the statistical gate tests sampled rounds (temperature > 0)")
         if not cfg.gates.get("statistical", True) and cfg.gates.get("enabled", True):
             out.append("gates.statistical=false: the statistical gate tests sampled rounds (temperature > 0)")
+        if cfg.gates.get("enabled", True):
+            out += [
+                f"gates.{k}={_text(v)}: the statistical gate tests sampled rounds (temperature > 0)"
+                for k, v in _changed(cfg.gates)
+                if k in STATISTICAL_GATE_OPTIONS
+            ]
+    if not cfg.gates.get("enabled", True):
+        out += [
+            f"gates.{k}={_text(v)}: gates.enabled=false runs no gate" for k, v in _changed(cfg.gates) if k != "enabled"
+        ]
+    if not gen.get("exact", True) and get_verifier(str(cfg.verifier.name)).exact:
+        out.append(
+            f"generation.exact=false: verifier={cfg.verifier.name} is exact (the option admits a heuristic verifier)"
+        )
     for key, m in models_in_use(cfg):
         out += _model_inert_options(key, m)
     if cfg.tracking.name == "none":
@@ -642,6 +656,16 @@ def inert_options(cfg: DictConfig) -> list[str]:
         )
     if w.name == "sharegpt" and not w.get("chat", True):
         out.append("workload.chat=false: ShareGPT prompts are chat messages, always put through the chat template")
+    elif w.get("chat") and cfg.model.name == "tiny":
+        out.append("workload.chat=true: model=tiny has no tokenizer or chat template (prompts are byte ids)")
+    if topo.get("sources"):
+        out.append(
+            f"topology.sources={_text(topo.sources)}: no topology reads it (proposer=merged takes proposer.sources)"
+        )
+    if topo.name == "sequoia" and topo.get("tree_artifact") and not topo.get("reuse", True):
+        out.append("topology.reuse=false: topology.tree_artifact names the tree, nothing is measured or searched")
+    if prop.name == "prompt_lookup" and topo.name == "sequence" and "max_matches" in dict(_changed(prop)):
+        out.append(f"proposer.max_matches={prop.max_matches}: topology=sequence takes one match (one chain)")
     decided = checkpoint_decides(prop)
     if decided:
         why = f"proposer.artifact={prop.artifact} is a published checkpoint, read as its authors ship it"
@@ -682,6 +706,10 @@ def inert_options(cfg: DictConfig) -> list[str]:
             "(proposer.budget_policy=adaptive reads it)"
         )
     return out
+
+
+#: the gates' options that only the statistical gate (temperature > 0) reads
+STATISTICAL_GATE_OPTIONS = ("chi2_samples", "chi2_top_m", "chi2_alpha")
 
 
 def _changed(node) -> list[tuple[str, Any]]:

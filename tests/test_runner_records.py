@@ -441,3 +441,41 @@ def test_an_interrupted_run_puts_the_folder_s_earlier_record_back(tmp_path, monk
         run_job(compose([*base, "seed=1"]), run_dir=out)
     assert load_record(out / "record.json")["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
     assert f"the job was interrupted: the earlier files are back in {out}" in caplog.text
+
+
+def test_gate_exactness_chat_topology_and_lookup_options_that_change_nothing_are_listed_as_inert():
+    from harness.runner import inert_options
+
+    base = ["model=tiny"]
+
+    def inert(*overrides):
+        return inert_options(compose([*base, *overrides]))
+
+    assert inert("gates.chi2_samples=10", "gates.chi2_top_m=1") == [
+        "gates.chi2_samples=10: the statistical gate tests sampled rounds (temperature > 0)",
+        "gates.chi2_top_m=1: the statistical gate tests sampled rounds (temperature > 0)",
+    ]
+    assert inert("generation.temperature=0.7", "gates.chi2_samples=500") == []  # read when sampling
+    assert inert("gates.enabled=false", "gates.chi2_samples=500", "gates.oracle=false") == [
+        "gates.oracle=false: gates.enabled=false runs no gate",
+        "gates.chi2_samples=500: gates.enabled=false runs no gate",
+    ]
+    assert inert("generation.exact=false") == [
+        "generation.exact=false: verifier=greedy is exact (the option admits a heuristic verifier)"
+    ]
+    typical = ["generation.exact=false", "verifier=typical", "generation.temperature=0.7", "proposer=draft_model"]
+    assert inert(*typical) == []
+    assert inert("workload.chat=true") == [
+        "workload.chat=true: model=tiny has no tokenizer or chat template (prompts are byte ids)"
+    ]
+    assert inert("topology.sources=[a,b]") == [
+        "topology.sources=[a,b]: no topology reads it (proposer=merged takes proposer.sources)"
+    ]
+    assert inert("proposer=prompt_lookup", "topology=sequence", "proposer.max_matches=2") == [
+        "proposer.max_matches=2: topology=sequence takes one match (one chain)"
+    ]
+    assert inert("proposer=prompt_lookup", "topology=sequences", "proposer.max_matches=2") == []
+    sequoia = ["topology=sequoia", "proposer=draft_model", "verifier=sequoia", "topology.tree_artifact=tree.json"]
+    assert inert(*sequoia, "topology.reuse=false") == [
+        "topology.reuse=false: topology.tree_artifact names the tree, nothing is measured or searched"
+    ]
