@@ -260,6 +260,12 @@ def test_harness_calibrate_writes_the_artifacts(tmp_path, monkeypatch, capsys):
     cal = json.loads(Path(out["sequoia_calibration"]).read_text())
     prof = json.loads(Path(out["sequoia_profile"]).read_text())
     assert tree["calibration_hash"] == cal["hash"] and tree["profile_hash"] == prof["hash"]
+    # the summary (a run's record artifacts) holds the hash of each artifact it used
+    assert (out["sequoia_tree_hash"], out["sequoia_calibration_hash"], out["sequoia_profile_hash"]) == (
+        tree["hash"],
+        cal["hash"],
+        prof["hash"],
+    )
     assert len(prof["verify_cost"]) == 4  # n = 1..max_nodes + 1 (root included)
     assert out["chosen"]["candidate_rows"] <= 3 and out["acceptance"] == cal["acceptance"]
 

@@ -428,3 +428,25 @@ def test_run_folders_are_named_by_experiment_else_adhoc_and_a_refused_run_leaves
     assert run_main(["-m", *TINY, "seed=1,2"]) == 0
     (sweep,) = (cache / "multirun" / "adhoc").iterdir()
     assert len(list(sweep.glob("*/record.json"))) == 2
+
+
+def test_a_job_whose_measured_sequoia_tree_changed_since_its_record_is_no_complete_job(tmp_path):
+    """Two records of one manifest held different trees after `harness calibrate` re-measured the
+    cached artifacts in place, and a relaunch skipped the job as done; the record now holds each
+    measured artifact's hash, and a job whose artifact changed (or went) is run again."""
+    tree = tmp_path / "tree-x.json"
+    tree.write_text(json.dumps({"kind": "sequoia_tree", "hash": "h1"}))
+    job = tmp_path / "job"
+    record = _record()
+    record["artifacts"] = {**record.get("artifacts", {}), "sequoia_tree": str(tree), "sequoia_tree_hash": "h1"}
+    write_job(job, record, OUTPUTS)
+    assert inspect_job(job, manifest_hash="a" * 16).record is not None
+    tree.write_text(json.dumps({"kind": "sequoia_tree", "hash": "h2"}))
+    state = inspect_job(job, manifest_hash="a" * 16)
+    assert state.record is None and state.reason == (
+        f"its sequoia_tree artifact {tree} changed since the run (hash h1 then, h2 now): the job would run with "
+        "another one"
+    )
+    tree.unlink()
+    assert inspect_job(job, manifest_hash="a" * 16).reason.startswith(f"its sequoia_tree artifact {tree} is gone")
+    assert inspect_job(job).record is not None  # the record itself stands (the store reads it)

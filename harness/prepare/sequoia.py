@@ -202,11 +202,16 @@ class SequoiaArtifacts:
         )
 
     def paths(self) -> dict:
+        """Where each artifact is, and the content hash of the one this run used (a later
+        `harness calibrate` rewrites the cached files in place: the hash says which was run)."""
         return {
             "sequoia_tree": str(self.tree_path),
             "sequoia_calibration": str(self.calibration_path),
             "sequoia_profile": str(self.profile_path),
             "sequoia_profile_plot": str(self.plot_path),
+            "sequoia_tree_hash": self.tree.get("hash"),
+            "sequoia_calibration_hash": self.calibration.get("hash"),
+            "sequoia_profile_hash": self.profile.get("hash"),
         }
 
     def metrics(self) -> dict:

@@ -176,7 +176,37 @@ def inspect_job(folder: str | Path, *, manifest_hash: str | None = None, manifes
             f"its record has manifest hash {record.get('manifest_hash')}, this job {manifest_hash}{diff}",
             files,
         )
+    if manifest_hash is not None:
+        changed = measured_artifact_change(record)
+        if changed is not None:
+            return JobState(None, changed, files)
     return JobState(record, None, files)
+
+
+#: artifacts a run measures (not a function of its config, so no manifest hash binds them), by the
+#: record's ``artifacts`` key; the record holds each one's content hash as ``<key>_hash``
+MEASURED_ARTIFACTS = ("sequoia_tree", "sequoia_calibration", "sequoia_profile")
+
+
+def measured_artifact_change(record: dict) -> str | None:
+    """Why the job a record measured would now run with other measured artifacts (a Sequoia tree
+    re-calibrated in place, or gone: the job would measure a new one), or None."""
+    artifacts = record.get("artifacts") or {}
+    for key in MEASURED_ARTIFACTS:
+        used, path = artifacts.get(f"{key}_hash"), artifacts.get(key)
+        if used is None or not path:
+            continue  # a record from before the hashes, or no such artifact
+        try:
+            now = json.loads(Path(path).read_text(encoding="utf-8")).get("hash")
+        except (OSError, ValueError, AttributeError):
+            now = None
+        if now != used:
+            return (
+                f"its {key} artifact {path} "
+                + ("is gone" if now is None else f"changed since the run (hash {used} then, {now} now)")
+                + ": the job would run with another one"
+            )
+    return None
 
 
 def set_aside(folder: str | Path, files: tuple[str, ...] | None = None) -> Path | None:
