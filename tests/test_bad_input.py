@@ -241,6 +241,23 @@ def test_range_boundaries_are_accepted(overrides):
             ["tracking.project=a#b: Hydra's override grammar cannot read it at '#'", """'tracking.project="a#b"'"""],
         ),
         (["output_dir=a=b"], ["output_dir=a=b: Hydra's override grammar cannot read it (mismatched input '='"]),
+        # what a proposer trains or searches on is never the split the run evaluates
+        (
+            ["proposer=medusa", "topology=cartesian", "workload=sharegpt", "workload.split=train"],
+            ["proposer.data.split=train is the split this run evaluates (workload=sharegpt workload.split=train)"],
+        ),
+        (
+            ["proposer=eagle", "workload=sharegpt", "proposer.data.split=eval"],
+            ["proposer.data.split=eval is the split this run evaluates", "train on the prompts it is measured on"],
+        ),
+        (
+            ["proposer=medusa", "topology=cartesian", "proposer.data.held_out_split=train"],
+            ["proposer.data.held_out_split=train is the training split (proposer.data.split)"],
+        ),
+        (
+            ["proposer=layer_skip", "workload=sharegpt", "proposer.search.split=eval"],
+            ["proposer.search.split=eval is the split this run evaluates", "choose its layers on the prompts"],
+        ),
     ],
 )
 def test_harness_run_refuses_bad_values_in_one_line_and_writes_nothing(

@@ -195,6 +195,7 @@ def check_related_values(cfg: DictConfig) -> None:
                 f"{key}.min_suffix={node.min_suffix} exceeds {key}.max_suffix={node.max_suffix}",
                 suggestions=[(f"{key}.min_suffix={node.max_suffix}",)],
             )
+    check_disjoint_splits(cfg)
     models = dict(models_in_use(cfg))
     for key, draft in models.items():
         if key == "model" or draft.name != "tiny" or cfg.model.name != "tiny":
@@ -216,6 +217,34 @@ def check_related_values(cfg: DictConfig) -> None:
             f"({bins} bins: the top {g.chi2_top_m} tokens and the rest), so >= {need}",
             suggestions=[(f"gates.chi2_samples={need}",)],
         )
+
+
+def check_disjoint_splits(cfg: DictConfig) -> None:
+    """What a proposer trains or searches on is no split the run evaluates: heads, EAGLE drafts and
+    early-exit adapters train on ShareGPT's ``data.split`` (and check it on ``data.held_out_split``),
+    a layer-skip search scores skip vectors on ``search.workload``'s ``search.split``. A published
+    checkpoint (``proposer.artifact``) trains nothing; a given skip vector searches nothing."""
+    w = cfg.workload
+    evaluated = (str(w.name), str(w.get("split")))
+    for key, node in proposer_nodes(cfg.proposer, "proposer"):
+        data = node.get("data")
+        if data is not None and node.get("artifact") is None:
+            if str(data.split) == str(data.held_out_split):
+                raise ConfigError(
+                    f"{key}.data.held_out_split={data.held_out_split} is the training split ({key}.data.split): "
+                    "the held-out rows must be others"
+                )
+            if (str(data.get("source", "sharegpt")), str(data.split)) == evaluated:
+                raise ConfigError(
+                    f"{key}.data.split={data.split} is the split this run evaluates (workload={w.name} "
+                    f"workload.split={w.split}): the proposer would train on the prompts it is measured on"
+                )
+        search = node.get("search")
+        if search is not None and node.get("skip") is None and (str(search.workload), str(search.split)) == evaluated:
+            raise ConfigError(
+                f"{key}.search.split={search.split} is the split this run evaluates (workload={w.name} "
+                f"workload.split={w.split}): the skip search would choose its layers on the prompts it is measured on"
+            )
 
 
 def proposer_nodes(node: DictConfig, key: str) -> list[tuple[str, DictConfig]]:
