@@ -317,6 +317,7 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
             suggestions=[(f"generation.batch_size={len(prompts)}",)],
         )
     context = plan_context(cfg, plan_.budget.max_nodes)
+    check_profile_fits(cfg, context)
     if cfg.model.name != "tiny" and not cfg.workload.chat:
         multi = next((p for p in prompts if p.n_turns > 1), None)
         if multi is not None:
@@ -332,6 +333,22 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
         temp_kv_budget_formula_bytes=formula,
         run_dir=Path(run_dir or cfg.output_dir or os.getcwd()),
     )
+
+
+def check_profile_fits(cfg: DictConfig, context) -> None:
+    """A Sequoia hardware profile times verify forwards of up to ``topology.max_nodes`` rows and the
+    root over a ``topology.profile.prefix_len``-token prefix: they must fit the models' positions."""
+    t = cfg.topology
+    if t.name != "sequoia" or context.positions is None:
+        return
+    need = int(t.profile.prefix_len) + int(t.max_nodes) + 1
+    if need > context.positions:
+        room = context.positions - int(t.max_nodes) - 1
+        raise ConfigError(
+            f"topology.profile.prefix_len={t.profile.prefix_len} + {int(t.max_nodes) + 1} rows (topology.max_nodes "
+            f"and the root) exceed the {context.positions:,} positions of {context.limited_by}",
+            suggestions=[(f"topology.profile.prefix_len={room}",)] if room >= 1 else [],
+        )
 
 
 def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:

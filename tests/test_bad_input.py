@@ -241,6 +241,22 @@ def test_range_boundaries_are_accepted(overrides):
             ["tracking.project=a#b: Hydra's override grammar cannot read it at '#'", """'tracking.project="a#b"'"""],
         ),
         (["output_dir=a=b"], ["output_dir=a=b: Hydra's override grammar cannot read it (mismatched input '='"]),
+        # a Sequoia profile's prefix and rows must fit the target's positions (it ran for minutes past them)
+        (
+            [
+                "topology=sequoia",
+                "proposer=draft_model",
+                "proposer.sampling=without_replacement",
+                "verifier=sequoia",
+                "generation.temperature=0.7",
+                "model.tiny.max_position_embeddings=256",
+                "topology.profile.prefix_len=512",
+            ],
+            [
+                "topology.profile.prefix_len=512 + 9 rows (topology.max_nodes and the root) exceed the 256 positions",
+                "try topology.profile.prefix_len=247",
+            ],
+        ),
         # what a proposer trains or searches on is never the split the run evaluates
         (
             ["proposer=medusa", "topology=cartesian", "workload=sharegpt", "workload.split=train"],
