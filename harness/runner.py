@@ -710,6 +710,10 @@ def inert_options(cfg: DictConfig) -> list[str]:
         sources = list(prop.get("sources") or [])
         if "rest" in sources:
             out += path_inert_options(prop.rest.datastore, "proposer.rest.datastore")
+        for src in sources:
+            depth = prop.depths.get(src)
+            if depth is not None and int(depth) > int(topo.max_depth):
+                out.append(f"proposer.depths.{src}={depth}: topology.max_depth={topo.max_depth} caps every source")
         left_out = f"proposer.sources={_text(sources)} leaves it out"
         for src in MERGED_SUB_CONFIGS:
             if src not in sources:
@@ -1046,6 +1050,13 @@ def summarise(
         print(
             "harness: warning: torch.compile reached its recompile limit, so these functions ran eagerly for "
             f"part of the run (load_report.compile): {'; '.join(compile_report['recompile_limit_hits'])}",
+            file=sys.stderr,
+        )
+    if metrics.get("fallback_rate") == 1.0 and metrics.get("rounds"):
+        print(
+            f"harness: warning: the proposer offered no candidate in any of {metrics['rounds']} rounds "
+            "(metrics.fallback_rate 1.0): the speculative arm decoded as plain AR plus the proposer's cost, so its "
+            "speedup measures overhead only",
             file=sys.stderr,
         )
     if not plan_.verifier.exact:

@@ -475,7 +475,34 @@ def test_gate_exactness_chat_topology_and_lookup_options_that_change_nothing_are
         "proposer.max_matches=2: topology=sequence takes one match (one chain)"
     ]
     assert inert("proposer=prompt_lookup", "topology=sequences", "proposer.max_matches=2") == []
+    merged = ["proposer=merged", "topology=merged", "proposer.sources=[prompt_lookup,draft_model]"]
+    assert inert(*merged, "proposer.depths.draft_model=100") == [
+        "proposer.depths.draft_model=100: topology.max_depth=8 caps every source"
+    ]
     sequoia = ["topology=sequoia", "proposer=draft_model", "verifier=sequoia", "topology.tree_artifact=tree.json"]
     assert inert(*sequoia, "topology.reuse=false") == [
         "topology.reuse=false: topology.tree_artifact names the tree, nothing is measured or searched"
     ]
+
+
+def test_a_run_whose_proposer_never_proposed_warns_that_it_measured_overhead_only(tmp_path, monkeypatch, capsys):
+    """A proposer that offers nothing in any round (an n-gram longer than any repeat) left a gated
+    record that read like a measurement of the method; the run now warns."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    cfg = compose(
+        [
+            "model=tiny",
+            "proposer=prompt_lookup",
+            "topology=sequence",
+            "proposer.min_ngram=6",
+            "proposer.max_ngram=6",
+            "workload.limit=1",
+            "generation.max_new_tokens=8",
+            "gates.oracle=false",
+        ]
+    )
+    record = run_job(cfg, run_dir=tmp_path / "run")
+    assert record["metrics"]["fallback_rate"] == 1.0
+    assert (
+        f"harness: warning: the proposer offered no candidate in any of {record['metrics']['rounds']} rounds"
+    ) in capsys.readouterr().err
