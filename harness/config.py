@@ -784,8 +784,25 @@ def offer(exc: ConfigError, overrides: list[str], *, accept: Callable[[DictConfi
             continue
         except (ValueError, OSError, HydraException, OmegaConfBaseException):  # refused otherwise: not offered
             continue
-        accepted.append(fix)
+        fix = _minimal(fix, overrides, accept)
+        if fix not in accepted:
+            accepted.append(fix)
     return type(exc)(exc.reason, suggestions=accepted, offered=True, replaces=exc.replaces)
+
+
+def _minimal(fix: tuple[str, ...], overrides: list[str], accept: Callable[[DictConfig], Any]) -> tuple[str, ...]:
+    """``fix`` without the overrides it is accepted without (a chained fix may carry a first step the
+    second made unneeded: ``topology.max_nodes=21 topology=sequence`` where ``topology=sequence`` does)."""
+    for o in list(fix):
+        if len(fix) == 1:
+            break
+        rest = tuple(x for x in fix if x != o)
+        try:
+            accept(compose(apply_overrides(overrides, rest)))
+        except (ValueError, OSError, HydraException, OmegaConfBaseException):
+            continue
+        fix = rest
+    return fix
 
 
 def _merge(fix: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, ...]:

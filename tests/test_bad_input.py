@@ -551,7 +551,7 @@ def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
             "harness train: refused: ",
             "does not exist: harness train writes its artifact to the cache",
         ),
-        (["calibrate", "model=tiny"], "harness calibrate: refused: ", "try proposer=draft_model proposer.sampling="),
+        (["calibrate", "model=tiny"], "harness calibrate: refused: ", "try proposer=draft_model"),
         (["calibrate", "model=tiny", "topology=sequence"], "harness calibrate: refused: ", "needs topology=sequoia"),
         (
             [
