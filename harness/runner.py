@@ -673,8 +673,6 @@ def inert_options(cfg: DictConfig) -> list[str]:
         )
     if w.name == "sharegpt" and not w.get("chat", True):
         out.append("workload.chat=false: ShareGPT prompts are chat messages, always put through the chat template")
-    elif w.get("chat") and cfg.model.name == "tiny":
-        out.append("workload.chat=true: model=tiny has no tokenizer or chat template (prompts are byte ids)")
     if topo.get("sources"):
         out.append(
             f"topology.sources={_text(topo.sources)}: no topology reads it (proposer=merged takes proposer.sources)"

@@ -465,9 +465,6 @@ def test_gate_exactness_chat_topology_and_lookup_options_that_change_nothing_are
     ]
     typical = ["generation.exact=false", "verifier=typical", "generation.temperature=0.7", "proposer=draft_model"]
     assert inert(*typical) == []
-    assert inert("workload.chat=true") == [
-        "workload.chat=true: model=tiny has no tokenizer or chat template (prompts are byte ids)"
-    ]
     assert inert("topology.sources=[a,b]") == [
         "topology.sources=[a,b]: no topology reads it (proposer=merged takes proposer.sources)"
     ]

@@ -298,9 +298,12 @@ def first_run(tmp_path_factory):
 def test_harness_run_topology_sequoia_end_to_end(first_run):
     tmp, record = first_run
     arts = record["artifacts"]
-    assert set(arts) == {"sequoia_tree", "sequoia_calibration", "sequoia_profile", "sequoia_profile_plot"}
-    for path in arts.values():
-        assert Path(path).parent == tmp / "cache" / "sequoia"
+    paths = {"sequoia_tree", "sequoia_calibration", "sequoia_profile", "sequoia_profile_plot"}
+    assert set(arts) == paths | {"sequoia_tree_hash", "sequoia_calibration_hash", "sequoia_profile_hash"}
+    for key in paths:
+        assert Path(arts[key]).parent == tmp / "cache" / "sequoia"
+    for key in ("sequoia_tree", "sequoia_calibration", "sequoia_profile"):  # the artifact this run used
+        assert arts[f"{key}_hash"] == json.loads(Path(arts[key]).read_text())["hash"]
     assert Path(arts["sequoia_profile_plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp / "run" / "record.json").exists()
     tree = json.loads(Path(arts["sequoia_tree"]).read_text())
