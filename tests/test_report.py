@@ -458,6 +458,21 @@ def test_the_category_plot_draws_the_report_table_s_intervals_and_by_groups_the_
     ax1 = PLOTS["speedup_by_proposer_workload"](exact, {"by": "topology"}).figure.axes[0]
     assert ax1.get_xlabel() == "topology"
     assert [t.get_text() for t in ax1.get_xticklabels()] == sorted(set(exact["topology"]))
+    # an error bar only where a speedup has an interval (a one-prompt bar had a zero-width one), and
+    # each category's bars a colour of their own, none the grey of the "all" bars
+    from harness.tracking.compare import compare
+
+    rows_ = [r for r in compare(exact, by="topology") if r.section == "exact"]
+    with_ci = sorted(
+        (round(r.speedup.ci_low, 9), round(r.speedup.ci_high, 9)) for r in rows_ if r.speedup.ci_low is not None
+    )
+    bars = sorted((round(seg[0][1], 9), round(seg[1][1], 9)) for c in ax1.collections for seg in c.get_segments())
+    assert bars == with_ci
+    colours = {
+        c.get_label(): tuple(c.patches[0].get_facecolor()) for c in ax1.containers if getattr(c, "patches", None)
+    }
+    assert len(colours) > 2 and len(set(colours.values())) == len(colours)
+    assert colours["category: all"][:3] == (0.45, 0.45, 0.45)
 
 
 def test_markdown_tables_escape_pipes_in_the_header_too():

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import yaml
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from harness.files import output_folder_problem
@@ -212,6 +213,10 @@ def _finish(
 SPEEDUP_LABEL = "decode speedup over AR\n(sum AR ms/token / sum spec ms/token)"
 
 
+#: the categories' bar colours: matplotlib's tab20 without its greys (the ``all`` bars are grey, hatched)
+CATEGORY_COLOURS = tuple(c for i, c in enumerate(colormaps["tab20"].colors) if i not in (14, 15))
+
+
 def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     (section,) = spec.get("sections", ["exact"])[:1] or ["exact"]
     runs = df[df["section"] == section]
@@ -225,7 +230,7 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
     ax = fig.add_subplot()
     width = 0.8 / len(cats)
     for j, cat in enumerate(cats):
-        xs, ys, lo, hi = [], [], [], []
+        xs, ys, err = [], [], []  # err: (x, y, below, above) where the speedup has an interval
         for i, arm in enumerate(arms):
             hit = [r for r in rows if r.arm == arm and r.category == cat]
             if not hit or hit[0].speedup.value is None:
@@ -233,17 +238,20 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
             s = hit[0].speedup
             xs.append(i + (j - (len(cats) - 1) / 2) * width)
             ys.append(s.value)
-            lo.append(s.value - (s.ci_low if s.ci_low is not None else s.value))
-            hi.append((s.ci_high if s.ci_high is not None else s.value) - s.value)
+            if s.ci_low is not None and s.ci_high is not None:  # one prompt has none: no bar is drawn for it
+                err.append((xs[-1], s.value, s.value - s.ci_low, s.ci_high - s.value))
         ax.bar(
             xs,
             ys,
             width=width,
-            yerr=[lo, hi],
-            capsize=3,
             label=f"category: {cat}",
-            color=None if cat != ALL else "0.55",
+            color=CATEGORY_COLOURS[j % len(CATEGORY_COLOURS)] if cat != ALL else "0.45",
+            hatch="//" if cat == ALL else None,
+            edgecolor="white" if cat == ALL else None,
         )
+        if err:
+            ex, ey, below, above = zip(*err, strict=True)
+            ax.errorbar(ex, ey, yerr=[below, above], fmt="none", ecolor="k", elinewidth=1, capsize=3)
     ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
     ax.text(0.99, 1.0, "AR = 1", va="bottom", ha="right", fontsize=8, transform=ax.get_yaxis_transform())
     ax.set_xticks(range(len(arms)), arms)
