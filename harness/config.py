@@ -707,8 +707,8 @@ def _unparsable_override(overrides: list[str]) -> ConfigError | None:
 
     parser = OverridesParser.create()
     for given in overrides:
-        if given.startswith("-") and "=" not in given:
-            continue  # a flag (-m, --cfg job)
+        if given.startswith("-") or "=" not in given.lstrip("~"):
+            continue  # a flag (-m, --cfg) or a flag's value (job, a config dir): no override
         try:
             parser.parse_overrides([given])
         except OverrideParseException as exc:
@@ -720,9 +720,12 @@ def _unparsable_override(overrides: list[str]) -> ConfigError | None:
                     where = f" at {given[column]!r} (character {column + 1})"
             why = "" if where else f" ({lines[0] if lines else 'unreadable'})"
             key, sep, value = given.partition("=")
-            # a sweep's values (a,b) are quoted one by one, so the sweep stays a sweep
-            parts = value.split(",") if not value.startswith("[") else [value]
-            quoted = f"'{key}=" + ",".join(f'"{v}"' for v in parts) + "'" if sep and '"' not in value else None
+            # a sweep's values (a,b) are quoted one by one, so the sweep stays a sweep; a list is no string
+            quoted = None
+            if sep and '"' not in value and not value.startswith("["):
+                inner = key + "=" + ",".join(f'"{v}"' for v in value.split(","))
+                quoted = f"'{inner}'" if "'" not in value else '"' + inner.replace('"', '\\"') + '"'
+
             hint = f"; quote a value holding characters such as # = ' [ ] or spaces: {quoted}" if quoted else ""
             return ConfigError(f"{given}: Hydra's override grammar cannot read it{where}{why}{hint}")
     return None

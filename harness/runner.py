@@ -642,7 +642,7 @@ def inert_options(cfg: DictConfig) -> list[str]:
             out.append(f"generation.top_p={gen.top_p}: {greedy}")
         if int(gen.top_k) > 0:  # 0: no top-k truncation
             out.append(f"generation.top_k={gen.top_k}: {greedy}")
-        if cfg.gates.get("skip_statistical"):
+        if cfg.gates.get("skip_statistical") and cfg.gates.get("enabled", True):
             out.append("gates.skip_statistical=true: the statistical gate tests sampled rounds (temperature > 0)")
         if not cfg.gates.get("statistical", True) and cfg.gates.get("enabled", True):
             out.append("gates.statistical=false: the statistical gate tests sampled rounds (temperature > 0)")
@@ -708,9 +708,10 @@ def inert_options(cfg: DictConfig) -> list[str]:
         sources = list(prop.get("sources") or [])
         if "rest" in sources:
             out += path_inert_options(prop.rest.datastore, "proposer.rest.datastore")
+        default_depths = OmegaConf.get_type(prop)().depths
         for src in sources:
             depth = prop.depths.get(src)
-            if depth is not None and int(depth) > int(topo.max_depth):
+            if depth is not None and depth != default_depths.get(src) and int(depth) > int(topo.max_depth):
                 out.append(f"proposer.depths.{src}={depth}: topology.max_depth={topo.max_depth} caps every source")
         left_out = f"proposer.sources={_text(sources)} leaves it out"
         for src in MERGED_SUB_CONFIGS:

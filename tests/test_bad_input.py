@@ -215,6 +215,9 @@ def test_range_boundaries_are_accepted(overrides):
 
 # --------------------------------------------------------------------------- one line, never a traceback
 
+#: the quoting offered for a value with a single quote: double quotes, Hydra's inner ones escaped
+SHELL_QUOTED_HINT = "quote a value holding characters such as # = ' [ ] or spaces: " + '"tracking.project=\\"it\'s\\""'
+
 
 @pytest.mark.parametrize(
     "overrides,fragments",
@@ -241,6 +244,14 @@ def test_range_boundaries_are_accepted(overrides):
             ["tracking.project=a#b: Hydra's override grammar cannot read it at '#'", """'tracking.project="a#b"'"""],
         ),
         (["output_dir=a=b"], ["output_dir=a=b: Hydra's override grammar cannot read it (mismatched input '='"]),
+        (
+            ["tracking.project=it's"],
+            [SHELL_QUOTED_HINT],
+        ),
+        (
+            ["workload.limit=[1,2"],
+            ["workload.limit=[1,2: Hydra's override grammar cannot read it (no viable alternative"],
+        ),
         # a Sequoia profile's prefix and rows must fit the target's positions (it ran for minutes past them)
         (
             [
@@ -537,6 +548,13 @@ def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
         (["sweep", "smoke", "concurrent_jobs=-1"], "harness sweep: refused: ", "it must be >= 1"),
         (["sweep", "smoke", "concurrent_jobs=two"], "harness sweep: refused: ", "concurrent_jobs=two is not one"),
         (["run", "-m", "seed=1,2", "concurrent_jobs=0"], "harness run: refused: ", "concurrent_jobs=0 is out of"),
+        # a fix that meets another refusal is offered without the override the second fix made unneeded
+        (
+            ["run", "model=tiny", "topology=cartesian", "topology.max_nodes=5"],
+            "harness run: refused: ",
+            "got topology.max_nodes=5 (leave it to the default interpolation); try topology=sequence or "
+            "topology=sequences",
+        ),
         (["train", "proposer=prompt_lookup", "model=tiny"], "harness train: refused: ", "no trained artifact"),
         (["train", "proposer=hydra", "model=tiny", "proposer.num_heads=0"], "harness train: refused: ", ">= 1"),
         (["train", "proposer=hydra", "force=maybe"], "harness train: refused: ", "force=maybe"),
@@ -551,7 +569,7 @@ def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
             "harness train: refused: ",
             "does not exist: harness train writes its artifact to the cache",
         ),
-        (["calibrate", "model=tiny"], "harness calibrate: refused: ", "try proposer=draft_model"),
+        (["calibrate", "model=tiny"], "harness calibrate: refused: ", "; try proposer=draft_model"),
         (["calibrate", "model=tiny", "topology=sequence"], "harness calibrate: refused: ", "needs topology=sequoia"),
         (
             [
@@ -862,3 +880,20 @@ def test_a_reader_that_leaves_the_pipe_is_no_refusal():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == cli.BROKEN_PIPE
     assert "refused" not in err and "Broken pipe" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    "argv, ending",
+    [
+        (
+            ["run", "model=tiny", "topology=cartesian", "topology.max_nodes=5"],
+            "; try topology=sequence or topology=sequences",
+        ),
+        (["calibrate", "model=tiny"], "it builds ['sequence', 'sequences']; try proposer=draft_model"),
+    ],
+)
+def test_offered_fixes_carry_no_override_they_are_accepted_without(capsys, no_models, argv, ending):
+    """A fix that meets another refusal was offered with both steps (topology.max_nodes=21
+    topology=sequence, where topology=sequence alone is accepted)."""
+    assert cli.main(argv) == 2
+    assert one_line(capsys, f"harness {argv[0]}: refused: ").endswith(ending)

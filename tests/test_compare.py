@@ -516,6 +516,23 @@ def test_arms_that_differ_beyond_the_by_axis_or_ran_other_prompts_say_so_without
     assert "note: the arms ran different prompts (a: 2, b: 2; 0 common to all)" in text
     with_base = format_table(compare(df, baseline="b", n_resamples=50), by="proposer", baseline="b", level=0.95)
     assert "- (no prompt in common)" in with_base
+    # a balanced sweep (every arm crossed with the same temperatures and max_nodes) sets no arm apart
+    runs = {f"r{i}": {"proposer": p, "prompts": pa} for i, p in enumerate("aabb")}
+    df = _toy(runs)
+    df["temperature"] = [0.0, 0.7, 0.0, 0.7]
+    df["config.topology.max_nodes"] = [8, 16, 8, 16]
+    balanced = format_table(compare(df, n_resamples=50), by="proposer", baseline=None, level=0.95)
+    assert "differ in more than" not in balanced and "different prompts" not in balanced
+    # arms by workload run their own prompts and options by design: no note says so
+    df = _toy({"r1": {"proposer": "a", "prompts": pa}, "r2": {"proposer": "a", "prompts": pb}})
+    df["workload"] = ["humaneval", "sharegpt"]
+    df["config.workload.chat"] = [False, True]
+    by_workload = format_table(compare(df, by="workload", n_resamples=50), by="workload", baseline=None, level=0.95)
+    assert "note:" not in by_workload
+    # a baseline with no runs in a section: that section's cells are plain "-", not "no prompt in common"
+    df = _toy({"r1": {"proposer": "a", "prompts": pa}, "r2": {"proposer": "b", "prompts": pa, "section": "heuristic"}})
+    table = format_table(compare(df, baseline="b", n_resamples=50), by="proposer", baseline="b", level=0.95)
+    assert "no prompt in common" not in table
 
 
 def test_mixed_axes_lists_the_options_every_run_sets_when_their_group_s_axis_differs_too():

@@ -446,7 +446,13 @@ def test_a_datastore_of_the_user_s_files_is_built_into_its_own_cache_folder_and_
     )
     assert ds.path.parent == tmp_path / "cache" / "datastores" and ds.path.name.startswith(f"{name}-build-")
     assert ds.manifest["corpus"]["source"]["path"] == str(mine.resolve()) and ds.n_tokens == 7 + 1  # and a sentinel
-    assert "building REST datastore 'files'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "building REST datastore 'files'" in err
+    # an exclusion other than the corpus's own default is said (corpus=sharegpt kept stdlib's humaneval)
+    assert (
+        "harness run: note: proposer.datastore.exclude=none keeps out other texts than corpus=files's own default "
+        "(exclude=humaneval, as `harness datastore build corpus=files` builds it)"
+    ) in err
     again, info = open_datastore(cfg, tokenizer=tok, model="toy")  # the proposer's open: it reports the build
     again, info = open_datastore(cfg, tokenizer=tok, model="toy")
     assert not info["built_now"] and again.release_id == ds.release_id and info["corpus_check"] == "verified"

@@ -476,6 +476,10 @@ def test_gate_exactness_chat_topology_and_lookup_options_that_change_nothing_are
     assert inert(*merged, "proposer.depths.draft_model=100") == [
         "proposer.depths.draft_model=100: topology.max_depth=8 caps every source"
     ]
+    assert inert(*merged, "topology.max_depth=3") == []  # the default depth (4), not set: nothing listed
+    assert inert("gates.enabled=false", "gates.skip_statistical=true") == [
+        "gates.skip_statistical=true: gates.enabled=false runs no gate"
+    ]
     sequoia = ["topology=sequoia", "proposer=draft_model", "verifier=sequoia", "topology.tree_artifact=tree.json"]
     assert inert(*sequoia, "topology.reuse=false") == [
         "topology.reuse=false: topology.tree_artifact names the tree, nothing is measured or searched"

@@ -84,6 +84,7 @@ from harness.workloads.datastore import (
     cache_folder_name,
     check_leakage,
     datastore_path,
+    default_exclusion,
     exclusion_fingerprints,
     exclusions_for,
     load_datastore,
@@ -598,6 +599,10 @@ def _override(value) -> str:
     return "[" + ",".join(map(str, value)) + "]" if isinstance(value, (list, tuple)) else str(value)
 
 
+#: the options a build reads beyond the corpus's, as ``harness datastore build`` takes them
+_BUILD_OPTIONS = ("max_tokens", "context_len", "continuation_len", "max_matches", "exclude")
+
+
 def cache_datastore_path(cfg: dict, corpus: Corpus, model: str) -> Path:
     """Where the datastore ``cfg`` configures (``path`` null) is cached: named by its corpus and by
     the build options that differ from their defaults (:func:`cache_folder_name`), as
@@ -624,6 +629,13 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str, prefix: str = "
         f"(max_tokens={max_tokens}; once, then cached)",
         file=sys.stderr,
     )
+    exclude, own = str(cfg.get("exclude", "none")), default_exclusion(corpus.name)
+    if exclude != own:  # e.g. corpus=sharegpt over the stdlib config's exclude=humaneval
+        print(
+            f"harness run: note: {prefix}.exclude={exclude} keeps out other texts than corpus={corpus.name}'s own "
+            f"default (exclude={own}, as `harness datastore build corpus={corpus.name}` builds it)",
+            file=sys.stderr,
+        )
     t0 = time.perf_counter()
     tmp = temporary_sibling(path, "building")
     try:
@@ -705,7 +717,10 @@ def open_datastore(
                     f"write_datastore) and pass {prefix}.path=<dir>."
                 )
             if not build:
-                raise DatastoreError(f"no datastore at {str(path)!r}; build it with `{build_command(cfg, model)}`")
+                options = {k: cfg.get(k) for k in _BUILD_OPTIONS if k in cfg}
+                raise DatastoreError(
+                    f"no datastore at {str(path)!r}; build it with `{build_command(cfg, model, **options)}`"
+                )
             path.parent.mkdir(parents=True, exist_ok=True)
             # jobs starting together build once: the others wait here, then load the first's build
             with artifact_lock(path, purpose=f"building REST datastore {path.name}"):
@@ -748,8 +763,7 @@ def open_datastore(
         if diff:
             said = ", ".join(f"{k}: config {want!r} vs built {got!r}" for k, want, got in diff)
             # every option the build reads, as configured: following the line ends the refusal
-            build_options = ("max_tokens", "context_len", "continuation_len", "max_matches", "exclude")
-            rebuild = build_command(cfg, model, **{k: cfg.get(k) for k in build_options if k in cfg}, overwrite="true")
+            rebuild = build_command(cfg, model, **{k: cfg.get(k) for k in _BUILD_OPTIONS if k in cfg}, overwrite="true")
             raise DatastoreError(
                 f"the cached datastore {str(path)!r} was built with other options ({said}). Rebuild it with "
                 f"`{rebuild}`, use it as built ({prefix}.path={path}: its manifest decides), or point "
@@ -773,8 +787,10 @@ def corpus_check(manifest: dict, verified: bool) -> str:
     """What opening a datastore checked of the corpus it was built from (every open checks the
     index checksum): ``verified`` (its snapshot recomputed and equal), or why not."""
     source = manifest.get("corpus", {}).get("source")
-    if source is None or manifest.get("tokenizer") is None:
+    if manifest.get("tokenizer") is None:
         return "not applicable: token ids given directly, no corpus"
+    if source is None:
+        return "not applicable: built before datastores recorded their corpus's source"
     if source.get("name") == "rest-index":
         return "not applicable: an imported REST index (no text to re-read; the index file was hashed at import)"
     if corpus_from_description(source) is None:

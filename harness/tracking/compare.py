@@ -129,6 +129,7 @@ class ArmRow:
     apart: dict[str, str] = field(default_factory=dict)
     # the ``all`` row: how many of its prompts every other arm of its section ran too (None: one arm)
     common_prompts: int | None = None
+    has_baseline: bool = False  # its section has the baseline's runs to pair with
 
 
 # --------------------------------------------------------------------------------------------
@@ -410,7 +411,7 @@ _AXIS_CONFIG = {
 def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[str, list[str]]:
     """The axes, then the other config keys, whose values differ among one arm's runs: an arm that
     pools runs of different configurations says which (``mixed axes``). Where a group's axis
-    already differs (two proposers, say), only the options every run sets are listed (a max_nodes
+    already differs (two proposers, say), only the options no run leaves null are listed (a max_nodes
     both topologies take), not those one side lacks; ``skip_group``: none of ``by``'s group's options."""
     out: dict[str, list[str]] = {}
     for axis in AXES:
@@ -423,7 +424,8 @@ def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[s
     hidden = [_AXIS_CONFIG[a] for a in ("workload", "temperature", "batch_size") if a in _AXIS_CONFIG]
     hidden += [f"{_AXIS_CONFIG[a]}name" for a in ("proposer", "topology", "verifier", "model")]
     hidden += ["config.model.dtype"] if "model" in out else []  # the model axis names the dtype
-    hidden += [_AXIS_CONFIG[by]] if skip_group and by in _AXIS_CONFIG else []
+    if skip_group and by in _AXIS_CONFIG:  # the compared axis's own options (workload: all of config.workload.)
+        hidden.append("config.workload." if by == "workload" else _AXIS_CONFIG[by])
     for column in sorted(c for c in runs.columns if c.startswith("config.")):
         if column.startswith((*_LAUNCH_CONFIG, *hidden)):
             continue
@@ -442,21 +444,17 @@ def _arms_apart(arm_runs: Mapping[tuple[str, str], pd.DataFrame], section: str, 
     if len(keys) < 2:
         return {}
     union = pd.concat([arm_runs[k] for k in keys], ignore_index=True)
-    differing = [k for k in _varying(union, by, skip_group=True) if k not in REPEAT_CONFIG]
-    out = {}
-    for k in keys:
-        runs = arm_runs[k]
-        out[k[1]] = {
-            key: ",".join(
-                sorted(
-                    {arm_label(v) for v in runs[key]}
-                    if key in AXES
-                    else {_config_text(v) for v in runs.get(f"config.{key}", pd.Series([None]))}
-                )
-            )
-            for key in differing
-        }
-    return out
+    candidates = [k for k in _varying(union, by, skip_group=True) if k not in REPEAT_CONFIG]
+
+    def values(runs: pd.DataFrame, key: str) -> str:
+        if key in AXES:
+            return ",".join(sorted({arm_label(v) for v in runs[key]}))
+        return ",".join(sorted({_config_text(v) for v in runs.get(f"config.{key}", pd.Series([None]))}))
+
+    # a key sets the arms apart when their sets of values differ (a sweep crossing every arm with
+    # the same temperatures pools the same values in each: no difference between the arms)
+    differing = [key for key in candidates if len({values(arm_runs[k], key) for k in keys}) > 1]
+    return {k[1]: {key: values(arm_runs[k], key) for key in differing} for k in keys}
 
 
 #: config keys whose differences among one arm's runs are repeats, not other configurations
@@ -533,7 +531,8 @@ def apart_notes(sec: Sequence[ArmRow], by: str) -> list[str]:
     if keys:
         said = "; ".join(f"{k}: " + ", ".join(f"{r.arm} {r.apart.get(k, '-')}" for r in rows) for k in keys)
         notes.append(APART_NOTE.format(by=by, keys=said))
-    if len(rows) > 1 and any(r.common_prompts is not None and r.common_prompts != r.n_prompts for r in rows):
+    other_prompts = any(r.common_prompts is not None and r.common_prompts != r.n_prompts for r in rows)
+    if len(rows) > 1 and other_prompts and by != "workload":  # arms by workload run other prompts by design
         common = min(r.common_prompts or 0 for r in rows)
         notes.append(PROMPTS_APART_NOTE.format(arms=", ".join(f"{r.arm}: {r.n_prompts}" for r in rows), common=common))
     return notes
@@ -662,6 +661,7 @@ def compare(
                         baseline_differs=differs,
                         apart=apart.get(key[1], {}) if cat == ALL else {},
                         common_prompts=None if shared is None or cat != ALL else len(shared & set(p.index)),
+                        has_baseline=bk is not None,
                     )
                 )
     return out
@@ -876,9 +876,8 @@ def arm_table(
         line.append(r.speedup.fmt(3))
         line.append(r.end_to_end_speedup.fmt(3))
         if baseline is not None:
-            line.append(
-                r.vs_baseline.fmt(3) if r.vs_baseline else "-" if r.arm == baseline else "- (no prompt in common)"
-            )
+            paired = r.vs_baseline is not None or r.arm == baseline or not r.has_baseline
+            line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-" if paired else "- (no prompt in common)")
         mixed = [f"{k}={','.join(v)}" for k, v in r.varying.items()]
         line.append("; ".join(mixed[:4]) + (f"; and {len(mixed) - 4} more" if len(mixed) > 4 else "") or "-")
         body.append(line)

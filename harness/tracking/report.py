@@ -155,8 +155,9 @@ def run_labels(df: pd.DataFrame) -> dict[str, str]:
     (:func:`harness.tracking.conventions.arm_labels`)."""
     axes = [a for a in AXES if a in df.columns]
     keys = arm_config_keys(df)
-    options = {
-        r["run_id"]: "/".join(f"{k}={config_text(r.get(f'config.{k}'))}" for k in keys) for _, r in df.iterrows()
+    options = {  # an option a run does not set (another proposer's) is no part of its label
+        r["run_id"]: "/".join(f"{k}={text}" for k in keys if (text := config_text(r.get(f"config.{k}"))) != "null")
+        for _, r in df.iterrows()
     }
     labels = arm_labels({r["run_id"]: {a: r[a] for a in axes} for _, r in df.iterrows()}, options=options)
     return {
