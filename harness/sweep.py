@@ -19,7 +19,8 @@ and the folder naming). Everything here is wiring around Hydra's own mechanisms:
   leaves no record in its folder (one refused before measuring, or interrupted before writing,
   puts the earlier files back). A record of this manifest whose measured Sequoia artifacts changed
   since (re-calibrated in place, or gone) is run again: jobs that share the cached artifacts and
-  re-measure them (``topology.reuse=false``) therefore re-run one another on every relaunch. The same job reached by other overrides (a default restated,
+  re-measure them (``topology.reuse=false``) therefore re-run one another on every relaunch.
+  The same job reached by other overrides (a default restated,
   ``seed=0``: another folder name, the same manifest hash) is skipped too, naming the folder that
   holds it (:func:`twin_job`), so the sweep folder never holds one job's measurement twice.
 * **A failing job does not stop the others**: the job's exception (refusals included: negotiation
