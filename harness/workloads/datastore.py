@@ -462,11 +462,7 @@ def build_datastore(
         ),
         "build": {"tokenize_s": round(t_tok, 3), "suffix_array_s": round(t_sa, 3)},
     }
-    manifest["release_id"] = _release_id(manifest)
-    ds = Datastore(tokens=tokens, sa=sa, manifest=manifest, path=out_dir)
-    if out_dir is not None:
-        write_datastore(ds, out_dir)
-    return ds
+    return _release(tokens, sa, manifest, out_dir)
 
 
 def _tokenizer_fields(tokenizer) -> dict:
@@ -649,6 +645,12 @@ def import_rest_index(
         ),
         "build": {"read_s": round(t_read, 3), "suffix_array_s": round(t_sa, 3)},
     }
+    return _release(tokens, sa, manifest, out_dir)
+
+
+def _release(tokens: np.ndarray, sa: np.ndarray, manifest: dict, out_dir: str | Path | None) -> Datastore:
+    """The datastore of ``tokens`` and its suffix array ``sa`` under ``manifest``, stamped with its
+    release id (the manifest's content hash) and written to ``out_dir`` when one is given."""
     manifest["release_id"] = _release_id(manifest)
     ds = Datastore(tokens=tokens, sa=sa, manifest=manifest, path=out_dir)
     if out_dir is not None:
