@@ -439,6 +439,26 @@ def calibrate(cfg: DictConfig, *, progress: bool = True) -> dict:
     return ensure_tree_artifact(cfg, build_context(cfg, loaded), force=True, progress=progress).summary()
 
 
+#: options of a run that `harness calibrate` does not read (it measures, writes its artifacts to
+#: the cache and runs no decode): (override prefix, why)
+CALIBRATE_UNREAD = (
+    ("output_dir", "calibrate writes its artifacts to $HARNESS_CACHE/sequoia"),
+    ("gates", "calibrate runs no gate"),
+    ("tracking", "calibrate logs nothing to W&B"),
+)
+
+
+def calibrate_inert_options(argv: list[str]) -> list[str]:
+    """The overrides given to `harness calibrate` that it does not read, each as ``key=value: why``."""
+    out = []
+    for arg in argv:
+        key = arg.lstrip("+~").split("=", 1)[0]
+        for prefix, why in CALIBRATE_UNREAD:
+            if "=" in arg and (key == prefix or key.startswith(f"{prefix}.")):
+                out.append(f"{arg.lstrip('+~')}: {why}")
+    return out
+
+
 def calibrate_main(argv: list[str]) -> int:
     if any(a in {"-h", "--help"} for a in argv):
         print(CALIBRATE_USAGE)
@@ -447,6 +467,9 @@ def calibrate_main(argv: list[str]) -> int:
     try:
         try:
             cfg, _ = checked_plan(overrides)
+            unread = calibrate_inert_options(argv)
+            if unread:
+                print(f"harness calibrate: note: option(s) with no effect here: {'; '.join(unread)}", file=sys.stderr)
             out = calibrate(cfg)
         except ConfigError as exc:  # offer only fixes calibrate accepts (a Sequoia tree, a sampling draft)
             if "cannot build topology=sequoia" in exc.reason:

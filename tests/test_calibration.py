@@ -278,3 +278,16 @@ def test_harness_calibrate_refuses_other_topologies(capsys):
 def test_harness_calibrate_refuses_unknown_keys(capsys):
     assert main(["model=tiny", "topology.calibration.bogus=3"]) == 2
     assert "topology.calibration has no option 'bogus'" in capsys.readouterr().err
+
+
+def test_harness_calibrate_notes_the_run_options_it_does_not_read():
+    from harness.app import calibrate_inert_options
+
+    assert calibrate_inert_options(
+        ["model=tiny", "output_dir=/tmp/x", "gates.enabled=false", "tracking=wandb", "topology.max_nodes=3"]
+    ) == [
+        "output_dir=/tmp/x: calibrate writes its artifacts to $HARNESS_CACHE/sequoia",
+        "gates.enabled=false: calibrate runs no gate",
+        "tracking=wandb: calibrate logs nothing to W&B",
+    ]
+    assert calibrate_inert_options(["model=tiny", "topology.calibration.parents=20"]) == []
