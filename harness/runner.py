@@ -165,8 +165,10 @@ class Measured:
 REFUSALS: tuple[type[BaseException], ...] = (GateError, NegotiationError, ContractError, TrackingError)
 
 
-def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
-    """One job: everything `harness run` does. Returns the record (also written to run_dir)."""
+def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None = None) -> dict:
+    """One job: everything `harness run` does. Returns the record (also written to run_dir).
+    ``aside``: where the caller (a sweep) already moved the folder's earlier files; they go back
+    as the job's own would (a refusal before measuring, an interrupt before the write)."""
     t_job = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
@@ -181,7 +183,10 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None) -> dict:
         print(f"harness: note: {note}", file=sys.stderr)
     with job_lock(planned.run_dir):  # one run per folder, from the first model work to the record
         earlier = inspect_job(planned.run_dir, manifest_hash=planned.manifest_hash, manifest=planned.manifest)
-        aside = clear_for_run(planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting")
+        aside = (
+            clear_for_run(planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting")
+            or aside
+        )
         try:
             tracker = open_tracker(cfg, planned)
         except Exception as exc:  # nothing measured yet: the folder goes back as it was

@@ -397,9 +397,9 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
                 print(f"harness sweep: logged {job}'s record to W&B after the fact (it ran untracked)", file=sys.stderr)
                 status["tracked_after_the_run"] = True
             return
-        clear_for_run(run_dir, state, what=f"sweep job {job}", action="re-running")
+        aside = clear_for_run(run_dir, state, what=f"sweep job {job}", action="re-running")
         stage = "run"
-        record = run_job(cfg, run_dir=run_dir)  # logs to W&B itself with tracking=wandb
+        record = run_job(cfg, run_dir=run_dir, aside=aside)  # logs to W&B itself with tracking=wandb
         status["manifest_hash"] = record["manifest_hash"]
         status.update(status="ran", record=str(run_dir / RECORD_FILENAME), speedup=record["metrics"].get("speedup"))
     except Exception as exc:  # a failing job must not stop the sweep; it is reported, not hidden

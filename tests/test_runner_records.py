@@ -441,6 +441,14 @@ def test_an_interrupted_run_puts_the_folder_s_earlier_record_back(tmp_path, monk
         run_job(compose([*base, "seed=1"]), run_dir=out)
     assert load_record(out / "record.json")["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
     assert f"the job was interrupted: the earlier files are back in {out}" in caplog.text
+    # a sweep moves a job's earlier files aside itself before run_job: they go back all the same
+    from harness.tracking.job_folder import set_aside
+
+    aside = set_aside(out)
+    assert not (out / "record.json").exists()
+    with pytest.raises(KeyboardInterrupt):
+        run_job(compose([*base, "seed=1"]), run_dir=out, aside=aside)
+    assert load_record(out / "record.json")["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
 
 
 def test_gate_exactness_chat_topology_and_lookup_options_that_change_nothing_are_listed_as_inert():
