@@ -268,6 +268,14 @@ SHELL_QUOTED_HINT = "quote a value holding characters such as # = ' [ ] or space
                 "try topology.profile.prefix_len=247",
             ],
         ),
+        # a REST option above the datastore it builds (it was refused after building the datastore)
+        (
+            ["proposer=rest", "proposer.datastore.context_len=8"],
+            [
+                "proposer.max_suffix=16 exceeds proposer.datastore.context_len=8: a datastore built so serves",
+                "try proposer.max_suffix=8 or proposer.datastore.context_len=16",
+            ],
+        ),
         # what a proposer trains or searches on is never the split the run evaluates
         (
             ["proposer=medusa", "topology=cartesian", "workload=sharegpt", "workload.split=train"],

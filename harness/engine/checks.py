@@ -195,6 +195,19 @@ def check_related_values(cfg: DictConfig) -> None:
                 f"{key}.min_suffix={node.min_suffix} exceeds {key}.max_suffix={node.max_suffix}",
                 suggestions=[(f"{key}.min_suffix={node.max_suffix}",)],
             )
+        store = node.get("datastore")
+        if store is not None and store.get("path") is None:  # built as configured: its limits are the config's
+            for option, limit in (
+                ("max_suffix", "context_len"),
+                ("max_matches", "max_matches"),
+                ("continuation_len",) * 2,
+            ):
+                if option in node and limit in store and int(node[option]) > int(store[limit]):
+                    raise ConfigError(
+                        f"{key}.{option}={node[option]} exceeds {key}.datastore.{limit}={store[limit]}: a datastore "
+                        f"built so serves at most {store[limit]}",
+                        suggestions=[(f"{key}.{option}={store[limit]}",), (f"{key}.datastore.{limit}={node[option]}",)],
+                    )
     check_disjoint_splits(cfg)
     models = dict(models_in_use(cfg))
     for key, draft in models.items():
