@@ -338,6 +338,10 @@ def test_a_reused_report_folder_keeps_no_plot_of_other_runs_and_a_run_folder_is_
     assert main([str(one), f"out={draft.parent}", "overwrite=true"]) == 0
     assert "Regenerated from 1 stored run records" in draft.read_text()
     assert main([str(one), f"out={out}", "overwrite=maybe"]) == 2
+    capsys.readouterr()
+    (tmp_path / "odd" / "report.md").mkdir(parents=True)  # overwrite=true could not replace a folder
+    assert main([str(one), f"out={tmp_path / 'odd'}", "overwrite=true"]) == 2
+    assert f"out={tmp_path / 'odd'} holds a folder named report.md; give another folder" in capsys.readouterr().err
 
 
 def test_a_sweep_folders_jobs_without_a_record_are_listed(tmp_path, capsys):

@@ -970,6 +970,8 @@ def main(argv: list[str] | None = None) -> int:
         problem = output_folder_problem("out", out_dir)
         if problem is None and (out_dir / RECORD_FILENAME).is_file():
             problem = f"out={out_dir} is a run folder (it holds {RECORD_FILENAME}); write the report elsewhere"
+        if problem is None and (out_dir / "report.md").is_dir():
+            problem = f"out={out_dir} holds a folder named report.md; give another folder"
         if problem is None and not overwrite and (out_dir / "report.md").exists() and not _is_report(out_dir):
             problem = (
                 f"out={out_dir} holds a report.md this command did not write; give another folder or overwrite=true"
