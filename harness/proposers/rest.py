@@ -607,14 +607,21 @@ def cache_datastore_path(cfg: dict, corpus: Corpus, model: str) -> Path:
     """Where the datastore ``cfg`` configures (``path`` null) is cached: named by its corpus and by
     the build options that differ from their defaults (:func:`cache_folder_name`), as
     ``harness datastore build`` names it."""
+    return datastore_path(
+        cache_folder_name(corpus, exclude=str(cfg.get("exclude", "none")), **_build_sizes(cfg)), model=model
+    )
+
+
+def _build_sizes(cfg: dict) -> dict:
+    """The sizes a build of ``cfg`` reads (the cap and the index's limits): one reading for the
+    build and for the name of its cache folder."""
     max_tokens = cfg.get("max_tokens")
-    sizes = {
+    return {
         "max_tokens": None if max_tokens is None else int(max_tokens),
         "context_len": int(cfg.get("context_len", 16)),
         "continuation_len": int(cfg.get("continuation_len", 8)),
         "max_matches": int(cfg.get("max_matches", 64)),
     }
-    return datastore_path(cache_folder_name(corpus, exclude=str(cfg.get("exclude", "none")), **sizes), model=model)
 
 
 def _build_into(path: Path, cfg: dict, *, tokenizer, model: str, prefix: str = "proposer.datastore") -> float:
@@ -644,10 +651,7 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str, prefix: str = "
             tokenizer=tokenizer,
             target_family=model,
             out_dir=tmp,
-            max_tokens=None if max_tokens is None else int(max_tokens),
-            context_len=int(cfg.get("context_len", 16)),
-            continuation_len=int(cfg.get("continuation_len", 8)),
-            max_matches=int(cfg.get("max_matches", 64)),
+            **_build_sizes(cfg),
             exclude=configured_exclusions(cfg.get("exclude", "none"), prefix),
             exclude_spec=str(cfg.get("exclude", "none")),
             progress=True,
