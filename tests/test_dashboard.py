@@ -88,6 +88,10 @@ def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_pat
     assert panels["frontier"]["x"] == "mean_committed_per_round"
     assert panels["frontier"]["y"] == "time_per_committed_token_ms"
     assert panels["speedup_vs_batch"]["x"] == "config:batch_size"
+    # the statistic harness compare and the report lead with (the round loop's), end to end beside it
+    assert panels["speedup_by_proposer_workload"]["y"] == ["decode_speedup", "speedup"]
+    assert panels["speedup_vs_batch"]["y"] == "decode_speedup"
+    assert "Decode speedup" in panels["speedup_vs_batch"]["title"]
 
     rc, spec30, _, _ = _spec_from_cli(tmp_path, capsys, "min_rounds=30")
     assert rc == 0 and spec30["min_depth_rounds"] == 30
@@ -136,7 +140,13 @@ def test_every_key_the_panels_read_is_logged_by_a_tracked_run(tmp_path, monkeypa
     # W&B keeps no summary value for None: a CPU run has no CUDA peaks to show (a GPU run logs them)
     assert missing == sorted(k for k in record["metrics"] if k.startswith(("cuda_peak", "ar_cuda_peak")))
     assert len(missing) == 4
-    assert {"depth/acceptance_few_rounds", "round/committed_tokens", "t_profile/t_ms", "speedup"} <= spec_metrics(spec)
+    assert {
+        "depth/acceptance_few_rounds",
+        "round/committed_tokens",
+        "t_profile/t_ms",
+        "speedup",
+        "decode_speedup",
+    } <= spec_metrics(spec)
 
 
 def test_the_specification_becomes_w_and_b_report_objects_without_a_server():
@@ -151,7 +161,10 @@ def test_the_specification_becomes_w_and_b_report_objects_without_a_server():
     # the review's grouped bar chart has its own grid (runs grouped by workload, then proposer)
     grouped = [g for g in grids if g.runsets[0].groupby]
     assert len(grouped) == 2 and grouped[0].runsets[0].groupby == ["config.workload", "config.proposer"]
-    assert isinstance(grouped[0].panels[0], wr.BarPlot) and grouped[0].panels[0].metrics == ["speedup"]
+    assert isinstance(grouped[0].panels[0], wr.BarPlot) and grouped[0].panels[0].metrics == [
+        "decode_speedup",
+        "speedup",
+    ]
     titles = [p.title for g in grids for p in g.panels]
     assert "Frontier: time per committed token vs committed tokens per round" in titles
     for grid in grids:
