@@ -233,12 +233,18 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None 
                 tracker.log_record(record, planned.run_dir)
             except Exception as exc:  # the record stands; a later launch logs it
                 record = untracked(record, tracker, exc, planned.run_dir)
+            except KeyboardInterrupt as exc:  # the same: the record stands, and the next launch logs it
+                untracked(record, tracker, exc, planned.run_dir)
+                raise
         except BaseException as exc:
             host_memory.stop()  # a sampling thread, where there is one, ends with the job
             compile_watch.stop()
             tracker.fail(stage=stage, error=exc, refused=isinstance(exc, (ValueError, OSError, *REFUSALS)))
             if isinstance(exc, KeyboardInterrupt) and stage not in ("write", "tracking"):
-                # an interrupt before this job wrote anything refutes nothing: the earlier record stands
+                # an interrupt before this job wrote anything refutes nothing: the earlier record stands,
+                # and its W&B run is the arm's (this attempt's offline run would upload beside it)
+                if aside is not None and (aside / RECORD_FILENAME).is_file():
+                    discard_offline_run(tracker)
                 restore_aside(planned.run_dir, aside, why="the job was interrupted")
             raise
     return record
@@ -1250,9 +1256,13 @@ def untracked(record: dict, tracker: Tracker, error: BaseException, run_dir: Pat
     written again without its ``tracking`` entry, so a later launch with ``tracking=wandb`` logs it
     (:func:`track`). Returns that record."""
     first = (str(error).strip().splitlines() or [""])[0][:300]
+    why = (
+        "the interrupt came while W&B logged it"
+        if isinstance(error, KeyboardInterrupt)
+        else f"W&B could not log it ({type(error).__name__}: {first})"
+    )
     print(
-        f"harness: warning: the record is written, but W&B could not log it ({type(error).__name__}: {first}); "
-        "launching the job again with tracking=wandb logs it",
+        f"harness: warning: the record is written, but {why}; launching the job again with tracking=wandb logs it",
         file=sys.stderr,
     )
     try:

@@ -388,6 +388,69 @@ def test_a_w_and_b_failure_after_the_record_keeps_it_untracked_and_a_later_launc
     assert len(list((out / "wandb").glob("offline-run-*"))) == 1
 
 
+def test_an_interrupt_while_w_and_b_logs_the_record_leaves_it_untracked_and_the_next_launch_logs_it(
+    tmp_path, wandb_home, monkeypatch, capsys
+):
+    import harness.runner as runner
+    from harness.config import compose
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "job"
+
+    def interrupted(self, record, run_dir):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Tracker, "log_record", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            runner.run_job(compose([*JOB, f"output_dir={out}"]), run_dir=out)
+    assert "tracking" not in load_record(out)  # written, and not claiming a W&B run that holds only part of it
+    assert "the record is written, but the interrupt came while W&B logged it" in capsys.readouterr().err
+    assert not list((out / "wandb").glob("offline-run-*"))
+    assert runner.track(compose([*JOB, f"output_dir={out}"]), load_record(out), out) is True
+    assert len(list((out / "wandb").glob("offline-run-*"))) == 1
+
+
+def test_an_interrupt_before_the_write_leaves_the_earlier_record_s_w_and_b_run_the_only_one(
+    tmp_path, wandb_home, monkeypatch
+):
+    """The earlier record comes back, and the interrupted attempt's offline run goes: a ``wandb sync``
+    of the folder uploads the arm's record, not an interrupted run beside it."""
+    import harness.runner as runner
+    from harness.config import compose
+
+    out, earlier, runs = _earlier_tracked_run(tmp_path, monkeypatch)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "measure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_job(compose([*JOB, f"output_dir={out}", "seed=1"]), run_dir=out)
+    assert load_record(out)["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
+    assert {p.name for p in (out / "wandb").iterdir()} == runs  # its latest-run link included
+    assert (out / "wandb" / "latest-run").resolve() == (out / earlier["tracking"]["dir"]).resolve()
+
+
+def test_an_interrupted_run_is_tagged_interrupted_not_failed(tmp_path, wandb_home, monkeypatch):
+    import harness.runner as runner
+    from harness.config import compose
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "job"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "measure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_job(compose([*JOB, f"output_dir={out}"]), run_dir=out)
+    (run,) = (out / "wandb").glob("offline-run-*")  # no earlier record: the attempt is the arm's only trace
+    info, _ = inspect_run(out, sync_dir=run)
+    assert info["state"] == "failed" and "interrupted" in info["tags"] and "failed" not in info["tags"]
+    assert info["summary"]["outcome"] == "interrupted" and info["summary"]["failure_stage"] == "measure"
+
+
 def test_a_refusal_while_loading_puts_the_earlier_w_and_b_runs_back_beside_its_own(tmp_path, wandb_home, monkeypatch):
     import harness.runner as runner
     from harness.config import compose

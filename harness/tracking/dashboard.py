@@ -21,7 +21,7 @@ summary, ``depth/*``, ``round/*`` and ``t_profile/*`` from the run history, the 
 config. Legends follow the report's convention: each run by the axes that differ among the runs
 (read from the group's records when they are on disk, else every axis of a run name). Runs are
 kept apart as the report keeps them: gated exact runs in the main panels; ungated, heuristic and
-CPU-budget runs in their own section; failed and refused runs listed with their stage and error.
+CPU-budget runs in their own section; failed, refused and interrupted runs listed with their stage and error.
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def build_spec(
             },
             {
                 "id": "failed",
-                "title": "Failed and refused runs",
+                "title": "Failed, refused and interrupted runs",
                 "filter": f"{in_group} and State != 'finished'",
                 "columns": ["run:state", "tags:__ALL__", "summary:outcome", "summary:failure_stage", "summary:error"],
                 "panels": [],

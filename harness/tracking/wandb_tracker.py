@@ -359,11 +359,12 @@ class Tracker:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def fail(self, *, stage: str, error: BaseException, refused: bool) -> None:
-        """Finish a job that raised: exit code 1 (state *failed*), tagged ``refused`` or ``failed``,
-        with the stage and the error in the summary. Idempotent."""
+        """Finish a job that raised: exit code 1 (state *failed*), tagged ``interrupted`` (Ctrl-C, a
+        scheduler's SIGINT), ``refused`` or ``failed``, with the stage and the error in the summary.
+        Idempotent."""
         if self._finished:
             return
-        outcome = "refused" if refused else "failed"
+        outcome = "interrupted" if isinstance(error, KeyboardInterrupt) else "refused" if refused else "failed"
         tags = list(self.run.tags or ())
         self.run.tags = tuple(tags + [outcome] if outcome not in tags else tags)
         message = f"{type(error).__name__}: {error}"
@@ -455,7 +456,11 @@ def discard_offline_run(tracker: Tracker) -> None:
     (same run id) is the only one a ``wandb sync`` uploads."""
     try:
         if tracker.run.settings._offline:
-            shutil.rmtree(Path(tracker.run.settings.sync_dir), ignore_errors=True)
+            sync_dir = Path(tracker.run.settings.sync_dir)
+            shutil.rmtree(sync_dir, ignore_errors=True)
+            latest = sync_dir.parent / "latest-run"  # W&B's link to its newest run folder, now gone
+            if latest.is_symlink() and not latest.exists():
+                latest.unlink()
     except Exception:  # the run may be half made; nothing to remove then
         pass
 
