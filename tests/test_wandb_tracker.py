@@ -195,6 +195,14 @@ def test_status_tags_read_the_gate_status_or_the_passed_flag():
     record["exact"] = False
     record["metrics"]["cpu_budget_artifact"] = True
     assert status_tags(record) == ["gate-failed:oracle", "heuristic", "cpu-budget-artifact"]
+    # a schema-1 record has no ``gated``: its gates decide, and its ``skipped: true`` is a skip
+    v1 = load_record(fixture_run(3))
+    v1["schema_version"] = 1
+    del v1["gated"]
+    v1["gates"] = {name: {"passed": True} for name in v1["gates"]}
+    assert status_tags(v1) == []
+    v1["gates"]["oracle"] = {"passed": None, "skipped": True}
+    assert status_tags(v1) == ["ungated", "gate-skipped:oracle"]
 
 
 @pytest.mark.parametrize("tracking", [None, "none", {"name": "none"}, {"backend": "none"}])

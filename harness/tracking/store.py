@@ -47,7 +47,7 @@ from typing import Any
 import pandas as pd
 
 from harness.files import plain_file_mode, temporary_sibling
-from harness.record_schema import GATES, STATUSES, is_gated, is_gated_v1
+from harness.record_schema import GATES, STATUSES, is_gated, is_gated_v1, status_of
 
 SCHEMA_VERSION = 2
 #: schema 1 records (before per-gate statuses and ``gated``) are still read: a gate recorded
@@ -165,11 +165,8 @@ class RecordError(ValueError):
 
 def gate_status(evidence: Mapping[str, Any]) -> str:
     """A gate's outcome: its ``status`` when the record has one (passed, failed, skipped,
-    not_applicable), else ``failed`` for ``passed: false`` and ``passed`` otherwise."""
-    status = evidence.get("status")
-    if isinstance(status, str):
-        return status
-    return "failed" if evidence.get("passed") is False else "passed"
+    not_applicable); a schema-1 entry's from its ``passed`` and ``skipped`` (:func:`status_of`)."""
+    return status_of(evidence)
 
 
 # --------------------------------------------------------------------------------------------

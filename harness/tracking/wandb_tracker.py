@@ -115,7 +115,7 @@ def axis_tags(axes: Mapping[str, Any]) -> list[str]:
 def status_tags(record: Mapping[str, Any]) -> list[str]:
     """Tags that set a run apart from gated exact runs: ``ungated``, ``gate-skipped:<gate>``,
     ``gate-failed:<gate>``, ``heuristic`` and ``cpu-budget-artifact``."""
-    tags = [] if record.get("gated", True) else ["ungated"]
+    tags = [] if record_gated(record) else ["ungated"]
     for name, evidence in record.get("gates", {}).items():
         status = gate_status(evidence)
         if status in ("skipped", "failed"):
