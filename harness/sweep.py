@@ -66,7 +66,6 @@ from harness.runner import run_job, track
 from harness.target.loading import cache_root
 from harness.tracking import report as report_mod
 from harness.tracking.job_folder import (
-    PREVIOUS_DIR,
     JobFolderError,
     clear_for_run,
     inspect_job,
@@ -74,7 +73,7 @@ from harness.tracking.job_folder import (
     set_aside,
 )
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
-from harness.tracking.store import FAILURES_FILENAME, RECORD_FILENAME, rebuild_store
+from harness.tracking.store import FAILURES_FILENAME, RECORD_FILENAME, iter_record_paths, rebuild_store
 from hydra_plugins.harness_launcher.slurm import slurm_refusal
 
 log = logging.getLogger("harness.sweep")
@@ -435,9 +434,9 @@ def twin_job(sweep_dir: Path, run_dir: Path, *, manifest_hash: str, config: dict
     out the gates, so the config decides: an ungated run is no twin of a gated job."""
     own = run_dir.resolve()
     wanted = _ran_and_checked(config)
-    for path in sorted(sweep_dir.rglob(RECORD_FILENAME)):
+    for path in iter_record_paths(sweep_dir):  # not in hidden folders (.previous/), which the store leaves out
         folder = path.parent
-        if folder.resolve() == own or PREVIOUS_DIR in path.relative_to(sweep_dir).parts:
+        if folder.resolve() == own:
             continue
         try:  # a cheap look first: most records are other jobs'
             if json.loads(path.read_text(encoding="utf-8")).get("manifest_hash") != manifest_hash:

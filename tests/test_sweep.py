@@ -662,6 +662,12 @@ def test_the_same_job_under_restated_overrides_is_skipped_naming_the_folder_that
     rc, moved = launch(sweep_dir, *common, "seed=0")
     assert rc == 0 and moved["ran"] == [restated] and moved["same_as"] == {}
     assert load_record(sweep_dir / restated / "record.json")["manifest_hash"] == record["manifest_hash"]
+    # a record kept in a hidden folder (a user's .bak/) is none either: the store leaves it out too
+    (sweep_dir / ".bak").mkdir()
+    (sweep_dir / restated).rename(sweep_dir / ".bak" / restated)
+    rc, hidden = launch(sweep_dir, *common)
+    assert rc == 0 and hidden["ran"] == [job] and hidden["same_as"] == {}
+    assert record["manifest_hash"] in set(pd.read_parquet(sweep_dir / STORE_FILE)["manifest_hash"])
 
 
 def test_a_job_rerun_after_a_code_change_that_fails_its_gate_leaves_no_record_in_folder_store_or_report(
