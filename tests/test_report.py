@@ -372,6 +372,16 @@ def test_a_sweep_folders_jobs_without_a_record_are_listed(tmp_path, capsys):
     text = (tmp_path / "r2" / "report.md").read_text()
     assert "| `sweep/proposer=prompt_lookup,verifier=rejection` | refused | setup |" in text
 
+    # a store lists its own sweep's failed jobs, not those of sweeps beside it under its folder
+    from harness.tracking.store import rebuild_store
+
+    rebuild_store(root, root / "store.parquet")
+    assert main([str(root / "store.parquet"), f"out={tmp_path / 'r3'}"]) == 0
+    assert "1 job(s) of this sweep wrote no record" in (tmp_path / "r3" / "report.md").read_text()
+    rebuild_store(root, tmp_path / "elsewhere.parquet")
+    assert main([str(tmp_path / "elsewhere.parquet"), f"out={tmp_path / 'r4'}"]) == 0
+    assert "Jobs without a record" not in (tmp_path / "r4" / "report.md").read_text()
+
 
 def test_records_left_out_for_their_outputs_are_named_in_the_report_and_in_an_empty_result(tmp_path, capsys):
     """A record whose bound outputs are gone is no complete job: the report says which and why

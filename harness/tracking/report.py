@@ -801,14 +801,16 @@ def remove_stale_plots(out_dir: Path, recipe: Mapping[str, Any], *, keep: set[st
             png.unlink(missing_ok=True)
 
 
-def failed_jobs(root: Path | None) -> list[dict[str, Any]]:
-    """The jobs that wrote no record, as the sweep folders under ``root`` (``root`` itself included)
-    list them in their failures files; a job of a sweep folder below the root is named by its path
-    from the root."""
+def failed_jobs(root: Path | None, *, below: bool = True) -> list[dict[str, Any]]:
+    """The jobs that wrote no record, as the sweep folders under ``root`` (``root`` itself included;
+    ``below=False``: ``root`` only, the sweep whose store is read) list them in their failures
+    files; a job of a sweep folder below the root is named by its path from the root."""
     if root is None or not root.is_dir():
         return []
     rows = []
-    for path in sorted(root.rglob(FAILURES_FILENAME)):
+    for path in sorted(root.rglob(FAILURES_FILENAME) if below else [root / FAILURES_FILENAME]):
+        if not path.is_file():
+            continue
         where = path.parent.relative_to(root)
         if any(part.startswith(".") for part in where.parts):
             continue
@@ -985,7 +987,7 @@ def main(argv: list[str] | None = None) -> int:
             recipe,
             recipe_path=recipe_path,
             source=positionals[0],
-            failures=failed_jobs(root),
+            failures=failed_jobs(root, below=from_folder),  # a store: its own sweep's failures, not its neighbours'
             left_out=left_out_records(root) if from_folder else (),
         )
     except (ValueError, OSError) as exc:
