@@ -276,6 +276,10 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a traceback; reported below
     try:
         _entry()
+    except KeyboardInterrupt:  # a sweep cut short: its store and summary say what the folder holds now
+        if multirun:
+            sweep.close_interrupted_launches()
+        raise
     except SystemExit as exc:  # a refusal before any job (a busy folder, a Slurm launcher without a partition)
         return exc.code if isinstance(exc.code, int) else 1
     except (HydraException, OmegaConfBaseException) as exc:  # a multirun's composition error

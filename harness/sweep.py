@@ -107,6 +107,8 @@ USAGE = (
 
 #: what the last multirun launched from this process did (read by ``harness run -m`` for its exit code).
 LAST_SUMMARY: dict[str, Any] = {}
+#: the launches this process has started and not finished (an interrupt finishes them)
+ACTIVE_LAUNCHES: list[SweepCallback] = []
 
 
 # --------------------------------------------------------------------------------------------
@@ -466,6 +468,8 @@ class SweepSummary:
     store: str | None = None
     report: str | None = None
     report_error: str | None = None
+    #: the launch was interrupted: the store holds the records the folder had then, and no report was written
+    interrupted: bool = False
 
 
 def collect_statuses(sweep_dir: Path, *, launch_id: str | None) -> list[dict[str, Any]]:
@@ -482,12 +486,16 @@ def collect_statuses(sweep_dir: Path, *, launch_id: str | None) -> list[dict[str
     return sorted(out, key=lambda s: (s.get("num", 0), s.get("job", "")))
 
 
-def finish_sweep(sweep_dir: str | Path, *, launch_id: str | None = None, report: bool = True) -> SweepSummary:
-    """Failure file, summary, Parquet store and report for a sweep folder."""
+def finish_sweep(
+    sweep_dir: str | Path, *, launch_id: str | None = None, report: bool = True, interrupted: bool = False
+) -> SweepSummary:
+    """Failure file, summary, Parquet store and report for a sweep folder (no report for an
+    ``interrupted`` launch: its store and summary say what the folder holds after the interrupt)."""
 
     sweep_dir = Path(sweep_dir)
     statuses = collect_statuses(sweep_dir, launch_id=launch_id)
-    summary = SweepSummary(sweep_dir=str(sweep_dir), launch_id=launch_id)
+    summary = SweepSummary(sweep_dir=str(sweep_dir), launch_id=launch_id, interrupted=interrupted)
+    report = report and not interrupted
     for s in statuses:
         getattr(summary, s.get("status", "failed")).append(s["job"])
         if s.get("same_as"):
@@ -529,8 +537,9 @@ def finish_sweep(sweep_dir: str | Path, *, launch_id: str | None = None, report:
 
 def format_summary(summary: SweepSummary) -> str:
     lines = [
-        f"sweep folder {summary.sweep_dir}: {len(summary.ran)} ran, {len(summary.skipped)} skipped, "
-        f"{len(summary.failed)} failed"
+        f"sweep folder {summary.sweep_dir}: "
+        + ("interrupted after " if summary.interrupted else "")
+        + f"{len(summary.ran)} ran, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
     ]
     if summary.skipped:
         lines.append(
@@ -546,6 +555,11 @@ def format_summary(summary: SweepSummary) -> str:
         lines.append(f"report: {summary.report}")
     elif summary.report_error:
         lines.append(f"report not written: {summary.report_error}")
+    elif summary.interrupted:
+        lines.append(
+            "report not written (interrupted); launch the sweep again to finish it, "
+            f"or `harness report {summary.store}`"
+        )
     return "\n".join(lines)
 
 
@@ -563,6 +577,7 @@ class SweepCallback(_Callback):
         self.report = report
         self.launch_id: str | None = None
         self._lock = None  # the sweep folder's, held from the launch to the summary
+        self._sweep_dir: Path | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A launcher that runs jobs in other processes (submitit, joblib) pickles the Hydra
@@ -597,9 +612,24 @@ class SweepCallback(_Callback):
             },
         )
 
+        self._sweep_dir = sweep_dir
+        ACTIVE_LAUNCHES.append(self)
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._sweep_dir = Path(str(config.hydra.sweep.dir))
+        self._finish(report=self.report, interrupted=False)
+
+    def interrupted(self) -> None:
+        """The launch was interrupted (Ctrl-C, a scheduler's SIGINT) before Hydra's end of the
+        multirun: the store, failures file and summary are rebuilt from the records the folder holds
+        now, so none of them describes the launch before, and the earlier report is removed."""
+        self._finish(report=False, interrupted=True)
+
+    def _finish(self, *, report: bool, interrupted: bool) -> None:
+        if self in ACTIVE_LAUNCHES:
+            ACTIVE_LAUNCHES.remove(self)
         try:
-            summary = finish_sweep(Path(str(config.hydra.sweep.dir)), launch_id=self.launch_id, report=self.report)
+            summary = finish_sweep(self._sweep_dir, launch_id=self.launch_id, report=report, interrupted=interrupted)
         finally:
             if self._lock is not None:
                 self._lock.__exit__(None, None, None)
@@ -607,3 +637,9 @@ class SweepCallback(_Callback):
         LAST_SUMMARY.clear()
         LAST_SUMMARY.update(asdict(summary))
         print(format_summary(summary), file=sys.stderr)
+
+
+def close_interrupted_launches() -> None:
+    """Finish every launch of this process that an interrupt cut short (:meth:`SweepCallback.interrupted`)."""
+    while ACTIVE_LAUNCHES:
+        ACTIVE_LAUNCHES[-1].interrupted()

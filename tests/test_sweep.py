@@ -616,6 +616,51 @@ def test_jobs_resume_by_what_ran_not_by_job_number(env, capsys):
     assert len(store) == 2 and record["run_id"] not in set(store["run_id"])
 
 
+def test_an_interrupted_launch_leaves_a_store_and_summary_of_what_the_folder_holds_and_no_report(
+    env, capsys, monkeypatch
+):
+    """Hydra's end of the multirun never comes after an interrupt: the store, summary and report
+    would describe the launch before. The store and summary are rebuilt from the records as they
+    stand (the finished job's new record beside the earlier launch's), the summary
+    says interrupted, and the earlier report is gone."""
+    import harness.runner as runner
+
+    sweep_dir = env / "multirun" / "smoke"
+    common = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false", "seed=0,1"]
+    rc, first = launch(sweep_dir, *common)
+    assert rc == 0 and len(first["ran"]) == 2 and (sweep_dir / "report" / "report.md").is_file()
+    before = set(pd.read_parquet(sweep_dir / STORE_FILE)["run_id"])
+
+    real, calls = runner.measure, []
+
+    def measure_then_interrupt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "measure", measure_then_interrupt)
+    capsys.readouterr()
+    with pytest.raises(KeyboardInterrupt):
+        launch(sweep_dir, *common, "generation.max_new_tokens=6")
+    summary = json.loads((sweep_dir / "summary.json").read_text())
+    assert summary["interrupted"] is True and len(summary["ran"]) == 1
+    assert summary["launch_id"] == json.loads((sweep_dir / "launch.json").read_text())["launch_id"]
+    store = pd.read_parquet(sweep_dir / STORE_FILE)
+    # the earlier jobs (folders named by the earlier overrides) and the one new record
+    assert len(store) == 3 and set(store["run_id"]) > before
+    assert sorted(store["config.generation.max_new_tokens"]) == [6, 8, 8]
+    assert not (sweep_dir / "report").exists()
+    err = capsys.readouterr().err
+    assert f"sweep folder {sweep_dir}: interrupted after 1 ran, 0 skipped, 0 failed" in err
+    assert "report not written (interrupted); launch the sweep again to finish it" in err
+    assert sweep.ACTIVE_LAUNCHES == []
+    monkeypatch.setattr(runner, "measure", real)
+    rc, again = launch(sweep_dir, *common, "generation.max_new_tokens=6")  # the folder's lock was let go
+    assert rc == 0 and len(again["ran"]) == 1 and len(again["skipped"]) == 1 and again["interrupted"] is False
+    assert (sweep_dir / "report" / "report.md").is_file()
+
+
 def test_the_same_job_under_restated_overrides_is_skipped_naming_the_folder_that_holds_it(env, capsys):
     """A default restated on the command line (seed=0) names other folders for the same jobs: they
     are skipped, naming the folder with the record, and the store holds each measurement once. A
