@@ -199,8 +199,9 @@ def manifest_extras(cfg: DictConfig) -> dict:
     retrieval proposer (opened, or built on first use, before any model is loaded), the
     provenance of a published head checkpoint (path or hub id, layout, SHA-256 of every file read),
     the files of any other artifact directory given by path (EAGLE's, trained heads') and of a
-    target or draft loaded by path (:func:`checkpoint_fingerprint`), and the SHA-256 of a
-    choice-list file (``topology.choices_file``: its content is the tree)."""
+    target or draft loaded by path (:func:`checkpoint_fingerprint`), and the SHA-256 of a prompt
+    file (``workload.path``: its content is the prompts) and of a choice-list file
+    (``topology.choices_file``: its content is the tree)."""
     p = cfg.proposer
     extras: dict = {}
     if p.name == "rest" or (p.name == "merged" and "rest" in list(p.get("sources", []))):
@@ -221,6 +222,10 @@ def manifest_extras(cfg: DictConfig) -> dict:
     draft = draft_model_config(cfg)
     if draft is not None and _by_path(draft) is not None:
         extras["draft_checkpoint"] = checkpoint_fingerprint(_by_path(draft))
+    workload_file = cfg.workload.get("path") if cfg.workload.name in ("jsonl", "spec_bench") else None
+    if workload_file and Path(str(workload_file)).expanduser().is_file():  # its content is the prompts
+        data = Path(str(workload_file)).expanduser().read_bytes()
+        extras["workload_file"] = {"path": str(workload_file), "sha256": hashlib.sha256(data).hexdigest()}
     choices_file = cfg.topology.get("choices_file")
     if cfg.topology.name == "choices" and choices_file:
         data = Path(str(choices_file)).expanduser().read_bytes()  # the budget has read it already

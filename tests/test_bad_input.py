@@ -361,6 +361,25 @@ def test_a_prompt_file_that_is_not_utf8_names_its_line_and_column(tmp_path, caps
 
 
 @pytest.mark.parametrize(
+    "line",
+    ['{"id": "b", "prompt": "x \\ud800 y"}', '{"question_id": 1, "category": "qa", "turns": ["\\ud800"]}'],
+)
+def test_half_a_surrogate_pair_in_a_prompt_file_is_refused_naming_its_line(tmp_path, capsys, no_models, line):
+    """Valid JSON, but no character: the tokenizer failed on it after the model loaded."""
+    path = tmp_path / "q.jsonl"
+    first = json.dumps(PROMPTS[0]) if '"id"' in line else '{"question_id": 0, "category": "qa", "turns": ["hi"]}'
+    path.write_text(first + "\n" + line + "\n")
+    argv = [a if '"id"' in line or a != "workload=jsonl" else "workload=spec_bench" for a in argv_for(tmp_path, path)]
+    assert_refused_run(
+        tmp_path,
+        capsys,
+        argv,
+        f"{path}:2: holds \\ud800, half of a UTF-16 surrogate pair with no other half (no character); "
+        "fix or remove that escape",
+    )
+
+
+@pytest.mark.parametrize(
     "text,fragment",
     [
         ("", "holds no prompts (workload=spec_bench workload.path=<path>): it is empty or every line is blank"),

@@ -29,6 +29,33 @@ def test_jsonl_malformed_line_is_named(tmp_path):
         load_jsonl(str(f), "eval")
 
 
+def test_a_prompt_file_under_the_home_folder_is_read_by_its_tilde_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "w.jsonl").write_text('{"id": "a", "prompt": "x"}\n')
+    assert [p.prompt_id for p in load_workload(name="jsonl", split="eval", path="~/w.jsonl")] == ["a"]
+
+
+def test_the_manifest_binds_the_prompt_file_content(tmp_path):
+    """A sweep skips a job whose manifest hash it has seen: editing the question file in place must
+    change it, or a relaunch keeps the records of the old questions."""
+    import hashlib
+
+    from harness.config import compose
+    from harness.manifest import job_manifest_hash, manifest_extras
+
+    path = tmp_path / "question.jsonl"
+    path.write_text('{"question_id": 1, "category": "qa", "turns": ["What is the capital of France?"]}\n')
+    cfg = compose(["model=tiny", "workload=spec_bench", f"workload.path={path}"])
+    first, first_hash = manifest_extras(cfg)["workload_file"], job_manifest_hash(cfg)
+    assert first == {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    path.write_text('{"question_id": 1, "category": "qa", "turns": ["What is the capital of Spain?"]}\n')
+    assert manifest_extras(cfg)["workload_file"]["sha256"] != first["sha256"]
+    assert job_manifest_hash(cfg) != first_hash
+    jsonl = compose(["model=tiny", "workload=jsonl", f"workload.path={path}"])
+    assert manifest_extras(jsonl)["workload_file"]["path"] == str(path)
+    assert "workload_file" not in manifest_extras(compose(["model=tiny"]))  # a packaged workload: its version
+
+
 def test_jsonl_missing_fields_and_duplicates(tmp_path):
     f = tmp_path / "w.jsonl"
     f.write_text('{"id": "a"}\n')

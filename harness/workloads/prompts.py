@@ -216,7 +216,7 @@ def _harness_prompt(where: str, obj: dict) -> Prompt:
 def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prompt]:
     """Every prompt of a JSON Lines file, each line in one of two formats (one format per file):
     a Spec-Bench question or a harness prompt. ``expect="spec_bench"`` refuses harness lines."""
-    p = Path(path)
+    p = Path(path).expanduser()
     if p.is_dir():
         raise WorkloadError(f"workload.path={path!r} is a folder; give a .jsonl file")
     if not p.is_file():
@@ -239,6 +239,13 @@ def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prom
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise WorkloadError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+        try:  # an escape of half a UTF-16 pair ("\ud800") is valid JSON but no character a tokenizer reads
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise WorkloadError(
+                f"{where}: holds \\u{ord(exc.object[exc.start]):04x}, half of a UTF-16 surrogate pair with no "
+                "other half (no character); fix or remove that escape"
+            ) from None
         fmt = _line_format(obj)
         if fmt is None:
             keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
@@ -374,7 +381,7 @@ def load_workload(
     if not prompts:
         from_file = name in ("jsonl", "spec_bench")
         expect = "spec_bench" if name == "spec_bench" else None
-        if from_file and not any(line.strip() for line in Path(path).read_bytes().splitlines()):
+        if from_file and not any(line.strip() for line in Path(path).expanduser().read_bytes().splitlines()):
             raise WorkloadError(
                 f"{path} holds no prompts (workload={name} workload.path={path}): it is empty or every line is blank"
             )
