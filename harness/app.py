@@ -54,6 +54,7 @@ from harness.runner import (
     plan_job,
     run_job,
     timing_outlier_note,
+    truncation_note,
 )
 from harness.tracking import dashboard
 from harness.tracking.job_folder import LOCK_FILENAME, JobFolderError, job_lock
@@ -267,6 +268,9 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
         )
         if m.get("timing_outliers"):
             print(f"harness {command}: note: {timing_outlier_note(m['timing_outliers'])}", file=sys.stderr)
+        cut = truncation_note(m.get("context") or {}, len(record["per_prompt"]))
+        if cut:
+            print(f"harness {command}: note: {cut}", file=sys.stderr)
         return {"record": str(run_dir / "record.json")}  # a finished run (its Hydra folder is kept)
 
     multirun = any(a in {"-m", "--multirun"} or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)

@@ -1181,6 +1181,21 @@ def timing_outlier_note(outliers: list[dict]) -> str:
     )
 
 
+def truncation_note(context: dict, n_prompts: int) -> str | None:
+    """One line saying how many prompts ``workload.truncate=left`` cut (a record's
+    ``metrics.context``), for the console; None when it cut none."""
+    cut = int(context.get("truncated_prompts") or 0)
+    if not cut:
+        return None
+    tokens = max(int(context.get("cut_tokens") or 0), int(context.get("ar_cut_tokens") or 0))
+    return (
+        f"{cut} of {n_prompts} prompts had their oldest text cut to fit {context['max_prompt_tokens']:,} tokens "
+        f"(the {context['positions']:,} positions of {context['limited_by']}, less generation.max_new_tokens and "
+        f"the candidate rows): {tokens:,} tokens in all; the figures are for the cut prompts (per prompt: "
+        "cut_tokens in the record; workload.truncate=false refuses them instead)"
+    )
+
+
 def context_metrics(limit: ContextLimit, per_prompt: list[dict]) -> dict:
     """The context limit the prompts were held to, and what the left truncation cut: turns cut in
     either arm, and the tokens cut from each arm's prompts (``cut_tokens``: the speculative arm's)."""

@@ -97,7 +97,7 @@ def test_refusal_names_the_prompt_and_the_numbers():
     assert msg == (
         "prompt 'HumanEval/1' turn 1: 15 prompt tokens + generation.max_new_tokens=4 + 2 candidate rows "
         "(topology.max_nodes) = 21 > 20 positions of the target (model=tiny); workload.truncate=left cuts "
-        "prompts from the left (recorded per prompt)"
+        "the oldest text, keeping a chat template's opening (recorded per prompt)"
     )
 
 
@@ -121,3 +121,32 @@ def test_left_truncation_keeps_the_last_tokens_and_says_how_many_were_cut():
     assert second.ids == enc.raw(CONV, [[9, 9, 9, 2]])[-10:]
     fits = enc.turn(Prompt(prompt_id="s", category="qa", turns=("hi",)))
     assert fits.cut_tokens == 0 and fits.ids == enc.synthetic("hi")
+
+
+def test_left_truncation_through_a_chat_template_keeps_its_opening_and_cuts_the_oldest_text():
+    """The template's system block and first header stay: the model still reads a conversation,
+    and what goes is the start of the first message's text (here of a second turn: the first
+    question's), not the template around it."""
+    tok = word_chat_tokenizer()
+    tok.chat_template = "<s> <bot> w0 w1 w2 </s> " + tok.chat_template  # a default system block
+    ids = tok.convert_tokens_to_ids
+    question = Prompt(prompt_id="q", category="qa", turns=(" ".join(f"w{i}" for i in range(3, 23)), "say more"))
+    enc = PromptEncoder(tok, chat=True, eos=frozenset({2}), limit=limit(20, TRUNCATE_LEFT))  # room 14
+    full = enc.raw(question)
+    opening = ids(["<s>", "<bot>", "w0", "w1", "w2", "</s>", "<user>"])
+    assert full[:7] == opening and enc.opening(question, (), full) == 7
+    first = enc.turn(question)
+    assert first.ids == opening + full[-7:] and first.cut_tokens == len(full) - 14
+    assert first.ids[-1] == ids("<bot>") and tok.convert_ids_to_tokens(first.ids[7]) == "w17"
+    answer = ids(["hello", "world"]) + [2]
+    second = enc.turn(question, [answer])
+    assert second.ids[:7] == opening and len(second.ids) == 14
+    assert second.ids[7:] == enc.raw(question, [answer])[-7:]  # the question's words went, the answer stayed
+    # an opening that would take more than half the room: the first tokens go, as without a template
+    tight = PromptEncoder(tok, chat=True, limit=limit(16, TRUNCATE_LEFT))  # room 10 < 2 x 7
+    assert tight.turn(question).ids == full[-10:]
+    # without a template (chat=false) the plain left cut
+    plain = PromptEncoder(tok, chat=False, limit=limit(12, TRUNCATE_LEFT))
+    single = Prompt(prompt_id="s", category="qa", text=question.turns[0])
+    assert plain.opening(single, (), plain.raw(single)) == 0
+    assert plain.turn(single).ids == plain.raw(single)[-6:]

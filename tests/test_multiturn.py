@@ -167,10 +167,25 @@ def test_an_overlong_prompt_is_refused_before_any_forward(tmp_path, questions, n
     assert not run_dir.exists()
 
 
-def test_left_truncation_cuts_each_turn_and_records_it(tmp_path, questions):
+def test_left_truncation_cuts_each_turn_and_records_it(tmp_path, questions, capsys):
+    from harness.tracking.compare import main as compare_main
+    from harness.tracking.store import load_record
+
     run_dir = tmp_path / "run"
-    cfg = spec_bench_cfg(questions, "model.tiny.max_position_embeddings=58", "workload.truncate=left")  # room 40
-    record = runner.run_job(cfg, run_dir=run_dir)
+    small = ["model.tiny.max_position_embeddings=58", "workload.truncate=left"]  # room 40
+    argv = [*BASE, "workload=spec_bench", f"workload.path={questions}", *small]
+    assert run_main([*argv, f"output_dir={run_dir}", f"hydra.run.dir={tmp_path / 'hydra'}"]) == 0
+    record = load_record(run_dir)
+    n_cut = record["metrics"]["context"]["truncated_prompts"]
+    assert n_cut >= 1
+    # said at the end of the run, and under the comparison: the figures are for cut prompts
+    assert (
+        f"harness run: note: {n_cut} of {len(record['per_prompt'])} prompts had their oldest text cut to fit 40 "
+        "tokens (the 58 positions of the target (model=tiny), less generation.max_new_tokens and the candidate rows)"
+    ) in capsys.readouterr().err
+    assert compare_main([str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"note: arms whose prompts were cut to fit the model's positions (prompt_lookup ({n_cut} of " in out
     ctx = record["metrics"]["context"]
     assert ctx["positions"] == 58 and ctx["max_prompt_tokens"] == 40 and ctx["rule"] == "left"
     first_len = {q["question_id"]: len(q["turns"][0].encode()) for q in spec_bench_questions(1, categories=CATS)}

@@ -37,13 +37,19 @@ def test_an_overlong_prompt_is_refused_or_cut_on_smollm2(tmp_path, no_forward):
     msg = str(err.value)
     assert msg.startswith(f"prompt 'long' turn 1: {n:,} prompt tokens + generation.max_new_tokens=64 + 8 ")
     assert msg.endswith(
-        "> 8,192 positions of the target (model=smollm2); workload.truncate=left cuts prompts "
-        "from the left (recorded per prompt)"
+        "> 8,192 positions of the target (model=smollm2); workload.truncate=left cuts the oldest "
+        "text, keeping a chat template's opening (recorded per prompt)"
     )
     cfg = compose([*base, "workload.truncate=left"])
     loaded = runner.load(cfg, runner.plan_job(cfg, tmp_path))
     (first,) = loaded.first_turns
     assert len(first.ids) == 8192 - 64 - 8 and first.cut_tokens == n - len(first.ids)
+    # through the chat template the system block and the user header stay; the question's start goes
+    chat = compose([*base[:-1], "workload.chat=true", "workload.truncate=left"])
+    (turn,) = runner.load(chat, runner.plan_job(chat, tmp_path)).first_turns
+    text = tok.decode(turn.ids)
+    assert len(turn.ids) == 8192 - 64 - 8 and text.startswith("<|im_start|>system\n")
+    assert "<|im_start|>user\n x x" in text and text.endswith("<|im_start|>assistant\n")
 
 
 def test_smollm2_second_turn_carries_the_first_answer(tmp_path):

@@ -124,6 +124,7 @@ class ArmRow:
     # (axis -> [this arm's values, the baseline's]): vs_baseline then compares more than ``by``
     baseline_differs: dict[str, list[str]] = field(default_factory=dict)
     timing_outliers: int = 0  # prompts its runs flagged as stalled (a record's metrics.timing_outliers)
+    truncated_prompts: int = 0  # of its prompts, those workload.truncate=left cut in either arm
     # the ``all`` row, when a section's arms differ beyond ``by``: this arm's value of each axis or
     # config key whose values differ among the section's arms (key -> its values, comma-joined)
     apart: dict[str, str] = field(default_factory=dict)
@@ -266,6 +267,7 @@ def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
             "raw_prompt_id": str(p["prompt_id"]),
             "batch_unit": _batch_unit(run, p),
             "category": str(p["category"]),
+            "truncated": bool(p.get("cut_tokens") or p.get("ar_cut_tokens")),  # absent in older records: none
             **{c: float(p[c]) for c in _PROMPT_COLUMNS},
             **{c: float(p[c]) if p.get(c) is not None else math.nan for c in _PREFILL_COLUMNS},
         }
@@ -279,6 +281,7 @@ def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
         "raw_prompt_id",
         "batch_unit",
         "category",
+        "truncated",
         *_PROMPT_COLUMNS,
         *_PREFILL_COLUMNS,
     ]
@@ -658,6 +661,7 @@ def compare(
                         end_to_end_speedup=end_to_end_speedup(units, boot),
                         batch_sizes=_batch_sizes(cat_runs),
                         timing_outliers=_timing_outliers(cat_runs, cat_long),
+                        truncated_prompts=int(cat_long.loc[cat_long["truncated"], "prompt_id"].nunique()),
                         baseline_differs=differs,
                         apart=apart.get(key[1], {}) if cat == ALL else {},
                         common_prompts=None if shared is None or cat != ALL else len(shared & set(p.index)),
@@ -923,6 +927,29 @@ def outlier_note(sec: Sequence[ArmRow]) -> str | None:
     return OUTLIER_NOTE.format(arms="; ".join(flagged)) if flagged else None
 
 
+#: what an arm's figures mean when the context limit cut some of its prompts
+TRUNCATION_NOTE = (
+    "arms whose prompts were cut to fit the model's positions ({arms}): workload.truncate=left removed their "
+    "oldest text, so their figures are for the cut prompts, and another context limit measures other "
+    "prompts; see each record's metrics.context (workload.truncate=false refuses them instead)"
+)
+
+
+def truncation_note(sec: Sequence[ArmRow]) -> str | None:
+    """:data:`TRUNCATION_NOTE` naming the arms of ``sec`` some of whose prompts were cut, or None."""
+    cut = sorted(
+        {f"{r.arm} ({r.truncated_prompts} of {r.n_prompts})" for r in sec if r.truncated_prompts and r.category == ALL}
+    )
+    return TRUNCATION_NOTE.format(arms="; ".join(cut)) if cut else None
+
+
+def section_notes(sec: Sequence[ArmRow], by: str) -> list[str]:
+    """The notes under a section's table: batched arms, timing outliers, cut prompts, the baseline,
+    arms apart beyond ``by``."""
+    notes = (batched_note(sec), outlier_note(sec), truncation_note(sec), baseline_note(sec, by), *apart_notes(sec, by))
+    return [n for n in notes if n]
+
+
 #: what an arm's figures mean when its runs batched requests
 BATCHED_NOTE = (
     "arms with runs at batch > 1 ({arms}): a prompt's time is its request's latency inside its batch, so "
@@ -951,9 +978,7 @@ def format_table(rows: Sequence[ArmRow], *, by: str, baseline: str | None, level
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
         lines.append(f"== {SECTION_TITLES[section]} ==")
         lines += _aligned([header, ["-" * w for w in widths], *body], widths)
-        for note in (batched_note(sec), outlier_note(sec), baseline_note(sec, by), *apart_notes(sec, by)):
-            if note:
-                lines.append(f"note: {note}")
+        lines += [f"note: {note}" for note in section_notes(sec, by)]
         lines.append("")
     return "\n".join(lines)
 

@@ -34,12 +34,9 @@ from harness.tracking.compare import (
     ALL,
     SECTION_TITLES,
     also_labelled,
-    apart_notes,
     arm_config_keys,
     arm_label,
     arm_table,
-    baseline_note,
-    batched_note,
     by_section,
     compare,
     config_text,
@@ -47,8 +44,8 @@ from harness.tracking.compare import (
     leader_cell,
     leader_counts,
     leaderboard,
-    outlier_note,
     run_speedups,
+    section_notes,
 )
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_labels, depth_rows
 from harness.tracking.conventions import axis_piece as _axis_piece
@@ -736,8 +733,8 @@ def _compare_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
     for section, sec in by_section(rows):
         header, body = arm_table(sec, by=by, baseline=baseline, ar_column=False)
         out += [f"### {SECTION_TITLES[section]}", "", md_table(header, body), ""]
-        for note in (batched_note(sec), outlier_note(sec), baseline_note(sec, by), *apart_notes(sec, by)):
-            out += [f"Note: {note}.", ""] if note else []
+        for note in section_notes(sec, by):
+            out += [f"Note: {note}.", ""]
     return out
 
 

@@ -14,8 +14,10 @@ Context limit. A turn's prompt plus ``generation.max_new_tokens`` plus the large
 target and of a separate draft model. ``workload.truncate`` declares what happens when it does
 not: ``false`` refuses before any model work with one line naming the prompt and the numbers (a
 conversation's later turns are bounded by counting each earlier answer at ``max_new_tokens``);
-``left`` keeps the last tokens that fit (the start of the conversation goes first) and the record
-says, per prompt and turn, how many tokens were cut.
+``left`` cuts the oldest text: through a chat template, the template's opening (its system block and
+the first message's header) stays and the tokens after it go, so the model still reads a
+conversation; without one (or where the opening alone would take half the room) the first tokens go.
+The record says, per prompt and turn, how many tokens were cut.
 """
 
 from __future__ import annotations
@@ -70,8 +72,8 @@ class ContextLimit:
         return (
             f"prompt {prompt.prompt_id!r} turn {turn}: {tokens:,} prompt tokens{how} + generation.max_new_tokens="
             f"{self.max_new_tokens} + {self.tree_rows} candidate rows (topology.max_nodes) = {total:,} > "
-            f"{self.positions:,} positions of {self.limited_by}; workload.truncate=left cuts prompts from the "
-            "left (recorded per prompt)"
+            f"{self.positions:,} positions of {self.limited_by}; workload.truncate=left cuts the oldest text, "
+            "keeping a chat template's opening (recorded per prompt)"
         )
 
     def summary(self) -> dict:
@@ -171,11 +173,40 @@ class PromptEncoder:
             return ids or [3]
         if k == 0:
             return encode_prompt(prompt, self.tokenizer, chat=self.chat)
+        return chat_ids(self.tokenizer, self.messages(prompt, answers))
+
+    def messages(self, prompt: Prompt, answers: Sequence[Sequence[int]] = ()) -> list[dict] | None:
+        """The chat messages behind turn ``len(answers) + 1``'s prompt, or None where no chat template
+        renders it (no tokenizer, ``workload.chat=false`` on a single turn)."""
+        if self.tokenizer is None:
+            return None
+        k = len(answers)
+        if k == 0:
+            if prompt.turns is not None:
+                return [{"role": "user", "content": prompt.turns[0]}] if self.chat else None
+            if prompt.messages is not None and (self.chat or prompt.text is None):
+                return [dict(m) for m in prompt.messages]
+            return [{"role": "user", "content": prompt.text}] if self.chat else None
         messages = []
         for q, a in zip(prompt.turns, answers):
             messages += [{"role": "user", "content": q}, {"role": "assistant", "content": self.answer_text(a)}]
         messages.append({"role": "user", "content": prompt.turns[k]})
-        return chat_ids(self.tokenizer, messages)
+        return messages
+
+    def opening(self, prompt: Prompt, answers: Sequence[Sequence[int]], ids: Sequence[int]) -> int:
+        """How many of ``ids`` (turn ``len(answers) + 1``'s prompt) the chat template writes before the
+        first message's text: its system block and that message's header (0 without a template). The
+        tokens the same conversation shares with one whose first message is empty."""
+        messages = self.messages(prompt, answers)
+        if not messages:
+            return 0
+        emptied = chat_ids(self.tokenizer, [{**messages[0], "content": ""}, *messages[1:]])
+        n = 0
+        for a, b in zip(ids, emptied):
+            if int(a) != int(b):
+                break
+            n += 1
+        return n
 
     def answer_text(self, ids: Sequence[int]) -> str:
         """An answer as text: decoded with special tokens removed and whitespace stripped (what goes
@@ -219,6 +250,9 @@ class PromptEncoder:
         if room is None or len(ids) <= room:
             return TurnPrompt(ids, len(ids))
         if self.limit.rule == TRUNCATE_LEFT:
+            head = self.opening(prompt, answers, ids)
+            if 0 < head <= room // 2:  # the oldest text goes, the template's opening stays
+                return TurnPrompt(ids[:head] + ids[len(ids) - (room - head) :], len(ids))
             return TurnPrompt(ids[-room:], len(ids))
         # only reachable when an answer's text re-tokenizes longer than the tokens it was decoded from
         raise WorkloadError(self.limit.overflow(prompt, len(answers) + 1, len(ids)))
