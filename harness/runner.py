@@ -943,6 +943,8 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
                     "ar_prompt_tokens": len(ar_prompt.ids),
                     "spec_cut_tokens": spec_prompt.cut_tokens,
                     "ar_cut_tokens": ar_prompt.cut_tokens,
+                    # the baseline's tokens as Spec-Bench's speed.py recounts them from the exported text
+                    "ar_speed_py_tokens": speed_py_tokens(tokenizer, encoder.answer_text(ar.tokens)),
                 }
             )
             turns_out.append(
@@ -1052,6 +1054,7 @@ def summarise(
             "cpu_budget_artifact": bool(getattr(proposer, "cpu_budget_artifact", False)),
             "job_seconds": job_seconds,
             "context": context_metrics(planned.context, measured.per_prompt),
+            "spec_bench_speed_py_speedup": speed_py_speedup(measured.per_prompt),
             **speedup_intervals(measured.per_prompt, batch_size=int(cfg.generation.batch_size)),
             "timing_outliers": timing_outliers(measured.per_prompt),
         }
@@ -1179,6 +1182,34 @@ def timing_outlier_note(outliers: list[dict]) -> str:
         f"{len(outliers)} {prompts} took {TIMING_OUTLIER_FACTOR:g}x or more the arm's median time per round: "
         f"{named}{more}; a stall, not the method: their speedups are suspect (metrics.timing_outliers)"
     )
+
+
+def speed_py_tokens(tokenizer, answer: str) -> int | None:
+    """A baseline answer's tokens as Spec-Bench's evaluation/speed.py counts them: its text through the
+    tokenizer, minus one for the BOS it assumes (None without a tokenizer: ``model=tiny``)."""
+    if tokenizer is None:
+        return None
+    return len(tokenizer(answer).input_ids) - 1
+
+
+def speed_py_speedup(per_prompt: list[dict]) -> float | None:
+    """What Spec-Bench's speed.py prints for a run's exported answer files: ``spec_bench_speedup``
+    with the baseline's tokens recounted from its text (:func:`speed_py_tokens`) rather than the
+    tokens it generated. The two differ where the tokenizer adds no BOS (the minus one then drops a
+    real token) or an answer's text re-tokenizes otherwise (EOS and special tokens are not in it)."""
+    rates: dict[str, list[float]] = {"spec": [], "ar": []}
+    for row in per_prompt:
+        turns = row.get("turns") or []
+        if not turns or any(t.get("ar_speed_py_tokens") is None for t in turns):
+            return None
+        for arm, tokens in (("spec", "spec_tokens"), ("ar", "ar_speed_py_tokens")):
+            wall_s = sum(t[f"{arm}_prefill_ms"] + t[f"{arm}_decode_ms"] for t in turns) / 1e3
+            if wall_s <= 0:
+                return None
+            rates[arm].append(sum(t[tokens] for t in turns) / wall_s)
+    if not rates["spec"] or sum(rates["ar"]) <= 0:
+        return None
+    return (sum(rates["spec"]) / len(rates["spec"])) / (sum(rates["ar"]) / len(rates["ar"]))
 
 
 def truncation_note(context: dict, n_prompts: int) -> str | None:

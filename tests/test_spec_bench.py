@@ -146,6 +146,73 @@ def test_spec_bench_speed_on_our_export_agrees_with_the_recorded_figures(exporte
         )
 
 
+class NoBosWordTokenizer(WordTokenizer):
+    """Splits on whitespace and adds no BOS (as SmolLM2's tokenizer): speed.py's minus one then drops a word."""
+
+    def __call__(self, text: str):
+        return self.Encoding(text.split())
+
+
+def test_the_figure_spec_bench_s_speed_py_prints_is_recorded_and_the_export_says_when_it_differs(
+    exported, tmp_path, capsys
+):
+    """speed.py recounts the baseline's tokens from its text minus one: with a tokenizer that adds a
+    BOS it agrees with the run's statistic; with one that adds none it prints another figure, which
+    the record holds (metrics.spec_bench_speed_py_speedup) and the export names."""
+    from harness.runner import speed_py_speedup, speed_py_tokens
+
+    record, summary, root = exported
+    assert record["metrics"]["spec_bench_speed_py_speedup"] is None  # the tiny model has no tokenizer
+    for tokenizer in (WordTokenizer(), NoBosWordTokenizer()):
+        rows = json.loads(json.dumps(record["per_prompt"]))
+        answers = {str(o["prompt_id"]): o["turns"] for o in lines(root / "run" / "outputs.jsonl")}
+        for row in rows:
+            for t, out in zip(row["turns"], answers[str(row["prompt_id"])], strict=True):
+                t["ar_speed_py_tokens"] = speed_py_tokens(tokenizer, out["ar_answer"])
+        ratio = speed(summary["speculative"], summary["baseline"], tokenizer, "overall")[2]
+        assert speed_py_speedup(rows) == pytest.approx(ratio, rel=1e-9)
+    assert speed_py_speedup(rows) != pytest.approx(record["metrics"]["spec_bench_speedup"], rel=1e-3)
+    # the export says so, naming both figures and both counts
+    differs = tmp_path / "differs"
+    shutil.copytree(root / "run", differs)
+    changed = {**record, "per_prompt": rows}
+    changed["metrics"] = {**record["metrics"], "spec_bench_speed_py_speedup": speed_py_speedup(rows)}
+    (differs / "record.json").write_text(json.dumps(changed))
+    assert cli_main(["export", "spec-bench", str(differs), str(tmp_path / "a.jsonl")]) == 0
+    err = capsys.readouterr().err
+    counted = sum(t["ar_tokens"] for r in rows for t in r["turns"])
+    recounted = sum(t["ar_speed_py_tokens"] for r in rows for t in r["turns"])
+    assert (
+        f"harness export: note: Spec-Bench's speed.py will print a speedup of {speed_py_speedup(rows):.3f}x for these "
+        f"files, not the {record['metrics']['spec_bench_speedup']:.3f}x the run measured with the same statistic: "
+        f"it recounts the baseline's tokens from the answer text minus one for a BOS, {recounted:,} where the "
+        f"baseline generated {counted:,}"
+    ) in err
+
+
+def test_the_export_notes_an_ungated_run_and_prompts_outside_spec_bench_s_categories(exported, tmp_path, capsys):
+    _, _, root = exported
+    assert cli_main(["export", "spec-bench", str(root / "run"), str(tmp_path / "a.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert "harness export: note: the run is ungated (gates not passed: end_to_end_oracle, oracle)" in err
+    assert "one of Spec-Bench's" not in err
+    fixture = fixture_run(3)  # gated, code and chat prompts
+    assert cli_main(["export", "spec-bench", str(fixture), str(tmp_path / "b.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert "ungated" not in err
+    assert (
+        "harness export: note: none of the run's categories (chat, code) is one of Spec-Bench's: its speed.py finds "
+        "rows for the overall figure only"
+    ) in err
+    assert cli_main(["export", "spec-bench", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: harness export spec-bench")
+    assert cli_main(["export", "spec-bench", str(fixture), str(tmp_path / "c.jsonl"), "model_id="]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "harness export: refused: model_id= is empty; give a value or leave the option out"
+    )
+    assert not (tmp_path / "c.jsonl").exists()
+
+
 def test_export_command_and_its_refusals(exported, tmp_path, capsys):
     record, _, root = exported
     out = tmp_path / "o.jsonl"

@@ -104,6 +104,12 @@ METRIC_NOTES = {
         "over the same mean for AR; wall = each turn's prefill + decode, summed over turns (a ratio of means, "
         "unlike speedup's ratio of sums)"
     ),
+    "spec_bench_speed_py_speedup": (
+        "what Spec-Bench's evaluation/speed.py prints for this run's exported answer files: spec_bench_speedup "
+        "with the baseline's tokens recounted from its answer text, minus one for a BOS (per turn: "
+        "per_prompt.turns.ar_speed_py_tokens); it differs where the tokenizer adds no BOS or the text "
+        "re-tokenizes otherwise; None without a tokenizer"
+    ),
 }
 
 

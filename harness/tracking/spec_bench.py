@@ -28,7 +28,9 @@ What each field holds here:
 Spec-Bench's speed statistic over these files (per task: mean over questions of
 ``sum(new_tokens) / sum(wall_time)``, over the same mean for the baseline, whose tokens it recounts
 from ``turns`` with its tokenizer, minus one for a BOS) is recorded by every run as
-``metrics.spec_bench_speedup`` from the same numbers; the record's own ``speedup`` is a ratio of
+``metrics.spec_bench_speedup`` from the same numbers, with the tokens the baseline generated; what
+speed.py itself prints for the exported files, recounting as it does, is
+``metrics.spec_bench_speed_py_speedup`` (the export notes when they differ). The record's own ``speedup`` is a ratio of
 sums of end-to-end time and its ``decode_speedup`` a ratio of sums over decode time (prefill
 excluded), different statistics. This module reads records and outputs only.
 """
@@ -45,7 +47,14 @@ from typing import Any
 from harness.files import output_folder_problem
 from harness.tracking.command_line import boolean_option, run_folder_of, split_arguments, usage_status
 from harness.tracking.record import write_jsonl_atomic
-from harness.tracking.store import OUTPUTS_FILENAME, RecordError, load_record, outputs_problem
+from harness.tracking.store import (
+    OUTPUTS_FILENAME,
+    RecordError,
+    gate_status,
+    load_record,
+    outputs_problem,
+    record_gated,
+)
 
 #: Spec-Bench's categories: MT-bench's eight (merged into the task ``mt_bench`` by its evaluation)
 #: and five single-turn tasks. harness/workloads/prompts.py holds the same names.
@@ -232,9 +241,45 @@ def export_spec_bench(
         "questions": len(spec_lines),
         "turns": sum(len(x["choices"][0]["turns"]) for x in spec_lines),
         "run_spec_bench_speedup": m.get("spec_bench_speedup"),
+        "speed_py_speedup": m.get("spec_bench_speed_py_speedup"),
         "run_speedup": m.get("speedup"),
         "run_mean_committed_per_round": m.get("mean_committed_per_round"),
+        "notes": export_notes(record),
     }
+
+
+def export_notes(record: dict) -> list[str]:
+    """What a reader of the exported files should know about the run behind them: a run whose gates
+    did not all pass or that is not exact (compare and the dashboards keep it apart), prompts with
+    none of Spec-Bench's categories, and Spec-Bench's speed.py reporting another figure than the run
+    measured (it recounts the baseline's tokens from text)."""
+    notes = []
+    if not record_gated(record):
+        kept = sorted(name for name, g in record.get("gates", {}).items() if gate_status(g) in ("skipped", "failed"))
+        notes.append(
+            f"the run is ungated (gates not passed: {', '.join(kept) or 'none recorded'}): its answers are not "
+            "vouched for as the target's, and harness compare keeps it apart from gated runs"
+        )
+    if record.get("exact") is False:
+        notes.append("the run is heuristic (exact: false): its speculative answers may differ from the target's")
+    categories = sorted({str(p["category"]) for p in record["per_prompt"]})
+    if not any(task_of(c) in TASKS for c in categories):
+        notes.append(
+            f"none of the run's categories ({', '.join(categories)}) is one of Spec-Bench's: its speed.py finds "
+            "rows for the overall figure only"
+        )
+    m = record["metrics"]
+    ours, theirs = m.get("spec_bench_speedup"), m.get("spec_bench_speed_py_speedup")
+    if ours and theirs and abs(theirs / ours - 1.0) > 0.005:
+        counted = sum(t["ar_tokens"] for p in record["per_prompt"] for t in p.get("turns") or [])
+        recounted = sum(t.get("ar_speed_py_tokens") or 0 for p in record["per_prompt"] for t in p.get("turns") or [])
+        notes.append(
+            f"Spec-Bench's speed.py will print a speedup of {theirs:.3f}x for these files, not the {ours:.3f}x the "
+            f"run measured with the same statistic: it recounts the baseline's tokens from the answer text minus "
+            f"one for a BOS, {recounted:,} where the baseline generated {counted:,} (this tokenizer adds no BOS, or "
+            "the EOS and special tokens are not in the text); metrics.spec_bench_speed_py_speedup in the record"
+        )
+    return notes
 
 
 USAGE = (
@@ -252,8 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     if status is not None:
         return status
     kind = argv[0]
+    if any(a in ("-h", "--help") for a in argv[1:]):  # harness export spec-bench --help
+        return usage_status(USAGE, ["--help"]) or 0
     try:
         positionals, options = split_arguments(argv[1:])
+        empty = sorted(k for k, v in options.items() if k in OPTIONS and not str(v).strip())
+        if empty:
+            raise ExportError(f"{empty[0]}= is empty; give a value or leave the option out")
         if kind != "spec-bench":
             raise ExportError(f"unknown export format {kind!r}; one of ['spec-bench']")
         unknown = sorted(set(options) - set(OPTIONS))
@@ -273,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, ValueError) as exc:
         print(f"harness export: refused: {exc}", file=sys.stderr)
         return 2
+    for note in summary["notes"]:
+        print(f"harness export: note: {note}", file=sys.stderr)
     print(json.dumps(summary, indent=2))
     return 0
 
