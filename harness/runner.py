@@ -206,10 +206,17 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None 
                 prepared = prepare_job(cfg, planned, loaded)
                 stage = "gate"
                 gates = gate(cfg, planned, loaded, prepared)
-            except (ValueError, OSError, NegotiationError, ContractError):
-                # refused before measuring (its input: a prompt too long, leakage): the earlier files go
-                # back; not after a failed gate, whose evidence refutes an earlier record of the round
-                restore_aside(planned.run_dir, aside)
+            except Exception as exc:
+                # refused (its input: a prompt too long, leakage) or failed before measuring: the earlier
+                # files go back; not after a failed gate, whose evidence refutes an earlier record of the round
+                if not isinstance(exc, GateError):
+                    restore_aside(
+                        planned.run_dir,
+                        aside,
+                        why="the job was refused"
+                        if isinstance(exc, (ValueError, OSError, NegotiationError, ContractError))
+                        else "the job failed before measuring",
+                    )
                 raise
             stage = "measure"
             measured = measure(cfg, planned, loaded, prepared)

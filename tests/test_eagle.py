@@ -890,6 +890,32 @@ def test_published_eagle3_checkpoint_drafts_in_its_draft_vocabulary(deep_target,
     assert proposed and proposed <= used  # no mass outside the draft vocabulary
 
 
+def test_an_eagle3_draft_over_the_whole_vocabulary_loads_without_its_index_maps(deep_target, tmp_path):
+    """A draft vocabulary that is the target's needs no d2t/t2d: such a checkpoint loads (the identity
+    map) and drafts exactly as one that ships an all-zero d2t."""
+    model, backend = deep_target
+    v = model.config.vocab_size
+    config, state, _ = eagle3_checkpoint(model.config, draft_vocab=v)
+    without = {k: t for k, t in state.items() if k not in ("d2t", "t2d")}
+    outputs = []
+    for name, weights in (("bare", without), ("zeros", {**without, "d2t": torch.zeros(v, dtype=torch.long)})):
+        path = write_published(tmp_path / name, config, weights, fmt="safetensors")
+        art = load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+        assert art.draft.spec.draft_vocab_size == v and not bool(art.draft.d2t.any())
+        p = EagleProposer(
+            budget=DYNAMIC,
+            manifest_hash="h",
+            policy=GREEDY,
+            model=model,
+            draft=art.draft,
+            checkpoint=target_fingerprint(model),
+        )
+        res, rounds = run(backend, p, prompt=[7, 11, 19, 23, 29, 31], new=12)
+        assert res.tokens == autoregressive(backend, [7, 11, 19, 23, 29, 31], new=12)
+        outputs.append([r["tree"].token_ids.tolist() for r in rounds])
+    assert outputs[0] == outputs[1]
+
+
 def test_a_tree_wider_than_an_eagle3_draft_vocabulary_is_refused(deep_target, tmp_path):
     """Rows past a reduced draft vocabulary were filled with tokens the draft gives no mass (or a
     uniform fill), and their acceptance was credited to the draft: refused at plan from the

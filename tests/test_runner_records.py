@@ -422,6 +422,14 @@ def test_a_refusal_at_the_gates_puts_the_folder_s_earlier_record_back(tmp_path, 
         run_job(compose([*base, "seed=1"]), run_dir=out)
     assert load_record(out / "record.json")["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
 
+    def crash(*args, **kwargs):  # an artifact that fails to load (not a refusal): nothing was measured either
+        raise RuntimeError("Error(s) in loading state_dict for Eagle3Draft")
+
+    monkeypatch.setattr(runner, "prepare_job", crash)
+    with pytest.raises(RuntimeError):
+        run_job(compose([*base, "seed=2"]), run_dir=out)
+    assert load_record(out / "record.json")["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
+
 
 def test_an_interrupted_run_puts_the_folder_s_earlier_record_back(tmp_path, monkeypatch, caplog):
     """Ctrl-C while a re-run measured left the earlier record in .previous/, and compare then found

@@ -451,4 +451,6 @@ def _eagle3(fmt: str, cfg: dict, state: dict, target_config) -> tuple[str, Eagle
                 f"{fmt} d2t maps the draft vocabulary outside the target's [0, {target_v}) or onto repeated ids"
             )
         state["d2t"] = d2t
+    else:  # the draft's vocabulary is the target's: the identity map (what the draft's buffer holds unset)
+        state["d2t"] = torch.zeros(vd, dtype=torch.long)
     return fmt, spec, state
