@@ -689,7 +689,7 @@ def test_published_eagle12_checkpoint_loads_key_for_key_and_decodes_exactly(
     path = write_published(tmp_path / "ckpt", llama_fields(cfg, num_hidden_layers=layers, **extra), state, fmt=fmt)
     art = load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
     assert art.published and art.manifest["format"] == "eagle" and not art.cpu_budget_artifact
-    assert art.manifest["embedding"] == {"in_checkpoint": True, "max_abs_diff_vs_target": 0.0}
+    assert art.manifest["embedding"] == {"in_checkpoint": True, "max_abs_diff_vs_target": 0.0, "saved_dtype": "float32"}
     loaded = art.draft.state_dict()
     assert sorted(loaded) == sorted(state)
     assert all(torch.equal(loaded[k], state[k].float()) for k in state)
@@ -709,6 +709,21 @@ def test_published_eagle12_checkpoint_loads_key_for_key_and_decodes_exactly(
         )
         load_configured_eagle({"artifact": str(other)}, model=model, tokenizer=None)
         assert "its embedding is 0.5 away from the target's" in capsys.readouterr().err
+        # saved in bf16 (as drafts are published): the target's embedding rounded, no other model's
+        state["embed_tokens.weight"] = model.get_input_embeddings().weight.detach() * 40  # large: wide ulps
+        scaled = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
+        half = write_published(tmp_path / "bf16", llama_fields(cfg, num_hidden_layers=layers, **extra), scaled)
+        kept = model.get_input_embeddings().weight.detach().clone()
+        with torch.no_grad():
+            model.get_input_embeddings().weight.mul_(40)
+        try:
+            art = load_configured_eagle({"artifact": str(half)}, model=model, tokenizer=None)
+        finally:
+            with torch.no_grad():
+                model.get_input_embeddings().weight.copy_(kept)
+        assert art.manifest["embedding"]["saved_dtype"] == "bfloat16"
+        assert art.manifest["embedding"]["max_abs_diff_vs_target"] > 1e-3  # beyond the old absolute tolerance
+        assert capsys.readouterr().err == ""
 
 
 def test_published_checkpoint_refusals(env, tmp_path):

@@ -365,8 +365,35 @@ def test_heads_made_for_another_base_model_are_warned_about_on_stderr(tmp_path, 
             "hydra", {"artifact": str(write_hydra(tmp_path / "o2", state, config=config))}, model=target, tokenizer=None
         )
         assert capsys.readouterr().err == ""
+        # the embedded SmolLM2 loads from a converted folder in the cache: heads naming its hub id are for it
+        converted = tmp_path / "smollm2-0123456789abcdef"
+        converted.mkdir()
+        (converted / "harness_conversion.json").write_text("{}")
+        target.config._name_or_path = str(converted)
+        config["base_model_name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct"
+        load_configured_heads(
+            "hydra", {"artifact": str(write_hydra(tmp_path / "o3", state, config=config))}, model=target, tokenizer=None
+        )
+        assert capsys.readouterr().err == ""
+        config["base_model_name_or_path"] = "HuggingFaceTB/SmolLM2-360M-Instruct"
+        load_configured_heads(
+            "hydra", {"artifact": str(write_hydra(tmp_path / "o4", state, config=config))}, model=target, tokenizer=None
+        )
+        assert (
+            f"the target is {converted} (converted from HuggingFaceTB/SmolLM2-135M-Instruct)" in capsys.readouterr().err
+        )
     finally:
         target.config._name_or_path = original
+    # heads saved in half precision hold the target's embedding rounded: that is the target's, not another's
+    for dtype in (torch.float16, torch.bfloat16):
+        state = hydra_state(heads=3, layers=1, hidden=H, vocab=V, grounded=True, embed=embed, seed=4)
+        half = write_hydra(
+            tmp_path / f"half-{dtype}",
+            {k: v.to(dtype) for k, v in state.items()},
+            config=hydra_config(3, 1, grounded=True),
+        )
+        art = load_configured_heads("hydra", {"artifact": str(half)}, model=target, tokenizer=None)
+        assert art.manifest["input_embed_matches_target"] is True and capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize(

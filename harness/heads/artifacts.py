@@ -29,8 +29,9 @@ from harness.heads.eagle import EagleSpec, build_draft
 from harness.heads.eagle_formats import config_notes, parse_published, read_weights, resolve_source
 from harness.heads.early_exit import AdapterArtifact, build_adapter
 from harness.heads.models import DraftHeads, HeadSpec
-from harness.heads.published import PublishedHeads, inspect, is_published, load_published_heads
+from harness.heads.published import PublishedHeads, inspect, is_published, load_published_heads, same_embedding
 from harness.heads.recipes import SearchRecipe, eagle_recipe, exit_recipe, heads_recipe, recipe_key
+from harness.target.loading import model_names
 
 
 @dataclass(frozen=True)
@@ -94,11 +95,12 @@ def load_published(kind: str, ref: str, *, model: torch.nn.Module) -> HeadsArtif
     layout = inspect(ref, kind)
     heads = load_published_heads(layout, model=model)
     base = layout.config.get("base_model_name_or_path")
-    target = str(getattr(model.config, "_name_or_path", "") or getattr(model.config, "name_or_path", "") or "")
+    targets = model_names(model)  # by path or hub id alike: the last component is compared
     if heads.embed_matches_target is False:
         warn_base(kind, ref, "their saved input embedding differs from the target's (input_embed_matches_target)")
-    elif base and target and Path(str(base)).name.lower() != Path(target).name.lower():
-        warn_base(kind, ref, f"they name {base} as their base model; the target is {target}")
+    elif base and targets and Path(str(base)).name.lower() not in {Path(t).name.lower() for t in targets}:
+        named = targets[0] if len(targets) == 1 else f"{targets[0]} (converted from {targets[1]})"
+        warn_base(kind, ref, f"they name {base} as their base model; the target is {named}")
     manifest = {
         **layout.provenance(),
         "kind": kind,
@@ -107,10 +109,6 @@ def load_published(kind: str, ref: str, *, model: torch.nn.Module) -> HeadsArtif
         "cpu_budget_artifact": False,  # not trained here
     }
     return HeadsArtifact(heads=heads, manifest=manifest, path=layout.directory)
-
-
-#: a published draft's input embedding further than this from the target's was trained for another base
-EMBEDDING_MATCH_TOLERANCE = 1e-3
 
 
 def warn_base(kind: str, ref: str, why: str) -> None:
@@ -214,13 +212,12 @@ def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifac
     draft = build_eagle(spec, {k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     embedding = {"in_checkpoint": "embed_tokens.weight" in state}
     if embedding["in_checkpoint"]:
-        target_embedding = model.get_input_embeddings().weight.detach()
-        # in the target's dtype first: a bf16 target's copy of an fp16 draft's embedding differs by rounding
-        mine = draft.embed_tokens.weight.detach().to(target_embedding.dtype).to(torch.float32)
-        theirs = target_embedding.to("cpu", torch.float32)
-        if mine.shape == theirs.shape:
-            embedding["max_abs_diff_vs_target"] = float((mine - theirs).abs().max())
-            if embedding["max_abs_diff_vs_target"] > EMBEDDING_MATCH_TOLERANCE:
+        saved, target_embedding = state["embed_tokens.weight"], model.get_input_embeddings().weight
+        if tuple(saved.shape) == tuple(target_embedding.shape):
+            # up to the rounding of the draft's dtype and the target's: bf16 drafts of an fp32 target match
+            same, embedding["max_abs_diff_vs_target"] = same_embedding(saved, target_embedding)
+            embedding["saved_dtype"] = str(saved.dtype).removeprefix("torch.")
+            if not same:
                 warn_base(
                     "EAGLE draft",
                     str(source),

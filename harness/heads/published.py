@@ -823,6 +823,17 @@ def _prefix_model(layout: PublishedLayout, target_config):
         return LlamaModel(cfg)
 
 
+def same_embedding(saved: torch.Tensor, target: torch.Tensor) -> tuple[bool, float]:
+    """Whether a draft's saved copy of an input embedding is the target's, up to rounding: each
+    element within the half-ulp of the saved dtype and of the target's (a bf16 copy of an fp32
+    embedding is 0.004 away where the embedding reaches 2; another model's is nowhere near), and the
+    largest absolute difference."""
+    mine, theirs = saved.detach().to("cpu", torch.float32), target.detach().to("cpu", torch.float32)
+    rtol = sum(torch.finfo(d).eps for d in (saved.dtype, target.dtype) if d.is_floating_point)
+    diff = (mine - theirs).abs()
+    return bool((diff <= 1e-6 + rtol * theirs.abs()).all()), float(diff.max()) if diff.numel() else 0.0
+
+
 def load_published_heads(layout: PublishedLayout, *, model: nn.Module) -> PublishedHeads:
     """The head bank of ``layout`` with its weights, on the target's device and in its dtype.
     ``embed_matches_target`` says whether a saved base embedding (Hydra's ``input_embed_fn``)
@@ -839,7 +850,7 @@ def load_published_heads(layout: PublishedLayout, *, model: nn.Module) -> Publis
                 f"proposer.artifact={layout.ref!r}: input_embed_fn.weight has shape {list(saved.shape)}, "
                 f"the target's input embedding {list(embed.shape)}"
             )
-        matches = bool(torch.equal(saved.to(device=embed.device, dtype=embed.dtype), embed))
+        matches = same_embedding(saved, embed)[0]
     heads = PublishedHeads(layout, target_config=model.config)
     heads.load_published(state)
     p = next(model.parameters())

@@ -46,6 +46,8 @@ from harness.target import attention
 log = logging.getLogger("harness.loading")
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: the hub id of the model the embedded GGUF was quantised from (what published drafts for it name)
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 #: a draft model name meaning "the target's first ``num_layers`` decoder layers" (never a checkpoint)
 DERIVED = "derived"
@@ -694,3 +696,14 @@ def eos_ids(model: torch.nn.Module, tokenizer=None) -> frozenset[int]:
     if tok is not None and tok.eos_token_id is not None:
         ids.add(int(tok.eos_token_id))
     return frozenset(ids)
+
+
+def model_names(model) -> list[str]:
+    """The names a target goes by, as published drafts name their base model: the folder or hub id
+    it was loaded from (``_name_or_path``) and, for the embedded SmolLM2 (a converted folder in the
+    cache), the hub id of the model its GGUF was made from."""
+    loaded = str(getattr(model.config, "_name_or_path", "") or getattr(model.config, "name_or_path", "") or "")
+    names = [loaded] if loaded else []
+    if loaded and (Path(loaded) / "harness_conversion.json").is_file() and Path(loaded).name.startswith("smollm2-"):
+        names.append(SMOLLM2_HUB_ID)
+    return names
