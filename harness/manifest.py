@@ -100,28 +100,26 @@ def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[st
 TRAINING_OPTIONS = ("auto_train", "data", "train")
 #: an EAGLE draft's shape options (a published draft's shape is read from its files)
 EAGLE_SHAPE_OPTIONS = ("num_layers", "intermediate_size", "fc_bias")
+#: a head bank's shape options (a published bank's heads, layers and prefix layer are its files'; its
+#: Hydra++ switches set true are refused)
+HEADS_SHAPE_OPTIONS = ("num_heads", "mlp_layers", "prefix_window", "attn_heads")
 
 
 def checkpoint_decides(proposer) -> tuple[str, ...]:
     """The options of ``proposer`` (a config node) that a published checkpoint makes inert: its
-    training options, and an EAGLE draft's shape (read from the checkpoint's files, which the
-    manifest binds)."""
+    training options, and the draft's shape (read from the checkpoint's files, which the manifest
+    binds)."""
     if proposer.name not in ("medusa", "hydra", "eagle") or not is_published(proposer.get("artifact")):
         return ()
-    return TRAINING_OPTIONS + (EAGLE_SHAPE_OPTIONS if proposer.name == "eagle" else ())
+    return TRAINING_OPTIONS + (EAGLE_SHAPE_OPTIONS if proposer.name == "eagle" else HEADS_SHAPE_OPTIONS)
 
 
 def published_bank_options(proposer: dict, provenance: dict) -> dict:
     """The proposer options as a published head bank runs them: its architecture comes from the
-    checkpoint, so ``num_heads`` and ``mlp_layers`` are the bank's, and configured values it
-    overrode are listed under ``overridden_by_checkpoint`` (the record never claims a shape that
-    did not run)."""
-    actual = {"num_heads": provenance["num_heads"], "mlp_layers": provenance["num_layers"]}
-    overridden = {k: proposer[k] for k, v in actual.items() if k in proposer and proposer[k] != v}
-    out = {**proposer, **actual}
-    if overridden:
-        out["overridden_by_checkpoint"] = overridden
-    return out
+    checkpoint, so ``num_heads`` and ``mlp_layers`` are the bank's (the configured values are left
+    out of the manifest, and listed among the record's inert options when set: the record never
+    claims a shape that did not run)."""
+    return {**proposer, "num_heads": provenance["num_heads"], "mlp_layers": provenance["num_layers"]}
 
 
 def manifest_hash(manifest: dict) -> str:

@@ -47,6 +47,7 @@ from harness.gates.greedy import greedy_equality, output_turns
 from harness.gates.stages import announce_disabled, disabled_gates, run_gates
 from harness.gates.status import GateError
 from harness.heads.eagle_formats import published_draft_vocab
+from harness.heads.published import inspect as inspect_published
 from harness.manifest import (
     RECORD_SCHEMA_VERSION,
     TRAINING_OPTIONS,
@@ -697,9 +698,16 @@ def inert_options(cfg: DictConfig) -> list[str]:
         )
     if topo.name == "sequoia" and topo.get("tree_artifact") and not topo.get("reuse", True):
         out.append("topology.reuse=false: topology.tree_artifact names the tree, nothing is measured or searched")
+    decided = checkpoint_decides(prop)
+    if prop.name in ("medusa", "hydra", "clover") and topo.name == "sequence" and "max_depth" in dict(_changed(topo)):
+        heads = inspect_published(str(prop.artifact), prop.name).num_heads if decided else int(prop.num_heads)
+        if int(topo.max_depth) > heads:
+            out.append(
+                f"topology.max_depth={topo.max_depth}: the {prop.name} bank has {heads} heads, one per depth, so the "
+                f"chain drafts {min(heads, int(topo.max_nodes))} deep"
+            )
     if prop.name == "prompt_lookup" and topo.name == "sequence" and "max_matches" in dict(_changed(prop)):
         out.append(f"proposer.max_matches={prop.max_matches}: topology=sequence takes one match (one chain)")
-    decided = checkpoint_decides(prop)
     if decided:
         why = f"proposer.artifact={prop.artifact} is a published checkpoint, read as its authors ship it"
         for key, value in _changed(prop):

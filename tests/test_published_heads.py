@@ -564,18 +564,21 @@ def test_published_heads_run_end_to_end_with_provenance(tmp_path, monkeypatch, t
     # the manifest's proposer options are the shape that ran: the bank's, not the configured defaults
     ran = record["manifest"]["proposer"]
     assert (ran["num_heads"], ran["mlp_layers"]) == (prov["num_heads"], prov["num_layers"])
-    if kind == "medusa":  # 4 heads against the configured default of 3
-        assert ran["overridden_by_checkpoint"] == {"num_heads": 3}
+    assert "overridden_by_checkpoint" not in ran and record["inert_options"] == []  # no shape option was set
     extras = m["retrieval"]
     assert extras["hidden_misses"] == 0 and extras["head_stages"] > 0
     if kind == "hydra-prefix":  # the prefix layer saw every committed row before the last, once
         assert m["proposal_state_bytes"] > 0 and extras["prefix_rows_fed"] > 0
 
 
-def test_hydra_plus_plus_switches_on_a_published_bank_are_refused_and_other_options_recorded_as_overridden(
+def test_hydra_plus_plus_switches_on_a_published_bank_are_refused_and_its_shape_options_listed_as_inert(
     tmp_path, target
 ):
+    """A bank's heads, layers and prefix layer are its files': the options that would shape heads
+    trained here are listed as having no effect and leave the manifest (and so a sweep's reuse of a
+    record) as without them."""
     from harness.manifest import job_manifest
+    from harness.runner import inert_options
 
     state = hydra_state(heads=3, layers=1, hidden=H, vocab=V, embed=target.get_input_embeddings().weight)
     path = write_hydra(tmp_path / "heads", state, config=hydra_config(3, 1))
@@ -588,9 +591,27 @@ def test_hydra_plus_plus_switches_on_a_published_bank_are_refused_and_other_opti
     odd = write_hydra(tmp_path / "stringly", state, config=stringly)
     with pytest.raises(ArtifactError, match=r"config.json: grounded_heads='false' must be true or false"):
         inspect(str(odd), "hydra")
-    manifest = job_manifest(compose([*base, "proposer.num_heads=9", "proposer.mlp_layers=4"]), versions={})
+    shaped = [
+        *base,
+        "proposer.num_heads=9",
+        "proposer.mlp_layers=4",
+        "proposer.prefix_window=4",
+        "proposer.attn_heads=2",
+    ]
+    manifest = job_manifest(compose(shaped), versions={})
     assert manifest["proposer"]["num_heads"] == 3 and manifest["proposer"]["mlp_layers"] == 1
-    assert manifest["proposer"]["overridden_by_checkpoint"] == {"num_heads": 9, "mlp_layers": 4}
+    assert manifest == job_manifest(compose(base), versions={})
+    why = f"proposer.artifact={path} is a published checkpoint, read as its authors ship it (its shape is read from"
+    # a chain deeper than the bank: it drafts one depth per head (a trained bank: proposer.num_heads)
+    assert inert_options(compose([*base[:-1], "topology.max_depth=6"])) == [
+        "topology.max_depth=6: the hydra bank has 3 heads, one per depth, so the chain drafts 3 deep"
+    ]
+    assert inert_options(compose(["model=tiny", "proposer=medusa", "topology=sequence", "topology.max_depth=5"])) == [
+        "topology.max_depth=5: the medusa bank has 3 heads, one per depth, so the chain drafts 3 deep"
+    ]
+    assert inert_options(compose(shaped)) == [
+        f"proposer.{o}: {why} its files)" for o in ("num_heads=9", "mlp_layers=4", "prefix_window=4", "attn_heads=2")
+    ]
 
 
 def test_training_a_published_checkpoint_is_refused(tmp_path, target):
