@@ -43,6 +43,7 @@ from harness.contracts import ConfigError, resolve_ref
 from harness.engine.build import plan
 from harness.engine.checks import validate_config
 from harness.gates.stages import GateError
+from harness.heads.published import is_published
 from harness.prepare import TRAINERS
 from harness.prepare.sequoia import ensure_tree_artifact
 from harness.prepare.trained import noting_outcomes
@@ -549,6 +550,11 @@ def train(argv: list[str]) -> dict:
             "nothing to search; drop proposer.skip to search one, or use it in harness run"
         )
     artifact = cfg.proposer.get("artifact")
+    if name in ("medusa", "hydra", "eagle") and is_published(artifact):  # before any model work
+        raise ConfigError(
+            f"proposer.artifact={artifact!r} is a published {name} checkpoint: a run loads it as it is, "
+            "nothing is trained here; drop proposer.artifact to train one for this target"
+        )
     if artifact and not Path(str(artifact)).expanduser().exists():  # before any model work
         raise ConfigError(
             f"proposer.artifact={artifact!r} does not exist: harness train writes its artifact to the cache (by "

@@ -1093,8 +1093,16 @@ def test_harness_train_proposer_eagle_on_the_tiny_model(tmp_path, monkeypatch, c
     assert json.loads(capsys.readouterr().out)["reused"] is False
     model = build_tiny_model()
     path = write_published(tmp_path / "ckpt", llama_fields(model.config), eagle12_state(model.config))
-    assert train_main([*argv, f"proposer.artifact={path}", "force=true"]) == 2
-    assert "published checkpoint: it is loaded, never trained" in capsys.readouterr().err
+    for force in ([], ["force=true"]):  # refused before any model work, forced or not (as for head banks)
+        assert train_main([*argv, f"proposer.artifact={path}", *force]) == 2
+        assert (
+            capsys.readouterr()
+            .err.strip()
+            .endswith(
+                f"proposer.artifact={str(path)!r} is a published eagle checkpoint: a run loads it as it is, nothing is "
+                "trained here; drop proposer.artifact to train one for this target"
+            )
+        )
 
 
 # ---------------------------------------------------------------------------------------------- SmolLM2
