@@ -119,6 +119,14 @@ def test_medusa_head_count_comes_from_the_weights_not_the_config(tmp_path):
     assert layout.provenance()["notes"] == [
         "config.json says medusa_num_heads=2; the weights hold 4 (read from the weights)"
     ]
+    assert "index_sha256" not in layout.provenance()
+    # a second heads file beside the one read: the record says which was read
+    from safetensors.torch import save_file
+
+    save_file(medusa_state(heads=3, layers=1, hidden=H, vocab=V), str(path / "medusa_lm_head.safetensors"))
+    both = inspect(str(path), "medusa")
+    assert both.num_heads == 3 and [f.name for f in both.files] == ["medusa_lm_head.safetensors"]
+    assert both.notes[-1] == "medusa_lm_head.pt left unread: medusa_lm_head.safetensors is read first"
 
 
 def test_medusa2_full_model_heads_are_read_from_the_weight_shards(tmp_path, target):
@@ -165,6 +173,8 @@ def test_medusa2_sharded_full_model_with_a_head_shard_absent_is_refused_naming_i
         inspect(str(folder), "medusa")
     save_file({f"medusa_head.{k}": v for k, v in heads.items()}, str(folder / "model-00002-of-00002.safetensors"))
     assert inspect(str(folder), "medusa").num_heads == 2  # complete: read
+    index_digest = hashlib.sha256((folder / "model.safetensors.index.json").read_bytes()).hexdigest()
+    assert inspect(str(folder), "medusa").provenance()["index_sha256"] == index_digest  # it named the shards read
 
     (folder / "model-00002-of-00002.safetensors").unlink()
 

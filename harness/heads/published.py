@@ -308,6 +308,12 @@ class PublishedLayout:
             "directory": str(self.directory),
             "files": {f.name: file_sha256(f) for f in self.files},
             "config_sha256": file_sha256(self.directory / "config.json"),
+            # a full-model layout's weight index (it names the shards read)
+            **{
+                "index_sha256": file_sha256(self.directory / n)
+                for n in FULL_MODEL_INDEXES
+                if self.format.endswith("full-model") and (self.directory / n).is_file()
+            },
             "base_model_name_or_path": self.config.get("base_model_name_or_path"),
             "num_heads": self.num_heads,
             "num_layers": self.num_layers,
@@ -352,6 +358,10 @@ def inspect(ref: str, kind: str) -> PublishedLayout:
         raise ArtifactError(
             f"proposer.artifact={ref!r}: not a readable {kind} checkpoint ({type(exc).__name__}: {exc})"
         ) from None
+    heads_files = MEDUSA_FILES if kind == "medusa" else HYDRA_FILES
+    unread = [n for n in heads_files if (directory / n).is_file() and directory / n not in files]
+    if unread:  # the first of the layout's names is read
+        read["notes"] = (*read.get("notes", ()), f"{', '.join(unread)} left unread: {files[0].name} is read first")
     out = PublishedLayout(kind=kind, ref=str(ref), directory=directory, files=tuple(files), config=config, **read)
     check_keys(out, shapes)
     check_weight_tensors(f"proposer.artifact={ref!r} ({out.format})", tensors)
