@@ -299,6 +299,14 @@ class PublishedLayout:
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         return expected_shapes(self)
 
+    def _index_digest(self) -> dict:
+        """A full-model layout's weight index (it names the shards read): ``{"index_sha256": ...}``."""
+        if self.format.endswith("full-model"):
+            for name in FULL_MODEL_INDEXES:
+                if (self.directory / name).is_file():
+                    return {"index_sha256": file_sha256(self.directory / name)}
+        return {}
+
     def provenance(self) -> dict:
         """Where the heads came from and what they hold: recorded in the run manifest."""
         return {
@@ -308,12 +316,7 @@ class PublishedLayout:
             "directory": str(self.directory),
             "files": {f.name: file_sha256(f) for f in self.files},
             "config_sha256": file_sha256(self.directory / "config.json"),
-            # a full-model layout's weight index (it names the shards read)
-            **{
-                "index_sha256": file_sha256(self.directory / n)
-                for n in FULL_MODEL_INDEXES
-                if self.format.endswith("full-model") and (self.directory / n).is_file()
-            },
+            **self._index_digest(),
             "base_model_name_or_path": self.config.get("base_model_name_or_path"),
             "num_heads": self.num_heads,
             "num_layers": self.num_layers,
