@@ -535,6 +535,24 @@ def test_arms_that_differ_beyond_the_by_axis_or_ran_other_prompts_say_so_without
     assert "no prompt in common" not in table
 
 
+def test_arms_by_a_config_key_are_not_set_apart_by_that_key_and_a_numeric_baseline_matches_its_arm():
+    """by=config.topology.max_nodes named max_nodes itself as what else set the arms apart, and
+    baseline=0.0 found no arm labelled 0 (filters match numbers)."""
+    pa = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": pa}, "r2": {"proposer": "a", "prompts": pa}})
+    df["config.topology.max_nodes"] = [4, 8]
+    by = "config.topology.max_nodes"
+    table = format_table(compare(df, by=by, n_resamples=50), by=by, baseline=None, level=0.95)
+    assert "differ in more than" not in table
+    df["temperature"] = [0.0, 0.7]
+    rows = compare(df, by="temperature", baseline="0.0", n_resamples=50)
+    assert {r.arm for r in rows} == {"0", "0.7"}
+    assert next(r for r in rows if r.arm == "0.7" and r.category == "all").has_baseline
+    assert next(r for r in rows if r.arm == "0.7" and r.category == "all").n_pairs_baseline == 2
+    with pytest.raises(ValueError, match=r"baseline temperature='0.5' has no runs"):
+        compare(df, by="temperature", baseline="0.5", n_resamples=50)
+
+
 def test_mixed_axes_lists_the_options_every_run_sets_when_their_group_s_axis_differs_too():
     """A pooled arm whose runs differ in topology and in a max_nodes both topologies take listed
     the topology only; an option one topology lacks stays out, as does the model's dtype (the model

@@ -337,6 +337,26 @@ def _arm_runs(df: pd.DataFrame, by: str, filters: Mapping[str, str] | None) -> p
     return runs
 
 
+def matching_label(value: str, labels: set[str]) -> str:
+    """The arm label ``value`` names: itself, or the label of the same number (``baseline=0.0`` for
+    the arm ``0``, as filters match numbers); ``value`` when none does."""
+    if value in labels:
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return value
+    same = [label for label in labels if _as_float(label) == number]
+    return same[0] if len(same) == 1 else value
+
+
+def _as_float(text: str) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
 def also_labelled(run: Mapping[str, Any]) -> str:
     """What an ungated run also is, which its section (``ungated`` comes first) does not say:
     ``[heuristic, exact=false]``, ``[CPU-budget artifact]``, both, or ``""``."""
@@ -430,7 +450,7 @@ def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[s
     if skip_group and by in _AXIS_CONFIG:  # the compared axis's own options (workload: all of config.workload.)
         hidden.append("config.workload." if by == "workload" else _AXIS_CONFIG[by])
     for column in sorted(c for c in runs.columns if c.startswith("config.")):
-        if column.startswith((*_LAUNCH_CONFIG, *hidden)):
+        if column.startswith((*_LAUNCH_CONFIG, *hidden)) or column in (by, f"config.{by}"):  # by=config.<key>
             continue
         if column.startswith(tuple(partial)) and any(_config_text(v) == "null" for v in runs[column]):
             continue  # an option of one side's group only
@@ -593,6 +613,7 @@ def compare(
 
     base_key: dict[str, tuple[str, str] | None] = {}
     if baseline is not None:
+        baseline = matching_label(baseline, {k[1] for k in arms})
         for section in SECTIONS:
             same, exact = (section, baseline), ("exact", baseline)
             base_key[section] = same if same in arms else exact if exact in arms else None
@@ -1044,7 +1065,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = compare(df, by=by, baseline=opts.get("baseline"), filters=kv, **boot)
     except (ValueError, KeyError, OSError) as exc:
         return refuse("compare", exc)
-    print(format_table(rows, by=by, baseline=opts.get("baseline"), level=level))
+    baseline = None if opts.get("baseline") is None else matching_label(opts["baseline"], {r.arm for r in rows})
+    print(format_table(rows, by=by, baseline=baseline, level=level))
     board = None
     if show_board:
         board = leaderboard(df, by=by, filters=kv, **boot)
@@ -1054,7 +1076,7 @@ def main(argv: list[str] | None = None) -> int:
             rows,
             source=str(positionals[0]),
             by=by,
-            baseline=opts.get("baseline"),
+            baseline=baseline,
             filters=kv,
             **boot,
             pairing="prompt_id",

@@ -44,6 +44,7 @@ from harness.tracking.compare import (
     leader_cell,
     leader_counts,
     leaderboard,
+    matching_label,
     run_speedups,
     section_notes,
 )
@@ -725,6 +726,7 @@ def _compare_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
         rows = compare(df, by=by, baseline=None if baseline is None else str(baseline), filters=where)
     except ValueError as exc:
         return [f"_comparison not available: {exc}_", ""]
+    baseline = None if baseline is None else matching_label(str(baseline), {r.arm for r in rows})
     out = [
         f"Arms by `{by}`" + (f", filters {where}" if where else "") + "; pairing unit: prompt; "
         "95% paired-bootstrap CIs over prompts (`harness compare`).",
