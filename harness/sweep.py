@@ -314,7 +314,7 @@ def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:
     }
     status_file = run_dir / JOB_STATUS
     try:
-        with job_lock(run_dir, purpose=f"sweep job {job}"):
+        with job_lock(run_dir, purpose=f"sweep job {job}", elsewhere="hydra.sweep.dir=... for the whole sweep"):
             _run_locked(cfg, hydra_cfg, run_dir=run_dir, job=job, status=status)
             _finish_status(status, t0, status_file)
     except JobFolderError as exc:

@@ -784,6 +784,8 @@ def test_a_sweep_job_whose_folder_a_live_run_holds_fails_without_touching_it(env
     failures = [json.loads(line) for line in (sweep_dir / FAILURES_FILE).read_text().splitlines()]
     assert failures[0]["error"]["type"] == "FolderBusy" and failures[0]["refused"] is True
     assert f"pid {proc.pid}" in failures[0]["error"]["message"]
+    # a sweep refuses output_dir=: the advice names the sweep's own folder
+    assert failures[0]["error"]["message"].endswith("or write elsewhere (hydra.sweep.dir=... for the whole sweep)")
     assert len(pd.read_parquet(sweep_dir / STORE_FILE)) == 1
 
 
