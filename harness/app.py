@@ -396,6 +396,7 @@ def remove_hydra_files_of_a_run_that_wrote_nothing(folder: Path) -> None:
 
 def sweep_main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    sweep.LAST_SUMMARY.clear()  # a launch refused before it starts leaves no summary of an earlier one
     if not argv or argv[0] in {"-h", "--help"}:
         return print_usage(sweep.USAGE, bool(argv))
     if argv[0] == "--list":

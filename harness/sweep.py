@@ -41,7 +41,9 @@ and the folder naming). Everything here is wiring around Hydra's own mechanisms:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -524,7 +526,8 @@ def finish_sweep(
         shutil.rmtree(out)
     if report and len(df):
         try:
-            code = report_mod.main([str(store_path), f"out={out}"])
+            with contextlib.redirect_stdout(io.StringIO()):  # its "wrote ..." line: the summary names the report
+                code = report_mod.main([str(store_path), f"out={out}"])
         except Exception as exc:  # the records and the store stand; say why the report did not
             code, summary.report_error = 1, f"{type(exc).__name__}: {exc}"
         if code == 0:

@@ -175,7 +175,7 @@ def test_the_store_reads_complete_jobs_only(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="harness.store"):
         df = aggregate(root)
     assert list(df["run_id"]) == ["complete"]
-    assert "left out of the store" in caplog.text and "outputs_gone" in caplog.text
+    assert "record left out (not a complete job)" in caplog.text and "outputs_gone" in caplog.text
     # a record without an outputs binding (older records, hand-made fixtures) is still read
     (root / "legacy").mkdir()
     (root / "legacy" / "record.json").write_text(json.dumps(_record("legacy")))

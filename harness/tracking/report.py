@@ -216,6 +216,12 @@ SPEEDUP_LABEL = "decode speedup over AR\n(sum AR ms/token / sum spec ms/token)"
 CATEGORY_COLOURS = tuple(c for i, c in enumerate(colormaps["tab20"].colors) if i not in (14, 15))
 
 
+def _headroom(ax) -> None:
+    """A third more room above the tallest bar (its error bar included), where the legend goes."""
+    bottom, top = ax.get_ylim()
+    ax.set_ylim(bottom, top + (top - bottom) / 3)
+
+
 def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     (section,) = spec.get("sections", ["exact"])[:1] or ["exact"]
     runs = df[df["section"] == section]
@@ -256,6 +262,7 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
     ax.set_xticks(range(len(arms)), arms)
     ax.set_xlabel(by)
     ax.set_ylabel(SPEEDUP_LABEL)
+    _headroom(ax)
     ax.legend(fontsize=8)
     ax.set_title(
         spec.get(
@@ -351,7 +358,8 @@ def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         ax.grid(alpha=0.3)
     ax_c.set_ylabel("probability (95% Wilson interval)")
     ax_n.set_yscale("symlog", linthresh=1.0)  # logarithmic above 1 round, linear to 0 (a depth no round tried)
-    ax_n.set_ylim(bottom=0)
+    # the threshold line stays inside the axes when every depth was tried by fewer rounds
+    ax_n.set_ylim(bottom=0, top=max(ax_n.get_ylim()[1], 2.0 * min_rounds))
     ax_n.axhline(min_rounds, color="0.5", linestyle=":", linewidth=1)
     ax_n.text(ax_n.get_xlim()[0], min_rounds, f" {min_rounds} rounds", va="bottom", fontsize=7, color="0.4")
     ax_n.set_ylabel("rounds (log above 1)")
@@ -592,7 +600,10 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         ar = exact["ar_time_per_token_ms"].median()
         if math.isfinite(ar):
             ax.axhline(ar, color="k", linestyle="--", linewidth=0.8)
-            ax.text(ax.get_xlim()[0], ar, f" AR {ar:.1f} ms/token (median, exact runs)", va="bottom", fontsize=7)
+            # under the line at its right end: the runs' labels sit above and to the right of their points
+            ax.text(
+                ax.get_xlim()[1], ar, f"AR {ar:.3g} ms/token (median, exact runs) ", ha="right", va="top", fontsize=7
+            )
     ax.margins(x=0.2, y=0.08)
     return _finish(
         fig,
@@ -631,6 +642,7 @@ def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(columns)), [TASK_TITLES.get(c, c) for c in columns], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel(SPEEDUP_LABEL)
+    _headroom(ax)
     ax.legend(fontsize=8)
     ax.set_title(
         spec.get("title", f"Speedup by category\n({section} runs; 95% paired-bootstrap CI over prompts)"), fontsize=10

@@ -406,7 +406,7 @@ def aggregate(records_root: str | Path) -> pd.DataFrame:
         record = load_record(path)
         problem = outputs_problem(record, path.parent)
         if problem is not None:
-            log.warning("left out of the store: %s: %s", path, problem)
+            log.warning("record left out (not a complete job): %s: %s", path, problem)
             continue
         if record["run_id"] in seen:
             raise RecordError(f"duplicate run_id {record['run_id']!r}: {seen[record['run_id']]} and {path}")
