@@ -97,6 +97,15 @@ def test_log_record_reaches_the_offline_log(run_dir):
     assert summary["acceptance_by_depth_table"]["nrows"] == depths == record["config"]["topology"]["max_depth"]
     assert summary["round_cost_table"]["nrows"] == 6
     assert summary["accepted_length_hist_table"]["nrows"] == len(record["metrics"]["accepted_length_hist"])
+    assert summary["per_prompt_table"]["nrows"] == len(record["per_prompt"])
+    from harness.tracking.wandb_tracker import PER_PROMPT_COLUMNS, per_prompt_rows
+
+    rows = per_prompt_rows(record)
+    first, p = dict(zip(PER_PROMPT_COLUMNS, rows[0], strict=True)), record["per_prompt"][0]
+    assert first["prompt_id"] == str(p["prompt_id"]) and first["spec_tokens"] == p["spec_tokens"]
+    assert first["decode_speedup"] == pytest.approx(
+        (p["ar_decode_ms"] / p["ar_tokens"]) / (p["spec_decode_ms"] / p["spec_tokens"])
+    )
 
     steps = history(records)
     rounds = [s for s in steps if "round/committed_tokens" in s]

@@ -34,7 +34,7 @@ What a run carries:
   ``depth/acceptance_few_rounds`` instead of ``depth/acceptance``), the t(n) profile
   (``t_profile/t_ms`` against ``verify_rows``);
 * **tables**: acceptance by depth (with counts and intervals), the accepted-length histogram, the
-  round-cost ledger;
+  round-cost ledger, and one row per prompt (both arms' tokens and times, its decode speedup);
 * **artifact** ``record-<run id>`` (type ``run-record``): record.json, outputs.jsonl,
   rounds.jsonl and the record's artifacts.
 
@@ -150,6 +150,50 @@ def _artifact_name(run_id: str) -> str:
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+#: the per-prompt table's columns: each prompt's figures summed over its turns, both arms
+PER_PROMPT_COLUMNS = (
+    "prompt_id",
+    "category",
+    "turns",
+    "spec_tokens",
+    "spec_decode_ms",
+    "ar_tokens",
+    "ar_decode_ms",
+    "decode_speedup",
+    "spec_prefill_ms",
+    "ar_prefill_ms",
+    "spec_rounds",
+    "cut_tokens",
+)
+
+
+def per_prompt_rows(record: Mapping[str, Any]) -> list[list[Any]]:
+    """One row per prompt of the record (:data:`PER_PROMPT_COLUMNS`); ``decode_speedup`` is the
+    prompt's AR decode ms per token over its speculative one (None where either arm made no token)."""
+    rows = []
+    for p in record["per_prompt"]:
+        spec_tok, ar_tok = p.get("spec_tokens") or 0, p.get("ar_tokens") or 0
+        spec_ms, ar_ms = p.get("spec_decode_ms"), p.get("ar_decode_ms")
+        speedup = (ar_ms / ar_tok) / (spec_ms / spec_tok) if spec_tok and ar_tok and spec_ms and ar_ms else None
+        rows.append(
+            [
+                str(p["prompt_id"]),
+                str(p.get("category")),
+                len(p.get("turns") or []) or 1,
+                spec_tok,
+                spec_ms,
+                ar_tok,
+                ar_ms,
+                speedup,
+                p.get("spec_prefill_ms"),
+                p.get("ar_prefill_ms"),
+                p.get("spec_rounds"),
+                p.get("cut_tokens"),
+            ]
+        )
+    return rows
 
 
 class NullTracker:
@@ -328,6 +372,7 @@ class Tracker:
                     columns=["stage", "ms_per_round", "share"],
                     data=[[s, cost[s], float(cost[s] or 0.0) / round_ms] for s in stages],
                 ),
+                "per_prompt_table": wandb.Table(columns=list(PER_PROMPT_COLUMNS), data=per_prompt_rows(record)),
             }
         )
 
