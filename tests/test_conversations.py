@@ -134,19 +134,39 @@ def test_left_truncation_through_a_chat_template_keeps_its_opening_and_cuts_the_
     enc = PromptEncoder(tok, chat=True, eos=frozenset({2}), limit=limit(20, TRUNCATE_LEFT))  # room 14
     full = enc.raw(question)
     opening = ids(["<s>", "<bot>", "w0", "w1", "w2", "</s>", "<user>"])
-    assert full[:7] == opening and enc.opening(question, (), full) == 7
+    assert full[:7] == opening and enc.first_text(question, (), full) == (7, 27)
     first = enc.turn(question)
     assert first.ids == opening + full[-7:] and first.cut_tokens == len(full) - 14
     assert first.ids[-1] == ids("<bot>") and tok.convert_ids_to_tokens(first.ids[7]) == "w17"
     answer = ids(["hello", "world"]) + [2]
     second = enc.turn(question, [answer])
     assert second.ids[:7] == opening and len(second.ids) == 14
-    assert second.ids[7:] == enc.raw(question, [answer])[-7:]  # the question's words went, the answer stayed
+    # more than the first question's text to cut: after the opening, the oldest rest goes too
+    assert second.ids[7:] == enc.raw(question, [answer])[-7:]
     # an opening that would take more than half the room: the first tokens go, as without a template
     tight = PromptEncoder(tok, chat=True, limit=limit(16, TRUNCATE_LEFT))  # room 10 < 2 x 7
     assert tight.turn(question).ids == full[-10:]
     # without a template (chat=false) the plain left cut
     plain = PromptEncoder(tok, chat=False, limit=limit(12, TRUNCATE_LEFT))
     single = Prompt(prompt_id="s", category="qa", text=question.turns[0])
-    assert plain.opening(single, (), plain.raw(single)) == 0
+    assert plain.first_text(single, (), plain.raw(single)) == (0, 0)
     assert plain.turn(single).ids == plain.raw(single)[-6:]
+
+
+def test_a_system_message_stays_with_the_opening_and_the_user_text_is_what_is_cut():
+    """A prompt whose messages open with a system message: emptying that one made its header alone
+    the opening, and the user's words ended up inside the system block."""
+    tok = word_chat_tokenizer()
+    tok.chat_template = "<s> <bot> w0 w1 w2 </s> " + tok.chat_template
+    words = " ".join(f"w{i}" for i in range(3, 23))
+    prompt = Prompt(
+        prompt_id="m",
+        category="chat",
+        messages=({"role": "system", "content": "w30 w31"}, {"role": "user", "content": words}),
+    )
+    enc = PromptEncoder(tok, chat=True, limit=limit(28, TRUNCATE_LEFT))  # room 22
+    full = enc.raw(prompt)
+    assert enc.first_text(prompt, (), full) == (11, 31)  # opening, system block and the user header
+    turn = enc.turn(prompt)
+    assert len(turn.ids) == 22 and turn.ids[:11] == full[:11] and turn.ids[11:] == full[21:]
+    assert tok.convert_ids_to_tokens(turn.ids[7:12]) == ["w30", "w31", "</s>", "<user>", "w13"]

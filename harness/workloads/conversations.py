@@ -14,9 +14,10 @@ Context limit. A turn's prompt plus ``generation.max_new_tokens`` plus the large
 target and of a separate draft model. ``workload.truncate`` declares what happens when it does
 not: ``false`` refuses before any model work with one line naming the prompt and the numbers (a
 conversation's later turns are bounded by counting each earlier answer at ``max_new_tokens``);
-``left`` cuts the oldest text: through a chat template, the template's opening (its system block and
-the first message's header) stays and the tokens after it go, so the model still reads a
-conversation; without one (or where the opening alone would take half the room) the first tokens go.
+``left`` cuts the oldest text: through a chat template, the template's opening (its system blocks and
+the first user message's header) stays and the start of that message's text goes, so the model still
+reads a conversation; where that text is shorter than the cut, the tokens after the opening go; without
+a template (or where the opening alone would take half the room) the first tokens go.
 The record says, per prompt and turn, how many tokens were cut.
 """
 
@@ -193,20 +194,29 @@ class PromptEncoder:
         messages.append({"role": "user", "content": prompt.turns[k]})
         return messages
 
-    def opening(self, prompt: Prompt, answers: Sequence[Sequence[int]], ids: Sequence[int]) -> int:
-        """How many of ``ids`` (turn ``len(answers) + 1``'s prompt) the chat template writes before the
-        first message's text: its system block and that message's header (0 without a template). The
-        tokens the same conversation shares with one whose first message is empty."""
+    def first_text(self, prompt: Prompt, answers: Sequence[Sequence[int]], ids: Sequence[int]) -> tuple[int, int]:
+        """Where the first non-system message's text lies in ``ids`` (turn ``len(answers) + 1``'s
+        prompt): ``(start, end)``, the template's opening (every leading system block, that message's
+        header) before ``start``; ``(0, 0)`` without a template. Found as the tokens the conversation
+        shares, at each end, with the same one whose first non-system message is empty."""
         messages = self.messages(prompt, answers)
-        if not messages:
-            return 0
-        emptied = chat_ids(self.tokenizer, [{**messages[0], "content": ""}, *messages[1:]])
-        n = 0
+        first = next((i for i, m in enumerate(messages or []) if m.get("role") != "system"), None)
+        if first is None:
+            return 0, 0
+        emptied = chat_ids(
+            self.tokenizer, [*messages[:first], {**messages[first], "content": ""}, *messages[first + 1 :]]
+        )
+        start = 0
         for a, b in zip(ids, emptied):
             if int(a) != int(b):
                 break
-            n += 1
-        return n
+            start += 1
+        end = len(ids)
+        for a, b in zip(reversed(ids), reversed(emptied)):
+            if end <= start or int(a) != int(b):
+                break
+            end -= 1
+        return start, end
 
     def answer_text(self, ids: Sequence[int]) -> str:
         """An answer as text: decoded with special tokens removed and whitespace stripped (what goes
@@ -250,9 +260,12 @@ class PromptEncoder:
         if room is None or len(ids) <= room:
             return TurnPrompt(ids, len(ids))
         if self.limit.rule == TRUNCATE_LEFT:
-            head = self.opening(prompt, answers, ids)
-            if 0 < head <= room // 2:  # the oldest text goes, the template's opening stays
-                return TurnPrompt(ids[:head] + ids[len(ids) - (room - head) :], len(ids))
+            start, end = self.first_text(prompt, answers, ids)
+            cut = len(ids) - room
+            if 0 < start <= room // 2:  # the template's opening stays
+                if cut <= end - start:  # the first message's oldest text goes, nothing around it
+                    return TurnPrompt(ids[:start] + ids[start + cut :], len(ids))
+                return TurnPrompt(ids[:start] + ids[len(ids) - (room - start) :], len(ids))  # and the oldest rest
             return TurnPrompt(ids[-room:], len(ids))
         # only reachable when an answer's text re-tokenizes longer than the tokens it was decoded from
         raise WorkloadError(self.limit.overflow(prompt, len(answers) + 1, len(ids)))
