@@ -732,3 +732,21 @@ def test_a_weight_file_holding_a_pickled_module_is_refused_in_one_short_line(tmp
     (eagle / "pytorch_model.bin").write_bytes(b"garbage")
     with pytest.raises(ArtifactError, match=r"^cannot read .*pytorch_model.bin' as a tensor file: \w+: .{1,200}$"):
         read_weights(eagle)
+
+
+def test_a_saved_embedding_is_the_target_s_up_to_rounding_or_quantisation_and_another_model_s_is_not():
+    """The embedded SmolLM2's embedding is read from a Q8_0 GGUF: a draft saving the original
+    model's embedding (or a bf16 copy of it) differs by the quantisation, not by another model."""
+    from harness.heads.published import same_embedding
+
+    gen = torch.Generator().manual_seed(0)
+    original = torch.randn(1000, 64, generator=gen) * 0.05
+    blocks = original.reshape(-1, 32)  # Q8_0: blocks of 32 values, one scale each, int8 codes
+    scale = blocks.abs().amax(dim=1, keepdim=True) / 127
+    q8 = (torch.round(blocks / scale) * scale).reshape(original.shape)
+    assert same_embedding(original.to(torch.bfloat16), q8, rows=300)[0]
+    assert same_embedding(original, original)[0] and same_embedding(original, original)[1] == 0.0
+    other = torch.randn(1000, 64, generator=gen) * 0.05
+    same, largest = same_embedding(other, q8, rows=300)
+    assert not same and largest > 0.1
+    assert not same_embedding(original + 0.01, original)[0]  # a shifted copy is no copy
