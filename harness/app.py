@@ -281,15 +281,17 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a traceback; reported below
     try:
         _entry()
-    except KeyboardInterrupt:  # a sweep cut short: its store and summary say what the folder holds now
-        if multirun:
-            sweep.close_interrupted_launches()
+    except KeyboardInterrupt as exc:  # a sweep cut short: its store and summary say what the folder holds now
+        sweep.close_unfinished_launches(exc)
         raise
     except SystemExit as exc:  # a refusal before any job (a busy folder, a Slurm launcher without a partition)
+        sweep.close_unfinished_launches(exc)
         return exc.code if isinstance(exc.code, int) else 1
     except (HydraException, OmegaConfBaseException) as exc:  # a multirun's composition error
+        sweep.close_unfinished_launches(exc)
         return report_failure(command, explain_compose_error(exc, argv), refusals=REFUSALS)
-    except Exception as exc:  # e.g. a run folder Hydra cannot create
+    except Exception as exc:  # e.g. a run folder Hydra cannot create, a launcher's worker that died
+        sweep.close_unfinished_launches(exc)
         return report_failure(command, exc, refusals=REFUSALS)
     finally:
         sys.argv = old_argv

@@ -109,8 +109,10 @@ USAGE = (
 
 #: what the last multirun launched from this process did (read by ``harness run -m`` for its exit code).
 LAST_SUMMARY: dict[str, Any] = {}
-#: the launches this process has started and not finished (an interrupt finishes them)
+#: the launches this process has started and not finished (an interrupt or a launcher's error finishes them)
 ACTIVE_LAUNCHES: list[SweepCallback] = []
+#: what ``stopped_by`` says of a launch Ctrl-C (or a scheduler's SIGINT) cut short
+INTERRUPTED = "interrupted"
 
 
 # --------------------------------------------------------------------------------------------
@@ -470,8 +472,10 @@ class SweepSummary:
     store: str | None = None
     report: str | None = None
     report_error: str | None = None
-    #: the launch was interrupted: the store holds the records the folder had then, and no report was written
+    #: the launch was cut short (``interrupted``: by Ctrl-C or a scheduler's SIGINT; ``stopped_by``: that,
+    #: or the launcher's error): the store holds the records the folder had then, and no report was written
     interrupted: bool = False
+    stopped_by: str | None = None
 
 
 def collect_statuses(sweep_dir: Path, *, launch_id: str | None) -> list[dict[str, Any]]:
@@ -489,15 +493,17 @@ def collect_statuses(sweep_dir: Path, *, launch_id: str | None) -> list[dict[str
 
 
 def finish_sweep(
-    sweep_dir: str | Path, *, launch_id: str | None = None, report: bool = True, interrupted: bool = False
+    sweep_dir: str | Path, *, launch_id: str | None = None, report: bool = True, stopped_by: str | None = None
 ) -> SweepSummary:
-    """Failure file, summary, Parquet store and report for a sweep folder (no report for an
-    ``interrupted`` launch: its store and summary say what the folder holds after the interrupt)."""
+    """Failure file, summary, Parquet store and report for a sweep folder (no report for a launch
+    ``stopped_by`` an interrupt or an error: its store and summary say what the folder holds then)."""
 
     sweep_dir = Path(sweep_dir)
     statuses = collect_statuses(sweep_dir, launch_id=launch_id)
-    summary = SweepSummary(sweep_dir=str(sweep_dir), launch_id=launch_id, interrupted=interrupted)
-    report = report and not interrupted
+    summary = SweepSummary(
+        sweep_dir=str(sweep_dir), launch_id=launch_id, interrupted=stopped_by == INTERRUPTED, stopped_by=stopped_by
+    )
+    report = report and stopped_by is None
     for s in statuses:
         getattr(summary, s.get("status", "failed")).append(s["job"])
         if s.get("same_as"):
@@ -542,6 +548,7 @@ def format_summary(summary: SweepSummary) -> str:
     lines = [
         f"sweep folder {summary.sweep_dir}: "
         + ("interrupted after " if summary.interrupted else "")
+        + (f"stopped by {summary.stopped_by} after " if summary.stopped_by and not summary.interrupted else "")
         + f"{len(summary.ran)} ran, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
     ]
     if summary.skipped:
@@ -558,10 +565,10 @@ def format_summary(summary: SweepSummary) -> str:
         lines.append(f"report: {summary.report}")
     elif summary.report_error:
         lines.append(f"report not written: {summary.report_error}")
-    elif summary.interrupted:
+    elif summary.stopped_by:
         lines.append(
-            "report not written (interrupted); launch the sweep again to finish it, "
-            f"or `harness report {summary.store}`"
+            f"report not written ({'interrupted' if summary.interrupted else 'stopped'}); launch the sweep again to "
+            f"finish it (a job a scheduler still runs holds its folder), or `harness report {summary.store}`"
         )
     return "\n".join(lines)
 
@@ -600,7 +607,8 @@ class SweepCallback(_Callback):
         except JobFolderError as exc:
             print(f"{launching_command()}: refused: the sweep folder {exc}", file=sys.stderr)
             raise SystemExit(2) from None
-        self._lock = lock
+        self._lock, self._sweep_dir = lock, sweep_dir
+        ACTIVE_LAUNCHES.append(self)  # from here a launch cut short is finished (close_unfinished_launches)
         self.launch_id = uuid.uuid4().hex[:12]
         write_json_atomic(
             sweep_dir / LAUNCH_FILE,
@@ -615,34 +623,53 @@ class SweepCallback(_Callback):
             },
         )
 
-        self._sweep_dir = sweep_dir
-        ACTIVE_LAUNCHES.append(self)
-
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._sweep_dir = Path(str(config.hydra.sweep.dir))
-        self._finish(report=self.report, interrupted=False)
+        self._finish(report=self.report)
 
-    def interrupted(self) -> None:
-        """The launch was interrupted (Ctrl-C, a scheduler's SIGINT) before Hydra's end of the
-        multirun: the store, failures file and summary are rebuilt from the records the folder holds
-        now, so none of them describes the launch before, and the earlier report is removed."""
-        self._finish(report=False, interrupted=True)
+    def cut_short(self, stopped_by: str) -> None:
+        """The launch ended before Hydra's end of the multirun (``stopped_by``: :data:`INTERRUPTED`,
+        or the launcher's error): the store, failures file and summary are rebuilt from the records
+        the folder holds now, so none of them describes the launch before, and the earlier report is
+        removed."""
+        self._finish(report=False, stopped_by=stopped_by)
 
-    def _finish(self, *, report: bool, interrupted: bool) -> None:
-        if self in ACTIVE_LAUNCHES:
-            ACTIVE_LAUNCHES.remove(self)
+    def _finish(self, *, report: bool, stopped_by: str | None = None) -> None:
         try:
-            summary = finish_sweep(self._sweep_dir, launch_id=self.launch_id, report=report, interrupted=interrupted)
-        finally:
-            if self._lock is not None:
-                self._lock.__exit__(None, None, None)
-                self._lock = None
+            summary = finish_sweep(self._sweep_dir, launch_id=self.launch_id, report=report, stopped_by=stopped_by)
+        except KeyboardInterrupt:  # during the report, say: close_unfinished_launches finishes the launch again
+            if stopped_by is not None:  # that was the second try: the folder stays as it is, unlocked
+                self._release()
+            raise
+        except BaseException:
+            self._release()
+            raise
+        self._release()
         LAST_SUMMARY.clear()
         LAST_SUMMARY.update(asdict(summary))
         print(format_summary(summary), file=sys.stderr)
 
+    def _release(self) -> None:
+        if self in ACTIVE_LAUNCHES:
+            ACTIVE_LAUNCHES.remove(self)
+        if self._lock is not None:
+            self._lock.__exit__(None, None, None)
+            self._lock = None
 
-def close_interrupted_launches() -> None:
-    """Finish every launch of this process that an interrupt cut short (:meth:`SweepCallback.interrupted`)."""
+
+def close_unfinished_launches(exc: BaseException) -> None:
+    """Finish every launch of this process that ``exc`` (an interrupt, a launcher's error) cut short
+    (:meth:`SweepCallback.cut_short`); a failure while doing so is one line on stderr, and ``exc``
+    stays the one the command reports."""
+    stopped_by = INTERRUPTED if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"[:300]
     while ACTIVE_LAUNCHES:
-        ACTIVE_LAUNCHES[-1].interrupted()
+        launch = ACTIVE_LAUNCHES[-1]
+        try:
+            launch.cut_short(stopped_by)
+        except BaseException as failure:  # noqa: BLE001 - the launch's own error is what the command reports
+            launch._release()
+            print(
+                f"{launching_command()}: the store and summary of {launch._sweep_dir} were not rebuilt "
+                f"({type(failure).__name__}: {failure}); `harness compare {launch._sweep_dir}` reads its records",
+                file=sys.stderr,
+            )

@@ -660,6 +660,36 @@ def test_an_interrupted_launch_leaves_a_store_and_summary_of_what_the_folder_hol
     assert rc == 0 and len(again["ran"]) == 1 and len(again["skipped"]) == 1 and again["interrupted"] is False
     assert (sweep_dir / "report" / "report.md").is_file()
 
+    # an interrupt while the end of the launch writes the report: the same, and the folder is let go
+    import harness.tracking.report as report_mod
+
+    def interrupted_report(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(report_mod, "main", interrupted_report)
+        with pytest.raises(KeyboardInterrupt):
+            launch(sweep_dir, *common, "generation.max_new_tokens=6")
+    summary = json.loads((sweep_dir / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["stopped_by"] == "interrupted" and len(summary["skipped"]) == 2
+    assert not (sweep_dir / "report").exists() and sweep.ACTIVE_LAUNCHES == []
+
+    # a launcher that dies (a worker killed for memory): the store and summary are rebuilt all the same
+    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+
+    def died(*args, **kwargs):
+        raise RuntimeError("A worker process managed by the executor was unexpectedly terminated")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(BasicLauncher, "launch", died)
+        rc, stopped = launch(sweep_dir, *common, "generation.max_new_tokens=5")
+    assert rc == 1 and stopped["interrupted"] is False
+    assert stopped["stopped_by"] == "RuntimeError: A worker process managed by the executor was unexpectedly terminated"
+    assert "stopped by RuntimeError: A worker process" in capsys.readouterr().err
+    assert sweep.ACTIVE_LAUNCHES == []
+    rc, last = launch(sweep_dir, *common, "generation.max_new_tokens=6")  # the folder was let go
+    assert rc == 0 and len(last["skipped"]) == 2 and (sweep_dir / "report" / "report.md").is_file()
+
 
 def test_the_same_job_under_restated_overrides_is_skipped_naming_the_folder_that_holds_it(env, capsys):
     """A default restated on the command line (seed=0) names other folders for the same jobs: they
