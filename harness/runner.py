@@ -201,24 +201,11 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None 
         compile_watch = CompileWatch().start()  # what torch.compile did in this job, when a model is compiled
         stage = "load"
         try:
-            try:
-                loaded = load(cfg, planned)
-                stage = "prepare"
-                prepared = prepare_job(cfg, planned, loaded)
-                stage = "gate"
-                gates = gate(cfg, planned, loaded, prepared)
-            except Exception as exc:
-                # refused (its input: a prompt too long, leakage) or failed before measuring: the earlier
-                # files go back; not after a failed gate, whose evidence refutes an earlier record of the round
-                if not isinstance(exc, GateError):
-                    restore_aside(
-                        planned.run_dir,
-                        aside,
-                        why="the job was refused"
-                        if isinstance(exc, (ValueError, OSError, NegotiationError, ContractError))
-                        else "the job failed before measuring",
-                    )
-                raise
+            loaded = load(cfg, planned)
+            stage = "prepare"
+            prepared = prepare_job(cfg, planned, loaded)
+            stage = "gate"
+            gates = gate(cfg, planned, loaded, prepared)
             stage = "measure"
             measured = measure(cfg, planned, loaded, prepared)
             stage = "summarise"
@@ -247,13 +234,17 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None 
         except BaseException as exc:
             host_memory.stop()  # a sampling thread, where there is one, ends with the job
             compile_watch.stop()
-            tracker.fail(stage=stage, error=exc, refused=isinstance(exc, (ValueError, OSError, *REFUSALS)))
-            if isinstance(exc, KeyboardInterrupt) and stage not in ("write", "tracking"):
-                # an interrupt before this job wrote anything refutes nothing: the earlier record stands,
-                # and its W&B run is the arm's (this attempt's offline run would upload beside it)
-                if aside is not None and (aside / RECORD_FILENAME).is_file():
-                    discard_offline_run(tracker)
-                restore_aside(planned.run_dir, aside, why="the job was interrupted")
+            refused = isinstance(exc, (ValueError, OSError, *REFUSALS))
+            tracker.fail(stage=stage, error=exc, refused=refused)
+            if stage not in ("write", "tracking") and not (stage == "gate" and isinstance(exc, GateError)):
+                # refused (a prompt too long, leakage), failed (out of memory) or interrupted before this job
+                # wrote anything: that refutes nothing, and the earlier files go back. Not after a failed
+                # gate, whose evidence refutes an earlier record of the round
+                interrupted = isinstance(exc, KeyboardInterrupt)
+                if interrupted and aside is not None and (aside / RECORD_FILENAME).is_file():
+                    discard_offline_run(tracker)  # the earlier record's W&B run is the arm's
+                why = "interrupted" if interrupted else "refused" if refused else "failed before its record was written"
+                restore_aside(planned.run_dir, aside, why=f"the job was {why}")
             raise
     return record
 

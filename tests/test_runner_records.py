@@ -429,6 +429,23 @@ def test_a_refusal_at_the_gates_puts_the_folder_s_earlier_record_back(tmp_path, 
     with pytest.raises(RuntimeError):
         run_job(compose([*base, "seed=2"]), run_dir=out)
     assert load_record(out / "record.json")["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
+    monkeypatch.undo()
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    from harness.gates.status import GateError
+
+    def out_of_memory(*args, **kwargs):  # while measuring: no more evidence against the earlier record
+        raise RuntimeError("CUDA out of memory")
+
+    def inconsistent(*args, **kwargs):  # a load-time consistency check, no gate's evidence
+        raise GateError("KV bytes per token 1 != config-derived 2")
+
+    for stage, failure in (("measure", out_of_memory), ("load", inconsistent)):
+        monkeypatch.setattr(runner, stage, failure)
+        with pytest.raises((RuntimeError, GateError)):
+            run_job(compose([*base, "seed=3"]), run_dir=out)
+        assert load_record(out / "record.json")["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
+        monkeypatch.undo()
+        monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
 
 
 def test_an_interrupted_run_puts_the_folder_s_earlier_record_back(tmp_path, monkeypatch, caplog):
