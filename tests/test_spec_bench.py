@@ -204,6 +204,16 @@ def test_the_export_notes_an_ungated_run_and_prompts_outside_spec_bench_s_catego
         "harness export: note: none of the run's categories (chat, code) is one of Spec-Bench's: its speed.py finds "
         "rows for the overall figure only"
     ) in err
+    mixed = tmp_path / "mixed"
+    shutil.copytree(root / "run", mixed)
+    record = load_record(mixed)
+    record["per_prompt"][0]["category"] = "poetry"
+    (mixed / "record.json").write_text(json.dumps(record))
+    assert cli_main(["export", "spec-bench", str(mixed), str(tmp_path / "m.jsonl")]) == 0
+    assert (
+        "harness export: note: categories poetry are not Spec-Bench's: its speed.py counts their rows in the overall "
+        "figure only"
+    ) in capsys.readouterr().err
     assert cli_main(["export", "spec-bench", "--help"]) == 0
     assert capsys.readouterr().out.startswith("usage: harness export spec-bench")
     assert cli_main(["export", "spec-bench", str(fixture), str(tmp_path / "c.jsonl"), "model_id="]) == 2

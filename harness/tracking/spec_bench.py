@@ -263,10 +263,16 @@ def export_notes(record: dict) -> list[str]:
     if record.get("exact") is False:
         notes.append("the run is heuristic (exact: false): its speculative answers may differ from the target's")
     categories = sorted({str(p["category"]) for p in record["per_prompt"]})
-    if not any(task_of(c) in TASKS for c in categories):
+    foreign = [c for c in categories if task_of(c) not in TASKS]
+    if foreign and len(foreign) == len(categories):
         notes.append(
             f"none of the run's categories ({', '.join(categories)}) is one of Spec-Bench's: its speed.py finds "
             "rows for the overall figure only"
+        )
+    elif foreign:
+        notes.append(
+            f"categories {', '.join(foreign)} are not Spec-Bench's: its speed.py counts their rows in the overall "
+            "figure only"
         )
     m = record["metrics"]
     ours, theirs = m.get("spec_bench_speedup"), m.get("spec_bench_speed_py_speedup")
