@@ -889,20 +889,26 @@ def test_published_eagle3_checkpoint_drafts_in_its_draft_vocabulary(deep_target,
     assert all(torch.equal(loaded[rename(k)], state[k].to(loaded[rename(k)].dtype)) for k in state if k != "t2d")
     if speculators:
         assert art.manifest["verifier"]["name_or_path"] == "tiny-llama-8-layers"
-    prompt = [7, 11, 19, 23, 29, 31]
+    p, rounds = greedy_dynamic_rounds(model, backend, art.draft, new=16)
+    assert p.stats.extras["hidden_misses"] == 0 and p.stats.extras["refused_reuse"] == 0
+    proposed = {int(t) for r in rounds for t in r["tree"].token_ids.tolist()}
+    assert proposed and proposed <= used  # no mass outside the draft vocabulary
+
+
+def greedy_dynamic_rounds(model, backend, draft, *, new: int, prompt=(7, 11, 19, 23, 29, 31)):
+    """A greedy decode drafted by ``draft`` on EAGLE-2's dynamic tree, checked token for token
+    against the target's own greedy decode: (the proposer, its rounds)."""
     p = EagleProposer(
         budget=DYNAMIC,
         manifest_hash="h",
         policy=GREEDY,
         model=model,
-        draft=art.draft,
+        draft=draft,
         checkpoint=target_fingerprint(model),
     )
-    res, rounds = run(backend, p, prompt=prompt, new=16)
-    assert res.tokens == autoregressive(backend, prompt, new=16)
-    assert p.stats.extras["hidden_misses"] == 0 and p.stats.extras["refused_reuse"] == 0
-    proposed = {int(t) for r in rounds for t in r["tree"].token_ids.tolist()}
-    assert proposed and proposed <= used  # no mass outside the draft vocabulary
+    res, rounds = run(backend, p, prompt=list(prompt), new=new)
+    assert res.tokens == autoregressive(backend, list(prompt), new=new)
+    return p, rounds
 
 
 def test_an_eagle3_draft_over_the_whole_vocabulary_loads_without_its_index_maps(deep_target, tmp_path):
@@ -917,16 +923,7 @@ def test_an_eagle3_draft_over_the_whole_vocabulary_loads_without_its_index_maps(
         path = write_published(tmp_path / name, config, weights, fmt="safetensors")
         art = load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
         assert art.draft.spec.draft_vocab_size == v and not bool(art.draft.d2t.any())
-        p = EagleProposer(
-            budget=DYNAMIC,
-            manifest_hash="h",
-            policy=GREEDY,
-            model=model,
-            draft=art.draft,
-            checkpoint=target_fingerprint(model),
-        )
-        res, rounds = run(backend, p, prompt=[7, 11, 19, 23, 29, 31], new=12)
-        assert res.tokens == autoregressive(backend, [7, 11, 19, 23, 29, 31], new=12)
+        _, rounds = greedy_dynamic_rounds(model, backend, art.draft, new=12)
         outputs.append([r["tree"].token_ids.tolist() for r in rounds])
     assert outputs[0] == outputs[1]
 
