@@ -23,12 +23,14 @@ arm's own answers (:class:`~harness.workloads.conversations.PromptEncoder`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import statistics
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,7 +191,7 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None 
             or aside
         )
         try:
-            tracker = open_tracker(cfg, planned)
+            tracker = open_tracker(cfg, planned, replaces=replaced_runs(aside))
         except Exception as exc:  # nothing measured yet: the folder goes back as it was
             restore_aside(planned.run_dir, aside)
             first = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -1281,9 +1283,21 @@ def axes_of(cfg: DictConfig) -> dict:
     }
 
 
-def open_tracker(cfg: DictConfig, planned: Planned) -> Tracker | NullTracker:
+def replaced_runs(aside: Path | None) -> list[str]:
+    """The run id of the earlier record a re-run moved aside (``aside``), where W&B logged it: the
+    W&B run this job's replaces."""
+    try:
+        earlier = json.loads((aside / RECORD_FILENAME).read_text(encoding="utf-8")) if aside is not None else None
+    except (OSError, ValueError):
+        return []
+    if not isinstance(earlier, dict) or not earlier.get("tracking") or not earlier.get("run_id"):
+        return []
+    return [str(earlier["run_id"])]
+
+
+def open_tracker(cfg: DictConfig, planned: Planned, *, replaces: Sequence[str] = ()) -> Tracker | NullTracker:
     """The job's W&B run (``tracking=wandb``), opened after the plan, before any model work;
-    a :class:`NullTracker` for ``tracking=none``."""
+    a :class:`NullTracker` for ``tracking=none``. ``replaces``: :func:`replaced_runs`."""
     if cfg.tracking.name == "none":
         return NullTracker()
     t = cfg.tracking
@@ -1299,6 +1313,7 @@ def open_tracker(cfg: DictConfig, planned: Planned) -> Tracker | NullTracker:
         system_metrics=bool(t.system_metrics),
         system_metrics_interval_s=float(t.system_metrics_interval_s),
         init_timeout_s=float(t.init_timeout_s),
+        replaces=replaces,
     )
 
 

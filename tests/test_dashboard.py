@@ -61,9 +61,12 @@ def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_pat
     assert [p["id"] for p in review["panels"]] == REVIEW_PANELS
     # gated exact runs apart from ungated / heuristic / CPU-budget runs and from failed or refused ones
     assert review["filter"] == (
-        "Group = 'fixture-sweep' and State = 'finished' and Tags not in ['ungated', 'heuristic', 'cpu-budget-artifact']"
+        "Group = 'fixture-sweep' and State = 'finished' and Tags not in ['ungated', 'heuristic', "
+        "'cpu-budget-artifact', 'superseded']"
     )
-    assert apart["filter"].endswith("Tags in ['ungated', 'heuristic', 'cpu-budget-artifact']")
+    assert apart["filter"].endswith(
+        "Tags in ['ungated', 'heuristic', 'cpu-budget-artifact'] and Tags not in ['superseded']"
+    )
     assert failed["filter"] == "Group = 'fixture-sweep' and State != 'finished'"
     assert "summary:failure_stage" in failed["columns"]
     # legends: the axes that differ among the fixture runs (workload and model do not), as in the report
@@ -316,3 +319,46 @@ def test_a_sweep_launched_from_a_sweep_file_is_found_under_multirun(tmp_path, ca
     assert dashboard_main(["fixture-sweep"]) == 0
     assert "legends from 1 records" in capsys.readouterr().out
     assert (tmp_path / "multirun" / "fixture-sweep" / "dashboard.json").is_file()
+
+
+class FakeRun:
+    """What mark_superseded reads and writes of a W&B API run."""
+
+    def __init__(self, run_id, state="finished", replaces=(), tags=()):
+        self.id, self.state, self.config, self.tags = run_id, state, {"replaces": list(replaces)}, list(tags)
+        self.updates = 0
+
+    def update(self):
+        self.updates += 1
+
+
+def test_a_run_a_finished_re_run_replaced_is_tagged_superseded_once():
+    """A re-run job's earlier W&B run stayed finished in the group beside the new one, and the
+    dashboard's bars averaged the arm twice; a re-run that did not finish replaced nothing."""
+    from harness.tracking.dashboard import mark_superseded
+
+    old, new = FakeRun("r1"), FakeRun("r2", replaces=["r1"])
+    kept, failed = FakeRun("r3"), FakeRun("r4", state="failed", replaces=["r3"])
+    assert mark_superseded([old, new, kept, failed]) == ["r1"]
+    assert old.tags == ["superseded"] and old.updates == 1 and kept.tags == [] and new.tags == []
+    assert mark_superseded([old, new, kept, failed]) == [] and old.updates == 1  # once
+
+
+def test_a_re_run_s_w_and_b_run_names_the_run_it_replaces(tmp_path, monkeypatch):
+    from helpers import inspect_run
+
+    import harness.runner as runner
+    from harness.config import compose
+    from harness.tracking.store import load_record
+
+    for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home" / var.lower()))
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "job"
+    base = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4", "gates.enabled=false", "tracking=wandb"]
+    first = runner.run_job(compose([*base, f"output_dir={out}"]), run_dir=out)
+    second = runner.run_job(compose([*base, f"output_dir={out}", "seed=1"]), run_dir=out)
+    info, _ = inspect_run(out, sync_dir=out / load_record(out)["tracking"]["dir"])
+    assert info["config"]["replaces"] == [first["run_id"]] and second["run_id"] != first["run_id"]
+    (aside,) = (out / ".previous").iterdir()  # the earlier run's own W&B folder went aside with its record
+    assert "replaces" not in inspect_run(aside, sync_dir=aside / first["tracking"]["dir"])[0]["config"]

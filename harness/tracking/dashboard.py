@@ -56,6 +56,8 @@ from harness.tracking.wandb_tracker import DEFAULT_PROJECT, base_url, tracking_p
 SPEC_FORMAT = "harness-dashboard/1"
 #: tags of runs kept out of the main panels (see wandb_tracker.status_tags)
 APART_TAGS: tuple[str, ...] = ("ungated", "heuristic", "cpu-budget-artifact")
+#: the tag of a run whose record a later run of the same job replaced (kept out of every panel)
+SUPERSEDED_TAG = "superseded"
 PANEL_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "parallel_coordinates")
 
 USAGE = (
@@ -228,6 +230,8 @@ def build_spec(
     split_by = [*(vary if axes_rows else []), *(f"resolved.{k}" for k in config_keys)]
     in_group = f"Group = {_quote(group)}"
     apart = "[" + ", ".join(_quote(t) for t in APART_TAGS) + "]"
+    out = "[" + ", ".join(_quote(t) for t in (*APART_TAGS, SUPERSEDED_TAG)) + "]"
+    current = f"Tags not in [{_quote(SUPERSEDED_TAG)}]"
     return {
         "format": SPEC_FORMAT,
         "title": f"Design review: {group}",
@@ -235,7 +239,8 @@ def build_spec(
             f"Runs of W&B group {group!r} (project {project!r}), named by arm "
             "(<proposer>-<topology>-<verifier>-T<temperature>-B<batch>-<workload>). Acceptance by depth carries "
             f"95% Wilson bounds; depths tried by fewer than {min_rounds} rounds are logged apart "
-            "(depth/acceptance_few_rounds). Gated exact runs only in the first section."
+            "(depth/acceptance_few_rounds). Gated exact runs only in the first section; a run whose record a "
+            "later run of the same job replaced is tagged superseded when the dashboard is published, and left out."
         ),
         "project": project,
         "entity": entity,
@@ -246,13 +251,13 @@ def build_spec(
             {
                 "id": "review",
                 "title": "Gated exact runs",
-                "filter": f"{in_group} and State = 'finished' and Tags not in {apart}",
+                "filter": f"{in_group} and State = 'finished' and Tags not in {out}",
                 "panels": review_panels(legend=legend, min_rounds=min_rounds, split_by=split_by),
             },
             {
                 "id": "apart",
                 "title": "Kept apart: ungated, heuristic (exact: false) and CPU-budget-artifact runs",
-                "filter": f"{in_group} and State = 'finished' and Tags in {apart}",
+                "filter": f"{in_group} and State = 'finished' and Tags in {apart} and {current}",
                 "panels": [
                     p
                     for p in review_panels(legend=legend, min_rounds=min_rounds, split_by=split_by)
@@ -361,13 +366,35 @@ def report_blocks(spec: Mapping[str, Any], wr: Any) -> list[Any]:
     return blocks
 
 
+def mark_superseded(runs: Sequence[Any]) -> list[str]:
+    """Tag :data:`SUPERSEDED_TAG` each of ``runs`` (W&B API runs of one group) that a finished run
+    of them replaces (its config ``replaces``: a re-run job's earlier record); returns their ids.
+    A replacing run that did not finish (interrupted, refused) left the earlier record in place,
+    so it supersedes nothing."""
+    replaced = {str(r) for run in runs if run.state == "finished" for r in (run.config.get("replaces") or [])}
+    marked = []
+    for run in runs:
+        if run.id in replaced and SUPERSEDED_TAG not in (run.tags or []):
+            run.tags = [*(run.tags or []), SUPERSEDED_TAG]
+            run.update()
+            marked.append(run.id)
+    return marked
+
+
 def publish(spec: Mapping[str, Any], *, entity: str | None = None) -> str:
-    """Save the specification as a W&B report; returns its URL (needs `wandb login`)."""
+    """Tag the group's superseded runs (:func:`mark_superseded`), then save the specification as a
+    W&B report; returns its URL (needs `wandb login`)."""
+    import wandb
     import wandb_workspaces.reports.v2 as wr  # imported on use: about 5 s at import
 
     spec = dict(spec)
     if entity:
         spec["entity"] = entity
+    api = wandb.Api()
+    where = f"{spec.get('entity') or api.default_entity}/{spec['project']}"
+    marked = mark_superseded(list(api.runs(where, filters={"group": spec["group"]})))
+    if marked:
+        print(f"tagged {len(marked)} run(s) superseded by a later run of the same job: {', '.join(marked)}")
     kwargs = {"entity": spec["entity"]} if spec.get("entity") else {}
     report = wr.Report(
         project=spec["project"],

@@ -51,7 +51,7 @@ import re
 import shutil
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -550,8 +550,13 @@ def open_run(
     system_metrics: bool = True,
     system_metrics_interval_s: float = 5.0,
     init_timeout_s: float = 90.0,
+    replaces: Sequence[str] = (),
 ) -> Tracker:
     """Start one W&B run for a job.
+
+    ``replaces``: the W&B run ids of the earlier records this job's record replaces in its folder
+    (config ``replaces``): publishing the dashboard tags those runs ``superseded`` once this run has
+    finished (:func:`~harness.tracking.dashboard.mark_superseded`), so no panel counts an arm twice.
 
     ``record_or_config``: a finished record (its axes, run id, sweep and experiment are used) or
     the resolved run config (dict or OmegaConf) with ``axes`` and ``run_id`` given. ``group``
@@ -595,7 +600,10 @@ def open_run(
             tags=tags,
             name=name,
             id=_ID_CHARS.sub("_", run_id) if run_id else None,
-            config=run_config(config, axes, experiment=experiment, sweep=sweep),
+            config={
+                **run_config(config, axes, experiment=experiment, sweep=sweep),
+                **({"replaces": [_ID_CHARS.sub("_", r) for r in replaces]} if replaces else {}),
+            },
             dir=str(run_dir),
             mode=run_mode,
             reinit="create_new",
