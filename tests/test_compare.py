@@ -612,3 +612,25 @@ def test_one_prompt_with_two_categories_in_one_arm_is_refused_naming_the_runs_an
         "prompt 'p1' (one text) carries different categories in the runs one arm pools ('qa' in run run-one, "
         "'summarization' in run run-two; 1 such prompt(s)): compare those runs apart (by= an axis"
     )
+
+
+def test_a_batched_run_changes_only_the_intervals_of_the_categories_it_holds():
+    """One batch-2 run of code prompts made the arm resample by batch in every category: its chat
+    rows (from runs of one request at a time) got another interval, and its vs-baseline cells none."""
+    chat = [("c1", "chat", 10, 10, 20, 10), ("c2", "chat", 14, 10, 20, 10), ("c3", "chat", 9, 10, 30, 10)]
+    code = [("k1", "code", 10, 10, 20, 10), ("k2", "code", 12, 10, 20, 10)]
+    runs = {"r1": {"proposer": "a", "prompts": chat}, "r2": {"proposer": "a", "prompts": chat}}
+    runs["b1"] = {"proposer": "b", "prompts": chat}
+    alone = compare(_toy(runs), baseline="b", n_resamples=300)
+    df = _toy({**runs, "r3": {"proposer": "a", "prompts": code}})
+    df.loc[df["run_id"] == "r3", "batch_size"] = 2
+    prompts = json.loads(df.loc[df["run_id"] == "r3", "per_prompt"].item())
+    for p in prompts:
+        p["batch_index"] = 0  # both code prompts in one batch
+    df.loc[df["run_id"] == "r3", "per_prompt"] = json.dumps(prompts)
+    mixed = compare(df, baseline="b", n_resamples=300)
+    assert _row(mixed, "a", "chat").speedup == _row(alone, "a", "chat").speedup
+    assert _row(mixed, "a", "chat").vs_baseline == _row(alone, "a", "chat").vs_baseline
+    assert _row(mixed, "a", "chat").vs_baseline.ci_low is not None
+    # the code category is one batch: one unit, no interval
+    assert _row(mixed, "a", "code").speedup.ci_low is None

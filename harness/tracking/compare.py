@@ -248,11 +248,18 @@ def prompt_key(run: pd.Series, p: Mapping[str, Any], *, by_fingerprint: bool = T
     return f"{pid}@{source}" if source else pid
 
 
-def _batch_unit(run: pd.Series, p: Mapping[str, Any]) -> str:
-    """The unit a run's requests share time in: its batch (records before batches: the prompt)."""
-    if p.get("batch_index") is not None:
+def _batch_unit(run: pd.Series, p: Mapping[str, Any], prompt: str) -> str:
+    """The unit a run's requests share time in: its batch at batch > 1; else ``prompt`` (the
+    prompt's pairing key), so that a prompt's rows from runs of one request at a time are one unit,
+    as they are where no run of the arm batched."""
+    if p.get("batch_index") is not None and _run_batch_size(run) > 1:
         return f"{run['run_id']}/batch {p['batch_index']}"
-    return f"{run['run_id']}/{p['prompt_id']}"
+    return prompt
+
+
+def _run_batch_size(run: pd.Series) -> int:
+    value = run.get("batch_size")
+    return 1 if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
 
 
 def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -263,9 +270,10 @@ def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
             "run_id": run["run_id"],
             "section": run["section"],
             **{a: run[a] for a in AXES},
-            "prompt_id": prompt_key(run, p, by_fingerprint=by_fingerprint),
+            "prompt_id": (key := prompt_key(run, p, by_fingerprint=by_fingerprint)),
             "raw_prompt_id": str(p["prompt_id"]),
-            "batch_unit": _batch_unit(run, p),
+            "batch_unit": _batch_unit(run, p, key),
+            "batched": _run_batch_size(run) > 1,
             "category": str(p["category"]),
             "truncated": bool(p.get("cut_tokens") or p.get("ar_cut_tokens")),  # absent in older records: none
             **{c: float(p[c]) for c in _PROMPT_COLUMNS},
@@ -280,6 +288,7 @@ def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
         "prompt_id",
         "raw_prompt_id",
         "batch_unit",
+        "batched",
         "category",
         "truncated",
         *_PROMPT_COLUMNS,
@@ -609,7 +618,6 @@ def compare(
         arm_runs[key] = group
         arm_long[key] = long[long["run_id"].isin(group["run_id"])]
         arms[key] = _arm_prompts(arm_long[key])
-    batched = {key: max(_batch_sizes(group) or (1,)) > 1 for key, group in arm_runs.items()}
 
     base_key: dict[str, tuple[str, str] | None] = {}
     if baseline is not None:
@@ -639,11 +647,12 @@ def compare(
                 # a category's row counts the runs that hold its prompts, and their outliers only
                 cat_long = arm_long[key] if cat == ALL else arm_long[key][arm_long[key]["category"] == cat]
                 cat_runs = arm_runs[key][arm_runs[key]["run_id"].isin(cat_long["run_id"])]
-                # the resampling unit: a prompt, or for batched runs a batch, whose requests share its time
+                # the resampling unit: a prompt, or for a batched run's rows a batch, whose requests share
+                # its time (a category no batched run holds is resampled by prompt alone)
                 units = p
-                if batched[key]:
-                    rows = arm_long[key] if cat == ALL else arm_long[key][arm_long[key]["category"] == cat]
-                    units = _summed(rows, "batch_unit")
+                cat_batched = bool(cat_long["batched"].any())
+                if cat_batched:
+                    units = _summed(cat_long, "batch_unit")
                 tpt = paired_bootstrap((units["spec_decode_ms"], units["spec_tokens"]), ratio_of_sums, **boot)
                 speed = decode_speedup(units, boot)
                 vs, n_pairs, differs = None, 0, {}
@@ -661,7 +670,8 @@ def compare(
                             speedup_statistic,
                             **boot,
                         )
-                        if batched[key] or batched[bk]:  # prompts paired across batches are not independent
+                        base_long = arm_long[bk] if cat == ALL else arm_long[bk][arm_long[bk]["category"] == cat]
+                        if cat_batched or bool(base_long["batched"].any()):  # pairs across batches: not independent
                             vs = Estimate(vs.value)
                 out.append(
                     ArmRow(
@@ -721,9 +731,9 @@ def leaderboard_prompts(runs: pd.DataFrame) -> pd.DataFrame:
     rows = [
         {
             "run_id": run["run_id"],
-            "prompt_id": prompt_key(run, p, by_fingerprint=by_fingerprint),
+            "prompt_id": (key := prompt_key(run, p, by_fingerprint=by_fingerprint)),
             "raw_prompt_id": str(p["prompt_id"]),
-            "batch_unit": _batch_unit(run, p),
+            "batch_unit": _batch_unit(run, p, key),
             "task": task_of(str(p["category"])),
             **{c: float(p[c]) if p.get(c) is not None else np.nan for c in _LEADER_COLUMNS},
         }
