@@ -210,6 +210,8 @@ def test_main_prints_sections_and_writes_json(tmp_path, capsys):
     draft = [r for r in payload["sections"]["exact"] if r["arm"] == "draft_model" and r["category"] == ALL][0]
     assert draft["run_ids"] == sorted(fixture_run_id(n) for n in (3, 4, 5))
     assert draft["vs_baseline"]["ci_low"] <= draft["vs_baseline"]["value"] <= draft["vs_baseline"]["ci_high"]
+    # the decode speedup under its own name (a record's "speedup" is end to end), end to end beside it
+    assert "speedup" not in draft and {"decode_speedup", "end_to_end_speedup"} <= set(draft)
     # records folder and store give the same numbers
     rc = main(
         [

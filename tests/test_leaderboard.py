@@ -98,7 +98,7 @@ def test_compare_prints_the_leaderboard_and_writes_it_to_json(root, tmp_path, ca
     board = json.loads(out.read_text())["leaderboard"]
     assert board["columns"] == ["mt_bench", "qa", "overall"]
     assert [r["arm"] for r in board["rows"]] == ["prompt_lookup", "rest"]
-    assert board["rows"][0]["cells"]["qa"]["speedup"]["value"] == pytest.approx(1.5)
+    assert board["rows"][0]["cells"]["qa"]["decode_speedup"]["value"] == pytest.approx(1.5)
     assert main([str(root), "resamples=200", "leaderboard=false"]) == 0
     assert "leaderboard" not in capsys.readouterr().out
 
