@@ -495,3 +495,15 @@ def test_markdown_tables_escape_pipes_in_the_header_too():
     table = md_table(["proposer", "a|b"], [["x", "c|d"]])
     assert table.splitlines()[0] == "| proposer | a\\|b |"
     assert table.splitlines()[2] == "| x | c\\|d |"
+
+
+def test_no_two_runs_share_a_colour_in_the_per_run_plots():
+    """Past ten runs the colour cycle repeated: runs 1 and 11 were drawn alike in the acceptance and
+    accepted-length plots."""
+    from matplotlib.colors import to_rgba
+
+    from harness.tracking.report import run_colour
+
+    for n in (3, 14, 30):
+        colours = {to_rgba(run_colour(k, n)) for k in range(n)}
+        assert len(colours) == n

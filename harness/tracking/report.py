@@ -216,6 +216,19 @@ SPEEDUP_LABEL = "decode speedup over AR\n(sum AR ms/token / sum spec ms/token)"
 CATEGORY_COLOURS = tuple(c for i, c in enumerate(colormaps["tab20"].colors) if i not in (14, 15))
 
 
+def run_colour(k: int, n: int) -> Any:
+    """The colour of run ``k`` of ``n`` in a plot with a line per run (its line style says its
+    section): matplotlib's ten-colour cycle, twenty colours up to twenty runs, and beyond that
+    ``n`` colours spread over a continuous map, so no two runs share one."""
+    import matplotlib
+
+    if n <= 10:
+        return f"C{k}"
+    if n <= 20:
+        return matplotlib.colormaps["tab20"](k)
+    return matplotlib.colormaps["turbo"](k / (n - 1))
+
+
 def _headroom(ax) -> None:
     """A third more room above the tallest bar (its error bar included), where the legend goes."""
     bottom, top = ax.get_ylim()
@@ -305,7 +318,7 @@ def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         if not rows:
             continue
         st = SECTION_STYLE[r["section"]]
-        color = f"C{k % 10}"
+        color = run_colour(k, len(runs))
         if rows[0]["tried"] is None:
             uncounted.append(labels[r["run_id"]])
         for ax, key in ((ax_c, "acceptance"), (ax_r, "reach")):
@@ -378,7 +391,7 @@ def plot_accepted_length_hist(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot
     labels = run_labels(runs)
     fig = _new_figure(9, 4.5)
     ax = fig.add_subplot()
-    for (_, r), hist in zip(runs.iterrows(), json_column(runs, "accepted_length_hist"), strict=True):
+    for k, ((_, r), hist) in enumerate(zip(runs.iterrows(), json_column(runs, "accepted_length_hist"), strict=True)):
         hist = hist or []
         total = sum(hist)
         if not total:
@@ -387,6 +400,7 @@ def plot_accepted_length_hist(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot
         ax.plot(
             range(len(hist)),
             [h / total for h in hist],
+            color=run_colour(k, len(runs)),
             marker=st["marker"],
             linestyle=st["linestyle"],
             label=f"{labels[r['run_id']]} (n={total} rounds)",
