@@ -54,8 +54,7 @@ from harness.runner import (
     load_models,
     plan_job,
     run_job,
-    timing_outlier_note,
-    truncation_note,
+    run_notes,
 )
 from harness.tracking import dashboard
 from harness.tracking.job_folder import LOCK_FILENAME, JobFolderError, job_lock
@@ -267,11 +266,8 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
                 indent=2,
             )
         )
-        if m.get("timing_outliers"):
-            print(f"harness {command}: note: {timing_outlier_note(m['timing_outliers'])}", file=sys.stderr)
-        cut = truncation_note(m.get("context") or {}, len(record["per_prompt"]))
-        if cut:
-            print(f"harness {command}: note: {cut}", file=sys.stderr)
+        for note in run_notes(record):
+            print(f"harness {command}: note: {note}", file=sys.stderr)
         return {"record": str(run_dir / "record.json")}  # a finished run (its Hydra folder is kept)
 
     multirun = any(a in {"-m", "--multirun"} or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)

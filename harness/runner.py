@@ -1220,6 +1220,15 @@ def speed_py_speedup(per_prompt: list[dict]) -> float | None:
     return (sum(rates["spec"]) / len(rates["spec"])) / (sum(rates["ar"]) / len(rates["ar"]))
 
 
+def run_notes(record: dict) -> list[str]:
+    """What a finished run says on stderr about its figures: prompts timed through a stall
+    (:func:`timing_outlier_note`) and prompts the context limit cut (:func:`truncation_note`)."""
+    m = record["metrics"]
+    notes = [timing_outlier_note(m["timing_outliers"])] if m.get("timing_outliers") else []
+    cut = truncation_note(m.get("context") or {}, len(record["per_prompt"]))
+    return notes + ([cut] if cut else [])
+
+
 def truncation_note(context: dict, n_prompts: int) -> str | None:
     """One line saying how many prompts ``workload.truncate=left`` cut (a record's
     ``metrics.context``), for the console; None when it cut none."""

@@ -64,7 +64,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from harness.gates.status import GateError
 from harness.manifest import job_manifest, manifest_hash
-from harness.runner import run_job, track
+from harness.runner import run_job, run_notes, track
 from harness.target.loading import cache_root
 from harness.tracking import report as report_mod
 from harness.tracking.job_folder import (
@@ -407,6 +407,8 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
         record = run_job(cfg, run_dir=run_dir, aside=aside)  # logs to W&B itself with tracking=wandb
         status["manifest_hash"] = record["manifest_hash"]
         status.update(status="ran", record=str(run_dir / RECORD_FILENAME), speedup=record["metrics"].get("speedup"))
+        for note in run_notes(record):  # as a single run says them, naming the job
+            print(f"{launching_command()}: note: job {job}: {note}", file=sys.stderr)
     except Exception as exc:  # a failing job must not stop the sweep; it is reported, not hidden
         if stage == "setup":  # no manifest to check earlier files against: they are not this job's
             state = inspect_job(run_dir)

@@ -1130,3 +1130,20 @@ def test_a_joblib_width_above_concurrent_jobs_is_noted():
     assert launcher_width_note(["-m", "hydra.launcher.n_jobs=2", "concurrent_jobs=2"]) is None
     assert launcher_width_note(["-m", "hydra.launcher.n_jobs=2", "hydra.sweeper.max_batch_size=2"]) is None
     assert launcher_width_note(["-m", "seed=0,1"]) is None
+
+
+def test_a_sweep_job_says_what_a_single_run_says_of_its_figures(env, capsys):
+    """A multirun printed none of the notes a single run prints (prompts cut to fit, timing
+    outliers): they are said per job, naming it."""
+    sweep_dir = env / "multirun" / "smoke"
+    common = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
+    cut = [
+        "model.tiny.max_position_embeddings=64",
+        "workload.truncate=left",
+        "hydra.callbacks.harness_sweep.report=false",
+    ]
+    rc, summary = launch(sweep_dir, *common, *cut)
+    assert rc == 0
+    (job,) = summary["ran"]
+    err = capsys.readouterr().err
+    assert f"harness sweep: note: job {job}: 1 of 1 prompts had their oldest text cut to fit " in err
