@@ -35,7 +35,7 @@ categories merged into ``mt_bench``; any other category as its own column) plus 
 cell holds the speedup above and the mean accepted tokens per round with the bonus/correction
 token counted (``sum(spec_tokens) / sum(spec_rounds)``, as Spec-Bench's "#Mean Accepted Tokens"
 and vLLM's mean acceptance length count it: 1.00 for plain decoding), each with its CI, and
-Spec-Bench's own speedup statistic (a ratio of per-prompt means, wall time with prefill) as a
+Spec-Bench's speedup statistic (a ratio of per-prompt means, wall time with prefill, the tokens generated) as a
 point value.
 
 Confidence intervals: ``scipy.stats.bootstrap`` with ``paired=True``, resampling prompts (every
@@ -839,7 +839,10 @@ def format_leaderboard(columns: Sequence[str], rows: Sequence[LeaderRow], *, by:
         )
         lines += _aligned([header, ["-" * w for w in widths], *body], widths)
         if any(cell != "-" for b in sb for cell in b[1:]):
-            lines.append("Spec-Bench's own statistic (mean per-prompt tokens/s over AR's; wall time with prefill):")
+            lines.append(
+                "Spec-Bench's statistic (mean per-prompt tokens/s over AR's, wall time with prefill, the tokens each "
+                "arm generated; speed.py itself recounts AR's from text: each record's spec_bench_speed_py_speedup):"
+            )
             lines += _aligned(sb, widths)
         lines.append("")
     return "\n".join(lines)

@@ -798,8 +798,11 @@ def _leaderboard_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
         ]
         if any(v is not None for row in sb for v in row[1:]):
             out += [
-                "Spec-Bench's own speedup statistic (its evaluation/speed.py: mean per-prompt tokens/s over the "
-                "baseline's, wall time with prefill; a ratio of means):",
+                "Spec-Bench's speedup statistic (the formula of its evaluation/speed.py: mean per-prompt tokens/s "
+                "over the baseline's, wall time with prefill; a ratio of means), with the tokens each arm generated. "
+                "speed.py itself recounts the baseline's tokens from its answer text, minus one for a BOS: what it "
+                "prints for a run's exported files is the record's `spec_bench_speed_py_speedup`, and `harness "
+                "export spec-bench` names both when they differ:",
                 "",
                 md_table([by, *titles], sb),
                 "",
