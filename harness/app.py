@@ -590,7 +590,10 @@ def dashboard_groups() -> dict[str, Path]:
     for path in sorted(experiments.rglob("*.yaml")):
         name = path.relative_to(experiments).with_suffix("").as_posix()
         groups.setdefault(name, Path("outputs") / name)
-    groups.setdefault("adhoc", Path("outputs") / "adhoc")  # single runs outside any experiment
+    # single runs outside any experiment (outputs/adhoc) and multiruns without a sweep name
+    # (multirun/adhoc/<time>): both are W&B group adhoc
+    adhoc = [p for p in (Path("outputs") / "adhoc", Path("multirun") / "adhoc") if p.is_dir()]
+    groups.setdefault("adhoc", Path(".") if len(adhoc) == 2 else adhoc[0] if adhoc else Path("outputs") / "adhoc")
     sweeps = Path("multirun")  # sweeps launched from a sweep file kept anywhere land here too
     if sweeps.is_dir():
         for folder in sorted(p for p in sweeps.iterdir() if p.is_dir()):

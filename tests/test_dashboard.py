@@ -362,3 +362,31 @@ def test_a_re_run_s_w_and_b_run_names_the_run_it_replaces(tmp_path, monkeypatch)
     assert info["config"]["replaces"] == [first["run_id"]] and second["run_id"] != first["run_id"]
     (aside,) = (out / ".previous").iterdir()  # the earlier run's own W&B folder went aside with its record
     assert "replaces" not in inspect_run(aside, sync_dir=aside / first["tracking"]["dir"])[0]["config"]
+
+
+def test_a_folder_of_records_names_its_group_and_unnamed_multiruns_are_found_as_adhoc(tmp_path, monkeypatch, capsys):
+    """`harness dashboard multirun/x` was refused (a folder is no group name), and `harness dashboard
+    adhoc` looked in outputs/adhoc only, while `harness run -m` without a sweep writes to
+    multirun/adhoc/<time>/ (group adhoc)."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "multirun" / "mine"
+    shutil.copytree(FIXTURES, folder)
+    assert dashboard_main([str(folder), "out=a.json"]) == 0
+    assert json.loads((tmp_path / "a.json").read_text())["group"] == "fixture-sweep"
+    assert "legends from 11 records" in capsys.readouterr().out
+    mixed = tmp_path / "mixed"
+    shutil.copytree(FIXTURE_RUNS[0], mixed / "one")
+    record = load_record(mixed / "one")
+    record["sweep"] = "other"
+    (mixed / "one" / "record.json").write_text(json.dumps(record))
+    shutil.copytree(FIXTURE_RUNS[1], mixed / "two")
+    assert dashboard_main([str(mixed)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"harness dashboard: refused: {mixed} holds records of 2 W&B groups (fixture-sweep, other); name the group "
+        f"and give the folder as records={mixed}"
+    )
+    assert str(dashboard_groups()["adhoc"]) == "outputs/adhoc"  # where single runs will land
+    (tmp_path / "multirun" / "adhoc" / "2026-12-05_05-15-00").mkdir(parents=True)
+    assert str(dashboard_groups()["adhoc"]) == "multirun/adhoc"
+    (tmp_path / "outputs" / "adhoc").mkdir(parents=True)
+    assert str(dashboard_groups()["adhoc"]) == "."  # both: the records of either, by their group

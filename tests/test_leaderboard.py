@@ -136,7 +136,10 @@ def test_report_has_the_leaderboard_and_the_speedup_by_category_plot(root, tmp_p
     md = path.read_text()
     assert "## Leaderboard (Spec-Bench shape)" in md
     assert "| proposer | Multi-turn Conversation | Question Answering | Overall |" in md
-    assert "| prompt_lookup | 2.000x [" in md and "Spec-Bench's speedup statistic (the formula of its evaluation/speed.py" in md
+    assert (
+        "| prompt_lookup | 2.000x [" in md
+        and "Spec-Bench's speedup statistic (the formula of its evaluation/speed.py" in md
+    )
     assert "Prompts: Multi-turn Conversation 2, Question Answering 2, Overall 4." in md
     png = tmp_path / "rep" / "09_speedup_by_category.png"
     assert png.is_file() and f"]({png.name})" in md

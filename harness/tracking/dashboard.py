@@ -508,6 +508,15 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
                 "(harness dashboard --help shows the usage)"
             )
         group = positionals[0]
+        if group not in known and "records" not in opts and Path(group).is_dir():  # a folder of records
+            opts["records"] = group
+            found = group_axes(Path(group), "")[1]
+            if len(found) != 1:
+                raise ValueError(
+                    f"{group} holds records of {len(found)} W&B groups ({', '.join(found) or 'none'}); name the group "
+                    f"and give the folder as records={group}"
+                )
+            group = found[0]
         mode = opts.get("mode", "offline")
         if mode not in {"offline", "online"}:
             raise ValueError(f"mode must be offline or online; got {mode!r}")
