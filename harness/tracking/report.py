@@ -209,7 +209,7 @@ def _finish(
 
 
 #: the y label of the plots of the decode speedup (the leaderboard's and compare's statistic)
-SPEEDUP_LABEL = "decode speedup over AR\n(sum AR ms/token / sum spec ms/token)"
+SPEEDUP_LABEL = "decode speedup over AR\n(AR ms / AR tokens) / (spec ms / spec tokens),\neach summed over prompts"
 
 
 #: the categories' bar colours: matplotlib's tab20 without its greys (the ``all`` bars are grey, hatched)
@@ -623,7 +623,7 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         fig,
         ax,
         spec,
-        "Frontier: time per committed token vs mean committed per round",
+        "Frontier: time per committed token vs mean committed tokens per round",
         xlabel="mean committed tokens per round (bonus token included)",
         ylabel="time per committed token (ms)",
     )
