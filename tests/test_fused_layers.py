@@ -543,3 +543,22 @@ def test_a_fused_layer_reads_its_weights_panels_again_when_a_weight_changes_or_i
     assert _parameters(layer)[0][8].eq(3).all()
     options.apply_linear_kernel(model, "streaming")  # another kernel: the weights as they are, no copies kept
     assert _parameters(layer)[0][1].dim() == 2 and "_harness_panel_weights" not in layer.__dict__
+
+
+def test_a_checkpoint_s_own_class_named_like_llama_s_layer_runs_its_own_forward():
+    """Remote code that subclassed the layer under the same name, with another forward, was fused
+    by its name: both arms ran the native Llama layer, every gate passed, and the tokens were not
+    the model's."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer as Transformers
+
+    class LlamaDecoderLayer(Transformers):  # what a checkpoint's modeling file may define
+        def forward(self, hidden_states, *args, **kwargs):
+            return super().forward(hidden_states, *args, **kwargs) * 3
+
+    model = build_tiny_model(seed=0)
+    layers = decoder_layers(model)
+    assert all(fusable(layer) is None for layer in layers)
+    layers[0].__class__ = LlamaDecoderLayer
+    assert fusable(layers[0]).endswith("is not transformers' own LlamaDecoderLayer (the checkpoint's code defines it)")
+    assert apply_fused_layers(model, True) == len(layers) - 1
+    assert fused_layers_of(model) == len(layers) - 1 and not fused_stack_of(model)

@@ -82,12 +82,30 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(getattr(inner, "layers", None) or [])
 
 
+def _transformers_llama(name: str) -> type | None:
+    """transformers' own Llama class ``name`` (a class of that name from a checkpoint's remote code
+    is another class: it may compute anything)."""
+    from transformers.models.llama import modeling_llama
+
+    return getattr(modeling_llama, name, None)
+
+
+def is_transformers_class(obj: object, names: tuple[str, ...]) -> bool:
+    """Whether ``obj`` is an instance of exactly one of transformers' Llama classes ``names`` (not a
+    subclass, not a remote-code class that borrows the name)."""
+    return any(type(obj) is _transformers_llama(n) for n in names)
+
+
 def fusable(layer: torch.nn.Module) -> str | None:
     """Why ``layer`` cannot run as a native layer (one line), or None."""
     name = type(layer).__name__
     if name not in FUSABLE_CLASSES:
         return f"{name} is not one of {list(FUSABLE_CLASSES)}"
+    if not is_transformers_class(layer, FUSABLE_CLASSES):
+        return f"{type(layer).__module__}.{name} is not transformers' own {name} (the checkpoint's code defines it)"
     attn, mlp = layer.self_attn, layer.mlp
+    if not (is_transformers_class(attn, ("LlamaAttention",)) and is_transformers_class(mlp, ("LlamaMLP",))):
+        return "attention or MLP modules other than transformers' LlamaAttention and LlamaMLP"
     config = attn.config
     if getattr(config, "hidden_act", None) != "silu":
         return f"hidden_act={config.hidden_act!r} (the native layer computes SiLU)"
@@ -374,7 +392,7 @@ def stack_logits(
     base = getattr(model, "model", None)
     if (
         base is None
-        or type(model).__name__ not in FUSABLE_CAUSAL_LMS
+        or not is_transformers_class(model, FUSABLE_CAUSAL_LMS)
         or "_harness_fused_stack" not in base.__dict__
         or type(model).forward is not base.__dict__.get(_LM_FORWARD)  # the class's forward patched since
         or "forward" in model.__dict__
@@ -420,7 +438,7 @@ def apply_fused_layers(model: torch.nn.Module, enabled: bool, *, stack: bool = T
             layer._harness_fused = True
             layer.forward = functools.partial(_fused_forward, layer, layer.forward)
             count += 1
-    if stack and count and count == len(layers) and type(base).__name__ in FUSABLE_MODELS:
+    if stack and count and count == len(layers) and is_transformers_class(base, FUSABLE_MODELS):
         base._harness_fused_stack = True
         base.forward = functools.partial(_stack_forward, base, base.forward)
         base.__dict__[_LM_FORWARD] = type(model).forward
