@@ -541,3 +541,16 @@ def test_a_derived_draft_deeper_than_the_target_offers_a_depth_that_fits(tmp_pat
     message = str(err.value)
     assert message.startswith("proposer.model.num_layers must be in [1, 2] for this 2-layer target; got 6")
     assert message.endswith("try proposer.model.num_layers=1")
+
+
+def test_a_checkpoint_folder_given_as_a_home_path_loads(tmp_path, monkeypatch):
+    """``model.name_or_path="~/ckpt"`` passed the path checks (they expand ``~``) and then went to
+    transformers as written, which read it as a malformed hub id."""
+    from checkpoint_fixtures import tiny_checkpoint
+
+    from harness.target.loading import load_model
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    tiny_checkpoint(tmp_path / "ckpt")
+    loaded = load_model(name="hf", name_or_path="~/ckpt")
+    assert loaded.model.config.vocab_size > 0

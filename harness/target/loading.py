@@ -117,11 +117,13 @@ def from_pretrained(loader, source, *, key: str | None = None, **kwargs):
     :class:`CheckpointError` naming the source (and the option ``key`` that gave it; the cause
     stays chained). A hub id while the hub cannot be reached is read from the local cache only."""
     offline = None
-    if not Path(str(source)).expanduser().exists() and looks_like_hub_id(str(source)):
+    where = f"{key}={source}" if key else f"checkpoint {str(source)!r}"
+    if Path(str(source)).expanduser().exists():  # a folder given as ~/...: transformers reads it as a hub id
+        source = str(Path(str(source)).expanduser())
+    elif looks_like_hub_id(str(source)):
         offline = hub_unreachable()
         if offline is not None:
             kwargs.setdefault("local_files_only", True)
-    where = f"{key}={source}" if key else f"checkpoint {str(source)!r}"
     what = loader.__name__.removeprefix("Auto")
     report = _LoadReportCapture()
     try:
