@@ -576,8 +576,20 @@ def _keyed(problem: str, key: str) -> str:
     return re.sub(r"(?<![\w.])model\.", f"{key}.", problem)
 
 
+#: the attention implementations a candidate tree's mask reaches (a boolean or additive mask per
+#: query row); flash and flex kernels take none, or another kind, and gave wrong results or crashed
+TREE_ATTENTION = ("sdpa", "harness_sdpa", "eager")
+
+
 def check_model_options(m: DictConfig, key: str) -> None:
     """Refuse a model option this machine cannot honour, before any model work (one line each)."""
+    attention = str(m.get("attn_implementation", "sdpa"))
+    if attention not in TREE_ATTENTION:
+        raise ConfigError(
+            f"{key}.attn_implementation={attention}: a verify forward gives each candidate row its own attention "
+            f"mask, which only {', '.join(TREE_ATTENTION)} take",
+            suggestions=[(f"{key}.attn_implementation=sdpa",)],
+        )
     problem = linear_kernel_problem(m.get("linear_kernel", "auto"), resolve_dtype(m.dtype), m.device)
     if problem:
         raise ConfigError(_keyed(problem, key), suggestions=[(f"{key}.linear_kernel=default",)])

@@ -332,6 +332,31 @@ def test_cuda_without_cuda_is_refused_and_cpu_suggested(tmp_path, workload, caps
     assert suggestions_in(line) == [["model.device=cpu"]]
 
 
+@pytest.mark.parametrize("attention", ["flex_attention", "flash_attention_2"])
+def test_an_attention_implementation_no_tree_mask_reaches_is_refused(tmp_path, workload, capsys, no_models, attention):
+    """flex_attention ran the verify forward into heap corruption (the process aborted)."""
+    line = assert_refused_run(
+        tmp_path,
+        capsys,
+        argv_for(tmp_path, workload, f"model.attn_implementation={attention}"),
+        f"model.attn_implementation={attention}: a verify forward gives each candidate row its own attention mask, "
+        "which only sdpa, harness_sdpa, eager take",
+    )
+    assert suggestions_in(line) == [["model.attn_implementation=sdpa"]]
+
+
+def test_a_model_without_attention_heads_is_refused_by_its_config(tmp_path):
+    from transformers import MambaConfig
+
+    from harness.config import compose
+    from harness.target.loading import CheckpointError, model_geometry
+
+    MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2).save_pretrained(tmp_path / "mamba")
+    cfg = compose(["model=hf", f"model.name_or_path={tmp_path / 'mamba'}"])
+    with pytest.raises(CheckpointError, match=r"a MambaConfig has no num_attention_heads: the harness verifies"):
+        model_geometry(cfg.model)
+
+
 def test_a_device_torch_does_not_know_is_refused(tmp_path, workload, capsys, no_models):
     assert_refused_run(tmp_path, capsys, argv_for(tmp_path, workload, "model.device=gpu0"), "model.device='gpu0'")
 

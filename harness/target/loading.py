@@ -564,6 +564,15 @@ def model_geometry(model_cfg) -> dict:
             key="model.name_or_path" if model_cfg.name_or_path else "model.name",
             trust_remote_code=bool(model_cfg.trust_remote_code),
         )
+    missing = [
+        k for k in ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size") if not hasattr(c, k)
+    ]
+    if missing:  # a state-space model (Mamba), an encoder: no attention decoder a tree is verified on
+        raise CheckpointError(
+            f"{model_cfg.name_or_path or model_cfg.name}: a {type(c).__name__} has no {', '.join(missing)}: the "
+            "harness verifies candidate trees with an attention decoder's masked forward (a causal LM with "
+            "attention heads)"
+        )
     return {
         "num_hidden_layers": int(c.num_hidden_layers),
         "num_key_value_heads": int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads),
