@@ -460,6 +460,9 @@ def load_models(cfg: DictConfig) -> tuple[LoadedModel, LoadedModel | None]:
         draft_tokenizer = load_tokenizer_of(d)
         check_same_tokenizer(target_tokenizer, draft_tokenizer, draft_ref=d.name_or_path or d.name)
     target = _load(cfg.model, tokenizer=target_tokenizer)
+    check_reads_the_vocabulary(
+        target, target_tokenizer, what=f"the target {cfg.model.name_or_path or cfg.model.name!r}"
+    )
     if d is None:
         return target, None
     if d.name == DERIVED:
@@ -473,22 +476,24 @@ def load_models(cfg: DictConfig) -> tuple[LoadedModel, LoadedModel | None]:
         apply_model_options(draft, d)
     else:
         draft = _load(d, tokenizer=draft_tokenizer)
-        check_draft_reads_the_vocabulary(draft, target_tokenizer, draft_ref=d.name_or_path or d.name)
+        check_reads_the_vocabulary(
+            draft, target_tokenizer, what=f"the draft {d.name_or_path or d.name!r}", shared=" it shares with the target"
+        )
     return target, draft
 
 
-def check_draft_reads_the_vocabulary(draft: LoadedModel, tokenizer, *, draft_ref: str) -> None:
-    """A draft must embed every id its tokenizer produces: a smaller embedding matrix than the
-    tokenizer's length cannot read prompts or answers holding the ids past it. (A larger one, or a
-    target padded differently, is fine: proposals keep to the range all share.)"""
+def check_reads_the_vocabulary(model: LoadedModel, tokenizer, *, what: str, shared: str = "") -> None:
+    """A model must embed every id its tokenizer produces: a smaller embedding matrix than the
+    tokenizer's length cannot read prompts or answers holding the ids past it (it failed with an
+    index error in the first forward). A larger one, or a target padded differently from its draft,
+    is fine: proposals keep to the range all share."""
     if tokenizer is None:
         return
-    rows = int(draft.model.get_input_embeddings().weight.shape[0])
+    rows = int(model.model.get_input_embeddings().weight.shape[0])
     if rows < len(tokenizer):
         raise CheckpointError(
-            f"the draft {draft_ref!r} embeds {rows} token ids but the tokenizer it shares with the target has "
-            f"{len(tokenizer)}: prompts and answers can hold ids it cannot read; use a draft whose vocabulary "
-            "covers the tokenizer"
+            f"{what} embeds {rows} token ids but the tokenizer{shared} has {len(tokenizer)}: prompts and answers "
+            "can hold ids it cannot read; use a checkpoint whose vocabulary covers its tokenizer"
         )
 
 

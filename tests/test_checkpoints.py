@@ -260,6 +260,11 @@ def test_a_draft_that_embeds_fewer_ids_than_the_tokenizer_is_refused_at_load_nam
     assert run_main(args) == 2
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("harness")]
     assert len(said) == 1 and said[0].startswith(f"harness run: refused: the draft '{short}' embeds 200 token ids")
+    # a target that embeds fewer ids than its own tokenizer: refused at load too (it failed in its first forward)
+    with pytest.raises(
+        CheckpointError, match=f"^the target '{short}' embeds 200 token ids but the tokenizer has {BYTE_VOCAB}: "
+    ):
+        load_models(compose(["model=hf", f"model.name_or_path={short}"]))
     assert not out.exists()
 
 
