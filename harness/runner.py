@@ -79,6 +79,7 @@ from harness.target.loading import (
     eos_ids,
     load_model,
     load_tokenizer_of,
+    model_attention_window,
     model_geometry,
     model_kv_bytes_per_token,
     model_position_limit,
@@ -391,9 +392,15 @@ def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
 def plan_context(cfg: DictConfig, tree_rows: int) -> ContextLimit:
     """The positions every turn must fit: the target's and a separate draft model's (config alone)."""
     limits = [(f"the target (model={cfg.model.name})", model_position_limit(cfg.model))]
+    window = model_attention_window(cfg.model)
+    if window is not None:
+        limits.append((f"the target's sliding attention window (model={cfg.model.name})", window))
     d = draft_model_config(cfg)
     if d is not None and d.name != DERIVED:  # a derived draft is cut from the target: its positions
         limits.append((f"the draft model (model={d.name})", model_position_limit(d)))
+        window = model_attention_window(d)
+        if window is not None:
+            limits.append((f"the draft model's sliding attention window (model={d.name})", window))
     limit = context_limit(
         limits=limits,
         max_new_tokens=int(cfg.generation.max_new_tokens),

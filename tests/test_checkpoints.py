@@ -559,3 +559,27 @@ def test_a_checkpoint_folder_given_as_a_home_path_loads(tmp_path, monkeypatch):
     tiny_checkpoint(tmp_path / "ckpt")
     loaded = load_model(name="hf", name_or_path="~/ckpt")
     assert loaded.model.config.vocab_size > 0
+
+
+def test_a_sliding_attention_window_bounds_the_context_like_a_position_limit(tmp_path):
+    """A context past a Mistral-style window crashed the verify forward with a tensor-size error
+    (the tree mask spans the whole context, the cache only the window): the window now bounds every
+    turn as the positions do, refused or cut before any model work."""
+    from transformers import MistralConfig, Qwen2Config
+
+    from harness.runner import plan_context
+
+    small = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    MistralConfig(**small, num_key_value_heads=1, sliding_window=40, max_position_embeddings=512).save_pretrained(
+        tmp_path / "mistral"
+    )
+    Qwen2Config(**small, num_key_value_heads=1, sliding_window=40, use_sliding_window=False).save_pretrained(
+        tmp_path / "qwen2"
+    )
+    mistral = ["model=hf", f"model.name_or_path={tmp_path / 'mistral'}"]
+    limit = plan_context(compose([*mistral, "generation.max_new_tokens=8"]), tree_rows=8)
+    assert limit.positions == 39 and limit.limited_by == "the target's sliding attention window (model=hf)"
+    with pytest.raises(ValueError, match=r"leave no room for a prompt in the 39 positions of the target's sliding"):
+        plan_context(compose(mistral), tree_rows=8)  # 64 new tokens
+    unwindowed = plan_context(compose(["model=hf", f"model.name_or_path={tmp_path / 'qwen2'}"]), tree_rows=8)
+    assert unwindowed.limited_by == "the target (model=hf)"  # its window is switched off

@@ -548,6 +548,24 @@ def model_position_limit(model_cfg) -> int | None:
     return config_position_limit(c)
 
 
+def model_attention_window(model_cfg) -> int | None:
+    """How many positions a model's sliding-window attention keeps (Mistral's ``sliding_window``,
+    Qwen2's with ``use_sliding_window``, Gemma 2's local layers), from its config alone; None where
+    every layer attends over the whole context. A verify forward's tree mask spans the whole
+    context, so a run keeps every turn inside the window."""
+    if model_cfg.name == "tiny" or (model_cfg.name == "smollm2" and not model_cfg.name_or_path):
+        return None
+    from transformers import AutoConfig
+
+    c = from_pretrained(
+        AutoConfig, model_cfg.name_or_path or model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code)
+    )
+    window = getattr(c, "sliding_window", None)
+    if getattr(c, "use_sliding_window", True) is False or not isinstance(window, int) or isinstance(window, bool):
+        return None
+    return window - 1 if window > 1 else None  # the cache keeps the window's last positions but one
+
+
 def model_geometry(model_cfg) -> dict:
     """Layers, KV heads, head width, hidden size and vocabulary size of a configured model from
     its config alone (no weights loaded). ``model_cfg``: a ``model`` config node."""
