@@ -589,7 +589,7 @@ def _keyed(problem: str, key: str) -> str:
 
 
 #: the attention implementations a candidate tree's mask reaches (a boolean or additive mask per
-#: query row); flash and flex kernels take none, or another kind, and gave wrong results or crashed
+#: query row); flash kernels take no such mask, and flex attention's block masks crashed the verify forward
 TREE_ATTENTION = ("sdpa", "harness_sdpa", "eager")
 
 
