@@ -969,6 +969,7 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
         for t, tf in enumerate(fields["turns"]):
             ar, spec = arms.result.request("ar", i, t), arms.result.request("spec", i, t)
             ar_prompt, spec_prompt = turn_prompts[("ar", i, t)], turn_prompts[("spec", i, t)]
+            ar_answer = encoder.answer_text(ar.tokens)
             tf.update(
                 {
                     "spec_prompt_tokens": len(spec_prompt.ids),
@@ -976,7 +977,7 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
                     "spec_cut_tokens": spec_prompt.cut_tokens,
                     "ar_cut_tokens": ar_prompt.cut_tokens,
                     # the baseline's tokens as Spec-Bench's speed.py recounts them from the exported text
-                    "ar_speed_py_tokens": speed_py_tokens(tokenizer, encoder.answer_text(ar.tokens)),
+                    "ar_speed_py_tokens": speed_py_tokens(tokenizer, ar_answer),
                 }
             )
             turns_out.append(
@@ -988,7 +989,7 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
                     "spec_token_ids": spec.tokens,
                     "ar_text": tokenizer.decode(ar.tokens) if tokenizer else None,
                     "spec_text": tokenizer.decode(spec.tokens) if tokenizer else None,
-                    "ar_answer": encoder.answer_text(ar.tokens),
+                    "ar_answer": ar_answer,
                     "spec_answer": encoder.answer_text(spec.tokens),
                     "ar_round_tokens": ar.round_tokens,
                     "spec_round_tokens": spec.round_tokens,

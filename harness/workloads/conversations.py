@@ -123,17 +123,23 @@ def chat_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
     return _ids(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True))
 
 
+def first_turn_messages(prompt: Prompt, *, chat: bool) -> list[dict] | None:
+    """The chat messages of a prompt's first turn, or None where its text is tokenized as it is
+    (``chat=false``; a prompt given as messages always goes through the template)."""
+    if prompt.turns is not None:
+        return [{"role": "user", "content": prompt.turns[0]}] if chat else None
+    if prompt.messages is not None and (chat or prompt.text is None):
+        return [dict(m) for m in prompt.messages]
+    return [{"role": "user", "content": prompt.text}] if chat else None
+
+
 def encode_prompt(prompt: Prompt, tokenizer, *, chat: bool) -> list[int]:
     """Token ids of a prompt's first turn; chat messages through the tokenizer's chat template."""
-    if prompt.turns is not None:
-        if chat:
-            return chat_ids(tokenizer, [{"role": "user", "content": prompt.turns[0]}])
-        return _ids(tokenizer(prompt.turns[0], add_special_tokens=False)["input_ids"])
-    if prompt.messages is not None and (chat or prompt.text is None):
-        return chat_ids(tokenizer, prompt.messages)
-    if chat:
-        return chat_ids(tokenizer, [{"role": "user", "content": prompt.text}])
-    return _ids(tokenizer(prompt.text, add_special_tokens=False)["input_ids"])
+    messages = first_turn_messages(prompt, chat=chat)
+    if messages is not None:
+        return chat_ids(tokenizer, messages)
+    text = prompt.turns[0] if prompt.turns is not None else prompt.text
+    return _ids(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 class PromptEncoder:
@@ -183,11 +189,7 @@ class PromptEncoder:
             return None
         k = len(answers)
         if k == 0:
-            if prompt.turns is not None:
-                return [{"role": "user", "content": prompt.turns[0]}] if self.chat else None
-            if prompt.messages is not None and (self.chat or prompt.text is None):
-                return [dict(m) for m in prompt.messages]
-            return [{"role": "user", "content": prompt.text}] if self.chat else None
+            return first_turn_messages(prompt, chat=self.chat)
         messages = []
         for q, a in zip(prompt.turns, answers):
             messages += [{"role": "user", "content": q}, {"role": "assistant", "content": self.answer_text(a)}]
