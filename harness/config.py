@@ -439,7 +439,8 @@ class GatesConfig:
     equivalence: bool = True
     statistical: bool = True  # chi-square first-token test at temperature > 0
     skip_statistical: bool = False  # explicit override; the record states it
-    # at least 5 per bin (chi2_top_m tokens and the tail) for the chi-square approximation to hold
+    # at least 5 per bin (chi2_top_m tokens and the tail, the tail split by rank when it expects
+    # enough) for the chi-square approximation to hold
     chi2_samples: int = ranged(2000, **POSITIVE_INT)
     chi2_top_m: int = ranged(8, **POSITIVE_INT)
     chi2_alpha: float = ranged(1e-3, gt=0.0, lt=1.0)  # the test's significance level

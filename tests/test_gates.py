@@ -423,6 +423,57 @@ def test_a_one_token_law_passes_when_every_sample_is_that_token_and_fails_otherw
     assert not (run_dir / "record.json").exists()
 
 
+def test_a_high_entropy_law_is_tested_over_its_tail_split_by_rank(tmp_path, workload, cache, monkeypatch):
+    """A tiny random model over 4,096 ids at T=1 spreads its law thinly: no top token expects 5 of 400
+    samples, so top tokens and tail pooled into one bin left nothing to test. The tail is split by rank
+    into bins of equal expected count: a correct round passes a real test, and a verifier that
+    truncates the target's law (a top-k the target does not apply) fails it."""
+    import torch
+
+    from harness.contracts import Selection
+    from harness.verifiers.builtin import MembershipVerifier
+
+    wide = (*STAT, "model.tiny.vocab_size=4096")
+    record = runner.run_job(compose_cfg(tmp_path / "run", workload, *wide), run_dir=tmp_path / "run")
+    stat = record["gates"]["statistical"]
+    assert stat["status"] == "passed" and stat["bins"] >= 3 and stat["p_value"] is not None
+    assert stat["bin_tokens"][-1][-1].startswith("rank ") and stat["bin_tokens"][-1][-1].endswith("+")
+    assert min(stat["expected"]) >= 5 and sum(stat["observed"]) == 400
+
+    def truncated(self, tree, target_probs, rng):  # WRONG: the target's law cut to its likeliest 1,024 ids
+        law = target_probs[0].clone()
+        law[torch.topk(law, law.numel() - 1024, largest=False).indices] = 0.0
+        return Selection(accepted_rows=(), next_token=int(rng.categorical(law / law.sum())))
+
+    monkeypatch.setattr(MembershipVerifier, "select", truncated)
+    run_dir = tmp_path / "wrong"
+    with pytest.raises(GateError, match=r"gate 'statistical' failed for verifier 'membership'"):
+        runner.run_job(compose_cfg(run_dir, workload, *wide), run_dir=run_dir)
+    assert not (run_dir / "record.json").exists()
+
+
+def test_the_tail_bins_are_fixed_by_the_law_and_count_every_sample():
+    """Rank bins of about equal expected count, each at least 5, cut before any count is read; a
+    token of zero mass is observed in the last; a tail too small for two bins stays one "other"."""
+    import torch
+
+    from harness.gates.statistical import chi2_bins
+
+    p = torch.tensor([0.4] + [0.0] + [0.6 / 60] * 60, dtype=torch.float64)  # id 1 has no mass
+    counts = {0: 80, 1: 3, **{t: 2 for t in range(2, 60)}}  # 80 + 3 + 116 = 199 of 200
+    counts[61] = 1
+    bins, expected, observed = chi2_bins([0], p, counts, 200)
+    assert bins == [[0], ["rank 2-16"], ["rank 17-31"], ["rank 32-46"], ["rank 47+"]]
+    assert expected == pytest.approx([80, 30, 30, 30, 30])
+    assert observed == [80, 30, 30, 30, 3 + 26 + 1] and sum(observed) == 200
+    # the top's pooled remainder opens the tail's first bin; a thin tail stays "other"
+    p = torch.tensor([0.9, 0.01, 0.01] + [0.08 / 8] * 8, dtype=torch.float64)
+    bins, expected, _ = chi2_bins([0, 1, 2], p, {}, 100)
+    assert bins == [[0], [1, 2, "rank 4-6"], ["rank 7+"]] and expected == pytest.approx([90, 2 + 3, 5])
+    bins, expected, _ = chi2_bins([0, 1, 2], p, {}, 60)
+    assert bins == [[0], [1, 2, "other"]] and expected == pytest.approx([54, 1.2 + 4.8])
+
+
 def test_the_drift_of_a_sampled_draft_tree_reads_as_an_upper_bound(tmp_path, workload, cache):
     """A draft whose children are i.i.d. draws: the first-token law given one drawn tree is not the
     emitted token's law (that is its average over the draw), so the record calls the figure a bound."""

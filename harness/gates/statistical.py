@@ -316,14 +316,23 @@ class LazyRows:
 #: the chi-square approximation wants at least this many expected samples in every bin (Cochran)
 MIN_EXPECTED = 5.0
 
+#: the tail (the tokens outside the top M) is split by rank into at most this many bins of about equal
+#: expected count: a high-entropy law, whose top tokens each expect too few samples for a bin of their
+#: own, is still tested (likelier against rarer tokens) instead of pooled into one bin that tests nothing
+TAIL_BINS = 4
+
 
 def chi2_bins(
     top: list[int], p_exact: torch.Tensor, counts: dict[int, int], samples: int
 ) -> tuple[list[list[int | str]], list[float], list[int]]:
     """The chi-square bins of the first committed token: ``top`` (the likeliest tokens, most likely
     first) each in a bin of its own while its expected count reaches :data:`MIN_EXPECTED`, rarer ones
-    pooled in order until theirs does, the rest of the vocabulary as ``"other"``; a remainder below
-    the minimum joins the last bin. Returns (tokens of each bin, expected counts, observed counts)."""
+    pooled in order until theirs does; the rest of the vocabulary (with any pooled remainder of the
+    top) is ``"other"``, split by rank into up to :data:`TAIL_BINS` bins of about equal expected count
+    when it expects enough samples (labelled ``"rank a-b"``, ``"rank a"`` and ``"rank a+"``, ranks counted from the
+    likeliest token, the top first; the last holds every token of zero mass too); a remainder below
+    the minimum joins the last bin. Fixed by the law alone, before any count is read. Returns (tokens
+    of each bin, expected counts, observed counts)."""
     bins: list[list[int | str]] = []
     expected: list[float] = []
     observed: list[int] = []
@@ -336,8 +345,20 @@ def chi2_bins(
             expected.append(exp)
             observed.append(obs)
             toks, exp, obs = [], 0.0, 0
-    rest_p = 1.0 - sum(float(p_exact[t]) for t in top)
-    toks, exp = [*toks, "other"], exp + max(rest_p, 0.0) * samples
+    rest_p = max(1.0 - sum(float(p_exact[t]) for t in top), 0.0)
+    tail_total = exp + rest_p * samples
+    groups = min(TAIL_BINS, int(tail_total / MIN_EXPECTED + 1e-9))  # a sum a hair short still counts
+    tail = _tail_groups(top, p_exact, counts, samples, carried=exp, groups=groups) if groups > 1 else []
+    if len(tail) > 1:
+        rank = len(top) + 1  # the tail's first token (the pooled remainder of the top joins its first bin)
+        for i, (n, texp, tobs) in enumerate(tail):
+            label = f"rank {rank}+" if i == len(tail) - 1 else f"rank {rank}" + (f"-{rank + n - 1}" if n > 1 else "")
+            bins.append([*toks, label] if i == 0 else [label])
+            expected.append(texp + (exp if i == 0 else 0.0))
+            observed.append(tobs + (obs if i == 0 else 0))
+            rank += n
+        return bins, expected, observed
+    toks, exp = [*toks, "other"], exp + rest_p * samples
     obs += samples - sum(counts.get(t, 0) for t in top)
     if exp >= MIN_EXPECTED or not bins:
         bins.append(toks)
@@ -348,6 +369,50 @@ def chi2_bins(
         expected[-1] += exp
         observed[-1] += obs
     return bins, expected, observed
+
+
+def _tail_groups(
+    top: list[int], p_exact: torch.Tensor, counts: dict[int, int], samples: int, *, carried: float, groups: int
+) -> list[tuple[int, float, int]]:
+    """The tail's tokens of positive mass outside ``top``, likeliest first (ties by id), cut into at most
+    ``groups`` consecutive runs, each closed once its expected count (the first counting ``carried``,
+    the top's pooled remainder) reaches an equal share; a last run below :data:`MIN_EXPECTED` joins the
+    one before. Returns (tokens, expected, observed) per run, the last observing every zero-mass token."""
+    outside = torch.ones_like(p_exact, dtype=torch.bool)
+    outside[list(top)] = False
+    ids = torch.nonzero(outside & (p_exact > 0)).flatten()
+    if ids.numel() == 0:
+        return []
+    probs = p_exact[ids].double()
+    order = torch.sort(probs, descending=True, stable=True).indices
+    ids, probs = ids[order], probs[order]
+    cum = torch.cumsum(probs, 0) * samples + carried  # expected count through each tail token
+    total = float(cum[-1])
+    share = total / groups
+    ends: list[int] = []  # exclusive end of each run in the tail
+    start_exp = 0.0
+    while len(ends) < groups - 1:
+        reach = (start_exp + share) * (1 - 1e-9)  # an equal share summed in floating point may fall a hair short
+        end = int(torch.searchsorted(cum, torch.tensor(reach, dtype=cum.dtype))) + 1
+        if end >= len(ids):
+            break
+        ends.append(end)
+        start_exp = float(cum[end - 1])
+    ends.append(len(ids))
+    if len(ends) > 1 and total - float(cum[ends[-2] - 1]) < MIN_EXPECTED:
+        ends.pop(-2)
+    position = {int(t): i for i, t in enumerate(ids.tolist()) if int(t) in counts}
+    top_set = set(top)
+    runs, begin = [], 0
+    for k, end in enumerate(ends):
+        last = k == len(ends) - 1
+        exp = float(cum[end - 1]) - (float(cum[begin - 1]) if begin else carried)
+        obs = sum(
+            n for t, n in counts.items() if t not in top_set and (begin <= position[t] < end if t in position else last)
+        )
+        runs.append((end - begin, exp, obs))
+        begin = end
+    return runs
 
 
 def chi_square_test(
