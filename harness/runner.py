@@ -480,9 +480,9 @@ def load_models(cfg: DictConfig) -> tuple[LoadedModel, LoadedModel | None]:
             device=d.device,
             attn_implementation=d.attn_implementation,
         )
-        apply_model_options(draft, d)
+        apply_model_options(draft, d, key=draft_model_key(cfg))
     else:
-        draft = _load(d, tokenizer=draft_tokenizer)
+        draft = _load(d, tokenizer=draft_tokenizer, key=draft_model_key(cfg))
         check_reads_the_vocabulary(
             draft, target_tokenizer, what=f"the draft {d.name_or_path or d.name!r}", shared=" it shares with the target"
         )
@@ -504,7 +504,7 @@ def check_reads_the_vocabulary(model: LoadedModel, tokenizer, *, what: str, shar
         )
 
 
-def _load(m: DictConfig, *, tokenizer=None) -> LoadedModel:
+def _load(m: DictConfig, *, tokenizer=None, key: str = "model") -> LoadedModel:
     loaded = load_model(
         name=m.name,
         name_or_path=m.name_or_path,
@@ -517,7 +517,7 @@ def _load(m: DictConfig, *, tokenizer=None) -> LoadedModel:
         trust_remote_code=m.trust_remote_code,
         tokenizer=tokenizer,
     )
-    return apply_model_options(loaded, m)
+    return apply_model_options(loaded, m, key=key)
 
 
 def draft_model_key(cfg: DictConfig) -> str:
@@ -625,18 +625,18 @@ def check_model_options(m: DictConfig, key: str) -> None:
         raise ConfigError(_keyed(problem, key), suggestions=[(f"{key}.cudnn_attention=null",)])
 
 
-def apply_model_options(loaded: LoadedModel, m: DictConfig) -> LoadedModel:
+def apply_model_options(loaded: LoadedModel, m: DictConfig, *, key: str = "model") -> LoadedModel:
     """The configured linear kernel, cache layout, fused layers, cuDNN attention (on CUDA; a process-wide
-    switch), then ``torch.compile``, applied to a loaded model in place; the load report records how
-    many decoder layers run fused."""
+    switch), then ``torch.compile``, applied to a loaded model in place (``m`` at config key ``key``,
+    for messages); the load report records how many decoder layers run fused."""
     apply_linear_kernel(loaded.model, m.get("linear_kernel", "auto"), compiled=bool(m.get("compile")))
     apply_static_cache(loaded.model, resolve_static_cache(m.get("static_cache"), bool(m.get("compile"))))
     loaded.load_report["fused_layers"] = fused = apply_fused_layers(loaded.model, resolved_fused_layers(m))
     if m.get("fused_layers") is True and fused < len(decoder_layers(loaded.model)):  # asked, not done
         why = next((r for r in map(fusable, decoder_layers(loaded.model)) if r is not None), "no decoder layers")
         raise CheckpointError(
-            f"fused_layers=true, but {fused} of {len(decoder_layers(loaded.model))} decoder layers of "
-            f"{loaded.source!r} can run as the native layer ({why}): set fused_layers=false (or leave it unset)"
+            f"{key}.fused_layers=true, but {fused} of {len(decoder_layers(loaded.model))} decoder layers of "
+            f"{loaded.source!r} can run as the native layer ({why}): set {key}.fused_layers=false (or leave it unset)"
         )
     loaded.load_report["fused_stack"] = fused_stack_of(loaded.model)
     apply_cudnn_attention(resolve_cudnn_attention(m.get("cudnn_attention"), m.device))
@@ -697,7 +697,7 @@ def inert_options(cfg: DictConfig) -> list[str]:
             f"generation.exact=false: verifier={cfg.verifier.name} is exact (the option admits a heuristic verifier)"
         )
     for key, m in models_in_use(cfg):
-        out += _model_inert_options(key, m)
+        out += _model_inert_options(key, m, target=None if key == "model" else cfg.model)
     if cfg.tracking.name == "none":
         out += [
             f"tracking.{k}={_text(v)}: tracking=none logs nothing" for k, v in _changed(cfg.tracking) if k != "name"
@@ -818,9 +818,10 @@ def _leaves(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _model_inert_options(key: str, m: DictConfig) -> list[str]:
+def _model_inert_options(key: str, m: DictConfig, *, target: DictConfig | None = None) -> list[str]:
     """The options of a model config (at ``key``) that its model ignores: the tiny model's seed and
-    shape for a checkpoint, remote code for the built-in models, cuDNN attention off CUDA."""
+    shape for a checkpoint, remote code for the built-in models, cuDNN attention off CUDA. A draft's
+    (``target``: the target's config) is not noted where it only follows the target's, noted there."""
     out = []
     if m.name not in ("tiny", "derived"):  # a derived draft's fields follow the target's (refused when set apart)
         why = f"{key}.name={m.name} loads its weights; the tiny model's options shape only {key}.name=tiny"
@@ -829,7 +830,8 @@ def _model_inert_options(key: str, m: DictConfig) -> list[str]:
         out += [f"{key}.tiny.{name}={_text(value)}: {why}" for name, value in _changed(m.get("tiny"))]
     if m.get("trust_remote_code") and m.name in ("tiny", "smollm2", "derived") and not m.get("name_or_path"):
         out.append(f"{key}.trust_remote_code=true: {key}.name={m.name} runs no code from a checkpoint")
-    if m.get("cudnn_attention") is not None and torch.device(str(m.device)).type != "cuda":
+    followed = target is not None and m.get("cudnn_attention") == target.get("cudnn_attention")
+    if m.get("cudnn_attention") is not None and torch.device(str(m.device)).type != "cuda" and not followed:
         out.append(f"{key}.cudnn_attention={_text(m.cudnn_attention)}: cuDNN attention is a CUDA kernel")
     return out
 

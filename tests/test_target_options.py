@@ -533,3 +533,39 @@ def test_a_linear_kernel_is_built_before_the_first_call_so_a_compiled_forward_ha
     report = watch.stop()
     assert report["graph_breaks"] == 0 and report["recompile_limit_hits"] == [] and report["graphs"] >= 1
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("draft", ["derived", "tiny"])
+def test_a_draft_model_runs_the_forward_options_of_the_target_unless_set_apart(draft):
+    """A draft's linear kernel, cache layout, fused layers, compile and cuDNN switch follow the
+    target's, so both arms' forwards run alike: ``model.linear_kernel=default model.static_cache=false``
+    reaches the draft too (it kept the streaming kernel and preallocated caches before); a draft's
+    own override changes the draft only, and remote code stays each checkpoint's own opt-in."""
+    from harness.runner import load_models
+    from harness.target.fused_layers import fused_layers_of
+    from harness.target.options import linear_kernel_of, static_cache_of
+
+    base = ["model=tiny", "proposer=draft_model", f"proposer.model.name={draft}"]
+    if draft == "derived":
+        base.append("proposer.model.num_layers=1")
+    cfg = compose([*base, "model.linear_kernel=default", "model.static_cache=false", "model.trust_remote_code=true"])
+    d = cfg.proposer.model
+    assert (d.linear_kernel, d.static_cache, d.fused_layers, d.compile) == ("default", False, None, False)
+    assert d.trust_remote_code is False
+    target, loaded = load_models(cfg)
+    for model in (target.model, loaded.model):
+        assert linear_kernel_of(model) == {"default"} and static_cache_of(model) is False
+        assert fused_layers_of(model) == 0
+    own = compose([*base, "model.static_cache=false", "proposer.model.static_cache=true"])
+    assert (own.model.static_cache, own.proposer.model.static_cache) == (False, True)
+    merged = compose(["model=tiny", "proposer=merged", "proposer.sources=[draft_model,rest]", "model.compile=true"])
+    assert merged.proposer.draft_model.model.compile is True
+
+
+def test_a_draft_that_follows_the_target_s_cudnn_switch_is_not_noted_twice():
+    from harness.runner import inert_options
+
+    notes = inert_options(compose(["model=tiny", "proposer=draft_model", "model.cudnn_attention=false"]))
+    assert notes == ["model.cudnn_attention=false: cuDNN attention is a CUDA kernel"]
+    own = inert_options(compose(["model=tiny", "proposer=draft_model", "proposer.model.cudnn_attention=true"]))
+    assert own == ["proposer.model.cudnn_attention=true: cuDNN attention is a CUDA kernel"]
