@@ -505,18 +505,28 @@ def check_reads_the_vocabulary(model: LoadedModel, tokenizer, *, what: str, shar
 
 
 def _load(m: DictConfig, *, tokenizer=None, key: str = "model") -> LoadedModel:
-    loaded = load_model(
-        name=m.name,
-        name_or_path=m.name_or_path,
-        dtype=m.dtype,
-        device=m.device,
-        seed=m.seed,
-        num_layers=m.num_layers,
-        attn_implementation=m.attn_implementation,
-        tiny=OmegaConf.to_container(m.tiny, resolve=True),
-        trust_remote_code=m.trust_remote_code,
-        tokenizer=tokenizer,
-    )
+    try:
+        loaded = load_model(
+            name=m.name,
+            name_or_path=m.name_or_path,
+            dtype=m.dtype,
+            device=m.device,
+            seed=m.seed,
+            num_layers=m.num_layers,
+            attn_implementation=m.attn_implementation,
+            tiny=OmegaConf.to_container(m.tiny, resolve=True),
+            trust_remote_code=m.trust_remote_code,
+            tokenizer=tokenizer,
+        )
+    except CheckpointError as exc:
+        lacking = re.search(r"(\w+) does not support an attention implementation", str(exc))
+        if lacking is None or m.attn_implementation == "eager":
+            raise
+        raise CheckpointError(
+            f"{key}.attn_implementation={m.attn_implementation}: {m.name_or_path or m.name}'s {lacking.group(1)} has "
+            f"no such attention in this transformers version; set {key}.attn_implementation=eager (its tree masks "
+            "are checked by the equivalence gate as any other)"
+        ) from exc
     return apply_model_options(loaded, m, key=key)
 
 

@@ -583,3 +583,105 @@ def test_a_sliding_attention_window_bounds_the_context_like_a_position_limit(tmp
         plan_context(compose(mistral), tree_rows=8)  # 64 new tokens
     unwindowed = plan_context(compose(["model=hf", f"model.name_or_path={tmp_path / 'qwen2'}"]), tree_rows=8)
     assert unwindowed.limited_by == "the target (model=hf)"  # its window is switched off
+
+
+def _sliding_checkpoint(path, family: str):
+    """A tiny checkpoint whose attention slides over 64 positions (Gemma 2: every other layer; Mistral:
+    every layer), weights drawn wide enough that its greedy tokens vary."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
+
+    shape = dict(
+        vocab_size=BYTE_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=64,
+        max_position_embeddings=512,
+        initializer_range=0.4,
+        tie_word_embeddings=False,  # Gemma 2's tied, scaled embedding echoes the last token at random weights
+    )
+    torch.manual_seed(0)
+    if family == "gemma2":
+        model = Gemma2ForCausalLM(Gemma2Config(**shape, head_dim=8, attn_implementation="eager"))
+    else:
+        model = MistralForCausalLM(MistralConfig(**shape))
+    model.save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("family", ["gemma2", "mistral"])
+def test_a_sliding_window_model_decodes_as_transformers_generate_inside_its_window(tmp_path, monkeypatch, family):
+    """Gemma 2 with eager attention passed the gates, then its first measured round failed with a
+    tensor-size error: transformers' sliding cache layer counts its length apart from its keys, and
+    a round's rollback left that count stale. Inside the window sliding attention is full attention,
+    so such layers are full layers here: both arms equal transformers' own greedy ``generate`` token
+    for token, and a forward past the window is refused rather than attending outside it."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from harness.runner import run_job
+    from harness.target.backend import CausalLMBackend
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    ckpt = _sliding_checkpoint(tmp_path / family, family)
+    text = "def add(a, b):\n    return a + b\n# add"
+    prompts = prompts_file(tmp_path / "p.jsonl", [text])
+    attention = ["model.attn_implementation=eager"] if family == "gemma2" else []
+    cfg = compose(
+        [
+            "model=hf",
+            f"model.name_or_path={ckpt}",
+            *attention,
+            "workload=jsonl",
+            f"workload.path={prompts}",
+            "workload.chat=false",
+            "generation.max_new_tokens=6",
+            "generation.warmup_tokens=0",
+            "proposer=prompt_lookup",
+            "gates.oracle=false",
+        ]
+    )
+    record = run_job(cfg, run_dir=tmp_path / "run")
+    row = json.loads((tmp_path / "run" / "outputs.jsonl").read_text().splitlines()[0])
+    model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager" if attention else "sdpa")
+    ids = torch.tensor([row["prompt_token_ids"]])
+    assert ids.shape[1] + 6 < 64  # inside the window, as the run plans every turn
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    expected = ref[0, ids.shape[1] :].tolist()
+    assert row["ar_token_ids"] == row["spec_token_ids"] == expected and len(set(expected)) > 1
+    assert record["gates"]["equivalence"]["status"] == "passed"
+    backend = CausalLMBackend(model.eval())
+    state = backend.prefill_one(list(range(3, 63)))  # 59 cached, the last token pending
+    with pytest.raises(ValueError, match=r"reaching 65 cache slots passes the model's sliding attention window of 64"):
+        backend.forward_rows(state, list(range(3, 9)), range(59, 65), None)
+
+
+def test_an_architecture_without_sdpa_attention_is_refused_offering_eager(tmp_path, monkeypatch, capsys):
+    """Gemma 2 has no SDPA attention in this transformers: the default ``sdpa`` failed with
+    transformers' own error and no way forward; the one line now names the option and its value."""
+    from harness.app import run_main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    ckpt = _sliding_checkpoint(tmp_path / "gemma2", "gemma2")
+    prompts = prompts_file(tmp_path / "p.jsonl", ["def add(a, b):"])
+    code = run_main(
+        [
+            "model=hf",
+            f"model.name_or_path={ckpt}",
+            "workload=jsonl",
+            f"workload.path={prompts}",
+            "workload.chat=false",
+            "generation.max_new_tokens=8",
+            f"output_dir={tmp_path / 'run'}",
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and not (tmp_path / "run" / "record.json").exists()
+    assert "model.attn_implementation=sdpa: " in err and "Gemma2ForCausalLM has no such attention" in err
+    assert err.endswith(
+        "set model.attn_implementation=eager (its tree masks are checked by the equivalence gate as any other)"
+    )

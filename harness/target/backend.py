@@ -55,7 +55,7 @@ import torch
 # `oracles` listing) do not pay for it.
 from harness.target.attention import uses_boolean_masks
 from harness.target.fused_layers import stack_logits
-from harness.target.kv_cache import PreallocatedLayer
+from harness.target.kv_cache import PreallocatedLayer, cache_window
 from harness.target.options import static_cache_of
 from harness.topology.compiler import CompiledTree
 
@@ -196,6 +196,13 @@ class CausalLMBackend:
     ):
         """``ids``/``pos`` ``[B, R]``; ``allowed`` bool ``[B, R, start + R]`` or None (causal)."""
         r = ids.shape[1]
+        window = cache_window(cache)
+        if window is not None and start + r > window:
+            raise ValueError(
+                f"a forward reaching {start + r} cache slots passes the model's sliding attention window of "
+                f"{window}: the cache attends over the whole context, which equals the window's attention only "
+                "inside it"
+            )
         ids, pos = ids.to(self.device), pos.to(self.device)
         kwargs = {}
         if allowed is not None and self._bool_masks:

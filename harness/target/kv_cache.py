@@ -185,16 +185,34 @@ def _prefix_view(view: torch.Tensor | None, buffer: torch.Tensor | None) -> bool
 
 def new_cache(config, *, preallocated: bool, reserve: int | None = None):
     """A ``DynamicCache`` for ``config``; with ``preallocated`` its plain full-attention layers are
-    :class:`PreallocatedLayer` (sliding-window and other special layers stay as transformers builds
-    them)."""
+    :class:`PreallocatedLayer` (other special layers stay as transformers builds them).
+
+    Sliding-window layers (Mistral, Qwen2 with ``use_sliding_window``, Gemma 2's local layers) are
+    full-attention layers here: a run keeps every context inside the window, where sliding attention
+    attends to every position, as full attention does. transformers' sliding layer counts its
+    length apart from its keys, so the backend's rollback and commit, which edit the keys, left that
+    count stale and the next forward's mask too long. :func:`cache_window` gives the window, and
+    the backend refuses a forward past it."""
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicSlidingWindowLayer
 
     cache = DynamicCache(config=config)
-    if preallocated:
-        cache.layers = [
-            PreallocatedLayer(reserve=reserve) if type(layer) is DynamicLayer else layer for layer in cache.layers
-        ]
+    windows = [int(layer.sliding_window) for layer in cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
+
+    def full(layer):
+        if type(layer) is not DynamicLayer and not isinstance(layer, DynamicSlidingWindowLayer):
+            return layer
+        return PreallocatedLayer(reserve=reserve) if preallocated else DynamicLayer()
+
+    cache.layers = [full(layer) for layer in cache.layers]
+    cache._harness_window = min(windows) if windows else None
     return cache
+
+
+def cache_window(cache) -> int | None:
+    """How many cache slots a forward may reach while full attention equals the model's sliding
+    window attention (None: no layer slides)."""
+    return getattr(cache, "_harness_window", None)
 
 
 def reserved_bytes(cache) -> int:
