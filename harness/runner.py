@@ -1259,11 +1259,34 @@ def speed_py_speedup(per_prompt: list[dict]) -> float | None:
 
 def run_notes(record: dict) -> list[str]:
     """What a finished run says on stderr about its figures: prompts timed through a stall
-    (:func:`timing_outlier_note`) and prompts the context limit cut (:func:`truncation_note`)."""
+    (:func:`timing_outlier_note`), a speedup with nothing accepted (:func:`unaccepted_speedup_note`)
+    and prompts the context limit cut (:func:`truncation_note`)."""
     m = record["metrics"]
     notes = [timing_outlier_note(m["timing_outliers"])] if m.get("timing_outliers") else []
+    unaccepted = unaccepted_speedup_note(m)
     cut = truncation_note(m.get("context") or {}, len(record["per_prompt"]))
-    return notes + ([cut] if cut else [])
+    return notes + [n for n in (unaccepted, cut) if n]
+
+
+#: a decode speedup at least this large with no proposed token accepted is noted
+UNACCEPTED_SPEEDUP = 1.05
+
+
+def unaccepted_speedup_note(metrics: dict) -> str | None:
+    """One line when the speculative arm's decode ran faster than the baseline's although it accepted
+    no proposed token (one token per round, as the baseline commits per step), or None. Each of its
+    rounds runs a verify forward of at least the baseline step's row plus the proposal, so such a
+    speedup comes from the forward's kernels at several rows (a one-row forward taking a slower path)
+    or from the machine's load while the arms were timed: not from speculation. A stall shows in
+    the timing outliers only with three prompts or more; this holds for any number."""
+    speedup, per_round = metrics.get("decode_speedup"), metrics.get("mean_committed_per_round")
+    if speedup is None or per_round is None or per_round > 1.0 or speedup < UNACCEPTED_SPEEDUP:
+        return None
+    return (
+        f"decode speedup {speedup:.2f}x with no proposed token accepted (one token per round, as the baseline "
+        "commits per step): not speculation's; the machine's load while the arms were timed, or a verify forward "
+        "of several rows running faster than the baseline's one-row step (metrics.decode_speedup)"
+    )
 
 
 def truncation_note(context: dict, n_prompts: int) -> str | None:

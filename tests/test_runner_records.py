@@ -261,6 +261,7 @@ def test_a_stalled_prompt_is_flagged_in_the_record_and_on_the_console(tmp_path, 
     from harness.app import run_main
     from harness.engine.arms import Arms
     from harness.proposers.base import NullProposer
+    from harness.runner import unaccepted_speedup_note
 
     stalled = {"on": False}
     real_run, real_propose = Arms._run, NullProposer.propose
@@ -290,8 +291,12 @@ def test_a_stalled_prompt_is_flagged_in_the_record_and_on_the_console(tmp_path, 
     assert (stalled_id, "ar") in flagged and flagged[(stalled_id, "ar")]["ratio"] >= 3.0
     summary = json.loads(captured.out[captured.out.index("{") :])
     assert summary["timing_outliers"] == len(flagged)
-    note = [line for line in captured.err.splitlines() if line.startswith("harness run: note: ")]
-    assert len(note) == 1 and f"{stalled_id} (ar, " in note[0] and "a stall, not the method" in note[0]
+    notes = [line for line in captured.err.splitlines() if line.startswith("harness run: note: ")]
+    note = [line for line in notes if "a stall, not the method" in line]
+    assert len(note) == 1 and f"{stalled_id} (ar, " in note[0]
+    # the stalled baseline made a speculative arm that accepts nothing look faster: said too
+    assert record["metrics"]["mean_committed_per_round"] == 1.0
+    assert [n for n in notes if n not in note] == [f"harness run: note: {unaccepted_speedup_note(record['metrics'])}"]
 
 
 def test_a_sampling_policy_that_keeps_one_token_has_its_outputs_compared_as_greedy_ones(tmp_path, monkeypatch):
@@ -540,3 +545,21 @@ def test_a_run_whose_proposer_never_proposed_warns_that_it_measured_overhead_onl
     assert (
         f"harness: warning: the proposer offered no candidate in any of {record['metrics']['rounds']} rounds"
     ) in capsys.readouterr().err
+
+
+def test_a_speedup_with_nothing_accepted_is_noted_whatever_the_prompt_count():
+    """A one-prompt run timed under load showed a 1.3x decode speedup while every round committed one
+    token, and no note said so (the stall check needs three prompts). Nothing accepted now notes any
+    speedup from 1.05x; a speedup earned by accepted tokens, or a slowdown, is not noted."""
+    from harness.runner import run_notes, unaccepted_speedup_note
+
+    def record(speedup, per_round):
+        return {"metrics": {"decode_speedup": speedup, "mean_committed_per_round": per_round}, "per_prompt": [{}]}
+
+    note = unaccepted_speedup_note(record(1.3, 1.0)["metrics"])
+    assert note.startswith("decode speedup 1.30x with no proposed token accepted (one token per round")
+    assert run_notes(record(1.3, 1.0)) == [note]
+    assert (
+        run_notes(record(1.3, 1.4)) == [] and run_notes(record(0.9, 1.0)) == [] and run_notes(record(1.04, 1.0)) == []
+    )
+    assert run_notes(record(None, None)) == []
