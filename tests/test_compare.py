@@ -278,6 +278,24 @@ def test_an_arm_pooling_other_configurations_and_other_prompts_says_so_and_keeps
     assert _row(compare(df, n_resamples=200), "a").n_prompts == 4
 
 
+def test_mixed_axes_sort_numbers_by_value_and_leave_out_what_the_workload_axis_implies():
+    """``topology.max_nodes=16,8`` read as text order; and an arm pooling a file workload with a built-in
+    one listed ``workload.path=/data/p.jsonl,null`` beside ``workload=humaneval,jsonl``, which says it."""
+    r1 = [("p1", "c", 10, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": r1}, "r2": {"proposer": "a", "prompts": r1}})
+    df["workload"] = ["humaneval", "jsonl"]
+    df["config.workload.name"] = ["humaneval", "jsonl"]
+    df["config.workload.path"] = [None, "/data/p.jsonl"]
+    df["config.workload.limit"] = [4, 2]  # both workloads take a limit: still listed
+    df["config.topology.max_nodes"] = [16, 8]
+    row = _row(compare(df, n_resamples=200), "a")
+    assert row.varying == {
+        "workload": ["humaneval", "jsonl"],
+        "topology.max_nodes": ["8", "16"],
+        "workload.limit": ["2", "4"],
+    }
+
+
 def test_json_replaces_its_own_file_only_and_job_folders_named_by_overrides_are_paths(tmp_path, capsys, monkeypatch):
     """``json=`` never replaces a run's record or another file (unless overwrite=true); a job folder
     of a multirun, named ``key=value,...``, is a records root, not an option."""
@@ -518,6 +536,11 @@ def test_arms_that_differ_beyond_the_by_axis_or_ran_other_prompts_say_so_without
     assert "note: the arms ran different prompts (a: 2, b: 2; 0 common to all)" in text
     with_base = format_table(compare(df, baseline="b", n_resamples=50), by="proposer", baseline="b", level=0.95)
     assert "- (no prompt in common)" in with_base
+    assert "compared with the baseline across other axes" not in with_base  # a ratio that does not exist
+    df["per_prompt"] = [df["per_prompt"][0], df["per_prompt"][0]]  # the same prompts: a ratio, qualified
+    df = df.drop(columns=["config.workload.split"])
+    paired = format_table(compare(df, baseline="b", n_resamples=50), by="proposer", baseline="b", level=0.95)
+    assert "arms compared with the baseline across other axes too (a: model m@bfloat16 vs m" in paired
     # a balanced sweep (every arm crossed with the same temperatures and max_nodes) sets no arm apart
     runs = {f"r{i}": {"proposer": p, "prompts": pa} for i, p in enumerate("aabb")}
     df = _toy(runs)

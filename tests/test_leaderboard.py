@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 
 import pytest
@@ -141,5 +142,11 @@ def test_report_has_the_leaderboard_and_the_speedup_by_category_plot(root, tmp_p
         and "Spec-Bench's speedup statistic (the formula of its evaluation/speed.py" in md
     )
     assert "Prompts: Multi-turn Conversation 2, Question Answering 2, Overall 4." in md
+    # Spec-Bench's statistic to three decimals, as harness compare prints it (it printed 4 significant figures)
+    spec_bench = md[md.index("Spec-Bench's speedup statistic") :].split("\n\n")[1].splitlines()
+    assert all(
+        cell.strip() == "-" or cell.strip().endswith("x") for line in spec_bench[2:] for cell in line.split("|")[2:-1]
+    )
+    assert any(re.search(r"\| \d+\.\d{3}x \|", line) for line in spec_bench[2:])
     png = tmp_path / "rep" / "09_speedup_by_category.png"
     assert png.is_file() and f"]({png.name})" in md

@@ -449,10 +449,11 @@ def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[s
     for axis in AXES:
         if axis == by or axis not in runs.columns:
             continue
-        values = sorted({arm_label(v) for v in runs[axis]})
+        values = sorted({arm_label(v) for v in runs[axis]}, key=_value_order)
         if len(values) > 1:
             out[axis] = values
     partial = [_AXIS_CONFIG[a] for a in out if a in _AXIS_CONFIG and _AXIS_CONFIG[a].endswith(".")]
+    partial += ["config.workload."] if "workload" in out else []  # a prompt file's path, say, of one workload
     hidden = [_AXIS_CONFIG[a] for a in ("workload", "temperature", "batch_size") if a in _AXIS_CONFIG]
     hidden += [f"{_AXIS_CONFIG[a]}name" for a in ("proposer", "topology", "verifier", "model")]
     hidden += ["config.model.dtype"] if "model" in out else []  # the model axis names the dtype
@@ -463,10 +464,18 @@ def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[s
             continue
         if column.startswith(tuple(partial)) and any(_config_text(v) == "null" for v in runs[column]):
             continue  # an option of one side's group only
-        values = sorted({_config_text(v) for v in runs[column]})
+        values = sorted({_config_text(v) for v in runs[column]}, key=_value_order)
         if len(values) > 1:
             out[column.removeprefix("config.")] = values
     return out
+
+
+def _value_order(text: str) -> tuple:
+    """Config values in reading order: numbers by value (8 before 16), then the rest as text."""
+    try:
+        return (0, float(text), text)
+    except ValueError:
+        return (1, 0.0, text)
 
 
 def _arms_apart(arm_runs: Mapping[tuple[str, str], pd.DataFrame], section: str, by: str) -> dict[str, dict[str, str]]:
@@ -531,12 +540,13 @@ BASELINE_NOTE = (
 
 def baseline_note(sec: Sequence[ArmRow], by: str) -> str | None:
     """:data:`BASELINE_NOTE` naming the arms of ``sec`` whose runs differ from the baseline's on an
-    axis other than ``by`` (its ``all`` rows), or None."""
+    axis other than ``by`` (its ``all`` rows), or None; an arm with no ratio to the baseline (no
+    prompt in common) is not named: there is no ratio to qualify."""
     apart = sorted(
         {
             f"{r.arm}: " + ", ".join(f"{a} {v[0]} vs {v[1]}" for a, v in r.baseline_differs.items())
             for r in sec
-            if r.baseline_differs and r.category == ALL
+            if r.baseline_differs and r.category == ALL and r.vs_baseline is not None
         }
     )
     return BASELINE_NOTE.format(arms="; ".join(apart), by=by) if apart else None

@@ -797,6 +797,7 @@ def _leaderboard_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
             if OVERALL in r.cells
         ]
         if any(v is not None for row in sb for v in row[1:]):
+            sb = [[row[0], *(None if v is None else f"{v:.3f}x" for v in row[1:])] for row in sb]  # as compare
             out += [
                 "Spec-Bench's speedup statistic (the formula of its evaluation/speed.py: mean per-prompt tokens/s "
                 "over the baseline's, wall time with prefill; a ratio of means), with the tokens each arm generated. "
