@@ -136,7 +136,8 @@ def review_panels(*, legend: str, min_rounds: int, split_by: Sequence[str] = ())
             y=["depth/rounds_tried"],
             legend=legend,
             log_y=True,
-            note=f"a depth tried by fewer than {min_rounds} rounds is a handful of coin flips",
+            note=f"a depth tried by fewer than {min_rounds} rounds is a handful of coin flips; the line ends at the "
+            "deepest depth any round tried (a log axis has no zero)",
         ),
         _panel(
             "frontier",

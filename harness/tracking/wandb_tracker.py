@@ -328,8 +328,10 @@ class Tracker:
                 key = "depth/acceptance" if row["enough"] is not False else "depth/acceptance_few_rounds"
                 step[key] = row["acceptance"]
             for name in ("reach", "tried", "accepted", "acceptance_low", "acceptance_high", "reach_low", "reach_high"):
-                if row[name] is not None:
-                    step[f"depth/{'rounds_' + name if name in ('tried', 'accepted') else name}"] = row[name]
+                if row[name] is not None and not (name == "tried" and row[name] == 0):  # a log axis has no zero:
+                    step[f"depth/{'rounds_' + name if name in ('tried', 'accepted') else name}"] = row[
+                        name
+                    ]  # line ends
             run.log(step)
 
         profile = record.get("t_profile")
