@@ -569,3 +569,31 @@ def test_a_draft_that_follows_the_target_s_cudnn_switch_is_not_noted_twice():
     assert notes == ["model.cudnn_attention=false: cuDNN attention is a CUDA kernel"]
     own = inert_options(compose(["model=tiny", "proposer=draft_model", "proposer.model.cudnn_attention=true"]))
     assert own == ["proposer.model.cudnn_attention=true: cuDNN attention is a CUDA kernel"]
+
+
+def test_the_manifest_claims_fused_layers_only_for_an_architecture_that_fuses(tmp_path):
+    """Unset, ``fused_layers`` resolved from dtype, device and kernel alone, so a Qwen2 checkpoint's
+    manifest said ``fused_layers: true`` while no layer ran fused (its load report said 0): two records
+    of one computation hashed apart. The architecture is read from the config now; a Llama checkpoint
+    still fuses, and the load report agrees with the manifest."""
+    from checkpoint_fixtures import byte_tokenizer, tiny_checkpoint
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from harness.manifest import job_manifest
+    from harness.runner import load_models
+
+    torch.manual_seed(0)
+    qwen = tmp_path / "qwen2"
+    small = dict(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    Qwen2ForCausalLM(Qwen2Config(**small, num_key_value_heads=2)).save_pretrained(qwen)
+    byte_tokenizer().save_pretrained(qwen)
+    llama = tiny_checkpoint(tmp_path / "llama")
+    for path, fuses in ((qwen, False), (llama, True)):
+        cfg = compose(["model=hf", f"model.name_or_path={path}"])
+        claimed = job_manifest(cfg, versions={})["backend"]["fused_layers"]
+        if native.native_kernels_problem() is not None:
+            assert claimed is False
+            continue
+        assert claimed is fuses
+        target, _ = load_models(cfg)
+        assert (target.load_report["fused_layers"] > 0) is fuses

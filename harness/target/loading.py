@@ -566,6 +566,25 @@ def model_attention_window(model_cfg) -> int | None:
     return window - 1 if window > 1 else None  # the cache keeps the window's last positions but one
 
 
+def unfusable_architecture(model_cfg) -> str | None:
+    """Why a configured model's decoder layers are not transformers' own Llama layers, judged from
+    its config alone (another ``model_type``, or a checkpoint's own modelling code), or None where
+    they may be (the tiny model, the embedded SmolLM2, a derived draft: the target's layers). The
+    native layer runs only transformers' own Llama classes (``fused_layers.fusable``)."""
+    name = model_cfg.get("name")
+    if name in ("tiny", DERIVED) or (name == "smollm2" and not model_cfg.get("name_or_path")):
+        return None
+    from transformers import AutoConfig
+
+    trust = bool(model_cfg.get("trust_remote_code"))
+    c = from_pretrained(AutoConfig, model_cfg.get("name_or_path") or name, trust_remote_code=trust)
+    if getattr(c, "model_type", None) != "llama":
+        return f"a {getattr(c, 'model_type', None) or type(c).__name__} model"
+    if trust and "AutoModelForCausalLM" in (getattr(c, "auto_map", None) or {}):
+        return "a checkpoint with its own modelling code"
+    return None
+
+
 def model_geometry(model_cfg) -> dict:
     """Layers, KV heads, head width, hidden size and vocabulary size of a configured model from
     its config alone (no weights loaded). ``model_cfg``: a ``model`` config node."""

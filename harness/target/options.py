@@ -329,12 +329,14 @@ def resolve_fused_layers(
 
 def resolved_fused_layers(m) -> bool:
     """Whether a model config's (``model.*``, a mapping) decoder layers run fused: ``fused_layers``
-    resolved for its dtype, device, linear kernel, cache layout and compilation."""
-    from harness.target.loading import resolve_dtype
+    resolved for its dtype, device, linear kernel, cache layout and compilation, and unset, for
+    its architecture too (read from its config: a Qwen2 or GPT-2 checkpoint's layers never fuse,
+    so the manifest does not claim they do)."""
+    from harness.target.loading import resolve_dtype, unfusable_architecture
 
     dtype = resolve_dtype(m["dtype"])
     compiled = bool(m.get("compile"))
-    return resolve_fused_layers(
+    fused = resolve_fused_layers(
         m.get("fused_layers"),
         dtype,
         m["device"],
@@ -343,6 +345,8 @@ def resolved_fused_layers(m) -> bool:
         static_cache=resolve_static_cache(m.get("static_cache"), compiled),
         attn_implementation=str(m.get("attn_implementation", "sdpa")),
     )
+    # the config is read only where the rest would fuse
+    return fused and not (m.get("fused_layers") is None and unfusable_architecture(m) is not None)
 
 
 def fused_layers_problem(
