@@ -377,9 +377,17 @@ def test_cudnn_attention_is_forbidden_on_cuda_unless_asked_and_refused_off_cuda(
     assert err.value.suggestions == (("model.cudnn_attention=null",),)
     # the target and its draft share PyTorch's one process-wide switch: different values are refused
     draft = ["proposer=draft_model", "proposer.model.name=tiny", "proposer.model.device=cuda"]
+    apart = [
+        "model=tiny",
+        "model.device=cuda",
+        "model.cudnn_attention=true",
+        *draft,
+        "proposer.model.cudnn_attention=false",
+    ]
     with pytest.raises(ConfigError, match=r"^model.cudnn_attention=true and proposer.model.cudnn_attention=false: "):
-        check_models(compose(["model=tiny", "model.device=cuda", "model.cudnn_attention=true", *draft]))
+        check_models(compose(apart))
     check_models(compose(["model=tiny", "model.device=cuda", *draft]))  # both unset: both forbid it
+    check_models(compose(["model=tiny", "model.device=cuda", "model.cudnn_attention=true", *draft]))  # it follows
     check_models(compose(["model=tiny", "model.cudnn_attention=false", *draft[:2]]))  # both on CPU
 
 
