@@ -299,12 +299,17 @@ def test_speedup_vs_batch_is_not_drawn_empty_when_no_configuration_has_two_batch
 
 
 def test_a_reused_report_folder_keeps_no_plot_of_other_runs_and_a_run_folder_is_refused(tmp_path, capsys):
-    """Plots an earlier report drew that this one does not are removed (other files are kept), and
-    out= naming a run folder is refused with the folder untouched."""
+    """Plots an earlier report drew that this one does not are removed (other files are kept), a
+    file of a plot's name that no report there drew is never replaced or removed unless
+    overwrite=true (it was), and out= naming a run folder is refused with the folder untouched."""
     out = tmp_path / "report"
     out.mkdir()
     stale = out / "07_speedup_vs_batch.png"
     stale.write_bytes(PNG_MAGIC)
+    (out / "report.md").write_text(
+        "# Speculative decoding harness report\n\nRegenerated from 2 stored run records\n\n"
+        "![Speedup vs batch](07_speedup_vs_batch.png)\n"
+    )  # an earlier report that drew it
     mine = out / "01_my_own_figure.png"
     mine.write_bytes(PNG_MAGIC)
     one = tmp_path / "one"
@@ -315,6 +320,26 @@ def test_a_reused_report_folder_keeps_no_plot_of_other_runs_and_a_run_folder_is_
     drawn = {p.name for p in out.glob("*.png")}
     assert not stale.exists() and mine.exists()
     assert all(name in text for name in drawn - {mine.name}) and mine.name not in text
+    # the user's own file under a plot's name, in a folder whose report never drew it: kept
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "04_round_cost.png").write_text("user image")
+    assert main([str(one), f"out={theirs}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"harness report: refused: out={theirs} holds 04_round_cost.png, which no report of this command there "
+        "drew, and the report draws a plot of that name; give another folder or overwrite=true (harness report "
+        "--help shows the usage)"
+    ]
+    assert sorted(p.name for p in theirs.iterdir()) == ["04_round_cost.png"]
+    assert (theirs / "04_round_cost.png").read_text() == "user image"
+    assert main([str(one), f"out={theirs}", "overwrite=true"]) == 0
+    capsys.readouterr()
+    # an empty out= named the current folder
+    assert main([str(one), "out="]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "harness report: refused: out= is empty; give a value or leave the option out (harness report --help shows "
+        "the usage)"
+    )
     run = one / fixture_run(1).name
     before = sorted(p.name for p in run.iterdir())
     assert main([str(one), f"out={run}"]) == 2

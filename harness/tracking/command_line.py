@@ -31,7 +31,8 @@ def is_path_argument(arg: str) -> bool:
 
 def split_arguments(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """``["root", "by=proposer"]`` -> (positionals, {key: value}); ``--k=v`` is accepted too, and an
-    argument that names a path (:func:`is_path_argument`) is positional whatever it holds."""
+    argument that names a path (:func:`is_path_argument`) is positional whatever it holds. An empty
+    value (``out=``) is refused: as a path it named the current folder."""
     positionals: list[str] = []
     kv: dict[str, str] = {}
     for arg in argv:
@@ -39,6 +40,8 @@ def split_arguments(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         if sep and key and not is_path_argument(arg):
             if key in kv:
                 raise ValueError(f"{key}= given twice: {kv[key]!r} and {value!r}")
+            if not value.strip():
+                raise ValueError(f"{key}= is empty; give a value or leave the option out")
             kv[key] = value
         else:
             positionals.append(arg)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -820,14 +821,26 @@ def numeric_metrics(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def remove_stale_plots(out_dir: Path, recipe: Mapping[str, Any], *, keep: set[str]) -> None:
-    """Remove the plots an earlier report left in ``out_dir`` that this one did not draw: files named
-    as a report names its plots (``NN_<name>.png``, ``name`` a plot name of ``recipe`` or a plot
-    kind), so a reused report folder shows no figure of other runs; other files are left alone."""
-    names = set(PLOTS) | {str(spec.get("name", spec["kind"])) for spec in recipe["plots"]}
-    for png in out_dir.glob("[0-9][0-9]_*.png"):
-        if png.name not in keep and png.stem[3:] in names:
-            png.unlink(missing_ok=True)
+def remove_stale_plots(out_dir: Path, earlier: set[str], *, keep: set[str]) -> None:
+    """Remove the plots an earlier report in ``out_dir`` drew (``earlier``: :func:`report_plots`)
+    that this one did not, so a reused report folder shows no figure of other runs; every other
+    file is left alone."""
+    for name in earlier - keep:
+        (out_dir / name).unlink(missing_ok=True)
+
+
+def plot_files(recipe: Mapping[str, Any]) -> list[str]:
+    """The file each of ``recipe``'s plots is drawn into (``NN_<name>.png``), drawn or not."""
+    return [f"{i + 1:02d}_{spec.get('name', spec['kind'])}.png" for i, spec in enumerate(recipe["plots"])]
+
+
+def report_plots(out_dir: Path) -> set[str]:
+    """The plot files the report this command wrote in ``out_dir`` draws (its ``](NN_name.png)``
+    links); none where ``out_dir`` holds no such report."""
+    if not _is_report(out_dir):
+        return set()
+    text = (out_dir / "report.md").read_text(encoding="utf-8")
+    return set(re.findall(r"\]\((\d\d_[^)/\\]+\.png)\)", text))
 
 
 def failed_jobs(root: Path | None, *, below: bool = True) -> list[dict[str, Any]]:
@@ -904,8 +917,10 @@ def build_report(
 ) -> Path:
     """Write ``report.md`` and one PNG per plot into ``out_dir``; returns the Markdown path.
     ``failures``: the sweep's jobs that wrote no record; ``left_out``: records the store left out
-    (``(folder, why)``); both listed after the runs."""
+    (``(folder, why)``); both listed after the runs. Of the files already there, only the plots an
+    earlier report of this command drew are replaced or removed."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    earlier = report_plots(out_dir)
     df = numeric_metrics(df)
     title = recipe.get("title", "Speculative decoding harness report")
     lines = [
@@ -930,7 +945,6 @@ def build_report(
     ]
     drawn: set[str] = set()
     for i, spec in enumerate(recipe["plots"]):
-        name = spec.get("name", spec["kind"])
         where = {k: str(v) for k, v in (spec.get("where") or {}).items()}
         runs = filter_runs(df, where) if where else df
         heading = spec.get("title", HEADINGS[spec["kind"]])
@@ -941,11 +955,11 @@ def build_report(
         if plot.figure is None:
             lines += [f"_Not drawn: {plot.note}._", ""]
             continue
-        png = out_dir / f"{i + 1:02d}_{name}.png"
+        png = out_dir / plot_files(recipe)[i]
         plot.figure.savefig(png)
         drawn.add(png.name)
         lines += [f"![{heading}]({png.name})", ""]
-    remove_stale_plots(out_dir, recipe, keep=drawn)
+    remove_stale_plots(out_dir, earlier, keep=drawn)
     sources = recipe.get("source_reported")
     source_path = (recipe_path.parent / sources) if sources else None
     entries = load_source_reported(source_path)
@@ -1006,6 +1020,12 @@ def main(argv: list[str] | None = None) -> int:
         if problem is None and not overwrite and (out_dir / "report.md").exists() and not _is_report(out_dir):
             problem = (
                 f"out={out_dir} holds a report.md this command did not write; give another folder or overwrite=true"
+            )
+        clash = [n for n in plot_files(recipe) if (out_dir / n).exists() and n not in report_plots(out_dir)]
+        if problem is None and not overwrite and clash:
+            problem = (
+                f"out={out_dir} holds {clash[0]}, which no report of this command there drew, and the report draws a "
+                "plot of that name; give another folder or overwrite=true"
             )
         if problem is not None:
             raise ValueError(problem)
