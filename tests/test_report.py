@@ -532,3 +532,33 @@ def test_no_two_runs_share_a_colour_in_the_per_run_plots():
     for n in (3, 14, 30):
         colours = {to_rgba(run_colour(k, n)) for k in range(n)}
         assert len(colours) == n
+
+
+def test_cpu_budget_artifact_runs_are_drawn_in_the_per_run_plots_with_their_own_tag(tmp_path, capsys):
+    """Runs of artifacts trained on a CPU budget (medusa, clover, early exit here) were left out of the
+    acceptance, accepted-length, round-cost and KV plots, which said "no runs" (and "no record carries
+    max_nodes") beside records that had both. The recipe promises every section drawn with its own
+    marker and tag: they are now, and a plot with nothing to draw names the sections it looked for."""
+    import json
+
+    from harness.tracking.report import _no_runs, read_results
+
+    root = tmp_path / "runs"
+    run = root / "budget"
+    shutil.copytree(fixture_run(1), run)
+    record = json.loads((run / "record.json").read_text())
+    record["metrics"]["cpu_budget_artifact"] = True
+    (run / "record.json").write_text(json.dumps(record))
+    out = tmp_path / "rep"
+    assert main([str(root), f"out={out}"]) == 0
+    capsys.readouterr()
+    text = (out / "report.md").read_text()
+    for heading in ("Acceptance by depth", "Round-cost ledger", "Temporary KV bytes"):
+        section = text[text.index(f"### {heading}") :].split("### ")[1]
+        assert "Not drawn" not in section and ".png)" in section, section
+    df, _ = read_results(str(root))
+    assert set(df["section"]) == {"cpu_budget_artifact"}
+    assert (
+        _no_runs(df, {"sections": ["exact"]}, ())
+        == "no runs of sections ['exact'] (the runs here are cpu_budget_artifact)"
+    )

@@ -171,6 +171,13 @@ def _sections(df: pd.DataFrame, spec: Mapping[str, Any], default: Sequence[str])
     return df[df["section"].isin(spec.get("sections", default))]
 
 
+def _no_runs(df: pd.DataFrame, spec: Mapping[str, Any], default: Sequence[str]) -> str:
+    """Why a plot drawing the sections ``spec`` (or ``default``) names has no runs in ``df``."""
+    wanted = list(spec.get("sections", default))
+    present = sorted(set(df["section"])) if "section" in df.columns else []
+    return f"no runs of sections {wanted} (the runs here are {', '.join(present) or 'none'})"
+
+
 def _num(x: Any) -> float | None:
     try:
         x = float(x)
@@ -305,9 +312,9 @@ def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     """Acceptance (given depth d-1 reached) and reach at each depth, each point with its 95% Wilson
     interval; a depth tried by fewer than ``min_rounds`` rounds is drawn hollow and grey, and the
     third panel shows how many rounds tried each depth."""
-    runs = _sections(df, spec, ["exact", "heuristic"])
+    runs = _sections(df, spec, SECTIONS)  # each run with its section's marker and tag
     if runs.empty:
-        return Plot(None, "no runs")
+        return Plot(None, _no_runs(df, spec, SECTIONS))
     min_rounds = int(spec.get("min_rounds", MIN_DEPTH_ROUNDS))
     labels = run_labels(runs)
     fig = _new_figure(13, 4.5)
@@ -386,9 +393,9 @@ def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
 
 
 def plot_accepted_length_hist(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
-    runs = _sections(df, spec, ["exact", "heuristic"])
+    runs = _sections(df, spec, SECTIONS)  # each run with its section's marker and tag
     if runs.empty:
-        return Plot(None, "no runs")
+        return Plot(None, _no_runs(df, spec, SECTIONS))
     labels = run_labels(runs)
     fig = _new_figure(9, 4.5)
     ax = fig.add_subplot()
@@ -415,9 +422,9 @@ def plot_accepted_length_hist(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot
 
 
 def plot_round_cost(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
-    runs = _sections(df, spec, ["exact", "heuristic"])
+    runs = _sections(df, spec, SECTIONS)  # each run with its section's marker and tag
     if runs.empty:
-        return Plot(None, "no runs")
+        return Plot(None, _no_runs(df, spec, SECTIONS))
     labels = run_labels(runs)
     fig = _new_figure(9, 1.6 + 0.42 * len(runs))
     ax = fig.add_subplot()
@@ -457,8 +464,10 @@ def plot_round_cost(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
 
 
 def plot_temp_kv_vs_rows(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
-    runs = _sections(df, spec, ["exact", "heuristic"])
-    if "config.topology.max_nodes" not in runs.columns or runs.empty:
+    runs = _sections(df, spec, SECTIONS)
+    if runs.empty:
+        return Plot(None, _no_runs(df, spec, SECTIONS))
+    if "config.topology.max_nodes" not in runs.columns:
         return Plot(None, "no record carries config.topology.max_nodes")
     fig = _new_figure()
     ax = fig.add_subplot()
