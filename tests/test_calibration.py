@@ -4,6 +4,7 @@ and decode loop on the calibration split; statistics, validation, provenance and
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,46 @@ def test_harness_calibrate_notes_the_run_options_it_does_not_read():
         "tracking=wandb: calibrate logs nothing to W&B",
     ]
     assert calibrate_inert_options(["model=tiny", "topology.calibration.parents=20"]) == []
+
+
+def test_calibration_that_would_decode_past_the_positions_is_refused_before_any_round(tmp_path, monkeypatch, capsys):
+    """``topology.calibration.max_new_tokens=5000`` on a 2,048-position model decoded thousands of
+    tokens past its positions and wrote a calibration a run then used; `harness run` refuses the
+    same generation length. Now refused in one line before any round, with nothing written."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    assert main([*TINY, "topology.calibration.max_new_tokens=5000", "topology.calibration.parents=3000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("harness calibrate: refused: calibration prompt ")
+    assert "+ topology.calibration.max_new_tokens=5000 + " in err and "> the 2,048 positions of the target;" in err
+    assert re.search(r"use topology.calibration.max_new_tokens=\d+", err)
+    assert not (tmp_path / "sequoia").exists() or not any((tmp_path / "sequoia").glob("calibration-*.json"))
+
+
+def test_a_refused_calibrate_puts_back_the_artifacts_it_re_measured(tmp_path, monkeypatch, capsys):
+    """`harness calibrate` re-measures the calibration and the hardware profile; when the tree search
+    then refuses (speculation does not pay at n = 1), the shared profile was left replaced, so trees
+    of other configurations bound to the earlier one went stale. The earlier files are put back."""
+    from harness.prepare import sequoia
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    small = [
+        *TINY,
+        "proposer.model.num_layers=1",
+        "topology.max_nodes=3",
+        "topology.max_depth=3",
+        "topology.profile.repeats=2",
+        "topology.profile.warmup=0",
+        "topology.profile.prefix_len=16",
+    ]
+    assert main(small) == 0
+    out = json.loads(capsys.readouterr().out)
+    files = [Path(out[k]) for k in ("sequoia_calibration", "sequoia_profile", "sequoia_profile_plot")]
+    before = [f.read_bytes() for f in files]
+
+    def refuse(**_):
+        raise ValueError("the hardware-aware choice is plain autoregressive decoding (n = 1)")
+
+    monkeypatch.setattr(sequoia, "build_tree_artifact", refuse)
+    assert main(small) == 2
+    assert "plain autoregressive decoding" in capsys.readouterr().err
+    assert [f.read_bytes() for f in files] == before

@@ -227,6 +227,7 @@ def measure_ranks(cfg, context, *, items: list, progress: bool = True) -> tuple[
         raise ValueError(
             f"topology.calibration.branches={branches} exceeds the vocabulary ({context.target_backend.vocab_size})"
         )
+    check_calibration_fits(cfg, context, items=items, branches=branches)
     policy = sampling_policy(cfg)
     budget = Budget(shape="set", max_nodes=branches, max_depth=1, widths=(branches,))
     proposer = proposer_class(cfg.proposer.name).from_config(
@@ -269,6 +270,42 @@ def measure_ranks(cfg, context, *, items: list, progress: bool = True) -> tuple[
     finally:
         bar.close()
     return ranks, used
+
+
+def check_calibration_fits(cfg, context, *, items: list, branches: int) -> None:
+    """Refuse, before any decoding, a calibration prompt that cannot hold
+    ``topology.calibration.max_new_tokens`` and a round's ``branches`` candidate rows (and its pending
+    token) inside the positions of the target and a separate draft model, as a run refuses its
+    prompts: past them the rounds decoded with positions the models were never trained on."""
+    from harness.target.loading import config_position_limit
+
+    models = [("the target", context.target_backend)]
+    if context.draft_backend is not None:
+        models.append(("the draft model", context.draft_backend))
+    known = [(n, who) for who, b in models if (n := config_position_limit(b.model.config)) is not None]
+    window = getattr(context.target_backend.model.config, "sliding_window", None)
+    if (
+        isinstance(window, int)
+        and getattr(context.target_backend.model.config, "use_sliding_window", True) is not False
+    ):
+        known.append((window - 1, "the target's sliding attention window"))
+    if not known:
+        return
+    positions, who = min(known, key=lambda k: k[0])  # the target named first on a tie
+    new = int(cfg.topology.calibration.max_new_tokens)
+    for prompt, ids in items:
+        if len(ids) + new + branches + 1 > positions:
+            room = positions - len(ids) - branches - 1
+            fix = (
+                f"topology.calibration.max_new_tokens={room}"
+                if room >= 1
+                else "calibration prompts that fit (a workload with shorter prompts)"
+            )
+            raise ValueError(
+                f"calibration prompt {prompt.prompt_id!r}: {len(ids)} prompt tokens + topology.calibration."
+                f"max_new_tokens={new} + {branches} candidate rows (topology.calibration.branches) + its pending "
+                f"token = {len(ids) + new + branches + 1} > the {positions:,} positions of {who}; use {fix}"
+            )
 
 
 def run_calibration(cfg, context, *, items: list, provenance: dict, progress: bool = True) -> dict:

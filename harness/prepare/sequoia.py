@@ -282,6 +282,7 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
     prof_key = key_hash(_match(prof_expected, PROFILE_MATCH_FIELDS))
     root = sequoia_dir()
     stages: dict[str, str] = {}
+    replaced: dict[Path, bytes | None] = {}  # files a stage re-measured: their earlier bytes (None: absent)
 
     def load_calibration(path) -> dict:
         art = read_artifact(path, kind=CALIBRATION_KIND)
@@ -314,6 +315,8 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
                 art = load(path)
                 stages[name] = "loaded (cache)"
             else:
+                for earlier in (path, path.with_suffix(".png")):  # put back if a later stage refuses
+                    replaced[earlier] = earlier.read_bytes() if earlier.is_file() else None
                 art = measure(path)
                 stages[name] = "measured"
         return art, path
@@ -351,35 +354,46 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
         stages = {"calibration": "loaded", "profile": "loaded", "tree": "loaded (topology.tree_artifact)"}
         plot_path = plot_for(profile, prof_path)
     else:  # each stage loaded from the cache when it matches, else measured (or built) and written
-        calibration, cal_path = gated("calibration", cal_key, load_calibration, calibrate, "Sequoia calibration")
-        # one job profiles at a time: the others wait (their timing would disturb it), then load it
-        profile, prof_path = gated("profile", prof_key, load_profile, profile_hardware, "Sequoia hardware profile")
-        plot_path = plot_for(profile, prof_path)
+        try:
+            calibration, cal_path = gated("calibration", cal_key, load_calibration, calibrate, "Sequoia calibration")
+            # one job profiles at a time: the others wait (their timing would disturb it), then load it
+            profile, prof_path = gated("profile", prof_key, load_profile, profile_hardware, "Sequoia hardware profile")
+            plot_path = plot_for(profile, prof_path)
 
-        # 3. the tree
-        tree_path = root / f"tree-{key_hash([cal_key, prof_key, search])}.json"
-        tree = None
-        with artifact_lock(tree_path, purpose="Sequoia tree"):
-            if reuse and tree_path.exists() and stages["calibration"] != "measured" and stages["profile"] != "measured":
-                try:
-                    tree = read_artifact(tree_path, kind=TREE_KIND)
-                    check_tree(tree, calibration=calibration, profile=profile, search=search, path=str(tree_path))
-                    stages["tree"] = "loaded (cache)"
-                except StaleArtifactError as exc:  # a cached tree over replaced inputs: rebuilt, never used
-                    log.info("sequoia: rebuilding the cached tree: %s", exc)
-                    tree = None
-            if tree is None:
-                tree = write_artifact(
-                    build_tree_artifact(
-                        calibration=calibration,
-                        profile=profile,
-                        search=search,
-                        calibration_path=str(cal_path),
-                        profile_path=str(prof_path),
-                    ),
-                    tree_path,
-                )
-                stages["tree"] = "built"
+            # 3. the tree
+            tree_path = root / f"tree-{key_hash([cal_key, prof_key, search])}.json"
+            tree = None
+            with artifact_lock(tree_path, purpose="Sequoia tree"):
+                if (
+                    reuse
+                    and tree_path.exists()
+                    and stages["calibration"] != "measured"
+                    and stages["profile"] != "measured"
+                ):
+                    try:
+                        tree = read_artifact(tree_path, kind=TREE_KIND)
+                        check_tree(tree, calibration=calibration, profile=profile, search=search, path=str(tree_path))
+                        stages["tree"] = "loaded (cache)"
+                    except StaleArtifactError as exc:  # a cached tree over replaced inputs: rebuilt, never used
+                        log.info("sequoia: rebuilding the cached tree: %s", exc)
+                        tree = None
+                if tree is None:
+                    tree = write_artifact(
+                        build_tree_artifact(
+                            calibration=calibration,
+                            profile=profile,
+                            search=search,
+                            calibration_path=str(cal_path),
+                            profile_path=str(prof_path),
+                        ),
+                        tree_path,
+                    )
+                    stages["tree"] = "built"
+        except BaseException:  # a refused tree (speculation does not pay), an interrupt: none replaced
+            for path, earlier in replaced.items():  # (a first measurement stays: it is valid, and costly)
+                if earlier is not None:
+                    path.write_bytes(earlier)
+            raise
     return SequoiaArtifacts(
         tree=tree,
         tree_path=tree_path,
