@@ -335,3 +335,28 @@ def test_a_refused_calibrate_puts_back_the_artifacts_it_re_measured(tmp_path, mo
     assert main(small) == 2
     assert "plain autoregressive decoding" in capsys.readouterr().err
     assert [f.read_bytes() for f in files] == before
+
+
+def test_a_tree_artifact_whose_budget_differs_from_its_chosen_tree_is_refused(tmp_path, monkeypatch, capsys):
+    """A run builds its budget from the tree artifact's ``budget_parents``, but only ``parents`` was
+    compared with what the optimiser chooses: an artifact re-hashed with a flat star there ran the
+    star while the record described the chosen chain. Every figure of the choice is checked now."""
+    from harness.prepare.profile import read_artifact, write_artifact
+    from harness.prepare.sequoia import CALIBRATION_KIND, PROFILE_KIND, TREE_KIND, check_tree
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    small = [*TINY, "proposer.model.num_layers=1", "topology.max_nodes=3", "topology.max_depth=3"]
+    small += ["topology.profile.repeats=2", "topology.profile.warmup=0", "topology.profile.prefix_len=16"]
+    assert main(small) == 0
+    out = json.loads(capsys.readouterr().out)
+    tree = read_artifact(Path(out["sequoia_tree"]), kind=TREE_KIND)
+    cal = read_artifact(Path(out["sequoia_calibration"]), kind=CALIBRATION_KIND)
+    prof = read_artifact(Path(out["sequoia_profile"]), kind=PROFILE_KIND)
+    check_tree(tree, calibration=cal, profile=prof, search=tree["search"], path="t.json")  # as written: fine
+    star = {k: v for k, v in tree.items() if k != "hash"}
+    star["chosen"] = {**tree["chosen"], "budget_parents": [-1] * len(tree["chosen"]["budget_parents"])}
+    assert star["chosen"]["budget_parents"] != tree["chosen"]["budget_parents"]  # the chosen tree is deeper
+    write_artifact(star, tmp_path / "star.json")  # re-hashed: the content hash alone cannot tell
+    tampered = read_artifact(tmp_path / "star.json", kind=TREE_KIND)
+    with pytest.raises(StaleArtifactError, match=r"its chosen budget_parents is \[-1, "):
+        check_tree(tampered, calibration=cal, profile=prof, search=tree["search"], path="star.json")

@@ -25,6 +25,7 @@ Conventions: ``topology.max_nodes`` counts candidate rows, the DP's ``n`` counts
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,6 +176,13 @@ def check_tree(tree: dict, *, calibration: dict, profile: dict, search: dict, pa
             f"stale tree artifact {path!r}: the optimiser now chooses "
             f"{again['chosen']['parents']} from the same inputs, the artifact holds "
             f"{tree.get('chosen', {}).get('parents')}"
+        )
+    # every figure of the choice, the budget a run builds from it included (budget_parents, ranks)
+    differs = sorted(k for k, v in again["chosen"].items() if json.loads(json.dumps(v)) != tree["chosen"].get(k))
+    if differs:
+        raise StaleArtifactError(
+            f"stale tree artifact {path!r}: its chosen {differs[0]} is {tree['chosen'].get(differs[0])}, the tree "
+            f"{again['chosen']['parents']} gives {again['chosen'][differs[0]]}"
         )
 
 
