@@ -45,7 +45,7 @@ from harness.engine.checks import validate_config
 from harness.gates.stages import GateError
 from harness.heads.published import is_published
 from harness.prepare import TRAINERS
-from harness.prepare.sequoia import ensure_tree_artifact
+from harness.prepare.sequoia import ensure_tree_artifact, slower_than_ar_note
 from harness.prepare.trained import noting_outcomes
 from harness.runner import (
     build_context,
@@ -489,6 +489,9 @@ def calibrate_main(argv: list[str]) -> int:
             raise offer(exc, overrides, accept=lambda c: (plan(c), require_sequoia(c))) from exc
     except Exception as exc:
         return report_failure("calibrate", exc, refusals=REFUSALS)
+    slower = slower_than_ar_note(out["chosen"])
+    if slower:
+        print(f"harness calibrate: note: {slower}", file=sys.stderr)
     print(json.dumps(out, indent=2))
     return 0
 

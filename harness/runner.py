@@ -62,7 +62,7 @@ from harness.manifest import (
 from harness.measure.hardware import hardware_card, library_versions, peak_rss_bytes
 from harness.measure.memory import JobHostMemory
 from harness.prepare import prepare
-from harness.prepare.sequoia import cost_model_error
+from harness.prepare.sequoia import cost_model_error, slower_than_ar_note
 from harness.proposers.base import NullProposer
 from harness.proposers.rest import path_inert_options
 from harness.random_source import TorchRandomSource
@@ -1259,13 +1259,18 @@ def speed_py_speedup(per_prompt: list[dict]) -> float | None:
 
 def run_notes(record: dict) -> list[str]:
     """What a finished run says on stderr about its figures: prompts timed through a stall
-    (:func:`timing_outlier_note`), a speedup with nothing accepted (:func:`unaccepted_speedup_note`)
-    and prompts the context limit cut (:func:`truncation_note`)."""
+    (:func:`timing_outlier_note`), a speedup with nothing accepted (:func:`unaccepted_speedup_note`),
+    a Sequoia tree predicted slower than plain decoding and prompts the context limit cut
+    (:func:`truncation_note`)."""
     m = record["metrics"]
     notes = [timing_outlier_note(m["timing_outliers"])] if m.get("timing_outliers") else []
     unaccepted = unaccepted_speedup_note(m)
+    predicted = m.get("sequoia_predicted_time_per_token_normalised")
+    slower = None
+    if predicted is not None:
+        slower = slower_than_ar_note({"n": m.get("sequoia_tree_nodes"), "time_per_token": predicted})
     cut = truncation_note(m.get("context") or {}, len(record["per_prompt"]))
-    return notes + [n for n in (unaccepted, cut) if n]
+    return notes + [n for n in (unaccepted, slower, cut) if n]
 
 
 #: a decode speedup at least this large with no proposed token accepted is noted

@@ -360,3 +360,20 @@ def test_a_tree_artifact_whose_budget_differs_from_its_chosen_tree_is_refused(tm
     tampered = read_artifact(tmp_path / "star.json", kind=TREE_KIND)
     with pytest.raises(StaleArtifactError, match=r"its chosen budget_parents is \[-1, "):
         check_tree(tampered, calibration=cal, profile=prof, search=tree["search"], path="star.json")
+
+
+def test_a_tree_predicted_slower_than_plain_decoding_is_noted():
+    """With the default topology.min_nodes=2 the search builds a tree even where its predicted time
+    per token is above one AR step (1.54x on SmolLM2 in a trial) and nothing said so; the run's notes
+    and `harness calibrate` say it now, naming min_nodes."""
+    from harness.prepare.sequoia import slower_than_ar_note
+    from harness.runner import run_notes
+
+    note = slower_than_ar_note({"n": 3, "time_per_token": 1.54})
+    assert note.startswith("the Sequoia tree of 3 nodes is predicted at 1.54x an autoregressive step per token")
+    assert "topology.min_nodes" in note and slower_than_ar_note({"n": 5, "time_per_token": 0.61}) is None
+    metrics = {"sequoia_predicted_time_per_token_normalised": 1.54, "sequoia_tree_nodes": 3}
+    assert run_notes({"metrics": metrics, "per_prompt": [{}]}) == [note]
+    assert (
+        run_notes({"metrics": {**metrics, "sequoia_predicted_time_per_token_normalised": 0.9}, "per_prompt": []}) == []
+    )

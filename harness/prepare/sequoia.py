@@ -414,6 +414,20 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
     )
 
 
+def slower_than_ar_note(chosen: dict) -> str | None:
+    """One line when the chosen tree's predicted time per token (in AR steps) is above one: the
+    search had to build a tree (``topology.min_nodes`` >= 2) although plain decoding is predicted
+    faster on this profile; None otherwise."""
+    t = float(chosen["time_per_token"])
+    if t <= 1.0:
+        return None
+    return (
+        f"the Sequoia tree of {chosen['n']} nodes is predicted at {t:.2f}x an autoregressive step per token on this "
+        "profile: slower than plain decoding; it is built because topology.min_nodes forces a tree "
+        "(min_nodes=1 lets the search choose plain decoding, and the run is then refused)"
+    )
+
+
 def prepare_sequoia(cfg, plan_, context):
     """TOPOLOGY_PREPARERS entry: resolve the artifacts, then the plan's budget is the chosen tree."""
     arts = ensure_tree_artifact(cfg, context)
