@@ -45,7 +45,7 @@ from harness.engine.checks import validate_config
 from harness.gates.stages import GateError
 from harness.heads.published import is_published
 from harness.prepare import TRAINERS
-from harness.prepare.sequoia import ensure_tree_artifact, slower_than_ar_note
+from harness.prepare.sequoia import ensure_tree_artifact, idle_nodes_note, slower_than_ar_note
 from harness.prepare.trained import noting_outcomes
 from harness.runner import (
     build_context,
@@ -438,13 +438,17 @@ def require_sequoia(cfg: DictConfig) -> None:
 
 
 def calibrate(cfg: DictConfig, *, progress: bool = True) -> dict:
-    """Load the models of ``cfg``, write fresh calibration, profile and tree artifacts; return paths."""
+    """Load the models of ``cfg``, write fresh calibration, profile and tree artifacts; return paths
+    (the summary, with ``notes``: what the choice says that its figures do not show)."""
 
     require_sequoia(cfg)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     loaded = load(cfg, plan_job(cfg, None))  # every refusal the run would make comes first, before model work
-    return ensure_tree_artifact(cfg, build_context(cfg, loaded), force=True, progress=progress).summary()
+    arts = ensure_tree_artifact(cfg, build_context(cfg, loaded), force=True, progress=progress)
+    out = arts.summary()
+    out["notes"] = [n for n in (slower_than_ar_note(out["chosen"]), idle_nodes_note(arts.tree)) if n]
+    return out
 
 
 #: options of a run that `harness calibrate` does not read (it measures, writes its artifacts to
@@ -489,9 +493,8 @@ def calibrate_main(argv: list[str]) -> int:
             raise offer(exc, overrides, accept=lambda c: (plan(c), require_sequoia(c))) from exc
     except Exception as exc:
         return report_failure("calibrate", exc, refusals=REFUSALS)
-    slower = slower_than_ar_note(out["chosen"])
-    if slower:
-        print(f"harness calibrate: note: {slower}", file=sys.stderr)
+    for note in out["notes"]:
+        print(f"harness calibrate: note: {note}", file=sys.stderr)
     print(json.dumps(out, indent=2))
     return 0
 

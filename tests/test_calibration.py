@@ -377,3 +377,17 @@ def test_a_tree_predicted_slower_than_plain_decoding_is_noted():
     assert (
         run_notes({"metrics": {**metrics, "sequoia_predicted_time_per_token_normalised": 0.9}, "per_prompt": []}) == []
     )
+
+
+def test_a_chosen_tree_with_nodes_worth_nothing_is_noted():
+    """A measured profile pricing t(9) below t(7) made the search add two siblings of acceptance 0:
+    the tree expects no more tokens than the best of 7 nodes, and nothing said why it was larger."""
+    from harness.prepare.sequoia import idle_nodes_note
+
+    table = [[n, d, None if d == 0 and n > 1 else float(min(n, 7))] for n in range(1, 10) for d in range(0, 7)]
+    tree = {"chosen": {"n": 9, "expected_tokens": 7.0}, "search": {"max_depth": 6}, "expected_tokens_table": table}
+    note = idle_nodes_note(tree)
+    assert note.startswith(
+        "the chosen Sequoia tree of 9 nodes expects no more tokens per round (7) than the best of 7:"
+    )
+    assert idle_nodes_note({**tree, "chosen": {"n": 7, "expected_tokens": 7.0}}) is None

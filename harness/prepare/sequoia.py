@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -428,9 +429,29 @@ def slower_than_ar_note(chosen: dict) -> str | None:
     )
 
 
+def idle_nodes_note(tree: dict) -> str | None:
+    """One line when the chosen tree expects no more tokens than the best tree of fewer nodes (its
+    extra nodes are worth nothing under the calibration), so only the profile pricing the larger
+    forward below the smaller one chose it; None otherwise."""
+    chosen, depth = tree["chosen"], int(tree["search"]["max_depth"])
+    g = float(chosen["expected_tokens"])
+    for n, d, value in tree.get("expected_tokens_table") or []:
+        if int(d) == depth and int(n) < int(chosen["n"]) and value is not None and float(value) >= g - 1e-9:
+            return (
+                f"the chosen Sequoia tree of {chosen['n']} nodes expects no more tokens per round ({g:.3g}) than the "
+                f"best of {int(n)}: its extra nodes are worth nothing under the calibration, and it is chosen only "
+                "because the hardware profile prices the larger verify forward below the smaller one (a measured "
+                "profile's noise, or a kernel's faster path at more rows)"
+            )
+    return None
+
+
 def prepare_sequoia(cfg, plan_, context):
     """TOPOLOGY_PREPARERS entry: resolve the artifacts, then the plan's budget is the chosen tree."""
     arts = ensure_tree_artifact(cfg, context)
+    idle = idle_nodes_note(arts.tree)
+    if idle:
+        print(f"harness: note: {idle}", file=sys.stderr)
     t_profile = {
         "n": [v["n"] for v in arts.profile["verify_ms"]],
         "t": [v["median_ms"] for v in arts.profile["verify_ms"]],
