@@ -482,7 +482,7 @@ def test_a_baseline_run_on_other_axes_is_noted_under_the_table():
     assert a.baseline_differs == {"temperature": ["0.7", "0"]}
     text = format_table(rows, by="proposer", baseline="b", level=0.95)
     assert (
-        "note: arms compared with the baseline across other axes too (a: temperature 0.7 vs 0): their "
+        "note: arms compared with the baseline across other axes or options too (a: temperature 0.7 vs 0): their "
         "vs-baseline ratio is not the effect of proposer alone"
     ) in text
 
@@ -540,7 +540,11 @@ def test_arms_that_differ_beyond_the_by_axis_or_ran_other_prompts_say_so_without
     df["per_prompt"] = [df["per_prompt"][0], df["per_prompt"][0]]  # the same prompts: a ratio, qualified
     df = df.drop(columns=["config.workload.split"])
     paired = format_table(compare(df, baseline="b", n_resamples=50), by="proposer", baseline="b", level=0.95)
-    assert "arms compared with the baseline across other axes too (a: model m@bfloat16 vs m" in paired
+    assert "arms compared with the baseline across other axes or options too (a: model m@bfloat16 vs m" in paired
+    # a config key apart from the baseline is named too, as the arms-apart note names it
+    df["config.generation.max_new_tokens"] = [16, 24]
+    paired = format_table(compare(df, baseline="b", n_resamples=50), by="proposer", baseline="b", level=0.95)
+    assert "(a: model m@bfloat16 vs m, generation.max_new_tokens 16 vs 24)" in paired
     # a balanced sweep (every arm crossed with the same temperatures and max_nodes) sets no arm apart
     runs = {f"r{i}": {"proposer": p, "prompts": pa} for i, p in enumerate("aabb")}
     df = _toy(runs)

@@ -519,8 +519,9 @@ def arm_config_keys(df: pd.DataFrame) -> list[str]:
 
 
 def _axes_apart(runs: pd.DataFrame, base: pd.DataFrame, by: str) -> dict[str, list[str]]:
-    """The axes other than ``by`` whose values differ between ``runs`` and the baseline's ``base``:
-    axis -> [these runs' values, the baseline's], each comma-joined."""
+    """The axes other than ``by``, then the config keys (as the arms-apart note reads them: not
+    ``by``'s own options, nor a seed), whose values differ between ``runs`` and the baseline's
+    ``base``: key -> [these runs' values, the baseline's], each comma-joined."""
     out = {}
     for axis in AXES:
         if axis == by or axis not in runs.columns or axis not in base.columns:
@@ -528,12 +529,22 @@ def _axes_apart(runs: pd.DataFrame, base: pd.DataFrame, by: str) -> dict[str, li
         mine, theirs = sorted({arm_label(v) for v in runs[axis]}), sorted({arm_label(v) for v in base[axis]})
         if mine != theirs:
             out[axis] = [",".join(mine), ",".join(theirs)]
+    union = pd.concat([runs, base], ignore_index=True)
+    for key in _varying(union, by, skip_group=True):
+        if key in AXES or key in REPEAT_CONFIG:
+            continue
+        mine, theirs = (
+            sorted({_config_text(v) for v in df.get(f"config.{key}", pd.Series([None]))}, key=_value_order)
+            for df in (runs, base)
+        )
+        if mine != theirs:
+            out[key] = [",".join(mine), ",".join(theirs)]
     return out
 
 
 #: what a comparison with the baseline means when the two arms differ beyond the ``by`` axis
 BASELINE_NOTE = (
-    "arms compared with the baseline across other axes too ({arms}): their vs-baseline ratio is not the "
+    "arms compared with the baseline across other axes or options too ({arms}): their vs-baseline ratio is not the "
     "effect of {by} alone"
 )
 
