@@ -73,6 +73,9 @@ def test_load_record_reads_a_run_folder_or_its_file():
         ),
         (lambda r: r["per_prompt"][1].update(ar_tokens=-3), "per_prompt[1].ar_tokens must be a finite number >= 0"),
         (lambda r: r["per_prompt"][0].update(ar_prefill_ms="5"), "per_prompt[0].ar_prefill_ms must be a finite"),
+        (lambda r: r.update(per_prompt=[]), "per_prompt is empty: a run records every prompt it measured"),
+        (lambda r: r["axes"].update(batch_size="four"), "axes.batch_size must be a whole number >= 1; got 'four'"),
+        (lambda r: r["axes"].update(temperature=-1), "axes.temperature must be a finite number >= 0; got -1"),
     ],
 )
 def test_load_record_refuses_bad_records_with_the_key_and_values(tmp_path, mutate, message):
@@ -91,6 +94,10 @@ def test_load_record_refuses_missing_and_broken_files(tmp_path):
     (tmp_path / "record.json").write_text("{not json")
     with pytest.raises(RecordError, match="not valid JSON"):
         load_record(tmp_path)
+    folder = tmp_path / "odd" / "record.json"
+    folder.mkdir(parents=True)  # its path was doubled: odd/record.json/record.json: no such record file
+    with pytest.raises(RecordError, match=r"odd/record.json: a folder, where a run's record file belongs$"):
+        load_record(folder)
 
 
 def test_aggregate_flattens_one_row_per_run():

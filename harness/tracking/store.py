@@ -202,6 +202,11 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
     for name in ("gates", "config", "axes", "metrics", "hardware", "artifacts"):
         _require_type(path, name, record[name], dict)
     _require_keys(path, "axes", record["axes"], AXES)
+    batch, temperature = record["axes"]["batch_size"], record["axes"]["temperature"]
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise RecordError(f"{path}: axes.batch_size must be a whole number >= 1; got {batch!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        raise RecordError(f"{path}: axes.temperature must be a finite number >= 0; got {temperature!r}")
     _require_keys(path, "metrics", record["metrics"], REQUIRED_METRICS)
     metrics = record["metrics"]
     _require_type(path, "metrics.cpu_budget_artifact", metrics["cpu_budget_artifact"], bool)
@@ -223,6 +228,8 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
         if record["gated"] != is_gated(record["gates"]):
             raise RecordError(f"{path}: gated={record['gated']} disagrees with its gate statuses")
     _require_type(path, "per_prompt", record["per_prompt"], list)
+    if not record["per_prompt"]:
+        raise RecordError(f"{path}: per_prompt is empty: a run records every prompt it measured, at least one")
     for i, row in enumerate(record["per_prompt"]):
         _require_type(path, f"per_prompt[{i}]", row, dict)
         _require_keys(path, f"per_prompt[{i}]", row, PER_PROMPT_KEYS)
@@ -299,6 +306,8 @@ def outputs_problem(record: Mapping[str, Any], folder: str | Path) -> str | None
 def load_record(path: str | Path) -> dict[str, Any]:
     """Read and validate one ``record.json`` (a file, or the run folder holding it)."""
     path = Path(path)
+    if path.is_dir() and path.name == RECORD_FILENAME:
+        raise RecordError(f"{path}: a folder, where a run's record file belongs")
     if path.is_dir():
         path = path / RECORD_FILENAME
     if not path.is_file():
