@@ -557,7 +557,12 @@ def test_arms_that_differ_beyond_the_by_axis_or_ran_other_prompts_say_so_without
     df["workload"] = ["humaneval", "sharegpt"]
     df["config.workload.chat"] = [False, True]
     by_workload = format_table(compare(df, by="workload", n_resamples=50), by="workload", baseline=None, level=0.95)
-    assert "note:" not in by_workload
+    notes = [line for line in by_workload.splitlines() if "note:" in line]
+    assert notes == [  # two prompts an arm: only that its intervals are the range
+        "note: arms whose intervals resample fewer than 5 prompts or batches (humaneval: 2 prompts; sharegpt: 2 "
+        "prompts): a bootstrap over so few units spans little more than the values measured, so read their "
+        "intervals as that range, not as 95% coverage; measure more prompts"
+    ]
     # a baseline with no runs in a section: that section's cells are plain "-", not "no prompt in common"
     df = _toy({"r1": {"proposer": "a", "prompts": pa}, "r2": {"proposer": "b", "prompts": pa, "section": "heuristic"}})
     table = format_table(compare(df, baseline="b", n_resamples=50), by="proposer", baseline="b", level=0.95)
@@ -663,3 +668,16 @@ def test_a_batched_run_changes_only_the_intervals_of_the_categories_it_holds():
     assert _row(mixed, "a", "chat").vs_baseline.ci_low is not None
     # the code category is one batch: one unit, no interval
     assert _row(mixed, "a", "code").speedup.ci_low is None
+
+
+def test_intervals_over_fewer_than_five_units_are_said_to_be_the_range():
+    """Two batches (or two prompts) gave "1.144 [1.041, 1.273]": the two batches' own speedups, shown as
+    a 95% interval. Below five resampling units the table says so; from five on it says nothing."""
+    few = [(f"p{i}", "c", 10 + i, 10, 20, 10) for i in range(3)]
+    many = [(f"p{i}", "c", 10 + i, 10, 20, 10) for i in range(5)]
+    rows = compare(_toy({"r1": {"proposer": "a", "prompts": few}, "r2": {"proposer": "b", "prompts": many}}))
+    assert _row(rows, "a").n_units == 3 and _row(rows, "b").n_units == 5
+    text = format_table(rows, by="proposer", baseline=None, level=0.95)
+    assert "note: arms whose intervals resample fewer than 5 prompts or batches (a: 3 prompts): " in text
+    lone = compare(_toy({"r1": {"proposer": "a", "prompts": few[:1]}}))
+    assert "fewer than 5" not in format_table(lone, by="proposer", baseline=None, level=0.95)  # no interval at all

@@ -131,6 +131,7 @@ class ArmRow:
     # the ``all`` row: how many of its prompts every other arm of its section ran too (None: one arm)
     common_prompts: int | None = None
     has_baseline: bool = False  # its section has the baseline's runs to pair with
+    n_units: int = 0  # the resampling units its intervals draw from: prompts, or batches of a batched run
 
 
 # --------------------------------------------------------------------------------------------
@@ -715,6 +716,7 @@ def compare(
                         timing_outliers=_timing_outliers(cat_runs, cat_long),
                         truncated_prompts=int(cat_long.loc[cat_long["truncated"], "prompt_id"].nunique()),
                         baseline_differs=differs,
+                        n_units=len(units),
                         apart=apart.get(key[1], {}) if cat == ALL else {},
                         common_prompts=None if shared is None or cat != ALL else len(shared & set(p.index)),
                         has_baseline=bk is not None,
@@ -1005,10 +1007,41 @@ def truncation_note(sec: Sequence[ArmRow]) -> str | None:
 
 
 def section_notes(sec: Sequence[ArmRow], by: str) -> list[str]:
-    """The notes under a section's table: batched arms, timing outliers, cut prompts, the baseline,
-    arms apart beyond ``by``."""
-    notes = (batched_note(sec), outlier_note(sec), truncation_note(sec), baseline_note(sec, by), *apart_notes(sec, by))
+    """The notes under a section's table: batched arms, timing outliers, cut prompts, few resampling
+    units, the baseline, arms apart beyond ``by``."""
+    notes = (
+        batched_note(sec),
+        outlier_note(sec),
+        truncation_note(sec),
+        few_units_note(sec),
+        baseline_note(sec, by),
+        *apart_notes(sec, by),
+    )
     return [n for n in notes if n]
+
+
+#: below this many resampling units a bootstrap interval is little more than the range of the values
+MIN_INTERVAL_UNITS = 5
+
+#: what an interval means when it resamples fewer than :data:`MIN_INTERVAL_UNITS` units
+FEW_UNITS_NOTE = (
+    "arms whose intervals resample fewer than {n} prompts or batches ({arms}): a bootstrap over so few units "
+    "spans little more than the values measured, so read their intervals as that range, not as 95% coverage; "
+    "measure more prompts"
+)
+
+
+def few_units_note(sec: Sequence[ArmRow]) -> str | None:
+    """:data:`FEW_UNITS_NOTE` naming the arms of ``sec`` (their ``all`` rows) whose intervals draw
+    from 2 to :data:`MIN_INTERVAL_UNITS` - 1 units (one unit has no interval), or None."""
+    few = sorted(
+        {
+            f"{r.arm}: {r.n_units} {'batches' if r.batch_sizes and max(r.batch_sizes) > 1 else 'prompts'}"
+            for r in sec
+            if r.category == ALL and 2 <= r.n_units < MIN_INTERVAL_UNITS
+        }
+    )
+    return FEW_UNITS_NOTE.format(n=MIN_INTERVAL_UNITS, arms="; ".join(few)) if few else None
 
 
 #: what an arm's figures mean when its runs batched requests
