@@ -681,3 +681,17 @@ def test_intervals_over_fewer_than_five_units_are_said_to_be_the_range():
     assert "note: arms whose intervals resample fewer than 5 prompts or batches (a: 3 prompts): " in text
     lone = compare(_toy({"r1": {"proposer": "a", "prompts": few[:1]}}))
     assert "fewer than 5" not in format_table(lone, by="proposer", baseline=None, level=0.95)  # no interval at all
+
+
+def test_a_tiny_model_s_shape_is_no_difference_beside_a_model_that_is_not_tiny():
+    """Arms on smollm2 and on the tiny model listed model.tiny.max_position_embeddings 512 vs 2048,
+    an option smollm2 never reads; between two tiny models it is a real difference."""
+    pa = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": pa}, "r2": {"proposer": "b", "prompts": pa}})
+    df["model"] = ["smollm2", "tiny"]
+    df["config.model.name"] = ["smollm2", "tiny"]
+    df["config.model.tiny.max_position_embeddings"] = [512, 2048]
+    assert _row(compare(df, n_resamples=50), "a").apart == {"model": "smollm2"}
+    df["model"] = ["tiny", "tiny"]
+    df["config.model.name"] = ["tiny", "tiny"]
+    assert _row(compare(df, n_resamples=50), "a").apart == {"model.tiny.max_position_embeddings": "512"}

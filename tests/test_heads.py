@@ -488,3 +488,17 @@ def test_vocab_projection_equals_the_lm_head(bias):
         assert torch.allclose(got, lm(h), atol=1e-5, rtol=1e-5)
     emb = torch.nn.Embedding(10, 4)  # not a Linear: falls back to calling the module
     assert torch.equal(vocab_projection(emb, torch.tensor([1, 2])), emb(torch.tensor([1, 2])))
+
+
+def test_a_saved_artifact_s_weights_are_readable_as_its_manifest_is(tmp_path):
+    """safetensors writes its file 0600: a trained artifact's weights were private while its manifest
+    was group-readable, so a shared cache's other users read a manifest whose weights they could not."""
+    import os
+    import stat
+
+    from harness.files import plain_file_mode
+    from harness.heads.checkpoint import MANIFEST_FILE, WEIGHTS_FILE, save_artifact
+
+    out = save_artifact(tmp_path / "art", manifest={"kind": "test"}, state={"w": torch.zeros(2, 2)})
+    modes = {name: stat.S_IMODE(os.stat(out / name).st_mode) for name in (WEIGHTS_FILE, MANIFEST_FILE)}
+    assert modes[WEIGHTS_FILE] == modes[MANIFEST_FILE] == plain_file_mode()

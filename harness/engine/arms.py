@@ -32,8 +32,9 @@ ARMS = ("ar", "spec")
 #: what each decode metric means (written into every record)
 METRIC_NOTES = {
     "time_per_committed_token_ms": (
-        "batch wall decode time / committed tokens, summed over batches (prefill excluded; at batch 1 the "
-        "request's decode time): the round loop's cost per token; decode_speedup = the AR arm's / this"
+        "batch wall decode time / committed tokens, summed over batches (prefill excluded; at batch 1 the batch "
+        "is its one request, and its wall time a little over that request's latency, per_prompt.spec_decode_ms, "
+        "which harness compare reads): the round loop's cost per token; decode_speedup = the AR arm's / this"
     ),
     "end_to_end_time_per_token_ms": (
         "(prefill + decode) / committed tokens: prefill is the target's prompt forward plus every proposer's "

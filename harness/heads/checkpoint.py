@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from harness.files import temporary_sibling
+from harness.files import plain_file_mode, temporary_sibling
 from harness.target.loading import cache_root, tokenizer_fingerprint
 
 ARTIFACT_VERSION = "heads-artifact-1"
@@ -174,6 +175,7 @@ def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch
         if state is not None:
             state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
             save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            os.chmod(tmp / WEIGHTS_FILE, plain_file_mode())  # safetensors writes 0600; the manifest is 0644
             manifest["weights_sha256"] = weights_hash(state)
         manifest["artifact_id"] = _artifact_id(manifest)
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")

@@ -15,6 +15,7 @@ With ``model=tiny`` (no tokenizer) a document's ids are its UTF-8 bytes mapped t
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -26,7 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from harness.files import artifact_lock, temporary_sibling
+from harness.files import artifact_lock, plain_file_mode, temporary_sibling
 from harness.heads.checkpoint import cpu_budget_label, short_hash, target_fingerprint
 from harness.heads.recipes import DataRecipe
 from harness.target.loading import cache_root
@@ -152,6 +153,7 @@ def save_stream(stream: PackedStream, path: Path) -> None:
     }
     try:
         save_file(tensors, str(tmp), metadata={"meta": json.dumps(stream.meta, sort_keys=True)})
+        os.chmod(tmp, plain_file_mode())  # safetensors writes 0600
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)

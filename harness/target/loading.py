@@ -40,7 +40,7 @@ import torch
 # `oracles` listing) do not pay for it.
 from safetensors.torch import save_file
 
-from harness.files import artifact_lock, temporary_sibling
+from harness.files import artifact_lock, plain_file_mode, temporary_sibling
 from harness.target import attention
 
 log = logging.getLogger("harness.loading")
@@ -223,6 +223,7 @@ def _convert_smollm2(gguf: Path, out: Path) -> None:
         tok.save_pretrained(tmp)
         state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        os.chmod(tmp / "model.safetensors", plain_file_mode())  # safetensors writes 0600
         (tmp / "harness_conversion.json").write_text(
             json.dumps(
                 {

@@ -460,6 +460,10 @@ def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[s
     hidden += ["config.model.dtype"] if "model" in out else []  # the model axis names the dtype
     if skip_group and by in _AXIS_CONFIG:  # the compared axis's own options (workload: all of config.workload.)
         hidden.append("config.workload." if by == "workload" else _AXIS_CONFIG[by])
+    for prefix in ("config.model.", "config.proposer.model."):  # a tiny model's shape, where one is not tiny
+        names = runs[f"{prefix}name"] if f"{prefix}name" in runs.columns else pd.Series([], dtype=object)
+        if any(str(v) != "tiny" for v in names):
+            hidden.append(f"{prefix}tiny.")
     for column in sorted(c for c in runs.columns if c.startswith("config.")):
         if column.startswith((*_LAUNCH_CONFIG, *hidden)) or column in (by, f"config.{by}"):  # by=config.<key>
             continue
