@@ -5,6 +5,7 @@ stop, the threshold loop, the self-draft state contract, artifacts refused again
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -407,3 +408,20 @@ def test_a_named_artifact_that_does_not_exist_says_to_use_the_cache_not_to_switc
             {"artifact": str(gone)}, backend=env["backend"], tokenizer=None, target_source="tiny4", prompts=[[5, 6]]
         )
     assert "auto_train" not in str(info.value)
+
+
+def test_harness_train_layer_skip_prints_the_fields_every_kind_s_summary_has(tmp_path, monkeypatch, capsys):
+    """`harness train proposer=layer_skip` printed neither the artifact's path, kind and target hash
+    (every other kind's summary has them) nor beats_ar, which its log line pointed to."""
+    import json
+
+    from harness.cli import main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    argv = ["train", "model=tiny", "proposer=layer_skip", "proposer.search.trials=2", "proposer.search.prompts=1"]
+    assert main([*argv, "proposer.search.max_new_tokens=4", "threads=1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"path", "kind", "target_hash", "beats_ar", "skip", "artifact_id"} <= set(out)
+    assert out["kind"] == "layer_skip" and isinstance(out["beats_ar"], bool)
+    manifest = json.loads((Path(out["path"]) / "manifest.json").read_text())
+    assert manifest["target_hash"] == out["target_hash"] and manifest["skip"] == out["skip"]

@@ -279,19 +279,15 @@ def train_from_config(cfg, *, target, force: bool = False, progress: bool = True
         progress=progress,
         force=force,
     )
-    return {
+    _, path = skip_artifact_path(options, model=target.model, tokenizer=target.tokenizer)
+    return {  # the fields every kind's summary has (path, kind, target_hash), then the search's own
+        "path": str(path),
+        "artifact_id": m.get("artifact_id"),
+        "kind": m.get("kind"),
+        "target_hash": m.get("target_hash"),
         "skip": skip,
-        **{
-            k: m.get(k)
-            for k in (
-                "artifact_id",
-                "objective",
-                "ar_reference",
-                "token_budget",
-                "search",
-                "recipe",
-            )
-        },
+        "beats_ar": m.get("beats_ar"),
+        **{k: m.get(k) for k in ("objective", "ar_reference", "token_budget", "search", "recipe")},
         "cpu_budget_artifact": cpu_budget_label(m),
     }
 
