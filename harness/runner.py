@@ -840,6 +840,8 @@ def _model_inert_options(key: str, m: DictConfig, *, target: DictConfig | None =
         out += [f"{key}.tiny.{name}={_text(value)}: {why}" for name, value in _changed(m.get("tiny"))]
     if m.get("trust_remote_code") and m.name in ("tiny", "smollm2", "derived") and not m.get("name_or_path"):
         out.append(f"{key}.trust_remote_code=true: {key}.name={m.name} runs no code from a checkpoint")
+    if m.name == DERIVED and target is not None and int(m.get("seed", 0)) != int(target.get("seed", 0)):
+        out.append(f"{key}.seed={m.seed}: a derived draft copies the target's first layers, weights included")
     followed = target is not None and m.get("cudnn_attention") == target.get("cudnn_attention")
     if m.get("cudnn_attention") is not None and torch.device(str(m.device)).type != "cuda" and not followed:
         out.append(f"{key}.cudnn_attention={_text(m.cudnn_attention)}: cuDNN attention is a CUDA kernel")

@@ -1218,3 +1218,19 @@ def test_a_published_draft_for_another_target_is_refused_before_any_model_work(e
             plan(compose(["model=tiny", "proposer=eagle", f"proposer.artifact={path}", "topology=sequence"]))
     fits = write_published(tmp_path / "fits", llama_fields(cfg), state)
     plan(compose(["model=tiny", "proposer=eagle", f"proposer.artifact={fits}", "topology=sequence"]))
+
+
+def test_a_beam_draft_refused_by_a_q_verifier_is_offered_sampling_that_records_q(capsys):
+    """EAGLE's default beam records scores, so ``verifier=specinfer`` at T > 0 is refused; the line
+    offered only ``verifier=membership``, not drawing the children (``proposer.sampling=iid``), which
+    is what its T = 0.7 experiments do. A proposer without the option is offered no such fix."""
+    from harness.app import run_main
+
+    argv = ["model=tiny", "proposer=eagle", "verifier=specinfer", "generation.temperature=0.7"]
+    assert run_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        "try verifier=membership or proposer.sampling=iid or proposer.sampling=without_replacement verifier=sequoia"
+    )
+    assert run_main(["model=tiny", "proposer=prompt_lookup", "verifier=specinfer", "generation.temperature=0.7"]) == 2
+    assert capsys.readouterr().err.strip().endswith("try verifier=membership")

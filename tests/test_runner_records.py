@@ -365,6 +365,10 @@ def test_model_options_a_model_ignores_are_listed_as_inert():
     assert (
         inert_options(compose(["model=tiny", "model.seed=3", "model.tiny.vocab_size=64", "proposer=draft_model"])) == []
     )
+    # a derived draft's own seed: its weights are the target's (the run, gate and record were the same)
+    assert inert_options(compose(["model=tiny", "proposer=draft_model", "proposer.model.seed=5"])) == [
+        "proposer.model.seed=5: a derived draft copies the target's first layers, weights included"
+    ]
 
 
 def test_options_of_a_merged_proposer_s_left_out_sources_are_listed_as_inert():

@@ -79,6 +79,10 @@ def negotiate(proposer: Capabilities, verifier: Verifier, *, temperature: float,
         return
     accepting = accepting_verifiers(proposer, temperature=temperature, exact_mode=exact_mode)
     suggestions = [(f"verifier={name}",) for name in accepting]
+    if "score_only" in proposer.probability_semantics - verifier.probability_semantics and temperature > 0:
+        # a draft that ranks its top-k (beam) records scores; drawing its children records their law q
+        # (the command offers these only where the configured proposer takes the option)
+        suggestions += [("proposer.sampling=iid",), ("proposer.sampling=without_replacement",)]
     if (
         exact_mode
         and not verifier.exact
