@@ -49,6 +49,11 @@ METRIC_NOTES = {
     "request_time_per_token_ms": "per request: its completion time since its batch's decode start / its tokens",
     "request_speedup": "AR mean request time per token / speculative mean, same batches",
     "mean_committed_per_round": "bonus/correction token included",
+    "accepted_by_source": (
+        "proposer=merged: accepted tokens by the source that proposed each accepted row; a row several sources "
+        "proposed counts for each of them, so the counts can sum past the accepted tokens; a source none of "
+        "whose rows was accepted is absent"
+    ),
     "mean_accepted_per_round": "accepted candidate tokens only (bonus excluded)",
     "round_cost_ms": "per batch round (one target forward): proposal/packing/selection summed over live requests",
     "itl_ms": "each round's duration split evenly over the tokens it emitted",
