@@ -62,10 +62,11 @@ def sequoia_budget(t) -> Budget:
     branches = int(t.calibration.branches) if t.get("calibration") is not None else 8
     need = dp_table_bytes(rows + 1, depth, branches)
     if need > DP_TABLE_LIMIT_BYTES:
+        capped = f"; a tree of {rows} rows is at most {rows} deep" if depth > rows else ""
         raise ConfigError(
             f"topology.max_nodes={rows} topology.max_depth={depth}: the Sequoia DP over {branches} ranks would hold "
-            f"{need / 2**30:.1f} GiB (limit {DP_TABLE_LIMIT_BYTES / 2**30:.0f} GiB; a tree of {rows} rows is at most "
-            f"{rows} deep); lower topology.max_nodes or topology.max_depth"
+            f"{need / 2**30:.1f} GiB (limit {DP_TABLE_LIMIT_BYTES / 2**30:.0f} GiB{capped}); lower "
+            "topology.max_nodes or topology.max_depth"
         )
     return Budget(shape="tree", max_nodes=rows, max_depth=depth)
 

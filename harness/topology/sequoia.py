@@ -285,10 +285,11 @@ def check_dp_size(max_nodes: int, max_depth: int, branches: int, *, keys: tuple[
     need = dp_table_bytes(max_nodes, max_depth, branches)
     if need > DP_TABLE_LIMIT_BYTES:
         depth = min(int(max_depth), int(max_nodes) - 1)
+        capped = f"; depth {depth} used, a tree of n nodes being at most n - 1 deep" if depth < int(max_depth) else ""
         raise ValueError(
             f"{keys[0]}={max_nodes} {keys[1]}={max_depth} over {branches} ranks: the Sequoia DP would hold "
-            f"{need / 2**30:.1f} GiB (limit {DP_TABLE_LIMIT_BYTES / 2**30:.0f} GiB; depth {depth} used, a tree of "
-            f"n nodes being at most n - 1 deep); lower {keys[0]} or {keys[1]}"
+            f"{need / 2**30:.1f} GiB (limit {DP_TABLE_LIMIT_BYTES / 2**30:.0f} GiB{capped}); lower {keys[0]} or "
+            f"{keys[1]}"
         )
 
 
