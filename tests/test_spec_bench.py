@@ -199,11 +199,17 @@ def test_the_export_notes_an_ungated_run_and_prompts_outside_spec_bench_s_catego
     fixture = fixture_run(3)  # gated, code and chat prompts
     assert cli_main(["export", "spec-bench", str(fixture), str(tmp_path / "b.jsonl")]) == 0
     err = capsys.readouterr().err
-    assert "ungated" not in err
+    assert "ungated" not in err and "requests a batch" not in err
     assert (
         "harness export: note: none of the run's categories (chat, code) is one of Spec-Bench's: its speed.py finds "
         "rows for the overall figure only"
     ) in err
+    batched = fixture_run(7)  # batch 4: a request's wall time includes its batch's prefill
+    assert cli_main(["export", "spec-bench", str(batched), str(tmp_path / "b4.jsonl")]) == 0
+    assert (
+        "harness export: note: the run decoded 4 requests a batch: each answer's wall_time is its request's latency "
+        "inside its batch, its batch's whole prefill included, while Spec-Bench times one question at a time"
+    ) in capsys.readouterr().err
     mixed = tmp_path / "mixed"
     shutil.copytree(root / "run", mixed)
     record = load_record(mixed)

@@ -251,8 +251,8 @@ def export_spec_bench(
 def export_notes(record: dict) -> list[str]:
     """What a reader of the exported files should know about the run behind them: a run whose gates
     did not all pass or that is not exact (compare and the dashboards keep it apart), prompts with
-    none of Spec-Bench's categories, and Spec-Bench's speed.py reporting another figure than the run
-    measured (it recounts the baseline's tokens from text)."""
+    none of Spec-Bench's categories, a batched run's times, and Spec-Bench's speed.py reporting
+    another figure than the run measured (it recounts the baseline's tokens from text)."""
     notes = []
     if not record_gated(record):
         kept = sorted(name for name, g in record.get("gates", {}).items() if gate_status(g) in ("skipped", "failed"))
@@ -273,6 +273,12 @@ def export_notes(record: dict) -> list[str]:
         notes.append(
             f"categories {', '.join(foreign)} are not Spec-Bench's: its speed.py counts their rows in the overall "
             "figure only"
+        )
+    batch = int(record.get("axes", {}).get("batch_size") or 1)
+    if batch > 1:
+        notes.append(
+            f"the run decoded {batch} requests a batch: each answer's wall_time is its request's latency inside its "
+            "batch, its batch's whole prefill included, while Spec-Bench times one question at a time"
         )
     m = record["metrics"]
     ours, theirs = m.get("spec_bench_speedup"), m.get("spec_bench_speed_py_speedup")
