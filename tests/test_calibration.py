@@ -391,3 +391,7 @@ def test_a_chosen_tree_with_nodes_worth_nothing_is_noted():
         "the chosen Sequoia tree of 9 nodes expects no more tokens per round (7) than the best of 7:"
     )
     assert idle_nodes_note({**tree, "chosen": {"n": 7, "expected_tokens": 7.0}}) is None
+    # a depth bound past what the table stores (max_depth 6 over trees of at most 4 nodes: depth 3)
+    small = [[n, d, float(min(n, 3))] for n in range(1, 5) for d in range(0, 4)]
+    shallow = {"chosen": {"n": 4, "expected_tokens": 3.0}, "search": {"max_depth": 6}, "expected_tokens_table": small}
+    assert idle_nodes_note(shallow).startswith("the chosen Sequoia tree of 4 nodes expects no more tokens")

@@ -656,8 +656,12 @@ def test_a_sliding_window_model_decodes_as_transformers_generate_inside_its_wind
     assert record["gates"]["equivalence"]["status"] == "passed"
     backend = CausalLMBackend(model.eval())
     state = backend.prefill_one(list(range(3, 63)))  # 59 cached, the last token pending
-    with pytest.raises(ValueError, match=r"reaching 65 cache slots passes the model's sliding attention window of 64"):
+    with pytest.raises(ValueError, match=r"reaching position 64 passes the model's sliding attention window of 64 "):
         backend.forward_rows(state, list(range(3, 9)), range(59, 65), None)
+    # rows kept in the cache past the window's slots, at positions inside it (the statistical gate's rows by
+    # path): full attention is still the window's
+    out = backend.forward_rows(state, list(range(3, 11)), [59, 60, 60, 61, 61, 62, 62, 63], None)
+    assert state.cache_len == 67 and out.logits.shape[-2] == 8  # 67 slots, positions up to 63
 
 
 def test_an_architecture_without_sdpa_attention_is_refused_offering_eager(tmp_path, monkeypatch, capsys):

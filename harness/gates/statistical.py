@@ -378,6 +378,7 @@ def _tail_groups(
     ``groups`` consecutive runs, each closed once its expected count (the first counting ``carried``,
     the top's pooled remainder) reaches an equal share; a last run below :data:`MIN_EXPECTED` joins the
     one before. Returns (tokens, expected, observed) per run, the last observing every zero-mass token."""
+    p_exact = p_exact.detach().to("cpu")  # the law may sit on the model's device; the cut is host-side
     outside = torch.ones_like(p_exact, dtype=torch.bool)
     outside[list(top)] = False
     ids = torch.nonzero(outside & (p_exact > 0)).flatten()

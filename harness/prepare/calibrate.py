@@ -273,39 +273,43 @@ def measure_ranks(cfg, context, *, items: list, progress: bool = True) -> tuple[
 
 
 def check_calibration_fits(cfg, context, *, items: list, branches: int) -> None:
-    """Refuse, before any decoding, a calibration prompt that cannot hold
-    ``topology.calibration.max_new_tokens`` and a round's ``branches`` candidate rows (and its pending
-    token) inside the positions of the target and a separate draft model, as a run refuses its
-    prompts: past them the rounds decoded with positions the models were never trained on."""
+    """Refuse, before any decoding, calibration prompts that cannot hold
+    ``topology.calibration.max_new_tokens`` and a round's ``branches`` candidate rows inside the
+    positions (and sliding attention windows) of the target and a separate draft model, by the rule a
+    run holds its prompts to: past them the rounds decoded at positions the models never saw. The
+    suggested length fits the longest prompt."""
     from harness.target.loading import config_position_limit
 
     models = [("the target", context.target_backend)]
     if context.draft_backend is not None:
         models.append(("the draft model", context.draft_backend))
-    known = [(n, who) for who, b in models if (n := config_position_limit(b.model.config)) is not None]
-    window = getattr(context.target_backend.model.config, "sliding_window", None)
-    if (
-        isinstance(window, int)
-        and getattr(context.target_backend.model.config, "use_sliding_window", True) is not False
-    ):
-        known.append((window - 1, "the target's sliding attention window"))
+    known = []
+    for who, backend in models:
+        config = backend.model.config
+        if (n := config_position_limit(config)) is not None:
+            known.append((n, who))
+        window = getattr(config, "sliding_window", None)
+        if isinstance(window, int) and window > 1 and getattr(config, "use_sliding_window", True) is not False:
+            known.append((window - 1, f"{who}'s sliding attention window"))
     if not known:
         return
     positions, who = min(known, key=lambda k: k[0])  # the target named first on a tie
     new = int(cfg.topology.calibration.max_new_tokens)
-    for prompt, ids in items:
-        if len(ids) + new + branches + 1 > positions:
-            room = positions - len(ids) - branches - 1
-            fix = (
-                f"topology.calibration.max_new_tokens={room}"
-                if room >= 1
-                else "calibration prompts that fit (a workload with shorter prompts)"
-            )
-            raise ValueError(
-                f"calibration prompt {prompt.prompt_id!r}: {len(ids)} prompt tokens + topology.calibration."
-                f"max_new_tokens={new} + {branches} candidate rows (topology.calibration.branches) + its pending "
-                f"token = {len(ids) + new + branches + 1} > the {positions:,} positions of {who}; use {fix}"
-            )
+    over = [(len(ids), prompt) for prompt, ids in items if len(ids) + new + branches > positions]
+    if not over:
+        return
+    n, prompt = max(over, key=lambda o: o[0])
+    room = positions - max(len(ids) for _, ids in items) - branches
+    fix = (
+        f"topology.calibration.max_new_tokens={room}"
+        if room >= 1
+        else "calibration prompts that fit (a workload with shorter prompts)"
+    )
+    raise ValueError(
+        f"calibration prompt {prompt.prompt_id!r}{f' (and {len(over) - 1} more)' if len(over) > 1 else ''}: {n} "
+        f"prompt tokens + topology.calibration.max_new_tokens={new} + {branches} candidate rows "
+        f"(topology.calibration.branches) = {n + new + branches} > the {positions:,} positions of {who}; use {fix}"
+    )
 
 
 def run_calibration(cfg, context, *, items: list, provenance: dict, progress: bool = True) -> dict:

@@ -433,9 +433,12 @@ def idle_nodes_note(tree: dict) -> str | None:
     """One line when the chosen tree expects no more tokens than the best tree of fewer nodes (its
     extra nodes are worth nothing under the calibration), so only the profile pricing the larger
     forward below the smaller one chose it; None otherwise."""
-    chosen, depth = tree["chosen"], int(tree["search"]["max_depth"])
+    table = tree.get("expected_tokens_table") or []
+    chosen = tree["chosen"]
+    # the table stores depths up to the deepest a tree of its sizes reaches (below a larger bound)
+    depth = min(int(tree["search"]["max_depth"]), max((int(d) for _, d, _ in table), default=0))
     g = float(chosen["expected_tokens"])
-    for n, d, value in tree.get("expected_tokens_table") or []:
+    for n, d, value in table:
         if int(d) == depth and int(n) < int(chosen["n"]) and value is not None and float(value) >= g - 1e-9:
             return (
                 f"the chosen Sequoia tree of {chosen['n']} nodes expects no more tokens per round ({g:.3g}) than the "

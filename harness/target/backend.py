@@ -197,11 +197,11 @@ class CausalLMBackend:
         """``ids``/``pos`` ``[B, R]``; ``allowed`` bool ``[B, R, start + R]`` or None (causal)."""
         r = ids.shape[1]
         window = cache_window(cache)
-        if window is not None and start + r > window:
+        if window is not None and r and int(pos.max()) + 1 > window:
             raise ValueError(
-                f"a forward reaching {start + r} cache slots passes the model's sliding attention window of "
-                f"{window}: the cache attends over the whole context, which equals the window's attention only "
-                "inside it"
+                f"a forward reaching position {int(pos.max())} passes the model's sliding attention window of "
+                f"{window} positions: the cache attends over the whole context, which equals the window's attention "
+                "only inside it"
             )
         ids, pos = ids.to(self.device), pos.to(self.device)
         kwargs = {}

@@ -192,15 +192,17 @@ def new_cache(config, *, preallocated: bool, reserve: int | None = None):
     attends to every position, as full attention does. transformers' sliding layer counts its
     length apart from its keys, so the backend's rollback and commit, which edit the keys, left that
     count stale and the next forward's mask too long. :func:`cache_window` gives the window, and
-    the backend refuses a forward past it."""
+    the backend refuses a forward whose rows reach positions past it (tree rows sit at their
+    depth's position whatever cache slot holds them)."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
     cache = DynamicCache(config=config)
-    windows = [int(layer.sliding_window) for layer in cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
+    # the plain sliding layer only: its subclasses (chunked attention, linear attention's state) are other layers
+    windows = [int(layer.sliding_window) for layer in cache.layers if type(layer) is DynamicSlidingWindowLayer]
 
     def full(layer):
-        if type(layer) is not DynamicLayer and not isinstance(layer, DynamicSlidingWindowLayer):
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
             return layer
         return PreallocatedLayer(reserve=reserve) if preallocated else DynamicLayer()
 
@@ -210,7 +212,7 @@ def new_cache(config, *, preallocated: bool, reserve: int | None = None):
 
 
 def cache_window(cache) -> int | None:
-    """How many cache slots a forward may reach while full attention equals the model's sliding
+    """How many positions a forward's rows may reach while full attention equals the model's sliding
     window attention (None: no layer slides)."""
     return getattr(cache, "_harness_window", None)
 
