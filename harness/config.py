@@ -537,6 +537,13 @@ def when_set(value: Any, then: Any, otherwise: Any) -> Any:
     return otherwise if value is None or value == "" else then
 
 
+def same_device(value: Any, target_device: str, own_device: str, otherwise: Any) -> Any:
+    """A draft's forward option: the target's ``value`` where the draft runs on the same kind of
+    device (both arms' forwards alike), ``otherwise`` (the option's default) where it does not (a
+    CUDA target's cuDNN switch or compilation says nothing of a CPU draft's forward)."""
+    return value if str(target_device).split(":")[0] == str(own_device).split(":")[0] else otherwise
+
+
 def greedy_else(temperature: Any, at_zero: Any, above: Any) -> Any:
     """``at_zero`` at temperature 0 (greedy decoding), ``above`` otherwise: a draft's default child
     sampling, its top-ranked tokens (``beam``) where i.i.d. draws from a one-hot law would all be
@@ -567,6 +574,7 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("when_set", when_set, replace=True)
     OmegaConf.register_new_resolver("device_dtype", device_dtype, replace=True)
     OmegaConf.register_new_resolver("greedy_else", greedy_else, replace=True)
+    OmegaConf.register_new_resolver("same_device", same_device, replace=True)
 
 
 register_configs()

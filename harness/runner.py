@@ -833,11 +833,24 @@ def _model_inert_options(key: str, m: DictConfig, *, target: DictConfig | None =
     shape for a checkpoint, remote code for the built-in models, cuDNN attention off CUDA. A draft's
     (``target``: the target's config) is not noted where it only follows the target's, noted there."""
     out = []
+
+    def own(name: str, value: Any) -> bool:  # set on this model, not only followed from the target's
+        if target is None:
+            return True
+        theirs = (
+            target.get("tiny", {}).get(name.removeprefix("tiny.")) if name.startswith("tiny.") else target.get(name)
+        )
+        return value != theirs
+
     if m.name not in ("tiny", "derived"):  # a derived draft's fields follow the target's (refused when set apart)
         why = f"{key}.name={m.name} loads its weights; the tiny model's options shape only {key}.name=tiny"
-        if int(m.get("seed", 0)) != 0:
+        if int(m.get("seed", 0)) != 0 and own("seed", m.get("seed")):
             out.append(f"{key}.seed={m.seed}: {why}")
-        out += [f"{key}.tiny.{name}={_text(value)}: {why}" for name, value in _changed(m.get("tiny"))]
+        out += [
+            f"{key}.tiny.{name}={_text(value)}: {why}"
+            for name, value in _changed(m.get("tiny"))
+            if own(f"tiny.{name}", value)
+        ]
     if m.get("trust_remote_code") and m.name in ("tiny", "smollm2", "derived") and not m.get("name_or_path"):
         out.append(f"{key}.trust_remote_code=true: {key}.name={m.name} runs no code from a checkpoint")
     if m.name == DERIVED and target is not None and int(m.get("seed", 0)) != int(target.get("seed", 0)):

@@ -365,6 +365,9 @@ def test_model_options_a_model_ignores_are_listed_as_inert():
     assert (
         inert_options(compose(["model=tiny", "model.seed=3", "model.tiny.vocab_size=64", "proposer=draft_model"])) == []
     )
+    # a checkpoint draft's seed and tiny shape that only follow the target's are not noted for the draft
+    followed = ["model=tiny", "model.seed=7", "model.tiny.vocab_size=64", "proposer=draft_model"]
+    assert inert_options(compose([*followed, "proposer.model.name=smollm2"])) == []
     # a derived draft's own seed: its weights are the target's (the run, gate and record were the same)
     assert inert_options(compose(["model=tiny", "proposer=draft_model", "proposer.model.seed=5"])) == [
         "proposer.model.seed=5: a derived draft copies the target's first layers, weights included"

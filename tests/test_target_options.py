@@ -568,6 +568,11 @@ def test_a_draft_model_runs_the_forward_options_of_the_target_unless_set_apart(d
     assert (own.model.static_cache, own.proposer.model.static_cache) == (False, True)
     merged = compose(["model=tiny", "proposer=merged", "proposer.sources=[draft_model,rest]", "model.compile=true"])
     assert merged.proposer.draft_model.model.compile is True
+    # a draft on another kind of device keeps its own defaults: a CUDA target's switches say nothing of a CPU forward
+    cuda = ["model.device=cuda", "model.cudnn_attention=true", "model.compile=true", "proposer.model.device=cpu"]
+    apart = compose([*base, *cuda]).proposer.model
+    assert (apart.cudnn_attention, apart.compile, apart.linear_kernel) == (None, False, "auto")
+    check_models(compose([*base, *cuda]))  # it was refused: proposer.model.cudnn_attention=true off CUDA
 
 
 def test_a_draft_that_follows_the_target_s_cudnn_switch_is_not_noted_twice():
