@@ -679,6 +679,14 @@ def test_intervals_over_fewer_than_five_units_are_said_to_be_the_range():
     assert _row(rows, "a").n_units == 3 and _row(rows, "b").n_units == 5
     text = format_table(rows, by="proposer", baseline=None, level=0.95)
     assert "note: arms whose intervals resample fewer than 5 prompts or batches (a: 3 prompts): " in text
+    # ten prompts of its own, three shared with the baseline: the vs-baseline interval pairs three
+    ten = [(f"p{i}", "c", 10 + i, 10, 20, 10) for i in range(10)]
+    base = [(f"p{i}", "c", 10 + i, 10, 20, 10) for i in (0, 1, 2, 20, 21)]
+    paired = compare(
+        _toy({"r1": {"proposer": "a", "prompts": ten}, "r2": {"proposer": "b", "prompts": base}}), baseline="b"
+    )
+    text = format_table(paired, by="proposer", baseline="b", level=0.95)
+    assert "(a: 3 prompts shared with the baseline)" in text
     lone = compare(_toy({"r1": {"proposer": "a", "prompts": few[:1]}}))
     assert "fewer than 5" not in format_table(lone, by="proposer", baseline=None, level=0.95)  # no interval at all
 
@@ -695,3 +703,12 @@ def test_a_tiny_model_s_shape_is_no_difference_beside_a_model_that_is_not_tiny()
     df["model"] = ["tiny", "tiny"]
     df["config.model.name"] = ["tiny", "tiny"]
     assert _row(compare(df, n_resamples=50), "a").apart == {"model.tiny.max_position_embeddings": "512"}
+    # two tiny arms of different shapes beside a smollm2 arm: their difference still shows
+    df = _toy({f"r{i}": {"proposer": p, "prompts": pa} for i, p in enumerate("abc")})
+    df["model"] = ["tiny", "tiny", "smollm2"]
+    df["config.model.name"] = ["tiny", "tiny", "smollm2"]
+    df["config.model.tiny.max_position_embeddings"] = [512, 2048, 512]
+    rows = compare(df, n_resamples=50)
+    assert _row(rows, "a").apart["model.tiny.max_position_embeddings"] == "512"
+    assert _row(rows, "b").apart["model.tiny.max_position_embeddings"] == "2048"
+    assert _row(rows, "c").apart["model.tiny.max_position_embeddings"] == "-"  # smollm2 reads no tiny shape

@@ -460,19 +460,24 @@ def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[s
     hidden += ["config.model.dtype"] if "model" in out else []  # the model axis names the dtype
     if skip_group and by in _AXIS_CONFIG:  # the compared axis's own options (workload: all of config.workload.)
         hidden.append("config.workload." if by == "workload" else _AXIS_CONFIG[by])
-    for prefix in ("config.model.", "config.proposer.model."):  # a tiny model's shape, where one is not tiny
-        names = runs[f"{prefix}name"] if f"{prefix}name" in runs.columns else pd.Series([], dtype=object)
-        if any(str(v) != "tiny" for v in names):
-            hidden.append(f"{prefix}tiny.")
     for column in sorted(c for c in runs.columns if c.startswith("config.")):
         if column.startswith((*_LAUNCH_CONFIG, *hidden)) or column in (by, f"config.{by}"):  # by=config.<key>
             continue
         if column.startswith(tuple(partial)) and any(_config_text(v) == "null" for v in runs[column]):
             continue  # an option of one side's group only
-        values = sorted({_config_text(v) for v in runs[column]}, key=_value_order)
+        values = sorted({_config_text(v) for v in _read_values(runs, column)}, key=_value_order)
         if len(values) > 1:
             out[column.removeprefix("config.")] = values
     return out
+
+
+def _read_values(runs: pd.DataFrame, column: str) -> list:
+    """``runs[column]`` of the runs that read it: a tiny model's shape (``config.model.tiny.*``,
+    a draft's likewise) only of the runs whose model is the tiny one (smollm2 carries the defaults)."""
+    for prefix in ("config.model.", "config.proposer.model."):
+        if column.startswith(f"{prefix}tiny.") and f"{prefix}name" in runs.columns:
+            return [v for v, name in zip(runs[column], runs[f"{prefix}name"], strict=True) if str(name) == "tiny"]
+    return list(runs[column]) if column in runs.columns else [None]
 
 
 def _value_order(text: str) -> tuple:
@@ -495,7 +500,7 @@ def _arms_apart(arm_runs: Mapping[tuple[str, str], pd.DataFrame], section: str, 
     def values(runs: pd.DataFrame, key: str) -> str:
         if key in AXES:
             return ",".join(sorted({arm_label(v) for v in runs[key]}))
-        return ",".join(sorted({_config_text(v) for v in runs.get(f"config.{key}", pd.Series([None]))}))
+        return ",".join(sorted({_config_text(v) for v in _read_values(runs, f"config.{key}")}) or ["-"])
 
     # a key sets the arms apart when their sets of values differ (a sweep crossing every arm with
     # the same temperatures pools the same values in each: no difference between the arms)
@@ -539,7 +544,7 @@ def _axes_apart(runs: pd.DataFrame, base: pd.DataFrame, by: str) -> dict[str, li
         if key in AXES or key in REPEAT_CONFIG:
             continue
         mine, theirs = (
-            sorted({_config_text(v) for v in df.get(f"config.{key}", pd.Series([None]))}, key=_value_order)
+            sorted({_config_text(v) for v in _read_values(df, f"config.{key}")}, key=_value_order) or ["-"]
             for df in (runs, base)
         )
         if mine != theirs:
@@ -1037,15 +1042,21 @@ FEW_UNITS_NOTE = (
 
 def few_units_note(sec: Sequence[ArmRow]) -> str | None:
     """:data:`FEW_UNITS_NOTE` naming the arms of ``sec`` (their ``all`` rows) whose intervals draw
-    from 2 to :data:`MIN_INTERVAL_UNITS` - 1 units (one unit has no interval), or None."""
-    few = sorted(
-        {
-            f"{r.arm}: {r.n_units} {'batches' if r.batch_sizes and max(r.batch_sizes) > 1 else 'prompts'}"
-            for r in sec
-            if r.category == ALL and 2 <= r.n_units < MIN_INTERVAL_UNITS
-        }
-    )
-    return FEW_UNITS_NOTE.format(n=MIN_INTERVAL_UNITS, arms="; ".join(few)) if few else None
+    from 2 to :data:`MIN_INTERVAL_UNITS` - 1 units (one unit has no interval): their own, or the
+    prompts their vs-baseline interval pairs; or None."""
+    few = set()
+    for r in sec:
+        if r.category != ALL:
+            continue
+        parts = []
+        if 2 <= r.n_units < MIN_INTERVAL_UNITS:
+            parts.append(f"{r.n_units} {'batches' if r.batch_sizes and max(r.batch_sizes) > 1 else 'prompts'}")
+        interval = r.vs_baseline is not None and r.vs_baseline.ci_low is not None
+        if interval and 2 <= r.n_pairs_baseline < MIN_INTERVAL_UNITS:  # the vs-baseline interval draws these
+            parts.append(f"{r.n_pairs_baseline} prompts shared with the baseline")
+        if parts:
+            few.add(f"{r.arm}: {', '.join(parts)}")
+    return FEW_UNITS_NOTE.format(n=MIN_INTERVAL_UNITS, arms="; ".join(sorted(few))) if few else None
 
 
 #: what an arm's figures mean when its runs batched requests
