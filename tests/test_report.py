@@ -562,3 +562,23 @@ def test_cpu_budget_artifact_runs_are_drawn_in_the_per_run_plots_with_their_own_
         _no_runs(df, {"sections": ["exact"]}, ())
         == "no runs of sections ['exact'] (the runs here are cpu_budget_artifact)"
     )
+
+
+def test_an_interrupted_report_leaves_no_plot_of_its_own_behind(tmp_path, monkeypatch):
+    """Plots are drawn before report.md is written: an interrupt between left plots no report linked,
+    and the next report into the folder was refused as if they were the user's."""
+    from harness.tracking import report
+
+    one = tmp_path / "one"
+    shutil.copytree(fixture_run(1), one / fixture_run(1).name)
+    out = tmp_path / "rep"
+
+    def interrupted(df, spec):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(report.PLOTS, "frontier", interrupted)  # drawn after the first plots
+    with pytest.raises(KeyboardInterrupt):
+        main([str(one), f"out={out}"])
+    assert not list(out.glob("*.png")) and not (out / "report.md").exists()
+    monkeypatch.undo()
+    assert main([str(one), f"out={out}"]) == 0 and (out / "report.md").is_file()

@@ -953,21 +953,29 @@ def build_report(
         "",
     ]
     drawn: set[str] = set()
-    for i, spec in enumerate(recipe["plots"]):
-        where = {k: str(v) for k, v in (spec.get("where") or {}).items()}
-        runs = filter_runs(df, where) if where else df
-        heading = spec.get("title", HEADINGS[spec["kind"]])
-        lines += [f"### {heading}", ""]
-        if where:
-            lines += [f"Runs with {where}.", ""]
-        plot = PLOTS[spec["kind"]](runs, spec) if not runs.empty else Plot(None, f"no runs match {where}")
-        if plot.figure is None:
-            lines += [f"_Not drawn: {plot.note}._", ""]
-            continue
-        png = out_dir / plot_files(recipe)[i]
-        plot.figure.savefig(png)
-        drawn.add(png.name)
-        lines += [f"![{heading}]({png.name})", ""]
+    fresh: set[Path] = set()  # plots this report adds to the folder
+    try:
+        for i, spec in enumerate(recipe["plots"]):
+            where = {k: str(v) for k, v in (spec.get("where") or {}).items()}
+            runs = filter_runs(df, where) if where else df
+            heading = spec.get("title", HEADINGS[spec["kind"]])
+            lines += [f"### {heading}", ""]
+            if where:
+                lines += [f"Runs with {where}.", ""]
+            plot = PLOTS[spec["kind"]](runs, spec) if not runs.empty else Plot(None, f"no runs match {where}")
+            if plot.figure is None:
+                lines += [f"_Not drawn: {plot.note}._", ""]
+                continue
+            png = out_dir / plot_files(recipe)[i]
+            if not png.exists():
+                fresh.add(png)
+            plot.figure.savefig(png)
+            drawn.add(png.name)
+            lines += [f"![{heading}]({png.name})", ""]
+    except BaseException:  # an interrupt mid-report: no plot it added stays without a report linking it
+        for path in fresh:
+            path.unlink(missing_ok=True)
+        raise
     remove_stale_plots(out_dir, earlier, keep=drawn)
     sources = recipe.get("source_reported")
     source_path = (recipe_path.parent / sources) if sources else None
