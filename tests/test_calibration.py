@@ -46,6 +46,17 @@ TINY = [
     "topology.calibration.max_new_tokens=10",
 ]
 
+#: a one-layer draft, a 3-row tree and a quick profile: `harness calibrate` in seconds
+SMALL_TREE = [
+    *TINY,
+    "proposer.model.num_layers=1",
+    "topology.max_nodes=3",
+    "topology.max_depth=3",
+    "topology.profile.repeats=2",
+    "topology.profile.warmup=0",
+    "topology.profile.prefix_len=16",
+]
+
 
 # ---------------------------------------------------------------- statistics
 
@@ -241,17 +252,7 @@ def test_stored_calibration_is_checked_against_the_run(identical_draft):
 
 def test_harness_calibrate_writes_the_artifacts(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
-    rc = main(
-        TINY
-        + [
-            "proposer.model.num_layers=1",
-            "topology.max_nodes=3",
-            "topology.max_depth=3",
-            "topology.profile.repeats=2",
-            "topology.profile.warmup=0",
-            "topology.profile.prefix_len=16",
-        ]
-    )
+    rc = main(SMALL_TREE)
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stages"] == {"calibration": "measured", "profile": "measured", "tree": "built"}
@@ -314,16 +315,7 @@ def test_a_refused_calibrate_puts_back_the_artifacts_it_re_measured(tmp_path, mo
     from harness.prepare import sequoia
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
-    small = [
-        *TINY,
-        "proposer.model.num_layers=1",
-        "topology.max_nodes=3",
-        "topology.max_depth=3",
-        "topology.profile.repeats=2",
-        "topology.profile.warmup=0",
-        "topology.profile.prefix_len=16",
-    ]
-    assert main(small) == 0
+    assert main(SMALL_TREE) == 0
     out = json.loads(capsys.readouterr().out)
     files = [Path(out[k]) for k in ("sequoia_calibration", "sequoia_profile", "sequoia_profile_plot")]
     before = [f.read_bytes() for f in files]
@@ -332,7 +324,7 @@ def test_a_refused_calibrate_puts_back_the_artifacts_it_re_measured(tmp_path, mo
         raise ValueError("the hardware-aware choice is plain autoregressive decoding (n = 1)")
 
     monkeypatch.setattr(sequoia, "build_tree_artifact", refuse)
-    assert main(small) == 2
+    assert main(SMALL_TREE) == 2
     assert "plain autoregressive decoding" in capsys.readouterr().err
     assert [f.read_bytes() for f in files] == before
 
@@ -345,9 +337,7 @@ def test_a_tree_artifact_whose_budget_differs_from_its_chosen_tree_is_refused(tm
     from harness.prepare.sequoia import CALIBRATION_KIND, PROFILE_KIND, TREE_KIND, check_tree
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
-    small = [*TINY, "proposer.model.num_layers=1", "topology.max_nodes=3", "topology.max_depth=3"]
-    small += ["topology.profile.repeats=2", "topology.profile.warmup=0", "topology.profile.prefix_len=16"]
-    assert main(small) == 0
+    assert main(SMALL_TREE) == 0
     out = json.loads(capsys.readouterr().out)
     tree = read_artifact(Path(out["sequoia_tree"]), kind=TREE_KIND)
     cal = read_artifact(Path(out["sequoia_calibration"]), kind=CALIBRATION_KIND)
