@@ -186,17 +186,35 @@ def test_a_leaked_prompt_refuses_the_run_with_no_record(env, tmp_path, capsys):
     assert not (out / "record.json").exists()
 
 
-def test_allow_leakage_runs_and_the_record_states_it(env, tmp_path):
+def test_allow_leakage_runs_and_the_record_states_it(env, tmp_path, capsys):
     from harness.runner import run_job
 
     store, _ = write_store(env, "ds_leaked", leak="p1")
     record = run_job(compose_cfg(*run_overrides(env, store, "allow_leakage=true")), run_dir=tmp_path)
+    assert (  # said on stderr, as every gate an override switches off is (it was silent)
+        "harness: gate workload_governance let 1 leaked prompt(s) through by allow_leakage=true (p1): the record "
+        "will say gated: false"
+    ) in capsys.readouterr().err
     gate = record["gates"]["workload_governance"]
     p1 = next(i for i in gate["items"] if i["prompt_id"] == "p1")
     assert gate["leaked"] == ["p1"] and gate["allow_leakage"] is True
     assert p1["leaked"] is True and p1["allowed"] is True and p1["prompt_longest_match"] == len(env["items"][0][1])
     assert record["metrics"]["retrieval"]["leakage"]["leaked"] == ["p1"]
     assert record["config"]["allow_leakage"] is True
+
+
+def test_a_conversation_s_later_turn_in_the_datastore_is_refused():
+    """The gate checked a conversation's first turn only: a datastore holding turn 2 word for word
+    passed as gated. Every user turn is checked now, each its own row of the evidence."""
+    turn2 = "Now rewrite the function so it sorts the values by frequency first, then by value, in place."
+    ds = datastore_from_token_ids([[5, 6, 7] + tiny_ids(turn2) + [8, 9]])
+    prop = RestProposer(budget=Budget(shape="tree", max_nodes=8, max_depth=4), manifest_hash="h", datastore=ds)
+    conversation = Prompt(prompt_id="q", category="writing", turns=("Write a sort function.", turn2))
+    items = [(conversation, [5, 6, 7])]
+    with pytest.raises(LeakageError, match=r"q turn 2 \(\d+ tokens\)"):
+        prop.check_workload(items)
+    entry = prop.check_workload(items, allow_leakage=True)
+    assert entry["prompts"] == 1 and entry["texts_checked"] == 2 and entry["leaked"] == ["q turn 2"]
 
 
 def test_a_leaked_reference_answer_is_refused():

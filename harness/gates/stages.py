@@ -341,6 +341,13 @@ def run_gates(
             ),
         )
     governance = proposer.check_workload(items, allow_leakage=bool(cfg.get("allow_leakage", False)))
+    if governance is not None and governance.get("leaked"):
+        print(
+            f"harness: gate workload_governance let {len(governance['leaked'])} leaked prompt(s) through by "
+            f"allow_leakage=true ({', '.join(governance['leaked'][:3])}"
+            f"{', ...' if len(governance['leaked']) > 3 else ''}): the record will say gated: false",
+            file=sys.stderr,
+        )
     gates["workload_governance"] = (
         governance if governance is not None else not_applicable(f"proposer {caps.name!r} reads no datastore")
     )

@@ -295,7 +295,8 @@ class RestProposer(Proposer):
         return [3 + (b % (vocab - 3)) for b in text.encode()]
 
     def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict:
-        """Evaluation-leakage gate: longest datastore match of every prompt and reference answer.
+        """Evaluation-leakage gate: longest datastore match of every prompt (each of a conversation's
+        user turns) and reference answer.
 
         ``items``: ``[(Prompt, prompt_ids)]``. Raises
         :class:`~harness.workloads.datastore.LeakageError` (:func:`refuse_leakage`) when one reaches
@@ -306,13 +307,11 @@ class RestProposer(Proposer):
         triples = []
         for prompt, ids in items:
             ref = getattr(prompt, "reference", None)
-            triples.append(
-                (
-                    getattr(prompt, "prompt_id", str(len(triples))),
-                    list(ids),
-                    self.encode_reference(ref) if ref else None,
-                )
-            )
+            prompt_id = getattr(prompt, "prompt_id", str(len(triples)))
+            triples.append((prompt_id, list(ids), self.encode_reference(ref) if ref else None))
+            # a conversation's later user turns reach the model too (after its own answers): each is checked
+            for k, turn in enumerate((getattr(prompt, "turns", None) or ())[1:], start=2):
+                triples.append((f"{prompt_id} turn {k}", self.encode_reference(turn), None))
         t0 = time.perf_counter()
         records = check_leakage(self.datastore, triples, threshold=self.leakage_threshold, allow=True)
         seconds = time.perf_counter() - t0
@@ -329,7 +328,8 @@ class RestProposer(Proposer):
             "kind": "datastore_leakage",
             "datastore_release_id": self.datastore.release_id,
             "threshold": self.leakage_threshold,
-            "prompts": len(records),
+            "prompts": len(items),
+            "texts_checked": len(records),  # every prompt's turns (and reference), one row each
             "max_longest_match": longest,
             "leaked": [r["prompt_id"] for r in leaked],
             "allow_leakage": bool(allow_leakage),
