@@ -64,6 +64,21 @@ def test_jsonl_missing_fields_and_duplicates(tmp_path):
     f.write_text('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n')
     with pytest.raises(WorkloadError, match=r"w.jsonl:2: duplicate id 'a' \(first on line 1\)"):
         load_jsonl(str(f), "eval")
+    # a null or empty category became the category "None" or one with no name (a column without a header)
+    for category in (None, "", "  "):
+        f.write_text(json.dumps({"id": "a", "prompt": "x", "category": category}) + "\n")
+        with pytest.raises(WorkloadError, match=r'w.jsonl:1: "category" of id \'a\' must be a non-empty string'):
+            load_jsonl(str(f), "eval")
+    # a misspelt split dropped the line from every split, and the refusal named the split asked for
+    f.write_text('{"id": "a", "prompt": "x", "split": "evaluation"}\n')
+    with pytest.raises(WorkloadError, match=r"""w.jsonl:1: "split" of id 'a' must be one of \['calibration', """):
+        load_jsonl(str(f), "eval")
+    f.write_text('{"question_id": 1, "category": "qa", "turns": ["hi"], "split": "evaluation"}\n')
+    with pytest.raises(WorkloadError, match=r"""w.jsonl:1: "split" of id 1 must be one of"""):
+        load_jsonl(str(f), "eval")
+    f.write_text('{"id": "a", "messages": [{"role": "user", "content": " "}]}\n')  # as an empty prompt is
+    with pytest.raises(WorkloadError, match=r'"messages" of id \'a\' are all empty: there is nothing to answer'):
+        load_jsonl(str(f), "eval")
 
 
 def test_jsonl_messages_and_split_field(tmp_path):

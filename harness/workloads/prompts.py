@@ -175,6 +175,7 @@ def _spec_bench_prompt(where: str, obj: dict) -> Prompt:
             raise WorkloadError(f"{where}: turn {k} of question {qid!r} is empty or not a string: {t!r}")
     if obj.get("split") is not None and not isinstance(obj["split"], str):
         raise WorkloadError(f'{where}: "split" must be a string; got {json.dumps(obj["split"])[:40]}')
+    _check_split(where, obj)
     return Prompt(
         prompt_id=str(qid),
         category=_check_category(where, qid, category),
@@ -182,6 +183,15 @@ def _spec_bench_prompt(where: str, obj: dict) -> Prompt:
         reference=_flat_reference(obj.get("reference")),
         source_id=qid,
     )
+
+
+def _check_split(where: str, obj: dict) -> None:
+    """A line's ``split``, when given, must name one of :data:`SPLITS` (a misspelt one dropped the
+    line from every split without a word)."""
+    split = obj.get("split")
+    if split is not None and split not in SPLITS:
+        pid = obj.get("id", obj.get("question_id"))
+        raise WorkloadError(f'{where}: "split" of id {pid!r} must be one of {list(SPLITS)}; got {split!r}')
 
 
 def _harness_prompt(where: str, obj: dict) -> Prompt:
@@ -200,9 +210,17 @@ def _harness_prompt(where: str, obj: dict) -> Prompt:
         )
     ):
         raise WorkloadError(f'{where}: "messages" must be a non-empty list of {{"role": string, "content": string}}')
+    if "messages" in obj and not any(m["content"].strip() for m in obj["messages"]):
+        raise WorkloadError(f'{where}: "messages" of id {obj["id"]!r} are all empty: there is nothing to answer')
     for key in ("category", "split", "reference"):
         if obj.get(key) is not None and not isinstance(obj[key], str):
             raise WorkloadError(f'{where}: "{key}" must be a string; got {json.dumps(obj[key])[:40]}')
+    if "category" in obj and (not isinstance(obj["category"], str) or not obj["category"].strip()):
+        raise WorkloadError(
+            f'{where}: "category" of id {obj["id"]!r} must be a non-empty string; got {json.dumps(obj["category"])} '
+            '(leave it out for the category "default")'
+        )
+    _check_split(where, obj)
     return Prompt(
         prompt_id=str(obj["id"]),
         category=_check_category(where, obj["id"], str(obj.get("category", "default"))),
