@@ -296,7 +296,8 @@ def test_cli_build_and_info(tmp_path, monkeypatch, capsys):
     for lines, said in (
         (['{"prompt": "a"}', "5"], f'{bad}:2: an exclusion record is a JSON object with a "prompt"; got 5'),
         (["{nope"], f"{bad}:1: malformed JSON"),
-        (['{"prompt": 5}'], f'{bad}:1: "prompt" must be a string; got 5'),
+        (['{"prompt": 5}'], f"{bad}:1: \"prompt\" of record '0' must be a string; got 5"),
+        (['{"id": "x"}'], f"{bad}:1: an exclusion record needs a 'prompt', chat 'messages' or Spec-Bench 'turns'"),
     ):
         bad.write_text("\n".join(lines) + "\n")
         assert main(["build", "corpus=stdlib", "model=owner/toy", f"exclude={bad}", f"out={tmp_path / 'y'}"]) == 2
@@ -683,3 +684,29 @@ def test_a_datastore_is_never_written_into_a_run_folder_or_beside_other_files(tm
         == 0
     )
     assert json.loads(capsys.readouterr().out)["documents_used"] == 3
+
+
+def test_a_chat_or_spec_bench_prompt_file_is_an_exclusion_list_as_a_prompt_file_is(tmp_path):
+    """The leakage refusal offers ``exclude=<workload>.jsonl``, but only files of ``{"prompt"}`` lines were
+    read: a Spec-Bench question file or a chat ``messages`` file was refused. Every text either format
+    gives the model (each turn, each message) and each reference is excluded now."""
+    from harness.workloads.datastore import jsonl_exclusions
+
+    path = tmp_path / "question.jsonl"
+    rows = [
+        {"question_id": 7, "category": "writing", "turns": ["first turn", "second turn"], "reference": ["r1", "r2"]},
+        {"id": "c", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]},
+        {"id": "p", "prompt": "def f():", "reference": "return 1"},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    got = {(it.item_id, it.text) for it in jsonl_exclusions(path)}
+    assert got == {
+        ("7/turn1", "first turn"),
+        ("7/turn2", "second turn"),
+        ("7/reference1", "r1"),
+        ("7/reference2", "r2"),
+        ("c/message0", "be brief"),
+        ("c/message1", "hello"),
+        ("p/prompt", "def f():"),
+        ("p/reference", "return 1"),
+    }

@@ -936,7 +936,9 @@ def sharegpt_heldout_exclusions() -> list[ExclusionItem]:
 
 
 def jsonl_exclusions(path: str | Path) -> list[ExclusionItem]:
-    """Records with ``prompt`` and optional ``reference`` / ``id`` fields."""
+    """The texts of a prompt file, in either format a jsonl workload reads, to keep out of a
+    datastore: a harness prompt's ``prompt`` or each of its chat ``messages``, a Spec-Bench
+    question's every turn, and a ``reference`` (a string, or Spec-Bench's list of them)."""
     items = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
         if not line.strip():
@@ -950,15 +952,32 @@ def jsonl_exclusions(path: str | Path) -> list[ExclusionItem]:
             raise DatastoreError(
                 f'{where}: an exclusion record is a JSON object with a "prompt"; got {line.strip()[:40]}'
             )
-        if "prompt" not in rec:
-            raise DatastoreError(f"{where}: exclusion record needs a 'prompt' field; got keys {sorted(rec)}")
-        for key in ("prompt", "reference"):
-            if rec.get(key) is not None and not isinstance(rec[key], str):
-                raise DatastoreError(f'{where}: "{key}" must be a string; got {json.dumps(rec[key])[:40]}')
-        rid = str(rec.get("id", n))
-        items.append(ExclusionItem(f"{rid}/prompt", rec["prompt"]))
-        if rec.get("reference"):
-            items.append(ExclusionItem(f"{rid}/reference", rec["reference"]))
+        rid = str(rec.get("id", rec.get("question_id", n)))
+        if "prompt" in rec:
+            texts = [("prompt", rec["prompt"])]
+        elif "messages" in rec and isinstance(rec["messages"], list):
+            texts = [
+                (f"message{k}", m.get("content") if isinstance(m, dict) else m) for k, m in enumerate(rec["messages"])
+            ]
+        elif "turns" in rec and isinstance(rec["turns"], list):
+            texts = [(f"turn{k + 1}", t) for k, t in enumerate(rec["turns"])]
+        else:
+            raise DatastoreError(
+                f"{where}: an exclusion record needs a 'prompt', chat 'messages' or Spec-Bench 'turns'; got keys "
+                f"{sorted(rec)}"
+            )
+        reference = rec.get("reference")
+        if isinstance(reference, list):  # Spec-Bench: one reference per turn
+            texts += [(f"reference{k + 1}", r) for k, r in enumerate(reference)]
+        elif reference is not None:
+            texts.append(("reference", reference))
+        for name, text in texts:
+            if not isinstance(text, str):
+                raise DatastoreError(
+                    f'{where}: "{name}" of record {rid!r} must be a string; got {json.dumps(text)[:40]}'
+                )
+            if text.strip():
+                items.append(ExclusionItem(f"{rid}/{name}", text))
     return items
 
 
