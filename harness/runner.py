@@ -415,8 +415,17 @@ def plan_context(cfg: DictConfig, tree_rows: int) -> ContextLimit:
 
 
 def load(cfg: DictConfig, planned: Planned) -> Loaded:
-    """The target (and a separate draft model when the proposer needs one) and the workload."""
-    target, draft = load_models(cfg)
+    """The target (and a separate draft model when the proposer needs one) and the workload. The
+    prompts are encoded and checked against the context limit with the tokenizer alone, before any
+    weights are read: a prompt that does not fit is refused without loading a large checkpoint."""
+
+    def check_prompts(tokenizer) -> None:
+        vocab = int(model_geometry(cfg.model)["vocab_size"])
+        PromptEncoder(tokenizer, chat=bool(cfg.workload.chat), vocab_size=vocab, limit=planned.context).check(
+            planned.prompts
+        )
+
+    target, draft = load_models(cfg, before_weights=check_prompts)
     device = torch.device(cfg.model.device)
     backend = CausalLMBackend(target.model, device=device)
     if backend.bytes_per_token != planned.kv_bytes_per_token:
@@ -453,11 +462,12 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
     )
 
 
-def load_models(cfg: DictConfig) -> tuple[LoadedModel, LoadedModel | None]:
+def load_models(cfg: DictConfig, *, before_weights=None) -> tuple[LoadedModel, LoadedModel | None]:
     """The target, and the draft model when the proposer needs a separate one.
 
     A draft checkpoint's tokenizer is read and compared with the target's before any weights are
-    read (a mismatch is refused naming the first difference); a derived draft is cut from the
+    read (a mismatch is refused naming the first difference), and ``before_weights(tokenizer)``
+    runs then (the target's tokenizer; None for the tiny model); a derived draft is cut from the
     loaded target. Both load whole, each with its own dtype, device and attention implementation
     (the draft's default to the target's)."""
     d = draft_model_config(cfg)
@@ -466,6 +476,8 @@ def load_models(cfg: DictConfig) -> tuple[LoadedModel, LoadedModel | None]:
     if d is not None and d.name != DERIVED:
         draft_tokenizer = load_tokenizer_of(d)
         check_same_tokenizer(target_tokenizer, draft_tokenizer, draft_ref=d.name_or_path or d.name)
+    if before_weights is not None:
+        before_weights(target_tokenizer)
     target = _load(cfg.model, tokenizer=target_tokenizer)
     check_reads_the_vocabulary(
         target, target_tokenizer, what=f"the target {cfg.model.name_or_path or cfg.model.name!r}"

@@ -689,3 +689,27 @@ def test_an_architecture_without_sdpa_attention_is_refused_offering_eager(tmp_pa
     assert err.endswith(
         "set model.attn_implementation=eager (its tree masks are checked by the equivalence gate as any other)"
     )
+
+
+def test_a_prompt_over_the_context_is_refused_before_the_weights_are_read(tmp_path, monkeypatch, capsys):
+    """The context refusal (and a conversation with workload.chat=false) came after the checkpoint's
+    weights loaded: a large model was read only to refuse a prompt. The tokenizer is enough now."""
+    from checkpoint_fixtures import tiny_checkpoint
+
+    from harness import runner
+    from harness.app import run_main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights read before the prompts were checked")
+
+    monkeypatch.setattr(runner, "_load", no_weights)
+    prompts = prompts_file(tmp_path / "p.jsonl", ["x" * 3000])  # 3,000 byte tokens: past 512 positions
+    argv = ["model=hf", f"model.name_or_path={ckpt}", "workload=jsonl", f"workload.path={prompts}"]
+    argv += ["workload.chat=false", "generation.max_new_tokens=8", f"output_dir={tmp_path / 'run'}"]
+    capsys.readouterr()  # the fixture's own progress bars
+    assert run_main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("harness: compiling")]
+    assert len(err) == 1 and "3,000 prompt tokens" in err[0] and "positions of the target" in err[0]
