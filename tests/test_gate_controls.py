@@ -71,7 +71,9 @@ def tied_target(tie=(5, 6)):
     the target's top two logits tie exactly."""
     from harness.runner import _load
 
-    def load_models(c):
+    def load_models(c, *, before_weights=None):
+        if before_weights is not None:
+            before_weights(None)  # the tiny model has no tokenizer
         target = _load(c.model)
         with torch.no_grad():
             w = target.model.lm_head.weight  # [V, d]

@@ -288,7 +288,7 @@ def test_a_mismatched_checkpoint_is_refused_before_any_model_work(tmp_path, monk
     import harness.runner as runner
     from harness.app import run_main
 
-    def no_models(cfg):
+    def no_models(cfg, **_):
         raise AssertionError("models were loaded")
 
     monkeypatch.setattr(runner, "load_models", no_models)

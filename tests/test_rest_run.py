@@ -249,7 +249,7 @@ def test_rest_with_rejection_is_refused_before_model_work(env, tmp_path, monkeyp
     import harness.runner as runner
     from harness.app import run_main
 
-    def no_models(cfg):
+    def no_models(cfg, **_):
         raise AssertionError("models were loaded for a refused combination")
 
     monkeypatch.setattr(runner, "load_models", no_models)
