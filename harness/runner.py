@@ -444,7 +444,6 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
         eos=eos,
         limit=planned.context,
     )
-    encoder.check(planned.prompts)  # workload.truncate=false: refuse before any forward
     first = [encoder.turn(p) for p in planned.prompts]
     return Loaded(
         target=target,
