@@ -479,8 +479,12 @@ def test_a_datastore_of_the_user_s_files_is_built_into_its_own_cache_folder_and_
     every, info = open_datastore({**cfg, "glob": "**/*"}, tokenizer=tok, model="toy")
     assert info["built_now"] and every.path != ds.path and every.n_tokens > ds.n_tokens  # its own folder
     (mine / "a.py").write_text("def return\n")
-    with pytest.raises(DatastoreError, match=r"corpus 'files' changed since the"):
+    with pytest.raises(DatastoreError, match=r"corpus 'files' changed since the") as err:
         open_datastore(cfg, tokenizer=tok, model="toy")
+    assert str(err.value).endswith(  # the line to follow, as the other cached-datastore refusals give it
+        f"rebuild it with `harness datastore build corpus=files corpus_path={mine.resolve()} glob=**/*.py model=toy "
+        "max_tokens=1000 context_len=8 continuation_len=4 max_matches=16 exclude=none overwrite=true`"
+    )
     with pytest.raises(
         DatastoreError, match=r"^proposer.datastore.corpus_path is read with corpus=files; corpus=stdlib"
     ):

@@ -774,7 +774,14 @@ def open_datastore(
                 f"{prefix}.path at another datastore."
             )
     verify = bool(cfg.get("verify_corpus", True)) and built_with is not None
-    ds = load_datastore(path, tokenizer=tokenizer, verify_corpus=verify)
+    try:
+        ds = load_datastore(path, tokenizer=tokenizer, verify_corpus=verify)
+    except DatastoreError as exc:
+        if explicit is not None or "rebuild it" not in str(exc):
+            raise
+        # a cached datastore is built from these options: the refusal names the line that rebuilds it
+        rebuild = build_command(cfg, model, **{k: cfg.get(k) for k in _BUILD_OPTIONS if k in cfg}, overwrite="true")
+        raise DatastoreError(str(exc).replace("rebuild it", f"rebuild it with `{rebuild}`", 1)) from None
     info["corpus_check"] = corpus_check(manifest, verify)
     if vocab_size is not None and ds.n_tokens:
         top = int(ds.tokens.max())
