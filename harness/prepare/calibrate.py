@@ -227,7 +227,7 @@ def measure_ranks(cfg, context, *, items: list, progress: bool = True) -> tuple[
         raise ValueError(
             f"topology.calibration.branches={branches} exceeds the vocabulary ({context.target_backend.vocab_size})"
         )
-    check_calibration_fits(cfg, context, items=items, branches=branches)
+    check_calibration_fits(cfg, items=items, branches=branches)
     policy = sampling_policy(cfg)
     budget = Budget(shape="set", max_nodes=branches, max_depth=1, widths=(branches,))
     proposer = proposer_class(cfg.proposer.name).from_config(
@@ -272,25 +272,26 @@ def measure_ranks(cfg, context, *, items: list, progress: bool = True) -> tuple[
     return ranks, used
 
 
-def check_calibration_fits(cfg, context, *, items: list, branches: int) -> None:
+def check_calibration_fits(cfg, *, items: list, branches: int) -> None:
     """Refuse, before any decoding, calibration prompts that cannot hold
     ``topology.calibration.max_new_tokens`` and a round's ``branches`` candidate rows inside the
-    positions (and sliding attention windows) of the target and a separate draft model, by the rule a
-    run holds its prompts to: past them the rounds decoded at positions the models never saw. The
-    suggested length fits the longest prompt."""
-    from harness.target.loading import config_position_limit
+    positions (and sliding attention windows) of the target and a separate draft model, read from
+    their configs as a run's context limit reads them and held to its rule: past them the rounds
+    decoded at positions the models never saw. The suggested length fits the longest prompt."""
+    from harness.engine.checks import models_in_use
+    from harness.target.loading import DERIVED, model_attention_window, model_position_limit
 
-    models = [("the target", context.target_backend)]
-    if context.draft_backend is not None:
-        models.append(("the draft model", context.draft_backend))
     known = []
-    for who, backend in models:
-        config = backend.model.config
-        if (n := config_position_limit(config)) is not None:
-            known.append((n, who))
-        window = getattr(config, "sliding_window", None)
-        if isinstance(window, int) and window > 1 and getattr(config, "use_sliding_window", True) is not False:
-            known.append((window - 1, f"{who}'s sliding attention window"))
+    for key, m in models_in_use(cfg):
+        if m.name == DERIVED:  # cut from the target: its positions
+            continue
+        who = "the target" if key == "model" else "the draft model"
+        for n, what in (
+            (model_position_limit(m), who),
+            (model_attention_window(m), f"{who}'s sliding attention window"),
+        ):
+            if n is not None:
+                known.append((n, what))
     if not known:
         return
     positions, who = min(known, key=lambda k: k[0])  # the target named first on a tie
@@ -299,7 +300,7 @@ def check_calibration_fits(cfg, context, *, items: list, branches: int) -> None:
     if not over:
         return
     n, prompt = max(over, key=lambda o: o[0])
-    room = positions - max(len(ids) for _, ids in items) - branches
+    room = positions - n - branches
     fix = (
         f"topology.calibration.max_new_tokens={room}"
         if room >= 1
