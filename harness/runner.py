@@ -73,6 +73,7 @@ from harness.target.loading import (
     DERIVED,
     CheckpointError,
     LoadedModel,
+    cache_layer_problem,
     checkpoint_ref_problem,
     config_position_limit,
     derive_draft,
@@ -551,8 +552,12 @@ def check_models(cfg: DictConfig) -> None:
     checkpoint (or of the target), a derived draft without a valid layer count, a checkpoint draft
     without a path; target options (``model.linear_kernel``, ``model.compile``,
     ``model.static_cache``, ``model.cudnn_attention``) this machine cannot honour; a target and draft
-    that ask for different values of the process-wide cuDNN attention switch."""
+    that ask for different values of the process-wide cuDNN attention switch; a checkpoint whose
+    cache layers cannot be rolled back to the accepted path (read from its config alone)."""
     check_model_options(cfg.model, "model")
+    problem = cache_layer_problem(cfg.model, "model.name_or_path" if cfg.model.name_or_path else "model.name")
+    if problem:
+        raise CheckpointError(problem)
     if cfg.model.num_layers is not None:
         raise CheckpointError(
             f"model.num_layers={cfg.model.num_layers}: the target loads whole; layer truncation applies only to "
@@ -599,7 +604,9 @@ def check_models(cfg: DictConfig) -> None:
     if d.name not in ("tiny", "smollm2") or d.name_or_path:
         if d.name == "hf" and not d.name_or_path:
             raise CheckpointError(f"{key}.name=hf needs {key}.name_or_path=<checkpoint directory or hub id>")
-        problem = checkpoint_ref_problem(d.name_or_path or d.name, f"{key}.name_or_path")
+        problem = checkpoint_ref_problem(d.name_or_path or d.name, f"{key}.name_or_path") or cache_layer_problem(
+            d, f"{key}.name_or_path" if d.name_or_path else f"{key}.name"
+        )
         if problem:
             raise CheckpointError(problem)
 

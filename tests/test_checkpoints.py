@@ -585,6 +585,72 @@ def test_a_sliding_attention_window_bounds_the_context_like_a_position_limit(tmp
     assert unwindowed.limited_by == "the target (model=hf)"  # its window is switched off
 
 
+def test_chunked_and_multimodal_windows_bound_the_context_from_the_decoder_config(tmp_path):
+    """The window was read from the top of the config only: Llama 4's attention chunks and a
+    multimodal checkpoint's sliding layers (Gemma 3 nests them in ``text_config``) planned no window
+    at all, so a context past them would decode with attention the model does not have. The window
+    is now read from the cache layers transformers builds for the text decoder."""
+    from transformers import Gemma3Config, Llama4TextConfig
+
+    from harness.runner import plan_context
+    from harness.target.loading import model_attention_window, model_position_limit
+
+    small = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1)
+    Llama4TextConfig(
+        **small, num_hidden_layers=4, attention_chunk_size=48, max_position_embeddings=512
+    ).save_pretrained(tmp_path / "llama4")
+    gemma3 = Gemma3Config(text_config=dict(**small, num_hidden_layers=2, sliding_window=40, head_dim=8))
+    gemma3.save_pretrained(tmp_path / "gemma3")
+    llama4 = compose(["model=hf", f"model.name_or_path={tmp_path / 'llama4'}", "generation.max_new_tokens=8"])
+    assert model_attention_window(llama4.model) == 47
+    limit = plan_context(llama4, tree_rows=8)
+    assert limit.positions == 47 and limit.limited_by == "the target's sliding attention window (model=hf)"
+    multimodal = compose(["model=hf", f"model.name_or_path={tmp_path / 'gemma3'}"])
+    assert model_attention_window(multimodal.model) == 39
+    assert model_position_limit(multimodal.model) == gemma3.text_config.max_position_embeddings
+
+
+def test_a_checkpoint_with_recurrent_layers_is_refused_before_any_weights(tmp_path, monkeypatch, capsys):
+    """A hybrid of attention and linear attention (Qwen3-Next) keeps a recurrent state that every
+    verified row updates: cutting the keys back to the accepted path left that state holding the
+    rejected rows. It is refused from its config, as a target and as a draft, in one line naming
+    the layers, before any model work; the cache builder refuses it too."""
+    from transformers import Qwen3NextConfig
+
+    from harness.app import run_main
+    from harness.target.kv_cache import new_cache
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    small = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1)
+    config = Qwen3NextConfig(**small, num_hidden_layers=4)
+    config.save_pretrained(tmp_path / "hybrid")
+    prompts = prompts_file(tmp_path / "p.jsonl", ["def add(a, b):"])
+    common = ["workload=jsonl", f"workload.path={prompts}", "workload.chat=false", "generation.max_new_tokens=8"]
+    for key, options in (
+        ("model.name_or_path", ["model=hf", f"model.name_or_path={tmp_path / 'hybrid'}"]),
+        (
+            "proposer.model.name_or_path",
+            [
+                "model=tiny",
+                "proposer=draft_model",
+                "proposer.model.name=hf",
+                f"proposer.model.name_or_path={tmp_path / 'hybrid'}",
+            ],
+        ),
+    ):
+        out = tmp_path / key
+        code = run_main([*options, *common, f"output_dir={out}"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and not out.exists(), err
+        assert err[-1].endswith(
+            f"{key}={tmp_path / 'hybrid'}: its linear_attention layers keep a state that every verified row updates, "
+            "and rejected draft rows cannot be taken back out of it; the harness verifies on attention layers whose "
+            "cache it cuts to the accepted path (full, sliding-window or chunked attention)"
+        ), err
+    with pytest.raises(ValueError, match=r"a Qwen3NextConfig's cache has LinearAttentionLayer layers, whose state"):
+        new_cache(config, preallocated=False)
+
+
 def _sliding_checkpoint(path, family: str):
     """A tiny checkpoint whose attention slides over 64 positions (Gemma 2: every other layer; Mistral:
     every layer), weights drawn wide enough that its greedy tokens vary."""

@@ -185,25 +185,40 @@ def _prefix_view(view: torch.Tensor | None, buffer: torch.Tensor | None) -> bool
 
 def new_cache(config, *, preallocated: bool, reserve: int | None = None):
     """A ``DynamicCache`` for ``config``; with ``preallocated`` its plain full-attention layers are
-    :class:`PreallocatedLayer` (other special layers stay as transformers builds them).
+    :class:`PreallocatedLayer` (a layer that stores nothing stays as transformers builds it; a layer
+    with a recurrent or compressed state is refused: a round's rollback cannot cut rejected rows out
+    of it).
 
-    Sliding-window layers (Mistral, Qwen2 with ``use_sliding_window``, Gemma 2's local layers) are
-    full-attention layers here: a run keeps every context inside the window, where sliding attention
-    attends to every position, as full attention does. transformers' sliding layer counts its
-    length apart from its keys, so the backend's rollback and commit, which edit the keys, left that
-    count stale and the next forward's mask too long. :func:`cache_window` gives the window, and
-    the backend refuses a forward whose rows reach positions past it (tree rows sit at their
-    depth's position whatever cache slot holds them)."""
+    Sliding-window layers (Mistral, Qwen2 with ``use_sliding_window``, Gemma 2's local layers) and
+    chunked-attention layers (Llama 4) are full-attention layers here: a run keeps every context
+    inside the window (the chunk), where such attention attends to every position, as full
+    attention does. transformers' sliding layer counts its length apart from its keys, so the
+    backend's rollback and commit, which edit the keys, left that count stale and the next
+    forward's mask too long. :func:`cache_window` gives the window, and the backend refuses a
+    forward whose rows reach positions past it (tree rows sit at their depth's position whatever
+    cache slot holds them)."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicSlidingWindowLayer
+    from transformers.cache_utils import DummyLayer, DynamicSlidingWindowLayer
 
     cache = DynamicCache(config=config)
-    # the plain sliding layer only: its subclasses (chunked attention, linear attention's state) are other layers
+    # the plain sliding layer (transformers builds chunked attention as one); its subclasses keep other state
     windows = [int(layer.sliding_window) for layer in cache.layers if type(layer) is DynamicSlidingWindowLayer]
+    stateful = sorted(
+        {
+            type(layer).__name__
+            for layer in cache.layers
+            if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer, DummyLayer)
+        }
+    )
+    if stateful:
+        raise ValueError(
+            f"a {type(config).__name__}'s cache has {', '.join(stateful)} layers, whose state rejected draft rows "
+            "cannot be cut out of; the harness verifies on full, sliding-window or chunked attention layers"
+        )
 
     def full(layer):
         if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
-            return layer
+            return layer  # a layer that stores nothing
         return PreallocatedLayer(reserve=reserve) if preallocated else DynamicLayer()
 
     cache.layers = [full(layer) for layer in cache.layers]

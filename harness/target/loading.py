@@ -527,12 +527,43 @@ POSITION_ATTRS = ("max_position_embeddings", "n_positions", "max_sequence_length
 
 
 def config_position_limit(config) -> int | None:
-    """The position limit a transformers config declares (None when it declares none)."""
-    for name in POSITION_ATTRS:
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
+    """The position limit a transformers config declares (a multimodal config's in its text
+    decoder's part), or None when it declares none."""
+    for c in (config, decoder_config(config)):
+        for name in POSITION_ATTRS:
+            value = getattr(c, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
     return None
+
+
+def model_config(model_cfg, *, key: str | None = None):
+    """The transformers config of a configured checkpoint (``name_or_path``, else ``name``), read once
+    per process for each version of its ``config.json``: the planning readers (positions, attention
+    window, cache layers, geometry, architecture) all ask for it. Not for the tiny model or the
+    embedded default, whose figures are known without a file."""
+    source = str(model_cfg.get("name_or_path") or model_cfg.get("name"))
+    trust = bool(model_cfg.get("trust_remote_code"))
+    path = Path(source).expanduser() / "config.json"
+    try:
+        stat = path.stat() if path.is_file() else None
+        version = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
+    except OSError:
+        version = None
+    return _read_config(source, trust, key, version)
+
+
+@functools.lru_cache(maxsize=32)
+def _read_config(source: str, trust: bool, key: str | None, version: tuple[int, int] | None):
+    from transformers import AutoConfig
+
+    return from_pretrained(AutoConfig, source, key=key, trust_remote_code=trust)
+
+
+def decoder_config(config):
+    """The text decoder's part of a config (a multimodal checkpoint nests it as ``text_config``)."""
+    text = getattr(config, "get_text_config", None)
+    return text(decoder=True) if callable(text) else config
 
 
 def model_position_limit(model_cfg) -> int | None:
@@ -541,30 +572,60 @@ def model_position_limit(model_cfg) -> int | None:
         return int(tiny_llama_config(**dict(model_cfg.tiny or {})).max_position_embeddings)
     if model_cfg.name == "smollm2" and not model_cfg.name_or_path:
         return SMOLLM2_POSITIONS
-    from transformers import AutoConfig
+    return config_position_limit(model_config(model_cfg))
 
-    c = from_pretrained(
-        AutoConfig, model_cfg.name_or_path or model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code)
-    )
-    return config_position_limit(c)
+
+#: cache layer types whose rollback is cutting keys and values (a layer that stores nothing included)
+ROLLBACK_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "dummy"})
+#: layer types whose cache holds at most a window of positions: the sliding window, the attention chunk
+WINDOWED_LAYER_TYPES = frozenset({"sliding_attention", "chunked_attention"})
+
+
+def config_layer_types(config) -> list[tuple[str, int | None]]:
+    """Each decoder layer's cache type as transformers' ``DynamicCache`` builds it from ``config``,
+    with its window (Mistral's ``sliding_window``, Qwen2's with ``use_sliding_window``, Gemma 2's
+    local layers, Llama 4's ``attention_chunk_size``) or None."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    types, kwargs = get_layer_types_and_kwargs(decoder_config(config))
+    rows = []
+    for kind, extra in zip(types, kwargs, strict=True):
+        window = extra.get("sliding_window") if kind in WINDOWED_LAYER_TYPES else None
+        rows.append((kind, window if isinstance(window, int) and not isinstance(window, bool) else None))
+    return rows
 
 
 def model_attention_window(model_cfg) -> int | None:
-    """How many positions a model's sliding-window attention keeps (Mistral's ``sliding_window``,
-    Qwen2's with ``use_sliding_window``, Gemma 2's local layers), from its config alone; None where
-    every layer attends over the whole context. A verify forward's tree mask spans the whole
-    context, so a run keeps every turn inside the window."""
+    """How many positions a model's sliding-window (or chunked) attention lets a run reach, from its
+    config alone; None where every layer attends over the whole context. A verify forward's tree
+    mask spans the whole context, and inside one window (one chunk) such attention is full
+    attention, so a run keeps every turn inside it."""
     if model_cfg.name == "tiny" or (model_cfg.name == "smollm2" and not model_cfg.name_or_path):
         return None
-    from transformers import AutoConfig
-
-    c = from_pretrained(
-        AutoConfig, model_cfg.name_or_path or model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code)
-    )
-    window = getattr(c, "sliding_window", None)
-    if getattr(c, "use_sliding_window", True) is False or not isinstance(window, int) or isinstance(window, bool):
+    windows = [window for _, window in config_layer_types(model_config(model_cfg)) if window is not None]
+    if not windows:
         return None
+    window = min(windows)
     return window - 1 if window > 1 else None  # the cache keeps the window's last positions but one
+
+
+def cache_layer_problem(model_cfg, key: str) -> str | None:
+    """Why a configured model's cache cannot be rolled back to the accepted path, from its config
+    alone, or None. A speculative round writes every candidate row into the cache and keeps only
+    the accepted ones; a layer with a recurrent state (linear attention, Mamba and convolution
+    layers, their hybrids) or a compressed cache folds every row into it, and cutting keys cannot
+    take a rejected row back out."""
+    if model_cfg.name in ("tiny", DERIVED) or (model_cfg.name == "smollm2" and not model_cfg.name_or_path):
+        return None
+    kinds = sorted({kind for kind, _ in config_layer_types(model_config(model_cfg))} - ROLLBACK_LAYER_TYPES)
+    if not kinds:
+        return None
+    return (
+        f"{key}={model_cfg.get('name_or_path') or model_cfg.get('name')}: its {', '.join(kinds)} layers keep a "
+        "state that every verified row updates, and rejected draft rows cannot be taken back out of it; the "
+        "harness verifies on attention layers whose cache it cuts to the accepted path (full, sliding-window or "
+        "chunked attention)"
+    )
 
 
 def unfusable_architecture(model_cfg) -> str | None:
@@ -575,10 +636,8 @@ def unfusable_architecture(model_cfg) -> str | None:
     name = model_cfg.get("name")
     if name in ("tiny", DERIVED) or (name == "smollm2" and not model_cfg.get("name_or_path")):
         return None
-    from transformers import AutoConfig
-
     trust = bool(model_cfg.get("trust_remote_code"))
-    c = from_pretrained(AutoConfig, model_cfg.get("name_or_path") or name, trust_remote_code=trust)
+    c = model_config(model_cfg)
     if getattr(c, "model_type", None) != "llama":
         return f"a {getattr(c, 'model_type', None) or type(c).__name__} model"
     if trust and "AutoModelForCausalLM" in (getattr(c, "auto_map", None) or {}):
@@ -594,14 +653,7 @@ def model_geometry(model_cfg) -> dict:
     elif model_cfg.name == "smollm2" and not model_cfg.name_or_path:
         return dict(SMOLLM2_GEOMETRY)
     else:
-        from transformers import AutoConfig
-
-        c = from_pretrained(
-            AutoConfig,
-            model_cfg.name_or_path or model_cfg.name,
-            key="model.name_or_path" if model_cfg.name_or_path else "model.name",
-            trust_remote_code=bool(model_cfg.trust_remote_code),
-        )
+        c = model_config(model_cfg, key="model.name_or_path" if model_cfg.name_or_path else "model.name")
     missing = [
         k for k in ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size") if not hasattr(c, k)
     ]
