@@ -971,6 +971,7 @@ class _FakeExecutor:
 
     made: list = []
     run = True
+    interrupt = False
 
     def __init__(self, cluster, folder, **kwargs):
         self.cluster, self.folder, self.kwargs = cluster, folder, kwargs
@@ -984,16 +985,18 @@ class _FakeExecutor:
     def map_array(self, fn, *args):
         tasks = list(zip(*args))
         self.arrays.append([list(t[0]) for t in tasks])
-        return [_FakeJob(fn, t, self.run) for t in tasks]
+        return [_FakeJob(fn, t, self.run, f"4242_{i}", self.interrupt) for i, t in enumerate(tasks)]
 
 
 class _FakeJob:
-    def __init__(self, fn, args, run):
-        self.fn, self.args, self.run = fn, args, run
+    def __init__(self, fn, args, run, job_id, interrupt):
+        self.fn, self.args, self.run, self.job_id, self.interrupt = fn, args, run, job_id, interrupt
 
     def results(self):
         from hydra.core.utils import JobReturn, JobStatus
 
+        if self.interrupt:  # Ctrl-C while the sweep waits on the array
+            raise KeyboardInterrupt
         if self.run:
             return [self.fn(*self.args)]
         ret = JobReturn(overrides=list(self.args[0]), status=JobStatus.COMPLETED)
@@ -1062,6 +1065,43 @@ def test_a_slurm_sweep_is_one_array_with_the_resources_and_gpu_overrides_of_the_
     for overrides in array:
         assert "model.device=cuda" in overrides  # added: the jobs run on the GPU...
         assert "model.dtype=float32" in overrides and "model.dtype=bfloat16" not in overrides  # ...in the user's dtype
+
+
+def test_an_interrupted_slurm_sweep_cancels_its_array(env, fake_slurm, monkeypatch, capsys):
+    """Ctrl-C stopped the sweep while its Slurm tasks went on measuring and writing records into the
+    folder the summary called interrupted. The launcher now cancels the array before the interrupt
+    goes on; a scancel that fails says so and names the array to cancel by hand."""
+    import subprocess
+
+    import hydra_plugins.harness_launcher.slurm as slurm
+
+    sweep_dir = env / "multirun" / "smoke"
+    calls = []
+
+    def scancel(argv, **kwargs):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(slurm.subprocess, "run", scancel)
+    fake_slurm.interrupt = True
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sweep_main(["smoke", "launcher=slurm", "hydra.launcher.partition=gpu", f"hydra.sweep.dir={sweep_dir}"])
+    finally:
+        fake_slurm.interrupt = False
+    assert calls == [["scancel", "4242"]]  # the array, once
+    err = capsys.readouterr().err
+    assert "harness: cancelled Slurm array 4242 (4 tasks; the finished ones keep their records)" in err
+    assert json.loads((sweep_dir / "summary.json").read_text())["interrupted"] is True
+
+    def missing(argv, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", "scancel")
+
+    monkeypatch.setattr(slurm.subprocess, "run", missing)
+    slurm.cancel_arrays([type("Job", (), {"job_id": "77_3"})()])
+    assert "could not cancel Slurm array 77 ([Errno 2] No such file or directory: 'scancel'); run `scancel 77` or " in (
+        capsys.readouterr().err
+    )
 
 
 def test_slurm_array_tasks_run_jobs_that_record_the_array_parallelism(env, fake_slurm):

@@ -7,6 +7,9 @@ with two additions, for the harness's sweeps on a GPU cluster.
 * ``job_overrides`` (default ``model.device=cuda``, ``model.dtype=bfloat16``) are added to every
   job that does not set those keys itself, so the jobs run on the GPU Slurm gives them.
 
+* Ctrl-C while the sweep waits on its array cancels the array (``scancel``), so no task goes on
+  measuring and writing records after the sweep has stopped.
+
 ``sweep_batch`` is read by the root config's ``hydra.sweeper.max_batch_size`` (null: the whole
 sweep is handed over at once and submitted as one array, ``array_parallelism`` of its tasks at a
 time); like ``job_overrides`` it is no sbatch option and is not passed to submitit.
@@ -17,7 +20,11 @@ nothing of the harness and nothing heavy.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn
@@ -62,8 +69,69 @@ class SlurmLauncher(_SubmititSlurmLauncher):
         super().__init__(**params)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Submit the jobs as one Slurm array and wait for their returns; an interrupt while waiting
+        cancels the array before it propagates."""
         refusal = slurm_refusal({**self.params, "job_overrides": self.job_overrides})
         if refusal is not None:
             raise ValueError(refusal)
-        jobs = [with_job_overrides(list(o), self.job_overrides) for o in job_overrides]
-        return super().launch(jobs, initial_job_idx)
+        import submitit
+        from hydra.core.singleton import Singleton
+        from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+
+        assert self.config is not None
+        params = dict(self.params)
+        executor_options = {"folder": params.pop("submitit_folder")}
+        if "max_num_timeout" in params:
+            executor_options[f"{self._EXECUTOR}_max_num_timeout"] = params.pop("max_num_timeout")
+        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **executor_options)
+        queue_keys = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(**{k if k in queue_keys else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        if "mode" in self.config.hydra.sweep:
+            os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
+        tasks = [
+            (
+                with_job_overrides(list(overrides), self.job_overrides),
+                "hydra.sweep.dir",
+                initial_job_idx + i,
+                f"job_id_for_{initial_job_idx + i}",
+                Singleton.get_state(),
+            )
+            for i, overrides in enumerate(job_overrides)
+        ]
+        jobs = executor.map_array(self, *zip(*tasks, strict=True))
+        try:
+            return [job.results()[0] for job in jobs]
+        except KeyboardInterrupt:
+            cancel_arrays(jobs)
+            raise
+
+
+def cancel_arrays(jobs: Sequence[Any]) -> None:
+    """``scancel`` the Slurm arrays ``jobs`` (submitit jobs, ``<array>_<task>`` ids) belong to, and
+    say so on stderr; a task that already finished keeps its record."""
+    arrays = sorted({str(job.job_id).split("_", 1)[0] for job in jobs})
+    if not arrays:
+        return
+    try:
+        done = subprocess.run(["scancel", *arrays], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(
+            f"harness: could not cancel Slurm array {' '.join(arrays)} ({exc}); run `scancel "
+            f"{' '.join(arrays)}` or its tasks go on",
+            file=sys.stderr,
+        )
+        return
+    if done.returncode != 0:
+        print(
+            f"harness: scancel {' '.join(arrays)} failed ({(done.stderr or done.stdout).strip()[:200]}); "
+            "check `squeue --me`",
+            file=sys.stderr,
+        )
+        return
+    print(
+        f"harness: cancelled Slurm array {' '.join(arrays)} ({len(jobs)} tasks; the finished ones keep "
+        "their records)",
+        file=sys.stderr,
+    )
