@@ -386,8 +386,10 @@ def test_cache_datastore_is_built_on_first_use_then_checked_against_the_config(t
         open_datastore({**cfg, "path": ""}, tokenizer=tok, model="toy")
     with pytest.raises(DatastoreError, match=r"^proposer.datastore.exclude must be humaneval, .* got 'foo.txt'"):
         open_datastore({**cfg, "exclude": "foo.txt"}, tokenizer=tok, model="toy")
+    capsys.readouterr()
     with pytest.raises(DatastoreError, match=r"^proposer.datastore.exclude=.*missing.jsonl: cannot read"):
         open_datastore({**cfg, "exclude": str(tmp_path / "missing.jsonl")}, tokenizer=tok, model="toy")
+    assert "building REST datastore" not in capsys.readouterr().err  # refused before a build is announced
 
 
 def test_from_config_folds_the_release_id_into_the_proposals_manifest_hash(env):

@@ -630,6 +630,7 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str, prefix: str = "
     holds its lock. Returns seconds."""
 
     corpus = configured_corpus(cfg, prefix)
+    exclusions = configured_exclusions(cfg.get("exclude", "none"), prefix)  # a bad exclusion is refused first
     max_tokens = cfg.get("max_tokens")
     print(
         f"harness run: building REST datastore {corpus.name!r} for {model!r} into {path} "
@@ -652,7 +653,7 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str, prefix: str = "
             target_family=model,
             out_dir=tmp,
             **_build_sizes(cfg),
-            exclude=configured_exclusions(cfg.get("exclude", "none"), prefix),
+            exclude=exclusions,
             exclude_spec=str(cfg.get("exclude", "none")),
             progress=True,
         )
