@@ -386,6 +386,13 @@ def test_cache_datastore_is_built_on_first_use_then_checked_against_the_config(t
         open_datastore({**cfg, "path": ""}, tokenizer=tok, model="toy")
     with pytest.raises(DatastoreError, match=r"^proposer.datastore.exclude must be humaneval, .* got 'foo.txt'"):
         open_datastore({**cfg, "exclude": "foo.txt"}, tokenizer=tok, model="toy")
+    # a model with synthetic token ids (model=tiny) given a datastore built with a tokenizer: told how to write its own
+    with pytest.raises(DatastoreError) as err:
+        open_datastore({**cfg, "path": str(where)}, tokenizer=None, model="tiny")
+    assert str(err.value).endswith(
+        "model='tiny' has no tokenizer (synthetic token ids), so its spans would be wrong: write a token-id datastore "
+        "(harness.workloads.datastore.datastore_from_token_ids + write_datastore) and pass proposer.datastore.path=<dir>."
+    )
     capsys.readouterr()
     with pytest.raises(DatastoreError, match=r"^proposer.datastore.exclude=.*missing.jsonl: cannot read"):
         open_datastore({**cfg, "exclude": str(tmp_path / "missing.jsonl")}, tokenizer=tok, model="toy")

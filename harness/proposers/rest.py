@@ -742,7 +742,8 @@ def open_datastore(
         raise DatastoreError(
             f"datastore {str(path)!r} was built with tokenizer {built_with.get('name_or_path')!r} "
             f"({str(built_with.get('fingerprint'))[:16]}...); model={model!r} has no tokenizer (synthetic token "
-            "ids), so its spans would be wrong: use a token-id datastore for it."
+            "ids), so its spans would be wrong: write a token-id datastore (harness.workloads.datastore."
+            f"datastore_from_token_ids + write_datastore) and pass {prefix}.path=<dir>."
         )
     if tokenizer is not None and built_with is None:
         raise DatastoreError(
