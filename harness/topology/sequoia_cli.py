@@ -16,7 +16,8 @@ Keys (Hydra-style ``key=value``; values parsed by OmegaConf's YAML grammar, neve
                             unless it says ``"synthetic": true``); excludes the three keys above
   min_nodes=2               smallest n searched with costs (1 admits plain AR: G=1, time t(1))
 
-Without costs the tree reported is the max-G tree at (N, D) (the largest feasible n <= N if N
+The JSON's ``run_options`` are the same bounds for a run (``topology.max_nodes`` counts candidate
+rows, the root excluded). Without costs the tree reported is the max-G tree at (N, D) (the largest feasible n <= N if N
 nodes do not fit depth D); with costs it is the (n, d) minimising (t(n) + c0 + d*c) / G(n, d).
 Bad input: a message on stderr and exit code 2.
 """
@@ -187,6 +188,8 @@ def run_tree(args: dict) -> dict:
         max_nodes=max_nodes,
         max_depth=max_depth,
         node_convention="nodes include the root: nodes = candidate_rows + 1; depth in edges",
+        # a run's topology.max_nodes counts candidate rows, the root excluded: the same bounds, one less
+        run_options=f"topology=sequoia topology.max_nodes={max_nodes - 1} topology.max_depth={max_depth}",
     )
 
     costs, source = _costs(args)
