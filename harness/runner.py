@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import statistics
@@ -188,14 +189,21 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None 
         print(f"harness: note: {note}", file=sys.stderr)
     with job_lock(planned.run_dir):  # one run per folder, from the first model work to the record
         earlier = inspect_job(planned.run_dir, manifest_hash=planned.manifest_hash, manifest=planned.manifest)
-        aside = (
-            clear_for_run(planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting")
-            or aside
+        moved, moved_note = clear_for_run(
+            planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting"
         )
+        aside = moved or aside
+
+        def announce_move() -> None:  # once the job is past its refusals, or where the files stay aside
+            nonlocal moved_note
+            if moved_note:
+                logging.getLogger("harness.jobs").warning("%s", moved_note)
+                moved_note = None
+
         try:
             tracker = open_tracker(cfg, planned, replaces=replaced_runs(aside))
         except Exception as exc:  # nothing measured yet: the folder goes back as it was
-            restore_aside(planned.run_dir, aside)
+            restore_aside(planned.run_dir, aside, quiet=moved_note is not None)
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             raise TrackingError(
                 f"W&B could not start the run ({type(exc).__name__}: {first}); nothing was measured "
@@ -208,6 +216,7 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None 
             loaded = load(cfg, planned)
             stage = "prepare"
             prepared = prepare_job(cfg, planned, loaded)
+            announce_move()
             stage = "gate"
             gates = gate(cfg, planned, loaded, prepared)
             stage = "measure"
@@ -248,7 +257,9 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None 
                 if interrupted and aside is not None and (aside / RECORD_FILENAME).is_file():
                     discard_offline_run(tracker)  # the earlier record's W&B run is the arm's
                 why = "interrupted" if interrupted else "refused" if refused else "failed before its record was written"
-                restore_aside(planned.run_dir, aside, why=f"the job was {why}")
+                restore_aside(planned.run_dir, aside, why=f"the job was {why}", quiet=moved_note is not None)
+            else:
+                announce_move()  # the earlier files stay in .previous/
             raise
     return record
 

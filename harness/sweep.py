@@ -402,7 +402,9 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
                 print(f"harness sweep: logged {job}'s record to W&B after the fact (it ran untracked)", file=sys.stderr)
                 status["tracked_after_the_run"] = True
             return
-        aside = clear_for_run(run_dir, state, what=f"sweep job {job}", action="re-running")
+        aside, moved = clear_for_run(run_dir, state, what=f"sweep job {job}", action="re-running")
+        if moved:
+            log.warning("%s", moved)
         stage = "run"
         record = run_job(cfg, run_dir=run_dir, aside=aside)  # logs to W&B itself with tracking=wandb
         status["manifest_hash"] = record["manifest_hash"]

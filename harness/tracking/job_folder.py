@@ -226,11 +226,14 @@ def set_aside(folder: str | Path, files: tuple[str, ...] | None = None) -> Path 
     return dest
 
 
-def restore_aside(folder: str | Path, aside: Path | None, *, why: str = "the job was refused") -> None:
+def restore_aside(
+    folder: str | Path, aside: Path | None, *, why: str = "the job was refused", quiet: bool = False
+) -> None:
     """Put the files :func:`set_aside` moved to ``aside`` back into ``folder`` (a job refused
     before it measured anything leaves the folder as it was). Where the refused job wrote a
     folder of the same name itself (its W&B run's ``wandb/``), the earlier folder's entries go back
-    into it beside the new ones (W&B keeps one folder per run there), unless a name is taken."""
+    into it beside the new ones (W&B keeps one folder per run there), unless a name is taken.
+    ``quiet``: the move was never announced (a job refused before it said so), so neither is this."""
     if aside is None or not aside.is_dir():
         return
     folder = Path(folder)
@@ -252,17 +255,19 @@ def restore_aside(folder: str | Path, aside: Path | None, *, why: str = "the job
         previous = aside.parent
         if previous.is_dir() and not any(previous.iterdir()):
             previous.rmdir()
-    log.warning("%s: the earlier files are back in %s", why, folder)
+    if not quiet:
+        log.warning("%s: the earlier files are back in %s", why, folder)
 
 
-def clear_for_run(folder: str | Path, state: JobState, *, what: str, action: str) -> Path | None:
-    """Move a folder's earlier job files aside before a run, with a warning naming ``what`` (the job
-    or folder), the ``action`` (re-running, overwriting) and the reason."""
+def clear_for_run(folder: str | Path, state: JobState, *, what: str, action: str) -> tuple[Path | None, str | None]:
+    """Move a folder's earlier job files aside before a run. Returns where they went and the
+    warning that says so, naming ``what`` (the job or folder), the ``action`` (re-running,
+    overwriting) and the reason; the caller logs it once the job gets past its refusals (a job
+    refused while loading puts the files back, and the refusal is its one line)."""
     if not state.files:
-        return None
+        return None, None
     dest = set_aside(folder, state.files)
     reason = state.reason or (
         f"it holds a complete record of this manifest ({state.record['run_id']})" if state.record else "it holds files"
     )
-    log.warning("%s %s: %s; its earlier files are moved to %s", action, what, reason, dest)
-    return dest
+    return dest, f"{action} {what}: {reason}; its earlier files are moved to {dest}"
