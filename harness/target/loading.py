@@ -587,7 +587,18 @@ def config_layer_types(config) -> list[tuple[str, int | None]]:
     local layers, Llama 4's ``attention_chunk_size``) or None."""
     from transformers.cache_utils import get_layer_types_and_kwargs
 
-    types, kwargs = get_layer_types_and_kwargs(decoder_config(config))
+    text = decoder_config(config)
+    try:
+        types, kwargs = get_layer_types_and_kwargs(text)
+    except Exception:  # a checkpoint's own config class without transformers' per-layer fields
+        window = getattr(text, "sliding_window", None)
+        if (
+            getattr(text, "use_sliding_window", True) is False
+            or not isinstance(window, int)
+            or isinstance(window, bool)
+        ):
+            return [("full_attention", None)]
+        return [("sliding_attention", window)]
     rows = []
     for kind, extra in zip(types, kwargs, strict=True):
         window = extra.get("sliding_window") if kind in WINDOWED_LAYER_TYPES else None
