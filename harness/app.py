@@ -317,6 +317,9 @@ def multirun_exit_code(in_process_code: int, *, command: str = "run") -> int:
             file=sys.stderr,
         )
         return 1
+    if summary.get("store_error"):
+        print(f"harness {command}: the sweep's store was not written: {summary['store_error']}", file=sys.stderr)
+        return 1
     return in_process_code
 
 

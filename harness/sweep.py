@@ -75,7 +75,7 @@ from harness.tracking.job_folder import (
     set_aside,
 )
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
-from harness.tracking.store import FAILURES_FILENAME, RECORD_FILENAME, iter_record_paths, rebuild_store
+from harness.tracking.store import FAILURES_FILENAME, RECORD_FILENAME, RecordError, iter_record_paths, rebuild_store
 from hydra_plugins.harness_launcher.slurm import slurm_refusal
 
 log = logging.getLogger("harness.sweep")
@@ -476,6 +476,9 @@ class SweepSummary:
     store: str | None = None
     report: str | None = None
     report_error: str | None = None
+    #: why no store could be built from the folder's records (one of them is not a record this harness
+    #: reads): no store and no report then, and the launch exits non-zero
+    store_error: str | None = None
     #: the launch was cut short (``interrupted``: by Ctrl-C or a scheduler's SIGINT; ``stopped_by``: that,
     #: or the launcher's error): the store holds the records the folder had then, and no report was written
     interrupted: bool = False
@@ -529,12 +532,17 @@ def finish_sweep(
         ],
     )
     store_path = sweep_dir / STORE_FILE
-    df = rebuild_store(sweep_dir, store_path)
-    summary.records, summary.store = len(df), str(store_path)
+    try:
+        df = rebuild_store(sweep_dir, store_path)
+    except RecordError as exc:  # never the store of an earlier launch beside this launch's summary
+        store_path.unlink(missing_ok=True)
+        df, summary.store_error = None, str(exc)
+    else:
+        summary.records, summary.store = len(df), str(store_path)
     out = sweep_dir / REPORT_DIR
     if out.is_dir():  # regenerated from this store, or gone: never a report of records the store left out
         shutil.rmtree(out)
-    if report and len(df):
+    if report and df is not None and len(df):
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # its "wrote ..." line: the summary names the report
                 code = report_mod.main([str(store_path), f"out={out}"])
@@ -564,6 +572,9 @@ def format_summary(summary: SweepSummary) -> str:
         )
     if summary.failed:
         lines.append(f"failed (see {Path(summary.sweep_dir) / FAILURES_FILE}): " + ", ".join(summary.failed))
+    if summary.store_error:
+        lines.append(f"store and report not written: {summary.store_error}")
+        return "\n".join(lines)
     lines.append(f"store: {summary.store} ({summary.records} records)")
     if summary.report:
         lines.append(f"report: {summary.report}")

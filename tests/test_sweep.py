@@ -616,6 +616,33 @@ def test_jobs_resume_by_what_ran_not_by_job_number(env, capsys):
     assert len(store) == 2 and record["run_id"] not in set(store["run_id"])
 
 
+def test_a_record_the_store_cannot_read_leaves_no_store_or_report_of_an_earlier_launch(env, capsys):
+    """A record.json the store refuses (one written by hand) made the end of the launch raise inside
+    a Hydra callback: a warning with the error, "finished without a sweep summary", and the earlier
+    launch's summary, store and report left standing. The summary is this launch's now, says why no
+    store was written, and the launch exits non-zero naming the record."""
+    sweep_dir = env / "multirun" / "smoke"
+    common = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false", "seed=0"]
+    rc, first = launch(sweep_dir, *common)
+    assert rc == 0 and (sweep_dir / STORE_FILE).is_file() and (sweep_dir / "report" / "report.md").is_file()
+    (sweep_dir / "junk").mkdir()
+    (sweep_dir / "junk" / "record.json").write_text("{}")
+    capsys.readouterr()
+    rc, summary = launch(sweep_dir, *common)
+    err = capsys.readouterr().err
+    assert rc == 1 and len(summary["skipped"]) == 1
+    written = json.loads((sweep_dir / "summary.json").read_text())
+    assert written["launch_id"] == json.loads((sweep_dir / "launch.json").read_text())["launch_id"]
+    assert written["launch_id"] != first["launch_id"] and written["store"] is None
+    assert (
+        written["store_error"] == f"{sweep_dir / 'junk' / 'record.json'}: no schema_version; expected schema_version 2"
+    )
+    assert not (sweep_dir / STORE_FILE).exists() and not (sweep_dir / "report").exists()
+    assert f"store and report not written: {written['store_error']}" in err
+    assert f"harness sweep: the sweep's store was not written: {written['store_error']}" in err
+    assert "without a sweep summary" not in err and "UserWarning" not in err
+
+
 def test_an_interrupted_launch_leaves_a_store_and_summary_of_what_the_folder_holds_and_no_report(
     env, capsys, monkeypatch
 ):
