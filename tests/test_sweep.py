@@ -919,6 +919,28 @@ def _multirun_with_a_failure(sweep_dir: Path, launcher: str, capsys) -> None:
     assert json.loads((sweep_dir / FAILURES_FILE).read_text())["error"]["type"] == "NegotiationError"
 
 
+def test_a_proposer_and_topology_that_do_not_go_together_are_a_hole_in_the_cross(env, capsys):
+    """Crossing proposers with topologies where one proposer cannot build one topology refused the
+    whole launch ("no job was run"), while a verifier that does not take a proposal was a hole the
+    other jobs ran around. Both are the combination of methods: named, and the other jobs run."""
+    from harness.app import preflight_multirun
+
+    argv = [
+        "-m",
+        "model=tiny",
+        "workload.limit=1",
+        "proposer=prompt_lookup,draft_model",
+        "topology=sequence,sequences",
+    ]
+    preflight_multirun(argv)  # no refusal of the launch
+    err = capsys.readouterr().err
+    assert (
+        "harness run: job 4 of 4 (proposer=draft_model,topology=sequences) will be refused: proposer=draft_model "
+        "cannot build topology=sequences (shape 'sequences')"
+    ) in err and err.rstrip().endswith("the other jobs run")
+    assert "job 1 of 4" not in err and "job 2 of 4" not in err and "job 3 of 4" not in err
+
+
 def test_harness_run_multirun_with_hydras_own_basic_launcher_names_failed_jobs(env, capsys):
     _multirun_with_a_failure(env / "mr-basic", "basic", capsys)
 

@@ -19,7 +19,7 @@ from harness.engine.checks import validate_config
 from harness.proposers.registry import proposer_class
 from harness.target.loading import model_geometry
 from harness.topology.budgets import TOPOLOGY_SHAPES, budget_from_config
-from harness.verifiers import Verifier, get_verifier, negotiate
+from harness.verifiers import NegotiationError, Verifier, get_verifier, negotiate
 from harness.verifiers.sampling import SamplingPolicy
 
 
@@ -87,14 +87,14 @@ def plan(cfg: DictConfig) -> Plan:
             for name, shape in TOPOLOGY_SHAPES.items()
             if shape in cls.shapes and fits_verifier(shape) and CALIBRATION_SHAPES.get(name, shape) in cls.shapes
         ]
-        raise ConfigError(
+        raise NegotiationError(
             f"proposer={cfg.proposer.name} cannot build topology={cfg.topology.name} (shape {budget.shape!r}); "
             f"it builds {sorted(cls.shapes)}",
             suggestions=[(f"topology={name}",) for name in fits],
         )
     needs = CALIBRATION_SHAPES.get(str(cfg.topology.name))
     if needs is not None and needs not in cls.shapes:
-        raise ConfigError(
+        raise NegotiationError(
             f"proposer={cfg.proposer.name} cannot be calibrated for topology={cfg.topology.name}: the calibration "
             f"drafts a {needs} of sibling candidates below each parent to measure acceptance by sibling rank "
             f"(Sequoia, Chen et al., 2024), and proposer={cfg.proposer.name} builds only {sorted(cls.shapes)}",

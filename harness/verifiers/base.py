@@ -24,8 +24,10 @@ from harness.verifiers.sampling import SamplingPolicy
 
 
 class NegotiationError(ConfigError):
-    """Proposer/topology/verifier/temperature combination refused before model work; its
-    suggestions are the registered verifiers that accept the same proposal at the same temperature."""
+    """Proposer/topology/verifier/temperature combination refused before model work (a proposer
+    that cannot build the topology, a verifier that does not take the proposal); its suggestions
+    are the topologies the proposer builds, or the registered verifiers that accept the same
+    proposal at the same temperature."""
 
 
 class Verifier(ABC):
