@@ -569,6 +569,25 @@ def test_arms_that_differ_beyond_the_by_axis_or_ran_other_prompts_say_so_without
     assert "no prompt in common" not in table
 
 
+def test_an_arm_or_a_category_measured_on_one_prompt_is_noted():
+    """An arm measured on one prompt showed its speedup under a "[95% CI]" header with no interval
+    and no note (the few-units note starts at two), and so did a category of one prompt inside an
+    arm measured on more."""
+    one = [("p1", "qa", 10, 10, 20, 10)]
+    more = [("p1", "qa", 10, 10, 20, 10), ("p2", "code", 12, 10, 20, 10), ("p3", "code", 11, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": one}, "r2": {"proposer": "b", "prompts": more}})
+    text = format_table(compare(df, n_resamples=50), by="proposer", baseline=None, level=0.95)
+    notes = [line for line in text.splitlines() if "one prompt or batch" in line]
+    assert notes == [
+        "note: measured on one prompt or batch (a; b's category qa): a single value with no interval, which says "
+        "nothing of how another prompt would fare; measure more prompts"
+    ]
+    two = [("p1", "qa", 10, 10, 20, 10), ("p4", "qa", 9, 10, 20, 10), *more[1:]]  # two prompts in each category
+    df = _toy({"r1": {"proposer": "a", "prompts": two}, "r2": {"proposer": "b", "prompts": two}})
+    text = format_table(compare(df, n_resamples=50), by="proposer", baseline=None, level=0.95)
+    assert "one prompt or batch" not in text
+
+
 def test_arms_by_a_config_key_are_not_set_apart_by_that_key_and_a_numeric_baseline_matches_its_arm():
     """by=config.topology.max_nodes named max_nodes itself as what else set the arms apart, and
     baseline=0.0 found no arm labelled 0 (filters match numbers)."""

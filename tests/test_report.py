@@ -493,7 +493,17 @@ def test_the_category_plot_draws_the_report_table_s_intervals_and_by_groups_the_
         for c in r.cells.values()
         if c.speedup.ci_low is not None
     )
-    assert table and set(table) <= set(drawn)
+    assert table and drawn == table  # a one-prompt cell had a whisker of zero width, which reads as precise
+    assert "without one" not in ax.get_title()
+    one = exact.copy()  # every run cut to its first prompt: no interval anywhere, and the title says so
+    one["per_prompt"] = one["per_prompt"].map(lambda s: json.dumps(json.loads(s)[:1]))
+    ax_one = PLOTS["speedup_by_category"](one, {"by": "topology"}).figure.axes[0]
+    _, rows_one = leaderboard(one, by="topology")
+    cells = [c.speedup for r in rows_one for c in r.cells.values() if c.speedup.value is not None]
+    bare = sum(c.ci_low is None for c in cells)
+    drawn = [seg for coll in ax_one.collections for seg in coll.get_segments()]
+    assert bare and len(drawn) == len(cells) - bare  # no whisker on a bar without an interval
+    assert f"; {bare} bars without one: a single prompt)" in ax_one.get_title()
     ax1 = PLOTS["speedup_by_proposer_workload"](exact, {"by": "topology"}).figure.axes[0]
     assert ax1.get_xlabel() == "topology"
     assert [t.get_text() for t in ax1.get_xticklabels()] == sorted(set(exact["topology"]))
@@ -507,6 +517,8 @@ def test_the_category_plot_draws_the_report_table_s_intervals_and_by_groups_the_
     )
     bars = sorted((round(seg[0][1], 9), round(seg[1][1], 9)) for c in ax1.collections for seg in c.get_segments())
     assert bars == with_ci
+    bare = sum(r.speedup.value is not None and r.speedup.ci_low is None for r in rows_)
+    assert ("without one: a single prompt" in ax1.get_title()) == (bare > 0)
     colours = {
         c.get_label(): tuple(c.patches[0].get_facecolor()) for c in ax1.containers if getattr(c, "patches", None)
     }

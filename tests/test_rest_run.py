@@ -390,8 +390,9 @@ def test_cache_datastore_is_built_on_first_use_then_checked_against_the_config(t
     with pytest.raises(DatastoreError) as err:
         open_datastore({**cfg, "path": str(where)}, tokenizer=None, model="tiny")
     assert str(err.value).endswith(
-        "model='tiny' has no tokenizer (synthetic token ids), so its spans would be wrong: write a token-id datastore "
-        "(harness.workloads.datastore.datastore_from_token_ids + write_datastore) and pass proposer.datastore.path=<dir>."
+        "model='tiny' has no tokenizer (synthetic token ids), so its spans would be wrong: write a token-id "
+        "datastore (harness.workloads.datastore.datastore_from_token_ids + write_datastore) and pass "
+        "proposer.datastore.path=<dir>."
     )
     capsys.readouterr()
     with pytest.raises(DatastoreError, match=r"^proposer.datastore.exclude=.*missing.jsonl: cannot read"):

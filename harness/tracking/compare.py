@@ -1023,6 +1023,7 @@ def section_notes(sec: Sequence[ArmRow], by: str) -> list[str]:
         outlier_note(sec),
         truncation_note(sec),
         few_units_note(sec),
+        one_unit_note(sec),
         baseline_note(sec, by),
         *apart_notes(sec, by),
     )
@@ -1057,6 +1058,27 @@ def few_units_note(sec: Sequence[ArmRow]) -> str | None:
         if parts:
             few.add(f"{r.arm}: {', '.join(parts)}")
     return FEW_UNITS_NOTE.format(n=MIN_INTERVAL_UNITS, arms="; ".join(sorted(few))) if few else None
+
+
+#: what an arm's figure means when one prompt (or batch) measured it
+ONE_UNIT_NOTE = (
+    "measured on one prompt or batch ({arms}): a single value with no interval, which says nothing of how "
+    "another prompt would fare; measure more prompts"
+)
+
+
+def one_unit_note(sec: Sequence[ArmRow]) -> str | None:
+    """:data:`ONE_UNIT_NOTE` naming the arms of ``sec`` (and the categories of an arm's breakdown)
+    that one unit measured, or None."""
+    one = sorted({r.arm for r in sec if r.category == ALL and r.n_units == 1})
+    categories: dict[str, list[str]] = {}  # an arm measured on more prompts, some of its categories on one
+    for r in sec:
+        if r.category != ALL and r.n_units == 1 and r.arm not in one:
+            categories.setdefault(r.arm, []).append(r.category)
+    for arm, single in sorted(categories.items()):
+        listed = ", ".join(sorted(single)[:4]) + (f" and {len(single) - 4} more" if len(single) > 4 else "")
+        one.append(f"{arm}'s categor{'y' if len(single) == 1 else 'ies'} {listed}")
+    return ONE_UNIT_NOTE.format(arms="; ".join(one)) if one else None
 
 
 #: what an arm's figures mean when its runs batched requests

@@ -255,6 +255,7 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
     fig = _new_figure()
     ax = fig.add_subplot()
     width = 0.8 / len(cats)
+    bare = 0  # bars with no interval (one prompt)
     for j, cat in enumerate(cats):
         xs, ys, err = [], [], []  # err: (x, y, below, above) where the speedup has an interval
         for i, arm in enumerate(arms):
@@ -266,6 +267,8 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
             ys.append(s.value)
             if s.ci_low is not None and s.ci_high is not None:  # one prompt has none: no bar is drawn for it
                 err.append((xs[-1], s.value, s.value - s.ci_low, s.ci_high - s.value))
+            else:
+                bare += 1
         ax.bar(
             xs,
             ys,
@@ -288,11 +291,18 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
     ax.set_title(
         spec.get(
             "title",
-            f"Speedup by {by} and workload category\n({section} runs; 95% paired-bootstrap CI over prompts)",
+            f"Speedup by {by} and workload category\n({section} runs; 95% paired-bootstrap CI over prompts"
+            f"{no_interval_caption(bare)})",
         ),
         fontsize=10,
     )
     return Plot(fig)
+
+
+def no_interval_caption(bare: int) -> str:
+    """The part of a speedup plot's title that says how many of its bars have no interval (one
+    prompt measured them), where some have none."""
+    return f"; {bare} bar{'s' if bare != 1 else ''} without one: a single prompt" if bare else ""
 
 
 def _depth_metrics(runs: pd.DataFrame) -> list[dict[str, Any]]:
@@ -651,8 +661,9 @@ def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     fig = _new_figure(max(8.0, 1.2 * len(columns) + 3), 4.5)
     ax = fig.add_subplot()
     width = 0.8 / max(len(rows), 1)
+    bare = 0  # bars with no interval (one prompt): no whisker, rather than one of zero width
     for k, row in enumerate(rows):
-        xs, ys, lo, hi = [], [], [], []
+        xs, ys, err = [], [], []
         for i, col in enumerate(columns):
             cell = row.cells.get(col)
             if cell is None or cell.speedup.value is None:
@@ -660,16 +671,25 @@ def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
             s = cell.speedup
             xs.append(i + (k - (len(rows) - 1) / 2) * width)
             ys.append(s.value)
-            lo.append(s.value - (s.ci_low if s.ci_low is not None else s.value))
-            hi.append((s.ci_high if s.ci_high is not None else s.value) - s.value)
-        ax.bar(xs, ys, width=width, yerr=[lo, hi], capsize=3, label=f"{by}: {row.arm}")
+            if s.ci_low is not None and s.ci_high is not None:
+                err.append((xs[-1], s.value, s.value - s.ci_low, s.ci_high - s.value))
+            else:
+                bare += 1
+        ax.bar(xs, ys, width=width, label=f"{by}: {row.arm}")
+        if err:
+            ex, ey, below, above = zip(*err, strict=True)
+            ax.errorbar(ex, ey, yerr=[below, above], fmt="none", ecolor="k", elinewidth=1, capsize=3)
     ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(columns)), [TASK_TITLES.get(c, c) for c in columns], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel(SPEEDUP_LABEL)
     _headroom(ax)
     ax.legend(fontsize=8)
     ax.set_title(
-        spec.get("title", f"Speedup by category\n({section} runs; 95% paired-bootstrap CI over prompts)"), fontsize=10
+        spec.get(
+            "title",
+            f"Speedup by category\n({section} runs; 95% paired-bootstrap CI over prompts{no_interval_caption(bare)})",
+        ),
+        fontsize=10,
     )
     return Plot(fig)
 

@@ -131,7 +131,6 @@ def cancel_arrays(jobs: Sequence[Any]) -> None:
         )
         return
     print(
-        f"harness: cancelled Slurm array {' '.join(arrays)} ({len(jobs)} tasks; the finished ones keep "
-        "their records)",
+        f"harness: cancelled Slurm array {' '.join(arrays)} ({len(jobs)} tasks; the finished ones keep their records)",
         file=sys.stderr,
     )
