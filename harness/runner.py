@@ -106,6 +106,7 @@ from harness.target.timing import read_bandwidth_gbs, weight_stream_floor_ms
 from harness.tracking.compare import run_speedups
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, restore_aside, write_job
 from harness.tracking.record import write_json_atomic
+from harness.tracking.run_notes import TIMING_OUTLIER_FACTOR, timing_outlier_note, unaccepted_speedup_note
 from harness.tracking.store import RECORD_FILENAME, ROUNDS_FILENAME
 from harness.tracking.wandb_tracker import (
     NullTracker,
@@ -1227,10 +1228,6 @@ def speedup_intervals(per_prompt: list[dict], *, batch_size: int = 1) -> dict:
     return {"decode_speedup_ci95": interval(decode), "speedup_ci95": interval(e2e)}
 
 
-#: a prompt whose arm took this many times its arm's median time per round is flagged
-TIMING_OUTLIER_FACTOR = 3.0
-
-
 def timing_outliers(per_prompt: list[dict], *, factor: float = TIMING_OUTLIER_FACTOR) -> list[dict]:
     """Prompts whose decode time per round, in either arm, is ``factor`` or more times that arm's
     median over the run's prompts (at least three prompts with rounds): a stall (another process,
@@ -1260,17 +1257,6 @@ def timing_outliers(per_prompt: list[dict], *, factor: float = TIMING_OUTLIER_FA
                     }
                 )
     return out
-
-
-def timing_outlier_note(outliers: list[dict]) -> str:
-    """One line naming a run's timing outliers (:func:`timing_outliers`), for the console."""
-    named = ", ".join(f"{o['prompt_id']} ({o['arm']}, {o['ratio']:.1f}x)" for o in outliers[:3])
-    more = f" and {len(outliers) - 3} more" if len(outliers) > 3 else ""
-    prompts = "prompt's arm" if len(outliers) == 1 else "prompts' arms"
-    return (
-        f"{len(outliers)} {prompts} took {TIMING_OUTLIER_FACTOR:g}x or more the arm's median time per round: "
-        f"{named}{more}; a stall, not the method: their speedups are suspect (metrics.timing_outliers)"
-    )
 
 
 def speed_py_tokens(tokenizer, answer: str) -> int | None:
@@ -1315,27 +1301,6 @@ def run_notes(record: dict) -> list[str]:
         slower = slower_than_ar_note({"n": m.get("sequoia_tree_nodes"), "time_per_token": predicted})
     cut = truncation_note(m.get("context") or {}, len(record["per_prompt"]))
     return notes + [n for n in (unaccepted, slower, cut) if n]
-
-
-#: a decode speedup at least this large with no proposed token accepted is noted
-UNACCEPTED_SPEEDUP = 1.05
-
-
-def unaccepted_speedup_note(metrics: dict) -> str | None:
-    """One line when the speculative arm's decode ran faster than the baseline's although it accepted
-    no proposed token (one token per round, as the baseline commits per step), or None. Each of its
-    rounds runs a verify forward of at least the baseline step's row plus the proposal, so such a
-    speedup comes from the forward's kernels at several rows (a one-row forward taking a slower path)
-    or from the machine's load while the arms were timed: not from speculation. A stall shows in
-    the timing outliers only with three prompts or more; this holds for any number."""
-    speedup, per_round = metrics.get("decode_speedup"), metrics.get("mean_committed_per_round")
-    if speedup is None or per_round is None or per_round > 1.0 or speedup < UNACCEPTED_SPEEDUP:
-        return None
-    return (
-        f"decode speedup {speedup:.2f}x with no proposed token accepted (one token per round, as the baseline "
-        "commits per step): not speculation's; the machine's load while the arms were timed, or a verify forward "
-        "of several rows running faster than the baseline's one-row step (metrics.decode_speedup)"
-    )
 
 
 def truncation_note(context: dict, n_prompts: int) -> str | None:

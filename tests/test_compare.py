@@ -588,6 +588,24 @@ def test_an_arm_or_a_category_measured_on_one_prompt_is_noted():
     assert "one prompt or batch" not in text
 
 
+def test_an_arm_that_sped_up_with_nothing_accepted_is_noted():
+    """A run notes a decode speedup with no proposed token accepted on its console; compare and the
+    report showed the same figure beside "1.00" committed tokens per round with no note."""
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "b", "prompts": prompts}})
+    df["decode_speedup"] = [1.3, 1.3]
+    df["mean_committed_per_round"] = [1.0, 2.4]  # a accepted nothing; b did
+    text = format_table(compare(df, n_resamples=50), by="proposer", baseline=None, level=0.95)
+    assert (
+        "note: arms with runs that sped up although no proposed token was accepted (a (1 of 1 runs)): each of their "
+        "rounds committed one token, as the baseline's step does, so that speedup is not speculation's"
+    ) in text
+    df["decode_speedup"] = [1.01, 1.3]  # within noise of no speedup: nothing to say
+    assert "no proposed token" not in format_table(
+        compare(df, n_resamples=50), by="proposer", baseline=None, level=0.95
+    )
+
+
 def test_arms_by_a_config_key_are_not_set_apart_by_that_key_and_a_numeric_baseline_matches_its_arm():
     """by=config.topology.max_nodes named max_nodes itself as what else set the arms apart, and
     baseline=0.0 found no arm labelled 0 (filters match numbers)."""

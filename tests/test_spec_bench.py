@@ -220,6 +220,17 @@ def test_the_export_notes_an_ungated_run_and_prompts_outside_spec_bench_s_catego
         "harness export: note: categories poetry are not Spec-Bench's: its speed.py counts their rows in the overall "
         "figure only"
     ) in capsys.readouterr().err
+    # the run's own console notes on its figures travel with the files: a stall, a speedup with nothing accepted
+    stalled = {"prompt_id": record["per_prompt"][0]["prompt_id"], "arm": "spec", "ratio": 4.2}
+    record["metrics"].update(timing_outliers=[stalled], decode_speedup=1.3, mean_committed_per_round=1.0)
+    (mixed / "record.json").write_text(json.dumps(record))
+    assert cli_main(["export", "spec-bench", str(mixed), str(tmp_path / "n.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"harness export: note: 1 prompt's arm took 3x or more the arm's median time per round: "
+        f"{stalled['prompt_id']} (spec, 4.2x); a stall, not the method"
+    ) in err
+    assert "harness export: note: decode speedup 1.30x with no proposed token accepted" in err
     assert cli_main(["export", "spec-bench", "--help"]) == 0
     assert capsys.readouterr().out.startswith("usage: harness export spec-bench")
     assert cli_main(["export", "spec-bench", str(fixture), str(tmp_path / "c.jsonl"), "model_id="]) == 2

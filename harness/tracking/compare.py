@@ -71,6 +71,7 @@ from harness.tracking.command_line import (
     whole_number_option,
 )
 from harness.tracking.record import write_json_atomic
+from harness.tracking.run_notes import UNACCEPTED_SPEEDUP
 from harness.tracking.spec_bench import OVERALL, task_of, task_order
 from harness.tracking.store import AXES, SECTIONS, json_column, no_records_message, read_results
 
@@ -132,6 +133,8 @@ class ArmRow:
     common_prompts: int | None = None
     has_baseline: bool = False  # its section has the baseline's runs to pair with
     n_units: int = 0  # the resampling units its intervals draw from: prompts, or batches of a batched run
+    # its runs whose decode sped up with no proposed token accepted (one token per round): not speculation's
+    unaccepted_runs: int = 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -723,6 +726,7 @@ def compare(
                         end_to_end_speedup=end_to_end_speedup(units, boot),
                         batch_sizes=_batch_sizes(cat_runs),
                         timing_outliers=_timing_outliers(cat_runs, cat_long),
+                        unaccepted_runs=_unaccepted_runs(cat_runs) if cat == ALL else 0,
                         truncated_prompts=int(cat_long.loc[cat_long["truncated"], "prompt_id"].nunique()),
                         baseline_differs=differs,
                         n_units=len(units),
@@ -999,6 +1003,36 @@ def outlier_note(sec: Sequence[ArmRow]) -> str | None:
     return OUTLIER_NOTE.format(arms="; ".join(flagged)) if flagged else None
 
 
+#: what an arm's speedup means when runs of it accepted no proposed token
+UNACCEPTED_NOTE = (
+    "arms with runs that sped up although no proposed token was accepted ({arms}): each of their rounds "
+    "committed one token, as the baseline's step does, so that speedup is not speculation's: the machine's load "
+    "while the arms were timed, or a verify forward of several rows running faster than the baseline's one-row step"
+)
+
+
+def _unaccepted_runs(runs: pd.DataFrame) -> int:
+    """Runs of ``runs`` whose decode speedup is at least :data:`UNACCEPTED_SPEEDUP` with one committed
+    token per round (records' ``metrics.decode_speedup`` and ``metrics.mean_committed_per_round``)."""
+    if "decode_speedup" not in runs.columns or "mean_committed_per_round" not in runs.columns:
+        return 0
+    speedup = pd.to_numeric(runs["decode_speedup"], errors="coerce")
+    per_round = pd.to_numeric(runs["mean_committed_per_round"], errors="coerce")
+    return int(((speedup >= UNACCEPTED_SPEEDUP) & (per_round <= 1.0)).sum())
+
+
+def unaccepted_note(sec: Sequence[ArmRow]) -> str | None:
+    """:data:`UNACCEPTED_NOTE` naming the arms of ``sec`` with such runs, or None."""
+    arms = sorted(
+        {
+            f"{r.arm} ({r.unaccepted_runs} of {len(r.run_ids)} runs)"
+            for r in sec
+            if r.unaccepted_runs and r.category == ALL
+        }
+    )
+    return UNACCEPTED_NOTE.format(arms="; ".join(arms)) if arms else None
+
+
 #: what an arm's figures mean when the context limit cut some of its prompts
 TRUNCATION_NOTE = (
     "arms whose prompts were cut to fit the model's positions ({arms}): workload.truncate=left removed their "
@@ -1021,6 +1055,7 @@ def section_notes(sec: Sequence[ArmRow], by: str) -> list[str]:
     notes = (
         batched_note(sec),
         outlier_note(sec),
+        unaccepted_note(sec),
         truncation_note(sec),
         few_units_note(sec),
         one_unit_note(sec),

@@ -47,6 +47,7 @@ from typing import Any
 from harness.files import output_folder_problem
 from harness.tracking.command_line import boolean_option, run_folder_of, split_arguments, usage_status
 from harness.tracking.record import write_jsonl_atomic
+from harness.tracking.run_notes import timing_outlier_note, unaccepted_speedup_note
 from harness.tracking.store import (
     OUTPUTS_FILENAME,
     RecordError,
@@ -251,7 +252,8 @@ def export_spec_bench(
 def export_notes(record: dict) -> list[str]:
     """What a reader of the exported files should know about the run behind them: a run whose gates
     did not all pass or that is not exact (compare and the dashboards keep it apart), prompts with
-    none of Spec-Bench's categories, a batched run's times, and Spec-Bench's speed.py reporting
+    none of Spec-Bench's categories, a batched run's times, prompts timed through a stall, a speedup
+    with no proposed token accepted, and Spec-Bench's speed.py reporting
     another figure than the run measured (it recounts the baseline's tokens from text)."""
     notes = []
     if not record_gated(record):
@@ -281,6 +283,11 @@ def export_notes(record: dict) -> list[str]:
             "batch, its batch's whole prefill included, while Spec-Bench times one question at a time"
         )
     m = record["metrics"]
+    if m.get("timing_outliers"):  # the run said so on its console; the files carry its times
+        notes.append(timing_outlier_note(m["timing_outliers"]))
+    unaccepted = unaccepted_speedup_note(m)
+    if unaccepted:
+        notes.append(unaccepted)
     ours, theirs = m.get("spec_bench_speedup"), m.get("spec_bench_speed_py_speedup")
     if ours and theirs and abs(theirs / ours - 1.0) > 0.005:
         counted = sum(t["ar_tokens"] for p in record["per_prompt"] for t in p.get("turns") or [])

@@ -1,0 +1,39 @@
+"""What a record's figures need said beside them, wherever they are shown: by the run on the
+console, by ``harness compare`` and the report, by the Spec-Bench export."""
+
+from __future__ import annotations
+
+#: a prompt whose arm took this many times its arm's median time per round is flagged
+TIMING_OUTLIER_FACTOR = 3.0
+
+#: a decode speedup at least this large with no proposed token accepted is noted
+UNACCEPTED_SPEEDUP = 1.05
+
+
+def timing_outlier_note(outliers: list[dict]) -> str:
+    """One line naming a run's timing outliers (a record's ``metrics.timing_outliers``: prompts whose
+    arm took :data:`TIMING_OUTLIER_FACTOR` times its median time per round or more)."""
+    named = ", ".join(f"{o['prompt_id']} ({o['arm']}, {o['ratio']:.1f}x)" for o in outliers[:3])
+    more = f" and {len(outliers) - 3} more" if len(outliers) > 3 else ""
+    prompts = "prompt's arm" if len(outliers) == 1 else "prompts' arms"
+    return (
+        f"{len(outliers)} {prompts} took {TIMING_OUTLIER_FACTOR:g}x or more the arm's median time per round: "
+        f"{named}{more}; a stall, not the method: their speedups are suspect (metrics.timing_outliers)"
+    )
+
+
+def unaccepted_speedup_note(metrics: dict) -> str | None:
+    """One line when the speculative arm's decode ran faster than the baseline's although it accepted
+    no proposed token (one token per round, as the baseline commits per step), or None. Each of its
+    rounds runs a verify forward of at least the baseline step's row plus the proposal, so such a
+    speedup comes from the forward's kernels at several rows (a one-row forward taking a slower path)
+    or from the machine's load while the arms were timed: not from speculation. A stall shows in
+    the timing outliers only with three prompts or more; this holds for any number."""
+    speedup, per_round = metrics.get("decode_speedup"), metrics.get("mean_committed_per_round")
+    if speedup is None or per_round is None or per_round > 1.0 or speedup < UNACCEPTED_SPEEDUP:
+        return None
+    return (
+        f"decode speedup {speedup:.2f}x with no proposed token accepted (one token per round, as the baseline "
+        "commits per step): not speculation's; the machine's load while the arms were timed, or a verify forward "
+        "of several rows running faster than the baseline's one-row step (metrics.decode_speedup)"
+    )
