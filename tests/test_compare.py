@@ -606,6 +606,29 @@ def test_an_arm_that_sped_up_with_nothing_accepted_is_noted():
     )
 
 
+def test_an_arm_of_another_model_than_the_baseline_has_no_ratio_to_it():
+    """A draft-model arm on SmolLM2 against a prompt-lookup baseline on the tiny model printed a
+    vs-baseline "200.142": one model's milliseconds over another's. No ratio now, and a note says
+    why; the same model in another dtype keeps its ratio (the baseline note qualifies it)."""
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "b", "prompts": prompts}})
+    df["model"] = ["smollm2", "tiny"]
+    rows = compare(df, baseline="b", n_resamples=50)
+    a = _row(rows, "a")
+    assert a.vs_baseline is None and a.baseline_other_model == ["smollm2", "tiny"]
+    text = format_table(rows, by="proposer", baseline="b", level=0.95)
+    assert "- (other model)" in text and "across other axes" not in text
+    assert (
+        "note: arms whose runs are of another target model than the baseline's (a: model smollm2 vs tiny) have no "
+        "ratio to it: one model's time per token over another's is the models' difference, not proposer's"
+    ) in text
+    df["model"] = ["tiny@bfloat16", "tiny"]
+    a = _row(compare(df, baseline="b", n_resamples=50), "a")
+    assert a.vs_baseline is not None and a.baseline_other_model == []
+    by_model = compare(df, by="model", baseline="tiny", n_resamples=50)  # the models are the arms: a ratio
+    assert _row(by_model, "tiny@bfloat16").vs_baseline is not None
+
+
 def test_arms_by_a_config_key_are_not_set_apart_by_that_key_and_a_numeric_baseline_matches_its_arm():
     """by=config.topology.max_nodes named max_nodes itself as what else set the arms apart, and
     baseline=0.0 found no arm labelled 0 (filters match numbers)."""

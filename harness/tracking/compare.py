@@ -23,7 +23,8 @@ always the prompt. For each arm and each workload category (and ``all``):
   (the target's prompt forward and every proposer's start: a draft's prompt forward is the
   speculative arm's cost), the counterpart of a record's headline ``speedup``;
 * with ``baseline=V``: ``vs_baseline`` = time per committed token of arm ``V`` over this arm's,
-  on the prompts both arms ran (> 1: this arm is faster).
+  on the prompts both arms ran (> 1: this arm is faster); none where this arm's runs are of
+  another target model than the baseline's (one model's times over another's).
 
 At batch > 1 a prompt's time is its request's latency inside its batch, so an arm with batched
 runs has per-request figures (a record's ``request_speedup``), not a record's per-batch
@@ -132,6 +133,8 @@ class ArmRow:
     # the ``all`` row: how many of its prompts every other arm of its section ran too (None: one arm)
     common_prompts: int | None = None
     has_baseline: bool = False  # its section has the baseline's runs to pair with
+    # its runs are of other target models than the baseline's (model -> [its, the baseline's]): no ratio then
+    baseline_other_model: list[str] = field(default_factory=list)
     n_units: int = 0  # the resampling units its intervals draw from: prompts, or batches of a batched run
     # its runs whose decode sped up with no proposed token accepted (one token per round): not speculation's
     unaccepted_runs: int = 0
@@ -531,6 +534,13 @@ def arm_config_keys(df: pd.DataFrame) -> list[str]:
     return list(keys)
 
 
+def _model_names(runs: pd.DataFrame) -> set[str]:
+    """The target models of ``runs`` (the model axis without its dtype: ``m@bfloat16`` is ``m``)."""
+    if "model" not in runs.columns:
+        return set()
+    return {arm_label(v).split("@", 1)[0] for v in runs["model"]}
+
+
 def _axes_apart(runs: pd.DataFrame, base: pd.DataFrame, by: str) -> dict[str, list[str]]:
     """The axes other than ``by``, then the config keys (as the arms-apart note reads them: not
     ``by``'s own options, nor a seed), whose values differ between ``runs`` and the baseline's
@@ -574,6 +584,26 @@ def baseline_note(sec: Sequence[ArmRow], by: str) -> str | None:
         }
     )
     return BASELINE_NOTE.format(arms="; ".join(apart), by=by) if apart else None
+
+
+#: why an arm has no ratio to the baseline when their runs are of other models
+OTHER_MODEL_NOTE = (
+    "arms whose runs are of another target model than the baseline's ({arms}) have no ratio to it: one model's "
+    "time per token over another's is the models' difference, not {by}'s; filter to one model, or compare by=model"
+)
+
+
+def other_model_note(sec: Sequence[ArmRow], by: str) -> str | None:
+    """:data:`OTHER_MODEL_NOTE` naming the arms of ``sec`` left without a vs-baseline ratio for their
+    model (their ``all`` rows), or None."""
+    arms = sorted(
+        {
+            f"{r.arm}: model {r.baseline_other_model[0]} vs {r.baseline_other_model[1]}"
+            for r in sec
+            if r.baseline_other_model and r.category == ALL
+        }
+    )
+    return OTHER_MODEL_NOTE.format(arms="; ".join(arms), by=by) if arms else None
 
 
 #: what a section's figures mean when its arms differ beyond the ``by`` axis
@@ -689,11 +719,13 @@ def compare(
                     units = _summed(cat_long, "batch_unit")
                 tpt = paired_bootstrap((units["spec_decode_ms"], units["spec_tokens"]), ratio_of_sums, **boot)
                 speed = decode_speedup(units, boot)
-                vs, n_pairs, differs = None, 0, {}
+                vs, n_pairs, differs, other_model = None, 0, {}, []
                 bk = base_key.get(section)
                 if bk is not None and bk != key:
                     differs = _axes_apart(cat_runs, arm_runs[bk], by)
-                if bk is not None:
+                    if by != "model" and _model_names(cat_runs) != _model_names(arm_runs[bk]):
+                        other_model = differs.get("model", [])  # another model's times: no ratio to them
+                if bk is not None and not other_model:
                     b = arms[bk] if cat == ALL else arms[bk][arms[bk]["category"] == cat]
                     common = p.index.intersection(b.index)
                     n_pairs = len(common)
@@ -733,6 +765,7 @@ def compare(
                         apart=apart.get(key[1], {}) if cat == ALL else {},
                         common_prompts=None if shared is None or cat != ALL else len(shared & set(p.index)),
                         has_baseline=bk is not None,
+                        baseline_other_model=list(other_model),
                     )
                 )
     return out
@@ -957,7 +990,10 @@ def arm_table(
         line.append(r.end_to_end_speedup.fmt(3))
         if baseline is not None:
             paired = r.vs_baseline is not None or r.arm == baseline or not r.has_baseline
-            line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-" if paired else "- (no prompt in common)")
+            if r.baseline_other_model:
+                line.append("- (other model)")
+            else:
+                line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-" if paired else "- (no prompt in common)")
         mixed = [f"{k}={','.join(v)}" for k, v in r.varying.items()]
         line.append("; ".join(mixed[:4]) + (f"; and {len(mixed) - 4} more" if len(mixed) > 4 else "") or "-")
         body.append(line)
@@ -1060,6 +1096,7 @@ def section_notes(sec: Sequence[ArmRow], by: str) -> list[str]:
         few_units_note(sec),
         one_unit_note(sec),
         baseline_note(sec, by),
+        other_model_note(sec, by),
         *apart_notes(sec, by),
     )
     return [n for n in notes if n]
