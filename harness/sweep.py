@@ -373,7 +373,7 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
         manifest = job_manifest(cfg)
         mhash = manifest_hash(manifest)
         status["manifest_hash"] = mhash
-        state = inspect_job(run_dir, manifest_hash=mhash, manifest=manifest)
+        state = inspect_job(run_dir, manifest_hash=mhash, manifest=manifest, concurrent_jobs=width)
         record_dir, twin = run_dir, None
         if state.record is None:  # the same job under other overrides (a default restated: seed=0)
             twin = twin_job(
@@ -381,6 +381,7 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
                 run_dir,
                 manifest_hash=mhash,
                 config=OmegaConf.to_container(cfg, resolve=True),
+                concurrent_jobs=width,
             )
         if state.record is not None or twin is not None:
             record = state.record
@@ -436,7 +437,9 @@ def _ran_and_checked(config: dict) -> dict:
     return out
 
 
-def twin_job(sweep_dir: Path, run_dir: Path, *, manifest_hash: str, config: dict) -> tuple[Path, dict] | None:
+def twin_job(
+    sweep_dir: Path, run_dir: Path, *, manifest_hash: str, config: dict, concurrent_jobs: int | None = None
+) -> tuple[Path, dict] | None:
     """Another job folder of the sweep holding a complete job of ``manifest_hash`` whose resolved
     config (``config``, launch-only keys aside) is this job's: ``(folder, record)``, else None. Job
     folders are named by their overrides, so one job reached by other overrides (a default
@@ -453,7 +456,7 @@ def twin_job(sweep_dir: Path, run_dir: Path, *, manifest_hash: str, config: dict
                 continue
         except (OSError, ValueError):
             continue
-        state = inspect_job(folder, manifest_hash=manifest_hash)
+        state = inspect_job(folder, manifest_hash=manifest_hash, concurrent_jobs=concurrent_jobs)
         if state.record is not None and _ran_and_checked(state.record.get("config") or {}) == wanted:
             return folder, state.record
     return None

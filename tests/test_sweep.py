@@ -616,6 +616,36 @@ def test_jobs_resume_by_what_ran_not_by_job_number(env, capsys):
     assert len(store) == 2 and record["run_id"] not in set(store["run_id"])
 
 
+def test_a_record_timed_beside_other_jobs_is_timed_again_by_a_launch_that_runs_fewer(env, capsys):
+    """A job timed while another shared the two cores (joblib, concurrent_jobs=2) was skipped by a
+    relaunch at concurrent_jobs=1: the contended figures stood beside jobs timed alone, and compare
+    said nothing. The relaunch times it again, saying why, and compare notes such runs."""
+    from harness.tracking.compare import compare, format_table
+
+    sweep_dir = env / "multirun" / "smoke"
+    common = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false", "seed=0"]
+    rc, first = launch(sweep_dir, *common)
+    assert rc == 0 and len(first["ran"]) == 1
+    (job,) = first["ran"]
+    path = sweep_dir / job / "record.json"
+    record = json.loads(path.read_text())
+    record["metrics"]["concurrent_jobs"] = 2  # as a joblib launch of two at once records it
+    path.write_text(json.dumps(record))
+    store = pd.read_parquet(sweep_dir / STORE_FILE)  # the store of the first launch, relabelled likewise
+    store["concurrent_jobs"] = 2
+    table = format_table(compare(store, n_resamples=50), by="proposer", baseline=None, level=0.95)
+    assert "note: runs timed while other jobs of their launch ran at once (prompt_lookup: 2 at once)" in table
+    capsys.readouterr()
+    rc, again = launch(sweep_dir, *common)
+    assert rc == 0 and again["ran"] == [job] and again["skipped"] == []
+    assert "its record was timed while 2 jobs ran at once, and this launch runs 1; its earlier files are moved" in (
+        capsys.readouterr().err
+    )
+    assert load_record(path)["metrics"]["concurrent_jobs"] == 1
+    rc, third = launch(sweep_dir, *common)  # timed alone now: skipped as before
+    assert rc == 0 and third["skipped"] == [job]
+
+
 def test_a_record_the_store_cannot_read_leaves_no_store_or_report_of_an_earlier_launch(env, capsys):
     """A record.json the store refuses (one written by hand) made the end of the launch raise inside
     a Hydra callback: a warning with the error, "finished without a sweep summary", and the earlier

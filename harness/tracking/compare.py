@@ -122,6 +122,7 @@ class ArmRow:
     labels: tuple[str, ...] = field(default=())
     end_to_end_speedup: Estimate = field(default=Estimate(None))  # prefill + decode
     batch_sizes: tuple[int, ...] = field(default=())  # of its runs: above 1, its times are per request
+    concurrent_jobs: tuple[int, ...] = field(default=())  # of its runs: how many jobs shared the machine as each ran
     # with a baseline: the axes other than ``by`` on which this arm's runs and the baseline's differ
     # (axis -> [this arm's values, the baseline's]): vs_baseline then compares more than ``by``
     baseline_differs: dict[str, list[str]] = field(default_factory=dict)
@@ -757,6 +758,7 @@ def compare(
                         labels=_labels(section),
                         end_to_end_speedup=end_to_end_speedup(units, boot),
                         batch_sizes=_batch_sizes(cat_runs),
+                        concurrent_jobs=_concurrent_jobs(cat_runs),
                         timing_outliers=_timing_outliers(cat_runs, cat_long),
                         unaccepted_runs=_unaccepted_runs(cat_runs) if cat == ALL else 0,
                         truncated_prompts=int(cat_long.loc[cat_long["truncated"], "prompt_id"].nunique()),
@@ -1005,6 +1007,34 @@ def _aligned(cells: Sequence[Sequence[str]], widths: Sequence[int]) -> list[str]
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
 
 
+def _concurrent_jobs(runs: pd.DataFrame) -> tuple[int, ...]:
+    """The ``metrics.concurrent_jobs`` of ``runs`` (records from before it: left out)."""
+    if "concurrent_jobs" not in runs.columns:
+        return ()
+    return tuple(sorted({int(c) for c in pd.to_numeric(runs["concurrent_jobs"], errors="coerce").dropna()}))
+
+
+#: what a section's figures mean when some of its runs were timed while other jobs ran
+CONCURRENT_NOTE = (
+    "runs timed while other jobs of their launch ran at once ({arms}): each run's speedup pairs its two arms "
+    "under the same load, but their ms per token, and ratios to arms timed alone, are not a quiet machine's; "
+    "re-run them with concurrent_jobs=1 (a relaunch skips a job with a record: delete its folder first)"
+)
+
+
+def concurrent_note(sec: Sequence[ArmRow]) -> str | None:
+    """:data:`CONCURRENT_NOTE` naming the arms of ``sec`` with runs timed beside other jobs (their
+    ``all`` rows), or None."""
+    shared = sorted(
+        {
+            f"{r.arm}: {', '.join(map(str, r.concurrent_jobs))} at once"
+            for r in sec
+            if r.category == ALL and r.concurrent_jobs and max(r.concurrent_jobs) > 1
+        }
+    )
+    return CONCURRENT_NOTE.format(arms="; ".join(shared)) if shared else None
+
+
 def _batch_sizes(runs: pd.DataFrame) -> tuple[int, ...]:
     if "batch_size" not in runs.columns:
         return ()
@@ -1090,6 +1120,7 @@ def section_notes(sec: Sequence[ArmRow], by: str) -> list[str]:
     units, the baseline, arms apart beyond ``by``."""
     notes = (
         batched_note(sec),
+        concurrent_note(sec),
         outlier_note(sec),
         unaccepted_note(sec),
         truncation_note(sec),

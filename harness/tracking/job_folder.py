@@ -150,8 +150,16 @@ def _manifest_difference(old: Mapping[str, Any] | None, new: Mapping[str, Any] |
     return f" (changed: {shown})"
 
 
-def inspect_job(folder: str | Path, *, manifest_hash: str | None = None, manifest: dict | None = None) -> JobState:
-    """The job files in ``folder`` and whether they make a complete job of ``manifest_hash``."""
+def inspect_job(
+    folder: str | Path,
+    *,
+    manifest_hash: str | None = None,
+    manifest: dict | None = None,
+    concurrent_jobs: int | None = None,
+) -> JobState:
+    """The job files in ``folder`` and whether they make a complete job of ``manifest_hash``; with
+    ``concurrent_jobs`` (how many jobs run at once now), a record timed while more jobs shared the
+    machine is not complete: the job is timed again, as this launch times it."""
     folder = Path(folder)
     files = tuple(name for name in JOB_FILES if (folder / name).exists())
     if not files:
@@ -180,6 +188,13 @@ def inspect_job(folder: str | Path, *, manifest_hash: str | None = None, manifes
         changed = measured_artifact_change(record)
         if changed is not None:
             return JobState(None, changed, files)
+    then = (record.get("metrics") or {}).get("concurrent_jobs")
+    if concurrent_jobs is not None and isinstance(then, int) and then > concurrent_jobs:
+        return JobState(
+            None,
+            f"its record was timed while {then} jobs ran at once, and this launch runs {concurrent_jobs}",
+            files,
+        )
     return JobState(record, None, files)
 
 
