@@ -321,6 +321,7 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
     the context limit and the temporary-KV budget."""
     check_models(cfg)
     plan_ = plan(cfg)
+    check_cache_layers(cfg)
     check_budget_fits_vocabulary(cfg, plan_.budget)
     if cfg.tracking.name == "wandb":
         problem = tracking_problem(cfg.tracking.project, cfg.tracking.get("entity"))
@@ -564,12 +565,8 @@ def check_models(cfg: DictConfig) -> None:
     checkpoint (or of the target), a derived draft without a valid layer count, a checkpoint draft
     without a path; target options (``model.linear_kernel``, ``model.compile``,
     ``model.static_cache``, ``model.cudnn_attention``) this machine cannot honour; a target and draft
-    that ask for different values of the process-wide cuDNN attention switch; a checkpoint whose
-    cache layers cannot be rolled back to the accepted path (read from its config alone)."""
+    that ask for different values of the process-wide cuDNN attention switch."""
     check_model_options(cfg.model, "model")
-    problem = cache_layer_problem(cfg.model, "model.name_or_path" if cfg.model.name_or_path else "model.name")
-    if problem:
-        raise CheckpointError(problem)
     if cfg.model.num_layers is not None:
         raise CheckpointError(
             f"model.num_layers={cfg.model.num_layers}: the target loads whole; layer truncation applies only to "
@@ -616,9 +613,20 @@ def check_models(cfg: DictConfig) -> None:
     if d.name not in ("tiny", "smollm2") or d.name_or_path:
         if d.name == "hf" and not d.name_or_path:
             raise CheckpointError(f"{key}.name=hf needs {key}.name_or_path=<checkpoint directory or hub id>")
-        problem = checkpoint_ref_problem(d.name_or_path or d.name, f"{key}.name_or_path") or cache_layer_problem(
-            d, f"{key}.name_or_path" if d.name_or_path else f"{key}.name"
-        )
+        problem = checkpoint_ref_problem(d.name_or_path or d.name, f"{key}.name_or_path")
+        if problem:
+            raise CheckpointError(problem)
+
+
+def check_cache_layers(cfg: DictConfig) -> None:
+    """Refuse a target or draft checkpoint whose cache layers cannot be rolled back to the accepted
+    path (read from its config, once the paths are checked)."""
+    models = [(cfg.model, "model")]
+    d = draft_model_config(cfg)
+    if d is not None:
+        models.append((d, draft_model_key(cfg)))
+    for m, key in models:
+        problem = cache_layer_problem(m, f"{key}.name_or_path" if m.get("name_or_path") else f"{key}.name")
         if problem:
             raise CheckpointError(problem)
 
