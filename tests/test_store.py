@@ -164,6 +164,22 @@ def test_store_refuses_duplicate_run_ids_and_bad_paths(tmp_path):
         write_store(pd.DataFrame({"a": [1]}), tmp_path / "store.csv")
     with pytest.raises(RecordError, match="expected a records folder or a .parquet store"):
         read_results(tmp_path / "missing.parquet")
+    # a Parquet file of other data, and a file that is no Parquet: refused naming the file (report gave
+    # "error: KeyError: 'section'", compare "refused: section")
+    pd.DataFrame({"a": [1]}).to_parquet(tmp_path / "other.parquet")
+    with pytest.raises(RecordError) as err:
+        read_results(tmp_path / "other.parquet")
+    assert str(err.value) == (
+        f"{tmp_path / 'other.parquet'}: not a store this harness wrote (it has no run_id, section, record_dir, "
+        "per_prompt or 7 more columns); give a records folder, or the store.parquet a sweep wrote"
+    )
+    (tmp_path / "junk.parquet").write_text("nope")
+    with pytest.raises(RecordError, match=r"junk.parquet: not a readable Parquet file \(ArrowInvalid: "):
+        read_results(tmp_path / "junk.parquet")
+    # an empty store (a folder with no records) is still a store
+    (tmp_path / "empty").mkdir()
+    write_store(aggregate(tmp_path / "empty"), tmp_path / "empty.parquet")
+    assert read_results(tmp_path / "empty.parquet")[0].empty
 
 
 def test_mixed_type_config_values_still_write(tmp_path):

@@ -401,6 +401,21 @@ def flatten_record(record: Mapping[str, Any], *, record_dir: str = "") -> dict[s
     return row
 
 
+#: the columns of an empty store
+STORE_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "experiment",
+    "sweep",
+    "created_at",
+    "exact",
+    "record_dir",
+    "section",
+    "per_prompt",
+    *AXES,
+    *REQUIRED_METRICS,
+)
+
+
 def aggregate(records_root: str | Path) -> pd.DataFrame:
     """Flatten every complete job's ``record.json`` under ``records_root`` into one row per run.
 
@@ -422,8 +437,7 @@ def aggregate(records_root: str | Path) -> pd.DataFrame:
         seen[record["run_id"]] = path
         rows.append(flatten_record(record, record_dir=path.parent.relative_to(root).as_posix()))
     if not rows:
-        fixed = ["run_id", "experiment", "sweep", "created_at", "exact", "record_dir", "section"]
-        return pd.DataFrame(columns=[*fixed, *AXES, *REQUIRED_METRICS])
+        return pd.DataFrame(columns=list(STORE_COLUMNS))
     df = pd.DataFrame(rows)
     return df.sort_values("run_id", kind="stable").reset_index(drop=True)
 
@@ -502,7 +516,18 @@ def read_results(source: str | Path) -> tuple[pd.DataFrame, Path | None]:
     if source.is_dir():
         return aggregate(source), source
     if source.suffix == ".parquet" and source.is_file():
-        return pd.read_parquet(source, engine="pyarrow"), source.parent
+        try:
+            df = pd.read_parquet(source, engine="pyarrow")
+        except Exception as exc:  # pyarrow's errors for a file that is no Parquet (ArrowInvalid, OSError)
+            raise RecordError(f"{source}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+        missing = [c for c in ("run_id", "section", "record_dir", "per_prompt", *AXES) if c not in df.columns]
+        if missing:
+            raise RecordError(
+                f"{source}: not a store this harness wrote (it has no {', '.join(missing[:4])}"
+                + (f" or {len(missing) - 4} more" if len(missing) > 4 else "")
+                + " columns); give a records folder, or the store.parquet a sweep wrote"
+            )
+        return df, source.parent
     raise RecordError(f"{source}: expected a records folder or a .parquet store")
 
 
