@@ -156,6 +156,24 @@ def test_recipes_are_validated(tmp_path, capsys):
     assert main([str(FIXTURES), "recipe=does-not-exist"]) == 2
     assert "recipe 'does-not-exist' not found" in capsys.readouterr().err
     assert main([str(FIXTURES), "colour=red"]) == 2
+    # a by or filter the store has no column for: refused as compare by=... is (it wrote "_comparison not
+    # available_" and exited 0), and no folder is left behind
+    out = tmp_path / "r"
+    for text, said in (
+        ("compare: {by: nosuchaxis}\nplots: []\n", "compare.by='nosuchaxis' names no axis"),
+        ("leaderboard: {by: proposer, colour: red}\nplots: []\n", "leaderboard has unknown keys ['colour']"),
+        ("plots:\n  - kind: frontier\n    where: {nosuch: 1}\n", "plots[0].where.nosuch='nosuch' names no axis"),
+    ):
+        bad.write_text(text)
+        capsys.readouterr()
+        assert main([str(FIXTURES), f"out={out}", f"recipe={bad}"]) == 2
+        assert said in capsys.readouterr().err and not out.exists()
+    bad.write_text("compare: {by: config.proposer.max_ngram, where: {seed: 0}}\nplots: []\n")  # columns it has
+    assert main([str(FIXTURES), f"out={out}", f"recipe={bad}"]) == 0
+    # a source-reported file that is not there: refused before anything is drawn, the folder not made
+    bad.write_text("source_reported: missing.yaml\nplots:\n  - kind: frontier\n")
+    assert main([str(FIXTURES), f"out={tmp_path / 'r2'}", f"recipe={bad}"]) == 2
+    assert not (tmp_path / "r2").exists()
 
 
 def test_source_reported_entries_need_their_citation(tmp_path):

@@ -125,6 +125,35 @@ def load_recipe(path: Path) -> dict[str, Any]:
     return recipe
 
 
+#: the keys of a recipe's ``compare`` and ``leaderboard`` sections
+TABLE_KEYS = {"by", "baseline", "where"}
+
+
+def recipe_column_problem(recipe: Mapping[str, Any], path: Path, df: pd.DataFrame) -> str | None:
+    """Why ``recipe`` cannot be drawn from the store ``df`` (None when it can): a ``compare`` or
+    ``leaderboard`` section with a key it does not read, a ``by`` or ``where`` key naming no
+    column of the store (an axis, or ``config.<key>``). The command line's ``harness compare
+    by=...`` refuses such a name; a recipe is refused alike, not reported as "not available"."""
+    named: list[tuple[str, str]] = []
+    for section in ("compare", "leaderboard"):
+        table = recipe.get(section) or {}
+        if not isinstance(table, Mapping):
+            return f"{path}: {section} must be a mapping of {sorted(TABLE_KEYS)}; got {table!r}"
+        extra = set(table) - TABLE_KEYS
+        if extra:
+            return f"{path}: {section} has unknown keys {sorted(extra)}; allowed {sorted(TABLE_KEYS)}"
+        named += [(f"{section}.by", str(table["by"]))] if "by" in table else []
+        named += [(f"{section}.where.{k}", str(k)) for k in (table.get("where") or {})]
+    for i, spec in enumerate(recipe["plots"]):
+        named += [(f"plots[{i}].by", str(spec["by"]))] if "by" in spec else []
+        named += [(f"plots[{i}].where.{k}", str(k)) for k in (spec.get("where") or {})]
+    for where, column in named:
+        filter_key = ".where." in where  # a filter reads config.<key> too; by names a column as it is
+        if column not in df.columns and not (filter_key and f"config.{column}" in df.columns):
+            return f"{path}: {where}={column!r} names no axis {list(AXES)} or column of this store"
+    return None
+
+
 def load_source_reported(path: Path | None) -> list[dict[str, str]]:
     """Entries of a source-reported YAML (``entries: [{source, citation, quantity, value, setting}]``)."""
     if path is None:
@@ -947,7 +976,31 @@ def build_report(
     """Write ``report.md`` and one PNG per plot into ``out_dir``; returns the Markdown path.
     ``failures``: the sweep's jobs that wrote no record; ``left_out``: records the store left out
     (``(folder, why)``); both listed after the runs. Of the files already there, only the plots an
-    earlier report of this command drew are replaced or removed."""
+    earlier report of this command drew are replaced or removed. A report that fails or is
+    interrupted leaves no plot it added, nor the folder when it made it."""
+    created = not out_dir.exists()
+    try:
+        return _write_report(
+            df, out_dir, recipe, recipe_path=recipe_path, source=source, failures=failures, left_out=left_out
+        )
+    except BaseException:
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
+
+
+def _write_report(
+    df: pd.DataFrame,
+    out_dir: Path,
+    recipe: Mapping[str, Any],
+    *,
+    recipe_path: Path,
+    source: str,
+    failures: Sequence[Mapping[str, Any]],
+    left_out: Sequence[tuple[str, str]],
+) -> Path:
+    sources = recipe.get("source_reported")
+    entries = load_source_reported((recipe_path.parent / sources) if sources else None)  # refused before drawing
     out_dir.mkdir(parents=True, exist_ok=True)
     earlier = report_plots(out_dir)
     df = numeric_metrics(df)
@@ -997,9 +1050,6 @@ def build_report(
             path.unlink(missing_ok=True)
         raise
     remove_stale_plots(out_dir, earlier, keep=drawn)
-    sources = recipe.get("source_reported")
-    source_path = (recipe_path.parent / sources) if sources else None
-    entries = load_source_reported(source_path)
     if entries:
         lines += [
             "## Source-reported numbers (not measured here)",
@@ -1048,6 +1098,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(no_records_message(positionals[0], root if Path(positionals[0]).is_dir() else None))
         recipe_path = find_recipe(kv.get("recipe", "default"))
         recipe = load_recipe(recipe_path)
+        problem = recipe_column_problem(recipe, recipe_path, df)
+        if problem is not None:
+            raise ValueError(problem)
         out_dir = Path(kv["out"]) if "out" in kv else (root or Path(".")) / "report"
         problem = output_folder_problem("out", out_dir)
         if problem is None and (out_dir / RECORD_FILENAME).is_file():
