@@ -84,11 +84,11 @@ def preflight(argv: list[str]) -> None:
 LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher", "LocalLauncher")
 
 
-def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str]:
+def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str, set[str]]:
     """The override lists of a multirun's jobs, as Hydra's basic sweeper makes them (the sweep
     parameters the composed config holds, ``hydra.sweeper.params``: a sweep file's axes, followed
-    by the command line's overrides, crossed), and the launcher's ``_target_``. ``argv`` holds no
-    flag but ``-m``/``--multirun``."""
+    by the command line's overrides, crossed), the launcher's ``_target_``, and the override keys
+    a job's folder name leaves out. ``argv`` holds no flag but ``-m``/``--multirun``."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -100,7 +100,8 @@ def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str]:
     from_config = [f"{k}={v}" for k, v in params.items()]
     parsed = parser.parse_overrides([*from_config, *overrides])
     jobs = [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-    return jobs, str(cfg.hydra.launcher.get("_target_", ""))
+    unnamed = {str(k) for k in cfg.hydra.job.config.override_dirname.exclude_keys}
+    return jobs, str(cfg.hydra.launcher.get("_target_", "")), unnamed
 
 
 def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
@@ -116,9 +117,14 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
     if any(a.startswith("-") and a not in {"-m", "--multirun"} for a in argv):
         return
     try:
-        jobs, launcher = multirun_jobs(argv)
+        jobs, launcher, unnamed = multirun_jobs(argv)
     except (HydraException, OmegaConfBaseException) as exc:
         raise explain_compose_error(exc, argv) from exc
+    if len(jobs) == 1 and not [o for o in jobs[0] if override_key(o) not in unnamed and not o.startswith("hydra")]:
+        raise ConfigError(  # its folder would be the sweep folder itself, its record beside the sweep's files
+            "the multirun has one job and nothing to name its folder by: a sweep crosses axes "
+            "(hydra.sweeper.params in a sweep file, or a,b values on the command line); `harness run` runs one job"
+        )
     here = launcher.rsplit(".", 1)[-1] in LOCAL_LAUNCHERS
     values: dict[str, set[str]] = {}
     for job in jobs:

@@ -156,6 +156,21 @@ def check_sweep_file(path: Path) -> None:
             f"sweep file {path} names sweep={name!r}: it must be a plain name (letters, digits, '_', '-', '.'), "
             "not a path: it names the folder multirun/<sweep>/"
         )
+    if name in list_sweeps(SWEEPS_DIR) and path.resolve() != (SWEEPS_DIR / f"{name}.yaml").resolve():
+        raise ValueError(
+            f"sweep file {path} names sweep={name!r}, a packaged sweep's name: its jobs would land in "
+            f"multirun/{name}/ and its W&B group among that sweep's; name it otherwise (sweep: {path.stem})"
+        )
+    header = []  # the comments before the first setting, where Hydra reads a package directive
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            break
+        header.append(line.strip())
+    if not any(re.fullmatch(r"#\s*@package\s+_global_", line) for line in header):
+        raise ValueError(
+            f"sweep file {path} has no `# @package _global_` line before its settings: without it Hydra places "
+            "them under sweep.* instead of the run's own keys; add it as the first line"
+        )
 
 
 def sweep_file_search_path(path: Path, *, sweeps_dir: Path = SWEEPS_DIR) -> tuple[str, Path]:

@@ -101,12 +101,37 @@ def test_bad_sweep_files_are_refused(env, capsys):
             SWEEP_FILE.replace("sweep: mine", "sweep: ../../escaped"),
             "names sweep='../../escaped': it must be a plain",
         ),
+        (  # its jobs went into multirun/smoke and the packaged sweep's W&B group
+            "samename",
+            SWEEP_FILE.replace("sweep: mine", "sweep: smoke"),
+            "names sweep='smoke', a packaged sweep's name: its jobs would land in multirun/smoke/",
+        ),
+        (  # Hydra's error was "Could not override 'model@sweep.model'"
+            "headless",
+            SWEEP_FILE.replace("# @package _global_\n", ""),
+            "has no `# @package _global_` line before its settings",
+        ),
     ):
         path = env / f"{name}.yaml"
         path.write_text(text)
         assert sweep_main([str(path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"harness sweep: refused: sweep file {path} {fragment}"), err
+
+
+def test_a_sweep_with_one_unnamed_job_is_refused(env, capsys):
+    """A sweep file with no axes ran one job named "." whose record and outputs landed in the sweep
+    folder itself, beside the sweep's own files."""
+    path = env / "noaxes.yaml"
+    path.write_text(SWEEP_FILE.replace("sweep: mine", "sweep: noaxes").split("hydra:")[0])
+    assert sweep_main([str(path), "launcher=basic"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "harness sweep: refused: the multirun has one job and nothing to name its folder by: a sweep crosses axes "
+        "(hydra.sweeper.params in a sweep file, or a,b values on the command line); `harness run` runs one job"
+    ]
+    assert not (env / "multirun").exists()
+    assert sweep_main([str(path), "launcher=basic", "verifier=greedy", "proposer=prompt_lookup"]) == 0  # named
 
 
 def test_harness_sweep_runs_a_sweep_file_from_outside_the_repository(env):
