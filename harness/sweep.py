@@ -76,7 +76,7 @@ from harness.tracking.job_folder import (
 )
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
 from harness.tracking.store import FAILURES_FILENAME, RECORD_FILENAME, RecordError, iter_record_paths, rebuild_store
-from hydra_plugins.harness_launcher.slurm import slurm_refusal
+from hydra_plugins.harness_launcher.slurm import slurm_missing, slurm_refusal
 
 log = logging.getLogger("harness.sweep")
 
@@ -283,10 +283,10 @@ def launcher_concurrency(hydra_cfg: DictConfig) -> int | None:
 def launcher_refusal(hydra_cfg: DictConfig) -> str | None:
     """Why the configured launcher cannot submit this multirun (checked before anything is
     submitted or written); None when it can. A Slurm launcher (submitit's or the harness's
-    ``hydra/launcher=slurm``) needs a partition."""
+    ``hydra/launcher=slurm``) needs a partition, resources sbatch takes, and sbatch on this machine."""
     if not str(hydra_cfg.launcher.get("_target_", "")).endswith("SlurmLauncher"):
         return None
-    return slurm_refusal(hydra_cfg.launcher)
+    return slurm_refusal(hydra_cfg.launcher) or slurm_missing()
 
 
 # --------------------------------------------------------------------------------------------

@@ -320,6 +320,16 @@ def test_cli_usage_and_list(capsys):
 def test_slurm_refusals_name_what_to_set():
     from hydra_plugins.harness_launcher.slurm import slurm_refusal
 
+    # resources sbatch would refuse (the sweep failed at submission, leaving an empty store behind)
+    assert slurm_refusal({"partition": "gpu", "timeout_min": -5}) == (
+        "hydra.launcher.timeout_min=-5: must be a whole number of at least 1 (sbatch would refuse it)"
+    )
+    assert slurm_refusal({"partition": "gpu", "mem_gb": "abc"}).startswith(
+        "hydra.launcher.mem_gb='abc': must be a number of at least 0"
+    )
+    assert slurm_refusal({"partition": "gpu", "cpus_per_task": 2.5}).startswith("hydra.launcher.cpus_per_task=2.5")
+    assert slurm_refusal({"partition": "gpu", "mem_gb": 7.5, "timeout_min": 240, "gpus_per_task": 0}) is None
+
     assert slurm_refusal({"partition": "gpu", "job_overrides": ["model.device=cuda"]}) is None
     assert slurm_refusal(OmegaConf.create({"partition": "???"})).startswith("hydra.launcher.partition is not set")
     assert slurm_refusal({"partition": None}).startswith("hydra.launcher.partition is not set")
@@ -1093,6 +1103,7 @@ def fake_slurm(monkeypatch):
     _FakeExecutor.made = []
     monkeypatch.setattr(submitit, "AutoExecutor", _FakeExecutor)
     monkeypatch.setattr(submitit, "JobEnvironment", _Env)
+    monkeypatch.setattr(sweep, "slurm_missing", lambda: None)  # as on a login node, where sbatch is
     return _FakeExecutor
 
 
@@ -1112,6 +1123,22 @@ def test_a_slurm_sweep_without_a_partition_is_refused_before_anything_is_submitt
     assert rc == 2
     assert capsys.readouterr().err.strip().startswith("harness run: refused: hydra.launcher.partition is not set")
     assert fake_slurm.made == [] and not sweep_dir.exists()  # nothing submitted, nothing written
+    # a machine with no sbatch (this one): refused before anything, where submitit failed on "srun" after
+    # the sweep folder and an empty store were written
+    from hydra_plugins.harness_launcher.slurm import slurm_missing
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sweep, "slurm_missing", slurm_missing)
+        patch.setattr("shutil.which", lambda name: None)
+        assert (
+            sweep_main(["smoke", "launcher=slurm", "hydra.launcher.partition=gpu", f"hydra.sweep.dir={sweep_dir}"]) == 2
+        )
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert err == [
+        "harness sweep: refused: sbatch is not on this machine's PATH: a Slurm sweep is launched from a node of "
+        "the cluster (a login node), where the launching process waits for the array"
+    ]
+    assert fake_slurm.made == [] and not sweep_dir.exists()
 
 
 def test_a_slurm_sweep_is_one_array_with_the_resources_and_gpu_overrides_of_the_config(env, fake_slurm):

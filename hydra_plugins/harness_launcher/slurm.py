@@ -21,6 +21,7 @@ nothing of the harness and nothing heavy.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -47,6 +48,37 @@ def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
     bad = [str(o) for o in overrides if "=" not in str(o) or str(o).startswith("=")]
     if bad:
         return f"hydra.launcher.job_overrides must be key=value overrides; got {bad}"
+    for key, floor in _RESOURCES.items():
+        value = launcher.get(key)
+        if value is None:
+            continue
+        number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+        if number is None or number < floor or (key != "mem_gb" and number != int(number)):
+            kind = "a number" if key == "mem_gb" else "a whole number"
+            return f"hydra.launcher.{key}={value!r}: must be {kind} of at least {floor} (sbatch would refuse it)"
+    return None
+
+
+#: the Slurm resources checked before a sweep submits: key -> the smallest value sbatch takes
+_RESOURCES = {
+    "timeout_min": 1,
+    "nodes": 1,
+    "tasks_per_node": 1,
+    "gpus_per_task": 0,
+    "cpus_per_task": 1,
+    "mem_gb": 0,
+    "array_parallelism": 1,
+    "max_num_timeout": 0,
+}
+
+
+def slurm_missing() -> str | None:
+    """Why this machine cannot submit to Slurm (no ``sbatch`` on the PATH), or None."""
+    if shutil.which("sbatch") is None:
+        return (
+            "sbatch is not on this machine's PATH: a Slurm sweep is launched from a node of the cluster "
+            "(a login node), where the launching process waits for the array"
+        )
     return None
 
 
