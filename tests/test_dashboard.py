@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from helpers import FIXTURE_SWEEP, fixture_run, history, inspect_run
@@ -38,8 +39,8 @@ REVIEW_PANELS = [
 
 #: the fixture records ran untracked
 UNTRACKED_NOTE = (
-    "none of the 11 record(s) of group 'fixture-sweep' was logged to W&B: the panels stay empty until a launch "
-    "with tracking=wandb logs them"
+    f"none of the 11 record(s) of group 'fixture-sweep' under {FIXTURES} was logged to W&B: the panels stay empty "
+    "until a launch with tracking=wandb logs them (records= reads another folder of the group)"
 )
 
 
@@ -319,6 +320,16 @@ def test_a_sweep_launched_from_a_sweep_file_is_found_under_multirun(tmp_path, ca
     assert dashboard_main(["fixture-sweep"]) == 0
     assert "legends from 1 records" in capsys.readouterr().out
     assert (tmp_path / "multirun" / "fixture-sweep" / "dashboard.json").is_file()
+
+
+def test_a_known_sweep_not_yet_run_gets_its_dashboard_in_its_own_folder(tmp_path, capsys, monkeypatch):
+    """The README says `harness dashboard batch_scaling` writes multirun/batch_scaling/dashboard.json;
+    before the sweep had run it wrote ./dashboard-batch_scaling.json instead."""
+    monkeypatch.chdir(tmp_path)
+    assert dashboard_main(["batch_scaling"]) == 0
+    assert (tmp_path / "multirun" / "batch_scaling" / "dashboard.json").is_file()
+    assert not list(tmp_path.glob("dashboard-*.json"))
+    assert f"wrote {Path('multirun') / 'batch_scaling' / 'dashboard.json'}: " in capsys.readouterr().out
 
 
 class FakeRun:

@@ -447,7 +447,9 @@ def group_projects(records_root: Path, group: str) -> tuple[int, set[str]]:
     return count, projects
 
 
-def dashboard_project(group: str, given: str | None, count: int, projects: set[str]) -> tuple[str, str | None]:
+def dashboard_project(
+    group: str, given: str | None, count: int, projects: set[str], *, records: Path | None = None
+) -> tuple[str, str | None]:
     """The W&B project the dashboard reads (``project=`` or the one the group's records were logged
     to) and a note for stderr, or None. Refuses a project the records were not logged to, and an
     ambiguous one."""
@@ -469,9 +471,10 @@ def dashboard_project(group: str, given: str | None, count: int, projects: set[s
         return projects.pop(), None
     note = None
     if count:
+        where = f" under {records}" if records is not None else ""
         note = (
-            f"none of the {count} record(s) of group {group!r} was logged to W&B: the panels stay empty until a "
-            "launch with tracking=wandb logs them"
+            f"none of the {count} record(s) of group {group!r}{where} was logged to W&B: the panels stay empty "
+            "until a launch with tracking=wandb logs them (records= reads another folder of the group)"
         )
     return DEFAULT_PROJECT, note
 
@@ -539,7 +542,7 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
             group_axes(records, group) if records is not None and records.is_dir() else ([], [], [])
         )
         count, projects = group_projects(records, group) if records is not None and records.is_dir() else (0, set())
-        project, note = dashboard_project(group, opts.get("project"), count, projects)
+        project, note = dashboard_project(group, opts.get("project"), count, projects, records=records)
         if opts.get("entity") is not None and tracking_problem(DEFAULT_PROJECT, opts["entity"], environ={}):
             raise ValueError(tracking_problem(DEFAULT_PROJECT, opts["entity"], environ={}).replace("tracking.", ""))
     except (ValueError, OSError, RecordError) as exc:
@@ -559,6 +562,8 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
         out = records / "dashboard.json"  # an empty folder the group's records will land in
     elif records is not None and records.is_dir() and not (records / RECORD_FILENAME).is_file() and axes_rows:
         out = records / "dashboard.json"  # beside the sweep's records; never inside one run's folder
+    elif records is not None and "records" not in opts and not records.exists():
+        out = records / "dashboard.json"  # the folder a known sweep's records will land in, made now
     else:
         out = Path(f"dashboard-{group.replace('/', '_')}.json")
     try:
@@ -577,6 +582,7 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
     if problem is not None:
         print(f"harness dashboard: refused: {problem} (writing {out})", file=sys.stderr)
         return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out, spec)
     if note:
         print(f"harness dashboard: note: {note}", file=sys.stderr)
