@@ -316,6 +316,17 @@ def multirun_exit_code(in_process_code: int, *, command: str = "run") -> int:
             file=sys.stderr,
         )
         return in_process_code or 1
+    print(  # the command's result on stdout, as a single run prints its record's
+        json.dumps(
+            {
+                "sweep_dir": summary["sweep_dir"],
+                "summary": str(Path(summary["sweep_dir"]) / sweep.SUMMARY_FILE),
+                "store": summary.get("store"),
+                "report": summary.get("report"),
+                **{k: len(summary.get(k) or []) for k in ("ran", "skipped", "failed")},
+            }
+        )
+    )
     if summary.get("failed"):
         print(
             f"harness {command}: {len(summary['failed'])} job(s) failed: {', '.join(summary['failed'])} "

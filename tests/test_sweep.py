@@ -636,6 +636,15 @@ def test_a_record_timed_beside_other_jobs_is_timed_again_by_a_launch_that_runs_f
     common = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false", "seed=0"]
     rc, first = launch(sweep_dir, *common)
     assert rc == 0 and len(first["ran"]) == 1
+    assert json.loads(capsys.readouterr().out) == {  # the launch's result on stdout, as a run prints its record's
+        "sweep_dir": str(sweep_dir),
+        "summary": str(sweep_dir / "summary.json"),
+        "store": str(sweep_dir / STORE_FILE),
+        "report": str(sweep_dir / "report"),
+        "ran": 1,
+        "skipped": 0,
+        "failed": 0,
+    }
     (job,) = first["ran"]
     path = sweep_dir / job / "record.json"
     record = json.loads(path.read_text())
