@@ -626,9 +626,14 @@ def test_the_switched_off_line_names_only_gates_that_apply_to_the_run(capsys):
     assert "greedy_equality" in line and "statistical" not in line  # temperature 0: no sampled rounds
     line = announced("gates.enabled=false", "generation.temperature=0.7", "verifier=membership")
     assert "statistical" in line and "greedy_equality" not in line
-    # top_k=1 at T > 0 is deterministic: the greedy gate is the one switched off, as the record says
+    # top_k=1 at T > 0 is deterministic, and its rounds are sampled: both gates run, so both are named
+    # (gates.statistical=false alone turned the run ungated with no line)
     line = announced("gates.enabled=false", "generation.temperature=0.7", "generation.top_k=1", "verifier=membership")
-    assert "greedy_equality" in line and "statistical" not in line
+    assert "greedy_equality" in line and "statistical" in line
+    line = announced(
+        "gates.statistical=false", "generation.temperature=0.7", "generation.top_k=1", "verifier=membership"
+    )
+    assert line.startswith("harness: gate(s) statistical switched off by gates.statistical=false")
     # a heuristic verifier's oracles do not apply (the record says not_applicable): not announced,
     # and with nothing else switched off there is no line at all
     line = announced("gates.oracle=false", "verifier=typical", "generation.exact=false", "generation.temperature=0.7")

@@ -33,7 +33,7 @@ from harness.gates.e2e import GATE_TIERS, E2EModels, check_e2e_case, gate_tier
 from harness.gates.equivalence import batched_equivalence_gate, equivalence_gate
 from harness.gates.keys import gate_key
 from harness.gates.oracle import MARGINAL_ATOL, check_case, verifier_cases
-from harness.gates.statistical import GATE_PROMPTS, prefix_rule, statistical_gate
+from harness.gates.statistical import CONTINUATION_TOKENS, GATE_PROMPTS, prefix_rule, statistical_gate
 from harness.gates.status import GateError, not_applicable, passed, skipped
 from harness.gates.transport import check_transport, transport_applies, transport_instances
 from harness.proposers.registry import PROPOSERS
@@ -158,10 +158,14 @@ def disabled_gates(cfg: DictConfig) -> dict[str, str]:
 def announce_disabled(cfg: DictConfig, plan_) -> None:
     """One line on stderr at start for every run whose gates an override switched off, naming only
     the gates that apply to the run (``plan_``), as :func:`run_gates` decides: the statistical gate
-    tests sampled rounds, the greedy-equality gate deterministic ones (temperature 0, or top_k=1),
-    and a heuristic verifier makes no exactness claim for the oracles to check."""
+    tests sampled rounds (any temperature above 0, top_k=1 included), the greedy-equality gate
+    deterministic ones (temperature 0, or top_k=1), and a heuristic verifier makes no exactness
+    claim for the oracles or the statistical gate to check."""
     off = disabled_gates(cfg)
-    off.pop("statistical" if plan_.policy.deterministic else "greedy_equality", None)
+    if plan_.policy.greedy or not plan_.verifier.exact:  # temperature 0, or a heuristic verifier: not applicable
+        off.pop("statistical", None)
+    if not plan_.policy.deterministic:  # sampled outputs: nothing to compare token for token
+        off.pop("greedy_equality", None)
     if not plan_.verifier.exact:
         off.pop("oracle", None)
         off.pop("end_to_end_oracle", None)
@@ -302,6 +306,7 @@ def run_gates(
         )
     else:
         gate_prompts = [list(item[1]) for item in items[:GATE_PROMPTS]]
+        continuation = min(CONTINUATION_TOKENS, int(cfg.generation.max_new_tokens))  # inside the run's context
         inputs = {
             **model_id,
             "proposer": OmegaConf.to_container(cfg.proposer, resolve=True),
@@ -315,6 +320,7 @@ def run_gates(
             "seed": int(cfg.seed),
             "prompts": gate_prompts,  # the candidate prefixes the rule scans
             "prefix_rule": prefix_rule(),
+            "continuation": continuation,
             "artifact": getattr(proposer, "artifact_manifest", None) or {},
             "proposer_options": plan_.extras.get("proposer_options", {}),
         }
@@ -337,9 +343,18 @@ def run_gates(
                     seed=int(cfg.seed),
                     max_nodes=plan_.budget.max_nodes,
                     max_depth=plan_.budget.max_depth,
+                    continuation=continuation,
                 ),
             ),
         )
+        entry = gates.get("statistical") or {}
+        if entry.get("coverage") == "one_way":
+            print(
+                f"harness: note: statistical gate passed, but at each of the {1 + len(entry.get('pilots', []))} "
+                f"prefixes it tried {entry['paths_note'].split(':')[0]}: it did not test the other way to a first "
+                "token (the oracle gates test the verifier's rule on every path)",
+                file=sys.stderr,
+            )
     governance = proposer.check_workload(items, allow_leakage=bool(cfg.get("allow_leakage", False)))
     if governance is not None and governance.get("leaked"):
         print(

@@ -23,13 +23,24 @@ The proposer and verifier code still run once per sample.
 The prefix: the first cut point at which the proposer proposes something, scanning the first
 :data:`GATE_PROMPTS` prompts each from its full length back one token at a time
 (:data:`SCAN_CUTS` cuts per prompt at most, never below :data:`MIN_PREFIX` tokens), one probe
-proposal per cut with the first sample's random source. A proposer that proposes nothing at any
-cut gets ``not_applicable``: the test would only sample the target through an empty tree.
+proposal per cut with the first sample's random source; then each of them followed by the
+tokens the target decodes greedily from it (up to :data:`CONTINUATION_TOKENS`, scanned from its
+end back to the prompt), where a proposer copying from the text generated so far proposes as it
+does in the run. A proposer that proposes nothing at any cut gets ``not_applicable``: the test
+would only sample the target through an empty tree.
+
+A test whose samples all took one way to their first token (every proposal accepted, or every
+one rejected and the target's correction drawn) says nothing of the other way: a verifier that
+accepts too often is not caught where nothing is accepted. The next candidate prefixes are then
+piloted (:data:`MIXED_PREFIX_TRIES`, :data:`PILOT_SAMPLES` samples each) and the first whose
+samples take both ways is tested instead; where none does, the entry keeps the first test and
+says ``coverage: one_way``, which the run says on stderr.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import sys
 import time
 from collections.abc import Iterator
@@ -82,11 +93,27 @@ CONFIRMATION_STREAM = 1 << 31
 GATE_PROMPTS = 4
 SCAN_CUTS = 32
 MIN_PREFIX = 2
+#: tokens the target decodes greedily after each gate prompt, whose cuts are scanned after the
+#: prompts' (at most the run's max_new_tokens): a proposer that copies from the text generated so
+#: far (prompt lookup over a prompt with no repeat) proposes there, as it does in the run
+CONTINUATION_TOKENS = 32
+#: when a test's samples all took one way to a first token (every proposal accepted, or none),
+#: the next candidate prefixes are piloted, this many at most, with this many samples each; the
+#: first whose pilot takes both ways is tested instead
+MIXED_PREFIX_TRIES = 8
+PILOT_SAMPLES = 64
 
 
 def prefix_rule() -> dict:
     """The prefix-choice rule's parameters (recorded in the evidence and in the gate's cache key)."""
-    return {"gate_prompts": GATE_PROMPTS, "scan_cuts": SCAN_CUTS, "min_prefix": MIN_PREFIX}
+    return {
+        "gate_prompts": GATE_PROMPTS,
+        "scan_cuts": SCAN_CUTS,
+        "min_prefix": MIN_PREFIX,
+        "continuation_tokens": CONTINUATION_TOKENS,
+        "mixed_prefix_tries": MIXED_PREFIX_TRIES,
+        "pilot_samples": PILOT_SAMPLES,
+    }
 
 
 def _propose_once(backend, proposer, prefix: list[int], rng, *, max_nodes, max_depth) -> CompiledTree:
@@ -101,6 +128,66 @@ def _propose_once(backend, proposer, prefix: list[int], rng, *, max_nodes, max_d
 
 
 @torch.inference_mode()
+def target_continuation(backend: CausalLMBackend, prompt: list[int], tokens: int) -> list[int]:
+    """``prompt`` followed by ``tokens`` tokens the target decodes greedily from it."""
+    seq = list(prompt)
+    state = backend.prefill_one(seq)
+    for _ in range(tokens):
+        out = backend.verify_one(state, seq[-1], None)
+        backend.commit_one(state, [])
+        seq.append(int(out.logits[-1].argmax()))
+    return seq
+
+
+@torch.inference_mode()
+def proposing_prefixes(
+    backend: CausalLMBackend,
+    proposer,
+    prompts: list[list[int]],
+    *,
+    stream: int,
+    max_nodes: int | None,
+    max_depth: int | None,
+    continuation: int = 0,
+    tally: dict | None = None,
+) -> Iterator[tuple[list[int], dict]]:
+    """The cut points at which the proposer proposes something, in the gate's order (see the
+    module docstring): each of the first :data:`GATE_PROMPTS` prompts from its full length back
+    one token at a time, then (``continuation`` > 0) each prompt followed by ``continuation``
+    tokens the target decodes greedily, from its end back to the prompt. Yields ``(prefix, how
+    it was found)``; ``tally`` counts the probes and the sequences scanned. Deterministic: the
+    probes draw from random stream ``stream``."""
+    tally = {} if tally is None else tally
+    tally.update(probes=0, prompts_scanned=min(len(prompts), GATE_PROMPTS), continuations_scanned=0)
+    sources = [("prompt", i, list(p), 0) for i, p in enumerate(prompts[:GATE_PROMPTS])]
+    sources += [("continuation", i, None, len(p)) for i, p in enumerate(prompts[:GATE_PROMPTS]) if continuation > 0]
+    for kind, i, seq, floor in sources:
+        if seq is None:
+            seq = target_continuation(backend, prompts[i], continuation)
+            tally["continuations_scanned"] += 1
+        low = max(len(seq) - SCAN_CUTS, MIN_PREFIX - 1, floor)
+        for cut in range(len(seq), low, -1):
+            tally["probes"] += 1
+            prefix = seq[:cut]
+            tree = _propose_once(
+                backend, proposer, prefix, TorchRandomSource(stream), max_nodes=max_nodes, max_depth=max_depth
+            )
+            if tree.num_rows > 0:
+                yield (
+                    prefix,
+                    {
+                        "source": kind,
+                        "prompt_index": i,
+                        "prompt_len": len(prompts[i]),
+                        "prefix_len": cut,
+                        "probe_rows": tree.num_rows,
+                        "probes": tally["probes"],
+                        "rule": prefix_rule(),
+                    },
+                )
+
+
+@torch.inference_mode()
 def choose_prefix(
     backend: CausalLMBackend,
     proposer,
@@ -109,27 +196,25 @@ def choose_prefix(
     stream: int,
     max_nodes: int | None,
     max_depth: int | None,
+    continuation: int = 0,
 ) -> tuple[list[int] | None, dict]:
-    """The gate's prefix (see the module docstring) and how it was found; ``None`` when no cut
-    yields a proposal. Deterministic: the probes draw from random stream ``stream``."""
-    probes = 0
-    for i, prompt in enumerate(prompts[:GATE_PROMPTS]):
-        for cut in range(len(prompt), max(len(prompt) - SCAN_CUTS, MIN_PREFIX - 1), -1):
-            probes += 1
-            prefix = list(prompt[:cut])
-            tree = _propose_once(
-                backend, proposer, prefix, TorchRandomSource(stream), max_nodes=max_nodes, max_depth=max_depth
-            )
-            if tree.num_rows > 0:
-                return prefix, {
-                    "prompt_index": i,
-                    "prompt_len": len(prompt),
-                    "prefix_len": cut,
-                    "probe_rows": tree.num_rows,
-                    "probes": probes,
-                    "rule": prefix_rule(),
-                }
-    return None, {"probes": probes, "prompts_scanned": min(len(prompts), GATE_PROMPTS), "rule": prefix_rule()}
+    """The gate's first prefix (:func:`proposing_prefixes`) and how it was found; ``None`` when no
+    cut yields a proposal."""
+    tally: dict = {}
+    found = proposing_prefixes(
+        backend,
+        proposer,
+        prompts,
+        stream=stream,
+        max_nodes=max_nodes,
+        max_depth=max_depth,
+        continuation=continuation,
+        tally=tally,
+    )
+    first = next(found, None)
+    if first is not None:
+        return first
+    return None, {**tally, "rule": prefix_rule()}
 
 
 @torch.inference_mode()
@@ -149,6 +234,7 @@ def statistical_gate(
     batch: int = 16,
     confirm: bool = True,
     memo: bool = True,
+    continuation: int = 0,
 ) -> dict:
     """Chi-square of the speculative first token against the exact target distribution at the prefix
     :func:`choose_prefix` finds in ``prompts``. Returns the evidence (``status`` ``passed`` or
@@ -174,6 +260,7 @@ def statistical_gate(
             batch=batch,
             confirm=confirm,
             memo=memo,
+            continuation=continuation,
         )
 
 
@@ -211,19 +298,31 @@ def _statistical_gate(
     batch,
     confirm,
     memo,
+    continuation,
 ) -> dict:
     t0 = time.perf_counter()
-    prompt_ids, prefix = choose_prefix(
-        backend, proposer, prompts, stream=seed * 7919, max_nodes=max_nodes, max_depth=max_depth
+    tally: dict = {}
+    candidates = proposing_prefixes(
+        backend,
+        proposer,
+        prompts,
+        stream=seed * 7919,
+        max_nodes=max_nodes,
+        max_depth=max_depth,
+        continuation=continuation,
+        tally=tally,
     )
-    prefix["seconds"] = round(time.perf_counter() - t0, 3)
-    if prompt_ids is None:
+    first = next(candidates, None)
+    if first is None:
+        scanned = f"the first {tally['prompts_scanned']} prompt(s)" + (
+            f" and of the {continuation} tokens the target decodes after each" if continuation else ""
+        )
         return {
             **not_applicable(
-                f"proposer proposed nothing at the {prefix['probes']} candidate prefixes of the first "
-                f"{prefix['prompts_scanned']} prompt(s): the test would only sample the target"
+                f"proposer proposed nothing at the {tally['probes']} candidate prefixes of {scanned}: the test "
+                "would only sample the target"
             ),
-            "prefix": prefix,
+            "prefix": {**tally, "rule": prefix_rule()},
             "seconds": time.perf_counter() - t0,
         }
     kw = dict(
@@ -231,8 +330,6 @@ def _statistical_gate(
         proposer=proposer,
         verifier=verifier,
         policy=policy,
-        prompt_ids=prompt_ids,
-        samples=samples,
         top_m=top_m,
         alpha=alpha,
         max_nodes=max_nodes,
@@ -240,10 +337,44 @@ def _statistical_gate(
         batch=batch,
         memo=memo,
     )
-    first = chi_square_test(stream=seed * 7919, **kw)
+    prompt_ids, prefix = first
+    prefix["seconds"] = round(time.perf_counter() - t0, 3)
+    result = _decide(prompt_ids, prefix, samples=samples, stream=seed * 7919, confirm=confirm, **kw)
+    if result["status"] != "passed" or "paths_note" not in result:
+        return {**result, "seconds": time.perf_counter() - t0}
+    # every sample took one way to its first token: the other was not tested here. Pilot the next
+    # candidate prefixes and test the first whose samples take both ways
+    one_way = {"prefix_len": prefix["prefix_len"], "source": prefix["source"], "paths_note": result["paths_note"]}
+    pilots = []
+    for prompt_ids, how in itertools.islice(candidates, MIXED_PREFIX_TRIES):
+        pilot = chi_square_test(prompt_ids=prompt_ids, samples=PILOT_SAMPLES, stream=seed * 7919, **kw)
+        pilots.append(
+            {"prefix_len": how["prefix_len"], "source": how["source"], "accepted": pilot["first_token_accepted"]}
+        )
+        if "paths_note" not in pilot:
+            mixed = _decide(prompt_ids, how, samples=samples, stream=seed * 7919, confirm=confirm, **kw)
+            if "paths_note" in mixed and mixed["status"] == "passed":  # the full test took one way after all
+                continue
+            return {
+                **mixed,
+                "one_way_prefix": one_way,
+                "pilots": pilots,
+                "seconds": time.perf_counter() - t0,
+            }
+    return {
+        **result,
+        "coverage": "one_way",
+        "pilots": pilots,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _decide(prompt_ids, prefix, *, samples, stream, confirm, **kw) -> dict:
+    """The test at ``prompt_ids``; a first rejection confirmed on independent samples (``confirm``)."""
+    first = chi_square_test(prompt_ids=prompt_ids, samples=samples, stream=stream, **kw)
     if first["status"] == "passed" or not confirm:
-        return {**first, "prefix": prefix, "seconds": time.perf_counter() - t0}
-    second = chi_square_test(stream=seed * 7919 + CONFIRMATION_STREAM, **kw)
+        return {**first, "prefix": prefix}
+    second = chi_square_test(prompt_ids=prompt_ids, samples=samples, stream=stream + CONFIRMATION_STREAM, **kw)
     keep = (
         "status",
         "statistic",
@@ -263,7 +394,6 @@ def _statistical_gate(
         "decided_by": "confirmation",
         "first_test": {k: first[k] for k in keep if k in first},
         "confirmation": {k: second[k] for k in keep if k in second},
-        "seconds": time.perf_counter() - t0,
         "proposal_seconds": first["proposal_seconds"] + second["proposal_seconds"],
     }
 
