@@ -949,3 +949,20 @@ def test_offered_fixes_carry_no_override_they_are_accepted_without(capsys, no_mo
     topology=sequence, where topology=sequence alone is accepted)."""
     assert cli.main(argv) == 2
     assert one_line(capsys, f"harness {argv[0]}: refused: ").endswith(ending)
+
+
+def test_a_temperature_too_small_for_float32_is_refused_before_model_work():
+    """generation.temperature=1e-40 passed the range check (>= 0) and failed inside the statistical
+    gate, after the models loaded, with "q has non-finite entries" (1e-300: "a vector with no
+    mass"), naming no option."""
+    from harness.config import checked_plan
+    from harness.contracts import ConfigError
+
+    for value in ("1e-40", "1e-300"):
+        with pytest.raises(ConfigError) as err:
+            checked_plan(["model=tiny", "workload.limit=1", "verifier=membership", f"generation.temperature={value}"])
+        assert str(err.value).startswith(
+            f"generation.temperature={value}: a temperature above 0 must be at least 1e-06 (below it the target's "
+            "law overflows in float32); 0 decodes greedily"
+        )
+    checked_plan(["model=tiny", "workload.limit=1", "verifier=membership", "generation.temperature=1e-6"])

@@ -183,7 +183,19 @@ def check_tiny(key: str, tiny: DictConfig) -> None:
 # --------------------------------------------------------------------------- values that constrain each other
 
 
+#: the smallest temperature above 0 a run takes: below it, logits over the temperature overflow a
+#: float32 law (inf, then NaN), and the policy's sampling has no mass to draw from
+MIN_TEMPERATURE = 1e-6
+
+
 def check_related_values(cfg: DictConfig) -> None:
+    temperature = float(cfg.generation.temperature)
+    if 0.0 < temperature < MIN_TEMPERATURE:
+        raise ConfigError(
+            f"generation.temperature={cfg.generation.temperature}: a temperature above 0 must be at least "
+            f"{MIN_TEMPERATURE:g} (below it the target's law overflows in float32); 0 decodes greedily",
+            suggestions=[("generation.temperature=0",), (f"generation.temperature={MIN_TEMPERATURE:g}",)],
+        )
     for key, node in proposer_nodes(cfg.proposer, "proposer"):
         if "min_ngram" in node and int(node.min_ngram) > int(node.max_ngram):
             raise ConfigError(
