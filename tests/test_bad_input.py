@@ -966,3 +966,19 @@ def test_a_temperature_too_small_for_float32_is_refused_before_model_work():
             "law overflows in float32); 0 decodes greedily"
         )
     checked_plan(["model=tiny", "workload.limit=1", "verifier=membership", "generation.temperature=1e-6"])
+
+
+def test_expansion_levels_the_node_budget_never_reaches_are_refused():
+    """topology.widths=[4,4,4] under max_nodes=16 ran with no note: 4 + 16 rows fill the budget within
+    depth 2, and depth 3 was never drafted (the record's rounds_tried_by_depth stopped at 2)."""
+    from harness.config import checked_plan
+    from harness.contracts import ConfigError
+
+    base = ["model=tiny", "workload.limit=1", "proposer=draft_model", "proposer.model.num_layers=1", "topology=expansion"]
+    with pytest.raises(ConfigError) as err:
+        checked_plan([*base, "topology.widths=[4,4,4]", "topology.max_nodes=16"])
+    assert str(err.value) == (
+        "topology.widths=[4, 4, 4]: topology.max_nodes=16 candidate rows are filled before depth 3, so its levels "
+        "from there are never drafted; try topology.max_nodes=84 or topology.widths=[4,4]"
+    )
+    checked_plan([*base, "topology.widths=[4,4,4]", "topology.max_nodes=21"])  # depth 3 gets a row: a budget cut

@@ -45,6 +45,19 @@ def expansion_budget(t) -> Budget:
             f"topology.widths has {len(widths)} levels, over topology.max_depth={t.max_depth}",
             suggestions=[(f"topology.max_depth={len(widths)}",)],
         )
+    rows, level = 0, 1
+    for depth, width in enumerate(widths, start=1):  # a level the rows before it fill is never drafted
+        if rows >= int(t.max_nodes):
+            raise ConfigError(
+                f"topology.widths={list(widths)}: topology.max_nodes={t.max_nodes} candidate rows are filled "
+                f"before depth {depth}, so its levels from there are never drafted",
+                suggestions=[
+                    (f"topology.max_nodes={cartesian_rows(list(widths))}",),
+                    (f"topology.widths=[{','.join(map(str, widths[: depth - 1]))}]",),
+                ],
+            )
+        level *= width
+        rows += level
     return Budget(shape="expansion", max_nodes=t.max_nodes, max_depth=len(widths), widths=widths)
 
 
