@@ -617,7 +617,26 @@ def compose_checked(overrides: list[str] = ()) -> DictConfig:
         rest = [o for o in overrides if o != error.replaces]
         raise offer(error, rest) from exc
     check_boolean_overrides(cfg, overrides)
+    check_empty_overrides(cfg, overrides)
     return cfg
+
+
+def check_empty_overrides(cfg: DictConfig, overrides: list[str]) -> None:
+    """An override that sets an option to an empty (or blank) string is refused: ``proposer.artifact=``
+    from an unset shell variable read as "no artifact" and trained heads in the cache; ``output_dir=``
+    wrote to a timestamped folder instead."""
+    for override in overrides:
+        key, eq, value = override.lstrip("+~").partition("=")
+        if not eq or key.startswith("hydra") or override.startswith("~"):
+            continue
+        try:
+            composed = OmegaConf.select(cfg, key, throw_on_missing=False)
+        except OmegaConfBaseException:
+            continue
+        if isinstance(composed, str) and not composed.strip():
+            raise ConfigError(
+                f"{key}={value} is empty; give a value, or leave the option out ({key}=null where it can be unset)"
+            )
 
 
 def check_boolean_overrides(cfg: DictConfig, overrides: list[str]) -> None:

@@ -982,3 +982,20 @@ def test_expansion_levels_the_node_budget_never_reaches_are_refused():
         "from there are never drafted; try topology.max_nodes=84 or topology.widths=[4,4]"
     )
     checked_plan([*base, "topology.widths=[4,4,4]", "topology.max_nodes=21"])  # depth 3 gets a row: a budget cut
+
+
+def test_an_override_with_an_empty_value_is_refused(tmp_path, monkeypatch, capsys):
+    """proposer.artifact= (an unset shell variable) read as "no artifact": the run trained CPU-budget
+    heads in the cache instead of the published ones meant; output_dir= wrote to a timestamped folder."""
+    from harness.app import run_main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    for override in ("proposer.artifact=", "proposer.artifact=''", "proposer.artifact=' '", "output_dir="):
+        assert run_main(["model=tiny", "proposer=medusa", override, "workload.limit=1"]) == 2
+        key, _, value = override.partition("=")
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"harness run: refused: {key}={value} is empty; give a value, or leave the option out "
+            f"({key}=null where it can be unset)"
+        )
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache" / "artifacts").exists()
