@@ -974,7 +974,13 @@ def test_expansion_levels_the_node_budget_never_reaches_are_refused():
     from harness.config import checked_plan
     from harness.contracts import ConfigError
 
-    base = ["model=tiny", "workload.limit=1", "proposer=draft_model", "proposer.model.num_layers=1", "topology=expansion"]
+    base = [
+        "model=tiny",
+        "workload.limit=1",
+        "proposer=draft_model",
+        "proposer.model.num_layers=1",
+        "topology=expansion",
+    ]
     with pytest.raises(ConfigError) as err:
         checked_plan([*base, "topology.widths=[4,4,4]", "topology.max_nodes=16"])
     assert str(err.value) == (
