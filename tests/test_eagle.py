@@ -748,6 +748,13 @@ def test_published_checkpoint_refusals(env, tmp_path):
         load("missing", llama_fields(cfg), state)
     with pytest.raises(ArtifactError, match="does not define"):
         load("extra", llama_fields(cfg), {**eagle12_state(cfg), "lm_head.weight": torch.zeros(96, 32)})
+    # only EAGLE-3's own t2d and a layer's rotary frequencies are let through: a stray tensor whose name
+    # merely ends so was passed as ignorable
+    for stray in ("foo.t2d", "fc.rotary_emb.inv_freq"):
+        with pytest.raises(ArtifactError, match=rf"keys this layout does not define: \['{stray}'\]"):
+            load(f"stray-{stray}", llama_fields(cfg), {**eagle12_state(cfg, embed=emb), stray: torch.zeros(4)})
+    ok = {**eagle12_state(cfg, embed=emb), "layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(4)}
+    load("inv-freq", llama_fields(cfg), ok)
     with pytest.raises(ArtifactError, match=r"has shape \[32, 32\], expected \[32, 64\]"):
         load("shape", llama_fields(cfg), {**eagle12_state(cfg), "fc.weight": torch.zeros(32, 32)})
     (tmp_path / "empty").mkdir()

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -49,8 +50,9 @@ from harness.target.loading import hub_unreachable, looks_like_hub_id
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-#: keys a published file may carry that the draft does not need
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "t2d")
+#: keys a published file may carry that the draft does not need: EAGLE-3's target-to-draft mask
+#: (``t2d``; the draft reads ``d2t``) and a decoder layer's rotary frequencies (computed from the config)
+IGNORED_KEYS = re.compile(r"t2d|(?:layers\.\d+|midlayer)\.self_attn\.rotary_emb\.inv_freq")
 
 
 def is_published_dir(path: Path) -> bool:
@@ -302,7 +304,7 @@ def _check_keys(fmt: str, state: dict, expected: dict[str, tuple[int, ...]], opt
     if bad:
         k, want, got = bad[0]
         raise ArtifactError(f"{fmt} checkpoint: {k} has shape {list(got)}, expected {list(want)}")
-    extra = sorted(k for k in state if k not in expected and k not in optional and not k.endswith(IGNORED_SUFFIXES))
+    extra = sorted(k for k in state if k not in expected and k not in optional and not IGNORED_KEYS.fullmatch(k))
     if extra:
         raise ArtifactError(f"{fmt} checkpoint has keys this layout does not define: {extra[:8]}")
     return {k: v for k, v in state.items() if k in expected or k in optional}
