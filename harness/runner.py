@@ -771,6 +771,8 @@ def inert_options(cfg: DictConfig) -> list[str]:
                 f"topology.max_depth={topo.max_depth}: the {prop.name} bank has {heads} heads, one per depth, so the "
                 f"chain drafts {min(heads, int(topo.max_nodes))} deep"
             )
+    if topo.name == "set" and int(topo.max_depth) != 1:
+        out.append(f"topology.max_depth={topo.max_depth}: topology=set drafts one level of siblings (depth 1)")
     if prop.name == "prompt_lookup" and topo.name == "sequence" and "max_matches" in dict(_changed(prop)):
         out.append(f"proposer.max_matches={prop.max_matches}: topology=sequence takes one match (one chain)")
     if decided:

@@ -517,6 +517,11 @@ def test_gate_exactness_chat_topology_and_lookup_options_that_change_nothing_are
         "proposer.max_matches=2: topology=sequence takes one match (one chain)"
     ]
     assert inert("proposer=prompt_lookup", "topology=sequences", "proposer.max_matches=2") == []
+    # a set is one level of siblings: a depth asked of it never runs (the manifest said max_depth 3)
+    assert inert("proposer=draft_model", "topology=set", "topology.max_depth=3") == [
+        "topology.max_depth=3: topology=set drafts one level of siblings (depth 1)"
+    ]
+    assert inert("proposer=draft_model", "topology=set") == []
     merged = ["proposer=merged", "topology=merged", "proposer.sources=[prompt_lookup,draft_model]"]
     assert inert(*merged, "proposer.depths.draft_model=100") == [
         "proposer.depths.draft_model=100: topology.max_depth=8 caps every source"
