@@ -97,11 +97,18 @@ def test_medusa_heads_load_key_for_key_and_run_the_published_forward(tmp_path, t
     assert art.manifest["files"] == {name: hashlib.sha256((path / name).read_bytes()).hexdigest()}
 
 
-def test_medusa_version_2_heads_project_with_the_target_lm_head(tmp_path, target):
+def test_medusa_version_2_heads_project_with_the_target_lm_head(tmp_path, target, capsys):
     state = medusa_state(heads=2, layers=1, hidden=H, vocab=None, seed=2)
     path = write_medusa(tmp_path / "v2", state, config=medusa_config(2, 1, version="2"), fmt="safetensors")
     art = load_configured_heads("medusa", {"artifact": str(path)}, model=target, tokenizer=None)
     assert art.manifest["format"] == "medusa-heads-v2" and art.manifest["vocab_size"] is None
+    assert capsys.readouterr().err == ""  # the config says version 2: nothing to say
+    # no version and no projections: read as version 2, said on stderr as well as recorded (it was only recorded)
+    unsaid = write_medusa(tmp_path / "unsaid", state, config=medusa_config(2, 1), fmt="safetensors")
+    art = load_configured_heads("medusa", {"artifact": str(unsaid)}, model=target, tokenizer=None)
+    assert capsys.readouterr().err == (
+        f"harness: note: the published medusa at {unsaid}: {art.manifest['notes'][0]}\n"
+    ) and "read as version 2" in art.manifest["notes"][0]
     h = torch.randn(3, H)
     lm = target.get_output_embeddings().weight
     for k in range(2):

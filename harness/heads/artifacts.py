@@ -101,6 +101,8 @@ def load_published(kind: str, ref: str, *, model: torch.nn.Module) -> HeadsArtif
     elif base and targets and Path(str(base)).name.lower() not in {Path(t).name.lower() for t in targets}:
         named = targets[0] if len(targets) == 1 else f"{targets[0]} (converted from {targets[1]})"
         warn_base(kind, ref, f"they name {base} as their base model; the target is {named}")
+    for note in layout.notes:  # how the files were read where they leave a choice: said, not only recorded
+        print(f"harness: note: the published {kind} at {ref}: {note}", file=sys.stderr)
     manifest = {
         **layout.provenance(),
         "kind": kind,
