@@ -255,6 +255,8 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
             json.dumps(
                 {
                     "record": str(run_dir / "record.json"),
+                    "exact": record["exact"],  # false: a heuristic verifier, its outputs not the target's law
+                    "gated": record["gated"],  # false: a gate was switched off or skipped
                     # end to end: prefill (a draft's prompt forward included) + decode, per token
                     "speedup": m["speedup"],
                     "speedup_ci95": m.get("speedup_ci95"),  # over prompts: how far another draw could move it

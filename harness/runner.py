@@ -1298,12 +1298,18 @@ def speed_py_speedup(per_prompt: list[dict]) -> float | None:
 
 
 def run_notes(record: dict) -> list[str]:
-    """What a finished run says on stderr about its figures: prompts timed through a stall
+    """What a finished run says on stderr about its figures: a heuristic verifier, prompts timed through a stall
     (:func:`timing_outlier_note`), a speedup with nothing accepted (:func:`unaccepted_speedup_note`),
     a Sequoia tree predicted slower than plain decoding and prompts the context limit cut
     (:func:`truncation_note`)."""
     m = record["metrics"]
     notes = [timing_outlier_note(m["timing_outliers"])] if m.get("timing_outliers") else []
+    if record.get("exact") is False:
+        verifier = (record.get("axes") or {}).get("verifier")
+        notes.append(
+            f"verifier={verifier} is heuristic (exact: false): its outputs do not follow the target's law; compare, "
+            "the report and the dashboards keep the run apart from exact ones (metrics.drift says how far)"
+        )
     unaccepted = unaccepted_speedup_note(m)
     predicted = m.get("sequoia_predicted_time_per_token_normalised")
     slower = None

@@ -575,3 +575,24 @@ def test_a_speedup_with_nothing_accepted_is_noted_whatever_the_prompt_count():
         run_notes(record(1.3, 1.4)) == [] and run_notes(record(0.9, 1.0)) == [] and run_notes(record(1.04, 1.0)) == []
     )
     assert run_notes(record(None, None)) == []
+
+
+def test_a_heuristic_run_says_so_and_its_summary_carries_exact_and_gated(tmp_path, monkeypatch, capsys):
+    """verifier=typical with generation.exact=false printed nothing about being heuristic, and the stdout
+    summary carried neither exact nor gated: a heuristic or ungated run read as any other."""
+    from harness.app import run_main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    common = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4", "generation.warmup_tokens=0"]
+    heuristic = [*common, "proposer=draft_model", "verifier=typical", "generation.exact=false"]
+    assert run_main([*heuristic, "generation.temperature=0.7", f"output_dir={tmp_path / 'h'}"]) == 0
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    assert summary["exact"] is False and summary["gated"] is True
+    assert (
+        "harness run: note: verifier=typical is heuristic (exact: false): its outputs do not follow the target's law"
+    ) in err
+    assert run_main([*common, "gates.enabled=false", f"output_dir={tmp_path / 'u'}"]) == 0
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    assert summary["exact"] is True and summary["gated"] is False and "is heuristic" not in err
