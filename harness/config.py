@@ -671,6 +671,10 @@ def explain_compose_error(exc: Exception, overrides: list[str]) -> ConfigError:
     option as its candidate fix."""
     text = str(exc)
     cause = exc.__cause__
+    empty = re.match(r"In '[^']*': Could not find '([^'/]+)/'", text)
+    if empty:  # `verifier=`: a group given no option
+        group = empty.group(1)
+        return ConfigError(f"{group}= is empty; give one of {', '.join(group_options(group))}")
     missing = re.match(r"In '[^']*': Could not find '([^'/]+)/([^']+)'", text)
     if missing:
         group, option = missing.groups()
@@ -693,6 +697,11 @@ def explain_compose_error(exc: Exception, overrides: list[str]) -> ConfigError:
         value = given.split("=", 1)[1] if "=" in given else ""
         known = _keys_at(parent, [o for o in overrides if override_key(o) != key])
         where = f"{parent} has" if parent else "the config has"
+        if key == "sweep":  # set by `harness sweep` from the sweep file, not an override
+            return ConfigError(
+                f"sweep={value}: the sweep name comes from a sweep file; run `harness sweep NAME|PATH.yaml` "
+                "(`harness run -m` writes to multirun/adhoc unless hydra.sweep.dir is given)"
+            )
         if known is None:
             return ConfigError(f"{key}: {_first_line(cause) if cause else 'no such option'}")
         close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.6)

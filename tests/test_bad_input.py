@@ -1005,3 +1005,28 @@ def test_an_override_with_an_empty_value_is_refused(tmp_path, monkeypatch, capsy
             f"({key}=null where it can be unset)"
         )
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache" / "artifacts").exists()
+
+
+def test_an_empty_group_a_sweep_name_and_a_sampling_fix_are_said_plainly(tmp_path, monkeypatch, capsys):
+    """`verifier=` gave Hydra's "In 'config': Could not find 'verifier/'"; `sweep=x` said the config has
+    no option 'sweep' (it has: a sweep file sets it); draft_model under verifier=sequoia was offered
+    other verifiers, not the sampling its own verifier is proved for."""
+    from harness.app import run_main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+
+    def refusal(*overrides: str) -> str:
+        assert run_main(["model=tiny", "workload.limit=1", *overrides]) == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    assert refusal("verifier=") == (
+        "harness run: refused: verifier= is empty; give one of greedy, membership, rejection, sequoia, specinfer, "
+        "typical"
+    )
+    assert refusal("sweep=x").startswith(
+        "harness run: refused: sweep=x: the sweep name comes from a sweep file; run `harness sweep NAME|PATH.yaml`"
+    )
+    line = refusal("proposer=draft_model", "verifier=sequoia", "generation.temperature=0.7")
+    assert line.endswith("; try proposer.sampling=without_replacement or verifier=membership or verifier=rejection")
+    assert not (tmp_path / "outputs").exists()

@@ -73,6 +73,10 @@ def get_verifier(name: str) -> Verifier:
     return VERIFIERS[name]()
 
 
+#: sampling relations a proposer's ``proposer.sampling`` option selects
+RELATION_OPTIONS = ("iid", "without_replacement")
+
+
 def negotiate(proposer: Capabilities, verifier: Verifier, *, temperature: float, exact_mode: bool = True) -> None:
     """Refuse an incompatible proposer x topology x verifier x temperature combination, naming both
     sides and suggesting the verifiers that accept it."""
@@ -85,6 +89,11 @@ def negotiate(proposer: Capabilities, verifier: Verifier, *, temperature: float,
         # a draft that ranks its top-k (beam) records scores; drawing its children records their law q
         # (the command offers these only where the configured proposer takes the option)
         suggestions += [("proposer.sampling=iid",), ("proposer.sampling=without_replacement",)]
+    # a verifier proved for another sampling relation the proposer can draw with: that relation keeps the
+    # verifier asked for, so it comes first (the command offers it only where the proposer plans with it)
+    if proposer.sampling_relations - verifier.sampling_relations and temperature > 0:  # the relation is refused
+        relations = [(f"proposer.sampling={r}",) for r in sorted(verifier.sampling_relations) if r in RELATION_OPTIONS]
+        suggestions = [*[r for r in relations if r not in suggestions], *suggestions]
     if (
         exact_mode
         and not verifier.exact
