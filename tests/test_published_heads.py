@@ -106,9 +106,10 @@ def test_medusa_version_2_heads_project_with_the_target_lm_head(tmp_path, target
     # no version and no projections: read as version 2, said on stderr as well as recorded (it was only recorded)
     unsaid = write_medusa(tmp_path / "unsaid", state, config=medusa_config(2, 1), fmt="safetensors")
     art = load_configured_heads("medusa", {"artifact": str(unsaid)}, model=target, tokenizer=None)
-    assert capsys.readouterr().err == (
-        f"harness: note: the published medusa at {unsaid}: {art.manifest['notes'][0]}\n"
-    ) and "read as version 2" in art.manifest["notes"][0]
+    assert (
+        capsys.readouterr().err == (f"harness: note: the published medusa at {unsaid}: {art.manifest['notes'][0]}\n")
+        and "read as version 2" in art.manifest["notes"][0]
+    )
     h = torch.randn(3, H)
     lm = target.get_output_embeddings().weight
     for k in range(2):
