@@ -232,6 +232,15 @@ def test_cli_prints_table_and_writes_json(tmp_path, capsys):
     assert all(r["passed"] for r in data["rows"] if not r["negative_control"])
 
 
+def test_cli_refuses_an_unknown_verifier_in_one_line(capsys):
+    """The refusal came after the progress bar had started, its remnant in front of the line."""
+    assert oracles_main(["--verifier", "nonsense", "--quick"]) == 2
+    assert capsys.readouterr().err == (
+        "harness oracles: refused: unknown verifier 'nonsense'; registered: ['greedy', 'membership', "
+        "'naive_multi_draft', 'rejection', 'sequoia', 'specinfer', 'typical']\n"
+    )
+
+
 def test_cli_fails_when_a_named_verifier_is_broken(capsys):
     assert oracles_main(["--verifier", "naive_multi_draft", "--quick", "--random", "0"]) == 1
     assert "FAIL" in capsys.readouterr().out

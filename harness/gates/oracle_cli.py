@@ -237,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args([] if argv is None else argv)
         if args.json is not None:  # a destination that cannot be written is refused before the suite runs
             check_json_destination(args.json)
+        _register_extras()
+        unknown = [name for name in args.verifier or () if name not in VERIFIERS]
+        if unknown:  # refused before the progress bar starts, so the line stands alone
+            raise ValueError(f"unknown verifier {unknown[0]!r}; registered: {sorted(VERIFIERS)}")
         seeds = (0,) if args.quick else (0, 1)
         random_count = args.random if args.random is not None else (2 if args.quick else 4)
         with tqdm(desc="oracle cases", unit="case", file=sys.stderr, leave=False) as bar:
