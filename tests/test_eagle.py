@@ -755,6 +755,9 @@ def test_published_checkpoint_refusals(env, tmp_path):
             load(f"stray-{stray}", llama_fields(cfg), {**eagle12_state(cfg, embed=emb), stray: torch.zeros(4)})
     ok = {**eagle12_state(cfg, embed=emb), "layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(4)}
     load("inv-freq", llama_fields(cfg), ok)
+    # heads that do not divide: settings that do not go together, not "a setting of the wrong type"
+    with pytest.raises(ArtifactError, match=r"config.json: settings that do not go together \(.*num_attention_heads"):
+        load("heads", llama_fields(cfg, num_attention_heads=8, num_key_value_heads=3), eagle12_state(cfg, embed=emb))
     with pytest.raises(ArtifactError, match=r"has shape \[32, 32\], expected \[32, 64\]"):
         load("shape", llama_fields(cfg), {**eagle12_state(cfg), "fc.weight": torch.zeros(32, 32)})
     (tmp_path / "empty").mkdir()

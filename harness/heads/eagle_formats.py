@@ -238,7 +238,11 @@ def parse_published(cfg: dict, state: dict[str, torch.Tensor], *, target_config)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ArtifactError):
             raise
-        raise ArtifactError(f"EAGLE checkpoint config.json: a setting of the wrong type ({exc})") from None
+        text = str(exc)
+        if isinstance(exc, TypeError) or text.startswith(("invalid literal", "could not convert")):
+            raise ArtifactError(f"EAGLE checkpoint config.json: a setting of the wrong type ({exc})") from None
+        # a value a layer refuses beside the others (attention heads that do not divide the hidden size, ...)
+        raise ArtifactError(f"EAGLE checkpoint config.json: settings that do not go together ({exc})") from None
 
 
 def _parse_published(cfg: dict, state: dict[str, torch.Tensor], *, target_config) -> tuple[str, EagleSpec, dict]:
