@@ -209,7 +209,7 @@ def test_a_tokenizer_mismatch_is_refused_before_any_weights_are_read(ckpts, monk
         load_models(cfg_for(ckpts, draft))
 
 
-def test_padded_vocabulary_is_admitted_and_q_stays_in_the_shared_range(ckpts):
+def test_padded_vocabulary_is_admitted_and_q_stays_in_the_shared_range(ckpts, capsys):
     from harness.engine.build import BuildContext
     from harness.proposers.draft_model import DraftModelProposer
     from harness.random_source import TorchRandomSource
@@ -237,6 +237,10 @@ def test_padded_vocabulary_is_admitted_and_q_stays_in_the_shared_range(ckpts):
             context=context,
         )
         assert proposer.vocab_range == BYTE_VOCAB and proposer.target_vocab == BYTE_VOCAB
+        assert (  # said, where nothing said the draft was padded
+            f"harness: note: the draft's embedding holds {2 * BYTE_VOCAB + 2} ids and the target's {BYTE_VOCAB}: "
+            f"the draft proposes from the {BYTE_VOCAB} ids their tokenizer shares"
+        ) in capsys.readouterr().err
         ids = target.tokenizer(PROMPTS[0])["input_ids"]
         proposer.start(ids)
         result = proposer.propose(ids, TorchRandomSource(0))

@@ -32,6 +32,7 @@ carries the law it was drawn from.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from typing import ClassVar
 
@@ -126,13 +127,20 @@ class DraftModelProposer(Proposer):
         if context.draft_backend is None:
             raise ValueError("proposer=draft_model needs a loaded draft model (proposer.model)")
         target = context.target_backend
+        shared = shared_vocab_size(context.tokenizer, target.vocab_size, context.draft_backend.vocab_size)
+        if context.draft_backend.vocab_size != target.vocab_size:  # checkpoints of one family pad differently
+            print(
+                f"harness: note: the draft's embedding holds {context.draft_backend.vocab_size} ids and the "
+                f"target's {target.vocab_size}: the draft proposes from the {shared} ids their tokenizer shares",
+                file=sys.stderr,
+            )
         return cls(
             budget=budget,
             manifest_hash=manifest_hash,
             policy=policy,
             backend=context.draft_backend,
             sampling=options.get("sampling", "iid"),
-            vocab_range=shared_vocab_size(context.tokenizer, target.vocab_size, context.draft_backend.vocab_size),
+            vocab_range=shared,
             target_vocab=target.vocab_size,
             target_device=target.device,
         )
