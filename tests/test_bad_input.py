@@ -969,8 +969,8 @@ def test_a_temperature_too_small_for_float32_is_refused_before_model_work():
 
 
 def test_expansion_levels_the_node_budget_never_reaches_are_refused():
-    """topology.widths=[4,4,4] under max_nodes=16 ran with no note: 4 + 16 rows fill the budget within
-    depth 2, and depth 3 was never drafted (the record's rounds_tried_by_depth stopped at 2)."""
+    """topology.widths=[4,4,4] under max_nodes=16 with distinct siblings (the draft's top-k at T=0):
+    4 + 16 rows fill the budget within depth 2, so depth 3 is never drafted; refused with the fixes."""
     from harness.config import checked_plan
     from harness.contracts import ConfigError
 
@@ -988,6 +988,9 @@ def test_expansion_levels_the_node_budget_never_reaches_are_refused():
         "from there are never drafted; try topology.max_nodes=84 or topology.widths=[4,4]"
     )
     checked_plan([*base, "topology.widths=[4,4,4]", "topology.max_nodes=21"])  # depth 3 gets a row: a budget cut
+    # iid draws that repeat a sibling merge, leaving rows for deeper levels: not refused
+    iid = ["proposer.sampling=iid", "generation.temperature=0.7", "verifier=specinfer"]
+    checked_plan([*base, *iid, "topology.widths=[4,4,4]", "topology.max_nodes=16"])
 
 
 def test_an_override_with_an_empty_value_is_refused(tmp_path, monkeypatch, capsys):

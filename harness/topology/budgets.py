@@ -36,6 +36,25 @@ def set_budget(t) -> Budget:
     return Budget(shape="set", max_nodes=t.max_nodes, max_depth=1, widths=(t.max_nodes,))
 
 
+def unreached_level_problem(widths: Sequence[int], max_nodes: int) -> tuple[str, list[tuple[str, ...]]] | None:
+    """Why an expansion of ``widths`` under ``max_nodes`` candidate rows never drafts its deeper
+    levels (the rows before them fill the budget, siblings being distinct), with the fixes; or None."""
+    rows, level = 0, 1
+    for depth, width in enumerate(widths, start=1):
+        if rows >= int(max_nodes):
+            return (
+                f"topology.widths={list(widths)}: topology.max_nodes={max_nodes} candidate rows are filled before "
+                f"depth {depth}, so its levels from there are never drafted",
+                [
+                    (f"topology.max_nodes={cartesian_rows(list(widths))}",),
+                    (f"topology.widths=[{','.join(map(str, widths[: depth - 1]))}]",),
+                ],
+            )
+        level *= width
+        rows += level
+    return None
+
+
 def expansion_budget(t) -> Budget:
     widths = tuple(int(w) for w in t.widths)
     if not widths:
@@ -45,19 +64,6 @@ def expansion_budget(t) -> Budget:
             f"topology.widths has {len(widths)} levels, over topology.max_depth={t.max_depth}",
             suggestions=[(f"topology.max_depth={len(widths)}",)],
         )
-    rows, level = 0, 1
-    for depth, width in enumerate(widths, start=1):  # a level the rows before it fill is never drafted
-        if rows >= int(t.max_nodes):
-            raise ConfigError(
-                f"topology.widths={list(widths)}: topology.max_nodes={t.max_nodes} candidate rows are filled "
-                f"before depth {depth}, so its levels from there are never drafted",
-                suggestions=[
-                    (f"topology.max_nodes={cartesian_rows(list(widths))}",),
-                    (f"topology.widths=[{','.join(map(str, widths[: depth - 1]))}]",),
-                ],
-            )
-        level *= width
-        rows += level
     return Budget(shape="expansion", max_nodes=t.max_nodes, max_depth=len(widths), widths=widths)
 
 
