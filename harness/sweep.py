@@ -161,15 +161,18 @@ def check_sweep_file(path: Path) -> None:
             f"sweep file {path} names sweep={name!r}, a packaged sweep's name: its jobs would land in "
             f"multirun/{name}/ and its W&B group among that sweep's; name it otherwise (sweep: {path.stem})"
         )
-    header = []  # the comments before the first setting, where Hydra reads a package directive
+    header = []  # Hydra reads directives from the first lines only: blank lines skipped, up to any other line
     for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
+        if not line.strip():
+            continue
+        if not re.match(r"\s*#\s*@", line):
             break
         header.append(line.strip())
     if not any(re.fullmatch(r"#\s*@package\s+_global_", line) for line in header):
         raise ValueError(
-            f"sweep file {path} has no `# @package _global_` line before its settings: without it Hydra places "
-            "them under sweep.* instead of the run's own keys; add it as the first line"
+            f"sweep file {path} does not start with `# @package _global_` (Hydra reads it only before any other "
+            "line, a comment included): without it Hydra places its settings under sweep.* instead of the run's "
+            "own keys; make it the first line"
         )
 
 

@@ -328,6 +328,9 @@ def test_slurm_refusals_name_what_to_set():
         "hydra.launcher.mem_gb='abc': must be a number of at least 0"
     )
     assert slurm_refusal({"partition": "gpu", "cpus_per_task": 2.5}).startswith("hydra.launcher.cpus_per_task=2.5")
+    for bad in (float("nan"), float("inf")):  # Hydra reads nan and inf as floats; int() of them raised
+        assert slurm_refusal({"partition": "gpu", "timeout_min": bad}).startswith("hydra.launcher.timeout_min=")
+        assert slurm_refusal({"partition": "gpu", "mem_gb": bad}).startswith("hydra.launcher.mem_gb=")
     assert slurm_refusal({"partition": "gpu", "mem_gb": 7.5, "timeout_min": 240, "gpus_per_task": 0}) is None
 
     assert slurm_refusal({"partition": "gpu", "job_overrides": ["model.device=cuda"]}) is None

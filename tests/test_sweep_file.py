@@ -109,7 +109,12 @@ def test_bad_sweep_files_are_refused(env, capsys):
         (  # Hydra's error was "Could not override 'model@sweep.model'"
             "headless",
             SWEEP_FILE.replace("# @package _global_\n", ""),
-            "has no `# @package _global_` line before its settings",
+            "does not start with `# @package _global_`",
+        ),
+        (  # after a plain comment Hydra no longer reads the directive
+            "late",
+            SWEEP_FILE.replace("# @package _global_\n", "# my sweep\n# @package _global_\n"),
+            "does not start with `# @package _global_`",
         ),
     ):
         path = env / f"{name}.yaml"

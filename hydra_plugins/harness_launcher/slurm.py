@@ -20,6 +20,7 @@ nothing of the harness and nothing heavy.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -53,7 +54,7 @@ def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
         if value is None:
             continue
         number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
-        if number is None or number < floor or (key != "mem_gb" and number != int(number)):
+        if number is None or not math.isfinite(number) or number < floor or (key != "mem_gb" and number != int(number)):
             kind = "a number" if key == "mem_gb" else "a whole number"
             return f"hydra.launcher.{key}={value!r}: must be {kind} of at least {floor} (sbatch would refuse it)"
     return None
