@@ -163,6 +163,8 @@ def test_recipes_are_validated(tmp_path, capsys):
         ("compare: {by: nosuchaxis}\nplots: []\n", "compare.by='nosuchaxis' names no axis"),
         ("leaderboard: {by: proposer, colour: red}\nplots: []\n", "leaderboard has unknown keys ['colour']"),
         ("plots:\n  - kind: frontier\n    where: {nosuch: 1}\n", "plots[0].where.nosuch='nosuch' names no axis"),
+        ("compare: {where: 5}\nplots: []\n", "compare.where must be a mapping of filters"),
+        ("plots:\n  - kind: frontier\n    where: [batch_size]\n", "plots[0].where must be a mapping of filters"),
     ):
         bad.write_text(text)
         capsys.readouterr()

@@ -143,9 +143,13 @@ def recipe_column_problem(recipe: Mapping[str, Any], path: Path, df: pd.DataFram
         if extra:
             return f"{path}: {section} has unknown keys {sorted(extra)}; allowed {sorted(TABLE_KEYS)}"
         named += [(f"{section}.by", str(table["by"]))] if "by" in table else []
+        if not isinstance(table.get("where") or {}, Mapping):
+            return f"{path}: {section}.where must be a mapping of filters ({{key: value}}); got {table['where']!r}"
         named += [(f"{section}.where.{k}", str(k)) for k in (table.get("where") or {})]
     for i, spec in enumerate(recipe["plots"]):
         named += [(f"plots[{i}].by", str(spec["by"]))] if "by" in spec else []
+        if not isinstance(spec.get("where") or {}, Mapping):
+            return f"{path}: plots[{i}].where must be a mapping of filters ({{key: value}}); got {spec['where']!r}"
         named += [(f"plots[{i}].where.{k}", str(k)) for k in (spec.get("where") or {})]
     for where, column in named:
         filter_key = ".where." in where  # a filter reads config.<key> too; by names a column as it is
