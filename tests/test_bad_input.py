@@ -962,8 +962,8 @@ def test_a_temperature_too_small_for_float32_is_refused_before_model_work():
         with pytest.raises(ConfigError) as err:
             checked_plan(["model=tiny", "workload.limit=1", "verifier=membership", f"generation.temperature={value}"])
         assert str(err.value).startswith(
-            f"generation.temperature={value}: a temperature above 0 must be at least 1e-06 (below it the target's "
-            "law overflows in float32); 0 decodes greedily"
+            f"generation.temperature={value}: a temperature above 0 must be at least 1e-06, a conservative floor "
+            "(far below it the target's law overflows in float32); 0 decodes greedily"
         )
     checked_plan(["model=tiny", "workload.limit=1", "verifier=membership", "generation.temperature=1e-6"])
 

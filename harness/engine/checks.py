@@ -183,8 +183,8 @@ def check_tiny(key: str, tiny: DictConfig) -> None:
 # --------------------------------------------------------------------------- values that constrain each other
 
 
-#: the smallest temperature above 0 a run takes: below it, logits over the temperature overflow a
-#: float32 law (inf, then NaN), and the policy's sampling has no mass to draw from
+#: the smallest temperature above 0 a run takes, a conservative floor: far below it, logits over the
+#: temperature overflow float32 (1e-40 is subnormal: inf, then NaN) and the sampling has no mass
 MIN_TEMPERATURE = 1e-6
 
 
@@ -193,7 +193,8 @@ def check_related_values(cfg: DictConfig) -> None:
     if 0.0 < temperature < MIN_TEMPERATURE:
         raise ConfigError(
             f"generation.temperature={cfg.generation.temperature}: a temperature above 0 must be at least "
-            f"{MIN_TEMPERATURE:g} (below it the target's law overflows in float32); 0 decodes greedily",
+            f"{MIN_TEMPERATURE:g}, a conservative floor (far below it the target's law overflows in float32); "
+            "0 decodes greedily",
             suggestions=[("generation.temperature=0",), (f"generation.temperature={MIN_TEMPERATURE:g}",)],
         )
     for key, node in proposer_nodes(cfg.proposer, "proposer"):
