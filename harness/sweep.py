@@ -391,7 +391,9 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
         manifest = job_manifest(cfg)
         mhash = manifest_hash(manifest)
         status["manifest_hash"] = mhash
-        state = inspect_job(run_dir, manifest_hash=mhash, manifest=manifest, concurrent_jobs=width)
+        # jobs launched on this machine share it; a Slurm array's tasks each run on their own
+        shared = None if str(hydra_cfg.launcher.get("_target_", "")).endswith("SlurmLauncher") else width
+        state = inspect_job(run_dir, manifest_hash=mhash, manifest=manifest, concurrent_jobs=shared)
         record_dir, twin = run_dir, None
         if state.record is None:  # the same job under other overrides (a default restated: seed=0)
             twin = twin_job(
@@ -399,7 +401,7 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
                 run_dir,
                 manifest_hash=mhash,
                 config=OmegaConf.to_container(cfg, resolve=True),
-                concurrent_jobs=width,
+                concurrent_jobs=shared,
             )
         if state.record is not None or twin is not None:
             record = state.record

@@ -1016,9 +1016,10 @@ def _concurrent_jobs(runs: pd.DataFrame) -> tuple[int, ...]:
 
 #: what a section's figures mean when some of its runs were timed while other jobs ran
 CONCURRENT_NOTE = (
-    "runs timed while other jobs of their launch ran at once ({arms}): each run's speedup pairs its two arms "
-    "under the same load, but their ms per token, and ratios to arms timed alone, are not a quiet machine's; "
-    "re-run them with concurrent_jobs=1 (a relaunch skips a job with a record: delete its folder first)"
+    "runs launched with other jobs at once ({arms}): on one machine each run's speedup pairs its two arms under "
+    "the same load, but their ms per token, and ratios to arms timed alone, are not a quiet machine's (a relaunch "
+    "with concurrent_jobs=1 times them again); a Slurm array's tasks each run on their own node, where this does "
+    "not apply"
 )
 
 
