@@ -590,10 +590,9 @@ def test_a_sliding_attention_window_bounds_the_context_like_a_position_limit(tmp
 
 
 def test_chunked_and_multimodal_windows_bound_the_context_from_the_decoder_config(tmp_path):
-    """The window was read from the top of the config only: Llama 4's attention chunks and a
-    multimodal checkpoint's sliding layers (Gemma 3 nests them in ``text_config``) planned no window
-    at all, so a context past them would decode with attention the model does not have. The window
-    is now read from the cache layers transformers builds for the text decoder."""
+    """The window is read from the cache layers transformers builds for the decoder: Llama 4's
+    attention chunks bound the context as a sliding window does, and a multimodal config's nested
+    sliding layers are read too (such a checkpoint is then refused as multimodal)."""
     from transformers import Gemma3Config, Llama4TextConfig
 
     from harness.runner import plan_context
@@ -612,6 +611,12 @@ def test_chunked_and_multimodal_windows_bound_the_context_from_the_decoder_confi
     multimodal = compose(["model=hf", f"model.name_or_path={tmp_path / 'gemma3'}"])
     assert model_attention_window(multimodal.model) == 39
     assert model_position_limit(multimodal.model) == gemma3.text_config.max_position_embeddings
+    # a run of it is refused from its config, naming what it is (it read as "no num_hidden_layers")
+    from harness.config import checked_plan
+    from harness.target.loading import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"gemma3: a multimodal Gemma3Config checkpoint; the harness benchmarks"):
+        checked_plan(["model=hf", f"model.name_or_path={tmp_path / 'gemma3'}", "workload.limit=1"])
 
 
 def test_a_checkpoint_with_recurrent_layers_is_refused_before_any_weights(tmp_path, monkeypatch, capsys):

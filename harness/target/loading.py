@@ -665,6 +665,12 @@ def model_geometry(model_cfg) -> dict:
         return dict(SMOLLM2_GEOMETRY)
     else:
         c = model_config(model_cfg, key="model.name_or_path" if model_cfg.name_or_path else "model.name")
+        if decoder_config(c) is not c:  # a text decoder nested in a vision-language model's config
+            raise CheckpointError(
+                f"{model_cfg.name_or_path or model_cfg.name}: a multimodal {type(c).__name__} checkpoint; the "
+                "harness benchmarks a causal language model whose config is its decoder's (give the text model's "
+                "own checkpoint)"
+            )
     missing = [
         k for k in ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size") if not hasattr(c, k)
     ]
