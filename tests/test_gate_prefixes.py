@@ -124,5 +124,5 @@ def test_a_run_whose_gate_took_one_way_everywhere_says_so(tmp_path, monkeypatch,
     tried = 1 + len(entry["pilots"])
     assert (
         f"harness: note: statistical gate passed, but at each of the {tried} prefixes it tried every sample's first "
-        "token was an accepted proposed token: it did not test the other way to a first token"
+        "token was an accepted proposed token: no test exercised both ways to a first token"
     ) in capsys.readouterr().err

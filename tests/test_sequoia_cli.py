@@ -186,3 +186,10 @@ def test_a_verify_cost_list_that_decreases_or_runs_past_the_tree_is_noted_not_si
         "verify_cost gives t(1..4); trees of max_nodes=3 use t(1..3)",
     ]
     assert err.splitlines() == [f"harness tree: note: {n}" for n in out["notes"]]
+
+
+def test_run_options_carry_min_nodes_and_are_left_out_where_no_run_has_such_bounds(capsys):
+    rc, out, _ = _run(capsys, [*TOY_ARGS, "min_nodes=3"])
+    assert rc == 0 and out["run_options"].endswith(" topology.min_nodes=3")
+    rc, out, _ = _run(capsys, ["acceptance=[0.8]", "max_nodes=1", "max_depth=1"])  # no candidate row
+    assert rc == 0 and "run_options" not in out

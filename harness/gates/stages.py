@@ -349,10 +349,14 @@ def run_gates(
         )
         entry = gates.get("statistical") or {}
         if entry.get("coverage") == "one_way":
+            pilots = entry.get("pilots", [])
+            tried = 1 + len(pilots)
+            first_all = entry["first_token_accepted"] == entry["samples"]
+            alike = all((p["accepted"] > 0) == first_all for p in pilots)
+            way = entry["paths_note"].split(":")[0] if alike else "every sample took one way (not the same everywhere)"
             print(
-                f"harness: note: statistical gate passed, but at each of the {1 + len(entry.get('pilots', []))} "
-                f"prefixes it tried {entry['paths_note'].split(':')[0]}: it did not test the other way to a first "
-                "token (the oracle gates test the verifier's rule on every path)",
+                f"harness: note: statistical gate passed, but at each of the {tried} prefixes it tried {way}: no "
+                "test exercised both ways to a first token (the oracle gates test the verifier's rule on every path)",
                 file=sys.stderr,
             )
     governance = proposer.check_workload(items, allow_leakage=bool(cfg.get("allow_leakage", False)))

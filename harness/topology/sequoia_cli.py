@@ -188,9 +188,11 @@ def run_tree(args: dict) -> dict:
         max_nodes=max_nodes,
         max_depth=max_depth,
         node_convention="nodes include the root: nodes = candidate_rows + 1; depth in edges",
-        # a run's topology.max_nodes counts candidate rows, the root excluded: the same bounds, one less
-        run_options=f"topology=sequoia topology.max_nodes={max_nodes - 1} topology.max_depth={max_depth}",
     )
+    if max_nodes >= 2:  # a run's topology.max_nodes counts candidate rows, the root excluded: the same bounds
+        out["run_options"] = f"topology=sequoia topology.max_nodes={max_nodes - 1} topology.max_depth={max_depth}" + (
+            f" topology.min_nodes={_int(args, 'min_nodes')}" if "min_nodes" in args else ""
+        )
 
     costs, source = _costs(args)
     if costs is None:
