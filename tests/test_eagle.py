@@ -726,7 +726,7 @@ def test_published_eagle12_checkpoint_loads_key_for_key_and_decodes_exactly(
         assert capsys.readouterr().err == ""
 
 
-def test_published_checkpoint_refusals(env, tmp_path):
+def test_published_checkpoint_refusals(env, tmp_path, capsys):
     model = env["model"]
     cfg = model.config
     emb = model.get_input_embeddings().weight
@@ -776,6 +776,11 @@ def test_published_checkpoint_refusals(env, tmp_path):
         "config.json says bias=false; the weights hold the bias (read from the weights)",
         "config.json says num_hidden_layers=3; the weights hold 1 (read from the weights)",
     ]
+    err = capsys.readouterr().err  # said on stderr too
+    assert all(
+        f"harness: note: the published EAGLE draft at {tmp_path / 'contradicted'}: {n}" in err
+        for n in noted.manifest["notes"]
+    )
 
 
 def test_malformed_published_eagle_checkpoints_are_refused_naming_file_key_or_field(env, tmp_path):

@@ -241,6 +241,8 @@ def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifac
         "parameters": sum(p.numel() for p in draft.parameters()),
         "cpu_budget_artifact": False,
     }
+    for note in manifest["notes"]:  # said as the published heads' are, not only recorded
+        print(f"harness: note: the published EAGLE draft at {source}: {note}", file=sys.stderr)
     return EagleArtifact(draft=draft, manifest=manifest, path=path)
 
 
