@@ -736,6 +736,12 @@ def inert_options(cfg: DictConfig) -> list[str]:
                 for k, v in _changed(cfg.gates)
                 if k in STATISTICAL_GATE_OPTIONS
             ]
+    else:
+        if int(gen.top_k) == 1:
+            out.append(f"generation.temperature={gen.temperature}: top_k=1 keeps the argmax at any temperature")
+        vocab = int(model_geometry(cfg.model)["vocab_size"])
+        if int(gen.top_k) >= vocab:
+            out.append(f"generation.top_k={gen.top_k}: the vocabulary has {vocab} ids, so top-k truncates nothing")
     if not cfg.gates.get("enabled", True):
         out += [
             f"gates.{k}={_text(v)}: gates.enabled=false runs no gate" for k, v in _changed(cfg.gates) if k != "enabled"

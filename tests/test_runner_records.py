@@ -522,6 +522,15 @@ def test_gate_exactness_chat_topology_and_lookup_options_that_change_nothing_are
         "topology.max_depth=3: topology=set drafts one level of siblings (depth 1)"
     ]
     assert inert("proposer=draft_model", "topology=set") == []
+    # at a temperature: top_k=1 leaves the temperature's value nothing to change, and a top_k past the vocabulary
+    sampled = ["generation.temperature=0.7", "verifier=membership"]
+    assert inert(*sampled, "generation.top_k=1") == [
+        "generation.temperature=0.7: top_k=1 keeps the argmax at any temperature"
+    ]
+    assert inert(*sampled, "generation.top_k=1000") == [
+        "generation.top_k=1000: the vocabulary has 96 ids, so top-k truncates nothing"
+    ]
+    assert inert(*sampled, "generation.top_k=50") == []
     merged = ["proposer=merged", "topology=merged", "proposer.sources=[prompt_lookup,draft_model]"]
     assert inert(*merged, "proposer.depths.draft_model=100") == [
         "proposer.depths.draft_model=100: topology.max_depth=8 caps every source"
