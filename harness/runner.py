@@ -103,6 +103,7 @@ from harness.target.options import (
     resolved_fused_layers,
 )
 from harness.target.timing import read_bandwidth_gbs, weight_stream_floor_ms
+from harness.topology.budgets import unreached_level
 from harness.tracking.compare import run_speedups
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, restore_aside, write_job
 from harness.tracking.record import write_json_atomic
@@ -776,6 +777,13 @@ def inert_options(cfg: DictConfig) -> list[str]:
             out.append(
                 f"topology.max_depth={topo.max_depth}: the {prop.name} bank has {heads} heads, one per depth, so the "
                 f"chain drafts {min(heads, int(topo.max_nodes))} deep"
+            )
+    if topo.name == "expansion" and prop.get("sampling") != "iid":  # distinct siblings fill levels in order
+        unreached = unreached_level([int(w) for w in topo.widths], int(topo.max_nodes))
+        if unreached is not None:
+            out.append(
+                f"topology.widths={_text(topo.widths)}: topology.max_nodes={topo.max_nodes} candidate rows are "
+                f"filled before depth {unreached}, so its levels from there are never drafted"
             )
     if topo.name == "set" and int(topo.max_depth) != 1:
         out.append(f"topology.max_depth={topo.max_depth}: topology=set drafts one level of siblings (depth 1)")

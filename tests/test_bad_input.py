@@ -968,31 +968,6 @@ def test_a_temperature_too_small_for_float32_is_refused_before_model_work():
     checked_plan(["model=tiny", "workload.limit=1", "verifier=membership", "generation.temperature=1e-6"])
 
 
-def test_expansion_levels_the_node_budget_never_reaches_are_refused():
-    """topology.widths=[4,4,4] under max_nodes=16 with distinct siblings (the draft's top-k at T=0):
-    4 + 16 rows fill the budget within depth 2, so depth 3 is never drafted; refused with the fixes."""
-    from harness.config import checked_plan
-    from harness.contracts import ConfigError
-
-    base = [
-        "model=tiny",
-        "workload.limit=1",
-        "proposer=draft_model",
-        "proposer.model.num_layers=1",
-        "topology=expansion",
-    ]
-    with pytest.raises(ConfigError) as err:
-        checked_plan([*base, "topology.widths=[4,4,4]", "topology.max_nodes=16"])
-    assert str(err.value) == (
-        "topology.widths=[4, 4, 4]: topology.max_nodes=16 candidate rows are filled before depth 3, so its levels "
-        "from there are never drafted; try topology.max_nodes=84 or topology.widths=[4,4]"
-    )
-    checked_plan([*base, "topology.widths=[4,4,4]", "topology.max_nodes=21"])  # depth 3 gets a row: a budget cut
-    # iid draws that repeat a sibling merge, leaving rows for deeper levels: not refused
-    iid = ["proposer.sampling=iid", "generation.temperature=0.7", "verifier=specinfer"]
-    checked_plan([*base, *iid, "topology.widths=[4,4,4]", "topology.max_nodes=16"])
-
-
 def test_an_override_with_an_empty_value_is_refused(tmp_path, monkeypatch, capsys):
     """proposer.artifact= (an unset shell variable) read as "no artifact": the run trained CPU-budget
     heads in the cache instead of the published ones meant; output_dir= wrote to a timestamped folder."""

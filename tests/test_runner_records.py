@@ -531,6 +531,15 @@ def test_gate_exactness_chat_topology_and_lookup_options_that_change_nothing_are
         "generation.top_k=1000: the vocabulary has 96 ids, so top-k truncates nothing"
     ]
     assert inert(*sampled, "generation.top_k=50") == []
+    # levels of an expansion the node budget fills before, with distinct siblings (the draft's top-k at T=0): a
+    # sweep crossing budgets runs them, noted; iid draws that repeat a sibling merge and may reach deeper
+    expansion = ["proposer=draft_model", "topology=expansion", "topology.widths=[4,4,4]"]
+    assert inert(*expansion, "topology.max_nodes=16") == [
+        "topology.widths=[4,4,4]: topology.max_nodes=16 candidate rows are filled before depth 3, so its levels "
+        "from there are never drafted"
+    ]
+    assert inert(*expansion, "topology.max_nodes=21") == []
+    assert inert(*expansion, "topology.max_nodes=16", "proposer.sampling=iid", *sampled) == []
     merged = ["proposer=merged", "topology=merged", "proposer.sources=[prompt_lookup,draft_model]"]
     assert inert(*merged, "proposer.depths.draft_model=100") == [
         "proposer.depths.draft_model=100: topology.max_depth=8 caps every source"

@@ -18,7 +18,7 @@ from harness.contracts import Budget, Capabilities, ConfigError, budget_topology
 from harness.engine.checks import validate_config
 from harness.proposers.registry import proposer_class
 from harness.target.loading import model_geometry
-from harness.topology.budgets import TOPOLOGY_SHAPES, budget_from_config, unreached_level_problem
+from harness.topology.budgets import TOPOLOGY_SHAPES, budget_from_config
 from harness.verifiers import NegotiationError, Verifier, get_verifier, negotiate
 from harness.verifiers.sampling import SamplingPolicy
 
@@ -74,12 +74,6 @@ def plan(cfg: DictConfig) -> Plan:
     budget = budget_from_config(cfg)
     verifier = get_verifier(cfg.verifier.name)
     cls = proposer_class(cfg.proposer.name)
-    if budget.shape == "expansion" and cfg.proposer.get("sampling") != "iid":
-        # distinct siblings (top-k, without replacement) fill the budget level by level; iid draws that
-        # repeat a sibling merge, so their deeper levels may still be reached
-        problem = unreached_level_problem(budget.widths, budget.max_nodes)
-        if problem is not None:
-            raise ConfigError(problem[0], suggestions=problem[1])
     if budget.shape not in cls.shapes:
 
         def fits_verifier(shape: str) -> bool:

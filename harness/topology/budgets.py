@@ -36,20 +36,13 @@ def set_budget(t) -> Budget:
     return Budget(shape="set", max_nodes=t.max_nodes, max_depth=1, widths=(t.max_nodes,))
 
 
-def unreached_level_problem(widths: Sequence[int], max_nodes: int) -> tuple[str, list[tuple[str, ...]]] | None:
-    """Why an expansion of ``widths`` under ``max_nodes`` candidate rows never drafts its deeper
-    levels (the rows before them fill the budget, siblings being distinct), with the fixes; or None."""
+def unreached_level(widths: Sequence[int], max_nodes: int) -> int | None:
+    """The first depth of an expansion of ``widths`` that ``max_nodes`` candidate rows never reach
+    (the rows of the levels before it fill the budget, siblings being distinct), or None."""
     rows, level = 0, 1
     for depth, width in enumerate(widths, start=1):
         if rows >= int(max_nodes):
-            return (
-                f"topology.widths={list(widths)}: topology.max_nodes={max_nodes} candidate rows are filled before "
-                f"depth {depth}, so its levels from there are never drafted",
-                [
-                    (f"topology.max_nodes={cartesian_rows(list(widths))}",),
-                    (f"topology.widths=[{','.join(map(str, widths[: depth - 1]))}]",),
-                ],
-            )
+            return depth
         level *= width
         rows += level
     return None
