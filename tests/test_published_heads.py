@@ -517,6 +517,24 @@ def test_hydra_prefix_layer_runs_incrementally_as_the_published_one_layer_llama(
     torch.testing.assert_close(got, hydra_reference(state, 1, 2, want[-1:], embs, grounded=True, arch="prefix-mlp"))
 
 
+def test_prefix_mlp_weights_under_a_config_without_their_arch_are_refused_naming_it(tmp_path, target):
+    """A prefix-mlp bank whose config names no hydra_head_arch (so mlp) was refused for a missing
+    hydra_lm_head.0.weight, pointing at the weights rather than the config's one missing key."""
+    state, _ = prefix_hydra(tmp_path, target)
+    for name, config in (
+        ("unsaid", {k: v for k, v in hydra_config(3, 2).items() if k != "hydra_head_arch"}),
+        ("mlp", hydra_config(3, 2, arch="mlp")),
+    ):
+        path = write_hydra(tmp_path / name, state, config=config)
+        with pytest.raises(ArtifactError) as err:
+            inspect(str(path), "hydra")
+        said = "names no hydra_head_arch (mlp)" if name == "unsaid" else "says hydra_head_arch=mlp"
+        assert str(err.value).endswith(
+            f"the weights are a prefix-mlp Hydra bank (hydra_lm_head.0.1.*, prefix_embeding_layer.*) but config.json "
+            f'{said}: set "hydra_head_arch": "prefix-mlp" in it'
+        )
+
+
 def test_hydra_prefix_layer_with_other_rotary_frequencies_is_refused(tmp_path, target):
     state, path = prefix_hydra(tmp_path, target)
     state["prefix_embeding_layer.layers.0.self_attn.rotary_emb.inv_freq"] *= 2.0

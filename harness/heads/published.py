@@ -458,6 +458,13 @@ def _inspect_hydra(ref, config, shapes) -> dict:
             f"proposer.artifact={ref!r}: config.json: grounded_heads={grounded!r} must be true or false "
             "(a JSON boolean)"
         )
+    prefix_weights = "hydra_lm_head.0.1.weight" in shapes or any(k.startswith(PREFIX + ".") for k in shapes)
+    if arch == "mlp" and prefix_weights and "hydra_lm_head.0.weight" not in shapes:
+        said = "says hydra_head_arch=mlp" if "hydra_head_arch" in config else "names no hydra_head_arch (mlp)"
+        raise ArtifactError(
+            f"proposer.artifact={ref!r}: the weights are a prefix-mlp Hydra bank (hydra_lm_head.0.1.*, {PREFIX}.*) "
+            f'but config.json {said}: set "hydra_head_arch": "prefix-mlp" in it'
+        )
     step, first = (2, 1) if arch == "prefix-mlp" else (1, 0)
     heads, last = _head_blocks(ref, shapes, "Hydra", "hydra_mlp.")
     layers = (last - first) // step + 1
