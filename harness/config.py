@@ -616,15 +616,18 @@ def compose_checked(overrides: list[str] = ()) -> DictConfig:
         error = explain_compose_error(exc, overrides)
         rest = [o for o in overrides if o != error.replaces]
         raise offer(error, rest) from exc
-    check_boolean_overrides(cfg, overrides)
-    check_empty_overrides(cfg, overrides)
+    check_override_values(cfg, overrides)
     return cfg
 
 
-def check_empty_overrides(cfg: DictConfig, overrides: list[str]) -> None:
-    """An override that sets an option to an empty (or blank) string is refused: ``proposer.artifact=``
-    from an unset shell variable read as "no artifact" and trained heads in the cache; ``output_dir=``
-    wrote to a timestamped folder instead."""
+def check_override_values(cfg: DictConfig, overrides: list[str]) -> None:
+    """What composition lets through in an override's value:
+
+    * an option set to an empty (or blank) string is refused: ``proposer.artifact=`` from an unset
+      shell variable read as "no artifact" and trained heads in the cache; ``output_dir=`` wrote to a
+      timestamped folder instead;
+    * a boolean option given as a number must be 0 or 1: ``generation.exact=2`` is refused, not read
+      as true (OmegaConf takes any other integer as true)."""
     for override in overrides:
         key, eq, value = override.lstrip("+~").partition("=")
         if not eq or key.startswith("hydra") or override.startswith("~"):
@@ -637,20 +640,13 @@ def check_empty_overrides(cfg: DictConfig, overrides: list[str]) -> None:
             raise ConfigError(
                 f"{key}={value} is empty; give a value, or leave the option out ({key}=null where it can be unset)"
             )
-
-
-def check_boolean_overrides(cfg: DictConfig, overrides: list[str]) -> None:
-    """An override of a boolean option given as a number must be 0 or 1: ``generation.exact=2`` is
-    refused, not read as true (OmegaConf takes any other integer as true)."""
-    for override in overrides:
-        key, eq, value = override.lstrip("+~").partition("=")
-        if not eq or key.startswith("hydra") or "," in value:
-            continue
-        try:
-            composed = OmegaConf.select(cfg, key, throw_on_missing=False)
-        except OmegaConfBaseException:
-            continue
-        if isinstance(composed, bool) and re.fullmatch(r"[+-]?\d+", value.strip()) and value.strip() not in ("0", "1"):
+        number = value.strip()
+        if (
+            isinstance(composed, bool)
+            and "," not in value
+            and re.fullmatch(r"[+-]?\d+", number)
+            and number not in ("0", "1")
+        ):
             raise ConfigError(
                 f"{key}={value}: expected true or false", suggestions=[(f"{key}=true",), (f"{key}=false",)]
             )
