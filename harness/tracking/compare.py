@@ -72,7 +72,7 @@ from harness.tracking.command_line import (
     whole_number_option,
 )
 from harness.tracking.record import write_json_atomic
-from harness.tracking.run_notes import UNACCEPTED_SPEEDUP
+from harness.tracking.run_notes import sped_up_unaccepted
 from harness.tracking.spec_bench import OVERALL, task_of, task_order
 from harness.tracking.store import AXES, SECTIONS, json_column, no_records_message, read_results
 
@@ -1085,7 +1085,7 @@ def _unaccepted_runs(runs: pd.DataFrame) -> int:
         return 0
     speedup = pd.to_numeric(runs["decode_speedup"], errors="coerce")
     per_round = pd.to_numeric(runs["mean_committed_per_round"], errors="coerce")
-    return int(((speedup >= UNACCEPTED_SPEEDUP) & (per_round <= 1.0)).sum())
+    return sum(sped_up_unaccepted(s, r) for s, r in zip(speedup, per_round, strict=True))
 
 
 def unaccepted_note(sec: Sequence[ArmRow]) -> str | None:

@@ -22,6 +22,14 @@ def timing_outlier_note(outliers: list[dict]) -> str:
     )
 
 
+def sped_up_unaccepted(speedup: float | None, per_round: float | None) -> bool:
+    """Whether a decode speedup of at least :data:`UNACCEPTED_SPEEDUP` came with one committed token per
+    round (no proposed token accepted); False where either figure is missing."""
+    if speedup is None or per_round is None or speedup != speedup or per_round != per_round:
+        return False
+    return per_round <= 1.0 and speedup >= UNACCEPTED_SPEEDUP
+
+
 def unaccepted_speedup_note(metrics: dict) -> str | None:
     """One line when the speculative arm's decode ran faster than the baseline's although it accepted
     no proposed token (one token per round, as the baseline commits per step), or None. Each of its
@@ -29,8 +37,8 @@ def unaccepted_speedup_note(metrics: dict) -> str | None:
     speedup comes from the forward's kernels at several rows (a one-row forward taking a slower path)
     or from the machine's load while the arms were timed: not from speculation. A stall shows in
     the timing outliers only with three prompts or more; this holds for any number."""
-    speedup, per_round = metrics.get("decode_speedup"), metrics.get("mean_committed_per_round")
-    if speedup is None or per_round is None or per_round > 1.0 or speedup < UNACCEPTED_SPEEDUP:
+    speedup = metrics.get("decode_speedup")
+    if not sped_up_unaccepted(speedup, metrics.get("mean_committed_per_round")):
         return None
     return (
         f"decode speedup {speedup:.2f}x with no proposed token accepted (one token per round, as the baseline "
