@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -459,9 +460,9 @@ def test_the_round_cost_bar_reaches_the_batch_round_time_and_ends_before_its_mar
     runs = df[df["section"].isin(["exact", "heuristic"])]
     ax = PLOTS["round_cost"](runs, {}).figure.axes[0]
     names = [t.get_text() for t in ax.get_yticklabels()]
-    from harness.tracking.report import run_labels
+    from harness.tracking.report import TICK_ROOM, plot_labels
 
-    labels = run_labels(runs)
+    labels = plot_labels(runs, TICK_ROOM).text
     totals = dict.fromkeys(names, 0.0)
     for bar in ax.patches:
         y = bar.get_y() + bar.get_height() / 2
@@ -614,3 +615,58 @@ def test_an_interrupted_report_leaves_no_plot_of_its_own_behind(tmp_path, monkey
     assert not list(out.glob("*.png")) and not (out / "report.md").exists()
     monkeypatch.undo()
     assert main([str(one), f"out={out}"]) == 0 and (out / "report.md").is_file()
+
+
+def test_runs_with_long_labels_are_drawn_as_keys_spelled_out_under_the_plot():
+    """A dozen arms that differ in several options made legends wider than the figure: the axes
+    collapsed (matplotlib warned that constrained layout was not applied), tick labels were cut and
+    panel titles overlapped. Such runs are drawn as R1, R2, ... with a key under the plot."""
+    import warnings
+
+    from harness.tracking.report import LEGEND_ROOM, TICK_ROOM, plot_labels, run_labels
+
+    first = _store_frame()
+    first = first[first["run_id"] == fixture_run_id(1)]
+    runs = pd.concat(
+        [
+            first.assign(
+                run_id=f"r{i}",
+                **{
+                    "config.topology.max_nodes": 4 * (i + 1),
+                    "config.proposer.max_ngram": i + 1,
+                    "config.proposer.max_matches": 2 * i + 1,
+                    "config.generation.max_new_tokens": 16 + i,
+                },
+            )
+            for i in range(12)
+        ],
+        ignore_index=True,
+    )
+    full = run_labels(runs)
+    assert min(len(label) for label in full.values()) > LEGEND_ROOM
+    labels = plot_labels(runs, LEGEND_ROOM)
+    assert [labels.text[f"r{i}"] for i in range(12)] == [f"R{i}" for i in range(1, 13)]
+    for plot in ("acceptance_by_depth", "accepted_length_hist", "round_cost", "frontier"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a collapsed layout warns when the figure is drawn
+            fig = PLOTS[plot](runs, {}).figure
+            fig.savefig(io.BytesIO(), format="png")  # lays the figure out as the report does
+        (key,) = [legend for legend in fig.legends if legend.get_title().get_text() == "runs"]
+        text = "".join("".join(t.get_text() for t in key.get_texts()).split())  # the key's wrapping undone
+        for i in range(12):  # each full label is in the key after its own key
+            assert f"R{i + 1}:" + "".join(full[f"r{i}"].split()) + "R" in text + "R", (plot, i)
+        for ax in fig.axes:  # nothing drawn is a whole label
+            drawn = [t.get_text() for t in ax.get_yticklabels() + ax.texts]
+            assert not any(full[f"r{i}"] in t for t in drawn for i in range(12)), plot
+        key_box = key.get_window_extent()
+        axes_box = fig.axes[0].get_window_extent()
+        assert key_box.y1 <= axes_box.y0 and key_box.x1 <= fig.bbox.x1 + 1, plot  # under the axes, inside the figure
+    cost = PLOTS["round_cost"](runs, {}).figure.axes[0]
+    assert [t.get_text() for t in cost.get_yticklabels()] == [f"R{i}" for i in range(1, 13)]
+    # short labels, and one run's label, are drawn whole, with no key
+    df = _store_frame()
+    b1_greedy = df[(df["batch_size"] == 1) & (df["verifier"] == "greedy") & (df["section"] == "exact")]
+    for few in (first, b1_greedy):
+        short = plot_labels(few, TICK_ROOM)
+        assert not short.key and short.text == run_labels(few)
+    assert len(b1_greedy) == 3

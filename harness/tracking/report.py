@@ -28,6 +28,7 @@ import pandas as pd
 import yaml
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from harness.files import output_folder_problem
 from harness.tracking.command_line import boolean_option, parse_command, refuse
@@ -200,6 +201,72 @@ def run_labels(df: pd.DataFrame) -> dict[str, str]:
     }
 
 
+#: characters of a run label drawn whole beside a plot's axes, in a legend (the acceptance plot's;
+#: narrower figures leave less) and as tick labels or annotations; a longer label is drawn as a key
+LEGEND_ROOM = 72
+TICK_ROOM = 40
+
+
+@dataclass(frozen=True)
+class PlotLabels:
+    """What a plot draws for each run (``text``: run id -> label or key) and the key lines under it
+    (empty when the labels are drawn whole)."""
+
+    text: dict[str, str]
+    key: list[str]
+
+    def height(self, width: float) -> float:
+        """Inches the key needs under a plot ``width`` inches wide."""
+        return 0.0 if not self.key else 0.3 + 0.135 * len(key_lines(self.key, width))
+
+
+def plot_labels(df: pd.DataFrame, room: int) -> PlotLabels:
+    """:func:`run_labels`, drawn whole where each fits in ``room`` characters (or the plot draws one
+    run), else keys in the runs' order (``R1``, ``R2``, ...) spelled out in a key under the plot: a
+    legend of a dozen arms that differ in several options would otherwise squeeze the axes."""
+    full = run_labels(df)
+    if len(full) < 2 or all(len(label) <= room for label in full.values()):
+        return PlotLabels(full, [])
+    keys = {run_id: f"R{i}" for i, run_id in enumerate(dict.fromkeys(df["run_id"]), 1)}
+    return PlotLabels(keys, [f"{keys[run_id]}: {full[run_id]}" for run_id in keys])
+
+
+def key_lines(key: Sequence[str], width: float) -> list[str]:
+    """``key`` wrapped to a figure ``width`` inches wide at the key's font size."""
+    chars = max(40, int(width * 15))
+    lines = []
+    for entry in key:
+        line = ""
+        for piece in re.split(r"(?<=[/ ])", entry):  # a label breaks after an option's slash
+            if line.strip() and len(line) + len(piece) > chars:
+                lines.append(line)
+                line = "      "
+            line += piece
+        lines.append(line)
+    return lines
+
+
+def draw_key(fig: Figure, labels: PlotLabels) -> None:
+    """The key of ``labels`` under everything else in ``fig`` (nothing when labels are drawn whole)."""
+    if not labels.key:
+        return
+    lines = key_lines(labels.key, fig.get_figwidth())
+    blank = [Line2D([], [], linestyle="none")] * len(lines)
+    fig.legend(
+        blank,
+        lines,
+        loc="outside lower left",
+        title="runs",
+        title_fontsize=7,
+        alignment="left",
+        fontsize=7,
+        handlelength=0,
+        handletextpad=0,
+        frameon=False,
+        labelspacing=0.2,
+    )
+
+
 def _sections(df: pd.DataFrame, spec: Mapping[str, Any], default: Sequence[str]) -> pd.DataFrame:
     return df[df["section"].isin(spec.get("sections", default))]
 
@@ -359,8 +426,8 @@ def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     if runs.empty:
         return Plot(None, _no_runs(df, spec, SECTIONS))
     min_rounds = int(spec.get("min_rounds", MIN_DEPTH_ROUNDS))
-    labels = run_labels(runs)
-    fig = _new_figure(13, 4.5)
+    labels = plot_labels(runs, LEGEND_ROOM)
+    fig = _new_figure(13, 4.5 + labels.height(13))
     ax_c, ax_r, ax_n = fig.subplots(1, 3)
     ax_r.sharey(ax_c)
     uncounted = []
@@ -371,7 +438,7 @@ def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         st = SECTION_STYLE[r["section"]]
         color = run_colour(k, len(runs))
         if rows[0]["tried"] is None:
-            uncounted.append(labels[r["run_id"]])
+            uncounted.append(labels.text[r["run_id"]])
         for ax, key in ((ax_c, "acceptance"), (ax_r, "reach")):
             pts = [row for row in rows if row[key] is not None]
             ax.plot(
@@ -380,7 +447,7 @@ def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
                 color=color,
                 linestyle=st["linestyle"],
                 linewidth=1,
-                label=labels[r["run_id"]] if ax is ax_c else None,
+                label=labels.text[r["run_id"]] if ax is ax_c else None,
             )
             for row in pts:
                 few = row["enough"] is False
@@ -412,9 +479,9 @@ def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
                 linestyle=st["linestyle"],
                 linewidth=1,
             )
-    ax_c.set_title("acceptance at depth d, given depth d-1 reached", fontsize=9)
-    ax_r.set_title("reach: P(accepted path length >= d)", fontsize=9)
-    ax_n.set_title("rounds that tried depth d", fontsize=9)
+    ax_c.set_title("acceptance at depth d,\ngiven depth d-1 reached", fontsize=9)
+    ax_r.set_title("reach:\nP(accepted path length >= d)", fontsize=9)
+    ax_n.set_title("rounds that\ntried depth d", fontsize=9)
     for ax in (ax_c, ax_r):
         ax.set_ylim(0, 1.02)
     for ax in (ax_c, ax_r, ax_n):
@@ -432,6 +499,7 @@ def plot_acceptance_by_depth(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     if uncounted:
         note += "; no round counts (no intervals) for: " + ", ".join(uncounted)
     fig.suptitle(f"{spec.get('title', 'Acceptance by depth')}\n{note}", fontsize=9)
+    draw_key(fig, labels)
     return Plot(fig)
 
 
@@ -439,8 +507,8 @@ def plot_accepted_length_hist(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot
     runs = _sections(df, spec, SECTIONS)  # each run with its section's marker and tag
     if runs.empty:
         return Plot(None, _no_runs(df, spec, SECTIONS))
-    labels = run_labels(runs)
-    fig = _new_figure(9, 4.5)
+    labels = plot_labels(runs, LEGEND_ROOM - 16)
+    fig = _new_figure(9, 4.5 + labels.height(9))
     ax = fig.add_subplot()
     for k, ((_, r), hist) in enumerate(zip(runs.iterrows(), json_column(runs, "accepted_length_hist"), strict=True)):
         hist = hist or []
@@ -454,13 +522,14 @@ def plot_accepted_length_hist(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot
             color=run_colour(k, len(runs)),
             marker=st["marker"],
             linestyle=st["linestyle"],
-            label=f"{labels[r['run_id']]} (n={total} rounds)",
+            label=f"{labels.text[r['run_id']]} (n={total} rounds)",
         )
     ax.set_xlabel("accepted candidate tokens per round (bonus token not counted)")
     ax.set_ylabel("fraction of rounds")
     ax.grid(alpha=0.3)
     fig.legend(loc="outside right center", fontsize=7)
     ax.set_title(spec.get("title", "Accepted-length distribution"), fontsize=10)
+    draw_key(fig, labels)
     return Plot(fig)
 
 
@@ -468,10 +537,10 @@ def plot_round_cost(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     runs = _sections(df, spec, SECTIONS)  # each run with its section's marker and tag
     if runs.empty:
         return Plot(None, _no_runs(df, spec, SECTIONS))
-    labels = run_labels(runs)
-    fig = _new_figure(9, 1.6 + 0.42 * len(runs))
+    labels = plot_labels(runs, TICK_ROOM)
+    fig = _new_figure(9, 1.6 + 0.42 * len(runs) + labels.height(9))
     ax = fig.add_subplot()
-    names = [labels[r] for r in runs["run_id"]]
+    names = [labels.text[r] for r in runs["run_id"]]
     left = np.zeros(len(runs))  # [R]
     for stage, color in zip(ROUND_COST_STAGES, STAGE_COLORS, strict=True):
         vals = runs[f"round_cost_ms.{stage}"].map(lambda v: _num(v) or 0.0).to_numpy()  # [R]
@@ -494,7 +563,7 @@ def plot_round_cost(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     )
     ax.invert_yaxis()
     ax.set_xlabel("mean ms per round")
-    fig.legend(loc="outside lower center", ncol=4, fontsize=7)
+    fig.legend(loc="outside upper center", ncol=4, fontsize=7)  # the key, where there is one, goes below
     ax.set_title(
         spec.get(
             "title",
@@ -503,6 +572,7 @@ def plot_round_cost(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         ),
         fontsize=10,
     )
+    draw_key(fig, labels)
     return Plot(fig)
 
 
@@ -543,13 +613,14 @@ def plot_t_profile(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     profiles = [(r, p) for (_, r), p in zip(runs.iterrows(), json_column(runs, "t_profile"), strict=True) if p]
     if not profiles:
         return Plot(None, "no record carries a t(n) profile")
-    labels = run_labels(pd.DataFrame([r for r, _ in profiles]))
-    fig = _new_figure()
+    labels = plot_labels(pd.DataFrame([r for r, _ in profiles]), LEGEND_ROOM - 16)
+    fig = _new_figure(8.0, 4.5 + labels.height(8.0))
     ax = fig.add_subplot()
     for r, p in profiles:
         hw = r.get("hardware.device_name") or r.get("hardware.cpu") or r.get("hardware.device") or ""
-        ax.plot(p["n"], p["t"], marker="o", label=f"{labels[r['run_id']]} ({hw})")
+        ax.plot(p["n"], p["t"], marker="o", label=f"{labels.text[r['run_id']]} ({hw})")
     ax.set_xscale("log", base=2)
+    draw_key(fig, labels)
     return _finish(
         fig,
         ax,
@@ -621,8 +692,8 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     runs = runs.dropna(subset=["mean_committed_per_round", "time_per_committed_token_ms"])
     if runs.empty:
         return Plot(None, "no run has both time per committed token and mean committed per round")
-    labels = run_labels(runs)
-    fig = _new_figure(9, 5.5)
+    labels = plot_labels(runs, TICK_ROOM)
+    fig = _new_figure(9, 5.5 + labels.height(9))
     ax = fig.add_subplot()
     for section in SECTIONS:
         group = runs[runs["section"] == section]
@@ -636,10 +707,14 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
             s=50,
             label=SECTION_LEGEND[section],
         )
+        at: dict[tuple[float, float], list[str]] = {}  # runs drawn at one point share one annotation
         for _, r in group.iterrows():
+            point = (float(r["mean_committed_per_round"]), float(r["time_per_committed_token_ms"]))
+            at.setdefault(point, []).append(labels.text[r["run_id"]])
+        for point, texts in at.items():
             ax.annotate(
-                labels[r["run_id"]],
-                (r["mean_committed_per_round"], r["time_per_committed_token_ms"]),
+                (", " if labels.key else "\n").join(texts),
+                point,
                 textcoords="offset points",
                 xytext=(4, 3),
                 fontsize=7,
@@ -672,6 +747,7 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
                 ax.get_xlim()[1], ar, f"AR {ar:.3g} ms/token (median, exact runs) ", ha="right", va="top", fontsize=7
             )
     ax.margins(x=0.2, y=0.08)
+    draw_key(fig, labels)
     return _finish(
         fig,
         ax,
