@@ -776,3 +776,23 @@ def test_a_saved_embedding_is_the_target_s_up_to_rounding_or_quantisation_and_an
     same, largest = same_embedding(other, q8, rows=300)
     assert not same and largest > 0.1
     assert not same_embedding(original + 0.01, original)[0]  # a shifted copy is no copy
+
+
+def test_a_stray_tensor_of_a_head_past_the_last_is_named_as_such(tmp_path):
+    """Three complete Medusa heads and one tensor of a fourth were refused for the fourth head's
+    missing bias, which reads as a broken head; the refusal says the first three are complete and
+    what the fourth holds."""
+    state = medusa_state(heads=3, layers=1, hidden=H, vocab=V)
+    state["3.0.linear.weight"] = torch.zeros(H, H)
+    path = write_medusa(tmp_path / "stray", state, config=medusa_config(3, 1))
+    with pytest.raises(
+        ArtifactError,
+        match=r"missing tensor\(s\) \['3\.0\.linear\.bias', '3\.1\.weight'\] \(heads 0 to 2 complete; head 3 holds "
+        r"only \['3\.0\.linear\.weight'\]: a truncated file, or a stray tensor of a head that does not exist, read "
+        r"as 4 heads\)",
+    ):
+        inspect(str(path), "medusa")
+    # a head missing in the middle is no such case: the plain list of what is missing
+    gap = {k: v for k, v in medusa_state(heads=3, layers=1, hidden=H, vocab=V).items() if k != "1.0.linear.bias"}
+    with pytest.raises(ArtifactError, match=r"missing tensor\(s\) \['1\.0\.linear\.bias'\]$"):
+        inspect(str(write_medusa(tmp_path / "gap", gap, config=medusa_config(3, 1))), "medusa")

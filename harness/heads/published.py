@@ -51,6 +51,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from inspect import signature as inspect_signature
 from pathlib import Path
@@ -543,7 +544,10 @@ def check_keys(layout: PublishedLayout, shapes: dict[str, tuple[int, ...]]) -> N
             "the grounded heads' res_connection: fix the flag)"
         )
     if missing:
-        raise ArtifactError(f"{where}: missing tensor(s) {missing[:6]}{' ...' if len(missing) > 6 else ''}{flag}")
+        raise ArtifactError(
+            f"{where}: missing tensor(s) {missing[:6]}{' ...' if len(missing) > 6 else ''}{flag}"
+            f"{_partial_heads(want, shapes)}"
+        )
     if extra:
         raise ArtifactError(f"{where}: unexpected tensor(s) {extra[:6]}{' ...' if len(extra) > 6 else ''}{flag}")
     for key, shape in want.items():
@@ -551,6 +555,39 @@ def check_keys(layout: PublishedLayout, shapes: dict[str, tuple[int, ...]]) -> N
             raise ArtifactError(f"{where}: {key} has shape {list(shapes[key])}, expected {list(shape)}")
     if layout.format == "hydra-prefix-mlp":
         check_prefix_shapes(layout)
+
+
+def _head_of(key: str) -> int | None:
+    """The head a per-head tensor (Medusa's ``{k}.*``, Hydra's ``hydra_mlp.{k}.*`` and
+    ``hydra_lm_head.{k}.*``) belongs to; None for a shared one (Hydra's prefix layer)."""
+    m = re.match(r"(?:hydra_mlp\.|hydra_lm_head\.)?(\d+)\.", key)
+    return int(m[1]) if m else None
+
+
+def _partial_heads(want: Mapping[str, tuple[int, ...]], shapes: Mapping[str, tuple[int, ...]]) -> str:
+    """Where heads are complete but the last ones hold only some of their tensors (a truncated file,
+    or a stray tensor of a head that does not exist), a note that says which: the missing tensors
+    alone read as a broken head that is not there."""
+    heads: dict[int, list[str]] = {}
+    for key in want:
+        if (k := _head_of(key)) is not None:
+            heads.setdefault(k, []).append(key)
+    complete = [k for k, keys in heads.items() if all(key in shapes for key in keys)]
+    partial = {k: [key for key in keys if key in shapes] for k, keys in heads.items() if k not in complete}
+    if not complete or not partial or min(partial) < max(complete):
+        return ""
+    held = "; ".join(f"head {k} holds only {sorted(keys)}" for k, keys in sorted(partial.items()))
+    return (
+        f" ({_span(complete)} complete; {held}: a truncated file, or a stray tensor of a head that does not exist, "
+        f"read as {max(partial) + 1} heads)"
+    )
+
+
+def _span(heads: Sequence[int]) -> str:
+    heads = sorted(heads)
+    if len(heads) > 1 and heads == list(range(heads[0], heads[-1] + 1)):
+        return f"heads {heads[0]} to {heads[-1]}"
+    return f"head{'s' if len(heads) > 1 else ''} {', '.join(map(str, heads))}"
 
 
 PREFIX_KEYS = (
