@@ -796,3 +796,16 @@ def test_a_stray_tensor_of_a_head_past_the_last_is_named_as_such(tmp_path):
     gap = {k: v for k, v in medusa_state(heads=3, layers=1, hidden=H, vocab=V).items() if k != "1.0.linear.bias"}
     with pytest.raises(ArtifactError, match=r"missing tensor\(s\) \['1\.0\.linear\.bias'\]$"):
         inspect(str(write_medusa(tmp_path / "gap", gap, config=medusa_config(3, 1))), "medusa")
+
+
+@pytest.mark.parametrize("fmt", ["pt", "safetensors"])
+def test_the_precision_published_heads_were_stored_in_is_recorded(tmp_path, target, fmt):
+    """Heads shipped in bf16 run in the target's dtype; their provenance says what the files held."""
+    state = medusa_state(heads=3, layers=1, hidden=H, vocab=V)
+    state = {k: v.to(torch.bfloat16) if k.endswith("weight") else v for k, v in state.items()}
+    path = write_medusa(tmp_path / "bf16", state, config=medusa_config(3, 1), fmt=fmt)
+    prov = inspect(str(path), "medusa").provenance()
+    assert prov["saved_dtypes"] == {"bfloat16": 6, "float32": 3}  # 3 square weights + 3 projections; 3 biases
+    art = load_configured_heads("medusa", {"artifact": str(path)}, model=target, tokenizer=None)
+    assert art.manifest["saved_dtypes"] == prov["saved_dtypes"]
+    assert next(art.heads.parameters()).dtype == next(target.parameters()).dtype == torch.float32

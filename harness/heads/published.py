@@ -292,6 +292,8 @@ class PublishedLayout:
     prefix_shapes: dict = field(default_factory=dict)
     key_prefix: str = ""
     notes: tuple[str, ...] = ()
+    saved_dtypes: dict[str, int] = field(default_factory=dict)  # dtype -> tensors stored in it (the heads
+    # run in the target's dtype)
 
     @property
     def dependent(self) -> bool:
@@ -324,6 +326,7 @@ class PublishedLayout:
             "hidden_size": self.hidden_size,
             "vocab_size": self.vocab_size,
             "grounded": self.grounded,
+            "saved_dtypes": dict(self.saved_dtypes),
             "notes": list(self.notes),
         }
 
@@ -366,7 +369,19 @@ def inspect(ref: str, kind: str) -> PublishedLayout:
     unread = [n for n in heads_files if (directory / n).is_file() and directory / n not in files]
     if unread:  # the first of the layout's names is read
         read["notes"] = (*read.get("notes", ()), f"{', '.join(unread)} left unread: {files[0].name} is read first")
-    out = PublishedLayout(kind=kind, ref=str(ref), directory=directory, files=tuple(files), config=config, **read)
+    saved: dict[str, int] = {}
+    for tensor in tensors.values():
+        name = str(tensor.dtype).removeprefix("torch.")
+        saved[name] = saved.get(name, 0) + 1
+    out = PublishedLayout(
+        kind=kind,
+        ref=str(ref),
+        directory=directory,
+        files=tuple(files),
+        config=config,
+        saved_dtypes=dict(sorted(saved.items())),
+        **read,
+    )
     check_keys(out, shapes)
     check_weight_tensors(f"proposer.artifact={ref!r} ({out.format})", tensors)
     return out
