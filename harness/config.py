@@ -711,6 +711,12 @@ def explain_compose_error(exc: Exception, overrides: list[str]) -> ConfigError:
     if merging and cause is not None:
         key, value = merging.groups()
         why = _first_line(cause)
+        if "is not Optional" in why:  # null for an option that takes a value
+            parent = getattr(cause, "ref_type", None)
+            fields = {f.name: f.type for f in dataclasses.fields(parent)} if dataclasses.is_dataclass(parent) else {}
+            kind = str(getattr(fields.get(key.rpartition(".")[2]), "__name__", fields.get(key.rpartition(".")[2])))
+            expected = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "a string"}
+            return ConfigError(f"{key}={value}: {key} cannot be null; expected {expected.get(kind, 'a value')}")
         if "is not a ListConfig" in why:
             return ConfigError(f"{key}={value}: {key} takes a list", suggestions=[(f"{key}=[{value}]",)])
         kind = re.search(r"could not be converted to (\w+)", why)

@@ -238,6 +238,14 @@ SHELL_QUOTED_HINT = "quote a value holding characters such as # = ' [ ] or space
         (["generation.temperature=hot"], ["generation.temperature=hot: expected a number"]),
         (["gates.enabled=maybe"], ["gates.enabled=maybe: expected true or false"]),
         (["workload.categories=[null]"], ["workload.categories=[null]: each element must be a str; got NoneType"]),
+        (
+            ["generation.batch_size=null"],
+            ["generation.batch_size=null: generation.batch_size cannot be null; expected a whole number"],
+        ),
+        (
+            ["generation.temperature=null"],
+            ["generation.temperature=null: generation.temperature cannot be null; expected a number"],
+        ),
         # an override Hydra's grammar cannot read: the override, the character, and the quoting that passes it
         (
             ["tracking.project=a#b"],

@@ -72,6 +72,9 @@ def test_truncate_rule(value, rule):
 def test_truncate_rule_refuses_other_values():
     with pytest.raises(WorkloadError, match="workload.truncate must be left or false; got 'right'"):
         truncate_rule("right")
+    # YAML's true reaches the rule as a bool: it is named as typed, not as Python's True
+    with pytest.raises(WorkloadError, match="workload.truncate must be left or false; got true$"):
+        truncate_rule(True)
 
 
 def test_the_tightest_model_limits_and_a_budget_without_room_is_refused():

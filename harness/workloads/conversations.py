@@ -39,7 +39,8 @@ def truncate_rule(value) -> str:
         return TRUNCATE_LEFT
     if v in {"false", "none", "no", "off", "0", "", TRUNCATE_REFUSE}:
         return TRUNCATE_REFUSE
-    raise WorkloadError(f"workload.truncate must be left or false; got {value!r}")
+    given = str(value).lower() if isinstance(value, bool) else repr(value)  # YAML's true, as typed
+    raise WorkloadError(f"workload.truncate must be left or false; got {given}")
 
 
 @dataclass(frozen=True)
