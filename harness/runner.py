@@ -187,6 +187,8 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None 
     partial = partial_batch_note(len(planned.prompts), int(cfg.generation.batch_size))
     if partial:
         print(f"harness: note: {partial}", file=sys.stderr)
+    if (templated := templated_text_note(cfg, planned.prompts)) is not None:
+        print(f"harness: note: {templated}", file=sys.stderr)
     for note in environment_notes(str(cfg.tracking.mode)) if cfg.tracking.name == "wandb" else []:
         print(f"harness: note: {note}", file=sys.stderr)
     with job_lock(planned.run_dir):  # one run per folder, from the first model work to the record
@@ -702,6 +704,21 @@ def partial_batch_note(prompts: int, batch_size: int) -> str | None:
             "request(s), and its rounds are timed with the others (metrics.batch_requests)"
         )
     return None
+
+
+def templated_text_note(cfg: DictConfig, prompts: Sequence[Prompt]) -> str | None:
+    """A JSONL file's ``"prompt"`` lines go through the chat template (``workload.chat``, true by
+    default) as one user message: said once, since a completion prompt (code to continue) would
+    otherwise be answered as a request without a word."""
+    if cfg.workload.name != "jsonl" or not cfg.workload.chat or cfg.model.name == "tiny":
+        return None
+    texts = sum(1 for p in prompts if p.text is not None and p.messages is None and p.turns is None)
+    if not texts:
+        return None
+    return (
+        f'{texts} "prompt" line(s) of {cfg.workload.path} go to the model as a user message through its chat '
+        "template (workload.chat=true); workload.chat=false gives their text as it is, to be continued"
+    )
 
 
 def _compiled(loaded: Loaded) -> bool:

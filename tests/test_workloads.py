@@ -79,6 +79,13 @@ def test_jsonl_missing_fields_and_duplicates(tmp_path):
     f.write_text('{"id": "a", "messages": [{"role": "user", "content": " "}]}\n')  # as an empty prompt is
     with pytest.raises(WorkloadError, match=r'"messages" of id \'a\' are all empty: there is nothing to answer'):
         load_jsonl(str(f), "eval")
+    # a role no chat template reads was rendered as it was spelt, under the template's default system prompt
+    f.write_text('{"id": "a", "messages": [{"role": "wizard", "content": "hi"}]}\n')
+    with pytest.raises(
+        WorkloadError,
+        match=r"""w.jsonl:1: "messages" of id 'a' has role 'wizard'; a chat template reads system, user, assistant, tool""",
+    ):
+        load_jsonl(str(f), "eval")
 
 
 def test_jsonl_messages_and_split_field(tmp_path):
@@ -93,6 +100,31 @@ def test_jsonl_messages_and_split_field(tmp_path):
     assert [p.prompt_id for p in load_workload(name="jsonl", split="eval", path=str(f))] == ["2"]
     with pytest.raises(WorkloadError, match="split"):
         load_workload(name="jsonl", split="test", path=str(f))
+
+
+def test_prompt_lines_through_the_chat_template_are_said_once(tmp_path):
+    """A "prompt" line went to the model as a user message (workload.chat is true by default) without a
+    word: code meant to be continued was answered as a request."""
+    from harness.config import compose
+    from harness.runner import templated_text_note
+
+    f = tmp_path / "w.jsonl"
+    rows = [{"id": "1", "messages": [{"role": "user", "content": "hi"}]}, {"id": "2", "prompt": "def f():"}]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    prompts = load_workload(name="jsonl", split="eval", path=str(f))
+    cfg = compose(["model=smollm2", "workload=jsonl", f"workload.path={f}"])
+    assert templated_text_note(cfg, prompts) == (
+        f'1 "prompt" line(s) of {f} go to the model as a user message through its chat template '
+        "(workload.chat=true); workload.chat=false gives their text as it is, to be continued"
+    )
+    assert (
+        templated_text_note(
+            compose(["model=smollm2", "workload=jsonl", f"workload.path={f}", "workload.chat=false"]), prompts
+        )
+        is None
+    )
+    assert templated_text_note(cfg, prompts[:1]) is None  # messages only: the template is what they ask for
+    assert templated_text_note(compose(["model=tiny", "workload=jsonl", f"workload.path={f}"]), prompts) is None
 
 
 # ------------------------------------------------------------------------------ Spec-Bench questions

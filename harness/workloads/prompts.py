@@ -194,6 +194,10 @@ def _check_split(where: str, obj: dict) -> None:
         raise WorkloadError(f'{where}: "split" of id {pid!r} must be one of {list(SPLITS)}; got {split!r}')
 
 
+#: the message roles a JSONL prompt's "messages" may use (what chat templates render)
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
 def _harness_prompt(where: str, obj: dict) -> Prompt:
     if isinstance(obj["id"], bool) or not isinstance(obj["id"], (str, int)):
         raise WorkloadError(f'{where}: "id" must be a string or an integer; got {json.dumps(obj["id"])}')
@@ -210,6 +214,11 @@ def _harness_prompt(where: str, obj: dict) -> Prompt:
         )
     ):
         raise WorkloadError(f'{where}: "messages" must be a non-empty list of {{"role": string, "content": string}}')
+    if "messages" in obj and (odd := [m["role"] for m in obj["messages"] if m["role"] not in CHAT_ROLES]):
+        raise WorkloadError(
+            f'{where}: "messages" of id {obj["id"]!r} has role {odd[0]!r}; a chat template reads '
+            f"{', '.join(CHAT_ROLES)}"
+        )
     if "messages" in obj and not any(m["content"].strip() for m in obj["messages"]):
         raise WorkloadError(f'{where}: "messages" of id {obj["id"]!r} are all empty: there is nothing to answer')
     for key in ("category", "split", "reference"):
