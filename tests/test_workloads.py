@@ -83,7 +83,8 @@ def test_jsonl_missing_fields_and_duplicates(tmp_path):
     f.write_text('{"id": "a", "messages": [{"role": "wizard", "content": "hi"}]}\n')
     with pytest.raises(
         WorkloadError,
-        match=r"""w.jsonl:1: "messages" of id 'a' has role 'wizard'; a chat template reads system, user, assistant, tool""",
+        match=r"""w.jsonl:1: "messages" of id 'a' has role 'wizard'; a chat template reads system, user, """
+        r"assistant, tool",
     ):
         load_jsonl(str(f), "eval")
 
