@@ -6,8 +6,10 @@ committed tokens (the pending-token commit keeps exactly the accepted path)."""
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
+from tqdm import tqdm
 
 from harness.contracts import ProposalResult
 from harness.target.backend import CausalLMBackend
@@ -32,6 +34,12 @@ def tolerance(dtype: torch.dtype, scale: float) -> float:
     return max(atol, ulps * ulp)
 
 
+def _rows_bar(desc: str) -> tqdm:
+    """A progress bar over the rows checked against a sequential forward each (minutes on a large
+    model on a CPU)."""
+    return tqdm(desc=desc, unit="row", file=sys.stderr, leave=False)
+
+
 def _paths_from(ids: list[int]) -> list[list[int]]:
     """A branching tree (A B {C,D,E}, A F, X B) built from prompt tokens: siblings, a shared token
     under two parents, and a non-contiguous deepest path."""
@@ -50,6 +58,7 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
     committed = list(ids)
     worst_tree, worst_cache = 0.0, 0.0
     tree_scale, cache_scale = 0.0, 0.0
+    bar = _rows_bar("gate: path equivalence")
     for r in range(rounds):
         paths = _paths_from(committed[-(7 + r) :])
         tree = compile_tree(
@@ -67,12 +76,14 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
             diff = float((out.logits[row + 1].float() - ref.float()).abs().max())
             worst_tree = diff if math.isnan(diff) else max(worst_tree, diff)  # NaN stays: max() would drop it
             tree_scale = max(tree_scale, float(ref.float().abs().max()))
+            bar.update()
         # commit a non-contiguous accepted path: the last-inserted row at the greatest depth
         deep = max(range(tree.num_rows), key=lambda x: (int(tree.depths[x]), x))
         path_rows = list(tree.path_to(deep))
         validate_commit(tree, path_rows)
         backend.commit_one(seq, path_rows)
         committed += [int(tree.token_ids[x]) for x in path_rows] + [int(out.logits[1 + path_rows[-1]].argmax())]
+    bar.close()
     ref_seq = backend.prefill_one(committed)
     for a, b in zip(seq.cache.layers, ref_seq.cache.layers):
         worst_cache = max(worst_cache, float((a.keys - b.keys).abs().max()), float((a.values - b.values).abs().max()))
@@ -113,11 +124,14 @@ def batched_equivalence_gate(backend: CausalLMBackend, prompts: list[list[int]],
     def alone(sequence: list[int]) -> torch.Tensor:
         return backend.forward_rows(backend.new_state(), sequence, list(range(len(sequence))), None).logits[-1]
 
+    bar = _rows_bar(f"gate: path equivalence, batch of {b}")
+
     def compare(got: torch.Tensor, ref: torch.Tensor) -> None:
         nonlocal worst, scale
         diff = float((got.float() - ref.float()).abs().max())
         worst = diff if math.isnan(diff) else max(worst, diff)
         scale = max(scale, float(ref.float().abs().max()))
+        bar.update()
 
     for r in range(rounds):
         trees = []
@@ -147,6 +161,7 @@ def batched_equivalence_gate(backend: CausalLMBackend, prompts: list[list[int]],
     out = backend.verify(state, [c[-1] for c in committed], [None] * b)
     for k in range(b):
         compare(out.logits[k][0], alone(committed[k]))
+    bar.close()
     finite = math.isfinite(worst) and math.isfinite(scale)
     atol = tolerance(backend.dtype, scale if finite else 0.0)
     return {
