@@ -119,24 +119,29 @@ def resolve_linear_kernel(
     compiled: bool = False,
 ) -> str:
     """The kernel ``kernel`` names for linear layers of ``dtype`` on ``device``: ``auto`` becomes, for
-    float32 and bfloat16 on an x86 CPU whose vendor (``vendor``, default: this machine's) is not
-    Intel, ``streaming`` where a C++ compiler can build it (``streaming_panels`` for float32 on a CPU
-    without AVX-512, ``avx512``, default: this machine's flags, unless the forward is ``compiled``:
-    the panels' staleness check runs outside the graph) and ``weight_major`` (float32) where none is
-    installed, and ``default`` elsewhere; any other name is itself."""
+    float32 and bfloat16 on an x86 CPU where a C++ compiler can build the native kernels,
+    ``streaming``: on an Intel CPU (vendor ``vendor``, default: this machine's) where it has AVX-512
+    (``avx512``, default: this machine's flags), elsewhere ``streaming_panels`` for float32 without
+    AVX-512 unless the forward is ``compiled`` (the panels' staleness check runs outside the graph);
+    without a compiler, ``weight_major`` for float32 on a non-Intel CPU (MKL's single-precision GEMM
+    takes its own path on Intel's); ``default`` elsewhere. Any other name is itself."""
     if kernel != "auto":
         return kernel
     on_cpu = str(device).split(":")[0] == "cpu"  # a string, so a bad device is refused by its own check
     if not on_cpu or dtype not in STREAMING_DTYPES:
         return "default"
     vendor = cpu_vendor() if vendor is None else vendor
-    if not vendor or vendor in INTEL_VENDORS:
+    if not vendor:
         return "default"
+    intel = vendor in INTEL_VENDORS
     if cpp_compiler() is not None:
-        if dtype == torch.float32 and not compiled and not (cpu_has_avx512() if avx512 is None else avx512):
+        has_avx512 = cpu_has_avx512() if avx512 is None else avx512
+        if intel:  # measured on a Sapphire Rapids with AVX-512: MKL and oneDNN's one-row products trail it 2x
+            return "streaming" if has_avx512 else "default"
+        if dtype == torch.float32 and not compiled and not has_avx512:
             return "streaming_panels"
         return "streaming"
-    return "weight_major" if dtype == torch.float32 else "default"
+    return "weight_major" if dtype == torch.float32 and not intel else "default"
 
 
 def linear_kernel_problem(kernel: str, dtype: torch.dtype, device: str) -> str | None:
