@@ -353,7 +353,12 @@ def test_manifest_fields(env):
 
 def test_artifact_refused_against_another_target(env):
     other = build_tiny_model(seed=2)
-    with pytest.raises(ArtifactError, match="only valid for the target it was trained"):
+    other.config._name_or_path = "/models/other-target"  # the configured target is named beside its hash
+    with pytest.raises(
+        ArtifactError,
+        match=r"the configured target is \w{16}\.\.\. \('/models/other-target'\): a proposal artifact is only valid "
+        r"for the target it was trained or searched on \(run it with that target, or leave proposer.artifact unset",
+    ):
         ensure_heads(
             "hydra",
             {**OPTIONS, "artifact": str(env["arts"]["hydra"].path)},
@@ -396,6 +401,17 @@ def test_artifact_refused_for_another_recipe_or_edited_manifest(env, tmp_path):
     (copy / "manifest.json").write_text("{bad")  # a broken file is named, not a bare JSON error
     with pytest.raises(ArtifactError, match=r"^'.*edited/manifest.json' is not valid JSON: Expecting property name"):
         ensure_heads("hydra", {**OPTIONS, "artifact": str(copy)}, Target(env["model"], None, "tiny"), progress=False)
+    # a truncated weights file was safetensors' bare error, an unexpected failure (exit 1) naming no file
+    cut = tmp_path / "truncated"
+    shutil.copytree(path, cut)
+    weights = cut / "weights.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(
+        ArtifactError,
+        match=r"^artifact '.*truncated': cannot read weights.safetensors as a safetensors file \(SafetensorError: "
+        r".*\): rebuild it, or leave proposer.artifact unset$",
+    ):
+        ensure_heads("hydra", {**OPTIONS, "artifact": str(cut)}, Target(env["model"], None, "tiny"), progress=False)
 
 
 def test_missing_artifact_without_auto_train_is_refused(env):

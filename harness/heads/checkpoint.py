@@ -226,9 +226,10 @@ def _spelled(value: Any) -> str:
 
 
 def load_artifact(
-    path: str | Path, *, kind: str, target_hash: str, recipe: dict | None = None
+    path: str | Path, *, kind: str, target_hash: str, recipe: dict | None = None, target_source: str | None = None
 ) -> tuple[dict, dict[str, torch.Tensor] | None]:
-    """(manifest, weights or None). Refuses a mismatched target, kind or recipe, or edited files."""
+    """(manifest, weights or None). Refuses a mismatched target, kind or recipe, or edited or unreadable
+    files. ``target_source``: what the configured target was loaded from (named in a refusal)."""
     path = Path(path)
     mpath = path / MANIFEST_FILE
     if not mpath.is_file():
@@ -249,8 +250,10 @@ def load_artifact(
     if manifest.get("target_hash") != target_hash:
         raise ArtifactError(
             f"artifact {str(path)!r} was built for target {str(manifest.get('target_hash'))[:16]}... "
-            f"({manifest.get('target_source')!r}); the configured target is {target_hash[:16]}...: "
-            "a proposal artifact is only valid for the target it was trained or searched on"
+            f"({manifest.get('target_source')!r}); the configured target is {target_hash[:16]}..."
+            f"{f' ({target_source!r})' if target_source else ''}: a proposal artifact is only valid for the target it "
+            "was trained or searched on (run it with that target, or leave proposer.artifact unset to use or train "
+            "the configured target's)"
         )
     if recipe is not None and canonical(manifest.get("recipe")) != canonical(recipe):
         diff = recipe_differences(manifest.get("recipe") or {}, recipe)
@@ -267,7 +270,13 @@ def load_artifact(
     if "weights_sha256" in manifest:
         if not wpath.is_file():
             raise ArtifactError(f"artifact {str(path)!r}: {WEIGHTS_FILE} missing")
-        state = load_file(str(wpath))
+        try:
+            state = load_file(str(wpath))
+        except Exception as exc:  # a truncated or overwritten file: safetensors' own error names neither
+            raise ArtifactError(
+                f"artifact {str(path)!r}: cannot read {WEIGHTS_FILE} as a safetensors file ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}): rebuild it, or leave proposer.artifact unset"
+            ) from None
         got = weights_hash(state)
         if got != manifest["weights_sha256"]:
             raise ArtifactError(
