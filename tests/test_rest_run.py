@@ -131,13 +131,23 @@ def test_rest_run_end_to_end_on_tiny_with_a_token_id_datastore(env, tmp_path):
     assert m["mean_accepted_per_round"] > 1.0
     r = m["retrieval"]
     assert r["datastore_release_id"] == ds.release_id and r["datastore_bytes"] == ds.nbytes > 0
-    # with a path, the datastore's manifest decides how it was built: the config's build options
-    # that say otherwise are listed as inert, not claimed
+    # with a path, the datastore's manifest decides how it was built: build options set to say
+    # otherwise are listed as inert, not claimed; those left at their defaults claim nothing (they
+    # were listed, as if set)
+    assert record["inert_options"] == []
+    from harness.proposers.rest import path_inert_options
+
     why = f"the datastore at {store} was built with {{}} (its manifest decides; nothing is built)"
-    assert record["inert_options"] == [
-        "proposer.datastore.corpus=stdlib: " + why.format("corpus=token-ids"),
-        "proposer.datastore.max_tokens=2000000: " + why.format("max_tokens=null"),
-        "proposer.datastore.exclude=humaneval: " + why.format("0 other texts excluded"),
+    set_ = [
+        "proposer.datastore.corpus=sharegpt",
+        "proposer.datastore.max_tokens=1000",
+        "proposer.datastore.exclude=none",
+    ]
+    node = compose_cfg(*run_overrides(env, store), *set_).proposer.datastore
+    assert path_inert_options(node, "proposer.datastore") == [
+        "proposer.datastore.corpus=sharegpt: " + why.format("corpus=token-ids"),
+        "proposer.datastore.max_tokens=1000: " + why.format("max_tokens=null"),
+        "proposer.datastore.exclude=none: " + why.format("0 other texts excluded"),
     ]
     # the measured rounds only: the warm-up's and the gates' rounds are no part of the figures
     assert r["rounds"] == m["rounds"] and r["miss_rate"] == pytest.approx(r["misses"] / r["rounds"])

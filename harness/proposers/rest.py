@@ -75,6 +75,10 @@ from harness.random_source import RandomSource
 from harness.target.loading import load_tokenizer
 from harness.workloads.corpora import Corpus, FilesCorpus, corpus_from_description, make_corpus
 from harness.workloads.datastore import (
+    DEFAULT_CONTEXT_LEN,
+    DEFAULT_CONTINUATION_LEN,
+    DEFAULT_MAX_MATCHES,
+    DEFAULT_MAX_TOKENS,
     LEAKAGE_THRESHOLD,
     MANIFEST_FILE,
     Datastore,
@@ -469,6 +473,22 @@ _BUILD_KEYS = (
 
 #: a corpus option's value when it is not set (``corpus_path`` has none)
 _CORPUS_OPTION_DEFAULTS = {"glob": "**/*", "roles": ["assistant"]}
+#: a build option's value when it is not set: left at it beside ``path``, it claims nothing of the
+#: datastore there, whatever that was built with
+_BUILD_DEFAULTS = {
+    "corpus": "stdlib",
+    "max_tokens": DEFAULT_MAX_TOKENS,
+    "context_len": DEFAULT_CONTEXT_LEN,
+    "continuation_len": DEFAULT_CONTINUATION_LEN,
+    "max_matches": DEFAULT_MAX_MATCHES,
+    "exclude": "humaneval",
+    **_CORPUS_OPTION_DEFAULTS,
+}
+
+
+def _unset(node, key: str) -> bool:
+    """Whether ``node``'s build option ``key`` holds its value when not set (:data:`_BUILD_DEFAULTS`)."""
+    return key in _BUILD_DEFAULTS and _plain(node.get(key)) == _BUILD_DEFAULTS[key]
 
 
 def path_inert_options(node, prefix: str) -> list[str]:
@@ -492,7 +512,7 @@ def path_inert_options(node, prefix: str) -> list[str]:
     out += [
         f"{prefix}.{key}={node.get(key)}: " + why.format(f"{key}={'null' if get(manifest) is None else get(manifest)}")
         for key, get in _BUILD_KEYS
-        if key in node and node.get(key) != get(manifest)
+        if key in node and node.get(key) != get(manifest) and not _unset(node, key)
     ]
     source = manifest.get("corpus", {}).get("source") or {}
     for key, built in (
@@ -504,6 +524,7 @@ def path_inert_options(node, prefix: str) -> list[str]:
         if (
             key in reads
             and value is not None
+            and not _unset(node, key)
             and _plain(value) != built
             and not (
                 key == "corpus_path" and built is not None and str(Path(str(value)).expanduser().resolve()) == built
@@ -511,7 +532,7 @@ def path_inert_options(node, prefix: str) -> list[str]:
         ):
             shown = "unset" if built is None else f"{key}={_override(built)}"
             out.append(f"{prefix}.{key}={_override(value)}: " + why.format(shown))
-    if node.get("exclude") is not None:
+    if node.get("exclude") is not None and not _unset(node, "exclude"):
         spec, built = built_exclusion(manifest)
         if spec is not None and spec != str(node.get("exclude")):
             out.append(f"{prefix}.exclude={node.get('exclude')}: " + why.format(f"exclude={spec}"))
