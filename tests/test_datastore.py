@@ -308,6 +308,7 @@ def test_cli_build_and_info(tmp_path, monkeypatch, capsys):
         ([f"out={out}", f"path={out}"], "give one of out=DIR and path=DIR"),
         (["max_tokens=abc"], "max_tokens='abc': expected a whole number >= 1"),
         (["max_tokens=0"], "max_tokens=0 is out of range: it must be >= 1"),
+        (["max_tokens=1000", "max_tokens=500"], "max_tokens= given twice: '1000' and '500'"),  # the last one won
         (["overwrite=maybe"], "overwrite='maybe': expected true or false"),
         (["exclude=missing.jsonl"], "exclude=missing.jsonl: cannot read missing.jsonl (No such file or directory)"),
         ([f"out={tmp_path / 'afile'}"], "a file is in the way; an output folder is needed there"),
@@ -323,6 +324,12 @@ def test_cli_build_and_info(tmp_path, monkeypatch, capsys):
         assert main(["build", "corpus=stdlib", *model, *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0], (args, err)
+    # roles of a folder with no conversation lines were written into the manifest, and read nothing
+    assert main(["build", "corpus=files", f"corpus_path={root}", "roles=user", "model=owner/toy"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1 and f"roles= picks the turns of conversation lines (.jsonl files); corpus_path={root}" in err[0]
+    )
     assert main(["build", "--help"]) == 0 and capsys.readouterr().out.startswith("usage:")
     # the default cap is the run's: a store built here is the one `harness run proposer=rest` opens
     from harness.config import DatastoreConfig

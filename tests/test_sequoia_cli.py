@@ -145,6 +145,8 @@ def test_draft_base_cost_changes_the_time(capsys):
         (["max_nodes=8", "max_depth=4"], "exactly one"),
         (["acceptance=[0.82]", "max_nodes", "max_depth=4"], "key=value"),
         (["acceptance=[0.82]", "max_nodes=0", "max_depth=4"], "max_nodes must be an integer >= 1"),
+        # its run_options said topology.max_depth=0, which a run refuses
+        (["acceptance=[0.5]", "max_nodes=4", "max_depth=0"], "max_depth must be an integer >= 1 \\(a tree of the root"),
         (
             ["acceptance=[0.82]", "max_nodes=8", "max_depth=4", "verify_cost=[2.0,1,1,1,1,1,1,1]", "draft_cost=0.1"],
             "t\\(1\\) = 1",

@@ -179,6 +179,10 @@ def run_tree(args: dict) -> dict:
         acceptance = _numbers(args["acceptance"], name="acceptance")
     max_nodes = _int(args, "max_nodes")
     max_depth = _int(args, "max_depth")
+    if max_depth < 1:  # a run refuses topology.max_depth=0 too
+        raise UsageError(
+            f"max_depth must be an integer >= 1 (a tree of the root alone proposes nothing); got {max_depth}"
+        )
     table = optimize_tree(acceptance=acceptance, max_nodes=max_nodes, max_depth=max_depth)
 
     out: dict = {"acceptance": list(table.acceptance)}

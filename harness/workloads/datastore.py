@@ -1031,7 +1031,10 @@ def _parse_overrides(args: list[str]) -> dict[str, str]:
         if "=" not in arg:
             raise DatastoreError(f"expected key=value; got {arg!r} (harness datastore --help shows the usage)")
         key, value = arg.split("=", 1)
-        out[key.removeprefix("datastore.")] = value
+        key = key.removeprefix("datastore.")
+        if key in out:  # the last one silently won
+            raise DatastoreError(f"{key}= given twice: {out[key]!r} and {value!r}")
+        out[key] = value
     return out
 
 
@@ -1248,7 +1251,12 @@ def main(argv: list[str]) -> int:
                 corpus_opts["glob"] = opts["glob"]
         corpus = make_corpus(name, **corpus_opts)
         if name == "files":
-            corpus.files()  # nothing to read: refused before the tokenizer loads
+            files = corpus.files()  # nothing to read: refused before the tokenizer loads
+            if "roles" in opts and not any(f.suffix == ".jsonl" for f in files):
+                raise DatastoreError(
+                    f"roles= picks the turns of conversation lines (.jsonl files); corpus_path={opts['corpus_path']} "
+                    f"glob={corpus.glob} holds none, whose text is read whole: drop roles="
+                )
         model = _model_option(opts, "smollm2")
         sizes = {"max_tokens": _count(opts, "max_tokens", DEFAULT_MAX_TOKENS), **_retrieval_sizes(opts)}
         overwrite = _bool(opts.get("overwrite", "false"), "overwrite")
