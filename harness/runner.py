@@ -32,6 +32,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ from harness.topology.budgets import unreached_level
 from harness.tracking.compare import run_speedups
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, restore_aside, write_job
 from harness.tracking.record import write_json_atomic
-from harness.tracking.run_notes import TIMING_OUTLIER_FACTOR, timing_outlier_note, unaccepted_speedup_note
+from harness.tracking.run_notes import TIMING_OUTLIER_FACTOR, past_rounds_speedup_note, timing_outlier_note
 from harness.tracking.store import RECORD_FILENAME, ROUNDS_FILENAME
 from harness.tracking.wandb_tracker import (
     NullTracker,
@@ -187,8 +188,9 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None 
     partial = partial_batch_note(len(planned.prompts), int(cfg.generation.batch_size))
     if partial:
         print(f"harness: note: {partial}", file=sys.stderr)
-    if (templated := templated_text_note(cfg, planned.prompts)) is not None:
-        print(f"harness: note: {templated}", file=sys.stderr)
+    for note in (templated_text_note(cfg, planned.prompts), whole_target_draft_note(cfg)):
+        if note is not None:
+            print(f"harness: note: {note}", file=sys.stderr)
     for note in environment_notes(str(cfg.tracking.mode)) if cfg.tracking.name == "wandb" else []:
         print(f"harness: note: {note}", file=sys.stderr)
     with job_lock(planned.run_dir):  # one run per folder, from the first model work to the record
@@ -384,8 +386,9 @@ def check_profile_fits(cfg: DictConfig, context) -> None:
 def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
     """:func:`check_job`, then the frozen manifest (which opens, or builds on first use, a retrieval
     proposer's datastore): every refusal that needs no model."""
-    checked = check_job(cfg, run_dir)
-    manifest = freeze_manifest(cfg, versions=library_versions(), extra=manifest_extras(cfg))
+    with checkpoint_options(cfg):
+        checked = check_job(cfg, run_dir)
+        manifest = freeze_manifest(cfg, versions=library_versions(), extra=manifest_extras(cfg))
     mhash = manifest_hash(manifest)
     budget = checked.plan.budget
     return Planned(
@@ -479,6 +482,12 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
 
 
 def load_models(cfg: DictConfig, *, before_weights=None) -> tuple[LoadedModel, LoadedModel | None]:
+    """:func:`load_models_of` with a refused checkpoint named by its option (:func:`checkpoint_options`)."""
+    with checkpoint_options(cfg):
+        return load_models_of(cfg, before_weights=before_weights)
+
+
+def load_models_of(cfg: DictConfig, *, before_weights=None) -> tuple[LoadedModel, LoadedModel | None]:
     """The target, and the draft model when the proposer needs a separate one.
 
     A draft checkpoint's tokenizer is read and compared with the target's before any weights are
@@ -515,6 +524,23 @@ def load_models(cfg: DictConfig, *, before_weights=None) -> tuple[LoadedModel, L
             draft, target_tokenizer, what=f"the draft {d.name_or_path or d.name!r}", shared=" it shares with the target"
         )
     return target, draft
+
+
+@contextmanager
+def checkpoint_options(cfg: DictConfig):
+    """A refusal of a checkpoint the target or draft config names (``checkpoint '<path>': ...``) named
+    by the option that gave it instead (``model.name_or_path=<path>: ...``, the draft's key for a draft)."""
+    try:
+        yield
+    except CheckpointError as exc:
+        text = str(exc)
+        d = draft_model_config(cfg)
+        for key, m in (("model", cfg.model), (draft_model_key(cfg), d)):
+            source = m.get("name_or_path") if m is not None else None
+            prefix = f"checkpoint {str(source)!r}"
+            if source and text.startswith(prefix):
+                raise CheckpointError(f"{key}.name_or_path={source}{text[len(prefix) :]}") from exc.__cause__
+        raise
 
 
 def check_reads_the_vocabulary(model: LoadedModel, tokenizer, *, what: str, shared: str = "") -> None:
@@ -593,10 +619,16 @@ def check_models(cfg: DictConfig) -> None:
             raise CheckpointError(f"{key}.name=derived needs {key}.num_layers=<k>: the target's first k layers")
         total = model_geometry(cfg.model)["num_hidden_layers"]
         if not 1 <= int(d.num_layers) <= total:
-            fit = max(1, total // 5) if int(d.num_layers) > total else 1  # about the default's share of SmolLM2's 30
+            fit = max(1, round(total / 5)) if int(d.num_layers) > total else 1  # the default's share of SmolLM2's 30
             raise ConfigError(
                 f"{key}.num_layers must be in [1, {total}] for this {total}-layer target; got {d.num_layers}"
-                + (" (the derived draft's default, for SmolLM2's 30 layers)" if int(d.num_layers) == 6 else ""),
+                + (" (the derived draft's default, for SmolLM2's 30 layers)" if int(d.num_layers) == 6 else "")
+                + (
+                    f"; about a fifth of the target's layers, as the default is of SmolLM2's, is {fit}, and {total} "
+                    "is the whole target (it proposes its own tokens at its own cost)"
+                    if int(d.num_layers) > total
+                    else ""
+                ),
                 suggestions=[(f"{key}.num_layers={fit}",)],
             )
         own = {k: v for k, v in d.tiny.items() if v != cfg.model.tiny.get(k)}  # they follow the target's unless set
@@ -644,9 +676,22 @@ def _keyed(problem: str, key: str) -> str:
 TREE_ATTENTION = ("sdpa", "harness_sdpa", "eager")
 
 
+def known_attention() -> set[str]:
+    """The attention implementations transformers registers (flash, flex, paged, sdpa; eager is built in)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return {"eager", *(part for name in ALL_ATTENTION_FUNCTIONS.keys() for part in name.split("|"))}
+
+
 def check_model_options(m: DictConfig, key: str) -> None:
     """Refuse a model option this machine cannot honour, before any model work (one line each)."""
     attention = str(m.get("attn_implementation", "sdpa"))
+    if attention not in TREE_ATTENTION and attention not in known_attention():
+        raise ConfigError(
+            f"{key}.attn_implementation={attention} is no attention implementation transformers knows; a run "
+            f"takes {', '.join(TREE_ATTENTION)}",
+            suggestions=[(f"{key}.attn_implementation=sdpa",)],
+        )
     if attention not in TREE_ATTENTION:
         raise ConfigError(
             f"{key}.attn_implementation={attention}: a verify forward gives each candidate row its own attention "
@@ -718,6 +763,21 @@ def templated_text_note(cfg: DictConfig, prompts: Sequence[Prompt]) -> str | Non
     return (
         f'{texts} "prompt" line(s) of {cfg.workload.path} go to the model as a user message through its chat '
         "template (workload.chat=true); workload.chat=false gives their text as it is, to be continued"
+    )
+
+
+def whole_target_draft_note(cfg: DictConfig) -> str | None:
+    """A derived draft of every layer of the target (the tiny target's default) is the target itself:
+    said once, since its acceptance and speedup then measure the machinery, not a draft."""
+    d = draft_model_config(cfg)
+    if d is None or d.name != DERIVED or d.num_layers is None:
+        return None
+    total = int(model_geometry(cfg.model)["num_hidden_layers"])
+    if int(d.num_layers) < total:
+        return None
+    return (
+        f"{draft_model_key(cfg)}.num_layers={d.num_layers}: the derived draft is the whole {total}-layer target, "
+        "proposing the target's own tokens at the target's cost (a check of the machinery, not a draft's speedup)"
     )
 
 
@@ -1330,7 +1390,7 @@ def speed_py_speedup(per_prompt: list[dict]) -> float | None:
 
 def run_notes(record: dict) -> list[str]:
     """What a finished run says on stderr about its figures: a heuristic verifier, prompts timed through a stall
-    (:func:`timing_outlier_note`), a speedup with nothing accepted (:func:`unaccepted_speedup_note`),
+    (:func:`timing_outlier_note`), a speedup with nothing accepted (:func:`past_rounds_speedup_note`),
     a Sequoia tree predicted slower than plain decoding and prompts the context limit cut
     (:func:`truncation_note`)."""
     m = record["metrics"]
@@ -1341,7 +1401,7 @@ def run_notes(record: dict) -> list[str]:
             f"verifier={verifier} is heuristic (exact: false): its outputs do not follow the target's law; compare, "
             "the report and the dashboards keep the run apart from exact ones (metrics.drift says how far)"
         )
-    unaccepted = unaccepted_speedup_note(m)
+    unaccepted = past_rounds_speedup_note(m)
     predicted = m.get("sequoia_predicted_time_per_token_normalised")
     slower = None
     if predicted is not None:

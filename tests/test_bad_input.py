@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_fixtures import byte_tokenizer
+from checkpoint_fixtures import byte_tokenizer, tiny_checkpoint
 from hydra.core.config_store import ConfigStore
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
@@ -353,6 +353,18 @@ def test_an_attention_implementation_no_tree_mask_reaches_is_refused(tmp_path, w
     assert suggestions_in(line) == [["model.attn_implementation=sdpa"]]
 
 
+def test_a_misspelt_attention_implementation_is_named_as_such(tmp_path, workload, capsys, no_models):
+    """A typo was refused as a real kernel that takes no tree masks."""
+    line = assert_refused_run(
+        tmp_path,
+        capsys,
+        argv_for(tmp_path, workload, "model.attn_implementation=spda"),
+        "model.attn_implementation=spda is no attention implementation transformers knows; a run takes sdpa, "
+        "harness_sdpa, eager",
+    )
+    assert suggestions_in(line) == [["model.attn_implementation=sdpa"]]
+
+
 def test_a_model_without_attention_heads_is_refused_by_its_config(tmp_path):
     from transformers import MambaConfig
 
@@ -532,8 +544,15 @@ def test_a_checkpoint_without_weights_fails_at_load_in_one_line(tmp_path, worklo
     argv = argv_for(tmp_path, workload, "model=hf", f"model.name_or_path={ckpt}")
     assert run_main(argv) == 2
     line = one_line(capsys, "harness run: refused: ")
-    assert f"checkpoint {str(ckpt)!r}: cannot load its ModelForCausalLM" in line
+    assert f"model.name_or_path={ckpt}: cannot load its ModelForCausalLM" in line  # the option that named it
     assert not (tmp_path / "run" / "record.json").exists()
+    # the same folder as a draft is named by the draft's option, not as "checkpoint '...'" (which model?)
+    target = tiny_checkpoint(tmp_path / "target")
+    draft = argv_for(tmp_path, workload, "proposer=draft_model", "proposer.model.name=hf")
+    draft = [*draft, "model=hf", f"model.name_or_path={target}", f"proposer.model.name_or_path={ckpt}"]
+    assert run_main(draft) == 2
+    line = one_line(capsys, "harness run: refused: ")
+    assert f"proposer.model.name_or_path={ckpt}: cannot load its ModelForCausalLM" in line
 
 
 def test_a_checkpoint_without_a_tokenizer_fails_before_its_weights_in_one_line(tmp_path, workload, capsys):

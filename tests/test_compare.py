@@ -597,11 +597,15 @@ def test_an_arm_that_sped_up_with_nothing_accepted_is_noted():
     df["mean_committed_per_round"] = [1.0, 2.4]  # a accepted nothing; b did
     text = format_table(compare(df, n_resamples=50), by="proposer", baseline=None, level=0.95)
     assert (
-        "note: arms with runs that sped up although no proposed token was accepted (a (1 of 1 runs)): each of their "
-        "rounds committed one token, as the baseline's step does, so that speedup is not speculation's"
+        "note: arms with runs that sped up more than their tokens committed per round allow (a (1 of 1 runs); at "
+        "one token per round no proposed token was accepted): each round runs at least one verify forward"
     ) in text
     df["decode_speedup"] = [1.01, 1.3]  # within noise of no speedup: nothing to say
-    assert "no proposed token" not in format_table(
+    assert "more than their tokens" not in format_table(
+        compare(df, n_resamples=50), by="proposer", baseline=None, level=0.95
+    )
+    df["decode_speedup"], df["mean_committed_per_round"] = [1.01, 2.9], [1.0, 2.4]  # b: past its 2.4 per round
+    assert "allow (b (1 of 1 runs);" in format_table(
         compare(df, n_resamples=50), by="proposer", baseline=None, level=0.95
     )
 

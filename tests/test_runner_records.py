@@ -261,7 +261,7 @@ def test_a_stalled_prompt_is_flagged_in_the_record_and_on_the_console(tmp_path, 
     from harness.app import run_main
     from harness.engine.arms import Arms
     from harness.proposers.base import NullProposer
-    from harness.runner import unaccepted_speedup_note
+    from harness.runner import past_rounds_speedup_note
 
     stalled = {"on": False}
     real_run, real_propose = Arms._run, NullProposer.propose
@@ -296,7 +296,7 @@ def test_a_stalled_prompt_is_flagged_in_the_record_and_on_the_console(tmp_path, 
     assert len(note) == 1 and f"{stalled_id} (ar, " in note[0]
     # the stalled baseline made a speculative arm that accepts nothing look faster: said too
     assert record["metrics"]["mean_committed_per_round"] == 1.0
-    assert [n for n in notes if n not in note] == [f"harness run: note: {unaccepted_speedup_note(record['metrics'])}"]
+    assert [n for n in notes if n not in note] == [f"harness run: note: {past_rounds_speedup_note(record['metrics'])}"]
 
 
 def test_a_sampling_policy_that_keeps_one_token_has_its_outputs_compared_as_greedy_ones(tmp_path, monkeypatch):
@@ -581,18 +581,26 @@ def test_a_speedup_with_nothing_accepted_is_noted_whatever_the_prompt_count():
     """A one-prompt run timed under load showed a 1.3x decode speedup while every round committed one
     token, and no note said so (the stall check needs three prompts). Nothing accepted now notes any
     speedup from 1.05x; a speedup earned by accepted tokens, or a slowdown, is not noted."""
-    from harness.runner import run_notes, unaccepted_speedup_note
+    from harness.runner import past_rounds_speedup_note, run_notes
 
     def record(speedup, per_round):
         return {"metrics": {"decode_speedup": speedup, "mean_committed_per_round": per_round}, "per_prompt": [{}]}
 
-    note = unaccepted_speedup_note(record(1.3, 1.0)["metrics"])
+    note = past_rounds_speedup_note(record(1.3, 1.0)["metrics"])
     assert note.startswith("decode speedup 1.30x with no proposed token accepted (one token per round")
     assert run_notes(record(1.3, 1.0)) == [note]
     assert (
         run_notes(record(1.3, 1.4)) == [] and run_notes(record(0.9, 1.0)) == [] and run_notes(record(1.04, 1.0)) == []
     )
     assert run_notes(record(None, None)) == []
+    # a Sequoia run timed under load: 2.14x from 1.04 tokens per round, recorded with no word. A round
+    # runs at least one verify forward, so a speedup past the tokens per round is noted too
+    past = past_rounds_speedup_note(record(2.14, 1.043)["metrics"])
+    assert past.startswith(
+        "decode speedup 2.14x from 1.04 tokens committed per round: each round runs at least one verify forward"
+    )
+    assert run_notes(record(2.14, 1.043)) == [past]
+    assert run_notes(record(2.0, 2.2)) == [] and run_notes(record(2.1, 2.0)) == []  # within 5% of the rounds
 
 
 def test_a_heuristic_run_says_so_and_its_summary_carries_exact_and_gated(tmp_path, monkeypatch, capsys):

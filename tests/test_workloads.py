@@ -282,3 +282,19 @@ def test_a_category_named_like_the_reports_aggregate_is_refused(tmp_path, catego
     f.write_text(json.dumps({"question_id": 7, "category": category, "turns": ["x"]}) + "\n")
     with pytest.raises(WorkloadError, match=r"are reserved\): rename it"):
         load_jsonl(str(f), "eval")
+
+
+def test_a_derived_draft_of_the_whole_target_is_said_once():
+    """On the tiny target the derived draft's default is both of its layers: the draft was the target
+    itself (6 tokens a round) with no word."""
+    from harness.config import compose
+    from harness.runner import whole_target_draft_note
+
+    assert whole_target_draft_note(compose(["model=tiny", "proposer=draft_model"])) == (
+        "proposer.model.num_layers=2: the derived draft is the whole 2-layer target, proposing the target's own "
+        "tokens at the target's cost (a check of the machinery, not a draft's speedup)"
+    )
+    assert (
+        whole_target_draft_note(compose(["model=tiny", "proposer=draft_model", "proposer.model.num_layers=1"])) is None
+    )
+    assert whole_target_draft_note(compose(["model=tiny", "proposer=prompt_lookup"])) is None

@@ -72,7 +72,7 @@ from harness.tracking.command_line import (
     whole_number_option,
 )
 from harness.tracking.record import write_json_atomic
-from harness.tracking.run_notes import sped_up_unaccepted
+from harness.tracking.run_notes import sped_up_past_rounds
 from harness.tracking.spec_bench import OVERALL, task_of, task_order
 from harness.tracking.store import AXES, SECTIONS, json_column, no_records_message, read_results
 
@@ -1072,20 +1072,22 @@ def outlier_note(sec: Sequence[ArmRow]) -> str | None:
 
 #: what an arm's speedup means when runs of it accepted no proposed token
 UNACCEPTED_NOTE = (
-    "arms with runs that sped up although no proposed token was accepted ({arms}): each of their rounds "
-    "committed one token, as the baseline's step does, so that speedup is not speculation's: the machine's load "
-    "while the arms were timed, or a verify forward of several rows running faster than the baseline's one-row step"
+    "arms with runs that sped up more than their tokens committed per round allow ({arms}; at one token per "
+    "round no proposed token was accepted): each round runs at least one verify forward, about the baseline's "
+    "step, so that speedup is not speculation's: the machine's load while the arms were timed, or a verify "
+    "forward of several rows running faster than the baseline's one-row step"
 )
 
 
 def _unaccepted_runs(runs: pd.DataFrame) -> int:
-    """Runs of ``runs`` whose decode speedup is at least :data:`UNACCEPTED_SPEEDUP` with one committed
-    token per round (records' ``metrics.decode_speedup`` and ``metrics.mean_committed_per_round``)."""
+    """Runs of ``runs`` whose decode speedup is more than their tokens committed per round allow
+    (:func:`~harness.tracking.run_notes.sped_up_past_rounds` of records' ``metrics.decode_speedup``
+    and ``metrics.mean_committed_per_round``)."""
     if "decode_speedup" not in runs.columns or "mean_committed_per_round" not in runs.columns:
         return 0
     speedup = pd.to_numeric(runs["decode_speedup"], errors="coerce")
     per_round = pd.to_numeric(runs["mean_committed_per_round"], errors="coerce")
-    return sum(sped_up_unaccepted(s, r) for s, r in zip(speedup, per_round, strict=True))
+    return sum(sped_up_past_rounds(s, r) for s, r in zip(speedup, per_round, strict=True))
 
 
 def unaccepted_note(sec: Sequence[ArmRow]) -> str | None:

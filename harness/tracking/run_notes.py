@@ -6,8 +6,9 @@ from __future__ import annotations
 #: a prompt whose arm took this many times its arm's median time per round is flagged
 TIMING_OUTLIER_FACTOR = 3.0
 
-#: a decode speedup at least this large with no proposed token accepted is noted
-UNACCEPTED_SPEEDUP = 1.05
+#: a decode speedup at least this factor above the tokens committed per round is noted (with one token
+#: per round, nothing accepted: a speedup from 1.05x)
+PAST_ROUNDS_FACTOR = 1.05
 
 
 def timing_outlier_note(outliers: list[dict]) -> str:
@@ -22,26 +23,34 @@ def timing_outlier_note(outliers: list[dict]) -> str:
     )
 
 
-def sped_up_unaccepted(speedup: float | None, per_round: float | None) -> bool:
-    """Whether a decode speedup of at least :data:`UNACCEPTED_SPEEDUP` came with one committed token per
-    round (no proposed token accepted); False where either figure is missing."""
+def sped_up_past_rounds(speedup: float | None, per_round: float | None) -> bool:
+    """Whether a decode speedup is :data:`PAST_ROUNDS_FACTOR` times the tokens committed per round or
+    more: a round runs at least one verify forward, which costs about the baseline's one-row step, so
+    speculation gives at most its tokens per round. False where either figure is missing."""
     if speedup is None or per_round is None or speedup != speedup or per_round != per_round:
         return False
-    return per_round <= 1.0 and speedup >= UNACCEPTED_SPEEDUP
+    return speedup >= max(per_round, 1.0) * PAST_ROUNDS_FACTOR
 
 
-def unaccepted_speedup_note(metrics: dict) -> str | None:
-    """One line when the speculative arm's decode ran faster than the baseline's although it accepted
-    no proposed token (one token per round, as the baseline commits per step), or None. Each of its
-    rounds runs a verify forward of at least the baseline step's row plus the proposal, so such a
-    speedup comes from the forward's kernels at several rows (a one-row forward taking a slower path)
-    or from the machine's load while the arms were timed: not from speculation. A stall shows in
-    the timing outliers only with three prompts or more; this holds for any number."""
-    speedup = metrics.get("decode_speedup")
-    if not sped_up_unaccepted(speedup, metrics.get("mean_committed_per_round")):
+def past_rounds_speedup_note(metrics: dict) -> str | None:
+    """One line when the speculative arm's decode ran faster than its tokens per round allow, or None.
+    Each of its rounds runs a verify forward of at least the baseline step's row plus the proposal,
+    so such a speedup comes from the forward's kernels at several rows (a one-row forward taking a
+    slower path) or from the machine's load while the arms were timed: not from speculation. A stall
+    shows in the timing outliers only with three prompts or more; this holds for any number."""
+    speedup, per_round = metrics.get("decode_speedup"), metrics.get("mean_committed_per_round")
+    if not sped_up_past_rounds(speedup, per_round):
         return None
+    why = (
+        "the machine's load while the arms were timed, or a verify forward of several rows running faster than "
+        "the baseline's one-row step (metrics.decode_speedup)"
+    )
+    if per_round <= 1.0:
+        return (
+            f"decode speedup {speedup:.2f}x with no proposed token accepted (one token per round, as the baseline "
+            f"commits per step): not speculation's; {why}"
+        )
     return (
-        f"decode speedup {speedup:.2f}x with no proposed token accepted (one token per round, as the baseline "
-        "commits per step): not speculation's; the machine's load while the arms were timed, or a verify forward "
-        "of several rows running faster than the baseline's one-row step (metrics.decode_speedup)"
+        f"decode speedup {speedup:.2f}x from {per_round:.2f} tokens committed per round: each round runs at least "
+        f"one verify forward, about the baseline's step, so speculation gives at most its tokens per round; {why}"
     )

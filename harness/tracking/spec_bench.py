@@ -47,7 +47,7 @@ from typing import Any
 from harness.files import output_folder_problem
 from harness.tracking.command_line import boolean_option, run_folder_of, split_arguments, usage_status
 from harness.tracking.record import write_jsonl_atomic
-from harness.tracking.run_notes import timing_outlier_note, unaccepted_speedup_note
+from harness.tracking.run_notes import past_rounds_speedup_note, timing_outlier_note
 from harness.tracking.store import (
     OUTPUTS_FILENAME,
     RecordError,
@@ -285,7 +285,7 @@ def export_notes(record: dict) -> list[str]:
     m = record["metrics"]
     if m.get("timing_outliers"):  # the run said so on its console; the files carry its times
         notes.append(timing_outlier_note(m["timing_outliers"]))
-    unaccepted = unaccepted_speedup_note(m)
+    unaccepted = past_rounds_speedup_note(m)
     if unaccepted:
         notes.append(unaccepted)
     ours, theirs = m.get("spec_bench_speedup"), m.get("spec_bench_speed_py_speedup")
