@@ -178,8 +178,10 @@ class MergedConfig(ProposerConfig):
 
     name: str = "merged"
     sources: list[str] = field(default_factory=lambda: ["rest", "prompt_lookup"])
-    # per-source depth cap (a draft chain costs one draft forward per level); absent: topology.max_depth
-    depths: dict[str, int] = ranged(default_factory=lambda: {"draft_model": 4}, ge=1, each=True)
+    # per-source depth cap (a draft chain costs one draft forward per level); null: topology.max_depth
+    depths: dict[str, Optional[int]] = ranged(
+        default_factory=lambda: {"draft_model": 4, "rest": None, "prompt_lookup": None}, ge=1, each=True
+    )
     rest: RestConfig = field(default_factory=RestConfig)
     prompt_lookup: PromptLookupConfig = field(default_factory=PromptLookupConfig)
     draft_model: DraftModelConfig = field(default_factory=DraftModelConfig)

@@ -1172,7 +1172,9 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
                 "prompt_id": prompt.prompt_id,
                 "question_id": prompt.source_id,
                 "category": prompt.category,
-                # the first turn (every turn under "turns")
+                # the first turn's (every turn under "turns"; n_turns says how many there are)
+                "n_turns": len(turns_out),
+                "first_turn_only": len(turns_out) > 1,
                 "prompt_token_ids": first["spec_prompt_token_ids"],
                 "ar_token_ids": first["ar_token_ids"],
                 "spec_token_ids": first["spec_token_ids"],

@@ -633,6 +633,18 @@ def test_an_arm_of_another_model_than_the_baseline_has_no_ratio_to_it():
     assert _row(by_model, "tiny@bfloat16").vs_baseline is not None
 
 
+def test_an_arm_s_runs_of_several_target_models_are_arms_apart():
+    """by=batch_size pooled a tiny-model run with a SmolLM2 run into one arm with one interval, flagged
+    only in its mixed-axes cell; each model is its own arm now (a dtype is no other model)."""
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "a", "prompts": prompts}})
+    df["model"] = ["smollm2", "tiny"]
+    arms = {r.arm for r in compare(df, n_resamples=50)}
+    assert arms == {"a (model=smollm2)", "a (model=tiny)"}
+    df["model"] = ["tiny@bfloat16", "tiny"]
+    assert {r.arm for r in compare(df, n_resamples=50)} == {"a"}
+
+
 def test_arms_by_a_config_key_are_not_set_apart_by_that_key_and_a_numeric_baseline_matches_its_arm():
     """by=config.topology.max_nodes named max_nodes itself as what else set the arms apart, and
     baseline=0.0 found no arm labelled 0 (filters match numbers)."""

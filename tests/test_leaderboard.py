@@ -150,3 +150,22 @@ def test_report_has_the_leaderboard_and_the_speedup_by_category_plot(root, tmp_p
     assert any(re.search(r"\| \d+\.\d{3}x \|", line) for line in spec_bench[2:])
     png = tmp_path / "rep" / "09_speedup_by_category.png"
     assert png.is_file() and f"]({png.name})" in md
+
+
+def test_a_category_only_another_section_holds_is_no_column_of_this_one(root):
+    """An ungated run's own category made a column of dashes in the exact runs' leaderboard."""
+    ungated = json.loads((root / "lb0" / "record.json").read_text())
+    ungated["run_id"] = "lb-ungated"
+    ungated["gated"] = False
+    ungated["gates"]["oracle"] = {"status": "skipped", "override": "gates.oracle=false"}
+    ungated["per_prompt"] = [prompt("900", "default", 50.0, 10, 60.0, 10, 3)]
+    (root / "ungated").mkdir()
+    shutil.copy(root / "lb0" / "outputs.jsonl", root / "ungated" / "outputs.jsonl")
+    (root / "ungated" / "record.json").write_text(json.dumps(ungated))
+    df = aggregate(root)
+    assert set(df["section"]) == {"exact", "ungated"}
+    columns, rows = leaderboard(df, n_resamples=50)
+    assert "default" in columns  # the ungated run's category, over both sections
+    text = format_leaderboard(columns, rows, by="proposer", level=0.95)
+    exact, ungated_part = text.split("== leaderboard (Spec-Bench shape), UNGATED")
+    assert "default" not in exact.splitlines()[2] and "default" in ungated_part.splitlines()[2]

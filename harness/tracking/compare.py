@@ -351,6 +351,21 @@ def _arm_runs(df: pd.DataFrame, by: str, filters: Mapping[str, str] | None) -> p
         also = [also_labelled(r) for _, r in runs.iterrows()]
         if any(also):
             runs = runs.assign(**{by: [f"{arm_label(v)} {a}" if a else v for v, a in zip(runs[by], also, strict=True)]})
+    if by != "model" and "model" in runs.columns:
+        # an arm's runs of several target models are arms apart: pooled, one interval mixed one model's
+        # times with another's (the same model in another dtype is the same model)
+        models = runs["model"].map(lambda v: arm_label(v).split("@", 1)[0])
+        labels = runs[by].map(arm_label)
+        mixed = {label for label in set(labels) if models[labels == label].nunique() > 1}
+        if mixed:
+            runs = runs.assign(
+                **{
+                    by: [
+                        f"{label} (model={model})" if label in mixed else value
+                        for value, label, model in zip(runs[by], labels, models, strict=True)
+                    ]
+                }
+            )
     return runs
 
 
@@ -887,7 +902,9 @@ def format_leaderboard(columns: Sequence[str], rows: Sequence[LeaderRow], *, by:
     """Plain-text leaderboard, one table per section."""
     pct = f"{level * 100:g}% CI"
     lines: list[str] = []
+    every = columns
     for section, sec in by_section(rows):
+        columns = section_columns(every, sec)
         header = [by, *columns]
         body = [[r.arm, *(leader_cell(r.cells.get(c)) for c in columns)] for r in sec]
         sb = [
@@ -917,6 +934,12 @@ def format_leaderboard(columns: Sequence[str], rows: Sequence[LeaderRow], *, by:
             lines += _aligned(sb, widths)
         lines.append("")
     return "\n".join(lines)
+
+
+def section_columns(columns: Sequence[str], sec: Sequence[LeaderRow]) -> list[str]:
+    """The leaderboard's ``columns`` some row of one section fills: a category only another section's
+    runs hold (an ungated run's) made a column of dashes there."""
+    return [c for c in columns if any(c in r.cells for r in sec)]
 
 
 def leader_counts(

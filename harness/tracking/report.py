@@ -48,6 +48,7 @@ from harness.tracking.compare import (
     leaderboard,
     matching_label,
     run_speedups,
+    section_columns,
     section_notes,
 )
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_labels, depth_rows
@@ -767,6 +768,7 @@ def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     by = spec.get("by", "proposer")
     columns, rows = leaderboard(runs, by=by)  # the resamples of the report's leaderboard table: the same CIs
     rows = [r for r in rows if r.section == section]
+    columns = section_columns(columns, rows)
     fig = _new_figure(max(8.0, 1.2 * len(columns) + 3), 4.5)
     ax = fig.add_subplot()
     width = 0.8 / max(len(rows), 1)
@@ -922,11 +924,13 @@ def _leaderboard_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
         "with its 95% paired-bootstrap CI over prompts. Spec-Bench's eight MT-bench categories form one column.",
         "",
     ]
-    titles = [TASK_TITLES.get(c, c) for c in columns]
+    every = columns
     for section in SECTION_TITLES:
         sec = [r for r in rows if r.section == section]
         if not sec:
             continue
+        columns = section_columns(every, sec)
+        titles = [TASK_TITLES.get(c, c) for c in columns]
         body = [[r.arm, *(leader_cell(r.cells.get(c)) for c in columns)] for r in sec]
         counts = leader_counts(sec, columns, TASK_TITLES, sep=" ")
         out += [f"### {SECTION_TITLES[section]}", "", md_table([by, *titles], body), "", f"Prompts: {counts}.", ""]
