@@ -788,3 +788,24 @@ def test_a_prompt_over_the_context_is_refused_before_the_weights_are_read(tmp_pa
     assert run_main(argv) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("harness: compiling")]
     assert len(err) == 1 and "3,000 prompt tokens" in err[0] and "positions of the target" in err[0]
+
+
+def test_weights_of_another_shape_than_the_config_s_are_named_in_the_harness_s_words(tmp_path):
+    """A config.json whose intermediate_size disagreed with the weights was refused with transformers'
+    load-report rows ("MISMATCH Reinit due to size mismatch - ckpt: torch.Size(...)"), which read as if
+    the weights had been re-initialised."""
+    import json
+
+    from checkpoint_fixtures import tiny_checkpoint
+
+    from harness.target.loading import CheckpointError, load_model
+
+    path = tiny_checkpoint(tmp_path / "ckpt")
+    config = json.loads((path / "config.json").read_text())
+    config["intermediate_size"] = config["intermediate_size"] // 2
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as err:
+        load_model(name="hf", name_or_path=str(path))
+    message = str(err.value)
+    assert "the checkpoint's shape [" in message and "] is not the config's [" in message, message
+    assert message.endswith("; check config.json against the weights") and "Reinit" not in message

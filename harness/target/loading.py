@@ -80,8 +80,18 @@ class _LoadReportCapture(logging.Filter):
         for line in text.splitlines():
             cells = [c.strip() for c in re.split(r"[|│]", line) if c.strip()]
             if len(cells) >= 2 and cells[1] in self.STATUSES:
-                self.rows.append(" ".join(cells[:3]))
+                self.rows.append(self.row(cells))
         return False
+
+    @staticmethod
+    def row(cells: list[str]) -> str:
+        """One report row in the harness's words: a size mismatch as ``key: checkpoint [..] vs the
+        config's [..]`` (transformers says "Reinit", which a refused load never does)."""
+        key, status, *rest = cells
+        shapes = re.findall(r"torch\.Size\(\[([\d, ]*)\]\)", " ".join(rest))
+        if status == "MISMATCH" and len(shapes) == 2:
+            return f"{key}: the checkpoint's shape [{shapes[0]}] is not the config's [{shapes[1]}]"
+        return " ".join(cells[:3])
 
     def __enter__(self) -> _LoadReportCapture:
         for name in self.LOGGERS:
@@ -131,9 +141,11 @@ def from_pretrained(loader, source, *, key: str | None = None, **kwargs):
             return loader.from_pretrained(source, **kwargs)
     except Exception as exc:  # OSError (missing files, hub), ValueError (unknown model type), RuntimeError (shapes)
         if report.rows:
+            mismatched = any("is not the config's" in r for r in report.rows)
             raise CheckpointError(
                 f"{where}: cannot load its {what}: {'; '.join(report.rows[:6])}"
                 + (f" and {len(report.rows) - 6} more" if len(report.rows) > 6 else "")
+                + ("; check config.json against the weights" if mismatched else "")
             ) from exc
         if offline is not None and isinstance(exc, OSError):
             raise CheckpointError(
