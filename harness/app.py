@@ -438,9 +438,10 @@ def sweep_main(argv: list[str] | None = None) -> int:
 
 CALIBRATE_USAGE = """usage: harness calibrate [hydra overrides, as for `harness run`]
 
-Writes fresh Sequoia artifacts for the composed config (topology=sequoia unless another topology
-is given): the positional-acceptance calibration, the hardware profile t(n), c0, c and the chosen
-tree, under $HARNESS_CACHE/sequoia (a run with the same overrides then loads them)."""
+Writes fresh Sequoia artifacts for the composed config (topology=sequoia is implied; another
+topology is refused, since only Sequoia's trees are calibrated): the positional-acceptance
+calibration, the hardware profile t(n), c0, c and the chosen tree, under $HARNESS_CACHE/sequoia (a
+run with the same overrides then loads them)."""
 
 
 def with_sequoia(overrides: list[str]) -> list[str]:
