@@ -321,6 +321,12 @@ def test_open_datastore_refuses_another_tokenizer_and_token_id_mismatches(tmp_pa
         open_datastore({"path": str(tmp_path / "absent")}, tokenizer=None, model="tiny")
     assert "has no tokenizer to build one from a corpus" in str(info.value)
     assert "datastore build" not in str(info.value)
+    # a file, or a folder of other files, was offered a build into it, which the build refuses
+    (tmp_path / "a.json").write_text("{}")
+    with pytest.raises(DatastoreError, match=r"path='.*a.json' is a file; a datastore is a folder"):
+        open_datastore({"path": str(tmp_path / "a.json")}, tokenizer=tok, model="toy")
+    with pytest.raises(DatastoreError, match=r"holds other files: give a datastore folder, build one into a new "):
+        open_datastore({"path": str(tmp_path)}, tokenizer=tok, model="toy")
 
 
 def test_tiny_without_a_datastore_path_gets_a_clear_error(tmp_path, monkeypatch):

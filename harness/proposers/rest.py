@@ -720,6 +720,17 @@ def open_datastore(
         )
     if explicit is not None:
         path = Path(str(explicit))
+        if path.is_file():  # a build into it would be refused too: no command to offer
+            raise DatastoreError(
+                f"{prefix}.path={str(path)!r} is a file; a datastore is a folder (give one, or set {prefix}.path=null "
+                "to build into the cache on first use)"
+            )
+        if not (path / MANIFEST_FILE).is_file() and path.is_dir() and any(path.iterdir()):
+            raise DatastoreError(
+                f"{prefix}.path={str(path)!r} is not a datastore ({MANIFEST_FILE} missing) and holds other files: "
+                f"give a datastore folder, build one into a new folder (`{build_command(cfg, model, out='NEW_DIR')}`), "
+                f"or set {prefix}.path=null to build into the cache on first use"
+            )
         if not (path / MANIFEST_FILE).is_file():
             if tokenizer is None:  # no corpus can be tokenized for it: only a token-id datastore serves
                 raise DatastoreError(
