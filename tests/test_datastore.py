@@ -288,6 +288,10 @@ def test_cli_build_and_info(tmp_path, monkeypatch, capsys):
     assert main(["info", str(out), "verify_corpus=true"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["release_id"] == built["release_id"]
+    # building again into it said only "not empty": it says what is there and how to use it
+    assert main(["build", "corpus=stdlib", f"out={out}", "model=owner/toy", "exclude=none"]) == 2
+    err = capsys.readouterr().err
+    assert f"{str(out)!r} already holds a datastore (release {built['release_id'][:12]}): a run opens it" in err
     assert main(["build", "corpus=nope", f"out={tmp_path / 'x'}"]) == 2
     assert "corpus must be one of" in capsys.readouterr().err
     # options refused in one line naming the option, before any tokenizer or corpus work

@@ -1269,6 +1269,18 @@ def main(argv: list[str]) -> int:
         out = _output_option(
             opts, datastore_path(cache_folder_name(corpus, exclude=exclude_spec, **sizes), model=model)
         )
+        held = Path(out) / MANIFEST_FILE
+        if held.is_file() and not overwrite:  # before the tokenizer loads: said as what is there
+            try:
+                release = json.loads(held.read_text(encoding="utf-8")).get("release_id")
+            except (OSError, ValueError, AttributeError):
+                release = None
+            raise DatastoreError(
+                f"{str(out)!r} already holds a datastore"
+                + (f" (release {str(release)[:12]})" if release else "")
+                + f": a run opens it as it is (proposer.datastore.path={out}; `harness datastore info {out}` says "
+                "what it was built from); pass overwrite=true to build it again"
+            )
         tokenizer = _tokenizer_of(model)
         t0 = time.perf_counter()
         ds = build_datastore(
