@@ -64,7 +64,7 @@ from harness.manifest import (
 from harness.measure.hardware import hardware_card, library_versions, peak_rss_bytes
 from harness.measure.memory import JobHostMemory
 from harness.prepare import prepare
-from harness.prepare.sequoia import cost_model_error, slower_than_ar_note
+from harness.prepare.sequoia import check_calibration_config, cost_model_error, slower_than_ar_note
 from harness.proposers.base import NullProposer
 from harness.proposers.rest import path_inert_options
 from harness.random_source import TorchRandomSource
@@ -350,6 +350,7 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
         )
     context = plan_context(cfg, plan_.budget.max_nodes)
     check_profile_fits(cfg, context)
+    check_calibration_config(cfg)
     if cfg.model.name != "tiny" and not cfg.workload.chat:
         multi = next((p for p in prompts if p.n_turns > 1), None)
         if multi is not None:

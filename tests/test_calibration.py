@@ -272,6 +272,30 @@ def test_harness_calibrate_writes_the_artifacts(tmp_path, monkeypatch, capsys):
     assert out["chosen"]["candidate_rows"] <= 3 and out["acceptance"] == cal["acceptance"]
 
 
+def test_an_explicit_calibration_of_another_configuration_is_refused_before_any_model(tmp_path, monkeypatch, capsys):
+    """topology.calibration_artifact= made at T=0.7, run at T=0.5, was refused only after the models had
+    loaded (40-50 s on SmolLM2), though the temperature is in the artifact's own file."""
+    from harness.config import compose
+    from harness.prepare.sequoia import check_calibration_config
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    assert main(SMALL_TREE) == 0
+    cal = json.loads(capsys.readouterr().out)["sequoia_calibration"]
+    given = ["topology=sequoia", *SMALL_TREE, f"topology.calibration_artifact={cal}"]
+    check_calibration_config(compose(given))  # its own configuration: no refusal
+    with pytest.raises(
+        StaleArtifactError, match=r"sampling_policy differs \(sampling_policy.temperature: artifact 0.7"
+    ):
+        check_calibration_config(compose([*given, "generation.temperature=0.5"]))
+    with pytest.raises(StaleArtifactError, match=r"settings differs \(settings.parents: artifact 20, this run 99\)"):
+        check_calibration_config(compose([*given, "topology.calibration.parents=99"]))
+    # the runner's config checks call it: the refusal comes before any model is loaded
+    from harness.runner import check_job
+
+    with pytest.raises(StaleArtifactError, match="sampling_policy differs"):
+        check_job(compose([*given, "generation.temperature=0.5"]), None)
+
+
 def test_harness_calibrate_refuses_other_topologies(capsys):
     assert main(["model=tiny", "topology=sequence"]) == 2
     assert "needs topology=sequoia" in capsys.readouterr().err

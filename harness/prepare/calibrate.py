@@ -172,6 +172,31 @@ def data_hash(items: list) -> str:
     return h.hexdigest()[:16]
 
 
+#: the provenance fields the config alone decides (checked before any model work)
+CONFIG_MATCH_FIELDS = ("target", "proposer", "sampling_policy", "verifier", "settings")
+
+
+def config_provenance(cfg) -> dict:
+    """The fields of :func:`calibration_provenance` the config alone gives (:data:`CONFIG_MATCH_FIELDS`)."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    cal = c["topology"]["calibration"]
+    return {
+        "target": {k: v for k, v in c["model"].items() if k not in ("device", "attn_implementation")},
+        "proposer": c["proposer"],
+        "sampling_policy": {
+            **{k: c["generation"][k] for k in ("temperature", "top_p", "top_k")},
+            "relation": c["proposer"].get("sampling", "iid"),
+        },
+        "verifier": c["verifier"]["name"],
+        "settings": {
+            "parents": int(cal["parents"]),
+            "branches": int(cal["branches"]),
+            "max_new_tokens": int(cal["max_new_tokens"]),
+            "wilson_z": float(cal["z"]),
+        },
+    }
+
+
 def calibration_provenance(cfg, *, tokenizer, items: list) -> dict:
     """The provenance a calibration must carry to be used by a run of ``cfg``."""
 
@@ -180,16 +205,13 @@ def calibration_provenance(cfg, *, tokenizer, items: list) -> dict:
         tok = "none (model=tiny: synthetic ids from prompt bytes)"
     else:
         tok = tokenizer_fingerprint(tokenizer)
-    cal = c["topology"]["calibration"]
+    known = config_provenance(cfg)
     return {
-        "target": {k: v for k, v in c["model"].items() if k not in ("device", "attn_implementation")},
-        "proposer": c["proposer"],
+        "target": known["target"],
+        "proposer": known["proposer"],
         "tokenizer": tok,
-        "sampling_policy": {
-            **{k: c["generation"][k] for k in ("temperature", "top_p", "top_k")},
-            "relation": c["proposer"].get("sampling", "iid"),
-        },
-        "verifier": c["verifier"]["name"],
+        "sampling_policy": known["sampling_policy"],
+        "verifier": known["verifier"],
         "calibration_data": {
             "workload": c["workload"]["name"],
             "path": c["workload"].get("path"),
@@ -198,12 +220,7 @@ def calibration_provenance(cfg, *, tokenizer, items: list) -> dict:
             "prompts": len(items),
             "hash": data_hash(items),
         },
-        "settings": {
-            "parents": int(cal["parents"]),
-            "branches": int(cal["branches"]),
-            "max_new_tokens": int(cal["max_new_tokens"]),
-            "wilson_z": float(cal["z"]),
-        },
+        "settings": known["settings"],
         "library_versions": library_versions(),
     }
 

@@ -35,16 +35,19 @@ from harness.contracts import Budget
 from harness.files import artifact_lock
 from harness.prepare.calibrate import (
     CALIBRATION_MATCH_FIELDS,
+    CONFIG_MATCH_FIELDS,
     calibration_items,
     calibration_provenance,
     check_calibration,
     check_disjoint,
+    config_provenance,
     run_calibration,
 )
 from harness.prepare.profile import (
     PROFILE_MATCH_FIELDS,
     StaleArtifactError,
     check_profile,
+    check_provenance,
     cycle_prefix,
     key_hash,
     measure_profile,
@@ -273,6 +276,21 @@ def sequoia_dir() -> Path:
 
 def _match(provenance: dict, fields) -> dict:
     return {k: provenance.get(k) for k in fields}
+
+
+def check_calibration_config(cfg) -> None:
+    """An explicit ``topology.calibration_artifact`` whose provenance differs from the run's config
+    (another temperature, proposer, verifier or calibration setting) refused before any model work:
+    it was refused after the models had loaded. The fields that need the tokenizer and the
+    calibration prompts are checked when the artifact is loaded."""
+    t = cfg.topology
+    if t.name != "sequoia" or not t.get("calibration_artifact"):
+        return
+    path = str(t.calibration_artifact)
+    art = read_artifact(Path(path), kind=CALIBRATION_KIND)
+    check_provenance(
+        art.get("provenance", {}), config_provenance(cfg), fields=CONFIG_MATCH_FIELDS, kind="calibration", path=path
+    )
 
 
 def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = True) -> SequoiaArtifacts:
