@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -220,6 +222,47 @@ def check_flags(argv: list[str], command: str) -> None:
     parser.parse_args(argv)
 
 
+class _JobLogTee:
+    """``sys.stderr`` during a Hydra job: everything passes through, and each whole line the harness
+    prints (its notes, warnings and refusals: lines starting ``harness``) is also written to the
+    job's log file (Hydra's ``<job>.log`` beside the record), which otherwise held Python logging's
+    lines alone. Progress bars (lines redrawn with ``\\r``) stay on the console."""
+
+    def __init__(self, stream, files) -> None:
+        self._stream, self._files, self._line = stream, files, ""
+
+    def write(self, text: str) -> int:
+        self._line += text
+        while "\n" in self._line:
+            line, self._line = self._line.split("\n", 1)
+            if line.startswith("harness") and "\r" not in line:
+                for f in self._files:
+                    try:
+                        f.write(line + "\n")
+                        f.flush()
+                    except (OSError, ValueError):  # a closed or moved log: the console still has it
+                        pass
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def job_log_tee():
+    """The harness's stderr lines also in the log file(s) Hydra's job logging opened (none: as is)."""
+    files = [h.stream for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler) and h.stream]
+    if not files:
+        yield
+        return
+    stderr = sys.stderr
+    sys.stderr = _JobLogTee(stderr, files)
+    try:
+        yield
+    finally:
+        sys.stderr = stderr
+
+
 def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -237,7 +280,10 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _entry(cfg: DictConfig) -> dict | None:
+        with job_log_tee():
+            return _job(cfg)
 
+    def _job(cfg: DictConfig) -> dict | None:
         hydra_cfg = HydraConfig.get()
         if hydra_cfg.mode.name == "MULTIRUN":  # skip finished jobs; a failing job never stops the sweep
             job = sweep.run_sweep_job(cfg, hydra_cfg=hydra_cfg)

@@ -622,3 +622,18 @@ def test_a_heuristic_run_says_so_and_its_summary_carries_exact_and_gated(tmp_pat
     out, err = capsys.readouterr()
     summary = json.loads(out)
     assert summary["exact"] is True and summary["gated"] is False and "is heuristic" not in err
+
+
+def test_the_job_log_beside_the_record_holds_the_run_s_notes(tmp_path, monkeypatch, capsys):
+    """app.log (Hydra's job log) was empty in every run folder: the harness's notes and refusals went
+    to stderr alone. Its lines are in the log too; progress bars are not."""
+    from harness.app import run_main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    argv = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4", "generation.top_p=0.5"]
+    assert run_main([*argv, "gates.enabled=false", f"output_dir={run}"]) == 0  # the gates are not what is tested
+    log = (run / "app.log").read_text()
+    assert "harness: note: option(s) with no effect here: generation.top_p=0.5: temperature 0 decodes" in log
+    assert "\r" not in log and "it/s" not in log
+    assert "generation.top_p=0.5" in capsys.readouterr().err  # and still on the console
