@@ -566,7 +566,7 @@ def test_a_checkpoint_without_a_tokenizer_fails_before_its_weights_in_one_line(t
     assert run_main(argv) == 2
     line = one_line(capsys, "harness run: refused: ")
     assert line.endswith(
-        f"checkpoint {str(ckpt)!r}: no tokenizer in it (none of tokenizer.json, tokenizer.model, vocab.json, "
+        f"model.name_or_path={ckpt}: no tokenizer in it (none of tokenizer.json, tokenizer.model, vocab.json, "
         "tokenizer_config.json, vocab.txt): a checkpoint carries the tokenizer it was trained with (save it with "
         "tokenizer.save_pretrained)"
     )

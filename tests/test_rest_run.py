@@ -138,16 +138,11 @@ def test_rest_run_end_to_end_on_tiny_with_a_token_id_datastore(env, tmp_path):
     from harness.proposers.rest import path_inert_options
 
     why = f"the datastore at {store} was built with {{}} (its manifest decides; nothing is built)"
-    set_ = [
-        "proposer.datastore.corpus=sharegpt",
-        "proposer.datastore.max_tokens=1000",
-        "proposer.datastore.exclude=none",
-    ]
+    set_ = ["proposer.datastore.corpus=sharegpt", "proposer.datastore.max_tokens=1000"]
     node = compose_cfg(*run_overrides(env, store), *set_).proposer.datastore
     assert path_inert_options(node, "proposer.datastore") == [
         "proposer.datastore.corpus=sharegpt: " + why.format("corpus=token-ids"),
         "proposer.datastore.max_tokens=1000: " + why.format("max_tokens=null"),
-        "proposer.datastore.exclude=none: " + why.format("0 other texts excluded"),
     ]
     # the measured rounds only: the warm-up's and the gates' rounds are no part of the figures
     assert r["rounds"] == m["rounds"] and r["miss_rate"] == pytest.approx(r["misses"] / r["rounds"])
