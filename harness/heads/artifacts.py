@@ -45,9 +45,16 @@ class HeadsArtifact:
         return cpu_budget_label(self.manifest)
 
 
-def _source(model: torch.nn.Module) -> str | None:
-    """What the target was loaded from (its folder or hub id), for a refusal to name."""
-    return next(iter(model_names(model)), None)
+def load_bound(path, *, kind: str, recipe: dict, model: torch.nn.Module, tokenizer):
+    """:func:`~harness.heads.checkpoint.load_artifact` for the target ``model``: its fingerprint, and
+    what it was loaded from (its folder or hub id, for a refusal to name)."""
+    return load_artifact(
+        path,
+        kind=kind,
+        target_hash=target_fingerprint(model, tokenizer),
+        target_source=next(iter(model_names(model)), None),
+        recipe=recipe,
+    )
 
 
 def build_heads(recipe: dict, state: dict[str, torch.Tensor] | None = None, *, seed: int = 0) -> DraftHeads:
@@ -61,9 +68,7 @@ def build_heads(recipe: dict, state: dict[str, torch.Tensor] | None = None, *, s
 
 
 def load_heads(kind: str, recipe: dict, *, model: torch.nn.Module, tokenizer, path: Path) -> HeadsArtifact:
-    manifest, state = load_artifact(
-        path, kind=kind, target_hash=target_fingerprint(model, tokenizer), target_source=_source(model), recipe=recipe
-    )
+    manifest, state = load_bound(path, kind=kind, recipe=recipe, model=model, tokenizer=tokenizer)
     if state is None:
         raise ArtifactError(f"artifact {str(path)!r} has no weights")
     return HeadsArtifact(heads=build_heads(recipe, state), manifest=manifest, path=Path(path))
@@ -148,13 +153,7 @@ def load_adapter(options: dict, *, model: torch.nn.Module, tokenizer, path: Path
     path = Path(path or default)
     if not (path / "manifest.json").is_file():
         raise missing("early_exit", path, bool(options.get("artifact")))
-    manifest, state = load_artifact(
-        path,
-        kind="early_exit",
-        target_hash=target_fingerprint(model, tokenizer),
-        target_source=_source(model),
-        recipe=recipe,
-    )
+    manifest, state = load_bound(path, kind="early_exit", recipe=recipe, model=model, tokenizer=tokenizer)
     return AdapterArtifact(build_adapter(model, state), manifest, path)
 
 
@@ -170,13 +169,7 @@ def load_skip(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[list
     rd, path = skip_artifact_path(options, model=model, tokenizer=tokenizer)
     if not (path / "manifest.json").is_file():
         raise missing("layer_skip", path, bool(options.get("artifact")))
-    manifest, _ = load_artifact(
-        path,
-        kind="layer_skip",
-        target_hash=target_fingerprint(model, tokenizer),
-        target_source=_source(model),
-        recipe=rd,
-    )
+    manifest, _ = load_bound(path, kind="layer_skip", recipe=rd, model=model, tokenizer=tokenizer)
     return list(manifest["skip"]), manifest
 
 
@@ -264,13 +257,7 @@ def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifac
 
 
 def load_eagle(recipe: dict, *, model: torch.nn.Module, tokenizer, path: Path) -> EagleArtifact:
-    manifest, state = load_artifact(
-        path,
-        kind="eagle",
-        target_hash=target_fingerprint(model, tokenizer),
-        target_source=_source(model),
-        recipe=recipe,
-    )
+    manifest, state = load_bound(path, kind="eagle", recipe=recipe, model=model, tokenizer=tokenizer)
     if state is None:
         raise ArtifactError(f"artifact {str(path)!r} has no weights")
     return EagleArtifact(draft=build_eagle(recipe["spec"], state), manifest=manifest, path=Path(path))
