@@ -1175,7 +1175,6 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
                 "category": prompt.category,
                 # the first turn's (every turn under "turns"; n_turns says how many there are)
                 "n_turns": len(turns_out),
-                "first_turn_only": len(turns_out) > 1,
                 "prompt_token_ids": first["spec_prompt_token_ids"],
                 "ar_token_ids": first["ar_token_ids"],
                 "spec_token_ids": first["spec_token_ids"],
@@ -1393,7 +1392,7 @@ def speed_py_speedup(per_prompt: list[dict]) -> float | None:
 
 def run_notes(record: dict) -> list[str]:
     """What a finished run says on stderr about its figures: a heuristic verifier, prompts timed through a stall
-    (:func:`timing_outlier_note`), a speedup with nothing accepted (:func:`past_rounds_speedup_note`),
+    (:func:`timing_outlier_note`), a speedup past its tokens per round (:func:`past_rounds_speedup_note`),
     a Sequoia tree predicted slower than plain decoding and prompts the context limit cut
     (:func:`truncation_note`)."""
     m = record["metrics"]
@@ -1404,13 +1403,13 @@ def run_notes(record: dict) -> list[str]:
             f"verifier={verifier} is heuristic (exact: false): its outputs do not follow the target's law; compare, "
             "the report and the dashboards keep the run apart from exact ones (metrics.drift says how far)"
         )
-    unaccepted = past_rounds_speedup_note(m)
+    past_rounds = past_rounds_speedup_note(m)
     predicted = m.get("sequoia_predicted_time_per_token_normalised")
     slower = None
     if predicted is not None:
         slower = slower_than_ar_note({"n": m.get("sequoia_tree_nodes"), "time_per_token": predicted})
     cut = truncation_note(m.get("context") or {}, len(record["per_prompt"]))
-    return notes + [n for n in (unaccepted, slower, cut) if n]
+    return notes + [n for n in (past_rounds, slower, cut) if n]
 
 
 def truncation_note(context: dict, n_prompts: int) -> str | None:

@@ -60,7 +60,7 @@ def test_every_turn_runs_in_order_on_each_arms_own_answer(tmp_path, questions, b
         q = by_id[o["question_id"]]
         assert o["category"] == q["category"] and len(o["turns"]) == len(q["turns"])
         # the top-level ids are the first turn's, and the row says so where there are more
-        assert o["n_turns"] == len(q["turns"]) and o["first_turn_only"] == (len(q["turns"]) > 1)
+        assert o["n_turns"] == len(q["turns"])
         assert o["prompt_token_ids"] == enc.synthetic(q["turns"][0]) == o["turns"][0]["spec_prompt_token_ids"]
         if len(q["turns"]) == 2:
             for arm in ("ar", "spec"):

@@ -1093,7 +1093,8 @@ def outlier_note(sec: Sequence[ArmRow]) -> str | None:
     return OUTLIER_NOTE.format(arms="; ".join(flagged)) if flagged else None
 
 
-#: what an arm's speedup means when runs of it accepted no proposed token
+#: what an arm's speedup means when runs of it sped up past their tokens per round (with one token per
+#: round: no proposed token accepted)
 UNACCEPTED_NOTE = (
     "arms with runs that sped up more than their tokens committed per round allow ({arms}; at one token per "
     "round no proposed token was accepted): each round runs at least one verify forward, about the baseline's "
