@@ -136,7 +136,7 @@ def resolve_linear_kernel(
     intel = vendor in INTEL_VENDORS
     if cpp_compiler() is not None:
         has_avx512 = cpu_has_avx512() if avx512 is None else avx512
-        if intel:  # measured on a Sapphire Rapids with AVX-512: MKL and oneDNN's one-row products trail it 2x
+        if intel:  # measured on a Xeon with AVX-512 and AMX: MKL and oneDNN's one-row products trail it 2x
             return "streaming" if has_avx512 else "default"
         if dtype == torch.float32 and not compiled and not has_avx512:
             return "streaming_panels"
