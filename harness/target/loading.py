@@ -85,8 +85,8 @@ class _LoadReportCapture(logging.Filter):
 
     @staticmethod
     def row(cells: list[str]) -> str:
-        """One report row in the harness's words: a size mismatch as ``key: checkpoint [..] vs the
-        config's [..]`` (transformers says "Reinit", which a refused load never does)."""
+        """One report row in the harness's words: a size mismatch as ``key: the checkpoint's shape [..]
+        is not the config's [..]`` (transformers says "Reinit", which a refused load never does)."""
         key, status, *rest = cells
         shapes = re.findall(r"torch\.Size\(\[([\d, ]*)\]\)", " ".join(rest))
         if status == "MISMATCH" and len(shapes) == 2:
