@@ -90,11 +90,12 @@ class ModelConfig:
     seed: int = ranged(0, **SEED)  # weights seed for model=tiny
     trust_remote_code: bool = False  # explicit opt-in: runs code from the checkpoint
     tiny: TinyConfig = field(default_factory=TinyConfig)  # the LlamaConfig of model=tiny
-    # how every nn.Linear computes (harness.target.options): auto (streaming for float32 and bfloat16
-    # on a non-Intel x86 CPU with a C++ compiler, streaming_panels for float32 where it lacks AVX-512,
-    # weight_major without a compiler, else default) | default (F.linear) | onednn | mkl_packed |
-    # weight_major ((W @ x.T).T) | streaming (the harness's own kernel) | streaming_panels (the same
-    # over a copy of each float32 weight packed in panels of 16 output features)
+    # how every nn.Linear computes (harness.target.options): auto (on an x86 CPU with a C++ compiler
+    # streaming_panels for bfloat16 where the CPU has AMX, streaming otherwise, or streaming_panels for
+    # float32 where it lacks AVX-512; default on Intel without AVX-512; weight_major for float32
+    # without a compiler, else default) | default (F.linear) | onednn | mkl_packed | weight_major
+    # ((W @ x.T).T) | streaming (the harness's own kernel) | streaming_panels (the same over a copy of
+    # each weight packed: float32 in panels of 16 output features, bfloat16 in pairs for AMX's tiles)
     linear_kernel: str = ranged("auto", choices=LINEAR_KERNELS)
     # torch.compile(dynamic=True) of the model's forward (on CPU it needs a C++ compiler)
     compile: bool = False

@@ -464,15 +464,19 @@ def test_a_run_records_its_fused_layers_and_both_arms_agree(tmp_path, monkeypatc
     assert record["gates"]["equivalence"]["status"] == "passed"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_rows_logits_do_not_depend_on_how_the_forwards_were_split(dtype):
+@pytest.mark.parametrize(
+    ("dtype", "kernel"),
+    [(torch.float32, "streaming"), (torch.bfloat16, "streaming"), (torch.bfloat16, "streaming_panels")],
+)
+def test_a_rows_logits_do_not_depend_on_how_the_forwards_were_split(dtype, kernel):
     """Batch invariance: a prompt of 150 tokens (three passes of the kernel over the weights)
     prefilled in one forward, or as 149 tokens and then the last one alone, or in forwards of
     1, 64 and 85 rows, leaves the same cache bits and gives the last row the same logits bits.
     A greedy run prefills all but the last prompt token and transformers' generate prefills all of
-    them, so this is what makes the two decode the same tokens."""
+    them, so this is what makes the two decode the same tokens. bfloat16 weights in pairs (AMX's
+    tiles where the CPU has them) as well."""
     model = build_tiny_model(seed=4, dtype=dtype)
-    options.apply_linear_kernel(model, "streaming")
+    options.apply_linear_kernel(model, kernel)
     apply_fused_layers(model, True)
     ids = torch.tensor([[3 + (11 * i) % 90 for i in range(150)]])
 
@@ -492,15 +496,17 @@ def test_a_rows_logits_do_not_depend_on_how_the_forwards_were_split(dtype):
         assert all(torch.equal(a, b) for a, b in zip(keys, whole_keys)), splits
 
 
-def test_in_bfloat16_the_fused_target_follows_transformers_and_speculation_decodes_its_own_greedy_output():
+@pytest.mark.parametrize("kernel", ["streaming", "streaming_panels"])
+def test_in_bfloat16_the_fused_target_follows_transformers_and_speculation_decodes_its_own_greedy_output(kernel):
     """bfloat16: the fused layer's logits follow transformers' bfloat16 layers to bfloat16 rounding;
-    with the streaming kernel for every product a row's logits do not depend on the rows beside it,
-    so greedy prompt lookup decodes exactly what one-row greedy steps of the same target decode
-    (transformers' generate, on a preallocated cache), and the equivalence gate finds every tree row
-    bit-identical to its path decoded sequentially."""
+    with the streaming kernel for every product (its weights as they are, or in pairs for AMX's
+    tiles) a row's logits do not depend on the rows beside it, so greedy prompt lookup decodes
+    exactly what one-row greedy steps of the same target decode (transformers' generate, on a
+    preallocated cache), and the equivalence gate finds every tree row bit-identical to its path
+    decoded sequentially."""
     prompt = [3 + (7 * i) % 40 for i in range(30)] * 2
     plain, fused = (build_tiny_model(seed=5, dtype=torch.bfloat16) for _ in range(2))
-    options.apply_linear_kernel(fused, "streaming")
+    options.apply_linear_kernel(fused, kernel)
     assert apply_fused_layers(fused, True) == len(decoder_layers(fused))
     ids = torch.tensor([prompt[:20]])
 
@@ -533,6 +539,10 @@ def test_a_fused_layer_reads_its_weights_panels_again_when_a_weight_changes_or_i
     q, down = layer.self_attn.q_proj, layer.mlp.down_proj
     first = _parameters(layer)[0]
     assert torch.equal(first[1], options.weight_panels(q.weight)) and first[1].dim() == 3
+    bf16 = build_tiny_model(seed=7, dtype=torch.bfloat16)  # bfloat16: the seven products in pairs
+    options.apply_linear_kernel(bf16, "streaming_panels")
+    apply_fused_layers(bf16, True)
+    assert [w.dim() for w in _parameters(decoder_layers(bf16)[0])[0]] == [1, 4, 4, 4, 4, 1, 4, 4, 4]
     assert _parameters(layer)[0][1] is first[1]  # kept between forwards
     with torch.no_grad():
         q.weight.mul_(2)  # in place: a new version

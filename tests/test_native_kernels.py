@@ -183,15 +183,100 @@ def test_weights_in_panels_are_refused_in_one_line_where_they_do_not_fit():
         op(x.bfloat16(), options.weight_panels(w), None)
     with pytest.raises(RuntimeError, match="float32 CPU input and bias of 32 features"):
         op(x, options.weight_panels(w), torch.randn(16))
-    with pytest.raises(RuntimeError, match=r"weight must be \[N, K\] or float32 in panels"):
+    with pytest.raises(RuntimeError, match=r"weight must be \[N, K\], float32 in panels .* or bfloat16 in pairs"):
         op(x, torch.randn(2, 8, 8), None)
-    with pytest.raises(RuntimeError, match=r"weight must be \[N, K\] or float32 in panels"):
+    with pytest.raises(RuntimeError, match=r"weight must be \[N, K\], float32 in panels .* or bfloat16 in pairs"):
         op(x.bfloat16(), options.weight_panels(w).bfloat16(), None)
     with pytest.raises(RuntimeError, match="a bias of 32 features expected, got 16"):
         op(x, w, torch.randn(16))  # the [N, K] layout checks its bias as well
     assert op(x[:0], options.weight_panels(w), None).shape == (0, 32)
     b = torch.randn(32)
     assert torch.equal(op(torch.randn(3, 0), torch.randn(32, 0).reshape(2, 16, 0).transpose(1, 2), b), b.expand(3, 32))
+
+
+# (M, K, N) for bfloat16 weights in pairs (K a multiple of 32, N of 16): one tile of rows against
+# groups of four panels and a group cut short (3, 5 panels), two tiles of rows against pairs of panels
+# and a lone one, passes of 32 rows whose last has fewer (a new tile configuration), passes of 64 rows
+PAIR_SHAPES = [
+    (1, 576, 1536),
+    (1, 64, 48),
+    (2, 32, 16),
+    (5, 1536, 576),
+    (16, 64, 80),
+    (17, 96, 48),
+    (31, 32, 32),
+    (32, 64, 64),
+    (33, 64, 48),
+    (40, 32, 16),
+    (48, 64, 32),
+    (64, 32, 96),
+    (65, 64, 32),
+    (150, 96, 48),
+]
+
+
+def _check_pairs(op, on_amx: bool) -> None:
+    """bfloat16 weights in pairs: the product to bfloat16 rounding, each row's bits the same alone,
+    beside any other rows and in any pass; where the tiles are not used (``on_amx`` false), each element
+    exactly one float32 chain of multiply-adds over k in order, then the bias, then one rounding."""
+    g = torch.Generator().manual_seed(2)
+    for m, k, n in PAIR_SHAPES:
+        x, w, b = (torch.randn(*s, generator=g).bfloat16() for s in ((m, k), (n, k), (n,)))
+        pairs = options.weight_panels(w)
+        assert pairs.shape == (n // 16, k // 2, 16, 2) and pairs.dtype == torch.bfloat16
+        p, c, kk = 1 % (n // 16), 5, 7
+        assert torch.equal(pairs[p, kk // 2, c, kk % 2], w[16 * p + c, kk])
+        for bias in (b, None):
+            got = op(x, pairs, bias)
+            assert got.shape == (m, n) and got.dtype == torch.bfloat16
+            torch.testing.assert_close(got, _exact(x, w, bias), **TOLERANCE[torch.bfloat16])
+            for r in {0, m // 2, m - 1}:  # each row alone gives the bits it gets beside the others
+                assert torch.equal(op(x[r : r + 1], pairs, bias)[0], got[r]), (m, k, n, r)
+            for rows in {1, 16, 17, 33, m}:  # the first rows in fewer tiles or passes
+                assert torch.equal(op(x[: min(rows, m)], pairs, bias), got[: min(rows, m)]), (m, k, n, rows)
+        if not on_amx:
+            for r, c in ((0, 0), (m - 1, n - 1), (m // 2, n // 3)):
+                want = torch.tensor(_fma_chain(x[r].float(), w[c].float(), b[c].float().item())).bfloat16()
+                assert op(x, pairs, b)[r, c] == want, (m, k, n, r, c)
+    x = torch.randn(2, 3, 64, generator=g).bfloat16()  # leading dimensions, as a verify forward's [B, R, d]
+    w = torch.randn(32, 64, generator=g).bfloat16()
+    assert op(x, options.weight_panels(w), None).shape == (2, 3, 32)
+    torch.testing.assert_close(op(x, options.weight_panels(w), None), _exact(x, w, None), **TOLERANCE[torch.bfloat16])
+
+
+def test_bfloat16_weights_in_pairs_give_the_product_each_row_independently_of_the_others():
+    native.load_native_kernels()
+    assert torch.ops.harness.pairs_on_amx() == native.pairs_on_amx()
+    if native.cpu_has_amx() and native.cpp_compiler() is not None:
+        assert native.pairs_on_amx()  # a CPU with AMX multiplies with its tiles (the compiler built them in)
+    _check_pairs(torch.ops.harness.streaming_linear, on_amx=native.pairs_on_amx())
+
+
+def test_weights_in_pairs_are_refused_in_one_line_where_they_do_not_fit():
+    native.load_native_kernels()
+    op = torch.ops.harness.streaming_linear
+    x, w = torch.randn(2, 64).bfloat16(), torch.randn(32, 64).bfloat16()
+    pairs = options.weight_panels(w)
+    with pytest.raises(RuntimeError, match="a weight in pairs takes a bfloat16 CPU input and bias of 32 features"):
+        op(x.float(), pairs, None)
+    with pytest.raises(RuntimeError, match="a weight in pairs takes a bfloat16 CPU input and bias of 32 features"):
+        op(x, pairs, torch.randn(16).bfloat16())
+    with pytest.raises(RuntimeError, match="a weight in pairs needs K a multiple of 32; got 48"):
+        op(
+            torch.randn(2, 48).bfloat16(),
+            torch.randn(32, 48).bfloat16().reshape(2, 16, 24, 2).permute(0, 2, 1, 3),
+            None,
+        )
+    assert op(x[:0], pairs, None).shape == (0, 32)
+    assert not options.packable(torch.randn(32, 48).bfloat16())  # stays in the dot order
+    assert options.packable(torch.randn(32, 48)) and not options.packable(torch.randn(24, 64).bfloat16())
+
+
+def test_the_cpu_flags_say_whether_it_has_amx_tiles():
+    spr = "vendor_id\t: GenuineIntel\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+    assert native.cpu_has_amx(spr)
+    assert not native.cpu_has_amx(spr.replace(" amx_bf16", ""))
+    assert not native.cpu_has_amx("vendor_id\t: AuthenticAMD\nflags\t\t: fpu avx512f avx512_bf16\n")
 
 
 def test_a_weights_panels_are_made_once_and_again_when_the_weight_changes():
@@ -409,14 +494,16 @@ def test_a_bfloat16_layer_stays_within_bfloat16_rounding_of_the_float32_layer_an
 def test_every_code_path_it_ships_computes_the_same_product(tmp_path):
     """AVX-512 without AVX512-BF16 (bfloat16 widened to float32), AVX-512 with float32 products in
     the vector width this CPU's build does not use (256 or 512 bits), the AVX2 path (CPUs without
-    AVX-512) and the portable one (neither AVX2 nor AVX-512, e.g. ARM), built here under their own
-    op namespaces and checked as the real build is, in float32 and bfloat16."""
+    AVX-512), the portable one (neither AVX2 nor AVX-512, e.g. ARM) and a build without AMX tiles
+    (bfloat16 weights in pairs in the portable chain), built here under their own op namespaces and
+    checked as the real build is, in float32 and bfloat16."""
     other_width = 512 if native.float32_width() == 256 else 256
     variants = {
         "harness_avx512": ("-mno-avx512bf16",),  # AVX-512 without its bfloat16 dot products
         "harness_f32_other": (f"-DHARNESS_F32_WIDTH={other_width}",),
         "harness_avx2": ("-mno-avx512f",),
         "harness_portable": ("-mno-avx512f", "-mno-avx2", "-mno-fma"),
+        "harness_no_amx": ("-mno-amx-tile", "-mno-amx-bf16"),  # bfloat16 pairs in the portable chain
     }
     built, errors = {}, []
 
@@ -439,6 +526,8 @@ def test_every_code_path_it_ships_computes_the_same_product(tmp_path):
             _check_product(getattr(torch.ops, namespace).streaming_linear, dtype)
             _check_layer(getattr(torch.ops, namespace).llama_layer, torch.ops.harness.llama_layer, dtype)
         _check_panels(getattr(torch.ops, namespace).streaming_linear, fused=namespace != "harness_portable")
+        ops = getattr(torch.ops, namespace)
+        _check_pairs(ops.streaming_linear, on_amx=ops.pairs_on_amx())
         _check_exp(getattr(torch.ops, namespace).vector_exp)
 
 

@@ -117,29 +117,38 @@ def test_auto_streams_float32_and_bfloat16_on_an_x86_cpu_and_is_plain_linear_els
     monkeypatch.setattr(options, "cpp_compiler", lambda: "/usr/bin/g++")
     assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD", avx512=True) == "streaming"
     assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD", avx512=False) == "streaming_panels"
-    assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD", avx512=False) == "streaming"
+    assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD", avx512=False, amx=False) == "streaming"
     # a compiled forward: the panels' check on the weight would break the graph at every layer
     assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD", avx512=False, compiled=True) == "streaming"
     assert native.cpu_has_avx512("vendor_id\t: AuthenticAMD\nflags\t\t: fpu sse avx2 avx512f avx512bw\n")
     assert not native.cpu_has_avx512("flags\t\t: fpu sse avx2 fma\nbugs\t\t: avx512f_fake\n")
-    assert "float32 only" in options.linear_kernel_problem("streaming_panels", torch.bfloat16, "cpu")
-    # an Intel CPU with AVX-512 streams both dtypes (its one-row MKL and oneDNN products trail the kernel 2x);
-    # without AVX-512 (not measured) it keeps F.linear
-    assert resolve("auto", torch.float32, "cpu", vendor="GenuineIntel", avx512=True) == "streaming"
-    assert resolve("auto", torch.bfloat16, "cpu", vendor="GenuineIntel", avx512=True) == "streaming"
+    bf16_panels = options.linear_kernel_problem("streaming_panels", torch.bfloat16, "cpu")
+    if native.pairs_on_amx():
+        assert bf16_panels is None
+    else:
+        assert "multiplies bfloat16 with AMX tiles, which this CPU, compiler or OS does not provide" in bf16_panels
+    # an Intel CPU with AVX-512 streams both dtypes (its one-row MKL and oneDNN products trail the kernel 2x),
+    # bfloat16 in pairs for AMX's tiles where it has them; without AVX-512 (not measured) it keeps F.linear
+    assert resolve("auto", torch.float32, "cpu", vendor="GenuineIntel", avx512=True, amx=True) == "streaming"
+    assert resolve("auto", torch.bfloat16, "cpu", vendor="GenuineIntel", avx512=True, amx=False) == "streaming"
+    assert resolve("auto", torch.bfloat16, "cpu", vendor="GenuineIntel", avx512=True, amx=True) == "streaming_panels"
+    compiled = resolve("auto", torch.bfloat16, "cpu", vendor="GenuineIntel", avx512=True, amx=True, compiled=True)
+    assert compiled == "streaming"
     assert resolve("auto", torch.float32, "cpu", vendor="GenuineIntel", avx512=False) == "default"
     assert resolve("auto", torch.float32, "cpu", vendor="") == "default"  # ARM, or a vendor nobody reported
-    assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD") == "streaming"
+    assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD", amx=False) == "streaming"
     monkeypatch.setattr(options, "cpp_compiler", lambda: None)  # no compiler: MKL's path on Intel, weight_major else
     assert resolve("auto", torch.float32, "cpu", vendor="GenuineIntel", avx512=True) == "default"
     assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD", avx512=True) == "weight_major"
-    assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD", avx512=True) == "default"
+    assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD", avx512=True, amx=False) == "default"
     assert resolve("auto", torch.float16, "cpu", vendor="AuthenticAMD") == "default"
     assert resolve("auto", torch.float32, "cuda:0", vendor="AuthenticAMD") == "default"
     assert resolve("mkl_packed", torch.float32, "cpu", vendor="GenuineIntel") == "mkl_packed"  # a name is itself
     monkeypatch.setattr(options, "cpp_compiler", lambda: None)  # nothing to build the streaming kernel with
     assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD") == "weight_major"
-    assert resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD") == "default"  # not measured in bfloat16
+    assert (
+        resolve("auto", torch.bfloat16, "cpu", vendor="AuthenticAMD", amx=False) == "default"
+    )  # not measured in bfloat16
     assert options.linear_kernel_problem("auto", torch.bfloat16, "cuda") is None
     assert options.linear_kernel_problem("weight_major", torch.bfloat16, "cuda") is None
     monkeypatch.undo()
@@ -154,7 +163,8 @@ def test_auto_streams_float32_and_bfloat16_on_an_x86_cpu_and_is_plain_linear_els
         fp32, bf16 = build_tiny_model(seed=3), build_tiny_model(seed=3, dtype=torch.bfloat16)
         options.apply_linear_kernel(fp32, "auto")
         options.apply_linear_kernel(bf16, "auto")
-        bf16_kernel = "streaming" if kernel in options.STREAMING_KERNELS else "default"
+        bf16_streaming = "streaming_panels" if native.pairs_on_amx() else "streaming"
+        bf16_kernel = bf16_streaming if kernel in options.STREAMING_KERNELS else "default"
         assert options.linear_kernel_of(fp32) == {kernel} and options.linear_kernel_of(bf16) == {bf16_kernel}
     assert compose(["model=tiny"]).model.linear_kernel == "auto"  # the configured default
 

@@ -62,7 +62,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from harness.target.kv_cache import PreallocatedLayer
 from harness.target.native import load_native_kernels
-from harness.target.options import FUSED_ATTENTION, LAYER_PANELS_KEY, PANEL, weight_panels
+from harness.target.options import FUSED_ATTENTION, LAYER_PANELS_KEY, packable, weight_panels
 
 #: the dtypes the native layer computes (its parameters, cache and rotary tables in the same dtype)
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
@@ -149,7 +149,7 @@ _PRODUCTS = (1, 2, 3, 4, 6, 7, 8)
 
 def _layer_panels(layer: torch.nn.Module, products: list[torch.Tensor]) -> list[torch.Tensor] | None:
     """The seven products' weights in panels (:func:`weight_panels`), or None where one of them
-    cannot be (not float32 [N, K] with N a multiple of 16). The layer keeps the list with each
+    cannot be (:func:`harness.target.options.packable`). The layer keeps the list with each
     weight's version and storage, so a forward checks seven stamps instead of making seven lookups;
     a changed, moved or replaced weight makes it again."""
     try:  # the weights' identities (the list keeps them alive, so no id is reused meanwhile)
@@ -160,7 +160,7 @@ def _layer_panels(layer: torch.nn.Module, products: list[torch.Tensor]) -> list[
     if stamp is not None and cached is not None and cached[0] == stamp:
         return cached[2]
     panels = None
-    if all(w.dtype == torch.float32 and w.dim() == 2 and w.shape[0] % PANEL == 0 for w in products):
+    if all(packable(w) for w in products):
         panels = [weight_panels(w) for w in products]
     if stamp is not None:
         layer.__dict__[LAYER_PANELS_KEY] = (stamp, products, panels)

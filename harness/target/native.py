@@ -8,7 +8,9 @@ layer's own exp, for its tests:
   bfloat16, each weight row streamed from memory once for every 64 rows, with every output element
   reduced in an order that does not depend on the number of rows (``model.linear_kernel=streaming``),
   or with a float32 weight packed in panels ``[N / 16, K, 16]``, each element one chain of
-  multiply-adds over k (``model.linear_kernel=streaming_panels``);
+  multiply-adds over k, or a bfloat16 one in pairs ``[N / 16, K / 2, 16, 2]``, multiplied with AMX
+  tiles where the CPU has them (``model.linear_kernel=streaming_panels``; ``pairs_on_amx()`` says
+  whether the tiles are used);
 - ``torch.ops.harness.llama_layer(...)``: a whole Llama decoder layer in one call, float32 or
   bfloat16, appending to preallocated cache buffers (``model.fused_layers``,
   :mod:`harness.target.fused_layers`);
@@ -104,6 +106,35 @@ def cpu_has_avx512(cpuinfo: str | None = None) -> bool:
     return False
 
 
+def cpu_has_amx(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU (``cpuinfo``: the text of ``/proc/cpuinfo``, read when not given) has AMX tiles
+    with bfloat16 products (``amx_tile`` and ``amx_bf16``)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    for ln in cpuinfo.splitlines():
+        if ln.startswith("flags"):
+            flags = set(ln.split(":", 1)[-1].split())
+            return {"amx_tile", "amx_bf16"} <= flags
+    return False
+
+
+@functools.cache
+def pairs_on_amx() -> bool:
+    """Whether the native kernels multiply bfloat16 weights in pairs with AMX tiles here: the CPU has
+    them, the compiler built them in, and the OS granted this process their state (builds and loads
+    the kernels where the CPU has AMX)."""
+    if not cpu_has_amx():
+        return False
+    try:
+        load_native_kernels()
+    except NativeBuildError:
+        return False
+    return bool(torch.ops.harness.pairs_on_amx())
+
+
 def _compiler_version(cxx: str) -> str:
     out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
     return (out.stdout.splitlines() or [""])[0]
@@ -174,8 +205,8 @@ def register_fake(namespace: str) -> None:
     """The op's output shape and dtype without computing it (for ``torch.compile``'s tracing)."""
 
     @torch.library.register_fake(f"{namespace}::streaming_linear")
-    def _(x, weight, bias):  # a float32 weight in panels [N / 16, K, 16] has N = 16 * its first dim
-        return x.new_empty((*x.shape[:-1], weight.shape[0] * (16 if weight.dim() == 3 else 1)))
+    def _(x, weight, bias):  # a weight in panels [N / 16, K, 16] or pairs [N / 16, K / 2, 16, 2] has N = 16 * dim 0
+        return x.new_empty((*x.shape[:-1], weight.shape[0] * (16 if weight.dim() > 2 else 1)))
 
     @torch.library.register_fake(f"{namespace}::vector_exp")
     def _(x):

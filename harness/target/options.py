@@ -29,22 +29,30 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
   weight-streaming floor), and its verify forward costs 1.07x a one-row step at 2 rows, 1.09x at 4.
   In bfloat16 the same products read half the bytes: 16 ms on one row against 36 ms for
   ``F.linear`` (oneDNN) on the same CPU;
-- ``streaming_panels``: the same kernel over a copy of each float32 weight packed in panels of 16
-  output features (``[N / 16, K, 16]``, made on first use and again whenever the weight is replaced
-  or changed in place by a tensor operation; a write through ``.data`` is invisible to it, as to
-  autograd), reduced in the other order: each output element one chain of multiply-adds over k, a
-  broadcast input element times a panel's vectors, no horizontal sums. It keeps rows invariant the
-  same way and differs from ``streaming`` by float32 rounding. On an AMD EPYC without AVX-512 (Zen 3,
-  2 threads) SmolLM2's verify forwards took 0.83-0.89 of ``streaming``'s time at one row, 0.93-0.99
-  at four and 0.78-0.80 at 16-32; it holds a second copy of the weights. float32 on CPU only; a
-  layer whose output features are not a multiple of 16 stays on ``streaming``;
-- ``auto`` (the configured default): for float32 and bfloat16 on an x86 CPU of a vendor other than
-  Intel, ``streaming`` where a C++ compiler is installed to build it (``streaming_panels`` for
-  float32 where the CPU lacks AVX-512, the only kind it was measured on), and where none is
-  ``weight_major`` in float32 (measured on AMD EPYC: as fast as ``F.linear`` at one row, 15-40%
-  faster at 2 to 32 rows on an AVX2 part) and ``default`` in bfloat16; ``default`` everywhere else
-  (Intel CPUs, where ``streaming`` has not been measured yet and ``F.linear`` was the fastest of the
-  others, ARM, CUDA, float16).
+- ``streaming_panels``: the same kernel over a copy of each weight packed once (made on first use
+  and again whenever the weight is replaced or changed in place by a tensor operation; a write
+  through ``.data`` is invisible to it, as to autograd; it holds a second copy of the weights). A
+  float32 weight goes in panels of 16 output features (``[N / 16, K, 16]``), reduced in the other
+  order: each output element one chain of multiply-adds over k, a broadcast input element times a
+  panel's vectors, no horizontal sums. It keeps rows invariant the same way and differs from
+  ``streaming`` by float32 rounding. On an AMD EPYC without AVX-512 (Zen 3, 2 threads) SmolLM2's
+  verify forwards took 0.83-0.89 of ``streaming``'s time at one row, 0.93-0.99 at four and 0.78-0.80
+  at 16-32. A bfloat16 weight goes in pairs (``[N / 16, K / 2, 16, 2]``, K a multiple of 32), the
+  layout of AMX's tile multiply, and is multiplied with the tile unit (a CPU without AMX is
+  refused): a product costs about the read of its weights from one row to 32. On an Intel Xeon
+  with AMX (2 threads) SmolLM2's bfloat16 products took 12.0 ms at one row and 13.0 at 32, against
+  14.1 and 62 in the dot order; the AR step came to 1.16 weight-streaming floors. A layer whose
+  output features are not a multiple of 16 (or, in bfloat16, whose K is not one of 32) stays on
+  ``streaming``;
+- ``auto`` (the configured default): for float32 and bfloat16 on an x86 CPU with a C++ compiler to
+  build the native kernels, ``streaming_panels`` for bfloat16 where the kernels multiply with AMX
+  tiles (:func:`harness.target.native.pairs_on_amx`), else ``streaming``, or ``streaming_panels``
+  for float32 where the CPU lacks AVX-512 (the only kind it was measured on); on an Intel CPU
+  without AVX-512 (not measured) ``default``; with no compiler, ``weight_major`` in float32 on a
+  non-Intel CPU (measured on AMD EPYC: as fast as ``F.linear`` at one row, 15-40% faster at 2 to
+  32 rows on an AVX2 part) and ``default`` otherwise; ``default`` everywhere else (ARM, CUDA,
+  float16). A compiled forward never gets ``streaming_panels`` (the panels' staleness check runs
+  outside the graph).
 
 They differ from ``default`` by rounding (summation order) only; greedy equality between the arms
 does not depend on it (both arms use the same kernel), and a test checks that greedy output with
@@ -92,7 +100,13 @@ import torch
 import torch.nn.functional as F
 
 from harness.measure.hardware import cpu_vendor
-from harness.target.native import cpp_compiler, cpu_has_avx512, load_native_kernels, native_kernels_problem
+from harness.target.native import (
+    cpp_compiler,
+    cpu_has_avx512,
+    load_native_kernels,
+    native_kernels_problem,
+    pairs_on_amx,
+)
 
 #: the dtypes the streaming kernel computes (others would go to F.linear)
 STREAMING_DTYPES = (torch.float32, torch.bfloat16)
@@ -101,6 +115,8 @@ LINEAR_KERNELS = ("auto", "default", "onednn", "mkl_packed", "weight_major", "st
 STREAMING_KERNELS = ("streaming", "streaming_panels")
 #: output features per panel of ``streaming_panels``
 PANEL = 16
+#: the k of one step of ``streaming_panels``' bfloat16 products (an AMX tile of 16 pairs)
+PAIR_K = 32
 #: where a fused decoder layer keeps the panels of its products' weights (harness.target.fused_layers)
 LAYER_PANELS_KEY = "_harness_panel_weights"
 
@@ -116,15 +132,18 @@ def resolve_linear_kernel(
     *,
     vendor: str | None = None,
     avx512: bool | None = None,
+    amx: bool | None = None,
     compiled: bool = False,
 ) -> str:
     """The kernel ``kernel`` names for linear layers of ``dtype`` on ``device``: ``auto`` becomes, for
     float32 and bfloat16 on an x86 CPU where a C++ compiler can build the native kernels,
-    ``streaming``: on an Intel CPU (vendor ``vendor``, default: this machine's) where it has AVX-512
-    (``avx512``, default: this machine's flags), elsewhere ``streaming_panels`` for float32 without
-    AVX-512 unless the forward is ``compiled`` (the panels' staleness check runs outside the graph);
-    without a compiler, ``weight_major`` for float32 on a non-Intel CPU (MKL's single-precision GEMM
-    takes its own path on Intel's); ``default`` elsewhere. Any other name is itself."""
+    ``streaming_panels`` for bfloat16 where the native kernels multiply with AMX tiles (``amx``,
+    default: :func:`harness.target.native.pairs_on_amx`), else ``streaming``: on an Intel CPU (vendor
+    ``vendor``, default: this machine's) where it has AVX-512 (``avx512``, default: this machine's
+    flags), elsewhere ``streaming_panels`` for float32 without AVX-512; never ``streaming_panels``
+    where the forward is ``compiled`` (the panels' staleness check runs outside the graph). Without a
+    compiler, ``weight_major`` for float32 on a non-Intel CPU (MKL's single-precision GEMM takes its
+    own path on Intel's); ``default`` elsewhere. Any other name is itself."""
     if kernel != "auto":
         return kernel
     on_cpu = str(device).split(":")[0] == "cpu"  # a string, so a bad device is refused by its own check
@@ -136,8 +155,12 @@ def resolve_linear_kernel(
     intel = vendor in INTEL_VENDORS
     if cpp_compiler() is not None:
         has_avx512 = cpu_has_avx512() if avx512 is None else avx512
+        if intel and not has_avx512:
+            return "default"
+        if dtype == torch.bfloat16 and not compiled and (pairs_on_amx() if amx is None else amx):
+            return "streaming_panels"  # measured on a Xeon with AMX: flat in the rows to 32 (see above)
         if intel:  # measured on a Xeon with AVX-512 and AMX: MKL and oneDNN's one-row products trail it 2x
-            return "streaming" if has_avx512 else "default"
+            return "streaming"
         if dtype == torch.float32 and not compiled and not has_avx512:
             return "streaming_panels"
         return "streaming"
@@ -157,19 +180,24 @@ def linear_kernel_problem(kernel: str, dtype: torch.dtype, device: str) -> str |
         return None  # torch.mm: every device and dtype
     if torch.device(device).type != "cpu":
         return f"model.linear_kernel={kernel} is a CPU kernel; model.device={device} (use model.linear_kernel=default)"
-    if kernel in ("mkl_packed", "streaming_panels") and dtype != torch.float32:
+    if kernel == "mkl_packed" and dtype != torch.float32:
         return f"model.linear_kernel={kernel} is float32 only; model.dtype is {str(dtype).removeprefix('torch.')}"
-    if kernel == "streaming" and dtype not in STREAMING_DTYPES:
+    if kernel in STREAMING_KERNELS and dtype not in STREAMING_DTYPES:
         name = str(dtype).removeprefix("torch.")
-        return f"model.linear_kernel=streaming computes float32 and bfloat16; model.dtype is {name}"
+        return f"model.linear_kernel={kernel} computes float32 and bfloat16; model.dtype is {name}"
     if kernel in STREAMING_KERNELS and (problem := native_kernels_problem()) is not None:
         return f"model.linear_kernel={kernel} cannot run here: {problem} (use model.linear_kernel=weight_major)"
-    w = torch.ones(PANEL, 16, dtype=dtype)
-    x = torch.ones(2, 16, dtype=dtype)
+    if kernel == "streaming_panels" and dtype == torch.bfloat16 and not pairs_on_amx():
+        return (
+            "model.linear_kernel=streaming_panels multiplies bfloat16 with AMX tiles, which this CPU, compiler or OS"
+            " does not provide (use model.linear_kernel=streaming)"
+        )
+    w = torch.ones(PANEL, PAIR_K, dtype=dtype)  # a shape every kernel packs (bfloat16 pairs take K in 32s)
+    x = torch.ones(2, PAIR_K, dtype=dtype)
     try:
         with torch.inference_mode():
             y = _kernel_fn(kernel, w, None)(x)
-        if not torch.equal(y.float(), torch.full((2, PANEL), 16.0)):
+        if not torch.equal(y.float(), torch.full((2, PANEL), float(PAIR_K))):
             return f"model.linear_kernel={kernel} computed a wrong product on this CPU"
     except Exception as exc:  # the op is missing from this build, or the CPU lacks the instructions
         first = (str(exc).strip().splitlines() or [""])[0][:160]
@@ -215,7 +243,7 @@ def _kernel_fn(kernel: str, weight: torch.Tensor, bias: torch.Tensor | None):
 
         return streaming_linear
     if kernel == "streaming_panels":
-        if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[0] % PANEL:
+        if not packable(weight):
             return _kernel_fn("streaming", weight, bias)
         load_native_kernels()
         op = torch.ops.harness.streaming_linear
@@ -232,19 +260,33 @@ def _kernel_fn(kernel: str, weight: torch.Tensor, bias: torch.Tensor | None):
     raise ValueError(f"unknown linear kernel {kernel!r}")
 
 
+def packable(weight: torch.Tensor) -> bool:
+    """Whether ``streaming_panels`` packs ``weight``: [N, K] with N a multiple of 16, float32, or
+    bfloat16 with K a multiple of 32 (the k of one tile step); any other stays on ``streaming``."""
+    if weight.dim() != 2 or weight.shape[0] % PANEL:
+        return False
+    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and weight.shape[1] % PAIR_K == 0)
+
+
 def weight_panels(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` [N, K] (float32, N a multiple of 16) in panels ``[N / 16, K, 16]`` (panel p: rows
-    16p .. 16p + 15 transposed), the copy ``streaming_panels`` reads. Made on first use and kept on
-    the weight; made again when the weight's version changes (an in-place tensor operation,
-    ``load_state_dict``) or its storage moves (``weight.data = other``). An in-place write through
-    ``weight.data`` changes neither, and an inference tensor has no version: such writes are not
-    seen. A forward being compiled calls it outside the graph (:func:`_weight_panels_eagerly`)."""
+    """``weight`` [N, K] (:func:`packable`) packed for ``streaming_panels``: float32 in panels
+    ``[N / 16, K, 16]`` (panel p: rows 16p .. 16p + 15 transposed), bfloat16 in pairs ``[N / 16,
+    K / 2, 16, 2]`` (panel p's element [k / 2, n, k % 2] is ``weight[16p + n, k]``, the layout of
+    AMX's tile multiply). Made on first use and kept on the weight; made again when the weight's
+    version changes (an in-place tensor operation, ``load_state_dict``) or its storage moves
+    (``weight.data = other``). An in-place write through ``weight.data`` changes neither, and an
+    inference tensor has no version: such writes are not seen. A forward being compiled calls it
+    outside the graph (:func:`_weight_panels_eagerly`)."""
     cached = weight.__dict__.get("_harness_panels")
     version, ptr = (-1 if weight.is_inference() else weight._version), weight.data_ptr()
     if cached is not None and cached[0] == version and cached[1] == ptr:
         return cached[2]
     n, k = weight.shape
-    panels = weight.detach().reshape(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
+    w = weight.detach()
+    if w.dtype == torch.bfloat16:
+        panels = w.reshape(n // PANEL, PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    else:
+        panels = w.reshape(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
     weight.__dict__["_harness_panels"] = (version, ptr, panels)
     return panels
 

@@ -29,8 +29,10 @@
 // A float32 weight may also come packed in panels of 16 output features ([N / 16, K, 16], each
 // panel's rows transposed; model.linear_kernel=streaming_panels packs them once): its products
 // reduce every element in the other order, one chain of multiply-adds over k from zero, then the
-// bias, again whatever M, the tile or the thread (see "float32 weights in panels" below). A layer's
-// seven products come all in panels or none.
+// bias, again whatever M, the tile or the thread (see "float32 weights in panels" below). A
+// bfloat16 weight may come packed in pairs ([N / 16, K / 2, 16, 2], the same option), multiplied
+// with AMX tiles where the CPU has them (see "bfloat16 weights in pairs" below). A layer's seven
+// products come all packed or none.
 //
 // harness::llama_layer(...): one Llama decoder layer (RMSNorm, q/k/v projections, rotary
 // embedding, the append of k and v into preallocated cache buffers, grouped-query attention under
@@ -57,7 +59,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <omp.h>
+#include <sys/syscall.h>
 #include <torch/library.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -333,7 +337,7 @@ struct Product {
   const typename P::Wt* bias;  // or null
   typename P::Y* y;
   int64_t N;
-  bool panels = false;  // w is float32 in panels [N / 16, K, 16] (below), not [N, K]
+  bool panels = false;  // w is float32 in panels [N / 16, K, 16] or bfloat16 in pairs (below), not [N, K]
 };
 
 template <class P>
@@ -682,6 +686,275 @@ void run_panels(const Input<F32>& in, const Product<F32>* ps, int count, const T
     run_panel_groups<0, 1>(in, ps, count, team);
 }
 
+// ----------------------------------------------------------------- bfloat16 weights in pairs
+//
+// A bfloat16 weight may also come packed in panels of 16 output features with k in pairs:
+// [N / 16, K / 2, 16, 2], panel p's element [k / 2, n, k % 2] being W[16p + n, k], K a multiple of
+// 32 (model.linear_kernel=streaming_panels packs them once). Each 32 k of a panel are then 16 rows
+// of 64 bytes in the layout AMX's TDPBF16PS reads for its second operand, and where the build has
+// AMX (and the OS grants the tile state) a product multiplies tiles of up to 16 input rows into
+// them: each output element accumulates in one float32 element of a tile over k from zero, in the
+// tile unit's own order (pairs of products; its denormals flushed), then the bias, then one
+// rounding to bfloat16. A row of a tile is computed from that input row alone, and the split over
+// threads is over panels, so rows are invariant whatever M, the tile or the thread (a test checks
+// it bit for bit); the order differs from the dot order's, so the two round differently.
+//
+// The tile unit does the multiplications: a few rows cost what the read of the weights costs, and
+// so do a few dozen (the dot order's vector multiply-adds run out at around 8 rows). Up to 16 rows
+// run as one tile of rows against 4 panels at a time (4 accumulator tiles), 17-32 as two tiles of
+// rows against 2 panels, more in passes of 32 rows over the same 2 panels (read again from the
+// caches). Each thread loads its tile configuration for its share and releases the tiles after it.
+//
+// Without AMX the same layout is computed by a portable loop: one float32 chain of multiply-adds
+// per output element over k in order (each pair's first element, then its second), far slower; it
+// keeps the layout usable (and testable) on any CPU, and rounds differently from the tile unit.
+constexpr int kPairK = 32;  // k per tile step: 16 pairs
+
+// Whether a weight is bfloat16 in pairs ([N / 16, K / 2, 16, 2]).
+bool in_pairs(const at::Tensor& w) {
+  return w.dim() == 4 && w.size(2) == kPanel && w.size(3) == 2 && w.scalar_type() == at::kBFloat16;
+}
+
+// y[n0 .. n0 + 15] of one row = round(acc + bias), as the scalar `bf16(s)` rounds (to nearest
+// even, NaN to the quiet NaN torch writes), 16 at a time where AVX-512 is built.
+inline void finish16(const float* acc, const bf16* bias, bf16* y) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  __m512 v = _mm512_loadu_ps(acc);
+  if (bias != nullptr) v = _mm512_add_ps(v, Vec::widen(reinterpret_cast<const uint16_t*>(bias)));
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(32767))), 16);
+  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_set1_epi32(32704));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm512_cvtepi32_epi16(r));
+#else
+  for (int c = 0; c < kPanel; ++c) y[c] = bf16(bias != nullptr ? acc[c] + static_cast<float>(bias[c]) : acc[c]);
+#endif
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+constexpr bool kPairsOnAmx = true;
+
+// Whether this process may use the tile registers (Linux grants their state on request, once).
+bool amx_permitted() {
+  static const bool ok = [] {
+#if defined(__linux__)
+    constexpr long kRequestPermission = 4131, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+#else
+    return true;
+#endif
+  }();
+  return ok;
+}
+
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// The configuration for input tiles of r0 and r1 rows (r1 = 0: one tile of rows, 4 panels at a
+// time: accumulators 0-3, input 4, weights 5-7; else two, 2 panels: accumulators 0-3 as (tile of
+// rows, panel) (0, 0), (0, 1), (1, 0), (1, 1), inputs 4 and 5, weights 6 and 7).
+void configure_tiles(int r0, int r1) {
+  TileConfig cfg;
+  auto set = [&](int t, int rows) {
+    cfg.rows[t] = static_cast<uint8_t>(rows);
+    cfg.colsb[t] = 64;
+  };
+  if (r1 == 0) {
+    for (int t = 0; t < 5; ++t) set(t, r0);
+    for (int t = 5; t < 8; ++t) set(t, 16);
+  } else {
+    set(0, r0), set(1, r0), set(2, r1), set(3, r1), set(4, r0), set(5, r1), set(6, 16), set(7, 16);
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// rows [0, R) (R <= 16, the configuration's) of x [., K] against G <= 4 consecutive panels from
+// `w` (ps elements each): accumulators to `acc` [G][16 x 16]. One or two panels read their weights
+// into tiles 6 and 7, so they run under either configuration.
+template <int G>
+inline void pairs_one_tile(const bf16* x, int64_t K, const bf16* w, int64_t ps, float* acc) {
+  _tile_zero(0);
+  if constexpr (G > 1) _tile_zero(1);
+  if constexpr (G > 2) _tile_zero(2);
+  if constexpr (G > 3) _tile_zero(3);
+  const int64_t lda = K * 2;
+  for (int64_t k = 0; k < K; k += kPairK) {
+    const bf16* wk = w + k * kPanel;  // 32 k of a panel: 16 pairs of 16 features
+    _tile_loadd(4, x + k, lda);
+    if constexpr (G <= 2) {
+      _tile_loadd(6, wk, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (G > 1) {
+        _tile_loadd(7, wk + ps, 64);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+    } else {
+      _tile_loadd(5, wk, 64);
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_loadd(6, wk + ps, 64);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_loadd(7, wk + 2 * ps, 64);
+      _tile_dpbf16ps(2, 4, 7);
+      if constexpr (G > 3) {
+        _tile_loadd(5, wk + 3 * ps, 64);
+        _tile_dpbf16ps(3, 4, 5);
+      }
+    }
+  }
+  _tile_stored(0, acc, 64);
+  if constexpr (G > 1) _tile_stored(1, acc + 256, 64);
+  if constexpr (G > 2) _tile_stored(2, acc + 512, 64);
+  if constexpr (G > 3) _tile_stored(3, acc + 768, 64);
+}
+
+// rows [0, 16 + R1) of x in two tiles of rows against G <= 2 panels: acc [2][G][16 x 16].
+template <int G>
+inline void pairs_two_tiles(const bf16* x, int64_t K, const bf16* w, int64_t ps, float* acc) {
+  _tile_zero(0);
+  _tile_zero(2);
+  if constexpr (G > 1) {
+    _tile_zero(1);
+    _tile_zero(3);
+  }
+  const int64_t lda = K * 2;
+  const bf16* x1 = x + 16 * K;
+  for (int64_t k = 0; k < K; k += kPairK) {
+    const bf16* wk = w + k * kPanel;
+    _tile_loadd(4, x + k, lda);
+    _tile_loadd(5, x1 + k, lda);
+    _tile_loadd(6, wk, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(2, 5, 6);
+    if constexpr (G > 1) {
+      _tile_loadd(7, wk + ps, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, acc, 64);
+  _tile_stored(2, acc + 2 * 256, 64);
+  if constexpr (G > 1) {
+    _tile_stored(1, acc + 256, 64);
+    _tile_stored(3, acc + 3 * 256, 64);
+  }
+}
+#else
+constexpr bool kPairsOnAmx = false;
+bool amx_permitted() { return false; }
+#endif
+
+// Rows [0, R) (R <= 16) of x against panel `w`: the portable order (see above), acc [16 x 16].
+inline void pairs_portable(const bf16* x, int64_t R, int64_t K, const bf16* w, float* acc) {
+  for (int64_t r = 0; r < R; ++r) {
+    float a[kPanel] = {};
+    const bf16* xr = x + r * K;
+    for (int64_t k = 0; k < K; k += 2) {
+      const float x0 = static_cast<float>(xr[k]), x1 = static_cast<float>(xr[k + 1]);
+      const bf16* wk = w + k * kPanel;
+      for (int c = 0; c < kPanel; ++c) {
+        a[c] = std::fma(x0, static_cast<float>(wk[2 * c]), a[c]);
+        a[c] = std::fma(x1, static_cast<float>(wk[2 * c + 1]), a[c]);
+      }
+    }
+    std::memcpy(acc + r * kPanel, a, sizeof a);
+  }
+}
+
+// Rows [0, in.M) of the input against panels [j, j + here) of p (here <= G: 4 for up to 16 rows,
+// else 2), written to p.y.
+// `shape`: the input tiles' rows the thread's tile configuration holds now (loaded again on a change).
+template <int G>
+void pair_group(const Input<BF16>& in, const Product<BF16>& p, int64_t j, int64_t here, int (&shape)[2]) {
+  const int64_t K = in.K, ps = K * kPanel;  // elements per panel
+  const bf16* w = p.w + j * ps;
+  alignas(64) float acc[4 * 256];
+  auto finish = [&](const float* tile, int64_t m, int64_t rows, int64_t g) {
+    const bf16* bias = p.bias == nullptr ? nullptr : p.bias + (j + g) * kPanel;
+    for (int64_t r = 0; r < rows; ++r) finish16(tile + r * kPanel, bias, p.y + (m + r) * p.N + (j + g) * kPanel);
+  };
+  if (!kPairsOnAmx || !amx_permitted()) {
+    for (int64_t g = 0; g < here; ++g)
+      for (int64_t m = 0; m < in.M; m += 16) {
+        const int64_t rows = std::min<int64_t>(16, in.M - m);
+        pairs_portable(in.x + m * K, rows, K, w + g * ps, acc);
+        finish(acc, m, rows, g);
+      }
+    return;
+  }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (G == 4) {
+    switch (here) {
+      case 4: pairs_one_tile<4>(in.x, K, w, ps, acc); break;
+      case 3: pairs_one_tile<3>(in.x, K, w, ps, acc); break;
+      case 2: pairs_one_tile<2>(in.x, K, w, ps, acc); break;
+      default: pairs_one_tile<1>(in.x, K, w, ps, acc);
+    }
+    for (int64_t g = 0; g < here; ++g) finish(acc + g * 256, 0, in.M, g);
+  } else {
+    for (int64_t m = 0; m < in.M; m += 32) {  // passes of up to 32 rows
+      const int r0 = static_cast<int>(std::min<int64_t>(16, in.M - m));
+      const int r1 = static_cast<int>(std::min<int64_t>(16, in.M - m - r0));
+      // one tile of rows runs under a configuration of two whose first has its rows
+      if (shape[0] != r0 || (r1 != 0 && shape[1] != r1)) {
+        configure_tiles(r0, r1);
+        shape[0] = r0, shape[1] = r1;
+      }
+      if (r1 == 0) {
+        if (here == 2) pairs_one_tile<2>(in.x + m * K, K, w, ps, acc);
+        else pairs_one_tile<1>(in.x + m * K, K, w, ps, acc);
+        for (int64_t g = 0; g < here; ++g) finish(acc + g * 256, m, r0, g);
+      } else {
+        if (here == 2) pairs_two_tiles<2>(in.x + m * K, K, w, ps, acc);
+        else pairs_two_tiles<1>(in.x + m * K, K, w, ps, acc);
+        for (int64_t g = 0; g < here; ++g) {
+          finish(acc + g * 256, m, r0, g);
+          finish(acc + (2 + g) * 256, m + 16, r1, g);
+        }
+      }
+    }
+  }
+#endif
+}
+
+// Every product of `ps` (all in pairs, all sharing the input; M <= 64) in one split of their groups
+// of G panels.
+template <int G>
+void run_pair_groups(const Input<BF16>& in, const Product<BF16>* ps, int count, const Team& team) {
+  int64_t first[8];  // first group id of each product (count <= 7)
+  int64_t total = 0;
+  for (int i = 0; i < count; ++i) {
+    first[i] = total;
+    total += (ps[i].N / kPanel + G - 1) / G;
+  }
+  team.split(total, 1, [&](int64_t b0, int64_t b1) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    const bool tiles = amx_permitted();
+    if (tiles && G == 4) configure_tiles(static_cast<int>(in.M), 0);
+#endif
+    int shape[2] = {G == 4 ? static_cast<int>(in.M) : -1, 0};
+    int i = 0;
+    for (int64_t b = b0; b < b1; ++b) {
+      while (i + 1 < count && b >= first[i + 1]) ++i;
+      const Product<BF16>& p = ps[i];
+      const int64_t panels = p.N / kPanel, j = (b - first[i]) * G;
+      pair_group<G>(in, p, j, std::min<int64_t>(G, panels - j), shape);
+    }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (tiles) _tile_release();
+#endif
+  });
+}
+
+void run_pairs(const Input<BF16>& in, const Product<BF16>* ps, int count, const Team& team) {
+  if (in.M <= 16)
+    run_pair_groups<4>(in, ps, count, team);
+  else
+    run_pair_groups<2>(in, ps, count, team);
+}
+
 // The register tile for M rows: 1 x 16 for one row (or 16 tiles of 1 x 1 in sequence, per the
 // dtype's policy), 2 x 8 for two, 6 x 4 from three on, the last rows (M mod 6) in one smaller tile (a
 // block of the split is one tile's weight rows). Those are AVX-512's shapes (32 vector registers);
@@ -706,11 +979,12 @@ void run_products(const Input<P>& in, const Product<P>* ps, int count, const Tea
     Product<P> rows[8];
     for (int i = 0; i < count; ++i)
       rows[i] = Product<P>{ps[i].w, ps[i].bias, ps[i].y + m0 * ps[i].N, ps[i].N, ps[i].panels};
-    if constexpr (std::is_same_v<P, F32>) {
-      if (ps[0].panels) {  // the callers' checks: every product of a call in panels, or none
+    if (ps[0].panels) {  // the callers' checks: every product of a call in panels, or none
+      if constexpr (std::is_same_v<P, F32>)
         run_panels(part, rows, count, team);
-        continue;
-      }
+      else
+        run_pairs(part, rows, count, team);
+      continue;
     }
     if (part.M == 1)
       run_blocks<P, P::one_row_cols, 1>(part, rows, count, team);
@@ -728,9 +1002,13 @@ Input<P> input_of(const typename P::X* x, int64_t M, int64_t K) {
 
 bool is_cpu(const at::Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype && t.device().is_cpu(); }
 
-// Whether a weight is float32 in panels ([N / 16, K, 16]) rather than [N, K]; its N and K either way.
-bool in_panels(const at::Tensor& w) { return w.dim() == 3 && w.size(2) == kPanel && w.scalar_type() == at::kFloat; }
+// Whether a weight is packed: float32 in panels ([N / 16, K, 16]) or bfloat16 in pairs ([N / 16, K / 2,
+// 16, 2]) rather than [N, K]; its N and K either way.
+bool in_panels(const at::Tensor& w) {
+  return (w.dim() == 3 && w.size(2) == kPanel && w.scalar_type() == at::kFloat) || in_pairs(w);
+}
 int64_t rows_of(const at::Tensor& w) { return in_panels(w) ? w.size(0) * kPanel : w.size(0); }
+int64_t cols_of(const at::Tensor& w) { return in_pairs(w) ? w.size(1) * 2 : w.size(1); }
 
 // The dtype both products of a streaming_linear call run in (float32 or bfloat16), or Undefined.
 at::ScalarType streaming_dtype(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
@@ -749,14 +1027,20 @@ void linear_rows(const at::Tensor& xc, const at::Tensor& wc, const at::Tensor& b
 
 at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(weight.dim() == 2 || in_panels(weight),
-              "streaming_linear: weight must be [N, K] or float32 in panels [N / 16, K, 16]; got ", weight.sizes());
-  TORCH_CHECK(x.size(-1) == weight.size(1), "streaming_linear: x has ", x.size(-1), " features, weight ",
-              weight.size(1));
+              "streaming_linear: weight must be [N, K], float32 in panels [N / 16, K, 16] or bfloat16 in pairs "
+              "[N / 16, K / 2, 16, 2]; got ",
+              weight.sizes());
+  const int64_t K = cols_of(weight);
+  TORCH_CHECK(x.size(-1) == K, "streaming_linear: x has ", x.size(-1), " features, weight ", K);
   const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1), N = rows_of(weight);
   const at::ScalarType dtype = streaming_dtype(x, weight, bias);
-  if (weight.dim() == 3) {
-    TORCH_CHECK(dtype == at::kFloat && (!bias.has_value() || bias->numel() == N),
-                "streaming_linear: a weight in panels takes a float32 CPU input and bias of ", N, " features");
+  if (weight.dim() > 2) {
+    const bool pairs = in_pairs(weight);
+    TORCH_CHECK(dtype == weight.scalar_type() && (!bias.has_value() || bias->numel() == N),
+                "streaming_linear: a weight in ", pairs ? "pairs takes a bfloat16" : "panels takes a float32",
+                " CPU input and bias of ", N, " features");
+    TORCH_CHECK(!pairs || K % kPairK == 0, "streaming_linear: a weight in pairs needs K a multiple of ", kPairK,
+                "; got ", K);
     if (rows == 0 || x.size(-1) == 0) {  // no rows, or an empty sum: the bias alone, as at::linear gives
       std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
       shape.back() = N;
@@ -1312,8 +1596,11 @@ LayerParams<T> layer_params(const std::vector<at::Tensor>& weights, const std::v
     TORCH_CHECK(weights[i].numel() == shapes[i][0] * shapes[i][1] && rows_of(weights[i]) == shapes[i][0] &&
                     (product ? in_panels(weights[i]) == panels : weights[i].dim() == 1),
                 op, ": weight ", i, " has shape ", weights[i].sizes(),
-                " (the products' weights all [N, K] or all float32 in panels [N / 16, K, 16])");
+                " (the products' weights all [N, K], or all float32 in panels [N / 16, K, 16], or all bfloat16 in pairs"
+                " [N / 16, K / 2, 16, 2])");
   }
+  TORCH_CHECK(!panels || dtype != at::kBFloat16 || (d % kPairK == 0 && I % kPairK == 0 && Hq * dh % kPairK == 0), op,
+              ": weights in pairs need every product's K (", d, ", ", Hq * dh, ", ", I, ") a multiple of ", kPairK);
   const int64_t bias_sizes[7] = {Hq * dh, Hkv * dh, Hkv * dh, d, I, I, d};
   LayerParams<T> lp;
   for (int i = 0; i < 9; ++i) lp.w[i] = weights[i].data_ptr<T>();
@@ -1623,6 +1910,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lookup_matches(
 HARNESS_LIBRARY(HARNESS_NAMESPACE, m) {
   m.def("streaming_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("vector_exp(Tensor x) -> Tensor");
+  m.def("pairs_on_amx() -> bool", [] { return kPairsOnAmx && amx_permitted(); });
   m.def(
       "llama_layer(Tensor hidden, Tensor cos, Tensor sin, Tensor? mask, Tensor(a!) key_buffer, "
       "Tensor(b!) value_buffer, int start, Tensor[] weights, Tensor?[] biases, float input_eps, float post_eps, "
