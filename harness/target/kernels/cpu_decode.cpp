@@ -79,6 +79,21 @@ inline float sum256(__m256 h) {
   q = _mm_add_ps(q, _mm_movehl_ps(q, q));
   return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
+
+// out[c] = sum256(v[c]) for c < 8, bit for bit: the same additions, eight vectors at a time (the
+// halves of v[c] and v[c + 4] folded in one add, then pairs of lanes, then the pair).
+inline void sum8_256(const __m256* v, float* out) {
+  auto fold = [](__m256 a, __m256 b) {  // [a_lo + a_hi | b_lo + b_hi] (halves 0, 1: a's; 2, 3: b's)
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 2 << 4 | 0), _mm256_permute2f128_ps(a, b, 3 << 4 | 1));
+  };
+  auto pairs = [](__m256 a, __m256 b) {  // per 128-bit lane [a0 + a2, a1 + a3, b0 + b2, b1 + b3]
+    return _mm256_add_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  };
+  const __m256 low = pairs(fold(v[0], v[4]), fold(v[1], v[5]));  // [v0 v1 | v4 v5], two partial sums each
+  const __m256 high = pairs(fold(v[2], v[6]), fold(v[3], v[7]));
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_shuffle_ps(low, high, _MM_SHUFFLE(2, 0, 2, 0)),
+                                      _mm256_shuffle_ps(low, high, _MM_SHUFFLE(3, 1, 3, 1))));
+}
 #endif
 
 #if defined(__AVX512F__)
@@ -94,8 +109,10 @@ struct Vec {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
   }
   static float sum(T v) { return sum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))); }
-  static void sum8(const T* v, float* out) {  // out[c] = sum(v[c]), c < 8
-    for (int c = 0; c < 8; ++c) out[c] = sum(v[c]);
+  static void sum8(const T* v, float* out) {  // out[c] = sum(v[c]), c < 8, bit for bit: each folded as sum()
+    __m256 h[8];                              // folds it, then the eight sums of 8 together
+    for (int c = 0; c < 8; ++c) h[c] = _mm256_add_ps(_mm512_castps512_ps256(v[c]), _mm512_extractf32x8_ps(v[c], 1));
+    sum8_256(h, out);
   }
 };
 #define HARNESS_PREFETCH(p) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1)
@@ -112,20 +129,7 @@ struct Vec {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
   }
   static float sum(T h) { return sum256(h); }
-  // out[c] = sum(v[c]) for c < 8, bit for bit: the same additions as sum256's, eight vectors at a
-  // time (the halves of v[c] and v[c + 4] folded in one add, then pairs of lanes, then the pair).
-  static void sum8(const T* v, float* out) {
-    auto fold = [](T a, T b) {  // [a_lo + a_hi | b_lo + b_hi] (halves 0, 1: a's; 2, 3: b's)
-      return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 2 << 4 | 0), _mm256_permute2f128_ps(a, b, 3 << 4 | 1));
-    };
-    auto pairs = [](T a, T b) {  // per 128-bit lane [a0 + a2, a1 + a3, b0 + b2, b1 + b3]
-      return _mm256_add_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
-    };
-    const T low = pairs(fold(v[0], v[4]), fold(v[1], v[5]));  // [v0 v1 | v4 v5], two partial sums each
-    const T high = pairs(fold(v[2], v[6]), fold(v[3], v[7]));
-    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_shuffle_ps(low, high, _MM_SHUFFLE(2, 0, 2, 0)),
-                                        _mm256_shuffle_ps(low, high, _MM_SHUFFLE(3, 1, 3, 1))));
-  }
+  static void sum8(const T* v, float* out) { sum8_256(v, out); }
 };
 #define HARNESS_PREFETCH(p) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1)
 #else
@@ -1310,6 +1314,16 @@ void attend_grouped(const Attention<T>& a, float* scratch, const Team& team) {
       const int64_t run = t % runs, g = (t / runs) % a.Hkv, b = t / (runs * a.Hkv);
       const T* keys = a.keys + (b * a.Hkv + g) * a.cap * dh;
       const int64_t j0 = run * kKeysPerItem, j1 = std::min(keys_max, j0 + kKeysPerItem);
+      // bfloat16 keys are widened to float32 (exactly) once per run, not once per pair: the pairs
+      // then read the same values without a conversion each (on the Xeon with AMX, SmolLM2's
+      // 32-row verify at 256 keys spent 0.X of the scores' time)
+      const float* run_keys = nullptr;
+      if constexpr (!std::is_same_v<T, float>) {
+        thread_local std::vector<float> widened;
+        widened.resize(static_cast<size_t>((j1 - j0) * dh));
+        for (int64_t i = 0; i < (j1 - j0) * dh; i += W) Vec::store(widened.data() + i, loadv(keys + j0 * dh + i));
+        run_keys = widened.data();  // key j at (j - j0) * dh
+      }
       for (int64_t pr = 0; pr < pairs; ++pr) {
         const int64_t r = pr / rep, h = g * rep + pr % rep;
         const int64_t seen = std::min(j1, seen_of(r));
@@ -1321,6 +1335,17 @@ void attend_grouped(const Attention<T>& a, float* scratch, const Team& team) {
         // The first pair streams the run's keys from memory one at a time; the others find them in
         // the cache and take eight at a time. Either way each score is reduced as dot() reduces it.
         int64_t j = j0;
+        for (; run_keys != nullptr && j + 8 <= seen; j += 8) {  // bfloat16 keys, widened above
+          const float* k = run_keys + (j - j0) * dh;
+          Vec::T acc[8];
+          for (int c = 0; c < 8; ++c) acc[c] = Vec::zero();
+          for (int v = 0; v < NV; ++v)
+            for (int c = 0; c < 8; ++c) acc[c] = Vec::fma(qv[v], Vec::load(k + c * dh + v * W), acc[c]);
+          float sums[8];
+          Vec::sum8(acc, sums);
+          for (int c = 0; c < 8; ++c)
+            row[j + c] = allowed != nullptr && !allowed[j + c] ? -INFINITY : sums[c] * a.scaling;
+        }
         for (; pr > 0 && j + 8 <= seen; j += 8) {
           const T* k = keys + j * dh;
           Vec::T acc[8];
