@@ -465,22 +465,17 @@ def test_a_run_records_its_fused_layers_and_both_arms_agree(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize(
-    ("dtype", "kernel", "geometry"),
-    [
-        (torch.float32, "streaming", 0),
-        (torch.bfloat16, "streaming", 0),
-        (torch.bfloat16, "streaming_panels", 0),
-        (torch.bfloat16, "streaming_panels", 2),
-    ],
+    ("dtype", "kernel"),
+    [(torch.float32, "streaming"), (torch.bfloat16, "streaming"), (torch.bfloat16, "streaming_panels")],
 )
-def test_a_rows_logits_do_not_depend_on_how_the_forwards_were_split(dtype, kernel, geometry):
+def test_a_rows_logits_do_not_depend_on_how_the_forwards_were_split(dtype, kernel):
     """Batch invariance: a prompt of 150 tokens (three passes of the kernel over the weights)
     prefilled in one forward, or as 149 tokens and then the last one alone, or in forwards of
     1, 64 and 85 rows, leaves the same cache bits and gives the last row the same logits bits.
     A greedy run prefills all but the last prompt token and transformers' generate prefills all of
     them, so this is what makes the two decode the same tokens. bfloat16 weights in pairs (AMX's
-    tiles where the CPU has them) as well, and heads of 64 dimensions (attention on the tiles)."""
-    model = build_tiny_model(seed=4, dtype=dtype, **GEOMETRIES[geometry])
+    tiles where the CPU has them) as well."""
+    model = build_tiny_model(seed=4, dtype=dtype)
     options.apply_linear_kernel(model, kernel)
     apply_fused_layers(model, True)
     ids = torch.tensor([[3 + (11 * i) % 90 for i in range(150)]])
@@ -501,21 +496,16 @@ def test_a_rows_logits_do_not_depend_on_how_the_forwards_were_split(dtype, kerne
         assert all(torch.equal(a, b) for a, b in zip(keys, whole_keys)), splits
 
 
-@pytest.mark.parametrize(
-    ("kernel", "geometry"), [("streaming", 0), ("streaming_panels", 0), ("streaming", 2), ("streaming_panels", 2)]
-)
-def test_in_bfloat16_the_fused_target_follows_transformers_and_speculation_decodes_its_own_greedy_output(
-    kernel, geometry
-):
+@pytest.mark.parametrize("kernel", ["streaming", "streaming_panels"])
+def test_in_bfloat16_the_fused_target_follows_transformers_and_speculation_decodes_its_own_greedy_output(kernel):
     """bfloat16: the fused layer's logits follow transformers' bfloat16 layers to bfloat16 rounding;
     with the streaming kernel for every product (its weights as they are, or in pairs for AMX's
     tiles) a row's logits do not depend on the rows beside it, so greedy prompt lookup decodes
     exactly what one-row greedy steps of the same target decode (transformers' generate, on a
     preallocated cache), and the equivalence gate finds every tree row bit-identical to its path
-    decoded sequentially. Heads of 64 dimensions as well: where the CPU has AMX, their attention
-    runs on its tiles too."""
+    decoded sequentially."""
     prompt = [3 + (7 * i) % 40 for i in range(30)] * 2
-    plain, fused = (build_tiny_model(seed=5, dtype=torch.bfloat16, **GEOMETRIES[geometry]) for _ in range(2))
+    plain, fused = (build_tiny_model(seed=5, dtype=torch.bfloat16) for _ in range(2))
     options.apply_linear_kernel(fused, kernel)
     assert apply_fused_layers(fused, True) == len(decoder_layers(fused))
     ids = torch.tensor([prompt[:20]])

@@ -608,40 +608,6 @@ def _attention_case(dh: int, rows: int, start: int, masked: bool, dtype) -> list
     return [hidden, angles.cos().to(dtype), angles.sin().to(dtype), mask, *caches, start, weights, [None] * 7]
 
 
-@pytest.mark.skipif(
-    not native.pairs_on_amx(), reason="bfloat16 attention runs on AMX tiles only where the CPU has them"
-)
-def test_bfloat16_attention_on_amx_tiles_follows_attention_in_float32_and_keeps_rows_apart(tmp_path):
-    """Where the CPU has AMX, bfloat16 attention over heads of a multiple of 32 runs on its tiles
-    (scores, and value sums over probabilities rounded to bfloat16). The layer follows a build
-    without AMX (attention in float32 vectors) to bfloat16 rounding, for heads of 32 to 256
-    dimensions, causal and under a mask, from one row to more (query heads) than one tile of rows,
-    over prefixes across several steps of keys; and a forward's first rows are the bits a forward of
-    only those rows gives (causal: the later rows are invisible to them)."""
-    library = native.build(
-        namespace="harness_attention_no_amx", extra_flags=("-mno-amx-tile", "-mno-amx-bf16"), out_dir=tmp_path
-    )
-    native.load_native_kernels()
-    torch.ops.load_library(str(library))
-    tiles, vectors = torch.ops.harness.llama_layer, torch.ops.harness_attention_no_amx.llama_layer
-    assert not torch.ops.harness_attention_no_amx.pairs_on_amx()
-    shapes = ((1, 0), (1, 70), (2, 11), (3, 130), (9, 70), (20, 33))  # (rows, start); 20 rows: 60 query rows
-    for dh in (32, 64, 128, 256):
-        for rows, start in shapes:
-            for masked in (False, True):
-                a, b = (_attention_case(dh, rows, start, masked, torch.bfloat16) for _ in range(2))
-                out_a, out_b = tiles(*a, 1e-5, 1e-6, dh**-0.5), vectors(*b, 1e-5, 1e-6, dh**-0.5)
-                assert out_a.isfinite().all()
-                torch.testing.assert_close(out_a.float(), out_b.float(), rtol=2**-5, atol=0.25)
-                assert not torch.equal(out_a, out_b) or rows == 1 and start == 0, (dh, rows, start)  # not the same path
-                if not masked and rows > 1:
-                    first = _attention_case(dh, rows, start, masked, torch.bfloat16)
-                    k = rows // 2
-                    first[0] = first[0][:, :k].contiguous()
-                    first[1], first[2] = first[1][:, :k].contiguous(), first[2][:, :k].contiguous()
-                    assert torch.equal(tiles(*first, 1e-5, 1e-6, dh**-0.5), out_a[:, :k]), (dh, rows, start)
-
-
 def test_grouped_attention_gives_the_bits_of_attention_one_query_head_at_a_time(tmp_path):
     """The default build computes the heads of a key head together (its scores, softmax and value sums
     split over runs of keys and slices of the head); a build that never groups computes each query head

@@ -49,8 +49,6 @@
 // over slices of the head's width, so a decode step's few heads spread evenly over the threads
 // (forwards whose scores would not fit its scratch, such as a long prefill, run over blocks of up
 // to four rows of one head instead); either way each row is reduced in the order it would be alone.
-// Where the CPU has AMX, bfloat16 attention over heads of a multiple of 32 runs on its tiles instead,
-// in every forward alike (see "bfloat16 attention on tiles" below).
 //
 // harness::llama_stack(...): a whole stack of such layers as one call: the same per-layer steps, layer after layer, in one parallel region of torch's OpenMP pool
 // with one set of scratch buffers, so a decode step pays one dispatch and one thread-team start for
@@ -723,22 +721,15 @@ bool in_pairs(const at::Tensor& w) {
 
 // y[n0 .. n0 + 15] of one row = round(acc + bias), as the scalar `bf16(s)` rounds (to nearest
 // even, NaN to the quiet NaN torch writes), 16 at a time where AVX-512 is built.
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-// 16 float32 rounded to bfloat16 as the scalar `bf16(s)` rounds them
-inline __m256i round16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(32767))), 16);
-  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_set1_epi32(32704));
-  return _mm512_cvtepi32_epi16(r);
-}
-#endif
-
 inline void finish16(const float* acc, const bf16* bias, bf16* y) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
   __m512 v = _mm512_loadu_ps(acc);
   if (bias != nullptr) v = _mm512_add_ps(v, Vec::widen(reinterpret_cast<const uint16_t*>(bias)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), round16(v));
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(32767))), 16);
+  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_set1_epi32(32704));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm512_cvtepi32_epi16(r));
 #else
   for (int c = 0; c < kPanel; ++c) y[c] = bf16(bias != nullptr ? acc[c] + static_cast<float>(bias[c]) : acc[c]);
 #endif
@@ -1467,209 +1458,12 @@ void attend_grouped(const Attention<T>& a, float* scratch, const Team& team) {
   });
 }
 
-// ------------------------------------------------------------------- bfloat16 attention on tiles
-//
-// Where the native products multiply bfloat16 with AMX tiles, bfloat16 attention over heads of a
-// multiple of 32 (at most 256) runs on them too, in every forward alike (a one-row step, a verify,
-// a prefill): the scores of up to 16 query rows (the (row, head) pairs of one key / value head) by
-// 16 keys are one accumulator tile, summed over the head's width by the tile unit from the query
-// rows and the keys packed as its second operand, then scaled; the softmax runs in float32 as above
-// (maximum, exponentials, their sum in key order, over the keys the row sees); the probabilities are
-// rounded to bfloat16 (as PyTorch's bfloat16 attention rounds its softmax before the values), and
-// the weighted sums of values are accumulator tiles of 16 rows by 16 of the head's dimensions, summed
-// over the keys in order by the tile unit, then divided by the sum and rounded to bfloat16 once.
-// Each element of a tile depends on its own row alone, and a row's keys are summed in one chain
-// whatever else runs, so a row's output is the same bits alone, beside other rows, in any forward.
-// Keys and values are packed for the tile unit once per forward and key / value head, before the
-// heads run (keys in blocks of 16, [dh / 2, 16, 2] each, by gathers; values in pairs of keys,
-// [dh, 2] each), zero past the last key. The softmax and the packing run in AVX-512 vectors (every
-// CPU with AMX has them; a build without them keeps attention in float32 vectors).
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define HARNESS_TILE_ATTENTION 1
-constexpr int64_t kTileKeys = 32;  // keys per tile step of the value sums (and the packing unit)
-
-inline bool attention_on_tiles(int64_t dh) { return dh % 32 == 0 && dh <= 256 && amx_permitted(); }
-
-// Keys [32 c0, 32 c1) of one key / value head (stride dh; those from n_keys on as zeros) packed: key
-// block kb (16 keys) is [dh / 2][16][2] (pair p, key j, half t = key[16 kb + j][2 p + t]); values as
-// [Lp / 2][dh][2] (key pair p, dimension d, half t = value[2 p + t][d]).
-inline void pack_keys_values(const bf16* keys, const bf16* values, int64_t n_keys, int64_t c0, int64_t c1, int64_t dh,
-                             bf16* kt, bf16* vv) {
-  const int64_t pairs = dh / 2;
-  const __m512i lanes = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(static_cast<int>(dh * 2)));  // byte offset of key j
-  for (int64_t kb = 2 * c0; kb < 2 * c1; ++kb) {
-    uint32_t* out = reinterpret_cast<uint32_t*>(kt + kb * 16 * dh);
-    const int64_t live = std::clamp<int64_t>(n_keys - kb * 16, 0, 16);
-    const __mmask16 m = static_cast<__mmask16>((1u << live) - 1u);
-    const char* base = reinterpret_cast<const char*>(keys + kb * 16 * dh);
-    for (int64_t p = 0; p < pairs; ++p)
-      _mm512_storeu_si512(out + p * 16,
-                          live == 0 ? _mm512_setzero_si512()
-                                    : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, lanes, base + p * 4, 1));
-  }
-  for (int64_t p = 16 * c0; p < 16 * c1; ++p) {
-    uint32_t* out = reinterpret_cast<uint32_t*>(vv + p * 2 * dh);
-    const int64_t k0 = 2 * p, k1 = 2 * p + 1;
-    for (int64_t d = 0; d < dh; d += 16) {
-      const __m512i a = k0 < n_keys ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(values + k0 * dh + d)))
-                                    : _mm512_setzero_si512();
-      const __m512i b = k1 < n_keys ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(values + k1 * dh + d)))
-                                    : _mm512_setzero_si512();
-      _mm512_storeu_si512(out + d, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
-    }
-  }
-}
-
-// C tiles 0 .. G-1 = A (tile 4, the configuration's rows) x B_c (16 rows of 64 bytes at b + c * step,
-// stride ldb bytes), summed over `steps` k steps (A advancing 64 bytes, B `bstep` elements each).
-template <int G>
-inline void tile_sums(const bf16* a, int64_t lda, const bf16* b, int64_t step, int64_t ldb, int64_t bstep,
-                      int64_t steps, float* c, int64_t ldc) {
-  _tile_zero(0);
-  if constexpr (G > 1) _tile_zero(1);
-  if constexpr (G > 2) _tile_zero(2);
-  if constexpr (G > 3) _tile_zero(3);
-  for (int64_t s = 0; s < steps; ++s) {
-    const bf16* bs = b + s * bstep;
-    _tile_loadd(4, a + s * 32, lda);
-    _tile_loadd(5, bs, ldb);
-    _tile_dpbf16ps(0, 4, 5);
-    if constexpr (G > 1) {
-      _tile_loadd(6, bs + step, ldb);
-      _tile_dpbf16ps(1, 4, 6);
-    }
-    if constexpr (G > 2) {
-      _tile_loadd(7, bs + 2 * step, ldb);
-      _tile_dpbf16ps(2, 4, 7);
-    }
-    if constexpr (G > 3) {
-      _tile_loadd(5, bs + 3 * step, ldb);
-      _tile_dpbf16ps(3, 4, 5);
-    }
-  }
-  _tile_stored(0, c, ldc);
-  if constexpr (G > 1) _tile_stored(1, c + 16, ldc);
-  if constexpr (G > 2) _tile_stored(2, c + 32, ldc);
-  if constexpr (G > 3) _tile_stored(3, c + 48, ldc);
-}
-
-inline void tile_sums_of(int64_t g, const bf16* a, int64_t lda, const bf16* b, int64_t step, int64_t ldb,
-                         int64_t bstep, int64_t steps, float* c, int64_t ldc) {
-  switch (g) {
-    case 4: return tile_sums<4>(a, lda, b, step, ldb, bstep, steps, c, ldc);
-    case 3: return tile_sums<3>(a, lda, b, step, ldb, bstep, steps, c, ldc);
-    case 2: return tile_sums<2>(a, lda, b, step, ldb, bstep, steps, c, ldc);
-    default: return tile_sums<1>(a, lda, b, step, ldb, bstep, steps, c, ldc);
-  }
-}
-
-// The attention on tiles; `packed`: B * Hkv * Lp * dh * 2 elements (keys, then values, per head).
-void attend_tiles(const Attention<bf16>& a, bf16* packed, const Team& team) {
-  const int64_t rep = a.Hq / a.Hkv, dh = a.dh, R = a.R, pairs = R * rep;
-  const int64_t keys_max = a.mask != nullptr ? a.L : a.start + R;
-  const int64_t Lp = (keys_max + kTileKeys - 1) / kTileKeys * kTileKeys;
-  auto kt_of = [&](int64_t bg) { return packed + bg * Lp * dh * 2; };
-  const int64_t chunks = Lp / kTileKeys;
-  team.split(a.B * a.Hkv * chunks, 1, [&](int64_t t0, int64_t t1) {  // in runs of 32 keys
-    for (int64_t t = t0; t < t1;) {
-      const int64_t bg = t / chunks, c0 = t % chunks, c1 = std::min(chunks, c0 + (t1 - t));
-      pack_keys_values(a.keys + bg * a.cap * dh, a.values + bg * a.cap * dh, keys_max, c0, c1, dh, kt_of(bg),
-                       kt_of(bg) + Lp * dh);
-      t += c1 - c0;
-    }
-  });
-  const int64_t blocks = (pairs + 15) / 16;
-  team.split(a.B * a.Hkv * blocks, 1, [&](int64_t t0, int64_t t1) {
-    thread_local std::vector<float> scores, sums;
-    thread_local std::vector<bf16> probs, queries;
-    scores.resize(static_cast<size_t>(16 * Lp));
-    probs.resize(static_cast<size_t>(16 * Lp));
-    sums.resize(static_cast<size_t>(16 * dh));
-    queries.resize(static_cast<size_t>(16 * dh));
-    int configured = 0;
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t blk = t % blocks, g = (t / blocks) % a.Hkv, b = t / (blocks * a.Hkv);
-      const bf16* kt = kt_of(b * a.Hkv + g);
-      const bf16* vv = kt + Lp * dh;
-      const int64_t p0 = blk * 16, nq = std::min<int64_t>(16, pairs - p0);
-      int64_t out_row[16], seen[16];
-      const bool* allowed[16];
-      for (int64_t i = 0; i < nq; ++i) {
-        const int64_t r = (p0 + i) / rep, h = g * rep + (p0 + i) % rep;
-        out_row[i] = (b * R + r) * a.Hq + h;
-        seen[i] = a.mask != nullptr ? a.L : a.start + r + 1;
-        allowed[i] = a.mask != nullptr ? a.mask + (b * R + r) * a.L : nullptr;
-        std::memcpy(queries.data() + i * dh, a.q + out_row[i] * dh, static_cast<size_t>(dh) * sizeof(bf16));
-      }
-      if (configured != nq) {
-        configure_tiles(static_cast<int>(nq), 0);
-        configured = static_cast<int>(nq);
-      }
-      // scores: 4 blocks of 16 keys at a time, summed over the head's width in steps of 32
-      for (int64_t kb = 0; kb < Lp / 16; kb += 4)
-        tile_sums_of(std::min<int64_t>(4, Lp / 16 - kb), queries.data(), dh * 2, kt + kb * 16 * dh, 16 * dh, 64, 16 * 32,
-                     dh / 32, scores.data() + kb * 16, Lp * 4);
-      // softmax per row in vectors: scaled scores (unseen or masked keys -inf), their maximum, the
-      // exponentials, their sum (16 lanes over the keys in order, then a fixed horizontal sum) and
-      // the probabilities rounded to bfloat16, zero past the keys the row sees
-      float total[16];
-      const __m512 scale = _mm512_set1_ps(a.scaling), minus_inf = _mm512_set1_ps(-INFINITY);
-      for (int64_t i = 0; i < nq; ++i) {
-        float* row = scores.data() + i * Lp;
-        const int64_t n = seen[i];
-        __m512 tops = minus_inf;
-        int64_t j = 0;
-        for (; j < n; j += 16) {
-          const __mmask16 live = j + 16 <= n ? static_cast<__mmask16>(65535) : static_cast<__mmask16>((1u << (n - j)) - 1u);
-          __mmask16 ok = live;
-          if (allowed[i] != nullptr)
-            ok &= _mm_mask_cmpneq_epi8_mask(live, _mm_maskz_loadu_epi8(live, allowed[i] + j), _mm_setzero_si128());
-          const __m512 v = _mm512_mask_blend_ps(ok, minus_inf, _mm512_mul_ps(_mm512_loadu_ps(row + j), scale));
-          _mm512_storeu_ps(row + j, v);
-          tops = _mm512_max_ps(tops, v);
-        }
-        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(tops));
-        for (j = 0; j < n; j += 16) _mm512_storeu_ps(row + j, _mm512_sub_ps(_mm512_loadu_ps(row + j), top));
-        exp_inplace(row, n);
-        __m512 sum = _mm512_setzero_ps();
-        bf16* pr = probs.data() + i * Lp;
-        for (j = 0; j < Lp; j += 16) {
-          const __mmask16 live =
-              j + 16 <= n ? static_cast<__mmask16>(65535) : static_cast<__mmask16>(j >= n ? 0u : (1u << (n - j)) - 1u);
-          const __m512 p = _mm512_maskz_loadu_ps(live, row + j);
-          sum = _mm512_add_ps(sum, p);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + j), round16(p));
-        }
-        total[i] = Vec::sum(sum);
-      }
-      // value sums: 4 slices of 16 dimensions at a time, over the keys in steps of 32
-      for (int64_t d0 = 0; d0 < dh; d0 += 64)
-        tile_sums_of(std::min<int64_t>(4, (dh - d0) / 16), probs.data(), Lp * 2, vv + d0 * 2, 32, dh * 4, 16 * dh * 2,
-                     Lp / 32, sums.data() + d0, dh * 4);
-      for (int64_t i = 0; i < nq; ++i) {
-        const __m512 inv = _mm512_set1_ps(1.f / total[i]);
-        bf16* out = a.out + out_row[i] * dh;
-        for (int64_t e = 0; e < dh; e += 16)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + e),
-                              round16(_mm512_mul_ps(_mm512_loadu_ps(sums.data() + i * dh + e), inv)));
-      }
-    }
-    if (configured != 0) _tile_release();
-  });
-}
-#endif
-
 // Scores, softmax and the weighted sum of values in float32; the output rounded to T once. With
 // `scratch` (a forward whose scores fit it) heads of 1, 2, 4, 8 or 16 vectors run grouped
 // (attend_grouped); otherwise heads of 1, 2, 4 or 8 vectors run blocked (attend_rows), any other
 // width this loop, which reduces every score and sum in the same order.
 template <class T>
-void attend(const Attention<T>& a, float* scratch, T* packed, const Team& team) {
-#if defined(HARNESS_TILE_ATTENTION)
-  if constexpr (std::is_same_v<T, bf16>)
-    if (packed != nullptr) return attend_tiles(a, packed, team);  // the plan packs only where tiles run
-#endif
+void attend(const Attention<T>& a, float* scratch, const Team& team) {
   if (scratch != nullptr) {
     if (a.dh == W) return attend_grouped<T, 1>(a, scratch, team);
     if (a.dh == 2 * W) return attend_grouped<T, 2>(a, scratch, team);
@@ -1734,7 +1528,6 @@ struct LayerPlan {
   float scaling;
   T *x, *q, *k, *v, *ctx, *mid, *gate, *up;  // [M, d], [M, Hq dh], [M, Hkv dh] x 2, [M, Hq dh], [M, d], [M, I] x 2
   float* attention;  // attend_grouped's scratch, or null where its scores would not fit
-  T* packed;         // attend_tiles' packed keys and values, or null where attention is not on tiles
 };
 
 // Scratch tensors for a plan; they stay alive as long as the returned vector.
@@ -1753,16 +1546,6 @@ std::vector<at::Tensor> allocate_scratch(LayerPlan<T>& s, const at::TensorOption
     keep.push_back(at::empty({floats}, opts.dtype(at::kFloat)));
     s.attention = keep.back().data_ptr<float>();
   }
-  s.packed = nullptr;
-#if defined(HARNESS_TILE_ATTENTION)
-  if constexpr (std::is_same_v<T, bf16>) {
-    if (attention_on_tiles(s.dh)) {
-      const int64_t Lp = (s.start + s.R + kTileKeys - 1) / kTileKeys * kTileKeys;
-      keep.push_back(at::empty({s.B * s.Hkv * Lp * s.dh * 2}, opts));
-      s.packed = keep.back().data_ptr<T>();
-    }
-  }
-#endif
   return keep;
 }
 
@@ -1794,7 +1577,7 @@ void layer_steps(const LayerPlan<typename P::Wt>& s, const LayerParams<typename 
       }
   });
   attend(Attention<T>{qp, lp.keys, lp.values, s.mask, cp, s.B, R, s.Hq, s.Hkv, dh, s.cap, s.start, s.start + R, s.scaling},
-         s.attention, s.packed, team);
+         s.attention, team);
   run_products<P>(input_of<P>(cp, M, hq), &o, 1, team);
   team.split(M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t i = m0 * d; i < m1 * d; ++i) store1(mid + i, load1(h + i) + load1(mid + i));
