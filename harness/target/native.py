@@ -93,32 +93,29 @@ def float32_width(cpuinfo: str | None = None) -> int:
     return 256 if amd_19h else 512
 
 
-def cpu_has_avx512(cpuinfo: str | None = None) -> bool:
-    """Whether the CPU (``cpuinfo``: the text of ``/proc/cpuinfo``, read when not given) has AVX-512F."""
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (``cpuinfo``: the text of ``/proc/cpuinfo``, read when not given; no
+    flags where it cannot be read)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return False
+            return set()
     for ln in cpuinfo.splitlines():
         if ln.startswith("flags"):
-            return "avx512f" in ln.split(":", 1)[-1].split()
-    return False
+            return set(ln.split(":", 1)[-1].split())
+    return set()
+
+
+def cpu_has_avx512(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU (``cpuinfo``: the text of ``/proc/cpuinfo``, read when not given) has AVX-512F."""
+    return "avx512f" in cpu_flags(cpuinfo)
 
 
 def cpu_has_amx(cpuinfo: str | None = None) -> bool:
     """Whether the CPU (``cpuinfo``: the text of ``/proc/cpuinfo``, read when not given) has AMX tiles
     with bfloat16 products (``amx_tile`` and ``amx_bf16``)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    for ln in cpuinfo.splitlines():
-        if ln.startswith("flags"):
-            flags = set(ln.split(":", 1)[-1].split())
-            return {"amx_tile", "amx_bf16"} <= flags
-    return False
+    return {"amx_tile", "amx_bf16"} <= cpu_flags(cpuinfo)
 
 
 @functools.cache

@@ -650,16 +650,24 @@ inline void panel_group(const Input<F32>& in, const Product<F32>& p, int64_t j, 
   }
 }
 
-// Every product of `ps` (all in panels, all sharing the input) in one split of their groups of G
-// panels (M = 0: four or more rows in tiles of rows; see run_panels for G).
-template <int M, int G>
-void run_panel_groups(const Input<F32>& in, const Product<F32>* ps, int count, const Team& team) {
-  int64_t first[8];  // first group id of each product (count <= 7)
+// The products of `ps` cut into groups of G panels, numbered one product after another: `first[i]` is
+// product i's first group; returns how many there are.
+template <class P>
+int64_t panel_groups(const Product<P>* ps, int count, int64_t G, int64_t* first) {
   int64_t total = 0;
   for (int i = 0; i < count; ++i) {
     first[i] = total;
     total += (ps[i].N / kPanel + G - 1) / G;
   }
+  return total;
+}
+
+// Every product of `ps` (all in panels, all sharing the input) in one split of their groups of G
+// panels (M = 0: four or more rows in tiles of rows; see run_panels for G).
+template <int M, int G>
+void run_panel_groups(const Input<F32>& in, const Product<F32>* ps, int count, const Team& team) {
+  int64_t first[8];  // first group id of each product (count <= 7)
+  const int64_t total = panel_groups(ps, count, G, first);
   team.split(total, 1, [&](int64_t b0, int64_t b1) {
     int i = 0;
     for (int64_t b = b0; b < b1; ++b) {
@@ -944,11 +952,7 @@ void pair_group(const Input<BF16>& in, const Product<BF16>& p, int64_t j, int64_
 template <int G>
 void run_pair_groups(const Input<BF16>& in, const Product<BF16>* ps, int count, const Team& team) {
   int64_t first[8];  // first group id of each product (count <= 7)
-  int64_t total = 0;
-  for (int i = 0; i < count; ++i) {
-    first[i] = total;
-    total += (ps[i].N / kPanel + G - 1) / G;
-  }
+  const int64_t total = panel_groups(ps, count, G, first);
   team.split(total, 1, [&](int64_t b0, int64_t b1) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     const bool tiles = amx_permitted();
