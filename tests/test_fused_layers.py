@@ -529,6 +529,34 @@ def test_in_bfloat16_the_fused_target_follows_transformers_and_speculation_decod
     assert gate["status"] == "passed" and gate["tree_max_abs_logit_diff"] == 0.0
 
 
+@pytest.mark.parametrize(("dtype", "kernel"), [(torch.float32, "streaming"), (torch.bfloat16, "streaming_panels")])
+def test_a_wide_tree_s_rows_are_the_bits_of_their_paths_decoded_in_order(dtype, kernel):
+    """Twelve siblings and then a path five deep: the deep path's rows sit after the siblings, so its
+    ancestors are at other cache positions than the same tokens decoded in order, and over prefixes
+    of 44-62 tokens the tree's rows cross a multiple of 64 keys that the path does not. Each row's
+    logits must be the bits of its path decoded sequentially (a reduction over keys that depends on
+    their positions, such as one in blocks of keys, breaks this; heads of 64 dimensions)."""
+    geometry = {**GEOMETRIES[2], "intermediate_size": 192}  # every product's K a multiple of 32: all in pairs
+    backends = {}
+    for seed in (5, 6):
+        model = build_tiny_model(seed=seed, dtype=dtype, **geometry)
+        options.apply_linear_kernel(model, kernel)
+        apply_fused_layers(model, True)
+        backends[seed] = CausalLMBackend(model)
+    for seed, prefix_len in ((seed, n) for seed in (5, 6) for n in range(44, 64, 2)):
+        backend = backends[seed]
+        ids = [3 + (7 * i + i // 3) % 40 for i in range(prefix_len)]
+        paths = [[ids[-1], 10 + k] for k in range(12)] + [[ids[-1], 21, 30, 31, 32, 33]]
+        tree = _tree(paths, prefix_len)
+        assert tree.num_rows == 17 and max(int(d) for d in tree.depths) == 6
+        with torch.inference_mode():
+            out = backend.verify_one(backend.prefill_one(ids), ids[-1], tree)
+            for row in range(tree.num_rows):
+                sequence = ids + [int(tree.token_ids[x]) for x in tree.path_to(row)]
+                alone = backend.forward_rows(backend.new_state(), sequence, list(range(len(sequence))), None)
+                assert torch.equal(out.logits[row + 1], alone.logits[-1]), (seed, prefix_len, row)
+
+
 def test_a_fused_layer_reads_its_weights_panels_again_when_a_weight_changes_or_is_replaced():
     from harness.target.fused_layers import _parameters
 
