@@ -188,7 +188,7 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None 
     partial = partial_batch_note(len(planned.prompts), int(cfg.generation.batch_size))
     if partial:
         print(f"harness: note: {partial}", file=sys.stderr)
-    for note in (templated_text_note(cfg, planned.prompts), whole_target_draft_note(cfg)):
+    for note in (templated_text_note(cfg, planned.prompts), whole_target_draft_note(cfg), *compiled_panels_notes(cfg)):
         if note is not None:
             print(f"harness: note: {note}", file=sys.stderr)
     for note in environment_notes(str(cfg.tracking.mode)) if cfg.tracking.name == "wandb" else []:
@@ -780,6 +780,23 @@ def whole_target_draft_note(cfg: DictConfig) -> str | None:
         f"{draft_model_key(cfg)}.num_layers={d.num_layers}: the derived draft is the whole {total}-layer target, "
         "proposing the target's own tokens at the target's cost (a check of the machinery, not a draft's speedup)"
     )
+
+
+def compiled_panels_notes(cfg: DictConfig) -> list[str]:
+    """A compiled forward with ``linear_kernel=streaming_panels`` named explicitly (``auto`` never picks
+    it for a compiled forward): the check that a weight's packed copy is current runs outside the
+    graph, so every linear layer breaks it; said once per model, since the compiled forward then
+    measures the breaks as much as the kernel."""
+    models = [("model", cfg.model)]
+    if (draft := draft_model_config(cfg)) is not None:
+        models.append((draft_model_key(cfg), draft))
+    return [
+        f"{key}.linear_kernel=streaming_panels with {key}.compile=true: the packed weights are checked outside "
+        "the compiled graph, a graph break at every linear layer (the compiled forward runs in pieces; "
+        f"{key}.linear_kernel=auto picks streaming when compiled)"
+        for key, m in models
+        if m.get("compile") and m.get("linear_kernel") == "streaming_panels"
+    ]
 
 
 def _compiled(loaded: Loaded) -> bool:

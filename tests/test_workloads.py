@@ -284,6 +284,33 @@ def test_a_category_named_like_the_reports_aggregate_is_refused(tmp_path, catego
         load_jsonl(str(f), "eval")
 
 
+def test_a_compiled_forward_over_packed_weights_is_said_once_per_model():
+    """streaming_panels named beside model.compile=true breaks the compiled graph at every linear
+    layer (74 breaks on the tiny model, the compiles falling into timed rounds) with no word."""
+    from harness.config import compose
+    from harness.runner import compiled_panels_notes
+
+    both = compiled_panels_notes(
+        compose(
+            [
+                "model=tiny",
+                "model.compile=true",
+                "model.linear_kernel=streaming_panels",
+                "proposer=draft_model",
+                "proposer.model.compile=true",
+                "proposer.model.linear_kernel=streaming_panels",
+            ]
+        )
+    )
+    assert [n.split(":")[0] for n in both] == [
+        "model.linear_kernel=streaming_panels with model.compile=true",
+        "proposer.model.linear_kernel=streaming_panels with proposer.model.compile=true",
+    ]
+    assert "a graph break at every linear layer" in both[0]
+    assert compiled_panels_notes(compose(["model=tiny", "model.compile=true"])) == []  # auto: streaming
+    assert compiled_panels_notes(compose(["model=tiny", "model.linear_kernel=streaming_panels"])) == []
+
+
 def test_a_derived_draft_of_the_whole_target_is_said_once():
     """On the tiny target the derived draft's default is both of its layers: the draft was the target
     itself (6 tokens a round) with no word."""
