@@ -744,8 +744,6 @@ inline void finish16(const float* acc, const bf16* bias, bf16* y) {
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-constexpr bool kPairsOnAmx = true;
-
 // Whether this process may use the tile registers (Linux grants their state on request, once).
 bool amx_permitted() {
   static const bool ok = [] {
@@ -870,8 +868,7 @@ inline void pairs_two_tiles(const bf16* x, int64_t K, const bf16* w, int64_t ps,
   }
 }
 #else
-constexpr bool kPairsOnAmx = false;
-bool amx_permitted() { return false; }
+bool amx_permitted() { return false; }  // no tiles in this build
 #endif
 
 // Rows [0, R) (R <= 16) of x against panel `w`: the portable order (see above), acc [16 x 16].
@@ -903,7 +900,7 @@ void pair_group(const Input<BF16>& in, const Product<BF16>& p, int64_t j, int64_
     const bf16* bias = p.bias == nullptr ? nullptr : p.bias + (j + g) * kPanel;
     for (int64_t r = 0; r < rows; ++r) finish16(tile + r * kPanel, bias, p.y + (m + r) * p.N + (j + g) * kPanel);
   };
-  if (!kPairsOnAmx || !amx_permitted()) {
+  if (!amx_permitted()) {
     for (int64_t g = 0; g < here; ++g)
       for (int64_t m = 0; m < in.M; m += 16) {
         const int64_t rows = std::min<int64_t>(16, in.M - m);
@@ -1319,7 +1316,7 @@ void attend_grouped(const Attention<T>& a, float* scratch, const Team& team) {
       const T* keys = a.keys + (b * a.Hkv + g) * a.cap * dh;
       const int64_t j0 = run * kKeysPerItem, j1 = std::min(keys_max, j0 + kKeysPerItem);
       // bfloat16 keys are widened to float32 (exactly) once per run, not once per pair: the pairs
-      // then read the same values without a conversion each, all eight keys at a time (on the Xeon
+      // then read the same values without a conversion each (on the Xeon
       // with AMX, SmolLM2's 32-row verify over 256 keys spent about 0.7 of the scores' time, timed
       // against the products of the same forward)
       const float* run_keys = nullptr;
@@ -1337,31 +1334,27 @@ void attend_grouped(const Attention<T>& a, float* scratch, const Team& team) {
         Vec::T qv[NV];
         for (int v = 0; v < NV; ++v) qv[v] = loadv(q + v * W);
         float* row = scratch + row_of(b, r, h) * L;
-        // The first pair streams the run's keys from memory one at a time; the others find them in
-        // the cache and take eight at a time. Either way each score is reduced as dot() reduces it.
+        // Eight keys at a time, `key_at(j)` the first float of key j. Float32 keys: the first pair
+        // streams the run's keys from memory one at a time, the others find them in the cache and take
+        // eight at a time; bfloat16 keys, widened above, eight at a time for every pair. Either way
+        // each score is reduced as dot() reduces it.
         int64_t j = j0;
-        for (; run_keys != nullptr && j + 8 <= seen; j += 8) {  // bfloat16 keys, widened above
-          const float* k = run_keys + (j - j0) * dh;
-          Vec::T acc[8];
-          for (int c = 0; c < 8; ++c) acc[c] = Vec::zero();
-          for (int v = 0; v < NV; ++v)
-            for (int c = 0; c < 8; ++c) acc[c] = Vec::fma(qv[v], Vec::load(k + c * dh + v * W), acc[c]);
-          float sums[8];
-          Vec::sum8(acc, sums);
-          for (int c = 0; c < 8; ++c)
-            row[j + c] = allowed != nullptr && !allowed[j + c] ? -INFINITY : sums[c] * a.scaling;
-        }
-        for (; pr > 0 && j + 8 <= seen; j += 8) {
-          const T* k = keys + j * dh;
-          Vec::T acc[8];
-          for (int c = 0; c < 8; ++c) acc[c] = Vec::zero();
-          for (int v = 0; v < NV; ++v)
-            for (int c = 0; c < 8; ++c) acc[c] = Vec::fma(qv[v], loadv(k + c * dh + v * W), acc[c]);
-          float sums[8];
-          Vec::sum8(acc, sums);
-          for (int c = 0; c < 8; ++c)
-            row[j + c] = allowed != nullptr && !allowed[j + c] ? -INFINITY : sums[c] * a.scaling;
-        }
+        auto eight_at_a_time = [&](auto key_at) {
+          for (; j + 8 <= seen; j += 8) {
+            Vec::T acc[8];
+            for (int c = 0; c < 8; ++c) acc[c] = Vec::zero();
+            for (int v = 0; v < NV; ++v)
+              for (int c = 0; c < 8; ++c) acc[c] = Vec::fma(qv[v], loadv(key_at(j + c) + v * W), acc[c]);
+            float sums[8];
+            Vec::sum8(acc, sums);
+            for (int c = 0; c < 8; ++c)
+              row[j + c] = allowed != nullptr && !allowed[j + c] ? -INFINITY : sums[c] * a.scaling;
+          }
+        };
+        if (run_keys != nullptr)
+          eight_at_a_time([&](int64_t jj) { return run_keys + (jj - j0) * dh; });
+        else if (pr > 0)
+          eight_at_a_time([&](int64_t jj) { return keys + jj * dh; });
         for (; j < seen; ++j) {
           if (allowed != nullptr && !allowed[j]) {
             row[j] = -INFINITY;
@@ -1956,7 +1949,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lookup_matches(
 HARNESS_LIBRARY(HARNESS_NAMESPACE, m) {
   m.def("streaming_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("vector_exp(Tensor x) -> Tensor");
-  m.def("pairs_on_amx() -> bool", [] { return kPairsOnAmx && amx_permitted(); });
+  m.def("pairs_on_amx() -> bool", [] { return amx_permitted(); });
   m.def(
       "llama_layer(Tensor hidden, Tensor cos, Tensor sin, Tensor? mask, Tensor(a!) key_buffer, "
       "Tensor(b!) value_buffer, int start, Tensor[] weights, Tensor?[] biases, float input_eps, float post_eps, "
