@@ -45,12 +45,13 @@ the order ``LlamaForCausalLM`` calls them, the same bits, without transformers' 
 per-module call machinery around them; wherever a hook, an output, compilation or a replaced
 forward asks for the model's own forward, it runs that.
 
-With ``model.linear_kernel=streaming_panels`` the layers' seven products read their weights in
-panels (:func:`harness.target.options.weight_panels`, the copy that kernel keeps for each weight),
-in that kernel's summation order, so fused and unfused layers compute the same products. A layer
-one of whose products has a number of output features that is not a multiple of 16 reads all seven
-as they are, in ``streaming``'s order, where the unfused layer would compute those whose features
-are multiples of 16 in panels.
+With ``model.linear_kernel=streaming_panels`` the layers' seven products read their weights
+packed (:func:`harness.target.options.weight_panels`, the copy that kernel keeps for each weight:
+float32 in panels, bfloat16 in pairs for AMX's tiles), in that kernel's summation order, so fused
+and unfused layers compute the same products. A layer one of whose products cannot be packed
+(:func:`harness.target.options.packable`: output features not a multiple of 16, or in bfloat16
+input features not a multiple of 32) reads all seven as they are, in ``streaming``'s order, where
+the unfused layer would compute the packable ones packed.
 """
 
 from __future__ import annotations
