@@ -112,6 +112,23 @@ def test_a_linear_kernel_this_machine_cannot_run_is_refused_in_one_line():
     assert err.value.suggestions == (("model.linear_kernel=default",),)
 
 
+def test_bfloat16_pairs_without_amx_tiles_are_refused_naming_the_kernel_to_use(monkeypatch):
+    monkeypatch.setattr(options, "pairs_on_amx", lambda: False)  # a CPU, compiler or OS without the tiles
+    problem = options.linear_kernel_problem("streaming_panels", torch.bfloat16, "cpu")
+    assert problem == (
+        "model.linear_kernel=streaming_panels multiplies bfloat16 with AMX tiles, which this CPU, compiler or OS"
+        " does not provide (use model.linear_kernel=streaming)"
+    )
+    assert "AMX" not in (options.linear_kernel_problem("streaming_panels", torch.float32, "cpu") or "")
+    cfg = compose(["model=tiny", "model.dtype=bfloat16", "model.linear_kernel=streaming_panels"])
+    with pytest.raises(ConfigError, match=r"^model.linear_kernel=streaming_panels multiplies bfloat16 with AMX"):
+        check_models(cfg)
+    monkeypatch.setattr(options, "cpp_compiler", lambda: "/usr/bin/g++")
+    assert (
+        options.resolve_linear_kernel("auto", torch.bfloat16, "cpu", vendor="GenuineIntel", avx512=True) == "streaming"
+    )
+
+
 def test_auto_streams_float32_and_bfloat16_on_an_x86_cpu_and_is_plain_linear_elsewhere(monkeypatch):
     resolve = options.resolve_linear_kernel
     monkeypatch.setattr(options, "cpp_compiler", lambda: "/usr/bin/g++")
