@@ -464,18 +464,26 @@ def test_a_run_records_its_fused_layers_and_both_arms_agree(tmp_path, monkeypatc
     assert record["gates"]["equivalence"]["status"] == "passed"
 
 
+PAIRED = {**GEOMETRIES[2], "intermediate_size": 192}  # heads of 64; every product's K a multiple of 32
+
+
 @pytest.mark.parametrize(
-    ("dtype", "kernel"),
-    [(torch.float32, "streaming"), (torch.bfloat16, "streaming"), (torch.bfloat16, "streaming_panels")],
+    ("dtype", "kernel", "geometry"),
+    [
+        (torch.float32, "streaming", {}),
+        (torch.bfloat16, "streaming", {}),
+        (torch.bfloat16, "streaming_panels", {}),
+        (torch.bfloat16, "streaming_panels", PAIRED),
+    ],
 )
-def test_a_rows_logits_do_not_depend_on_how_the_forwards_were_split(dtype, kernel):
+def test_a_rows_logits_do_not_depend_on_how_the_forwards_were_split(dtype, kernel, geometry):
     """Batch invariance: a prompt of 150 tokens (three passes of the kernel over the weights)
     prefilled in one forward, or as 149 tokens and then the last one alone, or in forwards of
     1, 64 and 85 rows, leaves the same cache bits and gives the last row the same logits bits.
     A greedy run prefills all but the last prompt token and transformers' generate prefills all of
     them, so this is what makes the two decode the same tokens. bfloat16 weights in pairs (AMX's
-    tiles where the CPU has them) as well."""
-    model = build_tiny_model(seed=4, dtype=dtype)
+    tiles where the CPU has them) as well, and heads of 64 dimensions (attention on the tiles)."""
+    model = build_tiny_model(seed=4, dtype=dtype, **geometry)
     options.apply_linear_kernel(model, kernel)
     apply_fused_layers(model, True)
     ids = torch.tensor([[3 + (11 * i) % 90 for i in range(150)]])
@@ -496,16 +504,22 @@ def test_a_rows_logits_do_not_depend_on_how_the_forwards_were_split(dtype, kerne
         assert all(torch.equal(a, b) for a, b in zip(keys, whole_keys)), splits
 
 
-@pytest.mark.parametrize("kernel", ["streaming", "streaming_panels"])
-def test_in_bfloat16_the_fused_target_follows_transformers_and_speculation_decodes_its_own_greedy_output(kernel):
+@pytest.mark.parametrize(
+    ("kernel", "geometry"),
+    [("streaming", {}), ("streaming_panels", {}), ("streaming", PAIRED), ("streaming_panels", PAIRED)],
+)
+def test_in_bfloat16_the_fused_target_follows_transformers_and_speculation_decodes_its_own_greedy_output(
+    kernel, geometry
+):
     """bfloat16: the fused layer's logits follow transformers' bfloat16 layers to bfloat16 rounding;
     with the streaming kernel for every product (its weights as they are, or in pairs for AMX's
     tiles) a row's logits do not depend on the rows beside it, so greedy prompt lookup decodes
     exactly what one-row greedy steps of the same target decode (transformers' generate, on a
     preallocated cache), and the equivalence gate finds every tree row bit-identical to its path
-    decoded sequentially."""
+    decoded sequentially. Heads of 64 dimensions as well: where the CPU has AMX, their attention
+    runs on its tiles too."""
     prompt = [3 + (7 * i) % 40 for i in range(30)] * 2
-    plain, fused = (build_tiny_model(seed=5, dtype=torch.bfloat16) for _ in range(2))
+    plain, fused = (build_tiny_model(seed=5, dtype=torch.bfloat16, **geometry) for _ in range(2))
     options.apply_linear_kernel(fused, kernel)
     assert apply_fused_layers(fused, True) == len(decoder_layers(fused))
     ids = torch.tensor([prompt[:20]])
@@ -535,20 +549,23 @@ def test_a_wide_tree_s_rows_are_the_bits_of_their_paths_decoded_in_order(dtype, 
     ancestors are at other cache positions than the same tokens decoded in order, and over prefixes
     of 44-62 tokens the tree's rows cross a multiple of 64 keys that the path does not. Each row's
     logits must be the bits of its path decoded sequentially (a reduction over keys that depends on
-    their positions, such as one in blocks of keys, breaks this; heads of 64 dimensions)."""
-    geometry = {**GEOMETRIES[2], "intermediate_size": 192}  # every product's K a multiple of 32: all in pairs
+    their positions, such as one in blocks of keys, breaks this; heads of 64 dimensions). Over
+    prefixes of 70-133 tokens as well, with a path 36 deep: on AMX bfloat16 attention sums most of a
+    row's keys on tiles, steps of 32 keys that must hold the path's keys as the sequential decode
+    holds them (past a hole in the mask for the deepest rows)."""
     backends = {}
     for seed in (5, 6):
-        model = build_tiny_model(seed=seed, dtype=dtype, **geometry)
+        model = build_tiny_model(seed=seed, dtype=dtype, **PAIRED)
         options.apply_linear_kernel(model, kernel)
         apply_fused_layers(model, True)
         backends[seed] = CausalLMBackend(model)
-    for seed, prefix_len in ((seed, n) for seed in (5, 6) for n in range(44, 64, 2)):
+    cases = [(seed, n, 5) for seed in (5, 6) for n in range(44, 64, 2)] + [(5, n, 36) for n in (70, 94, 133)]
+    for seed, prefix_len, depth in cases:
         backend = backends[seed]
         ids = [3 + (7 * i + i // 3) % 40 for i in range(prefix_len)]
-        paths = [[ids[-1], 10 + k] for k in range(12)] + [[ids[-1], 21, 30, 31, 32, 33]]
-        tree = _tree(paths, prefix_len)
-        assert tree.num_rows == 17 and max(int(d) for d in tree.depths) == 6
+        deep = [ids[-1], 21] + [30 + k % 9 for k in range(depth - 1)]
+        tree = _tree([[ids[-1], 10 + k] for k in range(12)] + [deep], prefix_len)
+        assert tree.num_rows == 12 + depth and max(int(d) for d in tree.depths) == depth + 1
         with torch.inference_mode():
             out = backend.verify_one(backend.prefill_one(ids), ids[-1], tree)
             for row in range(tree.num_rows):

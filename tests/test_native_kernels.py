@@ -608,6 +608,71 @@ def _attention_case(dh: int, rows: int, start: int, masked: bool, dtype) -> list
     return [hidden, angles.cos().to(dtype), angles.sin().to(dtype), mask, *caches, start, weights, [None] * 7]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dh", [32, 64, 128])
+def test_a_masked_row_is_the_bits_of_its_own_keys_in_order_decoded_alone(dtype, dh):
+    """A row under a mask attends to keys scattered over the cache (runs of unseen keys, a hole
+    before most of its keys, rows of the same forward): its output must be the bits of the same
+    query decoded alone after exactly its keys, in order, in a cache of their own (the sequential
+    decode of its path). Prefixes up to 300 keys, so on AMX bfloat16 heads of a multiple of 32 take
+    several tile steps over the values and rows whose tile keys run past a hole gather their own."""
+    native.load_native_kernels()
+    layer = torch.ops.harness.llama_layer
+    for rows, start in ((5, 40), (9, 70), (12, 150), (6, 300)):
+        case = _attention_case(dh, rows, start, True, dtype)
+        mask = case[3]
+        out = layer(*case, 1e-5, 1e-6, dh**-0.5)
+        keys, values = case[4], case[5]  # this forward's rows now appended
+        for b in range(mask.shape[0]):
+            for r in range(rows):
+                seen = mask[b, r].nonzero().flatten()
+                assert int(seen[-1]) == start + r  # the row itself, last
+                alone = _attention_case(dh, rows, start, True, dtype)
+                alone[0] = case[0][b : b + 1, r : r + 1].contiguous()
+                alone[1], alone[2] = (t[b : b + 1, r : r + 1].contiguous() for t in case[1:3])
+                alone[3] = None
+                alone[4], alone[5] = (t[b : b + 1, :, seen].contiguous() for t in (keys, values))
+                alone[6] = len(seen) - 1
+                got = layer(*alone, 1e-5, 1e-6, dh**-0.5)
+                assert torch.equal(got[0, 0], out[b, r]), (b, r, rows, start)
+
+
+@pytest.mark.skipif(
+    not native.pairs_on_amx(), reason="bfloat16 attention runs on AMX tiles only where the CPU has them"
+)
+def test_bfloat16_attention_on_amx_tiles_follows_attention_in_vectors_and_keeps_rows_apart(tmp_path):
+    """Where the CPU has AMX, bfloat16 attention over heads of a multiple of 32 runs on its tiles
+    (scores, and value sums over probabilities rounded to bfloat16 for all but a row's last 32 to 63
+    keys). The layer follows a build that keeps attention in float32 vectors to bfloat16 rounding,
+    for heads of 32 to 256 dimensions, causal and under a mask, from one row to more query heads
+    than one tile of rows, over prefixes of several tile steps; and a causal forward's first rows are
+    the bits a forward of only those rows gives."""
+    library = native.build(
+        namespace="harness_attention_in_vectors", extra_flags=("-DHARNESS_NO_TILE_ATTENTION",), out_dir=tmp_path
+    )
+    native.load_native_kernels()
+    torch.ops.load_library(str(library))
+    tiles, vectors = torch.ops.harness.llama_layer, torch.ops.harness_attention_in_vectors.llama_layer
+    shapes = ((1, 0), (1, 70), (2, 11), (3, 130), (9, 70), (20, 33), (40, 200), (1, 500))  # (rows, start)
+    differ = []
+    for dh in (32, 64, 96, 128, 256):
+        for rows, start in shapes:
+            for masked in (False, True):
+                a, b = (_attention_case(dh, rows, start, masked, torch.bfloat16) for _ in range(2))
+                out_a, out_b = tiles(*a, 1e-5, 1e-6, dh**-0.5), vectors(*b, 1e-5, 1e-6, dh**-0.5)
+                assert out_a.isfinite().all()
+                torch.testing.assert_close(out_a.float(), out_b.float(), rtol=2**-5, atol=0.25)
+                if start >= 130:  # every row has tile keys: the other rounding shows somewhere
+                    differ.append(not torch.equal(out_a, out_b))
+                if not masked and rows > 1:
+                    first = _attention_case(dh, rows, start, masked, torch.bfloat16)
+                    k = rows // 2
+                    first[0] = first[0][:, :k].contiguous()
+                    first[1], first[2] = first[1][:, :k].contiguous(), first[2][:, :k].contiguous()
+                    assert torch.equal(tiles(*first, 1e-5, 1e-6, dh**-0.5), out_a[:, :k]), (dh, rows, start)
+    assert sum(differ) >= 0.8 * len(differ), differ  # the tiles did run
+
+
 def test_grouped_attention_gives_the_bits_of_attention_one_query_head_at_a_time(tmp_path):
     """The default build computes the heads of a key head together (its scores, softmax and value sums
     split over runs of keys and slices of the head); a build that never groups computes each query head

@@ -49,6 +49,9 @@
 // over slices of the head's width, so a decode step's few heads spread evenly over the threads
 // (forwards whose scores would not fit its scratch, such as a long prefill, run over blocks of up
 // to four rows of one head instead); either way each row is reduced in the order it would be alone.
+// Where the CPU has AMX, bfloat16 attention over heads of a multiple of 32 runs on its tiles instead,
+// in every forward alike, each row's keys summed in its path's order (see "bfloat16 attention on
+// tiles, in path order" below).
 //
 // harness::llama_stack(...): a whole stack of such layers as one call: the same per-layer steps, layer after layer, in one parallel region of torch's OpenMP pool
 // with one set of scratch buffers, so a decode step pays one dispatch and one thread-team start for
@@ -1456,12 +1459,456 @@ void attend_grouped(const Attention<T>& a, float* scratch, const Team& team) {
   });
 }
 
+// --------------------------------------------------------- bfloat16 attention on tiles, in path order
+//
+// Where the products multiply bfloat16 with AMX tiles, bfloat16 attention over heads of a multiple
+// of 32 dimensions (at most 256) runs on them too, in every forward alike: a one-row step, a verify,
+// a prefill. A row must get the bits its path decoded one token at a time gets, and under a tree
+// mask its ancestors sit in other slots than in that sequential decode. So every sum over keys runs
+// over the row's own key sequence: the keys it may attend to, in slot order, numbered 0 .. n - 1 (in
+// the sequential decode, slots 0 .. n - 1 themselves, with the same contents).
+//
+// - Scores: up to 16 query rows of one key / value head (its (row, head) pairs) times blocks of 16
+//   keys, one accumulator tile each, summed over the head's width by the tile unit from the queries
+//   and the keys packed as its second operand, then scaled. A score depends on its query and key
+//   alone, so scores are computed by slot for all the block's rows at once.
+// - Softmax in float32 over the row's keys: the maximum of the scaled scores and their exponentials
+//   by slot (exp16); the sum of the exponentials over the row's tile keys (below) in 16 lanes by
+//   sequence index and a fixed horizontal sum, then key by key over the rest, in order.
+// - Weighted sums of values: the row's first tile_keys(n) keys (the largest multiple of 32 at most
+//   n - 32) on tiles, probabilities rounded to bfloat16 times the values, 32 keys a step from a zero
+//   accumulator in the tile unit's own order (which depends on which keys share a step and a pair:
+//   hence a split that depends on n alone); then the remaining 32 to 63 keys one after another in
+//   float32 multiply-adds; then the division by the sum and one rounding. A row's tile keys are its
+//   first slots unless its mask has a hole before they end, which never happens to a row with at
+//   most 32 keys past its first hole (any row of a tree of up to 32 rows over any prefix, right-padded
+//   batches included): the block's rows then share their tile steps over the values as they sit in
+//   the cache. A row with such a hole gathers its own keys in order for its tile steps (the same
+//   steps, so the same bits).
+//
+// Keys and values are packed for the tile unit once per forward and key / value head, before the
+// blocks run: keys in blocks of 16, [dh / 2, 16, 2] each (zero past the last key), values in pairs
+// of keys, [dh, 2] each, as far as any row's tile keys reach. Each element of a tile depends on its
+// own row alone, so a row's output is the same bits alone, beside other rows, in any forward.
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    !defined(HARNESS_NO_TILE_ATTENTION)  // (a build for comparisons may leave attention in vectors)
+#define HARNESS_TILE_ATTENTION 1
+#endif
+constexpr int64_t kTileKeys = 32;  // keys per tile step of the value sums
+constexpr int64_t kTailKeys = 32;  // the keys (at least) every row sums in float32 after its tile steps
+
+// How many of a row's n keys its value sums take on tiles.
+inline int64_t tile_keys(int64_t n) { return n <= kTailKeys ? 0 : (n - kTailKeys) / kTileKeys * kTileKeys; }
+
+// One row's keys: n in all; `first`: its keys 0 .. first - 1 are slots 0 .. first - 1 (at most its
+// tile keys); keys first .. n - 1 at positions[offset ...].
+struct RowKeys {
+  int64_t n, tiles, first, offset;
+};
+
+// What the plan keeps for attention on tiles: the packed keys and values (per (batch, key head)
+// `stride` elements: keys first, values from `keys_len * dh`), and each (batch, row)'s keys.
+struct TileAttention {
+  bf16* packed = nullptr;
+  int64_t stride = 0, keys_len = 0, value_keys = 0;  // value_keys: the shared tile keys' reach
+  const RowKeys* rows = nullptr;
+  const int32_t* positions = nullptr;
+};
+
+bool attention_on_tiles(int64_t dh) {
+#if defined(HARNESS_TILE_ATTENTION)
+  return dh % 32 == 0 && dh <= 256 && amx_permitted();
+#else
+  (void)dh;
+  return false;
+#endif
+}
+
+// Each (batch, row)'s keys under the mask (null: causal, row r sees slots 0 .. start + r); returns the
+// positions, `rows` filled.
+std::vector<int32_t> row_keys(const bool* mask, int64_t B, int64_t R, int64_t start, std::vector<RowKeys>& rows) {
+  const int64_t L = start + R;
+  rows.resize(static_cast<size_t>(B * R));
+  std::vector<int32_t> positions;
+  for (int64_t br = 0; br < B * R; ++br) {
+    RowKeys& k = rows[static_cast<size_t>(br)];
+    const bool* allowed = mask != nullptr ? mask + br * L : nullptr;
+    const int64_t slots = allowed != nullptr ? L : start + br % R + 1;
+    int64_t run = 0, n = 0;
+    if (allowed == nullptr) {
+      run = n = slots;
+    } else {
+      while (run < slots && allowed[run]) ++run;
+      n = run;
+      for (int64_t j = run; j < slots; ++j) n += allowed[j] ? 1 : 0;
+    }
+    k.n = n;
+    k.tiles = tile_keys(n);
+    k.first = std::min(run, k.tiles);
+    k.offset = static_cast<int64_t>(positions.size());
+    for (int64_t j = k.first; j < slots; ++j)
+      if (allowed == nullptr || allowed[j]) positions.push_back(static_cast<int32_t>(j));
+  }
+  return positions;
+}
+
+#if defined(HARNESS_TILE_ATTENTION)
+// 16 float32 rounded to bfloat16 as the scalar `bf16(s)` rounds them
+inline __m256i round16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(32767))), 16);
+  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_set1_epi32(32704));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+// exp of 16 float32 for the softmax on tiles: the reduction and polynomial of exp_vec with fused
+// multiply-adds (so a few more correct bits, and about half its instructions), then a scale by 2^n.
+// Below -87.3 it is 0, above 88.38 infinity. Every element alike, wherever it sits.
+inline __m512 exp16(__m512 x) {
+  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
+  const __mmask16 over = _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.3762626647949f), _CMP_GT_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.3762626647949f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
+  const __m512 e = _mm512_maskz_scalef_ps(static_cast<__mmask16>(~under), y, n);
+  return _mm512_mask_mov_ps(e, over, _mm512_set1_ps(INFINITY));
+}
+
+// r[0..15] (16 rows of 16 32-bit words) transposed in place
+inline void transpose16(__m512i* r) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // r[4q + c], 128-bit lane l: column 4l + c of rows 4q .. 4q + 3
+  for (int q = 0; q < 16; q += 8)
+    for (int c = 0; c < 4; ++c) {
+      t[q + c] = _mm512_shuffle_i32x4(r[q + c], r[q + 4 + c], 0x88);      // columns c, 8 + c
+      t[q + 4 + c] = _mm512_shuffle_i32x4(r[q + c], r[q + 4 + c], 0xdd);  // columns 4 + c, 12 + c
+    }
+  for (int c = 0; c < 8; ++c) {
+    r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
+    r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xdd);
+  }
+}
+
+// Key block kb (keys 16 kb .. 16 kb + 15 of `keys`, stride dh; from n_keys on zeros) packed as
+// [dh / 2, 16, 2] at `out`.
+inline void pack_key_block(const bf16* keys, int64_t kb, int64_t n_keys, int64_t dh, bf16* out) {
+  const int64_t live = std::clamp<int64_t>(n_keys - kb * 16, 0, 16);
+  for (int64_t s = 0; s < dh / 32; ++s) {  // 16 pairs of dimensions at a time
+    __m512i r[16];
+    for (int64_t j = 0; j < 16; ++j)
+      r[j] = j < live ? _mm512_loadu_si512(keys + (kb * 16 + j) * dh + s * 32) : _mm512_setzero_si512();
+    transpose16(r);
+    for (int p = 0; p < 16; ++p) _mm512_storeu_si512(out + (s * 16 + p) * 32, r[p]);
+  }
+}
+
+// Values of sequence keys 2q and 2q + 1 (at `v0`, `v1`; null: zeros) packed as [dh, 2] at `out`.
+inline void pack_value_pair(const bf16* v0, const bf16* v1, int64_t dh, bf16* out) {
+  for (int64_t d = 0; d < dh; d += 16) {
+    const __m512i a = v0 != nullptr ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(v0 + d)))
+                                    : _mm512_setzero_si512();
+    const __m512i b = v1 != nullptr ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(v1 + d)))
+                                    : _mm512_setzero_si512();
+    _mm512_storeu_si512(out + d * 2, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+  }
+}
+
+// Accumulator tiles 0 .. G-1 (from `c`, ldc bytes a row, 16 floats apart; from zero if `zero`) +=
+// A (tile 4, the configuration's rows, at `a`, lda bytes) x B_g (16 rows of 64 bytes at b + g * step,
+// ldb bytes apart) over `steps` k steps (A advancing 64 bytes, B `bstep` elements a step), stored
+// back to `c`.
+template <int G>
+inline void tile_sums(bool zero, const bf16* a, int64_t lda, const bf16* b, int64_t step, int64_t ldb, int64_t bstep,
+                      int64_t steps, float* c, int64_t ldc) {
+  if (zero) {
+    _tile_zero(0);
+    if constexpr (G > 1) _tile_zero(1);
+    if constexpr (G > 2) _tile_zero(2);
+    if constexpr (G > 3) _tile_zero(3);
+  } else {
+    _tile_loadd(0, c, ldc);
+    if constexpr (G > 1) _tile_loadd(1, c + 16, ldc);
+    if constexpr (G > 2) _tile_loadd(2, c + 32, ldc);
+    if constexpr (G > 3) _tile_loadd(3, c + 48, ldc);
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    const bf16* bs = b + s * bstep;
+    _tile_loadd(4, a + s * 32, lda);
+    _tile_loadd(5, bs, ldb);
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (G > 1) {
+      _tile_loadd(6, bs + step, ldb);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    if constexpr (G > 2) {
+      _tile_loadd(7, bs + 2 * step, ldb);
+      _tile_dpbf16ps(2, 4, 7);
+    }
+    if constexpr (G > 3) {
+      _tile_loadd(5, bs + 3 * step, ldb);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  _tile_stored(0, c, ldc);
+  if constexpr (G > 1) _tile_stored(1, c + 16, ldc);
+  if constexpr (G > 2) _tile_stored(2, c + 32, ldc);
+  if constexpr (G > 3) _tile_stored(3, c + 48, ldc);
+}
+
+inline void tile_sums_of(int64_t g, bool zero, const bf16* a, int64_t lda, const bf16* b, int64_t step, int64_t ldb,
+                         int64_t bstep, int64_t steps, float* c, int64_t ldc) {
+  switch (g) {
+    case 4: return tile_sums<4>(zero, a, lda, b, step, ldb, bstep, steps, c, ldc);
+    case 3: return tile_sums<3>(zero, a, lda, b, step, ldb, bstep, steps, c, ldc);
+    case 2: return tile_sums<2>(zero, a, lda, b, step, ldb, bstep, steps, c, ldc);
+    default: return tile_sums<1>(zero, a, lda, b, step, ldb, bstep, steps, c, ldc);
+  }
+}
+
+// The value sums on tiles of `nq` rows (the configuration's) of bfloat16 probabilities `probs`
+// (lda elements a row) against packed values `vv`: row i over its first steps[i] steps, into
+// sums[i] (dh floats; a row of no steps gets zeros). Rows of fewer steps are copied out when the
+// others go on (a tile row is its own row's alone, so stopping it early or not is the same bits).
+inline void value_tiles(int64_t nq, const int64_t* steps, const bf16* probs, int64_t lda, const bf16* vv, int64_t dh,
+                        float* work, float* sums) {
+  int64_t done = 0;
+  for (;;) {
+    int64_t next = INT64_MAX;  // the fewest steps of a row beyond `done`
+    for (int64_t i = 0; i < nq; ++i)
+      if (steps[i] > done) next = std::min(next, steps[i]);
+    if (next == INT64_MAX) break;
+    for (int64_t d0 = 0; d0 < dh; d0 += 64)
+      tile_sums_of(std::min<int64_t>(4, (dh - d0) / 16), done == 0, probs + done * kTileKeys, lda * 2,
+                   vv + done * kTileKeys * dh + d0 * 2, 32, dh * 4, 16 * dh * 2, next - done, work + d0, dh * 4);
+    for (int64_t i = 0; i < nq; ++i)
+      if (steps[i] == next) std::memcpy(sums + i * dh, work + i * dh, static_cast<size_t>(dh) * sizeof(float));
+    done = next;
+  }
+  for (int64_t i = 0; i < nq; ++i)
+    if (steps[i] == 0) std::fill(sums + i * dh, sums + (i + 1) * dh, 0.f);
+}
+
+// The float32 part of NH heads of one row over NV vectors of dimensions from d0: keys `from` .. n - 1
+// of its sequence (slot of key c: positions[c - first]), sums[h] += p * value, total[h] += p (with
+// `add_totals`).
+template <int NH, int NV>
+inline void value_tail(const RowKeys& k, int64_t from, const int32_t* positions, const float* const* rows,
+                       const bf16* values, int64_t dh, int64_t d0, float* const* sums, float* total, bool add_totals) {
+  __m512 acc[NH][NV];
+  for (int h = 0; h < NH; ++h)
+    for (int v = 0; v < NV; ++v) acc[h][v] = _mm512_loadu_ps(sums[h] + d0 + 16 * v);
+  float t[NH];
+  for (int h = 0; h < NH; ++h) t[h] = total[h];
+  for (int64_t c = from; c < k.n; ++c) {
+    const int64_t slot = positions[k.offset + c - k.first];
+    const bf16* val = values + slot * dh + d0;
+    __m512 vv[NV];
+    for (int v = 0; v < NV; ++v) vv[v] = Vec::widen(reinterpret_cast<const uint16_t*>(val + 16 * v));
+    for (int h = 0; h < NH; ++h) {
+      const float p = rows[h][slot];
+      t[h] += p;
+      const __m512 pv = _mm512_set1_ps(p);
+      for (int v = 0; v < NV; ++v) acc[h][v] = _mm512_fmadd_ps(pv, vv[v], acc[h][v]);
+    }
+  }
+  for (int h = 0; h < NH; ++h) {
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(sums[h] + d0 + 16 * v, acc[h][v]);
+    if (add_totals) total[h] = t[h];
+  }
+}
+
+template <int NV>
+inline void value_tail_of(int nh, const RowKeys& k, int64_t from, const int32_t* positions, const float* const* rows,
+                          const bf16* values, int64_t dh, int64_t d0, float* const* sums, float* total, bool add) {
+  switch (nh) {
+    case 4: return value_tail<4, NV>(k, from, positions, rows, values, dh, d0, sums, total, add);
+    case 3: return value_tail<3, NV>(k, from, positions, rows, values, dh, d0, sums, total, add);
+    case 2: return value_tail<2, NV>(k, from, positions, rows, values, dh, d0, sums, total, add);
+    default: return value_tail<1, NV>(k, from, positions, rows, values, dh, d0, sums, total, add);
+  }
+}
+
+void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team& team) {
+  const int64_t rep = a.Hq / a.Hkv, dh = a.dh, R = a.R, L = a.L, pairs = R * rep;
+  const int64_t keys_max = a.mask != nullptr ? L : a.start + R;  // the slots any row reads
+  const int64_t chunks = (keys_max + kTileKeys - 1) / kTileKeys;
+  team.split(a.B * a.Hkv * chunks, 1, [&](int64_t t0, int64_t t1) {  // packing, 32 keys at a time
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t bg = t / chunks, c = t % chunks;
+      const bf16* keys = a.keys + bg * a.cap * dh;
+      const bf16* values = a.values + bg * a.cap * dh;
+      bf16* kt = ta.packed + bg * ta.stride;
+      bf16* vv = kt + ta.keys_len * dh;
+      for (int64_t kb = 2 * c; kb < 2 * c + 2; ++kb) pack_key_block(keys, kb, keys_max, dh, kt + kb * 16 * dh);
+      if (c * kTileKeys < ta.value_keys)
+        for (int64_t q = c * 16; q < c * 16 + 16; ++q)
+          pack_value_pair(values + 2 * q * dh, values + (2 * q + 1) * dh, dh, vv + q * 2 * dh);
+    }
+  });
+  const int64_t blocks = (pairs + 15) / 16, Lp = ta.keys_len;
+  team.split(a.B * a.Hkv * blocks, 1, [&](int64_t t0, int64_t t1) {
+    thread_local std::vector<float> scores, work, sums;
+    thread_local std::vector<bf16> probs, queries, own;
+    scores.resize(static_cast<size_t>(16 * Lp));
+    probs.resize(static_cast<size_t>(16 * Lp));
+    work.resize(static_cast<size_t>(16 * dh));
+    sums.resize(static_cast<size_t>(16 * dh));
+    queries.resize(static_cast<size_t>(16 * dh));
+    int configured = 0;
+    auto configure = [&](int rows) {
+      if (configured != rows) configure_tiles(rows, 0);
+      configured = rows;
+    };
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t blk = t % blocks, g = (t / blocks) % a.Hkv, b = t / (blocks * a.Hkv);
+      const bf16* kt = ta.packed + (b * a.Hkv + g) * ta.stride;
+      const bf16* vv = kt + Lp * dh;
+      const bf16* values = a.values + (b * a.Hkv + g) * a.cap * dh;
+      const int64_t p0 = blk * 16, nq = std::min<int64_t>(16, pairs - p0);
+      int64_t out_row[16], slots[16], steps[16];
+      const bool* allowed[16];
+      const RowKeys* keys_of[16];
+      int64_t block_slots = 0;
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t r = (p0 + i) / rep, h = g * rep + (p0 + i) % rep;
+        out_row[i] = (b * R + r) * a.Hq + h;
+        slots[i] = a.mask != nullptr ? L : a.start + r + 1;
+        allowed[i] = a.mask != nullptr ? a.mask + (b * R + r) * L : nullptr;
+        keys_of[i] = ta.rows + b * R + r;
+        block_slots = std::max(block_slots, slots[i]);
+        std::memcpy(queries.data() + i * dh, a.q + out_row[i] * dh, static_cast<size_t>(dh) * sizeof(bf16));
+      }
+      configure(static_cast<int>(nq));
+      // scores: 4 blocks of 16 keys at a time, summed over the head's width in steps of 32
+      const int64_t key_blocks = (block_slots + 15) / 16;
+      for (int64_t kb = 0; kb < key_blocks; kb += 4)
+        tile_sums_of(std::min<int64_t>(4, key_blocks - kb), true, queries.data(), dh * 2, kt + kb * 16 * dh, 16 * dh,
+                     64, 16 * 32, dh / 32, scores.data() + kb * 16, Lp * 4);
+      // softmax by slot: the maximum of the scaled scores the row sees, then their exponentials
+      // (zero where it does not see the key); the sum over its tile keys in 16 lanes, and their
+      // probabilities in bfloat16
+      float total[16];
+      const __m512 scale = _mm512_set1_ps(a.scaling), minus_inf = _mm512_set1_ps(-INFINITY);
+      for (int64_t i = 0; i < nq; ++i) {
+        float* row = scores.data() + i * Lp;
+        const int64_t n = slots[i];
+        const bool* seen = allowed[i];
+        auto sees = [&](int64_t j) {  // the slots j .. j + 15 the row sees
+          if (j + 16 > n) {
+            __mmask16 m = __mmask16((1u << (n - j)) - 1u);
+            for (int e = 0; seen != nullptr && j + e < n; ++e)
+              if (!seen[j + e]) m &= __mmask16(~(1u << e));
+            return m;
+          }
+          if (seen == nullptr) return __mmask16(0xFFFF);
+          const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(seen + j));
+          return __mmask16(~_mm_movemask_epi8(_mm_cmpeq_epi8(bytes, _mm_setzero_si128())));
+        };
+        __m512 tops = minus_inf;
+        for (int64_t j = 0; j < n; j += 16)
+          tops = _mm512_mask_max_ps(tops, sees(j), tops, _mm512_mul_ps(_mm512_loadu_ps(row + j), scale));
+        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(tops));
+        const RowKeys& k = *keys_of[i];
+        const bool in_place = k.first == k.tiles;  // else a hole before its tile keys end: its own steps below
+        steps[i] = in_place ? k.tiles / kTileKeys : 0;
+        __m512 lanes = _mm512_setzero_ps();
+        bf16* pr = probs.data() + i * Lp;
+        for (int64_t j = 0; j < n; j += 16) {
+          const __m512 x = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(row + j), scale), top);
+          const __m512 p = _mm512_maskz_mov_ps(sees(j), exp16(x));
+          _mm512_storeu_ps(row + j, p);
+          if (in_place && j < k.tiles) {  // k.tiles is a multiple of 32
+            lanes = _mm512_add_ps(lanes, p);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + j), round16(p));
+          }
+        }
+        for (int64_t c = 0; !in_place && c < k.tiles; c += 16) {  // the row's keys in order
+          alignas(64) float in_order[16];
+          for (int e = 0; e < 16; ++e)
+            in_order[e] = c + e < k.first ? row[c + e] : row[ta.positions[k.offset + c + e - k.first]];
+          const __m512 p = _mm512_load_ps(in_order);
+          lanes = _mm512_add_ps(lanes, p);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + c), round16(p));
+        }
+        total[i] = Vec::sum(lanes);
+      }
+      // value sums on tiles: the rows that share their first slots together, each other row alone
+      // (with its heads in this block) over its own keys gathered in order
+      value_tiles(nq, steps, probs.data(), Lp, vv, dh, work.data(), sums.data());
+      for (int64_t i = 0; i < nq;) {
+        int64_t e = i + 1;  // rows [i, e): the heads of one row in this block
+        while (e < nq && keys_of[e] == keys_of[i]) ++e;
+        const RowKeys& k = *keys_of[i];
+        if (k.first < k.tiles) {
+          own.resize(static_cast<size_t>(k.tiles * dh));
+          auto slot_of = [&](int64_t c) { return c < k.first ? c : ta.positions[k.offset + c - k.first]; };
+          for (int64_t q = 0; q < k.tiles / 2; ++q)
+            pack_value_pair(values + slot_of(2 * q) * dh, values + slot_of(2 * q + 1) * dh, dh, own.data() + q * 2 * dh);
+          int64_t own_steps[16];
+          for (int64_t h = i; h < e; ++h) own_steps[h - i] = k.tiles / kTileKeys;
+          configure(static_cast<int>(e - i));
+          value_tiles(e - i, own_steps, probs.data() + i * Lp, Lp, own.data(), dh, work.data(), sums.data() + i * dh);
+        }
+        // the rest of the keys in float32, in order, up to 4 heads and 64 dimensions at a time
+        for (int64_t h0 = i; h0 < e; h0 += 4) {
+          const int nh = static_cast<int>(std::min<int64_t>(4, e - h0));
+          const float* rows[4];
+          float* acc[4];
+          for (int h = 0; h < nh; ++h) {
+            rows[h] = scores.data() + (h0 + h) * Lp;
+            acc[h] = sums.data() + (h0 + h) * dh;
+          }
+          for (int64_t d0 = 0; d0 < dh; d0 += 64) {
+            if (dh - d0 >= 64)
+              value_tail_of<4>(nh, k, k.tiles, ta.positions, rows, values, dh, d0, acc, total + h0, d0 == 0);
+            else
+              value_tail_of<2>(nh, k, k.tiles, ta.positions, rows, values, dh, d0, acc, total + h0, d0 == 0);
+          }
+        }
+        i = e;
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        const float inv = 1.f / total[i];
+        bf16* out = a.out + out_row[i] * dh;
+        const float* s = sums.data() + i * dh;
+        for (int64_t e = 0; e < dh; ++e) store1(out + e, s[e] * inv);
+      }
+    }
+    if (configured != 0) _tile_release();
+  });
+}
+#endif
+
 // Scores, softmax and the weighted sum of values in float32; the output rounded to T once. With
 // `scratch` (a forward whose scores fit it) heads of 1, 2, 4, 8 or 16 vectors run grouped
 // (attend_grouped); otherwise heads of 1, 2, 4 or 8 vectors run blocked (attend_rows), any other
 // width this loop, which reduces every score and sum in the same order.
 template <class T>
-void attend(const Attention<T>& a, float* scratch, const Team& team) {
+void attend(const Attention<T>& a, float* scratch, const TileAttention& tiles, const Team& team) {
+#if defined(HARNESS_TILE_ATTENTION)
+  if constexpr (std::is_same_v<T, bf16>)
+    if (tiles.packed != nullptr) return attend_tiles(a, tiles, team);  // the plan packs only where tiles run
+#endif
   if (scratch != nullptr) {
     if (a.dh == W) return attend_grouped<T, 1>(a, scratch, team);
     if (a.dh == 2 * W) return attend_grouped<T, 2>(a, scratch, team);
@@ -1526,6 +1973,7 @@ struct LayerPlan {
   float scaling;
   T *x, *q, *k, *v, *ctx, *mid, *gate, *up;  // [M, d], [M, Hq dh], [M, Hkv dh] x 2, [M, Hq dh], [M, d], [M, I] x 2
   float* attention;  // attend_grouped's scratch, or null where its scores would not fit
+  TileAttention tiles;  // bfloat16 attention on tiles (its packed keys and values), or none
 };
 
 // Scratch tensors for a plan; they stay alive as long as the returned vector.
@@ -1540,7 +1988,25 @@ std::vector<at::Tensor> allocate_scratch(LayerPlan<T>& s, const at::TensorOption
   for (int i = 0; i < 8; ++i) *slots[i] = keep[i].data_ptr<T>();
   const int64_t floats = grouped_scratch_floats(s.B, s.R, s.Hq, s.start + s.R);
   s.attention = nullptr;
-  if (floats > 0 && floats * static_cast<int64_t>(sizeof(float)) <= kGroupedScratchBytes) {
+  s.tiles = TileAttention{};
+  if (std::is_same_v<T, bf16> && attention_on_tiles(s.dh)) {
+    std::vector<RowKeys> rows;
+    const std::vector<int32_t> positions = row_keys(s.mask, s.B, s.R, s.start, rows);
+    TileAttention& ta = s.tiles;
+    for (const RowKeys& k : rows)
+      if (k.first == k.tiles) ta.value_keys = std::max(ta.value_keys, k.tiles);
+    ta.keys_len = (s.start + s.R + kTileKeys - 1) / kTileKeys * kTileKeys;
+    ta.stride = (ta.keys_len + ta.value_keys) * s.dh;
+    keep.push_back(at::empty({s.B * s.Hkv * ta.stride}, opts.dtype(at::kBFloat16)));
+    ta.packed = reinterpret_cast<bf16*>(keep.back().data_ptr());
+    static_assert(sizeof(RowKeys) == 4 * sizeof(int64_t), "RowKeys is four int64");
+    keep.push_back(at::empty({static_cast<int64_t>(rows.size()) * 4}, opts.dtype(at::kLong)));
+    std::memcpy(keep.back().data_ptr(), rows.data(), rows.size() * sizeof(RowKeys));
+    ta.rows = reinterpret_cast<const RowKeys*>(keep.back().data_ptr());
+    keep.push_back(at::empty({std::max<int64_t>(1, static_cast<int64_t>(positions.size()))}, opts.dtype(at::kInt)));
+    std::copy(positions.begin(), positions.end(), keep.back().data_ptr<int32_t>());
+    ta.positions = keep.back().data_ptr<int32_t>();
+  } else if (floats > 0 && floats * static_cast<int64_t>(sizeof(float)) <= kGroupedScratchBytes) {
     keep.push_back(at::empty({floats}, opts.dtype(at::kFloat)));
     s.attention = keep.back().data_ptr<float>();
   }
@@ -1575,7 +2041,7 @@ void layer_steps(const LayerPlan<typename P::Wt>& s, const LayerParams<typename 
       }
   });
   attend(Attention<T>{qp, lp.keys, lp.values, s.mask, cp, s.B, R, s.Hq, s.Hkv, dh, s.cap, s.start, s.start + R, s.scaling},
-         s.attention, team);
+         s.attention, s.tiles, team);
   run_products<P>(input_of<P>(cp, M, hq), &o, 1, team);
   team.split(M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t i = m0 * d; i < m1 * d; ++i) store1(mid + i, load1(h + i) + load1(mid + i));
