@@ -11,9 +11,11 @@ into ``--out``.
     .venv/bin/python scripts/native_ab.py --base ff56a4b --out results/native_ab            # ~3 min
     .venv/bin/python scripts/native_ab.py --base HEAD~1 --dtype bfloat16 --rows 1 8 --out /tmp/ab
     .venv/bin/python scripts/native_ab.py --base HEAD~1 --panels --out /tmp/ab   # float32 weights in panels
+    .venv/bin/python scripts/native_ab.py --base HEAD~1 --dtype bfloat16 --panels --rows 1 32 --out /tmp/ab
 
-With ``--panels`` both builds read every product's weight packed in panels
-(``model.linear_kernel=streaming_panels``), so the base revision must know that layout.
+With ``--panels`` both builds read every product's weight packed as ``model.linear_kernel=
+streaming_panels`` packs it (float32 in panels, bfloat16 in pairs), so the base revision must know
+that layout. Where a row count 1 is measured, the table gives each build's t(n) / t(1) as well.
 """
 
 from __future__ import annotations
@@ -114,13 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefixes", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--panels", action="store_true", help="float32 weights in panels (streaming_panels)")
+    ap.add_argument(
+        "--panels",
+        action="store_true",
+        help="weights packed as streaming_panels packs them (float32 panels, bf16 pairs)",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.rounds < 2 or min(args.rows) < 1 or min(args.prefixes) < 1:
         ap.error("--rounds must be >= 2, --rows and --prefixes >= 1")
-    if args.panels and args.dtype != "float32":
-        ap.error("--panels is float32 only")
     if argv is None and os.environ.get("MALLOC_PERTURB_") is None:
         # glibc fills every allocation with a pattern: an op that leaves its output unwritten cannot
         # pass the bit comparison below by reading the base build's freed result from reused memory
@@ -177,16 +181,21 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "native_ab.json").write_text(json.dumps({**meta, "results": results}, indent=2) + "\n")
+    one_row = {r["prefix"]: r for r in results if r["rows"] == 1}
+
+    def per_row(r: dict, key: str) -> str:  # t(n) / t(1) at the same prefix, where t(1) was measured
+        return f"{r[key] / one_row[r['prefix']][key]:.2f}" if r["prefix"] in one_row else "-"
+
     lines = [
-        f"# SmolLM2's layers and LM head, {args.dtype}{', weights in panels' if args.panels else ''}: kernels at "
+        f"# SmolLM2's layers and LM head, {args.dtype}{', weights packed' if args.panels else ''}: kernels at "
         f"{meta['head']} against {args.base} "
         f"({meta['cpu']}, {args.threads} threads, {args.rounds} alternating rounds, medians)",
         "",
-        "| prefix | rows | base ms | this ms | this / base | outputs |",
-        "|---:|---:|---:|---:|---:|---|",
+        "| prefix | rows | base ms | this ms | this / base | base t(n) / t(1) | this t(n) / t(1) | outputs |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
         *(
             f"| {r['prefix']} | {r['rows']} | {r['base_ms']:.1f} | {r['this_ms']:.1f} | {r['ratio_median']:.2f} | "
-            f"{_outputs(r)} |"
+            f"{per_row(r, 'base_ms')} | {per_row(r, 'this_ms')} | {_outputs(r)} |"
             for r in results
         ),
     ]

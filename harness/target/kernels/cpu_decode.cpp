@@ -1468,33 +1468,32 @@ void attend_grouped(const Attention<T>& a, float* scratch, const Team& team) {
 // over the row's own key sequence: the keys it may attend to, in slot order, numbered 0 .. n - 1 (in
 // the sequential decode, slots 0 .. n - 1 themselves, with the same contents).
 //
-// - Scores: up to 16 query rows of one key / value head (its (row, head) pairs) times blocks of 16
-//   keys, one accumulator tile each, summed over the head's width by the tile unit from the queries
-//   and the keys packed as its second operand, then scaled. A score depends on its query and key
+// - Scores: blocks of 16 keys, read as they sit in the cache, times up to 16 query rows of one key /
+//   value head (its (row, head) pairs), one accumulator tile each, summed over the head's width by
+//   the tile unit, then turned to rows of keys and scaled. A score depends on its query and key
 //   alone, so scores are computed by slot for all the block's rows at once.
 // - Softmax in float32 over the row's keys: the maximum of the scaled scores and their exponentials
 //   by slot (exp16); the sum of the exponentials over the row's tile keys (below) in 16 lanes by
 //   sequence index and a fixed horizontal sum, then key by key over the rest, in order.
 // - Weighted sums of values: the row's first tile_keys(n) keys (the largest multiple of 32 at most
-//   n - 32) on tiles, probabilities rounded to bfloat16 times the values, 32 keys a step from a zero
-//   accumulator in the tile unit's own order (which depends on which keys share a step and a pair:
-//   hence a split that depends on n alone); then the remaining 32 to 63 keys one after another in
-//   float32 multiply-adds; then the division by the sum and one rounding. A row's tile keys are its
-//   first slots unless its mask has a hole before they end, which never happens to a row with at
-//   most 32 keys past its first hole (any row of a tree of up to 32 rows over any prefix, right-padded
-//   batches included): the block's rows then share their tile steps over the values as they sit in
-//   the cache. A row with such a hole gathers its own keys in order for its tile steps (the same
-//   steps, so the same bits).
+//   n - 32) on tiles, probabilities rounded to bfloat16 times the values, 16 keys a step from a zero
+//   accumulator in the tile unit's own order (which depends on which keys share a step: hence a
+//   split that depends on n alone); then the remaining 32 to 63 keys one after another in float32
+//   multiply-adds; then the division by the sum and one rounding. The values are read as they sit
+//   too (see value_steps). A row's tile keys are its first slots unless its mask has a hole before
+//   they end, which never happens to a row with at most 32 keys past its first hole (any row of a
+//   tree of up to 32 rows over any prefix, right-padded batches included): the block's rows then
+//   share their tile steps over the cache's values. A row with such a hole gathers its own keys'
+//   values in order for its tile steps (the same steps, so the same bits).
 //
-// Keys and values are packed for the tile unit once per forward and key / value head, before the
-// blocks run: keys in blocks of 16, [dh / 2, 16, 2] each (zero past the last key), values in pairs
-// of keys, [dh, 2] each, as far as any row's tile keys reach. Each element of a tile depends on its
-// own row alone, so a row's output is the same bits alone, beside other rows, in any forward.
+// Nothing is copied or packed per forward but each block's queries and probabilities, so a one-row
+// step reads each key and value once, as attention in vectors does. Each element of a tile depends
+// on its own row alone, so a row's output is the same bits alone, beside other rows, in any forward.
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
     !defined(HARNESS_NO_TILE_ATTENTION)  // (a build for comparisons may leave attention in vectors)
 #define HARNESS_TILE_ATTENTION 1
 #endif
-constexpr int64_t kTileKeys = 32;  // keys per tile step of the value sums
+constexpr int64_t kTileKeys = 32;  // a row's tile keys come in multiples of this
 constexpr int64_t kTailKeys = 32;  // the keys (at least) every row sums in float32 after its tile steps
 
 // How many of a row's n keys its value sums take on tiles.
@@ -1506,11 +1505,8 @@ struct RowKeys {
   int64_t n, tiles, first, offset;
 };
 
-// What the plan keeps for attention on tiles: the packed keys and values (per (batch, key head)
-// `stride` elements: keys first, values from `keys_len * dh`), and each (batch, row)'s keys.
+// What the plan keeps for attention on tiles: each (batch, row)'s keys (null: attention in vectors).
 struct TileAttention {
-  bf16* packed = nullptr;
-  int64_t stride = 0, keys_len = 0, value_keys = 0;  // value_keys: the shared tile keys' reach
   const RowKeys* rows = nullptr;
   const int32_t* positions = nullptr;
 };
@@ -1609,99 +1605,132 @@ inline void transpose16(__m512i* r) {
   }
 }
 
-// Key block kb (keys 16 kb .. 16 kb + 15 of `keys`, stride dh; from n_keys on zeros) packed as
-// [dh / 2, 16, 2] at `out`.
-inline void pack_key_block(const bf16* keys, int64_t kb, int64_t n_keys, int64_t dh, bf16* out) {
-  const int64_t live = std::clamp<int64_t>(n_keys - kb * 16, 0, 16);
-  for (int64_t s = 0; s < dh / 32; ++s) {  // 16 pairs of dimensions at a time
-    __m512i r[16];
-    for (int64_t j = 0; j < 16; ++j)
-      r[j] = j < live ? _mm512_loadu_si512(keys + (kb * 16 + j) * dh + s * 32) : _mm512_setzero_si512();
-    transpose16(r);
-    for (int p = 0; p < 16; ++p) _mm512_storeu_si512(out + (s * 16 + p) * 32, r[p]);
+// The tile configurations: for the scores, accumulators 0-3 of 16 keys by `nq` query rows, keys in
+// 4 and 5 (16 rows of 32 dimensions), the queries in 6 and 7 (16 pairs of dimensions by nq); for
+// the value sums, accumulators 0-3 and probabilities 4 and 5 of nq rows, values in 6 and 7 (16 keys).
+void configure_attention_tiles(int nq, bool scores) {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = static_cast<uint8_t>(scores || t >= 6 ? 16 : nq);
+    cfg.colsb[t] = static_cast<uint16_t>(scores && (t < 4 || t >= 6) ? nq * 4 : 64);
   }
+  _tile_loadconfig(&cfg);
 }
 
-// Values of sequence keys 2q and 2q + 1 (at `v0`, `v1`; null: zeros) packed as [dh, 2] at `out`.
-inline void pack_value_pair(const bf16* v0, const bf16* v1, int64_t dh, bf16* out) {
-  for (int64_t d = 0; d < dh; d += 16) {
-    const __m512i a = v0 != nullptr ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(v0 + d)))
-                                    : _mm512_setzero_si512();
-    const __m512i b = v1 != nullptr ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(v1 + d)))
-                                    : _mm512_setzero_si512();
-    _mm512_storeu_si512(out + d * 2, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
-  }
-}
-
-// Accumulator tiles 0 .. G-1 (from `c`, ldc bytes a row, 16 floats apart; from zero if `zero`) +=
-// A (tile 4, the configuration's rows, at `a`, lda bytes) x B_g (16 rows of 64 bytes at b + g * step,
-// ldb bytes apart) over `steps` k steps (A advancing 64 bytes, B `bstep` elements a step), stored
-// back to `c`.
+// The scores of G blocks of 16 keys (at `keys`, as they sit in the cache, dh apart) against the
+// block's queries packed in pairs of dimensions (`qb`: [dh / 32][16 pairs][16 query rows] words):
+// accumulator c, [16 keys][16], stored to ct + 256 c.
 template <int G>
-inline void tile_sums(bool zero, const bf16* a, int64_t lda, const bf16* b, int64_t step, int64_t ldb, int64_t bstep,
-                      int64_t steps, float* c, int64_t ldc) {
-  if (zero) {
-    _tile_zero(0);
-    if constexpr (G > 1) _tile_zero(1);
-    if constexpr (G > 2) _tile_zero(2);
-    if constexpr (G > 3) _tile_zero(3);
-  } else {
-    _tile_loadd(0, c, ldc);
-    if constexpr (G > 1) _tile_loadd(1, c + 16, ldc);
-    if constexpr (G > 2) _tile_loadd(2, c + 32, ldc);
-    if constexpr (G > 3) _tile_loadd(3, c + 48, ldc);
-  }
-  for (int64_t s = 0; s < steps; ++s) {
-    const bf16* bs = b + s * bstep;
-    _tile_loadd(4, a + s * 32, lda);
-    _tile_loadd(5, bs, ldb);
-    _tile_dpbf16ps(0, 4, 5);
+inline void score_tiles(const bf16* keys, int64_t dh, const uint32_t* qb, float* ct) {
+  _tile_zero(0);
+  if constexpr (G > 1) _tile_zero(1);
+  if constexpr (G > 2) _tile_zero(2);
+  if constexpr (G > 3) _tile_zero(3);
+  const int64_t ld = dh * 2;
+  for (int64_t s = 0; s < dh / 32; ++s) {
+    const bf16* k = keys + s * 32;
+    _tile_loadd(6, qb + s * 256, 64);
+    _tile_loadd(4, k, ld);
+    _tile_dpbf16ps(0, 4, 6);
     if constexpr (G > 1) {
-      _tile_loadd(6, bs + step, ldb);
-      _tile_dpbf16ps(1, 4, 6);
+      _tile_loadd(5, k + 16 * dh, ld);
+      _tile_dpbf16ps(1, 5, 6);
     }
     if constexpr (G > 2) {
-      _tile_loadd(7, bs + 2 * step, ldb);
-      _tile_dpbf16ps(2, 4, 7);
+      _tile_loadd(4, k + 32 * dh, ld);
+      _tile_dpbf16ps(2, 4, 6);
     }
     if constexpr (G > 3) {
-      _tile_loadd(5, bs + 3 * step, ldb);
-      _tile_dpbf16ps(3, 4, 5);
+      _tile_loadd(5, k + 48 * dh, ld);
+      _tile_dpbf16ps(3, 5, 6);
     }
   }
-  _tile_stored(0, c, ldc);
-  if constexpr (G > 1) _tile_stored(1, c + 16, ldc);
-  if constexpr (G > 2) _tile_stored(2, c + 32, ldc);
-  if constexpr (G > 3) _tile_stored(3, c + 48, ldc);
+  _tile_stored(0, ct, 64);
+  if constexpr (G > 1) _tile_stored(1, ct + 256, 64);
+  if constexpr (G > 2) _tile_stored(2, ct + 512, 64);
+  if constexpr (G > 3) _tile_stored(3, ct + 768, 64);
 }
 
-inline void tile_sums_of(int64_t g, bool zero, const bf16* a, int64_t lda, const bf16* b, int64_t step, int64_t ldb,
-                         int64_t bstep, int64_t steps, float* c, int64_t ldc) {
+inline void score_tiles_of(int64_t g, const bf16* keys, int64_t dh, const uint32_t* qb, float* ct) {
   switch (g) {
-    case 4: return tile_sums<4>(zero, a, lda, b, step, ldb, bstep, steps, c, ldc);
-    case 3: return tile_sums<3>(zero, a, lda, b, step, ldb, bstep, steps, c, ldc);
-    case 2: return tile_sums<2>(zero, a, lda, b, step, ldb, bstep, steps, c, ldc);
-    default: return tile_sums<1>(zero, a, lda, b, step, ldb, bstep, steps, c, ldc);
+    case 4: return score_tiles<4>(keys, dh, qb, ct);
+    case 3: return score_tiles<3>(keys, dh, qb, ct);
+    case 2: return score_tiles<2>(keys, dh, qb, ct);
+    default: return score_tiles<1>(keys, dh, qb, ct);
   }
 }
 
-// The value sums on tiles of `nq` rows (the configuration's) of bfloat16 probabilities `probs`
-// (lda elements a row) against packed values `vv`: row i over its first steps[i] steps, into
-// sums[i] (dh floats; a row of no steps gets zeros). Rows of fewer steps are copied out when the
-// others go on (a tile row is its own row's alone, so stopping it early or not is the same bits).
-inline void value_tiles(int64_t nq, const int64_t* steps, const bf16* probs, int64_t lda, const bf16* vv, int64_t dh,
-                        float* work, float* sums) {
+// Value sums over key steps [s0, s1) of 16 keys for S slices of 32 dimensions from d0 (S = 1 or
+// 2). The values are read as they sit in the cache (16 keys by 32 dimensions, neighbouring
+// dimensions a pair), so the probabilities come twice: `pe`'s words hold each in their low half
+// (the pair's other half zero), `po`'s in their high half; accumulator 2q then sums slice q's even
+// dimensions, 2q + 1 its odd ones, each over the keys alone. `w` (ldw bytes a row) holds a row's
+// accumulators in that order, [even | odd] per slice; from zero at s0 == 0, else continued from w.
+template <int S>
+inline void value_steps(const uint32_t* pe, const uint32_t* po, int64_t lda, const bf16* vals, int64_t dh,
+                        int64_t s0, int64_t s1, float* w, int64_t ldw) {
+  if (s0 == 0) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (S > 1) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  } else {
+    _tile_loadd(0, w, ldw);
+    _tile_loadd(1, w + 16, ldw);
+    if constexpr (S > 1) {
+      _tile_loadd(2, w + 32, ldw);
+      _tile_loadd(3, w + 48, ldw);
+    }
+  }
+  for (int64_t s = s0; s < s1; ++s) {
+    const bf16* v = vals + s * 16 * dh;
+    _tile_loadd(4, pe + s * 16, lda);
+    _tile_loadd(5, po + s * 16, lda);
+    _tile_loadd(6, v, dh * 2);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 5, 6);
+    if constexpr (S > 1) {
+      _tile_loadd(7, v + 32, dh * 2);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, w, ldw);
+  _tile_stored(1, w + 16, ldw);
+  if constexpr (S > 1) {
+    _tile_stored(2, w + 32, ldw);
+    _tile_stored(3, w + 48, ldw);
+  }
+}
+
+// The value sums on tiles of `nq` rows (the configuration's) of probabilities `pe` / `po` (lda
+// bytes a row) against values `vals` (dh apart): row i over its first steps[i] steps of 16 keys,
+// into sums[i] (dh floats, in order; a row of no steps gets zeros). Rows of fewer steps are copied
+// out when the others go on (a tile row is its own row's alone, so stopping it early or not is the
+// same bits).
+inline void value_tiles(int64_t nq, const int64_t* steps, const uint32_t* pe, const uint32_t* po, int64_t lda,
+                        const bf16* vals, int64_t dh, float* work, float* sums) {
   int64_t done = 0;
   for (;;) {
     int64_t next = INT64_MAX;  // the fewest steps of a row beyond `done`
     for (int64_t i = 0; i < nq; ++i)
       if (steps[i] > done) next = std::min(next, steps[i]);
     if (next == INT64_MAX) break;
-    for (int64_t d0 = 0; d0 < dh; d0 += 64)
-      tile_sums_of(std::min<int64_t>(4, (dh - d0) / 16), done == 0, probs + done * kTileKeys, lda * 2,
-                   vv + done * kTileKeys * dh + d0 * 2, 32, dh * 4, 16 * dh * 2, next - done, work + d0, dh * 4);
+    for (int64_t d0 = 0; d0 < dh; d0 += 64) {
+      if (dh - d0 >= 64)
+        value_steps<2>(pe, po, lda, vals + d0, dh, done, next, work + d0, dh * 4);
+      else
+        value_steps<1>(pe, po, lda, vals + d0, dh, done, next, work + d0, dh * 4);
+    }
     for (int64_t i = 0; i < nq; ++i)
-      if (steps[i] == next) std::memcpy(sums + i * dh, work + i * dh, static_cast<size_t>(dh) * sizeof(float));
+      if (steps[i] == next)
+        for (int64_t d = 0; d < dh; d += 32)  // [even | odd] per slice back to the dimensions' order
+          for (int64_t n = 0; n < 16; ++n) {
+            sums[i * dh + d + 2 * n] = work[i * dh + d + n];
+            sums[i * dh + d + 2 * n + 1] = work[i * dh + d + 16 + n];
+          }
     done = next;
   }
   for (int64_t i = 0; i < nq; ++i)
@@ -1750,39 +1779,28 @@ inline void value_tail_of(int nh, const RowKeys& k, int64_t from, const int32_t*
 
 void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team& team) {
   const int64_t rep = a.Hq / a.Hkv, dh = a.dh, R = a.R, L = a.L, pairs = R * rep;
-  const int64_t keys_max = a.mask != nullptr ? L : a.start + R;  // the slots any row reads
-  const int64_t chunks = (keys_max + kTileKeys - 1) / kTileKeys;
-  team.split(a.B * a.Hkv * chunks, 1, [&](int64_t t0, int64_t t1) {  // packing, 32 keys at a time
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t bg = t / chunks, c = t % chunks;
-      const bf16* keys = a.keys + bg * a.cap * dh;
-      const bf16* values = a.values + bg * a.cap * dh;
-      bf16* kt = ta.packed + bg * ta.stride;
-      bf16* vv = kt + ta.keys_len * dh;
-      for (int64_t kb = 2 * c; kb < 2 * c + 2; ++kb) pack_key_block(keys, kb, keys_max, dh, kt + kb * 16 * dh);
-      if (c * kTileKeys < ta.value_keys)
-        for (int64_t q = c * 16; q < c * 16 + 16; ++q)
-          pack_value_pair(values + 2 * q * dh, values + (2 * q + 1) * dh, dh, vv + q * 2 * dh);
-    }
-  });
-  const int64_t blocks = (pairs + 15) / 16, Lp = ta.keys_len;
+  const int64_t blocks = (pairs + 15) / 16, Lp = (L + 31) / 32 * 32;
   team.split(a.B * a.Hkv * blocks, 1, [&](int64_t t0, int64_t t1) {
-    thread_local std::vector<float> scores, work, sums;
-    thread_local std::vector<bf16> probs, queries, own;
+    thread_local std::vector<float> scores, work, sums, ct;
+    thread_local std::vector<uint32_t> pe, po, qb;
+    thread_local std::vector<bf16> own, edge;
     scores.resize(static_cast<size_t>(16 * Lp));
-    probs.resize(static_cast<size_t>(16 * Lp));
+    pe.resize(static_cast<size_t>(16 * Lp));
+    po.resize(static_cast<size_t>(16 * Lp));
     work.resize(static_cast<size_t>(16 * dh));
     sums.resize(static_cast<size_t>(16 * dh));
-    queries.resize(static_cast<size_t>(16 * dh));
-    int configured = 0;
-    auto configure = [&](int rows) {
-      if (configured != rows) configure_tiles(rows, 0);
-      configured = rows;
+    ct.resize(4 * 256);
+    qb.resize(static_cast<size_t>(dh / 2 * 16));
+    edge.resize(static_cast<size_t>(16 * dh));
+    int configured = 0;  // n: the value sums' configuration for n rows, -n the scores'
+    auto configure = [&](int rows, bool for_scores) {
+      const int code = for_scores ? -rows : rows;
+      if (configured != code) configure_attention_tiles(rows, for_scores);
+      configured = code;
     };
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t blk = t % blocks, g = (t / blocks) % a.Hkv, b = t / (blocks * a.Hkv);
-      const bf16* kt = ta.packed + (b * a.Hkv + g) * ta.stride;
-      const bf16* vv = kt + Lp * dh;
+      const bf16* keys = a.keys + (b * a.Hkv + g) * a.cap * dh;
       const bf16* values = a.values + (b * a.Hkv + g) * a.cap * dh;
       const int64_t p0 = blk * 16, nq = std::min<int64_t>(16, pairs - p0);
       int64_t out_row[16], slots[16], steps[16];
@@ -1796,19 +1814,43 @@ void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team&
         allowed[i] = a.mask != nullptr ? a.mask + (b * R + r) * L : nullptr;
         keys_of[i] = ta.rows + b * R + r;
         block_slots = std::max(block_slots, slots[i]);
-        std::memcpy(queries.data() + i * dh, a.q + out_row[i] * dh, static_cast<size_t>(dh) * sizeof(bf16));
+        const uint32_t* q = reinterpret_cast<const uint32_t*>(a.q + out_row[i] * dh);
+        for (int64_t w = 0; w < dh / 2; ++w) qb[w * 16 + i] = q[w];  // pairs of dimensions by query row
       }
-      configure(static_cast<int>(nq));
-      // scores: 4 blocks of 16 keys at a time, summed over the head's width in steps of 32
+      // scores: 4 blocks of 16 keys at a time, read where they sit (a last block past the cache's
+      // capacity from a copy), summed over the head's width in steps of 32; each block's
+      // accumulator [16 keys][16 rows] turned to rows of 16 keys
+      configure(static_cast<int>(nq), true);
       const int64_t key_blocks = (block_slots + 15) / 16;
-      for (int64_t kb = 0; kb < key_blocks; kb += 4)
-        tile_sums_of(std::min<int64_t>(4, key_blocks - kb), true, queries.data(), dh * 2, kt + kb * 16 * dh, 16 * dh,
-                     64, 16 * 32, dh / 32, scores.data() + kb * 16, Lp * 4);
+      for (int64_t kb = 0; kb < key_blocks;) {
+        int64_t G = std::min<int64_t>(4, key_blocks - kb);
+        const bf16* at = keys + kb * 16 * dh;
+        if ((kb + G) * 16 > a.cap) {
+          G = 1;
+          const int64_t live = std::min<int64_t>(16, L - kb * 16);
+          std::fill(edge.begin(), edge.end(), bf16(0.f));
+          std::copy(at, at + live * dh, edge.begin());
+          at = edge.data();
+        }
+        score_tiles_of(G, at, dh, qb.data(), ct.data());
+        for (int64_t c = 0; c < G; ++c) {
+          __m512i rows[16];
+          for (int j = 0; j < 16; ++j) rows[j] = _mm512_loadu_si512(ct.data() + c * 256 + j * 16);
+          transpose16(rows);
+          for (int64_t i = 0; i < nq; ++i) _mm512_storeu_si512(scores.data() + i * Lp + (kb + c) * 16, rows[i]);
+        }
+        kb += G;
+      }
       // softmax by slot: the maximum of the scaled scores the row sees, then their exponentials
       // (zero where it does not see the key); the sum over its tile keys in 16 lanes, and their
-      // probabilities in bfloat16
+      // probabilities in bfloat16, twice (in the low and in the high half of a word)
       float total[16];
       const __m512 scale = _mm512_set1_ps(a.scaling), minus_inf = _mm512_set1_ps(-INFINITY);
+      auto tile_probabilities = [&](int64_t i, int64_t c, __m512 p) {
+        const __m512i words = _mm512_cvtepu16_epi32(round16(p));
+        _mm512_storeu_si512(pe.data() + i * Lp + c, words);
+        _mm512_storeu_si512(po.data() + i * Lp + c, _mm512_slli_epi32(words, 16));
+      };
       for (int64_t i = 0; i < nq; ++i) {
         float* row = scores.data() + i * Lp;
         const int64_t n = slots[i];
@@ -1830,16 +1872,15 @@ void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team&
         const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(tops));
         const RowKeys& k = *keys_of[i];
         const bool in_place = k.first == k.tiles;  // else a hole before its tile keys end: its own steps below
-        steps[i] = in_place ? k.tiles / kTileKeys : 0;
+        steps[i] = in_place ? k.tiles / 16 : 0;
         __m512 lanes = _mm512_setzero_ps();
-        bf16* pr = probs.data() + i * Lp;
         for (int64_t j = 0; j < n; j += 16) {
           const __m512 x = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(row + j), scale), top);
           const __m512 p = _mm512_maskz_mov_ps(sees(j), exp16(x));
           _mm512_storeu_ps(row + j, p);
           if (in_place && j < k.tiles) {  // k.tiles is a multiple of 32
             lanes = _mm512_add_ps(lanes, p);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + j), round16(p));
+            tile_probabilities(i, j, p);
           }
         }
         for (int64_t c = 0; !in_place && c < k.tiles; c += 16) {  // the row's keys in order
@@ -1848,26 +1889,29 @@ void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team&
             in_order[e] = c + e < k.first ? row[c + e] : row[ta.positions[k.offset + c + e - k.first]];
           const __m512 p = _mm512_load_ps(in_order);
           lanes = _mm512_add_ps(lanes, p);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + c), round16(p));
+          tile_probabilities(i, c, p);
         }
         total[i] = Vec::sum(lanes);
       }
       // value sums on tiles: the rows that share their first slots together, each other row alone
-      // (with its heads in this block) over its own keys gathered in order
-      value_tiles(nq, steps, probs.data(), Lp, vv, dh, work.data(), sums.data());
+      // (with its heads in this block) over its own keys' values gathered in order
+      configure(static_cast<int>(nq), false);
+      value_tiles(nq, steps, pe.data(), po.data(), Lp * 4, values, dh, work.data(), sums.data());
       for (int64_t i = 0; i < nq;) {
         int64_t e = i + 1;  // rows [i, e): the heads of one row in this block
         while (e < nq && keys_of[e] == keys_of[i]) ++e;
         const RowKeys& k = *keys_of[i];
         if (k.first < k.tiles) {
           own.resize(static_cast<size_t>(k.tiles * dh));
-          auto slot_of = [&](int64_t c) { return c < k.first ? c : ta.positions[k.offset + c - k.first]; };
-          for (int64_t q = 0; q < k.tiles / 2; ++q)
-            pack_value_pair(values + slot_of(2 * q) * dh, values + slot_of(2 * q + 1) * dh, dh, own.data() + q * 2 * dh);
+          for (int64_t c = 0; c < k.tiles; ++c) {
+            const int64_t slot = c < k.first ? c : ta.positions[k.offset + c - k.first];
+            std::copy(values + slot * dh, values + (slot + 1) * dh, own.begin() + c * dh);
+          }
           int64_t own_steps[16];
-          for (int64_t h = i; h < e; ++h) own_steps[h - i] = k.tiles / kTileKeys;
-          configure(static_cast<int>(e - i));
-          value_tiles(e - i, own_steps, probs.data() + i * Lp, Lp, own.data(), dh, work.data(), sums.data() + i * dh);
+          for (int64_t h = i; h < e; ++h) own_steps[h - i] = k.tiles / 16;
+          configure(static_cast<int>(e - i), false);
+          value_tiles(e - i, own_steps, pe.data() + i * Lp, po.data() + i * Lp, Lp * 4, own.data(), dh, work.data(),
+                      sums.data() + i * dh);
         }
         // the rest of the keys in float32, in order, up to 4 heads and 64 dimensions at a time
         for (int64_t h0 = i; h0 < e; h0 += 4) {
@@ -1890,8 +1934,8 @@ void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team&
       for (int64_t i = 0; i < nq; ++i) {
         const float inv = 1.f / total[i];
         bf16* out = a.out + out_row[i] * dh;
-        const float* s = sums.data() + i * dh;
-        for (int64_t e = 0; e < dh; ++e) store1(out + e, s[e] * inv);
+        const float* sum = sums.data() + i * dh;
+        for (int64_t e = 0; e < dh; ++e) store1(out + e, sum[e] * inv);
       }
     }
     if (configured != 0) _tile_release();
@@ -1907,7 +1951,7 @@ template <class T>
 void attend(const Attention<T>& a, float* scratch, const TileAttention& tiles, const Team& team) {
 #if defined(HARNESS_TILE_ATTENTION)
   if constexpr (std::is_same_v<T, bf16>)
-    if (tiles.packed != nullptr) return attend_tiles(a, tiles, team);  // the plan packs only where tiles run
+    if (tiles.rows != nullptr) return attend_tiles(a, tiles, team);  // the plan sets rows only where tiles run
 #endif
   if (scratch != nullptr) {
     if (a.dh == W) return attend_grouped<T, 1>(a, scratch, team);
@@ -1973,7 +2017,7 @@ struct LayerPlan {
   float scaling;
   T *x, *q, *k, *v, *ctx, *mid, *gate, *up;  // [M, d], [M, Hq dh], [M, Hkv dh] x 2, [M, Hq dh], [M, d], [M, I] x 2
   float* attention;  // attend_grouped's scratch, or null where its scores would not fit
-  TileAttention tiles;  // bfloat16 attention on tiles (its packed keys and values), or none
+  TileAttention tiles;  // bfloat16 attention on tiles (each row's keys), or none
 };
 
 // Scratch tensors for a plan; they stay alive as long as the returned vector.
@@ -1993,12 +2037,6 @@ std::vector<at::Tensor> allocate_scratch(LayerPlan<T>& s, const at::TensorOption
     std::vector<RowKeys> rows;
     const std::vector<int32_t> positions = row_keys(s.mask, s.B, s.R, s.start, rows);
     TileAttention& ta = s.tiles;
-    for (const RowKeys& k : rows)
-      if (k.first == k.tiles) ta.value_keys = std::max(ta.value_keys, k.tiles);
-    ta.keys_len = (s.start + s.R + kTileKeys - 1) / kTileKeys * kTileKeys;
-    ta.stride = (ta.keys_len + ta.value_keys) * s.dh;
-    keep.push_back(at::empty({s.B * s.Hkv * ta.stride}, opts.dtype(at::kBFloat16)));
-    ta.packed = reinterpret_cast<bf16*>(keep.back().data_ptr());
     static_assert(sizeof(RowKeys) == 4 * sizeof(int64_t), "RowKeys is four int64");
     keep.push_back(at::empty({static_cast<int64_t>(rows.size()) * 4}, opts.dtype(at::kLong)));
     std::memcpy(keep.back().data_ptr(), rows.data(), rows.size() * sizeof(RowKeys));
