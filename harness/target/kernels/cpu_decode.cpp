@@ -1090,15 +1090,35 @@ at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, const
 
 // ---------------------------------------------------------------------------------- the layer
 
-// out [M, d] = RMSNorm(h) * weight, as LlamaRMSNorm: h * rsqrt(mean(h^2) + eps) in float32, rounded to
-// T, then weight * it
+// The sum of squares of h[0, d) in float32: four vector accumulators over blocks of four vectors
+// (multiply-adds), added in a fixed order, then the scalar tail. The order depends on d alone, so a
+// row's sum on its row alone. (One chain of scalar additions, 576 a row twice a layer, took about 3%
+// of the samples of a 32-row bfloat16 verify of SmolLM2 on the Xeon with AMX under perf; this, 1%.)
+template <class T>
+float sum_of_squares(const T* h, int64_t d) {
+  typename Vec::T acc[4] = {Vec::zero(), Vec::zero(), Vec::zero(), Vec::zero()};
+  int64_t i = 0;
+  for (; i + 4 * W <= d; i += 4 * W)
+    for (int c = 0; c < 4; ++c) {
+      const typename Vec::T x = loadv(h + i + c * W);
+      acc[c] = Vec::fma(x, x, acc[c]);
+    }
+  for (; i + W <= d; i += W) {
+    const typename Vec::T x = loadv(h + i);
+    acc[0] = Vec::fma(x, x, acc[0]);
+  }
+  float ss = Vec::sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+  for (; i < d; ++i) ss += load1(h + i) * load1(h + i);
+  return ss;
+}
+
+// out [M, d] = RMSNorm(h) * weight, as LlamaRMSNorm: h * rsqrt(mean(h^2) + eps) in float32 (the
+// mean's sum in sum_of_squares' order), rounded to T, then weight * it
 template <class T>
 void rms_norm(const T* h, const T* weight, T* out, int64_t M, int64_t d, float eps) {
   for (int64_t m = 0; m < M; ++m) {
     const T* hm = h + m * d;
-    float ss = 0.f;
-    for (int64_t i = 0; i < d; ++i) ss += load1(hm + i) * load1(hm + i);
-    const float r = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
+    const float r = 1.f / std::sqrt(sum_of_squares(hm, d) / static_cast<float>(d) + eps);
     for (int64_t i = 0; i < d; ++i) store1(out + m * d + i, load1(weight + i) * rnd(load1(hm + i) * r, T{}));
   }
 }
