@@ -730,17 +730,25 @@ bool in_pairs(const at::Tensor& w) {
   return w.dim() == 4 && w.size(2) == kPanel && w.size(3) == 2 && w.scalar_type() == at::kBFloat16;
 }
 
-// y[n0 .. n0 + 15] of one row = round(acc + bias), as the scalar `bf16(s)` rounds (to nearest
-// even, NaN to the quiet NaN torch writes), 16 at a time where AVX-512 is built.
-inline void finish16(const float* acc, const bf16* bias, bf16* y) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-  __m512 v = _mm512_loadu_ps(acc);
-  if (bias != nullptr) v = _mm512_add_ps(v, Vec::widen(reinterpret_cast<const uint16_t*>(bias)));
+// 16 float32 rounded to bfloat16 as the scalar `bf16(s)` rounds them (to nearest even, NaN to the
+// quiet NaN torch writes)
+inline __m256i round16(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(32767))), 16);
   r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_set1_epi32(32704));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm512_cvtepi32_epi16(r));
+  return _mm512_cvtepi32_epi16(r);
+}
+#endif
+
+// y[n0 .. n0 + 15] of one row = round(acc + bias), as the scalar `bf16(s)` rounds, 16 at a time where
+// AVX-512 is built.
+inline void finish16(const float* acc, const bf16* bias, bf16* y) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  __m512 v = _mm512_loadu_ps(acc);
+  if (bias != nullptr) v = _mm512_add_ps(v, Vec::widen(reinterpret_cast<const uint16_t*>(bias)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), round16(v));
 #else
   for (int c = 0; c < kPanel; ++c) y[c] = bf16(bias != nullptr ? acc[c] + static_cast<float>(bias[c]) : acc[c]);
 #endif
@@ -1569,17 +1577,9 @@ std::vector<int32_t> row_keys(const bool* mask, int64_t B, int64_t R, int64_t st
 }
 
 #if defined(HARNESS_TILE_ATTENTION)
-// 16 float32 rounded to bfloat16 as the scalar `bf16(s)` rounds them
-inline __m256i round16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(32767))), 16);
-  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_set1_epi32(32704));
-  return _mm512_cvtepi32_epi16(r);
-}
-
-// exp of 16 float32 for the softmax on tiles: the reduction and polynomial of exp_vec with fused
-// multiply-adds (so a few more correct bits, and about half its instructions), then a scale by 2^n.
+// exp of 16 float32 for the softmax on tiles: exp_vec's reduction and polynomial in fused
+// multiply-adds, then a scale by 2^n (within an ulp of exp from -87.3 to 88.3, checked against
+// double precision; the softmax of a 32-row verify took about half the time it took with exp_vec).
 // Below -87.3 it is 0, above 88.38 infinity. Every element alike, wherever it sits.
 inline __m512 exp16(__m512 x) {
   const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
