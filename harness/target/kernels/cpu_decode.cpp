@@ -1616,12 +1616,12 @@ inline void transpose16(__m512i* r) {
   // r[4q + c], 128-bit lane l: column 4l + c of rows 4q .. 4q + 3
   for (int q = 0; q < 16; q += 8)
     for (int c = 0; c < 4; ++c) {
-      t[q + c] = _mm512_shuffle_i32x4(r[q + c], r[q + 4 + c], 0x88);      // columns c, 8 + c
-      t[q + 4 + c] = _mm512_shuffle_i32x4(r[q + c], r[q + 4 + c], 0xdd);  // columns 4 + c, 12 + c
+      t[q + c] = _mm512_shuffle_i32x4(r[q + c], r[q + 4 + c], _MM_SHUFFLE(2, 0, 2, 0));  // columns c, 8 + c
+      t[q + 4 + c] = _mm512_shuffle_i32x4(r[q + c], r[q + 4 + c], _MM_SHUFFLE(3, 1, 3, 1));  // columns 4 + c, 12 + c
     }
   for (int c = 0; c < 8; ++c) {
-    r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
-    r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xdd);
+    r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], _MM_SHUFFLE(2, 0, 2, 0));
+    r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], _MM_SHUFFLE(3, 1, 3, 1));
   }
 }
 
@@ -1882,7 +1882,7 @@ void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team&
               if (!seen[j + e]) m &= __mmask16(~(1u << e));
             return m;
           }
-          if (seen == nullptr) return __mmask16(0xFFFF);
+          if (seen == nullptr) return __mmask16(65535);
           const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(seen + j));
           return __mmask16(~_mm_movemask_epi8(_mm_cmpeq_epi8(bytes, _mm_setzero_si128())));
         };
