@@ -1347,9 +1347,9 @@ void attend_grouped(const Attention<T>& a, float* scratch, const Team& team) {
       const T* keys = a.keys + (b * a.Hkv + g) * a.cap * dh;
       const int64_t j0 = run * kKeysPerItem, j1 = std::min(keys_max, j0 + kKeysPerItem);
       // bfloat16 keys are widened to float32 (exactly) once per run, not once per pair: the pairs
-      // then read the same values without a conversion each (on the Xeon
-      // with AMX, SmolLM2's 32-row verify over 256 keys spent about 0.7 of the scores' time, timed
-      // against the products of the same forward)
+      // then read the same values without a conversion each (on the Xeon with AMX, SmolLM2's 32-row
+      // verify over 256 keys spent about 0.7 of the scores' time, timed against the products of the
+      // same forward)
       const float* run_keys = nullptr;
       if constexpr (!std::is_same_v<T, float>) {
         thread_local std::vector<float> widened;
@@ -1963,15 +1963,16 @@ void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team&
 }
 #endif
 
-// Scores, softmax and the weighted sum of values in float32; the output rounded to T once. With
-// `scratch` (a forward whose scores fit it) heads of 1, 2, 4, 8 or 16 vectors run grouped
-// (attend_grouped); otherwise heads of 1, 2, 4 or 8 vectors run blocked (attend_rows), any other
+// Scores, softmax and the weighted sum of values; the output rounded to T once. Where the plan set
+// `tiles` (bfloat16 on AMX, attention_on_tiles), on the tiles (attend_tiles); otherwise in float32
+// vectors: with `scratch` (a forward whose scores fit it) heads of 1, 2, 4, 8 or 16 vectors run
+// grouped (attend_grouped), else heads of 1, 2, 4 or 8 vectors run blocked (attend_rows), any other
 // width this loop, which reduces every score and sum in the same order.
 template <class T>
 void attend(const Attention<T>& a, float* scratch, const TileAttention& tiles, const Team& team) {
 #if defined(HARNESS_TILE_ATTENTION)
   if constexpr (std::is_same_v<T, bf16>)
-    if (tiles.rows != nullptr) return attend_tiles(a, tiles, team);  // the plan sets rows only where tiles run
+    if (tiles.rows != nullptr) return attend_tiles(a, tiles, team);
 #endif
   if (scratch != nullptr) {
     if (a.dh == W) return attend_grouped<T, 1>(a, scratch, team);
@@ -2036,7 +2037,7 @@ struct LayerPlan {
   const bool* mask;  // [B, R, start + R] or null (causal)
   float scaling;
   T *x, *q, *k, *v, *ctx, *mid, *gate, *up;  // [M, d], [M, Hq dh], [M, Hkv dh] x 2, [M, Hq dh], [M, d], [M, I] x 2
-  float* attention;  // attend_grouped's scratch, or null where its scores would not fit
+  float* attention;  // attend_grouped's scratch, or null where its scores would not fit or tiles run
   TileAttention tiles;  // bfloat16 attention on tiles (each row's keys), or none
 };
 
