@@ -67,6 +67,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -177,6 +178,42 @@ constexpr int64_t kChunkRows = 64;  // rows per pass over the weights
 constexpr int kRowPrefetchBytes = 0;
 #else
 constexpr int kRowPrefetchBytes = 512;  // how far ahead a one-row product prefetches its own stream
+#endif
+
+// Where a layer's time goes, in a build for measurements only (-DHARNESS_PHASE_TIMES, never the one
+// the harness loads): each thread adds the wall time of every step of a layer (up to the barrier that
+// ends it) and of each part of the attention on tiles, per block, to its own counters;
+// layer_phase_times() returns them and starts them again.
+constexpr int kLayerSteps = 10, kAttentionParts = 5, kMaxTimedThreads = 64;
+#if defined(HARNESS_PHASE_TIMES)
+struct PhaseTimes {
+  double step[kLayerSteps] = {}, part[kAttentionParts] = {};
+  int64_t layers = 0, blocks = 0;
+  char pad[64];  // threads' counters on their own cache lines
+};
+PhaseTimes phase_times[kMaxTimedThreads];
+inline double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+// Adds the time since `*last` to counter `into` of this thread and moves `*last` on.
+inline void tick(double* into, double* last) {
+  const double now = seconds_now();
+  *into += now - *last;
+  *last = now;
+}
+#define HARNESS_TIMER(name) double name = seconds_now()
+#define HARNESS_TICK(tid, field, i, last)                                          \
+  do {                                                                             \
+    if ((tid) < kMaxTimedThreads) tick(&phase_times[(tid)].field[(i)], &(last)); \
+  } while (0)
+#define HARNESS_COUNT(tid, field)                                \
+  do {                                                           \
+    if ((tid) < kMaxTimedThreads) ++phase_times[(tid)].field; \
+  } while (0)
+#else
+#define HARNESS_TIMER(name)
+#define HARNESS_TICK(tid, field, i, last)
+#define HARNESS_COUNT(tid, field)
 #endif
 // A block of weight rows is read from memory by its first tile of input rows and from L1 by the
 // rest; a prefetch of the next block keeps the memory busy meanwhile. Where this is set, float32
@@ -1840,6 +1877,7 @@ void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team&
       // scores: 4 blocks of 16 keys at a time, read where they sit (a last block past the cache's
       // capacity from a copy), summed over the head's width in steps of 32; each block's
       // accumulator [16 keys][16 rows] turned to rows of 16 keys
+      HARNESS_TIMER(last);
       configure(static_cast<int>(nq), true);
       const int64_t key_blocks = (block_slots + 15) / 16;
       for (int64_t kb = 0; kb < key_blocks;) {
@@ -1861,6 +1899,7 @@ void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team&
         }
         kb += G;
       }
+      HARNESS_TICK(team.tid, part, 0, last);
       // softmax by slot: the maximum of the scaled scores the row sees, then their exponentials
       // (zero where it does not see the key); the sum over its tile keys in 16 lanes, and their
       // probabilities in bfloat16, twice (in the low and in the high half of a word)
@@ -1915,8 +1954,10 @@ void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team&
       }
       // value sums on tiles: the rows that share their first slots together, each other row alone
       // (with its heads in this block) over its own keys' values gathered in order
+      HARNESS_TICK(team.tid, part, 1, last);
       configure(static_cast<int>(nq), false);
       value_tiles(nq, steps, pe.data(), po.data(), Lp * 4, values, dh, work.data(), sums.data());
+      HARNESS_TICK(team.tid, part, 2, last);
       for (int64_t i = 0; i < nq;) {
         int64_t e = i + 1;  // rows [i, e): the heads of one row in this block
         while (e < nq && keys_of[e] == keys_of[i]) ++e;
@@ -1951,12 +1992,15 @@ void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team&
         }
         i = e;
       }
+      HARNESS_TICK(team.tid, part, 3, last);
       for (int64_t i = 0; i < nq; ++i) {
         const float inv = 1.f / total[i];
         bf16* out = a.out + out_row[i] * dh;
         const float* sum = sums.data() + i * dh;
         for (int64_t e = 0; e < dh; ++e) store1(out + e, sum[e] * inv);
       }
+      HARNESS_TICK(team.tid, part, 4, last);
+      HARNESS_COUNT(team.tid, blocks);
     }
     if (configured != 0) _tile_release();
   });
@@ -2078,6 +2122,8 @@ template <class P>
 void layer_steps(const LayerPlan<typename P::Wt>& s, const LayerParams<typename P::Wt>& lp, const typename P::Wt* h,
                  typename P::Wt* out, const Team& team) {
   using T = typename P::Wt;
+  HARNESS_TIMER(last);
+  HARNESS_COUNT(team.tid, layers);
   const int64_t M = s.B * s.R, d = s.d, dh = s.dh, hq = s.Hq * dh, hk = s.Hkv * dh, I = s.I, R = s.R;
   T *xp = s.x, *qp = s.q, *kp = s.k, *vp = s.v, *cp = s.ctx, *mid = s.mid, *g = s.gate;
   const T* u = s.up;
@@ -2088,7 +2134,9 @@ void layer_steps(const LayerPlan<typename P::Wt>& s, const LayerParams<typename 
   const Product<P> gate_up[2] = {{lp.w[6], lp.bias[4], g, I, pn}, {lp.w[7], lp.bias[5], s.up, I, pn}};
   const Product<P> down{lp.w[8], lp.bias[6], out, d, pn};
   team.split(M, 1, [&](int64_t m0, int64_t m1) { rms_norm(h + m0 * d, lp.w[0], xp + m0 * d, m1 - m0, d, lp.input_eps); });
+  HARNESS_TICK(team.tid, step, 0, last);
   run_products<P>(input_of<P>(xp, M, d), qkv, 3, team);
+  HARNESS_TICK(team.tid, step, 1, last);
   team.split(M, 1, [&](int64_t m0, int64_t m1) {
     rotary(qp + m0 * hq, s.cos + m0 * dh, s.sin + m0 * dh, m1 - m0, s.Hq, dh);
     rotary(kp + m0 * hk, s.cos + m0 * dh, s.sin + m0 * dh, m1 - m0, s.Hkv, dh);
@@ -2099,14 +2147,19 @@ void layer_steps(const LayerPlan<typename P::Wt>& s, const LayerParams<typename 
         std::copy(vp + src, vp + src + dh, lp.values + dst);
       }
   });
+  HARNESS_TICK(team.tid, step, 2, last);
   attend(Attention<T>{qp, lp.keys, lp.values, s.mask, cp, s.B, R, s.Hq, s.Hkv, dh, s.cap, s.start, s.start + R, s.scaling},
          s.attention, s.tiles, team);
+  HARNESS_TICK(team.tid, step, 3, last);
   run_products<P>(input_of<P>(cp, M, hq), &o, 1, team);
+  HARNESS_TICK(team.tid, step, 4, last);
   team.split(M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t i = m0 * d; i < m1 * d; ++i) store1(mid + i, load1(h + i) + load1(mid + i));
     rms_norm(mid + m0 * d, lp.w[5], xp + m0 * d, m1 - m0, d, lp.post_eps);
   });
+  HARNESS_TICK(team.tid, step, 5, last);
   run_products<P>(input_of<P>(xp, M, d), gate_up, 2, team);
+  HARNESS_TICK(team.tid, step, 6, last);
   team.split(M, 1, [&](int64_t m0, int64_t m1) {  // silu(gate) * up, a chunk of elements at a time
     float e[1024];
     for (int64_t c = m0 * I; c < m1 * I; c += 1024) {
@@ -2119,10 +2172,13 @@ void layer_steps(const LayerPlan<typename P::Wt>& s, const LayerParams<typename 
       }
     }
   });
+  HARNESS_TICK(team.tid, step, 7, last);
   run_products<P>(input_of<P>(g, M, I), &down, 1, team);
+  HARNESS_TICK(team.tid, step, 8, last);
   team.split(M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t i = m0 * d; i < m1 * d; ++i) store1(out + i, load1(mid + i) + load1(out + i));
   });
+  HARNESS_TICK(team.tid, step, 9, last);
 }
 
 // fn(team) on every thread of torch's intra-op pool in one parallel region (or inline on one thread)
@@ -2462,6 +2518,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lookup_matches(
   return {context.narrow(0, 0, m), in_history.narrow(0, 0, m), conts.narrow(0, 0, m), lengths.narrow(0, 0, m)};
 }
 
+#if defined(HARNESS_PHASE_TIMES)
+// Each thread's counters since the last call ([threads, 2 + steps + parts]: layers, attention blocks
+// on tiles, then seconds), which start again from zero.
+at::Tensor layer_phase_times() {
+  const int64_t width = 2 + kLayerSteps + kAttentionParts;
+  at::Tensor out = at::zeros({kMaxTimedThreads, width}, at::TensorOptions().dtype(at::kDouble));
+  double* o = out.data_ptr<double>();
+  for (int t = 0; t < kMaxTimedThreads; ++t) {
+    PhaseTimes& p = phase_times[t];
+    o[t * width] = static_cast<double>(p.layers);
+    o[t * width + 1] = static_cast<double>(p.blocks);
+    for (int i = 0; i < kLayerSteps; ++i) o[t * width + 2 + i] = p.step[i];
+    for (int i = 0; i < kAttentionParts; ++i) o[t * width + 2 + kLayerSteps + i] = p.part[i];
+    p = PhaseTimes{};
+  }
+  return out;
+}
+#endif
+
 }  // namespace
 
 // The ops' namespace is a build flag (tests load builds for other instruction sets beside the real one).
@@ -2475,6 +2550,9 @@ HARNESS_LIBRARY(HARNESS_NAMESPACE, m) {
   m.def("streaming_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("vector_exp(Tensor x) -> Tensor");
   m.def("pairs_on_amx() -> bool", [] { return amx_permitted(); });
+#if defined(HARNESS_PHASE_TIMES)
+  m.def("layer_phase_times() -> Tensor", &layer_phase_times);
+#endif
   m.def(
       "llama_layer(Tensor hidden, Tensor cos, Tensor sin, Tensor? mask, Tensor(a!) key_buffer, "
       "Tensor(b!) value_buffer, int start, Tensor[] weights, Tensor?[] biases, float input_eps, float post_eps, "
