@@ -264,7 +264,8 @@ def measure_ranks(cfg, context, *, items: list, progress: bool = True) -> tuple[
     def on_round(*, trees, selections, **_):
         for tree, selection in zip(trees, selections):
             ranks.append(accepted_rank(tree, selection))
-            bar.update(1)
+            if bar.n < need:  # the last prompt decodes to its end: the bar stops at the count needed
+                bar.update(1)
 
     used = 0
     try:
