@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import platform
 import threading
+import time
 
 import pytest
 import torch
@@ -701,3 +702,35 @@ def test_grouped_attention_gives_the_bits_of_attention_one_query_head_at_a_time(
             assert torch.equal(out_a, out_b), (dtype, dh, rows, start, masked)
             assert torch.equal(a[4], b[4]) and torch.equal(a[5], b[5])
             assert out_a.isfinite().all()
+
+
+def test_the_phase_times_build_computes_the_same_bits_and_counts_every_layer_and_block(tmp_path):
+    """``scripts/layer_phases.py`` reads where a layer's time goes from a build with
+    ``-DHARNESS_PHASE_TIMES``: its layers must give the default build's bits (the timers only read
+    the clock), thread 0 must count each layer once and time each of its ten steps, no step's time
+    may exceed the wall time of the calls, and a read starts the counters again."""
+    library = native.build(namespace="harness_phase_times", extra_flags=("-DHARNESS_PHASE_TIMES",), out_dir=tmp_path)
+    native.load_native_kernels()
+    torch.ops.load_library(str(library))
+    timed, plain = torch.ops.harness_phase_times, torch.ops.harness
+    timed.layer_phase_times()
+    calls, wall = 0, 0.0
+    for dtype in (torch.float32, torch.bfloat16):
+        for rows, start in ((1, 40), (5, 70)):
+            a, b = (_attention_case(64, rows, start, True, dtype) for _ in range(2))
+            t0 = time.perf_counter()
+            out = timed.llama_layer(*a, 1e-5, 1e-6, 0.125)
+            wall += time.perf_counter() - t0
+            calls += 1
+            assert torch.equal(out, plain.llama_layer(*b, 1e-5, 1e-6, 0.125)), (dtype, rows, start)
+            assert torch.equal(a[4], b[4]) and torch.equal(a[5], b[5])  # the cache appends too
+    counters = timed.layer_phase_times()
+    assert counters.shape == (64, 17)
+    assert counters[0, 0] == calls  # thread 0 runs every layer
+    steps = counters[0, 2:12]
+    assert (steps > 0).all() and float(steps.sum()) <= wall
+    if native.pairs_on_amx():  # bfloat16 attention on tiles: blocks counted and their parts timed
+        assert counters[:, 1].sum() > 0 and (counters[:, 12:].sum(0) > 0).all()
+    else:
+        assert counters[:, 1].sum() == 0 and counters[:, 12:].sum() == 0
+    assert timed.layer_phase_times().abs().sum() == 0  # read: started again
