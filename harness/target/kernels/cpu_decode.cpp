@@ -182,8 +182,8 @@ constexpr int kRowPrefetchBytes = 512;  // how far ahead a one-row product prefe
 
 // Where a layer's time goes, in a build for measurements only (-DHARNESS_PHASE_TIMES, never the one
 // the harness loads): each thread adds the wall time of every step of a layer (up to the barrier that
-// ends it) and of each part of the attention on tiles, per block, to its own counters;
-// layer_phase_times() returns them and starts them again.
+// ends it) and of each part of the attention on tiles, per block, to its own counters (outside a
+// team every thread counts as thread 0); layer_phase_times() returns them and starts them again.
 constexpr int kLayerSteps = 10, kAttentionParts = 5, kMaxTimedThreads = 64;
 #if defined(HARNESS_PHASE_TIMES)
 struct PhaseTimes {
@@ -215,6 +215,7 @@ inline void tick(double* into, double* last) {
 #define HARNESS_TICK(tid, field, i, last)
 #define HARNESS_COUNT(tid, field)
 #endif
+
 // A block of weight rows is read from memory by its first tile of input rows and from L1 by the
 // rest; a prefetch of the next block keeps the memory busy meanwhile. Where this is set, float32
 // blocks split that prefetch evenly over all their tiles, so the next block streams in during every
@@ -1952,9 +1953,9 @@ void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team&
         }
         total[i] = Vec::sum(lanes);
       }
+      HARNESS_TICK(team.tid, part, 1, last);
       // value sums on tiles: the rows that share their first slots together, each other row alone
       // (with its heads in this block) over its own keys' values gathered in order
-      HARNESS_TICK(team.tid, part, 1, last);
       configure(static_cast<int>(nq), false);
       value_tiles(nq, steps, pe.data(), po.data(), Lp * 4, values, dh, work.data(), sums.data());
       HARNESS_TICK(team.tid, part, 2, last);
