@@ -110,3 +110,50 @@ def test_grouped_tree_attention_matches_sequential_decoding_and_stock_sdpa(dtype
     res = backend.verify(state, [PROMPT[-1], short[-1]], trees)
     assert torch.allclose(res.logits[0], outs[0], atol=tol)
     assert torch.allclose(res.logits[1][2], sequential_logits(grouped, short + [10, 11])[-1], atol=tol)
+
+
+def test_a_commit_moves_the_same_slots_natively_as_with_torch_in_every_layer(monkeypatch):
+    """Where every layer's cache is a preallocated one and the native kernels are loaded, a commit
+    moves its accepted rows in every layer's key and value buffers in one native call; elsewhere
+    torch gathers and scatters them layer by layer. Both must leave the same bits in every slot of
+    every buffer, for two requests with paths of different lengths, contiguous and not, over
+    several rounds."""
+    from harness.target import backend as backend_module
+    from harness.target import native
+    from harness.target.kv_cache import PreallocatedLayer
+    from harness.target.loading import build_tiny_model
+
+    if native.native_kernels_problem() is not None:
+        pytest.skip("the native kernels do not build here")
+    calls = []
+    native_move = torch.ops.harness.move_slots
+    rounds = [
+        ([PATHS, [[4, 4, 4], [4, 6]]], [[0, 1, 3], [1, 2]]),  # non-contiguous and contiguous paths
+        ([[[50, 51], [52]], PATHS], [[2], []]),
+        ([[[9, 9, 9]], [[30, 11], [10, 15]]], [[0, 1, 2], [2, 3]]),
+    ]
+    buffers = {}
+    for native_on in (True, False):
+        monkeypatch.setattr(backend_module, "native_kernels_loaded", lambda on=native_on: on)
+        model = build_tiny_model(seed=1)
+        backend = CausalLMBackend(model)
+        prompts = [PROMPT, PROMPT[:5]]
+        state = backend.prefill(prompts, reserve=32)
+        assert all(isinstance(layer, PreallocatedLayer) for layer in state.cache.layers)
+        committed = [list(p) for p in prompts]
+        for paths, accepted in rounds:
+            trees = [compile_tree([det_proposal(p)], prefix_len=len(c)) for p, c in zip(paths, committed)]
+            backend.verify(state, [c[-1] for c in committed], trees)
+            with monkeypatch.context() as m:
+                m.setattr(torch.ops.harness, "move_slots", lambda *a: calls.append(1) or native_move(*a))
+                backend.commit(state, accepted)
+            for i, (tree, rows) in enumerate(zip(trees, accepted)):
+                committed[i] += [int(tree.token_ids[r]) for r in rows] + [7]
+        buffers[native_on] = [
+            (layer._key_buffer.clone(), layer._value_buffer.clone(), layer.get_seq_length())
+            for layer in state.cache.layers
+        ]
+    assert calls, "the native move never ran"
+    for (k1, v1, n1), (k2, v2, n2) in zip(buffers[True], buffers[False]):
+        assert n1 == n2
+        assert torch.equal(k1[:, :, :n1], k2[:, :, :n2]) and torch.equal(v1[:, :, :n1], v2[:, :, :n2])

@@ -56,6 +56,7 @@ import torch
 from harness.target.attention import uses_boolean_masks
 from harness.target.fused_layers import stack_logits
 from harness.target.kv_cache import PreallocatedLayer, cache_window
+from harness.target.native import native_kernels_loaded
 from harness.target.options import static_cache_of
 from harness.topology.compiler import CompiledTree
 
@@ -73,6 +74,17 @@ def kv_bytes_per_token(model: torch.nn.Module, dtype: torch.dtype | None = None)
 def cache_layers(cache) -> list:
     """The populated layers of a DynamicCache (each with ``keys``/``values`` ``[B, H_kv, S, d_h]``)."""
     return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None and layer.keys.dim() == 4]
+
+
+def _preallocated_buffers(cache) -> list[torch.Tensor] | None:
+    """Every layer's key and value buffers where every layer is a preallocated one holding them,
+    else None."""
+    buffers = []
+    for layer in cache.layers:
+        if not isinstance(layer, PreallocatedLayer) or layer._key_buffer is None:
+            return None
+        buffers += (layer._key_buffer, layer._value_buffer)
+    return buffers or None
 
 
 def cache_bytes(cache) -> int:
@@ -439,7 +451,12 @@ class CausalLMBackend:
             dst[i] = torch.tensor(list(range(n, pad)) + [pad] * (width - len(s)))
             new_lengths.append(pad)
             state.tokens[i].extend([provisional[0]] + [provisional[1 + int(r)] for r in acc])
-        if not torch.equal(src, dst):
+        buffers = _preallocated_buffers(state.cache)
+        if torch.equal(src, dst):
+            pass
+        elif buffers is not None and buffers[0].device.type == "cpu" and native_kernels_loaded():
+            torch.ops.harness.move_slots(buffers, src, dst)  # every layer in one call
+        else:
             gs = src.to(self.device)
             gd = dst.to(self.device)
             for layer in cache_layers(state.cache):

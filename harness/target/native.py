@@ -1,7 +1,7 @@
 """Native CPU kernels of the target and of prompt lookup, built on first use with this machine's C++
 compiler.
 
-``kernels/cpu_decode.cpp`` defines four ops (see the source's header), and ``vector_exp``, the
+``kernels/cpu_decode.cpp`` defines five ops (see the source's header), and ``vector_exp``, the
 layer's own exp, for its tests:
 
 - ``torch.ops.harness.streaming_linear(x, weight, bias)``: ``x @ weight.T + bias`` in float32 or
@@ -17,7 +17,9 @@ layer's own exp, for its tests:
 - ``torch.ops.harness.llama_stack(...)``: every decoder layer in one call, what the layers compute
   one call each, bit for bit (the same option, where a forward allows it);
 - ``torch.ops.harness.lookup_matches(...)``: prompt lookup's match search, the same matches in the
-  same order as its Python reference (:func:`harness.proposers.prompt_lookup.find_continuations_python`).
+  same order as its Python reference (:func:`harness.proposers.prompt_lookup.find_continuations_python`);
+- ``torch.ops.harness.move_slots(buffers, src, dst)``: slots of every preallocated cache buffer
+  copied to others, all sources read first (a commit's accepted rows, every layer in one call).
 
 The source is compiled for this CPU (``-march=native``, ``-ffp-contract=off``) against the installed
 torch's headers (float32 products in the vector width :func:`float32_width` picks for the CPU), once
@@ -216,6 +218,11 @@ def register_fake(namespace: str) -> None:
     @torch.library.register_fake(f"{namespace}::llama_stack")
     def _(hidden, cos, sin, mask, keys, values, start, weights, biases, input_eps, post_eps, scaling):
         return torch.empty_like(hidden)
+
+
+def native_kernels_loaded() -> bool:
+    """Whether :func:`load_native_kernels` has loaded the ops in this process (it builds nothing)."""
+    return load_native_kernels.cache_info().currsize > 0
 
 
 def native_kernels_problem() -> str | None:

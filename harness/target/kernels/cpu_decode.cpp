@@ -2519,6 +2519,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lookup_matches(
   return {context.narrow(0, 0, m), in_history.narrow(0, 0, m), conts.narrow(0, 0, m), lengths.narrow(0, 0, m)};
 }
 
+// Slot src[b, j] of every buffer [B, H, cap, d] copied to slot dst[b, j], every source read before any
+// write: a commit's accepted rows moved to follow the request's cached ones, in every layer's keys and
+// values in one call.
+void move_slots(const std::vector<at::Tensor>& buffers, const at::Tensor& src, const at::Tensor& dst) {
+  TORCH_CHECK(src.dim() == 2 && dst.sizes() == src.sizes() && src.scalar_type() == at::kLong &&
+                  dst.scalar_type() == at::kLong && src.device().is_cpu() && dst.device().is_cpu(),
+              "move_slots: src and dst must be int64 [B, K] on the CPU, of one shape");
+  const at::Tensor from = src.contiguous(), to = dst.contiguous();
+  const int64_t B = from.size(0), K = from.size(1);
+  const int64_t *sp = from.data_ptr<int64_t>(), *tp = to.data_ptr<int64_t>();
+  std::vector<char> rows;
+  for (const at::Tensor& buf : buffers) {
+    TORCH_CHECK(buf.dim() == 4 && buf.size(0) == B && buf.is_contiguous() && buf.device().is_cpu(),
+                "move_slots: every buffer must be a contiguous CPU tensor [B, H, cap, d] with B = ", B);
+    const int64_t H = buf.size(1), cap = buf.size(2), row = buf.size(3) * static_cast<int64_t>(buf.element_size());
+    for (int64_t i = 0; i < B * K; ++i)
+      TORCH_CHECK(sp[i] >= 0 && sp[i] < cap && tp[i] >= 0 && tp[i] < cap, "move_slots: slot ", sp[i], " or ", tp[i],
+                  " outside the buffer's ", cap);
+    char* base = static_cast<char*>(buf.data_ptr());
+    rows.resize(static_cast<size_t>(H * K * row));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t j = 0; j < K; ++j)
+          std::memcpy(rows.data() + (h * K + j) * row, base + ((b * H + h) * cap + sp[b * K + j]) * row,
+                      static_cast<size_t>(row));
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t j = 0; j < K; ++j)
+          std::memcpy(base + ((b * H + h) * cap + tp[b * K + j]) * row, rows.data() + (h * K + j) * row,
+                      static_cast<size_t>(row));
+    }
+  }
+}
+
 #if defined(HARNESS_PHASE_TIMES)
 // Each thread's counters since the last call ([threads, 2 + steps + parts]: layers, attention blocks
 // on tiles, then seconds), which start again from zero.
@@ -2551,6 +2584,7 @@ HARNESS_LIBRARY(HARNESS_NAMESPACE, m) {
   m.def("streaming_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("vector_exp(Tensor x) -> Tensor");
   m.def("pairs_on_amx() -> bool", [] { return amx_permitted(); });
+  m.def("move_slots(Tensor(a!)[] buffers, Tensor src, Tensor dst) -> ()");
 #if defined(HARNESS_PHASE_TIMES)
   m.def("layer_phase_times() -> Tensor", &layer_phase_times);
 #endif
@@ -2574,4 +2608,5 @@ HARNESS_LIBRARY_IMPL(HARNESS_NAMESPACE, CPU, m) {
   m.impl("llama_layer", &llama_layer);
   m.impl("llama_stack", &llama_stack);
   m.impl("lookup_matches", &lookup_matches);
+  m.impl("move_slots", &move_slots);
 }
