@@ -451,12 +451,11 @@ class CausalLMBackend:
             dst[i] = torch.tensor(list(range(n, pad)) + [pad] * (width - len(s)))
             new_lengths.append(pad)
             state.tokens[i].extend([provisional[0]] + [provisional[1 + int(r)] for r in acc])
-        buffers = _preallocated_buffers(state.cache)
-        if torch.equal(src, dst):
-            pass
-        elif buffers is not None and buffers[0].device.type == "cpu" and native_kernels_loaded():
+        moved = not torch.equal(src, dst)
+        buffers = _preallocated_buffers(state.cache) if moved and native_kernels_loaded() else None
+        if buffers is not None and buffers[0].device.type == "cpu":
             torch.ops.harness.move_slots(buffers, src, dst)  # every layer in one call
-        else:
+        elif moved:
             gs = src.to(self.device)
             gd = dst.to(self.device)
             for layer in cache_layers(state.cache):
