@@ -157,3 +157,17 @@ def test_a_commit_moves_the_same_slots_natively_as_with_torch_in_every_layer(mon
     for (k1, v1, n1), (k2, v2, n2) in zip(buffers[True], buffers[False]):
         assert n1 == n2
         assert torch.equal(k1[:, :, :n1], k2[:, :, :n2]) and torch.equal(v1[:, :, :n1], v2[:, :, :n2])
+
+
+def test_move_slots_refuses_a_slot_outside_any_buffer_before_writing_one():
+    from harness.target import native
+
+    if native.native_kernels_problem() is not None:
+        pytest.skip("the native kernels do not build here")
+    big, small = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 4, 4)
+    before = [big.clone(), small.clone()]
+    with pytest.raises(RuntimeError, match="inside cap"):  # slot 5 fits the first buffer, not the second
+        torch.ops.harness.move_slots([big, small], torch.tensor([[5]]), torch.tensor([[0]]))
+    assert torch.equal(big, before[0]) and torch.equal(small, before[1])
+    torch.ops.harness.move_slots([big], torch.tensor([[5, 6]]), torch.tensor([[1, 2]]))
+    assert torch.equal(big[:, :, 1:3], before[0][:, :, 5:7]) and torch.equal(big[:, :, 5:], before[0][:, :, 5:])

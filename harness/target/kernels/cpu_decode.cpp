@@ -59,6 +59,9 @@
 //
 // harness::lookup_matches(...): prompt lookup's match search over the request and the history of
 // earlier outputs (integer work; see its section at the end).
+//
+// harness::move_slots(buffers, src, dst): a commit's accepted rows moved in every layer's preallocated
+// key and value buffers in one call (plain copies, every source read before any write).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <omp.h>
@@ -2529,14 +2532,19 @@ void move_slots(const std::vector<at::Tensor>& buffers, const at::Tensor& src, c
   const at::Tensor from = src.contiguous(), to = dst.contiguous();
   const int64_t B = from.size(0), K = from.size(1);
   const int64_t *sp = from.data_ptr<int64_t>(), *tp = to.data_ptr<int64_t>();
+  int64_t lowest = 0, highest = -1;  // the slots named, over src and dst
+  for (int64_t i = 0; i < B * K; ++i) {
+    lowest = std::min({lowest, sp[i], tp[i]});
+    highest = std::max({highest, sp[i], tp[i]});
+  }
+  for (const at::Tensor& buf : buffers)  // every buffer checked before any is written
+    TORCH_CHECK(buf.dim() == 4 && buf.size(0) == B && buf.is_contiguous() && buf.device().is_cpu() &&
+                    lowest >= 0 && highest < buf.size(2),
+                "move_slots: every buffer must be a contiguous CPU tensor [B, H, cap, d] with B = ", B,
+                " and slots ", lowest, " .. ", highest, " inside cap");
   std::vector<char> rows;
   for (const at::Tensor& buf : buffers) {
-    TORCH_CHECK(buf.dim() == 4 && buf.size(0) == B && buf.is_contiguous() && buf.device().is_cpu(),
-                "move_slots: every buffer must be a contiguous CPU tensor [B, H, cap, d] with B = ", B);
     const int64_t H = buf.size(1), cap = buf.size(2), row = buf.size(3) * static_cast<int64_t>(buf.element_size());
-    for (int64_t i = 0; i < B * K; ++i)
-      TORCH_CHECK(sp[i] >= 0 && sp[i] < cap && tp[i] >= 0 && tp[i] < cap, "move_slots: slot ", sp[i], " or ", tp[i],
-                  " outside the buffer's ", cap);
     char* base = static_cast<char*>(buf.data_ptr());
     rows.resize(static_cast<size_t>(H * K * row));
     for (int64_t b = 0; b < B; ++b) {
