@@ -360,10 +360,35 @@ class RestProposer(Proposer):
         rounds = self.stats.extras["rounds"]
         return None if rounds == 0 else self.stats.extras["misses"] / rounds
 
+    def note_retrieval(self, match_len: int, found: int, retrieval_ms: float) -> None:
+        """Count one round's retrieval in the counters: the suffix length it matched, how many rows
+        (or continuations) it found (none: a miss) and its time."""
+        ex = self.stats.extras
+        ex["rounds"] += 1
+        ex["misses"] += int(not found)
+        ex["match_len_sum"] += match_len
+        ex["last_match_len"], ex["last_retrieval_ms"] = match_len, retrieval_ms
+        ex["retrieval_ms_total"] += retrieval_ms
+        ex["max_retrieval_ms"] = max(ex["max_retrieval_ms"], retrieval_ms)
+        ex["miss_rate"] = ex["misses"] / ex["rounds"]
+        ex["mean_match_len"] = ex["match_len_sum"] / ex["rounds"]
+        ex["mean_retrieval_ms"] = ex["retrieval_ms_total"] / ex["rounds"]
+
     def retrieve(self, committed: Sequence[int]) -> tuple[int, list[list[int]]]:
-        """``(match_len, continuations)`` for the longest matching suffix (``(0, [])`` on a miss)."""
+        """``(match_len, continuations)`` for the longest matching suffix (``(0, [])`` on a miss).
+
+        A suffix's occurrences continue into occurrences of every shorter suffix, so the longest
+        length with any occurrence is found from the shortest up, stopping at the first length that
+        has none (a count each, no offsets read: a round's search mostly ends after two or three
+        lengths instead of trying every length from the longest down); from there down, the first
+        length whose occurrences have a continuation is the match."""
         depth = min(self.continuation_len, self.budget.max_depth)
-        for n in range(min(self.max_suffix, len(committed)), self.min_suffix - 1, -1):
+        longest = self.min_suffix - 1
+        for n in range(self.min_suffix, min(self.max_suffix, len(committed)) + 1):
+            if not self.datastore.count(committed[len(committed) - n :]):
+                break
+            longest = n
+        for n in range(longest, self.min_suffix - 1, -1):
             suffix = committed[len(committed) - n :]
             starts = self.datastore.occurrences(suffix, max_matches=self.max_matches, need_continuation=True)
             if len(starts):
@@ -385,17 +410,8 @@ class RestProposer(Proposer):
         )
         t2 = time.perf_counter()
         retrieval_ms, trie_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
-        ex = self.stats.extras
-        ex["rounds"] += 1
-        ex["misses"] += int(not nodes)
-        ex["match_len_sum"] += match_len
-        ex["trie_ms"] += trie_ms
-        ex["last_match_len"], ex["last_retrieval_ms"] = match_len, retrieval_ms
-        ex["retrieval_ms_total"] += retrieval_ms
-        ex["max_retrieval_ms"] = max(ex["max_retrieval_ms"], retrieval_ms)
-        ex["miss_rate"] = ex["misses"] / ex["rounds"]
-        ex["mean_match_len"] = ex["match_len_sum"] / ex["rounds"]
-        ex["mean_retrieval_ms"] = ex["retrieval_ms_total"] / ex["rounds"]
+        self.note_retrieval(match_len, len(nodes), retrieval_ms)
+        self.stats.extras["trie_ms"] += trie_ms
         self.stats.retrieval_ms += retrieval_ms  # decode() reports it as the round's retrieval stage
         extras = {
             "retrieval_ms": retrieval_ms,
@@ -870,8 +886,9 @@ def check_release_limits(options: dict, manifest: dict, prefix: str = "proposer"
 def manifest_datastores(cfg) -> dict:
     """The datastore releases a composed config's proposer uses, for the run manifest.
 
-    Opens (building on first use, a tokenizer-only stage) every datastore of ``proposer=rest`` or
-    of a ``proposer=merged`` source, before any model is loaded, and returns
+    Opens (building on first use, a tokenizer-only stage) every datastore of ``proposer=rest``, of a
+    ``proposer=merged`` source or of ``proposer=prompt_lookup`` with a ``datastore``, before any
+    model is loaded, and returns
     ``{"datastores": {source: {release_id, corpus, n_tokens, path}}}`` (``{}`` when the proposer
     uses none). Passed as ``freeze_manifest(cfg, versions=..., extra=manifest_datastores(cfg))``
     it puts each release id into the manifest hash; call it after negotiation (``plan``).
@@ -882,6 +899,8 @@ def manifest_datastores(cfg) -> dict:
         nodes["rest"], options["rest"] = p.datastore, (p, "proposer")
     elif p.name == "merged" and "rest" in list(p.sources):
         nodes["rest"], options["rest"] = p.rest.datastore, (p.rest, "proposer.rest")
+    elif p.name == "prompt_lookup" and p.get("datastore") is not None:
+        nodes["prompt_lookup"], options["prompt_lookup"] = p.datastore, ({}, "proposer")
     if not nodes:
         return {}
 
