@@ -132,6 +132,9 @@ class PromptLookupConfig(ProposerConfig):
     history_tokens: int = ranged(0, ge=0)
     # after a round, propose the tails of candidates the target rejected by one token (shape=sequences)
     rejected_tails: bool = False
+    # a REST datastore whose continuations of the committed suffix join the candidate tree
+    # (shape=sequences; `+datastore@proposer.datastore=stdlib` or `=sharegpt`); null: none
+    datastore: Optional[DatastoreConfig] = None
 
 
 @dataclass

@@ -194,7 +194,7 @@ def _by_path(m) -> str | None:
 
 def manifest_extras(cfg: DictConfig) -> dict:
     """Versioned artifacts the manifest binds beyond the config: the datastore release ids of a
-    retrieval proposer (opened, or built on first use, before any model is loaded), the
+    retrieval proposer or of prompt lookup's datastore (opened, or built on first use, before any model is loaded), the
     provenance of a published head checkpoint (path or hub id, layout, SHA-256 of every file read),
     the files of any other artifact directory given by path (EAGLE's, trained heads') and of a
     target or draft loaded by path (:func:`checkpoint_fingerprint`), and the SHA-256 of a prompt
@@ -202,7 +202,11 @@ def manifest_extras(cfg: DictConfig) -> dict:
     (``topology.choices_file``: its content is the tree)."""
     p = cfg.proposer
     extras: dict = {}
-    if p.name == "rest" or (p.name == "merged" and "rest" in list(p.get("sources", []))):
+    if (
+        p.name == "rest"
+        or (p.name == "merged" and "rest" in list(p.get("sources", [])))
+        or (p.name == "prompt_lookup" and p.get("datastore") is not None)
+    ):
         extras.update(manifest_datastores(cfg))
     elif p.name in ("medusa", "hydra") and is_published(p.get("artifact")):
         extras["proposer_artifact"] = inspect(str(p.artifact), p.name).provenance()

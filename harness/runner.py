@@ -904,7 +904,7 @@ def inert_options(cfg: DictConfig) -> list[str]:
     if prop.name == "layer_skip" and prop.get("skip") is not None and prop.get("search") is not None:
         for key, value in _changed(prop.search):
             out.append(f"proposer.search.{key}={_text(value)}: proposer.skip names the layers, no search runs")
-    if prop.name == "rest":
+    if prop.name == "rest" or (prop.name == "prompt_lookup" and prop.get("datastore") is not None):
         out += path_inert_options(prop.datastore, "proposer.datastore")
     elif prop.name == "merged":
         sources = list(prop.get("sources") or [])

@@ -344,6 +344,9 @@ def test_the_acceptance_model_s_starting_constants_rank_copies_as_the_dev_prompt
     tails = [AcceptanceModel.features(candidate_tree([], limit=16, tails=[(4, (5,), False, run)]))[0] for run in (0, 3)]
     short_run, long_run = model.predict(np.stack(tails)).tolist()
     assert short_run < long_run < model.predict(match)[0]
+    # a datastore's continuation ranks below a lookup match whose context is as long
+    retrieved = AcceptanceModel.features(candidate_tree([], limit=16, retrieved=[(4, [5])]))
+    assert model.predict(retrieved)[0] < model.predict(match)[0]
     tree = candidate_tree([(3, np.array([5, 6]), True), (1, np.array([7]), False)], limit=16)
     np.testing.assert_allclose(
         AcceptanceModel.features(tree),
@@ -352,9 +355,9 @@ def test_the_acceptance_model_s_starting_constants_rank_copies_as_the_dev_prompt
     np.testing.assert_allclose(
         AcceptanceModel.raw_features(tree),
         [
-            [np.log(3), 1, 0, 1, 0.5, 0, np.log(2), 0, 0],  # 5: context 3, first child, history, 1 of 2 matches
-            [np.log(4), 1, 0, 1, 1.0, 0, 0, 0, 0],  # 6 below it: context 3 + depth 2 - 1
-            [0, 0, 1, 0, 0.5, 0, np.log(2), 0, 0],  # 7: the root's second child (no row is a tail)
+            [np.log(3), 1, 0, 1, 0.5, 0, np.log(2), 0, 0, 0],  # 5: context 3, first child, history, 1 of 2 matches
+            [np.log(4), 1, 0, 1, 1.0, 0, 0, 0, 0, 0],  # 6 below it: context 3 + depth 2 - 1
+            [0, 0, 1, 0, 0.5, 0, np.log(2), 0, 0, 0],  # 7: the root's second child (no row is a tail or retrieved)
         ],
     )
     with pytest.raises(ValueError, match="learning_rate"):
@@ -727,6 +730,19 @@ def test_the_lookup_replay_prices_rounds_with_the_cost_curve(tmp_path):
     assert row["clairvoyant_history_vs_transformers"] >= row["selection_oracle_vs_transformers"]
     assert row["selection_oracle_vs_transformers"] > row["adaptive_history_65536_vs_transformers"]
     assert row["baseline_history_0_vs_transformers"] > 0  # the committed proposer, loaded from git
+    # with a datastore that holds the outputs the history cannot give (the first prompt's), its
+    # continuations make rounds cheaper than the lookup's alone
+    from harness.workloads.datastore import datastore_from_token_ids, write_datastore
+
+    store = tmp_path / "store"
+    write_datastore(datastore_from_token_ids([[3, *loop]]), store)
+    argv = ["replay", str(path), "--t-from", str(bench), "--history-tokens", "0", "--datastores", f"x={store}"]
+    assert script.main([*argv, "--out", str(tmp_path / "d.json")]) == 0
+    row = json.loads((tmp_path / "d.json").read_text())["table"]["x/eval"]
+    assert row["adaptive_datastore_history_0_vs_transformers"] > row["adaptive_history_0_vs_transformers"]
+    with pytest.raises(SystemExit) as exc:
+        script.main(["replay", str(path), "--t-from", str(bench), "--datastores", f"x={tmp_path / 'none'}"])
+    assert exc.value.code == 2
 
 
 def test_the_acceptance_fit_observes_tried_rows_and_recovers_a_known_law(tmp_path, capsys):
@@ -801,7 +817,28 @@ def test_the_acceptance_fit_observes_tried_rows_and_recovers_a_known_law(tmp_pat
     assert script.main(argv) == 0
     tails_only = json.loads((tmp_path / "t.json").read_text())
     assert tails_only["only"] == ["tail", "log_tail_run"]
-    assert tails_only["model"]["weights"][:-2] == list(AcceptanceModel.WEIGHTS[:-2])
+    fitted = {AcceptanceModel.FEATURES.index(f) for f in ("tail", "log_tail_run")}
+    held_weights = [w for i, w in enumerate(tails_only["model"]["weights"]) if i not in fitted]
+    assert held_weights == [w for i, w in enumerate(AcceptanceModel.WEIGHTS) if i not in fitted]
+    # with a datastore: its continuations are among the rounds' rows, marked
+    from harness.workloads.datastore import datastore_from_token_ids, write_datastore
+
+    store = tmp_path / "store"
+    write_datastore(datastore_from_token_ids([[9, 1, 7, 3, 4, 5, 6], [50, 51, 52]]), store)
+    x_ds, y_ds = script.round_observations(substitution, t, datastore=str(store))
+    marked = x_ds[:, AcceptanceModel.FEATURES.index("datastore")] > 0
+    assert marked.any() and y_ds[marked].any()
+    argv = [str(outputs), "--t-from", str(bench), "--datastores", f"code={store}", "--only", "datastore"]
+    assert script.main([*argv, "--out", str(tmp_path / "ds.json")]) == 0
+    ds_fit = json.loads((tmp_path / "ds.json").read_text())
+    assert ds_fit["settings"]["datastores"] == {"code": str(store)} and ds_fit["only"] == ["datastore"]
+    for bad_store in (["--datastores", "code"], ["--datastores", f"code={tmp_path / 'none'}"]):
+        with pytest.raises(SystemExit) as exc:
+            script.main([str(outputs), "--t-from", str(bench), *bad_store])
+        assert exc.value.code == 2 and "give WORKLOAD=DIR" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main([str(outputs), "--datastores", f"code={store}"])
+    assert "--datastores needs --t-from" in capsys.readouterr().err
     short = tmp_path / "short.json"
     short.write_text(json.dumps({"t_of_n_ms": t[:5]}))
     # bad input: one line and exit status 2, nothing written

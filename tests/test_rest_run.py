@@ -1,5 +1,6 @@
 """proposer=rest inside `harness run`: datastore opening/building, run-time leakage control,
-negotiation before model work, and an end-to-end tiny-model run over a token-id datastore."""
+negotiation before model work, and an end-to-end tiny-model run over a token-id datastore; and the
+same datastore searched by prompt lookup (proposer.datastore)."""
 
 from __future__ import annotations
 
@@ -159,6 +160,51 @@ def test_rest_run_end_to_end_on_tiny_with_a_token_id_datastore(env, tmp_path):
     assert [i["prompt_id"] for i in gate["items"]] == ["p1", "p2"]
     assert 6 <= gate["max_longest_match"] < 32
     assert json.loads((tmp_path / "record.json").read_text())["run_id"] == record["run_id"]
+
+
+@pytest.mark.parametrize("budget_policy", ["fixed", "adaptive"])
+def test_prompt_lookup_with_a_datastore_runs_end_to_end_exact_with_its_leakage_gate(env, tmp_path, budget_policy):
+    from harness.manifest import job_manifest_hash
+    from harness.runner import run_job
+
+    store, ds = write_store(env, "ds_clean")
+    overrides = run_overrides(env, store)
+    overrides[1:4] = [
+        "proposer=prompt_lookup",
+        "topology=sequences",
+        "+datastore@proposer.datastore=stdlib",
+        f"proposer.datastore.path={store}",
+        f"proposer.budget_policy={budget_policy}",
+    ]
+    cfg = compose_cfg(*overrides)
+    record = run_job(cfg, run_dir=tmp_path)
+    m = record["metrics"]
+    assert m["greedy_identical"] is True
+    r = m["retrieval"]
+    # the datastore holds each prompt's AR continuation: its rows are kept and the target accepts them
+    assert r["rows_kept_from_datastore"] > 0 and m["mean_accepted_per_round"] > 1.0
+    assert m["round_cost_ms"]["retrieval"] > 0
+    searched = r["datastore"]
+    assert searched["datastore_release_id"] == ds.release_id and searched["rounds"] == m["rounds"]
+    assert m["proposal_state_bytes"] >= ds.nbytes
+    gate = record["gates"]["workload_governance"]
+    assert gate["status"] == "passed" and gate["kind"] == "datastore_leakage" and gate["leaked"] == []
+    assert record["manifest"]["datastores"]["prompt_lookup"]["release_id"] == ds.release_id
+    assert job_manifest_hash(cfg) == record["manifest_hash"]
+    assert searched["manifest_hash"] == release_manifest_hash(record["manifest_hash"], ds.release_id)
+    assert record["inert_options"] == []
+
+
+def test_prompt_lookup_refuses_a_leaked_prompt_in_its_datastore(env, tmp_path):
+    from harness.runner import run_job
+
+    store, _ = write_store(env, "ds_leaked", leak="p1")
+    overrides = run_overrides(env, store)
+    overrides[1:4] = ["proposer=prompt_lookup", "topology=sequences", "+datastore@proposer.datastore=stdlib"]
+    overrides.append(f"proposer.datastore.path={store}")
+    with pytest.raises(LeakageError, match=r"p1 \(\d+ tokens\)"):
+        run_job(compose_cfg(*overrides), run_dir=tmp_path)
+    assert not (tmp_path / "record.json").exists()
 
 
 def test_batch_slots_share_one_datastore_counted_once(env, tmp_path):

@@ -43,6 +43,17 @@ acceptance model (with features that mark them and how far their copy had run). 
 timed in one process on this project's CPU, the rows they add cost more than the 3-5% more tokens a
 round they bring (docs/measurements.md, "Rejected tails as a candidate source").
 
+``datastore`` adds the continuations a REST datastore (He et al., 2024, "REST: Retrieval-Based
+Speculative Decoding") holds after the committed suffix, searched as ``proposer=rest`` searches it:
+text the request and its history never held (idioms of the standard library for code,
+phrasing of other conversations for chat). They join the lookup's candidates in the same tree, after
+them, as rows with their own support counts and a feature that marks them, and the adaptive budget
+keeps each only where its estimated reach pays for its row. Replayed on this project's measured
+verify costs they added the most where extra rows are cheap (bf16 on a CPU with AMX; chat more than
+code), and cost nothing where they are dear, since the budget then leaves them out
+(docs/measurements.md, "Datastore continuations in the adaptive tree"). The datastore's leakage
+gate runs as for ``proposer=rest``.
+
 The match search runs as a native op where the harness's native kernels build (a C++ compiler
 is installed), with the Python search as its reference and fallback; a proposer's stats say which
 (``match_search``).
@@ -56,6 +67,7 @@ import functools
 import hashlib
 import math
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -303,8 +315,10 @@ class CandidateTree:
     tail made, how many tails'), ``parent_support`` (its parent's support; below the root, the
     number of matches, or for a row a tail made the number of tails),
     ``tail`` (made by the tail of a candidate the target rejected last round, see
-    :func:`rejected_tails`) and ``tail_run`` (for such a row, how many tokens that candidate had run
-    along the output before the substitution; 0 for the others)."""
+    :func:`rejected_tails`), ``tail_run`` (for such a row, how many tokens that candidate had run
+    along the output before the substitution; 0 for the others) and ``datastore`` (made by a
+    continuation retrieved from a datastore, see ``PromptLookupProposer``'s ``datastore``; its
+    ``context`` is the length of the suffix the datastore matched)."""
 
     prefixes: tuple[tuple[int, ...], ...]
     parents: np.ndarray
@@ -316,6 +330,7 @@ class CandidateTree:
     parent_support: np.ndarray
     tail: np.ndarray
     tail_run: np.ndarray
+    datastore: np.ndarray
 
     def __len__(self) -> int:
         return len(self.prefixes)
@@ -326,22 +341,26 @@ def candidate_tree(
     *,
     limit: int,
     tails: Sequence[tuple[int, tuple[int, ...], bool, int]] = (),
+    retrieved: Sequence[tuple[int, Sequence[int]]] = (),
 ) -> CandidateTree:
-    """Merge ``matches`` (:func:`find_continuations`' output, best first) and ``tails``
-    (:func:`rejected_tails`' output) into one prefix tree of at most ``limit`` rows, the tails after
-    the matches; a continuation that runs past the limit still counts towards the support of the
-    rows it passes through. A tail counts towards the support of the rows the tails made only, and
-    below the root a tail row's parent support is the number of tails: every row a match made has
-    the features it would have without the tails."""
+    """Merge ``matches`` (:func:`find_continuations`' output, best first), ``tails``
+    (:func:`rejected_tails`' output) and ``retrieved`` (``(matched suffix length, continuation)``
+    from a datastore, best first) into one prefix tree of at most ``limit`` rows, in that order; a
+    continuation that runs past the limit still counts towards the support of the rows it passes
+    through. Each kind of source counts towards the support of the rows its own kind made only,
+    and below the root a row's parent support is the number of continuations of its kind: every
+    row a match made has the features it would have without the tails and the retrieved
+    continuations."""
     prefixes: list[tuple[int, ...]] = []
     parents: list[int] = []
-    cols: list[tuple[int, int, int, bool, bool, int]] = []  # (depth, context, rank, history, tail, run) per row
+    cols: list[tuple[int, int, int, bool, int, int]] = []  # (depth, context, rank, history, kind, run) per row
     support: list[int] = []
-    tail_of: list[bool] = []
+    kind_of: list[int] = []  # 0: a match made the row, 1: a tail, 2: a retrieved continuation
     index: dict[tuple[int, ...], int] = {}
     children: dict[int, int] = {}
-    sources = [(c, cont, h, False, 0) for c, cont, h in matches] + [(c, t, h, True, r) for c, t, h, r in tails]
-    for context, cont, in_history, is_tail, run in sources:
+    sources = [(c, cont, h, 0, 0) for c, cont, h in matches] + [(c, t, h, 1, r) for c, t, h, r in tails]
+    sources += [(c, list(map(int, cont)), False, 2, 0) for c, cont in retrieved]
+    for context, cont, in_history, kind, run in sources:
         parent, prefix = -1, ()
         for tok in cont.tolist() if isinstance(cont, np.ndarray) else cont:
             prefix += (tok,)
@@ -354,18 +373,19 @@ def candidate_tree(
                 children[parent] = rank + 1
                 prefixes.append(prefix)
                 parents.append(parent)
-                cols.append((len(prefix), context, rank, in_history, is_tail, run))
-                tail_of.append(is_tail)
+                cols.append((len(prefix), context, rank, in_history, kind, run))
+                kind_of.append(kind)
                 support.append(0)
-            if tail_of[node] == is_tail:
+            if kind_of[node] == kind:
                 support[node] += 1
             parent = node
     parent_arr = np.asarray(parents, dtype=np.int64)
     support_arr = np.asarray(support, dtype=np.int64)
     if cols:
-        depth, context, rank, history, tail, tail_run = (np.asarray(c) for c in zip(*cols))
+        depth, context, rank, history, kind, tail_run = (np.asarray(c) for c in zip(*cols))
     else:
-        depth, context, rank, history, tail, tail_run = (np.empty(0, np.int64),) * 6
+        depth, context, rank, history, kind, tail_run = (np.empty(0, np.int64),) * 6
+    roots = np.asarray([len(matches), len(tails), len(retrieved)], dtype=np.int64)
     return CandidateTree(
         prefixes=tuple(prefixes),
         parents=parent_arr,
@@ -374,11 +394,10 @@ def candidate_tree(
         rank=rank.astype(np.int64),
         history=history.astype(bool),
         support=support_arr,
-        parent_support=np.where(
-            parent_arr >= 0, support_arr[np.maximum(parent_arr, 0)], np.where(tail, len(tails), len(matches))
-        ),
-        tail=tail.astype(bool),
+        parent_support=np.where(parent_arr >= 0, support_arr[np.maximum(parent_arr, 0)], roots[kind.astype(np.int64)]),
+        tail=kind == 1,
         tail_run=tail_run.astype(np.int64),
+        datastore=kind == 2,
     )
 
 
@@ -451,12 +470,35 @@ class AcceptanceModel:
         "log_parent_support",
         "tail",
         "log_tail_run",
+        "datastore",
     )
     #: each feature's mean and standard deviation on the fitting set (features are standardised)
-    MEAN: ClassVar[tuple[float, ...]] = (1.7025, 0.6295, 0.1414, 0.1663, 0.6270, 0.3133, 1.0774, 0.0000, 0.0000)
-    SCALE: ClassVar[tuple[float, ...]] = (1.3199, 0.4829, 0.3485, 0.3723, 0.3854, 0.5479, 0.8941, 1.0000, 1.0000)
+    MEAN: ClassVar[tuple[float, ...]] = (1.7025, 0.6295, 0.1414, 0.1663, 0.6270, 0.3133, 1.0774, 0.0000, 0.0000, 0.0000)
+    SCALE: ClassVar[tuple[float, ...]] = (
+        1.3199,
+        0.4829,
+        0.3485,
+        0.3723,
+        0.3854,
+        0.5479,
+        0.8941,
+        1.0000,
+        1.0000,
+        1.0000,
+    )
     #: the fitted weights of the standardised features, and the bias
-    WEIGHTS: ClassVar[tuple[float, ...]] = (1.2529, 0.9530, -0.0134, -0.3133, 0.8208, 0.2880, 0.1259, -0.6948, 0.0075)
+    WEIGHTS: ClassVar[tuple[float, ...]] = (
+        1.2529,
+        0.9530,
+        -0.0134,
+        -0.3133,
+        0.8208,
+        0.2880,
+        0.1259,
+        -0.6948,
+        0.0075,
+        -1.2581,
+    )
     BIAS: ClassVar[float] = 0.1137
 
     def __init__(self, *, learning_rate: float = 0.02) -> None:
@@ -486,6 +528,7 @@ class AcceptanceModel:
                 np.log(np.maximum(tree.parent_support, 1)),
                 tree.tail,
                 np.log1p(tree.tail_run),
+                tree.datastore,
             ],
             axis=1,
         ).astype(np.float64)
@@ -627,13 +670,16 @@ class PromptLookupProposer(Proposer):
         verify_cost: list[float] | None = None,
         history_tokens: int = 0,
         rejected_tails: bool = False,
+        retriever: Proposer | None = None,
     ) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
+        #: the datastore's retrieval (a :class:`~harness.proposers.rest.RestProposer`), or None
+        self.retriever = retriever
         if history_tokens < 0:
             raise ValueError(f"proposer.history_tokens must be >= 0; got {history_tokens}")
         if not (1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram; got {min_ngram}, {max_ngram}")
-        self.check_plan({"rejected_tails": rejected_tails}, budget, None)
+        self.check_plan({"rejected_tails": rejected_tails, "datastore": retriever}, budget, None)
         if budget_policy not in ("fixed", "adaptive"):
             raise ValueError(f"proposer.budget_policy must be fixed or adaptive; got {budget_policy!r}")
         if budget_policy == "adaptive":
@@ -669,21 +715,70 @@ class PromptLookupProposer(Proposer):
         self._skip: np.ndarray | None = None  # history positions the current request may not read
         self._request: tuple[bytes, int] | None = None  # (prompt key, prompt length) of the current request
         self._committed: list[int] | None = None
+        if retriever is not None:
+            self.stats.extras["rows_kept_from_datastore"] = 0
+            self.stats.extras["datastore"] = retriever.stats.extras
 
     def counters(self) -> dict:
-        kept = {k: 0 for k in ("rows_kept_from_tails", "rows_kept_from_history") if k in self.stats.extras}
-        return {"rows_proposed": 0, "rows_kept": 0, **kept}
+        kept = ("rows_kept_from_tails", "rows_kept_from_history", "rows_kept_from_datastore")
+        return {"rows_proposed": 0, "rows_kept": 0, **{k: 0 for k in kept if k in self.stats.extras}}
+
+    def reset_counters(self) -> None:
+        super().reset_counters()
+        if self.retriever is not None:
+            self.retriever.reset_counters()
 
     @classmethod
     def check_plan(cls, options: dict, budget: Budget, geometry) -> None:
-        """Before any model work: rejected tails branch off the lookup's candidates, so they need a
-        tree of several continuations (``shape=sequences``)."""
+        """Before any model work: rejected tails branch off the lookup's candidates, and a
+        datastore's continuations join them, so both need a tree of several continuations
+        (``shape=sequences``)."""
         if options.get("rejected_tails") and budget.shape != "sequences":
             raise ConfigError(
                 f"proposer.rejected_tails=true needs topology=sequences (the tails branch off the lookup's "
                 f"candidates); this topology's shape is {budget.shape!r}",
                 suggestions=[("topology=sequences",), ("proposer.rejected_tails=false",)],
             )
+        if options.get("datastore") is not None and budget.shape != "sequences":
+            raise ConfigError(
+                f"proposer.datastore needs topology=sequences (its continuations join the lookup's in one "
+                f"tree); this topology's shape is {budget.shape!r}",
+                suggestions=[("topology=sequences",), ("proposer.datastore=null",)],
+            )
+
+    @classmethod
+    def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context) -> Proposer:
+        """With ``datastore``, open it as ``proposer=rest`` does (built on first use, refused when
+        it does not fit the target's tokenizer) and search it with REST's settings (the committed
+        suffix of at most the release's context length, at least 2 tokens, down to the first length
+        with matches; up to 64 continuations of the release's length); the proposals carry the
+        manifest hash folded with its release id."""
+        opts = dict(options)
+        ds_cfg = opts.pop("datastore", None)
+        if ds_cfg is None:
+            return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, **opts)
+        from harness.proposers.rest import RestProposer
+
+        retriever = RestProposer.from_config(
+            options={"datastore": ds_cfg, "min_suffix": 2},
+            budget=Budget("tree", budget.max_nodes, budget.max_depth),
+            manifest_hash=manifest_hash,
+            policy=policy,
+            context=context,
+        )
+        return cls(budget=budget, manifest_hash=retriever.manifest_hash, policy=policy, retriever=retriever, **opts)
+
+    def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict | None:
+        """The datastore's evaluation-leakage gate (:meth:`RestProposer.check_workload`), where
+        there is a datastore."""
+        if self.retriever is None:
+            return None
+        entry = self.retriever.check_workload(items, allow_leakage=allow_leakage)
+        self.reset_counters()
+        return entry
+
+    def manifest_extra(self) -> dict:
+        return self.retriever.manifest_extra() if self.retriever is not None else {}
 
     # ------------------------------------------------------------------ history across requests
     @staticmethod
@@ -743,7 +838,8 @@ class PromptLookupProposer(Proposer):
 
     def state_bytes(self) -> int:
         shelf = self._shelf
-        return sum(o.nbytes for _, o in shelf.history) + (shelf.corpus.nbytes if shelf.corpus is not None else 0)
+        history = sum(o.nbytes for _, o in shelf.history) + (shelf.corpus.nbytes if shelf.corpus is not None else 0)
+        return history + (self.retriever.state_bytes() if self.retriever is not None else 0)
 
     # ------------------------------------------------------------------ proposing
     def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
@@ -763,9 +859,17 @@ class PromptLookupProposer(Proposer):
             corpus=self._corpus,
             skip=self._skip,
         )
+        retrieved = ()
+        if self.retriever is not None:
+            t0 = time.perf_counter()
+            suffix, continuations = self.retriever.retrieve(committed)
+            ms = (time.perf_counter() - t0) * 1e3
+            self.stats.retrieval_ms += ms  # the round loop reports it as the round's retrieval stage
+            self.retriever.note_retrieval(suffix, len(continuations), ms)
+            retrieved = [(suffix, c) for c in continuations]
         limit = self.budget.max_nodes if self.budget_policy == "fixed" else 4 * self.budget.max_nodes
         after, tails = self._tails
-        tree = candidate_tree(matches, limit=limit, tails=tails if after == len(committed) else ())
+        tree = candidate_tree(matches, limit=limit, tails=tails if after == len(committed) else (), retrieved=retrieved)
         x = AcceptanceModel.features(tree) if self.budget_policy == "adaptive" else None
         keep = list(range(len(tree)))
         if x is not None and len(tree):
@@ -786,6 +890,8 @@ class PromptLookupProposer(Proposer):
             self.stats.extras["rows_kept_from_history"] += int(tree.history[keep].sum())
         if self.rejected_tails:
             self.stats.extras["rows_kept_from_tails"] += int(tree.tail[keep].sum())
+        if self.retriever is not None:
+            self.stats.extras["rows_kept_from_datastore"] += int(tree.datastore[keep].sum())
         self._last = (len(committed), tree, x) if (x is not None or self.rejected_tails) else None
         topology = "sequence" if all(nd.parent == i - 1 for i, nd in enumerate(nodes)) else "tree"
         return ProposalResult(
