@@ -102,9 +102,11 @@ def round_observations(
     max_matches: int = 8,
     nodes: int = 16,
     rejected_tails: bool = True,
+    datastore: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(raw features ``[N, F]``, accepted ``[N]``) of every tried row of every round of the default
-    experiment's proposer (with ``rejected_tails``, and the history of earlier records) replayed
+    experiment's proposer (with ``rejected_tails``, the history of earlier records, and the
+    ``datastore`` directory's continuations where given) replayed
     over ``records`` with verify costs ``t_ms``: each round's candidate tree before the adaptive
     choice, tried against the output's next ``max_depth`` tokens. Only the rounds a run sees are
     observed, and the tails, which exist only after a round, with them."""
@@ -118,6 +120,7 @@ def round_observations(
         ngram=max_ngram,
         history_tokens=65536,
         rejected_tails=rejected_tails,
+        datastore=datastore,
     )
 
     def on_round(committed, truth, _nodes, _accepted):
@@ -285,8 +288,24 @@ def main(argv: list[str] | None = None) -> int:
         choices=AcceptanceModel.FEATURES,
         help="fit these features' weights alone (unstandardised), every other constant held at the current ones",
     )
+    ap.add_argument(
+        "--datastores",
+        nargs="+",
+        default=[],
+        metavar="WORKLOAD=DIR",
+        help="with --t-from: the sets of this workload replay the proposer with this datastore directory "
+        "(proposer.datastore), e.g. chat=~/.cache/harness/datastores/sharegpt-smollm2",
+    )
     ap.add_argument("--out", help="write the constants and log-losses here (JSON)")
     args = ap.parse_args(argv)
+    datastores = {}
+    for item in args.datastores:
+        name, _, path = item.partition("=")
+        if not name or not path or not (Path(path).expanduser() / "manifest.json").is_file():
+            ap.error(f"--datastores {item!r}: give WORKLOAD=DIR, DIR a datastore directory (with manifest.json)")
+        datastores[name] = path
+    if datastores and not args.t_from:
+        ap.error("--datastores needs --t-from: the datastore's rows are observed in the proposer's rounds")
     if not args.l2 >= 0 or min(args.ngram, args.max_depth, args.max_matches, args.rows) < 1:
         ap.error("--l2 must be >= 0, and --ngram, --max-depth, --max-matches and --rows >= 1")
     try:
@@ -308,7 +327,13 @@ def main(argv: list[str] | None = None) -> int:
             nodes = max(args.rows // 4, 1)
             t_ms = load_t_of_n(args.t_from, rows=nodes + 1)
             settings["t_from"] = args.t_from
-            data = {name: round_observations(records, t_ms, nodes=nodes, **lookup) for name, records in sets.items()}
+            settings["datastores"] = datastores
+            data = {
+                name: round_observations(
+                    records, t_ms, nodes=nodes, datastore=datastores.get(name.split("/")[0]), **lookup
+                )
+                for name, records in sets.items()
+            }
         else:
             data = {name: observations(records, limit=args.rows, **lookup) for name, records in sets.items()}
         model = fit(

@@ -276,9 +276,19 @@ def rejected_remainder_replay(records, t_ms, *, nodes=16, depth=10, matches=8, n
 
 
 def adaptive_proposer(
-    t_ms, *, nodes=16, depth=10, matches=8, ngram=2, history_tokens=0, rejected_tails=False, cls=PromptLookupProposer
+    t_ms,
+    *,
+    nodes=16,
+    depth=10,
+    matches=8,
+    ngram=2,
+    history_tokens=0,
+    rejected_tails=False,
+    datastore=None,
+    cls=PromptLookupProposer,
 ) -> PromptLookupProposer:
-    """The default experiment's proposer (``cls``: this checkout's, or another commit's class)."""
+    """The default experiment's proposer (``cls``: this checkout's, or another commit's class), with
+    ``datastore`` (a directory) searched as ``proposer.datastore`` searches one."""
     t = np.asarray(t_ms, dtype=np.float64)
     return cls(
         budget=Budget("sequences", nodes, depth),
@@ -289,7 +299,18 @@ def adaptive_proposer(
         verify_cost=(t / t[0])[: nodes + 1].tolist(),
         **({"history_tokens": history_tokens} if history_tokens else {}),
         **({"rejected_tails": True} if rejected_tails else {}),
+        **({"retriever": datastore_retriever(datastore, nodes=nodes, depth=depth)} if datastore else {}),
     )
+
+
+def datastore_retriever(path, *, nodes: int, depth: int):
+    """The retrieval a run's ``proposer.datastore`` makes of the datastore directory ``path`` (REST's
+    search, suffixes of at least 2 tokens); its corpus and tokenizer are not checked again."""
+    from harness.proposers.rest import RestProposer
+    from harness.workloads.datastore import load_datastore
+
+    ds = load_datastore(Path(path).expanduser(), tokenizer=None, verify_corpus=False)
+    return RestProposer(budget=Budget("tree", nodes, depth), manifest_hash="replay", datastore=ds, min_suffix=2)
 
 
 def collect(args) -> int:
@@ -334,6 +355,7 @@ def collect(args) -> int:
 def replay_cmd(args) -> int:
     sets = json.loads(Path(args.outputs).read_text())["sets"]
     t_ms = json.loads(Path(args.t_from).read_text())["t_of_n_ms"]
+    datastores = dict(item.split("=", 1) for item in args.datastores)
     baseline = None
     if args.baseline_rev:
         spec = importlib.util.spec_from_file_location("lookup_ab", Path(__file__).with_name("lookup_ab.py"))
@@ -355,12 +377,17 @@ def replay_cmd(args) -> int:
         for key, value in rejected_remainder_replay(records, t_ms, ngram=args.ngram).items():
             row[f"remainder_{key}"] = value
         arms = [
-            ("adaptive_tails" if tails == "true" else "adaptive", PromptLookupProposer, tails == "true")
+            ("adaptive_tails" if tails == "true" else "adaptive", PromptLookupProposer, tails == "true", None)
             for tails in dict.fromkeys(args.rejected_tails)
-        ] + ([("baseline", baseline, False)] if baseline is not None else [])
-        for arm, cls, tails in arms:
+        ] + ([("baseline", baseline, False, None)] if baseline is not None else [])
+        store = datastores.get(name.split("/")[0])
+        if store is not None:
+            arms.append(("adaptive_datastore", PromptLookupProposer, False, store))
+        for arm, cls, tails, ds in arms:
             for h in args.history_tokens:
-                proposer = adaptive_proposer(t_ms, ngram=args.ngram, history_tokens=h, rejected_tails=tails, cls=cls)
+                proposer = adaptive_proposer(
+                    t_ms, ngram=args.ngram, history_tokens=h, rejected_tails=tails, datastore=ds, cls=cls
+                )
                 ours = replay(records, t_ms, proposer=proposer)
                 row[f"{arm}_history_{h}_ms_per_token"] = ours["ms_per_token"]
                 row[f"{arm}_history_{h}_tokens_per_round"] = ours["tokens_per_round"]
@@ -403,11 +430,24 @@ def main(argv=None) -> int:
         "--clairvoyant-depth", type=int, default=10, help="the longest chain the clairvoyant ceiling verifies"
     )
     r.add_argument(
+        "--datastores",
+        nargs="+",
+        default=[],
+        metavar="WORKLOAD=DIR",
+        help="also replay the default proposer with this datastore directory for the sets of this workload "
+        "(rows adaptive_datastore_*), e.g. humaneval=~/.cache/harness/datastores/stdlib-smollm2",
+    )
+    r.add_argument(
         "--baseline-rev",
         help="also replay the proposer of this git revision (rows baseline_*), as scripts/lookup_ab.py loads it",
     )
     r.add_argument("--out")
     args = ap.parse_args(argv)
+    if args.cmd == "replay":
+        for item in args.datastores:
+            name, _, path = item.partition("=")
+            if not name or not path or not (Path(path).expanduser() / "manifest.json").is_file():
+                ap.error(f"--datastores {item!r}: give WORKLOAD=DIR, DIR a datastore directory (with manifest.json)")
     return collect(args) if args.cmd == "collect" else replay_cmd(args)
 
 

@@ -48,6 +48,7 @@ def test_a_ratio_weighs_prompts_by_their_tokens():
     [
         (["ours_adaptive", "hf_pld"], "must include ours_ar"),
         (["ours_ar", "hf_pdl"], "unknown arm(s) hf_pdl"),
+        (["ours_ar", "ours_adaptive_datastore"], "ours_adaptive_datastore needs --datastore"),
     ],
 )
 def test_bad_arms_are_one_line_and_a_nonzero_exit_before_anything_loads(arms, message, capsys, monkeypatch):
@@ -97,6 +98,7 @@ def test_cudnn_attention_off_cuda_is_one_line_before_anything_loads(capsys, monk
             "--linear-kernel mkl_packed is float32 only; --dtype is",
         ),
         (["--fused-layers", "true", "--static-cache", "false"], "--static-cache false"),
+        (["--datastore", "/nonexistent/store"], "--datastore /nonexistent/store: not one of none, auto, sharegpt"),
     ],
 )
 def test_bad_options_are_one_line_before_anything_loads(args, message, capsys, monkeypatch):

@@ -116,9 +116,14 @@ ARMS = (
     "ours_tree",
     "ours_adaptive_prompt_only",
     "ours_adaptive",
+    "ours_adaptive_datastore",
     "hf_ar",
     "hf_pld",
 )
+#: the arm that needs ``--datastore``: ours_adaptive with a datastore's continuations in its tree
+DATASTORE_ARM = "ours_adaptive_datastore"
+#: ``--datastore auto``: each workload's datastore (conf/datastore/<name>.yaml)
+AUTO_DATASTORES = {"humaneval": "stdlib", "chat": "sharegpt", "copy": "sharegpt"}
 # (arm, base): the ratios reported, each where both arms ran
 RATIOS = (
     ("ours_sequence", "hf_pld"),
@@ -128,6 +133,8 @@ RATIOS = (
     ("ours_adaptive", "hf_pld"),
     ("ours_adaptive", "ours_ar"),
     ("ours_adaptive", "hf_ar"),
+    (DATASTORE_ARM, "hf_pld"),
+    (DATASTORE_ARM, "ours_adaptive"),
     ("hf_pld", "hf_ar"),
 )
 
@@ -342,6 +349,32 @@ def after_first_round(res) -> dict:
     }
 
 
+def bench_retriever(spec: str, workload: str, tokenizer, items, nodes: int, depth: int | None):
+    """The datastore retrieval of ``--datastore`` (a conf/datastore name, ``auto`` for the workload's,
+    or a directory), opened as a run's ``proposer.datastore`` opens it (built on first use) and
+    searched with REST's settings; its leakage gate over ``items`` refuses (``LeakageError``) a
+    prompt that matches the datastore for 32 tokens or more."""
+    from omegaconf import OmegaConf
+
+    from harness.config import DatastoreConfig
+    from harness.proposers.rest import RestProposer, open_datastore
+
+    name = AUTO_DATASTORES[workload] if spec == "auto" else spec
+    if name in AUTO_DATASTORES.values():
+        given = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "datastore" / f"{name}.yaml")
+        given.pop("defaults", None)
+        cfg = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(DatastoreConfig), given))
+    else:
+        cfg = {"path": str(Path(spec).expanduser())}
+    ds, _ = open_datastore(cfg, tokenizer=tokenizer, model="smollm2", prefix="--datastore")
+    retriever = RestProposer(
+        budget=Budget("tree", nodes, depth or nodes), manifest_hash="b", datastore=ds, min_suffix=2
+    )
+    retriever.tokenizer = tokenizer
+    retriever.check_workload(items)
+    return retriever
+
+
 def main(argv=None) -> int:
     ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=_at_least(1), default=10)
@@ -396,7 +429,17 @@ def main(argv=None) -> int:
         help="every arm's decoder layers as native calls (auto: as model.fused_layers=null resolves)",
     )
     ap.add_argument(
-        "--arms", nargs="+", default=list(ARMS), metavar="ARM", help=f"the arms to run, of {', '.join(ARMS)}"
+        "--datastore",
+        default="none",
+        help="ours_adaptive_datastore's datastore (proposer.datastore): auto (stdlib for humaneval, sharegpt "
+        "for chat and copy; built on first use), stdlib, sharegpt, or a datastore directory; none: no such arm",
+    )
+    ap.add_argument(
+        "--arms",
+        nargs="+",
+        default=None,
+        metavar="ARM",
+        help=f"the arms to run, of {', '.join(ARMS)} (default: all, {DATASTORE_ARM} where --datastore is given)",
     )
     ap.add_argument(
         "--truncate",
@@ -409,6 +452,13 @@ def main(argv=None) -> int:
         "--overwrite", action="store_true", help="replace an --out file that is not a result of this command"
     )
     args = ap.parse_args(argv)
+    if args.arms is None:
+        args.arms = [a for a in ARMS if a != DATASTORE_ARM or args.datastore != "none"]
+    known = ("none", "auto", *sorted(set(AUTO_DATASTORES.values())))
+    if args.datastore not in known and not (Path(args.datastore).expanduser() / "manifest.json").is_file():
+        ap.error(f"--datastore {args.datastore}: not one of {', '.join(known)} nor a datastore folder (manifest.json)")
+    if DATASTORE_ARM in args.arms and args.datastore == "none":
+        ap.error(f"--arms {DATASTORE_ARM} needs --datastore (auto, stdlib, sharegpt or a datastore directory)")
     unknown = sorted(set(args.arms) - set(ARMS))
     if unknown:
         ap.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms are {', '.join(ARMS)}")
@@ -487,6 +537,15 @@ def main(argv=None) -> int:
     greedy = get_verifier("greedy")
     policy = SamplingPolicy()
 
+    retriever = None
+    if DATASTORE_ARM in args.arms:
+        try:
+            depth = args.tree_depth or args.num_tokens
+            retriever = bench_retriever(args.datastore, args.workload, tok, items, tree_nodes, depth)
+        except ValueError as exc:  # a datastore refused (DatastoreError), or a prompt it leaks (LeakageError)
+            print(f"prompt_lookup_vs_hf: --datastore {args.datastore}: {exc}", file=sys.stderr)
+            return 2
+
     profile = verify_cost_curve(backend, items[0][1], max_rows=max(args.tree_nodes, 16))
     t_of_n = profile["t_ms"]
     args.tree_depth = args.tree_depth or args.num_tokens
@@ -556,8 +615,14 @@ def main(argv=None) -> int:
                 verify_cost=profile["normalised"][: tree_nodes + 1],
                 history_tokens=history,
                 rejected_tails=args.rejected_tails == "true",
+                retriever=ds,
             )
-            for name, history in (("ours_adaptive_prompt_only", 0), ("ours_adaptive", args.history_tokens))
+            for name, history, ds in (
+                ("ours_adaptive_prompt_only", 0, None),
+                ("ours_adaptive", args.history_tokens, None),
+                (DATASTORE_ARM, args.history_tokens, retriever),
+            )
+            if ds is not None or name != DATASTORE_ARM
         },
     }
     arms = {name: (lambda ids, new, p=p: ours(p, ids, new)) for name, p in proposers.items()}
@@ -632,6 +697,19 @@ def main(argv=None) -> int:
         "rows_kept_from_history": proposers["ours_adaptive"].stats.extras.get("rows_kept_from_history", 0),
         "rejected_tails": args.rejected_tails == "true",
         "rows_kept_from_tails": proposers["ours_adaptive"].stats.extras.get("rows_kept_from_tails", 0),
+        "datastore": None
+        if retriever is None
+        else {
+            "given": args.datastore,
+            "release_id": retriever.datastore.release_id,
+            "corpus": retriever.datastore.manifest.get("corpus", {}).get("name"),
+            "n_tokens": retriever.datastore.n_tokens,
+            "max_longest_match": retriever.stats.extras["leakage"]["max_longest_match"],
+            "rows_kept": proposers[DATASTORE_ARM].stats.extras["rows_kept"],
+            "rows_kept_from_datastore": proposers[DATASTORE_ARM].stats.extras["rows_kept_from_datastore"],
+            "miss_rate": retriever.stats.extras["miss_rate"],
+            "mean_retrieval_ms": retriever.stats.extras["mean_retrieval_ms"],
+        },
         "t_of_n_ms": t_of_n,
         "read_bandwidth_gbs": bandwidth,
         "read_bandwidth_gbs_samples": bandwidths,
