@@ -84,6 +84,20 @@ def test_occurrences_agree_with_brute_force_scan():
                 assert ds.occurrences(pattern, max_matches=3, need_continuation=True).tolist() == cont[:3]
 
 
+def test_the_longest_suffix_held_agrees_with_trying_every_length():
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        docs = [rng.integers(0, 4, size=int(rng.integers(0, 60))).tolist() for _ in range(4)]
+        ds = datastore_from_token_ids(docs)
+        for _ in range(8):
+            tokens = rng.integers(0, 4, size=int(rng.integers(0, 12))).tolist()
+            for lo, hi in ((1, 16), (2, 5), (3, 3)):
+                held = [n for n in range(lo, min(hi, len(tokens)) + 1) if ds.count(tokens[len(tokens) - n :])]
+                assert ds.longest_suffix(tokens, min_len=lo, max_len=hi) == max(held, default=0)
+    with pytest.raises(ValueError, match="token ids"):
+        ds.longest_suffix([1, -2], min_len=1, max_len=4)
+
+
 def test_toy_trace_continuations_read_forward_to_the_boundary():
     ds = datastore_from_token_ids([[4, 5, 6, 9, 4, 5, 6, 10, 11]])
     starts = ds.occurrences([4, 5, 6], need_continuation=True)

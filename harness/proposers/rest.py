@@ -383,11 +383,7 @@ class RestProposer(Proposer):
         lengths instead of trying every length from the longest down); from there down, the first
         length whose occurrences have a continuation is the match."""
         depth = min(self.continuation_len, self.budget.max_depth)
-        longest = self.min_suffix - 1
-        for n in range(self.min_suffix, min(self.max_suffix, len(committed)) + 1):
-            if not self.datastore.count(committed[len(committed) - n :]):
-                break
-            longest = n
+        longest = self.datastore.longest_suffix(committed, min_len=self.min_suffix, max_len=self.max_suffix)
         for n in range(longest, self.min_suffix - 1, -1):
             suffix = committed[len(committed) - n :]
             starts = self.datastore.occurrences(suffix, max_matches=self.max_matches, need_continuation=True)

@@ -222,6 +222,33 @@ class Datastore:
     def count(self, pattern: Sequence[int]) -> int:
         return self.find(pattern)[1]
 
+    def longest_suffix(self, tokens: Sequence[int], *, min_len: int, max_len: int) -> int:
+        """The longest ``n`` in ``[min_len, max_len]`` such that the last ``n`` of ``tokens`` occur in
+        the datastore (0: none does). A suffix's occurrences continue into occurrences of every
+        shorter suffix, so the lengths are tried from the shortest up, each one a count over the
+        same key bytes, until one has none."""
+        top = min(max_len, len(tokens))
+        if top < min_len or self.n_tokens == 0:
+            return 0
+        tail = np.asarray(tokens[len(tokens) - top :], dtype=np.int64)  # [top]
+        if int(tail.min()) < 0 or int(tail.max()) >= 2**31 - 1:
+            raise ValueError(f"pattern token ids must be in [0, 2**31 - 1); got min {tail.min()}, max {tail.max()}")
+        keys = (tail + 1).astype(">u4").tobytes()
+        left, found = ctypes.c_int32(), 0
+        text, text_len = ctypes.c_void_p(self._keys.ctypes.data), ctypes.c_int32(len(self._keys))
+        sa, sa_len = ctypes.c_void_p(self._sa4.ctypes.data), ctypes.c_int32(len(self._sa4))
+        for n in range(min_len, top + 1):
+            pkeys = keys[4 * (top - n) :]
+            count = self._lib.sa_search(
+                text, text_len, pkeys, ctypes.c_int32(len(pkeys)), sa, sa_len, ctypes.byref(left)
+            )
+            if count < 0:
+                raise DatastoreError(f"libdivsufsort sa_search failed with code {count}")
+            if count == 0:
+                break
+            found = n
+        return found
+
     def occurrences(
         self, pattern: Sequence[int], *, max_matches: int | None = None, need_continuation: bool = False
     ) -> np.ndarray:
@@ -251,8 +278,8 @@ class Datastore:
         inside = idx < self.n_tokens
         vals = np.where(inside, self.tokens[np.minimum(idx, self.n_tokens - 1)], SENTINEL)  # [K, L]
         keep = np.cumsum(vals == SENTINEL, axis=1) == 0  # [K, L]
-        lengths = keep.sum(axis=1)  # [K]
-        return [vals[i, : lengths[i]].tolist() for i in range(len(vals))]
+        lengths = keep.sum(axis=1).tolist()  # [K]
+        return [row[:n] for row, n in zip(vals.tolist(), lengths)]
 
 
 # --------------------------------------------------------------------------------------------
