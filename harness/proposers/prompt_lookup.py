@@ -77,6 +77,7 @@ import torch
 
 from harness.contracts import Budget, ConfigError, ProposalNode, ProposalResult, ProposalStateHandle
 from harness.proposers.base import Proposer
+from harness.proposers.rest import RestProposer
 from harness.random_source import RandomSource
 
 #: the longest context an occurrence's match is measured over (tokens)
@@ -359,7 +360,7 @@ def candidate_tree(
     index: dict[tuple[int, ...], int] = {}
     children: dict[int, int] = {}
     sources = [(c, cont, h, 0, 0) for c, cont, h in matches] + [(c, t, h, 1, r) for c, t, h, r in tails]
-    sources += [(c, list(map(int, cont)), False, 2, 0) for c, cont in retrieved]
+    sources += [(c, cont, False, 2, 0) for c, cont in retrieved]
     for context, cont, in_history, kind, run in sources:
         parent, prefix = -1, ()
         for tok in cont.tolist() if isinstance(cont, np.ndarray) else cont:
@@ -661,7 +662,7 @@ class PromptLookupProposer(Proposer):
         verify_cost: list[float] | None = None,
         history_tokens: int = 0,
         rejected_tails: bool = False,
-        retriever: Proposer | None = None,
+        retriever: RestProposer | None = None,
     ) -> None:
         super().__init__(budget=budget, manifest_hash=manifest_hash, policy=policy)
         #: the datastore's retrieval (a :class:`~harness.proposers.rest.RestProposer`), or None
@@ -748,8 +749,6 @@ class PromptLookupProposer(Proposer):
         ds_cfg = opts.pop("datastore", None)
         if ds_cfg is None:
             return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, **opts)
-        from harness.proposers.rest import RestProposer
-
         retriever = RestProposer.from_config(
             options={"datastore": ds_cfg, "min_suffix": 2},
             budget=Budget("tree", budget.max_nodes, budget.max_depth),
