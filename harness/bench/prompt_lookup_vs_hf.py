@@ -15,7 +15,13 @@ each arm against plain autoregressive decoding). Arms, interleaved per prompt:
   ``proposer.history_tokens``; a prompt never reads its own earlier answer, so the warm-up on the
   first prompt does not serve it). ``--rejected-tails true`` makes both adaptive arms propose the
   tails of candidates the target rejected by one token (``proposer.rejected_tails``; off in the
-  default experiment).
+  default experiment);
+- ``ours_adaptive_datastore`` (with ``--datastore``): ``ours_adaptive`` with a REST datastore's
+  continuations in its tree (``proposer.datastore``): ``auto`` takes the workload's (the standard
+  library's source for ``humaneval``, ShareGPT's train split for ``chat`` and ``copy``, built on first
+  use as a run builds it), or give ``stdlib``, ``sharegpt`` or a datastore folder. Its leakage gate
+  runs over the prompts first: a prompt the datastore holds for 32 tokens or more refuses the
+  benchmark in one line. Off by default, as in the default experiment.
 
 Each of our arms keeps one proposer for the whole benchmark, warm-up included, as a run keeps one
 per batch slot for a whole job (the adaptive arms' learned acceptance and history carry across
@@ -73,13 +79,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from harness.config import DatastoreConfig
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
 from harness.measure.ledger import StageClock
 from harness.proposers.base import NullProposer
 from harness.proposers.prompt_lookup import PromptLookupProposer
+from harness.proposers.rest import RestProposer, open_datastore
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.fused_layers import apply_fused_layers, fused_layers_of
@@ -354,11 +363,6 @@ def bench_retriever(spec: str, workload: str, tokenizer, items, nodes: int, dept
     or a directory), opened as a run's ``proposer.datastore`` opens it (built on first use) and
     searched with REST's settings; its leakage gate over ``items`` refuses (``LeakageError``) a
     prompt that matches the datastore for 32 tokens or more."""
-    from omegaconf import OmegaConf
-
-    from harness.config import DatastoreConfig
-    from harness.proposers.rest import RestProposer, open_datastore
-
     name = AUTO_DATASTORES[workload] if spec == "auto" else spec
     if name in AUTO_DATASTORES.values():
         given = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "datastore" / f"{name}.yaml")

@@ -449,10 +449,9 @@ class AcceptanceModel:
     What predicts a copy: the context the match has (its context length plus the row's depth below
     it, less one), whether the row is its parent's first or second child, whether the match is in
     the history of earlier requests, and how many of the matches agree on the row (its support and
-    the fraction of its parent's support it carries), and whether the row comes from a rejected
-    tail and how many tokens its copy had run before the substitution, and whether a datastore gave
-    it. The constants are SmolLM2's
-    on the dev splits of HumanEval, ShareGPT and the copy-heavy prompts
+    the fraction of its parent's support it carries), whether the row comes from a rejected tail
+    and how many tokens its copy had run before the substitution, and whether a datastore gave it.
+    The constants are SmolLM2's on the dev splits of HumanEval, ShareGPT and the copy-heavy prompts
     (``scripts/lookup_acceptance_fit.py``, which prints them), with the default experiment's lookup
     settings (``max_ngram`` 2, 8 matches, depth 10, trees of up to 64 rows before the choice): the
     first seven at every output position; the two tail terms, unstandardised, on every round of
