@@ -99,6 +99,10 @@ def test_cudnn_attention_off_cuda_is_one_line_before_anything_loads(capsys, monk
         ),
         (["--fused-layers", "true", "--static-cache", "false"], "--static-cache false"),
         (["--datastore", "/nonexistent/store"], "--datastore /nonexistent/store: not one of none, auto, sharegpt"),
+        (
+            ["--datastore", "auto", "--arms", "ours_ar", "hf_pld"],
+            "ours_adaptive_datastore arm, which --arms leaves out",
+        ),
     ],
 )
 def test_bad_options_are_one_line_before_anything_loads(args, message, capsys, monkeypatch):

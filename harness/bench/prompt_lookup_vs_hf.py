@@ -463,6 +463,8 @@ def main(argv=None) -> int:
         ap.error(f"--datastore {args.datastore}: not one of {', '.join(known)} nor a datastore folder (manifest.json)")
     if DATASTORE_ARM in args.arms and args.datastore == "none":
         ap.error(f"--arms {DATASTORE_ARM} needs --datastore (auto, stdlib, sharegpt or a datastore directory)")
+    if DATASTORE_ARM not in args.arms and args.datastore != "none":
+        ap.error(f"--datastore {args.datastore} serves the {DATASTORE_ARM} arm, which --arms leaves out")
     unknown = sorted(set(args.arms) - set(ARMS))
     if unknown:
         ap.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms are {', '.join(ARMS)}")
