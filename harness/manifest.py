@@ -194,8 +194,9 @@ def _by_path(m) -> str | None:
 
 def manifest_extras(cfg: DictConfig) -> dict:
     """Versioned artifacts the manifest binds beyond the config: the datastore release ids of a
-    retrieval proposer or of prompt lookup's datastore (opened, or built on first use, before any model is loaded), the
-    provenance of a published head checkpoint (path or hub id, layout, SHA-256 of every file read),
+    retrieval proposer or of prompt lookup's datastore (opened, or built on first use, before any
+    model is loaded), the provenance of a published head checkpoint (path or hub id, layout, SHA-256
+    of every file read),
     the files of any other artifact directory given by path (EAGLE's, trained heads') and of a
     target or draft loaded by path (:func:`checkpoint_fingerprint`), and the SHA-256 of a prompt
     file (``workload.path``: its content is the prompts) and of a choice-list file

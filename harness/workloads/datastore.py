@@ -195,17 +195,18 @@ class Datastore:
         """Resident bytes of the search structures (tokens, keys, suffix array)."""
         return int(self.tokens.nbytes + self._keys.nbytes + self._sa4.nbytes)
 
-    def find(self, pattern: Sequence[int]) -> tuple[int, int]:
-        """``(left, count)``: the suffix-array range of suffixes starting with ``pattern``."""
-        p = np.asarray(pattern, dtype=np.int64)  # [n]
-        if p.ndim != 1:
-            raise ValueError(f"pattern must be 1-D; got shape {p.shape}")
-        if len(p) and (int(p.min()) < 0 or int(p.max()) >= 2**31 - 1):
-            raise ValueError(f"pattern token ids must be in [0, 2**31 - 1); got min {p.min()}, max {p.max()}")
-        if len(p) == 0 or self.n_tokens == 0:
-            return 0, self.n_tokens if len(p) == 0 else 0
-        pkeys = (p + 1).astype(">u4").tobytes()
-        left = ctypes.c_int32()
+    @staticmethod
+    def _pattern_keys(pattern: np.ndarray) -> bytes:
+        """The search keys of the token ids ``pattern`` ``[n]`` (each id + 1, 4 bytes big-endian);
+        ``ValueError`` for an id the keys cannot hold."""
+        if len(pattern) and (int(pattern.min()) < 0 or int(pattern.max()) >= 2**31 - 1):
+            raise ValueError(
+                f"pattern token ids must be in [0, 2**31 - 1); got min {pattern.min()}, max {pattern.max()}"
+            )
+        return (pattern + 1).astype(">u4").tobytes()
+
+    def _search(self, pkeys: bytes, left: ctypes.c_int32) -> int:
+        """How many suffixes start with the keys ``pkeys``; the first one's suffix-array index in ``left``."""
         count = self._lib.sa_search(
             ctypes.c_void_p(self._keys.ctypes.data),
             ctypes.c_int32(len(self._keys)),
@@ -217,6 +218,18 @@ class Datastore:
         )
         if count < 0:
             raise DatastoreError(f"libdivsufsort sa_search failed with code {count}")
+        return count
+
+    def find(self, pattern: Sequence[int]) -> tuple[int, int]:
+        """``(left, count)``: the suffix-array range of suffixes starting with ``pattern``."""
+        p = np.asarray(pattern, dtype=np.int64)  # [n]
+        if p.ndim != 1:
+            raise ValueError(f"pattern must be 1-D; got shape {p.shape}")
+        pkeys = self._pattern_keys(p)
+        if len(p) == 0 or self.n_tokens == 0:
+            return 0, self.n_tokens if len(p) == 0 else 0
+        left = ctypes.c_int32()
+        count = self._search(pkeys, left)
         return (int(left.value), int(count)) if count else (0, 0)
 
     def count(self, pattern: Sequence[int]) -> int:
@@ -225,26 +238,15 @@ class Datastore:
     def longest_suffix(self, tokens: Sequence[int], *, min_len: int, max_len: int) -> int:
         """The longest ``n`` in ``[min_len, max_len]`` such that the last ``n`` of ``tokens`` occur in
         the datastore (0: none does). A suffix's occurrences continue into occurrences of every
-        shorter suffix, so the lengths are tried from the shortest up, each one a count over the
+        shorter suffix, so the lengths are tried from the shortest up, each one a search over the
         same key bytes, until one has none."""
         top = min(max_len, len(tokens))
         if top < min_len or self.n_tokens == 0:
             return 0
-        tail = np.asarray(tokens[len(tokens) - top :], dtype=np.int64)  # [top]
-        if int(tail.min()) < 0 or int(tail.max()) >= 2**31 - 1:
-            raise ValueError(f"pattern token ids must be in [0, 2**31 - 1); got min {tail.min()}, max {tail.max()}")
-        keys = (tail + 1).astype(">u4").tobytes()
+        keys = self._pattern_keys(np.asarray(tokens[len(tokens) - top :], dtype=np.int64))
         left, found = ctypes.c_int32(), 0
-        text, text_len = ctypes.c_void_p(self._keys.ctypes.data), ctypes.c_int32(len(self._keys))
-        sa, sa_len = ctypes.c_void_p(self._sa4.ctypes.data), ctypes.c_int32(len(self._sa4))
         for n in range(min_len, top + 1):
-            pkeys = keys[4 * (top - n) :]
-            count = self._lib.sa_search(
-                text, text_len, pkeys, ctypes.c_int32(len(pkeys)), sa, sa_len, ctypes.byref(left)
-            )
-            if count < 0:
-                raise DatastoreError(f"libdivsufsort sa_search failed with code {count}")
-            if count == 0:
+            if not self._search(keys[4 * (top - n) :], left):
                 break
             found = n
         return found
