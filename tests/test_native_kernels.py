@@ -107,10 +107,14 @@ def test_the_kernel_computes_the_linear_product_and_each_row_independently_of_th
     _check_product(torch.ops.harness.streaming_linear, dtype)
 
 
-# (M, K, N) for weights in panels (N a multiple of 16): every tile (one to three rows in groups of
-# panels, a group cut short at a product's end, four or more in tiles of up to six), passes of 64 rows
+# (M, K, N) for weights in panels (N a multiple of 16): every tile of both vector widths (in 256-bit
+# vectors one to three rows in groups of panels, four or more in tiles of up to six; in 512-bit ones
+# one row in groups of two panels, more in tiles of up to eight rows by three panels), a group cut
+# short at a product's end, passes of 64 rows
 PANEL_SHAPES = [
     (1, 576, 1536),
+    (9, 40, 80),
+    (12, 33, 112),
     (1, 40, 48),
     (2, 64, 96),
     (3, 37, 16),
@@ -527,6 +531,13 @@ def test_every_code_path_it_ships_computes_the_same_product(tmp_path):
             _check_product(getattr(torch.ops, namespace).streaming_linear, dtype)
             _check_layer(getattr(torch.ops, namespace).llama_layer, torch.ops.harness.llama_layer, dtype)
         _check_panels(getattr(torch.ops, namespace).streaming_linear, fused=namespace != "harness_portable")
+        if namespace == "harness_f32_other":  # the other vector width: each element the same chain, the same bits
+            g = torch.Generator().manual_seed(2)
+            for m, k, n in PANEL_SHAPES:
+                x, panels = torch.randn(m, k, generator=g), options.weight_panels(torch.randn(n, k, generator=g))
+                bias = torch.randn(n, generator=g)
+                other = getattr(torch.ops, namespace).streaming_linear(x, panels, bias)
+                assert torch.equal(other, torch.ops.harness.streaming_linear(x, panels, bias))
         ops = getattr(torch.ops, namespace)
         _check_pairs(ops.streaming_linear, on_amx=ops.pairs_on_amx())
         _check_exp(getattr(torch.ops, namespace).vector_exp)

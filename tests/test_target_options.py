@@ -146,7 +146,10 @@ def test_auto_streams_float32_and_bfloat16_on_an_x86_cpu_and_is_plain_linear_els
         assert "multiplies bfloat16 with AMX tiles, which this CPU, compiler or OS does not provide" in bf16_panels
     # an Intel CPU with AVX-512 streams both dtypes (its one-row MKL and oneDNN products trail the kernel 2x),
     # bfloat16 in pairs for AMX's tiles where it has them; without AVX-512 (not measured) it keeps F.linear
-    assert resolve("auto", torch.float32, "cpu", vendor="GenuineIntel", avx512=True, amx=True) == "streaming"
+    # float32 in panels of 512-bit vectors: a one-row step as fast as the dot order, many rows cheaper
+    assert resolve("auto", torch.float32, "cpu", vendor="GenuineIntel", avx512=True, amx=True) == "streaming_panels"
+    assert resolve("auto", torch.float32, "cpu", vendor="GenuineIntel", avx512=True, amx=False) == "streaming_panels"
+    assert resolve("auto", torch.float32, "cpu", vendor="GenuineIntel", avx512=True, compiled=True) == "streaming"
     assert resolve("auto", torch.bfloat16, "cpu", vendor="GenuineIntel", avx512=True, amx=False) == "streaming"
     assert resolve("auto", torch.bfloat16, "cpu", vendor="GenuineIntel", avx512=True, amx=True) == "streaming_panels"
     compiled = resolve("auto", torch.bfloat16, "cpu", vendor="GenuineIntel", avx512=True, amx=True, compiled=True)
@@ -173,7 +176,7 @@ def test_auto_streams_float32_and_bfloat16_on_an_x86_cpu_and_is_plain_linear_els
     fp32_streaming = "streaming" if native.cpu_has_avx512() else "streaming_panels"
     for vendor, kernel in (
         ("AuthenticAMD", fp32_streaming if streams else "weight_major"),
-        ("GenuineIntel", ("streaming" if native.cpu_has_avx512() else "default") if streams else "default"),
+        ("GenuineIntel", ("streaming_panels" if native.cpu_has_avx512() else "default") if streams else "default"),
     ):
         monkeypatch.setattr(options, "cpu_vendor", lambda v=vendor: v)  # this machine's vendor, as auto reads it
         assert resolve("auto", torch.float32, "cpu") == kernel

@@ -37,7 +37,8 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
   panel's vectors, no horizontal sums. It keeps rows invariant the same way and differs from
   ``streaming`` by float32 rounding. On an AMD EPYC without AVX-512 (Zen 3, 2 threads) SmolLM2's
   verify forwards took 0.83-0.89 of ``streaming``'s time at one row, 0.93-0.99 at four and 0.78-0.80
-  at 16-32. A bfloat16 weight goes in pairs (``[N / 16, K / 2, 16, 2]``, K a multiple of 32), the
+  at 16-32; on an Intel Xeon with AMX, in 512-bit vectors, 0.98-1.01 from one row to four, 0.95 at
+  8, 0.82 at 16 and 0.69 at 32. A bfloat16 weight goes in pairs (``[N / 16, K / 2, 16, 2]``, K a multiple of 32), the
   layout of AMX's tile multiply, and is multiplied with the tile unit (a CPU without AMX is
   refused): a product costs about the read of its weights from one row to 32. On an Intel Xeon
   with AMX (2 threads) SmolLM2's bfloat16 products took 12.0 ms at one row and 13.0 at 32, against
@@ -46,9 +47,11 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
   ``streaming``;
 - ``auto`` (the configured default): for float32 and bfloat16 on an x86 CPU with a C++ compiler to
   build the native kernels, ``streaming_panels`` for bfloat16 where the kernels multiply with AMX
-  tiles (:func:`harness.target.native.pairs_on_amx`), else ``streaming``, or ``streaming_panels``
-  for float32 where the CPU lacks AVX-512 (the only kind it was measured on); on an Intel CPU
-  without AVX-512 (not measured) ``default``; with no compiler, ``weight_major`` in float32 on a
+  tiles (:func:`harness.target.native.pairs_on_amx`), else ``streaming``; ``streaming_panels`` for
+  float32 on an Intel CPU with AVX-512 (a panel is one 512-bit vector: on a Xeon with AMX, 2
+  threads, SmolLM2's verify forward took what the dot order takes from one row to four and 0.7-0.8
+  of its time at 16-32 rows) and where the CPU lacks AVX-512, ``streaming`` for float32 on AMD's
+  AVX-512 parts (not measured in panels); on an Intel CPU without AVX-512 (not measured) ``default``; with no compiler, ``weight_major`` in float32 on a
   non-Intel CPU (measured on AMD EPYC: as fast as ``F.linear`` at one row, 15-40% faster at 2 to
   32 rows on an AVX2 part) and ``default`` otherwise; ``default`` everywhere else (ARM, CUDA,
   float16). A compiled forward never gets ``streaming_panels`` (the panels' staleness check runs
@@ -140,7 +143,8 @@ def resolve_linear_kernel(
     ``streaming_panels`` for bfloat16 where the native kernels multiply with AMX tiles (``amx``,
     default: :func:`harness.target.native.pairs_on_amx`), else ``streaming``: on an Intel CPU (vendor
     ``vendor``, default: this machine's) where it has AVX-512 (``avx512``, default: this machine's
-    flags), elsewhere ``streaming_panels`` for float32 without AVX-512; never ``streaming_panels``
+    flags), ``streaming_panels`` for float32 there and ``streaming`` for bfloat16 without AMX;
+    elsewhere ``streaming_panels`` for float32 without AVX-512; never ``streaming_panels``
     where the forward is ``compiled`` (the panels' staleness check runs outside the graph). Without a
     compiler, ``weight_major`` for float32 on a non-Intel CPU (MKL's single-precision GEMM takes its
     own path on Intel's); ``default`` elsewhere. Any other name is itself."""
@@ -160,7 +164,8 @@ def resolve_linear_kernel(
         if dtype == torch.bfloat16 and not compiled and (pairs_on_amx() if amx is None else amx):
             return "streaming_panels"  # measured on a Xeon with AMX: flat in the rows to 32 (see above)
         if intel:  # measured on a Xeon with AVX-512 and AMX: MKL and oneDNN's one-row products trail it 2x
-            return "streaming"
+            # float32 panels in 512-bit vectors: one row as fast as the dot order, 16-32 rows 0.7-0.8 of its time
+            return "streaming_panels" if dtype == torch.float32 and not compiled else "streaming"
         if dtype == torch.float32 and not compiled and not has_avx512:
             return "streaming_panels"
         return "streaming"

@@ -538,7 +538,8 @@ void run_blocks(const Input<P>& in, const Product<P>* ps, int count, const Team&
 // The tile needs no horizontal sums and no input vectors: each step is C loads of weights, R
 // broadcasts and R * C multiply-adds on registers. On Zen 3 (AVX2, 2 threads) SmolLM2's verify
 // forwards took 0.83-0.89 of the dot order's time at one row, 0.93-0.99 at four and 0.78-0.80 at
-// 16-32 (interleaved), with the weights packed once (a copy next to the original).
+// 16-32 (interleaved), with the weights packed once (a copy next to the original). Where 512-bit
+// float32 vectors are built, a panel is one vector and a tile holds up to 24 accumulators (below).
 #if defined(__AVX2__) && defined(__FMA__)
 struct V8 {
   using T = __m256;
@@ -635,18 +636,85 @@ inline void panel_tile(const float* x, const float* panel, int64_t K, const floa
 #undef HARNESS_PANEL_STORE
 }
 
+#if defined(__AVX512F__) && HARNESS_F32_WIDTH == 512
+// Where 512-bit float32 vectors are built, a panel's 16 features are one vector: a tile of R input
+// rows by C consecutive panels keeps R * C accumulators (up to 24 of the 32 registers) and, per k,
+// loads C vectors of weights and multiplies R broadcast input elements into them. Each element is the
+// same chain of multiply-adds over k as in the 256-bit tile above, so the bits do not depend on the
+// vector width either.
+template <int R, int C>
+inline void panel_tile16(const float* x, const float* panel, int64_t K, const float* bias, float* y, int64_t ldy,
+                         const char* pf, int64_t pf_lines) {
+  static_assert(R >= 1 && R <= 8 && C >= 1 && C <= 4 && R * C <= 24, "tile out of range");
+  const int64_t ps = K * kPanel;  // floats per panel
+  const __m512 z = _mm512_setzero_ps();
+  __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
+  __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
+  __m512 a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
+  __m512 a60 = z, a61 = z, a62 = z, a63 = z, a70 = z, a71 = z, a72 = z, a73 = z;
+  int64_t credit = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    if (pf != nullptr)  // pf_lines / K lines a step
+      for (credit += pf_lines; credit >= K; credit -= K, pf += 64) HARNESS_PREFETCH(pf);
+    const float* wk = panel + k * kPanel;
+    const __m512 w0 = _mm512_loadu_ps(wk);
+    __m512 w1 = z, w2 = z, w3 = z;
+    if constexpr (C > 1) w1 = _mm512_loadu_ps(wk + ps);
+    if constexpr (C > 2) w2 = _mm512_loadu_ps(wk + 2 * ps);
+    if constexpr (C > 3) w3 = _mm512_loadu_ps(wk + 3 * ps);
+#define HARNESS_PANEL16_ROW(r)                                                    \
+  if constexpr (R > r) {                                                          \
+    const __m512 b = _mm512_set1_ps(x[r * K + k]);                                \
+    a##r##0 = _mm512_fmadd_ps(b, w0, a##r##0);                                    \
+    if constexpr (C > 1) a##r##1 = _mm512_fmadd_ps(b, w1, a##r##1);               \
+    if constexpr (C > 2) a##r##2 = _mm512_fmadd_ps(b, w2, a##r##2);               \
+    if constexpr (C > 3) a##r##3 = _mm512_fmadd_ps(b, w3, a##r##3);               \
+  }
+    HARNESS_PANEL16_ROW(0) HARNESS_PANEL16_ROW(1) HARNESS_PANEL16_ROW(2) HARNESS_PANEL16_ROW(3)
+    HARNESS_PANEL16_ROW(4) HARNESS_PANEL16_ROW(5) HARNESS_PANEL16_ROW(6) HARNESS_PANEL16_ROW(7)
+#undef HARNESS_PANEL16_ROW
+  }
+#define HARNESS_PANEL16_STORE(r, c)                                                                      \
+  if constexpr (R > r && C > c)                                                                          \
+    _mm512_storeu_ps(y + r * ldy + kPanel * c,                                                           \
+                     bias != nullptr ? _mm512_add_ps(a##r##c, _mm512_loadu_ps(bias + kPanel * c)) : a##r##c);
+#define HARNESS_PANEL16_STORE_ROW(r) \
+  HARNESS_PANEL16_STORE(r, 0) HARNESS_PANEL16_STORE(r, 1) HARNESS_PANEL16_STORE(r, 2) HARNESS_PANEL16_STORE(r, 3)
+  HARNESS_PANEL16_STORE_ROW(0) HARNESS_PANEL16_STORE_ROW(1) HARNESS_PANEL16_STORE_ROW(2) HARNESS_PANEL16_STORE_ROW(3)
+  HARNESS_PANEL16_STORE_ROW(4) HARNESS_PANEL16_STORE_ROW(5) HARNESS_PANEL16_STORE_ROW(6) HARNESS_PANEL16_STORE_ROW(7)
+#undef HARNESS_PANEL16_STORE_ROW
+#undef HARNESS_PANEL16_STORE
+}
+#endif
+
+// A tile of R input rows by G consecutive panels, in the build's float32 vectors.
+#if defined(__AVX512F__) && HARNESS_F32_WIDTH == 512
+constexpr bool kPanelVectors512 = true;
+#else
+constexpr bool kPanelVectors512 = false;
+#endif
+template <int R, int G>
+inline void panels_tile(const float* x, const float* panel, int64_t K, const float* bias, float* y, int64_t ldy,
+                        const char* pf, int64_t pf_lines) {
+#if defined(__AVX512F__) && HARNESS_F32_WIDTH == 512
+  panel_tile16<R, G>(x, panel, K, bias, y, ldy, pf, pf_lines);
+#else
+  panel_tile<R, 2 * G>(x, panel, K, bias, y, ldy, pf, pf_lines);
+#endif
+}
+
 // The rows of the next tile when `left` rows remain for `tiles_left` tiles: as even as they go
 // (16 rows in tiles of up to 6: 6, 5, 5), so each tile keeps 8 to 12 chains in flight.
 inline int64_t panel_rows(int64_t left, int64_t tiles_left) { return (left + tiles_left - 1) / tiles_left; }
 
-template <int R, int C>
+template <int R, int G>
 inline void panel_rows_tile(int64_t rows, const float* x, const float* panel, int64_t K, const float* bias, float* y,
                             int64_t ldy, const char* pf, int64_t pf_lines) {
   if constexpr (R >= 1) {
     if (rows == R)
-      panel_tile<R, C>(x, panel, K, bias, y, ldy, pf, pf_lines);
+      panels_tile<R, G>(x, panel, K, bias, y, ldy, pf, pf_lines);
     else
-      panel_rows_tile<R - 1, C>(rows, x, panel, K, bias, y, ldy, pf, pf_lines);
+      panel_rows_tile<R - 1, G>(rows, x, panel, K, bias, y, ldy, pf, pf_lines);
   }
 }
 
@@ -659,38 +727,37 @@ inline void panel_row_tiles(const Input<F32>& in, const float* panel, const floa
   for (int64_t m = 0, t = 0; m < in.M; ++t) {
     const int64_t rows = panel_rows(in.M - m, tiles - t);
     const int64_t l0 = t * lines / tiles, l1 = (t + 1) * lines / tiles;  // this tile's share of the lines
-    panel_rows_tile<RT, 2 * G>(rows, in.x + m * K, panel, K, bias, y + m * ldy, ldy,
+    panel_rows_tile<RT, G>(rows, in.x + m * K, panel, K, bias, y + m * ldy, ldy,
                                pf == nullptr ? nullptr : pf + l0 * 64, l1 - l0);
     m += rows;
   }
 }
 
 // Rows [0, M) against `panels` panels from panel index j of product p (G of them, or fewer at the
-// product's end). One to three rows: the whole group in one tile of M x 2G vectors, reading its
+// product's end). A few rows (M >= 1 here): the whole group in one tile of M rows, reading its
 // panels as streams (on Zen 3 a prefetch of the next group made SmolLM2's one- to three-row steps
-// 10-20% slower). Four or more (M = 0 here): the group in tiles of rows (up to 6 rows of one panel,
-// or 3 rows of two), each tile prefetching its share of the next group (`ahead`, or null) into L2,
+// 10-20% slower). More (M = 0 here): the group in tiles of up to RT rows, each tile prefetching its
+// share of the next group (`ahead`, or null) into L2,
 // since the later tiles read this one from the caches while the memory would otherwise idle (on Zen
 // 3, without that prefetch SmolLM2's 4- to 16-row forwards took 3-10% longer).
-template <int M, int G>
+template <int M, int G, int RT>
 inline void panel_group(const Input<F32>& in, const Product<F32>& p, int64_t j, int64_t panels, const float* ahead) {
   const int64_t K = in.K, ps = K * kPanel;
   const float* bias = p.bias != nullptr ? p.bias + j * kPanel : nullptr;
   if constexpr (M >= 1) {
     if (panels == G) {
-      panel_tile<M, 2 * G>(in.x, p.w + j * ps, K, bias, p.y + j * kPanel, p.N, nullptr, 0);
+      panels_tile<M, G>(in.x, p.w + j * ps, K, bias, p.y + j * kPanel, p.N, nullptr, 0);
     } else {
       for (int64_t g = 0; g < panels; ++g)
-        panel_tile<M, 2>(in.x, p.w + (j + g) * ps, K, bias == nullptr ? nullptr : bias + g * kPanel,
-                         p.y + (j + g) * kPanel, p.N, nullptr, 0);
+        panels_tile<M, 1>(in.x, p.w + (j + g) * ps, K, bias == nullptr ? nullptr : bias + g * kPanel,
+                          p.y + (j + g) * kPanel, p.N, nullptr, 0);
     }
   } else if (panels == G) {
-    panel_row_tiles<G == 1 ? 6 : 3, G>(in, p.w + j * ps, bias, p.y + j * kPanel, p.N,
-                                       reinterpret_cast<const char*>(ahead));
+    panel_row_tiles<RT, G>(in, p.w + j * ps, bias, p.y + j * kPanel, p.N, reinterpret_cast<const char*>(ahead));
   } else {
     for (int64_t g = 0; g < panels; ++g)
-      panel_row_tiles<6, 1>(in, p.w + (j + g) * ps, bias == nullptr ? nullptr : bias + g * kPanel,
-                            p.y + (j + g) * kPanel, p.N, nullptr);
+      panel_row_tiles<kPanelVectors512 ? 8 : 6, 1>(in, p.w + (j + g) * ps, bias == nullptr ? nullptr : bias + g * kPanel,
+                                                   p.y + (j + g) * kPanel, p.N, nullptr);
   }
 }
 
@@ -708,7 +775,7 @@ int64_t panel_groups(const Product<P>* ps, int count, int64_t G, int64_t* first)
 
 // Every product of `ps` (all in panels, all sharing the input) in one split of their groups of G
 // panels (M = 0: four or more rows in tiles of rows; see run_panels for G).
-template <int M, int G>
+template <int M, int G, int RT = (G == 1 ? 6 : 3)>
 void run_panel_groups(const Input<F32>& in, const Product<F32>* ps, int count, const Team& team) {
   int64_t first[8];  // first group id of each product (count <= 7)
   const int64_t total = panel_groups(ps, count, G, first);
@@ -719,17 +786,30 @@ void run_panel_groups(const Input<F32>& in, const Product<F32>* ps, int count, c
       const Product<F32>& p = ps[i];
       const int64_t panels = p.N / kPanel, j = (b - first[i]) * G, here = std::min<int64_t>(G, panels - j);
       const bool next_full = b + 1 < b1 && j + 2 * G <= panels;  // the next group is this product's, whole
-      panel_group<M, G>(in, p, j, here, M == 0 && next_full ? p.w + (j + G) * in.K * kPanel : nullptr);
+      panel_group<M, G, RT>(in, p, j, here, M == 0 && next_full ? p.w + (j + G) * in.K * kPanel : nullptr);
     }
   });
 }
 
-// The tile shapes by rows, as measured on Zen 3 (SmolLM2's layers and head, interleaved): one to three
-// rows in groups of two panels (1 x 4 streams as fast as four panels at a time and splits more
-// evenly over the threads); 7-8 rows in tiles of up to 3 rows by two panels (0.84-0.89 of the dot
-// kernel's time, against 0.93-0.94 in 4-row tiles of one panel); otherwise tiles of up to 6 rows of
-// one panel (two panels at a time were no faster at 4-6 rows and slower at 10-16).
+// The tile shapes by rows. In 256-bit vectors, as measured on Zen 3 (SmolLM2's layers and head,
+// interleaved): one to three rows in groups of two panels (1 x 4 streams as fast as four panels at a
+// time and splits more evenly over the threads); 7-8 rows in tiles of up to 3 rows by two panels
+// (0.84-0.89 of the dot kernel's time, against 0.93-0.94 in 4-row tiles of one panel); otherwise tiles
+// of up to 6 rows of one panel (two panels at a time were no faster at 4-6 rows and slower at 10-16).
+// In 512-bit vectors, as measured on an Intel Xeon with AMX (SmolLM2's verify forward, interleaved
+// with the dot order): one row in groups of two panels; two or more in tiles of up to 8 rows by three
+// panels (24 accumulators), each prefetching its share of the next group. Two and three rows as one
+// tile of the group read as streams, as in 256-bit vectors, took 1.07-1.10 of the dot order's time;
+// in tiles of rows they take what it takes. Groups of four panels in tiles of up to 6 rows, or of two
+// in tiles of 8, were 2-5% slower at 16 rows than three in tiles of 8.
 void run_panels(const Input<F32>& in, const Product<F32>* ps, int count, const Team& team) {
+  if constexpr (kPanelVectors512) {
+    if (in.M == 1)
+      run_panel_groups<1, 2>(in, ps, count, team);
+    else
+      run_panel_groups<0, 3, 8>(in, ps, count, team);
+    return;
+  }
   if (in.M == 1)
     run_panel_groups<1, 2>(in, ps, count, team);
   else if (in.M == 2)
