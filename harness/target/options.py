@@ -45,17 +45,17 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
   14.1 and 62 in the dot order; the AR step came to 1.16-1.17 weight-streaming floors. A layer whose
   output features are not a multiple of 16 (or, in bfloat16, whose K is not one of 32) stays on
   ``streaming``;
-- ``auto`` (the configured default): for float32 and bfloat16 on an x86 CPU with a C++ compiler to
-  build the native kernels, ``streaming_panels`` for bfloat16 where the kernels multiply with AMX
-  tiles (:func:`harness.target.native.pairs_on_amx`), else ``streaming``; ``streaming_panels`` for
-  float32 on an Intel CPU with AVX-512 (a panel is one 512-bit vector: on a Xeon with AMX, 2
-  threads, SmolLM2's verify forward took what the dot order takes from one row to four and 0.7-0.8
-  of its time at 16-32 rows) and where the CPU lacks AVX-512, ``streaming`` for float32 on AMD's
-  AVX-512 parts (not measured in panels); on an Intel CPU without AVX-512 (not measured) ``default``; with no compiler, ``weight_major`` in float32 on a
-  non-Intel CPU (measured on AMD EPYC: as fast as ``F.linear`` at one row, 15-40% faster at 2 to
-  32 rows on an AVX2 part) and ``default`` otherwise; ``default`` everywhere else (ARM, CUDA,
-  float16). A compiled forward never gets ``streaming_panels`` (the panels' staleness check runs
-  outside the graph).
+- ``auto`` (the configured default), on an x86 CPU with a C++ compiler to build the native kernels:
+  bfloat16 gets ``streaming_panels`` where the kernels multiply with AMX tiles
+  (:func:`harness.target.native.pairs_on_amx`), else ``streaming``; float32 gets
+  ``streaming_panels`` on an Intel CPU with AVX-512 (a panel is one 512-bit vector: on a Xeon with
+  AMX, 2 threads, SmolLM2's verify forward took what the dot order takes from one row to four and
+  0.7-0.8 of its time at 16-32 rows) and on a non-Intel CPU without AVX-512, ``streaming`` on AMD's
+  AVX-512 parts (not measured in panels). An Intel CPU without AVX-512 (not measured) gets
+  ``default``. With no compiler: ``weight_major`` in float32 on a non-Intel CPU (measured on AMD
+  EPYC: as fast as ``F.linear`` at one row, 15-40% faster at 2 to 32 rows on an AVX2 part) and
+  ``default`` otherwise. ``default`` everywhere else (ARM, CUDA, float16). A compiled forward never
+  gets ``streaming_panels`` (the panels' staleness check runs outside the graph).
 
 They differ from ``default`` by rounding (summation order) only; greedy equality between the arms
 does not depend on it (both arms use the same kernel), and a test checks that greedy output with
