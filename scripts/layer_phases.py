@@ -32,7 +32,7 @@ from tqdm import tqdm
 from harness.measure.hardware import cpu_name
 from harness.target import native
 from harness.target.loading import load_model
-from harness.target.options import weight_panels
+from harness.target.options import resolve_linear_kernel, weight_panels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from native_ab import stack_inputs  # noqa: E402  (a sibling script)
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         "--panels",
         choices=["auto", "true", "false"],
         default="auto",
-        help="weights packed as streaming_panels packs them (auto: for bf16 where AMX multiplies them)",
+        help="weights packed as streaming_panels packs them (auto: where model.linear_kernel=auto packs them)",
     )
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds, --repeats, --rows and --prefix must be >= 1")
     torch.set_num_threads(args.threads)
     native.load_native_kernels()
+    dtype_of = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     panels = args.panels == "true" or (
-        args.panels == "auto" and args.dtype == "bfloat16" and bool(torch.ops.harness.pairs_on_amx())
+        args.panels == "auto" and resolve_linear_kernel("auto", dtype_of, "cpu") == "streaming_panels"
     )
     with tempfile.TemporaryDirectory() as tmp:
         library = native.build(namespace=NAMESPACE, extra_flags=("-DHARNESS_PHASE_TIMES",), out_dir=Path(tmp))
