@@ -98,7 +98,9 @@ from harness.target.options import (
     compile_problem,
     cudnn_attention_problem,
     fused_layers_problem,
+    linear_kernel_of,
     linear_kernel_problem,
+    pack_weights,
     resolve_cudnn_attention,
     resolve_static_cache,
     resolved_fused_layers,
@@ -725,8 +727,14 @@ def check_model_options(m: DictConfig, key: str) -> None:
 def apply_model_options(loaded: LoadedModel, m: DictConfig, *, key: str = "model") -> LoadedModel:
     """The configured linear kernel, cache layout, fused layers, cuDNN attention (on CUDA; a process-wide
     switch), then ``torch.compile``, applied to a loaded model in place (``m`` at config key ``key``,
-    for messages); the load report records how many decoder layers run fused."""
+    for messages); the load report records how many decoder layers run fused and, where the linear
+    kernel is ``streaming_panels``, the bytes of the packed copies it made at once (refused in one
+    line where they would not fit in the memory available)."""
     apply_linear_kernel(loaded.model, m.get("linear_kernel", "auto"), compiled=bool(m.get("compile")))
+    if linear_kernel_of(loaded.model) == {"streaming_panels"}:  # the copies made now, refused if they cannot fit
+        loaded.load_report["packed_weight_bytes"] = pack_weights(
+            loaded.model, key=key, kernel=str(m.get("linear_kernel", "auto"))
+        )
     apply_static_cache(loaded.model, resolve_static_cache(m.get("static_cache"), bool(m.get("compile"))))
     loaded.load_report["fused_layers"] = fused = apply_fused_layers(loaded.model, resolved_fused_layers(m))
     if m.get("fused_layers") is True and fused < len(decoder_layers(loaded.model)):  # asked, not done

@@ -1039,3 +1039,27 @@ def test_an_empty_group_a_sweep_name_and_a_sampling_fix_are_said_plainly(tmp_pat
     line = refusal("proposer=draft_model", "verifier=sequoia", "generation.temperature=0.7")
     assert line.endswith("; try proposer.sampling=without_replacement or verifier=membership or verifier=rejection")
     assert not (tmp_path / "outputs").exists()
+
+
+def test_packed_weights_that_would_not_fit_in_memory_are_refused_in_one_line(tmp_path, workload, capsys, monkeypatch):
+    from harness.target import native, options
+
+    if native.native_kernels_problem() is not None:
+        pytest.skip("no native kernels here")
+    monkeypatch.setattr(options, "available_memory_bytes", lambda: 100_000)  # 0.1 MB free: no copy fits
+    argv = argv_for(tmp_path, workload, "model.linear_kernel=streaming_panels")
+    assert run_main(argv) == 2
+    line = one_line(capsys, "harness run: refused: ")
+    assert "model.linear_kernel=streaming_panels keeps a packed copy of the linear weights" in line
+    assert "of memory is available: set model.linear_kernel=streaming (the same kernel" in line
+    assert not (tmp_path / "run" / "record.json").exists()
+    if options.resolve_linear_kernel("auto", torch.float32, "cpu") == "streaming_panels":
+        assert run_main(argv_for(tmp_path, workload)) == 2  # auto chose the panels here: the message says so
+        assert "(what model.linear_kernel=auto chose here)" in one_line(capsys, "harness run: refused: ")
+    monkeypatch.setattr(options, "available_memory_bytes", lambda: None)  # unknown: nothing refused
+    assert run_main(argv) == 0
+    capsys.readouterr()
+    record = json.loads((tmp_path / "run" / "record.json").read_text())
+    packed = record["load_report"]["target"]["packed_weight_bytes"]
+    model = loading.build_tiny_model(seed=0)
+    assert packed == sum(w.nbytes for w in options.packed_linear_weights(model)) > 0  # a copy of each, made at load

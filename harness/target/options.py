@@ -98,6 +98,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -294,6 +295,58 @@ def weight_panels(weight: torch.Tensor) -> torch.Tensor:
         panels = w.reshape(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
     weight.__dict__["_harness_panels"] = (version, ptr, panels)
     return panels
+
+
+def packed_linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The distinct weights of ``model``'s ``nn.Linear`` layers that ``streaming_panels`` packs
+    (:func:`packable`; a weight tied to another layer's counted once)."""
+    seen, out = set(), []
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and packable(module.weight) and id(module.weight) not in seen:
+            seen.add(id(module.weight))
+            out.append(module.weight)
+    return out
+
+
+def available_memory_bytes() -> int | None:
+    """The memory the kernel reports available for new allocations without swapping (Linux's
+    ``MemAvailable``), or None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class PackingRefused(ValueError):
+    """``streaming_panels``' packed copies of a model's weights would not fit in the memory available."""
+
+
+#: the share of the available memory ``streaming_panels``' copies may take (the rest is the
+#: caches', the activations' and everything else a run allocates)
+PANELS_MEMORY_SHARE = 0.8
+
+
+def pack_weights(model: torch.nn.Module, *, key: str = "model", kernel: str = "auto") -> int:
+    """Make the packed copies :func:`weight_panels` keeps for every weight of ``model`` that
+    ``streaming_panels`` packs, now rather than on each weight's first use, so the memory they take
+    is taken at load and seen by what loads next; returns their bytes. Refused in one line
+    (:class:`MemoryError`) when they would take more than :data:`PANELS_MEMORY_SHARE` of the memory
+    available (:class:`PackingRefused`; ``key``, ``kernel``: the config key and value that chose the
+    kernel, for the message)."""
+    weights = packed_linear_weights(model)
+    need = sum(w.nelement() * w.element_size() for w in weights if "_harness_panels" not in w.__dict__)
+    free = available_memory_bytes()
+    if free is not None and need > PANELS_MEMORY_SHARE * free:
+        chose = "" if kernel == "streaming_panels" else f" (what {key}.linear_kernel={kernel} chose here)"
+        raise PackingRefused(
+            f"{key}.linear_kernel=streaming_panels{chose} keeps a packed copy of the linear weights, "
+            f"{need / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB of memory is available: set "
+            f"{key}.linear_kernel=streaming (the same kernel over the weights as they are, no copy)"
+        )
+    return sum(weight_panels(w).nbytes for w in weights)
 
 
 #: :func:`weight_panels` for a forward ``torch.compile`` traces: a graph break around it, since the
