@@ -1051,7 +1051,7 @@ def test_packed_weights_that_would_not_fit_in_memory_are_refused_in_one_line(tmp
     assert run_main(argv) == 2
     line = one_line(capsys, "harness run: refused: ")
     assert "model.linear_kernel=streaming_panels keeps a packed copy of the linear weights" in line
-    assert "of memory is available: set model.linear_kernel=streaming (the same kernel" in line
+    assert "of memory is available: set model.linear_kernel=streaming (the streaming kernel" in line
     assert not (tmp_path / "run" / "record.json").exists()
     if options.resolve_linear_kernel("auto", torch.float32, "cpu") == "streaming_panels":
         assert run_main(argv_for(tmp_path, workload)) == 2  # auto chose the panels here: the message says so

@@ -38,9 +38,9 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
   ``streaming`` by float32 rounding. On an AMD EPYC without AVX-512 (Zen 3, 2 threads) SmolLM2's
   verify forwards took 0.83-0.89 of ``streaming``'s time at one row, 0.93-0.99 at four and 0.78-0.80
   at 16-32; on an Intel Xeon with AMX, in 512-bit vectors, 0.98-1.01 from one row to four, 0.95 at
-  8, 0.82 at 16 and 0.69 at 32. A bfloat16 weight goes in pairs (``[N / 16, K / 2, 16, 2]``, K a multiple of 32), the
-  layout of AMX's tile multiply, and is multiplied with the tile unit (a CPU without AMX is
-  refused): a product costs about the read of its weights from one row to 32. On an Intel Xeon
+  8, 0.82 at 16 and 0.69 at 32. A bfloat16 weight goes in pairs (``[N / 16, K / 2, 16, 2]``, K a
+  multiple of 32), the layout of AMX's tile multiply, and is multiplied with the tile unit (a CPU
+  without AMX is refused): a product costs about the read of its weights from one row to 32. On an Intel Xeon
   with AMX (2 threads) SmolLM2's bfloat16 products took 12.0 ms at one row and 13.0 at 32, against
   14.1 and 62 in the dot order; the AR step came to 1.16-1.17 weight-streaming floors. A layer whose
   output features are not a multiple of 16 (or, in bfloat16, whose K is not one of 32) stays on
@@ -333,9 +333,9 @@ def pack_weights(model: torch.nn.Module, *, key: str = "model", kernel: str = "a
     """Make the packed copies :func:`weight_panels` keeps for every weight of ``model`` that
     ``streaming_panels`` packs, now rather than on each weight's first use, so the memory they take
     is taken at load and seen by what loads next; returns their bytes. Refused in one line
-    (:class:`MemoryError`) when they would take more than :data:`PANELS_MEMORY_SHARE` of the memory
-    available (:class:`PackingRefused`; ``key``, ``kernel``: the config key and value that chose the
-    kernel, for the message)."""
+    (:class:`PackingRefused`) when the copies not made yet would take more than
+    :data:`PANELS_MEMORY_SHARE` of the memory available (``key``, ``kernel``: the config key and
+    value that chose the kernel, for the message)."""
     weights = packed_linear_weights(model)
     need = sum(w.nelement() * w.element_size() for w in weights if "_harness_panels" not in w.__dict__)
     free = available_memory_bytes()
@@ -344,7 +344,7 @@ def pack_weights(model: torch.nn.Module, *, key: str = "model", kernel: str = "a
         raise PackingRefused(
             f"{key}.linear_kernel=streaming_panels{chose} keeps a packed copy of the linear weights, "
             f"{need / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB of memory is available: set "
-            f"{key}.linear_kernel=streaming (the same kernel over the weights as they are, no copy)"
+            f"{key}.linear_kernel=streaming (the streaming kernel over the weights as they are, no copy)"
         )
     return sum(weight_panels(w).nbytes for w in weights)
 

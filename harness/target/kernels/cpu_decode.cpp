@@ -728,7 +728,7 @@ inline void panel_row_tiles(const Input<F32>& in, const float* panel, const floa
     const int64_t rows = panel_rows(in.M - m, tiles - t);
     const int64_t l0 = t * lines / tiles, l1 = (t + 1) * lines / tiles;  // this tile's share of the lines
     panel_rows_tile<RT, G>(rows, in.x + m * K, panel, K, bias, y + m * ldy, ldy,
-                               pf == nullptr ? nullptr : pf + l0 * 64, l1 - l0);
+                           pf == nullptr ? nullptr : pf + l0 * 64, l1 - l0);
     m += rows;
   }
 }
@@ -737,9 +737,9 @@ inline void panel_row_tiles(const Input<F32>& in, const float* panel, const floa
 // product's end). A few rows (M >= 1 here): the whole group in one tile of M rows, reading its
 // panels as streams (on Zen 3 a prefetch of the next group made SmolLM2's one- to three-row steps
 // 10-20% slower). More (M = 0 here): the group in tiles of up to RT rows, each tile prefetching its
-// share of the next group (`ahead`, or null) into L2,
-// since the later tiles read this one from the caches while the memory would otherwise idle (on Zen
-// 3, without that prefetch SmolLM2's 4- to 16-row forwards took 3-10% longer).
+// share of the next group (`ahead`, or null) into L2, since the later tiles read this one from the
+// caches while the memory would otherwise idle (on Zen 3, without that prefetch SmolLM2's 4- to
+// 16-row forwards took 3-10% longer).
 template <int M, int G, int RT>
 inline void panel_group(const Input<F32>& in, const Product<F32>& p, int64_t j, int64_t panels, const float* ahead) {
   const int64_t K = in.K, ps = K * kPanel;
@@ -756,7 +756,8 @@ inline void panel_group(const Input<F32>& in, const Product<F32>& p, int64_t j, 
     panel_row_tiles<RT, G>(in, p.w + j * ps, bias, p.y + j * kPanel, p.N, reinterpret_cast<const char*>(ahead));
   } else {
     for (int64_t g = 0; g < panels; ++g)
-      panel_row_tiles<kPanelVectors512 ? 8 : 6, 1>(in, p.w + (j + g) * ps, bias == nullptr ? nullptr : bias + g * kPanel,
+      panel_row_tiles<kPanelVectors512 ? 8 : 6, 1>(in, p.w + (j + g) * ps,
+                                                   bias == nullptr ? nullptr : bias + g * kPanel,
                                                    p.y + (j + g) * kPanel, p.N, nullptr);
   }
 }
