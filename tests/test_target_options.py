@@ -33,6 +33,30 @@ def test_floor_is_bytes_over_bandwidth():
     assert math.isfinite(bw) and bw > 0
 
 
+def test_the_bandwidth_buffer_outgrows_the_last_level_cache(tmp_path, monkeypatch):
+    """The default buffer is read from memory, not from a cache that holds it: twice the CPU's
+    last-level cache where that exceeds 256 MB (a 300 MB L3 holds a 256 MB buffer in part)."""
+    import harness.target.timing as timing
+    from harness.measure.hardware import last_level_cache_bytes
+
+    for index, size in (("index0", "48K"), ("index2", "2048K"), ("index3", "307200K")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    (tmp_path / "index9").mkdir()  # no size file: skipped
+    assert last_level_cache_bytes(str(tmp_path)) == 300 * 2**20
+    assert last_level_cache_bytes(str(tmp_path / "none")) is None
+    monkeypatch.setattr(timing, "last_level_cache_bytes", lambda: 300 * 2**20)
+    assert timing.bandwidth_buffer_bytes() == 600 * 2**20
+    assert timing.bandwidth_buffer_bytes("meta") == timing.BANDWIDTH_BUFFER_BYTES  # a GPU's L2: far smaller
+    monkeypatch.setattr(timing, "last_level_cache_bytes", lambda: 32 * 2**20)
+    assert timing.bandwidth_buffer_bytes() == timing.BANDWIDTH_BUFFER_BYTES
+    monkeypatch.setattr(timing, "last_level_cache_bytes", lambda: None)
+    assert timing.bandwidth_buffer_bytes() == timing.BANDWIDTH_BUFFER_BYTES
+    read = []
+    monkeypatch.setattr(timing, "bandwidth_buffer_bytes", lambda device: read.append(device) or 1 << 20)
+    assert read_bandwidth_gbs(repeats=1) > 0 and read == [torch.device("cpu")]  # the default is that buffer
+
+
 def test_a_bandwidth_sample_is_several_sums_off_the_cpu(monkeypatch):
     """A sample's time is divided by its sums (a GPU's single sum is as short as a launch and a
     synchronisation); a clock that moves 8 s between readings makes that visible."""
@@ -196,6 +220,7 @@ def test_cpu_vendor_is_read_from_the_machine():
     assert isinstance(vendor, str) and vendor == vendor.strip()
     card = hardware_card("cpu")
     assert card["cpu_vendor"] == vendor and card["cpu_capability"]
+    assert card["last_level_cache_bytes"] is None or card["last_level_cache_bytes"] > 0
 
 
 def test_weight_major_computes_the_linear_product_with_bias_and_leading_dims():

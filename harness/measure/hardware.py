@@ -74,6 +74,25 @@ def cpu_capability() -> str:
         return "unknown"
 
 
+#: the suffixes sysfs writes after a cache's size
+_CACHE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+@functools.cache
+def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The size in bytes of the largest cache Linux lists for cpu0 (the last level: on x86 parts
+    the L3 the cores share), or None where sysfs does not say (another OS, a container hiding it)."""
+    sizes = []
+    for entry in sorted(Path(root).glob("index*")):
+        try:
+            found = re.fullmatch(r"(\d+)([KMG]?)", (entry / "size").read_text().strip())
+        except OSError:
+            continue
+        if found:
+            sizes.append(int(found.group(1)) * _CACHE_UNITS[found.group(2)])
+    return max(sizes) if sizes else None
+
+
 def hardware_card(device: str) -> dict:
     dev = torch.device(device)
     card = {
@@ -82,6 +101,7 @@ def hardware_card(device: str) -> dict:
         "cpu": cpu_name(),
         "cpu_vendor": cpu_vendor(),
         "cpu_capability": cpu_capability(),
+        "last_level_cache_bytes": last_level_cache_bytes(),
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "git_commit": git_commit(),

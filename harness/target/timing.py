@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from harness.contracts import NO_STATE, ProposalNode, ProposalResult
+from harness.measure.hardware import last_level_cache_bytes
 from harness.measure.ledger import StageClock
 from harness.target.backend import CacheState, CausalLMBackend
 from harness.topology.compiler import CompiledTree, compile_tree
@@ -183,24 +184,35 @@ def verify_cost_curve(
     }
 
 
-#: bytes of the buffer :func:`read_bandwidth_gbs` reads: far larger than any last-level cache
+#: the least bytes of the buffer :func:`read_bandwidth_gbs` reads
 BANDWIDTH_BUFFER_BYTES = 256 * 2**20
+
+
+def bandwidth_buffer_bytes(device: str | torch.device = "cpu") -> int:
+    """The buffer :func:`read_bandwidth_gbs` reads by default: :data:`BANDWIDTH_BUFFER_BYTES`, or on a
+    CPU twice its last-level cache where that is more. A buffer the cache holds in part is read
+    partly from the cache: on an Intel Xeon with a 300 MB L3, 256 MB read at 26-47 GB/s from one
+    sitting to the next, 512 MB to 1 GB at 26-31 GB/s, and 32-128 MB at 57-63 GB/s."""
+    llc = last_level_cache_bytes() if torch.device(device).type == "cpu" else None
+    return max(BANDWIDTH_BUFFER_BYTES, 2 * llc) if llc else BANDWIDTH_BUFFER_BYTES
 
 
 def read_bandwidth_gbs(
     device: str | torch.device = "cpu",
     *,
-    nbytes: int = BANDWIDTH_BUFFER_BYTES,
+    nbytes: int | None = None,
     repeats: int = 7,
     sums_per_sample: int | None = None,
 ) -> float:
-    """Measured read bandwidth (GB/s, 1e9 bytes) of this process: the median of ``repeats`` samples,
-    each ``sums_per_sample`` sums of one ``nbytes`` float32 buffer (after one untimed sum that faults
-    its pages in). A sum reads each byte once and writes nothing, as a memory-bound matrix-vector
-    product streams its weights. On a GPU one sum of the buffer takes tens of microseconds, about
-    what a launch and a synchronisation cost, so a sample there is 16 sums between two
-    synchronisations (one on CPU, where a sum takes milliseconds)."""
+    """Measured read bandwidth (GB/s, 1e9 bytes) of this process from memory: the median of
+    ``repeats`` samples, each ``sums_per_sample`` sums of one ``nbytes`` float32 buffer (default:
+    :func:`bandwidth_buffer_bytes`, beyond the caches; after one untimed sum that faults its pages
+    in). A sum reads each byte once and writes nothing, as a memory-bound matrix-vector product
+    streams its weights. On a GPU one sum of the buffer takes tens of microseconds, about what a
+    launch and a synchronisation cost, so a sample there is 16 sums between two synchronisations
+    (one on CPU, where a sum takes milliseconds)."""
     device = torch.device(device)
+    nbytes = bandwidth_buffer_bytes(device) if nbytes is None else nbytes
     inner = max(1, sums_per_sample if sums_per_sample is not None else (1 if device.type == "cpu" else 16))
     buf = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device=device)
     clock = StageClock(device)
@@ -229,5 +241,7 @@ def streamed_weight_bytes(model: torch.nn.Module) -> int:
 
 def weight_stream_floor_ms(model: torch.nn.Module, bandwidth_gbs: float) -> float:
     """The autoregressive step's floor: streamed weight bytes / read bandwidth, in ms (a one-row
-    forward cannot run faster than it can read its weights once)."""
+    forward cannot run faster than it can read its weights once from memory; where the caches hold
+    part of the weights between steps, as a 300 MB L3 can hold a 135M-parameter model's, a step can
+    take less)."""
     return streamed_weight_bytes(model) / (bandwidth_gbs * 1e9) * 1e3
