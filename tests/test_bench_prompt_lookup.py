@@ -288,3 +288,18 @@ def test_the_ratio_by_bandwidth_table_reads_old_and_new_result_files(tmp_path, c
     with pytest.raises(SystemExit) as exc:
         script.main([str(tmp_path / "missing.json")])
     assert exc.value.code == 2 and "no such result file" in capsys.readouterr().err
+
+
+def test_the_floor_line_says_why_an_ar_step_runs_below_the_floor():
+    """A step below the floor read from memory is explained by the CPU's caches where their size is
+    known; above it, or with no cache size (a GPU, an OS that does not say), the line says nothing more."""
+    per_tok = {"ours_ar": 7.5, "hf_ar": 7.7}
+    line = bench.floor_line(per_tok, 9.6, 269_000_000, [26.0, 28.0, 29.5], 28.0, 300 * 2**20)
+    assert line == (
+        "AR step per token: ours 7.50 ms, transformers 7.70 ms; weight-streaming floor 9.60 ms (269 MB at 28.0 GB/s "
+        "read, the median of 3 samples from 26.0 to 29.5); the step is below it: the CPU's caches (300 MB last level) "
+        "hold part of the weights"
+    )
+    assert "below" not in bench.floor_line(per_tok, 9.6, 269_000_000, [28.0], 28.0, None)
+    assert "below" not in bench.floor_line({"ours_ar": 12.0}, 9.6, 269_000_000, [28.0], 28.0, 300 * 2**20)
+    assert "transformers" not in bench.floor_line({"ours_ar": 12.0}, 9.6, 269_000_000, [28.0], 28.0, None)
