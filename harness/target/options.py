@@ -37,8 +37,8 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
   panel's vectors, no horizontal sums. It keeps rows invariant the same way and differs from
   ``streaming`` by float32 rounding. On an AMD EPYC without AVX-512 (Zen 3, 2 threads) SmolLM2's
   verify forwards took 0.83-0.89 of ``streaming``'s time at one row, 0.93-0.99 at four and 0.78-0.80
-  at 16-32; on an Intel Xeon with AMX, in 512-bit vectors, 0.98-1.01 from one row to four, 0.95 at
-  8, 0.82 at 16 and 0.69 at 32. A bfloat16 weight goes in pairs (``[N / 16, K / 2, 16, 2]``, K a
+  at 16-32; on an Intel Xeon with AMX, in 512-bit vectors, 0.98-1.06 from one row to four, 0.95 at
+  8, 0.82-0.88 at 16 and 0.69-0.77 at 32. A bfloat16 weight goes in pairs (``[N / 16, K / 2, 16, 2]``, K a
   multiple of 32), the layout of AMX's tile multiply, and is multiplied with the tile unit (a CPU
   without AMX is refused): a product costs about the read of its weights from one row to 32. On an Intel Xeon
   with AMX (2 threads) SmolLM2's bfloat16 products took 12.0 ms at one row and 13.0 at 32, against
@@ -49,8 +49,8 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
   bfloat16 gets ``streaming_panels`` where the kernels multiply with AMX tiles
   (:func:`harness.target.native.pairs_on_amx`), else ``streaming``; float32 gets
   ``streaming_panels`` on an Intel CPU with AVX-512 (a panel is one 512-bit vector: on a Xeon with
-  AMX, 2 threads, SmolLM2's verify forward took what the dot order takes from one row to four and
-  0.7-0.8 of its time at 16-32 rows) and on a non-Intel CPU without AVX-512, ``streaming`` on AMD's
+  AMX, 2 threads, SmolLM2's verify forward took within a few percent of the dot order's time from
+  one row to four and 0.7-0.85 of it at 16-32 rows) and on a non-Intel CPU without AVX-512, ``streaming`` on AMD's
   AVX-512 parts (not measured in panels). An Intel CPU without AVX-512 (not measured) gets
   ``default``. With no compiler: ``weight_major`` in float32 on a non-Intel CPU (measured on AMD
   EPYC: as fast as ``F.linear`` at one row, 15-40% faster at 2 to 32 rows on an AVX2 part) and
@@ -165,7 +165,7 @@ def resolve_linear_kernel(
         if dtype == torch.bfloat16 and not compiled and (pairs_on_amx() if amx is None else amx):
             return "streaming_panels"  # measured on a Xeon with AMX: flat in the rows to 32 (see above)
         if intel:  # measured on a Xeon with AVX-512 and AMX: MKL and oneDNN's one-row products trail it 2x
-            # float32 panels in 512-bit vectors: one row as fast as the dot order, 16-32 rows 0.7-0.8 of its time
+            # float32 panels in 512-bit vectors: one row within a few percent of the dot order, 16-32 rows 0.7-0.85
             return "streaming_panels" if dtype == torch.float32 and not compiled else "streaming"
         if dtype == torch.float32 and not compiled and not has_avx512:
             return "streaming_panels"
