@@ -105,15 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds, --repeats, --rows and --prefix must be >= 1")
     torch.set_num_threads(args.threads)
     native.load_native_kernels()
-    dtype_of = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = getattr(torch, args.dtype)
     panels = args.panels == "true" or (
-        args.panels == "auto" and resolve_linear_kernel("auto", dtype_of, "cpu") == "streaming_panels"
+        args.panels == "auto" and resolve_linear_kernel("auto", dtype, "cpu") == "streaming_panels"
     )
     with tempfile.TemporaryDirectory() as tmp:
         library = native.build(namespace=NAMESPACE, extra_flags=("-DHARNESS_PHASE_TIMES",), out_dir=Path(tmp))
         torch.ops.load_library(str(library))
     ops = getattr(torch.ops, NAMESPACE)
-    dtype = getattr(torch, args.dtype)
     model = load_model(name="smollm2", dtype=args.dtype).model
     head = model.lm_head.weight.detach()
     head = weight_panels(head) if panels else head
