@@ -201,7 +201,8 @@ def test_weights_in_panels_are_refused_in_one_line_where_they_do_not_fit():
 
 # (M, K, N) for bfloat16 weights in pairs (K a multiple of 32, N of 16): one tile of rows against
 # groups of four panels and a group cut short (3, 5 panels), two tiles of rows against pairs of panels
-# and a lone one, passes of 32 rows whose last has fewer (a new tile configuration), passes of 64 rows
+# and a lone one, passes of 32 rows whose last has fewer (a new tile configuration: 33, 34, 40, 50, 61
+# rows), passes of 64 rows
 PAIR_SHAPES = [
     (1, 576, 1536),
     (1, 64, 48),
@@ -212,8 +213,11 @@ PAIR_SHAPES = [
     (31, 32, 32),
     (32, 64, 64),
     (33, 64, 48),
+    (34, 576, 48),
     (40, 32, 16),
     (48, 64, 32),
+    (50, 96, 80),
+    (61, 32, 16),
     (64, 32, 96),
     (65, 64, 32),
     (150, 96, 48),
@@ -237,7 +241,7 @@ def _check_pairs(op, on_amx: bool) -> None:
             torch.testing.assert_close(got, _exact(x, w, bias), **TOLERANCE[torch.bfloat16])
             for r in {0, m // 2, m - 1}:  # each row alone gives the bits it gets beside the others
                 assert torch.equal(op(x[r : r + 1], pairs, bias)[0], got[r]), (m, k, n, r)
-            for rows in {1, 16, 17, 33, m}:  # the first rows in fewer tiles or passes
+            for rows in {1, 16, 17, 33, 34, 49, m}:  # the first rows in fewer tiles or passes
                 assert torch.equal(op(x[: min(rows, m)], pairs, bias), got[: min(rows, m)]), (m, k, n, rows)
         if not on_amx:
             for r, c in ((0, 0), (m - 1, n - 1), (m // 2, n // 3)):

@@ -896,6 +896,14 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
+// The compiler does not see the tile instruction read the configuration's memory: without the
+// barrier GCC may drop the stores that fill it where the function that fills it is not inlined (the
+// instruction then faults on a configuration of zero columns).
+inline void load_tile_config(const TileConfig& cfg) {
+  asm volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
 // The configuration for input tiles of r0 and r1 rows (r1 = 0: one tile of rows, 4 panels at a
 // time: accumulators 0-3, input 4, weights 5-7; else two, 2 panels: accumulators 0-3 as (tile of
 // rows, panel) (0, 0), (0, 1), (1, 0), (1, 1), inputs 4 and 5, weights 6 and 7).
@@ -911,7 +919,7 @@ void configure_tiles(int r0, int r1) {
   } else {
     set(0, r0), set(1, r0), set(2, r1), set(3, r1), set(4, r0), set(5, r1), set(6, 16), set(7, 16);
   }
-  _tile_loadconfig(&cfg);
+  load_tile_config(cfg);
 }
 
 // The weights two tile steps (2 KB) ahead in each of the G panels a tile step reads, prefetched into
@@ -1756,7 +1764,7 @@ void configure_attention_tiles(int nq, bool scores) {
     cfg.rows[t] = static_cast<uint8_t>(scores || t >= 6 ? 16 : nq);
     cfg.colsb[t] = static_cast<uint16_t>(scores && (t < 4 || t >= 6) ? nq * 4 : 64);
   }
-  _tile_loadconfig(&cfg);
+  load_tile_config(cfg);
 }
 
 // The scores of G blocks of 16 keys (at `keys`, as they sit in the cache, dh apart) against the
