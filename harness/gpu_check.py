@@ -14,7 +14,10 @@ on weights, and timing depends on shapes.
    transformers' concatenating DynamicCache over a 1,024-token prefix beside the preallocated one;
    the round loop (AR vs prompt lookup) on a repetitive prompt, time per committed token; the
    autoregressive step with cuDNN's attention kernel allowed and forbidden, over sequence lengths
-   not seen before (the check, like the runs, forbids it unless told otherwise).
+   not seen before (the check, like the runs, forbids it unless told otherwise); and the stock t(n)
+   against the verify forward's roofline floor, the larger of reading the weights at the device's
+   measured bandwidth and its arithmetic at the rate of the device's own large matrix product (on a
+   GPU a few rows' forward is far above both: it waits on kernel launches).
 3. The real runner (`harness run`, gates included: the equivalence gate on the GPU model, greedy
    equality on every output) on the SmolLM2-shaped model with the default experiment's proposer and
    topology, 10 HumanEval prompts, 128 new tokens: a demo-sized measurement whose record lands in
@@ -62,7 +65,7 @@ from harness.target import attention
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import build_tiny_model
 from harness.target.options import apply_cudnn_attention, apply_static_cache, resolve_cudnn_attention
-from harness.target.timing import verify_times
+from harness.target.timing import matmul_peak_gflops, read_bandwidth_gbs, verify_roofline, verify_times
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
 
@@ -95,6 +98,22 @@ def t_of_n(model, device, ns, prefix=256, reps=20) -> dict:
     for n in ns:
         out[n]["normalised"] = out[n]["median_ms"] / t1
     return out
+
+
+def roofline(model, device, t_of_n_result: dict | None, prefix=256) -> dict:
+    """The ``t_of_n`` section's medians against the verify forward's roofline floor on this device:
+    the device's read bandwidth and its large matrix product's rate, measured here
+    (:func:`harness.target.timing.verify_roofline`). Skipped where that section did not finish."""
+    if not isinstance(t_of_n_result, dict) or "error" in t_of_n_result or not t_of_n_result:
+        return {"skipped": True, "reason": "the t_of_n section did not finish"}
+    dtype = next(model.parameters()).dtype
+    return verify_roofline(
+        model,
+        {int(n): r["median_ms"] for n, r in t_of_n_result.items()},
+        prefix_len=prefix,
+        bandwidth_gbs=read_bandwidth_gbs(device),
+        peak_gflops=matmul_peak_gflops(device, dtype),
+    )
 
 
 def greedy_decode(backend: CausalLMBackend, proposer, prompt: list[int], new_tokens: int):
@@ -305,6 +324,7 @@ SECTIONS = (
     "equivalence_fp32",
     "equivalence",
     "t_of_n",
+    "roofline",
     "t_of_n_grouped",
     "t_of_n_grouped_prefix1024_preallocated",
     "t_of_n_grouped_prefix1024_dynamic_cache",
@@ -382,6 +402,7 @@ def main(argv=None) -> int:
         ("equivalence_fp32", lambda: equivalence(smollm2_shaped(torch.float32, device, layers=4), device)),
         ("equivalence", lambda: equivalence(model(), device)),
         ("t_of_n", lambda: t_of_n(model(), device, ns)),
+        ("roofline", lambda: roofline(model(), device, report.get("t_of_n"))),
         ("t_of_n_grouped", grouped(True, 256, ns)),
         ("t_of_n_grouped_prefix1024_preallocated", grouped(True, 1024, list(LONG_PREFIX_ROWS))),
         ("t_of_n_grouped_prefix1024_dynamic_cache", grouped(False, 1024, list(LONG_PREFIX_ROWS))),

@@ -303,3 +303,19 @@ def test_the_floor_line_says_why_an_ar_step_runs_below_the_floor():
     assert "below" not in bench.floor_line(per_tok, 9.6, 269_000_000, [28.0], 28.0, None)
     assert "below" not in bench.floor_line({"ours_ar": 12.0}, 9.6, 269_000_000, [28.0], 28.0, 300 * 2**20)
     assert "transformers" not in bench.floor_line({"ours_ar": 12.0}, 9.6, 269_000_000, [28.0], 28.0, None)
+
+
+def test_the_roofline_line_gives_each_row_counts_floors_and_where_arithmetic_takes_over():
+    roof = {
+        "rows": [1, 17, 33],
+        "t_vs_floor": [0.854, 1.0, 1.5],
+        "read_bandwidth_gbs": 31.1,
+        "matmul_peak_gflops": 2919.6,
+        "prefix_len": 256,
+        "compute_bound_from": 89,
+    }
+    assert bench.roofline_line(roof) == (
+        "verify forward t(n) in roofline floors, the larger of weights / 31.1 GB/s and arithmetic / 2920 GFLOP/s "
+        "(this device's large matrix product) at prefix 256: n = 1 0.85, 17 1.00, 33 1.50; arithmetic exceeds "
+        "the weights' reading from 89 rows"
+    )

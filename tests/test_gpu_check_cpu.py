@@ -157,3 +157,19 @@ def test_the_whole_gpu_check_runs_end_to_end_with_the_device_faked(tmp_path, mon
     assert len(costs["cudnn"]["samples"]) == len(costs["no_cudnn"]["samples"]) == 2 and costs["ratio"] > 0
     assert report["cudnn_attention_allowed"] is torch.backends.cuda.cudnn_sdp_enabled()  # a CPU run leaves it
     assert (tmp_path / "gpu" / "gpu_check_run" / "record.json").exists()
+
+
+def test_gpu_check_sets_the_t_of_n_medians_against_the_roofline_and_skips_it_without_them():
+    from harness.gpu_check import roofline
+    from harness.target.timing import weight_stream_floor_ms
+
+    model = smollm2_shaped(torch.float32, "cpu", layers=2)
+    t_of_n = {1: {"median_ms": 5.0, "normalised": 1.0}, 64: {"median_ms": 9.0, "normalised": 1.8}}
+    roof = roofline(model, "cpu", t_of_n, prefix=16)
+    assert roof["rows"] == [1, 64] and roof["t_ms"] == [5.0, 9.0]
+    assert roof["read_bandwidth_gbs"] > 0 and roof["matmul_peak_gflops"] > 0
+    stream = weight_stream_floor_ms(model, roof["read_bandwidth_gbs"])
+    assert roof["floor_ms"][0] == pytest.approx(max(stream, roof["compute_floor_ms"][0]))
+    assert roof["t_vs_floor"][1] == pytest.approx(9.0 / roof["floor_ms"][1])
+    for missing in (None, {}, {"error": "CUDA error: out of memory"}):
+        assert roofline(model, "cpu", missing)["skipped"] is True

@@ -673,3 +673,64 @@ def test_the_manifest_claims_fused_layers_only_for_an_architecture_that_fuses(tm
         assert claimed is fuses
         target, _ = load_models(cfg)
         assert (target.load_report["fused_layers"] > 0) is fuses
+
+
+def test_a_forward_multiplies_every_matrix_once_and_gathers_from_an_untied_embedding_table():
+    from harness.target.timing import multiplied_weight_elements
+
+    model = build_tiny_model()  # untied: the embedding table is gathered from, the LM head multiplied
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)
+    emb = model.get_input_embeddings().weight
+    assert multiplied_weight_elements(model) == matrices - emb.numel()
+    model.lm_head.weight = emb  # tied: the one matrix is the LM head's, counted once
+    assert multiplied_weight_elements(model) == sum(p.numel() for p in model.parameters() if p.dim() == 2)
+
+
+def test_a_verify_forwards_least_arithmetic_is_its_products_and_attention_over_the_keys_each_row_reads():
+    from harness.target.timing import multiplied_weight_elements, verify_flops
+
+    model = build_tiny_model()
+    cfg = model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    one = 2 * multiplied_weight_elements(model) + 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * 9
+    assert verify_flops(model, 1, prefix_len=8) == one
+    assert verify_flops(model, 5, prefix_len=8) == 5 * one
+    assert verify_flops(model, 1, prefix_len=100) > one  # a longer prefix: more keys to read
+
+
+def test_the_matrix_product_rate_is_measured_in_the_dtype_asked_for(monkeypatch):
+    import pytest
+
+    import harness.target.timing as timing
+
+    seen = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda a, b: seen.append((a.dtype, a.shape)) or real(a, b))
+    rate = timing.matmul_peak_gflops("cpu", torch.bfloat16, size=64, repeats=3)
+    assert math.isfinite(rate) and rate > 0
+    assert seen == [(torch.bfloat16, (64, 64))] * 4  # one untimed product, then the timed ones
+    with pytest.raises(ValueError, match="size >= 1"):
+        timing.matmul_peak_gflops("cpu", size=0)
+
+
+def test_the_roofline_floor_is_the_larger_of_reading_the_weights_and_the_arithmetic():
+    import pytest
+
+    from harness.target.timing import verify_flops, verify_roofline, weight_stream_floor_ms
+
+    model = build_tiny_model()
+    stream = weight_stream_floor_ms(model, 2.0)
+    peak = verify_flops(model, 1, prefix_len=16) / (stream / 9.5 * 1e-3) / 1e9  # a row's arithmetic: stream / 9.5
+    per_row = stream / 9.5
+    crossing = 10
+    rows = [1, crossing - 1, crossing, 2 * crossing]
+    t = {n: 3.0 * n for n in rows}
+    roof = verify_roofline(model, t, prefix_len=16, bandwidth_gbs=2.0, peak_gflops=peak)
+    assert roof["rows"] == rows and roof["weight_stream_floor_ms"] == pytest.approx(stream)
+    assert roof["compute_bound_from"] == crossing
+    assert roof["floor_ms"][:2] == [pytest.approx(stream)] * 2  # reading the weights bounds few rows
+    assert roof["floor_ms"][2] == pytest.approx(crossing * per_row) and crossing * per_row > stream  # the arithmetic
+    assert roof["floor_ms"][3] == pytest.approx(2 * crossing * per_row)
+    assert roof["t_vs_floor"] == [pytest.approx(t[n] / f) for n, f in zip(rows, roof["floor_ms"], strict=True)]
+    with pytest.raises(ValueError, match="positive"):
+        verify_roofline(model, t, prefix_len=16, bandwidth_gbs=0.0, peak_gflops=1.0)

@@ -56,6 +56,13 @@ samples before and after it), and every ratio is given again in the prompts of t
 upper half of that bandwidth (``ratio_by_bandwidth``): on a machine whose bandwidth swings, the
 price of a candidate row against an autoregressive step swings with it.
 
+The verify-cost curve behind the adaptive budget is set against the forward's roofline as well
+(``verify_roofline``, one line of the printout): each measured t(n) over the larger of two floors,
+reading the weights once at that median bandwidth, and the forward's least arithmetic (its products
+and attention's) at the rate of this device's own large matrix product in the same dtype
+(``matmul_peak_gflops``, measured once before the first prompt). A row count near one floor is near
+what the machine allows; ``compute_bound_from`` says from how many rows the arithmetic is the larger.
+
 Every ratio (``<arm>_vs_<base>``: the base's time per token over the arm's, both summed over the
 prompts) comes with a 95% paired-bootstrap interval over prompts (``ratio_ci95``; the same estimator
 as ``harness compare``), and each prompt's decode time and tokens per arm are stored
@@ -112,7 +119,14 @@ from harness.target.options import (
     resolve_fused_layers,
     resolve_linear_kernel,
 )
-from harness.target.timing import read_bandwidth_gbs, streamed_weight_bytes, verify_cost_curve, weight_stream_floor_ms
+from harness.target.timing import (
+    matmul_peak_gflops,
+    read_bandwidth_gbs,
+    streamed_weight_bytes,
+    verify_cost_curve,
+    verify_roofline,
+    weight_stream_floor_ms,
+)
 from harness.tracking.command_line import json_object_with, output_file_problem, whole_number_option
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
@@ -557,6 +571,7 @@ def main(argv=None) -> int:
 
     profile = verify_cost_curve(backend, items[0][1], max_rows=max(args.tree_nodes, 16))
     t_of_n = profile["t_ms"]
+    peak_gflops = matmul_peak_gflops(backend.device, dtype)
     args.tree_depth = args.tree_depth or args.num_tokens
 
     def ours(proposer, ids, new):
@@ -676,6 +691,13 @@ def main(argv=None) -> int:
         bandwidths.append(read_bandwidth_gbs(backend.device))
     bandwidth = statistics.median(bandwidths)
     floor_ms = weight_stream_floor_ms(model, bandwidth)
+    roofline = verify_roofline(
+        model,
+        {1 + r: ms for r, ms in zip(profile["measured_rows"], profile["measured_ms"], strict=True)},
+        prefix_len=profile["prefix_len"],
+        bandwidth_gbs=bandwidth,
+        peak_gflops=peak_gflops,
+    )
     for entry, gbs in zip(per_prompt, prompt_bandwidths(bandwidths, len(per_prompt)), strict=True):
         entry["read_bandwidth_gbs"] = gbs
     per_tok = {a: v["decode_ms"] / max(v["tokens"], 1) for a, v in totals.items()}
@@ -725,6 +747,7 @@ def main(argv=None) -> int:
         "streamed_weight_bytes": streamed_weight_bytes(model),
         "weight_stream_floor_ms": floor_ms,
         "ar_step_vs_floor": {a: per_tok[a] / floor_ms for a in ("ours_ar", "hf_ar") if a in per_tok},
+        "verify_roofline": roofline,
         "arms": list(arms),
         "time_per_token_ms": per_tok,
         "tokens_per_round": {a: v["tokens"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
@@ -772,6 +795,7 @@ def main(argv=None) -> int:
             print(f"  by read bandwidth around the prompt: {halves[0]}; {halves[1]}")
     llc = last_level_cache_bytes() if backend.device.type == "cpu" else None
     print(floor_line(per_tok, floor_ms, streamed_weight_bytes(model), bandwidths, bandwidth, llc))
+    print(roofline_line(roofline))
     return 0 if not mismatches else 1
 
 
@@ -791,6 +815,18 @@ def floor_line(
     if llc and per_tok["ours_ar"] < floor_ms:
         line += f"; the step is below it: the CPU's caches ({llc / 2**20:.0f} MB last level) hold part of the weights"
     return line
+
+
+def roofline_line(roof: dict) -> str:
+    """The printout's line for the verify forward's t(n) against its roofline floor
+    (:func:`harness.target.timing.verify_roofline`): how many floors each measured row count takes."""
+    ratios = ", ".join(f"{n} {r:.2f}" for n, r in zip(roof["rows"], roof["t_vs_floor"], strict=True))
+    return (
+        f"verify forward t(n) in roofline floors, the larger of weights / {roof['read_bandwidth_gbs']:.1f} GB/s and "
+        f"arithmetic / {roof['matmul_peak_gflops']:.0f} GFLOP/s (this device's large matrix product) at prefix "
+        f"{roof['prefix_len']}: n = {ratios}; arithmetic exceeds the weights' reading from "
+        f"{roof['compute_bound_from']} rows"
+    )
 
 
 if __name__ == "__main__":

@@ -245,3 +245,97 @@ def weight_stream_floor_ms(model: torch.nn.Module, bandwidth_gbs: float) -> floa
     part of the weights between steps, as a 300 MB L3 can hold a 135M-parameter model's, a step can
     take less)."""
     return streamed_weight_bytes(model) / (bandwidth_gbs * 1e9) * 1e3
+
+
+#: the side of the square product :func:`matmul_peak_gflops` times by default, per device type: large
+#: enough that the product runs at the library's full rate (on a GPU a smaller one is launch-bound)
+PEAK_MATMUL_SIZE = {"cpu": 2048, "cuda": 8192}
+
+
+def matmul_peak_gflops(
+    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *, size: int | None = None, repeats: int = 5
+) -> float:
+    """Measured arithmetic rate (GFLOP/s, two per multiply-add) of this process in ``dtype``: the
+    median of ``repeats`` products of two square ``size`` matrices (:data:`PEAK_MATMUL_SIZE` by
+    default) by torch's own matrix product, after one untimed product. The library's large product
+    is as close to the machine's peak as this process gets, so ``flops / matmul_peak_gflops`` is a
+    forward's arithmetic floor in the same sense as :func:`weight_stream_floor_ms` is its reading
+    floor (on a CPU with AMX torch's bf16 product runs on its tiles)."""
+    device = torch.device(device)
+    n = size if size is not None else PEAK_MATMUL_SIZE.get(device.type, PEAK_MATMUL_SIZE["cpu"])
+    if n < 1 or repeats < 1:
+        raise ValueError(f"need size >= 1 and repeats >= 1; got {n}, {repeats}")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    clock = StageClock(device)
+    with torch.inference_mode():
+        torch.matmul(a, b)
+        times = []
+        for _ in range(repeats):
+            t0 = clock.now()
+            torch.matmul(a, b)
+            times.append(clock.now() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def multiplied_weight_elements(model: torch.nn.Module) -> int:
+    """Weights one row of a forward multiplies: the elements of every matrix parameter (tied matrices
+    once), less the input embedding table when it is not also the LM head (a row gathers one of its
+    rows and multiplies nothing)."""
+    total = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(emb, "weight", None) if emb is not None else None
+    if weight is not None and weight.dim() >= 2 and not (head is not None and getattr(head, "weight", None) is weight):
+        total -= weight.numel()
+    return int(total)
+
+
+def verify_flops(model: torch.nn.Module, rows: int, *, prefix_len: int) -> float:
+    """The least arithmetic of one verify forward of ``rows`` rows over ``prefix_len`` cached tokens:
+    two operations per multiplied weight per row (:func:`multiplied_weight_elements`), and attention's
+    scores and value sums, ``4 * layers * query heads * head dim`` per key a row reads, counting the
+    ``prefix_len + 1`` keys every row reads at least (the prefix and itself; a tree row's ancestors and
+    a chain row's predecessors add more). Norms, activations and the softmax are left out."""
+    cfg = model.config
+    layers, heads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    per_row = 2 * multiplied_weight_elements(model) + 4 * layers * heads * head_dim * (prefix_len + 1)
+    return float(rows * per_row)
+
+
+def verify_roofline(
+    model: torch.nn.Module,
+    t_ms: dict[int, float],
+    *,
+    prefix_len: int,
+    bandwidth_gbs: float,
+    peak_gflops: float,
+) -> dict:
+    """Each measured verify time ``t_ms[n]`` (``n`` rows, the pending one included) against the
+    roofline floor of its forward: the larger of reading the weights once at ``bandwidth_gbs``
+    (:func:`weight_stream_floor_ms`) and its least arithmetic at ``peak_gflops``
+    (:func:`verify_flops` / :func:`matmul_peak_gflops`). ``t_vs_floor`` is how many floors each
+    forward takes; ``compute_bound_from`` the fewest rows whose arithmetic floor exceeds the reading
+    floor, computed from the two rates whether or not a forward that large was measured."""
+    if bandwidth_gbs <= 0 or peak_gflops <= 0:
+        raise ValueError(f"need a positive bandwidth and peak; got {bandwidth_gbs}, {peak_gflops}")
+    ns = sorted(int(n) for n in t_ms)
+    stream = weight_stream_floor_ms(model, bandwidth_gbs)
+    compute = {n: verify_flops(model, n, prefix_len=prefix_len) / (peak_gflops * 1e9) * 1e3 for n in ns}
+    floor = {n: max(stream, compute[n]) for n in ns}
+    per_row = verify_flops(model, 1, prefix_len=prefix_len) / (peak_gflops * 1e9) * 1e3
+    crossing = int(stream // per_row) + 1  # rows * per_row > stream from here on
+    return {
+        "prefix_len": prefix_len,
+        "read_bandwidth_gbs": bandwidth_gbs,
+        "matmul_peak_gflops": peak_gflops,
+        "weight_stream_floor_ms": stream,
+        "rows": ns,
+        "t_ms": [float(t_ms[n]) for n in ns],
+        "compute_floor_ms": [compute[n] for n in ns],
+        "floor_ms": [floor[n] for n in ns],
+        "t_vs_floor": [float(t_ms[n]) / floor[n] for n in ns],
+        "compute_bound_from": crossing,
+    }
