@@ -75,3 +75,22 @@ def test_the_regimes_script_splits_sweeps_by_bandwidth_quartile():
     assert high["read_bandwidth_gbs"] == [60.1, 60.3]
     with pytest.raises(ValueError, match="no sweeps"):
         script.state_curves([])
+
+
+def test_the_roofline_script_sets_each_shapes_t_of_n_against_the_floors(tmp_path):
+    import json
+
+    script = load_script("verify_roofline")
+    assert script.main(["--model", "tiny", "--rows", "1", "3", "--rounds", "2", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "roofline.json").read_text())
+    assert len(result["bandwidth_samples_gbs"]) == 2 and len(result["peak_samples_gflops"]) == 2
+    for shape in ("chain", "heap"):
+        assert all(len(v) == 2 for v in result["samples_ms"][shape].values())  # one forward a round
+        roof = result["shapes"][shape]
+        assert roof["rows"] == [1, 3] and roof["prefix_len"] == 256
+        assert roof["t_vs_floor"] == [pytest.approx(t / f) for t, f in zip(roof["t_ms"], roof["floor_ms"], strict=True)]
+    text = (tmp_path / "roofline.md").read_text()
+    assert "| n | chain ms | tree ms |" in text and text.count("\n| 3 |") == 1
+    assert (tmp_path / "roofline.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        script.main(["--rows", "0", "--out", str(tmp_path)])

@@ -1,7 +1,7 @@
 """The embedded model as the prompt-lookup benchmark sets it up on CPU by default, for the scripts
 that time beside it (``scripts/lookup_ab.py``, ``scripts/lookup_replay.py``,
-``scripts/verify_cost_regimes.py``): the linear kernel ``auto``, the preallocated cache, and fused
-decoder layers where they apply."""
+``scripts/verify_cost_regimes.py``, ``scripts/verify_roofline.py``): the linear kernel ``auto``, the
+preallocated cache, and fused decoder layers where they apply."""
 
 from __future__ import annotations
 
@@ -13,14 +13,20 @@ from harness.target.loading import LoadedModel, load_model
 from harness.target.options import apply_linear_kernel, apply_static_cache, resolve_fused_layers, resolve_linear_kernel
 
 
-def default_cpu_target(dtype: str = "float32") -> tuple[LoadedModel, CausalLMBackend]:
-    """SmolLM2 in ``dtype`` on CPU with the benchmark's default options, and its backend."""
-    loaded = load_model(name="smollm2", dtype=dtype, attn_implementation="harness_sdpa")
-    model, torch_dtype = loaded.model, getattr(torch, dtype)
+def apply_default_cpu_options(model: torch.nn.Module) -> torch.nn.Module:
+    """The benchmark's default options on a CPU model, in its dtype: the linear kernel ``auto``, the
+    preallocated cache, and fused decoder layers where they apply."""
+    torch_dtype = next(model.parameters()).dtype
     apply_linear_kernel(model, "auto")
     apply_static_cache(model, True)
     kernel = resolve_linear_kernel("auto", torch_dtype, "cpu")
     apply_fused_layers(
         model, resolve_fused_layers(None, torch_dtype, "cpu", linear_kernel=kernel, compiled=False, static_cache=True)
     )
-    return loaded, CausalLMBackend(model)
+    return model
+
+
+def default_cpu_target(dtype: str = "float32") -> tuple[LoadedModel, CausalLMBackend]:
+    """SmolLM2 in ``dtype`` on CPU with the benchmark's default options, and its backend."""
+    loaded = load_model(name="smollm2", dtype=dtype, attn_implementation="harness_sdpa")
+    return loaded, CausalLMBackend(apply_default_cpu_options(loaded.model))
