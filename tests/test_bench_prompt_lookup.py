@@ -223,8 +223,10 @@ def test_a_transformers_arm_is_timed_from_the_end_of_its_first_forward_within_on
         hook.remove()
         count.remove()
     new = out.shape[1] - len(ids)
-    ms, tokens = first.decode(done, new)
+    got = first.decode(done, new)
+    ms, tokens = got["decode_ms"], got["tokens"]
     assert new == 12 and starts[0] < first.end_s < starts[1] and 0 < ms < (done - starts[0]) * 1e3
+    assert got["rounds"] == len(starts) - 1  # every forward after the first is a round
     if lookup:
         assert 1 <= first.first_tokens <= 5 and tokens == new - first.first_tokens
     else:

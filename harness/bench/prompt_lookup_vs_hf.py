@@ -32,7 +32,10 @@ token(s) to the end, over the tokens after those that forward gave. For our arms
 first round (the prefill caches every prompt token but the last, and the first round verifies it with
 the first candidates): its time and tokens are left out. Transformers' arms are timed within the one
 ``generate`` call, from the end of its first forward (the prompt's prefill, which with prompt lookup
-also verifies the first candidates) to the return (:class:`FirstForward`).
+also verifies the first candidates) to the return (:class:`FirstForward`). The rounds after the first
+are counted alike (transformers': its forwards, one per round of candidates), so ``tokens_per_round``
+and ``ms_per_round`` say whether an arm is faster because more of its candidates are accepted or
+because its forwards cost less.
 Subtracting a separate 1-token generation instead left two prefills' noise in every HF figure,
 larger than the whole decode on a long prompt (an 8,047-token chat prompt measured a negative decode
 time that way). Both families run the same model in the same dtype on ``--device`` (``cpu``, or
@@ -197,18 +200,21 @@ def fit_to_context(
 
 class FirstForward:
     """Where transformers' ``generate`` ends its first forward, and how many tokens that forward gave:
-    a forward hook on the model takes the time (the device synchronised), and as the call's streamer
-    it counts the tokens of its first put after the prompt (``generate`` puts the prompt first, then
-    each forward's new tokens). :meth:`decode` gives the ms from there to ``done`` and the tokens
-    after those."""
+    a forward hook on the model takes the time (the device synchronised) and counts the forwards, and
+    as the call's streamer it counts the tokens of its first put after the prompt (``generate`` puts
+    the prompt first, then each forward's new tokens). :meth:`decode` gives the ms from there to
+    ``done``, the tokens after those and the forwards after the first (transformers' rounds: one
+    forward verifies each round's candidates)."""
 
     def __init__(self, device) -> None:
         self.clock = StageClock(device)
         self.end_s: float | None = None
         self.first_tokens: int | None = None
+        self.forwards = 0
         self._puts = 0
 
     def hook(self, module, args, output) -> None:
+        self.forwards += 1
         if self.end_s is None:
             self.end_s = self.clock.now()
 
@@ -220,10 +226,16 @@ class FirstForward:
     def end(self) -> None:
         pass
 
-    def decode(self, done: float, new_tokens: int) -> tuple[float, int]:
+    def decode(self, done: float, new_tokens: int) -> dict:
+        """``decode_ms``, ``tokens`` and ``rounds`` after the first forward, as :func:`after_first_round`
+        gives them for our arms."""
         if self.end_s is None or self.first_tokens is None:
             raise RuntimeError("generate returned without a forward and its tokens")
-        return (done - self.end_s) * 1e3, new_tokens - min(self.first_tokens, new_tokens)
+        return {
+            "decode_ms": (done - self.end_s) * 1e3,
+            "tokens": new_tokens - min(self.first_tokens, new_tokens),
+            "rounds": self.forwards - 1,
+        }
 
 
 def ratio_estimates(
@@ -666,9 +678,7 @@ def main(argv=None) -> int:
         outs, this = {}, {}
         for a in order:
             if a.startswith("hf"):
-                toks, (ms, decoded) = arms[a](ids, args.max_new_tokens)
-                outs[a] = toks
-                this[a] = {"decode_ms": ms, "tokens": decoded}
+                outs[a], this[a] = arms[a](ids, args.max_new_tokens)
             else:
                 res = arms[a](ids, args.max_new_tokens)
                 outs[a] = res.tokens
@@ -751,6 +761,7 @@ def main(argv=None) -> int:
         "arms": list(arms),
         "time_per_token_ms": per_tok,
         "tokens_per_round": {a: v["tokens"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
+        "ms_per_round": {a: v["decode_ms"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
         **ratios,
         "ratio_ci95": intervals,
         "ratio_by_bandwidth": by_bandwidth,
@@ -768,6 +779,7 @@ def main(argv=None) -> int:
                 for k in (
                     "time_per_token_ms",
                     "tokens_per_round",
+                    "ms_per_round",
                     *ratios,
                     "outputs_identical",
                     "tree_nodes",
