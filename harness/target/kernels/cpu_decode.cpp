@@ -1060,24 +1060,33 @@ void pair_group(const Input<BF16>& in, const Product<BF16>& p, int64_t j, int64_
     }
     for (int64_t g = 0; g < here; ++g) finish(acc + g * 256, 0, in.M, g);
   } else {
-    for (int64_t m = 0; m < in.M; m += 32) {  // passes of up to 32 rows
-      const int r0 = static_cast<int>(std::min<int64_t>(16, in.M - m));
-      const int r1 = static_cast<int>(std::min<int64_t>(16, in.M - m - r0));
+    // Passes of up to 32 rows. Past 32 rows every pass has full tiles: the last one reads the 16 or
+    // 32 rows that end at the input's last row, and the rows the pass before it computed come out
+    // again, the same, and are written once. So one tile configuration serves the whole call (a
+    // configuration loaded for every group of panels cost about as much as the pass itself).
+    for (int64_t m = 0; m < in.M; m += 32) {
+      const int64_t start = in.M > 32 ? std::min(m, in.M - (in.M - m > 16 ? 32 : 16)) : m;
+      const int r0 = static_cast<int>(std::min<int64_t>(16, in.M - start));
+      const int r1 = static_cast<int>(std::min<int64_t>(16, in.M - start - r0));
       // one tile of rows runs under a configuration of two whose first has its rows
       if (shape[0] != r0 || (r1 != 0 && shape[1] != r1)) {
         configure_tiles(r0, r1);
         shape[0] = r0, shape[1] = r1;
       }
+      auto finish_tile = [&](const float* tile, int64_t first, int64_t rows, int64_t g) {
+        const int64_t done = std::clamp<int64_t>(m - first, 0, rows);  // rows written already
+        if (done < rows) finish(tile + done * kPanel, first + done, rows - done, g);
+      };
       if (r1 == 0) {
-        if (here == 2) pairs_one_tile<2>(in.x + m * K, K, w, ps, acc);
-        else pairs_one_tile<1>(in.x + m * K, K, w, ps, acc);
-        for (int64_t g = 0; g < here; ++g) finish(acc + g * 256, m, r0, g);
+        if (here == 2) pairs_one_tile<2>(in.x + start * K, K, w, ps, acc);
+        else pairs_one_tile<1>(in.x + start * K, K, w, ps, acc);
+        for (int64_t g = 0; g < here; ++g) finish_tile(acc + g * 256, start, r0, g);
       } else {
-        if (here == 2) pairs_two_tiles<2>(in.x + m * K, K, w, ps, acc);
-        else pairs_two_tiles<1>(in.x + m * K, K, w, ps, acc);
+        if (here == 2) pairs_two_tiles<2>(in.x + start * K, K, w, ps, acc);
+        else pairs_two_tiles<1>(in.x + start * K, K, w, ps, acc);
         for (int64_t g = 0; g < here; ++g) {
-          finish(acc + g * 256, m, r0, g);
-          finish(acc + (2 + g) * 256, m + 16, r1, g);
+          finish_tile(acc + g * 256, start, r0, g);
+          finish_tile(acc + (2 + g) * 256, start + 16, r1, g);
         }
       }
     }
