@@ -1062,8 +1062,8 @@ void pair_group(const Input<BF16>& in, const Product<BF16>& p, int64_t j, int64_
   } else {
     // Passes of up to 32 rows. Past 32 rows every pass has full tiles: the last one reads the 16 or
     // 32 rows that end at the input's last row, and the rows the pass before it computed come out
-    // again, the same, and are written once. So one tile configuration serves the whole call (a
-    // configuration loaded for every group of panels cost about as much as the pass itself).
+    // again, the same, and are written once. So one tile configuration serves the whole call
+    // (loading one twice for every group of panels cost about 1 ms of a 33-row SmolLM2 forward).
     for (int64_t m = 0; m < in.M; m += 32) {
       const int64_t start = in.M > 32 ? std::min(m, in.M - (in.M - m > 16 ? 32 : 16)) : m;
       const int r0 = static_cast<int>(std::min<int64_t>(16, in.M - start));
