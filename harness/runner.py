@@ -105,7 +105,7 @@ from harness.target.options import (
     resolve_static_cache,
     resolved_fused_layers,
 )
-from harness.target.timing import read_bandwidth_gbs, weight_stream_floor_ms
+from harness.target.timing import matmul_peak_gflops, profile_roofline, read_bandwidth_gbs, weight_stream_floor_ms
 from harness.topology.budgets import unreached_level
 from harness.tracking.compare import run_speedups
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, restore_aside, write_job
@@ -1335,7 +1335,15 @@ def summarise(
         record["tracking"] = tracking  # where the job's W&B run is and how to upload it
     t_profile = plan_.extras.get("t_profile")
     if t_profile:
-        record["t_profile"] = t_profile  # measured verify time t(n) (ms) this run used
+        # measured verify time t(n) (ms) this run used, each point against its roofline floor: the
+        # weights read once at the bandwidth measured above, the forward's arithmetic at the rate of
+        # this device's large matrix product in the target's dtype
+        record["t_profile"] = profile_roofline(
+            backend.model,
+            t_profile,
+            bandwidth_gbs=bandwidth,
+            peak_gflops=matmul_peak_gflops(backend.device, next(backend.model.parameters()).dtype, repeats=3),
+        )
     if "sequoia_predicted_time_per_token_ms" in metrics:
         metrics["sequoia_cost_model_error"] = cost_model_error(record)
     return record

@@ -670,3 +670,18 @@ def test_runs_with_long_labels_are_drawn_as_keys_spelled_out_under_the_plot():
         short = plot_labels(few, TICK_ROOM)
         assert not short.key and short.text == run_labels(few)
     assert len(b1_greedy) == 3
+
+
+def test_the_t_profile_plot_draws_each_runs_roofline_floor_where_the_record_has_one():
+    df = _store_frame()
+    run = df[df["run_id"] == fixture_run_id(11)]  # the adaptive prompt lookup run: a measured t(n)
+    profile = fixture_record(11)["t_profile"]
+    assert len(profile["floor_ms"]) == len(profile["n"])  # the runner writes each point's floor
+    fig = PLOTS["t_profile"](run, {}).figure
+    lines = fig.axes[0].get_lines()
+    drawn = [ln for ln in lines if len(ln.get_xdata())]
+    assert [list(ln.get_ydata()) for ln in drawn] == [profile["t"], profile["floor_ms"]]
+    assert drawn[1].get_linestyle() == "--" and drawn[1].get_color() == drawn[0].get_color()
+    older = run.assign(t_profile=[json.dumps({"n": profile["n"], "t": profile["t"]})])  # a record without floors
+    lines = PLOTS["t_profile"](older, {}).figure.axes[0].get_lines()
+    assert [list(ln.get_ydata()) for ln in lines if len(ln.get_xdata())] == [profile["t"]]

@@ -69,6 +69,12 @@ def test_adaptive_lookup_run_writes_a_complete_record(tmp_path, monkeypatch):
     assert record["gated"] is False and record["gates"]["oracle"]["status"] == "skipped"  # gates.oracle=false
     prof = record["t_profile"]
     assert prof["n"][0] == 1 and len(prof["n"]) == len(prof["t"]) and all(t > 0 for t in prof["t"])
+    # each point against its roofline floor, at the bandwidth the record's floor used
+    roof = prof["roofline"]
+    assert roof["read_bandwidth_gbs"] == m["read_bandwidth_gbs"] and roof["matmul_peak_gflops"] > 0
+    assert roof["prefix_len"] > 0 and roof["batch_size"] == 1
+    assert len(prof["floor_ms"]) == len(prof["n"]) and min(prof["floor_ms"]) >= m["weight_stream_floor_ms"]
+    assert prof["t_vs_floor"] == [pytest.approx(t / f) for t, f in zip(prof["t"], prof["floor_ms"], strict=True)]
     assert record["hardware"]["torch_threads"] >= 1 and record["manifest_hash"]
     # this job's peak host memory, the CUDA peaks (none on CPU), the counts behind acceptance by depth
     assert m["peak_rss_method"] in {"vmhwm_reset", "sampled"} and m["peak_rss_bytes"] >= m["rss_start_bytes"] > 0

@@ -734,3 +734,24 @@ def test_the_roofline_floor_is_the_larger_of_reading_the_weights_and_the_arithme
     assert roof["t_vs_floor"] == [pytest.approx(t[n] / f) for n, f in zip(rows, roof["floor_ms"], strict=True)]
     with pytest.raises(ValueError, match="positive"):
         verify_roofline(model, t, prefix_len=16, bandwidth_gbs=0.0, peak_gflops=1.0)
+
+
+def test_a_runs_profile_gets_each_points_floor_in_its_own_order_at_its_batch_size():
+    import pytest
+
+    from harness.target.timing import profile_roofline, verify_roofline
+
+    model = build_tiny_model()
+    profile = {"n": [4, 1, 2], "t": [3.0, 1.0, 2.0], "batch_size": 2, "prefix_len": 16}
+    got = profile_roofline(model, profile, bandwidth_gbs=2.0, peak_gflops=0.5)
+    roof = verify_roofline(
+        model, {1: 1.0, 2: 2.0, 4: 3.0}, prefix_len=16, bandwidth_gbs=2.0, peak_gflops=0.5, batch_size=2
+    )
+    assert got["n"] == [4, 1, 2] and got["t"] == [3.0, 1.0, 2.0]  # the profile as it was
+    assert got["floor_ms"] == [roof["floor_ms"][2], roof["floor_ms"][0], roof["floor_ms"][1]]
+    assert got["t_vs_floor"] == [pytest.approx(t / f) for t, f in zip(got["t"], got["floor_ms"], strict=True)]
+    assert got["roofline"]["batch_size"] == 2 and got["roofline"]["prefix_len"] == 16
+    one = verify_roofline(model, {4: 3.0}, prefix_len=16, bandwidth_gbs=2.0, peak_gflops=0.5)
+    assert roof["compute_floor_ms"][2] == pytest.approx(2 * one["compute_floor_ms"][0])  # two requests' rows
+    bare = profile_roofline(model, {"n": [1], "t": [1.0]}, bandwidth_gbs=2.0, peak_gflops=0.5)  # no batch, no prefix
+    assert bare["roofline"]["batch_size"] == 1 and bare["roofline"]["prefix_len"] == 0

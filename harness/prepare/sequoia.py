@@ -473,9 +473,12 @@ def prepare_sequoia(cfg, plan_, context):
     idle = idle_nodes_note(arts.tree)
     if idle:
         print(f"harness: note: {idle}", file=sys.stderr)
+    provenance = arts.profile.get("provenance", {})
     t_profile = {
         "n": [v["n"] for v in arts.profile["verify_ms"]],
         "t": [v["median_ms"] for v in arts.profile["verify_ms"]],
+        "batch_size": int(provenance.get("batch_size") or 1),
+        "prefix_len": int(provenance.get("measurement", {}).get("prefix_len") or 0),
     }
     return plan_.with_budget(arts.budget(), artifacts=arts.paths(), metrics=arts.metrics(), t_profile=t_profile)
 

@@ -180,7 +180,7 @@ def verify_cost_curve(
         "prefix_len": len(prompt_ids),
         "reps": reps,
         "batch_size": batch_size,
-        "t_profile": {"n": [1 + r for r in pts], "t": raw, "batch_size": batch_size},
+        "t_profile": {"n": [1 + r for r in pts], "t": raw, "batch_size": batch_size, "prefix_len": len(prompt_ids)},
     }
 
 
@@ -312,23 +312,28 @@ def verify_roofline(
     prefix_len: int,
     bandwidth_gbs: float,
     peak_gflops: float,
+    batch_size: int = 1,
 ) -> dict:
-    """Each measured verify time ``t_ms[n]`` (``n`` rows, the pending one included) against the
-    roofline floor of its forward: the larger of reading the weights once at ``bandwidth_gbs``
-    (:func:`weight_stream_floor_ms`) and its least arithmetic at ``peak_gflops``
-    (:func:`verify_flops` / :func:`matmul_peak_gflops`). ``t_vs_floor`` is how many floors each
-    forward takes; ``compute_bound_from`` the fewest rows whose arithmetic floor exceeds the reading
+    """Each measured verify time ``t_ms[n]`` (``n`` rows per request, the pending one included, for
+    ``batch_size`` requests in one forward) against the roofline floor of its forward: the larger of
+    reading the weights once at ``bandwidth_gbs`` (:func:`weight_stream_floor_ms`) and its least
+    arithmetic, ``batch_size * n`` rows' (:func:`verify_flops`), at ``peak_gflops``
+    (:func:`matmul_peak_gflops`). ``t_vs_floor`` is how many floors each forward takes;
+    ``compute_bound_from`` the fewest rows per request whose arithmetic floor exceeds the reading
     floor, computed from the two rates whether or not a forward that large was measured."""
-    if bandwidth_gbs <= 0 or peak_gflops <= 0:
-        raise ValueError(f"need a positive bandwidth and peak; got {bandwidth_gbs}, {peak_gflops}")
+    if bandwidth_gbs <= 0 or peak_gflops <= 0 or batch_size < 1:
+        raise ValueError(
+            f"need a positive bandwidth, peak and batch size; got {bandwidth_gbs}, {peak_gflops}, {batch_size}"
+        )
     ns = sorted(int(n) for n in t_ms)
     stream = weight_stream_floor_ms(model, bandwidth_gbs)
-    compute = {n: verify_flops(model, n, prefix_len=prefix_len) / (peak_gflops * 1e9) * 1e3 for n in ns}
+    per_row = verify_flops(model, batch_size, prefix_len=prefix_len) / (peak_gflops * 1e9) * 1e3
+    compute = {n: n * per_row for n in ns}
     floor = {n: max(stream, compute[n]) for n in ns}
-    per_row = verify_flops(model, 1, prefix_len=prefix_len) / (peak_gflops * 1e9) * 1e3
     crossing = int(stream // per_row) + 1  # rows * per_row > stream from here on
     return {
         "prefix_len": prefix_len,
+        "batch_size": batch_size,
         "read_bandwidth_gbs": bandwidth_gbs,
         "matmul_peak_gflops": peak_gflops,
         "weight_stream_floor_ms": stream,
@@ -338,4 +343,27 @@ def verify_roofline(
         "floor_ms": [floor[n] for n in ns],
         "t_vs_floor": [float(t_ms[n]) / floor[n] for n in ns],
         "compute_bound_from": crossing,
+    }
+
+
+def profile_roofline(model: torch.nn.Module, t_profile: dict, *, bandwidth_gbs: float, peak_gflops: float) -> dict:
+    """A run's t(n) profile (``{"n": [...], "t": [...]}``, with its ``batch_size`` and ``prefix_len``
+    where it knows them: 1 and 0 where not) with each point's roofline floor added: ``floor_ms``,
+    ``t_vs_floor`` and the floors' inputs under ``roofline`` (:func:`verify_roofline`)."""
+    roof = verify_roofline(
+        model,
+        dict(zip((int(n) for n in t_profile["n"]), (float(t) for t in t_profile["t"]), strict=True)),
+        prefix_len=int(t_profile.get("prefix_len") or 0),
+        bandwidth_gbs=bandwidth_gbs,
+        peak_gflops=peak_gflops,
+        batch_size=int(t_profile.get("batch_size") or 1),
+    )
+    at = {n: k for k, n in enumerate(roof["rows"])}
+    order = [at[int(n)] for n in t_profile["n"]]
+    keys = ("prefix_len", "batch_size", "read_bandwidth_gbs", "matmul_peak_gflops", "weight_stream_floor_ms")
+    return {
+        **t_profile,
+        "floor_ms": [roof["floor_ms"][k] for k in order],
+        "t_vs_floor": [roof["t_vs_floor"][k] for k in order],
+        "roofline": {**{k: roof[k] for k in keys}, "compute_bound_from": roof["compute_bound_from"]},
     }

@@ -183,10 +183,10 @@ def review_panels(*, legend: str, min_rounds: int, split_by: Sequence[str] = ())
         ),
         _panel(
             "t_profile",
-            "Target verify time t(n)",
+            "Target verify time t(n) and its roofline floor",
             "line",
             x="verify_rows",
-            y=["t_profile/t_ms"],
+            y=["t_profile/t_ms", "t_profile/floor_ms"],
             log_x=True,
             legend=legend,
         ),

@@ -619,7 +619,11 @@ def plot_t_profile(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     ax = fig.add_subplot()
     for r, p in profiles:
         hw = r.get("hardware.device_name") or r.get("hardware.cpu") or r.get("hardware.device") or ""
-        ax.plot(p["n"], p["t"], marker="o", label=f"{labels.text[r['run_id']]} ({hw})")
+        (line,) = ax.plot(p["n"], p["t"], marker="o", label=f"{labels.text[r['run_id']]} ({hw})")
+        if p.get("floor_ms"):  # the run's roofline floor: weights read once, or the arithmetic at the product rate
+            ax.plot(p["n"], p["floor_ms"], linestyle="--", color=line.get_color(), linewidth=1.0)
+    if any(p.get("floor_ms") for _, p in profiles):
+        ax.plot([], [], linestyle="--", color="grey", linewidth=1.0, label="roofline floor (dashed, per run)")
     ax.set_xscale("log", base=2)
     draw_key(fig, labels)
     return _finish(

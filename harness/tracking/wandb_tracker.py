@@ -31,8 +31,8 @@ What a run carries:
   ``round/accepted_length``, ``round/candidate_rows``, ``round/ms`` and ``round/<stage>_ms``
   against ``round``), acceptance and reach by depth with their round counts and 95% Wilson
   bounds (``depth/*`` against ``depth``; a depth tried by too few rounds goes to
-  ``depth/acceptance_few_rounds`` instead of ``depth/acceptance``), the t(n) profile
-  (``t_profile/t_ms`` against ``verify_rows``);
+  ``depth/acceptance_few_rounds`` instead of ``depth/acceptance``), the t(n) profile and each
+  point's roofline floor (``t_profile/t_ms`` and ``t_profile/floor_ms`` against ``verify_rows``);
 * **tables**: acceptance by depth (with counts and intervals), the accepted-length histogram, the
   round-cost ledger, and one row per prompt (both arms' tokens and times, its decode speedup);
 * **artifact** ``record-<run id>`` (type ``run-record``): record.json, outputs.jsonl,
@@ -336,8 +336,9 @@ class Tracker:
 
         profile = record.get("t_profile")
         if profile:
-            for n, t in zip(profile["n"], profile["t"]):
-                run.log({"verify_rows": n, "t_profile/t_ms": t})
+            floors = profile.get("floor_ms") or [None] * len(profile["n"])
+            for n, t, floor in zip(profile["n"], profile["t"], floors, strict=True):
+                run.log({"verify_rows": n, "t_profile/t_ms": t, **({"t_profile/floor_ms": floor} if floor else {})})
 
     def _log_tables(self, record: Mapping[str, Any]) -> None:
         import wandb  # imported on use (see log_record)
