@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from harness.bench.prompt_lookup_vs_hf import at_least
 from harness.bench.target import apply_default_cpu_options
 from harness.measure.hardware import cpu_name
 from harness.target.backend import CausalLMBackend
@@ -41,13 +42,6 @@ from harness.target.timing import (
 )
 
 ROWS = (1, 2, 4, 8, 12, 16, 17, 24, 32, 33, 48, 64)
-
-
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1; got {value}")
-    return value
 
 
 def table(result: dict) -> str:
@@ -109,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--rows", nargs="+", type=_at_least_one, default=list(ROWS))
-    ap.add_argument("--prefix", type=_at_least_one, default=256, help="cached tokens before the rows")
-    ap.add_argument("--rounds", type=_at_least_one, default=7, help="rounds over every row count and shape")
-    ap.add_argument("--repeats", type=_at_least_one, default=1, help="forwards per row count, shape and round")
-    ap.add_argument("--threads", type=_at_least_one, default=2)
+    ap.add_argument("--rows", nargs="+", type=at_least(1), default=list(ROWS))
+    ap.add_argument("--prefix", type=at_least(1), default=256, help="cached tokens before the rows")
+    ap.add_argument("--rounds", type=at_least(1), default=7, help="rounds over every row count and shape")
+    ap.add_argument("--repeats", type=at_least(1), default=1, help="forwards per row count, shape and round")
+    ap.add_argument("--threads", type=at_least(1), default=2)
     ap.add_argument("--out", required=True, help="folder for roofline.json, roofline.md and roofline.png")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -339,7 +339,7 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _at_least(minimum: int):
+def at_least(minimum: int):
     """An argparse type: a whole number >= ``minimum``."""
 
     def parse(text: str) -> int:
@@ -410,19 +410,19 @@ def bench_retriever(spec: str, workload: str, tokenizer, items, nodes: int, dept
 
 def main(argv=None) -> int:
     ap = _Parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--limit", type=_at_least(1), default=10)
+    ap.add_argument("--limit", type=at_least(1), default=10)
     ap.add_argument("--split", default="eval", choices=SPLITS)
-    ap.add_argument("--max-new-tokens", type=_at_least(2), default=128)
-    ap.add_argument("--num-tokens", type=_at_least(1), default=10, help="K: transformers' prompt_lookup_num_tokens")
-    ap.add_argument("--ngram", type=_at_least(1), default=2, help="n: transformers' max_matching_ngram_size")
-    ap.add_argument("--tree-nodes", type=_at_least(1), default=16, help="candidate-row budget of the tree arms")
-    ap.add_argument("--tree-matches", type=_at_least(1), default=8)
+    ap.add_argument("--max-new-tokens", type=at_least(2), default=128)
+    ap.add_argument("--num-tokens", type=at_least(1), default=10, help="K: transformers' prompt_lookup_num_tokens")
+    ap.add_argument("--ngram", type=at_least(1), default=2, help="n: transformers' max_matching_ngram_size")
+    ap.add_argument("--tree-nodes", type=at_least(1), default=16, help="candidate-row budget of the tree arms")
+    ap.add_argument("--tree-matches", type=at_least(1), default=8)
     ap.add_argument(
-        "--tree-depth", type=_at_least(1), default=None, help="the tree arms' max depth (default: --num-tokens)"
+        "--tree-depth", type=at_least(1), default=None, help="the tree arms' max depth (default: --num-tokens)"
     )
     ap.add_argument(
         "--history-tokens",
-        type=_at_least(0),
+        type=at_least(0),
         default=65536,
         help="ours_adaptive's memory of earlier prompts' outputs (the default experiment's proposer.history_tokens)",
     )
@@ -432,7 +432,7 @@ def main(argv=None) -> int:
         choices=["true", "false"],
         help="the adaptive arms' proposer.rejected_tails (the default experiment's: false)",
     )
-    ap.add_argument("--threads", type=_at_least(1), default=2)
+    ap.add_argument("--threads", type=at_least(1), default=2)
     ap.add_argument("--workload", default="humaneval", choices=WORKLOADS)
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: the one model every arm runs")
     ap.add_argument(
