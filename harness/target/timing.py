@@ -352,18 +352,18 @@ def profile_roofline(model: torch.nn.Module, t_profile: dict, *, bandwidth_gbs: 
     ``t_vs_floor`` and the floors' inputs under ``roofline`` (:func:`verify_roofline`)."""
     roof = verify_roofline(
         model,
-        dict(zip((int(n) for n in t_profile["n"]), (float(t) for t in t_profile["t"]), strict=True)),
+        {int(n): float(t) for n, t in zip(t_profile["n"], t_profile["t"], strict=True)},
         prefix_len=int(t_profile.get("prefix_len") or 0),
         bandwidth_gbs=bandwidth_gbs,
         peak_gflops=peak_gflops,
         batch_size=int(t_profile.get("batch_size") or 1),
     )
-    at = {n: k for k, n in enumerate(roof["rows"])}
-    order = [at[int(n)] for n in t_profile["n"]]
+    floor_of = dict(zip(roof["rows"], roof["floor_ms"], strict=True))
+    floors = [floor_of[int(n)] for n in t_profile["n"]]
     keys = ("prefix_len", "batch_size", "read_bandwidth_gbs", "matmul_peak_gflops", "weight_stream_floor_ms")
     return {
         **t_profile,
-        "floor_ms": [roof["floor_ms"][k] for k in order],
-        "t_vs_floor": [roof["t_vs_floor"][k] for k in order],
+        "floor_ms": floors,
+        "t_vs_floor": [float(t) / f for t, f in zip(t_profile["t"], floors, strict=True)],
         "roofline": {**{k: roof[k] for k in keys}, "compute_bound_from": roof["compute_bound_from"]},
     }
