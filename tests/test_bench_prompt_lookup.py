@@ -321,3 +321,20 @@ def test_the_roofline_line_gives_each_row_counts_floors_and_where_arithmetic_tak
         "(this device's large matrix product) at prefix 256: n = 1 0.85, 17 1.00, 33 1.50; arithmetic exceeds "
         "the weights' reading from 89 rows"
     )
+
+
+def test_a_ratio_is_the_product_of_its_tokens_per_round_and_its_round_cost():
+    totals = {
+        "ours_adaptive": {"decode_ms": 2350.0, "tokens": 224, "rounds": 100},
+        "hf_pld": {"decode_ms": 2540.0, "tokens": 197, "rounds": 100},
+        "ours_ar": {"decode_ms": 2000.0, "tokens": 100, "rounds": 100},
+        "ours_tree": {"decode_ms": 0.0, "tokens": 0, "rounds": 0},  # an arm that decoded nothing
+    }
+    parts = bench.ratio_parts(totals)
+    got = parts["ours_adaptive_vs_hf_pld"]
+    assert got["tokens_per_round"] == pytest.approx(2.24 / 1.97) and got["round_cost"] == pytest.approx(25.4 / 23.5)
+    per_tok = {a: v["decode_ms"] / v["tokens"] for a, v in totals.items() if v["tokens"]}
+    for key, part in parts.items():
+        arm, base = key.split("_vs_")
+        assert part["tokens_per_round"] * part["round_cost"] == pytest.approx(per_tok[base] / per_tok[arm])
+    assert "ours_tree_vs_hf_pld" not in parts and "ours_adaptive_vs_hf_ar" not in parts  # no rounds, no arm

@@ -68,7 +68,8 @@ what the machine allows; ``compute_bound_from`` says from how many rows the arit
 
 Every ratio (``<arm>_vs_<base>``: the base's time per token over the arm's, both summed over the
 prompts) comes with a 95% paired-bootstrap interval over prompts (``ratio_ci95``; the same estimator
-as ``harness compare``), and each prompt's decode time and tokens per arm are stored
+as ``harness compare``) and its two parts (``ratio_parts``: the arm's tokens per round over the
+base's, times the base's ms per round over the arm's), and each prompt's decode time and tokens per arm are stored
 (``per_prompt``), so a claim such as "1.4x transformers" can be read with its uncertainty.
 ``--arms`` runs a subset, which must include ``ours_ar`` (the reference every output is checked against).
 
@@ -261,6 +262,24 @@ def ratio_estimates(
             cols, speedup_statistic, confidence_level=level, n_resamples=resamples, seed=seed, method="percentile"
         )
         out[f"{arm}_vs_{base}"] = {"value": est.value, "ci_low": est.ci_low, "ci_high": est.ci_high}
+    return out
+
+
+def ratio_parts(totals: dict, pairs: Sequence[tuple[str, str]] = RATIOS) -> dict:
+    """Each ratio of ``pairs`` whose arms both counted rounds, as the product of its two parts:
+    ``{"<arm>_vs_<base>": {"tokens_per_round", "round_cost"}}``, the arm's tokens per round over the
+    base's and the base's ms per round over the arm's (``totals``: ``{arm: {"decode_ms", "tokens",
+    "rounds"}}`` summed over prompts). Their product is the base's time per token over the arm's: how
+    much of a speedup comes from accepting more a round and how much from cheaper rounds."""
+    out = {}
+    for arm, base in pairs:
+        a, b = totals.get(arm), totals.get(base)
+        if not a or not b or not all(x["rounds"] and x["tokens"] and x["decode_ms"] for x in (a, b)):
+            continue
+        out[f"{arm}_vs_{base}"] = {
+            "tokens_per_round": (a["tokens"] / a["rounds"]) / (b["tokens"] / b["rounds"]),
+            "round_cost": (b["decode_ms"] / b["rounds"]) / (a["decode_ms"] / a["rounds"]),
+        }
     return out
 
 
@@ -714,6 +733,7 @@ def main(argv=None) -> int:
     intervals = ratio_estimates(per_prompt)  # each ratio's value is per_tok[base] / per_tok[arm]
     by_bandwidth = ratio_by_bandwidth(per_prompt, [e["read_bandwidth_gbs"] for e in per_prompt])
     ratios = {key: est["value"] for key, est in intervals.items()}
+    parts = ratio_parts(totals)
     result = {
         "workload": args.workload,
         "device": str(device),
@@ -762,6 +782,7 @@ def main(argv=None) -> int:
         "time_per_token_ms": per_tok,
         "tokens_per_round": {a: v["tokens"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
         "ms_per_round": {a: v["decode_ms"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
+        "ratio_parts": parts,
         **ratios,
         "ratio_ci95": intervals,
         "ratio_by_bandwidth": by_bandwidth,
@@ -796,6 +817,11 @@ def main(argv=None) -> int:
         ci = est["ci_low"] is not None and est["ci_high"] is not None
         span = f" (95% CI over {len(items)} prompts: {est['ci_low']:.3f} to {est['ci_high']:.3f})" if ci else ""
         print(f"{key}: {est['value']:.3f}x{span}")
+        if key in parts:
+            print(
+                f"  = {parts[key]['tokens_per_round']:.3f}x the tokens per round x {parts[key]['round_cost']:.3f}x the "
+                "rounds' speed (its ms per round over the arm's)"
+            )
         if by_bandwidth is not None and all(
             by_bandwidth[h]["ratios"][key]["value"] is not None for h in ("low", "high")
         ):
