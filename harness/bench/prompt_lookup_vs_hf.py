@@ -820,7 +820,7 @@ def main(argv=None) -> int:
         if key in parts:
             print(
                 f"  = {parts[key]['tokens_per_round']:.3f}x the tokens per round x {parts[key]['round_cost']:.3f}x the "
-                "rounds' speed (its ms per round over the arm's)"
+                "rounds' speed (the base's ms per round over the arm's)"
             )
         if by_bandwidth is not None and all(
             by_bandwidth[h]["ratios"][key]["value"] is not None for h in ("low", "high")
