@@ -1335,18 +1335,24 @@ def summarise(
         record["tracking"] = tracking  # where the job's W&B run is and how to upload it
     t_profile = plan_.extras.get("t_profile")
     if t_profile:
-        # measured verify time t(n) (ms) this run used, each point against its roofline floor: the
-        # weights read once at the bandwidth measured above, the forward's arithmetic at the rate of
-        # this device's large matrix product in the target's dtype
-        record["t_profile"] = profile_roofline(
-            backend.model,
-            t_profile,
-            bandwidth_gbs=bandwidth,
-            peak_gflops=matmul_peak_gflops(backend.device, next(backend.model.parameters()).dtype, repeats=3),
-        )
+        record["t_profile"] = profile_with_floors(backend, t_profile, bandwidth)
     if "sequoia_predicted_time_per_token_ms" in metrics:
         metrics["sequoia_cost_model_error"] = cost_model_error(record)
     return record
+
+
+def profile_with_floors(backend, t_profile: dict, bandwidth_gbs: float) -> dict:
+    """The verify time t(n) (ms) a run used, each point against its roofline floor: the weights read
+    once at the bandwidth the record measured, the forward's arithmetic at the rate of this device's
+    large matrix product in the target's dtype. Measured after the arms, so a product that cannot
+    run here (a device without the memory for it) leaves the profile without floors, with a note,
+    and never costs the run its record."""
+    try:
+        peak = matmul_peak_gflops(backend.device, next(backend.model.parameters()).dtype, repeats=3)
+    except (RuntimeError, ValueError) as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
+        print(f"harness: note: t(n) recorded without its roofline floors: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return t_profile
+    return profile_roofline(backend.model, t_profile, bandwidth_gbs=bandwidth_gbs, peak_gflops=peak)
 
 
 def speedup_intervals(per_prompt: list[dict], *, batch_size: int = 1) -> dict:

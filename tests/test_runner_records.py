@@ -643,3 +643,33 @@ def test_the_job_log_beside_the_record_holds_the_run_s_notes(tmp_path, monkeypat
     assert "harness: note: option(s) with no effect here: generation.top_p=0.5: temperature 0 decodes" in log
     assert "\r" not in log and "it/s" not in log
     assert "generation.top_p=0.5" in capsys.readouterr().err  # and still on the console
+
+
+def test_a_device_without_room_for_the_peak_product_keeps_the_record_without_floors(tmp_path, monkeypatch, capsys):
+    """The matrix-product rate behind the roofline is measured after the arms: where it cannot run
+    (out of memory on a full GPU), the record is still written, its t(n) without floors."""
+    import torch
+
+    import harness.runner as runner
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 768.00 MiB")
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(runner, "matmul_peak_gflops", out_of_memory)
+    cfg = compose(
+        [
+            "model=tiny",
+            "topology=sequences",
+            "proposer.budget_policy=adaptive",
+            "workload.limit=1",
+            "generation.max_new_tokens=8",
+            "gates.oracle=false",
+            f"output_dir={tmp_path / 'run'}",
+        ]
+    )
+    record = run_job(cfg, run_dir=tmp_path / "run")
+    prof = record["t_profile"]
+    assert prof["t"] and "floor_ms" not in prof and "roofline" not in prof
+    assert load_record(tmp_path / "run" / "record.json")["t_profile"] == prof
+    assert "t(n) recorded without its roofline floors: CUDA out of memory" in capsys.readouterr().err

@@ -755,3 +755,16 @@ def test_a_runs_profile_gets_each_points_floor_in_its_own_order_at_its_batch_siz
     assert roof["compute_floor_ms"][2] == pytest.approx(2 * one["compute_floor_ms"][0])  # two requests' rows
     bare = profile_roofline(model, {"n": [1], "t": [1.0]}, bandwidth_gbs=2.0, peak_gflops=0.5)  # no batch, no prefix
     assert bare["roofline"]["batch_size"] == 1 and bare["roofline"]["prefix_len"] == 0
+
+
+def test_the_product_behind_the_arithmetic_floor_fits_a_quarter_of_a_gpus_free_memory():
+    import pytest
+
+    from harness.target.timing import PEAK_MATMUL_SIZE, peak_matmul_size
+
+    assert peak_matmul_size("cpu", 4) == PEAK_MATMUL_SIZE["cpu"]
+    assert peak_matmul_size("cuda", 2, 80 * 2**30) == PEAK_MATMUL_SIZE["cuda"]  # room to spare
+    n = peak_matmul_size("cuda", 4, 64 * 2**20)  # 64 MiB free: three fp32 matrices in 16 MiB
+    assert n % 256 == 0 and 3 * n * n * 4 <= 16 * 2**20 < 3 * (n + 256) ** 2 * 4
+    with pytest.raises(ValueError, match="too little"):
+        peak_matmul_size("cuda", 4, 2**20)

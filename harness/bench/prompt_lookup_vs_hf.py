@@ -65,6 +65,8 @@ reading the weights once at that median bandwidth, and the forward's least arith
 and attention's) at the rate of this device's own large matrix product in the same dtype
 (``matmul_peak_gflops``, measured once before the first prompt). A row count near one floor is near
 what the machine allows; ``compute_bound_from`` says from how many rows the arithmetic is the larger.
+Where that product cannot run (a device without the memory for it) the benchmark says so in a note
+and records no roofline (``verify_roofline: null``).
 
 Every ratio (``<arm>_vs_<base>``: the base's time per token over the arm's, both summed over the
 prompts) comes with a 95% paired-bootstrap interval over prompts (``ratio_ci95``; the same estimator
@@ -602,7 +604,11 @@ def main(argv=None) -> int:
 
     profile = verify_cost_curve(backend, items[0][1], max_rows=max(args.tree_nodes, 16))
     t_of_n = profile["t_ms"]
-    peak_gflops = matmul_peak_gflops(backend.device, dtype)
+    try:
+        peak_gflops = matmul_peak_gflops(backend.device, dtype)
+    except (RuntimeError, ValueError) as exc:  # no room for the product (torch.cuda.OutOfMemoryError is one)
+        peak_gflops = None
+        print(f"prompt_lookup_vs_hf: note: no roofline: {str(exc).splitlines()[0]}", file=sys.stderr)
     args.tree_depth = args.tree_depth or args.num_tokens
 
     def ours(proposer, ids, new):
@@ -720,12 +726,16 @@ def main(argv=None) -> int:
         bandwidths.append(read_bandwidth_gbs(backend.device))
     bandwidth = statistics.median(bandwidths)
     floor_ms = weight_stream_floor_ms(model, bandwidth)
-    roofline = verify_roofline(
-        model,
-        {1 + r: ms for r, ms in zip(profile["measured_rows"], profile["measured_ms"], strict=True)},
-        prefix_len=profile["prefix_len"],
-        bandwidth_gbs=bandwidth,
-        peak_gflops=peak_gflops,
+    roofline = (
+        verify_roofline(
+            model,
+            {1 + r: ms for r, ms in zip(profile["measured_rows"], profile["measured_ms"], strict=True)},
+            prefix_len=profile["prefix_len"],
+            bandwidth_gbs=bandwidth,
+            peak_gflops=peak_gflops,
+        )
+        if peak_gflops
+        else None
     )
     for entry, gbs in zip(per_prompt, prompt_bandwidths(bandwidths, len(per_prompt)), strict=True):
         entry["read_bandwidth_gbs"] = gbs
@@ -833,7 +843,8 @@ def main(argv=None) -> int:
             print(f"  by read bandwidth around the prompt: {halves[0]}; {halves[1]}")
     llc = last_level_cache_bytes() if backend.device.type == "cpu" else None
     print(floor_line(per_tok, floor_ms, streamed_weight_bytes(model), bandwidths, bandwidth, llc))
-    print(roofline_line(roofline))
+    if roofline is not None:
+        print(roofline_line(roofline))
     return 0 if not mismatches else 1
 
 

@@ -252,17 +252,34 @@ def weight_stream_floor_ms(model: torch.nn.Module, bandwidth_gbs: float) -> floa
 PEAK_MATMUL_SIZE = {"cpu": 2048, "cuda": 8192}
 
 
+def peak_matmul_size(device_type: str, element_size: int, free_bytes: int | None = None) -> int:
+    """The side :func:`matmul_peak_gflops` uses by default: :data:`PEAK_MATMUL_SIZE` for the device
+    type, and where ``free_bytes`` is known (a GPU's free memory) no larger than its three matrices
+    fit in a quarter of it, a multiple of 256; refused (``ValueError``) below 256."""
+    n = PEAK_MATMUL_SIZE.get(device_type, PEAK_MATMUL_SIZE["cpu"])
+    if free_bytes is not None:
+        n = min(n, int((free_bytes / 4 / (3 * element_size)) ** 0.5) // 256 * 256)
+        if n < 256:
+            raise ValueError(f"{free_bytes / 2**20:.0f} MiB free: too little for a 256-square product")
+    return n
+
+
 def matmul_peak_gflops(
     device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *, size: int | None = None, repeats: int = 5
 ) -> float:
     """Measured arithmetic rate (GFLOP/s, two per multiply-add) of this process in ``dtype``: the
     median of ``repeats`` products of two square ``size`` matrices (:data:`PEAK_MATMUL_SIZE` by
-    default) by torch's own matrix product, after one untimed product. The library's large product
+    default, on a GPU no larger than the three matrices fit in a quarter of its free memory) by
+    torch's own matrix product, after one untimed product. The library's large product
     is as close to the machine's peak as this process gets, so ``flops / matmul_peak_gflops`` is a
     forward's arithmetic floor in the same sense as :func:`weight_stream_floor_ms` is its reading
     floor (on a CPU with AMX torch's bf16 product runs on its tiles)."""
     device = torch.device(device)
-    n = size if size is not None else PEAK_MATMUL_SIZE.get(device.type, PEAK_MATMUL_SIZE["cpu"])
+    if size is not None:
+        n = size
+    else:
+        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+        n = peak_matmul_size(device.type, torch.empty(0, dtype=dtype).element_size(), free)
     if n < 1 or repeats < 1:
         raise ValueError(f"need size >= 1 and repeats >= 1; got {n}, {repeats}")
     gen = torch.Generator(device="cpu").manual_seed(0)
