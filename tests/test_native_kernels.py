@@ -201,8 +201,8 @@ def test_weights_in_panels_are_refused_in_one_line_where_they_do_not_fit():
 
 # (M, K, N) for bfloat16 weights in pairs (K a multiple of 32, N of 16): one tile of rows against
 # groups of four panels and a group cut short (3, 5 panels), two tiles of rows against pairs of panels
-# and a lone one, passes of 32 rows whose last has fewer (a new tile configuration: 33, 34, 40, 50, 61
-# rows), passes of 64 rows
+# and a lone one, a second pass of fewer than 32 rows that reads full tiles ending at the last row,
+# recomputing rows of the first (33, 34, 40, 50, 61 rows), passes of 64 rows
 PAIR_SHAPES = [
     (1, 576, 1536),
     (1, 64, 48),

@@ -42,9 +42,10 @@ of the model (the weights stay where they are: tied matrices stay tied, state di
   multiple of 32), the layout of AMX's tile multiply, and is multiplied with the tile unit (a CPU
   without AMX is refused): a product costs about the read of its weights from one row to 32. On an Intel Xeon
   with AMX (2 threads) SmolLM2's bfloat16 products took 12.0 ms at one row and 13.0 at 32, against
-  14.1 and 62 in the dot order; the AR step came to 1.16-1.17 weight-streaming floors. A layer whose
-  output features are not a multiple of 16 (or, in bfloat16, whose K is not one of 32) stays on
-  ``streaming``;
+  14.1 and 62 in the dot order; the AR step came to 1.16-1.17 weight-streaming floors against a
+  256 MB read buffer, and to 0.76-1.02 of the floor read from memory (the 300 MB L3 holds part of
+  the weights). A layer whose output features are not a multiple of 16 (or, in bfloat16, whose K is
+  not one of 32) stays on ``streaming``;
 - ``auto`` (the configured default), on an x86 CPU with a C++ compiler to build the native kernels:
   bfloat16 gets ``streaming_panels`` where the kernels multiply with AMX tiles
   (:func:`harness.target.native.pairs_on_amx`), else ``streaming``; float32 gets
