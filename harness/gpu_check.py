@@ -65,7 +65,7 @@ from harness.target import attention
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import build_tiny_model
 from harness.target.options import apply_cudnn_attention, apply_static_cache, resolve_cudnn_attention
-from harness.target.timing import matmul_peak_gflops, read_bandwidth_gbs, verify_roofline, verify_times
+from harness.target.timing import matmul_peak, read_bandwidth_gbs, verify_roofline, verify_times
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
 
@@ -106,13 +106,14 @@ def roofline(model, device, t_of_n_result: dict | None, prefix=256) -> dict:
     (:func:`harness.target.timing.verify_roofline`). Skipped where that section did not finish."""
     if not isinstance(t_of_n_result, dict) or "error" in t_of_n_result or not t_of_n_result:
         return {"skipped": True, "reason": "the t_of_n section did not finish"}
-    dtype = next(model.parameters()).dtype
+    peak = matmul_peak(device, next(model.parameters()).dtype)
     return verify_roofline(
         model,
         {int(n): r["median_ms"] for n, r in t_of_n_result.items()},
         prefix_len=prefix,
         bandwidth_gbs=read_bandwidth_gbs(device),
-        peak_gflops=matmul_peak_gflops(device, dtype),
+        peak_gflops=peak["gflops"],
+        peak_size=peak["size"],
     )
 
 

@@ -105,7 +105,7 @@ from harness.target.options import (
     resolve_static_cache,
     resolved_fused_layers,
 )
-from harness.target.timing import matmul_peak_gflops, profile_roofline, read_bandwidth_gbs, weight_stream_floor_ms
+from harness.target.timing import matmul_peak, profile_roofline, read_bandwidth_gbs, weight_stream_floor_ms
 from harness.topology.budgets import unreached_level
 from harness.tracking.compare import run_speedups
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, restore_aside, write_job
@@ -1348,11 +1348,13 @@ def profile_with_floors(backend, t_profile: dict, bandwidth_gbs: float) -> dict:
     run here (a device without the memory for it) leaves the profile without floors, with a note,
     and never costs the run its record."""
     try:
-        peak = matmul_peak_gflops(backend.device, next(backend.model.parameters()).dtype, repeats=3)
+        peak = matmul_peak(backend.device, next(backend.model.parameters()).dtype, repeats=3)
     except (RuntimeError, ValueError) as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
         print(f"harness: note: t(n) recorded without its roofline floors: {str(exc).splitlines()[0]}", file=sys.stderr)
         return t_profile
-    return profile_roofline(backend.model, t_profile, bandwidth_gbs=bandwidth_gbs, peak_gflops=peak)
+    return profile_roofline(
+        backend.model, t_profile, bandwidth_gbs=bandwidth_gbs, peak_gflops=peak["gflops"], peak_size=peak["size"]
+    )
 
 
 def speedup_intervals(per_prompt: list[dict], *, batch_size: int = 1) -> dict:

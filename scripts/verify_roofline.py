@@ -34,7 +34,7 @@ from harness.target.backend import CausalLMBackend
 from harness.target.loading import load_model
 from harness.target.timing import (
     TIMING_SHAPES,
-    matmul_peak_gflops,
+    matmul_peak,
     read_bandwidth_gbs,
     synthetic_prefix,
     verify_roofline,
@@ -120,14 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     bandwidths, peaks = [], []
     for r in tqdm(range(args.rounds), desc="rounds", file=sys.stderr):
         bandwidths.append(read_bandwidth_gbs())
-        peaks.append(matmul_peak_gflops("cpu", dtype))
+        peak = matmul_peak("cpu", dtype)
+        peaks.append(peak["gflops"])
         for shape in TIMING_SHAPES:
             got = verify_times(
                 backend, prefix_ids=prefix, ns=ns, shape=shape, warmup=1 if r == 0 else 0, repeats=args.repeats
             )
             for n, v in got.items():
                 samples[shape][n].extend(v)
-    bandwidth, peak = statistics.median(bandwidths), statistics.median(peaks)
+    bandwidth = statistics.median(bandwidths)
     result = {
         "model": args.model,
         "dtype": args.dtype,
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 {n: statistics.median(v) for n, v in s.items()},
                 prefix_len=args.prefix,
                 bandwidth_gbs=bandwidth,
-                peak_gflops=peak,
+                peak_gflops=statistics.median(peaks),
+                peak_size=peak["size"],
             )
             for shape, s in samples.items()
         },

@@ -321,6 +321,8 @@ def test_the_roofline_line_gives_each_row_counts_floors_and_where_arithmetic_tak
         "(this device's large matrix product) at prefix 256: n = 1 0.85, 17 1.00, 33 1.50; arithmetic exceeds "
         "the weights' reading from 89 rows"
     )
+    sized = bench.roofline_line({**roof, "matmul_peak_size": 2048})  # the side the record kept
+    assert "(this device's 2048-square matrix product)" in sized
 
 
 def test_a_ratio_is_the_product_of_its_tokens_per_round_and_its_round_cost():

@@ -167,7 +167,7 @@ def test_gpu_check_sets_the_t_of_n_medians_against_the_roofline_and_skips_it_wit
     t_of_n = {1: {"median_ms": 5.0, "normalised": 1.0}, 64: {"median_ms": 9.0, "normalised": 1.8}}
     roof = roofline(model, "cpu", t_of_n, prefix=16)
     assert roof["rows"] == [1, 64] and roof["t_ms"] == [5.0, 9.0]
-    assert roof["read_bandwidth_gbs"] > 0 and roof["matmul_peak_gflops"] > 0
+    assert roof["read_bandwidth_gbs"] > 0 and roof["matmul_peak_gflops"] > 0 and roof["matmul_peak_size"] == 2048
     stream = weight_stream_floor_ms(model, roof["read_bandwidth_gbs"])
     assert roof["floor_ms"][0] == pytest.approx(max(stream, roof["compute_floor_ms"][0]))
     assert roof["t_vs_floor"][1] == pytest.approx(9.0 / roof["floor_ms"][1])

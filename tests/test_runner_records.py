@@ -72,6 +72,7 @@ def test_adaptive_lookup_run_writes_a_complete_record(tmp_path, monkeypatch):
     # each point against its roofline floor, at the bandwidth the record's floor used
     roof = prof["roofline"]
     assert roof["read_bandwidth_gbs"] == m["read_bandwidth_gbs"] and roof["matmul_peak_gflops"] > 0
+    assert roof["matmul_peak_size"] == 2048  # the CPU's product side, recorded beside its rate
     assert roof["prefix_len"] > 0 and roof["batch_size"] == 1
     assert len(prof["floor_ms"]) == len(prof["n"]) and min(prof["floor_ms"]) >= m["weight_stream_floor_ms"]
     assert prof["t_vs_floor"] == [pytest.approx(t / f) for t, f in zip(prof["t"], prof["floor_ms"], strict=True)]
@@ -656,7 +657,7 @@ def test_a_device_without_room_for_the_peak_product_keeps_the_record_without_flo
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 768.00 MiB")
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(runner, "matmul_peak_gflops", out_of_memory)
+    monkeypatch.setattr(runner, "matmul_peak", out_of_memory)
     cfg = compose(
         [
             "model=tiny",

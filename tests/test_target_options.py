@@ -711,6 +711,8 @@ def test_the_matrix_product_rate_is_measured_in_the_dtype_asked_for(monkeypatch)
     assert seen == [(torch.bfloat16, (64, 64))] * 4  # one untimed product, then the timed ones
     with pytest.raises(ValueError, match="size >= 1"):
         timing.matmul_peak_gflops("cpu", size=0)
+    peak = timing.matmul_peak("cpu", torch.float32, size=48, repeats=1)  # the rate with the side that gave it
+    assert peak["size"] == 48 and peak["gflops"] > 0
 
 
 def test_the_roofline_floor_is_the_larger_of_reading_the_weights_and_the_arithmetic():
@@ -743,7 +745,7 @@ def test_a_runs_profile_gets_each_points_floor_in_its_own_order_at_its_batch_siz
 
     model = build_tiny_model()
     profile = {"n": [4, 1, 2], "t": [3.0, 1.0, 2.0], "batch_size": 2, "prefix_len": 16}
-    got = profile_roofline(model, profile, bandwidth_gbs=2.0, peak_gflops=0.5)
+    got = profile_roofline(model, profile, bandwidth_gbs=2.0, peak_gflops=0.5, peak_size=512)
     roof = verify_roofline(
         model, {1: 1.0, 2: 2.0, 4: 3.0}, prefix_len=16, bandwidth_gbs=2.0, peak_gflops=0.5, batch_size=2
     )
@@ -751,10 +753,12 @@ def test_a_runs_profile_gets_each_points_floor_in_its_own_order_at_its_batch_siz
     assert got["floor_ms"] == [roof["floor_ms"][2], roof["floor_ms"][0], roof["floor_ms"][1]]
     assert got["t_vs_floor"] == [pytest.approx(t / f) for t, f in zip(got["t"], got["floor_ms"], strict=True)]
     assert got["roofline"]["batch_size"] == 2 and got["roofline"]["prefix_len"] == 16
+    assert got["roofline"]["matmul_peak_size"] == 512  # which product measured the rate
     one = verify_roofline(model, {4: 3.0}, prefix_len=16, bandwidth_gbs=2.0, peak_gflops=0.5)
     assert roof["compute_floor_ms"][2] == pytest.approx(2 * one["compute_floor_ms"][0])  # two requests' rows
     bare = profile_roofline(model, {"n": [1], "t": [1.0]}, bandwidth_gbs=2.0, peak_gflops=0.5)  # no batch, no prefix
     assert bare["roofline"]["batch_size"] == 1 and bare["roofline"]["prefix_len"] == 0
+    assert bare["roofline"]["matmul_peak_size"] is None
 
 
 def test_the_product_behind_the_arithmetic_floor_fits_a_quarter_of_a_gpus_free_memory():

@@ -126,7 +126,7 @@ from harness.target.options import (
     resolve_linear_kernel,
 )
 from harness.target.timing import (
-    matmul_peak_gflops,
+    matmul_peak,
     read_bandwidth_gbs,
     streamed_weight_bytes,
     verify_cost_curve,
@@ -605,9 +605,9 @@ def main(argv=None) -> int:
     profile = verify_cost_curve(backend, items[0][1], max_rows=max(args.tree_nodes, 16))
     t_of_n = profile["t_ms"]
     try:
-        peak_gflops = matmul_peak_gflops(backend.device, dtype)
+        peak = matmul_peak(backend.device, dtype)
     except (RuntimeError, ValueError) as exc:  # no room for the product (torch.cuda.OutOfMemoryError is one)
-        peak_gflops = None
+        peak = None
         print(f"prompt_lookup_vs_hf: note: no roofline: {str(exc).splitlines()[0]}", file=sys.stderr)
     args.tree_depth = args.tree_depth or args.num_tokens
 
@@ -732,9 +732,10 @@ def main(argv=None) -> int:
             {1 + r: ms for r, ms in zip(profile["measured_rows"], profile["measured_ms"], strict=True)},
             prefix_len=profile["prefix_len"],
             bandwidth_gbs=bandwidth,
-            peak_gflops=peak_gflops,
+            peak_gflops=peak["gflops"],
+            peak_size=peak["size"],
         )
-        if peak_gflops
+        if peak
         else None
     )
     for entry, gbs in zip(per_prompt, prompt_bandwidths(bandwidths, len(per_prompt)), strict=True):
@@ -870,9 +871,11 @@ def roofline_line(roof: dict) -> str:
     """The printout's line for the verify forward's t(n) against its roofline floor
     (:func:`harness.target.timing.verify_roofline`): how many floors each measured row count takes."""
     ratios = ", ".join(f"{n} {r:.2f}" for n, r in zip(roof["rows"], roof["t_vs_floor"], strict=True))
+    side = roof.get("matmul_peak_size")
+    size = f"{side}-square" if side else "large"
     return (
         f"verify forward t(n) in roofline floors, the larger of weights / {roof['read_bandwidth_gbs']:.1f} GB/s and "
-        f"arithmetic / {roof['matmul_peak_gflops']:.0f} GFLOP/s (this device's large matrix product) at prefix "
+        f"arithmetic / {roof['matmul_peak_gflops']:.0f} GFLOP/s (this device's {size} matrix product) at prefix "
         f"{roof['prefix_len']}: n = {ratios}; arithmetic exceeds the weights' reading from "
         f"{roof['compute_bound_from']} rows"
     )

@@ -274,6 +274,15 @@ def matmul_peak_gflops(
     is as close to the machine's peak as this process gets, so ``flops / matmul_peak_gflops`` is a
     forward's arithmetic floor in the same sense as :func:`weight_stream_floor_ms` is its reading
     floor (on a CPU with AMX torch's bf16 product runs on its tiles)."""
+    return matmul_peak(device, dtype, size=size, repeats=repeats)["gflops"]
+
+
+def matmul_peak(
+    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *, size: int | None = None, repeats: int = 5
+) -> dict:
+    """:func:`matmul_peak_gflops` with the side of the product that gave it: ``{"gflops", "size"}``.
+    A smaller product (a GPU with little free memory) runs further from the peak, so its floors
+    are looser; records keep the size beside the rate."""
     device = torch.device(device)
     if size is not None:
         n = size
@@ -293,7 +302,7 @@ def matmul_peak_gflops(
             t0 = clock.now()
             torch.matmul(a, b)
             times.append(clock.now() - t0)
-    return 2 * n**3 / statistics.median(times) / 1e9
+    return {"gflops": 2 * n**3 / statistics.median(times) / 1e9, "size": n}
 
 
 def multiplied_weight_elements(model: torch.nn.Module) -> int:
@@ -330,6 +339,7 @@ def verify_roofline(
     bandwidth_gbs: float,
     peak_gflops: float,
     batch_size: int = 1,
+    peak_size: int | None = None,
 ) -> dict:
     """Each measured verify time ``t_ms[n]`` (``n`` rows per request, the pending one included, for
     ``batch_size`` requests in one forward) against the roofline floor of its forward: the larger of
@@ -337,7 +347,9 @@ def verify_roofline(
     arithmetic, ``batch_size * n`` rows' (:func:`verify_flops`), at ``peak_gflops``
     (:func:`matmul_peak_gflops`). ``t_vs_floor`` is how many floors each forward takes;
     ``compute_bound_from`` the fewest rows per request whose arithmetic floor exceeds the reading
-    floor, computed from the two rates whether or not a forward that large was measured."""
+    floor, computed from the two rates whether or not a forward that large was measured.
+    ``peak_size``, the side of the product that measured ``peak_gflops`` (:func:`matmul_peak`), is
+    kept beside it (None where not given)."""
     if bandwidth_gbs <= 0 or peak_gflops <= 0 or batch_size < 1:
         raise ValueError(
             f"need a positive bandwidth, peak and batch size; got {bandwidth_gbs}, {peak_gflops}, {batch_size}"
@@ -353,6 +365,7 @@ def verify_roofline(
         "batch_size": batch_size,
         "read_bandwidth_gbs": bandwidth_gbs,
         "matmul_peak_gflops": peak_gflops,
+        "matmul_peak_size": peak_size,
         "weight_stream_floor_ms": stream,
         "rows": ns,
         "t_ms": [float(t_ms[n]) for n in ns],
@@ -363,7 +376,9 @@ def verify_roofline(
     }
 
 
-def profile_roofline(model: torch.nn.Module, t_profile: dict, *, bandwidth_gbs: float, peak_gflops: float) -> dict:
+def profile_roofline(
+    model: torch.nn.Module, t_profile: dict, *, bandwidth_gbs: float, peak_gflops: float, peak_size: int | None = None
+) -> dict:
     """A run's t(n) profile (``{"n": [...], "t": [...]}``, with its ``batch_size`` and ``prefix_len``
     where it knows them: 1 and 0 where not) with each point's roofline floor added: ``floor_ms``,
     ``t_vs_floor`` and the floors' inputs under ``roofline`` (:func:`verify_roofline`)."""
@@ -374,10 +389,18 @@ def profile_roofline(model: torch.nn.Module, t_profile: dict, *, bandwidth_gbs: 
         bandwidth_gbs=bandwidth_gbs,
         peak_gflops=peak_gflops,
         batch_size=int(t_profile.get("batch_size") or 1),
+        peak_size=peak_size,
     )
     floor_of = dict(zip(roof["rows"], roof["floor_ms"], strict=True))
     floors = [floor_of[int(n)] for n in t_profile["n"]]
-    keys = ("prefix_len", "batch_size", "read_bandwidth_gbs", "matmul_peak_gflops", "weight_stream_floor_ms")
+    keys = (
+        "prefix_len",
+        "batch_size",
+        "read_bandwidth_gbs",
+        "matmul_peak_gflops",
+        "matmul_peak_size",
+        "weight_stream_floor_ms",
+    )
     return {
         **t_profile,
         "floor_ms": floors,
