@@ -5,9 +5,10 @@ an order rotated per round; the KV cache is the harness's default preallocated o
 ``KERNEL+dynamic`` also switches the model to transformers' DynamicCache,
 ``model.static_cache=false``, and ``KERNEL+fused`` runs the decoder layers as native calls,
 ``model.fused_layers=true``; every other variant runs transformers' layers) and times the backend's
-own verify forward at each n with :func:`harness.target.timing.verify_times`, as a chain (the causal
-path) and as a branching tree (the masked path). Interleaving kernels within one process keeps this
-machine's drift between sittings out of the comparison. Writes ``kernel_ab.md`` (median ms per
+own verify forward at each n with :func:`harness.target.timing.verify_times_by_shape`, as a chain
+(the causal path) and as a branching tree (the masked path), the shapes of each n back to back.
+Interleaving kernels within one process keeps this machine's drift between sittings out of the
+comparison. Writes ``kernel_ab.md`` (median ms per
 kernel, shape and n, with t(n)/t(1) and each kernel's ratio to the first) and ``kernel_ab.json``
 into ``--out``.
 
@@ -44,7 +45,7 @@ from harness.target.options import (
     linear_kernel_problem,
     static_cache_of,
 )
-from harness.target.timing import synthetic_prefix, verify_times
+from harness.target.timing import synthetic_prefix, verify_times_by_shape
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
 
@@ -136,11 +137,11 @@ def main(argv: list[str] | None = None) -> int:
                 fused[kernel] = apply_fused_layers(loaded.model, variant(kernel)[2])
                 resolved[kernel] = sorted(linear_kernel_of(loaded.model))
                 caches[kernel] = static_cache_of(loaded.model)
-                for shape in args.shapes:
-                    got = verify_times(
-                        backend, prefix_ids=prefix, ns=args.ns, shape=shape, warmup=1, repeats=args.repeats
-                    )
-                    for n, v in got.items():
+                got = verify_times_by_shape(  # the shapes of each size back to back
+                    backend, prefix_ids=prefix, ns=args.ns, shapes=args.shapes, warmup=1, repeats=args.repeats
+                )
+                for shape, by_n in got.items():
+                    for n, v in by_n.items():
                         samples[kernel][shape][n].extend(v)
                     bar.update()
                 if args.decode_tokens:

@@ -5,8 +5,9 @@
 For each attention implementation (transformers' stock ``sdpa`` with the harness's dense additive
 mask, and ``harness_sdpa``, the harness's tree attention) the embedded SmolLM2 is loaded once; for
 each prefix length the chain (the causal path, no mask) and the binary-heap tree of n rows (pending
-row included) are timed by :func:`harness.target.timing.verify_times` (rotated order, warm-up
-excluded, median of ``--repeats``). Prints one table per implementation: ms and tree/chain.
+row included) are timed by :func:`harness.target.timing.verify_times_by_shape` (chain and tree of
+each size back to back, rotated order, warm-up excluded, median of ``--repeats``). Prints one
+table per implementation: ms and tree/chain.
 Run it with the machine to itself.
 """
 
@@ -22,7 +23,7 @@ import torch
 
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import load_model
-from harness.target.timing import synthetic_prefix, verify_times
+from harness.target.timing import synthetic_prefix, verify_times_by_shape
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,10 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         backend = CausalLMBackend(load_model(name="smollm2", dtype=args.dtype, attn_implementation=attn).model)
         for prefix_len in args.prefixes:
             prefix = synthetic_prefix(prefix_len + 1, backend.vocab_size)
-            med = {}
-            for shape in ("chain", "heap"):
-                samples = verify_times(backend, prefix_ids=prefix, ns=args.ns, shape=shape, repeats=args.repeats)
-                med[shape] = {n: statistics.median(v) for n, v in samples.items()}
+            got = verify_times_by_shape(
+                backend, prefix_ids=prefix, ns=args.ns, shapes=("chain", "heap"), repeats=args.repeats
+            )
+            med = {shape: {n: statistics.median(v) for n, v in by_n.items()} for shape, by_n in got.items()}
             for n in args.ns:
                 row = {
                     "attn": attn,

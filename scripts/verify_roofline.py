@@ -8,8 +8,9 @@ Sets the model up as the prompt-lookup benchmark does on CPU (the linear kernel 
 preallocated cache, fused decoder layers where they apply) and, for ``--rounds`` rounds, samples the
 read bandwidth (:func:`harness.target.timing.read_bandwidth_gbs`), the rate of torch's large matrix
 product in the model's dtype (:func:`harness.target.timing.matmul_peak_gflops`), and one verify
-forward of every row count, as a chain and as a binary-heap tree (``--repeats`` each, in a rotated
-order), over a ``--prefix``-token cached prefix. Each row count's median, per shape, is set against
+forward of every row count, as a chain and as a binary-heap tree back to back (``--repeats`` each,
+in a rotated order: :func:`harness.target.timing.verify_times_by_shape`), over a ``--prefix``-token
+cached prefix. Each row count's median, per shape, is set against
 the forward's roofline floor at the medians of the bandwidth and rate samples
 (:func:`harness.target.timing.verify_roofline`: the larger of reading the weights once and the
 forward's least arithmetic). Writes ``roofline.json``, ``roofline.md`` (the table) and
@@ -38,7 +39,7 @@ from harness.target.timing import (
     read_bandwidth_gbs,
     synthetic_prefix,
     verify_roofline,
-    verify_times,
+    verify_times_by_shape,
 )
 
 ROWS = (1, 2, 4, 8, 12, 16, 17, 24, 32, 33, 48, 64)
@@ -122,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         bandwidths.append(read_bandwidth_gbs())
         peak = matmul_peak("cpu", dtype)
         peaks.append(peak["gflops"])
-        for shape in TIMING_SHAPES:
-            got = verify_times(
-                backend, prefix_ids=prefix, ns=ns, shape=shape, warmup=1 if r == 0 else 0, repeats=args.repeats
-            )
-            for n, v in got.items():
+        got = verify_times_by_shape(  # chain and tree of each size back to back
+            backend, prefix_ids=prefix, ns=ns, shapes=TIMING_SHAPES, warmup=1 if r == 0 else 0, repeats=args.repeats
+        )
+        for shape, by_n in got.items():
+            for n, v in by_n.items():
                 samples[shape][n].extend(v)
     bandwidth = statistics.median(bandwidths)
     result = {

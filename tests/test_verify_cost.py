@@ -60,6 +60,46 @@ def test_one_round_calls_rotate_the_order_by_the_callers_count(tiny_model, monke
     assert order == [0, 1, 2, 1, 2, 0, 2, 0, 1]
 
 
+def test_shapes_timed_together_run_each_size_back_to_back_and_take_turns_going_first(tiny_model, monkeypatch):
+    import harness.target.timing as timing
+
+    order, prefills = [], []
+    monkeypatch.setattr(
+        timing,
+        "timed_verify_ms",
+        lambda b, s, *, pending, tree, clock: (
+            order.append(
+                (0, "-") if tree is None else (tree.num_rows, "chain" if tree.num_rows == 1 or _chain(tree) else "heap")
+            )
+            or 1.0
+        ),
+    )
+    backend = CausalLMBackend(tiny_model)
+    real_prefill = backend.prefill
+    monkeypatch.setattr(backend, "prefill", lambda ids: prefills.append(len(ids)) or real_prefill(ids))
+    got = timing.verify_times_by_shape(
+        backend, prefix_ids=list(range(3, 20)), ns=[3, 4], shapes=("chain", "heap"), warmup=1, repeats=2
+    )
+    assert prefills == [1]  # one cache for every shape
+    # round 0 (warm-up): 3 then 4, chain first; round 1: 4 then 3, heap first; round 2: as round 0
+    assert order == [
+        (2, "chain"), (2, "heap"), (3, "chain"), (3, "heap"),
+        (3, "heap"), (3, "chain"), (2, "heap"), (2, "chain"),
+        (2, "chain"), (2, "heap"), (3, "chain"), (3, "heap"),
+    ]  # fmt: skip
+    assert {s: {n: len(v) for n, v in by_n.items()} for s, by_n in got.items()} == {
+        "chain": {3: 2, 4: 2},
+        "heap": {3: 2, 4: 2},
+    }  # warm-up left out
+    with pytest.raises(ValueError, match="a shape"):
+        timing.verify_times_by_shape(backend, prefix_ids=list(range(3, 20)), ns=[1], shapes=())
+
+
+def _chain(tree) -> bool:
+    """Whether a compiled tree's candidate rows form one chain (each row's parent the row before it)."""
+    return all(p == k - 1 for k, p in enumerate(tree.parents.tolist()))
+
+
 def test_the_regimes_script_splits_sweeps_by_bandwidth_quartile():
     script = load_script("verify_cost_regimes")
     # a slow state (20 GB/s: one row 15 ms, rows nearly free) and a fast one (60 GB/s: 10 ms, rows cost)

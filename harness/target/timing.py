@@ -93,25 +93,62 @@ def verify_times(
     Each round times every size once, in an order rotated per round so that no size always runs
     first (round ``r`` starts at the ``(r + rotation)``-th size: a caller repeating one-round calls
     passes its count); the first ``warmup`` rounds are excluded."""
-    if batch_size < 1 or repeats < 1 or warmup < 0 or not ns or min(ns) < 1:
+    return verify_times_by_shape(
+        backend,
+        prefix_ids=prefix_ids,
+        ns=ns,
+        shapes=(shape,),
+        batch_size=batch_size,
+        warmup=warmup,
+        repeats=repeats,
+        rotation=rotation,
+    )[shape]
+
+
+@torch.inference_mode()
+def verify_times_by_shape(
+    backend: CausalLMBackend,
+    *,
+    prefix_ids: Sequence[int],
+    ns: Sequence[int],
+    shapes: Sequence[str],
+    batch_size: int = 1,
+    warmup: int = 1,
+    repeats: int = 5,
+    rotation: int = 0,
+) -> dict[str, dict[int, list[float]]]:
+    """:func:`verify_times` for several tree shapes at once, interleaved: each round times every
+    size, and every shape of it back to back (the shapes' order reversed every other round), over
+    one prefilled cache. Shapes compared this way meet the same machine state: timed one shape after
+    the other, the same forward (one row, which is the same for every shape) came out 5-8% apart on
+    a CPU whose last-level cache holds most of a small model's weights, depending on what ran
+    before it."""
+    if batch_size < 1 or repeats < 1 or warmup < 0 or not ns or min(ns) < 1 or not shapes:
         raise ValueError(
-            f"need batch_size >= 1, repeats >= 1, warmup >= 0 and sizes >= 1; got "
-            f"{batch_size}, {repeats}, {warmup}, {list(ns)}"
+            f"need batch_size >= 1, repeats >= 1, warmup >= 0, sizes >= 1 and a shape; got "
+            f"{batch_size}, {repeats}, {warmup}, {list(ns)}, {list(shapes)}"
         )
     prefix = [int(t) for t in prefix_ids]
     if len(prefix) < 2:
         raise ValueError(f"a timing prefix needs >= 2 tokens; got {len(prefix)}")
     clock = StageClock(backend.device)
     sizes = sorted({int(n) for n in ns})
-    trees = {n: timing_tree(n - 1, prefix_len=len(prefix), vocab=backend.vocab_size, shape=shape) for n in sizes}
+    kinds = list(dict.fromkeys(shapes))
+    trees = {
+        (sh, n): timing_tree(n - 1, prefix_len=len(prefix), vocab=backend.vocab_size, shape=sh)
+        for sh in kinds
+        for n in sizes
+    }
     state = backend.prefill([prefix] * batch_size)
-    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    samples: dict[str, dict[int, list[float]]] = {sh: {n: [] for n in sizes} for sh in kinds}
     for r in range(warmup + repeats):
         k = (r + rotation) % len(sizes)
+        order = kinds if r % 2 == 0 else kinds[::-1]
         for n in sizes[k:] + sizes[:k]:
-            dt = timed_verify_ms(backend, state, pending=prefix[-1], tree=trees[n], clock=clock)
-            if r >= warmup:
-                samples[n].append(dt)
+            for sh in order:
+                dt = timed_verify_ms(backend, state, pending=prefix[-1], tree=trees[sh, n], clock=clock)
+                if r >= warmup:
+                    samples[sh][n].append(dt)
     return samples
 
 
