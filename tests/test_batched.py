@@ -472,3 +472,21 @@ def test_the_partial_batch_note_speaks_only_of_a_last_batch_short_of_batch_size(
         "with the others (metrics.batch_requests)"
     )
     assert partial_batch_note(8, 4) is None and partial_batch_note(3, 1) is None
+
+
+def test_the_stage_clock_waits_for_every_accelerator_it_can_run_on(monkeypatch):
+    import harness.measure.ledger as ledger
+
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(("cuda", str(device))))
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: waited.append(("mps", None)))
+    monkeypatch.setattr(torch.xpu, "synchronize", lambda device=None: waited.append(("xpu", str(device))))
+    assert ledger.StageClock("cpu").sync is None  # a CPU's work is done when its calls return
+    for device in ("cuda:1", "mps", "xpu:0"):
+        clock = ledger.StageClock(device)
+        with clock.stage("verify"):
+            pass
+    # each boundary waits for that device (not the current one)
+    assert waited == [("cuda", "cuda:1")] * 2 + [("mps", None)] * 2 + [("xpu", "xpu:0")] * 2
+    with pytest.raises(ValueError, match="no way to wait for meta work"):
+        ledger.StageClock("meta")

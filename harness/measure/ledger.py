@@ -14,18 +14,34 @@ import torch
 STAGES = ("proposal", "retrieval", "packing", "target_verify", "selection", "temporary_state")
 
 
+def device_synchronizer(device: torch.device):
+    """A call that waits for ``device``'s queued work (that device, not the current one), or None on
+    a CPU, whose work is done when its calls return."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if device.type == "mps":
+        return torch.mps.synchronize  # one MPS device
+    if device.type == "xpu":
+        return lambda: torch.xpu.synchronize(device)
+    if device.type == "cpu":
+        return None
+    raise ValueError(f"no way to wait for {device.type} work; devices: cpu, cuda, mps, xpu")
+
+
 class StageClock:
-    """Wall-clock stage timer. On CUDA it synchronises the device at each stage boundary so a
-    stage's time includes the kernels it launched (CUDA events would need the same sync to read)."""
+    """Wall-clock stage timer. On an accelerator (CUDA, Apple's MPS, Intel's XPU) it synchronises
+    the device at each stage boundary so a stage's time includes the kernels it launched (CUDA events
+    would need the same sync to read); on a CPU the work is done when the call returns."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        self.sync = device_synchronizer(self.device)
         self.times: dict[str, float] = {}
 
     def now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)  # that device, not the current one
+        if self.sync is not None:
+            self.sync()
         return time.perf_counter()
 
     @contextmanager
