@@ -120,9 +120,8 @@ def verify_times_by_shape(
     """:func:`verify_times` for several tree shapes at once, interleaved: each round times every
     size, and every shape of it back to back (the shapes' order reversed every other round), over
     one prefilled cache. Shapes compared this way meet the same machine state: timed one shape after
-    the other, the same forward (one row, which is the same for every shape) came out 5-8% apart on
-    a CPU whose last-level cache holds most of a small model's weights, depending on what ran
-    before it."""
+    the other, each over its own prefill, the one-row forward (the same forward for every shape) came
+    out 4.5-8% apart on a CPU whose last-level cache holds most of a small model's weights."""
     if batch_size < 1 or repeats < 1 or warmup < 0 or not ns or min(ns) < 1 or not shapes:
         raise ValueError(
             f"need batch_size >= 1, repeats >= 1, warmup >= 0, sizes >= 1 and a shape; got "
