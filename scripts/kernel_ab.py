@@ -8,9 +8,8 @@ an order rotated per round; the KV cache is the harness's default preallocated o
 own verify forward at each n with :func:`harness.target.timing.verify_times_by_shape`, as a chain
 (the causal path) and as a branching tree (the masked path), the shapes of each n back to back.
 Interleaving kernels within one process keeps this machine's drift between sittings out of the
-comparison. Writes ``kernel_ab.md`` (median ms per
-kernel, shape and n, with t(n)/t(1) and each kernel's ratio to the first) and ``kernel_ab.json``
-into ``--out``.
+comparison. Writes ``kernel_ab.md`` (median ms per kernel, shape and n, with t(n)/t(1) and each
+kernel's ratio to the first) and ``kernel_ab.json`` into ``--out``.
 
     .venv/bin/python scripts/kernel_ab.py --out results/kernel_ab                      # SmolLM2, ~5 min
     .venv/bin/python scripts/kernel_ab.py --model tiny --rounds 1 --repeats 1 --out /tmp/ab  # smoke

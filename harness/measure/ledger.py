@@ -35,7 +35,6 @@ class StageClock:
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
         self.sync = device_synchronizer(self.device)
         self.times: dict[str, float] = {}
 
