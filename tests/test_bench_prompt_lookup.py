@@ -340,3 +340,14 @@ def test_a_ratio_is_the_product_of_its_tokens_per_round_and_its_round_cost():
         arm, base = key.split("_vs_")
         assert part["tokens_per_round"] * part["round_cost"] == pytest.approx(per_tok[base] / per_tok[arm])
     assert "ours_tree_vs_hf_pld" not in parts and "ours_adaptive_vs_hf_ar" not in parts  # no rounds, no arm
+
+
+def test_the_benchmarks_adaptive_arm_is_set_up_as_the_default_experiment():
+    from harness.config import compose
+
+    cfg = compose(["experiment=default"])
+    args = bench.build_parser().parse_args([])
+    assert args.tree_nodes == cfg.topology.max_nodes and args.tree_depth == cfg.topology.max_depth
+    assert args.tree_matches == cfg.proposer.max_matches and args.ngram == cfg.proposer.max_ngram
+    assert args.history_tokens == cfg.proposer.history_tokens
+    assert args.tree_depth == bench.DEFAULT_TREE_DEPTH != args.num_tokens  # our depth, apart from transformers' K

@@ -141,6 +141,8 @@ from harness.workloads.corpora import SPLITS
 from harness.workloads.prompts import Prompt, WorkloadError, load_workload
 
 WORKLOADS = ("humaneval", "chat", "copy")
+#: the tree arms' max depth by default: the default experiment's topology.max_depth
+DEFAULT_TREE_DEPTH = 16
 COPY_MIN_CHARS = 400
 ARMS = (
     "ours_ar",
@@ -429,7 +431,8 @@ def bench_retriever(spec: str, workload: str, tokenizer, items, nodes: int, dept
     return retriever
 
 
-def main(argv=None) -> int:
+def build_parser() -> _Parser:
+    """The benchmark's arguments (its defaults for our tree arms are the default experiment's)."""
     ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=at_least(1), default=10)
     ap.add_argument("--split", default="eval", choices=SPLITS)
@@ -439,7 +442,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tree-nodes", type=at_least(1), default=16, help="candidate-row budget of the tree arms")
     ap.add_argument("--tree-matches", type=at_least(1), default=8)
     ap.add_argument(
-        "--tree-depth", type=at_least(1), default=None, help="the tree arms' max depth (default: --num-tokens)"
+        "--tree-depth",
+        type=at_least(1),
+        default=DEFAULT_TREE_DEPTH,
+        help=f"the tree arms' max depth (default {DEFAULT_TREE_DEPTH}: the default experiment's topology.max_depth)",
     )
     ap.add_argument(
         "--history-tokens",
@@ -505,6 +511,11 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--overwrite", action="store_true", help="replace an --out file that is not a result of this command"
     )
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.arms is None:
         args.arms = [a for a in ARMS if a != DATASTORE_ARM or args.datastore != "none"]
@@ -596,7 +607,7 @@ def main(argv=None) -> int:
     retriever = None
     if DATASTORE_ARM in args.arms:
         try:
-            depth = args.tree_depth or args.num_tokens
+            depth = args.tree_depth
             retriever = bench_retriever(args.datastore, args.workload, tok, items, tree_nodes, depth)
         except ValueError as exc:  # a datastore refused (DatastoreError), or a prompt it leaks (LeakageError)
             print(f"prompt_lookup_vs_hf: --datastore {args.datastore}: {exc}", file=sys.stderr)
@@ -609,7 +620,6 @@ def main(argv=None) -> int:
     except (RuntimeError, ValueError) as exc:  # no room for the product (torch.cuda.OutOfMemoryError is one)
         peak = None
         print(f"prompt_lookup_vs_hf: note: no roofline: {str(exc).splitlines()[0]}", file=sys.stderr)
-    args.tree_depth = args.tree_depth or args.num_tokens
 
     def ours(proposer, ids, new):
         rc = RoundConfig(max_nodes=proposer.budget.max_nodes, max_depth=proposer.budget.max_depth)
