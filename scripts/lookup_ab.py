@@ -87,8 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", default="eval")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--nodes", type=int, default=16)
-    ap.add_argument("--depths", nargs="+", type=int, default=[10], help="the current proposer's max depths")
-    ap.add_argument("--num-tokens", type=int, default=10, help="K of transformers' lookup and the baseline's depth")
+    ap.add_argument(
+        "--depths",
+        nargs="+",
+        type=int,
+        default=[16],
+        help="the current proposer's max depths (the default experiment's: 16)",
+    )
+    ap.add_argument("--baseline-depth", type=int, default=16, help="the baseline proposer's max depth")
+    ap.add_argument("--num-tokens", type=int, default=10, help="K of transformers' lookup")
     ap.add_argument("--ngram", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--history-tokens", type=int, default=65536, help="proposer.history_tokens of our arms")
@@ -143,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     proposers = {
         "ours_ar": NullProposer(budget=Budget("sequence", 1, 1), manifest_hash="ab"),
-        "baseline": adaptive(baseline.PromptLookupProposer, args.num_tokens),
+        "baseline": adaptive(baseline.PromptLookupProposer, args.baseline_depth),
         **{
             f"current_d{d}{'_tails' if tails == 'true' else ''}": adaptive(
                 PromptLookupProposer, d, rejected_tails=tails == "true"
@@ -246,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         "baseline_commit": subprocess.run(
             ["git", "rev-parse", args.baseline_rev], cwd=REPO, capture_output=True, text=True
         ).stdout.strip(),
+        "baseline_depth": args.baseline_depth,
+        "depths": args.depths,
+        "K": args.num_tokens,
         "history_tokens": args.history_tokens,
         "rejected_tails": args.rejected_tails,
         "workload": args.workload,
