@@ -27,7 +27,8 @@ were added (``--t-from ... --only tail log_tail_run``) without moving the probab
 row.
 
 The lookup settings (``--ngram``, ``--max-depth``, ``--max-matches``, ``--rows``) default to the
-default experiment's (a tree of up to 4 x ``topology.max_nodes`` rows before the adaptive choice).
+default experiment's (a tree of up to 4 x ``topology.max_nodes`` rows before the adaptive choice;
+the committed constants were fitted with ``--max-depth 10``, the default experiment's depth then).
 Bad input (a missing or malformed file, a set without records, no rows to fit, a ``--t-from``
 without a usable ``t_of_n_ms``) ends with one line and exit status 2.
 """
@@ -56,7 +57,7 @@ from harness.proposers.prompt_lookup import (
 
 
 def observations(
-    records: Sequence[dict], *, max_ngram: int = 2, max_depth: int = 10, max_matches: int = 8, limit: int = 64
+    records: Sequence[dict], *, max_ngram: int = 2, max_depth: int = 16, max_matches: int = 8, limit: int = 64
 ) -> tuple[np.ndarray, np.ndarray]:
     """(raw features ``[N, F]``, accepted ``[N]``) of every tried row at every output position of
     ``records`` (``{"prompt": ids, "out": ids}``), the earlier records' outputs as history."""
@@ -98,7 +99,7 @@ def round_observations(
     t_ms: Sequence[float],
     *,
     max_ngram: int = 2,
-    max_depth: int = 10,
+    max_depth: int = 16,
     max_matches: int = 8,
     nodes: int = 16,
     rejected_tails: bool = True,
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", nargs="+", help="the sets to fit on (default: every set whose name ends in /dev)")
     ap.add_argument("--l2", type=float, default=1e-3, help="the L2 penalty on the standardised weights (>= 0)")
     ap.add_argument("--ngram", type=int, default=2, help="max_ngram of the matches")
-    ap.add_argument("--max-depth", type=int, default=10)
+    ap.add_argument("--max-depth", type=int, default=16)
     ap.add_argument("--max-matches", type=int, default=8)
     ap.add_argument("--rows", type=int, default=64, help="the candidate tree's row limit")
     ap.add_argument(

@@ -797,7 +797,12 @@ def test_the_acceptance_fit_observes_tried_rows_and_recovers_a_known_law(tmp_pat
     assert result["fit_sets"] == ["code/dev"] and result["features"] == list(AcceptanceModel.FEATURES)
     assert result["sets"]["code/eval"]["fitted_on"] is False and result["sets"]["code/dev"]["rows"] > 0
     assert "WEIGHTS: ClassVar" in capsys.readouterr().out
-    assert result["settings"] == {"max_ngram": 2, "max_depth": 10, "max_matches": 8, "rows": 64}
+    assert result["settings"] == {
+        "max_ngram": 2,
+        "max_depth": 16,
+        "max_matches": 8,
+        "rows": 64,
+    }  # the default experiment's
     # the rounds a run sees: the proposer replayed on a cost curve, rejected tails among its rows. After
     # the prefill's 1, the prompt's 1 proposes 2 3 4 5 6 9 1; the target writes 7, and the tail
     # 3 4 5 6 9 1 of that candidate is tried in the next round (its first four rows accepted)
