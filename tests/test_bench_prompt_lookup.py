@@ -351,3 +351,15 @@ def test_the_benchmarks_adaptive_arm_is_set_up_as_the_default_experiment():
     assert args.tree_matches == cfg.proposer.max_matches and args.ngram == cfg.proposer.max_ngram
     assert args.history_tokens == cfg.proposer.history_tokens
     assert args.tree_depth == bench.DEFAULT_TREE_DEPTH != args.num_tokens  # our depth, apart from transformers' K
+
+
+def test_the_default_cpu_options_set_up_a_cpu_model_and_refuse_one_elsewhere():
+    from harness.bench.target import apply_default_cpu_options
+    from harness.target.loading import build_tiny_model
+    from harness.target.options import linear_kernel_of, static_cache_of
+
+    model = apply_default_cpu_options(build_tiny_model())
+    assert static_cache_of(model) is True and linear_kernel_of(model)  # the preallocated cache, a resolved kernel
+    meta = build_tiny_model().to("meta")  # any device but a CPU
+    with pytest.raises(ValueError, match="default CPU options are for a CPU model; this one is on meta"):
+        apply_default_cpu_options(meta)

@@ -15,8 +15,12 @@ from harness.target.options import apply_linear_kernel, apply_static_cache, reso
 
 def apply_default_cpu_options(model: torch.nn.Module) -> torch.nn.Module:
     """The benchmark's default options on a CPU model, in its dtype: the linear kernel ``auto``, the
-    preallocated cache, and fused decoder layers where they apply."""
-    torch_dtype = next(model.parameters()).dtype
+    preallocated cache, and fused decoder layers where they apply. A model on another device is
+    refused (``ValueError``): these options resolve as they do on a CPU."""
+    param = next(model.parameters())
+    if param.device.type != "cpu":
+        raise ValueError(f"the benchmark's default CPU options are for a CPU model; this one is on {param.device}")
+    torch_dtype = param.dtype
     apply_linear_kernel(model, "auto")
     apply_static_cache(model, True)
     kernel = resolve_linear_kernel("auto", torch_dtype, "cpu")
