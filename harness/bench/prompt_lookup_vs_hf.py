@@ -607,8 +607,7 @@ def main(argv=None) -> int:
     retriever = None
     if DATASTORE_ARM in args.arms:
         try:
-            depth = args.tree_depth
-            retriever = bench_retriever(args.datastore, args.workload, tok, items, tree_nodes, depth)
+            retriever = bench_retriever(args.datastore, args.workload, tok, items, tree_nodes, args.tree_depth)
         except ValueError as exc:  # a datastore refused (DatastoreError), or a prompt it leaks (LeakageError)
             print(f"prompt_lookup_vs_hf: --datastore {args.datastore}: {exc}", file=sys.stderr)
             return 2

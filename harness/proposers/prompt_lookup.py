@@ -454,7 +454,8 @@ class AcceptanceModel:
     The constants are SmolLM2's on the dev splits of HumanEval, ShareGPT and the copy-heavy prompts
     (``scripts/lookup_acceptance_fit.py``, which prints them), with ``max_ngram`` 2, 8 matches,
     depth 10 and trees of up to 64 rows before the choice (the default experiment's settings but its
-    depth, now 16, whose deeper rows the effective context already describes): the
+    depth, 16: rows deeper than 10 are scored through their effective context by constants fitted
+    without them): the
     first seven at every output position; the two tail terms, unstandardised, on every round of
     the proposer with rejected tails on, replayed on a measured t(n), the first seven held
     (``--t-from ... --only tail log_tail_run``), so a row that is not a tail has the probability it
