@@ -354,50 +354,54 @@ def candidate_tree(
     continuations."""
     prefixes: list[tuple[int, ...]] = []
     parents: list[int] = []
-    cols: list[tuple[int, int, int, bool, int, int]] = []  # (depth, context, rank, history, kind, run) per row
-    support: list[int] = []
+    depth: list[int] = []
+    context_of: list[int] = []
+    rank: list[int] = []  # a row's place among its siblings
+    history: list[bool] = []
     kind_of: list[int] = []  # 0: a match made the row, 1: a tail, 2: a retrieved continuation
-    index: dict[tuple[int, ...], int] = {}
-    children: dict[int, int] = {}
+    run_of: list[int] = []
+    support: list[int] = []
+    child: dict[tuple[int, int], int] = {}  # (parent row, token) -> row
+    children: dict[int, int] = {}  # parent row -> its children so far
     sources = [(c, cont, h, 0, 0) for c, cont, h in matches] + [(c, t, h, 1, r) for c, t, h, r in tails]
     sources += [(c, cont, False, 2, 0) for c, cont in retrieved]
     for context, cont, in_history, kind, run in sources:
-        parent, prefix = -1, ()
-        for tok in cont.tolist() if isinstance(cont, np.ndarray) else cont:
-            prefix += (tok,)
-            node = index.get(prefix)
+        parent = -1
+        for d, tok in enumerate(cont.tolist() if isinstance(cont, np.ndarray) else cont, start=1):
+            node = child.get((parent, tok))
             if node is None:
                 if len(prefixes) >= limit:
                     break
-                node = index[prefix] = len(prefixes)
-                rank = children.get(parent, 0)
-                children[parent] = rank + 1
-                prefixes.append(prefix)
+                node = child[parent, tok] = len(prefixes)
+                sibling = children.get(parent, 0)
+                children[parent] = sibling + 1
+                prefixes.append(prefixes[parent] + (tok,) if parent >= 0 else (tok,))
                 parents.append(parent)
-                cols.append((len(prefix), context, rank, in_history, kind, run))
+                depth.append(d)
+                context_of.append(context)
+                rank.append(sibling)
+                history.append(in_history)
                 kind_of.append(kind)
-                support.append(0)
-            if kind_of[node] == kind:
+                run_of.append(run)
+                support.append(1)
+            elif kind_of[node] == kind:
                 support[node] += 1
             parent = node
     parent_arr = np.asarray(parents, dtype=np.int64)
     support_arr = np.asarray(support, dtype=np.int64)
-    if cols:
-        depth, context, rank, history, kind, tail_run = (np.asarray(c) for c in zip(*cols))
-    else:
-        depth, context, rank, history, kind, tail_run = (np.empty(0, np.int64),) * 6
+    kind = np.asarray(kind_of, dtype=np.int64)
     roots = np.asarray([len(matches), len(tails), len(retrieved)], dtype=np.int64)
     return CandidateTree(
         prefixes=tuple(prefixes),
         parents=parent_arr,
-        depth=depth.astype(np.int64),
-        context=context.astype(np.int64),
-        rank=rank.astype(np.int64),
-        history=history.astype(bool),
+        depth=np.asarray(depth, dtype=np.int64),
+        context=np.asarray(context_of, dtype=np.int64),
+        rank=np.asarray(rank, dtype=np.int64),
+        history=np.asarray(history, dtype=bool),
         support=support_arr,
-        parent_support=np.where(parent_arr >= 0, support_arr[np.maximum(parent_arr, 0)], roots[kind.astype(np.int64)]),
+        parent_support=np.where(parent_arr >= 0, support_arr[np.maximum(parent_arr, 0)], roots[kind]),
         tail=kind == 1,
-        tail_run=tail_run.astype(np.int64),
+        tail_run=np.asarray(run_of, dtype=np.int64),
         datastore=kind == 2,
     )
 
@@ -903,9 +907,10 @@ class PromptLookupProposer(Proposer):
 
     def _choose_rows(self, parents: np.ndarray, rate: np.ndarray) -> list[int]:
         """Rows in descending reach order; the count minimising predicted time per token."""
-        reach = np.empty(len(parents))
-        for i, p in enumerate(parents.tolist()):
-            reach[i] = (1.0 if p < 0 else reach[p]) * rate[i]
+        reach_of: list[float] = []  # in Python floats: a loop over NumPy scalars costs more
+        for p, r in zip(parents.tolist(), rate.tolist(), strict=True):
+            reach_of.append(r if p < 0 else reach_of[p] * r)
+        reach = np.asarray(reach_of, dtype=np.float64)
         order = np.argsort(-reach, kind="stable")  # a parent (earlier, reach >=) precedes its children
         cap = min(len(order), self.budget.max_nodes)
         expected = 1.0 + np.concatenate([[0.0], np.cumsum(reach[order[:cap]])])  # k = 0..cap
