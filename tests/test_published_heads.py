@@ -548,6 +548,27 @@ def test_hydra_prefix_layer_with_other_rotary_frequencies_is_refused(tmp_path, t
         inspect(str(bad), "hydra")
 
 
+@pytest.mark.parametrize("saved", [torch.float16, torch.bfloat16])
+def test_hydra_prefix_bank_saved_in_half_precision_loads_and_keeps_float32_rotary(tmp_path, target, saved):
+    """Hydra casts its heads, the prefix layer's rotary buffer included, to the base model's dtype
+    before saving: the frequencies are compared at the saved precision, and the loaded heads keep
+    float32 ones under any later cast, so their RoPE angles are the target's at long positions."""
+    state, _ = prefix_hydra(tmp_path, target)
+    half = {k: v.to(saved) for k, v in state.items()}
+    path = write_hydra(tmp_path / f"hydra-{saved}", half, config=hydra_config(3, 2, arch="prefix-mlp"))
+    art = load_configured_heads("hydra", {"artifact": str(path)}, model=target, tokenizer=None)
+    want = target.model.rotary_emb.inv_freq.float()
+    for heads in (art.heads, art.heads.to(torch.bfloat16)):
+        inv = heads.prefix_model.rotary_emb.inv_freq
+        assert inv.dtype == torch.float32
+        torch.testing.assert_close(inv, want, rtol=0, atol=0)
+    assert art.heads.to(torch.bfloat16).blocks[0][0].linear.weight.dtype == torch.bfloat16
+    half["prefix_embeding_layer.layers.0.self_attn.rotary_emb.inv_freq"] *= 1.05  # another theta, still refused
+    bad = write_hydra(tmp_path / f"bad-{saved}", half, config=hydra_config(3, 2, arch="prefix-mlp"))
+    with pytest.raises(ArtifactError, match="rotary frequencies differ"):
+        load_configured_heads("hydra", {"artifact": str(bad)}, model=target, tokenizer=None)
+
+
 # --------------------------------------------------------------------------- end to end
 
 

@@ -738,8 +738,22 @@ class PublishedHeads(nn.Module):
         else:
             self.proj = None
         self.prefix_model = None
+        self._prefix_inv_freq32: torch.Tensor | None = None
         if layout.format == "hydra-prefix-mlp":
             self.prefix_model = _prefix_model(layout, target_config)
+            self._prefix_inv_freq32 = self.prefix_model.rotary_emb.inv_freq.detach().float().clone()
+
+    def _apply(self, fn, recurse: bool = True):
+        """Casts keep the prefix layer's rotary frequencies in float32 (as a transformers model loaded
+        in a half-precision dtype keeps its own), so its RoPE angles at long positions are not
+        rounded to the heads' dtype."""
+        super()._apply(fn, recurse)
+        if self._prefix_inv_freq32 is not None:
+            rotary = self.prefix_model.rotary_emb
+            rotary.inv_freq = self._prefix_inv_freq32.to(rotary.inv_freq.device)
+            if hasattr(rotary, "original_inv_freq"):
+                rotary.original_inv_freq = self._prefix_inv_freq32.to(rotary.inv_freq.device)
+        return self
 
     # ------------------------------------------------------------------ published key names
     def published_keys(self) -> dict[str, str]:
@@ -790,8 +804,13 @@ class PublishedHeads(nn.Module):
             raise ArtifactError(f"proposer.artifact={self.layout.ref!r}: parameters left unfilled: {unfilled[:6]}")
         inv = state.get(f"{PREFIX}.layers.0.self_attn.rotary_emb.inv_freq")
         if inv is not None and self.prefix_model is not None:
-            ours = self.prefix_model.rotary_emb.inv_freq.detach().float().cpu()
-            if inv.shape != ours.shape or not torch.allclose(inv.float(), ours, rtol=1e-4, atol=1e-7):
+            # compared at the precision they were saved in: Hydra casts its heads (this buffer
+            # included) to the base model's dtype before it saves them
+            ours = self._prefix_inv_freq32.to(inv.dtype).float()
+            saved = inv.float().cpu()
+            if inv.shape != ours.shape or not torch.allclose(
+                saved, ours, rtol=max(1e-4, torch.finfo(inv.dtype).eps), atol=0
+            ):
                 raise ArtifactError(
                     f"proposer.artifact={self.layout.ref!r}: the prefix layer's rotary frequencies differ from "
                     "the target config's (rope theta or head width): the heads were trained for another base"
