@@ -257,10 +257,12 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None 
             compile_watch.stop()
             refused = isinstance(exc, (ValueError, OSError, *REFUSALS))
             tracker.fail(stage=stage, error=exc, refused=refused)
-            if stage not in ("write", "tracking") and not (stage == "gate" and isinstance(exc, GateError)):
+            failed_gate = isinstance(exc, GateError) and stage in ("gate", "measure")  # measure: greedy equality
+            if stage not in ("write", "tracking") and not failed_gate:
                 # refused (a prompt too long, leakage), failed (out of memory) or interrupted before this job
                 # wrote anything: that refutes nothing, and the earlier files go back. Not after a failed
-                # gate, whose evidence refutes an earlier record of the round
+                # gate (before measuring, or greedy equality over the measured outputs), whose evidence
+                # refutes an earlier record of the round
                 interrupted = isinstance(exc, KeyboardInterrupt)
                 if interrupted and aside is not None and (aside / RECORD_FILENAME).is_file():
                     discard_offline_run(tracker)  # the earlier record's W&B run is the arm's

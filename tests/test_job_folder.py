@@ -376,6 +376,24 @@ def test_harness_run_into_a_folder_with_a_record_moves_it_aside_and_a_failed_gat
     assert len(list((folder / PREVIOUS_DIR).iterdir())) == 2
     assert aggregate(folder).empty
 
+    # the greedy-equality gate, which runs over the measured outputs, refutes an earlier record as
+    # the gates before measuring do: it stays aside, and the folder holds no record saying it passed
+    monkeypatch.undo()
+    greedy_only = [*args[:-2], "gates.oracle=false", "gates.equivalence=false", "gates.statistical=false", args[-1]]
+    assert run_main(greedy_only) == 0
+    third = load_record(folder)
+    assert third["gates"]["greedy_equality"]["status"] == "passed"
+
+    def diverging(*a, **k):
+        raise GateError("greedy equality failed (test)")
+
+    monkeypatch.setattr(runner, "greedy_equality", diverging)
+    assert run_main(greedy_only) == 2
+    assert "harness run: refused: greedy equality failed (test)" in capsys.readouterr().err
+    assert not (folder / "record.json").exists() and not (folder / "outputs.jsonl").exists()
+    assert third["run_id"] in {load_record(p)["run_id"] for p in (folder / PREVIOUS_DIR).iterdir()}
+    assert aggregate(folder).empty
+
 
 def test_a_run_folder_that_cannot_be_created_is_refused_in_one_line(cache, capsys):
     from harness.app import run_main
