@@ -26,7 +26,7 @@ What a run carries:
   (``exact: false``), ``cpu-budget-artifact``; a job that raised is finished with exit code 1
   (W&B state *failed*) and tagged ``refused`` (a gate or contract said no) or ``failed``;
 * **summary**: every record metric under its record name, plus ``outcome``, ``gated``,
-  ``gates_passed``, ``run_id``, ``manifest_hash``;
+  ``gates_passed`` and ``gates_skipped`` (the gates' names), ``run_id``, ``manifest_hash``;
 * **history** (series a chart draws): one step per speculative round (``round/committed_tokens``,
   ``round/accepted_length``, ``round/candidate_rows``, ``round/ms`` and ``round/<stage>_ms``
   against ``round``), acceptance and reach by depth with their round counts and 95% Wilson
@@ -287,7 +287,7 @@ class Tracker:
             exact=record["exact"],
             manifest_hash=record["manifest_hash"],
             gated=record_gated(record),
-            gates_passed=all(gate_status(g) != "failed" for g in gates.values()),
+            gates_passed=sorted(n for n, g in gates.items() if gate_status(g) == "passed"),
             gates_skipped=sorted(n for n, g in gates.items() if gate_status(g) == "skipped"),
             outcome="finished",
         )
