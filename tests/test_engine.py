@@ -1029,3 +1029,33 @@ def test_a_round_cut_by_the_token_budget_keeps_its_tree_depth_and_counts_only_th
     rows = led.rounds_table()
     assert [r["tree_depth"] for r in rows] == [4, 4] and [r["candidate_rows"] for r in rows] == [4, 4]
     assert led.reached == [1, 1, 1, 0] and led.accepted_at == [1, 1, 0, 0]
+
+
+def test_what_a_proposer_learns_from_a_commit_is_proposal_time_and_its_finish_is_the_request_s(models):
+    """A proposer's work on a round's outcome (``observe_commit``: a draft catching up, an
+    acceptance model's update) lands in the next round's proposal stage, and its ``finish`` (an
+    index of the output for later requests) in the request's decode time: every cost of the
+    speculative arm is on its clock."""
+    import time
+
+    target, _, _ = models
+
+    class Slow(PromptLookupProposer):
+        commits = 0
+
+        def observe_commit(self, committed):
+            time.sleep(0.02)
+            self.commits += 1
+            super().observe_commit(committed)
+
+        def finish(self):
+            time.sleep(0.05)
+            super().finish()
+
+    prop = Slow(budget=Budget(shape="sequences", max_nodes=4, max_depth=4), manifest_hash="h")
+    res, rounds = run(target, prop, new=12)
+    n = res.ledger.rounds
+    assert n >= 2 and prop.commits == n - 1  # told of every round's commit but the last's (then finish)
+    proposal = [r["proposal"] for r in res.ledger.round_stage_ms]
+    assert proposal[0] < 20 and all(ms >= 20 for ms in proposal[1:]), proposal
+    assert res.decode_ms >= sum(res.ledger.round_ms) + 50

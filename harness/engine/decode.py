@@ -168,6 +168,7 @@ class _Live:
     finished_by: str | None = None
     ttft_ms: float | None = None
     done_ms: float | None = None
+    commit_unobserved: bool = False  # the proposer has not yet been told of the last round's commit
 
     def emit(self, tree: CompiledTree, accepted_rows: Sequence[int], next_token: int, *, max_new_tokens: int, eos):
         """The accepted path plus the bonus/correction token, cut at EOS or the token budget (what
@@ -251,6 +252,9 @@ def decode_batch(
         t_prop = clock.now()
         for req in live:  # proposal + packing, per request
             t0 = clock.now()
+            if req.commit_unobserved:  # what the proposer learns from the last round is proposal work
+                req.proposer.observe_commit(req.committed)
+                req.commit_unobserved = False
             retrieval_before = req.proposer.stats.retrieval_ms
             # a round commits at most the tokens left: the accepted rows and the bonus token
             depth = min(round_cfg.max_depth, max_new_tokens - len(req.generated) - 1)
@@ -353,7 +357,6 @@ def decode_batch(
             req.round_end_ms.append(now)
             req.round_tokens.append(len(emitted))
             if req.finished_by is not None:
-                req.done_ms = now
                 finished_rows.append(k)
         if on_round is not None:
             on_round(
@@ -369,10 +372,14 @@ def decode_batch(
             live[k].proposer.finish()
             done.append(live[k])
         target.drop(state, finished_rows)
+        if finished_rows:  # a request's time includes its proposer's finish (an index of its output) and its drop
+            end = (clock.now() - t_decode) * 1e3
+            for k in finished_rows:
+                live[k].done_ms = end
         gone = set(finished_rows)
         live = [req for k, req in enumerate(live) if k not in gone]
         for req in live:
-            req.proposer.observe_commit(req.committed)
+            req.commit_unobserved = True
     decode_ms = (clock.now() - t_decode) * 1e3
     done.sort(key=lambda r: r.index)
     results = [
