@@ -1059,3 +1059,37 @@ def test_what_a_proposer_learns_from_a_commit_is_proposal_time_and_its_finish_is
     proposal = [r["proposal"] for r in res.ledger.round_stage_ms]
     assert proposal[0] < 20 and all(ms >= 20 for ms in proposal[1:]), proposal
     assert res.decode_ms >= sum(res.ledger.round_ms) + 50
+
+
+def test_the_autoregressive_arm_runs_the_target_without_the_hooks_proposers_read_it_through():
+    """A proposer built on the target's hidden rows hooks the model; the AR arm's forwards run
+    without those hooks (a hooked model leaves the fast paths), the speculative arm's with them."""
+    from harness.engine.arms import Arms
+    from harness.heads.state import HiddenTap
+
+    model = build_tiny_model(seed=2)
+    tap = HiddenTap.on(model)
+    tap.capture_layers([0])
+    nulls = [NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h") for _ in "ab"]
+    arms = Arms(
+        target=CausalLMBackend(model),
+        spec_proposers=nulls[:1],
+        null_proposers=nulls[1:],
+        spec_verifier=get_verifier("greedy"),
+        ar_verifier=get_verifier("greedy"),
+        policy=GREEDY,
+        prompts=[PROMPT],
+        seed=0,
+        batch_size=1,
+        max_new_tokens=4,
+        eos_token_ids=frozenset(),
+        round_cfg=RoundConfig(max_nodes=1, max_depth=1),
+        rng_factory=TorchRandomSource,
+    )
+    serial = tap.serial
+    ar = arms._run("ar", [0], [PROMPT], 0, 4)
+    assert tap.serial == serial  # no forward of the AR arm reached the tap
+    spec = arms._run("spec", [0], [PROMPT], 0, 4)
+    assert tap.serial == serial + 1 + spec.requests[0].ledger.rounds  # the prefill and every round's verify
+    assert set(tap.last.aux) == {0}  # the layer capture is back too
+    assert ar.requests[0].tokens == spec.requests[0].tokens

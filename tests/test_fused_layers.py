@@ -170,9 +170,18 @@ def test_forwards_that_need_the_layers_one_by_one_leave_the_stack_and_compute_th
         assert _native_calls(run) == STACK  # transformers' capturing hooks are still on the layers
         assert _native_calls(lambda: run(attention_mask=torch.ones_like(ids))) == per_layer
         assert torch.equal(run(attention_mask=torch.ones_like(ids)).logits, stacked)
-        HiddenTap.on(model).capture_layers([1])
+        tap = HiddenTap.on(model)
+        tap.capture_layers([1])
         assert _native_calls(run) == per_layer
         assert torch.equal(run().logits, stacked)
+        # suspended (the autoregressive arm's forwards): the whole stack again, and nothing captured
+        serial = tap.serial
+        with HiddenTap.suspended(model):
+            assert _native_calls(run) == STACK
+            assert torch.equal(run().logits, stacked)
+        assert tap.serial == serial
+        assert _native_calls(run) == per_layer  # the hooks are back, the layer's capture included
+        assert tap.serial == serial + 1 and set(tap.last.aux) == {1}
 
 
 def test_the_stack_op_refuses_lists_that_do_not_match_in_one_line():

@@ -13,12 +13,14 @@ every batch size (turn 0: ``seed * 1_000_003 + i``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from harness.engine.decode import BatchDecodeResult, BatchLedger, DecodeResult, RoundConfig, batches, decode_batch
+from harness.heads.state import HiddenTap
 from harness.measure.ledger import RoundLedger
 from harness.measure.memory import DevicePeak
 from harness.proposers.base import Proposer
@@ -420,18 +422,22 @@ class Arms:
 
     def _run(self, arm: str, idx: list[int], prompts: list[list[int]], turn: int, max_new_tokens: int):
         proposers, verifier = self.slots[arm]
-        return decode_batch(
-            target=self.target,
-            proposers=proposers[: len(idx)],
-            verifier=verifier,
-            policy=self.policy,
-            prompts=prompts,
-            max_new_tokens=max_new_tokens,
-            eos_token_ids=self.eos,
-            rngs=[self.rng_factory(self.seed_of(i, turn)) for i in idx],
-            round_cfg=self.round_cfg,
-            full_batch=self.batch_size,
-        )
+        # the autoregressive arm runs the target as it runs with no proposer built on it: the hooks
+        # through which proposers read its hidden rows would slow its forwards (a hooked model takes
+        # transformers' own path) and make the speculative arm look faster than it is
+        with HiddenTap.suspended(self.target.model) if arm == "ar" else contextlib.nullcontext():
+            return decode_batch(
+                target=self.target,
+                proposers=proposers[: len(idx)],
+                verifier=verifier,
+                policy=self.policy,
+                prompts=prompts,
+                max_new_tokens=max_new_tokens,
+                eos_token_ids=self.eos,
+                rngs=[self.rng_factory(self.seed_of(i, turn)) for i in idx],
+                round_cfg=self.round_cfg,
+                full_batch=self.batch_size,
+            )
 
     def warmup(self, tokens: int) -> None:
         """Both arms on the first batch's first turn (excluded from every metric: the proposers'

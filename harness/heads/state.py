@@ -21,8 +21,9 @@ decoder layers (:meth:`HiddenTap.capture_layers`, EAGLE-3's fused features), kep
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -138,6 +139,27 @@ class HiddenTap:
                 self._aux[layer] = x[0].detach()
 
         return hook
+
+    @classmethod
+    @contextlib.contextmanager
+    def suspended(cls, model: torch.nn.Module) -> Iterator[None]:
+        """Within: ``model`` runs without the tap's hooks (where it has a tap), so a forward that no
+        proposer reads (the autoregressive arm's) takes the path it would take with no proposer
+        built on the model; the hooks are back, as they were, after."""
+        tap = cls._taps.get(model)
+        if tap is None or tap._handle is None:
+            yield
+            return
+        tap._handle.remove()
+        tap._handle = None
+        for handle in tap._layer_handles.values():
+            handle.remove()
+        layers, tap._layer_handles = list(tap._layer_handles), {}
+        try:
+            yield
+        finally:
+            tap._handle = tap._base.register_forward_hook(tap._hook, with_kwargs=True)
+            tap.capture_layers(layers)
 
     @classmethod
     def on(cls, model: torch.nn.Module) -> HiddenTap:
