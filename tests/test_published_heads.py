@@ -97,6 +97,37 @@ def test_medusa_heads_load_key_for_key_and_run_the_published_forward(tmp_path, t
     assert art.manifest["files"] == {name: hashlib.sha256((path / name).read_bytes()).hexdigest()}
 
 
+def test_medusa_heads_in_torch_save_s_legacy_format_and_in_float8_load_and_unreadable_dtypes_are_refused(
+    tmp_path, target
+):
+    """A ``.pt`` written by torch.save's legacy (pre-zip) serialisation cannot be memory-mapped: it
+    is read whole. float8 safetensors are recorded as float8 when planning and load cast; a dtype
+    that holds no weights (U32) is refused when planning, naming the tensor, before any model work."""
+    from safetensors.torch import save_file
+
+    state = medusa_state(heads=2, layers=1, hidden=H, vocab=V, seed=4)
+    legacy = tmp_path / "legacy"
+    write_medusa(legacy, state, config=medusa_config(2, 1))
+    torch.save(state, legacy / "medusa_lm_head.pt", _use_new_zipfile_serialization=False)
+    art = load_configured_heads("medusa", {"artifact": str(legacy)}, model=target, tokenizer=None)
+    h = torch.randn(2, H)
+    torch.testing.assert_close(medusa_logits(art.heads, target, 1, h), medusa_reference(state, 1, 1, h))
+
+    f8 = tmp_path / "f8"
+    write_medusa(f8, state, config=medusa_config(2, 1), fmt="safetensors")
+    save_file({k: v.to(torch.float8_e4m3fn) for k, v in state.items()}, str(f8 / "medusa_lm_head.safetensors"))
+    assert inspect(str(f8), "medusa").saved_dtypes == {"float8_e4m3fn": len(state)}
+    art = load_configured_heads("medusa", {"artifact": str(f8)}, model=target, tokenizer=None)
+    rounded = {k: v.to(torch.float8_e4m3fn).float() for k, v in state.items()}
+    torch.testing.assert_close(medusa_logits(art.heads, target, 0, h), medusa_reference(rounded, 0, 1, h))
+
+    u32 = tmp_path / "u32"
+    write_medusa(u32, state, config=medusa_config(2, 1), fmt="safetensors")
+    save_file({k: (v.abs() * 100).to(torch.uint32) for k, v in state.items()}, str(u32 / "medusa_lm_head.safetensors"))
+    with pytest.raises(ArtifactError, match=r"is torch.uint32; weights must be floating point"):
+        inspect(str(u32), "medusa")
+
+
 def test_medusa_version_2_heads_project_with_the_target_lm_head(tmp_path, target, capsys):
     state = medusa_state(heads=2, layers=1, hidden=H, vocab=None, seed=2)
     path = write_medusa(tmp_path / "v2", state, config=medusa_config(2, 1, version="2"), fmt="safetensors")

@@ -50,6 +50,11 @@ def read_config_object(path: Path) -> dict[str, Any]:
     return config
 
 
+def _checkable(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or in float32 where torch has no ``isfinite`` for its dtype (the float8 ones)."""
+    return tensor.float() if tensor.element_size() == 1 else tensor
+
+
 def check_weight_tensors(where: str, state: dict[str, torch.Tensor], *, integer_keys: tuple[str, ...] = ()) -> None:
     """Every weight of a published checkpoint is a floating-point tensor with finite values (index
     tensors, ``integer_keys``, hold integers or booleans): a weight stored as integers, an index
@@ -62,8 +67,8 @@ def check_weight_tensors(where: str, state: dict[str, torch.Tensor], *, integer_
             continue
         if not tensor.is_floating_point():
             raise ArtifactError(f"{where}: {key} is {tensor.dtype}; weights must be floating point")
-        if tensor.device.type != "meta" and not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
+        if tensor.device.type != "meta" and not bool(torch.isfinite(_checkable(tensor)).all()):
+            bad = int((~torch.isfinite(_checkable(tensor))).sum())
             raise ArtifactError(f"{where}: {key} holds {bad} non-finite value(s) (NaN or inf)")
 
 

@@ -213,6 +213,17 @@ SAFETENSORS_DTYPES = {
     "I8": torch.int8,
     "U8": torch.uint8,
     "BOOL": torch.bool,
+    **{
+        name: getattr(torch, attr)
+        for name, attr in (
+            ("U16", "uint16"),
+            ("U32", "uint32"),
+            ("U64", "uint64"),
+            ("F8_E4M3", "float8_e4m3fn"),
+            ("F8_E5M2", "float8_e5m2"),
+        )
+        if hasattr(torch, attr)
+    },
 }
 
 
@@ -228,8 +239,15 @@ def _read_safetensors(f: Path, prefix: str, data: bool, out: dict[str, torch.Ten
                         out[name] = sf.get_tensor(key)
                     else:
                         sl = sf.get_slice(key)
-                        dtype = SAFETENSORS_DTYPES.get(sl.get_dtype(), torch.float32)
+                        dtype = SAFETENSORS_DTYPES.get(sl.get_dtype())
+                        if dtype is None:
+                            raise ArtifactError(
+                                f"{str(f)!r}: {key} is stored as {sl.get_dtype()}, a dtype this harness does not "
+                                "read (weights: F32, F16, BF16, F64 or F8)"
+                            )
                         out[name] = torch.empty(sl.get_shape(), dtype=dtype, device="meta")
+    except ArtifactError:
+        raise
     except Exception as exc:  # a truncated or empty file, a header that is not safetensors'
         raise ArtifactError(f"cannot read {str(f)!r} as a safetensors file: {type(exc).__name__}: {exc}") from None
 
@@ -244,7 +262,12 @@ def _read_tensors(files: list[Path], *, prefix: str = "", data: bool) -> dict[st
             _read_safetensors(f, prefix, data, out)
         else:
             try:
-                state = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
+                try:
+                    state = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
+                except RuntimeError as exc:  # torch.save's legacy (pre-zip) format cannot be mapped
+                    if "mmap" not in str(exc):
+                        raise
+                    state = torch.load(str(f), map_location="cpu", weights_only=True)
             except Exception as exc:
                 raise unreadable_tensor_file(f, exc) from None
             if not isinstance(state, dict):
