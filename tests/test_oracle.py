@@ -232,6 +232,29 @@ def test_cli_prints_table_and_writes_json(tmp_path, capsys):
     assert all(r["passed"] for r in data["rows"] if not r["negative_control"])
 
 
+def test_cli_json_refuses_to_replace_a_run_s_record_or_a_file_it_did_not_write(tmp_path, capsys):
+    """``--json`` wrote over any file, a run's record.json included."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "record.json").write_text('{"run_id": "r"}')
+    (run / "outputs.jsonl").write_text("{}\n")
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}')
+    for path, fragment in (
+        (run / "record.json", f"is a file of the run folder {run}: write an oracle suite JSON elsewhere"),
+        (run / "outputs.jsonl", f"is a file of the run folder {run}: write an oracle suite JSON elsewhere"),
+        (tmp_path / "record.json", "record.json is the name of a run's record; give an oracle suite JSON another name"),
+        (notes, "already exists and is not an oracle suite JSON; give another path or --overwrite"),
+    ):
+        assert oracles_main(["--verifier", "rejection", "--quick", "--json", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("harness oracles: refused: --json=") and fragment in err and err.count("\n") == 1, err
+    assert (run / "record.json").read_text() == '{"run_id": "r"}' and notes.read_text() == '{"mine": 1}'
+    assert oracles_main(["--verifier", "rejection", "--quick", "--json", str(notes), "--overwrite"]) == 0
+    assert json.loads(notes.read_text())["summary"]["passed"] is True
+    assert oracles_main(["--verifier", "rejection", "--quick", "--json", str(notes)]) == 0  # its own file again
+
+
 def test_cli_refuses_an_unknown_verifier_in_one_line(capsys):
     """The refusal came after the progress bar had started, its remnant in front of the line."""
     assert oracles_main(["--verifier", "nonsense", "--quick"]) == 2

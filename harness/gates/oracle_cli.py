@@ -27,10 +27,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from harness.files import atomic_write_text, output_folder_problem
+from harness.files import atomic_write_text
 from harness.gates.e2e import E2EModels, negative_control_rows, run_e2e_suite
 from harness.gates.oracle import MARGINAL_ATOL, check_case, exact_verifier_names, verifier_cases
 from harness.gates.transport import check_transport, transport_applies, transport_instances
+from harness.tracking.command_line import json_object_with, output_file_problem
 from harness.verifiers import broken as _broken  # noqa: F401  (registers the negative control)
 from harness.verifiers.base import VERIFIERS
 
@@ -205,13 +206,20 @@ def _count(text: str) -> int:
     return value
 
 
-def check_json_destination(path: Path) -> None:
-    """``--json PATH`` must be a file path whose folder exists or can be created and is writable."""
-    if path.is_dir():
-        raise ValueError(f"--json {path} is a folder; give a file path, e.g. {path / 'oracles.json'}")
-    problem = output_folder_problem("--json", path.parent)
+def check_json_destination(path: Path, *, overwrite: bool = False) -> None:
+    """``--json PATH`` must be a file path whose folder exists or can be created and is writable, and
+    not a run's file or any other existing file but an oracle suite JSON (unless ``overwrite``)."""
+    problem = output_file_problem(
+        "--json",
+        path,
+        what="an oracle suite JSON",
+        ours=json_object_with("summary", "rows"),
+        example="oracles.json",
+        overwrite=overwrite,
+        overwrite_option="--overwrite",
+    )
     if problem is not None:
-        raise ValueError(f"{problem} (writing {path})")
+        raise ValueError(problem)
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"--json {path}: not writable")
 
@@ -219,6 +227,9 @@ def check_json_destination(path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="harness oracles", description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None, help="write rows and summary as JSON here")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="let --json replace an existing file that is not an oracle suite JSON"
+    )
     parser.add_argument(
         "--verifier",
         action="append",
@@ -236,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args([] if argv is None else argv)
         if args.json is not None:  # a destination that cannot be written is refused before the suite runs
-            check_json_destination(args.json)
+            check_json_destination(args.json, overwrite=args.overwrite)
         _register_extras()
         unknown = [name for name in args.verifier or () if name not in VERIFIERS]
         if unknown:  # refused before the progress bar starts, so the line stands alone

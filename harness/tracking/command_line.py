@@ -76,11 +76,19 @@ def json_object_with(*keys: str, **values: object) -> Callable[[Path], bool]:
 
 
 def output_file_problem(
-    key: str, path: Path, *, what: str, ours: Callable[[Path], bool], example: str, overwrite: bool = False
+    key: str,
+    path: Path,
+    *,
+    what: str,
+    ours: Callable[[Path], bool],
+    example: str,
+    overwrite: bool = False,
+    overwrite_option: str = "overwrite=true",
 ) -> str | None:
     """Why ``path`` may not receive the file a command writes (``what``, e.g. "a compare JSON"), or
     None: a folder; a run folder's record, outputs or rounds; any other existing file that ``ours``
-    does not recognise, unless ``overwrite``; a folder that cannot be written."""
+    does not recognise, unless ``overwrite`` (the command's ``overwrite_option`` says so); a folder
+    that cannot be written."""
     if path.is_dir():
         return f"{key}={path} is a folder; give a file path, e.g. {key}={path / example}"
     if path.name in RUN_FILES and (path.parent / RECORD_FILENAME).is_file():
@@ -88,7 +96,7 @@ def output_file_problem(
     if path.name == RECORD_FILENAME:  # compare, report and sweeps read every record.json under a folder
         return f"{key}={path}: {RECORD_FILENAME} is the name of a run's record; give {what} another name"
     if path.exists() and not overwrite and not ours(path):
-        return f"{key}={path} already exists and is not {what}; give another path or overwrite=true"
+        return f"{key}={path} already exists and is not {what}; give another path or {overwrite_option}"
     return output_folder_problem(key, path.parent)
 
 
