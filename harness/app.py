@@ -58,6 +58,7 @@ from harness.runner import (
     run_job,
     run_notes,
 )
+from harness.target.loading import cache_root
 from harness.tracking import dashboard
 from harness.tracking.job_folder import LOCK_FILENAME, JobFolderError, job_lock
 from harness.verifiers.base import NegotiationError
@@ -269,6 +270,7 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
     status = {"code": 0}
     try:
         check_flags(argv, command)
+        cache_root()  # a cache variable that cannot serve is refused before anything is written
         if is_plain_run(argv):
             preflight(argv)
         else:

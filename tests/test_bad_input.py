@@ -1065,3 +1065,21 @@ def test_packed_weights_that_would_not_fit_in_memory_are_refused_in_one_line(tmp
     packed = record["load_report"]["target"]["packed_weight_bytes"]
     model = loading.build_tiny_model(seed=0)
     assert packed == sum(w.nbytes for w in options.packed_linear_weights(model)) > 0  # a copy of each, made at load
+
+
+def test_an_empty_harness_cache_variable_is_refused_and_a_tilde_in_it_is_the_home_folder(
+    tmp_path, workload, capsys, monkeypatch, no_models
+):
+    """``HARNESS_CACHE=$UNSET`` made the working folder the cache (gate results and a native build
+    landed there); a ``~`` the shell did not expand made a folder named ``~``."""
+    monkeypatch.chdir(tmp_path)
+    for blank in ("", "  "):
+        monkeypatch.setenv("HARNESS_CACHE", blank)
+        assert run_main(argv_for(tmp_path, workload)) == 2
+        assert one_line(capsys, "harness run: refused: ").endswith(
+            "HARNESS_CACHE is set but empty: unset it (the cache is then ~/.cache/harness) or set it to a folder"
+        )
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["prompts.jsonl"]
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HARNESS_CACHE", "~/cache")
+    assert loading.cache_root() == tmp_path / "home" / "cache"

@@ -165,9 +165,15 @@ def from_pretrained(loader, source, *, key: str | None = None, **kwargs):
 
 
 def cache_root() -> Path:
-    """The harness's cache folder (``$HARNESS_CACHE``, else ``~/.cache/harness``); a path that is
-    blocked by a file is refused naming the variable."""
-    root = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness"))
+    """The harness's cache folder (``$HARNESS_CACHE``, ``~`` expanded, else ``~/.cache/harness``); a
+    variable set to nothing (an unset shell variable expanded into it) or a path blocked by a file is
+    refused naming the variable."""
+    given = os.environ.get("HARNESS_CACHE")
+    if given is not None and not given.strip():
+        raise CheckpointError(
+            "HARNESS_CACHE is set but empty: unset it (the cache is then ~/.cache/harness) or set it to a folder"
+        )
+    root = Path(given).expanduser() if given is not None else Path.home() / ".cache" / "harness"
     blocker = next((p for p in (root, *root.parents) if p.exists()), None)
     if blocker is not None and not blocker.is_dir():
         raise CheckpointError(
