@@ -646,6 +646,11 @@ def check_override_values(cfg: DictConfig, overrides: list[str]) -> None:
             raise ConfigError(
                 f"{key}={value} is empty; give a value, or leave the option out ({key}=null where it can be unset)"
             )
+        if isinstance(composed, str) and composed.startswith("~/"):
+            raise ConfigError(
+                f"{key}={value}: a path starting with ~ is not expanded here (it would name a folder called ~); "
+                f"give {key}=$HOME/{composed[2:]} unquoted, which the shell expands, or an absolute path"
+            )
         number = value.strip()
         if (
             isinstance(composed, bool)
@@ -767,6 +772,12 @@ def _unparsable_override(overrides: list[str]) -> ConfigError | None:
             key, sep, value = given.partition("=")
             # a sweep's values (a,b) are quoted one by one, so the sweep stays a sweep; a list is no string
             quoted = None
+            if sep and value.startswith("~/"):  # quoted it stays a literal ~ (a folder named ~)
+                return ConfigError(
+                    f"{given}: Hydra's override grammar cannot read it{where}{why}; a path starting with ~ is "
+                    f"not expanded here: give {key}=$HOME/{value[2:]} unquoted, which the shell expands, or an "
+                    "absolute path"
+                )
             if sep and '"' not in value and not value.startswith("["):
                 inner = key + "=" + ",".join(f'"{v}"' for v in value.split(","))
                 quoted = f"'{inner}'" if "'" not in value else '"' + inner.replace('"', '\\"') + '"'

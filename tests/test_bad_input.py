@@ -1083,3 +1083,14 @@ def test_an_empty_harness_cache_variable_is_refused_and_a_tilde_in_it_is_the_hom
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HARNESS_CACHE", "~/cache")
     assert loading.cache_root() == tmp_path / "home" / "cache"
+
+
+def test_a_path_starting_with_a_tilde_is_refused_with_the_form_the_shell_expands(tmp_path, workload, capsys, no_models):
+    """The grammar refusal of ``output_dir=~/x`` offered ``'output_dir="~/x"'``, which then wrote
+    into a folder named ``~`` under the working folder."""
+    for given in ("output_dir=~/tilde_run", 'output_dir="~/tilde_run"'):
+        assert run_main(argv_for(tmp_path, workload, given)) == 2
+        line = one_line(capsys, "harness run: refused: ")
+        assert "give output_dir=$HOME/tilde_run unquoted, which the shell expands, or an absolute path" in line
+        assert '"~/' not in line.partition(":")[2].partition("give")[2]
+    assert not (tmp_path / "~").exists() and not (tmp_path / "run").exists()
