@@ -435,7 +435,7 @@ class GenerationConfig:
     batch_size: int = ranged(1, **POSITIVE_INT)
     temp_kv_budget_bytes: Optional[int] = ranged(None, **POSITIVE_INT)
     exact: bool = True  # refuse heuristic verifiers
-    warmup_tokens: int = ranged(8, ge=0)
+    warmup_tokens: int = ranged(8, ge=0)  # both arms' untimed first turn; at most max_new_tokens
 
 
 @dataclass

@@ -1142,7 +1142,8 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
         turns=[p.n_turns for p in prompts],
         follow_up=follow_up,
     )
-    arms.warmup(int(cfg.generation.warmup_tokens))
+    # at most the measured turns' tokens: the context limit every prompt was checked against
+    arms.warmup(min(int(cfg.generation.warmup_tokens), int(cfg.generation.max_new_tokens)))
     tokenizer = loaded.target.tokenizer
     per_prompt, outputs = [], []
     n_turns = sum(p.n_turns for p in prompts)

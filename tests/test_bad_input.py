@@ -1094,3 +1094,22 @@ def test_a_path_starting_with_a_tilde_is_refused_with_the_form_the_shell_expands
         assert "give output_dir=$HOME/tilde_run unquoted, which the shell expands, or an absolute path" in line
         assert '"~/' not in line.partition(":")[2].partition("give")[2]
     assert not (tmp_path / "~").exists() and not (tmp_path / "run").exists()
+
+
+def test_the_warm_up_generates_no_more_than_the_measured_turns_so_it_stays_inside_the_context_limit(
+    tmp_path, workload, capsys, monkeypatch
+):
+    """The prompts are checked against the context limit with max_new_tokens; a warm-up of 300
+    tokens ran 300 past a prompt on a model with too few positions for them, unchecked."""
+    from harness.engine.arms import Arms
+
+    seen = []
+    real = Arms.warmup
+
+    def spy(self, tokens):
+        seen.append(tokens)
+        return real(self, tokens)
+
+    monkeypatch.setattr(Arms, "warmup", spy)
+    assert run_main(argv_for(tmp_path, workload, "generation.warmup_tokens=300", "gates.enabled=false")) == 0
+    assert seen == [4]
