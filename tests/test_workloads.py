@@ -69,6 +69,18 @@ def test_jsonl_missing_fields_and_duplicates(tmp_path):
         f.write_text(json.dumps({"id": "a", "prompt": "x", "category": category}) + "\n")
         with pytest.raises(WorkloadError, match=r'w.jsonl:1: "category" of id \'a\' must be a non-empty string'):
             load_jsonl(str(f), "eval")
+    # a misspelt key was ignored: the line measured under category "default" in the eval split
+    f.write_text('{"id": "a", "prompt": "x", "categroy": "qa", "splt": "dev"}\n')
+    with pytest.raises(
+        WorkloadError, match=r"w.jsonl:1: unknown key 'categroy' in a harness prompt \(did you mean 'ca"
+    ):
+        load_jsonl(str(f), "eval")
+    f.write_text('{"id": "a", "prompt": "x", "weight": 2}\n')
+    with pytest.raises(WorkloadError, match=r"unknown key 'weight' in a harness prompt; its keys are id, prompt, mes"):
+        load_jsonl(str(f), "eval")
+    f.write_text('{"id": "a", "prompt": "x", "messages": [{"role": "user", "content": "y"}]}\n')
+    with pytest.raises(WorkloadError, match=r'w.jsonl:1: id \'a\' has both "prompt" and "messages"; give one of them'):
+        load_jsonl(str(f), "eval")
     # a misspelt split dropped the line from every split, and the refusal named the split asked for
     f.write_text('{"id": "a", "prompt": "x", "split": "evaluation"}\n')
     with pytest.raises(WorkloadError, match=r"""w.jsonl:1: "split" of id 'a' must be one of \['calibration', """):

@@ -21,6 +21,7 @@ the file does not have.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from collections.abc import Sequence
@@ -198,7 +199,21 @@ def _check_split(where: str, obj: dict) -> None:
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
+#: the keys a harness prompt line may hold
+HARNESS_PROMPT_KEYS = ("id", "prompt", "messages", "category", "split", "reference")
+
+
 def _harness_prompt(where: str, obj: dict) -> Prompt:
+    unknown = [k for k in obj if k not in HARNESS_PROMPT_KEYS]
+    if unknown:  # a misspelt "split" or "category" was dropped without a word: measured in another split
+        near = difflib.get_close_matches(unknown[0], HARNESS_PROMPT_KEYS, n=1)
+        raise WorkloadError(
+            f"{where}: unknown key {unknown[0]!r} in a harness prompt"
+            + (f" (did you mean {near[0]!r}?)" if near else "")
+            + f"; its keys are {', '.join(HARNESS_PROMPT_KEYS)}"
+        )
+    if "prompt" in obj and "messages" in obj:
+        raise WorkloadError(f'{where}: id {obj["id"]!r} has both "prompt" and "messages"; give one of them')
     if isinstance(obj["id"], bool) or not isinstance(obj["id"], (str, int)):
         raise WorkloadError(f'{where}: "id" must be a string or an integer; got {json.dumps(obj["id"])}')
     if "prompt" in obj and not isinstance(obj["prompt"], str):
@@ -354,8 +369,6 @@ def check_spec_bench_categories(prompts: Sequence[Prompt], path: str) -> None:
     """``workload=spec_bench``: every question's category is one of Spec-Bench's thirteen (its
     evaluation leaves any other out of every task but the overall one, so a misspelt category
     would quietly empty a column)."""
-    import difflib
-
     for p in prompts:
         if p.category not in SPEC_BENCH_CATEGORIES:
             close = difflib.get_close_matches(p.category.strip().lower(), SPEC_BENCH_CATEGORIES, n=1, cutoff=0.6)
