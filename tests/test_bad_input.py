@@ -527,6 +527,13 @@ def test_a_sweep_s_folder_as_output_dir_is_refused(tmp_path, workload, capsys, n
     argv = argv_for(tmp_path, workload, f"output_dir={sweep}")
     assert_refused_run(tmp_path, capsys, argv, f"output_dir={sweep} is a sweep's folder (it holds multirun.yaml)")
     assert sorted(p.name for p in sweep.iterdir()) == ["multirun.yaml"]
+    # a datastore's (or a trained artifact's) folder: the run's files landed among its index files
+    store = tmp_path / "datastore"
+    store.mkdir()
+    (store / "manifest.json").write_text("{}\n")
+    argv = argv_for(tmp_path, workload, f"output_dir={store}")
+    assert_refused_run(tmp_path, capsys, argv, f"output_dir={store} holds manifest.json, a datastore's or a trained")
+    assert sorted(p.name for p in store.iterdir()) == ["manifest.json"]
 
 
 def test_an_output_folder_that_cannot_be_created(tmp_path, workload, capsys, no_models):
@@ -611,6 +618,7 @@ def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
         (["compare", "/nonexistent-records"], "harness compare: refused: ", "/nonexistent-records"),
         (["report", "/nonexistent-records"], "harness report: refused: ", "/nonexistent-records"),
         (["tree", "foo"], "harness tree: refused: ", "key=value"),
+        (["tree", "acceptance=${x}", "max_nodes=4", "max_depth=2"], "harness tree: refused: ", "key 'x' not found"),
         (["oracles", "--foo"], "harness oracles: refused: ", "unrecognized arguments: --foo"),
         (["oracles", "--random", "-1"], "harness oracles: refused: ", "must be >= 0"),
         (

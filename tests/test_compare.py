@@ -444,6 +444,14 @@ def test_seed_filters_runs_by_their_seed_and_bootstrap_seed_seeds_the_resampling
     assert "prompt_lookup" in capsys.readouterr().out
     assert main([str(FIXTURES), "seed=3", "resamples=50"]) == 2
     assert "no runs left after filters {'seed': '3'}" in capsys.readouterr().err
+    # a true/false column filtered as every harness option is spelt (only Python's True matched)
+    for spelt in ("true", "True", "1"):
+        assert main([str(FIXTURES), f"exact={spelt}", "resamples=50", "leaderboard=false"]) == 0
+        assert "prompt_lookup" in capsys.readouterr().out
+    for spelt in ("false", "FALSE", "0"):  # the one heuristic run: typical acceptance
+        assert main([str(FIXTURES), f"exact={spelt}", "by=verifier", "resamples=50", "leaderboard=false"]) == 0
+        out = capsys.readouterr().out
+        assert "typical" in out and "greedy" not in out
     outs = []
     for seed in ("1", "1", "2"):
         assert main([str(FIXTURES), "batch_size=1", f"bootstrap_seed={seed}", "resamples=50", "leaderboard=false"]) == 0

@@ -297,3 +297,8 @@ def check_output_dir(key: str, path: str | os.PathLike) -> None:
             f"output_dir={path} is a sweep's folder (it holds multirun.yaml): a single run's record there would be "
             "counted with the sweep's jobs; give the run a folder of its own"
         )
+    if key == "output_dir" and (Path(path) / "manifest.json").is_file():
+        raise ConfigError(
+            f"output_dir={path} holds manifest.json, a datastore's or a trained artifact's: the run's files would "
+            "sit among its files; give the run a folder of its own"
+        )

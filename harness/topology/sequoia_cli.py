@@ -76,7 +76,8 @@ def parse_args(argv: list[str]) -> dict:
         cfg = OmegaConf.from_dotlist(list(argv))
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     except Exception as exc:  # omegaconf/yaml grammar errors: report them as usage errors
-        raise UsageError(f"cannot parse arguments {argv}: {exc}") from exc
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"cannot parse arguments {argv}: {first}") from exc
 
 
 def _int(args: dict, key: str, *, default: int | None = None) -> int:

@@ -200,7 +200,9 @@ def paired_bootstrap(
 
 
 def _matches(value: Any, wanted: str) -> bool:
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):  # spelt as every harness option spells one: true / false
+        return wanted.strip().lower() in (("true", "1") if value else ("false", "0"))
+    if isinstance(value, (int, float, np.integer, np.floating)):
         try:
             return math.isclose(float(value), float(wanted), rel_tol=0, abs_tol=1e-12)
         except ValueError:
