@@ -760,6 +760,15 @@ def test_published_checkpoint_refusals(env, tmp_path, capsys):
         load("heads", llama_fields(cfg, num_attention_heads=8, num_key_value_heads=3), eagle12_state(cfg, embed=emb))
     with pytest.raises(ArtifactError, match=r"has shape \[32, 32\], expected \[32, 64\]"):
         load("shape", llama_fields(cfg), {**eagle12_state(cfg), "fc.weight": torch.zeros(32, 32)})
+    # no heads, a rope type without its settings, a bias the config promises and the weights lack: refusals
+    # naming the artifact, not a ZeroDivisionError, a KeyError or a state-dict error (exit 1)
+    with pytest.raises(ArtifactError, match=r"settings that do not go together \(hidden_size=32 and num_attention_h"):
+        load("no-heads", llama_fields(cfg, num_attention_heads=0), eagle12_state(cfg, embed=emb))
+    partial = llama_fields(cfg, rope_scaling={"rope_type": "llama3", "factor": 8.0})
+    with pytest.raises(ArtifactError, match=r"its config.json and weights do not build an EAGLE draft \(KeyError: "):
+        load("llama3-partial", partial, eagle12_state(cfg, embed=emb))
+    with pytest.raises(ArtifactError, match=r"do not build an EAGLE draft \(RuntimeError: .* Missing key\(s\)"):
+        load("mlp-bias", llama_fields(cfg, mlp_bias=True), eagle12_state(cfg, embed=emb))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ArtifactError, match="neither a harness EAGLE artifact"):
         load_configured_eagle({"artifact": str(tmp_path / "empty")}, model=model, tokenizer=None)

@@ -221,7 +221,15 @@ def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifac
         fmt, spec, state = parse_published(cfg, raw, target_config=model.config)
     except ArtifactError as exc:
         raise ArtifactError(f"proposer.artifact={source!r}: {exc}") from None
-    draft = build_eagle(spec, {k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    try:
+        draft = build_eagle(spec, {k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    except (KeyError, RuntimeError, ArithmeticError, TypeError, ValueError) as exc:
+        # a config transformers' layers refuse (rope settings, head counts) or weights they do not take
+        first = " ".join(str(exc).split())[:300]  # the whole message on one line
+        raise ArtifactError(
+            f"proposer.artifact={source!r}: its config.json and weights do not build an EAGLE draft "
+            f"({type(exc).__name__}: {first})"
+        ) from None
     embedding = {"in_checkpoint": "embed_tokens.weight" in state}
     if embedding["in_checkpoint"]:
         saved, target_embedding = state["embed_tokens.weight"], model.get_input_embeddings().weight

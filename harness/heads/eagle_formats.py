@@ -198,6 +198,8 @@ def _rope(cfg: dict) -> dict:
 def _layer_fields(cfg: dict) -> dict:
     h = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
+    if heads < 1 or h < 1:
+        raise ValueError(f"hidden_size={h} and num_attention_heads={heads} must be >= 1")
     return dict(
         hidden_size=h,
         intermediate_size=int(cfg["intermediate_size"]),
