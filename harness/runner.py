@@ -88,6 +88,7 @@ from harness.target.loading import (
     model_position_limit,
     resolve_dtype,
     tokenizer_difference,
+    tokenizer_id_difference,
 )
 from harness.target.options import (
     CompileWatch,
@@ -505,7 +506,9 @@ def load_models_of(cfg: DictConfig, *, before_weights=None) -> tuple[LoadedModel
     draft_tokenizer = None
     if d is not None and d.name != DERIVED:
         draft_tokenizer = load_tokenizer_of(d)
-        check_same_tokenizer(target_tokenizer, draft_tokenizer, draft_ref=d.name_or_path or d.name)
+        tokenizer_note = check_same_tokenizer(target_tokenizer, draft_tokenizer, draft_ref=d.name_or_path or d.name)
+        if tokenizer_note is not None:
+            print(f"harness: note: {tokenizer_note}", file=sys.stderr)
     if before_weights is not None:
         before_weights(target_tokenizer)
     target = _load(cfg.model, tokenizer=target_tokenizer)
@@ -525,6 +528,8 @@ def load_models_of(cfg: DictConfig, *, before_weights=None) -> tuple[LoadedModel
         apply_model_options(draft, d, key=draft_model_key(cfg))
     else:
         draft = _load(d, tokenizer=draft_tokenizer, key=draft_model_key(cfg))
+        if tokenizer_note is not None:
+            draft.load_report["tokenizer_differs"] = tokenizer_note
         check_reads_the_vocabulary(
             draft, target_tokenizer, what=f"the draft {d.name_or_path or d.name!r}", shared=" it shares with the target"
         )
@@ -1027,24 +1032,34 @@ def _text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def check_same_tokenizer(target_tokenizer, draft_tokenizer, *, draft_ref: str = "the draft") -> None:
-    """A parametric draft must tokenize exactly as the target: compared by content (vocabulary,
-    special tokens, normalisation), not by ``config.vocab_size`` (embedding matrices of one family
-    are often padded to different sizes)."""
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, *, draft_ref: str = "the draft") -> str | None:
+    """A parametric draft reads the target's token ids, so every id both tokenizers hold must name
+    the same token (compared by content, not by ``config.vocab_size``: embedding matrices of one
+    family are often padded to different sizes); refused otherwise. Returns a note where the ids
+    agree but the tokenizers would turn text into ids differently (special tokens such as a base
+    model's EOS beside its instruct model's, normalisation, pre-tokenisation, merges): the draft
+    never tokenizes text, so the run stays exact, but it was trained on its own tokenizer's ids."""
     if target_tokenizer is None and draft_tokenizer is None:
-        return  # tiny models: both use the synthetic id space
+        return None  # tiny models: both use the synthetic id space
     if target_tokenizer is None or draft_tokenizer is None:
         which = "target" if target_tokenizer is None else "draft"
         raise CheckpointError(
             f"the {which} has no tokenizer (model=tiny) and the other has one: "
             "a draft must share the target's tokenizer"
         )
-    diff = tokenizer_difference(target_tokenizer, draft_tokenizer)
+    diff = tokenizer_id_difference(target_tokenizer, draft_tokenizer)
     if diff is not None:
         raise CheckpointError(
-            f"the draft {draft_ref!r} tokenizes differently from the target: {diff}; "
-            "a draft model must share the target's tokenizer"
+            f"the draft {draft_ref!r} reads token ids differently from the target: {diff}; "
+            "a draft model must share the target's vocabulary"
         )
+    diff = tokenizer_difference(target_tokenizer, draft_tokenizer)
+    if diff is None:
+        return None
+    return (
+        f"the draft {draft_ref!r} shares the target's token ids but its tokenizer differs ({diff}): it reads "
+        "the target's ids, so the run is exact, and its acceptance may be lower than with the target's tokenizer"
+    )
 
 
 # --------------------------------------------------------------------------- prepare

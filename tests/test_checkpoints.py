@@ -200,8 +200,7 @@ def test_tokenizer_difference_names_the_first_differing_token():
     )
 
 
-@pytest.mark.parametrize("draft, match", [("renamed", "token id 100 is"), ("lower", "normalizer differs")])
-def test_a_tokenizer_mismatch_is_refused_before_any_weights_are_read(ckpts, monkeypatch, draft, match):
+def test_a_draft_that_reads_ids_differently_is_refused_before_any_weights_are_read(ckpts, monkeypatch):
     import transformers
 
     from harness.runner import load_models
@@ -210,8 +209,27 @@ def test_a_tokenizer_mismatch_is_refused_before_any_weights_are_read(ckpts, monk
         raise AssertionError("weights were read before the tokenizers were compared")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
-    with pytest.raises(CheckpointError, match=match):
-        load_models(cfg_for(ckpts, draft))
+    with pytest.raises(CheckpointError, match="reads token ids differently from the target: token id 100 is '"):
+        load_models(cfg_for(ckpts, "renamed"))
+
+
+def test_a_draft_with_the_target_s_ids_but_another_tokenizer_pipeline_is_noted_not_refused(ckpts, capsys):
+    """The draft only ever reads the target's ids: a tokenizer that normalises text otherwise (or a
+    base model's EOS beside its instruct model's) turns text into ids differently, which the draft
+    never does. Refusing it turned away pairs that share every id."""
+    from harness.runner import check_same_tokenizer, load_models
+
+    target, draft = load_models(cfg_for(ckpts, "lower"))
+    note = draft.load_report["tokenizer_differs"]
+    assert "shares the target's token ids but its tokenizer differs (the normalizer differs" in note
+    assert "the run is exact" in note and f"harness: note: {note}" in capsys.readouterr().err
+    other_eos = byte_tokenizer()
+    other_eos.eos_token = "<pad>"
+    note = check_same_tokenizer(byte_tokenizer(), other_eos, draft_ref="base")
+    assert note.startswith(
+        "the draft 'base' shares the target's token ids but its tokenizer differs (special token eos"
+    )
+    assert check_same_tokenizer(byte_tokenizer(), byte_tokenizer()) is None
 
 
 def test_padded_vocabulary_is_admitted_and_q_stays_in_the_shared_range(ckpts, capsys):

@@ -765,6 +765,18 @@ def tokenizer_fingerprint(tokenizer) -> str:
 ID_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "additional_special_tokens")
 
 
+def tokenizer_id_difference(target, draft) -> str | None:
+    """None when every token id both tokenizers hold names the same token in each, else the first
+    id that does not: a draft given the target's ids must read them as the target wrote them (an id
+    only one tokenizer has is outside the range a draft proposes in, :func:`shared_vocab_size`)."""
+    t_ids = {i: tok for tok, i in target.get_vocab().items()}
+    d_ids = {i: tok for tok, i in draft.get_vocab().items()}
+    for i in sorted(set(t_ids) & set(d_ids)):
+        if t_ids[i] != d_ids[i]:
+            return f"token id {i} is {t_ids[i]!r} in the target's tokenizer and {d_ids[i]!r} in the draft's"
+    return None
+
+
 def tokenizer_difference(target, draft) -> str | None:
     """None when ``draft`` maps text to the same ids as ``target``, else the first difference in
     words: a token id whose token differs (vocabulary, added tokens), a special token, or the
