@@ -166,11 +166,20 @@ def test_recipes_are_validated(tmp_path, capsys):
         ("plots:\n  - kind: frontier\n    where: {nosuch: 1}\n", "plots[0].where.nosuch='nosuch' names no axis"),
         ("compare: {where: 5}\nplots: []\n", "compare.where must be a mapping of filters"),
         ("plots:\n  - kind: frontier\n    where: [batch_size]\n", "plots[0].where must be a mapping of filters"),
+        # a misspelt top-level key, or a plot value of the wrong type, was ignored or failed naming no key;
+        # malformed YAML ended as an error (exit 1) with the parser's context over several lines
+        ("titel: X\nplots: []\n", "unknown key 'titel' (did you mean 'title'?); a recipe's keys are"),
+        ("title: [1, 2]\nplots: []\n", "title must be a string; got [1, 2]"),
+        ("plots:\n  - kind: acceptance_by_depth\n    min_rounds: abc\n", "plots[0].min_rounds must be a whole"),
+        ("plots:\n  - kind: acceptance_by_depth\n    min_rounds: -5\n", "plots[0].min_rounds must be a whole"),
+        ("plots:\n  - kind: frontier\n    name: ../../escape\n", "plots[0].name='../../escape' must be a plain"),
+        ("plots:\n  - kind: frontier\n  - [\n", "bad.yaml: line 4, column 1: not YAML a recipe can be read from"),
     ):
         bad.write_text(text)
         capsys.readouterr()
         assert main([str(FIXTURES), f"out={out}", f"recipe={bad}"]) == 2
-        assert said in capsys.readouterr().err and not out.exists()
+        err = capsys.readouterr().err
+        assert said in err and not out.exists() and err.count("\n") == 1, err
     bad.write_text("compare: {by: config.proposer.max_ngram, where: {seed: 0}}\nplots: []\n")  # columns it has
     assert main([str(FIXTURES), f"out={out}", f"recipe={bad}"]) == 0
     # a source-reported file that is not there: refused before anything is drawn, the folder not made

@@ -14,6 +14,7 @@ from papers (``source_reported`` in the recipe) appear only in a table titled "s
 from __future__ import annotations
 
 import datetime as _dt
+import difflib
 import json
 import math
 import re
@@ -111,16 +112,48 @@ def find_recipe(recipe: str) -> Path:
     )
 
 
+#: the top-level keys of a recipe
+RECIPE_KEYS = {"title", "source_reported", "compare", "leaderboard", "plots"}
+
+
 def load_recipe(path: Path) -> dict[str, Any]:
-    recipe = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    """A report recipe, checked: its keys, each plot's kind and keys, and the type of every value
+    a plot reads (a misspelt key or a value of the wrong type is refused naming it, not ignored)."""
+    try:
+        recipe = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ValueError(f"{path}:{where}: not YAML a recipe can be read from ({problem})") from None
     if not isinstance(recipe, dict) or not isinstance(recipe.get("plots"), list):
         raise ValueError(f"{path}: a recipe is a mapping with a 'plots' list; got {recipe!r}")
+    extra = set(recipe) - RECIPE_KEYS
+    if extra:
+        near = difflib.get_close_matches(str(sorted(extra)[0]), RECIPE_KEYS, n=1)
+        raise ValueError(
+            f"{path}: unknown key {sorted(extra)[0]!r}"
+            + (f" (did you mean {near[0]!r}?)" if near else "")
+            + f"; a recipe's keys are {sorted(RECIPE_KEYS)}"
+        )
+    if "title" in recipe and not isinstance(recipe["title"], str):
+        raise ValueError(f"{path}: title must be a string; got {recipe['title']!r}")
     for i, spec in enumerate(recipe["plots"]):
         if not isinstance(spec, dict) or spec.get("kind") not in PLOTS:
             raise ValueError(f"{path}: plots[{i}].kind must be one of {sorted(PLOTS)}; got {spec!r}")
         extra = set(spec) - PLOT_KEYS
         if extra:
             raise ValueError(f"{path}: plots[{i}] has unknown keys {sorted(extra)}; allowed {sorted(PLOT_KEYS)}")
+        for key in ("name", "title", "by"):
+            if key in spec and not isinstance(spec[key], str):
+                raise ValueError(f"{path}: plots[{i}].{key} must be a string; got {spec[key]!r}")
+        if "name" in spec and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", spec["name"]):
+            raise ValueError(
+                f"{path}: plots[{i}].name={spec['name']!r} must be a plain file name stem (letters, digits, . _ -)"
+            )
+        rounds = spec.get("min_rounds", 1)
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"{path}: plots[{i}].min_rounds must be a whole number >= 1; got {rounds!r}")
         bad = set(spec.get("sections", [])) - set(SECTIONS)
         if bad:
             raise ValueError(f"{path}: plots[{i}].sections {sorted(bad)} not in {list(SECTIONS)}")
