@@ -491,6 +491,12 @@ def test_cli_builds_a_datastore_from_the_user_s_files(tmp_path, monkeypatch, cap
         assert main(["build", "corpus=files", "model=owner/toy", *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0], (extra, err)
+    # a line refused while the tokenizing bar runs: the bar is ended first, the refusal on a line of its own
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a b c"}\nnot json\n')
+    assert main(["build", "corpus=files", f"corpus_path={bad}", "model=owner/toy", f"out={tmp_path / 'o'}"]) == 2
+    last = capsys.readouterr().err.rstrip("\n").split("\n")[-1]  # a bar's carriage returns do not end a line
+    assert last.startswith("harness datastore: refused: ") and "line 2: not JSON" in last, last
 
 
 def test_sharegpt_split_is_deterministic_disjoint_and_keeps_parts_together():

@@ -255,6 +255,13 @@ def test_cli_json_refuses_to_replace_a_run_s_record_or_a_file_it_did_not_write(t
     assert oracles_main(["--verifier", "rejection", "--quick", "--json", str(notes)]) == 0  # its own file again
 
 
+def test_cli_refuses_a_heuristic_verifier_in_one_line_before_its_progress_bar(capsys):
+    assert oracles_main(["--verifier", "typical", "--quick"]) == 2
+    assert capsys.readouterr().err == (
+        "harness oracles: refused: verifier 'typical' is heuristic (exact=False): the oracle does not apply\n"
+    )
+
+
 def test_cli_refuses_an_unknown_verifier_in_one_line(capsys):
     """The refusal came after the progress bar had started, its remnant in front of the line."""
     assert oracles_main(["--verifier", "nonsense", "--quick"]) == 2

@@ -252,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [name for name in args.verifier or () if name not in VERIFIERS]
         if unknown:  # refused before the progress bar starts, so the line stands alone
             raise ValueError(f"unknown verifier {unknown[0]!r}; registered: {sorted(VERIFIERS)}")
+        heuristic = [name for name in args.verifier or () if not VERIFIERS[name].exact]
+        if heuristic:  # likewise
+            raise ValueError(f"verifier {heuristic[0]!r} is heuristic (exact=False): the oracle does not apply")
         seeds = (0,) if args.quick else (0, 1)
         random_count = args.random if args.random is not None else (2 if args.quick else 4)
         with tqdm(desc="oracle cases", unit="case", file=sys.stderr, leave=False) as bar:

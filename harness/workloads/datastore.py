@@ -434,16 +434,18 @@ def build_datastore(
         return True
 
     batch = []
-    for doc in corpus.documents():
-        batch.append(doc)
-        if len(batch) >= batch_docs:
-            if not flush(batch):
+    try:  # a corpus refused mid-read (a malformed line) ends the bar first: its line then stands alone
+        for doc in corpus.documents():
+            batch.append(doc)
+            if len(batch) >= batch_docs:
+                if not flush(batch):
+                    batch = []
+                    break
                 batch = []
-                break
-            batch = []
-    if batch:
-        flush(batch)
-    bar.close()
+        if batch:
+            flush(batch)
+    finally:
+        bar.close()
     if not used:  # an index of nothing: every REST round would propose nothing, and a record would say ~1x
         hint = (
             " (check corpus_path, glob and roles: a conversation's turns of other roles are not read)"
