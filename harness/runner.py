@@ -1313,6 +1313,17 @@ def summarise(
     metrics.update(plan_.extras.get("metrics", {}))
     if measured.greedy is not None:
         gates = {**gates, "greedy_equality": measured.greedy}
+    stat = gates.get("statistical") or {}
+    fallback = metrics.get("fallback_rate")
+    if stat.get("status") == "not_applicable" and "proposed nothing" in str(stat.get("why")) and fallback is not None:
+        if fallback < 1.0:  # the probe's prompts drew no proposal; the measured ones did: say the test never ran
+            untested = (
+                f"the statistical gate found no proposing prefix to test, yet the measured run proposed in "
+                f"{1.0 - fallback:.0%} of its rounds: those rounds' verification was not tested by sampling "
+                "(the enumeration oracles cover the verifier's code)"
+            )
+            gates = {**gates, "statistical": {**stat, "measured_proposal_rate": 1.0 - fallback, "note": untested}}
+            print(f"harness: note: {untested}", file=sys.stderr)
     mhash = planned.manifest_hash
     record = {
         "schema_version": RECORD_SCHEMA_VERSION,

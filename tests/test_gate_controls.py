@@ -258,3 +258,26 @@ def test_a_biased_round_fails_the_confirmation_too(workload, tmp_path, monkeypat
     # the biased run: two tests on disjoint streams, both failed; the real proposer: one test, passed
     assert [s for _, s in calls] == ["failed", "failed", "passed"]
     assert calls[1][0] - calls[0][0] == statistical.CONFIRMATION_STREAM
+
+
+def test_a_statistical_gate_whose_probe_drew_no_proposal_says_so_when_the_measured_run_proposed(
+    workload, tmp_path, monkeypatch, capsys
+):
+    """The gate does not apply where its probe's prefixes draw no proposal; when the measured run's
+    prompts then do, the record says that its rounds were not tested by sampling, and how many."""
+    import harness.gates.stages as stages
+    from harness.gates.status import not_applicable
+
+    monkeypatch.setattr(
+        stages, "statistical_gate", lambda **kw: not_applicable("proposer proposed nothing at the 4 candidate prefixes")
+    )
+    overrides = ("proposer=prompt_lookup", "verifier=membership", "generation.temperature=0.7", "gates.cache=false")
+    record = run_job(cfg(workload, *overrides), run_dir=tmp_path / "run")
+    entry, rate = record["gates"]["statistical"], 1.0 - record["metrics"]["fallback_rate"]
+    assert entry["status"] == "not_applicable" and rate > 0
+    assert entry["measured_proposal_rate"] == rate
+    assert entry["note"].startswith(
+        f"the statistical gate found no proposing prefix to test, yet the measured run "
+        f"proposed in {rate:.0%} of its rounds"
+    )
+    assert f"harness: note: {entry['note']}" in capsys.readouterr().err
