@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -217,3 +217,56 @@ def lock_path(path: str | Path) -> Path:
     """The lock file of the artifact at ``path``: ``.<name>.lock`` in the same folder."""
     path = Path(path)
     return path.with_name(f".{path.name}.lock")
+
+
+# --------------------------------------------------------------------------- a run folder's files
+
+#: a run's record, the outputs it binds, and the speculative arm's per-round series beside them
+RECORD_FILENAME = "record.json"
+OUTPUTS_FILENAME = "outputs.jsonl"
+ROUNDS_FILENAME = "rounds.jsonl"
+#: the files a run folder's record binds or describes: never an output of another command
+RUN_FILES = (RECORD_FILENAME, OUTPUTS_FILENAME, ROUNDS_FILENAME)
+
+
+def json_object_with(*keys: str, **values: object) -> Callable[[Path], bool]:
+    """A test of whether a file is a JSON object holding every one of ``keys``, and ``values`` as
+    given (what a command recognises as a file it wrote before)."""
+
+    def test(path: Path) -> bool:
+        try:
+            value = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return False
+        return (
+            isinstance(value, dict)
+            and all(k in value for k in keys)
+            and all(value.get(k) == v for k, v in values.items())
+        )
+
+    return test
+
+
+def output_file_problem(
+    key: str,
+    path: Path,
+    *,
+    what: str,
+    ours: Callable[[Path], bool],
+    example: str,
+    overwrite: bool = False,
+    overwrite_option: str = "overwrite=true",
+) -> str | None:
+    """Why ``path`` may not receive the file a command writes (``what``, e.g. "a compare JSON"), or
+    None: a folder; a run folder's record, outputs or rounds; any other existing file that ``ours``
+    does not recognise, unless ``overwrite`` (the command's ``overwrite_option`` says so); a folder
+    that cannot be written."""
+    if path.is_dir():
+        return f"{key}={path} is a folder; give a file path, e.g. {key}={path / example}"
+    if path.name in RUN_FILES and (path.parent / RECORD_FILENAME).is_file():
+        return f"{key}={path} is a file of the run folder {path.parent}: write {what} elsewhere"
+    if path.name == RECORD_FILENAME:  # compare, report and sweeps read every record.json under a folder
+        return f"{key}={path}: {RECORD_FILENAME} is the name of a run's record; give {what} another name"
+    if path.exists() and not overwrite and not ours(path):
+        return f"{key}={path} already exists and is not {what}; give another path or {overwrite_option}"
+    return output_folder_problem(key, path.parent)

@@ -884,6 +884,29 @@ def deep_target():
     return model, CausalLMBackend(model)
 
 
+def test_an_eagle_proposer_takes_its_hooks_off_the_target_while_the_ar_arm_decodes(env):
+    """The autoregressive arm decodes inside every speculative proposer's ``target_unhooked``: a
+    proposer that reads hidden rows through the tap has its hooks off the shared target there."""
+    from harness.proposers.merged import MergedProposer
+
+    model = env["model"]
+    p = make(env, Budget(shape="sequence", max_nodes=3, max_depth=3))
+    tap = p.tap
+    base = model.base_model
+    assert len(base._forward_hooks) >= 1
+    with p.target_unhooked():
+        assert not base._forward_hooks
+        serial = tap.serial
+        CausalLMBackend(model).prefill_one([5, 9, 13])
+        assert tap.serial == serial
+    assert len(base._forward_hooks) >= 1
+    merged = MergedProposer.__new__(MergedProposer)
+    merged.sources = [p]
+    with merged.target_unhooked():
+        assert not base._forward_hooks
+    assert len(base._forward_hooks) >= 1
+
+
 def test_tap_records_the_residual_stream_entering_chosen_layers(deep_target):
     model, backend = deep_target
     tap = HiddenTap.on(model)

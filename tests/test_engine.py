@@ -1070,11 +1070,16 @@ def test_the_autoregressive_arm_runs_the_target_without_the_hooks_proposers_read
     model = build_tiny_model(seed=2)
     tap = HiddenTap.on(model)
     tap.capture_layers([0])
-    nulls = [NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h") for _ in "ab"]
+
+    class Hooked(NullProposer):  # as a proposer reading the target's hidden rows through the tap
+        def target_unhooked(self):
+            return HiddenTap.suspended(model)
+
+    budget = Budget(shape="sequence", max_nodes=1, max_depth=1)
     arms = Arms(
         target=CausalLMBackend(model),
-        spec_proposers=nulls[:1],
-        null_proposers=nulls[1:],
+        spec_proposers=[Hooked(budget=budget, manifest_hash="h")],
+        null_proposers=[NullProposer(budget=budget, manifest_hash="h")],
         spec_verifier=get_verifier("greedy"),
         ar_verifier=get_verifier("greedy"),
         policy=GREEDY,

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.engine.decode import BatchDecodeResult, BatchLedger, DecodeResult, RoundConfig, batches, decode_batch
-from harness.heads.state import HiddenTap
 from harness.measure.ledger import RoundLedger
 from harness.measure.memory import DevicePeak
 from harness.proposers.base import Proposer
@@ -425,7 +424,10 @@ class Arms:
         # the autoregressive arm runs the target as it runs with no proposer built on it: the hooks
         # through which proposers read its hidden rows would slow its forwards (a hooked model takes
         # transformers' own path) and make the speculative arm look faster than it is
-        with HiddenTap.suspended(self.target.model) if arm == "ar" else contextlib.nullcontext():
+        with contextlib.ExitStack() as unhooked:
+            if arm == "ar":
+                for proposer in self.slots["spec"][0]:
+                    unhooked.enter_context(proposer.target_unhooked())
             return decode_batch(
                 target=self.target,
                 proposers=proposers[: len(idx)],

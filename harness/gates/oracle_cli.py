@@ -27,11 +27,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from harness.files import atomic_write_text
+from harness.files import atomic_write_text, json_object_with, output_file_problem
 from harness.gates.e2e import E2EModels, negative_control_rows, run_e2e_suite
 from harness.gates.oracle import MARGINAL_ATOL, check_case, exact_verifier_names, verifier_cases
 from harness.gates.transport import check_transport, transport_applies, transport_instances
-from harness.tracking.command_line import json_object_with, output_file_problem
 from harness.verifiers import broken as _broken  # noqa: F401  (registers the negative control)
 from harness.verifiers.base import VERIFIERS
 

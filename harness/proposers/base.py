@@ -11,8 +11,10 @@ last (the target has not yet computed its KV).
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -117,6 +119,11 @@ class Proposer(ABC):
 
     def finish(self) -> None:
         """Release per-request state."""
+
+    def target_unhooked(self) -> AbstractContextManager[None]:
+        """A context in which the target runs without whatever this proposer hooked onto it (the
+        autoregressive arm decodes in it: a hooked model can leave its fast paths). Nothing by default."""
+        return contextlib.nullcontext()
 
     def join(self, first: Proposer) -> None:
         """Share what this proposer keeps across requests with ``first``, another batch slot's

@@ -43,6 +43,7 @@ live counters under ``sources`` and per-source proposal time and node counts und
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Sequence
@@ -279,6 +280,14 @@ class MergedProposer(Proposer):
     def finish(self) -> None:
         for s in self.sources:
             s.finish()
+
+    @contextlib.contextmanager
+    def target_unhooked(self):
+        """The target without any source's hooks."""
+        with contextlib.ExitStack() as unhooked:
+            for s in self.sources:
+                unhooked.enter_context(s.target_unhooked())
+            yield
 
     def observe_verify(self, rows: int, ms: float) -> None:
         """Every source learns the round's verify time: what a forward of ``rows`` rows cost, whichever

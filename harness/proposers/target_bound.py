@@ -131,6 +131,10 @@ class HiddenRowProposer(TargetBoundProposer):
         # (tap serial, committed, proposal, the depth the round loop compiles it to)
         self._expect: tuple[int, tuple[int, ...], ProposalResult, int] | None = None
 
+    def target_unhooked(self):
+        """The target without the shared tap's hooks (:meth:`HiddenTap.suspended`)."""
+        return HiddenTap.suspended(self.model)
+
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The draft's law ``[n, V]`` of logits ``[n, V]``: its own softmax for ``beam`` (ranking
         only), else the run's sampling policy."""

@@ -46,17 +46,13 @@ from typing import Any
 
 import pandas as pd
 
-from harness.files import plain_file_mode, temporary_sibling
+from harness.files import OUTPUTS_FILENAME, RECORD_FILENAME, ROUNDS_FILENAME, plain_file_mode, temporary_sibling  # noqa: F401
 from harness.record_schema import GATES, STATUSES, is_gated, is_gated_v1, status_of
 
 SCHEMA_VERSION = 2
 #: schema 1 records (before per-gate statuses and ``gated``) are still read: a gate recorded
 #: without a status counts as passed only when it says so, so such runs are usually ungated
 SUPPORTED_SCHEMA_VERSIONS = (1, 2)
-RECORD_FILENAME = "record.json"
-OUTPUTS_FILENAME = "outputs.jsonl"
-#: the speculative arm's per-round series (one JSON row per request round), beside the record
-ROUNDS_FILENAME = "rounds.jsonl"
 #: a sweep folder's jobs that wrote no record: one JSON line each (job, stage, refused, error)
 FAILURES_FILENAME = "failures.jsonl"
 
