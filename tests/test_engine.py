@@ -1098,3 +1098,22 @@ def test_the_autoregressive_arm_runs_the_target_without_the_hooks_proposers_read
     assert tap.serial == serial + 1 + spec.requests[0].ledger.rounds  # the prefill and every round's verify
     assert set(tap.last.aux) == {0}  # the layer capture is back too
     assert ar.requests[0].tokens == spec.requests[0].tokens
+
+
+def test_a_history_index_orders_equal_codes_by_position_as_a_stable_sort_does():
+    """The index sorts positions by unigram and bigram code with equal codes in position order (the
+    most recent occurrences are the last ones); it folds the position into the key for the faster
+    unstable sort, and falls back to the stable sort where the folded key would not fit."""
+    from harness.proposers.prompt_lookup import SEPARATOR, TokenCorpus, _stable_order
+
+    rng = np.random.default_rng(0)
+    for n, vocab in ((0, 5), (1, 5), (300, 3), (5000, 40), (20000, 49152)):
+        tokens = rng.integers(0, vocab, n)
+        tokens[rng.random(n) < 0.05] = SEPARATOR
+        corpus = TokenCorpus(tokens)
+        shifted = tokens + 1
+        assert np.array_equal(corpus._uni_order, np.argsort(shifted, kind="stable"))
+        codes = shifted[:-1] * corpus._base + shifted[1:]
+        assert np.array_equal(corpus._bi_order, np.argsort(codes, kind="stable"))
+    huge = np.array([3, 1, 3, 0, 1], dtype=np.int64)
+    assert np.array_equal(_stable_order(huge, 2**61), [3, 1, 4, 0, 2])  # the stable sort itself

@@ -86,6 +86,17 @@ MAX_CONTEXT = 32
 SEPARATOR = -1
 
 
+def _stable_order(codes: np.ndarray, bound: int) -> np.ndarray:
+    """``np.argsort(codes, kind="stable")`` for non-negative ``codes`` below ``bound``: the positions
+    folded into the keys (code * n + position, all distinct) sort in the same order with NumPy's
+    unstable sort, about a quarter of the time of its stable one on int64 (a history's index is
+    made again each time a request finishes)."""
+    n = len(codes)
+    if bound * max(n, 1) >= 2**62:  # the folded keys would not fit: the stable sort itself
+        return np.argsort(codes, kind="stable")
+    return np.argsort(codes * n + np.arange(n, dtype=np.int64))
+
+
 class TokenCorpus:
     """Earlier sequences, each followed by ``SEPARATOR``, indexed for n-gram search: the positions
     of every token and of every bigram, sorted by value, so the occurrences of an n-gram are found
@@ -100,10 +111,10 @@ class TokenCorpus:
         self.tokens = np.asarray(tokens, dtype=np.int64)
         shifted = self.tokens + 1  # the separator becomes 0: every code is non-negative
         self._base = int(shifted.max(initial=0)) + 1
-        self._uni_order = np.argsort(shifted, kind="stable")
+        self._uni_order = _stable_order(shifted, self._base)
         self._uni = shifted[self._uni_order]
         codes = shifted[:-1] * self._base + shifted[1:]
-        self._bi_order = np.argsort(codes, kind="stable")
+        self._bi_order = _stable_order(codes, self._base * self._base)
         self._bi = codes[self._bi_order]
 
     def __len__(self) -> int:
