@@ -501,7 +501,9 @@ def test_speedup_vs_batch_draws_the_decode_speedup_with_its_own_interval():
         assert by_batch[run["batch_size"]] == pytest.approx(run["decode_speedup"])
     one = runs[runs["batch_size"] == 1]
     (row,) = [r for r in compare(one) if r.category == ALL]
-    segs = [seg for coll in ax.collections for seg in coll.get_segments() if abs(seg[0][0] - 1.0) < 1e-9]
+    drawn = [seg for coll in ax.collections for seg in coll.get_segments() if len(seg)]
+    assert all(abs(seg[0][0] - 1.0) < 1e-9 for seg in drawn)  # a bar at batch size 1 only
+    segs = drawn
     assert any(
         seg[0][1] == pytest.approx(row.speedup.ci_low) and seg[1][1] == pytest.approx(row.speedup.ci_high)
         for seg in segs
@@ -694,3 +696,30 @@ def test_the_t_profile_plot_draws_each_runs_roofline_floor_where_the_record_has_
     older = run.assign(t_profile=[json.dumps({"n": profile["n"], "t": profile["t"]})])  # a record without floors
     lines = PLOTS["t_profile"](older, {}).figure.axes[0].get_lines()
     assert [list(ln.get_ydata()) for ln in lines if len(ln.get_xdata())] == [profile["t"]]
+
+
+def test_speedup_vs_batch_draws_no_bar_where_there_is_no_interval():
+    """A point without an interval (a batched run, or a run of one prompt) was drawn with a bar of no
+    width, as if it were exact."""
+    from harness.tracking.report import plot_speedup_vs_batch
+
+    df = pd.DataFrame(
+        {
+            "section": ["exact", "exact"],
+            "run_id": ["r1", "r2"],
+            "proposer": "a",
+            "topology": "t",
+            "verifier": "greedy",
+            "temperature": 0.0,
+            "batch_size": [1, 2],
+            "workload": "w",
+            "model": "m",
+            "speedup": [1.1, 1.2],
+            "decode_speedup": [1.3, 1.4],
+            "per_prompt": "[]",
+        }
+    )
+    plot = plot_speedup_vs_batch(df, {})
+    (container,) = plot.figure.axes[0].containers
+    (bars,) = container.lines[2]
+    assert [seg for seg in bars.get_segments() if len(seg)] == []

@@ -701,12 +701,10 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         pts = [_run_speedup(r, p) for (_, r), p in zip(group.iterrows(), json_column(group, "per_prompt"), strict=True)]
         ys = np.array([_num(r.get("decode_speedup")) or np.nan for _, r in group.iterrows()], dtype=float)
         single = (group["batch_size"].astype(int) == 1).to_numpy()
-        lo = np.where(
-            single, np.nan_to_num(ys - np.array([np.nan if p[1] is None else p[1] for p in pts], dtype=float)), 0.0
-        )
-        hi = np.where(
-            single, np.nan_to_num(np.array([np.nan if p[2] is None else p[2] for p in pts], dtype=float) - ys), 0.0
-        )
+        # no bar where there is no interval (a batched run, or too few prompts): NaN draws none, where a
+        # zero would draw a bar of no width, as if the point were exact
+        lo = np.where(single, ys - np.array([np.nan if p[1] is None else p[1] for p in pts], dtype=float), np.nan)
+        hi = np.where(single, np.array([np.nan if p[2] is None else p[2] for p in pts], dtype=float) - ys, np.nan)
         lo, hi = np.clip(lo, 0.0, None), np.clip(hi, 0.0, None)
         label = "/".join(axis_piece(a, group.iloc[0][a]) for a in vary) or "runs"
         ax.errorbar(group["batch_size"], ys, yerr=[lo, hi], marker="o", capsize=3, label=label)
