@@ -433,16 +433,29 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
         for note in run_notes(record):  # as a single run says them, naming the job
             print(f"{launching_command()}: note: job {job}: {note}", file=sys.stderr)
     except Exception as exc:  # a failing job must not stop the sweep; it is reported, not hidden
-        if stage == "setup":  # no manifest to check earlier files against: they are not this job's
+        if stage == "setup":  # no manifest to check earlier files against
             state = inspect_job(run_dir)
-            if state.files:
+            if state.files and not _same_job_config(state.record, cfg):
                 dest = set_aside(run_dir, state.files)
                 log.warning(
                     "sweep job %s failed before its manifest could be checked; its earlier files are moved to %s",
                     job,
                     dest,
                 )
+            # a complete record of this job's own config stays: the launch failed (a launcher setting,
+            # an artifact it could not open), and the next launch checks the record's manifest
         _failed(status, job, stage, exc)
+
+
+def _same_job_config(record: dict | None, cfg: DictConfig) -> bool:
+    """Whether ``record`` (a complete job's, or None) ran what ``cfg`` asks, its launch-only keys aside."""
+    if record is None or not isinstance(record.get("config"), dict):
+        return False
+    try:
+        asked = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # a config that does not resolve asks nothing a record can be said to hold
+        return False
+    return _ran_and_checked(record["config"]) == _ran_and_checked(asked)
 
 
 #: config keys that say how a job was launched or logged, not what it ran and checked

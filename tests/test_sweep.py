@@ -500,6 +500,32 @@ def test_a_changed_manifest_reruns_the_job(env, tmp_path):
     assert json.loads(path.read_text())["manifest_hash"] == job_manifest_hash(cfg)
 
 
+def test_a_job_that_fails_before_its_manifest_keeps_a_record_of_its_own_config(env, monkeypatch):
+    """A job that fails while it is set up (a launcher setting, an artifact it cannot open) moved its
+    folder's complete record aside: one bad relaunch emptied the store of every finished job. A record
+    of this job's config now stays (the next launch checks its manifest); other files still go aside."""
+    sweep_dir = env / "multirun" / "smoke"
+    args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
+    args.append("hydra.callbacks.harness_sweep.report=false")
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 0 and len(summary["ran"]) == 1
+    job = sweep_dir / summary["ran"][0]
+    first = load_record(job / "record.json")
+
+    def unopenable(cfg):
+        raise OSError("cannot open the proposer's artifact (test)")
+
+    monkeypatch.setattr(sweep, "job_manifest", unopenable)
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 1 and summary["failed"] == [job.name] and summary["ran"] == []
+    assert load_record(job / "record.json")["run_id"] == first["run_id"] and not (job / ".previous").exists()
+    assert list(pd.read_parquet(sweep_dir / STORE_FILE)["run_id"]) == [first["run_id"]]
+    # a folder without a complete record of this config: its files are set aside, as before
+    (job / "record.json").unlink()
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 1 and not (job / "outputs.jsonl").exists() and (job / ".previous").is_dir()
+
+
 def _wandb_summary(job_dir: Path) -> dict:
     (run_file,) = job_dir.glob("wandb/offline-run-*/run-*.wandb")
     res = subprocess.run(
