@@ -285,11 +285,25 @@ def launcher_concurrency(hydra_cfg: DictConfig) -> int | None:
 
 def launcher_refusal(hydra_cfg: DictConfig) -> str | None:
     """Why the configured launcher cannot submit this multirun (checked before anything is
-    submitted or written); None when it can. A Slurm launcher (submitit's or the harness's
-    ``hydra/launcher=slurm``) needs a partition, resources sbatch takes, and sbatch on this machine."""
+    submitted or written); None when it can. Every job records how many jobs ran at once, so a
+    launcher whose concurrency nothing bounds is refused (every job would fail while it is set up).
+    A Slurm launcher (submitit's or the harness's ``hydra/launcher=slurm``) needs a partition,
+    resources sbatch takes, and sbatch on this machine."""
+    try:
+        width = launcher_concurrency(hydra_cfg)
+    except ValueError as exc:
+        return str(exc)
+    if width is None:
+        return CONCURRENCY_UNKNOWN
     if not str(hydra_cfg.launcher.get("_target_", "")).endswith("SlurmLauncher"):
         return None
     return slurm_refusal(hydra_cfg.launcher) or slurm_missing()
+
+
+CONCURRENCY_UNKNOWN = (
+    "cannot tell how many jobs run at once: the launcher runs a whole batch together "
+    "and hydra.sweeper.max_batch_size is unset (it defaults to concurrent_jobs)"
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,10 +390,7 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
             )
         width = launcher_concurrency(hydra_cfg)
         if width is None:
-            raise ValueError(
-                "cannot tell how many jobs run at once: the launcher runs a whole batch together "
-                "and hydra.sweeper.max_batch_size is unset (it defaults to concurrent_jobs)"
-            )
+            raise ValueError(CONCURRENCY_UNKNOWN)
         if width != int(cfg.concurrent_jobs):
             log.info(
                 "concurrent_jobs=%s asked, the launcher runs %s at once: recording %s",
