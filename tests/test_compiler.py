@@ -192,3 +192,49 @@ def test_contracts_reject_invalid_values():
             state_handle=NO_STATE,
             manifest_hash="h",
         )
+
+
+def test_a_sampled_proposal_over_the_row_budget_is_refused_not_cut_by_its_draws_values():
+    """Three i.i.d. draws [0, 1, 0] under one row of budget: the cut kept the first draw and the
+    repeat of its token and dropped the new one, so which draws reached the verifier depended on
+    their values, and SpecInfer's first-token law moved (0.30 -> 0.37 for token 1 in an exact
+    enumeration). A sampled proposal must fit the budget whatever it draws; a depth cut, which
+    drops draws whatever their values, still applies."""
+    from harness.gates.oracle import first_token_marginal, sampled_builder, verifier_output_marginal
+    from harness.verifiers import get_verifier
+
+    q = torch.tensor([0.5, 0.1, 0.2, 0.2], dtype=torch.float64)
+
+    def sampled(tokens, parents):
+        nodes = tuple(
+            ProposalNode(token_id=t, parent=p, score=1.0, q=float(q[t]), source="x")
+            for t, p in zip(tokens, parents, strict=True)
+        )
+        return ProposalResult(
+            nodes=nodes,
+            probability_semantics="normalized_conditional",
+            sampling_relation="iid",
+            topology="set" if all(p == -1 for p in parents) else "sequence",
+            state_handle=NO_STATE,
+            manifest_hash="h",
+            source="x",
+            q_dists=torch.stack([q] * len(tokens)),
+        )
+
+    for tokens in ((0, 1, 0), (0, 0, 0)):  # refused whatever the draws: three nodes, one row
+        with pytest.raises(ContractError, match=r"has 3 nodes for 1 rows of the budget \(max_nodes=1\)"):
+            compile_tree([sampled(tokens, (-1, -1, -1))], 1, max_nodes=1)
+    chain = compile_tree([sampled((0, 1, 2), (-1, 0, 1))], 1, max_nodes=2, max_depth=2)  # depth cut: 2 nodes
+    assert chain.token_ids.tolist() == [0, 1]
+
+    class Laws:
+        def level(self, prefixes):
+            return torch.stack([q for _ in prefixes])
+
+    p = torch.tensor([0.1, 0.3, 0.35, 0.25], dtype=torch.float64)
+    law = verifier_output_marginal(get_verifier("specinfer"), sampled_builder(Laws(), (3,), "iid"), lambda pre: p)
+    torch.testing.assert_close(first_token_marginal(law, 4), p, rtol=0, atol=1e-12)
+    with pytest.raises(ContractError, match="trims its draws to the budget itself"):
+        verifier_output_marginal(
+            get_verifier("specinfer"), sampled_builder(Laws(), (3,), "iid"), lambda pre: p, max_nodes=1
+        )

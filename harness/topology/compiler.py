@@ -14,8 +14,11 @@ parents stay distinct rows with distinct KV.
 Row order. Rows are materialised in first-insertion order while walking the proposals' nodes in
 order (proposal 0 first); a parent is always inserted before its children, so the order is
 topological. Budgets (``max_nodes`` candidate rows, root excluded; ``max_depth``) keep the first
-rows of that order; because a parent precedes its children the kept set is still a tree, and for
-sampled proposals it keeps a prefix of each parent's draw sequence, so the draw law is unchanged.
+rows of that order; because a parent precedes its children the kept set is still a tree. A depth cut
+drops draws whatever their values, so a sampled proposal's draw law is unchanged by it; a sampled
+proposal (one that records q) with more nodes within ``max_depth`` than ``max_nodes`` leaves is
+refused instead (a ``ContractError``): whether one of its draws needs a new row depends on the
+draw's value, and dropping new ones while keeping repeats of kept tokens would bias the verifier.
 
 Draws. A parent may receive the same token several times from i.i.d. sampling. The row is
 materialised once, but ``draws[parent+1]`` keeps every draw in proposal order with the index of
@@ -99,6 +102,21 @@ def build_ancestor_mask(parents: Sequence[int]) -> torch.Tensor:
     return torch.from_numpy(mask)
 
 
+def _check_sampled_budget(proposal: ProposalResult, *, rows_before: int, max_nodes: int, max_depth: int | None) -> None:
+    """A sampled proposal fits the row budget whatever its draws' values: its nodes within
+    ``max_depth`` (the depth cut is value-free) are at most the rows ``max_nodes`` leaves."""
+    depth: list[int] = []
+    for node in proposal.nodes:
+        depth.append(1 if node.parent == PREFIX_FRONTIER else depth[node.parent] + 1)
+    kept = sum(1 for d in depth if max_depth is None or d <= max_depth)
+    if rows_before + kept > max_nodes:
+        raise ContractError(
+            f"a sampled proposal ({proposal.source}) has {kept} nodes for {max_nodes - rows_before} rows of the "
+            f"budget (max_nodes={max_nodes}): a proposer that records q trims its draws to the budget itself "
+            "(a cut here would keep or drop a draw by its value, and bias the verifier)"
+        )
+
+
 def compile_tree(
     proposals: Sequence[ProposalResult],
     prefix_len: int,
@@ -127,6 +145,8 @@ def compile_tree(
         semantics.add(proposal.probability_semantics)
         relations.add(proposal.sampling_relation)
         node_row: list[int | None] = []  # proposal node index -> row (None: dropped by budget)
+        if proposal.q_dists is not None and max_nodes is not None:
+            _check_sampled_budget(proposal, rows_before=len(tokens), max_nodes=max_nodes, max_depth=max_depth)
         for i, node in enumerate(proposal.nodes):
             parent_row = PREFIX_FRONTIER if node.parent == PREFIX_FRONTIER else node_row[node.parent]
             if node.parent != PREFIX_FRONTIER and parent_row is None:
