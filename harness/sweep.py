@@ -491,7 +491,9 @@ def twin_job(
     out the gates, so the config decides: an ungated run is no twin of a gated job."""
     own = run_dir.resolve()
     wanted = _ran_and_checked(config)
-    for path in iter_record_paths(sweep_dir):  # not in hidden folders (.previous/), which the store leaves out
+    for path in iter_record_paths(
+        sweep_dir
+    ):  # not in .previous/ (nor Hydra's or submitit's folders), which the store leaves out
         folder = path.parent
         if folder.resolve() == own:
             continue

@@ -155,6 +155,22 @@ def test_store_round_trips_through_parquet_and_rebuilds_from_records(tmp_path):
     assert len(pd.read_parquet(tmp_path / "out" / "s.parquet")) == 10
 
 
+def test_the_store_reads_a_job_folder_under_a_dot_folder_and_skips_only_the_harness_s_own(tmp_path):
+    """A sweep names a job's folder by its overrides, so a path value (``workload.path=/x/.data/p.jsonl``)
+    nests it under a dot folder: every hidden folder was skipped, and that job was in no store,
+    compare or report. Only a job's earlier files (``.previous``) and Hydra's and submitit's folders
+    are left out now."""
+    root = _copy_sweep(tmp_path)
+    run = root / "fixture-sweep" / fixture_run(1).name
+    nested = root / "workload.path=" / "x" / ".data" / "p.jsonl"
+    nested.parent.mkdir(parents=True)
+    shutil.move(str(run), str(nested))
+    for kept_out in (".previous", ".hydra", ".submitit"):
+        shutil.copytree(nested, root / "fixture-sweep" / fixture_run(2).name / kept_out / "earlier")
+    df = rebuild_store(root)
+    assert len(df) == 11 and fixture_run_id(1) in set(df["run_id"])
+
+
 def test_store_refuses_duplicate_run_ids_and_bad_paths(tmp_path):
     root = _copy_sweep(tmp_path)
     shutil.copytree(root / "fixture-sweep" / fixture_run(1).name, root / "again")

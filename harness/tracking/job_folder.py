@@ -10,7 +10,7 @@
 * **Earlier files moved aside** (:func:`set_aside`): a job that runs again in a folder holding
   files (its code or config changed, its outputs are gone, or ``harness run`` was pointed there
   again) first moves them to ``<folder>/.previous/<time>-<id>/``, with a warning giving the
-  reason, so a job that then fails leaves no record in its folder; the store skips hidden folders.
+  reason, so a job that then fails leaves no record in its folder; the store skips those folders.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from harness.files import LockBusy, atomic_write_text, describe_holder, file_loc
 from harness.tracking.record import json_text, jsonl_text
 from harness.tracking.store import (
     OUTPUTS_FILENAME,
+    PREVIOUS_DIR,
     RECORD_FILENAME,
     ROUNDS_FILENAME,
     RecordError,
@@ -42,7 +43,6 @@ from harness.tracking.store import (
 log = logging.getLogger("harness.jobs")
 
 LOCK_FILENAME = ".harness.lock"
-PREVIOUS_DIR = ".previous"
 #: what a job leaves in its folder besides Hydra's own files: moved aside together
 JOB_FILES: tuple[str, ...] = (RECORD_FILENAME, OUTPUTS_FILENAME, ROUNDS_FILENAME, "wandb")
 

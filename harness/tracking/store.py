@@ -334,14 +334,22 @@ def record_gated(record: Mapping[str, Any]) -> bool:
     return bool(record["gated"])
 
 
+#: a re-run job's earlier files (``<job>/.previous/``): no current record lies there
+PREVIOUS_DIR = ".previous"
+#: folders no current record lies in: a job's earlier files, Hydra's and submitit's own. Other
+#: folders whose name starts with a dot are searched: a sweep names a job's folder by its overrides,
+#: and a path value (``workload.path=/data/.prompts/p.jsonl``) makes such folders
+NOT_RECORD_FOLDERS = (PREVIOUS_DIR, ".hydra", ".submitit")
+
+
 def iter_record_paths(records_root: str | Path) -> Iterator[Path]:
-    """Every ``record.json`` under ``records_root``, in sorted path order, outside hidden folders
-    (a re-run job's earlier files lie in ``<job>/.previous/``)."""
+    """Every ``record.json`` under ``records_root``, in sorted path order, outside the folders of
+    :data:`NOT_RECORD_FOLDERS`."""
     root = Path(records_root)
     if not root.is_dir():
         raise RecordError(f"{root}: records root is not a folder")
     for path in sorted(root.rglob(RECORD_FILENAME)):
-        if not any(part.startswith(".") for part in path.relative_to(root).parts):
+        if not any(part in NOT_RECORD_FOLDERS for part in path.relative_to(root).parts):
             yield path
 
 
