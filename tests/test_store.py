@@ -158,8 +158,8 @@ def test_store_round_trips_through_parquet_and_rebuilds_from_records(tmp_path):
 def test_the_store_reads_a_job_folder_under_a_dot_folder_and_skips_only_the_harness_s_own(tmp_path):
     """A sweep names a job's folder by its overrides, so a path value (``workload.path=/x/.data/p.jsonl``)
     nests it under a dot folder: every hidden folder was skipped, and that job was in no store,
-    compare or report. Only a job's earlier files (``.previous``) and Hydra's and submitit's folders
-    are left out now."""
+    compare or report. A dot folder within a job folder's name is searched now; a job's earlier files
+    (``.previous``), Hydra's and submitit's folders and other hidden folders are still left out."""
     root = _copy_sweep(tmp_path)
     run = root / "fixture-sweep" / fixture_run(1).name
     nested = root / "workload.path=" / "x" / ".data" / "p.jsonl"
@@ -167,6 +167,8 @@ def test_the_store_reads_a_job_folder_under_a_dot_folder_and_skips_only_the_harn
     shutil.move(str(run), str(nested))
     for kept_out in (".previous", ".hydra", ".submitit"):
         shutil.copytree(nested, root / "fixture-sweep" / fixture_run(2).name / kept_out / "earlier")
+    shutil.copytree(nested, root / ".bak" / "run")  # a user's hidden copy is no current record either
+    shutil.copytree(nested, nested / ".previous" / "earlier")
     df = rebuild_store(root)
     assert len(df) == 11 and fixture_run_id(1) in set(df["run_id"])
 

@@ -336,20 +336,30 @@ def record_gated(record: Mapping[str, Any]) -> bool:
 
 #: a re-run job's earlier files (``<job>/.previous/``): no current record lies there
 PREVIOUS_DIR = ".previous"
-#: folders no current record lies in: a job's earlier files, Hydra's and submitit's own. Other
-#: folders whose name starts with a dot are searched: a sweep names a job's folder by its overrides,
-#: and a path value (``workload.path=/data/.prompts/p.jsonl``) makes such folders
+#: folders no current record lies in: a job's earlier files, Hydra's and submitit's own
 NOT_RECORD_FOLDERS = (PREVIOUS_DIR, ".hydra", ".submitit")
 
 
+def _current(parts: tuple[str, ...]) -> bool:
+    """Whether a record at ``parts`` (its path below the records root) is a current one: in none of
+    :data:`NOT_RECORD_FOLDERS`, and in no hidden folder (a user's ``.bak/``) but one within a job
+    folder's name: a sweep names a job's folder by its overrides, and a path value
+    (``workload.path=/data/.prompts/p.jsonl``) spans folders below the part holding ``=``."""
+    named = False
+    for part in parts[:-1]:
+        if part in NOT_RECORD_FOLDERS or (part.startswith(".") and not named):
+            return False
+        named = named or "=" in part
+    return True
+
+
 def iter_record_paths(records_root: str | Path) -> Iterator[Path]:
-    """Every ``record.json`` under ``records_root``, in sorted path order, outside the folders of
-    :data:`NOT_RECORD_FOLDERS`."""
+    """Every current ``record.json`` under ``records_root`` (:func:`_current`), in sorted path order."""
     root = Path(records_root)
     if not root.is_dir():
         raise RecordError(f"{root}: records root is not a folder")
     for path in sorted(root.rglob(RECORD_FILENAME)):
-        if not any(part in NOT_RECORD_FOLDERS for part in path.relative_to(root).parts):
+        if _current(path.relative_to(root).parts):
             yield path
 
 
