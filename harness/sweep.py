@@ -420,6 +420,11 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
                 record_dir, record = twin
                 other = record_dir.resolve().relative_to(Path(str(hydra_cfg.sweep.dir)).resolve()).as_posix()
                 status["same_as"] = other
+                # this folder's own files are not this job's (another manifest, or timed with more jobs
+                # at once): aside, or the store would count a stale record beside the twin's
+                _, moved = clear_for_run(run_dir, state, what=f"sweep job {job}", action=f"skipping (see {other})")
+                if moved:
+                    log.warning("%s", moved)
                 log.info("skipped %s: the same job (manifest hash %s) is complete in %s", job, mhash, other)
                 print(
                     f"harness sweep: skipped {job}: the same job (manifest hash {mhash}) is complete in {other}",

@@ -850,6 +850,28 @@ def test_the_same_job_under_restated_overrides_is_skipped_naming_the_folder_that
     assert record["manifest_hash"] in set(pd.read_parquet(sweep_dir / STORE_FILE)["manifest_hash"])
 
 
+def test_a_job_skipped_as_another_folder_s_twin_sets_its_own_stale_record_aside(env):
+    """A job skipped because another folder holds the same job kept its own folder's record of
+    another manifest, which the store and compare then pooled beside the twin's."""
+    sweep_dir = env / "multirun" / "smoke"
+    common = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
+    common.append("hydra.callbacks.harness_sweep.report=false")
+    rc, first = launch(sweep_dir, *common, "seed=0")
+    assert rc == 0 and len(first["ran"]) == 1
+    (restated,) = first["ran"]
+    path = sweep_dir / restated / "record.json"
+    stale = json.loads(path.read_text())
+    stale["manifest_hash"] = "0" * 16  # as a record written by other code
+    path.write_text(json.dumps(stale))
+    rc, plain = launch(sweep_dir, *common)
+    assert rc == 0 and len(plain["ran"]) == 1
+    (job,) = plain["ran"]
+    rc, again = launch(sweep_dir, *common, "seed=0")
+    assert rc == 0 and again["skipped"] == [restated] and again["same_as"] == {restated: job}
+    assert not path.exists() and (sweep_dir / restated / ".previous").is_dir()
+    assert list(pd.read_parquet(sweep_dir / STORE_FILE)["run_id"]) == [load_record(sweep_dir / job)["run_id"]]
+
+
 def test_a_job_rerun_after_a_code_change_that_fails_its_gate_leaves_no_record_in_folder_store_or_report(
     env, capsys, monkeypatch
 ):
