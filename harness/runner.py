@@ -177,10 +177,14 @@ class Measured:
 REFUSALS: tuple[type[BaseException], ...] = (GateError, NegotiationError, ContractError, TrackingError)
 
 
-def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None = None) -> dict:
+def run_job(
+    cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None = None, restore_other_manifest: bool = True
+) -> dict:
     """One job: everything `harness run` does. Returns the record (also written to run_dir).
     ``aside``: where the caller (a sweep) already moved the folder's earlier files; they go back
-    as the job's own would (a refusal before measuring, an interrupt before the write)."""
+    as the job's own would (a refusal before measuring, an interrupt before the write), unless
+    ``restore_other_manifest`` is false and they hold a record of another manifest (a sweep's store
+    and report show no record of a manifest other than its job's)."""
     t_job = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
@@ -268,11 +272,24 @@ def run_job(cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None 
                 if interrupted and aside is not None and (aside / RECORD_FILENAME).is_file():
                     discard_offline_run(tracker)  # the earlier record's W&B run is the arm's
                 why = "interrupted" if interrupted else "refused" if refused else "failed before its record was written"
-                restore_aside(planned.run_dir, aside, why=f"the job was {why}", quiet=moved_note is not None)
+                if restore_other_manifest or _aside_manifest(aside) in (None, planned.manifest_hash):
+                    restore_aside(planned.run_dir, aside, why=f"the job was {why}", quiet=moved_note is not None)
+                else:
+                    announce_move()  # a record of another manifest stays in .previous/
             else:
                 announce_move()  # the earlier files stay in .previous/
             raise
     return record
+
+
+def _aside_manifest(aside: Path | None) -> str | None:
+    """The manifest hash of the record among files set aside (None: no readable record)."""
+    if aside is None:
+        return None
+    try:
+        return json.loads((aside / RECORD_FILENAME).read_text(encoding="utf-8")).get("manifest_hash")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 # --------------------------------------------------------------------------- plan

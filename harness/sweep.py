@@ -443,7 +443,8 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
         if moved:
             log.warning("%s", moved)
         stage = "run"
-        record = run_job(cfg, run_dir=run_dir, aside=aside)  # logs to W&B itself with tracking=wandb
+        # logs to W&B itself with tracking=wandb; a failure puts back only a record of this manifest
+        record = run_job(cfg, run_dir=run_dir, aside=aside, restore_other_manifest=False)
         status["manifest_hash"] = record["manifest_hash"]
         status.update(status="ran", record=str(run_dir / RECORD_FILENAME), speedup=record["metrics"].get("speedup"))
         for note in run_notes(record):  # as a single run says them, naming the job

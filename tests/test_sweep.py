@@ -872,6 +872,33 @@ def test_a_job_skipped_as_another_folder_s_twin_sets_its_own_stale_record_aside(
     assert list(pd.read_parquet(sweep_dir / STORE_FILE)["run_id"]) == [load_record(sweep_dir / job)["run_id"]]
 
 
+def test_a_rerun_refused_after_a_change_leaves_the_record_of_the_other_manifest_aside(env, monkeypatch):
+    """A job re-run for a changed manifest and then refused (a prompt grown past the context, an
+    artifact it cannot open) put the earlier record back: the sweep's store and report then showed a
+    record of another manifest than its job's. It stays in .previous/ now."""
+    import harness.runner as runner
+
+    sweep_dir = env / "multirun" / "smoke"
+    args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
+    args.append("hydra.callbacks.harness_sweep.report=false")
+    rc, first = launch(sweep_dir, *args)
+    assert rc == 0
+    (job,) = first["ran"]
+    path = sweep_dir / job / "record.json"
+    other = json.loads(path.read_text())
+    other["manifest_hash"] = "0" * 16  # measured by other code
+    path.write_text(json.dumps(other))
+
+    def refused(*a, **k):
+        raise ValueError("prompt 'p0' needs 900 positions (test)")
+
+    monkeypatch.setattr(runner, "load", refused)
+    rc, again = launch(sweep_dir, *args)
+    assert rc == 1 and again["failed"] == [job]
+    assert not path.exists() and len(list((sweep_dir / job / ".previous").iterdir())) == 1
+    assert pd.read_parquet(sweep_dir / STORE_FILE).empty
+
+
 def test_a_job_rerun_after_a_code_change_that_fails_its_gate_leaves_no_record_in_folder_store_or_report(
     env, capsys, monkeypatch
 ):
