@@ -45,7 +45,16 @@ def is_gated(gates: Mapping[str, Mapping]) -> bool:
     return set(GATES) <= set(gates) and all(status_of(g) in ("passed", "not_applicable") for g in gates.values())
 
 
-def is_gated_v1(gates: Mapping[str, Mapping]) -> bool:
+#: the switches by which a schema-1 run turned a gate off; that runner then wrote no entry for it
+V1_GATE_SWITCHES = ("enabled", "oracle", "equivalence", "statistical")
+
+
+def is_gated_v1(gates: Mapping[str, Mapping], config: Mapping | None = None) -> bool:
     """The same for a schema-1 record, which listed only the gates that ran: none skipped or failed,
-    and no ``skipped`` entry (what ``gates.enabled=false`` wrote, with ``passed: true``)."""
+    no ``skipped`` entry (what ``gates.enabled=false`` wrote, with ``passed: true``), and, where its
+    ``config`` is given, no gate switched off there (``gates.oracle=false`` and the like left the gate
+    out of the record, with nothing to say it had been skipped; ``gates.skip_statistical=true``)."""
+    switches = ((config or {}).get("gates") or {}) if isinstance(config, Mapping) else {}
+    if any(switches.get(name) is False for name in V1_GATE_SWITCHES) or switches.get("skip_statistical") is True:
+        return False
     return "skipped" not in gates and all(status_of(g) in ("passed", "not_applicable") for g in gates.values())

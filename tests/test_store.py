@@ -240,6 +240,17 @@ def test_schema_1_records_are_gated_only_when_no_gate_was_skipped(entry, gated):
     assert row["gated"] is gated and (row["section"] == "ungated") is (not gated)
     rec["gates"] = {"negotiation": {"passed": True}, "skipped": {"passed": True, "evidence": "gates.enabled=false"}}
     assert flatten_record(rec)["gated"] is False  # what gates.enabled=false wrote in schema 1
+    # a gate switched off by its own option was left out of a schema-1 record with nothing to say so
+    for switch, value in (
+        ("oracle", False),
+        ("equivalence", False),
+        ("statistical", False),
+        ("skip_statistical", True),
+    ):
+        off = schema_1(load_record(DRAFT))
+        off["gates"].pop(switch if switch != "skip_statistical" else "statistical", None)
+        off["config"]["gates"][switch] = value
+        assert flatten_record(off)["gated"] is False, switch
 
 
 def test_schema_2_records_state_gated_and_every_gate_status(tmp_path):

@@ -330,7 +330,7 @@ def section_of(*, exact: bool, cpu_budget_artifact: bool, gated: bool = True) ->
 def record_gated(record: Mapping[str, Any]) -> bool:
     """A record's ``gated`` (recomputed from its gates for records written before it existed)."""
     if record.get("schema_version", SCHEMA_VERSION) == 1:
-        return is_gated_v1(record["gates"])
+        return is_gated_v1(record["gates"], record.get("config"))
     return bool(record["gated"])
 
 
