@@ -261,8 +261,15 @@ def run_job(
             host_memory.stop()  # a sampling thread, where there is one, ends with the job
             compile_watch.stop()
             refused = isinstance(exc, (ValueError, OSError, *REFUSALS))
-            tracker.fail(stage=stage, error=exc, refused=refused)
             failed_gate = isinstance(exc, GateError) and stage in ("gate", "measure")  # measure: greedy equality
+            restores = stage not in ("write", "tracking") and not failed_gate
+            restores = restores and (restore_other_manifest or _aside_manifest(aside) in (None, planned.manifest_hash))
+            tracker.fail(
+                stage=stage,
+                error=exc,
+                refused=refused,
+                earlier_set_aside=aside is not None and stage not in ("write", "tracking") and not restores,
+            )
             if stage not in ("write", "tracking") and not failed_gate:
                 # refused (a prompt too long, leakage), failed (out of memory) or interrupted before this job
                 # wrote anything: that refutes nothing, and the earlier files go back. Not after a failed
@@ -272,7 +279,7 @@ def run_job(
                 if interrupted and aside is not None and (aside / RECORD_FILENAME).is_file():
                     discard_offline_run(tracker)  # the earlier record's W&B run is the arm's
                 why = "interrupted" if interrupted else "refused" if refused else "failed before its record was written"
-                if restore_other_manifest or _aside_manifest(aside) in (None, planned.manifest_hash):
+                if restores:
                     restore_aside(planned.run_dir, aside, why=f"the job was {why}", quiet=moved_note is not None)
                 else:
                     announce_move()  # a record of another manifest stays in .previous/

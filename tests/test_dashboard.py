@@ -335,8 +335,9 @@ def test_a_known_sweep_not_yet_run_gets_its_dashboard_in_its_own_folder(tmp_path
 class FakeRun:
     """What mark_superseded reads and writes of a W&B API run."""
 
-    def __init__(self, run_id, state="finished", replaces=(), tags=()):
+    def __init__(self, run_id, state="finished", replaces=(), tags=(), summary=None):
         self.id, self.state, self.config, self.tags = run_id, state, {"replaces": list(replaces)}, list(tags)
+        self.summary = dict(summary or {})
         self.updates = 0
 
     def update(self):
@@ -353,6 +354,9 @@ def test_a_run_a_finished_re_run_replaced_is_tagged_superseded_once():
     assert mark_superseded([old, new, kept, failed]) == ["r1"]
     assert old.tags == ["superseded"] and old.updates == 1 and kept.tags == [] and new.tags == []
     assert mark_superseded([old, new, kept, failed]) == [] and old.updates == 1  # once
+    # a re-run whose gate failed left the earlier record aside (the gate's evidence refutes it): superseded
+    refuted, failed_gate = FakeRun("r5"), FakeRun("r6", "failed", ["r5"], summary={"earlier_record": "set_aside"})
+    assert mark_superseded([refuted, failed_gate]) == ["r5"] and refuted.tags == ["superseded"]
 
 
 def test_a_re_run_s_w_and_b_run_names_the_run_it_replaces(tmp_path, monkeypatch):

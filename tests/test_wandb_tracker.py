@@ -312,6 +312,29 @@ def test_a_refused_job_is_a_failed_w_and_b_run_tagged_refused_and_leaves_no_reco
     assert run_info(records)["run_group"] == "default"
 
 
+def test_a_re_run_whose_gate_fails_says_the_earlier_record_stays_aside(tmp_path, wandb_home, monkeypatch):
+    """A failed gate's evidence refutes the folder's earlier record, which stays in .previous/; the
+    failing W&B run says so, so the dashboard tags the earlier run superseded (only finished re-runs
+    did, and the refuted run stayed among the gated ones)."""
+    import harness.runner as runner
+    from harness.config import compose
+    from harness.gates.status import GateError
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "job"
+    first = runner.run_job(compose([*JOB, f"output_dir={out}"]), run_dir=out)
+
+    def refuse(*args, **kwargs):
+        raise GateError("equivalence: tree logits differ from sequential logits")
+
+    monkeypatch.setattr(runner, "gate", refuse)
+    with pytest.raises(GateError):
+        runner.run_job(compose([*JOB, f"output_dir={out}"]), run_dir=out)
+    info, _ = inspect_run(out)
+    assert info["state"] == "failed" and info["summary"]["earlier_record"] == "set_aside"
+    assert info["config"]["replaces"] == [first["run_id"]]
+
+
 def test_a_refused_plan_logs_nothing(tmp_path, wandb_home):
     from harness.config import compose
     from harness.runner import run_job

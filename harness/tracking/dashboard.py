@@ -371,8 +371,13 @@ def mark_superseded(runs: Sequence[Any]) -> list[str]:
     """Tag :data:`SUPERSEDED_TAG` each of ``runs`` (W&B API runs of one group) that a finished run
     of them replaces (its config ``replaces``: a re-run job's earlier record); returns their ids.
     A replacing run that did not finish (interrupted, refused) left the earlier record in place,
-    so it supersedes nothing."""
-    replaced = {str(r) for run in runs if run.state == "finished" for r in (run.config.get("replaces") or [])}
+    so it supersedes nothing, unless it says the earlier record stays aside (``earlier_record:
+    set_aside`` in its summary: a failed gate refuted it)."""
+
+    def replacing(run) -> bool:
+        return run.state == "finished" or (run.summary or {}).get("earlier_record") == "set_aside"
+
+    replaced = {str(r) for run in runs if replacing(run) for r in (run.config.get("replaces") or [])}
     marked = []
     for run in runs:
         if run.id in replaced and SUPERSEDED_TAG not in (run.tags or []):

@@ -207,7 +207,7 @@ class NullTracker:
     def describe(self) -> dict[str, Any] | None:
         return None
 
-    def fail(self, *, stage: str, error: BaseException, refused: bool) -> None:
+    def fail(self, *, stage: str, error: BaseException, refused: bool, earlier_set_aside: bool = False) -> None:
         return None
 
     def finish(self, exit_code: int = 0) -> None:
@@ -406,17 +406,22 @@ class Tracker:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def fail(self, *, stage: str, error: BaseException, refused: bool) -> None:
+    def fail(self, *, stage: str, error: BaseException, refused: bool, earlier_set_aside: bool = False) -> None:
         """Finish a job that raised: exit code 1 (state *failed*), tagged ``interrupted`` (Ctrl-C, a
-        scheduler's SIGINT), ``refused`` or ``failed``, with the stage and the error in the summary.
-        Idempotent."""
+        scheduler's SIGINT), ``refused`` or ``failed``, with the stage and the error in the summary;
+        ``earlier_set_aside`` (a failed gate, whose evidence refutes the folder's earlier record, or a
+        record of another manifest a sweep job leaves aside) says so as ``earlier_record: set_aside``,
+        so the runs this one ``replaces`` are superseded all the same. Idempotent."""
         if self._finished:
             return
         outcome = "interrupted" if isinstance(error, KeyboardInterrupt) else "refused" if refused else "failed"
         tags = list(self.run.tags or ())
         self.run.tags = tuple(tags + [outcome] if outcome not in tags else tags)
         message = f"{type(error).__name__}: {error}"
-        self.run.summary.update({"outcome": outcome, "failure_stage": stage, "error": message[:1000]})
+        summary = {"outcome": outcome, "failure_stage": stage, "error": message[:1000]}
+        if earlier_set_aside:
+            summary["earlier_record"] = "set_aside"
+        self.run.summary.update(summary)
         self.finish(exit_code=1)
 
     def finish(self, exit_code: int = 0) -> None:
