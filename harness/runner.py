@@ -527,7 +527,7 @@ def load_models_of(cfg: DictConfig, *, before_weights=None) -> tuple[LoadedModel
     (the draft's default to the target's)."""
     d = draft_model_config(cfg)
     target_tokenizer = load_tokenizer_of(cfg.model)
-    draft_tokenizer = None
+    draft_tokenizer = tokenizer_note = None
     if d is not None and d.name != DERIVED:
         draft_tokenizer = load_tokenizer_of(d)
         tokenizer_note = check_same_tokenizer(target_tokenizer, draft_tokenizer, draft_ref=d.name_or_path or d.name)
