@@ -373,7 +373,7 @@ def multirun_exit_code(in_process_code: int, *, command: str = "run") -> int:
                 "summary": str(Path(summary["sweep_dir"]) / sweep.SUMMARY_FILE),
                 "store": summary.get("store"),
                 "report": summary.get("report"),
-                **{k: len(summary.get(k) or []) for k in ("ran", "skipped", "failed")},
+                **{k: len(summary.get(k) or []) for k in ("ran", "skipped", "failed", "unfinished")},
             }
         )
     )
@@ -383,6 +383,13 @@ def multirun_exit_code(in_process_code: int, *, command: str = "run") -> int:
             f"(errors in {Path(summary['sweep_dir']) / sweep.FAILURES_FILE})",
             file=sys.stderr,
         )
+    if summary.get("unfinished"):
+        print(
+            f"harness {command}: {len(summary['unfinished'])} job(s) did not finish: "
+            f"{', '.join(summary['unfinished'])} (killed, or a scheduler still runs them; a relaunch runs them again)",
+            file=sys.stderr,
+        )
+    if summary.get("failed") or summary.get("unfinished"):
         return 1
     if summary.get("store_error"):
         print(f"harness {command}: the sweep's store was not written: {summary['store_error']}", file=sys.stderr)

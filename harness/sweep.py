@@ -26,15 +26,20 @@ and the folder naming). Everything here is wiring around Hydra's own mechanisms:
 * **A failing job does not stop the others**: the job's exception (refusals included: negotiation
   errors, gate failures, a folder another live run holds) is caught, written to the job's
   ``job_status.json`` and the job returns normally, so Hydra's sweeper moves on to the next batch.
+  The job writes that file (``status: running``) as it starts, so a job whose process was killed
+  (a scheduler's time or memory limit, a launcher's worker killed, Ctrl-C) is named ``unfinished``
+  by the summary and ``failures.jsonl``; the Slurm launcher waits for the array's other tasks
+  after one is killed and writes the killed task's end status (:func:`record_lost_task`).
 * **Honest timing**: the sweeper hands the launcher batches of ``concurrent_jobs`` jobs (default
   1), and each job records, as ``concurrent_jobs``, how many jobs its launcher really runs at once
   (:func:`launcher_concurrency`), whatever was asked. The Slurm launcher (``hydra/launcher=slurm``)
   takes the whole sweep as one array of which ``concurrent_jobs`` tasks run at once.
 * **After the sweep** (:class:`SweepCallback`, a Hydra callback, in the launching process):
-  ``failures.jsonl`` (this launch's failed jobs, their overrides and errors), ``summary.json``
-  (ran / skipped / failed), ``store.parquet`` (:func:`harness.tracking.store.rebuild_store` over
-  the sweep folder: complete jobs only) and ``report/`` (``harness report``, regenerated or removed),
-  all in the sweep folder; the command exits non-zero naming the failed jobs
+  ``failures.jsonl`` (this launch's failed and unfinished jobs, their overrides and errors),
+  ``summary.json`` (ran / skipped / failed / unfinished), ``store.parquet``
+  (:func:`harness.tracking.store.rebuild_store` over the sweep folder: complete jobs only) and
+  ``report/`` (``harness report``, regenerated or removed), all in the sweep folder; the command
+  exits non-zero naming the failed and unfinished jobs
   (:func:`harness.app.multirun_exit_code`). Before the first job it refuses a launcher that cannot
   submit (a Slurm launcher without a partition).
 """
@@ -113,6 +118,14 @@ LAST_SUMMARY: dict[str, Any] = {}
 ACTIVE_LAUNCHES: list[SweepCallback] = []
 #: what ``stopped_by`` says of a launch Ctrl-C (or a scheduler's SIGINT) cut short
 INTERRUPTED = "interrupted"
+#: a job status's ``status`` from the job's start until it ends; one left so names a job whose process
+#: was killed (or that a scheduler still runs): the summary's ``unfinished``
+RUNNING = "running"
+#: why a job left ``running`` did not end, as ``failures.jsonl`` says it
+UNFINISHED_WHY = (
+    "the job started and wrote no end status: its process was killed (a scheduler's time or memory limit, "
+    "a launcher's worker killed, an interrupt) or a scheduler still runs it"
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,6 +364,9 @@ def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:
     status_file = run_dir / JOB_STATUS
     try:
         with job_lock(run_dir, purpose=f"sweep job {job}", elsewhere="hydra.sweep.dir=... for the whole sweep"):
+            status["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            # until the job ends: a job whose process is killed is named unfinished, not left out
+            write_json_atomic(status_file, {**status, "status": RUNNING})
             _run_locked(cfg, hydra_cfg, run_dir=run_dir, job=job, status=status)
             _finish_status(status, t0, status_file)
     except JobFolderError as exc:
@@ -525,6 +541,8 @@ class SweepSummary:
     ran: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    #: jobs that started and wrote no end status (killed, or a scheduler still runs them)
+    unfinished: list[str] = field(default_factory=list)
     #: a skipped job -> the other job folder that holds the same job (same manifest hash)
     same_as: dict[str, str] = field(default_factory=dict)
     records: int = 0
@@ -554,6 +572,41 @@ def collect_statuses(sweep_dir: Path, *, launch_id: str | None) -> list[dict[str
     return sorted(out, key=lambda s: (s.get("num", 0), s.get("job", "")))
 
 
+def record_lost_task(sweep_dir: Path, *, num: int, overrides: list[str], stage: str, error: dict[str, str]) -> str:
+    """A launcher's task that ended without returning (Slurm's time or memory limit, a failed node):
+    its job's ``running`` status of this launch becomes ``failed`` at ``stage`` with ``error``
+    (a job that wrote its end status first keeps it); a task that never started writes a status of
+    its own into the sweep folder. Returns the job's name."""
+    sweep_dir = Path(sweep_dir)
+    launch_id = _launch_id(sweep_dir)
+    for path in sorted(sweep_dir.rglob("job_status*.json")):
+        try:
+            status = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if status.get("launch_id") != launch_id or status.get("num") != num:
+            continue
+        if status.get("status") == RUNNING:
+            status.update(status="failed", stage=stage, refused=False, error=error)
+            status["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            write_json_atomic(path, status)
+        return str(status.get("job"))
+    job = f"job {num} ({' '.join(overrides)})"
+    status = {
+        "job": job,
+        "num": num,
+        "overrides": list(overrides),
+        "launch_id": launch_id,
+        "status": "failed",
+        "stage": f"{stage} (before the job started)",
+        "refused": False,
+        "error": error,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json_atomic(sweep_dir / f"job_status.lost-{launch_id}-{num}.json", status)
+    return job
+
+
 def finish_sweep(
     sweep_dir: str | Path, *, launch_id: str | None = None, report: bool = True, stopped_by: str | None = None
 ) -> SweepSummary:
@@ -567,7 +620,10 @@ def finish_sweep(
     )
     report = report and stopped_by is None
     for s in statuses:
-        getattr(summary, s.get("status", "failed")).append(s["job"])
+        kind = s.get("status")
+        getattr(summary, "unfinished" if kind == RUNNING else kind if kind in ("ran", "skipped") else "failed").append(
+            s["job"]
+        )
         if s.get("same_as"):
             summary.same_as[s["job"]] = s["same_as"]
     write_jsonl_atomic(
@@ -576,14 +632,17 @@ def finish_sweep(
             {
                 "job": s["job"],
                 "overrides": s["overrides"],
-                "stage": s.get("stage"),
+                "stage": "unfinished" if s.get("status") == RUNNING else s.get("stage"),
                 "refused": s.get("refused"),
-                "error": s.get("error"),
+                "error": {"type": "Unfinished", "message": UNFINISHED_WHY}
+                if s.get("status") == RUNNING
+                else s.get("error"),
                 "launch_id": s.get("launch_id"),
+                "started_at": s.get("started_at"),
                 "finished_at": s.get("finished_at"),
             }
             for s in statuses
-            if s.get("status") == "failed"
+            if s.get("status") not in ("ran", "skipped")
         ],
     )
     store_path = sweep_dir / STORE_FILE
@@ -617,6 +676,7 @@ def format_summary(summary: SweepSummary) -> str:
         + ("interrupted after " if summary.interrupted else "")
         + (f"stopped by {summary.stopped_by} after " if summary.stopped_by and not summary.interrupted else "")
         + f"{len(summary.ran)} ran, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
+        + (f", {len(summary.unfinished)} unfinished" if summary.unfinished else "")
     ]
     if summary.skipped:
         lines.append(
@@ -627,6 +687,11 @@ def format_summary(summary: SweepSummary) -> str:
         )
     if summary.failed:
         lines.append(f"failed (see {Path(summary.sweep_dir) / FAILURES_FILE}): " + ", ".join(summary.failed))
+    if summary.unfinished:
+        lines.append(
+            "unfinished (started, no end status: killed, or a scheduler still runs it; a relaunch runs it again): "
+            + ", ".join(summary.unfinished)
+        )
     if summary.store_error:
         lines.append(f"store and report not written: {summary.store_error}")
         return "\n".join(lines)

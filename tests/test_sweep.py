@@ -673,6 +673,7 @@ def test_a_record_timed_beside_other_jobs_is_timed_again_by_a_launch_that_runs_f
         "ran": 1,
         "skipped": 0,
         "failed": 0,
+        "unfinished": 0,
     }
     (job,) = first["ran"]
     path = sweep_dir / job / "record.json"
@@ -757,7 +758,16 @@ def test_an_interrupted_launch_leaves_a_store_and_summary_of_what_the_folder_hol
     assert sorted(store["config.generation.max_new_tokens"]) == [6, 8, 8]
     assert not (sweep_dir / "report").exists()
     err = capsys.readouterr().err
-    assert f"sweep folder {sweep_dir}: interrupted after 1 ran, 0 skipped, 0 failed" in err
+    assert f"sweep folder {sweep_dir}: interrupted after 1 ran, 0 skipped, 0 failed, 1 unfinished" in err
+    # the job the interrupt cut short is named, in the summary and in failures.jsonl
+    (cut,) = summary["unfinished"]
+    assert (
+        f"unfinished (started, no end status: killed, or a scheduler still runs it; a relaunch runs it again): {cut}"
+        in err
+    )
+    (line,) = [json.loads(x) for x in (sweep_dir / FAILURES_FILE).read_text().splitlines()]
+    assert line["job"] == cut and line["stage"] == "unfinished" and line["error"]["type"] == "Unfinished"
+    assert line["started_at"] and line["finished_at"] is None
     assert "report not written (interrupted); launch the sweep again to finish it" in err
     assert sweep.ACTIVE_LAUNCHES == []
     monkeypatch.setattr(runner, "measure", real)
@@ -1164,15 +1174,45 @@ class _FakeExecutor:
         return [_FakeJob(fn, t, self.run, f"4242_{i}", self.interrupt) for i, t in enumerate(tasks)]
 
 
+class _Killed(BaseException):
+    """What a task's process meets when Slurm kills it (a time or memory limit): nothing of the job's
+    code runs after it."""
+
+
 class _FakeJob:
+    #: task index -> "before" (Slurm ends it before the job starts) or "during" (it is killed while measuring)
+    kill: dict[int, str] = {}
+
     def __init__(self, fn, args, run, job_id, interrupt):
         self.fn, self.args, self.run, self.job_id, self.interrupt = fn, args, run, job_id, interrupt
 
     def results(self):
         from hydra.core.utils import JobReturn, JobStatus
+        from submitit.core.utils import UncompletedJobError
 
         if self.interrupt:  # Ctrl-C while the sweep waits on the array
             raise KeyboardInterrupt
+        when = self.kill.get(int(self.job_id.split("_")[1]))
+        lost = UncompletedJobError(
+            f"Job {self.job_id} (task: 0) with path /x/{self.job_id}_result.pkl\n"
+            "has not produced any output (state: TIMEOUT)\nError stream produced:\n"
+            "slurmstepd: CANCELLED DUE TO TIME LIMIT"
+        )
+        if when == "before":
+            raise lost
+        if when == "during":
+            import harness.runner as runner
+
+            def killed(*args, **kwargs):
+                raise _Killed
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(runner, "measure", killed)
+                try:
+                    self.fn(*self.args)
+                except _Killed:
+                    raise lost from None
+            raise AssertionError("the task was to be killed while measuring")
         if self.run:
             return [self.fn(*self.args)]
         ret = JobReturn(overrides=list(self.args[0]), status=JobStatus.COMPLETED)
@@ -1324,6 +1364,56 @@ def test_slurm_array_tasks_run_jobs_that_record_the_array_parallelism(env, fake_
     # the array's tasks ran on their own nodes: a relaunch one at a time skips them, as any finished job
     argv = [a for a in argv_of_last if a != "concurrent_jobs=2"]
     assert sweep_main(argv) == 0 and len(sweep.LAST_SUMMARY["skipped"]) == 2
+
+
+def test_a_slurm_task_killed_by_its_limit_is_a_failed_job_and_the_array_is_waited_for(env, fake_slurm, capsys):
+    """One task of the array hit Slurm's time limit while measuring, another never started: the
+    sweep stopped at the first one's error, named neither job and left the other tasks' records out
+    of the store. The wait now goes on; the killed jobs are failed jobs of the sweep (stage killed,
+    Slurm's reason), named on stderr, in the summary and in failures.jsonl; the others' records
+    are in the store, and a relaunch runs only the killed ones."""
+    sweep_dir = env / "multirun" / "smoke"
+    argv = [
+        "smoke",
+        "launcher=slurm",
+        "hydra.launcher.partition=gpu",
+        "proposer=prompt_lookup",
+        "verifier=greedy",
+        "seed=0,1,2,3",
+        "model.device=cpu",
+        "model.dtype=float32",
+        "gates.enabled=false",
+        "hydra.callbacks.harness_sweep.report=false",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    _FakeJob.kill = {1: "during", 2: "before"}
+    try:
+        rc = sweep_main(argv)
+    finally:
+        _FakeJob.kill = {}
+    err = capsys.readouterr().err
+    summary = dict(sweep.LAST_SUMMARY)
+    assert rc == 1 and len(summary["ran"]) == 2 and len(summary["failed"]) == 2 and summary["unfinished"] == []
+    during, before = summary["failed"]
+    assert "seed=1" in during.split(",") and not (sweep_dir / during / "record.json").exists()
+    assert before.startswith("job 2 (") and "seed=2" in before
+    lines = {x["job"]: x for x in map(json.loads, (sweep_dir / FAILURES_FILE).read_text().splitlines())}
+    assert lines[during]["stage"] == "killed" and lines[before]["stage"] == "killed (before the job started)"
+    for job in (during, before):
+        assert (
+            lines[job]["error"]["type"] == "UncompletedJobError"
+            and "(state: TIMEOUT)" in lines[job]["error"]["message"]
+        )
+    assert lines[during]["started_at"] and "seed=1" in lines[during]["overrides"]
+    assert (
+        f"harness sweep: job {during} was killed: Job 4242_1 (task: 0) with path /x/4242_1_result.pkl has not "
+        "produced any output (state: TIMEOUT)"
+    ) in err
+    assert f"harness sweep: 2 job(s) failed: {during}, {before}" in err
+    assert len(pd.read_parquet(sweep_dir / STORE_FILE)) == 2  # the tasks after the killed ones ran and count
+    rc = sweep_main(argv)
+    assert rc == 0 and sweep.LAST_SUMMARY["ran"] == [during, during.replace("seed=1", "seed=2")]
+    assert len(sweep.LAST_SUMMARY["skipped"]) == 2
 
 
 def test_a_relaunch_with_tracking_logs_the_jobs_it_skips_that_ran_untracked_once(env, capsys):

@@ -9,6 +9,9 @@ with two additions, for the harness's sweeps on a GPU cluster.
 
 * Ctrl-C while the sweep waits on its array cancels the array (``scancel``), so no task goes on
   measuring and writing records after the sweep has stopped.
+* A task Slurm ends without a return (its time or memory limit, a failed node) does not stop the
+  wait: the sweep waits for the array's other tasks, and the killed task's job is a failed job of
+  the sweep (stage ``killed``, submitit's error), named in its summary and ``failures.jsonl``.
 
 ``sweep_batch`` is read by the root config's ``hydra.sweeper.max_batch_size`` (null: the whole
 sweep is handed over at once and submitted as one array, ``array_parallelism`` of its tasks at a
@@ -135,10 +138,35 @@ class SlurmLauncher(_SubmititSlurmLauncher):
         ]
         jobs = executor.map_array(self, *zip(*tasks, strict=True))
         try:
-            return [job.results()[0] for job in jobs]
+            return [self._result(job, task[0], task[2], sweep_dir) for job, task in zip(jobs, tasks, strict=True)]
         except KeyboardInterrupt:
             cancel_arrays(jobs)
             raise
+
+    @staticmethod
+    def _result(job: Any, overrides: list[str], num: int, sweep_dir: Path) -> JobReturn:
+        """The task's return; a task that ended without one (a time or memory limit, a failed
+        node) is recorded as a failed job of the sweep, and the wait goes on to the next task."""
+        try:
+            return job.results()[0]
+        except Exception as exc:  # submitit's UncompletedJobError (no result: killed), FailedJobError, ...
+            from hydra.core.utils import JobStatus
+            from submitit.core.utils import UncompletedJobError
+
+            from harness.sweep import record_lost_task  # here: the plugin scan imports nothing of the harness
+
+            killed = isinstance(exc, UncompletedJobError)
+            head = " ".join(str(exc).splitlines()[:2])  # "Job 12_3 (task: 0) ... (state: TIMEOUT)"
+            error = {"type": type(exc).__name__, "message": f"Slurm task {job.job_id}: {exc}"[:4000]}
+            stage = "killed" if killed else "task error"
+            name = record_lost_task(sweep_dir, num=num, overrides=overrides, stage=stage, error=error)
+            print(
+                f"harness sweep: job {name} {'was killed' if killed else 'failed in its task'}: {head[:300]}",
+                file=sys.stderr,
+            )
+            ret = JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED)
+            ret.return_value = {"job": name, "status": "failed", "stage": stage}
+            return ret
 
 
 def cancel_arrays(jobs: Sequence[Any]) -> None:
