@@ -470,7 +470,10 @@ def test_cli_builds_a_datastore_from_the_user_s_files(tmp_path, monkeypatch, cap
     built = json.loads(capsys.readouterr().out)
     assert built["corpus"] == "files" and built["n_tokens"] == 4 and built["documents_used"] == 1
     expected = corpora.corpus_cache_name(corpora.FilesCorpus(path=str(root), glob="**/*.py"))
-    assert built["path"] == str(tmp_path / "cache" / "datastores" / f"{expected}-owner/toy")
+    from harness.workloads.datastore import datastore_model_key
+
+    key = datastore_model_key("owner/toy")  # one folder per hub id or checkpoint, not a subfolder "owner/"
+    assert key.startswith("toy-") and built["path"] == str(tmp_path / "cache" / "datastores" / f"{expected}-{key}")
     assert main(["info", built["path"], "verify_corpus=true"]) == 0  # rebuilt from the manifest's source
     capsys.readouterr()
     # other build options: the folder a run with the same options opens (each setting has its own)
@@ -741,3 +744,78 @@ def test_a_chat_or_spec_bench_prompt_file_is_an_exclusion_list_as_a_prompt_file_
         ("p/prompt", "def f():"),
         ("p/reference", "return 1"),
     }
+
+
+def test_a_rebuild_of_the_same_data_is_the_same_release_and_an_older_release_still_loads(tmp_path):
+    """The release id hashed the build's wall times: every rebuild (or a build on another machine)
+    was another release, and the run's manifest hash, which folds it in, made a finished job look
+    like another one. The id now leaves the times out; a release written under the old rule loads."""
+    tok = word_tokenizer()
+    a = build_datastore(_corpus("a b c", "d e"), tokenizer=tok, target_family="toy", out_dir=tmp_path / "a")
+    b = build_datastore(_corpus("a b c", "d e"), tokenizer=tok, target_family="toy", out_dir=tmp_path / "b")
+    assert a.manifest["build"] is not None and a.release_id == b.release_id
+    other = build_datastore(_corpus("a b c", "d f"), tokenizer=tok, target_family="toy", out_dir=tmp_path / "c")
+    assert other.release_id != a.release_id  # the content still names the release
+    # a release stamped with its build times (as written before) still loads; an edited one does not
+    import hashlib
+
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    body = {k: v for k, v in manifest.items() if k != "release_id"}
+    manifest["release_id"] = hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
+    assert load_datastore(tmp_path / "a", tokenizer=tok, verify_corpus=False).release_id == manifest["release_id"]
+    manifest["context_len"] += 1
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatastoreError, match="manifest.json was edited after release"):
+        load_datastore(tmp_path / "a", tokenizer=tok, verify_corpus=False)
+
+
+def test_a_leak_shorter_than_the_builds_exclusion_window_is_not_sent_to_a_rebuild():
+    """leakage_threshold below the build's exclusion window (32 tokens): the refusal said to rebuild
+    excluding the prompt, which keeps the same shorter match every time. It now says to raise the
+    threshold to the window (or allow the leak)."""
+    rng = np.random.default_rng(5)
+    leaked = rng.integers(0, 1000, size=40).tolist()
+    ds = datastore_from_token_ids([rng.integers(0, 1000, size=100).tolist() + leaked])
+    ds.manifest["exclusion"] = {"window_tokens": 32, "items": []}
+    with pytest.raises(
+        LeakageError, match=r"p \(20 tokens\)\. A build keeps out only matches of 32 tokens or more"
+    ) as e:
+        check_leakage(ds, [("p", leaked[:20], None)], threshold=16)
+    assert "raise leakage_threshold to 32, or set allow_leakage=true" in str(e.value)
+    with pytest.raises(LeakageError, match=r"Rebuild the datastore excluding them"):  # a rebuild does drop this one
+        check_leakage(ds, [("p", leaked[:36], None)], threshold=16)
+
+
+def test_info_on_a_token_id_datastore(tmp_path, capsys):
+    """The documented datastore for model=tiny (token ids, no corpus or tokenizer in its manifest):
+    `harness datastore info` ended in a KeyError."""
+    from harness.workloads.datastore import write_datastore
+
+    write_datastore(datastore_from_token_ids([[5, 6, 7, 8], [5, 6, 9]]), tmp_path / "ids")
+    assert main(["info", str(tmp_path / "ids")]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["corpus"] == "token-ids" and info["n_tokens"] == 9 and info["tokenizer"] is None
+    assert info["exclusion_items"] is None and info["max_matches"] == 64
+
+
+def test_cached_datastore_folders_are_under_the_cache_and_one_per_checkpoint(tmp_path, monkeypatch):
+    """A folder of the working directory named as a cached datastore (``stdlib``) was taken for it:
+    a run built over it, deleting the user's files. And every ``model=hf`` checkpoint shared one
+    folder (``stdlib-hf``). The folder is now always the cache's, named per checkpoint."""
+    from harness.workloads.datastore import cached_datastore_dir, datastore_model_key
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stdlib-smollm2").mkdir()
+    (tmp_path / "stdlib").mkdir()
+    assert cached_datastore_dir("stdlib", model="smollm2") == tmp_path / "cache" / "datastores" / "stdlib-smollm2"
+    assert datastore_model_key("tiny") == "tiny" and datastore_model_key("gpt2") == "gpt2"
+    (tmp_path / "ckpt" / "a").mkdir(parents=True)
+    (tmp_path / "ckpt" / "b").mkdir()
+    a, b = datastore_model_key("ckpt/a"), datastore_model_key(str(tmp_path / "ckpt" / "b"))
+    assert a.startswith("a-") and b.startswith("b-") and a != datastore_model_key("other/a")
+    assert datastore_model_key(str(tmp_path / "ckpt" / "a")) == a  # a folder named relative or absolute: one key
+    assert datastore_model_key("owner/name").startswith("name-") and "/" not in datastore_model_key("owner/name")

@@ -640,3 +640,18 @@ def test_a_files_corpus_with_nothing_to_index_and_a_moved_one_are_refused(tmp_pa
     ):
         load_datastore(tmp_path / "ds", tokenizer=tok)
     assert load_datastore(tmp_path / "ds", tokenizer=tok, verify_corpus=False).n_tokens > 0
+
+
+def test_a_working_folder_named_like_the_cached_datastore_is_left_alone(tmp_path, monkeypatch):
+    """``proposer.datastore.path=null`` and a folder ``stdlib`` in the working directory: the run
+    took that folder for the cache's, found no manifest, deleted it and built there."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    for name in ("stdlib", "stdlib-toy"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "notes.py").write_text("mine\n")
+    cfg = {"corpus": "stdlib", "path": None, "max_tokens": 500, "exclude": "none", "verify_corpus": False}
+    ds, info = open_datastore(cfg, tokenizer=word_tokenizer(WORDS), model="toy")
+    assert info["built_now"] and ds.path.parent == tmp_path / "cache" / "datastores"
+    for name in ("stdlib", "stdlib-toy"):
+        assert [p.name for p in (tmp_path / name).iterdir()] == ["notes.py"]

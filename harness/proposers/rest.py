@@ -26,8 +26,9 @@ prefix, which is what the trie is) give the pruned trie.
 In a run (``harness run proposer=rest``, :meth:`RestProposer.from_config`) the datastore comes from
 ``proposer.datastore`` (conf/datastore/*.yaml, :func:`open_datastore`): ``path`` names an existing
 directory whose release manifest is authoritative; with ``path: null`` the cache directory
-``$HARNESS_CACHE/datastores/<corpus>[-build-<digest>]-<model.name>`` (the digest names build options
-other than the defaults, so each setting has its own folder) is loaded, or built there on first use (a
+``$HARNESS_CACHE/datastores/<corpus>[-build-<digest>]-<model>`` (the digest names build options
+other than the defaults, so each setting has its own folder; ``<model>`` is ``model.name``, or for
+``model=hf`` the checkpoint's name and a digest of ``model.name_or_path``) is loaded, or built there on first use (a
 progress-barred stage, capped by ``max_tokens``; at the default 2,000,000-token cap the stdlib
 build took 13 CPU-seconds with SmolLM2's tokenizer and holds 24 MB). A datastore built with
 another tokenizer, from raw token ids for a target that has a tokenizer, from a changed corpus or
@@ -86,8 +87,8 @@ from harness.workloads.datastore import (
     build_datastore,
     built_exclusion,
     cache_folder_name,
+    cached_datastore_dir,
     check_leakage,
-    datastore_path,
     default_exclusion,
     exclusion_fingerprints,
     exclusions_for,
@@ -242,7 +243,7 @@ class RestProposer(Proposer):
         opts = dict(options)
         ds_cfg = dict(opts.pop("datastore", None) or {})
         cfg = getattr(context, "cfg", None)
-        model = str(cfg.model.name) if cfg is not None else "unknown"
+        model = target_reference(cfg) if cfg is not None else "unknown"
         tokenizer = getattr(context, "tokenizer", None)
         backend = getattr(context, "target_backend", None)
         vocab = _vocab_size(backend)
@@ -322,7 +323,12 @@ class RestProposer(Proposer):
         for r in records:
             r["allowed"] = bool(allow_leakage and r["leaked"])
         if not allow_leakage:
-            refuse_leakage(records, threshold=self.leakage_threshold, release_id=self.datastore.release_id)
+            refuse_leakage(
+                records,
+                threshold=self.leakage_threshold,
+                release_id=self.datastore.release_id,
+                manifest=self.datastore.manifest,
+            )
         leaked = [r for r in records if r["leaked"]]
         longest = max((r["longest_match"] for r in records), default=0)
         entry = {
@@ -640,9 +646,16 @@ def cache_datastore_path(cfg: dict, corpus: Corpus, model: str) -> Path:
     """Where the datastore ``cfg`` configures (``path`` null) is cached: named by its corpus and by
     the build options that differ from their defaults (:func:`cache_folder_name`), as
     ``harness datastore build`` names it."""
-    return datastore_path(
+    return cached_datastore_dir(
         cache_folder_name(corpus, exclude=str(cfg.get("exclude", "none")), **_build_sizes(cfg)), model=model
     )
+
+
+def target_reference(cfg) -> str:
+    """The target as ``harness datastore build model=`` names it: a built-in model's name, or a
+    checkpoint's folder or hub id (``model.name_or_path`` of ``model=hf``)."""
+    name = str(cfg.model.name)
+    return str(cfg.model.name_or_path) if name == "hf" and cfg.model.get("name_or_path") else name
 
 
 def _build_sizes(cfg: dict) -> dict:
@@ -900,7 +913,7 @@ def manifest_datastores(cfg) -> dict:
     if not nodes:
         return {}
 
-    model = str(cfg.model.name)
+    model = target_reference(cfg)
     tokenizer = load_tokenizer(str(cfg.model.name_or_path or model))
     out = {}
     for source, node in nodes.items():

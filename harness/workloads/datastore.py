@@ -39,6 +39,7 @@ import ctypes
 import hashlib
 import io
 import json
+import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -154,8 +155,12 @@ def _checksum(tokens: np.ndarray, sa: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def _release_id(manifest: dict) -> str:
-    body = {k: v for k, v in manifest.items() if k != "release_id"}
+def _release_id(manifest: dict, *, with_build_times: bool = False) -> str:
+    """The manifest's content hash, its ``build`` wall times left out: two builds of the same data
+    with the same options and tokenizer are one release (the run's manifest hash folds it in, so a
+    rebuild, or a build on another machine, must not make a finished job look like another).
+    ``with_build_times``: the hash releases written before that rule carry."""
+    body = {k: v for k, v in manifest.items() if k != "release_id" and (with_build_times or k != "build")}
     return _sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
@@ -754,14 +759,27 @@ def cache_folder_name(corpus: Corpus, *, exclude: str | None = None, **sizes) ->
     return f"{name}-build-{hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:8]}"
 
 
-def datastore_path(name_or_dir: str | Path, *, model: str) -> Path:
-    """A datastore directory: ``name_or_dir`` itself when it is a directory, else the cache
-    location ``$HARNESS_CACHE/datastores/<name>-<model>`` the CLI builds into by default."""
-    path = Path(name_or_dir)
-    if path.is_dir() or path.is_absolute() or len(path.parts) > 1:
-        return path
+def datastore_model_key(model: str) -> str:
+    """The target's part of a cached datastore's folder name: a built-in model's name (``smollm2``,
+    ``tiny``) or a plain hub id as given; a checkpoint folder or an ``owner/name`` hub id as its last
+    part and a digest of where it is (a folder resolved), so two checkpoints never share a folder."""
+    ref = str(model)
+    if ref in ("smollm2", "tiny"):
+        return ref
+    local = Path(ref).expanduser()
+    if "/" not in ref and "\\" not in ref and not local.exists():
+        return ref
+    where = str(local.resolve()) if local.exists() else ref
+    tail = re.sub(r"[^A-Za-z0-9._-]+", "_", local.name or "model").strip("._") or "model"
+    return f"{tail}-{hashlib.sha256(where.encode()).hexdigest()[:12]}"
 
-    return cache_root() / "datastores" / f"{name_or_dir}-{model}"
+
+def cached_datastore_dir(name: str, *, model: str) -> Path:
+    """``$HARNESS_CACHE/datastores/<name>-<model key>`` (:func:`datastore_model_key`): where the
+    datastore ``name`` (:func:`cache_folder_name`) is cached for the target ``model``, the folder
+    runs and ``harness datastore build`` use by default. Always under the cache: a folder of the
+    working directory that happens to bear the name is never taken for it (nor built over)."""
+    return cache_root() / "datastores" / f"{name}-{datastore_model_key(model)}"
 
 
 def _npy_bytes(arr: np.ndarray) -> bytes:
@@ -814,7 +832,7 @@ def load_datastore(
             f"datastore {str(path)!r} was built by {manifest.get('builder_version')!r}; "
             f"this harness reads {BUILDER_VERSION!r}: rebuild it"
         )
-    if manifest.get("release_id") != _release_id(manifest):
+    if manifest.get("release_id") not in (_release_id(manifest), _release_id(manifest, with_build_times=True)):
         raise DatastoreError(
             f"datastore {str(path)!r}: manifest.json was edited after release "
             f"(release_id {manifest.get('release_id')!r} != content hash {_release_id(manifest)!r})"
@@ -917,23 +935,34 @@ def check_leakage(
             }
         )
     if not allow:
-        refuse_leakage(records, threshold=threshold, release_id=datastore.release_id)
+        refuse_leakage(records, threshold=threshold, release_id=datastore.release_id, manifest=datastore.manifest)
     return records
 
 
-def refuse_leakage(records: Sequence[dict], *, threshold: int, release_id: str) -> None:
+def refuse_leakage(records: Sequence[dict], *, threshold: int, release_id: str, manifest: dict | None = None) -> None:
     """Raise :class:`LeakageError` naming the leaked items of ``records`` (:func:`check_leakage`'s
-    records), if any; the message tells how to rebuild or to run anyway (``allow_leakage=true``)."""
+    records), if any; the message tells how to rebuild or to run anyway (``allow_leakage=true``).
+    A rebuild keeps out only matches as long as the build's exclusion window (``manifest``'s
+    ``exclusion.window_tokens``): for shorter leaked matches it says to raise the threshold instead."""
     leaked = [r for r in records if r["leaked"]]
     if not leaked:
         return
     names = ", ".join(f"{r['prompt_id']} ({r['longest_match']} tokens)" for r in leaked[:10])
     more = f" and {len(leaked) - 10} more" if len(leaked) > 10 else ""
-    raise LeakageError(
+    window = ((manifest or {}).get("exclusion") or {}).get("window_tokens")
+    head = (
         f"evaluation leakage: {len(leaked)} of {len(records)} prompt(s) match datastore {release_id[:12]} "
-        f"for >= {threshold} tokens (prompt or reference answer): {names}{more}. Rebuild the datastore "
-        "excluding them (`harness datastore build ... exclude=humaneval|sharegpt_heldout|<workload>.jsonl`), "
-        "or set allow_leakage=true (the record then states it)."
+        f"for >= {threshold} tokens (prompt or reference answer): {names}{more}. "
+    )
+    if isinstance(window, int) and any(r["longest_match"] < window for r in leaked):
+        raise LeakageError(
+            head + f"A build keeps out only matches of {window} tokens or more (its exclusion window), so no "
+            f"rebuild drops these: raise leakage_threshold to {window}, or set allow_leakage=true (the record "
+            "then states it)."
+        )
+    raise LeakageError(
+        head + "Rebuild the datastore excluding them (`harness datastore build ... "
+        "exclude=humaneval|sharegpt_heldout|<workload>.jsonl`), or set allow_leakage=true (the record then states it)."
     )
 
 
@@ -1094,22 +1123,25 @@ def _count(opts: dict[str, str], key: str, default: int | None) -> int | None:
 
 
 def _summary(ds: Datastore) -> dict:
+    """What ``harness datastore info`` prints; a token-id datastore (no corpus snapshot, tokenizer
+    or exclusion in its manifest) shows those as null."""
     m = ds.manifest
+    corpus, exclusion = m.get("corpus") or {}, m.get("exclusion")
     return {
         "path": str(ds.path),
         "release_id": ds.release_id,
-        "corpus": m["corpus"]["name"],
-        "snapshot": m["corpus"]["snapshot"],
-        "documents_used": m["corpus"]["documents_used"],
-        "documents_excluded": m["corpus"]["documents_excluded"],
-        "exclusion_items": len(m["exclusion"]["items"]),
+        "corpus": corpus.get("name"),
+        "snapshot": corpus.get("snapshot"),
+        "documents_used": corpus.get("documents_used"),
+        "documents_excluded": corpus.get("documents_excluded"),
+        "exclusion_items": None if exclusion is None else len(exclusion.get("items") or []),
         "n_tokens": ds.n_tokens,
         "memory_bytes": ds.nbytes,
-        "tokenizer": m["tokenizer"],
-        "target_family": m["target_family"],
-        "context_len": m["context_len"],
-        "continuation_len": m["continuation_len"],
-        "max_matches": m["match_selection"]["max_matches"],
+        "tokenizer": m.get("tokenizer"),
+        "target_family": m.get("target_family"),
+        "context_len": m.get("context_len"),
+        "continuation_len": m.get("continuation_len"),
+        "max_matches": (m.get("match_selection") or {}).get("max_matches"),
         "build": m.get("build"),
     }
 
@@ -1187,7 +1219,7 @@ def _import_main(rest: list[str]) -> int:
     progress = _bool(opts.get("progress", "true"), "progress")
     read_rest_index(index_file)  # the layout, before the tokenizer loads
     name = f"rest-index-{hashlib.sha256(str(index_file.resolve()).encode()).hexdigest()[:12]}"
-    out = _output_option(opts, datastore_path(name, model=model))
+    out = _output_option(opts, cached_datastore_dir(name, model=model))
     t0 = time.perf_counter()
     ds = import_rest_index(
         index_file,
@@ -1298,7 +1330,7 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             raise DatastoreError(f"exclude={exclude_spec}: cannot read {exc.filename or ''} ({exc.strerror})") from None
         out = _output_option(
-            opts, datastore_path(cache_folder_name(corpus, exclude=exclude_spec, **sizes), model=model)
+            opts, cached_datastore_dir(cache_folder_name(corpus, exclude=exclude_spec, **sizes), model=model)
         )
         held = Path(out) / MANIFEST_FILE
         if held.is_file() and not overwrite:  # before the tokenizer loads: said as what is there
