@@ -194,6 +194,20 @@ def test_calibration_with_an_identical_draft_accepts_the_first_sibling(identical
     check_calibration({**art, "hash": "x"}, prov, path="a")
 
 
+def test_a_prompts_last_round_drafts_nothing_and_is_no_parent_node(identical_draft):
+    """With one token left a round drafts no sibling (the loop cuts the tree to nothing): it was
+    counted as a parent node whose siblings were all rejected, so every prompt whose decode ended on
+    such a round (an odd max_new_tokens here) pulled p_1 down from ~1 to ~0.83."""
+    _, ctx = identical_draft
+    for new in (10, 9):
+        cfg = compose(TINY + [f"topology.calibration.max_new_tokens={new}", "topology.calibration.parents=20"])
+        items = calibration_items(cfg, None)
+        prov = calibration_provenance(cfg, tokenizer=None, items=items)
+        art = run_calibration(cfg, ctx, items=items, provenance=prov, progress=False)
+        assert art["parents"] >= 20 and art["none_accepted"] == 0 and art["acceptance"][0] >= 0.95, (new, art)
+    assert prov["method"] == "parents: rounds with the full sibling set"  # in the cache key: older ones re-measured
+
+
 def test_weak_draft_gives_a_valid_acceptance_vector():
     cfg = compose(TINY + ["proposer.model.num_layers=1", "topology.calibration.parents=40"])
     ctx = _context(cfg)

@@ -52,7 +52,11 @@ from harness.topology.sequoia import (
 from harness.verifiers import get_verifier
 from harness.workloads.conversations import encode_workload
 
-CALIBRATION_FORMAT = 1
+CALIBRATION_FORMAT = 2
+#: how parent nodes are counted (in the provenance and the cache key: a calibration counted by an
+#: earlier rule is measured again): only rounds that drafted the full set of siblings below the
+#: frontier are parent nodes (a prompt's last round, with one token left, drafts none)
+CALIBRATION_METHOD = "parents: rounds with the full sibling set"
 
 #: provenance fields that must equal the run's for a calibration to be used
 CALIBRATION_MATCH_FIELDS = (
@@ -61,6 +65,7 @@ CALIBRATION_MATCH_FIELDS = (
     "tokenizer",
     "sampling_policy",
     "verifier",
+    "method",
     "calibration_data",
     "settings",
     "library_versions",
@@ -212,6 +217,7 @@ def calibration_provenance(cfg, *, tokenizer, items: list) -> dict:
         "tokenizer": tok,
         "sampling_policy": known["sampling_policy"],
         "verifier": known["verifier"],
+        "method": CALIBRATION_METHOD,
         "calibration_data": {
             "workload": c["workload"]["name"],
             "path": c["workload"].get("path"),
@@ -234,7 +240,10 @@ def _eos_ids(context) -> frozenset[int]:
 
 
 def measure_ranks(cfg, context, *, items: list, progress: bool = True) -> tuple[list[int], int]:
-    """Run the calibration rounds; return (accepted rank per parent node, prompts used)."""
+    """Run the calibration rounds; return (accepted rank per parent node, prompts used). A round
+    counts as a parent node only when its proposal drafted the full set of ``branches`` siblings
+    below the frontier: a prompt's last round (one token left) drafts none, and counting it would
+    read as every sibling rejected."""
 
     cal = cfg.topology.calibration
     need, branches = int(cal.parents), int(cal.branches)
@@ -263,6 +272,8 @@ def measure_ranks(cfg, context, *, items: list, progress: bool = True) -> tuple[
 
     def on_round(*, trees, selections, **_):
         for tree, selection in zip(trees, selections):
+            if len(tree.draws[0]) < branches:  # no full set to rank (the last token: none drafted)
+                continue
             ranks.append(accepted_rank(tree, selection))
             if bar.n < need:  # the last prompt decodes to its end: the bar stops at the count needed
                 bar.update(1)
