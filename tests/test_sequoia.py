@@ -9,6 +9,7 @@ from functools import cache
 import pytest
 
 from harness.topology.sequoia import (
+    draft_time,
     expected_tokens,
     optimize_tree,
     select_hardware_aware,
@@ -310,8 +311,9 @@ def test_dp_large_budget_chain_and_bounds():
 # ---------------------------------------------------------------- hardware-aware choice
 
 
-def _time(table, n, d, t, c, c0=0.0):
-    return (t[n - 1] + c0 + d * c) / table.g(n, d)
+def _time(table, n, d, t, c, c0=None):
+    """Sequoia's (t(n) + d c) / G with the first level's pass c0 in place of one c."""
+    return (t[n - 1] + (c if c0 is None else c0) + (d - 1) * c) / table.g(n, d)
 
 
 def test_hardware_aware_toy():
@@ -351,11 +353,26 @@ def test_expensive_drafting_makes_plain_ar_win_only_when_admitted():
     assert (ar.n, ar.d, ar.time_per_token, ar.parents) == (1, 0, 1.0, (-1,))
 
 
+def test_the_draft_time_counts_one_pass_per_level_that_has_children():
+    """A depth-d tree is drafted by the pass on the pending token (c0: the first level) and d - 1
+    steps (the deepest level is drafted, not passed): the model charged c0 + d c, one step too many,
+    which made every tree look dearer than plain decoding by c and overstated its predicted time."""
+    assert draft_time(1, draft_cost=0.3, draft_base_cost=0.5) == 0.5
+    assert draft_time(3, draft_cost=0.3, draft_base_cost=0.5) == pytest.approx(1.1)
+    assert draft_time(3, draft_cost=0.3) == pytest.approx(0.9) and draft_time(0, draft_cost=0.3) == 0.0
+    table = optimize_tree(acceptance=[0.3], max_nodes=4, max_depth=3)
+    t = [1.0, 1.2, 1.4, 1.6]
+    # a draft whose pending-token pass c0 is its whole cost for a one-level set
+    one = select_hardware_aware(table, verify_cost=t, draft_cost=0.5, draft_base_cost=0.1)
+    assert (one.n, one.d) == (2, 1) and one.time_per_token == pytest.approx((1.2 + 0.1) / 1.3)
+
+
 def test_draft_base_cost_pushes_toward_larger_trees():
     table = optimize_tree(acceptance=TOY_P, max_nodes=8, max_depth=4)
     flat = [1.0] * 8  # free verification width
     cheap = select_hardware_aware(table, verify_cost=flat, draft_cost=0.3)
     dear = select_hardware_aware(table, verify_cost=flat, draft_cost=0.3, draft_base_cost=5.0)
+    assert cheap.time_per_token == pytest.approx(_time(table, cheap.n, cheap.d, flat, 0.3))
     assert cheap.time_per_token < dear.time_per_token
     assert dear.expected_tokens >= cheap.expected_tokens
 

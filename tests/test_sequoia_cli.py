@@ -93,7 +93,7 @@ def test_stored_profile_is_not_synthetic(tmp_path, capsys):
             {
                 "verify_cost": [1.0, 1.0, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62],
                 "draft_cost": 0.09,
-                "draft_base_cost": 0.0,
+                "draft_base_cost": 0.09,
                 "device": "cpu",
             }
         )
@@ -121,8 +121,9 @@ def test_draft_base_cost_changes_the_time(capsys):
     chosen = out["chosen"]
     g = chosen["expected_tokens"]
     t = [1.0, 1.0, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62][chosen["n"] - 1]
-    assert chosen["time_per_token"] == pytest.approx((t + 0.2 + chosen["d"] * 0.09) / g)
+    assert chosen["time_per_token"] == pytest.approx((t + 0.2 + (chosen["d"] - 1) * 0.09) / g)
     assert chosen["time_per_token"] > 0.4348
+    assert chosen["draft_time"] == pytest.approx(0.2 + (chosen["d"] - 1) * 0.09)
 
 
 @pytest.mark.parametrize(

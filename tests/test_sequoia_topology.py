@@ -163,7 +163,7 @@ def _toy(synthetic=False):
         "kind": "sequoia_hardware_profile",
         "verify_cost": TOY_T,
         "draft_cost": 0.09,
-        "draft_base_cost": 0.0,
+        "draft_base_cost": 0.09,  # c0 = c: Sequoia's d*c, the toy's cost model
         "t1_ms": 30.0,
         "synthetic": synthetic,
         "hash": "prof0",

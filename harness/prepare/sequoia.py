@@ -5,7 +5,7 @@ A tree artifact binds one calibration artifact (positional acceptance p_j, measu
 :mod:`harness.prepare.profile`) by their content hashes, and stores what
 :func:`~harness.topology.sequoia.optimize_tree` and
 :func:`~harness.topology.sequoia.select_hardware_aware` chose from them: the (n, d) minimising
-``(t(n) + c0 + d c) / G(n, d)``, its parent array and sibling ranks, the candidate-row parents a
+``(t(n) + c0 + (d - 1) c) / G(n, d)``, its parent array and sibling ranks, the candidate-row parents a
 proposer samples, and the predicted time per committed token (normalised and in ms).
 ``harness run`` never uses synthetic (hand-entered) costs.
 
@@ -57,7 +57,7 @@ from harness.prepare.profile import (
     write_artifact,
 )
 from harness.target.loading import cache_root
-from harness.topology.sequoia import optimize_tree, select_hardware_aware, tree_to_budget_parents
+from harness.topology.sequoia import draft_time, optimize_tree, select_hardware_aware, tree_to_budget_parents
 
 log = logging.getLogger("harness.sequoia")
 
@@ -138,7 +138,9 @@ def build_tree_artifact(
             "time_per_token": choice.time_per_token,
             "time_per_token_ms": choice.time_per_token * t1,
             "verify_time": float(profile["verify_cost"][choice.n - 1]),
-            "draft_time": float(profile["draft_base_cost"]) + choice.d * float(profile["draft_cost"]),
+            "draft_time": draft_time(
+                choice.d, draft_cost=float(profile["draft_cost"]), draft_base_cost=float(profile["draft_base_cost"])
+            ),
             "parents": list(choice.parents),
             "ranks": list(choice.ranks),
             "budget_parents": list(tree_to_budget_parents(choice.parents)),

@@ -361,12 +361,12 @@ def optimize_tree(*, acceptance: Sequence[float], max_nodes: int, max_depth: int
 
 @dataclass(frozen=True)
 class Choice:
-    """The (n, d) minimising (t(n) + c0 + d*c) / G(n, d), with its tree."""
+    """The (n, d) minimising (t(n) + c0 + (d - 1) c) / G(n, d), with its tree."""
 
     n: int  # nodes, root included
     d: int  # depth in edges of the chosen tree
     expected_tokens: float  # G(n, d)
-    time_per_token: float  # (t(n) + c0 + d*c) / G, in units of one autoregressive step t(1)
+    time_per_token: float  # (t(n) + c0 + (d - 1) c) / G, in units of one autoregressive step t(1)
     parents: tuple[int, ...]
     ranks: tuple[int, ...]
 
@@ -375,20 +375,32 @@ class Choice:
         return self.n - 1
 
 
+def draft_time(depth: int, *, draft_cost: float, draft_base_cost: float | None = None) -> float:
+    """The drafting time of a round whose tree is ``depth`` levels deep: the first level's law comes
+    from the proposer's pass on the pending token (``draft_base_cost`` c0; None: c, as Sequoia
+    counts it) and each deeper level from one step over the level above (``draft_cost`` c); the
+    deepest level's tokens are drafted, never passed. ``c0 + (depth - 1) c``; 0 for no tree."""
+    if depth <= 0:
+        return 0.0
+    c0 = float(draft_cost) if draft_base_cost is None else float(draft_base_cost)
+    return c0 + (depth - 1) * float(draft_cost)
+
+
 def select_hardware_aware(
     table: SequoiaTable,
     *,
     verify_cost: Sequence[float],
     draft_cost: float,
-    draft_base_cost: float = 0.0,
+    draft_base_cost: float | None = None,
     min_nodes: int = 2,
 ) -> Choice:
-    """Choose (n, d) minimising ``(t(n) + c0 + d*c) / G(n, d)`` over the filled table (Sequoia's
-    hardware-aware objective).
+    """Choose (n, d) minimising ``(t(n) + c0 + (d - 1) c) / G(n, d)`` over the filled table
+    (Sequoia's hardware-aware objective, its draft time split as the proposers draft).
 
     ``verify_cost[n-1] = t(n)``, the verify forward over n nodes normalised so ``t(1) = 1``
-    (at least ``table.max_nodes`` entries); ``draft_cost`` = c per depth step, ``draft_base_cost``
-    = c0 (the proposer's pass on the pending token; 0 reproduces Sequoia's (t(n)+dc)/G).
+    (at least ``table.max_nodes`` entries); ``draft_cost`` = c per depth step below the first,
+    ``draft_base_cost`` = c0, the proposer's pass on the pending token that gives the first level
+    (:func:`draft_time`; None: c0 = c, Sequoia's (t(n) + d c) / G).
 
     ``min_nodes`` is the smallest n searched. The default 2 (at least one candidate row) searches
     n = 2..N. With ``min_nodes=1`` the root-only "tree" is plain autoregressive decoding: G = 1 and
@@ -404,6 +416,8 @@ def select_hardware_aware(
             raise ValueError(f"verify_cost t({i + 1}) must be finite and > 0; got {t}")
     if abs(costs[0] - 1.0) > 1e-9:
         raise ValueError(f"verify_cost must be normalised to one autoregressive step, t(1) = 1; got t(1) = {costs[0]}")
+    if draft_base_cost is None:
+        draft_base_cost = draft_cost
     for name, v in (("draft_cost", draft_cost), ("draft_base_cost", draft_base_cost)):
         if (
             isinstance(v, bool)
@@ -415,13 +429,14 @@ def select_hardware_aware(
     if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or not 1 <= min_nodes <= N:
         raise ValueError(f"min_nodes must be an integer in [1, {N}]; got {min_nodes!r}")
 
+    c, c0 = float(draft_cost), float(draft_base_cost)
     best: tuple[float, int, int] | None = None  # (time, n, d bound)
     for n in range(min_nodes, N + 1):
         for d in range(table.max_depth + 1):
             g = table.g(n, d)
             if g is None:
                 continue
-            cost = costs[0] if n == 1 else costs[n - 1] + float(draft_base_cost) + d * float(draft_cost)
+            cost = costs[0] if n == 1 else costs[n - 1] + draft_time(d, draft_cost=c, draft_base_cost=c0)
             t = cost / g
             if best is None or t < best[0]:
                 best = (t, n, d)
@@ -430,7 +445,7 @@ def select_hardware_aware(
     _, n, d = best
     tree = table.best(n, d)
     assert tree is not None  # feasible by construction
-    cost = costs[0] if n == 1 else costs[n - 1] + float(draft_base_cost) + tree.depth * float(draft_cost)
+    cost = costs[0] if n == 1 else costs[n - 1] + draft_time(tree.depth, draft_cost=c, draft_base_cost=c0)
     return Choice(
         n=n,
         d=tree.depth,

@@ -10,15 +10,16 @@ Keys (Hydra-style ``key=value``; values parsed by OmegaConf's YAML grammar, neve
   max_nodes=N               nodes n, ROOT INCLUDED (n = candidate rows + 1, the verify length)
   max_depth=D               depth in edges
   verify_cost=[t(1..N)]     verify time per node count, normalised so t(1) = 1   } hand-entered:
-  draft_cost=c              draft time per depth step, same unit                 } synthetic
-  draft_base_cost=c0        proposer's pass on the pending token (default 0)     }
+  draft_cost=c              draft time per depth step below the first, same unit } synthetic
+  draft_base_cost=c0        proposer's pass on the pending token, which drafts   }
+                            the first level (default c: Sequoia's d*c)
   profile=PATH              a stored hardware profile JSON with those three keys (not synthetic
                             unless it says ``"synthetic": true``); excludes the three keys above
   min_nodes=2               smallest n searched with costs (1 admits plain AR: G=1, time t(1))
 
 The JSON's ``run_options`` are the same bounds for a run (``topology.max_nodes`` counts candidate
 rows, the root excluded). Without costs the tree reported is the max-G tree at (N, D) (the largest feasible n <= N if N
-nodes do not fit depth D); with costs it is the (n, d) minimising (t(n) + c0 + d*c) / G(n, d).
+nodes do not fit depth D); with costs it is the (n, d) minimising (t(n) + c0 + (d-1)*c) / G(n, d).
 Bad input: a message on stderr and exit code 2.
 """
 
@@ -33,6 +34,7 @@ from omegaconf import OmegaConf
 
 from harness.topology.sequoia import (
     TreeResult,
+    draft_time,
     optimize_tree,
     select_hardware_aware,
     selected_child_probabilities,
@@ -132,10 +134,12 @@ def _costs(args: dict) -> tuple[dict | None, str | None]:
         source, values, synthetic = "command line", args, True
     else:
         return None, None
+    c = _number(values["draft_cost"], name="draft_cost")
+    c0 = values.get("draft_base_cost")  # unset: the first level costs a step too (Sequoia's d*c)
     return {
         "verify_cost": _numbers(values["verify_cost"], name="verify_cost"),
-        "draft_cost": _number(values["draft_cost"], name="draft_cost"),
-        "draft_base_cost": _number(values.get("draft_base_cost", 0.0), name="draft_base_cost"),
+        "draft_cost": c,
+        "draft_base_cost": c if c0 is None else _number(c0, name="draft_base_cost"),
         "synthetic": synthetic,
     }, source
 
@@ -228,7 +232,9 @@ def run_tree(args: dict) -> dict:
             "time_per_token": choice.time_per_token,
             "time_unit": "one autoregressive target step t(1)",
             "verify_time": costs["verify_cost"][choice.n - 1],
-            "draft_time": 0.0 if choice.n == 1 else costs["draft_base_cost"] + choice.d * costs["draft_cost"],
+            "draft_time": 0.0
+            if choice.n == 1
+            else draft_time(choice.d, draft_cost=costs["draft_cost"], draft_base_cost=costs["draft_base_cost"]),
         }
         out["synthetic"] = costs["synthetic"]
         out["cost_source"] = source
