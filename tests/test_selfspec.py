@@ -13,9 +13,10 @@ from helpers import round_of_one
 
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
-from harness.heads.checkpoint import ArtifactError, artifact_dir, target_fingerprint
+from harness.heads.artifacts import skip_artifact_path
+from harness.heads.checkpoint import ArtifactError, target_fingerprint
 from harness.heads.partial import PartialPath, ProvisionalKV, causal_rows_mask
-from harness.heads.recipes import SearchRecipe, recipe_key
+from harness.heads.recipes import SearchRecipe
 from harness.prepare.early_exit import ensure_adapter
 from harness.prepare.skip_search import ensure_skip, layer_influence, search_skip
 from harness.prepare.trained import Target
@@ -334,14 +335,41 @@ def test_skip_search_artifact(env):
         opts, backend=env["backend"], tokenizer=None, target_source="tiny4", prompts=[prompt], progress=False
     )
     assert again == skip  # loaded, not searched again
-    path = artifact_dir(
-        "layer_skip", target_hash=target_fingerprint(env["model"]), recipe=recipe_key(SearchRecipe(**opts["search"]))
-    )
+    _, path = skip_artifact_path(opts, model=env["model"], tokenizer=None)
+    assert (path / "manifest.json").is_file() and m["search"]["device_name"]
     other = CausalLMBackend(build_tiny_model(seed=2, num_layers=4))
     with pytest.raises(ArtifactError, match="only valid for the target"):
         ensure_skip(
             {**opts, "artifact": str(path)}, backend=other, tokenizer=None, target_source="other", progress=False
         )
+
+
+def test_a_skip_vector_searched_with_other_threads_is_searched_again_or_noted(env, capsys):
+    """The vector is the fastest one on the host that timed it, and its cache key named only the
+    target and the recipe: one searched with 1 thread was loaded as is with 2. The cache now keys
+    the host (device, its name, threads); an explicit artifact timed elsewhere is used with a note."""
+    prompt = env["docs"][33][:6]
+    opts = {"search": {"trials": 2, "prompts": 1, "max_new_tokens": 4, "depth": 2, "gamma": 0.0}}
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        _, one = skip_artifact_path(opts, model=env["model"], tokenizer=None)
+        ensure_skip(opts, backend=env["backend"], tokenizer=None, target_source="t", prompts=[prompt], progress=False)
+        torch.set_num_threads(2)
+        _, two = skip_artifact_path(opts, model=env["model"], tokenizer=None)
+        assert two != one and not (two / "manifest.json").exists()  # a search of its own, not the 1-thread one
+        capsys.readouterr()
+        _, m = ensure_skip(
+            {**opts, "artifact": str(one)}, backend=env["backend"], tokenizer=None, target_source="t", progress=False
+        )
+        assert m["search"]["threads"] == 1
+        err = capsys.readouterr().err
+        assert (
+            f"harness: note: the layer-skip vector in {str(one)!r} was searched on threads 1; this run has threads 2"
+            in err
+        )
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_search_warm_starts_from_the_least_influential_layers(env):
@@ -425,3 +453,17 @@ def test_harness_train_layer_skip_prints_the_fields_every_kind_s_summary_has(tmp
     assert out["kind"] == "layer_skip" and isinstance(out["beats_ar"], bool)
     manifest = json.loads((Path(out["path"]) / "manifest.json").read_text())
     assert manifest["target_hash"] == out["target_hash"] and manifest["skip"] == out["skip"]
+
+
+def test_a_search_workload_with_no_prompts_of_its_own_is_refused_before_any_model(tmp_path, monkeypatch, capsys):
+    """`proposer.search.workload=jsonl` was refused after the model loaded, naming workload.path,
+    an option the search does not read; the search takes the built-in prompt sets only."""
+    from harness.cli import main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    assert main(["train", "model=tiny", "proposer=layer_skip", "proposer.search.workload=jsonl"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "harness train: refused: proposer.search.workload=jsonl is out of range: it must be one of "
+        "['humaneval', 'sharegpt']"
+    ]
+    assert not (tmp_path / "artifacts").exists()

@@ -32,6 +32,7 @@ from harness.heads.models import DraftHeads, HeadSpec
 from harness.heads.published import PublishedHeads, inspect, is_published, load_published_heads, same_embedding
 from harness.heads.recipes import SearchRecipe, eagle_recipe, exit_recipe, heads_recipe, recipe_key
 from harness.target.loading import model_names
+from harness.target.timing import timing_host
 
 
 @dataclass(frozen=True)
@@ -158,18 +159,42 @@ def load_adapter(options: dict, *, model: torch.nn.Module, tokenizer, path: Path
 
 
 def skip_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
+    """The search recipe and the layer-skip artifact's directory: ``proposer.artifact``, else the
+    cache's, named by the target, the recipe and the host the search times on
+    (:func:`~harness.target.timing.timing_host`): the vector is the fastest one there, so one
+    searched on another device or thread count is searched again, not reused."""
     rd = recipe_key(SearchRecipe(**dict(options.get("search") or {})))
-    return _located("layer_skip", rd, options, model=model, tokenizer=tokenizer)
+    if options.get("artifact"):
+        return rd, Path(options["artifact"])
+    host = timing_host(next(model.parameters()).device)
+    return rd, artifact_dir(
+        "layer_skip", target_hash=target_fingerprint(model, tokenizer), recipe={**rd, "timed_on": host}
+    )
 
 
 def load_skip(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[list[int], dict]:
-    """The skip vector to draft with: ``proposer.skip`` when given, else the search artifact's."""
+    """The skip vector to draft with: ``proposer.skip`` when given, else the search artifact's
+    (one given by ``proposer.artifact`` and timed on another host is used, with a note)."""
     if options.get("skip") is not None:
         return [int(i) for i in options["skip"]], {"source": "proposer.skip", "cpu_budget_artifact": False}
     rd, path = skip_artifact_path(options, model=model, tokenizer=tokenizer)
     if not (path / "manifest.json").is_file():
         raise missing("layer_skip", path, bool(options.get("artifact")))
     manifest, _ = load_bound(path, kind="layer_skip", recipe=rd, model=model, tokenizer=tokenizer)
+    here = timing_host(next(model.parameters()).device)
+    there = {k: (manifest.get("search") or {}).get(k) for k in here}
+    if there["device"] is not None:
+        there["device"] = str(there["device"]).split(":")[0]
+    differs = [k for k in here if there[k] is not None and there[k] != here[k]]
+    if differs:
+        print(
+            f"harness: note: the layer-skip vector in {str(path)!r} was searched on "
+            + ", ".join(f"{k} {there[k]!r}" for k in differs)
+            + "; this run has "
+            + ", ".join(f"{k} {here[k]!r}" for k in differs)
+            + ": the fastest vector there may not be here (leave proposer.artifact unset to search on this host)",
+            file=sys.stderr,
+        )
     return list(manifest["skip"]), manifest
 
 

@@ -36,6 +36,7 @@ from harness.proposers.base import NullProposer
 from harness.proposers.selfspec import LayerSkipProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
+from harness.target.timing import timing_host
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
 from harness.workloads.conversations import encode_prompt
@@ -249,6 +250,7 @@ def _search_absent(
         "search": {
             "seconds": time.perf_counter() - t0,
             "device": device,
+            "device_name": timing_host(device)["device_name"],
             "threads": torch.get_num_threads(),
             "sampler": "optuna TPESampler",
             "objective": "decode ms per committed token (greedy)",

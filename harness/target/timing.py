@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from harness.contracts import NO_STATE, ProposalNode, ProposalResult
-from harness.measure.hardware import last_level_cache_bytes
+from harness.measure.hardware import cpu_name, last_level_cache_bytes
 from harness.measure.ledger import StageClock
 from harness.target.backend import CacheState, CausalLMBackend
 from harness.topology.compiler import CompiledTree, compile_tree
@@ -443,3 +443,12 @@ def profile_roofline(
         "t_vs_floor": [float(t) / f for t, f in zip(t_profile["t"], floors, strict=True)],
         "roofline": {**{k: roof[k] for k in keys}, "compute_bound_from": roof["compute_bound_from"]},
     }
+
+
+def timing_host(device: torch.device | str) -> dict:
+    """What a timed choice depends on beyond the model: the device's type and name (the CPU's
+    model, or the GPU's) and this process's torch threads. An artifact chosen by timing (a
+    layer-skip vector) is keyed by it, so one searched elsewhere is never taken for this host's."""
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
+    return {"device": dev.type, "device_name": name, "threads": torch.get_num_threads()}
