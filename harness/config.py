@@ -311,7 +311,7 @@ class SkipSearchConfig:
     """Bayesian optimisation (Optuna TPE) of the skip vector on the dev split."""
 
     trials: int = ranged(12, **POSITIVE_INT)  # CPU budget: about 10 minutes on SmolLM2 with 2 busy cores
-    workload: str = "sharegpt"
+    workload: str = ranged("sharegpt", choices=("humaneval", "sharegpt"))  # built-in prompts (no path option)
     split: str = ranged("dev", choices=SPLITS)
     prompts: int = ranged(3, **POSITIVE_INT)
     max_prompt_tokens: int = ranged(96, **POSITIVE_INT)
