@@ -550,11 +550,12 @@ def same_device(value: Any, target_device: str, own_device: str, otherwise: Any)
     return value if str(target_device).split(":")[0] == str(own_device).split(":")[0] else otherwise
 
 
-def greedy_else(temperature: Any, at_zero: Any, above: Any) -> Any:
-    """``at_zero`` at temperature 0 (greedy decoding), ``above`` otherwise: a draft's default child
-    sampling, its top-ranked tokens (``beam``) where i.i.d. draws from a one-hot law would all be
-    the argmax, and i.i.d. draws (SpecInfer) where the law is a distribution."""
-    return at_zero if float(temperature) == 0.0 else above
+def greedy_else(temperature: Any, at_zero: Any, above: Any, top_k: Any = 0) -> Any:
+    """``at_zero`` where the target keeps one token (temperature 0, or ``top_k`` = 1), ``above``
+    otherwise: a draft's default child sampling, its top-ranked tokens (``beam``) where i.i.d. draws
+    from a one-hot law would all be the argmax, and i.i.d. draws (SpecInfer) where the law is a
+    distribution."""
+    return at_zero if float(temperature) == 0.0 or int(top_k) == 1 else above
 
 
 def register_configs() -> None:

@@ -213,6 +213,13 @@ def test_a_draft_tree_at_temperature_0_branches_and_iid_children_there_are_refus
     assert "topology=set tree would collapse into one chain" in str(info.value)
     assert "try proposer.sampling=beam" in str(info.value)
     checked_plan(["model=tiny", "proposer=draft_model", "proposer.sampling=iid", "topology=sequence"])  # a chain
+    # top_k=1 keeps one token at any temperature: the draft's default is its top-ranked tokens there
+    # too, and i.i.d. children of a tree are refused as at temperature 0 (they ran as one chain)
+    hot = ["model=tiny", "proposer=draft_model", "generation.temperature=0.7", "generation.top_k=1"]
+    assert compose(hot).proposer.sampling == "beam"
+    with pytest.raises(ConfigError, match=r"proposer.sampling=iid with generation.top_k=1 draws the draft's argmax"):
+        checked_plan([*hot, "verifier=specinfer", "proposer.sampling=iid", "topology=expansion"])
+    checked_plan([*hot, "verifier=membership", "topology=expansion"])  # the top-ranked tokens branch
     # EAGLE-2's dynamic tree draws its sampled children the same way: refused at temperature 0 too
     with pytest.raises(ConfigError, match="topology=dynamic tree would collapse into one chain"):
         checked_plan(["model=tiny", "proposer=eagle", "proposer.sampling=iid", "topology=dynamic"])

@@ -102,9 +102,10 @@ def plan(cfg: DictConfig) -> Plan:
         )
     caps = declared_capabilities(cfg, budget)
     negotiate(caps, verifier, temperature=policy.temperature, exact_mode=bool(cfg.generation.exact))
-    if policy.greedy and "iid" in caps.sampling_relations and budget.shape != "sequence":
+    if policy.deterministic and "iid" in caps.sampling_relations and budget.shape != "sequence":
+        when = "at temperature 0" if policy.greedy else "with generation.top_k=1"
         raise ConfigError(
-            f"proposer.sampling=iid at temperature 0 draws the draft's argmax for every child: a "
+            f"proposer.sampling=iid {when} draws the draft's argmax for every child: a "
             f"topology={cfg.topology.name} tree would collapse into one chain while its records named the tree",
             suggestions=[("proposer.sampling=beam",), ("proposer.sampling=without_replacement",)],
         )
