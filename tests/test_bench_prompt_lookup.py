@@ -363,3 +363,34 @@ def test_the_default_cpu_options_set_up_a_cpu_model_and_refuse_one_elsewhere():
     meta = build_tiny_model().to("meta")  # any device but a CPU
     with pytest.raises(ValueError, match="default CPU options are for a CPU model; this one is on meta"):
         apply_default_cpu_options(meta)
+
+
+def test_a_cuda_index_the_machine_lacks_is_one_line_before_anything_loads(capsys, monkeypatch):
+    """``--device cuda:5`` on a one-GPU host passed every check and ended in CUDA's invalid-ordinal
+    traceback when the weights moved."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(bench, "load_model", lambda **_: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--device", "cuda:5", "--out", "/nonexistent/never-written.json"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("error: --device cuda:5: this machine has 1 CUDA device(s) (cuda:0 to cuda:0)")
+
+
+def test_the_warm_up_leaves_no_counts_in_the_proposers_figures():
+    """The warm-up's rounds stayed in the proposers' counters (rows kept from history or tails, the
+    datastore's misses and retrieval times) that the result reports beside the measured prompts."""
+    from harness.contracts import Budget
+    from harness.proposers.prompt_lookup import PromptLookupProposer
+
+    p = PromptLookupProposer(budget=Budget("sequences", 8, 4), manifest_hash="b", max_ngram=3, history_tokens=64)
+    seen = []
+
+    def arm(ids, new):
+        seen.append((list(ids), new))
+        p.stats.extras["rows_kept"] = p.stats.extras.get("rows_kept", 0) + 5
+        p.stats.retrieval_ms += 2.0
+
+    bench.warm_up({"ours_adaptive": arm}, [p, None], [1, 2, 3])
+    assert seen == [([1, 2, 3], 8)] and p.stats.extras["rows_kept"] == 0 and p.stats.retrieval_ms == 0.0

@@ -410,6 +410,17 @@ def after_first_round(res) -> dict:
     }
 
 
+def warm_up(arms: dict, counted, ids: list[int], new_tokens: int = 8) -> None:
+    """Each arm decodes ``new_tokens`` of ``ids`` once, untimed; then the counters of ``counted``
+    (our proposers, the retriever) restart, so the result's proposer figures (rows kept, misses,
+    retrieval times) count the measured prompts only, as a run's record does."""
+    for fn in arms.values():
+        fn(ids, new_tokens)
+    for c in counted:
+        if c is not None:
+            c.reset_counters()
+
+
 def bench_retriever(spec: str, workload: str, tokenizer, items, nodes: int, depth: int | None):
     """The datastore retrieval of ``--datastore`` (a conf/datastore name, ``auto`` for the workload's,
     or a directory), opened as a run's ``proposer.datastore`` opens it (built on first use) and
@@ -539,6 +550,9 @@ def main(argv=None) -> int:
         ap.error(f"--device {args.device}: no CUDA device here")
     if device.type not in ("cpu", "cuda"):
         ap.error(f"--device {args.device}: cpu, cuda or cuda:N")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        ap.error(f"--device {args.device}: this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1})")
     args.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     dtype = getattr(torch, args.dtype)
     static_cache = args.static_cache == "true"
@@ -701,9 +715,7 @@ def main(argv=None) -> int:
         ids, new, prompt_lookup_num_tokens=args.num_tokens, max_matching_ngram_size=args.ngram
     )
     arms = {a: arms[a] for a in ARMS if a in args.arms}
-    # warm-up (excluded)
-    for fn in arms.values():
-        fn(items[0][1], 8)
+    warm_up(arms, [*proposers.values(), retriever], items[0][1])
     totals = {a: {"decode_ms": 0.0, "tokens": 0, "rounds": 0} for a in arms}
     per_prompt = []
     mismatches = []
