@@ -6,11 +6,17 @@
 # their wheels here first (`bash scripts/gpu_wheels.sh`, into .whl/) and carry .whl along; they are
 # installed into /tmp before the check starts. Each section's figures or error are written to the
 # JSON as soon as it ends, so a failure late in the check keeps the earlier sections.
-# Usage: bash scripts/gpu_check.sh [OUT_DIR] [gpu_check options]   (figures: OUT_DIR/gpu_check.json)
+# Usage: bash scripts/gpu_check.sh [OUT_DIR] [gpu_check options]   (figures: OUT_DIR/gpu_check.json;
+# without OUT_DIR: $OUT, else results/gpu)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-${OUT:-results/gpu}}"
-mkdir -p "$out"
+# OUT_DIR is the first argument unless that is an option (--dtype ...): then $OUT, else results/gpu
+out="${OUT:-results/gpu}"
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
+  out="$1"
+  shift
+fi
+mkdir -p -- "$out"
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && .venv/bin/python -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && PY=.venv/bin/python
 # wheels carried along (scripts/gpu_wheels.sh builds them): installed apart, never over the image's packages
@@ -18,4 +24,4 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/harness-site .whl/*.whl
   export PYTHONPATH="/tmp/harness-site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m harness.gpu_check --out "$out/gpu_check.json" "${@:2}"
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m harness.gpu_check --out "$out/gpu_check.json" "$@"

@@ -173,3 +173,36 @@ def test_gpu_check_sets_the_t_of_n_medians_against_the_roofline_and_skips_it_wit
     assert roof["t_vs_floor"][1] == pytest.approx(9.0 / roof["floor_ms"][1])
     for missing in (None, {}, {"error": "CUDA error: out of memory"}):
         assert roofline(model, "cpu", missing)["skipped"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "out", "passed"),
+    [
+        ([], "from-env", []),
+        (["mine"], "mine", []),
+        (["mine", "--dtype", "float32"], "mine", ["--dtype", "float32"]),
+        (["--dtype", "float32"], "from-env", ["--dtype", "float32"]),  # stopped at `mkdir --dtype`
+    ],
+)
+def test_the_gpu_check_script_takes_its_folder_only_when_one_is_given(tmp_path, args, out, passed):
+    """The script read its first argument as the output folder whatever it was: an option first
+    (`--dtype float32`) ended in `mkdir: unrecognized option`."""
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    fake = tmp_path / "python"
+    fake.write_text('#!/usr/bin/env bash\necho "$@" > "$ARGS_FILE"\n')
+    fake.chmod(0o755)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHON": str(fake),
+        "OUT": str(tmp_path / "from-env"),
+        "ARGS_FILE": str(tmp_path / "a"),
+    }
+    cmd = ["bash", str(repo / "scripts" / "gpu_check.sh"), *[str(tmp_path / a) if a == "mine" else a for a in args]]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    expected = ["-m", "harness.gpu_check", "--out", str(tmp_path / out / "gpu_check.json"), *passed]
+    assert shlex.split((tmp_path / "a").read_text()) == expected and (tmp_path / out).is_dir()
