@@ -173,3 +173,24 @@ def test_a_system_message_stays_with_the_opening_and_the_user_text_is_what_is_cu
     turn = enc.turn(prompt)
     assert len(turn.ids) == 22 and turn.ids[:11] == full[:11] and turn.ids[11:] == full[21:]
     assert tok.convert_ids_to_tokens(turn.ids[7:12]) == ["w30", "w31", "</s>", "<user>", "w13"]
+
+
+def test_a_text_prompt_gets_the_bos_the_tokenizer_adds_and_a_left_cut_keeps_it():
+    """A completion prompt (``chat=false``: HumanEval, a JSONL ``prompt``) was tokenized with
+    ``add_special_tokens=False``: a model that starts every sequence with a BOS (Llama, Mistral)
+    never saw one, unlike ``generate`` after ``tokenizer(text)``. It gets the tokenizer's own special
+    tokens now, and a left cut keeps the BOS as a template's opening is kept."""
+    from tokenizers import processors
+
+    from harness.workloads.conversations import encode_prompt
+
+    tok = word_chat_tokenizer()
+    text = Prompt(prompt_id="t", category="code", text=" ".join(f"w{i}" for i in range(12)))
+    plain = encode_prompt(text, tok, chat=False)
+    assert plain[0] != tok.bos_token_id and len(plain) == 12  # a tokenizer that adds nothing: as before
+    tok._tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    with_bos = encode_prompt(text, tok, chat=False)
+    assert with_bos == [tok.bos_token_id, *plain]
+    enc = PromptEncoder(tok, chat=False, limit=limit(12, TRUNCATE_LEFT))  # room 6
+    cut = enc.turn(text)
+    assert cut.ids == [tok.bos_token_id, *plain[-5:]] and cut.cut_tokens == 7

@@ -135,12 +135,15 @@ def first_turn_messages(prompt: Prompt, *, chat: bool) -> list[dict] | None:
 
 
 def encode_prompt(prompt: Prompt, tokenizer, *, chat: bool) -> list[int]:
-    """Token ids of a prompt's first turn; chat messages through the tokenizer's chat template."""
+    """Token ids of a prompt's first turn; chat messages through the tokenizer's chat template. A
+    text taken as it is gets the tokenizer's own special tokens, as ``tokenizer(text)`` gives them
+    to ``generate``: a BOS for the models that start every sequence with one (Llama, Mistral,
+    Gemma), nothing for those that add none (SmolLM2, GPT-2, Qwen)."""
     messages = first_turn_messages(prompt, chat=chat)
     if messages is not None:
         return chat_ids(tokenizer, messages)
     text = prompt.turns[0] if prompt.turns is not None else prompt.text
-    return _ids(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return _ids(tokenizer(text)["input_ids"])
 
 
 class PromptEncoder:
@@ -200,15 +203,24 @@ class PromptEncoder:
     def first_text(self, prompt: Prompt, answers: Sequence[Sequence[int]], ids: Sequence[int]) -> tuple[int, int]:
         """Where the first non-system message's text lies in ``ids`` (turn ``len(answers) + 1``'s
         prompt): ``(start, end)``, the template's opening (every leading system block, that message's
-        header) before ``start``; ``(0, 0)`` without a template. Found as the tokens the conversation
-        shares, at each end, with the same one whose first non-system message is empty."""
+        header) before ``start``. Found as the tokens the conversation shares, at each end, with the
+        same one whose first non-system message is empty. A text tokenized as it is (no template)
+        has the tokenizer's own special tokens around it (a BOS) as its opening; ``(0, 0)`` where
+        it has none, or without a tokenizer."""
         messages = self.messages(prompt, answers)
-        first = next((i for i, m in enumerate(messages or []) if m.get("role") != "system"), None)
-        if first is None:
-            return 0, 0
-        emptied = chat_ids(
-            self.tokenizer, [*messages[:first], {**messages[first], "content": ""}, *messages[first + 1 :]]
-        )
+        if messages is None:
+            if self.tokenizer is None or answers:
+                return 0, 0
+            emptied = _ids(self.tokenizer("")["input_ids"])  # a BOS the tokenizer adds, say
+            if not emptied or not ids or int(ids[0]) != int(emptied[0]):
+                return 0, 0
+        else:
+            first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
+            if first is None:
+                return 0, 0
+            emptied = chat_ids(
+                self.tokenizer, [*messages[:first], {**messages[first], "content": ""}, *messages[first + 1 :]]
+            )
         start = 0
         for a, b in zip(ids, emptied):
             if int(a) != int(b):
