@@ -433,6 +433,14 @@ def test_half_a_surrogate_pair_in_a_prompt_file_is_refused_naming_its_line(tmp_p
             '{"question_id": 1, "category": "qa", "turns": "hello"}\n',
             ':1: question 1: "turns" must be a list of user messages; got a str (write "turns": ["hello"])',
         ),
+        (  # the leakage gate checked the object's Python spelling as the reference answer
+            '{"question_id": 1, "category": "qa", "turns": ["hi"], "reference": {"a": 1}}\n',
+            ':1: question 1: "reference" must be a string, a number or a list of them; got {"a": 1}',
+        ),
+        (
+            '{"question_id": 2, "category": "qa", "turns": ["hi"], "reference": ["4", true]}\n',
+            ':1: question 2: "reference" must be a string, a number or a list of them; got true',
+        ),
     ],
 )
 def test_a_spec_bench_file_without_questions_or_with_a_bare_turn(tmp_path, capsys, no_models, text, fragment):

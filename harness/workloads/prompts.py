@@ -132,18 +132,25 @@ FORMAT_NAMES = {
 }
 
 
-def _flat_reference(ref: Any) -> str | None:
+def _flat_reference(ref: Any, where: str = "", pid: object = None) -> str | None:
     """Spec-Bench's ``reference`` as one text: a string, or the strings of a (nested) list joined by
-    newlines (its element type varies by category: str, list of str, a list of lists)."""
+    newlines (its element type varies by category: str, list of str, a list of lists); a number is
+    its decimal text. Anything else (an object, true/false) is refused: the leakage gate would
+    check its Python spelling as the answer."""
     if ref is None:
         return None
     if isinstance(ref, str):
         return ref or None
     if isinstance(ref, (list, tuple)):
-        parts = [_flat_reference(r) for r in ref]
+        parts = [_flat_reference(r, where, pid) for r in ref]
         text = "\n".join(p for p in parts if p)
         return text or None
-    return str(ref)
+    if isinstance(ref, (int, float)) and not isinstance(ref, bool):
+        return str(ref)
+    raise WorkloadError(
+        f'{where}: question {pid!r}: "reference" must be a string, a number or a list of them; '
+        f"got {json.dumps(ref)[:80]}"
+    )
 
 
 def _check_category(where: str, pid: object, category: str) -> str:
@@ -181,7 +188,7 @@ def _spec_bench_prompt(where: str, obj: dict) -> Prompt:
         prompt_id=str(qid),
         category=_check_category(where, qid, category),
         turns=tuple(turns),
-        reference=_flat_reference(obj.get("reference")),
+        reference=_flat_reference(obj.get("reference"), where, qid),
         source_id=qid,
     )
 
