@@ -330,6 +330,35 @@ def _launch_id(sweep_dir: Path) -> str | None:
         return None
 
 
+def planned_jobs(hydra_cfg: DictConfig) -> list[list[str]] | None:
+    """Every job's overrides as Hydra's basic sweeper expands the launch (its ``params`` and the
+    command line's overrides, one job per combination), or None for another sweeper (an optimiser
+    decides its jobs as it goes) or overrides this cannot expand."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not str(hydra_cfg.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return None
+    params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()]
+    try:
+        overrides = OverridesParser.create().parse_overrides([*params, *hydra_cfg.overrides.task])
+        (jobs,) = BasicSweeper.split_arguments(overrides, None)
+    except Exception:  # noqa: BLE001 - a count the summary can go without
+        return None
+    return [list(job) for job in jobs]
+
+
+def _launch_plan(sweep_dir: Path, launch_id: str | None) -> list[list[str]] | None:
+    try:
+        launch = json.loads((sweep_dir / LAUNCH_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(launch, dict) or launch.get("launch_id") != launch_id:
+        return None
+    jobs = launch.get("planned_jobs")
+    return jobs if isinstance(jobs, list) else None
+
+
 def _is_refusal(exc: BaseException) -> bool:
     """A job refused rather than failed, by the rule `harness run` reports with (a config, workload,
     datastore, checkpoint or folder refusal is a ValueError or OSError; a gate's is a GateError)."""
@@ -543,6 +572,9 @@ class SweepSummary:
     failed: list[str] = field(default_factory=list)
     #: jobs that started and wrote no end status (killed, or a scheduler still runs them)
     unfinished: list[str] = field(default_factory=list)
+    #: jobs the launch planned (Hydra's basic sweeper) that never started: it stopped first (their
+    #: overrides, comma-joined)
+    not_started: list[str] = field(default_factory=list)
     #: a skipped job -> the other job folder that holds the same job (same manifest hash)
     same_as: dict[str, str] = field(default_factory=dict)
     records: int = 0
@@ -619,6 +651,11 @@ def finish_sweep(
         sweep_dir=str(sweep_dir), launch_id=launch_id, interrupted=stopped_by == INTERRUPTED, stopped_by=stopped_by
     )
     report = report and stopped_by is None
+    plan = _launch_plan(sweep_dir, launch_id) if launch_id is not None else None
+    started = [set(map(str, s.get("overrides") or [])) for s in statuses]
+    for job in plan or []:  # a Slurm task's overrides carry the launcher's additions: a superset
+        if not any(set(job) <= seen for seen in started):
+            summary.not_started.append(",".join(job))
     for s in statuses:
         kind = s.get("status")
         getattr(summary, "unfinished" if kind == RUNNING else kind if kind in ("ran", "skipped") else "failed").append(
@@ -677,6 +714,7 @@ def format_summary(summary: SweepSummary) -> str:
         + (f"stopped by {summary.stopped_by} after " if summary.stopped_by and not summary.interrupted else "")
         + f"{len(summary.ran)} ran, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
         + (f", {len(summary.unfinished)} unfinished" if summary.unfinished else "")
+        + (f", {len(summary.not_started)} not started" if summary.not_started else "")
     ]
     if summary.skipped:
         lines.append(
@@ -692,6 +730,8 @@ def format_summary(summary: SweepSummary) -> str:
             "unfinished (started, no end status: killed, or a scheduler still runs it; a relaunch runs it again): "
             + ", ".join(summary.unfinished)
         )
+    if summary.not_started:
+        lines.append("not started (the launch stopped first; a relaunch runs them): " + "; ".join(summary.not_started))
     if summary.store_error:
         lines.append(f"store and report not written: {summary.store_error}")
         return "\n".join(lines)
@@ -755,6 +795,7 @@ class SweepCallback(_Callback):
                 "sweeper_params": OmegaConf.to_container(config.hydra.sweeper.params, resolve=True)
                 if config.hydra.sweeper.get("params")
                 else {},
+                "planned_jobs": planned_jobs(config.hydra),
             },
         )
 

@@ -800,7 +800,12 @@ def test_an_interrupted_launch_leaves_a_store_and_summary_of_what_the_folder_hol
         rc, stopped = launch(sweep_dir, *common, "generation.max_new_tokens=5")
     assert rc == 1 and stopped["interrupted"] is False
     assert stopped["stopped_by"] == "RuntimeError: A worker process managed by the executor was unexpectedly terminated"
-    assert "stopped by RuntimeError: A worker process" in capsys.readouterr().err
+    # the jobs the launch planned and never started are named by their overrides
+    assert len(stopped["not_started"]) == 2 and all("generation.max_new_tokens=5" in j for j in stopped["not_started"])
+    assert [j for j in stopped["not_started"] if "seed=1" in j.split(",")]
+    err = capsys.readouterr().err
+    assert "stopped by RuntimeError: A worker process" in err and ", 0 failed, 2 not started" in err
+    assert "not started (the launch stopped first; a relaunch runs them): " in err
     assert sweep.ACTIVE_LAUNCHES == []
     rc, last = launch(sweep_dir, *common, "generation.max_new_tokens=6")  # the folder was let go
     assert rc == 0 and len(last["skipped"]) == 2 and (sweep_dir / "report" / "report.md").is_file()
@@ -1394,6 +1399,7 @@ def test_a_slurm_task_killed_by_its_limit_is_a_failed_job_and_the_array_is_waite
     err = capsys.readouterr().err
     summary = dict(sweep.LAST_SUMMARY)
     assert rc == 1 and len(summary["ran"]) == 2 and len(summary["failed"]) == 2 and summary["unfinished"] == []
+    assert summary["not_started"] == []  # the task Slurm ended before it started is a failed job, named
     during, before = summary["failed"]
     assert "seed=1" in during.split(",") and not (sweep_dir / during / "record.json").exists()
     assert before.startswith("job 2 (") and "seed=2" in before
