@@ -641,6 +641,40 @@ def test_an_arm_of_another_model_than_the_baseline_has_no_ratio_to_it():
     assert _row(by_model, "tiny@bfloat16").vs_baseline is not None
 
 
+def test_runs_timed_on_other_machines_are_named_and_have_no_ratio_to_each_other():
+    """Two arms timed on two CPUs (or an H100 and an H200) were divided by each other as a
+    vs-baseline ratio, and runs of two machines pooled into one arm, with nothing said: only the
+    config was compared, never the hardware. The machine is now told apart like the model."""
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "b", "prompts": prompts}})
+    df["hardware.device"] = ["cpu", "cpu"]
+    df["hardware.device_name"] = ["AMD EPYC 7763", "Intel(R) Xeon(R) Processor"]
+    rows = compare(df, baseline="b", n_resamples=50)
+    a = _row(rows, "a")
+    assert a.vs_baseline is None and a.baseline_other_machine == [
+        "cpu: AMD EPYC 7763",
+        "cpu: Intel(R) Xeon(R) Processor",
+    ]
+    assert a.apart == {"machine": "cpu: AMD EPYC 7763"}
+    text = format_table(rows, by="proposer", baseline="b", level=0.95)
+    assert "- (other machine)" in text
+    assert (
+        "note: arms timed on another machine than the baseline (a: cpu: AMD EPYC 7763 vs cpu: Intel(R) Xeon(R) "
+        "Processor) have no ratio to it"
+    ) in text
+    df["hardware.device_name"] = ["Intel(R) Xeon(R) Processor"] * 2  # one machine: the ratio is back
+    a = _row(compare(df, baseline="b", n_resamples=50), "a")
+    assert a.vs_baseline is not None and a.baseline_other_machine == [] and a.apart == {}
+    # one arm's runs of two machines: its mixed axes say so
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "a", "prompts": prompts}})
+    df["hardware.device"], df["hardware.device_name"] = ["cuda:0", "cuda"], ["NVIDIA H100", "NVIDIA H200"]
+    (row,) = [r for r in compare(df, n_resamples=50) if r.category == "all"]
+    assert row.varying["machine"] == ["cuda: NVIDIA H100", "cuda: NVIDIA H200"]
+    assert "machine=cuda: NVIDIA H100,cuda: NVIDIA H200" in format_table(
+        [row], by="proposer", baseline=None, level=0.95
+    )
+
+
 def test_an_arm_s_runs_of_several_target_models_are_arms_apart():
     """by=batch_size pooled a tiny-model run with a SmolLM2 run into one arm with one interval, flagged
     only in its mixed-axes cell; each model is its own arm now (a dtype is no other model)."""

@@ -136,6 +136,8 @@ class ArmRow:
     has_baseline: bool = False  # its section has the baseline's runs to pair with
     # its runs are of other target models than the baseline's (model -> [its, the baseline's]): no ratio then
     baseline_other_model: list[str] = field(default_factory=list)
+    #: [these runs' machines, the baseline's] when they differ: no ratio to the baseline then
+    baseline_other_machine: list[str] = field(default_factory=list)
     n_units: int = 0  # the resampling units its intervals draw from: prompts, or batches of a batched run
     # its runs whose decode sped up with no proposed token accepted (one token per round): not speculation's
     unaccepted_runs: int = 0
@@ -465,6 +467,23 @@ _AXIS_CONFIG = {
 }
 
 
+#: the pseudo-key under which runs timed on different machines are told apart (the store's
+#: ``hardware.device`` and ``hardware.device_name``: a CPU's model or a GPU's name)
+MACHINE = "machine"
+
+
+def _machine_values(runs: pd.DataFrame) -> list[str]:
+    """Each run's machine as ``<device kind>: <device name>`` (``-`` where the store has neither)."""
+    kinds = runs["hardware.device"] if "hardware.device" in runs.columns else [None] * len(runs)
+    names = runs["hardware.device_name"] if "hardware.device_name" in runs.columns else [None] * len(runs)
+    out = []
+    for kind, name in zip(kinds, names, strict=True):
+        kind = None if kind is None or (isinstance(kind, float) and kind != kind) else str(kind).split(":")[0]
+        name = None if name is None or (isinstance(name, float) and name != name) else str(name)
+        out.append(f"{kind or '-'}: {name or '-'}")
+    return out
+
+
 def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[str, list[str]]:
     """The axes, then the other config keys, whose values differ among one arm's runs: an arm that
     pools runs of different configurations says which (``mixed axes``). Where a group's axis
@@ -477,6 +496,9 @@ def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[s
         values = sorted({arm_label(v) for v in runs[axis]}, key=_value_order)
         if len(values) > 1:
             out[axis] = values
+    machines = sorted(set(_machine_values(runs)))
+    if len(machines) > 1:  # times of one machine pooled with, or divided by, another's
+        out[MACHINE] = machines
     partial = [_AXIS_CONFIG[a] for a in out if a in _AXIS_CONFIG and _AXIS_CONFIG[a].endswith(".")]
     partial += ["config.workload."] if "workload" in out else []  # a prompt file's path, say, of one workload
     hidden = [_AXIS_CONFIG[a] for a in ("workload", "temperature", "batch_size") if a in _AXIS_CONFIG]
@@ -524,6 +546,8 @@ def _arms_apart(arm_runs: Mapping[tuple[str, str], pd.DataFrame], section: str, 
     def values(runs: pd.DataFrame, key: str) -> str:
         if key in AXES:
             return ",".join(sorted({arm_label(v) for v in runs[key]}))
+        if key == MACHINE:
+            return ",".join(sorted(set(_machine_values(runs))))
         return ",".join(sorted({_config_text(v) for v in _read_values(runs, f"config.{key}")}) or ["-"])
 
     # a key sets the arms apart when their sets of values differ (a sweep crossing every arm with
@@ -547,7 +571,7 @@ def arm_config_keys(df: pd.DataFrame) -> list[str]:
     for _, runs in df.groupby([df[a].map(arm_label) for a in present], sort=False):
         if len(runs) > 1:
             for key in _varying(runs, by=""):
-                if key not in AXES and key not in REPEAT_CONFIG:
+                if key not in AXES and key not in REPEAT_CONFIG and key != MACHINE:
                     keys[key] = None
     return list(keys)
 
@@ -570,9 +594,12 @@ def _axes_apart(runs: pd.DataFrame, base: pd.DataFrame, by: str) -> dict[str, li
         mine, theirs = sorted({arm_label(v) for v in runs[axis]}), sorted({arm_label(v) for v in base[axis]})
         if mine != theirs:
             out[axis] = [",".join(mine), ",".join(theirs)]
+    machines = [sorted(set(_machine_values(df))) for df in (runs, base)]
+    if machines[0] != machines[1]:
+        out[MACHINE] = [",".join(m) for m in machines]
     union = pd.concat([runs, base], ignore_index=True)
     for key in _varying(union, by, skip_group=True):
-        if key in AXES or key in REPEAT_CONFIG:
+        if key in AXES or key in REPEAT_CONFIG or key == MACHINE:
             continue
         mine, theirs = (
             sorted({_config_text(v) for v in _read_values(df, f"config.{key}")}, key=_value_order) or ["-"]
@@ -609,6 +636,26 @@ OTHER_MODEL_NOTE = (
     "arms whose runs are of another target model than the baseline's ({arms}) have no ratio to it: one model's "
     "time per token over another's is the models' difference, not {by}'s; filter to one model, or compare by=model"
 )
+
+
+#: why an arm has no ratio to the baseline when their runs were timed on other machines
+OTHER_MACHINE_NOTE = (
+    "arms timed on another machine than the baseline ({arms}) have no ratio to it: one machine's time per token "
+    "over another's is the machines' difference, not {by}'s; filter to one machine (hardware.device_name=...)"
+)
+
+
+def other_machine_note(sec: Sequence[ArmRow], by: str) -> str | None:
+    """:data:`OTHER_MACHINE_NOTE` naming the arms of ``sec`` left without a vs-baseline ratio for
+    their machine (their ``all`` rows), or None."""
+    arms = sorted(
+        {
+            f"{r.arm}: {r.baseline_other_machine[0]} vs {r.baseline_other_machine[1]}"
+            for r in sec
+            if r.baseline_other_machine and r.category == ALL
+        }
+    )
+    return OTHER_MACHINE_NOTE.format(arms="; ".join(arms), by=by) if arms else None
 
 
 def other_model_note(sec: Sequence[ArmRow], by: str) -> str | None:
@@ -737,13 +784,15 @@ def compare(
                     units = _summed(cat_long, "batch_unit")
                 tpt = paired_bootstrap((units["spec_decode_ms"], units["spec_tokens"]), ratio_of_sums, **boot)
                 speed = decode_speedup(units, boot)
-                vs, n_pairs, differs, other_model = None, 0, {}, []
+                vs, n_pairs, differs, other_model, other_machine = None, 0, {}, [], []
                 bk = base_key.get(section)
                 if bk is not None and bk != key:
                     differs = _axes_apart(cat_runs, arm_runs[bk], by)
                     if by != "model" and _model_names(cat_runs) != _model_names(arm_runs[bk]):
                         other_model = differs.get("model", [])  # another model's times: no ratio to them
-                if bk is not None and not other_model:
+                    elif MACHINE in differs:  # another machine's times likewise: its speed, not the arm's
+                        other_machine = differs[MACHINE]
+                if bk is not None and not other_model and not other_machine:
                     b = arms[bk] if cat == ALL else arms[bk][arms[bk]["category"] == cat]
                     common = p.index.intersection(b.index)
                     n_pairs = len(common)
@@ -785,6 +834,7 @@ def compare(
                         common_prompts=None if shared is None or cat != ALL else len(shared & set(p.index)),
                         has_baseline=bk is not None,
                         baseline_other_model=list(other_model),
+                        baseline_other_machine=list(other_machine),
                     )
                 )
     return out
@@ -1019,6 +1069,8 @@ def arm_table(
             paired = r.vs_baseline is not None or r.arm == baseline or not r.has_baseline
             if r.baseline_other_model:
                 line.append("- (other model)")
+            elif r.baseline_other_machine:
+                line.append("- (other machine)")
             else:
                 line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-" if paired else "- (no prompt in common)")
         mixed = [f"{k}={','.join(v)}" for k, v in r.varying.items()]
@@ -1157,6 +1209,7 @@ def section_notes(sec: Sequence[ArmRow], by: str) -> list[str]:
         one_unit_note(sec),
         baseline_note(sec, by),
         other_model_note(sec, by),
+        other_machine_note(sec, by),
         *apart_notes(sec, by),
     )
     return [n for n in notes if n]
