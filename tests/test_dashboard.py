@@ -162,9 +162,11 @@ def test_the_specification_becomes_w_and_b_report_objects_without_a_server():
     spec = build_spec("batch_scaling", entity="team")
     blocks = report_blocks(spec, wr)
     grids = [b for b in blocks if isinstance(b, wr.PanelGrid)]
-    # the review's grouped bar chart has its own grid (runs grouped by workload, then proposer)
+    # the review's grouped bar chart has its own grid (runs grouped by workload, then proposer, then
+    # with no records known every other axis)
     grouped = [g for g in grids if g.runsets[0].groupby]
-    assert len(grouped) == 2 and grouped[0].runsets[0].groupby == ["config.workload", "config.proposer"]
+    axes = ["workload", "proposer", "topology", "verifier", "temperature", "batch_size", "model"]
+    assert len(grouped) == 2 and grouped[0].runsets[0].groupby == [f"config.{a}" for a in axes]
     assert isinstance(grouped[0].panels[0], wr.BarPlot) and grouped[0].panels[0].metrics == [
         "decode_speedup",
         "speedup",
@@ -329,6 +331,11 @@ def test_a_known_sweep_not_yet_run_gets_its_dashboard_in_its_own_folder(tmp_path
     assert dashboard_main(["batch_scaling"]) == 0
     assert (tmp_path / "multirun" / "batch_scaling" / "dashboard.json").is_file()
     assert not list(tmp_path.glob("dashboard-*.json"))
+    # no records known yet: the speedup bars are split by every axis (they averaged batch sizes,
+    # temperatures and models into one bar per proposer while the legend named every axis)
+    spec = json.loads((tmp_path / "multirun" / "batch_scaling" / "dashboard.json").read_text())
+    bars = next(p for p in spec["sections"][0]["panels"] if p["id"] == "speedup_by_proposer_workload")
+    assert bars["group_by"] == ["workload", "proposer", "topology", "verifier", "temperature", "batch_size", "model"]
     assert f"wrote {Path('multirun') / 'batch_scaling' / 'dashboard.json'}: " in capsys.readouterr().out
 
 

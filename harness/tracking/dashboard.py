@@ -41,7 +41,7 @@ from harness.tracking.command_line import (
     whole_number_option,
 )
 from harness.tracking.compare import arm_config_keys
-from harness.tracking.conventions import MIN_DEPTH_ROUNDS, NAME_AXES, varying_axes
+from harness.tracking.conventions import LABEL_AXES, MIN_DEPTH_ROUNDS, NAME_AXES, varying_axes
 from harness.tracking.record import write_json_atomic
 from harness.tracking.store import (
     AXES,
@@ -228,7 +228,9 @@ def build_spec(
     ``config_keys``, the options (no axes) that differ among one arm's runs."""
     vary = varying_axes(axes_rows) if axes_rows else list(NAME_AXES)
     legend = legend_template(vary or list(NAME_AXES), config_keys)
-    split_by = [*(vary if axes_rows else []), *(f"resolved.{k}" for k in config_keys)]
+    # with no records known (a group whose runs are yet to land, or ran elsewhere) every axis splits
+    # the bars: an axis left out would be averaged over (batch sizes, temperatures, models in one bar)
+    split_by = [*(vary if axes_rows else LABEL_AXES), *(f"resolved.{k}" for k in config_keys)]
     in_group = f"Group = {_quote(group)}"
     apart = "[" + ", ".join(_quote(t) for t in APART_TAGS) + "]"
     out = "[" + ", ".join(_quote(t) for t in (*APART_TAGS, SUPERSEDED_TAG)) + "]"
