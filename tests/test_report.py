@@ -328,6 +328,39 @@ def test_speedup_vs_batch_is_not_drawn_empty_when_no_configuration_has_two_batch
     assert plot.figure is None and "no configuration was run at two batch sizes" in plot.note
 
 
+def test_speedup_vs_batch_draws_one_line_per_configuration_and_repeats_without_a_line():
+    """Runs of one arm at two topology.max_nodes were one series: a line zig-zagging through two
+    points at each batch size, labelled "runs". Each configuration is its own line now, named by the
+    option; repeats of one configuration (seeds) are points with no line through them."""
+    from harness.tracking.report import plot_speedup_vs_batch
+
+    df = pd.DataFrame(
+        {
+            "section": "exact",
+            "run_id": ["r1", "r2", "r3", "r4"],
+            "proposer": "prompt_lookup",
+            "topology": "sequence",
+            "verifier": "greedy",
+            "temperature": 0.0,
+            "batch_size": [1, 1, 2, 2],
+            "workload": "w",
+            "model": "m",
+            "decode_speedup": [1.11, 0.91, 1.3, 1.0],
+            "config.topology.max_nodes": [4, 8, 4, 8],
+            "config.seed": 0,
+            "per_prompt": "[]",
+        }
+    )
+    plot = plot_speedup_vs_batch(df, {})
+    ax = plot.figure.axes[0]
+    lines = {c.get_label(): list(c.lines[0].get_ydata()) for c in ax.containers}
+    assert lines == {"topology.max_nodes=4": [1.11, 1.3], "topology.max_nodes=8": [0.91, 1.0]}
+    df["config.topology.max_nodes"], df["config.seed"] = 4, [0, 1, 0, 1]  # two seeds of one configuration
+    ax = plot_speedup_vs_batch(df, {}).figure.axes[0]
+    (series,) = ax.containers
+    assert series.get_label() == "runs (repeats)" and series.lines[0].get_linestyle() == "None"
+
+
 def test_a_reused_report_folder_keeps_no_plot_of_other_runs_and_a_run_folder_is_refused(tmp_path, capsys):
     """Plots an earlier report drew that this one does not are removed (other files are kept), a
     file of a plot's name that no report there drew is never replaced or removed unless

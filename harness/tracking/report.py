@@ -684,9 +684,20 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     if runs.empty or runs["batch_size"].nunique() < 2:
         return Plot(None, "fewer than two batch sizes among the runs")
     series_axes = [a for a in AXES if a != "batch_size"]
+    # a series is one configuration: its axes and the options that tell one arm's runs apart (a swept
+    # topology.max_nodes), so a line never zig-zags through two configurations at one batch size
+    options = [k for k in arm_config_keys(runs) if f"config.{k}" in runs.columns]
     fig = _new_figure()
     ax = fig.add_subplot()
-    keyed = runs.assign(_key=runs[series_axes].apply(lambda r: tuple(arm_label(v) for v in r), axis=1))
+    keyed = runs.assign(
+        _key=runs.apply(
+            lambda r: (
+                *(arm_label(r[a]) for a in series_axes),
+                *(config_text(r.get(f"config.{k}")) for k in options),
+            ),
+            axis=1,
+        )
+    )
     vary = [a for a in series_axes if runs[a].map(arm_label).nunique() > 1]
     drawn = 0
     for _key, group in keyed.groupby("_key", sort=True):
@@ -694,6 +705,8 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
             continue
         drawn += 1
         group = group.sort_values("batch_size")
+        # repeats of one configuration (seeds) at one batch size: points, no line through them
+        repeats = bool(group["batch_size"].duplicated().any())
         # the point is the record's own decode speedup: at batch B > 1 the batch wall time per
         # committed token against batched AR on the same batches (throughput), which per-prompt
         # latencies cannot reproduce; the paired-bootstrap CI over prompts (the same statistic at
@@ -706,8 +719,19 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         lo = np.where(single, ys - np.array([np.nan if p[1] is None else p[1] for p in pts], dtype=float), np.nan)
         hi = np.where(single, np.array([np.nan if p[2] is None else p[2] for p in pts], dtype=float) - ys, np.nan)
         lo, hi = np.clip(lo, 0.0, None), np.clip(hi, 0.0, None)
-        label = "/".join(axis_piece(a, group.iloc[0][a]) for a in vary) or "runs"
-        ax.errorbar(group["batch_size"], ys, yerr=[lo, hi], marker="o", capsize=3, label=label)
+        first = group.iloc[0]
+        pieces = [axis_piece(a, first[a]) for a in vary]
+        pieces += [f"{k}={text}" for k in options if (text := config_text(first.get(f"config.{k}"))) != "null"]
+        label = "/".join(pieces) or "runs"
+        ax.errorbar(
+            group["batch_size"],
+            ys,
+            yerr=[lo, hi],
+            marker="o",
+            capsize=3,
+            linestyle="none" if repeats else "-",
+            label=f"{label} (repeats)" if repeats else label,
+        )
     if not drawn:
         return Plot(None, "no configuration was run at two batch sizes (the other axes held fixed)")
     ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
