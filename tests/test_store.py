@@ -155,6 +155,28 @@ def test_store_round_trips_through_parquet_and_rebuilds_from_records(tmp_path):
     assert len(pd.read_parquet(tmp_path / "out" / "s.parquet")) == 10
 
 
+def test_a_store_whose_job_was_re_run_since_is_refused_as_stale(tmp_path):
+    """A job re-run in place (`harness run output_dir=<job folder>`) after the sweep built its
+    store: the store still showed the replaced run as current, beside the folder's new record. It
+    is refused now, naming the folder and both runs; a store copied away from its records reads."""
+    root = _copy_sweep(tmp_path)
+    rebuild_store(root)
+    job = root / "fixture-sweep" / fixture_run(2).name
+    record = json.loads((job / "record.json").read_text())
+    record["run_id"] = "0000000000000000-20261206T120000-abcdef"
+    (job / "record.json").write_text(json.dumps(record, indent=2))
+    with pytest.raises(RecordError, match=r"store.parquet is stale: fixture-sweep/fx02-[^ ]+ now holds run "):
+        read_results(root / "store.parquet")
+    try:
+        read_results(root / "store.parquet")
+    except RecordError as exc:
+        assert f"the store's row is run {fixture_run_id(2)}" in str(exc) and f"`{root}`" in str(exc)
+    away = tmp_path / "away"
+    away.mkdir()
+    shutil.copy(root / "store.parquet", away / "store.parquet")
+    assert len(read_results(away / "store.parquet")[0]) == 11
+
+
 def test_the_store_reads_a_job_folder_under_a_dot_folder_and_skips_only_the_harness_s_own(tmp_path):
     """A sweep names a job's folder by its overrides, so a path value (``workload.path=/x/.data/p.jsonl``)
     nests it under a dot folder: every hidden folder was skipped, and that job was in no store,

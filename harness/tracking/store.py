@@ -40,6 +40,7 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -541,8 +542,45 @@ def read_results(source: str | Path) -> tuple[pd.DataFrame, Path | None]:
                 + (f" or {len(missing) - 4} more" if len(missing) > 4 else "")
                 + " columns); give a records folder, or the store.parquet a sweep wrote"
             )
+        stale = stale_rows(df, source.parent)
+        if stale:
+            record_dir, now, then = stale[0]
+            more = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
+            raise RecordError(
+                f"{source} is stale: {record_dir} now holds run {now}, the store's row is run {then}{more} (a job "
+                f"re-ran after the store was built); give the folder instead (`{source.parent}`: its records are "
+                "read now), or launch the sweep again to rebuild the store"
+            )
         return df, source.parent
     raise RecordError(f"{source}: expected a records folder or a .parquet store")
+
+
+_RUN_ID = re.compile(r'"run_id"\s*:\s*"([^"]+)"')
+
+
+def stale_rows(df: pd.DataFrame, root: Path) -> list[tuple[str, str, str]]:
+    """The rows of a store whose job folder (``root / record_dir``) now holds another run's record:
+    ``(record_dir, run id there, run id in the store)``. A folder that is gone (a store copied away
+    from its records) is no sign of staleness."""
+    out = []
+    for record_dir, run_id in zip(df["record_dir"], df["run_id"], strict=True):
+        path = Path(root) / str(record_dir) / RECORD_FILENAME
+        try:
+            with open(path, encoding="utf-8") as fh:
+                head = fh.read(4096)  # the record's run_id is among its first keys
+        except OSError:
+            continue
+        found = _RUN_ID.search(head)
+        if found is None:
+            try:
+                found_id = json.loads(path.read_text(encoding="utf-8")).get("run_id")
+            except (OSError, ValueError, AttributeError):
+                continue
+        else:
+            found_id = found.group(1)
+        if found_id is not None and str(found_id) != str(run_id):
+            out.append((str(record_dir), str(found_id), str(run_id)))
+    return out
 
 
 def json_column(df: pd.DataFrame, name: str) -> pd.Series:
