@@ -169,3 +169,23 @@ def test_a_category_only_another_section_holds_is_no_column_of_this_one(root):
     text = format_leaderboard(columns, rows, by="proposer", level=0.95)
     exact, ungated_part = text.split("== leaderboard (Spec-Bench shape), UNGATED")
     assert "default" not in exact.splitlines()[2] and "default" in ungated_part.splitlines()[2]
+
+
+def test_a_run_without_rounds_or_prefill_pooled_with_one_that_has_them_gives_no_figure(root):
+    """An older record's prompts carry no spec_rounds or prefill: pooled into an arm with a newer
+    run of the same prompts, the leaderboard summed the rounds of one run only and doubled the mean
+    accepted tokens (and took Spec-Bench's statistic from half the prefill). Such cells are "-" now,
+    as the comparison table's end-to-end column is."""
+    template = json.loads((root / "lb0" / "record.json").read_text())
+    older = copy.deepcopy(template)
+    older["run_id"] = "lb0-older"
+    for p in older["per_prompt"]:
+        p.pop("spec_rounds"), p.pop("spec_prefill_ms")
+    d = root / "lb0-older"
+    d.mkdir()
+    shutil.copy(FIXTURE / "outputs.jsonl", d / "outputs.jsonl")
+    (d / "record.json").write_text(json.dumps(older))
+    _, rows = leaderboard(aggregate(root), n_resamples=200)
+    pl = next(r for r in rows if r.arm == "prompt_lookup").cells["overall"]
+    assert pl.accepted_tokens.value is None and pl.spec_bench_speedup is None
+    assert pl.speedup.value == pytest.approx((420 / 50) / (230 / 50))  # the decode times are complete

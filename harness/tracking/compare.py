@@ -880,6 +880,14 @@ def leaderboard_prompts(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run_id", "prompt_id", "batch_unit", "task", *_LEADER_COLUMNS])
 
 
+def _complete_sums(rows: pd.DataFrame, unit: str) -> pd.DataFrame:
+    """The leaderboard's columns of ``rows`` summed per ``unit``; NaN where any row lacks the value
+    (an older record's prompts have no spec_rounds or prefill): a sum over part of the runs pooled
+    would read as the whole (accepted tokens per round doubled)."""
+    grouped = rows.groupby(unit, sort=True)[list(_LEADER_COLUMNS)]
+    return grouped.sum(min_count=1).where(grouped.count() == grouped.size().to_numpy()[:, None])
+
+
 def spec_bench_statistic(p: pd.DataFrame) -> float | None:
     """Spec-Bench's speedup: mean over prompts of tokens / wall s (prefill + decode), speculative
     over AR. None when a prompt lacks its prefill time."""
@@ -912,7 +920,7 @@ def leaderboard(
         rows = []
         for value, group in runs[runs["section"] == section].groupby(by, sort=True):
             mine = long[long["run_id"].isin(group["run_id"])]
-            summed = mine.groupby("prompt_id", sort=True)[list(_LEADER_COLUMNS)].sum(min_count=1)
+            summed = _complete_sums(mine, "prompt_id")
             summed["task"] = mine.groupby("prompt_id", sort=True)["task"].first()
             batched = max(_batch_sizes(group) or (1,)) > 1  # then a batch is the resampling unit
             cells = {}
@@ -923,7 +931,7 @@ def leaderboard(
                 units = p
                 if batched:
                     rows_ = mine if col == OVERALL else mine[mine["task"] == col]
-                    units = rows_.groupby("batch_unit", sort=True)[list(_LEADER_COLUMNS)].sum(min_count=1)
+                    units = _complete_sums(rows_, "batch_unit")
                 speed = decode_speedup(units, boot)
                 accepted = Estimate(None)
                 if not units["spec_rounds"].isna().any():
