@@ -756,3 +756,23 @@ def test_speedup_vs_batch_draws_no_bar_where_there_is_no_interval():
     (container,) = plot.figure.axes[0].containers
     (bars,) = container.lines[2]
     assert [seg for seg in bars.get_segments() if len(seg)] == []
+
+
+def test_the_temp_kv_plot_sets_the_measured_peak_beside_the_budget_not_beside_a_copy_of_itself():
+    """The plot's "formula" markers were the record's temp_kv_bytes_formula, a copy of the measured
+    peak: they sat on the measured points whatever the run did. The markers are the budget now,
+    B x max_nodes x KV bytes per token, which the peak stays at or under."""
+    from harness.tracking.report import plot_temp_kv_vs_rows
+    from harness.tracking.store import aggregate
+
+    df = aggregate(FIXTURES)
+    ax = plot_temp_kv_vs_rows(df, {}).figure.axes[0]
+    mib = 1024.0 * 1024.0
+    drawn = {tuple(c.get_offsets()[:, 1].round(9)) for c in ax.collections if len(c.get_offsets())}
+    for _, group in df.groupby("batch_size", sort=True):
+        assert tuple((group["temp_kv_bytes_budget_formula"] / mib).round(9)) in drawn
+        assert tuple((group["temp_kv_bytes_peak"] / mib).round(9)) in drawn
+    assert (df["temp_kv_bytes_peak"] <= df["temp_kv_bytes_budget_formula"]).all()
+    assert (df["temp_kv_bytes_peak"] < df["temp_kv_bytes_budget_formula"]).any()  # markers apart from the points
+    labels = ax.get_legend_handles_labels()[1]
+    assert "budget: B x max_nodes x KV bytes/token" in labels

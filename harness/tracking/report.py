@@ -622,16 +622,22 @@ def plot_temp_kv_vs_rows(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     for bs, group in runs.groupby("batch_size", sort=True):
         rows = group["config.topology.max_nodes"].to_numpy(dtype=float)
         ax.scatter(rows, group["temp_kv_bytes_peak"] / mib, marker="o", s=40, label=f"measured peak, B={arm_label(bs)}")
+        # the most the configuration lets a round append: B x max_nodes rows x KV bytes per token (the
+        # measured peak is B x the widest round's padded rows; a formula copied from it would always agree)
+        if "temp_kv_bytes_budget_formula" in group.columns:
+            ax.scatter(
+                rows,
+                pd.to_numeric(group["temp_kv_bytes_budget_formula"], errors="coerce") / mib,
+                marker="s",
+                s=90,
+                facecolors="none",
+                edgecolors="k",
+                linewidths=0.8,
+            )
+    if "temp_kv_bytes_budget_formula" in runs.columns:
         ax.scatter(
-            rows,
-            group["temp_kv_bytes_formula"] / mib,
-            marker="s",
-            s=90,
-            facecolors="none",
-            edgecolors="k",
-            linewidths=0.8,
+            [], [], marker="s", facecolors="none", edgecolors="k", label="budget: B x max_nodes x KV bytes/token"
         )
-    ax.scatter([], [], marker="s", facecolors="none", edgecolors="k", label="formula")
     return _finish(
         fig,
         ax,
@@ -913,6 +919,7 @@ NUMERIC_COLUMNS = (
     "mean_committed_per_round",
     "temp_kv_bytes_peak",
     "temp_kv_bytes_formula",
+    "temp_kv_bytes_budget_formula",
     "config.topology.max_nodes",
 )
 RUN_COLUMNS = (
