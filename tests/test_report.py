@@ -165,6 +165,8 @@ def test_recipes_are_validated(tmp_path, capsys):
         ("leaderboard: {by: proposer, colour: red}\nplots: []\n", "leaderboard has unknown keys ['colour']"),
         ("plots:\n  - kind: frontier\n    where: {nosuch: 1}\n", "plots[0].where.nosuch='nosuch' names no axis"),
         ("compare: {where: 5}\nplots: []\n", "compare.where must be a mapping of filters"),
+        # a baseline no run has: the report wrote "_comparison not available_" and exited 0
+        ("compare: {baseline: prompt_lookpu}\nplots: []\n", "compare.baseline='prompt_lookpu' is no proposer of"),
         ("plots:\n  - kind: frontier\n    where: [batch_size]\n", "plots[0].where must be a mapping of filters"),
         # a misspelt top-level key, or a plot value of the wrong type, was ignored or failed naming no key;
         # malformed YAML ended as an error (exit 1) with the parser's context over several lines
@@ -181,6 +183,8 @@ def test_recipes_are_validated(tmp_path, capsys):
         err = capsys.readouterr().err
         assert said in err and not out.exists() and err.count("\n") == 1, err
     bad.write_text("compare: {by: config.proposer.max_ngram, where: {seed: 0}}\nplots: []\n")  # columns it has
+    assert main([str(FIXTURES), f"out={out}", f"recipe={bad}"]) == 0
+    bad.write_text("compare: {by: batch_size, baseline: 1.0}\nplots: []\n")  # the arm 1, named as a number
     assert main([str(FIXTURES), f"out={out}", f"recipe={bad}"]) == 0
     # a source-reported file that is not there: refused before anything is drawn, the folder not made
     bad.write_text("source_reported: missing.yaml\nplots:\n  - kind: frontier\n")

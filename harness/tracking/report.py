@@ -190,6 +190,13 @@ def recipe_column_problem(recipe: Mapping[str, Any], path: Path, df: pd.DataFram
         filter_key = ".where." in where  # a filter reads config.<key> too; by names a column as it is
         if column not in df.columns and not (filter_key and f"config.{column}" in df.columns):
             return f"{path}: {where}={column!r} names no axis {list(AXES)} or column of this store"
+    table = recipe.get("compare") or {}
+    if table.get("baseline") is not None:  # a baseline no run of the store has (a misspelt arm, say)
+        by = str(table.get("by", "proposer"))
+        arms = {arm_label(v) for v in df[by]} if by in df.columns else set()
+        wanted = str(table["baseline"])
+        if arms and matching_label(wanted, arms) not in arms:
+            return f"{path}: compare.baseline={wanted!r} is no {by} of this store's runs; they have {sorted(arms)}"
     return None
 
 
