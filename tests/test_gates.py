@@ -310,6 +310,19 @@ def test_the_end_to_end_key_covers_every_module_its_cases_run():
     assert loaded <= closure, sorted(loaded - closure)
 
 
+def test_the_statistical_gate_of_a_merged_proposer_is_keyed_by_its_sources_code():
+    """The merged proposer reaches its sources through the registry's "module:Class" strings, which
+    the import closure did not follow: a changed prompt lookup or draft model passed the merged
+    proposer's statistical gate from the cache. The closure follows those references now."""
+    from harness.proposers.registry import PROPOSERS
+
+    closure = set(keys.import_closure(["harness.gates.statistical", "harness.proposers.merged"]))
+    for name in ("prompt_lookup", "draft_model", "rest"):
+        assert PROPOSERS[name].split(":")[0] in closure, name
+    # a preparer registry likewise
+    assert "harness.prepare.sequoia" in set(keys.import_closure(["harness.prepare"]))
+
+
 def test_gate_keys_do_not_depend_on_the_hash_seed(tmp_path):
     """A merged proposer declares several relations (a frozenset): keys and case choice are sorted."""
     import subprocess

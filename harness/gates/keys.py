@@ -13,6 +13,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,9 +29,15 @@ def module_file(name: str) -> Path | None:
     return Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
 
 
+#: a ``"module:attr"`` reference a registry resolves on use (the proposers', the preparers')
+_REF = re.compile(r"^(harness(?:\.\w+)+):\w+$")
+
+
 @functools.cache
 def _imports(name: str) -> tuple[str, ...]:
-    """The harness modules ``name`` imports (anywhere in the file)."""
+    """The harness modules ``name`` imports (anywhere in the file), and those its registries name:
+    a ``"harness.x:Class"`` string is imported when resolved (the merged proposer reaches its
+    sources so), and a gate that may run it must be keyed by its source too."""
     path = module_file(name)
     if path is None:
         return ()
@@ -41,6 +48,8 @@ def _imports(name: str) -> tuple[str, ...]:
             out += [f"{node.module}.{a.name}" for a in node.names]  # `from harness.x import submodule`
         elif isinstance(node, ast.Import):
             out += [a.name for a in node.names if a.name.startswith("harness")]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and (ref := _REF.match(node.value)):
+            out.append(ref.group(1))
     return tuple(m for m in out if module_file(m) is not None)
 
 
