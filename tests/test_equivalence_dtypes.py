@@ -17,8 +17,10 @@ def test_half_precision_tolerance_is_counted_in_ulps_of_the_largest_magnitude():
     assert tolerance(torch.float32, 40.0) == EQUIVALENCE_ATOL[torch.float32] == 2e-3  # absolute
     assert tolerance(torch.bfloat16, 37.0) == 8 * 2**-7 * 32 == 2.0  # 8 ulps at [32, 64)
     assert tolerance(torch.float16, 36.8) == 16 * 2**-10 * 32 == 0.5  # 16 ulps at [32, 64)
-    assert tolerance(torch.bfloat16, 1.5) == EQUIVALENCE_ATOL[torch.bfloat16]  # small values: the floor
-    assert tolerance(torch.bfloat16, 0.0) == EQUIVALENCE_ATOL[torch.bfloat16]
+    # small values: ulps at their own magnitude (a fixed 0.25 floor was most of a tiny model's range)
+    assert tolerance(torch.bfloat16, 1.5) == 8 * 2**-7 == 0.0625
+    assert tolerance(torch.bfloat16, 0.42) == 8 * 2**-7 * 2**-2
+    assert tolerance(torch.bfloat16, 0.0) == EQUIVALENCE_ATOL[torch.bfloat16]  # nothing to count ulps at
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
