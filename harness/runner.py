@@ -86,6 +86,7 @@ from harness.target.loading import (
     model_geometry,
     model_kv_bytes_per_token,
     model_position_limit,
+    model_rope_switch,
     resolve_dtype,
     tokenizer_difference,
     tokenizer_id_difference,
@@ -439,18 +440,31 @@ def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
     )
 
 
+#: why a longrope model's turns stay below original_max_position_embeddings
+LONGROPE = (
+    ": past original_max_position_embeddings transformers rotates every position by other factors and "
+    "generate rebuilds its cache, which a round-by-round cache cannot follow"
+)
+
+
 def plan_context(cfg: DictConfig, tree_rows: int) -> ContextLimit:
     """The positions every turn must fit: the target's and a separate draft model's (config alone)."""
     limits = [(f"the target (model={cfg.model.name})", model_position_limit(cfg.model))]
     window = model_attention_window(cfg.model)
     if window is not None:
         limits.append((f"the target's sliding attention window (model={cfg.model.name})", window))
+    switch = model_rope_switch(cfg.model)
+    if switch is not None:
+        limits.append((f"the target's longrope switch to its long factors (model={cfg.model.name}){LONGROPE}", switch))
     d = draft_model_config(cfg)
     if d is not None and d.name != DERIVED:  # a derived draft is cut from the target: its positions
         limits.append((f"the draft model (model={d.name})", model_position_limit(d)))
         window = model_attention_window(d)
         if window is not None:
             limits.append((f"the draft model's sliding attention window (model={d.name})", window))
+        switch = model_rope_switch(d)
+        if switch is not None:
+            limits.append((f"the draft model's longrope switch (model={d.name}){LONGROPE}", switch))
     limit = context_limit(
         limits=limits,
         max_new_tokens=int(cfg.generation.max_new_tokens),

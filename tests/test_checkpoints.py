@@ -612,6 +612,37 @@ def test_a_sliding_attention_window_bounds_the_context_like_a_position_limit(tmp
     assert unwindowed.limited_by == "the target (model=hf)"  # its window is switched off
 
 
+def test_a_longrope_model_keeps_every_turn_below_its_switch_to_the_long_factors(tmp_path):
+    """Phi-3's longrope rotates every position of a forward that reaches original_max_position_embeddings
+    by its long factors, and generate rebuilds the cache there; the harness's cache kept the short
+    factors' keys, so a decode across that position left generate's tokens (and a tree straddling it
+    its own AR arm's). The switch bounds the context now, as a sliding window does."""
+    from transformers import Phi3Config
+
+    from harness.runner import plan_context
+    from harness.target.loading import model_rope_switch
+
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    rope = dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 8, long_factor=[2.0] * 8)
+    Phi3Config(
+        **small,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        original_max_position_embeddings=48,
+        rope_parameters={**rope, "original_max_position_embeddings": 48},
+    ).save_pretrained(tmp_path / "phi3")
+    Phi3Config(**small, num_key_value_heads=1, max_position_embeddings=512).save_pretrained(tmp_path / "plain")
+    phi3 = ["model=hf", f"model.name_or_path={tmp_path / 'phi3'}"]
+    assert model_rope_switch(compose(phi3).model) == 48
+    limit = plan_context(compose([*phi3, "generation.max_new_tokens=8"]), tree_rows=8)
+    assert limit.positions == 48 and limit.limited_by.startswith("the target's longrope switch to its long factors")
+    with pytest.raises(ValueError, match=r"leave no room for a prompt in the 48 positions of the target's longrope"):
+        plan_context(compose(phi3), tree_rows=8)  # 64 new tokens
+    plain = ["model=hf", f"model.name_or_path={tmp_path / 'plain'}"]
+    assert model_rope_switch(compose(plain).model) is None
+    assert plan_context(compose([*plain, "generation.max_new_tokens=8"]), tree_rows=8).positions == 512
+
+
 def test_chunked_and_multimodal_windows_bound_the_context_from_the_decoder_config(tmp_path):
     """The window is read from the cache layers transformers builds for the decoder: Llama 4's
     attention chunks bound the context as a sliding window does, and a multimodal config's nested

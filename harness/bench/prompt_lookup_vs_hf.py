@@ -109,7 +109,7 @@ from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.fused_layers import apply_fused_layers, fused_layers_of
 from harness.target.kv_cache import new_cache
-from harness.target.loading import config_position_limit, load_model
+from harness.target.loading import config_position_limit, load_model, rope_switch_position
 from harness.target.options import (
     LINEAR_KERNELS,
     apply_cudnn_attention,
@@ -606,7 +606,11 @@ def main(argv=None) -> int:
     try:
         items, truncated = fit_to_context(
             items,
-            positions=config_position_limit(model.config),
+            # a longrope model's turns stay below its switch to the long factors, as in a run
+            positions=min(
+                (n for n in (config_position_limit(model.config), rope_switch_position(model.config)) if n),
+                default=None,
+            ),
             max_new_tokens=args.max_new_tokens,
             verify_rows=max(args.num_tokens, tree_nodes) + 1,
             rule=args.truncate,

@@ -308,7 +308,7 @@ def check_calibration_fits(cfg, *, items: list, branches: int) -> None:
     their configs as a run's context limit reads them and held to its rule: past them the rounds
     decoded at positions the models never saw. The suggested length fits the longest prompt."""
     from harness.engine.checks import models_in_use
-    from harness.target.loading import DERIVED, model_attention_window, model_position_limit
+    from harness.target.loading import DERIVED, model_attention_window, model_position_limit, model_rope_switch
 
     known = []
     for key, m in models_in_use(cfg):
@@ -318,6 +318,7 @@ def check_calibration_fits(cfg, *, items: list, branches: int) -> None:
         for n, what in (
             (model_position_limit(m), who),
             (model_attention_window(m), f"{who}'s sliding attention window"),
+            (model_rope_switch(m), f"{who}'s longrope switch to its long factors"),
         ):
             if n is not None:
                 known.append((n, what))

@@ -638,6 +638,30 @@ def model_attention_window(model_cfg) -> int | None:
     return window - 1 if window > 1 else None  # the cache keeps the window's last positions but one
 
 
+def rope_switch_position(config) -> int | None:
+    """Where a longrope model (Phi-3 and Phi-3.5 long-context checkpoints) changes its rotary
+    factors, or None for any other rotary embedding. transformers rotates every position of a
+    forward that reaches ``original_max_position_embeddings`` by the long factors, and ``generate``
+    recomputes the whole cache when a decode crosses it; a cache grown round by round keeps the
+    keys it rotated by the short factors, so a run keeps every turn below that position."""
+    for c in (config, decoder_config(config)):
+        for attr in ("rope_parameters", "rope_scaling"):
+            params = getattr(c, attr, None)
+            if not isinstance(params, dict) or (params.get("rope_type") or params.get("type")) != "longrope":
+                continue
+            n = params.get("original_max_position_embeddings") or getattr(c, "original_max_position_embeddings", None)
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                return n
+    return None
+
+
+def model_rope_switch(model_cfg) -> int | None:
+    """:func:`rope_switch_position` of a configured model, from its config alone."""
+    if model_cfg.name in ("tiny", DERIVED) or (model_cfg.name == "smollm2" and not model_cfg.name_or_path):
+        return None
+    return rope_switch_position(model_config(model_cfg))
+
+
 def cache_layer_problem(model_cfg, key: str) -> str | None:
     """Why a configured model's cache cannot be rolled back to the accepted path, from its config
     alone, or None. A speculative round writes every candidate row into the cache and keeps only
