@@ -87,6 +87,7 @@ from harness.target.loading import (
     model_kv_bytes_per_token,
     model_position_limit,
     model_rope_switch,
+    position_bias_problem,
     resolve_dtype,
     tokenizer_difference,
     tokenizer_id_difference,
@@ -703,13 +704,15 @@ def check_models(cfg: DictConfig) -> None:
 
 def check_cache_layers(cfg: DictConfig) -> None:
     """Refuse a target or draft checkpoint whose cache layers cannot be rolled back to the accepted
-    path (read from its config, once the paths are checked)."""
+    path, or whose attention reads positions from cache slots (read from its config, once the paths
+    are checked)."""
     models = [(cfg.model, "model")]
     d = draft_model_config(cfg)
     if d is not None:
         models.append((d, draft_model_key(cfg)))
     for m, key in models:
-        problem = cache_layer_problem(m, f"{key}.name_or_path" if m.get("name_or_path") else f"{key}.name")
+        named = f"{key}.name_or_path" if m.get("name_or_path") else f"{key}.name"
+        problem = cache_layer_problem(m, named) or position_bias_problem(m, named)
         if problem:
             raise CheckpointError(problem)
 

@@ -714,6 +714,45 @@ def test_a_checkpoint_with_recurrent_layers_is_refused_before_any_weights(tmp_pa
         new_cache(config, preallocated=False)
 
 
+def test_models_whose_attention_reads_positions_from_cache_slots_are_refused_before_any_model(
+    tmp_path, capsys, monkeypatch
+):
+    """ALiBi (Bloom, MPT, Falcon with alibi) biases a key by its cache slot's distance, and Llama 4
+    scales its NoPE layers by a temperature of the slot: a tree row in a slot past the prefix read
+    another bias than the sequential decode. MPT's tree rows moved by 0.09 (the equivalence gate
+    failed naming no cause); Falcon and Bloom crashed on the tree mask. Each is refused in one line."""
+    from transformers import BloomConfig, FalconConfig, Llama4TextConfig, MptConfig
+
+    from harness.app import run_main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    small = dict(vocab_size=64, hidden_size=16)
+    BloomConfig(**small, n_layer=1, n_head=2).save_pretrained(tmp_path / "bloom")
+    MptConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=2).save_pretrained(tmp_path / "mpt")
+    FalconConfig(**small, num_hidden_layers=1, num_attention_heads=2, alibi=True).save_pretrained(tmp_path / "falcon")
+    Llama4TextConfig(
+        **small, intermediate_size=32, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1
+    ).save_pretrained(tmp_path / "llama4")
+    prompts = prompts_file(tmp_path / "p.jsonl", ["def add(a, b):"])
+    common = ["workload=jsonl", f"workload.path={prompts}", "workload.chat=false", "generation.max_new_tokens=8"]
+    for name, said in (
+        ("bloom", "a bloom whose ALiBi attention biases each key by its cache slot's distance"),
+        ("mpt", "a mpt whose ALiBi attention biases each key by its cache slot's distance"),
+        ("falcon", "a falcon whose ALiBi attention biases each key by its cache slot's distance"),
+        ("llama4", "a llama4_text whose NoPE layers scale attention by a temperature read from the cache slot"),
+    ):
+        out = tmp_path / f"out-{name}"
+        code = run_main(["model=hf", f"model.name_or_path={tmp_path / name}", *common, f"output_dir={out}"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and not out.exists(), err
+        assert f"model.name_or_path={tmp_path / name}: {said}, not from the token's position" in err[-1], err
+    FalconConfig(**small, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path / "falcon-rope")
+    from harness.target.loading import position_bias_problem
+
+    rope = compose(["model=hf", f"model.name_or_path={tmp_path / 'falcon-rope'}"]).model
+    assert position_bias_problem(rope, "model.name_or_path") is None  # rotary Falcon: positions as given
+
+
 def _sliding_checkpoint(path, family: str):
     """A tiny checkpoint whose attention slides over 64 positions (Gemma 2: every other layer; Mistral:
     every layer), weights drawn wide enough that its greedy tokens vary."""

@@ -681,6 +681,34 @@ def cache_layer_problem(model_cfg, key: str) -> str | None:
     )
 
 
+def position_bias_problem(model_cfg, key: str) -> str | None:
+    """Why a configured model's attention cannot take a candidate tree, from its config alone, or
+    None. A tree's rows sit in cache slots past the committed prefix while their positions are
+    their depths; attention that reads positions from the slots (ALiBi's distance bias in Bloom,
+    MPT and Falcon with ``alibi``, Llama 4's attention-temperature scaling on its NoPE layers)
+    gives a tree row another bias than the sequential decode gives the same token."""
+    if model_cfg.name in ("tiny", DERIVED) or (model_cfg.name == "smollm2" and not model_cfg.name_or_path):
+        return None
+    c = decoder_config(model_config(model_cfg))
+    kind = getattr(c, "model_type", None)
+    attn = getattr(c, "attn_config", None)
+    alibi = kind in ("bloom", "mpt") or getattr(c, "alibi", False) is True
+    alibi = alibi or (attn.get("alibi") if isinstance(attn, dict) else getattr(attn, "alibi", False)) is True
+    what = None
+    if alibi:
+        what = "ALiBi attention biases each key by its cache slot's distance"
+    elif getattr(c, "attn_temperature_tuning", False) and not all(getattr(c, "no_rope_layers", None) or [1]):
+        what = "NoPE layers scale attention by a temperature read from the cache slot"
+    if what is None:
+        return None
+    return (
+        f"{key}={model_cfg.get('name_or_path') or model_cfg.get('name')}: a {kind or 'model'} whose {what}, not "
+        "from the token's position: a candidate tree's rows sit in slots past the prefix at positions of their "
+        "depth, and would read another bias than the sequential decode; the harness verifies models whose "
+        "attention takes positions as given (rotary or learned position embeddings)"
+    )
+
+
 def unfusable_architecture(model_cfg) -> str | None:
     """Why a configured model's decoder layers are not transformers' own Llama layers, judged from
     its config alone (another ``model_type``, or a checkpoint's own modelling code), or None where
