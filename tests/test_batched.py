@@ -398,6 +398,35 @@ def test_batched_profile_and_helpers(models):
     m = merged_proposer_extras([p1, p2])
     assert (m["rounds"], m["misses"], m["max_retrieval_ms"], m["last_match_len"], m["id"]) == (8, 1, 3.0, 3, "a")
     assert m["miss_rate"] == pytest.approx(1 / 8)  # weighted by rounds, not summed (0.5) or averaged (0.25)
+    # nested counters (a merged proposer's per source, a lookup's datastore) merged by the same rules:
+    # they were the first slot's alone beside rounds summed over every slot; a slot's state (an adaptive
+    # threshold) is averaged, not summed; what a slot learned, and the shared index's size, the first's
+    from harness.engine.arms import merge_extras
+
+    m = merge_extras(
+        [
+            {
+                "rounds": 4,
+                "per_source": {"draft_model": {"offered": 16, "proposal_ms": 2.0}},
+                "datastore": {"rounds": 4, "misses": 1, "miss_rate": 0.25, "datastore_tokens": 100},
+                "final_gamma": 0.3,
+                "adaptive_budget": {"acceptance_bias": 0.5},
+                "leakage": {"threshold": 32, "max_longest_match": 3},
+            },
+            {
+                "rounds": 5,
+                "per_source": {"draft_model": {"offered": 20, "proposal_ms": 3.0}},
+                "datastore": {"rounds": 12, "misses": 0, "miss_rate": 0.0, "datastore_tokens": 100},
+                "final_gamma": 0.5,
+                "adaptive_budget": {"acceptance_bias": 0.7},
+                "leakage": {"threshold": 32, "max_longest_match": 3},
+            },
+        ]
+    )
+    assert m["rounds"] == 9 and m["per_source"] == {"draft_model": {"offered": 36, "proposal_ms": 5.0}}
+    assert m["datastore"]["misses"] == 1 and m["datastore"]["miss_rate"] == pytest.approx(1 / 16)
+    assert m["datastore"]["datastore_tokens"] == 100 and m["final_gamma"] == pytest.approx(0.4)
+    assert m["adaptive_budget"] == {"acceptance_bias": 0.5} and m["leakage"]["threshold"] == 32
 
 
 def test_refuses_shared_proposer_instances(models):

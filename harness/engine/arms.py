@@ -14,7 +14,7 @@ every batch size (turn 0: ``seed * 1_000_003 + i``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -136,23 +136,44 @@ def quantile(values: Sequence[float], q: float) -> float | None:
     return float(torch.quantile(torch.tensor(list(values), dtype=torch.float64), q))
 
 
+#: extras that are a slot's state or the index it shares, not counters: the first slot's
+SLOT_STATE = frozenset({"adaptive_budget", "leakage", "datastore_tokens", "datastore_release_id", "datastore_path"})
+
+
 def merged_proposer_extras(proposers: Sequence[Proposer]) -> dict:
-    """Slot proposers' ``stats.extras`` merged into one record entry: counters (numbers) summed;
-    ``max_*`` maxed; ``mean_*`` and ``*_rate`` averaged weighted by each slot's ``rounds`` (plain
-    mean without it; None when no slot has a value); ``last_*`` and non-numbers from the first slot."""
+    """Slot proposers' ``stats.extras`` merged into one record entry (:func:`merge_extras`)."""
+    return merge_extras([p.stats.extras for p in proposers])
+
+
+def merge_extras(slots: Sequence[Mapping]) -> dict:
+    """Per-slot extras merged: counters (numbers) summed; ``max_*`` maxed; ``mean_*`` and ``*_rate``
+    averaged weighted by each slot's ``rounds`` (plain mean without it; None when no slot has a
+    value); ``final_*`` (a slot's state at its end, an adaptive threshold) averaged over the slots;
+    nested dicts (per source, a datastore's counters) merged by the same rules, key by key;
+    ``last_*``, :data:`SLOT_STATE` and other values from the first slot."""
 
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
 
     out: dict = {}
-    for key in dict.fromkeys(k for p in proposers for k in p.stats.extras):
-        slots = [p.stats.extras for p in proposers if key in p.stats.extras]
-        values = [ex[key] for ex in slots]
-        nums = [(v, ex.get("rounds", 1)) for v, ex in zip(values, slots) if number(v)]
-        if key.startswith("last_") or not nums or len(nums) != len([v for v in values if v is not None]):
+    for key in dict.fromkeys(k for ex in slots for k in ex):
+        having = [ex for ex in slots if key in ex]
+        values = [ex[key] for ex in having]
+        nums = [(v, ex.get("rounds", 1)) for v, ex in zip(values, having) if number(v)]
+        nested = values and all(isinstance(v, Mapping) for v in values)
+        if nested and not key.startswith("last_") and key not in SLOT_STATE:
+            out[key] = merge_extras(values)
+        elif (
+            key in SLOT_STATE
+            or key.startswith("last_")
+            or not nums
+            or len(nums) != len([v for v in values if v is not None])
+        ):
             out[key] = values[0]
         elif key.startswith("max_"):
             out[key] = max(v for v, _ in nums)
+        elif key.startswith("final_"):
+            out[key] = sum(v for v, _ in nums) / len(nums)
         elif key.startswith("mean_") or key.endswith("_rate"):
             w = sum(r for _, r in nums if number(r))
             out[key] = (sum(v * r for v, r in nums) / w) if w else sum(v for v, _ in nums) / len(nums)

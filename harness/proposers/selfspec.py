@@ -256,7 +256,7 @@ class LayerSkipProposer(SelfSpecProposer):
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
         self.target_acceptance = float(target_acceptance)
         self.acceptance_ema: float | None = None
-        self.stats.extras.update({"skip": skip, "gamma": self.gamma})
+        self.stats.extras.update({"skip": skip, "final_gamma": self.gamma})  # the threshold as it stands
 
     @classmethod
     def check_plan(cls, options: dict, budget: Budget, geometry) -> None:
@@ -307,7 +307,7 @@ class LayerSkipProposer(SelfSpecProposer):
         self.acceptance_ema = ema
         candidate = self.gamma + self.epsilon if ema <= self.target_acceptance else self.gamma - self.epsilon
         self.gamma = min(max(self.beta2 * self.gamma + (1 - self.beta2) * candidate, 0.0), 1.0)
-        self.stats.extras["gamma"] = self.gamma
+        self.stats.extras["final_gamma"] = self.gamma
 
     def _forward(self, ids, positions, mask):
         h = self.path.run(self.path.embed(ids), positions, mask, self.kv)  # [1, R, d]
