@@ -216,6 +216,8 @@ def test_greedy_equality(env, kind, budget, verifier):
     res, rounds = run(env, p, verifier=verifier, prompt=prompt)
     assert res.tokens == expected
     assert p.stats.extras["hidden_misses"] == 0  # h_{t-1} came from the target's own forwards every round
+    # only rows on the committed path are offered for reuse: every rejected row counted as refused
+    assert p.stats.extras["refused_reuse"] == 0
     assert max(len(r["selection"].accepted_rows) for r in rounds) >= 2
     assert len(rounds) < len(expected)  # some round committed more than one token
 

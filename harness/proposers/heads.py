@@ -218,9 +218,12 @@ class HeadsProposer(HiddenRowProposer):
             if verified is None:
                 return
             generation, base, tree = verified
+            path = tuple(committed[len(self._expect[1]) :])  # committed since the proposal
             store.admit(cap, 0, ancestry_hash=base, generation=generation)
             for r, prefix in enumerate(tree.full_prefixes):
-                if int(tree.position_ids[r]) >= lo:
+                # only rows on the committed path: another row's state is never asked for, and offering
+                # it counted every rejected row as a refused reuse
+                if int(tree.position_ids[r]) >= lo and path[: len(prefix)] == prefix:
                     store.admit(cap, 1 + r, ancestry_hash=PrefixHashes.extend(base, prefix), generation=generation)
         self.stats.extras["refused_reuse"] += store.refused - before
         store.prune(len(committed) - 2)
