@@ -225,6 +225,34 @@ def test_draft_cache_is_rolled_back_not_reprefilled(models):
     assert max(fed[1:]) <= 1 + 4  # afterwards only accepted + pending tokens, never the prompt again
 
 
+@pytest.mark.parametrize("policy", ["fixed", "adaptive"])
+def test_prompt_lookup_proposes_no_row_below_the_rounds_depth_cap(policy):
+    """A request's last rounds are compiled to fewer levels: prompt lookup ignored the cap, so its
+    rows_kept counted rows the compiler then dropped, and the adaptive budget spent its choice on
+    rows that could not be verified."""
+    text = [5, 9, 14, 22, 31, 40, 7, 8]
+    committed = text * 3 + text[:2]  # every match continues 6 deep
+    budget = Budget(shape="sequences", max_nodes=8, max_depth=6)
+    prop = PromptLookupProposer(
+        budget=budget, manifest_hash="h", budget_policy=policy, verify_cost=[1.0 + 0.01 * k for k in range(9)]
+    )
+    prop.start(committed[:10])
+    free = prop.propose(committed, TorchRandomSource(0))
+    assert max(_depths(free)) == 6
+    before = prop.stats.extras["rows_kept"]
+    prop.depth_cap = 2
+    capped = prop.propose(committed, TorchRandomSource(0))
+    assert capped.nodes and max(_depths(capped)) <= 2
+    assert prop.stats.extras["rows_kept"] - before == len(capped.nodes)
+
+
+def _depths(result) -> list[int]:
+    depth = {-1: 0}
+    for i, node in enumerate(result.nodes):
+        depth[i] = depth[node.parent] + 1
+    return [depth[i] for i in range(len(result.nodes))]
+
+
 def test_adaptive_prompt_lookup_is_exact_and_uses_the_cost_curve(models):
     target, _, _ = models
     expected = autoregressive(target)

@@ -878,8 +878,18 @@ class PromptLookupProposer(Proposer):
         tree = candidate_tree(matches, limit=limit, tails=tails if after == len(committed) else (), retrieved=retrieved)
         x = AcceptanceModel.features(tree) if self.budget_policy == "adaptive" else None
         keep = list(range(len(tree)))
-        if x is not None and len(tree):
-            keep = self._choose_rows(tree.parents, self.acceptance.predict(x))
+        # a request's last rounds are compiled to fewer levels (depth_cap): rows below them would be
+        # cut after the choice, and counted as kept; the choice is among the rows that can be verified
+        cap = self.round_max_depth()
+        if len(tree) and int(tree.depth.max()) > cap:
+            keep = [i for i in keep if int(tree.depth[i]) <= cap]  # parents first: still prefix-closed
+        if x is not None and keep:
+            if len(keep) == len(tree):
+                keep = self._choose_rows(tree.parents, self.acceptance.predict(x))
+            else:
+                where = {old: new for new, old in enumerate(keep)}
+                parents = np.asarray([where.get(int(tree.parents[i]), -1) for i in keep], dtype=np.int64)
+                keep = [keep[j] for j in self._choose_rows(parents, self.acceptance.predict(x[keep]))]
         remap = {old: new for new, old in enumerate(keep)}
         nodes = tuple(
             ProposalNode(
