@@ -960,6 +960,13 @@ def inert_options(cfg: DictConfig) -> list[str]:
     if prop.name == "layer_skip" and prop.get("skip") is not None and prop.get("search") is not None:
         for key, value in _changed(prop.search):
             out.append(f"proposer.search.{key}={_text(value)}: proposer.skip names the layers, no search runs")
+    threshold = prop.get("threshold") if prop.name == "layer_skip" else None
+    if threshold is not None and not threshold.get("adaptive", True):
+        for key, value in _changed(threshold):
+            if key not in ("gamma", "adaptive"):  # the EMA's settings: a fixed gamma follows nothing
+                out.append(
+                    f"proposer.threshold.{key}={_text(value)}: proposer.threshold.adaptive=false keeps gamma fixed"
+                )
     if prop.name == "rest" or (prop.name == "prompt_lookup" and prop.get("datastore") is not None):
         out += path_inert_options(prop.datastore, "proposer.datastore")
     elif prop.name == "merged":

@@ -388,6 +388,20 @@ def test_model_options_a_model_ignores_are_listed_as_inert():
     ]
 
 
+def test_the_threshold_s_ema_settings_are_inert_with_a_fixed_threshold():
+    """Layer skip's threshold adapts by an acceptance EMA (beta1, beta2, epsilon, target_acceptance);
+    with ``adaptive=false`` gamma stays put and those settings change nothing: they are listed."""
+    from harness.runner import inert_options
+
+    base = ["model=tiny", "proposer=layer_skip", "proposer.skip=[1]"]
+    fixed = [*base, "proposer.threshold.adaptive=false", "proposer.threshold.gamma=0.5"]
+    assert inert_options(compose([*fixed, "proposer.threshold.epsilon=0.2", "proposer.threshold.beta1=0.7"])) == [
+        "proposer.threshold.beta1=0.7: proposer.threshold.adaptive=false keeps gamma fixed",
+        "proposer.threshold.epsilon=0.2: proposer.threshold.adaptive=false keeps gamma fixed",
+    ]
+    assert inert_options(compose([*base, "proposer.threshold.epsilon=0.2"])) == []  # adaptive: it reads them
+
+
 def test_options_of_a_merged_proposer_s_left_out_sources_are_listed_as_inert():
     """``proposer=merged`` carries every source's options; those of a proposer that is not a source
     (a sweep crossing ``proposer.sources`` with a draft's options) change nothing and are listed, while
