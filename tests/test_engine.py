@@ -225,6 +225,37 @@ def test_draft_cache_is_rolled_back_not_reprefilled(models):
     assert max(fed[1:]) <= 1 + 4  # afterwards only accepted + pending tokens, never the prompt again
 
 
+def test_acceptance_by_depth_counts_a_depth_tried_only_where_the_accepted_node_had_children(models):
+    """A tree whose shallow branch is right and whose deep branch is wrong: the walk accepts the
+    shallow branch's leaf, and nothing was offered below it. Acceptance by depth counted depths 2
+    and 3 as tried and rejected (any branch of the tree reached them), which read every branching
+    topology's acceptance low; it counts depth 1 only now."""
+    from harness.contracts import ProposalResult
+
+    target = models[0]
+    right = autoregressive(target, new=1)[0]
+    wrong = next(t for t in range(5, 90) if t != right)
+
+    class Once(PromptLookupProposer):
+        """The given paths in the first round, nothing after."""
+
+        paths: list = []
+
+        def propose(self, committed, rng):
+            paths, type(self).paths = type(self).paths, []
+            if not paths:
+                return ProposalResult.empty_result(source="fixed", manifest_hash="h")
+            return ProposalResult.from_paths(paths, source="fixed", manifest_hash="h")
+
+    for paths, accepted in (([[right], [wrong, 7, 8]], 1), ([[wrong, 7, 8]], 0)):
+        Once.paths = paths
+        res, rounds = run(target, Once(budget=Budget("sequences", 4, 3), manifest_hash="h"), new=6)
+        assert int(rounds[0]["tree"].depths.max()) == 3 and len(rounds[0]["selection"].accepted_rows) == accepted
+        # depth 1 tried (accepted or not); 2 and 3 never offered below the node the walk stopped at
+        assert res.ledger.reached[0] == 1 and sum(res.ledger.reached[1:]) == 0
+        assert res.ledger.accepted_at[0] == accepted
+
+
 @pytest.mark.parametrize("policy", ["fixed", "adaptive"])
 def test_prompt_lookup_proposes_no_row_below_the_rounds_depth_cap(policy):
     """A request's last rounds are compiled to fewer levels: prompt lookup ignored the cap, so its

@@ -338,12 +338,17 @@ def decode_batch(
             emitted_all.append(emitted)
             first_child = tree.children(-1)
             depth = int(tree.depths.max()) if tree.num_rows else 0
-            # cut by EOS or the token budget: the depths past the cut were accepted, not tried and
-            # rejected, so acceptance by depth does not count them (the round series keeps the depth)
+            # how deep the round tried: one level past the accepted path where the node it stopped at
+            # has children (they were tried and rejected), the accepted path alone where it stopped at a
+            # leaf (a shallower branch of a deeper tree: nothing was offered below it), and where EOS or
+            # the token budget cut the round, the depths up to the cut (those past it were accepted, not
+            # tried and rejected); the round series keeps the tree's depth
             cut = counted < len(sel.accepted_rows)
+            stop = sel.accepted_rows[counted - 1] if counted else -1
+            tried = counted if cut else counted + (1 if tree.children(stop) else 0)
             req.ledger.observe_round(
                 tree_depth=depth,
-                depth_tried=counted if cut else None,
+                depth_tried=tried,
                 num_rows=tree.num_rows,
                 accepted=counted,
                 committed=len(emitted),

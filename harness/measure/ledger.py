@@ -93,8 +93,10 @@ class RoundLedger:
         depth_tried: int | None = None,
     ) -> None:
         """``tree_depth``: the verified tree's depth (the round series shows it); ``depth_tried``:
-        how deep acceptance by depth counts the round when that is less (a round cut by EOS or the
-        token budget accepted the depths past the cut, it did not try and reject them)."""
+        how deep acceptance by depth counts the round when that is less: the depth of the first
+        level tried and rejected below the accepted path, or the accepted path's where the walk
+        ended at a leaf of a shallower branch, or cut by EOS or the token budget (the depths past the
+        cut were accepted, not tried and rejected)."""
         counted_depth = tree_depth if depth_tried is None else min(depth_tried, tree_depth)
         self.rounds += 1
         self.committed_tokens += committed
