@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from helpers import load_script
@@ -392,5 +393,7 @@ def test_the_warm_up_leaves_no_counts_in_the_proposers_figures():
         p.stats.extras["rows_kept"] = p.stats.extras.get("rows_kept", 0) + 5
         p.stats.retrieval_ms += 2.0
 
+    p._shelf.add(b"k", np.array([4, 5, 6]), 64)  # the warm-up's output in the history
     bench.warm_up({"ours_adaptive": arm}, [p, None], [1, 2, 3])
     assert seen == [([1, 2, 3], 8)] and p.stats.extras["rows_kept"] == 0 and p.stats.retrieval_ms == 0.0
+    assert p._shelf.history == [] and p.state_bytes() == 0

@@ -689,6 +689,21 @@ def test_batch_slots_share_one_history_and_a_request_searches_it_as_it_started()
     assert alone.propose(other, TorchRandomSource(0)).nodes == ()
 
 
+def test_a_shared_history_is_counted_once_and_the_warm_up_is_forgotten():
+    """Every slot reported the whole shared history in its state bytes (the record's figure doubled
+    at batch 2, B-fold in general), and the warm-up's outputs stayed in it for measured requests
+    to search. The slot that owns the shelf counts it; the arms forget the warm-up's requests."""
+    a, b = _lookup(64), _lookup(64)
+    b.join(a)
+    _serve(a, [10, 11, 12], [20, 21, 22, 23, 24])
+    assert a.state_bytes() > 0 and b.state_bytes() == 0
+    b.forget_requests()  # any slot's call empties the shelf they share
+    assert a._shelf.history == [] and a.state_bytes() == 0
+    other = [30, 31, 21, 22]
+    a.start(other)
+    assert a.propose(other, TorchRandomSource(0)).nodes == ()
+
+
 def test_history_keeps_the_newest_tokens_up_to_its_size():
     prop = _lookup(6)
     _serve(prop, [1], [40, 41, 42, 43])

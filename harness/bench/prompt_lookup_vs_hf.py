@@ -413,12 +413,14 @@ def after_first_round(res) -> dict:
 def warm_up(arms: dict, counted, ids: list[int], new_tokens: int = 8) -> None:
     """Each arm decodes ``new_tokens`` of ``ids`` once, untimed; then the counters of ``counted``
     (our proposers, the retriever) restart, so the result's proposer figures (rows kept, misses,
-    retrieval times) count the measured prompts only, as a run's record does."""
+    retrieval times) count the measured prompts only, and the proposers forget the warm-up's
+    requests (a history arm would search its output), as a run's arms do."""
     for fn in arms.values():
         fn(ids, new_tokens)
     for c in counted:
         if c is not None:
             c.reset_counters()
+            c.forget_requests()
 
 
 def bench_retriever(spec: str, workload: str, tokenizer, items, nodes: int, depth: int | None):

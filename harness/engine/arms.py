@@ -464,13 +464,15 @@ class Arms:
 
     def warmup(self, tokens: int) -> None:
         """Both arms on the first batch's first turn (excluded from every metric: the proposers'
-        counters restart after it, so their figures in the record count measured rounds only)."""
+        counters restart after it, so their figures in the record count measured rounds only, and
+        they forget its requests, so no measured request searches the warm-up's outputs)."""
         idx = list(range(min(self.batch_size, len(self.prompts))))
         for arm in ARMS:
             self._run(arm, idx, [self.prompts[i] for i in idx], 0, max(int(tokens), 1))
         for arm in ARMS:
             for proposer in self.slots[arm][0]:
                 proposer.reset_counters()
+                proposer.forget_requests()
 
     def run(self) -> Iterator[int]:
         """Run one batch at a time, turn by turn (both arms per turn, order alternating per step);

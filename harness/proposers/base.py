@@ -130,6 +130,10 @@ class Proposer(ABC):
         proposer of the same configuration: a memory of earlier requests is the job's, not one
         slot's. Nothing by default."""
 
+    def forget_requests(self) -> None:
+        """Drop what this proposer remembers of the requests it served (after the warm-up, whose
+        outputs are no part of the measured workload). Nothing by default."""
+
     def state_bytes(self) -> int:
         return 0
 

@@ -269,6 +269,10 @@ class MergedProposer(Proposer):
         for mine, theirs in zip(self.sources, getattr(first, "sources", ()), strict=False):
             mine.join(theirs)
 
+    def forget_requests(self) -> None:
+        for s in self.sources:
+            s.forget_requests()
+
     def start(self, prompt_ids: list[int]) -> None:
         for s in self.sources:
             s.start(prompt_ids)

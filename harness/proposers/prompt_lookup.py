@@ -719,6 +719,7 @@ class PromptLookupProposer(Proposer):
         if self.history_tokens:
             self.stats.extras["rows_kept_from_history"] = 0
         self._shelf = _HistoryShelf()  # earlier requests' outputs; shared by the job's batch slots (join)
+        self._owns_shelf = True
         self._corpus: TokenCorpus | None = None  # the history as this request started, indexed
         self._skip: np.ndarray | None = None  # history positions the current request may not read
         self._request: tuple[bytes, int] | None = None  # (prompt key, prompt length) of the current request
@@ -793,9 +794,15 @@ class PromptLookupProposer(Proposer):
 
     def join(self, first: Proposer) -> None:
         """Search the same history as ``first`` (another batch slot's lookup): every finished request
-        of the job, whichever slot served it."""
+        of the job, whichever slot served it. Its bytes are counted once, by ``first``."""
         if isinstance(first, PromptLookupProposer):
             self._shelf = first._shelf
+            self._owns_shelf = False
+
+    def forget_requests(self) -> None:
+        """Empty the history (the shelf every slot shares): the warm-up's outputs are not searched."""
+        self._shelf.history.clear()
+        self._shelf.corpus = None
 
     def start(self, prompt_ids: list[int]) -> None:
         self._request = (self._prompt_key(prompt_ids), len(prompt_ids)) if self.history_tokens else None
@@ -843,8 +850,11 @@ class PromptLookupProposer(Proposer):
         }
 
     def state_bytes(self) -> int:
+        """The history's bytes (counted by the slot that owns the shelf: 0 for slots sharing it) and
+        a datastore's."""
         shelf = self._shelf
         history = sum(o.nbytes for _, o in shelf.history) + (shelf.corpus.nbytes if shelf.corpus is not None else 0)
+        history = history if self._owns_shelf else 0
         return history + (self.retriever.state_bytes() if self.retriever is not None else 0)
 
     # ------------------------------------------------------------------ proposing
