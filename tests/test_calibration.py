@@ -381,13 +381,15 @@ def test_a_tree_artifact_whose_budget_differs_from_its_chosen_tree_is_refused(tm
     cal = read_artifact(Path(out["sequoia_calibration"]), kind=CALIBRATION_KIND)
     prof = read_artifact(Path(out["sequoia_profile"]), kind=PROFILE_KIND)
     check_tree(tree, calibration=cal, profile=prof, search=tree["search"], path="t.json")  # as written: fine
-    star = {k: v for k, v in tree.items() if k != "hash"}
-    star["chosen"] = {**tree["chosen"], "budget_parents": [-1] * len(tree["chosen"]["budget_parents"])}
-    assert star["chosen"]["budget_parents"] != tree["chosen"]["budget_parents"]  # the chosen tree is deeper
-    write_artifact(star, tmp_path / "star.json")  # re-hashed: the content hash alone cannot tell
-    tampered = read_artifact(tmp_path / "star.json", kind=TREE_KIND)
+    chosen = tree["chosen"]["budget_parents"]
+    flat, chain = [-1] * len(chosen), [-1, *range(len(chosen) - 1)]
+    other = {k: v for k, v in tree.items() if k != "hash"}
+    other["chosen"] = {**tree["chosen"], "budget_parents": chain if chosen == flat else flat}
+    assert other["chosen"]["budget_parents"] != chosen and len(chosen) > 1  # another shape of the same rows
+    write_artifact(other, tmp_path / "other.json")  # re-hashed: the content hash alone cannot tell
+    tampered = read_artifact(tmp_path / "other.json", kind=TREE_KIND)
     with pytest.raises(StaleArtifactError, match=r"its chosen budget_parents is \[-1, "):
-        check_tree(tampered, calibration=cal, profile=prof, search=tree["search"], path="star.json")
+        check_tree(tampered, calibration=cal, profile=prof, search=tree["search"], path="other.json")
 
 
 def test_a_tree_predicted_slower_than_plain_decoding_is_noted():
