@@ -309,6 +309,27 @@ def test_harness_run_refuses_bad_values_in_one_line_and_writes_nothing(
     assert_refused_run(tmp_path, capsys, argv_for(tmp_path, workload, *overrides), *fragments)
 
 
+def test_an_artifact_trained_here_given_by_path_is_checked_for_the_split_it_trained_on(
+    tmp_path, workload, capsys, no_models
+):
+    """The split check was skipped for any proposer.artifact, taken for a published checkpoint; one
+    trained here (a folder with its manifest) matches the configured recipe, so it trained on
+    proposer.data.split: heads trained on the eval split were measured on it with nothing said."""
+    trained = tmp_path / "medusa-artifact"
+    trained.mkdir()
+    (trained / "manifest.json").write_text("{}")
+    argv = argv_for(
+        tmp_path,
+        workload,
+        "proposer=medusa",
+        "topology=cartesian",
+        "workload=sharegpt",
+        "proposer.data.split=eval",
+        f"proposer.artifact={trained}",
+    )
+    assert_refused_run(tmp_path, capsys, argv, "proposer.data.split=eval is the split this run evaluates")
+
+
 def test_missing_checkpoint_path(tmp_path, workload, capsys, no_models):
     missing = tmp_path / "no-such-checkpoint"
     argv = argv_for(tmp_path, workload, "model=hf", f"model.name_or_path={missing}")

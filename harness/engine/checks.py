@@ -249,12 +249,16 @@ def check_disjoint_splits(cfg: DictConfig) -> None:
     """What a proposer trains or searches on is no split the run evaluates: heads, EAGLE drafts and
     early-exit adapters train on ShareGPT's ``data.split`` (and check it on ``data.held_out_split``),
     a layer-skip search scores skip vectors on ``search.workload``'s ``search.split``. A published
-    checkpoint (``proposer.artifact``) trains nothing; a given skip vector searches nothing."""
+    checkpoint (``proposer.artifact``) trains nothing here; an artifact trained here and given by
+    path (a folder with its ``manifest.json``) matches the configured recipe, so it trained on
+    ``data.split`` and is checked alike. A given skip vector searches nothing."""
     w = cfg.workload
     evaluated = (str(w.name), str(w.get("split")))
     for key, node in proposer_nodes(cfg.proposer, "proposer"):
         data = node.get("data")
-        if data is not None and node.get("artifact") is None:
+        artifact = node.get("artifact")
+        trained_here = artifact is None or (Path(str(artifact)).expanduser() / "manifest.json").is_file()
+        if data is not None and trained_here:
             if str(data.split) == str(data.held_out_split):
                 raise ConfigError(
                     f"{key}.data.held_out_split={data.held_out_split} is the training split ({key}.data.split): "
