@@ -520,3 +520,17 @@ def test_a_saved_artifact_s_weights_are_readable_as_its_manifest_is(tmp_path):
     out = save_artifact(tmp_path / "art", manifest={"kind": "test"}, state={"w": torch.zeros(2, 2)})
     modes = {name: stat.S_IMODE(os.stat(out / name).st_mode) for name in (WEIGHTS_FILE, MANIFEST_FILE)}
     assert modes[WEIGHTS_FILE] == modes[MANIFEST_FILE] == plain_file_mode()
+
+
+def test_a_training_that_diverges_saves_nothing_and_says_to_lower_the_learning_rate(tmp_path, monkeypatch, capsys):
+    """lr=1e30 drove every weight to NaN and the artifact was saved (exit 0, final_loss NaN): a run
+    then loaded it and failed in a gate naming no artifact. Nothing is saved now, in one line."""
+    from harness.cli import main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    argv = ["train", "model=tiny", "proposer=hydra", "proposer.train.lr=1e30", "proposer.data.token_budget=300"]
+    assert main([*argv, "proposer.data.held_out_tokens=100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "harness train: refused: the training diverged: 12 of 12 weight tensors hold NaN or inf" in err
+    assert err.endswith("lower proposer.train.lr (now 1e+30)")
+    assert not [p for p in (tmp_path / "artifacts").glob("hydra-*") if p.is_dir()]

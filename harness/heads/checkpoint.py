@@ -171,6 +171,16 @@ def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch
     ``out_dir`` around the check, the training and this write, so concurrent jobs train once."""
 
     out_dir = Path(out_dir)
+    if state is not None:  # a diverged training is no artifact: nothing is written (a run would load it)
+        bad = sorted(k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
+        if bad:
+            lr = ((manifest.get("recipe") or {}).get("train") or {}).get("lr")
+            raise ArtifactError(
+                f"the training diverged: {len(bad)} of {len(state)} weight tensors hold NaN or inf ({bad[0]}"
+                + (", ..." if len(bad) > 1 else "")
+                + f"); nothing was saved to {str(out_dir)!r}: lower proposer.train.lr"
+                + (f" (now {lr})" if lr is not None else "")
+            )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(out_dir)
     try:
