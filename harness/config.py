@@ -201,8 +201,10 @@ class HeadsDataConfig:
     # tokens on 2 cores (hidden states + one epoch), so 40,000 is ~7.5 min (docs/measurements.md)
     token_budget: int = ranged(40000, **POSITIVE_INT)
     held_out_split: str = ranged("dev", choices=SPLITS)
-    held_out_tokens: int = ranged(2000, **POSITIVE_INT)
-    max_len: int = ranged(256, ge=2)  # a training window holds a token and its successor
+    # a document of fewer than 3 tokens holds no training row (an anchor, its token and a label): a
+    # held-out budget or a window below that leaves the artifact with no held-out evaluation, or no data
+    held_out_tokens: int = ranged(2000, ge=3)
+    max_len: int = ranged(256, ge=3)
     chat: bool = True
 
 

@@ -297,6 +297,13 @@ SHELL_QUOTED_HINT = "quote a value holding characters such as # = ' [ ] or space
             ["proposer=medusa", "topology=cartesian", "proposer.data.held_out_split=train"],
             ["proposer.data.held_out_split=train is the training split (proposer.data.split)"],
         ),
+        # a held-out budget (or window) below one training row's 3 tokens: an artifact with no held-out
+        # evaluation (all None) was written with nothing said
+        (
+            ["proposer=medusa", "topology=cartesian", "proposer.data.held_out_tokens=2"],
+            ["proposer.data.held_out_tokens=2 is out of range: it must be >= 3"],
+        ),
+        (["proposer=eagle", "proposer.data.max_len=2"], ["proposer.data.max_len=2 is out of range: it must be >= 3"]),
         (
             ["proposer=layer_skip", "workload=sharegpt", "proposer.search.split=eval"],
             ["proposer.search.split=eval is the split this run evaluates", "choose its layers on the prompts"],
