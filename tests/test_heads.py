@@ -534,3 +534,13 @@ def test_a_training_that_diverges_saves_nothing_and_says_to_lower_the_learning_r
     assert "harness train: refused: the training diverged: 12 of 12 weight tensors hold NaN or inf" in err
     assert err.endswith("lower proposer.train.lr (now 1e+30)")
     assert not [p for p in (tmp_path / "artifacts").glob("hydra-*") if p.is_dir()]
+
+
+def test_an_early_exit_layer_mismatch_names_the_override_that_matches():
+    """The recipe's top-level exit_layer was named "(exit_layer)", as a field no option sets, with no
+    "to use it, set ..." line; it is proposer.exit_layer."""
+    from harness.heads.checkpoint import recipe_differences
+
+    have = {"exit_layer": 1, "data": {"token_budget": 300}, "kind": "early_exit"}
+    want = {"exit_layer": 2, "data": {"token_budget": 300}, "kind": "early_exit"}
+    assert recipe_differences(have, want) == [("proposer.exit_layer", 1, 2)]

@@ -207,6 +207,8 @@ def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch
 _RECIPE_OPTIONS = {"data": "proposer.data.", "train": "proposer.train.", "spec": "proposer."}
 #: recipe fields no proposer option sets (they come from the target or the artifact kind)
 _DERIVED_FIELDS = {"kind", "hidden_size", "embed_size", "vocab_size", "version"}
+#: top-level recipe fields a proposer option sets (an early-exit adapter's layer)
+_TOP_OPTIONS = {"exit_layer": "proposer.exit_layer"}
 
 
 def recipe_differences(have: dict, want: dict) -> list[tuple[str, Any, Any]]:
@@ -227,7 +229,7 @@ def recipe_differences(have: dict, want: dict) -> list[tuple[str, Any, Any]]:
                 key = f"({section}.{field})" if field in _DERIVED_FIELDS else _RECIPE_OPTIONS[section] + field
                 out.append((key, a.get(field), c.get(field)))
         elif a != c:
-            out.append((f"({section})", a, c))
+            out.append((_TOP_OPTIONS.get(section, f"({section})"), a, c))
     return out
 
 
