@@ -1306,15 +1306,17 @@ def summarise(
     slots = prepared.proposers
     metrics: dict[str, Any] = measured.arms.metrics()
     # the AR step's floor, measured in this process after the arms ran: streamed weight bytes / read
-    # bandwidth (ar_step_vs_floor: how many floors one AR step per token takes)
+    # bandwidth (ar_step_vs_floor: how many floors one AR step takes; a step of a batch of B emits B
+    # tokens, so the step is the decode time over the batch rounds, not over the tokens)
     bandwidth = read_bandwidth_gbs(backend.device)
     floor_ms = weight_stream_floor_ms(backend.model, bandwidth)
-    ar_tpt = metrics.get("ar_time_per_token_ms")
+    ar_tpt, ar_tokens, ar_steps = (metrics.get(k) for k in ("ar_time_per_token_ms", "ar_tokens", "ar_batch_rounds"))
+    ar_step_ms = ar_tpt * ar_tokens / ar_steps if ar_tpt and ar_tokens and ar_steps else None
     metrics.update(
         {
             "read_bandwidth_gbs": bandwidth,
             "weight_stream_floor_ms": floor_ms,
-            "ar_step_vs_floor": ar_tpt / floor_ms if ar_tpt else None,
+            "ar_step_vs_floor": ar_step_ms / floor_ms if ar_step_ms else None,
         }
     )
     metrics.update(

@@ -476,6 +476,10 @@ def test_harness_run_at_batch_size_2_on_tiny(tmp_path, capsys):
     assert [p["batch_index"] for p in record["per_prompt"]] == [0, 0, 1]
     assert [p["batch_requests"] for p in record["per_prompt"]] == [2, 2, 1]
     assert m["batch_requests"] == [2, 1]
+    # an AR step of a batch emits a token per live request: the step, not the token, against the floor
+    step_ms = m["ar_time_per_token_ms"] * m["ar_tokens"] / m["ar_batch_rounds"]
+    assert m["ar_batch_rounds"] < m["ar_tokens"]
+    assert m["ar_step_vs_floor"] == pytest.approx(step_ms / m["weight_stream_floor_ms"])
     assert "harness: note: 3 prompts at generation.batch_size=2: the last batch holds 1 request(s)" in (
         capsys.readouterr().err
     )
