@@ -902,3 +902,46 @@ def test_weights_of_another_shape_than_the_config_s_are_named_in_the_harness_s_w
     message = str(err.value)
     assert "the checkpoint's shape [" in message and "] is not the config's [" in message, message
     assert message.endswith("; check config.json against the weights") and "Reinit" not in message
+
+
+def test_kv_bytes_per_token_follow_falcon_s_key_value_heads_and_latent_attention_is_refused(tmp_path):
+    """Falcon's multi-query layers cache one key/value head, its new decoder architecture
+    num_kv_heads: the formula took one per attention head (4x here, 71x on Falcon-7B) and a run
+    failed after its gates on "verify appended 256 KV bytes, expected 1024". DeepSeek's latent
+    attention caches other sizes: refused before any model."""
+    import torch
+    from transformers import DeepseekV3Config, FalconConfig, FalconForCausalLM
+
+    from harness.target.backend import cache_bytes, kv_bytes_per_token
+    from harness.target.kv_cache import kv_head_count, new_cache
+    from harness.target.loading import cache_layer_problem
+
+    small = dict(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    for config, heads in (
+        (FalconConfig(**small, multi_query=True, new_decoder_architecture=False), 1),
+        (FalconConfig(**small, new_decoder_architecture=True, num_kv_heads=2), 4),
+        (FalconConfig(**small, multi_query=False, new_decoder_architecture=False), 4),
+    ):
+        assert kv_head_count(config) == heads
+        torch.manual_seed(0)
+        model = FalconForCausalLM(config).eval()
+        cache = new_cache(model.config, preallocated=False)
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[1, 2, 3]]), past_key_values=cache, use_cache=True)
+            before = cache_bytes(cache)
+            model(input_ids=torch.tensor([[4]]), past_key_values=cache, use_cache=True)
+        assert kv_bytes_per_token(model) == cache_bytes(cache) - before == 2 * 2 * heads * 16 * 4
+    DeepseekV3Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=12,
+        q_lora_rank=None,
+    ).save_pretrained(tmp_path / "deepseek")
+    problem = cache_layer_problem(compose(["model=hf", f"model.name_or_path={tmp_path / 'deepseek'}"]).model, "k")
+    assert problem is not None and "multi-head latent attention (kv_lora_rank)" in problem

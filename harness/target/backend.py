@@ -55,7 +55,7 @@ import torch
 # `oracles` listing) do not pay for it.
 from harness.target.attention import uses_boolean_masks
 from harness.target.fused_layers import stack_logits
-from harness.target.kv_cache import PreallocatedLayer, cache_window
+from harness.target.kv_cache import PreallocatedLayer, cache_window, kv_head_count
 from harness.target.native import native_kernels_loaded
 from harness.target.options import static_cache_of
 from harness.topology.compiler import CompiledTree
@@ -65,7 +65,7 @@ def kv_bytes_per_token(model: torch.nn.Module, dtype: torch.dtype | None = None)
     """L * 2 * H_kv * d_h * b: bytes one token adds to a dense full K/V cache."""
     cfg = model.config
     layers = cfg.num_hidden_layers
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    kv_heads = kv_head_count(cfg)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     itemsize = torch.tensor([], dtype=dtype or next(model.parameters()).dtype).element_size()
     return layers * 2 * kv_heads * head_dim * itemsize

@@ -242,3 +242,16 @@ def reserved_bytes(cache) -> int:
             tensors = tuple(t for t in (layer.keys, layer.values) if isinstance(t, torch.Tensor))
         total += sum(t.numel() * t.element_size() for t in tensors)
     return total
+
+
+def kv_head_count(config) -> int:
+    """The key/value heads a decoder layer caches: ``num_key_value_heads`` where the config names
+    it; Falcon's classic layers under ``multi_query`` one (its new decoder architecture caches its
+    keys expanded to every attention head); else one per attention head."""
+    n = getattr(config, "num_key_value_heads", None)
+    if n:
+        return int(n)
+    falcon = getattr(config, "model_type", None) == "falcon"
+    if falcon and getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
+        return 1
+    return int(config.num_attention_heads)

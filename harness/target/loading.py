@@ -42,6 +42,7 @@ from safetensors.torch import save_file
 
 from harness.files import artifact_lock, plain_file_mode, temporary_sibling
 from harness.target import attention
+from harness.target.kv_cache import kv_head_count
 
 log = logging.getLogger("harness.loading")
 
@@ -670,7 +671,14 @@ def cache_layer_problem(model_cfg, key: str) -> str | None:
     take a rejected row back out."""
     if model_cfg.name in ("tiny", DERIVED) or (model_cfg.name == "smollm2" and not model_cfg.name_or_path):
         return None
-    kinds = sorted({kind for kind, _ in config_layer_types(model_config(model_cfg))} - ROLLBACK_LAYER_TYPES)
+    config = model_config(model_cfg)
+    if getattr(decoder_config(config), "kv_lora_rank", None):  # DeepSeek-V2/V3's multi-head latent attention
+        return (
+            f"{key}={model_cfg.get('name_or_path') or model_cfg.get('name')}: its multi-head latent attention "
+            "(kv_lora_rank) caches keys and values of other sizes than one per key/value head, which the "
+            "harness sizes, budgets and checks every verify by; such a model is not supported"
+        )
+    kinds = sorted({kind for kind, _ in config_layer_types(config)} - ROLLBACK_LAYER_TYPES)
     if not kinds:
         return None
     return (
@@ -752,7 +760,7 @@ def model_geometry(model_cfg) -> dict:
         )
     return {
         "num_hidden_layers": int(c.num_hidden_layers),
-        "num_key_value_heads": int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads),
+        "num_key_value_heads": kv_head_count(c),
         "head_dim": int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads),
         "hidden_size": int(c.hidden_size),
         "vocab_size": int(c.vocab_size),
