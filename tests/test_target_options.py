@@ -26,6 +26,35 @@ def test_streamed_weight_bytes_counts_a_tied_matrix_once_as_the_lm_head():
     assert streamed_weight_bytes(bf16) * 2 == streamed_weight_bytes(build_tiny_model())
 
 
+def test_a_mixture_of_experts_streams_only_the_experts_a_row_is_routed_to():
+    """Every expert of a Mixtral-style target was counted as read by one decode step (3.5x the bytes
+    of a top-2 of 8 step here): its floors read high, its steps-vs-floor low. A routed expert counts
+    by the share of experts a row uses; a shared expert (DeepSeek's) and the rest count whole."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from harness.target.timing import multiplied_weight_elements
+
+    torch.manual_seed(0)
+    cfg = MixtralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+    )
+    model = MixtralForCausalLM(cfg)
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    rest = sum(p.numel() for n, p in model.named_parameters() if ".experts." not in n)
+    emb = model.get_input_embeddings().weight.numel()
+    assert experts > rest
+    assert streamed_weight_bytes(model) == (rest - emb + experts * 2 // 8) * 4
+    matrices = sum(p.numel() for n, p in model.named_parameters() if p.dim() >= 2 and ".experts." not in n)
+    assert multiplied_weight_elements(model) == matrices - emb + experts * 2 // 8
+
+
 def test_floor_is_bytes_over_bandwidth():
     model = build_tiny_model()
     assert math.isclose(weight_stream_floor_ms(model, 2.0), streamed_weight_bytes(model) / 2e9 * 1e3)

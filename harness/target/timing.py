@@ -10,6 +10,7 @@ rolled back outside the timed region, and the backend's forward counter is left 
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Sequence
 
@@ -262,10 +263,33 @@ def read_bandwidth_gbs(
     return buf.numel() * 4 / statistics.median(times) / 1e9
 
 
+#: a routed expert's parameters (Mixtral's ``experts.``, DeepSeek's routed ``experts.``; not a shared expert)
+_ROUTED_EXPERT = re.compile(r"(?<!shared_)experts\.")
+
+
+def _active_share(model: torch.nn.Module):
+    """Each parameter's share that one row of a forward uses: 1, and for a mixture of experts' routed
+    experts the ``num_experts_per_tok`` of their number a row is routed to (a step reads only those)."""
+    cfg = getattr(model, "config", None)
+    experts = next(
+        (
+            getattr(cfg, k, None)
+            for k in ("num_local_experts", "num_experts", "n_routed_experts")
+            if getattr(cfg, k, None)
+        ),
+        None,
+    )
+    top_k = getattr(cfg, "num_experts_per_tok", None)
+    share = min(float(top_k) / float(experts), 1.0) if experts and top_k else 1.0
+    for name, p in model.named_parameters():
+        yield p, share if share < 1.0 and _ROUTED_EXPERT.search(name) else 1.0
+
+
 def streamed_weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of weights one decode step reads: every parameter once (tied matrices once), less the
-    input embedding table when it is not also the LM head (a step gathers one of its rows)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of weights one decode step reads: every parameter once (tied matrices once), a mixture
+    of experts' routed experts only for the experts a row is routed to, less the input embedding
+    table when it is not also the LM head (a step gathers one of its rows)."""
+    total = sum(p.numel() * p.element_size() * share for p, share in _active_share(model))
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if emb is not None and getattr(emb, "weight", None) is not None:
@@ -344,8 +368,9 @@ def matmul_peak(
 def multiplied_weight_elements(model: torch.nn.Module) -> int:
     """Weights one row of a forward multiplies: the elements of every matrix parameter (tied matrices
     once), less the input embedding table when it is not also the LM head (a row gathers one of its
-    rows and multiplies nothing)."""
-    total = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
+    rows and multiplies nothing); a mixture of experts' routed experts only for the experts a row is
+    routed to."""
+    total = sum(p.numel() * share for p, share in _active_share(model) if p.dim() >= 2)
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     weight = getattr(emb, "weight", None) if emb is not None else None
