@@ -91,8 +91,10 @@ METRIC_NOTES = {
         "acceptance_by_depth[d]; rounds_accepted_by_depth: rounds that accepted a token at d (reach = that / rounds)"
     ),
     "cuda_peak_allocated_bytes": (
-        "peak CUDA bytes allocated (reserved: held by the caching allocator) over the speculative arm's measured "
-        "batches, counters reset before each batch; ar_cuda_peak_*: the AR arm's; None off CUDA"
+        "peak CUDA bytes allocated over the speculative arm's measured batches, counters reset before each batch; "
+        "reserved: the caching allocator's pool at its peak over them, which keeps what the job's earlier work "
+        "(the other arm, the gates) reserved (no cache is emptied inside a timed job), so it tells the arms apart "
+        "only where one outgrows that pool; ar_cuda_peak_*: the AR arm's; None off CUDA"
     ),
     "peak_rss_bytes": "this job's peak host resident set (peak_rss_method says how it was measured)",
     "context": (
