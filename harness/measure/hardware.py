@@ -26,7 +26,15 @@ def library_versions() -> dict[str, str]:
 
 
 def git_commit() -> str | None:
+    """The harness checkout's commit (``-dirty`` with uncommitted changes to tracked files), or None
+    where the harness is no git checkout (installed into site-packages: an enclosing repository's
+    commit would be another project's)."""
     try:
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5
+        )
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != REPO_ROOT.resolve():
+            return None
         res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
