@@ -23,3 +23,24 @@ def test_the_commit_is_the_harness_checkout_s_and_none_inside_another_repository
     monkeypatch.setattr(hardware, "REPO_ROOT", project)  # the checkout itself: its commit
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True).stdout.strip()
     assert hardware.git_commit() == head
+
+
+def test_the_bandwidth_buffer_outgrows_every_last_level_cache_slice_together(tmp_path, monkeypatch):
+    """cpu0's L3 is one of a multi-chiplet EPYC's twelve slices (or one socket's of two): a buffer of
+    twice cpu0's stayed within their sum, each thread's share resident in its own slice, and the
+    "memory" bandwidth read the caches'. Slices are counted once each, by the CPUs they serve."""
+    from harness.target import timing
+
+    for cpu in range(4):
+        for index, (level, size, shared) in enumerate(
+            [(1, "32K", str(cpu)), (2, "1024K", str(cpu)), (3, "32768K", "0-1" if cpu < 2 else "2-3")]
+        ):
+            d = tmp_path / f"cpu{cpu}" / "cache" / f"index{index}"
+            d.mkdir(parents=True)
+            (d / "level").write_text(f"{level}\n")
+            (d / "size").write_text(f"{size}\n")
+            (d / "shared_cpu_list").write_text(f"{shared}\n")
+    assert hardware.total_last_level_cache_bytes(str(tmp_path)) == 2 * 32 * 2**20
+    monkeypatch.setattr(timing, "total_last_level_cache_bytes", lambda: 12 * 32 * 2**20)
+    monkeypatch.setattr(timing, "last_level_cache_bytes", lambda: 32 * 2**20)
+    assert timing.bandwidth_buffer_bytes("cpu") == 2 * 12 * 32 * 2**20

@@ -101,6 +101,29 @@ def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> 
     return max(sizes) if sizes else None
 
 
+def total_last_level_cache_bytes(root: str = "/sys/devices/system/cpu") -> int | None:
+    """The bytes of every last-level cache instance Linux lists, each counted once (by the CPUs it
+    serves): a multi-chiplet EPYC's L3 slices or two sockets' L3s together, where cpu0's is one of
+    them. None where sysfs does not say."""
+    by_instance: dict[str, int] = {}
+    levels: dict[str, int] = {}
+    for entry in Path(root).glob("cpu[0-9]*/cache/index*"):
+        try:
+            found = re.fullmatch(r"(\d+)([KMG]?)", (entry / "size").read_text().strip())
+            level = int((entry / "level").read_text().strip())
+            shared = (entry / "shared_cpu_list").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if found:
+            key = f"{level}:{shared}"
+            by_instance[key] = int(found.group(1)) * _CACHE_UNITS[found.group(2)]
+            levels[key] = level
+    if not by_instance:
+        return None
+    top = max(levels.values())
+    return sum(size for key, size in by_instance.items() if levels[key] == top)
+
+
 def hardware_card(device: str) -> dict:
     dev = torch.device(device)
     card = {

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from harness.contracts import NO_STATE, ProposalNode, ProposalResult
-from harness.measure.hardware import cpu_name, last_level_cache_bytes
+from harness.measure.hardware import cpu_name, last_level_cache_bytes, total_last_level_cache_bytes
 from harness.measure.ledger import StageClock
 from harness.target.backend import CacheState, CausalLMBackend
 from harness.topology.compiler import CompiledTree, compile_tree
@@ -227,10 +227,14 @@ BANDWIDTH_BUFFER_BYTES = 256 * 2**20
 
 def bandwidth_buffer_bytes(device: str | torch.device = "cpu") -> int:
     """The buffer :func:`read_bandwidth_gbs` reads by default: :data:`BANDWIDTH_BUFFER_BYTES`, or on a
-    CPU twice its last-level cache where that is more. A buffer the cache holds in part is read
-    partly from the cache: on an Intel Xeon with a 300 MB L3, 256 MB read at 26-47 GB/s from one
-    sitting to the next, 512 MB to 1 GB at 26-31 GB/s, and 32-128 MB at 57-63 GB/s."""
-    llc = last_level_cache_bytes() if torch.device(device).type == "cpu" else None
+    CPU twice its last-level caches together where that is more (every L3 slice of a multi-chiplet
+    part, every socket's: the threads of a sum each read their own part, which their own slice can
+    hold). A buffer the cache holds in part is read partly from the cache: on an Intel Xeon with a
+    300 MB L3, 256 MB read at 26-47 GB/s from one sitting to the next, 512 MB to 1 GB at 26-31 GB/s,
+    and 32-128 MB at 57-63 GB/s."""
+    llc = None
+    if torch.device(device).type == "cpu":
+        llc = max((n for n in (last_level_cache_bytes(), total_last_level_cache_bytes()) if n), default=None)
     return max(BANDWIDTH_BUFFER_BYTES, 2 * llc) if llc else BANDWIDTH_BUFFER_BYTES
 
 
