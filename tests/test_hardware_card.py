@@ -44,3 +44,14 @@ def test_the_bandwidth_buffer_outgrows_every_last_level_cache_slice_together(tmp
     monkeypatch.setattr(timing, "total_last_level_cache_bytes", lambda: 12 * 32 * 2**20)
     monkeypatch.setattr(timing, "last_level_cache_bytes", lambda: 32 * 2**20)
     assert timing.bandwidth_buffer_bytes("cpu") == 2 * 12 * 32 * 2**20
+
+
+def test_an_arm_cpu_is_named_by_its_implementer_and_part(tmp_path):
+    """aarch64's /proc/cpuinfo has no "model name": every ARM CPU read as "aarch64", and artifacts keyed
+    by the host that timed them (a layer-skip vector, a Sequoia profile) were shared across parts."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nBogoMIPS\t: 2100.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n")
+    name = hardware.cpu_name(str(info))
+    assert name.endswith("(implementer 0x41, part 0xd40)")
+    info.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n")
+    assert hardware.cpu_name(str(info)) == "Intel(R) Xeon(R) Processor"

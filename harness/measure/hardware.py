@@ -50,13 +50,22 @@ def git_commit() -> str | None:
     return res.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def cpu_name() -> str:
+def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model: x86's ``model name``; on ARM, which lists none, the machine with its
+    implementer and part ids (``aarch64 (implementer 0x41, part 0xd40)``: a Neoverse V1), so two
+    ARM parts never read as one; else what the platform says."""
+    fields: dict[str, str] = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        for line in Path(cpuinfo).read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name":
+                return value.strip()
+            fields.setdefault(key, value.strip())
     except OSError:
         pass
+    if fields.get("CPU implementer") and fields.get("CPU part"):
+        return f"{platform.machine()} (implementer {fields['CPU implementer']}, part {fields['CPU part']})"
     return platform.processor() or platform.machine()
 
 
