@@ -904,6 +904,7 @@ def test_weights_of_another_shape_than_the_config_s_are_named_in_the_harness_s_w
     assert message.endswith("; check config.json against the weights") and "Reinit" not in message
 
 
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
 def test_kv_bytes_per_token_follow_falcon_s_key_value_heads_and_latent_attention_is_refused(tmp_path):
     """Falcon's multi-query layers cache one key/value head, its new decoder architecture
     num_kv_heads: the formula took one per attention head (4x here, 71x on Falcon-7B) and a run
