@@ -50,8 +50,8 @@ def test_an_arm_cpu_is_named_by_its_implementer_and_part(tmp_path):
     """aarch64's /proc/cpuinfo has no "model name": every ARM CPU read as "aarch64", and artifacts keyed
     by the host that timed them (a layer-skip vector, a Sequoia profile) were shared across parts."""
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nBogoMIPS\t: 2100.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n")
+    info.write_text("processor\t: 0\nBogoMIPS\t: 2100.00\nCPU implementer\t: 0x4e\nCPU part\t: 0xd4f\n")
     name = hardware.cpu_name(str(info))
-    assert name.endswith("(implementer 0x41, part 0xd40)")
+    assert name.endswith("(implementer 0x4e, part 0xd4f)")
     info.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n")
     assert hardware.cpu_name(str(info)) == "Intel(R) Xeon(R) Processor"

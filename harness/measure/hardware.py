@@ -51,8 +51,8 @@ def git_commit() -> str | None:
 
 
 def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's model: x86's ``model name``; on ARM, which lists none, the machine with its
-    implementer and part ids (``aarch64 (implementer 0x41, part 0xd40)``: a Neoverse V1), so two
+    """The CPU's model: x86's ``model name``; on ARM, which lists none, the machine with the
+    implementer and part ids /proc/cpuinfo gives (``aarch64 (implementer ..., part ...)``), so two
     ARM parts never read as one; else what the platform says."""
     fields: dict[str, str] = {}
     try:
