@@ -781,12 +781,20 @@ def test_a_leak_shorter_than_the_builds_exclusion_window_is_not_sent_to_a_rebuil
     ds = datastore_from_token_ids([rng.integers(0, 1000, size=100).tolist() + leaked])
     ds.manifest["exclusion"] = {"window_tokens": 32, "items": []}
     with pytest.raises(
-        LeakageError, match=r"p \(20 tokens\)\. A build keeps out only matches of 32 tokens or more"
+        LeakageError, match=r"p \(20 tokens\): a build keeps out only matches of 32 tokens or more"
     ) as e:
         check_leakage(ds, [("p", leaked[:20], None)], threshold=16)
-    assert "raise leakage_threshold to 32, or set allow_leakage=true" in str(e.value)
-    with pytest.raises(LeakageError, match=r"Rebuild the datastore excluding them"):  # a rebuild does drop this one
-        check_leakage(ds, [("p", leaked[:36], None)], threshold=16)
+    assert "raise leakage_threshold to 32; or set allow_leakage=true" in str(e.value)
+    assert "rebuild the datastore" not in str(e.value)
+    with pytest.raises(LeakageError, match=r"p \(36 tokens\): rebuild the datastore excluding them") as e:
+        check_leakage(ds, [("p", leaked[:36], None)], threshold=16)  # a rebuild does drop this one
+    assert "raise leakage_threshold" not in str(e.value)
+    # both kinds at once: each named with its own remedy (following one alone left the other refused)
+    with pytest.raises(LeakageError) as e:
+        check_leakage(ds, [("short", leaked[:20], None), ("long", leaked[:36], None)], threshold=16)
+    said = str(e.value)
+    assert "long (36 tokens): rebuild the datastore excluding them" in said
+    assert "short (20 tokens): a build keeps out only matches of 32 tokens" in said
 
 
 def test_info_on_a_token_id_datastore(tmp_path, capsys):

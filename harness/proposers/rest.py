@@ -28,7 +28,8 @@ In a run (``harness run proposer=rest``, :meth:`RestProposer.from_config`) the d
 directory whose release manifest is authoritative; with ``path: null`` the cache directory
 ``$HARNESS_CACHE/datastores/<corpus>[-build-<digest>]-<model>`` (the digest names build options
 other than the defaults, so each setting has its own folder; ``<model>`` is ``model.name``, or for
-``model=hf`` the checkpoint's name and a digest of ``model.name_or_path``) is loaded, or built there on first use (a
+``model=hf`` its ``model.name_or_path``: a plain hub id as it is, an ``owner/name`` id or a folder
+as its last part and a digest of where it is) is loaded, or built there on first use (a
 progress-barred stage, capped by ``max_tokens``; at the default 2,000,000-token cap the stdlib
 build took 13 CPU-seconds with SmolLM2's tokenizer and holds 24 MB). A datastore built with
 another tokenizer, from raw token ids for a target that has a tokenizer, from a changed corpus or

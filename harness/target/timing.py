@@ -292,7 +292,9 @@ def _active_share(model: torch.nn.Module):
 def streamed_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every parameter once (tied matrices once), a mixture
     of experts' routed experts only for the experts a row is routed to, less the input embedding
-    table when it is not also the LM head (a step gathers one of its rows)."""
+    table when it is not also the LM head (a step gathers one of its rows). For a mixture of experts
+    this is one row's: a forward of several rows (a batch, a verify) reads at least as much, where
+    its rows share their experts, and up to every expert where they do not."""
     total = sum(p.numel() * p.element_size() * share for p, share in _active_share(model))
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

@@ -943,27 +943,34 @@ def refuse_leakage(records: Sequence[dict], *, threshold: int, release_id: str, 
     """Raise :class:`LeakageError` naming the leaked items of ``records`` (:func:`check_leakage`'s
     records), if any; the message tells how to rebuild or to run anyway (``allow_leakage=true``).
     A rebuild keeps out only matches as long as the build's exclusion window (``manifest``'s
-    ``exclusion.window_tokens``): for shorter leaked matches it says to raise the threshold instead."""
+    ``exclusion.window_tokens``): leaked matches shorter than it are named apart, with the advice
+    to raise the threshold, and the others with the advice to rebuild."""
     leaked = [r for r in records if r["leaked"]]
     if not leaked:
         return
-    names = ", ".join(f"{r['prompt_id']} ({r['longest_match']} tokens)" for r in leaked[:10])
-    more = f" and {len(leaked) - 10} more" if len(leaked) > 10 else ""
+
+    def named(rows: list[dict]) -> str:
+        more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
+        return ", ".join(f"{r['prompt_id']} ({r['longest_match']} tokens)" for r in rows[:10]) + more
+
     window = ((manifest or {}).get("exclusion") or {}).get("window_tokens")
-    head = (
+    short = [r for r in leaked if isinstance(window, int) and r["longest_match"] < window]
+    long = [r for r in leaked if r not in short]
+    parts = [
         f"evaluation leakage: {len(leaked)} of {len(records)} prompt(s) match datastore {release_id[:12]} "
-        f"for >= {threshold} tokens (prompt or reference answer): {names}{more}. "
-    )
-    if isinstance(window, int) and any(r["longest_match"] < window for r in leaked):
-        raise LeakageError(
-            head + f"A build keeps out only matches of {window} tokens or more (its exclusion window), so no "
-            f"rebuild drops these: raise leakage_threshold to {window}, or set allow_leakage=true (the record "
-            "then states it)."
+        f"for >= {threshold} tokens (prompt or reference answer)"
+    ]
+    if long:
+        parts.append(
+            f"{named(long)}: rebuild the datastore excluding them (`harness datastore build ... "
+            "exclude=humaneval|sharegpt_heldout|<workload>.jsonl`)"
         )
-    raise LeakageError(
-        head + "Rebuild the datastore excluding them (`harness datastore build ... "
-        "exclude=humaneval|sharegpt_heldout|<workload>.jsonl`), or set allow_leakage=true (the record then states it)."
-    )
+    if short:
+        parts.append(
+            f"{named(short)}: a build keeps out only matches of {window} tokens or more (its exclusion window), "
+            f"so no rebuild drops these: raise leakage_threshold to {window}"
+        )
+    raise LeakageError("; ".join(parts) + "; or set allow_leakage=true (the record then states it).")
 
 
 # --------------------------------------------------------------------------------------------
