@@ -107,7 +107,7 @@ class RoundLedger:
         else:
             self.rounds_with_candidates += 1
             self.first_child_hits += int(first_child_hit)
-        need = max(counted_depth, accepted)
+        need = max(tree_depth, accepted)  # every depth a tree offered is listed (tried by no round: 0)
         while len(self.reached) < need:
             self.reached.append(0)
             self.accepted_at.append(0)
