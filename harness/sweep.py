@@ -58,6 +58,7 @@ import sys
 import time
 import traceback
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -590,9 +591,9 @@ class SweepSummary:
     stopped_by: str | None = None
 
 
-def collect_statuses(sweep_dir: Path, *, launch_id: str | None) -> list[dict[str, Any]]:
-    """The job statuses under ``sweep_dir`` written by launch ``launch_id`` (all when None)."""
-    out = []
+def _status_files(sweep_dir: Path, *, launch_id: str | None) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """``(file, status)`` of every job status under ``sweep_dir`` written by launch ``launch_id``
+    (all when None), in path order; an unreadable one is logged and left out."""
     for path in sorted(Path(sweep_dir).rglob("job_status*.json")):
         try:
             status = json.loads(path.read_text(encoding="utf-8"))
@@ -600,7 +601,12 @@ def collect_statuses(sweep_dir: Path, *, launch_id: str | None) -> list[dict[str
             log.warning("unreadable job status %s: %s", path, exc)
             continue
         if launch_id is None or status.get("launch_id") == launch_id:
-            out.append(status)
+            yield path, status
+
+
+def collect_statuses(sweep_dir: Path, *, launch_id: str | None) -> list[dict[str, Any]]:
+    """The job statuses under ``sweep_dir`` written by launch ``launch_id`` (all when None)."""
+    out = [status for _, status in _status_files(sweep_dir, launch_id=launch_id)]
     return sorted(out, key=lambda s: (s.get("num", 0), s.get("job", "")))
 
 
@@ -611,12 +617,8 @@ def record_lost_task(sweep_dir: Path, *, num: int, overrides: list[str], stage: 
     its own into the sweep folder. Returns the job's name."""
     sweep_dir = Path(sweep_dir)
     launch_id = _launch_id(sweep_dir)
-    for path in sorted(sweep_dir.rglob("job_status*.json")):
-        try:
-            status = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if status.get("launch_id") != launch_id or status.get("num") != num:
+    for path, status in _status_files(sweep_dir, launch_id=launch_id):
+        if status.get("num") != num:
             continue
         if status.get("status") == RUNNING:
             status.update(status="failed", stage=stage, refused=False, error=error)
