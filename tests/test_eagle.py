@@ -780,9 +780,12 @@ def test_published_checkpoint_refusals(env, tmp_path, capsys):
     with pytest.raises(ArtifactError, match=r"says qkv_bias=true but the weights hold no layers.0.self_attn.q_proj"):
         load("no-qkv-bias", llama_fields(cfg, qkv_bias=True), eagle12_state(cfg, embed=emb))
     noted = load("contradicted", llama_fields(cfg, bias=False, num_hidden_layers=3), eagle12_state(cfg, embed=emb))
-    assert noted.draft.spec.fc_bias and noted.draft.spec.num_layers == 1  # the weights decide
+    # the config decides a bias, as in EAGLE's code; the weights decide the layers (EAGLE's code would leave
+    # the ones they lack uninitialised)
+    assert not noted.draft.spec.fc_bias and noted.draft.spec.num_layers == 1
+    assert "fc.bias" not in noted.draft.state_dict()
     assert noted.manifest["notes"] == [
-        "config.json says bias=false; the weights hold the bias (read from the weights)",
+        "config.json says bias=false: fc.bias in the weights is not used (EAGLE's code builds fc without one)",
         "config.json says num_hidden_layers=3; the weights hold 1 (read from the weights)",
     ]
     err = capsys.readouterr().err  # said on stderr too
@@ -1011,6 +1014,90 @@ def test_a_tree_wider_than_an_eagle3_draft_vocabulary_is_refused(deep_target, tm
         )
 
 
+def test_biases_the_config_does_not_build_are_left_unused_as_eagles_code_leaves_them(env, tmp_path, capsys):
+    """EAGLE's loader builds the layers its config.json describes and loads with ``strict=False``: q/k/v
+    biases without ``qkv_bias`` (or ``attention_bias``) in the config are dropped, so the draft computes
+    what it computes without them. Read the same here, and noted."""
+    model = env["model"]
+    cfg = model.config
+    emb = model.get_input_embeddings().weight
+    with_biases = eagle12_state(cfg, qkv_bias=True, embed=emb)
+    without = {k: v for k, v in with_biases.items() if not k.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias"))}
+    drafts = {}
+    for name, state, extra in (
+        ("unsaid", with_biases, {}),
+        ("bare", without, {}),
+        ("said", with_biases, {"attention_bias": True}),
+    ):
+        path = write_published(tmp_path / name, llama_fields(cfg, **extra), state)
+        drafts[name] = load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+    unsaid, bare, said = drafts["unsaid"], drafts["bare"], drafts["said"]
+    assert not unsaid.draft.spec.qkv_bias and said.draft.spec.qkv_bias
+    assert unsaid.manifest["notes"] == [
+        "config.json says neither qkv_bias nor attention_bias is true: the q/k/v biases in the weights are not "
+        "used (EAGLE's code builds q/k/v without them)"
+    ]
+    assert bare.manifest["notes"] == [] and said.manifest["notes"] == []
+    assert sorted(unsaid.draft.state_dict()) == sorted(bare.draft.state_dict())
+    assert all(torch.equal(v, bare.draft.state_dict()[k]) for k, v in unsaid.draft.state_dict().items())
+    prompt = env["docs"][33][:6]
+    trees = {}
+    for name, art in drafts.items():
+        _, rounds = run(env["backend"], make(env, DYNAMIC, draft=art.draft), prompt=prompt, new=12)
+        trees[name] = [r["tree"].token_ids.tolist() for r in rounds]
+    assert trees["unsaid"] == trees["bare"] and trees["said"] != trees["bare"]  # the biases are live when built
+    assert "q/k/v biases in the weights are not used" in capsys.readouterr().err
+
+
+def test_eagle3_reads_what_its_config_builds(deep_target, tmp_path):
+    """EAGLE-3's q/k/v have no bias unless the config says so (EAGLE's code builds none), and a draft over
+    the target's whole vocabulary reads no d2t (EAGLE's code deletes it): both noted and left unused."""
+    model, backend = deep_target
+    h, v = model.config.hidden_size, model.config.vocab_size
+    nh, nkv = model.config.num_attention_heads, model.config.num_key_value_heads
+    hd = h // nh
+    config, state, _ = eagle3_checkpoint(model.config, draft_vocab=40)
+    gen = torch.Generator().manual_seed(3)
+    biases = {
+        f"midlayer.self_attn.{n}_proj.bias": torch.randn(w, generator=gen)
+        for n, w in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd))
+    }
+    plain = load_configured_eagle(
+        {"artifact": str(write_published(tmp_path / "plain", config, state, fmt="safetensors"))},
+        model=model,
+        tokenizer=None,
+    )
+    unsaid = load_configured_eagle(
+        {"artifact": str(write_published(tmp_path / "unsaid", config, {**state, **biases}, fmt="safetensors"))},
+        model=model,
+        tokenizer=None,
+    )
+    said_path = write_published(
+        tmp_path / "said", {**config, "attention_bias": True}, {**state, **biases}, fmt="safetensors"
+    )
+    said = load_configured_eagle({"artifact": str(said_path)}, model=model, tokenizer=None)
+    assert not unsaid.draft.spec.qkv_bias and said.draft.spec.qkv_bias
+    assert "the q/k/v biases in the weights are not used" in unsaid.manifest["notes"][0]
+    assert all(torch.equal(t, plain.draft.state_dict()[k]) for k, t in unsaid.draft.state_dict().items())
+    with pytest.raises(ArtifactError, match=r"says attention_bias=true but the weights hold no midlayer.self_attn.q"):
+        path = write_published(tmp_path / "truncated", {**config, "attention_bias": True}, state, fmt="safetensors")
+        load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+    # the whole vocabulary with a d2t that is not the identity: EAGLE's code drafts the raw ids
+    whole, full_state, _ = eagle3_checkpoint(model.config, draft_vocab=v)
+    rolled = {**full_state, "d2t": torch.roll(torch.arange(v), 1) - torch.arange(v)}
+    art = load_configured_eagle(
+        {"artifact": str(write_published(tmp_path / "rolled", whole, rolled, fmt="safetensors"))},
+        model=model,
+        tokenizer=None,
+    )
+    assert not bool(art.draft.d2t.any())
+    assert art.manifest["notes"] == [
+        "draft_vocab_size is the target's vocabulary: d2t is not used (EAGLE's code drops it), though it is not "
+        "the identity"
+    ]
+    greedy_dynamic_rounds(model, backend, art.draft, new=8)
+
+
 def test_published_eagle3_refusals(deep_target, tmp_path):
     model, _ = deep_target
     config, state, _ = eagle3_checkpoint(model.config, draft_vocab=40)
@@ -1021,6 +1108,11 @@ def test_published_eagle3_refusals(deep_target, tmp_path):
         load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
     path = write_published(tmp_path / "layers", {**config, "eagle_aux_hidden_state_layer_ids": [2, 4, 9]}, state)
     with pytest.raises(ArtifactError, match=r"fuses target layers \[2, 4, 9\]; the target has 8"):
+        load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
+    # a layer fused twice (the default 2, N // 2, N - 3 on a target of 6 layers or fewer): EAGLE's code
+    # collects each layer once, and its fc would not load
+    path = write_published(tmp_path / "twice", {**config, "eagle_aux_hidden_state_layer_ids": [2, 4, 4]}, state)
+    with pytest.raises(ArtifactError, match=r"fuses target layers \[2, 4, 4\]: a layer twice"):
         load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
     path = write_published(tmp_path / "th", {**config, "target_hidden_size": 64}, state)
     with pytest.raises(ArtifactError, match="expected 32, got 64"):

@@ -243,7 +243,7 @@ def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifac
     cfg = read_config_object(path / "config.json")
     raw, digests = read_weights(path)
     try:
-        fmt, spec, state = parse_published(cfg, raw, target_config=model.config)
+        fmt, spec, state, unused = parse_published(cfg, raw, target_config=model.config)
     except ArtifactError as exc:
         raise ArtifactError(f"proposer.artifact={source!r}: {exc}") from None
     try:
@@ -280,7 +280,7 @@ def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifac
         "config": {k: cfg[k] for k in sorted(cfg) if not isinstance(cfg[k], (dict, list)) or k == "architectures"},
         "verifier": (cfg.get("speculators_config") or {}).get("verifier"),
         "embedding": embedding,
-        "notes": config_notes(cfg, spec),
+        "notes": [*unused, *config_notes(cfg, spec)],
         "parameters": sum(p.numel() for p in draft.parameters()),
         "cpu_budget_artifact": False,
     }

@@ -5,7 +5,8 @@ no file of theirs is used):
 
 - ``eagle`` — EAGLE-1 and EAGLE-2 (SafeAILab/EAGLE; the hub's ``yuhuili/EAGLE-*``): a Llama-style
   ``config.json`` (one decoder layer; ``"bias": false`` drops ``fc.bias``; ``qkv_bias`` adds q/k/v
-  biases) and ``pytorch_model.bin`` or ``model.safetensors`` with ``fc.weight [H, 2H]`` (input
+  biases; as in EAGLE's loader, a bias the weights hold that the config does not build is unused)
+  and ``pytorch_model.bin`` or ``model.safetensors`` with ``fc.weight [H, 2H]`` (input
   ``concat(embedding, feature)``), ``fc.bias [H]``, ``layers.{l}.self_attn.{q,k,v,o}_proj.*``,
   ``layers.{l}.mlp.{gate,up,down}_proj.weight``, ``layers.{l}.post_attention_layernorm.weight``,
   ``layers.{l}.input_layernorm.weight`` for ``l >= 1`` only, and usually ``embed_tokens.weight``
@@ -14,8 +15,9 @@ no file of theirs is used):
   ``draft_vocab_size`` (optionally ``target_hidden_size``), weights ``fc.weight [H, 3 H_t]``,
   ``midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight``,
   ``midlayer.self_attn.{q,k,v}_proj.weight [*, 2H]``, ``o_proj``, ``midlayer.mlp.*``,
-  ``norm.weight``, ``lm_head.weight [Vd, H]``, ``d2t [Vd]`` and ``t2d [V]`` (absent when
-  ``Vd == V``), optionally ``embed_tokens.weight``.
+  ``norm.weight``, ``lm_head.weight [Vd, H]``, ``d2t [Vd]`` and ``t2d [V]`` (unused when
+  ``Vd == V``, as EAGLE's code drops them), optionally ``embed_tokens.weight``; q/k/v biases only
+  where the config says ``attention_bias`` (EAGLE's code builds none).
 - ``speculators-eagle3`` — vLLM's ``speculators`` format (``speculators_model_type: eagle3``;
   ``transformer_layer_config`` holds the decoder layer's config): the EAGLE-3 keys with
   ``midlayer.`` spelled ``layers.0.``.
@@ -53,6 +55,7 @@ INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 #: keys a published file may carry that the draft does not need: EAGLE-3's target-to-draft mask
 #: (``t2d``; the draft reads ``d2t``) and a decoder layer's rotary frequencies (computed from the config)
 IGNORED_KEYS = re.compile(r"t2d|(?:layers\.\d+|midlayer)\.self_attn\.rotary_emb\.inv_freq")
+_QKV_BIAS = re.compile(r"(?:layers\.\d+|midlayer)\.self_attn\.[qkv]_proj\.bias")
 
 
 def is_published_dir(path: Path) -> bool:
@@ -227,8 +230,11 @@ def _rename(state: dict, old: str, new: str) -> dict:
 INDEX_KEYS = ("d2t", "t2d")
 
 
-def parse_published(cfg: dict, state: dict[str, torch.Tensor], *, target_config) -> tuple[str, EagleSpec, dict]:
-    """(format name, spec, state dict in this harness's key names) of a published checkpoint,
+def parse_published(
+    cfg: dict, state: dict[str, torch.Tensor], *, target_config
+) -> tuple[str, EagleSpec, dict, list[str]]:
+    """(format name, spec, state dict in this harness's key names, notes on what the config leaves
+    unused) of a published checkpoint,
     checked against the target's config. Raises :class:`ArtifactError` naming expected vs got: a
     config field that is missing or of the wrong type, a weight that is not floating point or not
     finite, a vocabulary map that is not integer."""
@@ -247,7 +253,7 @@ def parse_published(cfg: dict, state: dict[str, torch.Tensor], *, target_config)
         raise ArtifactError(f"EAGLE checkpoint config.json: settings that do not go together ({exc})") from None
 
 
-def _parse_published(cfg: dict, state: dict[str, torch.Tensor], *, target_config) -> tuple[str, EagleSpec, dict]:
+def _parse_published(cfg: dict, state: dict[str, torch.Tensor], *, target_config) -> tuple[str, EagleSpec, dict, list]:
     target_h = int(target_config.hidden_size)
     target_v = int(target_config.vocab_size)
     kind = cfg.get("speculators_model_type")
@@ -286,20 +292,49 @@ def _parse_published(cfg: dict, state: dict[str, torch.Tensor], *, target_config
 
 
 def config_notes(cfg: dict, spec: EagleSpec) -> list[str]:
-    """A note for every setting of an EAGLE-1/2 ``config.json`` the weights contradict (the weights
-    decide: a bias present though the config says none, another layer count)."""
+    """A note for every setting of an EAGLE-1/2 ``config.json`` the weights contradict where the weights
+    decide (another layer count: EAGLE's code would leave the layers the weights lack uninitialised)."""
     if cfg.get("speculators_model_type") is not None or spec.version != "eagle":
         return []
-    notes = []
-    for key, has in (("bias", spec.fc_bias), ("qkv_bias", spec.qkv_bias), ("attention_bias", spec.qkv_bias)):
-        if cfg.get(key) is False and has:
-            notes.append(f"config.json says {key}=false; the weights hold the bias (read from the weights)")
     said = cfg.get("num_hidden_layers")
     if isinstance(said, int) and not isinstance(said, bool) and said != spec.num_layers:
-        notes.append(
+        return [
             f"config.json says num_hidden_layers={said}; the weights hold {spec.num_layers} (read from the weights)"
+        ]
+    return []
+
+
+def _unused_biases(fmt: str, cfg: dict, state: dict, *, eagle3: bool) -> tuple[dict, bool, bool, list[str]]:
+    """(state, fc bias used, q/k/v biases used, notes) of a checkpoint in EAGLE's own layout, where the
+    config decides as the code that runs it does: for EAGLE-1/2 ``bias`` (default true) builds ``fc``
+    with a bias (EAGLE-3's ``fc`` never has one), and ``qkv_bias`` (EAGLE's name) or ``attention_bias``
+    (a Llama config's, read by runtimes built on Llama's layer) builds q/k/v with biases. Biases the
+    weights hold that the config does not build are left unused, as the authors' loader
+    (``strict=False``) leaves them, and noted. A bias the config builds and the weights lack is a
+    truncated file: refused."""
+    notes: list[str] = []
+    qkv = "midlayer." if eagle3 else "layers.0."
+    fc_has = "fc.bias" in state
+    qkv_has = qkv + "self_attn.q_proj.bias" in state
+    fc_said = not eagle3 and cfg.get("bias", True) is not False
+    qkv_keys = [k for k in ("qkv_bias", "attention_bias") if cfg.get(k) is True]
+    for key, said, has, tensor in (
+        ("bias", not eagle3 and cfg.get("bias") is True, fc_has, "fc.bias"),
+        *((k, True, qkv_has, qkv + "self_attn.q_proj.bias") for k in qkv_keys),
+    ):
+        if said and not has:
+            raise ArtifactError(f"{fmt} checkpoint: config.json says {key}=true but the weights hold no {tensor}")
+    if fc_has and not fc_said:
+        state = {k: v for k, v in state.items() if k != "fc.bias"}
+        why = "EAGLE-3's fc has no bias" if eagle3 else "config.json says bias=false"
+        notes.append(f"{why}: fc.bias in the weights is not used (EAGLE's code builds fc without one)")
+    if qkv_has and not qkv_keys:
+        state = {k: v for k, v in state.items() if not _QKV_BIAS.fullmatch(k)}
+        notes.append(
+            "config.json says neither qkv_bias nor attention_bias is true: the q/k/v biases in the weights are "
+            "not used (EAGLE's code builds q/k/v without them)"
         )
-    return notes
+    return state, fc_has and fc_said, qkv_has and bool(qkv_keys), notes
 
 
 def _check_keys(fmt: str, state: dict, expected: dict[str, tuple[int, ...]], optional: set[str]) -> dict:
@@ -316,7 +351,7 @@ def _check_keys(fmt: str, state: dict, expected: dict[str, tuple[int, ...]], opt
     return {k: v for k, v in state.items() if k in expected or k in optional}
 
 
-def _eagle12(fmt: str, cfg: dict, state: dict, target_h: int, target_v: int) -> tuple[str, EagleSpec, dict]:
+def _eagle12(fmt: str, cfg: dict, state: dict, target_h: int, target_v: int) -> tuple[str, EagleSpec, dict, list[str]]:
     fields = _layer_fields(cfg)
     h, v = fields["hidden_size"], int(cfg.get("vocab_size", target_v))
     if h != target_h:
@@ -332,15 +367,17 @@ def _eagle12(fmt: str, cfg: dict, state: dict, target_h: int, target_v: int) -> 
     n = len(layers)
     if layers != list(range(n)) or n < 1:
         raise ArtifactError(f"{fmt} checkpoint decoder layers {layers}; expected 0..n-1 with n >= 1")
-    fc_bias = "fc.bias" in state
-    qkv_bias = "layers.0.self_attn.q_proj.bias" in state
-    for key, has, tensor in (
-        ("bias", fc_bias, "fc.bias"),
-        ("qkv_bias", qkv_bias, "layers.0.self_attn.q_proj.bias"),
-        ("attention_bias", qkv_bias, "layers.0.self_attn.q_proj.bias"),
-    ):
-        if cfg.get(key) is True and not has:  # a tensor the config requires is missing: a truncated file
-            raise ArtifactError(f"{fmt} checkpoint: config.json says {key}=true but the weights hold no {tensor}")
+    if fmt == "eagle":
+        state, fc_bias, qkv_bias, notes = _unused_biases(fmt, cfg, state, eagle3=False)
+    else:  # speculators: the layer's config and the weights, as vLLM reads them
+        fc_bias, qkv_bias, notes = "fc.bias" in state, "layers.0.self_attn.q_proj.bias" in state, []
+        for key, has, tensor in (
+            ("bias", fc_bias, "fc.bias"),
+            ("qkv_bias", qkv_bias, "layers.0.self_attn.q_proj.bias"),
+            ("attention_bias", qkv_bias, "layers.0.self_attn.q_proj.bias"),
+        ):
+            if cfg.get(key) is True and not has:  # a tensor the config requires is missing: a truncated file
+                raise ArtifactError(f"{fmt} checkpoint: config.json says {key}=true but the weights hold no {tensor}")
     spec = EagleSpec(version="eagle", vocab_size=target_v, num_layers=n, fc_bias=fc_bias, qkv_bias=qkv_bias, **fields)
     hd, nh, nkv, inter = spec.head_dim, spec.num_attention_heads, spec.num_key_value_heads, spec.intermediate_size
     expected = {"fc.weight": (h, 2 * h)}
@@ -375,10 +412,10 @@ def _eagle12(fmt: str, cfg: dict, state: dict, target_h: int, target_v: int) -> 
             f"{fmt} checkpoint embed_tokens.weight is {list(_shape(state, 'embed_tokens.weight'))}; the target "
             f"needs [{target_v}, {h}] (expected vocabulary {target_v})"
         )
-    return fmt, spec, _check_keys(fmt, state, expected, {"embed_tokens.weight"})
+    return fmt, spec, _check_keys(fmt, state, expected, {"embed_tokens.weight"}), notes
 
 
-def _eagle3(fmt: str, cfg: dict, state: dict, target_config) -> tuple[str, EagleSpec, dict]:
+def _eagle3(fmt: str, cfg: dict, state: dict, target_config) -> tuple[str, EagleSpec, dict, list[str]]:
     target_h, target_v = int(target_config.hidden_size), int(target_config.vocab_size)
     target_layers = int(target_config.num_hidden_layers)
     fields = _layer_fields(cfg)
@@ -401,12 +438,28 @@ def _eagle3(fmt: str, cfg: dict, state: dict, target_config) -> tuple[str, Eagle
             f"{fmt} draft fuses target layers {list(aux)}; the target has {target_layers} decoder layers "
             "(expected three layer indices in [0, N))"
         )
+    if len(set(aux)) != 3:  # EAGLE's code collects each layer once: its fc would not load
+        raise ArtifactError(
+            f"{fmt} draft fuses target layers {list(aux)}: a layer twice (the default 2, N // 2, N - 3 needs a "
+            f"target of at least 7 decoder layers; this one has {target_layers}), expected three distinct layers"
+        )
+    if fmt == "eagle3":
+        state, _, qkv_bias, notes = _unused_biases(fmt, cfg, state, eagle3=True)
+    else:  # speculators: the layer's config and the weights, as vLLM reads them
+        qkv_bias, notes = "midlayer.self_attn.q_proj.bias" in state, []
+    if vd == target_v and "d2t" in state:  # EAGLE's code drops the map where the vocabularies are one
+        if bool(state["d2t"].ne(0).any()):
+            notes.append(
+                "draft_vocab_size is the target's vocabulary: d2t is not used (EAGLE's code drops it), though it "
+                "is not the identity"
+            )
+        state = {k: v for k, v in state.items() if k != "d2t"}
     spec = EagleSpec(
         version="eagle3",
         vocab_size=target_v,
         num_layers=1,
         fc_bias=False,
-        qkv_bias="midlayer.self_attn.q_proj.bias" in state,
+        qkv_bias=qkv_bias,
         draft_vocab_size=vd,
         target_hidden_size=ht,
         aux_layers=aux,
@@ -461,4 +514,4 @@ def _eagle3(fmt: str, cfg: dict, state: dict, target_config) -> tuple[str, Eagle
         state["d2t"] = d2t
     else:  # the draft's vocabulary is the target's: the identity map (what the draft's buffer holds unset)
         state["d2t"] = torch.zeros(vd, dtype=torch.long)
-    return fmt, spec, state
+    return fmt, spec, state, notes
