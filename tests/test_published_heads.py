@@ -548,6 +548,32 @@ def test_hydra_prefix_layer_runs_incrementally_as_the_published_one_layer_llama(
     torch.testing.assert_close(got, hydra_reference(state, 1, 2, want[-1:], embs, grounded=True, arch="prefix-mlp"))
 
 
+def test_ungrounded_prefix_mlp_heads_say_they_read_the_prefix_layer_as_trained(tmp_path, target):
+    """Hydra's ungrounded generation passes its heads the target's hidden state, skipping the prefix layer
+    its training forward runs them after; the heads here read the prefix layer's output, and a loaded bank
+    says so (a grounded one, read as Hydra generates with it, says nothing)."""
+    note = (
+        "ungrounded prefix-mlp heads read the prefix layer's output, as Hydra's training forward does; Hydra's "
+        "own ungrounded generation passes them the target's hidden state instead"
+    )
+    _, grounded = prefix_hydra(tmp_path, target)
+    assert note not in inspect(str(grounded), "hydra").notes
+    state = hydra_state(
+        heads=3,
+        layers=2,
+        hidden=H,
+        vocab=V,
+        arch="prefix-mlp",
+        grounded=False,
+        prefix=hydra_prefix_state(target, seed=5),
+        seed=6,
+    )
+    path = write_hydra(tmp_path / "ungrounded", state, config=hydra_config(3, 2, arch="prefix-mlp", grounded=False))
+    assert note in inspect(str(path), "hydra").notes
+    art = load_configured_heads("hydra", {"artifact": str(path)}, model=target, tokenizer=None)
+    assert note in art.manifest["notes"]
+
+
 def test_prefix_mlp_weights_under_a_config_without_their_arch_are_refused_naming_it(tmp_path, target):
     """A prefix-mlp bank whose config names no hydra_head_arch (so mlp) was refused for a missing
     hydra_lm_head.0.weight, pointing at the weights rather than the config's one missing key."""

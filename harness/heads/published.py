@@ -25,7 +25,9 @@ input embedding), width ``(k + 2) H``; its first block is ``R(x) + SiLU(W x + b)
 ``hydra_lm_head.{k}`` has a bias. Ungrounded heads see ``p`` alone (Medusa-like). ``p`` is ``h``
 for ``mlp``; for ``prefix-mlp`` it is the output (after its final norm) of a one-layer Llama model
 (``prefix_embeding_layer.*``, the attribute's published spelling) run over every committed hidden
-state as input embeddings, with its own KV cache, positions those of the committed tokens. The
+state as input embeddings, with its own KV cache, positions those of the committed tokens (for
+ungrounded heads too, as Hydra trains them; Hydra's own ungrounded generation skips the prefix
+layer, which a loaded bank notes). The
 ``prefix-mlp`` Sequential interleaves parameterless dropouts, so its blocks sit at ``1, 3, ...`` and
 its vocabulary head at ``hydra_lm_head.{k}.1``. ``input_embed_fn.weight`` (the base embedding the
 trainer saves incidentally) is checked against the target's shape, its equality with the target's
@@ -516,6 +518,11 @@ def _inspect_hydra(ref, config, shapes) -> dict:
         raise ArtifactError(f"proposer.artifact={ref!r}: {head} missing (the first head's vocabulary projection)")
     vocab = shapes[head][0]
     notes = config_disagreements(config, hydra_num_heads=heads, hydra_num_layers=layers)
+    if arch == "prefix-mlp" and not grounded:
+        notes.append(
+            "ungrounded prefix-mlp heads read the prefix layer's output, as Hydra's training forward does; "
+            "Hydra's own ungrounded generation passes them the target's hidden state instead"
+        )
     prefix_shapes = {k: v for k, v in shapes.items() if k.startswith(PREFIX + ".")}
     return dict(
         format=f"hydra-{arch}",
