@@ -543,3 +543,66 @@ def test_harness_run_reports_a_w_and_b_run_that_cannot_start_as_a_refusal(tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("harness run: refused: W&B could not start the run (RuntimeError: Unable to write")
     assert not (out / "record.json").exists()
+
+
+@pytest.mark.parametrize("index", [1, 6, 7, 8, 11])
+def test_round_steps_are_one_per_verify_forward(index):
+    """At B > 1 the round series holds one row per request, each with the shared verify and commit in
+    full: the history's steps are batch rounds (the record's batch_rounds), their stages adding to the
+    record's round cost, not one step per request that draws each forward once per request."""
+    from harness.tracking.wandb_tracker import round_steps
+
+    run = fixture_run(index)
+    record = load_record(run)
+    m = record["metrics"]
+    rows = [json.loads(x) for x in (run / "rounds.jsonl").read_text().splitlines()]
+    steps = round_steps(rows)
+    batched = record["axes"]["batch_size"] > 1
+    assert len(steps) == (m["batch_rounds"] if batched else m["rounds"]) and [s["round"] for s in steps] == list(
+        range(len(steps))
+    )
+    assert sum(s["round/committed_tokens"] for s in steps) == m["committed_tokens"]
+    for stage, mean in m["round_cost_ms"].items():
+        assert sum(s[f"round/{stage}_ms"] for s in steps) / len(steps) == pytest.approx(mean, rel=1e-9)
+    assert all(s["round/ms"] == pytest.approx(sum(s[f"round/{k}_ms"] for k in m["round_cost_ms"])) for s in steps)
+    if batched:
+        assert len(steps) < len(rows) and all("round/prompt" not in s for s in steps)
+        assert sum(s["round/live_requests"] for s in steps) == len(rows)
+        assert max(s["round/live_requests"] for s in steps) == record["axes"]["batch_size"]
+    else:
+        assert [s["round/prompt"] for s in steps] == [r["prompt_index"] for r in rows]
+        assert [s["round/accepted_length"] for s in steps] == [r["accepted"] for r in rows]
+
+
+def test_a_batched_record_logs_one_history_step_per_batch_round(tmp_path, wandb_home):
+    dest = tmp_path / "run"
+    shutil.copytree(fixture_run(6), dest)
+    record = load_record(dest)
+    with open_run(record, mode="offline", dir=dest) as tracker:
+        tracker.log_record(record, dest)
+    _, records = inspect_run(dest)
+    rounds = [s for s in history(records) if "round/committed_tokens" in s]
+    assert len(rounds) == record["metrics"]["batch_rounds"] < record["metrics"]["rounds"]
+    assert {s["round/live_requests"] for s in rounds} <= {1, 2} and 2 in {s["round/live_requests"] for s in rounds}
+
+
+def test_a_tag_longer_than_w_and_b_takes_is_cut_and_kept_apart(run_dir):
+    """W&B refuses to start a run with a tag over 64 characters; a hub id and dtype as the model's
+    label pass that, and the run would be refused for it."""
+    from harness.tracking.wandb_tracker import MAX_TAG_CHARS, fit_tag
+
+    long_ids = [
+        "unsloth/DeepSeek-R1-Distill-Llama-8B-unsloth-bnb-4bit@bfloat16",
+        "unsloth/DeepSeek-R1-Distill-Llama-8B-unsloth-bnb-4bit@float16",
+    ]
+    tags = [fit_tag(f"model={m}") for m in long_ids]
+    assert all(len(t) <= MAX_TAG_CHARS for t in tags) and tags[0] != tags[1]
+    assert all(t.startswith("model=unsloth/DeepSeek-R1-Distill") for t in tags)
+    assert fit_tag("model=tiny@float32") == "model=tiny@float32"
+    record = load_record(run_dir)
+    record["axes"] = {**record["axes"], "model": long_ids[0]}
+    with open_run(record, mode="offline", dir=run_dir) as tracker:
+        tracker.log_record(record, run_dir)
+    info, records = inspect_run(run_dir)
+    assert info["state"] == "finished" and tags[0] in run_info(records)["tags"]
+    assert info["config"]["model"] == long_ids[0]  # the whole label stays in the config

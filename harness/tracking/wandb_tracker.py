@@ -21,15 +21,18 @@ What a run carries:
 * **config**: the axes (``proposer``, ``topology``, ``verifier``, ``temperature``, ``batch_size``,
   ``workload``, ``model``), ``arm``, ``experiment`` and ``sweep`` as top-level keys (group-by and
   parallel-coordinates panels read them), the resolved run config under ``resolved``;
-* **tags**: ``axis=value`` per axis, and what sets the run apart: ``ungated`` (the record says
+* **tags**: ``axis=value`` per axis (one longer than W&B takes cut, with a hash: :func:`fit_tag`),
+  and what sets the run apart: ``ungated`` (the record says
   ``gated: false``), ``gate-skipped:<gate>`` / ``gate-failed:<gate>``, ``heuristic``
   (``exact: false``), ``cpu-budget-artifact``; a job that raised is finished with exit code 1
   (W&B state *failed*) and tagged ``refused`` (a gate or contract said no) or ``failed``;
 * **summary**: every record metric under its record name, plus ``outcome``, ``gated``,
   ``gates_passed`` and ``gates_skipped`` (the gates' names), ``run_id``, ``manifest_hash``;
-* **history** (series a chart draws): one step per speculative round (``round/committed_tokens``,
+* **history** (series a chart draws): one step per verify forward (``round/committed_tokens``,
   ``round/accepted_length``, ``round/candidate_rows``, ``round/ms`` and ``round/<stage>_ms``
-  against ``round``), acceptance and reach by depth with their round counts and 95% Wilson
+  against ``round``; at B > 1 a batch round, its requests' figures summed (the accepted length
+  their mean) and ``round/live_requests`` beside them: :func:`round_steps`), acceptance and reach
+  by depth with their round counts and 95% Wilson
   bounds (``depth/*`` against ``depth``; a depth tried by too few rounds goes to
   ``depth/acceptance_few_rounds`` instead of ``depth/acceptance``), the t(n) profile and each
   point's roofline floor (``t_profile/t_ms`` and ``t_profile/floor_ms`` against ``verify_rows``);
@@ -45,6 +48,7 @@ falls back to offline with one warning on stderr; the record on disk never depen
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -106,10 +110,25 @@ def wandb_group(sweep: Any, experiment: Any) -> str:
     return _name_of(sweep) or _name_of(experiment) or "adhoc"
 
 
+#: W&B refuses a run whose tags are longer than this (its settings' validation, at start)
+MAX_TAG_CHARS = 64
+
+
+def fit_tag(tag: str) -> str:
+    """``tag`` as W&B takes it: up to :data:`MAX_TAG_CHARS` characters as it is; a longer one (a hub
+    id and dtype as the model's label) cut, with ``~`` and 8 hex digits of its whole text's SHA-256 so
+    that two long tags with a common start stay apart (the whole value is in the run's config)."""
+    if len(tag) <= MAX_TAG_CHARS:
+        return tag
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:8]
+    return f"{tag[: MAX_TAG_CHARS - 9]}~{digest}"
+
+
 def axis_tags(axes: Mapping[str, Any]) -> list[str]:
-    """``["proposer=rest", "temperature=0.7", ...]`` in the fixed axis order, then any extra."""
+    """``["proposer=rest", "temperature=0.7", ...]`` in the fixed axis order, then any extra (each fit
+    to W&B's tag length by :func:`fit_tag`)."""
     keys = [k for k in AXES if k in axes] + sorted(k for k in axes if k not in AXES)
-    return [f"{k}={axes[k]}" for k in keys]
+    return [fit_tag(f"{k}={axes[k]}") for k in keys]
 
 
 def status_tags(record: Mapping[str, Any]) -> list[str]:
@@ -124,7 +143,7 @@ def status_tags(record: Mapping[str, Any]) -> list[str]:
         tags.append("heuristic")
     if record.get("metrics", {}).get("cpu_budget_artifact"):
         tags.append("cpu-budget-artifact")
-    return tags
+    return [fit_tag(t) for t in tags]
 
 
 def run_config(
@@ -146,6 +165,53 @@ def run_config(
 def _artifact_name(run_id: str) -> str:
     # W&B artifact names: letters, digits, dashes, underscores and dots
     return "record-" + re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
+
+
+#: the stages of a batch round that one forward serves for every live request (each request's row of
+#: the round series carries them in full); the others are each request's own
+SHARED_ROUND_STAGES = ("target_verify", "temporary_state")
+
+
+def round_steps(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """The round series' history steps: one per verify forward. At batch 1 a step is a request's round
+    (``round/prompt`` its prompt). At B > 1 the requests decoded together share each round's forward
+    (the round series holds one row per request, the shared stages in full in each), so a step is the
+    batch round: ``round/batch`` and ``round/turn`` say which, ``round/live_requests`` how many
+    requests it served; committed tokens and candidate rows are summed over them, the accepted length
+    is their mean, a request's own stages are summed and the shared ones counted once, and
+    ``round/ms`` is their sum."""
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        key = (row.get("batch_index", row["prompt_index"]), row.get("turn", 1), row["round"])
+        groups.setdefault(key, []).append(row)
+    batched = any(len(g) > 1 for g in groups.values()) or len({r["prompt_index"] for r in rows}) > len(
+        {k[0] for k in groups}
+    )
+    steps = []
+    for k, ((batch, turn, _), group) in enumerate(sorted(groups.items(), key=lambda kv: kv[0])):
+        stages = {
+            stage: (group[0][f"{stage}_ms"] if stage in SHARED_ROUND_STAGES else sum(r[f"{stage}_ms"] for r in group))
+            for stage in ROUND_COST_STAGES
+            if all(f"{stage}_ms" in r for r in group)
+        }
+        step = {"round": k}
+        if batched:
+            step.update({"round/batch": batch, "round/turn": turn, "round/live_requests": len(group)})
+        else:
+            step["round/prompt"] = group[0]["prompt_index"]
+        step.update(
+            {
+                "round/committed_tokens": sum(r["committed"] for r in group),
+                "round/accepted_length": sum(r["accepted"] for r in group) / len(group),
+                "round/candidate_rows": sum(r["candidate_rows"] for r in group),
+                "round/ms": sum(stages.values()) if len(group) > 1 else group[0]["ms"],
+            }
+        )
+        if len(group) == 1:
+            step["round/accepted_length"] = group[0]["accepted"]
+        step.update({f"round/{stage}_ms": ms for stage, ms in stages.items()})
+        steps.append(step)
+    return steps
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -310,16 +376,7 @@ class Tracker:
         if series and not rounds_path.is_file():
             raise FileNotFoundError(f"{rounds_path}: the record's round series file is missing")
         if rounds_path.is_file():
-            for k, row in enumerate(_read_jsonl(rounds_path)):
-                step = {
-                    "round": k,
-                    "round/prompt": row["prompt_index"],
-                    "round/committed_tokens": row["committed"],
-                    "round/accepted_length": row["accepted"],
-                    "round/candidate_rows": row["candidate_rows"],
-                    "round/ms": row["ms"],
-                }
-                step.update({f"round/{s}_ms": row[f"{s}_ms"] for s in ROUND_COST_STAGES if f"{s}_ms" in row})
+            for step in round_steps(_read_jsonl(rounds_path)):
                 run.log(step)
 
         for row in depth_rows(record["metrics"], min_rounds=MIN_DEPTH_ROUNDS):
@@ -594,7 +651,7 @@ def open_run(
         name = name or run_name(axes)
         job_type = job_type or arm_name(axes)
         tags = list(tags) if tags is not None else axis_tags(axes)
-    tags = list(tags or [])
+    tags = [fit_tag(str(t)) for t in tags or []]
     run_dir = Path(dir) if dir is not None else Path.cwd()
     run_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_SILENT", "true")
