@@ -1133,7 +1133,17 @@ def test_slurm_launcher_config_composes_gpu_jobs_in_one_array(hydra_conf):
     cfg = _compose(sweep_argv("smoke", ["launcher=slurm", "hydra.launcher.partition=gpu", "concurrent_jobs=3"])[1:])
     launcher = cfg.hydra.launcher
     assert launcher._target_ == "hydra_plugins.harness_launcher.slurm.SlurmLauncher"
-    assert (launcher.partition, launcher.gpus_per_task, launcher.cpus_per_task, launcher.mem_gb) == ("gpu", 1, 8, 64)
+    assert (launcher.partition, launcher.gpus_per_task, launcher.cpus_per_task, launcher.mem_gb) == (
+        "gpu",
+        1,
+        None,
+        None,
+    )
+    # 8 CPUs and 64 GB where no form of either is set (the launcher fills them in when it submits)
+    from hydra_plugins.harness_launcher.slurm import with_resource_defaults
+
+    filled = with_resource_defaults(OmegaConf.to_container(launcher, resolve=True))
+    assert (filled["cpus_per_task"], filled["mem_gb"]) == (8, 64)
     assert (launcher.timeout_min, launcher.array_parallelism, list(launcher.setup)) == (240, 3, [])
     assert list(launcher.job_overrides) == ["model.device=cuda", "model.dtype=bfloat16"]
     assert cfg.hydra.sweeper.max_batch_size is None  # the whole sweep is one array...
@@ -1303,6 +1313,66 @@ def test_a_slurm_sweep_is_one_array_with_the_resources_and_gpu_overrides_of_the_
     for overrides in array:
         assert "model.device=cuda" in overrides  # added: the jobs run on the GPU...
         assert "model.dtype=float32" in overrides and "model.dtype=bfloat16" not in overrides  # ...in the user's dtype
+
+
+def test_slurm_memory_and_cpus_per_gpu_replace_the_defaults_in_the_sbatch_script(tmp_path, monkeypatch):
+    """The launcher's 64 GB and 8 CPUs per task were always set, so asking memory or CPUs per GPU (as the
+    config invites) wrote --mem beside --mem-per-gpu and --cpus-per-task beside --cpus-per-gpu, which
+    sbatch refuses for the whole array once the sweep folder is written. The defaults now apply where
+    no form of their kind is set, two forms set are refused up front, and the script submitit writes
+    holds one of each."""
+    import submitit
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from harness.config import CONF_DIR
+    from hydra_plugins.harness_launcher.slurm import executor_settings, slurm_refusal
+
+    srun = tmp_path / "bin" / "srun"  # submitit's Slurm executor looks for it on the PATH
+    srun.parent.mkdir()
+    srun.write_text("#!/bin/sh\nexit 0\n")
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{srun.parent}:{os.environ['PATH']}")
+
+    def sbatch_lines(*overrides):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose(
+                "config",
+                overrides=[
+                    "hydra/launcher=slurm",
+                    "hydra.launcher.partition=gpu",
+                    f"hydra.sweep.dir={tmp_path}",
+                    *overrides,
+                ],
+                return_hydra_config=True,
+            )
+        launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+        refusal = slurm_refusal(launcher)
+        if refusal is not None:
+            return refusal
+        settings = {k: v for k, v in launcher.items() if k not in ("_target_", "job_overrides", "sweep_batch")}
+        options, parameters = executor_settings(settings)
+        executor = submitit.AutoExecutor(cluster="slurm", **options)
+        executor.update_parameters(**parameters)
+        text = executor._executor._make_submission_file_text("python -c 1", "uid")
+        return sorted(
+            ln.split("=")[0] for ln in text.splitlines() if ln.startswith(("#SBATCH --mem", "#SBATCH --cpus"))
+        )
+
+    assert sbatch_lines() == ["#SBATCH --cpus-per-task", "#SBATCH --mem"]
+    assert sbatch_lines("hydra.launcher.mem_per_gpu=80G", "hydra.launcher.cpus_per_gpu=8") == [
+        "#SBATCH --cpus-per-gpu",
+        "#SBATCH --mem-per-gpu",
+    ]
+    assert sbatch_lines("hydra.launcher.mem_per_cpu=4G") == ["#SBATCH --cpus-per-task", "#SBATCH --mem-per-cpu"]
+    assert sbatch_lines("hydra.launcher.mem_gb=32", "hydra.launcher.mem_per_gpu=80G") == (
+        "hydra.launcher.mem_gb=32 and hydra.launcher.mem_per_gpu='80G': sbatch takes one of --mem, "
+        "--mem-per-gpu, --mem-per-cpu (it would refuse the array); set the other to null"
+    )
+    assert sbatch_lines("hydra.launcher.cpus_per_task=4", "hydra.launcher.cpus_per_gpu=8").startswith(
+        "hydra.launcher.cpus_per_task=4 and hydra.launcher.cpus_per_gpu=8: sbatch takes one of --cpus-per-task, "
+        "--cpus-per-gpu"
+    )
 
 
 def test_an_interrupted_slurm_sweep_cancels_its_array(env, fake_slurm, monkeypatch, capsys):

@@ -38,8 +38,10 @@ from omegaconf import OmegaConf
 
 
 def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
-    """Why a Slurm launcher configuration cannot submit (None when it can): it needs a partition,
-    and its job overrides must be ``key=value``."""
+    """Why a Slurm launcher configuration cannot submit (None when it can): it needs a partition, its
+    job overrides must be ``key=value``, it may set one form of CPUs and of memory (sbatch refuses
+    ``--mem`` beside ``--mem-per-gpu``, ``--cpus-per-task`` beside ``--cpus-per-gpu``), and its
+    numbers must be ones sbatch takes."""
     partition = None
     if not (OmegaConf.is_config(launcher) and OmegaConf.is_missing(launcher, "partition")):
         partition = launcher.get("partition")
@@ -52,6 +54,14 @@ def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
     bad = [str(o) for o in overrides if "=" not in str(o) or str(o).startswith("=")]
     if bad:
         return f"hydra.launcher.job_overrides must be key=value overrides; got {bad}"
+    for kind in _ONE_OF:
+        given = [k for k in kind if launcher.get(k) is not None]
+        if len(given) > 1:
+            both = " and ".join(f"hydra.launcher.{k}={launcher.get(k)!r}" for k in given)
+            return (
+                f"{both}: sbatch takes one of --{', --'.join(k.replace('_gb', '').replace('_', '-') for k in kind)} "
+                f"(it would refuse the array); set the other{'s' if len(given) > 2 else ''} to null"
+            )
     for key, floor in _RESOURCES.items():
         value = launcher.get(key)
         if value is None:
@@ -61,6 +71,23 @@ def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
             kind = "a number" if key == "mem_gb" else "a whole number"
             return f"hydra.launcher.{key}={value!r}: must be {kind} of at least {floor} (sbatch would refuse it)"
     return None
+
+
+#: the launcher's keys of which sbatch takes one: CPUs, memory
+_ONE_OF = (("cpus_per_task", "cpus_per_gpu"), ("mem_gb", "mem_per_gpu", "mem_per_cpu"))
+#: what a job gets where none of a kind is set
+RESOURCE_DEFAULTS = {"cpus_per_task": 8, "mem_gb": 64}
+
+
+def with_resource_defaults(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with :data:`RESOURCE_DEFAULTS` filled in for a kind of :data:`_ONE_OF` none of whose
+    keys is set (8 CPUs per task unless CPUs per GPU are asked; 64 GB unless memory per GPU or CPU is)."""
+    out = dict(params)
+    for kind in _ONE_OF:
+        if all(out.get(k) is None for k in kind):
+            default = next(k for k in kind if k in RESOURCE_DEFAULTS)
+            out[default] = RESOURCE_DEFAULTS[default]
+    return out
 
 
 #: the Slurm resources checked before a sweep submits: key -> the smallest value sbatch takes
@@ -97,6 +124,20 @@ def with_job_overrides(overrides: Sequence[str], defaults: Sequence[str]) -> lis
     return [*overrides, *(str(d) for d in defaults if key(d) not in given)]
 
 
+def executor_settings(params: Mapping[str, Any], *, cluster: str = "slurm") -> tuple[dict, dict]:
+    """(submitit ``AutoExecutor`` options, its ``update_parameters``) from the launcher's settings:
+    the resource defaults filled in, submitit's shared keys as they are, the others prefixed with the
+    cluster's name."""
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+
+    params = with_resource_defaults(params)
+    options = {"folder": params.pop("submitit_folder")}
+    if "max_num_timeout" in params:
+        options[f"{cluster}_max_num_timeout"] = params.pop("max_num_timeout")
+    queue_keys = set(OmegaConf.structured(BaseQueueConf).keys())
+    return options, {k if k in queue_keys else f"{cluster}_{k}": v for k, v in params.items()}
+
+
 class SlurmLauncher(_SubmititSlurmLauncher):
     def __init__(self, job_overrides: Any = (), sweep_batch: Any = None, **params: Any) -> None:
         if OmegaConf.is_config(job_overrides):
@@ -112,16 +153,11 @@ class SlurmLauncher(_SubmititSlurmLauncher):
             raise ValueError(refusal)
         import submitit
         from hydra.core.singleton import Singleton
-        from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 
         assert self.config is not None
-        params = dict(self.params)
-        executor_options = {"folder": params.pop("submitit_folder")}
-        if "max_num_timeout" in params:
-            executor_options[f"{self._EXECUTOR}_max_num_timeout"] = params.pop("max_num_timeout")
+        executor_options, parameters = executor_settings(self.params, cluster=self._EXECUTOR)
         executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **executor_options)
-        queue_keys = set(OmegaConf.structured(BaseQueueConf).keys())
-        executor.update_parameters(**{k if k in queue_keys else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})
+        executor.update_parameters(**parameters)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if "mode" in self.config.hydra.sweep:
