@@ -653,6 +653,35 @@ def test_a_masked_row_is_the_bits_of_its_own_keys_in_order_decoded_alone(dtype, 
                 assert torch.equal(got[0, 0], out[b, r]), (b, r, rows, start)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dh", [12, 32, 64, 128])
+def test_a_row_that_sees_no_key_attends_to_nothing_as_sdpa_does(dtype, dh):
+    """A row whose mask allows no key (a padded row) divided its value sum by a total of 0: NaN, where
+    torch's SDPA gives 0. It must give what a row seeing one key whose value is zero gives (an attention
+    output of exactly 0), bit for bit, and leave the other rows as they are."""
+    native.load_native_kernels()
+    layer = torch.ops.harness.llama_layer
+    rows, start, zero_key = 5, 40, 7
+
+    def run(sees_zero_key: bool) -> torch.Tensor:
+        case = _attention_case(dh, rows, start, True, dtype)
+        case[5][:, :, zero_key] = 0  # that key's value
+        case[3][0, 2] = False
+        case[3][0, 2, zero_key] = sees_zero_key
+        return layer(*case, 1e-5, 1e-6, dh**-0.5)
+
+    nothing, zero = run(False), run(True)
+    assert torch.isfinite(nothing).all()
+    assert torch.equal(nothing, zero)
+    sdpa = F.scaled_dot_product_attention(
+        torch.randn(1, 1, 2, 8),
+        torch.randn(1, 1, 3, 8),
+        torch.randn(1, 1, 3, 8),
+        attn_mask=torch.tensor([[True] * 3, [False] * 3]),
+    )
+    assert torch.equal(sdpa[0, 0, 1], torch.zeros(8))  # what transformers' SDPA layer gives such a row
+
+
 @pytest.mark.skipif(
     not native.pairs_on_amx(), reason="bfloat16 attention runs on AMX tiles only where the CPU has them"
 )

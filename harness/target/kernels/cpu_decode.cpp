@@ -1436,7 +1436,7 @@ void attend_rows(const Attention<T>& a, int64_t b, int64_t h, int64_t r0, float*
   for (int i = 0; i < RB; ++i) {
     float sum[NV * W];
     for (int v = 0; v < NV; ++v) Vec::store(sum + v * W, acc[i][v]);
-    const float inv = 1.f / total[i];
+    const float inv = total[i] > 0.f ? 1.f / total[i] : 0.f;  // a row that sees no key: 0, as SDPA
     T* out = a.out + ((b * a.R + r0 + i) * a.Hq + h) * dh;
     for (int64_t e = 0; e < dh; ++e) store1(out + e, sum[e] * inv);
   }
@@ -1626,7 +1626,7 @@ void attend_grouped(const Attention<T>& a, float* scratch, const Team& team) {
       for (int i = 0; i < n; ++i) {
         float sum[CV * W];
         for (int c = 0; c < CV; ++c) Vec::store(sum + c * W, acc[i][c]);
-        const float inv = 1.f / total[i];
+        const float inv = total[i] > 0.f ? 1.f / total[i] : 0.f;  // a row that sees no key: 0, as SDPA
         T* out = a.out + out_row[i] * dh + sl * CV * W;
         for (int e = 0; e < CV * W; ++e) store1(out + e, sum[e] * inv);
       }
@@ -2104,7 +2104,7 @@ void attend_tiles(const Attention<bf16>& a, const TileAttention& ta, const Team&
       }
       HARNESS_TICK(team.tid, part, 3, last);
       for (int64_t i = 0; i < nq; ++i) {
-        const float inv = 1.f / total[i];
+        const float inv = total[i] > 0.f ? 1.f / total[i] : 0.f;  // a row that sees no key: 0, as SDPA
         bf16* out = a.out + out_row[i] * dh;
         const float* sum = sums.data() + i * dh;
         for (int64_t e = 0; e < dh; ++e) store1(out + e, sum[e] * inv);
@@ -2163,7 +2163,7 @@ void attend(const Attention<T>& a, float* scratch, const TileAttention& tiles, c
         total += scores[j];
         axpy(acc.data(), scores[j], a.values + base + j * a.dh, a.dh);
       }
-      const float inv = 1.f / total;
+      const float inv = total > 0.f ? 1.f / total : 0.f;  // a row that sees no key: 0, as SDPA
       T* out = a.out + ((b * a.R + r) * a.Hq + h) * a.dh;
       for (int64_t i = 0; i < a.dh; ++i) store1(out + i, acc[i] * inv);
     }
