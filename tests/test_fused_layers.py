@@ -236,6 +236,24 @@ def test_forwards_it_does_not_cover_run_the_layers_own_forward():
         assert _native_calls(lambda: run(ids)) == {}
 
 
+def test_a_batch_without_position_ids_runs_natively_with_the_positions_transformers_gives_it():
+    """Without position ids transformers gives every row of a batch the same positions ([1, R] cos and
+    sin); the native ops took only [B, R] and raised at B > 1, in one call and layer by layer."""
+    plain, fused = _pair({})
+    model = fused.model
+    ids = torch.tensor([PROMPTS[0][:6], PROMPTS[2][:6]])
+    with torch.no_grad():
+        want = plain.model(input_ids=ids).logits
+        for hidden, ops in ((False, {"llama_stack"}), (True, {"llama_layer"})):  # in one call; layer by layer
+
+            def run(hidden=hidden):
+                cache = kv_cache.new_cache(model.config, preallocated=True)
+                return model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=hidden)
+
+            assert set(_native_calls(run)) == ops
+            torch.testing.assert_close(run().logits, want, atol=2e-5, rtol=1e-5)
+
+
 class _Doubled(torch.nn.Module):
     def forward(self, w):
         return 2 * w

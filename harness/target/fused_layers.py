@@ -217,7 +217,7 @@ def _fused_forward(layer, original, hidden_states, attention_mask=None, position
     start = layer_cache.reserve_rows(r, like, like)
     if mask is not None and mask.shape[-1] != start + r:  # a mask over other slots than the cache's
         return original(hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache, **kwargs)
-    cos, sin = position_embeddings
+    cos, sin = (t.expand(b, -1, -1) for t in position_embeddings)  # [1, R, dh] where no position ids were given
     out = torch.ops.harness.llama_layer(
         hidden_states.contiguous(),
         cos.contiguous(),
@@ -295,7 +295,7 @@ def _run_stack(base, layers, hidden, mask, position_ids, cache) -> torch.Tensor 
         return None
     if position_ids is None:
         position_ids = torch.arange(start, start + r, device=hidden.device).unsqueeze(0)
-    cos, sin = base._modules["rotary_emb"](hidden, position_ids=position_ids)
+    cos, sin = (t.expand(b, -1, -1) for t in base._modules["rotary_emb"](hidden, position_ids=position_ids))
     weights, biases, input_eps, post_eps = [], [], [], []
     for layer in layers:
         w, bias = _parameters(layer)
