@@ -92,6 +92,7 @@ from harness.target.loading import (
     tokenizer_difference,
     tokenizer_id_difference,
 )
+from harness.target.native import code_paths as native_code_paths
 from harness.target.options import (
     CompileWatch,
     apply_cudnn_attention,
@@ -775,9 +776,10 @@ def check_model_options(m: DictConfig, key: str) -> None:
 def apply_model_options(loaded: LoadedModel, m: DictConfig, *, key: str = "model") -> LoadedModel:
     """The configured linear kernel, cache layout, fused layers, cuDNN attention (on CUDA; a process-wide
     switch), then ``torch.compile``, applied to a loaded model in place (``m`` at config key ``key``,
-    for messages); the load report records how many decoder layers run fused and, where the linear
-    kernel is ``streaming_panels``, the bytes of the packed copies it made at once (refused in one
-    line where they would not fit in the memory available)."""
+    for messages); the load report records how many decoder layers run fused, which of the native
+    kernels' code paths this machine's build takes where they run (``native_code_paths``) and, where
+    the linear kernel is ``streaming_panels``, the bytes of the packed copies it made at once (refused
+    in one line where they would not fit in the memory available)."""
     apply_linear_kernel(loaded.model, m.get("linear_kernel", "auto"), compiled=bool(m.get("compile")))
     if linear_kernel_of(loaded.model) == {"streaming_panels"}:  # the copies made now, refused if they cannot fit
         loaded.load_report["packed_weight_bytes"] = pack_weights(
@@ -792,6 +794,8 @@ def apply_model_options(loaded: LoadedModel, m: DictConfig, *, key: str = "model
             f"{loaded.source!r} can run as the native layer ({why}): set {key}.fused_layers=false (or leave it unset)"
         )
     loaded.load_report["fused_stack"] = fused_stack_of(loaded.model)
+    if fused or linear_kernel_of(loaded.model) & {"streaming", "streaming_panels"}:  # the native kernels run
+        loaded.load_report["native_code_paths"] = native_code_paths()
     apply_cudnn_attention(resolve_cudnn_attention(m.get("cudnn_attention"), m.device))
     if m.get("compile"):
         compile_model(loaded.model)

@@ -134,6 +134,22 @@ def pairs_on_amx() -> bool:
     return bool(torch.ops.harness.pairs_on_amx())
 
 
+def code_paths() -> dict:
+    """Which of the native kernels' code paths this machine's build takes (``-march=native`` picks them;
+    each sums in its own order, so two records with other paths may differ in their last bits): the
+    float32 vector width, AVX-512, bfloat16 dot products in hardware (AVX512-BF16's pairwise sums,
+    else widened to float32 with fused multiply-adds) and AMX tiles (bfloat16 products and attention)."""
+    flags = cpu_flags()
+    avx512 = "avx512f" in flags
+    avx2 = {"avx2", "fma"} <= flags
+    return {
+        "float32_width": float32_width() if avx512 else 256 if avx2 else None,  # None: scalar loops
+        "avx512": avx512,
+        "avx512_bf16": avx512 and "avx512_bf16" in flags,
+        "amx_tiles": pairs_on_amx(),
+    }
+
+
 def _compiler_version(cxx: str) -> str:
     out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
     return (out.stdout.splitlines() or [""])[0]
