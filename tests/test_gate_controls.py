@@ -4,6 +4,7 @@ by its gate and the run leaves no record; a genuine near-tie passes and is recor
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -281,3 +282,51 @@ def test_a_statistical_gate_whose_probe_drew_no_proposal_says_so_when_the_measur
         f"proposed in {rate:.0%} of its rounds"
     )
     assert f"harness: note: {entry['note']}" in capsys.readouterr().err
+
+
+class _FixedLogits(torch.nn.Module):
+    """A model whose every position's logits are ``row`` (in ``dtype``): what the greedy gate's
+    teacher-forced forward reads."""
+
+    def __init__(self, row: torch.Tensor):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1, dtype=row.dtype))
+        self.row = row
+
+    def forward(self, input_ids, **kwargs):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.row.expand(input_ids.shape[0], input_ids.shape[1], -1))
+
+
+def test_a_bfloat16_near_tie_is_measured_in_steps_of_the_top_logit():
+    """bfloat16 logits from 32 to 64 lie 0.25 apart: a tie that another forward rounds one step apart was
+    past the fixed 0.125 and failed the gate. Two steps at the top logit's magnitude are a near-tie in
+    half precision; three are not, and at small logits the fixed tolerance still holds."""
+    from harness.gates.greedy import NEAR_TIE_LOGIT_TOL, check_prompt, near_tie_tolerance
+
+    def check(top: float, gap_steps: int):
+        row = torch.full((8,), -10.0)
+        step = torch.finfo(torch.bfloat16).eps * 2.0 ** math.floor(math.log2(top))
+        row[3], row[5] = top, top - gap_steps * step
+        model = _FixedLogits(row.to(torch.bfloat16))
+        assert float(row.to(torch.bfloat16)[3] - row.to(torch.bfloat16)[5]) == gap_steps * step  # exact in bf16
+        return check_prompt(
+            model,
+            prompt_id="p",
+            prompt=[1, 2],
+            ar=[3, 3],
+            spec=[5, 3],
+            tol=NEAR_TIE_LOGIT_TOL[torch.bfloat16],
+            dtype=torch.bfloat16,
+        )
+
+    (tie,) = check(40.0, 1)  # one step: 0.25
+    assert tie["spec_gap"] == 0.25 and tie["ar_gap"] == 0.0 and tie["tolerance"] == 0.5
+    assert check(40.0, 2)[0]["spec_gap"] == 0.5
+    with pytest.raises(GateError, match=r"0\.75 below the target's top logit.*near-tie tolerance 0\.5"):
+        check(40.0, 3)
+    assert near_tie_tolerance(torch.bfloat16, 0.125, 2.5) == 0.125  # small logits: the fixed tolerance
+    with pytest.raises(GateError, match="near-tie tolerance 0.125"):
+        check(2.5, 12)  # 12 steps of 2**-6 = 0.1875
+    assert near_tie_tolerance(torch.float32, 1e-3, 40.0) == 1e-3  # float32 keeps its own

@@ -19,6 +19,7 @@ token off the top logit is a near-tie within the tolerance, a failure past it).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -27,6 +28,20 @@ from harness.gates.status import GateError
 
 #: a divergence whose tokens are both within this many logits of the top logit is a near-tie
 NEAR_TIE_LOGIT_TOL = {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 0.125, torch.float16: 0.03}
+#: in half precision, or this many units in the last place at the top logit's magnitude where that is
+#: more: bfloat16 logits from 32 to 64 lie 0.25 apart, so two tokens that tie in one forward can be a
+#: step or two apart in another that rounds its hidden states differently
+NEAR_TIE_ULPS = {torch.bfloat16: 2, torch.float16: 2}
+
+
+def near_tie_tolerance(dtype: torch.dtype | None, floor: float, top: float) -> float:
+    """The near-tie tolerance at a position whose top logit is ``top``: ``floor`` (the dtype's
+    :data:`NEAR_TIE_LOGIT_TOL`), or :data:`NEAR_TIE_ULPS` units in the last place of ``dtype`` at the top
+    logit's magnitude where that is larger."""
+    ulps = NEAR_TIE_ULPS.get(dtype) if dtype is not None else None
+    if ulps is None or not math.isfinite(top) or top == 0:
+        return floor
+    return max(floor, ulps * torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(abs(top))))
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -63,9 +78,12 @@ def check_prompt(
     tol: float,
     turn: int = 1,
     ar_prompt: Sequence[int] | None = None,
+    dtype: torch.dtype | None = None,
 ):
     """Near-ties of one prompt turn's outputs; raises GateError at a divergence that is not one.
-    ``ar_prompt`` (when it differs from ``prompt``): the AR arm's own prompt for this turn."""
+    ``ar_prompt`` (when it differs from ``prompt``): the AR arm's own prompt for this turn; ``tol``
+    the near-tie tolerance, widened in half precision ``dtype`` (the model's) to the top logit's
+    units in the last place (:func:`near_tie_tolerance`)."""
     where = f"prompt {prompt_id!r}" + (f" turn {turn}" if turn != 1 else "")
     same_prompt = ar_prompt is None or list(ar_prompt) == list(prompt)
     pos = first_divergence(ar, spec) if same_prompt else 0
@@ -83,12 +101,13 @@ def check_prompt(
         ar_gap = _gap(logits[t], ar[t]) if (same_prompt and t == pos) else None
         if gap == 0.0 and ar_gap is None:
             continue
-        if gap > tol or (ar_gap is not None and ar_gap > tol):
+        tol_t = near_tie_tolerance(dtype, tol, float(logits[t].max()))
+        if gap > tol_t or (ar_gap is not None and ar_gap > tol_t):
             raise GateError(
                 f"greedy equality failed on {where} at generated position {t}: speculative token "
                 f"{spec[t]} is {gap:.3g} below the target's top logit"
                 + (f" (AR token {ar[t]}: {ar_gap:.3g})" if ar_gap is not None else "")
-                + f", over the near-tie tolerance {tol}"
+                + f", over the near-tie tolerance {tol_t:.3g}"
                 + ("" if same_prompt else " (the arms' prompts differ after an earlier near-tie)")
             )
         ties.append(
@@ -100,7 +119,7 @@ def check_prompt(
                 "spec_token": int(spec[t]),
                 "spec_gap": gap,
                 "ar_gap": ar_gap,
-                "tolerance": tol,
+                "tolerance": tol_t,
             }
         )
     return ties
@@ -141,6 +160,7 @@ def greedy_equality(model: torch.nn.Module, outputs: Sequence[dict], *, max_frac
                 spec=tr["spec_token_ids"],
                 tol=tol,
                 turn=int(tr.get("turn", 1)),
+                dtype=dtype,
             )
             turns += 1
             tokens += len(tr["spec_token_ids"])
@@ -158,6 +178,7 @@ def greedy_equality(model: torch.nn.Module, outputs: Sequence[dict], *, max_frac
         "turns_with_differing_prompts": differing_prompts,
         "near_ties": ties,
         "tolerance": tol,
+        "tolerance_ulps_at_top_logit": NEAR_TIE_ULPS.get(dtype),  # where more than ``tolerance``
         "max_near_tie_fraction": max_fraction,
     }
     if ties and len(ties) > max_fraction * max(tokens, 1):
