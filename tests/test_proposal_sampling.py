@@ -90,6 +90,28 @@ def test_beam_tokens_equal_a_full_stable_sort_with_ties_and_zeros(seed):
     assert beam_tokens(torch.tensor([0.0, 1.0, 0.0]), 3) == [1, 0, 2]
 
 
+@pytest.mark.parametrize("levels", [4, None])
+def test_beam_rows_give_each_rows_stable_top_k_with_its_values_in_one_read(levels):
+    """Every row of a ``[F, V]`` law at once (EAGLE-2's level): each row's tokens a full stable sort's
+    first ``k`` (ties past the ``2k`` read included), each with the value the row holds for it."""
+    from harness.proposers.sampling import beam_rows
+
+    g = torch.Generator().manual_seed(7)
+    for vocab in (3, 17, 300):
+        if levels is None:  # log-probabilities without ties, as a draft gives them
+            q = torch.log_softmax(torch.randn(5, vocab, generator=g), dim=-1)
+        else:
+            q = torch.randint(0, levels, (5, vocab), generator=g).to(torch.float32)
+        for k in (1, 2, 5, vocab):
+            rows = beam_rows(q, k)
+            assert len(rows) == 5
+            for row, got in zip(q, rows):
+                want = torch.sort(row, descending=True, stable=True).indices[: min(k, vocab)].tolist()
+                assert [t for t, _ in got] == want
+                assert [v for _, v in got] == [float(row[t]) for t in want]
+    assert beam_rows(torch.zeros(2, 4), 0) == [[], []]
+
+
 def test_bad_inputs_are_refused_at_the_boundary():
     with pytest.raises(ValueError, match="relation must be one of"):
         sample_children(Q_REF, 1, relation="nucleus", rng=TorchRandomSource(0))

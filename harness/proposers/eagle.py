@@ -72,7 +72,7 @@ from harness.heads.eagle_formats import published_config_problem
 from harness.heads.models import vocab_projection
 from harness.heads.state import CapturedForward, CommittedHidden, PrefixHashes
 from harness.proposers.memo import LawTable, memo_call
-from harness.proposers.sampling import beam_tokens, sample_children, topology_of
+from harness.proposers.sampling import beam_rows, sample_children, topology_of
 from harness.proposers.target_bound import HiddenRowProposer
 from harness.random_source import RandomSource
 from harness.target.loading import looks_like_hub_id
@@ -366,15 +366,14 @@ class EagleProposer(HiddenRowProposer):
             return len(tok) - 1
 
         logp = torch.log_softmax(level.root_logits().float(), dim=-1)  # [V]
-        frontier = [add(t, PREFIX_FRONTIER, float(logp[t])) for t in beam_tokens(logp, min(k, logp.shape[0]))]
+        frontier = [add(t, PREFIX_FRONTIER, lp) for t, lp in beam_rows(logp[None], k)[0]]  # one read for the level
         for _ in range(2, max_depth + 1):
             if not frontier or deeper_nodes_cannot_enter(joint, max(joint[i] for i in frontier), max_nodes):
                 break
             logps = torch.log_softmax(level.expand([prefix_of[i] for i in frontier]).float(), dim=-1)  # [F, V]
             candidates = []
-            for row, f in enumerate(frontier):
-                for t in beam_tokens(logps[row], min(k, logps.shape[1])):
-                    candidates.append(add(t, f, float(logps[row, t])))
+            for f, row in zip(frontier, beam_rows(logps, k), strict=True):
+                candidates.extend(add(t, f, lp) for t, lp in row)
             frontier = [candidates[i] for i in confidence_order([joint[c] for c in candidates])[:k]]
         kept = rerank_connected(par, joint, max_nodes)
         index = {old: new for new, old in enumerate(kept)}
@@ -462,12 +461,13 @@ class _TreeRows:
         p = self.p
         cache = p.cache
         start, r = cache.length, len(prefixes)
-        mask = torch.zeros(1, r, start + r, dtype=torch.bool, device=p.device)
+        mask = torch.zeros(1, r, start + r, dtype=torch.bool)  # built on the host, moved once
         mask[0, :, : self.real_len] = True
         for j, prefix in enumerate(prefixes):
             for i in range(1, len(prefix)):
                 mask[0, j, self.row_of[prefix[:i]]] = True
             mask[0, j, start + j] = True
+        mask = mask.to(p.device)
         feats = torch.stack([self.g_of[prefix[:-1]] for prefix in prefixes])[None]  # [1, r, H]
         toks = torch.tensor([[prefix[-1] for prefix in prefixes]], device=p.device)
         pos = torch.tensor([[self.last_pos + len(prefix) for prefix in prefixes]], device=p.device)
@@ -537,12 +537,13 @@ class _DraftPaths(PathValues):
     def _stage(self, chunk: list[tuple[int, ...]]) -> None:
         p = self.p
         start, r = self.cache.length, len(chunk)
-        mask = torch.zeros(1, r, start + r, dtype=torch.bool, device=p.device)
+        mask = torch.zeros(1, r, start + r, dtype=torch.bool)  # built on the host, moved once
         mask[0, :, : self.real_len] = True
         for j, path in enumerate(chunk):
             for k in range(2, len(path)):
                 mask[0, j, self.slot[path[:k]]] = True
             mask[0, j, start + j] = True
+        mask = mask.to(p.device)
         feats = torch.stack([self.g[path[:-1]] for path in chunk])[None]  # [1, r, H]
         toks = torch.tensor([[path[-1] for path in chunk]], device=p.device)
         pos = torch.tensor([[self.last_pos + len(path) - 1 for path in chunk]], device=p.device)
