@@ -65,7 +65,7 @@ def first_token_law(
         sel = verifier.select(tree, probs, rng)
         return int(tree.token_ids[sel.accepted_rows[0]]) if sel.accepted_rows else int(sel.next_token)
 
-    law = torch.zeros(probs.shape[-1], dtype=torch.float64)  # [V]
+    law = torch.zeros(probs.shape[-1], dtype=torch.float64, device=probs.device)  # [V]
     for tok, p in enumerate_marginal(first, max_leaves=max_leaves).items():
         law[tok] += p
     return law

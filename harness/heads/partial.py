@@ -61,8 +61,8 @@ class ProvisionalKV:
                 self.values[i] = self.values[i][..., :n, :]
             self.tags = self.tags[:n]
         else:
-            idx = torch.tensor(rows, dtype=torch.long)
             for i in self.keys:
+                idx = torch.tensor(rows, dtype=torch.long, device=self.keys[i].device)
                 self.keys[i] = self.keys[i].index_select(-2, idx)
                 self.values[i] = self.values[i].index_select(-2, idx)
             self.tags = [self.tags[r] for r in rows]
