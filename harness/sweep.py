@@ -58,7 +58,7 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -322,6 +322,46 @@ CONCURRENCY_UNKNOWN = (
 
 # --------------------------------------------------------------------------------------------
 # inside one job
+
+
+def _sweep_name(sweep: Any) -> str | None:
+    if isinstance(sweep, str) and sweep:
+        return sweep
+    if isinstance(sweep, Mapping) and isinstance(sweep.get("name"), str):
+        return sweep["name"]
+    return None
+
+
+def sweep_folder_problem(sweep_dir: Path, sweep: Any) -> str | None:
+    """Why ``sweep_dir`` cannot take this launch of ``sweep`` (None when it can): a single run's
+    folder (its record would join the sweep's store and report), a datastore's or an artifact's, or
+    the folder of another sweep's launch (its summary and launch file would be overwritten, its jobs
+    counted with these). The same sweep launched again resumes in its folder."""
+    where = f"hydra.sweep.dir={sweep_dir}"
+    if (sweep_dir / RECORD_FILENAME).is_file():
+        return (
+            f"{where} is a single run's folder (it holds {RECORD_FILENAME}): the sweep's store and report would "
+            "count that run with its jobs; give the sweep a folder of its own"
+        )
+    if (sweep_dir / "manifest.json").is_file():
+        return (
+            f"{where} holds manifest.json, a datastore's or a trained artifact's: the sweep's jobs would sit among "
+            "its files; give the sweep a folder of its own"
+        )
+    try:
+        earlier = json.loads((sweep_dir / LAUNCH_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(earlier, dict):
+        return None
+    before, now = _sweep_name(earlier.get("sweep")), _sweep_name(sweep)
+    if before != now:
+        named = lambda name: f"sweep {name!r}" if name else "a multirun without a sweep name"  # noqa: E731
+        return (
+            f"{where} holds {named(before)}'s launch ({LAUNCH_FILE}): {named(now)} there would overwrite its "
+            "summary and mix its jobs with these; give it a folder of its own"
+        )
+    return None
 
 
 def _launch_id(sweep_dir: Path) -> str | None:
@@ -778,6 +818,10 @@ class SweepCallback(_Callback):
             print(f"{launching_command()}: refused: {refusal}", file=sys.stderr)
             raise SystemExit(2)  # Hydra turns a callback's exceptions into warnings; this one stops the launch
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        problem = sweep_folder_problem(sweep_dir, config.get("sweep"))
+        if problem is not None:  # before anything is written into it
+            print(f"{launching_command()}: refused: {problem}", file=sys.stderr)
+            raise SystemExit(2)
         lock = job_lock(sweep_dir, purpose="harness sweep", elsewhere="hydra.sweep.dir=...")
         try:  # one launch at a time per sweep folder: two would take each other's jobs and miscount
             lock.__enter__()

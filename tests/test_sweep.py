@@ -360,6 +360,41 @@ def test_output_dir_in_a_sweep_is_refused_before_any_job(env, capsys):
     assert not sweep_dir.exists() and not (env / "elsewhere").exists()
 
 
+def test_a_sweep_into_a_run_folder_or_another_sweeps_folder_is_refused_before_anything_is_written(env, capsys):
+    """A sweep launched into a single run's folder took the run's record into its store and report; a
+    multirun launched into a named sweep's folder overwrote its launch file and summary. Both refused,
+    the folders as they were; the same sweep launched again resumes there."""
+    from harness.app import run_main
+
+    run_dir = env / "single"
+    run_dir.mkdir()
+    (run_dir / "record.json").write_text("{}")
+    rc, summary = launch(run_dir, "launcher=basic", "proposer=prompt_lookup", "verifier=greedy")
+    assert rc == 2 and not summary
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert err == [
+        f"harness sweep: refused: hydra.sweep.dir={run_dir} is a single run's folder (it holds record.json): the "
+        "sweep's store and report would count that run with its jobs; give the sweep a folder of its own"
+    ]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["record.json"]
+
+    sweep_dir = env / "multirun" / "smoke"
+    rc, summary = launch(sweep_dir, "launcher=basic", "proposer=prompt_lookup", "verifier=greedy")
+    assert rc == 0 and len(summary["ran"]) == 1
+    before = {p.name: p.read_bytes() for p in sweep_dir.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert run_main([*TINY_MULTIRUN[:6], "seed=1,2", f"hydra.sweep.dir={sweep_dir}"]) == 2
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert err == [
+        f"harness run: refused: hydra.sweep.dir={sweep_dir} holds sweep 'smoke''s launch (launch.json): a multirun "
+        "without a sweep name there would overwrite its summary and mix its jobs with these; give it a folder of "
+        "its own"
+    ]
+    assert {p.name: p.read_bytes() for p in sweep_dir.iterdir() if p.is_file()} == before
+    rc, summary = launch(sweep_dir, "launcher=basic", "proposer=prompt_lookup", "verifier=greedy")  # resumes
+    assert rc == 0 and len(summary["skipped"]) == 1
+
+
 def test_a_sweep_value_listed_twice_is_refused_before_any_job(env, capsys):
     """``seed=0,0`` made one job twice; the second skipped the first's folder and the summary said
     ``0 ran, 1 skipped`` although the first ran."""
