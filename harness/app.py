@@ -538,12 +538,22 @@ CALIBRATE_UNREAD = (
 )
 
 
-def calibrate_inert_options(argv: list[str]) -> list[str]:
-    """The overrides given to `harness calibrate` that it does not read, each as ``key=value: why``."""
+#: options of a run that `harness train` does not read (it writes one artifact to the cache)
+TRAIN_UNREAD = (
+    ("output_dir", "train writes its artifact to $HARNESS_CACHE/artifacts, by target and recipe (printed as path)"),
+    ("gates", "train runs no gate"),
+    ("tracking", "train logs nothing to W&B"),
+    ("hydra", "train is no Hydra job: its artifact goes to the cache"),
+)
+
+
+def calibrate_inert_options(argv: list[str], unread=CALIBRATE_UNREAD) -> list[str]:
+    """The overrides given to `harness calibrate` (or, with ``unread=TRAIN_UNREAD``, `harness train`)
+    that it does not read, each as ``key=value: why``."""
     out = []
     for arg in argv:
         key = arg.lstrip("+~").split("=", 1)[0]
-        for prefix, why in CALIBRATE_UNREAD:
+        for prefix, why in unread:
             if "=" in arg and (key == prefix or key.startswith(f"{prefix}.")):
                 out.append(f"{arg.lstrip('+~')}: {why}")
     return out
@@ -611,11 +621,19 @@ def train_main(argv: list[str]) -> int:
 def train(argv: list[str]) -> dict:
     """The artifact ``harness train argv`` builds (its manifest summary); refusals raise."""
     forced = [a.split("=", 1)[1].lower() for a in argv if a.startswith("force=")]
+    if len(forced) > 1:
+        raise ConfigError(
+            f"force= given {len(forced)} times ({', '.join('force=' + f for f in forced)}): give it once",
+            suggestions=[("force=true",), ("force=false",)],
+        )
     if any(f not in {"true", "false", "1", "0", "yes", "no"} for f in forced):
         raise ConfigError(f"force={forced[-1]} is no boolean", suggestions=[("force=true",), ("force=false",)])
     force = any(f in {"true", "1", "yes"} for f in forced)
     overrides = [a for a in argv if not a.startswith("force=")]
     cfg = compose_checked(overrides)
+    unread = calibrate_inert_options(overrides, TRAIN_UNREAD)
+    if unread:
+        print(f"harness train: note: option(s) with no effect here: {'; '.join(unread)}", file=sys.stderr)
     name = cfg.proposer.name
     try:
         if name not in TRAINERS:

@@ -8,6 +8,7 @@ for key (refused with expected vs got for another target), and the batch-1 limit
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -1196,7 +1197,7 @@ def test_harness_run_with_a_published_checkpoint_and_a_dynamic_tree(env, tmp_pat
     assert "| dynamic" not in show.table([row]) and f"{row['mean_tree_rows']:.1f}" in show.table([row])
 
 
-def test_harness_train_proposer_eagle_on_the_tiny_model(tmp_path, monkeypatch, capsys):
+def test_harness_train_proposer_eagle_on_the_tiny_model(tmp_path, monkeypatch, capsys, caplog):
     """`harness train proposer=eagle model=tiny ...`: ShareGPT documents as byte ids, the artifact's
     summary printed as JSON; a second call finds the artifact; a published checkpoint is never trained."""
     from harness.app import train_main
@@ -1225,8 +1226,20 @@ def test_harness_train_proposer_eagle_on_the_tiny_model(tmp_path, monkeypatch, c
         f"harness train: {summary['path']} already holds this recipe's eagle artifact: printed as it is, "
         "nothing trained (force=true retrains)"
     ) in captured.err
-    assert train_main([*argv, "force=true"]) == 0  # retrains in place
-    assert json.loads(capsys.readouterr().out)["reused"] is False
+    with caplog.at_level(logging.WARNING, logger="harness"):
+        assert train_main([*argv, "force=true", f"output_dir={tmp_path / 'unread'}"]) == 0  # retrains in place
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["reused"] is False
+    assert f"training the EAGLE draft artifact (replacing the one in {summary['path']})" in caplog.text
+    assert (  # an option train does not read is said so, not dropped silently
+        f"harness train: note: option(s) with no effect here: output_dir={tmp_path / 'unread'}: train writes its "
+        "artifact to $HARNESS_CACHE/artifacts, by target and recipe (printed as path)"
+    ) in captured.err
+    assert not (tmp_path / "unread").exists()
+    assert train_main([*argv, "force=true", "force=false"]) == 2  # the last one did not win: any true retrained
+    assert capsys.readouterr().err.strip() == (
+        "harness train: refused: force= given 2 times (force=true, force=false): give it once"
+    )
     model = build_tiny_model()
     path = write_published(tmp_path / "ckpt", llama_fields(model.config), eagle12_state(model.config))
     for force in ([], ["force=true"]):  # refused before any model work, forced or not (as for head banks)

@@ -50,7 +50,14 @@ from harness.heads.recipes import EagleTrainRecipe
 from harness.prepare import Preparation
 from harness.prepare.heads_data import PackedStream, trained_artifact_manifest, training_data
 from harness.prepare.heads_training import optimiser_step, warmup_cosine
-from harness.prepare.trained import Target, load_or_train, of_context, refuse_untrained, streams_trained_summary
+from harness.prepare.trained import (
+    Target,
+    load_or_train,
+    of_context,
+    refuse_untrained,
+    streams_trained_summary,
+    why_trained,
+)
 
 log = logging.getLogger("harness.eagle")
 
@@ -252,7 +259,7 @@ def ensure_eagle(
 
     def train() -> EagleArtifact:
         refuse_untrained("eagle", options, path, force=force)
-        log.warning("training the EAGLE draft artifact (absent from %s)", path)
+        log.warning("training the EAGLE draft artifact (%s)", why_trained(path))
         return train_eagle_artifact(recipe, target, out_dir=path, documents=documents, progress=progress)
 
     load = partial(load_eagle, recipe, model=target.model, tokenizer=target.tokenizer, path=path)

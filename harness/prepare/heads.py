@@ -18,7 +18,14 @@ from harness.heads.recipes import TrainRecipe
 from harness.prepare import Preparation
 from harness.prepare.heads_data import trained_artifact_manifest, training_data
 from harness.prepare.heads_training import evaluate, train_heads
-from harness.prepare.trained import Target, load_or_train, of_context, refuse_untrained, streams_trained_summary
+from harness.prepare.trained import (
+    Target,
+    load_or_train,
+    of_context,
+    refuse_untrained,
+    streams_trained_summary,
+    why_trained,
+)
 
 log = logging.getLogger("harness.heads")
 
@@ -66,7 +73,7 @@ def ensure_heads(
 
     def train() -> HeadsArtifact:
         refuse_untrained(kind, options, path, force=force)
-        log.warning("training the %s heads artifact (absent from %s)", kind, path)
+        log.warning("training the %s heads artifact (%s)", kind, why_trained(path))
         return train_artifact(kind, recipe, target, out_dir=path, documents=documents, progress=progress)
 
     load = partial(load_heads, kind, recipe, model=target.model, tokenizer=target.tokenizer, path=path)

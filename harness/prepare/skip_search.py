@@ -31,7 +31,7 @@ from harness.heads.checkpoint import cpu_budget_label, save_artifact, target_fin
 from harness.heads.recipes import SearchRecipe
 from harness.prepare import Preparation
 from harness.prepare.heads_data import byte_ids
-from harness.prepare.trained import load_or_train
+from harness.prepare.trained import load_or_train, why_trained
 from harness.proposers.base import NullProposer
 from harness.proposers.selfspec import LayerSkipProposer
 from harness.random_source import TorchRandomSource
@@ -229,7 +229,7 @@ def _search_absent(
     explicit = options.get("artifact")
     if not force and (explicit or not options.get("auto_train", True)):
         raise missing("layer_skip", path, bool(explicit), extra=", or give the layers to skip: proposer.skip=[...]")
-    log.warning("searching the layer-skip vector (absent from %s)", path)
+    log.warning("searching the layer-skip vector (%s)", why_trained(Path(path)))
     t0 = time.perf_counter()
     if prompts is None:
         prompts = dev_prompts(recipe, tokenizer, int(model.config.vocab_size))

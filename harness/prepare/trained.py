@@ -74,6 +74,12 @@ def load_or_train(path: Path, *, load: Callable[[], T], train: Callable[[], T], 
         return train()
 
 
+def why_trained(path: Path) -> str:
+    """Why an artifact is being built at ``path``, for its log line: it is absent, or (``force``) the one
+    there is being replaced."""
+    return f"replacing the one in {path}" if (path / "manifest.json").is_file() else f"absent from {path}"
+
+
 def refuse_untrained(kind: str, options: dict, path: Path, *, force: bool) -> None:
     """Raise :class:`ArtifactError` when the absent ``kind`` artifact at ``path`` may not be trained
     here: ``proposer.artifact`` names it, or ``proposer.auto_train=false``. ``force`` (`harness
