@@ -836,3 +836,21 @@ def test_a_tiny_model_s_shape_is_no_difference_beside_a_model_that_is_not_tiny()
     assert _row(rows, "a").apart["model.tiny.max_position_embeddings"] == "512"
     assert _row(rows, "b").apart["model.tiny.max_position_embeddings"] == "2048"
     assert _row(rows, "c").apart["model.tiny.max_position_embeddings"] == "-"  # smollm2 reads no tiny shape
+
+
+def test_runs_past_their_tokens_per_round_are_counted_on_decode_or_end_to_end():
+    """An end-to-end speedup of 3.66x with nothing accepted (prefills timed under load) was shown with no
+    word where only the decode speedup was checked."""
+    import pandas as pd
+
+    from harness.tracking.compare import _unaccepted_runs
+
+    runs = pd.DataFrame(
+        {
+            "decode_speedup": [0.48, 1.3, 1.9, 0.9],
+            "speedup": [3.66, 1.2, 1.8, None],
+            "mean_committed_per_round": [1.0, 1.0, 2.0, 1.0],
+        }
+    )
+    assert _unaccepted_runs(runs) == 2  # the first (end to end) and the second (decode)
+    assert _unaccepted_runs(runs.drop(columns=["speedup"])) == 1

@@ -1166,14 +1166,18 @@ UNACCEPTED_NOTE = (
 
 
 def _unaccepted_runs(runs: pd.DataFrame) -> int:
-    """Runs of ``runs`` whose decode speedup is more than their tokens committed per round allow
-    (:func:`~harness.tracking.run_notes.sped_up_past_rounds` of records' ``metrics.decode_speedup``
-    and ``metrics.mean_committed_per_round``)."""
-    if "decode_speedup" not in runs.columns or "mean_committed_per_round" not in runs.columns:
+    """Runs of ``runs`` whose decode or end-to-end speedup is more than their tokens committed per round
+    allow (:func:`~harness.tracking.run_notes.sped_up_past_rounds` of records' ``metrics.decode_speedup``
+    or ``metrics.speedup``, and ``metrics.mean_committed_per_round``)."""
+    if "mean_committed_per_round" not in runs.columns:
         return 0
-    speedup = pd.to_numeric(runs["decode_speedup"], errors="coerce")
     per_round = pd.to_numeric(runs["mean_committed_per_round"], errors="coerce")
-    return sum(sped_up_past_rounds(s, r) for s, r in zip(speedup, per_round, strict=True))
+    past = [False] * len(runs)
+    for column in ("decode_speedup", "speedup"):  # decode, or end to end with the prefills
+        if column in runs.columns:
+            speedup = pd.to_numeric(runs[column], errors="coerce")
+            past = [a or sped_up_past_rounds(s, r) for a, s, r in zip(past, speedup, per_round, strict=True)]
+    return sum(past)
 
 
 def unaccepted_note(sec: Sequence[ArmRow]) -> str | None:
