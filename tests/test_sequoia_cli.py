@@ -95,6 +95,7 @@ def test_stored_profile_is_not_synthetic(tmp_path, capsys):
                 "draft_cost": 0.09,
                 "draft_base_cost": 0.09,
                 "device": "cpu",
+                "synthetic": False,  # as harness calibrate writes it
             }
         )
     )
@@ -102,6 +103,11 @@ def test_stored_profile_is_not_synthetic(tmp_path, capsys):
     assert rc == 0
     assert out["synthetic"] is False and out["cost_source"] == str(path)
     assert out["chosen"]["n"] == 5 and out["chosen"]["time_per_token"] == pytest.approx(0.4348, abs=1e-4)
+    # a hand-written file that does not say: synthetic, as the same numbers typed on the command line are
+    hand = tmp_path / "hand.json"
+    hand.write_text(json.dumps({"verify_cost": [1.0] * 8, "draft_cost": 0.1}))
+    rc, out, _ = _run(capsys, [*TOY_ARGS[:3], f"profile={hand}"])
+    assert rc == 0 and out["synthetic"] is True and out["cost_source"] == str(hand)
 
 
 def test_profile_marked_synthetic_stays_synthetic(tmp_path, capsys):

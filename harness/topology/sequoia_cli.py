@@ -13,8 +13,9 @@ Keys (Hydra-style ``key=value``; values parsed by OmegaConf's YAML grammar, neve
   draft_cost=c              draft time per depth step below the first, same unit } synthetic
   draft_base_cost=c0        proposer's pass on the pending token, which drafts   }
                             the first level (default c: Sequoia's d*c)
-  profile=PATH              a stored hardware profile JSON with those three keys (not synthetic
-                            unless it says ``"synthetic": true``); excludes the three keys above
+  profile=PATH              a stored hardware profile JSON with those three keys (measured only where
+                            it says ``"synthetic": false``, as harness calibrate writes it; a file
+                            without the key is read as synthetic); excludes the three keys above
   min_nodes=2               smallest n searched with costs (1 admits plain AR: G=1, time t(1))
 
 The JSON's ``run_options`` are the same bounds for a run (``topology.max_nodes`` counts candidate
@@ -124,7 +125,7 @@ def _costs(args: dict) -> tuple[dict | None, str | None]:
         missing = [k for k in ("verify_cost", "draft_cost") if k not in profile]
         if missing:
             raise UsageError(f"hardware profile {str(path)!r} lacks {missing}")
-        synthetic = profile.get("synthetic", False)
+        synthetic = profile.get("synthetic", True)  # calibrate writes false; a hand-written file says nothing
         if not isinstance(synthetic, bool):
             raise UsageError(f"hardware profile 'synthetic' must be true or false; got {synthetic!r}")
         source, values = str(path), profile
