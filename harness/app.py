@@ -563,6 +563,12 @@ def calibrate_main(argv: list[str]) -> int:
     if any(a in {"-h", "--help"} for a in argv):
         print(CALIBRATE_USAGE)
         return 0
+    flags = [a for a in argv if a.startswith("-")]
+    if flags:  # Hydra's lexer stopped at them: "LexerNoViableAltException: -m ^"
+        return report_failure(
+            "calibrate",
+            ConfigError(f"harness calibrate takes key=value overrides, not flags; got {flags} (one job, no -m)"),
+        )
     overrides = with_sequoia(argv)
     try:
         try:

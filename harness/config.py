@@ -619,6 +619,9 @@ def compose_checked(overrides: list[str] = ()) -> DictConfig:
     """:func:`compose`, a composition error refused as one :class:`ConfigError` line (mistyped key,
     group option or value) offering the fixes the runner accepts."""
     overrides = list(overrides)
+    keyless = keyless_override(overrides)
+    if keyless is not None:
+        raise keyless
     try:
         cfg = compose(overrides)
     except (HydraException, OmegaConfBaseException) as exc:
@@ -676,9 +679,21 @@ def checked_plan(overrides: list[str] = (), run_dir=None):
         raise offer(exc, list(overrides)) from exc
 
 
+def keyless_override(overrides: list[str]) -> ConfigError | None:
+    """The refusal of an override with nothing before its ``=`` (``=5``; Hydra said only "Config group
+    override must be a string or a list. Got int"), or None."""
+    bad = next((o for o in overrides if "=" in o and not o.lstrip("+~").split("=", 1)[0].strip()), None)
+    if bad is None:
+        return None
+    return ConfigError(f"{bad}: no key before '='; an override is key=value (e.g. seed=5)")
+
+
 def explain_compose_error(exc: Exception, overrides: list[str]) -> ConfigError:
     """One line for a Hydra/OmegaConf composition error, a close spelling of the mistyped key or
     option as its candidate fix."""
+    keyless = keyless_override(overrides)
+    if keyless is not None:
+        return keyless
     text = str(exc)
     cause = exc.__cause__
     empty = re.match(r"In '[^']*': Could not find '([^'/]+)/'", text)

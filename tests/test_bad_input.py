@@ -252,6 +252,8 @@ SHELL_QUOTED_HINT = "quote a value holding characters such as # = ' [ ] or space
             ["tracking.project=a#b: Hydra's override grammar cannot read it at '#'", """'tracking.project="a#b"'"""],
         ),
         (["output_dir=a=b"], ["output_dir=a=b: Hydra's override grammar cannot read it (mismatched input '='"]),
+        # no key before '=': Hydra said "Config group override must be a string or a list. Got int"
+        (["=5"], ["=5: no key before '='; an override is key=value (e.g. seed=5)"]),
         (
             ["tracking.project=it's"],
             [SHELL_QUOTED_HINT],

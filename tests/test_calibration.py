@@ -320,6 +320,16 @@ def test_harness_calibrate_refuses_unknown_keys(capsys):
     assert "topology.calibration has no option 'bogus'" in capsys.readouterr().err
 
 
+def test_harness_calibrate_refuses_flags_in_one_line(capsys):
+    """``-m`` and ``--bogus`` reached Hydra's lexer: "refused: LexerNoViableAltException: -m ^"."""
+    for flag in ("-m", "--bogus"):
+        assert main([flag, "model=tiny", "proposer=draft_model"]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"harness calibrate: refused: harness calibrate takes key=value overrides, not flags; got ['{flag}'] "
+            "(one job, no -m)"
+        )
+
+
 def test_harness_calibrate_notes_the_run_options_it_does_not_read():
     from harness.app import calibrate_inert_options
 
