@@ -415,6 +415,9 @@ class WorkloadConfig:
     limit: Optional[int] = ranged(None, **POSITIVE_INT)  # the first N prompts (after categories and per_category)
     split: str = ranged("eval", choices=SPLITS)  # disjoint
     chat: bool = False  # apply the tokenizer's chat template
+    # the chat template prompts go through: null, the tokenizer's own; vicuna, FastChat's Vicuna v1.1
+    # format (the prompts Spec-Bench's scripts build for every model); or a Jinja file's path
+    chat_template: Optional[str] = None
     categories: list[str] = field(default_factory=list)  # keep these categories (mt_bench: MT-bench's 8); []: all
     per_category: Optional[int] = ranged(
         None, **POSITIVE_INT

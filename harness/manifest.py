@@ -229,6 +229,10 @@ def manifest_extras(cfg: DictConfig) -> dict:
     if workload_file and Path(str(workload_file)).expanduser().is_file():  # its content is the prompts
         data = Path(str(workload_file)).expanduser().read_bytes()
         extras["workload_file"] = {"path": str(workload_file), "sha256": hashlib.sha256(data).hexdigest()}
+    template = cfg.workload.get("chat_template")
+    if template and Path(str(template)).expanduser().is_file():  # a Jinja file: its content formats the prompts
+        data = Path(str(template)).expanduser().read_bytes()
+        extras["chat_template_file"] = {"path": str(template), "sha256": hashlib.sha256(data).hexdigest()}
     choices_file = cfg.topology.get("choices_file")
     if cfg.topology.name == "choices" and choices_file:
         data = Path(str(choices_file)).expanduser().read_bytes()  # the budget has read it already

@@ -127,7 +127,14 @@ from harness.tracking.wandb_tracker import (
     wandb_group,
 )
 from harness.verifiers.base import NegotiationError, get_verifier
-from harness.workloads.conversations import ContextLimit, PromptEncoder, TurnPrompt, context_limit, truncate_rule
+from harness.workloads.conversations import (
+    ContextLimit,
+    PromptEncoder,
+    TurnPrompt,
+    context_limit,
+    set_chat_template,
+    truncate_rule,
+)
 from harness.workloads.prompts import Prompt, WorkloadError, load_configured
 
 
@@ -543,6 +550,7 @@ def load_models_of(cfg: DictConfig, *, before_weights=None) -> tuple[LoadedModel
     (the draft's default to the target's)."""
     d = draft_model_config(cfg)
     target_tokenizer = load_tokenizer_of(cfg.model)
+    set_chat_template(target_tokenizer, cfg.workload.get("chat_template"))  # the prompts' format, when given
     draft_tokenizer = tokenizer_note = None
     if d is not None and d.name != DERIVED:
         draft_tokenizer = load_tokenizer_of(d)
@@ -919,6 +927,10 @@ def inert_options(cfg: DictConfig) -> list[str]:
         )
     if w.name == "sharegpt" and not w.get("chat", True):
         out.append("workload.chat=false: ShareGPT prompts are chat messages, always put through the chat template")
+    if w.get("chat_template") is not None and not w.get("chat", True) and w.name in ("humaneval", "jsonl"):
+        out.append(f"workload.chat_template={w.chat_template}: workload.chat=false tokenizes the prompts as they are")
+    if w.get("chat_template") is not None and cfg.model.name == "tiny":
+        out.append(f"workload.chat_template={w.chat_template}: model=tiny has no tokenizer (prompts are token ids)")
     if topo.get("sources"):
         out.append(
             f"topology.sources={_text(topo.sources)}: no topology reads it (proposer=merged takes proposer.sources)"

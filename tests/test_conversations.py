@@ -61,6 +61,38 @@ def test_conversations_need_the_chat_template_with_a_tokenizer():
     assert enc.raw(single) == word_chat_tokenizer().convert_tokens_to_ids(["hello", "again"])
 
 
+def test_a_tokenizer_without_a_chat_template_is_refused_naming_the_fix_and_vicuna_is_spec_benchs_format(tmp_path):
+    """A tokenizer with no chat template (Vicuna's, Spec-Bench's reference model) failed with transformers'
+    own error. It is refused naming workload.chat_template; ``vicuna`` builds FastChat's Vicuna v1.1
+    conversation, as Spec-Bench's scripts build every model's prompts; a Jinja file is read as it is."""
+    from checkpoint_fixtures import byte_tokenizer
+
+    from harness.workloads.conversations import VICUNA_SYSTEM, chat_template_of, set_chat_template
+
+    tok = byte_tokenizer()
+    assert not tok.chat_template
+    with pytest.raises(WorkloadError, match=r"^the target's tokenizer has no chat template: set workload.chat_temp"):
+        PromptEncoder(tok, chat=True).check([CONV])
+    set_chat_template(tok, "vicuna")
+    enc = PromptEncoder(tok, chat=True, eos=frozenset({2}))
+    enc.check([CONV])
+    first = enc.raw(CONV)
+    assert first[0] == tok.bos_token_id
+    assert tok.decode(first) == f"<s>{VICUNA_SYSTEM} USER: hello world ASSISTANT:"
+    answer = tok.encode(" fine, thanks", add_special_tokens=False) + [2]
+    second = tok.decode(enc.raw(CONV, [answer]))
+    assert second == f"<s>{VICUNA_SYSTEM} USER: hello world ASSISTANT: fine, thanks</s>USER: say more ASSISTANT:"
+    jinja = tmp_path / "t.jinja"
+    jinja.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    assert chat_template_of(str(jinja)) == jinja.read_text()
+    with pytest.raises(
+        WorkloadError, match=r"^workload.chat_template=.*nope.jinja: no such file; give vicuna or a Jinja"
+    ):
+        chat_template_of(str(tmp_path / "nope.jinja"))
+    set_chat_template(tok, None)  # none given: the tokenizer's own stays
+    assert tok.chat_template
+
+
 @pytest.mark.parametrize(
     "value, rule",
     [("left", TRUNCATE_LEFT), ("LEFT", TRUNCATE_LEFT), (False, TRUNCATE_REFUSE), ("False", TRUNCATE_REFUSE)],

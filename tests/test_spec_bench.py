@@ -231,6 +231,23 @@ def test_the_export_notes_an_ungated_run_and_prompts_outside_spec_bench_s_catego
         f"{stalled['prompt_id']} (spec, 4.2x); a stall, not the method"
     ) in err
     assert "harness export: note: decode speedup 1.30x with no proposed token accepted" in err
+    # another generation budget than Spec-Bench's 1,024, and prompts cut to fit: said with the files
+    assert (
+        "harness export: note: the run generated up to 12 new tokens a turn where Spec-Bench generates up to 1024: "
+        "prefill weighs more in each wall_time, so the figures are not its leaderboard's"
+    ) in err
+    assert "oldest text cut" not in err
+    record["per_prompt"][1]["cut_tokens"] = 300
+    record["config"]["generation"]["max_new_tokens"] = 1024
+    (mixed / "record.json").write_text(json.dumps(record))
+    assert cli_main(["export", "spec-bench", str(mixed), str(tmp_path / "t.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"harness export: note: 1 question(s) had their oldest text cut to fit the model's positions "
+        f"(workload.truncate=left): {record['per_prompt'][1]['prompt_id']}; their answers were generated from the "
+        "cut prompt, where Spec-Bench feeds the whole one"
+    ) in err
+    assert "new tokens a turn" not in err
     assert cli_main(["export", "spec-bench", "--help"]) == 0
     assert capsys.readouterr().out.startswith("usage: harness export spec-bench")
     assert cli_main(["export", "spec-bench", str(fixture), str(tmp_path / "c.jsonl"), "model_id="]) == 2
@@ -358,3 +375,36 @@ def test_model_id_names_the_experiment_else_the_sweep_else_adhoc():
     assert default_model_id(hashed, "spec") == "spec_bench/smollm2/rest-sequences-greedy-temperature-0-01234567"
     batched = {**hashed, "axes": {**axes, "batch_size": 4}}
     assert default_model_id(batched, "ar") == "spec_bench/smollm2/ar-baseline-temperature-0-batch-4-01234567"
+
+
+def test_a_checkpoint_without_a_chat_template_runs_spec_bench_in_vicunas_format(tmp_path, monkeypatch, capsys):
+    """Spec-Bench builds every model's prompts in FastChat's Vicuna format, and Vicuna's tokenizer has no
+    chat template: such a checkpoint was refused with transformers' own error. It is refused naming
+    workload.chat_template before any weights are read, and runs with workload.chat_template=vicuna."""
+    from checkpoint_fixtures import tiny_checkpoint
+
+    from harness.app import run_main
+    from harness.workloads.conversations import VICUNA_SYSTEM
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    path = write_jsonl(tmp_path / "question.jsonl", spec_bench_questions(1, categories=("writing",)))
+    argv = ["model=hf", f"model.name_or_path={ckpt}", "workload=spec_bench", f"workload.path={path}"]
+    argv += ["generation.max_new_tokens=4", "generation.warmup_tokens=1", "gates.oracle=false", "threads=1"]
+    assert run_main([*argv, f"output_dir={tmp_path / 'refused'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(
+        "harness run: refused: the target's tokenizer has no chat template: set workload.chat_template=vicuna"
+    )
+    assert not (tmp_path / "refused" / "record.json").exists()
+    assert run_main([*argv, "workload.chat_template=vicuna", f"output_dir={tmp_path / 'run'}"]) == 0
+    capsys.readouterr()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "outputs.jsonl").read_text().splitlines()]
+    turns = rows[0]["turns"]
+    assert tok.decode(turns[0]["spec_prompt_token_ids"]).startswith(f"<s>{VICUNA_SYSTEM} USER: ")
+    assert tok.decode(turns[-1]["spec_prompt_token_ids"]).endswith(" ASSISTANT:")
+    record = load_record(tmp_path / "run")
+    assert record["config"]["workload"]["chat_template"] == "vicuna"

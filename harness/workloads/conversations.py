@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.workloads.prompts import Prompt, WorkloadError, load_configured
 
@@ -117,6 +118,57 @@ def _ids(out) -> list[int]:
     if isinstance(out, dict) or hasattr(out, "input_ids"):
         out = out["input_ids"]
     return [int(t) for t in out]
+
+
+#: FastChat's Vicuna v1.1 conversation as a chat template (Zheng et al., 2023): its system line, then
+#: ``USER: <question> ASSISTANT: <answer></s>`` per turn, ending ``ASSISTANT:`` where the model answers;
+#: Spec-Bench (Xia et al., 2024) builds every model's prompts so. A leading system message replaces the
+#: system line.
+VICUNA_SYSTEM = (
+    "A chat between a curious user and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the user's questions."
+)
+VICUNA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set system = messages[0]['content'] %}{% set turns = messages[1:] %}"
+    '{% else %}{% set system = "' + VICUNA_SYSTEM + '" %}{% set turns = messages %}{% endif %}'
+    "{{ system }} "
+    "{% for m in turns %}"
+    "{% if m['role'] == 'user' %}USER: {{ m['content'] }} "
+    "{% else %}ASSISTANT: {{ m['content'] }}{{ eos_token }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+#: ``workload.chat_template`` names
+NAMED_CHAT_TEMPLATES = {"vicuna": VICUNA_TEMPLATE}
+
+
+def chat_template_of(value: str | None) -> str | None:
+    """The Jinja text ``workload.chat_template`` names: None (the tokenizer's own), a named template
+    (:data:`NAMED_CHAT_TEMPLATES`) or a file's text; a file that cannot be read is refused."""
+    if value is None:
+        return None
+    if value in NAMED_CHAT_TEMPLATES:
+        return NAMED_CHAT_TEMPLATES[value]
+    path = Path(str(value)).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = "no such file" if not path.exists() else getattr(exc, "strerror", None) or str(exc)
+        raise WorkloadError(
+            f"workload.chat_template={value}: {why}; give {' or '.join(NAMED_CHAT_TEMPLATES)} or a Jinja file"
+        ) from None
+    if not text.strip():
+        raise WorkloadError(f"workload.chat_template={value}: the file is empty; a Jinja chat template is needed")
+    return text
+
+
+def set_chat_template(tokenizer, value: str | None) -> None:
+    """Give ``tokenizer`` the chat template ``workload.chat_template`` names (nothing for None)."""
+    template = chat_template_of(value)
+    if template is not None and tokenizer is not None:
+        tokenizer.chat_template = template
 
 
 def chat_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
@@ -260,6 +312,17 @@ class PromptEncoder:
                     f"prompt {multi.prompt_id!r} has {multi.n_turns} turns: conversations go through the chat "
                     "template; set workload.chat=true"
                 )
+        templated = self.chat or any(p.messages is not None and p.text is None for p in prompts)
+        if self.tokenizer is not None and templated and not getattr(self.tokenizer, "chat_template", None):
+            raise WorkloadError(
+                "the target's tokenizer has no chat template: set workload.chat_template=vicuna (the prompt format "
+                "Spec-Bench builds for every model) or a Jinja file"
+                + (
+                    ""
+                    if any(p.n_turns > 1 for p in prompts)
+                    else ", or workload.chat=false to tokenize prompts as they are"
+                )
+            )
         room = self.limit.max_prompt_tokens if self.limit is not None else None
         if room is None or self.limit.rule != TRUNCATE_REFUSE:
             return
