@@ -249,10 +249,15 @@ def export_spec_bench(
     }
 
 
+#: the new tokens Spec-Bench's scripts generate a turn (their --max-new-token default)
+SPEC_BENCH_MAX_NEW_TOKENS = 1024
+
+
 def export_notes(record: dict) -> list[str]:
     """What a reader of the exported files should know about the run behind them: a run whose gates
     did not all pass or that is not exact (compare and the dashboards keep it apart), prompts with
-    none of Spec-Bench's categories, a batched run's times, prompts timed through a stall, a speedup
+    none of Spec-Bench's categories, a batched run's times, another generation budget than Spec-Bench's,
+    prompts cut to fit, prompts timed through a stall, a speedup
     with no proposed token accepted, and Spec-Bench's speed.py reporting
     another figure than the run measured (it recounts the baseline's tokens from text)."""
     notes = []
@@ -282,6 +287,23 @@ def export_notes(record: dict) -> list[str]:
             f"the run decoded {batch} requests a batch: each answer's wall_time is its request's latency inside its "
             "batch, its batch's whole prefill included, while Spec-Bench times one question at a time"
         )
+    budget = ((record.get("config") or {}).get("generation") or {}).get("max_new_tokens")
+    if isinstance(budget, int) and budget != SPEC_BENCH_MAX_NEW_TOKENS:
+        notes.append(
+            f"the run generated up to {budget} new tokens a turn where Spec-Bench generates up to "
+            f"{SPEC_BENCH_MAX_NEW_TOKENS}: prefill weighs {'more' if budget < SPEC_BENCH_MAX_NEW_TOKENS else 'less'} "
+            "in each wall_time, so the figures are not its leaderboard's (generation.max_new_tokens)"
+        )
+    cut = [
+        str(p["prompt_id"]) for p in record["per_prompt"] if (p.get("cut_tokens") or p.get("ar_cut_tokens") or 0) > 0
+    ]
+    if cut:
+        more = f" and {len(cut) - 5} more" if len(cut) > 5 else ""
+        notes.append(
+            f"{len(cut)} question(s) had their oldest text cut to fit the model's positions (workload.truncate=left): "
+            f"{', '.join(cut[:5])}{more}; their answers were generated from the cut prompt, where Spec-Bench feeds "
+            "the whole one"
+        )
     m = record["metrics"]
     if m.get("timing_outliers"):  # the run said so on its console; the files carry its times
         notes.append(timing_outlier_note(m["timing_outliers"]))
@@ -295,8 +317,9 @@ def export_notes(record: dict) -> list[str]:
         notes.append(
             f"Spec-Bench's speed.py will print a speedup of {theirs:.3f}x for these files, not the {ours:.3f}x the "
             f"run measured with the same statistic: it recounts the baseline's tokens from the answer text minus "
-            f"one for a BOS, {recounted:,} where the baseline generated {counted:,} (this tokenizer adds no BOS, or "
-            "the EOS and special tokens are not in the text); metrics.spec_bench_speed_py_speedup in the record"
+            f"one for a BOS, {recounted:,} where the baseline generated {counted:,} (the text does not tokenize back "
+            "to the tokens generated, this tokenizer adds no BOS, or the EOS and special tokens are not in the "
+            "text); metrics.spec_bench_speed_py_speedup in the record"
         )
     return notes
 
