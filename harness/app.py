@@ -475,6 +475,8 @@ def sweep_main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in {"-h", "--help"}:
         return print_usage(sweep.USAGE, bool(argv))
     if argv[0] == "--list":
+        if argv[1:]:
+            return report_failure("sweep", ConfigError(f"--list takes no arguments; got {argv[1:]}"))
         for name in sweep.list_sweeps():
             print(name)
         return 0

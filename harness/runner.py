@@ -428,6 +428,13 @@ def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
     proposer's datastore): every refusal that needs no model."""
     with checkpoint_options(cfg):
         checked = check_job(cfg, run_dir)
+        limit = cfg.workload.get("limit")
+        if limit is not None and len(checked.prompts) < int(limit):  # a cap, said rather than implied
+            print(
+                f"harness: note: workload.limit={limit} asks for more prompts than the workload gives "
+                f"({len(checked.prompts)}): all {len(checked.prompts)} run",
+                file=sys.stderr,
+            )
         manifest = freeze_manifest(cfg, versions=library_versions(), extra=manifest_extras(cfg))
     mhash = manifest_hash(manifest)
     budget = checked.plan.budget

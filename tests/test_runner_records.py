@@ -706,3 +706,18 @@ def test_a_device_without_room_for_the_peak_product_keeps_the_record_without_flo
     assert prof["t"] and "floor_ms" not in prof and "roofline" not in prof
     assert load_record(tmp_path / "run" / "record.json")["t_profile"] == prof
     assert "t(n) recorded without its roofline floors: CUDA out of memory" in capsys.readouterr().err
+
+
+def test_a_limit_above_the_workloads_prompts_is_said_at_plan(tmp_path, monkeypatch, capsys):
+    """workload.limit=500 on HumanEval's 80 eval prompts ran the 80 with nothing said, the record keeping
+    limit: 500 as if it had been met."""
+    from harness.runner import plan_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    planned = plan_job(compose(["model=tiny", "workload.limit=500"]), run_dir=tmp_path / "run")
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"harness: note: workload.limit=500 asks for more prompts than the workload gives ({len(planned.prompts)}): "
+        f"all {len(planned.prompts)} run"
+    )
+    plan_job(compose(["model=tiny", "workload.limit=5"]), run_dir=tmp_path / "run2")
+    assert "workload.limit" not in capsys.readouterr().err

@@ -307,6 +307,8 @@ def test_launcher_overrides_compose_and_bound_concurrency(hydra_conf, launcher, 
 def test_cli_usage_and_list(capsys):
     assert sweep_main(["--list"]) == 0
     assert "smoke" in capsys.readouterr().out.split()
+    assert sweep_main(["--list", "extra"]) == 2  # not dropped silently
+    assert capsys.readouterr().err.strip() == "harness sweep: refused: --list takes no arguments; got ['extra']"
     assert sweep_main(["nope"]) == 2
     assert "unknown sweep 'nope'" in capsys.readouterr().err
     assert sweep_main(["smoke", "launcher=ray"]) == 2
