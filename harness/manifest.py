@@ -15,7 +15,7 @@ from harness.heads.eagle_formats import resolve_source
 from harness.heads.published import file_sha256, inspect, is_published
 from harness.measure.hardware import library_versions
 from harness.proposers.rest import manifest_datastores
-from harness.target.loading import looks_like_hub_id, resolve_dtype
+from harness.target.loading import hub_revision, looks_like_hub_id, resolve_dtype
 from harness.target.options import (
     resolve_cudnn_attention,
     resolve_linear_kernel,
@@ -174,10 +174,13 @@ CHECKPOINT_SUFFIXES = (
 def checkpoint_fingerprint(ref: str) -> dict:
     """What binds a checkpoint given by path or hub id: a local directory's files (weights, configs,
     tokenizer; each SHA-256, read once per process per file version), so new weights at the same
-    path make another manifest; a hub id by its name only (its files are not read here: give the
-    downloaded directory to bind them)."""
+    path make another manifest; a hub id by the commit it resolves to (:func:`hub_revision`; the run
+    refuses weights of another commit at load), or by its name only where no commit can be found."""
     path = Path(str(ref)).expanduser()
     if not path.is_dir():
+        revision = hub_revision(str(ref)) if looks_like_hub_id(str(ref)) else None
+        if revision is not None:
+            return {"ref": str(ref), "revision": revision, "bound_by": "revision"}
         return {"ref": str(ref), "files": None, "bound_by": "name"}
     files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in CHECKPOINT_SUFFIXES)
     return {"ref": str(ref), "directory": str(path.resolve()), "files": {f.name: file_sha256(f) for f in files}}

@@ -506,6 +506,8 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
         )
 
     target, draft = load_models(cfg, before_weights=check_prompts)
+    for model, key in ((target, "target_checkpoint"), (draft, "draft_checkpoint")):
+        check_loaded_revision(model, planned.manifest.get(key))
     device = torch.device(cfg.model.device)
     backend = CausalLMBackend(target.model, device=device)
     if backend.bytes_per_token != planned.kv_bytes_per_token:
@@ -539,6 +541,21 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
         encoder=encoder,
         first_turns=first,
     )
+
+
+def check_loaded_revision(model: LoadedModel | None, bound: dict | None) -> None:
+    """A checkpoint the manifest bound by a hub commit must load from that commit (transformers names
+    it in the loaded config's ``_commit_hash``): the repository moving between plan and load would
+    give a record of other weights than its manifest names. The commit loaded goes in the load report."""
+    if model is None or not bound or not bound.get("revision"):
+        return
+    loaded = getattr(model.model.config, "_commit_hash", None)
+    model.load_report["revision"] = loaded
+    if loaded is not None and loaded != bound["revision"]:
+        raise CheckpointError(
+            f"checkpoint {bound['ref']!r}: planned at hub commit {bound['revision']}, its weights loaded from commit "
+            f"{loaded}: the repository moved meanwhile; run again"
+        )
 
 
 def load_models(cfg: DictConfig, *, before_weights=None) -> tuple[LoadedModel, LoadedModel | None]:

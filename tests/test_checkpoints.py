@@ -450,11 +450,20 @@ def test_new_weights_at_the_same_path_make_another_manifest(tmp_path):
     torch.save({"fc.weight": torch.ones(2, 2)}, eagle / "pytorch_model.bin")
     after = {k: job_manifest_hash(compose(v), versions={}) for k, v in runs.items()}
     assert all(before[k] != after[k] for k in runs), (before, after)
-    assert checkpoint_fingerprint("someone/some-model") == {
-        "ref": "someone/some-model",
-        "files": None,
-        "bound_by": "name",
-    }
+    import harness.target.loading as loading
+
+    loading.hub_unreachable.cache_clear()
+    try:
+        with pytest.MonkeyPatch.context() as patch:  # no commit to be found: the name alone
+            patch.setenv("HF_HUB_OFFLINE", "1")
+            patch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+            assert checkpoint_fingerprint("someone/some-model") == {
+                "ref": "someone/some-model",
+                "files": None,
+                "bound_by": "name",
+            }
+    finally:
+        loading.hub_unreachable.cache_clear()
     assert "target_checkpoint" not in job_manifest(compose(["model=tiny"]), versions={})
     (target / "chat_template.jinja").write_text("{{ messages }}")  # transformers 5 keeps the template here
     templated = job_manifest_hash(compose(runs["target"]), versions={})
@@ -492,6 +501,48 @@ def test_an_eagle_draft_by_hub_id_is_bound_by_the_files_of_the_snapshot_it_resol
     before = job_manifest_hash(cfg, versions={})
     current["rev"] = "def456"
     assert job_manifest_hash(cfg, versions={}) != before
+
+
+def test_a_target_by_hub_id_is_bound_by_its_commit_and_must_load_from_it(tmp_path, monkeypatch):
+    """A target or draft by hub id was bound by its name: a gate cached for its old weights, and a sweep's
+    record of them, stood for the new weights once the repository moved on. The commit it resolves to is
+    bound now, and weights loaded from another commit are refused."""
+    from types import SimpleNamespace
+
+    import huggingface_hub
+
+    import harness.target.loading as loading
+    from harness.manifest import checkpoint_fingerprint
+    from harness.runner import check_loaded_revision
+    from harness.target.loading import CheckpointError, LoadedModel
+
+    current = {"rev": "abc123"}
+
+    def cached(repo_id, allow_patterns, local_files_only=False):
+        assert repo_id == "someone/some-model" and allow_patterns == ["config.json"] and local_files_only
+        return str(tmp_path / "snapshots" / current["rev"])
+
+    monkeypatch.setattr(loading, "hub_unreachable", lambda: "offline")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", cached)
+    bound = checkpoint_fingerprint("someone/some-model")
+    assert bound == {"ref": "someone/some-model", "revision": "abc123", "bound_by": "revision"}
+    current["rev"] = "def456"  # the repository moved on: another binding, so another manifest
+    assert checkpoint_fingerprint("someone/some-model")["revision"] == "def456"
+    model = LoadedModel(
+        model=SimpleNamespace(config=SimpleNamespace(_commit_hash="abc123")), tokenizer=None, name="x", source="hub"
+    )
+    check_loaded_revision(model, bound)
+    assert model.load_report["revision"] == "abc123"
+    with pytest.raises(CheckpointError, match=r"planned at hub commit abc123, its weights loaded from commit def456"):
+        check_loaded_revision(
+            LoadedModel(
+                model=SimpleNamespace(config=SimpleNamespace(_commit_hash="def456")),
+                tokenizer=None,
+                name="x",
+                source="hub",
+            ),
+            bound,
+        )
 
 
 def test_a_checkpoint_with_a_non_finite_weight_is_refused_at_load_naming_the_tensor(tmp_path):

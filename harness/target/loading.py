@@ -793,6 +793,20 @@ def checkpoint_ref_problem(ref: str | None, key: str) -> str | None:
     return None
 
 
+def hub_revision(repo_id: str) -> str | None:
+    """The commit a hub id resolves to now: its ``config.json`` fetched (or, while the hub cannot be
+    reached, found in the local hub cache), the snapshot folder named by the commit; None where neither
+    gives it (the load then refuses the id in its own words)."""
+    offline = hub_unreachable()
+    try:
+        from huggingface_hub import snapshot_download  # ~0.3 s to import: only a hub id pays for it
+
+        local = snapshot_download(repo_id=repo_id, allow_patterns=["config.json"], local_files_only=offline is not None)
+    except Exception:  # network, authentication, a repository that does not exist: the load says which
+        return None
+    return Path(local).name
+
+
 def looks_like_hub_id(ref: str) -> bool:
     """Whether a reference that is no local path has a hub id's form, ``owner/name``."""
     parts = ref.split("/")
