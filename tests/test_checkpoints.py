@@ -63,6 +63,7 @@ def test_a_draft_given_by_path_loads_every_layer(ckpts):
     target, draft = load_models(cfg)
     assert target.model.config.num_hidden_layers == 4 and len(target.model.model.layers) == 4
     assert draft.model.config.num_hidden_layers == 3 and len(draft.model.model.layers) == 3
+    from harness.target.native import code_paths
     from harness.target.options import linear_kernel_of, packed_linear_weights, resolved_fused_layers
 
     fused = 3 if resolved_fused_layers(cfg.proposer.model) else 0  # the target options the draft gets too
@@ -70,6 +71,7 @@ def test_a_draft_given_by_path_loads_every_layer(ckpts):
     if linear_kernel_of(draft.model) == {"streaming_panels"}:  # its packed copies, made at load
         packed = {"packed_weight_bytes": sum(w.nbytes for w in packed_linear_weights(draft.model))}
         assert packed["packed_weight_bytes"] > 0
+    native = fused or linear_kernel_of(draft.model) & {"streaming", "streaming_panels"}
     assert draft.load_report == {
         "layers": 3,
         "missing_keys": [],
@@ -78,6 +80,7 @@ def test_a_draft_given_by_path_loads_every_layer(ckpts):
         **packed,
         "fused_layers": fused,
         "fused_stack": fused > 0,  # and, with every layer fused, the decoder as one native call
+        **({"native_code_paths": code_paths()} if native else {}),  # the build's code paths, where it runs
     }
     assert str(ckpts["other"]) in draft.source
 
