@@ -58,7 +58,7 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ from harness.manifest import job_manifest, manifest_hash
 from harness.runner import run_job, run_notes, track
 from harness.target.loading import cache_root
 from harness.tracking import report as report_mod
+from harness.tracking.conventions import name_of
 from harness.tracking.job_folder import (
     JobFolderError,
     clear_for_run,
@@ -324,14 +325,6 @@ CONCURRENCY_UNKNOWN = (
 # inside one job
 
 
-def _sweep_name(sweep: Any) -> str | None:
-    if isinstance(sweep, str) and sweep:
-        return sweep
-    if isinstance(sweep, Mapping) and isinstance(sweep.get("name"), str):
-        return sweep["name"]
-    return None
-
-
 def sweep_folder_problem(sweep_dir: Path, sweep: Any) -> str | None:
     """Why ``sweep_dir`` cannot take this launch of ``sweep`` (None when it can): a single run's
     folder (its record would join the sweep's store and report), a datastore's or an artifact's, or
@@ -354,7 +347,7 @@ def sweep_folder_problem(sweep_dir: Path, sweep: Any) -> str | None:
         return None
     if not isinstance(earlier, dict):
         return None
-    before, now = _sweep_name(earlier.get("sweep")), _sweep_name(sweep)
+    before, now = name_of(earlier.get("sweep")), name_of(sweep)
     if before != now:
         named = lambda name: f"sweep {name!r}" if name else "a multirun without a sweep name"  # noqa: E731
         return (

@@ -20,6 +20,17 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+
+def name_of(value: Any) -> str | None:
+    """A config entry's name: the string itself, or a mapping's ``name`` (a sweep, an experiment, a
+    tracker given as a group); None for anything else."""
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("name"), str):
+        return value["name"]
+    return None
+
+
 #: the axes a run name and a label are made of, in this order (the model joins a label when it differs)
 NAME_AXES: tuple[str, ...] = ("proposer", "topology", "verifier", "temperature", "batch_size", "workload")
 LABEL_AXES: tuple[str, ...] = (*NAME_AXES, "model")

@@ -64,7 +64,7 @@ from urllib.parse import urlparse
 from omegaconf import OmegaConf
 
 from harness.files import output_folder_problem
-from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_name, depth_rows, run_name
+from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_name, depth_rows, name_of, run_name
 from harness.tracking.store import (
     AXES,
     OUTPUTS_FILENAME,
@@ -97,17 +97,9 @@ def _is_record(obj: Mapping[str, Any]) -> bool:
     return "schema_version" in obj and "metrics" in obj and "config" in obj
 
 
-def _name_of(value: Any) -> str | None:
-    if isinstance(value, str) and value:
-        return value
-    if isinstance(value, Mapping) and isinstance(value.get("name"), str):
-        return value["name"]
-    return None
-
-
 def wandb_group(sweep: Any, experiment: Any) -> str:
     """The W&B group of a job: its sweep, else its experiment, else ``adhoc``."""
-    return _name_of(sweep) or _name_of(experiment) or "adhoc"
+    return name_of(sweep) or name_of(experiment) or "adhoc"
 
 
 #: W&B refuses a run whose tags are longer than this (its settings' validation, at start)
@@ -646,7 +638,7 @@ def open_run(
     else:
         config = obj
         experiment, sweep = config.get("experiment"), config.get("sweep")
-    group = group or _name_of(sweep) or _name_of(experiment)
+    group = group or name_of(sweep) or name_of(experiment)
     if axes:
         name = name or run_name(axes)
         job_type = job_type or arm_name(axes)
@@ -721,7 +713,7 @@ def tracker_from_config(
     """
     cfg = _to_container(config)
     tracking = cfg.get("tracking")
-    kind = _name_of(tracking) if tracking is not None else "none"
+    kind = name_of(tracking) if tracking is not None else "none"
     if kind is None and isinstance(tracking, Mapping):
         kind = tracking.get("backend")
     if kind in (None, "none"):
