@@ -175,7 +175,7 @@ def checkpoint_fingerprint(ref: str) -> dict:
     """What binds a checkpoint given by path or hub id: a local directory's files (weights, configs,
     tokenizer; each SHA-256, read once per process per file version), so new weights at the same
     path make another manifest; a hub id by the commit it resolves to (:func:`hub_revision`; the run
-    refuses weights of another commit at load), or by its name only where no commit can be found."""
+    reads its files at that commit), or by its name only where no commit can be found."""
     path = Path(str(ref)).expanduser()
     if not path.is_dir():
         revision = hub_revision(str(ref)) if looks_like_hub_id(str(ref)) else None

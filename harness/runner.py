@@ -505,9 +505,10 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
             planned.prompts
         )
 
-    target, draft = load_models(cfg, before_weights=check_prompts)
-    for model, key in ((target, "target_checkpoint"), (draft, "draft_checkpoint")):
-        check_loaded_revision(model, planned.manifest.get(key))
+    # a hub id read at the commit its manifest bound: another commit's files are never loaded under it
+    revisions = {k: (planned.manifest.get(f"{k}_checkpoint") or {}).get("revision") for k in ("target", "draft")}
+    pinned = {"revisions": revisions} if any(revisions.values()) else {}
+    target, draft = load_models(cfg, before_weights=check_prompts, **pinned)
     device = torch.device(cfg.model.device)
     backend = CausalLMBackend(target.model, device=device)
     if backend.bytes_per_token != planned.kv_bytes_per_token:
@@ -543,29 +544,19 @@ def load(cfg: DictConfig, planned: Planned) -> Loaded:
     )
 
 
-def check_loaded_revision(model: LoadedModel | None, bound: dict | None) -> None:
-    """A checkpoint the manifest bound by a hub commit must load from that commit (transformers names
-    it in the loaded config's ``_commit_hash``): the repository moving between plan and load would
-    give a record of other weights than its manifest names. The commit loaded goes in the load report."""
-    if model is None or not bound or not bound.get("revision"):
-        return
-    loaded = getattr(model.model.config, "_commit_hash", None)
-    model.load_report["revision"] = loaded
-    if loaded is not None and loaded != bound["revision"]:
-        raise CheckpointError(
-            f"checkpoint {bound['ref']!r}: planned at hub commit {bound['revision']}, its weights loaded from commit "
-            f"{loaded}: the repository moved meanwhile; run again"
-        )
-
-
-def load_models(cfg: DictConfig, *, before_weights=None) -> tuple[LoadedModel, LoadedModel | None]:
+def load_models(
+    cfg: DictConfig, *, before_weights=None, revisions: dict | None = None
+) -> tuple[LoadedModel, LoadedModel | None]:
     """:func:`load_models_of` with a refused checkpoint named by its option (:func:`checkpoint_options`)."""
     with checkpoint_options(cfg):
-        return load_models_of(cfg, before_weights=before_weights)
+        return load_models_of(cfg, before_weights=before_weights, revisions=revisions)
 
 
-def load_models_of(cfg: DictConfig, *, before_weights=None) -> tuple[LoadedModel, LoadedModel | None]:
-    """The target, and the draft model when the proposer needs a separate one.
+def load_models_of(
+    cfg: DictConfig, *, before_weights=None, revisions: dict | None = None
+) -> tuple[LoadedModel, LoadedModel | None]:
+    """The target, and the draft model when the proposer needs a separate one (a hub id at the commit
+    ``revisions`` gives for ``target`` or ``draft``: the one its manifest bound).
 
     A draft checkpoint's tokenizer is read and compared with the target's before any weights are
     read (a mismatch is refused naming the first difference), and ``before_weights(tokenizer)``
@@ -573,17 +564,18 @@ def load_models_of(cfg: DictConfig, *, before_weights=None) -> tuple[LoadedModel
     loaded target. Both load whole, each with its own dtype, device and attention implementation
     (the draft's default to the target's)."""
     d = draft_model_config(cfg)
-    target_tokenizer = load_tokenizer_of(cfg.model)
+    revisions = revisions or {}
+    target_tokenizer = load_tokenizer_of(cfg.model, revision=revisions.get("target"))
     set_chat_template(target_tokenizer, cfg.workload.get("chat_template"))  # the prompts' format, when given
     draft_tokenizer = tokenizer_note = None
     if d is not None and d.name != DERIVED:
-        draft_tokenizer = load_tokenizer_of(d)
+        draft_tokenizer = load_tokenizer_of(d, revision=revisions.get("draft"))
         tokenizer_note = check_same_tokenizer(target_tokenizer, draft_tokenizer, draft_ref=d.name_or_path or d.name)
         if tokenizer_note is not None:
             print(f"harness: note: {tokenizer_note}", file=sys.stderr)
     if before_weights is not None:
         before_weights(target_tokenizer)
-    target = _load(cfg.model, tokenizer=target_tokenizer)
+    target = _load(cfg.model, tokenizer=target_tokenizer, revision=revisions.get("target"))
     check_reads_the_vocabulary(
         target, target_tokenizer, what=f"the target {cfg.model.name_or_path or cfg.model.name!r}"
     )
@@ -599,7 +591,7 @@ def load_models_of(cfg: DictConfig, *, before_weights=None) -> tuple[LoadedModel
         )
         apply_model_options(draft, d, key=draft_model_key(cfg))
     else:
-        draft = _load(d, tokenizer=draft_tokenizer, key=draft_model_key(cfg))
+        draft = _load(d, tokenizer=draft_tokenizer, key=draft_model_key(cfg), revision=revisions.get("draft"))
         if tokenizer_note is not None:
             draft.load_report["tokenizer_differs"] = tokenizer_note
         check_reads_the_vocabulary(
@@ -640,7 +632,7 @@ def check_reads_the_vocabulary(model: LoadedModel, tokenizer, *, what: str, shar
         )
 
 
-def _load(m: DictConfig, *, tokenizer=None, key: str = "model") -> LoadedModel:
+def _load(m: DictConfig, *, tokenizer=None, key: str = "model", revision: str | None = None) -> LoadedModel:
     try:
         loaded = load_model(
             name=m.name,
@@ -653,6 +645,7 @@ def _load(m: DictConfig, *, tokenizer=None, key: str = "model") -> LoadedModel:
             tiny=OmegaConf.to_container(m.tiny, resolve=True),
             trust_remote_code=m.trust_remote_code,
             tokenizer=tokenizer,
+            revision=revision,
         )
     except CheckpointError as exc:
         lacking = re.search(r"(\w+) does not support an attention implementation", str(exc))
@@ -951,7 +944,7 @@ def inert_options(cfg: DictConfig) -> list[str]:
         )
     if w.name == "sharegpt" and not w.get("chat", True):
         out.append("workload.chat=false: ShareGPT prompts are chat messages, always put through the chat template")
-    if w.get("chat_template") is not None and not w.get("chat", True) and w.name in ("humaneval", "jsonl"):
+    if w.get("chat_template") is not None and not w.get("chat", True) and w.name == "humaneval":  # text prompts
         out.append(f"workload.chat_template={w.chat_template}: workload.chat=false tokenizes the prompts as they are")
     if w.get("chat_template") is not None and cfg.model.name == "tiny":
         out.append(f"workload.chat_template={w.chat_template}: model=tiny has no tokenizer (prompts are token ids)")

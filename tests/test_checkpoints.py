@@ -428,7 +428,7 @@ def test_the_model_axis_tells_checkpoints_and_dtypes_apart(ckpts):
 def test_new_weights_at_the_same_path_make_another_manifest(tmp_path):
     """A target or draft loaded by path and an artifact directory (EAGLE's) are bound by their files:
     new weights at the same path change the manifest hash (a sweep then re-runs the job instead of
-    keeping a record of the old weights); a hub id is bound by its name."""
+    keeping a record of the old weights); a hub id with no commit to be found, by its name."""
     from harness.manifest import checkpoint_fingerprint, job_manifest, job_manifest_hash
 
     target, draft = tiny_checkpoint(tmp_path / "target"), tiny_checkpoint(tmp_path / "draft", seed=1)
@@ -458,8 +458,10 @@ def test_new_weights_at_the_same_path_make_another_manifest(tmp_path):
     loading.hub_unreachable.cache_clear()
     try:
         with pytest.MonkeyPatch.context() as patch:  # no commit to be found: the name alone
+            from huggingface_hub import constants
+
             patch.setenv("HF_HUB_OFFLINE", "1")
-            patch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+            patch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
             assert checkpoint_fingerprint("someone/some-model") == {
                 "ref": "someone/some-model",
                 "files": None,
@@ -506,46 +508,49 @@ def test_an_eagle_draft_by_hub_id_is_bound_by_the_files_of_the_snapshot_it_resol
     assert job_manifest_hash(cfg, versions={}) != before
 
 
-def test_a_target_by_hub_id_is_bound_by_its_commit_and_must_load_from_it(tmp_path, monkeypatch):
+def test_a_target_by_hub_id_is_bound_by_its_commit_and_loaded_at_it(tmp_path, monkeypatch):
     """A target or draft by hub id was bound by its name: a gate cached for its old weights, and a sweep's
-    record of them, stood for the new weights once the repository moved on. The commit it resolves to is
-    bound now, and weights loaded from another commit are refused."""
-    from types import SimpleNamespace
-
-    import huggingface_hub
-
+    record of them, stood for the new weights once the repository moved on. The commit it resolves to
+    when the run is planned is bound, and the weights are read at that commit even when the repository
+    moves before they load (a local hub cache of two commits, read offline)."""
     import harness.target.loading as loading
     from harness.manifest import checkpoint_fingerprint
-    from harness.runner import check_loaded_revision
-    from harness.target.loading import CheckpointError, LoadedModel
+    from harness.runner import load_models
 
-    current = {"rev": "abc123"}
+    old, new = "a" * 40, "b" * 40
+    repo = tmp_path / "hub" / "models--someone--tiny-llama"
+    for commit, seed in ((old, 0), (new, 1)):
+        tiny_checkpoint(repo / "snapshots" / commit, seed=seed)
+    (repo / "refs").mkdir()
+    from huggingface_hub import constants
 
-    def cached(repo_id, allow_patterns, local_files_only=False):
-        assert repo_id == "someone/some-model" and allow_patterns == ["config.json"] and local_files_only
-        return str(tmp_path / "snapshots" / current["rev"])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the harness's check, and the hub client's (read at its import)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    loading.hub_unreachable.cache_clear()
+    try:
+        (repo / "refs" / "main").write_text(old)
+        bound = checkpoint_fingerprint("someone/tiny-llama")
+        assert bound == {"ref": "someone/tiny-llama", "revision": old, "bound_by": "revision"}
+        (repo / "refs" / "main").write_text(new)  # the repository moved on after the plan
+        assert checkpoint_fingerprint("someone/tiny-llama")["revision"] == new  # another manifest now
+        cfg = compose(["model=hf", "model.name_or_path=someone/tiny-llama"])
+        pinned, _ = load_models(cfg, revisions={"target": old})
+        latest, _ = load_models(cfg)
+    finally:
+        loading.hub_unreachable.cache_clear()
+    assert pinned.load_report["revision"] == old and "revision" not in latest.load_report
+    at = {c: load_model_weights(repo / "snapshots" / c) for c in (old, new)}
+    weight = "model.layers.0.mlp.down_proj.weight"
+    assert torch.equal(pinned.model.state_dict()[weight].float(), at[old][weight].float())
+    assert torch.equal(latest.model.state_dict()[weight].float(), at[new][weight].float())
+    assert not torch.equal(at[old][weight], at[new][weight])
 
-    monkeypatch.setattr(loading, "hub_unreachable", lambda: "offline")
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", cached)
-    bound = checkpoint_fingerprint("someone/some-model")
-    assert bound == {"ref": "someone/some-model", "revision": "abc123", "bound_by": "revision"}
-    current["rev"] = "def456"  # the repository moved on: another binding, so another manifest
-    assert checkpoint_fingerprint("someone/some-model")["revision"] == "def456"
-    model = LoadedModel(
-        model=SimpleNamespace(config=SimpleNamespace(_commit_hash="abc123")), tokenizer=None, name="x", source="hub"
-    )
-    check_loaded_revision(model, bound)
-    assert model.load_report["revision"] == "abc123"
-    with pytest.raises(CheckpointError, match=r"planned at hub commit abc123, its weights loaded from commit def456"):
-        check_loaded_revision(
-            LoadedModel(
-                model=SimpleNamespace(config=SimpleNamespace(_commit_hash="def456")),
-                tokenizer=None,
-                name="x",
-                source="hub",
-            ),
-            bound,
-        )
+
+def load_model_weights(path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
 
 
 def test_a_checkpoint_with_a_non_finite_weight_is_refused_at_load_naming_the_tensor(tmp_path):

@@ -333,9 +333,10 @@ def _layer_count(model: torch.nn.Module) -> int:
     return int(model.config.num_hidden_layers)
 
 
-def load_tokenizer_of(model_cfg):
+def load_tokenizer_of(model_cfg, *, revision: str | None = None):
     """The tokenizer of a configured model (a ``model`` config node) without its weights; None for
-    ``tiny`` (synthetic ids) and for a derived draft (the target's)."""
+    ``tiny`` (synthetic ids) and for a derived draft (the target's). ``revision``: the hub commit to
+    read a hub id's files at (the one its manifest bound)."""
     if model_cfg.name in ("tiny", DERIVED):
         return None
     from transformers import AutoTokenizer
@@ -343,7 +344,10 @@ def load_tokenizer_of(model_cfg):
     if model_cfg.name == "smollm2" and not model_cfg.name_or_path:
         return AutoTokenizer.from_pretrained(smollm2_converted_dir())
     return from_pretrained(
-        AutoTokenizer, model_cfg.name_or_path or model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code)
+        AutoTokenizer,
+        model_cfg.name_or_path or model_cfg.name,
+        trust_remote_code=bool(model_cfg.trust_remote_code),
+        **({"revision": revision} if revision else {}),
     )
 
 
@@ -359,8 +363,9 @@ def load_model(
     tiny: dict | None = None,
     trust_remote_code: bool = False,
     tokenizer=None,
+    revision: str | None = None,
 ) -> LoadedModel:
-    """Load a target or a draft model whole.
+    """Load a target or a draft model whole (a hub id at commit ``revision`` when given).
 
     ``num_layers`` is refused: a model given by name or path always loads every layer (a truncated
     draft is :func:`derive_draft`; a smaller tiny model is ``tiny={"num_layers": k}``). Loading
@@ -399,6 +404,7 @@ def load_model(
         else:
             path = name_or_path or name
             source = str(path)
+        pinned = {"revision": revision} if revision else {}
         model, info = from_pretrained(
             AutoModelForCausalLM,
             path,
@@ -406,6 +412,7 @@ def load_model(
             attn_implementation="sdpa" if attn_implementation == attention.NAME else attn_implementation,
             trust_remote_code=trust_remote_code,
             output_loading_info=True,
+            **pinned,
         )
         report = check_loading_info(info, source=source)
         check_finite_weights(model, source=source)
@@ -413,7 +420,9 @@ def load_model(
         if tokenizer is None:
             from transformers import AutoTokenizer
 
-            tokenizer = from_pretrained(AutoTokenizer, path, trust_remote_code=trust_remote_code)
+            tokenizer = from_pretrained(AutoTokenizer, path, trust_remote_code=trust_remote_code, **pinned)
+        if revision:
+            report["revision"] = revision
         loaded = LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, source=source, load_report=report)
     if attn_implementation == attention.NAME:  # grouped-query tree attention (harness.target.attention)
         loaded.model.set_attn_implementation(attention.register())
