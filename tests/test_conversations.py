@@ -73,6 +73,18 @@ def test_a_tokenizer_without_a_chat_template_is_refused_naming_the_fix_and_vicun
     assert not tok.chat_template
     with pytest.raises(WorkloadError, match=r"^the target's tokenizer has no chat template: set workload.chat_temp"):
         PromptEncoder(tok, chat=True).check([CONV])
+    # workload.chat=false is offered only where it would tokenize the prompts as they are: single-turn text
+    text = Prompt(prompt_id="t", category="qa", text="hello world")
+    as_messages = Prompt(prompt_id="m", category="chat", messages=({"role": "user", "content": "hi"},))
+    for enc, prompts, hint in (
+        (PromptEncoder(tok, chat=True), [text], True),
+        (PromptEncoder(tok, chat=True), [CONV], False),  # a conversation needs the template
+        (PromptEncoder(tok, chat=False), [as_messages], False),  # messages go through it whatever chat says
+    ):
+        with pytest.raises(WorkloadError) as refused:
+            enc.check(prompts)
+        assert ("workload.chat=false" in str(refused.value)) is hint
+    PromptEncoder(tok, chat=False).check([text])  # text as it is: no template needed
     set_chat_template(tok, "vicuna")
     enc = PromptEncoder(tok, chat=True, eos=frozenset({2}))
     enc.check([CONV])

@@ -312,16 +312,17 @@ class PromptEncoder:
                     f"prompt {multi.prompt_id!r} has {multi.n_turns} turns: conversations go through the chat "
                     "template; set workload.chat=true"
                 )
-        templated = self.chat or any(p.messages is not None and p.text is None for p in prompts)
-        if self.tokenizer is not None and templated and not getattr(self.tokenizer, "chat_template", None):
+        as_messages = any(p.messages is not None and p.text is None for p in prompts)  # templated whatever chat says
+        if (
+            self.tokenizer is not None
+            and (self.chat or as_messages)
+            and not getattr(self.tokenizer, "chat_template", None)
+        ):
+            plain_text = self.chat and not as_messages and all(p.n_turns == 1 for p in prompts)
             raise WorkloadError(
                 "the target's tokenizer has no chat template: set workload.chat_template=vicuna (the prompt format "
                 "Spec-Bench builds for every model) or a Jinja file"
-                + (
-                    ""
-                    if any(p.n_turns > 1 for p in prompts)
-                    else ", or workload.chat=false to tokenize prompts as they are"
-                )
+                + (", or workload.chat=false to tokenize prompts as they are" if plain_text else "")
             )
         room = self.limit.max_prompt_tokens if self.limit is not None else None
         if room is None or self.limit.rule != TRUNCATE_REFUSE:
