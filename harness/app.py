@@ -549,7 +549,7 @@ TRAIN_UNREAD = (
 )
 
 
-def calibrate_inert_options(argv: list[str], unread=CALIBRATE_UNREAD) -> list[str]:
+def unread_options(argv: list[str], unread=CALIBRATE_UNREAD) -> list[str]:
     """The overrides given to `harness calibrate` (or, with ``unread=TRAIN_UNREAD``, `harness train`)
     that it does not read, each as ``key=value: why``."""
     out = []
@@ -575,7 +575,7 @@ def calibrate_main(argv: list[str]) -> int:
     try:
         try:
             cfg, _ = checked_plan(overrides)
-            unread = calibrate_inert_options(argv)
+            unread = unread_options(argv)
             if unread:
                 print(f"harness calibrate: note: option(s) with no effect here: {'; '.join(unread)}", file=sys.stderr)
             out = calibrate(cfg)
@@ -639,7 +639,7 @@ def train(argv: list[str]) -> dict:
     force = any(f in {"true", "1", "yes"} for f in forced)
     overrides = [a for a in argv if not a.startswith("force=")]
     cfg = compose_checked(overrides)
-    unread = calibrate_inert_options(overrides, TRAIN_UNREAD)
+    unread = unread_options(overrides, TRAIN_UNREAD)
     if unread:
         print(f"harness train: note: option(s) with no effect here: {'; '.join(unread)}", file=sys.stderr)
     name = cfg.proposer.name

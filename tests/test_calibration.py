@@ -331,16 +331,16 @@ def test_harness_calibrate_refuses_flags_in_one_line(capsys):
 
 
 def test_harness_calibrate_notes_the_run_options_it_does_not_read():
-    from harness.app import calibrate_inert_options
+    from harness.app import unread_options
 
-    assert calibrate_inert_options(
+    assert unread_options(
         ["model=tiny", "output_dir=/tmp/x", "gates.enabled=false", "tracking=wandb", "topology.max_nodes=3"]
     ) == [
         "output_dir=/tmp/x: calibrate writes its artifacts to $HARNESS_CACHE/sequoia",
         "gates.enabled=false: calibrate runs no gate",
         "tracking=wandb: calibrate logs nothing to W&B",
     ]
-    assert calibrate_inert_options(["model=tiny", "topology.calibration.parents=20"]) == []
+    assert unread_options(["model=tiny", "topology.calibration.parents=20"]) == []
 
 
 def test_calibration_that_would_decode_past_the_positions_is_refused_before_any_round(tmp_path, monkeypatch, capsys):

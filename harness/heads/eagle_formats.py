@@ -304,6 +304,19 @@ def config_notes(cfg: dict, spec: EagleSpec) -> list[str]:
     return []
 
 
+def _require_said_biases(fmt: str, cfg: dict, state: dict, *, fc: bool, qkv: str) -> None:
+    """Refuse a checkpoint whose config builds a bias its weights lack (a truncated file): ``bias``
+    (``fc``'s, where ``fc`` may have one), ``qkv_bias`` or ``attention_bias`` (the q/k/v of the layer at
+    ``qkv``)."""
+    for key, tensor in (
+        *((("bias", "fc.bias"),) if fc else ()),
+        ("qkv_bias", qkv + "self_attn.q_proj.bias"),
+        ("attention_bias", qkv + "self_attn.q_proj.bias"),
+    ):
+        if cfg.get(key) is True and tensor not in state:
+            raise ArtifactError(f"{fmt} checkpoint: config.json says {key}=true but the weights hold no {tensor}")
+
+
 def _unused_biases(fmt: str, cfg: dict, state: dict, *, eagle3: bool) -> tuple[dict, bool, bool, list[str]]:
     """(state, fc bias used, q/k/v biases used, notes) of a checkpoint in EAGLE's own layout, where the
     config decides as the code that runs it does: for EAGLE-1/2 ``bias`` (default true) builds ``fc``
@@ -318,12 +331,7 @@ def _unused_biases(fmt: str, cfg: dict, state: dict, *, eagle3: bool) -> tuple[d
     qkv_has = qkv + "self_attn.q_proj.bias" in state
     fc_said = not eagle3 and cfg.get("bias", True) is not False
     qkv_keys = [k for k in ("qkv_bias", "attention_bias") if cfg.get(k) is True]
-    for key, said, has, tensor in (
-        ("bias", not eagle3 and cfg.get("bias") is True, fc_has, "fc.bias"),
-        *((k, True, qkv_has, qkv + "self_attn.q_proj.bias") for k in qkv_keys),
-    ):
-        if said and not has:
-            raise ArtifactError(f"{fmt} checkpoint: config.json says {key}=true but the weights hold no {tensor}")
+    _require_said_biases(fmt, cfg, state, fc=not eagle3, qkv=qkv)
     if fc_has and not fc_said:
         state = {k: v for k, v in state.items() if k != "fc.bias"}
         why = "EAGLE-3's fc has no bias" if eagle3 else "config.json says bias=false"
@@ -371,13 +379,7 @@ def _eagle12(fmt: str, cfg: dict, state: dict, target_h: int, target_v: int) -> 
         state, fc_bias, qkv_bias, notes = _unused_biases(fmt, cfg, state, eagle3=False)
     else:  # speculators: the layer's config and the weights, as vLLM reads them
         fc_bias, qkv_bias, notes = "fc.bias" in state, "layers.0.self_attn.q_proj.bias" in state, []
-        for key, has, tensor in (
-            ("bias", fc_bias, "fc.bias"),
-            ("qkv_bias", qkv_bias, "layers.0.self_attn.q_proj.bias"),
-            ("attention_bias", qkv_bias, "layers.0.self_attn.q_proj.bias"),
-        ):
-            if cfg.get(key) is True and not has:  # a tensor the config requires is missing: a truncated file
-                raise ArtifactError(f"{fmt} checkpoint: config.json says {key}=true but the weights hold no {tensor}")
+        _require_said_biases(fmt, cfg, state, fc=True, qkv="layers.0.")
     spec = EagleSpec(version="eagle", vocab_size=target_v, num_layers=n, fc_bias=fc_bias, qkv_bias=qkv_bias, **fields)
     hd, nh, nkv, inter = spec.head_dim, spec.num_attention_heads, spec.num_key_value_heads, spec.intermediate_size
     expected = {"fc.weight": (h, 2 * h)}
