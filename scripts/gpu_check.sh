@@ -19,6 +19,11 @@ fi
 mkdir -p -- "$out"
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && .venv/bin/python -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && PY=.venv/bin/python
+# no torch in that python (a machine set up by make install, without a GPU): the project's, which
+# says in one line that there is no CUDA device
+if [ -z "${PYTHON:-}" ] && ! "$PY" -c "import torch" 2>/dev/null && [ -x .venv/bin/python ]; then
+  PY=.venv/bin/python
+fi
 # wheels carried along (scripts/gpu_wheels.sh builds them): installed apart, never over the image's packages
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/harness-site .whl/*.whl

@@ -206,3 +206,25 @@ def test_the_gpu_check_script_takes_its_folder_only_when_one_is_given(tmp_path, 
     assert done.returncode == 0, done.stderr
     expected = ["-m", "harness.gpu_check", "--out", str(tmp_path / out / "gpu_check.json"), *passed]
     assert shlex.split((tmp_path / "a").read_text()) == expected and (tmp_path / out).is_dir()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="on a GPU machine the script runs the check")
+def test_the_gpu_check_script_on_a_machine_without_a_gpu_says_so_in_one_line(tmp_path):
+    """Where the system's python3 has no torch (a machine set up by make install), the script ran the
+    check with it and ended in a ModuleNotFoundError traceback; the project's python says there is no
+    CUDA device, in one line, exit 2."""
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python3").write_text("#!/usr/bin/env bash\nexec /usr/bin/env -i /bin/false\n")  # a python3 with no torch
+    (bare / "python3").chmod(0o755)
+    if not (repo / ".venv" / "bin" / "python").exists():
+        pytest.skip("the project's .venv is not installed")
+    env = {"PATH": f"{bare}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path)}
+    done = subprocess.run(
+        ["bash", str(repo / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert (done.returncode, done.stderr.strip()) == (2, "gpu_check: no CUDA device"), done.stderr[-500:]
