@@ -23,6 +23,12 @@ from harness.target import attention
 from harness.target.backend import CausalLMBackend
 from harness.target.options import apply_static_cache, compile_model
 
+if any(a in ("-h", "--help") for a in sys.argv[1:]) or any(a != "--no-cudnn" for a in sys.argv[1:]):
+    print("usage: OUT=results/gpu python3 scripts/gpu_step_probe.py [--no-cudnn]", file=sys.stderr)
+    sys.exit(0 if any(a in ("-h", "--help") for a in sys.argv[1:]) else 2)
+if not torch.cuda.is_available():
+    print("gpu_step_probe: no CUDA device", file=sys.stderr)
+    sys.exit(2)
 OUT = os.environ.get("OUT", "results/gpu")
 os.makedirs(OUT, exist_ok=True)
 if "--no-cudnn" in sys.argv[1:]:

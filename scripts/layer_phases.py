@@ -52,6 +52,8 @@ STEPS = (
 PARTS = ("scores", "softmax", "value sums on tiles", "value sums in float32", "output")
 NAMESPACE = "harness_phases"
 
+REPO_ROOT = Path(__file__).resolve().parents[1]  # git reads this checkout, wherever the script runs from
+
 
 def stack_call(layers: list[list]) -> list:
     """``llama_stack``'s arguments for the layers of :func:`stack_inputs` (the first layer's input)."""
@@ -154,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     meta = {
-        "head": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "head": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
+        ).stdout.strip(),
         "dtype": args.dtype,
         "panels": panels,
         "prefix": args.prefix,

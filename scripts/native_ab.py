@@ -43,11 +43,15 @@ from harness.target.options import weight_panels
 #: accumulation; bfloat16 also rounds its outputs)
 PRODUCT_TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
 
+REPO_ROOT = Path(__file__).resolve().parents[1]  # git reads this checkout, wherever the script runs from
+
 
 def build_at(revision: str, out_dir: Path) -> Path:
     """The kernel library of ``revision``'s source, under the op namespace ``harness_base``."""
-    rel = native.SOURCE.relative_to(Path(__file__).resolve().parents[1])
-    text = subprocess.run(["git", "show", f"{revision}:{rel}"], capture_output=True, text=True, check=True).stdout
+    rel = native.SOURCE.relative_to(REPO_ROOT)
+    text = subprocess.run(
+        ["git", "show", f"{revision}:{rel}"], capture_output=True, text=True, check=True, cwd=REPO_ROOT
+    ).stdout
     source = out_dir / "cpu_decode_base.cpp"
     source.write_text(text)
     here = native.SOURCE
@@ -169,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     meta = {
         "base": args.base,
-        "head": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "head": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
+        ).stdout.strip(),
         "dtype": args.dtype,
         "cpu": cpu_name(),
         "cpu_capability": cpu_capability(),

@@ -57,7 +57,7 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):  # --help is no folder to write 1.7 GB into
         print("usage: .venv/bin/python scripts/published_heads_checkpoints.py OUT_DIR", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
     main(Path(sys.argv[1]))
