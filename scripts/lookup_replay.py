@@ -406,7 +406,7 @@ def replay_cmd(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect", help="decode every prompt greedily and store prompt and output ids")
     c.add_argument("--workloads", nargs="+", default=["humaneval", "chat", "copy"])

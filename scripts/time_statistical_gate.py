@@ -86,7 +86,7 @@ COMBOS = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--token-budget", type=int, default=3000, help="training tokens of an artifact made on first use")

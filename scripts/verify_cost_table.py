@@ -28,8 +28,8 @@ from harness.target.timing import synthetic_prefix, verify_times_by_shape
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--attn", nargs="+", default=["sdpa", "harness_sdpa"])
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--attn", nargs="+", default=["sdpa", "harness_sdpa"], choices=["sdpa", "harness_sdpa", "eager"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--prefixes", nargs="+", type=int, default=[128, 256, 512, 1024])
     ap.add_argument("--ns", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--repeats", type=int, default=7)
