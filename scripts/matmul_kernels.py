@@ -135,6 +135,12 @@ def time_call(fn, x: torch.Tensor, *, budget_s: float, min_reps: int = 5, max_re
 
 @torch.inference_mode()
 def measure(args) -> dict:
+    names = [name for name, _, _ in SHAPES]
+    unmatched = [s for s in args.shapes if not any(s in name for name in names)]
+    if unmatched:
+        raise SystemExit(
+            f"matmul_kernels.py: --shapes {' '.join(unmatched)} matches no shape; the shapes: {', '.join(names)}"
+        )
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     bandwidth = read_bandwidth_gbs()

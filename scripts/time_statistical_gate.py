@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", help="labels to run (default: all)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.only or ()) - {label for label, _, _ in COMBOS})
+    if unknown:
+        ap.error(f"--only {' '.join(unknown)}: no such label; the labels: {', '.join(label for label, _, _ in COMBOS)}")
     torch.set_num_threads(2)
     rows = []
     for label, overrides, verifier in COMBOS:
