@@ -31,7 +31,7 @@ from harness.heads.early_exit import AdapterArtifact, build_adapter
 from harness.heads.models import DraftHeads, HeadSpec
 from harness.heads.published import PublishedHeads, inspect, is_published, load_published_heads, same_embedding
 from harness.heads.recipes import SearchRecipe, eagle_recipe, exit_recipe, heads_recipe, recipe_key
-from harness.target.loading import model_names
+from harness.target.loading import chat_template_key, model_names
 from harness.target.timing import timing_host
 
 
@@ -78,6 +78,7 @@ def load_heads(kind: str, recipe: dict, *, model: torch.nn.Module, tokenizer, pa
 def _located(kind: str, recipe: dict, options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
     """``recipe`` and its artifact's directory: ``proposer.artifact`` when given, else the one
     :func:`artifact_dir` names for ``kind``, the target's fingerprint and ``recipe``."""
+    recipe = {**recipe, **chat_template_key(tokenizer)}  # the chat format its training text was put in
     explicit = options.get("artifact")
     if explicit:
         return recipe, Path(explicit)
@@ -163,7 +164,7 @@ def skip_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> t
     cache's, named by the target, the recipe and the host the search times on
     (:func:`~harness.target.timing.timing_host`): the vector is the fastest one there, so one
     searched on another device or thread count is searched again, not reused."""
-    rd = recipe_key(SearchRecipe(**dict(options.get("search") or {})))
+    rd = {**recipe_key(SearchRecipe(**dict(options.get("search") or {}))), **chat_template_key(tokenizer)}
     if options.get("artifact"):
         return rd, Path(options["artifact"])
     host = timing_host(next(model.parameters()).device)

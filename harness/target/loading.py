@@ -816,6 +816,19 @@ def hub_revision(repo_id: str) -> str | None:
     return Path(local).name
 
 
+#: the attribute a tokenizer carries where ``workload.chat_template`` replaced its chat template
+CHAT_TEMPLATE_OPTION = "harness_chat_template"
+
+
+def chat_template_key(tokenizer) -> dict:
+    """``{"chat_template": <16 hex digits of the template's SHA-256>}`` where ``workload.chat_template``
+    replaced the tokenizer's template (an artifact trained on chat-formatted text is keyed by the format
+    it saw); ``{}`` where the tokenizer keeps its own."""
+    if tokenizer is None or getattr(tokenizer, CHAT_TEMPLATE_OPTION, None) is None:
+        return {}
+    return {"chat_template": hashlib.sha256(str(tokenizer.chat_template).encode()).hexdigest()[:16]}
+
+
 def looks_like_hub_id(ref: str) -> bool:
     """Whether a reference that is no local path has a hub id's form, ``owner/name``."""
     parts = ref.split("/")

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.target.loading import CHAT_TEMPLATE_OPTION
 from harness.workloads.prompts import Prompt, WorkloadError, load_configured
 
 TRUNCATE_LEFT = "left"
@@ -169,6 +170,7 @@ def set_chat_template(tokenizer, value: str | None) -> None:
     template = chat_template_of(value)
     if template is not None and tokenizer is not None:
         tokenizer.chat_template = template
+        setattr(tokenizer, CHAT_TEMPLATE_OPTION, value)  # artifacts trained on its chats are keyed by it
 
 
 def chat_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
