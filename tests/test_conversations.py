@@ -88,12 +88,23 @@ def test_a_tokenizer_without_a_chat_template_is_refused_naming_the_fix_and_vicun
     set_chat_template(tok, "vicuna")
     enc = PromptEncoder(tok, chat=True, eos=frozenset({2}))
     enc.check([CONV])
-    first = enc.raw(CONV)
-    assert first[0] == tok.bos_token_id
-    assert tok.decode(first) == f"<s>{VICUNA_SYSTEM} USER: hello world ASSISTANT:"
+    # the ids Spec-Bench feeds: FastChat's prompt text through tokenizer(text) (a BOS where it adds one)
+    first_text = f"{VICUNA_SYSTEM} USER: hello world ASSISTANT:"
+    assert enc.raw(CONV) == tok(first_text)["input_ids"]
+    assert tok.decode(enc.raw(CONV)) == first_text  # this tokenizer adds no BOS: none rendered
     answer = tok.encode(" fine, thanks", add_special_tokens=False) + [2]
-    second = tok.decode(enc.raw(CONV, [answer]))
-    assert second == f"<s>{VICUNA_SYSTEM} USER: hello world ASSISTANT: fine, thanks</s>USER: say more ASSISTANT:"
+    second_text = f"{VICUNA_SYSTEM} USER: hello world ASSISTANT: fine, thanks</s>USER: say more ASSISTANT:"
+    assert enc.raw(CONV, [answer]) == tok(second_text)["input_ids"]  # "</s>": the EOS here, as in Vicuna's
+    with_bos = byte_tokenizer()
+    from tokenizers import processors
+
+    with_bos.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", with_bos.bos_token_id)]
+    )
+    assert with_bos("x")["input_ids"][0] == with_bos.bos_token_id
+    set_chat_template(with_bos, "vicuna")
+    ids = PromptEncoder(with_bos, chat=True).raw(CONV)
+    assert ids == with_bos(first_text)["input_ids"] and ids[0] == with_bos.bos_token_id and ids.count(1) == 1
     jinja = tmp_path / "t.jinja"
     jinja.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
     assert chat_template_of(str(jinja)) == jinja.read_text()

@@ -404,7 +404,9 @@ def test_a_checkpoint_without_a_chat_template_runs_spec_bench_in_vicunas_format(
     tok = AutoTokenizer.from_pretrained(ckpt)
     rows = [json.loads(x) for x in (tmp_path / "run" / "outputs.jsonl").read_text().splitlines()]
     turns = rows[0]["turns"]
-    assert tok.decode(turns[0]["spec_prompt_token_ids"]).startswith(f"<s>{VICUNA_SYSTEM} USER: ")
+    first = tok.decode(turns[0]["spec_prompt_token_ids"])
+    assert first.startswith(f"{VICUNA_SYSTEM} USER: ") and first.endswith(" ASSISTANT:")
+    assert turns[0]["spec_prompt_token_ids"] == tok(first)["input_ids"]  # as Spec-Bench tokenizes its prompt text
     assert tok.decode(turns[-1]["spec_prompt_token_ids"]).endswith(" ASSISTANT:")
     record = load_record(tmp_path / "run")
     assert record["config"]["workload"]["chat_template"] == "vicuna"

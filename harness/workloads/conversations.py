@@ -121,37 +121,54 @@ def _ids(out) -> list[int]:
     return [int(t) for t in out]
 
 
-#: FastChat's Vicuna v1.1 conversation as a chat template (Zheng et al., 2023): its system line, then
-#: ``USER: <question> ASSISTANT: <answer></s>`` per turn, ending ``ASSISTANT:`` where the model answers;
-#: Spec-Bench (Xia et al., 2024) builds every model's prompts so. A leading system message replaces the
-#: system line.
+#: FastChat's Vicuna v1.1 conversation (Zheng et al., 2023): its system line, then ``USER: <question>
+#: ASSISTANT: <answer></s>`` per turn, ending ``ASSISTANT:`` where the model answers. Spec-Bench (Xia et
+#: al., 2024) builds every model's prompt text so and tokenizes it with the model's tokenizer.
 VICUNA_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. "
     "The assistant gives helpful, detailed, and polite answers to the user's questions."
 )
-VICUNA_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% if messages and messages[0]['role'] == 'system' %}"
-    "{% set system = messages[0]['content'] %}{% set turns = messages[1:] %}"
-    '{% else %}{% set system = "' + VICUNA_SYSTEM + '" %}{% set turns = messages %}{% endif %}'
-    "{{ system }} "
-    "{% for m in turns %}"
-    "{% if m['role'] == 'user' %}USER: {{ m['content'] }} "
-    "{% else %}ASSISTANT: {{ m['content'] }}{{ eos_token }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
-)
-#: ``workload.chat_template`` names
-NAMED_CHAT_TEMPLATES = {"vicuna": VICUNA_TEMPLATE}
 
 
-def chat_template_of(value: str | None) -> str | None:
-    """The Jinja text ``workload.chat_template`` names: None (the tokenizer's own), a named template
-    (:data:`NAMED_CHAT_TEMPLATES`) or a file's text; a file that cannot be read is refused."""
+def vicuna_template(*, bos: bool) -> str:
+    """FastChat's Vicuna v1.1 conversation as a chat template: the literal ``</s>`` after each answer
+    (an EOS where the tokenizer has that token, text elsewhere, as in Spec-Bench's prompts), and the
+    tokenizer's BOS first where ``bos`` (where ``tokenizer(text)`` adds one: a chat template's text is
+    tokenized without special tokens). A leading system message replaces the system line."""
+    return (
+        ("{{ bos_token }}" if bos else "")
+        + "{% if messages and messages[0]['role'] == 'system' %}"
+        + "{% set system = messages[0]['content'] %}{% set turns = messages[1:] %}"
+        + '{% else %}{% set system = "'
+        + VICUNA_SYSTEM
+        + '" %}{% set turns = messages %}{% endif %}'
+        + "{{ system }} "
+        + "{% for m in turns %}"
+        + "{% if m['role'] == 'user' %}USER: {{ m['content'] }} "
+        + "{% else %}ASSISTANT: {{ m['content'] }}</s>{% endif %}"
+        + "{% endfor %}"
+        + "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+    )
+
+
+def adds_bos(tokenizer) -> bool:
+    """Whether ``tokenizer(text)`` puts the tokenizer's BOS first (Llama's and Vicuna's do; SmolLM2's not)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return bos is not None and _ids(tokenizer("x"))[:1] == [bos]
+
+
+#: ``workload.chat_template`` names: each builds its template for a tokenizer
+NAMED_CHAT_TEMPLATES = {"vicuna": lambda tokenizer: vicuna_template(bos=adds_bos(tokenizer))}
+
+
+def chat_template_of(value: str | None, tokenizer=None) -> str | None:
+    """The Jinja text ``workload.chat_template`` names for ``tokenizer``: None (the tokenizer's own), a
+    named template (:data:`NAMED_CHAT_TEMPLATES`) or a file's text; a file that cannot be read is
+    refused."""
     if value is None:
         return None
     if value in NAMED_CHAT_TEMPLATES:
-        return NAMED_CHAT_TEMPLATES[value]
+        return NAMED_CHAT_TEMPLATES[value](tokenizer)
     path = Path(str(value)).expanduser()
     try:
         text = path.read_text(encoding="utf-8")
@@ -167,10 +184,11 @@ def chat_template_of(value: str | None) -> str | None:
 
 def set_chat_template(tokenizer, value: str | None) -> None:
     """Give ``tokenizer`` the chat template ``workload.chat_template`` names (nothing for None)."""
-    template = chat_template_of(value)
-    if template is not None and tokenizer is not None:
-        tokenizer.chat_template = template
-        setattr(tokenizer, CHAT_TEMPLATE_OPTION, value)  # artifacts trained on its chats are keyed by it
+    if value is None or tokenizer is None:
+        chat_template_of(value)  # a file that cannot be read is refused all the same
+        return
+    tokenizer.chat_template = chat_template_of(value, tokenizer)
+    setattr(tokenizer, CHAT_TEMPLATE_OPTION, value)  # artifacts trained on its chats are keyed by it
 
 
 def chat_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
