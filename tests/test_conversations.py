@@ -279,3 +279,14 @@ def test_an_artifact_trained_on_chats_is_keyed_by_the_chat_template_the_run_gave
         skip_artifact_path({}, model=model, tokenizer=own)[1]
         != skip_artifact_path({}, model=model, tokenizer=vicuna)[1]
     )
+    # and the encoded training streams the artifacts train on: the new folder would otherwise train on the
+    # other format's cached streams
+    from harness.heads.recipes import DataRecipe
+    from harness.prepare.heads_data import streams_key
+
+    keys = {name: streams_key(tok, DataRecipe(), target_hash="t" * 16) for name, tok in (("own", own), ("v", vicuna))}
+    assert keys["own"] != keys["v"]
+    assert keys["own"] == streams_key(byte_tokenizer(), DataRecipe(), target_hash="t" * 16)  # as before the option
+    from harness.heads.checkpoint import recipe_differences
+
+    assert recipe_differences({}, {"chat_template": "ab"}) == [("workload.chat_template", None, "ab")]  # named

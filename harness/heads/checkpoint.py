@@ -208,7 +208,7 @@ _RECIPE_OPTIONS = {"data": "proposer.data.", "train": "proposer.train.", "spec":
 #: recipe fields no proposer option sets (they come from the target or the artifact kind)
 _DERIVED_FIELDS = {"kind", "hidden_size", "embed_size", "vocab_size", "version"}
 #: top-level recipe fields a proposer option sets (an early-exit adapter's layer)
-_TOP_OPTIONS = {"exit_layer": "proposer.exit_layer"}
+_TOP_OPTIONS = {"exit_layer": "proposer.exit_layer", "chat_template": "workload.chat_template"}
 
 
 def recipe_differences(have: dict, want: dict) -> list[tuple[str, Any, Any]]:

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from harness.files import artifact_lock, plain_file_mode, temporary_sibling
 from harness.heads.checkpoint import cpu_budget_label, short_hash, target_fingerprint
 from harness.heads.recipes import DataRecipe
-from harness.target.loading import cache_root
+from harness.target.loading import cache_root, chat_template_key
 from harness.workloads.corpora import sharegpt_conversations
 
 
@@ -175,6 +175,21 @@ def load_stream(path: Path) -> PackedStream:
     )
 
 
+def streams_key(tokenizer, recipe: DataRecipe, *, target_hash: str, documents=None, layers: Sequence[int] = ()) -> str:
+    """The cache key of the encoded streams: the target, the data recipe, the early-exit boundaries,
+    inline documents, and the chat template ``workload.chat_template`` gave the tokenizer (the format
+    its chats were put in)."""
+    return short_hash(
+        {
+            "target": target_hash,
+            "recipe": recipe.to_dict(),
+            "layers": sorted(int(l) for l in layers),
+            "inline": None if documents is None else short_hash([list(map(list, d)) for d in documents]),
+            **chat_template_key(tokenizer),
+        }
+    )
+
+
 def training_streams(
     model: torch.nn.Module,
     tokenizer,
@@ -192,14 +207,7 @@ def training_streams(
     early-exit boundaries (:func:`encode_stream`).
     """
 
-    key = short_hash(
-        {
-            "target": target_hash,
-            "recipe": recipe.to_dict(),
-            "layers": sorted(int(l) for l in layers),
-            "inline": None if documents is None else short_hash([list(map(list, d)) for d in documents]),
-        }
-    )
+    key = streams_key(tokenizer, recipe, target_hash=target_hash, documents=documents, layers=layers)
     base = cache_root() / "heads" / "streams" / f"{target_hash[:12]}-{key}"
     paths = (base.with_name(base.name + "-train.safetensors"), base.with_name(base.name + "-heldout.safetensors"))
     if cache and all(p.is_file() for p in paths):
