@@ -199,8 +199,6 @@ def round_steps(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
                 "round/ms": sum(stages.values()) if len(group) > 1 else group[0]["ms"],
             }
         )
-        if len(group) == 1:
-            step["round/accepted_length"] = group[0]["accepted"]
         step.update({f"round/{stage}_ms": ms for stage, ms in stages.items()})
         steps.append(step)
     return steps
