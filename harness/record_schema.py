@@ -1,5 +1,6 @@
-"""What a run record promises about its gates, shared by the gates that write it and the store,
-compare, report and trackers that read it (no torch, no model code).
+"""What a run record promises about its gates and its round-cost ledger, shared by the gates and the
+decode loop that write it and the store, compare, report and trackers that read it (no torch, no
+model code).
 
 Every run records, per gate, one status:
 
@@ -27,6 +28,22 @@ GATES = (
     "greedy_equality",
 )
 STATUSES = ("passed", "failed", "skipped", "not_applicable")
+
+#: the round-cost ledger (round cost = proposal + retrieval + packing + target verify + selection
+#: + temporary state), in this order
+ROUND_COST_STAGES: tuple[str, ...] = (
+    "proposal",
+    "retrieval",
+    "packing",
+    "target_verify",
+    "selection",
+    "temporary_state",
+)
+
+#: the stages of a batch round that one forward or one commit serves for every live request: each
+#: request's row of the round series carries them in full (it waited for them); the other stages are
+#: each request's own
+SHARED_ROUND_STAGES: tuple[str, ...] = ("target_verify", "temporary_state")
 
 
 def status_of(entry: Mapping) -> str:

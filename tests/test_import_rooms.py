@@ -16,7 +16,7 @@ ALLOWED: dict[str, set[str]] = {
     "contracts": {"files"},
     "random_source": {"files"},
     "record_schema": set(),
-    "measure": {"files"},
+    "measure": {"files", "record_schema"},
     "tracking": {"files", "record_schema"},
     "topology": {"files", "contracts"},
     "verifiers": {"files", "contracts", "random_source", "topology"},

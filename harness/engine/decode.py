@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from harness.contracts import ContractError
-from harness.measure.ledger import STAGES, RoundLedger, StageClock
+from harness.measure.ledger import SHARED_ROUND_STAGES, STAGES, RoundLedger, StageClock
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
 from harness.target.backend import CausalLMBackend
@@ -309,6 +309,8 @@ def decode_batch(
             share = (total - sum(o[stage] for o in own)) / len(own)
             for o in own:
                 o[stage] += share
+        shared = {"target_verify": verify_ms, "temporary_state": commit_ms}
+        assert tuple(shared) == SHARED_ROUND_STAGES
         batch_ledger.observe_round(
             live=len(live),
             real_rows=out.real_candidate_rows,
@@ -354,7 +356,7 @@ def decode_batch(
                 committed=len(emitted),
                 first_child_hit=bool(sel.accepted_rows)
                 and sel.accepted_rows[0] == (first_child[0] if first_child else -2),
-                stage_ms={**own[k], "target_verify": verify_ms, "temporary_state": commit_ms},
+                stage_ms={**own[k], **shared},
                 temp_kv_bytes=tree.num_rows * bpt,
             )
             if req.ttft_ms is None:

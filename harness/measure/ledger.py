@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-STAGES = ("proposal", "retrieval", "packing", "target_verify", "selection", "temporary_state")
+from harness.record_schema import ROUND_COST_STAGES as STAGES
+from harness.record_schema import SHARED_ROUND_STAGES  # noqa: F401  (the decode loop reads them here)
 
 
 def device_synchronizer(device: torch.device):

@@ -48,7 +48,7 @@ from typing import Any
 import pandas as pd
 
 from harness.files import OUTPUTS_FILENAME, RECORD_FILENAME, ROUNDS_FILENAME, plain_file_mode, temporary_sibling  # noqa: F401
-from harness.record_schema import GATES, STATUSES, is_gated, is_gated_v1, status_of
+from harness.record_schema import GATES, ROUND_COST_STAGES, STATUSES, is_gated, is_gated_v1, status_of  # noqa: F401
 
 SCHEMA_VERSION = 2
 #: schema 1 records (before per-gate statuses and ``gated``) are still read: a gate recorded
@@ -125,17 +125,6 @@ REQUIRED_METRICS: tuple[str, ...] = (
     "concurrent_jobs",
     "torch_threads",
     "cpu_budget_artifact",
-)
-
-#: the round-cost ledger (round cost = proposal + retrieval + packing + target verify + selection
-#: + temporary state), in this order.
-ROUND_COST_STAGES: tuple[str, ...] = (
-    "proposal",
-    "retrieval",
-    "packing",
-    "target_verify",
-    "selection",
-    "temporary_state",
 )
 
 PER_PROMPT_KEYS: tuple[str, ...] = (

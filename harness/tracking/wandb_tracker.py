@@ -64,12 +64,12 @@ from urllib.parse import urlparse
 from omegaconf import OmegaConf
 
 from harness.files import output_folder_problem
+from harness.record_schema import ROUND_COST_STAGES, SHARED_ROUND_STAGES
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_name, depth_rows, name_of, run_name
 from harness.tracking.store import (
     AXES,
     OUTPUTS_FILENAME,
     RECORD_FILENAME,
-    ROUND_COST_STAGES,
     ROUNDS_FILENAME,
     gate_status,
     record_gated,
@@ -157,11 +157,6 @@ def run_config(
 def _artifact_name(run_id: str) -> str:
     # W&B artifact names: letters, digits, dashes, underscores and dots
     return "record-" + re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
-
-
-#: the stages of a batch round that one forward serves for every live request (each request's row of
-#: the round series carries them in full); the others are each request's own
-SHARED_ROUND_STAGES = ("target_verify", "temporary_state")
 
 
 def round_steps(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
