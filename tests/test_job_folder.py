@@ -182,6 +182,19 @@ def test_the_store_reads_complete_jobs_only(tmp_path, caplog):
     assert sorted(aggregate(root)["run_id"]) == ["complete", "legacy"]
 
 
+def test_a_store_of_no_complete_job_warns_unless_its_caller_names_them(tmp_path, caplog):
+    root = tmp_path / "sweep"
+    write_job(root / "outputs_gone", _record("outputs_gone"), OUTPUTS)
+    (root / "outputs_gone" / "outputs.jsonl").unlink()
+    with caplog.at_level(logging.WARNING, logger="harness.store"):
+        assert aggregate(root).empty
+    assert "outputs_gone" in caplog.text  # a rebuilt store that comes out empty says why
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="harness.store"):
+        assert aggregate(root, warn_if_none_left=False).empty
+    assert caplog.text == ""
+
+
 # --------------------------------------------------------------------------------------------
 # locks
 

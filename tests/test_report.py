@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -475,7 +476,7 @@ def test_a_sweep_folders_jobs_without_a_record_are_listed(tmp_path, capsys):
     assert "Jobs without a record" not in (tmp_path / "r4" / "report.md").read_text()
 
 
-def test_records_left_out_for_their_outputs_are_named_in_the_report_and_in_an_empty_result(tmp_path, capsys):
+def test_records_left_out_for_their_outputs_are_named_in_the_report_and_in_an_empty_result(tmp_path, capsys, caplog):
     """A record whose bound outputs are gone is no complete job: the report says which and why
     (not only a warning on stderr), and a folder holding only such records says so rather than
     'no run records'."""
@@ -492,8 +493,13 @@ def test_records_left_out_for_their_outputs_are_named_in_the_report_and_in_an_em
     (root / fixture_run(1).name / "outputs.jsonl").unlink()
     capsys.readouterr()
     for command in (main, compare_main):
-        assert command([str(root)]) == 2
-        err = capsys.readouterr().err.strip().splitlines()[-1]
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert command([str(root)]) == 2
+        assert caplog.text == ""  # the refusal names them: no warning per record before it
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1, lines
+        err = lines[0]
         assert f"no complete run records under {root}: 2 record(s) left out because their outputs" in err
         assert f"{fixture_run(1).name}: its outputs.jsonl is missing" in err
 

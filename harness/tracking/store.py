@@ -420,26 +420,32 @@ STORE_COLUMNS: tuple[str, ...] = (
 )
 
 
-def aggregate(records_root: str | Path) -> pd.DataFrame:
+def aggregate(records_root: str | Path, *, warn_if_none_left: bool = True) -> pd.DataFrame:
     """Flatten every complete job's ``record.json`` under ``records_root`` into one row per run.
 
     Raises :class:`RecordError` on an invalid record (naming its file) or on two records with
     the same ``run_id``; an empty folder gives an empty frame with the fixed columns. A record
-    whose bound outputs are missing or changed is no complete job: it is left out, with a warning.
+    whose bound outputs are missing or changed is no complete job: it is left out, with a warning
+    (unless every record is left out and ``warn_if_none_left`` is false: a caller that refuses an
+    empty frame with :func:`no_records_message` names them in its one line).
     """
     root = Path(records_root)
     rows: list[dict[str, Any]] = []
     seen: dict[str, Path] = {}
+    left_out: list[tuple[Path, str]] = []
     for path in iter_record_paths(root):
         record = load_record(path)
         problem = outputs_problem(record, path.parent)
         if problem is not None:
-            log.warning("record left out (not a complete job): %s: %s", path, problem)
+            left_out.append((path, problem))
             continue
         if record["run_id"] in seen:
             raise RecordError(f"duplicate run_id {record['run_id']!r}: {seen[record['run_id']]} and {path}")
         seen[record["run_id"]] = path
         rows.append(flatten_record(record, record_dir=path.parent.relative_to(root).as_posix()))
+    if rows or warn_if_none_left:
+        for path, problem in left_out:
+            log.warning("record left out (not a complete job): %s: %s", path, problem)
     if not rows:
         return pd.DataFrame(columns=list(STORE_COLUMNS))
     df = pd.DataFrame(rows)
@@ -514,11 +520,13 @@ def read_results(source: str | Path) -> tuple[pd.DataFrame, Path | None]:
     """A records folder (aggregated now) or a ``.parquet`` store.
 
     Returns ``(frame, records_root)``; ``records_root`` is the folder that ``record_dir`` is
-    relative to (for a store: the store's folder, where :func:`rebuild_store` puts it).
+    relative to (for a store: the store's folder, where :func:`rebuild_store` puts it). A folder whose
+    every record is left out gives an empty frame without the warnings: the caller refuses it with
+    :func:`no_records_message`, which names them.
     """
     source = Path(source)
     if source.is_dir():
-        return aggregate(source), source
+        return aggregate(source, warn_if_none_left=False), source
     if source.suffix == ".parquet" and source.is_file():
         try:
             df = pd.read_parquet(source, engine="pyarrow")
