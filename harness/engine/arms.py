@@ -466,15 +466,19 @@ class Arms:
 
     def warmup(self, tokens: int) -> None:
         """Both arms on the first batch's first turn (excluded from every metric: the proposers'
-        counters restart after it, so their figures in the record count measured rounds only, and
-        they forget its requests, so no measured request searches the warm-up's outputs)."""
+        counters restart after it, so their figures in the record count measured rounds only, they
+        forget its requests, so no measured request searches the warm-up's outputs, and what they
+        learned from its rounds is put back as it was, so the first measured request does not start
+        from what they learned on its own first tokens)."""
         idx = list(range(min(self.batch_size, len(self.prompts))))
+        learned = {arm: [p.snapshot_learning() for p in self.slots[arm][0]] for arm in ARMS}
         for arm in ARMS:
             self._run(arm, idx, [self.prompts[i] for i in idx], 0, max(int(tokens), 1))
         for arm in ARMS:
-            for proposer in self.slots[arm][0]:
+            for proposer, snapshot in zip(self.slots[arm][0], learned[arm], strict=True):
                 proposer.reset_counters()
                 proposer.forget_requests()
+                proposer.restore_learning(snapshot)
 
     def run(self) -> Iterator[int]:
         """Run one batch at a time, turn by turn (both arms per turn, order alternating per step);

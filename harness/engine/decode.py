@@ -34,7 +34,12 @@ Timing. One :class:`~harness.measure.ledger.StageClock` (device-synchronised) ti
 target_verify = the one shared forward), rows, padding and temporary KV bytes; each request's
 :class:`~harness.measure.ledger.RoundLedger` counts its own acceptance and carries its own
 proposal/retrieval/packing/selection times plus the shared verify and commit times in full (it
-waited for them). A request's ``decode_ms`` is its completion time since the batch's decode start.
+waited for them). The stages cover the whole round, each round starting where the last one ended, so
+the batch rounds' stages add up to the batch's decode time: proposal includes what a proposer learns
+from the last commit and from the verify forward's time, and a finishing request's ``finish`` (an
+index of its output); temporary state is the commit, the requests' tokens and counters, and the
+cache's compaction when requests leave. A request's ``decode_ms`` is its completion time since the
+batch's decode start.
 Temporary KV bytes per batch round: ``real`` = the candidate rows the requests proposed
 (``sum_b N_b``), ``padded`` = what the forward appended for candidate slots (``B (R - 1)`` rows,
 pending rows excluded; asserted against the measured cache growth); ``hole_bytes`` = masked stale
@@ -246,10 +251,10 @@ def decode_batch(
     done: list[_Live] = []
     batch_ledger = BatchLedger()
     t_decode = clock.now()
+    t_prop = t_decode
     while live:
         own: list[dict[str, float]] = []
         trees = []
-        t_prop = clock.now()
         for req in live:  # proposal + packing, per request
             t0 = clock.now()
             if req.commit_unobserved:  # what the proposer learns from the last round is proposal work
@@ -293,45 +298,20 @@ def decode_batch(
                 validate_commit(trees[k], selections[k].accepted_rows)
         target.commit(state, [s.accepted_rows for s in selections])
         t_end = clock.now()
-        verify_ms, commit_ms = (t_select - t_verify) * 1e3, (t_end - t_commit) * 1e3
+        verify_ms = (t_select - t_verify) * 1e3
         if out.kv_bytes_added != len(live) * out.rows * bpt:
             raise ContractError(
                 f"verify appended {out.kv_bytes_added} KV bytes, expected B*R*bytes_per_token "
                 f"= {len(live) * out.rows * bpt}"
             )
-        retrieval_ms = sum(o["retrieval"] for o in own)
-        packing_ms = sum(o["packing"] for o in own)
-        proposal_ms = (t_verify - t_prop) * 1e3 - retrieval_ms - packing_ms
-        selection_ms = (t_commit - t_select) * 1e3
-        # the loops' own time around each request's timed span (clock reads, the depth cap, the
-        # lists) is the round's too: shared evenly, so the requests' rows add up to the round's
-        for stage, total in (("proposal", proposal_ms), ("selection", selection_ms)):
-            share = (total - sum(o[stage] for o in own)) / len(own)
-            for o in own:
-                o[stage] += share
-        shared = {"target_verify": verify_ms, "temporary_state": commit_ms}
-        assert tuple(shared) == SHARED_ROUND_STAGES
-        batch_ledger.observe_round(
-            live=len(live),
-            real_rows=out.real_candidate_rows,
-            padded_rows=out.padded_candidate_rows,
-            stage_ms={
-                "proposal": proposal_ms,
-                "retrieval": retrieval_ms,
-                "packing": packing_ms,
-                "target_verify": verify_ms,
-                "selection": selection_ms,
-                "temporary_state": commit_ms,
-            },
-            temp_kv_real_bytes=out.real_candidate_rows * bpt,
-            temp_kv_padded_bytes=out.padded_candidate_rows * bpt,
-            hole_bytes=holes,
-        )
         if len(live) == (b if full_batch is None else full_batch):  # the forward their t(n) curve prices
-            for req in live:
+            for k, req in enumerate(live):  # what a proposer learns from the forward's time is its own work
+                t0 = clock.now()
                 req.proposer.observe_verify(out.rows, verify_ms)
-        now = (clock.now() - t_decode) * 1e3
-        finished_rows, emitted_all = [], []
+                own[k]["proposal"] += (clock.now() - t0) * 1e3
+        t_observed = clock.now()
+        now = (t_observed - t_decode) * 1e3
+        finished_rows, emitted_all, observations = [], [], []
         for k, req in enumerate(live):
             tree, sel = trees[k], selections[k]
             emitted, counted = req.emit(
@@ -348,16 +328,17 @@ def decode_batch(
             cut = counted < len(sel.accepted_rows)
             stop = sel.accepted_rows[counted - 1] if counted else -1
             tried = counted if cut else counted + (1 if tree.children(stop) else 0)
-            req.ledger.observe_round(
-                tree_depth=depth,
-                depth_tried=tried,
-                num_rows=tree.num_rows,
-                accepted=counted,
-                committed=len(emitted),
-                first_child_hit=bool(sel.accepted_rows)
-                and sel.accepted_rows[0] == (first_child[0] if first_child else -2),
-                stage_ms={**own[k], **shared},
-                temp_kv_bytes=tree.num_rows * bpt,
+            observations.append(
+                dict(
+                    tree_depth=depth,
+                    depth_tried=tried,
+                    num_rows=tree.num_rows,
+                    accepted=counted,
+                    committed=len(emitted),
+                    first_child_hit=bool(sel.accepted_rows)
+                    and sel.accepted_rows[0] == (first_child[0] if first_child else -2),
+                    temp_kv_bytes=tree.num_rows * bpt,
+                )
             )
             if req.ttft_ms is None:
                 req.ttft_ms = prefill_ms + now
@@ -375,18 +356,58 @@ def decode_batch(
                 state=state,
                 finished=[live[k].index for k in finished_rows],
             )
-        for k in finished_rows:
+        finish_ms = 0.0
+        for k in finished_rows:  # a finishing request's proposer indexes its output: its own proposal work
+            t0 = clock.now()
             live[k].proposer.finish()
-            done.append(live[k])
-        target.drop(state, finished_rows)
-        if finished_rows:  # a request's time includes its proposer's finish (an index of its output) and its drop
-            end = (clock.now() - t_decode) * 1e3
+            took = (clock.now() - t0) * 1e3
+            own[k]["proposal"] += took
+            finish_ms += took
+        target.drop(state, finished_rows)  # the cache compacts the requests left: the round's temporary state
+        t_round_end = clock.now()
+        # the round's time, t_prop to t_round_end, in its stages: proposal (the proposals, what the
+        # proposers learn from the forward's time, a finishing request's index of its output), target
+        # verify, selection, and temporary state (the commit, the requests' tokens and counters, and
+        # the cache's compaction when requests leave)
+        retrieval_ms = sum(o["retrieval"] for o in own)
+        packing_ms = sum(o["packing"] for o in own)
+        proposal_ms = (t_verify - t_prop + t_observed - t_end) * 1e3 + finish_ms - retrieval_ms - packing_ms
+        selection_ms = (t_commit - t_select) * 1e3
+        commit_ms = (t_end - t_commit + t_round_end - t_observed) * 1e3 - finish_ms
+        # the loops' own time around each request's timed span (clock reads, the depth cap, the
+        # lists) is the round's too: shared evenly, so the requests' rows add up to the round's
+        for stage, total in (("proposal", proposal_ms), ("selection", selection_ms)):
+            share = (total - sum(o[stage] for o in own)) / len(own)
+            for o in own:
+                o[stage] += share
+        shared = {"target_verify": verify_ms, "temporary_state": commit_ms}
+        assert tuple(shared) == SHARED_ROUND_STAGES
+        batch_ledger.observe_round(
+            live=len(live),
+            real_rows=out.real_candidate_rows,
+            padded_rows=out.padded_candidate_rows,
+            stage_ms={
+                "proposal": proposal_ms,
+                "retrieval": retrieval_ms,
+                "packing": packing_ms,
+                "selection": selection_ms,
+                **shared,
+            },
+            temp_kv_real_bytes=out.real_candidate_rows * bpt,
+            temp_kv_padded_bytes=out.padded_candidate_rows * bpt,
+            hole_bytes=holes,
+        )
+        for k, req in enumerate(live):
+            req.ledger.observe_round(stage_ms={**own[k], **shared}, **observations[k])
+        if finished_rows:  # a request's time includes its proposer's finish and its drop
             for k in finished_rows:
-                live[k].done_ms = end
+                live[k].done_ms = (t_round_end - t_decode) * 1e3
+                done.append(live[k])
         gone = set(finished_rows)
         live = [req for k, req in enumerate(live) if k not in gone]
         for req in live:
             req.commit_unobserved = True
+        t_prop = t_round_end  # the next round starts where this one ends: the stages add up to the wall
     decode_ms = (clock.now() - t_decode) * 1e3
     done.sort(key=lambda r: r.index)
     results = [

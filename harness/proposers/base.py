@@ -12,6 +12,7 @@ last (the target has not yet computed its KV).
 from __future__ import annotations
 
 import contextlib
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
@@ -133,6 +134,21 @@ class Proposer(ABC):
     def forget_requests(self) -> None:
         """Drop what this proposer remembers of the requests it served (after the warm-up, whose
         outputs are no part of the measured workload). Nothing by default."""
+
+    #: the attributes holding what this proposer learns from the rounds it serves and keeps across
+    #: requests (an adaptive budget's cost and acceptance models, an adaptive draft threshold)
+    LEARNING: ClassVar[tuple[str, ...]] = ()
+
+    def snapshot_learning(self) -> dict:
+        """A copy of what this proposer has learned (:attr:`LEARNING`), for :meth:`restore_learning`:
+        the warm-up's rounds are no part of the measured workload, and a measured request must not
+        start from what the warm-up learned on its own first tokens."""
+        return {name: copy.deepcopy(getattr(self, name)) for name in self.LEARNING}
+
+    def restore_learning(self, snapshot: dict) -> None:
+        """Put back what :meth:`snapshot_learning` copied."""
+        for name, value in snapshot.items():
+            setattr(self, name, copy.deepcopy(value))
 
     def state_bytes(self) -> int:
         return 0

@@ -273,6 +273,13 @@ class MergedProposer(Proposer):
         for s in self.sources:
             s.forget_requests()
 
+    def snapshot_learning(self) -> dict:
+        return {"sources": [s.snapshot_learning() for s in self.sources]}
+
+    def restore_learning(self, snapshot: dict) -> None:
+        for s, learned in zip(self.sources, snapshot["sources"], strict=True):
+            s.restore_learning(learned)
+
     def start(self, prompt_ids: list[int]) -> None:
         for s in self.sources:
             s.start(prompt_ids)

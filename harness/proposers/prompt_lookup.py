@@ -799,6 +799,8 @@ class PromptLookupProposer(Proposer):
             self._shelf = first._shelf
             self._owns_shelf = False
 
+    LEARNING = ("cost_model", "acceptance")
+
     def forget_requests(self) -> None:
         """Empty the history (the shelf every slot shares): the warm-up's outputs are not searched."""
         self._shelf.history.clear()

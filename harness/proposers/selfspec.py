@@ -292,6 +292,12 @@ class LayerSkipProposer(SelfSpecProposer):
         skip, manifest = load_skip(options, model=model, tokenizer=tokenizer)
         return {"skip": skip, "artifact_manifest": manifest, **dict(options.get("threshold") or {})}
 
+    LEARNING = ("gamma", "acceptance_ema")
+
+    def restore_learning(self, snapshot: dict) -> None:
+        super().restore_learning(snapshot)
+        self.stats.extras["final_gamma"] = self.gamma
+
     def threshold(self) -> float:
         return self.gamma
 
