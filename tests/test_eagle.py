@@ -398,10 +398,36 @@ def test_critical_path_is_one_draft_stage_per_depth(env):
     prompt = env["docs"][31][:6]
     p = make(env, CHAIN)
     _, rounds = run(env["backend"], p, prompt=prompt)
-    # catch-up + depths 2..4, or fewer where the request had fewer tokens left than 4 + 1
+    # catch-up + depths 2..4, or fewer where the request had fewer tokens left than 4 + 1; the first
+    # round's catch-up is the draft's prompt forward, run at the request's start (prefill)
     depths = [max(1, min(CHAIN.max_depth, n - 1)) for n in tokens_left(rounds, 24)]
     assert depths[0] == 4 and min(depths) < 4
-    assert p.stats.extras["critical_path_stages_per_round"] == pytest.approx(sum(depths) / len(depths))
+    expected = (sum(depths) - 1) / len(depths)
+    assert p.stats.extras["critical_path_stages_per_round"] == pytest.approx(expected)
+
+
+def test_the_drafts_prompt_forward_runs_at_the_requests_start_in_prefill(env):
+    """The draft's forward over the prompt's (feature, token) pairs runs in ``start``, inside the
+    prefill the arm times, as a draft model's prompt forward does: the first round drafts only."""
+    prompt = env["docs"][30][:12]
+    p = make(env, CHAIN)
+    backend = env["backend"]
+    fed = []
+    forward = p.draft.forward
+
+    def spy(feats, *a, **kw):
+        fed.append((p.stats.extras["rounds"], int(feats.shape[1]), kw.get("real")))
+        return forward(feats, *a, **kw)
+
+    p.draft.forward = spy
+    try:
+        res, rounds = run(backend, p, prompt=prompt, new=8)
+    finally:
+        del p.draft.forward
+    assert fed[0] == (0, len(prompt) - 1, True)  # before any round: the whole prompt at once
+    first_round = [rows for r, rows, real in fed if r == 1]
+    assert first_round and max(first_round) == 1  # round 1 drafts one row per depth
+    assert res.tokens == autoregressive(backend, prompt, new=8)
 
 
 def test_unexpected_forward_is_a_miss_not_a_wrong_feature(env):

@@ -548,6 +548,63 @@ def test_hydra_prefix_layer_runs_incrementally_as_the_published_one_layer_llama(
     torch.testing.assert_close(got, hydra_reference(state, 1, 2, want[-1:], embs, grounded=True, arch="prefix-mlp"))
 
 
+def test_the_prefix_layer_reads_the_prompt_at_the_requests_start_in_prefill(tmp_path, target):
+    """The prefix layer's forward over the prompt's rows runs in ``start``, inside the prefill the
+    arm times, as a draft model's prompt forward does: the first round feeds it no row, later rounds
+    the rows they committed; the output stays the target's."""
+    from harness.engine.decode import RoundConfig, decode
+    from harness.heads.checkpoint import target_fingerprint
+    from harness.proposers.base import NullProposer
+    from harness.proposers.heads import HydraProposer
+    from harness.random_source import TorchRandomSource
+    from harness.target.backend import CausalLMBackend
+    from harness.verifiers import get_verifier
+    from harness.verifiers.sampling import SamplingPolicy
+
+    _, path = prefix_hydra(tmp_path, target)
+    art = load_configured_heads("hydra", {"artifact": str(path)}, model=target, tokenizer=None)
+    budget = Budget(shape="sequence", max_nodes=3, max_depth=3)
+    p = HydraProposer(
+        budget=budget,
+        manifest_hash="h",
+        policy=SamplingPolicy(),
+        model=target,
+        heads=art.heads,
+        checkpoint=target_fingerprint(target),
+        artifact_manifest=art.manifest,
+    )
+    assert p.prefix_feed
+    fed_before = []
+    propose = p.propose
+
+    def spy(committed, rng):
+        fed_before.append((len(committed), p.stats.extras.get("prefix_rows_fed", 0)))
+        return propose(committed, rng)
+
+    p.propose = spy
+    prompt = [3, 9, 14, 27, 5, 11, 30, 8, 19]
+
+    def decode_with(proposer):
+        return decode(
+            target=CausalLMBackend(target),
+            proposer=proposer,
+            verifier=get_verifier("greedy"),
+            policy=SamplingPolicy(),
+            prompt_ids=prompt,
+            max_new_tokens=10,
+            eos_token_ids=frozenset(),
+            rng=TorchRandomSource(0),
+            round_cfg=RoundConfig(max_nodes=3, max_depth=3),
+        )
+
+    res = decode_with(p)
+    assert fed_before[0] == (len(prompt), len(prompt) - 1)  # every prompt row but the pending one, before round 1
+    # a later round feeds the rows the last one committed, inside its own proposal
+    assert [fed for _, fed in fed_before[1:]] == [n - 1 for n, _ in fed_before[:-1]]
+    null = NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h")
+    assert res.tokens == decode_with(null).tokens
+
+
 def test_ungrounded_prefix_mlp_heads_say_they_read_the_prefix_layer_as_trained(tmp_path, target):
     """Hydra's ungrounded generation passes its heads the target's hidden state, skipping the prefix layer
     its training forward runs them after; the heads here read the prefix layer's output, and a loaded bank

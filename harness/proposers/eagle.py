@@ -173,10 +173,18 @@ class EagleProposer(HiddenRowProposer):
             "mean_tree_rows": None,
         }
 
+    @torch.inference_mode()
     def start(self, prompt_ids: list[int]) -> None:
+        """Keep the prefill's features and run the draft's own prompt forward over them now: prefill
+        work, as a draft model's prompt forward is (the first round's proposal then drafts only)."""
         self._reset()
         last = self.tap.last
         self._start_capture = last if last is not None and last.serial == self.tap.serial else None
+        if self._start_capture is not None and len(prompt_ids) >= 2:
+            self._ingest(prompt_ids)
+            stages = self.stats.extras["draft_stages"]
+            self._catch_up(prompt_ids)
+            self.stats.extras["draft_stages"] = stages  # the prompt forward is no round's stage
 
     def finish(self) -> None:
         self._reset()

@@ -156,12 +156,18 @@ class HeadsProposer(HiddenRowProposer):
         check_target(layout, geometry(), depth=depth)
 
     # ------------------------------------------------------------------ lifecycle
+    @torch.inference_mode()
     def start(self, prompt_ids: list[int]) -> None:
+        """Forget the last request; a bank with a prefix layer feeds it the prompt's rows now (prefill
+        work, as a draft model's prompt forward is: the first round's proposal then feeds one row)."""
         self.store.reset()
         self._start_serial = self.tap.serial  # the prefill forward (if any) ran just before
         self._ingested = -1
         self._expect = None
         self._reset_prefix()
+        if self.prefix_feed and len(prompt_ids) >= 2:
+            self._ingest(prompt_ids)
+            self._prefix_context(len(prompt_ids) - 2)
 
     def counters(self) -> dict:
         fed = {"prefix_rows_fed": 0} if "prefix_rows_fed" in self.stats.extras else {}
