@@ -491,6 +491,18 @@ def test_heads_at_batch_above_one_are_refused_before_model_work(name):
     plan(ok)
     with pytest.raises(ConfigError, match=r"batch_size <= 1; got 2: the heads read"):
         plan(big)
+    # a merged proposer built with such a source (through the API: its config offers none) serves
+    # what its most limited source serves
+    from harness.contracts import Budget
+    from harness.proposers.merged import MergedProposer
+
+    options = {"sources": ["prompt_lookup", name], "prompt_lookup": {}, name: {}}
+    limit, why = MergedProposer.batch_limit(options, Budget(shape="sequences", max_nodes=8, max_depth=4))
+    assert limit == 1 and why.startswith(f"its source {name}: the heads read")
+    assert MergedProposer.batch_limit({"sources": ["prompt_lookup"], "prompt_lookup": {}}, Budget("tree", 8, 4)) == (
+        None,
+        "",
+    )
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -113,11 +113,11 @@ def plan(cfg: DictConfig) -> Plan:
     check = getattr(cls, "check_plan", None)
     if check is not None:  # e.g. a published head checkpoint against the target's geometry
         check(proposer_options(cfg), budget, lambda: model_geometry(cfg.model))
-    if cls.max_batch_size is not None and batch > cls.max_batch_size:
+    limit, why = cls.batch_limit(proposer_options(cfg), budget)
+    if limit is not None and batch > limit:
         raise ConfigError(
-            f"proposer={cfg.proposer.name} serves generation.batch_size <= {cls.max_batch_size}; "
-            f"got {batch}: {cls.batch_limit_reason}",
-            suggestions=[(f"generation.batch_size={cls.max_batch_size}",)],
+            f"proposer={cfg.proposer.name} serves generation.batch_size <= {limit}; got {batch}: {why}",
+            suggestions=[(f"generation.batch_size={limit}",)],
         )
     baseline = get_verifier("greedy" if policy.greedy else "membership")
     return Plan(policy=policy, budget=budget, capabilities=caps, verifier=verifier, baseline_verifier=baseline)

@@ -85,6 +85,12 @@ class Proposer(ABC):
         """Build from config options once models are loaded (``context``: engine.build.BuildContext)."""
         return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, **options)
 
+    @classmethod
+    def batch_limit(cls, options: dict, budget: Budget) -> tuple[int | None, str]:
+        """The largest ``generation.batch_size`` this proposer serves with these options (None: any),
+        and why (:attr:`max_batch_size`, :attr:`batch_limit_reason`)."""
+        return cls.max_batch_size, cls.batch_limit_reason
+
     def capabilities(self) -> Capabilities:
         return self.capabilities_on(self.budget, {self.probability_semantics}, {self.sampling_relation})
 

@@ -223,6 +223,18 @@ class MergedProposer(Proposer):
         return out
 
     @classmethod
+    def batch_limit(cls, options: dict, budget: Budget) -> tuple[int | None, str]:
+        """The smallest of the sources' limits: every source serves every request of the batch."""
+        limits = [
+            (*sub_cls.batch_limit(sub, b), name) for name, sub_cls, sub, b in cls._source_entries(options, budget)
+        ]
+        bounded = [entry for entry in limits if entry[0] is not None]
+        if not bounded:
+            return None, ""
+        limit, why, name = min(bounded, key=lambda entry: entry[0])
+        return limit, f"its source {name}: {why}"
+
+    @classmethod
     def declare(cls, options: dict, budget: Budget) -> Capabilities:
         """The union of the sources' semantics and relations (plus what the merge emits)."""
         if budget.shape not in cls.shapes:
