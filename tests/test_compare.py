@@ -344,6 +344,18 @@ def test_json_replaces_its_own_file_only_and_job_folders_named_by_overrides_are_
     monkeypatch.chdir(job.parent)
     assert main([job.name, "resamples=50"]) == 0
     assert "prompt_lookup" in capsys.readouterr().out
+    # the store it reads is never the JSON's path, overwrite or not, nor is any store's name
+    from harness.tracking.store import rebuild_store
+
+    rebuild_store(job.parent)
+    store = job.parent / "store.parquet"
+    kept = store.read_bytes()
+    for extra in ([], ["overwrite=true"]):
+        assert main([str(store), f"json={store}", "resamples=50", *extra]) == 2
+        assert f"json={store} is the store compare reads" in capsys.readouterr().err
+    assert main([str(job), f"json={tmp_path / 'other.parquet'}", "resamples=50"]) == 2
+    assert "is named as a store (.parquet)" in capsys.readouterr().err
+    assert store.read_bytes() == kept and not (tmp_path / "other.parquet").exists()
 
 
 def test_runs_without_a_value_of_the_by_axis_are_an_arm_of_their_own():
@@ -525,6 +537,37 @@ def test_an_ungated_run_that_is_also_heuristic_keeps_that_label_and_its_own_arm(
     labels = run_labels(df)
     assert labels["r2"].endswith("[ungated: a gate was skipped] [heuristic, exact=false]")
     assert labels["r1"].endswith("[ungated: a gate was skipped]") and "heuristic" not in labels["r1"]
+
+
+def test_a_heuristic_run_of_a_cpu_budget_artifact_is_heuristic_and_says_what_artifact_it_ran():
+    """A gated, inexact run of heads trained on this CPU's small budget (Medusa's typical acceptance)
+    went into the CPU-budget section, pooled there with its arm's exact runs. Inexact comes first:
+    it is a heuristic run, its own arm, labelled with the artifact too."""
+    from harness.tracking.report import run_labels
+    from harness.tracking.store import section_of
+
+    assert section_of(exact=False, cpu_budget_artifact=True) == "heuristic"
+    assert section_of(exact=True, cpu_budget_artifact=True) == "cpu_budget_artifact"
+    assert section_of(exact=False, cpu_budget_artifact=True, gated=False) == "ungated"
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy(
+        {
+            "r1": {"proposer": "medusa", "prompts": prompts, "section": "cpu_budget_artifact"},
+            "r2": {"proposer": "medusa", "prompts": prompts, "section": "heuristic", "verifier": "typical"},
+            "r3": {"proposer": "medusa", "prompts": prompts, "section": "heuristic", "verifier": "typical"},
+        }
+    )
+    df["exact"] = [True, False, False]
+    df["cpu_budget_artifact"] = [True, True, False]
+    rows = [r for r in compare(df, by="proposer", n_resamples=50) if r.category == ALL]
+    assert {(r.section, r.arm, r.run_ids) for r in rows} == {
+        ("cpu_budget_artifact", "medusa", ("r1",)),
+        ("heuristic", "medusa [CPU-budget artifact]", ("r2",)),
+        ("heuristic", "medusa", ("r3",)),
+    }
+    labels = run_labels(df)
+    assert labels["r2"].endswith("[heuristic, exact=false] [CPU-budget artifact]")
+    assert labels["r3"].endswith("[heuristic, exact=false]")
 
 
 def test_arms_that_differ_beyond_the_by_axis_or_ran_other_prompts_say_so_without_a_baseline():

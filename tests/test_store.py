@@ -177,6 +177,26 @@ def test_a_store_whose_job_was_re_run_since_is_refused_as_stale(tmp_path):
     assert len(read_results(away / "store.parquet")[0]) == 11
 
 
+def test_a_store_counting_a_run_whose_outputs_changed_since_is_refused(tmp_path):
+    """The folder leaves out a record whose bound outputs changed (no complete job); the store built
+    before the change still counted it, so the two gave different figures. The store is refused,
+    naming the job and why, and the folder reads as before."""
+    root = _copy_sweep(tmp_path)
+    rebuild_store(root)
+    job = root / "fixture-sweep" / fixture_run(3).name
+    with open(job / "outputs.jsonl", "a", encoding="utf-8") as fh:
+        fh.write("{}\n")
+    with pytest.raises(
+        RecordError, match=r"store.parquet counts a run that is no complete job now: fixture-sweep/fx03-"
+    ):
+        read_results(root / "store.parquet")
+    try:
+        read_results(root / "store.parquet")
+    except RecordError as exc:
+        assert "its outputs.jsonl is not the one the record binds" in str(exc) and f"`{root}`" in str(exc)
+    assert fixture_run_id(3) not in set(read_results(root)[0]["run_id"])
+
+
 def test_the_store_reads_a_job_folder_under_a_dot_folder_and_skips_only_the_harness_s_own(tmp_path):
     """A sweep names a job's folder by its overrides, so a path value (``workload.path=/x/.data/p.jsonl``)
     nests it under a dot folder: every hidden folder was skipped, and that job was in no store,

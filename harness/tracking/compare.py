@@ -394,12 +394,13 @@ def _as_float(text: str) -> float | None:
 
 
 def also_labelled(run: Mapping[str, Any]) -> str:
-    """What an ungated run also is, which its section (``ungated`` comes first) does not say:
-    ``[heuristic, exact=false]``, ``[CPU-budget artifact]``, both, or ``""``."""
-    if run.get("section") != "ungated":
+    """What a run also is, which its section (``ungated`` comes first, then ``heuristic``) does not
+    say: for an ungated run ``[heuristic, exact=false]``, ``[CPU-budget artifact]``, both, or ``""``;
+    for a heuristic run ``[CPU-budget artifact]`` or ``""``."""
+    if run.get("section") not in ("ungated", "heuristic"):
         return ""
     tags = []
-    if run.get("exact") is False or run.get("exact") == 0:
+    if run.get("section") == "ungated" and (run.get("exact") is False or run.get("exact") == 0):
         tags.append("heuristic, exact=false")
     if bool(run.get("cpu_budget_artifact")) and run.get("cpu_budget_artifact") == run.get("cpu_budget_artifact"):
         tags.append("CPU-budget artifact")
@@ -1356,6 +1357,11 @@ def main(argv: list[str] | None = None) -> int:
         if boot["method"] not in ("percentile", "basic", "BCa"):
             raise ValueError(f"method={boot['method']!r}: expected percentile, basic or BCa")
         if "json" in opts:  # before any work: a JSON that may not be written is refused first
+            out = Path(opts["json"])
+            if out.exists() and out.resolve() == Path(positionals[0]).resolve():
+                raise ValueError(f"json={out} is the store compare reads: give the compare JSON another path")
+            if out.suffix == ".parquet":
+                raise ValueError(f"json={out} is named as a store (.parquet): give the compare JSON a .json path")
             problem = output_file_problem(
                 "json",
                 Path(opts["json"]),

@@ -306,14 +306,15 @@ def load_record(path: str | Path) -> dict[str, Any]:
 
 
 def section_of(*, exact: bool, cpu_budget_artifact: bool, gated: bool = True) -> str:
-    """Which section a run belongs to: ungated runs first, then CPU-budget artifacts, then inexact
-    heuristics; only gated, exact runs with no CPU-budget artifact are ``exact``."""
+    """Which section a run belongs to: ungated runs first, then inexact heuristics (whatever artifact
+    they ran), then CPU-budget artifacts; only gated, exact runs with no CPU-budget artifact are
+    ``exact``. A heuristic run is never pooled with exact ones, CPU-budget artifacts' included."""
     if not gated:
         return "ungated"
-    if cpu_budget_artifact:
-        return "cpu_budget_artifact"
     if not exact:
         return "heuristic"
+    if cpu_budget_artifact:
+        return "cpu_budget_artifact"
     return "exact"
 
 
@@ -548,6 +549,14 @@ def read_results(source: str | Path) -> tuple[pd.DataFrame, Path | None]:
                 f"re-ran after the store was built); give the folder instead (`{source.parent}`: its records are "
                 "read now), or launch the sweep again to rebuild the store"
             )
+        changed = changed_output_rows(df, source.parent)
+        if changed:
+            record_dir, problem = changed[0]
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            raise RecordError(
+                f"{source} counts a run that is no complete job now: {record_dir}: {problem}{more}; give the folder "
+                f"instead (`{source.parent}`: its complete records are read now, the others left out and named)"
+            )
         return df, source.parent
     raise RecordError(f"{source}: expected a records folder or a .parquet store")
 
@@ -577,6 +586,25 @@ def stale_rows(df: pd.DataFrame, root: Path) -> list[tuple[str, str, str]]:
             found_id = found.group(1)
         if found_id is not None and str(found_id) != str(run_id):
             out.append((str(record_dir), str(found_id), str(run_id)))
+    return out
+
+
+def changed_output_rows(df: pd.DataFrame, root: Path) -> list[tuple[str, str]]:
+    """The rows of a store whose job folder still holds their run's record but not the outputs it
+    binds (changed or gone since the store was built): ``(record_dir, why)``. A folder that is gone,
+    or holds another run (:func:`stale_rows`), is passed over."""
+    out = []
+    for record_dir, run_id in zip(df["record_dir"], df["run_id"], strict=True):
+        folder = Path(root) / str(record_dir)
+        try:
+            record = json.loads((folder / RECORD_FILENAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or str(record.get("run_id")) != str(run_id):
+            continue
+        problem = outputs_problem(record, folder)
+        if problem is not None:
+            out.append((str(record_dir), problem))
     return out
 
 
