@@ -724,6 +724,34 @@ def test_runs_timed_on_other_machines_are_named_and_have_no_ratio_to_each_other(
     )
 
 
+def test_runs_of_other_code_or_library_versions_say_so_when_pooled_or_compared():
+    """One arm's runs of two harness builds (or torch versions) pooled with nothing said: the
+    forwards they timed are not the same code. Its mixed axes name them, and an arm set against a
+    baseline of other code says so (the ratio stands: the same machine timed both)."""
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "a", "prompts": prompts}})
+    df["harness_code"] = ["1585c078c17d26dc", "1585c078c17d26dc"]
+    df["hardware.torch"] = ["2.13.0+cpu", "2.13.0+cpu"]
+    df["hardware.transformers"] = ["5.24.0", "5.24.0"]
+    (row,) = [r for r in compare(df, n_resamples=50) if r.category == ALL]
+    assert "software" not in row.varying
+    df["harness_code"] = ["1585c078c17d26dc", "99aa00bb11cc22dd"]
+    df["hardware.torch"] = ["2.13.0+cpu", "2.14.0+cpu"]
+    (row,) = [r for r in compare(df, n_resamples=50) if r.category == ALL]
+    assert row.varying["software"] == [
+        "harness 1585c078c17d, torch 2.13.0+cpu, transformers 5.24.0",
+        "harness 99aa00bb11cc, torch 2.14.0+cpu, transformers 5.24.0",
+    ]
+    assert "software=harness 1585c078c17d" in format_table([row], by="proposer", baseline=None, level=0.95)
+    df["proposer"] = ["a", "b"]
+    a = _row(compare(df, baseline="b", n_resamples=50), "a")
+    assert a.vs_baseline is not None
+    assert a.apart == {"software": "harness 1585c078c17d, torch 2.13.0+cpu, transformers 5.24.0"}
+    # records without a code hash (written before they named it) read as unknown, not as a difference
+    df = df.drop(columns=["harness_code", "hardware.torch", "hardware.transformers"])
+    assert "software" not in _row(compare(df, baseline="b", n_resamples=50), "a").apart
+
+
 def test_an_arm_s_runs_of_several_target_models_are_arms_apart():
     """by=batch_size pooled a tiny-model run with a SmolLM2 run into one arm with one interval, flagged
     only in its mixed-axes cell; each model is its own arm now (a dtype is no other model)."""
@@ -856,6 +884,15 @@ def test_intervals_over_fewer_than_five_units_are_said_to_be_the_range():
     assert "(a: 3 prompts shared with the baseline)" in text
     lone = compare(_toy({"r1": {"proposer": "a", "prompts": few[:1]}}))
     assert "fewer than 5" not in format_table(lone, by="proposer", baseline=None, level=0.95)  # no interval at all
+    # eight prompts, two per category: the arm's interval draws eight, each category's two
+    cats = [(f"p{i}", f"cat{i // 2}", 10 + i, 10, 20, 10) for i in range(8)]
+    text = format_table(
+        compare(_toy({"r1": {"proposer": "a", "prompts": cats}})), by="proposer", baseline=None, level=0.95
+    )
+    assert (
+        "note: arms whose intervals resample fewer than 5 prompts or batches (a's categories cat0 (2 prompts), "
+        "cat1 (2 prompts), cat2 (2 prompts), cat3 (2 prompts)): "
+    ) in text
 
 
 def test_a_tiny_model_s_shape_is_no_difference_beside_a_model_that_is_not_tiny():
@@ -897,3 +934,32 @@ def test_runs_past_their_tokens_per_round_are_counted_on_decode_or_end_to_end():
     )
     assert _unaccepted_runs(runs) == 2  # the first (end to end) and the second (decode)
     assert _unaccepted_runs(runs.drop(columns=["speedup"])) == 1
+
+
+def test_compare_names_the_jobs_that_wrote_no_record(tmp_path, capsys):
+    """A sweep's failures file names the jobs that wrote no record: compare said nothing of them (an
+    arm whose every job failed simply was not in the table). It names them under the table, and in
+    its JSON."""
+    root = tmp_path / "sweep"
+    shutil.copytree(fixture_run(1), root / fixture_run(1).name)
+    assert main([str(root), "resamples=50"]) == 0
+    assert "wrote no record" not in capsys.readouterr().out
+    failures = [
+        {
+            "job": f"proposer=rest,seed={k}",
+            "stage": "gates",
+            "refused": False,
+            "error": {"type": "GateFailure", "message": "equivalence"},
+        }
+        for k in range(7)
+    ]
+    (root / "failures.jsonl").write_text("".join(json.dumps(f) + "\n" for f in failures))
+    assert main([str(root), "resamples=50", f"json={tmp_path / 'c.json'}"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "note: 7 job(s) wrote no record (failures.jsonl), so no arm above counts them and an arm whose every job "
+        "failed is missing: proposer=rest,seed=0 (failed at gates: GateFailure);"
+    ) in out
+    assert "; and 2 more" in out
+    written = json.loads((tmp_path / "c.json").read_text())["jobs_without_record"]
+    assert [f["job"] for f in written] == [f["job"] for f in failures]

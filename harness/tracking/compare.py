@@ -74,7 +74,7 @@ from harness.tracking.command_line import (
 from harness.tracking.record import write_json_atomic
 from harness.tracking.run_notes import sped_up_past_rounds
 from harness.tracking.spec_bench import OVERALL, task_of, task_order
-from harness.tracking.store import AXES, SECTIONS, json_column, no_records_message, read_results
+from harness.tracking.store import AXES, SECTIONS, failed_jobs, json_column, no_records_message, read_results
 
 ALL = "all"
 SECTION_TITLES: dict[str, str] = {
@@ -485,6 +485,33 @@ def _machine_values(runs: pd.DataFrame) -> list[str]:
     return out
 
 
+#: the pseudo-key under which runs of other code are told apart: the harness's code hash
+#: (``harness_code``) and the torch and transformers versions the hardware card names
+SOFTWARE = "software"
+
+
+def _software_values(runs: pd.DataFrame) -> list[str]:
+    """Each run's code as ``harness <code hash>, torch <version>, transformers <version>`` (``-``
+    for what the store lacks: records written before they named their code)."""
+
+    def column(name: str) -> list:
+        return list(runs[name]) if name in runs.columns else [None] * len(runs)
+
+    def text(v) -> str:
+        return "-" if v is None or (isinstance(v, float) and v != v) else str(v)
+
+    return [
+        f"harness {text(code)[:12]}, torch {text(torch)}, transformers {text(tf)}"
+        for code, torch, tf in zip(
+            column("harness_code"), column("hardware.torch"), column("hardware.transformers"), strict=True
+        )
+    ]
+
+
+#: pseudo-keys: not config keys, not axes
+_PSEUDO_KEYS = (MACHINE, SOFTWARE)
+
+
 def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[str, list[str]]:
     """The axes, then the other config keys, whose values differ among one arm's runs: an arm that
     pools runs of different configurations says which (``mixed axes``). Where a group's axis
@@ -500,6 +527,9 @@ def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[s
     machines = sorted(set(_machine_values(runs)))
     if len(machines) > 1:  # times of one machine pooled with, or divided by, another's
         out[MACHINE] = machines
+    software = sorted(set(_software_values(runs)))
+    if len(software) > 1:  # another build of the harness, or of the libraries its forwards run
+        out[SOFTWARE] = software
     partial = [_AXIS_CONFIG[a] for a in out if a in _AXIS_CONFIG and _AXIS_CONFIG[a].endswith(".")]
     partial += ["config.workload."] if "workload" in out else []  # a prompt file's path, say, of one workload
     hidden = [_AXIS_CONFIG[a] for a in ("workload", "temperature", "batch_size") if a in _AXIS_CONFIG]
@@ -549,6 +579,8 @@ def _arms_apart(arm_runs: Mapping[tuple[str, str], pd.DataFrame], section: str, 
             return ",".join(sorted({arm_label(v) for v in runs[key]}))
         if key == MACHINE:
             return ",".join(sorted(set(_machine_values(runs))))
+        if key == SOFTWARE:
+            return "; ".join(sorted(set(_software_values(runs))))
         return ",".join(sorted({_config_text(v) for v in _read_values(runs, f"config.{key}")}) or ["-"])
 
     # a key sets the arms apart when their sets of values differ (a sweep crossing every arm with
@@ -572,7 +604,7 @@ def arm_config_keys(df: pd.DataFrame) -> list[str]:
     for _, runs in df.groupby([df[a].map(arm_label) for a in present], sort=False):
         if len(runs) > 1:
             for key in _varying(runs, by=""):
-                if key not in AXES and key not in REPEAT_CONFIG and key != MACHINE:
+                if key not in AXES and key not in REPEAT_CONFIG and key not in _PSEUDO_KEYS:
                     keys[key] = None
     return list(keys)
 
@@ -598,9 +630,12 @@ def _axes_apart(runs: pd.DataFrame, base: pd.DataFrame, by: str) -> dict[str, li
     machines = [sorted(set(_machine_values(df))) for df in (runs, base)]
     if machines[0] != machines[1]:
         out[MACHINE] = [",".join(m) for m in machines]
+    software = [sorted(set(_software_values(df))) for df in (runs, base)]
+    if software[0] != software[1]:
+        out[SOFTWARE] = ["; ".join(v) for v in software]
     union = pd.concat([runs, base], ignore_index=True)
     for key in _varying(union, by, skip_group=True):
-        if key in AXES or key in REPEAT_CONFIG or key == MACHINE:
+        if key in AXES or key in REPEAT_CONFIG or key in _PSEUDO_KEYS:
             continue
         mine, theirs = (
             sorted({_config_text(v) for v in _read_values(df, f"config.{key}")}, key=_value_order) or ["-"]
@@ -1242,20 +1277,33 @@ FEW_UNITS_NOTE = (
 def few_units_note(sec: Sequence[ArmRow]) -> str | None:
     """:data:`FEW_UNITS_NOTE` naming the arms of ``sec`` (their ``all`` rows) whose intervals draw
     from 2 to :data:`MIN_INTERVAL_UNITS` - 1 units (one unit has no interval): their own, or the
-    prompts their vs-baseline interval pairs; or None."""
-    few = set()
+    prompts their vs-baseline interval pairs; and, of an arm measured on more, the categories of its
+    breakdown drawn from so few; or None."""
+
+    def units(r: ArmRow, n: int) -> str:
+        return f"{n} {'batches' if r.batch_sizes and max(r.batch_sizes) > 1 else 'prompts'}"
+
+    few: dict[str, str] = {}
     for r in sec:
         if r.category != ALL:
             continue
         parts = []
         if 2 <= r.n_units < MIN_INTERVAL_UNITS:
-            parts.append(f"{r.n_units} {'batches' if r.batch_sizes and max(r.batch_sizes) > 1 else 'prompts'}")
+            parts.append(units(r, r.n_units))
         interval = r.vs_baseline is not None and r.vs_baseline.ci_low is not None
         if interval and 2 <= r.n_pairs_baseline < MIN_INTERVAL_UNITS:  # the vs-baseline interval draws these
             parts.append(f"{r.n_pairs_baseline} prompts shared with the baseline")
         if parts:
-            few.add(f"{r.arm}: {', '.join(parts)}")
-    return FEW_UNITS_NOTE.format(n=MIN_INTERVAL_UNITS, arms="; ".join(sorted(few))) if few else None
+            few[r.arm] = f"{r.arm}: {', '.join(parts)}"
+    categories: dict[str, list[str]] = {}
+    for r in sec:
+        if r.category != ALL and r.arm not in few and 2 <= r.n_units < MIN_INTERVAL_UNITS:
+            categories.setdefault(r.arm, []).append(f"{r.category} ({units(r, r.n_units)})")
+    named = sorted(few.values())
+    for arm, listed in sorted(categories.items()):
+        shown = ", ".join(sorted(listed)[:4]) + (f" and {len(listed) - 4} more" if len(listed) > 4 else "")
+        named.append(f"{arm}'s categor{'y' if len(listed) == 1 else 'ies'} {shown}")
+    return FEW_UNITS_NOTE.format(n=MIN_INTERVAL_UNITS, arms="; ".join(named)) if named else None
 
 
 #: what an arm's figure means when one prompt (or batch) measured it
@@ -1329,6 +1377,22 @@ USAGE = (
 )
 
 
+def failures_note(failures: Sequence[Mapping[str, Any]], shown: int = 5) -> str:
+    """One line naming the jobs of the sweeps read that wrote no record (their ``failures.jsonl``):
+    no arm above counts them, and an arm whose every job failed is not in the table at all."""
+    named = []
+    for f in failures[:shown]:
+        error = f.get("error") or {}
+        outcome = "refused" if f.get("refused") else "failed"
+        stage = f" at {f['stage']}" if f.get("stage") else ""
+        named.append(f"{f.get('job', '?')} ({outcome}{stage}: {error.get('type', '?')})")
+    more = f"; and {len(failures) - shown} more" if len(failures) > shown else ""
+    return (
+        f"note: {len(failures)} job(s) wrote no record (failures.jsonl), so no arm above counts them and an arm "
+        f"whose every job failed is missing: {'; '.join(named)}{more}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parsed = parse_command("compare", USAGE, argv)
     if isinstance(parsed, int):
@@ -1380,6 +1444,10 @@ def main(argv: list[str] | None = None) -> int:
         return refuse("compare", exc)
     baseline = None if opts.get("baseline") is None else matching_label(opts["baseline"], {r.arm for r in rows})
     print(format_table(rows, by=by, baseline=baseline, level=level))
+    # a store is its own sweep's: its folder's failures only; a folder: every sweep's below it
+    failures = failed_jobs(root, below=Path(positionals[0]).is_dir())
+    if failures:
+        print(failures_note(failures))
     board = None
     if show_board:
         board = leaderboard(df, by=by, filters=kv, **boot)
@@ -1393,6 +1461,9 @@ def main(argv: list[str] | None = None) -> int:
             filters=kv,
             **boot,
             pairing="prompt_id",
+            jobs_without_record=[
+                {k: f.get(k) for k in ("job", "overrides", "stage", "refused", "error") if k in f} for f in failures
+            ],
             **({"leaderboard": leaderboard_json(*board)} if board is not None else {}),
         )
         write_json_atomic(Path(opts["json"]), payload)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import difflib
-import json
 import math
 import re
 import sys
@@ -61,6 +60,7 @@ from harness.tracking.store import (
     RECORD_FILENAME,
     ROUND_COST_STAGES,
     SECTIONS,
+    failed_jobs,
     json_column,
     left_out_records,
     no_records_message,
@@ -1056,31 +1056,6 @@ def report_plots(out_dir: Path) -> set[str]:
         return set()
     text = (out_dir / "report.md").read_text(encoding="utf-8")
     return set(re.findall(r"\]\((\d\d_[^)/\\]+\.png)\)", text))
-
-
-def failed_jobs(root: Path | None, *, below: bool = True) -> list[dict[str, Any]]:
-    """The jobs that wrote no record, as the sweep folders under ``root`` (``root`` itself included;
-    ``below=False``: ``root`` only, the sweep whose store is read) list them in their failures
-    files; a job of a sweep folder below the root is named by its path from the root."""
-    if root is None or not root.is_dir():
-        return []
-    rows = []
-    for path in sorted(root.rglob(FAILURES_FILENAME) if below else [root / FAILURES_FILENAME]):
-        if not path.is_file():
-            continue
-        where = path.parent.relative_to(root)
-        if any(part.startswith(".") for part in where.parts):
-            continue
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                if where.parts:
-                    row = {**row, "job": f"{where.as_posix()}/{row.get('job', '?')}"}
-                rows.append(row)
-    return rows
 
 
 def _failures_section(failures: Sequence[Mapping[str, Any]], left_out: Sequence[tuple[str, str]] = ()) -> list[str]:

@@ -382,6 +382,7 @@ def flatten_record(record: Mapping[str, Any], *, record_dir: str = "") -> dict[s
         "created_at": record["created_at"],
         "exact": record["exact"],
         "manifest_hash": record["manifest_hash"],
+        "harness_code": (record.get("manifest") or {}).get("harness_code"),
         "schema_version": record["schema_version"],
         "record_dir": record_dir,
         "gated": record_gated(record),
@@ -606,6 +607,31 @@ def changed_output_rows(df: pd.DataFrame, root: Path) -> list[tuple[str, str]]:
         if problem is not None:
             out.append((str(record_dir), problem))
     return out
+
+
+def failed_jobs(root: Path | None, *, below: bool = True) -> list[dict[str, Any]]:
+    """The jobs that wrote no record, as the sweep folders under ``root`` (``root`` itself included;
+    ``below=False``: ``root`` only, the sweep whose store is read) list them in their failures
+    files; a job of a sweep folder below the root is named by its path from the root."""
+    if root is None or not root.is_dir():
+        return []
+    rows = []
+    for path in sorted(root.rglob(FAILURES_FILENAME) if below else [root / FAILURES_FILENAME]):
+        if not path.is_file():
+            continue
+        where = path.parent.relative_to(root)
+        if any(part.startswith(".") for part in where.parts):
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                if where.parts:
+                    row = {**row, "job": f"{where.as_posix()}/{row.get('job', '?')}"}
+                rows.append(row)
+    return rows
 
 
 def json_column(df: pd.DataFrame, name: str) -> pd.Series:
