@@ -779,10 +779,15 @@ def test_the_temp_kv_plot_sets_the_measured_peak_beside_the_budget_not_beside_a_
     ax = plot_temp_kv_vs_rows(df, {}).figure.axes[0]
     mib = 1024.0 * 1024.0
     drawn = {tuple(c.get_offsets()[:, 1].round(9)) for c in ax.collections if len(c.get_offsets())}
-    for _, group in df.groupby("batch_size", sort=True):
+    for _, group in df.groupby(["section", "batch_size"], sort=True):
         assert tuple((group["temp_kv_bytes_budget_formula"] / mib).round(9)) in drawn
         assert tuple((group["temp_kv_bytes_peak"] / mib).round(9)) in drawn
     assert (df["temp_kv_bytes_peak"] <= df["temp_kv_bytes_budget_formula"]).all()
     assert (df["temp_kv_bytes_peak"] < df["temp_kv_bytes_budget_formula"]).any()  # markers apart from the points
     labels = ax.get_legend_handles_labels()[1]
     assert "budget: B x max_nodes x KV bytes/token" in labels
+    # ungated, heuristic and CPU-budget runs are drawn apart, with their own marker and tag
+    assert {"exact", "ungated", "heuristic", "cpu_budget_artifact"} <= set(df["section"])
+    assert "measured peak, B=1" in labels and "measured peak, B=1 [CPU-budget artifact]" in labels
+    assert "measured peak, B=1 [heuristic, exact=false]" in labels
+    assert "measured peak, B=1 [ungated: a gate was skipped]" in labels

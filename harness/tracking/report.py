@@ -626,9 +626,18 @@ def plot_temp_kv_vs_rows(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     fig = _new_figure()
     ax = fig.add_subplot()
     mib = 1024.0 * 1024.0
-    for bs, group in runs.groupby("batch_size", sort=True):
+    order = {name: k for k, name in enumerate(SECTIONS)}
+    groups = sorted(runs.groupby(["section", "batch_size"], sort=False), key=lambda g: (order[g[0][0]], g[0][1]))
+    for (section, bs), group in groups:
         rows = group["config.topology.max_nodes"].to_numpy(dtype=float)
-        ax.scatter(rows, group["temp_kv_bytes_peak"] / mib, marker="o", s=40, label=f"measured peak, B={arm_label(bs)}")
+        st = SECTION_STYLE[section]  # ungated, heuristic and CPU-budget runs with their own marker and tag
+        ax.scatter(
+            rows,
+            group["temp_kv_bytes_peak"] / mib,
+            marker=st["marker"],
+            s=40,
+            label=f"measured peak, B={arm_label(bs)}{st['tag']}",
+        )
         # the most the configuration lets a round append: B x max_nodes rows x KV bytes per token (the
         # measured peak is B x the widest round's padded rows; a formula copied from it would always agree)
         if "temp_kv_bytes_budget_formula" in group.columns:
