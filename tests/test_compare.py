@@ -963,3 +963,20 @@ def test_compare_names_the_jobs_that_wrote_no_record(tmp_path, capsys):
     assert "; and 2 more" in out
     written = json.loads((tmp_path / "c.json").read_text())["jobs_without_record"]
     assert [f["job"] for f in written] == [f["job"] for f in failures]
+
+
+def test_a_list_option_filters_by_value_however_it_is_spaced():
+    """``topology.widths=[2,2,1]``, as Hydra and the sweep's folder names spell it, matched nothing
+    (the store holds ``[2, 2, 1]``); a list or mapping is compared as a value."""
+    from harness.tracking.compare import filter_runs
+
+    prompts = [("p1", "c", 10, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "b", "prompts": prompts}})
+    df["config.topology.widths"] = [json.dumps([2, 2, 1]), json.dumps([])]
+    df["config.proposer.sources"] = [json.dumps(["rest", "prompt_lookup"]), None]
+    for spelt in ("[2,2,1]", "[2, 2, 1]", " [2,2, 1]"):
+        assert list(filter_runs(df, {"topology.widths": spelt})["run_id"]) == ["r1"]
+    assert list(filter_runs(df, {"topology.widths": "[]"})["run_id"]) == ["r2"]
+    assert filter_runs(df, {"topology.widths": "[2,2]"}).empty
+    assert filter_runs(df, {"topology.widths": "[2,2,1"}).empty  # not a list: no match, no error
+    assert list(filter_runs(df, {"proposer.sources": "[rest,prompt_lookup]"})["run_id"]) == ["r1"]

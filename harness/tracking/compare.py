@@ -61,6 +61,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 from scipy import stats
 
 from harness.tracking.command_line import (
@@ -209,7 +210,16 @@ def _matches(value: Any, wanted: str) -> bool:
             return math.isclose(float(value), float(wanted), rel_tol=0, abs_tol=1e-12)
         except ValueError:
             return False
-    return str(value) == wanted
+    if str(value) == wanted:
+        return True
+    if isinstance(value, str) and value[:1] in "[{" and wanted.strip()[:1] == value[:1]:
+        # a list or mapping option, stored as JSON: compared as values, however the filter spaces or
+        # quotes it (``topology.widths=[2,2,1]`` as Hydra and the sweep folders spell it)
+        try:
+            return json.loads(value) == yaml.safe_load(wanted)
+        except (ValueError, yaml.YAMLError):
+            return False
+    return False
 
 
 def arm_label(value: Any) -> str:
