@@ -1306,3 +1306,24 @@ def test_the_warm_up_leaves_what_the_proposers_learn_as_it_found_it():
     inner.acceptance.rows_learned = 7
     merged.restore_learning(snap)
     assert inner.acceptance.rows_learned == 0
+
+
+def test_a_proposal_bound_to_another_manifest_is_refused_by_the_round(models):
+    """Every proposal carries the manifest hash it was made under; one that is not its proposer's
+    (a stale proposal, index or cache from another configuration) stops the round."""
+    import dataclasses
+
+    from harness.contracts import ContractError
+
+    target, _, _ = models
+
+    class Stale(PromptLookupProposer):
+        def propose(self, committed, rng):
+            result = super().propose(committed, rng)
+            return dataclasses.replace(result, manifest_hash="stale")
+
+    prop = Stale(budget=Budget(shape="sequences", max_nodes=4, max_depth=4), manifest_hash="h")
+    with pytest.raises(ContractError, match=r"proposal bound to manifest 'stale', not its own 'h'"):
+        run(target, prop, new=8)
+    ok = PromptLookupProposer(budget=Budget(shape="sequences", max_nodes=4, max_depth=4), manifest_hash="h")
+    assert run(target, ok, new=8)[0].tokens == autoregressive(target, new=8)

@@ -268,6 +268,12 @@ def decode_batch(
                 proposal = req.proposer.propose(req.committed, req.rng)
             finally:  # the cap is this round's: a gate or the next request proposes uncapped
                 req.proposer.depth_cap = None
+            if proposal.manifest_hash != req.proposer.manifest_hash:
+                raise ContractError(
+                    f"proposer {req.proposer.name!r} returned a proposal bound to manifest "
+                    f"{proposal.manifest_hash!r}, not its own {req.proposer.manifest_hash!r}: a stale proposal, "
+                    "index or cache would feed this round"
+                )
             retrieval = req.proposer.stats.retrieval_ms - retrieval_before
             t1 = clock.now()
             tree = compile_tree(
