@@ -238,3 +238,34 @@ def test_a_sampled_proposal_over_the_row_budget_is_refused_not_cut_by_its_draws_
         verifier_output_marginal(
             get_verifier("specinfer"), sampled_builder(Laws(), (3,), "iid"), lambda pre: p, max_nodes=1
         )
+
+
+def _result(nodes, semantics, relation="iid", q_dists=None):
+    return ProposalResult(
+        nodes=tuple(nodes),
+        probability_semantics=semantics,
+        sampling_relation=relation,
+        topology="sequence",
+        state_handle=NO_STATE,
+        manifest_hash="h",
+        q_dists=q_dists,
+    )
+
+
+def test_a_proposal_s_evidence_is_refused_where_it_would_stand_in_for_a_law():
+    """A proposal is refused where its evidence could pass for a proposal law: a q on a score or
+    frequency (a count is no probability), normalised conditionals without the law they were drawn
+    from, a q that disagrees with that law, and a draw of a token the law gives no mass."""
+    law = torch.tensor([[0.5, 0.5]])
+    with pytest.raises(ContractError, match=r"probability_semantics='frequency' carries no q"):
+        _result([ProposalNode(1, q=0.5)], "frequency", relation="deterministic_lookup")
+    with pytest.raises(ContractError, match=r"probability_semantics='score_only' carries no q"):
+        _result([ProposalNode(1, q=0.5)], "score_only", relation="deterministic_lookup")
+    with pytest.raises(ContractError, match=r"normalized_conditional proposals must carry q_dists"):
+        _result([ProposalNode(1, q=0.5)], "normalized_conditional")
+    with pytest.raises(ContractError, match=r"node 0: q=0.4 disagrees with q_dists\[0, 1\]=0.5"):
+        _result([ProposalNode(1, q=0.4)], "normalized_conditional", q_dists=law)
+    with pytest.raises(ContractError, match=r"node 0: token 1 has zero mass in the law it was drawn from"):
+        _result([ProposalNode(1, q=0.0)], "normalized_conditional", q_dists=torch.tensor([[1.0, 0.0]]))
+    ok = _result([ProposalNode(1, q=0.5)], "normalized_conditional", q_dists=law)  # the law it was drawn from
+    assert ok.nodes[0].q == 0.5
