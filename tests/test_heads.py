@@ -556,3 +556,56 @@ def test_an_early_exit_layer_mismatch_names_the_override_that_matches():
     have = {"exit_layer": 1, "data": {"token_budget": 300}, "kind": "early_exit"}
     want = {"exit_layer": 2, "data": {"token_budget": 300}, "kind": "early_exit"}
     assert recipe_differences(have, want) == [("proposer.exit_layer", 1, 2)]
+
+
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+def test_the_heads_read_the_target_row_before_the_pending_token(kind):
+    """Each round's context is the target's last hidden row at the position before the pending
+    token (the row whose next-token logits produced it), not the pending token's own row: a row off
+    by one keeps the output exact and only lowers acceptance, so greedy equality cannot catch it."""
+    torch.manual_seed(0)
+    model = build_tiny_model(seed=1).eval()
+    cfg = model.config
+    spec = HeadSpec(kind=kind, num_heads=3, hidden_size=cfg.hidden_size, embed_size=cfg.hidden_size)
+    cls = {"medusa": MedusaProposer, "hydra": HydraProposer}[kind]
+    p = cls(
+        budget=Budget(shape="sequence", max_nodes=3, max_depth=3),
+        manifest_hash="h",
+        policy=GREEDY,
+        model=model,
+        heads=DraftHeads(spec),
+        checkpoint=target_fingerprint(model),
+        sampling="beam",
+    )
+    seen, committed_now = [], {}
+    context, propose = p._round_context, p.propose
+
+    def spy_propose(committed, rng):
+        committed_now["ids"] = list(committed)
+        return propose(committed, rng)
+
+    def spy_context(pos):
+        out = context(pos)
+        ids = committed_now["ids"]
+        with torch.inference_mode():
+            rows = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0]  # [len, d]
+        seen.append((pos, len(ids), out, rows))
+        return out
+
+    p.propose, p._round_context = spy_propose, spy_context
+    decode(
+        target=CausalLMBackend(model),
+        proposer=p,
+        verifier=get_verifier("greedy"),
+        policy=GREEDY,
+        prompt_ids=[5, 9, 17, 33, 2, 8, 40, 41],
+        max_new_tokens=20,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(0),
+        round_cfg=RoundConfig(max_nodes=3, max_depth=3),
+    )
+    assert len(seen) >= 3 and p.stats.extras["hidden_misses"] == 0
+    for pos, n, out, rows in seen:
+        assert pos == n - 2  # the row before the pending token
+        torch.testing.assert_close(out[0], rows[pos], rtol=1e-4, atol=1e-5)
+        assert (out[0] - rows[pos + 1]).abs().max() > 1e-2  # and not the pending token's own row
