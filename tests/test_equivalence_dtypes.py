@@ -63,3 +63,25 @@ def test_smollm2_in_half_precision_passes_the_gate_and_a_position_error_fails_it
 
     monkeypatch.setattr(CausalLMBackend, "verify_one", shifted)
     assert equivalence_gate(backend, ids)["status"] == "failed"
+
+
+def test_the_gate_tree_branches_whatever_the_prompt_s_tail():
+    """The gate's tree was built from the prompt's last seven tokens: a tail of one repeated token
+    folded it into a three-row chain, with no sibling whose attention could leak. It takes seven
+    distinct tokens now (the tail's, then ids the tail lacks): eight rows, three siblings under one
+    parent, one token under two parents, whatever the text; the evidence names the rows."""
+    from harness.contracts import ProposalResult
+    from harness.gates.equivalence import GATE_TREE_ROWS, _paths_from
+    from harness.topology.compiler import compile_tree
+
+    for tail in ([5] * 7, [5, 6] * 4, list(range(10, 20))):
+        paths = _paths_from(tail, vocab_size=64)
+        tree = compile_tree([ProposalResult.from_paths(paths, source="gate", manifest_hash="gate")], prefix_len=9)
+        assert tree.num_rows == GATE_TREE_ROWS == 8
+        assert max(len(tree.children(r)) for r in range(-1, tree.num_rows)) == 3
+        tokens = [int(t) for t in tree.token_ids]
+        assert len(set(tokens)) == 7 and any(tokens.count(t) == 2 for t in tokens)  # B under A and under X
+    assert set(_paths_from([5] * 7, vocab_size=64)[0]) <= {5, 0, 1, 2, 3, 4, 6}
+    backend = CausalLMBackend(build_tiny_model(seed=0))
+    ev = equivalence_gate(backend, [7] * 20)
+    assert ev["status"] == "passed" and ev["tree_rows"] == 8

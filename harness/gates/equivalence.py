@@ -43,11 +43,24 @@ def _rows_bar(desc: str) -> tqdm:
     return tqdm(desc=desc, unit="row", file=sys.stderr, leave=False)
 
 
-def _paths_from(ids: list[int]) -> list[list[int]]:
-    """A branching tree (A B {C,D,E}, A F, X B) built from prompt tokens: siblings, a shared token
-    under two parents, and a non-contiguous deepest path."""
-    a, b, c, d, e, f, x = (ids[i % len(ids)] for i in (0, 1, 2, 3, 4, 5, 6))
+def _paths_from(ids: list[int], vocab_size: int) -> list[list[int]]:
+    """A branching tree (A B {C,D,E}, A F, X B) of seven distinct tokens, the latest distinct ones of
+    ``ids`` first (then the lowest ids it lacks): eight rows with siblings, a shared token under two
+    parents, and a non-contiguous deepest path, whatever the text (a tail of one repeated token
+    would otherwise fold the tree into a chain, leaving nothing for the tree attention to leak)."""
+    tokens: list[int] = []
+    for t in reversed(ids):
+        if t not in tokens:
+            tokens.append(t)
+    filler = (t for t in range(vocab_size) if t not in tokens)
+    while len(tokens) < 7:
+        tokens.append(next(filler))
+    a, b, c, d, e, f, x = tokens[:7]
     return [[a, b, c], [a, b, d], [a, b, e], [a, f], [x, b]]
+
+
+#: the rows of :func:`_paths_from`'s tree
+GATE_TREE_ROWS = 8
 
 
 @torch.inference_mode()
@@ -59,11 +72,12 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
         ids = ids + ids
     seq = backend.prefill_one(ids)
     committed = list(ids)
+    vocab = backend.vocab_size
     worst_tree, worst_cache = 0.0, 0.0
     tree_scale, cache_scale = 0.0, 0.0
     bar = _rows_bar("gate: path equivalence")
     for r in range(rounds):
-        paths = _paths_from(committed[-(7 + r) :])
+        paths = _paths_from(committed[-(7 + r) :], vocab)
         tree = compile_tree(
             [ProposalResult.from_paths(paths, source="gate", manifest_hash="gate")], prefix_len=len(committed)
         )
@@ -104,6 +118,7 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
         "cache_tolerance": cache_atol,
         "max_abs_logit": tree_scale,
         "rounds": rounds,
+        "tree_rows": tree.num_rows,  # each round's tree: siblings, a token under two parents
         "dtype": str(backend.dtype),
     }
 
@@ -123,6 +138,7 @@ def batched_equivalence_gate(backend: CausalLMBackend, prompts: list[list[int]],
         committed.append(ids if len(ids) >= 2 else ids + ids)
     state = backend.prefill(committed, reserve=rounds * 4 + 2)
     worst, scale = 0.0, 0.0
+    vocab = backend.vocab_size
 
     def alone(sequence: list[int]) -> torch.Tensor:
         return backend.forward_rows(backend.new_state(), sequence, list(range(len(sequence))), None).logits[-1]
@@ -139,7 +155,7 @@ def batched_equivalence_gate(backend: CausalLMBackend, prompts: list[list[int]],
     for r in range(rounds):
         trees = []
         for k in range(b):
-            paths = _paths_from(committed[k][-(7 + r + k) :])
+            paths = _paths_from(committed[k][-(7 + r + k) :], vocab)
             paths = paths[: 1 + (r + k) % len(paths)]  # another row count per request and round
             tree = compile_tree(
                 [ProposalResult.from_paths(paths, source="gate", manifest_hash="gate")], prefix_len=len(committed[k])
