@@ -39,7 +39,8 @@ METRIC_NOTES = {
     ),
     "end_to_end_time_per_token_ms": (
         "(prefill + decode) / committed tokens: prefill is the target's prompt forward plus every proposer's "
-        "start (a draft model's prompt forward, a head's state warm-up), so the speculative arm pays for its draft"
+        "start (the prompt forward of a draft model, an EAGLE draft or a Hydra prefix layer, a head's state "
+        "warm-up), so the speculative arm pays for its draft"
     ),
     "speedup": "AR end-to-end time per token / speculative end-to-end time per token, same prompts and batches",
     "speedup_ci95": (
