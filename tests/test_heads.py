@@ -135,7 +135,15 @@ def test_head_output_depends_on_earlier_drafted_token_only_when_dependent(kind, 
     assert (not torch.allclose(out_a, out_b)) == depends
     if not depends:
         assert torch.equal(out_a, out_b)  # bit-identical: Medusa head 3 never reads the drafted tokens
-    assert not torch.allclose(out_a, out_other_pending)  # every kind reads the committed pending token
+    if kind != "clover":
+        assert not torch.allclose(out_a, out_other_pending)  # every kind reads the committed pending token
+        return
+    # Clover-2 reads the pending token in its augmenting block (row t - 1 with E(x_t)), into s0
+    assert torch.equal(out_a, out_other_pending)
+    rows = torch.randn(1, 3, 16)
+    with torch.no_grad():
+        s0 = [heads.augment_rows(rows, torch.stack([b, c, pend])[None], torch.arange(3)[None]) for pend in (x_t, a)]
+    assert torch.equal(s0[0][:, :2], s0[1][:, :2]) and not torch.allclose(s0[0][:, 2], s0[1][:, 2])
 
 
 def perturbed_heads(kind, model, seed=0):
@@ -308,7 +316,7 @@ def test_sampled_head_trees_carry_the_law_they_were_drawn_from(env, sampling, ve
 # ---------------------------------------------------------------------------------------------- artifacts
 
 
-@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+@pytest.mark.parametrize("kind", ["medusa", "hydra", "clover"])
 def test_training_reaches_high_held_out_agreement_on_a_learnable_target(env, kind):
     model = successor_model()
     docs = [list(range(s, s + 30)) for s in range(3, 63, 2)]  # its greedy text: x, x + 1, ...

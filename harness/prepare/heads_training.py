@@ -9,6 +9,13 @@ inputs; the label ``tokens[t + i]`` never is). Losses, with ``lambda_i = head_de
   teacher logits are recomputed as ``lm_head(hidden[t + i - 1])`` (the cached target row that
   predicts the label position) through the frozen LM head, batch by batch, never stored.
 
+Clover-2 heads: the round context of anchor ``t`` is the augmenting block's output at row ``t - 1``,
+causal over every row of the anchor's run from its start (as at decode time over every committed
+row), each row ``p`` with ``E(tokens[p + 1])``; then one cell step per depth, each reading the true
+previous token. A clover step therefore trains consecutive anchors of one run (at most
+``batch_size`` of them; short pieces of several runs share a step), its augmenting pass covering
+each run's rows from the run's start to the piece's last anchor; the pieces are shuffled each epoch.
+
 The target (embeddings, LM head) is frozen; only head parameters receive gradients. AdamW with a
 cosine schedule (the source-reported recipe; not a universal setting). Held-out quality is the
 top-1 agreement of each head with the target's own top-1 at the label position.
@@ -19,7 +26,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import nn
@@ -34,16 +41,24 @@ from harness.prepare.teacher_rows import max_head, run_lengths
 @dataclass
 class Batch:
     anchors: torch.Tensor  # [B] t
-    ctx_window: torch.Tensor  # [B, W, d] hidden rows t-W .. t-1 (zeros where masked)
-    ctx_mask: torch.Tensor  # [B, W] bool
+    ctx_window: torch.Tensor | None  # [B, W, d] hidden rows t-W .. t-1 (zeros where masked); clover: None
+    ctx_mask: torch.Tensor | None  # [B, W] bool; clover: None
     path: torch.Tensor  # [B, K] tokens t .. t+K-1 (clamped at the stream end; masked by head_mask)
     labels: torch.Tensor  # [B, K] tokens t+1 .. t+K
     teacher_rows: torch.Tensor  # [B, K, d] hidden rows t .. t+K-1 (predict the labels)
     head_mask: torch.Tensor  # [B, K] bool: head i has a row at this anchor
+    # clover: the augmenting block's input, R runs from their starts (zeros past each run's rows)
+    run_rows: torch.Tensor | None = None  # [R, L, d] hidden rows h_p
+    run_next: torch.Tensor | None = None  # [R, L] tokens x_{p+1}
+    anchor_row: torch.Tensor | None = None  # [B] the index of row t - 1 in the flattened [R * L]
 
     def to(self, device: torch.device) -> Batch:
         """The batch on ``device`` (the target's, where its embedding and LM head run)."""
-        return Batch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return Batch(**{f.name: _moved(getattr(self, f.name), device) for f in fields(self)})
+
+
+def _moved(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(device)
 
 
 def gather_batch(
@@ -71,6 +86,68 @@ def gather_batch(
     )
 
 
+def clover_pieces(anchors: torch.Tensor, run: torch.Tensor, size: int) -> list[tuple[int, torch.Tensor]]:
+    """Clover: ``(start, anchors)`` pieces: the ascending ``anchors`` ``[A]`` grouped by the run they
+    lie in (``start``: the run's first position, ``t - run[t - 1]``), each run's cut into consecutive
+    pieces of at most ``size``."""
+    if anchors.numel() == 0:
+        return []
+    starts = anchors - run[anchors - 1]  # [A], non-decreasing
+    keys, counts = torch.unique_consecutive(starts, return_counts=True)
+    out = []
+    for start, mine in zip(keys.tolist(), torch.split(anchors, counts.tolist())):
+        out.extend((int(start), mine[i : i + size]) for i in range(0, mine.numel(), size))
+    return out
+
+
+def pack_pieces(pieces: list[tuple[int, torch.Tensor]], size: int) -> list[list[tuple[int, torch.Tensor]]]:
+    """Consecutive pieces grouped into steps of at most ``size`` anchors (a piece never split)."""
+    steps: list[list[tuple[int, torch.Tensor]]] = []
+    held = 0
+    for piece in pieces:
+        n = piece[1].numel()
+        if steps and held + n <= size:
+            steps[-1].append(piece)
+            held += n
+        else:
+            steps.append([piece])
+            held = n
+    return steps
+
+
+def gather_clover_batch(
+    stream: PackedStream,
+    pieces: list[tuple[int, torch.Tensor]],
+    *,
+    heads: torch.Tensor,
+    run: torch.Tensor,
+    num_heads: int,
+) -> Batch:
+    """Clover: the anchors of ``pieces`` (as :func:`gather_batch` gives them) and the augmenting
+    block's input: for each piece, its run's rows ``start .. t_last - 1`` and the token after each."""
+    anchors = torch.cat([a for _, a in pieces])
+    batch = gather_batch(stream, anchors, heads=heads, run=run, num_heads=num_heads, window=1)
+    lengths = [int(a[-1]) - start for start, a in pieces]  # rows start .. t_last - 1
+    width = max(lengths)
+    rows = torch.zeros(len(pieces), width, stream.hidden.shape[1])
+    nxt = torch.zeros(len(pieces), width, dtype=stream.tokens.dtype)
+    index = []
+    for r, ((start, a), n) in enumerate(zip(pieces, lengths)):
+        rows[r, :n] = stream.hidden[start : start + n].float()
+        nxt[r, :n] = stream.tokens[start + 1 : start + n + 1]
+        index.append(r * width + (a - 1 - start))
+    return replace(batch, ctx_window=None, ctx_mask=None, run_rows=rows, run_next=nxt, anchor_row=torch.cat(index))
+
+
+def clover_context(heads: DraftHeads, batch: Batch, *, embed: nn.Module) -> torch.Tensor:
+    """Clover: ``s0`` at each anchor ``[B, d]``: the augmenting block over the batch's runs (row
+    ``j`` of a run at position ``j``), read at row ``t - 1``."""
+    r, width = batch.run_next.shape
+    positions = torch.arange(width, device=batch.run_next.device).expand(r, width)
+    s0 = heads.augment_rows(batch.run_rows, embed(batch.run_next).float(), positions)  # [R, L, d]
+    return s0.reshape(r * width, -1)[batch.anchor_row]
+
+
 def on_head(lm_head: nn.Module, rows: torch.Tensor) -> torch.Tensor:
     """The target's LM head on hidden rows ``[..., d]`` (of any dtype and device), computed on the
     head's device and in its dtype: float32 logits ``[..., V]``."""
@@ -80,7 +157,10 @@ def on_head(lm_head: nn.Module, rows: torch.Tensor) -> torch.Tensor:
 
 def head_logits(heads: DraftHeads, batch: Batch, *, embed: nn.Module, lm_head: nn.Module) -> torch.Tensor:
     """Teacher-forced logits of every head ``[B, K, V]``."""
-    ctx = heads.context(batch.ctx_window, batch.ctx_mask)  # [B, d]
+    if heads.spec.kind == "clover":
+        ctx = clover_context(heads, batch, embed=embed)  # [B, d]
+    else:
+        ctx = heads.context(batch.ctx_window, batch.ctx_mask)  # [B, d]
     path_emb = embed(batch.path).float()  # [B, K, d_e]
     out = heads.all_depths(ctx, path_emb)  # [B, K, d]
     return on_head(lm_head, out)
@@ -121,10 +201,24 @@ def evaluate(
     rows = torch.zeros(k)
     was = heads.training
     heads.eval()
-    for s in range(0, anchors.numel(), batch_size):
-        b = gather_batch(
-            stream, anchors[s : s + batch_size], heads=heads_max, run=run, num_heads=k, window=heads.spec.prefix_window
+    if heads.spec.kind == "clover":
+        batches = (
+            gather_clover_batch(stream, step, heads=heads_max, run=run, num_heads=k)
+            for step in pack_pieces(clover_pieces(anchors, run, batch_size), batch_size)
         )
+    else:
+        batches = (
+            gather_batch(
+                stream,
+                anchors[s : s + batch_size],
+                heads=heads_max,
+                run=run,
+                num_heads=k,
+                window=heads.spec.prefix_window,
+            )
+            for s in range(0, anchors.numel(), batch_size)
+        )
+    for b in batches:
         b = b.to(lm_head.weight.device)
         top = head_logits(heads, b, embed=embed, lm_head=lm_head).argmax(-1)  # [B, K]
         target_top = on_head(lm_head, b.teacher_rows).argmax(-1)  # [B, K]
@@ -183,8 +277,34 @@ def train_heads(
             f"the training stream has no teacher rows ({len(train)} tokens, {train.num_documents} documents)"
         )
     gen = torch.Generator().manual_seed(recipe.seed)
-    steps_per_epoch = math.ceil(anchors.numel() / recipe.batch_size)
-    total = steps_per_epoch * recipe.epochs
+    if heads.spec.kind == "clover":  # every epoch's steps, planned now: their count sets the schedule
+        pieces = clover_pieces(anchors, run, recipe.batch_size)
+        plan = [
+            pack_pieces([pieces[i] for i in torch.randperm(len(pieces), generator=gen).tolist()], recipe.batch_size)
+            for _ in range(recipe.epochs)
+        ]
+        total = sum(len(steps) for steps in plan)
+    else:
+        steps_per_epoch = math.ceil(anchors.numel() / recipe.batch_size)
+        total = steps_per_epoch * recipe.epochs
+
+    def epoch_batches(epoch: int):
+        """The epoch's batches, in order (Medusa and Hydra: a fresh permutation of the anchors)."""
+        if heads.spec.kind == "clover":
+            for step in plan[epoch]:
+                yield gather_clover_batch(train, step, heads=heads_max, run=run, num_heads=k)
+            return
+        order = anchors[torch.randperm(anchors.numel(), generator=gen)]
+        for s in range(0, order.numel(), recipe.batch_size):
+            yield gather_batch(
+                train,
+                order[s : s + recipe.batch_size],
+                heads=heads_max,
+                run=run,
+                num_heads=k,
+                window=heads.spec.prefix_window,
+            )
+
     opt = torch.optim.AdamW(
         [p for p in heads.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay
     )
@@ -200,17 +320,8 @@ def train_heads(
         disable=not progress,
         leave=False,
     )
-    for _ in range(recipe.epochs):
-        order = anchors[torch.randperm(anchors.numel(), generator=gen)]
-        for s in range(0, order.numel(), recipe.batch_size):
-            batch = gather_batch(
-                train,
-                order[s : s + recipe.batch_size],
-                heads=heads_max,
-                run=run,
-                num_heads=k,
-                window=heads.spec.prefix_window,
-            )
+    for epoch in range(recipe.epochs):
+        for batch in epoch_batches(epoch):
             batch = batch.to(lm_head.weight.device)
             logits = head_logits(heads, batch, embed=embed, lm_head=lm_head)
             loss = head_loss(logits, batch, recipe=recipe, lm_head=lm_head)

@@ -1,7 +1,8 @@
 """Draft-head proposers: ``medusa`` (independent heads), ``hydra`` (heads conditioned on earlier
-drafted embeddings, with the Hydra++ switches) and ``clover`` (recurrent draft state with attention
-over the drafted path): Medusa (Cai et al., 2024), Hydra (Ankner et al., 2024), Clover (Xiao et al.,
-2024).
+drafted embeddings, with the Hydra++ switches) and ``clover`` (a regressive cell carrying one state
+from depth to depth, after an augmenting block over the committed rows): Medusa (Cai et al., 2024),
+Hydra (Ankner et al., 2024), Clover-2 (Xiao et al., 2024, "Clover-2: Accurate Inference for
+Regressive Lightweight Speculative Decoding"; :mod:`harness.heads.models`).
 
 Each round the heads read ``h_{t-1}``: the target's final-norm hidden row of the token before the
 pending token. It comes from the target's own forwards (the prompt prefill, then each verify
@@ -34,9 +35,19 @@ deterministic top-``b_i`` per head (``score_only``; greedy or membership verific
 run's sampling policy, each node carrying the law it was drawn from (``normalized_conditional``;
 specinfer / sequoia / rejection).
 
+Clover-2: its augmenting block is fed every committed row once, through its own KV cache, as
+Hydra's published prefix layer is (the prompt's rows at the request's start, inside the prefill;
+each later round the rows committed since, with the tokens after them). A round keeps a dict
+prefix -> carried state: depth 1 reads ``s0``, and each deeper tree level runs one batched cell
+step on ``[n, d]`` from its nodes' parents' states.
+
 Critical path (the independent vs dependent heads latency trade-off): Medusa computes every depth in
 one stage; Hydra and Clover need one stage per depth. ``stats.extras["head_stages"]`` counts the
-sequential stages run.
+sequential stages run. Clover also counts ``augment_passes`` (augmenting passes run in rounds; a
+round's pass runs in its depth-1 stage, nothing being drafted between them; the prompt's pass is
+prefill work), ``prefix_rows_fed`` (rows through the augmenting block, the prompt's included),
+``cell_steps`` (batched cell steps: one per tree level below depth 1) and ``cell_rows`` (states
+stepped).
 """
 
 from __future__ import annotations
@@ -107,8 +118,11 @@ class HeadsProposer(HiddenRowProposer):
         self.spec = heads.spec
         self.widths = draft_widths(self.budget, heads.spec.num_heads)
         self.embed = self.model.get_input_embeddings()
-        #: Hydra's published prefix layer: fed every committed row once, with its own KV cache
-        self.prefix_feed = getattr(heads, "prefix_model", None) is not None
+        #: Hydra's published prefix layer or Clover-2's augmenting block: fed every committed row once,
+        #: with its own KV cache
+        self.prefix_feed = (
+            getattr(heads, "prefix_model", None) is not None or getattr(heads, "augment", None) is not None
+        )
         if self.prefix_feed:
             self.window = EVERY_ROW
         else:
@@ -119,6 +133,7 @@ class HeadsProposer(HiddenRowProposer):
         self._prefix_cache = None
         self._prefix_fed = 0  # committed positions the prefix layer has seen
         self._prefix_out: torch.Tensor | None = None
+        self._tokens: list[int] = []  # the committed tokens of the proposal under way (or the prompt at start)
         self.stats.extras.update(self.counters())
 
     # ------------------------------------------------------------------ config
@@ -167,6 +182,7 @@ class HeadsProposer(HiddenRowProposer):
         self._reset_prefix()
         if self.prefix_feed and len(prompt_ids) >= 2:
             self._ingest(prompt_ids)
+            self._tokens = prompt_ids
             self._prefix_context(len(prompt_ids) - 2)
 
     def counters(self) -> dict:
@@ -240,6 +256,7 @@ class HeadsProposer(HiddenRowProposer):
         self._ingest(committed)
         self.stats.extras["rounds"] += 1
         pos = len(committed) - 2
+        self._tokens = committed
         ctx = memo_call(self, "context", lambda: self._round_context(pos)) if pos >= 0 else None
         handle = ProposalStateHandle(
             owner=self.name, committed_len=len(committed), generation=self.tap.serial, kv_bytes=0
@@ -263,8 +280,9 @@ class HeadsProposer(HiddenRowProposer):
         return self.heads.context(rows[None].float(), mask[None])  # [1, d]
 
     def _prefix_context(self, pos: int) -> torch.Tensor | None:
-        """Hydra's prefix layer at ``pos``: the committed rows it has not seen yet are fed once, in
-        order, through its own KV cache (as Hydra's decoding does); a missing row stops it."""
+        """Hydra's prefix layer (or Clover-2's augmenting block) at ``pos``: the committed rows it has
+        not seen yet are fed once, in order, through its own KV cache (as Hydra's decoding does); a
+        missing row stops it."""
         if pos == self._prefix_fed - 1:
             return self._prefix_out
         rows = self.store.rows
@@ -274,13 +292,17 @@ class HeadsProposer(HiddenRowProposer):
         x = torch.stack([rows[p] for p in need])  # [n, d]
         if self._prefix_cache is None:
             self._prefix_cache = self.heads.new_prefix_cache()
-        out = self.heads.prefix_step(x, torch.arange(self._prefix_fed, pos + 1), self._prefix_cache)  # [n, d]
+        out = self._feed_prefix(x, torch.arange(self._prefix_fed, pos + 1))  # [n, d]
         self._prefix_fed = pos + 1
         self._prefix_out = out[-1:]
         for p in [p for p in rows if p < pos]:  # fed: the store keeps only the newest row
             del rows[p]
         self.stats.extras["prefix_rows_fed"] = self.stats.extras.get("prefix_rows_fed", 0) + len(need)
         return self._prefix_out
+
+    def _feed_prefix(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Committed rows ``[n, d]`` at ``positions`` through the prefix layer's cache -> ``[n, d]``."""
+        return self.heads.prefix_step(rows, positions, self._prefix_cache)
 
     def _q_level(self, ctx: torch.Tensor, pending: int):
         """The per-level law callback for the tree samplers."""
@@ -335,7 +357,88 @@ class HydraProposer(HeadsProposer):
 
 
 class CloverProposer(HeadsProposer):
+    """Clover-2 heads: the augmenting block's ``s0`` over the committed rows, then one cell step per
+    tree level below depth 1, each node's state carried from its parent's."""
+
     name: ClassVar[str] = "clover"
     kind: ClassVar[str] = "clover"
     probability_semantics: ClassVar[str] = "score_only"
     sampling_relation: ClassVar[str] = "beam"
+
+    @classmethod
+    def check_options(cls, options: dict, budget: Budget) -> None:
+        """Before any model work: the Hydra++ switches Clover-2 does not have are refused."""
+        super().check_options(options, budget)
+        switched = []
+        if int(options.get("mlp_layers", 1)) != 1:
+            switched.append(f"proposer.mlp_layers={options['mlp_layers']}")
+        if options.get("prefix_attention"):
+            switched.append("proposer.prefix_attention=true")
+        if switched:
+            raise ValueError(
+                f"{' and '.join(switched)}: clover heads have no per-depth MLP blocks and no Hydra++ prefix layer "
+                "(their augmenting block reads every committed row); these switches are Hydra's"
+            )
+
+    def counters(self) -> dict:
+        return {**super().counters(), "prefix_rows_fed": 0, "augment_passes": 0, "cell_steps": 0, "cell_rows": 0}
+
+    @torch.inference_mode()
+    def start(self, prompt_ids: list[int]) -> None:
+        """As :meth:`HeadsProposer.start`: the prompt's rows go through the augmenting block now
+        (prefill work: that pass is no round's)."""
+        passes = self.stats.extras["augment_passes"]
+        super().start(prompt_ids)
+        self.stats.extras["augment_passes"] = passes
+
+    def state_bytes(self) -> int:
+        """The augmenting block's KV cache (every committed row) and the newest row."""
+        kv = self._prefix_cache.nbytes() if self._prefix_cache is not None else 0
+        return kv + self.spec.hidden_size * torch.tensor([], dtype=self.dtype).element_size()
+
+    def _feed_prefix(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rows ``h_p`` ``[n, d]`` with ``E(x_{p+1})``, the committed token after each (of the tokens
+        the round proposes after, or the prompt's), through the augmenting block's cache -> ``s0``
+        ``[n, d]``."""
+        device = self.embed.weight.device
+        nxt = torch.tensor([self._tokens[p + 1] for p in positions.tolist()], device=device)
+        out = self.heads.prefix_step(rows.float(), positions, self._prefix_cache, self.embed(nxt).float())
+        self.stats.extras["augment_passes"] += 1
+        return out
+
+    def _q_level(self, ctx: torch.Tensor, pending: int):
+        """The per-level law callback: depth 1 from ``s0 = ctx`` (which has read the pending token),
+        each deeper level one batched cell step from its nodes' parents' carried states."""
+        heads, embed, lm_head = self.heads, self.embed, self.lm_head
+        extras = self.stats.extras
+        states: dict[tuple[int, ...], torch.Tensor] = {(): ctx}  # this round's prefix -> carried state [1, d]
+        device = embed.weight.device
+        probs = self._probs  # [n, V] -> [n, V]
+
+        def q_level(prefixes: list[tuple[int, ...]]) -> torch.Tensor:
+            depth = len(prefixes[0]) + 1
+            n = len(prefixes)
+
+            def stage() -> tuple[torch.Tensor, dict[tuple[int, ...], torch.Tensor]]:
+                if depth == 1:
+                    out, new = heads.first_output(torch.cat([states[p] for p in prefixes])), {}  # [n, d]
+                else:
+                    missing = [p for p in prefixes if p[:-1] not in states]
+                    if missing:
+                        raise RuntimeError(f"clover: no carried state for the parent of {missing[0]}")
+                    parent = torch.cat([states[p[:-1]] for p in prefixes])  # [n, d]
+                    emb = embed(torch.tensor([p[-1] for p in prefixes], device=device)).float()  # [n, d_e]
+                    s = heads.step(parent, emb)  # one batched cell step
+                    out = heads.deeper_output(s, emb)
+                    new = {p: s[r : r + 1] for r, p in enumerate(prefixes)}
+                    extras["cell_steps"] += 1
+                    extras["cell_rows"] += n
+                extras["head_stages"] += 1
+                extras["lm_head_rows"] += n
+                return probs(heads.vocab_logits([depth] * n, out, lm_head)), new
+
+            law, new = memo_call(self, tuple(prefixes), stage)
+            states.update(new)
+            return law
+
+        return q_level
