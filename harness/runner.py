@@ -1187,6 +1187,7 @@ def gate(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepared) 
         items=loaded.items,
         model_source=loaded.target.source,
         model_identity=gate_model_identity(planned.manifest),
+        positions=planned.context.positions,
     )
 
 

@@ -85,3 +85,25 @@ def test_the_gate_tree_branches_whatever_the_prompt_s_tail():
     backend = CausalLMBackend(build_tiny_model(seed=0))
     ev = equivalence_gate(backend, [7] * 20)
     assert ev["status"] == "passed" and ev["tree_rows"] == 8
+
+
+def test_the_gate_stays_inside_the_runs_context_limit():
+    """The gate kept 48 prompt tokens and added twelve positions whatever the run's limit: a model of
+    fewer positions (a sliding window, a longrope switch, GPT-2's table) failed or crashed in the gate
+    though the run fit. Its prompt and rounds are fitted to the limit now, and a vocabulary of fewer
+    than seven ids folds the tree rather than failing."""
+    from harness.gates.equivalence import batched_equivalence_gate, fit_to_positions
+
+    assert fit_to_positions(None, 48, 3) == (48, 3)
+    assert fit_to_positions(512, 48, 3) == (48, 3)
+    assert fit_to_positions(40, 48, 3) == (28, 3)
+    assert fit_to_positions(9, 48, 3) == (5, 1)
+    backend = CausalLMBackend(build_tiny_model(seed=0))
+    prompt = list(range(3, 60))
+    ev = equivalence_gate(backend, prompt, positions=40)
+    assert ev["status"] == "passed" and ev["last_position"] <= 39 and ev["prompt_tokens"] == 28
+    assert equivalence_gate(backend, prompt)["last_position"] > 40  # unlimited: the whole 48 and three rounds
+    batched = batched_equivalence_gate(backend, [prompt, prompt[5:]], positions=40)
+    assert batched["status"] == "passed" and batched["last_position"] <= 39
+    small = CausalLMBackend(build_tiny_model(seed=0, vocab_size=4))
+    assert equivalence_gate(small, [1, 2, 3, 1, 2])["status"] == "passed"

@@ -330,3 +330,17 @@ def test_a_bfloat16_near_tie_is_measured_in_steps_of_the_top_logit():
     with pytest.raises(GateError, match="near-tie tolerance 0.125"):
         check(2.5, 12)  # 12 steps of 2**-6 = 0.1875
     assert near_tie_tolerance(torch.float32, 1e-3, 40.0) == 1e-3  # float32 keeps its own
+
+
+def test_the_equivalence_gate_stays_inside_the_context_a_short_model_allows(workload, tmp_path):
+    """A run that fits a model of few positions: the gate's forwards stay inside them too (it kept
+    48 prompt tokens and added twelve positions whatever the limit)."""
+    short = tmp_path / "short.jsonl"
+    short.write_text(json.dumps({"id": "s0", "prompt": "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\ny"}) + "\n")
+    run_dir = tmp_path / "run"
+    overrides = ["model.tiny.max_position_embeddings=40", "topology=sequence", "topology.max_nodes=2"]
+    overrides += ["topology.max_depth=2", "generation.max_new_tokens=4", f"output_dir={run_dir}"]
+    record = run_job(cfg(short, *overrides), run_dir=run_dir)
+    gate = record["gates"]["equivalence"]
+    assert gate["status"] == "passed" and gate["last_position"] <= 39 and gate["prompt_tokens"] == 28
+    assert record["metrics"]["greedy_identical"] is True

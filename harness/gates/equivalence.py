@@ -52,22 +52,38 @@ def _paths_from(ids: list[int], vocab_size: int) -> list[list[int]]:
     for t in reversed(ids):
         if t not in tokens:
             tokens.append(t)
-    filler = (t for t in range(vocab_size) if t not in tokens)
-    while len(tokens) < 7:
-        tokens.append(next(filler))
-    a, b, c, d, e, f, x = tokens[:7]
+    tokens += [t for t in range(min(vocab_size, 7 + len(tokens))) if t not in tokens]
+    a, b, c, d, e, f, x = (tokens[i % len(tokens)] for i in range(7))  # fewer than seven ids: the tree folds
     return [[a, b, c], [a, b, d], [a, b, e], [a, f], [x, b]]
 
 
 #: the rows of :func:`_paths_from`'s tree
 GATE_TREE_ROWS = 8
+#: the prompt tokens a gate keeps at most
+GATE_PROMPT_TOKENS = 48
+#: positions one gate round adds past the committed tokens at most: a path of three and its bonus token
+ROUND_POSITIONS = 4
+
+
+def fit_to_positions(positions: int | None, keep: int, rounds: int) -> tuple[int, int]:
+    """``(prompt tokens kept, rounds)`` so that every forward of the gate stays inside the run's
+    ``positions`` (its context limit: the target's positions, a sliding window, a longrope switch),
+    as the run's own forwards do; ``positions`` None: no limit."""
+    if positions is None:
+        return keep, rounds
+    rounds = max(1, min(rounds, (positions - 2) // ROUND_POSITIONS))
+    return max(2, min(keep, positions - ROUND_POSITIONS * rounds)), rounds
 
 
 @torch.inference_mode()
-def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds: int = 3) -> dict:
-    """Tree-attention and commit equivalence on ``backend``'s model. Returns the evidence (its
-    ``status`` is ``passed`` or ``failed``)."""
-    ids = list(prompt_ids[-48:]) if len(prompt_ids) > 48 else list(prompt_ids)
+def equivalence_gate(
+    backend: CausalLMBackend, prompt_ids: list[int], *, rounds: int = 3, positions: int | None = None
+) -> dict:
+    """Tree-attention and commit equivalence on ``backend``'s model, every forward inside
+    ``positions`` (:func:`fit_to_positions`). Returns the evidence (its ``status`` is ``passed`` or
+    ``failed``)."""
+    keep, rounds = fit_to_positions(positions, GATE_PROMPT_TOKENS, rounds)
+    ids = list(prompt_ids[-keep:]) if len(prompt_ids) > keep else list(prompt_ids)
     if len(ids) < 2:
         ids = ids + ids
     seq = backend.prefill_one(ids)
@@ -118,13 +134,17 @@ def equivalence_gate(backend: CausalLMBackend, prompt_ids: list[int], *, rounds:
         "cache_tolerance": cache_atol,
         "max_abs_logit": tree_scale,
         "rounds": rounds,
+        "prompt_tokens": len(ids),
+        "last_position": len(committed) - 1,  # the last position a forward of the gate computed
         "tree_rows": tree.num_rows,  # each round's tree: siblings, a token under two parents
         "dtype": str(backend.dtype),
     }
 
 
 @torch.inference_mode()
-def batched_equivalence_gate(backend: CausalLMBackend, prompts: list[list[int]], *, rounds: int = 3) -> dict:
+def batched_equivalence_gate(
+    backend: CausalLMBackend, prompts: list[list[int]], *, rounds: int = 3, positions: int | None = None
+) -> dict:
     """The same equivalence over one batch, as a batched run verifies and commits: requests of
     different prompt lengths (a ragged batch), each round a different tree per request (fewer rows
     padded to the widest), different path lengths committed (the empty path too: ragged holes).
@@ -134,7 +154,8 @@ def batched_equivalence_gate(backend: CausalLMBackend, prompts: list[list[int]],
     b = len(prompts)
     committed = []
     for k, p in enumerate(prompts):
-        ids = list(p[-(48 - 5 * k) :]) if len(p) > 48 - 5 * k else list(p)
+        keep, rounds = fit_to_positions(positions, GATE_PROMPT_TOKENS - 5 * k, rounds)
+        ids = list(p[-keep:]) if len(p) > keep else list(p)
         committed.append(ids if len(ids) >= 2 else ids + ids)
     state = backend.prefill(committed, reserve=rounds * 4 + 2)
     worst, scale = 0.0, 0.0
@@ -191,5 +212,6 @@ def batched_equivalence_gate(backend: CausalLMBackend, prompts: list[list[int]],
         "max_abs_logit": scale,
         "rounds": rounds,
         "prompt_tokens": [len(p) for p in prompts],
+        "last_position": max(len(c) for c in committed) - 1,
         "dtype": str(backend.dtype),
     }

@@ -187,11 +187,13 @@ def run_gates(
     items,
     model_source: str,
     model_identity: dict | None = None,
+    positions: int | None = None,
 ) -> dict[str, dict]:
     """Every gate that runs before the measurement; ``greedy_equality`` runs after it (``pending``
     here at temperature 0). Raises GateError on the first failure. ``model_identity``: what else
     decides the forward the gates check (the run manifest's resolved backend options and the
-    target's and draft's checkpoint files), part of every cached gate's key."""
+    target's and draft's checkpoint files), part of every cached gate's key. ``positions``: the run's
+    context limit, inside which the equivalence gate's forwards stay (None: none)."""
     g = cfg.gates
     off = disabled_gates(cfg)
     caps, verifier, policy = plan_.capabilities, plan_.verifier, plan_.policy
@@ -271,10 +273,10 @@ def run_gates(
             gate_key(
                 "equivalence",
                 entries=["harness.gates.equivalence", "harness.target.loading"],
-                inputs={**model_id, "prompt": prompt[-48:]},
+                inputs={**model_id, "prompt": prompt[-48:], "positions": positions},
             ),
             g.cache,
-            lambda: equivalence_gate(backend, prompt),
+            lambda: equivalence_gate(backend, prompt, positions=positions),
         ),
     )
     batch = int(cfg.generation.batch_size)
@@ -290,10 +292,10 @@ def run_gates(
                 gate_key(
                     "equivalence_batched",
                     entries=["harness.gates.equivalence", "harness.target.loading"],
-                    inputs={**model_id, "prompts": [p[-48:] for p in batch_prompts]},
+                    inputs={**model_id, "prompts": [p[-48:] for p in batch_prompts], "positions": positions},
                 ),
                 g.cache,
-                lambda: batched_equivalence_gate(backend, batch_prompts),
+                lambda: batched_equivalence_gate(backend, batch_prompts, positions=positions),
             )
             return {**gates["equivalence"], "status": batched["status"], "batched": batched}
 
