@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness.engine.arms import SEED_RULE
 from harness.heads.eagle_formats import resolve_source
 from harness.heads.published import file_sha256, inspect, is_published
 from harness.measure.hardware import library_versions
@@ -59,7 +60,7 @@ def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[st
     manifest = {
         "target": c["model"],
         "sampling_policy": {k: c["generation"][k] for k in ("temperature", "top_p", "top_k")},
-        "rng_policy": {"seed": c["seed"], "source": "TorchRandomSource(seed + prompt index), one per arm"},
+        "rng_policy": {"seed": c["seed"], "source": SEED_RULE},
         "proposer": c["proposer"],
         "topology": c["topology"],
         "topology_compiler": COMPILER_VERSION,

@@ -721,3 +721,34 @@ def test_a_limit_above_the_workloads_prompts_is_said_at_plan(tmp_path, monkeypat
     )
     plan_job(compose(["model=tiny", "workload.limit=5"]), run_dir=tmp_path / "run2")
     assert "workload.limit" not in capsys.readouterr().err
+
+
+def test_the_recorded_seed_rule_reproduces_a_sampled_runs_autoregressive_tokens(tmp_path, monkeypatch):
+    """The manifest said each arm drew from TorchRandomSource(seed + prompt index): at seed 1 that
+    reproduced none of a sampled run's tokens. It states the engine's rule now, and a plain sampling
+    loop seeded by it gives the recorded autoregressive tokens."""
+    import torch
+
+    from harness.engine.arms import SEED_RULE
+    from harness.random_source import TorchRandomSource
+    from harness.target.loading import build_tiny_model
+    from harness.verifiers.sampling import SamplingPolicy
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    run_dir = tmp_path / "run"
+    overrides = ["model=tiny", "verifier=membership", "generation.temperature=0.7", "seed=1", "workload.limit=2"]
+    overrides += ["generation.max_new_tokens=8", "gates.oracle=false", "gates.statistical=false"]
+    record = run_job(compose([*overrides, f"output_dir={run_dir}"]), run_dir=run_dir)
+    assert record["manifest"]["rng_policy"] == {"seed": 1, "source": SEED_RULE}
+    model = build_tiny_model(seed=0, max_position_embeddings=2048)
+    policy = SamplingPolicy(temperature=0.7)
+    rows = [json.loads(line) for line in (run_dir / "outputs.jsonl").read_text().splitlines()]
+    for i, row in enumerate(rows):
+        rng = TorchRandomSource(1 * 1_000_003 + i + 0 * 1_000_000_007)  # the rule, first turn
+        ids, drawn = list(row["prompt_token_ids"]), []
+        with torch.inference_mode():
+            for _ in row["ar_token_ids"]:
+                token = rng.categorical(policy.probs(model(torch.tensor([ids])).logits[0, -1][None])[0])
+                drawn.append(token)
+                ids.append(token)
+        assert drawn == row["ar_token_ids"]

@@ -185,6 +185,13 @@ def merge_extras(slots: Sequence[Mapping]) -> dict:
     return out
 
 
+#: how each request's random source is seeded (:meth:`Arms.seed_of`), as the manifest states it
+SEED_RULE = (
+    "one TorchRandomSource per request, the same in both arms, seeded seed * 1000003 + prompt index "
+    "+ turn * 1000000007 (turn 0 the first user turn; prompt index in the workload's order)"
+)
+
+
 @dataclass
 class ArmsResult:
     """What the two arms measured: per arm, one BatchDecodeResult per step (a batch's turn), in order."""
@@ -441,6 +448,7 @@ class Arms:
         self.device_peak = DevicePeak(target.device)
 
     def seed_of(self, i: int, turn: int) -> int:
+        """The seed of prompt ``i``'s request at ``turn`` (0-based), in both arms: :data:`SEED_RULE`."""
         return self.seed * 1_000_003 + i + turn * 1_000_000_007
 
     def _run(self, arm: str, idx: list[int], prompts: list[list[int]], turn: int, max_new_tokens: int):
