@@ -181,6 +181,7 @@ class Measured:
     outputs: list[dict]
     greedy: dict | None  # the greedy-equality evidence (temperature 0), else None
     rounds: list[dict]  # the speculative arm's per-round series (rounds.jsonl)
+    learned_at_start: dict | None = None  # per arm, each slot's proposer's learning before the job's rounds
 
 
 #: exceptions that mean "this configuration was refused" rather than "the job broke"
@@ -1315,7 +1316,14 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
     rounds = [
         {"prompt_id": loaded.items[row["prompt_index"]][0].prompt_id, **row} for row in arms.result.round_series("spec")
     ]
-    return Measured(arms=arms.result, per_prompt=per_prompt, outputs=outputs, greedy=greedy, rounds=rounds)
+    return Measured(
+        arms=arms.result,
+        per_prompt=per_prompt,
+        outputs=outputs,
+        greedy=greedy,
+        rounds=rounds,
+        learned_at_start=arms.learned_at_start,
+    )
 
 
 # --------------------------------------------------------------------------- summarise
@@ -1393,6 +1401,11 @@ def summarise(
             file=sys.stderr,
         )
     if not plan_.verifier.exact:
+        # the drift's rounds start where the measurement started: no earlier request remembered (prompt
+        # lookup's history of the job's outputs), nothing learned past the job's start
+        proposer.forget_requests()
+        if measured.learned_at_start is not None:
+            proposer.restore_learning(measured.learned_at_start["spec"][0])
         metrics["drift"] = heuristic_drift(cfg, plan_=plan_, backend=backend, proposer=proposer, items=loaded.items)
     metrics.update(plan_.extras.get("metrics", {}))
     if measured.greedy is not None:

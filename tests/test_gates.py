@@ -546,6 +546,31 @@ def test_typical_allowed_explicitly_records_exact_false_and_its_drift(tmp_path, 
     assert 0.0 <= drift["min_tv"] <= drift["mean_tv"] <= drift["max_tv"] <= 1.0
 
 
+def test_the_drift_starts_where_the_measurement_started_whatever_prompts_follow(tmp_path, cache):
+    """The drift's rounds ran on the slot-0 proposer as the measurement left it: prompt lookup searched
+    the outputs of every request in the job, so the figure changed with the prompts measured after
+    the first two. It starts from the job's start now (no request remembered, nothing learned since),
+    and its rounds leave the record's proposer counters as the measurement left them."""
+    from harness.engine.arms import merge_extras
+
+    prompts = [*PROMPTS, *({"id": f"q{k}", "prompt": f"x{k} = {k}\ny = x{k} + {k}\nx{k} = {k}\n"} for k in range(3))]
+    drifts = []
+    for n in (2, 5):
+        path = tmp_path / f"p{n}.jsonl"
+        path.write_text("\n".join(json.dumps(p) for p in prompts[:n]) + "\n")
+        run_dir = tmp_path / f"run{n}"
+        overrides = ["proposer=prompt_lookup", "proposer.history_tokens=4096", "topology=sequences"]
+        overrides += ["verifier=typical", "generation.exact=false", "generation.temperature=0.7"]
+        overrides += ["generation.max_new_tokens=16", "gates.oracle=false"]
+        record = runner.run_job(compose_cfg(run_dir, path, *overrides), run_dir=run_dir)
+        drifts.append(record["metrics"]["drift"]["per_round_tv"])
+    assert drifts[0] == drifts[1]
+    live = {"hist": [1, 2], "rounds": 3}
+    merged = merge_extras([live])
+    live["hist"].append(9)
+    assert merged["hist"] == [1, 2]  # a copy: later rounds do not count into the record
+
+
 def test_drift_of_typical_is_positive_on_a_peaked_target_and_matches_the_generic_enumeration():
     """The closed form used for `typical` equals enumerating its draws; on a peaked target the
     typical rule drifts (TV > 0) while an exact verifier's first-token law has TV 0."""

@@ -14,6 +14,7 @@ every batch size (turn 0: ``seed * 1_000_003 + i``).
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -172,7 +173,7 @@ def merge_extras(slots: Sequence[Mapping]) -> dict:
             or not nums
             or len(nums) != len([v for v in values if v is not None])
         ):
-            out[key] = values[0]
+            out[key] = copy.deepcopy(values[0])  # a copy: the live list or dict goes on counting
         elif key.startswith("max_"):
             out[key] = max(v for v, _ in nums)
         elif key.startswith("final_"):
@@ -440,6 +441,9 @@ class Arms:
             raise ValueError("conversations of several turns need follow_up to build each later turn's prompt")
         self.target, self.policy, self.round_cfg = target, policy, round_cfg
         self.slots = {"ar": (list(null_proposers), ar_verifier), "spec": (list(spec_proposers), spec_verifier)}
+        #: what each slot's proposer had learned before any round of this job (the warm-up's are put
+        #: back to it; work after the measurement that must start where it started reads it too)
+        self.learned_at_start = {arm: [p.snapshot_learning() for p in self.slots[arm][0]] for arm in ARMS}
         self.prompts, self.seed, self.batch_size = list(prompts), int(seed), batch_size
         self.turns, self.follow_up = turns, follow_up
         self.max_new_tokens, self.eos = max_new_tokens, eos_token_ids
@@ -480,11 +484,10 @@ class Arms:
         learned from its rounds is put back as it was, so the first measured request does not start
         from what they learned on its own first tokens)."""
         idx = list(range(min(self.batch_size, len(self.prompts))))
-        learned = {arm: [p.snapshot_learning() for p in self.slots[arm][0]] for arm in ARMS}
         for arm in ARMS:
             self._run(arm, idx, [self.prompts[i] for i in idx], 0, max(int(tokens), 1))
         for arm in ARMS:
-            for proposer, snapshot in zip(self.slots[arm][0], learned[arm], strict=True):
+            for proposer, snapshot in zip(self.slots[arm][0], self.learned_at_start[arm], strict=True):
                 proposer.reset_counters()
                 proposer.forget_requests()
                 proposer.restore_learning(snapshot)
