@@ -617,3 +617,23 @@ def test_the_heads_read_the_target_row_before_the_pending_token(kind):
         assert pos == n - 2  # the row before the pending token
         torch.testing.assert_close(out[0], rows[pos], rtol=1e-4, atol=1e-5)
         assert (out[0] - rows[pos + 1]).abs().max() > 1e-2  # and not the pending token's own row
+
+
+def test_the_target_fingerprint_holds_no_model_alive_and_folds_in_each_calls_tokenizer():
+    """The fingerprint cache held every target it saw for the whole process (a multirun's later jobs
+    kept every earlier job's model), and answered a call with a tokenizer with the value computed
+    without one. It holds models weakly now and folds each call's tokenizer in; a cached answer is
+    the one a first computation gives."""
+    import gc
+    import weakref
+
+    model = build_tiny_model(seed=3)
+    plain = target_fingerprint(model)  # computed, then cached
+    with_a = target_fingerprint(model, "tokenizer-a")  # a tokenizer given as its fingerprint
+    assert len({plain, with_a, target_fingerprint(model, "tokenizer-b")}) == 3
+    assert target_fingerprint(build_tiny_model(seed=3), "tokenizer-a") == with_a  # a fresh model: computed
+    assert target_fingerprint(build_tiny_model(seed=3)) == plain
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None

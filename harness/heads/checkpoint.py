@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,9 @@ ARTIFACT_VERSION = "heads-artifact-1"
 MANIFEST_FILE = "manifest.json"
 WEIGHTS_FILE = "weights.safetensors"
 
-_FINGERPRINTS: dict[int, tuple[torch.nn.Module, str]] = {}
+#: per target model (held weakly: a job's model is freed when the job drops it), the fingerprint's
+#: hash over its config and parameters, before any tokenizer is folded in
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ArtifactError(ValueError):
@@ -122,10 +125,14 @@ def short_hash(obj: Any, n: int = 16) -> str:
 
 def target_fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
     """SHA-256 over the target's config, every parameter (name, shape, dtype, bytes) and the
-    tokenizer fingerprint. Cached per model object (about 1 s for SmolLM2 in float32)."""
-    hit = _FINGERPRINTS.get(id(model))
-    if hit is not None and hit[0] is model:
-        return hit[1]
+    tokenizer fingerprint. The parameters' part is cached per model object (about 1 s for SmolLM2 in
+    float32), the tokenizer's folded in at each call."""
+    cached = _FINGERPRINTS.get(model)
+    if cached is not None:
+        h = cached.copy()
+        if tokenizer is not None:
+            h.update(tokenizer_fingerprint(tokenizer).encode())
+        return h.hexdigest()
     h = hashlib.sha256()
     cfg = model.config.to_dict()
     for key in (
@@ -144,11 +151,10 @@ def target_fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
         t = tensor.detach().to("cpu").contiguous()
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    _FINGERPRINTS[model] = h.copy()
     if tokenizer is not None:
         h.update(tokenizer_fingerprint(tokenizer).encode())
-    fp = h.hexdigest()
-    _FINGERPRINTS[id(model)] = (model, fp)
-    return fp
+    return h.hexdigest()
 
 
 def weights_hash(state: dict[str, torch.Tensor]) -> str:
