@@ -752,3 +752,19 @@ def test_the_recorded_seed_rule_reproduces_a_sampled_runs_autoregressive_tokens(
                 drawn.append(token)
                 ids.append(token)
         assert drawn == row["ar_token_ids"]
+
+
+def test_an_adaptive_budget_is_timed_over_the_first_prompt_with_a_prefix(tmp_path, monkeypatch):
+    """The adaptive budget's verify cost was timed over the first prompt, refused after the model
+    loaded when that prompt was one token; it is timed over the first prompt with a prefix."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "p.jsonl"
+    path.write_text(
+        json.dumps({"id": "one", "prompt": "a"}) + "\n" + json.dumps({"id": "two", "prompt": "ab ab ab"}) + "\n"
+    )
+    run_dir = tmp_path / "run"
+    overrides = ["model=tiny", "proposer.budget_policy=adaptive", "workload=jsonl", f"workload.path={path}"]
+    overrides += ["workload.chat=false", "generation.max_new_tokens=8", "gates.oracle=false", f"output_dir={run_dir}"]
+    record = run_job(compose(overrides), run_dir=run_dir)
+    assert record["metrics"]["greedy_identical"] is True
+    assert record["t_profile"]["prefix_len"] == 8  # the second prompt's tokens

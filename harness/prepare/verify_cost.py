@@ -11,7 +11,10 @@ from harness.target.timing import verify_cost_curve
 def prepare_prompt_lookup(options: dict, context) -> Preparation:
     if options.get("budget_policy") != "adaptive" or options.get("verify_cost"):
         return Preparation()
-    ids = context.items[0][1] if context.items else [1, 2, 3, 4] * 16
+    # the verify forward is timed over a real prefix: the first prompt of two tokens or more (a
+    # one-token prompt leaves no prefix to time over), else the prompts' tokens repeated to two
+    prompts = [list(ids) for _, ids in context.items] if context.items else [[1, 2, 3, 4] * 16]
+    ids = next((p for p in prompts if len(p) >= 2), None) or (prompts[0] * 2 if prompts[0] else [1, 2])
     max_rows = int(context.cfg.topology.max_nodes)
     batch_size = int(context.cfg.generation.batch_size)
     profile = verify_cost_curve(context.target_backend, ids, max_rows=max_rows, batch_size=batch_size)
