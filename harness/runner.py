@@ -128,6 +128,7 @@ from harness.tracking.wandb_tracker import (
 )
 from harness.verifiers.base import NegotiationError, get_verifier
 from harness.workloads.conversations import (
+    TRUNCATE_REFUSE,
     ContextLimit,
     PromptEncoder,
     TurnPrompt,
@@ -1586,6 +1587,13 @@ def truncation_note(context: dict, n_prompts: int) -> str | None:
     if not cut:
         return None
     tokens = max(int(context.get("cut_tokens") or 0), int(context.get("ar_cut_tokens") or 0))
+    if context.get("rule") == TRUNCATE_REFUSE:  # checked before the run with answers at max_new_tokens each
+        return (
+            f"{cut} of {n_prompts} prompts had a later turn cut to fit {context['max_prompt_tokens']:,} tokens: "
+            "their earlier answers, fed back as text, tokenized longer than the tokens generated (past the bound "
+            f"workload.truncate=false checked them against); {tokens:,} tokens in all, cut from the oldest text "
+            "(per prompt: cut_tokens in the record)"
+        )
     return (
         f"{cut} of {n_prompts} prompts had their oldest text cut to fit {context['max_prompt_tokens']:,} tokens "
         f"(the {context['positions']:,} positions of {context['limited_by']}, less generation.max_new_tokens and "

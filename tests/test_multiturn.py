@@ -346,3 +346,38 @@ def test_rounds_and_per_turn_metrics_number_turns_from_one_and_name_the_decode_s
         assert entry["decode_speedup"] == pytest.approx(
             entry["ar_time_per_token_ms"] / entry["time_per_committed_token_ms"]
         )
+
+
+def test_a_later_turn_whose_answers_re_tokenize_longer_is_cut_and_said_not_refused_mid_run(
+    tmp_path, questions, monkeypatch, capsys
+):
+    """workload.truncate=false checks every turn before any model work with each earlier answer at
+    max_new_tokens tokens; an answer fed back as text can tokenize longer than the tokens generated.
+    Such a turn was refused after the gates and the first turns had run (no record); it is cut from
+    its oldest text now, recorded and said."""
+    from harness.tracking.store import load_record
+
+    real = PromptEncoder.raw
+
+    def retokenized(self, prompt, answers=()):  # each answer fed back comes out three tokens longer
+        ids = real(self, prompt, answers)  # (the check's bound feeds empty answers: counted as they are)
+        return ids[:1] + [7, 7, 7] * sum(1 for a in answers if len(a)) + ids[1:]
+
+    monkeypatch.setattr(PromptEncoder, "raw", retokenized)
+    run_dir = tmp_path / "run"
+    argv = [*BASE, "workload=spec_bench", f"workload.path={questions}", "workload.truncate=false"]
+    # the longest second turn with its answer at max_new_tokens, exactly at the room: the check passes
+    cfg = spec_bench_cfg(questions, "workload.truncate=false")
+    encoder = PromptEncoder(None, chat=True, vocab_size=96)
+    from harness.workloads.prompts import load_configured
+
+    prompts = load_configured(cfg.workload)
+    need = max(len(real(encoder, p, [[]] * (p.n_turns - 1))) + 10 * (p.n_turns - 1) for p in prompts)
+    positions = need + 10 + int(cfg.topology.max_nodes)
+    argv += [f"model.tiny.max_position_embeddings={positions}"]
+    assert run_main([*argv, f"output_dir={run_dir}", f"hydra.run.dir={tmp_path / 'hydra'}"]) == 0
+    record = load_record(run_dir)
+    ctx = record["metrics"]["context"]
+    assert ctx["rule"] == "refuse" and ctx["truncated_turns"] >= 1 and ctx["cut_tokens"] >= 3
+    assert all(t["turn"] > 1 for r in record["per_prompt"] for t in r["turns"] if t["spec_cut_tokens"])
+    assert "tokenized longer than the tokens generated" in capsys.readouterr().err

@@ -353,21 +353,25 @@ class PromptEncoder:
                 raise WorkloadError(self.limit.overflow(p, p.n_turns, n, bounded=p.n_turns > 1))
 
     def turn(self, prompt: Prompt, answers: Sequence[Sequence[int]] = ()) -> TurnPrompt:
-        """Turn ``len(answers) + 1``'s prompt, cut from the left under ``workload.truncate=left``."""
+        """Turn ``len(answers) + 1``'s prompt, cut from the left under ``workload.truncate=left``.
+
+        Under ``workload.truncate=false`` the prompts were checked before any model work with every
+        earlier answer counted at ``max_new_tokens`` tokens; an answer fed back as text can still
+        tokenize longer than the tokens it was decoded from (whitespace stripped, merges at the
+        template's seams, bytes of a split character). Such a turn is cut from the left as under
+        ``left``, and its cut tokens are recorded (the run says so): refusing it would throw away
+        the gates and the turns already measured."""
         ids = self.raw(prompt, answers)
         room = self.limit.max_prompt_tokens if self.limit is not None else None
         if room is None or len(ids) <= room:
             return TurnPrompt(ids, len(ids))
-        if self.limit.rule == TRUNCATE_LEFT:
-            start, end = self.first_text(prompt, answers, ids)
-            cut = len(ids) - room
-            if 0 < start <= room // 2:  # the template's opening stays
-                if cut <= end - start:  # the first message's oldest text goes, nothing around it
-                    return TurnPrompt(ids[:start] + ids[start + cut :], len(ids))
-                return TurnPrompt(ids[:start] + ids[len(ids) - (room - start) :], len(ids))  # and the oldest rest
-            return TurnPrompt(ids[-room:], len(ids))
-        # only reachable when an answer's text re-tokenizes longer than the tokens it was decoded from
-        raise WorkloadError(self.limit.overflow(prompt, len(answers) + 1, len(ids)))
+        start, end = self.first_text(prompt, answers, ids)
+        cut = len(ids) - room
+        if 0 < start <= room // 2:  # the template's opening stays
+            if cut <= end - start:  # the first message's oldest text goes, nothing around it
+                return TurnPrompt(ids[:start] + ids[start + cut :], len(ids))
+            return TurnPrompt(ids[:start] + ids[len(ids) - (room - start) :], len(ids))  # and the oldest rest
+        return TurnPrompt(ids[-room:], len(ids))
 
 
 def encode_workload(cfg, tokenizer, *, vocab_size: int | None = None) -> list[tuple[Prompt, list[int]]]:
