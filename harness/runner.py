@@ -391,6 +391,7 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
         )
     context = plan_context(cfg, plan_.budget.max_nodes)
     check_profile_fits(cfg, context)
+    check_training_fits(cfg, context)
     check_calibration_config(cfg)
     if cfg.model.name != "tiny" and not cfg.workload.chat:
         multi = next((p for p in prompts if p.n_turns > 1), None)
@@ -423,6 +424,33 @@ def check_profile_fits(cfg: DictConfig, context) -> None:
             f"and the root) exceed the {context.positions:,} positions of {context.limited_by}",
             suggestions=[(f"topology.profile.prefix_len={room}",)] if room >= 1 else [],
         )
+
+
+def check_training_fits(cfg: DictConfig, context) -> None:
+    """An artifact trained or searched for this run (no ``proposer.artifact`` given) runs the target
+    over its training documents (``proposer.data.max_len`` tokens each) or its search prompts and
+    continuations: they must fit the models' positions as the run's prompts do."""
+    p = cfg.proposer
+    if context.positions is None or p.get("artifact"):
+        return
+    data, search = p.get("data"), p.get("search")
+    if data is not None and data.get("max_len") is not None and int(data.max_len) > context.positions:
+        raise ConfigError(
+            f"proposer.data.max_len={int(data.max_len)} tokens per training document exceed the "
+            f"{context.positions:,} positions of {context.limited_by}: training the artifact would run the target "
+            "past them",
+            suggestions=[(f"proposer.data.max_len={context.positions}",)],
+        )
+    if search is not None and search.get("max_prompt_tokens") is not None:
+        prompt = int(search.max_prompt_tokens)
+        need = prompt + int(search.max_new_tokens) + int(search.depth) + 1
+        if need > context.positions:
+            raise ConfigError(
+                f"proposer.search.max_prompt_tokens={prompt} + max_new_tokens={int(search.max_new_tokens)} + "
+                f"depth={int(search.depth)} + 1 = {need} exceed the {context.positions:,} positions of "
+                f"{context.limited_by}: the skip search would run the target past them",
+                suggestions=[(f"proposer.search.max_prompt_tokens={max(1, context.positions - need + prompt)}",)],
+            )
 
 
 def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:

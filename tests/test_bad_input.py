@@ -278,6 +278,22 @@ SHELL_QUOTED_HINT = "quote a value holding characters such as # = ' [ ] or space
                 "try topology.profile.prefix_len=247",
             ],
         ),
+        # an artifact trained or searched for the run runs the target over its documents or search prompts:
+        # they fit the positions as the run's prompts do (a short-context target was run past them)
+        (
+            ["proposer=eagle", "model.tiny.max_position_embeddings=100"],
+            [
+                "proposer.data.max_len=256 tokens per training document exceed the 100 positions of the target",
+                "try proposer.data.max_len=100",
+            ],
+        ),
+        (
+            ["proposer=layer_skip", "model.tiny.max_position_embeddings=100"],
+            [
+                "proposer.search.max_prompt_tokens=96 + max_new_tokens=32 + depth=4 + 1 = 133 exceed the 100 positions",
+                "try proposer.search.max_prompt_tokens=63",
+            ],
+        ),
         # a REST option above the datastore it builds (it was refused after building the datastore)
         (
             ["proposer=rest", "proposer.datastore.context_len=8"],
