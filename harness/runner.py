@@ -427,9 +427,10 @@ def check_profile_fits(cfg: DictConfig, context) -> None:
 
 
 def check_training_fits(cfg: DictConfig, context) -> None:
-    """An artifact trained or searched for this run (no ``proposer.artifact`` given) runs the target
-    over its training documents (``proposer.data.max_len`` tokens each) or its search prompts and
-    continuations: they must fit the models' positions as the run's prompts do."""
+    """An artifact trained or searched for this run (no ``proposer.artifact`` given; for layer skip,
+    no ``proposer.skip`` either) runs the target over its training documents (``proposer.data.max_len``
+    tokens each) or its search prompts and continuations: they must fit the models' positions as the
+    run's prompts do."""
     p = cfg.proposer
     if context.positions is None or p.get("artifact"):
         return
@@ -441,15 +442,16 @@ def check_training_fits(cfg: DictConfig, context) -> None:
             "past them",
             suggestions=[(f"proposer.data.max_len={context.positions}",)],
         )
-    if search is not None and search.get("max_prompt_tokens") is not None:
+    if search is not None and search.get("max_prompt_tokens") is not None and p.get("skip") is None:
         prompt = int(search.max_prompt_tokens)
         need = prompt + int(search.max_new_tokens) + int(search.depth) + 1
         if need > context.positions:
+            fits = context.positions - need + prompt  # the prompt tokens that would fit
             raise ConfigError(
                 f"proposer.search.max_prompt_tokens={prompt} + max_new_tokens={int(search.max_new_tokens)} + "
                 f"depth={int(search.depth)} + 1 = {need} exceed the {context.positions:,} positions of "
                 f"{context.limited_by}: the skip search would run the target past them",
-                suggestions=[(f"proposer.search.max_prompt_tokens={max(1, context.positions - need + prompt)}",)],
+                suggestions=[(f"proposer.search.max_prompt_tokens={fits}",)] if fits >= 1 else [],
             )
 
 

@@ -1175,3 +1175,12 @@ def test_the_warm_up_generates_no_more_than_the_measured_turns_so_it_stays_insid
     monkeypatch.setattr(Arms, "warmup", spy)
     assert run_main(argv_for(tmp_path, workload, "generation.warmup_tokens=300", "gates.enabled=false")) == 0
     assert seen == [4]
+
+
+def test_a_given_skip_vector_runs_no_search_and_is_not_held_to_the_searchs_positions():
+    """The skip search's prompts are checked against the positions only where a search runs: a run
+    that names its skip vector searches nothing."""
+    small = ["model=tiny", "proposer=layer_skip", "model.tiny.max_position_embeddings=100", "workload.limit=1"]
+    with pytest.raises(ConfigError, match="the skip search would run the target past them"):
+        runner.check_job(compose(small), None)
+    runner.check_job(compose([*small, "proposer.skip=[1]"]), None)

@@ -740,6 +740,7 @@ def test_the_recorded_seed_rule_reproduces_a_sampled_runs_autoregressive_tokens(
     overrides += ["generation.max_new_tokens=8", "gates.oracle=false", "gates.statistical=false"]
     record = run_job(compose([*overrides, f"output_dir={run_dir}"]), run_dir=run_dir)
     assert record["manifest"]["rng_policy"] == {"seed": 1, "source": SEED_RULE}
+    assert "seeded seed * 1000003 + prompt index + turn * 1000000007" in SEED_RULE  # the rule drawn below
     model = build_tiny_model(seed=0, max_position_embeddings=2048)
     policy = SamplingPolicy(temperature=0.7)
     rows = [json.loads(line) for line in (run_dir / "outputs.jsonl").read_text().splitlines()]

@@ -1240,9 +1240,10 @@ def unaccepted_note(sec: Sequence[ArmRow]) -> str | None:
 
 #: what an arm's figures mean when the context limit cut some of its prompts
 TRUNCATION_NOTE = (
-    "arms whose prompts were cut to fit the model's positions ({arms}): workload.truncate=left removed their "
-    "oldest text, so their figures are for the cut prompts, and another context limit measures other "
-    "prompts; see each record's metrics.context (workload.truncate=false refuses them instead)"
+    "arms whose prompts were cut to fit the model's positions ({arms}): their oldest text was removed "
+    "(workload.truncate=left; under workload.truncate=false only a later turn whose earlier answers, fed back "
+    "as text, tokenized longer than generated), so their figures are for the cut prompts, and another context "
+    "limit measures other prompts; see each record's metrics.context"
 )
 
 

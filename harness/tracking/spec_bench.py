@@ -297,10 +297,12 @@ def export_notes(record: dict) -> list[str]:
     cut = [
         str(p["prompt_id"]) for p in record["per_prompt"] if (p.get("cut_tokens") or p.get("ar_cut_tokens") or 0) > 0
     ]
+    rule = ((record.get("metrics") or {}).get("context") or {}).get("rule")
+    why = "workload.truncate=left" if rule != "refuse" else "earlier answers fed back as text tokenized longer"
     if cut:
         more = f" and {len(cut) - 5} more" if len(cut) > 5 else ""
         notes.append(
-            f"{len(cut)} question(s) had their oldest text cut to fit the model's positions (workload.truncate=left): "
+            f"{len(cut)} question(s) had their oldest text cut to fit the model's positions ({why}): "
             f"{', '.join(cut[:5])}{more}; their answers were generated from the cut prompt, where Spec-Bench feeds "
             "the whole one"
         )
