@@ -125,10 +125,15 @@ def vocab_projection(lm_head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     Same values up to float rounding; on CPU the vocabulary projection is a memory-bound GEMM whose
     default layout is pathological for small ``n``: measured on this 2-core machine for SmolLM2
     (49,152 x 576), ``lm_head`` on 3 rows took 32 ms and on 1 row 8.8 ms, while ``W @ h.T`` on 3
-    rows took 9.8 ms (docs/measurements.md). Proposal-side only: the target's logits are untouched.
+    rows took 9.8 ms (docs/measurements.md). Where the target's linear layers run a kernel of the
+    harness (``model.linear_kernel``: the streaming kernel, which reads each weight row once for a few
+    rows), the LM head's own forward is that kernel, and it is called. Proposal-side only: the
+    target's logits are untouched.
     """
     if not isinstance(lm_head, torch.nn.Linear):
         return lm_head(h)
+    if getattr(lm_head, "_harness_linear_kernel", "default") != "default":
+        return lm_head(h)  # the target's own linear kernel (the streaming kernel reads each row once)
     out = torch.matmul(lm_head.weight, h.T).T  # [n, V]
     if lm_head.bias is not None:
         out = out + lm_head.bias
