@@ -665,3 +665,25 @@ def test_the_heads_vocabulary_projection_runs_the_targets_linear_kernel(kernel):
         got = vocab_projection(lm, h)
     assert calls == [torch.Size([3, lm.weight.shape[1]])]
     torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_a_head_bank_runs_the_targets_linear_kernel():
+    """The heads' own linear layers took BLAS's few-row path while the target's took the harness's
+    kernel (about 10% of a Clover-2 proposal on SmolLM2): a proposer built on a target that runs a
+    kernel puts its bank on it; on a target with none the bank stays as it is."""
+    from harness.target.options import apply_linear_kernel, linear_kernel_of
+
+    for kernel, expected in (("default", {"default"}), ("weight_major", {"weight_major"})):
+        model = build_tiny_model(seed=1)
+        apply_linear_kernel(model, kernel)
+        cfg = model.config
+        spec = HeadSpec(kind="hydra", num_heads=2, hidden_size=cfg.hidden_size, embed_size=cfg.hidden_size)
+        p = HydraProposer(
+            budget=Budget(shape="sequence", max_nodes=2, max_depth=2),
+            manifest_hash="h",
+            policy=GREEDY,
+            model=model,
+            heads=DraftHeads(spec),
+            checkpoint=target_fingerprint(model),
+        )
+        assert linear_kernel_of(p.heads) == expected

@@ -104,7 +104,7 @@ class EagleProposer(HiddenRowProposer):
     def __init__(self, *, draft: torch.nn.Module, **common) -> None:
         """``draft``: the EAGLE draft network; ``common``: the keywords of :class:`TargetBoundProposer`."""
         super().__init__(**common)
-        self.draft = draft.to(device=self.device, dtype=self.dtype).eval()
+        self.draft = self.run_like_target(draft.to(device=self.device, dtype=self.dtype).eval())
         self.spec = draft.spec
         own = getattr(draft, "embed_tokens", None)
         self.embed = own if own is not None else self.model.get_input_embeddings()

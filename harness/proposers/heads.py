@@ -115,6 +115,7 @@ class HeadsProposer(HiddenRowProposer):
         self.heads = heads.eval()
         if next(heads.parameters()).device != self.device:
             self.heads = heads.to(self.device)
+        self.run_like_target(self.heads)
         self.spec = heads.spec
         self.widths = draft_widths(self.budget, heads.spec.num_heads)
         self.embed = self.model.get_input_embeddings()

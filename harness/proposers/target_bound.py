@@ -22,6 +22,7 @@ from harness.heads.state import CapturedForward, HiddenTap, PrefixHashes
 from harness.proposers.base import Proposer
 from harness.proposers.sampling import QLevelFn, check_ranked_shape, sample_ranked_tree_proposal, sample_tree_proposal
 from harness.random_source import RandomSource
+from harness.target.options import apply_linear_kernel, linear_kernel_of
 from harness.topology.compiler import CompiledTree, compile_tree
 
 SAMPLINGS = ("beam", "iid", "without_replacement")
@@ -64,6 +65,16 @@ class TargetBoundProposer(Proposer):
         self.artifact_manifest = dict(artifact_manifest or {})
         #: read by the runner: from what the artifact recorded about its training (never the device)
         self.cpu_budget_artifact = cpu_budget_label(self.artifact_manifest)
+
+    def run_like_target(self, network: torch.nn.Module) -> torch.nn.Module:
+        """``network`` (a head bank, a draft network) with its linear layers on the target's linear
+        kernel where the target runs one of the harness's (``model.linear_kernel``): its few-row
+        products read each weight row once, as the target's do, instead of BLAS's few-row path. A
+        forward that needs gradients (training) still takes autograd's own linear."""
+        kernels = linear_kernel_of(self.model) - {"default"}
+        if kernels:
+            apply_linear_kernel(network, kernels.pop() if len(kernels) == 1 else "auto")
+        return network
 
     @classmethod
     def sampling_semantics(cls, sampling: str) -> str:
