@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -33,6 +35,23 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 log = logging.getLogger("harness.files")
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 (hex) of a file's bytes, read once per process per file version (path, size and
+    modification time): a checkpoint's weights are fingerprinted by several stages of one run."""
+    path = Path(path)
+    st = path.stat()
+    return _sha256(str(path.resolve()), st.st_size, st.st_mtime_ns)
 
 
 def output_folder_problem(key: str, path: str | os.PathLike) -> str | None:

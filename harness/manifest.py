@@ -13,10 +13,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.engine.arms import SEED_RULE
 from harness.heads.eagle_formats import resolve_source
-from harness.heads.published import file_sha256, inspect, is_published
+from harness.heads.published import inspect, is_published
 from harness.measure.hardware import library_versions
 from harness.proposers.rest import manifest_datastores
-from harness.target.loading import hub_revision, looks_like_hub_id, resolve_dtype
+from harness.target.loading import (  # noqa: F401  (checkpoint_fingerprint: the manifest's binding, imported from here)
+    checkpoint_fingerprint,
+    checkpoint_ref,
+    looks_like_hub_id,
+    resolve_dtype,
+)
 from harness.target.options import (
     resolve_cudnn_attention,
     resolve_linear_kernel,
@@ -155,47 +160,6 @@ def draft_model_config(cfg: DictConfig):
     return None
 
 
-#: the files of a checkpoint directory that decide what it computes: weights, configs, tokenizer, code
-#: the files that bind a checkpoint folder (weights, configs, tokenizer, code, chat template)
-CHECKPOINT_SUFFIXES = (
-    ".json",
-    ".safetensors",
-    ".bin",
-    ".pt",
-    ".pth",
-    ".model",
-    ".txt",
-    ".py",
-    ".gguf",
-    ".tiktoken",
-    ".jinja",
-)
-
-
-def checkpoint_fingerprint(ref: str) -> dict:
-    """What binds a checkpoint given by path or hub id: a local directory's files (weights, configs,
-    tokenizer; each SHA-256, read once per process per file version), so new weights at the same
-    path make another manifest; a hub id by the commit it resolves to (:func:`hub_revision`; the run
-    reads its files at that commit), or by its name only where no commit can be found."""
-    path = Path(str(ref)).expanduser()
-    if not path.is_dir():
-        revision = hub_revision(str(ref)) if looks_like_hub_id(str(ref)) else None
-        if revision is not None:
-            return {"ref": str(ref), "revision": revision, "bound_by": "revision"}
-        return {"ref": str(ref), "files": None, "bound_by": "name"}
-    files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in CHECKPOINT_SUFFIXES)
-    return {"ref": str(ref), "directory": str(path.resolve()), "files": {f.name: file_sha256(f) for f in files}}
-
-
-def _by_path(m) -> str | None:
-    """The checkpoint a model config loads by path or hub id (None: the embedded or a built model)."""
-    if m.get("name_or_path"):
-        return str(m.name_or_path)
-    if m.name not in ("tiny", "smollm2", "derived"):
-        return str(m.name)
-    return None
-
-
 def manifest_extras(cfg: DictConfig) -> dict:
     """Versioned artifacts the manifest binds beyond the config: the datastore release ids of a
     retrieval proposer or of prompt lookup's datastore (opened, or built on first use, before any
@@ -223,12 +187,12 @@ def manifest_extras(cfg: DictConfig) -> dict:
         local = resolve_source(str(p.artifact))  # the hub cache's snapshots/<revision>
         files = checkpoint_fingerprint(str(local))["files"]  # not the folder: another cache holds the same draft
         extras["proposer_artifact"] = {"ref": str(p.artifact), "revision": local.name, "files": files}
-    target = _by_path(cfg.model)
+    target = checkpoint_ref(cfg.model)
     if target is not None:
         extras["target_checkpoint"] = checkpoint_fingerprint(target)
     draft = draft_model_config(cfg)
-    if draft is not None and _by_path(draft) is not None:
-        extras["draft_checkpoint"] = checkpoint_fingerprint(_by_path(draft))
+    if draft is not None and checkpoint_ref(draft) is not None:
+        extras["draft_checkpoint"] = checkpoint_fingerprint(checkpoint_ref(draft))
     workload_file = cfg.workload.get("path") if cfg.workload.name in ("jsonl", "spec_bench") else None
     if workload_file and Path(str(workload_file)).expanduser().is_file():  # its content is the prompts
         data = Path(str(workload_file)).expanduser().read_bytes()

@@ -50,8 +50,6 @@ at all upstream (it indexes a model output tuple); docs/architecture.md says so 
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +59,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from harness.files import file_sha256
 from harness.heads.checkpoint import (
     MANIFEST_FILE,
     ArtifactError,
@@ -280,20 +279,6 @@ def _read_tensors(files: list[Path], *, prefix: str = "", data: bool) -> dict[st
                         tensor if data else torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
                     )
     return out
-
-
-@functools.lru_cache(maxsize=64)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    st = path.stat()
-    return _sha256(str(path.resolve()), st.st_size, st.st_mtime_ns)
 
 
 # --------------------------------------------------------------------------- layouts

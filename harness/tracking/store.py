@@ -35,7 +35,6 @@ Column layout of the store (one row per run):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -47,7 +46,14 @@ from typing import Any
 
 import pandas as pd
 
-from harness.files import OUTPUTS_FILENAME, RECORD_FILENAME, ROUNDS_FILENAME, plain_file_mode, temporary_sibling  # noqa: F401
+from harness.files import (  # noqa: F401
+    OUTPUTS_FILENAME,
+    RECORD_FILENAME,
+    ROUNDS_FILENAME,
+    file_sha256,
+    plain_file_mode,
+    temporary_sibling,
+)
 from harness.record_schema import GATES, ROUND_COST_STAGES, STATUSES, is_gated, is_gated_v1, status_of  # noqa: F401
 
 SCHEMA_VERSION = 2
@@ -260,14 +266,6 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
                 f"{path}: outputs.file must be a file name in the record's folder; got {outputs['file']!r}"
             )
     return record
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def outputs_problem(record: Mapping[str, Any], folder: str | Path) -> str | None:
