@@ -422,7 +422,7 @@ def check_profile_fits(cfg: DictConfig, context) -> None:
         raise ConfigError(
             f"topology.profile.prefix_len={t.profile.prefix_len} + {int(t.max_nodes) + 1} rows (topology.max_nodes "
             f"and the root) exceed the {context.positions:,} positions of {context.limited_by}",
-            suggestions=[(f"topology.profile.prefix_len={room}",)] if room >= 1 else [],
+            suggestions=[(f"topology.profile.prefix_len={room}",)] if room >= 2 else [],
         )
 
 

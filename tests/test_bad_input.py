@@ -547,6 +547,42 @@ def test_a_sequoia_min_nodes_above_its_max_is_refused_before_calibration(tmp_pat
         accepted(["proposer=draft_model", "topology=sequoia", "topology.min_nodes=20", *suggestion])
 
 
+def test_a_sequoia_min_nodes_no_tree_of_the_depth_can_hold_is_refused_before_calibration(
+    tmp_path, workload, capsys, no_models
+):
+    """Three ranks below each node and depth 1: at most 4 nodes, so min_nodes=6 leaves the search nothing
+    to try; refused before the calibration and the profile are measured (it was refused after)."""
+    over = ("proposer=draft_model", "topology=sequoia", "topology.max_depth=1", "topology.calibration.branches=3")
+    line = assert_refused_run(
+        tmp_path,
+        capsys,
+        argv_for(tmp_path, workload, *over, "topology.min_nodes=6"),
+        "topology.min_nodes=6: a tree of depth <= topology.max_depth=1 with at most "
+        "topology.calibration.branches=3 children per node holds at most 4 nodes",
+    )
+    assert suggestions_in(line) == [["topology.min_nodes=4"], ["topology.max_depth=2"]]
+    for suggestion in suggestions_in(line):
+        accepted(["model=tiny", *over, "topology.min_nodes=6", *suggestion])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["topology.profile.prefix_len=1"], "topology.profile.prefix_len"),
+        (["topology.max_depth=6", "topology.profile.prefix_len=5"], "topology.profile.prefix_len=5: the profile"),
+    ],
+)
+def test_a_sequoia_profile_prefix_too_short_for_its_timings_is_refused_before_calibration(
+    tmp_path, workload, capsys, no_models, overrides, message
+):
+    assert_refused_run(
+        tmp_path,
+        capsys,
+        argv_for(tmp_path, workload, "proposer=draft_model", "topology=sequoia", *overrides),
+        message,
+    )
+
+
 def test_a_batch_larger_than_the_workload_is_refused_and_the_fitting_size_offered(
     tmp_path, workload, capsys, no_models
 ):

@@ -83,8 +83,54 @@ def measured():
         repeats=3,
         provenance={"threads": torch.get_num_threads()},
         progress=False,
+        max_depth=3,
     )
     return prof, target, draft, prefix
+
+
+class DraftForwards:
+    """Wraps a draft backend, recording (rows, positions, masked) of every forward and the cache
+    length after it."""
+
+    def __init__(self, backend):
+        self.backend, self.calls = backend, []
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def forward_rows(self, seq, ids, positions, mask):
+        out = self.backend.forward_rows(seq, ids, positions, mask)
+        self.calls.append((len(ids), list(positions), mask is not None))
+        return out
+
+
+def test_draft_forwards_are_timed_as_a_tree_round_runs_them(measured):
+    """The draft's pass over k = 1 .. max_depth + 1 committed tokens (a round after one that accepted
+    k - 1), a one-row chain step and masked levels of r = 1 .. (max_nodes - 1) // 2 rows, each from the
+    same cached prefix: a one-row unmasked forward priced every level and every first pass."""
+    from harness.prepare.profile import draft_times
+
+    _, _, draft, prefix = measured
+    counting = DraftForwards(draft)
+    out = draft_times(counting, prefix, feeds=4, level_rows=3, batch_size=2, warmup=1, repeats=2, progress=False)
+    base = draft.prefill_one(prefix).cache_len  # the prefix the timed forwards start from
+    feeds = {k: (k, list(range(base - k, base)), False) for k in range(1, 5)}
+    levels = {r: (r, [base] * r, True) for r in range(1, 4)}
+    expected = [*feeds.values(), (1, [base], False), *levels.values()]
+    # 3 rounds (1 warm-up), each forward run once per request of the batch
+    assert sorted(map(str, counting.calls)) == sorted(map(str, expected * 3 * 2))
+    assert sorted(out["feed"]) == [1, 2, 3, 4] and sorted(out["level"]) == [1, 2, 3]
+    assert all(len(v) == 2 for v in (*out["feed"].values(), *out["level"].values(), out["chain"]))
+
+
+def test_profile_records_the_draft_forwards_by_size(measured):
+    prof = measured[0]
+    t1 = prof["t1_ms"]
+    assert [f["tokens"] for f in prof["draft_feed_ms"]] == [1, 2, 3, 4]  # max_depth + 1
+    assert [v["rows"] for v in prof["draft_level_ms"]] == [1, 2]  # (max_nodes - 1) // 2
+    assert prof["draft_feed_cost"] == pytest.approx([f["median_ms"] / t1 for f in prof["draft_feed_ms"]])
+    assert prof["draft_level_cost"] == pytest.approx([v["median_ms"] / t1 for v in prof["draft_level_ms"]])
+    assert prof["draft_base_ms"]["samples_ms"] == prof["draft_feed_ms"][0]["samples_ms"]  # c0: one token
 
 
 def test_profile_times_every_size_with_warmup_and_repeats(measured):
@@ -192,7 +238,54 @@ def test_run_provenance_has_every_field():
     # the default derived draft of a 2-layer tiny target keeps both layers
     draft = exp["model"]["draft"]
     assert exp["model"]["target"]["name"] == "tiny" and draft["name"] == "derived" and draft["num_layers"] == 2
-    assert exp["measurement"] == {"protocol": 2, "prefix_len": 256, "warmup": 2, "repeats": 7, "max_nodes": 5}
+    assert exp["measurement"] == {
+        "protocol": 3,
+        "prefix_len": 256,
+        "warmup": 2,
+        "repeats": 7,
+        "max_nodes": 5,
+        "max_depth": 6,
+    }
+    assert exp["checkpoints"] == {"target": None, "draft": None}  # built models: their config is their identity
+    assert exp["model"]["draft_device"] == "cpu" and exp["model"]["draft_attn_implementation"] == "sdpa"
+
+
+def test_the_profile_key_follows_the_checkpoint_files_the_draft_and_the_code(tmp_path, monkeypatch):
+    """New weights at the same path, a draft on another attention path and a change to the timed code each
+    make another profile (and calibration) key: each was reused before, so the run read old timings."""
+    from checkpoint_fixtures import tiny_checkpoint
+
+    from harness.app import with_sequoia
+    from harness.config import compose
+    from harness.gates import keys
+    from harness.prepare.calibrate import CALIBRATION_MATCH_FIELDS, calibration_provenance
+    from harness.prepare.profile import key_hash
+
+    draft = tiny_checkpoint(tmp_path / "draft", seed=1)
+    over = ["model=tiny", "proposer=draft_model", "proposer.model.name=hf", f"proposer.model.name_or_path={draft}"]
+
+    def keys_now(extra=()):
+        cfg = compose(with_sequoia([*over, *extra]))
+        prof = profile_provenance(cfg)
+        cal = calibration_provenance(cfg, tokenizer=None, items=[])
+        return (
+            key_hash({k: prof.get(k) for k in PROFILE_MATCH_FIELDS}),
+            key_hash({k: cal.get(k) for k in CALIBRATION_MATCH_FIELDS}),
+        )
+
+    before = keys_now()
+    assert keys_now() == before
+    tiny_checkpoint(draft, seed=2)  # other weights, same files
+    reweighted = keys_now()
+    assert reweighted[0] != before[0] and reweighted[1] != before[1]
+    assert keys_now(["proposer.model.attn_implementation=eager"])[0] != reweighted[0]
+
+    edited = tmp_path / "backend.py"  # the verify forward's module, one line longer
+    edited.write_text(keys.module_file("harness.target.backend").read_text() + "\n# edited\n")
+    real = keys.module_file
+    monkeypatch.setattr(keys, "module_file", lambda name: edited if name == "harness.target.backend" else real(name))
+    recoded = keys_now()
+    assert recoded[0] != reweighted[0] and recoded[1] != reweighted[1]
 
 
 @pytest.mark.parametrize(

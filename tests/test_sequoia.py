@@ -11,10 +11,12 @@ import pytest
 from harness.topology.sequoia import (
     draft_time,
     expected_tokens,
+    level_internal_nodes,
     optimize_tree,
     select_hardware_aware,
     selected_child_probabilities,
     tree_depth,
+    tree_draft_time,
     tree_to_budget_parents,
     validate_selected_child_probabilities,
     wilson_interval,
@@ -375,6 +377,81 @@ def test_draft_base_cost_pushes_toward_larger_trees():
     assert cheap.time_per_token == pytest.approx(_time(table, cheap.n, cheap.d, flat, 0.3))
     assert cheap.time_per_token < dear.time_per_token
     assert dear.expected_tokens >= cheap.expected_tokens
+
+
+def test_a_trees_draft_time_follows_its_shape_and_its_acceptance():
+    """The draft's first pass takes the last round's committed tokens (k = accepted + 1: P(accepted >= j)
+    is the reach probability summed over depth j), and each level with children is one forward of its
+    nodes with children: unmasked while the tree is a chain down to it, else a masked step of r rows."""
+    feed, level = [1.0, 2.0, 3.0], [10.0, 20.0]
+    c = 0.5
+    # a chain of depth 2 at p = [0.5]: P(a = 0, 1, 2) = 0.5, 0.25, 0.25; one chain step
+    assert level_internal_nodes([-1, 0, 1]) == [1]
+    t = tree_draft_time([-1, 0, 1], None, [0.5], draft_cost=c, draft_base_cost=9.0, feed_cost=feed, level_cost=level)
+    assert t == pytest.approx(0.5 * 1 + 0.25 * 2 + 0.25 * 3 + c)
+    # two root children, the first with a child: P(a = 0, 1, 2) = 0.2, 0.55, 0.25; the level-2 forward
+    # is one row whose ancestors are the committed prefix: a chain step, as the draft runs it
+    t = tree_draft_time(
+        [-1, 0, 0, 1], None, [0.5, 0.3], draft_cost=c, draft_base_cost=9.0, feed_cost=feed, level_cost=level
+    )
+    assert t == pytest.approx(0.2 * 1 + 0.55 * 2 + 0.25 * 3 + c)
+    # both root children have children: one masked step of 2 rows
+    parents = [-1, 0, 0, 1, 2]
+    assert level_internal_nodes(parents) == [2]
+    reach2 = 0.5 * 0.5 + 0.3 * 0.5
+    want = (1 - 0.8) * 1 + (0.8 - reach2) * 2 + reach2 * 3 + 20.0
+    assert tree_draft_time(
+        parents, None, [0.5, 0.3], draft_cost=c, draft_base_cost=9.0, feed_cost=feed, level_cost=level
+    ) == pytest.approx(want)
+    # without the vectors: Sequoia's scalar model, c0 + (d - 1) c
+    assert tree_draft_time(parents, None, [0.5, 0.3], draft_cost=c, draft_base_cost=9.0) == draft_time(
+        2, draft_cost=c, draft_base_cost=9.0
+    )
+    with pytest.raises(ValueError, match="feed_cost must give the pass over 1..3 tokens"):
+        tree_draft_time(parents, None, [0.5, 0.3], draft_cost=c, draft_base_cost=1.0, feed_cost=[1.0])
+
+
+def test_a_masked_level_dearer_than_a_chain_step_moves_the_choice_to_a_chain():
+    """Priced by the scalar model the toy's wide trees and its chain are drafted alike; where a masked
+    level costs several chain steps (as a CPU draft's masked forwards do), the choice is the chain and
+    its recorded draft time is the tree's own."""
+    p = [0.5, 0.3, 0.1]
+    table = optimize_tree(acceptance=p, max_nodes=8, max_depth=4)
+    flat = [1.0] * 8
+    scalar = select_hardware_aware(table, verify_cost=flat, draft_cost=0.1)
+    assert any(r > 1 for r in level_internal_nodes(scalar.parents))  # a branching tree
+    feed = [0.1] * 5
+    priced = select_hardware_aware(table, verify_cost=flat, draft_cost=0.1, feed_cost=feed, level_cost=[0.9, 0.9, 0.9])
+    assert all(r == 1 for r in level_internal_nodes(priced.parents))
+    assert priced.draft_time == pytest.approx(
+        tree_draft_time(priced.parents, priced.ranks, p, draft_cost=0.1, draft_base_cost=0.1, feed_cost=feed)
+    )
+    assert priced.time_per_token == pytest.approx((1.0 + priced.draft_time) / priced.expected_tokens)
+    # brute force over every (n, d) tree of the table, each priced by its own shape
+    brute = min(
+        (
+            1.0
+            + tree_draft_time(
+                t.parents, t.ranks, p, draft_cost=0.1, draft_base_cost=0.1, feed_cost=feed, level_cost=[0.9, 0.9, 0.9]
+            )
+        )
+        / t.expected_tokens
+        for n in range(2, 9)
+        for d in range(5)
+        if (t := table.best(n, d)) is not None
+    )
+    assert priced.time_per_token == pytest.approx(brute, abs=1e-12)
+    with pytest.raises(ValueError, match="level_cost must give 3 finite numbers"):
+        select_hardware_aware(table, verify_cost=flat, draft_cost=0.1, level_cost=[0.9])
+
+
+def test_the_widest_tree_is_the_largest_that_fits_the_depth():
+    """Nine nodes cannot fit depth 1 under three ranks: the max-expected-tokens tree is the four-node one
+    (the tree artifact said there was none)."""
+    table = optimize_tree(acceptance=[0.5, 0.3, 0.1], max_nodes=9, max_depth=1)
+    assert table.best(9, 1) is None
+    widest = table.widest(1)
+    assert (widest.nodes, widest.depth) == (4, 1) and widest.expected_tokens == pytest.approx(1.9)
 
 
 @pytest.mark.parametrize(

@@ -86,17 +86,25 @@ def canonical(obj) -> str:
 NATIVE_SOURCES = {"harness.target.native": "kernels"}
 
 
-def gate_key(gate: str, *, entries: Iterable[str], inputs: dict) -> str:
-    """The key of ``gate``'s cached result: the gate, the source of every harness module it may
-    run (the import closure of ``entries``, with the native sources such a module compiles), the
-    library versions and ``inputs``."""
-    h = hashlib.sha256(gate.encode())
-    for name in import_closure(entries):
+def code_hash(entries: Iterable[str], *, own: Iterable[str] = ()) -> str:
+    """SHA-256 (hex) of the source of every harness module reachable by imports from ``entries``
+    (with the native sources such a module compiles), and of the modules ``own`` names without
+    following their imports (a stage's own module, whose package imports much it never runs)."""
+    h = hashlib.sha256()
+    for name in sorted(set(import_closure(entries)) | {m for m in own if module_file(m) is not None}):
         h.update(name.encode() + b"\0" + module_file(name).read_bytes() + b"\0")
         if name in NATIVE_SOURCES:
             folder = module_file(name).with_name(NATIVE_SOURCES[name])
             for src in sorted(f for f in folder.iterdir() if f.is_file()):
                 h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def gate_key(gate: str, *, entries: Iterable[str], inputs: dict) -> str:
+    """The key of ``gate``'s cached result: the gate, the source of every harness module it may
+    run (:func:`code_hash` of ``entries``), the library versions and ``inputs``."""
+    h = hashlib.sha256(gate.encode())
+    h.update(code_hash(entries).encode())
     h.update(canonical(library_versions()).encode())
     h.update(canonical(inputs).encode())
     return h.hexdigest()[:24]

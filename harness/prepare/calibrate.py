@@ -38,9 +38,10 @@ from tqdm import tqdm
 from harness.contracts import Budget
 from harness.engine.build import proposer_options, sampling_policy
 from harness.engine.decode import RoundConfig, decode
+from harness.gates.keys import code_hash
 from harness.gates.status import GateError
 from harness.measure.hardware import library_versions
-from harness.prepare.profile import StaleArtifactError, check_provenance
+from harness.prepare.profile import StaleArtifactError, check_provenance, checkpoints
 from harness.proposers.registry import proposer_class
 from harness.random_source import TorchRandomSource
 from harness.target.loading import eos_ids, tokenizer_fingerprint
@@ -62,6 +63,8 @@ CALIBRATION_METHOD = "parents: rounds with the full sibling set"
 CALIBRATION_MATCH_FIELDS = (
     "target",
     "proposer",
+    "checkpoints",
+    "code",
     "tokenizer",
     "sampling_policy",
     "verifier",
@@ -177,6 +180,13 @@ def data_hash(items: list) -> str:
     return h.hexdigest()[:16]
 
 
+#: the code a calibration's acceptance depends on: the round (proposal, verify forward, verifier) and
+#: this module's counting
+CALIBRATION_CODE = (
+    ("harness.engine.decode", "harness.engine.build", "harness.proposers.registry", "harness.verifiers"),
+    ("harness.prepare.calibrate",),
+)
+
 #: the provenance fields the config alone decides (checked before any model work)
 CONFIG_MATCH_FIELDS = ("target", "proposer", "sampling_policy", "verifier", "settings")
 
@@ -211,9 +221,13 @@ def calibration_provenance(cfg, *, tokenizer, items: list) -> dict:
     else:
         tok = tokenizer_fingerprint(tokenizer)
     known = config_provenance(cfg)
+    draft = c["proposer"].get("model") if isinstance(c["proposer"].get("model"), dict) else None
+    entries, own = CALIBRATION_CODE
     return {
         "target": known["target"],
         "proposer": known["proposer"],
+        "checkpoints": checkpoints(c["model"], draft),
+        "code": code_hash(entries, own=own)[:16],
         "tokenizer": tok,
         "sampling_policy": known["sampling_policy"],
         "verifier": known["verifier"],

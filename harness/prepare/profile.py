@@ -7,19 +7,24 @@ Measured on the run's own device, dtype, threads and attention implementation:
   tree of candidate rows with its real ancestor mask, through
   :meth:`~harness.target.backend.CausalLMBackend.verify`) over a cached prefix of
   ``prefix_len`` tokens, for ``n = 1..N``; ``t(1)`` is exactly one autoregressive step.
-* ``c0``: the draft model's forward on the pending token (the proposer's pass before drafting).
-* ``c``: one draft depth step (a one-row forward one position further).
+* ``c0``: the draft model's forward on the pending token (the proposer's pass before drafting),
+  and that pass over ``k`` tokens (``k = 1 .. max_depth + 1``: a round after one that accepted
+  ``k - 1`` tokens feeds them and the pending one);
+* ``c``: one draft depth step (a one-row forward one position further), and a masked step of ``r``
+  rows (a tree level's nodes with children), ``r = 1 .. (max_nodes - 1) // 2``.
 
 Protocol: ``warmup`` untimed rounds, then ``repeats`` timed rounds; each round times every size
 once, in an order rotated per round so that no size always runs first. Median and
 inter-quartile range per size; the device is synchronised before each clock read (StageClock).
 Costs are normalised by the median ``t(1)``: ``verify_cost[n-1] = t(n) / t(1)`` (so
-``t(1) = 1``), ``draft_base_cost = c0 / t(1)``, ``draft_cost = c / t(1)`` — the JSON keys
+``t(1) = 1``), ``draft_base_cost = c0 / t(1)``, ``draft_cost = c / t(1)``, ``draft_feed_cost`` and
+``draft_level_cost`` (the vectors) — the JSON keys
 :mod:`harness.topology.sequoia_cli` (``profile=``) and
 :func:`harness.topology.sequoia.select_hardware_aware` read.
 
-A profile carries its provenance (model, dtype, device, device name, threads, batch size,
-attention implementation, library versions, measurement settings). :func:`check_provenance`
+A profile carries its provenance (model, the checkpoint files of a model loaded by path or hub id,
+the source of the code it timed, dtype, device, device name, threads, batch size, attention
+implementation — the draft's too —, library versions, measurement settings). :func:`check_provenance`
 refuses a profile whose provenance differs from the run's in any of those fields and names the
 field (:class:`StaleArtifactError`).
 
@@ -43,15 +48,19 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from harness.files import atomic_write_text, temporary_sibling
+from harness.gates.keys import code_hash
 from harness.measure.hardware import cpu_name, library_versions
 from harness.measure.ledger import StageClock
+from harness.target.loading import checkpoint_fingerprint, checkpoint_ref
 from harness.target.timing import verify_times
 
-PROFILE_FORMAT = 1
+PROFILE_FORMAT = 2
 
 #: provenance fields that must equal the run's for a profile to be used
 PROFILE_MATCH_FIELDS = (
     "model",
+    "checkpoints",
+    "code",
     "dtype",
     "device",
     "device_name",
@@ -148,8 +157,25 @@ def check_provenance(stored: dict, expected: dict, *, fields: Sequence[str], kin
 
 
 def _model_identity(model_cfg: dict) -> dict:
-    """What identifies a model's weights (device, dtype and attention are compared separately)."""
+    """What identifies a model's weights in its config (device, dtype and attention are compared
+    separately; the files of a checkpoint loaded by path or hub id by :func:`checkpoints`)."""
     return {k: v for k, v in model_cfg.items() if k not in ("device", "dtype", "attn_implementation")}
+
+
+def checkpoints(target_cfg: dict, draft_cfg: dict | None) -> dict:
+    """The target's and the draft's checkpoint files (SHA-256 of each) or hub revision, where either
+    is loaded by path or hub id (:func:`~harness.target.loading.checkpoint_fingerprint`): new weights
+    at the same path make another artifact key, as they make another manifest."""
+    out = {}
+    for role, m in (("target", target_cfg), ("draft", draft_cfg)):
+        ref = checkpoint_ref(m) if m else None
+        out[role] = checkpoint_fingerprint(ref) if ref else None
+    return out
+
+
+#: the code a profile's timings depend on: the verify forward and the draft's forward (their
+#: kernels included), and the timing protocol of this module
+PROFILE_CODE = (("harness.target.timing", "harness.target.backend"), ("harness.prepare.profile",))
 
 
 def device_name(device: str) -> str:
@@ -165,12 +191,19 @@ def profile_provenance(cfg) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True)
     draft = c["proposer"].get("model") if isinstance(c["proposer"].get("model"), dict) else None
     t = c["topology"]
+    entries, own = PROFILE_CODE
     return {
         "model": {
             "target": _model_identity(c["model"]),
             "draft": _model_identity(draft) if draft else None,
             "draft_dtype": draft.get("dtype") if draft else None,
+            # c0 and c are the draft's own timings: where it runs and how it attends decide them
+            "draft_device": draft.get("device") if draft else None,
+            "draft_device_name": device_name(draft["device"]) if draft and draft.get("device") else None,
+            "draft_attn_implementation": draft.get("attn_implementation") if draft else None,
         },
+        "checkpoints": checkpoints(c["model"], draft),
+        "code": code_hash(entries, own=own)[:16],
         "dtype": c["model"]["dtype"],
         "device": c["model"]["device"],
         "device_name": device_name(c["model"]["device"]),
@@ -179,12 +212,14 @@ def profile_provenance(cfg) -> dict:
         "attn_implementation": c["model"]["attn_implementation"],
         "library_versions": library_versions(),
         # protocol 2: at batch B > 1, t(n) is one batched verify of B requests (protocol 1 timed batch 1)
+        # protocol 3: the draft's pass over 1 .. max_depth + 1 tokens and its masked levels are timed
         "measurement": {
-            "protocol": 2,
+            "protocol": 3,
             "prefix_len": int(t["profile"]["prefix_len"]),
             "warmup": int(t["profile"]["warmup"]),
             "repeats": int(t["profile"]["repeats"]),
             "max_nodes": int(t["max_nodes"]) + 1,
+            "max_depth": int(t["max_depth"]),
         },
     }
 
@@ -223,14 +258,16 @@ def measure_profile(
     provenance: dict,
     progress: bool = True,
     batch_size: int = 1,
+    max_depth: int = 1,
 ) -> dict:
-    """Measure t(1..max_nodes) (``max_nodes`` counts the root), c0 and c; return the profile dict
-    (unhashed; :func:`write_artifact` stamps it).
+    """Measure t(1..max_nodes) (``max_nodes`` counts the root) and the draft's forwards; return the
+    profile dict (unhashed; :func:`write_artifact` stamps it).
 
     Each ``t(n)`` is ONE verify forward of ``batch_size`` requests over the same cached prefix, each
     verifying an n-row tree (:func:`harness.target.timing.verify_times`, the forward a round runs),
     and the draft costs are ``batch_size`` sequential single-request draft forwards, as the round
-    loop runs the draft (one request at a time)."""
+    loop runs the draft (one request at a time): :func:`draft_times` (its pass over 1 ..
+    ``max_depth + 1`` committed tokens, a chain step, a masked level of 1 .. (max_nodes - 1) // 2 rows)."""
 
     if draft_backend is None:
         raise ValueError(
@@ -242,6 +279,7 @@ def measure_profile(
         ("warmup", warmup, 0),
         ("repeats", repeats, 1),
         ("batch_size", batch_size, 1),
+        ("max_depth", max_depth, 1),
     ):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}; got {v!r}")
@@ -256,40 +294,24 @@ def measure_profile(
         warmup=warmup,
         repeats=repeats,
     )
-    clock = StageClock(draft_backend.device)
-    dseq = draft_backend.prefill_one(prefix)
-    dbase = dseq.cache_len
-    pending = prefix[-1]
-    c0_ms: list[float] = []
-    c_ms: list[float] = []
-    for r in tqdm(
-        range(warmup + repeats),
-        desc="profile: draft timing rounds",
-        unit="round",
-        file=sys.stderr,
-        disable=not progress,
-        leave=False,
-    ):
-        dt0 = dt1 = 0.0
-        for _ in range(batch_size):  # the round loop drafts one request at a time
-            # c0: the draft's pass on the pending token
-            t0 = clock.now()
-            draft_backend.forward_rows(dseq, [pending], [dbase], None)
-            dt0 += (clock.now() - t0) * 1e3
-            # c: one depth step below it
-            t0 = clock.now()
-            draft_backend.forward_rows(dseq, [prefix[0]], [dbase + 1], None)
-            dt1 += (clock.now() - t0) * 1e3
-            draft_backend.truncate(dseq, dbase)
-        if r >= warmup:
-            c0_ms.append(dt0)
-            c_ms.append(dt1)
+    draft = draft_times(
+        draft_backend,
+        prefix,
+        feeds=max_depth + 1,
+        level_rows=max(1, (max_nodes - 1) // 2),
+        batch_size=batch_size,
+        warmup=warmup,
+        repeats=repeats,
+        progress=progress,
+    )
     verify = [dict(n=n, candidate_rows=n - 1, **summarize_ms(verify_ms[n])) for n in sizes]
     t1 = verify[0]["median_ms"]
     if not (math.isfinite(t1) and t1 > 0):
         raise ValueError(f"t(1) must be a positive time; measured {t1} ms")
-    c0 = summarize_ms(c0_ms)
-    c = summarize_ms(c_ms)
+    c0 = summarize_ms(draft["feed"][1])
+    c = summarize_ms(draft["chain"])
+    feeds = [dict(tokens=k, **summarize_ms(draft["feed"][k])) for k in sorted(draft["feed"])]
+    levels = [dict(rows=r, **summarize_ms(draft["level"][r])) for r in sorted(draft["level"])]
     verify_cost = [1.0] + [v["median_ms"] / t1 for v in verify[1:]]
     return {
         "kind": "sequoia_hardware_profile",
@@ -303,11 +325,22 @@ def measure_profile(
         "verify_ms": verify,
         "draft_base_ms": c0,
         "draft_step_ms": c,
+        "draft_feed_cost": [f["median_ms"] / t1 for f in feeds],
+        "draft_level_cost": [v["median_ms"] / t1 for v in levels],
+        "draft_feed_ms": feeds,
+        "draft_level_ms": levels,
         "notes": {
             "n": "verify forward length: 1 pending token + candidate rows (root included, as Sequoia)",
             "verify_cost": "t(n) / t(1), medians; t(1) = one autoregressive step",
             "draft_base_cost": "c0 / t(1): the draft forward on the pending token",
-            "draft_cost": "c / t(1): one draft depth step (a one-row forward)",
+            "draft_cost": "c / t(1): one draft depth step of a chain (a one-row forward, no mask)",
+            "draft_feed_cost": (
+                "[k - 1]: the draft forward over k tokens / t(1): a round's first pass takes the tokens the last "
+                "round committed (accepted + 1)"
+            ),
+            "draft_level_cost": (
+                "[r - 1]: one masked draft depth step of r rows (a tree level's nodes with children) / t(1)"
+            ),
             "tree_shape": "binary heap, real ancestor mask (harness.target.timing.verify_times)",
             "batch": (
                 f"batch {batch_size}: t(n) is one verify forward of {batch_size} requests; c0 and c are "
@@ -320,6 +353,78 @@ def measure_profile(
         "provenance": provenance,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def draft_times(
+    backend,
+    prefix: Sequence[int],
+    *,
+    feeds: int,
+    level_rows: int,
+    batch_size: int,
+    warmup: int,
+    repeats: int,
+    progress: bool = True,
+) -> dict:
+    """The draft model's forwards as a tree round runs them, in milliseconds per timed round (each
+    the sum of ``batch_size`` sequential single-request forwards), over a cache holding ``prefix``:
+
+    * ``feed[k]`` (k = 1 .. ``feeds``): the pass over ``k`` tokens the draft has not seen (the last
+      round's accepted tokens and the pending one), which gives the first level's law;
+    * ``chain``: one row one position further, no mask (a depth step while the tree is a chain);
+    * ``level[r]`` (r = 1 .. ``level_rows``): ``r`` rows at the same depth under an ancestor mask
+      (each row sees the prefix and itself), a tree level's nodes with children.
+
+    Every forward's rows are cut from the cache after it, so each starts from the same prefix. Each
+    round times every kind once, in an order rotated per round; ``warmup`` rounds are left out."""
+    clock = StageClock(backend.device)
+    seq = backend.prefill_one(list(prefix))
+    base = seq.cache_len
+    ids = [int(t) for t in prefix]
+
+    def feed(k: int) -> None:
+        backend.truncate(seq, base - k)
+        backend.forward_rows(seq, ids[base - k : base], range(base - k, base), None)
+
+    def chain() -> None:
+        backend.forward_rows(seq, [ids[0]], [base], None)
+        backend.truncate(seq, base)
+
+    def level(r: int) -> None:
+        mask = torch.zeros((r, base + r), dtype=torch.bool)
+        mask[:, :base] = True
+        mask[:, base:] = torch.eye(r, dtype=torch.bool)
+        backend.forward_rows(seq, [ids[j % len(ids)] for j in range(r)], [base] * r, mask)
+        backend.truncate(seq, base)
+
+    kinds = (
+        [(("feed", k), lambda k=k: feed(k)) for k in range(1, min(feeds, base - 1) + 1)]
+        + [(("chain", 1), chain)]
+        + [(("level", r), lambda r=r: level(r)) for r in range(1, level_rows + 1)]
+    )
+    out: dict = {"feed": {}, "chain": [], "level": {}}
+    for rnd in tqdm(
+        range(warmup + repeats),
+        desc="profile: draft timing rounds",
+        unit="round",
+        file=sys.stderr,
+        disable=not progress,
+        leave=False,
+    ):
+        shift = rnd % len(kinds)
+        for (kind, size), run in kinds[shift:] + kinds[:shift]:
+            elapsed = 0.0
+            for _ in range(batch_size):  # the round loop drafts one request at a time
+                t0 = clock.now()
+                run()
+                elapsed += (clock.now() - t0) * 1e3
+            if rnd < warmup:
+                continue
+            if kind == "chain":
+                out["chain"].append(elapsed)
+            else:
+                out[kind].setdefault(size, []).append(elapsed)
+    return out
 
 
 def check_profile(profile: dict, expected: dict, *, path: str, max_nodes: int) -> None:

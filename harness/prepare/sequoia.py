@@ -5,7 +5,9 @@ A tree artifact binds one calibration artifact (positional acceptance p_j, measu
 :mod:`harness.prepare.profile`) by their content hashes, and stores what
 :func:`~harness.topology.sequoia.optimize_tree` and
 :func:`~harness.topology.sequoia.select_hardware_aware` chose from them: the (n, d) minimising
-``(t(n) + c0 + (d - 1) c) / G(n, d)``, its parent array and sibling ranks, the candidate-row parents a
+``(t(n) + draft time) / G(n, d)`` (the draft time of each candidate tree counted as the draft
+model drafts it: its pass over the last round's committed tokens, then one forward per level),
+its parent array and sibling ranks, the candidate-row parents a
 proposer samples, and the predicted time per committed token (normalised and in ms).
 ``harness run`` never uses synthetic (hand-entered) costs.
 
@@ -57,7 +59,7 @@ from harness.prepare.profile import (
     write_artifact,
 )
 from harness.target.loading import cache_root
-from harness.topology.sequoia import draft_time, optimize_tree, select_hardware_aware, tree_to_budget_parents
+from harness.topology.sequoia import optimize_tree, select_hardware_aware, tree_to_budget_parents
 
 log = logging.getLogger("harness.sequoia")
 
@@ -111,6 +113,8 @@ def build_tree_artifact(
         verify_cost=list(profile["verify_cost"][:n_max]),
         draft_cost=float(profile["draft_cost"]),
         draft_base_cost=float(profile["draft_base_cost"]),
+        feed_cost=profile.get("draft_feed_cost"),
+        level_cost=profile.get("draft_level_cost"),
         min_nodes=int(search["min_nodes"]),
     )
     if choice.n < 2:
@@ -118,7 +122,7 @@ def build_tree_artifact(
             "the hardware-aware choice is plain autoregressive decoding (n = 1): speculation does "
             "not pay on this profile; nothing to build (topology.min_nodes=2 forces a tree)"
         )
-    widest = table.best(n_max, d_max)
+    widest = table.widest(d_max)
     t1 = float(profile["t1_ms"])
     return {
         "kind": TREE_KIND,
@@ -138,16 +142,12 @@ def build_tree_artifact(
             "time_per_token": choice.time_per_token,
             "time_per_token_ms": choice.time_per_token * t1,
             "verify_time": float(profile["verify_cost"][choice.n - 1]),
-            "draft_time": draft_time(
-                choice.d, draft_cost=float(profile["draft_cost"]), draft_base_cost=float(profile["draft_base_cost"])
-            ),
+            "draft_time": choice.draft_time,
             "parents": list(choice.parents),
             "ranks": list(choice.ranks),
             "budget_parents": list(tree_to_budget_parents(choice.parents)),
         },
-        "max_expected_tokens_tree": None
-        if widest is None
-        else {
+        "max_expected_tokens_tree": {
             "n": widest.nodes,
             "d": widest.depth,
             "expected_tokens": widest.expected_tokens,
@@ -367,6 +367,7 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
             provenance=prof_expected,
             progress=progress,
             batch_size=int(cfg.generation.batch_size),
+            max_depth=int(t.max_depth),
         )
         profile = write_artifact(art, path)
         check_profile(profile, prof_expected, path=str(path), max_nodes=search["max_nodes"])

@@ -72,6 +72,26 @@ def sequoia_budget(t) -> Budget:
             suggestions=[(f"topology.min_nodes={rows + 1}",), (f"topology.max_nodes={min_nodes - 1}",)],
         )
     branches = int(t.calibration.branches) if t.get("calibration") is not None else 8
+
+    # each node has at most `branches` children (the calibration ranks that many siblings)
+    def largest(d: int) -> int:
+        return sum(branches**i for i in range(min(d, rows) + 1))
+
+    if min_nodes > largest(depth):
+        deeper = [f"topology.max_depth={d}" for d in range(depth + 1, rows + 1) if largest(d) >= min_nodes][:1]
+        raise ConfigError(
+            f"topology.min_nodes={min_nodes}: a tree of depth <= topology.max_depth={depth} with at most "
+            f"topology.calibration.branches={branches} children per node holds at most {largest(depth)} nodes (the "
+            "root counted): the search would have no size to try",
+            suggestions=[(f"topology.min_nodes={largest(depth)}",), *[(d,) for d in deeper]],
+        )
+    prefix = int(t.profile.prefix_len) if t.get("profile") is not None else None
+    if prefix is not None and prefix < depth + 2:  # the draft's pass over depth + 1 committed tokens is timed
+        raise ConfigError(
+            f"topology.profile.prefix_len={prefix}: the profile times the draft's pass over up to "
+            f"topology.max_depth + 1 = {depth + 1} committed tokens after a cached prefix of at least one",
+            suggestions=[(f"topology.profile.prefix_len={depth + 2}",)],
+        )
     need = dp_table_bytes(rows + 1, depth, branches)
     if need > DP_TABLE_LIMIT_BYTES:
         capped = f"; a tree of {rows} rows is at most {rows} deep" if depth > rows else ""

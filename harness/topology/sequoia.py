@@ -250,6 +250,15 @@ class SequoiaTable:
             raise AssertionError(f"reconstructed depth {depth} > bound {d} at ({n}, {d})")
         return TreeResult(expected_tokens=g, nodes=n, depth=depth, parents=tuple(parents), ranks=tuple(ranks))
 
+    def widest(self, d: int) -> TreeResult:
+        """The most expected tokens any tree of depth <= d reaches: the best tree of the largest
+        feasible size (a node never lowers G), which is below ``max_nodes`` where that many nodes
+        cannot fit the depth with the ranks calibrated."""
+        n = max(k for k in range(1, self.max_nodes + 1) if self.g(k, d) is not None)  # n = 1 always fits
+        tree = self.best(n, d)
+        assert tree is not None
+        return tree
+
     def _emit(self, n: int, d: int, b: int, node: int, parents: list[int], ranks: list[int]) -> None:
         """Append the children of ``node`` (a subtree of n nodes, depth <= d, b children), pre-order."""
         subtrees: list[tuple[int, int]] = []  # (nodes, branch count) of child subtrees, rank b..1
@@ -361,14 +370,15 @@ def optimize_tree(*, acceptance: Sequence[float], max_nodes: int, max_depth: int
 
 @dataclass(frozen=True)
 class Choice:
-    """The (n, d) minimising (t(n) + c0 + (d - 1) c) / G(n, d), with its tree."""
+    """The (n, d) minimising (t(n) + draft time) / G(n, d), with its tree."""
 
     n: int  # nodes, root included
     d: int  # depth in edges of the chosen tree
     expected_tokens: float  # G(n, d)
-    time_per_token: float  # (t(n) + c0 + (d - 1) c) / G, in units of one autoregressive step t(1)
+    time_per_token: float  # (t(n) + draft time) / G, in units of one autoregressive step t(1)
     parents: tuple[int, ...]
     ranks: tuple[int, ...]
+    draft_time: float = 0.0  # the chosen tree's expected drafting time, in units of t(1)
 
     @property
     def candidate_rows(self) -> int:
@@ -386,21 +396,91 @@ def draft_time(depth: int, *, draft_cost: float, draft_base_cost: float | None =
     return c0 + (depth - 1) * float(draft_cost)
 
 
+def level_internal_nodes(parents: Sequence[int]) -> list[int]:
+    """``r[l - 1]``: the nodes at depth ``l`` (1 .. depth - 1) that have children, the rows a draft
+    forwards at that depth to draw the level below (root-inclusive ``parents``)."""
+    _check_tree(parents, None, None)
+    par = [int(u) for u in parents]
+    depth = [0] * len(par)
+    for v in range(1, len(par)):
+        depth[v] = depth[par[v]] + 1
+    has_children = set(par[1:])
+    levels = max(depth) if depth else 0
+    return [sum(1 for v in range(1, len(par)) if depth[v] == lvl and v in has_children) for lvl in range(1, levels)]
+
+
+def tree_draft_time(
+    parents: Sequence[int],
+    ranks: Sequence[int] | None,
+    acceptance: Sequence[float],
+    *,
+    draft_cost: float,
+    draft_base_cost: float,
+    feed_cost: Sequence[float] | None = None,
+    level_cost: Sequence[float] | None = None,
+) -> float:
+    """Expected drafting time of a round over this tree, as a draft model drafts it.
+
+    The first level's law comes from the draft's pass over what it has not seen: the tokens the
+    last round committed (``k`` = accepted + 1). ``feed_cost[k - 1]`` is that pass over ``k`` tokens,
+    averaged over the tree's own acceptance law (``P(accepted >= j)`` is the summed reach probability
+    of the depth-``j`` nodes). Each deeper level is one forward of that level's nodes with children:
+    one unmasked row while the tree is a chain down to it (``draft_cost`` c), else ``level_cost[r - 1]``
+    for ``r`` rows under an ancestor mask. Without the vectors it is Sequoia's scalar model,
+    :func:`draft_time` (``c0 + (d - 1) c``)."""
+    depth = tree_depth(parents)
+    if depth <= 0:
+        return 0.0
+    if feed_cost is None and level_cost is None:
+        return draft_time(depth, draft_cost=draft_cost, draft_base_cost=draft_base_cost)
+    p = validate_selected_child_probabilities(acceptance)
+    rk = _check_tree(parents, ranks, len(p))
+    par = [int(u) for u in parents]
+    reach, node_depth = [1.0] * len(par), [0] * len(par)
+    for v in range(1, len(par)):
+        reach[v] = reach[par[v]] * p[rk[v] - 1]
+        node_depth[v] = node_depth[par[v]] + 1
+    by_depth: list[list[float]] = [[] for _ in range(depth + 2)]  # the last: P(accepted >= depth + 1) = 0
+    for v in range(len(par)):
+        by_depth[node_depth[v]].append(reach[v])
+    at_least = [math.fsum(x) for x in by_depth]
+    if feed_cost is None:
+        feed = float(draft_base_cost)
+    else:
+        if len(feed_cost) < depth + 1:
+            raise ValueError(f"feed_cost must give the pass over 1..{depth + 1} tokens; got {len(feed_cost)} entries")
+        feed = math.fsum((at_least[j] - at_least[j + 1]) * float(feed_cost[j]) for j in range(depth + 1))
+    total, chain = feed, True
+    for r in level_internal_nodes(par):
+        chain = chain and r == 1
+        if chain or level_cost is None:
+            total += float(draft_cost)
+        else:
+            if len(level_cost) < r:
+                raise ValueError(f"level_cost must give a masked step of 1..{r} rows; got {len(level_cost)} entries")
+            total += float(level_cost[r - 1])
+    return total
+
+
 def select_hardware_aware(
     table: SequoiaTable,
     *,
     verify_cost: Sequence[float],
     draft_cost: float,
     draft_base_cost: float | None = None,
+    feed_cost: Sequence[float] | None = None,
+    level_cost: Sequence[float] | None = None,
     min_nodes: int = 2,
 ) -> Choice:
-    """Choose (n, d) minimising ``(t(n) + c0 + (d - 1) c) / G(n, d)`` over the filled table
-    (Sequoia's hardware-aware objective, its draft time split as the proposers draft).
+    """Choose (n, d) minimising ``(t(n) + draft time) / G(n, d)`` over the filled table (Sequoia's
+    hardware-aware objective, the draft time counted as the draft model drafts the tree).
 
     ``verify_cost[n-1] = t(n)``, the verify forward over n nodes normalised so ``t(1) = 1``
     (at least ``table.max_nodes`` entries); ``draft_cost`` = c per depth step below the first,
     ``draft_base_cost`` = c0, the proposer's pass on the pending token that gives the first level
-    (:func:`draft_time`; None: c0 = c, Sequoia's (t(n) + d c) / G).
+    (:func:`draft_time`; None: c0 = c, Sequoia's (t(n) + d c) / G). ``feed_cost`` (the pass over
+    ``k`` committed tokens, ``k = 1 .. max_depth + 1``) and ``level_cost`` (a masked depth step of
+    ``r`` rows) price each candidate tree by its own shape and acceptance (:func:`tree_draft_time`).
 
     ``min_nodes`` is the smallest n searched. The default 2 (at least one candidate row) searches
     n = 2..N. With ``min_nodes=1`` the root-only "tree" is plain autoregressive decoding: G = 1 and
@@ -428,6 +508,20 @@ def select_hardware_aware(
             raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
     if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or not 1 <= min_nodes <= N:
         raise ValueError(f"min_nodes must be an integer in [1, {N}]; got {min_nodes!r}")
+    vectors = {}
+    for name, vec, need in (
+        ("feed_cost", feed_cost, table.max_depth + 1),
+        ("level_cost", level_cost, max(1, (N - 1) // 2)),  # r internal nodes at a level need r children below
+    ):
+        if vec is None:
+            continue
+        vals = _as_floats(vec, name=name)
+        if len(vals) < need or any(not math.isfinite(v) or v < 0 for v in vals):
+            raise ValueError(f"{name} must give {need} finite numbers >= 0; got {vals}")
+        vectors[name] = vals
+
+    def drafting(tree: TreeResult) -> float:
+        return tree_draft_time(tree.parents, tree.ranks, table.acceptance, draft_cost=c, draft_base_cost=c0, **vectors)
 
     c, c0 = float(draft_cost), float(draft_base_cost)
     best: tuple[float, int, int] | None = None  # (time, n, d bound)
@@ -436,7 +530,14 @@ def select_hardware_aware(
             g = table.g(n, d)
             if g is None:
                 continue
-            cost = costs[0] if n == 1 else costs[n - 1] + draft_time(d, draft_cost=c, draft_base_cost=c0)
+            if n == 1:
+                cost = costs[0]
+            elif vectors:  # the tree's own shape decides its drafting time
+                if d > 0 and g == table.g(n, d - 1):
+                    continue  # a deeper bound that adds no expected token: its tree ties at best
+                cost = costs[n - 1] + drafting(table.best(n, d))
+            else:
+                cost = costs[n - 1] + draft_time(d, draft_cost=c, draft_base_cost=c0)
             t = cost / g
             if best is None or t < best[0]:
                 best = (t, n, d)
@@ -445,12 +546,13 @@ def select_hardware_aware(
     _, n, d = best
     tree = table.best(n, d)
     assert tree is not None  # feasible by construction
-    cost = costs[0] if n == 1 else costs[n - 1] + draft_time(tree.depth, draft_cost=c, draft_base_cost=c0)
+    drafted = 0.0 if n == 1 else drafting(tree)
     return Choice(
         n=n,
         d=tree.depth,
         expected_tokens=tree.expected_tokens,
-        time_per_token=cost / tree.expected_tokens,
+        time_per_token=(costs[n - 1] + drafted) / tree.expected_tokens,
         parents=tree.parents,
         ranks=tree.ranks,
+        draft_time=drafted,
     )

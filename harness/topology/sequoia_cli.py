@@ -15,12 +15,16 @@ Keys (Hydra-style ``key=value``; values parsed by OmegaConf's YAML grammar, neve
                             the first level (default c: Sequoia's d*c)
   profile=PATH              a stored hardware profile JSON with those three keys (measured only where
                             it says ``"synthetic": false``, as harness calibrate writes it; a file
-                            without the key is read as synthetic); excludes the three keys above
+                            without the key is read as synthetic); excludes the three keys above.
+                            Its draft_feed_cost (the draft's pass over k committed tokens) and
+                            draft_level_cost (a masked step of r rows), where given, price each
+                            tree by its shape and acceptance
   min_nodes=2               smallest n searched with costs (1 admits plain AR: G=1, time t(1))
 
 The JSON's ``run_options`` are the same bounds for a run (``topology.max_nodes`` counts candidate
 rows, the root excluded). Without costs the tree reported is the max-G tree at (N, D) (the largest feasible n <= N if N
-nodes do not fit depth D); with costs it is the (n, d) minimising (t(n) + c0 + (d-1)*c) / G(n, d).
+nodes do not fit depth D); with costs it is the (n, d) minimising (t(n) + c0 + (d-1)*c) / G(n, d), the
+draft time priced by the tree's shape where the profile gives the draft's forwards by size.
 Bad input: a message on stderr and exit code 2.
 """
 
@@ -35,7 +39,6 @@ from omegaconf import OmegaConf
 
 from harness.topology.sequoia import (
     TreeResult,
-    draft_time,
     optimize_tree,
     select_hardware_aware,
     selected_child_probabilities,
@@ -137,10 +140,16 @@ def _costs(args: dict) -> tuple[dict | None, str | None]:
         return None, None
     c = _number(values["draft_cost"], name="draft_cost")
     c0 = values.get("draft_base_cost")  # unset: the first level costs a step too (Sequoia's d*c)
+    vectors = {  # a measured profile's draft forwards by size (harness calibrate writes them)
+        key: _numbers(values[key], name=key)
+        for key in ("draft_feed_cost", "draft_level_cost")
+        if source != "command line" and values.get(key) is not None
+    }
     return {
         "verify_cost": _numbers(values["verify_cost"], name="verify_cost"),
         "draft_cost": c,
         "draft_base_cost": c if c0 is None else _number(c0, name="draft_base_cost"),
+        **vectors,
         "synthetic": synthetic,
     }, source
 
@@ -208,9 +217,7 @@ def run_tree(args: dict) -> dict:
     if costs is None:
         if "min_nodes" in args:
             raise UsageError("min_nodes= applies only with costs (verify_cost/draft_cost or profile)")
-        n = max(k for k in range(1, max_nodes + 1) if table.g(k, max_depth) is not None)
-        tree = table.best(n, max_depth)
-        assert tree is not None
+        tree = table.widest(max_depth)
         out["objective"] = "max_expected_tokens"
         out.update(_tree_fields(tree))
     else:
@@ -219,6 +226,8 @@ def run_tree(args: dict) -> dict:
             verify_cost=costs["verify_cost"],
             draft_cost=costs["draft_cost"],
             draft_base_cost=costs["draft_base_cost"],
+            feed_cost=costs.get("draft_feed_cost"),
+            level_cost=costs.get("draft_level_cost"),
             min_nodes=_int(args, "min_nodes", default=2),
         )
         tree = table.best(choice.n, choice.d)
@@ -233,16 +242,14 @@ def run_tree(args: dict) -> dict:
             "time_per_token": choice.time_per_token,
             "time_unit": "one autoregressive target step t(1)",
             "verify_time": costs["verify_cost"][choice.n - 1],
-            "draft_time": 0.0
-            if choice.n == 1
-            else draft_time(choice.d, draft_cost=costs["draft_cost"], draft_base_cost=costs["draft_base_cost"]),
+            "draft_time": choice.draft_time,
         }
         out["synthetic"] = costs["synthetic"]
         out["cost_source"] = source
         notes = cost_notes(costs["verify_cost"], max_nodes=max_nodes)
         if notes:
             out["notes"] = notes
-        out.update({k: costs[k] for k in PROFILE_KEYS})
+        out.update({k: costs[k] for k in (*PROFILE_KEYS, "draft_feed_cost", "draft_level_cost") if k in costs})
     out["expected_tokens_table"] = table.expected_tokens_table()
     return out
 
