@@ -26,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobStatus
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness import sweep
@@ -87,11 +87,12 @@ def preflight(argv: list[str]) -> None:
 LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher", "LocalLauncher")
 
 
-def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str, set[str]]:
+def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str, set[str], bool]:
     """The override lists of a multirun's jobs, as Hydra's basic sweeper makes them (the sweep
     parameters the composed config holds, ``hydra.sweeper.params``: a sweep file's axes, followed
-    by the command line's overrides, crossed), the launcher's ``_target_``, and the override keys
-    a job's folder name leaves out. ``argv`` holds no flag but ``-m``/``--multirun``."""
+    by the command line's overrides, crossed), the launcher's ``_target_``, the override keys
+    a job's folder name leaves out, and whether the folders are named by the overrides (the root
+    config's ``hydra.sweep.subdir``). ``argv`` holds no flag but ``-m``/``--multirun``."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -104,7 +105,24 @@ def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str, set[str]]:
     parsed = parser.parse_overrides([*from_config, *overrides])
     jobs = [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     unnamed = {str(k) for k in cfg.hydra.job.config.override_dirname.exclude_keys}
-    return jobs, str(cfg.hydra.launcher.get("_target_", "")), unnamed
+    subdir = OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir")
+    by_overrides = subdir == "${hydra.job.override_dirname}"
+    return jobs, str(cfg.hydra.launcher.get("_target_", "")), unnamed, by_overrides
+
+
+#: the longest file name most file systems take, in bytes
+NAME_MAX = 255
+
+
+def job_folder_name(job: list[str], unnamed: set[str]) -> str:
+    """A job's folder below the sweep folder as the root config names it (``hydra.sweep.subdir``:
+    Hydra's ``override_dirname``, its task overrides sorted and comma-joined, the launch-only keys
+    left out); a value holding ``/`` makes folders below."""
+    from hydra._internal.config_loader_impl import get_overrides_dirname
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    task = [o for o in OverridesParser.create().parse_overrides(job) if not o.key_or_group.startswith("hydra")]
+    return get_overrides_dirname(task, sorted(unnamed), ",", "=")
 
 
 def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
@@ -120,7 +138,7 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
     if any(a.startswith("-") and a not in {"-m", "--multirun"} for a in argv):
         return
     try:
-        jobs, launcher, unnamed = multirun_jobs(argv)
+        jobs, launcher, unnamed, by_overrides = multirun_jobs(argv)
     except (HydraException, OmegaConfBaseException) as exc:
         raise explain_compose_error(exc, argv) from exc
     if len(jobs) == 1 and not [o for o in jobs[0] if override_key(o) not in unnamed and not o.startswith("hydra")]:
@@ -147,6 +165,14 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
     for i, job in enumerate(jobs):
         told = ",".join(o for o in job if override_key(o) in swept)
         name = f"job {i + 1} of {len(jobs)}" + (f" ({told})" if told else "")
+        folder = job_folder_name(job, unnamed) if by_overrides else ""
+        long = [part for part in folder.split("/") if len(part.encode()) > NAME_MAX]
+        if long:  # the file system refuses the folder once the launch has written its own files
+            raise ConfigError(
+                f"{name}: its folder name, its overrides joined, is {len(long[0].encode())} bytes; file systems take "
+                f"{NAME_MAX}: move the settings every job shares into a sweep file (harness sweep PATH.yaml), or name "
+                "the folders with hydra.sweep.subdir=<pattern>; no job was run"
+            )
         try:
             if here:
                 cfg, _ = checked_plan(job)

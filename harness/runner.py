@@ -114,7 +114,12 @@ from harness.topology.budgets import unreached_level
 from harness.tracking.compare import run_speedups
 from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, restore_aside, write_job
 from harness.tracking.record import write_json_atomic
-from harness.tracking.run_notes import TIMING_OUTLIER_FACTOR, past_rounds_speedup_note, timing_outlier_note
+from harness.tracking.run_notes import (
+    TIMING_OUTLIER_FACTOR,
+    batched_history_note,
+    past_rounds_speedup_note,
+    timing_outlier_note,
+)
 from harness.tracking.store import RECORD_FILENAME, ROUNDS_FILENAME
 from harness.tracking.wandb_tracker import (
     NullTracker,
@@ -1591,8 +1596,8 @@ def speed_py_speedup(per_prompt: list[dict]) -> float | None:
 def run_notes(record: dict) -> list[str]:
     """What a finished run says on stderr about its figures: a heuristic verifier, prompts timed through a stall
     (:func:`timing_outlier_note`), a speedup past its tokens per round (:func:`past_rounds_speedup_note`),
-    a Sequoia tree predicted slower than plain decoding and prompts the context limit cut
-    (:func:`truncation_note`)."""
+    a Sequoia tree predicted slower than plain decoding, prompts the context limit cut
+    (:func:`truncation_note`) and prompt lookup's history at a batch above one (:func:`batched_history_note`)."""
     m = record["metrics"]
     notes = [timing_outlier_note(m["timing_outliers"])] if m.get("timing_outliers") else []
     if record.get("exact") is False:
@@ -1607,7 +1612,8 @@ def run_notes(record: dict) -> list[str]:
     if predicted is not None:
         slower = slower_than_ar_note({"n": m.get("sequoia_tree_nodes"), "time_per_token": predicted})
     cut = truncation_note(m.get("context") or {}, len(record["per_prompt"]))
-    return notes + [n for n in (past_rounds, slower, cut) if n]
+    history = batched_history_note(record.get("config") or {})
+    return notes + [n for n in (past_rounds, slower, cut, history) if n]
 
 
 def truncation_note(context: dict, n_prompts: int) -> str | None:
@@ -1739,6 +1745,26 @@ def untracked(record: dict, tracker: Tracker, error: BaseException, run_dir: Pat
     return record
 
 
+def logged_elsewhere_note(logged: dict, *, project: str, entity: str | None, mode: str) -> str | None:
+    """One line where a record's W&B run (``logged``: its ``tracking`` entry) is not where this launch
+    asks to log (another project or entity; offline where online is asked): the record is logged
+    once, so the asked project does not get it; None where it is where asked."""
+    where = f"{logged.get('entity')}/{logged.get('project')}" if logged.get("entity") else str(logged.get("project"))
+    if logged.get("project") != project or (entity and logged.get("entity") != entity):
+        asked = f"{entity}/{project}" if entity else str(project)
+        return (
+            f"its record was logged to W&B project {where} (run {logged.get('run_id')}) when it ran; a record is "
+            f"logged once, so project {asked} does not get it (a job whose folder is moved aside runs again, and "
+            "logs there)"
+        )
+    if mode == "online" and logged.get("mode") == "offline":
+        return (
+            f"its record was logged offline to W&B project {where} when it ran; `{logged.get('sync') or 'wandb sync'}` "
+            "in the job's folder uploads it"
+        )
+    return None
+
+
 def track(cfg: DictConfig, record: dict, run_dir: Path) -> bool:
     """Log a record that no tracker saw (one with no ``tracking`` entry) after the fact, and write
     where its W&B run is into the record (``tracking``), so a later launch does not log it again.
@@ -1746,9 +1772,14 @@ def track(cfg: DictConfig, record: dict, run_dir: Path) -> bool:
 
     A job run by :func:`run_job` with ``tracking=wandb`` already logged its record into the W&B
     run that watched it, so this does nothing for it."""
-    if cfg.tracking.name == "none" or record.get("tracking") is not None:
+    if cfg.tracking.name == "none":
         return False
     t = cfg.tracking
+    if record.get("tracking") is not None:
+        note = logged_elsewhere_note(record["tracking"], project=t.project, entity=t.entity, mode=t.mode)
+        if note:
+            print(f"harness: note: {run_dir}: {note}", file=sys.stderr)
+        return False
     tracker = None
     try:
         with open_run(

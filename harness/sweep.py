@@ -76,13 +76,22 @@ from harness.tracking import report as report_mod
 from harness.tracking.conventions import name_of
 from harness.tracking.job_folder import (
     JobFolderError,
+    JobState,
     clear_for_run,
     inspect_job,
     job_lock,
+    mapping_difference,
     set_aside,
 )
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
-from harness.tracking.store import FAILURES_FILENAME, RECORD_FILENAME, RecordError, iter_record_paths, rebuild_store
+from harness.tracking.store import (
+    FAILURES_FILENAME,
+    RECORD_FILENAME,
+    RecordError,
+    any_record_path,
+    iter_record_paths,
+    rebuild_store,
+)
 from hydra_plugins.harness_launcher.slurm import slurm_missing, slurm_refusal
 
 log = logging.getLogger("harness.sweep")
@@ -325,11 +334,19 @@ CONCURRENCY_UNKNOWN = (
 # inside one job
 
 
-def sweep_folder_problem(sweep_dir: Path, sweep: Any) -> str | None:
-    """Why ``sweep_dir`` cannot take this launch of ``sweep`` (None when it can): a single run's
-    folder (its record would join the sweep's store and report), a datastore's or an artifact's, or
-    the folder of another sweep's launch (its summary and launch file would be overwritten, its jobs
-    counted with these). The same sweep launched again resumes in its folder."""
+def sweep_folder_problem(sweep_dir: Path | str, sweep: Any) -> str | None:
+    """Why ``sweep_dir`` cannot take this launch of ``sweep`` (None when it can): no folder named, a
+    single run's folder (its record would join the sweep's store and report), a datastore's or an
+    artifact's, a folder holding records or a ``report/`` that no sweep launched there (the sweep's
+    store would count those records, and its report replaces ``report/``), or the folder of another
+    sweep's launch (its summary and launch file would be overwritten, its jobs counted with these).
+    The same sweep launched again resumes in its folder."""
+    if not str(sweep_dir).strip():
+        return (
+            "hydra.sweep.dir is empty: a sweep writes its job folders, store, summary and report into it; "
+            "give it a folder of its own"
+        )
+    sweep_dir = Path(sweep_dir)
     where = f"hydra.sweep.dir={sweep_dir}"
     if (sweep_dir / RECORD_FILENAME).is_file():
         return (
@@ -341,6 +358,19 @@ def sweep_folder_problem(sweep_dir: Path, sweep: Any) -> str | None:
             f"{where} holds manifest.json, a datastore's or a trained artifact's: the sweep's jobs would sit among "
             "its files; give the sweep a folder of its own"
         )
+    if not (sweep_dir / LAUNCH_FILE).is_file():  # no sweep was launched here: what is there is someone else's
+        if (sweep_dir / REPORT_DIR).is_dir():
+            return (
+                f"{where} holds a {REPORT_DIR}/ folder no sweep wrote there: the sweep's report would replace it; "
+                "give the sweep a folder of its own"
+            )
+        found = any_record_path(sweep_dir) if sweep_dir.is_dir() else None
+        if found is not None:
+            return (
+                f"{where} holds records no sweep launched there ({found.relative_to(sweep_dir)}): the sweep's store "
+                "and report would count them with its jobs; give the sweep a folder of its own"
+            )
+        return None
     try:
         earlier = json.loads((sweep_dir / LAUNCH_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -484,6 +514,18 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
         # jobs launched on this machine share it; a Slurm array's tasks each run on their own
         shared = None if str(hydra_cfg.launcher.get("_target_", "")).endswith("SlurmLauncher") else width
         state = inspect_job(run_dir, manifest_hash=mhash, manifest=manifest, concurrent_jobs=shared)
+        if state.record is not None and not _same_job_config(state.record, cfg):
+            # the manifest leaves out the gates (and what they check): a record of this manifest that
+            # ran other gate settings is not this job's, as it is no twin of it
+            changed = mapping_difference(
+                _ran_and_checked(state.record.get("config") or {}),
+                _ran_and_checked(OmegaConf.to_container(cfg, resolve=True)),
+            )
+            state = JobState(
+                record=None,
+                reason=f"its record of this manifest ran under other checks{changed}",
+                files=state.files,
+            )
         record_dir, twin = run_dir, None
         if state.record is None:  # the same job under other overrides (a default restated: seed=0)
             twin = twin_job(
@@ -810,8 +852,8 @@ class SweepCallback(_Callback):
         if refusal is not None:  # before anything is submitted or written
             print(f"{launching_command()}: refused: {refusal}", file=sys.stderr)
             raise SystemExit(2)  # Hydra turns a callback's exceptions into warnings; this one stops the launch
+        problem = sweep_folder_problem(str(config.hydra.sweep.dir), config.get("sweep"))
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        problem = sweep_folder_problem(sweep_dir, config.get("sweep"))
         if problem is not None:  # before anything is written into it
             print(f"{launching_command()}: refused: {problem}", file=sys.stderr)
             raise SystemExit(2)

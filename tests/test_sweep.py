@@ -341,6 +341,16 @@ def test_slurm_refusals_name_what_to_set():
     assert slurm_refusal({"partition": "gpu", "job_overrides": ["cuda"]}) == (
         "hydra.launcher.job_overrides must be key=value overrides; got ['cuda']"
     )
+    # a single string where a list is taken: setup crashed the launch after its folder was written, and
+    # job_overrides was read one character at a time
+    assert slurm_refusal({"partition": "gpu", "setup": "source /x/activate"}) == (
+        "hydra.launcher.setup='source /x/activate': must be a list of strings, e.g. "
+        "hydra.launcher.setup='[source ~/venv/bin/activate]' (a single string is not one)"
+    )
+    assert slurm_refusal({"partition": "gpu", "job_overrides": "model.device=cuda"}).startswith(
+        "hydra.launcher.job_overrides='model.device=cuda': must be a list of strings"
+    )
+    assert slurm_refusal(OmegaConf.create({"partition": "gpu", "setup": ["module load cuda"]})) is None
 
 
 def test_output_dir_in_a_sweep_is_refused_before_any_job(env, capsys):
@@ -395,6 +405,60 @@ def test_a_sweep_into_a_run_folder_or_another_sweeps_folder_is_refused_before_an
     assert {p.name: p.read_bytes() for p in sweep_dir.iterdir() if p.is_file()} == before
     rc, summary = launch(sweep_dir, "launcher=basic", "proposer=prompt_lookup", "verifier=greedy")  # resumes
     assert rc == 0 and len(summary["skipped"]) == 1
+
+
+def test_a_sweep_into_a_folder_of_records_or_a_report_it_did_not_write_is_refused(env, capsys):
+    """An empty hydra.sweep.dir put the sweep's files in the working directory and removed its report/; a
+    folder laid out as `make demo` leaves it (a run's folder below, a report/ beside) had its report
+    replaced and the run counted with the sweep's jobs. Each refused, nothing written or removed."""
+    common = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy"]
+    notes = env / "report" / "notes.md"
+    notes.parent.mkdir()
+    notes.write_text("mine")
+    rc = sweep_main(["smoke", *common, "hydra.sweep.dir="])
+    assert rc == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "harness sweep: refused: hydra.sweep.dir is empty: a sweep writes its job folders, store, summary and "
+        "report into it; give it a folder of its own"
+    )
+    assert not [n for n in ("launch.json", "summary.json", "store.parquet", "failures.jsonl") if (env / n).exists()]
+    assert sorted(p.name for p in (env / "report").iterdir()) == ["notes.md"]
+
+    demo = env / "demo"
+    (demo / "default").mkdir(parents=True)
+    (demo / "default" / "record.json").write_text("{}")
+    rc, _ = launch(demo, *common)
+    assert rc == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"harness sweep: refused: hydra.sweep.dir={demo} holds records no sweep launched there "
+        "(default/record.json): the sweep's store and report would count them with its jobs; give the sweep a "
+        "folder of its own"
+    )
+    (demo / "report").mkdir()
+    rc, _ = launch(demo, *common)
+    assert rc == 2 and "holds a report/ folder no sweep wrote there" in capsys.readouterr().err
+    assert sorted(str(p.relative_to(demo)) for p in demo.rglob("*")) == ["default", "default/record.json", "report"]
+    assert notes.read_text() == "mine"
+
+
+def test_a_job_folder_name_too_long_for_the_file_system_is_refused_before_anything_is_written(env, capsys):
+    """A job's folder is named by its overrides; past 255 bytes the file system refused it after the launch
+    had written its launch file, summary and store."""
+    sweep_dir = env / "multirun" / "smoke"
+    long_name = "p" * 250 + ".jsonl"
+    rc, summary = launch(
+        sweep_dir,
+        "launcher=basic",
+        "proposer=prompt_lookup",
+        "verifier=greedy,membership",
+        f"workload.path={long_name}",
+    )
+    assert rc == 2 and not summary and not sweep_dir.exists()
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(
+        "harness sweep: refused: job 1 of 2 (verifier=greedy): its folder name, its overrides joined, is"
+    )
+    assert "file systems take 255" in line and line.endswith("no job was run")
 
 
 def test_a_sweep_value_listed_twice_is_refused_before_any_job(env, capsys):
@@ -1555,6 +1619,16 @@ def test_a_relaunch_with_tracking_logs_the_jobs_it_skips_that_ran_untracked_once
     assert rc == 0 and summary["skipped"] == [job]
     assert "after the fact" not in capsys.readouterr().err
     assert load_record(record_file)["tracking"] == after["tracking"]
+    # another project asked: the record is not logged twice, and the launch says where it went
+    rc, summary = launch(sweep_dir, *args, "tracking=wandb", "tracking.project=elsewhere")
+    assert rc == 0 and summary["skipped"] == [job]
+    err = capsys.readouterr().err
+    assert (
+        f"harness: note: {sweep_dir / job}: its record was logged to W&B project {after['tracking']['project']} "
+        f"(run {after['tracking']['run_id']}) when it ran; a record is logged once, so project elsewhere does not "
+        "get it"
+    ) in err
+    assert load_record(record_file)["tracking"] == after["tracking"]
 
 
 def test_a_joblib_width_above_concurrent_jobs_is_noted():
@@ -1585,3 +1659,15 @@ def test_a_sweep_job_says_what_a_single_run_says_of_its_figures(env, capsys):
     (job,) = summary["ran"]
     err = capsys.readouterr().err
     assert f"harness sweep: note: job {job}: 1 of 1 prompts had their oldest text cut to fit " in err
+
+
+def test_a_record_logged_offline_is_named_with_its_upload_command_when_online_is_asked():
+    from harness.runner import logged_elsewhere_note
+
+    logged = {"project": "p", "entity": None, "mode": "offline", "run_id": "r1", "sync": "wandb sync wandb/offline-1"}
+    assert logged_elsewhere_note(logged, project="p", entity=None, mode="offline") is None
+    assert logged_elsewhere_note(logged, project="p", entity=None, mode="online") == (
+        "its record was logged offline to W&B project p when it ran; `wandb sync wandb/offline-1` in the job's "
+        "folder uploads it"
+    )
+    assert "project team/p does not get it" in logged_elsewhere_note(logged, project="p", entity="team", mode="offline")

@@ -10,6 +10,7 @@ import pytest
 
 from harness import sweep
 from harness.app import sweep_main
+from harness.record_schema import status_of
 from harness.sweep import sweep_argv
 from harness.tracking.store import load_record
 
@@ -154,3 +155,28 @@ def test_harness_sweep_runs_a_sweep_file_from_outside_the_repository(env):
     assert record["sweep"] == "mine" and record["axes"]["model"] == "tiny"
     status = json.loads((env / "multirun" / "mine" / summary["ran"][0] / "job_status.json").read_text())
     assert status["status"] == "ran"
+
+
+def test_a_sweep_file_whose_gates_changed_reruns_its_jobs_on_relaunch(env, capsys):
+    """The job folders are named by the sweep's axes, and the manifest leaves the gates out: a relaunch
+    after the file turned its gates on skipped the ungated records as complete, so every record still
+    said `gated: false`. Their files are set aside, naming the changed key, and the jobs run again."""
+    path = env / "mine.yaml"
+    ungated = SWEEP_FILE.replace("gates:\n  oracle: false", "gates:\n  enabled: false")
+    assert ungated != SWEEP_FILE
+    path.write_text(ungated)
+    argv = [str(path), "hydra.callbacks.harness_sweep.report=false", "hydra.sweeper.params.topology=sequence"]
+    assert sweep_main(argv) == 0
+    (job,) = sweep.LAST_SUMMARY["ran"]
+    folder = env / "multirun" / "mine" / job
+    assert load_record(folder)["gated"] is False
+    assert sweep_main(argv) == 0 and sweep.LAST_SUMMARY["skipped"] == [job]  # unchanged: skipped
+
+    path.write_text(SWEEP_FILE)  # gates on (the oracle aside, to keep the test short)
+    capsys.readouterr()
+    assert sweep_main(argv) == 0
+    assert sweep.LAST_SUMMARY["ran"] == [job] and sweep.LAST_SUMMARY["skipped"] == []
+    record = load_record(folder)
+    assert record["config"]["gates"]["enabled"] is True and status_of(record["gates"]["equivalence"]) == "passed"
+    assert "ran under other checks (changed: gates.enabled, gates.oracle)" in capsys.readouterr().err
+    assert (folder / ".previous").is_dir()

@@ -130,8 +130,9 @@ class JobState:
     files: tuple[str, ...]
 
 
-def _manifest_difference(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> str:
-    """``harness_code, generation.max_new_tokens``: the manifest keys whose values differ."""
+def mapping_difference(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> str:
+    """`` (changed: harness_code, generation.max_new_tokens)``: the keys (two levels deep) whose values
+    differ between two manifests or configs; empty when none does."""
     if not isinstance(old, Mapping) or not isinstance(new, Mapping):
         return ""
     keys = []
@@ -178,7 +179,7 @@ def inspect_job(
     if problem is not None:
         return JobState(None, problem, files)
     if manifest_hash is not None and record.get("manifest_hash") != manifest_hash:
-        diff = _manifest_difference(record.get("manifest"), manifest)
+        diff = mapping_difference(record.get("manifest"), manifest)
         return JobState(
             None,
             f"its record has manifest hash {record.get('manifest_hash')}, this job {manifest_hash}{diff}",

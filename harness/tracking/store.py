@@ -352,6 +352,13 @@ def iter_record_paths(records_root: str | Path) -> Iterator[Path]:
             yield path
 
 
+def any_record_path(records_root: str | Path) -> Path | None:
+    """A current ``record.json`` under ``records_root`` (the first the walk meets, the walk stopped
+    there), or None."""
+    root = Path(records_root)
+    return next((p for p in root.rglob(RECORD_FILENAME) if _current(p.relative_to(root).parts)), None)
+
+
 # --------------------------------------------------------------------------------------------
 # flattening
 

@@ -50,6 +50,15 @@ def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
             "hydra.launcher.partition is not set: a Slurm sweep needs the partition its jobs run in "
             "(hydra.launcher.partition=<name>; `sinfo -s` lists them)"
         )
+    for key in _LISTS:
+        value = launcher.get(key)
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True)
+        if value is not None and (not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value)):
+            return (
+                f"hydra.launcher.{key}={value!r}: must be a list of strings, e.g. "
+                f"hydra.launcher.{key}='[{_LISTS[key]}]' (a single string is not one)"
+            )
     overrides = launcher.get("job_overrides") or []
     bad = [str(o) for o in overrides if "=" not in str(o) or str(o).startswith("=")]
     if bad:
@@ -73,6 +82,8 @@ def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
     return None
 
 
+#: the launcher's keys that take a list of strings, with an example item
+_LISTS = {"job_overrides": "model.device=cuda", "setup": "source ~/venv/bin/activate"}
 #: the launcher's keys of which sbatch takes one: CPUs, memory
 _ONE_OF = (("cpus_per_task", "cpus_per_gpu"), ("mem_gb", "mem_per_gpu", "mem_per_cpu"))
 #: what a job gets where none of a kind is set
