@@ -1,12 +1,28 @@
 """Cached target hidden states: segment-causal rows, packed addresses, cache round trip, and the
-teacher logits recomputed from a cached row through the frozen LM head."""
+teacher logits recomputed from a cached row through the frozen LM head; the ShareGPT documents they
+are made from (a run's turn order, strict chat templates, held-out text kept out, the streams' key)."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import word_chat_tokenizer
 
+from harness.heads import recipes
 from harness.heads.recipes import DataRecipe
-from harness.prepare.heads_data import byte_ids, encode_stream, load_stream, save_stream, take_budget, training_streams
+from harness.prepare.heads_data import (
+    byte_ids,
+    encode_stream,
+    load_stream,
+    save_stream,
+    streams_key,
+    streams_record,
+    take_budget,
+    training_data,
+    training_streams,
+)
 from harness.target.loading import build_tiny_model
+from harness.workloads import corpora
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +87,145 @@ def test_take_budget_and_byte_ids():
     assert byte_ids("AB", vocab_size=96, max_len=8) == [3 + 65 % 93, 3 + 66 % 93]
     with pytest.raises(ValueError, match="token_budget >= 1"):
         DataRecipe(token_budget=0)
+
+
+# --------------------------------------------------------------------------------------------
+# ShareGPT documents: a run's turn order, strict chat templates, held-out text, the streams' key
+
+#: Llama-2-chat's check (Mistral-Instruct and Gemma have the same), and a refusal of one word, the
+#: stand-in for a conversation a template still refuses once its turns alternate
+STRICT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if 'w39' in m['content'] %}{{ raise_exception('w39 is refused') }}{% endif %}"
+    "{% if m['role'] == 'user' %}<user> {{ m['content'] }} {% else %}<bot> {{ m['content'] }} </s> {% endif %}"
+    "{% endfor %}"
+)
+
+
+def conv_id(split: str, n: int) -> str:
+    """The ``n``-th id of the form ``c<k>`` that :func:`~harness.workloads.corpora.sharegpt_split` puts in ``split``."""
+    ids = (f"c{k}" for k in range(10_000) if corpora.sharegpt_split(f"c{k}") == split)
+    return next(i for k, i in enumerate(ids) if k == n)
+
+
+def conversation(split: str, n: int, *turns: tuple[str, str]):
+    return corpora.Conversation(conv_id(split, n), tuple(corpora.ChatTurn(role, text) for role, text in turns))
+
+
+@pytest.fixture
+def sharegpt(monkeypatch):
+    """A function giving the conversations and the file hash the packaged ShareGPT file is read as
+    (where the corpora and the REST exclusions read it, and the file the recipes hash)."""
+
+    def set_data(conversations, sha="a" * 64):
+        data = corpora.ShareGPTData(tuple(conversations), file_sha256=sha, file_bytes=0, truncated_at_char=None)
+        monkeypatch.setattr(corpora, "load_sharegpt", lambda: data)
+        monkeypatch.setattr(recipes, "file_sha256", lambda path: sha)  # the packaged file's hash, read as
+
+    return set_data
+
+
+def chat_streams(tmp_path, monkeypatch, tokenizer, **data):
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    recipe = {"data": {"token_budget": 400, "held_out_tokens": 40, "max_len": 64, **data}}
+    target = SimpleNamespace(model=build_tiny_model(seed=3), tokenizer=tokenizer, source="tiny")
+    return training_data(target, recipe, progress=False)
+
+
+def documents_of(stream) -> list[list[int]]:
+    return [stream.tokens[stream.segment_ids == s].tolist() for s in stream.segment_ids.unique().tolist()]
+
+
+def test_a_strict_chat_template_gets_the_turns_in_a_runs_order_and_a_refused_conversation_is_skipped(
+    tmp_path, monkeypatch, sharegpt
+):
+    """A conversation opening with the assistant (a later part of a split one), two user turns in a
+    row once an empty answer is dropped, and one the template refuses whatever the order: the first
+    two start at a user turn (the second cut before the repeat), the third is skipped and counted, and
+    the artifact's manifest keeps the count with the ShareGPT file's and the template's hashes."""
+    tok = word_chat_tokenizer()
+    tok.chat_template = STRICT_TEMPLATE
+    sharegpt(
+        [
+            conversation("train", 0, ("assistant", "w0 w1"), ("user", "w2 w3"), ("assistant", "w4 w5")),
+            conversation("train", 1, ("user", "w6 w7"), ("assistant", " "), ("user", "w8"), ("assistant", "w9")),
+            conversation("train", 2, ("user", "w10 w11"), ("assistant", "w39 w12")),
+            conversation("train", 3, ("user", "w13 w14"), ("assistant", "w15 w16")),
+            conversation("dev", 0, ("user", "w17 w18"), ("assistant", "w19 w20")),
+        ]
+    )
+    streams = chat_streams(tmp_path, monkeypatch, tok)
+    user, bot = tok.convert_tokens_to_ids(["<user>", "<bot>"])
+    w = {f"w{i}": tok.convert_tokens_to_ids(f"w{i}") for i in range(40)}
+    docs = documents_of(streams.train)
+    assert docs == [
+        [user, w["w2"], w["w3"], bot, w["w4"], w["w5"], tok.eos_token_id],
+        [user, w["w6"], w["w7"]],
+        [user, w["w13"], w["w14"], bot, w["w15"], w["w16"], tok.eos_token_id],
+    ]
+    meta = streams.train.meta
+    assert (meta["conversations_read"], meta["conversations_reordered"], meta["template_refused"]) == (4, 2, 1)
+    assert meta["template_refusal"] == "w39 is refused" and meta["held_out_overlap"] == 0
+    record = streams_record(streams)["train"]
+    assert record["template_refused"] == 1 and record["sharegpt_sha256"] == "a" * 64
+    assert len(record["chat_template_sha256"]) == 16 and record["document_rule"]
+
+
+def test_a_template_refusing_every_conversation_is_one_clear_error(tmp_path, monkeypatch, sharegpt):
+    """Nothing to train on: one line naming the template's refusal and the ways out."""
+    tok = word_chat_tokenizer()
+    tok.chat_template = "{{ raise_exception('System role not supported') }}"
+    sharegpt([conversation("train", k, ("user", f"w{k} w1"), ("assistant", "w2 w3")) for k in range(3)])
+    with pytest.raises(ValueError, match=r"^the tokenizer's chat template refused all 3 ShareGPT 'train' conv") as e:
+        chat_streams(tmp_path, monkeypatch, tok)
+    assert "System role not supported" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_held_out_prompt_repeated_in_train_is_dropped(tmp_path, monkeypatch, sharegpt):
+    """ShareGPT repeats conversations under other ids: an evaluation prompt (and a calibration
+    answer) found in training conversations drops them, as a REST datastore's build does; a held-out
+    text shorter than the window (a "hello") drops nothing."""
+    tok = word_chat_tokenizer()
+    prompt = " ".join(f"w{i}" for i in range(36))  # 36 tokens: longer than the 32-token window
+    answer = " ".join(f"w{i}" for i in range(39, 3, -1))
+    sharegpt(
+        [
+            conversation("eval", 0, ("user", prompt), ("assistant", "hello")),
+            conversation("calibration", 0, ("user", "hello"), ("assistant", answer)),
+            conversation("train", 0, ("user", "say more"), ("assistant", "hello world")),
+            conversation("train", 1, ("user", prompt), ("assistant", "again")),
+            conversation("train", 2, ("user", "hello"), ("assistant", "say " + answer)),
+            conversation("train", 3, ("user", "hello again"), ("assistant", "hello")),
+            conversation("dev", 0, ("user", "w17 w18"), ("assistant", "w19 w20")),
+        ]
+    )
+    streams = chat_streams(tmp_path, monkeypatch, tok)
+    say, more, world, again, hello = tok.convert_tokens_to_ids(["say", "more", "world", "again", "hello"])
+    assert [[t for t in d if t in (say, more, world, again, hello)] for d in documents_of(streams.train)] == [
+        [say, more, hello, world],
+        [hello, again, hello],
+    ]
+    assert streams.train.meta["held_out_overlap"] == 2 and streams.train.meta["conversations_read"] == 4
+
+
+def test_the_streams_key_holds_the_sharegpt_file_and_the_chat_template_the_tokenizer_applies(sharegpt):
+    """A new ShareGPT file or another chat template of the tokenizer (one the target's fingerprint
+    leaves out) makes other streams; the template does not matter with chat formatting off."""
+    tok = word_chat_tokenizer()
+
+    def key(**data) -> str:
+        return streams_key(tok, DataRecipe(**data), target_hash="t" * 16)
+
+    sharegpt([], sha="a" * 64)
+    first, plain = key(), key(chat=False)
+    sharegpt([], sha="b" * 64)
+    assert key() != first
+    sharegpt([], sha="a" * 64)
+    assert key() == first
+    tok.chat_template = STRICT_TEMPLATE
+    assert key() != first and key(chat=False) == plain
+    inline = streams_key(tok, DataRecipe(source="inline"), target_hash="t" * 16, documents=(DOCS, DOCS))
+    sharegpt([], sha="b" * 64)
+    assert streams_key(tok, DataRecipe(source="inline"), target_hash="t" * 16, documents=(DOCS, DOCS)) == inline

@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "verifiers": {"files", "contracts", "random_source", "topology"},
     "target": {"files", "contracts", "topology", "measure"},
     "workloads": {"files", "contracts", "target"},
-    "heads": {"files", "contracts", "target"},
+    "heads": {"files", "contracts", "target", "workloads"},
     "proposers": {
         "files",
         "contracts",

@@ -30,7 +30,15 @@ from harness.heads.eagle_formats import config_notes, parse_published, read_weig
 from harness.heads.early_exit import AdapterArtifact, build_adapter
 from harness.heads.models import DraftHeads, HeadSpec
 from harness.heads.published import PublishedHeads, inspect, is_published, load_published_heads, same_embedding
-from harness.heads.recipes import SearchRecipe, eagle_recipe, exit_recipe, heads_recipe, recipe_key
+from harness.heads.recipes import (
+    DataRecipe,
+    SearchRecipe,
+    data_sources_key,
+    eagle_recipe,
+    exit_recipe,
+    heads_recipe,
+    recipe_key,
+)
 from harness.target.loading import chat_template_key, model_names
 from harness.target.timing import timing_host
 
@@ -79,6 +87,8 @@ def _located(kind: str, recipe: dict, options: dict, *, model: torch.nn.Module, 
     """``recipe`` and its artifact's directory: ``proposer.artifact`` when given, else the one
     :func:`artifact_dir` names for ``kind``, the target's fingerprint and ``recipe``."""
     recipe = {**recipe, **chat_template_key(tokenizer)}  # the chat format its training text was put in
+    if "data" in recipe:  # trained on ShareGPT streams (heads, EAGLE, early exit): the file and template too
+        recipe = {**recipe, **data_sources_key(DataRecipe(**recipe["data"]), tokenizer)}
     explicit = options.get("artifact")
     if explicit:
         return recipe, Path(explicit)

@@ -6,13 +6,16 @@ the target's fingerprint, and a loaded artifact is refused unless both match
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
 
 import torch
 
+from harness.files import file_sha256
 from harness.heads.checkpoint import ArtifactError
 from harness.heads.eagle import spec_from_target
 from harness.heads.models import HeadSpec
+from harness.workloads.corpora import sharegpt_path
 
 #: option keys of conf/proposer/{medusa,hydra,clover}.yaml that define the artifact
 ARCH_KEYS = ("num_heads", "mlp_layers", "prefix_attention", "prefix_window", "attn_heads")
@@ -34,6 +37,19 @@ class DataRecipe:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def data_sources_key(data: DataRecipe, tokenizer) -> dict:
+    """What the training text of ``data`` is made from besides its options: the ShareGPT file's
+    SHA-256 (``source=sharegpt``) and 16 hex digits of the SHA-256 of the chat template the tokenizer
+    applies (``chat`` on and the tokenizer has one; the tokenizer's fingerprint leaves it out)."""
+    key = {}
+    if data.source == "sharegpt":
+        key["sharegpt_sha256"] = file_sha256(sharegpt_path())  # what load_sharegpt records, without parsing it
+    template = getattr(tokenizer, "chat_template", None) if data.chat else None
+    if template:
+        key["chat_template_sha256"] = hashlib.sha256(str(template).encode()).hexdigest()[:16]
+    return key
 
 
 LOSSES = ("hard", "distill")

@@ -5,6 +5,10 @@ run through the frozen target *on its own* (no packing inside a forward), so eve
 segment-causal by construction. The rows are then packed into one stream with their original
 addresses, ``segment_ids`` naming the document and ``valid`` marking input availability.
 
+A conversation's turns take the order a run's chats take (:func:`run_order`); one the chat template
+still refuses is skipped, and a training document sharing a window with held-out text (the texts a
+REST datastore keeps out) is dropped (:data:`DOCUMENT_RULE`); the stream's ``meta`` counts both.
+
 Only final-norm hidden states ``[N, d]`` are cached (float16); teacher logits are recomputed from
 them through the frozen LM head when needed, never stored for the full vocabulary.
 
@@ -19,9 +23,10 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -29,9 +34,18 @@ from tqdm import tqdm
 
 from harness.files import artifact_lock, plain_file_mode, temporary_sibling
 from harness.heads.checkpoint import cpu_budget_label, short_hash, target_fingerprint
-from harness.heads.recipes import DataRecipe
-from harness.target.loading import cache_root, chat_template_key
-from harness.workloads.corpora import sharegpt_conversations
+from harness.heads.recipes import DataRecipe, data_sources_key
+from harness.target.loading import cache_root
+from harness.workloads.corpora import ChatTurn, sharegpt_conversations, sharegpt_split
+from harness.workloads.datastore import LEAKAGE_THRESHOLD, ExclusionIndex, sharegpt_heldout_exclusions
+
+#: how ShareGPT conversations become training documents (part of the streams' key and meta)
+DOCUMENT_RULE = (
+    "user and assistant turns with text, from the first user turn, cut before the first turn repeating "
+    "its predecessor's role; a conversation the chat template refuses is skipped; a training document "
+    f"holding any {LEAKAGE_THRESHOLD}-token window of a held-out text (the first user and first assistant "
+    "turn of each conversation of another split, as REST datastores keep out) is dropped"
+)
 
 
 @dataclass
@@ -55,40 +69,128 @@ def byte_ids(text: str, *, vocab_size: int, max_len: int) -> list[int]:
     return [3 + (b % (vocab_size - 3)) for b in text.encode()[:max_len]]
 
 
-def sharegpt_documents(split: str, *, tokenizer, vocab_size: int, max_len: int, chat: bool) -> Iterator[list[int]]:
-    """Token ids of ShareGPT conversations of one split, in file order (each truncated)."""
+def run_order(turns: Iterable[ChatTurn]) -> list[ChatTurn]:
+    """A conversation's turns in the order a run's chats take: the user and assistant turns with text,
+    from the first user turn on (a later part of a split conversation opens with the assistant's),
+    cut before the first turn whose role repeats its predecessor's (an empty turn between them
+    dropped). Cutting, not merging, keeps every turn one somebody wrote; strict chat templates
+    refuse roles that do not alternate."""
+    kept = [t for t in turns if t.text.strip() and t.role in ("user", "assistant")]
+    first = next((i for i, t in enumerate(kept) if t.role == "user"), len(kept))
+    out: list[ChatTurn] = []
+    for t in kept[first:]:
+        if out and t.role == out[-1].role:
+            break
+        out.append(t)
+    return out
+
+
+@dataclass
+class DocumentTally:
+    """What :func:`sharegpt_documents` made of the conversations it read (kept in the stream's meta)."""
+
+    conversations_read: int = 0
+    conversations_reordered: int = 0  # turns dropped or cut by :func:`run_order`
+    template_refused: int = 0  # skipped: the chat template raised on them
+    held_out_overlap: int = 0  # dropped: the document holds a window of held-out text
+    template_refusal: str | None = None  # the template's message for the first one it refused
+
+    def to_meta(self) -> dict:
+        return asdict(self)
+
+
+def held_out_index(split: str, *, tokenizer, vocab_size: int) -> ExclusionIndex:
+    """The held-out ShareGPT texts a training document of ``split`` may not hold, as windows of
+    :data:`~harness.workloads.datastore.LEAKAGE_THRESHOLD` token ids (byte ids without a tokenizer):
+    the texts a REST datastore keeps out (:func:`~harness.workloads.datastore.sharegpt_heldout_exclusions`),
+    less those of ``split`` itself. A shorter text ("continue", "hi") matches no window, as in a datastore."""
+    items = [
+        it
+        for it in sharegpt_heldout_exclusions()  # ids "sharegpt/<conversation id>/<role>"
+        if sharegpt_split(it.item_id.removeprefix("sharegpt/").rsplit("/", 1)[0]) != split
+    ]
+    texts = [it.text for it in items]
+    if tokenizer is None:
+        ids = [byte_ids(t, vocab_size=vocab_size, max_len=len(t.encode())) for t in texts]
+    else:
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return ExclusionIndex([np.asarray(i, dtype=np.int64) for i in ids], LEAKAGE_THRESHOLD)
+
+
+def sharegpt_documents(
+    split: str,
+    *,
+    tokenizer,
+    vocab_size: int,
+    max_len: int,
+    chat: bool,
+    exclude: ExclusionIndex | None = None,
+    tally: DocumentTally | None = None,
+) -> Iterator[list[int]]:
+    """Token ids of ShareGPT conversations of one split, in file order (each truncated), their turns
+    in a run's order (:func:`run_order`). A conversation the chat template refuses is skipped, a
+    document holding a window of ``exclude`` (:func:`held_out_index`) dropped; ``tally`` counts them.
+    Raises ValueError when the template refuses every conversation."""
 
     char_cap = max_len * 12  # a token is rarely longer than 12 characters; avoids tokenizing megabytes
+    tally = DocumentTally() if tally is None else tally
+    templated = tokenizer is not None and chat and bool(getattr(tokenizer, "chat_template", None))
+    if templated:
+        from jinja2.exceptions import TemplateError  # what a template's raise_exception raises
+
+    given = 0  # documents yielded
     for conv in sharegpt_conversations(split):
-        turns = [t for t in conv.turns if t.text.strip() and t.role in ("user", "assistant")]
+        tally.conversations_read += 1
+        turns = run_order(conv.turns)
+        if len(turns) != sum(1 for t in conv.turns if t.text.strip() and t.role in ("user", "assistant")):
+            tally.conversations_reordered += 1
         if not turns:
             continue
         if tokenizer is None:
             text = "\n".join(t.text for t in turns)
             ids = byte_ids(text, vocab_size=vocab_size, max_len=max_len)
-        elif chat and getattr(tokenizer, "chat_template", None):
+        elif templated:
             msgs, used = [], 0
             for t in turns:
                 msgs.append({"role": t.role, "content": t.text[: max(char_cap - used, 1)]})
                 used += len(t.text)
                 if used >= char_cap:
                     break
-            ids = tokenizer.apply_chat_template(msgs, tokenize=True)
+            try:
+                ids = tokenizer.apply_chat_template(msgs, tokenize=True)
+            except TemplateError as exc:
+                tally.template_refused += 1
+                tally.template_refusal = tally.template_refusal or " ".join(str(exc).split())
+                continue
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             ids = [int(i) for i in ids][:max_len]
         else:
             text = "\n".join(t.text for t in turns)[:char_cap]
             ids = [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]][:max_len]
-        if len(ids) >= 3:
-            yield ids
+        if len(ids) < 3:
+            continue
+        if exclude is not None and exclude.first_hit(np.asarray(ids, dtype=np.int64)) is not None:
+            tally.held_out_overlap += 1
+            continue
+        given += 1
+        yield ids
+    if not given and tally.template_refused:
+        raise ValueError(
+            f"the tokenizer's chat template refused all {tally.template_refused} ShareGPT {split!r} "
+            f"conversation(s) given to it ({tally.template_refusal}): give workload.chat_template a template "
+            "for user/assistant turns, or train on plain text (proposer.data.chat=false)"
+        )
 
 
 def take_budget(documents: Iterable[list[int]], budget: int) -> list[list[int]]:
-    """Whole documents in order until ``budget`` tokens (the last one cut to fit)."""
+    """Whole documents in order until ``budget`` tokens (the last one cut to fit); no document is
+    read past the one that fills the budget."""
     out, total = [], 0
-    for doc in documents:
-        if total >= budget:
+    docs = iter(documents)
+    while total < budget:
+        doc = next(docs, None)
+        if doc is None:
             break
         doc = doc[: budget - total]
         if len(doc) >= 3:
@@ -177,17 +279,23 @@ def load_stream(path: Path) -> PackedStream:
 
 def streams_key(tokenizer, recipe: DataRecipe, *, target_hash: str, documents=None, layers: Sequence[int] = ()) -> str:
     """The cache key of the encoded streams: the target, the data recipe, the early-exit boundaries,
-    inline documents, and the chat template ``workload.chat_template`` gave the tokenizer (the format
-    its chats were put in)."""
+    and inline documents, or else what the documents are made from (:func:`documents_key`)."""
     return short_hash(
         {
             "target": target_hash,
             "recipe": recipe.to_dict(),
             "layers": sorted(int(l) for l in layers),
             "inline": None if documents is None else short_hash([list(map(list, d)) for d in documents]),
-            **chat_template_key(tokenizer),
+            **(documents_key(tokenizer, recipe) if documents is None else {}),
         }
     )
+
+
+def documents_key(tokenizer, recipe: DataRecipe) -> dict:
+    """What the recipe's documents are made from: :data:`DOCUMENT_RULE`, the ShareGPT file's SHA-256 and
+    the chat template the tokenizer applies (:func:`~harness.heads.recipes.data_sources_key`; the
+    target's fingerprint leaves the template out)."""
+    return {"document_rule": DOCUMENT_RULE, **data_sources_key(recipe, tokenizer)}
 
 
 def training_streams(
@@ -238,30 +346,33 @@ def _encode_streams(
     layers: Sequence[int],
 ) -> tuple[PackedStream, PackedStream]:
     vocab = int(model.config.vocab_size)
+    made: dict = {}  # what the ShareGPT documents were made from
+    tallies = (DocumentTally(), DocumentTally())  # (train, held-out)
     if documents is None:
         if recipe.source != "sharegpt":
             raise ValueError(f"data.source must be 'sharegpt' unless documents are given; got {recipe.source!r}")
+        options = dict(tokenizer=tokenizer, vocab_size=vocab, max_len=recipe.max_len, chat=recipe.chat)
+        exclude = held_out_index(recipe.split, tokenizer=tokenizer, vocab_size=vocab)
         train_docs = take_budget(
-            sharegpt_documents(
-                recipe.split, tokenizer=tokenizer, vocab_size=vocab, max_len=recipe.max_len, chat=recipe.chat
-            ),
+            sharegpt_documents(recipe.split, **options, exclude=exclude, tally=tallies[0]),
             recipe.token_budget,
         )
         held_docs = take_budget(
-            sharegpt_documents(
-                recipe.held_out_split, tokenizer=tokenizer, vocab_size=vocab, max_len=recipe.max_len, chat=recipe.chat
-            ),
+            sharegpt_documents(recipe.held_out_split, **options, tally=tallies[1]),
             recipe.held_out_tokens,
         )
+        made = documents_key(tokenizer, recipe)
     else:
         train_docs = take_budget(documents[0], recipe.token_budget)
         held_docs = take_budget(documents[1], recipe.held_out_tokens)
     train = encode_stream(model, train_docs, desc="target hidden states (train)", progress=progress, layers=layers)
     held = encode_stream(model, held_docs, desc="target hidden states (held-out)", progress=progress, layers=layers)
-    for s, split in ((train, recipe.split), (held, recipe.held_out_split)):
+    for s, split, tally in ((train, recipe.split, tallies[0]), (held, recipe.held_out_split, tallies[1])):
         s.meta.update(
             {"split": split, "source": recipe.source if documents is None else "inline", "target_hash": target_hash}
         )
+        if documents is None:
+            s.meta.update({**made, **tally.to_meta()})
     return train, held
 
 
@@ -298,6 +409,18 @@ def training_data(
     return TrainingData(target_hash, target.source, data, train, held, started, time.perf_counter() - started)
 
 
+def streams_record(streams: TrainingData) -> dict:
+    """What an artifact's manifest keeps of how its streams were made: each stream's meta (split,
+    source, the ShareGPT file's and the chat template's hashes, :data:`DOCUMENT_RULE`, and the
+    conversations refused by the template or dropped for held-out text), less what the manifest
+    holds elsewhere."""
+    elsewhere = ("target_hash", "tokens", "documents")
+    return {
+        name: {k: v for k, v in s.meta.items() if k not in elsewhere}
+        for name, s in (("train", streams.train), ("held_out", streams.held))
+    }
+
+
 def trained_artifact_manifest(
     kind: str,
     streams: TrainingData,
@@ -311,8 +434,8 @@ def trained_artifact_manifest(
     **extra,
 ) -> dict:
     """The manifest of an artifact trained on the cached target streams (heads, EAGLE drafts):
-    what it was trained for and on, held-out agreement before and after, the training log, and
-    ``cpu_budget_artifact`` from the tokens it saw (not from the device it ran on)."""
+    what it was trained for and on (:func:`streams_record`), held-out agreement before and after, the
+    training log, and ``cpu_budget_artifact`` from the tokens it saw (not from the device it ran on)."""
     data, train_stream = streams.data, streams.train
     manifest = {
         "kind": kind,
@@ -323,6 +446,7 @@ def trained_artifact_manifest(
         "token_budget": int(data.token_budget),
         "tokens_seen": int(len(train_stream)),
         "documents": int(train_stream.num_documents),
+        "streams": streams_record(streams),
         "held_out": {
             "split": data.held_out_split,
             "tokens": len(streams.held),

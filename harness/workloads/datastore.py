@@ -306,7 +306,7 @@ def _window_hashes(ids: np.ndarray, window: int) -> np.ndarray:
     return h
 
 
-class _ExclusionIndex:
+class ExclusionIndex:
     """Sorted window hashes of the excluded texts; hits are confirmed token by token."""
 
     def __init__(self, items: list[np.ndarray], window: int) -> None:
@@ -390,7 +390,7 @@ def build_datastore(
     t0 = time.perf_counter()
     snapshot = corpus.snapshot()
     excluded_ids = [np.asarray(ids, dtype=np.int64) for ids in _tokenize(tokenizer, [item.text for item in exclude])]
-    index = _ExclusionIndex(excluded_ids, exclusion_window)
+    index = ExclusionIndex(excluded_ids, exclusion_window)
 
     chunks: list[np.ndarray] = []
     total = 0
