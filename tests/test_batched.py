@@ -160,6 +160,13 @@ def test_one_request_finishes_early_one_long(models):
     assert all(lv == [0, 1] for lv in lives[: cut + 1]) and all(lv == [1] for lv in lives[cut + 1 :])
     assert len(lives) > cut + 1  # the long request kept decoding alone
     assert short.decode_ms < long.decode_ms
+    # each request's inter-token latencies add up to its decode time: its last round ends where it left the
+    # batch (its proposer's finish and the cache's compaction counted), as its decode time does
+    from harness.engine.arms import itl_samples
+
+    for req in (short, long):
+        assert req.round_end_ms[-1] == req.decode_ms
+        assert sum(itl_samples(req)) == pytest.approx(req.decode_ms)
 
 
 def test_commit_keeps_each_requests_path_in_its_own_slots(models):

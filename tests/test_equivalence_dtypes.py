@@ -107,3 +107,29 @@ def test_the_gate_stays_inside_the_runs_context_limit():
     assert batched["status"] == "passed" and batched["last_position"] <= 39
     small = CausalLMBackend(build_tiny_model(seed=0, vocab_size=4))
     assert equivalence_gate(small, [1, 2, 3, 1, 2])["status"] == "passed"
+
+
+def test_the_batched_gate_drops_a_request_as_a_run_does_and_a_broken_drop_fails_it(monkeypatch):
+    """Every batched run compacts the cache when a request finishes; the gate never dropped one, so a
+    backend whose compaction kept the wrong rows passed it. It drops the first request after round 1
+    now, and keeps checking the others against their sequences decoded alone."""
+    from harness.gates.equivalence import batched_equivalence_gate
+    from harness.target.backend import cache_layers
+
+    backend = CausalLMBackend(build_tiny_model(seed=0))
+    prompts = [list(range(3, 40)), list(range(5, 30)), list(range(7, 50))]
+    ev = batched_equivalence_gate(backend, prompts)
+    assert ev["status"] == "passed" and ev["dropped_after_round_1"] == 1 and ev["batch_size"] == 3
+    # a batch of more requests than the prompt cut was made for: every prompt kept (one emptied raised)
+    many = batched_equivalence_gate(backend, [list(range(3, 60))] * 10 + [[5, 6]])
+    assert many["status"] == "passed" and min(many["prompt_tokens"]) == 2
+    real = CausalLMBackend.drop
+
+    def stale_values(self, state, batch_rows):  # WRONG: the requests left keep the batch's first values
+        before = [layer.values.clone() for layer in cache_layers(state.cache)]
+        real(self, state, batch_rows)
+        for layer, old in zip(cache_layers(state.cache), before):
+            layer.values = old[: layer.values.shape[0], :, : layer.values.shape[2]].contiguous()
+
+    monkeypatch.setattr(CausalLMBackend, "drop", stale_values)
+    assert batched_equivalence_gate(backend, prompts)["status"] == "failed"

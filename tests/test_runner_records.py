@@ -769,3 +769,23 @@ def test_an_adaptive_budget_is_timed_over_the_first_prompt_with_a_prefix(tmp_pat
     record = run_job(compose(overrides), run_dir=run_dir)
     assert record["metrics"]["greedy_identical"] is True
     assert record["t_profile"]["prefix_len"] == 8  # the second prompt's tokens
+
+
+def test_prompt_lookup_history_at_a_batch_above_one_is_noted():
+    """At batch B a request searches only the outputs finished before it started: the requests of its batch
+    start together and never read each other, so a batch-size sweep with history measured lost history
+    beside batching's cost, and nothing said so."""
+    from harness.runner import run_notes
+
+    def record(proposer, batch):
+        config = {"proposer": proposer, "generation": {"batch_size": batch}}
+        return {"metrics": {}, "per_prompt": [{}], "config": config}
+
+    lookup = {"name": "prompt_lookup", "history_tokens": 65536}
+    (note,) = run_notes(record(lookup, 4))
+    assert note.startswith("at generation.batch_size=4 prompt lookup's history (proposer.history_tokens) serves")
+    assert run_notes(record(lookup, 1)) == []
+    assert run_notes(record({**lookup, "history_tokens": 0}, 4)) == []
+    merged = {"name": "merged", "sources": ["prompt_lookup", "rest"], "prompt_lookup": lookup}
+    assert len(run_notes(record(merged, 2))) == 1
+    assert run_notes(record({"name": "rest"}, 4)) == []

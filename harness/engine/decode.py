@@ -414,6 +414,7 @@ def decode_batch(
         if finished_rows:  # a request's time includes its proposer's finish and its drop
             for k in finished_rows:
                 live[k].done_ms = (t_round_end - t_decode) * 1e3
+                live[k].round_end_ms[-1] = live[k].done_ms  # its last round ends there too: the ITLs sum to it
                 done.append(live[k])
         gone = set(finished_rows)
         live = [req for k, req in enumerate(live) if k not in gone]

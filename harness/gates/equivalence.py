@@ -150,11 +150,13 @@ def batched_equivalence_gate(
     padded to the widest), different path lengths committed (the empty path too: ragged holes).
     Every request's rows must equal its root-to-node paths decoded alone, and after the last commit
     each request's next row must equal its committed sequence decoded alone (what its cache holds).
+    After the first round the batch's first request leaves it (:meth:`~CausalLMBackend.drop`, as a
+    finished request leaves a run's batch: the cache compacts) and the others go on.
     Returns the evidence (``status`` ``passed`` or ``failed``)."""
     b = len(prompts)
-    committed = []
+    committed, dropped = [], False
     for k, p in enumerate(prompts):
-        keep, rounds = fit_to_positions(positions, GATE_PROMPT_TOKENS - 5 * k, rounds)
+        keep, rounds = fit_to_positions(positions, max(2, GATE_PROMPT_TOKENS - 5 * k), rounds)
         ids = list(p[-keep:]) if len(p) > keep else list(p)
         committed.append(ids if len(ids) >= 2 else ids + ids)
     state = backend.prefill(committed, reserve=rounds * 4 + 2)
@@ -198,6 +200,9 @@ def batched_equivalence_gate(
         for k, rows in enumerate(accepted):
             bonus = int(out.logits[k][1 + rows[-1] if rows else 0].argmax())
             committed[k] += [int(trees[k].token_ids[x]) for x in rows] + [bonus]
+        if r == 0 and b > 1:  # a request finishes: it leaves the batch, the cache compacts around the others
+            backend.drop(state, [0])
+            committed, b, dropped = committed[1:], b - 1, True
     out = backend.verify(state, [c[-1] for c in committed], [None] * b)
     for k in range(b):
         compare(out.logits[k][0], alone(committed[k]))
@@ -206,7 +211,8 @@ def batched_equivalence_gate(
     atol = tolerance(backend.dtype, scale if finite else 0.0)
     return {
         "status": "passed" if finite and worst <= atol else "failed",
-        "batch_size": b,
+        "batch_size": len(prompts),
+        "dropped_after_round_1": 1 if dropped else 0,
         "max_abs_logit_diff": worst,
         "tolerance": atol,
         "max_abs_logit": scale,
