@@ -75,3 +75,22 @@ def past_rounds_end_to_end_note(metrics: dict) -> str | None:
         f"gives{prefills}; the prefills' timing (a first forward's one-time costs, the machine's load), not "
         "speculation (metrics.speedup)"
     )
+
+
+def batched_history_note(config: dict) -> str | None:
+    """One line where prompt lookup's history (``proposer.history_tokens``, itself or as a merged
+    source) runs at a batch size above one, or None: the requests of a batch start together, and a
+    request searches only the outputs finished before it started, so it never reads its batch's own;
+    its acceptance then falls with the batch size, apart from what batching costs."""
+    batch = int((config.get("generation") or {}).get("batch_size") or 1)
+    proposer = config.get("proposer") or {}
+    lookup = proposer if proposer.get("name") == "prompt_lookup" else None
+    if proposer.get("name") == "merged" and "prompt_lookup" in (proposer.get("sources") or []):
+        lookup = proposer.get("prompt_lookup") or {}
+    if batch <= 1 or not lookup or not int(lookup.get("history_tokens") or 0):
+        return None
+    return (
+        f"at generation.batch_size={batch} prompt lookup's history (proposer.history_tokens) serves a request the "
+        "outputs finished before it started: a batch's requests start together and never read each other, so its "
+        "acceptance is lower than at batch 1 for a reason besides batching's cost"
+    )
