@@ -1386,15 +1386,19 @@ def summarise(
     # the AR step's floor, measured in this process after the arms ran: streamed weight bytes / read
     # bandwidth (ar_step_vs_floor: how many floors one AR step takes; a step of a batch of B emits B
     # tokens, so the step is the decode time over the batch rounds, not over the tokens)
-    bandwidth = read_bandwidth_gbs(backend.device)
-    floor_ms = weight_stream_floor_ms(backend.model, bandwidth)
+    try:  # after the arms: a device without memory to spare leaves the floor out, never the record
+        bandwidth = read_bandwidth_gbs(backend.device)
+    except (RuntimeError, ValueError) as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
+        print(f"harness: note: the record has no weight-streaming floor: {str(exc).splitlines()[0]}", file=sys.stderr)
+        bandwidth = None
+    floor_ms = weight_stream_floor_ms(backend.model, bandwidth) if bandwidth else None
     ar_tpt, ar_tokens, ar_steps = (metrics.get(k) for k in ("ar_time_per_token_ms", "ar_tokens", "ar_batch_rounds"))
     ar_step_ms = ar_tpt * ar_tokens / ar_steps if ar_tpt and ar_tokens and ar_steps else None
     metrics.update(
         {
             "read_bandwidth_gbs": bandwidth,
             "weight_stream_floor_ms": floor_ms,
-            "ar_step_vs_floor": ar_step_ms / floor_ms if ar_step_ms else None,
+            "ar_step_vs_floor": ar_step_ms / floor_ms if ar_step_ms and floor_ms else None,
         }
     )
     metrics.update(
@@ -1497,7 +1501,7 @@ def summarise(
         record["tracking"] = tracking  # where the job's W&B run is and how to upload it
     t_profile = plan_.extras.get("t_profile")
     if t_profile:
-        record["t_profile"] = profile_with_floors(backend, t_profile, bandwidth)
+        record["t_profile"] = profile_with_floors(backend, t_profile, bandwidth) if bandwidth else t_profile
     if "sequoia_predicted_time_per_token_ms" in metrics:
         metrics["sequoia_cost_model_error"] = cost_model_error(record)
     return record

@@ -706,6 +706,28 @@ def test_a_device_without_room_for_the_peak_product_keeps_the_record_without_flo
     assert prof["t"] and "floor_ms" not in prof and "roofline" not in prof
     assert load_record(tmp_path / "run" / "record.json")["t_profile"] == prof
     assert "t(n) recorded without its roofline floors: CUDA out of memory" in capsys.readouterr().err
+    # the read-bandwidth probe beside it, out of memory too: the record was lost in the summary stage
+    monkeypatch.setattr(runner, "read_bandwidth_gbs", out_of_memory)
+    record = run_job(cfg, run_dir=tmp_path / "run2")
+    m = record["metrics"]
+    assert m["read_bandwidth_gbs"] is None and m["weight_stream_floor_ms"] is None and m["ar_step_vs_floor"] is None
+    assert record["t_profile"]["t"] and "floor_ms" not in record["t_profile"]
+    assert load_record(tmp_path / "run2" / "record.json")["metrics"]["read_bandwidth_gbs"] is None
+    assert "the record has no weight-streaming floor: CUDA out of memory" in capsys.readouterr().err
+
+
+def test_a_gpu_reads_its_bandwidth_from_a_buffer_its_free_memory_holds(monkeypatch):
+    import torch
+
+    from harness.target.timing import BANDWIDTH_BUFFER_BYTES, bandwidth_buffer_bytes
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 << 30, 80 << 30))
+    assert bandwidth_buffer_bytes("cuda") == BANDWIDTH_BUFFER_BYTES
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (400 << 20, 80 << 30))
+    assert bandwidth_buffer_bytes("cuda:1") == 100 << 20  # a quarter of what is free
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 << 20, 80 << 30))
+    with pytest.raises(ValueError, match="40 MiB free: too little for a read-bandwidth buffer"):
+        bandwidth_buffer_bytes("cuda")
 
 
 def test_a_limit_above_the_workloads_prompts_is_said_at_plan(tmp_path, monkeypatch, capsys):
