@@ -1246,7 +1246,7 @@ def test_slurm_launcher_config_composes_gpu_jobs_in_one_array(hydra_conf):
     filled = with_resource_defaults(OmegaConf.to_container(launcher, resolve=True))
     assert (filled["cpus_per_task"], filled["mem_gb"]) == (8, 64)
     assert (launcher.timeout_min, launcher.array_parallelism, list(launcher.setup)) == (240, 3, [])
-    assert list(launcher.job_overrides) == ["model.device=cuda", "model.dtype=bfloat16"]
+    assert list(launcher.job_overrides) == ["model.device=cuda"]  # bfloat16 follows from the device
     assert cfg.hydra.sweeper.max_batch_size is None  # the whole sweep is one array...
     assert launcher_concurrency(cfg.hydra) == 3  # ...of which concurrent_jobs run at once
 

@@ -4,7 +4,7 @@ with two additions, for the harness's sweeps on a GPU cluster.
 * It refuses, before submitting anything, a configuration without a partition (the same check
   :class:`harness.sweep.SweepCallback` runs before Hydra builds any launcher, for submitit's own
   ``submitit_slurm`` too).
-* ``job_overrides`` (default ``model.device=cuda``, ``model.dtype=bfloat16``) are added to every
+* ``job_overrides`` (default ``model.device=cuda``: its default dtype is bfloat16) are added to every
   job that does not set those keys itself, so the jobs run on the GPU Slurm gives them.
 
 * Ctrl-C while the sweep waits on its array cancels the array (``scancel``), so no task goes on
