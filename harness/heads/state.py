@@ -22,6 +22,7 @@ decoder layers (:meth:`HiddenTap.capture_layers`, EAGLE-3's fused features), kep
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -90,13 +91,27 @@ class PrefixHashes:
 
 @dataclass(frozen=True)
 class CapturedForward:
+    """One target forward as the tap saw it. Its ids and positions stay tensors on the model's
+    device until read (:attr:`input_ids`, :attr:`positions`): reading a GPU tensor waits for the
+    device, which inside the hook would stall the timed verify forward before its LM head."""
+
     serial: int
-    input_ids: tuple[int, ...]  # [R]
-    positions: tuple[int, ...]  # [R]
+    ids: torch.Tensor  # [R] input ids, on the model's device
+    pos: torch.Tensor | None  # [R] position ids (None: cache_len .. cache_len + R - 1)
     custom_mask: bool  # a 4D mask was passed (tree verify); False = plain causal
     cache_len: int  # rows in the cache before this forward
     hidden: torch.Tensor  # [R, d] final-norm hidden states
     aux: dict[int, torch.Tensor] | None = None  # layer l -> [R, d] residual stream entering layer l
+
+    @functools.cached_property
+    def input_ids(self) -> tuple[int, ...]:
+        return tuple(int(t) for t in self.ids.tolist())
+
+    @functools.cached_property
+    def positions(self) -> tuple[int, ...]:
+        if self.pos is None:
+            return tuple(range(self.cache_len, self.cache_len + int(self.ids.shape[0])))
+        return tuple(int(p) for p in self.pos.tolist())
 
 
 class HiddenTap:
@@ -184,14 +199,10 @@ class HiddenTap:
         if cache is not None:
             # the hook runs after the forward appended R rows
             cache_len = int(cache.get_seq_length()) - ids.shape[1]
-        r = ids.shape[1]
-        positions = (
-            tuple(int(p) for p in pos[0].tolist()) if pos is not None else tuple(range(cache_len, cache_len + r))
-        )
         self.last = CapturedForward(
             serial=self.serial,
-            input_ids=tuple(int(t) for t in ids[0].tolist()),
-            positions=positions,
+            ids=ids[0],
+            pos=pos[0] if pos is not None else None,
             custom_mask=kwargs.get("attention_mask") is not None,
             cache_len=cache_len,
             hidden=hidden[0].detach(),
