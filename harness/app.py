@@ -162,10 +162,19 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
             )
         seen[tuple(job)] = i
     holes: list[tuple[str, str]] = []  # (job, why it will be refused)
+    folders: dict[str, int] = {}
     for i, job in enumerate(jobs):
         told = ",".join(o for o in job if override_key(o) in swept)
         name = f"job {i + 1} of {len(jobs)}" + (f" ({told})" if told else "")
         folder = job_folder_name(job, unnamed) if by_overrides else ""
+        if by_overrides and folder in folders:  # the second would skip as the first's, or find it busy
+            only = sorted({override_key(o) for o in job if override_key(o) in swept and override_key(o) in unnamed})
+            raise ConfigError(
+                f"jobs {folders[folder] + 1} and {i + 1} of {len(jobs)} would share one folder ({folder or 'the sweep'}"
+                f"'s): {', '.join(only) or 'what tells them apart'} is left out of job folder names (it changes how a "
+                "job is launched or logged, not what it measures); sweep it in separate launches"
+            )
+        folders[folder] = i
         long = [part for part in folder.split("/") if len(part.encode()) > NAME_MAX]
         if long:  # the file system refuses the folder once the launch has written its own files
             raise ConfigError(

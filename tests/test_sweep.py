@@ -334,6 +334,12 @@ def test_slurm_refusals_name_what_to_set():
         assert slurm_refusal({"partition": "gpu", "timeout_min": bad}).startswith("hydra.launcher.timeout_min=")
         assert slurm_refusal({"partition": "gpu", "mem_gb": bad}).startswith("hydra.launcher.mem_gb=")
     assert slurm_refusal({"partition": "gpu", "mem_gb": 7.5, "timeout_min": 240, "gpus_per_task": 0}) is None
+    # no GPU per task while the jobs are sent to cuda: each task would fail on its node after queueing
+    assert slurm_refusal({"partition": "cpu", "gpus_per_task": 0, "job_overrides": ["model.device=cuda"]}) == (
+        "hydra.launcher.gpus_per_task=0 gives the jobs no GPU, but hydra.launcher.job_overrides adds "
+        "model.device=cuda: for a CPU partition set hydra.launcher.job_overrides=[] too"
+    )
+    assert slurm_refusal({"partition": "cpu", "gpus_per_task": 0, "job_overrides": []}) is None
 
     assert slurm_refusal({"partition": "gpu", "job_overrides": ["model.device=cuda"]}) is None
     assert slurm_refusal(OmegaConf.create({"partition": "???"})).startswith("hydra.launcher.partition is not set")
@@ -439,6 +445,21 @@ def test_a_sweep_into_a_folder_of_records_or_a_report_it_did_not_write_is_refuse
     assert rc == 2 and "holds a report/ folder no sweep wrote there" in capsys.readouterr().err
     assert sorted(str(p.relative_to(demo)) for p in demo.rglob("*")) == ["default", "default/record.json", "report"]
     assert notes.read_text() == "mine"
+
+
+def test_jobs_told_apart_only_by_a_launch_only_key_are_refused_before_anything_is_written(env, capsys):
+    """Sweeping a key job folder names leave out (tracking) gave both jobs one folder: the second was
+    skipped as the first's, or found it busy."""
+    sweep_dir = env / "multirun" / "smoke"
+    rc, summary = launch(
+        sweep_dir, "launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "tracking=none,wandb"
+    )
+    assert rc == 2 and not summary and not sweep_dir.exists()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "harness sweep: refused: jobs 1 and 2 of 2 would share one folder "
+        "(proposer=prompt_lookup,topology=sequence,verifier=greedy's): tracking is left out of job folder names (it "
+        "changes how a job is launched or logged, not what it measures); sweep it in separate launches"
+    )
 
 
 def test_a_job_folder_name_too_long_for_the_file_system_is_refused_before_anything_is_written(env, capsys):

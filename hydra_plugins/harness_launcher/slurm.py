@@ -63,6 +63,12 @@ def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
     bad = [str(o) for o in overrides if "=" not in str(o) or str(o).startswith("=")]
     if bad:
         return f"hydra.launcher.job_overrides must be key=value overrides; got {bad}"
+    cuda = [str(o) for o in overrides if str(o).lstrip("+~").startswith("model.device=cuda")]
+    if launcher.get("gpus_per_task") == 0 and cuda:  # every task would fail on its node after queueing
+        return (
+            f"hydra.launcher.gpus_per_task=0 gives the jobs no GPU, but hydra.launcher.job_overrides adds {cuda[0]}: "
+            "for a CPU partition set hydra.launcher.job_overrides=[] too"
+        )
     for kind in _ONE_OF:
         given = [k for k in kind if launcher.get(k) is not None]
         if len(given) > 1:
