@@ -385,10 +385,11 @@ def test_a_trees_draft_time_follows_its_shape_and_its_acceptance():
     nodes with children: unmasked while the tree is a chain down to it, else a masked step of r rows."""
     feed, level = [1.0, 2.0, 3.0], [10.0, 20.0]
     c = 0.5
-    # a chain of depth 2 at p = [0.5]: P(a = 0, 1, 2) = 0.5, 0.25, 0.25; one chain step
+    # a chain of depth 2 at p = [0.5]: the draft keeps its drafted rows, so the next pass feeds the bonus
+    # token alone, or two tokens where the whole chain was accepted (P = 0.25); one chain step
     assert level_internal_nodes([-1, 0, 1]) == [1]
     t = tree_draft_time([-1, 0, 1], None, [0.5], draft_cost=c, draft_base_cost=9.0, feed_cost=feed, level_cost=level)
-    assert t == pytest.approx(0.5 * 1 + 0.25 * 2 + 0.25 * 3 + c)
+    assert t == pytest.approx(0.75 * 1 + 0.25 * 2 + c)
     # two root children, the first with a child: P(a = 0, 1, 2) = 0.2, 0.55, 0.25; the level-2 forward
     # is one row whose ancestors are the committed prefix: a chain step, as the draft runs it
     t = tree_draft_time(

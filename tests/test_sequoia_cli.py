@@ -110,6 +110,40 @@ def test_stored_profile_is_not_synthetic(tmp_path, capsys):
     assert rc == 0 and out["synthetic"] is True and out["cost_source"] == str(hand)
 
 
+def test_a_profiles_draft_forwards_by_size_price_the_tree_and_short_ones_fall_back(tmp_path, capsys):
+    """A measured profile's draft passes (over k committed tokens) and masked levels price each tree by its
+    shape; one measured for a shallower search than asked was refused (the vector too short): its draft is
+    priced by the one-row forwards then, and the output says so."""
+    base = {"verify_cost": [1.0, 1.0, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62], "draft_cost": 0.09, "synthetic": False}
+    path = tmp_path / "profile.json"
+    path.write_text(
+        json.dumps(
+            {
+                **base,
+                "draft_base_cost": 0.09,
+                "draft_feed_cost": [0.09, 0.2, 0.3, 0.4, 0.5],
+                "draft_level_cost": [0.3, 0.3, 0.3],
+            }
+        )
+    )
+    rc, out, _ = _run(capsys, [*TOY_ARGS[:3], f"profile={path}"])  # max_depth=4: feeds 1..5 measured
+    assert rc == 0 and out["draft_feed_cost"] == [0.09, 0.2, 0.3, 0.4, 0.5] and "notes" not in out
+    scalar = out["chosen"]["draft_time"]
+    short = tmp_path / "short.json"
+    short.write_text(
+        json.dumps(
+            {**base, "draft_base_cost": 0.09, "draft_feed_cost": [0.09, 0.2], "draft_level_cost": [0.3, 0.3, 0.3]}
+        )
+    )
+    rc, out, _ = _run(capsys, [*TOY_ARGS[:3], f"profile={short}"])
+    assert rc == 0 and "draft_feed_cost" not in out
+    assert out["notes"] == [
+        "the profile's draft_feed_cost gives 2 entries, 5 needed (measured for max_depth <= 1): the draft is priced "
+        "by its one-row forwards (c0, c)"
+    ]
+    assert scalar != out["chosen"]["draft_time"]
+
+
 def test_profile_marked_synthetic_stays_synthetic(tmp_path, capsys):
     path = tmp_path / "profile.json"
     path.write_text(

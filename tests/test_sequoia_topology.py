@@ -154,6 +154,72 @@ def test_draft_model_samples_an_explicit_tree_and_stays_greedy_exact():
         )
 
 
+@pytest.mark.parametrize(
+    "shape", [(-1, 0, 1), (-1, 0, 1, 0, -1), (-1, -1, 0, 1, 2)], ids=["chain", "branching", "wide-levels"]
+)
+def test_the_draft_time_model_feeds_what_the_draft_model_feeds(shape):
+    """The Sequoia search prices a round's first draft pass by the tokens the draft has not seen
+    (harness.topology.sequoia.tree_draft_time): after a branching tree every token the last round
+    committed, after a chain the bonus token alone (two where the whole chain was accepted), the
+    chain's drafted rows kept. Each deeper level forwards that level's nodes with children, masked
+    once the tree branches. Checked against the draft model's own forwards over a greedy run."""
+    from harness.engine.decode import RoundConfig, decode
+    from harness.proposers.draft_model import DraftModelProposer
+    from harness.target.backend import CausalLMBackend
+    from harness.target.loading import build_tiny_model
+    from harness.topology.sequoia import level_internal_nodes
+    from harness.verifiers.sampling import SamplingPolicy
+
+    target = CausalLMBackend(build_tiny_model(seed=1))
+    draft_model = build_tiny_model(seed=1)
+    draft_model.model.layers = draft_model.model.layers[:1]  # the target's first layer: some paths accepted whole
+    draft_model.config.num_hidden_layers = 1
+    draft = CausalLMBackend(draft_model)
+    forwards = []
+    real = draft.forward_rows
+
+    def counting(seq, ids, positions, mask):
+        forwards.append((len(list(ids)), mask is not None))
+        return real(seq, ids, positions, mask)
+
+    draft.forward_rows = counting
+    budget = Budget(shape="tree", max_nodes=len(shape), max_depth=3, parents=shape)
+    prop = DraftModelProposer(budget=budget, manifest_hash="h", policy=SamplingPolicy(), backend=draft, sampling="beam")
+    rounds = []  # (accepted, the draft's forwards of the round's proposal)
+    seen = [0]
+
+    def on_round(**kw):
+        rounds.append((len(kw["selections"][0].accepted_rows), forwards[seen[0] :]))
+        seen[0] = len(forwards)
+
+    decode(
+        target=target,
+        proposer=prop,
+        verifier=get_verifier("greedy"),
+        policy=SamplingPolicy(),
+        prompt_ids=[5, 17, 33, 8, 5, 17],
+        max_new_tokens=60,
+        eos_token_ids=frozenset(),
+        rng=TorchRandomSource(0),
+        round_cfg=RoundConfig(max_nodes=len(shape), max_depth=3),
+        on_round=on_round,
+    )
+    root_parents = [-1, *[u + 1 for u in shape]]  # root-inclusive, as the search's trees
+    levels = level_internal_nodes(root_parents)
+    chain = len(set(root_parents[1:])) == len(root_parents) - 1
+    depth = 1 + len(levels)
+    checked = set()
+    for (accepted, _), (_, passes) in zip(rounds, rounds[1:]):
+        if len(passes) != 1 + len(levels):  # a round whose depth the tokens left capped
+            continue
+        (fed, masked), *steps = passes
+        assert (fed, masked) == ((2 if accepted == depth else 1) if chain else accepted + 1, False), accepted
+        # a level is masked once some level at or above it forwards more than one row
+        assert steps == [(r, any(x > 1 for x in levels[: i + 1])) for i, r in enumerate(levels)]
+        checked.add(accepted == depth)
+    assert checked == {True, False}  # whole paths accepted, and cut short
+
+
 # ---------------------------------------------------------------- the tree artifact
 
 

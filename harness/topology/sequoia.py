@@ -421,10 +421,13 @@ def tree_draft_time(
 ) -> float:
     """Expected drafting time of a round over this tree, as a draft model drafts it.
 
-    The first level's law comes from the draft's pass over what it has not seen: the tokens the
-    last round committed (``k`` = accepted + 1). ``feed_cost[k - 1]`` is that pass over ``k`` tokens,
-    averaged over the tree's own acceptance law (``P(accepted >= j)`` is the summed reach probability
-    of the depth-``j`` nodes). Each deeper level is one forward of that level's nodes with children:
+    The first level's law comes from the draft's pass over what it has not seen. After a branching
+    tree the draft's cache is cut back to the committed prefix, so that is every token the last round
+    committed (``k`` = accepted + 1); after a chain the draft keeps the rows it drafted, so it is the
+    bonus token alone, or the chain's last drafted token and the bonus where the whole chain was
+    accepted (``k`` = 2). ``feed_cost[k - 1]`` is that pass over ``k`` tokens, averaged over the
+    tree's own acceptance law (``P(accepted >= j)`` is the summed reach probability of the depth-``j``
+    nodes). Each deeper level is one forward of that level's nodes with children:
     one unmasked row while the tree is a chain down to it (``draft_cost`` c), else ``level_cost[r - 1]``
     for ``r`` rows under an ancestor mask. Without the vectors it is Sequoia's scalar model,
     :func:`draft_time` (``c0 + (d - 1) c``)."""
@@ -447,9 +450,14 @@ def tree_draft_time(
     if feed_cost is None:
         feed = float(draft_base_cost)
     else:
-        if len(feed_cost) < depth + 1:
-            raise ValueError(f"feed_cost must give the pass over 1..{depth + 1} tokens; got {len(feed_cost)} entries")
-        feed = math.fsum((at_least[j] - at_least[j + 1]) * float(feed_cost[j]) for j in range(depth + 1))
+        chain_tree = len(set(par[1:])) == len(par) - 1  # every node has one child at most: the draft keeps its rows
+        longest = 2 if chain_tree else depth + 1
+        if len(feed_cost) < longest:
+            raise ValueError(f"feed_cost must give the pass over 1..{longest} tokens; got {len(feed_cost)} entries")
+        if chain_tree:
+            feed = (1.0 - at_least[depth]) * float(feed_cost[0]) + at_least[depth] * float(feed_cost[1])
+        else:
+            feed = math.fsum((at_least[j] - at_least[j + 1]) * float(feed_cost[j]) for j in range(depth + 1))
     total, chain = feed, True
     for r in level_internal_nodes(par):
         chain = chain and r == 1

@@ -221,6 +221,13 @@ def run_tree(args: dict) -> dict:
         out["objective"] = "max_expected_tokens"
         out.update(_tree_fields(tree))
     else:
+        shaped = []  # a profile measured for smaller bounds prices the draft by its one-row forwards
+        for key, need, bound in (
+            ("draft_feed_cost", table.max_depth + 1, f"max_depth <= {len(costs.get('draft_feed_cost') or []) - 1}"),
+            ("draft_level_cost", max(1, (max_nodes - 1) // 2), "fewer nodes"),
+        ):
+            if key in costs and len(costs[key]) < need:
+                shaped.append(f"{key} gives {len(costs.pop(key))} entries, {need} needed (measured for {bound})")
         choice = select_hardware_aware(
             table,
             verify_cost=costs["verify_cost"],
@@ -247,6 +254,7 @@ def run_tree(args: dict) -> dict:
         out["synthetic"] = costs["synthetic"]
         out["cost_source"] = source
         notes = cost_notes(costs["verify_cost"], max_nodes=max_nodes)
+        notes += [f"the profile's {why}: the draft is priced by its one-row forwards (c0, c)" for why in shaped]
         if notes:
             out["notes"] = notes
         out.update({k: costs[k] for k in (*PROFILE_KEYS, "draft_feed_cost", "draft_level_cost") if k in costs})
