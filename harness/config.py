@@ -359,7 +359,7 @@ class SequoiaCalibrationConfig:
 
 @dataclass
 class HardwareProfileConfig:
-    prefix_len: int = ranged(256, ge=2)  # cached prefix the timed forwards attend to (two ids: c0's, then c's)
+    prefix_len: int = ranged(256, ge=2)  # cached prefix the timed forwards attend to (>= max_depth + 2 for Sequoia)
     warmup: int = ranged(2, ge=0)  # untimed forwards per size
     repeats: int = ranged(7, **POSITIVE_INT)  # timed forwards per size (median and IQR recorded)
 

@@ -121,6 +121,8 @@ def test_draft_forwards_are_timed_as_a_tree_round_runs_them(measured):
     assert sorted(map(str, counting.calls)) == sorted(map(str, expected * 3 * 2))
     assert sorted(out["feed"]) == [1, 2, 3, 4] and sorted(out["level"]) == [1, 2, 3]
     assert all(len(v) == 2 for v in (*out["feed"].values(), *out["level"].values(), out["chain"]))
+    with pytest.raises(ValueError, match="the draft's pass over 4 tokens needs a cached prefix of more"):
+        draft_times(draft, prefix[:4], feeds=4, level_rows=1, batch_size=1, warmup=0, repeats=1, progress=False)
 
 
 def test_profile_records_the_draft_forwards_by_size(measured):
@@ -326,3 +328,16 @@ def test_synthetic_or_short_profiles_are_refused():
 def test_plot_writes_a_png(measured, tmp_path):
     path = plot_profile(measured[0], tmp_path / "p.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_profile_named_by_path_measured_by_other_code_is_used_and_said(capsys):
+    """The cache keys profiles by the timed code's source, so another build measures again; a profile a
+    run names by path (topology.profile_artifact) is the user's choice: used, with a note, not refused."""
+    exp = _expected()
+    profile = {"verify_cost": [1.0] * 5, "provenance": {**exp, "code": "0" * 16}}
+    check_profile(profile, exp, path="p.json", max_nodes=5)
+    assert "hardware profile 'p.json' was measured by other harness code (code '0000000000000000'" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(StaleArtifactError, match="threads differs"):
+        check_profile({**profile, "provenance": {**profile["provenance"], "threads": 64}}, exp, path="p", max_nodes=5)

@@ -180,12 +180,9 @@ def data_hash(items: list) -> str:
     return h.hexdigest()[:16]
 
 
-#: the code a calibration's acceptance depends on: the round (proposal, verify forward, verifier) and
-#: this module's counting
-CALIBRATION_CODE = (
-    ("harness.engine.decode", "harness.engine.build", "harness.proposers.registry", "harness.verifiers"),
-    ("harness.prepare.calibrate",),
-)
+#: the code a calibration's acceptance depends on: the round (the verify forward, the verifier), this
+#: module's counting, and the configured proposer's module (added by :func:`calibration_provenance`)
+CALIBRATION_CODE = (("harness.engine.decode", "harness.verifiers"), ("harness.prepare.calibrate",))
 
 #: the provenance fields the config alone decides (checked before any model work)
 CONFIG_MATCH_FIELDS = ("target", "proposer", "sampling_policy", "verifier", "settings")
@@ -227,7 +224,7 @@ def calibration_provenance(cfg, *, tokenizer, items: list) -> dict:
         "target": known["target"],
         "proposer": known["proposer"],
         "checkpoints": checkpoints(c["model"], draft),
-        "code": code_hash(entries, own=own)[:16],
+        "code": code_hash([*entries, proposer_class(c["proposer"]["name"]).__module__], own=own)[:16],
         "tokenizer": tok,
         "sampling_policy": known["sampling_policy"],
         "verifier": known["verifier"],
