@@ -721,13 +721,22 @@ def test_a_gpu_reads_its_bandwidth_from_a_buffer_its_free_memory_holds(monkeypat
 
     from harness.target.timing import BANDWIDTH_BUFFER_BYTES, bandwidth_buffer_bytes
 
+    class Properties:
+        L2_cache_size = 50 << 20  # an H100's
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Properties())
+    pool = {"reserved": 0, "allocated": 0}
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: pool["reserved"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: pool["allocated"])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 << 30, 80 << 30))
     assert bandwidth_buffer_bytes("cuda") == BANDWIDTH_BUFFER_BYTES
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (900 << 20, 80 << 30))
+    assert bandwidth_buffer_bytes("cuda:1") == 225 << 20  # a quarter of what is free
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (400 << 20, 80 << 30))
-    assert bandwidth_buffer_bytes("cuda:1") == 100 << 20  # a quarter of what is free
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 << 20, 80 << 30))
-    with pytest.raises(ValueError, match="40 MiB free: too little for a read-bandwidth buffer"):
-        bandwidth_buffer_bytes("cuda")
+    with pytest.raises(ValueError, match="400 MiB free: too little for a read-bandwidth buffer of 200 MiB"):
+        bandwidth_buffer_bytes("cuda")  # 100 MiB would be read partly from the 50 MB L2
+    pool.update(reserved=3 << 30, allocated=2 << 30)  # the allocator's unused gigabyte serves it
+    assert bandwidth_buffer_bytes("cuda") == BANDWIDTH_BUFFER_BYTES
 
 
 def test_a_limit_above_the_workloads_prompts_is_said_at_plan(tmp_path, monkeypatch, capsys):

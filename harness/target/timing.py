@@ -225,24 +225,34 @@ def verify_cost_curve(
 BANDWIDTH_BUFFER_BYTES = 256 * 2**20
 
 
-#: the smallest buffer a GPU's bandwidth is read with (a quarter of its free memory at most)
+#: the smallest buffer a GPU's bandwidth is read with (and four times its L2 cache; a quarter of its free
+#: memory at most)
 MIN_BANDWIDTH_BUFFER_BYTES = 16 << 20
 
 
 def bandwidth_buffer_bytes(device: str | torch.device = "cpu") -> int:
     """The buffer :func:`read_bandwidth_gbs` reads by default: :data:`BANDWIDTH_BUFFER_BYTES` (on a GPU
-    no more than a quarter of its free memory; refused, ``ValueError``, where that is under
-    :data:`MIN_BANDWIDTH_BUFFER_BYTES`), or on a CPU twice its last-level caches together where that
-    is more (every L3 slice of a multi-chiplet part, every socket's: the threads of a sum each read
-    their own part, which their own slice can hold). A buffer the cache holds in part is read partly
-    from the cache: on an Intel Xeon with a 300 MB L3, 256 MB read at 26-47 GB/s from one sitting to
-    the next, 512 MB to 1 GB at 26-31 GB/s, and 32-128 MB at 57-63 GB/s."""
+    no more than a quarter of its free memory, the allocator's unused pool counted; refused,
+    ``ValueError``, where that is under :data:`MIN_BANDWIDTH_BUFFER_BYTES` or four times its L2), or
+    on a CPU twice its last-level caches together where that is more (every L3 slice of a
+    multi-chiplet part, every socket's: the threads of a sum each read their own part, which their
+    own slice can hold). A buffer the cache holds in part is read partly from the cache: on an Intel
+    Xeon with a 300 MB L3, 256 MB read at 26-47 GB/s from one sitting to the next, 512 MB to 1 GB at
+    26-31 GB/s, and 32-128 MB at 57-63 GB/s."""
     device = torch.device(device)
-    if device.type == "cuda":  # a GPU's caches are far smaller; its memory may be nearly full (the model's)
+    if device.type == "cuda":  # its memory may be nearly full (the model's, the allocator's pool)
+        # free to the device, and what the allocator holds unused (the buffer is served from its pool)
         free = torch.cuda.mem_get_info(device)[0]
-        if free < 4 * MIN_BANDWIDTH_BUFFER_BYTES:
-            raise ValueError(f"{free / 2**20:.0f} MiB free: too little for a read-bandwidth buffer")
-        return min(BANDWIDTH_BUFFER_BYTES, free // 4)
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+        least = max(MIN_BANDWIDTH_BUFFER_BYTES, 4 * l2)  # a buffer the L2 holds in part reads fast
+        size = min(BANDWIDTH_BUFFER_BYTES, free // 4)
+        if size < least:
+            raise ValueError(
+                f"{free / 2**20:.0f} MiB free: too little for a read-bandwidth buffer of {least / 2**20:.0f} MiB "
+                "(four times the L2 cache)"
+            )
+        return size
     llc = None
     if device.type == "cpu":
         llc = max((n for n in (last_level_cache_bytes(), total_last_level_cache_bytes()) if n), default=None)
