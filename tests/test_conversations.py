@@ -254,12 +254,12 @@ def test_a_text_prompt_gets_the_bos_the_tokenizer_adds_and_a_left_cut_keeps_it()
 def test_an_artifact_trained_on_chats_is_keyed_by_the_chat_template_the_run_gave_its_tokenizer():
     """Heads, EAGLE drafts and the early-exit adapter train on ShareGPT chats put through the tokenizer's
     template; with workload.chat_template another format, but the same artifact folder and recipe: one
-    trained on one format was taken for the other. The template the option gave is in the recipe now;
-    a tokenizer keeping its own template keys as before."""
+    trained on one format was taken for the other. The template the option gave is in the recipe now,
+    as is a tokenizer's own (the layer-skip search's text: the option's only)."""
     from checkpoint_fixtures import byte_tokenizer
 
     from harness.heads.artifacts import heads_artifact_path, skip_artifact_path
-    from harness.target.loading import build_tiny_model, chat_template_key
+    from harness.target.loading import build_tiny_model, chat_template_hash, chat_template_key
     from harness.workloads.conversations import set_chat_template
 
     model = build_tiny_model(vocab_size=259)
@@ -270,10 +270,10 @@ def test_an_artifact_trained_on_chats_is_keyed_by_the_chat_template_the_run_gave
     options = {"num_heads": 2}
     recipe_own, path_own = heads_artifact_path("medusa", options, model=model, tokenizer=own)
     recipe_vicuna, path_vicuna = heads_artifact_path("medusa", options, model=model, tokenizer=vicuna)
-    assert (
-        "chat_template" not in recipe_own
-        and recipe_vicuna["chat_template"] == chat_template_key(vicuna)["chat_template"]
-    )
+    assert recipe_vicuna["chat_template"] == chat_template_key(vicuna)["chat_template"]
+    # the tokenizer's own template keys the heads' text too: a checkpoint revision that changes only its
+    # template trains anew (the tokenizer's fingerprint leaves the template out)
+    assert recipe_own["chat_template"] == chat_template_hash(own) != recipe_vicuna["chat_template"]
     assert path_own != path_vicuna
     assert (
         skip_artifact_path({}, model=model, tokenizer=own)[1]

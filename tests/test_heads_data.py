@@ -170,7 +170,7 @@ def test_a_strict_chat_template_gets_the_turns_in_a_runs_order_and_a_refused_con
     assert meta["template_refusal"] == "w39 is refused" and meta["held_out_overlap"] == 0
     record = streams_record(streams)["train"]
     assert record["template_refused"] == 1 and record["sharegpt_sha256"] == "a" * 64
-    assert len(record["chat_template_sha256"]) == 16 and record["document_rule"]
+    assert len(record["chat_template"]) == 16 and record["document_rule"]
 
 
 def test_a_template_refusing_every_conversation_is_one_clear_error(tmp_path, monkeypatch, sharegpt):

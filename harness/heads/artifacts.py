@@ -86,9 +86,10 @@ def load_heads(kind: str, recipe: dict, *, model: torch.nn.Module, tokenizer, pa
 def _located(kind: str, recipe: dict, options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
     """``recipe`` and its artifact's directory: ``proposer.artifact`` when given, else the one
     :func:`artifact_dir` names for ``kind``, the target's fingerprint and ``recipe``."""
-    recipe = {**recipe, **chat_template_key(tokenizer)}  # the chat format its training text was put in
-    if "data" in recipe:  # trained on ShareGPT streams (heads, EAGLE, early exit): the file and template too
+    if "data" in recipe:  # trained on streams (heads, EAGLE, early exit): what their text is made from
         recipe = {**recipe, **data_sources_key(DataRecipe(**recipe["data"]), tokenizer)}
+    else:  # the chat format the search's text was put in
+        recipe = {**recipe, **chat_template_key(tokenizer)}
     explicit = options.get("artifact")
     if explicit:
         return recipe, Path(explicit)

@@ -6,7 +6,6 @@ the target's fingerprint, and a loaded artifact is refused unless both match
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass
 
 import torch
@@ -15,7 +14,9 @@ from harness.files import file_sha256
 from harness.heads.checkpoint import ArtifactError
 from harness.heads.eagle import spec_from_target
 from harness.heads.models import HeadSpec
+from harness.target.loading import chat_template_hash
 from harness.workloads.corpora import sharegpt_path
+from harness.workloads.datastore import LEAKAGE_THRESHOLD
 
 #: option keys of conf/proposer/{medusa,hydra,clover}.yaml that define the artifact
 ARCH_KEYS = ("num_heads", "mlp_layers", "prefix_attention", "prefix_window", "attn_heads")
@@ -39,16 +40,26 @@ class DataRecipe:
         return asdict(self)
 
 
+#: how ShareGPT conversations become training documents (part of the streams' and the artifacts' keys)
+DOCUMENT_RULE = (
+    "user and assistant turns with text, from the first user turn, cut before the first turn repeating "
+    "its predecessor's role; a conversation the chat template refuses is skipped; a training document "
+    f"holding any {LEAKAGE_THRESHOLD}-token window of a held-out text (the first user and first assistant "
+    "turn of each conversation of another split, as REST datastores keep out) is dropped"
+)
+
+
 def data_sources_key(data: DataRecipe, tokenizer) -> dict:
-    """What the training text of ``data`` is made from besides its options: the ShareGPT file's
-    SHA-256 (``source=sharegpt``) and 16 hex digits of the SHA-256 of the chat template the tokenizer
-    applies (``chat`` on and the tokenizer has one; the tokenizer's fingerprint leaves it out)."""
-    key = {}
+    """What the training text of ``data`` is made from besides its options, in the keys of its
+    encoded streams and of the artifacts trained on them: :data:`DOCUMENT_RULE`, the ShareGPT file's
+    SHA-256 (``source=sharegpt``) and the chat template the tokenizer applies (``chat`` on and the
+    tokenizer has one; the tokenizer's fingerprint leaves it out)."""
+    key: dict = {"document_rule": DOCUMENT_RULE}
     if data.source == "sharegpt":
         key["sharegpt_sha256"] = file_sha256(sharegpt_path())  # what load_sharegpt records, without parsing it
-    template = getattr(tokenizer, "chat_template", None) if data.chat else None
+    template = chat_template_hash(tokenizer) if data.chat else None
     if template:
-        key["chat_template_sha256"] = hashlib.sha256(str(template).encode()).hexdigest()[:16]
+        key["chat_template"] = template  # as chat_template_key names a replaced one
     return key
 
 

@@ -7,7 +7,7 @@ addresses, ``segment_ids`` naming the document and ``valid`` marking input avail
 
 A conversation's turns take the order a run's chats take (:func:`run_order`); one the chat template
 still refuses is skipped, and a training document sharing a window with held-out text (the texts a
-REST datastore keeps out) is dropped (:data:`DOCUMENT_RULE`); the stream's ``meta`` counts both.
+REST datastore keeps out) is dropped (:data:`~harness.heads.recipes.DOCUMENT_RULE`); the stream's ``meta`` counts both.
 
 Only final-norm hidden states ``[N, d]`` are cached (float16); teacher logits are recomputed from
 them through the frozen LM head when needed, never stored for the full vocabulary.
@@ -38,14 +38,6 @@ from harness.heads.recipes import DataRecipe, data_sources_key
 from harness.target.loading import cache_root
 from harness.workloads.corpora import ChatTurn, sharegpt_conversations, sharegpt_split
 from harness.workloads.datastore import LEAKAGE_THRESHOLD, ExclusionIndex, sharegpt_heldout_exclusions
-
-#: how ShareGPT conversations become training documents (part of the streams' key and meta)
-DOCUMENT_RULE = (
-    "user and assistant turns with text, from the first user turn, cut before the first turn repeating "
-    "its predecessor's role; a conversation the chat template refuses is skipped; a training document "
-    f"holding any {LEAKAGE_THRESHOLD}-token window of a held-out text (the first user and first assistant "
-    "turn of each conversation of another split, as REST datastores keep out) is dropped"
-)
 
 
 @dataclass
@@ -279,23 +271,16 @@ def load_stream(path: Path) -> PackedStream:
 
 def streams_key(tokenizer, recipe: DataRecipe, *, target_hash: str, documents=None, layers: Sequence[int] = ()) -> str:
     """The cache key of the encoded streams: the target, the data recipe, the early-exit boundaries,
-    and inline documents, or else what the documents are made from (:func:`documents_key`)."""
+    and inline documents, or else what the documents are made from (:func:`~harness.heads.recipes.data_sources_key`)."""
     return short_hash(
         {
             "target": target_hash,
             "recipe": recipe.to_dict(),
             "layers": sorted(int(l) for l in layers),
             "inline": None if documents is None else short_hash([list(map(list, d)) for d in documents]),
-            **(documents_key(tokenizer, recipe) if documents is None else {}),
+            **(data_sources_key(recipe, tokenizer) if documents is None else {}),
         }
     )
-
-
-def documents_key(tokenizer, recipe: DataRecipe) -> dict:
-    """What the recipe's documents are made from: :data:`DOCUMENT_RULE`, the ShareGPT file's SHA-256 and
-    the chat template the tokenizer applies (:func:`~harness.heads.recipes.data_sources_key`; the
-    target's fingerprint leaves the template out)."""
-    return {"document_rule": DOCUMENT_RULE, **data_sources_key(recipe, tokenizer)}
 
 
 def training_streams(
@@ -361,7 +346,7 @@ def _encode_streams(
             sharegpt_documents(recipe.held_out_split, **options, tally=tallies[1]),
             recipe.held_out_tokens,
         )
-        made = documents_key(tokenizer, recipe)
+        made = data_sources_key(recipe, tokenizer)
     else:
         train_docs = take_budget(documents[0], recipe.token_budget)
         held_docs = take_budget(documents[1], recipe.held_out_tokens)

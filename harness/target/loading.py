@@ -812,13 +812,19 @@ def hub_revision(repo_id: str) -> str | None:
 CHAT_TEMPLATE_OPTION = "harness_chat_template"
 
 
+def chat_template_hash(tokenizer) -> str | None:
+    """16 hex digits of the SHA-256 of the chat template ``tokenizer`` applies; None without one."""
+    template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+    return hashlib.sha256(str(template).encode()).hexdigest()[:16] if template else None
+
+
 def chat_template_key(tokenizer) -> dict:
     """``{"chat_template": <16 hex digits of the template's SHA-256>}`` where ``workload.chat_template``
     replaced the tokenizer's template (an artifact trained on chat-formatted text is keyed by the format
     it saw); ``{}`` where the tokenizer keeps its own."""
     if tokenizer is None or getattr(tokenizer, CHAT_TEMPLATE_OPTION, None) is None:
         return {}
-    return {"chat_template": hashlib.sha256(str(tokenizer.chat_template).encode()).hexdigest()[:16]}
+    return {"chat_template": chat_template_hash(tokenizer)}
 
 
 def looks_like_hub_id(ref: str) -> bool:
