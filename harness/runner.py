@@ -195,13 +195,19 @@ REFUSALS: tuple[type[BaseException], ...] = (GateError, NegotiationError, Contra
 
 
 def run_job(
-    cfg: DictConfig, *, run_dir: Path | None = None, aside: Path | None = None, restore_other_manifest: bool = True
+    cfg: DictConfig,
+    *,
+    run_dir: Path | None = None,
+    aside: Path | None = None,
+    restore_other_manifest: bool = True,
+    restore_earlier: bool = True,
 ) -> dict:
     """One job: everything `harness run` does. Returns the record (also written to run_dir).
     ``aside``: where the caller (a sweep) already moved the folder's earlier files; they go back
     as the job's own would (a refusal before measuring, an interrupt before the write), unless
     ``restore_other_manifest`` is false and they hold a record of another manifest (a sweep's store
-    and report show no record of a manifest other than its job's)."""
+    and report show no record of a manifest other than its job's), or ``restore_earlier`` is false
+    (they are not this job's for another reason: a record of its manifest checked otherwise)."""
     t_job = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
@@ -232,8 +238,11 @@ def run_job(
 
         try:
             tracker = open_tracker(cfg, planned, replaces=replaced_runs(aside))
-        except Exception as exc:  # nothing measured yet: the folder goes back as it was
-            restore_aside(planned.run_dir, aside, quiet=moved_note is not None)
+        except Exception as exc:  # nothing measured yet: the folder goes back as it was (if the files are this job's)
+            if restore_earlier and (restore_other_manifest or _aside_manifest(aside) in (None, planned.manifest_hash)):
+                restore_aside(planned.run_dir, aside, quiet=moved_note is not None)
+            else:
+                announce_move()
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             raise TrackingError(
                 f"W&B could not start the run ({type(exc).__name__}: {first}); nothing was measured "
@@ -280,6 +289,7 @@ def run_job(
             refused = isinstance(exc, (ValueError, OSError, *REFUSALS))
             failed_gate = isinstance(exc, GateError) and stage in ("gate", "measure")  # measure: greedy equality
             restores = stage not in ("write", "tracking") and not failed_gate
+            restores = restores and restore_earlier
             restores = restores and (restore_other_manifest or _aside_manifest(aside) in (None, planned.manifest_hash))
             tracker.fail(
                 stage=stage,
@@ -427,7 +437,7 @@ def check_profile_fits(cfg: DictConfig, context) -> None:
         raise ConfigError(
             f"topology.profile.prefix_len={t.profile.prefix_len} + {int(t.max_nodes) + 1} rows (topology.max_nodes "
             f"and the root) exceed the {context.positions:,} positions of {context.limited_by}",
-            suggestions=[(f"topology.profile.prefix_len={room}",)] if room >= 2 else [],
+            suggestions=[(f"topology.profile.prefix_len={room}",)] if room >= int(t.max_depth) + 2 else [],
         )
 
 

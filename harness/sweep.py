@@ -358,7 +358,10 @@ def sweep_folder_problem(sweep_dir: Path | str, sweep: Any) -> str | None:
             f"{where} holds manifest.json, a datastore's or a trained artifact's: the sweep's jobs would sit among "
             "its files; give the sweep a folder of its own"
         )
-    if not (sweep_dir / LAUNCH_FILE).is_file():  # no sweep was launched here: what is there is someone else's
+    launched = (sweep_dir / LAUNCH_FILE).is_file() or any(  # a launch whose launch file went missing left these
+        (sweep_dir / name).is_file() for name in (SUMMARY_FILE, STORE_FILE)
+    )
+    if not launched:  # no sweep was launched here: what is there is someone else's
         if (sweep_dir / REPORT_DIR).is_dir():
             return (
                 f"{where} holds a {REPORT_DIR}/ folder no sweep wrote there: the sweep's report would replace it; "
@@ -514,7 +517,8 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
         # jobs launched on this machine share it; a Slurm array's tasks each run on their own
         shared = None if str(hydra_cfg.launcher.get("_target_", "")).endswith("SlurmLauncher") else width
         state = inspect_job(run_dir, manifest_hash=mhash, manifest=manifest, concurrent_jobs=shared)
-        if state.record is not None and not _same_job_config(state.record, cfg):
+        other_checks = state.record is not None and not _same_job_config(state.record, cfg)
+        if other_checks:
             # the manifest leaves out the gates (and what they check): a record of this manifest that
             # ran other gate settings is not this job's, as it is no twin of it
             changed = mapping_difference(
@@ -565,7 +569,9 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
             log.warning("%s", moved)
         stage = "run"
         # logs to W&B itself with tracking=wandb; a failure puts back only a record of this manifest
-        record = run_job(cfg, run_dir=run_dir, aside=aside, restore_other_manifest=False)
+        record = run_job(
+            cfg, run_dir=run_dir, aside=aside, restore_other_manifest=False, restore_earlier=not other_checks
+        )
         status["manifest_hash"] = record["manifest_hash"]
         status.update(status="ran", record=str(run_dir / RECORD_FILENAME), speedup=record["metrics"].get("speedup"))
         for note in run_notes(record):  # as a single run says them, naming the job

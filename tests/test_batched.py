@@ -165,7 +165,6 @@ def test_one_request_finishes_early_one_long(models):
     from harness.engine.arms import itl_samples
 
     for req in (short, long):
-        assert req.round_end_ms[-1] == req.decode_ms
         assert sum(itl_samples(req)) == pytest.approx(req.decode_ms)
 
 

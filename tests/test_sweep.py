@@ -445,6 +445,9 @@ def test_a_sweep_into_a_folder_of_records_or_a_report_it_did_not_write_is_refuse
     assert rc == 2 and "holds a report/ folder no sweep wrote there" in capsys.readouterr().err
     assert sorted(str(p.relative_to(demo)) for p in demo.rglob("*")) == ["default", "default/record.json", "report"]
     assert notes.read_text() == "mine"
+    # a sweep's own folder whose launch file went missing (its summary or store is there) still resumes
+    (demo / "summary.json").write_text("{}")
+    assert sweep.sweep_folder_problem(demo, "smoke") is None
 
 
 def test_jobs_told_apart_only_by_a_launch_only_key_are_refused_before_anything_is_written(env, capsys):

@@ -157,7 +157,7 @@ def test_harness_sweep_runs_a_sweep_file_from_outside_the_repository(env):
     assert status["status"] == "ran"
 
 
-def test_a_sweep_file_whose_gates_changed_reruns_its_jobs_on_relaunch(env, capsys):
+def test_a_sweep_file_whose_gates_changed_reruns_its_jobs_on_relaunch(env, capsys, monkeypatch):
     """The job folders are named by the sweep's axes, and the manifest leaves the gates out: a relaunch
     after the file turned its gates on skipped the ungated records as complete, so every record still
     said `gated: false`. Their files are set aside, naming the changed key, and the jobs run again."""
@@ -180,3 +180,14 @@ def test_a_sweep_file_whose_gates_changed_reruns_its_jobs_on_relaunch(env, capsy
     assert record["config"]["gates"]["enabled"] is True and status_of(record["gates"]["equivalence"]) == "passed"
     assert "ran under other checks (changed: gates.enabled, gates.oracle)" in capsys.readouterr().err
     assert (folder / ".previous").is_dir()
+    # the gates changed again and the re-run fails before measuring: the record of the other gates stays
+    # aside (it went back, and the store counted it as the job's)
+    import harness.runner as runner
+
+    def refused(*args, **kwargs):
+        raise ValueError("prompt 'p0' needs 900 positions (test)")
+
+    monkeypatch.setattr(runner, "load", refused)
+    path.write_text(ungated)
+    assert sweep_main(argv) == 1 and sweep.LAST_SUMMARY["failed"] == [job]
+    assert not (folder / "record.json").exists() and len(list((folder / ".previous").iterdir())) == 2
