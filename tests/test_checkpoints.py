@@ -1005,3 +1005,19 @@ def test_kv_bytes_per_token_follow_falcon_s_key_value_heads_and_latent_attention
     ).save_pretrained(tmp_path / "deepseek")
     problem = cache_layer_problem(compose(["model=hf", f"model.name_or_path={tmp_path / 'deepseek'}"]).model, "k")
     assert problem is not None and "multi-head latent attention (kv_lora_rank)" in problem
+
+
+def test_generation_stops_at_the_end_of_turn_ids_the_generation_config_lists(tmp_path):
+    """An instruct model's end-of-turn token is often in generation_config.json only (transformers'
+    generate stops there); the harness read the config's and the tokenizer's EOS only, so a run went past
+    the end of a turn to max_new_tokens and fed the continuation into the next turn."""
+    from transformers import GenerationConfig
+
+    from harness.target.loading import build_tiny_model, eos_ids
+
+    model = build_tiny_model(seed=0)
+    model.config.eos_token_id = 2
+    model.generation_config = GenerationConfig(eos_token_id=[2, 4])
+    assert eos_ids(model) == {2, 4}
+    model.generation_config = GenerationConfig(eos_token_id=7)
+    assert eos_ids(model) == {2, 7}

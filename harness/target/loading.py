@@ -927,13 +927,16 @@ def shared_vocab_size(tokenizer, *vocab_sizes: int) -> int:
 
 
 def eos_ids(model: torch.nn.Module, tokenizer=None) -> frozenset[int]:
-    """Every token id that ends generation: the model config's and the tokenizer's."""
+    """Every token id that ends generation: the model config's, its generation config's (an instruct
+    model's end-of-turn token is often listed there only, as transformers' ``generate`` reads it) and
+    the tokenizer's."""
     ids = set()
-    eos = model.config.eos_token_id
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif eos:
-        ids.update(int(e) for e in eos)
+    generation = getattr(model, "generation_config", None)
+    for eos in (model.config.eos_token_id, getattr(generation, "eos_token_id", None)):
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(e) for e in eos)
     tok = tokenizer
     if tok is not None and tok.eos_token_id is not None:
         ids.add(int(tok.eos_token_id))
