@@ -433,7 +433,8 @@ def test_a_device_torch_does_not_know_is_refused(tmp_path, workload, capsys, no_
         ({"id": "a", "prompt": None}, '"prompt" must be a string; got null'),
         ({"id": "a", "prompt": 42}, '"prompt" must be a string; got 42'),
         ({"id": "a", "messages": [{"role": "user", "content": 7}]}, '"messages" must be a non-empty list'),
-        ({"id": None, "prompt": "x"}, '"id" must be a string or an integer'),
+        ({"id": None, "prompt": "x"}, '"id" must be a non-empty string or an integer'),
+        ({"id": "", "prompt": "x"}, '"id" must be a non-empty string or an integer; got ""'),
         ({"id": "a", "prompt": ""}, "\"prompt\" of id 'a' is empty: there is nothing to continue"),
         ({"id": "a", "prompt": "  \n"}, "\"prompt\" of id 'a' is empty"),
     ],
@@ -442,6 +443,31 @@ def test_jsonl_prompts_of_the_wrong_type(tmp_path, capsys, no_models, line, frag
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(PROMPTS[0]) + "\n" + json.dumps(line) + "\n")
     assert_refused_run(tmp_path, capsys, argv_for(tmp_path, path), f"{path}:2:", fragment)
+
+
+@pytest.mark.parametrize(
+    "line,fragment",
+    [
+        ('{"id": "b", "prompt": "x", "reference": NaN}', "NaN is not JSON (a number must be finite)"),
+        ('{"id": "b", "prompt": "x", "id": "c"}', "key 'id' is given twice in one object"),
+    ],
+)
+def test_prompt_lines_json_does_not_allow_are_refused(tmp_path, capsys, no_models, line, fragment):
+    """Python's JSON reader takes NaN and a key given twice (the last one won, silently)."""
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps(PROMPTS[0]) + "\n" + line + "\n")
+    assert_refused_run(tmp_path, capsys, argv_for(tmp_path, path), f"{path}:2: {fragment}")
+
+
+def test_a_null_split_puts_a_line_in_every_split(tmp_path):
+    """A line's split, when given, names its split; null was compared with the asked split and dropped the
+    line from every one."""
+    from harness.workloads.prompts import load_jsonl
+
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "y", "split": null}\n')
+    for split in ("eval", "calibration", "train"):
+        assert [p.prompt_id for p in load_jsonl(str(path), split)] == ["a", "b"]
 
 
 def test_a_prompt_file_that_is_not_utf8_names_its_line_and_column(tmp_path, capsys, no_models):

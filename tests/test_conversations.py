@@ -61,6 +61,27 @@ def test_conversations_need_the_chat_template_with_a_tokenizer():
     assert enc.raw(single) == word_chat_tokenizer().convert_tokens_to_ids(["hello", "again"])
 
 
+def test_a_prompt_the_chat_template_refuses_is_refused_before_the_models_load_naming_it():
+    """A template may raise on a message it does not take (a system role, roles that do not alternate): the
+    run ended on the template's bare error, after the weights loaded, naming no prompt."""
+    tok = word_chat_tokenizer()
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+        "{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+    fine = Prompt(prompt_id="ok", category="qa", turns=("hello again",))
+    system = Prompt(
+        prompt_id="sys",
+        category="qa",
+        messages=({"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}),
+    )
+    PromptEncoder(tok, chat=True).check([fine])
+    with pytest.raises(
+        WorkloadError, match=r"^prompt 'sys': the chat template refuses it \(System role not supported\)"
+    ):
+        PromptEncoder(tok, chat=True).check([fine, system])
+
+
 def test_a_tokenizer_without_a_chat_template_is_refused_naming_the_fix_and_vicuna_is_spec_benchs_format(tmp_path):
     """A tokenizer with no chat template (Vicuna's, Spec-Bench's reference model) failed with transformers'
     own error. It is refused naming workload.chat_template; ``vicuna`` builds FastChat's Vicuna v1.1

@@ -744,6 +744,11 @@ def test_a_chat_or_spec_bench_prompt_file_is_an_exclusion_list_as_a_prompt_file_
         ("p/prompt", "def f():"),
         ("p/reference", "return 1"),
     }
+    # a Spec-Bench reference may nest lists or hold numbers, as the workload reads it
+    nested = tmp_path / "nested.jsonl"
+    nested.write_text(json.dumps({"question_id": 9, "category": "math", "turns": ["t"], "reference": [["a", "b"], 42]}))
+    got = {(it.item_id, it.text) for it in jsonl_exclusions(nested)}
+    assert got == {("9/turn1", "t"), ("9/reference1", "a\nb"), ("9/reference2", "42")}
 
 
 def test_a_rebuild_of_the_same_data_is_the_same_release_and_an_older_release_still_loads(tmp_path):

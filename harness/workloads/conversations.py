@@ -344,6 +344,8 @@ class PromptEncoder:
                 "Spec-Bench builds for every model) or a Jinja file"
                 + (", or workload.chat=false to tokenize prompts as they are" if plain_text else "")
             )
+        if self.tokenizer is not None and (self.chat or as_messages):
+            self.check_template(prompts)
         room = self.limit.max_prompt_tokens if self.limit is not None else None
         if room is None or self.limit.rule != TRUNCATE_REFUSE:
             return
@@ -351,6 +353,24 @@ class PromptEncoder:
             n = self.worst_case_tokens(p)
             if n > room:
                 raise WorkloadError(self.limit.overflow(p, p.n_turns, n, bounded=p.n_turns > 1))
+
+    def check_template(self, prompts: Sequence[Prompt]) -> None:
+        """Refuse, naming the prompt, one whose first turn the chat template refuses (a template may
+        raise on a role it does not take, a system message for one): the run stopped on the template's
+        bare error after the models had loaded."""
+        from jinja2.exceptions import TemplateError  # what a template's raise_exception raises
+
+        for p in prompts:
+            messages = first_turn_messages(p, chat=self.chat)
+            if messages is None:
+                continue
+            try:
+                chat_ids(self.tokenizer, messages)
+            except TemplateError as exc:
+                raise WorkloadError(
+                    f"prompt {p.prompt_id!r}: the chat template refuses it ({' '.join(str(exc).split())}); "
+                    "give workload.chat_template a template that takes its messages"
+                ) from None
 
     def turn(self, prompt: Prompt, answers: Sequence[Sequence[int]] = ()) -> TurnPrompt:
         """Turn ``len(answers) + 1``'s prompt, cut from the left under ``workload.truncate=left``.

@@ -60,6 +60,7 @@ from harness.workloads.corpora import (
     make_corpus,
     sharegpt_conversations,
 )
+from harness.workloads.prompts import WorkloadError, flat_reference
 
 BUILDER_VERSION = "harness-datastore/1"
 SENTINEL = -1
@@ -1034,10 +1035,13 @@ def jsonl_exclusions(path: str | Path) -> list[ExclusionItem]:
                 f"{sorted(rec)}"
             )
         reference = rec.get("reference")
-        if isinstance(reference, list):  # Spec-Bench: one reference per turn
-            texts += [(f"reference{k + 1}", r) for k, r in enumerate(reference)]
-        elif reference is not None:
-            texts.append(("reference", reference))
+        try:  # Spec-Bench: one reference per turn, each a string, a number or a list of them
+            if isinstance(reference, list):
+                texts += [(f"reference{k + 1}", flat_reference(r, where, rid) or "") for k, r in enumerate(reference)]
+            elif reference is not None:
+                texts.append(("reference", flat_reference(reference, where, rid) or ""))
+        except WorkloadError as exc:
+            raise DatastoreError(str(exc)) from None
         for name, text in texts:
             if not isinstance(text, str):
                 raise DatastoreError(

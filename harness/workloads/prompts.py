@@ -132,7 +132,7 @@ FORMAT_NAMES = {
 }
 
 
-def _flat_reference(ref: Any, where: str = "", pid: object = None) -> str | None:
+def flat_reference(ref: Any, where: str = "", pid: object = None) -> str | None:
     """Spec-Bench's ``reference`` as one text: a string, or the strings of a (nested) list joined by
     newlines (its element type varies by category: str, list of str, a list of lists); a number is
     its decimal text. Anything else (an object, true/false) is refused: the leakage gate would
@@ -142,7 +142,7 @@ def _flat_reference(ref: Any, where: str = "", pid: object = None) -> str | None
     if isinstance(ref, str):
         return ref or None
     if isinstance(ref, (list, tuple)):
-        parts = [_flat_reference(r, where, pid) for r in ref]
+        parts = [flat_reference(r, where, pid) for r in ref]
         text = "\n".join(p for p in parts if p)
         return text or None
     if isinstance(ref, (int, float)) and not isinstance(ref, bool):
@@ -188,7 +188,7 @@ def _spec_bench_prompt(where: str, obj: dict) -> Prompt:
         prompt_id=str(qid),
         category=_check_category(where, qid, category),
         turns=tuple(turns),
-        reference=_flat_reference(obj.get("reference"), where, qid),
+        reference=flat_reference(obj.get("reference"), where, qid),
         source_id=qid,
     )
 
@@ -221,8 +221,8 @@ def _harness_prompt(where: str, obj: dict) -> Prompt:
         )
     if "prompt" in obj and "messages" in obj:
         raise WorkloadError(f'{where}: id {obj["id"]!r} has both "prompt" and "messages"; give one of them')
-    if isinstance(obj["id"], bool) or not isinstance(obj["id"], (str, int)):
-        raise WorkloadError(f'{where}: "id" must be a string or an integer; got {json.dumps(obj["id"])}')
+    if isinstance(obj["id"], bool) or not isinstance(obj["id"], (str, int)) or obj["id"] == "":
+        raise WorkloadError(f'{where}: "id" must be a non-empty string or an integer; got {json.dumps(obj["id"])}')
     if "prompt" in obj and not isinstance(obj["prompt"], str):
         raise WorkloadError(f'{where}: "prompt" must be a string; got {json.dumps(obj["prompt"])[:40]}')
     if "prompt" in obj and not obj["prompt"].strip():
@@ -262,6 +262,22 @@ def _harness_prompt(where: str, obj: dict) -> Prompt:
     )
 
 
+def _no_constant(name: str):
+    """``json.loads``' ``parse_constant``: NaN and Infinity are no JSON (Python writes them), refused."""
+    raise ValueError(f"{name} is not JSON (a number must be finite)")
+
+
+def _no_repeated_keys(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads``' ``object_pairs_hook``: a key given twice in one object is refused (the last one
+    silently won)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
 def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prompt]:
     """Every prompt of a JSON Lines file, each line in one of two formats (one format per file):
     a Spec-Bench question or a harness prompt. ``expect="spec_bench"`` refuses harness lines."""
@@ -285,9 +301,11 @@ def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prom
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, parse_constant=_no_constant, object_pairs_hook=_no_repeated_keys)
         except json.JSONDecodeError as exc:
             raise WorkloadError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+        except ValueError as exc:  # NaN, Infinity, a key given twice
+            raise WorkloadError(f"{where}: {exc}") from None
         try:  # an escape of half a UTF-16 pair ("\ud800") is valid JSON but no character a tokenizer reads
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -316,7 +334,7 @@ def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prom
             first_line = seen[prompt.prompt_id]
             raise WorkloadError(f"{where}: duplicate {key} {prompt.source_id!r} (first on line {first_line})")
         seen[prompt.prompt_id] = lineno
-        if obj.get("split", split) != split:
+        if obj.get("split") is not None and obj["split"] != split:  # null, as absent: in every split
             continue
         out.append(prompt)
     return out
