@@ -219,9 +219,21 @@ def test_left_truncation_through_a_chat_template_keeps_its_opening_and_cuts_the_
     assert first.ids[-1] == ids("<bot>") and tok.convert_ids_to_tokens(first.ids[7]) == "w17"
     answer = ids(["hello", "world"]) + [2]
     second = enc.turn(question, [answer])
-    assert second.ids[:7] == opening and len(second.ids) == 14
-    # more than the first question's text to cut: after the opening, the oldest rest goes too
-    assert second.ids[7:] == enc.raw(question, [answer])[-7:]
+    # more than the first question's text to cut: the oldest exchange goes whole (cutting into it left the
+    # answer's words under the first user header), and the rest is the template's own rendering
+    alone = enc.raw(Prompt(prompt_id="q2", category="qa", turns=("say more",)))
+    assert second.ids == alone and second.ids[:7] == opening and len(second.ids) <= 14
+    assert second.cut_tokens == len(enc.raw(question, [answer])) - len(alone)
+    assert "hello" not in tok.convert_ids_to_tokens(second.ids)
+    # a third turn: only the oldest exchange goes, the second stays with its labels
+    three = Prompt(prompt_id="t", category="qa", turns=(question.turns[0], "say more", "and again"))
+    answers = [answer, ids(["world"]) + [2]]
+    from harness.workloads.conversations import chat_ids
+
+    wide = PromptEncoder(tok, chat=True, eos=frozenset({2}), limit=limit(26, TRUNCATE_LEFT))  # room 20
+    third = wide.turn(three, answers)
+    assert third.ids == chat_ids(tok, wide.messages(three, answers)[2:]) and len(third.ids) <= 20
+    assert tok.convert_ids_to_tokens(third.ids).count("<user>") == 2
     # an opening that would take more than half the room: the first tokens go, as without a template
     tight = PromptEncoder(tok, chat=True, limit=limit(16, TRUNCATE_LEFT))  # room 10 < 2 x 7
     assert tight.turn(question).ids == full[-10:]

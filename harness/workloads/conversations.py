@@ -16,8 +16,10 @@ not: ``false`` refuses before any model work with one line naming the prompt and
 conversation's later turns are bounded by counting each earlier answer at ``max_new_tokens``);
 ``left`` cuts the oldest text: through a chat template, the template's opening (its system blocks and
 the first user message's header) stays and the start of that message's text goes, so the model still
-reads a conversation; where that text is shorter than the cut, the tokens after the opening go; without
-a template (or where the opening alone would take half the room) the first tokens go.
+reads a conversation; where that text is shorter than the cut, a later turn's oldest exchanges
+(question and answer) go whole and the rest is rendered again, and a first turn's tokens after the
+opening go; without a template (or where the opening alone would take half the room) the first
+tokens go.
 The record says, per prompt and turn, how many tokens were cut.
 """
 
@@ -390,8 +392,25 @@ class PromptEncoder:
         if 0 < start <= room // 2:  # the template's opening stays
             if cut <= end - start:  # the first message's oldest text goes, nothing around it
                 return TurnPrompt(ids[:start] + ids[start + cut :], len(ids))
+            if answers and self.tokenizer is not None:  # a conversation: its oldest exchanges go whole
+                return self.without_oldest_exchanges(prompt, answers, room, len(ids))
             return TurnPrompt(ids[:start] + ids[len(ids) - (room - start) :], len(ids))  # and the oldest rest
         return TurnPrompt(ids[-room:], len(ids))
+
+    def without_oldest_exchanges(
+        self, prompt: Prompt, answers: Sequence[Sequence[int]], room: int, prompt_tokens: int
+    ) -> TurnPrompt:
+        """A later turn whose first question is shorter than the cut: its oldest (question, answer)
+        exchanges go whole, re-rendered through the template, until the rest fits ``room`` (cutting
+        into them left an answer under a user header); where the current question alone does not
+        fit, it is cut as a first turn is."""
+        messages = self.messages(prompt, answers)
+        for dropped in range(1, len(answers) + 1):
+            kept = chat_ids(self.tokenizer, messages[2 * dropped :])  # each exchange: a user and an assistant message
+            if len(kept) <= room:
+                return TurnPrompt(kept, prompt_tokens)
+        alone = Prompt(prompt_id=prompt.prompt_id, category=prompt.category, turns=(prompt.turns[len(answers)],))
+        return TurnPrompt(self.turn(alone).ids, prompt_tokens)
 
 
 def encode_workload(cfg, tokenizer, *, vocab_size: int | None = None) -> list[tuple[Prompt, list[int]]]:
