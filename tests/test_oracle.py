@@ -289,3 +289,30 @@ def test_full_suite_passes_and_catches_the_negative_control():
     summary = summarize(rows)
     assert summary["failed"] == 0, [r["case"] for r in rows if not r["passed"] and not r["negative_control"]]
     assert summary["negative_control"]["caught"] and summary["passed"]
+
+
+def test_a_verifiers_own_logits_path_is_checked_against_select_and_a_wrong_one_fails():
+    """Runs call select_logits; the marginal cases call select. A verifier whose fast path drops the
+    policy's truncation passed every oracle while the run emitted tokens outside top-p. Its fast path is
+    now compared with select on the same trees, logits and random stream, under truncating policies."""
+    from harness.gates.oracle import check_fast_path, overrides_select_logits, run_verifier_cases, verifier_cases
+    from harness.gates.stages import oracle_gate
+    from harness.verifiers import get_verifier
+    from harness.verifiers.builtin import SpecInferVerifier
+    from harness.verifiers.sampling import SamplingPolicy
+
+    greedy = get_verifier("greedy")
+    assert overrides_select_logits(greedy) and not overrides_select_logits(get_verifier("specinfer"))
+    rows = [r for r in run_verifier_cases("greedy") if r["kind"] == "fast_path"]
+    assert rows and all(r["passed"] and r["leaves"] > 0 for r in rows)
+    assert any(c.endswith("/select_logits") for c in oracle_gate("greedy", "beam")["cases"])
+
+    class UntruncatedFastPath(SpecInferVerifier):  # WRONG: its fast path ignores top-k and top-p
+        def select_logits(self, tree, logits, policy, rng):
+            return self.select(tree, SamplingPolicy(temperature=policy.temperature).probs(logits), rng)
+
+    wrong = UntruncatedFastPath()
+    case = next(c for c in verifier_cases(wrong) if c.tags.get("relation") == "iid" and "set" in c.name)
+    row = check_fast_path(wrong, case)
+    assert not row["passed"] and row["max_abs_error"] > 0
+    assert check_fast_path(SpecInferVerifier(), case)["passed"]  # the inherited path is select itself

@@ -33,7 +33,7 @@ import torch
 
 from harness.contracts import NO_STATE, ProposalNode, ProposalResult
 from harness.proposers.sampling import sample_tree_proposal
-from harness.random_source import RandomSource
+from harness.random_source import RandomSource, TorchRandomSource
 from harness.topology.compiler import CompiledTree, compile_tree, validate_candidate_graph, validate_commit
 from harness.verifiers.base import VERIFIERS, Verifier
 from harness.verifiers.sampling import SamplingPolicy
@@ -422,6 +422,65 @@ def check_case(verifier: Verifier, case: OracleCase, *, max_leaves: int = MAX_LE
     }
 
 
+#: the sampling policies a verifier's own ``select_logits`` is compared with ``select`` under: plain and
+#: truncated laws (top-k, top-p, both), and temperature 0
+FAST_PATH_POLICIES = (
+    SamplingPolicy(temperature=0.0),
+    SamplingPolicy(temperature=1.0),
+    SamplingPolicy(temperature=0.7, top_k=2),
+    SamplingPolicy(temperature=1.3, top_p=0.6),
+    SamplingPolicy(temperature=0.8, top_k=3, top_p=0.8),
+)
+
+
+def overrides_select_logits(verifier: Verifier) -> bool:
+    """Whether ``verifier`` computes its selection from the logits itself (:meth:`Verifier.select_logits`
+    overridden), a path the runs take and the marginal cases (which call ``select``) do not."""
+    return type(verifier).select_logits is not Verifier.select_logits
+
+
+def check_fast_path(verifier: Verifier, case: OracleCase, *, draws: int = 64, seed: int = 0) -> dict:
+    """The run's path against the oracle's: on trees the case's proposal builds and random logits, the
+    verifier's ``select_logits`` under each policy it takes (:data:`FAST_PATH_POLICIES`) must select
+    exactly what ``select`` selects on the policy's law, from the same random stream. ``max_abs_error``
+    is the share of draws that differ (bound 0)."""
+    t0 = time.perf_counter()
+    gen = torch.Generator().manual_seed(seed)
+    policies = [
+        pol
+        for pol in FAST_PATH_POLICIES
+        if verifier.temperatures == "any" or (verifier.temperatures == "zero") == (pol.temperature == 0.0)
+    ]
+    differ = total = 0
+    for k in range(draws):
+        tree = compile_tree(_as_proposals(case.proposal_builder(TorchRandomSource(seed * 7919 + k))), 1)
+        vocab = int(case.target(()).shape[-1])
+        logits = torch.randn(1 + tree.num_rows, vocab, generator=gen, dtype=torch.float32) * 2.0  # [1 + N, V]
+        for pol in policies:
+            state = torch.Generator().manual_seed(seed * 104729 + k).get_state()
+            a, b = TorchRandomSource(), TorchRandomSource()
+            a.generator.set_state(state)
+            b.generator.set_state(state)
+            run = verifier.select_logits(tree, logits, pol, a)
+            oracle = verifier.select(tree, pol.probs(logits), b)
+            total += 1
+            differ += (tuple(run.accepted_rows), int(run.next_token)) != (
+                tuple(oracle.accepted_rows),
+                int(oracle.next_token),
+            )
+    share = differ / total if total else 0.0
+    return {
+        "verifier": verifier.name,
+        "case": f"{case.name}/select_logits",
+        "kind": "fast_path",
+        "max_abs_error": share,
+        "bound": 0.0,
+        "passed": differ == 0,
+        "leaves": total,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
 def sampled_builder(laws: PrefixLaws, widths: Sequence[int], relation: str) -> ProposalBuilder:
     """A proposal builder sampling a ``widths``-by-depth tree from ``laws`` (conditional on each
     node's own prefix) with ``relation``, through the injected source."""
@@ -746,9 +805,16 @@ def _fixed_cases(verifier: Verifier) -> list[OracleCase]:
 
 
 def run_verifier_cases(name: str, *, seeds: Sequence[int] = (0, 1), max_leaves: int = MAX_LEAVES) -> list[dict]:
-    """All marginal cases of the registered verifier ``name``; one result dict per case."""
+    """All marginal cases of the registered verifier ``name``, and where it selects from the logits
+    itself, its fast path against ``select`` on each case's trees (:func:`check_fast_path`); one result
+    dict per check."""
     verifier = VERIFIERS[name]()
-    return [check_case(verifier, case, max_leaves=max_leaves) for case in verifier_cases(verifier, seeds=seeds)]
+    rows = []
+    for case in verifier_cases(verifier, seeds=seeds):
+        rows.append(check_case(verifier, case, max_leaves=max_leaves))
+        if overrides_select_logits(verifier):
+            rows.append(check_fast_path(verifier, case))
+    return rows
 
 
 def exact_verifier_names(*, include_test_only: bool = False) -> list[str]:

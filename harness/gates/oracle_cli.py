@@ -29,7 +29,14 @@ from tqdm import tqdm
 
 from harness.files import atomic_write_text, json_object_with, output_file_problem
 from harness.gates.e2e import E2EModels, negative_control_rows, run_e2e_suite
-from harness.gates.oracle import MARGINAL_ATOL, check_case, exact_verifier_names, verifier_cases
+from harness.gates.oracle import (
+    MARGINAL_ATOL,
+    check_case,
+    check_fast_path,
+    exact_verifier_names,
+    overrides_select_logits,
+    verifier_cases,
+)
 from harness.gates.transport import check_transport, transport_applies, transport_instances
 from harness.verifiers import broken as _broken  # noqa: F401  (registers the negative control)
 from harness.verifiers.base import VERIFIERS
@@ -60,7 +67,7 @@ def run_suite(
     ``verifier_names=None``: every exact, non-test-only verifier plus the negative control.
     A list runs those verifiers only (a named test-only verifier is run like any other, so a
     broken verifier fails its gate). ``relations`` keeps only cases of those sampling relations.
-    Row keys: ``verifier``, ``case``, ``kind`` ("marginal" | "transport"), ``max_abs_error``,
+    Row keys: ``verifier``, ``case``, ``kind`` ("marginal" | "fast_path" | "transport"), ``max_abs_error``,
     ``bound``, ``passed``, ``leaves``, ``seconds``, ``negative_control`` (True on rows of the
     negative control, which are EXPECTED to fail).
     """
@@ -81,12 +88,15 @@ def run_suite(
         for case in verifier_cases(verifier, seeds=seeds, random_count=random_count):
             if wanted is not None and case.tags.get("relation") not in wanted:
                 continue
-            row = check_case(verifier, case)
-            row["negative_control"] = is_control
-            row["relation"] = case.tags.get("relation")
-            rows.append(row)
-            if on_row is not None:
-                on_row(row)
+            checks = [check_case(verifier, case)]
+            if overrides_select_logits(verifier):  # the runs' own path, against select on the same draws
+                checks.append(check_fast_path(verifier, case))
+            for row in checks:
+                row["negative_control"] = is_control
+                row["relation"] = case.tags.get("relation")
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
         if transport and transport_applies(verifier) and (wanted is None or "iid" in wanted):
             for case_name, p, q, k in transport_instances(count=max(2, random_count)):
                 if ("set" if k > 1 else "sequence") not in verifier.topologies:

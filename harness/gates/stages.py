@@ -32,7 +32,7 @@ from harness.files import atomic_write_text
 from harness.gates.e2e import GATE_TIERS, E2EModels, check_e2e_case, gate_tier
 from harness.gates.equivalence import batched_equivalence_gate, equivalence_gate
 from harness.gates.keys import gate_key
-from harness.gates.oracle import MARGINAL_ATOL, check_case, verifier_cases
+from harness.gates.oracle import MARGINAL_ATOL, check_case, check_fast_path, overrides_select_logits, verifier_cases
 from harness.gates.statistical import CONTINUATION_TOKENS, GATE_PROMPTS, prefix_rule, statistical_gate
 from harness.gates.status import GateError, not_applicable, passed, skipped
 from harness.gates.transport import check_transport, transport_applies, transport_instances
@@ -70,10 +70,13 @@ def _synthetic_rows(verifier_name: str, relation: str):
     the transport bound: the same cases and checks as ``harness oracles`` for this verifier."""
     verifier = VERIFIERS[verifier_name]()
     sampled = relation in ("iid", "without_replacement")
+    fast = overrides_select_logits(verifier)  # the runs' own path is checked against select on the same draws
     for case in verifier_cases(verifier, seeds=(0, 1), random_count=4):
         if sampled and case.tags.get("relation") != relation:
             continue
         yield check_case(verifier, case)
+        if fast:
+            yield check_fast_path(verifier, case)
     if transport_applies(verifier) and (not sampled or relation == "iid"):
         for case_name, p, q, k in transport_instances(count=4):
             if ("set" if k > 1 else "sequence") in verifier.topologies:
@@ -81,7 +84,7 @@ def _synthetic_rows(verifier_name: str, relation: str):
 
 
 def _summarise_rows(rows: list[dict], t0: float, *, empty_why: str) -> dict:
-    checked = [r for r in rows if r["kind"] in ("marginal", "end_to_end")]
+    checked = [r for r in rows if r["kind"] in ("marginal", "end_to_end", "fast_path")]
     failed = [r for r in rows if not r["passed"]]
     if not rows:
         return not_applicable(empty_why)
