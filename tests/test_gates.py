@@ -683,7 +683,11 @@ def test_a_test_whose_samples_all_took_one_way_to_their_first_token_says_what_it
 
     assert "correction after a rejection was not exercised" in paths_note(400, 400)
     assert "only the correction after a rejection was exercised" in paths_note(0, 400)
-    assert paths_note(1, 400) is None and paths_note(399, 400) is None and paths_note(0, 0) is None
+    assert paths_note(200, 400) is None and paths_note(0, 0) is None
+    # one rejection in 400 samples (or one acceptance) leaves that way all but untested: said too
+    assert paths_note(399, 400).startswith("only 1 of the 400 samples with a proposal rejected every proposed token")
+    assert paths_note(1, 400).startswith("only 1 of the 400 samples with a proposal accepted a proposed token")
+    assert paths_note(392, 400) is None and paths_note(8, 400) is None  # 2% each way: both exercised
     assert paths_note(0, 400, proposed=0) is None  # no tree had a candidate: nothing was rejected either
 
 
@@ -706,3 +710,25 @@ def test_chi_square_bins_hold_five_expected_samples_each_pooling_rare_tokens():
     assert bins == [[0], [1], [2], [3], ["other"]] and expected == pytest.approx([300, 10, 10, 6, 174], rel=1e-5)
     bins, expected, _ = chi2_bins([0, 1, 2, 3], p, {0: 60}, 100)
     assert bins == [[0], [1, 2, 3], ["other"]] and expected == pytest.approx([60, 5.2, 34.8], rel=1e-5)
+
+
+def test_the_statistical_gate_compares_the_samples_with_the_law_the_round_samples():
+    """The expected counts came from the policy decided in float64 while the round samples its float32
+    law: at a top-p boundary the two keep different tokens (here float64 keeps a third token the round
+    never draws), so a correct round could fail, or be tested against mass it cannot produce."""
+    import math
+
+    import torch
+
+    from harness.gates.statistical import frontier_law
+    from harness.verifiers.sampling import SamplingPolicy
+
+    policy = SamplingPolicy(temperature=1.0, top_p=0.7)
+    logits = torch.tensor([math.log(0.3), math.log(0.4), math.log(0.3)], dtype=torch.float32)
+    assert (policy.probs(logits.double(), dtype=torch.float64) > 0).tolist() == [True, True, True]
+    law = frontier_law(policy, logits)
+    assert law.dtype == torch.float64 and (law > 0).tolist() == (policy.probs(logits) > 0).tolist() == [
+        True,
+        True,
+        False,
+    ]

@@ -30,8 +30,9 @@ does in the run. A proposer that proposes nothing at any cut gets ``not_applicab
 would only sample the target through an empty tree.
 
 A test whose samples all took one way to their first token (every proposal accepted, or every
-one rejected and the target's correction drawn) says nothing of the other way: a verifier that
-accepts too often is not caught where nothing is accepted. The next candidate prefixes are then
+one rejected and the target's correction drawn), or all but fewer than :data:`MIN_WAY_SHARE` of
+them, says (next to) nothing of the other way: a verifier that accepts too often is not caught
+where nothing is accepted. The next candidate prefixes are then
 piloted (:data:`MIXED_PREFIX_TRIES`, :data:`PILOT_SAMPLES` samples each) and the first whose
 samples take both ways is tested instead; where none does, the entry keeps the first test and
 says ``coverage: one_way``, which the run says on stderr.
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -666,12 +668,19 @@ def chi_square_test(
     }
 
 
+#: the share of the samples with a proposal that must take each of the verifier's two ways to a first
+#: token (a proposed token accepted; every one rejected, the correction sampled) for the test to count
+#: as exercising both: 5 rejections in 2,000 samples left the correction all but untested
+MIN_WAY_SHARE = 0.02
+
+
 def paths_note(accepted: int, samples: int, *, proposed: int | None = None) -> str | None:
-    """What the test did not exercise, when its samples all took one of the verifier's two ways to
-    a first token (a proposed token accepted, or the target's correction after the proposals were
-    rejected), or None. ``proposed``: the samples whose tree had a candidate (default: all); one
-    without is neither. The evidence stays valid for the proposer as configured (a draft that
-    proposes what the target samples is never rejected in the run either), but says less."""
+    """What the test did not exercise, when its samples (all, or all but :data:`MIN_WAY_SHARE` of
+    those with a proposal) took one of the verifier's two ways to a first token (a proposed token
+    accepted, or the target's correction after the proposals were rejected), or None. ``proposed``:
+    the samples whose tree had a candidate (default: all); one without is neither. The evidence stays
+    valid for the proposer as configured (a draft that proposes what the target samples is never
+    rejected in the run either), but says less."""
     proposed = samples if proposed is None else proposed
     if samples and accepted == samples:
         return (
@@ -680,11 +689,29 @@ def paths_note(accepted: int, samples: int, *, proposed: int | None = None) -> s
         )
     if proposed and accepted == 0:
         return "no sample accepted a proposed token: only the correction after a rejection was exercised at this prefix"
+    least = max(1, math.ceil(MIN_WAY_SHARE * proposed))
+    if proposed and proposed - accepted < least:
+        return (
+            f"only {proposed - accepted} of the {proposed} samples with a proposal rejected every proposed token "
+            f"(fewer than {MIN_WAY_SHARE:.0%}): the correction after a rejection was barely exercised at this prefix"
+        )
+    if proposed and accepted < least:
+        return (
+            f"only {accepted} of the {proposed} samples with a proposal accepted a proposed token (fewer than "
+            f"{MIN_WAY_SHARE:.0%}): acceptance was barely exercised at this prefix"
+        )
     return None
 
 
 def _first_token(tree: CompiledTree, sel) -> int:
     return int(tree.token_ids[sel.accepted_rows[0]]) if sel.accepted_rows else sel.next_token
+
+
+def frontier_law(policy, logits: torch.Tensor) -> torch.Tensor:
+    """The law the test's samples follow at the frontier, ``[V]`` in float64: the policy on the
+    logits in the precision the round computes it (a top-p set decided in float64 may keep a token
+    the run's float32 set drops, and a correct round would fail on it), then widened."""
+    return policy.probs(logits).to(torch.float64)
 
 
 def verify_by_tree(backend, committed, distinct, tree_of, rngs, verifier, policy, batch):
@@ -698,7 +725,7 @@ def verify_by_tree(backend, committed, distinct, tree_of, rngs, verifier, policy
     p_exact = None
     for i, logits in verify_distinct(backend, committed, distinct, batch=batch):
         if p_exact is None:
-            p_exact = policy.probs(logits[0].double(), dtype=torch.float64)  # [V] the frontier law
+            p_exact = frontier_law(policy, logits[0])  # [V]
         tree = distinct[i]
         probs = policy.probs(logits)  # [1 + N, V] as the round computes them
         for s in samples_of[i]:
@@ -773,7 +800,7 @@ def verify_by_path(backend, committed, distinct, tree_of, rngs, verifier, policy
         if stopped and not computed:
             raise RuntimeError("statistical gate: a verifier stopped for rows that are already computed")
         pending = stopped
-    p_exact = policy.probs(rows[root].double(), dtype=torch.float64)  # [V] the frontier law
+    p_exact = frontier_law(policy, rows[root])  # [V]
     return (
         counts,
         p_exact,
