@@ -1247,33 +1247,9 @@ def negative_control_rows(models: E2EModels | None = None, *, verifiers: Iterabl
     return rows
 
 
-#: source files the end-to-end cases run (beyond the round's own: compiler, verifiers, backend):
-#: a cache key over the oracle gate's results must cover them
-E2E_MODULES = (
-    "harness/gates/e2e.py",
-    "harness/proposers/base.py",
-    "harness/proposers/sampling.py",
-    "harness/proposers/draft_model.py",
-    "harness/proposers/prompt_lookup.py",
-    "harness/proposers/merged.py",
-    "harness/proposers/rest.py",
-    "harness/proposers/heads.py",
-    "harness/proposers/selfspec.py",
-    "harness/proposers/registry.py",
-    "harness/heads/state.py",
-    "harness/heads/models.py",
-    "harness/heads/partial.py",
-    "harness/heads/early_exit.py",
-    "harness/workloads/datastore.py",
-    "harness/target/loading.py",
-    "harness/target/backend.py",
-)
-
-
 __all__ = [
     "DEFAULT_LENGTH",
     "E2E_ATOL",
-    "E2E_MODULES",
     "E2ECase",
     "E2EModels",
     "E2E_PROMPT",
