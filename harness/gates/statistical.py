@@ -710,8 +710,10 @@ def _first_token(tree: CompiledTree, sel) -> int:
 def frontier_law(policy, logits: torch.Tensor) -> torch.Tensor:
     """The law the test's samples follow at the frontier, ``[V]`` in float64: the policy on the
     logits in the precision the round computes it (a top-p set decided in float64 may keep a token
-    the run's float32 set drops, and a correct round would fail on it), then widened."""
-    return policy.probs(logits).to(torch.float64)
+    the run's float32 set drops, and a correct round would fail on it), then widened and summed to
+    one again in float64 (the chi-square's expected counts must add up to the samples)."""
+    law = policy.probs(logits).to(torch.float64)
+    return law / law.sum()
 
 
 def verify_by_tree(backend, committed, distinct, tree_of, rngs, verifier, policy, batch):
