@@ -172,3 +172,45 @@ def test_a_memo_serves_one_prefix_only():
     assert (memo.hits, memo.misses) == (1, 3)
     with pytest.raises(ValueError, match="one prefix"):
         memo.begin([1, 2])
+
+
+@pytest.mark.parametrize("memo", [True, False], ids=["by_path", "whole_trees"])
+def test_the_statistical_gate_selects_through_the_verifiers_own_logits_path(workload, monkeypatch, memo):
+    """A round calls the verifier's ``select_logits``; the gate must sample that path, not ``select``.
+    A verifier whose own logits path drops the run's top-p passes a gate that calls ``select`` on the
+    policy's law, and fails one that selects as the round does."""
+    from harness.verifiers.builtin import RejectionVerifier
+    from harness.verifiers.sampling import SamplingPolicy
+
+    class UntruncatedFastPath(RejectionVerifier):  # WRONG: its logits path ignores top-k and top-p
+        def select_logits(self, tree, logits, policy, rng):
+            return self.select(tree, SamplingPolicy(temperature=policy.temperature).probs(logits), rng)
+
+    root, path = workload
+    monkeypatch.setenv("HARNESS_CACHE", str(root / "cache"))
+    loaded, prep = prepared(
+        root, path, ["proposer=draft_model", "proposer.sampling=iid", "topology=sequence"], "rejection"
+    )
+    policy = SamplingPolicy(temperature=1.0, top_p=0.3)
+    prompts = [list(item[1]) for item in loaded.items]
+
+    def gate(verifier):
+        return statistical_gate(
+            backend=loaded.backend,
+            proposer=prep.proposers[0],
+            verifier=verifier,
+            policy=policy,
+            prompts=prompts,
+            samples=400,
+            top_m=8,
+            alpha=1e-3,
+            seed=0,
+            max_nodes=prep.plan.budget.max_nodes,
+            max_depth=prep.plan.budget.max_depth,
+            confirm=False,
+            memo=memo,
+        )
+
+    assert gate(RejectionVerifier())["status"] == "passed"
+    wrong = gate(UntruncatedFastPath())
+    assert wrong["status"] == "failed", {k: wrong.get(k) for k in ("status", "p_value", "reason")}

@@ -18,7 +18,9 @@ a fixed prefix they depend on a candidate's path alone, without changing any sam
   steps before it) is computed once by the real code, later samples reaching it get its outputs
   and cache rows back.
 
-The proposer and verifier code still run once per sample.
+The proposer and verifier code still run once per sample, the verifier through the path a round
+takes: its ``select_logits`` on the target's logits where it computes its selection from them
+itself, ``select`` on the policy's law otherwise (what the default ``select_logits`` calls).
 
 The prefix: the first cut point at which the proposer proposes something, scanning the first
 :data:`GATE_PROMPTS` prompts each from its full length back one token at a time
@@ -52,6 +54,7 @@ import torch
 from scipy.stats import chisquare
 from tqdm import tqdm
 
+from harness.gates.oracle import overrides_select_logits
 from harness.gates.status import not_applicable
 from harness.proposers.memo import LawPending, ReplayingSource, fixed_prefix_memo, law_tables, members
 from harness.random_source import TorchRandomSource
@@ -729,9 +732,13 @@ def verify_by_tree(backend, committed, distinct, tree_of, rngs, verifier, policy
         if p_exact is None:
             p_exact = frontier_law(policy, logits[0])  # [V]
         tree = distinct[i]
-        probs = policy.probs(logits)  # [1 + N, V] as the round computes them
+        fast = overrides_select_logits(verifier)  # the round's own path from the logits
+        probs = None if fast else policy.probs(logits)  # [1 + N, V] as the round computes them
         for s in samples_of[i]:
-            sel = verifier.select(tree, probs, rngs[s])
+            if fast:
+                sel = verifier.select_logits(tree, logits, policy, rngs[s])
+            else:
+                sel = verifier.select(tree, probs, rngs[s])
             first = _first_token(tree, sel)
             counts[first] = counts.get(first, 0) + 1
             accepted += bool(sel.accepted_rows)
@@ -740,13 +747,16 @@ def verify_by_tree(backend, committed, distinct, tree_of, rngs, verifier, policy
     return counts, p_exact, {"target_forwards": forwards, "target_rows": rows, "first_token_accepted": accepted}
 
 
-def _select(verifier, tree, rng, state, paths, probs_of, *, whole: bool):
+def _select(verifier, tree, rng, state, paths, rows_of, *, whole: bool, policy=None):
     """The verifier's selection from the random source's ``state``, on the tree's rows: all of
-    them stacked (``whole``) or served one at a time."""
+    them stacked (``whole``) or served one at a time. With a ``policy`` the rows are the target's
+    logits and the verifier selects through its own ``select_logits``; without, they are the
+    policy's law and it selects through ``select``."""
     rng.generator.set_state(state)
-    if whole:
-        return verifier.select(tree, torch.stack([probs_of(p) for p in paths]), rng)
-    return verifier.select(tree, LazyRows(paths, probs_of), rng)
+    rows = torch.stack([rows_of(p) for p in paths]) if whole else LazyRows(paths, rows_of)
+    if policy is not None:
+        return verifier.select_logits(tree, rows, policy, rng)
+    return verifier.select(tree, rows, rng)
 
 
 def verify_by_path(backend, committed, distinct, tree_of, rngs, verifier, policy):
@@ -769,6 +779,12 @@ def verify_by_path(backend, committed, distinct, tree_of, rngs, verifier, policy
             probs[path] = policy.probs(rows[path])  # [V] as the round computes it
         return probs[path]
 
+    def logits_of(path):
+        return rows[path] if path in rows else None
+
+    fast = overrides_select_logits(verifier)  # the round's own path from the logits
+    rows_of, fast_policy = (logits_of, policy) if fast else (probs_of, None)
+
     paths = [[root] + [root + p for p in tree.full_prefixes] for tree in distinct]
     whole: set[int] = set()  # trees a verifier needs whole (it used the rows other than one at a time)
     counts: dict[int, int] = {}
@@ -782,11 +798,11 @@ def verify_by_path(backend, committed, distinct, tree_of, rngs, verifier, policy
             i = tree_of[s]
             tree, rng = distinct[i], rngs[s]
             try:
-                sel = _select(verifier, tree, rng, state, paths[i], probs_of, whole=i in whole)
+                sel = _select(verifier, tree, rng, state, paths[i], rows_of, whole=i in whole, policy=fast_policy)
             except AllRowsNeeded:
                 whole.add(i)
                 if all(p in rows for p in paths[i]):
-                    sel = _select(verifier, tree, rng, state, paths[i], probs_of, whole=True)
+                    sel = _select(verifier, tree, rng, state, paths[i], rows_of, whole=True, policy=fast_policy)
                 else:
                     stopped.append((s, state))
                     reached.update(paths[i])
