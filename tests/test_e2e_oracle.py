@@ -611,3 +611,36 @@ def test_a_sampled_dynamic_tree_pruned_by_its_own_confidences_is_caught(models, 
         proposer_factory=lambda c, d, p: E.pruned_sampled_dynamic_proposer(c, policy=p, target=models.target),
     )
     assert not row["passed"] and row["max_abs_error"] > 1e-3, row
+
+
+def test_a_truncating_run_enumerates_a_truncating_case():
+    """A run that cuts its law to top-k / top-p is enumerated through a case that does too: its own
+    tier's where one truncates, else the nearest one added from the later tiers, named with its tier;
+    an untruncated run's cases are unchanged, and the entry says where no case truncates."""
+    from harness.gates.stages import e2e_gate
+
+    # medusa's i.i.d. cases sample the whole law: the nearest truncating i.i.d. case is added (tier 4)
+    tier, extra = E.truncating_case("medusa", ["iid"], "specinfer", shape="cartesian")
+    assert tier == 4 and extra.policy.truncated and "iid" in E.case_relations(extra)
+    assert not any(c.policy.truncated for c in E.gate_cases("medusa", ["iid"], "specinfer", greedy=False))
+    # the run's own tier already truncates: its case is named, nothing added
+    assert E.truncating_case("rest", ["deterministic_lookup"], "membership", shape="tree")[0] == 1
+    assert E.truncating_case("draft_model", ["iid"], "typical") == (None, None)
+
+    plain = e2e_gate("specinfer", "medusa", ["iid"], greedy=False, shape="cartesian")
+    assert plain["cases"] == ["e2e/medusa/iid/seq2/T1"] and "truncation" not in plain["coverage"]
+    cut = e2e_gate("specinfer", "medusa", ["iid"], greedy=False, shape="cartesian", truncated=True)
+    assert cut["status"] == "passed"
+    assert cut["cases"] == ["e2e/medusa/iid/seq2/T1", f"e2e/{extra.name}"]
+    assert cut["coverage"]["truncation"] == {"case": f"e2e/{extra.name}", "tier": 4, "covers": E.GATE_TIERS[4]}
+    own = e2e_gate("rejection", "early_exit", ["iid"], greedy=False, truncated=True)
+    assert own["coverage"]["truncation"]["case"] == "e2e/early_exit/iid/seq2/T0.8-topk3-topp0.9"
+    assert own["cases"] == ["e2e/early_exit/iid/seq2/T1", "e2e/early_exit/iid/seq2/T0.8-topk3-topp0.9"]
+
+
+def test_a_truncated_policy_is_one_that_samples_a_cut_law():
+    from harness.verifiers.sampling import SamplingPolicy
+
+    assert SamplingPolicy(temperature=0.8, top_p=0.9).truncated and SamplingPolicy(temperature=1.0, top_k=3).truncated
+    assert not SamplingPolicy(temperature=1.0).truncated
+    assert not SamplingPolicy(temperature=0.0, top_k=3, top_p=0.5).truncated  # greedy: the argmax whatever

@@ -1012,6 +1012,26 @@ GATE_TIERS = {
 }
 
 
+def _tiers(
+    proposer: str, relations: Iterable[str], verifier: str | Verifier, pool: Sequence[E2ECase], *, shape=None
+) -> tuple[list[E2ECase], ...]:
+    """The four tiers of :func:`gate_cases` drawn from ``pool`` (cases the verifier negotiates only)."""
+    if isinstance(verifier, str):
+        if verifier not in VERIFIERS:
+            raise ValueError(f"unknown verifier {verifier!r}; registered: {sorted(VERIFIERS)}")
+        verifier = VERIFIERS[verifier]()
+    wanted = tuple(sorted(set(relations)))
+    pool = [c for c in pool if applicable(c, verifier)]
+    own = [c for c in pool if c.proposer == proposer]
+    same = [c for c in own if case_relations(c) == wanted]
+    return (
+        [c for c in same if shape is not None and c.budget.shape == shape],
+        same,
+        [c for c in own if set(case_relations(c)) & set(wanted)],
+        [c for c in pool if set(case_relations(c)) & set(wanted)],
+    )
+
+
 def gate_tier(
     proposer: str,
     relations: Iterable[str],
@@ -1022,25 +1042,31 @@ def gate_tier(
     cases: Sequence[E2ECase] | None = None,
 ) -> tuple[int | None, list[E2ECase]]:
     """:func:`gate_cases` with the tier (1-4, :data:`GATE_TIERS`) its cases came from; None with no case."""
-    if isinstance(verifier, str):
-        if verifier not in VERIFIERS:
-            raise ValueError(f"unknown verifier {verifier!r}; registered: {sorted(VERIFIERS)}")
-        verifier = VERIFIERS[verifier]()
-    wanted = tuple(sorted(set(relations)))
-    pool = [
-        c
-        for c in (e2e_cases() if cases is None else cases)
-        if (c.policy.temperature == 0.0) == greedy and applicable(c, verifier)
-    ]
-    own = [c for c in pool if c.proposer == proposer]
-    same = [c for c in own if case_relations(c) == wanted]
-    tiers = (
-        [c for c in same if shape is not None and c.budget.shape == shape],
-        same,
-        [c for c in own if set(case_relations(c)) & set(wanted)],
-        [c for c in pool if set(case_relations(c)) & set(wanted)],
-    )
+    pool = [c for c in (e2e_cases() if cases is None else cases) if (c.policy.temperature == 0.0) == greedy]
+    tiers = _tiers(proposer, relations, verifier, pool, shape=shape)
     return next(((k, list(tier)) for k, tier in enumerate(tiers, start=1) if tier), (None, []))
+
+
+def truncating_case(
+    proposer: str,
+    relations: Iterable[str],
+    verifier: str | Verifier,
+    *,
+    shape: str | None = None,
+    cases: Sequence[E2ECase] | None = None,
+) -> tuple[int | None, E2ECase | None]:
+    """For a sampled run that cuts its law to a top-k / top-p set: the first case under such a
+    policy, searched through the tiers of :func:`gate_tier` in their order, with the tier it came
+    from; ``(None, None)`` where no case of the run's relations truncates."""
+    pool = [c for c in (e2e_cases() if cases is None else cases) if c.policy.truncated]
+    return next(
+        (
+            (k, tier[0])
+            for k, tier in enumerate(_tiers(proposer, relations, verifier, pool, shape=shape), start=1)
+            if tier
+        ),
+        (None, None),
+    )
 
 
 # --------------------------------------------------------------------------- running cases

@@ -29,7 +29,7 @@ import time
 from omegaconf import DictConfig, OmegaConf
 
 from harness.files import atomic_write_text
-from harness.gates.e2e import GATE_TIERS, E2EModels, check_e2e_case, gate_tier
+from harness.gates.e2e import GATE_TIERS, E2EModels, check_e2e_case, gate_tier, truncating_case
 from harness.gates.equivalence import batched_equivalence_gate, equivalence_gate
 from harness.gates.keys import gate_key
 from harness.gates.oracle import MARGINAL_ATOL, check_case, check_fast_path, overrides_select_logits, verifier_cases
@@ -114,13 +114,35 @@ def oracle_gate(verifier_name: str, relation: str) -> dict:
 
 
 def e2e_gate(
-    verifier_name: str, proposer: str, relations: list[str], *, greedy: bool, shape: str | None = None
+    verifier_name: str,
+    proposer: str,
+    relations: list[str],
+    *,
+    greedy: bool,
+    shape: str | None = None,
+    truncated: bool = False,
 ) -> dict:
     """The end-to-end cases a run of ``proposer`` (its relations and shape) under this verifier at this
-    kind of temperature enumerates (:func:`harness.gates.e2e.gate_cases`: its own proposer first)."""
+    kind of temperature enumerates (:func:`harness.gates.e2e.gate_cases`: its own proposer first).
+
+    A ``truncated`` run (a sampled law cut to top-k / top-p) whose cases all sample the whole law gets
+    the nearest case that truncates added (:func:`harness.gates.e2e.truncating_case`); the entry's
+    ``coverage.truncation`` names it and its tier, or says that no case of the run's relations does."""
     t0 = time.perf_counter()
     verifier = VERIFIERS[verifier_name]()
     tier, cases = gate_tier(proposer, relations, verifier, greedy=greedy, shape=shape)
+    truncation = None
+    if truncated and not greedy and tier is not None:
+        own = next((c for c in cases if c.policy.truncated), None)
+        if own is not None:
+            truncation = {"case": f"e2e/{own.name}", "tier": tier}
+        else:
+            t_tier, extra = truncating_case(proposer, relations, verifier, shape=shape)
+            if extra is None:
+                truncation = {"case": None, "why": "no end-to-end case of the run's relations truncates its law"}
+            else:
+                cases.append(extra)
+                truncation = {"case": f"e2e/{extra.name}", "tier": t_tier, "covers": GATE_TIERS[t_tier]}
     rows: list[dict] = []
     if cases:
         models = E2EModels.build()
@@ -133,6 +155,8 @@ def e2e_gate(
     )
     if tier is not None:  # what the cases prove about this run: its own configuration, or the nearest covered
         entry["coverage"] = {"tier": tier, "covers": GATE_TIERS[tier], "run_shape": shape}
+        if truncation is not None:
+            entry["coverage"]["truncation"] = truncation
     return entry
 
 
@@ -257,6 +281,7 @@ def run_gates(
             "relations": relations,
             "greedy": policy.greedy,
             "shape": plan_.budget.shape,
+            "truncated": policy.truncated,
         }
         e2e_entries = ["harness.gates.e2e", "harness.gates.stages", verifier_module]
         gate(
@@ -265,7 +290,14 @@ def run_gates(
                 "end_to_end_oracle",
                 gate_key("end_to_end_oracle", entries=e2e_entries, inputs=e2e_inputs),
                 g.cache,
-                lambda: e2e_gate(verifier.name, caps.name, relations, greedy=policy.greedy, shape=plan_.budget.shape),
+                lambda: e2e_gate(
+                    verifier.name,
+                    caps.name,
+                    relations,
+                    greedy=policy.greedy,
+                    shape=plan_.budget.shape,
+                    truncated=policy.truncated,
+                ),
             ),
         )
     prompt = items[0][1]

@@ -48,6 +48,12 @@ class SamplingPolicy:
         compared token for token as greedy decoding's are."""
         return self.greedy or self.top_k == 1
 
+    @property
+    def truncated(self) -> bool:
+        """Whether a sampled law is cut to a top-k or top-p set (at temperature 0 the law is the
+        argmax whatever they say)."""
+        return not self.greedy and (self.top_k > 0 or self.top_p < 1.0)
+
     def probs(self, logits: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Distribution ``[..., V]`` from logits ``[..., V]`` under this policy, in ``dtype``
         (default: float64 for float64 logits, float32 otherwise)."""
