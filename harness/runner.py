@@ -218,7 +218,8 @@ def run_job(
     partial = partial_batch_note(len(planned.prompts), int(cfg.generation.batch_size))
     if partial:
         print(f"harness: note: {partial}", file=sys.stderr)
-    for note in (templated_text_note(cfg, planned.prompts), whole_target_draft_note(cfg), *compiled_panels_notes(cfg)):
+    notes = (templated_text_note(cfg, planned.prompts), training_text_note(cfg), whole_target_draft_note(cfg))
+    for note in (*notes, *compiled_panels_notes(cfg)):
         if note is not None:
             print(f"harness: note: {note}", file=sys.stderr)
     for note in environment_notes(str(cfg.tracking.mode)) if cfg.tracking.name == "wandb" else []:
@@ -897,6 +898,44 @@ def templated_text_note(cfg: DictConfig, prompts: Sequence[Prompt]) -> str | Non
         f'{texts} "prompt" line(s) of {cfg.workload.path} go to the model as a user message through its chat '
         "template (workload.chat=true); workload.chat=false gives their text as it is, to be continued"
     )
+
+
+#: proposers whose trained artifact learns from ShareGPT text formatted by ``proposer.data.chat``
+_TRAINED_ON_TEXT = ("medusa", "hydra", "clover", "eagle", "early_exit")
+
+
+def training_text_note(cfg: DictConfig) -> str | None:
+    """A proposer trained here (heads, an EAGLE draft, an early-exit adapter) on text formatted
+    otherwise than the workload's prompts (``proposer.data.chat`` against ``workload.chat``), or a
+    skip vector searched on another workload or formatting than the one measured: said once, since
+    its acceptance then measures the transfer as much as the method. A proposer given an artifact
+    (``proposer.artifact``) or explicit layers (``proposer.skip``) is not trained here."""
+    p, w = cfg.proposer, cfg.workload
+    if cfg.model.name == "tiny" or p.get("artifact"):  # no chat template; or trained elsewhere
+        return None
+    raw = {True: "through the chat template", False: "as plain text"}
+    if p.name in _TRAINED_ON_TEXT and "data" in p and bool(p.data.chat) != bool(w.chat):
+        return (
+            f"proposer={p.name} trains on {p.data.source} text {raw[bool(p.data.chat)]} "
+            f"(proposer.data.chat={str(bool(p.data.chat)).lower()}) and measures prompts {raw[bool(w.chat)]} "
+            f"(workload.chat={str(bool(w.chat)).lower()}); proposer.data.chat={str(bool(w.chat)).lower()} "
+            "trains on text formatted as the prompts"
+        )
+    if p.name == "layer_skip" and p.get("skip") is None:
+        s = p.search
+        if s.workload != w.name or bool(s.chat) != bool(w.chat):
+            return (
+                f"proposer=layer_skip searches its skip vector on {s.workload} prompts {raw[bool(s.chat)]} "
+                f"(proposer.search.workload={s.workload}, proposer.search.chat={str(bool(s.chat)).lower()}) and "
+                f"measures {w.name} prompts {raw[bool(w.chat)]}"
+                + (
+                    f"; proposer.search.workload={w.name} proposer.search.chat={str(bool(w.chat)).lower()} "
+                    "searches on the measured kind of prompt"
+                    if w.name in ("humaneval", "sharegpt")
+                    else ""
+                )
+            )
+    return None
 
 
 def whole_target_draft_note(cfg: DictConfig) -> str | None:

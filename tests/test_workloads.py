@@ -140,6 +140,49 @@ def test_prompt_lines_through_the_chat_template_are_said_once(tmp_path):
     assert templated_text_note(compose(["model=tiny", "workload=jsonl", f"workload.path={f}"]), prompts) is None
 
 
+def test_a_proposer_trained_on_text_formatted_otherwise_than_the_prompts_is_said():
+    """Heads trained on chat-formatted ShareGPT and measured on raw HumanEval prompts (the defaults of
+    proposer=medusa with workload=humaneval) measure the transfer as much as the heads: said once;
+    nothing is said where the formats agree, where an artifact is given, or for a tiny model."""
+    from harness.config import compose
+    from harness.runner import training_text_note
+
+    raw = compose(["model=smollm2", "workload=humaneval", "proposer=medusa"])
+    assert training_text_note(raw) == (
+        "proposer=medusa trains on sharegpt text through the chat template (proposer.data.chat=true) and "
+        "measures prompts as plain text (workload.chat=false); proposer.data.chat=false trains on text "
+        "formatted as the prompts"
+    )
+    for kind in ("hydra", "clover", "eagle", "early_exit"):
+        assert f"proposer={kind} trains" in training_text_note(
+            compose(["model=smollm2", "workload=humaneval", f"proposer={kind}"])
+        )
+    assert training_text_note(compose(["model=smollm2", "workload=sharegpt", "proposer=medusa"])) is None
+    assert (
+        training_text_note(
+            compose(["model=smollm2", "workload=humaneval", "proposer=medusa", "proposer.data.chat=false"])
+        )
+        is None
+    )
+    assert (
+        training_text_note(compose(["model=smollm2", "workload=humaneval", "proposer=medusa", "proposer.artifact=/x"]))
+        is None
+    )
+    assert training_text_note(compose(["model=tiny", "workload=humaneval", "proposer=medusa"])) is None
+    assert training_text_note(compose(["model=smollm2", "workload=humaneval", "proposer=prompt_lookup"])) is None
+
+    skip = training_text_note(compose(["model=smollm2", "workload=humaneval", "proposer=layer_skip"]))
+    assert skip.startswith("proposer=layer_skip searches its skip vector on sharegpt prompts through the chat template")
+    assert skip.endswith(
+        "proposer.search.workload=humaneval proposer.search.chat=false searches on the measured kind of prompt"
+    )
+    assert training_text_note(compose(["model=smollm2", "workload=sharegpt", "proposer=layer_skip"])) is None
+    assert (
+        training_text_note(compose(["model=smollm2", "workload=humaneval", "proposer=layer_skip", "proposer.skip=[1]"]))
+        is None
+    )
+
+
 # ------------------------------------------------------------------------------ Spec-Bench questions
 
 
