@@ -312,7 +312,9 @@ class SkipThresholdConfig:
 class SkipSearchConfig:
     """Bayesian optimisation (Optuna TPE) of the skip vector on the dev split."""
 
-    trials: int = ranged(12, **POSITIVE_INT)  # CPU budget: about 10 minutes on SmolLM2 with 2 busy cores
+    # CPU budget: about 10 minutes on SmolLM2 with 2 busy cores for the trials, and about half as long
+    # again for the confirmation below (6 more timings at the defaults)
+    trials: int = ranged(12, **POSITIVE_INT)
     workload: str = ranged("sharegpt", choices=("humaneval", "sharegpt"))  # built-in prompts (no path option)
     split: str = ranged("dev", choices=SPLITS)
     prompts: int = ranged(3, **POSITIVE_INT)
@@ -322,6 +324,11 @@ class SkipSearchConfig:
     gamma: float = ranged(0.4, **PROBABILITY)
     chat: bool = True
     seed: int = ranged(0, **SEED)
+    # the `finalists` fastest vectors of the trials are timed `confirm` more times each, interleaved
+    # with the AR reference, and chosen by the median of their timings (one timing is noisier than the
+    # gaps between candidates); confirm=0 keeps the trials' single timings
+    confirm: int = ranged(2, ge=0)
+    finalists: int = ranged(2, **POSITIVE_INT)
 
 
 @dataclass

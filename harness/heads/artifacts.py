@@ -40,7 +40,7 @@ from harness.heads.recipes import (
     recipe_key,
 )
 from harness.target.loading import chat_template_key, model_names
-from harness.target.timing import timing_host
+from harness.target.timing import timed_setup
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,9 @@ def missing(kind: str, path: Path, explicit: bool, *, extra: str = "") -> Artifa
     """The refusal of an absent artifact: a path the config names is never trained into (train it
     there, or leave proposer.artifact unset); the cache's is trained by a run with auto_train."""
     if explicit:
+        what = "holds no manifest.json (not an artifact)" if path.exists() else "does not exist"
         return ArtifactError(
-            f"proposer.artifact={str(path)!r} does not exist; leave proposer.artifact unset to use the cache "
+            f"proposer.artifact={str(path)!r} {what}; leave proposer.artifact unset to use the cache "
             f"(the run trains into it, or `harness train proposer={kind}` does and prints the path){extra}"
         )
     return ArtifactError(
@@ -172,28 +173,29 @@ def load_adapter(options: dict, *, model: torch.nn.Module, tokenizer, path: Path
 
 def skip_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
     """The search recipe and the layer-skip artifact's directory: ``proposer.artifact``, else the
-    cache's, named by the target, the recipe and the host the search times on
-    (:func:`~harness.target.timing.timing_host`): the vector is the fastest one there, so one
-    searched on another device or thread count is searched again, not reused."""
+    cache's, named by the target, the recipe, the host the search times on and how the target's
+    forward runs there (:func:`~harness.target.timing.timed_setup`): the vector is the fastest one
+    there, so one searched on another device or thread count, or with other kernels, attention,
+    cache kind, fused layers or compilation, is searched again, not reused."""
     rd = {**recipe_key(SearchRecipe(**dict(options.get("search") or {}))), **chat_template_key(tokenizer)}
     if options.get("artifact"):
         return rd, Path(options["artifact"])
-    host = timing_host(next(model.parameters()).device)
     return rd, artifact_dir(
-        "layer_skip", target_hash=target_fingerprint(model, tokenizer), recipe={**rd, "timed_on": host}
+        "layer_skip", target_hash=target_fingerprint(model, tokenizer), recipe={**rd, "timed_on": timed_setup(model)}
     )
 
 
 def load_skip(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[list[int], dict]:
     """The skip vector to draft with: ``proposer.skip`` when given, else the search artifact's
-    (one given by ``proposer.artifact`` and timed on another host is used, with a note)."""
+    (one given by ``proposer.artifact`` and timed on another host or forward setup is used, with a
+    note)."""
     if options.get("skip") is not None:
         return [int(i) for i in options["skip"]], {"source": "proposer.skip", "cpu_budget_artifact": False}
     rd, path = skip_artifact_path(options, model=model, tokenizer=tokenizer)
     if not (path / "manifest.json").is_file():
         raise missing("layer_skip", path, bool(options.get("artifact")))
     manifest, _ = load_bound(path, kind="layer_skip", recipe=rd, model=model, tokenizer=tokenizer)
-    here = timing_host(next(model.parameters()).device)
+    here = timed_setup(model)
     there = {k: (manifest.get("search") or {}).get(k) for k in here}
     if there["device"] is not None:
         there["device"] = str(there["device"]).split(":")[0]

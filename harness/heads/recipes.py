@@ -144,16 +144,22 @@ class SearchRecipe:
     gamma: float = 0.4  # initial threshold (the adaptive loop runs as at run time)
     chat: bool = True
     seed: int = 0
+    # the fastest vectors of the trials timed again this many times each, interleaved with the AR
+    # reference; each then stands at the median of its timings (0: the trials' single timings)
+    confirm: int = 2
+    finalists: int = 2
 
     def __post_init__(self) -> None:
         if self.trials < 1 or self.prompts < 1 or self.max_new_tokens < 1 or self.depth < 1:
             raise ValueError(f"search needs trials, prompts, max_new_tokens, depth >= 1; got {self}")
+        if self.confirm < 0 or self.finalists < 1:
+            raise ValueError(f"search needs confirm >= 0 and finalists >= 1; got {self}")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-SEARCH_ALGORITHM = "optuna-tpe+influence-warm-start-v1"
+SEARCH_ALGORITHM = "optuna-tpe+influence-warm-start+median-confirmed-finalists-v2"
 
 
 def recipe_key(recipe: SearchRecipe) -> dict:

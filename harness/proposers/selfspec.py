@@ -243,6 +243,10 @@ class LayerSkipProposer(SelfSpecProposer):
         skip = sorted({int(i) for i in skip})
         if any(not 0 <= i < layers for i in skip):
             raise ValueError(f"proposer.skip must list layer indices in [0, {layers}); got {skip}")
+        if len(skip) == layers:
+            raise ValueError(
+                f"the skip vector {skip} bypasses all {layers} layers: the draft would run no decoder layer"
+            )
         self.skip = skip
         self.boundary = "skip:" + ",".join(map(str, skip))
         super().__init__(model=model, **common)
@@ -285,6 +289,11 @@ class LayerSkipProposer(SelfSpecProposer):
         if outside:
             raise ConfigError(
                 f"proposer.skip lists {outside}, outside this {layers}-layer target's layers [0, {layers - 1}]"
+            )
+        if len(set(seen)) == layers:
+            raise ConfigError(
+                f"proposer.skip lists all {layers} layers of the target: the draft would run no decoder layer "
+                f"(embedding, final norm and LM head only); skip at most {layers - 1}"
             )
 
     @classmethod

@@ -21,6 +21,8 @@ from harness.contracts import NO_STATE, ProposalNode, ProposalResult
 from harness.measure.hardware import cpu_name, last_level_cache_bytes, total_last_level_cache_bytes
 from harness.measure.ledger import StageClock
 from harness.target.backend import CacheState, CausalLMBackend
+from harness.target.fused_layers import fused_layers_of
+from harness.target.options import linear_kernel_of, static_cache_of
 from harness.topology.compiler import CompiledTree, compile_tree
 
 #: tree shapes a timing can use: a binary heap (a branching tree with a real ancestor mask) or a chain
@@ -504,3 +506,22 @@ def timing_host(device: torch.device | str) -> dict:
     dev = torch.device(device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
     return {"device": dev.type, "device_name": name, "threads": torch.get_num_threads()}
+
+
+def forward_setup(model: torch.nn.Module) -> dict:
+    """How ``model``'s forward runs beyond its weights and host: its linear kernels, attention
+    implementation, cache kind, fused decoder layers and compilation. Each changes which of two
+    timed choices is faster."""
+    return {
+        "linear_kernel": sorted(linear_kernel_of(model)),
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "static_cache": static_cache_of(model),
+        "fused_layers": fused_layers_of(model),
+        "compiled": bool(getattr(model, "_harness_compiled", False)),
+    }
+
+
+def timed_setup(model: torch.nn.Module) -> dict:
+    """:func:`timing_host` of the model's device and its :func:`forward_setup`: what an artifact
+    chosen by timing the model (a layer-skip vector) is keyed by and records."""
+    return {**timing_host(next(model.parameters()).device), **forward_setup(model)}
