@@ -233,6 +233,26 @@ def test_main_prints_sections_and_writes_json(tmp_path, capsys):
     assert json.loads((tmp_path / "b.json").read_text())["sections"] == payload["sections"]
 
 
+def test_main_refuses_before_printing_when_the_leaderboard_cannot_be_computed(tmp_path, capsys):
+    """The leaderboard was computed after the comparison table had been printed: a store whose
+    per-prompt rounds are not numbers printed the table, then refused, leaving a table on stdout
+    under a refusal. Both are computed before anything is printed now."""
+    root = tmp_path / "recs"
+    shutil.copytree(fixture_run(1), root / "run")
+    store = root / "store.parquet"
+    df = rebuild_store(root)
+    prompts = json.loads(df.loc[0, "per_prompt"])
+    prompts[0]["spec_rounds"] = "nine"  # a store written by other code, or edited: no record is read
+    df.loc[0, "per_prompt"] = json.dumps(prompts)
+    df.to_parquet(store, engine="pyarrow", index=False)
+    assert main([str(store), "resamples=50"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "harness compare: refused: could not convert string to float: 'nine'" in captured.err
+    assert main([str(store), "resamples=50", "leaderboard=false"]) == 0  # the table alone reads no rounds
+    assert "== exact runs ==" in capsys.readouterr().out
+
+
 def test_main_reports_errors_with_usage(capsys):
     assert main([str(FIXTURES), "colour=red"]) == 2
     assert "unknown filter 'colour'" in capsys.readouterr().err
@@ -714,14 +734,13 @@ def test_runs_timed_on_other_machines_are_named_and_have_no_ratio_to_each_other(
     df["hardware.device_name"] = ["Intel(R) Xeon(R) Processor"] * 2  # one machine: the ratio is back
     a = _row(compare(df, baseline="b", n_resamples=50), "a")
     assert a.vs_baseline is not None and a.baseline_other_machine == [] and a.apart == {}
-    # one arm's runs of two machines: its mixed axes say so
+    # one value's runs of two machines: an arm per machine, named by it (test_an_arm_s_runs_on_two_machines...)
     df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "a", "prompts": prompts}})
     df["hardware.device"], df["hardware.device_name"] = ["cuda:0", "cuda"], ["NVIDIA H100", "NVIDIA H200"]
-    (row,) = [r for r in compare(df, n_resamples=50) if r.category == "all"]
-    assert row.varying["machine"] == ["cuda: NVIDIA H100", "cuda: NVIDIA H200"]
-    assert "machine=cuda: NVIDIA H100,cuda: NVIDIA H200" in format_table(
-        [row], by="proposer", baseline=None, level=0.95
-    )
+    assert {r.arm for r in compare(df, n_resamples=50)} == {
+        "a (machine=cuda: NVIDIA H100)",
+        "a (machine=cuda: NVIDIA H200)",
+    }
 
 
 def test_runs_of_other_code_or_library_versions_say_so_when_pooled_or_compared():
@@ -750,6 +769,60 @@ def test_runs_of_other_code_or_library_versions_say_so_when_pooled_or_compared()
     # records without a code hash (written before they named it) read as unknown, not as a difference
     df = df.drop(columns=["harness_code", "hardware.torch", "hardware.transformers"])
     assert "software" not in _row(compare(df, baseline="b", n_resamples=50), "a").apart
+
+
+def test_an_arm_s_runs_on_two_machines_are_arms_apart_and_the_leaderboard_follows():
+    """One arm pooled runs timed on a CPU and on an H100: one interval over two machines' times (a
+    prompt run on both summed its milliseconds), said only in a mixed-axes cell cut after four keys.
+    Each machine is its own arm now, named by it, in the table and the leaderboard alike."""
+    from harness.tracking.compare import leaderboard
+
+    cpu = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    gpu = [("p1", "c", 1, 10, 2, 10), ("p2", "c", 1.2, 10, 2, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": cpu}, "r2": {"proposer": "a", "prompts": gpu}})
+    df["hardware.device"], df["hardware.device_name"] = ["cpu", "cuda:0"], ["AMD EPYC", "NVIDIA H100"]
+    for column, value in (("topology", ["t1", "t2"]), ("verifier", ["g", "h"]), ("workload", ["w1", "w2"])):
+        df[column] = value  # enough other differences to fill the mixed-axes cell
+    df["config.topology.max_nodes"], df["config.topology.max_depth"] = [4, 8], [2, 3]
+    rows = compare(df, n_resamples=50)
+    cpu_arm, gpu_arm = "a (machine=cpu: AMD EPYC)", "a (machine=cuda: NVIDIA H100)"
+    assert {r.arm for r in rows} == {cpu_arm, gpu_arm}
+    assert _row(rows, cpu_arm).time_per_committed_token_ms.value == pytest.approx(1.1)
+    assert _row(rows, gpu_arm).time_per_committed_token_ms.value == pytest.approx(0.11)
+    assert all("machine" not in r.varying for r in rows)
+    text = format_table(rows, by="proposer", baseline=None, level=0.95)
+    assert cpu_arm in text and gpu_arm in text
+    _, board = leaderboard(df, n_resamples=50)
+    assert {r.arm for r in board} == {cpu_arm, gpu_arm}
+    # with the model split too, the arm names both
+    df["model"] = ["m1", "m2"]
+    assert {r.arm for r in compare(df, n_resamples=50)} == {
+        "a (model=m1, machine=cpu: AMD EPYC)",
+        "a (model=m2, machine=cuda: NVIDIA H100)",
+    }
+
+
+def test_an_arm_pooling_runs_of_other_code_is_noted_and_its_cell_names_it_first():
+    """An arm pooling two harness builds said so only inside its mixed-axes cell, after up to four
+    other keys and then cut ("and N more"). A note under the table names it with its builds, and the
+    cell lists software before any other key."""
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "a", "prompts": prompts}})
+    for column, value in (("topology", ["t1", "t2"]), ("verifier", ["g", "h"]), ("workload", ["w1", "w2"])):
+        df[column] = value
+    df["config.topology.max_nodes"], df["config.topology.max_depth"] = [4, 8], [2, 3]
+    df["temperature"] = [0.0, 0.7]  # a fourth axis: software came fifth among the keys, and was cut
+    df["harness_code"] = ["1585c078c17d26dc", "99aa00bb11cc22dd"]
+    text = format_table(compare(df, n_resamples=50), by="proposer", baseline=None, level=0.95)
+    assert (
+        "note: arms pooling runs of other code (a: harness 1585c078c17d, torch -, transformers - / harness "
+        "99aa00bb11cc, torch -, transformers -): their times are of different builds"
+    ) in text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("a ") and " all " in ln]
+    cell = line.split("  ")[-1].strip()
+    assert cell.endswith("and 3 more") and cell.startswith("software=harness")
+    df["harness_code"] = "1585c078c17d26dc"  # one build: nothing to say
+    assert "other code" not in format_table(compare(df, n_resamples=50), by="proposer", baseline=None, level=0.95)
 
 
 def test_an_arm_s_runs_of_several_target_models_are_arms_apart():

@@ -366,6 +366,83 @@ def test_speedup_vs_batch_draws_one_line_per_configuration_and_repeats_without_a
     assert series.get_label() == "runs (repeats)" and series.lines[0].get_linestyle() == "None"
 
 
+def test_speedup_vs_batch_draws_each_section_as_its_own_series_with_its_marker_and_tag():
+    """An exact run at batch 1 and an ungated run of the same configuration at batch 4 were one
+    series: a line from one to the other with the exact runs' marker and no "[ungated]" in its label.
+    A series is one section's now, drawn with that section's marker, line style and tag."""
+    from harness.tracking.report import SECTION_STYLE, plot_speedup_vs_batch
+
+    df = pd.DataFrame(
+        {
+            "section": ["exact", "exact", "ungated", "ungated"],
+            "run_id": ["r1", "r2", "r3", "r4"],
+            "proposer": "prompt_lookup",
+            "topology": "sequence",
+            "verifier": "greedy",
+            "temperature": 0.0,
+            "batch_size": [1, 4, 1, 4],
+            "workload": "w",
+            "model": "m",
+            "decode_speedup": [1.1, 0.9, 1.2, 0.8],
+            "per_prompt": "[]",
+        }
+    )
+    ax = plot_speedup_vs_batch(df, {"sections": ["exact", "ungated"]}).figure.axes[0]
+    series = {c.get_label(): c.lines[0] for c in ax.containers}
+    tag = SECTION_STYLE["ungated"]["tag"]
+    assert set(series) == {"runs", f"runs{tag}"}
+    assert list(series["runs"].get_ydata()) == [1.1, 0.9] and list(series[f"runs{tag}"].get_ydata()) == [1.2, 0.8]
+    for label, section in (("runs", "exact"), (f"runs{tag}", "ungated")):
+        assert series[label].get_marker() == SECTION_STYLE[section]["marker"]
+        assert series[label].get_linestyle() == SECTION_STYLE[section]["linestyle"]
+    # one batch size per section: no series at all, never a line joining the two sections
+    mixed = df[df["run_id"].isin(["r1", "r4"])]
+    plot = plot_speedup_vs_batch(mixed, {"sections": ["exact", "ungated"]})
+    assert plot.figure is None and "in one section" in plot.note
+
+
+def test_the_frontier_and_ar_line_are_drawn_per_target_model_and_machine():
+    """Runs of two target models timed on two machines shared one frontier (a line from one model's
+    point to the other's) and one "AR ... ms/token (median, exact runs)" line, the median of two
+    machines' AR times that neither measured. Each (model, machine) group has its own now, named."""
+    from harness.tracking.report import plot_frontier
+
+    df = _store_frame()
+    runs = df[df["run_id"].isin([fixture_run_id(1), fixture_run_id(2), fixture_run_id(3)])].copy()
+    other = runs["run_id"] == fixture_run_id(2)
+    runs.loc[other, "model"] = "llama-7b"
+    runs.loc[other, "hardware.device_name"] = "Other CPU"
+    for column in ("time_per_committed_token_ms", "ar_time_per_token_ms"):
+        runs.loc[other, column] = runs.loc[other, column] * 10
+    ax = plot_frontier(runs, {}).figure.axes[0]
+    fronts = {ln.get_label(): ln for ln in ax.get_lines() if ln.get_label().startswith("frontier")}
+    big = "model=llama-7b, machine=cpu: Other CPU"
+    tiny = "model=tiny, machine=cpu: AMD EPYC"
+    assert set(fronts) == {
+        f"frontier ({big}): no exact run of this group commits more in less time",
+        f"frontier ({tiny}): no exact run of this group commits more in less time",
+    }
+    big_line = fronts[f"frontier ({big}): no exact run of this group commits more in less time"]
+    (big_run,) = runs[other].itertuples()
+    assert list(big_line.get_xdata()) == [big_run.mean_committed_per_round]  # its own point only
+    ar_texts = sorted(t.get_text() for t in ax.texts if t.get_text().startswith("AR "))
+    tiny_runs = runs[~other]
+    assert ar_texts == sorted(
+        [
+            f"AR {big_run.ar_time_per_token_ms:.3g} ms/token (median, exact runs, {big}) ",
+            f"AR {tiny_runs['ar_time_per_token_ms'].median():.3g} ms/token (median, exact runs, {tiny}) ",
+        ]
+    )
+    # one model on one machine: one frontier and one AR line, unnamed, as before
+    ax = plot_frontier(tiny_runs, {}).figure.axes[0]
+    assert [ln.get_label() for ln in ax.get_lines() if ln.get_label().startswith("frontier")] == [
+        "frontier: no exact run commits more in less time"
+    ]
+    assert [t.get_text() for t in ax.texts if t.get_text().startswith("AR ")] == [
+        f"AR {tiny_runs['ar_time_per_token_ms'].median():.3g} ms/token (median, exact runs) "
+    ]
+
+
 def test_a_reused_report_folder_keeps_no_plot_of_other_runs_and_a_run_folder_is_refused(tmp_path, capsys):
     """Plots an earlier report drew that this one does not are removed (other files are kept), a
     file of a plot's name that no report there drew is never replaced or removed unless
@@ -669,6 +746,55 @@ def test_an_interrupted_report_leaves_no_plot_of_its_own_behind(tmp_path, monkey
     assert not list(out.glob("*.png")) and not (out / "report.md").exists()
     monkeypatch.undo()
     assert main([str(one), f"out={out}"]) == 0 and (out / "report.md").is_file()
+
+
+def test_an_interrupted_report_into_a_folder_of_an_earlier_one_leaves_that_report_whole(tmp_path, monkeypatch):
+    """A second report interrupted while drawing its third plot had already replaced the first two
+    plots of the earlier report, whose report.md then showed other runs' figures under its own
+    tables. Plots are drawn into temporary files and put in place with report.md, together, only
+    once all are drawn: the earlier report and every plot of it stay as they were."""
+    import hashlib
+
+    from harness.tracking import report
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    shutil.copytree(fixture_run(1), first / "a")
+    shutil.copytree(fixture_run(3), first / "b")
+    shutil.copytree(fixture_run(2), second / "c")
+    shutil.copytree(fixture_run(9), second / "d")
+    out = tmp_path / "rep"
+    assert main([str(first), f"out={out}"]) == 0
+
+    def snapshot():
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())}
+
+    before = snapshot()
+    assert "report.md" in before and "01_speedup_by_proposer_workload.png" in before
+
+    def interrupted(df, spec):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(report.PLOTS, "accepted_length_hist", interrupted)  # the third plot
+    with pytest.raises(KeyboardInterrupt):
+        main([str(second), f"out={out}"])
+    assert snapshot() == before  # no hidden temporary file left either
+    # an interrupt while the files are put in place puts every earlier one back
+    monkeypatch.undo()
+    real_replace, calls = report.os.replace, []
+
+    def replace_then_interrupt(src, dst):
+        calls.append(dst)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(report.os, "replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        main([str(second), f"out={out}"])
+    monkeypatch.undo()
+    assert snapshot() == before
+    assert main([str(second), f"out={out}"]) == 0
+    assert snapshot()["report.md"] != before["report.md"] and str(second) in (out / "report.md").read_text()
 
 
 def test_runs_with_long_labels_are_drawn_as_keys_spelled_out_under_the_plot():

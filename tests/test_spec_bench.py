@@ -341,6 +341,72 @@ def test_export_command_and_its_refusals(exported, tmp_path, capsys):
     assert not (tmp_path / "x.jsonl").exists()
 
 
+def _set_turn(key, value):
+    def mutate(record, outputs):
+        record["per_prompt"][0]["turns"][0][key] = value
+
+    return mutate
+
+
+def _drop_turn_key(key):
+    def mutate(record, outputs):
+        del record["per_prompt"][0]["turns"][0][key]
+
+    return mutate
+
+
+def _set_output_turn(key, value):
+    def mutate(record, outputs):
+        outputs[0]["turns"][0][key] = value
+
+    return mutate
+
+
+def _zero_wall_time(record, outputs):
+    record["per_prompt"][0]["turns"][0].update(ar_prefill_ms=0.0, ar_decode_ms=0)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (
+            _set_turn("spec_decode_ms", float("nan")),
+            "record.json's spec_decode_ms must be a finite number >= 0; got nan",
+        ),
+        (_set_turn("ar_prefill_ms", None), "record.json's ar_prefill_ms must be a finite number >= 0; got None"),
+        (_set_turn("spec_tokens", -1), "record.json's spec_tokens must be a whole number >= 0; got -1"),
+        (_set_turn("ar_rounds", 2.5), "record.json's ar_rounds must be a whole number >= 0; got 2.5"),
+        (_drop_turn_key("spec_rounds"), "record.json's spec_rounds must be a whole number >= 0; it is missing"),
+        (_zero_wall_time, "ar_prefill_ms + ar_decode_ms is 0 in record.json"),
+        (_set_output_turn("spec_round_tokens", ["2"]), "outputs.jsonl's spec_round_tokens must be a list of whole"),
+        (_set_output_turn("ar_answer", None), "outputs.jsonl's ar_answer must be the answer text; got None"),
+    ],
+)
+def test_export_refuses_a_turn_with_a_figure_that_is_no_count_or_time_and_writes_nothing(
+    tmp_path, capsys, mutate, message
+):
+    """A turn's decode time of NaN was exported as "wall_time": [NaN] with exit 0 (speed.py reads it
+    back as a number and its means turn NaN), a missing rounds key ended in a KeyError and exit 1,
+    a null prefill in a TypeError. Each turn is checked before anything is written: one line naming
+    the prompt, the turn and the key, exit 2, no file."""
+    from harness.files import file_sha256
+
+    run = tmp_path / "run"
+    shutil.copytree(fixture_run(1), run)
+    record = json.loads((run / "record.json").read_text())
+    outputs = [json.loads(line) for line in (run / "outputs.jsonl").read_text().splitlines() if line.strip()]
+    mutate(record, outputs)
+    (run / "outputs.jsonl").write_text("".join(json.dumps(o) + "\n" for o in outputs))
+    record["outputs"]["sha256"] = file_sha256(run / "outputs.jsonl")  # the record binds the outputs as changed
+    (run / "record.json").write_text(json.dumps(record))
+    out = tmp_path / "answers" / "a.jsonl"
+    assert cli_main(["export", "spec-bench", str(run), str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("harness export: refused: prompt 'code-0', turn 1: "), err
+    assert message in err[0]
+    assert not (tmp_path / "answers").exists()
+
+
 def test_task_columns():
     assert [task_of(c) for c in ("writing", "humanities", "qa", "code")] == ["mt_bench", "mt_bench", "qa", "code"]
     assert task_order(["rag", "code", "mt_bench", "chat", "translation", "overall"]) == [

@@ -76,6 +76,34 @@ def test_load_record_reads_a_run_folder_or_its_file():
         (lambda r: r.update(per_prompt=[]), "per_prompt is empty: a run records every prompt it measured"),
         (lambda r: r["axes"].update(batch_size="four"), "axes.batch_size must be a whole number >= 1; got 'four'"),
         (lambda r: r["axes"].update(temperature=-1), "axes.temperature must be a finite number >= 0; got -1"),
+        # the elements of the lists compare, report and export compute with
+        (
+            lambda r: r["metrics"].update(accepted_length_hist=["3", "4"]),
+            "metrics.accepted_length_hist[0] must be a whole number >= 0; got str '3'",
+        ),
+        (
+            lambda r: r["metrics"].update(acceptance_by_depth=[0.5, "high"]),
+            "metrics.acceptance_by_depth[1] must be a finite number >= 0 or null; got str 'high'",
+        ),
+        (
+            lambda r: r["metrics"].update(rounds_tried_by_depth=[3, 1.5]),
+            "metrics.rounds_tried_by_depth[1] must be a whole number >= 0; got float 1.5",
+        ),
+        (
+            lambda r: r["metrics"].update(timing_outliers=["code-0"]),
+            "metrics.timing_outliers[0] must be dict; got str 'code-0'",
+        ),
+        (
+            lambda r: r["metrics"].update(timing_outliers=[{"prompt_id": "code-0", "arm": "spec", "ratio": "3x"}]),
+            "metrics.timing_outliers[0].ratio must be a finite number >= 0; got '3x'",
+        ),
+        (lambda r: r["per_prompt"][0].update(spec_rounds="nine"), "per_prompt[0].spec_rounds must be a finite number"),
+        (lambda r: r.update(t_profile={"n": [1, "2"], "t": [1.0, 2.0]}), "t_profile.n[1] must be a finite number"),
+        # a failed gate stops its run: no record the runner wrote holds one
+        (
+            lambda r: r["gates"]["equivalence"].update(status="failed"),
+            "gates.equivalence failed: a failed gate stops its run before a record is written",
+        ),
     ],
 )
 def test_load_record_refuses_bad_records_with_the_key_and_values(tmp_path, mutate, message):
@@ -293,6 +321,48 @@ def test_schema_1_records_are_gated_only_when_no_gate_was_skipped(entry, gated):
         off["gates"].pop(switch if switch != "skip_statistical" else "statistical", None)
         off["config"]["gates"][switch] = value
         assert flatten_record(off)["gated"] is False, switch
+
+
+@pytest.mark.parametrize(
+    "gates",
+    [
+        {},  # no gate at all
+        {"oracle": {"passed": None}},  # a null where the runner wrote true
+        {"negotiation": {"passed": True}, "oracle": {"passed": True}, "greedy_equality": {"passed": None}},
+        {
+            "negotiation": {"passed": True},
+            "oracle": {"passed": None},
+            "equivalence": {"passed": True},
+            "greedy_equality": {"passed": None},
+        },
+        {"negotiation": {"passed": True}, "oracle": {"passed": True}, "equivalence": {"passed": True}},
+    ],
+)
+def test_schema_1_records_are_gated_only_with_the_gate_evidence_that_runner_wrote(tmp_path, gates):
+    """A schema-1 record with ``"gates": {}``, or with a gate whose ``passed`` is null, counted as
+    gated and exact: nothing was skipped, so nothing said otherwise. That runner wrote negotiation,
+    oracle and equivalence with ``passed: true`` and greedy equality (or the statistical gate) for
+    every run with its gates on; a record with less is ungated."""
+    rec = schema_1(load_record(DRAFT))
+    assert flatten_record(validate(rec, tmp_path))["section"] == "exact"  # the full set: gated
+    rec["gates"] = gates
+    row = flatten_record(validate(rec, tmp_path))
+    assert row["gated"] is False and row["section"] == "ungated"
+
+
+def test_schema_1_records_of_a_sampling_run_are_gated_by_the_statistical_gate(tmp_path):
+    rec = schema_1(load_record(fixture_run(4)))  # specinfer at T > 0: the statistical gate ran
+    assert "greedy_equality" not in rec["gates"] and rec["gates"]["statistical"] == {"passed": True}
+    assert flatten_record(validate(rec, tmp_path))["gated"] is True
+    rec["gates"]["statistical"] = {"passed": None, "skipped": True, "evidence": "gates.skip_statistical=true"}
+    assert flatten_record(validate(rec, tmp_path))["gated"] is False
+
+
+def test_a_schema_1_record_with_a_failed_gate_is_refused(tmp_path):
+    rec = schema_1(load_record(DRAFT))
+    rec["gates"]["oracle"] = {"passed": False}
+    with pytest.raises(RecordError, match=r"gates.oracle failed: a failed gate stops its run"):
+        validate(rec, tmp_path)
 
 
 def test_schema_2_records_state_gated_and_every_gate_status(tmp_path):

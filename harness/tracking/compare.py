@@ -11,7 +11,10 @@ written before, and refuses a run's record or outputs, a folder, or any other ex
 (unless ``overwrite=true``).
 
 An *arm* is every run sharing one value of the ``by`` axis inside one section (after the
-filters). Its per-prompt rows are summed by prompt (its id and content fingerprint,
+filters), on one target model and one machine: the runs of one value on several models or machines
+are arms apart, each named by what sets it apart (``draft_model (model=tiny)``,
+``draft_model (machine=cuda: NVIDIA H100)``), and an arm pooling runs of other code is noted under
+its table. Its per-prompt rows are summed by prompt (its id and content fingerprint,
 :func:`prompt_key`) over its runs, so the pairing unit is
 always the prompt. For each arm and each workload category (and ``all``):
 
@@ -365,21 +368,21 @@ def _arm_runs(df: pd.DataFrame, by: str, filters: Mapping[str, str] | None) -> p
         also = [also_labelled(r) for _, r in runs.iterrows()]
         if any(also):
             runs = runs.assign(**{by: [f"{arm_label(v)} {a}" if a else v for v, a in zip(runs[by], also, strict=True)]})
+    # an arm's runs of several target models, or timed on several machines, are arms apart: pooled,
+    # one interval mixed one model's (or machine's) times with another's, and a prompt run on two
+    # machines summed their times (the same model in another dtype is the same model)
+    labels = runs[by].map(arm_label)
+    apart: list[tuple[str, pd.Series]] = []
     if by != "model" and "model" in runs.columns:
-        # an arm's runs of several target models are arms apart: pooled, one interval mixed one model's
-        # times with another's (the same model in another dtype is the same model)
-        models = runs["model"].map(lambda v: arm_label(v).split("@", 1)[0])
-        labels = runs[by].map(arm_label)
-        mixed = {label for label in set(labels) if models[labels == label].nunique() > 1}
-        if mixed:
-            runs = runs.assign(
-                **{
-                    by: [
-                        f"{label} (model={model})" if label in mixed else value
-                        for value, label, model in zip(runs[by], labels, models, strict=True)
-                    ]
-                }
-            )
+        apart.append(("model", runs["model"].map(lambda v: arm_label(v).split("@", 1)[0])))
+    apart.append((MACHINE, pd.Series(machine_values(runs), index=runs.index)))
+    mixed = {name: {label for label in set(labels) if values[labels == label].nunique() > 1} for name, values in apart}
+    if any(mixed.values()):
+        split = []
+        for i, (value, label) in enumerate(zip(runs[by], labels, strict=True)):
+            said = [f"{name}={values.iloc[i]}" for name, values in apart if label in mixed[name]]
+            split.append(f"{label} ({', '.join(said)})" if said else value)
+        runs = runs.assign(**{by: split})
     return runs
 
 
@@ -483,7 +486,7 @@ _AXIS_CONFIG = {
 MACHINE = "machine"
 
 
-def _machine_values(runs: pd.DataFrame) -> list[str]:
+def machine_values(runs: pd.DataFrame) -> list[str]:
     """Each run's machine as ``<device kind>: <device name>`` (``-`` where the store has neither)."""
     kinds = runs["hardware.device"] if "hardware.device" in runs.columns else [None] * len(runs)
     names = runs["hardware.device_name"] if "hardware.device_name" in runs.columns else [None] * len(runs)
@@ -534,7 +537,7 @@ def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[s
         values = sorted({arm_label(v) for v in runs[axis]}, key=_value_order)
         if len(values) > 1:
             out[axis] = values
-    machines = sorted(set(_machine_values(runs)))
+    machines = sorted(set(machine_values(runs)))
     if len(machines) > 1:  # times of one machine pooled with, or divided by, another's
         out[MACHINE] = machines
     software = sorted(set(_software_values(runs)))
@@ -588,7 +591,7 @@ def _arms_apart(arm_runs: Mapping[tuple[str, str], pd.DataFrame], section: str, 
         if key in AXES:
             return ",".join(sorted({arm_label(v) for v in runs[key]}))
         if key == MACHINE:
-            return ",".join(sorted(set(_machine_values(runs))))
+            return ",".join(sorted(set(machine_values(runs))))
         if key == SOFTWARE:
             return "; ".join(sorted(set(_software_values(runs))))
         return ",".join(sorted({_config_text(v) for v in _read_values(runs, f"config.{key}")}) or ["-"])
@@ -637,7 +640,7 @@ def _axes_apart(runs: pd.DataFrame, base: pd.DataFrame, by: str) -> dict[str, li
         mine, theirs = sorted({arm_label(v) for v in runs[axis]}), sorted({arm_label(v) for v in base[axis]})
         if mine != theirs:
             out[axis] = [",".join(mine), ",".join(theirs)]
-    machines = [sorted(set(_machine_values(df))) for df in (runs, base)]
+    machines = [sorted(set(machine_values(df))) for df in (runs, base)]
     if machines[0] != machines[1]:
         out[MACHINE] = [",".join(m) for m in machines]
     software = [sorted(set(_software_values(df))) for df in (runs, base)]
@@ -1127,7 +1130,9 @@ def arm_table(
                 line.append("- (other machine)")
             else:
                 line.append(r.vs_baseline.fmt(3) if r.vs_baseline else "-" if paired else "- (no prompt in common)")
-        mixed = [f"{k}={','.join(v)}" for k, v in r.varying.items()]
+        # what the machine or the code was comes first, never among the keys cut off after four
+        ordered = sorted(r.varying.items(), key=lambda kv: kv[0] not in _PSEUDO_KEYS)
+        mixed = [f"{k}={','.join(v)}" for k, v in ordered]
         line.append("; ".join(mixed[:4]) + (f"; and {len(mixed) - 4} more" if len(mixed) > 4 else "") or "-")
         body.append(line)
     return header, body
@@ -1255,11 +1260,29 @@ def truncation_note(sec: Sequence[ArmRow]) -> str | None:
     return TRUNCATION_NOTE.format(arms="; ".join(cut)) if cut else None
 
 
+#: what an arm's figures mean when its runs ran other code
+SOFTWARE_NOTE = (
+    "arms pooling runs of other code ({arms}): their times are of different builds of the harness or of "
+    "torch/transformers pooled into one figure, so what changed between the builds is in it; filter to one build "
+    "(harness_code=...) to compare like with like"
+)
+
+
+def software_note(sec: Sequence[ArmRow]) -> str | None:
+    """:data:`SOFTWARE_NOTE` naming the arms of ``sec`` whose runs ran other code (their ``all``
+    rows), each with its builds, or None."""
+    arms = sorted(
+        {f"{r.arm}: {' / '.join(r.varying[SOFTWARE])}" for r in sec if r.category == ALL and SOFTWARE in r.varying}
+    )
+    return SOFTWARE_NOTE.format(arms="; ".join(arms)) if arms else None
+
+
 def section_notes(sec: Sequence[ArmRow], by: str) -> list[str]:
     """The notes under a section's table: batched arms, timing outliers, cut prompts, few resampling
-    units, the baseline, arms apart beyond ``by``."""
+    units, arms pooling other code, the baseline, arms apart beyond ``by``."""
     notes = (
         batched_note(sec),
+        software_note(sec),
         concurrent_note(sec),
         outlier_note(sec),
         unaccepted_note(sec),
@@ -1451,6 +1474,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("overwrite= goes with json=PATH (the file it may replace)")
         show_board = boolean_option("leaderboard", opts.get("leaderboard"), default=True)
         rows = compare(df, by=by, baseline=opts.get("baseline"), filters=kv, **boot)
+        # the leaderboard too before anything is printed: a refusal leaves no table behind it
+        board = leaderboard(df, by=by, filters=kv, **boot) if show_board else None
     except (ValueError, KeyError, OSError) as exc:
         return refuse("compare", exc)
     baseline = None if opts.get("baseline") is None else matching_label(opts["baseline"], {r.arm for r in rows})
@@ -1459,9 +1484,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = failed_jobs(root, below=Path(positionals[0]).is_dir())
     if failures:
         print(failures_note(failures))
-    board = None
-    if show_board:
-        board = leaderboard(df, by=by, filters=kv, **boot)
+    if board is not None:
         print(format_leaderboard(*board, by=by, level=level))
     if "json" in opts:
         payload = to_json(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as _dt
 import difflib
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from harness.files import output_folder_problem
+from harness.files import output_folder_problem, temporary_sibling
 from harness.tracking.command_line import boolean_option, parse_command, refuse
 from harness.tracking.compare import (
     ALL,
@@ -46,6 +47,7 @@ from harness.tracking.compare import (
     leader_cell,
     leader_counts,
     leaderboard,
+    machine_values,
     matching_label,
     run_speedups,
     section_columns,
@@ -706,14 +708,17 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     if runs.empty or runs["batch_size"].nunique() < 2:
         return Plot(None, "fewer than two batch sizes among the runs")
     series_axes = [a for a in AXES if a != "batch_size"]
-    # a series is one configuration: its axes and the options that tell one arm's runs apart (a swept
-    # topology.max_nodes), so a line never zig-zags through two configurations at one batch size
+    # a series is one configuration of one section: its axes and the options that tell one arm's runs
+    # apart (a swept topology.max_nodes), so a line never zig-zags through two configurations at one
+    # batch size, nor joins an ungated (or heuristic) run to an exact one
     options = [k for k in arm_config_keys(runs) if f"config.{k}" in runs.columns]
     fig = _new_figure()
     ax = fig.add_subplot()
+    order = {name: k for k, name in enumerate(SECTIONS)}
     keyed = runs.assign(
         _key=runs.apply(
             lambda r: (
+                order[r["section"]],
                 *(arm_label(r[a]) for a in series_axes),
                 *(config_text(r.get(f"config.{k}")) for k in options),
             ),
@@ -744,18 +749,20 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         first = group.iloc[0]
         pieces = [axis_piece(a, first[a]) for a in vary]
         pieces += [f"{k}={text}" for k in options if (text := config_text(first.get(f"config.{k}"))) != "null"]
-        label = "/".join(pieces) or "runs"
+        st = SECTION_STYLE[first["section"]]  # ungated, heuristic and CPU-budget series with their own marker and tag
+        label = ("/".join(pieces) or "runs") + (" (repeats)" if repeats else "") + st["tag"]
+        label += f" {also}" if (also := also_labelled(first)) else ""
         ax.errorbar(
             group["batch_size"],
             ys,
             yerr=[lo, hi],
-            marker="o",
+            marker=st["marker"],
             capsize=3,
-            linestyle="none" if repeats else "-",
-            label=f"{label} (repeats)" if repeats else label,
+            linestyle="none" if repeats else st["linestyle"],
+            label=label,
         )
     if not drawn:
-        return Plot(None, "no configuration was run at two batch sizes (the other axes held fixed)")
+        return Plot(None, "no configuration was run at two batch sizes (the other axes held fixed, in one section)")
     ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(runs["batch_size"].unique()), [arm_label(b) for b in sorted(runs["batch_size"].unique())])
@@ -769,12 +776,35 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     )
 
 
+def _frontier_groups(runs: pd.DataFrame) -> tuple[list[str], pd.Series]:
+    """The (target model, machine) groups of ``runs``: each group's name by what differs among the
+    groups (``model=tiny, machine=cpu: AMD EPYC``; ``""`` for a single group), in first-seen order,
+    and each run's group as its index in that list. One model's or machine's time per token is no
+    point on another's frontier."""
+    models = [arm_label(v) for v in runs["model"]] if "model" in runs.columns else ["-"] * len(runs)
+    keys = list(zip(models, machine_values(runs), strict=True))
+    groups = list(dict.fromkeys(keys))
+    names = []
+    for model, machine in groups:
+        parts = [f"model={model}"] if len({g[0] for g in groups}) > 1 else []
+        parts += [f"machine={machine}"] if len({g[1] for g in groups}) > 1 else []
+        names.append(", ".join(parts))
+    return names, pd.Series([groups.index(k) for k in keys], index=runs.index)
+
+
 def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
+    """Time per committed token against committed tokens per round, each run with its section's
+    marker; the frontier of the exact runs and their AR time per token are drawn per target model
+    and machine (each group in its own colour, named, when the runs hold more than one)."""
     runs = _sections(df, spec, list(SECTIONS))
     runs = runs.dropna(subset=["mean_committed_per_round", "time_per_committed_token_ms"])
     if runs.empty:
         return Plot(None, "no run has both time per committed token and mean committed per round")
     labels = plot_labels(runs, TICK_ROOM)
+    names, group_of = _frontier_groups(runs)
+    groups = range(len(names))
+    several = len(names) > 1
+    colour = [f"C{g % 10}" for g in groups]
     fig = _new_figure(9, 5.5 + labels.height(9))
     ax = fig.add_subplot()
     for section in SECTIONS:
@@ -782,13 +812,26 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         if group.empty:
             continue
         st = SECTION_STYLE[section]
-        ax.scatter(
-            group["mean_committed_per_round"],
-            group["time_per_committed_token_ms"],
-            marker=st["marker"],
-            s=50,
-            label=SECTION_LEGEND[section],
-        )
+        if several:  # a run's colour is its group's, its marker its section's
+            for g in groups:
+                part = group[group_of[group.index] == g]
+                if not part.empty:
+                    ax.scatter(
+                        part["mean_committed_per_round"],
+                        part["time_per_committed_token_ms"],
+                        marker=st["marker"],
+                        s=50,
+                        color=colour[g],
+                    )
+            ax.plot([], [], marker=st["marker"], color="0.4", linestyle="none", label=SECTION_LEGEND[section])
+        else:
+            ax.scatter(
+                group["mean_committed_per_round"],
+                group["time_per_committed_token_ms"],
+                marker=st["marker"],
+                s=50,
+                label=SECTION_LEGEND[section],
+            )
         at: dict[tuple[float, float], list[str]] = {}  # runs drawn at one point share one annotation
         for _, r in group.iterrows():
             point = (float(r["mean_committed_per_round"]), float(r["time_per_committed_token_ms"]))
@@ -801,10 +844,13 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
                 xytext=(4, 3),
                 fontsize=7,
             )
-    exact = runs[runs["section"] == "exact"].sort_values(
-        ["mean_committed_per_round", "time_per_committed_token_ms"], ascending=[False, True]
-    )
-    if not exact.empty:
+    ars = []
+    for g in groups:
+        exact = runs[(runs["section"] == "exact") & (group_of == g)].sort_values(
+            ["mean_committed_per_round", "time_per_committed_token_ms"], ascending=[False, True]
+        )
+        if exact.empty:
+            continue
         front, best = [], math.inf
         for _, r in exact.iterrows():  # most committed first; keep each new best time
             if r["time_per_committed_token_ms"] < best:
@@ -814,27 +860,29 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         ax.plot(
             fx,
             fy,
-            color="0.3",
+            color=colour[g] if several else "0.3",
             linewidth=1,
             marker="o",
             markersize=12,
             markerfacecolor="none",
-            label="frontier: no exact run commits more in less time",
+            label=f"frontier ({names[g]}): no exact run of this group commits more in less time"
+            if several
+            else "frontier: no exact run commits more in less time",
         )
         ar = exact["ar_time_per_token_ms"].median()
         if math.isfinite(ar):
-            ax.axhline(ar, color="k", linestyle="--", linewidth=0.8)
-            # under the line at its right end: the runs' labels sit above and to the right of their points
-            ax.text(
-                ax.get_xlim()[1], ar, f"AR {ar:.3g} ms/token (median, exact runs) ", ha="right", va="top", fontsize=7
-            )
+            ax.axhline(ar, color=colour[g] if several else "k", linestyle="--", linewidth=0.8)
+            ars.append((ar, f"AR {ar:.3g} ms/token (median, exact runs{', ' + names[g] if several else ''}) "))
+    for ar, text in ars:  # under the line at its right end: the runs' labels sit above and to the right of their points
+        ax.text(ax.get_xlim()[1], ar, text, ha="right", va="top", fontsize=7)
     ax.margins(x=0.2, y=0.08)
     draw_key(fig, labels)
     return _finish(
         fig,
         ax,
         spec,
-        "Frontier: time per committed token vs mean committed tokens per round",
+        "Frontier: time per committed token vs mean committed tokens per round"
+        + ("\n(one frontier and AR line per target model and machine)" if several else ""),
         xlabel="mean committed tokens per round (bonus token included)",
         ylabel="time per committed token (ms)",
     )
@@ -1045,12 +1093,31 @@ def numeric_metrics(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def remove_stale_plots(out_dir: Path, earlier: set[str], *, keep: set[str]) -> None:
-    """Remove the plots an earlier report in ``out_dir`` drew (``earlier``: :func:`report_plots`)
-    that this one did not, so a reused report folder shows no figure of other runs; every other
-    file is left alone."""
-    for name in earlier - keep:
-        (out_dir / name).unlink(missing_ok=True)
+def replace_together(out_dir: Path, moves: Sequence[tuple[Path | None, str]]) -> None:
+    """Put each ``(temporary file, name)`` of ``moves`` in place as ``out_dir / name`` (``None``:
+    remove that name), all or none: each file already there is first set aside under a temporary
+    name; an error or interrupt midway puts every one back and removes what was moved in, so the
+    folder keeps the earlier report whole. The files set aside are removed once all are in place."""
+    undo: list[tuple[Path, Path | None]] = []  # (name in place, the earlier file set aside there, or None)
+    try:
+        for tmp, name in moves:
+            final = out_dir / name
+            aside = temporary_sibling(final, "old") if final.exists() else None
+            undo.append((final, aside))
+            if aside is not None:
+                os.replace(final, aside)
+            if tmp is not None:
+                os.replace(tmp, final)
+    except BaseException:
+        for final, aside in reversed(undo):
+            if aside is None:
+                final.unlink(missing_ok=True)  # nothing was there before
+            elif aside.exists():
+                os.replace(aside, final)
+        raise
+    for _, aside in undo:
+        if aside is not None:
+            aside.unlink(missing_ok=True)
 
 
 def plot_files(recipe: Mapping[str, Any]) -> list[str]:
@@ -1116,9 +1183,10 @@ def build_report(
 ) -> Path:
     """Write ``report.md`` and one PNG per plot into ``out_dir``; returns the Markdown path.
     ``failures``: the sweep's jobs that wrote no record; ``left_out``: records the store left out
-    (``(folder, why)``); both listed after the runs. Of the files already there, only the plots an
-    earlier report of this command drew are replaced or removed. A report that fails or is
-    interrupted leaves no plot it added, nor the folder when it made it."""
+    (``(folder, why)``); both listed after the runs. Of the files already there, only report.md and
+    the plots an earlier report of this command drew are replaced or removed, all together once
+    every plot is drawn. A report that fails or is interrupted leaves the earlier report and its
+    plots as they were, no file of its own, and not the folder when it made it."""
     created = not out_dir.exists()
     try:
         return _write_report(
@@ -1166,8 +1234,11 @@ def _write_report(
         "## Plots",
         "",
     ]
-    drawn: set[str] = set()
-    fresh: set[Path] = set()  # plots this report adds to the folder
+    # every plot is drawn into a temporary file beside its name and report.md written likewise; only
+    # then are they put in place together (:func:`replace_together`): a report that fails or is
+    # interrupted leaves the folder's earlier report and its plots as they were, and none of its own
+    drawn: dict[str, Path] = {}  # plot file name -> the temporary file it is drawn into
+    markdown = temporary_sibling(out_dir / "report.md")
     try:
         for i, spec in enumerate(recipe["plots"]):
             where = {k: str(v) for k, v in (spec.get("where") or {}).items()}
@@ -1180,30 +1251,29 @@ def _write_report(
             if plot.figure is None:
                 lines += [f"_Not drawn: {plot.note}._", ""]
                 continue
-            png = out_dir / plot_files(recipe)[i]
-            if not png.exists():
-                fresh.add(png)
-            plot.figure.savefig(png)
-            drawn.add(png.name)
-            lines += [f"![{heading}]({png.name})", ""]
-    except BaseException:  # an interrupt mid-report: no plot it added stays without a report linking it
-        for path in fresh:
-            path.unlink(missing_ok=True)
-        raise
-    remove_stale_plots(out_dir, earlier, keep=drawn)
-    if entries:
-        lines += [
-            "## Source-reported numbers (not measured here)",
-            "",
-            "Quoted from the papers, measured by their authors on their models and hardware. "
-            "They are context, not expectations for this harness: each holds for its own configuration.",
-            "",
-            md_table(["label", *SOURCE_KEYS], [["source-reported", *(e[k] for k in SOURCE_KEYS)] for e in entries]),
-            "",
-        ]
-    path = out_dir / "report.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+            name = plot_files(recipe)[i]
+            drawn[name] = temporary_sibling(out_dir / name)
+            plot.figure.savefig(drawn[name], format="png")
+            lines += [f"![{heading}]({name})", ""]
+        if entries:
+            lines += [
+                "## Source-reported numbers (not measured here)",
+                "",
+                "Quoted from the papers, measured by their authors on their models and hardware. "
+                "They are context, not expectations for this harness: each holds for its own configuration.",
+                "",
+                md_table(["label", *SOURCE_KEYS], [["source-reported", *(e[k] for k in SOURCE_KEYS)] for e in entries]),
+                "",
+            ]
+        markdown.write_text("\n".join(lines), encoding="utf-8")
+        # the plots an earlier report drew that this one does not are removed with it: a reused report
+        # folder shows no figure of other runs (every other file is left alone)
+        stale = [(None, name) for name in sorted(earlier - set(drawn))]
+        replace_together(out_dir, [*((tmp, name) for name, tmp in drawn.items()), *stale, (markdown, "report.md")])
+    finally:
+        for tmp in (*drawn.values(), markdown):
+            tmp.unlink(missing_ok=True)
+    return out_dir / "report.md"
 
 
 USAGE = "usage: harness report <records_root | store.parquet> [out=DIR [overwrite=true]] [recipe=default]"

@@ -25,6 +25,10 @@ What each field holds here:
 * ``accept_lengths``: tokens committed per round, the bonus/correction token included (so 1 per
   round for the baseline), concatenated over turns.
 
+Every turn's figures are checked before either file is written: tokens and rounds whole numbers
+>= 0, prefill and decode times finite and >= 0 with a wall time above 0, tokens per round a list of
+whole numbers; a turn that fails is refused naming its prompt, turn and key, and no file holds NaN.
+
 Spec-Bench's speed statistic over these files (per task: mean over questions of
 ``sum(new_tokens) / sum(wall_time)``, over the same mean for the baseline, whose tokens it recounts
 from ``turns`` with its tokenizer, minus one for a BOS) is recorded by every run as
@@ -39,14 +43,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.files import output_folder_problem
+from harness.files import atomic_write_text, output_folder_problem
 from harness.tracking.command_line import boolean_option, run_folder_of, split_arguments, usage_status
-from harness.tracking.record import write_jsonl_atomic
 from harness.tracking.run_notes import past_rounds_speedup_note, timing_outlier_note
 from harness.tracking.store import (
     OUTPUTS_FILENAME,
@@ -151,8 +155,50 @@ def check_destination(path: Path, *, overwrite: bool) -> None:
         raise ExportError(f"{path} cannot be written ({problem})")
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+
+
+def check_turn(pid: str, n: int, turn: Any, out: Any, arm: str) -> None:
+    """Refuse turn ``n`` (from 1) of prompt ``pid`` unless the record's ``turn`` and the outputs' ``out``
+    hold what its answer line is made of, for ``arm``: whole counts of tokens and rounds, finite
+    times >= 0 with a wall time (prefill plus decode) above 0, tokens per round, the answer text."""
+    where = f"prompt {pid!r}, turn {n}"
+    if not isinstance(turn, dict) or not isinstance(out, dict):
+        raise ExportError(f"{where}: a turn must be a JSON object in record.json and {OUTPUTS_FILENAME}")
+
+    def got(key: str) -> str:
+        return f"got {turn[key]!r}" if key in turn else "it is missing"
+
+    for key in (f"{arm}_tokens", f"{arm}_rounds"):
+        if not _is_count(turn.get(key)):
+            raise ExportError(f"{where}: record.json's {key} must be a whole number >= 0; {got(key)}")
+    for key in (f"{arm}_prefill_ms", f"{arm}_decode_ms"):
+        if not _is_time(turn.get(key)):
+            raise ExportError(f"{where}: record.json's {key} must be a finite number >= 0; {got(key)}")
+    if not turn[f"{arm}_prefill_ms"] + turn[f"{arm}_decode_ms"] > 0:
+        raise ExportError(
+            f"{where}: {arm}_prefill_ms + {arm}_decode_ms is 0 in record.json; Spec-Bench divides tokens by that "
+            "wall time"
+        )
+    key = f"{arm}_round_tokens"
+    counts = out.get(key)
+    if not isinstance(counts, list) or not all(_is_count(c) for c in counts):
+        said = f"got {counts!r}" if key in out else "it is missing"
+        raise ExportError(f"{where}: {OUTPUTS_FILENAME}'s {key} must be a list of whole numbers >= 0; {said}")
+    key = f"{arm}_answer"
+    if not isinstance(out.get(key), str):
+        said = f"got {out[key]!r}" if key in out else "it is missing"
+        raise ExportError(f"{where}: {OUTPUTS_FILENAME}'s {key} must be the answer text; {said}")
+
+
 def answer_lines(record: dict, outputs: Sequence[dict], arm: str, *, model_id: str | None = None) -> list[dict]:
-    """One Spec-Bench answer line per question for ``arm`` (``spec`` or ``ar``)."""
+    """One Spec-Bench answer line per question for ``arm`` (``spec`` or ``ar``); every turn is checked
+    first (:func:`check_turn`), so a malformed one is refused naming its prompt, turn and key."""
     by_id = {str(o["prompt_id"]): o for o in outputs}
     tstamp = _created_epoch(record)
     name = model_id or default_model_id(record, arm)
@@ -163,12 +209,20 @@ def answer_lines(record: dict, outputs: Sequence[dict], arm: str, *, model_id: s
         if out is None:
             raise ExportError(f"prompt {pid!r} is in record.json but not in {OUTPUTS_FILENAME}")
         turns, otr = row.get("turns"), out.get("turns")
-        if not turns or not otr or f"{arm}_answer" not in otr[0] or f"{arm}_prefill_ms" not in turns[0]:
+        older = not turns or not otr
+        if not older and (not isinstance(turns, list) or not isinstance(otr, list)):
+            raise ExportError(f"prompt {pid!r}: turns must be a list in record.json and in {OUTPUTS_FILENAME}")
+        if older or any(
+            isinstance(t, dict) and key not in t
+            for t, key in ((otr[0], f"{arm}_answer"), (turns[0], f"{arm}_prefill_ms"))
+        ):
             raise ExportError(
                 f"prompt {pid!r}: the run has no per-turn answers and timings (recorded by an older harness); re-run it"
             )
         if len(turns) != len(otr):
             raise ExportError(f"prompt {pid!r}: {len(turns)} turns in record.json, {len(otr)} in {OUTPUTS_FILENAME}")
+        for n, (turn, out_turn) in enumerate(zip(turns, otr, strict=True), 1):
+            check_turn(pid, n, turn, out_turn, arm)
         accept: list[int] = []
         for t in otr:
             accept.extend(int(n) for n in t[f"{arm}_round_tokens"])
@@ -193,6 +247,14 @@ def answer_lines(record: dict, outputs: Sequence[dict], arm: str, *, model_id: s
             }
         )
     return lines
+
+
+def _jsonl(lines: Sequence[dict]) -> str:
+    """Answer lines as JSON Lines; a value that is no JSON number (NaN, an infinity) is refused."""
+    try:
+        return "".join(json.dumps(line, allow_nan=False) + "\n" for line in lines)
+    except ValueError as exc:
+        raise ExportError(f"an answer line holds a value that is no JSON number ({exc})") from None
 
 
 def baseline_path(out: Path) -> Path:
@@ -231,10 +293,13 @@ def export_spec_bench(
         check_destination(path, overwrite=overwrite)
     spec_lines = answer_lines(record, outputs, "spec", model_id=model_id)
     ar_lines = answer_lines(record, outputs, "ar", model_id=f"{model_id}-baseline" if model_id else None)
-    for path in (out, base):
+    # both files' text before either is written: strict JSON (no NaN or Infinity, which speed.py's
+    # json.loads reads back as numbers that poison its means)
+    texts = [(path, _jsonl(lines)) for path, lines in ((out, spec_lines), (base, ar_lines))]
+    for path, _ in texts:
         path.parent.mkdir(parents=True, exist_ok=True)
-    write_jsonl_atomic(out, spec_lines)
-    write_jsonl_atomic(base, ar_lines)
+    for path, text in texts:
+        atomic_write_text(path, text)
     m = record["metrics"]
     return {
         "speculative": str(out),

@@ -4,8 +4,10 @@ Every run writes ``<run_dir>/outputs.jsonl`` and then ``<run_dir>/record.json`` 
 the record last, binding the outputs by their SHA-256 under ``outputs``:
 :mod:`harness.tracking.job_folder`). This module reads those records back:
 
-* :func:`load_record` validates one record (schema version, required keys, a few types) and
-  raises :class:`RecordError` naming the file, the key, the expected and the actual value.
+* :func:`load_record` validates one record (schema version, required keys, the types of the
+  fields that compare, report and export compute with, down to the elements of their lists) and
+  raises :class:`RecordError` naming the file, the key, the expected and the actual value; a
+  record with a failed gate is refused (a failed gate stops its run before any record is written).
 * :func:`aggregate` flattens every complete job's ``record.json`` under a folder (a sweep folder)
   into one pandas row per run: a record whose bound ``outputs.jsonl`` is missing or differs
   (:func:`outputs_problem`) is left out with a warning, and so is everything under a hidden
@@ -142,6 +144,11 @@ PER_PROMPT_KEYS: tuple[str, ...] = (
     "ar_tokens",
 )
 
+#: the per-prompt figures every record holds, each a finite number >= 0
+_PER_PROMPT_NUMBERS: tuple[str, ...] = ("spec_decode_ms", "spec_tokens", "ar_decode_ms", "ar_tokens")
+#: per-prompt figures older records lack (null or absent there), each a finite number >= 0 where present
+_PER_PROMPT_OPTIONAL_NUMBERS: tuple[str, ...] = ("spec_prefill_ms", "ar_prefill_ms", "spec_rounds", "ar_rounds")
+
 #: sections that comparisons and reports keep apart.
 SECTIONS: tuple[str, ...] = ("exact", "ungated", "heuristic", "cpu_budget_artifact")
 
@@ -177,6 +184,26 @@ def _require_type(path: Path, where: str, value: Any, kind: type | tuple[type, .
         raise RecordError(f"{path}: {where} must be {names}; got {type(value).__name__} {value!r}")
 
 
+def _is_count(value: Any) -> bool:
+    """A whole number >= 0 (a bool is none)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_measure(value: Any) -> bool:
+    """A finite number >= 0 (a bool is none)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+
+
+def _require_items(path: Path, where: str, items: list, check: Any, expected: str, *, none: bool = False) -> None:
+    """Every element of the list ``items`` passes ``check`` (or is None, where ``none``)."""
+    for i, value in enumerate(items):
+        if not (check(value) or (none and value is None)):
+            raise RecordError(
+                f"{path}: {where}[{i}] must be {expected}{' or null' if none else ''}; "
+                f"got {type(value).__name__} {value!r}"
+            )
+
+
 def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, Any]:
     """Check a record dict in memory; returns it unchanged or raises :class:`RecordError`."""
     path = Path(path)
@@ -204,6 +231,11 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
     _require_type(path, "metrics.cpu_budget_artifact", metrics["cpu_budget_artifact"], bool)
     for name in ("acceptance_by_depth", "reach_by_depth", "accepted_length_hist"):
         _require_type(path, f"metrics.{name}", metrics[name], list)
+    for name in ("acceptance_by_depth", "reach_by_depth"):  # null: a depth no round reached
+        _require_items(path, f"metrics.{name}", metrics[name], _is_measure, "a finite number >= 0", none=True)
+    _require_items(
+        path, "metrics.accepted_length_hist", metrics["accepted_length_hist"], _is_count, "a whole number >= 0"
+    )
     _require_type(path, "metrics.round_cost_ms", metrics["round_cost_ms"], dict)
     _require_keys(path, "metrics.round_cost_ms", metrics["round_cost_ms"], ROUND_COST_STAGES)
     for gate, evidence in record["gates"].items():
@@ -213,6 +245,11 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
         elif evidence.get("status") not in STATUSES:
             raise RecordError(
                 f"{path}: gates.{gate}.status must be one of {list(STATUSES)}; got {evidence.get('status')!r}"
+            )
+        if status_of(evidence) == "failed":
+            raise RecordError(
+                f"{path}: gates.{gate} failed: a failed gate stops its run before a record is written, so this is "
+                "no record of a measured run; re-run it"
             )
     if record["schema_version"] >= 2:
         _require_keys(path, "gates", record["gates"], GATES)
@@ -225,9 +262,9 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
     for i, row in enumerate(record["per_prompt"]):
         _require_type(path, f"per_prompt[{i}]", row, dict)
         _require_keys(path, f"per_prompt[{i}]", row, PER_PROMPT_KEYS)
-        for key in ("spec_decode_ms", "spec_tokens", "ar_decode_ms", "ar_tokens", "spec_prefill_ms", "ar_prefill_ms"):
+        for key in (*_PER_PROMPT_NUMBERS, *_PER_PROMPT_OPTIONAL_NUMBERS):
             value = row.get(key)
-            if key.endswith("prefill_ms") and value is None:  # older records have none
+            if key in _PER_PROMPT_OPTIONAL_NUMBERS and value is None:  # older records have none
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise RecordError(
@@ -247,10 +284,23 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
     for name in ("rounds_tried_by_depth", "rounds_accepted_by_depth"):
         if metrics.get(name) is not None:
             _require_type(path, f"metrics.{name}", metrics[name], list)
+            _require_items(path, f"metrics.{name}", metrics[name], _is_count, "a whole number >= 0")
+    outliers = metrics.get("timing_outliers")
+    if outliers is not None:  # older records have none
+        _require_type(path, "metrics.timing_outliers", outliers, list)
+        for i, entry in enumerate(outliers):
+            where = f"metrics.timing_outliers[{i}]"
+            _require_type(path, where, entry, dict)
+            _require_keys(path, where, entry, ("prompt_id", "arm", "ratio"))
+            if not _is_measure(entry["ratio"]):
+                raise RecordError(f"{path}: {where}.ratio must be a finite number >= 0; got {entry['ratio']!r}")
     t_profile = record.get("t_profile")
     if t_profile is not None:
         _require_type(path, "t_profile", t_profile, dict)
         _require_keys(path, "t_profile", t_profile, ("n", "t"))
+        for name in ("n", "t"):
+            _require_type(path, f"t_profile.{name}", t_profile[name], list)
+            _require_items(path, f"t_profile.{name}", t_profile[name], _is_measure, "a finite number >= 0")
         if len(t_profile["n"]) != len(t_profile["t"]):
             raise RecordError(
                 f"{path}: t_profile n and t must have the same length; "
