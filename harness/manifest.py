@@ -15,7 +15,7 @@ from harness.engine.arms import SEED_RULE
 from harness.heads.eagle_formats import resolve_source
 from harness.heads.published import inspect, is_published
 from harness.measure.hardware import library_versions
-from harness.proposers.rest import manifest_datastores
+from harness.proposers.rest import datastore_sources, manifest_datastores
 from harness.target.loading import (  # noqa: F401  (checkpoint_fingerprint: the manifest's binding, imported from here)
     checkpoint_fingerprint,
     checkpoint_ref,
@@ -162,7 +162,8 @@ def draft_model_config(cfg: DictConfig):
 
 def manifest_extras(cfg: DictConfig) -> dict:
     """Versioned artifacts the manifest binds beyond the config: the datastore release ids of a
-    retrieval proposer or of prompt lookup's datastore (opened, or built on first use, before any
+    retrieval proposer or of prompt lookup's datastore, a merged tree's sources' included
+    (:func:`~harness.proposers.rest.datastore_sources`; opened, or built on first use, before any
     model is loaded), the provenance of a published head checkpoint (path or hub id, layout, SHA-256
     of every file read),
     the files of any other artifact directory given by path (EAGLE's, trained heads') and of a
@@ -171,11 +172,7 @@ def manifest_extras(cfg: DictConfig) -> dict:
     (``topology.choices_file``: its content is the tree)."""
     p = cfg.proposer
     extras: dict = {}
-    if (
-        p.name == "rest"
-        or (p.name == "merged" and "rest" in list(p.get("sources", [])))
-        or (p.name == "prompt_lookup" and p.get("datastore") is not None)
-    ):
+    if datastore_sources(cfg):  # every datastore a source searches, a merged tree's prompt lookup's too
         extras.update(manifest_datastores(cfg))
     elif p.name in ("medusa", "hydra") and is_published(p.get("artifact")):
         extras["proposer_artifact"] = inspect(str(p.artifact), p.name).provenance()

@@ -1092,6 +1092,8 @@ def inert_options(cfg: DictConfig) -> list[str]:
         sources = list(prop.get("sources") or [])
         if "rest" in sources:
             out += path_inert_options(prop.rest.datastore, "proposer.rest.datastore")
+        if "prompt_lookup" in sources and prop.prompt_lookup.get("datastore") is not None:
+            out += path_inert_options(prop.prompt_lookup.datastore, "proposer.prompt_lookup.datastore")
         default_depths = OmegaConf.get_type(prop)().depths
         for src in sources:
             depth = prop.depths.get(src)

@@ -832,3 +832,64 @@ def test_cached_datastore_folders_are_under_the_cache_and_one_per_checkpoint(tmp
     assert a.startswith("a-") and b.startswith("b-") and a != datastore_model_key("other/a")
     assert datastore_model_key(str(tmp_path / "ckpt" / "a")) == a  # a folder named relative or absolute: one key
     assert datastore_model_key("owner/name").startswith("name-") and "/" not in datastore_model_key("owner/name")
+
+
+def test_info_verify_corpus_on_a_token_id_datastore_says_there_is_nothing_to_verify(tmp_path, capsys):
+    """A token-id datastore records no corpus: ``verify_corpus=true`` ended in a KeyError (exit 1)."""
+    from harness.workloads.datastore import write_datastore
+
+    write_datastore(datastore_from_token_ids([[5, 6, 7, 8], [5, 6, 9]]), tmp_path / "ids")
+    assert main(["info", str(tmp_path / "ids"), "verify_corpus=true"]) == 0
+    captured = capsys.readouterr()
+    info = json.loads(captured.out)
+    assert info["corpus_check"] == "not applicable: token ids given directly, no corpus" and not captured.err
+    load_datastore(tmp_path / "ids", tokenizer=None, verify_corpus=True)  # nothing to verify: no error
+    assert main(["info", str(tmp_path / "ids")]) == 0
+    assert json.loads(capsys.readouterr().out)["corpus_check"] == "not applicable: token ids given directly, no corpus"
+
+
+def test_a_cap_leaves_no_document_as_a_lone_separator(tmp_path):
+    """``max_tokens=1`` built an index of one separator (exit 0), and a cut that left a document no
+    token added a separator alone: a cut document keeps a token, or is left out."""
+    tok = word_tokenizer()
+    corpus = _corpus("a b c", "d e")  # 3 tokens + separator, 2 + separator
+    with pytest.raises(DatastoreError, match=r"^max_tokens=1 leaves no token of corpus 'inline' to index") as err:
+        build_datastore(
+            corpus, tokenizer=tok, target_family="toy", max_tokens=1, out_dir=tmp_path / "one", progress=False
+        )
+    assert "raise max_tokens" in str(err.value) and not (tmp_path / "one").exists()
+    a, b, c, d = (ids(w)[0] for w in "a b c d".split())
+    for cap, held in (
+        (2, [a, SENTINEL]),
+        (4, [a, b, c, SENTINEL]),
+        (5, [a, b, c, SENTINEL]),  # the second document would keep no token: left out
+        (6, [a, b, c, SENTINEL, d, SENTINEL]),
+    ):
+        ds = build_datastore(corpus, tokenizer=tok, target_family="toy", max_tokens=cap, progress=False)
+        assert ds.tokens.tolist() == held, cap
+        assert ds.manifest["corpus"]["documents_used"] == held.count(SENTINEL)
+        assert ds.manifest["corpus"]["stopped_by_max_tokens"]
+
+
+def test_an_empty_exclusion_is_refused_naming_the_values(tmp_path, monkeypatch, capsys):
+    """``exclude=`` built with no evaluation exclusion at all; ``none`` is how no exclusion is said."""
+    import harness.workloads.datastore as datastore_module
+    from harness.workloads.datastore import exclusions_for
+
+    monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
+    root = tmp_path / "lib"
+    root.mkdir()
+    (root / "m.py").write_text("a b c d e f\n")
+    for spec in ("", " ", ","):
+        out = tmp_path / "ds"
+        args = ["build", "corpus=files", f"corpus_path={root}", "model=owner/toy", f"exclude={spec}", f"out={out}"]
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            "harness datastore: refused: exclude is empty; give humaneval, sharegpt_heldout, none or a .jsonl path "
+            "(exclude=none keeps nothing out)"
+        ]
+        assert not out.exists()
+        with pytest.raises(DatastoreError, match=r"^exclude is empty"):
+            exclusions_for(spec)
+    assert exclusions_for("none") == []

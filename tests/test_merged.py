@@ -112,6 +112,38 @@ def test_merge_budget_is_shared_round_robin_and_prefix_closed():
     assert prefixes(nodes) == [(1,), (5,), (1, 2), (5, 6)]  # deeper nodes and their children dropped
 
 
+def test_the_merge_shares_the_node_budget_among_the_rows_the_round_can_commit():
+    """In a request's last rounds (``depth_cap``) a row deeper than the round commits is not merged:
+    it took a node of the budget, and the compiler then cut it, while shallower rows of another
+    source were left out. ``depth_cap`` 0 (only the target's own token is left) keeps no row."""
+    chain = Fixed({(): [1], (1,): [2], (1, 2): [3], (1, 2, 3): [4]}, name="chain")  # ignores depth_cap
+    wide = Fixed({(): [5, 6, 7]}, name="wide")
+    merged = MergedProposer(budget=Budget("merged", 3, 4), manifest_hash="h", sources=[chain, wide])
+    assert prefixes(list(merged.propose([9], rng=None).nodes)) == [(1,), (5,), (1, 2)]
+    merged.depth_cap = 1
+    result = merged.propose([9], rng=None)
+    assert prefixes(list(result.nodes)) == [(1,), (5,), (6,)]
+    assert compile_tree([result], prefix_len=1, max_nodes=3, max_depth=1).token_ids.tolist() == [1, 5, 6]
+    merged.depth_cap = 0
+    assert merged.propose([9], rng=None).nodes == ()
+    nodes, stats = merge_proposals([chain.result, wide.result], max_nodes=3, max_depth=0)
+    assert nodes == [] and [s["offered"] for s in stats] == [4, 3]
+
+
+def test_a_rest_source_prunes_its_trie_to_the_round_s_depth_cap():
+    """REST inside a merged tree gets the round's depth cap: its node budget goes to the levels the
+    round verifies."""
+    docs = [[1, 2, 10, 11, 12, 13]] * 5 + [[1, 2, 20, 21, 22, 23]] * 4 + [[1, 2, 30, 31]] * 3 + [[1, 2, 40]]
+    rest = RestProposer(budget=Budget("tree", 4, 4), manifest_hash="h", datastore=datastore_from_token_ids(docs))
+    lookup = PromptLookupProposer(budget=Budget("sequences", 4, 4), manifest_hash="h")
+    merged = MergedProposer(budget=Budget("merged", 4, 4), manifest_hash="h", sources=[rest, lookup])
+    merged.depth_cap = 1
+    result = merged.propose([7, 1, 2], TorchRandomSource(0))
+    assert rest.depth_cap is None and lookup.depth_cap is None  # the cap is the round's only
+    tree = compile_tree([result], prefix_len=3, max_nodes=4, max_depth=1)
+    assert tree.token_ids.tolist() == [10, 20, 30, 40]
+
+
 # ------------------------------------------------------------------------------ negotiation
 
 

@@ -160,6 +160,34 @@ def test_sequence_shape_follows_the_first_child():
     assert result.topology == "sequence" and rows(result) == [(5, -1, 2.0), (6, 0, 1.0)]
 
 
+# five continuations through 10, four through 20, three through 30, one through 40
+DEEP_AND_WIDE = [[1, 2, 10, 11, 12, 13]] * 5 + [[1, 2, 20, 21, 22, 23]] * 4 + [[1, 2, 30, 31]] * 3 + [[1, 2, 40]]
+
+
+def test_the_node_budget_goes_to_the_levels_the_round_can_commit():
+    """In a request's last rounds the round loop sets ``depth_cap`` and compiles the tree to that
+    depth: the trie is pruned among the rows of those levels (it was pruned over the budget's depth,
+    and the compiler then cut the deeper rows, leaving one row of a budget of four)."""
+    prop = rest(DEEP_AND_WIDE, budget=Budget(shape="tree", max_nodes=4, max_depth=4))
+    assert paths(prop.propose([7, 1, 2], rng())) == [(10,), (10, 11), (10, 11, 12), (10, 11, 12, 13)]
+    prop.depth_cap = 1
+    result = prop.propose([7, 1, 2], rng())
+    assert paths(result) == [(10,), (20,), (30,), (40,)]
+    tree = compile_tree([result], prefix_len=3, max_nodes=4, max_depth=1)
+    assert tree.token_ids.tolist() == [10, 20, 30, 40]
+    prop.depth_cap = 2
+    assert paths(prop.propose([7, 1, 2], rng())) == [(10,), (20,), (10, 11), (20, 21)]
+    # one token left: the round commits the target's own token only, so no row is proposed; the
+    # retrieval still found continuations (not a miss)
+    prop.depth_cap = 0
+    capped = prop.propose([7, 1, 2], rng())
+    assert capped.empty and capped.extras["miss"] is False and capped.extras["n_matches"] == 13
+    assert prop.stats.extras["misses"] == 0
+    seq = rest(DEEP_AND_WIDE, budget=Budget(shape="sequence", max_nodes=4, max_depth=4))
+    seq.depth_cap = 2
+    assert paths(seq.propose([7, 1, 2], rng())) == [(10,), (10, 11)]
+
+
 def test_release_limits_are_enforced():
     with pytest.raises(DatastoreError, match="max_matches=65 exceeds"):
         rest([[1, 2, 3]], max_matches=65)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -655,3 +656,151 @@ def test_a_working_folder_named_like_the_cached_datastore_is_left_alone(tmp_path
     assert info["built_now"] and ds.path.parent == tmp_path / "cache" / "datastores"
     for name in ("stdlib", "stdlib-toy"):
         assert [p.name for p in (tmp_path / name).iterdir()] == ["notes.py"]
+
+
+# ------------------------------------------------------------------------------ refusals before model work
+
+
+def refused_run(tmp_path, capsys, monkeypatch, *overrides: str) -> str:
+    """`harness run` over ``overrides`` (model=tiny, a one-prompt workload) is refused: exit 2, one
+    line, no model loaded and no run folder written. Returns the line."""
+    import harness.runner as runner
+    from harness.app import run_main
+
+    def no_models(cfg, **_):
+        raise AssertionError("models were loaded for a refused run")
+
+    monkeypatch.setattr(runner, "load_models", no_models)
+    workload = tmp_path / "wl.jsonl"
+    workload.write_text(json.dumps({"id": "p1", "prompt": "hello world hello world"}) + "\n")
+    argv = [
+        "model=tiny",
+        "workload=jsonl",
+        f"workload.path={workload}",
+        "workload.chat=false",
+        "generation.max_new_tokens=4",
+        "gates.oracle=false",
+        "threads=1",
+        f"output_dir={tmp_path / 'run'}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+        *overrides,
+    ]
+    assert run_main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("harness: gate(s)")]
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("harness run: refused: "), err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "hydra").exists()
+    return lines[0]
+
+
+def test_a_merged_tree_s_prompt_lookup_datastore_is_bound_into_the_manifest(tmp_path):
+    """``proposer=merged`` bound only ``proposer.rest``'s datastore: its prompt-lookup source's
+    release was in neither the manifest hash nor ``manifest.datastores``, and was opened only after
+    the models loaded (another datastore at the same path gave the same job hash)."""
+    from harness.manifest import job_manifest, manifest_hash
+    from harness.proposers.rest import manifest_datastores
+
+    store, rest_store = tmp_path / "pl", tmp_path / "rest"
+    write_datastore(datastore_from_token_ids([[3, 4, 5, 6]]), rest_store)
+    base = [
+        "model=tiny",
+        "proposer=merged",
+        "topology=merged",
+        "+datastore@proposer.prompt_lookup.datastore=stdlib",
+        f"proposer.prompt_lookup.datastore.path={store}",
+        f"proposer.rest.datastore.path={rest_store}",
+    ]
+    hashes = []
+    for docs in ([[5, 6, 7, 8]], [[9, 10, 11, 12, 13]]):  # the same folder holding another release
+        shutil.rmtree(store, ignore_errors=True)
+        ds = datastore_from_token_ids(docs)
+        write_datastore(ds, store)
+        manifest = job_manifest(compose_cfg(*base, "proposer.sources=[prompt_lookup]"), versions={"torch": "x"})
+        bound = {"release_id": ds.release_id, "corpus": "token-ids", "n_tokens": len(docs[0]) + 1, "path": str(store)}
+        assert manifest["datastores"] == {"prompt_lookup": bound}
+        hashes.append(manifest_hash(manifest))
+        both = manifest_datastores(compose_cfg(*base, "proposer.sources=[rest,prompt_lookup]"))["datastores"]
+        assert both["prompt_lookup"] == bound and set(both) == {"rest", "prompt_lookup"}
+    assert hashes[0] != hashes[1]
+    # a source left out binds nothing, and a prompt-lookup source without a datastore has none to bind
+    assert set(manifest_datastores(compose_cfg(*base, "proposer.sources=[rest]"))["datastores"]) == {"rest"}
+    plain = ["model=tiny", "proposer=merged", "topology=merged", "proposer.sources=[prompt_lookup]"]
+    assert manifest_datastores(compose_cfg(*plain)) == {}
+    # a build option set beside the path is listed as inert, as for the REST source's datastore
+    from harness.runner import inert_options
+
+    inert = inert_options(compose_cfg(*base, "proposer.prompt_lookup.datastore.max_tokens=1000"))
+    assert any(i.startswith("proposer.prompt_lookup.datastore.max_tokens=1000: the datastore at") for i in inert)
+    # opened before any model work: a missing one is refused there, naming its option
+    shutil.rmtree(store)
+    with pytest.raises(DatastoreError, match=r"^proposer.prompt_lookup.datastore.path=.* is not a datastore"):
+        manifest_datastores(compose_cfg(*base, "proposer.sources=[prompt_lookup]"))
+
+
+def test_a_merged_prompt_lookup_datastore_refusal_comes_before_model_work(tmp_path, monkeypatch, capsys):
+    line = refused_run(
+        tmp_path,
+        capsys,
+        monkeypatch,
+        "proposer=merged",
+        "topology=merged",
+        "proposer.sources=[prompt_lookup]",
+        "+datastore@proposer.prompt_lookup.datastore=stdlib",
+        f"proposer.prompt_lookup.datastore.path={tmp_path / 'absent'}",
+    )
+    assert "proposer.prompt_lookup.datastore.path=" in line and "is not a datastore" in line
+
+
+@pytest.mark.parametrize(("text", "said"), [("{bad", "is not valid JSON"), ("[]", "holds a JSON list")])
+def test_a_damaged_datastore_manifest_is_refused_naming_the_file(tmp_path, monkeypatch, capsys, text, said):
+    """A manifest.json that is not JSON was refused with the JSON parser's words alone, and a JSON
+    list ended in an AttributeError (exit 1)."""
+    from harness.proposers.rest import path_inert_options
+
+    store = tmp_path / "ds"
+    store.mkdir()
+    (store / "manifest.json").write_text(text)
+    where = f"{str(store / 'manifest.json')!r}"
+    with pytest.raises(DatastoreError, match=re.escape(f"{where} ") + re.escape(said)):
+        open_datastore({"path": str(store)}, tokenizer=None, model="tiny")
+    cfg = compose_cfg("model=tiny", "proposer=rest", f"proposer.datastore.path={store}")
+    with pytest.raises(DatastoreError, match=re.escape(f"{where} ") + re.escape(said)):
+        path_inert_options(cfg.proposer.datastore, "proposer.datastore")
+    line = refused_run(tmp_path, capsys, monkeypatch, "proposer=rest", f"proposer.datastore.path={store}")
+    assert f"{where} {said}" in line
+
+
+def test_prompt_lookup_refuses_a_datastore_too_short_for_its_suffixes_before_model_work(tmp_path, monkeypatch, capsys):
+    """Prompt lookup searches a datastore with suffixes of 2 tokens or more; one released with
+    context_len=1 was refused after the models loaded as "need 1 <= min_suffix <= max_suffix; got
+    2, 1", options the user never set. It is refused first, naming the datastore's context_len."""
+    import harness.proposers.rest as rest_module
+    from harness.proposers.rest import manifest_datastores
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    store = tmp_path / "ctx1"
+    write_datastore(datastore_from_token_ids([[5, 6, 7, 8, 9]], context_len=1), store)
+    lookup = ["model=tiny", "proposer=prompt_lookup", "topology=sequences", "+datastore@proposer.datastore=stdlib"]
+    with pytest.raises(
+        DatastoreError,
+        match=re.escape(f"proposer.datastore {str(store)!r} was released with context_len=1: it serves suffixes of ")
+        + r"at most 1 token\(s\), and prompt lookup searches a datastore with suffixes of 2 tokens or more; "
+        r"write one with datastore_from_token_ids\(\.\.\., context_len=2\)",
+    ):
+        manifest_datastores(compose_cfg(*lookup, f"proposer.datastore.path={store}"))
+    merged = ["model=tiny", "proposer=merged", "topology=merged", "proposer.sources=[prompt_lookup]"]
+    merged += ["+datastore@proposer.prompt_lookup.datastore=stdlib", f"proposer.prompt_lookup.datastore.path={store}"]
+    with pytest.raises(DatastoreError, match=r"^proposer.prompt_lookup.datastore '.*' was released with context_len=1"):
+        manifest_datastores(compose_cfg(*merged))
+    line = refused_run(tmp_path, capsys, monkeypatch, *lookup[1:], f"proposer.datastore.path={store}")
+    assert "was released with context_len=1" in line and "min_suffix" not in line
+    # a target with a tokenizer: a cached datastore configured so is refused before it is built, and
+    # one at a path is told how to rebuild it
+    monkeypatch.setattr(rest_module, "load_tokenizer", lambda name: word_tokenizer(WORDS))
+    with pytest.raises(
+        DatastoreError,
+        match=r"^proposer.datastore is configured with context_len=1: .*; set proposer.datastore.context_len=2 or "
+        r"more \(built into the cache on first use\)$",
+    ):
+        manifest_datastores(compose_cfg(*lookup, "proposer.datastore.context_len=1"))
+    assert not (tmp_path / "cache").exists()

@@ -17,7 +17,8 @@ Per round (:meth:`MergedProposer.propose`):
 2. their nodes are interleaved round-robin (node ``i`` of source 0, node ``i`` of source 1, ...),
    which keeps each source's own order (parents before children) and shares the budget evenly;
 3. nodes are keyed by their full token prefix (SpecInfer's merge): a new prefix becomes a new row
-   while fewer than ``max_nodes`` rows exist and its depth is within ``max_depth``, and a prefix
+   while fewer than ``max_nodes`` rows exist and its depth is within the round's (``max_depth``, or
+   the round loop's ``depth_cap`` in a request's last rounds, passed to every source), and a prefix
    another source already proposed is kept as a second node under the same parent, which
    :func:`~harness.topology.compiler.compile_tree` folds into the existing row while recording
    both sources (``CompiledTree.sources``). Equal tokens under different parents have different
@@ -93,12 +94,14 @@ def merge_proposals(
 ) -> tuple[list[ProposalNode], list[dict]]:
     """Interleave and merge proposals by full prefix (module docstring, steps 2-3).
 
+    ``max_depth`` 0 (a round that commits the target's own token only) keeps no node.
+
     Returns ``(nodes, per_source)``: the merged nodes (parents precede children, a node's parent
     is the first node with its parent prefix) and, per proposal, ``offered`` (its nodes),
     ``new_rows`` (prefixes it added) and ``shared`` (nodes whose prefix already existed).
     """
-    if max_nodes < 1 or max_depth < 1:
-        raise ValueError(f"max_nodes and max_depth must be >= 1; got {max_nodes}, {max_depth}")
+    if max_nodes < 1 or max_depth < 0:
+        raise ValueError(f"need max_nodes >= 1 and max_depth >= 0; got {max_nodes}, {max_depth}")
     names = list(default_sources) if default_sources is not None else [p.source for p in proposals]
     prefixes: list[list[tuple[int, ...] | None]] = [[] for _ in proposals]  # per proposal node
     first: dict[tuple[int, ...], int] = {}  # prefix -> first merged node with it
@@ -337,7 +340,7 @@ class MergedProposer(Proposer):
         nodes, counts = merge_proposals(
             results,
             max_nodes=self.budget.max_nodes,
-            max_depth=self.budget.max_depth,
+            max_depth=self.round_max_depth(),  # the rows the round can commit share the node budget
             default_sources=[s.name for s in self.sources],
         )
         for s, c in zip(self.sources, counts):

@@ -77,7 +77,7 @@ import torch
 
 from harness.contracts import Budget, ConfigError, ProposalNode, ProposalResult, ProposalStateHandle
 from harness.proposers.base import Proposer
-from harness.proposers.rest import RestProposer
+from harness.proposers.rest import LOOKUP_MIN_SUFFIX, RestProposer
 from harness.random_source import RandomSource
 
 #: the longest context an occurrence's match is measured over (tokens)
@@ -759,15 +759,17 @@ class PromptLookupProposer(Proposer):
     def from_config(cls, *, options: dict, budget: Budget, manifest_hash: str, policy, context) -> Proposer:
         """With ``datastore``, open it as ``proposer=rest`` does (built on first use, refused when
         it does not fit the target's tokenizer) and search it with REST's settings (the committed
-        suffix of at most the release's context length, at least 2 tokens, down to the first length
-        with matches; up to 64 continuations of the release's length); the proposals carry the
-        manifest hash folded with its release id."""
+        suffix of at most the release's context length, at least ``LOOKUP_MIN_SUFFIX`` (2) tokens, down
+        to the first length with matches; up to 64 continuations of the release's length); the
+        proposals carry the manifest hash folded with its release id. A run refuses a release whose
+        context length is below 2 before any model work
+        (:func:`~harness.proposers.rest.check_lookup_release`)."""
         opts = dict(options)
         ds_cfg = opts.pop("datastore", None)
         if ds_cfg is None:
             return cls(budget=budget, manifest_hash=manifest_hash, policy=policy, **opts)
         retriever = RestProposer.from_config(
-            options={"datastore": ds_cfg, "min_suffix": 2},
+            options={"datastore": ds_cfg, "min_suffix": LOOKUP_MIN_SUFFIX},
             budget=Budget("tree", budget.max_nodes, budget.max_depth),
             manifest_hash=manifest_hash,
             policy=policy,

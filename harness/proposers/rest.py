@@ -13,10 +13,11 @@ and refuses p/q verifiers (rejection, SpecInfer, Sequoia).
 Declared orders (also written into every datastore manifest):
 
 * siblings: descending prefix count, then ascending token id;
-* pruning (global): rank every trie node of depth <= ``max_depth`` by descending count, then by
-  breadth-first position (siblings in declared order); keep the first ``max_nodes``. A child's
-  count never exceeds its parent's and a parent comes first breadth-first, so the kept set is
-  closed under prefixes;
+* pruning (global): rank every trie node of depth <= the round's depth (``max_depth``, or the
+  round loop's ``depth_cap`` in a request's last rounds, which verify fewer levels) by descending
+  count, then by breadth-first position (siblings in declared order); keep the first
+  ``max_nodes``. A child's count never exceeds its parent's and a parent comes first
+  breadth-first, so the kept set is closed under prefixes;
 * output: kept nodes breadth-first, siblings in declared order (parents precede children).
 
 With ``Budget.shape == "sequence"`` the proposal is the single path that follows the first child
@@ -75,7 +76,7 @@ from harness.files import artifact_lock, temporary_sibling
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
 from harness.target.loading import load_tokenizer
-from harness.workloads.corpora import Corpus, FilesCorpus, corpus_from_description, make_corpus
+from harness.workloads.corpora import Corpus, FilesCorpus, make_corpus
 from harness.workloads.datastore import (
     DEFAULT_CONTEXT_LEN,
     DEFAULT_CONTINUATION_LEN,
@@ -90,10 +91,12 @@ from harness.workloads.datastore import (
     cache_folder_name,
     cached_datastore_dir,
     check_leakage,
+    corpus_check,
     default_exclusion,
     exclusion_fingerprints,
     exclusions_for,
     load_datastore,
+    read_manifest,
     refuse_leakage,
 )
 
@@ -389,7 +392,7 @@ class RestProposer(Proposer):
         has none (a count each, no offsets read: a round's search mostly ends after two or three
         lengths instead of trying every length from the longest down); from there down, the first
         length whose occurrences have a continuation is the match."""
-        depth = min(self.continuation_len, self.budget.max_depth)
+        depth = min(self.continuation_len, self.round_max_depth())  # rows the round can commit
         longest = self.datastore.longest_suffix(committed, min_len=self.min_suffix, max_len=self.max_suffix)
         for n in range(longest, self.min_suffix - 1, -1):
             suffix = committed[len(committed) - n :]
@@ -403,17 +406,22 @@ class RestProposer(Proposer):
         match_len, conts = self.retrieve(committed)
         t1 = time.perf_counter()
         root = build_trie(conts)
-        if self.budget.shape == "sequence":
-            rows = best_path(root, max_len=min(self.budget.max_nodes, self.budget.max_depth))
+        # a request's last rounds are compiled to fewer levels (depth_cap): the node budget goes to
+        # the rows those levels hold
+        depth = self.round_max_depth()
+        if depth < 1:  # the round commits the target's own token only: no row can be verified
+            rows = []
+        elif self.budget.shape == "sequence":
+            rows = best_path(root, max_len=min(self.budget.max_nodes, depth))
         else:
-            rows = linearize_trie(root, max_nodes=self.budget.max_nodes, max_depth=self.budget.max_depth)
+            rows = linearize_trie(root, max_nodes=self.budget.max_nodes, max_depth=depth)
         nodes = tuple(
             ProposalNode(token_id=tok, parent=parent, score=float(count), source=self.source_id)
             for tok, parent, count in rows
         )
         t2 = time.perf_counter()
         retrieval_ms, trie_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
-        self.note_retrieval(match_len, len(nodes), retrieval_ms)
+        self.note_retrieval(match_len, len(conts), retrieval_ms)  # a miss: the datastore held no continuation
         self.stats.extras["trie_ms"] += trie_ms
         self.stats.retrieval_ms += retrieval_ms  # decode() reports it as the round's retrieval stage
         extras = {
@@ -421,7 +429,7 @@ class RestProposer(Proposer):
             "trie_ms": trie_ms,
             "match_len": match_len,
             "n_matches": len(conts),
-            "miss": not nodes,
+            "miss": not conts,
             "datastore_release_id": self.datastore.release_id,
         }
         handle = ProposalStateHandle(owner=self.name, committed_len=len(committed))
@@ -526,7 +534,7 @@ def path_inert_options(node, prefix: str) -> list[str]:
         out += _unread_file_options(node, prefix)
     if path is None or not (Path(str(path)) / MANIFEST_FILE).is_file():
         return out  # no path, or one that is refused when opened
-    manifest = json.loads((Path(str(path)) / MANIFEST_FILE).read_text())
+    manifest = read_manifest(Path(str(path)))
     why = f"the datastore at {path} was built with {{}} (its manifest decides; nothing is built)"
     out += [
         f"{prefix}.{key}={node.get(key)}: " + why.format(f"{key}={'null' if get(manifest) is None else get(manifest)}")
@@ -794,7 +802,7 @@ def open_datastore(
         if not info["built_now"] and str(path) in _BUILT_BY_THIS_JOB:  # built when the manifest was frozen
             info.update(built_now=True, build_s=_BUILT_BY_THIS_JOB.pop(str(path)))
     t0 = time.perf_counter()
-    manifest = json.loads((path / MANIFEST_FILE).read_text())
+    manifest = read_manifest(path)
     built_with = manifest.get("tokenizer")
     if tokenizer is None and built_with is not None:
         raise DatastoreError(
@@ -854,19 +862,9 @@ def open_datastore(
     return ds, info
 
 
-def corpus_check(manifest: dict, verified: bool) -> str:
-    """What opening a datastore checked of the corpus it was built from (every open checks the
-    index checksum): ``verified`` (its snapshot recomputed and equal), or why not."""
-    source = manifest.get("corpus", {}).get("source")
-    if manifest.get("tokenizer") is None:
-        return "not applicable: token ids given directly, no corpus"
-    if source is None:
-        return "not applicable: built before datastores recorded their corpus's source"
-    if source.get("name") == "rest-index":
-        return "not applicable: an imported REST index (no text to re-read; the index file was hashed at import)"
-    if corpus_from_description(source) is None:
-        return f"not applicable: corpus {source.get('name')!r} cannot be re-read (its snapshot was recorded at build)"
-    return "verified" if verified else "not verified: verify_corpus=false"
+#: the shortest committed suffix prompt lookup searches its datastore with (``proposer.datastore``
+#: of ``proposer=prompt_lookup``; not an option)
+LOOKUP_MIN_SUFFIX = 2
 
 
 def release_limits(manifest: dict) -> dict[str, int]:
@@ -893,38 +891,94 @@ def check_release_limits(options: dict, manifest: dict, prefix: str = "proposer"
             )
 
 
+def datastore_sources(cfg) -> dict:
+    """The datastores a composed config's proposer searches, by source: ``{source: (datastore
+    node, the options node of the proposer that searches it, its prefix)}``. ``rest`` for
+    ``proposer=rest`` or a ``proposer=merged`` with ``rest`` among its sources, ``prompt_lookup``
+    for ``proposer=prompt_lookup`` or a merged ``prompt_lookup`` source whose ``datastore`` is set;
+    ``{}`` when the proposer searches none."""
+    p = cfg.proposer
+    out = {}
+    if p.name == "rest":
+        out["rest"] = (p.datastore, p, "proposer")
+    elif p.name == "prompt_lookup" and p.get("datastore") is not None:
+        out["prompt_lookup"] = (p.datastore, p, "proposer")
+    elif p.name == "merged":
+        sources = list(p.get("sources") or [])
+        if "rest" in sources:
+            out["rest"] = (p.rest.datastore, p.rest, "proposer.rest")
+        if "prompt_lookup" in sources and p.prompt_lookup.get("datastore") is not None:
+            out["prompt_lookup"] = (p.prompt_lookup.datastore, p.prompt_lookup, "proposer.prompt_lookup")
+    return out
+
+
+def check_lookup_release(ds_cfg: dict, manifest: dict | None, *, prefix: str, model: str, token_ids: bool) -> None:
+    """Refuse a datastore prompt lookup (at ``prefix``) cannot search: one that serves suffixes
+    shorter than :data:`LOOKUP_MIN_SUFFIX` (its ``context_len``). ``ds_cfg``: the datastore's
+    config; ``manifest``: its release manifest, or None before it is built (the configured
+    ``context_len`` is what the build would release); ``token_ids``: the target has no tokenizer
+    (a token-id datastore is written, not built). The refusal says how to get one that serves it."""
+    least = LOOKUP_MIN_SUFFIX
+    if manifest is None:
+        context_len, where = int(ds_cfg.get("context_len", DEFAULT_CONTEXT_LEN)), "is configured"
+    else:
+        context_len, where = release_limits(manifest)["context_len"], "was released"
+        if ds_cfg.get("path") is not None:
+            where = f"{str(ds_cfg['path'])!r} {where}"
+    if context_len >= least:
+        return
+    if token_ids:
+        remedy = (
+            f"write one with datastore_from_token_ids(..., context_len={least}) + write_datastore and pass "
+            f"{prefix}.datastore.path=<dir>"
+        )
+    elif ds_cfg.get("path") is None:
+        remedy = f"set {prefix}.datastore.context_len={least} or more (built into the cache on first use)"
+    else:
+        path = ds_cfg["path"]
+        remedy = (
+            f"rebuild it with context_len={least} or more (`harness datastore info {path}` says what it was built "
+            f"from; `harness datastore build ... model={model} context_len={least} out={path} overwrite=true`)"
+        )
+    raise DatastoreError(
+        f"{prefix}.datastore {where} with context_len={context_len}: it serves suffixes of at most {context_len} "
+        f"token(s), and prompt lookup searches a datastore with suffixes of {least} tokens or more; {remedy}"
+    )
+
+
 def manifest_datastores(cfg) -> dict:
     """The datastore releases a composed config's proposer uses, for the run manifest.
 
-    Opens (building on first use, a tokenizer-only stage) every datastore of ``proposer=rest``, of a
-    ``proposer=merged`` source or of ``proposer=prompt_lookup`` with a ``datastore``, before any
-    model is loaded, and returns
+    Opens (building on first use, a tokenizer-only stage) every datastore :func:`datastore_sources`
+    names (``proposer=rest``'s, ``proposer=prompt_lookup``'s, each ``proposer=merged`` source's)
+    before any model is loaded, refuses what a release cannot serve (:func:`check_release_limits`,
+    :func:`check_lookup_release`), and returns
     ``{"datastores": {source: {release_id, corpus, n_tokens, path}}}`` (``{}`` when the proposer
     uses none). Passed as ``freeze_manifest(cfg, versions=..., extra=manifest_datastores(cfg))``
     it puts each release id into the manifest hash; call it after negotiation (``plan``).
     """
-    p = cfg.proposer
-    nodes, options = {}, {}
-    if p.name == "rest":
-        nodes["rest"], options["rest"] = p.datastore, (p, "proposer")
-    elif p.name == "merged" and "rest" in list(p.sources):
-        nodes["rest"], options["rest"] = p.rest.datastore, (p.rest, "proposer.rest")
-    elif p.name == "prompt_lookup" and p.get("datastore") is not None:
-        nodes["prompt_lookup"], options["prompt_lookup"] = p.datastore, ({}, "proposer")
+    nodes = datastore_sources(cfg)
     if not nodes:
         return {}
 
     model = target_reference(cfg)
     tokenizer = load_tokenizer(str(cfg.model.name_or_path or model))
     out = {}
-    for source, node in nodes.items():
+    for source, (node, opts, prefix) in nodes.items():
         ds_cfg = OmegaConf.to_container(node, resolve=True)
-        opts, prefix = options[source]
+        lookup = {"prefix": prefix, "model": model, "token_ids": tokenizer is None}
+        if source == "prompt_lookup" and ds_cfg.get("path") is None:  # before a build it could not search
+            check_lookup_release(ds_cfg, None, **lookup)
         ds, _ = open_datastore(ds_cfg, tokenizer=tokenizer, model=model, prefix=f"{prefix}.datastore")
         # before any model work: what the release cannot serve
-        check_release_limits(
-            {k: opts.get(k) for k in ("max_suffix", "max_matches", "continuation_len")}, ds.manifest, prefix
-        )
+        if source == "rest":
+            check_release_limits(
+                {k: opts.get(k) for k in ("max_suffix", "max_matches", "continuation_len")},
+                ds.manifest,
+                prefix,
+            )
+        else:
+            check_lookup_release(ds_cfg, ds.manifest, **lookup)
         out[source] = {
             "release_id": ds.release_id,
             "corpus": ds.manifest.get("corpus", {}).get("name"),

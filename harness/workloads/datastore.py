@@ -428,6 +428,9 @@ def build_datastore(
                 continue
             arr = np.concatenate(parts)
             if total + len(arr) > cap:  # cut the crossing document; it still ends in a sentinel
+                if cap - total - 1 < 1:  # no token of it fits before its sentinel: the cap ends the build here
+                    stopped = True
+                    return False
                 arr = np.concatenate([arr[: cap - total - 1], np.array([SENTINEL], dtype=np.int64)])
             chunks.append(arr.astype(np.int32))
             total += len(arr)
@@ -452,6 +455,11 @@ def build_datastore(
             flush(batch)
     finally:
         bar.close()
+    if not used and stopped:  # the cap left no room for a token and its document's sentinel
+        raise DatastoreError(
+            f"max_tokens={max_tokens} leaves no token of corpus {corpus.name!r} to index (each document "
+            f"ends in a separator, so a document's first token needs max_tokens >= 2): raise max_tokens"
+        )
     if not used:  # an index of nothing: every REST round would propose nothing, and a record would say ~1x
         hint = (
             " (check corpus_path, glob and roles: a conversation's turns of other roles are not read)"
@@ -805,6 +813,22 @@ def write_datastore(ds: Datastore, out_dir: str | Path) -> Path:
 # loading
 
 
+def read_manifest(path: str | Path) -> dict:
+    """The release manifest of the datastore folder ``path`` (its ``manifest.json``, which must
+    exist): refused (:class:`DatastoreError`, naming the file) when it is not JSON or not a JSON
+    object."""
+    mpath = Path(path) / MANIFEST_FILE
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatastoreError(
+            f"{str(mpath)!r} is not valid JSON ({exc}): the datastore is damaged; rebuild it"
+        ) from None
+    if not isinstance(manifest, dict):
+        raise DatastoreError(f"{str(mpath)!r} holds a JSON {type(manifest).__name__}, not a datastore manifest")
+    return manifest
+
+
 def load_datastore(
     path: str | Path, *, tokenizer, corpus: Corpus | None = None, verify_corpus: bool = True
 ) -> Datastore:
@@ -817,17 +841,9 @@ def load_datastore(
     always verified.
     """
     path = Path(path)
-    mpath = path / MANIFEST_FILE
-    if not mpath.is_file():
+    if not (path / MANIFEST_FILE).is_file():
         raise DatastoreError(f"{str(path)!r} is not a datastore: {MANIFEST_FILE} missing")
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DatastoreError(
-            f"{str(mpath)!r} is not valid JSON ({exc}): the datastore is damaged; rebuild it"
-        ) from None
-    if not isinstance(manifest, dict):
-        raise DatastoreError(f"{str(mpath)!r} holds a JSON {type(manifest).__name__}, not a datastore manifest")
+    manifest = read_manifest(path)
     if manifest.get("builder_version") != BUILDER_VERSION:
         raise DatastoreError(
             f"datastore {str(path)!r} was built by {manifest.get('builder_version')!r}; "
@@ -867,9 +883,13 @@ def load_datastore(
                 f"the target's tokenizer is {fp[:16]}...: retrieved token spans would be wrong. "
                 "Rebuild the datastore with this model's tokenizer."
             )
-    if verify_corpus:
+    built_from = (manifest.get("corpus") or {}).get("source")
+    then = (manifest.get("corpus") or {}).get("snapshot")
+    # token ids given directly record no corpus (no source, no snapshot): nothing to verify
+    # (:func:`corpus_check` says so)
+    if verify_corpus and then is not None and (corpus is not None or built_from is not None):
         try:
-            source = corpus if corpus is not None else corpus_from_description(manifest["corpus"]["source"])
+            source = corpus if corpus is not None else corpus_from_description(built_from)
             now = source.snapshot() if source is not None else None
         except (ValueError, OSError) as exc:  # its files moved or went: the datastore cannot be verified
             raise DatastoreError(
@@ -877,7 +897,6 @@ def load_datastore(
                 "rebuild it, or open it unverified (verify_corpus=false)"
             ) from None
         if source is not None:
-            then = manifest["corpus"]["snapshot"]
             if now != then:
                 diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
                 raise DatastoreError(
@@ -886,6 +905,21 @@ def load_datastore(
                     "rebuild it"
                 )
     return Datastore(tokens=tokens, sa=sa, manifest=manifest, path=path)
+
+
+def corpus_check(manifest: dict, verified: bool) -> str:
+    """What opening a datastore checked of the corpus it was built from (every open checks the
+    index checksum): ``verified`` (its snapshot recomputed and equal), or why not."""
+    source = (manifest.get("corpus") or {}).get("source")
+    if manifest.get("tokenizer") is None:
+        return "not applicable: token ids given directly, no corpus"
+    if source is None:
+        return "not applicable: built before datastores recorded their corpus's source"
+    if source.get("name") == "rest-index":
+        return "not applicable: an imported REST index (no text to re-read; the index file was hashed at import)"
+    if corpus_from_description(source) is None:
+        return f"not applicable: corpus {source.get('name')!r} cannot be re-read (its snapshot was recorded at build)"
+    return "verified" if verified else "not verified: verify_corpus=false"
 
 
 # --------------------------------------------------------------------------------------------
@@ -1063,7 +1097,15 @@ def built_exclusion(manifest: dict) -> tuple[str | None, set[tuple[str, str]]]:
     return exclusion.get("spec"), {(i["id"], i["sha256"]) for i in exclusion.get("items", [])}
 
 
+#: the exclusion sources a spec names, comma-separated
+EXCLUSION_SPECS = "humaneval, sharegpt_heldout, none or a .jsonl path"
+
+
 def exclusions_for(spec: str) -> list[ExclusionItem]:
+    """The evaluation texts ``spec`` names (comma-separated: :data:`EXCLUSION_SPECS`). An empty
+    spec is refused: no exclusion is spelled ``none``."""
+    if not str(spec).strip(" \t\n,"):
+        raise DatastoreError(f"exclude is empty; give {EXCLUSION_SPECS} (exclude=none keeps nothing out)")
     items: list[ExclusionItem] = []
     for part in dict.fromkeys(p.strip() for p in spec.split(",") if p.strip()):  # each source once
         if part == "none":
@@ -1075,7 +1117,7 @@ def exclusions_for(spec: str) -> list[ExclusionItem]:
         elif part.endswith(".jsonl"):
             items += jsonl_exclusions(part)
         else:
-            raise DatastoreError(f"exclude must be humaneval, sharegpt_heldout, none or a .jsonl path; got {part!r}")
+            raise DatastoreError(f"exclude must be {EXCLUSION_SPECS}; got {part!r}")
     return items
 
 
@@ -1270,7 +1312,8 @@ def main(argv: list[str]) -> int:
                 raise DatastoreError(f"info: unknown option(s) {unknown}; known: ['verify_corpus']")
             verify = _bool(opts.get("verify_corpus", "false"), "verify_corpus")
             ds = load_datastore(rest[0], tokenizer=None, verify_corpus=verify)
-            print(json.dumps(_summary(ds), indent=2))
+            # what was checked of the corpus: a token-id datastore has none to verify
+            print(json.dumps({**_summary(ds), "corpus_check": corpus_check(ds.manifest, verify)}, indent=2))
             return 0
         if cmd == "import":
             return _import_main(rest)
