@@ -277,6 +277,20 @@ def test_prompt_lookup_proposes_no_row_below_the_rounds_depth_cap(policy):
     assert prop.stats.extras["rows_kept"] - before == len(capped.nodes)
 
 
+def test_prompt_lookup_spends_its_row_limit_on_the_levels_the_round_verifies():
+    """The candidate tree was cut to ``max_nodes`` rows before the rows below the depth cap were
+    dropped: a capped round verified fewer first tokens than the matches offered and the budget allowed."""
+    committed = [1, 10, 11, 12, 13, 1, 20, 21, 22, 1, 30, 31, 1]  # three continuations after token 1
+    prop = PromptLookupProposer(budget=Budget("sequences", 4, 4), manifest_hash="h", max_ngram=1, max_matches=8)
+    prop.start(committed)
+    assert max(_depths(prop.propose(committed, TorchRandomSource(0)))) > 1
+    prop.depth_cap = 1
+    capped = prop.propose(committed, TorchRandomSource(0))
+    assert sorted(n.token_id for n in capped.nodes) == [10, 20, 30] and _depths(capped) == [1, 1, 1]
+    prop.depth_cap = 0  # one token left: the target's own
+    assert prop.propose(committed, TorchRandomSource(0)).nodes == ()
+
+
 def _depths(result) -> list[int]:
     depth = {-1: 0}
     for i, node in enumerate(result.nodes):

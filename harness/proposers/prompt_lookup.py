@@ -354,6 +354,7 @@ def candidate_tree(
     limit: int,
     tails: Sequence[tuple[int, tuple[int, ...], bool, int]] = (),
     retrieved: Sequence[tuple[int, Sequence[int]]] = (),
+    max_depth: int | None = None,
 ) -> CandidateTree:
     """Merge ``matches`` (:func:`find_continuations`' output, best first), ``tails``
     (:func:`rejected_tails`' output) and ``retrieved`` (``(matched suffix length, continuation)``
@@ -362,7 +363,8 @@ def candidate_tree(
     through. Each kind of source counts towards the support of the rows its own kind made only,
     and below the root a row's parent support is the number of continuations of its kind: every
     row a match made has the features it would have without the tails and the retrieved
-    continuations."""
+    continuations. ``max_depth``: no row deeper (each continuation read to that many tokens), so
+    the ``limit`` rows are all rows a round of that depth verifies."""
     prefixes: list[tuple[int, ...]] = []
     parents: list[int] = []
     depth: list[int] = []
@@ -378,7 +380,8 @@ def candidate_tree(
     sources += [(c, cont, False, 2, 0) for c, cont in retrieved]
     for context, cont, in_history, kind, run in sources:
         parent = -1
-        for d, tok in enumerate(cont.tolist() if isinstance(cont, np.ndarray) else cont, start=1):
+        tokens = cont.tolist() if isinstance(cont, np.ndarray) else list(cont)
+        for d, tok in enumerate(tokens if max_depth is None else tokens[: max(max_depth, 0)], start=1):
             node = child.get((parent, tok))
             if node is None:
                 if len(prefixes) >= limit:
@@ -889,21 +892,19 @@ class PromptLookupProposer(Proposer):
             retrieved = [(suffix, c) for c in continuations]
         limit = self.budget.max_nodes if self.budget_policy == "fixed" else 4 * self.budget.max_nodes
         after, tails = self._tails
-        tree = candidate_tree(matches, limit=limit, tails=tails if after == len(committed) else (), retrieved=retrieved)
+        # a request's last rounds are compiled to fewer levels (depth_cap): the tree holds only rows
+        # those levels verify, so its row limit and the adaptive choice go to rows that can be verified
+        tree = candidate_tree(
+            matches,
+            limit=limit,
+            tails=tails if after == len(committed) else (),
+            retrieved=retrieved,
+            max_depth=self.round_max_depth(),
+        )
         x = AcceptanceModel.features(tree) if self.budget_policy == "adaptive" else None
         keep = list(range(len(tree)))
-        # a request's last rounds are compiled to fewer levels (depth_cap): rows below them would be
-        # cut after the choice, and counted as kept; the choice is among the rows that can be verified
-        cap = self.round_max_depth()
-        if len(tree) and int(tree.depth.max()) > cap:
-            keep = [i for i in keep if int(tree.depth[i]) <= cap]  # parents first: still prefix-closed
         if x is not None and keep:
-            if len(keep) == len(tree):
-                keep = self._choose_rows(tree.parents, self.acceptance.predict(x))
-            else:
-                where = {old: new for new, old in enumerate(keep)}
-                parents = np.asarray([where.get(int(tree.parents[i]), -1) for i in keep], dtype=np.int64)
-                keep = [keep[j] for j in self._choose_rows(parents, self.acceptance.predict(x[keep]))]
+            keep = self._choose_rows(tree.parents, self.acceptance.predict(x))
         remap = {old: new for new, old in enumerate(keep)}
         nodes = tuple(
             ProposalNode(
