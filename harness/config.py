@@ -26,7 +26,7 @@ from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.cli import one_line
@@ -625,11 +625,34 @@ def group_options(group: str) -> list[str]:
     )
 
 
+def config_group(key: str) -> str | None:
+    """The config group an override's key selects from (``verifier``, ``+datastore@proposer.datastore``
+    -> ``datastore``), or None for a key that sets a value."""
+    group = key.lstrip("+~").partition("@")[0]
+    return group if group and "." not in group and (CONF_DIR / group).is_dir() else None
+
+
+def group_list_override(overrides: list[str]) -> ConfigError | None:
+    """The refusal of a config group given a bracketed list (``verifier=[greedy,membership]``), or
+    None. Hydra merges every listed option into one config, the last winning where they overlap: one
+    run of one verifier (or model, proposer, ...) was measured and recorded, the others dropped
+    without a word."""
+    for o in overrides:
+        key, eq, value = o.partition("=")
+        group = config_group(key) if eq else None
+        if group is not None and value.strip().startswith("["):
+            items = value.strip()[1:-1] if value.strip().endswith("]") else value.strip()[1:]
+            return ConfigError(
+                f"{o}: a run takes one {group}; to run one job for each, sweep them: harness run -m {key}={items}"
+            )
+    return None
+
+
 def compose_checked(overrides: list[str] = ()) -> DictConfig:
     """:func:`compose`, a composition error refused as one :class:`ConfigError` line (mistyped key,
     group option or value) offering the fixes the runner accepts."""
     overrides = list(overrides)
-    keyless = keyless_override(overrides)
+    keyless = keyless_override(overrides) or group_list_override(overrides)
     if keyless is not None:
         raise keyless
     try:
@@ -693,9 +716,19 @@ def keyless_override(overrides: list[str]) -> ConfigError | None:
     """The refusal of an override with nothing before its ``=`` (``=5``; Hydra said only "Config group
     override must be a string or a list. Got int"), or None."""
     bad = next((o for o in overrides if "=" in o and not o.lstrip("+~").split("=", 1)[0].strip()), None)
-    if bad is None:
-        return None
-    return ConfigError(f"{bad}: no key before '='; an override is key=value (e.g. seed=5)")
+    if bad is not None:
+        return ConfigError(f"{bad}: no key before '='; an override is key=value (e.g. seed=5)")
+    bare = next((o for o in overrides if "=" not in o and not o.startswith(("-", "~"))), None)
+    if bare is not None:  # Hydra said "missing EQUAL at '<EOF>'"
+        return ConfigError(f"{bare}: no '='; an override is key=value (e.g. seed=5)")
+    removed = next((o for o in overrides if o.startswith("~") and not o.lstrip("~").startswith("hydra")), None)
+    if removed is not None:  # a schema option removed composes, then fails wherever it is read
+        key = removed.lstrip("~").split("=", 1)[0]
+        return ConfigError(
+            f"{removed}: options cannot be removed; leave {key} out for its default, or set it ({key}=null "
+            "where it can be unset)"
+        )
+    return None
 
 
 def explain_compose_error(exc: Exception, overrides: list[str]) -> ConfigError:
@@ -706,6 +739,23 @@ def explain_compose_error(exc: Exception, overrides: list[str]) -> ConfigError:
         return keyless
     text = str(exc)
     cause = exc.__cause__
+    listed = group_list_override(overrides)
+    if listed is not None:
+        return listed
+    ambiguous = re.match(r"Ambiguous value for argument '([^=']+)=([^']*)'", text)
+    if ambiguous:  # a,b on a plain run: a sweep's axis, or a list missing its brackets
+        key, value = ambiguous.groups()
+        group = config_group(key)
+        sweep = f"to run one job for each, sweep them: harness run -m {key}={value}"
+        if group is not None:
+            return ConfigError(f"{key}={value}: a run takes one {group}; {sweep}")
+        try:
+            default = OmegaConf.select(compose([]), key.lstrip("+"), throw_on_missing=False)
+        except (HydraException, OmegaConfBaseException):
+            default = None
+        if isinstance(default, ListConfig):
+            return ConfigError(f"{key}={value}: a list is written {key}=[{value}]; or, {sweep}")
+        return ConfigError(f"{key}={value}: a run takes one value of {key.lstrip('+')}; {sweep}")
     empty = re.match(r"In '[^']*': Could not find '([^'/]+)/'", text)
     if empty:  # `verifier=`: a group given no option
         group = empty.group(1)

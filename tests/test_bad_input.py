@@ -254,6 +254,27 @@ SHELL_QUOTED_HINT = "quote a value holding characters such as # = ' [ ] or space
         (["output_dir=a=b"], ["output_dir=a=b: Hydra's override grammar cannot read it (mismatched input '='"]),
         # no key before '=': Hydra said "Config group override must be a string or a list. Got int"
         (["=5"], ["=5: no key before '='; an override is key=value (e.g. seed=5)"]),
+        (["smoke"], ["smoke: no '='; an override is key=value (e.g. seed=5)"]),
+        # a schema option removed composed, then failed where it was read (KeyError, exit 1)
+        (["~seed"], ["~seed: options cannot be removed; leave seed out for its default"]),
+        (["~generation"], ["~generation: options cannot be removed"]),
+        # a config group given a list: Hydra merged the options into one config, the last winning, and
+        # one verifier was measured and recorded (its refusal of a,b offered exactly that list form)
+        (
+            ["verifier=[greedy,membership]"],
+            [
+                "verifier=[greedy,membership]: a run takes one verifier; to run one job for each, sweep them: "
+                "harness run -m verifier=greedy,membership"
+            ],
+        ),
+        (["model=[tiny]"], ["model=[tiny]: a run takes one model"]),
+        (["proposer=[draft_model,prompt_lookup]"], ["a run takes one proposer"]),
+        (["verifier=greedy,membership"], ["verifier=greedy,membership: a run takes one verifier; to run one job"]),
+        (["seed=1,2"], ["seed=1,2: a run takes one value of seed; to run one job for each, sweep them"]),
+        (
+            ["topology=expansion", "topology.widths=2,2"],
+            ["topology.widths=2,2: a list is written topology.widths=[2,2]; or, to run one job for each"],
+        ),
         (
             ["tracking.project=it's"],
             [SHELL_QUOTED_HINT],
