@@ -7,8 +7,9 @@ folder's lock (a second run there is refused). A record or outputs already in th
 moved aside with a warning (:mod:`harness.tracking.job_folder`) and put back when the job is
 refused while loading or preparing (a prompt over the context limit, a datastore or artifact that
 does not fit); a job that then fails its gates or breaks leaves no record there, not even an
-earlier one. With ``tracking=wandb`` the W&B run opens once the plan is accepted (a refused
-configuration logs nothing), so its system monitor covers the job; a later stage that raises
+earlier one. With ``tracking=wandb`` the W&B run opens once the job is past its refusals (loaded
+and prepared: a refused configuration or input, or a load or preparation that fails, logs
+nothing), so its system monitor covers the gates and the measurement; a later stage that raises
 finishes it as failed (tagged ``refused`` for a gate or contract refusal), and a finished job logs
 its record there. The autoregressive baseline and the speculative arm run on the same prompts with
 the same seeds, batch by batch (a batch of one at ``generation.batch_size=1``), interleaved,
@@ -237,25 +238,16 @@ def run_job(
                 logging.getLogger("harness.jobs").warning("%s", moved_note)
                 moved_note = None
 
-        try:
-            tracker = open_tracker(cfg, planned, replaces=replaced_runs(aside))
-        except Exception as exc:  # nothing measured yet: the folder goes back as it was (if the files are this job's)
-            if restore_earlier and (restore_other_manifest or _aside_manifest(aside) in (None, planned.manifest_hash)):
-                restore_aside(planned.run_dir, aside, quiet=moved_note is not None)
-            else:
-                announce_move()
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise TrackingError(
-                f"W&B could not start the run ({type(exc).__name__}: {first}); nothing was measured "
-                "(tracking=none runs without it)"
-            ) from exc
         host_memory = JobHostMemory().start()  # this job's peak RSS, even when jobs share a process
         compile_watch = CompileWatch().start()  # what torch.compile did in this job, when a model is compiled
+        tracker: Tracker | NullTracker = NullTracker()  # W&B's run opens once the job is past its refusals
         stage = "load"
         try:
             loaded = load(cfg, planned)
             stage = "prepare"
             prepared = prepare_job(cfg, planned, loaded)
+            stage = "tracking_start"
+            tracker = start_tracker(cfg, planned, aside)
             announce_move()
             stage = "gate"
             gates = gate(cfg, planned, loaded, prepared)
@@ -1753,9 +1745,23 @@ def replaced_runs(aside: Path | None) -> list[str]:
     return [str(earlier["run_id"])]
 
 
+def start_tracker(cfg: DictConfig, planned: Planned, aside: Path | None) -> Tracker | NullTracker:
+    """:func:`open_tracker` for a job past its refusals; a W&B run that cannot start is a
+    :class:`TrackingError` (nothing was measured, and the job's folder goes back as it was)."""
+    try:
+        return open_tracker(cfg, planned, replaces=replaced_runs(aside))
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise TrackingError(
+            f"W&B could not start the run ({type(exc).__name__}: {first}); nothing was measured "
+            "(tracking=none runs without it)"
+        ) from exc
+
+
 def open_tracker(cfg: DictConfig, planned: Planned, *, replaces: Sequence[str] = ()) -> Tracker | NullTracker:
-    """The job's W&B run (``tracking=wandb``), opened after the plan, before any model work;
-    a :class:`NullTracker` for ``tracking=none``. ``replaces``: :func:`replaced_runs`."""
+    """The job's W&B run (``tracking=wandb``), opened once the job is past its refusals (loaded and
+    prepared, before its gates); a :class:`NullTracker` for ``tracking=none``. ``replaces``:
+    :func:`replaced_runs`."""
     if cfg.tracking.name == "none":
         return NullTracker()
     t = cfg.tracking

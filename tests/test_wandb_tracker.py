@@ -509,12 +509,29 @@ def test_a_refusal_while_loading_puts_the_earlier_w_and_b_runs_back_beside_its_o
     with pytest.raises(ValueError, match="does not fit"):
         runner.run_job(compose([*JOB, f"output_dir={out}", "seed=1"]), run_dir=out)
     assert load_record(out)["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
-    offline = {p.name for p in (out / "wandb").glob("offline-run-*")}
-    assert {n for n in runs if n.startswith("offline-run-")} < offline and len(offline) == 2  # and the refused run
+    # bad input logs nothing: the W&B run opens once the job is past its refusals (loaded and prepared)
+    assert {p.name for p in (out / "wandb").iterdir()} == runs  # its latest-run link included
     assert (out / earlier["tracking"]["dir"]).is_dir()
-    refused = next(out / "wandb" / n for n in offline if n not in runs)
-    info, _ = inspect_run(out, sync_dir=refused)
-    assert info["state"] == "failed" and "refused" in info["tags"]  # as the command line says: refused
+
+
+def test_a_refusal_before_the_gates_leaves_no_w_and_b_run_and_no_folder(tmp_path, wandb_home, monkeypatch):
+    """A prompt over the context limit, found once the tokenizer loads, was refused in one line and
+    still left an offline W&B run tagged refused (and so the run folder) behind."""
+    import harness.runner as runner
+    from harness.config import compose
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "job"
+    for stage in ("load", "prepare_job"):
+
+        def refuse(*args, **kwargs):
+            raise ValueError("prompt 'p' does not fit")
+
+        with monkeypatch.context() as m:
+            m.setattr(runner, stage, refuse)
+            with pytest.raises(ValueError, match="does not fit"):
+                runner.run_job(compose([*JOB, f"output_dir={out}"]), run_dir=out)
+        assert not (out / "wandb").exists(), stage
 
 
 def test_tracking_options_without_tracking_are_listed_as_inert():
