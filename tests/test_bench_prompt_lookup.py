@@ -397,3 +397,44 @@ def test_the_warm_up_leaves_no_counts_in_the_proposers_figures():
     bench.warm_up({"ours_adaptive": arm}, [p, None], [1, 2, 3])
     assert seen == [([1, 2, 3], 8)] and p.stats.extras["rows_kept"] == 0 and p.stats.retrieval_ms == 0.0
     assert p._shelf.history == [] and p.state_bytes() == 0
+
+
+def test_the_warm_up_leaves_no_learning_in_the_adaptive_arms():
+    """The adaptive arms started the first measured prompt with cost and acceptance models trained on
+    its own first tokens by the warm-up (a run's arms put what they learned back)."""
+    from harness.contracts import Budget
+    from harness.engine.decode import RoundConfig, decode
+    from harness.proposers.prompt_lookup import PromptLookupProposer
+    from harness.random_source import TorchRandomSource
+    from harness.target.backend import CausalLMBackend
+    from harness.target.loading import build_tiny_model
+    from harness.verifiers import get_verifier
+    from harness.verifiers.sampling import SamplingPolicy
+
+    backend = CausalLMBackend(build_tiny_model(seed=3))
+    p = PromptLookupProposer(
+        budget=Budget("sequences", 8, 8),
+        manifest_hash="b",
+        max_ngram=2,
+        budget_policy="adaptive",
+        verify_cost=[1.0 + 0.1 * k for k in range(9)],
+    )
+
+    def arm(ids, new):
+        return decode(
+            target=backend,
+            proposer=p,
+            verifier=get_verifier("greedy"),
+            policy=SamplingPolicy(),
+            prompt_ids=ids,
+            max_new_tokens=new,
+            eos_token_ids=frozenset(),
+            rng=TorchRandomSource(0),
+            round_cfg=RoundConfig(max_nodes=8, max_depth=8),
+        )
+
+    before = p.snapshot_learning()
+    bench.warm_up({"ours_adaptive": arm}, [p, None], [5, 6, 7, 8, 9] * 6)
+    after = p.snapshot_learning()
+    assert after["cost_model"].observed == before["cost_model"].observed == 0
+    assert after["acceptance"].rows_learned == before["acceptance"].rows_learned == 0

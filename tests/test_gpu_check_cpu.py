@@ -228,3 +228,26 @@ def test_the_gpu_check_script_on_a_machine_without_a_gpu_says_so_in_one_line(tmp
         ["bash", str(repo / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True, timeout=300
     )
     assert (done.returncode, done.stderr.strip()) == (2, "gpu_check: no CUDA device"), done.stderr[-500:]
+
+
+def test_the_cudnn_comparison_alternates_which_setting_decodes_the_longer_prompt(monkeypatch):
+    """Each decode starts from a longer prompt than the one before: with a fixed order, cuDNN
+    forbidden always decoded the longer one, and the ratio leant towards cuDNN."""
+    import torch
+
+    from harness import gpu_check
+    from harness.target.loading import build_tiny_model
+
+    seen = []
+    real = gpu_check.greedy_decode
+
+    def spy(backend, prop, prompt, new):
+        seen.append(("cudnn" if torch.backends.cuda.cudnn_sdp_enabled() else "no_cudnn", len(prompt)))
+        return real(backend, prop, prompt, new)
+
+    monkeypatch.setattr(gpu_check, "greedy_decode", spy)
+    model = build_tiny_model(seed=0, vocab_size=49152, max_position_embeddings=1024)
+    gpu_check.cudnn_attention_cost(model, "cpu", new_tokens=2, repeats=2)
+    lengths = {name: [n for s, n in seen if s == name] for name in ("cudnn", "no_cudnn")}
+    assert len(lengths["cudnn"]) == len(lengths["no_cudnn"]) == 2
+    assert sum(lengths["cudnn"]) == sum(lengths["no_cudnn"])  # neither always the longer

@@ -414,13 +414,18 @@ def warm_up(arms: dict, counted, ids: list[int], new_tokens: int = 8) -> None:
     """Each arm decodes ``new_tokens`` of ``ids`` once, untimed; then the counters of ``counted``
     (our proposers, the retriever) restart, so the result's proposer figures (rows kept, misses,
     retrieval times) count the measured prompts only, and the proposers forget the warm-up's
-    requests (a history arm would search its output), as a run's arms do."""
+    requests (a history arm would search its output) and what they learned from it (an adaptive
+    budget's cost and acceptance models start the measured prompts as they would without a warm-up),
+    as a run's arms do."""
+    learned = [c.snapshot_learning() if hasattr(c, "snapshot_learning") else None for c in counted]
     for fn in arms.values():
         fn(ids, new_tokens)
-    for c in counted:
+    for c, snapshot in zip(counted, learned, strict=True):
         if c is not None:
             c.reset_counters()
             c.forget_requests()
+            if snapshot is not None:
+                c.restore_learning(snapshot)
 
 
 def bench_retriever(spec: str, workload: str, tokenizer, items, nodes: int, depth: int | None):

@@ -32,5 +32,5 @@ def apply_default_cpu_options(model: torch.nn.Module) -> torch.nn.Module:
 
 def default_cpu_target(dtype: str = "float32") -> tuple[LoadedModel, CausalLMBackend]:
     """SmolLM2 in ``dtype`` on CPU with the benchmark's default options, and its backend."""
-    loaded = load_model(name="smollm2", dtype=dtype, attn_implementation="harness_sdpa")
+    loaded = load_model(name="smollm2", dtype=dtype, attn_implementation="sdpa")  # the benchmark's --attn default
     return loaded, CausalLMBackend(apply_default_cpu_options(loaded.model))

@@ -85,7 +85,10 @@ METRIC_NOTES = {
         "among rounds with candidates, the fraction whose accepted path starts at the root's first child "
         "(the proposer's top-ranked first token)"
     ),
-    "mean_candidate_rows": "candidate rows per verify forward, mean over rounds",
+    "mean_candidate_rows": (
+        "candidate rows per request per round, mean over the requests' rounds (at batch size B one verify "
+        "forward carries the rows of up to B requests)"
+    ),
     "proposal_state_bytes": "the proposers' state in bytes as each reports it (a draft's KV cache, head state)",
     "per_turn": "the decode metrics of the requests of each turn (1 = the first user turn)",
     "rounds_tried_by_depth": (
