@@ -1447,7 +1447,8 @@ def summarise(
     metrics.update(
         {
             "kv_bytes_per_token": backend.bytes_per_token,
-            "temp_kv_bytes_formula": metrics["temp_kv_bytes_peak"],  # B (R - 1) rows x bytes per token
+            # B (R - 1) rows x bytes per token, from the forwards' row counts (the peak is the cache's growth)
+            "temp_kv_bytes_formula": metrics["temp_kv_bytes_padded_peak"],
             "temp_kv_bytes_budget_formula": planned.temp_kv_budget_formula_bytes,
             "proposal_state_bytes": sum(p.state_bytes() for p in slots),
             "retrieval": merged_proposer_extras(slots),

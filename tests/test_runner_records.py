@@ -91,6 +91,10 @@ def test_adaptive_lookup_run_writes_a_complete_record(tmp_path, monkeypatch):
     assert sum(r["accepted"] for r in rounds) == sum(k * n for k, n in enumerate(m["accepted_length_hist"]))
     assert {r["prompt_id"] for r in rounds} == {"HumanEval/0", "HumanEval/1"}
     assert all(r["ms"] == pytest.approx(sum(r[f"{s}_ms"] for s in m["round_cost_ms"])) for r in rounds)
+    # the temporary KV the cache grew by (measured) is the widest round's rows (batch 1) x bytes per token
+    widest = max(r["candidate_rows"] for r in rounds)
+    assert widest > 0 and m["temp_kv_bytes_peak"] == widest * m["kv_bytes_per_token"]
+    assert m["temp_kv_bytes_peak"] <= m["temp_kv_bytes_budget_formula"]
     lines = [json.loads(x) for x in (tmp_path / "run" / "outputs.jsonl").read_text().splitlines()]
     assert len(lines) == 2
     assert all(x["ar_token_ids"] == x["spec_token_ids"] for x in lines)

@@ -61,7 +61,8 @@ METRIC_NOTES = {
     "round_cost_ms": "per batch round (one target forward): proposal/packing/selection summed over live requests",
     "itl_ms": "each round's duration split evenly over the tokens it emitted",
     "temp_kv_bytes_peak": (
-        "the B (R - 1) candidate slots the verify forward appended, padding included, pending rows excluded; "
+        "measured: what a verify forward appended to the cache past the pending rows, the B (R - 1) candidate "
+        "slots with padding (temp_kv_bytes_formula: the same from the forwards' row counts); "
         "temp_kv_bytes_real_peak: the rows the requests proposed"
     ),
     "ragged_hole_bytes_peak": "masked stale slots below the shared physical cache length (0 at batch 1)",
@@ -374,7 +375,7 @@ class ArmsResult:
             total = sum(cost.values())
             out["round_cost_ms"] = cost
             out["round_cost_non_verify_share"] = (1.0 - cost["target_verify"] / total) if total else None
-            out["temp_kv_bytes_peak"] = s["temp_kv_bytes_padded_peak"]
+            out["temp_kv_bytes_peak"] = s["temp_kv_bytes_measured_peak"]
             ledger = RoundLedger()
             sources: dict[str, int] = {}
             for r in reqs:

@@ -94,6 +94,7 @@ class BatchLedger:
     padded_rows_total: int = 0  # candidate slots computed (padding included)
     temp_kv_bytes_real_peak: int = 0
     temp_kv_bytes_padded_peak: int = 0
+    temp_kv_bytes_measured_peak: int = 0  # what the verify forwards appended to the cache past the pending rows
     hole_bytes_peak: int = 0
     stage_ms: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
     round_ms: list[float] = field(default_factory=list)
@@ -108,6 +109,7 @@ class BatchLedger:
         temp_kv_real_bytes: int,
         temp_kv_padded_bytes: int,
         hole_bytes: int,
+        temp_kv_measured_bytes: int = 0,
     ) -> None:
         self.rounds += 1
         self.live_total += live
@@ -115,6 +117,7 @@ class BatchLedger:
         self.padded_rows_total += padded_rows
         self.temp_kv_bytes_real_peak = max(self.temp_kv_bytes_real_peak, temp_kv_real_bytes)
         self.temp_kv_bytes_padded_peak = max(self.temp_kv_bytes_padded_peak, temp_kv_padded_bytes)
+        self.temp_kv_bytes_measured_peak = max(self.temp_kv_bytes_measured_peak, temp_kv_measured_bytes)
         self.hole_bytes_peak = max(self.hole_bytes_peak, hole_bytes)
         for k, v in stage_ms.items():
             self.stage_ms[k] = self.stage_ms.get(k, 0.0) + v
@@ -123,7 +126,12 @@ class BatchLedger:
     def merge(self, other: BatchLedger) -> None:
         for name in ("rounds", "live_total", "real_rows_total", "padded_rows_total"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("temp_kv_bytes_real_peak", "temp_kv_bytes_padded_peak", "hole_bytes_peak"):
+        for name in (
+            "temp_kv_bytes_real_peak",
+            "temp_kv_bytes_padded_peak",
+            "temp_kv_bytes_measured_peak",
+            "hole_bytes_peak",
+        ):
             setattr(self, name, max(getattr(self, name), getattr(other, name)))
         for k, v in other.stage_ms.items():
             self.stage_ms[k] = self.stage_ms.get(k, 0.0) + v
@@ -141,6 +149,7 @@ class BatchLedger:
             ),
             "temp_kv_bytes_real_peak": self.temp_kv_bytes_real_peak,
             "temp_kv_bytes_padded_peak": self.temp_kv_bytes_padded_peak,
+            "temp_kv_bytes_measured_peak": self.temp_kv_bytes_measured_peak,
             "ragged_hole_bytes_peak": self.hole_bytes_peak,
         }
 
@@ -408,6 +417,7 @@ def decode_batch(
             temp_kv_real_bytes=out.real_candidate_rows * bpt,
             temp_kv_padded_bytes=out.padded_candidate_rows * bpt,
             hole_bytes=holes,
+            temp_kv_measured_bytes=out.kv_bytes_added - len(live) * bpt,  # the cache's growth, pending rows aside
         )
         for k, req in enumerate(live):
             req.ledger.observe_round(stage_ms={**own[k], **shared}, **observations[k])
