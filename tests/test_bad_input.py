@@ -1200,8 +1200,11 @@ def test_packed_weights_that_would_not_fit_in_memory_are_refused_in_one_line(tmp
     assert "model.linear_kernel=streaming_panels keeps a packed copy of the linear weights" in line
     assert "of memory is available: set model.linear_kernel=streaming (the streaming kernel" in line
     assert not (tmp_path / "run" / "record.json").exists()
-    if options.resolve_linear_kernel("auto", torch.float32, "cpu") == "streaming_panels":
-        assert run_main(argv_for(tmp_path, workload)) == 2  # auto chose the panels here: the message says so
+    with monkeypatch.context() as m:  # a CPU where auto chooses the panels for float32: the message says so
+        m.setattr(options, "cpu_vendor", lambda: "AuthenticAMD")
+        m.setattr(options, "cpu_has_avx512", lambda: False)
+        assert options.resolve_linear_kernel("auto", torch.float32, "cpu") == "streaming_panels"
+        assert run_main(argv_for(tmp_path, workload)) == 2
         assert "(what model.linear_kernel=auto chose here)" in one_line(capsys, "harness run: refused: ")
     monkeypatch.setattr(options, "available_memory_bytes", lambda: None)  # unknown: nothing refused
     assert run_main(argv) == 0
