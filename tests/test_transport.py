@@ -88,3 +88,12 @@ def test_the_broken_verifier_exceeds_the_optimum():
     acc = verifier_membership_acceptance(get_verifier("naive_multi_draft"), (0.5, 0.5), (0.0, 1.0), 3)
     assert acc == pytest.approx(0.875, abs=1e-12)
     assert acc > membership_transport_optimum((0.5, 0.5), (0.0, 1.0), 3) + 0.3
+
+
+def test_a_non_finite_acceptance_fails_the_transport_row(monkeypatch):
+    """``max(0.0, nan)`` is 0.0: a NaN acceptance passed the row."""
+    import harness.gates.transport as transport
+
+    monkeypatch.setattr(transport, "verifier_membership_acceptance", lambda *a, **k: float("nan"))
+    row = check_transport(get_verifier("specinfer"), name="nan", p=[0.5, 0.5], q=[0.5, 0.5], k=2)
+    assert row["passed"] is False and row["max_abs_error"] != row["max_abs_error"]

@@ -134,7 +134,8 @@ def check_transport(verifier, *, name: str, p: Sequence[float], q: Sequence[floa
     t0 = time.perf_counter()
     optimum = membership_transport_optimum(p, q, k)
     acceptance = verifier_membership_acceptance(verifier, p, q, k)
-    excess = max(0.0, acceptance - optimum)
+    gap = acceptance - optimum
+    excess = gap if gap > 0.0 or gap != gap else 0.0  # a NaN stays NaN (and fails), as max() would drop it
     return {
         "verifier": verifier.name,
         "case": name,
@@ -143,7 +144,7 @@ def check_transport(verifier, *, name: str, p: Sequence[float], q: Sequence[floa
         "optimum": optimum,
         "max_abs_error": excess,
         "bound": 1e-9,
-        "passed": excess <= 1e-9,
+        "passed": bool(excess <= 1e-9),
         "leaves": None,
         "seconds": time.perf_counter() - t0,
     }
