@@ -762,7 +762,7 @@ def check_models(cfg: DictConfig) -> None:
         )
     if d.name not in ("tiny", "smollm2") or d.name_or_path:
         if d.name == "hf" and not d.name_or_path:
-            raise CheckpointError(f"{key}.name=hf needs {key}.name_or_path=<checkpoint directory or hub id>")
+            raise CheckpointError(f"{key}.name=hf needs {key}.name_or_path=<a checkpoint folder or a hub id>")
         problem = checkpoint_ref_problem(d.name_or_path or d.name, f"{key}.name_or_path")
         if problem:
             raise CheckpointError(problem)
