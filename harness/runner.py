@@ -113,7 +113,7 @@ from harness.target.options import (
 from harness.target.timing import matmul_peak, profile_roofline, read_bandwidth_gbs, weight_stream_floor_ms
 from harness.topology.budgets import unreached_level
 from harness.tracking.compare import run_speedups
-from harness.tracking.job_folder import clear_for_run, inspect_job, job_lock, restore_aside, write_job
+from harness.tracking.job_folder import clear_for_run, foreign_entries, inspect_job, job_lock, restore_aside, write_job
 from harness.tracking.record import write_json_atomic
 from harness.tracking.run_notes import (
     TIMING_OUTLIER_FACTOR,
@@ -121,7 +121,7 @@ from harness.tracking.run_notes import (
     past_rounds_speedup_note,
     timing_outlier_note,
 )
-from harness.tracking.store import RECORD_FILENAME, ROUNDS_FILENAME
+from harness.tracking.store import RECORD_FILENAME, ROUNDS_FILENAME, record_below
 from harness.tracking.wandb_tracker import (
     NullTracker,
     Tracker,
@@ -142,6 +142,7 @@ from harness.workloads.conversations import (
     set_chat_template,
     truncate_rule,
 )
+from harness.workloads.datastore import MANIFEST_FILE, SA_FILE, TOKENS_FILE
 from harness.workloads.prompts import Prompt, WorkloadError, load_configured
 
 
@@ -309,6 +310,62 @@ def run_job(
     return record
 
 
+def user_output_dir_problem(path: str | os.PathLike) -> str | None:
+    """Why ``output_dir=path`` would put the run's files among others' (None when it would not):
+
+    * ``path`` or a folder above it is a sweep's (it holds ``multirun.yaml``) or a datastore's or
+      trained artifact's (``manifest.json``; above ``path``, a datastore's beside its index files);
+    * a folder above ``path`` is a run's (it holds ``record.json``): ``harness compare`` and the
+      store would count the new run with it;
+    * a folder below ``path`` holds a record: the new record would sit above other runs';
+    * ``path`` holds files that are no run's (its own record, outputs, ``.hydra/``, log, lock and
+      ``.previous/`` are a run's: the same folder given again runs there again)."""
+    given = Path(path).expanduser()
+    where = f"output_dir={path}"
+    if (given / "multirun.yaml").is_file():
+        return (
+            f"{where} is a sweep's folder (it holds multirun.yaml): a single run's record there would be "
+            "counted with the sweep's jobs; give the run a folder of its own"
+        )
+    if (given / MANIFEST_FILE).is_file():
+        return (
+            f"{where} holds {MANIFEST_FILE}, a datastore's or a trained artifact's: the run's files would "
+            "sit among its files; give the run a folder of its own"
+        )
+    for above in given.resolve().parents:
+        if (above / "multirun.yaml").is_file():
+            return (
+                f"{where} is inside the sweep folder {above} (it holds multirun.yaml): a single run's record "
+                "there would be counted with the sweep's jobs; give the run a folder of its own"
+            )
+        if (above / RECORD_FILENAME).is_file():
+            return (
+                f"{where} is inside the run folder {above} (it holds {RECORD_FILENAME}): harness compare and "
+                "the store would count the new run with that one; give the run a folder of its own"
+            )
+        if (above / MANIFEST_FILE).is_file() and any((above / name).is_file() for name in (TOKENS_FILE, SA_FILE)):
+            return (
+                f"{where} is inside the datastore {above} (it holds {MANIFEST_FILE} and its index): the run's "
+                "files would sit among its files; give the run a folder of its own"
+            )
+    if not given.is_dir():
+        return None
+    below = record_below(given)
+    if below is not None:
+        return (
+            f"{where} holds other runs' records below it ({below.relative_to(given)}): harness compare and the "
+            "store would count the new run with them; give the run a folder of its own"
+        )
+    foreign = foreign_entries(given)
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+        return (
+            f"{where} holds files that are no run's ({shown}): give an empty or new folder (a run's own folder "
+            "may be given again)"
+        )
+    return None
+
+
 def _aside_manifest(aside: Path | None) -> str | None:
     """The manifest hash of the record among files set aside (None: no readable record)."""
     if aside is None:
@@ -382,7 +439,11 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
         if problem:
             raise ConfigError(problem)
     if run_dir is not None or cfg.output_dir:
-        check_output_dir("output_dir" if cfg.output_dir else "the run folder", run_dir or cfg.output_dir)
+        check_output_dir(
+            "output_dir" if cfg.output_dir else "the run folder",
+            run_dir or cfg.output_dir,
+            user_folder_problem=user_output_dir_problem,
+        )
     bpt = model_kv_bytes_per_token(cfg.model)
     formula = check_temp_kv_budget(
         max_nodes=plan_.budget.max_nodes,

@@ -673,6 +673,83 @@ def test_a_sweep_s_folder_as_output_dir_is_refused(tmp_path, workload, capsys, n
     assert sorted(p.name for p in store.iterdir()) == ["manifest.json"]
 
 
+def test_an_output_dir_inside_a_run_a_sweep_or_a_datastore_folder_is_refused(tmp_path, workload, capsys, no_models):
+    """Only the folder itself was checked: a run below a run's folder was pooled with it by compare,
+    one below a sweep's folder counted with its jobs, one below a datastore's sat among its files."""
+    run = tmp_path / "run1"
+    run.mkdir()
+    (run / "record.json").write_text("{}\n")
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    store = tmp_path / "ds"
+    store.mkdir()
+    for name in ("manifest.json", "tokens.npy", "sa.npy"):
+        (store / name).write_text("{}\n")
+    for folder, message in (
+        (run / "sub", f"is inside the run folder {run} (it holds record.json): harness compare and the store"),
+        (sweep / "extra" / "deeper", f"is inside the sweep folder {sweep} (it holds multirun.yaml)"),
+        (store / "inner", f"is inside the datastore {store} (it holds manifest.json and its index)"),
+    ):
+        line = assert_refused_run(tmp_path, capsys, argv_for(tmp_path, workload, f"output_dir={folder}"), message)
+        assert (
+            line.startswith(f"harness run: refused: output_dir={folder} ")
+            and "give the run a folder of its own" in line
+        )
+        assert not folder.exists()
+    assert sorted(p.name for p in run.iterdir()) == ["record.json"]
+    assert sorted(p.name for p in sweep.iterdir()) == ["multirun.yaml"]
+    assert sorted(p.name for p in store.iterdir()) == ["manifest.json", "sa.npy", "tokens.npy"]
+
+
+def test_an_output_dir_above_other_runs_or_holding_other_files_is_refused(tmp_path, workload, capsys, no_models):
+    """A record written above other runs' (a records root) was pooled with them; a folder of the user's
+    own files (a datastore's corpus) had the run's files added to it."""
+    root = tmp_path / "recs"
+    (root / "a" / "run1").mkdir(parents=True)
+    (root / "a" / "run1" / "record.json").write_text("{}\n")
+    corpus = tmp_path / "corp"
+    corpus.mkdir()
+    (corpus / "f1.py").write_text("x = 1\n")
+    for folder, message in (
+        (root, "holds other runs' records below it (a/run1/record.json): harness compare and the store would count"),
+        (corpus, "holds files that are no run's (f1.py): give an empty or new folder"),
+    ):
+        assert_refused_run(tmp_path, capsys, argv_for(tmp_path, workload, f"output_dir={folder}"), message)
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == ["a", "a/run1", "a/run1/record.json"]
+    assert sorted(p.name for p in corpus.iterdir()) == ["f1.py"]
+
+
+def test_an_output_dir_holding_a_run_s_own_files_is_run_again(tmp_path):
+    """The folder of an earlier run (its record, outputs, Hydra files, log, lock, earlier files moved
+    aside, W&B folder) is given again to run there again; a manifest.json above that is no
+    datastore's (no index beside it) is someone else's file, not a refusal."""
+    from functools import partial
+
+    from harness.engine import checks
+    from harness.runner import user_output_dir_problem
+
+    check_output_dir = partial(checks.check_output_dir, user_folder_problem=user_output_dir_problem)
+    (tmp_path / "manifest.json").write_text("{}\n")  # e.g. a project's own manifest
+    run = tmp_path / "runs" / "r1"
+    for sub in (".hydra/2026-01-01_00-00-00", ".previous/20260101T000000-abcdef", "wandb/offline-run-1"):
+        (run / sub).mkdir(parents=True)
+    for name in ("record.json", "outputs.jsonl", "rounds.jsonl", "app.log", ".harness.lock"):
+        (run / name).write_text("{}\n")
+    (run / ".previous" / "20260101T000000-abcdef" / "record.json").write_text("{}\n")
+    check_output_dir("output_dir", run)
+    check_output_dir("output_dir", tmp_path / "runs" / "r2")  # a new folder beside it
+    (tmp_path / "empty").mkdir()
+    check_output_dir("output_dir", tmp_path / "empty")
+    # a sweep's job folder is the sweep's to name: checked as the run folder, below its multirun.yaml
+    (tmp_path / "sweep" / "seed=1").mkdir(parents=True)
+    (tmp_path / "sweep" / "multirun.yaml").write_text("hydra: {}\n")
+    check_output_dir("the run folder", tmp_path / "sweep" / "seed=1")
+    with pytest.raises(ConfigError, match="holds files that are no run's"):
+        (run / "notes.txt").write_text("mine\n")
+        check_output_dir("output_dir", run)
+
+
 def test_an_output_folder_that_cannot_be_created(tmp_path, workload, capsys, no_models):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

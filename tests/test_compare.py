@@ -352,6 +352,15 @@ def test_json_replaces_its_own_file_only_and_job_folders_named_by_overrides_are_
     )
     assert main([str(job), "overwrite=true", "resamples=50"]) == 2
     assert "overwrite= goes with json=PATH" in capsys.readouterr().err
+    # nothing is written inside a run folder, as export refuses: not beside the files a record binds
+    for inside in (job / "cmp.json", job / "notes" / "cmp.json"):
+        for extra in ([], ["overwrite=true"]):
+            assert main([str(tmp_path / "sweep"), f"json={inside}", "resamples=50", *extra]) == 2
+            assert capsys.readouterr().err.strip().splitlines() == [
+                f"harness compare: refused: json={inside} is inside the run folder {job}: write the compare JSON "
+                "outside any run folder (harness compare --help shows the usage)"
+            ]
+    assert sorted(p.name for p in job.iterdir()) == sorted(p.name for p in fixture_run(1).iterdir())
     # the job folder by its own name, relative or absolute; a compare JSON replaces its earlier self
     out = tmp_path / "cmp.json"
     assert main([str(job), f"json={out}", "resamples=50"]) == 0

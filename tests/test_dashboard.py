@@ -232,6 +232,14 @@ def test_out_replaces_a_specification_only_and_records_may_be_a_job_folder(tmp_p
         f"dashboard specification elsewhere (writing {job / 'record.json'})"
     ]
     assert (job / "record.json").read_bytes() == record
+    # nothing is written inside a run folder, as export refuses: not beside the files a record binds
+    for inside in (job / "dash.json", job / "sub" / "dash.json"):
+        assert dashboard_main([*base, f"out={inside}", "overwrite=true"]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"harness dashboard: refused: out={inside} is inside the run folder {job}: write the dashboard "
+            f"specification outside any run folder (writing {inside})"
+        ]
+    assert sorted(p.name for p in job.iterdir()) == sorted(p.name for p in FIXTURE_RUNS[0].iterdir())
     # a specification named record.json anywhere (a sweep's root, say) would be read as a broken record
     assert dashboard_main([*base, f"out={job.parent / 'record.json'}"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [

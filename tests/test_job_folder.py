@@ -418,9 +418,41 @@ def test_a_run_folder_that_cannot_be_created_is_refused_in_one_line(cache, capsy
     assert err == [
         f"harness run: refused: output_dir={cache / 'afile' / 'run'}: cannot be created: {cache / 'afile'} is a file"
     ]
+    # hydra.run.dir is named as output_dir is: the option, and that a file is there (it was "cannot create
+    # the job folder ...: File exists", naming no option)
     assert run_main([*TINY, f"hydra.run.dir={cache / 'afile' / 'hydra'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"harness run: refused: cannot create the job folder {cache / 'afile' / 'hydra'}: Not a directory"]
+    assert err == [
+        f"harness run: refused: hydra.run.dir={cache / 'afile' / 'hydra'}: cannot be created: {cache / 'afile'} "
+        "is a file"
+    ]
+    assert run_main([*TINY, f"hydra.run.dir={cache / 'afile'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"harness run: refused: hydra.run.dir={cache / 'afile'}: a file is in the way; an output folder is needed there"
+    ]
+    assert (cache / "afile").read_text() == "not a folder\n"
+
+
+def test_a_file_where_a_lock_s_folder_goes_is_named_by_its_option(tmp_path):
+    """The folder a lock guards names the option that set it (a sweep's, hydra.sweep.dir); a sweep
+    job's folder, named by its overrides below the sweep folder, says where to write instead."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(job_folder.JobFolderError) as caught:
+        with job_lock(afile, purpose="harness sweep", elsewhere="hydra.sweep.dir=..."):
+            pass
+    assert str(caught.value) == f"hydra.sweep.dir={afile}: a file is in the way; an output folder is needed there"
+    with pytest.raises(job_folder.JobFolderError) as caught:
+        with job_lock(
+            afile / "seed=1", purpose="sweep job seed=1", elsewhere="hydra.sweep.dir=... for the whole sweep"
+        ):
+            pass
+    assert str(caught.value) == (
+        f"the job folder {afile / 'seed=1'}: cannot be created: {afile} is a file (write elsewhere: "
+        "hydra.sweep.dir=... for the whole sweep)"
+    )
+    assert afile.is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
 def test_run_folders_are_named_by_experiment_else_adhoc_and_a_refused_run_leaves_none(cache, capsys):

@@ -255,6 +255,31 @@ def test_cli_json_refuses_to_replace_a_run_s_record_or_a_file_it_did_not_write(t
     assert oracles_main(["--verifier", "rejection", "--quick", "--json", str(notes)]) == 0  # its own file again
 
 
+def test_cli_refuses_an_empty_json_and_overwrite_without_json_in_one_line(tmp_path, capsys, monkeypatch):
+    """``--json=`` was read as the current folder ("--json=. is a folder"); ``--overwrite`` alone was
+    accepted and did nothing. Both refused before the suite runs."""
+    monkeypatch.chdir(tmp_path)
+    for argv, line in (
+        (["--json="], "--json= is empty: give the file to write the rows and summary to (e.g. --json oracles.json)"),
+        (["--json", " "], "--json= is empty: give the file to write the rows and summary to"),
+        (["--overwrite"], "--overwrite goes with --json PATH (the file it may replace)"),
+    ):
+        assert oracles_main(["--verifier", "rejection", "--quick", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"harness oracles: refused: {line}") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_help_says_random_sets_the_count_quick_otherwise_takes(capsys):
+    """--quick's help said "two random instances" while --random 0 --quick ran none: --random gives the
+    count, --quick its default."""
+    with pytest.raises(SystemExit):
+        oracles_main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--quick one seed, no end-to-end cases, two random instances per verifier (unless --random gives" in text
+    assert "--random RANDOM random instances per verifier (default 4; 2 with --quick)" in text
+
+
 def test_cli_refuses_a_heuristic_verifier_in_one_line_before_its_progress_bar(capsys):
     assert oracles_main(["--verifier", "typical", "--quick"]) == 2
     assert capsys.readouterr().err == (

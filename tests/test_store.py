@@ -71,7 +71,19 @@ def test_load_record_reads_a_run_folder_or_its_file():
             lambda r: r["per_prompt"][0].update(spec_decode_ms=float("nan")),
             "per_prompt[0].spec_decode_ms must be a finite number >= 0",
         ),
-        (lambda r: r["per_prompt"][1].update(ar_tokens=-3), "per_prompt[1].ar_tokens must be a finite number >= 0"),
+        (lambda r: r["per_prompt"][1].update(ar_tokens=-3), "per_prompt[1].ar_tokens must be a whole number >= 1"),
+        # a prompt's arms each generate a token at least: a count of 0 made compare print a speedup of 0.000x
+        (
+            lambda r: r["per_prompt"][0].update(spec_tokens=0),
+            "per_prompt[0].spec_tokens must be a whole number >= 1 (each arm generates a token at least; prompt",
+        ),
+        (lambda r: r["per_prompt"][1].update(ar_tokens=0), "per_prompt[1].ar_tokens must be a whole number >= 1"),
+        (lambda r: r["per_prompt"][0].update(ar_tokens=2.5), "per_prompt[0].ar_tokens must be a whole number >= 1"),
+        # a null category made a category column named None
+        (lambda r: r["per_prompt"][0].update(category=None), "per_prompt[0].category must be a non-empty string"),
+        (lambda r: r["per_prompt"][1].update(category=" "), "per_prompt[1].category must be a non-empty string"),
+        (lambda r: r["per_prompt"][0].update(prompt_id=""), "per_prompt[0].prompt_id must be a non-empty string"),
+        (lambda r: r["per_prompt"][0].update(prompt_id=7), "per_prompt[0].prompt_id must be a non-empty string; got 7"),
         (lambda r: r["per_prompt"][0].update(ar_prefill_ms="5"), "per_prompt[0].ar_prefill_ms must be a finite"),
         (lambda r: r.update(per_prompt=[]), "per_prompt is empty: a run records every prompt it measured"),
         (lambda r: r["axes"].update(batch_size="four"), "axes.batch_size must be a whole number >= 1; got 'four'"),

@@ -413,6 +413,20 @@ def test_a_sweep_into_a_run_folder_or_another_sweeps_folder_is_refused_before_an
     assert rc == 0 and len(summary["skipped"]) == 1
 
 
+def test_a_sweep_folder_that_is_a_file_is_refused_naming_the_option(env, capsys):
+    """It said "cannot create the job folder <path>: File exists", naming neither the option nor the file."""
+    afile = env / "afile"
+    afile.write_text("mine\n")
+    rc, summary = launch(afile, "launcher=basic", "proposer=prompt_lookup", "verifier=greedy")
+    assert rc == 2 and not summary
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert err == [
+        f"harness sweep: refused: the sweep folder hydra.sweep.dir={afile}: a file is in the way; an output folder "
+        "is needed there"
+    ]
+    assert afile.read_text() == "mine\n"
+
+
 def test_a_sweep_into_a_folder_of_records_or_a_report_it_did_not_write_is_refused(env, capsys):
     """An empty hydra.sweep.dir put the sweep's files in the working directory and removed its report/; a
     folder laid out as `make demo` leaves it (a run's folder below, a report/ beside) had its report

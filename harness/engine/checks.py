@@ -28,9 +28,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from harness.contracts import ConfigError, Range, format_override
 from harness.files import output_folder_problem
-from harness.tracking.job_folder import foreign_entries
-from harness.tracking.store import RECORD_FILENAME, record_below
-from harness.workloads.datastore import MANIFEST_FILE, SA_FILE, TOKENS_FILE
 
 #: model names the loader builds itself; any other name is a checkpoint folder or a hub id
 BUILTIN_MODELS = ("smollm2", "tiny", "hf")
@@ -293,68 +290,14 @@ def proposer_nodes(node: DictConfig, key: str) -> list[tuple[str, DictConfig]]:
 # --------------------------------------------------------------------------- output folders
 
 
-def check_output_dir(key: str, path: str | os.PathLike) -> None:
+def check_output_dir(key: str, path: str | os.PathLike, *, user_folder_problem=None) -> None:
     """``path`` is a folder this process can create or write into (:func:`output_folder_problem`);
-    ``output_dir``, a folder the user names, is also one of the run's own (:func:`user_output_dir_problem`).
-    A sweep's job folders (``the run folder``) lie in its sweep folder, named by the sweep."""
+    ``output_dir``, a folder the user names, is also one of the run's own where ``user_folder_problem``
+    (``path -> why not, or None``: the runner's, which knows the files of records, sweeps and
+    datastores) says so. A sweep's job folders (``the run folder``) lie in its sweep folder, named by
+    the sweep."""
     problem = output_folder_problem(key, path)
-    if problem is None and key == "output_dir":
-        problem = user_output_dir_problem(path)
+    if problem is None and key == "output_dir" and user_folder_problem is not None:
+        problem = user_folder_problem(path)
     if problem is not None:
         raise ConfigError(problem)
-
-
-def user_output_dir_problem(path: str | os.PathLike) -> str | None:
-    """Why ``output_dir=path`` would put the run's files among others' (None when it would not):
-
-    * ``path`` or a folder above it is a sweep's (it holds ``multirun.yaml``) or a datastore's or
-      trained artifact's (``manifest.json``; above ``path``, a datastore's beside its index files);
-    * a folder above ``path`` is a run's (it holds ``record.json``): ``harness compare`` and the
-      store would count the new run with it;
-    * a folder below ``path`` holds a record: the new record would sit above other runs';
-    * ``path`` holds files that are no run's (its own record, outputs, ``.hydra/``, log, lock and
-      ``.previous/`` are a run's: the same folder given again runs there again)."""
-    given = Path(path).expanduser()
-    where = f"output_dir={path}"
-    if (given / "multirun.yaml").is_file():
-        return (
-            f"{where} is a sweep's folder (it holds multirun.yaml): a single run's record there would be "
-            "counted with the sweep's jobs; give the run a folder of its own"
-        )
-    if (given / MANIFEST_FILE).is_file():
-        return (
-            f"{where} holds {MANIFEST_FILE}, a datastore's or a trained artifact's: the run's files would "
-            "sit among its files; give the run a folder of its own"
-        )
-    for above in given.resolve().parents:
-        if (above / "multirun.yaml").is_file():
-            return (
-                f"{where} is inside the sweep folder {above} (it holds multirun.yaml): a single run's record "
-                "there would be counted with the sweep's jobs; give the run a folder of its own"
-            )
-        if (above / RECORD_FILENAME).is_file():
-            return (
-                f"{where} is inside the run folder {above} (it holds {RECORD_FILENAME}): harness compare and "
-                "the store would count the new run with that one; give the run a folder of its own"
-            )
-        if (above / MANIFEST_FILE).is_file() and any((above / name).is_file() for name in (TOKENS_FILE, SA_FILE)):
-            return (
-                f"{where} is inside the datastore {above} (it holds {MANIFEST_FILE} and its index): the run's "
-                "files would sit among its files; give the run a folder of its own"
-            )
-    if not given.is_dir():
-        return None
-    below = record_below(given)
-    if below is not None:
-        return (
-            f"{where} holds other runs' records below it ({below.relative_to(given)}): harness compare and the "
-            "store would count the new run with them; give the run a folder of its own"
-        )
-    foreign = foreign_entries(given)
-    if foreign:
-        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
-        return (
-            f"{where} holds files that are no run's ({shown}): give an empty or new folder (a run's own folder "
-            "may be given again)"
-        )
-    return None

@@ -235,7 +235,7 @@ def check_json_destination(path: Path, *, overwrite: bool = False) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="harness oracles", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, default=None, help="write rows and summary as JSON here")
+    parser.add_argument("--json", default=None, help="write rows and summary as JSON here")
     parser.add_argument(
         "--overwrite", action="store_true", help="let --json replace an existing file that is not an oracle suite JSON"
     )
@@ -245,8 +245,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="run only this verifier (repeatable); default: every exact verifier",
     )
-    parser.add_argument("--quick", action="store_true", help="one seed, two random instances per verifier")
-    parser.add_argument("--random", type=_count, default=None, help="random instances per verifier (default 4)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one seed, no end-to-end cases, two random instances per verifier (unless --random gives the count)",
+    )
+    parser.add_argument(
+        "--random", type=_count, default=None, help="random instances per verifier (default 4; 2 with --quick)"
+    )
     parser.add_argument(
         "--no-e2e",
         action="store_true",
@@ -255,7 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         args = parser.parse_args([] if argv is None else argv)
+        if args.json is not None and not args.json.strip():
+            raise ValueError(
+                "--json= is empty: give the file to write the rows and summary to (e.g. --json oracles.json)"
+            )
+        if args.overwrite and args.json is None:
+            raise ValueError("--overwrite goes with --json PATH (the file it may replace)")
         if args.json is not None:  # a destination that cannot be written is refused before the suite runs
+            args.json = Path(args.json)
             check_json_destination(args.json, overwrite=args.overwrite)
         _register_extras()
         unknown = [name for name in args.verifier or () if name not in VERIFIERS]

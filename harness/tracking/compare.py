@@ -8,7 +8,7 @@
 A records root may be a job folder of a multirun (its name holds ``=``: an argument that names a
 path is never read as an option). ``json=`` writes the tables as JSON; it replaces a compare JSON
 written before, and refuses a run's record or outputs, a folder, or any other existing file
-(unless ``overwrite=true``).
+(unless ``overwrite=true``), and a path inside a run folder.
 
 An *arm* is every run sharing one value of the ``by`` axis inside one section (after the
 filters), on one target model and one machine: the runs of one value on several models or machines
@@ -73,6 +73,7 @@ from harness.tracking.command_line import (
     output_file_problem,
     parse_command,
     refuse,
+    run_folder_of,
     whole_number_option,
 )
 from harness.tracking.record import write_json_atomic
@@ -1470,6 +1471,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             if problem is not None:
                 raise ValueError(problem)
+            run = run_folder_of(out.parent)
+            if run is not None:  # beside the files a record binds: nothing is written inside a run folder
+                raise ValueError(
+                    f"json={out} is inside the run folder {run}: write the compare JSON outside any run folder"
+                )
         elif "overwrite" in opts:
             raise ValueError("overwrite= goes with json=PATH (the file it may replace)")
         show_board = boolean_option("leaderboard", opts.get("leaderboard"), default=True)

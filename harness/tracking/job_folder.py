@@ -45,6 +45,32 @@ log = logging.getLogger("harness.jobs")
 LOCK_FILENAME = ".harness.lock"
 #: what a job leaves in its folder besides Hydra's own files: moved aside together
 JOB_FILES: tuple[str, ...] = (RECORD_FILENAME, OUTPUTS_FILENAME, ROUNDS_FILENAME, "wandb")
+#: what else a run keeps in its folder: Hydra's files, the lock, earlier files moved aside
+RUN_FOLDER_FILES: tuple[str, ...] = (".hydra", LOCK_FILENAME, PREVIOUS_DIR, ".submitit")
+#: the option whose value is the folder a lock of this purpose guards (a sweep job's folder is below
+#: ``hydra.sweep.dir``, named by its overrides: no option names it)
+FOLDER_OPTIONS = {"harness run": "hydra.run.dir", "harness sweep": "hydra.sweep.dir"}
+
+
+def is_run_file(entry: Path) -> bool:
+    """Whether a folder entry is one a run writes into its folder: a job file (:data:`JOB_FILES`), Hydra's
+    ``.hydra/`` and job log (``*.log``), the lock, ``.previous/``, or a temporary name the harness writes
+    through (``.record.json.<random>.tmp``, a write check's ``.harness-write-check-<random>``)."""
+    name = entry.name
+    if name in JOB_FILES or name in RUN_FOLDER_FILES or name.startswith(".harness-write-check-"):
+        return True
+    if name.endswith(".log"):
+        return entry.is_file()
+    return any(name.startswith(f".{job_file}.") for job_file in JOB_FILES)
+
+
+def foreign_entries(folder: str | Path) -> list[str]:
+    """The names in ``folder`` (sorted) that no run writes there (:func:`is_run_file`); none for a
+    folder that is not there."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(entry.name for entry in folder.iterdir() if not is_run_file(entry))
 
 
 class JobFolderError(ValueError):
@@ -69,7 +95,17 @@ def job_lock(
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise JobFolderError(f"cannot create the job folder {folder}: {exc.strerror or exc}") from exc
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is None:
+            raise JobFolderError(f"cannot create the job folder {folder}: {exc.strerror or exc}") from exc
+        option = FOLDER_OPTIONS.get(purpose)  # as output_dir= is refused (harness.files.output_folder_problem)
+        named = f"{option}={folder}" if option else f"the job folder {folder}"
+        if blocker == folder:
+            why = "a file is in the way; an output folder is needed there"
+        else:
+            why = f"cannot be created: {blocker} is a file"
+        fix = "" if option else f" (write elsewhere: {elsewhere})"
+        raise JobFolderError(f"{named}: {why}{fix}") from None
     try:
         with file_lock(folder / LOCK_FILENAME, wait=False, purpose=purpose):
             try:

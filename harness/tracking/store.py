@@ -262,6 +262,16 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
     for i, row in enumerate(record["per_prompt"]):
         _require_type(path, f"per_prompt[{i}]", row, dict)
         _require_keys(path, f"per_prompt[{i}]", row, PER_PROMPT_KEYS)
+        for key in ("prompt_id", "category"):  # a prompt's id and its category (the loader's "default")
+            if not isinstance(row[key], str) or not row[key].strip():
+                raise RecordError(f"{path}: per_prompt[{i}].{key} must be a non-empty string; got {row[key]!r}")
+        for key in ("spec_tokens", "ar_tokens"):  # every round commits a token: a measured prompt has one at least
+            value = row[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RecordError(
+                    f"{path}: per_prompt[{i}].{key} must be a whole number >= 1 (each arm generates a token at "
+                    f"least; prompt {row['prompt_id']!r}); got {value!r}"
+                )
         for key in (*_PER_PROMPT_NUMBERS, *_PER_PROMPT_OPTIONAL_NUMBERS):
             value = row.get(key)
             if key in _PER_PROMPT_OPTIONAL_NUMBERS and value is None:  # older records have none
@@ -407,6 +417,21 @@ def any_record_path(records_root: str | Path) -> Path | None:
     there), or None."""
     root = Path(records_root)
     return next((p for p in root.rglob(RECORD_FILENAME) if _current(p.relative_to(root).parts)), None)
+
+
+def record_below(folder: str | Path, *, max_folders: int = 2000) -> Path | None:
+    """A current ``record.json`` in a folder below ``folder`` (its own ``record.json`` is not below
+    it), looked for in at most ``max_folders`` folders (a walk of a large tree is cut short: None),
+    or None."""
+    root = Path(folder)
+    for seen, (here, dirs, files) in enumerate(os.walk(root)):
+        if seen >= max_folders:
+            return None
+        parts = Path(here).relative_to(root).parts
+        if parts and RECORD_FILENAME in files and _current((*parts, RECORD_FILENAME)):
+            return Path(here) / RECORD_FILENAME
+        dirs[:] = sorted(d for d in dirs if d not in NOT_RECORD_FOLDERS)
+    return None
 
 
 # --------------------------------------------------------------------------------------------
