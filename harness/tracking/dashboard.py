@@ -63,7 +63,7 @@ PANEL_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "parallel_coordinates"
 
 USAGE = (
     "usage: harness dashboard SWEEP_OR_EXPERIMENT [mode=offline|online] [project=NAME] [entity=NAME]\n"
-    "                         [records=DIR] [out=FILE [overwrite=true]]\n"
+    "                         [records=DIR] [min_rounds=N] [out=FILE [overwrite=true]]\n"
     "       harness dashboard --publish FILE [entity=NAME]"
 )
 
