@@ -456,6 +456,8 @@ def test_a_device_torch_does_not_know_is_refused(tmp_path, workload, capsys, no_
         ({"id": "a", "messages": [{"role": "user", "content": 7}]}, '"messages" must be a non-empty list'),
         ({"id": None, "prompt": "x"}, '"id" must be a non-empty string or an integer'),
         ({"id": "", "prompt": "x"}, '"id" must be a non-empty string or an integer; got ""'),
+        # a blank id ran the whole job and was refused only when its record was written
+        ({"id": "  ", "prompt": "x"}, '"id" must be a non-empty string or an integer; got "  "'),
         ({"id": "a", "prompt": ""}, "\"prompt\" of id 'a' is empty: there is nothing to continue"),
         ({"id": "a", "prompt": "  \n"}, "\"prompt\" of id 'a' is empty"),
     ],
@@ -533,6 +535,10 @@ def test_half_a_surrogate_pair_in_a_prompt_file_is_refused_naming_its_line(tmp_p
         (
             '{"question_id": 2, "category": "qa", "turns": ["hi"], "reference": ["4", true]}\n',
             ':1: question 2: "reference" must be a string, a number or a list of them; got true',
+        ),
+        (
+            '{"question_id": " ", "category": "qa", "turns": ["hi"]}\n',
+            '"question_id" must be an integer or a non-empty',
         ),
     ],
 )
@@ -737,6 +743,8 @@ def test_an_output_dir_holding_a_run_s_own_files_is_run_again(tmp_path):
     for name in ("record.json", "outputs.jsonl", "rounds.jsonl", "app.log", ".harness.lock"):
         (run / name).write_text("{}\n")
     (run / ".previous" / "20260101T000000-abcdef" / "record.json").write_text("{}\n")
+    (run / "report").mkdir()  # `harness report RUN` writes its report there by default
+    (run / "report" / "report.md").write_text("# report\n")
     check_output_dir("output_dir", run)
     check_output_dir("output_dir", tmp_path / "runs" / "r2")  # a new folder beside it
     (tmp_path / "empty").mkdir()
@@ -745,6 +753,9 @@ def test_an_output_dir_holding_a_run_s_own_files_is_run_again(tmp_path):
     (tmp_path / "sweep" / "seed=1").mkdir(parents=True)
     (tmp_path / "sweep" / "multirun.yaml").write_text("hydra: {}\n")
     check_output_dir("the run folder", tmp_path / "sweep" / "seed=1")
+    (run / "report" / "report.md").unlink()  # a report/ folder that holds no report is someone else's
+    with pytest.raises(ConfigError, match=r"holds files that are no run's \(report\)"):
+        check_output_dir("output_dir", run)
     with pytest.raises(ConfigError, match="holds files that are no run's"):
         (run / "notes.txt").write_text("mine\n")
         check_output_dir("output_dir", run)

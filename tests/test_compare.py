@@ -803,6 +803,10 @@ def test_an_arm_s_runs_on_two_machines_are_arms_apart_and_the_leaderboard_follow
     assert cpu_arm in text and gpu_arm in text
     _, board = leaderboard(df, n_resamples=50)
     assert {r.arm for r in board} == {cpu_arm, gpu_arm}
+    # the bare value as a baseline names the split arms to choose from (it said the arm had no runs)
+    with pytest.raises(ValueError, match=r"baseline proposer='a' ran on several target models or machines"):
+        compare(df, n_resamples=50, baseline="a")
+    assert _row(compare(df, n_resamples=50, baseline=cpu_arm), cpu_arm).time_per_committed_token_ms.value > 0
     # with the model split too, the arm names both
     df["model"] = ["m1", "m2"]
     assert {r.arm for r in compare(df, n_resamples=50)} == {

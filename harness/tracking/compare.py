@@ -805,6 +805,12 @@ def compare(
             same, exact = (section, baseline), ("exact", baseline)
             base_key[section] = same if same in arms else exact if exact in arms else None
         if all(v is None for v in base_key.values()):
+            split = sorted({k[1] for k in arms if k[1].startswith(f"{baseline} (")})
+            if split:  # its runs span target models or machines: an arm each, none of them the bare value
+                raise ValueError(
+                    f"baseline {by}={baseline!r} ran on several target models or machines, an arm each: "
+                    f"give one of {split} (quoted: baseline='{split[0]}')"
+                )
             raise ValueError(f"baseline {by}={baseline!r} has no runs; arms: {sorted({k[1] for k in arms})}")
 
     out: list[ArmRow] = []

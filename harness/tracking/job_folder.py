@@ -43,6 +43,8 @@ from harness.tracking.store import (
 log = logging.getLogger("harness.jobs")
 
 LOCK_FILENAME = ".harness.lock"
+#: where `harness report SOURCE` writes by default (``SOURCE/report/report.md``)
+REPORT_DIR, REPORT_FILE = "report", "report.md"
 #: what a job leaves in its folder besides Hydra's own files: moved aside together
 JOB_FILES: tuple[str, ...] = (RECORD_FILENAME, OUTPUTS_FILENAME, ROUNDS_FILENAME, "wandb")
 #: what else a run keeps in its folder: Hydra's files, the lock, earlier files moved aside
@@ -54,13 +56,16 @@ FOLDER_OPTIONS = {"harness run": "hydra.run.dir", "harness sweep": "hydra.sweep.
 
 def is_run_file(entry: Path) -> bool:
     """Whether a folder entry is one a run writes into its folder: a job file (:data:`JOB_FILES`), Hydra's
-    ``.hydra/`` and job log (``*.log``), the lock, ``.previous/``, or a temporary name the harness writes
-    through (``.record.json.<random>.tmp``, a write check's ``.harness-write-check-<random>``)."""
+    ``.hydra/`` and job log (``*.log``), the lock, ``.previous/``, a temporary name the harness writes
+    through (``.record.json.<random>.tmp``, a write check's ``.harness-write-check-<random>``), or the
+    ``report/`` that ``harness report`` writes by default into the folder it reads."""
     name = entry.name
     if name in JOB_FILES or name in RUN_FOLDER_FILES or name.startswith(".harness-write-check-"):
         return True
     if name.endswith(".log"):
         return entry.is_file()
+    if name == REPORT_DIR:  # `harness report RUN_DIR` writes its report there by default
+        return (entry / REPORT_FILE).is_file()
     return any(name.startswith(f".{job_file}.") for job_file in JOB_FILES)
 
 

@@ -164,7 +164,7 @@ def _check_category(where: str, pid: object, category: str) -> str:
 
 def _spec_bench_prompt(where: str, obj: dict) -> Prompt:
     qid = obj["question_id"]
-    if isinstance(qid, bool) or not isinstance(qid, (int, str)) or qid == "":
+    if isinstance(qid, bool) or not isinstance(qid, (int, str)) or (isinstance(qid, str) and not qid.strip()):
         raise WorkloadError(f'{where}: "question_id" must be an integer or a non-empty string; got {qid!r}')
     category = obj.get("category")
     if not isinstance(category, str) or not category.strip():
@@ -221,7 +221,8 @@ def _harness_prompt(where: str, obj: dict) -> Prompt:
         )
     if "prompt" in obj and "messages" in obj:
         raise WorkloadError(f'{where}: id {obj["id"]!r} has both "prompt" and "messages"; give one of them')
-    if isinstance(obj["id"], bool) or not isinstance(obj["id"], (str, int)) or obj["id"] == "":
+    pid = obj["id"]
+    if isinstance(pid, bool) or not isinstance(pid, (str, int)) or (isinstance(pid, str) and not pid.strip()):
         raise WorkloadError(f'{where}: "id" must be a non-empty string or an integer; got {json.dumps(obj["id"])}')
     if "prompt" in obj and not isinstance(obj["prompt"], str):
         raise WorkloadError(f'{where}: "prompt" must be a string; got {json.dumps(obj["prompt"])[:40]}')
