@@ -812,26 +812,20 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         if group.empty:
             continue
         st = SECTION_STYLE[section]
-        if several:  # a run's colour is its group's, its marker its section's
-            for g in groups:
-                part = group[group_of[group.index] == g]
-                if not part.empty:
-                    ax.scatter(
-                        part["mean_committed_per_round"],
-                        part["time_per_committed_token_ms"],
-                        marker=st["marker"],
-                        s=50,
-                        color=colour[g],
-                    )
+        # with several groups a run's colour is its group's and its marker its section's, the section
+        # named once in the legend; with one, the section's points carry its legend entry
+        for g in groups if several else [None]:
+            part = group if g is None else group[group_of[group.index] == g]
+            if not part.empty:
+                ax.scatter(
+                    part["mean_committed_per_round"],
+                    part["time_per_committed_token_ms"],
+                    marker=st["marker"],
+                    s=50,
+                    **({"label": SECTION_LEGEND[section]} if g is None else {"color": colour[g]}),
+                )
+        if several:
             ax.plot([], [], marker=st["marker"], color="0.4", linestyle="none", label=SECTION_LEGEND[section])
-        else:
-            ax.scatter(
-                group["mean_committed_per_round"],
-                group["time_per_committed_token_ms"],
-                marker=st["marker"],
-                s=50,
-                label=SECTION_LEGEND[section],
-            )
         at: dict[tuple[float, float], list[str]] = {}  # runs drawn at one point share one annotation
         for _, r in group.iterrows():
             point = (float(r["mean_committed_per_round"]), float(r["time_per_committed_token_ms"]))
