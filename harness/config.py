@@ -312,8 +312,8 @@ class SkipThresholdConfig:
 class SkipSearchConfig:
     """Bayesian optimisation (Optuna TPE) of the skip vector on the dev split."""
 
-    # CPU budget: about 10 minutes on SmolLM2 with 2 busy cores for the trials, and about half as long
-    # again for the confirmation below (6 more timings at the defaults)
+    # CPU budget: about 10 minutes on SmolLM2 with 2 busy cores for the trials (13 timings of the dev
+    # prompts with the AR reference); the confirmation below adds 6 more at the defaults
     trials: int = ranged(12, **POSITIVE_INT)
     workload: str = ranged("sharegpt", choices=("humaneval", "sharegpt"))  # built-in prompts (no path option)
     split: str = ranged("dev", choices=SPLITS)

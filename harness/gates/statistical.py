@@ -728,17 +728,18 @@ def verify_by_tree(backend, committed, distinct, tree_of, rngs, verifier, policy
     counts: dict[int, int] = {}
     accepted = 0  # samples whose first token is a proposed row the verifier accepted
     p_exact = None
+    fast = overrides_select_logits(verifier)  # the round's own path from the logits
     for i, logits in verify_distinct(backend, committed, distinct, batch=batch):
         if p_exact is None:
             p_exact = frontier_law(policy, logits[0])  # [V]
         tree = distinct[i]
-        fast = overrides_select_logits(verifier)  # the round's own path from the logits
-        probs = None if fast else policy.probs(logits)  # [1 + N, V] as the round computes them
+        if fast:
+            select = lambda rng, tree=tree, logits=logits: verifier.select_logits(tree, logits, policy, rng)  # noqa: E731
+        else:
+            probs = policy.probs(logits)  # [1 + N, V] as the round computes them
+            select = lambda rng, tree=tree, probs=probs: verifier.select(tree, probs, rng)  # noqa: E731
         for s in samples_of[i]:
-            if fast:
-                sel = verifier.select_logits(tree, logits, policy, rngs[s])
-            else:
-                sel = verifier.select(tree, probs, rngs[s])
+            sel = select(rngs[s])
             first = _first_token(tree, sel)
             counts[first] = counts.get(first, 0) + 1
             accepted += bool(sel.accepted_rows)
