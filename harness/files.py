@@ -248,6 +248,15 @@ ROUNDS_FILENAME = "rounds.jsonl"
 RUN_FILES = (RECORD_FILENAME, OUTPUTS_FILENAME, ROUNDS_FILENAME)
 
 
+def run_folder_of(path: str | os.PathLike) -> Path | None:
+    """The run folder (one holding a ``record.json``) that ``path`` is or would be written into."""
+    p = Path(path).expanduser().resolve()
+    for folder in (p, *p.parents):
+        if (folder / RECORD_FILENAME).is_file():
+            return folder
+    return None
+
+
 def json_object_with(*keys: str, **values: object) -> Callable[[Path], bool]:
     """A test of whether a file is a JSON object holding every one of ``keys``, and ``values`` as
     given (what a command recognises as a file it wrote before)."""
@@ -277,15 +286,18 @@ def output_file_problem(
     overwrite_option: str = "overwrite=true",
 ) -> str | None:
     """Why ``path`` may not receive the file a command writes (``what``, e.g. "a compare JSON"), or
-    None: a folder; a run folder's record, outputs or rounds; any other existing file that ``ours``
-    does not recognise, unless ``overwrite`` (the command's ``overwrite_option`` says so); a folder
-    that cannot be written."""
+    None: a folder; a run folder's record, outputs or rounds, or any other path inside a run folder;
+    any other existing file that ``ours`` does not recognise, unless ``overwrite`` (the command's
+    ``overwrite_option`` says so); a folder that cannot be written."""
     if path.is_dir():
         return f"{key}={path} is a folder; give a file path, e.g. {key}={path / example}"
     if path.name in RUN_FILES and (path.parent / RECORD_FILENAME).is_file():
         return f"{key}={path} is a file of the run folder {path.parent}: write {what} elsewhere"
     if path.name == RECORD_FILENAME:  # compare, report and sweeps read every record.json under a folder
         return f"{key}={path}: {RECORD_FILENAME} is the name of a run's record; give {what} another name"
+    run = run_folder_of(path.parent)
+    if run is not None:  # beside the files a record binds: nothing is written inside a run folder
+        return f"{key}={path} is inside the run folder {run}: write {what} outside any run folder"
     if path.exists() and not overwrite and not ours(path):
         return f"{key}={path} already exists and is not {what}; give another path or {overwrite_option}"
     return output_folder_problem(key, path.parent)

@@ -121,8 +121,11 @@ def test_an_out_path_it_cannot_write_is_refused_before_anything_loads(tmp_path, 
     monkeypatch.setattr(bench, "load_model", lambda **_: pytest.fail("the model was loaded"))
     (tmp_path / "afile").write_text("x")
     (tmp_path / "notes.json").write_text("[1]")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "record.json").write_text("{}")
     for out, said in (
         (tmp_path / "afile" / "x.json", "a file is in the way"),
+        (tmp_path / "run" / "bench.json", f"is inside the run folder {(tmp_path / 'run').resolve()}"),
         (tmp_path, "is a folder; give a file path"),
         (
             tmp_path / "notes.json",

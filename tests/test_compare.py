@@ -357,7 +357,7 @@ def test_json_replaces_its_own_file_only_and_job_folders_named_by_overrides_are_
         for extra in ([], ["overwrite=true"]):
             assert main([str(tmp_path / "sweep"), f"json={inside}", "resamples=50", *extra]) == 2
             assert capsys.readouterr().err.strip().splitlines() == [
-                f"harness compare: refused: json={inside} is inside the run folder {job}: write the compare JSON "
+                f"harness compare: refused: json={inside} is inside the run folder {job}: write a compare JSON "
                 "outside any run folder (harness compare --help shows the usage)"
             ]
     assert sorted(p.name for p in job.iterdir()) == sorted(p.name for p in fixture_run(1).iterdir())

@@ -236,7 +236,7 @@ def test_out_replaces_a_specification_only_and_records_may_be_a_job_folder(tmp_p
     for inside in (job / "dash.json", job / "sub" / "dash.json"):
         assert dashboard_main([*base, f"out={inside}", "overwrite=true"]) == 2
         assert capsys.readouterr().err.strip().splitlines() == [
-            f"harness dashboard: refused: out={inside} is inside the run folder {job}: write the dashboard "
+            f"harness dashboard: refused: out={inside} is inside the run folder {job}: write a dashboard "
             f"specification outside any run folder (writing {inside})"
         ]
     assert sorted(p.name for p in job.iterdir()) == sorted(p.name for p in FIXTURE_RUNS[0].iterdir())

@@ -245,11 +245,15 @@ def test_cli_json_refuses_to_replace_a_run_s_record_or_a_file_it_did_not_write(t
         (run / "outputs.jsonl", f"is a file of the run folder {run}: write an oracle suite JSON elsewhere"),
         (tmp_path / "record.json", "record.json is the name of a run's record; give an oracle suite JSON another name"),
         (notes, "already exists and is not an oracle suite JSON; give another path or --overwrite"),
+        # any other path inside a run folder too, as compare, dashboard and export refuse it
+        (run / "oracles.json", f"is inside the run folder {run.resolve()}: write an oracle suite JSON outside any"),
+        (run / "sub" / "o.json", f"is inside the run folder {run.resolve()}: write an oracle suite JSON outside any"),
     ):
         assert oracles_main(["--verifier", "rejection", "--quick", "--json", str(path)]) == 2
         err = capsys.readouterr().err
         assert err.startswith("harness oracles: refused: --json=") and fragment in err and err.count("\n") == 1, err
     assert (run / "record.json").read_text() == '{"run_id": "r"}' and notes.read_text() == '{"mine": 1}'
+    assert sorted(p.name for p in run.iterdir()) == ["outputs.jsonl", "record.json"]
     assert oracles_main(["--verifier", "rejection", "--quick", "--json", str(notes), "--overwrite"]) == 0
     assert json.loads(notes.read_text())["summary"]["passed"] is True
     assert oracles_main(["--verifier", "rejection", "--quick", "--json", str(notes)]) == 0  # its own file again

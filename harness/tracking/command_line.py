@@ -21,6 +21,7 @@ from harness.files import (  # noqa: F401  (where the commands of this room read
     json_object_with,
     output_file_problem,
     output_folder_problem,
+    run_folder_of,
 )
 
 
@@ -47,15 +48,6 @@ def split_arguments(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         else:
             positionals.append(arg)
     return positionals, kv
-
-
-def run_folder_of(path: str | os.PathLike) -> Path | None:
-    """The run folder (one holding a ``record.json``) that ``path`` is or would be written into."""
-    p = Path(path).expanduser().resolve()
-    for folder in (p, *p.parents):
-        if (folder / RECORD_FILENAME).is_file():
-            return folder
-    return None
 
 
 def boolean_option(key: str, value: str | None, default: bool = False) -> bool:

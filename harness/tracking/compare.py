@@ -73,7 +73,6 @@ from harness.tracking.command_line import (
     output_file_problem,
     parse_command,
     refuse,
-    run_folder_of,
     whole_number_option,
 )
 from harness.tracking.record import write_json_atomic
@@ -1477,11 +1476,6 @@ def main(argv: list[str] | None = None) -> int:
             )
             if problem is not None:
                 raise ValueError(problem)
-            run = run_folder_of(out.parent)
-            if run is not None:  # beside the files a record binds: nothing is written inside a run folder
-                raise ValueError(
-                    f"json={out} is inside the run folder {run}: write the compare JSON outside any run folder"
-                )
         elif "overwrite" in opts:
             raise ValueError("overwrite= goes with json=PATH (the file it may replace)")
         show_board = boolean_option("leaderboard", opts.get("leaderboard"), default=True)

@@ -36,7 +36,6 @@ from harness.tracking.command_line import (
     boolean_option,
     json_object_with,
     output_file_problem,
-    run_folder_of,
     split_arguments,
     usage_status,
     whole_number_option,
@@ -587,9 +586,6 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
             example="dashboard.json",
             overwrite=overwrite,
         )
-    run = run_folder_of(out.parent) if problem is None else None
-    if run is not None:  # beside the files a record binds: nothing is written inside a run folder
-        problem = f"out={out} is inside the run folder {run}: write the dashboard specification outside any run folder"
     if problem is not None:
         print(f"harness dashboard: refused: {problem} (writing {out})", file=sys.stderr)
         return 2
