@@ -57,6 +57,7 @@ from harness.runner import (
     plan_job,
     run_job,
     run_notes,
+    user_output_dir_problem,
 )
 from harness.target.loading import cache_root
 from harness.tracking import dashboard
@@ -435,7 +436,9 @@ def multirun_exit_code(in_process_code: int, *, command: str = "run") -> int:
 class RunFolderLock(Callback):
     """Hydra callback (root config): a single run takes its folder's lock before Hydra writes its
     ``.hydra/`` files and log there, and holds it to the end; a second run pointed at a folder a
-    live run holds is refused with one line and exit code 2, leaving that folder untouched."""
+    live run holds is refused with one line and exit code 2, leaving that folder untouched, and so
+    is a run folder that ``output_dir`` would not be given (inside another run's or a sweep's, above
+    other runs' records, holding user files)."""
 
     def __init__(self) -> None:
         self._lock = None
@@ -446,6 +449,11 @@ class RunFolderLock(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         HydraConfig.instance().set_config(config)  # as Hydra does next, to resolve hydra.run.dir
         folder = Path(str(config.hydra.run.dir))
+        if not config.get("output_dir"):  # Hydra's run folder (hydra.run.dir=... or its default) is checked
+            problem = user_output_dir_problem(folder, key="hydra.run.dir")  # as output_dir is, before Hydra writes
+            if problem is not None:
+                print(f"harness run: refused: {problem}", file=sys.stderr)
+                raise SystemExit(2) from None
         created = not folder.exists()
         lock = job_lock(folder)
         try:

@@ -310,8 +310,9 @@ def run_job(
     return record
 
 
-def user_output_dir_problem(path: str | os.PathLike) -> str | None:
-    """Why ``output_dir=path`` would put the run's files among others' (None when it would not):
+def user_output_dir_problem(path: str | os.PathLike, key: str = "output_dir") -> str | None:
+    """Why ``output_dir=path`` (or the option ``key`` names it by, e.g. ``hydra.run.dir``) would put
+    the run's files among others' (None when it would not):
 
     * ``path`` or a folder above it is a sweep's (it holds ``multirun.yaml``) or a datastore's or
       trained artifact's (``manifest.json``; above ``path``, a datastore's beside its index files);
@@ -321,7 +322,7 @@ def user_output_dir_problem(path: str | os.PathLike) -> str | None:
     * ``path`` holds files that are no run's (its own record, outputs, ``.hydra/``, log, lock and
       ``.previous/`` are a run's: the same folder given again runs there again)."""
     given = Path(path).expanduser()
-    where = f"output_dir={path}"
+    where = f"{key}={path}"
     if (given / "multirun.yaml").is_file():
         return (
             f"{where} is a sweep's folder (it holds multirun.yaml): a single run's record there would be "

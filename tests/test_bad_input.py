@@ -708,6 +708,32 @@ def test_an_output_dir_inside_a_run_a_sweep_or_a_datastore_folder_is_refused(tmp
     assert sorted(p.name for p in store.iterdir()) == ["manifest.json", "sa.npy", "tokens.npy"]
 
 
+def test_hydra_run_dir_is_checked_as_output_dir_is(tmp_path, workload, capsys, no_models):
+    """A plain run's folder named by ``hydra.run.dir`` (no ``output_dir``) was not checked: a run
+    below another run's folder was pooled with it, one into a folder of user files added to them.
+    Refused before Hydra writes its files there; the run's own folder given again still runs."""
+    run = tmp_path / "run1"
+    run.mkdir()
+    (run / "record.json").write_text("{}\n")
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    corpus = tmp_path / "corp"
+    corpus.mkdir()
+    (corpus / "f1.py").write_text("x = 1\n")
+    base = [a for a in argv_for(tmp_path, workload) if not a.startswith(("hydra.run.dir=", "output_dir="))]
+    for folder, message in (
+        (run / "sub", f"is inside the run folder {run} (it holds record.json): harness compare and the store"),
+        (sweep / "extra", f"is inside the sweep folder {sweep} (it holds multirun.yaml)"),
+        (corpus, "holds files that are no run's (f1.py): give an empty or new folder"),
+    ):
+        line = assert_refused_run(tmp_path, capsys, [*base, f"hydra.run.dir={folder}"], message)
+        assert line.startswith(f"harness run: refused: hydra.run.dir={folder} "), line
+    assert sorted(p.name for p in run.iterdir()) == ["record.json"]
+    assert sorted(p.name for p in sweep.iterdir()) == ["multirun.yaml"]
+    assert sorted(p.name for p in corpus.iterdir()) == ["f1.py"]
+
+
 def test_an_output_dir_above_other_runs_or_holding_other_files_is_refused(tmp_path, workload, capsys, no_models):
     """A record written above other runs' (a records root) was pooled with them; a folder of the user's
     own files (a datastore's corpus) had the run's files added to it."""
