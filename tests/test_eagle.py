@@ -1125,6 +1125,38 @@ def test_eagle3_reads_what_its_config_builds(deep_target, tmp_path):
     greedy_dynamic_rounds(model, backend, art.draft, new=8)
 
 
+def test_published_eagle3_joins_its_features_in_layer_order(deep_target, tmp_path):
+    """EAGLE's and vLLM's targets collect the three features while walking their layers, so a draft is
+    trained on them in ascending layer order whatever order its config lists: [5, 2, 4] was joined as
+    h5|h2|h4 (a silent fall in acceptance)."""
+    model, _ = deep_target
+    config, state, _ = eagle3_checkpoint(model.config, draft_vocab=40)
+    listed = load_configured_eagle(
+        {
+            "artifact": str(
+                write_published(tmp_path / "listed", {**config, "eagle_aux_hidden_state_layer_ids": [2, 4, 5]}, state)
+            )
+        },
+        model=model,
+        tokenizer=None,
+    )
+    shuffled = load_configured_eagle(
+        {
+            "artifact": str(
+                write_published(tmp_path / "shuffled", {**config, "eagle_aux_hidden_state_layer_ids": [5, 2, 4]}, state)
+            )
+        },
+        model=model,
+        tokenizer=None,
+    )
+    assert listed.draft.spec.aux_layers == shuffled.draft.spec.aux_layers == (2, 4, 5)
+    assert not any("layer order" in note for note in listed.manifest["notes"])
+    assert (
+        "eagle_aux_hidden_state_layer_ids lists [5, 2, 4]: the features are joined in layer order [2, 4, 5], as "
+        "EAGLE's code collects them while the target runs its layers"
+    ) in shuffled.manifest["notes"]
+
+
 def test_published_eagle3_refusals(deep_target, tmp_path):
     model, _ = deep_target
     config, state, _ = eagle3_checkpoint(model.config, draft_vocab=40)

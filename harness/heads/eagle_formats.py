@@ -449,6 +449,12 @@ def _eagle3(fmt: str, cfg: dict, state: dict, target_config) -> tuple[str, Eagle
         state, _, qkv_bias, notes = _unused_biases(fmt, cfg, state, eagle3=True)
     else:  # speculators: the layer's config and the weights, as vLLM reads them
         qkv_bias, notes = "midlayer.self_attn.q_proj.bias" in state, []
+    if list(aux) != sorted(aux):  # EAGLE's and vLLM's targets collect the features walking their layers
+        notes.append(
+            f"eagle_aux_hidden_state_layer_ids lists {list(aux)}: the features are joined in layer order "
+            f"{sorted(aux)}, as EAGLE's code collects them while the target runs its layers"
+        )
+        aux = tuple(sorted(aux))
     if vd == target_v and "d2t" in state:  # EAGLE's code drops the map where the vocabularies are one
         if bool(state["d2t"].ne(0).any()):
             notes.append(
