@@ -1426,6 +1426,13 @@ def test_a_published_draft_for_another_target_is_refused_before_any_model_work(e
     ):
         with pytest.raises(ArtifactError, match=rf"^proposer.artifact='{path}' {said}"):
             plan(compose(["model=tiny", "proposer=eagle", f"proposer.artifact={path}", "topology=sequence"]))
+    # a folder in neither layout (published Medusa heads, say) is refused at plan too, not after loading
+    heads = tmp_path / "medusa"
+    heads.mkdir()
+    (heads / "config.json").write_text('{"medusa_num_heads": 2}')
+    (heads / "medusa_lm_head.pt").write_bytes(b"")
+    with pytest.raises(ArtifactError, match=rf"^proposer.artifact='{heads}' is neither a harness EAGLE artifact"):
+        plan(compose(["model=tiny", "proposer=eagle", f"proposer.artifact={heads}", "topology=sequence"]))
     fits = write_published(tmp_path / "fits", llama_fields(cfg), state)
     plan(compose(["model=tiny", "proposer=eagle", f"proposer.artifact={fits}", "topology=sequence"]))
 

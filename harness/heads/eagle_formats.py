@@ -86,11 +86,14 @@ def published_draft_vocab(options) -> int | None:
 def published_config_problem(artifact, geometry) -> str | None:
     """Why the published EAGLE draft in local folder ``artifact`` cannot serve the target whose
     ``geometry()`` (hidden size, vocabulary) is given, read from its config.json before any model
-    work (the weights are checked again when they load), or None: no such folder, a config that
-    states neither, or a fit. A draft by hub id is checked when it loads."""
+    work (the weights are checked again when they load), or None: no such folder, a harness
+    artifact's, a config that states neither, or a fit; a folder in neither layout is refused. A
+    draft by hub id is checked when it loads."""
     path = Path(str(artifact)).expanduser() if artifact else None
-    if path is None or not path.is_dir() or not is_published_dir(path):
+    if path is None or not path.is_dir() or (path / "manifest.json").is_file():
         return None
+    if not is_published_dir(path):  # a folder of something else (a head bank, a model): said before loading
+        return not_an_eagle_draft(str(artifact))
     try:
         cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -114,15 +117,20 @@ def published_config_problem(artifact, geometry) -> str | None:
     return None
 
 
+def not_an_eagle_draft(source: str) -> str:
+    """The refusal of a folder that holds neither layout an EAGLE draft is read from."""
+    return (
+        f"proposer.artifact={source!r} is neither a harness EAGLE artifact (manifest.json) nor a "
+        f"published EAGLE checkpoint (config.json plus one of {list(WEIGHT_FILES)})"
+    )
+
+
 def resolve_source(source: str) -> Path:
     """A local directory, or a hub id downloaded to the hub cache (config and weights only)."""
     path = Path(source).expanduser()
     if path.exists():
         if not is_published_dir(path):
-            raise ArtifactError(
-                f"proposer.artifact={source!r} is neither a harness EAGLE artifact (manifest.json) nor a "
-                f"published EAGLE checkpoint (config.json plus one of {list(WEIGHT_FILES)})"
-            )
+            raise ArtifactError(not_an_eagle_draft(source))
         return path
     if not looks_like_hub_id(source):
         raise ArtifactError(f"proposer.artifact={source!r} does not exist (and is not a hub id owner/name)")
