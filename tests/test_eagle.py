@@ -316,15 +316,20 @@ def test_a_choice_list_shapes_every_proposal_by_rank(env):
 
 def test_draft_cache_holds_exactly_the_committed_pairs(env):
     """After every proposal the draft cache holds one row per committed pair (f_j, x_{j+1}), and
-    the incremental draft output equals a from-scratch pass over the same pairs."""
+    the incremental draft output equals a from-scratch pass over the same pairs; a round that can
+    commit only its bonus token (one token left) feeds nothing and proposes nothing."""
     prompt = env["docs"][34][:7]
     p = make(env, DYNAMIC)
     seen = []
+    capped = []
     orig = p.propose
 
     def spy(committed, rng):
         out = orig(committed, rng)
-        seen.append((len(committed), p.cache.length, [pos for pos, _ in p.fed], p.g_last.clone()))
+        if p.round_max_depth() == 0:
+            capped.append((len(committed), p.cache.length, len(out.nodes)))
+        else:
+            seen.append((len(committed), p.cache.length, [pos for pos, _ in p.fed], p.g_last.clone()))
         return out
 
     p.propose = spy
@@ -338,6 +343,9 @@ def test_draft_cache_holds_exactly_the_committed_pairs(env):
             ids = torch.tensor([full[1:n]])
             g = p.draft(feats[:, : n - 1], p.embed(ids), torch.arange(n - 1)[None], mask=causal_mask(1, n - 1, 0))
             assert torch.allclose(g[0, -1], g_last, atol=1e-4)
+    assert len(full) == len(prompt) + 16 and len(capped) == 1  # the request's last round
+    n, length, nodes = capped[0]
+    assert nodes == 0 and length < n - 1 and length == seen[-1][1]  # the draft cache was not fed
 
 
 def test_dynamic_tree_shape_follows_the_drafts_confidence():

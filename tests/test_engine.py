@@ -149,7 +149,7 @@ def test_max_new_tokens_inside_accepted_path(models):
     ],
 )
 @pytest.mark.parametrize("new,last_depth", [(7, 1), (6, 0), (8, 2)])
-def test_a_round_near_the_token_budget_verifies_only_what_it_can_commit(models, budget, new, last_depth):
+def test_a_round_near_the_token_budget_verifies_only_what_it_can_commit(models, budget, new, last_depth, monkeypatch):
     """An identical draft accepts every candidate: the first round commits 5 tokens, and the
     second, with ``new - 5`` left, gets a tree no deeper than it can commit (one token less than
     it has left: the bonus token is the last), so no round drafts or verifies rows past the end."""
@@ -159,9 +159,18 @@ def test_a_round_near_the_token_budget_verifies_only_what_it_can_commit(models, 
     propose = proposer.propose
 
     drafted = []
+    forwards = []  # the draft's forwards in each proposal
+    forward_rows = proposer.backend.forward_rows
+
+    def counted(*args, **kwargs):
+        forwards[-1] += 1
+        return forward_rows(*args, **kwargs)
+
+    monkeypatch.setattr(proposer.backend, "forward_rows", counted)
 
     def spy(committed, rng):
         seen_caps.append(proposer.depth_cap)
+        forwards.append(0)
         result = propose(committed, rng)
         depth = {-1: 0}
         for i, node in enumerate(result.nodes):
@@ -176,6 +185,8 @@ def test_a_round_near_the_token_budget_verifies_only_what_it_can_commit(models, 
     assert depths == [4, last_depth]
     assert seen_caps == [None, last_depth] and proposer.depth_cap is None  # the cap was the round's
     assert drafted == [4, last_depth]  # the draft drafted no deeper than the round could commit
+    # a draft forward per level (the feed gives the first): none where only the bonus token is left
+    assert forwards == [4, last_depth]
     assert [len(r["emitted"]) for r in rounds] == [5, new - 5]
     assert len(rounds[1]["selection"].accepted_rows) == last_depth  # every row it verified was accepted
     assert res.ledger.reached[:4] == [1 + (last_depth >= 1), 1 + (last_depth >= 2), 1, 1]

@@ -186,6 +186,32 @@ def test_skipping_nothing_drafts_the_target_itself(env):
         assert len(r["selection"].accepted_rows) == 4 == r["tree"].num_rows
 
 
+def test_a_round_with_one_token_left_runs_no_draft_layer(env):
+    """Skipping nothing, every round commits the whole chain and its bonus token; with 6 tokens the
+    second round has one left, which it commits itself: the draft runs no layer for it (it fed the
+    committed tokens and drafted a token the round could not use)."""
+    prompt = env["docs"][32][:6]
+    p = layer_skip(env, [], gamma=0.0, adaptive=False)
+    extends = []
+    extend = p._extend
+    propose = p.propose
+
+    def counted_extend(*args, **kwargs):
+        if extends:  # the prompt's forward at the request's start is prefill, not a round's
+            extends[-1] += 1
+        return extend(*args, **kwargs)
+
+    def counted_propose(committed, rng):
+        extends.append(0)
+        return propose(committed, rng)
+
+    p._extend, p.propose = counted_extend, counted_propose
+    res, rounds = run(env, p, prompt=prompt, new=6)
+    assert res.tokens == autoregressive(env, prompt, new=6)
+    assert [len(r["emitted"]) for r in rounds] == [5, 1]
+    assert extends == [CHAIN.max_depth, 0]  # the feed and 3 more draft tokens; then nothing
+
+
 @pytest.mark.parametrize(
     "make,verifier",
     [

@@ -26,8 +26,9 @@ request. The verifier and the sampling policy run once per request on that reque
 rows only, so the verifiers' exactness (and the oracles) hold per request.
 
 Exactness. At temperature 0 each request's tokens equal this loop run with NullProposer slots on
-the same batch composition, and equal batch-1 decoding except at near-ties (CPU matrix kernels are
-not shape-invariant: a batched forward's logits differ from batch 1 in the last bits).
+the same batch composition, and batch-1 decoding, except at near-ties: CPU matrix kernels are not
+shape-invariant, so a forward's logits differ in the last bits with its batch and with its number
+of rows (a pending row verified beside candidates, or alone).
 
 Timing. One :class:`~harness.measure.ledger.StageClock` (device-synchronised) times the stages.
 :class:`BatchLedger` holds the per-batch-round costs (proposal = every request's proposal,

@@ -258,11 +258,20 @@ class HeadsProposer(HiddenRowProposer):
         self.stats.extras["rounds"] += 1
         pos = len(committed) - 2
         self._tokens = committed
-        ctx = memo_call(self, "context", lambda: self._round_context(pos)) if pos >= 0 else None
         handle = ProposalStateHandle(
             owner=self.name, committed_len=len(committed), generation=self.tap.serial, kv_bytes=0
         )
-        if ctx is None:
+        capped = self.round_max_depth() == 0  # the round commits its bonus token only: no head runs for it
+        ctx = memo_call(self, "context", lambda: self._round_context(pos)) if pos >= 0 and not capped else None
+        if capped:
+            result = ProposalResult.empty_result(
+                source=self.name,
+                manifest_hash=self.manifest_hash,
+                probability_semantics=self.probability_semantics,
+                sampling_relation=self.sampling_relation,
+                state_handle=handle,
+            )
+        elif ctx is None:
             result = self._no_proposal(handle)
         else:
             result = self._fixed_tree(self._q_level(ctx, committed[-1]), self.widths, rng, handle)

@@ -123,11 +123,12 @@ class SelfSpecProposer(TargetBoundProposer):
         extras["recomputed_rows"] += max(len(self.kv) - keep, 0)
         extras["reused_rows"] += keep
         self.kv.keep(range(keep))
-        logits = self._extend(committed[keep:], keep)[-1]  # [V]: predicts the first draft token
         nodes: list[ProposalNode] = []
         laws: list[torch.Tensor] = []
         threshold = self.threshold()
         depth = min(self.depth, self.round_max_depth())
+        if depth:  # a round that commits its bonus token only pays no draft forward
+            logits = self._extend(committed[keep:], keep)[-1]  # [V]: predicts the first draft token
         for j in range(depth):
             conf = torch.softmax(logits.float(), dim=-1)  # [V]
             top = float(conf.max())
