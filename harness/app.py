@@ -42,7 +42,7 @@ from harness.config import (
     override_key,
 )
 from harness.contracts import ConfigError, resolve_ref
-from harness.engine.build import plan
+from harness.engine.build import plan, sampling_policy, sibling_sampling
 from harness.engine.checks import validate_config
 from harness.gates.stages import GateError
 from harness.heads.published import is_published
@@ -624,9 +624,10 @@ def calibrate_main(argv: list[str]) -> int:
             out = calibrate(cfg)
         except ConfigError as exc:  # offer only fixes calibrate accepts (a Sequoia tree, a sampling draft)
             if "cannot build topology=sequoia" in exc.reason:
+                sampling = sibling_sampling(sampling_policy(compose_checked(overrides)))
                 exc = type(exc)(
                     exc.reason,
-                    suggestions=[*exc.suggestions, ("proposer=draft_model", "proposer.sampling=without_replacement")],
+                    suggestions=[*exc.suggestions, ("proposer=draft_model", f"proposer.sampling={sampling}")],
                     replaces=exc.replaces,
                 )
             raise offer(exc, overrides, accept=lambda c: (plan(c), require_sequoia(c))) from exc

@@ -905,13 +905,13 @@ def offer(exc: ConfigError, overrides: list[str], *, accept: Callable[[DictConfi
     candidates (breadth first, at most three overrides, :data:`OFFER_BUDGET` tries)."""
     frontier = list(exc.suggestions)
     accepted: list[tuple[str, ...]] = []
-    seen: set[tuple[str, ...]] = set()
+    seen: set[frozenset[str]] = set()
     tries = 0
     while frontier and tries < OFFER_BUDGET and len(accepted) < OFFER_MAX:
         fix = frontier.pop(0)
-        if fix in seen:
+        if frozenset(fix) in seen:  # the same overrides in another order are the same fix
             continue
-        seen.add(fix)
+        seen.add(frozenset(fix))
         tries += 1
         try:
             accept(compose(apply_overrides(overrides, fix)))
@@ -922,7 +922,7 @@ def offer(exc: ConfigError, overrides: list[str], *, accept: Callable[[DictConfi
         except (ValueError, OSError, HydraException, OmegaConfBaseException):  # refused otherwise: not offered
             continue
         fix = _minimal(fix, overrides, accept)
-        if fix not in accepted:
+        if all(set(fix) != set(other) for other in accepted):
             accepted.append(fix)
     return type(exc)(exc.reason, suggestions=accepted, offered=True, replaces=exc.replaces)
 

@@ -224,6 +224,25 @@ def test_a_draft_tree_at_temperature_0_branches_and_iid_children_there_are_refus
     with pytest.raises(ConfigError, match=r"proposer.sampling=iid with generation.top_k=1 draws the draft's argmax"):
         checked_plan([*hot, "verifier=specinfer", "proposer.sampling=iid", "topology=expansion"])
     checked_plan([*hot, "verifier=membership", "topology=expansion"])  # the top-ranked tokens branch
+    # without replacement from a one-hot law: the argmax, then tokens drawn uniformly from the whole
+    # vocabulary (a Sequoia calibration at temperature 0 measured p2 = 0.0008 against 0.087 ranked)
+    for argv, when in (
+        (["model=tiny", "proposer=draft_model", "topology=set"], "at temperature 0"),
+        ([*hot, "verifier=sequoia", "topology=expansion"], "with generation.top_k=1"),
+        (["model=tiny", "proposer=draft_model", "topology=sequoia"], "at temperature 0"),
+    ):
+        with pytest.raises(
+            ConfigError, match=rf"proposer.sampling=without_replacement {when} draws the draft's"
+        ) as info:
+            checked_plan([*argv, "proposer.sampling=without_replacement"])
+        assert "siblings would be random tokens" in str(info.value)
+        assert str(info.value).endswith("try proposer.sampling=beam") or str(info.value).endswith(
+            "try proposer.sampling=beam verifier=membership"  # sequoia's verifier needs sampled siblings
+        )
+    checked_plan(
+        ["model=tiny", "proposer=draft_model", "topology=set", "verifier=sequoia", "generation.temperature=0.7"]
+        + ["proposer.sampling=without_replacement"]
+    )
     # EAGLE-2's dynamic tree draws its sampled children the same way: refused at temperature 0 too
     with pytest.raises(ConfigError, match="topology=dynamic tree would collapse into one chain"):
         checked_plan(["model=tiny", "proposer=eagle", "proposer.sampling=iid", "topology=dynamic"])

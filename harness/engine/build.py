@@ -63,6 +63,13 @@ def sampling_policy(cfg: DictConfig) -> SamplingPolicy:
 CALIBRATION_SHAPES = {"sequoia": "set"}
 
 
+def sibling_sampling(policy) -> str:
+    """How a draft fills a set of siblings under ``policy``: its ranked top tokens (``beam``) where the
+    policy is deterministic (its law is one-hot, so sampling draws the argmax and then nothing of the
+    draft's), else drawn without replacement (Sequoia, Chen et al., 2024)."""
+    return "beam" if policy.deterministic else "without_replacement"
+
+
 def plan(cfg: DictConfig) -> Plan:
     """Check every value (:func:`~harness.engine.checks.validate_config`), then negotiate proposer x
     topology x verifier x temperature; raise before any model work.
@@ -98,17 +105,26 @@ def plan(cfg: DictConfig) -> Plan:
             f"proposer={cfg.proposer.name} cannot be calibrated for topology={cfg.topology.name}: the calibration "
             f"drafts a {needs} of sibling candidates below each parent to measure acceptance by sibling rank "
             f"(Sequoia, Chen et al., 2024), and proposer={cfg.proposer.name} builds only {sorted(cls.shapes)}",
-            suggestions=[("proposer=draft_model", "proposer.sampling=without_replacement")],
+            suggestions=[("proposer=draft_model", f"proposer.sampling={sibling_sampling(policy)}")],
         )
     caps = declared_capabilities(cfg, budget)
     negotiate(caps, verifier, temperature=policy.temperature, exact_mode=bool(cfg.generation.exact))
-    if policy.deterministic and "iid" in caps.sampling_relations and budget.shape != "sequence":
+    if policy.deterministic and budget.shape != "sequence":
         when = "at temperature 0" if policy.greedy else "with generation.top_k=1"
-        raise ConfigError(
-            f"proposer.sampling=iid {when} draws the draft's argmax for every child: a "
-            f"topology={cfg.topology.name} tree would collapse into one chain while its records named the tree",
-            suggestions=[("proposer.sampling=beam",), ("proposer.sampling=without_replacement",)],
-        )
+        if "iid" in caps.sampling_relations:
+            raise ConfigError(
+                f"proposer.sampling=iid {when} draws the draft's argmax for every child: a "
+                f"topology={cfg.topology.name} tree would collapse into one chain while its records named the tree",
+                suggestions=[("proposer.sampling=beam",)],
+            )
+        if "without_replacement" in caps.sampling_relations:
+            raise ConfigError(
+                f"proposer.sampling=without_replacement {when} draws the draft's argmax first and then, its law "
+                f"holding no other mass, tokens uniformly from the vocabulary: a topology={cfg.topology.name} "
+                "tree's siblings would be random tokens while its records named the tree (the draft's ranked "
+                "top tokens are proposer.sampling=beam)",
+                suggestions=[("proposer.sampling=beam",)],
+            )
     batch = int(cfg.generation.batch_size)
     check = getattr(cls, "check_plan", None)
     if check is not None:  # e.g. a published head checkpoint against the target's geometry
