@@ -540,8 +540,10 @@ CALIBRATE_USAGE = """usage: harness calibrate [hydra overrides, as for `harness 
 
 Writes fresh Sequoia artifacts for the composed config (topology=sequoia is implied; another
 topology is refused, since only Sequoia's trees are calibrated): the positional-acceptance
-calibration, the hardware profile t(n), c0, c and the chosen tree, under $HARNESS_CACHE/sequoia (a
-run with the same overrides then loads them)."""
+calibration, measured again, and the chosen tree, under $HARNESS_CACHE/sequoia (a run with the
+same overrides then loads them). The hardware profile t(n), c0, c is measured where none matches
+this target, draft, batch size and machine; a matching one is reused (other configurations' trees
+bind it), unless topology.reuse=false measures it again."""
 
 
 def with_sequoia(overrides: list[str]) -> list[str]:
@@ -618,6 +620,11 @@ def calibrate_main(argv: list[str]) -> int:
     try:
         try:
             cfg, _ = checked_plan(overrides)
+            if cfg.topology.get("tree_artifact"):
+                raise ConfigError(
+                    f"topology.tree_artifact={cfg.topology.tree_artifact} names a tree to load: harness calibrate "
+                    "measures and writes one (a run loads a given tree: harness run topology.tree_artifact=...)"
+                )
             unread = unread_options(argv)
             if unread:
                 print(f"harness calibrate: note: option(s) with no effect here: {'; '.join(unread)}", file=sys.stderr)

@@ -310,6 +310,19 @@ def test_an_explicit_calibration_of_another_configuration_is_refused_before_any_
         check_job(compose([*given, "generation.temperature=0.5"]), None)
 
 
+def test_harness_calibrate_refuses_a_tree_to_load(tmp_path, monkeypatch, capsys):
+    """With topology.tree_artifact= it loaded that tree, measured nothing and exited 0 as if it had
+    calibrated; the tree a run loads is given to `harness run`."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    assert main([*SMALL_TREE, f"topology.tree_artifact={tmp_path / 'tree.json'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"harness calibrate: refused: topology.tree_artifact={tmp_path / 'tree.json'} names a tree to load: "
+        "harness calibrate measures and writes one"
+    ), err
+    assert not (tmp_path / "sequoia").exists()
+
+
 def test_harness_calibrate_refuses_other_topologies(capsys):
     assert main(["model=tiny", "topology=sequence"]) == 2
     assert "needs topology=sequoia" in capsys.readouterr().err
@@ -356,10 +369,35 @@ def test_calibration_that_would_decode_past_the_positions_is_refused_before_any_
     assert not (tmp_path / "sequoia").exists() or not any((tmp_path / "sequoia").glob("calibration-*.json"))
 
 
+def test_calibrating_another_configuration_keeps_the_hardware_profile_other_trees_bind(tmp_path, monkeypatch, capsys):
+    """The profile's key holds no calibration field, so configurations that differ in temperature share
+    it; `harness calibrate` of one re-measured it in place, and a tree pinned for the other
+    (topology.tree_artifact=) was refused as stale. A matching profile is reused; topology.reuse=false
+    measures it again."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    assert main(SMALL_TREE) == 0
+    first = json.loads(capsys.readouterr().out)
+    profile = Path(first["sequoia_profile"])
+    before = profile.read_bytes()
+    assert main([*SMALL_TREE, "generation.temperature=0.9"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert second["stages"] == {"calibration": "measured", "profile": "loaded (cache)", "tree": "built"}
+    assert second["sequoia_profile"] == str(profile) and profile.read_bytes() == before
+    assert second["sequoia_tree"] != first["sequoia_tree"]
+    # the first configuration's tree still binds the profile there (a run pinning it loads it)
+    assert json.loads(Path(first["sequoia_tree"]).read_text())["profile_hash"] == json.loads(before)["hash"]
+    # the same configuration calibrated again: its calibration is measured again, the profile reused
+    assert main(SMALL_TREE) == 0
+    assert json.loads(capsys.readouterr().out)["stages"]["calibration"] == "measured"
+    assert main([*SMALL_TREE, "topology.reuse=false"]) == 0
+    assert json.loads(capsys.readouterr().out)["stages"]["profile"] == "measured"
+
+
 def test_a_refused_calibrate_puts_back_the_artifacts_it_re_measured(tmp_path, monkeypatch, capsys):
-    """`harness calibrate` re-measures the calibration and the hardware profile; when the tree search
-    then refuses (speculation does not pay at n = 1), the shared profile was left replaced, so trees
-    of other configurations bound to the earlier one went stale. The earlier files are put back."""
+    """`harness calibrate` re-measures the calibration (and with topology.reuse=false the hardware
+    profile); when the tree search then refuses (speculation does not pay at n = 1), the shared
+    profile was left replaced, so trees of other configurations bound to the earlier one went stale.
+    The earlier files are put back."""
     from harness.prepare import sequoia
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
@@ -372,7 +410,7 @@ def test_a_refused_calibrate_puts_back_the_artifacts_it_re_measured(tmp_path, mo
         raise ValueError("the hardware-aware choice is plain autoregressive decoding (n = 1)")
 
     monkeypatch.setattr(sequoia, "build_tree_artifact", refuse)
-    assert main(SMALL_TREE) == 2
+    assert main([*SMALL_TREE, "topology.reuse=false"]) == 2
     assert "plain autoregressive decoding" in capsys.readouterr().err
     assert [f.read_bytes() for f in files] == before
 

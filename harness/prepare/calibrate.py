@@ -20,7 +20,8 @@ Under i.i.d. sampling a token drawn twice is one row; only its first draw can be
 its rejection the residual has no mass on it), so the rank is the first draw's position.
 
 `harness calibrate [overrides]` composes the same config as `harness run`, writes the
-calibration, hardware-profile and tree artifacts for it (re-measuring), and prints their paths.
+calibration (measured again) and tree artifacts for it, with the hardware profile (reused where
+one matches, unless ``topology.reuse=false``), and prints their paths.
 """
 
 from __future__ import annotations

@@ -298,11 +298,13 @@ def check_calibration_config(cfg) -> None:
 def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = True) -> SequoiaArtifacts:
     """Resolve (load and check, or measure and write) the calibration, profile and tree for a run
     of ``cfg`` with loaded models (``context``: :class:`harness.engine.build.BuildContext`).
-    ``force`` re-measures even where a matching cached artifact exists (`harness calibrate`)."""
+    ``force`` re-measures the calibration even where a matching cached one exists (`harness
+    calibrate`); the hardware profile, which other configurations' trees bind, is measured again
+    only where none matches or ``topology.reuse=false``."""
 
     t = cfg.topology
     search = search_bounds(t)
-    reuse = bool(t.get("reuse", True)) and not force
+    reuse = bool(t.get("reuse", True))
     cal_items = calibration_items(cfg, context.tokenizer)
     check_disjoint(cal_items, context.items)
     cal_expected = calibration_provenance(cfg, tokenizer=context.tokenizer, items=cal_items)
@@ -329,10 +331,10 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
             plot_profile(profile, png)
         return png
 
-    def gated(name: str, key: str, load, measure, purpose: str) -> tuple[dict, Path]:
+    def gated(name: str, key: str, load, measure, purpose: str, *, fresh: bool = False) -> tuple[dict, Path]:
         """A gated stage's artifact and its path: the one ``topology.<name>_artifact`` names, else
-        the cached ``<name>-<key>.json`` (when ``reuse``), else ``measure(path)`` (which writes it
-        there), holding the artifact's lock so that concurrent jobs measure it once."""
+        the cached ``<name>-<key>.json`` (when ``reuse`` and not ``fresh``), else ``measure(path)``
+        (which writes it there), holding the artifact's lock so that concurrent jobs measure it once."""
         explicit = t.get(f"{name}_artifact")
         if explicit:
             art = load(Path(explicit))
@@ -340,7 +342,7 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
             return art, Path(explicit)
         path = root / f"{name}-{key}.json"
         with artifact_lock(path, purpose=purpose):
-            if reuse and path.exists():
+            if reuse and not fresh and path.exists():
                 art = load(path)
                 stages[name] = "loaded (cache)"
             else:
@@ -385,7 +387,9 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
         plot_path = plot_for(profile, prof_path)
     else:  # each stage loaded from the cache when it matches, else measured (or built) and written
         try:
-            calibration, cal_path = gated("calibration", cal_key, load_calibration, calibrate, "Sequoia calibration")
+            calibration, cal_path = gated(
+                "calibration", cal_key, load_calibration, calibrate, "Sequoia calibration", fresh=force
+            )
             # one job profiles at a time: the others wait (their timing would disturb it), then load it
             profile, prof_path = gated("profile", prof_key, load_profile, profile_hardware, "Sequoia hardware profile")
             plot_path = plot_for(profile, prof_path)
