@@ -26,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobStatus
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness import sweep
@@ -46,12 +46,14 @@ from harness.engine.build import plan, sampling_policy, sibling_sampling
 from harness.engine.checks import validate_config
 from harness.gates.stages import GateError
 from harness.heads.published import is_published
+from harness.manifest import draft_model_config
 from harness.prepare import TRAINERS
 from harness.prepare.sequoia import ensure_tree_artifact, idle_nodes_note, slower_than_ar_note
 from harness.prepare.trained import noting_outcomes
 from harness.runner import (
     build_context,
     check_model_options,
+    draft_model_key,
     load,
     load_models,
     plan_job,
@@ -88,12 +90,14 @@ def preflight(argv: list[str]) -> None:
 LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher", "LocalLauncher")
 
 
-def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str, set[str], bool]:
+def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str, set[str], bool, list[str]]:
     """The override lists of a multirun's jobs, as Hydra's basic sweeper makes them (the sweep
     parameters the composed config holds, ``hydra.sweeper.params``: a sweep file's axes, followed
     by the command line's overrides, crossed), the launcher's ``_target_``, the override keys
-    a job's folder name leaves out, and whether the folders are named by the overrides (the root
-    config's ``hydra.sweep.subdir``). ``argv`` holds no flag but ``-m``/``--multirun``."""
+    a job's folder name leaves out, whether the folders are named by the overrides (the root
+    config's ``hydra.sweep.subdir``), and the overrides the launcher adds to every job that does
+    not set their keys (``hydra.launcher.job_overrides``, the Slurm launcher's ``model.device=cuda``).
+    ``argv`` holds no flag but ``-m``/``--multirun``."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -108,7 +112,9 @@ def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str, set[str], bool
     unnamed = {str(k) for k in cfg.hydra.job.config.override_dirname.exclude_keys}
     subdir = OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir")
     by_overrides = subdir == "${hydra.job.override_dirname}"
-    return jobs, str(cfg.hydra.launcher.get("_target_", "")), unnamed, by_overrides
+    added = cfg.hydra.launcher.get("job_overrides") or []
+    added = [str(o) for o in added] if isinstance(added, list | ListConfig) else []  # a bad value: the launcher says
+    return jobs, str(cfg.hydra.launcher.get("_target_", "")), unnamed, by_overrides, added
 
 
 #: the longest file name most file systems take, in bytes
@@ -139,7 +145,7 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
     if any(a.startswith("-") and a not in {"-m", "--multirun"} for a in argv):
         return
     try:
-        jobs, launcher, unnamed, by_overrides = multirun_jobs(argv)
+        jobs, launcher, unnamed, by_overrides, added = multirun_jobs(argv)
     except (HydraException, OmegaConfBaseException) as exc:
         raise explain_compose_error(exc, argv) from exc
     if len(jobs) == 1 and not [o for o in jobs[0] if override_key(o) not in unnamed and not o.startswith("hydra")]:
@@ -186,9 +192,15 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
         try:
             if here:
                 cfg, _ = checked_plan(job)
-            else:
-                cfg = compose_checked(job)
-                validate_config(cfg)
+            else:  # as the job runs there: with the launcher's overrides, on that machine's devices
+                from hydra_plugins.harness_launcher.slurm import with_job_overrides  # only a remote launch needs it
+
+                cfg = compose_checked(with_job_overrides(job, added))
+                validate_config(cfg, devices_here=False)
+                check_model_options(cfg.model, "model", here=False)  # a CPU kernel on the jobs' GPU
+                draft = draft_model_config(cfg)
+                if draft is not None:
+                    check_model_options(draft, draft_model_key(cfg), here=False)
             if cfg.output_dir:
                 raise ConfigError(
                     f"output_dir={cfg.output_dir!r} is for single runs; a multirun writes each job to "

@@ -862,8 +862,10 @@ def known_attention() -> set[str]:
     return {"eager", *(part for name in ALL_ATTENTION_FUNCTIONS.keys() for part in name.split("|"))}
 
 
-def check_model_options(m: DictConfig, key: str) -> None:
-    """Refuse a model option this machine cannot honour, before any model work (one line each)."""
+def check_model_options(m: DictConfig, key: str, *, here: bool = True) -> None:
+    """Refuse a model option this machine cannot honour, before any model work (one line each).
+    ``here=False``: the job runs on another machine (a cluster's), so only what its device rules
+    out wherever it runs is refused (a CPU kernel on a GPU); what needs this machine is the job's."""
     attention = str(m.get("attn_implementation", "sdpa"))
     if attention not in TREE_ATTENTION and attention not in known_attention():
         raise ConfigError(
@@ -877,10 +879,12 @@ def check_model_options(m: DictConfig, key: str) -> None:
             f"mask, which only {', '.join(TREE_ATTENTION)} take",
             suggestions=[(f"{key}.attn_implementation=sdpa",)],
         )
+    if not here and torch.device(str(m.device)).type == "cpu":  # the kernels are probed on the machine that runs them
+        return
     problem = linear_kernel_problem(m.get("linear_kernel", "auto"), resolve_dtype(m.dtype), m.device)
     if problem:
         raise ConfigError(_keyed(problem, key), suggestions=[(f"{key}.linear_kernel=default",)])
-    if m.get("compile"):
+    if m.get("compile") and here:
         problem = compile_problem(m.device)
         if problem:
             raise ConfigError(_keyed(problem, key), suggestions=[(f"{key}.compile=false",)])
@@ -895,6 +899,8 @@ def check_model_options(m: DictConfig, key: str) -> None:
         )
         if problem:
             raise ConfigError(_keyed(problem, key), suggestions=[(f"{key}.fused_layers=false",)])
+    if not here:
+        return
     problem = cudnn_attention_problem(m.get("cudnn_attention"), m.device)
     if problem:
         raise ConfigError(_keyed(problem, key), suggestions=[(f"{key}.cudnn_attention=null",)])

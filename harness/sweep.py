@@ -293,14 +293,23 @@ def launcher_concurrency(hydra_cfg: DictConfig) -> int | None:
     elif target.endswith("submitit_launcher.LocalLauncher"):
         width = None
     elif target.endswith("SlurmLauncher"):  # submitit's, or the harness's (hydra/launcher=slurm)
-        width = int(launcher.get("array_parallelism"))
+        width = _whole_number("hydra.launcher.array_parallelism", launcher.get("array_parallelism"))
     else:
         raise ValueError(
             f"unknown Hydra launcher {target!r}: cannot tell how many jobs run at once; use one of {sorted(LAUNCHERS)}"
         )
     batch = hydra_cfg.sweeper.get("max_batch_size")
-    bounds = [int(b) for b in (width, batch) if b is not None and int(b) > 0]
+    if batch is not None:  # Hydra's sweeper asserts it is positive, after the launch has written its files
+        batch = _whole_number("hydra.sweeper.max_batch_size (hydra.launcher.sweep_batch for Slurm)", batch)
+    bounds = [b for b in (width, batch) if b is not None]
     return min(bounds) if bounds else None
+
+
+def _whole_number(key: str, value) -> int:
+    """``value`` as a whole number >= 1, else ValueError naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < 1:
+        raise ValueError(f"{key}={value!r}: must be a whole number of at least 1")
+    return int(value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,8 +324,8 @@ def launcher_refusal(hydra_cfg: DictConfig) -> str | None:
     resources sbatch takes, and sbatch on this machine."""
     try:
         width = launcher_concurrency(hydra_cfg)
-    except ValueError as exc:
-        return str(exc)
+    except (ValueError, TypeError) as exc:
+        return " ".join(str(exc).split())
     if width is None:
         return CONCURRENCY_UNKNOWN
     if not str(hydra_cfg.launcher.get("_target_", "")).endswith("SlurmLauncher"):

@@ -337,11 +337,26 @@ def test_slurm_refusals_name_what_to_set():
     # no GPU per task while the jobs are sent to cuda: each task would fail on its node after queueing
     assert slurm_refusal({"partition": "cpu", "gpus_per_task": 0, "job_overrides": ["model.device=cuda"]}) == (
         "hydra.launcher.gpus_per_task=0 gives the jobs no GPU, but hydra.launcher.job_overrides adds "
-        "model.device=cuda: for a CPU partition set hydra.launcher.job_overrides=[] too"
+        "model.device=cuda: for a CPU partition set hydra.launcher.job_overrides=[] too, else ask for one "
+        "(hydra.launcher.gpus_per_task=1)"
     )
     assert slurm_refusal({"partition": "cpu", "gpus_per_task": 0, "job_overrides": []}) is None
 
-    assert slurm_refusal({"partition": "gpu", "job_overrides": ["model.device=cuda"]}) is None
+    assert slurm_refusal({"partition": "gpu", "gpus_per_task": 1, "job_overrides": ["model.device=cuda"]}) is None
+    # no form of GPU asked for at all (gpus_per_task=null): the same, every task failing on its node
+    assert slurm_refusal({"partition": "gpu", "gpus_per_task": None, "job_overrides": ["model.device=cuda"]}) == (
+        "hydra.launcher asks Slurm for no GPU (gpus_per_task, gpus_per_node and gres are unset), but "
+        "hydra.launcher.job_overrides adds model.device=cuda: for a CPU partition set hydra.launcher.job_overrides=[] "
+        "too, else ask for one (hydra.launcher.gpus_per_task=1)"
+    )
+    for asked in ({"gpus_per_node": 4}, {"gres": "gpu:a100:1"}, {"additional_parameters": {"gpus": 1}}):
+        assert slurm_refusal({"partition": "gpu", "job_overrides": ["model.device=cuda"], **asked}) is None, asked
+    # a harness job is one process: srun started each job once per task, the copies in one folder
+    for key in ("nodes", "tasks_per_node"):
+        assert slurm_refusal({"partition": "gpu", "gpus_per_task": 1, key: 2}) == (
+            f"hydra.launcher.{key}=2: a harness job is one process on one node (srun would start 2 copies of each "
+            f"job, measuring at once into one folder); set hydra.launcher.{key}=1"
+        )
     assert slurm_refusal(OmegaConf.create({"partition": "???"})).startswith("hydra.launcher.partition is not set")
     assert slurm_refusal({"partition": None}).startswith("hydra.launcher.partition is not set")
     assert slurm_refusal({"partition": "gpu", "job_overrides": ["cuda"]}) == (
@@ -1420,6 +1435,47 @@ def test_a_slurm_sweep_without_a_partition_is_refused_before_anything_is_submitt
         "the cluster (a login node), where the launching process waits for the array"
     ]
     assert fake_slurm.made == [] and not sweep_dir.exists()
+
+
+def test_slurm_launch_settings_a_launch_cannot_use_are_refused_before_anything_is_written(env, capsys, fake_slurm):
+    """array_parallelism=null raised a TypeError Hydra turned into a warning: the array went out at
+    full width with no lock, no launch file, and every task failed; sweep_batch=0 wrote the folder and
+    then failed on Hydra's bare assertion; tasks_per_node=2 ran every job twice at once in one folder;
+    no GPU asked for while the jobs are sent to cuda failed every task on its node."""
+    sweep_dir = env / "multirun" / "smoke"
+    base = ["smoke", "launcher=slurm", "hydra.launcher.partition=gpu", f"hydra.sweep.dir={sweep_dir}"]
+    for setting, said in (
+        ("hydra.launcher.array_parallelism=null", "hydra.launcher.array_parallelism=None: must be a whole number"),
+        (
+            "hydra.launcher.sweep_batch=0",
+            "hydra.launcher.sweep_batch for Slurm)=0: must be a whole number of at least 1",
+        ),
+        ("hydra.launcher.sweep_batch=-1", "=-1: must be a whole number of at least 1"),
+        ("hydra.launcher.tasks_per_node=2", "hydra.launcher.tasks_per_node=2: a harness job is one process"),
+        ("hydra.launcher.nodes=2", "hydra.launcher.nodes=2: a harness job is one process on one node"),
+        ("hydra.launcher.gpus_per_task=null", "hydra.launcher asks Slurm for no GPU"),
+    ):
+        assert sweep_main([*base, setting]) == 2, setting
+        err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+        assert len(err) == 1 and err[0].startswith("harness sweep: refused: ") and said in err[0], (setting, err)
+        assert fake_slurm.made == [] and not sweep_dir.exists(), setting
+
+
+def test_a_slurm_sweep_s_jobs_are_checked_as_they_run_on_the_cluster(env, capsys, fake_slurm):
+    """The preflight checked each job without the launcher's model.device=cuda and against this
+    machine's devices: model.device=cuda, what the jobs run on, was refused on a login node without
+    a GPU, and a CPU-only kernel was accepted, the array submitted, and every task refused there."""
+    from harness.app import preflight_multirun
+    from harness.contracts import ConfigError
+
+    launch = ["-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "model=tiny", "proposer=prompt_lookup"]
+    launch += ["verifier=greedy,membership"]
+    preflight_multirun([*launch, "model.device=cuda"])  # not refused: the jobs' devices are the cluster's
+    with pytest.raises(ConfigError, match=r"job 1 of 2 \(verifier=greedy\): model.linear_kernel=streaming is a CPU"):
+        preflight_multirun([*launch, "model.linear_kernel=streaming"])
+    with pytest.raises(ConfigError, match=r"model.device=cuda: this torch .* has no CUDA device"):
+        preflight_multirun([a for a in launch if not a.startswith("hydra")] + ["model.device=cuda"])  # run here
+    assert fake_slurm.made == []
 
 
 def test_a_slurm_sweep_is_one_array_with_the_resources_and_gpu_overrides_of_the_config(env, fake_slurm):

@@ -39,11 +39,13 @@ DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
 CHI2_MIN_PER_BIN = 5
 
 
-def validate_config(cfg: DictConfig) -> None:
-    """Refuse a config whose values cannot run, before any model work (see the module docstring)."""
+def validate_config(cfg: DictConfig, *, devices_here: bool = True) -> None:
+    """Refuse a config whose values cannot run, before any model work (see the module docstring).
+    ``devices_here=False``: the jobs run on other machines (a cluster's), so a device is checked as
+    a name, not for being on this one."""
     check_declared(cfg)
     for key, model in models_in_use(cfg):
-        check_model(key, model)
+        check_model(key, model, devices_here=devices_here)
     check_related_values(cfg)
 
 
@@ -91,8 +93,8 @@ def models_in_use(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     return out
 
 
-def check_model(key: str, m: DictConfig) -> None:
-    check_device(f"{key}.device", str(m.device))
+def check_model(key: str, m: DictConfig, *, devices_here: bool = True) -> None:
+    check_device(f"{key}.device", str(m.device), here=devices_here)
     if m.name == "tiny":
         if m.get("name_or_path"):
             raise ConfigError(
@@ -119,14 +121,16 @@ def check_model(key: str, m: DictConfig) -> None:
         check_checkpoint(f"{key}.name", str(m.name))
 
 
-def check_device(key: str, device: str) -> None:
+def check_device(key: str, device: str, *, here: bool = True) -> None:
+    """``device`` names a device a run can use and, unless the run is elsewhere (``here=False``),
+    this machine has it."""
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError) as exc:
         raise ConfigError(f"{key}={device!r} is not a torch device ({exc})", suggestions=[(f"{key}=cpu",)]) from None
     if dev.type not in DEVICE_TYPES:
         raise ConfigError(f"{key}={device} is not a device a run can use: one of {list(DEVICE_TYPES)}")
-    if dev.type == "cpu":
+    if dev.type == "cpu" or not here:
         return
     backend = torch.backends.mps if dev.type == "mps" else getattr(torch, dev.type)
     if not backend.is_available():

@@ -64,11 +64,23 @@ def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
     if bad:
         return f"hydra.launcher.job_overrides must be key=value overrides; got {bad}"
     cuda = [str(o) for o in overrides if str(o).lstrip("+~").startswith("model.device=cuda")]
-    if launcher.get("gpus_per_task") == 0 and cuda:  # every task would fail on its node after queueing
-        return (
-            f"hydra.launcher.gpus_per_task=0 gives the jobs no GPU, but hydra.launcher.job_overrides adds {cuda[0]}: "
-            "for a CPU partition set hydra.launcher.job_overrides=[] too"
+    if cuda and not gpu_requested(launcher):  # every task would fail on its node after queueing
+        what = (
+            "hydra.launcher.gpus_per_task=0 gives the jobs no GPU"
+            if launcher.get("gpus_per_task") == 0
+            else "hydra.launcher asks Slurm for no GPU (gpus_per_task, gpus_per_node and gres are unset)"
         )
+        return (
+            f"{what}, but hydra.launcher.job_overrides adds {cuda[0]}: for a CPU partition set "
+            "hydra.launcher.job_overrides=[] too, else ask for one (hydra.launcher.gpus_per_task=1)"
+        )
+    for key in ("nodes", "tasks_per_node"):  # srun would start the job once per task, all in one folder
+        value = launcher.get(key)
+        if value is not None and value != 1:
+            return (
+                f"hydra.launcher.{key}={value!r}: a harness job is one process on one node (srun would start "
+                f"{value} copies of each job, measuring at once into one folder); set hydra.launcher.{key}=1"
+            )
     for kind in _ONE_OF:
         given = [k for k in kind if launcher.get(k) is not None]
         if len(given) > 1:
@@ -86,6 +98,19 @@ def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
             kind = "a number" if key == "mem_gb" else "a whole number"
             return f"hydra.launcher.{key}={value!r}: must be {kind} of at least {floor} (sbatch would refuse it)"
     return None
+
+
+def gpu_requested(launcher: Mapping[str, Any]) -> bool:
+    """Whether the launcher's sbatch options ask for a GPU: ``gpus_per_task`` or ``gpus_per_node``
+    above 0, a ``gres`` naming one, or an ``additional_parameters`` entry of the kind."""
+    for key in ("gpus_per_task", "gpus_per_node"):
+        value = launcher.get(key)
+        if value not in (None, 0, "0", ""):
+            return True
+    if "gpu" in str(launcher.get("gres") or "").lower():
+        return True
+    extra = launcher.get("additional_parameters") or {}
+    return any("gpu" in str(k).lower() or "gres" in str(k).lower() for k in dict(extra))
 
 
 #: the launcher's keys that take a list of strings, with an example item
