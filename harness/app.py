@@ -774,5 +774,34 @@ def dashboard_groups() -> dict[str, Path]:
     return groups
 
 
+#: sweep parameters that are record axes (or name an experiment, which sets them), and the seed (a
+#: repeat): a sweep's other parameters make arms that share a name
+AXIS_PARAMETERS = (
+    "experiment",
+    "proposer",
+    "topology",
+    "verifier",
+    "workload",
+    "model",
+    "generation.temperature",
+    "generation.batch_size",
+    "seed",
+)
+
+
+def swept_options() -> dict[str, list[str]]:
+    """Per sweep of ``sweeps/``, the parameters it crosses that are no axis (``topology.max_nodes``):
+    what a dashboard built before its runs land (no records to read them from) splits its bars by."""
+    out = {}
+    for name in sweep.list_sweeps():
+        try:
+            params = OmegaConf.select(OmegaConf.load(sweep.SWEEPS_DIR / f"{name}.yaml"), "hydra.sweeper.params")
+        except (OSError, OmegaConfBaseException):
+            continue  # the sweep command names what is wrong with the file
+        keys = [str(k).lstrip("+~") for k in (params or {})]
+        out[name] = [k for k in keys if k not in AXIS_PARAMETERS and not k.startswith("hydra")]
+    return out
+
+
 def dashboard_main(argv: list[str]) -> int:
-    return dashboard.main(argv, known=dashboard_groups())
+    return dashboard.main(argv, known=dashboard_groups(), swept=swept_options())

@@ -47,6 +47,7 @@ from harness.engine.arms import ARMS, METRIC_NOTES, Arms, ArmsResult, merged_pro
 from harness.engine.build import BuildContext, Plan, build_proposer, plan
 from harness.engine.checks import check_output_dir, models_in_use
 from harness.engine.decode import RoundConfig, check_temp_kv_budget
+from harness.files import artifact_lock
 from harness.gates.drift import heuristic_drift
 from harness.gates.greedy import greedy_equality, output_turns
 from harness.gates.stages import announce_disabled, disabled_gates, run_gates
@@ -121,7 +122,7 @@ from harness.tracking.run_notes import (
     past_rounds_speedup_note,
     timing_outlier_note,
 )
-from harness.tracking.store import RECORD_FILENAME, ROUNDS_FILENAME, record_below
+from harness.tracking.store import PREVIOUS_DIR, RECORD_FILENAME, ROUNDS_FILENAME, record_below
 from harness.tracking.wandb_tracker import (
     NullTracker,
     Tracker,
@@ -248,7 +249,7 @@ def run_job(
             stage = "prepare"
             prepared = prepare_job(cfg, planned, loaded)
             stage = "tracking_start"
-            tracker = start_tracker(cfg, planned, aside)
+            tracker = start_tracker(cfg, planned)
             announce_move()
             stage = "gate"
             gates = gate(cfg, planned, loaded, prepared)
@@ -1802,23 +1803,29 @@ def axes_of(cfg: DictConfig) -> dict:
     }
 
 
-def replaced_runs(aside: Path | None) -> list[str]:
-    """The run id of the earlier record a re-run moved aside (``aside``), where W&B logged it: the
-    W&B run this job's replaces."""
-    try:
-        earlier = json.loads((aside / RECORD_FILENAME).read_text(encoding="utf-8")) if aside is not None else None
-    except (OSError, ValueError):
-        return []
-    if not isinstance(earlier, dict) or not earlier.get("tracking") or not earlier.get("run_id"):
-        return []
-    return [str(earlier["run_id"])]
+def replaced_runs(run_dir: Path) -> list[str]:
+    """The run ids of the earlier records moved aside in ``run_dir`` (its ``.previous/``) that W&B
+    logged: the W&B runs a record of this folder replaces. Every one of them, not only the record
+    this job moved: one set aside by a launch that failed before its W&B run opened, or by a run
+    that was interrupted, or logged after the fact, is superseded all the same (naming a run twice
+    is harmless: the tag is set once)."""
+    ids = []
+    for path in sorted((Path(run_dir) / PREVIOUS_DIR).glob(f"*/{RECORD_FILENAME}")):
+        try:
+            earlier = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(earlier, dict) and earlier.get("tracking") and earlier.get("run_id"):
+            if str(earlier["run_id"]) not in ids:
+                ids.append(str(earlier["run_id"]))
+    return ids
 
 
-def start_tracker(cfg: DictConfig, planned: Planned, aside: Path | None) -> Tracker | NullTracker:
+def start_tracker(cfg: DictConfig, planned: Planned) -> Tracker | NullTracker:
     """:func:`open_tracker` for a job past its refusals; a W&B run that cannot start is a
     :class:`TrackingError` (nothing was measured, and the job's folder goes back as it was)."""
     try:
-        return open_tracker(cfg, planned, replaces=replaced_runs(aside))
+        return open_tracker(cfg, planned, replaces=replaced_runs(planned.run_dir))
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise TrackingError(
@@ -1862,7 +1869,8 @@ def untracked(record: dict, tracker: Tracker, error: BaseException, run_dir: Pat
         else f"W&B could not log it ({type(error).__name__}: {first})"
     )
     print(
-        f"harness: warning: the record is written, but {why}; launching the job again with tracking=wandb logs it",
+        f"harness: warning: the record is written, but {why}; a sweep launched again with tracking=wandb logs "
+        "it (its job is complete: skipped, and logged), while `harness run` again measures the job again",
         file=sys.stderr,
     )
     try:
@@ -1901,9 +1909,21 @@ def track(cfg: DictConfig, record: dict, run_dir: Path) -> bool:
     Returns whether it logged.
 
     A job run by :func:`run_job` with ``tracking=wandb`` already logged its record into the W&B
-    run that watched it, so this does nothing for it."""
+    run that watched it, so this does nothing for it. The record's lock is held from reading it to
+    writing it back: two jobs of a sweep that find one record (a job and its twin) log it once."""
     if cfg.tracking.name == "none":
         return False
+    with artifact_lock(Path(run_dir) / RECORD_FILENAME, purpose="logging a record to W&B"):
+        try:  # as it is now: another process may have logged it since it was read
+            current = json.loads((Path(run_dir) / RECORD_FILENAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            current = None
+        if isinstance(current, dict) and current.get("run_id") == record.get("run_id"):
+            record = current
+        return _track(cfg, record, run_dir)
+
+
+def _track(cfg: DictConfig, record: dict, run_dir: Path) -> bool:
     t = cfg.tracking
     if record.get("tracking") is not None:
         note = logged_elsewhere_note(record["tracking"], project=t.project, entity=t.entity, mode=t.mode)
@@ -1921,6 +1941,7 @@ def track(cfg: DictConfig, record: dict, run_dir: Path) -> bool:
             entity=t.entity,
             system_metrics=False,  # the job is over: nothing to sample
             init_timeout_s=float(t.init_timeout_s),
+            replaces=replaced_runs(run_dir),
         ) as tracker:
             tracker.log_record(record, run_dir)
             described = {**tracker.describe(), "logged_after_the_run": True}

@@ -76,7 +76,8 @@ def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_pat
     assert panels["frontier"]["legend"] == spec["labels"]["legend_template"]
     assert "${config:workload}" not in spec["labels"]["legend_template"]
     assert "T=${config:temperature}" in spec["labels"]["legend_template"]
-    # a bar never averages different arms: the axes that differ split it further
+    # a bar never averages different arms: the axes that differ split it further, and the machine
+    # (a sweep run on each machine to compare logs into one group)
     assert panels["speedup_by_proposer_workload"]["group_by"] == [
         "workload",
         "proposer",
@@ -84,6 +85,7 @@ def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_pat
         "verifier",
         "temperature",
         "batch_size",
+        "machine",
     ]
     assert spec["labels"]["config_keys"] == []
     assert panels["acceptance_by_depth"]["x"] == "depth"
@@ -165,7 +167,7 @@ def test_the_specification_becomes_w_and_b_report_objects_without_a_server():
     # the review's grouped bar chart has its own grid (runs grouped by workload, then proposer, then
     # with no records known every other axis)
     grouped = [g for g in grids if g.runsets[0].groupby]
-    axes = ["workload", "proposer", "topology", "verifier", "temperature", "batch_size", "model"]
+    axes = ["workload", "proposer", "topology", "verifier", "temperature", "batch_size", "model", "machine"]
     assert len(grouped) == 2 and grouped[0].runsets[0].groupby == [f"config.{a}" for a in axes]
     assert isinstance(grouped[0].panels[0], wr.BarPlot) and grouped[0].panels[0].metrics == [
         "decode_speedup",
@@ -319,7 +321,8 @@ def test_runs_of_one_arm_that_differ_in_another_option_are_told_apart(tmp_path, 
     assert spec["labels"]["config_keys"] == ["topology.max_nodes"]
     assert spec["labels"]["legend_template"].endswith("max_nodes=${config:resolved.topology.max_nodes}")
     bars = next(p for p in spec["sections"][0]["panels"] if p["id"] == "speedup_by_proposer_workload")
-    assert bars["group_by"][-1] == "resolved.topology.max_nodes" and "resolved.seed" not in bars["group_by"]
+    assert bars["group_by"][-2:] == ["resolved.topology.max_nodes", "machine"]
+    assert "resolved.seed" not in bars["group_by"]
 
 
 def test_a_sweep_launched_from_a_sweep_file_is_found_under_multirun(tmp_path, capsys, monkeypatch):
@@ -343,8 +346,39 @@ def test_a_known_sweep_not_yet_run_gets_its_dashboard_in_its_own_folder(tmp_path
     # temperatures and models into one bar per proposer while the legend named every axis)
     spec = json.loads((tmp_path / "multirun" / "batch_scaling" / "dashboard.json").read_text())
     bars = next(p for p in spec["sections"][0]["panels"] if p["id"] == "speedup_by_proposer_workload")
-    assert bars["group_by"] == ["workload", "proposer", "topology", "verifier", "temperature", "batch_size", "model"]
+    assert bars["group_by"] == [
+        *("workload", "proposer", "topology", "verifier", "temperature", "batch_size", "model", "machine")
+    ]
     assert f"wrote {Path('multirun') / 'batch_scaling' / 'dashboard.json'}: " in capsys.readouterr().out
+
+
+def test_a_sweep_not_yet_run_splits_its_bars_by_what_its_file_crosses(tmp_path, capsys, monkeypatch):
+    """With no records to read, tree_vs_hardware's 4- and 8-node runs shared one bar and one legend
+    entry: the sweep file crosses topology.max_nodes, which is no axis."""
+    monkeypatch.chdir(tmp_path)
+    assert dashboard_main(["tree_vs_hardware"]) == 0
+    spec = json.loads((tmp_path / "multirun" / "tree_vs_hardware" / "dashboard.json").read_text())
+    assert spec["labels"]["config_keys"] == ["topology.max_nodes"]
+    assert "max_nodes=${config:resolved.topology.max_nodes}" in spec["labels"]["legend_template"]
+    bars = next(p for p in spec["sections"][0]["panels"] if p["id"] == "speedup_by_proposer_workload")
+    assert "resolved.topology.max_nodes" in bars["group_by"]
+    assert dashboard_main(["batch_scaling", "overwrite=true"]) == 0  # crosses experiments and batch sizes only
+    spec = json.loads((tmp_path / "multirun" / "batch_scaling" / "dashboard.json").read_text())
+    assert spec["labels"]["config_keys"] == []
+    capsys.readouterr()
+
+
+def test_runs_of_one_group_timed_on_several_machines_are_named_and_split_by_machine():
+    from harness.tracking.dashboard import build_spec
+
+    rows = [
+        {"proposer": "prompt_lookup", "topology": "sequence", "machine": machine}
+        for machine in ("cpu: AMD EPYC 9R14", "cuda: NVIDIA H100 80GB HBM3")
+    ]
+    spec = build_spec("tree_vs_hardware", axes_rows=rows)
+    assert spec["labels"]["axes"][-1] == "machine" and spec["labels"]["legend_template"].endswith("${config:machine}")
+    one = build_spec("tree_vs_hardware", axes_rows=rows[:1])
+    assert "machine" not in one["labels"]["axes"]  # one machine: the legend does not name it
 
 
 class FakeRun:

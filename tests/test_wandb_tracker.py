@@ -280,6 +280,9 @@ def test_a_tracked_job_reads_back_with_names_group_config_history_and_summary(tm
     assert run["run_id"] == record["run_id"]
     assert info["config"]["proposer"] == "prompt_lookup" and info["config"]["batch_size"] == 1
     assert info["config"]["experiment"] == "default" and info["config"]["resolved"]["workload"]["limit"] == 2
+    # the machine, as compare splits arms by it: a sweep run on each machine logs into one group
+    hardware = record["hardware"]
+    assert info["config"]["machine"] == f"{hardware['device'].split(':')[0]}: {hardware['device_name']}"
     m = record["metrics"]
     assert info["summary"]["committed_tokens"] == m["committed_tokens"] == 20
     assert info["summary"]["rounds_tried_by_depth"] == m["rounds_tried_by_depth"]
@@ -333,6 +336,41 @@ def test_a_re_run_whose_gate_fails_says_the_earlier_record_stays_aside(tmp_path,
     info, _ = inspect_run(out)
     assert info["state"] == "failed" and info["summary"]["earlier_record"] == "set_aside"
     assert info["config"]["replaces"] == [first["run_id"]]
+
+
+def test_a_record_logged_after_the_fact_names_every_tracked_record_set_aside_in_its_folder(
+    tmp_path, wandb_home, monkeypatch
+):
+    """Only the record a job itself moved aside was named in ``replaces``: a record logged after the
+    fact named none, and one set aside by a launch that failed before its W&B run opened (or by an
+    interrupted re-run) was named by no later run, so its arm was counted twice on the dashboard."""
+    import harness.runner as runner
+    from harness.config import compose
+    from harness.tracking.job_folder import set_aside
+
+    out, first, _ = _earlier_tracked_run(tmp_path, monkeypatch)
+    set_aside(out)  # a launch of another manifest moved it, then failed before W&B opened
+    assert runner.replaced_runs(out) == [first["run_id"]]
+    untracked = runner.run_job(compose([*JOB, f"output_dir={out}", "seed=1", "tracking=none"]), run_dir=out)
+    assert "tracking" not in untracked
+    assert runner.track(compose([*JOB, f"output_dir={out}", "seed=1"]), load_record(out), out) is True
+    info, _ = inspect_run(out)
+    assert info["config"]["replaces"] == [first["run_id"]]
+    # the record logged after the fact, set aside in turn, is named too; each run once
+    set_aside(out)
+    assert runner.replaced_runs(out) == [first["run_id"], untracked["run_id"]]
+
+
+def test_a_record_another_job_logged_meanwhile_is_not_logged_twice(tmp_path, wandb_home, monkeypatch):
+    """A skipped job and its twin (a default restated) found one untracked record and both logged it:
+    two finished W&B runs of one id. Logging reads the record again under its lock."""
+    import harness.runner as runner
+    from harness.config import compose
+
+    out, first, runs = _earlier_tracked_run(tmp_path, monkeypatch)
+    stale = {k: v for k, v in first.items() if k != "tracking"}  # as the other job read it before
+    assert runner.track(compose([*JOB, f"output_dir={out}"]), stale, out) is False
+    assert {p.name for p in (out / "wandb").iterdir()} == runs and load_record(out)["tracking"] == first["tracking"]
 
 
 def test_a_refused_plan_logs_nothing(tmp_path, wandb_home):
@@ -428,6 +466,7 @@ def test_a_w_and_b_failure_after_the_record_keeps_it_untracked_and_a_later_launc
     with monkeypatch.context() as patch:  # logging after the fact fails the same way: untracked, no stray run
         patch.setattr(Tracker, "log_record", broken)
         untracked = {k: v for k, v in load_record(out).items() if k != "tracking"}
+        (out / "record.json").write_text(json.dumps(untracked))  # track reads the record as it is on disk
         assert runner.track(cfg, untracked, out) is False
     assert "it stays untracked, and the next launch with tracking=wandb tries again" in capsys.readouterr().err
     assert len(list((out / "wandb").glob("offline-run-*"))) == 1

@@ -75,6 +75,7 @@ from harness.tracking.command_line import (
     refuse,
     whole_number_option,
 )
+from harness.tracking.conventions import machine_label
 from harness.tracking.record import write_json_atomic
 from harness.tracking.run_notes import sped_up_past_rounds
 from harness.tracking.spec_bench import OVERALL, task_of, task_order
@@ -490,12 +491,7 @@ def machine_values(runs: pd.DataFrame) -> list[str]:
     """Each run's machine as ``<device kind>: <device name>`` (``-`` where the store has neither)."""
     kinds = runs["hardware.device"] if "hardware.device" in runs.columns else [None] * len(runs)
     names = runs["hardware.device_name"] if "hardware.device_name" in runs.columns else [None] * len(runs)
-    out = []
-    for kind, name in zip(kinds, names, strict=True):
-        kind = None if kind is None or (isinstance(kind, float) and kind != kind) else str(kind).split(":")[0]
-        name = None if name is None or (isinstance(name, float) and name != name) else str(name)
-        out.append(f"{kind or '-'}: {name or '-'}")
-    return out
+    return [machine_label({"device": kind, "device_name": name}) for kind, name in zip(kinds, names, strict=True)]
 
 
 #: the pseudo-key under which runs of other code are told apart: the harness's code hash

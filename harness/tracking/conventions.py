@@ -159,3 +159,16 @@ def depth_rows(metrics: Mapping[str, Any], *, min_rounds: int = MIN_DEPTH_ROUNDS
                     row["reach_low"], row["reach_high"] = ci
         rows.append(row)
     return rows
+
+
+def machine_label(hardware: Mapping[str, Any] | None) -> str:
+    """A record's machine as ``<device kind>: <device name>`` from its hardware card (``cpu: <CPU
+    model>``, ``cuda: NVIDIA H100 80GB HBM3``; ``-`` for what the card lacks): how compare splits
+    arms by machine and W&B runs name theirs (config ``machine``)."""
+    hardware = hardware or {}
+
+    def given(v: Any) -> str | None:
+        return None if v is None or (isinstance(v, float) and v != v) or v == "" else str(v)
+
+    kind, name = given(hardware.get("device")), given(hardware.get("device_name"))
+    return f"{kind.split(':')[0] if kind else '-'}: {name or '-'}"

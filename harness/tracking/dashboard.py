@@ -40,7 +40,7 @@ from harness.tracking.command_line import (
     usage_status,
     whole_number_option,
 )
-from harness.tracking.compare import arm_config_keys
+from harness.tracking.compare import MACHINE, arm_config_keys, machine_values
 from harness.tracking.conventions import LABEL_AXES, MIN_DEPTH_ROUNDS, NAME_AXES, varying_axes
 from harness.tracking.record import write_json_atomic
 from harness.tracking.store import (
@@ -227,10 +227,14 @@ def build_spec(
     axes that differ among them (every axis of a run name when none is known), then by
     ``config_keys``, the options (no axes) that differ among one arm's runs."""
     vary = varying_axes(axes_rows) if axes_rows else list(NAME_AXES)
+    if len({row.get(MACHINE) for row in axes_rows}) > 1:  # the group's runs were timed on several machines
+        vary.append(MACHINE)
     legend = legend_template(vary or list(NAME_AXES), config_keys)
     # with no records known (a group whose runs are yet to land, or ran elsewhere) every axis splits
-    # the bars: an axis left out would be averaged over (batch sizes, temperatures, models in one bar)
+    # the bars: an axis left out would be averaged over (batch sizes, temperatures, models in one bar);
+    # and the machine always (a sweep run on each machine to compare logs into one group)
     split_by = [*(vary if axes_rows else LABEL_AXES), *(f"resolved.{k}" for k in config_keys)]
+    split_by += [MACHINE] if MACHINE not in split_by else []
     in_group = f"Group = {_quote(group)}"
     apart = "[" + ", ".join(_quote(t) for t in APART_TAGS) + "]"
     out = "[" + ", ".join(_quote(t) for t in (*APART_TAGS, SUPERSEDED_TAG)) + "]"
@@ -433,7 +437,12 @@ def group_axes(records_root: Path, group: str) -> tuple[list[dict[str, Any]], li
 
     groups = [wandb_group(none(r["sweep"]), none(r["experiment"])) for _, r in df.iterrows()]
     mine = [g == group for g in groups]
-    rows = [{a: r[a] for a in AXES if a in df.columns} for (_, r), m in zip(df.iterrows(), mine) if m]
+    machines = machine_values(df)
+    rows = [
+        {**{a: r[a] for a in AXES if a in df.columns}, MACHINE: machine}
+        for (_, r), m, machine in zip(df.iterrows(), mine, machines)
+        if m
+    ]
     return rows, sorted(set(groups)), arm_config_keys(df[mine])
 
 
@@ -486,9 +495,16 @@ def dashboard_project(
     return DEFAULT_PROJECT, note
 
 
-def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    known: Mapping[str, Path | None] | None = None,
+    swept: Mapping[str, Sequence[str]] | None = None,
+) -> int:
     """``known``: the sweep and experiment names this installation has, each with the folder its
-    records land in by default (or None); the caller (``harness.app``) knows them."""
+    records land in by default (or None); ``swept``: per sweep, the parameters it crosses that are
+    no axis (its panels split by them where no record is found to read them from); the caller
+    (``harness.app``) knows them."""
     argv = list(sys.argv[1:] if argv is None else argv)
     known = dict(known or {})
     status = usage_status(USAGE, argv)
@@ -548,6 +564,8 @@ def main(argv: Sequence[str] | None = None, *, known: Mapping[str, Path | None] 
         axes_rows, groups, config_keys = (
             group_axes(records, group) if records is not None and records.is_dir() else ([], [], [])
         )
+        if not axes_rows:  # no records yet (or elsewhere): the sweep file says what else it crosses
+            config_keys = list((swept or {}).get(group, ()))
         count, projects = group_projects(records, group) if records is not None and records.is_dir() else (0, set())
         project, note = dashboard_project(group, opts.get("project"), count, projects, records=records)
         if opts.get("entity") is not None and tracking_problem(DEFAULT_PROJECT, opts["entity"], environ={}):

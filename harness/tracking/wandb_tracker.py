@@ -65,7 +65,7 @@ from omegaconf import OmegaConf
 
 from harness.files import output_folder_problem
 from harness.record_schema import ROUND_COST_STAGES, SHARED_ROUND_STAGES
-from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_name, depth_rows, name_of, run_name
+from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_name, depth_rows, machine_label, name_of, run_name
 from harness.tracking.store import (
     AXES,
     OUTPUTS_FILENAME,
@@ -139,15 +139,24 @@ def status_tags(record: Mapping[str, Any]) -> list[str]:
 
 
 def run_config(
-    config: Mapping[str, Any], axes: Mapping[str, Any] | None, *, experiment: Any = None, sweep: Any = None
+    config: Mapping[str, Any],
+    axes: Mapping[str, Any] | None,
+    *,
+    experiment: Any = None,
+    sweep: Any = None,
+    hardware: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The W&B run config: the axes, ``arm``, ``experiment`` and ``sweep`` as top-level keys; the
-    resolved run config under ``resolved``."""
+    """The W&B run config: the axes, ``arm``, ``experiment`` and ``sweep`` as top-level keys, with
+    ``machine`` (:func:`~harness.tracking.conventions.machine_label` of the record's ``hardware``
+    card, where given: runs of one group timed on several machines are told apart); the resolved
+    run config under ``resolved``."""
     out: dict[str, Any] = {}
     if axes:
         out.update({k: axes[k] for k in AXES if k in axes})
         if all(k in axes for k in ("proposer", "topology", "verifier", "temperature", "batch_size")):
             out["arm"] = arm_name(axes)
+    if hardware:
+        out["machine"] = machine_label(hardware)
     out["experiment"] = experiment if experiment is not None else config.get("experiment")
     out["sweep"] = sweep if sweep is not None else config.get("sweep")
     out["resolved"] = dict(config)
@@ -323,7 +332,13 @@ class Tracker:
         run = self.run
 
         run.config.update(
-            run_config(record["config"], record["axes"], experiment=record["experiment"], sweep=record["sweep"]),
+            run_config(
+                record["config"],
+                record["axes"],
+                experiment=record["experiment"],
+                sweep=record["sweep"],
+                hardware=record.get("hardware"),
+            ),
             allow_val_change=True,
         )
         tags = list(run.tags or ())
@@ -492,8 +507,9 @@ MAX_PROJECT_CHARS = 128
 WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")
 
 
-#: the environment variables naming folders W&B writes into
-WANDB_FOLDERS = ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR")
+#: the environment variables naming folders W&B writes into (not ``WANDB_DIR``: a run's ``wandb/``
+#: goes into its own folder, given to W&B as ``dir``, whatever the environment says)
+WANDB_FOLDERS = ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR")
 
 
 class TrackingError(ValueError):
