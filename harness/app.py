@@ -45,6 +45,7 @@ from harness.contracts import ConfigError, resolve_ref
 from harness.engine.build import plan, sampling_policy, sibling_sampling
 from harness.engine.checks import validate_config
 from harness.gates.stages import GateError
+from harness.heads.artifacts import refuse_foreign
 from harness.heads.published import is_published
 from harness.manifest import draft_model_config
 from harness.prepare import TRAINERS
@@ -733,6 +734,8 @@ def train(argv: list[str]) -> dict:
             "target and recipe) and prints the path; proposer.artifact names an existing artifact for harness run: "
             "drop proposer.artifact"
         )
+    if artifact:  # before any model work: training replaces what the path holds, so only an artifact of this kind
+        refuse_foreign(name, artifact)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     target, _ = load_models(cfg)

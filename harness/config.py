@@ -198,8 +198,9 @@ class HeadsDataConfig:
     source: str = "sharegpt"
     split: str = ranged("train", choices=SPLITS)
     # tokens of cached target hidden states; CPU budget: SmolLM2 heads train at ~11 s per 1,000
-    # tokens on 2 cores (hidden states + one epoch), so 40,000 is ~7.5 min (docs/measurements.md)
-    token_budget: int = ranged(40000, **POSITIVE_INT)
+    # tokens on 2 cores (hidden states + one epoch), so 40,000 is ~7.5 min (docs/measurements.md);
+    # below one document's 3 tokens (see held_out_tokens) the stream holds no training row
+    token_budget: int = ranged(40000, ge=3)
     held_out_split: str = ranged("dev", choices=SPLITS)
     # a document of fewer than 3 tokens holds no training row (an anchor, its token and a label): a
     # held-out budget or a window below that leaves the artifact with no held-out evaluation, or no data

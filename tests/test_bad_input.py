@@ -343,6 +343,11 @@ SHELL_QUOTED_HINT = "quote a value holding characters such as # = ' [ ] or space
             ["proposer.data.held_out_tokens=2 is out of range: it must be >= 3"],
         ),
         (["proposer=eagle", "proposer.data.max_len=2"], ["proposer.data.max_len=2 is out of range: it must be >= 3"]),
+        # a training budget below one document's 3 tokens: the whole split was read for no training row
+        (
+            ["proposer=medusa", "topology=cartesian", "proposer.data.token_budget=2"],
+            ["proposer.data.token_budget=2 is out of range: it must be >= 3"],
+        ),
         (
             ["proposer=layer_skip", "workload=sharegpt", "proposer.search.split=eval"],
             ["proposer.search.split=eval is the split this run evaluates", "choose its layers on the prompts"],
@@ -899,6 +904,11 @@ def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
         ),
         (["train", "proposer=prompt_lookup", "model=tiny"], "harness train: refused: ", "no trained artifact"),
         (["train", "proposer=hydra", "model=tiny", "proposer.num_heads=0"], "harness train: refused: ", ">= 1"),
+        (
+            ["train", "proposer=eagle", "model=tiny", "proposer.data.token_budget=2"],
+            "harness train: refused: ",
+            "proposer.data.token_budget=2 is out of range: it must be >= 3",
+        ),
         (["train", "proposer=hydra", "force=maybe"], "harness train: refused: ", "force=maybe"),
         (["train", "proposer=hydra", "--force"], "harness train: refused: ", "not flags; got ['--force'] (force=true"),
         (
@@ -932,6 +942,39 @@ def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
 def test_every_command_refuses_in_one_line(capsys, no_models, argv, prefix, fragment):
     assert cli.main(argv) == 2
     assert fragment in one_line(capsys, prefix)
+
+
+@pytest.mark.parametrize("proposer", ["medusa", "hydra", "clover", "eagle", "early_exit", "layer_skip"])
+def test_harness_train_into_a_folder_that_is_no_artifact_of_its_kind_is_refused_and_leaves_it_as_it_is(
+    tmp_path, capsys, no_models, proposer
+):
+    """`harness train proposer.artifact=DIR force=true` trained into DIR and deleted what it held (a
+    user's folder, an artifact of another kind); a file path trained fully, then failed; without
+    force a lock file was left beside the folder. Each is refused now before any model work, and
+    nothing is written beside it (no lock file) or in it."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    (tmp_path / "notes.txt").write_text("mine")
+    other = tmp_path / "other"
+    other.mkdir()
+    other_kind = "medusa" if proposer == "eagle" else "eagle"
+    (other / "manifest.json").write_text(json.dumps({"kind": other_kind}))
+    published = proposer in ("medusa", "hydra", "eagle")  # a folder without manifest.json is read as a published one
+    cases = [
+        (mine, "is a published" if published else "holds no manifest.json (not an artifact); leave proposer.artifact"),
+        (tmp_path / "notes.txt", "is a file, not an artifact folder; leave proposer.artifact unset to use the cache"),
+        (other, f"holds an artifact of kind {other_kind!r}, not {proposer!r}; name one of kind {proposer!r}, or leave"),
+    ]
+    for path, fragment in cases:
+        for force in ([], ["force=true"]):
+            argv = ["train", "model=tiny", f"proposer={proposer}", f"proposer.artifact={path}", *force]
+            assert cli.main(argv) == 2
+            line = one_line(capsys, f"harness train: refused: proposer.artifact={str(path)!r} ")
+            assert fragment in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "notes.txt", "other"]
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "mine"
+    assert [p.name for p in other.iterdir()] == ["manifest.json"]
 
 
 @pytest.mark.parametrize("command", ["compare", "report"])

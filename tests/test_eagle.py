@@ -635,6 +635,45 @@ def test_artifact_refused_against_another_target_or_recipe(env):
         )
 
 
+def test_training_a_draft_into_a_path_that_is_no_eagle_artifact_is_refused_before_training(env, tmp_path):
+    """force=true trained into proposer.artifact and replaced another kind's artifact there; a file
+    path trained fully, then failed. Both are refused before any training (forced or not), left as
+    they are with no lock file beside them."""
+    from harness.heads.checkpoint import save_artifact
+
+    heads = save_artifact(tmp_path / "heads", manifest={"kind": "medusa"})
+    (tmp_path / "notes.txt").write_text("mine")
+    target = Target(env["model"], None, "tiny")
+    for path, message in (
+        (heads, f"proposer.artifact={str(heads)!r} holds an artifact of kind 'medusa', not 'eagle'; name one"),
+        (tmp_path / "notes.txt", "is a file, not an artifact folder; leave proposer.artifact unset to use the cache"),
+    ):
+        for force in (False, True):
+            with pytest.raises(ArtifactError, match=message):
+                ensure_eagle({**OPTIONS, "artifact": str(path)}, target, progress=False, force=force)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heads", "notes.txt"]
+    assert json.loads((heads / "manifest.json").read_text())["kind"] == "medusa"
+
+
+def test_the_eagle_training_code_version_is_in_the_drafts_key(env, monkeypatch):
+    """A new version of the EAGLE training code trains anew under another key (the draft the earlier
+    code trained was loaded); the artifact of the earlier version, named, is refused as another
+    recipe's. The heads' version leaves the draft's key alone."""
+    from harness.heads import recipes
+    from harness.heads.artifacts import eagle_artifact_path
+
+    art, version = env["art"], recipes.EAGLE_TRAINING
+    assert art.manifest["recipe"]["training_code"] == version
+    monkeypatch.setattr(recipes, "HEADS_TRAINING", "heads-training-next")
+    assert eagle_artifact_path(OPTIONS, model=env["model"], tokenizer=None)[1] == art.path
+    monkeypatch.setattr(recipes, "EAGLE_TRAINING", "eagle-training-next")
+    assert eagle_artifact_path(OPTIONS, model=env["model"], tokenizer=None)[1] != art.path
+    with pytest.raises(
+        ArtifactError, match=rf"another recipe: \(training_code\): artifact {version}, configured eagle-training-next"
+    ):
+        ensure_eagle({**OPTIONS, "artifact": str(art.path)}, Target(env["model"], None, "tiny"), progress=False)
+
+
 # ---------------------------------------------------------------------------------------------- published checkpoints
 
 

@@ -434,6 +434,131 @@ def test_missing_artifact_without_auto_train_is_refused(env):
         )
 
 
+def test_training_into_a_path_that_is_no_artifact_of_the_kind_is_refused_before_training(env, tmp_path):
+    """force=true trained into proposer.artifact and replaced what it held: a folder of another kind's
+    artifact (a Hydra bank for proposer=medusa), a user's folder for clover (no published clover
+    layout); a file path trained fully, then failed. Each is refused before any training, left as it
+    is, with no lock file beside it; an artifact of the same kind is retrained in place as before."""
+    import shutil
+
+    from harness.heads.artifacts import heads_artifact_path
+
+    target = Target(env["model"], None, "tiny")
+    docs = (env["docs"][:30], env["docs"][30:])
+    hydra = tmp_path / "hydra"
+    shutil.copytree(env["arts"]["hydra"].path, hydra)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    (tmp_path / "notes.txt").write_text("mine")
+    cases = [
+        ("medusa", hydra, f"proposer.artifact={str(hydra)!r} holds an artifact of kind 'hydra', not 'medusa'"),
+        ("clover", mine, "is a published clover checkpoint"),
+        ("medusa", tmp_path / "notes.txt", "is a file, not an artifact folder; leave proposer.artifact unset"),
+    ]
+    before = {p.name: sorted(q.name for q in p.iterdir()) if p.is_dir() else p.read_text() for p in tmp_path.iterdir()}
+    for kind, path, message in cases:
+        for force in (False, True):
+            with pytest.raises(ArtifactError, match=message):
+                ensure_heads(
+                    kind, {**OPTIONS, "artifact": str(path)}, target, documents=docs, progress=False, force=force
+                )
+    after = {p.name: sorted(q.name for q in p.iterdir()) if p.is_dir() else p.read_text() for p in tmp_path.iterdir()}
+    assert after == before and (mine / "notes.txt").read_text() == "mine"
+    # the same kind, of the same recipe, at an explicit path: force=true retrains it there
+    old = json.loads((hydra / "manifest.json").read_text())
+    opts = {**OPTIONS, "train": {**OPTIONS["train"], "seed": 0}, "artifact": str(hydra)}
+    art = ensure_heads("hydra", opts, target, documents=docs, progress=False, force=True)
+    assert art.path == hydra and art.manifest["recipe"] == old["recipe"]
+    assert art.manifest["training"]["total_seconds"] != old["training"]["total_seconds"]
+    assert heads_artifact_path("hydra", opts, model=env["model"], tokenizer=None)[1] == hydra
+
+
+def test_saving_never_replaces_a_folder_that_is_no_artifact_of_the_kind(tmp_path):
+    """save_artifact deleted whatever folder it was given before renaming the new artifact in: it
+    now refuses a folder without manifest.json, or with another kind's, and replaces its own kind's."""
+    from harness.heads.checkpoint import save_artifact
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(ArtifactError, match=r"mine' is not an artifact folder \(no manifest.json in it\): nothing"):
+        save_artifact(mine, manifest={"kind": "medusa"}, state={"w": torch.zeros(2)})
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(ArtifactError, match="is not an artifact folder"):
+        save_artifact(tmp_path / "afile", manifest={"kind": "medusa"})
+    other = save_artifact(tmp_path / "other", manifest={"kind": "eagle"})
+    with pytest.raises(ArtifactError, match=r"holds an artifact of kind 'eagle', not 'medusa': nothing was saved"):
+        save_artifact(other, manifest={"kind": "medusa"})
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (tmp_path / "afile").read_text() == "mine"
+    assert json.loads((other / "manifest.json").read_text())["kind"] == "eagle"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "mine", "other"]  # no temporary folder left
+    save_artifact(other, manifest={"kind": "eagle", "n": 2})  # its own kind is replaced
+    assert json.loads((other / "manifest.json").read_text())["n"] == 2
+
+
+def test_the_training_code_version_and_the_sharegpt_split_rule_are_in_the_artifact_key(env, monkeypatch):
+    """A change to the heads' training code, or to the rule that splits ShareGPT, loaded the artifact
+    the earlier code or split trained: both are in the recipe now, so a bumped version trains anew
+    under another key, and an artifact of the earlier one named by proposer.artifact is refused."""
+    from harness.heads import recipes
+    from harness.heads.artifacts import heads_artifact_path
+    from harness.heads.checkpoint import short_hash
+    from harness.workloads import corpora
+
+    art, version = env["arts"]["medusa"], recipes.HEADS_TRAINING
+    assert art.manifest["recipe"]["training_code"] == version
+    recipe, path = heads_artifact_path("medusa", OPTIONS, model=env["model"], tokenizer=None)
+    assert path == art.path and recipe == art.manifest["recipe"]
+    monkeypatch.setattr(recipes, "HEADS_TRAINING", "heads-training-next")
+    assert heads_artifact_path("medusa", OPTIONS, model=env["model"], tokenizer=None)[1] != art.path
+    with pytest.raises(
+        ArtifactError,
+        match=rf"another recipe: \(training_code\): artifact {version}, configured heads-training-next "
+        r"\(or leave proposer.artifact unset",
+    ):
+        ensure_heads("medusa", {**OPTIONS, "artifact": str(art.path)}, Target(env["model"], None, "t"), progress=False)
+    monkeypatch.undo()
+    # the EAGLE draft's and the adapter's versions leave the heads' key alone
+    monkeypatch.setattr(recipes, "EAGLE_TRAINING", "eagle-training-next")
+    monkeypatch.setattr(recipes, "EXIT_TRAINING", "exit-training-next")
+    assert heads_artifact_path("medusa", OPTIONS, model=env["model"], tokenizer=None)[1] == art.path
+
+    monkeypatch.setattr(recipes, "file_sha256", lambda path: "a" * 64)  # the packaged ShareGPT file, read as
+    sharegpt = recipes.DataRecipe()
+
+    def key() -> str:
+        return short_hash(recipes.data_sources_key(sharegpt, None))
+
+    first = key()
+    monkeypatch.setattr(corpora, "SPLIT_SALT", "harness-sharegpt-split-next")
+    assert key() != first
+    monkeypatch.setattr(corpora, "SPLIT_SALT", "harness-sharegpt-split-v1")
+    assert key() == first
+    monkeypatch.setattr(corpora, "SPLIT_BOUNDS", (("calibration", 100), ("dev", 500), ("eval", 1000), ("train", 10000)))
+    assert key() != first
+    assert "sharegpt_split" not in recipes.data_sources_key(recipes.DataRecipe(source="inline"), None)
+
+
+def test_take_budget_stops_once_no_document_fits_the_budget_left():
+    """With 1 or 2 tokens of budget left every later document is cut below 3 tokens and dropped:
+    the whole split was read for nothing."""
+    from harness.prepare.heads_data import take_budget
+
+    read = []
+
+    def documents():
+        for i in range(1000):
+            read.append(i)
+            yield [5] * 10
+
+    assert take_budget(documents(), 21) == [[5] * 10, [5] * 10] and len(read) == 2
+    read.clear()
+    assert take_budget(documents(), 23) == [[5] * 10, [5] * 10, [5] * 3] and len(read) == 3
+    read.clear()
+    assert take_budget(documents(), 2) == [] and read == []
+
+
 def test_hydra_plus_plus_switches_are_separate_recipe_fields(env):
     base = heads_recipe("hydra", OPTIONS, env["model"])
     for switch, field_path in (
@@ -564,6 +689,33 @@ def test_an_early_exit_layer_mismatch_names_the_override_that_matches():
     have = {"exit_layer": 1, "data": {"token_budget": 300}, "kind": "early_exit"}
     want = {"exit_layer": 2, "data": {"token_budget": 300}, "kind": "early_exit"}
     assert recipe_differences(have, want) == [("proposer.exit_layer", 1, 2)]
+
+
+def test_a_chat_template_mismatch_is_shown_as_a_derived_field_not_as_an_override_to_set(tmp_path):
+    """The refusal offered workload.chat_template=<the artifact's template hash> as the fix; the
+    option takes vicuna or a Jinja file, never a hash. The hash is shown in parentheses, as the
+    target's fields are, and the hint names only overrides that would match the artifact."""
+    from harness.heads.checkpoint import load_artifact, save_artifact
+
+    recipe = {"data": {"chat": True, "token_budget": 300}, "train": {"loss": "hard"}, "chat_template": "a" * 16}
+    path = save_artifact(tmp_path / "art", manifest={"kind": "medusa", "target_hash": "t", "recipe": recipe})
+
+    def refusal(**changes) -> str:
+        want = {**recipe, **changes}
+        with pytest.raises(ArtifactError) as info:
+            load_artifact(path, kind="medusa", target_hash="t", recipe=want)
+        return str(info.value)
+
+    text = refusal(chat_template="b" * 16)
+    assert f"another recipe: (chat_template): artifact {'a' * 16}, configured {'b' * 16} (or leave" in text
+    text = refusal(chat_template="b" * 16, train={"loss": "distill"})
+    assert "(chat_template): artifact" in text and "proposer.distill: artifact false, configured true" in text
+    text = refusal(chat_template=None, data={"chat": False, "token_budget": 300})
+    assert "(chat_template): artifact" in text and "proposer.data.chat: artifact true, configured false" in text
+    for text in (refusal(chat_template="b" * 16), refusal(chat_template="b" * 16, train={"loss": "distill"})):
+        assert "workload.chat_template" not in text and "to use it, set" not in text
+    # a difference an override undoes alone is still offered as the fix
+    assert "to use it, set proposer.data.token_budget=300 (or leave" in refusal(data={"chat": True, "token_budget": 9})
 
 
 @pytest.mark.parametrize("kind", ["medusa", "hydra"])

@@ -470,6 +470,59 @@ def test_an_explicit_artifact_folder_without_a_manifest_is_named_as_such(env, tm
         )
 
 
+@pytest.mark.parametrize("force", [False, True])
+def test_searching_or_distilling_into_a_folder_that_is_no_artifact_of_the_kind_is_refused(env, tmp_path, force):
+    """force=true distilled the adapter (or searched the skip vector) into proposer.artifact and
+    deleted the user's folder it named, exit 0; an artifact folder of another kind was replaced; a
+    file path ran to the end, then failed; without force a lock file was left beside the folder.
+    Each is refused before any training or search, left as it is, with nothing written beside it."""
+    from harness.heads.checkpoint import save_artifact
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    (tmp_path / "notes.txt").write_text("mine")
+    heads = save_artifact(tmp_path / "heads", manifest={"kind": "hydra"})
+    target = Target(env["model"], None, "tiny4")
+    cases = [
+        (mine, r"holds no manifest.json \(not an artifact\); leave proposer.artifact unset"),
+        (tmp_path / "notes.txt", "is a file, not an artifact folder; leave proposer.artifact unset"),
+        (heads, "holds an artifact of kind 'hydra', not '{kind}'; name one of kind '{kind}', or leave"),
+    ]
+    for path, message in cases:
+        with pytest.raises(ArtifactError, match=message.format(kind="early_exit")):
+            ensure_adapter({**EXIT_OPTS, "artifact": str(path)}, target, progress=False, force=force)
+        with pytest.raises(ArtifactError, match=message.format(kind="layer_skip") + ".*proposer.skip=\\[...\\]$"):
+            ensure_skip(
+                {"artifact": str(path), "search": {"trials": 1, "prompts": 1, "max_new_tokens": 2, "confirm": 0}},
+                backend=env["backend"],
+                tokenizer=None,
+                target_source="tiny4",
+                prompts=[[5, 6]],
+                progress=False,
+                force=force,
+            )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heads", "mine", "notes.txt"]
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "mine"
+
+
+def test_the_adapter_training_code_version_is_in_the_adapter_s_key(env, monkeypatch):
+    """A new version of the adapter's distillation code trains anew under another key (the adapter
+    the earlier code distilled was loaded); the earlier one, named, is refused as another recipe's."""
+    from harness.heads import recipes
+    from harness.heads.artifacts import adapter_artifact_path
+
+    art, version = env["adapter"], recipes.EXIT_TRAINING
+    assert art.manifest["recipe"]["training_code"] == version
+    assert adapter_artifact_path(EXIT_OPTS, model=env["model"], tokenizer=None)[1] == art.path
+    monkeypatch.setattr(recipes, "EXIT_TRAINING", "exit-training-next")
+    assert adapter_artifact_path(EXIT_OPTS, model=env["model"], tokenizer=None)[1] != art.path
+    with pytest.raises(
+        ArtifactError, match=rf"another recipe: \(training_code\): artifact {version}, configured exit-training-next"
+    ):
+        ensure_adapter({**EXIT_OPTS, "artifact": str(art.path)}, Target(env["model"], None, "tiny4"), progress=False)
+
+
 def test_declare_refuses_trees_before_model_work():
     with pytest.raises(ValueError, match="chains only"):
         EarlyExitProposer.declare({}, Budget(shape="expansion", max_nodes=6, max_depth=3, widths=(2, 2, 1)))

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from harness.heads.checkpoint import (
+    MANIFEST_FILE,
     ArtifactError,
     artifact_dir,
     cpu_budget_label,
@@ -38,6 +39,7 @@ from harness.heads.recipes import (
     exit_recipe,
     heads_recipe,
     recipe_key,
+    training_code_key,
 )
 from harness.target.loading import chat_template_key, model_names
 from harness.target.timing import timed_setup
@@ -85,14 +87,15 @@ def load_heads(kind: str, recipe: dict, *, model: torch.nn.Module, tokenizer, pa
 
 def _located(kind: str, recipe: dict, options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
     """``recipe`` and its artifact's directory: ``proposer.artifact`` when given, else the one
-    :func:`artifact_dir` names for ``kind``, the target's fingerprint and ``recipe``."""
-    if "data" in recipe:  # trained on streams (heads, EAGLE, early exit): what their text is made from
-        recipe = {**recipe, **data_sources_key(DataRecipe(**recipe["data"]), tokenizer)}
+    :func:`artifact_dir` names for ``kind``, the target's fingerprint and ``recipe``. A recipe trained
+    on the target streams also holds what their text is made from and the training code's version."""
+    if "data" in recipe:  # trained on streams (heads, EAGLE, early exit)
+        recipe = {**recipe, **data_sources_key(DataRecipe(**recipe["data"]), tokenizer), **training_code_key(kind)}
     else:  # the chat format the search's text was put in
         recipe = {**recipe, **chat_template_key(tokenizer)}
     explicit = options.get("artifact")
     if explicit:
-        return recipe, Path(explicit)
+        return recipe, Path(str(explicit)).expanduser()
     return recipe, artifact_dir(kind, target_hash=target_fingerprint(model, tokenizer), recipe=recipe)
 
 
@@ -105,7 +108,13 @@ def missing(kind: str, path: Path, explicit: bool, *, extra: str = "") -> Artifa
     """The refusal of an absent artifact: a path the config names is never trained into (train it
     there, or leave proposer.artifact unset); the cache's is trained by a run with auto_train."""
     if explicit:
-        what = "holds no manifest.json (not an artifact)" if path.exists() else "does not exist"
+        what = (
+            "does not exist"
+            if not path.exists()
+            else "holds no manifest.json (not an artifact)"
+            if path.is_dir()
+            else "is a file, not an artifact folder"
+        )
         return ArtifactError(
             f"proposer.artifact={str(path)!r} {what}; leave proposer.artifact unset to use the cache "
             f"(the run trains into it, or `harness train proposer={kind}` does and prints the path){extra}"
@@ -114,6 +123,27 @@ def missing(kind: str, path: Path, explicit: bool, *, extra: str = "") -> Artifa
         f"no {kind} artifact at {str(path)!r}; run `harness train proposer={kind}` "
         f"(or let the run train it: proposer.auto_train=true){extra}"
     )
+
+
+def refuse_foreign(kind: str, path: str | Path, *, extra: str = "") -> None:
+    """Refuse (:class:`ArtifactError`) a ``proposer.artifact`` that exists but is no ``kind`` artifact
+    this harness wrote: a file, a folder without ``manifest.json``, or one whose manifest names another
+    kind. Training into such a path would replace what it holds, so builders call this before they
+    take the artifact's lock (nothing is written beside it either); a path that does not exist yet,
+    and an artifact of ``kind`` (of any recipe or target), pass."""
+    path = Path(str(path)).expanduser()
+    if not path.exists():
+        return
+    if not path.is_dir() or not (path / MANIFEST_FILE).is_file():
+        raise missing(kind, path, True, extra=extra)
+    there = read_config_object(path / MANIFEST_FILE).get("kind")
+    if there != kind:
+        what = f"an artifact of kind {there!r}" if there else f"a {MANIFEST_FILE} naming no artifact kind"
+        raise ArtifactError(
+            f"proposer.artifact={str(path)!r} holds {what}, not {kind!r}; name one of kind {kind!r}, or leave "
+            f"proposer.artifact unset to use the cache (the run trains into it, or `harness train proposer={kind}` "
+            f"does and prints the path){extra}"
+        )
 
 
 def load_published(kind: str, ref: str, *, model: torch.nn.Module) -> HeadsArtifact:
@@ -179,7 +209,7 @@ def skip_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> t
     cache kind, fused layers or compilation, is searched again, not reused."""
     rd = {**recipe_key(SearchRecipe(**dict(options.get("search") or {}))), **chat_template_key(tokenizer)}
     if options.get("artifact"):
-        return rd, Path(options["artifact"])
+        return rd, Path(str(options["artifact"])).expanduser()
     return rd, artifact_dir(
         "layer_skip", target_hash=target_fingerprint(model, tokenizer), recipe={**rd, "timed_on": timed_setup(model)}
     )

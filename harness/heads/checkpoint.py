@@ -171,12 +171,36 @@ def _artifact_id(manifest: dict) -> str:
     return short_hash(body, 24)
 
 
+def _check_replaceable(out_dir: Path, kind: Any) -> None:
+    """Refuse to replace ``out_dir`` unless it is absent or an artifact folder of ``kind`` (one holding
+    ``manifest.json``; a manifest that does not read is taken for a broken artifact of the cache):
+    :func:`save_artifact` deletes what it replaces."""
+    if not out_dir.exists() and not out_dir.is_symlink():
+        return
+    if out_dir.is_symlink() or not out_dir.is_dir() or not (out_dir / MANIFEST_FILE).is_file():
+        raise ArtifactError(
+            f"{str(out_dir)!r} is not an artifact folder (no {MANIFEST_FILE} in it): nothing was saved, and what "
+            "it holds is left as it is; leave proposer.artifact unset to use the cache"
+        )
+    try:
+        there = json.loads((out_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return
+    if isinstance(there, dict) and there.get("kind") != kind:
+        raise ArtifactError(
+            f"{str(out_dir)!r} holds an artifact of kind {there.get('kind')!r}, not {kind!r}: nothing was saved, and "
+            "it is left as it is; leave proposer.artifact unset to use the cache"
+        )
+
+
 def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch.Tensor] | None = None) -> Path:
     """Write atomically: a temporary directory no other process names, renamed into place (an
-    earlier artifact there is replaced). Builders hold :func:`harness.files.artifact_lock` on
-    ``out_dir`` around the check, the training and this write, so concurrent jobs train once."""
+    earlier artifact of the same kind there is replaced; anything else there is refused, left as it
+    is). Builders hold :func:`harness.files.artifact_lock` on ``out_dir`` around the check, the
+    training and this write, so concurrent jobs train once."""
 
     out_dir = Path(out_dir)
+    _check_replaceable(out_dir, manifest.get("kind"))
     if state is not None:  # a diverged training is no artifact: nothing is written (a run would load it)
         bad = sorted(k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
         if bad:
@@ -201,6 +225,7 @@ def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch
         manifest["artifact_id"] = _artifact_id(manifest)
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
         if out_dir.exists():
+            _check_replaceable(out_dir, manifest.get("kind"))
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
     finally:
@@ -213,8 +238,9 @@ def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch
 _RECIPE_OPTIONS = {"data": "proposer.data.", "train": "proposer.train.", "spec": "proposer."}
 #: recipe fields no proposer option sets (they come from the target or the artifact kind)
 _DERIVED_FIELDS = {"kind", "hidden_size", "embed_size", "vocab_size", "version"}
-#: top-level recipe fields a proposer option sets (an early-exit adapter's layer)
-_TOP_OPTIONS = {"exit_layer": "proposer.exit_layer", "chat_template": "workload.chat_template"}
+#: top-level recipe fields a proposer option sets (an early-exit adapter's layer); the others are
+#: derived (the chat template's hash, the ShareGPT file's, the training code's version)
+_TOP_OPTIONS = {"exit_layer": "proposer.exit_layer"}
 
 
 def recipe_differences(have: dict, want: dict) -> list[tuple[str, Any, Any]]:

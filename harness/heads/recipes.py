@@ -15,6 +15,7 @@ from harness.heads.checkpoint import ArtifactError
 from harness.heads.eagle import spec_from_target
 from harness.heads.models import HeadSpec
 from harness.target.loading import chat_template_hash
+from harness.workloads import corpora
 from harness.workloads.corpora import sharegpt_path
 from harness.workloads.datastore import LEAKAGE_THRESHOLD
 
@@ -49,14 +50,24 @@ DOCUMENT_RULE = (
 )
 
 
+def sharegpt_split_rule() -> str:
+    """The rule that puts each ShareGPT conversation in its split, as the data key names it: the
+    salt and the bucket bounds :func:`~harness.workloads.corpora.sharegpt_split` reads (a new salt
+    or new bounds move conversations between the training, held-out and evaluated splits)."""
+    bounds = ", ".join(f"{split} < {upper}" for split, upper in corpora.SPLIT_BOUNDS)
+    return f"salt {corpora.SPLIT_SALT!r}; buckets of 10000: {bounds}"
+
+
 def data_sources_key(data: DataRecipe, tokenizer) -> dict:
     """What the training text of ``data`` is made from besides its options, in the keys of its
     encoded streams and of the artifacts trained on them: :data:`DOCUMENT_RULE`, the ShareGPT file's
-    SHA-256 (``source=sharegpt``) and the chat template the tokenizer applies (``chat`` on and the
-    tokenizer has one; the tokenizer's fingerprint leaves it out)."""
+    SHA-256 and its split rule (``source=sharegpt``: :func:`sharegpt_split_rule`) and the chat
+    template the tokenizer applies (``chat`` on and the tokenizer has one; the tokenizer's
+    fingerprint leaves it out)."""
     key: dict = {"document_rule": DOCUMENT_RULE}
     if data.source == "sharegpt":
         key["sharegpt_sha256"] = file_sha256(sharegpt_path())  # what load_sharegpt records, without parsing it
+        key["sharegpt_split"] = sharegpt_split_rule()
     template = chat_template_hash(tokenizer) if data.chat else None
     if template:
         key["chat_template"] = template  # as chat_template_key names a replaced one
@@ -160,6 +171,31 @@ class SearchRecipe:
 
 
 SEARCH_ALGORITHM = "optuna-tpe+influence-warm-start+median-confirmed-finalists-v2"
+
+#: the version of the code that trains draft heads (Medusa, Hydra, Clover): the losses, schedule and
+#: batching of harness/prepare/heads_training.py and the evaluation the manifest records. Part of
+#: every heads recipe (:func:`training_code_key`): bump it when a change to that code trains other
+#: weights from the same options, so that an artifact the earlier code trained is trained again
+#: under a new key rather than loaded (and one named by proposer.artifact is refused as another
+#: recipe's). A change that trains the same weights (speed, logging) keeps it.
+HEADS_TRAINING = "heads-training-1"
+#: the version of the code that trains EAGLE drafts (harness/prepare/eagle.py: the feature and
+#: token losses, feature noise, batching, schedule, the held-out depths): bump it as
+#: :data:`HEADS_TRAINING`, when that code trains other weights from the same options
+EAGLE_TRAINING = "eagle-training-1"
+#: the version of the code that distils the early-exit adapter (harness/prepare/early_exit.py: the
+#: distillation loss, document order, schedule, evaluation): bump it as :data:`HEADS_TRAINING`, when
+#: that code trains other weights from the same options
+EXIT_TRAINING = "exit-training-1"
+
+
+def training_code_key(kind: str) -> dict:
+    """The part of a ``kind`` artifact's recipe that names the version of the code that trains it
+    (:data:`HEADS_TRAINING`, :data:`EAGLE_TRAINING`, :data:`EXIT_TRAINING`), as
+    :data:`SEARCH_ALGORITHM` names the layer-skip search: a new version is a new recipe."""
+    versions = {"medusa": HEADS_TRAINING, "hydra": HEADS_TRAINING, "clover": HEADS_TRAINING}
+    versions.update({"eagle": EAGLE_TRAINING, "early_exit": EXIT_TRAINING})
+    return {"training_code": versions[kind]}
 
 
 def recipe_key(recipe: SearchRecipe) -> dict:

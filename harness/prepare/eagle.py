@@ -42,6 +42,7 @@ from harness.heads.artifacts import (
     eagle_artifact_path,
     load_eagle,
     load_published_eagle,
+    refuse_foreign,
 )
 from harness.heads.checkpoint import ArtifactError, save_artifact
 from harness.heads.eagle import causal_mask
@@ -255,6 +256,8 @@ def ensure_eagle(
                 "(unset proposer.artifact to train a draft here)"
             )
         return load_published_eagle(str(explicit), model=target.model)
+    if explicit:  # never trained into, nor locked, unless it is absent or an EAGLE artifact
+        refuse_foreign("eagle", explicit)
     recipe, path = eagle_artifact_path(options, model=target.model, tokenizer=target.tokenizer)
 
     def train() -> EagleArtifact:

@@ -15,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from harness.heads.artifacts import adapter_artifact_path, load_adapter, missing
+from harness.heads.artifacts import adapter_artifact_path, load_adapter, missing, refuse_foreign
 from harness.heads.checkpoint import cpu_budget_label, save_artifact
 from harness.heads.early_exit import AdapterArtifact, ExitAdapter, adapter_logits, build_adapter
 from harness.heads.recipes import AdapterRecipe
@@ -104,7 +104,11 @@ def train_adapter(
 def ensure_adapter(
     options: dict, target: Target, *, progress: bool = True, force: bool = False, documents=None
 ) -> AdapterArtifact:
-    """The configured adapter artifact, distilled first when absent (and ``auto_train``) or ``force``."""
+    """The configured adapter artifact, distilled first when absent (and ``auto_train``) or ``force``.
+    ``proposer.artifact`` naming anything but an absent path or an early-exit artifact is refused
+    before anything is trained or written."""
+    if options.get("artifact"):
+        refuse_foreign("early_exit", options["artifact"])
     recipe, path = adapter_artifact_path(options, model=target.model, tokenizer=target.tokenizer)
 
     def train() -> AdapterArtifact:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness.heads.artifacts import HeadsArtifact, build_heads, heads_artifact_path, load_heads
+from harness.heads.artifacts import HeadsArtifact, build_heads, heads_artifact_path, load_heads, refuse_foreign
 from harness.heads.checkpoint import ArtifactError, save_artifact
 from harness.heads.published import is_published
 from harness.heads.recipes import TrainRecipe
@@ -69,6 +69,8 @@ def ensure_heads(
             f"proposer.artifact={explicit!r} is a published {kind} checkpoint: a run loads it as it is, "
             "nothing is trained here (leave proposer.artifact unset to train heads for this target)"
         )
+    if explicit:  # never trained into, nor locked, unless it is absent or a heads artifact of this kind
+        refuse_foreign(kind, explicit)
     recipe, path = heads_artifact_path(kind, options, model=target.model, tokenizer=target.tokenizer)
 
     def train() -> HeadsArtifact:

@@ -175,17 +175,22 @@ def sharegpt_documents(
         )
 
 
+#: the fewest tokens a document keeps (an anchor, its token and a label: one training row)
+MIN_DOCUMENT_TOKENS = 3
+
+
 def take_budget(documents: Iterable[list[int]], budget: int) -> list[list[int]]:
     """Whole documents in order until ``budget`` tokens (the last one cut to fit); no document is
-    read past the one that fills the budget."""
+    read past the one that fills the budget, nor once fewer than :data:`MIN_DOCUMENT_TOKENS` tokens
+    of it remain (every later document would be cut below that and dropped)."""
     out, total = [], 0
     docs = iter(documents)
-    while total < budget:
+    while budget - total >= MIN_DOCUMENT_TOKENS:
         doc = next(docs, None)
         if doc is None:
             break
         doc = doc[: budget - total]
-        if len(doc) >= 3:
+        if len(doc) >= MIN_DOCUMENT_TOKENS:
             out.append(doc)
             total += len(doc)
     return out

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
-from harness.heads.artifacts import load_skip, missing, skip_artifact_path
+from harness.heads.artifacts import load_skip, missing, refuse_foreign, skip_artifact_path
 from harness.heads.checkpoint import cpu_budget_label, save_artifact, target_fingerprint
 from harness.heads.recipes import SearchRecipe
 from harness.prepare import Preparation
@@ -130,8 +130,8 @@ def layer_influence(model, prompts: list[list[int]]) -> list[float]:
     return [t / count for t in (totals or [])]
 
 
-#: part of the artifact's recipe: a change to the search itself re-runs it
-
+#: the other way out of a refused search artifact: naming the layers to skip
+SKIP_INSTEAD = ", or give the layers to skip: proposer.skip=[...]"
 
 #: warm-start trials: skip this many of the least influential layers (TPE explores from there)
 WARM_SKIP_COUNTS = (2, 4, 6, 8)
@@ -216,9 +216,12 @@ def ensure_skip(
     prompts: list[list[int]] | None = None,
 ) -> tuple[list[int], dict]:
     """The skip vector to draft with: ``proposer.skip`` when given, else the search artifact (run
-    the search when absent and ``auto_train``)."""
+    the search when absent and ``auto_train``). ``proposer.artifact`` naming anything but an absent
+    path or a layer-skip artifact is refused before anything is searched or written."""
     if options.get("skip") is not None and not force:
         return load_skip(options, model=backend.model, tokenizer=tokenizer)
+    if options.get("artifact"):
+        refuse_foreign("layer_skip", options["artifact"], extra=SKIP_INSTEAD)
     model = backend.model
     rd, path = skip_artifact_path(options, model=model, tokenizer=tokenizer)
     return load_or_train(
@@ -257,7 +260,7 @@ def _search_absent(
     recipe = SearchRecipe(**dict(options.get("search") or {}))
     explicit = options.get("artifact")
     if not force and (explicit or not options.get("auto_train", True)):
-        raise missing("layer_skip", path, bool(explicit), extra=", or give the layers to skip: proposer.skip=[...]")
+        raise missing("layer_skip", path, bool(explicit), extra=SKIP_INSTEAD)
     log.warning("searching the layer-skip vector (%s)", why_trained(Path(path)))
     t0 = time.perf_counter()
     if prompts is None:

@@ -152,6 +152,10 @@ Split = Literal["calibration", "dev", "eval", "train"]
 SPLITS: tuple[str, ...] = ("calibration", "dev", "eval", "train")
 #: salted hash bucket (0..9999) boundaries: calibration 2 %, dev 3 %, eval 5 %, train 90 %
 SPLIT_BOUNDS: tuple[tuple[str, int], ...] = (("calibration", 200), ("dev", 500), ("eval", 1000), ("train", 10000))
+#: the salt of the split hash, and the split rule's version: it and SPLIT_BOUNDS are part of the key
+#: of every training stream and artifact made from ShareGPT (harness.heads.recipes.sharegpt_split_rule).
+#: Changing either re-draws the splits: the streams are encoded and the artifacts trained anew rather
+#: than loaded from the cache. A change to how sharegpt_split buckets an id bumps the salt's -vN.
 SPLIT_SALT = "harness-sharegpt-split-v1"
 SPLIT_RULE = (
     f"bucket = int(sha256('{SPLIT_SALT}:' + base_id)[:16], 16) % 10000 where base_id is "
