@@ -324,4 +324,5 @@ def test_an_artifact_trained_on_chats_is_keyed_by_the_chat_template_the_run_gave
     assert keys["own"] == streams_key(same, DataRecipe(), target_hash="t" * 16)  # the same template, the same streams
     from harness.heads.checkpoint import recipe_differences
 
-    assert recipe_differences({}, {"chat_template": "ab"}) == [("workload.chat_template", None, "ab")]  # named
+    # shown as a derived field: workload.chat_template takes vicuna or a Jinja file, never the hash
+    assert recipe_differences({}, {"chat_template": "ab"}) == [("(chat_template)", None, "ab")]
