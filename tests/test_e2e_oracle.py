@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -644,3 +645,72 @@ def test_a_truncated_policy_is_one_that_samples_a_cut_law():
     assert SamplingPolicy(temperature=0.8, top_p=0.9).truncated and SamplingPolicy(temperature=1.0, top_k=3).truncated
     assert not SamplingPolicy(temperature=1.0).truncated
     assert not SamplingPolicy(temperature=0.0, top_k=3, top_p=0.5).truncated  # greedy: the argmax whatever
+
+
+def test_cases_deepen_in_their_own_shape():
+    """:func:`E.deepen` lengthens a chain, extends an expansion's widths, hangs a chain below an
+    explicit tree's deepest node, gives a head bank a head per depth and REST continuations that long;
+    the enumeration reaches the token after the deepest node."""
+    assert E.deep_budget(E.SEQ2, 3) == Budget(shape="sequence", max_nodes=3, max_depth=3)
+    assert E.deep_budget(E.EXP21, 3) == Budget(shape="expansion", max_nodes=6, max_depth=3, widths=(2, 1, 1))
+    assert E.deep_budget(E.SEQUOIA3, 3).parents == (-1, -1, 0, 2)
+    assert E.deep_budget(Budget(shape="set", max_nodes=2, max_depth=1, widths=(2,)), 3) is None
+    assert [E.budget_depth(b) for b in (E.SEQ2, E.EXP21, E.SEQUOIA3)] == [2, 2, 2]
+    assert E.budget_depth(Budget(shape="sequence", max_nodes=2, max_depth=5)) == 2  # a node d deep needs d nodes
+    hydra = E.deepen(CASES["hydra/iid/seq2/T1"], 3)
+    assert hydra.options["num_heads"] == 3 and hydra.length == 4 and E.budget_depth(hydra.budget) == 3
+    rest = E.deepen(CASES["rest/tree4/T1"], 3)
+    assert rest.options["release"]["continuation_len"] == 3
+    merged = E.deepen(CASES["merged/rest+lookup/T1"], 3)
+    assert merged.options["rest"]["release"]["continuation_len"] == 3
+    assert E.deepen(CASES["eagle/iid/seq1/T1/2-rounds"], 3).rounds == 1  # one sampled round, 125 draws
+    # every case deepens but a set, one level deep by definition
+    assert all(E.deepen(c, 3) is not None for c in E.e2e_cases() if c.budget.shape != "set")
+
+
+def _deep_misrecorded_draft(min_depth: int = 3):
+    """WRONG (test-only): a draft proposer that records q with an extra temperature at nodes
+    ``min_depth`` deep or deeper only: every case at most two deep passes."""
+
+    class DeepMisrecorded(E.DraftModelProposer):
+        def propose(self, committed, rng):
+            result = super().propose(committed, rng)
+            if result.q_dists is None or not result.nodes:
+                return result
+            depth = []
+            for n in result.nodes:
+                depth.append(1 if n.parent < 0 else depth[n.parent] + 1)
+            wrong = E.misrecord_q(result, 0.3)
+            q = torch.where(torch.tensor(depth)[:, None] >= min_depth, wrong.q_dists, result.q_dists)
+            nodes = tuple(replace(n, q=float(q[i, n.token_id])) for i, n in enumerate(result.nodes))
+            return replace(result, nodes=nodes, q_dists=q)
+
+    return DeepMisrecorded
+
+
+def test_a_q_wrong_only_past_depth_two_fails_the_gate_of_a_deeper_run(monkeypatch):
+    """Every case was at most two deep: a draft whose recorded q is wrong only at depth 3 passed the
+    gate of a run drafting four deep. The gate deepens one of the run's cases to min(depth, 3)."""
+    from harness.gates.stages import e2e_gate
+
+    monkeypatch.setattr(E, "DraftModelProposer", _deep_misrecorded_draft(3))
+    shallow = e2e_gate("rejection", "draft_model", ["iid"], greedy=False, shape="sequence", max_depth=2)
+    assert shallow["status"] == "passed" and shallow["coverage"]["depth"] == {"run": 2, "enumerated": 2}
+    deep = e2e_gate("rejection", "draft_model", ["iid"], greedy=False, shape="sequence", max_depth=4)
+    assert deep["status"] == "failed", deep
+    assert deep["failed_case"]["case"] == "e2e/draft/iid/seq2/T1/depth3" and deep["failed_case"]["max_abs_error"] > 1e-3
+
+
+def test_the_gate_entry_says_which_depth_it_enumerated():
+    """A run deeper than the deepened case says so: the depth enumerated and the run's depth, and its
+    coverage claims no more than that."""
+    from harness.gates.stages import e2e_gate
+
+    three = e2e_gate("greedy", "hydra", ["beam"], greedy=True, shape="expansion", max_depth=3)
+    assert three["status"] == "passed" and three["cases"][-1] == "e2e/hydra/beam/exp21/T0/depth3"
+    assert three["coverage"]["depth"] == {"run": 3, "enumerated": 3, "case": "e2e/hydra/beam/exp21/T0/depth3"}
+    assert three["coverage"]["covers"] == E.GATE_TIERS[1]
+    five = e2e_gate("greedy", "hydra", ["beam"], greedy=True, shape="expansion", max_depth=5)
+    assert five["status"] == "passed" and five["coverage"]["depth"]["enumerated"] == 3
+    assert five["coverage"]["depth"]["run"] == 5 and "5 deep" in five["coverage"]["depth"]["partial"]
+    assert five["coverage"]["covers"] != E.GATE_TIERS[1] and "3 deep" in five["coverage"]["covers"]

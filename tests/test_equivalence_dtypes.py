@@ -101,8 +101,8 @@ def test_the_gate_stays_inside_the_runs_context_limit():
     backend = CausalLMBackend(build_tiny_model(seed=0))
     prompt = list(range(3, 60))
     ev = equivalence_gate(backend, prompt, positions=40)
-    assert ev["status"] == "passed" and ev["last_position"] <= 39 and ev["prompt_tokens"] == 28
-    assert equivalence_gate(backend, prompt)["last_position"] > 40  # unlimited: the whole 48 and three rounds
+    assert ev["status"] == "passed" and ev["last_position"] <= 39 and ev["prompt_tokens"] == 20  # five rounds
+    assert equivalence_gate(backend, prompt)["last_position"] > 40  # unlimited: the whole 48 and five rounds
     batched = batched_equivalence_gate(backend, [prompt, prompt[5:]], positions=40)
     assert batched["status"] == "passed" and batched["last_position"] <= 39
     small = CausalLMBackend(build_tiny_model(seed=0, vocab_size=4))
@@ -133,3 +133,88 @@ def test_the_batched_gate_drops_a_request_as_a_run_does_and_a_broken_drop_fails_
 
     monkeypatch.setattr(CausalLMBackend, "drop", stale_values)
     assert batched_equivalence_gate(backend, prompts)["status"] == "failed"
+
+
+def _stale_commit(kind: str):
+    """WRONG (test-only): a commit that leaves the next, rejected row's KV in the last slot it keeps:
+    after a contiguous path (its rows already in place) or after the empty path (the pending slot)."""
+    from harness.target.backend import cache_layers
+
+    real = CausalLMBackend.commit
+
+    def commit(self, state, accepted_rows):
+        base = state.phys_len - state.provisional_rows
+        for i, acc in enumerate(accepted_rows):
+            acc = list(acc)
+            if kind == "contiguous" and acc and acc == list(range(len(acc))) and len(acc) + 1 < state.provisional_rows:
+                slot = base + len(acc)
+            elif kind == "empty" and not acc and state.provisional_rows > 1:
+                slot = base
+            else:
+                continue
+            for layer in cache_layers(state.cache):
+                layer.keys[i, :, slot] = layer.keys[i, :, slot + 1]
+                layer.values[i, :, slot] = layer.values[i, :, slot + 1]
+        return real(self, state, accepted_rows)
+
+    return commit
+
+
+def test_the_gate_commits_a_non_contiguous_a_contiguous_and_an_empty_path():
+    """Each kind of commit keeps other slots: a non-contiguous path moves rows, a contiguous one keeps
+    them in place and drops the row after them, the empty path keeps the pending token only."""
+    from harness.contracts import ProposalResult
+    from harness.gates.equivalence import COMMIT_KINDS, _paths_from, batched_equivalence_gate, commit_rows
+    from harness.topology.compiler import compile_tree
+
+    tree = compile_tree(
+        [ProposalResult.from_paths(_paths_from(list(range(3, 40)), 64), source="g", manifest_hash="g")],
+        prefix_len=10,
+    )
+    deep, contiguous = commit_rows(tree, "deep"), commit_rows(tree, "contiguous")
+    assert deep != list(range(len(deep)))  # skips a sibling
+    assert len(contiguous) > 1 and contiguous == list(range(len(contiguous))) and len(contiguous) < tree.num_rows
+    assert commit_rows(tree, "empty") == []
+    backend = CausalLMBackend(build_tiny_model(seed=0))
+    ev = equivalence_gate(backend, list(range(3, 40)))
+    assert ev["status"] == "passed" and ev["commits"] == ["deep", "contiguous", "empty", "deep", "deep"]
+    assert set(COMMIT_KINDS) == {"deep", "contiguous", "empty"}
+    # the batched gate: the empty path and a contiguous path with a rejected row after it, on a request
+    # that stays in the batch and is verified again after it
+    seen = []
+    real = CausalLMBackend.commit
+
+    def record(self, state, accepted_rows):
+        rows = state.provisional_rows - 1
+        seen.extend((rid, list(acc), rows) for rid, acc in zip(state.request_ids, accepted_rows))
+        return real(self, state, accepted_rows)
+
+    CausalLMBackend.commit = record
+    try:
+        batched = batched_equivalence_gate(backend, [list(range(3, 40)), list(range(5, 30))])
+    finally:
+        CausalLMBackend.commit = real
+    assert batched["status"] == "passed" and batched["dropped_after_round_1"] == 1
+    assert batched["commits"] == [["empty", "deep"], ["deep"], ["deep"], ["empty"], ["contiguous"]]
+    stays = [(acc, rows) for rid, acc, rows in seen if rid != 0]
+    assert [] in [acc for acc, _ in stays]
+    assert any(acc and acc == list(range(len(acc))) and len(acc) < rows for acc, rows in stays)
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "empty"])
+def test_a_commit_that_keeps_a_rejected_row_fails_the_gate(kind, monkeypatch):
+    """A commit whose last kept slot holds the next, rejected row's KV passed while the gate committed
+    only non-contiguous paths; the contiguous and the empty path, and the forward after each, show it."""
+    from harness.gates.equivalence import batched_equivalence_gate
+
+    backend = CausalLMBackend(build_tiny_model(seed=0))
+    prompts = [list(range(3, 40)), list(range(5, 30))]
+    assert equivalence_gate(backend, prompts[0])["status"] == "passed"
+    monkeypatch.setattr(CausalLMBackend, "commit", _stale_commit(kind))
+    ev = equivalence_gate(backend, prompts[0])
+    assert ev["status"] == "failed" and ev["commit_max_abs_kv_diff"] > ev["cache_tolerance"], ev
+    batched = batched_equivalence_gate(backend, prompts)
+    if kind == "contiguous":
+        assert batched["status"] == "failed", batched
+    else:  # the stale pending slot moves the next row's logits by ~1e-4, inside float32's 2e-3
+        assert 0 < batched["max_abs_logit_diff"] <= batched["tolerance"], batched

@@ -15,7 +15,8 @@ law really sampled: SpecInfer's residual update, Sequoia's sampling without repl
 
 The cases (:func:`e2e_cases`) cover every proposer with every sampling relation it declares,
 at T = 0 and T > 0, on shapes small enough (vocabulary 5, depth <= 2) that a case enumerates in
-about a second; :func:`gate_cases` picks those a run's oracle gate runs.
+about a second; :func:`gate_cases` picks those a run's oracle gate runs, and a run that drafts deeper
+also enumerates one of them deepened (:func:`deepen`, up to :data:`DEEP_DEPTH`).
 
 :func:`e2e_output_law` returns the exact law of the first ``length`` emitted tokens:
 
@@ -957,6 +958,109 @@ def float32_cases() -> list[E2ECase]:
     ]
 
 
+#: the depth a run's end-to-end gate enumerates at most (:func:`deepen`): a round wrong only past the
+#: depth its cases reach would pass them, so a run drafting deeper than its cases gets them deepened
+#: to ``min(run depth, DEEP_DEPTH)``; each level multiplies the enumeration by up to ``V``
+DEEP_DEPTH = 3
+
+
+def _extend_parents(parents: tuple[int, ...], ranks: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """An explicit tree one level deeper: a child (rank 0) below its last node of greatest depth."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    deepest = max(range(len(parents)), key=lambda i: (depth[i], i))
+    return parents + (deepest,), (ranks + (0,) if ranks else ())
+
+
+def _tree_depth(parents: tuple[int, ...]) -> int:
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return max(depth, default=0)
+
+
+def budget_depth(budget: Budget) -> int:
+    """The deepest node a round under ``budget`` can draft: an explicit tree's depth, else its depth
+    cap as far as its node budget reaches (a node ``d`` deep needs ``d`` nodes)."""
+    if budget.parents:
+        return _tree_depth(tuple(budget.parents))
+    if budget.shape == "set":
+        return 1
+    return min(budget.max_depth, budget.max_nodes)
+
+
+def deep_budget(budget: Budget, depth: int) -> Budget | None:
+    """``budget`` in its own shape, at least ``depth`` deep: a chain lengthened, an expansion's widths
+    extended by ones, an explicit tree (a parent array, a choice list) given a chain below its
+    deepest node, a depth-capped shape (sequences, merged, dynamic, a trie) its cap raised. None for a
+    set (one level deep by definition)."""
+    if budget.shape == "set":
+        return None
+    if budget.parents:
+        parents, ranks = tuple(budget.parents), tuple(budget.ranks)
+        while _tree_depth(parents) < depth:
+            parents, ranks = _extend_parents(parents, ranks)
+        nodes = max(budget.max_nodes, len(parents))
+        return replace(budget, parents=parents, ranks=ranks, max_nodes=nodes, max_depth=max(budget.max_depth, depth))
+    if budget_depth(budget) >= depth:
+        return budget
+    if budget.shape in ("expansion", "cartesian"):
+        widths = tuple(budget.widths) + (1,) * (depth - len(budget.widths))
+        nodes, level = 0, 1
+        for w in widths:
+            level *= w
+            nodes += level
+        return replace(budget, widths=widths, max_nodes=max(budget.max_nodes, nodes), max_depth=depth)
+    return replace(budget, max_nodes=max(budget.max_nodes, depth), max_depth=depth)
+
+
+def _rest_deeper(options: dict, depth: int) -> dict:
+    """REST options whose datastore keeps continuations ``depth`` tokens long."""
+    release = {**REST_OPTIONS["release"], **(options.get("release") or {})}
+    release["continuation_len"] = max(int(release["continuation_len"]), depth)
+    return {**options, "release": release}
+
+
+def deepen(case: E2ECase, depth: int) -> E2ECase | None:
+    """``case`` drafting ``depth`` deep (:func:`deep_budget`), its enumeration ``depth + 1`` tokens
+    long so that the deepest node's acceptance and the token after it are in the law compared; a head
+    bank gets a head per depth, a REST datastore continuations that long; a sampled case runs one real
+    round. None where the shape cannot deepen (a set)."""
+    budget = deep_budget(case.budget, depth)
+    if budget is None:
+        return None
+    options = dict(case.options)
+    if case.proposer in HEAD_PROPOSERS:
+        options["num_heads"] = max(int(options.get("num_heads", 2)), depth)
+    elif case.proposer == "rest":
+        options = _rest_deeper(options, depth)
+    elif case.proposer == "merged" and "rest" in merged_sources(case):
+        options["rest"] = _rest_deeper(dict(options.get("rest") or {}), depth)
+    # one real round when sampled: a second would multiply the draws (the shallow case runs it)
+    rounds = 1 if case.policy.temperature > 0 else case.rounds
+    return replace(
+        case,
+        name=f"{case.name}/depth{depth}",
+        budget=budget,
+        length=max(case.length, depth + 1),
+        rounds=rounds,
+        options=options,
+    )
+
+
+#: the selections a deepened case may enumerate (the largest deepened standard case takes ~3,600)
+DEEP_MAX_LEAVES = 5000
+
+
+def deep_candidates(cases: Sequence[E2ECase], depth: int, *, truncated: bool = False) -> list[E2ECase]:
+    """The gate's cases that draft less than ``depth`` deep, deepened (:func:`deepen`), in the
+    order a gate tries them: those whose policy truncates the law as the run's does (``truncated``)
+    first, then the others, each group in the order of ``cases``."""
+    deep = [d for c in cases if budget_depth(c.budget) < depth and (d := deepen(c, depth)) is not None]
+    return sorted(deep, key=lambda c: c.policy.truncated != truncated)
+
+
 def e2e_cases() -> list[E2ECase]:
     """Every end-to-end case: the standard draft model / prompt lookup / merged cases, then Sequoia's
     shaped trees, REST, the draft heads, self-speculation and the float32 cases. ``harness oracles``
@@ -1274,6 +1378,8 @@ def negative_control_rows(models: E2EModels | None = None, *, verifiers: Iterabl
 
 
 __all__ = [
+    "DEEP_DEPTH",
+    "DEEP_MAX_LEAVES",
     "DEFAULT_LENGTH",
     "E2E_ATOL",
     "E2ECase",
@@ -1285,10 +1391,14 @@ __all__ = [
     "MisrecordedQ",
     "PROPOSER_BUILDERS",
     "applicable",
+    "budget_depth",
     "case_capabilities",
     "case_relations",
     "check_e2e_case",
     "continuation_law",
+    "deep_budget",
+    "deep_candidates",
+    "deepen",
     "direct_target_joint",
     "e2e_output_law",
     "emitted_tokens",

@@ -1,7 +1,8 @@
 """The model-level equivalence gate, on the configured model: every tree row's logits equal its
 root-to-node path decoded sequentially (the path-equivalence check), and the cache after committing
-non-contiguous accepted paths over several rounds equals the cache of sequentially decoding the
-committed tokens (the pending-token commit keeps exactly the accepted path)."""
+accepted paths over several rounds (non-contiguous, contiguous with a rejected row after them, empty)
+equals the cache of sequentially decoding the committed tokens (the pending-token commit keeps
+exactly the accepted path, and no rejected row)."""
 
 from __future__ import annotations
 
@@ -75,13 +76,46 @@ def fit_to_positions(positions: int | None, keep: int, rounds: int) -> tuple[int
     return max(2, min(keep, positions - ROUND_POSITIONS * rounds)), rounds
 
 
+def _deepest_path(tree) -> list[int]:
+    """The path to the last-inserted row at the greatest depth: in :func:`_paths_from`'s tree a
+    non-contiguous one (its rows skip the siblings inserted before it)."""
+    return list(tree.path_to(max(range(tree.num_rows), key=lambda x: (int(tree.depths[x]), x))))
+
+
+def _contiguous_path(tree) -> list[int]:
+    """The deepest path whose rows are the tree's first rows (0, 1, ..., d - 1) with a row after it:
+    the commit keeps rows already in place and must still drop the rejected row that follows them."""
+    best = [0]
+    for x in range(tree.num_rows - 1):
+        path = list(tree.path_to(x))
+        if path == list(range(len(path))) and len(path) > len(best):
+            best = path
+    return best
+
+
+#: what the commit of each round keeps, by round (then ``deep`` again): a non-contiguous path, a
+#: contiguous one with a rejected row after it, nothing (the pending token alone)
+COMMIT_KINDS = ("deep", "contiguous", "empty")
+
+
+def commit_rows(tree, kind: str) -> list[int]:
+    """The rows a gate round commits: ``deep`` (:func:`_deepest_path`), ``contiguous``
+    (:func:`_contiguous_path`) or ``empty``."""
+    if kind == "empty":
+        return []
+    return _contiguous_path(tree) if kind == "contiguous" else _deepest_path(tree)
+
+
 @torch.inference_mode()
 def equivalence_gate(
-    backend: CausalLMBackend, prompt_ids: list[int], *, rounds: int = 3, positions: int | None = None
+    backend: CausalLMBackend, prompt_ids: list[int], *, rounds: int = 5, positions: int | None = None
 ) -> dict:
     """Tree-attention and commit equivalence on ``backend``'s model, every forward inside
-    ``positions`` (:func:`fit_to_positions`). Returns the evidence (its ``status`` is ``passed`` or
-    ``failed``)."""
+    ``positions`` (:func:`fit_to_positions`). Round ``r`` commits ``COMMIT_KINDS[r]`` (a
+    non-contiguous path, a contiguous path with a rejected row after it, the empty path; later rounds
+    non-contiguous paths), and the forward after each commit (the next round's tree, then one over
+    the pending token alone) must equal the committed sequence decoded sequentially. Returns the
+    evidence (its ``status`` is ``passed`` or ``failed``)."""
     keep, rounds = fit_to_positions(positions, GATE_PROMPT_TOKENS, rounds)
     ids = list(prompt_ids[-keep:]) if len(prompt_ids) > keep else list(prompt_ids)
     if len(ids) < 2:
@@ -91,7 +125,17 @@ def equivalence_gate(
     vocab = backend.vocab_size
     worst_tree, worst_cache = 0.0, 0.0
     tree_scale, cache_scale = 0.0, 0.0
+    commits: list[str] = []
     bar = _rows_bar("gate: path equivalence")
+
+    def compare(got: torch.Tensor, sequence: list[int]) -> None:
+        nonlocal worst_tree, tree_scale
+        ref = backend.forward_rows(backend.new_state(), sequence, list(range(len(sequence))), None).logits[-1]
+        diff = float((got.float() - ref.float()).abs().max())
+        worst_tree = diff if math.isnan(diff) else max(worst_tree, diff)  # NaN stays: max() would drop it
+        tree_scale = max(tree_scale, float(ref.float().abs().max()))
+        bar.update()
+
     for r in range(rounds):
         paths = _paths_from(committed[-(7 + r) :], vocab)
         tree = compile_tree(
@@ -104,28 +148,27 @@ def equivalence_gate(
         # runs compute, native layers included, and only the tree attention differs)
         for row in range(-1, tree.num_rows):
             path = [] if row < 0 else [int(tree.token_ids[x]) for x in tree.path_to(row)]
-            sequence = committed + path
-            ref = backend.forward_rows(backend.new_state(), sequence, list(range(len(sequence))), None).logits[-1]
-            diff = float((out.logits[row + 1].float() - ref.float()).abs().max())
-            worst_tree = diff if math.isnan(diff) else max(worst_tree, diff)  # NaN stays: max() would drop it
-            tree_scale = max(tree_scale, float(ref.float().abs().max()))
-            bar.update()
-        # commit a non-contiguous accepted path: the last-inserted row at the greatest depth
-        deep = max(range(tree.num_rows), key=lambda x: (int(tree.depths[x]), x))
-        path_rows = list(tree.path_to(deep))
+            compare(out.logits[row + 1], committed + path)
+        kind = COMMIT_KINDS[r] if r < len(COMMIT_KINDS) else "deep"
+        path_rows = commit_rows(tree, kind)
         validate_commit(tree, path_rows)
         backend.commit_one(seq, path_rows)
-        committed += [int(tree.token_ids[x]) for x in path_rows] + [int(out.logits[1 + path_rows[-1]].argmax())]
-    bar.close()
+        commits.append(kind)
+        bonus = int(out.logits[1 + path_rows[-1] if path_rows else 0].argmax())
+        committed += [int(tree.token_ids[x]) for x in path_rows] + [bonus]
     ref_seq = backend.prefill_one(committed)
     for a, b in zip(seq.cache.layers, ref_seq.cache.layers):
         worst_cache = max(worst_cache, float((a.keys - b.keys).abs().max()), float((a.values - b.values).abs().max()))
         cache_scale = max(cache_scale, float(b.keys.abs().max()), float(b.values.abs().max()))
+    cached = list(seq.cached_tokens)
+    # the forward after the last commit: the pending token's row over the committed cache
+    compare(backend.verify(seq, [committed[-1]], [None]).logits[0][0], committed)
+    bar.close()
     # a NaN or inf anywhere (an overflowing half-precision model) fails the gate: nothing compares to it
     finite = all(math.isfinite(x) for x in (worst_tree, worst_cache, tree_scale, cache_scale))
     atol = tolerance(backend.dtype, tree_scale if finite else 0.0)
     cache_atol = tolerance(backend.dtype, cache_scale if finite else 0.0)
-    ok = finite and worst_tree <= atol and worst_cache <= cache_atol and seq.cached_tokens == committed[:-1]
+    ok = finite and worst_tree <= atol and worst_cache <= cache_atol and cached == committed[:-1]
     return {
         "status": "passed" if ok else "failed",
         "tree_max_abs_logit_diff": worst_tree,
@@ -134,6 +177,7 @@ def equivalence_gate(
         "cache_tolerance": cache_atol,
         "max_abs_logit": tree_scale,
         "rounds": rounds,
+        "commits": commits,  # what each round's commit kept (COMMIT_KINDS)
         "prompt_tokens": len(ids),
         "last_position": len(committed) - 1,  # the last position a forward of the gate computed
         "tree_rows": tree.num_rows,  # each round's tree: siblings, a token under two parents
@@ -141,13 +185,26 @@ def equivalence_gate(
     }
 
 
+def batched_commit_kind(r: int, k: int) -> str:
+    """What request ``k`` (its index in the batch of round ``r``) commits in round ``r`` of the batched
+    gate: in the first three rounds the empty path where ``r + k`` is a multiple of three, else a
+    non-contiguous path; from the fourth round on the empty path, a contiguous path with a rejected
+    row after it and a non-contiguous path in turn, so that the requests that stay in the batch after
+    the first one leaves commit each kind and are verified again after it."""
+    if r < 3:
+        return "empty" if (r + k) % 3 == 0 else "deep"
+    return ("empty", "contiguous", "deep")[(r - 3 + k) % 3]
+
+
 @torch.inference_mode()
 def batched_equivalence_gate(
-    backend: CausalLMBackend, prompts: list[list[int]], *, rounds: int = 3, positions: int | None = None
+    backend: CausalLMBackend, prompts: list[list[int]], *, rounds: int = 5, positions: int | None = None
 ) -> dict:
     """The same equivalence over one batch, as a batched run verifies and commits: requests of
     different prompt lengths (a ragged batch), each round a different tree per request (fewer rows
-    padded to the widest), different path lengths committed (the empty path too: ragged holes).
+    padded to the widest), different paths committed (:func:`batched_commit_kind`: a non-contiguous
+    path, the empty path, a contiguous path with a rejected row after it; ragged holes), each
+    followed by a forward of the request that committed it.
     Every request's rows must equal its root-to-node paths decoded alone, and after the last commit
     each request's next row must equal its committed sequence decoded alone (what its cache holds).
     After the first round the batch's first request leaves it (:meth:`~CausalLMBackend.drop`, as a
@@ -155,6 +212,7 @@ def batched_equivalence_gate(
     Returns the evidence (``status`` ``passed`` or ``failed``)."""
     b = len(prompts)
     committed, dropped = [], False
+    commits: list[list[str]] = []
     for k, p in enumerate(prompts):
         keep, rounds = fit_to_positions(positions, max(2, GATE_PROMPT_TOKENS - 5 * k), rounds)
         ids = list(p[-keep:]) if len(p) > keep else list(p)
@@ -192,10 +250,10 @@ def batched_equivalence_gate(
                 compare(out.logits[k][row + 1], alone(committed[k] + path))
         accepted = []
         for k, tree in enumerate(trees):
-            deep = max(range(tree.num_rows), key=lambda x: (int(tree.depths[x]), x))
-            rows = list(tree.path_to(deep)) if (r + k) % 3 else []  # some requests accept nothing
+            rows = commit_rows(tree, batched_commit_kind(r, k))
             validate_commit(tree, rows)
             accepted.append(rows)
+        commits.append([batched_commit_kind(r, k) for k in range(b)])
         backend.commit(state, accepted)
         for k, rows in enumerate(accepted):
             bonus = int(out.logits[k][1 + rows[-1] if rows else 0].argmax())
@@ -213,6 +271,7 @@ def batched_equivalence_gate(
         "status": "passed" if finite and worst <= atol else "failed",
         "batch_size": len(prompts),
         "dropped_after_round_1": 1 if dropped else 0,
+        "commits": commits,  # per round, what each request in the batch committed
         "max_abs_logit_diff": worst,
         "tolerance": atol,
         "max_abs_logit": scale,

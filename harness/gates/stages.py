@@ -5,7 +5,8 @@
    (the same verifier, sampling and compiler code the run uses) and the SpecTr transport bound.
 3. ``end_to_end_oracle`` — the real round (proposer, compiler, the target's verify forward, the
    verifier, the commit) on tiny float64 models with every draw enumerated
-   (:mod:`harness.gates.e2e`), for the cases that match the run's proposer, relation and temperature.
+   (:mod:`harness.gates.e2e`), for the cases that match the run's proposer, relation and temperature,
+   one of them deepened to the run's depth (up to :data:`~harness.gates.e2e.DEEP_DEPTH`).
 4. ``equivalence`` — on the configured model (:mod:`harness.gates.equivalence`).
 5. ``statistical`` — at temperature > 0, a chi-square test of the first token at the first prefix
    of the workload's first prompts where the proposer proposes (:mod:`harness.gates.statistical`).
@@ -29,10 +30,27 @@ import time
 from omegaconf import DictConfig, OmegaConf
 
 from harness.files import atomic_write_text
-from harness.gates.e2e import GATE_TIERS, E2EModels, check_e2e_case, gate_tier, truncating_case
+from harness.gates.e2e import (
+    DEEP_DEPTH,
+    DEEP_MAX_LEAVES,
+    GATE_TIERS,
+    E2EModels,
+    budget_depth,
+    check_e2e_case,
+    deep_candidates,
+    gate_tier,
+    truncating_case,
+)
 from harness.gates.equivalence import batched_equivalence_gate, equivalence_gate
 from harness.gates.keys import gate_key
-from harness.gates.oracle import MARGINAL_ATOL, check_case, check_fast_path, overrides_select_logits, verifier_cases
+from harness.gates.oracle import (
+    MARGINAL_ATOL,
+    OracleError,
+    check_case,
+    check_fast_path,
+    overrides_select_logits,
+    verifier_cases,
+)
 from harness.gates.statistical import CONTINUATION_TOKENS, GATE_PROMPTS, prefix_rule, statistical_gate
 from harness.gates.status import GateError, not_applicable, passed, skipped
 from harness.gates.transport import check_transport, transport_applies, transport_instances
@@ -121,13 +139,20 @@ def e2e_gate(
     greedy: bool,
     shape: str | None = None,
     truncated: bool = False,
+    max_depth: int | None = None,
 ) -> dict:
     """The end-to-end cases a run of ``proposer`` (its relations and shape) under this verifier at this
     kind of temperature enumerates (:func:`harness.gates.e2e.gate_cases`: its own proposer first).
 
     A ``truncated`` run (a sampled law cut to top-k / top-p) whose cases all sample the whole law gets
     the nearest case that truncates added (:func:`harness.gates.e2e.truncating_case`); the entry's
-    ``coverage.truncation`` names it and its tier, or says that no case of the run's relations does."""
+    ``coverage.truncation`` names it and its tier, or says that no case of the run's relations does.
+
+    ``max_depth``: the deepest node the run drafts (:func:`harness.gates.e2e.budget_depth`). A run
+    deeper than its cases also enumerates one of them deepened to ``min(max_depth, DEEP_DEPTH)``
+    (:func:`harness.gates.e2e.deep_candidates`, the first whose enumeration stays within
+    ``DEEP_MAX_LEAVES``); ``coverage.depth`` gives the run's depth and the depth enumerated, with a
+    ``partial`` note where the run drafts deeper than any case enumerated."""
     t0 = time.perf_counter()
     verifier = VERIFIERS[verifier_name]()
     tier, cases = gate_tier(proposer, relations, verifier, greedy=greedy, shape=shape)
@@ -144,12 +169,35 @@ def e2e_gate(
                 cases.append(extra)
                 truncation = {"case": f"e2e/{extra.name}", "tier": t_tier, "covers": GATE_TIERS[t_tier]}
     rows: list[dict] = []
+    enumerated = max((budget_depth(c.budget) for c in cases), default=0)
+    depth = None
     if cases:
         models = E2EModels.build()
         for case in cases:
             rows.append(check_e2e_case(verifier, case, models))
             if not rows[-1]["passed"]:
                 break
+        if max_depth is not None:
+            depth = {"run": int(max_depth), "enumerated": enumerated}
+            wanted = min(int(max_depth), DEEP_DEPTH)
+            if wanted > enumerated and all(r["passed"] for r in rows):
+                too_large = []
+                for case in deep_candidates(cases, wanted, truncated=truncated):
+                    try:
+                        rows.append(check_e2e_case(verifier, case, models, max_leaves=DEEP_MAX_LEAVES))
+                    except OracleError as err:
+                        if "exceeds max_leaves" not in str(err):  # anything else is the round's own error
+                            raise
+                        too_large.append(f"e2e/{case.name}")
+                        continue
+                    depth.update(enumerated=budget_depth(case.budget), case=rows[-1]["case"])
+                    break
+                if too_large:
+                    depth["too_large"] = too_large
+            if depth["enumerated"] < depth["run"]:
+                depth["partial"] = (
+                    f"the run drafts up to {depth['run']} deep; the cases enumerate rounds {depth['enumerated']} deep"
+                )
     entry = _summarise_rows(
         rows, t0, empty_why=f"no end-to-end case runs verifier {verifier_name!r} with relations {relations}"
     )
@@ -157,6 +205,10 @@ def e2e_gate(
         entry["coverage"] = {"tier": tier, "covers": GATE_TIERS[tier], "run_shape": shape}
         if truncation is not None:
             entry["coverage"]["truncation"] = truncation
+        if depth is not None:
+            entry["coverage"]["depth"] = depth
+            if "partial" in depth:
+                entry["coverage"]["covers"] += f", {depth['enumerated']} deep (the run drafts {depth['run']} deep)"
     return entry
 
 
@@ -282,6 +334,7 @@ def run_gates(
             "greedy": policy.greedy,
             "shape": plan_.budget.shape,
             "truncated": policy.truncated,
+            "max_depth": budget_depth(plan_.budget),
         }
         e2e_entries = ["harness.gates.e2e", "harness.gates.stages", verifier_module]
         gate(
@@ -297,6 +350,7 @@ def run_gates(
                     greedy=policy.greedy,
                     shape=plan_.budget.shape,
                     truncated=policy.truncated,
+                    max_depth=budget_depth(plan_.budget),
                 ),
             ),
         )
