@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from harness.contracts import Budget, Capabilities, ProposalResult, budget_topology
+from harness.contracts import NO_STATE, Budget, Capabilities, ProposalResult, ProposalStateHandle, budget_topology
 from harness.random_source import RandomSource
 
 
@@ -102,6 +102,17 @@ class Proposer(ABC):
     def round_max_depth(self) -> int:
         """The depth the coming round's tree is compiled to: the budget's, or :attr:`depth_cap`."""
         return self.budget.max_depth if self.depth_cap is None else min(self.budget.max_depth, self.depth_cap)
+
+    def empty_proposal(self, handle: ProposalStateHandle = NO_STATE) -> ProposalResult:
+        """A round with no candidate, in this proposer's probability semantics and sampling relation:
+        the target's own token only (one token left in the request, a missing hidden row, ...)."""
+        return ProposalResult.empty_result(
+            source=self.name,
+            manifest_hash=self.manifest_hash,
+            probability_semantics=self.probability_semantics,
+            sampling_relation=self.sampling_relation,
+            state_handle=handle,
+        )
 
     def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict | None:
         """Proposal-quality governance for the evaluation workload (e.g. datastore leakage).

@@ -189,13 +189,7 @@ class DraftModelProposer(Proposer):
         seq = self.seq
         if self.round_max_depth() == 0:  # the round commits its bonus token only: no draft forward pays
             handle = ProposalStateHandle(owner=self.name, committed_len=len(committed), generation=seq.cache_generation)
-            return ProposalResult.empty_result(
-                source=self.name,
-                manifest_hash=self.manifest_hash,
-                probability_semantics=self.probability_semantics,
-                sampling_relation=self.sampling_relation,
-                state_handle=handle,
-            )
+            return self.empty_proposal(handle)
         backend = self.backend
         # roll back to the committed path, then feed what the draft has not seen (pending included)
         keep = min(common_prefix_len(seq.cached_tokens, committed), len(committed) - 1)

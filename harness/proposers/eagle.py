@@ -311,13 +311,7 @@ class EagleProposer(HiddenRowProposer):
             owner=self.name, committed_len=len(committed), generation=self.tap.serial, kv_bytes=self.cache.nbytes()
         )
         if table is None and self.round_max_depth() == 0:  # the round commits its bonus token only:
-            result = ProposalResult.empty_result(  # no draft stage pays for it
-                source=self.name,
-                manifest_hash=self.manifest_hash,
-                probability_semantics=self.probability_semantics,
-                sampling_relation=self.sampling_relation,
-                state_handle=handle,
-            )
+            result = self.empty_proposal(handle)  # no draft stage pays for it
             self._observe_tree(result)
         elif table is None and (len(committed) < 2 or not self._catch_up(committed)):
             result = self._no_proposal(handle)

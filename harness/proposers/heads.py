@@ -264,13 +264,7 @@ class HeadsProposer(HiddenRowProposer):
         capped = self.round_max_depth() == 0  # the round commits its bonus token only: no head runs for it
         ctx = memo_call(self, "context", lambda: self._round_context(pos)) if pos >= 0 and not capped else None
         if capped:
-            result = ProposalResult.empty_result(
-                source=self.name,
-                manifest_hash=self.manifest_hash,
-                probability_semantics=self.probability_semantics,
-                sampling_relation=self.sampling_relation,
-                state_handle=handle,
-            )
+            result = self.empty_proposal(handle)
         elif ctx is None:
             result = self._no_proposal(handle)
         else:

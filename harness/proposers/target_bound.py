@@ -156,13 +156,7 @@ class HiddenRowProposer(TargetBoundProposer):
     def _no_proposal(self, handle: ProposalStateHandle) -> ProposalResult:
         """The empty round of a missing hidden row (counted in ``hidden_misses``)."""
         self.stats.extras["hidden_misses"] += 1
-        return ProposalResult.empty_result(
-            source=self.name,
-            manifest_hash=self.manifest_hash,
-            probability_semantics=self.probability_semantics,
-            sampling_relation=self.sampling_relation,
-            state_handle=handle,
-        )
+        return self.empty_proposal(handle)
 
     def _fixed_tree(
         self, q_level: QLevelFn, widths: tuple[int, ...], rng: RandomSource, handle: ProposalStateHandle
