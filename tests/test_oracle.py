@@ -345,3 +345,45 @@ def test_a_verifiers_own_logits_path_is_checked_against_select_and_a_wrong_one_f
     row = check_fast_path(wrong, case)
     assert not row["passed"] and row["max_abs_error"] > 0
     assert check_fast_path(SpecInferVerifier(), case)["passed"]  # the inherited path is select itself
+
+
+def test_the_oracle_gate_runs_every_sampling_relation_the_proposer_declares(monkeypatch):
+    """A merged proposer declares its sources' relations; the oracle gate ran the first one's cases
+    only, so a verifier wrong only for siblings drawn without replacement passed under a merge whose
+    other source drew i.i.d. It runs the cases of every declared relation now."""
+    from harness.contracts import Selection
+    from harness.gates.stages import oracle_gate
+    from harness.verifiers.base import VERIFIERS
+    from harness.verifiers.builtin import ALL_RELATIONS, SpecInferVerifier, positive_residual
+
+    class FirstDrawLaw(SpecInferVerifier):
+        """WRONG for draws without replacement: every sibling is tested against the first draw's law
+        (right for i.i.d. siblings, which share it)."""
+
+        name = "first_draw_law"
+        sampling_relations = ALL_RELATIONS
+
+        def select(self, tree, target_probs, rng):
+            node, path = -1, []
+            while True:
+                residual, accepted, draws = target_probs[node + 1], None, tree.draws[node + 1]
+                for draw in draws:
+                    q = tree.q_dists[draws[0].q_index].to(residual.dtype)
+                    x = int(tree.token_ids[draw.row])
+                    if rng.bernoulli(min(1.0, float(residual[x]) / float(q[x])) if q[x] > 0 else 1.0):
+                        accepted = draw.row
+                        break
+                    residual = positive_residual(residual, q)
+                if accepted is None:
+                    return Selection(accepted_rows=tuple(path), next_token=rng.categorical(residual))
+                path.append(accepted)
+                node = accepted
+
+    monkeypatch.setitem(VERIFIERS, FirstDrawLaw.name, FirstDrawLaw)
+    iid = oracle_gate(FirstDrawLaw.name, "iid")
+    assert iid["status"] == "passed" and not any("without_replacement" in c for c in iid["cases"])
+    both = oracle_gate(FirstDrawLaw.name, ["without_replacement", "iid"])
+    assert both["status"] == "failed" and "without_replacement" in both["failed_case"]["case"]
+    membership = oracle_gate("membership", ["iid", "without_replacement"])
+    assert membership["status"] == "passed"
+    assert {"iid", "without_replacement"} <= {c.split("/")[1] for c in membership["cases"] if "/" in c}

@@ -1,8 +1,8 @@
 """The gates a run passes before anything is measured or logged, and the record of each.
 
 1. ``negotiation`` — enforced by :func:`harness.engine.build.plan` before any model work; recorded.
-2. ``oracle`` — the synthetic enumeration cases of the configured verifier for its sampling relation
-   (the same verifier, sampling and compiler code the run uses) and the SpecTr transport bound.
+2. ``oracle`` — the synthetic enumeration cases of the configured verifier for the proposer's sampling
+   relations (the same verifier, sampling and compiler code the run uses) and the SpecTr transport bound.
 3. ``end_to_end_oracle`` — the real round (proposer, compiler, the target's verify forward, the
    verifier, the commit) on tiny float64 models with every draw enumerated
    (:mod:`harness.gates.e2e`), for the cases that match the run's proposer, relation and temperature,
@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -83,19 +84,22 @@ def _module(ref: str) -> str:
 # --------------------------------------------------------------------------- oracle gates
 
 
-def _synthetic_rows(verifier_name: str, relation: str):
-    """The synthetic marginal cases of the verifier (the run's relation only, when it samples) and
-    the transport bound: the same cases and checks as ``harness oracles`` for this verifier."""
+def _synthetic_rows(verifier_name: str, relations: Sequence[str]):
+    """The synthetic marginal cases of the verifier and the transport bound, for every sampling
+    relation the proposer declares (a merged proposer declares its sources' relations): the same cases
+    and checks as ``harness oracles`` for this verifier. Where every relation samples, only the cases
+    of those relations run; a relation that does not sample (a ranked or deterministic proposal) runs
+    them all."""
     verifier = VERIFIERS[verifier_name]()
-    sampled = relation in ("iid", "without_replacement")
+    sampled = [r in ("iid", "without_replacement") for r in relations]
     fast = overrides_select_logits(verifier)  # the runs' own path is checked against select on the same draws
     for case in verifier_cases(verifier, seeds=(0, 1), random_count=4):
-        if sampled and case.tags.get("relation") != relation:
+        if all(sampled) and case.tags.get("relation") not in relations:
             continue
         yield check_case(verifier, case)
         if fast:
             yield check_fast_path(verifier, case)
-    if transport_applies(verifier) and (not sampled or relation == "iid"):
+    if transport_applies(verifier) and (not all(sampled) or "iid" in relations):
         for case_name, p, q, k in transport_instances(count=4):
             if ("set" if k > 1 else "sequence") in verifier.topologies:
                 yield check_transport(verifier, name=case_name, p=p, q=q, k=k)
@@ -120,11 +124,13 @@ def _summarise_rows(rows: list[dict], t0: float, *, empty_why: str) -> dict:
     return entry
 
 
-def oracle_gate(verifier_name: str, relation: str) -> dict:
-    """Synthetic oracle cases and the transport bound; stops at the first failed case."""
+def oracle_gate(verifier_name: str, relations: str | Sequence[str]) -> dict:
+    """Synthetic oracle cases and the transport bound for the proposer's sampling ``relations``;
+    stops at the first failed case."""
+    relations = [relations] if isinstance(relations, str) else sorted(relations)
     t0 = time.perf_counter()
     rows: list[dict] = []
-    for row in _synthetic_rows(verifier_name, relation):
+    for row in _synthetic_rows(verifier_name, relations):
         rows.append(row)
         if not row["passed"]:
             break
@@ -276,7 +282,7 @@ def run_gates(
     g = cfg.gates
     off = disabled_gates(cfg)
     caps, verifier, policy = plan_.capabilities, plan_.verifier, plan_.policy
-    relation = sorted(caps.sampling_relations)[0]  # a merged proposer declares several: a fixed choice
+    relations = sorted(caps.sampling_relations)  # a merged proposer declares its sources' relations
     gates: dict[str, dict] = {
         "negotiation": passed(
             proposer=caps.name,
@@ -297,7 +303,8 @@ def run_gates(
             evidence = entry.get("failed_case") or {k: v for k, v in entry.items() if k not in ("status", "key")}
             raise GateError(
                 f"gate {name!r} failed for verifier {verifier.name!r}, proposer {caps.name!r} "
-                f"(relation {relation}, temperature {policy.temperature}): {json.dumps(evidence, default=str)}"
+                f"(relations {', '.join(relations)}, temperature {policy.temperature}): "
+                f"{json.dumps(evidence, default=str)}"
             )
 
     verifier_module = VERIFIERS[verifier.name].__module__
@@ -316,17 +323,16 @@ def run_gates(
         gates["oracle"] = not_applicable(why_heuristic)
         gates["end_to_end_oracle"] = not_applicable(why_heuristic)
     else:
-        oracle_inputs = {"verifier": verifier.name, "relation": relation}
+        oracle_inputs = {"verifier": verifier.name, "relations": relations}
         gate(
             "oracle",
             lambda: _cached(
                 "oracle",
                 gate_key("oracle", entries=["harness.gates.stages", verifier_module], inputs=oracle_inputs),
                 g.cache,
-                lambda: oracle_gate(verifier.name, relation),
+                lambda: oracle_gate(verifier.name, relations),
             ),
         )
-        relations = sorted(caps.sampling_relations)
         e2e_inputs = {
             "verifier": verifier.name,
             "proposer": caps.name,
