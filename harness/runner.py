@@ -54,6 +54,7 @@ from harness.gates.stages import announce_disabled, disabled_gates, run_gates
 from harness.gates.status import GateError
 from harness.heads.eagle_formats import published_draft_vocab
 from harness.heads.published import inspect as inspect_published
+from harness.heads.recipes import heads_inert_options
 from harness.manifest import (
     RECORD_SCHEMA_VERSION,
     TRAINING_OPTIONS,
@@ -1131,6 +1132,9 @@ def inert_options(cfg: DictConfig) -> list[str]:
                 out.append(f"proposer.{key}={_text(value)}: {why} (nothing is trained)")
             else:
                 out.append(f"proposer.{key}={_text(value)}: {why} (its shape is read from its files)")
+    if prop.name in ("medusa", "hydra", "clover") and not decided:
+        inert = heads_inert_options(str(prop.name), OmegaConf.to_container(prop, resolve=True))
+        out += [f"proposer.{k}={_text(v)}: {inert[k]}" for k, v in _changed_from_packaged(prop) if k in inert]
     for key, readers in _TOPOLOGY_READERS.items():
         value = topo.get(key)
         if value not in (None, 0, []) and topo.name not in readers and not (key == "widths" and not list(value)):

@@ -571,6 +571,43 @@ def test_hydra_plus_plus_switches_are_separate_recipe_fields(env):
         assert changed == [field_path]
 
 
+def test_options_that_train_no_other_weights_keep_the_recipe_and_are_listed_as_inert(env):
+    """A prefix window or attention heads without the prefix-attention layer, or a distillation
+    temperature under the hard-label loss, built the same heads under another key: set, they trained
+    the artifact again and refused one given by path as another recipe's."""
+    from harness.config import compose
+    from harness.runner import inert_options
+
+    model = env["model"]
+    base = heads_recipe("hydra", OPTIONS, model)
+    hot = {**OPTIONS["train"], "distill_temperature": 2.0}
+    for option in ({"prefix_window": 4}, {"attn_heads": 2}, {"attn_heads": 5}, {"train": hot}):
+        assert heads_recipe("hydra", {**OPTIONS, **option}, model) == base, option
+    # where the options are read they stay in the recipe
+    prefix = {**OPTIONS, "prefix_attention": True}
+    assert (
+        heads_recipe("hydra", {**prefix, "prefix_window": 4, "attn_heads": 2}, model)["spec"]
+        | {
+            "prefix_window": 16,
+            "attn_heads": 4,
+        }
+        == heads_recipe("hydra", prefix, model)["spec"]
+    )
+    assert heads_recipe("hydra", {**prefix, "prefix_window": 4}, model)["spec"]["prefix_window"] == 4
+    assert heads_recipe("clover", {**OPTIONS, "attn_heads": 2}, model)["spec"]["attn_heads"] == 2
+    assert heads_recipe("hydra", {**OPTIONS, "distill": True, "train": hot}, model)["train"]["distill_temperature"] == 2
+
+    inert = ["proposer.prefix_window=4", "proposer.attn_heads=2", "proposer.train.distill_temperature=2.0"]
+    listed = inert_options(compose(["model=tiny", "proposer=hydra", *inert]))
+    assert [line.partition(":")[0] for line in listed] == inert
+    assert "proposer.prefix_attention=false builds no prefix-attention layer" in listed[0]
+    assert "proposer.distill=true reads it" in listed[2]
+    read = ["proposer.prefix_attention=true", "proposer.distill=true"]
+    assert inert_options(compose(["model=tiny", "proposer=hydra", *inert, *read])) == []
+    clover = inert_options(compose(["model=tiny", "proposer=clover", "proposer.attn_heads=2"]))
+    assert clover == []
+
+
 def test_hydra_plus_plus_artifact_trains_and_runs(env):
     opts = {
         **OPTIONS,

@@ -203,18 +203,40 @@ def recipe_key(recipe: SearchRecipe) -> dict:
     return {**recipe.to_dict(), "algorithm": SEARCH_ALGORITHM}
 
 
+def _heads_train(options: dict) -> dict:
+    train = dict(options.get("train") or {})
+    if options.get("distill") is not None:  # the Hydra++ switch selects the loss
+        train["loss"] = "distill" if options["distill"] else "hard"
+    return train
+
+
+def heads_inert_options(kind: str, options: dict) -> dict[str, str]:
+    """The heads options (dotted, under ``proposer.``) that train no other weights with these
+    options, each with why: the recipe keeps their defaults, so setting one neither retrains the
+    artifact nor refuses one given by path, and the run lists it under ``inert_options``."""
+    out: dict[str, str] = {}
+    if not options.get("prefix_attention"):
+        no_prefix = "proposer.prefix_attention=false builds no prefix-attention layer"
+        out["prefix_window"] = no_prefix
+        if kind != "clover":  # Clover's cells and augmenting layers read attn_heads too
+            out["attn_heads"] = f"{no_prefix}, the only attention of {kind}'s heads"
+    if _heads_train(options).get("loss", "hard") == "hard":
+        out["train.distill_temperature"] = "the hard-label loss has no temperature (proposer.distill=true reads it)"
+    return out
+
+
 def heads_recipe(kind: str, options: dict, model: torch.nn.Module) -> dict:
-    """The artifact recipe from proposer options: architecture, data and training."""
+    """The artifact recipe from proposer options: architecture, data and training (the options
+    :func:`heads_inert_options` names at their defaults)."""
+    inert = heads_inert_options(kind, options)
     spec = HeadSpec(
         kind=kind,
         hidden_size=int(model.config.hidden_size),
         embed_size=int(model.get_input_embeddings().embedding_dim),
-        **{k: options[k] for k in ARCH_KEYS if k in options},
+        **{k: options[k] for k in ARCH_KEYS if k in options and k not in inert},
     )
     data = DataRecipe(**dict(options.get("data") or {}))
-    train = dict(options.get("train") or {})
-    if options.get("distill") is not None:  # the Hydra++ switch selects the loss
-        train["loss"] = "distill" if options["distill"] else "hard"
+    train = {k: v for k, v in _heads_train(options).items() if f"train.{k}" not in inert}
     train = TrainRecipe(**train)
     return {"spec": spec.to_dict(), "data": data.to_dict(), "train": train.to_dict()}
 
