@@ -5,6 +5,7 @@ stop, the threshold loop, the self-draft state contract, artifacts refused again
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -377,6 +378,28 @@ def test_skip_search_artifact(env):
         ensure_skip(
             {**opts, "artifact": str(path)}, backend=other, tokenizer=None, target_source="other", progress=False
         )
+
+
+def test_the_skip_search_recipe_names_the_rule_that_splits_its_prompts(env, monkeypatch):
+    """The search times its vectors on the dev split's prompts; a new split rule puts other prompts
+    there, and the artifact searched on the old ones was loaded under the same key."""
+    from harness.workloads import corpora, prompts
+
+    for workload, module, salt in (
+        ("sharegpt", corpora, "SPLIT_SALT"),
+        ("humaneval", prompts, "HUMANEVAL_SPLIT_SALT"),
+    ):
+        opts = {"search": {"workload": workload}}
+        recipe, path = skip_artifact_path(opts, model=env["model"], tokenizer=None)
+        assert getattr(module, salt) in json.dumps(recipe)
+        with monkeypatch.context() as m:
+            m.setattr(module, salt, getattr(module, salt) + "-next")
+            if workload == "humaneval":
+                m.setattr("harness.heads.recipes.HUMANEVAL_SPLIT_SALT", prompts.HUMANEVAL_SPLIT_SALT)
+            moved, moved_path = skip_artifact_path(opts, model=env["model"], tokenizer=None)
+        assert moved != recipe and moved_path != path, workload
+    sharegpt, _ = skip_artifact_path({}, model=env["model"], tokenizer=None)
+    assert len(sharegpt["sharegpt_sha256"]) == 64
 
 
 def test_a_skip_vector_searched_with_other_threads_is_searched_again_or_noted(env, capsys):

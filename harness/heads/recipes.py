@@ -18,6 +18,7 @@ from harness.target.loading import chat_template_hash
 from harness.workloads import corpora
 from harness.workloads.corpora import sharegpt_path
 from harness.workloads.datastore import LEAKAGE_THRESHOLD
+from harness.workloads.prompts import HUMANEVAL_BOUNDS, HUMANEVAL_SPLIT_SALT
 
 #: option keys of conf/proposer/{medusa,hydra,clover}.yaml that define the artifact
 ARCH_KEYS = ("num_heads", "mlp_layers", "prefix_attention", "prefix_window", "attn_heads")
@@ -199,8 +200,21 @@ def training_code_key(kind: str) -> dict:
 
 
 def recipe_key(recipe: SearchRecipe) -> dict:
-    """The recipe an artifact is keyed and checked by: the search options and the algorithm."""
-    return {**recipe.to_dict(), "algorithm": SEARCH_ALGORITHM}
+    """The recipe an artifact is keyed and checked by: the search options, the algorithm and what
+    draws its prompts (:func:`search_prompts_key`)."""
+    return {**recipe.to_dict(), "algorithm": SEARCH_ALGORITHM, **search_prompts_key(recipe)}
+
+
+def search_prompts_key(recipe: SearchRecipe) -> dict:
+    """What decides the layer-skip search's prompts besides its options: for ShareGPT the file's
+    SHA-256 and its split rule (as a trained artifact's data key names them), for HumanEval its
+    split rule; a new rule puts other prompts in the searched split."""
+    if recipe.workload == "sharegpt":
+        return {"sharegpt_sha256": file_sha256(sharegpt_path()), "sharegpt_split": sharegpt_split_rule()}
+    if recipe.workload == "humaneval":
+        bounds = ", ".join(f"{split} < {upper}" for split, upper in HUMANEVAL_BOUNDS)
+        return {"humaneval_split": f"salt {HUMANEVAL_SPLIT_SALT!r}; buckets of 100: {bounds}"}
+    return {}
 
 
 def _heads_train(options: dict) -> dict:

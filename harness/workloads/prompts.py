@@ -37,6 +37,9 @@ from harness.workloads.corpora import sharegpt_conversations
 SPLITS = ("calibration", "dev", "train", "eval")
 #: HumanEval split buckets (of 100): calibration 0-19, dev 20-29, train 30-49, eval 50-99
 HUMANEVAL_BOUNDS = (("calibration", 20), ("dev", 30), ("train", 50), ("eval", 100))
+#: the salt of HumanEval's split hash and the split rule's version (with HUMANEVAL_BOUNDS, part of the
+#: key of an artifact searched on HumanEval prompts: a change re-draws the splits)
+HUMANEVAL_SPLIT_SALT = "harness-humaneval-split-v1"
 WORKLOADS = ("humaneval", "sharegpt", "jsonl", "spec_bench")
 
 #: Spec-Bench's categories (Xia et al., 2024), in the order of its question file: MT-bench's eight
@@ -80,7 +83,7 @@ class Prompt:
 
 
 def humaneval_split(task_id: str) -> str:
-    bucket = int(hashlib.sha256(f"harness-humaneval-split-v1:{task_id}".encode()).hexdigest()[:8], 16) % 100
+    bucket = int(hashlib.sha256(f"{HUMANEVAL_SPLIT_SALT}:{task_id}".encode()).hexdigest()[:8], 16) % 100
     for name, upper in HUMANEVAL_BOUNDS:
         if bucket < upper:
             return name
