@@ -133,6 +133,13 @@ def job_folder_name(job: list[str], unnamed: set[str]) -> str:
     return get_overrides_dirname(task, sorted(unnamed), ",", "=")
 
 
+def remote_job_overrides(job: list[str], added: list[str]) -> list[str]:
+    """A job's overrides as a remote launcher runs it, with its ``job_overrides`` added."""
+    from hydra_plugins.harness_launcher.slurm import with_job_overrides  # only a remote launch needs it
+
+    return with_job_overrides(job, added)
+
+
 def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
     """Every job of a multirun checked as a plain run's preflight checks it (composition, values,
     negotiation, budgets, the workload; only the values where the launcher runs the jobs on other
@@ -174,7 +181,9 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
     for i, job in enumerate(jobs):
         told = ",".join(o for o in job if override_key(o) in swept)
         name = f"job {i + 1} of {len(jobs)}" + (f" ({told})" if told else "")
-        folder = job_folder_name(job, unnamed) if by_overrides else ""
+        # named as the job's own Hydra names it: a remote launcher's job overrides are among its task's
+        launched = job if here or not added else remote_job_overrides(job, added)
+        folder = job_folder_name(launched, unnamed) if by_overrides else ""
         if by_overrides and folder in folders:  # the second would skip as the first's, or find it busy
             only = sorted({override_key(o) for o in job if override_key(o) in swept and override_key(o) in unnamed})
             raise ConfigError(
@@ -194,9 +203,7 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
             if here:
                 cfg, _ = checked_plan(job)
             else:  # as the job runs there: with the launcher's overrides, on that machine's devices
-                from hydra_plugins.harness_launcher.slurm import with_job_overrides  # only a remote launch needs it
-
-                cfg = compose_checked(with_job_overrides(job, added))
+                cfg = compose_checked(remote_job_overrides(job, added))
                 validate_config(cfg, devices_here=False)
                 check_model_options(cfg.model, "model", here=False)  # a CPU kernel on the jobs' GPU
                 draft = draft_model_config(cfg)

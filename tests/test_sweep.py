@@ -1478,6 +1478,22 @@ def test_a_slurm_sweep_s_jobs_are_checked_as_they_run_on_the_cluster(env, capsys
     assert fake_slurm.made == []
 
 
+def test_a_slurm_job_folder_is_measured_with_the_launchers_job_overrides(env, fake_slurm):
+    """A Slurm job's folder is named by its task's overrides, ``model.device=cuda`` included: the
+    length check counted the job's own overrides only, so a name 18 bytes short of the limit passed
+    and each task failed on the cluster."""
+    from harness.app import preflight_multirun
+    from harness.contracts import ConfigError
+
+    launch = ["-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "model=tiny", "proposer=prompt_lookup"]
+    launch += ["verifier=greedy,membership", f"workload.path={'p' * 176}.jsonl"]  # 250 bytes without the GPU's
+    with pytest.raises(ConfigError, match=r"job 1 of 2 \(verifier=greedy\): its folder name, .* is 264 bytes; "):
+        preflight_multirun(launch)
+    preflight_multirun([*launch, "hydra.launcher.job_overrides=[]", "hydra.launcher.gpus_per_task=null"])  # no cuda
+    preflight_multirun([a for a in launch if not a.startswith("hydra")])  # run here: the job's overrides only
+    assert fake_slurm.made == []
+
+
 def test_a_slurm_sweep_is_one_array_with_the_resources_and_gpu_overrides_of_the_config(env, fake_slurm):
     sweep_dir = env / "multirun" / "smoke"
     fake_slurm.run = False  # submit only: there is no cluster here
