@@ -50,7 +50,14 @@ from harness.engine.decode import RoundConfig, check_temp_kv_budget
 from harness.files import artifact_lock
 from harness.gates.drift import heuristic_drift
 from harness.gates.greedy import greedy_equality, output_turns
-from harness.gates.stages import announce_disabled, disabled_gates, run_gates
+from harness.gates.stages import (
+    announce_disabled,
+    disabled_gates,
+    found_no_prefix,
+    run_gates,
+    statistical_gate_on_run,
+)
+from harness.gates.statistical import GATE_PROMPTS
 from harness.gates.status import GateError
 from harness.heads.eagle_formats import published_draft_vocab
 from harness.heads.published import inspect as inspect_published
@@ -256,6 +263,8 @@ def run_job(
             gates = gate(cfg, planned, loaded, prepared)
             stage = "measure"
             measured = measure(cfg, planned, loaded, prepared)
+            stage = "gate_measured"
+            gates = gate_measured(cfg, loaded, prepared, gates, measured)
             stage = "summarise"
             record = summarise(
                 cfg,
@@ -283,7 +292,8 @@ def run_job(
             host_memory.stop()  # a sampling thread, where there is one, ends with the job
             compile_watch.stop()
             refused = isinstance(exc, (ValueError, OSError, *REFUSALS))
-            failed_gate = isinstance(exc, GateError) and stage in ("gate", "measure")  # measure: greedy equality
+            # measure: greedy equality; gate_measured: the statistical gate at the measured run's prefixes
+            failed_gate = isinstance(exc, GateError) and stage in ("gate", "measure", "gate_measured")
             restores = stage not in ("write", "tracking") and not failed_gate
             restores = restores and restore_earlier
             restores = restores and (restore_other_manifest or _aside_manifest(aside) in (None, planned.manifest_hash))
@@ -1344,6 +1354,42 @@ def gate(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepared) 
     )
 
 
+def gate_measured(cfg: DictConfig, loaded: Loaded, prepared: Prepared, gates: dict, measured: Measured) -> dict:
+    """The gates once the run is measured. Where the statistical gate found no proposing prefix in
+    the workload's first prompts but the measured run proposed, it is run at the contexts the run's
+    first proposing rounds drafted from (:func:`measured_prefixes`); a failure raises GateError."""
+    probe = gates.get("statistical")
+    if not found_no_prefix(probe):
+        return gates
+    prefixes = measured_prefixes(measured)
+    if not prefixes:
+        return gates
+    entry = statistical_gate_on_run(
+        cfg, plan_=prepared.plan, backend=loaded.backend, proposer=prepared.proposers[0], prefixes=prefixes, probe=probe
+    )
+    return {**gates, "statistical": entry}
+
+
+def measured_prefixes(measured: Measured, limit: int = GATE_PROMPTS) -> list[list[int]]:
+    """The contexts (prompt and the tokens committed before the round) from which the speculative
+    arm's first proposing rounds drafted, one per request turn, in the order the prompts ran, at most
+    ``limit``."""
+    by_id = {o["prompt_id"]: o for o in measured.outputs}
+    committed: dict[tuple[int, int], int] = {}
+    taken: set[tuple[int, int]] = set()
+    out: list[list[int]] = []
+    for row in sorted(measured.rounds, key=lambda r: (r["prompt_index"], r["turn"], r["round"])):
+        key = (int(row["prompt_index"]), int(row["turn"]))
+        before = committed.get(key, 0)
+        committed[key] = before + int(row["committed"])
+        if int(row.get("candidate_rows") or 0) <= 0 or key in taken or len(out) >= limit:
+            continue
+        turn = output_turns(by_id[row["prompt_id"]])[key[1] - 1]
+        out.append(list(turn["spec_prompt_token_ids"]) + list(turn["spec_token_ids"][:before]))
+        taken.add(key)
+    return out
+
+
 def gate_model_identity(manifest: dict) -> dict:
     """What a cached gate must have checked besides the model's source, dtype and device: the
     forward's resolved options (cache layout, kernels, fused layers, compile) and the files of a
@@ -1571,8 +1617,9 @@ def summarise(
     fallback = metrics.get("fallback_rate")
     if stat.get("status") == "not_applicable" and "proposed nothing" in str(stat.get("why")) and fallback is not None:
         if fallback < 1.0:  # the probe's prompts drew no proposal; the measured ones did: say the test never ran
+            where = " (nor at the contexts the run's proposing rounds drafted from)" if "prefixes_from" in stat else ""
             untested = (
-                f"the statistical gate found no proposing prefix to test, yet the measured run proposed in "
+                f"the statistical gate found no proposing prefix to test{where}, yet the measured run proposed in "
                 f"{1.0 - fallback:.0%} of its rounds: those rounds' verification was not tested by sampling "
                 "(the enumeration oracles cover the verifier's code)"
             )

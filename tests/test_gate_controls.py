@@ -267,25 +267,103 @@ def test_a_biased_round_fails_the_confirmation_too(workload, tmp_path, monkeypat
     assert calls[1][0] - calls[0][0] == statistical.CONFIRMATION_STREAM
 
 
-def test_a_statistical_gate_whose_probe_drew_no_proposal_says_so_when_the_measured_run_proposed(
-    workload, tmp_path, monkeypatch, capsys
-):
-    """The gate does not apply where its probe's prefixes draw no proposal; when the measured run's
-    prompts then do, the record says that its rounds were not tested by sampling, and how many."""
+def _probe_finds_nothing(monkeypatch, *, every_call: bool = False) -> list[dict]:
+    """The statistical gate's scan of the workload's prompts made to find no proposing prefix (its
+    first call, or ``every_call``); the calls' prompts are returned as they are made."""
     import harness.gates.stages as stages
     from harness.gates.status import not_applicable
 
-    monkeypatch.setattr(
-        stages, "statistical_gate", lambda **kw: not_applicable("proposer proposed nothing at the 4 candidate prefixes")
+    real, calls = stages.statistical_gate, []
+
+    def gate(**kw):
+        calls.append({"prompts": [list(p) for p in kw["prompts"]]})
+        if len(calls) == 1 or every_call:
+            return {
+                **not_applicable("proposer proposed nothing at the 4 candidate prefixes of the first 1 prompt(s)"),
+                "prefix": {"probes": 4, "prompts_scanned": 1},
+            }
+        return real(**kw)
+
+    monkeypatch.setattr(stages, "statistical_gate", gate)
+    return calls
+
+
+def test_a_statistical_gate_whose_probe_drew_no_proposal_tests_where_the_measured_run_proposed(
+    workload, tmp_path, monkeypatch, capsys
+):
+    """Where the gate's scan of the workload's first prompts draws no proposal but the measured run
+    proposes, the test runs at the contexts the run's first proposing rounds drafted from: the
+    record said only that those rounds went untested, and counted the run as gated."""
+    calls = _probe_finds_nothing(monkeypatch)
+    overrides = ("proposer=prompt_lookup", "verifier=membership", "generation.temperature=0.7", "gates.cache=false")
+    record = run_job(cfg(workload, *overrides), run_dir=tmp_path / "run")
+    entry = record["gates"]["statistical"]
+    assert len(calls) == 2 and entry["status"] == "passed" and record["gated"]
+    assert (
+        entry["prefixes_from"].startswith("the measured run") and "proposed nothing" in entry["workload_probe"]["why"]
     )
+    assert "note" not in entry and "found no proposing prefix" not in capsys.readouterr().err
+    # the prefixes are the contexts of the run's first proposing rounds: the prompt and what was committed before
+    out = [json.loads(line) for line in (tmp_path / "run" / "outputs.jsonl").read_text().splitlines()]
+    rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    first = next(r for r in rounds if r["candidate_rows"] > 0)
+    before = sum(r["committed"] for r in rounds if r["prompt_id"] == first["prompt_id"] and r["round"] < first["round"])
+    row = next(o for o in out if o["prompt_id"] == first["prompt_id"])
+    assert calls[1]["prompts"][0] == row["prompt_token_ids"] + row["spec_token_ids"][:before]
+    assert entry["prefix"]["source"] == "prompt" and entry["prefix"]["prefix_len"] <= len(calls[1]["prompts"][0])
+
+
+def test_a_round_wrong_where_only_the_measured_run_proposed_is_refused(workload, tmp_path, monkeypatch):
+    """The misrecorded-q draft, with the gate's scan of the workload made to find nothing: the test at
+    the measured run's own contexts fails it, and nothing is written."""
+    from harness.proposers.draft_model import DraftModelProposer
+
+    real = DraftModelProposer.propose
+
+    def misrecorded(self, committed, rng):  # WRONG: q recorded with an extra temperature of 0.3
+        result = real(self, committed, rng)
+        if result.q_dists is None or not result.nodes:
+            return result
+        q = result.q_dists.pow(1 / 0.3)
+        q = q / q.sum(dim=-1, keepdim=True)
+        nodes = tuple(replace(n, q=float(q[i, n.token_id])) for i, n in enumerate(result.nodes))
+        return replace(result, nodes=nodes, q_dists=q)
+
+    monkeypatch.setattr(DraftModelProposer, "propose", misrecorded)
+    _probe_finds_nothing(monkeypatch)
+    overrides = (
+        "proposer=draft_model",
+        "proposer.sampling=iid",
+        "proposer.model.num_layers=1",
+        "topology=set",
+        "topology.max_nodes=2",
+        "verifier=specinfer",
+        "generation.temperature=1.0",
+        "gates.oracle=false",
+        "gates.cache=false",
+        "gates.chi2_samples=2000",
+        "model.tiny.vocab_size=16",
+    )
+    run_dir = tmp_path / "run"
+    with pytest.raises(GateError, match=r"gate 'statistical' failed .* at a prefix where the measured run proposed"):
+        run_job(cfg(workload, *overrides), run_dir=run_dir)
+    nothing_written(run_dir)
+
+
+def test_a_statistical_gate_that_finds_no_proposal_anywhere_says_so_when_the_measured_run_proposed(
+    workload, tmp_path, monkeypatch, capsys
+):
+    """Where neither the workload's prompts nor the measured run's contexts draw a proposal from the
+    gate's probe, the record says that the run's rounds were not tested by sampling, and how many."""
+    _probe_finds_nothing(monkeypatch, every_call=True)
     overrides = ("proposer=prompt_lookup", "verifier=membership", "generation.temperature=0.7", "gates.cache=false")
     record = run_job(cfg(workload, *overrides), run_dir=tmp_path / "run")
     entry, rate = record["gates"]["statistical"], 1.0 - record["metrics"]["fallback_rate"]
     assert entry["status"] == "not_applicable" and rate > 0
-    assert entry["measured_proposal_rate"] == rate
+    assert entry["measured_proposal_rate"] == rate and entry["prefixes_from"].startswith("the measured run")
     assert entry["note"].startswith(
-        f"the statistical gate found no proposing prefix to test, yet the measured run "
-        f"proposed in {rate:.0%} of its rounds"
+        "the statistical gate found no proposing prefix to test (nor at the contexts the run's proposing rounds "
+        f"drafted from), yet the measured run proposed in {rate:.0%} of its rounds"
     )
     assert f"harness: note: {entry['note']}" in capsys.readouterr().err
 

@@ -422,6 +422,7 @@ def run_gates(
             "proposer_options": plan_.extras.get("proposer_options", {}),
         }
         entries = ["harness.gates.statistical", _module(PROPOSERS[cfg.proposer.name]), verifier_module]
+        chi2 = _statistical_options(cfg, plan_)
         gate(
             "statistical",
             lambda: _cached(
@@ -429,18 +430,7 @@ def run_gates(
                 gate_key("statistical", entries=entries, inputs=inputs),
                 g.cache,
                 lambda: statistical_gate(
-                    backend=backend,
-                    proposer=proposer,
-                    verifier=verifier,
-                    policy=policy,
-                    prompts=gate_prompts,
-                    samples=int(g.chi2_samples),
-                    top_m=int(g.chi2_top_m),
-                    alpha=float(g.chi2_alpha),
-                    seed=int(cfg.seed),
-                    max_nodes=plan_.budget.max_nodes,
-                    max_depth=plan_.budget.max_depth,
-                    continuation=continuation,
+                    backend=backend, proposer=proposer, prompts=gate_prompts, continuation=continuation, **chi2
                 ),
             ),
         )
@@ -476,3 +466,50 @@ def run_gates(
             f"temperature {policy.temperature}: outputs are sampled (the statistical gate tests sampled rounds)"
         )
     return gates
+
+
+def _statistical_options(cfg: DictConfig, plan_) -> dict:
+    """The statistical gate's test as the run configures it (all but its prefixes)."""
+    g = cfg.gates
+    return {
+        "verifier": plan_.verifier,
+        "policy": plan_.policy,
+        "samples": int(g.chi2_samples),
+        "top_m": int(g.chi2_top_m),
+        "alpha": float(g.chi2_alpha),
+        "seed": int(cfg.seed),
+        "max_nodes": plan_.budget.max_nodes,
+        "max_depth": plan_.budget.max_depth,
+    }
+
+
+def found_no_prefix(entry: dict | None) -> bool:
+    """Whether a statistical gate entry is ``not_applicable`` because the proposer proposed at none
+    of the prefixes it scanned (not for the temperature or the verifier)."""
+    entry = entry or {}
+    return entry.get("status") == "not_applicable" and "prefix" in entry and "proposed nothing" in str(entry.get("why"))
+
+
+def statistical_gate_on_run(
+    cfg: DictConfig, *, plan_, backend: CausalLMBackend, proposer, prefixes: list[list[int]], probe: dict
+) -> dict:
+    """The statistical gate at ``prefixes``, the contexts from which the measured run's first proposing
+    rounds drafted, where its scan of the workload's first prompts (``probe``, its entry) found no
+    proposing prefix: the rounds the run measured are then tested by sampling rather than left
+    untested. Raises GateError when the test fails (the run is refused: nothing is logged)."""
+    entry = statistical_gate(
+        backend=backend, proposer=proposer, prompts=prefixes[:GATE_PROMPTS], **_statistical_options(cfg, plan_)
+    )
+    entry = {
+        **entry,
+        "prefixes_from": "the measured run: the contexts its first proposing rounds drafted from",
+        "workload_probe": {k: probe[k] for k in ("why", "prefix") if k in probe},
+    }
+    if entry["status"] == "failed":
+        evidence = entry.get("failed_case") or {k: v for k, v in entry.items() if k not in ("status", "key")}
+        raise GateError(
+            f"gate 'statistical' failed for verifier {plan_.verifier.name!r}, proposer {plan_.capabilities.name!r} "
+            f"(temperature {plan_.policy.temperature}) at a prefix where the measured run proposed: "
+            f"{json.dumps(evidence, default=str)}"
+        )
+    return entry
