@@ -853,6 +853,17 @@ def standard_cases() -> list[E2ECase]:
         E2ECase("lookup/sequences-tails/T0/2-rounds", "prompt_lookup", lookup, greedy, rounds=2, options=tails),
         E2ECase("merged/draft+lookup/T1", "merged", merged, t1, "iid"),
         E2ECase("merged/draft+lookup/T0", "merged", merged, greedy, "iid"),
+        # the draft source's siblings drawn without replacement, merged with lookup's chains (membership)
+        E2ECase(
+            "merged/draft-wor+lookup/T1",
+            "merged",
+            Budget(shape="merged", max_nodes=4, max_depth=2),
+            t1,
+            "without_replacement",
+        ),
+        E2ECase("merged/draft-beam+lookup/T1", "merged", merged, t1, "beam"),
+        # the draft's ranked top tokens at T > 0 (score-only: membership)
+        E2ECase("draft/beam/exp21/T1", "draft_model", exp21, t1, "beam"),
         E2ECase("draft-padded/iid/seq2/T1", "draft_model", seq2, t1, "iid", draft="padded"),
         E2ECase(
             "draft-padded/wor/set2/T0.8-topk3-topp0.9",
@@ -947,6 +958,7 @@ def selfspec_cases() -> list[E2ECase]:
             options=skip_opts,
         ),
         E2ECase("layer_skip/beam/seq2/T0", "layer_skip", SEQ2, GREEDY, "beam", rounds=None, options=skip_opts),
+        E2ECase("layer_skip/beam/seq2/T1", "layer_skip", SEQ2, T1, "beam", options=skip_opts),
     ]
 
 
