@@ -182,6 +182,38 @@ def test_bfloat16_pairs_without_amx_tiles_are_refused_naming_the_kernel_to_use(m
     )
 
 
+def test_auto_runs_without_the_native_kernels_where_they_cannot_be_built_and_says_why_once(
+    monkeypatch, tmp_path, capsys
+):
+    """``auto`` chose the streaming kernel wherever a compiler was found, so a compiler that could not
+    build the kernels (or a cache it could not write) refused a run that set nothing."""
+    resolve = options.resolve_linear_kernel
+    monkeypatch.setattr(options, "cpp_compiler", lambda: "/usr/bin/g++")
+    for module in (native, options):
+        monkeypatch.setattr(module, "native_kernels_problem", lambda: "g++ could not build cpu_decode.cpp: error")
+    native.auto_kernels_problem.cache_clear()
+    try:
+        assert resolve("auto", torch.float32, "cpu", vendor="AuthenticAMD", avx512=True) == "weight_major"
+        assert resolve("auto", torch.bfloat16, "cpu", vendor="GenuineIntel", avx512=True, amx=True) == "default"
+        assert options.linear_kernel_problem("auto", torch.float32, "cpu") is None
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            "harness: note: model.linear_kernel=auto runs without the native kernels: g++ could not build "
+            "cpu_decode.cpp: error"
+        ]
+        # a kernel named explicitly is still refused where it cannot run
+        assert options.linear_kernel_problem("streaming", torch.float32, "cpu").startswith(
+            "model.linear_kernel=streaming cannot run here"
+        )
+    finally:
+        native.auto_kernels_problem.cache_clear()
+    # a cache the build cannot write: one line naming it, not a traceback
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(native.NativeBuildError, match=r"^cannot write the native kernels into .*\$HARNESS_CACHE"):
+        native.build(namespace="harness_blocked", out_dir=blocked / "native")
+
+
 def test_auto_streams_float32_and_bfloat16_on_an_x86_cpu_and_is_plain_linear_elsewhere(monkeypatch):
     resolve = options.resolve_linear_kernel
     monkeypatch.setattr(options, "cpp_compiler", lambda: "/usr/bin/g++")

@@ -181,10 +181,15 @@ def build(*, namespace: str = "harness", extra_flags: tuple[str, ...] = (), out_
     target = out_dir / f"cpu_decode-{namespace}-{key}.so"
     if target.exists():
         return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"harness: compiling the native decode kernels for this CPU ({Path(cxx).name}, once)", file=sys.stderr)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.partial")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.partial")
+    except OSError as exc:
+        raise NativeBuildError(
+            f"cannot write the native kernels into {out_dir} (the harness cache: $HARNESS_CACHE): {exc.strerror or exc}"
+        ) from exc
     os.close(fd)
+    print(f"harness: compiling the native decode kernels for this CPU ({Path(cxx).name}, once)", file=sys.stderr)
     cmd = [
         cxx,
         *flags,
@@ -201,7 +206,11 @@ def build(*, namespace: str = "harness", extra_flags: tuple[str, ...] = (), out_
         Path(tmp).unlink(missing_ok=True)
         errors = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines() or [""]
         raise NativeBuildError(f"{Path(cxx).name} could not build {SOURCE.name}: {errors[0].strip()[:200]}")
-    os.replace(tmp, target)
+    try:
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise NativeBuildError(f"cannot write the native kernels into {out_dir}: {exc.strerror or exc}") from exc
     return target
 
 
@@ -248,3 +257,14 @@ def native_kernels_problem() -> str | None:
     except NativeBuildError as exc:
         return str(exc)
     return None
+
+
+@functools.cache
+def auto_kernels_problem() -> str | None:
+    """:func:`native_kernels_problem`, tried once per process for ``model.linear_kernel=auto``, which
+    then runs without the native kernels where they cannot be built or loaded (a compiler that fails,
+    an unwritable cache), saying why once on stderr rather than refusing a run that set nothing."""
+    problem = native_kernels_problem()
+    if problem is not None:
+        print(f"harness: note: model.linear_kernel=auto runs without the native kernels: {problem}", file=sys.stderr)
+    return problem

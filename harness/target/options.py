@@ -106,6 +106,7 @@ import torch.nn.functional as F
 
 from harness.measure.hardware import cpu_vendor
 from harness.target.native import (
+    auto_kernels_problem,
     cpp_compiler,
     cpu_has_avx512,
     load_native_kernels,
@@ -148,8 +149,9 @@ def resolve_linear_kernel(
     flags), ``streaming_panels`` for float32 there and ``streaming`` for bfloat16 without AMX;
     elsewhere ``streaming_panels`` for float32 without AVX-512; never ``streaming_panels``
     where the forward is ``compiled`` (the panels' staleness check runs outside the graph). Without a
-    compiler, ``weight_major`` for float32 on a non-Intel CPU (MKL's single-precision GEMM takes its
-    own path on Intel's); ``default`` elsewhere. Any other name is itself."""
+    compiler, or where it cannot build or load the native kernels (said once on stderr),
+    ``weight_major`` for float32 on a non-Intel CPU (MKL's single-precision GEMM takes its own path
+    on Intel's); ``default`` elsewhere. Any other name is itself."""
     if kernel != "auto":
         return kernel
     on_cpu = str(device).split(":")[0] == "cpu"  # a string, so a bad device is refused by its own check
@@ -159,7 +161,7 @@ def resolve_linear_kernel(
     if not vendor:
         return "default"
     intel = vendor in INTEL_VENDORS
-    if cpp_compiler() is not None:
+    if cpp_compiler() is not None and auto_kernels_problem() is None:
         has_avx512 = cpu_has_avx512() if avx512 is None else avx512
         if intel and not has_avx512:
             return "default"
