@@ -130,6 +130,36 @@ def test_the_merge_shares_the_node_budget_among_the_rows_the_round_can_commit():
     assert nodes == [] and [s["offered"] for s in stats] == [4, 3]
 
 
+def test_each_source_s_share_of_the_proposal_is_timed_after_its_device_ran_its_kernels(monkeypatch):
+    """A draft source's kernels on a GPU are queued, not run, when its call returns: read without
+    waiting for them, its share of the proposal time fell to the next source that waited."""
+    import torch
+
+    import harness.proposers.merged as merged_module
+
+    waited: list[str] = []
+
+    class OnGpu(Fixed):
+        def devices(self):
+            return {torch.device("cuda", 0)}
+
+        def propose(self, committed, rng):
+            waited.append("propose")
+            return self.result
+
+    def synchronizer(device):
+        return (lambda: waited.append(str(device))) if device.type == "cuda" else None
+
+    monkeypatch.setattr(merged_module, "device_synchronizer", synchronizer)
+    draft, lookup = OnGpu({(): [1]}, name="draft"), Fixed({(): [5]}, name="lookup")
+    merged = MergedProposer(budget=Budget("merged", 3, 4), manifest_hash="h", sources=[draft, lookup])
+    assert merged.devices() == {torch.device("cuda", 0)} and lookup.devices() == set()
+    merged.propose([9], rng=None)
+    # the draft's clock read after its device's queue drained, before and after its own call
+    assert waited[:3] == ["cuda:0", "propose", "cuda:0"] and waited.count("propose") == 1
+    assert set(merged.stats.extras["per_source"]) == {"draft", "lookup"}
+
+
 def test_a_rest_source_prunes_its_trie_to_the_round_s_depth_cap():
     """REST inside a merged tree gets the round's depth cap: its node budget goes to the levels the
     round verifies."""

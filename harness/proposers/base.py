@@ -91,6 +91,12 @@ class Proposer(ABC):
         and why (:attr:`max_batch_size`, :attr:`batch_limit_reason`)."""
         return cls.max_batch_size, cls.batch_limit_reason
 
+    def devices(self) -> set:
+        """The accelerator or CPU devices this proposer's own work runs on (``torch.device``s): a
+        caller timing it alone waits for their queued kernels first (none: its work is done when its
+        calls return)."""
+        return set()
+
     def capabilities(self) -> Capabilities:
         return self.capabilities_on(self.budget, {self.probability_semantics}, {self.sampling_relation})
 

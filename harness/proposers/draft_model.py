@@ -111,6 +111,9 @@ class DraftModelProposer(Proposer):
         self.seq: CacheState | None = None
         self.peak_state_bytes = 0
 
+    def devices(self) -> set:
+        return {torch.device(self.backend.device), *([self.target_device] if self.target_device is not None else [])}
+
     @classmethod
     def declare(cls, options: dict, budget: Budget):
 

@@ -58,6 +58,7 @@ from harness.contracts import (
     ProposalResult,
     ProposalStateHandle,
 )
+from harness.measure.ledger import device_synchronizer
 from harness.proposers.base import Proposer
 from harness.proposers.registry import PROPOSERS, proposer_class
 from harness.random_source import RandomSource
@@ -165,6 +166,7 @@ class MergedProposer(Proposer):
         if len(caps) != len(self.sources):
             raise ValueError(f"source_caps has {len(caps)} entries for {len(self.sources)} sources")
         self.source_caps = caps
+        self._syncs: list | None = None  # the sources' devices' synchronizers, found on the first proposal
         self.semantics = merged_semantics(frozenset().union(*(c.probability_semantics for c in caps)))
         hashes = sorted({s.manifest_hash for s in sources} - {manifest_hash})
         if hashes:  # a source folded its own release (e.g. a datastore) into its hash
@@ -324,18 +326,31 @@ class MergedProposer(Proposer):
     def state_bytes(self) -> int:
         return sum(s.state_bytes() for s in self.sources)
 
+    def devices(self) -> set:
+        return set().union(*(s.devices() for s in self.sources))
+
+    def _now(self) -> float:
+        """The clock of each source's share of the proposal, read once the sources' devices have run
+        what was queued on them (a draft's kernels on a GPU are billed to the source that launched
+        them, not to the next one that waits)."""
+        if self._syncs is None:
+            self._syncs = [f for f in map(device_synchronizer, sorted(self.devices(), key=str)) if f is not None]
+        for sync in self._syncs:
+            sync()
+        return time.perf_counter()
+
     def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
         results, retrieval = [], 0.0
         per = self.stats.extras["per_source"]
         for s in self.sources:
             before = s.stats.retrieval_ms
-            t0 = time.perf_counter()
+            t0 = self._now()
             s.depth_cap = self.depth_cap
             try:
                 results.append(s.propose(committed, rng))
             finally:
                 s.depth_cap = None
-            per[s.name]["proposal_ms"] += (time.perf_counter() - t0) * 1e3
+            per[s.name]["proposal_ms"] += (self._now() - t0) * 1e3
             retrieval += s.stats.retrieval_ms - before
         nodes, counts = merge_proposals(
             results,
