@@ -16,7 +16,7 @@ from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import build_tiny_model
-from harness.target.timing import median_verify_ms, timed_verify_ms, verify_cost_profile
+from harness.target.timing import median_verify_ms, timed_verify_ms
 from harness.topology.compiler import compile_tree
 from harness.verifiers import get_verifier
 from harness.verifiers.sampling import SamplingPolicy
@@ -368,8 +368,6 @@ def test_batched_profile_and_helpers(models):
     backend = CausalLMBackend(target)
     ms = median_verify_ms(backend, prefix_ids=PROMPTS[0], ns=[3], batch_size=2, repeats=2)
     assert ms[3] > 0 and backend.forwards == 0  # profiling forwards are not counted as decode forwards
-    prof = verify_cost_profile(backend, batch_size=2, max_nodes=3, prefix_len=8, repeats=2)
-    assert prof["verify_cost"][0] == 1.0 and len(prof["verify_cost"]) == 3 and prof["batch_size"] == 2
     with pytest.raises(ValueError, match="batch_size"):
         median_verify_ms(backend, prefix_ids=PROMPTS[0], ns=[1], batch_size=0)
     state = backend.prefill([PROMPTS[0]] * 3)

@@ -159,24 +159,6 @@ def median_verify_ms(backend: CausalLMBackend, **kwargs) -> dict[int, float]:
     return {n: statistics.median(v) for n, v in verify_times(backend, **kwargs).items()}
 
 
-def verify_cost_profile(
-    backend: CausalLMBackend, *, batch_size: int, max_nodes: int, prefix_len: int, repeats: int = 5, warmup: int = 1
-) -> dict:
-    """``t(1..max_nodes)`` at batch ``batch_size`` over a chain: raw ms and normalised so ``t(1) = 1``
-    (the form :func:`harness.topology.sequoia.select_hardware_aware` takes as ``verify_cost``)."""
-    med = median_verify_ms(
-        backend,
-        prefix_ids=synthetic_prefix(prefix_len + 1, backend.vocab_size),
-        ns=range(1, max_nodes + 1),
-        batch_size=batch_size,
-        shape="chain",
-        warmup=warmup,
-        repeats=repeats,
-    )
-    ms = [med[n] for n in range(1, max_nodes + 1)]
-    return {"batch_size": batch_size, "prefix_len": prefix_len, "verify_ms": ms, "verify_cost": [m / ms[0] for m in ms]}
-
-
 def monotone_fit(values: Sequence[float]) -> list[float]:
     """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators):
     a dip is averaged with the points before it, where a running maximum would carry one slow
