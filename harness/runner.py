@@ -1452,7 +1452,8 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
         for t, tf in enumerate(fields["turns"]):
             ar, spec = arms.result.request("ar", i, t), arms.result.request("spec", i, t)
             ar_prompt, spec_prompt = turn_prompts[("ar", i, t)], turn_prompts[("spec", i, t)]
-            ar_answer = encoder.answer_text(ar.tokens)
+            ar_answer, ar_answer_cut = encoder.answer(ar.tokens)
+            spec_answer, spec_answer_cut = encoder.answer(spec.tokens)
             tf.update(
                 {
                     "spec_prompt_tokens": len(spec_prompt.ids),
@@ -1473,7 +1474,10 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
                     "ar_text": tokenizer.decode(ar.tokens) if tokenizer else None,
                     "spec_text": tokenizer.decode(spec.tokens) if tokenizer else None,
                     "ar_answer": ar_answer,
-                    "spec_answer": encoder.answer_text(spec.tokens),
+                    "spec_answer": spec_answer,
+                    # whether the chat template's stop string cut the answer (vicuna's "</s>", as Spec-Bench)
+                    "ar_answer_cut": ar_answer_cut,
+                    "spec_answer_cut": spec_answer_cut,
                     "ar_round_tokens": ar.round_tokens,
                     "spec_round_tokens": spec.round_tokens,
                     "spec_cut_tokens": spec_prompt.cut_tokens,

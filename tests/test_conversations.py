@@ -137,6 +137,48 @@ def test_a_tokenizer_without_a_chat_template_is_refused_naming_the_fix_and_vicun
     assert tok.chat_template
 
 
+def im_end_tokenizer():
+    """A byte-level tokenizer whose EOS is ``<|im_end|>`` (as SmolLM2's): ``</s>`` is plain text to it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "<|im_end|>": 2}
+    for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet())):
+        vocab[ch] = 3 + i
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="<|im_end|>", pad_token="<pad>")
+
+
+def test_vicuna_answers_are_cut_at_their_first_stop_string_before_they_are_fed_back():
+    """Spec-Bench's eval.py sets FastChat's stop string "</s>" on the Vicuna conversation and cuts each
+    answer at its first one before storing it and feeding it back; for a tokenizer whose EOS is not
+    "</s>" (SmolLM2's) the text past a literal "</s>" went back into the conversation."""
+    from harness.workloads.conversations import set_chat_template
+
+    tok = im_end_tokenizer()
+    words = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    set_chat_template(tok, "vicuna")
+    enc = PromptEncoder(tok, chat=True, eos=frozenset({2}))
+    answer = words(" fine, thanks</s>USER: and you? ASSISTANT: well") + [2]
+    second = tok.decode(enc.raw(CONV, [answer]))
+    assert second.endswith("ASSISTANT: fine, thanks</s>USER: say more ASSISTANT:") and "and you?" not in second
+    assert enc.answer_text(answer) == "fine, thanks"  # what is fed back and exported
+    assert enc.answer(answer) == ("fine, thanks", True) and enc.stop_str == "</s>"
+    # FastChat's rule: a stop string at the answer's very start cuts nothing; an answer without one is whole
+    assert enc.answer(words("</s> hi") + [2]) == ("</s> hi", False)
+    assert enc.answer(words(" </s> hi")) == ("", True)
+    assert enc.answer(words(" no stop here ") + [2]) == ("no stop here", False)
+    # the tokenizer's own template (no workload.chat_template) has no stop string: the whole text goes back
+    own = PromptEncoder(word_chat_tokenizer(), chat=True, eos=frozenset({2}))
+    assert own.answer(word_chat_tokenizer().convert_tokens_to_ids(["w1", "</s>", "w2"])) == ("w1 w2", False)
+    plain = im_end_tokenizer()
+    plain.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert PromptEncoder(plain, chat=True).answer(answer) == ("fine, thanks</s>USER: and you? ASSISTANT: well", False)
+    assert PromptEncoder(None, chat=True).answer([7, 8, 2]) == ("7 8 2", False)
+
+
 @pytest.mark.parametrize(
     "value, rule",
     [("left", TRUNCATE_LEFT), ("LEFT", TRUNCATE_LEFT), (False, TRUNCATE_REFUSE), ("False", TRUNCATE_REFUSE)],

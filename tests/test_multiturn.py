@@ -75,6 +75,26 @@ def test_every_turn_runs_in_order_on_each_arms_own_answer(tmp_path, questions, b
     assert m["context"]["truncated_turns"] == 0 and m["context"]["rule"] == "left"
 
 
+def test_each_arms_later_turn_holds_its_own_answer_where_the_arms_answers_differ(tmp_path, questions):
+    """At temperature 0 both arms answer with the same tokens, so a later turn built from the other
+    arm's answer passed every check; here a draft of other weights makes the arms' answers differ."""
+    sampled = ["generation.temperature=0.7", "verifier=rejection", "proposer=draft_model", "proposer.model.name=tiny"]
+    run_dir = tmp_path / "run"
+    cfg = spec_bench_cfg(questions, *sampled, "proposer.model.seed=1", "gates.enabled=false")
+    runner.run_job(cfg, run_dir=run_dir)
+    enc = PromptEncoder(None, chat=True, vocab_size=96, eos=frozenset({2}))
+    by_id = {q["question_id"]: q for q in spec_bench_questions(1, categories=CATS)}
+    conversations = [o for o in outputs(run_dir) if o["n_turns"] == 2]
+    assert len(conversations) == 2
+    for o in conversations:
+        (ask, follow), (first, second) = (enc.synthetic(t) for t in by_id[o["question_id"]]["turns"]), o["turns"]
+        assert first["ar_token_ids"] != first["spec_token_ids"]  # the arms' first answers differ
+        for arm, other in (("ar", "spec"), ("spec", "ar")):
+            own, others = ([t for t in first[f"{a}_token_ids"] if t != 2] for a in (arm, other))
+            assert second[f"{arm}_prompt_token_ids"] == ask + own + follow
+            assert second[f"{arm}_prompt_token_ids"] != ask + others + follow
+
+
 def test_follow_up_receives_the_arms_own_earlier_answers(tiny_model):
     from harness.contracts import Budget
     from harness.engine.decode import RoundConfig
@@ -110,13 +130,25 @@ def test_follow_up_receives_the_arms_own_earlier_answers(tiny_model):
         turns=[3, 1, 2],
         follow_up=follow_up,
     )
+    real_run = arms._run
+
+    def spec_answers_its_own(arm, idx, prompts, turn, max_new_tokens):  # the arms' answers differ
+        out = real_run(arm, idx, prompts, turn, max_new_tokens)
+        if arm == "spec":
+            for i, req in zip(idx, out.requests, strict=True):
+                req.tokens[:] = [90 - i - 10 * turn - k for k in range(len(req.tokens))]
+        return out
+
+    arms._run = spec_answers_its_own
     assert list(arms.run()) == [0, 1, 2]
     res = arms.result
     assert sorted((i, t, a) for i, t, a, _ in seen) == sorted(
         (i, t, a) for i, t in ((0, 1), (0, 2), (2, 1)) for a in ("ar", "spec")
     )
     for i, turn, arm, answers in seen:
+        other = "ar" if arm == "spec" else "spec"
         assert answers == [res.request(arm, i, t).tokens for t in range(turn)]
+        assert answers != [res.request(other, i, t).tokens for t in range(turn)]
     assert res.turns_of == {0: 3, 1: 1, 2: 2} and res.step_turn == [0, 1, 2, 0, 1]
     assert [len(res.request("spec", i, t).tokens) for i, t in ((0, 0), (0, 1), (0, 2), (2, 1))] == [3, 3, 3, 3]
     with pytest.raises(ValueError, match="need follow_up"):
@@ -243,6 +275,21 @@ def test_humaneval_prompts_reach_the_tiny_model_whole(tmp_path, monkeypatch):
             '{"question_id": 1, "category": "qa", "turns": ["a"]}\n'
             '{"question_id": 1, "category": "qa", "turns": ["b"]}\n',
             ":2: duplicate question_id 1 (first on line 1)",
+        ),
+        (  # a misspelt key was dropped without a word: the line was measured in every split
+            '{"question_id": 1, "category": "qa", "turns": ["a"]}\n'
+            '{"question_id": 2, "category": "qa", "turns": ["b"], "spilt": "calibration"}\n',
+            ":2: unknown key 'spilt' in a Spec-Bench question (did you mean 'split'?); its keys are question_id, "
+            "category, turns, reference, split",
+        ),
+        (
+            '{"question_id": 1, "category": "qa", "turns": ["a"], "answer": "b"}\n',
+            ":1: unknown key 'answer' in a Spec-Bench question; its keys are question_id, category, turns,",
+        ),
+        (  # an unknown category was refused naming the file but not the line
+            '{"question_id": 1, "category": "qa", "turns": ["a"]}\n'
+            '{"question_id": 2, "category": "poetry", "turns": ["b"]}\n',
+            ":2: question 2 has category 'poetry', not one of Spec-Bench's",
         ),
     ],
 )

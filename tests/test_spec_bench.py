@@ -118,7 +118,9 @@ def test_export_writes_spec_bench_fields_per_question(exported):
             # model=tiny has no tokenizer: every generated id as a decimal word
             assert [len(t.split()) for t in c["turns"]] == c["new_tokens"]
     assert all(set(r["choices"][0]["accept_lengths"]) == {1} for r in base)  # AR: one token per round
-    assert spec[0]["model_id"].endswith(f"prompt_lookup-sequence-greedy-temperature-0-{record['manifest_hash'][:8]}")
+    assert spec[0]["model_id"].endswith(
+        f"prompt_lookup-sequence-greedy-temperature-0-{record['manifest_hash'][:8]}-ungated"  # gates.oracle=false
+    )
     assert base[0]["model_id"].endswith(f"ar-baseline-temperature-0-{record['manifest_hash'][:8]}")
 
 
@@ -432,7 +434,7 @@ def test_model_id_names_the_experiment_else_the_sweep_else_adhoc():
     from harness.tracking.spec_bench import default_model_id
 
     axes = {"proposer": "rest", "topology": "sequences", "verifier": "greedy", "model": "smollm2", "temperature": 0.0}
-    in_sweep = {"axes": axes, "experiment": None, "sweep": "spec_bench"}
+    in_sweep = {"axes": axes, "experiment": None, "sweep": "spec_bench", "gated": True}
     assert default_model_id(in_sweep, "spec") == "spec_bench/smollm2/rest-sequences-greedy-temperature-0"
     assert default_model_id({**in_sweep, "experiment": "default"}, "ar").startswith("default/smollm2/ar-baseline")
     assert default_model_id({**in_sweep, "sweep": None}, "spec").startswith("adhoc/")
@@ -441,6 +443,97 @@ def test_model_id_names_the_experiment_else_the_sweep_else_adhoc():
     assert default_model_id(hashed, "spec") == "spec_bench/smollm2/rest-sequences-greedy-temperature-0-01234567"
     batched = {**hashed, "axes": {**axes, "batch_size": 4}}
     assert default_model_id(batched, "ar") == "spec_bench/smollm2/ar-baseline-temperature-0-batch-4-01234567"
+
+
+def test_an_ungated_or_heuristic_runs_default_model_id_says_so(exported, tmp_path, capsys):
+    """An ungated or heuristic run's answers were exported under a model id a gated run's could have,
+    and Spec-Bench groups answers by model id: the speculative arm's default id says which it is (the
+    baseline's answers are the target's own either way); a model_id given stays as given."""
+    from harness.tracking.spec_bench import default_model_id
+
+    axes = {"proposer": "rest", "topology": "sequences", "verifier": "typical", "model": "smollm2", "temperature": 0.7}
+    gated = {"axes": axes, "experiment": None, "sweep": "s", "gated": True, "manifest_hash": "0123456789abcdef"}
+    name = "s/smollm2/rest-sequences-typical-temperature-0.7-01234567"
+    assert default_model_id(gated, "spec") == name
+    assert default_model_id({**gated, "gated": False}, "spec") == f"{name}-ungated"
+    assert default_model_id({**gated, "exact": False}, "spec") == f"{name}-heuristic"
+    assert default_model_id({**gated, "gated": False, "exact": False}, "spec") == f"{name}-heuristic-ungated"
+    assert default_model_id({**gated, "gated": False, "exact": False}, "ar").endswith(
+        "ar-baseline-temperature-0.7-01234567"
+    )
+    _, _, root = exported  # ungated (gates.oracle=false): said on stderr and in the id; an id given stays
+    assert cli_main(["export", "spec-bench", str(root / "run"), str(tmp_path / "a.jsonl"), "model_id=mine"]) == 0
+    assert "harness export: note: the run is ungated" in capsys.readouterr().err
+    assert {x["model_id"] for x in lines(tmp_path / "a.jsonl")} == {"mine"}
+    assert {x["model_id"] for x in lines(tmp_path / "a-baseline.jsonl")} == {"mine-baseline"}
+
+
+def _rebind(run, record, outputs):
+    """Write a changed record and outputs into ``run``, the record binding the outputs as changed."""
+    from harness.files import file_sha256
+
+    (run / "outputs.jsonl").write_text("".join(json.dumps(o) + "\n" for o in outputs))
+    record["outputs"]["sha256"] = file_sha256(run / "outputs.jsonl")
+    (run / "record.json").write_text(json.dumps(record))
+
+
+def test_the_export_names_the_turns_whose_answers_differ_at_temperature_0(exported, tmp_path, capsys):
+    """A gated run at temperature 0 can hold answers that differ between the arms (recorded near-ties),
+    and Spec-Bench's evaluation/equal.py then prints "Not Equal!" for the two files: the export said
+    nothing of it."""
+    _, _, root = exported
+    run = tmp_path / "run"
+    shutil.copytree(root / "run", run)
+    record = load_record(run)
+    outputs = [json.loads(x) for x in (run / "outputs.jsonl").read_text().splitlines() if x.strip()]
+    assert cli_main(["export", "spec-bench", str(run), str(tmp_path / "same.jsonl")]) == 0
+    assert "differ" not in capsys.readouterr().err  # identical answers: nothing said
+    two = next(o for o in outputs if o["n_turns"] == 2)
+    diverged = two["turns"][1]
+    diverged["spec_token_ids"] = diverged["spec_token_ids"][:-1] + [(diverged["spec_token_ids"][-1] + 1) % 96]
+    tie = {"prompt_id": two["prompt_id"], "turn": 2, "position": len(diverged["spec_token_ids"]) - 1}
+    record["metrics"]["greedy_identical"] = False
+    record["gates"]["greedy_equality"]["near_ties"] = [tie]
+    _rebind(run, record, outputs)
+    assert cli_main(["export", "spec-bench", str(run), str(tmp_path / "tie.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"harness export: note: the speculative and baseline answers differ at temperature 0 in 1 turn: question "
+        f"{two['question_id']} turn 2; each divergence is a recorded near-tie (1 in the record's "
+        "gates.greedy_equality.near_ties: the target's top two logits within the dtype's tolerance), and a later "
+        "turn carries each arm's own earlier answers, so Spec-Bench's evaluation/equal.py prints \"Not Equal!\" for "
+        "these files"
+    ) in err
+    record["gates"]["greedy_equality"] = {"status": "skipped", "reason": "gates.greedy_equality=false"}
+    _rebind(run, record, outputs)
+    assert cli_main(["export", "spec-bench", str(run), str(tmp_path / "unchecked.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"in 1 turn: question {two['question_id']} turn 2; the greedy-equality gate did not check them "
+        "(gates.greedy_equality skipped)"
+    ) in err
+
+
+def test_the_export_counts_the_answers_cut_at_the_stop_string(exported, tmp_path, capsys):
+    """Under workload.chat_template=vicuna each answer is cut at its first "</s>", as Spec-Bench's
+    eval.py cuts it; its new_tokens still count the tokens generated past it, which the export says."""
+    _, _, root = exported
+    run = tmp_path / "run"
+    shutil.copytree(root / "run", run)
+    record = load_record(run)
+    outputs = [json.loads(x) for x in (run / "outputs.jsonl").read_text().splitlines() if x.strip()]
+    turns = [t for o in outputs for t in o["turns"]]
+    for t in turns:
+        t["ar_answer_cut"] = t["spec_answer_cut"] = False
+    turns[0]["spec_answer_cut"] = turns[1]["spec_answer_cut"] = turns[1]["ar_answer_cut"] = True
+    _rebind(run, record, outputs)
+    assert cli_main(["export", "spec-bench", str(run), str(tmp_path / "a.jsonl")]) == 0
+    assert (
+        f"harness export: note: 2 speculative and 1 baseline answer(s) of {len(turns)} turns were cut at their "
+        "first \"</s>\" (workload.chat_template=vicuna: FastChat's stop string, where Spec-Bench's eval.py cuts "
+        "them) before they were fed back and written here; their new_tokens and wall_time count the tokens "
+        "generated past it, as Spec-Bench's do"
+    ) in capsys.readouterr().err
 
 
 def test_a_checkpoint_without_a_chat_template_runs_spec_bench_in_vicunas_format(tmp_path, monkeypatch, capsys):

@@ -14,7 +14,8 @@ the format Spec-Bench's inference scripts write and its ``evaluation/speed.py`` 
 
 What each field holds here:
 
-* ``turns``: the answer text of each turn, special tokens removed and whitespace stripped (the
+* ``turns``: the answer text of each turn, special tokens removed and whitespace stripped, under
+  ``workload.chat_template=vicuna`` cut at its first ``</s>`` as Spec-Bench's eval.py cuts it (the
   text fed back into the conversation; Spec-Bench recounts the baseline's tokens from it). A model
   without a tokenizer (``model=tiny``) writes every generated id as a decimal word.
 * ``new_tokens``: tokens generated in the turn, EOS included where one was generated.
@@ -112,7 +113,9 @@ def _created_epoch(record: dict) -> float | None:
 def default_model_id(record: dict, arm: str) -> str:
     """``<experiment|sweep|adhoc>/<model>/<arm>-temperature-<T>[-batch-<B>]-<manifest hash, 8>``:
     Spec-Bench groups answers by model id, so two configurations never share one (the manifest
-    hash tells apart what the axes do not: budgets, files, options)."""
+    hash tells apart what the axes do not: budgets, files, options). The speculative arm's id ends
+    ``-heuristic`` for a run that is not exact and ``-ungated`` for one whose gates did not all pass:
+    its answers are not vouched for as the target's (the baseline's are the target's own)."""
     ax = record["axes"]
     who = f"{ax['proposer']}-{ax['topology']}-{ax['verifier']}" if arm == "spec" else "ar-baseline"
     group = record.get("experiment") or record.get("sweep") or "adhoc"  # as the run folders are named
@@ -120,6 +123,8 @@ def default_model_id(record: dict, arm: str) -> str:
     tail = (f"-batch-{batch}" if batch > 1 else "") + (
         f"-{str(record['manifest_hash'])[:8]}" if record.get("manifest_hash") else ""
     )
+    if arm == "spec":
+        tail += ("-heuristic" if record.get("exact") is False else "") + ("" if record_gated(record) else "-ungated")
     return f"{group}/{ax['model']}/{who}-temperature-{float(ax['temperature']):g}{tail}"
 
 
@@ -310,7 +315,7 @@ def export_spec_bench(
         "speed_py_speedup": m.get("spec_bench_speed_py_speedup"),
         "run_speedup": m.get("speedup"),
         "run_mean_committed_per_round": m.get("mean_committed_per_round"),
-        "notes": export_notes(record),
+        "notes": export_notes(record, outputs),
     }
 
 
@@ -318,13 +323,58 @@ def export_spec_bench(
 SPEC_BENCH_MAX_NEW_TOKENS = 1024
 
 
-def export_notes(record: dict) -> list[str]:
+def differing_turns_note(record: dict, outputs: Sequence[dict]) -> str:
+    """The turns (question and turn) whose two answers differ in a run at temperature 0 that is not
+    ``greedy_identical``, and what vouches for them: the greedy-equality gate's recorded near-ties."""
+    by_id = {str(o["prompt_id"]): o for o in outputs}
+    differ = []
+    for row in record["per_prompt"]:
+        out = by_id.get(str(row["prompt_id"])) or {}
+        for n, t in enumerate(out.get("turns") or [], 1):
+            if t.get("ar_token_ids") != t.get("spec_token_ids"):
+                differ.append(f"question {_question_id(out, str(row['prompt_id']))} turn {n}")
+    more = f" and {len(differ) - 5} more" if len(differ) > 5 else ""
+    gate = (record.get("gates") or {}).get("greedy_equality")
+    status = gate_status(gate) if isinstance(gate, dict) else "not recorded"
+    if status == "passed":
+        ties = len(gate.get("near_ties") or [])
+        why = (
+            f"each divergence is a recorded near-tie ({ties} in the record's gates.greedy_equality.near_ties: the "
+            "target's top two logits within the dtype's tolerance), and a later turn carries each arm's own "
+            "earlier answers"
+        )
+    else:
+        why = f"the greedy-equality gate did not check them (gates.greedy_equality {status})"
+    return (
+        f"the speculative and baseline answers differ at temperature 0 in {len(differ)} "
+        f"turn{'s' if len(differ) != 1 else ''}: {', '.join(differ[:5])}{more}; {why}, so Spec-Bench's "
+        'evaluation/equal.py prints "Not Equal!" for these files'
+    )
+
+
+def answers_cut_note(outputs: Sequence[dict]) -> str | None:
+    """How many answers of each arm were cut at the chat template's stop string (``{arm}_answer_cut``
+    per turn in the outputs), or None where none was."""
+    turns = [t for o in outputs for t in o.get("turns") or []]
+    cut = {arm: sum(1 for t in turns if t.get(f"{arm}_answer_cut")) for arm in ARM_NAMES}
+    if not any(cut.values()):
+        return None
+    return (
+        f"{cut['spec']} speculative and {cut['ar']} baseline answer(s) of {len(turns)} turns were cut at their "
+        "first \"</s>\" (workload.chat_template=vicuna: FastChat's stop string, where Spec-Bench's eval.py cuts "
+        "them) before they were fed back and written here; their new_tokens and wall_time count the tokens "
+        "generated past it, as Spec-Bench's do"
+    )
+
+
+def export_notes(record: dict, outputs: Sequence[dict]) -> list[str]:
     """What a reader of the exported files should know about the run behind them: a run whose gates
     did not all pass or that is not exact (compare and the dashboards keep it apart), prompts with
     none of Spec-Bench's categories, a batched run's times, another generation budget than Spec-Bench's,
-    prompts cut to fit, prompts timed through a stall, a speedup
-    with no proposed token accepted, and Spec-Bench's speed.py reporting
-    another figure than the run measured (it recounts the baseline's tokens from text)."""
+    prompts cut to fit, answers cut at the stop string, prompts timed through a stall, a speedup
+    with no proposed token accepted, answers that differ at temperature 0 (``outputs``: the run's
+    rows) and Spec-Bench's speed.py reporting another figure than the run measured (it recounts the
+    baseline's tokens from text)."""
     notes = []
     if not record_gated(record):
         kept = sorted(name for name, g in record.get("gates", {}).items() if gate_status(g) in ("skipped", "failed"))
@@ -371,7 +421,12 @@ def export_notes(record: dict) -> list[str]:
             f"{', '.join(cut[:5])}{more}; their answers were generated from the cut prompt, where Spec-Bench feeds "
             "the whole one"
         )
+    stopped = answers_cut_note(outputs)
+    if stopped:
+        notes.append(stopped)
     m = record["metrics"]
+    if m.get("greedy_identical") is False:
+        notes.append(differing_turns_note(record, outputs))
     if m.get("timing_outliers"):  # the run said so on its console; the files carry its times
         notes.append(timing_outlier_note(m["timing_outliers"]))
     unaccepted = past_rounds_speedup_note(m)

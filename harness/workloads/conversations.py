@@ -3,11 +3,12 @@
 A prompt is a conversation of one or more user turns (Spec-Bench's MT-bench categories have two).
 Turn k's prompt is the conversation so far through the tokenizer's chat template: the user turns
 1..k with the arm's OWN answers to turns 1..k-1 between them, as MT-bench does (Zheng et al.,
-2023): each answer's text (special tokens removed, whitespace stripped) goes back as the assistant
-message, and every turn is a full prefill of the conversation. A model without a tokenizer
-(``model=tiny``) uses synthetic ids: a text's bytes as ``3 + b % (V - 3)``, and a conversation as
-each user turn's byte ids followed by the answer's token ids (EOS ids removed). Nothing is cut
-silently: a synthetic prompt is as long as its text.
+2023): each answer's text (special tokens removed, whitespace stripped; under
+``workload.chat_template=vicuna`` cut at its first ``</s>``, as Spec-Bench's eval.py cuts it) goes
+back as the assistant message, and every turn is a full prefill of the conversation. A model
+without a tokenizer (``model=tiny``) uses synthetic ids: a text's bytes as ``3 + b % (V - 3)``, and
+a conversation as each user turn's byte ids followed by the answer's token ids (EOS ids removed).
+Nothing is cut silently: a synthetic prompt is as long as its text.
 
 Context limit. A turn's prompt plus ``generation.max_new_tokens`` plus the largest candidate tree
 (the ``topology.max_nodes`` rows a verify forward appends) must fit the position limit of the
@@ -161,6 +162,11 @@ def adds_bos(tokenizer) -> bool:
 
 #: ``workload.chat_template`` names: each builds its template for a tokenizer
 NAMED_CHAT_TEMPLATES = {"vicuna": lambda tokenizer: vicuna_template(bos=adds_bos(tokenizer))}
+#: FastChat's stop string of the Vicuna conversation, which Spec-Bench's eval.py sets (``conv.stop_str``):
+#: each answer's text is cut at its first one before it is stored and fed back (generation does not stop there)
+VICUNA_STOP = "</s>"
+#: the stop string each named template's answers are cut at
+NAMED_STOP_STRINGS = {"vicuna": VICUNA_STOP}
 
 
 def chat_template_of(value: str | None, tokenizer=None) -> str | None:
@@ -307,12 +313,26 @@ class PromptEncoder:
             end -= 1
         return start, end
 
-    def answer_text(self, ids: Sequence[int]) -> str:
-        """An answer as text: decoded with special tokens removed and whitespace stripped (what goes
-        back into the conversation). Without a tokenizer: every generated id as a decimal word."""
+    @property
+    def stop_str(self) -> str | None:
+        """The text an answer is cut at: ``</s>`` where ``workload.chat_template=vicuna`` gave the
+        tokenizer its template (:data:`NAMED_STOP_STRINGS`), else None."""
+        return NAMED_STOP_STRINGS.get(getattr(self.tokenizer, CHAT_TEMPLATE_OPTION, None))
+
+    def answer(self, ids: Sequence[int]) -> tuple[str, bool]:
+        """An answer as text, and whether the stop string cut it: decoded with special tokens removed,
+        cut at the first :attr:`stop_str` after its first character (FastChat's rule: one that opens the
+        answer cuts nothing), whitespace stripped. Both arms' answers go through it. Without a
+        tokenizer: every generated id as a decimal word."""
         if self.tokenizer is None:
-            return " ".join(str(int(t)) for t in ids)
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True).strip()
+            return " ".join(str(int(t)) for t in ids), False
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        at = text.find(self.stop_str) if self.stop_str else -1
+        return (text[:at] if at > 0 else text).strip(), at > 0
+
+    def answer_text(self, ids: Sequence[int]) -> str:
+        """An answer's text (:meth:`answer`): what goes back into the conversation and into the outputs."""
+        return self.answer(ids)[0]
 
     def worst_case_tokens(self, prompt: Prompt) -> int:
         """The last turn's prompt length with every earlier answer at ``max_new_tokens`` tokens."""

@@ -15,8 +15,9 @@ categories are one task, taken from in turn, as Spec-Bench's evaluation weighs t
 first N prompts after both. ``workload=spec_bench`` refuses a category outside Spec-Bench's thirteen.
 
 Bad input is refused before any model work with one line naming the file, the line and what is
-wrong: a line in neither format, a question with empty turns, a duplicate id, a selected category
-the file does not have.
+wrong: a line in neither format, a key outside its format's (with the nearest one), a question with
+empty turns, a duplicate id, a question category outside Spec-Bench's (``workload=spec_bench``); a
+selected category the file does not have is refused naming the file.
 """
 
 from __future__ import annotations
@@ -165,7 +166,26 @@ def _check_category(where: str, pid: object, category: str) -> str:
     return category
 
 
+#: the keys a Spec-Bench question line may hold: those of its question.jsonl (``reference`` on some
+#: lines) and the harness's ``split``
+SPEC_BENCH_KEYS = ("question_id", "category", "turns", "reference", "split")
+
+
+def _check_keys(where: str, obj: dict, keys: Sequence[str], kind: str) -> None:
+    """Refuse a key outside ``keys``, with the nearest one (a misspelt ``split`` or ``category`` was
+    dropped without a word: the line was measured in another split or category)."""
+    unknown = [k for k in obj if k not in keys]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], keys, n=1)
+        raise WorkloadError(
+            f"{where}: unknown key {unknown[0]!r} in {kind}"
+            + (f" (did you mean {near[0]!r}?)" if near else "")
+            + f"; its keys are {', '.join(keys)}"
+        )
+
+
 def _spec_bench_prompt(where: str, obj: dict) -> Prompt:
+    _check_keys(where, obj, SPEC_BENCH_KEYS, "a Spec-Bench question")
     qid = obj["question_id"]
     if isinstance(qid, bool) or not isinstance(qid, (int, str)) or (isinstance(qid, str) and not qid.strip()):
         raise WorkloadError(f'{where}: "question_id" must be an integer or a non-empty string; got {qid!r}')
@@ -214,14 +234,7 @@ HARNESS_PROMPT_KEYS = ("id", "prompt", "messages", "category", "split", "referen
 
 
 def _harness_prompt(where: str, obj: dict) -> Prompt:
-    unknown = [k for k in obj if k not in HARNESS_PROMPT_KEYS]
-    if unknown:  # a misspelt "split" or "category" was dropped without a word: measured in another split
-        near = difflib.get_close_matches(unknown[0], HARNESS_PROMPT_KEYS, n=1)
-        raise WorkloadError(
-            f"{where}: unknown key {unknown[0]!r} in a harness prompt"
-            + (f" (did you mean {near[0]!r}?)" if near else "")
-            + f"; its keys are {', '.join(HARNESS_PROMPT_KEYS)}"
-        )
+    _check_keys(where, obj, HARNESS_PROMPT_KEYS, "a harness prompt")
     if "prompt" in obj and "messages" in obj:
         raise WorkloadError(f'{where}: id {obj["id"]!r} has both "prompt" and "messages"; give one of them')
     pid = obj["id"]
@@ -284,7 +297,8 @@ def _no_repeated_keys(pairs: list[tuple[str, object]]) -> dict:
 
 def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prompt]:
     """Every prompt of a JSON Lines file, each line in one of two formats (one format per file):
-    a Spec-Bench question or a harness prompt. ``expect="spec_bench"`` refuses harness lines."""
+    a Spec-Bench question or a harness prompt. ``expect="spec_bench"`` refuses harness lines and a
+    question of a category outside Spec-Bench's (:func:`check_spec_bench_category`)."""
     p = Path(path).expanduser()
     if p.is_dir():
         raise WorkloadError(f"workload.path={path!r} is a folder; give a .jsonl file")
@@ -333,6 +347,8 @@ def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prom
         elif fmt != first[1]:
             raise WorkloadError(f"{where}: {FORMAT_NAMES[fmt]}, but line {first[0]} is {FORMAT_NAMES[first[1]]}")
         prompt = _spec_bench_prompt(where, obj) if fmt == "spec_bench" else _harness_prompt(where, obj)
+        if expect == "spec_bench":
+            check_spec_bench_category(where, prompt)
         key = "question_id" if fmt == "spec_bench" else "id"
         if prompt.prompt_id in seen:
             first_line = seen[prompt.prompt_id]
@@ -394,23 +410,22 @@ def first_per_category(prompts: Sequence[Prompt], n: int, *, task_of=None) -> li
     return [p for i, p in enumerate(prompts) if i in keep]
 
 
-def check_spec_bench_categories(prompts: Sequence[Prompt], path: str) -> None:
-    """``workload=spec_bench``: every question's category is one of Spec-Bench's thirteen (its
-    evaluation leaves any other out of every task but the overall one, so a misspelt category
-    would quietly empty a column)."""
-    for p in prompts:
-        if p.category not in SPEC_BENCH_CATEGORIES:
-            close = difflib.get_close_matches(p.category.strip().lower(), SPEC_BENCH_CATEGORIES, n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            group = (
-                " (mt_bench names the group of MT-bench's eight; a question has one of them)"
-                if (p.category.strip() == "mt_bench")
-                else ""
-            )
-            raise WorkloadError(
-                f"{path}: question {p.source_id!r} has category {p.category!r}, not one of Spec-Bench's "
-                f"{list(SPEC_BENCH_CATEGORIES)}{hint}{group} (workload=jsonl reads a file of other categories)"
-            )
+def check_spec_bench_category(where: str, p: Prompt) -> None:
+    """``workload=spec_bench``: the question on line ``where`` has one of Spec-Bench's thirteen
+    categories (its evaluation leaves any other out of every task but the overall one, so a misspelt
+    category would quietly empty a column)."""
+    if p.category not in SPEC_BENCH_CATEGORIES:
+        close = difflib.get_close_matches(p.category.strip().lower(), SPEC_BENCH_CATEGORIES, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        group = (
+            " (mt_bench names the group of MT-bench's eight; a question has one of them)"
+            if (p.category.strip() == "mt_bench")
+            else ""
+        )
+        raise WorkloadError(
+            f"{where}: question {p.source_id!r} has category {p.category!r}, not one of Spec-Bench's "
+            f"{list(SPEC_BENCH_CATEGORIES)}{hint}{group} (workload=jsonl reads a file of other categories)"
+        )
 
 
 def load_workload(
@@ -432,8 +447,6 @@ def load_workload(
         if not path:
             raise WorkloadError(f"workload={name} needs workload.path=<file.jsonl>")
         prompts = load_jsonl(path, split, expect="spec_bench" if name == "spec_bench" else None)
-        if name == "spec_bench":
-            check_spec_bench_categories(prompts, path)
     else:
         raise WorkloadError(f"unknown workload {name!r}; one of {', '.join(WORKLOADS)}")
     prompts = select_categories(prompts, list(categories or ()), source=path or f"workload={name}")
