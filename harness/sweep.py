@@ -35,8 +35,9 @@ and the folder naming). Everything here is wiring around Hydra's own mechanisms:
   (:func:`launcher_concurrency`), whatever was asked. The Slurm launcher (``hydra/launcher=slurm``)
   takes the whole sweep as one array of which ``concurrent_jobs`` tasks run at once.
 * **After the sweep** (:class:`SweepCallback`, a Hydra callback, in the launching process):
-  ``failures.jsonl`` (this launch's failed and unfinished jobs, their overrides and errors),
-  ``summary.json`` (ran / skipped / failed / unfinished), ``store.parquet``
+  ``failures.jsonl`` (this launch's failed and unfinished jobs, their overrides and errors, and the
+  jobs a launch cut short never started, at stage ``not started``), ``summary.json`` (ran / skipped /
+  failed / unfinished / not started), ``store.parquet``
   (:func:`harness.tracking.store.rebuild_store` over the sweep folder: complete jobs only) and
   ``report/`` (``harness report``, regenerated or removed), all in the sweep folder; the command
   exits non-zero naming the failed and unfinished jobs
@@ -86,6 +87,7 @@ from harness.tracking.job_folder import (
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
 from harness.tracking.store import (
     FAILURES_FILENAME,
+    NOT_STARTED,
     RECORD_FILENAME,
     RecordError,
     any_record_path,
@@ -137,6 +139,8 @@ UNFINISHED_WHY = (
     "the job started and wrote no end status: its process was killed (a scheduler's time or memory limit, "
     "a launcher's worker killed, an interrupt) or a scheduler still runs it"
 )
+#: why a job the launch planned has no record, as ``failures.jsonl`` says it
+NOT_STARTED_WHY = "the launch stopped before this job started; a relaunch runs it"
 
 
 # --------------------------------------------------------------------------------------------
@@ -745,9 +749,9 @@ def finish_sweep(
     report = report and stopped_by is None
     plan = _launch_plan(sweep_dir, launch_id) if launch_id is not None else None
     started = [set(map(str, s.get("overrides") or [])) for s in statuses]
-    for job in plan or []:  # a Slurm task's overrides carry the launcher's additions: a superset
-        if not any(set(job) <= seen for seen in started):
-            summary.not_started.append(",".join(job))
+    # a Slurm task's overrides carry the launcher's additions: a superset of its job's
+    never = [job for job in plan or [] if not any(set(job) <= seen for seen in started)]
+    summary.not_started = [",".join(job) for job in never]
     for s in statuses:
         kind = s.get("status")
         getattr(summary, "unfinished" if kind == RUNNING else kind if kind in ("ran", "skipped") else "failed").append(
@@ -772,6 +776,19 @@ def finish_sweep(
             }
             for s in statuses
             if s.get("status") not in ("ran", "skipped")
+        ]
+        + [  # the jobs a launch cut short never started: no record either, and compare and report say so
+            {
+                "job": ",".join(job),
+                "overrides": list(job),
+                "stage": NOT_STARTED,
+                "refused": False,
+                "error": {"type": "NotStarted", "message": NOT_STARTED_WHY},
+                "launch_id": launch_id,
+                "started_at": None,
+                "finished_at": None,
+            }
+            for job in never
         ],
     )
     store_path = sweep_dir / STORE_FILE

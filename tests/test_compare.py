@@ -1066,3 +1066,113 @@ def test_a_list_option_filters_by_value_however_it_is_spaced():
     assert filter_runs(df, {"topology.widths": "[2,2]"}).empty
     assert filter_runs(df, {"topology.widths": "[2,2,1"}).empty  # not a list: no match, no error
     assert list(filter_runs(df, {"proposer.sources": "[rest,prompt_lookup]"})["run_id"]) == ["r1"]
+
+
+def test_by_batch_size_reads_the_batch_size_of_arms_relabelled_for_what_else_they_are(capsys):
+    """``by=batch_size`` relabelled an ungated heuristic run's batch size as text (``1 [heuristic,
+    exact=false]``) and then read it back as a number: the comparison was refused with "invalid
+    literal for int()". The arm's label and the batch size it ran are kept apart now."""
+    from harness.tracking.compare import leaderboard
+
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    df = _toy(
+        {
+            "r1": {"proposer": "a", "prompts": prompts, "section": "ungated"},
+            "r2": {"proposer": "a", "prompts": prompts, "section": "ungated"},
+            "r3": {"proposer": "a", "prompts": prompts},
+        }
+    )
+    df["exact"], df["cpu_budget_artifact"] = [False, True, True], [False, True, False]
+    df["batch_size"] = [1, 4, 1]
+    df["per_prompt"] = [
+        json.dumps([{**p, "batch_index": 0} for p in json.loads(v)]) if b > 1 else v
+        for v, b in zip(df["per_prompt"], df["batch_size"], strict=True)
+    ]
+    rows = [r for r in compare(df, by="batch_size", n_resamples=50) if r.category == ALL]
+    assert {(r.section, r.arm, r.batch_sizes) for r in rows} == {
+        ("ungated", "1 [heuristic, exact=false]", (1,)),
+        ("ungated", "4 [CPU-budget artifact]", (4,)),
+        ("exact", "1", (1,)),
+    }
+    assert _row(rows, "4 [CPU-budget artifact]", section="ungated").n_units == 1  # a batch of two requests
+    _, board = leaderboard(df, by="batch_size", n_resamples=50)
+    assert {r.arm for r in board} == {"1 [heuristic, exact=false]", "4 [CPU-budget artifact]", "1"}
+
+
+def test_an_arm_s_interval_does_not_change_when_an_unrelated_older_record_joins_the_frame():
+    """One record without prompt fingerprints, in another section, switched every prompt's pairing key
+    from its fingerprint to its workload source: the prompts were resampled in another order, so the
+    seeded bootstrap drew other intervals for arms that record has nothing to do with (and the report's
+    table and plot disagreed). Prompts are resampled in the order of their ids whatever pairs them."""
+    from harness.tracking.compare import leaderboard, run_speedups
+
+    rng = np.random.default_rng(0)
+
+    def prompts(sha: bool) -> list[tuple]:
+        out = []
+        for i in range(1, 13):
+            spec = float(rng.uniform(5, 50))
+            out.append((f"p{i}", "c", spec, 16, spec * float(rng.uniform(0.8, 2.5)), 16, sha and f"{i:016d}"))
+        return out
+
+    def frame(runs: dict) -> pd.DataFrame:
+        df = _toy({k: {**v, "prompts": [p[:6] for p in v["prompts"]]} for k, v in runs.items()})
+        df["per_prompt"] = [
+            json.dumps(
+                [
+                    {**q, **({"prompt_sha256": p[6]} if p[6] else {})}
+                    for q, p in zip(json.loads(pp), runs[rid]["prompts"], strict=True)
+                ]
+            )
+            for pp, rid in zip(df["per_prompt"], df["run_id"], strict=True)
+        ]
+        df["config.workload.name"] = "w"
+        return df
+
+    a = {"proposer": "a", "prompts": prompts(sha=True)}
+    old = {"proposer": "b", "prompts": prompts(sha=False), "section": "ungated"}
+    alone, both = frame({"ra": a}), frame({"ra": a, "rold": old})
+    first, second = _row(compare(alone), "a"), _row(compare(both), "a")
+    assert (first.speedup, first.time_per_committed_token_ms) == (second.speedup, second.time_per_committed_token_ms)
+    assert first.speedup.ci_low < first.speedup.value < first.speedup.ci_high
+    cells = [next(r for r in leaderboard(df)[1] if r.arm == "a").cells["overall"] for df in (alone, both)]
+    assert cells[0] == cells[1]
+    # one run's own interval (the report's speedup-vs-batch points) is the arm's of that run alone
+    assert run_speedups(json.loads(alone["per_prompt"][0]), alone.iloc[0])[0] == first.speedup
+
+
+def test_arms_by_the_machine_are_compared_with_a_baseline_machine():
+    """``by=hardware.device_name baseline=...`` refused every ratio as "(other machine)": the arms
+    differ in their machine by design, as arms by model differ in their model."""
+    prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
+    fast = [("p1", "c", 5, 10, 20, 10), ("p2", "c", 6, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "a", "prompts": fast}})
+    df["hardware.device"] = ["cuda:0", "cuda:0"]
+    df["hardware.device_name"] = ["NVIDIA H100", "NVIDIA H200"]
+    for by in ("hardware.device_name", "hardware.device"):
+        if by == "hardware.device":
+            df["hardware.device"], df["hardware.device_name"] = ["cpu", "cuda:0"], ["-", "-"]
+        base = "NVIDIA H100" if by == "hardware.device_name" else "cpu"
+        rows = compare(df, by=by, baseline=base, n_resamples=50)
+        (other,) = [r for r in rows if r.category == ALL and r.arm != base]
+        assert other.baseline_other_machine == [] and other.vs_baseline.value == pytest.approx(2.0)
+        assert "machine" not in other.baseline_differs and other.apart == {}
+        text = format_table(rows, by=by, baseline=base, level=0.95)
+        assert "(other machine)" not in text and "differ in more than" not in text
+
+
+def test_the_json_names_the_records_left_out_for_changed_outputs(tmp_path, capsys):
+    """A record whose bound outputs changed is left out of the comparison, said on stderr and in the
+    report, but the JSON did not say so: a reader of the JSON alone took the arms for every record."""
+    root = tmp_path / "sweep"
+    for n in (1, 3):
+        shutil.copytree(fixture_run(n), root / fixture_run(n).name)
+    with open(root / fixture_run(3).name / "outputs.jsonl", "a", encoding="utf-8") as fh:
+        fh.write("{}\n")
+    assert main([str(root), "resamples=50", f"json={tmp_path / 'c.json'}"]) == 0
+    written = json.loads((tmp_path / "c.json").read_text())["left_out_records"]
+    assert [f["folder"] for f in written] == [fixture_run(3).name]
+    assert written[0]["why"].startswith("its outputs.jsonl is not the one the record binds (sha256 ")
+    shutil.rmtree(root / fixture_run(3).name)
+    assert main([str(root), "resamples=50", f"json={tmp_path / 'c.json'}"]) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["left_out_records"] == []

@@ -917,3 +917,169 @@ def test_the_temp_kv_plot_sets_the_measured_peak_beside_the_budget_not_beside_a_
     assert "measured peak, B=1" in labels and "measured peak, B=1 [CPU-budget artifact]" in labels
     assert "measured peak, B=1 [heuristic, exact=false]" in labels
     assert "measured peak, B=1 [ungated: a gate was skipped]" in labels
+
+
+def test_plots_and_the_runs_table_name_the_machine_when_the_runs_span_machines():
+    """A CPU run at batch 1 and an H100 run at batch 4 of one configuration were joined as one line of
+    the speedup-vs-batch plot, two runs of one arm on two machines were labelled as repeats (#1, #2),
+    and the Runs table did not say which machine timed which run. Each machine is its own series and
+    names its runs, and the Runs table has a machine column when the runs span machines."""
+    from harness.tracking.report import _runs_section, plot_speedup_vs_batch, run_labels
+
+    df = pd.DataFrame(
+        {
+            "section": "exact",
+            "run_id": ["r1", "r2", "r3", "r4"],
+            "proposer": "prompt_lookup",
+            "topology": "sequence",
+            "verifier": "greedy",
+            "temperature": 0.0,
+            "batch_size": [1, 4, 1, 4],
+            "workload": "w",
+            "model": "m",
+            "decode_speedup": [1.1, 0.9, 1.4, 1.6],
+            "per_prompt": "[]",
+            "hardware.device": ["cpu", "cuda:0", "cpu", "cuda:0"],
+            "hardware.device_name": ["AMD EPYC", "NVIDIA H100", "AMD EPYC", "NVIDIA H100"],
+        }
+    )
+    across = df[df["run_id"].isin(["r1", "r2"])]  # B=1 on the CPU, B=4 on the H100: no line to draw
+    plot = plot_speedup_vs_batch(across, {})
+    assert plot.figure is None and "two batch sizes" in plot.note
+    df["hardware.device"] = ["cpu", "cpu", "cuda:0", "cuda:0"]
+    df["hardware.device_name"] = ["AMD EPYC", "AMD EPYC", "NVIDIA H100", "NVIDIA H100"]
+    ax = plot_speedup_vs_batch(df, {}).figure.axes[0]
+    lines = {c.get_label(): list(c.lines[0].get_ydata()) for c in ax.containers}
+    assert lines == {"machine=cpu: AMD EPYC": [1.1, 0.9], "machine=cuda: NVIDIA H100": [1.4, 1.6]}
+    one_arm = df[df["batch_size"] == 1]
+    assert run_labels(one_arm) == {
+        "r1": "prompt_lookup-sequence-greedy-T0-B1-w/machine=cpu: AMD EPYC",
+        "r3": "prompt_lookup-sequence-greedy-T0-B1-w/machine=cuda: NVIDIA H100",
+    }
+    table = "\n".join(_runs_section(one_arm))
+    assert "| run_id | proposer |" in table and "| machine |" in table
+    assert "| r1 |" in table and "| cpu: AMD EPYC |" in table and "| cuda: NVIDIA H100 |" in table
+    same = one_arm.assign(**{"hardware.device": "cpu", "hardware.device_name": "AMD EPYC"})
+    assert "machine" not in "\n".join(_runs_section(same))  # one machine: no column, no label piece
+    assert sorted(run_labels(same).values()) == [
+        "prompt_lookup-sequence-greedy-T0-B1-w #1",
+        "prompt_lookup-sequence-greedy-T0-B1-w #2",
+    ]
+
+
+def test_a_report_is_never_written_inside_a_run_folder(tmp_path, capsys):
+    """``out=`` below a run folder was accepted (only the run folder itself was refused), and a report of
+    a run folder went into ``<run>/report`` by default: files inside a run folder no run wrote. Such an
+    out= is refused, and a run folder's report goes beside it, to ``<run>-report``."""
+    root = tmp_path / "runs"
+    run = root / fixture_run(1).name
+    shutil.copytree(fixture_run(1), run)
+    before = sorted(p.name for p in run.iterdir())
+    inside = run / "report"
+    assert main([str(run), f"out={inside}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"harness report: refused: out={inside} is inside the run folder {run.resolve()}: write the report outside "
+        "any run folder (harness report --help shows the usage)"
+    ]
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert main([str(run)]) == 0
+    beside = root.resolve() / f"{run.name}-report"
+    assert capsys.readouterr().out.strip() == f"wrote {beside / 'report.md'}"
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert sorted(p.name for p in root.iterdir()) == sorted([run.name, beside.name])
+    # a store built inside a run folder: its report goes beside that run folder too
+    from harness.tracking.store import rebuild_store
+
+    rebuild_store(run)
+    assert main([str(run / "store.parquet")]) == 0
+    assert f"under `{run / 'store.parquet'}`" in (beside / "report.md").read_text()
+    assert sorted(p.name for p in run.iterdir()) == sorted([*before, "store.parquet"])
+
+
+def test_a_report_of_an_interrupted_sweep_names_the_jobs_that_never_started(tmp_path, capsys):
+    """A launch cut short recorded the jobs it never started only in its summary.json: a report (or a
+    comparison) of the sweep read afterwards counted the jobs that ran and said nothing of the others.
+    They are in the sweep's failures file now, at stage "not started", and listed as such."""
+    from harness import sweep
+    from harness.tracking.compare import main as compare_main
+
+    root = tmp_path / "sweep"
+    shutil.copytree(fixture_run(1), root / "seed=1")
+    (root / "launch.json").write_text(
+        json.dumps({"launch_id": "L1", "planned_jobs": [["seed=1"], ["seed=2"], ["seed=3"]]})
+    )
+    status = {"job": "seed=1", "num": 0, "overrides": ["seed=1"], "launch_id": "L1", "status": "ran"}
+    (root / "seed=1" / "job_status.json").write_text(json.dumps(status))
+    summary = sweep.finish_sweep(root, launch_id="L1", stopped_by=sweep.INTERRUPTED)
+    assert summary.not_started == ["seed=2", "seed=3"] and not summary.failed
+    failures = [json.loads(line) for line in (root / "failures.jsonl").read_text().splitlines()]
+    assert [(f["job"], f["overrides"], f["stage"], f["refused"]) for f in failures] == [
+        ("seed=2", ["seed=2"], "not started", False),
+        ("seed=3", ["seed=3"], "not started", False),
+    ]
+    assert main([summary.store, f"out={tmp_path / 'r'}"]) == 0
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "2 job(s) of this sweep wrote no record" in text
+    assert "| `seed=2` | not started | not started | NotStarted: the launch stopped before this job started" in text
+    capsys.readouterr()
+    assert compare_main([summary.store, "resamples=50"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "note: 2 job(s) wrote no record (failures.jsonl)" in out
+        and ": seed=2 (not started); seed=3 (not started)\n" in out
+    )
+
+
+def test_a_recipe_comparing_by_batch_size_draws_its_table_with_an_ungated_heuristic_run(tmp_path, capsys):
+    """A recipe's ``compare: {by: batch_size}`` printed "_comparison not available: invalid literal for
+    int()_" when an ungated run was also heuristic (its arm labelled ``1 [heuristic, exact=false]``)."""
+    root = tmp_path / "runs"
+    for n in (1, 8):
+        shutil.copytree(fixture_run(n), root / fixture_run(n).name)
+    run = root / "ungated"
+    shutil.copytree(fixture_run(10), run)  # heuristic (typical acceptance); its gates skipped: ungated too
+    record = json.loads((run / "record.json").read_text())
+    record["gates"]["oracle"] = {**record["gates"]["oracle"], "status": "skipped", "override": "gates.oracle=false"}
+    record["gated"] = False
+    (run / "record.json").write_text(json.dumps(record))
+    recipe = tmp_path / "bs.yaml"
+    recipe.write_text("compare: {by: batch_size}\nplots: []\n")
+    assert main([str(root), f"out={tmp_path / 'r'}", f"recipe={recipe}"]) == 0
+    capsys.readouterr()
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "not available" not in text
+    assert "| 1 [heuristic, exact=false] | all |" in text and "| 4 | all |" in text
+
+
+def test_the_report_s_table_and_plot_draw_the_same_interval_beside_an_older_record():
+    """An older record without prompt fingerprints in another section switched the table's pairing key
+    (the table compares every section; the plot the exact runs only), and with it the order in which the
+    seeded bootstrap drew the prompts: the table's interval and the plot's error bar differed."""
+    from harness.tracking.compare import compare
+    from harness.tracking.report import _compare_section
+
+    df = _store_frame()
+    exact = df[df["run_id"] == fixture_run_id(1)].copy()
+
+    def twelve(text: str) -> str:  # ids whose order differs between "p1#<sha>" and "p1@<source>"
+        prompts = json.loads(text)
+        return json.dumps(
+            [
+                {**p, "prompt_id": f"p{i}", "prompt_sha256": f"{i:064d}", "spec_decode_ms": p["spec_decode_ms"] * i}
+                for i, p in enumerate((prompts * 3)[:12], 1)
+            ]
+        )
+
+    exact["per_prompt"] = exact["per_prompt"].map(twelve)
+    older = df[df["run_id"] == fixture_run_id(10)].copy()
+    older["per_prompt"] = older["per_prompt"].map(
+        lambda s: json.dumps([{k: v for k, v in p.items() if k != "prompt_sha256"} for p in json.loads(s)])
+    )
+    both = pd.concat([exact, older], ignore_index=True)
+    ax = PLOTS["speedup_by_proposer_workload"](both, {}).figure.axes[0]
+    drawn = sorted((round(s[0][1], 9), round(s[1][1], 9)) for c in ax.collections for s in c.get_segments())
+    rows = [r for r in compare(both) if r.section == "exact" and r.speedup.ci_low is not None]
+    assert drawn and drawn == sorted((round(r.speedup.ci_low, 9), round(r.speedup.ci_high, 9)) for r in rows)
+    (line,) = [ln for ln in _compare_section(both, {"by": "proposer"}) if "| prompt_lookup | all |" in ln]
+    (row,) = [r for r in rows if r.category == "all"]
+    assert f"| {row.speedup.fmt(3)} |" in line

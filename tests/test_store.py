@@ -410,3 +410,54 @@ def schema_1(rec: dict) -> dict:
 
 def validate(rec, tmp_path):
     return load_record(_write(tmp_path / "r", rec))
+
+
+def test_a_store_counting_a_record_set_aside_since_is_refused_as_stale(tmp_path):
+    """A job re-run after the store was built, whose gate then failed, has its record set aside to
+    ``<job>/.previous/``: the store still counted it (a folder without a record read as one copied
+    away). It is refused, naming the folder and that its record was set aside; the folder reads
+    without it, and a store copied away from its records still reads."""
+    root = _copy_sweep(tmp_path)
+    rebuild_store(root)
+    job = root / "fixture-sweep" / fixture_run(2).name
+    aside = job / ".previous" / "20261206T120000-abcdef"
+    aside.mkdir(parents=True)
+    for name in ("record.json", "outputs.jsonl", "rounds.jsonl"):
+        shutil.move(str(job / name), str(aside / name))
+    with pytest.raises(RecordError) as info:
+        read_results(root / "store.parquet")
+    message = str(info.value)
+    assert f"store.parquet is stale: fixture-sweep/{job.name} holds no record now" in message
+    assert f"(it was set aside to fixture-sweep/{job.name}/.previous/ by a re-run that wrote none)" in message
+    assert f"the store's row is run {fixture_run_id(2)}" in message and f"`{root}`" in message
+    assert fixture_run_id(2) not in set(read_results(root)[0]["run_id"])
+    shutil.rmtree(job / ".previous")  # a job folder emptied by hand: its record is gone, not set aside
+    with pytest.raises(RecordError, match=f"fixture-sweep/{job.name} holds no record now \\(it was removed\\)"):
+        read_results(root / "store.parquet")
+    shutil.rmtree(job)  # the job folder removed beside the others': as stale
+    with pytest.raises(RecordError, match=f"fixture-sweep/{job.name} is gone"):
+        read_results(root / "store.parquet")
+    away = tmp_path / "away"
+    away.mkdir()
+    shutil.copy(root / "store.parquet", away / "store.parquet")
+    assert len(read_results(away / "store.parquet")[0]) == 11
+
+
+def test_a_record_that_is_not_utf8_or_cannot_be_read_is_refused_naming_its_file(tmp_path, monkeypatch):
+    """A record.json in another encoding raised a UnicodeDecodeError that named no file: compare and
+    report refused with a line saying which byte, not which record."""
+    path = tmp_path / "run" / "record.json"
+    path.parent.mkdir()
+    path.write_bytes(json.dumps({"run_id": "caf\u00e9"}, ensure_ascii=False).encode("latin-1"))
+    with pytest.raises(RecordError, match=r"record.json: not UTF-8 text \(invalid continuation byte at byte 15\)$"):
+        load_record(path)
+    with pytest.raises(RecordError, match=str(path)):
+        aggregate(tmp_path)
+    path.write_text("{}")
+
+    def unreadable(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_text", unreadable)
+    with pytest.raises(RecordError, match=r"record.json: cannot be read \(Permission denied\)$"):
+        load_record(path)

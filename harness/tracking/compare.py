@@ -6,7 +6,9 @@
                     [<axis>=<value> ...]            # filters, e.g. temperature=0 batch_size=1
 
 A records root may be a job folder of a multirun (its name holds ``=``: an argument that names a
-path is never read as an option). ``json=`` writes the tables as JSON; it replaces a compare JSON
+path is never read as an option). ``json=`` writes the tables as JSON, with the sweeps' jobs that
+wrote no record (``jobs_without_record``) and the records a folder holds that no arm counts, their
+bound outputs missing or changed (``left_out_records``: folder and why); it replaces a compare JSON
 written before, and refuses a run's record or outputs, a folder, or any other existing file
 (unless ``overwrite=true``), and a path inside a run folder.
 
@@ -14,9 +16,10 @@ An *arm* is every run sharing one value of the ``by`` axis inside one section (a
 filters), on one target model and one machine: the runs of one value on several models or machines
 are arms apart, each named by what sets it apart (``draft_model (model=tiny)``,
 ``draft_model (machine=cuda: NVIDIA H100)``), and an arm pooling runs of other code is noted under
-its table. Its per-prompt rows are summed by prompt (its id and content fingerprint,
-:func:`prompt_key`) over its runs, so the pairing unit is
-always the prompt. For each arm and each workload category (and ``all``):
+its table. Arms by the machine itself (``by=hardware.device_name``, ``by=hardware.device``) differ in
+it by design: they have a ratio to a baseline on another machine, as arms by model to another model.
+Its per-prompt rows are summed by prompt (its id and content fingerprint, :func:`prompt_key`) over
+its runs, so the pairing unit is always the prompt. For each arm and each workload category (and ``all``):
 
 * ``time_per_committed_token_ms`` = sum(spec_decode_ms) / sum(spec_tokens) (decode time);
 * ``speedup`` = [sum(ar_decode_ms) / sum(ar_tokens)] / [sum(spec_decode_ms) / sum(spec_tokens)],
@@ -43,7 +46,8 @@ Spec-Bench's speedup statistic (a ratio of per-prompt means, wall time with pref
 point value.
 
 Confidence intervals: ``scipy.stats.bootstrap`` with ``paired=True``, resampling prompts (every
-quantity of one prompt moves together). Runs whose timings are not honest
+quantity of one prompt moves together) in the order of their ids (:func:`prompt_order`), so an
+arm's interval does not depend on the other records compared beside it. Runs whose timings are not honest
 (``cpu_budget_artifact``) and heuristic runs (``exact: false``) are labelled and reported in
 their own sections, never mixed with exact runs. Values are recomputed from ``per_prompt``, each
 request's latency inside its batch; a record's ``decode_speedup`` and ``speedup`` divide batch
@@ -79,7 +83,16 @@ from harness.tracking.conventions import machine_label
 from harness.tracking.record import write_json_atomic
 from harness.tracking.run_notes import sped_up_past_rounds
 from harness.tracking.spec_bench import OVERALL, task_of, task_order
-from harness.tracking.store import AXES, SECTIONS, failed_jobs, json_column, no_records_message, read_results
+from harness.tracking.store import (
+    AXES,
+    NOT_STARTED,
+    SECTIONS,
+    failed_jobs,
+    json_column,
+    left_out_records,
+    no_records_message,
+    read_results,
+)
 
 ALL = "all"
 SECTION_TITLES: dict[str, str] = {
@@ -342,49 +355,64 @@ def _arm_prompts(long: pd.DataFrame) -> pd.DataFrame:
 
 
 def _summed(long: pd.DataFrame, unit: str) -> pd.DataFrame:
-    """The decode and prefill columns of ``long`` summed per ``unit`` (prefill NaN where any row lacks it)."""
+    """The decode and prefill columns of ``long`` summed per ``unit`` (prefill NaN where any row lacks
+    it), in :func:`prompt_order`."""
     summed = long.groupby(unit, sort=True)[list(_PROMPT_COLUMNS)].sum()
     grouped = long.groupby(unit, sort=True)
     for c in _PREFILL_COLUMNS:
         summed[c] = grouped[c].sum(min_count=1).where(grouped[c].count() == grouped[c].size())
-    return summed
+    return prompt_order(summed, long, unit)
+
+
+def prompt_order(summed: pd.DataFrame, long: pd.DataFrame, unit: str) -> pd.DataFrame:
+    """``summed`` (one row per ``unit`` of the per-prompt rows ``long``) in the order the bootstrap
+    resamples: by prompt id (a batch by its first prompt's), then by unit. The pairing key
+    (:func:`prompt_key`: a fingerprint, or a workload source where any record of the frame lacks one)
+    only breaks ties between prompts of one id, so an arm's interval stays the same whatever other
+    records are compared beside it."""
+    first = long.groupby(unit, sort=False)["raw_prompt_id"].min().to_dict()
+    return summed.loc[sorted(summed.index, key=lambda u: (first[u], u))]
 
 
 #: the arm of the runs that have no value of the ``by`` axis (e.g. ``by=experiment`` for runs outside any)
 NO_VALUE = "(none)"
+#: the column of :func:`_arm_runs` that names each run's arm; the ``by`` column keeps the values the
+#: runs have (a batch size stays the number it ran)
+ARM = "_arm"
 
 
 def _arm_runs(df: pd.DataFrame, by: str, filters: Mapping[str, str] | None) -> pd.DataFrame:
-    """The runs the filters keep, those without a value of ``by`` as the arm :data:`NO_VALUE`;
+    """The runs the filters keep, each with its arm in the column :data:`ARM`: its value of ``by``
+    as a label (:data:`NO_VALUE` where it has none), with what else it is and what sets it apart;
     refuses a ``by`` that names no column and an empty selection."""
     if by not in df.columns:
         raise ValueError(f"by must name an axis {list(AXES)} or a store column; got {by!r}")
     runs = filter_runs(df, filters or {})
     if runs.empty:
         raise ValueError(f"no runs left after filters {dict(filters or {})}")
-    if runs[by].isna().any():  # grouping would drop them
-        runs = runs.assign(**{by: runs[by].astype(object).where(runs[by].notna(), NO_VALUE)})
+    missing = runs[by].isna()  # grouping by the value would drop them
+    arms = pd.Series(
+        [NO_VALUE if m else arm_label(v) for v, m in zip(runs[by], missing, strict=True)], index=runs.index
+    )
     if "exact" in runs.columns and "cpu_budget_artifact" in runs.columns:
         # an ungated run keeps its other label: never pooled with exact runs of its arm
         also = [also_labelled(r) for _, r in runs.iterrows()]
-        if any(also):
-            runs = runs.assign(**{by: [f"{arm_label(v)} {a}" if a else v for v, a in zip(runs[by], also, strict=True)]})
+        arms = pd.Series([f"{a} {t}" if t else a for a, t in zip(arms, also, strict=True)], index=runs.index)
     # an arm's runs of several target models, or timed on several machines, are arms apart: pooled,
     # one interval mixed one model's (or machine's) times with another's, and a prompt run on two
     # machines summed their times (the same model in another dtype is the same model)
-    labels = runs[by].map(arm_label)
     apart: list[tuple[str, pd.Series]] = []
     if by != "model" and "model" in runs.columns:
         apart.append(("model", runs["model"].map(lambda v: arm_label(v).split("@", 1)[0])))
     apart.append((MACHINE, pd.Series(machine_values(runs), index=runs.index)))
-    mixed = {name: {label for label in set(labels) if values[labels == label].nunique() > 1} for name, values in apart}
+    mixed = {name: {label for label in set(arms) if values[arms == label].nunique() > 1} for name, values in apart}
     if any(mixed.values()):
         split = []
-        for i, (value, label) in enumerate(zip(runs[by], labels, strict=True)):
+        for i, label in enumerate(arms):
             said = [f"{name}={values.iloc[i]}" for name, values in apart if label in mixed[name]]
-            split.append(f"{label} ({', '.join(said)})" if said else value)
-        runs = runs.assign(**{by: split})
-    return runs
+            split.append(f"{label} ({', '.join(said)})" if said else label)
+        arms = pd.Series(split, index=runs.index)
+    return pd.concat([runs, arms.rename(ARM)], axis=1)  # a store's many columns: no insert into a fragmented frame
 
 
 def matching_label(value: str, labels: set[str]) -> str:
@@ -434,11 +462,12 @@ DEFAULT_BOOTSTRAP = {"confidence_level": 0.95, "n_resamples": 2000, "seed": 0, "
 
 def run_speedups(per_prompt: Sequence[Mapping[str, Any]], run: pd.Series | None = None) -> tuple[Estimate, Estimate]:
     """One run's decode and end-to-end speedups with the intervals ``harness compare`` draws for
-    that run alone: its prompts in compare's order (by :func:`prompt_key`; ``run``, the store row,
-    names the workload of prompts without a fingerprint), compare's default resamples and seed."""
+    that run alone: its prompts in compare's order (:func:`prompt_order`: by id, then by
+    :func:`prompt_key`; ``run``, the store row, names the workload of prompts without a fingerprint),
+    compare's default resamples and seed."""
     run = pd.Series(dtype=object) if run is None else run
     fingerprints = all(q.get("prompt_sha256") for q in per_prompt)
-    rows = sorted(per_prompt, key=lambda q: prompt_key(run, q, by_fingerprint=fingerprints))
+    rows = sorted(per_prompt, key=lambda q: (str(q["prompt_id"]), prompt_key(run, q, by_fingerprint=fingerprints)))
     columns = (*_PROMPT_COLUMNS, *_PREFILL_COLUMNS)
     p = pd.DataFrame(
         [{c: math.nan if q.get(c) is None else float(q[c]) for c in columns} for q in rows], columns=columns
@@ -485,12 +514,16 @@ _AXIS_CONFIG = {
 #: the pseudo-key under which runs timed on different machines are told apart (the store's
 #: ``hardware.device`` and ``hardware.device_name``: a CPU's model or a GPU's name)
 MACHINE = "machine"
+#: the store columns a run's machine is read from: arms by one of them differ in their machine by
+#: design (as arms by model differ in their model), so neither a note nor the baseline sets them apart for it
+MACHINE_COLUMNS = ("hardware.device", "hardware.device_name")
 
 
 def machine_values(runs: pd.DataFrame) -> list[str]:
     """Each run's machine as ``<device kind>: <device name>`` (``-`` where the store has neither)."""
-    kinds = runs["hardware.device"] if "hardware.device" in runs.columns else [None] * len(runs)
-    names = runs["hardware.device_name"] if "hardware.device_name" in runs.columns else [None] * len(runs)
+    kind_column, name_column = MACHINE_COLUMNS
+    kinds = runs[kind_column] if kind_column in runs.columns else [None] * len(runs)
+    names = runs[name_column] if name_column in runs.columns else [None] * len(runs)
     return [machine_label({"device": kind, "device_name": name}) for kind, name in zip(kinds, names, strict=True)]
 
 
@@ -534,7 +567,7 @@ def _varying(runs: pd.DataFrame, by: str, *, skip_group: bool = False) -> dict[s
         if len(values) > 1:
             out[axis] = values
     machines = sorted(set(machine_values(runs)))
-    if len(machines) > 1:  # times of one machine pooled with, or divided by, another's
+    if len(machines) > 1 and by not in MACHINE_COLUMNS:  # times of one machine pooled with, or divided by, another's
         out[MACHINE] = machines
     software = sorted(set(_software_values(runs)))
     if len(software) > 1:  # another build of the harness, or of the libraries its forwards run
@@ -637,7 +670,7 @@ def _axes_apart(runs: pd.DataFrame, base: pd.DataFrame, by: str) -> dict[str, li
         if mine != theirs:
             out[axis] = [",".join(mine), ",".join(theirs)]
     machines = [sorted(set(machine_values(df))) for df in (runs, base)]
-    if machines[0] != machines[1]:
+    if machines[0] != machines[1] and by not in MACHINE_COLUMNS:
         out[MACHINE] = [",".join(m) for m in machines]
     software = [sorted(set(_software_values(df))) for df in (runs, base)]
     if software[0] != software[1]:
@@ -787,8 +820,8 @@ def compare(
     arms: dict[tuple[str, str], pd.DataFrame] = {}
     arm_runs: dict[tuple[str, str], pd.DataFrame] = {}
     arm_long: dict[tuple[str, str], pd.DataFrame] = {}
-    for (section, value), group in runs.groupby(["section", by], sort=True):
-        key = (str(section), arm_label(value))
+    for (section, arm), group in runs.groupby(["section", ARM], sort=True):
+        key = (str(section), str(arm))
         arm_runs[key] = group
         arm_long[key] = long[long["run_id"].isin(group["run_id"])]
         arms[key] = _arm_prompts(arm_long[key])
@@ -845,7 +878,8 @@ def compare(
                         other_machine = differs[MACHINE]
                 if bk is not None and not other_model and not other_machine:
                     b = arms[bk] if cat == ALL else arms[bk][arms[bk]["category"] == cat]
-                    common = p.index.intersection(b.index)
+                    in_base = set(b.index)
+                    common = [k for k in p.index if k in in_base]  # in this arm's order
                     n_pairs = len(common)
                     if n_pairs:
                         b, a = b.loc[common], p.loc[common]
@@ -928,15 +962,16 @@ def leaderboard_prompts(runs: pd.DataFrame) -> pd.DataFrame:
         }
         for run, p in run_prompts(runs)
     ]
-    return pd.DataFrame(rows, columns=["run_id", "prompt_id", "batch_unit", "task", *_LEADER_COLUMNS])
+    return pd.DataFrame(rows, columns=["run_id", "prompt_id", "raw_prompt_id", "batch_unit", "task", *_LEADER_COLUMNS])
 
 
 def _complete_sums(rows: pd.DataFrame, unit: str) -> pd.DataFrame:
-    """The leaderboard's columns of ``rows`` summed per ``unit``; NaN where any row lacks the value
-    (an older record's prompts have no spec_rounds or prefill): a sum over part of the runs pooled
-    would read as the whole (accepted tokens per round doubled)."""
+    """The leaderboard's columns of ``rows`` summed per ``unit``, in :func:`prompt_order`; NaN where
+    any row lacks the value (an older record's prompts have no spec_rounds or prefill): a sum over
+    part of the runs pooled would read as the whole (accepted tokens per round doubled)."""
     grouped = rows.groupby(unit, sort=True)[list(_LEADER_COLUMNS)]
-    return grouped.sum(min_count=1).where(grouped.count() == grouped.size().to_numpy()[:, None])
+    summed = grouped.sum(min_count=1).where(grouped.count() == grouped.size().to_numpy()[:, None])
+    return prompt_order(summed, rows, unit)
 
 
 def spec_bench_statistic(p: pd.DataFrame) -> float | None:
@@ -969,7 +1004,7 @@ def leaderboard(
     out: list[LeaderRow] = []
     for section in SECTIONS:
         rows = []
-        for value, group in runs[runs["section"] == section].groupby(by, sort=True):
+        for arm, group in runs[runs["section"] == section].groupby(ARM, sort=True):
             mine = long[long["run_id"].isin(group["run_id"])]
             summed = _complete_sums(mine, "prompt_id")
             summed["task"] = mine.groupby("prompt_id", sort=True)["task"].first()
@@ -988,7 +1023,7 @@ def leaderboard(
                 if not units["spec_rounds"].isna().any():
                     accepted = paired_bootstrap((units["spec_tokens"], units["spec_rounds"]), ratio_of_sums, **boot)
                 cells[col] = LeaderCell(len(p), speed, accepted, spec_bench_statistic(p))
-            rows.append(LeaderRow(section, arm_label(value), tuple(sorted(group["run_id"])), cells))
+            rows.append(LeaderRow(section, str(arm), tuple(sorted(group["run_id"])), cells))
         rows.sort(key=lambda r: -(r.cells[OVERALL].speedup.value or -math.inf) if OVERALL in r.cells else math.inf)
         out += rows
     return columns, out
@@ -1419,6 +1454,9 @@ def failures_note(failures: Sequence[Mapping[str, Any]], shown: int = 5) -> str:
     named = []
     for f in failures[:shown]:
         error = f.get("error") or {}
+        if f.get("stage") == NOT_STARTED:  # a launch cut short before it started the job
+            named.append(f"{f.get('job', '?')} ({NOT_STARTED})")
+            continue
         outcome = "refused" if f.get("refused") else "failed"
         stage = f" at {f['stage']}" if f.get("stage") else ""
         named.append(f"{f.get('job', '?')} ({outcome}{stage}: {error.get('type', '?')})")
@@ -1499,6 +1537,11 @@ def main(argv: list[str] | None = None) -> int:
             pairing="prompt_id",
             jobs_without_record=[
                 {k: f.get(k) for k in ("job", "overrides", "stage", "refused", "error") if k in f} for f in failures
+            ],
+            # the records a folder holds that no arm counts: their bound outputs are missing or changed
+            left_out_records=[
+                {"folder": folder, "why": why}
+                for folder, why in (left_out_records(root) if Path(positionals[0]).is_dir() else [])
             ],
             **({"leaderboard": leaderboard_json(*board)} if board is not None else {}),
         )

@@ -2,6 +2,10 @@
 
     harness report <records_root | store.parquet> [out=DIR [overwrite=true]] [recipe=default]
 
+``out=`` defaults to ``<records_root>/report`` (a store's: ``report/`` beside the store); a run
+folder's report (or that of a store inside one) goes beside the run folder, to ``<run>-report``,
+and an ``out=`` inside a run folder is refused: nothing is written among a run's files.
+
 The recipe (``reports/<name>.yaml``, or a path to a YAML file) lists the plots, in order, with
 optional filters; see ``reports/default.yaml``. This module reads records (through
 :mod:`harness.tracking.store`) and nothing else: never the model, never the engine.
@@ -31,7 +35,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from harness.files import output_folder_problem, temporary_sibling
+from harness.files import output_folder_problem, run_folder_of, temporary_sibling
 from harness.tracking.command_line import boolean_option, parse_command, refuse
 from harness.tracking.compare import (
     ALL,
@@ -59,6 +63,7 @@ from harness.tracking.spec_bench import OVERALL, TASK_TITLES
 from harness.tracking.store import (
     AXES,
     FAILURES_FILENAME,
+    NOT_STARTED,
     RECORD_FILENAME,
     ROUND_COST_STAGES,
     SECTIONS,
@@ -227,12 +232,20 @@ def axis_piece(axis: str, value: Any) -> str:
 def run_labels(df: pd.DataFrame) -> dict[str, str]:
     """A label per run: its arm, by the axes that differ among the runs shown (never a run id),
     and the options that tell one arm's runs apart (a swept ``topology.max_nodes``:
-    :func:`~harness.tracking.compare.arm_config_keys`), plus the section tag
+    :func:`~harness.tracking.compare.arm_config_keys`), its machine where the runs span machines
+    (``machine=cuda: NVIDIA H100``: two machines' runs of one arm are no repeats), plus the section tag
     (:func:`harness.tracking.conventions.arm_labels`)."""
     axes = [a for a in AXES if a in df.columns]
     keys = arm_config_keys(df)
+    machines = dict(zip(df["run_id"], machine_values(df), strict=True))
+    spanned = len(set(machines.values())) > 1
     options = {  # an option a run does not set (another proposer's) is no part of its label
-        r["run_id"]: "/".join(f"{k}={text}" for k in keys if (text := config_text(r.get(f"config.{k}"))) != "null")
+        r["run_id"]: "/".join(
+            [
+                *(f"{k}={text}" for k in keys if (text := config_text(r.get(f"config.{k}"))) != "null"),
+                *([f"machine={machines[r['run_id']]}"] if spanned else []),
+            ]
+        )
         for _, r in df.iterrows()
     }
     labels = arm_labels({r["run_id"]: {a: r[a] for a in axes} for _, r in df.iterrows()}, options=options)
@@ -708,22 +721,26 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     if runs.empty or runs["batch_size"].nunique() < 2:
         return Plot(None, "fewer than two batch sizes among the runs")
     series_axes = [a for a in AXES if a != "batch_size"]
-    # a series is one configuration of one section: its axes and the options that tell one arm's runs
-    # apart (a swept topology.max_nodes), so a line never zig-zags through two configurations at one
-    # batch size, nor joins an ungated (or heuristic) run to an exact one
+    # a series is one configuration of one section on one machine: its axes and the options that tell
+    # one arm's runs apart (a swept topology.max_nodes), so a line never zig-zags through two
+    # configurations at one batch size, nor joins an ungated (or heuristic) run to an exact one, nor one
+    # machine's point to another's
     options = [k for k in arm_config_keys(runs) if f"config.{k}" in runs.columns]
     fig = _new_figure()
     ax = fig.add_subplot()
     order = {name: k for k, name in enumerate(SECTIONS)}
+    machines = machine_values(runs)
     keyed = runs.assign(
-        _key=runs.apply(
-            lambda r: (
+        _machine=machines,
+        _key=[
+            (
                 order[r["section"]],
+                machine,
                 *(arm_label(r[a]) for a in series_axes),
                 *(config_text(r.get(f"config.{k}")) for k in options),
-            ),
-            axis=1,
-        )
+            )
+            for machine, (_, r) in zip(machines, runs.iterrows(), strict=True)
+        ],
     )
     vary = [a for a in series_axes if runs[a].map(arm_label).nunique() > 1]
     drawn = 0
@@ -749,6 +766,7 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         first = group.iloc[0]
         pieces = [axis_piece(a, first[a]) for a in vary]
         pieces += [f"{k}={text}" for k in options if (text := config_text(first.get(f"config.{k}"))) != "null"]
+        pieces += [f"machine={first['_machine']}"] if len(set(machines)) > 1 else []
         st = SECTION_STYLE[first["section"]]  # ungated, heuristic and CPU-budget series with their own marker and tag
         label = ("/".join(pieces) or "runs") + (" (repeats)" if repeats else "") + st["tag"]
         label += f" {also}" if (also := also_labelled(first)) else ""
@@ -762,7 +780,10 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
             label=label,
         )
     if not drawn:
-        return Plot(None, "no configuration was run at two batch sizes (the other axes held fixed, in one section)")
+        return Plot(
+            None,
+            "no configuration was run at two batch sizes (the other axes held fixed, in one section, on one machine)",
+        )
     ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(runs["batch_size"].unique()), [arm_label(b) for b in sorted(runs["batch_size"].unique())])
@@ -993,13 +1014,23 @@ RUN_COLUMNS = (
 
 
 def _runs_section(df: pd.DataFrame) -> list[str]:
+    """The Runs tables, one per section: :data:`RUN_COLUMNS`, and each run's machine after the axes
+    where the runs span machines."""
+    machines = machine_values(df)
+    at = RUN_COLUMNS.index(AXES[-1]) + 1
+    extra = ["machine"] if len(set(machines)) > 1 else []
     out: list[str] = []
     for section in SECTIONS:
         part = df[df["section"] == section]
         if part.empty:
             continue
         out += [f"### {SECTION_TITLES[section]}", ""]
-        out.append(md_table(RUN_COLUMNS, [[r.get(c) for c in RUN_COLUMNS] for _, r in part.iterrows()]))
+        mine = [m for m, s in zip(machines, df["section"], strict=True) if s == section]
+        body = [
+            [*(r.get(c) for c in RUN_COLUMNS[:at]), *([m] if extra else []), *(r.get(c) for c in RUN_COLUMNS[at:])]
+            for m, (_, r) in zip(mine, part.iterrows(), strict=True)
+        ]
+        out.append(md_table([*RUN_COLUMNS[:at], *extra, *RUN_COLUMNS[at:]], body))
         out.append("")
     out += [
         "`speedup`: end-to-end (prefill, a draft's prompt forward included); `decode_speedup`: the round loop's, "
@@ -1146,10 +1177,11 @@ def _failures_section(failures: Sequence[Mapping[str, Any]], left_out: Sequence[
     for f in failures:
         error = f.get("error") or {}
         message = " ".join(str(error.get("message", "")).split())
+        outcome = NOT_STARTED if f.get("stage") == NOT_STARTED else "refused" if f.get("refused") else "failed"
         body.append(
             [
                 f"`{f.get('job', '?')}`",
-                "refused" if f.get("refused") else "failed",
+                outcome,
                 str(f.get("stage", "")),
                 f"{error.get('type', '')}: {message[:160]}",
             ]
@@ -1276,6 +1308,14 @@ USAGE = "usage: harness report <records_root | store.parquet> [out=DIR [overwrit
 _REGENERATED = "Regenerated from "
 
 
+def default_out(root: Path) -> Path:
+    """Where a report of the records under ``root`` goes without ``out=``: ``<root>/report``; where that
+    is inside a run folder (``root`` is a run's folder, or a store's there), beside that run folder,
+    ``<run>-report``: nothing is written inside a run folder."""
+    run = run_folder_of(root / "report")
+    return root / "report" if run is None else run.parent / f"{run.name}-report"
+
+
 def _is_report(out_dir: Path) -> bool:
     """Whether ``out_dir``'s report.md is one this command wrote (its third line says where its
     numbers come from), which a new report may replace."""
@@ -1306,10 +1346,12 @@ def main(argv: list[str] | None = None) -> int:
         problem = recipe_column_problem(recipe, recipe_path, df)
         if problem is not None:
             raise ValueError(problem)
-        out_dir = Path(kv["out"]) if "out" in kv else (root or Path(".")) / "report"
+        out_dir = Path(kv["out"]) if "out" in kv else default_out(root or Path("."))
         problem = output_folder_problem("out", out_dir)
         if problem is None and (out_dir / RECORD_FILENAME).is_file():
             problem = f"out={out_dir} is a run folder (it holds {RECORD_FILENAME}); write the report elsewhere"
+        if problem is None and (run := run_folder_of(out_dir)) is not None:
+            problem = f"out={out_dir} is inside the run folder {run}: write the report outside any run folder"
         if problem is None and (out_dir / "report.md").is_dir():
             problem = f"out={out_dir} holds a folder named report.md; give another folder"
         if problem is None and not overwrite and (out_dir / "report.md").exists() and not _is_report(out_dir):

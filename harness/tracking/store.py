@@ -64,6 +64,8 @@ SCHEMA_VERSION = 2
 SUPPORTED_SCHEMA_VERSIONS = (1, 2)
 #: a sweep folder's jobs that wrote no record: one JSON line each (job, stage, refused, error)
 FAILURES_FILENAME = "failures.jsonl"
+#: the stage of a failures file's line for a job its launch planned and, cut short, never started
+NOT_STARTED = "not started"
 
 REQUIRED_TOP_LEVEL: tuple[str, ...] = (
     "schema_version",
@@ -360,6 +362,10 @@ def load_record(path: str | Path) -> dict[str, Any]:
         record = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise RecordError(f"{path}: not valid JSON ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
     return validate_record(record, path=path)
 
 
@@ -626,9 +632,9 @@ def read_results(source: str | Path) -> tuple[pd.DataFrame, Path | None]:
             record_dir, now, then = stale[0]
             more = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
             raise RecordError(
-                f"{source} is stale: {record_dir} now holds run {now}, the store's row is run {then}{more} (a job "
-                f"re-ran after the store was built); give the folder instead (`{source.parent}`: its records are "
-                "read now), or launch the sweep again to rebuild the store"
+                f"{source} is stale: {record_dir} {now}, the store's row is run {then}{more}; give the folder "
+                f"instead (`{source.parent}`: its records are read now, without the store), or launch the sweep "
+                "again to rebuild the store"
             )
         changed = changed_output_rows(df, source.parent)
         if changed:
@@ -646,16 +652,40 @@ _RUN_ID = re.compile(r'"run_id"\s*:\s*"([^"]+)"')
 
 
 def stale_rows(df: pd.DataFrame, root: Path) -> list[tuple[str, str, str]]:
-    """The rows of a store whose job folder (``root / record_dir``) now holds another run's record:
-    ``(record_dir, run id there, run id in the store)``. A folder that is gone (a store copied away
-    from its records) is no sign of staleness."""
+    """The rows of a store whose job folder (``root / record_dir``) no longer holds their run's record:
+    ``(record_dir, what it holds now, run id in the store)``. A folder may hold another run's record (a
+    job re-ran), or none: its record set aside to ``.previous/`` (a re-run whose gate failed) or
+    removed, or the folder itself gone while other rows' folders are there. A store whose every row's
+    folder is gone (a store copied away from its records) is no sign of staleness."""
+    root = Path(root)
+    rows = list(zip(df["record_dir"], df["run_id"], strict=True))
+    folders = [root / str(record_dir) for record_dir, _ in rows]
+
+    def there(folder: Path) -> bool:  # the store's own folder (a run's store) only while it is that run's
+        if folder.resolve() == root.resolve():
+            return (folder / RECORD_FILENAME).is_file() or (folder / PREVIOUS_DIR).is_dir()
+        return folder.is_dir()
+
+    copied_away = not any(there(folder) for folder in folders)
     out = []
-    for record_dir, run_id in zip(df["record_dir"], df["run_id"], strict=True):
-        path = Path(root) / str(record_dir) / RECORD_FILENAME
+    for (record_dir, run_id), folder in zip(rows, folders, strict=True):
+        path = folder / RECORD_FILENAME
+        if not path.is_file():
+            if copied_away:
+                continue
+            if not there(folder):
+                now = "is gone"
+            elif (folder / PREVIOUS_DIR).is_dir():
+                aside = f"{record_dir}/{PREVIOUS_DIR}/"
+                now = f"holds no record now (it was set aside to {aside} by a re-run that wrote none)"
+            else:
+                now = "holds no record now (it was removed)"
+            out.append((str(record_dir), now, str(run_id)))
+            continue
         try:
             with open(path, encoding="utf-8") as fh:
                 head = fh.read(4096)  # the record's run_id is among its first keys
-        except OSError:
+        except (OSError, ValueError):  # unreadable, or not UTF-8: reading the folder refuses it, naming it
             continue
         found = _RUN_ID.search(head)
         if found is None:
@@ -666,7 +696,9 @@ def stale_rows(df: pd.DataFrame, root: Path) -> list[tuple[str, str, str]]:
         else:
             found_id = found.group(1)
         if found_id is not None and str(found_id) != str(run_id):
-            out.append((str(record_dir), str(found_id), str(run_id)))
+            out.append(
+                (str(record_dir), f"now holds run {found_id} (a job re-ran after the store was built)", str(run_id))
+            )
     return out
 
 
