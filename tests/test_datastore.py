@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -48,6 +52,19 @@ def brute_occurrences(tokens: np.ndarray, pattern: list[int]) -> list[int]:
     return [i for i in range(len(tokens) - n + 1) if tokens[i : i + n].tolist() == pattern]
 
 
+def brute_spread(tokens: np.ndarray, pattern: list[int], max_matches: int) -> list[int]:
+    """The matches the datastore reads for ``pattern`` (ascending): those followed by a token of their
+    segment, ordered by the text that follows them; past ``max_matches``, the middle one of each of
+    ``max_matches`` equal strata of that order."""
+    n = len(pattern)
+    held = sorted(
+        (i for i in brute_occurrences(tokens, pattern) if tokens[i + n] != SENTINEL), key=lambda i: tokens[i:].tolist()
+    )
+    if len(held) > max_matches:
+        held = [held[(2 * j + 1) * len(held) // (2 * max_matches)] for j in range(max_matches)]
+    return sorted(held)
+
+
 def brute_longest(tokens: np.ndarray, query: list[int]) -> int:
     best = 0
     for i in range(len(query)):
@@ -79,9 +96,10 @@ def test_occurrences_agree_with_brute_force_scan():
                 want = brute_occurrences(ds.tokens, pattern)
                 assert ds.occurrences(pattern).tolist() == want
                 assert ds.count(pattern) == len(want)
-                # with a continuation inside the segment, the lowest offsets first
-                cont = [i for i in want if ds.tokens[i + n] != SENTINEL]
-                assert ds.occurrences(pattern, max_matches=3, need_continuation=True).tolist() == cont[:3]
+                # with a continuation inside the segment, spread over what follows them
+                for cap in (1, 3, 7):
+                    got = ds.occurrences(pattern, max_matches=cap, need_continuation=True).tolist()
+                    assert got == brute_spread(ds.tokens, pattern, cap), (docs, pattern, cap)
 
 
 def test_the_longest_suffix_held_agrees_with_trying_every_length():
@@ -96,6 +114,59 @@ def test_the_longest_suffix_held_agrees_with_trying_every_length():
                 assert ds.longest_suffix(tokens, min_len=lo, max_len=hi) == max(held, default=0)
     with pytest.raises(ValueError, match="token ids"):
         ds.longest_suffix([1, -2], min_len=1, max_len=4)
+
+
+def test_matches_past_max_matches_are_a_sample_of_all_of_them_by_what_follows():
+    """A suffix with more matches than ``max_matches`` read its earliest ones in the corpus: where
+    those all continued one way (the first files of the stdlib), that way was proposed first
+    whatever the rest of the datastore said. The sample is spread over every match in the order of
+    the text that follows, so each continuation's count is within one of its share of all of them."""
+    ds = datastore_from_token_ids([[1, 2, 3]] * 4 + [[1, 2, 4]] * 12, max_matches=4)
+    starts = ds.occurrences([1, 2], max_matches=4, need_continuation=True)
+    assert sorted(ds.continuations(starts, offset=2, length=1)) == [[3], [4], [4], [4]]  # 4 : 12
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        docs = [rng.integers(0, 5, size=int(rng.integers(1, 80))).tolist() for _ in range(6)]
+        ds = datastore_from_token_ids(docs)
+        pattern = rng.integers(0, 5, size=int(rng.integers(1, 3))).tolist()
+        every = ds.occurrences(pattern, need_continuation=True)
+        for cap in (1, 2, 5, 16):
+            sample = ds.occurrences(pattern, max_matches=cap, need_continuation=True)
+            assert len(sample) == min(cap, len(every)) and set(sample.tolist()) <= set(every.tolist())
+            for length in (1, 2, 3):  # every prefix of the continuations, not only their first token
+                whole = [tuple(c) for c in ds.continuations(every, offset=len(pattern), length=length)]
+                part = [tuple(c) for c in ds.continuations(sample, offset=len(pattern), length=length)]
+                for cont in set(whole):
+                    share = whole.count(cont) * len(part) / len(whole)
+                    assert abs(part.count(cont) - share) < 1, (docs, pattern, cap, cont)
+
+
+def test_a_release_keeps_the_match_selection_its_manifest_declares(tmp_path, capsys):
+    """A release built when the earliest matches were read keeps reading them (its release id stands
+    for the continuations it retrieves); ``harness datastore info`` names the selection; a rule this
+    harness does not know is refused, never read as another."""
+    from harness.workloads.datastore import LOWEST_OFFSETS_MATCH_RULE, Datastore, _release_id, write_datastore
+
+    new = datastore_from_token_ids([[1, 2, 3]] * 4 + [[1, 2, 4]] * 12, max_matches=4)
+
+    def declaring(rule: str) -> dict:
+        manifest = json.loads(json.dumps(new.manifest))
+        manifest["match_selection"]["rule"] = rule
+        manifest["release_id"] = _release_id(manifest)
+        return manifest
+
+    old = Datastore(tokens=new.tokens, sa=new.sa, manifest=declaring(LOWEST_OFFSETS_MATCH_RULE))
+    write_datastore(old, tmp_path / "old")
+    old = load_datastore(tmp_path / "old", tokenizer=None)
+    starts = old.occurrences([1, 2], max_matches=4, need_continuation=True)
+    assert starts.tolist() == [0, 4, 8, 12] and old.continuations(starts, offset=2, length=1) == [[3]] * 4
+    write_datastore(new, tmp_path / "new")
+    for name, selection in (("old", "lowest_offsets"), ("new", "spread")):
+        assert main(["info", str(tmp_path / name)]) == 0
+        assert json.loads(capsys.readouterr().out)["match_selection"] == selection
+    (tmp_path / "new" / "manifest.json").write_text(json.dumps(declaring("keep whichever matches you like")))
+    assert main(["info", str(tmp_path / "new")]) == 2
+    assert "declares a match-selection rule this harness does not apply" in capsys.readouterr().err
 
 
 def test_toy_trace_continuations_read_forward_to_the_boundary():
@@ -155,7 +226,7 @@ def test_build_writes_tokens_sa_and_a_complete_manifest(tmp_path):
     assert (m["context_len"], m["continuation_len"]) == (4, 3)
     assert "big-endian" in m["key_encoding"]["search_keys"] and "little-endian" in m["key_encoding"]["tokens_file"]
     assert m["counter_width"] == "uint32"
-    assert m["match_selection"]["max_matches"] == 5 and "lowest corpus offsets" in m["match_selection"]["rule"]
+    assert m["match_selection"]["max_matches"] == 5 and "spread evenly" in m["match_selection"]["rule"]
     assert m["pruning"]["sibling_order"] == "descending prefix count, then ascending token id"
     assert len(m["index"]["sha256"]) == 64 and m["index"]["n_tokens"] == 11
     assert m["builder_version"] == "harness-datastore/1" and m["target_family"] == "toy"
@@ -490,6 +561,11 @@ def test_cli_builds_a_datastore_from_the_user_s_files(tmp_path, monkeypatch, cap
         ([], "corpus=files needs corpus_path=: a folder, a text file or a .jsonl file"),
         ([f"corpus_path={tmp_path / 'nowhere'}"], "nowhere: no such file or folder"),
         ([f"corpus_path={root}", "glob=*.md"], "no text file matches glob=*.md"),
+        # a glob beside one file was read by nothing and written into the manifest
+        (
+            [f"corpus_path={root / 'b.txt'}", "glob=*.py"],
+            f"glob= picks the files of a folder; corpus_path={root / 'b.txt'} is one file, read whole: drop glob=",
+        ),
     ):
         assert main(["build", "corpus=files", "model=owner/toy", *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -718,6 +794,125 @@ def test_a_datastore_is_never_written_into_a_run_folder_or_beside_other_files(tm
         == 0
     )
     assert json.loads(capsys.readouterr().out)["documents_used"] == 3
+
+
+@contextlib.contextmanager
+def another_build(out, then=lambda: None):
+    """Another process's build into ``out``: its lock held (from another thread, which takes it as a
+    process would) while ``then`` runs after a moment, then released."""
+    from harness.files import artifact_lock
+
+    holding = threading.Event()
+
+    def build():
+        with artifact_lock(out, purpose="a build in another process"):
+            holding.set()
+            time.sleep(0.5)
+            then()
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        yield
+    finally:
+        thread.join()
+
+
+def test_a_build_into_a_folder_another_build_holds_waits_for_it(tmp_path, monkeypatch, capsys):
+    """Two builds into one folder each checked that it held no datastore, then both wrote into it:
+    both said they succeeded and one was lost. A build holds the folder's lock from that check to the
+    rename of its temporary folder into place, as a run's build does: the second one waits, then is
+    refused, or with overwrite=true replaces the first's."""
+    import harness.workloads.datastore as datastore_module
+
+    monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
+    root = tmp_path / "lib"
+    root.mkdir()
+    (root / "m.py").write_text("a b c d e f\n")
+    monkeypatch.setattr(corpora, "stdlib_root", lambda: root)
+    out = tmp_path / "ds"
+    first = {}
+
+    def first_build():
+        first["ds"] = build_datastore(
+            _corpus("g h i"), tokenizer=word_tokenizer(), target_family="toy", out_dir=out, progress=False
+        )
+
+    args = ["build", "corpus=stdlib", f"out={out}", "model=owner/toy", "exclude=none", "progress=false"]
+    with another_build(out, first_build):
+        assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    release = first["ds"].release_id
+    assert len(err) == 2 and f"{out} is being built by pid {os.getpid()}" in err[0] and "waiting" in err[0], err
+    assert f"already holds a datastore (release {release[:12]})" in err[1], err
+    assert load_datastore(out, tokenizer=None).release_id == release
+    with another_build(out):
+        assert main([*args, "overwrite=true"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert second["release_id"] != release and second["path"] == str(out)
+    assert load_datastore(out, tokenizer=None).release_id == second["release_id"]
+    # an import waits as a build does
+    index = _rest_index(tmp_path / "ds.idx", ids("a b c a b d"))
+    with another_build(out):
+        assert main(["import", str(index), "model=owner/toy", f"out={out}", "progress=false"]) == 2
+    assert f"already holds a datastore (release {second['release_id'][:12]})" in capsys.readouterr().err
+    # a build refused while it reads leaves no folder behind
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a b c"}\nnot json\n')
+    assert main(["build", "corpus=files", f"corpus_path={bad}", "model=owner/toy", f"out={tmp_path / 'o'}"]) == 2
+    # nothing but the folders, the lock files beside them and the test's own files
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ds.lock", ".o.lock", "bad.jsonl", "ds", "ds.idx", "lib"]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "sa.npy", "tokens.npy"]
+
+
+def test_a_folder_of_another_kind_is_never_taken_for_a_datastore(tmp_path, monkeypatch, capsys):
+    """Any folder holding a manifest.json was taken for a datastore: a trained-heads folder was told it
+    "already holds a datastore", and overwrite=true replaced its manifest and wrote the index beside
+    its weights. A datastore is a folder whose manifest a datastore build wrote; nothing else is
+    written over, and a datastore with other files beside it is not replaced (they would go with it)."""
+    import harness.workloads.datastore as datastore_module
+
+    monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
+    index = _rest_index(tmp_path / "ds.idx", ids("a b c a b d"))
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    (heads / "manifest.json").write_text(json.dumps({"kind": "medusa", "heads": 4}))
+    (heads / "heads.safetensors").write_bytes(b"weights")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "manifest.json").write_text(json.dumps({"name": "mine"}))
+    for out, said in (
+        (heads, "holds a manifest.json that is no datastore's (a 'medusa' artifact's)"),
+        (bare, "holds a manifest.json that is no datastore's (no builder_version 'harness-datastore/"),
+    ):
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        for overwrite in ("false", "true"):
+            for command in (
+                ["build", "corpus=files", f"corpus_path={index}", f"overwrite={overwrite}"],
+                ["import", str(index), f"overwrite={overwrite}"],
+            ):
+                assert main([*command, "model=owner/toy", f"out={out}", "progress=false"]) == 2
+                err = capsys.readouterr().err.strip().splitlines()
+                assert len(err) == 1 and f"out={out} {said}" in err[0], err
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+        assert main(["info", str(out)]) == 2
+        assert f"{str(out)!r} is not a datastore: its manifest.json" in capsys.readouterr().err
+    # a datastore with other files beside it: overwrite=true would take them with it
+    ds = tmp_path / "ds"
+    assert main(["import", str(index), "model=owner/toy", f"out={ds}", "progress=false"]) == 0
+    capsys.readouterr()
+    (ds / "notes.txt").write_text("mine")
+    assert main(["import", str(index), "model=owner/toy", f"out={ds}", "overwrite=true", "progress=false"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"out={ds} holds a datastore and other files (notes.txt)" in err[0], err
+    (ds / "notes.txt").unlink()
+    # a damaged datastore (its files only) is rebuilt with overwrite=true, as its refusal says
+    (ds / "manifest.json").write_text("{")
+    assert main(["import", str(index), "model=owner/toy", f"out={ds}", "progress=false"]) == 2
+    assert f"{str(ds)!r} already holds a datastore" in capsys.readouterr().err
+    assert main(["import", str(index), "model=owner/toy", f"out={ds}", "overwrite=true", "progress=false"]) == 0
+    assert load_datastore(ds, tokenizer=None).n_tokens == 7
 
 
 def test_a_chat_or_spec_bench_prompt_file_is_an_exclusion_list_as_a_prompt_file_is(tmp_path):

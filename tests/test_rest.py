@@ -101,9 +101,10 @@ def _brute_continuations(
 ) -> tuple[int, list[list[int]]]:
     for n in range(min(max_suffix, len(committed)), 0, -1):
         pat = committed[len(committed) - n :]
-        starts = [i for i in range(len(tokens) - n) if tokens[i : i + n].tolist() == pat and tokens[i + n] != SENTINEL][
-            :max_matches
-        ]
+        starts = [i for i in range(len(tokens) - n) if tokens[i : i + n].tolist() == pat and tokens[i + n] != SENTINEL]
+        starts.sort(key=lambda i: tokens[i:].tolist())  # by the text that follows: suffix-array order
+        if len(starts) > max_matches:  # the middle match of each of max_matches equal strata
+            starts = [starts[(2 * j + 1) * len(starts) // (2 * max_matches)] for j in range(max_matches)]
         if starts:
             conts = []
             for s in starts:
@@ -148,6 +149,17 @@ def test_trie_counts_agree_with_a_brute_force_scan():
         for node in result.nodes:  # siblings in declared order
             sibs = [(-nd.score, nd.token_id) for nd in result.nodes if nd.parent == node.parent]
             assert sibs == sorted(sibs)
+
+
+def test_the_first_level_ranks_continuations_as_the_whole_datastore_does():
+    """A suffix with more than ``max_matches`` matches read the earliest ones in the corpus: the first
+    files' continuation was proposed alone, ahead of one three times as frequent over the datastore."""
+    docs = [[1, 2, 3, 9]] * 6 + [[1, 2, 4, 9]] * 20 + [[1, 2, 5]] * 10 + [[1, 2, 6]] * 2
+    prop = rest(docs, max_suffix=2, max_matches=8)
+    result = prop.propose([7, 1, 2], rng())
+    first = [(n.token_id, n.score) for n in result.nodes if n.parent == -1]
+    assert [tok for tok, _ in first] == [4, 5, 3] and sum(score for _, score in first) == 8, first
+    assert result.extras["n_matches"] == 8
 
 
 def test_sequence_shape_follows_the_first_child():

@@ -371,6 +371,55 @@ def test_open_datastore_refuses_another_tokenizer_and_token_id_mismatches(tmp_pa
         open_datastore({"path": str(tmp_path)}, tokenizer=tok, model="toy")
 
 
+def test_a_folder_of_another_kind_is_not_opened_as_a_datastore(tmp_path):
+    """A trained-heads folder given as proposer.datastore.path was read as a datastore "built by None"
+    and told to rebuild it (a build over it would replace the artifact's manifest)."""
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    (heads / "manifest.json").write_text(json.dumps({"kind": "medusa", "heads": 4}))
+    (heads / "heads.safetensors").write_bytes(b"weights")
+    for tokenizer, model in ((word_tokenizer(WORDS), "toy"), (None, "tiny")):
+        with pytest.raises(DatastoreError) as err:
+            open_datastore({"path": str(heads)}, tokenizer=tokenizer, model=model)
+        said = str(err.value)
+        assert said.startswith(
+            f"proposer.datastore.path={str(heads)!r} is not a datastore: its manifest.json is no datastore's "
+            "(a 'medusa' artifact's): give a datastore folder"
+        ), said
+        assert "rebuild" not in said and "overwrite=true" not in said
+
+
+def test_a_cached_datastore_that_reads_its_earliest_matches_is_built_again(tmp_path, monkeypatch, capsys):
+    """A datastore cached when a suffix's earliest matches were read keeps reading them (its release
+    id stands for them): given by its path it opens as released; as a run's cache, the harness's own
+    folder, it is built again under the rule of this code, said on stderr."""
+    import shutil
+
+    from harness.workloads.datastore import LOWEST_OFFSETS_MATCH_RULE, _release_id
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    tok = word_tokenizer(WORDS)
+    cfg = {"corpus": "stdlib", "path": None, "max_tokens": 500, "exclude": "none", "verify_corpus": False}
+    ds, _ = open_datastore(cfg, tokenizer=tok, model="toy")
+    assert ds.match_selection == "spread"
+    manifest = json.loads((ds.path / "manifest.json").read_text())
+    manifest["match_selection"]["rule"] = LOWEST_OFFSETS_MATCH_RULE
+    manifest["release_id"] = _release_id(manifest)
+    (ds.path / "manifest.json").write_text(json.dumps(manifest))
+    kept = tmp_path / "kept"
+    shutil.copytree(ds.path, kept)
+    with pytest.raises(DatastoreError, match=r"reads its lowest_offsets matches, a rule this harness no longer"):
+        open_datastore(cfg, tokenizer=tok, model="toy", build=False)
+    capsys.readouterr()
+    again, info = open_datastore(cfg, tokenizer=tok, model="toy")
+    assert again.match_selection == "spread" and again.release_id != manifest["release_id"] and info["built_now"]
+    assert "reads its lowest_offsets matches, a rule this harness no longer builds: it is built again" in (
+        capsys.readouterr().err
+    )
+    old, _ = open_datastore({"path": str(kept), "verify_corpus": False}, tokenizer=tok, model="toy")
+    assert old.match_selection == "lowest_offsets" and old.release_id == manifest["release_id"]
+
+
 def test_tiny_without_a_datastore_path_gets_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
     with pytest.raises(DatastoreError, match="token-id datastore"):

@@ -3,8 +3,10 @@ index release and evaluation-leakage control.
 
 Per round: search the committed tokens' suffix in the datastore with decreasing ``n``
 (``max_suffix`` down to ``min_suffix``), take the continuations of the first ``n`` that has
-matches (the datastore's declared match-selection rule and ``max_matches``), merge them into a
-trie whose nodes count prefix frequency, prune to the node budget and linearise.
+matches (the datastore's declared match-selection rule and ``max_matches``: past ``max_matches``
+matches, a sample spread over all of them in the order of what follows them, so the trie's counts
+rank continuations as the whole datastore does), merge them into a trie whose nodes count prefix
+frequency, prune to the node budget and linearise.
 
 Semantics are ``frequency``: a node's ``score`` is its prefix count, never ``q``. Trie counts are
 corpus statistics, not a proposal law, so negotiation allows greedy and membership verification
@@ -34,7 +36,9 @@ as its last part and a digest of where it is) is loaded, or built there on first
 progress-barred stage, capped by ``max_tokens``; at the default 2,000,000-token cap the stdlib
 build took 13 CPU-seconds with SmolLM2's tokenizer and holds 24 MB). A datastore built with
 another tokenizer, from raw token ids for a target that has a tokenizer, from a changed corpus or
-with other build options than the configured ones is refused (:class:`DatastoreError`).
+with other build options than the configured ones (a cached one that reads its earliest matches
+included) is refused (:class:`DatastoreError`), and so is a folder whose ``manifest.json`` no
+datastore build wrote.
 ``model=tiny`` has no tokenizer (synthetic
 ids): it takes a token-id datastore (``datastore_from_token_ids`` + ``write_datastore``) through
 ``proposer.datastore.path``; nothing is built for it.
@@ -45,8 +49,8 @@ every evaluation prompt and its tokenized reference answer is measured and recor
 (:class:`~harness.workloads.datastore.LeakageError`, a ``ValueError``: ``harness run`` reports a
 refusal and writes no record) unless ``allow_leakage=true``, which the record then states. The
 retrieval counters in ``stats.extras`` (the record's ``metrics.retrieval``: rounds, miss rate,
-mean match length, retrieval latency, datastore bytes and release id) restart there, so they cover
-the warm-up request and the measured rounds, not the gates' rounds.
+mean match length, retrieval latency, datastore bytes and release id) restart there and again
+after the warm-up request (``Arms.warmup``), so they cover the measured rounds only.
 """
 
 from __future__ import annotations
@@ -95,7 +99,9 @@ from harness.workloads.datastore import (
     default_exclusion,
     exclusion_fingerprints,
     exclusions_for,
+    foreign_manifest,
     load_datastore,
+    match_selection_of,
     read_manifest,
     refuse_leakage,
 )
@@ -532,7 +538,7 @@ def path_inert_options(node, prefix: str) -> list[str]:
     path = node.get("path")
     if path is None and str(node.get("corpus")) == "files":
         out += _unread_file_options(node, prefix)
-    if path is None or not (Path(str(path)) / MANIFEST_FILE).is_file():
+    if path is None or not (Path(str(path)) / MANIFEST_FILE).is_file() or foreign_manifest(Path(str(path))):
         return out  # no path, or one that is refused when opened
     manifest = read_manifest(Path(str(path)))
     why = f"the datastore at {path} was built with {{}} (its manifest decides; nothing is built)"
@@ -679,6 +685,19 @@ def _build_sizes(cfg: dict) -> dict:
     }
 
 
+def _earlier_rule(path: Path) -> str | None:
+    """The match-selection rule of the cached datastore at ``path`` where it is one this harness no
+    longer builds (its earliest matches: ``lowest_offsets``), else None. The cache is the harness's
+    own folder, so such a build is replaced; one given by ``proposer.datastore.path`` keeps its rule."""
+    if not (path / MANIFEST_FILE).is_file() or foreign_manifest(path):
+        return None
+    try:
+        selection = match_selection_of(read_manifest(path))
+    except DatastoreError:
+        return None  # refused when it is opened, with its own reason
+    return selection if selection not in (None, "spread") else None
+
+
 def _build_into(path: Path, cfg: dict, *, tokenizer, model: str, prefix: str = "proposer.datastore") -> float:
     """Build the configured datastore into ``path`` (via a temporary directory no other process
     names, renamed into place, so concurrent jobs never see a half-written index). The caller
@@ -712,7 +731,7 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str, prefix: str = "
             exclude_spec=str(cfg.get("exclude", "none")),
             progress=True,
         )
-        if path.exists():  # no manifest (the caller checked under the lock): a build that never finished
+        if path.exists():  # no manifest (a build that never finished), or a cached build of an earlier rule
             shutil.rmtree(path)
         tmp.rename(path)
     finally:
@@ -759,6 +778,19 @@ def open_datastore(
                 f"{prefix}.path={str(path)!r} is a file; a datastore is a folder (give one, or set {prefix}.path=null "
                 "to build into the cache on first use)"
             )
+        other = foreign_manifest(path)
+        if other:  # a trained artifact's folder, the user's: nothing is read as a datastore, or built over it
+            remedy = (
+                "write a token-id datastore into a new folder (harness.workloads.datastore.datastore_from_token_ids "
+                "+ write_datastore)"
+                if tokenizer is None
+                else f"build one into a new folder (`{build_command(cfg, model, out='NEW_DIR')}`), or set "
+                f"{prefix}.path=null to build into the cache on first use"
+            )
+            raise DatastoreError(
+                f"{prefix}.path={str(path)!r} is not a datastore: its {MANIFEST_FILE} is {other}: give a datastore "
+                f"folder, or {remedy}"
+            )
         if not (path / MANIFEST_FILE).is_file() and path.is_dir() and any(path.iterdir()):
             raise DatastoreError(
                 f"{prefix}.path={str(path)!r} is not a datastore ({MANIFEST_FILE} missing) and holds other files: "
@@ -780,7 +812,8 @@ def open_datastore(
     else:
         corpus = configured_corpus(cfg, prefix)
         path = cache_datastore_path(cfg, corpus, model)
-        if not (path / MANIFEST_FILE).is_file():
+        outdated = _earlier_rule(path)
+        if not (path / MANIFEST_FILE).is_file() or outdated:
             if tokenizer is None:
                 raise DatastoreError(
                     f"model={model!r} has no tokenizer (synthetic token ids), so no corpus datastore can be built "
@@ -789,13 +822,24 @@ def open_datastore(
                 )
             if not build:
                 options = {k: cfg.get(k) for k in _BUILD_OPTIONS if k in cfg}
+                if outdated:
+                    raise DatastoreError(
+                        f"the datastore at {str(path)!r} reads its {outdated} matches, a rule this harness no longer "
+                        f"builds; build it again with `{build_command(cfg, model, **options, overwrite=True)}`"
+                    )
                 raise DatastoreError(
                     f"no datastore at {str(path)!r}; build it with `{build_command(cfg, model, **options)}`"
                 )
             path.parent.mkdir(parents=True, exist_ok=True)
             # jobs starting together build once: the others wait here, then load the first's build
+            if outdated:
+                print(
+                    f"harness run: note: the cached datastore {str(path)!r} reads its {outdated} matches, a rule "
+                    "this harness no longer builds: it is built again",
+                    file=sys.stderr,
+                )
             with artifact_lock(path, purpose=f"building REST datastore {path.name}"):
-                if not (path / MANIFEST_FILE).is_file():
+                if not (path / MANIFEST_FILE).is_file() or _earlier_rule(path):
                     info["build_s"] = _build_into(path, cfg, tokenizer=tokenizer, model=model, prefix=prefix)
                     info["built_now"] = True
                     _BUILT_BY_THIS_JOB[str(path)] = info["build_s"]
@@ -826,6 +870,9 @@ def open_datastore(
         built_from = manifest.get("corpus", {}).get("source")
         if built_from is not None and built_from.get("name") == corpus.name and built_from != corpus.describe():
             diff.append(("corpus source", corpus.describe(), built_from))
+        selection = match_selection_of(manifest)
+        if selection not in (None, "spread"):  # a build spreads its matches (a rule not applied here: refused on load)
+            diff.append(("match selection", "spread", selection))
         if "exclude" in cfg:  # the evaluation texts kept out at build time, compared item by item
             spec, built = built_exclusion(manifest)
             if _configured_fingerprints(str(cfg["exclude"]), _files_state(str(cfg["exclude"]))) != built:

@@ -20,8 +20,15 @@ byte offsets. That byte order sorts exactly like the token suffix array, so the 
 search returns the suffix-array range of a token pattern. Nothing here is a hand-written index.
 
 Match selection (declared in the manifest): for a query of ``n`` tokens, the occurrences whose
-next token is inside the same segment; of those, the ``max_matches`` with the *lowest corpus
-offsets* (earliest in build order), independent of what follows them.
+next token is inside the same segment; past ``max_matches`` of those, ``max_matches`` spread evenly
+over their suffix-array range. That range orders them by the text that follows them, so the sample
+is stratified by continuation: each continuation (and each prefix of one) is read a number of times
+within one of its share of all the occurrences, and the trie ranks continuations as the whole
+datastore does (REST reads up to 5000 matches). On the stdlib datastore, over HumanEval prompts'
+suffixes with more than 64 matches, 64 so spread put the datastore's most frequent next token first
+94% of the time; the 64 lowest corpus offsets (the first files built), 58%. A release that declares
+that lowest-offsets rule (:data:`LOWEST_OFFSETS_MATCH_RULE`) keeps it: a release id always stands
+for the same retrieval.
 
 Evaluation exclusion (declared in the manifest): every excluded text (evaluation prompts and
 reference answers, held-out ShareGPT turns) is tokenized with the same tokenizer; a document is
@@ -35,14 +42,16 @@ the returned records then state.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import io
 import json
 import re
+import shutil
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -50,7 +59,17 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from harness.files import atomic_write_bytes, atomic_write_text, output_folder_problem
+from harness.files import (
+    LockBusy,
+    artifact_lock,
+    atomic_write_bytes,
+    atomic_write_text,
+    describe_holder,
+    file_lock,
+    lock_path,
+    output_folder_problem,
+    temporary_sibling,
+)
 from harness.target.loading import cache_root, checkpoint_ref_problem, load_tokenizer, tokenizer_fingerprint
 from harness.workloads.corpora import (
     SPLITS,
@@ -63,10 +82,15 @@ from harness.workloads.corpora import (
 from harness.workloads.prompts import WorkloadError, flat_reference
 
 BUILDER_VERSION = "harness-datastore/1"
+#: what every datastore manifest's ``builder_version`` starts with: a manifest.json without it is
+#: another tool's (a trained artifact's, the user's), never a datastore to open or to build over
+BUILDER_FAMILY = "harness-datastore/"
 SENTINEL = -1
 TOKENS_FILE = "tokens.npy"
 SA_FILE = "sa.npy"
 MANIFEST_FILE = "manifest.json"
+#: the files a datastore folder holds
+DATASTORE_FILES = (TOKENS_FILE, SA_FILE, MANIFEST_FILE)
 DEFAULT_CONTEXT_LEN = 16
 DEFAULT_CONTINUATION_LEN = 8
 DEFAULT_MAX_MATCHES = 64
@@ -78,10 +102,23 @@ MAX_TOKENS_32BIT = (2**31 - 1) // 4
 
 MATCH_RULE = (
     "longest suffix first: n from max_suffix (<= context_len) down to min_suffix; at the "
+    "first n with an occurrence whose next token lies in the same segment, keep the K such "
+    "occurrences, or when K > max_matches, max_matches of them spread evenly over their "
+    "suffix-array range (ordered by the text that follows them; the ((2j + 1) * K // "
+    "(2 * max_matches))-th from 0, for j < max_matches), so each continuation is kept within "
+    "one time of its share of all K; each continuation is the following continuation_len "
+    "tokens, cut at the segment sentinel"
+)
+#: the rule releases declare whose matches past ``max_matches`` are the lowest corpus offsets (the
+#: first files built), whatever follows them; a release declaring it is searched by it
+LOWEST_OFFSETS_MATCH_RULE = (
+    "longest suffix first: n from max_suffix (<= context_len) down to min_suffix; at the "
     "first n with an occurrence whose next token lies in the same segment, keep the "
     "max_matches such occurrences with the lowest corpus offsets; each continuation is "
     "the following continuation_len tokens, cut at the segment sentinel"
 )
+#: each match-selection rule a release may declare, by name (``harness datastore info``)
+MATCH_SELECTIONS = {MATCH_RULE: "spread", LOWEST_OFFSETS_MATCH_RULE: "lowest_offsets"}
 PRUNING_POLICY = (
     "merge continuations into a trie counting prefix frequency (uint32); rank nodes "
     "by descending count, then breadth-first position with siblings in declared "
@@ -165,15 +202,31 @@ def _release_id(manifest: dict, *, with_build_times: bool = False) -> str:
     return _sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
+def match_selection_of(manifest: dict) -> str | None:
+    """The name (:data:`MATCH_SELECTIONS`) of the match-selection rule ``manifest`` declares; None
+    for a rule this harness does not apply."""
+    return MATCH_SELECTIONS.get((manifest.get("match_selection") or {}).get("rule"))
+
+
 class Datastore:
     """An in-memory datastore: tokens ``[N]``, search keys ``[4N]`` and the aligned suffix array
-    in byte offsets ``[N]``; ``manifest`` is the release manifest."""
+    in byte offsets ``[N]``; ``manifest`` is the release manifest, whose match-selection rule
+    (``match_selection``: ``spread`` or ``lowest_offsets``) :meth:`occurrences` applies."""
 
     def __init__(self, *, tokens: np.ndarray, sa: np.ndarray, manifest: dict, path: Path | None = None) -> None:
         if tokens.ndim != 1 or sa.shape != tokens.shape:
             raise DatastoreError(f"tokens and sa must be 1-D of equal length; got {tokens.shape}, {sa.shape}")
         if len(tokens) > MAX_TOKENS_32BIT:
             raise DatastoreError(f"datastores are limited to {MAX_TOKENS_32BIT} tokens; got {len(tokens)}")
+        selection = match_selection_of(manifest)
+        if selection is None:
+            rule = str((manifest.get("match_selection") or {}).get("rule"))
+            where = "" if path is None else f" {str(path)!r}"
+            raise DatastoreError(
+                f"datastore{where} declares a match-selection rule this harness does not apply "
+                f"({rule[:60]!r}{'...' if len(rule) > 60 else ''}): rebuild it"
+            )
+        self.match_selection = selection
         from pydivsufsort.dll import libdivsufsort
 
         self._lib = libdivsufsort
@@ -261,10 +314,22 @@ class Datastore:
         self, pattern: Sequence[int], *, max_matches: int | None = None, need_continuation: bool = False
     ) -> np.ndarray:
         """Start offsets ``[K]`` (ascending) of ``pattern``; with ``need_continuation`` only those
-        followed by a token of the same segment; at most ``max_matches``, the lowest offsets."""
+        followed by a token of the same segment; at most ``max_matches``: where more occur, under
+        the ``spread`` selection (:data:`MATCH_RULE`) the middle one of each of ``max_matches``
+        equal strata of their suffix-array range, which orders them by the text that follows (the
+        lowest offsets under ``lowest_offsets``)."""
+        if max_matches is not None and max_matches < 1:
+            raise ValueError(f"max_matches must be >= 1; got {max_matches}")
         left, count = self.find(pattern)
         if count == 0:
             return np.zeros(0, dtype=np.int64)
+        if self.match_selection == "spread":
+            if need_continuation:  # those with no next token in their segment lead the range
+                left, count = self._with_continuation(pattern, left, count)
+            picks = np.arange(count)  # [count]
+            if max_matches is not None and count > max_matches:
+                picks = (2 * np.arange(max_matches) + 1) * count // (2 * max_matches)  # [max_matches]
+            return np.sort((self._sa4[left + picks] // 4).astype(np.int64))
         starts = (self._sa4[left : left + count] // 4).astype(np.int64)  # [count]
         if need_continuation:
             nxt = starts + len(pattern)  # [count]
@@ -272,10 +337,19 @@ class Datastore:
             ok[ok] = self.tokens[nxt[ok]] != SENTINEL
             starts = starts[ok]
         if max_matches is not None and len(starts) > max_matches:
-            if max_matches < 1:
-                raise ValueError(f"max_matches must be >= 1; got {max_matches}")
             starts = np.partition(starts, max_matches - 1)[:max_matches]
         return np.sort(starts)
+
+    def _with_continuation(self, pattern: Sequence[int], left: int, count: int) -> tuple[int, int]:
+        """The part ``(left, count)`` of ``pattern``'s suffix-array range ``(left, count)`` whose
+        occurrences are followed by a token of their segment. The others come first in the range:
+        an occurrence that ends the tokens (a prefix of all the rest), then those followed by the
+        sentinel (search key 0, below every token's): two searches, no offset read past them."""
+        n = len(pattern)
+        skip = int(int(self._sa4[left]) // 4 + n >= self.n_tokens)
+        after = ctypes.c_int32()
+        skip += self._search(self._pattern_keys(np.asarray(pattern, dtype=np.int64)) + bytes(4), after)
+        return left + skip, count - skip
 
     def continuations(self, starts: np.ndarray, *, offset: int, length: int) -> list[list[int]]:
         """Tokens ``[start + offset, start + offset + length)`` of each start, cut at the first
@@ -816,7 +890,7 @@ def write_datastore(ds: Datastore, out_dir: str | Path) -> Path:
 def read_manifest(path: str | Path) -> dict:
     """The release manifest of the datastore folder ``path`` (its ``manifest.json``, which must
     exist): refused (:class:`DatastoreError`, naming the file) when it is not JSON or not a JSON
-    object."""
+    object, and (naming the folder) when it is another tool's manifest (:func:`foreign_manifest`)."""
     mpath = Path(path) / MANIFEST_FILE
     try:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
@@ -826,7 +900,38 @@ def read_manifest(path: str | Path) -> dict:
         ) from None
     if not isinstance(manifest, dict):
         raise DatastoreError(f"{str(mpath)!r} holds a JSON {type(manifest).__name__}, not a datastore manifest")
+    other = _not_a_datastore_manifest(manifest)
+    if other:
+        raise DatastoreError(f"{str(Path(path))!r} is not a datastore: its {MANIFEST_FILE} is {other}")
     return manifest
+
+
+def _not_a_datastore_manifest(manifest: dict) -> str | None:
+    """``no datastore's (...)`` saying what the JSON object ``manifest`` is when no datastore build
+    wrote it (its ``builder_version`` does not start with :data:`BUILDER_FAMILY`); None when one did."""
+    version = manifest.get("builder_version")
+    if isinstance(version, str) and version.startswith(BUILDER_FAMILY):
+        return None
+    kind = manifest.get("kind")
+    if isinstance(kind, str) and kind:
+        what = f"a {kind!r} artifact's"
+    elif version is None:
+        what = f"no builder_version '{BUILDER_FAMILY}<n>'"
+    else:
+        what = f"builder_version {version!r}, not '{BUILDER_FAMILY}<n>'"
+    return f"no datastore's ({what})"
+
+
+def foreign_manifest(path: str | Path) -> str | None:
+    """What the ``manifest.json`` of the folder ``path`` is when it is a readable JSON object no
+    datastore build wrote (a trained artifact's, the user's): ``no datastore's (a 'medusa'
+    artifact's)``. None when there is none, when it cannot be read (a damaged datastore: opening it
+    says so) and when it is a datastore's."""
+    try:
+        manifest = json.loads((Path(path) / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return _not_a_datastore_manifest(manifest) if isinstance(manifest, dict) else None
 
 
 def load_datastore(
@@ -1195,6 +1300,7 @@ def _summary(ds: Datastore) -> dict:
         "context_len": m.get("context_len"),
         "continuation_len": m.get("continuation_len"),
         "max_matches": (m.get("match_selection") or {}).get("max_matches"),
+        "match_selection": ds.match_selection,
         "build": m.get("build"),
     }
 
@@ -1235,13 +1341,105 @@ def _output_option(opts: dict[str, str], default: Path) -> str | Path:
     problem = output_folder_problem(key, out)
     if problem:
         raise DatastoreError(problem)
-    folder = Path(out)
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST_FILE).is_file():
-        what = "a run folder (its record.json)" if (folder / "record.json").is_file() else "files that are no datastore"
-        raise DatastoreError(
-            f"{key}={out} holds {what}: give an empty or new folder (overwrite=true replaces a datastore only)"
-        )
+    _refuse_other_files(key, out)
     return out
+
+
+def _refuse_other_files(key: str, out: str | Path) -> None:
+    """Refuse the output folder ``out`` (option ``key``) when it holds anything but a datastore: a
+    manifest.json no datastore build wrote (a trained artifact's), a run folder, other files. A
+    datastore's files alone (one whose manifest cannot be read included) may be built over."""
+    folder = Path(out).expanduser()
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    other = foreign_manifest(folder)
+    if other:
+        what = f"a {MANIFEST_FILE} that is {other}"
+    elif (folder / MANIFEST_FILE).is_file():
+        return
+    elif (folder / "record.json").is_file():
+        what = "a run folder (its record.json)"
+    else:
+        what = "files that are no datastore"
+    raise DatastoreError(
+        f"{key}={out} holds {what}: give an empty or new folder (overwrite=true replaces a datastore only)"
+    )
+
+
+def _refuse_held(key: str, out: str | Path, overwrite: bool) -> None:
+    """Refuse to build into ``out`` (option ``key``) what it holds: anything but a datastore
+    (:func:`_refuse_other_files`), a datastore unless ``overwrite``, and one with other files beside
+    it (a build replaces the folder whole). Checked under the folder's lock, before the tokenizer
+    loads: said as what is there."""
+    _refuse_other_files(key, out)
+    folder = Path(out).expanduser()
+    held = folder / MANIFEST_FILE
+    if not held.is_file():
+        return
+    if not overwrite:
+        try:
+            release = json.loads(held.read_text(encoding="utf-8")).get("release_id")
+        except (OSError, ValueError, AttributeError):
+            release = None
+        raise DatastoreError(
+            f"{str(out)!r} already holds a datastore"
+            + (f" (release {str(release)[:12]})" if release else "")
+            + f": a run opens it as it is (proposer.datastore.path={out}; `harness datastore info {out}` says "
+            "what it was built from); pass overwrite=true to build it again"
+        )
+    others = sorted(p.name for p in folder.iterdir() if p.name not in DATASTORE_FILES)
+    if others:
+        named = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise DatastoreError(
+            f"{key}={out} holds a datastore and other files ({named}): overwrite=true replaces the datastore's "
+            "folder whole; move them out, or give another folder"
+        )
+
+
+@contextlib.contextmanager
+def _output_lock(out: str | Path) -> Iterator[None]:
+    """Hold the lock a run's build of the datastore ``out`` holds (``.<name>.lock`` beside it) for
+    the block, saying on stderr whom it waits for when another process holds it."""
+    folder = Path(out).expanduser().absolute()
+    purpose = f"building REST datastore {folder.name}"
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(file_lock(lock_path(folder), wait=False, purpose=purpose))
+        except LockBusy as busy:
+            print(
+                f"harness datastore: {out} is being built by {describe_holder(busy.holder)}; waiting for it",
+                file=sys.stderr,
+            )
+            stack.enter_context(artifact_lock(folder, purpose=purpose))
+        yield
+
+
+def _write_in_place(out: str | Path, make: Callable[[Path], Datastore]) -> Datastore:
+    """``make(tmp)`` writes a datastore into ``tmp``, a temporary folder beside ``out`` that no other
+    process names; it is renamed into place (a datastore there moved aside first, removed after), so
+    no reader sees a half-written folder and a build that fails leaves nothing. The caller holds
+    :func:`_output_lock`."""
+    given = Path(out).expanduser()
+    folder = given.resolve() if given.is_symlink() else given.absolute()
+    tmp = temporary_sibling(folder, "building")
+    try:
+        ds = make(tmp)
+        if folder.exists():
+            old = temporary_sibling(folder, "replaced")
+            folder.rename(old)
+            try:
+                tmp.rename(folder)
+            except OSError:
+                old.rename(folder)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    ds.path = given
+    return ds
 
 
 def _tokenizer_of(model: str):
@@ -1273,16 +1471,16 @@ def _import_main(rest: list[str]) -> int:
     read_rest_index(index_file)  # the layout, before the tokenizer loads
     name = f"rest-index-{hashlib.sha256(str(index_file.resolve()).encode()).hexdigest()[:12]}"
     out = _output_option(opts, cached_datastore_dir(name, model=model))
-    t0 = time.perf_counter()
-    ds = import_rest_index(
-        index_file,
-        tokenizer=_tokenizer_of(model),
-        target_family=model,
-        out_dir=out,
-        progress=progress,
-        overwrite=overwrite,
-        **sizes,
-    )
+    with _output_lock(out):  # from the check of what the folder holds to the rename into place
+        _refuse_held("out" if "out" in opts else "path", out, overwrite)
+        tokenizer = _tokenizer_of(model)
+        t0 = time.perf_counter()
+        ds = _write_in_place(
+            out,
+            lambda tmp: import_rest_index(
+                index_file, tokenizer=tokenizer, target_family=model, out_dir=tmp, progress=progress, **sizes
+            ),
+        )
     return _print_summary(ds, t0)
 
 
@@ -1368,6 +1566,11 @@ def main(argv: list[str]) -> int:
                 corpus_opts["glob"] = opts["glob"]
         corpus = make_corpus(name, **corpus_opts)
         if name == "files":
+            if "glob" in opts and Path(corpus.path).is_file():  # read by nothing, yet the manifest would record it
+                raise DatastoreError(
+                    f"glob= picks the files of a folder; corpus_path={opts['corpus_path']} is one file, read whole: "
+                    "drop glob="
+                )
             files = corpus.files()  # nothing to read: refused before the tokenizer loads
             if "roles" in opts and not any(f.suffix == ".jsonl" for f in files):
                 raise DatastoreError(
@@ -1386,31 +1589,23 @@ def main(argv: list[str]) -> int:
         out = _output_option(
             opts, cached_datastore_dir(cache_folder_name(corpus, exclude=exclude_spec, **sizes), model=model)
         )
-        held = Path(out) / MANIFEST_FILE
-        if held.is_file() and not overwrite:  # before the tokenizer loads: said as what is there
-            try:
-                release = json.loads(held.read_text(encoding="utf-8")).get("release_id")
-            except (OSError, ValueError, AttributeError):
-                release = None
-            raise DatastoreError(
-                f"{str(out)!r} already holds a datastore"
-                + (f" (release {str(release)[:12]})" if release else "")
-                + f": a run opens it as it is (proposer.datastore.path={out}; `harness datastore info {out}` says "
-                "what it was built from); pass overwrite=true to build it again"
+        with _output_lock(out):  # from the check of what the folder holds to the rename into place
+            _refuse_held("out" if "out" in opts else "path", out, overwrite)
+            tokenizer = _tokenizer_of(model)
+            t0 = time.perf_counter()
+            ds = _write_in_place(
+                out,
+                lambda tmp: build_datastore(
+                    corpus,
+                    tokenizer=tokenizer,
+                    target_family=model,
+                    out_dir=tmp,
+                    exclude=exclude,
+                    exclude_spec=exclude_spec,
+                    progress=progress,
+                    **sizes,
+                ),
             )
-        tokenizer = _tokenizer_of(model)
-        t0 = time.perf_counter()
-        ds = build_datastore(
-            corpus,
-            tokenizer=tokenizer,
-            target_family=model,
-            out_dir=out,
-            exclude=exclude,
-            exclude_spec=exclude_spec,
-            overwrite=overwrite,
-            progress=progress,
-            **sizes,
-        )
         return _print_summary(ds, t0)
     except (ValueError, OSError) as err:  # DatastoreError, a checkpoint or corpus refused, a missing path
         message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
