@@ -37,6 +37,7 @@ from harness.config import (
     checked_plan,
     compose,
     compose_checked,
+    config_loader,
     explain_compose_error,
     offer,
     override_key,
@@ -76,9 +77,34 @@ REFUSALS = (GateError, HydraException, OmegaConfBaseException)
 LAUNCH_OPTIONS = ("concurrent_jobs",)
 
 
+#: the flags that make `harness run` a multirun
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def is_multirun(argv: list[str]) -> bool:
+    """Whether Hydra runs ``argv`` as a multirun: ``-m``/``--multirun``, or ``hydra.mode=MULTIRUN``
+    (as Hydra reads it: quoted, ``++``, or its value ``2``) where no later override sets the mode back."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if any(a in MULTIRUN_FLAGS for a in argv):
+        return True
+    parser = OverridesParser.create()
+    mode = None
+    for a in argv:
+        if a.startswith("-") or a.lstrip("+~").split("=", 1)[0].strip() != "hydra.mode":
+            continue
+        try:
+            (override,) = parser.parse_overrides([a])
+        except HydraException:  # the grammar cannot read it: composition refuses it
+            continue
+        mode = None if override.is_delete() else override.value()
+    return mode in ("MULTIRUN", 2)
+
+
 def is_plain_run(argv: list[str]) -> bool:
-    """A single run given only overrides (no Hydra flags such as --multirun, --cfg, --help)."""
-    return not any(a.startswith("-") for a in argv)
+    """A single run given only overrides (no Hydra flags such as --multirun, --cfg, --help, and no
+    ``hydra.mode=MULTIRUN``)."""
+    return not any(a.startswith("-") for a in argv) and not is_multirun(argv)
 
 
 def preflight(argv: list[str]) -> None:
@@ -98,12 +124,13 @@ def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str, set[str], bool
     a job's folder name leaves out, whether the folders are named by the overrides (the root
     config's ``hydra.sweep.subdir``), and the overrides the launcher adds to every job that does
     not set their keys (``hydra.launcher.job_overrides``, the Slurm launcher's ``model.device=cuda``).
-    ``argv`` holds no flag but ``-m``/``--multirun``."""
+    ``argv`` holds no flag but ``-m``/``--multirun``. A ``glob(...)`` sweep lists its group's
+    options through Hydra's config loader, as the sweeper does."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    overrides = [a for a in argv if a not in {"-m", "--multirun"}]
-    parser = OverridesParser.create()
+    overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
+    parser = OverridesParser.create(config_loader=config_loader())
     fixed = [o.input_line for o in parser.parse_overrides(overrides) if not o.is_sweep_override()]
     cfg = compose(fixed, return_hydra_config=True)
     params = cfg.hydra.sweeper.get("params") or {}
@@ -133,6 +160,18 @@ def job_folder_name(job: list[str], unnamed: set[str]) -> str:
     return get_overrides_dirname(task, sorted(unnamed), ",", "=")
 
 
+def fixed_overrides(argv: list[str]) -> list[str]:
+    """The overrides of a multirun's command line that every job shares (no sweep, no flag), or none
+    where Hydra's grammar cannot read them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = [a for a in argv if not a.startswith("-")]
+    try:
+        return [o.input_line for o in OverridesParser.create().parse_overrides(overrides) if not o.is_sweep_override()]
+    except HydraException:
+        return []
+
+
 def remote_job_overrides(job: list[str], added: list[str]) -> list[str]:
     """A job's overrides as a remote launcher runs it, with its ``job_overrides`` added."""
     from hydra_plugins.harness_launcher.slurm import with_job_overrides  # only a remote launch needs it
@@ -150,13 +189,15 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
     go together (:class:`NegotiationError`; a cross of axes may hold such holes) is named on stderr
     and the others run; it is recorded as refused. Skipped where the command line carries Hydra
     flags other than ``-m`` (``--cfg``, ``-cd``, ...)."""
-    if any(a.startswith("-") and a not in {"-m", "--multirun"} for a in argv):
+    if any(a.startswith("-") and a not in MULTIRUN_FLAGS for a in argv):
         return
     try:
         jobs, launcher, unnamed, by_overrides, added = multirun_jobs(argv)
     except (HydraException, OmegaConfBaseException) as exc:
-        raise explain_compose_error(exc, argv) from exc
-    if len(jobs) == 1 and not [o for o in jobs[0] if override_key(o) not in unnamed and not o.startswith("hydra")]:
+        error = explain_compose_error(exc, argv)
+        raise offer(error, [o for o in fixed_overrides(argv) if o != error.replaces]) from exc
+    named = [o for o in jobs[0] if override_key(o) not in unnamed and not override_key(o).startswith("hydra")]
+    if len(jobs) == 1 and not named:
         raise ConfigError(  # its folder would be the sweep folder itself, its record beside the sweep's files
             "the multirun has one job and nothing to name its folder by: a sweep crosses axes "
             "(hydra.sweeper.params in a sweep file, or a,b values on the command line); `harness run` runs one job"
@@ -331,7 +372,7 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
             preflight(argv)
         else:
             check_launch_options(argv)
-            if any(a in {"-m", "--multirun"} for a in argv):
+            if is_multirun(argv):
                 preflight_multirun(argv, command=command)
     except Exception as exc:  # reported in one line; nothing has been written yet
         return report_failure(command, exc, refusals=REFUSALS)
@@ -382,7 +423,7 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
             print(f"harness {command}: note: {note}", file=sys.stderr)
         return {"record": str(run_dir / "record.json")}  # a finished run (its Hydra folder is kept)
 
-    multirun = any(a in {"-m", "--multirun"} or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
+    multirun = is_multirun(argv)
     sweep.LAST_SUMMARY.clear()
     old_argv, old_full_error = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
     sys.argv = [f"harness {command}"] + argv

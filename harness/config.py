@@ -43,15 +43,50 @@ from harness.workloads.prompts import SPLITS
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
+#: the largest whole number an option takes (int64's: torch's and numpy's integers); a larger one
+#: would pass a range with no upper bound and fail mid-run, in a native op
+INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class DeclaredRange(Range):
+    """A :class:`Range` whose whole numbers end at :data:`INT64_MAX` where it declares no tighter
+    upper bound (a float is left to its declared bounds); refused with the bound named."""
+
+    def admits(self, value: Any) -> bool:
+        return super().admits(value) and not _beyond_int64(value)
+
+    def check(self, key: str, value: Any) -> None:
+        if self.le is None and self.lt is None and _beyond_int64(value):
+            dataclasses.replace(self, le=INT64_MAX).check(key, value)
+        super().check(key, value)
+
+
+def _beyond_int64(value: Any) -> bool:
+    """Whether ``value``, or an item of it (lists and dicts walked), is a whole number above :data:`INT64_MAX`."""
+    if isinstance(value, dict | DictConfig):
+        return any(_beyond_int64(v) for v in value.values())
+    if isinstance(value, list | tuple | ListConfig):
+        return any(_beyond_int64(v) for v in value)
+    return isinstance(value, int) and not isinstance(value, bool) and value > INT64_MAX
+
+
 def ranged(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, **bounds: Any) -> Any:
     """A dataclass field whose valid values are declared beside it (:class:`Range`: ``ge``, ``gt``,
-    ``le``, ``lt``, ``choices``, ``each``), checked before any model work."""
-    return field(default=default, default_factory=default_factory, metadata={"range": Range(**bounds)})
+    ``le``, ``lt``, ``choices``, ``each``; a whole number at most :data:`INT64_MAX` unless ``le`` or
+    ``lt`` is tighter), checked before any model work."""
+    return field(default=default, default_factory=default_factory, metadata={"range": DeclaredRange(**bounds)})
 
 
 SEED = {"ge": 0, "le": 2**32 - 1}  # numpy's seed range; derived seeds add offsets and multiples within int64
 POSITIVE_INT = {"ge": 1}
 PROBABILITY = {"ge": 0.0, "le": 1.0}
+#: torch threads a run may ask for: far more than any machine's cores, far fewer than would exhaust
+#: memory as torch starts them (100,000 do)
+MAX_THREADS = 4096
+#: tokens the chi-square test bins at most (gates.chi2_top_m): as many as the largest vocabularies of
+#: current language models (about 256,000 tokens); the check refuses more than a known vocabulary's
+MAX_CHI2_TOP_M = 2**18
 
 
 @dataclass
@@ -461,7 +496,7 @@ class GatesConfig:
     # at least 5 per bin (chi2_top_m tokens and the tail, the tail split by rank when it expects
     # enough) for the chi-square approximation to hold
     chi2_samples: int = ranged(2000, **POSITIVE_INT)
-    chi2_top_m: int = ranged(8, **POSITIVE_INT)
+    chi2_top_m: int = ranged(8, ge=1, le=MAX_CHI2_TOP_M)  # at most the target's vocabulary, where it is known
     chi2_alpha: float = ranged(1e-3, gt=0.0, lt=1.0)  # the test's significance level
     # greedy runs fail when recorded near-ties exceed this fraction of the generated tokens
     near_tie_max_fraction: float = ranged(0.01, **PROBABILITY)
@@ -492,7 +527,7 @@ class Config:
     gates: GatesConfig = field(default_factory=GatesConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     seed: int = ranged(0, **SEED)
-    threads: Optional[int] = ranged(None, **POSITIVE_INT)  # torch threads; None = torch's default
+    threads: Optional[int] = ranged(None, ge=1, le=MAX_THREADS)  # torch threads; None = torch's default
     experiment: Optional[str] = None
     sweep: Optional[str] = None
     concurrent_jobs: int = ranged(1, **POSITIVE_INT)
@@ -616,8 +651,22 @@ def override_key(override: str) -> str:
     return override.lstrip("~+").split("=", 1)[0].split("@", 1)[0]
 
 
+def config_loader():
+    """Hydra's config loader over the search path `harness run` composes from (``conf/``, Hydra's own
+    configs and its plugins'), as Hydra's sweeper has it: it lists a group's options, which a
+    ``glob(...)`` sweep expands over."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+
+    return ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF_DIR)))
+
+
 def group_options(group: str) -> list[str]:
-    """The selectable options of a config group (its YAML files, nested folders included)."""
+    """The selectable options of a config group (its YAML files, nested folders included); of one of
+    Hydra's own groups (``hydra/launcher``), every option Hydra lists: its own, its installed
+    plugins' and ``conf/hydra/<group>``'s."""
+    if group.startswith("hydra/"):
+        return sorted(config_loader().get_group_options(group))
     root = CONF_DIR / group
     return sorted(
         p.relative_to(root).with_suffix("").as_posix()
@@ -757,11 +806,10 @@ def explain_compose_error(exc: Exception, overrides: list[str]) -> ConfigError:
         if isinstance(default, ListConfig):
             return ConfigError(f"{key}={value}: a list is written {key}=[{value}]; or, {sweep}")
         return ConfigError(f"{key}={value}: a run takes one value of {key.lstrip('+')}; {sweep}")
-    empty = re.match(r"In '[^']*': Could not find '([^'/]+)/'", text)
-    if empty:  # `verifier=`: a group given no option
-        group = empty.group(1)
+    missing = re.match(r"In '[^']*': Could not find '((?:hydra/)?[^'/]+)/([^']*)'", text)
+    if missing and not missing.group(2):  # `verifier=`: a group given no option
+        group = missing.group(1)
         return ConfigError(f"{group}= is empty; give one of {', '.join(group_options(group))}")
-    missing = re.match(r"In '[^']*': Could not find '([^'/]+)/([^']+)'", text)
     if missing:
         group, option = missing.groups()
         options = group_options(group)

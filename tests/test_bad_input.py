@@ -12,6 +12,7 @@ tests/README.md tables each refused input, its message and the test that covers 
 import dataclasses
 import json
 import math
+import re
 import typing
 from pathlib import Path
 
@@ -54,6 +55,10 @@ def no_models(monkeypatch):
     monkeypatch.setattr(runner, "load_model", refuse)
     monkeypatch.setattr(loading, "from_pretrained", refuse)
     monkeypatch.setattr(loading, "build_tiny_model", refuse)
+
+
+#: a sampled run the default proposer takes: the statistical gate (and its chi-square options) runs
+SAMPLED = ("generation.temperature=0.7", "verifier=membership")
 
 
 def argv_for(tmp_path: Path, workload: Path, *overrides: str) -> list[str]:
@@ -167,7 +172,17 @@ def test_every_default_lies_in_its_range():
         (["workload.limit=0"], ["workload.limit=0", ">= 1"]),
         (["gates.chi2_alpha=5"], ["gates.chi2_alpha=5.0", "in (0, 1)"]),
         (["gates.chi2_samples=0"], ["gates.chi2_samples=0", ">= 1"]),
-        (["gates.chi2_samples=20"], ["gates.chi2_samples=20", "chi2_top_m=8", ">= 45"]),
+        (["gates.chi2_samples=20", *SAMPLED], ["gates.chi2_samples=20", "chi2_top_m=8", ">= 45"]),
+        # a chi-square test binning more tokens than the target's vocabulary has
+        (
+            ["model=tiny", "gates.chi2_top_m=97", *SAMPLED],
+            ["gates.chi2_top_m=97 exceeds the target's vocabulary (96 tokens, model.tiny.vocab_size)"],
+        ),
+        (
+            ["gates.chi2_top_m=49153", "gates.chi2_samples=500000", *SAMPLED],
+            ["gates.chi2_top_m=49153 exceeds the target's vocabulary (49152 tokens, model=smollm2)"],
+        ),
+        (["gates.chi2_top_m=500000000000000000000000"], ["gates.chi2_top_m=500000000000000000000000", "[1, 262144]"]),
         (["generation.temperature=-0.1"], ["generation.temperature=-0.1", ">= 0"]),
         (["generation.temperature=nan"], ["generation.temperature=nan is not a finite number", ">= 0"]),
         (["generation.temperature=inf"], ["generation.temperature=inf is not a finite number: it must be >= 0"]),
@@ -186,7 +201,17 @@ def test_every_default_lies_in_its_range():
         (["model=tiny", "model.tiny.num_heads=3"], ["model.tiny.hidden_size=32", "num_heads=3"]),
         (["model=tiny", "model.tiny.rms_norm_eps=0"], ["model.tiny.rms_norm_eps=0.0", "> 0"]),
         (["model=tiny", "model.tiny.rope_theta=-1"], ["model.tiny.rope_theta=-1.0", "> 0"]),
-        (["threads=0"], ["threads=0", ">= 1"]),
+        (["threads=0"], ["threads=0", "in [1, 4096]"]),
+        # a whole number beyond int64 passed every range and failed mid-run in a native op
+        (
+            ["proposer.max_ngram=9223372036854775808"],
+            ["proposer.max_ngram=9223372036854775808 is out of range: it must be in [1, 9223372036854775807]"],
+        ),
+        (
+            ["topology=expansion", "topology.widths=[2,9223372036854775808]"],
+            ["topology.widths[1]=9223372036854775808 is out of range; each must be in [1, 9223372036854775807]"],
+        ),
+        (["threads=100000"], ["threads=100000 is out of range: it must be in [1, 4096]"]),
         (["seed=-1"], ["seed=-1", "in [0, 4294967295]"]),
         (["seed=9223372036854775807"], ["seed=9223372036854775807", "in [0, 4294967295]"]),
         (["+foo=1"], ["foo is no option"]),
@@ -207,10 +232,78 @@ def test_out_of_range_values_are_refused_with_key_value_and_range(overrides, fra
         ["gates.chi2_alpha=0.5", "gates.chi2_samples=45"],
         ["generation.top_p=1.0", "generation.top_k=0", "generation.temperature=0"],
         ["gates.near_tie_max_fraction=0"],
+        ["proposer.max_ngram=9223372036854775807"],
+        ["threads=4096"],
+        ["gates.chi2_top_m=262144", "gates.chi2_samples=1310725"],
+        ["model=tiny", "gates.chi2_top_m=96", "gates.chi2_samples=485", *SAMPLED],
+        # at temperature 0, or with no gate, no statistical gate runs: its options are inert, not refused
+        ["gates.chi2_samples=20"],
+        ["model=tiny", "gates.chi2_top_m=200"],
+        ["gates.chi2_samples=20", "gates.enabled=false", *SAMPLED],
     ],
 )
 def test_range_boundaries_are_accepted(overrides):
     accepted(overrides)
+
+
+def int_typed(tp) -> bool:
+    """int, optional or inside a list / dict (no float beside it)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, list, dict):
+        return any(int_typed(a) for a in typing.get_args(tp) if a is not type(None))
+    return tp is int
+
+
+def test_every_whole_number_option_ends_at_int64_or_below():
+    """An integer option without an upper bound took any whole number, 2**63 included, which failed
+    mid-run in a native op (a prompt-lookup n-gram length, after 26 s of model work)."""
+    checked = 0
+    for cls, f, tp in schema_fields():
+        spec = f.metadata.get("range")
+        if not int_typed(tp) or spec is None:
+            continue
+        as_dict = typing.get_origin(tp) is dict  # an item of a list or a dict: the bound applies to each
+        wrap = (lambda v: {"k": v}) if as_dict else (lambda v: [v]) if spec.each else (lambda v: v)
+        name = f"{cls.__name__}.{f.name}"
+        with pytest.raises(ConfigError, match=r"out of range") as info:
+            spec.check(name, wrap(2**63))
+        bound = re.search(r"(\d+)[\])]$", str(info.value))
+        assert bound and int(bound.group(1)) <= 2**63 - 1, (name, str(info.value))
+        if spec.le is None and spec.lt is None:
+            assert "9223372036854775807" in str(info.value), (name, str(info.value))
+            spec.check(name, wrap(2**63 - 1))
+        checked += 1
+    assert checked > 50
+
+
+def test_a_float_option_takes_a_value_beyond_int64():
+    """The whole-number bound is no bound on a float option."""
+    accepted(["model=tiny", "model.tiny.rope_theta=1e20"])
+
+
+def test_threads_beyond_the_bound_are_refused_before_any_thread_starts(tmp_path, workload, capsys, no_models):
+    """threads=100000 passed its range and failed with a MemoryError when torch started the threads."""
+    assert_refused_run(
+        tmp_path,
+        capsys,
+        argv_for(tmp_path, workload, "threads=100000"),
+        "threads=100000 is out of range: it must be in [1, 4096]",
+    )
+
+
+def test_chi2_top_m_far_beyond_any_vocabulary_is_refused_without_an_absurd_fix(tmp_path, workload, capsys, no_models):
+    """A huge gates.chi2_top_m was offered gates.chi2_samples=500000000000000000000000 as its fix."""
+    line = assert_refused_run(
+        tmp_path,
+        capsys,
+        argv_for(tmp_path, workload, "gates.chi2_top_m=100000000000000000000000", *SAMPLED),
+        "gates.chi2_top_m=100000000000000000000000 is out of range: it must be in [1, 262144]",
+    )
+    assert "chi2_samples" not in line and "; try" not in line, line
+    line = assert_refused_run(
+        tmp_path, capsys, argv_for(tmp_path, workload, "gates.chi2_top_m=1000", *SAMPLED), "exceeds the target's"
+    )
+    assert line.endswith("; try gates.chi2_top_m=96"), line
 
 
 # --------------------------------------------------------------------------- one line, never a traceback
@@ -868,6 +961,33 @@ def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
     assert "no option 'max_new_tokenz'" in line and "+generation" not in line
 
 
+#: the launchers a command line may pick: Hydra's own, its installed plugins' and conf/hydra/launcher's
+LAUNCHER_OPTIONS = "basic, joblib, slurm, submitit_local, submitit_slurm"
+
+
+@pytest.mark.parametrize("multirun", [["-m"], ["hydra.mode=MULTIRUN"], []], ids=["-m", "hydra.mode", "run"])
+def test_a_mistyped_launcher_lists_the_launchers_and_offers_the_closest(tmp_path, capsys, no_models, multirun):
+    """``-m hydra/launcher=joblibb`` was refused as "hydra=launcher/joblibb is no option of hydra; the
+    options: launcher/slurm": the group mangled, and Hydra's and its plugins' launchers left out."""
+    sweep_dir = tmp_path / "sweep"
+    seeds = ["seed=0,1"] if multirun else []
+    argv = [*multirun, "model=tiny", "hydra/launcher=joblibb", *seeds, f"hydra.sweep.dir={sweep_dir}"]
+    argv.append(f"hydra.run.dir={tmp_path / 'run'}")
+    assert run_main(argv) == 2
+    line = one_line(capsys, "harness run: refused: ")
+    assert line == (
+        "harness run: refused: hydra/launcher=joblibb is no option of hydra/launcher; the options: "
+        f"{LAUNCHER_OPTIONS}; try hydra/launcher=joblib"
+    ), line
+    assert not sweep_dir.exists() and not (tmp_path / "run").exists()
+
+
+def test_a_hydra_group_given_no_option_lists_its_options():
+    with pytest.raises(ConfigError) as info:
+        checked_plan(["hydra/launcher="])
+    assert str(info.value) == f"hydra/launcher= is empty; give one of {LAUNCHER_OPTIONS}"
+
+
 @pytest.mark.parametrize(
     "argv,prefix,fragment",
     [
@@ -1099,7 +1219,8 @@ REFUSED = [
     ["topology=cartesian", "topology.max_nodes=20"],
     ["proposer=draft_model", "topology=expansion", "topology.max_depth=2"],
     ["proposer.min_ngram=5"],
-    ["gates.chi2_samples=20"],
+    ["gates.chi2_samples=20", *SAMPLED],
+    ["model=tiny", "gates.chi2_top_m=200", *SAMPLED],
     ["model=tiny", "proposer=draft_model", "proposer.model.name=tiny", "proposer.model.tiny.vocab_size=128"],
     ["proposer=promt_lookup", "verifier=rejection"],
     ["generation.max_new_tokenz=3"],

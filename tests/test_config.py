@@ -1,14 +1,18 @@
 """Config groups are schema-backed: mistyped keys and wrong types fail at compose time."""
 
+import dataclasses
+
 import pytest
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from harness import config as _  # noqa: F401  (registers schemas)
-from harness.config import CONF_DIR, compose
+from harness.config import CONF_DIR, TinyConfig, compose
 from harness.contracts import ConfigError, ContractError
 from harness.engine.build import plan
 from harness.engine.decode import check_temp_kv_budget
+from harness.runner import check_models
 from harness.verifiers import NegotiationError
 
 
@@ -120,3 +124,46 @@ def test_temp_kv_budget_counts_the_batch():
 def test_the_default_dtype_follows_the_device_and_an_explicit_dtype_wins(overrides, target, draft):
     cfg = compose(overrides)
     assert (cfg.model.dtype, cfg.proposer.model.dtype) == (target, draft)
+
+
+#: a value other than the default for every field of a tiny model's config
+TINY_TARGET = {
+    "vocab_size": 64,
+    "hidden_size": 48,
+    "num_layers": 3,
+    "num_heads": 6,
+    "num_kv_heads": 3,
+    "intermediate_size": 80,
+    "max_position_embeddings": 256,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+}
+
+
+@pytest.mark.parametrize("draft", ["proposer.model", "proposer.draft_model.model"])
+def test_a_tiny_draft_follows_every_field_of_the_target_s_tiny_config(draft):
+    """A separate tiny draft kept its own rope_theta, rms_norm_eps and tie_word_embeddings defaults
+    (10000.0, 1e-6, false) under a target with others, where its config says each field follows the target's."""
+    proposer = "proposer=draft_model" if draft == "proposer.model" else "proposer=merged"
+    overrides = [proposer, "model=tiny", f"{draft}.name=tiny", *(f"model.tiny.{k}={v}" for k, v in TINY_TARGET.items())]
+    c = cfg(*overrides)
+    assert set(TINY_TARGET) == {f.name for f in dataclasses.fields(TinyConfig)}
+    tiny = OmegaConf.to_container(OmegaConf.select(c, f"{draft}.tiny"), resolve=True)
+    assert tiny == OmegaConf.to_container(c.model.tiny, resolve=True) == TINY_TARGET
+    # set for the draft alone, a field changes the draft only
+    c = cfg(*overrides, f"{draft}.tiny.rope_theta=10000.0")
+    assert OmegaConf.select(c, f"{draft}.tiny.rope_theta") == 10000.0 and c.model.tiny.rope_theta == 500000.0
+
+
+def test_a_derived_draft_of_a_tiny_target_with_its_own_rope_and_norm_is_accepted():
+    """A derived draft's tiny fields must equal the target's: rope_theta, rms_norm_eps and
+    tie_word_embeddings kept their defaults, so a target setting them was refused as if the draft had."""
+    c = cfg(
+        "proposer=draft_model",
+        "model=tiny",
+        "model.tiny.rope_theta=500000.0",
+        "model.tiny.rms_norm_eps=1e-5",
+        "model.tiny.tie_word_embeddings=true",
+    )
+    check_models(c)  # raises when a draft field differs from the target's

@@ -1781,3 +1781,61 @@ def test_a_record_logged_offline_is_named_with_its_upload_command_when_online_is
         "folder uploads it"
     )
     assert "project team/p does not get it" in logged_elsewhere_note(logged, project="p", entity="team", mode="offline")
+
+
+@pytest.mark.parametrize("mode", ["hydra.mode=MULTIRUN", "hydra.mode='MULTIRUN'", "++hydra.mode=MULTIRUN"])
+def test_hydra_mode_multirun_is_checked_as_a_multirun_and_refused_writing_nothing(env, capsys, mode):
+    """``hydra.mode=MULTIRUN`` ran as a multirun but was checked as a single run: a launch that
+    ``-m`` refuses wrote a sweep folder (multirun.yaml, failures.jsonl) and exited 1."""
+    from harness.app import run_main
+
+    sweep_dir = env / "hm"
+    common = [mode, f"hydra.sweep.dir={sweep_dir}"]
+    expected = [
+        f"job 1 of 1: output_dir='{env / 'o'}' is for single runs",
+        "the multirun has one job and nothing to name its folder by",
+    ]
+    named = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4", f"output_dir={env / 'o'}"]
+    for argv, why in zip(([*common, *named], common), expected, strict=True):
+        refusals = []
+        for given in (argv, ["-m", *argv]):  # refused as -m refuses it
+            assert run_main(given) == 2
+            err = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("harness: compiling")]
+            assert len(err) == 1 and err[0].startswith("harness run: refused: "), err
+            refusals.append(err[0])
+            assert not sweep_dir.exists() and not (env / "o").exists()
+        assert refusals[0] == refusals[1] and why in refusals[0], refusals
+
+
+def test_hydra_mode_run_or_a_later_run_mode_is_a_plain_run():
+    from harness.app import is_multirun, is_plain_run
+
+    for mode in ("hydra.mode=MULTIRUN", "hydra.mode='MULTIRUN'", "++hydra.mode=MULTIRUN", "hydra.mode=2"):
+        assert is_multirun(["seed=1", mode]) and not is_plain_run(["seed=1", mode]), mode
+    assert is_plain_run(["seed=1", "hydra.mode=RUN"]) and not is_multirun(["seed=1", "hydra.mode=RUN"])
+    assert is_plain_run(["hydra.mode=MULTIRUN", "hydra.mode=RUN"])  # the last override wins, as in Hydra
+    assert is_multirun(["hydra.mode=RUN", "hydra.mode=MULTIRUN"]) and is_multirun(["-m", "seed=1,2"])
+    assert not is_multirun(["hydra.mode=MULTIRUN", "~hydra.mode"]) and not is_multirun(["hydra.mode = MULTIRUN"])
+
+
+def test_a_glob_sweep_runs_one_job_per_option_of_the_group(env):
+    """``topology=glob(sequence*)`` was refused with Hydra's "ConfigLoader is not set": the launch's own
+    check expanded the sweep without the config loader that lists a group's options."""
+    from harness.app import multirun_jobs, run_main
+
+    args = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4", "gates.enabled=false"]
+    jobs = multirun_jobs(["-m", *args, "topology=glob(sequence*)"])[0]
+    assert [job[-1] for job in jobs] == ["topology=sequence", "topology=sequences"]
+    assert [job[-1] for job in multirun_jobs(["-m", "topology=glob([set,sequence])"])[0]] == [
+        "topology=sequence",
+        "topology=set",
+    ]
+    sweep_dir = env / "glob"
+    assert run_main(["-m", *args, "topology=glob(sequence*)", f"hydra.sweep.dir={sweep_dir}"]) == 0
+    summary = dict(sweep.LAST_SUMMARY)
+    assert sorted(summary["ran"]) == [
+        f"gates.enabled=False,generation.max_new_tokens=4,model=tiny,topology={t},workload.limit=1"
+        for t in ("sequence", "sequences")
+    ]
+    for job in summary["ran"]:
+        assert load_record(sweep_dir / job / "record.json")["config"]["topology"]["name"] in ("sequence", "sequences")

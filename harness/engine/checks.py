@@ -4,7 +4,8 @@
 * every option's declared range (a :class:`~harness.contracts.Range` in its schema field's
   metadata, ``harness/config.py``) and every required (``???``) value;
 * values that constrain each other (``min_ngram <= max_ngram``, a tiny model's head geometry, a
-  parametric draft's vocabulary against the target's, enough chi-square samples for its bins);
+  parametric draft's vocabulary against the target's; where the statistical gate runs, enough
+  chi-square samples for its bins, and no more binned tokens than a vocabulary known from the config);
 * what the machine must provide for the models the run loads: their device (no ``cuda`` on a
   torch without CUDA) and their checkpoint (an existing folder with a readable ``config.json``, or
   a well-formed hub id; ``model=hf`` needs ``model.name_or_path``).
@@ -28,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from harness.contracts import ConfigError, Range, format_override
 from harness.files import output_folder_problem
+from harness.target.loading import SMOLLM2_GEOMETRY
 
 #: model names the loader builds itself; any other name is a checkpoint folder or a hub id
 BUILTIN_MODELS = ("smollm2", "tiny", "hf")
@@ -237,7 +239,22 @@ def check_related_values(cfg: DictConfig) -> None:
                 "a parametric draft shares the target's tokenizer",
                 suggestions=[(f"{key}.tiny.vocab_size={target_vocab}",)],
             )
+    check_chi_square(cfg)
+
+
+def check_chi_square(cfg: DictConfig) -> None:
+    """The statistical gate's options against each other and the target's vocabulary, where the gate
+    runs: at temperature 0, or with no gate, its options are inert (the run lists them), not refused."""
     g = cfg.gates
+    if float(cfg.generation.temperature) == 0.0 or not g.get("enabled", True):
+        return
+    vocab = known_vocabulary(cfg.model)
+    if vocab is not None and int(g.chi2_top_m) > vocab[0]:
+        raise ConfigError(
+            f"gates.chi2_top_m={g.chi2_top_m} exceeds the target's vocabulary ({vocab[0]} tokens, {vocab[1]}): "
+            "the test bins at most every token of it",
+            suggestions=[(f"gates.chi2_top_m={vocab[0]}",)],
+        )
     bins = int(g.chi2_top_m) + 1
     if int(g.chi2_samples) < CHI2_MIN_PER_BIN * bins:
         need = CHI2_MIN_PER_BIN * bins
@@ -247,6 +264,17 @@ def check_related_values(cfg: DictConfig) -> None:
             f"({bins} bins: the top {g.chi2_top_m} tokens and the rest), so >= {need}",
             suggestions=[(f"gates.chi2_samples={need}",)],
         )
+
+
+def known_vocabulary(model: DictConfig) -> tuple[int, str] | None:
+    """The vocabulary size of a target known from its config alone, and where it comes from: a tiny
+    model's ``model.tiny.vocab_size`` or the embedded SmolLM2's; None for a checkpoint (its config
+    is read with the model)."""
+    if model.name == "tiny":
+        return int(model.tiny.vocab_size), "model.tiny.vocab_size"
+    if model.name == "smollm2" and not model.get("name_or_path"):
+        return int(SMOLLM2_GEOMETRY["vocab_size"]), "model=smollm2"
+    return None
 
 
 def check_disjoint_splits(cfg: DictConfig) -> None:
