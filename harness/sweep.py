@@ -69,6 +69,7 @@ from hydra.experimental.callback import Callback as _Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from harness.config import config_loader
 from harness.gates.status import GateError
 from harness.manifest import job_manifest, manifest_hash
 from harness.runner import run_job, run_notes, track
@@ -421,7 +422,8 @@ def planned_jobs(hydra_cfg: DictConfig) -> list[list[str]] | None:
         return None
     params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()]
     try:
-        overrides = OverridesParser.create().parse_overrides([*params, *hydra_cfg.overrides.task])
+        loader = config_loader()  # a glob() sweep lists its group's options through it
+        overrides = OverridesParser.create(config_loader=loader).parse_overrides([*params, *hydra_cfg.overrides.task])
         (jobs,) = BasicSweeper.split_arguments(overrides, None)
     except Exception:  # noqa: BLE001 - a count the summary can go without
         return None

@@ -1839,3 +1839,5 @@ def test_a_glob_sweep_runs_one_job_per_option_of_the_group(env):
     ]
     for job in summary["ran"]:
         assert load_record(sweep_dir / job / "record.json")["config"]["topology"]["name"] in ("sequence", "sequences")
+    planned = json.loads((sweep_dir / "launch.json").read_text())["planned_jobs"]  # the launch lists both
+    assert sorted(job[-1] for job in planned) == ["topology=sequence", "topology=sequences"]
