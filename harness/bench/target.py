@@ -1,7 +1,9 @@
 """The embedded model as the prompt-lookup benchmark sets it up on CPU by default, for the scripts
 that time beside it (``scripts/lookup_ab.py``, ``scripts/lookup_replay.py``,
 ``scripts/verify_cost_regimes.py``, ``scripts/verify_roofline.py``): the linear kernel ``auto``, the
-preallocated cache, and fused decoder layers where they apply."""
+preallocated cache, and fused decoder layers where they apply. And SmolLM2's shape, which the
+benchmark's ``--model tiny`` and the GPU check build with random weights where the embedded model
+is not installed."""
 
 from __future__ import annotations
 
@@ -11,6 +13,21 @@ from harness.target.backend import CausalLMBackend
 from harness.target.fused_layers import apply_fused_layers
 from harness.target.loading import LoadedModel, load_model
 from harness.target.options import apply_linear_kernel, apply_static_cache, resolve_fused_layers, resolve_linear_kernel
+
+#: SmolLM2-135M's shape in ``model=tiny``'s keys: the random model of the benchmark's ``--model tiny``
+#: and of the GPU check (exactness does not depend on the weights, and timing depends on the shape)
+SMOLLM2_SHAPE = {
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "num_layers": 30,
+    "num_heads": 9,
+    "num_kv_heads": 3,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 8192,
+    "rope_theta": 100000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+}
 
 
 def apply_default_cpu_options(model: torch.nn.Module) -> torch.nn.Module:
