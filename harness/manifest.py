@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.engine.arms import SEED_RULE
 from harness.heads.eagle_formats import resolve_source
 from harness.heads.published import inspect, is_published
-from harness.measure.hardware import library_versions
+from harness.measure.hardware import device_name, manifest_versions, threads_in_effect
 from harness.proposers.rest import datastore_sources, manifest_datastores
 from harness.target.loading import (  # noqa: F401  (checkpoint_fingerprint: the manifest's binding, imported from here)
     checkpoint_fingerprint,
@@ -28,9 +28,14 @@ from harness.target.options import (
     resolve_static_cache,
     resolved_fused_layers,
 )
+from harness.tracking.job_folder import read_machines_with
 
 COMPILER_VERSION = "compiler-1"
 RECORD_SCHEMA_VERSION = 2
+
+# a job folder's record of a manifest is complete only where it was timed on this machine: the manifest
+# names no machine (a sweep launched on two machines shares its manifests)
+read_machines_with(device_name)
 
 
 def canonical_json(obj: Any) -> str:
@@ -87,7 +92,7 @@ def freeze_manifest(cfg: DictConfig, *, versions: dict[str, str], extra: dict[st
             "compile": bool(c["model"].get("compile", False)),
             "fused_layers": resolved_fused_layers(c["model"]),
             "cudnn_attention": resolve_cudnn_attention(c["model"].get("cudnn_attention"), c["model"]["device"]),
-            "threads": c.get("threads"),
+            "threads": threads_in_effect(c.get("threads")),  # the count the job runs with, set or not
         },
         "versions": versions,
         "harness_code": code_fingerprint(),
@@ -137,11 +142,11 @@ def job_manifest(cfg: DictConfig, *, versions: dict[str, str] | None = None) -> 
 
     The same computation as the runner's (``freeze_manifest`` with the same extras), so a sweep
     can tell whether a stored record belongs to this job, and which keys differ when it does not.
-    ``versions`` defaults to the installed library versions
-    (``harness.measure.hardware.library_versions``), as in the runner.
+    ``versions`` defaults to the installed versions the manifest binds
+    (``harness.measure.hardware.manifest_versions``), as in the runner.
     """
     if versions is None:
-        versions = library_versions()
+        versions = manifest_versions()
     return freeze_manifest(cfg, versions=versions, extra=manifest_extras(cfg))
 
 

@@ -71,12 +71,12 @@ from harness.manifest import (
     manifest_extras,
     manifest_hash,
 )
-from harness.measure.hardware import hardware_card, library_versions, peak_rss_bytes
+from harness.measure.hardware import hardware_card, manifest_versions, peak_rss_bytes, threads_in_effect, usable_cpus
 from harness.measure.memory import JobHostMemory
 from harness.prepare import prepare
 from harness.prepare.sequoia import check_calibration_config, cost_model_error, slower_than_ar_note
 from harness.proposers.base import NullProposer
-from harness.proposers.rest import path_inert_options
+from harness.proposers.rest import datastore_sources, path_inert_options
 from harness.random_source import TorchRandomSource
 from harness.record_schema import is_gated
 from harness.target.backend import CausalLMBackend
@@ -120,7 +120,7 @@ from harness.target.options import (
     resolved_fused_layers,
 )
 from harness.target.timing import matmul_peak, profile_roofline, read_bandwidth_gbs, weight_stream_floor_ms
-from harness.topology.budgets import unreached_level
+from harness.topology.budgets import cartesian_rows, unreached_level
 from harness.tracking.compare import run_speedups
 from harness.tracking.job_folder import clear_for_run, foreign_entries, inspect_job, job_lock, restore_aside, write_job
 from harness.tracking.record import write_json_atomic
@@ -220,8 +220,8 @@ def run_job(
     and report show no record of a manifest other than its job's), or ``restore_earlier`` is false
     (they are not this job's for another reason: a record of its manifest checked otherwise)."""
     t_job = time.perf_counter()
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
+    threads = threads_in_effect(cfg.threads)
+    torch.set_num_threads(threads)  # set or not: a job never runs with the count an earlier job of its process set
     planned = plan_job(cfg, run_dir)
     inert = inert_options(cfg)
     if inert:  # accepted (a sweep may cross them with a setting that ignores them), never silently
@@ -229,7 +229,12 @@ def run_job(
     partial = partial_batch_note(len(planned.prompts), int(cfg.generation.batch_size))
     if partial:
         print(f"harness: note: {partial}", file=sys.stderr)
-    notes = (templated_text_note(cfg, planned.prompts), training_text_note(cfg), whole_target_draft_note(cfg))
+    notes = (
+        templated_text_note(cfg, planned.prompts),
+        training_text_note(cfg),
+        whole_target_draft_note(cfg),
+        oversubscribed_threads_note(cfg.threads, threads),
+    )
     for note in (*notes, *compiled_panels_notes(cfg)):
         if note is not None:
             print(f"harness: note: {note}", file=sys.stderr)
@@ -440,6 +445,20 @@ def check_budget_fits_vocabulary(cfg: DictConfig, budget) -> None:
             )
 
 
+def verified_rows(budget) -> tuple[int, str | None]:
+    """The most candidate rows one round can verify under ``budget``, and what caps them below
+    ``topology.max_nodes`` (None where nothing does): a chain drafts at most ``max_depth`` rows, an
+    expansion at most the rows its widths make (``sum_i prod_{j <= i} b_j``). The context limit and
+    the temporary-KV budget are sized from them."""
+    rows = int(budget.max_nodes)
+    if budget.shape == "sequence" and int(budget.max_depth) < rows:
+        return int(budget.max_depth), f"topology=sequence drafts one chain of topology.max_depth={budget.max_depth}"
+    if budget.shape == "expansion" and budget.widths and cartesian_rows(list(budget.widths)) < rows:
+        full = cartesian_rows(list(budget.widths))
+        return full, f"topology.widths={_text(list(budget.widths))} make {full} candidate rows"
+    return rows, None
+
+
 def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
     """Values, negotiation, budgets, the output folder (when one is named), the workload's prompts,
     the context limit and the temporary-KV budget."""
@@ -458,12 +477,22 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
             user_folder_problem=user_output_dir_problem,
         )
     bpt = model_kv_bytes_per_token(cfg.model)
-    formula = check_temp_kv_budget(
-        max_nodes=plan_.budget.max_nodes,
-        bytes_per_token=bpt,
-        budget_bytes=cfg.generation.temp_kv_budget_bytes,
-        batch_size=int(cfg.generation.batch_size),
-    )
+    rows, capped_by = verified_rows(plan_.budget)  # what a round can verify, not an unreachable max_nodes
+    try:
+        formula = check_temp_kv_budget(
+            max_nodes=rows,
+            bytes_per_token=bpt,
+            budget_bytes=cfg.generation.temp_kv_budget_bytes,
+            batch_size=int(cfg.generation.batch_size),
+        )
+    except ContractError:
+        if capped_by is None:
+            raise
+        raise ContractError(  # named by what caps the rows: lowering topology.max_nodes would change nothing
+            f"{rows} candidate rows ({capped_by}) x generation.batch_size={cfg.generation.batch_size} need "
+            f"{int(cfg.generation.batch_size) * rows * bpt} bytes of temporary KV ({bpt} bytes per candidate row), "
+            f"over generation.temp_kv_budget_bytes={cfg.generation.temp_kv_budget_bytes}"
+        ) from None
     prompts = load_configured(cfg.workload)
     batch = int(cfg.generation.batch_size)
     if batch > len(prompts):  # every batch would be partial: the record's batch axis would not be what ran
@@ -471,7 +500,7 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
             f"generation.batch_size={batch} exceeds the workload's {len(prompts)} prompt(s): no batch would be full",
             suggestions=[(f"generation.batch_size={len(prompts)}",)],
         )
-    context = plan_context(cfg, plan_.budget.max_nodes)
+    context = plan_context(cfg, rows)
     check_profile_fits(cfg, context)
     check_training_fits(cfg, context)
     check_calibration_config(cfg)
@@ -549,7 +578,7 @@ def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
                 f"({len(checked.prompts)}): all {len(checked.prompts)} run",
                 file=sys.stderr,
             )
-        manifest = freeze_manifest(cfg, versions=library_versions(), extra=manifest_extras(cfg))
+        manifest = freeze_manifest(cfg, versions=manifest_versions(), extra=manifest_extras(cfg))
     mhash = manifest_hash(manifest)
     budget = checked.plan.budget
     return Planned(
@@ -957,6 +986,20 @@ def partial_batch_note(prompts: int, batch_size: int) -> str | None:
     return None
 
 
+def oversubscribed_threads_note(configured: int | None, threads: int, cpus: int | None = None) -> str | None:
+    """The line saying the job's ``threads`` exceed the CPUs this process may run on (``cpus``:
+    :func:`~harness.measure.hardware.usable_cpus`), or None. A note, not a refusal: the machine
+    that composes a job (a cluster's login node) need not be the one that runs it."""
+    cpus = usable_cpus() if cpus is None else int(cpus)
+    if threads <= cpus:
+        return None
+    asked = f"threads={configured}" if configured else f"torch's default of {threads} threads (threads=null)"
+    return (
+        f"{asked} exceeds the {cpus} CPU(s) this process may run on: the threads take turns on them, and every "
+        f"time recorded counts their waits (threads={cpus} runs one per CPU)"
+    )
+
+
 def templated_text_note(cfg: DictConfig, prompts: Sequence[Prompt]) -> str | None:
     """A JSONL file's ``"prompt"`` lines go through the chat template (``workload.chat``, true by
     default) as one user message: said once, since a completion prompt (code to continue) would
@@ -1078,6 +1121,8 @@ def inert_options(cfg: DictConfig) -> list[str]:
     else:
         if int(gen.top_k) == 1:
             out.append(f"generation.temperature={gen.temperature}: top_k=1 keeps the argmax at any temperature")
+            if float(gen.top_p) < 1.0:
+                out.append(f"generation.top_p={gen.top_p}: top_k=1 keeps the argmax, which every nucleus holds")
         vocab = int(model_geometry(cfg.model)["vocab_size"])
         if int(gen.top_k) >= vocab:
             out.append(f"generation.top_k={gen.top_k}: the vocabulary has {vocab} ids, so top-k truncates nothing")
@@ -1106,6 +1151,14 @@ def inert_options(cfg: DictConfig) -> list[str]:
         out.append(f"workload.chat_template={w.chat_template}: workload.chat=false tokenizes the prompts as they are")
     if w.get("chat_template") is not None and cfg.model.name == "tiny":
         out.append(f"workload.chat_template={w.chat_template}: model=tiny has no tokenizer (prompts are token ids)")
+    workload_set = dict(_changed_from_packaged(w, "workload"))
+    if "chat" in workload_set and w.chat and cfg.model.name == "tiny":
+        out.append("workload.chat=true: model=tiny has no tokenizer (prompts are token ids)")
+    for key in ("rest_corpus", "rest_exclude"):
+        if key in workload_set:
+            unread = _unread_workload_datastore_option(cfg, key)
+            if unread is not None:
+                out.append(f"workload.{key}={w[key]}: {unread}")
     if topo.get("sources"):
         out.append(
             f"topology.sources={_text(topo.sources)}: no topology reads it (proposer=merged takes proposer.sources)"
@@ -1127,6 +1180,26 @@ def inert_options(cfg: DictConfig) -> list[str]:
                 f"topology.widths={_text(topo.widths)}: topology.max_nodes={topo.max_nodes} candidate rows are "
                 f"filled before depth {unreached}, so its levels from there are never drafted"
             )
+    topology_set = dict(_changed_from_packaged(topo, "topology"))
+    widths = tuple(int(w) for w in topo.widths)
+    shaped = None  # a budget whose shape may hold fewer rows than topology.max_nodes
+    if topo.name == "sequence":
+        shaped = Budget("sequence", int(topo.max_nodes), int(topo.max_depth))
+    elif topo.name == "expansion" and widths:
+        shaped = Budget("expansion", int(topo.max_nodes), len(widths), widths=widths)
+    if shaped is not None and "max_nodes" in topology_set:
+        rows, capped_by = verified_rows(shaped)
+        if capped_by is not None:
+            out.append(f"topology.max_nodes={topo.max_nodes}: {capped_by} (a round verifies at most {rows} rows)")
+    if (
+        "max_depth" in topology_set
+        and topo.name in ("expansion", "cartesian")
+        and 0 < len(widths) < int(topo.max_depth)
+    ):
+        out.append(  # their budgets are len(widths) deep
+            f"topology.max_depth={topo.max_depth}: topology={topo.name} drafts the {len(widths)} levels of "
+            f"topology.widths={_text(topo.widths)}"
+        )
     if topo.name == "set" and int(topo.max_depth) != 1:
         out.append(f"topology.max_depth={topo.max_depth}: topology=set drafts one level of siblings (depth 1)")
     if prop.name == "prompt_lookup" and topo.name == "sequence" and "max_matches" in dict(_changed(prop)):
@@ -1207,14 +1280,14 @@ def _changed(node) -> list[tuple[str, Any]]:
 MERGED_SUB_CONFIGS = ("rest", "prompt_lookup", "draft_model")
 
 
-def _changed_from_packaged(node: DictConfig) -> list[tuple[str, Any]]:
-    """The ``(dotted key, value)`` pairs of a proposer's config node set away from what its packaged
-    option composes to (``conf/proposer/<name>.yaml`` over its schema's defaults), compared as
-    written (interpolations unresolved)."""
+def _changed_from_packaged(node: DictConfig, group: str = "proposer") -> list[tuple[str, Any]]:
+    """The ``(dotted key, value)`` pairs of a config node of ``group`` (``proposer``, ``topology``,
+    ``workload``) set away from what its packaged option composes to (``conf/<group>/<name>.yaml``
+    over its schema's defaults), compared as written (interpolations unresolved)."""
     kind = OmegaConf.get_type(node)
     if not dataclasses.is_dataclass(kind):
         return []
-    packaged = OmegaConf.load(Path(__file__).parent / "conf" / "proposer" / f"{node.name}.yaml")
+    packaged = OmegaConf.load(Path(__file__).parent / "conf" / group / f"{node.name}.yaml")
     packaged.pop("defaults", None)
     reference = _leaves(OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(kind), packaged), resolve=False))
     missing = object()
@@ -1223,6 +1296,21 @@ def _changed_from_packaged(node: DictConfig) -> list[tuple[str, Any]]:
         for k, v in _leaves(OmegaConf.to_container(node, resolve=False)).items()
         if reference.get(k, missing) != v
     ]
+
+
+def _unread_workload_datastore_option(cfg: DictConfig, key: str) -> str | None:
+    """Why ``workload.<key>`` (``rest_corpus``, ``rest_exclude``: the datastore of the workload's
+    domain, for a datastore option that reads it as ``${workload.<key>}``) changes nothing here, or
+    None where a datastore the proposer searches reads it."""
+    sources = datastore_sources(cfg)
+    if not sources:
+        return f"proposer={cfg.proposer.name} searches no datastore"
+    reference = f"workload.{key}"
+    for node, _, _ in sources.values():
+        written = _leaves(OmegaConf.to_container(node, resolve=False))
+        if any(isinstance(v, str) and reference in v for v in written.values()):
+            return None
+    return f"no datastore the proposer searches reads it (one does where its corpus or exclude is ${{{reference}}})"
 
 
 def _leaves(tree: dict, prefix: str = "") -> dict[str, Any]:

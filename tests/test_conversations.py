@@ -217,7 +217,7 @@ def test_refusal_names_the_prompt_and_the_numbers():
     msg = str(err.value)
     assert msg == (
         "prompt 'HumanEval/1' turn 1: 15 prompt tokens + generation.max_new_tokens=4 + 2 candidate rows "
-        "(topology.max_nodes) = 21 > 20 positions of the target (model=tiny); workload.truncate=left cuts "
+        "(the most a round verifies) = 21 > 20 positions of the target (model=tiny); workload.truncate=left cuts "
         "the oldest text, keeping a chat template's opening (recorded per prompt)"
     )
 

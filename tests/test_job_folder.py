@@ -20,6 +20,7 @@ from helpers import fixture_run
 
 import harness.tracking.job_folder as job_folder
 from harness.files import LockBusy, artifact_lock, file_lock, holds_lock
+from harness.measure.hardware import cpu_name
 from harness.tracking.job_folder import (
     LOCK_FILENAME,
     PREVIOUS_DIR,
@@ -42,6 +43,7 @@ def _record(run_id: str = "r1", manifest_hash: str = "a" * 16, **manifest) -> di
     record["run_id"] = run_id
     record["manifest_hash"] = manifest_hash
     record["manifest"] = {"harness_code": "c0", "generation": {"max_new_tokens": 8, "temperature": 0.0}, **manifest}
+    record["hardware"].update(device="cpu", device_name=cpu_name())  # timed on this machine
     return record
 
 

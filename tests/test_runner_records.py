@@ -843,3 +843,149 @@ def test_prompt_lookup_history_at_a_batch_above_one_is_noted():
     merged = {"name": "merged", "sources": ["prompt_lookup", "rest"], "prompt_lookup": lookup}
     assert len(run_notes(record(merged, 2))) == 1
     assert run_notes(record({"name": "rest"}, 4)) == []
+
+
+def test_a_job_runs_with_its_own_thread_count_never_an_earlier_job_s(tmp_path, monkeypatch):
+    """``threads=1,null`` in one multirun: the ``threads=null`` job ran with the first job's 1 thread,
+    under the manifest hash of a standalone run with the process's own 2."""
+    import torch
+
+    import harness.measure.hardware as hardware
+    from harness.manifest import job_manifest_hash
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(hardware, "PROCESS_THREADS", 2)
+    base = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4", "gates.enabled=false"]
+    records = {}
+    try:
+        for threads in ("1", "null"):
+            run_dir = tmp_path / f"threads-{threads}"
+            cfg = compose([*base, f"threads={threads}", f"output_dir={run_dir}"])
+            records[threads] = run_job(cfg, run_dir=run_dir)
+    finally:
+        torch.set_num_threads(1)  # the suite's own count (conftest)
+    assert records["1"]["metrics"]["torch_threads"] == records["1"]["manifest"]["backend"]["threads"] == 1
+    assert records["null"]["metrics"]["torch_threads"] == records["null"]["manifest"]["backend"]["threads"] == 2
+    assert records["null"]["hardware"]["torch_threads"] == 2
+    assert records["null"]["manifest_hash"] == job_manifest_hash(compose([*base, "threads=2"]))
+    assert records["null"]["manifest_hash"] != records["1"]["manifest_hash"]
+
+
+def test_more_threads_than_the_process_may_run_on_are_noted_at_start(tmp_path, monkeypatch, capsys):
+    """``threads`` above the CPUs of the process's affinity mask oversubscribed them, and every time
+    counted the threads' waits without a word; the run says so (a note: the machine that composes a
+    job need not be the one that runs it)."""
+    import os
+
+    import torch
+
+    import harness.runner as runner
+    from harness.measure.hardware import usable_cpus
+
+    assert usable_cpus() == len(os.sched_getaffinity(0))
+    assert runner.oversubscribed_threads_note(None, 2, cpus=2) is None
+    assert runner.oversubscribed_threads_note(None, 4, cpus=2) == (
+        "torch's default of 4 threads (threads=null) exceeds the 2 CPU(s) this process may run on: the threads take "
+        "turns on them, and every time recorded counts their waits (threads=2 runs one per CPU)"
+    )
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(runner, "usable_cpus", lambda: 1)
+    run_dir = tmp_path / "run"
+    overrides = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4", "gates.enabled=false", "threads=2"]
+    try:
+        record = run_job(compose([*overrides, f"output_dir={run_dir}"]), run_dir=run_dir)
+    finally:
+        torch.set_num_threads(1)  # the suite's own count (conftest)
+    assert record["metrics"]["torch_threads"] == 2  # a note, not a refusal
+    notes = [line for line in capsys.readouterr().err.splitlines() if "CPU(s) this process may run on" in line]
+    assert notes == [
+        "harness: note: threads=2 exceeds the 1 CPU(s) this process may run on: the threads take turns on them, "
+        "and every time recorded counts their waits (threads=1 runs one per CPU)"
+    ]
+
+
+def test_the_context_and_temporary_kv_count_the_rows_a_round_can_verify(tmp_path):
+    """topology=sequence drafts one chain of max_depth rows, whatever max_nodes says: a run of 8 rows
+    with topology.max_nodes=1900 was refused for 1900 rows over the target's context (and over a
+    temporary-KV budget that its 8 rows fit). An expansion verifies the rows its widths make."""
+    from harness.contracts import ContractError
+    from harness.runner import plan_job, verified_rows
+    from harness.target.loading import model_kv_bytes_per_token
+
+    base = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4"]
+    planned = plan_job(compose([*base, "topology.max_nodes=1900"]), None)
+    assert planned.context.tree_rows == 8 and planned.context.max_prompt_tokens == planned.context.positions - 12
+    assert verified_rows(planned.plan.budget) == (
+        8,
+        "topology=sequence drafts one chain of topology.max_depth=8",
+    )
+    expansion = ["proposer=draft_model", "topology=expansion", "topology.widths=[2,2,1]", "topology.max_nodes=40"]
+    assert plan_job(compose([*base, *expansion]), None).context.tree_rows == 10  # 2 + 4 + 4
+    assert plan_job(compose([*base, "topology=sequences", "topology.max_nodes=40"]), None).context.tree_rows == 40
+    bpt = model_kv_bytes_per_token(compose(base).model)
+    fits = plan_job(compose([*base, "topology.max_nodes=1900", f"generation.temp_kv_budget_bytes={8 * bpt}"]), None)
+    assert fits.temp_kv_budget_formula_bytes == 8 * bpt
+    with pytest.raises(ContractError) as refused:
+        plan_job(compose([*base, "topology.max_nodes=1900", f"generation.temp_kv_budget_bytes={8 * bpt - 1}"]), None)
+    assert str(refused.value) == (
+        f"8 candidate rows (topology=sequence drafts one chain of topology.max_depth=8) x generation.batch_size=1 "
+        f"need {8 * bpt} bytes of temporary KV ({bpt} bytes per candidate row), over "
+        f"generation.temp_kv_budget_bytes={8 * bpt - 1}"
+    )
+    run_dir = tmp_path / "run"  # the run the context check refused
+    record = run_job(
+        compose([*base, "topology.max_nodes=1900", "gates.enabled=false", f"output_dir={run_dir}"]), run_dir=run_dir
+    )
+    assert record["inert_options"] == [
+        "topology.max_nodes=1900: topology=sequence drafts one chain of topology.max_depth=8 (a round verifies at "
+        "most 8 rows)"
+    ]
+
+
+def test_unreachable_rows_and_levels_a_tiny_model_s_chat_unread_datastore_domains_and_top_p_are_inert():
+    """Options that changed nothing and were not listed: topology.max_nodes past a chain's depth or an
+    expansion's widths, topology.max_depth past the widths' levels, workload.chat on a model without a
+    tokenizer, the workload's datastore domain with no datastore reading it, and top-p where top_k=1
+    keeps the argmax. Where they apply they are no note."""
+    from harness.runner import inert_options
+
+    def inert(*overrides):
+        return inert_options(compose(["model=tiny", *overrides]))
+
+    assert inert("topology.max_nodes=1900") == [
+        "topology.max_nodes=1900: topology=sequence drafts one chain of topology.max_depth=8 (a round verifies at "
+        "most 8 rows)"
+    ]
+    assert inert("topology.max_depth=4") == []  # topology.max_nodes=8 is the packaged value, not set
+    assert inert("topology.max_nodes=4") == []  # four rows of the eight-deep chain
+    assert inert("topology=sequences", "topology.max_nodes=40") == []  # several chains fill them
+    expansion = ["proposer=draft_model", "topology=expansion"]
+    assert inert(*expansion, "topology.max_nodes=40", "topology.max_depth=5") == [
+        "topology.max_nodes=40: topology.widths=[2,2,1] make 10 candidate rows (a round verifies at most 10 rows)",
+        "topology.max_depth=5: topology=expansion drafts the 3 levels of topology.widths=[2,2,1]",
+    ]
+    assert inert(*expansion, "topology.max_nodes=10", "topology.max_depth=3") == []
+    assert inert("proposer=draft_model", "topology=cartesian", "topology.max_depth=4") == [
+        "topology.max_depth=4: topology=cartesian drafts the 3 levels of topology.widths=[3,2,2]"
+    ]
+    assert inert("proposer=draft_model", "topology=cartesian") == []  # its packaged max_depth, not set
+    # no tokenizer: no chat template is applied
+    assert inert("workload.chat=true") == ["workload.chat=true: model=tiny has no tokenizer (prompts are token ids)"]
+    assert inert("workload=jsonl", "workload.path=q.jsonl") == []  # the workload's own chat=true, not set
+    assert inert_options(compose(["model=smollm2", "workload.chat=true"])) == []
+    # the datastore domain of the workload reaches a run only through a datastore option that reads it
+    assert inert("workload.rest_corpus=sharegpt", "workload.rest_exclude=sharegpt_heldout") == [
+        "workload.rest_corpus=sharegpt: proposer=prompt_lookup searches no datastore",
+        "workload.rest_exclude=sharegpt_heldout: proposer=prompt_lookup searches no datastore",
+    ]
+    assert inert("experiment=sources/rest_T0", "workload.rest_corpus=sharegpt") == []
+    assert inert("experiment=sources/rest_T0", "workload.rest_corpus=sharegpt", "proposer.datastore.corpus=stdlib") == [
+        "workload.rest_corpus=sharegpt: no datastore the proposer searches reads it (one does where its corpus or "
+        "exclude is ${workload.rest_corpus})"
+    ]
+    sampled = ["generation.temperature=0.7", "verifier=membership", "generation.top_p=0.9"]
+    assert inert(*sampled, "generation.top_k=1") == [
+        "generation.temperature=0.7: top_k=1 keeps the argmax at any temperature",
+        "generation.top_p=0.9: top_k=1 keeps the argmax, which every nucleus holds",
+    ]
+    assert inert(*sampled, "generation.top_k=2") == []

@@ -1841,3 +1841,53 @@ def test_a_glob_sweep_runs_one_job_per_option_of_the_group(env):
         assert load_record(sweep_dir / job / "record.json")["config"]["topology"]["name"] in ("sequence", "sequences")
     planned = json.loads((sweep_dir / "launch.json").read_text())["planned_jobs"]  # the launch lists both
     assert sorted(job[-1] for job in planned) == ["topology=sequence", "topology=sequences"]
+
+
+def test_a_record_timed_on_another_machine_is_timed_again_by_a_relaunch_here(env, capsys):
+    """A relaunch skipped every job whose folder held a record of its manifest timed on another
+    machine (the manifest names none): that machine's figures stood in this machine's sweep. The job
+    runs again here, saying why, and the other machine's record is set aside; a twin folder's record
+    from another machine stands in for no job either."""
+    from harness.measure.hardware import cpu_name
+    from harness.tracking.job_folder import inspect_job
+
+    sweep_dir = env / "multirun" / "smoke"
+    common = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false", "seed=0"]
+    rc, first = launch(sweep_dir, *common)
+    assert rc == 0 and len(first["ran"]) == 1
+    (job,) = first["ran"]
+    path = sweep_dir / job / "record.json"
+    record = json.loads(path.read_text())
+    assert inspect_job(sweep_dir / job, manifest_hash=record["manifest_hash"]).record is not None
+    record["hardware"].update(device_name="Other CPU", cpu="Other CPU")
+    path.write_text(json.dumps(record))
+    state = inspect_job(sweep_dir / job, manifest_hash=record["manifest_hash"])
+    why = f"its record was timed on another machine (cpu: Other CPU; this one is cpu: {cpu_name()})"
+    assert state.record is None and state.reason == why
+    assert inspect_job(sweep_dir / job).record is not None  # the record itself stands (the store reads it)
+    capsys.readouterr()
+    rc, again = launch(sweep_dir, *common)
+    assert rc == 0 and again["ran"] == [job] and again["skipped"] == []
+    assert f"re-running sweep job {job}: {why}; its earlier files are moved to" in capsys.readouterr().err
+    (aside,) = (sweep_dir / job / ".previous").glob("*/record.json")
+    assert json.loads(aside.read_text())["hardware"]["device_name"] == "Other CPU"
+    assert load_record(path)["hardware"]["device_name"] == cpu_name()
+    assert len(pd.read_parquet(sweep_dir / STORE_FILE)) == 1
+    rc, third = launch(sweep_dir, *common)  # timed here now: skipped as before
+    assert rc == 0 and third["skipped"] == [job]
+    # the same job under another folder (seed=0 left out) finds no twin in a record of another machine
+    record = json.loads(path.read_text())
+    record["hardware"]["device_name"] = "Other CPU"
+    path.write_text(json.dumps(record))
+    twin = sweep.twin_job(
+        sweep_dir,
+        sweep_dir / "elsewhere",
+        manifest_hash=record["manifest_hash"],
+        config=record["config"],
+    )
+    assert twin is None
+    record["hardware"]["device_name"] = cpu_name()
+    path.write_text(json.dumps(record))
+    assert sweep.twin_job(
+        sweep_dir, sweep_dir / "elsewhere", manifest_hash=record["manifest_hash"], config=record["config"]
+    ) == (path.parent, load_record(path))

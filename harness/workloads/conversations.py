@@ -55,7 +55,7 @@ class ContextLimit:
     positions: int | None  # the smallest position limit of the models that see the prompt (None: unknown)
     limited_by: str  # which model sets it, e.g. "the target (model=smollm2)"
     max_new_tokens: int
-    tree_rows: int  # candidate rows a verify forward appends (topology.max_nodes)
+    tree_rows: int  # candidate rows a verify forward appends (at most topology.max_nodes)
     rule: str = TRUNCATE_REFUSE
 
     @property
@@ -68,7 +68,7 @@ class ContextLimit:
         if room is not None and room < 1:
             raise WorkloadError(
                 f"generation.max_new_tokens={self.max_new_tokens} + {self.tree_rows} candidate rows "
-                f"(topology.max_nodes) leave no room for a prompt in the {self.positions:,} positions of "
+                f"(the most a round verifies) leave no room for a prompt in the {self.positions:,} positions of "
                 f"{self.limited_by}"
             )
 
@@ -78,7 +78,7 @@ class ContextLimit:
         total = tokens + self.max_new_tokens + self.tree_rows
         return (
             f"prompt {prompt.prompt_id!r} turn {turn}: {tokens:,} prompt tokens{how} + generation.max_new_tokens="
-            f"{self.max_new_tokens} + {self.tree_rows} candidate rows (topology.max_nodes) = {total:,} > "
+            f"{self.max_new_tokens} + {self.tree_rows} candidate rows (the most a round verifies) = {total:,} > "
             f"{self.positions:,} positions of {self.limited_by}; workload.truncate=left cuts the oldest text, "
             "keeping a chat template's opening (recorded per prompt)"
         )
