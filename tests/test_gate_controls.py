@@ -175,12 +175,14 @@ def test_a_batched_run_checks_the_batched_verify_and_commit_and_a_broken_one_fai
     nothing_written(tmp_path / "bad-commit")
 
 
-def test_a_proposer_that_misrecords_q_fails_the_statistical_gate(workload, tmp_path, monkeypatch):
+def _misrecord_q(monkeypatch):
+    """The draft model made to record q with an extra temperature of 0.3 (WRONG: not the law it
+    sampled); returns its real ``propose``."""
     from harness.proposers.draft_model import DraftModelProposer
 
     real = DraftModelProposer.propose
 
-    def misrecorded(self, committed, rng):  # WRONG: q recorded with an extra temperature of 0.3
+    def misrecorded(self, committed, rng):
         result = real(self, committed, rng)
         if result.q_dists is None or not result.nodes:
             return result
@@ -190,6 +192,11 @@ def test_a_proposer_that_misrecords_q_fails_the_statistical_gate(workload, tmp_p
         return replace(result, nodes=nodes, q_dists=q)
 
     monkeypatch.setattr(DraftModelProposer, "propose", misrecorded)
+    return real
+
+
+def test_a_proposer_that_misrecords_q_fails_the_statistical_gate(workload, tmp_path, monkeypatch):
+    real = _misrecord_q(monkeypatch)
     overrides = (
         "proposer=draft_model",
         "proposer.sampling=iid",
@@ -206,6 +213,8 @@ def test_a_proposer_that_misrecords_q_fails_the_statistical_gate(workload, tmp_p
     with pytest.raises(GateError, match=r"gate 'statistical' failed .*p_value"):
         run_job(cfg(workload, *overrides), run_dir=run_dir)
     nothing_written(run_dir)
+    from harness.proposers.draft_model import DraftModelProposer
+
     monkeypatch.setattr(DraftModelProposer, "propose", real)  # the same run with the real proposer passes
     record = run_job(cfg(workload, *overrides), run_dir=tmp_path / "ok")
     assert record["gates"]["statistical"]["status"] == "passed"
@@ -316,20 +325,7 @@ def test_a_statistical_gate_whose_probe_drew_no_proposal_tests_where_the_measure
 def test_a_round_wrong_where_only_the_measured_run_proposed_is_refused(workload, tmp_path, monkeypatch):
     """The misrecorded-q draft, with the gate's scan of the workload made to find nothing: the test at
     the measured run's own contexts fails it, and nothing is written."""
-    from harness.proposers.draft_model import DraftModelProposer
-
-    real = DraftModelProposer.propose
-
-    def misrecorded(self, committed, rng):  # WRONG: q recorded with an extra temperature of 0.3
-        result = real(self, committed, rng)
-        if result.q_dists is None or not result.nodes:
-            return result
-        q = result.q_dists.pow(1 / 0.3)
-        q = q / q.sum(dim=-1, keepdim=True)
-        nodes = tuple(replace(n, q=float(q[i, n.token_id])) for i, n in enumerate(result.nodes))
-        return replace(result, nodes=nodes, q_dists=q)
-
-    monkeypatch.setattr(DraftModelProposer, "propose", misrecorded)
+    _misrecord_q(monkeypatch)
     _probe_finds_nothing(monkeypatch)
     overrides = (
         "proposer=draft_model",

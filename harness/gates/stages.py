@@ -300,12 +300,7 @@ def run_gates(
             return
         gates[name] = entry = compute()
         if entry["status"] == "failed":
-            evidence = entry.get("failed_case") or {k: v for k, v in entry.items() if k not in ("status", "key")}
-            raise GateError(
-                f"gate {name!r} failed for verifier {verifier.name!r}, proposer {caps.name!r} "
-                f"(relations {', '.join(relations)}, temperature {policy.temperature}): "
-                f"{json.dumps(evidence, default=str)}"
-            )
+            raise gate_failure(name, plan_, entry)
 
     verifier_module = VERIFIERS[verifier.name].__module__
     model_id = {
@@ -506,10 +501,17 @@ def statistical_gate_on_run(
         "workload_probe": {k: probe[k] for k in ("why", "prefix") if k in probe},
     }
     if entry["status"] == "failed":
-        evidence = entry.get("failed_case") or {k: v for k, v in entry.items() if k not in ("status", "key")}
-        raise GateError(
-            f"gate 'statistical' failed for verifier {plan_.verifier.name!r}, proposer {plan_.capabilities.name!r} "
-            f"(temperature {plan_.policy.temperature}) at a prefix where the measured run proposed: "
-            f"{json.dumps(evidence, default=str)}"
-        )
+        raise gate_failure("statistical", plan_, entry, where=" at a prefix where the measured run proposed")
     return entry
+
+
+def gate_failure(name: str, plan_, entry: dict, *, where: str = "") -> GateError:
+    """The one line a failed gate refuses the run with: the gate, the round it checked and its
+    evidence (the failed case, else the entry)."""
+    evidence = entry.get("failed_case") or {k: v for k, v in entry.items() if k not in ("status", "key")}
+    caps = plan_.capabilities
+    return GateError(
+        f"gate {name!r} failed for verifier {plan_.verifier.name!r}, proposer {caps.name!r} "
+        f"(relations {', '.join(sorted(caps.sampling_relations))}, temperature {plan_.policy.temperature}){where}: "
+        f"{json.dumps(evidence, default=str)}"
+    )
