@@ -33,6 +33,7 @@ SLOW = {
     ("membership", "draft/wor/set2/T1"),
     ("membership", "draft/wor/exp21/T0.8-topk3-topp0.9"),
     ("membership", "eagle/iid/seq1/T1/2-rounds"),
+    ("membership", "merged/draft-wor+lookup/T1"),  # ~40 s: every draw of the draft's siblings and lookup's chains
 }
 
 
