@@ -1471,16 +1471,26 @@ def _import_main(rest: list[str]) -> int:
     read_rest_index(index_file)  # the layout, before the tokenizer loads
     name = f"rest-index-{hashlib.sha256(str(index_file.resolve()).encode()).hexdigest()[:12]}"
     out = _output_option(opts, cached_datastore_dir(name, model=model))
-    with _output_lock(out):  # from the check of what the folder holds to the rename into place
+    return _locked_write(
+        opts,
+        out,
+        overwrite=overwrite,
+        model=model,
+        make=lambda tokenizer, tmp: import_rest_index(
+            index_file, tokenizer=tokenizer, target_family=model, out_dir=tmp, progress=progress, **sizes
+        ),
+    )
+
+
+def _locked_write(opts: dict, out: Path, *, overwrite: bool, model: str, make: Callable[..., Datastore]) -> int:
+    """The datastore ``make(tokenizer, tmp)`` writes, put in place at ``out`` under the folder's lock,
+    from the check of what the folder holds (:func:`_refuse_held`) to the rename
+    (:func:`_write_in_place`); prints its summary and returns 0."""
+    with _output_lock(out):
         _refuse_held("out" if "out" in opts else "path", out, overwrite)
         tokenizer = _tokenizer_of(model)
         t0 = time.perf_counter()
-        ds = _write_in_place(
-            out,
-            lambda tmp: import_rest_index(
-                index_file, tokenizer=tokenizer, target_family=model, out_dir=tmp, progress=progress, **sizes
-            ),
-        )
+        ds = _write_in_place(out, lambda tmp: make(tokenizer, tmp))
     return _print_summary(ds, t0)
 
 
@@ -1589,24 +1599,22 @@ def main(argv: list[str]) -> int:
         out = _output_option(
             opts, cached_datastore_dir(cache_folder_name(corpus, exclude=exclude_spec, **sizes), model=model)
         )
-        with _output_lock(out):  # from the check of what the folder holds to the rename into place
-            _refuse_held("out" if "out" in opts else "path", out, overwrite)
-            tokenizer = _tokenizer_of(model)
-            t0 = time.perf_counter()
-            ds = _write_in_place(
-                out,
-                lambda tmp: build_datastore(
-                    corpus,
-                    tokenizer=tokenizer,
-                    target_family=model,
-                    out_dir=tmp,
-                    exclude=exclude,
-                    exclude_spec=exclude_spec,
-                    progress=progress,
-                    **sizes,
-                ),
-            )
-        return _print_summary(ds, t0)
+        return _locked_write(
+            opts,
+            out,
+            overwrite=overwrite,
+            model=model,
+            make=lambda tokenizer, tmp: build_datastore(
+                corpus,
+                tokenizer=tokenizer,
+                target_family=model,
+                out_dir=tmp,
+                exclude=exclude,
+                exclude_spec=exclude_spec,
+                progress=progress,
+                **sizes,
+            ),
+        )
     except (ValueError, OSError) as err:  # DatastoreError, a checkpoint or corpus refused, a missing path
         message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
         print(f"harness datastore: refused: {message}", file=sys.stderr)
