@@ -364,6 +364,14 @@ def _set_output_turn(key, value):
     return mutate
 
 
+def _one_more_round_token(record, outputs):
+    outputs[0]["turns"][0]["spec_round_tokens"][-1] += 1
+
+
+def _one_round_fewer(record, outputs):
+    del outputs[0]["turns"][0]["ar_round_tokens"][-1]
+
+
 def _zero_wall_time(record, outputs):
     record["per_prompt"][0]["turns"][0].update(ar_prefill_ms=0.0, ar_decode_ms=0)
 
@@ -382,6 +390,8 @@ def _zero_wall_time(record, outputs):
         (_zero_wall_time, "ar_prefill_ms + ar_decode_ms is 0 in record.json"),
         (_set_output_turn("spec_round_tokens", ["2"]), "outputs.jsonl's spec_round_tokens must be a list of whole"),
         (_set_output_turn("ar_answer", None), "outputs.jsonl's ar_answer must be the answer text; got None"),
+        (_one_more_round_token, "spec_round_tokens holds"),
+        (_one_round_fewer, "ar_round_tokens holds"),
     ],
 )
 def test_export_refuses_a_turn_with_a_figure_that_is_no_count_or_time_and_writes_nothing(
@@ -389,7 +399,8 @@ def test_export_refuses_a_turn_with_a_figure_that_is_no_count_or_time_and_writes
 ):
     """A turn's decode time of NaN was exported as "wall_time": [NaN] with exit 0 (speed.py reads it
     back as a number and its means turn NaN), a missing rounds key ended in a KeyError and exit 1,
-    a null prefill in a TypeError. Each turn is checked before anything is written: one line naming
+    a null prefill in a TypeError, tokens per round that did not add up to the turn's tokens gave
+    inconsistent accept_lengths. Each turn is checked before anything is written: one line naming
     the prompt, the turn and the key, exit 2, no file."""
     from harness.files import file_sha256
 

@@ -171,7 +171,8 @@ def _is_time(value: Any) -> bool:
 def check_turn(pid: str, n: int, turn: Any, out: Any, arm: str) -> None:
     """Refuse turn ``n`` (from 1) of prompt ``pid`` unless the record's ``turn`` and the outputs' ``out``
     hold what its answer line is made of, for ``arm``: whole counts of tokens and rounds, finite
-    times >= 0 with a wall time (prefill plus decode) above 0, tokens per round, the answer text."""
+    times >= 0 with a wall time (prefill plus decode) above 0, tokens per round (one count per round,
+    summing to the turn's tokens), the answer text."""
     where = f"prompt {pid!r}, turn {n}"
     if not isinstance(turn, dict) or not isinstance(out, dict):
         raise ExportError(f"{where}: a turn must be a JSON object in record.json and {OUTPUTS_FILENAME}")
@@ -195,6 +196,12 @@ def check_turn(pid: str, n: int, turn: Any, out: Any, arm: str) -> None:
     if not isinstance(counts, list) or not all(_is_count(c) for c in counts):
         said = f"got {counts!r}" if key in out else "it is missing"
         raise ExportError(f"{where}: {OUTPUTS_FILENAME}'s {key} must be a list of whole numbers >= 0; {said}")
+    if len(counts) != turn[f"{arm}_rounds"] or sum(counts) != turn[f"{arm}_tokens"]:
+        raise ExportError(
+            f"{where}: {OUTPUTS_FILENAME}'s {key} holds {len(counts)} rounds of {sum(counts)} tokens, record.json's "
+            f"{arm}_rounds and {arm}_tokens say {turn[f'{arm}_rounds']} and {turn[f'{arm}_tokens']}; the two files "
+            "are not of one run"
+        )
     key = f"{arm}_answer"
     if not isinstance(out.get(key), str):
         said = f"got {out[key]!r}" if key in out else "it is missing"
