@@ -1083,3 +1083,32 @@ def test_the_report_s_table_and_plot_draw_the_same_interval_beside_an_older_reco
     (line,) = [ln for ln in _compare_section(both, {"by": "proposer"}) if "| prompt_lookup | all |" in ln]
     (row,) = [r for r in rows if r.category == "all"]
     assert f"| {row.speedup.fmt(3)} |" in line
+
+
+def test_the_bar_plots_draw_every_section_the_recipe_names_each_arm_tagged_with_its_section():
+    """Both bar plots drew the first of a recipe's sections only: ``sections: [exact, heuristic]``
+    left the heuristic runs out without a word. Each named section's arms are drawn, tagged."""
+    from harness.tracking.compare import compare, leaderboard
+    from harness.tracking.report import SECTION_STYLE
+
+    df = _store_frame()
+    assert {"exact", "heuristic"} <= set(df["section"])
+    tag = SECTION_STYLE["heuristic"]["tag"]
+    spec = {"sections": ["heuristic", "exact"]}
+    ax = PLOTS["speedup_by_proposer_workload"](df, spec).figure.axes[0]
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    rows = [r for r in compare(df) if r.section in ("exact", "heuristic")]
+    exact_arms = sorted({r.arm for r in rows if r.section == "exact"})
+    heuristic_arms = sorted({r.arm for r in rows if r.section == "heuristic"})
+    assert heuristic_arms and ticks == exact_arms + [a + tag for a in heuristic_arms]
+    assert "(exact, heuristic runs;" in ax.get_title()
+    # one section named: the arms untagged, as before
+    only = PLOTS["speedup_by_proposer_workload"](df, {"sections": ["heuristic"]}).figure.axes[0]
+    assert [t.get_text() for t in only.get_xticklabels()] == heuristic_arms
+    ax = PLOTS["speedup_by_category"](df, spec).figure.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    _, board = leaderboard(df[df["section"].isin(["exact", "heuristic"])])
+    assert labels == [f"proposer: {r.arm}" for r in board if r.section == "exact"] + [
+        f"proposer: {r.arm}{tag}" for r in board if r.section == "heuristic"
+    ]
+    assert any(tag in label for label in labels) and "(exact, heuristic runs;" in ax.get_title()

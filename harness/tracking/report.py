@@ -399,14 +399,27 @@ def _headroom(ax) -> None:
     ax.set_ylim(bottom, top + (top - bottom) / 3)
 
 
+def _bar_sections(spec: Mapping[str, Any]) -> list[str]:
+    """The sections a bar plot draws, in the store's order (default: exact runs only)."""
+    wanted = set(spec.get("sections") or ["exact"])
+    return [s for s in SECTIONS if s in wanted]
+
+
+def _section_arm(arm: str, section: str, sections: Sequence[str]) -> str:
+    """An arm's bar label: its section's tag beside it where the plot draws several (an arm of one name
+    can run in two of them)."""
+    return arm if len(sections) == 1 else arm + SECTION_STYLE[section]["tag"]
+
+
 def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
-    (section,) = spec.get("sections", ["exact"])[:1] or ["exact"]
-    runs = df[df["section"] == section]
+    sections = _bar_sections(spec)
+    runs = df[df["section"].isin(sections)]
     if runs.empty:
-        return Plot(None, f"no {section} runs")
+        return Plot(None, f"no {' or '.join(sections)} runs")
     by = spec.get("by", "proposer")
-    rows = [r for r in compare(runs, by=by) if r.section == section]
-    arms = sorted({r.arm for r in rows})
+    rows = [r for r in compare(runs, by=by) if r.section in sections]
+    labelled = {(r.section, r.arm): _section_arm(r.arm, r.section, sections) for r in rows}
+    arms = [labelled[k] for k in sorted(labelled, key=lambda k: (sections.index(k[0]), k[1]))]
     cats = sorted({r.category for r in rows} - {ALL}) + [ALL]
     fig = _new_figure()
     ax = fig.add_subplot()
@@ -415,7 +428,7 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
     for j, cat in enumerate(cats):
         xs, ys, err = [], [], []  # err: (x, y, below, above) where the speedup has an interval
         for i, arm in enumerate(arms):
-            hit = [r for r in rows if r.arm == arm and r.category == cat]
+            hit = [r for r in rows if labelled[(r.section, r.arm)] == arm and r.category == cat]
             if not hit or hit[0].speedup.value is None:
                 continue
             s = hit[0].speedup
@@ -447,7 +460,7 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
     ax.set_title(
         spec.get(
             "title",
-            f"Speedup by {by} and workload category\n({section} runs; 95% paired-bootstrap CI over prompts"
+            f"Speedup by {by} and workload category\n({', '.join(sections)} runs; 95% paired-bootstrap CI over prompts"
             f"{no_interval_caption(bare)})",
         ),
         fontsize=10,
@@ -905,13 +918,14 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
 
 def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     """The leaderboard as bars: speedup per Spec-Bench task (or category) and overall, one bar per arm."""
-    (section,) = spec.get("sections", ["exact"])[:1] or ["exact"]
-    runs = df[df["section"] == section]
+    sections = _bar_sections(spec)
+    runs = df[df["section"].isin(sections)]
     if runs.empty:
-        return Plot(None, f"no {section} runs")
+        return Plot(None, f"no {' or '.join(sections)} runs")
     by = spec.get("by", "proposer")
     columns, rows = leaderboard(runs, by=by)  # the resamples of the report's leaderboard table: the same CIs
-    rows = [r for r in rows if r.section == section]
+    rows = [r for r in rows if r.section in sections]
+    rows.sort(key=lambda r: sections.index(r.section))
     columns = section_columns(columns, rows)
     fig = _new_figure(max(8.0, 1.2 * len(columns) + 3), 4.5)
     ax = fig.add_subplot()
@@ -930,7 +944,7 @@ def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
                 err.append((xs[-1], s.value, s.value - s.ci_low, s.ci_high - s.value))
             else:
                 bare += 1
-        ax.bar(xs, ys, width=width, label=f"{by}: {row.arm}")
+        ax.bar(xs, ys, width=width, label=f"{by}: {_section_arm(row.arm, row.section, sections)}")
         if err:
             ex, ey, below, above = zip(*err, strict=True)
             ax.errorbar(ex, ey, yerr=[below, above], fmt="none", ecolor="k", elinewidth=1, capsize=3)
@@ -942,7 +956,8 @@ def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     ax.set_title(
         spec.get(
             "title",
-            f"Speedup by category\n({section} runs; 95% paired-bootstrap CI over prompts{no_interval_caption(bare)})",
+            f"Speedup by category\n({', '.join(sections)} runs; 95% paired-bootstrap CI over prompts"
+            f"{no_interval_caption(bare)})",
         ),
         fontsize=10,
     )
