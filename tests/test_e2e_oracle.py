@@ -467,8 +467,11 @@ def _names(cases):
 
 def test_gate_cases_prefer_the_runs_own_proposer_and_shape():
     wor = E.gate_cases("draft_model", {"without_replacement"}, "sequoia", greedy=False)
-    # the draft family: a draft of the target's vocabulary and one whose LM head is padded past it
-    assert wor and all(n.split("/")[:2] in (["draft", "wor"], ["draft-padded", "wor"]) for n in _names(wor))
+    # the draft family: a draft of the target's vocabulary, one whose LM head is padded past it and one
+    # whose vocabulary ends before it
+    family = (["draft", "wor"], ["draft-padded", "wor"], ["draft-short", "wor"])
+    assert wor and all(n.split("/")[:2] in family for n in _names(wor))
+    assert "draft-short/wor/exp31/T1-topk2" in _names(wor)
     assert _names(E.gate_cases("draft_model", ["without_replacement"], "sequoia", greedy=False, shape="tree")) == [
         "draft/wor/sequoia3/T0.8-topk3-topp0.9"
     ]

@@ -64,6 +64,23 @@ def test_without_replacement_uniform_fallback_when_q_is_exhausted():
     assert marg[(1, 0, 2)] == pytest.approx(1 / 6, abs=1e-15)
 
 
+def test_without_replacement_falls_back_inside_the_domain_the_proposer_can_expand():
+    """A draft whose vocabulary ends before the target's pads q with zeros past its own ids; once q's
+    mass was used up, the uniform fallback drew ids the draft has no embedding for (an IndexError when
+    the draft expanded them). The fallback stays inside ``domain``, and its law says so."""
+    q = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)  # a 3-id draft's law, padded to 5
+    law = without_replacement_law(q, [1], domain=3)
+    assert law.tolist() == pytest.approx([0.5, 0.0, 0.5, 0.0, 0.0], abs=1e-15)
+    marg = enumerate_marginal(
+        lambda rng: _tokens(sample_children(q, 3, relation="without_replacement", rng=rng, domain=3))
+    )
+    assert marg == pytest.approx({(1, 0, 2): 0.5, (1, 2, 0): 0.5}, abs=1e-15)
+    with pytest.raises(ValueError, match="4 draws without replacement from a vocabulary of 3"):
+        sample_children(q, 4, relation="without_replacement", rng=TorchRandomSource(0), domain=3)
+    # without a domain the whole vocabulary, as before
+    assert without_replacement_law(q, [1]).tolist() == pytest.approx([0.25, 0.0, 0.25, 0.25, 0.25], abs=1e-15)
+
+
 def test_without_replacement_refuses_more_draws_than_tokens():
     with pytest.raises(ValueError, match="4 draws without replacement from a vocabulary of 3"):
         sample_children(Q_REF, 4, relation="without_replacement", rng=TorchRandomSource(0))

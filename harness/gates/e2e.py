@@ -464,8 +464,12 @@ class E2ECase:
     #: bound FLOAT32_ATOL)
     dtype: torch.dtype = torch.float64
     #: draft_model only: "padded" drafts with :attr:`E2EModels.padded`, whose embedding matrix and
-    #: LM head have extra rows past the target's vocabulary (the proposer restricts q to the shared range)
+    #: LM head have extra rows past the target's vocabulary (the proposer restricts q to the shared range);
+    #: "short" with :attr:`E2EModels.short`, whose vocabulary ends before the target's (q is zero past it,
+    #: and a draw can only expand ids the draft has)
     draft: str = "draft"
+    #: the prompt the case decodes (default :data:`E2E_PROMPT`; a short draft's case keeps to its ids)
+    prompt: tuple[int, ...] | None = None
 
 
 def _as_float64(policy: SamplingPolicy) -> Float64Policy:
@@ -874,6 +878,17 @@ def standard_cases() -> list[E2ECase]:
             draft="padded",
         ),
         E2ECase("draft-padded/beam/exp21/T0", "draft_model", exp21, greedy, "beam", draft="padded"),
+        # a draft whose vocabulary ends before the target's: three siblings from a top-2 law, so the
+        # third falls back past q's mass every round and is expanded by the draft
+        E2ECase(
+            "draft-short/wor/exp31/T1-topk2",
+            "draft_model",
+            Budget(shape="expansion", max_nodes=6, max_depth=2, widths=(3, 1)),
+            SamplingPolicy(temperature=1.0, top_k=2),
+            "without_replacement",
+            draft="short",
+            prompt=(1, 2, 0, 1, 2, 0, 1, 2),
+        ),
         E2ECase("draft/iid/choices/T0.8-topk3-topp0.9", "draft_model", choices, trunc, "iid"),
         E2ECase("draft/beam/choices/T0", "draft_model", choices, greedy, "beam"),
         E2ECase("eagle/beam/dynamic/T0/2-rounds", "eagle", dynamic, greedy, "beam", rounds=2),
@@ -1220,11 +1235,26 @@ def padded_draft(model: torch.nn.Module, extra: int = PADDED_EXTRA_ROWS) -> torc
     return padded.eval()
 
 
+#: ids the short draft's vocabulary lacks at the end of the target's
+SHORT_MISSING_ROWS = 2
+
+
+def short_draft(model: torch.nn.Module, missing: int = SHORT_MISSING_ROWS) -> torch.nn.Module:
+    """A copy of ``model`` whose vocabulary stops ``missing`` ids short of the target's, as a family's
+    smaller checkpoints can: its embedding matrix and LM head lose their last rows."""
+    short = copy.deepcopy(model)
+    short.resize_token_embeddings(int(model.config.vocab_size) - missing, mean_resizing=False)
+    for p in short.parameters():
+        p.requires_grad_(False)
+    return short.eval()
+
+
 @dataclass
 class E2EModels:
     target: CausalLMBackend
     draft: CausalLMBackend
     padded: CausalLMBackend | None = None  # the draft with a padded vocabulary (same law on the shared range)
+    short: CausalLMBackend | None = None  # the draft with its vocabulary's last ids cut off
     #: a float64 model holding exactly the target's weights (the exact joint is computed with it);
     #: None: the target's own model (float64 already)
     reference: torch.nn.Module | None = None
@@ -1233,19 +1263,21 @@ class E2EModels:
     @classmethod
     def build(cls, *, seed: int = 0, vocab: int = 5) -> E2EModels:
         """Target: 2 layers; draft: a different 1-layer model (so q differs from p), and the same
-        draft with a padded vocabulary."""
+        draft with a padded vocabulary and with a short one."""
         draft = oracle_model(seed=seed + 101, vocab=vocab, num_layers=1)
         return cls(
             target=CausalLMBackend(oracle_model(seed=seed, vocab=vocab)),
             draft=CausalLMBackend(draft),
             padded=CausalLMBackend(padded_draft(draft)),
+            short=CausalLMBackend(short_draft(draft)),
         )
 
     def draft_for(self, case: E2ECase) -> CausalLMBackend:
-        if case.draft == "padded":
-            if self.padded is None:
-                raise ValueError(f"case {case.name!r} needs the padded draft (E2EModels.build makes it)")
-            return self.padded
+        if case.draft in ("padded", "short"):
+            backend = getattr(self, case.draft)
+            if backend is None:
+                raise ValueError(f"case {case.name!r} needs the {case.draft} draft (E2EModels.build makes it)")
+            return backend
         return self.draft
 
     def at_dtype(self, dtype: torch.dtype) -> E2EModels:
@@ -1260,6 +1292,7 @@ class E2EModels:
                 target=CausalLMBackend(target),
                 draft=CausalLMBackend(cast_model(self.draft.model, dtype)),
                 padded=None if self.padded is None else CausalLMBackend(cast_model(self.padded.model, dtype)),
+                short=None if self.short is None else CausalLMBackend(cast_model(self.short.model, dtype)),
                 reference=cast_model(target, torch.float64),
             )
         return hit
@@ -1270,18 +1303,22 @@ def check_e2e_case(
     case: E2ECase,
     models: E2EModels,
     *,
-    prompt_ids: Sequence[int] = E2E_PROMPT,
+    prompt_ids: Sequence[int] | None = None,
     proposer_factory: Callable[[E2ECase, CausalLMBackend | None, SamplingPolicy], Proposer] | None = None,
     wrap: Callable[[Proposer], Proposer] | None = None,
     max_leaves: int = MAX_LEAVES,
 ) -> dict:
     """Run one end-to-end case; a row like :func:`harness.gates.oracle.check_case`'s.
 
+    ``prompt_ids`` (default: the case's prompt, else :data:`E2E_PROMPT`): what the round decodes.
+
     ``proposer_factory(case, draft, policy)`` replaces :func:`make_proposer`; ``wrap`` is applied to
     the proposer built (a negative control wraps the real proposer). The case's models are
     ``models.at_dtype(case.dtype)``; its bound :data:`E2E_ATOL` of that dtype.
     """
     t0 = time.perf_counter()
+    if prompt_ids is None:
+        prompt_ids = case.prompt or E2E_PROMPT
     models = models.at_dtype(case.dtype)
     policy = case_policy(case)
     if proposer_factory is None:

@@ -259,6 +259,7 @@ class DraftModelProposer(Proposer):
                 manifest_hash=self.manifest_hash,
                 state_handle=handle,
                 max_depth=self.depth_cap,
+                domain=self.vocab_range,
             )
         if self.shape_parents:
             return sample_shaped_tree_proposal(
@@ -270,6 +271,7 @@ class DraftModelProposer(Proposer):
                 manifest_hash=self.manifest_hash,
                 state_handle=handle,
                 max_depth=self.depth_cap,
+                domain=self.vocab_range,
             )
         return sample_tree_proposal(
             q_level,
@@ -280,6 +282,7 @@ class DraftModelProposer(Proposer):
             manifest_hash=self.manifest_hash,
             state_handle=handle,
             max_depth=self.depth_cap,
+            domain=self.vocab_range,
         )
 
 

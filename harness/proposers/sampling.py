@@ -54,15 +54,19 @@ CHILD_RELATIONS: tuple[str, ...] = ("iid", "without_replacement", "beam")
 QLevelFn = Callable[[list[tuple[int, ...]]], torch.Tensor]
 
 
-def without_replacement_law(q: torch.Tensor, sampled: Sequence[int]) -> torch.Tensor:
+def without_replacement_law(q: torch.Tensor, sampled: Sequence[int], *, domain: int | None = None) -> torch.Tensor:
     """The law of the next without-replacement draw after ``sampled`` (Sequoia). ``[V]``.
 
     ``q`` with the sampled tokens zeroed and renormalised; uniform over the unsampled tokens when
-    no nonzero ``q`` mass is left.
+    no nonzero ``q`` mass is left. ``domain``: the ids ``0 .. domain - 1`` the proposer can draw and
+    expand (a draft whose vocabulary is smaller than the target's pads ``q`` with zeros beyond its
+    own); the uniform fallback stays inside it (default: all ``V``).
     """
     vocab = q.shape[-1]
-    if len(set(sampled)) >= vocab:
-        raise ValueError(f"cannot draw without replacement: all {vocab} tokens already sampled")
+    domain = vocab if domain is None else min(int(domain), vocab)
+    inside = {int(t) for t in sampled if int(t) < domain}
+    if len(inside) >= domain:
+        raise ValueError(f"cannot draw without replacement: all {domain} tokens already sampled")
     law = q.clone()  # [V]
     taken = torch.zeros(vocab, dtype=torch.bool, device=q.device)  # [V]
     if sampled:
@@ -71,7 +75,8 @@ def without_replacement_law(q: torch.Tensor, sampled: Sequence[int]) -> torch.Te
     z = float(law.sum())
     if z > 0.0:
         return law / z
-    fallback = (~taken).to(q.dtype)  # [V] uniform over unsampled tokens
+    fallback = (~taken).to(q.dtype)  # [V] uniform over unsampled tokens of the domain
+    fallback[domain:] = 0.0
     return fallback / fallback.sum()
 
 
@@ -109,12 +114,13 @@ def beam_rows(q: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
 
 
 def sample_children(
-    q: torch.Tensor, k: int, *, relation: str, rng: RandomSource
+    q: torch.Tensor, k: int, *, relation: str, rng: RandomSource, domain: int | None = None
 ) -> list[tuple[int, torch.Tensor | None]]:
     """``k`` children below one parent whose proposal law is ``q`` ``[V]``.
 
     Returns ``(token, law)`` per draw in draw order; ``law`` ``[V]`` is the distribution that
-    token was drawn from (``None`` for ``"beam"``, which draws nothing).
+    token was drawn from (``None`` for ``"beam"``, which draws nothing). ``domain``: the ids a
+    draw without replacement may fall back to (:func:`without_replacement_law`).
     """
     if q.dim() != 1:
         raise ValueError(f"q must be a vector [V]; got shape {tuple(q.shape)}")
@@ -132,11 +138,12 @@ def sample_children(
         for _ in range(k):
             out.append((rng.categorical(q), q))
         return out
-    if k > q.shape[0]:
-        raise ValueError(f"{k} draws without replacement from a vocabulary of {q.shape[0]}")
+    size = q.shape[0] if domain is None else min(int(domain), q.shape[0])
+    if k > size:
+        raise ValueError(f"{k} draws without replacement from a vocabulary of {size}")
     sampled: list[int] = []
     for _ in range(k):
-        law = without_replacement_law(q, sampled)  # [V]
+        law = without_replacement_law(q, sampled, domain=domain)  # [V]
         tok = rng.categorical(law)
         sampled.append(tok)
         out.append((tok, law))
@@ -200,6 +207,7 @@ def sample_shaped_tree_proposal(
     rng: RandomSource,
     ranks: Sequence[int] | None = None,
     max_depth: int | None = None,
+    domain: int | None = None,
     source: str = "sampled",
     manifest_hash: str = "unhashed",
     state_handle: ProposalStateHandle = NO_STATE,
@@ -224,6 +232,9 @@ def sample_shaped_tree_proposal(
 
     ``max_depth`` (default: the whole shape): draw no deeper; the shape's deeper nodes are absent
     (the round cannot commit them). ``0`` draws nothing.
+
+    ``domain``: the ids ``0 .. domain - 1`` the proposer can expand (default: all); a draw without
+    replacement that has used up ``q``'s mass falls back to the unsampled ids inside it.
     """
     if ranks is None:
         par, gap = check_shape_parents(parents), None
@@ -235,7 +246,7 @@ def sample_shaped_tree_proposal(
     def draws(q: torch.Tensor, kids: list[int]) -> list[tuple[int, torch.Tensor | None]]:
         """The ``(token, law)`` of each child in ``kids``, drawn below one node whose law is ``q``."""
         if gap is None:  # the j-th child is the j-th draw
-            return sample_children(q, len(kids), relation=relation, rng=rng)
+            return sample_children(q, len(kids), relation=relation, rng=rng, domain=domain)
         top = max(int(ranks[v]) for v in kids) + 1
         ranked = [tok for tok, _ in sample_children(q, top, relation="beam", rng=rng)]
         return [(ranked[int(ranks[v])], None) for v in kids]
