@@ -10,6 +10,7 @@ probability and re-runs the same code. Verifier and proposer modules must not to
 
 from __future__ import annotations
 
+import math
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -41,6 +42,8 @@ class TorchRandomSource:
 
     def bernoulli(self, p: float) -> bool:
         p = float(p)
+        if math.isnan(p):
+            raise ValueError("bernoulli(nan): the probability is not a number")
         if p >= 1.0:
             return True
         if p <= 0.0:

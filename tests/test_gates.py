@@ -241,7 +241,7 @@ def test_changing_verifier_or_proposer_source_changes_the_gate_key(tmp_path, mon
     assert key(entries) == before
     builtin = fake / "harness/verifiers/builtin.py"
     files["builtin"] = builtin.read_bytes()
-    changed = files["builtin"].replace(b"min(1.0, float(residual[x])", b"min(1.0, 1.0 * float(residual[x])")
+    changed = files["builtin"].replace(b"rng.bernoulli(min(1.0, ratio))", b"rng.bernoulli(min(1.0, 1.0 * ratio))")
     assert changed != files["builtin"]
     builtin.write_bytes(changed)
     after_builtin = key(entries)

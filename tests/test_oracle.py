@@ -310,6 +310,38 @@ def test_nan_acceptance_is_refused_not_silently_rejected():
         O.enumerate_marginal(lambda rng: rng.bernoulli(float("nan")))
 
 
+@pytest.mark.parametrize("name", ["rejection", "specinfer", "sequoia"])
+def test_a_nan_target_row_fails_the_residual_verifiers_contract_instead_of_accepting(name):
+    """min(1.0, nan) is 1.0 in Python: a NaN frontier row accepted every draft token, in runs and in
+    the oracle alike (its NaN guard never saw the ratio). The ratio is checked before it is clipped."""
+    from harness.contracts import ContractError
+    from harness.random_source import TorchRandomSource
+    from harness.topology.compiler import compile_tree
+    from harness.verifiers.sampling import SamplingPolicy
+
+    relation = "without_replacement" if name == "sequoia" else "iid"
+    q = torch.tensor([[0.1, 0.7, 0.1, 0.1]])
+    proposal = ProposalResult(
+        nodes=(ProposalNode(token_id=1, q=0.7),),
+        probability_semantics="normalized_conditional",
+        sampling_relation=relation,
+        topology="sequence",
+        state_handle=NO_STATE,
+        manifest_hash="x",
+        q_dists=q,
+    )
+    tree = compile_tree([proposal], 1)
+    probs = SamplingPolicy(temperature=1.0).probs(torch.zeros(2, 4))
+    probs[0] = float("nan")  # the frontier row only
+    verifier = get_verifier(name)
+    with pytest.raises(ContractError, match="acceptance ratio of row 0 is not a number"):
+        verifier.select(tree, probs, TorchRandomSource(0))
+    with pytest.raises(ContractError, match="not a number"):
+        O.enumerate_marginal(lambda rng: verifier.select(tree, probs, rng).accepted_rows)
+    with pytest.raises(ValueError, match="nan"):
+        TorchRandomSource(0).bernoulli(float("nan"))
+
+
 @pytest.mark.slow
 def test_full_suite_passes_and_catches_the_negative_control():
     from harness.gates.oracle_cli import summarize

@@ -6,9 +6,11 @@ path. ``target_probs[1 + node]`` is the target distribution at ``node``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from harness.contracts import Selection
+from harness.contracts import ContractError, Selection
 from harness.random_source import RandomSource
 from harness.topology.compiler import CompiledTree
 from harness.verifiers.base import Verifier, register, walk_children
@@ -108,8 +110,13 @@ class _ResidualVerifier(Verifier):
                     raise ValueError(f"verifier {self.name!r}: draw for row {draw.row} carries no q")
                 q = q_dists[draw.q_index].to(residual.dtype)
                 x = int(tree.token_ids[draw.row])
-                accept = min(1.0, float(residual[x]) / float(q[x]))
-                if rng.bernoulli(accept):
+                ratio = float(residual[x]) / float(q[x])
+                if math.isnan(ratio):  # min(1.0, nan) is 1.0: a NaN row would accept every draw
+                    raise ContractError(
+                        f"verifier {self.name!r}: the acceptance ratio of row {draw.row} is not a number "
+                        f"(target {float(residual[x])!r}, q {float(q[x])!r})"
+                    )
+                if rng.bernoulli(min(1.0, ratio)):
                     accepted = draw.row
                     break
                 residual = positive_residual(residual, q)
