@@ -155,6 +155,54 @@ def test_follow_up_receives_the_arms_own_earlier_answers(tiny_model):
         Arms(**{**arms_kwargs(arms), "turns": [2, 1, 1], "follow_up": None})
 
 
+def test_each_turn_is_started_by_either_arm_alike_over_the_batches(tiny_model):
+    """The arms' order alternated per step, so with two-turn conversations every first turn ran the
+    baseline first and every second turn the speculative arm first (a run-order effect confounded
+    with the turn). Batch j's turn t starts with the baseline where j + t is even, and each turn's
+    record names its first arm."""
+    from harness.contracts import Budget
+    from harness.engine.decode import RoundConfig
+    from harness.proposers.base import NullProposer
+    from harness.random_source import TorchRandomSource
+    from harness.target.backend import CausalLMBackend
+    from harness.verifiers import get_verifier
+    from harness.verifiers.sampling import SamplingPolicy
+
+    one = Budget(shape="sequence", max_nodes=1, max_depth=1)
+    prompts = [[5 + i, 6, 7] for i in range(4)]
+    arms = Arms(
+        target=CausalLMBackend(tiny_model),
+        spec_proposers=[NullProposer(budget=one, manifest_hash="h")],
+        null_proposers=[NullProposer(budget=one, manifest_hash="h")],
+        spec_verifier=get_verifier("greedy"),
+        ar_verifier=get_verifier("greedy"),
+        policy=SamplingPolicy(),
+        prompts=prompts,
+        seed=0,
+        batch_size=1,
+        max_new_tokens=2,
+        eos_token_ids=frozenset(),
+        round_cfg=RoundConfig(max_nodes=1, max_depth=1),
+        rng_factory=TorchRandomSource,
+        turns=[2, 2, 2, 2],
+        follow_up=lambda i, turn, arm, answers: prompts[i] + [t for a in answers for t in a] + [9],
+    )
+    order = []
+    real_run = arms._run
+
+    def spy(arm, idx, batch_prompts, turn, max_new_tokens):
+        order.append((idx[0], turn, arm))
+        return real_run(arm, idx, batch_prompts, turn, max_new_tokens)
+
+    arms._run = spy
+    assert list(arms.run()) == [0, 1, 2, 3]
+    first = {(i, t): arm for k, (i, t, arm) in enumerate(order) if k % 2 == 0}
+    assert first == {(i, t): ("ar" if (i + t) % 2 == 0 else "spec") for i in range(4) for t in range(2)}
+    for turn in range(2):
+        assert sorted(first[(i, turn)] for i in range(4)) == ["ar", "ar", "spec", "spec"]
+        assert [arms.result.turn_fields(i, turn)["first_arm"] for i in range(4)] == [first[(i, turn)] for i in range(4)]
+
+
 def arms_kwargs(arms):
     return dict(
         target=arms.target,

@@ -2,8 +2,12 @@
 
 The prompts run in consecutive batches of B (the last may be smaller; B = 1 is a batch of one): the
 autoregressive arm (NullProposer slots, the baseline verifier) and the speculative arm (the
-configured proposer slots and verifier) on the same batch composition, the order alternating per
-step. A prompt may be a conversation of several turns: a batch of B conversations advances turn by
+configured proposer slots and verifier) on the same batch composition. Which arm runs first
+alternates with the batch and, within a batch, with the turn (batch ``j``'s turn ``t`` starts with
+the baseline where ``j + t`` is even), so over a run's batches each turn is started as often by one
+arm as by the other (alternating per step alone gave every two-turn conversation's first turn to the
+baseline first and its second to the speculative arm); each turn's record names the arm that ran
+first. A prompt may be a conversation of several turns: a batch of B conversations advances turn by
 turn (one step per turn: the conversations that have that turn, both arms), and each arm's prompt
 for turn k is built by ``follow_up`` from that arm's OWN answers to turns 1..k-1, so each arm is
 timed on the conversation it produced. Request ``(i, turn)`` uses the seed
@@ -154,11 +158,12 @@ def merged_proposer_extras(proposers: Sequence[Proposer]) -> dict:
 
 
 def merge_extras(slots: Sequence[Mapping]) -> dict:
-    """Per-slot extras merged: counters (numbers) summed; ``max_*`` maxed; ``mean_*`` and ``*_rate``
-    averaged weighted by each slot's ``rounds`` (plain mean without it; None when no slot has a
-    value); ``final_*`` (a slot's state at its end, an adaptive threshold) averaged over the slots;
-    nested dicts (per source, a datastore's counters) merged by the same rules, key by key;
-    ``last_*``, :data:`SLOT_STATE` and other values from the first slot."""
+    """Per-slot extras merged: counters (numbers) summed; ``max_*`` maxed; ``mean_*``, ``*_rate`` and
+    ``*_per_round`` averaged weighted by each slot's ``rounds`` (plain mean without it; None when no
+    slot has a value); ``final_*`` (a slot's state at its end, an adaptive threshold) averaged over
+    the slots; ``*_hist`` (lists of counts by index) summed index by index; nested dicts (per
+    source, a datastore's counters) merged by the same rules, key by key; ``last_*``,
+    :data:`SLOT_STATE` and other values from the first slot."""
 
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -172,6 +177,10 @@ def merge_extras(slots: Sequence[Mapping]) -> dict:
         if nested and not key.startswith("last_") and key not in SLOT_STATE:
             out[key] = merge_extras(values)
         elif (
+            key.endswith("_hist") and values and all(isinstance(v, list) and all(number(c) for c in v) for v in values)
+        ):
+            out[key] = [sum(v[i] for v in values if i < len(v)) for i in range(max(map(len, values)))]
+        elif (
             key in SLOT_STATE
             or key.startswith("last_")
             or not nums
@@ -182,7 +191,7 @@ def merge_extras(slots: Sequence[Mapping]) -> dict:
             out[key] = max(v for v, _ in nums)
         elif key.startswith("final_"):
             out[key] = sum(v for v, _ in nums) / len(nums)
-        elif key.startswith("mean_") or key.endswith("_rate"):
+        elif key.startswith("mean_") or key.endswith(("_rate", "_per_round")):
             w = sum(r for _, r in nums if number(r))
             out[key] = (sum(v * r for v, r in nums) / w) if w else sum(v for v, _ in nums) / len(nums)
         else:
@@ -207,6 +216,7 @@ class ArmsResult:
     #: (prompt index, turn) -> (step index, position in that step's requests)
     slot: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     step_turn: list[int] = field(default_factory=list)  # turn of each step
+    step_first: list[str] = field(default_factory=list)  # the arm that ran first in each step
     turns_of: dict[int, int] = field(default_factory=dict)  # prompt index -> turns run
     # per arm: peak CUDA (allocated, reserved) bytes over its measured steps; (None, None) off CUDA
     device_peak: dict[str, tuple[int | None, int | None]] = field(
@@ -214,8 +224,10 @@ class ArmsResult:
     )
 
     def add_step(self, turn: int, idx: Sequence[int], results: dict[str, BatchDecodeResult]) -> None:
+        """Record one step's results; ``results`` holds the arms in the order they ran."""
         k = len(self.step_turn)
         self.step_turn.append(turn)
+        self.step_first.append(next(iter(results)))
         for arm in ARMS:
             self.batches[arm].append(results[arm])
         for pos, i in enumerate(idx):
@@ -246,6 +258,7 @@ class ArmsResult:
             "spec_rounds": spec.ledger.rounds,
             "ar_rounds": ar.ledger.rounds,
             "batch_requests": len(self.batches["spec"][k].requests),
+            "first_arm": self.step_first[k],
             "spec_batch_decode_ms": self.batches["spec"][k].decode_ms,
             "ar_batch_decode_ms": self.batches["ar"][k].decode_ms,
         }
@@ -497,15 +510,15 @@ class Arms:
                 proposer.restore_learning(snapshot)
 
     def run(self) -> Iterator[int]:
-        """Run one batch at a time, turn by turn (both arms per turn, order alternating per step);
-        yield its prompt indices in order once all their turns are done."""
-        step = 0
+        """Run one batch at a time, turn by turn (both arms per turn, batch ``j``'s turn ``t`` started
+        by the baseline where ``j + t`` is even); yield its prompt indices in order once all their
+        turns are done."""
         for j, idx in enumerate(batches(len(self.prompts), self.batch_size)):
             answers: dict[str, dict[int, list[list[int]]]] = {arm: {i: [] for i in idx} for arm in ARMS}
             for turn in range(max(self.turns[i] for i in idx)):
                 live = [i for i in idx if self.turns[i] > turn]
                 results = {}
-                for arm in ARMS if step % 2 == 0 else tuple(reversed(ARMS)):
+                for arm in ARMS if (j + turn) % 2 == 0 else tuple(reversed(ARMS)):
                     if turn == 0:
                         prompts = [self.prompts[i] for i in live]
                     else:
@@ -516,7 +529,6 @@ class Arms:
                     for i, req in zip(live, results[arm].requests, strict=True):
                         answers[arm][i].append(list(req.tokens))
                 self.result.add_step(turn, live, results)
-                step += 1
             for i in idx:
                 self.result.batch_of[i] = j
                 yield i
