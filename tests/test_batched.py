@@ -431,6 +431,16 @@ def test_batched_profile_and_helpers(models):
     assert m["datastore"]["misses"] == 1 and m["datastore"]["miss_rate"] == pytest.approx(1 / 16)
     assert m["datastore"]["datastore_tokens"] == 100 and m["final_gamma"] == pytest.approx(0.4)
     assert m["adaptive_budget"] == {"acceptance_bias": 0.5} and m["leakage"]["threshold"] == 32
+    # a ratio per round is a rounds-weighted mean (summed, B slots gave B times the figure), and a
+    # histogram is summed index by index (the first slot's alone was kept)
+    m = merge_extras(
+        [
+            {"rounds": 10, "draft_stages": 30, "critical_path_stages_per_round": 3.0, "tree_rows_hist": [0, 4, 6]},
+            {"rounds": 30, "draft_stages": 30, "critical_path_stages_per_round": 1.0, "tree_rows_hist": [0, 0, 0, 10]},
+        ]
+    )
+    assert m["critical_path_stages_per_round"] == pytest.approx(60 / 40)
+    assert m["tree_rows_hist"] == [0, 4, 6, 10] and m["draft_stages"] == 60
 
 
 def test_refuses_shared_proposer_instances(models):
