@@ -1331,6 +1331,13 @@ def test_the_warm_up_leaves_what_the_proposers_learn_as_it_found_it():
     inner.acceptance.rows_learned = 7
     merged.restore_learning(snap)
     assert inner.acceptance.rows_learned == 0
+    # generation.warmup_tokens=0 (its range allows it) is no warm-up, not a one-token one
+    ran = []
+    arms._run = lambda arm, *args: ran.append(arm)
+    arms.warmup(0)
+    assert ran == []
+    arms.warmup(2)
+    assert ran == ["ar", "spec"]
 
 
 def test_a_proposal_bound_to_another_manifest_is_refused_by_the_round(models):

@@ -499,10 +499,13 @@ class Arms:
         counters restart after it, so their figures in the record count measured rounds only, they
         forget its requests, so no measured request searches the warm-up's outputs, and what they
         learned from its rounds is put back as it was, so the first measured request does not start
-        from what they learned on its own first tokens)."""
+        from what they learned on its own first tokens). ``tokens`` 0: no warm-up, the first measured
+        request pays every first-call cost."""
+        if int(tokens) <= 0:
+            return
         idx = list(range(min(self.batch_size, len(self.prompts))))
         for arm in ARMS:
-            self._run(arm, idx, [self.prompts[i] for i in idx], 0, max(int(tokens), 1))
+            self._run(arm, idx, [self.prompts[i] for i in idx], 0, int(tokens))
         for arm in ARMS:
             for proposer, snapshot in zip(self.slots[arm][0], self.learned_at_start[arm], strict=True):
                 proposer.reset_counters()
