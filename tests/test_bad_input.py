@@ -542,6 +542,39 @@ def test_a_model_without_attention_heads_is_refused_by_its_config(tmp_path):
         model_geometry(cfg.model)
 
 
+def test_a_model_whose_layers_differ_in_shape_is_refused_by_its_config(tmp_path, workload, capsys):
+    """A Gemma 4 config gives some layers a head width of their own: reading its one head_dim raised
+    transformers' AmbiguousGlobalPerLayerAttributeError (an error line naming no option), and the KV
+    sizing assumes one geometry. Such a config is refused by name when its config is read."""
+    pytest.importorskip("transformers.models.gemma4")
+    from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig
+
+    from harness.config import compose
+    from harness.target.loading import CheckpointError, model_geometry
+
+    Gemma4TextConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=64,
+        max_position_embeddings=512,
+    ).save_pretrained(tmp_path / "gemma4")
+    cfg = compose(["model=hf", f"model.name_or_path={tmp_path / 'gemma4'}"])
+    with pytest.raises(CheckpointError, match=r"a Gemma4TextConfig whose layers differ in head_dim \(a per-layer"):
+        model_geometry(cfg.model)
+    line = assert_refused_run(
+        tmp_path,
+        capsys,
+        argv_for(tmp_path, workload, "model=hf", f"model.name_or_path={tmp_path / 'gemma4'}"),
+        "gemma4",
+    )
+    assert "whose layers differ in head_dim" in line
+
+
 def test_a_device_torch_does_not_know_is_refused(tmp_path, workload, capsys, no_models):
     assert_refused_run(tmp_path, capsys, argv_for(tmp_path, workload, "model.device=gpu0"), "model.device='gpu0'")
 

@@ -570,7 +570,27 @@ def model_config(model_cfg, *, key: str | None = None):
         version = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
     except OSError:
         version = None
-    return _read_config(source, trust, key, version)
+    config = _read_config(source, trust, key, version)
+    problem = per_layer_geometry_problem(decoder_config(config))
+    if problem is not None:
+        raise CheckpointError(f"{f'{key}=' if key else ''}{source!r}: {problem}")
+    return config
+
+
+def per_layer_geometry_problem(config) -> str | None:
+    """Why a config whose layers differ in shape (transformers' heterogeneous per-layer configs, such
+    as Gemma 4's: a head width or key-head count of its own on some layers) cannot be benchmarked,
+    or None: the KV cache sizing, the context checks and the native layers read one layer geometry
+    for the whole decoder."""
+    if not getattr(config, "is_heterogeneous", False):
+        return None
+    spec = config.__dict__.get("_heterogeneity_spec")
+    varying = sorted(getattr(spec, "per_layer_attributes", ()) or ())
+    return (
+        f"a {type(config).__name__} whose layers differ in {', '.join(varying) or 'their attributes'} (a per-layer "
+        "config): the harness sizes the KV cache and checks the context for one layer geometry across the decoder, "
+        "so it does not benchmark such a model"
+    )
 
 
 @functools.lru_cache(maxsize=32)
