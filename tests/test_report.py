@@ -404,7 +404,8 @@ def test_speedup_vs_batch_draws_each_section_as_its_own_series_with_its_marker_a
 def test_the_frontier_and_ar_line_are_drawn_per_target_model_and_machine():
     """Runs of two target models timed on two machines shared one frontier (a line from one model's
     point to the other's) and one "AR ... ms/token (median, exact runs)" line, the median of two
-    machines' AR times that neither measured. Each (model, machine) group has its own now, named."""
+    machines' AR times that neither measured. Each (model, machine, batch size) group has its own now,
+    named."""
     from harness.tracking.report import plot_frontier
 
     df = _store_frame()
@@ -440,6 +441,14 @@ def test_the_frontier_and_ar_line_are_drawn_per_target_model_and_machine():
     ]
     assert [t.get_text() for t in ax.texts if t.get_text().startswith("AR ")] == [
         f"AR {tiny_runs['ar_time_per_token_ms'].median():.3g} ms/token (median, exact runs) "
+    ]
+    # one model on one machine at two batch sizes: a frontier each (a B=4 point joined B=1's frontier)
+    batched = tiny_runs.copy()
+    batched.loc[batched["run_id"] == fixture_run_id(3), "batch_size"] = 4
+    ax = plot_frontier(batched, {}).figure.axes[0]
+    assert sorted(ln.get_label() for ln in ax.get_lines() if ln.get_label().startswith("frontier")) == [
+        "frontier (B=1): no exact run of this group commits more in less time",
+        "frontier (B=4): no exact run of this group commits more in less time",
     ]
 
 

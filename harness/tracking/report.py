@@ -811,25 +811,27 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
 
 
 def _frontier_groups(runs: pd.DataFrame) -> tuple[list[str], pd.Series]:
-    """The (target model, machine) groups of ``runs``: each group's name by what differs among the
-    groups (``model=tiny, machine=cpu: AMD EPYC``; ``""`` for a single group), in first-seen order,
-    and each run's group as its index in that list. One model's or machine's time per token is no
-    point on another's frontier."""
+    """The (target model, machine, batch size) groups of ``runs``: each group's name by what differs
+    among the groups (``model=tiny, machine=cpu: AMD EPYC, B=4``; ``""`` for a single group), in
+    first-seen order, and each run's group as its index in that list. One model's, machine's or
+    batch size's time per token is no point on another's frontier."""
     models = [arm_label(v) for v in runs["model"]] if "model" in runs.columns else ["-"] * len(runs)
-    keys = list(zip(models, machine_values(runs), strict=True))
+    sizes = [arm_label(v) for v in runs["batch_size"]] if "batch_size" in runs.columns else ["-"] * len(runs)
+    keys = list(zip(models, machine_values(runs), sizes, strict=True))
     groups = list(dict.fromkeys(keys))
     names = []
-    for model, machine in groups:
+    for model, machine, size in groups:
         parts = [f"model={model}"] if len({g[0] for g in groups}) > 1 else []
         parts += [f"machine={machine}"] if len({g[1] for g in groups}) > 1 else []
+        parts += [f"B={size}"] if len({g[2] for g in groups}) > 1 else []
         names.append(", ".join(parts))
     return names, pd.Series([groups.index(k) for k in keys], index=runs.index)
 
 
 def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     """Time per committed token against committed tokens per round, each run with its section's
-    marker; the frontier of the exact runs and their AR time per token are drawn per target model
-    and machine (each group in its own colour, named, when the runs hold more than one)."""
+    marker; the frontier of the exact runs and their AR time per token are drawn per target model,
+    machine and batch size (each group in its own colour, named, when the runs hold more than one)."""
     runs = _sections(df, spec, list(SECTIONS))
     runs = runs.dropna(subset=["mean_committed_per_round", "time_per_committed_token_ms"])
     if runs.empty:
@@ -910,7 +912,7 @@ def plot_frontier(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         ax,
         spec,
         "Frontier: time per committed token vs mean committed tokens per round"
-        + ("\n(one frontier and AR line per target model and machine)" if several else ""),
+        + ("\n(one frontier and AR line per target model, machine and batch size)" if several else ""),
         xlabel="mean committed tokens per round (bonus token included)",
         ylabel="time per committed token (ms)",
     )
