@@ -662,6 +662,29 @@ def test_hydra_prefix_layer_with_other_rotary_frequencies_is_refused(tmp_path, t
         inspect(str(bad), "hydra")
 
 
+@pytest.mark.parametrize("gate", [torch.tensor(1.0), torch.ones(64 * H)], ids=["0-d", "1-d"])
+def test_a_prefix_layer_gate_that_is_not_a_matrix_is_refused_in_one_line(tmp_path, target, capsys, gate):
+    """A 0-dimensional gate_proj weight, whose rows give the prefix layer's intermediate size, raised
+    an IndexError (exit 1) where `harness run` plans; a 1-dimensional one was held to a shape derived
+    from its own length."""
+    from harness.app import run_main
+
+    state, _ = prefix_hydra(tmp_path, target)
+    state["prefix_embeding_layer.layers.0.mlp.gate_proj.weight"] = gate
+    bad = write_hydra(tmp_path / "gate", state, config=hydra_config(3, 2, arch="prefix-mlp"))
+    said = (
+        f"proposer.artifact='{bad}' (hydra-prefix-mlp): prefix_embeding_layer.layers.0.mlp.gate_proj.weight has "
+        f"shape {list(gate.shape)}, expected [intermediate, {H}]"
+    )
+    with pytest.raises(ArtifactError) as err:
+        inspect(str(bad), "hydra")
+    assert str(err.value) == said
+    run_dir = tmp_path / "run"
+    code = run_main(["model=tiny", "proposer=hydra", f"proposer.artifact={bad}", f"output_dir={run_dir}"])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "compiling the native" not in line]
+    assert code == 2 and err == [f"harness run: refused: {said}"]
+
+
 @pytest.mark.parametrize("saved", [torch.float16, torch.bfloat16])
 def test_hydra_prefix_bank_saved_in_half_precision_loads_and_keeps_float32_rotary(tmp_path, target, saved):
     """Hydra casts its heads, the prefix layer's rotary buffer included, to the base model's dtype

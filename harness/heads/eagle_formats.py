@@ -34,13 +34,19 @@ whether every hub checkpoint carries ``embed_tokens.weight`` was not verified (w
 used, as EAGLE does; otherwise the target's embedding is).
 
 Every check against the target (hidden size, vocabulary, fused layers, ``d2t`` range) refuses with
-the expected and the actual value before anything runs.
+the expected and the actual value before anything runs. ``config.json``'s settings are read as their
+JSON types (a whole number, a number, a boolean, a list of layer indices; a string or a fraction
+where a whole number belongs is refused, never converted), and what the config of a local folder
+decides (its types, hidden size, vocabulary and fused layers) is checked when the run is planned,
+before the target loads, by the same code the load runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 
@@ -85,10 +91,12 @@ def published_draft_vocab(options) -> int | None:
 
 def published_config_problem(artifact, geometry) -> str | None:
     """Why the published EAGLE draft in local folder ``artifact`` cannot serve the target whose
-    ``geometry()`` (hidden size, vocabulary) is given, read from its config.json before any model
-    work (the weights are checked again when they load), or None: no such folder, a harness
-    artifact's, a config that states neither, or a fit; a folder in neither layout is refused. A
-    draft by hub id is checked when it loads."""
+    ``geometry()`` (layers, hidden size, vocabulary) is given, read from its config.json (and, where
+    they can be read without the tensors, its weights' names) before any model work, by the rules
+    the load applies (the weights are checked again when they load): a setting of the wrong type,
+    another hidden size or vocabulary, EAGLE-3's fused layers outside the target. None: no such
+    folder, a harness artifact's, a config that cannot be read (the load says why), or a fit; a
+    folder in neither layout is refused. A draft by hub id is checked when it loads."""
     path = Path(str(artifact)).expanduser() if artifact else None
     if path is None or not path.is_dir() or (path / "manifest.json").is_file():
         return None
@@ -100,21 +108,55 @@ def published_config_problem(artifact, geometry) -> str | None:
         return None  # the load names what is wrong with it
     if not isinstance(cfg, dict):
         return None
-    layer = {**(cfg.get("transformer_layer_config") or {}), **cfg} if cfg.get("speculators_model_type") else cfg
-    eagle3 = cfg.get("speculators_model_type") == "eagle3" or "draft_vocab_size" in cfg
-    hidden = layer.get("target_hidden_size") if eagle3 else None
-    hidden = hidden if hidden is not None else layer.get("hidden_size")
-    vocab = layer.get("vocab_size")
+    try:
+        with config_refusals():
+            fmt, layer = draft_layout(cfg, weight_names(path))
+            fields = _layer_fields(layer)
+            eagle3 = fmt.endswith("eagle3")
+            hidden = _whole(layer, "target_hidden_size", fields["hidden_size"]) if eagle3 else fields["hidden_size"]
+            vocab = _whole(layer, "vocab_size", None)
+            if eagle3:
+                _whole(layer, "draft_vocab_size", None)
+    except ArtifactError as exc:
+        return f"proposer.artifact={artifact!r}: {exc}"
     target = geometry()
     where = f"proposer.artifact={artifact!r} ({'EAGLE-3' if eagle3 else 'EAGLE'} draft)"
-    if isinstance(hidden, int) and hidden != int(target["hidden_size"]):
+    if hidden != int(target["hidden_size"]):
         return (
             f"{where} reads features of hidden size {hidden}; the target's is {target['hidden_size']}: "
             "a draft serves the model it was trained for"
         )
-    if isinstance(vocab, int) and vocab != int(target["vocab_size"]):
+    if vocab is not None and vocab != int(target["vocab_size"]):
         return f"{where} has vocab_size {vocab}; the target's vocabulary is {target['vocab_size']}"
+    if eagle3:
+        try:
+            fused_layers(fmt, layer, int(target["num_hidden_layers"]))
+        except ArtifactError as exc:
+            return f"proposer.artifact={artifact!r}: {exc}"
     return None
+
+
+def weight_names(path: Path) -> set[str] | None:
+    """The tensor names of the published directory ``path`` where they can be read without its
+    tensors (a shard index's ``weight_map``, a ``model.safetensors`` header), in the order
+    :func:`read_weights` looks for its files; None where they cannot (a ``pytorch_model.bin``, a
+    file that does not parse: the load reads or refuses it)."""
+    for name in INDEX_FILES:
+        if (path / name).is_file():
+            try:
+                weight_map = json.loads((path / name).read_text(encoding="utf-8")).get("weight_map")
+            except (OSError, ValueError, AttributeError):
+                return None
+            return set(weight_map) if isinstance(weight_map, dict) else None
+    if not (path / WEIGHT_FILES[0]).is_file():
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path / WEIGHT_FILES[0]), framework="pt") as f:
+            return set(f.keys())
+    except Exception:  # a truncated or empty file: the load says why
+        return None
 
 
 def not_an_eagle_draft(source: str) -> str:
@@ -193,41 +235,126 @@ def _shape(state: dict, key: str) -> tuple[int, ...] | None:
     return None if t is None else tuple(t.shape)
 
 
+_REQUIRED = object()
+
+
+def _whole(cfg: dict, key: str, default=_REQUIRED, *, least: int | None = 1) -> int:
+    """``cfg[key]``, a JSON integer (not a boolean) of at least ``least``, or ``default`` where the key
+    is absent or null (without a default the key is required: KeyError)."""
+    if default is _REQUIRED:
+        value = cfg[key]
+    else:
+        value = cfg.get(key)
+        if value is None:
+            return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArtifactError(f"EAGLE checkpoint config.json: {key}={value!r} is not a whole number (a JSON integer)")
+    if least is not None and value < least:
+        raise ArtifactError(f"EAGLE checkpoint config.json: {key}={value}; expected at least {least}")
+    return value
+
+
+def _number(cfg: dict, key: str, default: float) -> float:
+    """``cfg[key]``, a finite positive JSON number (not a boolean), or ``default`` where absent."""
+    if key not in cfg:
+        return default
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ArtifactError(f"EAGLE checkpoint config.json: {key}={value!r} is not a positive number (a JSON number)")
+    return float(value)
+
+
+def _flag(cfg: dict, key: str, default: bool) -> bool:
+    """``cfg[key]``, a JSON boolean, or ``default`` where absent."""
+    if key not in cfg:
+        return default
+    value = cfg[key]
+    if not isinstance(value, bool):
+        raise ArtifactError(f"EAGLE checkpoint config.json: {key}={value!r} is not true or false (a JSON boolean)")
+    return value
+
+
+#: a decoder layer's switches: each a JSON boolean where the config gives it
+LAYER_FLAGS = ("bias", "qkv_bias", "attention_bias", "mlp_bias", "norm_before_residual")
+
+
 def _rope(cfg: dict) -> dict:
     rope = cfg.get("rope_parameters")
     if isinstance(rope, dict) and rope:
         rope = dict(rope)
     else:
-        rope = dict(cfg.get("rope_scaling") or {})
+        rope = cfg.get("rope_scaling")
+        if rope is not None and not isinstance(rope, dict):
+            raise ArtifactError(
+                f"EAGLE checkpoint config.json: rope_scaling={rope!r} is not an object of RoPE settings (or null)"
+            )
+        rope = dict(rope or {})
         if "type" in rope and "rope_type" not in rope:
             rope["rope_type"] = rope.pop("type")
         rope.setdefault("rope_type", "default")
-    rope.setdefault("rope_theta", float(cfg.get("rope_theta", 10000.0)))
+    if "rope_theta" not in rope:
+        rope["rope_theta"] = _number(cfg, "rope_theta", 10000.0)
     return rope
 
 
 def _layer_fields(cfg: dict) -> dict:
-    h = int(cfg["hidden_size"])
-    heads = int(cfg["num_attention_heads"])
+    """The decoder layer's settings of ``cfg``, each of its JSON type (a whole number, a number, a
+    boolean switch) or refused naming the field and its value."""
+    for key in LAYER_FLAGS:
+        _flag(cfg, key, False)
+    h = _whole(cfg, "hidden_size", least=None)
+    heads = _whole(cfg, "num_attention_heads", least=None)
     if heads < 1 or h < 1:
         raise ValueError(f"hidden_size={h} and num_attention_heads={heads} must be >= 1")
     return dict(
         hidden_size=h,
-        intermediate_size=int(cfg["intermediate_size"]),
+        intermediate_size=_whole(cfg, "intermediate_size"),
         num_attention_heads=heads,
-        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or h // heads),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        num_key_value_heads=_whole(cfg, "num_key_value_heads", heads),
+        head_dim=_whole(cfg, "head_dim", h // heads),
+        rms_norm_eps=_number(cfg, "rms_norm_eps", 1e-6),
         hidden_act=str(cfg.get("hidden_act", "silu")),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        max_position_embeddings=_whole(cfg, "max_position_embeddings", 2048),
         rope_parameters=_rope(cfg),
-        mlp_bias=bool(cfg.get("mlp_bias", False)),
+        mlp_bias=_flag(cfg, "mlp_bias", False),
     )
 
 
 def default_aux_layers(target_layers: int) -> tuple[int, int, int]:
     """EAGLE-3's fused target layers: the residual stream entering layers 2, N // 2 and N - 3."""
     return (2, target_layers // 2, target_layers - 3)
+
+
+AUX_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+def fused_layers(fmt: str, cfg: dict, target_layers: int) -> tuple[int, ...]:
+    """The target layers the EAGLE-3 draft of config ``cfg`` fuses, as its config lists them (its
+    ``eagle_aux_hidden_state_layer_ids``; absent, null or empty: EAGLE's default 2, N // 2, N - 3),
+    refused unless three distinct layers of a target of ``target_layers`` decoder layers. The plan
+    and the load both check with this."""
+    said = cfg.get(AUX_KEY)
+    if said is None or said == []:
+        aux = default_aux_layers(target_layers)
+        if len(set(aux)) != 3 or not all(0 <= i < target_layers for i in aux):
+            raise ArtifactError(
+                f"{fmt} draft: config.json names no {AUX_KEY}, and EAGLE-3's default fused layers 2, N // 2, "
+                f"N - 3 need a target of 3 or at least 7 decoder layers; this one has {target_layers} (a draft "
+                "serves the target it was trained for)"
+            )
+        return aux
+    if not isinstance(said, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in said):
+        raise ArtifactError(
+            f"EAGLE checkpoint config.json: {AUX_KEY}={said!r} is not a list of layer indices (JSON integers)"
+        )
+    if len(said) != 3 or not all(0 <= i < target_layers for i in said):
+        raise ArtifactError(
+            f"{fmt} draft fuses target layers {said}; the target has {target_layers} decoder layers "
+            "(expected three layer indices in [0, N))"
+        )
+    if len(set(said)) != 3:  # EAGLE's code collects each layer once: its fc would not load
+        raise ArtifactError(f"{fmt} draft fuses target layers {said}: a layer twice, expected three distinct layers")
+    return tuple(said)
 
 
 def _rename(state: dict, old: str, new: str) -> dict:
@@ -247,8 +374,16 @@ def parse_published(
     config field that is missing or of the wrong type, a weight that is not floating point or not
     finite, a vocabulary map that is not integer."""
     check_weight_tensors("EAGLE checkpoint", state, integer_keys=INDEX_KEYS)
-    try:
+    with config_refusals():
         return _parse_published(cfg, state, target_config=target_config)
+
+
+@contextlib.contextmanager
+def config_refusals():
+    """Errors reading a published config said as one :class:`ArtifactError`: a missing field, a
+    setting of the wrong type, settings that do not go together (the plan's check and the load's)."""
+    try:
+        yield
     except KeyError as exc:
         raise ArtifactError(f"EAGLE checkpoint config.json lacks {exc} (a decoder layer's settings)") from None
     except (TypeError, ValueError) as exc:
@@ -261,38 +396,66 @@ def parse_published(
         raise ArtifactError(f"EAGLE checkpoint config.json: settings that do not go together ({exc})") from None
 
 
+def is_eagle3(cfg: dict, names) -> bool:
+    """Whether a config in EAGLE's own layout, with weights named ``names`` (None: not read), is an
+    EAGLE-3 draft: its config names a draft vocabulary or the target's width, or its weights hold
+    ``midlayer.*``. The plan and the load both decide with this; where the plan cannot read the names
+    (a ``pytorch_model.bin``), a draft that only its weights call EAGLE-3 has its hidden size checked
+    there as an EAGLE-1/2 draft's (its config names no other width, so the two checks agree), and its
+    fused layers when it loads."""
+    return (
+        cfg.get("draft_vocab_size") is not None
+        or cfg.get("target_hidden_size") is not None
+        or any(k.startswith("midlayer.") for k in names or ())
+    )
+
+
+def draft_layout(cfg: dict, names) -> tuple[str, dict]:
+    """(format name, the settings its draft is built from) of a published config, its weights named
+    ``names`` (None where they are not read): a speculators config's ``transformer_layer_config``
+    with the top-level settings its format reads, or an EAGLE config as it is. Refuses a speculators
+    config of another model type or variant, or without a layer config object."""
+    kind = cfg.get("speculators_model_type")
+    if kind is None:
+        return ("eagle3" if is_eagle3(cfg, names) else "eagle"), cfg
+    layer = cfg.get("transformer_layer_config")
+    if not isinstance(layer, dict) or not layer:
+        got = "absent" if layer is None else f"{layer!r}"
+        raise ArtifactError(
+            f"speculators config.json: transformer_layer_config is {got}; expected an object holding the decoder "
+            "layer's settings"
+        )
+    if kind == "eagle3":
+        for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+            if _flag(cfg, flag, False):
+                raise ArtifactError(f"speculators EAGLE-3 variant {flag}=true is not supported here")
+        merged = {**layer, **{k: cfg[k] for k in ("draft_vocab_size", "target_hidden_size", AUX_KEY) if k in cfg}}
+        merged["norm_before_residual"] = _flag(cfg, "norm_before_residual", False)
+        return "speculators-eagle3", merged
+    if kind == "eagle":
+        if _flag(cfg, "layernorms", False):
+            raise ArtifactError(
+                "speculators EAGLE with layernorms=true (the HASS variant: extra embedding and pre-LM-head "
+                "norms) is not supported; only the plain EAGLE-1 layout is"
+            )
+        return "speculators-eagle", {**layer, "bias": _flag(cfg, "fusion_bias", False), "num_hidden_layers": 1}
+    raise ArtifactError(f"speculators_model_type {kind!r} is not an EAGLE draft this harness reads (eagle3, eagle)")
+
+
 def _parse_published(cfg: dict, state: dict[str, torch.Tensor], *, target_config) -> tuple[str, EagleSpec, dict, list]:
     target_h = int(target_config.hidden_size)
     target_v = int(target_config.vocab_size)
-    kind = cfg.get("speculators_model_type")
-    if kind is not None:
-        layer_cfg = dict(cfg.get("transformer_layer_config") or {})
-        if not layer_cfg:
-            raise ArtifactError("speculators config without transformer_layer_config")
-        if kind == "eagle3":
-            for flag in ("norm_before_fc", "fc_norm", "norm_output"):
-                if cfg.get(flag):
-                    raise ArtifactError(f"speculators EAGLE-3 variant {flag}=true is not supported here")
-            merged = {**layer_cfg, **{k: cfg[k] for k in ("draft_vocab_size", "target_hidden_size") if k in cfg}}
-            merged["norm_before_residual"] = bool(cfg.get("norm_before_residual", False))
-            if cfg.get("eagle_aux_hidden_state_layer_ids"):
-                merged["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_aux_hidden_state_layer_ids"]
-            return _eagle3("speculators-eagle3", merged, _rename(state, "layers.0.", "midlayer."), target_config)
-        if kind == "eagle":
-            if cfg.get("layernorms"):
-                raise ArtifactError(
-                    "speculators EAGLE with layernorms=true (the HASS variant: extra embedding and pre-LM-head "
-                    "norms) is not supported; only the plain EAGLE-1 layout is"
-                )
-            state = _rename(_rename(state, "fusion_fc.", "fc."), "transformer.", "layers.0.")
-            state = {k: v for k, v in state.items() if not k.startswith("layers.0.input_layernorm")}
-            merged = {**layer_cfg, "bias": bool(cfg.get("fusion_bias", False)), "num_hidden_layers": 1}
-            return _eagle12("speculators-eagle", merged, state, target_h, target_v)
-        raise ArtifactError(f"speculators_model_type {kind!r} is not an EAGLE draft this harness reads (eagle3, eagle)")
-    if any(k.startswith("midlayer.") for k in state) or "draft_vocab_size" in cfg:
-        return _eagle3("eagle3", cfg, state, target_config)
+    fmt, layer = draft_layout(cfg, state)
+    if fmt == "speculators-eagle3":
+        return _eagle3(fmt, layer, _rename(state, "layers.0.", "midlayer."), target_config)
+    if fmt == "speculators-eagle":
+        state = _rename(_rename(state, "fusion_fc.", "fc."), "transformer.", "layers.0.")
+        state = {k: v for k, v in state.items() if not k.startswith("layers.0.input_layernorm")}
+        return _eagle12(fmt, layer, state, target_h, target_v)
+    if fmt == "eagle3":
+        return _eagle3(fmt, layer, state, target_config)
     if "fc.weight" in state:
-        return _eagle12("eagle", cfg, state, target_h, target_v)
+        return _eagle12(fmt, layer, state, target_h, target_v)
     raise ArtifactError(
         "not an EAGLE draft checkpoint: no fc.weight (EAGLE-1/2) and no midlayer.* keys (EAGLE-3); "
         f"keys start {sorted(state)[:6]}"
@@ -321,7 +484,7 @@ def _require_said_biases(fmt: str, cfg: dict, state: dict, *, fc: bool, qkv: str
         ("qkv_bias", qkv + "self_attn.q_proj.bias"),
         ("attention_bias", qkv + "self_attn.q_proj.bias"),
     ):
-        if cfg.get(key) is True and tensor not in state:
+        if _flag(cfg, key, False) and tensor not in state:
             raise ArtifactError(f"{fmt} checkpoint: config.json says {key}=true but the weights hold no {tensor}")
 
 
@@ -337,8 +500,8 @@ def _unused_biases(fmt: str, cfg: dict, state: dict, *, eagle3: bool) -> tuple[d
     qkv = "midlayer." if eagle3 else "layers.0."
     fc_has = "fc.bias" in state
     qkv_has = qkv + "self_attn.q_proj.bias" in state
-    fc_said = not eagle3 and cfg.get("bias", True) is not False
-    qkv_keys = [k for k in ("qkv_bias", "attention_bias") if cfg.get(k) is True]
+    fc_said = not eagle3 and _flag(cfg, "bias", True)
+    qkv_keys = [k for k in ("qkv_bias", "attention_bias") if _flag(cfg, k, False)]
     _require_said_biases(fmt, cfg, state, fc=not eagle3, qkv=qkv)
     if fc_has and not fc_said:
         state = {k: v for k, v in state.items() if k != "fc.bias"}
@@ -369,7 +532,7 @@ def _check_keys(fmt: str, state: dict, expected: dict[str, tuple[int, ...]], opt
 
 def _eagle12(fmt: str, cfg: dict, state: dict, target_h: int, target_v: int) -> tuple[str, EagleSpec, dict, list[str]]:
     fields = _layer_fields(cfg)
-    h, v = fields["hidden_size"], int(cfg.get("vocab_size", target_v))
+    h, v = fields["hidden_size"], _whole(cfg, "vocab_size", target_v)
     if h != target_h:
         raise ArtifactError(
             f"{fmt} draft has hidden_size {h}; the target's hidden size is {target_h} (expected {target_h}, got {h}): "
@@ -430,9 +593,9 @@ def _eagle3(fmt: str, cfg: dict, state: dict, target_config) -> tuple[str, Eagle
     target_layers = int(target_config.num_hidden_layers)
     fields = _layer_fields(cfg)
     h = fields["hidden_size"]
-    ht = int(cfg.get("target_hidden_size") or h)
-    v = int(cfg.get("vocab_size", target_v))
-    vd = int(cfg.get("draft_vocab_size") or v)
+    ht = _whole(cfg, "target_hidden_size", h)
+    v = _whole(cfg, "vocab_size", target_v)
+    vd = _whole(cfg, "draft_vocab_size", v)
     if ht != target_h:
         raise ArtifactError(
             f"{fmt} draft reads target features of width {ht}; the target's hidden size is {target_h} "
@@ -442,27 +605,22 @@ def _eagle3(fmt: str, cfg: dict, state: dict, target_config) -> tuple[str, Eagle
         raise ArtifactError(
             f"{fmt} draft has vocab_size {v}; the target's vocabulary is {target_v} (expected {target_v})"
         )
-    aux = tuple(int(i) for i in (cfg.get("eagle_aux_hidden_state_layer_ids") or default_aux_layers(target_layers)))
-    if len(aux) != 3 or not all(0 <= i < target_layers for i in aux):
-        raise ArtifactError(
-            f"{fmt} draft fuses target layers {list(aux)}; the target has {target_layers} decoder layers "
-            "(expected three layer indices in [0, N))"
-        )
-    if len(set(aux)) != 3:  # EAGLE's code collects each layer once: its fc would not load
-        raise ArtifactError(
-            f"{fmt} draft fuses target layers {list(aux)}: a layer twice (the default 2, N // 2, N - 3 needs a "
-            f"target of at least 7 decoder layers; this one has {target_layers}), expected three distinct layers"
-        )
+    aux = fused_layers(fmt, cfg, target_layers)
     if fmt == "eagle3":
         state, _, qkv_bias, notes = _unused_biases(fmt, cfg, state, eagle3=True)
     else:  # speculators: the layer's config and the weights, as vLLM reads them
         qkv_bias, notes = "midlayer.self_attn.q_proj.bias" in state, []
     if list(aux) != sorted(aux):  # EAGLE's and vLLM's targets collect the features walking their layers
-        notes.append(
-            f"eagle_aux_hidden_state_layer_ids lists {list(aux)}: the features are joined in layer order "
-            f"{sorted(aux)}, as EAGLE's code collects them while the target runs its layers"
-        )
+        if cfg.get(AUX_KEY):
+            notes.append(
+                f"{AUX_KEY} lists {list(aux)}: the features are joined in layer order "
+                f"{sorted(aux)}, as EAGLE's code collects them while the target runs its layers"
+            )
         aux = tuple(sorted(aux))
+    if "d2t" in state and state["d2t"].dtype == torch.bool:
+        raise ArtifactError(
+            f"{fmt} checkpoint: d2t is torch.bool; it holds each draft token's offset to its target id (integers)"
+        )
     if vd == target_v and "d2t" in state:  # EAGLE's code drops the map where the vocabularies are one
         if bool(state["d2t"].ne(0).any()):
             notes.append(
@@ -479,7 +637,7 @@ def _eagle3(fmt: str, cfg: dict, state: dict, target_config) -> tuple[str, Eagle
         draft_vocab_size=vd,
         target_hidden_size=ht,
         aux_layers=aux,
-        norm_before_residual=bool(cfg.get("norm_before_residual", False)),
+        norm_before_residual=_flag(cfg, "norm_before_residual", False),
         **fields,
     )
     hd, nh, nkv, inter = spec.head_dim, spec.num_attention_heads, spec.num_key_value_heads, spec.intermediate_size

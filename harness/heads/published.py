@@ -648,7 +648,12 @@ def check_prefix_shapes(layout: PublishedLayout, geometry: dict | None = None) -
     if extra:
         raise ArtifactError(f"{where}: unexpected tensor(s) {sorted(extra)}")
     h = layout.hidden_size
-    inter = got["layers.0.mlp.gate_proj.weight"][0]
+    gate = got["layers.0.mlp.gate_proj.weight"]
+    if len(gate) != 2:  # its rows give the intermediate size every other MLP shape is checked against
+        raise ArtifactError(
+            f"{where}: {PREFIX}.layers.0.mlp.gate_proj.weight has shape {list(gate)}, expected [intermediate, {h}]"
+        )
+    inter = gate[0]
     want = {
         "layers.0.mlp.gate_proj.weight": (inter, h),
         "layers.0.mlp.up_proj.weight": (inter, h),
