@@ -16,6 +16,8 @@ import os
 import sys
 import traceback
 
+from harness.files import TRACEBACK_ENV, wants_traceback
+
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("harness.app:run_main", "Hydra-composed run: gates, AR baseline + speculative arm, record"),
     "oracles": ("harness.gates.oracle_cli", "run the exactness oracle suite and print a table"),
@@ -30,16 +32,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("harness.app:train_main", "train / search a proposer artifact (heads, early-exit adapter, skip vector)"),
 }
 
-#: set to 1 to print the traceback of a failed command (after its one-line message)
-TRACEBACK_ENV = "HARNESS_TRACEBACK"
 #: exit codes
 REFUSED, FAILED, INTERRUPTED = 2, 1, 130
 #: the status of a command whose stdout reader left (as a SIGPIPE ends a process: 128 + 13)
 BROKEN_PIPE = 141
-
-
-def wants_traceback() -> bool:
-    return os.environ.get(TRACEBACK_ENV, "").strip().lower() not in {"", "0", "false", "no"}
 
 
 def one_line(text: object) -> str:

@@ -13,6 +13,9 @@ heads, a Sequoia calibration) or be pointed at the same job folder. Two rules ke
 Locks are ``flock`` locks: the kernel (or the NFS server) drops them when their process dies, so a
 crashed job never leaves a folder locked. The lock file stays behind (removing it would let two
 processes lock two different files of the same name); it holds who took the lock last.
+
+Every command's one-line refusal also reads here whether its traceback was asked for
+(:func:`wants_traceback`), as every room may import this module.
 """
 
 from __future__ import annotations
@@ -35,6 +38,24 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 log = logging.getLogger("harness.files")
+
+#: set to 1 (or run ``harness --traceback <command>``) to print the traceback of a failed command
+#: after its one-line message
+TRACEBACK_ENV = "HARNESS_TRACEBACK"
+
+
+def wants_traceback() -> bool:
+    """Whether the traceback of a failed or refused command was asked for (:data:`TRACEBACK_ENV`)."""
+    return os.environ.get(TRACEBACK_ENV, "").strip().lower() not in {"", "0", "false", "no"}
+
+
+def print_traceback_if_asked(exc: BaseException) -> None:
+    """Print ``exc``'s traceback on stderr where :func:`wants_traceback`; a command then prints its
+    one-line refusal after it."""
+    if wants_traceback():
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
 
 
 @functools.lru_cache(maxsize=256)

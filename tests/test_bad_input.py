@@ -987,6 +987,30 @@ def test_the_traceback_flag_shows_a_refusals_traceback(tmp_path, workload, capsy
     assert "Traceback (most recent call last)" in err and "harness run: refused: workload.limit=0" in err
 
 
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["compare", "/nonexistent"], "harness compare: refused: /nonexistent: expected a records folder"),
+        (["report", "/nonexistent"], "harness report: refused: /nonexistent: expected a records folder"),
+        (["tree", "max_nodes=0"], "harness tree: refused: give exactly one of acceptance="),
+        (["datastore", "info", "/nonexistent"], "harness datastore: refused: '/nonexistent' is not a datastore"),
+        (["export", "spec-bench", "/nonexistent", "x.jsonl"], "harness export: refused: /nonexistent: no such"),
+        (["oracles", "--verifier", "nope"], "harness oracles: refused: unknown verifier 'nope'"),
+    ],
+    ids=["compare", "report", "tree", "datastore", "export", "oracles"],
+)
+def test_every_command_shows_a_refusals_traceback_when_asked(argv, line, capsys, monkeypatch):
+    """``harness --traceback`` (and HARNESS_TRACEBACK=1) printed a refusal's traceback for run, sweep,
+    calibrate and train only: the other commands' refusals were one line whatever was asked."""
+    monkeypatch.setenv("HARNESS_TRACEBACK", "0")  # restored after the test; the flag sets it to 1
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(line), err
+    assert cli.main(["--traceback", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == "Traceback (most recent call last):" and err[-1].startswith(line), err
+
+
 def test_a_multirun_composition_error_is_one_line(tmp_path, workload, capsys):
     argv = ["-m", *argv_for(tmp_path, workload, "generation.max_new_tokenz=1,2", f"hydra.sweep.dir={tmp_path / 's'}")]
     assert run_main(argv) == 2

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from harness.files import atomic_write_text, json_object_with, output_file_problem
+from harness.files import atomic_write_text, json_object_with, output_file_problem, print_traceback_if_asked
 from harness.gates.e2e import E2EModels, negative_control_rows, run_e2e_suite
 from harness.gates.oracle import (
     MARGINAL_ATOL,
@@ -290,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_description("end-to-end cases (tiny model)")
                 rows += run_e2e(args.verifier, negative_control=True, on_row=done)
     except ValueError as exc:
+        print_traceback_if_asked(exc)
         print(f"harness oracles: refused: {exc}", file=sys.stderr)
         return 2
     summary = summarize(rows)

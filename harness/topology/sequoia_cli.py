@@ -37,6 +37,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from harness.files import print_traceback_if_asked
 from harness.topology.sequoia import (
     TreeResult,
     optimize_tree,
@@ -269,6 +270,7 @@ def main(argv: list[str]) -> int:
     try:
         out = run_tree(parse_args(argv))
     except ValueError as exc:  # UsageError and the algorithm's boundary checks
+        print_traceback_if_asked(exc)
         print(f"harness tree: refused: {exc}", file=sys.stderr)
         return 2
     assert all(g is None or math.isfinite(g) for _, _, g in out["expected_tokens_table"])

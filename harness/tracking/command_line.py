@@ -21,6 +21,7 @@ from harness.files import (  # noqa: F401  (where the commands of this room read
     json_object_with,
     output_file_problem,
     output_folder_problem,
+    print_traceback_if_asked,
     run_folder_of,
 )
 
@@ -83,6 +84,7 @@ def refuse(command: str, exc: BaseException) -> int:
     broken pipe (stdout's reader left) is no refusal: it goes on to the command line's handler."""
     if isinstance(exc, BrokenPipeError):
         raise exc
+    print_traceback_if_asked(exc)
     print(f"harness {command}: refused: {_one_line(exc)} (harness {command} --help shows the usage)", file=sys.stderr)
     return 2
 

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.files import atomic_write_text, output_folder_problem
+from harness.files import atomic_write_text, output_folder_problem, print_traceback_if_asked
 from harness.tracking.command_line import boolean_option, run_folder_of, split_arguments, usage_status
 from harness.tracking.run_notes import past_rounds_speedup_note, timing_outlier_note
 from harness.tracking.store import (
@@ -489,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=overwrite,
         )
     except (ExportError, ValueError) as exc:
+        print_traceback_if_asked(exc)
         print(f"harness export: refused: {exc}", file=sys.stderr)
         return 2
     for note in summary["notes"]:

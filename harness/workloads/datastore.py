@@ -68,6 +68,7 @@ from harness.files import (
     file_lock,
     lock_path,
     output_folder_problem,
+    print_traceback_if_asked,
     temporary_sibling,
 )
 from harness.target.loading import cache_root, checkpoint_ref_problem, load_tokenizer, tokenizer_fingerprint
@@ -1617,5 +1618,6 @@ def main(argv: list[str]) -> int:
         )
     except (ValueError, OSError) as err:  # DatastoreError, a checkpoint or corpus refused, a missing path
         message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        print_traceback_if_asked(err)
         print(f"harness datastore: refused: {message}", file=sys.stderr)
         return 2
