@@ -53,3 +53,7 @@ bench: install
 
 gpu-check:
 	bash scripts/gpu_check.sh
+
+# the demo's run folder and report, for a fresh `make demo`
+clean-demo:
+	rm -rf $(DEMO_DIR)
