@@ -397,7 +397,9 @@ class SequoiaCalibrationConfig:
     branches: int = ranged(8, **POSITIVE_INT)  # sibling slots tried per parent: the acceptance vector's length
     max_new_tokens: int = ranged(64, **POSITIVE_INT)  # committed tokens per calibration prompt
     prompts: Optional[int] = ranged(None, **POSITIVE_INT)  # calibration-split prompts (None: as many as needed)
-    z: float = ranged(1.96, gt=0.0)  # Wilson interval normal quantile
+    # Wilson interval normal quantile; past about 8.3 its confidence 2 Phi(z) - 1 rounds to 1 (no interval), and
+    # past about 7.5 too few of its digits are left for scipy to recover z from it
+    z: float = ranged(1.96, gt=0.0, le=7.0)
 
 
 @dataclass

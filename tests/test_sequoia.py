@@ -9,6 +9,7 @@ from functools import cache
 import pytest
 
 from harness.topology.sequoia import (
+    SEARCHED_EVERY_TREE,
     draft_time,
     expected_tokens,
     level_internal_nodes,
@@ -428,20 +429,22 @@ def test_a_masked_level_dearer_than_a_chain_step_moves_the_choice_to_a_chain():
         tree_draft_time(priced.parents, priced.ranks, p, draft_cost=0.1, draft_base_cost=0.1, feed_cost=feed)
     )
     assert priced.time_per_token == pytest.approx((1.0 + priced.draft_time) / priced.expected_tokens)
-    # brute force over every (n, d) tree of the table, each priced by its own shape
+    # brute force over every tree of 2..8 nodes and depth <= 4, each priced by its own shape: with these flat
+    # vectors the search is exact (a tree of fewer expected tokens than the table's best of its size and depth
+    # may draft cheaper: the table's trees alone miss it)
     brute = min(
         (
             1.0
             + tree_draft_time(
-                t.parents, t.ranks, p, draft_cost=0.1, draft_base_cost=0.1, feed_cost=feed, level_cost=[0.9, 0.9, 0.9]
+                _to_parents(t), None, p, draft_cost=0.1, draft_base_cost=0.1, feed_cost=feed, level_cost=[0.9, 0.9, 0.9]
             )
         )
-        / t.expected_tokens
+        / _g_nested(t, p)
         for n in range(2, 9)
-        for d in range(5)
-        if (t := table.best(n, d)) is not None
+        for t in _ordered_trees(n, 4, len(p))
     )
     assert priced.time_per_token == pytest.approx(brute, abs=1e-12)
+    assert priced.searched == SEARCHED_EVERY_TREE
     with pytest.raises(ValueError, match="level_cost must give 3 finite numbers"):
         select_hardware_aware(table, verify_cost=flat, draft_cost=0.1, level_cost=[0.9])
 

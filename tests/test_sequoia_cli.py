@@ -144,6 +144,30 @@ def test_a_profiles_draft_forwards_by_size_price_the_tree_and_short_ones_fall_ba
     assert scalar != out["chosen"]["draft_time"]
 
 
+def test_the_tree_reported_is_the_choice_even_where_it_is_no_max_g_tree(tmp_path, capsys):
+    """Priced by shape, the cheapest tree per token can be a chain with fewer expected tokens than the
+    size's max-G tree: the command read the max-G tree of the chosen size back and stopped on an
+    AssertionError (exit 1). It reports the chosen tree and over which trees it is the best."""
+    from harness.topology.sequoia import SEARCHED_FAMILY
+
+    path = tmp_path / "profile.json"
+    path.write_text(
+        json.dumps(
+            {
+                "verify_cost": [1.0, 1.004, 1.146, 1.238, 1.487],
+                "draft_cost": 0.115,
+                "draft_base_cost": 0.4245,
+                "draft_feed_cost": [0.1187, 0.7492, 1.1759, 1.4849],
+                "draft_level_cost": [0.0025, 0.7862],
+                "synthetic": False,
+            }
+        )
+    )
+    rc, out, _ = _run(capsys, ["acceptance=[0.4617,0.2641]", "max_nodes=5", "max_depth=3", f"profile={path}"])
+    assert rc == 0 and out["parents"] == [-1, 0, 1]  # the three-node chain
+    assert (out["chosen"]["n"], out["chosen"]["d"]) == (3, 2) and out["chosen"]["searched"] == SEARCHED_FAMILY
+
+
 def test_profile_marked_synthetic_stays_synthetic(tmp_path, capsys):
     path = tmp_path / "profile.json"
     path.write_text(

@@ -4,11 +4,13 @@ A tree artifact binds one calibration artifact (positional acceptance p_j, measu
 :mod:`harness.prepare.calibrate`) and one hardware profile (t(n), c0, c, measured by
 :mod:`harness.prepare.profile`) by their content hashes, and stores what
 :func:`~harness.topology.sequoia.optimize_tree` and
-:func:`~harness.topology.sequoia.select_hardware_aware` chose from them: the (n, d) minimising
-``(t(n) + draft time) / G(n, d)`` (the draft time of each candidate tree counted as the draft
-model drafts it: its pass over the last round's committed tokens, then one forward per level),
-its parent array and sibling ranks, the candidate-row parents a
-proposer samples, and the predicted time per committed token (normalised and in ms).
+:func:`~harness.topology.sequoia.select_hardware_aware` chose from them: the tree minimising
+``(t(n) + draft time) / G`` over the trees that search covers (the draft time of each candidate
+tree counted as the draft model drafts it: its pass over the last round's committed tokens, then
+one forward per level; ``searched`` says whether that is every tree within the bounds or, where
+the profile's draft costs vary with what they feed, a stated family), its parent array and
+sibling ranks, the candidate-row parents a proposer samples, the predicted time per committed
+token (normalised and in ms), and the verify costs t(1..N) it was priced with.
 ``harness run`` never uses synthetic (hand-entered) costs.
 
 Negotiation, before any model work, sees ``topology="tree"`` through :func:`placeholder_budget`.
@@ -134,6 +136,8 @@ def build_tree_artifact(
         "profile_path": str(profile_path),
         "search": dict(search),
         "acceptance": list(table.acceptance),
+        "verify_cost": [float(v) for v in profile["verify_cost"][:n_max]],
+        "searched": choice.searched,
         "chosen": {
             "n": choice.n,
             "d": choice.d,
@@ -455,22 +459,41 @@ def slower_than_ar_note(chosen: dict) -> str | None:
 
 
 def idle_nodes_note(tree: dict) -> str | None:
-    """One line when the chosen tree expects no more tokens than the best tree of fewer nodes (its
-    extra nodes are worth nothing under the calibration), so only the profile pricing the larger
-    forward below the smaller one chose it; None otherwise."""
+    """One line when a tree of fewer nodes and no deeper than the chosen one expects as many tokens
+    (the chosen tree's extra nodes are worth nothing under the calibration), saying what chose the
+    larger: the profile pricing its verify forward no dearer than the smaller one's (a measured
+    profile's noise, or a kernel's faster path at more rows), else its drafting, cheaper than that
+    tree's by at least the verify forwards' difference (the search chose it over that tree); None
+    otherwise. A tree dict without ``verify_cost`` says no reason; one without the chosen ``d`` is
+    compared at the search's depth bound."""
     table = tree.get("expected_tokens_table") or []
     chosen = tree["chosen"]
     # the table stores depths up to the deepest a tree of its sizes reaches (below a larger bound)
-    depth = min(int(tree["search"]["max_depth"]), max((int(d) for _, d, _ in table), default=0))
-    g = float(chosen["expected_tokens"])
-    for n, d, value in table:
-        if int(d) == depth and int(n) < int(chosen["n"]) and value is not None and float(value) >= g - 1e-9:
+    depth = min(int(chosen.get("d", tree["search"]["max_depth"])), max((int(d) for _, d, _ in table), default=0))
+    n, g = int(chosen["n"]), float(chosen["expected_tokens"])
+    smallest = int(tree["search"].get("min_nodes", 1))
+    verify = tree.get("verify_cost")
+    for m, d, value in table:
+        if int(d) != depth or not smallest <= int(m) < n or value is None or float(value) < g - 1e-9:
+            continue
+        m = int(m)
+        note = (
+            f"the chosen Sequoia tree of {n} nodes expects no more tokens per round ({g:.3g}) than the best of {m}: "
+            f"its extra nodes are worth nothing under the calibration"
+        )
+        if verify is None:
+            return note
+        t_n, t_m = float(verify[n - 1]), float(verify[m - 1])
+        if t_m >= t_n:
             return (
-                f"the chosen Sequoia tree of {chosen['n']} nodes expects no more tokens per round ({g:.3g}) than the "
-                f"best of {int(n)}: its extra nodes are worth nothing under the calibration, and it is chosen only "
-                "because the hardware profile prices the larger verify forward below the smaller one (a measured "
-                "profile's noise, or a kernel's faster path at more rows)"
+                f"{note}, and the hardware profile prices its verify forward no dearer than the smaller one's "
+                f"(t({n}) = {t_n:.3g}, t({m}) = {t_m:.3g}: a measured profile's noise, or a kernel's faster path at "
+                "more rows)"
             )
+        return (
+            f"{note}; its drafting chose it, cheaper on this profile than that tree's by at least its dearer verify "
+            f"forward (t({n}) - t({m}) = {t_n:.3g} - {t_m:.3g})"
+        )
     return None
 
 

@@ -1,7 +1,9 @@
 """Sequoia tree optimisation: acceptance vectors, the depth-indexed DP, hardware-aware choice.
 
 Sequoia (Chen et al., 2024): a positional acceptance model, the depth-indexed dynamic program over
-(nodes, depth, branches), and the hardware-aware objective G(n, d) / (t(n) + d c).
+(nodes, depth, branches), and the hardware-aware objective G(n, d) / (t(n) + d c); with a measured
+profile's draft costs by size, each tree's drafting priced by its shape (:func:`select_hardware_aware`
+says which trees that search covers).
 
 Conventions, used throughout this module and `harness tree`:
 
@@ -98,7 +100,8 @@ def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float
     """Wilson score interval for a binomial rate ``successes / trials`` at normal quantile ``z``.
 
     Delegates to :func:`scipy.stats.binomtest` (``method="wilson"``) at confidence
-    ``2 * Phi(z) - 1``; ``z = 1.96`` is the usual 95 % interval.
+    ``2 * Phi(z) - 1``; ``z = 1.96`` is the usual 95 % interval. A ``z`` whose confidence rounds to 1
+    in double precision (above about 8.2) is refused: it has no interval (scipy's would be NaN).
     """
     for name, v in (("successes", successes), ("trials", trials)):
         if isinstance(v, bool) or not isinstance(v, int | np.integer):
@@ -111,6 +114,8 @@ def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float
         raise ValueError(f"z must be a positive finite quantile; got {z}")
 
     confidence = float(2.0 * norm.cdf(z) - 1.0)
+    if confidence >= 1.0:
+        raise ValueError(f"z={z} is too large: its confidence 2 Phi(z) - 1 rounds to 1 (z must be below about 8.2)")
     ci = binomtest(int(successes), int(trials)).proportion_ci(confidence_level=confidence, method="wilson")
     return float(ci.low), float(ci.high)
 
@@ -370,19 +375,29 @@ def optimize_tree(*, acceptance: Sequence[float], max_nodes: int, max_depth: int
 
 @dataclass(frozen=True)
 class Choice:
-    """The (n, d) minimising (t(n) + draft time) / G(n, d), with its tree."""
+    """The tree of least (t(n) + draft time) / G over the trees :func:`select_hardware_aware` searched
+    (``searched`` says which)."""
 
     n: int  # nodes, root included
     d: int  # depth in edges of the chosen tree
-    expected_tokens: float  # G(n, d)
+    expected_tokens: float  # G of the chosen tree
     time_per_token: float  # (t(n) + draft time) / G, in units of one autoregressive step t(1)
     parents: tuple[int, ...]
     ranks: tuple[int, ...]
     draft_time: float = 0.0  # the chosen tree's expected drafting time, in units of t(1)
+    searched: str = ""  # the trees the choice is the best of (SEARCHED_EVERY_TREE, SEARCHED_FAMILY)
 
     @property
     def candidate_rows(self) -> int:
         return self.n - 1
+
+    @property
+    def tree(self) -> TreeResult:
+        """The chosen tree as a :class:`TreeResult` (under shaped draft costs it need not be the
+        table's ``best(n, d)``: a tree of fewer expected tokens may draft cheaper)."""
+        return TreeResult(
+            expected_tokens=self.expected_tokens, nodes=self.n, depth=self.d, parents=self.parents, ranks=self.ranks
+        )
 
 
 def draft_time(depth: int, *, draft_cost: float, draft_base_cost: float | None = None) -> float:
@@ -439,19 +454,49 @@ def tree_draft_time(
     p = validate_selected_child_probabilities(acceptance)
     rk = _check_tree(parents, ranks, len(p))
     par = [int(u) for u in parents]
+    return _draft_time_of(
+        *_shape_of(par, rk, p),
+        draft_cost=draft_cost,
+        draft_base_cost=draft_base_cost,
+        feed_cost=feed_cost,
+        level_cost=level_cost,
+    )
+
+
+def _shape_of(par: list[int], rk: Sequence[int], p: Sequence[float]) -> tuple[list[float], list[int], bool]:
+    """What a (valid, unchecked) tree's drafting time depends on: ``at_least[j]``, the summed reach
+    probability of its depth-``j`` nodes (P(accepted >= j); one entry past its depth, 0), ``rows[l]``,
+    its depth-``l`` nodes with children (l < depth), and whether it is a chain."""
     reach, node_depth = [1.0] * len(par), [0] * len(par)
     for v in range(1, len(par)):
         reach[v] = reach[par[v]] * p[rk[v] - 1]
         node_depth[v] = node_depth[par[v]] + 1
-    by_depth: list[list[float]] = [[] for _ in range(depth + 2)]  # the last: P(accepted >= depth + 1) = 0
+    depth = max(node_depth)
+    by_depth: list[list[float]] = [[] for _ in range(depth + 2)]
     for v in range(len(par)):
         by_depth[node_depth[v]].append(reach[v])
-    at_least = [math.fsum(x) for x in by_depth]
+    rows = [0] * depth
+    for u in set(par[1:]):
+        rows[node_depth[u]] += 1
+    return [math.fsum(x) for x in by_depth], rows, len(set(par[1:])) == len(par) - 1
+
+
+def _draft_time_of(
+    at_least: Sequence[float],
+    rows: Sequence[int],
+    chain_tree: bool,
+    *,
+    draft_cost: float,
+    draft_base_cost: float,
+    feed_cost: Sequence[float] | None,
+    level_cost: Sequence[float] | None,
+) -> float:
+    """:func:`tree_draft_time` from a tree's shape (:func:`_shape_of`), depth >= 1."""
+    depth = len(rows)
     if feed_cost is None:
         feed = float(draft_base_cost)
     else:
-        chain_tree = len(set(par[1:])) == len(par) - 1  # every node has one child at most: the draft keeps its rows
-        longest = 2 if chain_tree else depth + 1
+        longest = 2 if chain_tree else depth + 1  # a chain's draft keeps its rows
         if len(feed_cost) < longest:
             raise ValueError(f"feed_cost must give the pass over 1..{longest} tokens; got {len(feed_cost)} entries")
         if chain_tree:
@@ -459,7 +504,7 @@ def tree_draft_time(
         else:
             feed = math.fsum((at_least[j] - at_least[j + 1]) * float(feed_cost[j]) for j in range(depth + 1))
     total, chain = feed, True
-    for r in level_internal_nodes(par):
+    for r in rows[1:]:  # level_internal_nodes
         chain = chain and r == 1
         if chain or level_cost is None:
             total += float(draft_cost)
@@ -468,6 +513,230 @@ def tree_draft_time(
                 raise ValueError(f"level_cost must give a masked step of 1..{r} rows; got {len(level_cost)} entries")
             total += float(level_cost[r - 1])
     return total
+
+
+# ------------------------------------------------------- the search under shaped draft costs
+
+#: what a :class:`Choice` is the best of (:attr:`Choice.searched`, the tree artifact's ``searched``)
+SEARCHED_BY_DEPTH = (
+    "every tree within the bounds: the draft time c0 + (d - 1) c depends on the depth alone, so the tree of "
+    "most expected tokens of each node count n and depth d is the best of them"
+)
+SEARCHED_EVERY_TREE = (
+    "every tree within the bounds: the profile prices the draft's pass and its masked step alike whatever "
+    "they feed, so a tree's drafting time depends on its node count, depth and chain prefix alone, and the "
+    "tree of most expected tokens of each is the best of them"
+)
+SEARCHED_FAMILY = (
+    "the cheapest of a family, not of every tree (the profile's draft pass or masked step costs more or less "
+    "with what it feeds): every chain, and for each node count n and depth bound d the tree of most expected "
+    "tokens among all trees, among the trees whose nodes with children lie on one path, and, for each k, "
+    "among the trees whose levels 1..k hold one node with children each and level k + 1 two or more"
+)
+
+#: a subtree's shape summary (:meth:`_ShapeClasses.summary`): per depth below its root the summed reach
+#: (its root's 1 first) and the nodes with children, its depth, and whether it is a chain
+_LEAF = ((1.0,), (0,), 0, True)
+
+
+def _join(children: Sequence[tuple[float, tuple]]) -> tuple:
+    """The shape summary of a node over its child subtrees, each ``(p_rank, summary)`` in rank order."""
+    if not children:
+        return _LEAF
+    depth = 1 + max(s[2] for _, s in children)
+    reach, rows = [1.0] + [0.0] * depth, [1] + [0] * depth
+    for q, (sub_reach, sub_rows, sub_depth, _) in children:
+        for j in range(sub_depth + 1):
+            reach[j + 1] += q * sub_reach[j]
+            rows[j + 1] += sub_rows[j]
+    return tuple(reach), tuple(rows), depth, len(children) == 1 and children[0][1][3]
+
+
+def _max_plus(left: np.ndarray, right: np.ndarray, min_right: int) -> tuple[np.ndarray, np.ndarray]:
+    """``out[n] = max_y left[y] + right[n - y]`` over ``n - y >= min_right`` (``-inf`` where none);
+    with the ``y`` that gives it (the smallest on ties). ``left``, ``right``: [N+1] by size."""
+    idx = np.arange(len(left))
+    m = idx[:, None] - idx[None, :]  # [N+1 (n), N+1 (y)] right-part size n - y
+    valid = m >= min_right
+    cand = np.where(valid, left[None, :] + right[np.where(valid, m, 0)], -np.inf)  # [N+1, N+1]
+    y = cand.argmax(axis=1)  # [N+1]
+    return cand[idx, y], y
+
+
+class _ShapeClasses:
+    """The most expected tokens of each class of trees whose drafting a profile prices alike where its
+    draft pass and masked step cost the same whatever they feed (:data:`SEARCHED_EVERY_TREE`), n nodes
+    and depth <= d each, with their trees:
+
+    * ``caterpillar[n, d]``: every node with children on one path (each level drafted by one unmasked
+      row, ``c``); a node of that path with ``j`` children continues it through the child of largest p
+      among ranks 1..j (a subtree of G >= 1 under rank s adds ``p_s (G - 1)`` to the leaves' ``1 + p_1 +
+      .. + p_j``, most at the largest ``p_s``), its other children leaves;
+    * ``prefixed[k][n, e]``: levels 1..k hold one node with children each (such a path of k nodes below
+      the root, with leaf siblings), and the node ending it, the fan root, two or more children with
+      children, its subtree of depth <= e (d = k + e). ``k = 0``: the root is the fan root; a fan root's
+      child subtrees are the table's best of their size and depth.
+
+    A tree is given by a spec: ``("table", m, d)`` (the table's best(m, d)) or a tuple of
+    ``(rank, child spec)`` pairs, ``()`` a leaf (:meth:`spec`); :meth:`summary` is what its drafting
+    time depends on, :meth:`tree` its parent array."""
+
+    def __init__(self, table: SequoiaTable):
+        self.table = table
+        p = np.asarray(table.acceptance, dtype=np.float64)  # [B]
+        N, D, B = table.max_nodes, table.max_depth, len(p)
+        self.mass = np.concatenate([[0.0], np.cumsum(p)])  # [B+1] p_1 + .. + p_j
+        self.top = [0] + [int(np.argmax(p[:j])) + 1 for j in range(1, B + 1)]  # rank of the largest p_1..p_j
+        self.caterpillar = np.full((N + 1, D + 1), -np.inf)  # [N+1, D+1]
+        self.caterpillar_children = np.zeros((N + 1, D + 1), dtype=np.int64)  # j; -j where all leaves
+        self.caterpillar[1, :] = 1.0
+        for d in range(1, D + 1):
+            self.caterpillar[:, d], self.caterpillar_children[:, d] = self._below_one_path(
+                self.caterpillar[:, d - 1], leaves_only=True
+            )
+        self._fans: dict[int, list] = {}
+        self.fan = np.full((N + 1, D + 1), -np.inf)  # [N+1, D+1]: prefixed[0]
+        for e in range(2, D + 1):
+            self.fan[:, e] = np.max([value[:, 2] for value, _, _ in self._fan_layers(e)], axis=0)
+        prefixed, how = [self.fan], [np.zeros((N + 1, D + 1), dtype=np.int64)]
+        for _ in range(1, max(D - 1, 1)):  # k = 1 .. D - 2
+            value, children = self._below_one_path(prefixed[-1], leaves_only=False)
+            prefixed.append(value)
+            how.append(children)
+        self.prefixed = np.stack(prefixed)  # [K, N+1, D+1]
+        self.prefixed_children = np.stack(how)  # [K, N+1, D+1] j
+        self._summaries: dict[tuple[int, int], tuple] = {}
+
+    def _below_one_path(self, below: np.ndarray, *, leaves_only: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Over ``below`` (G of the path's next subtree by size, [N+1] or [N+1, E]): by size, the G of
+        a node with j children of which the one of largest p roots that subtree (``leaves_only``: or
+        none, all leaves), and the j chosen (-j: all leaves)."""
+        p = self.table.acceptance
+        N = self.table.max_nodes
+        out = np.full(below.shape, -np.inf)
+        how = np.zeros(below.shape, dtype=np.int64)
+        for j in range(1, len(p) + 1):
+            if leaves_only and j + 1 <= N and 1.0 + self.mass[j] > out[j + 1]:
+                out[j + 1], how[j + 1] = 1.0 + self.mass[j], -j
+            sub = below[2 : max(N + 1 - j, 2)]  # subtrees of 2 .. N - j nodes
+            ok = np.isfinite(sub)
+            val = np.where(ok, 1.0 + self.mass[j] + p[self.top[j] - 1] * (np.where(ok, sub, 1.0) - 1.0), -np.inf)
+            target, chosen = out[j + 2 :], how[j + 2 :]
+            better = val > target
+            target[better] = val[better]
+            chosen[better] = j
+        return out, how
+
+    def _fan_layers(self, e: int) -> list:
+        """``layers[b] = (value, left, left_c)``, each [N+1, 3] by nodes in all and ``c = min(2, child
+        subtrees with children)``: the G of the root with its first b child subtrees (of depth <= e - 1),
+        and (b >= 1) the size and ``c`` of the part without the b-th."""
+        if e in self._fans:
+            return self._fans[e]
+        t = self.table
+        N = t.max_nodes
+        below = t.best_g[:, e - 1]  # [N+1]
+        ok = np.isfinite(below)
+        value = np.full((N + 1, 3), -np.inf)
+        value[1, 0] = 1.0
+        layers = [(value, None, None)]
+        for b in range(1, len(t.acceptance) + 1):
+            right = np.where(ok, t.acceptance[b - 1] * np.where(ok, below, 0.0), -np.inf)  # [N+1] by child size
+            new = np.full((N + 1, 3), -np.inf)
+            left = np.full((N + 1, 3), -1, dtype=np.int64)
+            left_c = np.full((N + 1, 3), -1, dtype=np.int64)
+            for c in range(3):
+                leaf = np.full(N + 1, -np.inf)
+                leaf[1:] = value[:-1, c] + right[1]
+                # a leaf child keeps the count, a child with children adds one (at most 2 counted)
+                for got, y, to in ((leaf, np.arange(N + 1) - 1, c), (*_max_plus(value[:, c], right, 2), min(2, c + 1))):
+                    better = got > new[:, to]
+                    new[better, to] = got[better]
+                    left[better, to] = y[better]
+                    left_c[better, to] = c
+            value = new
+            layers.append((new, left, left_c))
+        self._fans[e] = layers
+        return layers
+
+    def spec(self, kind: str, n: int, a: int, b: int) -> tuple:
+        """The tree of a candidate: ``("table", n, d=a)``, ``("caterpillar", n, d=a)``,
+        ``("prefixed", n, k=a, e=b)`` or ``("chain", n)``."""
+        if kind == "table":
+            return ("table", n, a)
+        if kind == "chain":
+            out: tuple = ()
+            for _ in range(n - 1):
+                out = ((1, out),)
+            return out
+        path: list[int] = []  # the children of each node of the path, from the root
+        if kind == "caterpillar":
+            for d in range(a, 0, -1):
+                j = int(self.caterpillar_children[n, d])
+                path.append(j)
+                if j < 0:
+                    break
+                n -= j
+            out = ()
+        else:
+            for k in range(a, 0, -1):
+                j = int(self.prefixed_children[k][n, b])
+                path.append(j)
+                n -= j
+            out = self._fan_spec(n, b)
+        for j in reversed(path):
+            out = tuple((rank, out if rank == self.top[j] else ()) for rank in range(1, abs(j) + 1))
+        return out
+
+    def _fan_spec(self, n: int, e: int) -> tuple:
+        layers = self._fan_layers(e)
+        b = next(b for b in range(1, len(layers)) if layers[b][0][n, 2] == self.fan[n, e])
+        c, children = 2, []
+        while b > 0:
+            _, left, left_c = layers[b]
+            y, c = int(left[n, c]), int(left_c[n, c])
+            children.append((b, ("table", n - y, e - 1) if n - y > 1 else ()))
+            n, b = y, b - 1
+        return tuple(reversed(children))
+
+    def summary(self, spec: tuple) -> tuple:
+        """What the drafting time of the tree ``spec`` depends on (:func:`_join`)."""
+        if not spec:
+            return _LEAF
+        p = self.table.acceptance
+        if spec[0] != "table":
+            return _join([(p[rank - 1], self.summary(child)) for rank, child in spec])
+        _, m, d = spec
+        if (m, d) not in self._summaries:
+            sizes, b = [], int(self.table.best_b[m, d])  # the child subtrees' sizes, rank b..1 (as _emit)
+            left = m
+            while b > 0:
+                y = int(self.table.split[left, d, b])
+                sizes.append(left - y)
+                left, b = y, b - 1
+            children = [
+                (p[r], self.summary(("table", s, d - 1)) if s > 1 else _LEAF) for r, s in enumerate(sizes[::-1])
+            ]
+            self._summaries[(m, d)] = _join(children)
+        return self._summaries[(m, d)]
+
+    def tree(self, spec: tuple) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The parent array and ranks of ``spec``, numbered as :meth:`SequoiaTable.best` numbers its trees
+        (pre-order, siblings by rank)."""
+        parents, ranks = [-1], [0]
+
+        def emit(spec: tuple, node: int) -> None:
+            if spec and spec[0] == "table":
+                _, m, d = spec
+                self.table._emit(m, d, int(self.table.best_b[m, d]), node, parents, ranks)
+                return
+            for rank, child in spec:
+                parents.append(node)
+                ranks.append(rank)
+                emit(child, len(parents) - 1)
+
+        emit(spec, 0)
+        return tuple(parents), tuple(ranks)
 
 
 def select_hardware_aware(
@@ -480,15 +749,29 @@ def select_hardware_aware(
     level_cost: Sequence[float] | None = None,
     min_nodes: int = 2,
 ) -> Choice:
-    """Choose (n, d) minimising ``(t(n) + draft time) / G(n, d)`` over the filled table (Sequoia's
+    """Choose the tree minimising ``(t(n) + draft time) / G`` within the table's bounds (Sequoia's
     hardware-aware objective, the draft time counted as the draft model drafts the tree).
 
     ``verify_cost[n-1] = t(n)``, the verify forward over n nodes normalised so ``t(1) = 1``
     (at least ``table.max_nodes`` entries); ``draft_cost`` = c per depth step below the first,
     ``draft_base_cost`` = c0, the proposer's pass on the pending token that gives the first level
-    (:func:`draft_time`; None: c0 = c, Sequoia's (t(n) + d c) / G). ``feed_cost`` (the pass over
-    ``k`` committed tokens, ``k = 1 .. max_depth + 1``) and ``level_cost`` (a masked depth step of
-    ``r`` rows) price each candidate tree by its own shape and acceptance (:func:`tree_draft_time`).
+    (:func:`draft_time`; None: c0 = c, Sequoia's (t(n) + d c) / G). That scalar model prices a tree by
+    its depth alone, so the table's ``best(n, d)`` over every (n, d) is the optimum over every tree
+    (:data:`SEARCHED_BY_DEPTH`).
+
+    ``feed_cost`` (the pass over ``k`` committed tokens, ``k = 1 .. max_depth + 1``) and
+    ``level_cost`` (a masked depth step of ``r`` rows) price each candidate tree by its own shape
+    and acceptance (:func:`tree_draft_time`): then a tree of fewer expected tokens than the best of
+    its size and depth may draft cheaper. The search covers every chain and, for each n and depth
+    bound d, the tree of most expected tokens among all trees, among the trees whose nodes with
+    children lie on one path, and among the trees whose first level with two or more nodes with
+    children is k + 1, for each k (:class:`_ShapeClasses`, :func:`_select_shaped`); ties between
+    trees of most expected tokens go to the DP's. Where each vector is the same at every size a
+    tree within the bounds uses, a tree's drafting time depends on its node count, depth and chain
+    prefix alone and this is the optimum over every tree (:data:`SEARCHED_EVERY_TREE`); otherwise
+    it is the best of that family (:data:`SEARCHED_FAMILY`), and a tree outside it may be faster
+    (in small random trials by up to about 9 % where a pass or step costs less with more tokens or
+    rows, under 1 % where the costs rise with size). ``Choice.searched`` says which.
 
     ``min_nodes`` is the smallest n searched. The default 2 (at least one candidate row) searches
     n = 2..N. With ``min_nodes=1`` the root-only "tree" is plain autoregressive decoding: G = 1 and
@@ -528,24 +811,16 @@ def select_hardware_aware(
             raise ValueError(f"{name} must give {need} finite numbers >= 0; got {vals}")
         vectors[name] = vals
 
-    def drafting(tree: TreeResult) -> float:
-        return tree_draft_time(tree.parents, tree.ranks, table.acceptance, draft_cost=c, draft_base_cost=c0, **vectors)
-
     c, c0 = float(draft_cost), float(draft_base_cost)
+    if vectors:  # each tree's own shape decides its drafting time
+        return _select_shaped(table, costs, c, c0, vectors, min_nodes)
     best: tuple[float, int, int] | None = None  # (time, n, d bound)
     for n in range(min_nodes, N + 1):
         for d in range(table.max_depth + 1):
             g = table.g(n, d)
             if g is None:
                 continue
-            if n == 1:
-                cost = costs[0]
-            elif vectors:  # the tree's own shape decides its drafting time
-                if d > 0 and g == table.g(n, d - 1):
-                    continue  # a deeper bound that adds no expected token: its tree ties at best
-                cost = costs[n - 1] + drafting(table.best(n, d))
-            else:
-                cost = costs[n - 1] + draft_time(d, draft_cost=c, draft_base_cost=c0)
+            cost = costs[0] if n == 1 else costs[n - 1] + draft_time(d, draft_cost=c, draft_base_cost=c0)
             t = cost / g
             if best is None or t < best[0]:
                 best = (t, n, d)
@@ -554,7 +829,7 @@ def select_hardware_aware(
     _, n, d = best
     tree = table.best(n, d)
     assert tree is not None  # feasible by construction
-    drafted = 0.0 if n == 1 else drafting(tree)
+    drafted = 0.0 if n == 1 else draft_time(tree.depth, draft_cost=c, draft_base_cost=c0)
     return Choice(
         n=n,
         d=tree.depth,
@@ -563,4 +838,130 @@ def select_hardware_aware(
         parents=tree.parents,
         ranks=tree.ranks,
         draft_time=drafted,
+        searched=SEARCHED_BY_DEPTH,
+    )
+
+
+def _lower_hull(ys: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """The vertices of the lower convex hull of the points ``(j, ys[j])``."""
+    hull: list[tuple[float, float]] = []
+    for x, y in enumerate(ys):
+        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (x - hull[-2][0]) >= (y - hull[-2][1]) * (
+            hull[-1][0] - hull[-2][0]
+        ):
+            hull.pop()
+        hull.append((float(x), float(y)))
+    return np.array([x for x, _ in hull]), np.array([y for _, y in hull])
+
+
+def _select_shaped(
+    table: SequoiaTable, costs: list[float], c: float, c0: float, vectors: dict, min_nodes: int
+) -> Choice:
+    """:func:`select_hardware_aware` under a profile's draft pass and masked step by size.
+
+    The candidates: for each n and depth bound d, ``table.best(n, d)`` and the class trees of
+    :class:`_ShapeClasses`, and every chain; each priced by its own shape (:func:`tree_draft_time`).
+    A bound deeper than one with the same G keeps that one's tree (of most expected tokens at the
+    deeper bound too). Candidates are priced in order of the least time their class admits, and
+    pricing stops where that exceeds the best found: its verify time plus the least drafting a tree
+    of its G, node count, depth bound and chain prefix can cost, over G. That drafting floor: the
+    first pass averages the passes over 1 .. depth + 1 tokens with mean G (accepted tokens average
+    G - 1), so it is at least their lower convex hull at G - 1 (a chain's, over one token or two, at
+    least the cheaper: every chain is a candidate of its own, priced exactly); a tree of G tokens is
+    at least G - 1 deep; every level past the chain prefix costs at least the cheapest masked step,
+    the first of them one of two or more rows, and a level of r rows at least r times the least cost
+    per row; a tree of n nodes over B ranks has at least ceil((n - 1) / B) - 1 nodes with children
+    below the root."""
+    N, D, B = table.max_nodes, table.max_depth, len(table.acceptance)
+    need = max(D - 1, 1) * (N + 1) * (D + 1) * 16
+    if need > DP_TABLE_LIMIT_BYTES:
+        raise ValueError(
+            f"max_nodes={N} max_depth={D}: the search over tree shapes under the profile's draft_feed_cost and "
+            f"draft_level_cost would hold {need / 2**30:.1f} GiB (limit {DP_TABLE_LIMIT_BYTES / 2**30:.0f} GiB); "
+            "lower max_nodes or max_depth"
+        )
+    p = table.acceptance
+    feed, level = vectors.get("feed_cost"), vectors.get("level_cost")
+    priced_as = dict(draft_cost=c, draft_base_cost=c0, feed_cost=feed, level_cost=level)
+    # the entries a tree within the bounds can use, each the same: every tree is searched
+    flat = all(v is None or len(set(v[:used])) == 1 for v, used in ((feed, D + 1), (level, max(1, (N - 1) // 2))))
+    classes = _ShapeClasses(table)
+
+    level_floor = min(level) if level is not None else c  # a masked level past the chain prefix
+    branching_floor = min(level[1:], default=level_floor) if level is not None else c  # its first: >= 2 rows
+    row_floor = min(x / r for r, x in enumerate(level, start=1)) if level is not None else 0.0
+    hulls = [_lower_hull(feed[: d + 1]) for d in range(D + 1)] if feed is not None else None
+    sizes = np.arange(N + 1)
+    t = np.array([0.0] + costs[:N])  # [N+1] t(n) by n (index 0 unused)
+    with_children = np.maximum(np.ceil((sizes - 1) / B) - 1, 0)  # [N+1] the fewest nodes with children below the root
+    lower: list[np.ndarray] = []  # per class, [N+1]: the least time its tree of n nodes can take (inf: none)
+    labels: list[tuple[str, int, int]] = []
+
+    def add(kind: str, a: int, b: int, g: np.ndarray, d: int, prefix: int | None) -> None:
+        """One class by size: ``g`` [N+1] its G (-inf: none), depth bound d, chain prefix (None: any)."""
+        ok = np.isfinite(g) & (sizes >= max(min_nodes, 2))
+        g = np.where(ok, g, 2.0)
+        first = np.interp(g - 1.0, *hulls[d]) if hulls is not None else np.full(N + 1, c0)
+        deep = np.maximum(np.ceil(g - 1.0 - BOUND_ATOL), 1.0)  # the fewest levels a tree of G tokens has
+        if prefix is None:  # any prefix: a level is one row at c or a masked step
+            levels = np.maximum((deep - 1) * min(c, level_floor), with_children * min(c, row_floor))
+        elif prefix == d:  # every node with children on one path: each level one row, c
+            levels = (deep - 1) * c
+        else:
+            deep = np.maximum(deep, prefix + 2)
+            past = np.maximum(branching_floor + (deep - prefix - 2) * level_floor, (with_children - prefix) * row_floor)
+            levels = prefix * c + past
+        lower.append(np.where(ok, (t + first + levels) / g, np.inf))
+        labels.append((kind, a, b))
+
+    for d in range(1, D + 1):
+        for kind, values, prefix in (("table", table.best_g, None), ("caterpillar", classes.caterpillar, d)):
+            fresh = values[:, d] != values[:, d - 1]  # a deeper bound with the same G keeps the shallower tree
+            add(kind, d, 0, np.where(fresh, values[:, d], -np.inf), d, prefix)
+        for k in range(0, d - 1):
+            values = classes.prefixed[k]
+            fresh = values[:, d - k] != values[:, d - k - 1]
+            add("prefixed", k, d - k, np.where(fresh, values[:, d - k], -np.inf), d, k)
+    chain = np.full(N + 1, np.inf)
+    for n in range(max(min_nodes, 2), min(N, D + 1) + 1):  # a chain's pass feeds one token or two
+        first = min(feed[0], feed[1]) if feed is not None else c0
+        chain[n] = (costs[n - 1] + first + (n - 2) * c) / math.fsum(p[0] ** i for i in range(n))
+    lower.append(chain)
+    labels.append(("chain", 0, 0))
+
+    least = np.stack(lower)  # [classes, N+1]
+    cls, size = np.nonzero(np.isfinite(least))
+    best: tuple | None = None  # ((time, n, depth, rank), spec)
+    if min_nodes == 1:  # plain autoregressive decoding: G = 1 at t(1) = 1, nothing drafted
+        best = ((costs[0], 1, 0, -1), ())
+    for rank, i in enumerate(np.lexsort((size, least[cls, size]))):  # by least time, then n
+        n = int(size[i])
+        if best is not None and least[cls[i], n] * (1.0 - BOUND_ATOL) > best[0][0]:
+            break  # no later candidate can be cheaper
+        spec = classes.spec(labels[cls[i]][0], n, *labels[cls[i]][1:])
+        reach, rows, depth, chain_tree = classes.summary(spec)
+        drafted = _draft_time_of([*reach, 0.0], rows[:depth], chain_tree, **priced_as)
+        key = ((costs[n - 1] + drafted) / math.fsum(reach), n, depth, rank)
+        if best is None or key < best[0]:
+            best = (key, spec)
+    if best is None:
+        raise ValueError(f"no feasible tree with {min_nodes} <= n <= {N} and depth <= {D}")
+    (time, n, depth, _), spec = best
+    parents, ranks = classes.tree(spec)
+    if n == 1:
+        g, drafted = 1.0, 0.0
+    else:  # priced again from its parent array, as tree_draft_time prices it
+        at_least, rows, chain_tree = _shape_of(list(parents), ranks, p)
+        g, drafted = math.fsum(at_least), _draft_time_of(at_least, rows, chain_tree, **priced_as)
+        if len(parents) != n or len(rows) != depth or abs((costs[n - 1] + drafted) / g - time) > BOUND_ATOL * time:
+            raise AssertionError(f"the tree {parents} does not price as its shape did ({time}) at n={n}")
+    return Choice(
+        n=n,
+        d=depth,
+        expected_tokens=g,
+        time_per_token=(costs[n - 1] + drafted) / g,
+        parents=parents,
+        ranks=ranks,
+        draft_time=drafted,
+        searched=SEARCHED_EVERY_TREE if flat else SEARCHED_FAMILY,
     )

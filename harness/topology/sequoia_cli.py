@@ -23,8 +23,10 @@ Keys (Hydra-style ``key=value``; values parsed by OmegaConf's YAML grammar, neve
 
 The JSON's ``run_options`` are the same bounds for a run (``topology.max_nodes`` counts candidate
 rows, the root excluded). Without costs the tree reported is the max-G tree at (N, D) (the largest feasible n <= N if N
-nodes do not fit depth D); with costs it is the (n, d) minimising (t(n) + c0 + (d-1)*c) / G(n, d), the
-draft time priced by the tree's shape where the profile gives the draft's forwards by size.
+nodes do not fit depth D); with costs it is the tree minimising (t(n) + draft time) / G, the draft time
+(c0 + (d-1)*c) priced by the tree's shape where the profile gives the draft's forwards by size; the
+JSON's ``chosen.searched`` says over which trees the choice is the best (every tree, or a family
+that holds every chain and the best tree of each size, depth and branching pattern).
 Bad input: a message on stderr and exit code 2.
 """
 
@@ -238,8 +240,7 @@ def run_tree(args: dict) -> dict:
             level_cost=costs.get("draft_level_cost"),
             min_nodes=_int(args, "min_nodes", default=2),
         )
-        tree = table.best(choice.n, choice.d)
-        assert tree is not None and tree.parents == choice.parents
+        tree = choice.tree
         out["objective"] = "min_time_per_token"
         out.update(_tree_fields(tree))
         out["chosen"] = {
@@ -251,6 +252,7 @@ def run_tree(args: dict) -> dict:
             "time_unit": "one autoregressive target step t(1)",
             "verify_time": costs["verify_cost"][choice.n - 1],
             "draft_time": choice.draft_time,
+            "searched": choice.searched,
         }
         out["synthetic"] = costs["synthetic"]
         out["cost_source"] = source
