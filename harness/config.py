@@ -125,10 +125,12 @@ class ModelConfig:
     seed: int = ranged(0, **SEED)  # weights seed for model=tiny
     trust_remote_code: bool = False  # explicit opt-in: runs code from the checkpoint
     tiny: TinyConfig = field(default_factory=TinyConfig)  # the LlamaConfig of model=tiny
-    # how every nn.Linear computes (harness.target.options): auto (on an x86 CPU with a C++ compiler
-    # streaming_panels for bfloat16 where the CPU has AMX, streaming otherwise, or streaming_panels for
-    # float32 where it lacks AVX-512; default on Intel without AVX-512; weight_major for float32
-    # without a compiler, else default) | default (F.linear) | onednn | mkl_packed | weight_major
+    # how every nn.Linear computes (harness.target.options): auto (on an x86 CPU whose compiler builds the
+    # native kernels: streaming_panels for bfloat16 where the CPU has AMX; on Intel with AVX-512
+    # streaming_panels for float32, streaming for bfloat16; default on Intel without AVX-512; elsewhere
+    # streaming_panels for float32 without AVX-512, streaming otherwise; never panels under model.compile;
+    # without the kernels weight_major for float32 off Intel, else default) | default (F.linear) | onednn |
+    # mkl_packed | weight_major
     # ((W @ x.T).T) | streaming (the harness's own kernel) | streaming_panels (the same over a copy of
     # each weight packed: float32 in panels of 16 output features, bfloat16 in pairs for AMX's tiles)
     linear_kernel: str = ranged("auto", choices=LINEAR_KERNELS)
