@@ -398,8 +398,13 @@ def test_the_skip_search_recipe_names_the_rule_that_splits_its_prompts(env, monk
                 m.setattr("harness.heads.recipes.HUMANEVAL_SPLIT_SALT", prompts.HUMANEVAL_SPLIT_SALT)
             moved, moved_path = skip_artifact_path(opts, model=env["model"], tokenizer=None)
         assert moved != recipe and moved_path != path, workload
-    sharegpt, _ = skip_artifact_path({}, model=env["model"], tokenizer=None)
+    sharegpt, path = skip_artifact_path({}, model=env["model"], tokenizer=None)
     assert len(sharegpt["sharegpt_sha256"]) == 64
+    # the rule for which turn of a conversation is a prompt decides the searched prompts too
+    assert sharegpt["sharegpt_prompts"] == prompts.SHAREGPT_PROMPT_RULE
+    with monkeypatch.context() as m:
+        m.setattr("harness.heads.recipes.SHAREGPT_PROMPT_RULE", prompts.SHAREGPT_PROMPT_RULE + "-next")
+        assert skip_artifact_path({}, model=env["model"], tokenizer=None)[1] != path
 
 
 def test_a_skip_vector_searched_with_other_threads_is_searched_again_or_noted(env, capsys):

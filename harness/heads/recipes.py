@@ -18,7 +18,7 @@ from harness.target.loading import chat_template_hash
 from harness.workloads import corpora
 from harness.workloads.corpora import sharegpt_path
 from harness.workloads.datastore import LEAKAGE_THRESHOLD
-from harness.workloads.prompts import HUMANEVAL_BOUNDS, HUMANEVAL_SPLIT_SALT
+from harness.workloads.prompts import HUMANEVAL_BOUNDS, HUMANEVAL_SPLIT_SALT, SHAREGPT_PROMPT_RULE
 
 #: option keys of conf/proposer/{medusa,hydra,clover}.yaml that define the artifact
 ARCH_KEYS = ("num_heads", "mlp_layers", "prefix_attention", "prefix_window", "attn_heads")
@@ -207,10 +207,15 @@ def recipe_key(recipe: SearchRecipe) -> dict:
 
 def search_prompts_key(recipe: SearchRecipe) -> dict:
     """What decides the layer-skip search's prompts besides its options: for ShareGPT the file's
-    SHA-256 and its split rule (as a trained artifact's data key names them), for HumanEval its
-    split rule; a new rule puts other prompts in the searched split."""
+    SHA-256, its split rule (as a trained artifact's data key names them) and its rule for which
+    turn of a conversation is a prompt, for HumanEval its split rule; a new rule puts other prompts
+    in the searched split."""
     if recipe.workload == "sharegpt":
-        return {"sharegpt_sha256": file_sha256(sharegpt_path()), "sharegpt_split": sharegpt_split_rule()}
+        return {
+            "sharegpt_sha256": file_sha256(sharegpt_path()),
+            "sharegpt_split": sharegpt_split_rule(),
+            "sharegpt_prompts": SHAREGPT_PROMPT_RULE,
+        }
     if recipe.workload == "humaneval":
         bounds = ", ".join(f"{split} < {upper}" for split, upper in HUMANEVAL_BOUNDS)
         return {"humaneval_split": f"salt {HUMANEVAL_SPLIT_SALT!r}; buckets of 100: {bounds}"}

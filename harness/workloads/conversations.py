@@ -16,11 +16,12 @@ target and of a separate draft model. ``workload.truncate`` declares what happen
 not: ``false`` refuses before any model work with one line naming the prompt and the numbers (a
 conversation's later turns are bounded by counting each earlier answer at ``max_new_tokens``);
 ``left`` cuts the oldest text: through a chat template, the template's opening (its system blocks and
-the first user message's header) stays and the start of that message's text goes, so the model still
-reads a conversation; where that text is shorter than the cut, a later turn's oldest exchanges
-(question and answer) go whole and the rest is rendered again, and a first turn's tokens after the
-opening go; without a template (or where the opening alone would take half the room) the first
-tokens go.
+the first message's header) stays and the start of that message's text goes, so the model still
+reads a conversation; where that text is shorter than the cut, the oldest messages go whole (a later
+turn's earlier exchanges, question and answer; a ``messages`` prompt's earlier messages, up to a user
+message, system messages kept) and the rest is rendered again, down to the last user message alone,
+whose text is then cut as the first message's is. Without a template, or where the opening alone
+would take half the room and no whole message can go, the first tokens go.
 The record says, per prompt and turn, how many tokens were cut.
 """
 
@@ -287,20 +288,22 @@ class PromptEncoder:
         same one whose first non-system message is empty. A text tokenized as it is (no template)
         has the tokenizer's own special tokens around it (a BOS) as its opening; ``(0, 0)`` where
         it has none, or without a tokenizer."""
-        messages = self.messages(prompt, answers)
-        if messages is None:
-            if self.tokenizer is None or answers:
-                return 0, 0
-            emptied = _ids(self.tokenizer("")["input_ids"])  # a BOS the tokenizer adds, say
-            if not emptied or not ids or int(ids[0]) != int(emptied[0]):
-                return 0, 0
-        else:
-            first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
-            if first is None:
-                return 0, 0
-            emptied = chat_ids(
-                self.tokenizer, [*messages[:first], {**messages[first], "content": ""}, *messages[first + 1 :]]
-            )
+        return self.text_span(prompt, answers, ids)[1:]
+
+    def text_span(
+        self, prompt: Prompt, answers: Sequence[Sequence[int]], ids: Sequence[int]
+    ) -> tuple[list[int], int, int]:
+        """``(opening, start, end)``: the first non-system message's text lies in ``ids[start:end]``
+        (:meth:`first_text`), and ``opening`` is the template's opening as it renders with that text
+        empty. That is ``ids[:start]``, and more where the text's first token merged with the header's
+        last one (a text opening with a blank line after a header ending in a newline: the tokens the
+        two renderings share stop before that newline): the emptied rendering's tokens after ``start``
+        that the text in ``ids`` begins with, decoded, belong to the opening (:meth:`turn` leaves them
+        out where the text it keeps opens with them itself). ``([], 0, 0)`` where there is no
+        opening."""
+        emptied = self._emptied(prompt, answers, ids)
+        if emptied is None:
+            return [], 0, 0
         start = 0
         for a, b in zip(ids, emptied):
             if int(a) != int(b):
@@ -311,7 +314,30 @@ class PromptEncoder:
             if end <= start or int(a) != int(b):
                 break
             end -= 1
-        return start, end
+        header = start  # the opening's end in ``emptied``
+        closing = len(emptied) - (len(ids) - end)  # where the tokens shared at the end begin in ``emptied``
+        if header < closing:
+            text = self.tokenizer.decode([int(t) for t in ids[start:end]])
+            while header < closing and text.startswith(self.tokenizer.decode(list(emptied[start : header + 1]))):
+                header += 1
+        return [int(t) for t in emptied[:header]], start, end
+
+    def _emptied(self, prompt: Prompt, answers: Sequence[Sequence[int]], ids: Sequence[int]) -> list[int] | None:
+        """Turn ``len(answers) + 1``'s prompt with its first non-system message's text empty (a text
+        tokenized as it is: the tokenizer's own special tokens around an empty text), or None where
+        the prompt has no opening (no tokenizer, no special token first, no non-system message)."""
+        messages = self.messages(prompt, answers)
+        if messages is None:
+            if self.tokenizer is None or answers:
+                return None
+            emptied = _ids(self.tokenizer("")["input_ids"])  # a BOS the tokenizer adds, say
+            if not emptied or not ids or int(ids[0]) != int(emptied[0]):
+                return None
+            return emptied
+        first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
+        if first is None:
+            return None
+        return chat_ids(self.tokenizer, [*messages[:first], {**messages[first], "content": ""}, *messages[first + 1 :]])
 
     @property
     def stop_str(self) -> str | None:
@@ -379,7 +405,9 @@ class PromptEncoder:
     def check_template(self, prompts: Sequence[Prompt]) -> None:
         """Refuse, naming the prompt, one whose first turn the chat template refuses (a template may
         raise on a role it does not take, a system message for one): the run stopped on the template's
-        bare error after the models had loaded."""
+        bare error after the models had loaded. So is one the template renders as no token at all (a
+        template that writes only some roles' messages): the run stopped after the weights loaded,
+        naming the prompt by its place in the batch."""
         from jinja2.exceptions import TemplateError  # what a template's raise_exception raises
 
         for p in prompts:
@@ -387,12 +415,23 @@ class PromptEncoder:
             if messages is None:
                 continue
             try:
-                chat_ids(self.tokenizer, messages)
+                ids = chat_ids(self.tokenizer, messages)
             except TemplateError as exc:
                 raise WorkloadError(
                     f"prompt {p.prompt_id!r}: the chat template refuses it ({' '.join(str(exc).split())}); "
                     "give workload.chat_template a template that takes its messages"
                 ) from None
+            if not ids:
+                roles = ", ".join(dict.fromkeys(m.get("role") for m in messages))
+                raise WorkloadError(
+                    f"prompt {p.prompt_id!r}: {self.template_name()} renders its messages ({roles}) as no token "
+                    "at all: there is nothing to prefill; give workload.chat_template a template that writes them"
+                )
+
+    def template_name(self) -> str:
+        """The chat template the prompts go through, as the run was told it."""
+        option = getattr(self.tokenizer, CHAT_TEMPLATE_OPTION, None)
+        return f"the chat template workload.chat_template={option}" if option else "the tokenizer's own chat template"
 
     def turn(self, prompt: Prompt, answers: Sequence[Sequence[int]] = ()) -> TurnPrompt:
         """Turn ``len(answers) + 1``'s prompt, cut from the left under ``workload.truncate=left``.
@@ -407,30 +446,56 @@ class PromptEncoder:
         room = self.limit.max_prompt_tokens if self.limit is not None else None
         if room is None or len(ids) <= room:
             return TurnPrompt(ids, len(ids))
-        start, end = self.first_text(prompt, answers, ids)
-        cut = len(ids) - room
-        if 0 < start <= room // 2:  # the template's opening stays
-            if cut <= end - start:  # the first message's oldest text goes, nothing around it
-                return TurnPrompt(ids[:start] + ids[start + cut :], len(ids))
-            if answers and self.tokenizer is not None:  # a conversation: its oldest exchanges go whole
-                return self.without_oldest_exchanges(prompt, answers, room, len(ids))
-            return TurnPrompt(ids[:start] + ids[len(ids) - (room - start) :], len(ids))  # and the oldest rest
+        opening, start, end = self.text_span(prompt, answers, ids)
+        if 0 < len(opening) <= room // 2:  # the template's opening stays
+            keep = room - len(opening)  # the tokens after the opening that fit
+            merged = self.tokenizer.decode(opening[start:]) if len(opening) > start else None  # see text_span
+            if merged and self.tokenizer.decode(ids[len(ids) - keep :]).startswith(merged):
+                opening = opening[:start]  # the kept text opens with them itself (a word's leading space)
+                if self.tokenizer.decode(ids[len(ids) - (room - start) :]).startswith(merged):
+                    keep = room - start  # and so does the text a token longer, which fits now
+            if len(ids) - keep <= end:  # the first message's oldest text goes, nothing around it
+                return TurnPrompt(opening + ids[len(ids) - keep :], len(ids))
+        messages = self.messages(prompt, answers)
+        if messages is not None:  # through a template: the oldest messages go whole (cutting into them
+            # after the first one left an answer's words under the first user header)
+            shorter = self.without_oldest_messages(messages, room)
+            if shorter is not None:
+                return TurnPrompt(shorter, len(ids))
+            last = last_question(messages)
+            if last != messages:  # the last user message alone does not fit: it is cut as a first message is
+                alone = Prompt(prompt_id=prompt.prompt_id, category=prompt.category, messages=tuple(last))
+                return TurnPrompt(self.turn(alone).ids, len(ids))
         return TurnPrompt(ids[-room:], len(ids))
 
-    def without_oldest_exchanges(
-        self, prompt: Prompt, answers: Sequence[Sequence[int]], room: int, prompt_tokens: int
-    ) -> TurnPrompt:
-        """A later turn whose first question is shorter than the cut: its oldest (question, answer)
-        exchanges go whole, re-rendered through the template, until the rest fits ``room`` (cutting
-        into them left an answer under a user header); where the current question alone does not
-        fit, it is cut as a first turn is."""
-        messages = self.messages(prompt, answers)
-        for dropped in range(1, len(answers) + 1):
-            kept = chat_ids(self.tokenizer, messages[2 * dropped :])  # each exchange: a user and an assistant message
+    def without_oldest_messages(self, messages: Sequence[dict], room: int) -> list[int] | None:
+        """``messages`` without their oldest non-system messages, rendered again through the template:
+        the fewest that bring the prompt within ``room``, cut so that a user message comes first after
+        the system messages (whole exchanges, question and answer, where they alternate). The last
+        user message and what follows it stay; None where even they do not fit (see
+        :func:`last_question`)."""
+        older = older_messages(messages)
+        for n in range(1, len(older) + 1):
+            if n < len(older) and messages[older[n]].get("role") != "user":
+                continue  # what is left opens with a question (after all of them: the last user message)
+            gone = set(older[:n])
+            kept = chat_ids(self.tokenizer, [m for i, m in enumerate(messages) if i not in gone])
             if len(kept) <= room:
-                return TurnPrompt(kept, prompt_tokens)
-        alone = Prompt(prompt_id=prompt.prompt_id, category=prompt.category, turns=(prompt.turns[len(answers)],))
-        return TurnPrompt(self.turn(alone).ids, prompt_tokens)
+                return kept
+        return None
+
+
+def older_messages(messages: Sequence[dict]) -> list[int]:
+    """The indices of the non-system messages before the last user message (none without one)."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
+    return [i for i in range(last) if messages[i].get("role") != "system"]
+
+
+def last_question(messages: Sequence[dict]) -> list[dict]:
+    """``messages`` without :func:`older_messages`: the system messages, the last user message and
+    what follows it."""
+    gone = set(older_messages(messages))
+    return [dict(m) for i, m in enumerate(messages) if i not in gone]
 
 
 def encode_workload(cfg, tokenizer, *, vocab_size: int | None = None) -> list[tuple[Prompt, list[int]]]:

@@ -28,6 +28,7 @@ Workload loaders draw evaluation prompts from :func:`sharegpt_conversations` wit
 
 from __future__ import annotations
 
+import codecs
 import functools
 import hashlib
 import json
@@ -328,6 +329,20 @@ class ShareGPTCorpus:
 
 
 # --------------------------------------------------------------------------------------------
+# JSON Lines
+
+
+def jsonl_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """The lines of a JSON Lines file's bytes, numbered from 1, as every reader of one here splits
+    them: at ``\\n``, ``\\r\\n`` and ``\\r`` only (``bytes.splitlines``: ``str.splitlines`` also breaks at
+    U+2028, U+2029 and U+0085, which a JSON string may hold as they are), with a UTF-8 byte-order mark
+    opening the file dropped. Each line is decoded as UTF-8 by its reader."""
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    return enumerate(data.splitlines(), start=1)
+
+
+# --------------------------------------------------------------------------------------------
 # the user's own files
 
 FILES_LICENSE = "the user's own files (corpus=files): their licence and governance are the user's"
@@ -424,21 +439,25 @@ class FilesCorpus:
         root = Path(self.path)
         for path in self.files():
             doc_id = path.relative_to(root).as_posix() if root.is_dir() else path.name
-            text = path.read_bytes().decode("utf-8", errors="replace")
             if path.suffix == ".jsonl":
-                yield from self._lines(doc_id, text)
-            elif text.strip():
+                yield from self._lines(doc_id, path.read_bytes())
+                continue
+            text = path.read_bytes().decode("utf-8", errors="replace")
+            if text.strip():
                 yield Document(doc_id=doc_id, segments=(text,))
 
-    def _lines(self, doc_id: str, text: str) -> Iterator[Document]:
-        for n, raw in enumerate(text.splitlines(), 1):
-            if not raw.strip():
+    def _lines(self, doc_id: str, data: bytes) -> Iterator[Document]:
+        for n, raw in jsonl_lines(data):
+            text = raw.decode("utf-8", errors="replace")
+            if not text.strip():
                 continue
             line = f"{doc_id} line {n}"
             try:
-                row = json.loads(raw)
+                row = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{line}: not JSON ({exc.msg})") from None
+            except RecursionError:
+                raise ValueError(f"{line}: arrays or objects nested too deep to read") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{line}: expected an object with text, conversations or messages")
             if isinstance(row.get("text"), str):

@@ -77,10 +77,11 @@ from harness.workloads.corpora import (
     Corpus,
     corpus_cache_name,
     corpus_from_description,
+    jsonl_lines,
     make_corpus,
     sharegpt_conversations,
 )
-from harness.workloads.prompts import WorkloadError, flat_reference
+from harness.workloads.prompts import MAX_JSON_DEPTH, WorkloadError, flat_reference, json_depth, too_deep
 
 BUILDER_VERSION = "harness-datastore/1"
 #: what every datastore manifest's ``builder_version`` starts with: a manifest.json without it is
@@ -1148,19 +1149,30 @@ def jsonl_exclusions(path: str | Path) -> list[ExclusionItem]:
     datastore: a harness prompt's ``prompt`` or each of its chat ``messages``, a Spec-Bench
     question's every turn, and a ``reference`` (a string, or Spec-Bench's list of them)."""
     items = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
+    for n, raw in jsonl_lines(Path(path).read_bytes()):  # split and decoded as the workload reads it
+        where = f"{path}:{n}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DatastoreError(
+                f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
+                "save the file as UTF-8"
+            ) from None
         if not line.strip():
             continue
-        where = f"{path}:{n + 1}"
         try:
             rec = json.loads(line)
         except ValueError as exc:
             raise DatastoreError(f"{where}: malformed JSON ({exc})") from None
+        except RecursionError:  # deeper than Python's recursion limit
+            raise DatastoreError(too_deep(where)) from None
+        if json_depth(rec) > MAX_JSON_DEPTH:  # a reference is read recursively
+            raise DatastoreError(too_deep(where))
         if not isinstance(rec, dict):
             raise DatastoreError(
                 f'{where}: an exclusion record is a JSON object with a "prompt"; got {line.strip()[:40]}'
             )
-        rid = str(rec.get("id", rec.get("question_id", n)))
+        rid = str(rec.get("id", rec.get("question_id", n - 1)))  # a record without an id: its line, from 0
         if "prompt" in rec:
             texts = [("prompt", rec["prompt"])]
         elif "messages" in rec and isinstance(rec["messages"], list):

