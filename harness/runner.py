@@ -136,6 +136,7 @@ from harness.tracking.wandb_tracker import (
     Tracker,
     TrackingError,
     discard_offline_run,
+    discard_offline_runs,
     environment_notes,
     open_run,
     tracking_problem,
@@ -280,14 +281,14 @@ def run_job(
                 measured,
                 job_seconds=time.perf_counter() - t_job,
                 host_memory=host_memory.stop(),
-                tracking=tracker.describe(),
                 compile_report=compile_watch.stop(),
             )
             stage = "write"
             record = write(record, measured, planned.run_dir)
             stage = "tracking"
-            try:
+            try:  # the record names its W&B run once the run holds it (tracked)
                 tracker.log_record(record, planned.run_dir)
+                record = tracked(record, tracker, planned.run_dir)
             except Exception as exc:  # the record stands; a later launch logs it
                 record = untracked(record, tracker, exc, planned.run_dir)
             except KeyboardInterrupt as exc:  # the same: the record stands, and the next launch logs it
@@ -1629,7 +1630,6 @@ def summarise(
     *,
     job_seconds: float,
     host_memory: dict | None = None,
-    tracking: dict | None = None,
     compile_report: dict | None = None,
 ) -> dict:
     """The run record: decode metrics (defined once in :mod:`harness.engine.arms`), proposal-side
@@ -1753,8 +1753,6 @@ def summarise(
         },
     }
     record["round_series"] = {"file": ROUNDS_FILENAME, "rows": len(measured.rounds), "arm": "spec"}
-    if tracking is not None:
-        record["tracking"] = tracking  # where the job's W&B run is and how to upload it
     t_profile = plan_.extras.get("t_profile")
     if t_profile:
         record["t_profile"] = profile_with_floors(backend, t_profile, bandwidth) if bandwidth else t_profile
@@ -2000,6 +1998,19 @@ def open_tracker(cfg: DictConfig, planned: Planned, *, replaces: Sequence[str] =
     )
 
 
+def tracked(record: dict, tracker: Tracker | NullTracker, run_dir: Path) -> dict:
+    """A written record whose W&B run now holds it: written again with where that run is
+    (``tracking``), so a later launch does not log it again. Until then the record names no W&B
+    run, and a job killed while W&B logs it (out of memory, a Slurm time limit) leaves it untracked,
+    for a later launch to log (:func:`track`). Returns that record (as it was with no tracker)."""
+    described = tracker.describe()
+    if described is None:
+        return record
+    record = {**record, "tracking": described}
+    write_json_atomic(Path(run_dir) / RECORD_FILENAME, record)  # its outputs are untouched: the binding holds
+    return record
+
+
 def untracked(record: dict, tracker: Tracker, error: BaseException, run_dir: Path) -> dict:
     """A record whose W&B logging failed after it was written: a warning says so, the half-logged
     offline run is removed (a later log of the same run id is the only one), and the record is
@@ -2098,6 +2109,8 @@ def _track(cfg: DictConfig, record: dict, run_dir: Path) -> bool:
         if tracker is not None:
             discard_offline_run(tracker)
         return False
+    # a log of this record a job killed while W&B logged it left: the run just logged is the only one
+    discard_offline_runs(run_dir, record["run_id"], keep=tracker.run.settings.sync_dir)
     record["tracking"] = described
     write_json_atomic(Path(run_dir) / RECORD_FILENAME, record)  # its outputs are untouched: the binding holds
     return True

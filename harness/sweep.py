@@ -33,7 +33,9 @@ and the folder naming). Everything here is wiring around Hydra's own mechanisms:
 * **Honest timing**: the sweeper hands the launcher batches of ``concurrent_jobs`` jobs (default
   1), and each job records, as ``concurrent_jobs``, how many jobs its launcher really runs at once
   (:func:`launcher_concurrency`), whatever was asked. The Slurm launcher (``hydra/launcher=slurm``)
-  takes the whole sweep as one array of which ``concurrent_jobs`` tasks run at once.
+  takes the whole sweep as one array of which ``concurrent_jobs`` tasks run at once, which may share
+  a node; a job of an array whose tasks get whole nodes (``--exclusive``) records 1
+  (:func:`machine_sharers`). A relaunch times again a record timed beside more jobs than it runs.
 * **After the sweep** (:class:`SweepCallback`, a Hydra callback, in the launching process):
   ``failures.jsonl`` (this launch's failed and unfinished jobs, their overrides and errors, and the
   jobs a launch cut short never started, at stage ``not started``), ``summary.json`` (ran / skipped /
@@ -95,7 +97,7 @@ from harness.tracking.store import (
     iter_record_paths,
     rebuild_store,
 )
-from hydra_plugins.harness_launcher.slurm import slurm_missing, slurm_refusal
+from hydra_plugins.harness_launcher.slurm import exclusive_nodes, slurm_missing, slurm_refusal
 
 log = logging.getLogger("harness.sweep")
 
@@ -310,6 +312,15 @@ def launcher_concurrency(hydra_cfg: DictConfig) -> int | None:
     return min(bounds) if bounds else None
 
 
+def machine_sharers(hydra_cfg: DictConfig, width: int) -> int:
+    """How many of the sweep's jobs share a job's machine, as the job records it (``concurrent_jobs``):
+    the ``width`` its launcher runs at once (a Slurm array's tasks too: sbatch puts several on one node
+    unless asked not to), or 1 for a Slurm array whose tasks get whole nodes (``--exclusive``:
+    :func:`~hydra_plugins.harness_launcher.slurm.exclusive_nodes`)."""
+    slurm = str(hydra_cfg.launcher.get("_target_", "")).endswith("SlurmLauncher")
+    return 1 if slurm and exclusive_nodes(hydra_cfg.launcher) else width
+
+
 def _whole_number(key: str, value) -> int:
     """``value`` as a whole number >= 1, else ValueError naming ``key``."""
     if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < 1:
@@ -335,7 +346,7 @@ def launcher_refusal(hydra_cfg: DictConfig) -> str | None:
         return CONCURRENCY_UNKNOWN
     if not str(hydra_cfg.launcher.get("_target_", "")).endswith("SlurmLauncher"):
         return None
-    return slurm_refusal(hydra_cfg.launcher) or slurm_missing()
+    return slurm_refusal(hydra_cfg.launcher, sweep_dir=str(hydra_cfg.sweep.dir)) or slurm_missing()
 
 
 CONCURRENCY_UNKNOWN = (
@@ -518,19 +529,19 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
         width = launcher_concurrency(hydra_cfg)
         if width is None:
             raise ValueError(CONCURRENCY_UNKNOWN)
-        if width != int(cfg.concurrent_jobs):
+        shared = machine_sharers(hydra_cfg, width)
+        if shared != int(cfg.concurrent_jobs):
             log.info(
-                "concurrent_jobs=%s asked, the launcher runs %s at once: recording %s",
+                "concurrent_jobs=%s asked, the launcher runs %s at once%s: recording %s",
                 cfg.concurrent_jobs,
                 width,
-                width,
+                ", each Slurm task on a whole node" if shared != width else "",
+                shared,
             )
-        cfg.concurrent_jobs = width
+        cfg.concurrent_jobs = shared
         manifest = job_manifest(cfg)
         mhash = manifest_hash(manifest)
         status["manifest_hash"] = mhash
-        # jobs launched on this machine share it; a Slurm array's tasks each run on their own
-        shared = None if str(hydra_cfg.launcher.get("_target_", "")).endswith("SlurmLauncher") else width
         state = inspect_job(run_dir, manifest_hash=mhash, manifest=manifest, concurrent_jobs=shared)
         other_checks = state.record is not None and not _same_job_config(state.record, cfg)
         if other_checks:

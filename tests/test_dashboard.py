@@ -454,3 +454,80 @@ def test_a_folder_of_records_names_its_group_and_unnamed_multiruns_are_found_as_
     assert str(dashboard_groups()["adhoc"]) == "multirun/adhoc"
     (tmp_path / "outputs" / "adhoc").mkdir(parents=True)
     assert str(dashboard_groups()["adhoc"]) == "."  # both: the records of either, by their group
+
+
+def test_a_stale_record_a_skipped_twin_set_aside_is_tagged_superseded_when_published(tmp_path, monkeypatch, capsys):
+    """A job skipped as another folder's twin sets its own stale record aside, and no later run of its
+    folder names that record's W&B run: publishing left the run among the arm's, counted twice."""
+    import wandb
+    import wandb_workspaces.reports.v2 as wr
+    from helpers import run_info
+
+    from harness import sweep
+    from harness.app import sweep_main
+    from harness.tracking import dashboard
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home" / var.lower()))
+    monkeypatch.chdir(tmp_path)
+    sweep_dir = tmp_path / "multirun" / "smoke"
+    common = ["smoke", "launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
+    common += ["tracking=wandb", "hydra.callbacks.harness_sweep.report=false", f"hydra.sweep.dir={sweep_dir}"]
+    assert sweep_main([*common, "seed=0"]) == 0
+    (restated,) = sweep.LAST_SUMMARY["ran"]
+    path = sweep_dir / restated / "record.json"
+    stale = json.loads(path.read_text())
+    stale["manifest_hash"] = "0" * 16  # as a record written by other code
+    path.write_text(json.dumps(stale))
+    assert sweep_main(common) == 0
+    (job,) = sweep.LAST_SUMMARY["ran"]
+    assert sweep_main([*common, "seed=0"]) == 0 and sweep.LAST_SUMMARY["same_as"] == {restated: job}
+    assert not path.exists() and load_record(sweep_dir / job)["tracking"]["run_id"] != stale["tracking"]["run_id"]
+
+    runs = []  # the group's W&B runs, as W&B's API gives them once the offline runs are synced
+    for sync_dir in sorted(sweep_dir.rglob("offline-run-*")):
+        info, records = inspect_run(None, sync_dir=sync_dir)
+        run = run_info(records)
+        runs.append(FakeRun(run["run_id"], info["state"], info["config"].get("replaces") or (), run["tags"]))
+    assert sorted(r.id for r in runs) == sorted([stale["tracking"]["run_id"], load_record(sweep_dir / job)["run_id"]])
+
+    class Api:
+        default_entity = "me"
+
+        def runs(self, where, filters):
+            assert where == "me/spec-harness" and filters == {"group": "smoke"}
+            return runs
+
+    class Report:
+        def __init__(self, **kwargs):
+            self.url = "https://wandb.ai/me/spec-harness/reports/x"
+
+        def save(self):
+            return self
+
+    monkeypatch.setattr(wandb, "Api", Api)
+    monkeypatch.setattr(wr, "Report", Report)
+    monkeypatch.setattr(dashboard, "unreachable", lambda url: None)
+    out = tmp_path / "dashboard.json"
+    assert dashboard_main(["smoke", f"records={sweep_dir}", f"out={out}"]) == 0
+    capsys.readouterr()
+    assert dashboard_main(["--publish", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "tagged 1 run(s) superseded by a later run of the same job or set aside in .previous/: "
+        f"{stale['tracking']['run_id']}"
+    )
+    assert {r.id: "superseded" in r.tags for r in runs} == {
+        stale["tracking"]["run_id"]: True,
+        load_record(sweep_dir / job)["run_id"]: False,
+    }
+    # published from a machine without the records: said, not silently skipped
+    moved = json.loads(out.read_text())
+    assert moved["records"] == str(sweep_dir.resolve())
+    moved["records"] = str(tmp_path / "elsewhere")
+    out.write_text(json.dumps(moved))
+    assert dashboard_main(["--publish", str(out)]) == 0
+    assert capsys.readouterr().err.strip() == (
+        f"harness dashboard: note: records={tmp_path / 'elsewhere'} is not on this machine: the runs of records set "
+        "aside in its .previous/ folders are not tagged superseded (publish where the records are)"
+    )

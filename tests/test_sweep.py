@@ -1454,11 +1454,65 @@ def test_slurm_launch_settings_a_launch_cannot_use_are_refused_before_anything_i
         ("hydra.launcher.tasks_per_node=2", "hydra.launcher.tasks_per_node=2: a harness job is one process"),
         ("hydra.launcher.nodes=2", "hydra.launcher.nodes=2: a harness job is one process on one node"),
         ("hydra.launcher.gpus_per_task=null", "hydra.launcher asks Slurm for no GPU"),
+        ("hydra.launcher.additional_parameters=abc", "hydra.launcher.additional_parameters='abc': must be a mapping"),
     ):
         assert sweep_main([*base, setting]) == 2, setting
         err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
         assert len(err) == 1 and err[0].startswith("harness sweep: refused: ") and said in err[0], (setting, err)
         assert fake_slurm.made == [] and not sweep_dir.exists(), setting
+
+
+def test_slurm_additional_parameters_that_are_no_mapping_are_refused_naming_the_option():
+    """``additional_parameters=abc`` passed the preflight and failed once the sweep folder was written,
+    with submitit's "dictionary update sequence element #0 has length 1"; a key that is no string
+    failed the same way (sbatch options are named by strings)."""
+    from hydra_plugins.harness_launcher.slurm import gpu_requested, slurm_refusal
+
+    cuda = {"partition": "gpu", "job_overrides": ["model.device=cuda"]}
+    assert slurm_refusal({**cuda, "additional_parameters": "abc"}) == (
+        "hydra.launcher.additional_parameters='abc': must be a mapping of sbatch option names to values, e.g. "
+        "hydra.launcher.additional_parameters='{mail-type: END}'"
+    )
+    assert slurm_refusal({**cuda, "additional_parameters": ["gpus=1"]}).startswith(
+        "hydra.launcher.additional_parameters=['gpus=1']: must be a mapping"
+    )
+    assert slurm_refusal(OmegaConf.create({**cuda, "additional_parameters": {1: "x"}})).startswith(
+        "hydra.launcher.additional_parameters={1: 'x'}: must be a mapping of sbatch option names"
+    )
+    assert not gpu_requested({"additional_parameters": "gres"})  # a string is no request of anything
+    assert slurm_refusal(OmegaConf.create({**cuda, "additional_parameters": {"gres": "gpu:1"}})) is None
+    assert slurm_refusal({"partition": "gpu", "gpus_per_task": 1, "additional_parameters": None}) is None
+    # whole nodes: sbatch --exclusive, from either key (additional_parameters is written last); "user" lets
+    # the same user's jobs, the array's own tasks, share a node
+    from hydra_plugins.harness_launcher.slurm import exclusive_nodes
+
+    assert exclusive_nodes({"exclusive": True}) and exclusive_nodes({"additional_parameters": {"exclusive": True}})
+    assert not exclusive_nodes({"exclusive": True, "additional_parameters": {"exclusive": "user"}})
+    assert not exclusive_nodes({"additional_parameters": "exclusive"}) and not exclusive_nodes({})
+
+
+def test_a_slurm_sweep_folder_with_a_percent_sign_is_refused_before_anything_is_written(env, capsys, fake_slurm):
+    """Slurm expands %x, %u, ... in the tasks' log paths (#SBATCH --output under the sweep folder), which
+    submitit reads unexpanded: a sweep folder with % lost every task's log and error."""
+    from hydra_plugins.harness_launcher.slurm import slurm_refusal
+
+    sweep_dir = env / "multirun" / "smoke%x"
+    argv = ["smoke", "launcher=slurm", "hydra.launcher.partition=gpu", f"hydra.sweep.dir={sweep_dir}"]
+    assert sweep_main(argv) == 2
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert err == [
+        f"harness sweep: refused: hydra.sweep.dir={sweep_dir}: Slurm reads '%' as a pattern (%x, %u, ...) in the "
+        "tasks' log paths (#SBATCH --output under hydra.launcher.submitit_folder), which submitit then cannot "
+        "find; use a sweep folder without '%'"
+    ]
+    assert fake_slurm.made == [] and not sweep_dir.exists()
+    folder = {"partition": "gpu", "gpus_per_task": 1}
+    assert slurm_refusal({**folder, "submitit_folder": "/scratch/sweep/.submitit/%j"}) is None
+    assert slurm_refusal({**folder, "submitit_folder": "/scratch/%u/.submitit/%j"}) == (
+        "hydra.launcher.submitit_folder=/scratch/%u/.submitit/%j: Slurm reads '%' as a pattern (%x, %u, ...) in the "
+        "tasks' log paths (#SBATCH --output under hydra.launcher.submitit_folder), which submitit then cannot "
+        "find; use a folder without '%' but its last part's %j"
+    )
 
 
 def test_a_slurm_sweep_s_jobs_are_checked_as_they_run_on_the_cluster(env, capsys, fake_slurm):
@@ -1647,8 +1701,21 @@ def test_slurm_array_tasks_run_jobs_that_record_the_array_parallelism(env, fake_
         record = load_record(sweep_dir / job)
         assert record["metrics"]["concurrent_jobs"] == 2
         assert record["config"]["model"]["device"] == "cpu"
-    # the array's tasks ran on their own nodes: a relaunch one at a time skips them, as any finished job
+    jobs = list(summary["ran"])
+    # sbatch lets an array's tasks share a node (they were taken to run on nodes of their own, and a
+    # relaunch one at a time skipped them): timed again, as on one machine
     argv = [a for a in argv_of_last if a != "concurrent_jobs=2"]
+    assert sweep_main(argv) == 0 and len(sweep.LAST_SUMMARY["ran"]) == 2
+    # tasks on whole nodes (sbatch --exclusive) share theirs with no other job: they record 1, and a
+    # record timed beside another job is timed again
+    exclusive = [*argv_of_last, "+hydra.launcher.additional_parameters.exclusive=true"]
+    assert sweep_main(exclusive) == 0 and len(sweep.LAST_SUMMARY["skipped"]) == 2
+    path = sweep_dir / jobs[0] / "record.json"
+    record = json.loads(path.read_text())
+    record["metrics"]["concurrent_jobs"] = 2  # as a launch of two at once without --exclusive records it
+    path.write_text(json.dumps(record))
+    assert sweep_main(exclusive) == 0 and sweep.LAST_SUMMARY["ran"] == jobs[:1]
+    assert load_record(path)["metrics"]["concurrent_jobs"] == 1
     assert sweep_main(argv) == 0 and len(sweep.LAST_SUMMARY["skipped"]) == 2
 
 

@@ -7,7 +7,11 @@ Each offline W&B run costs about a second; a job run through the runner costs a 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from helpers import fixture_run, history, inspect_run, run_info
@@ -662,3 +666,154 @@ def test_a_tag_longer_than_w_and_b_takes_is_cut_and_kept_apart(run_dir):
     info, records = inspect_run(run_dir)
     assert info["state"] == "finished" and tags[0] in run_info(records)["tags"]
     assert info["config"]["model"] == long_ids[0]  # the whole label stays in the config
+
+
+def _sequoia_artifacts(folder, *, tree_hash="t1"):
+    """Sequoia's cached artifacts as a run resolves them (:class:`SequoiaArtifacts`), their files written."""
+    from harness.prepare.sequoia import SequoiaArtifacts
+
+    folder.mkdir(parents=True)
+    files = {name: folder / f"{name}-abc.json" for name in ("tree", "calibration", "profile")}
+    tree, calibration, profile = {"hash": tree_hash}, {"hash": "c1"}, {"hash": "p1"}
+    for name, content in zip(files, (tree, calibration, profile), strict=True):
+        files[name].write_text(json.dumps(content))
+    plot = folder / "profile-abc.png"
+    plot.write_bytes(b"png")
+    return SequoiaArtifacts(tree, files["tree"], calibration, files["calibration"], profile, files["profile"], plot)
+
+
+def test_a_sequoia_record_uploads_its_artifact_files_and_logs_their_content_hashes(tmp_path, wandb_home):
+    """A Sequoia record's artifacts hold each file's content hash beside its path, and every hash was
+    read as a path: the logging failed, the record stayed untracked and every relaunch failed alike."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURE_RUN, run_dir)
+    record = load_record(run_dir)
+    arts = _sequoia_artifacts(tmp_path / "cache" / "sequoia")
+    record["artifacts"] = {**arts.paths()}  # as the runner puts a plan's artifacts into the record
+    assert record["artifacts"]["sequoia_tree_hash"] == "t1"
+    with open_run(record, mode="offline", dir=run_dir) as tracker:
+        tracker.log_record(record, run_dir)
+    info, records = inspect_run(run_dir)
+    assert info["state"] == "finished"
+    (artifact,) = [
+        r["artifact"] for r in records if r.get("type") == "artifact" and r["artifact"]["type"] == "run-record"
+    ]
+    paths = {c["path"] for c in artifact["manifest"]["contents"]}
+    assert paths == {
+        "record.json",
+        "outputs.jsonl",
+        "rounds.jsonl",
+        "artifacts/sequoia_tree/tree-abc.json",
+        "artifacts/sequoia_calibration/calibration-abc.json",
+        "artifacts/sequoia_profile/profile-abc.json",
+        "artifacts/sequoia_profile_plot/profile-abc.png",
+    }
+    summary = info["summary"]
+    assert (summary["sequoia_tree_hash"], summary["sequoia_calibration_hash"], summary["sequoia_profile_hash"]) == (
+        "t1",
+        "c1",
+        "p1",
+    )
+    # a tree written without a hash: its entry is None, a value like the others, not a path
+    other = tmp_path / "other"
+    shutil.copytree(FIXTURE_RUN, other)
+    record["artifacts"] = {**_sequoia_artifacts(tmp_path / "cache2", tree_hash=None).paths()}
+    assert record["artifacts"]["sequoia_tree_hash"] is None
+    with open_run(record, mode="offline", dir=other) as tracker:
+        tracker.log_record(record, other)
+    info, _ = inspect_run(other)
+    assert info["state"] == "finished" and info["summary"]["sequoia_profile_hash"] == "p1"
+    assert "sequoia_tree_hash" not in info["summary"]
+
+
+@pytest.mark.slow
+def test_a_tracked_sequoia_job_reaches_w_and_b(tmp_path, wandb_home, monkeypatch):
+    """A real Sequoia job on the tiny model, tracked: its record is logged, not left untracked."""
+    from test_sequoia_topology import RUN, compose
+
+    from harness.runner import run_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "job"
+    record = run_job(compose([*RUN, "tracking=wandb", f"output_dir={out}"]), run_dir=out)
+    assert load_record(out)["tracking"]["run_id"] == record["run_id"]
+    info, records = inspect_run(out)
+    assert info["state"] == "finished" and info["summary"]["outcome"] == "finished"
+    assert info["summary"]["sequoia_tree_hash"] == record["artifacts"]["sequoia_tree_hash"]
+    (artifact,) = [
+        r["artifact"] for r in records if r.get("type") == "artifact" and r["artifact"]["type"] == "run-record"
+    ]
+    assert {
+        c["path"].split("/")[1] for c in artifact["manifest"]["contents"] if c["path"].startswith("artifacts/")
+    } == {
+        "sequoia_tree",
+        "sequoia_calibration",
+        "sequoia_profile",
+        "sequoia_profile_plot",
+    }
+
+
+#: a tracked job whose process dies (SIGKILL: an out-of-memory kill, a Slurm time limit) while W&B logs
+#: its record: nothing after the logging runs
+KILLED_WHILE_LOGGING = """
+import os, sys
+from pathlib import Path
+import harness.tracking.wandb_tracker as wt
+from harness.config import compose
+from harness.runner import run_job
+
+def killed(self, record, run_dir):
+    os._exit(137)
+
+wt.Tracker._log_series = killed
+out = Path(sys.argv[1])
+run_job(compose(sys.argv[2:] + [f"output_dir={out}"]), run_dir=out)
+"""
+
+
+def test_a_job_killed_while_w_and_b_logs_leaves_its_record_untracked_for_the_next_launch(
+    tmp_path, wandb_home, monkeypatch
+):
+    """The record named its W&B run before the run held anything: a job killed while logging left a
+    record pointing to an empty offline run, and no relaunch ever logged it."""
+    import harness.runner as runner
+    from harness.config import compose
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    repo = str(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    # a W&B service of its own, which dies with it, as a killed job's does (not this process's service)
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    out = tmp_path / "job"
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_WHILE_LOGGING, str(out), *JOB], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 137, done.stderr[-2000:]
+    record = load_record(out)
+    assert "tracking" not in record  # the record claims no W&B run, so a later launch logs it
+    (killed,) = list((out / "wandb").glob("offline-run-*"))  # the killed run's half of a log
+    assert runner.track(compose([*JOB, f"output_dir={out}"]), record, out) is True
+    (logged,) = list((out / "wandb").glob("offline-run-*"))  # one run of the id: what a sync uploads
+    assert load_record(out)["tracking"]["dir"] == f"wandb/{logged.name}" and logged != killed
+    info, _ = inspect_run(out)
+    assert info["state"] == "finished" and info["summary"]["run_id"] == record["run_id"]
+
+
+def test_the_upload_command_said_is_quoted_for_a_shell(tmp_path, wandb_home, monkeypatch, capfd):
+    """Job folders are named by their overrides (quotes, spaces, commas): the `wandb sync` command a
+    fallback to offline printed split into several words in a shell."""
+    import shlex
+
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens: the run logs offline
+    run_dir = tmp_path / "sweep" / "proposer=prompt_lookup,workload.path='/data/my prompts/p,1.jsonl'"
+    shutil.copytree(FIXTURE_RUN, run_dir)
+    record = load_record(run_dir)
+    with open_run(record, mode="online", dir=run_dir) as tracker:
+        described = tracker.describe()
+        tracker.log_record(record, run_dir)
+    (err,) = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    command = err.split("upload it later with `", 1)[1].rstrip("`")
+    (sync_dir,) = list((run_dir / "wandb").glob("offline-run-*"))
+    assert shlex.split(command) == ["wandb", "sync", str(sync_dir)]
+    assert shlex.split(described["sync"]) == ["wandb", "sync", described["dir"]]
+    assert (run_dir / described["dir"]).resolve() == sync_dir.resolve()

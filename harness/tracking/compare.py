@@ -1191,8 +1191,8 @@ def _concurrent_jobs(runs: pd.DataFrame) -> tuple[int, ...]:
 CONCURRENT_NOTE = (
     "runs launched with other jobs at once ({arms}): on one machine each run's speedup pairs its two arms under "
     "the same load, but their ms per token, and ratios to arms timed alone, are not a quiet machine's (a relaunch "
-    "with concurrent_jobs=1 times them again); a Slurm array's tasks each run on their own node, where this does "
-    "not apply"
+    "with concurrent_jobs=1 times them again; a Slurm array's tasks count as sharing one node unless the launch "
+    "asked for whole nodes)"
 )
 
 

@@ -45,6 +45,7 @@ from harness.tracking.conventions import LABEL_AXES, MIN_DEPTH_ROUNDS, NAME_AXES
 from harness.tracking.record import write_json_atomic
 from harness.tracking.store import (
     AXES,
+    PREVIOUS_DIR,
     RECORD_FILENAME,
     ROUND_COST_STAGES,
     RecordError,
@@ -220,12 +221,15 @@ def build_spec(
     axes_rows: Sequence[Mapping[str, Any]] = (),
     min_rounds: int = MIN_DEPTH_ROUNDS,
     config_keys: Sequence[str] = (),
+    records: str | Path | None = None,
 ) -> dict[str, Any]:
     """The panel specification of the review of W&B group ``group``.
 
     ``axes_rows``: the axes of the group's records, when known; the legend names runs by the
     axes that differ among them (every axis of a run name when none is known), then by
-    ``config_keys``, the options (no axes) that differ among one arm's runs."""
+    ``config_keys``, the options (no axes) that differ among one arm's runs. ``records``: the
+    folder of the group's records, where known (publishing tags the runs of the records set aside
+    there superseded: :func:`set_aside_runs`)."""
     vary = varying_axes(axes_rows) if axes_rows else list(NAME_AXES)
     if len({row.get(MACHINE) for row in axes_rows}) > 1:  # the group's runs were timed on several machines
         vary.append(MACHINE)
@@ -247,11 +251,13 @@ def build_spec(
             "(<proposer>-<topology>-<verifier>-T<temperature>-B<batch>-<workload>). Acceptance by depth carries "
             f"95% Wilson bounds; depths tried by fewer than {min_rounds} rounds are logged apart "
             "(depth/acceptance_few_rounds). Gated exact runs only in the first section; a run whose record a "
-            "later run of the same job replaced is tagged superseded when the dashboard is published, and left out."
+            "later run of the same job replaced, or whose record was set aside in its job's .previous/ folder, is "
+            "tagged superseded when the dashboard is published, and left out."
         ),
         "project": project,
         "entity": entity,
         "group": group,
+        "records": str(Path(records).resolve()) if records is not None else None,
         "labels": {"axes": vary, "config_keys": list(config_keys), "legend_template": legend},
         "min_depth_rounds": min_rounds,
         "sections": [
@@ -373,17 +379,43 @@ def report_blocks(spec: Mapping[str, Any], wr: Any) -> list[Any]:
     return blocks
 
 
-def mark_superseded(runs: Sequence[Any]) -> list[str]:
+def set_aside_runs(records_root: str | Path) -> list[str]:
+    """The W&B run ids of the records set aside under ``records_root`` (in a job's ``.previous/``
+    folder: a re-run job's earlier record, or the stale record of a job skipped because another
+    folder holds the same job), that no current record there names: runs whose records no store,
+    compare or report counts. Records that were never logged name no run."""
+    root = Path(records_root)
+    current: set[str] = set()
+    aside: list[str] = []
+    for path in sorted(root.rglob(RECORD_FILENAME)):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # an unreadable record is the store's to report
+        tracking = record.get("tracking") if isinstance(record, dict) else None
+        if not isinstance(tracking, dict) or not tracking.get("run_id"):
+            continue
+        run_id = str(tracking["run_id"])
+        if PREVIOUS_DIR in path.relative_to(root).parts[:-1]:
+            aside += [run_id] if run_id not in aside else []
+        else:
+            current.add(run_id)
+    return [run_id for run_id in aside if run_id not in current]
+
+
+def mark_superseded(runs: Sequence[Any], set_aside: Sequence[str] = ()) -> list[str]:
     """Tag :data:`SUPERSEDED_TAG` each of ``runs`` (W&B API runs of one group) that a finished run
-    of them replaces (its config ``replaces``: a re-run job's earlier record); returns their ids.
-    A replacing run that did not finish (interrupted, refused) left the earlier record in place,
-    so it supersedes nothing, unless it says the earlier record stays aside (``earlier_record:
-    set_aside`` in its summary: a failed gate refuted it)."""
+    of them replaces (its config ``replaces``: a re-run job's earlier record), or whose id is in
+    ``set_aside`` (:func:`set_aside_runs`: its record lies in a ``.previous/`` folder); returns
+    their ids. A replacing run that did not finish (interrupted, refused) left the earlier record in
+    place, so it supersedes nothing, unless it says the earlier record stays aside
+    (``earlier_record: set_aside`` in its summary: a failed gate refuted it)."""
 
     def replacing(run) -> bool:
         return run.state == "finished" or (run.summary or {}).get("earlier_record") == "set_aside"
 
     replaced = {str(r) for run in runs if replacing(run) for r in (run.config.get("replaces") or [])}
+    replaced |= {str(r) for r in set_aside}
     marked = []
     for run in runs:
         if run.id in replaced and SUPERSEDED_TAG not in (run.tags or []):
@@ -394,19 +426,32 @@ def mark_superseded(runs: Sequence[Any]) -> list[str]:
 
 
 def publish(spec: Mapping[str, Any], *, entity: str | None = None) -> str:
-    """Tag the group's superseded runs (:func:`mark_superseded`), then save the specification as a
-    W&B report; returns its URL (needs `wandb login`)."""
+    """Tag the group's superseded runs (:func:`mark_superseded`; with the runs of the records set
+    aside in the specification's ``records`` folder, where it is on this machine), then save the
+    specification as a W&B report; returns its URL (needs `wandb login`)."""
     import wandb
     import wandb_workspaces.reports.v2 as wr  # imported on use: about 5 s at import
 
     spec = dict(spec)
     if entity:
         spec["entity"] = entity
+    set_aside: list[str] = []
+    if spec.get("records") and Path(spec["records"]).is_dir():
+        set_aside = set_aside_runs(spec["records"])
+    elif spec.get("records"):
+        print(
+            f"harness dashboard: note: records={spec['records']} is not on this machine: the runs of records set "
+            "aside in its .previous/ folders are not tagged superseded (publish where the records are)",
+            file=sys.stderr,
+        )
     api = wandb.Api()
     where = f"{spec.get('entity') or api.default_entity}/{spec['project']}"
-    marked = mark_superseded(list(api.runs(where, filters={"group": spec["group"]})))
+    marked = mark_superseded(list(api.runs(where, filters={"group": spec["group"]})), set_aside)
     if marked:
-        print(f"tagged {len(marked)} run(s) superseded by a later run of the same job: {', '.join(marked)}")
+        print(
+            f"tagged {len(marked)} run(s) superseded by a later run of the same job or set aside in .previous/: "
+            f"{', '.join(marked)}"
+        )
     kwargs = {"entity": spec["entity"]} if spec.get("entity") else {}
     report = wr.Report(
         project=spec["project"],
@@ -580,6 +625,7 @@ def main(
         axes_rows=axes_rows,
         min_rounds=min_rounds,
         config_keys=config_keys,
+        records=records if records is not None and records.is_dir() else None,
     )
     if "out" in opts:
         out = Path(opts["out"])

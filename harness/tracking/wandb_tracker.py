@@ -27,7 +27,8 @@ What a run carries:
   (``exact: false``), ``cpu-budget-artifact``; a job that raised is finished with exit code 1
   (W&B state *failed*) and tagged ``refused`` (a gate or contract said no) or ``failed``;
 * **summary**: every record metric under its record name, plus ``outcome``, ``gated``,
-  ``gates_passed`` and ``gates_skipped`` (the gates' names), ``run_id``, ``manifest_hash``;
+  ``gates_passed`` and ``gates_skipped`` (the gates' names), ``run_id``, ``manifest_hash`` and the
+  content hashes among the record's artifacts (``sequoia_tree_hash``, ...: :func:`artifact_entries`);
 * **history** (series a chart draws): one step per verify forward (``round/committed_tokens``,
   ``round/accepted_length``, ``round/candidate_rows``, ``round/ms`` and ``round/<stage>_ms``
   against ``round``; at B > 1 a batch round, its requests' figures summed (the accepted length
@@ -39,7 +40,7 @@ What a run carries:
 * **tables**: acceptance by depth (with counts and intervals), the accepted-length histogram, the
   round-cost ledger, and one row per prompt (both arms' tokens and times, its decode speedup);
 * **artifact** ``record-<run id>`` (type ``run-record``): record.json, outputs.jsonl,
-  rounds.jsonl and the record's artifacts.
+  rounds.jsonl and the files and folders the record's artifacts name.
 
 Offline by default: no account and no network; ``wandb sync <run dir>/wandb/offline-run-*``
 uploads later. ``mode=online`` against a server that cannot be reached (or without credentials)
@@ -52,6 +53,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import sys
@@ -166,6 +168,28 @@ def run_config(
 def _artifact_name(run_id: str) -> str:
     # W&B artifact names: letters, digits, dashes, underscores and dots
     return "record-" + re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
+
+
+#: the suffix of a record artifact entry that holds the content hash of the file ``<key>`` names
+#: (:meth:`harness.prepare.sequoia.SequoiaArtifacts.paths`: ``sequoia_tree`` and ``sequoia_tree_hash``)
+HASH_SUFFIX = "_hash"
+
+
+def artifact_entries(artifacts: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """``(files, values)`` of a record's ``artifacts``: the entries that name a file or folder (a path,
+    absolute or relative to the run folder), and those that name none: a content hash
+    (``<key>_hash``, beside the ``<key>`` whose file it hashes; None where the artifact had none) or
+    any other value that is no path string. An artifact's manifest (a mapping: trained heads) is
+    neither: record.json holds it."""
+    files, values = {}, {}
+    for name, value in artifacts.items():
+        if isinstance(value, Mapping):
+            continue
+        if isinstance(value, str) and not str(name).endswith(HASH_SUFFIX):
+            files[str(name)] = value
+        else:
+            values[str(name)] = value
+    return files, values
 
 
 def round_steps(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
@@ -316,7 +340,7 @@ class Tracker:
             "dir": rel,
         }
         if mode == "offline":
-            out["sync"] = f"wandb sync {rel}"
+            out["sync"] = sync_command(rel)
         if self.fallback:
             out["fallback"] = self.fallback
         return out
@@ -357,11 +381,14 @@ class Tracker:
             gates_skipped=sorted(n for n, g in gates.items() if gate_status(g) == "skipped"),
             outcome="finished",
         )
+        files, values = artifact_entries(record["artifacts"])
+        # the content hashes of the artifact files the run used (a record value of that name wins)
+        summary.update({k: v for k, v in values.items() if k not in summary})
 
         self._log_series(record, run_dir)
         self._log_tables(record)
         run.summary.update(summary)  # after the history: a series never stands in for a record value
-        self._log_artifact(record, run_dir)
+        self._log_artifact(record, run_dir, files)
         self.finish(exit_code=0)
 
     def _log_series(self, record: Mapping[str, Any], run_dir: Path) -> None:
@@ -436,7 +463,8 @@ class Tracker:
             }
         )
 
-    def _log_artifact(self, record: Mapping[str, Any], run_dir: Path) -> None:
+    def _log_artifact(self, record: Mapping[str, Any], run_dir: Path, files: Mapping[str, str]) -> None:
+        """The record artifact: the job's files and ``files`` (:func:`artifact_entries`)."""
         import wandb  # imported on use (see log_record)
 
         artifact = wandb.Artifact(
@@ -449,9 +477,7 @@ class Tracker:
         for name in (RECORD_FILENAME, OUTPUTS_FILENAME, ROUNDS_FILENAME):
             if (run_dir / name).is_file():
                 artifact.add_file(str(run_dir / name), name=name)
-        for name, rel in record["artifacts"].items():
-            if isinstance(rel, Mapping):  # an artifact's manifest (trained heads, say): in record.json already
-                continue
+        for name, rel in files.items():
             path = Path(rel) if Path(rel).is_absolute() else run_dir / rel
             if path.is_dir():
                 artifact.add_dir(str(path), name=f"artifacts/{name}")
@@ -576,6 +602,33 @@ def discard_offline_run(tracker: Tracker) -> None:
         pass
 
 
+def sync_command(sync_dir: str | Path) -> str:
+    """The shell command that uploads the offline run in ``sync_dir`` (quoted: a job folder is named
+    by its overrides, quotes, spaces and commas included)."""
+    return f"wandb sync {shlex.quote(str(sync_dir))}"
+
+
+def discard_offline_runs(run_dir: str | Path, run_id: str, *, keep: str | Path | None = None) -> list[Path]:
+    """Remove the offline runs of ``run_id`` in ``run_dir/wandb/`` but ``keep`` (the run that now holds
+    the record: a log a job killed while W&B logged it left, or one its record was never written again
+    to name, goes), so that one run of the id is what a ``wandb sync`` uploads; returns the folders
+    removed."""
+    wandb_dir = Path(run_dir) / "wandb"
+    wanted = _ID_CHARS.sub("_", str(run_id))
+    kept = Path(keep).resolve() if keep is not None else None
+    removed = []
+    for folder in sorted(wandb_dir.glob("offline-run-*")):
+        if folder.is_symlink() or not folder.is_dir() or folder.resolve() == kept:
+            continue
+        if folder.name.split("-", 3)[3:] == [wanted]:  # offline-run-<YYYYMMDD_HHMMSS>-<run id>
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    latest = wandb_dir / "latest-run"
+    if removed and latest.is_symlink() and not latest.exists():
+        latest.unlink()
+    return removed
+
+
 def base_url() -> str:
     """The W&B server this process talks to (``WANDB_BASE_URL``, else W&B's public server)."""
     return os.environ.get("WANDB_BASE_URL") or DEFAULT_BASE_URL
@@ -698,7 +751,7 @@ def open_run(
         run = init("offline")
         rel = Path(run.settings.sync_dir)
         print(
-            f"harness: {fallback}; this run logs offline to {rel}; upload it later with `wandb sync {rel}`",
+            f"harness: {fallback}; this run logs offline to {rel}; upload it later with `{sync_command(rel)}`",
             file=sys.stderr,
         )
         return Tracker(run, run_dir=run_dir, requested_mode=mode, fallback=fallback)

@@ -37,11 +37,13 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import OmegaConf
 
 
-def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
+def slurm_refusal(launcher: Mapping[str, Any], *, sweep_dir: str | None = None) -> str | None:
     """Why a Slurm launcher configuration cannot submit (None when it can): it needs a partition, its
-    job overrides must be ``key=value``, it may set one form of CPUs and of memory (sbatch refuses
-    ``--mem`` beside ``--mem-per-gpu``, ``--cpus-per-task`` beside ``--cpus-per-gpu``), and its
-    numbers must be ones sbatch takes."""
+    job overrides must be ``key=value``, its ``additional_parameters`` a mapping of sbatch option
+    names, it may set one form of CPUs and of memory (sbatch refuses ``--mem`` beside
+    ``--mem-per-gpu``, ``--cpus-per-task`` beside ``--cpus-per-gpu``), its numbers must be ones
+    sbatch takes, and the folder of its tasks' logs (``submitit_folder``, under ``sweep_dir`` by
+    default) may hold no ``%`` but the ``%j`` submitit fills in (:func:`log_folder_refusal`)."""
     partition = None
     if not (OmegaConf.is_config(launcher) and OmegaConf.is_missing(launcher, "partition")):
         partition = launcher.get("partition")
@@ -59,6 +61,14 @@ def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
                 f"hydra.launcher.{key}={value!r}: must be a list of strings, e.g. "
                 f"hydra.launcher.{key}='[{_LISTS[key]}]' (a single string is not one)"
             )
+    extra = launcher.get("additional_parameters")
+    if OmegaConf.is_config(extra):
+        extra = OmegaConf.to_container(extra, resolve=True)
+    if extra is not None and (not isinstance(extra, Mapping) or not all(isinstance(k, str) for k in extra)):
+        return (
+            f"hydra.launcher.additional_parameters={extra!r}: must be a mapping of sbatch option names to values, "
+            "e.g. hydra.launcher.additional_parameters='{mail-type: END}'"
+        )
     overrides = launcher.get("job_overrides") or []
     bad = [str(o) for o in overrides if "=" not in str(o) or str(o).startswith("=")]
     if bad:
@@ -97,7 +107,46 @@ def slurm_refusal(launcher: Mapping[str, Any]) -> str | None:
         if number is None or not math.isfinite(number) or number < floor or (key != "mem_gb" and number != int(number)):
             kind = "a number" if key == "mem_gb" else "a whole number"
             return f"hydra.launcher.{key}={value!r}: must be {kind} of at least {floor} (sbatch would refuse it)"
-    return None
+    return log_folder_refusal(launcher.get("submitit_folder"), sweep_dir=sweep_dir)
+
+
+#: the patterns in a log path that submitit fills in itself, as Slurm does (the job, array and task ids)
+_SUBMITIT_PATTERNS = ("%j", "%A", "%a", "%t")
+
+
+def log_folder_refusal(folder: Any, *, sweep_dir: str | None = None) -> str | None:
+    """Why the tasks' log folder ``folder`` (``submitit_folder``) cannot be used, or None: Slurm reads
+    every ``%`` in the log paths the sbatch script names (``#SBATCH --output``) as a pattern (``%x``
+    the job name, ``%u`` the user, ...), while submitit looks for the logs at the path as written, but
+    for the ids it fills in itself in the folder's last part (``.submitit/%j``). Named by
+    ``hydra.sweep.dir`` where the folder lies in ``sweep_dir`` (its default) and that holds the ``%``."""
+    if folder is None:
+        return None
+    text = str(folder)
+    head, _, last = text.rpartition("/")
+    for pattern in _SUBMITIT_PATTERNS:
+        last = last.replace(pattern, "")
+    if "%" not in head and "%" not in last:
+        return None
+    said = (
+        "Slurm reads '%' as a pattern (%x, %u, ...) in the tasks' log paths (#SBATCH --output under "
+        "hydra.launcher.submitit_folder), which submitit then cannot find"
+    )
+    if sweep_dir is not None and "%" in str(sweep_dir) and text.startswith(str(sweep_dir)):
+        return f"hydra.sweep.dir={sweep_dir}: {said}; use a sweep folder without '%'"
+    return f"hydra.launcher.submitit_folder={text}: {said}; use a folder without '%' but its last part's %j"
+
+
+def exclusive_nodes(launcher: Mapping[str, Any]) -> bool:
+    """Whether the launcher asks Slurm for whole nodes (``--exclusive``, set as
+    ``+hydra.launcher.additional_parameters.exclusive=true`` or ``+hydra.launcher.exclusive=true``):
+    then no other job shares a task's node. ``exclusive=user`` (or ``mcs``) lets the same user's jobs,
+    the array's other tasks among them, share it."""
+    extra = launcher.get("additional_parameters")
+    value = launcher.get("exclusive")
+    if isinstance(extra, Mapping) and "exclusive" in extra:  # sbatch's last word: submitit writes it after
+        value = extra["exclusive"]
+    return value is True
 
 
 def gpu_requested(launcher: Mapping[str, Any]) -> bool:
@@ -109,8 +158,9 @@ def gpu_requested(launcher: Mapping[str, Any]) -> bool:
             return True
     if "gpu" in str(launcher.get("gres") or "").lower():
         return True
-    extra = launcher.get("additional_parameters") or {}
-    return any("gpu" in str(k).lower() or "gres" in str(k).lower() for k in dict(extra))
+    extra = launcher.get("additional_parameters")
+    keys = list(extra) if isinstance(extra, Mapping) else []  # anything else is refused (slurm_refusal)
+    return any("gpu" in str(k).lower() or "gres" in str(k).lower() for k in keys)
 
 
 #: the launcher's keys that take a list of strings, with an example item
@@ -190,13 +240,14 @@ class SlurmLauncher(_SubmititSlurmLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Submit the jobs as one Slurm array and wait for their returns; an interrupt while waiting
         cancels the array before it propagates."""
-        refusal = slurm_refusal({**self.params, "job_overrides": self.job_overrides})
+        assert self.config is not None
+        sweep_dir = str(self.config.hydra.sweep.dir)
+        refusal = slurm_refusal({**self.params, "job_overrides": self.job_overrides}, sweep_dir=sweep_dir)
         if refusal is not None:
             raise ValueError(refusal)
         import submitit
         from hydra.core.singleton import Singleton
 
-        assert self.config is not None
         executor_options, parameters = executor_settings(self.params, cluster=self._EXECUTOR)
         executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **executor_options)
         executor.update_parameters(**parameters)
