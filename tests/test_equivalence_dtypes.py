@@ -102,6 +102,8 @@ def test_the_gate_stays_inside_the_runs_context_limit():
     prompt = list(range(3, 60))
     ev = equivalence_gate(backend, prompt, positions=40)
     assert ev["status"] == "passed" and ev["last_position"] <= 39 and ev["prompt_tokens"] == 20  # five rounds
+    assert equivalence_gate(backend, prompt, positions=9)["last_position"] <= 8  # the chain round too
+    assert batched_equivalence_gate(backend, [prompt, prompt[5:]], positions=9)["last_position"] <= 8
     assert equivalence_gate(backend, prompt)["last_position"] > 40  # unlimited: the whole 48 and five rounds
     batched = batched_equivalence_gate(backend, [prompt, prompt[5:]], positions=40)
     assert batched["status"] == "passed" and batched["last_position"] <= 39

@@ -52,7 +52,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from harness.contracts import ContractError
+import torch
+
+from harness.contracts import ContractError, ProposalResult, Selection
 from harness.measure.ledger import SHARED_ROUND_STAGES, STAGES, RoundLedger, StageClock
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
@@ -185,10 +187,11 @@ class _Live:
     done_ms: float | None = None
     commit_unobserved: bool = False  # the proposer has not yet been told of the last round's commit
 
-    def emit(self, tree: CompiledTree, accepted_rows: Sequence[int], next_token: int, *, max_new_tokens: int, eos):
-        """The accepted path plus the bonus/correction token, cut at EOS or the token budget (what
-        follows is neither emitted nor counted). Returns (emitted, accepted tokens counted)."""
-        new = [int(tree.token_ids[r]) for r in accepted_rows] + [int(next_token)]
+    def emit(self, tree: CompiledTree, sel: Selection, *, max_new_tokens: int, eos):
+        """The round's tokens (:func:`round_tokens`), cut at EOS or the token budget (what follows is
+        neither emitted nor counted). Returns (emitted, accepted tokens counted)."""
+        accepted_rows = sel.accepted_rows
+        new = round_tokens(tree, sel)
         emitted = []
         for tok in new[: max_new_tokens - len(self.generated)]:
             emitted.append(tok)
@@ -204,6 +207,65 @@ class _Live:
         if self.finished_by is None and len(self.generated) >= max_new_tokens:
             self.finished_by = "max_new_tokens"
         return emitted, counted
+
+
+# --------------------------------------------------------------------------- one request's round step
+# What a round does for one request, apart from the target's forward and commit that the batch shares.
+# The statistical gate and the end-to-end oracle call these same functions for their rounds, so what
+# they test at temperature > 0 is the step the measured loop runs (its depth cap, its compile
+# arguments, the policy and random source it hands the verifier, the tokens it emits).
+
+
+def propose_round(
+    proposer: Proposer,
+    committed: list[int],
+    rng: RandomSource,
+    *,
+    max_depth: int | None,
+    tokens_left: int | None = None,
+) -> tuple[ProposalResult, int | None]:
+    """One request's proposal for a round: ``proposer.propose(committed, rng)``, with the depth the
+    round may commit (the tokens left less the bonus token, where ``tokens_left`` is given and that is
+    below ``max_depth``) set as the proposer's :attr:`~harness.proposers.base.Proposer.depth_cap`
+    while it proposes. Returns the proposal and the depth to compile it to (:func:`compile_round`).
+    Raises :class:`~harness.contracts.ContractError` for a proposal bound to another manifest."""
+    depth = max_depth
+    if tokens_left is not None:  # a round commits at most the tokens left: the accepted rows and the bonus token
+        depth = tokens_left - 1 if max_depth is None else min(max_depth, tokens_left - 1)
+    proposer.depth_cap = depth if depth != max_depth else None
+    try:
+        proposal = proposer.propose(committed, rng)
+    finally:  # the cap is this round's: a gate or the next request proposes uncapped
+        proposer.depth_cap = None
+    if proposal.manifest_hash != proposer.manifest_hash:
+        raise ContractError(
+            f"proposer {proposer.name!r} returned a proposal bound to manifest "
+            f"{proposal.manifest_hash!r}, not its own {proposer.manifest_hash!r}: a stale proposal, "
+            "index or cache would feed this round"
+        )
+    return proposal, depth
+
+
+def compile_round(proposal: ProposalResult, committed: list[int], *, max_nodes: int | None, depth: int | None):
+    """The round's candidate tree: ``proposal`` compiled after ``committed``, at most ``max_nodes``
+    rows, no deeper than ``depth`` (what :func:`propose_round` returned)."""
+    return compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=depth)
+
+
+def select_round(
+    verifier: Verifier, tree: CompiledTree, logits: torch.Tensor, policy: SamplingPolicy, rng: RandomSource
+) -> Selection:
+    """The round's selection on the target's ``logits`` ``[1 + N, V]`` for ``tree`` (row 0: the
+    frontier): ``policy.probs`` then ``verifier.select``, or what the verifier computes equally from
+    the logits (:meth:`~harness.verifiers.base.Verifier.select_logits`), drawing from ``rng`` after
+    the proposal's draws."""
+    return verifier.select_logits(tree, logits, policy, rng)
+
+
+def round_tokens(tree: CompiledTree, sel: Selection) -> list[int]:
+    """The tokens a round commits before any EOS or token-budget cut: the accepted path's tokens,
+    then the bonus or correction token."""
+    return [int(tree.token_ids[r]) for r in sel.accepted_rows] + [int(sel.next_token)]
 
 
 # the stages one forward or one commit serves for every request of a batch round, as the loop fills them
@@ -278,27 +340,16 @@ def decode_batch(
                 req.proposer.observe_commit(req.committed)
                 req.commit_unobserved = False
             retrieval_before = req.proposer.stats.retrieval_ms
-            # a round commits at most the tokens left: the accepted rows and the bonus token
-            depth = min(round_cfg.max_depth, max_new_tokens - len(req.generated) - 1)
-            req.proposer.depth_cap = depth if depth < round_cfg.max_depth else None
-            try:
-                proposal = req.proposer.propose(req.committed, req.rng)
-            finally:  # the cap is this round's: a gate or the next request proposes uncapped
-                req.proposer.depth_cap = None
-            if proposal.manifest_hash != req.proposer.manifest_hash:
-                raise ContractError(
-                    f"proposer {req.proposer.name!r} returned a proposal bound to manifest "
-                    f"{proposal.manifest_hash!r}, not its own {req.proposer.manifest_hash!r}: a stale proposal, "
-                    "index or cache would feed this round"
-                )
+            proposal, depth = propose_round(
+                req.proposer,
+                req.committed,
+                req.rng,
+                max_depth=round_cfg.max_depth,
+                tokens_left=max_new_tokens - len(req.generated),
+            )
             retrieval = req.proposer.stats.retrieval_ms - retrieval_before
             t1 = clock.now()
-            tree = compile_tree(
-                [proposal],
-                prefix_len=len(req.committed),
-                max_nodes=round_cfg.max_nodes,
-                max_depth=depth,
-            )
+            tree = compile_round(proposal, req.committed, max_nodes=round_cfg.max_nodes, depth=depth)
             if req.ledger.rounds < round_cfg.validate_rounds:
                 validate_candidate_graph(tree)
             t2 = clock.now()
@@ -312,8 +363,7 @@ def decode_batch(
         selections = []
         for k, req in enumerate(live):
             t0 = clock.now()
-            # policy.probs then select, or what the verifier computes equally from the logits
-            selections.append(verifier.select_logits(trees[k], out.logits[k], policy, req.rng))  # [1 + N_k, V]
+            selections.append(select_round(verifier, trees[k], out.logits[k], policy, req.rng))  # [1 + N_k, V]
             own[k]["selection"] = (clock.now() - t0) * 1e3
         t_commit = clock.now()
         for k, req in enumerate(live):
@@ -337,9 +387,7 @@ def decode_batch(
         finished_rows, emitted_all, observations = [], [], []
         for k, req in enumerate(live):
             tree, sel = trees[k], selections[k]
-            emitted, counted = req.emit(
-                tree, sel.accepted_rows, sel.next_token, max_new_tokens=max_new_tokens, eos=eos_token_ids
-            )
+            emitted, counted = req.emit(tree, sel, max_new_tokens=max_new_tokens, eos=eos_token_ids)
             emitted_all.append(emitted)
             first_child = tree.children(-1)
             depth = int(tree.depths.max()) if tree.num_rows else 0

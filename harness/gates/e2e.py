@@ -8,7 +8,10 @@ layer skip, merged sources; sampling through the injected source),
 ``compile_tree``, the target's verify forward
 (:class:`~harness.target.backend.CausalLMBackend`), ``verifier.select_logits`` (``policy.probs`` then
 ``verifier.select``, or a verifier's direct equivalent) and
-``backend.commit`` — on a tiny model, with the oracle's enumerating source driving BOTH the
+``backend.commit``, the proposal, packing, selection and emitted tokens through the step the measured
+loop calls (:func:`~harness.engine.decode.propose_round`, :func:`~harness.engine.decode.compile_round`,
+:func:`~harness.engine.decode.select_round`, :func:`~harness.engine.decode.round_tokens`) — on a
+tiny model, with the oracle's enumerating source driving BOTH the
 proposal draws and the verifier draws. It is therefore the one check that catches a proposer whose
 recorded ``q`` differs from the law it actually sampled (multi-draft exactness holds only for the
 law really sampled: SpecInfer's residual update, Sequoia's sampling without replacement).
@@ -58,6 +61,7 @@ from typing import Any, ClassVar
 import torch
 
 from harness.contracts import Budget, Capabilities, ProposalResult, Selection
+from harness.engine.decode import compile_round, propose_round, round_tokens, select_round
 from harness.gates.oracle import (
     MARGINAL_ATOL,
     MAX_LEAVES,
@@ -130,8 +134,8 @@ def propose_and_verify(
     """Proposal -> packing -> target verify -> policy: the first half of a round, as ``decode``
     runs it. Appends the candidate rows to ``seq``. Returns the proposal, the compiled tree and
     the target distributions ``[1 + N, V]`` (row 0: the frontier)."""
-    proposal = proposer.propose(committed, rng)
-    tree = compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=max_depth)
+    proposal, depth = propose_round(proposer, committed, rng, max_depth=max_depth)
+    tree = compile_round(proposal, committed, max_nodes=max_nodes, depth=depth)
     if validate:
         validate_candidate_graph(tree)
     out = target.verify_one(seq, committed[-1], tree)
@@ -175,7 +179,7 @@ def speculative_round(*, verifier: Verifier, **round_: Any) -> tuple[CompiledTre
 
 
 def emitted_tokens(tree: CompiledTree, sel: Selection) -> tuple[int, ...]:
-    return tuple(int(tree.token_ids[r]) for r in sel.accepted_rows) + (int(sel.next_token),)
+    return tuple(round_tokens(tree, sel))
 
 
 #: what a fork shares with the proposer it copies: weights, backends, the target's hidden-state
@@ -356,22 +360,22 @@ def e2e_output_law(
                 add(generated + cont, prob * pc)
             return
 
-        def propose(rng: RandomSource) -> tuple[ProposalResult, Proposer]:
+        def propose(rng: RandomSource) -> tuple[ProposalResult, int | None, Proposer]:
             restore_taps(tap_state)  # the hooks as this branch's last target forward left them
             branch = fork(prop)
-            return branch.propose(list(committed), rng), branch
+            return *propose_round(branch, list(committed), rng, max_depth=max_depth), branch  # as decode proposes
 
-        for (proposal, after), p_prop in enumerate_leaves(propose, max_leaves=max_leaves):
+        for (proposal, depth, after), p_prop in enumerate_leaves(propose, max_leaves=max_leaves):
             count["proposals"] += 1
             count["empty_proposals"] += proposal.empty
-            tree = compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=max_depth)
+            tree = compile_round(proposal, committed, max_nodes=max_nodes, depth=depth)
             validate_candidate_graph(tree)
             seq_v = copy.deepcopy(seq)
             logits = target.verify_one(seq_v, committed[-1], tree).logits  # [1 + N, V]
             verified = snapshot_taps(taps)  # what the next round's proposer reads from the hooks
 
             def select(rng: RandomSource, tree: CompiledTree = tree, logits: torch.Tensor = logits) -> Selection:
-                sel = verifier.select_logits(tree, logits, policy, rng)  # as decode selects
+                sel = select_round(verifier, tree, logits, policy, rng)  # as decode selects
                 validate_commit(tree, sel.accepted_rows)
                 return sel
 
@@ -720,7 +724,8 @@ class MisrecordedQ(Proposer):
     )
 
     def __init__(self, inner: Proposer, *, q_temperature: float = 0.5) -> None:
-        super().__init__(budget=inner.budget, manifest_hash="e2e-negative-control", policy=inner.policy)
+        # its proposals are the inner proposer's, bound to its manifest
+        super().__init__(budget=inner.budget, manifest_hash=inner.manifest_hash, policy=inner.policy)
         self.inner = inner
         self.q_temperature = q_temperature
 
@@ -1126,7 +1131,9 @@ def gate_cases(
     1. the run's proposer with exactly the run's relations and the run's topology shape;
     2. the run's proposer with exactly the run's relations, any shape;
     3. the run's proposer with any of the run's relations (a merged proposer with other sources);
-    4. any proposer with any of the run's relations (a proposer with no end-to-end case of its own).
+    4. any proposer with any of the run's relations (no case of the run's proposer has any of them
+       at this kind of temperature under this verifier, though it may have cases of other relations
+       or at the other kind of temperature).
 
     An empty list: nothing of the run's kind is covered (a heuristic verifier, say). The result does
     not depend on Python's hash seed (relations are sorted; the case order is fixed).
@@ -1139,7 +1146,11 @@ GATE_TIERS = {
     1: "the run's proposer with its sampling relations and topology shape",
     2: "the run's proposer with its sampling relations, in another topology shape (none of the run's shape)",
     3: "the run's proposer with some of its sampling relations (none with all of them)",
-    4: "another proposer with the run's sampling relations (this proposer has no end-to-end case of its own)",
+    4: (
+        "another proposer with the run's sampling relations (no case of this proposer has any of them at this kind of "
+        "temperature, zero or positive, under this verifier, or, where the run cuts its law to top-k / top-p, none "
+        "that cuts it)"
+    ),
 }
 
 

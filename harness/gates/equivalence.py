@@ -64,6 +64,8 @@ GATE_TREE_ROWS = 8
 GATE_PROMPT_TOKENS = 48
 #: positions one gate round adds past the committed tokens at most: a path of three and its bonus token
 ROUND_POSITIONS = 4
+#: the rows of the gates' chain round (:func:`chain_round`): a chain of three tokens, inside one round's positions
+CHAIN_ROWS = 3
 
 
 def fit_to_positions(positions: int | None, keep: int, rounds: int) -> tuple[int, int]:
@@ -98,6 +100,50 @@ def _contiguous_path(tree) -> list[int]:
 COMMIT_KINDS = ("deep", "contiguous", "empty")
 
 
+def chain_tree(sequence: list[int], vocab_size: int):
+    """A chain of :data:`CHAIN_ROWS` tokens (the latest distinct ones of ``sequence``, as
+    :func:`_paths_from` picks them) compiled after ``sequence``: topology ``sequence``, the tree a
+    verify over a cache without holes runs with no attention mask (the forward of every
+    topology=sequence run), where every branching tree runs with one."""
+    chain = _paths_from(sequence[-7:], vocab_size)[0]
+    tree = compile_tree(
+        [ProposalResult.from_paths([chain], source="gate", manifest_hash="gate")], prefix_len=len(sequence)
+    )
+    validate_candidate_graph(tree)
+    if tree.topology != "sequence" or tree.num_rows != CHAIN_ROWS:
+        raise AssertionError(f"the gate's chain compiled to a {tree.topology} of {tree.num_rows} rows")
+    return tree
+
+
+def chain_round(backend: CausalLMBackend, sequences: list[list[int]], check) -> list[list[int]]:
+    """The gates' chain round on a fresh cache of ``sequences`` (all of one length, so that the cache
+    has no holes): one verify forward over a chain of :data:`CHAIN_ROWS` rows per request
+    (:func:`chain_tree`), which runs with no attention mask as every topology=sequence run's verify
+    does (a branching tree's runs with one); ``check(logits, sequence)`` gets each row with the
+    sequence it must equal decoded alone. Then every request commits the same contiguous path (the
+    chain but its last row, rejected after it: still no holes) and its next row, the pending token's
+    over the committed cache, is checked too. Returns the committed sequences (with that pending
+    token)."""
+    if len({len(s) for s in sequences}) != 1:
+        raise ValueError(f"the chain round needs sequences of one length; got {sorted({len(s) for s in sequences})}")
+    state = backend.prefill(sequences, reserve=CHAIN_ROWS + 2)
+    trees = [chain_tree(s, backend.vocab_size) for s in sequences]
+    out = backend.verify(state, [s[-1] for s in sequences], trees)
+    keep = list(range(CHAIN_ROWS - 1))
+    committed = []
+    for k, tree in enumerate(trees):
+        tokens = [int(t) for t in tree.token_ids]
+        for row in range(-1, tree.num_rows):
+            check(out.logits[k][row + 1], sequences[k] + tokens[: row + 1])
+        validate_commit(tree, keep)
+        committed.append(sequences[k] + tokens[: len(keep)] + [int(out.logits[k][len(keep)].argmax())])
+    backend.commit(state, [keep] * len(trees))
+    after = backend.verify(state, [c[-1] for c in committed], [None] * len(committed))
+    for k, sequence in enumerate(committed):
+        check(after.logits[k][0], sequence)
+    return committed
+
+
 def commit_rows(tree, kind: str) -> list[int]:
     """The rows a gate round commits: ``deep`` (:func:`_deepest_path`), ``contiguous``
     (:func:`_contiguous_path`) or ``empty``."""
@@ -114,8 +160,10 @@ def equivalence_gate(
     ``positions`` (:func:`fit_to_positions`). Round ``r`` commits ``COMMIT_KINDS[r]`` (a
     non-contiguous path, a contiguous path with a rejected row after it, the empty path; later rounds
     non-contiguous paths), and the forward after each commit (the next round's tree, then one over
-    the pending token alone) must equal the committed sequence decoded sequentially. Returns the
-    evidence (its ``status`` is ``passed`` or ``failed``)."""
+    the pending token alone) must equal the committed sequence decoded sequentially. A chain round
+    (:func:`chain_round`) over a cache of the prompt checks the same of the forward without an
+    attention mask that every topology=sequence run's verify takes (every tree above is masked).
+    Returns the evidence (its ``status`` is ``passed`` or ``failed``)."""
     keep, rounds = fit_to_positions(positions, GATE_PROMPT_TOKENS, rounds)
     ids = list(prompt_ids[-keep:]) if len(prompt_ids) > keep else list(prompt_ids)
     if len(ids) < 2:
@@ -156,6 +204,7 @@ def equivalence_gate(
         commits.append(kind)
         bonus = int(out.logits[1 + path_rows[-1] if path_rows else 0].argmax())
         committed += [int(tree.token_ids[x]) for x in path_rows] + [bonus]
+    chained = chain_round(backend, [ids], compare)[0]  # its forwards reach no further than the first round's
     ref_seq = backend.prefill_one(committed)
     for a, b in zip(seq.cache.layers, ref_seq.cache.layers):
         worst_cache = max(worst_cache, float((a.keys - b.keys).abs().max()), float((a.values - b.values).abs().max()))
@@ -179,8 +228,9 @@ def equivalence_gate(
         "rounds": rounds,
         "commits": commits,  # what each round's commit kept (COMMIT_KINDS)
         "prompt_tokens": len(ids),
-        "last_position": len(committed) - 1,  # the last position a forward of the gate computed
+        "last_position": max(len(committed), len(chained)) - 1,  # the last position a forward of the gate computed
         "tree_rows": tree.num_rows,  # each round's tree: siblings, a token under two parents
+        "chain_rows": CHAIN_ROWS,  # the chain round's (topology sequence, verified unmasked)
         "dtype": str(backend.dtype),
     }
 
@@ -209,6 +259,10 @@ def batched_equivalence_gate(
     each request's next row must equal its committed sequence decoded alone (what its cache holds).
     After the first round the batch's first request leaves it (:meth:`~CausalLMBackend.drop`, as a
     finished request leaves a run's batch: the cache compacts) and the others go on.
+    A chain round (:func:`chain_round`) over every request's prompt cut to the shortest's length (a
+    batch without holes, each request with a chain of the same rows) checks the same of the forward
+    without an attention mask that a topology=sequence batched run's verify takes while its requests'
+    lengths agree.
     Returns the evidence (``status`` ``passed`` or ``failed``)."""
     b = len(prompts)
     committed, dropped = [], False
@@ -233,6 +287,8 @@ def batched_equivalence_gate(
         scale = max(scale, float(ref.float().abs().max()))
         bar.update()
 
+    shortest = min(len(c) for c in committed)  # its forwards reach no further than the first round's
+    chained = chain_round(backend, [c[:shortest] for c in committed], lambda got, s: compare(got, alone(s)))
     for r in range(rounds):
         trees = []
         for k in range(b):
@@ -277,6 +333,7 @@ def batched_equivalence_gate(
         "max_abs_logit": scale,
         "rounds": rounds,
         "prompt_tokens": [len(p) for p in prompts],
-        "last_position": max(len(c) for c in committed) - 1,
+        "last_position": max(len(c) for c in committed + chained) - 1,
+        "chain_rows": CHAIN_ROWS,  # the chain round's, per request (topology sequence, verified unmasked)
         "dtype": str(backend.dtype),
     }

@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from harness.files import atomic_write_text
@@ -55,7 +56,9 @@ from harness.gates.oracle import (
 from harness.gates.statistical import CONTINUATION_TOKENS, GATE_PROMPTS, prefix_rule, statistical_gate
 from harness.gates.status import GateError, not_applicable, passed, skipped
 from harness.gates.transport import check_transport, transport_applies, transport_instances
+from harness.measure import hardware
 from harness.proposers.registry import PROPOSERS
+from harness.target import native
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import cache_root
 from harness.verifiers.base import VERIFIERS
@@ -263,6 +266,29 @@ def announce_disabled(cfg: DictConfig, plan_) -> None:
         )
 
 
+def machine_identity(devices: Sequence[str | None]) -> dict:
+    """The hardware whose kernels compute the gates' forwards on ``devices`` (the target's, a draft
+    model's; None: none), part of every cached gate's key, so that a cache shared across machines
+    never serves a pass computed on other kernels: each device's model (a CUDA device's name and
+    compute capability, else the CPU's), the instruction set torch's CPU kernels dispatch to where a
+    model runs on the CPU, and the native kernels' code paths where they are loaded."""
+    models = []
+    for device in dict.fromkeys(d for d in devices if d):
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            name = hardware.device_name(device)
+            capability = list(torch.cuda.get_device_capability(dev)) if name is not None else None
+            models.append([str(dev), name, capability])
+        else:
+            models.append([str(dev), hardware.cpu_name()])
+    out: dict = {"devices": models}
+    if any(m[0].startswith("cpu") for m in models):
+        out["cpu_capability"] = hardware.cpu_capability()
+    if native.native_kernels_loaded():
+        out["native_code_paths"] = native.code_paths()
+    return out
+
+
 def run_gates(
     cfg: DictConfig,
     *,
@@ -311,6 +337,7 @@ def run_gates(
         "tiny": OmegaConf.to_container(cfg.model.tiny, resolve=True) if cfg.model.name == "tiny" else None,
         "seed": int(cfg.model.seed) if cfg.model.name == "tiny" else None,
         **(model_identity or {}),
+        **machine_identity([str(backend.device), OmegaConf.select(cfg, "proposer.model.device", default=None)]),
     }
     heuristic = not verifier.exact
     why_heuristic = "heuristic verifier (exact=false): no exactness claim to check; its drift is measured"

@@ -18,9 +18,13 @@ a fixed prefix they depend on a candidate's path alone, without changing any sam
   steps before it) is computed once by the real code, later samples reaching it get its outputs
   and cache rows back.
 
-The proposer and verifier code still run once per sample, the verifier through the path a round
-takes: its ``select_logits`` on the target's logits where it computes its selection from them
-itself, ``select`` on the policy's law otherwise (what the default ``select_logits`` calls).
+The proposer and verifier code still run once per sample, through the round step the measured
+loop runs (:func:`~harness.engine.decode.propose_round`, :func:`~harness.engine.decode.compile_round`,
+:func:`~harness.engine.decode.select_round`, :func:`~harness.engine.decode.round_tokens`), with no
+depth cap (a round far from the token budget): the verifier's ``select_logits`` on the target's
+logits where it computes its selection from them itself, ``select`` on the policy's law of each row
+it reads otherwise (what the default ``select_logits`` computes on the whole tensor), the policy
+being the one the step hands the verifier.
 
 The prefix: the first cut point at which the proposer proposes something, scanning the first
 :data:`GATE_PROMPTS` prompts each from its full length back one token at a time
@@ -54,13 +58,14 @@ import torch
 from scipy.stats import chisquare
 from tqdm import tqdm
 
+from harness.engine.decode import compile_round, propose_round, round_tokens, select_round
 from harness.gates.oracle import overrides_select_logits
 from harness.gates.status import not_applicable
 from harness.proposers.memo import LawPending, ReplayingSource, fixed_prefix_memo, law_tables, members
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.paths import PathRows
-from harness.topology.compiler import CompiledTree, compile_tree
+from harness.topology.compiler import CompiledTree
 
 
 def tree_key(tree: CompiledTree) -> tuple:
@@ -125,11 +130,11 @@ def _propose_once(backend, proposer, prefix: list[int], rng, *, max_nodes, max_d
     backend.prefill_one(prefix)  # as in a run: proposers reading the target's hidden rows see the prefill
     proposer.start(list(prefix))
     try:
-        proposal = proposer.propose(list(prefix), rng)
+        proposal, depth = propose_round(proposer, list(prefix), rng, max_depth=max_depth)
     finally:
         proposer.observe_commit(list(prefix))
         proposer.finish()
-    return compile_tree([proposal], prefix_len=len(prefix), max_nodes=max_nodes, max_depth=max_depth)
+    return compile_round(proposal, prefix, max_nodes=max_nodes, depth=depth)
 
 
 @torch.inference_mode()
@@ -416,9 +421,9 @@ class AllRowsNeeded(Exception):
 
 
 class LazyRows:
-    """A tree's ``target_probs`` ``[1 + N, V]`` for a verifier, served row by row from the rows
-    computed so far: ``rows[i]`` is the target law at row ``i`` (0: the frontier), or raises
-    :class:`RowPending` for a row not computed yet. Any other use (a slice, a tensor method, a torch
+    """A tree's rows ``[1 + N, V]`` for a verifier (the target's logits, or their laws: :meth:`mapped`),
+    served row by row from the rows computed so far: ``rows[i]`` is row ``i`` (0: the frontier), or
+    raises :class:`RowPending` for a row not computed yet. Any other use (a slice, a tensor method, a torch
     function) raises :class:`AllRowsNeeded`, and the sample is retried with every row of its tree."""
 
     def __init__(self, paths: list[tuple[int, ...]], probs_of) -> None:
@@ -439,6 +444,10 @@ class LazyRows:
         if probs is None:
             raise RowPending(path)
         return probs
+
+    def mapped(self, fn) -> LazyRows:
+        """The same rows through ``fn(path)`` (a row's law from its logits), pending where ``fn`` returns None."""
+        return LazyRows(self._paths, fn)
 
     def __getattr__(self, name: str):
         raise AllRowsNeeded(name)
@@ -599,7 +608,7 @@ def chi_square_test(
                 if law_memo is not None:
                     law_memo.begin(committed)
                 try:
-                    proposal = proposer.propose(committed, rng)
+                    proposal, depth = propose_round(proposer, committed, rng, max_depth=max_depth)
                 except LawPending:
                     stopped.append(s)
                     continue
@@ -607,7 +616,7 @@ def chi_square_test(
                     if law_memo is not None:
                         law_memo.end()
                     proposer.observe_commit(committed)  # the round is not committed: roll the proposal state back
-                tree = compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=max_depth)
+                tree = compile_round(proposal, committed, max_nodes=max_nodes, depth=depth)
                 key = tree_key(tree)
                 if key not in keys:
                     keys[key] = len(distinct)
@@ -707,7 +716,7 @@ def paths_note(accepted: int, samples: int, *, proposed: int | None = None) -> s
 
 
 def _first_token(tree: CompiledTree, sel) -> int:
-    return int(tree.token_ids[sel.accepted_rows[0]]) if sel.accepted_rows else sel.next_token
+    return round_tokens(tree, sel)[0]
 
 
 def frontier_law(policy, logits: torch.Tensor) -> torch.Tensor:
@@ -728,18 +737,12 @@ def verify_by_tree(backend, committed, distinct, tree_of, rngs, verifier, policy
     counts: dict[int, int] = {}
     accepted = 0  # samples whose first token is a proposed row the verifier accepted
     p_exact = None
-    fast = overrides_select_logits(verifier)  # the round's own path from the logits
     for i, logits in verify_distinct(backend, committed, distinct, batch=batch):
         if p_exact is None:
             p_exact = frontier_law(policy, logits[0])  # [V]
         tree = distinct[i]
-        if fast:
-            select = lambda rng, tree=tree, logits=logits: verifier.select_logits(tree, logits, policy, rng)  # noqa: E731
-        else:
-            probs = policy.probs(logits)  # [1 + N, V] as the round computes them
-            select = lambda rng, tree=tree, probs=probs: verifier.select(tree, probs, rng)  # noqa: E731
         for s in samples_of[i]:
-            sel = select(rngs[s])
+            sel = select_round(verifier, tree, logits, policy, rngs[s])  # the round's step on the tree's rows
             first = _first_token(tree, sel)
             counts[first] = counts.get(first, 0) + 1
             accepted += bool(sel.accepted_rows)
@@ -748,16 +751,30 @@ def verify_by_tree(backend, committed, distinct, tree_of, rngs, verifier, policy
     return counts, p_exact, {"target_forwards": forwards, "target_rows": rows, "first_token_accepted": accepted}
 
 
-def _select(verifier, tree, rng, state, paths, rows_of, *, whole: bool, policy=None):
-    """The verifier's selection from the random source's ``state``, on the tree's rows: all of
-    them stacked (``whole``) or served one at a time. With a ``policy`` the rows are the target's
-    logits and the verifier selects through its own ``select_logits``; without, they are the
-    policy's law and it selects through ``select``."""
+class _LawByRow:
+    """``verifier`` selecting as the default ``select_logits`` does (``select`` on ``policy.probs`` of
+    the logits) on logits served one row at a time (:class:`LazyRows`): ``policy.probs`` is row-wise,
+    so each row's law is computed from that row's logits alone, under the policy the round step hands
+    over (``law_of(policy, path)``), and only for the rows the verifier reads."""
+
+    def __init__(self, verifier, law_of) -> None:
+        self.verifier = verifier
+        self._law_of = law_of
+
+    def select_logits(self, tree, logits, policy, rng):
+        return self.verifier.select(tree, logits.mapped(lambda path: self._law_of(policy, path)), rng)
+
+
+def _select(verifier, tree, rng, state, paths, rows_of, policy, *, whole: bool, law_of=None):
+    """The round step's selection (:func:`~harness.engine.decode.select_round`) from the random
+    source's ``state``, on the tree's logit rows: all of them stacked (``whole``) or served one at a
+    time. ``law_of`` (a verifier without its own ``select_logits``): served one at a time, the
+    verifier selects on each row's law under the step's policy (:class:`_LawByRow`)."""
     rng.generator.set_state(state)
-    rows = torch.stack([rows_of(p) for p in paths]) if whole else LazyRows(paths, rows_of)
-    if policy is not None:
-        return verifier.select_logits(tree, rows, policy, rng)
-    return verifier.select(tree, rows, rng)
+    if whole:
+        return select_round(verifier, tree, torch.stack([rows_of(p) for p in paths]), policy, rng)
+    by_row = verifier if law_of is None else _LawByRow(verifier, law_of)
+    return select_round(by_row, tree, LazyRows(paths, rows_of), policy, rng)
 
 
 def verify_by_path(backend, committed, distinct, tree_of, rngs, verifier, policy):
@@ -771,20 +788,22 @@ def verify_by_path(backend, committed, distinct, tree_of, rngs, verifier, policy
     root = (committed[-1],)
     rows = PathRows(backend, backend.prefill_one(committed))
     rows.compute([root])
-    probs: dict[tuple[int, ...], torch.Tensor] = {}
+    laws: dict[tuple, torch.Tensor] = {}
 
-    def probs_of(path):
-        if path not in probs:
+    def law_of(law_policy, path):
+        """The law of the row at ``path`` under ``law_policy`` (the one the round step hands over), or
+        None while the row is not computed."""
+        key = (law_policy, path)
+        if key not in laws:
             if path not in rows:
                 return None
-            probs[path] = policy.probs(rows[path])  # [V] as the round computes it
-        return probs[path]
+            laws[key] = law_policy.probs(rows[path])  # [V] as the round computes it
+        return laws[key]
 
-    def logits_of(path):
+    def rows_of(path):
         return rows[path] if path in rows else None
 
-    fast = overrides_select_logits(verifier)  # the round's own path from the logits
-    rows_of, fast_policy = (logits_of, policy) if fast else (probs_of, None)
+    by_row = None if overrides_select_logits(verifier) else law_of  # the verifier's own path from the logits, or not
 
     paths = [[root] + [root + p for p in tree.full_prefixes] for tree in distinct]
     whole: set[int] = set()  # trees a verifier needs whole (it used the rows other than one at a time)
@@ -799,11 +818,11 @@ def verify_by_path(backend, committed, distinct, tree_of, rngs, verifier, policy
             i = tree_of[s]
             tree, rng = distinct[i], rngs[s]
             try:
-                sel = _select(verifier, tree, rng, state, paths[i], rows_of, whole=i in whole, policy=fast_policy)
+                sel = _select(verifier, tree, rng, state, paths[i], rows_of, policy, whole=i in whole, law_of=by_row)
             except AllRowsNeeded:
                 whole.add(i)
                 if all(p in rows for p in paths[i]):
-                    sel = _select(verifier, tree, rng, state, paths[i], rows_of, whole=True, policy=fast_policy)
+                    sel = _select(verifier, tree, rng, state, paths[i], rows_of, policy, whole=True)
                 else:
                     stopped.append((s, state))
                     reached.update(paths[i])
