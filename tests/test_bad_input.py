@@ -996,8 +996,9 @@ def test_the_traceback_flag_shows_a_refusals_traceback(tmp_path, workload, capsy
         (["datastore", "info", "/nonexistent"], "harness datastore: refused: '/nonexistent' is not a datastore"),
         (["export", "spec-bench", "/nonexistent", "x.jsonl"], "harness export: refused: /nonexistent: no such"),
         (["oracles", "--verifier", "nope"], "harness oracles: refused: unknown verifier 'nope'"),
+        (["dashboard", "nope"], "harness dashboard: refused: "),
     ],
-    ids=["compare", "report", "tree", "datastore", "export", "oracles"],
+    ids=["compare", "report", "tree", "datastore", "export", "oracles", "dashboard"],
 )
 def test_every_command_shows_a_refusals_traceback_when_asked(argv, line, capsys, monkeypatch):
     """``harness --traceback`` (and HARNESS_TRACEBACK=1) printed a refusal's traceback for run, sweep,

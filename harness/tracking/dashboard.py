@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.files import print_traceback_if_asked
 from harness.tracking.command_line import (
     boolean_option,
     json_object_with,
@@ -616,6 +617,7 @@ def main(
         if opts.get("entity") is not None and tracking_problem(DEFAULT_PROJECT, opts["entity"], environ={}):
             raise ValueError(tracking_problem(DEFAULT_PROJECT, opts["entity"], environ={}).replace("tracking.", ""))
     except (ValueError, OSError, RecordError) as exc:
+        print_traceback_if_asked(exc)
         print(f"harness dashboard: refused: {exc}", file=sys.stderr)
         return 2
     spec = build_spec(
