@@ -342,6 +342,23 @@ def jsonl_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
     return enumerate(data.splitlines(), start=1)
 
 
+def jsonl_text_lines(data: bytes, path: str | Path, error: type[Exception]) -> Iterator[tuple[int, str, str]]:
+    """``(line number, "<path>:<n>", text)`` of each non-blank line of a JSON Lines file's bytes, split
+    by :func:`jsonl_lines` and decoded as UTF-8; a line that is not UTF-8 raises ``error`` naming its
+    line, byte and column."""
+    for n, raw in jsonl_lines(data):
+        where = f"{path}:{n}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise error(
+                f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
+                "save the file as UTF-8"
+            ) from None
+        if line.strip():
+            yield n, where, line
+
+
 # --------------------------------------------------------------------------------------------
 # the user's own files
 

