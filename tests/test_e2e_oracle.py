@@ -401,6 +401,41 @@ def test_sequoia_shaped_tree_case_samples_its_parent_array(models):
     assert result.nodes[0].token_id != result.nodes[1].token_id  # siblings drawn without replacement
 
 
+def test_a_committed_id_past_the_short_draft_s_embedding_is_read_as_the_stand_in_once_noted(
+    models, capsys, monkeypatch
+):
+    from harness.proposers import draft_model
+    from harness.random_source import TorchRandomSource
+
+    case = CASES["draft-short/wor/exp31/T1-topk2"]
+    short = models.draft_for(case)
+    limit = short.vocab_size
+    assert limit < models.target.vocab_size
+    draft_model._STAND_IN_NOTED.discard(short.model)
+    proposer = E.make_proposer(case, draft=short, policy=E.case_policy(case), target_vocab=models.target.vocab_size)
+    prompt = list(case.prompt)
+    proposer.start(prompt)
+    first = [*prompt, limit]  # the target committed an id the draft has no embedding row for
+    proposer.propose(first, TorchRandomSource(0))
+    seq = proposer.seq
+    assert seq.cached_tokens[: len(first)] == [*prompt, proposer.stand_in]
+    fed = []
+    forward_rows = short.forward_rows
+
+    def recording(state, ids, positions, mask):
+        fed.append((list(ids), list(positions)))
+        return forward_rows(state, ids, positions, mask)
+
+    monkeypatch.setattr(short, "forward_rows", recording)
+    result = proposer.propose([*first, 1, limit + 1], TorchRandomSource(1))
+    # the next round kept the rows it had read (the stand-in compared equal) and fed only what was new
+    assert fed[0] == ([1, proposer.stand_in], [len(first), len(first) + 1]) and result.nodes
+    assert seq.cached_tokens[: len(first) + 2] == [*prompt, proposer.stand_in, 1, proposer.stand_in]
+    assert all(n.token_id < proposer.vocab_range for n in result.nodes)
+    err = capsys.readouterr().err
+    assert err.count("harness: note: the target committed id") == 1 and f"as id {proposer.stand_in}" in err
+
+
 def test_float32_cases_run_the_round_in_float32_against_a_float64_reference(models):
     cases = [c for c in E.e2e_cases() if c.dtype == torch.float32]
     assert {c.proposer for c in cases} >= {"draft_model"}

@@ -894,6 +894,19 @@ def standard_cases() -> list[E2ECase]:
             draft="short",
             prompt=(1, 2, 0, 1, 2, 0, 1, 2),
         ),
+        # a second round after the target committed an id the short draft has no embedding row for:
+        # the draft reads it as its stand-in id and the output stays exact
+        E2ECase(
+            "draft-short/wor/exp31/T1-topk2/2-rounds",
+            "draft_model",
+            Budget(shape="expansion", max_nodes=6, max_depth=2, widths=(3, 1)),
+            SamplingPolicy(temperature=1.0, top_k=2),
+            "without_replacement",
+            length=3,
+            rounds=2,
+            draft="short",
+            prompt=(1, 2, 0, 1, 2, 0, 1, 2),
+        ),
         E2ECase("draft/iid/choices/T0.8-topk3-topp0.9", "draft_model", choices, trunc, "iid"),
         E2ECase("draft/beam/choices/T0", "draft_model", choices, greedy, "beam"),
         E2ECase("eagle/beam/dynamic/T0/2-rounds", "eagle", dynamic, greedy, "beam", rounds=2),

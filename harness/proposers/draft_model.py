@@ -22,7 +22,10 @@ Vocabularies: the draft proposes only ids in ``vocab_range``, the range its toke
 the target's (checkpoints of one family pad their embedding matrices to different sizes). Its law
 is the policy applied to its logits over that range alone, so q is a proper distribution over ids
 the target can score, written into the target's vocabulary width (zero beyond the range) on the
-target's device.
+target's device. A committed id the draft's embedding has no row for (the target sampled one of its
+own padding ids) is fed to the draft as a stand-in id (its config's ``pad_token_id`` where that is
+in range, else 0): the draft's view of that position is then approximate, its proposals may be
+weaker after it, and the verifier keeps the output exact. A note on stderr says when that happened.
 
 Sampling: ``sampling=iid`` (SpecInfer), ``without_replacement`` (Sequoia) or ``beam``
 (deterministic top-k of the draft's own softmax, score-only evidence). q is the draft's
@@ -33,6 +36,7 @@ carries the law it was drawn from.
 from __future__ import annotations
 
 import sys
+import weakref
 from dataclasses import replace
 from typing import ClassVar
 
@@ -53,6 +57,16 @@ from harness.target.backend import CacheState, CausalLMBackend, cache_bytes
 from harness.target.loading import shared_vocab_size
 from harness.target.paths import PathRows
 from harness.verifiers.sampling import SamplingPolicy
+
+#: draft models whose stand-in note has been printed
+_STAND_IN_NOTED: weakref.WeakSet = weakref.WeakSet()
+
+
+def stand_in_id(backend: CausalLMBackend) -> int:
+    """The id a draft reads in place of a committed id past its embedding: its config's
+    ``pad_token_id`` where that is one of its ids, else 0."""
+    pad = getattr(getattr(backend.model, "config", None), "pad_token_id", None)
+    return pad if isinstance(pad, int) and 0 <= pad < backend.vocab_size else 0
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -108,6 +122,7 @@ class DraftModelProposer(Proposer):
                 f"target vocabulary {self.target_vocab})]"
             )
         self.target_device = torch.device(target_device) if target_device is not None else None
+        self.stand_in = stand_in_id(backend)
         self.seq: CacheState | None = None
         self.peak_state_bytes = 0
 
@@ -166,7 +181,23 @@ class DraftModelProposer(Proposer):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompt_ids: list[int]) -> None:
-        self.seq = self.backend.prefill_one(prompt_ids)
+        self.seq = self.backend.prefill_one(self.draft_ids(prompt_ids))
+
+    def draft_ids(self, tokens: list[int]) -> list[int]:
+        """``tokens`` as the draft reads them: ids past its embedding become :attr:`stand_in`."""
+        if self.target_vocab <= self.backend.vocab_size:
+            return tokens
+        limit = self.backend.vocab_size
+        out = [t if t < limit else self.stand_in for t in tokens]
+        if self.backend.model not in _STAND_IN_NOTED and any(t >= limit for t in tokens):
+            _STAND_IN_NOTED.add(self.backend.model)  # once per draft model, forks and requests included
+            print(
+                f"harness: note: the target committed id {max(tokens)}, past the draft's {limit}-id "
+                f"embedding: the draft reads such ids as id {self.stand_in} (its proposals may be weaker "
+                "after them; the verifier keeps the output exact)",
+                file=sys.stderr,
+            )
+        return out
 
     def finish(self) -> None:
         self.seq = None
@@ -179,7 +210,8 @@ class DraftModelProposer(Proposer):
         """A :class:`~harness.proposers.memo.LawTable` of this draft's laws below ``committed``
         (the statistical gate's fixed prefix): its own cache of the prefix, laws by path computed
         many per forward, exactly :meth:`law` of the draft's logits at each candidate prefix."""
-        return LawTable(PathRows(self.backend, self.backend.prefill_one(committed), transform=self.law), committed)
+        cache = self.backend.prefill_one(self.draft_ids(committed))
+        return LawTable(PathRows(self.backend, cache, transform=self.law), committed)
 
     def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
         if self.law_table is not None:  # the statistical gate's passes: laws by candidate prefix
@@ -195,9 +227,10 @@ class DraftModelProposer(Proposer):
             return self.empty_proposal(handle)
         backend = self.backend
         # roll back to the committed path, then feed what the draft has not seen (pending included)
-        keep = min(common_prefix_len(seq.cached_tokens, committed), len(committed) - 1)
+        seen = self.draft_ids(committed)
+        keep = min(common_prefix_len(seq.cached_tokens, seen), len(committed) - 1)
         backend.truncate(seq, keep)
-        feed = committed[keep:]
+        feed = seen[keep:]
         frontier = memo_call(  # [V]
             self,
             ("feed", keep, tuple(feed)),
