@@ -99,6 +99,21 @@ def test_jsonl_missing_fields_and_duplicates(tmp_path):
         r"assistant, tool",
     ):
         load_jsonl(str(f), "eval")
+    # a list that ends with the assistant's (or only a system) message was answered as if nothing was asked
+    for last in ("assistant", "system"):
+        f.write_text(
+            json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": last, "content": "x"}]})
+        )
+        with pytest.raises(
+            WorkloadError,
+            match=rf"""w.jsonl:1: "messages" of id 'a' end with a {last} message; the chat is rendered with the """
+            r"template's generation prompt.*end the list with a message from user or tool",
+        ):
+            load_jsonl(str(f), "eval")
+    f.write_text(
+        json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "4"}]})
+    )
+    assert [p.messages[-1]["role"] for p in load_jsonl(str(f), "eval")] == ["tool"]
 
 
 def test_jsonl_messages_and_split_field(tmp_path):

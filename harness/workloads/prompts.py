@@ -265,6 +265,10 @@ def _check_split(where: str, obj: dict) -> None:
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
+#: the roles a prompt's last message may have: the model's answer follows it
+ANSWERED_ROLES = ("user", "tool")
+
+
 #: the keys a harness prompt line may hold
 HARNESS_PROMPT_KEYS = ("id", "prompt", "messages", "category", "split", "reference")
 
@@ -296,6 +300,13 @@ def _harness_prompt(where: str, obj: dict) -> Prompt:
         )
     if "messages" in obj and not any(m["content"].strip() for m in obj["messages"]):
         raise WorkloadError(f'{where}: "messages" of id {obj["id"]!r} are all empty: there is nothing to answer')
+    if "messages" in obj and obj["messages"][-1]["role"] not in ANSWERED_ROLES:
+        raise WorkloadError(
+            f'{where}: "messages" of id {obj["id"]!r} end with a {obj["messages"][-1]["role"]} message; the chat '
+            "is rendered with the template's generation prompt, so the model would answer after it as if "
+            f"asked nothing: end the list with a message from {' or '.join(ANSWERED_ROLES)}, or give the text to "
+            'continue as "prompt"'
+        )
     for key in ("category", "split", "reference"):
         if obj.get(key) is not None and not isinstance(obj[key], str):
             raise WorkloadError(f'{where}: "{key}" must be a string; got {json.dumps(obj[key])[:40]}')
