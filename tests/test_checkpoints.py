@@ -568,6 +568,46 @@ def test_a_checkpoint_with_a_non_finite_weight_is_refused_at_load_naming_the_ten
         load_model(name="hf", name_or_path=str(path))
 
 
+def test_a_config_declaring_fewer_layers_than_the_weights_hold_is_refused_at_load(tmp_path):
+    """The extra layers' tensors went unused with a warning, and a truncated model ran as the target."""
+    import json
+
+    from harness.target.loading import build_tiny_model, check_loading_info, load_model
+
+    path = tiny_checkpoint(tmp_path / "ckpt", num_layers=3)
+    config = json.loads((path / "config.json").read_text())
+    config["num_hidden_layers"] = 1
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^checkpoint '{path}': config.json declares 1 decoder layer\(s\) but the weights hold layer\(s\) "
+        r"up to index 2: the model would run without them",
+    ):
+        load_model(name="hf", name_or_path=str(path))
+
+    config["num_hidden_layers"] = 0
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"declares 0 decoder layers: there is no model"):
+        load_model(name="hf", name_or_path=str(path))
+
+    # tensors a model does not use inside its own layers (an old checkpoint's rotary buffers), another
+    # module's layers (a vision tower's) and a multi-token-prediction layer the config declares past
+    # its decoder layers stay a warning
+    model = build_tiny_model(num_layers=2)
+    model.config.num_nextn_predict_layers = 1
+    info = {
+        "unexpected_keys": [
+            "model.layers.1.self_attn.rotary_emb.inv_freq",
+            "vision_tower.encoder.layers.7.mlp.fc1.weight",
+            "model.layers.2.mlp.up_proj.weight",
+        ]
+    }
+    assert check_loading_info(info, source="ckpt", model=model)["unexpected_keys"] == sorted(info["unexpected_keys"])
+    model.config.num_nextn_predict_layers = 0
+    with pytest.raises(CheckpointError, match="declares 2 decoder layer.* up to index 2"):
+        check_loading_info(info, source="ckpt", model=model)
+
+
 def test_options_a_published_checkpoint_decides_are_inert_and_out_of_the_manifest(tmp_path):
     """A published head bank or EAGLE draft is never trained here, and an EAGLE draft's shape is
     read from its files: those options changed nothing but the manifest hash (two identical runs

@@ -406,7 +406,7 @@ def load_model(
             output_loading_info=True,
             **pinned,
         )
-        report = check_loading_info(info, source=source)
+        report = check_loading_info(info, source=source, model=model)
         check_finite_weights(model, source=source)
         report["layers"] = _layer_count(model)
         if tokenizer is None:
@@ -459,9 +459,19 @@ def check_finite_weights(model: torch.nn.Module, *, source: str) -> None:
                 )
 
 
-def check_loading_info(info: dict, *, source: str) -> dict:
+#: a layer's tensor: its index in group 1
+LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+#: config keys that count multi-token-prediction layers a checkpoint stores past its decoder layers
+PREDICTION_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
+
+
+def check_loading_info(info: dict, *, source: str, model: torch.nn.Module | None = None) -> dict:
     """``from_pretrained``'s loading info -> a report; refuses missing or mis-shaped weights with
-    their key names and logs the checkpoint tensors the model did not use."""
+    their key names and logs the checkpoint tensors the model did not use. With the ``model``, an
+    unused tensor that is a tensor of the model's decoder layers at an index past its config's
+    layer count (and past the multi-token-prediction layers the config declares) is refused: the
+    model would run without that layer."""
     missing = sorted(info.get("missing_keys") or [])
     unexpected = sorted(info.get("unexpected_keys") or [])
     mismatched = sorted(str(k) for k in (info.get("mismatched_keys") or []))
@@ -478,6 +488,28 @@ def check_loading_info(info: dict, *, source: str) -> dict:
             f"checkpoint {source!r} does not fill the model: {'; '.join(parts)} "
             "(they would run with random values; check the checkpoint's files and config.json)"
         )
+    config = getattr(model, "config", None)
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, int) and layers < 1:
+        raise CheckpointError(f"checkpoint {source!r}: config.json declares {layers} decoder layers: there is no model")
+    if isinstance(layers, int) and unexpected:
+        extra = sum(int(getattr(config, k, 0) or 0) for k in PREDICTION_LAYER_KEYS)
+        own = set(model.state_dict())
+        beyond = sorted(
+            {
+                int(m.group(1))
+                for k in unexpected
+                if (m := LAYER_KEY.search(k))
+                and int(m.group(1)) >= layers + extra
+                and k[: m.start(1)] + "0" + k[m.end(1) :] in own
+            }
+        )
+        if beyond:
+            raise CheckpointError(
+                f"checkpoint {source!r}: config.json declares {layers} decoder layer(s) but the weights hold "
+                f"layer(s) up to index {beyond[-1]}: the model would run without them (a model given by path "
+                "loads whole); correct num_hidden_layers in config.json"
+            )
     if unexpected:
         log.warning(
             "checkpoint %s: %d tensor(s) the model does not use: %s", source, len(unexpected), _keys(unexpected)
