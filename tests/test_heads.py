@@ -158,6 +158,21 @@ def perturbed_heads(kind, model, seed=0):
     return heads.eval()
 
 
+def test_attention_heads_constrain_the_hidden_width_only_of_heads_that_attend():
+    """Medusa and Hydra without the prefix layer have no attention: a hidden width the default
+    attn_heads does not divide was refused, naming an option the recipe leaves out."""
+    for kind in ("medusa", "hydra"):
+        spec = HeadSpec(kind=kind, num_heads=2, hidden_size=18, embed_size=18)
+        heads = DraftHeads(spec)
+        assert spec.attn_heads == 4 and heads.prefix is None and heads.augment is None
+    for attending in (
+        dict(kind="hydra", prefix_attention=True),
+        dict(kind="clover"),
+    ):
+        with pytest.raises(ValueError, match="hidden_size 18 must be divisible by attn_heads 4"):
+            HeadSpec(num_heads=2, hidden_size=18, embed_size=18, **attending)
+
+
 def test_cartesian_tree_parent_dependence(env):
     """Cartesian beam trees: Medusa puts the same children below every depth-1 node, Hydra need not."""
     prompt = env["docs"][31][:8]

@@ -81,7 +81,8 @@ class HeadSpec:
             raise ValueError(f"head kind must be one of {list(HEAD_KINDS)}; got {self.kind!r}")
         if self.num_heads < 1 or self.mlp_layers < 1 or self.prefix_window < 1:
             raise ValueError(f"num_heads, mlp_layers and prefix_window must be >= 1; got {self}")
-        if self.hidden_size % self.attn_heads:
+        attends = self.prefix_attention or self.kind == "clover"  # Medusa and plain Hydra have no attention
+        if attends and self.hidden_size % self.attn_heads:
             raise ValueError(f"hidden_size {self.hidden_size} must be divisible by attn_heads {self.attn_heads}")
         if self.kind != "clover":
             if self.version:
