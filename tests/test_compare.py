@@ -404,7 +404,8 @@ def test_runs_without_a_value_of_the_by_axis_are_an_arm_of_their_own():
 
 def test_arms_with_batched_runs_say_their_figures_are_per_request():
     """At batch > 1 a prompt's time is its request's latency in the batch: compare's figures for such
-    an arm are per request (a record's request_speedup), and the table says so under the section."""
+    an arm are per request (summed request latencies over summed tokens), and the table says so under
+    the section."""
     from harness.tracking.compare import batched_note
 
     df = aggregate(FIXTURES)
@@ -620,17 +621,20 @@ def test_arms_that_differ_beyond_the_by_axis_or_ran_other_prompts_say_so_without
         "note: the arms differ in more than proposer (model: a m@bfloat16, b m; workload.split: a eval, b dev)"
     ) in text
     assert "note: the arms ran different prompts (a: 2, b: 2; 0 common to all)" in text
+    # against a baseline of one model (another dtype is another model: no ratio, "- (other model)")
+    df["model"] = ["m", "m"]
+    df["verifier"] = ["typical", "greedy"]
     with_base = format_table(compare(df, baseline="b", n_resamples=50), by="proposer", baseline="b", level=0.95)
     assert "- (no prompt in common)" in with_base
     assert "compared with the baseline across other axes" not in with_base  # a ratio that does not exist
     df["per_prompt"] = [df["per_prompt"][0], df["per_prompt"][0]]  # the same prompts: a ratio, qualified
     df = df.drop(columns=["config.workload.split"])
     paired = format_table(compare(df, baseline="b", n_resamples=50), by="proposer", baseline="b", level=0.95)
-    assert "arms compared with the baseline across other axes or options too (a: model m@bfloat16 vs m" in paired
+    assert "arms compared with the baseline across other axes or options too (a: verifier typical vs greedy" in paired
     # a config key apart from the baseline is named too, as the arms-apart note names it
     df["config.generation.max_new_tokens"] = [16, 24]
     paired = format_table(compare(df, baseline="b", n_resamples=50), by="proposer", baseline="b", level=0.95)
-    assert "(a: model m@bfloat16 vs m, generation.max_new_tokens 16 vs 24)" in paired
+    assert "(a: verifier typical vs greedy, generation.max_new_tokens 16 vs 24)" in paired
     # a balanced sweep (every arm crossed with the same temperatures and max_nodes) sets no arm apart
     runs = {f"r{i}": {"proposer": p, "prompts": pa} for i, p in enumerate("aabb")}
     df = _toy(runs)
@@ -699,7 +703,7 @@ def test_an_arm_that_sped_up_with_nothing_accepted_is_noted():
 def test_an_arm_of_another_model_than_the_baseline_has_no_ratio_to_it():
     """A draft-model arm on SmolLM2 against a prompt-lookup baseline on the tiny model printed a
     vs-baseline "200.142": one model's milliseconds over another's. No ratio now, and a note says
-    why; the same model in another dtype keeps its ratio (the baseline note qualifies it)."""
+    why; the same model in another dtype is another model, with no ratio either."""
     prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
     df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "b", "prompts": prompts}})
     df["model"] = ["smollm2", "tiny"]
@@ -713,8 +717,11 @@ def test_an_arm_of_another_model_than_the_baseline_has_no_ratio_to_it():
         "ratio to it: one model's time per token over another's is the models' difference, not proposer's"
     ) in text
     df["model"] = ["tiny@bfloat16", "tiny"]
-    a = _row(compare(df, baseline="b", n_resamples=50), "a")
-    assert a.vs_baseline is not None and a.baseline_other_model == []
+    rows = compare(df, baseline="b", n_resamples=50)
+    a = _row(rows, "a")
+    assert a.vs_baseline is None and a.baseline_other_model == ["tiny@bfloat16", "tiny"]
+    text = format_table(rows, by="proposer", baseline="b", level=0.95)
+    assert "- (other model)" in text and "(a: model tiny@bfloat16 vs tiny) have no ratio to it" in text
     by_model = compare(df, by="model", baseline="tiny", n_resamples=50)  # the models are the arms: a ratio
     assert _row(by_model, "tiny@bfloat16").vs_baseline is not None
 
@@ -840,14 +847,44 @@ def test_an_arm_pooling_runs_of_other_code_is_noted_and_its_cell_names_it_first(
 
 def test_an_arm_s_runs_of_several_target_models_are_arms_apart():
     """by=batch_size pooled a tiny-model run with a SmolLM2 run into one arm with one interval, flagged
-    only in its mixed-axes cell; each model is its own arm now (a dtype is no other model)."""
+    only in its mixed-axes cell; each model is its own arm now."""
     prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
     df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "a", "prompts": prompts}})
     df["model"] = ["smollm2", "tiny"]
     arms = {r.arm for r in compare(df, n_resamples=50)}
     assert arms == {"a (model=smollm2)", "a (model=tiny)"}
-    df["model"] = ["tiny@bfloat16", "tiny"]
-    assert {r.arm for r in compare(df, n_resamples=50)} == {"a"}
+
+
+def test_two_dtypes_of_one_model_are_two_arms_with_no_ratio_between_them(tmp_path):
+    """Two records identical but for the target's dtype were pooled into one arm (the model label was
+    read without its ``@dtype``), and against a baseline of the other dtype kept a ratio: one dtype's
+    times over another's. Each dtype is its own arm, named by its model label, in the table and the
+    leaderboard, and has no ratio to a baseline of the other dtype."""
+    from harness.tracking.compare import leaderboard
+
+    template = fixture_record(1)
+    proposer = template["axes"]["proposer"]
+    for name, dtype, model in (("fp32", "float32", "tiny"), ("bf16", "bfloat16", "tiny@bfloat16")):
+        record = json.loads(json.dumps(template))
+        record["run_id"] = f"{template['run_id']}-{name}"
+        record["axes"]["model"] = model
+        record["config"]["model"]["dtype"] = dtype
+        folder = tmp_path / "runs" / name
+        folder.mkdir(parents=True)
+        shutil.copy(fixture_run(1) / "outputs.jsonl", folder / "outputs.jsonl")
+        (folder / "record.json").write_text(json.dumps(record))
+    df = aggregate(tmp_path / "runs")
+    rows = compare(df, n_resamples=50)
+    fp32, bf16 = f"{proposer} (model=tiny)", f"{proposer} (model=tiny@bfloat16)"
+    assert {r.arm for r in rows} == {fp32, bf16}
+    assert len(_row(rows, fp32).run_ids) == 1 and len(_row(rows, bf16).run_ids) == 1
+    _, board = leaderboard(df, n_resamples=50)
+    assert sorted(r.arm for r in board) == sorted([fp32, bf16])
+    with_base = compare(df, baseline=fp32, n_resamples=50)
+    assert _row(with_base, bf16).vs_baseline is None
+    assert _row(with_base, bf16).baseline_other_model == ["tiny@bfloat16", "tiny"]
+    text = format_table(with_base, by="proposer", baseline=fp32, level=0.95)
+    assert "- (other model)" in text and f"({bf16}: model tiny@bfloat16 vs tiny) have no ratio to it" in text
 
 
 def test_arms_by_a_config_key_are_not_set_apart_by_that_key_and_a_numeric_baseline_matches_its_arm():
@@ -870,18 +907,14 @@ def test_arms_by_a_config_key_are_not_set_apart_by_that_key_and_a_numeric_baseli
 
 def test_mixed_axes_lists_the_options_every_run_sets_when_their_group_s_axis_differs_too():
     """A pooled arm whose runs differ in topology and in a max_nodes both topologies take listed
-    the topology only; an option one topology lacks stays out, as does the model's dtype (the model
-    axis names it)."""
+    the topology only; an option one topology lacks stays out."""
     prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 12, 10, 20, 10)]
     df = _toy({"r1": {"proposer": "a", "prompts": prompts}, "r2": {"proposer": "a", "prompts": prompts}})
     df["topology"] = ["sequence", "expansion"]
     df["config.topology.max_nodes"] = [2, 8]
     df["config.topology.expansion_width"] = [None, 4]
-    df["model"] = ["tiny", "tiny@bfloat16"]
-    df["config.model.dtype"] = ["float32", "bfloat16"]
     df["config.model.tiny.hidden_size"] = [32, 64]
     assert _row(compare(df, n_resamples=50), "a").varying == {
-        "model": ["tiny", "tiny@bfloat16"],
         "topology": ["expansion", "sequence"],
         "model.tiny.hidden_size": ["32", "64"],
         "topology.max_nodes": ["2", "8"],

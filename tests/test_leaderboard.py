@@ -189,3 +189,83 @@ def test_a_run_without_rounds_or_prefill_pooled_with_one_that_has_them_gives_no_
     pl = next(r for r in rows if r.arm == "prompt_lookup").cells["overall"]
     assert pl.accepted_tokens.value is None and pl.spec_bench_speedup is None
     assert pl.speedup.value == pytest.approx((420 / 50) / (230 / 50))  # the decode times are complete
+
+
+def _pool_a_second_temperature(root):
+    """A run of prompt_lookup at temperature 0.7 beside its run at 0: one arm by proposer pools both."""
+    record = json.loads((root / "lb0" / "record.json").read_text())
+    record["run_id"] = "lb0-t07"
+    record["axes"]["temperature"] = 0.7
+    d = root / "lb0-t07"
+    d.mkdir()
+    shutil.copy(root / "lb0" / "outputs.jsonl", d / "outputs.jsonl")
+    (d / "record.json").write_text(json.dumps(record))
+
+
+def test_a_row_pooling_runs_of_other_temperatures_names_them_in_text_json_and_report(root, tmp_path, capsys):
+    """The leaderboard merged every run of one proposer, whatever its temperature, verifier or batch
+    size, into one row with nothing said, where the comparison table lists them under "mixed axes".
+    Each row now carries what varies among its runs, and the notes under the table name it."""
+    _pool_a_second_temperature(root)
+    columns, rows = leaderboard(aggregate(root), n_resamples=50)
+    by_arm = {r.arm: r for r in rows}
+    assert by_arm["prompt_lookup"].varying == {"temperature": ["0", "0.7"]} and by_arm["rest"].varying == {}
+    assert by_arm["prompt_lookup"].apart == {"temperature": "0,0.7"} and by_arm["rest"].apart == {"temperature": "0"}
+    text = format_leaderboard(columns, rows, by="proposer", level=0.95)
+    assert (
+        "note: arms pooling runs that differ in more than proposer (prompt_lookup: temperature=0,0.7): each of "
+        "their cells pools those runs' prompts into one figure"
+    ) in text
+    assert "note: the arms differ in more than proposer (temperature: prompt_lookup 0,0.7, rest 0)" in text
+    out = tmp_path / "c.json"
+    assert main([str(root), "resamples=50", f"json={out}"]) == 0
+    printed = capsys.readouterr().out
+    board_text = printed[printed.index("== leaderboard") :]
+    assert "arms pooling runs that differ in more than proposer (prompt_lookup: temperature=0,0.7)" in board_text
+    board = json.loads(out.read_text())["leaderboard"]
+    rows_json = {r["arm"]: r for r in board["rows"]}
+    assert rows_json["prompt_lookup"]["varying"] == {"temperature": ["0", "0.7"]}
+    assert rows_json["rest"]["varying"] == {} and rows_json["prompt_lookup"]["batch_sizes"] == [1]
+    assert any("prompt_lookup: temperature=0,0.7" in note for note in board["notes"]["exact"])
+    recipe_path = find_recipe("default")
+    md = build_report(
+        aggregate(root), tmp_path / "rep", load_recipe(recipe_path), recipe_path=recipe_path, source="x"
+    ).read_text()
+    leader_md = md[md.index("## Leaderboard") : md.index("## Plots")]
+    assert "Note: arms pooling runs that differ in more than proposer (prompt_lookup: temperature=0,0.7)" in leader_md
+    plots_md = md[md.index("## Plots") :]  # each bar plot's caption, its marks escaped for Markdown
+    caption = r"Note: arms marked \* pool runs that differ in more than proposer (prompt_lookup\*: temperature=0,0.7)"
+    assert plots_md.count(caption) == 2
+
+
+def test_a_leaderboard_of_batched_arms_says_their_speedups_are_per_request():
+    columns, rows = leaderboard(aggregate(FIXTURE.parent), by="batch_size", n_resamples=50)
+    assert {r.arm: r.batch_sizes for r in rows if r.section == "exact"}["4"] == (4,)
+    text = format_leaderboard(columns, rows, by="batch_size", level=0.95)
+    assert "note: arms with runs at batch > 1 (2 (batch 2); 4 (batch 4)): a prompt's time is its request's" in text
+
+
+def test_the_speedup_bar_plots_mark_an_arm_pooling_other_temperatures(root):
+    """Both speedup bar plots drew an arm pooling runs of two temperatures as one bar, unmarked. Its
+    label carries a mark, and the footnote under the figure and the caption the report writes name
+    what it pools; an arm of one setting stays unmarked."""
+    from harness.tracking.report import PLOTS
+
+    plain = PLOTS["speedup_by_proposer_workload"](aggregate(root), {})
+    assert [t.get_text() for t in plain.figure.axes[0].get_xticklabels()] == ["prompt_lookup", "rest"]
+    assert plain.caption == "" and not plain.figure.legends
+    _pool_a_second_temperature(root)
+    df = aggregate(root)
+    plot = PLOTS["speedup_by_proposer_workload"](df, {})
+    assert [t.get_text() for t in plot.figure.axes[0].get_xticklabels()] == ["prompt_lookup*", "rest"]
+    assert plot.caption.startswith(
+        "arms marked * pool runs that differ in more than proposer (prompt_lookup*: temperature=0,0.7)"
+    )
+    (footnote,) = plot.figure.legends  # drawn under the axes
+    assert footnote.get_title().get_text() == "* pools runs that differ in more than proposer"
+    assert [t.get_text() for t in footnote.get_texts()] == ["prompt_lookup*: temperature=0,0.7"]
+    plot = PLOTS["speedup_by_category"](df, {})
+    labels = [t.get_text() for t in plot.figure.axes[0].get_legend().get_texts()]
+    assert labels == ["proposer: prompt_lookup*", "proposer: rest"]
+    assert "(prompt_lookup*: temperature=0,0.7)" in plot.caption
+    assert [t.get_text() for t in plot.figure.legends[0].get_texts()] == ["prompt_lookup*: temperature=0,0.7"]

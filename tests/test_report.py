@@ -667,12 +667,13 @@ def test_the_category_plot_draws_the_report_table_s_intervals_and_by_groups_the_
     assert f"; {bare} bars without one: a single prompt)" in ax_one.get_title()
     ax1 = PLOTS["speedup_by_proposer_workload"](exact, {"by": "topology"}).figure.axes[0]
     assert ax1.get_xlabel() == "topology"
-    assert [t.get_text() for t in ax1.get_xticklabels()] == sorted(set(exact["topology"]))
     # an error bar only where a speedup has an interval (a one-prompt bar had a zero-width one), and
     # each category's bars a colour of their own, none the grey of the "all" bars
-    from harness.tracking.compare import compare
+    from harness.tracking.compare import ALL, compare, pooled
 
     rows_ = [r for r in compare(exact, by="topology") if r.section == "exact"]
+    marked = {r.arm: r.arm + "*" if pooled(r.varying) else r.arm for r in rows_ if r.category == ALL}
+    assert [t.get_text() for t in ax1.get_xticklabels()] == [marked[t] for t in sorted(set(exact["topology"]))]
     with_ci = sorted(
         (round(r.speedup.ci_low, 9), round(r.speedup.ci_high, 9)) for r in rows_ if r.speedup.ci_low is not None
     )
@@ -1097,7 +1098,7 @@ def test_the_report_s_table_and_plot_draw_the_same_interval_beside_an_older_reco
 def test_the_bar_plots_draw_every_section_the_recipe_names_each_arm_tagged_with_its_section():
     """Both bar plots drew the first of a recipe's sections only: ``sections: [exact, heuristic]``
     left the heuristic runs out without a word. Each named section's arms are drawn, tagged."""
-    from harness.tracking.compare import compare, leaderboard
+    from harness.tracking.compare import ALL, compare, leaderboard, pooled
     from harness.tracking.report import SECTION_STYLE
 
     df = _store_frame()
@@ -1106,9 +1107,10 @@ def test_the_bar_plots_draw_every_section_the_recipe_names_each_arm_tagged_with_
     spec = {"sections": ["heuristic", "exact"]}
     ax = PLOTS["speedup_by_proposer_workload"](df, spec).figure.axes[0]
     ticks = [t.get_text() for t in ax.get_xticklabels()]
-    rows = [r for r in compare(df) if r.section in ("exact", "heuristic")]
-    exact_arms = sorted({r.arm for r in rows if r.section == "exact"})
-    heuristic_arms = sorted({r.arm for r in rows if r.section == "heuristic"})
+    rows = [r for r in compare(df) if r.section in ("exact", "heuristic") and r.category == ALL]
+    star = {(r.section, r.arm): "*" if pooled(r.varying) else "" for r in rows}  # an arm pooling other settings
+    exact_arms = sorted(r.arm + star[(r.section, r.arm)] for r in rows if r.section == "exact")
+    heuristic_arms = sorted(r.arm + star[(r.section, r.arm)] for r in rows if r.section == "heuristic")
     assert heuristic_arms and ticks == exact_arms + [a + tag for a in heuristic_arms]
     assert "(exact, heuristic runs;" in ax.get_title()
     # one section named: the arms untagged, as before
@@ -1117,7 +1119,8 @@ def test_the_bar_plots_draw_every_section_the_recipe_names_each_arm_tagged_with_
     ax = PLOTS["speedup_by_category"](df, spec).figure.axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     _, board = leaderboard(df[df["section"].isin(["exact", "heuristic"])])
-    assert labels == [f"proposer: {r.arm}" for r in board if r.section == "exact"] + [
-        f"proposer: {r.arm}{tag}" for r in board if r.section == "heuristic"
+    marked = {(r.section, r.arm): r.arm + ("*" if pooled(r.varying) else "") for r in board}
+    assert labels == [f"proposer: {marked[('exact', r.arm)]}" for r in board if r.section == "exact"] + [
+        f"proposer: {marked[('heuristic', r.arm)]}{tag}" for r in board if r.section == "heuristic"
     ]
     assert any(tag in label for label in labels) and "(exact, heuristic runs;" in ax.get_title()

@@ -217,6 +217,36 @@ def test_a_store_whose_job_was_re_run_since_is_refused_as_stale(tmp_path):
     assert len(read_results(away / "store.parquet")[0]) == 11
 
 
+def test_a_store_lacking_a_complete_job_written_after_it_is_refused_as_stale(tmp_path):
+    """A complete job written into the records folder after its store was built was left out, with
+    nothing said, by compare and report reading the store. The store is refused now, naming the
+    folder and the run; a record that is no complete job (outputs missing) does not make it stale,
+    and a store copied away from its records still reads."""
+    root = tmp_path / "records"
+    shutil.copytree(fixture_run(1), root / "one")
+    rebuild_store(root)
+    assert list(read_results(root / "store.parquet")[0]["run_id"]) == [fixture_run_id(1)]
+    shutil.copytree(fixture_run(2), root / "two")
+    outputs = root / "two" / "outputs.jsonl"
+    kept = outputs.read_bytes()
+    outputs.unlink()  # no complete job yet: the folder leaves it out too
+    assert len(read_results(root / "store.parquet")[0]) == 1
+    outputs.write_bytes(kept)
+    with pytest.raises(RecordError) as info:
+        read_results(root / "store.parquet")
+    assert str(info.value) == (
+        f"{root / 'store.parquet'} is stale: two holds run {fixture_run_id(2)}, a complete job the store lacks "
+        f"(written after the store was built); give the folder instead (`{root}`: its records are read now, "
+        "without the store), or launch the sweep again to rebuild the store"
+    )
+    assert set(read_results(root)[0]["run_id"]) == {fixture_run_id(1), fixture_run_id(2)}
+    away = tmp_path / "away"
+    away.mkdir()
+    shutil.copy(root / "store.parquet", away / "store.parquet")
+    shutil.copytree(fixture_run(3), away / "three")  # beside a store of other folders: not its own records
+    assert len(read_results(away / "store.parquet")[0]) == 1
+
+
 def test_a_store_counting_a_run_whose_outputs_changed_since_is_refused(tmp_path):
     """The folder leaves out a record whose bound outputs changed (no complete job); the store built
     before the change still counted it, so the two gave different figures. The store is refused,

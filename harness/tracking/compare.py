@@ -15,7 +15,8 @@ written before, and refuses a run's record or outputs, a folder, or any other ex
 An *arm* is every run sharing one value of the ``by`` axis inside one section (after the
 filters), on one target model and one machine: the runs of one value on several models or machines
 are arms apart, each named by what sets it apart (``draft_model (model=tiny)``,
-``draft_model (machine=cuda: NVIDIA H100)``), and an arm pooling runs of other code is noted under
+``draft_model (machine=cuda: NVIDIA H100)``); a model is its full ``model`` label, dtype included, so
+``tiny`` (float32) and ``tiny@bfloat16`` are two models. An arm pooling runs of other code is noted under
 its table. Arms by the machine itself (``by=hardware.device_name``, ``by=hardware.device``) differ in
 it by design: they have a ratio to a baseline on another machine, as arms by model to another model.
 Its per-prompt rows are summed by prompt (its id and content fingerprint, :func:`prompt_key`) over
@@ -30,11 +31,14 @@ its runs, so the pairing unit is always the prompt. For each arm and each worklo
   speculative arm's cost), the counterpart of a record's headline ``speedup``;
 * with ``baseline=V``: ``vs_baseline`` = time per committed token of arm ``V`` over this arm's,
   on the prompts both arms ran (> 1: this arm is faster); none where this arm's runs are of
-  another target model than the baseline's (one model's times over another's).
+  another target model than the baseline's, another dtype of it included (one model's times over
+  another's).
 
 At batch > 1 a prompt's time is its request's latency inside its batch, so an arm with batched
-runs has per-request figures (a record's ``request_speedup``), not a record's per-batch
-``time_per_committed_token_ms`` and ``decode_speedup``; the table says so under its section.
+runs has per-request figures: its requests' summed latencies over their summed tokens (each request
+weighted by its tokens), not a record's per-batch ``time_per_committed_token_ms`` and
+``decode_speedup``, nor its ``request_speedup`` (the ratio of the two arms' means of per-request ms
+per token, each request weighted alike); the table says so under its section.
 
 The leaderboard (:func:`leaderboard`, printed after the tables; ``leaderboard=false`` leaves it
 out) has Spec-Bench's shape: one row per arm, one column per Spec-Bench task (its eight MT-bench
@@ -43,7 +47,9 @@ cell holds the speedup above and the mean accepted tokens per round with the bon
 token counted (``sum(spec_tokens) / sum(spec_rounds)``, as Spec-Bench's "#Mean Accepted Tokens"
 and vLLM's mean acceptance length count it: 1.00 for plain decoding), each with its CI, and
 Spec-Bench's speedup statistic (a ratio of per-prompt means, wall time with prefill, the tokens generated) as a
-point value.
+point value. Notes under each section's leaderboard name the arms that pool runs of other configurations
+(what the table's mixed-axes column lists, seeds aside), arms of batched runs and arms that differ in more
+than ``by``; its JSON gives each row's ``varying``, ``apart`` and ``batch_sizes``, and each section's ``notes``.
 
 Confidence intervals: ``scipy.stats.bootstrap`` with ``paired=True``, resampling prompts (every
 quantity of one prompt moves together) in the order of their ids (:func:`prompt_order`), so an
@@ -400,10 +406,11 @@ def _arm_runs(df: pd.DataFrame, by: str, filters: Mapping[str, str] | None) -> p
         arms = pd.Series([f"{a} {t}" if t else a for a, t in zip(arms, also, strict=True)], index=runs.index)
     # an arm's runs of several target models, or timed on several machines, are arms apart: pooled,
     # one interval mixed one model's (or machine's) times with another's, and a prompt run on two
-    # machines summed their times (the same model in another dtype is the same model)
+    # machines summed their times; the model is its full label, so one model in two dtypes
+    # (``tiny``, ``tiny@bfloat16``) is two arms
     apart: list[tuple[str, pd.Series]] = []
     if by != "model" and "model" in runs.columns:
-        apart.append(("model", runs["model"].map(lambda v: arm_label(v).split("@", 1)[0])))
+        apart.append(("model", runs["model"].map(arm_label)))
     apart.append((MACHINE, pd.Series(machine_values(runs), index=runs.index)))
     mixed = {name: {label for label in set(arms) if values[arms == label].nunique() > 1} for name, values in apart}
     if any(mixed.values()):
@@ -652,10 +659,11 @@ def arm_config_keys(df: pd.DataFrame) -> list[str]:
 
 
 def _model_names(runs: pd.DataFrame) -> set[str]:
-    """The target models of ``runs`` (the model axis without its dtype: ``m@bfloat16`` is ``m``)."""
+    """The target models of ``runs`` as the model axis names them, dtype included: ``m@bfloat16``
+    and ``m`` (float32) are two models, whose times per token are not one model's."""
     if "model" not in runs.columns:
         return set()
-    return {arm_label(v).split("@", 1)[0] for v in runs["model"]}
+    return {arm_label(v) for v in runs["model"]}
 
 
 def _axes_apart(runs: pd.DataFrame, base: pd.DataFrame, by: str) -> dict[str, list[str]]:
@@ -761,15 +769,24 @@ PROMPTS_APART_NOTE = (
 )
 
 
+def apart_note(rows: Sequence[Any], by: str) -> str | None:
+    """:data:`APART_NOTE` naming what differs among ``rows`` (one section's arms: ``all`` rows, or
+    leaderboard rows) beyond ``by``, each arm's values (their ``apart``), or None."""
+    keys = sorted({k for r in rows for k in r.apart})
+    if not keys:
+        return None
+    said = "; ".join(f"{k}: " + ", ".join(f"{r.arm} {r.apart.get(k, '-')}" for r in rows) for k in keys)
+    return APART_NOTE.format(by=by, keys=said)
+
+
 def apart_notes(sec: Sequence[ArmRow], by: str) -> list[str]:
     """:data:`APART_NOTE` naming what differs among the arms of ``sec`` beyond ``by`` (each arm's
     values), and :data:`PROMPTS_APART_NOTE` when they ran different prompts; from the ``all`` rows."""
     rows = [r for r in sec if r.category == ALL]
     notes = []
-    keys = sorted({k for r in rows for k in r.apart})
-    if keys:
-        said = "; ".join(f"{k}: " + ", ".join(f"{r.arm} {r.apart.get(k, '-')}" for r in rows) for k in keys)
-        notes.append(APART_NOTE.format(by=by, keys=said))
+    apart = apart_note(rows, by)
+    if apart:
+        notes.append(apart)
     other_prompts = any(r.common_prompts is not None and r.common_prompts != r.n_prompts for r in rows)
     if len(rows) > 1 and other_prompts and by != "workload":  # arms by workload run other prompts by design
         common = min(r.common_prompts or 0 for r in rows)
@@ -946,6 +963,12 @@ class LeaderRow:
     arm: str
     run_ids: tuple[str, ...]
     cells: dict[str, LeaderCell]  # column (a Spec-Bench task, another category, or overall) -> cell
+    # as an ArmRow's: the axes and config keys whose values differ among the arm's runs (the compare
+    # table's "mixed axes"), its values of what differs among its section's arms beyond ``by``, and
+    # its runs' batch sizes (above 1, its times are per request)
+    varying: dict[str, list[str]] = field(default_factory=dict)
+    apart: dict[str, str] = field(default_factory=dict)
+    batch_sizes: tuple[int, ...] = field(default=())
 
 
 def leaderboard_prompts(runs: pd.DataFrame) -> pd.DataFrame:
@@ -1001,8 +1024,10 @@ def leaderboard(
     long = leaderboard_prompts(runs)
     columns = [*task_order(long["task"].unique()), OVERALL]
     boot = dict(confidence_level=confidence_level, n_resamples=n_resamples, seed=seed, method=method)
+    arm_runs = {(str(section), str(arm)): group for (section, arm), group in runs.groupby(["section", ARM], sort=True)}
     out: list[LeaderRow] = []
     for section in SECTIONS:
+        apart = _arms_apart(arm_runs, section, by)
         rows = []
         for arm, group in runs[runs["section"] == section].groupby(ARM, sort=True):
             mine = long[long["run_id"].isin(group["run_id"])]
@@ -1023,7 +1048,17 @@ def leaderboard(
                 if not units["spec_rounds"].isna().any():
                     accepted = paired_bootstrap((units["spec_tokens"], units["spec_rounds"]), ratio_of_sums, **boot)
                 cells[col] = LeaderCell(len(p), speed, accepted, spec_bench_statistic(p))
-            rows.append(LeaderRow(section, str(arm), tuple(sorted(group["run_id"])), cells))
+            rows.append(
+                LeaderRow(
+                    section,
+                    str(arm),
+                    tuple(sorted(group["run_id"])),
+                    cells,
+                    varying=_varying(group, by),
+                    apart=apart.get(str(arm), {}),
+                    batch_sizes=_batch_sizes(group),
+                )
+            )
         rows.sort(key=lambda r: -(r.cells[OVERALL].speedup.value or -math.inf) if OVERALL in r.cells else math.inf)
         out += rows
     return columns, out
@@ -1078,8 +1113,52 @@ def format_leaderboard(columns: Sequence[str], rows: Sequence[LeaderRow], *, by:
                 "arm generated; speed.py itself recounts AR's from text: each record's spec_bench_speed_py_speedup):"
             )
             lines += _aligned(sb, widths)
+        lines += [f"note: {note}" for note in leaderboard_notes(sec, by)]
         lines.append("")
     return "\n".join(lines)
+
+
+def pooled(varying: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """The keys of an arm's ``varying`` that pool other configurations into its figures: all but
+    repeats (:data:`REPEAT_CONFIG`: runs of other seeds are what pooling is for)."""
+    return {k: list(v) for k, v in varying.items() if k not in REPEAT_CONFIG}
+
+
+def varying_text(varying: Mapping[str, Sequence[str]]) -> str:
+    """``temperature=0,0.7; verifier=greedy,typical``: each key with its values (the machines' and
+    builds', which hold commas, apart by `` / ``)."""
+    return "; ".join(f"{k}={(' / ' if k in _PSEUDO_KEYS else ',').join(v)}" for k, v in varying.items())
+
+
+#: what a leaderboard row's cells mean when its arm pools runs of other configurations
+POOLED_NOTE = (
+    "arms pooling runs that differ in more than {by} ({arms}): each of their cells pools those runs' prompts "
+    "into one figure, not one configuration's; filter to one value (e.g. temperature=0) or compare by= that axis "
+    "to see each"
+)
+#: what a leaderboard row's cells mean when its arm's runs batched requests
+LEADER_BATCHED_NOTE = (
+    "arms with runs at batch > 1 ({arms}): a prompt's time is its request's latency inside its batch, so their "
+    "speedups are per request, the requests' summed latencies over their summed tokens, not batch throughput; "
+    "their intervals resample whole batches"
+)
+
+
+def leaderboard_notes(sec: Sequence[LeaderRow], by: str) -> list[str]:
+    """The notes under one section's leaderboard: arms pooling runs of other configurations
+    (:data:`POOLED_NOTE`), arms of batched runs, and arms that differ in more than ``by``
+    (:data:`APART_NOTE`); the rows' prompt counts already say when they ran other prompts."""
+    notes = []
+    mixed = sorted(f"{r.arm}: {varying_text(pooled(r.varying))}" for r in sec if pooled(r.varying))
+    if mixed:
+        notes.append(POOLED_NOTE.format(by=by, arms="; ".join(mixed)))
+    batched = sorted(
+        f"{r.arm} (batch {','.join(map(str, r.batch_sizes))})" for r in sec if max(r.batch_sizes or (1,)) > 1
+    )
+    if batched:
+        notes.append(LEADER_BATCHED_NOTE.format(arms="; ".join(batched)))
+    apart = apart_note(sec, by)
+    return [*notes, *([apart] if apart else [])]
 
 
 def section_columns(columns: Sequence[str], sec: Sequence[LeaderRow]) -> list[str]:
@@ -1113,8 +1192,11 @@ def _decode_named(d: dict[str, Any]) -> dict[str, Any]:
     return {("decode_speedup" if k == "speedup" else k): v for k, v in d.items()}
 
 
-def leaderboard_json(columns: Sequence[str], rows: Sequence[LeaderRow]) -> dict[str, Any]:
-    return {
+def leaderboard_json(columns: Sequence[str], rows: Sequence[LeaderRow], *, by: str | None = None) -> dict[str, Any]:
+    """The leaderboard as JSON: each row with what varies among its runs (``varying``), what sets it
+    apart from its section's other arms (``apart``) and its runs' batch sizes; with ``by``, the notes
+    under each section's table too (``notes``: section -> lines)."""
+    out: dict[str, Any] = {
         "columns": list(columns),
         "accepted_tokens": "mean accepted tokens per round, bonus/correction token counted",
         "rows": [
@@ -1122,11 +1204,17 @@ def leaderboard_json(columns: Sequence[str], rows: Sequence[LeaderRow]) -> dict[
                 "section": r.section,
                 "arm": r.arm,
                 "run_ids": list(r.run_ids),
+                "varying": {k: list(v) for k, v in r.varying.items()},
+                "apart": dict(r.apart),
+                "batch_sizes": list(r.batch_sizes),
                 "cells": {c: _decode_named(asdict(cell)) for c, cell in r.cells.items()},
             }
             for r in rows
         ],
     }
+    if by is not None:
+        out["notes"] = {section: leaderboard_notes(sec, by) for section, sec in by_section(rows)}
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -1401,8 +1489,9 @@ def one_unit_note(sec: Sequence[ArmRow]) -> str | None:
 #: what an arm's figures mean when its runs batched requests
 BATCHED_NOTE = (
     "arms with runs at batch > 1 ({arms}): a prompt's time is its request's latency inside its batch, so "
-    "their ms/committed token and speedups are per request (a record's request_speedup), not a record's "
-    "time_per_committed_token_ms and decode_speedup (batch time per token: throughput); their intervals "
+    "their ms/committed token and speedups are per request, the requests' summed latencies over their summed "
+    "tokens: not a record's time_per_committed_token_ms and decode_speedup (batch time per token: throughput), "
+    "nor its request_speedup (a ratio of means of per-request ms per token); their intervals "
     "resample whole batches (a batch's requests share its time; none from a single batch), and their "
     "comparison with the baseline has no interval"
 )
@@ -1543,7 +1632,7 @@ def main(argv: list[str] | None = None) -> int:
                 {"folder": folder, "why": why}
                 for folder, why in (left_out_records(root) if Path(positionals[0]).is_dir() else [])
             ],
-            **({"leaderboard": leaderboard_json(*board)} if board is not None else {}),
+            **({"leaderboard": leaderboard_json(*board, by=by)} if board is not None else {}),
         )
         write_json_atomic(Path(opts["json"]), payload)
         print(f"wrote {opts['json']}")

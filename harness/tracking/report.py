@@ -51,11 +51,14 @@ from harness.tracking.compare import (
     leader_cell,
     leader_counts,
     leaderboard,
+    leaderboard_notes,
     machine_values,
     matching_label,
+    pooled,
     run_speedups,
     section_columns,
     section_notes,
+    varying_text,
 )
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_labels, depth_rows
 from harness.tracking.conventions import axis_piece as _axis_piece
@@ -94,10 +97,12 @@ SOURCE_KEYS = ("source", "citation", "quantity", "value", "setting")
 
 @dataclass(frozen=True)
 class Plot:
-    """What a plot function returns: a figure, or the reason it has nothing to draw."""
+    """What a plot function returns: a figure, or the reason it has nothing to draw; ``caption``, a
+    line the report writes under the figure."""
 
     figure: Figure | None
     note: str = ""
+    caption: str = ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,8 +307,9 @@ def key_lines(key: Sequence[str], width: float) -> list[str]:
     return lines
 
 
-def draw_key(fig: Figure, labels: PlotLabels) -> None:
-    """The key of ``labels`` under everything else in ``fig`` (nothing when labels are drawn whole)."""
+def draw_key(fig: Figure, labels: PlotLabels, title: str = "runs") -> None:
+    """The key of ``labels`` under everything else in ``fig``, headed ``title`` (nothing when labels
+    are drawn whole)."""
     if not labels.key:
         return
     lines = key_lines(labels.key, fig.get_figwidth())
@@ -312,7 +318,7 @@ def draw_key(fig: Figure, labels: PlotLabels) -> None:
         blank,
         lines,
         loc="outside lower left",
-        title="runs",
+        title=title,
         title_fontsize=7,
         alignment="left",
         fontsize=7,
@@ -411,6 +417,48 @@ def _section_arm(arm: str, section: str, sections: Sequence[str]) -> str:
     return arm if len(sections) == 1 else arm + SECTION_STYLE[section]["tag"]
 
 
+#: the mark beside an arm's label in a bar plot when the arm pools runs of other configurations
+POOLED_MARK = "*"
+
+
+@dataclass(frozen=True)
+class PooledArms:
+    """The arms of a bar plot, each with the label drawn for it: its name, :data:`POOLED_MARK` after
+    the name where it pools runs that differ in more than the plot's ``by`` axis, then its section's
+    tag where the plot draws several sections; the footnote drawn under the figure and the caption
+    the report writes under it name what those arms pool."""
+
+    labels: dict[tuple[str, str], str]  # (section, arm) -> the label drawn
+    footnote: PlotLabels
+    caption: str
+
+
+def pooled_arms(
+    varying: Mapping[tuple[str, str], Mapping[str, Sequence[str]]], by: str, sections: Sequence[str]
+) -> PooledArms:
+    """:class:`PooledArms` from each arm's (section, name) -> its ``varying`` (what differs among its
+    runs; repeats of other seeds pool nothing: :func:`~harness.tracking.compare.pooled`), drawn in a
+    plot of ``sections``."""
+    pooling = {key: pooled(v) for key, v in varying.items() if pooled(v)}
+    labels = {
+        (section, arm): _section_arm(f"{arm}{POOLED_MARK}" if (section, arm) in pooling else arm, section, sections)
+        for section, arm in varying
+    }
+    named = [f"{labels[key]}: {varying_text(v)}" for key, v in pooling.items()]
+    caption = (
+        f"arms marked {POOLED_MARK} pool runs that differ in more than {by} ({'; '.join(named)}): each of their "
+        "bars pools those runs' prompts into one figure, not one configuration's"
+        if named
+        else ""
+    )
+    return PooledArms(labels, PlotLabels({}, named), caption)
+
+
+def _pooled_title(by: str) -> str:
+    """The heading of a bar plot's footnote naming its pooled arms."""
+    return f"{POOLED_MARK} pools runs that differ in more than {by}"
+
+
 def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     sections = _bar_sections(spec)
     runs = df[df["section"].isin(sections)]
@@ -418,10 +466,11 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
         return Plot(None, f"no {' or '.join(sections)} runs")
     by = spec.get("by", "proposer")
     rows = [r for r in compare(runs, by=by) if r.section in sections]
-    labelled = {(r.section, r.arm): _section_arm(r.arm, r.section, sections) for r in rows}
+    marks = pooled_arms({(r.section, r.arm): r.varying for r in rows if r.category == ALL}, by, sections)
+    labelled = marks.labels
     arms = [labelled[k] for k in sorted(labelled, key=lambda k: (sections.index(k[0]), k[1]))]
     cats = sorted({r.category for r in rows} - {ALL}) + [ALL]
-    fig = _new_figure()
+    fig = _new_figure(8.0, 4.5 + marks.footnote.height(8.0))
     ax = fig.add_subplot()
     width = 0.8 / len(cats)
     bare = 0  # bars with no interval (one prompt)
@@ -465,7 +514,8 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
         ),
         fontsize=10,
     )
-    return Plot(fig)
+    draw_key(fig, marks.footnote, _pooled_title(by))
+    return Plot(fig, caption=marks.caption)
 
 
 def no_interval_caption(bare: int) -> str:
@@ -929,7 +979,9 @@ def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     rows = [r for r in rows if r.section in sections]
     rows.sort(key=lambda r: sections.index(r.section))
     columns = section_columns(columns, rows)
-    fig = _new_figure(max(8.0, 1.2 * len(columns) + 3), 4.5)
+    marks = pooled_arms({(r.section, r.arm): r.varying for r in rows}, by, sections)
+    fig_width = max(8.0, 1.2 * len(columns) + 3)
+    fig = _new_figure(fig_width, 4.5 + marks.footnote.height(fig_width))
     ax = fig.add_subplot()
     width = 0.8 / max(len(rows), 1)
     bare = 0  # bars with no interval (one prompt): no whisker, rather than one of zero width
@@ -946,7 +998,7 @@ def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
                 err.append((xs[-1], s.value, s.value - s.ci_low, s.ci_high - s.value))
             else:
                 bare += 1
-        ax.bar(xs, ys, width=width, label=f"{by}: {_section_arm(row.arm, row.section, sections)}")
+        ax.bar(xs, ys, width=width, label=f"{by}: {marks.labels[(row.section, row.arm)]}")
         if err:
             ex, ey, below, above = zip(*err, strict=True)
             ax.errorbar(ex, ey, yerr=[below, above], fmt="none", ecolor="k", elinewidth=1, capsize=3)
@@ -963,7 +1015,8 @@ def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         ),
         fontsize=10,
     )
-    return Plot(fig)
+    draw_key(fig, marks.footnote, _pooled_title(by))
+    return Plot(fig, caption=marks.caption)
 
 
 HEADINGS: dict[str, str] = {
@@ -1123,6 +1176,8 @@ def _leaderboard_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
                 md_table([by, *titles], sb),
                 "",
             ]
+        for note in leaderboard_notes(sec, by):
+            out += [f"Note: {note}.", ""]
     return out
 
 
@@ -1298,6 +1353,9 @@ def _write_report(
             drawn[name] = temporary_sibling(out_dir / name)
             plot.figure.savefig(drawn[name], format="png")
             lines += [f"![{heading}]({name})", ""]
+            if plot.caption:
+                caption = plot.caption.replace("*", r"\*")  # two bare marks would read as emphasis
+                lines += [f"Note: {caption}.", ""]
         if entries:
             lines += [
                 "## Source-reported numbers (not measured here)",

@@ -16,7 +16,8 @@ the record last, binding the outputs by their SHA-256 under ``outputs``:
   :func:`rebuild_store` does both. The store holds nothing the records do not: delete it and
   rebuild it.
 * :func:`read_results` gives reports and comparisons one entry point: a records folder or a
-  ``.parquet`` store.
+  ``.parquet`` store, refused as stale where its folder's jobs are no longer the ones it counts
+  (:func:`stale_rows`, :func:`unstored_records`, :func:`changed_output_rows`).
 
 Column layout of the store (one row per run):
 
@@ -636,6 +637,15 @@ def read_results(source: str | Path) -> tuple[pd.DataFrame, Path | None]:
                 f"instead (`{source.parent}`: its records are read now, without the store), or launch the sweep "
                 "again to rebuild the store"
             )
+        unstored = unstored_records(df, source.parent)
+        if unstored:
+            record_dir, run_id = unstored[0]
+            more = f" (and {len(unstored) - 1} more)" if len(unstored) > 1 else ""
+            raise RecordError(
+                f"{source} is stale: {record_dir} holds run {run_id}, a complete job the store lacks (written after "
+                f"the store was built){more}; give the folder instead (`{source.parent}`: its records are read now, "
+                "without the store), or launch the sweep again to rebuild the store"
+            )
         changed = changed_output_rows(df, source.parent)
         if changed:
             record_dir, problem = changed[0]
@@ -651,6 +661,38 @@ def read_results(source: str | Path) -> tuple[pd.DataFrame, Path | None]:
 _RUN_ID = re.compile(r'"run_id"\s*:\s*"([^"]+)"')
 
 
+def _row_folder_there(folder: Path, root: Path) -> bool:
+    """Whether a store row's job ``folder`` (below the store's folder ``root``) is there: a folder,
+    or, for the store's own folder (a run's store), only while it holds that run's files."""
+    if folder.resolve() == root.resolve():
+        return (folder / RECORD_FILENAME).is_file() or (folder / PREVIOUS_DIR).is_dir()
+    return folder.is_dir()
+
+
+def unstored_records(df: pd.DataFrame, root: Path) -> list[tuple[str, str]]:
+    """The complete jobs under ``root`` (the store's folder) in folders no row of the store names:
+    ``(record_dir, run id)``, jobs that finished after the store was built. Only those folders'
+    records are read; a store copied away from its records (none of its rows' folders there), or
+    an empty one, has none, and a record that is no complete job (invalid, or its outputs not the
+    ones it binds) is left to reading the folder, which names it."""
+    root = Path(root)
+    stored = {str(record_dir) for record_dir in df["record_dir"]}
+    if not any(_row_folder_there(root / record_dir, root) for record_dir in stored):
+        return []  # copied away, or empty: no folder of the store's is known
+    out = []
+    for path in iter_record_paths(root):
+        record_dir = path.parent.relative_to(root).as_posix()
+        if record_dir in stored:
+            continue
+        try:
+            record = load_record(path)
+        except RecordError:
+            continue
+        if outputs_problem(record, path.parent) is None:
+            out.append((record_dir, str(record["run_id"])))
+    return out
+
+
 def stale_rows(df: pd.DataFrame, root: Path) -> list[tuple[str, str, str]]:
     """The rows of a store whose job folder (``root / record_dir``) no longer holds their run's record:
     ``(record_dir, what it holds now, run id in the store)``. A folder may hold another run's record (a
@@ -661,10 +703,8 @@ def stale_rows(df: pd.DataFrame, root: Path) -> list[tuple[str, str, str]]:
     rows = list(zip(df["record_dir"], df["run_id"], strict=True))
     folders = [root / str(record_dir) for record_dir, _ in rows]
 
-    def there(folder: Path) -> bool:  # the store's own folder (a run's store) only while it is that run's
-        if folder.resolve() == root.resolve():
-            return (folder / RECORD_FILENAME).is_file() or (folder / PREVIOUS_DIR).is_dir()
-        return folder.is_dir()
+    def there(folder: Path) -> bool:
+        return _row_folder_there(folder, root)
 
     copied_away = not any(there(folder) for folder in folders)
     out = []
