@@ -640,11 +640,66 @@ register_configs()
 
 
 def compose(overrides: list[str] = (), *, return_hydra_config: bool = False) -> DictConfig:
-    """The `harness run` config composed with ``overrides`` (Hydra's compose API, no run)."""
+    """The `harness run` config composed with ``overrides`` (Hydra's compose API, no run). An
+    override that sets a key below a node the config holds as null (``proposer.datastore.path=DIR``
+    where ``proposer.datastore`` is null), which OmegaConf meets with a bare assertion, is refused as
+    a :class:`ConfigError` naming it (:func:`null_node_refusal`)."""
+    try:
+        return _compose(overrides, return_hydra_config=return_hydra_config)
+    except AssertionError as exc:
+        refusal = null_node_refusal(list(overrides))
+        if refusal is None:
+            raise
+        raise refusal from exc
 
+
+def _compose(overrides: list[str] = (), *, return_hydra_config: bool = False) -> DictConfig:
     GlobalHydra.instance().clear()  # an in-process run or sweep leaves Hydra initialised
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+
+#: null nodes a config group composes into: the group option a key below one needs first
+NULL_NODE_GROUPS = {"proposer.datastore": "+datastore@proposer.datastore=stdlib"}
+
+
+def null_node_refusal(overrides: list[str]) -> ConfigError | None:
+    """The refusal of the first override that sets a key below a node the config composed so far
+    holds as null, or None where no override does. Group selections take effect wherever they stand
+    (Hydra applies them before any value), the value overrides in their order: the config each value
+    override meets is the one the selections and the values before it compose. Below a null node a
+    config group fills (:data:`NULL_NODE_GROUPS`: ``proposer.datastore``), the candidate fix composes
+    the group's option there first and keeps the override."""
+    absent = object()
+    selections = [o for o in overrides if "@" in o.partition("=")[0] or config_group(o.partition("=")[0]) is not None]
+    values = [o for o in overrides if o not in selections]
+    for i, override in enumerate(values):
+        key, eq, _ = override.lstrip("+").partition("=")
+        if not eq or override.startswith("~") or "." not in key:
+            continue
+        try:
+            cfg = _compose(selections + values[:i])
+        except (AssertionError, HydraException, OmegaConfBaseException):
+            return None
+        parts = key.split(".")
+        for depth in range(1, len(parts)):
+            node = ".".join(parts[:depth])
+            held = OmegaConf.select(cfg, node, default=absent, throw_on_missing=False)
+            if held is absent:
+                break
+            if held is None:
+                reason = f"{override}: {node} is null in this config, so {key} cannot be set"
+                group = NULL_NODE_GROUPS.get(node)
+                if group is None:
+                    return ConfigError(f"{reason}; give {node} a value first")
+                selection = group.partition("=")[0]
+                options = ", ".join(group_options(config_group(selection)))
+                return ConfigError(
+                    f"{reason}; compose one there first, then set its keys: {group} {override.lstrip('+')} "
+                    f"({selection} options: {options})",
+                    suggestions=[(group, override.lstrip("+"))],
+                )
+    return None
 
 
 # --------------------------------------------------------------------------- one-line composition refusals
@@ -704,13 +759,15 @@ def group_list_override(overrides: list[str]) -> ConfigError | None:
 
 def compose_checked(overrides: list[str] = ()) -> DictConfig:
     """:func:`compose`, a composition error refused as one :class:`ConfigError` line (mistyped key,
-    group option or value) offering the fixes the runner accepts."""
+    group option or value, a key set below a null node) offering the fixes the runner accepts."""
     overrides = list(overrides)
     keyless = keyless_override(overrides) or group_list_override(overrides)
     if keyless is not None:
         raise keyless
     try:
         cfg = compose(overrides)
+    except ConfigError as exc:  # an override below a null node
+        raise offer(exc, overrides) from exc
     except (HydraException, OmegaConfBaseException) as exc:
         error = explain_compose_error(exc, overrides)
         rest = [o for o in overrides if o != error.replaces]
@@ -970,7 +1027,7 @@ def offer(exc: ConfigError, overrides: list[str], *, accept: Callable[[DictConfi
             accept(compose(apply_overrides(overrides, fix)))
         except ConfigError as again:
             if len(fix) < 3:
-                frontier += [_merge(fix, more) for more in again.suggestions]
+                frontier += [m for m in (_merge(fix, more) for more in again.suggestions) if not _undoes_itself(m)]
             continue
         except (ValueError, OSError, HydraException, OmegaConfBaseException):  # refused otherwise: not offered
             continue
@@ -993,6 +1050,13 @@ def _minimal(fix: tuple[str, ...], overrides: list[str], accept: Callable[[DictC
             continue
         fix = rest
     return fix
+
+
+def _undoes_itself(fix: tuple[str, ...]) -> bool:
+    """Whether ``fix`` sets to null a node one of its own overrides composes a group option into
+    (``+datastore@proposer.datastore=stdlib proposer.datastore=null``): no fix of anything."""
+    composed = {o.partition("=")[0].partition("@")[2] for o in fix if "@" in o.partition("=")[0]}
+    return any(override_key(o) in composed and o.partition("=")[2].strip() == "null" for o in fix)
 
 
 def _merge(fix: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, ...]:

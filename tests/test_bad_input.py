@@ -453,6 +453,39 @@ def test_harness_run_refuses_bad_values_in_one_line_and_writes_nothing(
     assert_refused_run(tmp_path, capsys, argv_for(tmp_path, workload, *overrides), *fragments)
 
 
+@pytest.mark.parametrize("given", ["proposer.datastore.path", "+proposer.datastore.path"])
+def test_a_key_below_the_lookup_s_null_datastore_is_refused_naming_it_and_the_documented_form(
+    tmp_path, workload, capsys, no_models, given
+):
+    store = tmp_path / "store"
+    override = f"{given}={store}"
+    argv = argv_for(tmp_path, workload, "proposer=prompt_lookup", override)
+    line = assert_refused_run(
+        tmp_path,
+        capsys,
+        argv,
+        f"{override}: proposer.datastore is null in this config, so proposer.datastore.path cannot be set",
+        f"+datastore@proposer.datastore=stdlib proposer.datastore.path={store}",
+    )
+    assert "AssertionError" not in line
+    fixes = suggestions_in(line)
+    assert fixes and all("+datastore@proposer.datastore=stdlib" in fix for fix in fixes)
+    for fix in fixes:
+        assert "proposer.datastore=null" not in fix  # no fix that composes the datastore and drops it again
+        accepted(apply_overrides(argv, tuple(fix)))
+
+
+def test_any_key_set_below_a_null_node_is_refused_naming_the_override(tmp_path, workload, capsys, no_models):
+    argv = argv_for(tmp_path, workload, "proposer=prompt_lookup", "proposer.verify_cost.first=1.0")
+    assert_refused_run(
+        tmp_path,
+        capsys,
+        argv,
+        "proposer.verify_cost.first=1.0: proposer.verify_cost is null in this config, so "
+        "proposer.verify_cost.first cannot be set; give proposer.verify_cost a value first",
+    )
+
+
 def test_an_artifact_trained_here_given_by_path_is_checked_for_the_split_it_trained_on(
     tmp_path, workload, capsys, no_models
 ):

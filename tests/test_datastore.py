@@ -242,9 +242,75 @@ def test_load_refuses_another_tokenizer(tmp_path):
     other = word_tokenizer(list(reversed(WORDS)))  # same words, different ids
     assert tokenizer_fingerprint(other) != tokenizer_fingerprint(tok)
     assert tokenizer_fingerprint(word_tokenizer()) == tokenizer_fingerprint(tok)  # a fresh equal copy
-    with pytest.raises(DatastoreError, match="built with tokenizer"):
+    with pytest.raises(DatastoreError, match="built with tokenizer") as err:
         load_datastore(tmp_path, tokenizer=other, verify_corpus=False)
+    # the remedy is a rebuild: the error says where its message tells so (a cached datastore's
+    # refusal names the command after those words)
+    assert err.value.rebuild == "Rebuild the datastore for this model's tokenizer"
+    assert str(err.value).endswith("spans would be wrong. Rebuild the datastore for this model's tokenizer.")
     load_datastore(tmp_path, tokenizer=word_tokenizer(), verify_corpus=False)
+
+
+def _edited(path, field: str, value) -> None:
+    """``path``'s manifest with ``field`` (dotted) set to ``value`` (``...``: removed) and its
+    release id recomputed, as a hand edit that knows the hash would leave it."""
+    from harness.workloads.datastore import _release_id
+
+    m = json.loads((path / "manifest.json").read_text())
+    *parents, leaf = field.split(".")
+    node = m
+    for part in parents:
+        node = node[part]
+    if value is ...:
+        del node[leaf]
+    else:
+        node[leaf] = value
+    m["release_id"] = _release_id(m)
+    (path / "manifest.json").write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("index", "abc", "index must be a JSON object; got 'abc'"),
+        ("index", ..., "index must be a JSON object; got missing"),
+        ("index.sha256", 5, "index.sha256 must be a string; got 5"),
+        ("index.n_tokens", -1, "index.n_tokens must be an integer >= 0; got -1"),
+        ("tokenizer", "abc", "tokenizer must be a JSON object; got 'abc'"),
+        ("tokenizer.fingerprint", 123, "tokenizer.fingerprint must be a string; got 123"),
+        ("tokenizer.fingerprint", ..., "tokenizer.fingerprint must be a string; got missing"),
+        ("tokenizer", {}, "tokenizer.fingerprint must be a string; got missing"),
+        ("context_len", 2.5, "context_len must be an integer >= 1; got 2.5"),
+        ("context_len", "16", "context_len must be an integer >= 1; got '16'"),
+        ("context_len", 0, "context_len must be an integer >= 1; got 0"),
+        ("context_len", True, "context_len must be an integer >= 1; got True"),
+        ("continuation_len", None, "continuation_len must be an integer >= 1; got missing"),
+        ("match_selection", [], "match_selection must be a JSON object; got []"),
+        ("match_selection.max_matches", -3, "match_selection.max_matches must be an integer >= 1; got -3"),
+        ("match_selection.rule", 1, "match_selection.rule must be a string; got 1"),
+        ("corpus", [1], "corpus must be a JSON object; got [1]"),
+        ("corpus.snapshot", "x", "corpus.snapshot must be a JSON object; got 'x'"),
+    ],
+)
+def test_load_refuses_a_manifest_field_of_another_type_naming_it(tmp_path, capsys, field, value, said):
+    tok = word_tokenizer()
+    build_datastore(_corpus("a b c d"), tokenizer=tok, target_family="toy", out_dir=tmp_path, progress=False)
+    _edited(tmp_path, field, value)
+    for tokenizer in (tok, None):
+        with pytest.raises(DatastoreError) as err:
+            load_datastore(tmp_path, tokenizer=tokenizer, verify_corpus=False)
+        assert f"manifest.json field {said}: the manifest was changed after the build; rebuild it" in str(err.value)
+        assert err.value.rebuild == "rebuild it"
+    assert main(["info", str(tmp_path)]) == 2
+    assert f"field {said}" in capsys.readouterr().err
+
+
+def test_load_refuses_a_manifest_whose_token_count_is_not_the_index_s(tmp_path):
+    tok = word_tokenizer()
+    build_datastore(_corpus("a b c d"), tokenizer=tok, target_family="toy", out_dir=tmp_path, progress=False)
+    _edited(tmp_path, "index.n_tokens", 3)
+    with pytest.raises(DatastoreError, match=r"field index.n_tokens is 3, but tokens.npy holds 5 tokens: rebuild it"):
+        load_datastore(tmp_path, tokenizer=tok, verify_corpus=False)
 
 
 def test_load_refuses_a_changed_corpus(tmp_path):

@@ -9,7 +9,14 @@ from helpers import greedy_tokens
 from harness.contracts import Budget, ConfigError
 from harness.proposers.base import NullProposer
 from harness.proposers.prompt_lookup import AcceptanceModel, PromptLookupProposer, candidate_tree
-from harness.proposers.rest import RestProposer
+from harness.proposers.rest import (
+    LOOKUP_MIN_SUFFIX,
+    RestProposer,
+    TrieNode,
+    best_path,
+    build_trie,
+    ranked_continuations,
+)
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import build_tiny_model
@@ -73,6 +80,87 @@ def test_the_proposer_offers_what_the_datastore_holds_after_the_committed_suffix
     prop.reset_counters()
     assert ex["rows_kept_from_datastore"] == 0 and ex["datastore"]["rounds"] == 0
     assert prop.stats.retrieval_ms == 0.0
+
+
+def test_ranked_continuations_put_the_most_frequent_first_as_rest_s_trie_does():
+    conts = [[9, 9], [5, 6], [4], [5, 7], [5, 6], [5], [5, 6], [4, 1]]
+    # 5 heads five continuations, 4 two, 9 one; below 5, 6 thrice before 7 once, and the one that ends
+    # at 5 comes before those going on; identical continuations stay together
+    assert ranked_continuations(conts) == [[5], [5, 6], [5, 6], [5, 6], [5, 7], [4], [4, 1], [9, 9]]
+    # siblings of one count: ascending token id, REST's declared order
+    assert ranked_continuations([[8, 1], [3, 2]]) == [[3, 2], [8, 1]]
+    assert ranked_continuations([]) == []
+
+
+def _trie_order(node: TrieNode, prefix: list[int]):
+    """The distinct continuations of REST's trie depth-first, siblings in declared order, each with
+    how many end at it."""
+    ends = node.count - sum(c.count for c in node.children.values())
+    if prefix and ends:
+        yield prefix, ends
+    for c in node.ordered_children():
+        yield from _trie_order(c, [*prefix, c.token])
+
+
+def test_ranked_continuations_follow_rest_s_trie_and_keep_every_continuation():
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        conts = [rng.integers(0, 4, size=int(rng.integers(1, 5))).tolist() for _ in range(int(rng.integers(1, 40)))]
+        ranked = ranked_continuations(conts)
+        assert sorted(map(tuple, ranked)) == sorted(map(tuple, conts))  # every continuation, reordered
+        want = [seq for seq, n in _trie_order(build_trie(conts), []) for _ in range(n)]
+        assert ranked == want
+        chain = [tok for tok, _, _ in best_path(build_trie(conts), max_len=99)]
+        assert chain[: len(ranked[0])] == ranked[0]  # the first runs along REST's best path
+
+
+# the suffix [1, 2] is followed once by 9, 9 (the first document, the lowest corpus offset), and by 5, 6
+# in the ten documents after it
+FREQUENT_LATER = [[1, 2, 9, 9]] + [[1, 2, 5, 6]] * 10
+
+
+def _lookup_retriever(docs):
+    ds = datastore_from_token_ids(docs, context_len=4, continuation_len=2)
+    return RestProposer(budget=Budget("tree", 2, 2), manifest_hash="h", datastore=ds, min_suffix=LOOKUP_MIN_SUFFIX)
+
+
+def test_the_row_limit_keeps_the_datastore_s_most_frequent_continuation_not_the_earliest():
+    committed = [30, 1, 2]
+    retriever = _lookup_retriever(FREQUENT_LATER)
+    assert retriever.retrieve(committed)[1][0] == [9, 9]  # the search returns them in corpus order
+    rest = RestProposer(budget=Budget("sequences", 2, 2), manifest_hash="h", datastore=retriever.datastore)
+    rest_rows = [(n.token_id, n.parent) for n in rest.propose(committed, TorchRandomSource(0)).nodes]
+    prop = PromptLookupProposer(budget=Budget("sequences", 2, 2), manifest_hash="h", retriever=retriever)
+    prop.start(committed)
+    rows = [(n.token_id, n.parent) for n in prop.propose(committed, TorchRandomSource(0)).nodes]
+    assert rows == rest_rows == [(5, -1), (6, 0)]
+    # a third row lets the rarer continuation's first token in after them
+    prop3 = PromptLookupProposer(budget=Budget("sequences", 3, 2), manifest_hash="h", retriever=retriever)
+    prop3.start(committed)
+    assert [n.token_id for n in prop3.propose(committed, TorchRandomSource(0)).nodes] == [5, 6, 9]
+
+
+def test_the_adaptive_budget_considers_the_frequent_continuation_with_its_full_support():
+    # four rare continuations at the lowest offsets fill the adaptive budget's 4 * 2 candidate rows
+    # when taken in corpus order; the continuation twenty documents share comes after them
+    docs = [[1, 2, 10 + k, 20 + k] for k in range(4)] + [[1, 2, 5, 6]] * 20
+    committed = [30, 1, 2]
+    prop = PromptLookupProposer(
+        budget=Budget("sequences", 2, 2),
+        manifest_hash="h",
+        retriever=_lookup_retriever(docs),
+        budget_policy="adaptive",
+        verify_cost=[1.0, 1.0, 1.0],
+    )
+    prop.start(committed)
+    nodes = prop.propose(committed, TorchRandomSource(0)).nodes
+    tree = prop.last_candidates
+    assert len(tree) == 8 and tree.prefixes[:2] == ((5,), (5, 6))
+    # support counted over every retrieved continuation: twenty through 5, 6 of the 24 retrieved
+    assert tree.support[:2].tolist() == [20, 20]
+    assert tree.parent_support[:2].tolist() == [24, 20]
+    assert tree.datastore.all()
+    assert [(n.token_id, n.parent) for n in nodes] == [(5, -1), (6, 0)]
 
 
 def test_a_datastore_needs_a_tree_of_several_continuations():

@@ -371,6 +371,45 @@ def test_open_datastore_refuses_another_tokenizer_and_token_id_mismatches(tmp_pa
         open_datastore({"path": str(tmp_path)}, tokenizer=tok, model="toy")
 
 
+def test_a_cached_datastore_of_another_tokenizer_is_refused_with_the_command_that_rebuilds_it(tmp_path, monkeypatch):
+    """The cache folder is named by the model, not its tokenizer: a model whose tokenizer changed
+    finds the datastore built with the old one, and is given the line that rebuilds it as the other
+    refusals of a cached datastore are; a hand-edited manifest too."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "a.py").write_text("def return self import\nclass if else\n")
+    cfg = {"corpus": "files", "corpus_path": str(mine), "glob": "**/*.py", "path": None, "exclude": "none"}
+    ds, info = open_datastore(cfg, tokenizer=word_tokenizer(WORDS), model="toy")
+    assert info["built_now"]
+    rebuild = (
+        f"`harness datastore build corpus=files corpus_path={mine.resolve()} glob=**/*.py model=toy exclude=none "
+        "overwrite=true`"
+    )
+    with pytest.raises(DatastoreError) as err:
+        open_datastore(cfg, tokenizer=word_tokenizer(WORDS[::-1]), model="toy")
+    said = str(err.value)
+    assert "retrieved token spans would be wrong" in said
+    assert said.endswith(f"Rebuild the datastore for this model's tokenizer with {rebuild}."), said
+    # given by its path, the datastore is the user's: no rebuild over it is offered
+    with pytest.raises(DatastoreError) as err:
+        open_datastore({"path": str(ds.path)}, tokenizer=word_tokenizer(WORDS[::-1]), model="toy")
+    assert "overwrite=true" not in str(err.value)
+    # a field of the wrong type in a hand-edited manifest (its release id recomputed)
+    from harness.workloads.datastore import _release_id
+
+    m = json.loads((ds.path / "manifest.json").read_text())
+    m["context_len"] = 2.5
+    m["release_id"] = _release_id(m)
+    (ds.path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DatastoreError) as err:
+        open_datastore(cfg, tokenizer=word_tokenizer(WORDS), model="toy")
+    assert str(err.value).endswith(
+        f"field context_len must be an integer >= 1; got 2.5: the manifest was changed after the build; "
+        f"rebuild it with {rebuild}"
+    ), str(err.value)
+
+
 def test_a_folder_of_another_kind_is_not_opened_as_a_datastore(tmp_path):
     """A trained-heads folder given as proposer.datastore.path was read as a datastore "built by None"
     and told to rebuild it (a build over it would replace the artifact's manifest)."""

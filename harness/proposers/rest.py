@@ -95,6 +95,7 @@ from harness.workloads.datastore import (
     cache_folder_name,
     cached_datastore_dir,
     check_leakage,
+    check_release_manifest,
     corpus_check,
     default_exclusion,
     exclusion_fingerprints,
@@ -165,6 +166,36 @@ def best_path(root: TrieNode, *, max_len: int) -> list[tuple[int, int, int]]:
         node = node.ordered_children()[0]
         out.append((node.token, len(out) - 1, node.count))
     return out
+
+
+def ranked_continuations(continuations: Sequence[Sequence[int]]) -> list[Sequence[int]]:
+    """``continuations`` best first, as REST's trie ranks them: the depth-first order of their trie
+    (:func:`build_trie`'s prefix counts), siblings in declared order (descending count, then
+    ascending token id), a continuation that ends at a node before those that go on below it. The
+    first runs along :func:`best_path`'s chain (all of it, unless a continuation ends on it),
+    identical continuations stay together (in their input order), and every prefix's most frequent
+    continuations come before the rarer ones, so a row limit filled continuation by continuation
+    keeps the frequent ones. Returns every continuation, reordered. The prefix counts are taken
+    once per distinct continuation (with its multiplicity), without the trie's node objects."""
+    groups: dict[tuple[int, ...], list[Sequence[int]]] = {}
+    for cont in continuations:
+        groups.setdefault(tuple(cont), []).append(cont)
+    child: dict[tuple[int, int], int] = {}  # (parent node, token) -> node; the root is -1
+    count: list[int] = []  # continuations through each node
+    paths: dict[tuple[int, ...], list[int]] = {}
+    for seq, members in groups.items():
+        node, path = -1, []
+        for tok in seq:
+            nxt = child.get((node, tok))
+            if nxt is None:
+                nxt = child[node, tok] = len(count)
+                count.append(0)
+            count[nxt] += len(members)
+            path.append(nxt)
+            node = nxt
+        paths[seq] = path
+    order = sorted(groups, key=lambda seq: [(-count[n], tok) for n, tok in zip(paths[seq], seq, strict=True)])
+    return [cont for seq in order for cont in groups[seq]]
 
 
 class RestProposer(Proposer):
@@ -845,8 +876,20 @@ def open_datastore(
                     _BUILT_BY_THIS_JOB[str(path)] = info["build_s"]
         if not info["built_now"] and str(path) in _BUILT_BY_THIS_JOB:  # built when the manifest was frozen
             info.update(built_now=True, build_s=_BUILT_BY_THIS_JOB.pop(str(path)))
+
+    def refused(exc: DatastoreError) -> DatastoreError:
+        """``exc``; where a rebuild of a cached datastore mends it, naming the command that does."""
+        if explicit is not None or exc.rebuild is None:
+            return exc
+        # a cached datastore is built from these options: the refusal names the line that rebuilds it
+        rebuild = build_command(cfg, model, **{k: cfg.get(k) for k in _BUILD_OPTIONS if k in cfg}, overwrite="true")
+        return DatastoreError(str(exc).replace(exc.rebuild, f"{exc.rebuild} with `{rebuild}`", 1))
+
     t0 = time.perf_counter()
-    manifest = read_manifest(path)
+    try:
+        manifest = check_release_manifest(path, read_manifest(path))
+    except DatastoreError as exc:
+        raise refused(exc) from None
     built_with = manifest.get("tokenizer")
     if tokenizer is None and built_with is not None:
         raise DatastoreError(
@@ -892,11 +935,7 @@ def open_datastore(
     try:
         ds = load_datastore(path, tokenizer=tokenizer, verify_corpus=verify)
     except DatastoreError as exc:
-        if explicit is not None or "rebuild it" not in str(exc):
-            raise
-        # a cached datastore is built from these options: the refusal names the line that rebuilds it
-        rebuild = build_command(cfg, model, **{k: cfg.get(k) for k in _BUILD_OPTIONS if k in cfg}, overwrite="true")
-        raise DatastoreError(str(exc).replace("rebuild it", f"rebuild it with `{rebuild}`", 1)) from None
+        raise refused(exc) from None
     info["corpus_check"] = corpus_check(manifest, verify)
     if vocab_size is not None and ds.n_tokens:
         top = int(ds.tokens.max())

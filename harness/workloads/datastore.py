@@ -137,7 +137,15 @@ EXCLUSION_POLICY = (
 
 
 class DatastoreError(ValueError):
-    """A datastore cannot be built or used as asked (manifest, tokenizer, corpus, checksum)."""
+    """A datastore cannot be built or used as asked (manifest, tokenizer, corpus, checksum).
+
+    ``rebuild``: where a rebuild of the datastore is the remedy, the words of the message that say
+    so (:func:`~harness.proposers.rest.open_datastore` names the command that rebuilds a cached
+    datastore after them); None otherwise."""
+
+    def __init__(self, message: str, *, rebuild: str | None = None) -> None:
+        super().__init__(message)
+        self.rebuild = rebuild if rebuild is not None and rebuild in message else None
 
 
 class LeakageError(ValueError):
@@ -226,7 +234,8 @@ class Datastore:
             where = "" if path is None else f" {str(path)!r}"
             raise DatastoreError(
                 f"datastore{where} declares a match-selection rule this harness does not apply "
-                f"({rule[:60]!r}{'...' if len(rule) > 60 else ''}): rebuild it"
+                f"({rule[:60]!r}{'...' if len(rule) > 60 else ''}): rebuild it",
+                rebuild="rebuild it",
             )
         self.match_selection = selection
         from pydivsufsort.dll import libdivsufsort
@@ -898,7 +907,7 @@ def read_manifest(path: str | Path) -> dict:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DatastoreError(
-            f"{str(mpath)!r} is not valid JSON ({exc}): the datastore is damaged; rebuild it"
+            f"{str(mpath)!r} is not valid JSON ({exc}): the datastore is damaged; rebuild it", rebuild="rebuild it"
         ) from None
     if not isinstance(manifest, dict):
         raise DatastoreError(f"{str(mpath)!r} holds a JSON {type(manifest).__name__}, not a datastore manifest")
@@ -936,6 +945,77 @@ def foreign_manifest(path: str | Path) -> str | None:
     return _not_a_datastore_manifest(manifest) if isinstance(manifest, dict) else None
 
 
+def _field(manifest: dict, dotted: str):
+    node = manifest
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+#: the fields of a release manifest a datastore is read by, each with its type (``count``: an
+#: integer >= 0, ``positive``: an integer >= 1) and whether it may be null or absent
+MANIFEST_FIELDS: tuple[tuple[str, str, bool], ...] = (
+    ("index", "object", False),
+    ("index.sha256", "string", False),
+    ("index.n_tokens", "count", False),
+    ("context_len", "positive", False),
+    ("continuation_len", "positive", False),
+    ("match_selection", "object", False),
+    ("match_selection.rule", "string", False),
+    ("match_selection.max_matches", "positive", False),
+    ("tokenizer", "object", True),  # null: token ids given directly
+    ("corpus", "object", True),
+    ("corpus.name", "string", True),
+    ("corpus.source", "object", True),
+    ("corpus.snapshot", "object", True),
+)
+
+
+def _field_fits(value, kind: str) -> bool:
+    if kind == "object":
+        return isinstance(value, dict)
+    if kind == "string":
+        return isinstance(value, str)
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    return whole and value >= (1 if kind == "positive" else 0)
+
+
+def check_release_manifest(path: str | Path, manifest: dict) -> dict:
+    """``manifest`` (the datastore folder ``path``'s) when this harness can read the release it
+    describes: written by this builder version (:data:`BUILDER_VERSION`), its release id its content
+    hash, and every field a datastore is read by of its type (:data:`MANIFEST_FIELDS`; a token-id
+    datastore's ``tokenizer.fingerprint`` where it has a tokenizer). Raises :class:`DatastoreError`
+    naming the field otherwise (a manifest edited by hand, its release id recomputed)."""
+    where = f"datastore {str(Path(path))!r}"
+    if manifest.get("builder_version") != BUILDER_VERSION:
+        raise DatastoreError(
+            f"{where} was built by {manifest.get('builder_version')!r}; this harness reads {BUILDER_VERSION!r}: "
+            "rebuild it",
+            rebuild="rebuild it",
+        )
+    if manifest.get("release_id") not in (_release_id(manifest), _release_id(manifest, with_build_times=True)):
+        raise DatastoreError(
+            f"{where}: manifest.json was edited after release "
+            f"(release_id {manifest.get('release_id')!r} != content hash {_release_id(manifest)!r})"
+        )
+    what = {"object": "a JSON object", "string": "a string", "count": "an integer >= 0", "positive": "an integer >= 1"}
+    fields = MANIFEST_FIELDS + (
+        (("tokenizer.fingerprint", "string", False),) if manifest.get("tokenizer") is not None else ()
+    )
+    for dotted, kind, nullable in fields:
+        value = _field(manifest, dotted)
+        if value is None and nullable:
+            continue
+        if not _field_fits(value, kind):
+            said = "missing" if value is None else f"{value!r}"[:60]
+            raise DatastoreError(
+                f"{where}: {MANIFEST_FILE} field {dotted} must be {what[kind]}; got {said}: the manifest was "
+                "changed after the build; rebuild it",
+                rebuild="rebuild it",
+            )
+    return manifest
+
+
 def load_datastore(
     path: str | Path, *, tokenizer, corpus: Corpus | None = None, verify_corpus: bool = True
 ) -> Datastore:
@@ -950,25 +1030,19 @@ def load_datastore(
     path = Path(path)
     if not (path / MANIFEST_FILE).is_file():
         raise DatastoreError(f"{str(path)!r} is not a datastore: {MANIFEST_FILE} missing")
-    manifest = read_manifest(path)
-    if manifest.get("builder_version") != BUILDER_VERSION:
-        raise DatastoreError(
-            f"datastore {str(path)!r} was built by {manifest.get('builder_version')!r}; "
-            f"this harness reads {BUILDER_VERSION!r}: rebuild it"
-        )
-    if manifest.get("release_id") not in (_release_id(manifest), _release_id(manifest, with_build_times=True)):
-        raise DatastoreError(
-            f"datastore {str(path)!r}: manifest.json was edited after release "
-            f"(release_id {manifest.get('release_id')!r} != content hash {_release_id(manifest)!r})"
-        )
+    manifest = check_release_manifest(path, read_manifest(path))
     arrays = {}
     for name in (TOKENS_FILE, SA_FILE):
         try:
             arrays[name] = np.load(path / name, allow_pickle=False)
         except FileNotFoundError:
-            raise DatastoreError(f"datastore {str(path)!r}: {name} is missing; rebuild it") from None
+            raise DatastoreError(
+                f"datastore {str(path)!r}: {name} is missing; rebuild it", rebuild="rebuild it"
+            ) from None
         except (OSError, ValueError, EOFError) as exc:  # empty, truncated or not an .npy file
-            raise DatastoreError(f"datastore {str(path)!r}: {name} is damaged ({exc}); rebuild it") from None
+            raise DatastoreError(
+                f"datastore {str(path)!r}: {name} is damaged ({exc}); rebuild it", rebuild="rebuild it"
+            ) from None
     tokens, sa = arrays[TOKENS_FILE], arrays[SA_FILE]
     for name, arr in ((TOKENS_FILE, tokens), (SA_FILE, sa)):
         if arr.dtype != np.dtype("<i4") or arr.ndim != 1:
@@ -978,17 +1052,31 @@ def load_datastore(
     if got != want:
         raise DatastoreError(
             f"datastore {str(path)!r}: index checksum mismatch (manifest {want}, files {got}); "
-            "the token or suffix-array file changed: rebuild it"
+            "the token or suffix-array file changed: rebuild it",
+            rebuild="rebuild it",
+        )
+    if manifest["index"]["n_tokens"] != len(tokens):
+        raise DatastoreError(
+            f"datastore {str(path)!r}: manifest.json field index.n_tokens is {manifest['index']['n_tokens']}, but "
+            f"{TOKENS_FILE} holds {len(tokens)} tokens: rebuild it",
+            rebuild="rebuild it",
         )
     if tokenizer is not None:
         fp = tokenizer_fingerprint(tokenizer)
-        built = manifest["tokenizer"]["fingerprint"]
+        built_with = manifest.get("tokenizer")
+        if built_with is None:
+            raise DatastoreError(
+                f"datastore {str(path)!r} holds raw token ids with no tokenizer fingerprint; the target has a "
+                "tokenizer: build one from a corpus with this model's tokenizer"
+            )
+        built = built_with["fingerprint"]
         if fp != built:
+            remedy = "Rebuild the datastore for this model's tokenizer"
             raise DatastoreError(
                 f"datastore {str(path)!r} was built with tokenizer {built[:16]}... "
-                f"({manifest['tokenizer']['name_or_path']!r}, target family {manifest['target_family']!r}); "
-                f"the target's tokenizer is {fp[:16]}...: retrieved token spans would be wrong. "
-                "Rebuild the datastore with this model's tokenizer."
+                f"({built_with.get('name_or_path')!r}, target family {manifest.get('target_family')!r}); "
+                f"the target's tokenizer is {fp[:16]}...: retrieved token spans would be wrong. {remedy}.",
+                rebuild=remedy,
             )
     built_from = (manifest.get("corpus") or {}).get("source")
     then = (manifest.get("corpus") or {}).get("snapshot")
@@ -1001,7 +1089,8 @@ def load_datastore(
         except (ValueError, OSError) as exc:  # its files moved or went: the datastore cannot be verified
             raise DatastoreError(
                 f"datastore {str(path)!r}: the corpus it was built from cannot be read to verify it ({exc}); "
-                "rebuild it, or open it unverified (verify_corpus=false)"
+                "rebuild it, or open it unverified (verify_corpus=false)",
+                rebuild="rebuild it",
             ) from None
         if source is not None:
             if now != then:
@@ -1009,7 +1098,8 @@ def load_datastore(
                 raise DatastoreError(
                     f"datastore {str(path)!r}: corpus {manifest['corpus']['name']!r} changed since the "
                     f"build (fields {diff}: built {[then.get(k) for k in diff]}, now {[now.get(k) for k in diff]}); "
-                    "rebuild it"
+                    "rebuild it",
+                    rebuild="rebuild it",
                 )
     return Datastore(tokens=tokens, sa=sa, manifest=manifest, path=path)
 
