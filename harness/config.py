@@ -232,7 +232,7 @@ class MergedConfig(ProposerConfig):
 class HeadsDataConfig:
     """Training stream of a heads artifact (harness/prepare/heads_data.py)."""
 
-    source: str = "sharegpt"
+    source: str = ranged("sharegpt", choices=("sharegpt",))  # documents from code: DataRecipe(source="inline")
     split: str = ranged("train", choices=SPLITS)
     # tokens of cached target hidden states; CPU budget: SmolLM2 heads train at ~11 s per 1,000
     # tokens on 2 cores (hidden states + one epoch), so 40,000 is ~7.5 min (docs/measurements.md);

@@ -137,6 +137,21 @@ def schema_fields():
     return out
 
 
+@pytest.mark.parametrize("proposer", ["hydra", "eagle", "early_exit"])
+def test_a_training_data_source_of_no_kind_is_refused_before_model_work(
+    tmp_path, capsys, workload, no_models, proposer
+):
+    """A misspelt source loaded the target and said its heads were training before it was refused."""
+    from harness.heads.recipes import DataRecipe
+
+    line = assert_refused_run(
+        tmp_path, capsys, argv_for(tmp_path, workload, f"proposer={proposer}", "proposer.data.source=bogus")
+    )
+    assert "proposer.data.source" in line and "bogus" in line and "sharegpt" in line, line
+    with pytest.raises(ValueError, match=r"data.source must be one of \['sharegpt', 'inline'\]; got 'bogus'"):
+        DataRecipe(source="bogus")
+
+
 def test_every_numeric_option_declares_a_range():
     missing = [
         f"{cls.__name__}.{f.name}"

@@ -24,6 +24,10 @@ from harness.workloads.prompts import HUMANEVAL_BOUNDS, HUMANEVAL_SPLIT_SALT, SH
 ARCH_KEYS = ("num_heads", "mlp_layers", "prefix_attention", "prefix_window", "attn_heads")
 
 
+#: where a training stream's documents come from: ShareGPT's conversations, or documents the caller gives
+DATA_SOURCES = ("sharegpt", "inline")
+
+
 @dataclass(frozen=True)
 class DataRecipe:
     source: str = "sharegpt"  # sharegpt | inline
@@ -35,6 +39,8 @@ class DataRecipe:
     chat: bool = True  # wrap conversations in the tokenizer's chat template when it has one
 
     def __post_init__(self) -> None:
+        if self.source not in DATA_SOURCES:
+            raise ValueError(f"data.source must be one of {list(DATA_SOURCES)}; got {self.source!r}")
         if self.token_budget < 1 or self.held_out_tokens < 0 or self.max_len < 2:
             raise ValueError(f"need token_budget >= 1, held_out_tokens >= 0, max_len >= 2; got {self}")
 
