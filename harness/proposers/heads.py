@@ -10,7 +10,11 @@ forward's pending row and accepted path), observed through :class:`~harness.head
 and admitted into a proposal-side store only through the ``may_reuse`` state check against the
 committed path (checkpoint, layer boundary, token, position, ancestry hash, dtype, forward
 generation). No extra target forward runs; if the row is missing (a one-token prompt, a forward the
-proposer did not expect) the round proposes nothing and ``hidden_misses`` counts it.
+proposer did not expect) the round proposes nothing and ``hidden_misses`` counts it. Hydra++'s
+prefix layer and Clover-2's augmenting block read every committed row once, in order, through
+their own cache: after a missing row they propose nothing for the rest of the request, each such
+round counted in ``hidden_misses`` (the output stays exact; the round loop makes no forward the
+tap does not see).
 
 Proposed engine change (not made here): ``decode()`` could ask ``target.verify(...,
 output_hidden=True)`` when ``proposer.needs_target_hidden`` and pass the accepted rows' hidden
