@@ -15,11 +15,13 @@ crashed job never leaves a folder locked. The lock file stays behind (removing i
 processes lock two different files of the same name); it holds who took the lock last.
 
 Every command's one-line refusal also reads here whether its traceback was asked for
-(:func:`wants_traceback`), as every room may import this module.
+(:func:`wants_traceback`), and a command with an argparse command line takes its one-line parser
+from here (:class:`OneLineParser`), as every room may import this module.
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
 import fcntl
 import functools
@@ -56,6 +58,19 @@ def print_traceback_if_asked(exc: BaseException) -> None:
         import traceback
 
         traceback.print_exception(exc, file=sys.stderr)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose refusals are one line on stderr, ``<command>: error: <message>``, and
+    exit code 2, not argparse's usage block."""
+
+    def __init__(self, *args, command: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.command = command
+
+    def error(self, message: str):
+        print(f"{self.command}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 @functools.lru_cache(maxsize=256)

@@ -38,12 +38,15 @@ float32), the greedy gate judges it: near-ties only, at most its default 1% of t
 
     python -m harness.gpu_check --out gpu_check.json [--dtype bfloat16] [--runner-dtype float32] [--device cuda:N]
 
-A ``--device`` other than ``cuda`` or ``cuda:N`` below the device count is refused in one line (exit 2).
+A ``--device`` other than ``cuda`` or ``cuda:N`` below the device count is refused in one line (exit 2),
+as are a bad option and an ``--out`` the report cannot be written to (a folder, a path that cannot be
+created, an existing file that is not a report of this check unless ``--overwrite``), before any
+section runs. Where a write of the report fails part-way, the check stops with one line (exit 2)
+after printing the report so far on stdout.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import statistics
@@ -59,7 +62,13 @@ import transformers
 from harness.bench.target import SMOLLM2_SHAPE
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
-from harness.files import atomic_write_text
+from harness.files import (
+    OneLineParser,
+    atomic_write_text,
+    json_object_with,
+    output_file_problem,
+    print_traceback_if_asked,
+)
 from harness.gates.equivalence import equivalence_gate
 from harness.gates.greedy import greedy_equality
 from harness.gates.status import GateError
@@ -285,9 +294,22 @@ def missing_runner_packages() -> list[str]:
     return [pkg for mod, pkg in RUNNER_PACKAGES.items() if importlib.util.find_spec(mod) is None]
 
 
+class ReportNotWritten(RuntimeError):
+    """The report could not be written to ``--out`` (one line)."""
+
+
+def write_report(out: Path, report: dict) -> None:
+    """``report`` as JSON in ``out``, atomically; :class:`ReportNotWritten` where the file system refuses."""
+    try:
+        atomic_write_text(out, json.dumps(report, indent=2, default=str))
+    except OSError as exc:
+        raise ReportNotWritten(f"cannot write the report to {out}: {exc.strerror or exc}") from exc
+
+
 def run_sections(sections: list[tuple[str, Callable[[], object]]], report: dict, out: Path) -> None:
     """Each section in turn: its result, or its error and traceback, stored in ``report`` under its
-    name, and the whole report written to ``out`` (atomically) after every section."""
+    name, and the whole report written to ``out`` (atomically) after every section; a write that fails
+    raises :class:`ReportNotWritten` and no later section runs."""
     for name, fn in sections:
         t0 = time.perf_counter()
         try:
@@ -298,7 +320,7 @@ def run_sections(sections: list[tuple[str, Callable[[], object]]], report: dict,
             report[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             print(f"gpu_check: section {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
         report.setdefault("section_seconds", {})[name] = time.perf_counter() - t0
-        atomic_write_text(out, json.dumps(report, indent=2, default=str))
+        write_report(out, report)
 
 
 def verdict(report: dict) -> tuple[bool, bool]:
@@ -358,8 +380,9 @@ def device_problem(device: str) -> str | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="GPU equivalence + timing check")
+    ap = OneLineParser(command="gpu_check", description="GPU equivalence + timing check")
     ap.add_argument("--out", default="gpu_check.json")
+    ap.add_argument("--overwrite", action="store_true", help="replace an --out file that is not a report of this check")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument(
         "--runner-dtype",
@@ -369,6 +392,19 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--device", default="cuda", help="cuda or cuda:N")
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    problem = output_file_problem(
+        "--out",
+        out,
+        what="a report of this check",
+        ours=json_object_with("torch", "transformers", "runner_dtype", "attention"),
+        example="gpu_check.json",
+        overwrite=args.overwrite,
+        overwrite_option="--overwrite",
+    )
+    if problem:  # before any section: a report is never lost to a path it cannot be written to
+        print(f"gpu_check: {problem.replace('--out=', '--out ')}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device", file=sys.stderr)
         return 2
@@ -376,7 +412,6 @@ def main(argv=None) -> int:
     if problem:
         print(f"gpu_check: {problem}", file=sys.stderr)
         return 2
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     device = args.device
@@ -456,10 +491,16 @@ def main(argv=None) -> int:
         ("runner", run_runner),
     ]
     assert [name for name, _ in sections] == list(SECTIONS)
-    run_sections(sections, report, out)
-    report["seconds"] = time.perf_counter() - t0
-    report["passed"], report["complete"] = verdict(report)
-    atomic_write_text(out, json.dumps(report, indent=2, default=str))
+    try:
+        run_sections(sections, report, out)
+        report["seconds"] = time.perf_counter() - t0
+        report["passed"], report["complete"] = verdict(report)
+        write_report(out, report)
+    except ReportNotWritten as exc:  # the sections' results so far on stdout, then one line
+        print(json.dumps(report, indent=2, default=str))
+        print_traceback_if_asked(exc)
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(report, indent=2, default=str))
     return 0 if report["passed"] and report["complete"] else 1
 

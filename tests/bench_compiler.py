@@ -1,9 +1,11 @@
 """Micro-benchmarks for the topology compiler and mask construction (skipped by default; run with
 `make bench`)."""
 
+import dataclasses
+
 import pytest
 
-from harness.contracts import NO_STATE, ProposalNode, ProposalResult
+from harness.contracts import NO_STATE, ContractError, ProposalNode, ProposalResult
 from harness.topology.compiler import compile_tree, full_attention_mask, validate_candidate_graph
 
 
@@ -42,4 +44,10 @@ def test_bench_full_mask(benchmark, width, depth):
 
 def test_bench_validate(benchmark):
     tree = compile_tree([kary_proposal(2, 4)], prefix_len=300)
-    benchmark(validate_candidate_graph, tree)
+    assert benchmark(validate_candidate_graph, tree) is None  # a well-formed tree passes without a word
+    # the timed checks are the real ones: a tree whose mask lost an ancestor is refused
+    mask = tree.ancestor_mask.clone()
+    row = tree.num_rows - 1
+    mask[row, int(tree.parents[row])] = False
+    with pytest.raises(ContractError, match="ancestor mask"):
+        validate_candidate_graph(dataclasses.replace(tree, ancestor_mask=mask))

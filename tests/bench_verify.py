@@ -8,6 +8,7 @@ and bf16. Figures belong here and in docs/measurements.md, never in a timed unit
 import pytest
 import torch
 
+from harness.gates.equivalence import tolerance
 from harness.measure.ledger import StageClock
 from harness.target.backend import CausalLMBackend
 from harness.target.loading import load_model
@@ -39,16 +40,42 @@ def setup(request):
     return backend, backend.prefill([prefix]), prefix
 
 
+def cache_at(state) -> tuple:
+    """What a rolled-back verify forward leaves as it found: the cache's lengths, physical and valid,
+    and no provisional rows."""
+    return state.phys_len, list(state.lengths), state.provisional_rows
+
+
+def pending_row_logits(backend, state, pending: int, tree) -> torch.Tensor:
+    """Row 0 (the pending token's) of one verify forward of ``tree``, rolled back."""
+    out = backend.verify(state, [pending], [tree]).logits[0][0].float()
+    backend.rollback(state)
+    return out
+
+
 @pytest.mark.parametrize("shape", ["chain", "heap"])
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 16])
 def test_verify_forward(benchmark, setup, n, shape):
     backend, state, prefix = setup
     tree = timing_tree(n - 1, prefix_len=len(prefix), vocab=backend.vocab_size, shape=shape)
     clock = StageClock(backend.device)
+    at_prefix = cache_at(state)
+    assert at_prefix[:2] == (PREFIX, [PREFIX])
+
+    def rolled_back(*args, **kwargs):  # after every timed call, outside its time
+        assert cache_at(state) == at_prefix
+
     benchmark.pedantic(
         timed_verify_ms,
         args=(backend, state),
         kwargs={"pending": prefix[-1], "tree": tree, "clock": clock},
+        teardown=rolled_back,
         rounds=7,
         warmup_rounds=1,
     )
+    # what was timed is the forward a round runs: its pending row is one autoregressive step
+    step = pending_row_logits(backend, state, prefix[-1], None)
+    row0 = pending_row_logits(backend, state, prefix[-1], tree)
+    assert cache_at(state) == at_prefix
+    atol = tolerance(backend.dtype, float(step.abs().max()))  # the equivalence gate's, by dtype
+    assert float((row0 - step).abs().max()) <= atol

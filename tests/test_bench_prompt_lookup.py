@@ -588,3 +588,105 @@ def test_the_cache_resolves_as_a_runs_model_static_cache_does(args, static, tmp_
     with pytest.raises(Loaded):
         bench.main(["--model", "tiny", *args, "--out", str(tmp_path / "b.json")])
     assert seen == [static]
+
+
+#: the checkpoint test's prompt: a run of byte-level ids, repeated (tokens of the byte tokenizer, clear of
+#: its pad, BOS and EOS ids 0..2)
+CHECKPOINT_PROMPT = [107, 30, 5, 152, 86, 176, 64, 7] * 4
+CHECKPOINT_NEW_TOKENS = 16
+
+
+def _plain_greedy(folder, prompt: list[int], new_tokens: int) -> list[int]:
+    """The checkpoint's greedy continuation of ``prompt``, one full forward per token, no end token and
+    no generation setting."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(new_tokens):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def _as_configured(folder, prompt: list[int], new_tokens: int) -> list[int]:
+    """transformers' greedy ``generate`` of ``prompt`` with the checkpoint's generation config as it loads."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("case", ["extra_end_token", "penalties", "end_in_the_first_round"])
+def test_every_arm_ignores_a_checkpoints_generation_settings_and_ends_at_the_same_tokens(case, tmp_path, monkeypatch):
+    """With a checkpoint folder, transformers' arms took every setting of its generation_config.json
+    (its end tokens, its repetition penalty, its n-gram ban) while our arms ended at the tokenizer's
+    end token alone: the arms' outputs differed by settings, not by decoding. An arm whose every prompt
+    ended within its first round was given 0 ms per token."""
+    import json
+
+    from checkpoint_fixtures import tiny_checkpoint
+
+    from harness.workloads.prompts import Prompt
+
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    greedy = _plain_greedy(folder, CHECKPOINT_PROMPT, CHECKPOINT_NEW_TOKENS)
+    assert 2 not in greedy  # the tokenizer's end token never ends it
+    if case == "penalties":
+        settings, expected, ends = {"repetition_penalty": 1.3, "no_repeat_ngram_size": 2}, greedy, [2]
+    else:
+        # a token the plain greedy output reaches after some tokens, or its first token
+        at = (
+            0
+            if case == "end_in_the_first_round"
+            else next(i for i, t in enumerate(greedy) if i >= 4 and t not in greedy[:i])
+        )
+        settings, expected, ends = {"eos_token_id": [2, greedy[at]]}, greedy[: at + 1], sorted({2, greedy[at]})
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**config, **settings}))
+    assert _as_configured(folder, CHECKPOINT_PROMPT, CHECKPOINT_NEW_TOKENS) != greedy  # the settings change it
+
+    _small_tiny_model(monkeypatch)
+    monkeypatch.setattr(
+        bench, "bench_items", lambda *a, **k: [(Prompt(prompt_id="p0", category="code"), list(CHECKPOINT_PROMPT))]
+    )
+    ours = []
+    real_decode = bench.decode
+
+    def decode(**kw):
+        res = real_decode(**kw)
+        if kw["max_new_tokens"] == CHECKPOINT_NEW_TOKENS:  # not the warm-up
+            ours.append(list(res.tokens))
+        return res
+
+    monkeypatch.setattr(bench, "decode", decode)
+    out = tmp_path / "b.json"
+    args = ["--model", str(folder), "--limit", "1", "--max-new-tokens", str(CHECKPOINT_NEW_TOKENS), "--out", str(out)]
+    assert bench.main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["outputs_identical"] is True, result["mismatches"]  # transformers' arms against ours_ar
+    assert result["eos_token_ids"] == ends
+    assert len(ours) == 5 and all(tokens == expected for tokens in ours)  # every one of our arms
+    per_tok = result["time_per_token_ms"]
+    if case == "end_in_the_first_round":  # no tokens after any arm's first round: no time per token
+        assert all(result["totals"][a]["tokens"] == 0 for a in result["arms"])
+        assert set(per_tok) == set(result["arms"]) and all(v is None for v in per_tok.values())
+        assert result["ar_step_vs_floor"] == {"ours_ar": None, "hf_ar": None}
+    else:
+        assert all(v is not None and v > 0 for v in per_tok.values())
+
+
+def test_transformers_arms_config_stands_in_for_the_models_and_the_models_comes_back():
+    from harness.target.loading import build_tiny_model
+
+    model = build_tiny_model(seed=0)
+    own = model.generation_config
+    gen = bench.greedy_generation_config(8, frozenset({7, 2}), 2, prompt_lookup_num_tokens=3, max_matching_ngram_size=2)
+    assert (gen.do_sample, gen.max_new_tokens, gen.eos_token_id, gen.pad_token_id) == (False, 8, [2, 7], 2)
+    assert (gen.prompt_lookup_num_tokens, gen.max_matching_ngram_size) == (3, 2)
+    with pytest.raises(RuntimeError, match="inside"):
+        with bench.only_generation_config(model, gen) as given:
+            assert given is gen and model.generation_config is gen
+            raise RuntimeError("inside")
+    assert model.generation_config is own

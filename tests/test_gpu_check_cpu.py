@@ -451,3 +451,110 @@ def test_the_wheel_script_leaves_no_stale_wheel_beside_the_new_ones(tmp_path):
         "fresh_wheel-1.0-py3-none-any.whl",
         "notes.txt",
     ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dtype", "foo"], "gpu_check: error: argument --dtype: invalid choice: 'foo'"),
+        (["--bogus"], "gpu_check: error: unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_bad_option_is_one_line_and_exit_2(args, message, tmp_path, capsys, monkeypatch):
+    """argparse printed its usage block before the error."""
+    import harness.gpu_check as gc
+
+    _fake_cuda(monkeypatch)
+    monkeypatch.setattr(gc, "smollm2_shaped", lambda *a, **k: pytest.fail("a section ran"))
+    with pytest.raises(SystemExit) as exc:
+        gc.main(["--out", str(tmp_path / "g.json"), *args])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(message), err
+    assert not (tmp_path / "g.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        ("folder", "is a folder; give a file path, e.g. --out "),
+        ("under_a_file", "cannot be created"),
+        ("someone_elses_file", "already exists and is not a report of this check; give another path or --overwrite"),
+    ],
+)
+def test_an_out_it_cannot_write_is_one_line_before_any_section_runs(where, said, tmp_path, capsys, monkeypatch):
+    """An existing folder ended in IsADirectoryError after the first section had run, a path under a
+    file in a FileNotFoundError traceback."""
+    import harness.gpu_check as gc
+
+    _fake_cuda(monkeypatch)
+    monkeypatch.setattr(gc, "smollm2_shaped", lambda *a, **k: pytest.fail("a section ran"))
+    (tmp_path / "afile").write_text("not a folder")
+    (tmp_path / "notes.json").write_text('{"mine": true}')
+    out = {
+        "folder": tmp_path,
+        "under_a_file": tmp_path / "afile" / "sub" / "g.json",
+        "someone_elses_file": tmp_path / "notes.json",
+    }[where]
+    assert gc.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    named = out.parent if where == "under_a_file" else out  # the folder that cannot be made
+    assert len(err) == 1 and err[0].startswith(f"gpu_check: --out {named}") and said in err[0], err
+    assert (tmp_path / "afile").read_text() == "not a folder" and (
+        tmp_path / "notes.json"
+    ).read_text() == '{"mine": true}'
+
+
+@pytest.mark.parametrize("given", ["a_report", "overwrite"])
+def test_an_out_holding_a_report_or_given_overwrite_is_taken(given, tmp_path, monkeypatch):
+    import json
+
+    import harness.gpu_check as gc
+
+    class Started(Exception):
+        pass
+
+    def started(sections, report, out):
+        raise Started
+
+    _fake_cuda(monkeypatch)
+    monkeypatch.setattr(gc, "run_sections", started)
+    out = tmp_path / "g.json"
+    partial = {"device": "faked", "torch": "x", "transformers": "y", "dtype": "bfloat16", "runner_dtype": "float32"}
+    out.write_text(json.dumps({**partial, "attention": {}}) if given == "a_report" else "{}")
+    with pytest.raises(Started):
+        gc.main(["--out", str(out), *(["--overwrite"] if given == "overwrite" else [])])
+
+
+def test_a_report_it_cannot_write_part_way_ends_in_one_line(tmp_path, capsys, monkeypatch):
+    """A failed write after a section ended in a traceback. The check stops there in one line, the
+    report so far on stdout."""
+    import json
+
+    import harness.gpu_check as gc
+    from harness.target.loading import build_tiny_model
+
+    _fake_cuda(monkeypatch)
+    folder = tmp_path / "reports"
+    built = []
+
+    def shaped(dtype, device, layers=30):
+        built.append(layers)
+        return build_tiny_model(seed=0)
+
+    def equivalence(model, device):
+        for f in folder.iterdir():  # the folder is gone once the section ends: a file stands in its place
+            f.unlink()
+        folder.rmdir()
+        folder.write_text("in the way")
+        return {"status": "passed"}
+
+    monkeypatch.setattr(gc, "smollm2_shaped", shaped)
+    monkeypatch.setattr(gc, "equivalence", equivalence)
+    assert gc.main(["--out", str(folder / "g.json"), "--device", "cuda"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert err[-1].startswith(f"gpu_check: cannot write the report to {folder / 'g.json'}: "), err
+    assert not any("Traceback" in line for line in err)
+    assert json.loads(captured.out)["equivalence_fp32"] == {"status": "passed"}
+    assert built == [4]  # the first section only: nothing ran after the failed write

@@ -1,7 +1,10 @@
 """Benchmark: our prompt lookup vs transformers' ``generate(prompt_lookup_num_tokens=...)``.
 
 Same model, prompts, threads and process; greedy; identical outputs asserted (token for token,
-each arm against plain autoregressive decoding). Arms, interleaved per prompt:
+each arm against plain autoregressive decoding). Every arm ends at the same tokens, a run's: the
+model config's end ids, its generation config's and the tokenizer's (``eos_token_ids`` in the
+result); transformers' arms run greedy with those and nothing else of a checkpoint's
+``generation_config.json`` (no repetition penalty, no n-gram ban). Arms, interleaved per prompt:
 
 - ``hf_ar``: ``model.generate`` greedy;
 - ``hf_pld``: ``model.generate(prompt_lookup_num_tokens=K, max_matching_ngram_size=n)``;
@@ -54,7 +57,7 @@ refused in one line without it); ``tiny``, a random model of SmolLM2's shape
 no weights (the GPU machine, where the embedded model is not installed and cannot be carried); or a
 checkpoint folder or hub id, with its tokenizer. ``tiny`` has no tokenizer: its prompts are synthetic
 token ids (``--limit`` of them, each a run of random ids repeated, so lookup finds matches; the
-result's ``workload`` is ``synthetic``), its arms stop at its config's EOS id, and its dtype is
+result's ``workload`` is ``synthetic``), and its dtype is
 float32 unless ``--dtype`` says otherwise (random weights give flat logits, and under bfloat16 rounding
 a one-row step and a many-row forward break their near-ties differently, so outputs would differ by
 rounding alone). Every arm runs on token ids, transformers' lookup included; the datastore arm alone
@@ -107,17 +110,19 @@ import json
 import statistics
 import sys
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
+from transformers import GenerationConfig
 
 from harness.bench.target import SMOLLM2_SHAPE
 from harness.config import DatastoreConfig
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
-from harness.files import atomic_write_text
+from harness.files import OneLineParser, atomic_write_text
 from harness.measure.hardware import last_level_cache_bytes
 from harness.measure.ledger import StageClock
 from harness.proposers.base import NullProposer
@@ -269,6 +274,36 @@ class FirstForward:
         }
 
 
+def greedy_generation_config(
+    max_new_tokens: int, eos: frozenset[int], pad_token_id: int, **lookup: int
+) -> GenerationConfig:
+    """Every setting of a transformers arm's ``generate``: greedy, ``max_new_tokens``, ending at each id of
+    ``eos`` (the ids our arms end at), padding with ``pad_token_id``, and ``lookup`` (``hf_pld``'s
+    ``prompt_lookup_num_tokens`` and ``max_matching_ngram_size``); the rest at transformers' defaults.
+    A checkpoint's ``generation_config.json`` (a repetition penalty, an n-gram ban, end tokens of its
+    own) has no say: none of it runs in our arms. Run it under :func:`only_generation_config`."""
+    return GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=sorted(eos),
+        pad_token_id=pad_token_id,
+        **lookup,
+    )
+
+
+@contextmanager
+def only_generation_config(model, config: GenerationConfig):
+    """``model.generation_config`` is ``config`` inside, the model's own put back after: ``generate``
+    takes every setting that a given config leaves unset (None) from the model's generation config,
+    so a given config alone would still run a checkpoint's repetition penalty or n-gram ban."""
+    saved = model.generation_config
+    model.generation_config = config
+    try:
+        yield config
+    finally:
+        model.generation_config = saved
+
+
 def ratio_estimates(
     per_prompt: list[dict],
     *,
@@ -415,14 +450,6 @@ def model_problem(model: str) -> str | None:
     return problem.replace(f"--model={model!r}", f"--model {model}") if problem else None
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose refusals are one line on stderr and exit code 2 (not the usage)."""
-
-    def error(self, message: str):
-        print(f"prompt_lookup_vs_hf: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def at_least(minimum: int):
     """An argparse type: a whole number >= ``minimum``."""
 
@@ -514,9 +541,10 @@ def bench_retriever(
     return retriever
 
 
-def build_parser() -> _Parser:
-    """The benchmark's arguments (its defaults for our tree arms are the default experiment's)."""
-    ap = _Parser(description=__doc__.splitlines()[0])
+def build_parser() -> OneLineParser:
+    """The benchmark's arguments (its defaults for our tree arms are the default experiment's); a bad
+    one is refused in one line, exit code 2."""
+    ap = OneLineParser(command="prompt_lookup_vs_hf", description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=at_least(1), default=10)
     ap.add_argument("--split", default=None, choices=SPLITS, help="the workload's split (default eval)")
     ap.add_argument("--max-new-tokens", type=at_least(2), default=128)
@@ -734,8 +762,9 @@ def main(argv=None) -> int:
     except WorkloadError as exc:
         print(f"prompt_lookup_vs_hf: {exc}", file=sys.stderr)
         return 2
-    eos = frozenset({int(tok.eos_token_id)}) if tok is not None else eos_ids(model)
-    pad_token_id = int(tok.eos_token_id) if tok is not None else min(eos)
+    # every arm ends at the same ids: the config's, the generation config's and the tokenizer's, as a run's
+    eos = eos_ids(model, tok)
+    pad_token_id = int(tok.eos_token_id) if tok is not None and tok.eos_token_id is not None else min(eos, default=0)
     greedy = get_verifier("greedy")
     policy = SamplingPolicy()
 
@@ -772,9 +801,9 @@ def main(argv=None) -> int:
         )
         return res
 
-    def hf(ids, new, **kw):
+    def hf(ids, new, **lookup):
         """transformers' ``generate``: its new tokens, and its decode ms and tokens (after the first
-        forward's)."""
+        forward's); greedy with our arms' end tokens and nothing else (:func:`greedy_generation_config`)."""
         inp = torch.tensor([ids], device=backend.device)
         mask = torch.ones_like(inp)
         model.set_attn_implementation("sdpa")  # transformers' arms: its own attention
@@ -782,17 +811,15 @@ def main(argv=None) -> int:
         first = FirstForward(backend.device)
         hook = model.register_forward_hook(first.hook)
         try:
-            out = model.generate(
-                inp,
-                attention_mask=mask,
-                max_new_tokens=new,
-                do_sample=False,
-                pad_token_id=pad_token_id,
-                streamer=first,
-                **{backend.cache_kw: cache},  # the keyword this transformers' forward takes
-                **kw,
-            )
-            done = first.clock.now()
+            with only_generation_config(model, greedy_generation_config(new, eos, pad_token_id, **lookup)) as gen:
+                out = model.generate(
+                    inp,
+                    attention_mask=mask,
+                    generation_config=gen,
+                    streamer=first,
+                    **{backend.cache_kw: cache},  # the keyword this transformers' forward takes
+                )
+                done = first.clock.now()
         finally:
             hook.remove()
             model.set_attn_implementation(args.attn)
@@ -865,7 +892,8 @@ def main(argv=None) -> int:
         gbs = prompt_bandwidths(bandwidths[: sampled + 1], sampled)
         for entry, around in zip(per_prompt, gbs):
             entry["read_bandwidth_gbs"] = around
-        per_tok = {a: v["decode_ms"] / max(v["tokens"], 1) for a, v in totals.items()}
+        # None for an arm without tokens after its first round (every prompt ended in it)
+        per_tok = {a: v["decode_ms"] / v["tokens"] if v["tokens"] else None for a, v in totals.items()}
         intervals = ratio_estimates(per_prompt)  # each ratio's value is per_tok[base] / per_tok[arm]
         ratios = {key: est["value"] for key, est in intervals.items()}
         result = {
@@ -885,6 +913,7 @@ def main(argv=None) -> int:
             "truncate": args.truncate,
             "truncated_prompts": truncated,
             "max_new_tokens": args.max_new_tokens,
+            "eos_token_ids": sorted(eos),
             "threads": torch.get_num_threads(),
             "K": args.num_tokens,
             "ngram": args.ngram,
@@ -913,7 +942,9 @@ def main(argv=None) -> int:
             "read_bandwidth_gbs_samples": bandwidths,
             "streamed_weight_bytes": streamed_weight_bytes(model),
             "weight_stream_floor_ms": floor_ms,
-            "ar_step_vs_floor": {a: per_tok[a] / floor_ms for a in ("ours_ar", "hf_ar") if a in per_tok},
+            "ar_step_vs_floor": {
+                a: None if per_tok[a] is None else per_tok[a] / floor_ms for a in ("ours_ar", "hf_ar") if a in per_tok
+            },
             "verify_roofline": roofline,
             "arms": list(arms),
             "time_per_token_ms": per_tok,
@@ -1019,13 +1050,17 @@ def floor_line(
     read-bandwidth samples whose median is ``bandwidth``), saying why where our AR step runs below it
     on a CPU whose last-level cache (``llc`` bytes, or None where unknown or not a CPU) holds part of
     the weights between steps."""
-    hf_ar = f", transformers {per_tok['hf_ar']:.2f} ms" if "hf_ar" in per_tok else ""
+
+    def ms(value: float | None) -> str:
+        return "no tokens after the first round" if value is None else f"{value:.2f} ms"
+
+    hf_ar = f", transformers {ms(per_tok['hf_ar'])}" if "hf_ar" in per_tok else ""
     line = (
-        f"AR step per token: ours {per_tok['ours_ar']:.2f} ms{hf_ar}; weight-streaming floor {floor_ms:.2f} ms "
+        f"AR step per token: ours {ms(per_tok['ours_ar'])}{hf_ar}; weight-streaming floor {floor_ms:.2f} ms "
         f"({weight_bytes / 1e6:.0f} MB at {bandwidth:.1f} GB/s read, the median of {len(samples)} samples from "
         f"{min(samples):.1f} to {max(samples):.1f})"
     )
-    if llc and per_tok["ours_ar"] < floor_ms:
+    if llc and per_tok["ours_ar"] is not None and per_tok["ours_ar"] < floor_ms:
         line += f"; the step is below it: the CPU's caches ({llc / 2**20:.0f} MB last level) hold part of the weights"
     return line
 
