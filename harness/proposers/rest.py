@@ -66,8 +66,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from omegaconf import OmegaConf
-
 from harness.contracts import (
     PREFIX_FRONTIER,
     Budget,
@@ -675,6 +673,8 @@ def build_command(cfg: dict, model: str, **extra) -> str:
 
 def _plain(value):
     """A config value as plain Python (a list node as a list)."""
+    from omegaconf import OmegaConf  # configs only: the proposer itself runs without omegaconf
+
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
@@ -1032,6 +1032,13 @@ def check_lookup_release(ds_cfg: dict, manifest: dict | None, *, prefix: str, mo
     )
 
 
+def _plain_resolved(node) -> dict:
+    """A config node as a plain dict, interpolations resolved."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True)
+
+
 def manifest_datastores(cfg) -> dict:
     """The datastore releases a composed config's proposer uses, for the run manifest.
 
@@ -1051,7 +1058,7 @@ def manifest_datastores(cfg) -> dict:
     tokenizer = load_tokenizer(str(cfg.model.name_or_path or model))
     out = {}
     for source, (node, opts, prefix) in nodes.items():
-        ds_cfg = OmegaConf.to_container(node, resolve=True)
+        ds_cfg = _plain_resolved(node)
         lookup = {"prefix": prefix, "model": model, "token_ids": tokenizer is None}
         if source == "prompt_lookup" and ds_cfg.get("path") is None:  # before a build it could not search
             check_lookup_release(ds_cfg, None, **lookup)
