@@ -608,6 +608,41 @@ def test_gate_case_selection_does_not_depend_on_the_hash_seed():
     assert here[0] and here[1] and here[2] == ["hydra/beam/exp21/T0"]
 
 
+def _capped_params():
+    """Per proposer, its first sampled case drafting two or more deep, with the first exact verifier
+    that negotiates it."""
+    out, seen = [], set()
+    for case in E.e2e_cases():
+        if case.proposer in seen or case.policy.temperature <= 0 or case.budget.max_depth < 2:
+            continue
+        name = next((n for n in exact_verifier_names() if E.applicable(case, VERIFIERS[n]())), None)
+        if name is not None:
+            seen.add(case.proposer)
+            out.append(pytest.param(name, case.name, id=f"{name}-{case.name}"))
+    return out
+
+
+@pytest.mark.parametrize("verifier_name,case_name", _capped_params())
+def test_a_request_s_last_rounds_draft_under_the_depth_cap_and_stay_exact(
+    models, monkeypatch, verifier_name, case_name
+):
+    """With two tokens to go a round may commit one drafted token and its bonus token: the proposer
+    drafts under a depth cap of 1, as the measured loop's last rounds do, and the output law is still
+    the target's."""
+    caps = []
+    propose_round = E.propose_round
+
+    def recording(proposer, committed, rng, **kw):
+        caps.append((kw["max_depth"], kw.get("tokens_left")))
+        return propose_round(proposer, committed, rng, **kw)
+
+    monkeypatch.setattr(E, "propose_round", recording)
+    case = replace(CASES[case_name], length=2, rounds=None)
+    row = E.check_e2e_case(VERIFIERS[verifier_name](), case, models)
+    assert row["passed"] and row["max_abs_error"] <= row["bound"], row
+    assert (case.budget.max_depth, 2) in caps and all(left <= 2 for _, left in caps), caps
+
+
 def test_eagle_rounds_after_the_first_draft_from_the_verify_forwards_features(models):
     """The two-round EAGLE cases really draft in round 2: every branch's proposer received its verify
     forward through the shared tap, admitted the committed features and fed them to its cache."""
@@ -618,7 +653,8 @@ def test_eagle_rounds_after_the_first_draft_from_the_verify_forwards_features(mo
 
     def spy(self, committed, rng):
         out = orig(self, committed, rng)
-        seen.append((len(committed), len(out.nodes), self.stats.extras["hidden_misses"], self.cache.length))
+        if self.depth_cap != 0:  # a request's last round, one token left, drafts nothing by design
+            seen.append((len(committed), len(out.nodes), self.stats.extras["hidden_misses"], self.cache.length))
         return out
 
     EagleProposer.propose = spy

@@ -212,8 +212,9 @@ class _Live:
 # --------------------------------------------------------------------------- one request's round step
 # What a round does for one request, apart from the target's forward and commit that the batch shares.
 # The statistical gate and the end-to-end oracle call these same functions for their rounds, so what
-# they test at temperature > 0 is the step the measured loop runs (its depth cap, its compile
-# arguments, the policy and random source it hands the verifier, the tokens it emits).
+# they test at temperature > 0 is the step the measured loop runs (its compile arguments, the policy
+# and random source it hands the verifier, the tokens it emits); the end-to-end oracle's rounds also
+# draft under the depth cap of a request's last rounds, its output length standing for max_new_tokens.
 
 
 def propose_round(

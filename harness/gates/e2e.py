@@ -320,11 +320,13 @@ def e2e_output_law(
     """Exact law of the first ``length`` tokens emitted by speculative decoding of ``prompt_ids``.
 
     Real rounds (``rounds`` of them at most; ``None``: as many as it takes) run with every
-    proposal and verifier draw enumerated; after the last real round the committed state is
+    proposal and verifier draw enumerated, each proposed as the measured loop proposes with
+    ``length`` as its ``max_new_tokens`` (a round whose tokens left are fewer than ``max_depth``
+    plus its bonus token drafts under that depth cap); after the last real round the committed state is
     continued by the target's own law computed from the committed cache (see the module
     docstring). ``proposer`` is started on the prompt here and forked for every branch, so it is
     left as it was after ``start``. ``stats`` (if given) receives ``proposals``, ``selections``,
-    ``leaves`` and ``empty_proposals`` (rounds whose proposal had no node) counts. Raises
+    ``leaves`` and ``empty_proposals`` (rounds that could draft whose proposal had no node) counts. Raises
     :class:`OracleError` past ``max_leaves`` selections.
     """
     if length < 1:
@@ -363,11 +365,15 @@ def e2e_output_law(
         def propose(rng: RandomSource) -> tuple[ProposalResult, int | None, Proposer]:
             restore_taps(tap_state)  # the hooks as this branch's last target forward left them
             branch = fork(prop)
-            return *propose_round(branch, list(committed), rng, max_depth=max_depth), branch  # as decode proposes
+            # as decode proposes, ``length`` standing for max_new_tokens: a round drafts no deeper than
+            # the tokens left less its bonus token (a request's last rounds)
+            tokens_left = length - len(generated)
+            return *propose_round(branch, list(committed), rng, max_depth=max_depth, tokens_left=tokens_left), branch
 
         for (proposal, depth, after), p_prop in enumerate_leaves(propose, max_leaves=max_leaves):
             count["proposals"] += 1
-            count["empty_proposals"] += proposal.empty
+            # a round with one token left (depth cap 0) commits its bonus token only, drafting nothing
+            count["empty_proposals"] += proposal.empty and depth != 0
             tree = compile_round(proposal, committed, max_nodes=max_nodes, depth=depth)
             validate_candidate_graph(tree)
             seq_v = copy.deepcopy(seq)
