@@ -171,3 +171,19 @@ def test_move_slots_refuses_a_slot_outside_any_buffer_before_writing_one():
     assert torch.equal(big, before[0]) and torch.equal(small, before[1])
     torch.ops.harness.move_slots([big], torch.tensor([[5, 6]]), torch.tensor([[1, 2]]))
     assert torch.equal(big[:, :, 1:3], before[0][:, :, 5:7]) and torch.equal(big[:, :, 5:], before[0][:, :, 5:])
+
+
+def test_a_candidate_id_past_the_target_s_embedding_is_refused_naming_its_row_and_source(tiny_model):
+    """Compilation does not know the vocabulary: an id past it crashed the forward's embedding
+    lookup (a device-side assert on CUDA) naming neither the row nor the proposer."""
+    from harness.contracts import ContractError
+
+    backend = CausalLMBackend(tiny_model)
+    seq = backend.prefill_one(PROMPT)
+    past = backend.embedding_rows
+    tree = compile_tree([det_proposal([[10, 11], [12, past]])], prefix_len=len(PROMPT))
+    with pytest.raises(ContractError, match=rf"^batch row 0: candidate row 3 holds token id {past}, past the target's"):
+        backend.verify_one(seq, PROMPT[-1], tree)
+    assert seq.cache_len == len(PROMPT) - 1 and seq.provisional_rows == 0  # nothing was appended
+    out = backend.verify_one(seq, PROMPT[-1], compile_tree([det_proposal([[10, 11]])], prefix_len=len(PROMPT)))
+    assert out.logits.shape[0] == 3

@@ -53,6 +53,7 @@ import torch
 # transformers is imported where a model, cache or tokenizer is built (it takes about 1.7 s to import
 # on a 2-core machine), so commands that never build one (`harness tree`, `compare`, `report`,
 # `oracles` listing) do not pay for it.
+from harness.contracts import ContractError
 from harness.target.attention import uses_boolean_masks
 from harness.target.fused_layers import stack_logits
 from harness.target.kv_cache import PreallocatedLayer, cache_window, kv_head_count
@@ -175,6 +176,9 @@ class CausalLMBackend:
         self.dtype = next(self.model.parameters()).dtype
         self.bytes_per_token = kv_bytes_per_token(self.model, self.dtype)
         self.vocab_size = int(self.model.config.vocab_size)
+        embedding = self.model.get_input_embeddings()
+        #: ids the target can read (its embedding's rows; a candidate past them is refused)
+        self.embedding_rows = int(embedding.weight.shape[0]) if embedding is not None else self.vocab_size
         self.num_layers = int(self.model.config.num_hidden_layers)
         params = inspect.signature(self.model.forward).parameters
         # transformers 5.24 renamed `past_key_values=` to `cache=`; older releases only know the former
@@ -385,6 +389,14 @@ class CausalLMBackend:
                 ids[i, 1 : 1 + n] = trees[i].token_ids
                 pos[i, 1 : 1 + n] = trees[i].position_ids
             provisional.append(ids[i, : 1 + n].tolist())
+            if n and max(provisional[-1]) >= self.embedding_rows:
+                row = next(r for r, t in enumerate(provisional[-1][1:]) if t >= self.embedding_rows)
+                raise ContractError(
+                    f"batch row {i}: candidate row {row} holds token id {provisional[-1][1 + row]}, past the "
+                    f"target's {self.embedding_rows}-row embedding (proposed by "
+                    f"{', '.join(trees[i].sources[row]) or 'an unnamed source'}): a proposer drafted an id the "
+                    "target has no token for"
+                )
         chains = all(t is None or t.num_rows == 0 or t.topology == "sequence" for t in trees)
         allowed = None
         if not (chains and state.hole_slots() == 0 and all(n == rows - 1 for n in n_rows)):
