@@ -19,7 +19,8 @@ the probability that a row is the target's next token given that its parent was,
 child never out-reaches its parent), and the round keeps the ``k`` rows that minimise
 ``t(1 + k) / (1 + sum of their reach)``, the predicted time per committed token. t comes from
 :class:`VerifyCostModel`: the verify-cost profile the run measured at its start, corrected by the
-verify times of the rounds this proposer's request ran alone, never decreasing in the row count.
+verify times of the rounds whose forward the run's full batch shared (at batch 1, every round of
+the request), never decreasing in the row count.
 The estimates are proposal-side statistics only: they change which candidates are verified, never
 what is accepted, so exactness is untouched.
 
