@@ -6,7 +6,7 @@
 - ``proposer=layer_skip`` (Draft & Verify, Zhang et al., 2024): the target with the layers of a
   skip vector ``z`` bypassed (final norm and LM head kept). ``z`` comes from a Bayesian-optimisation
   search artifact (``harness train proposer=layer_skip``) or ``proposer.skip``. Drafting stops when
-  the top-1 probability falls below ``gamma``, which Draft & Verify's acceptance-EMA loop adapts.
+  the top-1 probability falls to ``gamma`` or below, which Draft & Verify's acceptance-EMA loop adapts.
 
 Self-draft state contract: the draft path keeps its own
 :class:`~harness.heads.partial.ProvisionalKV` (shallow / skipped-path rows only). It never reads or
