@@ -30,7 +30,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness import sweep
-from harness.cli import one_line, print_usage, report_failure
+from harness.cli import one_line, print_usage, report_failure, signals_interrupt
 from harness.config import (
     CONF_DIR,
     Config,
@@ -392,7 +392,7 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
         run_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
         try:
             record = run_job(cfg, run_dir=run_dir)  # logs to W&B itself with tracking=wandb
-        except Exception as exc:
+        except (Exception, KeyboardInterrupt) as exc:  # interrupted too: Hydra's end then cleans the folder up
             status["code"] = report_failure(command, exc, refusals=REFUSALS)
             return None
         m = record["metrics"]
@@ -429,7 +429,8 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
     sys.argv = [f"harness {command}"] + argv
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a traceback; reported below
     try:
-        _entry()
+        with signals_interrupt():  # SIGTERM, SIGHUP: the put-back and clean-up of Ctrl-C, then 128 + the signal
+            _entry()
     except KeyboardInterrupt as exc:  # a sweep cut short: its store and summary say what the folder holds now
         sweep.close_unfinished_launches(exc)
         raise

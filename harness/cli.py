@@ -5,16 +5,21 @@ code. Modules are imported lazily so `harness tree` does not pay for torch model
 
 A command that fails says so in one line on stderr and exits non-zero: 2 for a refusal (bad
 input: a value, a path, a combination; the line names what to change), 1 for anything else, 130
-on Ctrl-C. The traceback is shown only when asked: ``HARNESS_TRACEBACK=1`` or
-``harness --traceback <command> ...``.
+on Ctrl-C, 128 + the signal's number when a run is ended by SIGTERM or SIGHUP (143, 129: a
+``kill``, a timeout, a scheduler's time limit, which `harness run` handles as it does Ctrl-C).
+The traceback is shown only when asked: ``HARNESS_TRACEBACK=1`` or ``harness --traceback <command> ...``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
 
 from harness.files import TRACEBACK_ENV, wants_traceback
 
@@ -36,6 +41,49 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 REFUSED, FAILED, INTERRUPTED = 2, 1, 130
 #: the status of a command whose stdout reader left (as a SIGPIPE ends a process: 128 + 13)
 BROKEN_PIPE = 141
+#: the signals that end a run as Ctrl-C does (:func:`signals_interrupt`)
+TERMINATING = ("SIGTERM", "SIGHUP")
+
+
+class Terminated(KeyboardInterrupt):
+    """A run ended by SIGTERM or SIGHUP: handled as Ctrl-C is (the earlier files put back, the
+    folder cleaned up), its exit status 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = int(signum)
+        super().__init__(signal.Signals(self.signum).name)
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP raise :class:`Terminated` where the process is,
+    as SIGINT raises KeyboardInterrupt; a second such signal while the first is handled ends the
+    process as the handler before would have. The earlier handlers are back after the block.
+    Outside the main thread (where Python takes no handler) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, object] = {}
+    received: list[int] = []
+
+    def handler(signum: int, frame) -> None:
+        if received:  # a second signal: no second clean-up, the process ends now
+            signal.signal(signum, previous[signum])
+            signal.raise_signal(signum)
+            return
+        received.append(signum)
+        raise Terminated(signum)
+
+    for name in TERMINATING:
+        signum = getattr(signal, name, None)
+        if signum is not None:
+            before = signal.signal(signum, handler)
+            previous[signum] = signal.SIG_DFL if before is None else before
+    try:
+        yield
+    finally:
+        for signum, before in previous.items():
+            signal.signal(signum, before)
 
 
 def one_line(text: object) -> str:
@@ -59,6 +107,9 @@ def report_failure(command: str, exc: BaseException, *, refusals: tuple[type, ..
     OSError (a path that is missing or not writable) or one of ``refusals``; anything else is an
     error, reported with its type.
     """
+    if isinstance(exc, Terminated):
+        print(f"harness {command}: terminated ({signal.Signals(exc.signum).name})", file=sys.stderr)
+        return 128 + exc.signum
     if isinstance(exc, KeyboardInterrupt):
         print(f"harness {command}: interrupted", file=sys.stderr)
         return INTERRUPTED

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -879,6 +879,18 @@ def explain_compose_error(exc: Exception, overrides: list[str]) -> ConfigError:
             f"{group}={option} is no option of {group}; the options: {', '.join(options)}",
             suggestions=[(f"{group}={close[0]}",)] if close else [],
         )
+    multiple = re.match(r"Multiple values for (\S+)\. To override a value use 'override ", text) or re.match(
+        r"(\S+) appears more than once in the final defaults list", text
+    )
+    if multiple:  # a config group given twice, or added with '+' where the defaults list already selects it
+        group = multiple.group(1)
+        given = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == group]
+        if len(given) > 1:
+            return ConfigError(f"{group} is given more than once ({' '.join(given)}): give it once")
+        if given and given[0].startswith("+") and not given[0].startswith("++"):
+            return ConfigError(
+                f"{group} is already in the config: set it without the leading '+' ({given[0].lstrip('+')})"
+            )
     appended = re.match(r"Could not append to config\. An item is already at '([^']+)'", text)
     if appended:
         key = appended.group(1)
@@ -1012,8 +1024,12 @@ def offer(exc: ConfigError, overrides: list[str], *, accept: Callable[[DictConfi
     """``exc`` offering those of its candidate fixes that the runner accepts (composed and planned:
     every value and combination check, no model, no file read or written; ``accept`` adds a
     command's own checks), a candidate that meets another refusal extended by that refusal's
-    candidates (breadth first, at most three overrides, :data:`OFFER_BUDGET` tries)."""
+    candidates (breadth first, at most three overrides, :data:`OFFER_BUDGET` tries). Where ``exc``
+    ``replaces`` a mistyped override, its candidates carry the value the user gave under the key
+    meant: every fix keeps that correction (``overrides`` no longer hold the mistyped one, so a fix
+    without it would run the default instead)."""
     frontier = list(exc.suggestions)
+    pinned = {o for fix in exc.suggestions for o in fix} if exc.replaces else set()
     accepted: list[tuple[str, ...]] = []
     seen: set[frozenset[str]] = set()
     tries = 0
@@ -1031,18 +1047,23 @@ def offer(exc: ConfigError, overrides: list[str], *, accept: Callable[[DictConfi
             continue
         except (ValueError, OSError, HydraException, OmegaConfBaseException):  # refused otherwise: not offered
             continue
-        fix = _minimal(fix, overrides, accept)
+        fix = _minimal(fix, overrides, accept, keep=pinned)
         if all(set(fix) != set(other) for other in accepted):
             accepted.append(fix)
     return type(exc)(exc.reason, suggestions=accepted, offered=True, replaces=exc.replaces)
 
 
-def _minimal(fix: tuple[str, ...], overrides: list[str], accept: Callable[[DictConfig], Any]) -> tuple[str, ...]:
+def _minimal(
+    fix: tuple[str, ...], overrides: list[str], accept: Callable[[DictConfig], Any], *, keep: Collection[str] = ()
+) -> tuple[str, ...]:
     """``fix`` without the overrides it is accepted without (a chained fix may carry a first step the
-    second made unneeded: ``topology.max_nodes=21 topology=sequence`` where ``topology=sequence`` does)."""
+    second made unneeded: ``topology.max_nodes=21 topology=sequence`` where ``topology=sequence`` does),
+    those in ``keep`` (the correction of a mistyped key) always kept."""
     for o in list(fix):
         if len(fix) == 1:
             break
+        if o in keep:
+            continue
         rest = tuple(x for x in fix if x != o)
         try:
             accept(compose(apply_overrides(overrides, rest)))

@@ -28,8 +28,10 @@ import json
 import logging
 import os
 import re
+import signal
 import statistics
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -148,6 +150,7 @@ from harness.workloads.conversations import (
     ContextLimit,
     PromptEncoder,
     TurnPrompt,
+    chat_template_of,
     context_limit,
     set_chat_template,
     truncate_rule,
@@ -206,6 +209,43 @@ class Measured:
 REFUSALS: tuple[type[BaseException], ...] = (GateError, NegotiationError, ContractError, TrackingError)
 
 
+class HeldInterrupts:
+    """SIGINT, SIGTERM and SIGHUP held back from its creation to :meth:`release` (in the main thread;
+    elsewhere nothing is held): one that comes in between is handed to the handler it would have
+    met then, at :meth:`release` (where a Ctrl-C raises KeyboardInterrupt), so the code between
+    runs whole: files moved aside are all aside, and ``release`` inside a ``try`` lets its handler
+    put them back."""
+
+    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        self.pending: list[int] = []
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in self.SIGNALS:
+            signum = getattr(signal, name, None)
+            if signum is not None:
+                before = signal.signal(signum, self._hold)
+                self.previous[signum] = signal.SIG_DFL if before is None else before
+
+    def _hold(self, signum: int, frame) -> None:
+        self.pending.append(signum)
+
+    def release(self) -> None:
+        """The earlier handlers back, then each signal held meanwhile handed to its handler."""
+        previous, self.previous = self.previous, {}
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(self.pending):
+            handler = previous.get(signum)
+            if callable(handler):
+                handler(signum, None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
+        self.pending = []
+
+
 def run_job(
     cfg: DictConfig,
     *,
@@ -242,11 +282,19 @@ def run_job(
     for note in environment_notes(str(cfg.tracking.mode)) if cfg.tracking.name == "wandb" else []:
         print(f"harness: note: {note}", file=sys.stderr)
     with job_lock(planned.run_dir):  # one run per folder, from the first model work to the record
-        earlier = inspect_job(planned.run_dir, manifest_hash=planned.manifest_hash, manifest=planned.manifest)
-        moved, moved_note = clear_for_run(
-            planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting"
-        )
-        aside = moved or aside
+        # an interrupt while the earlier files move waits until they are all aside, then puts them back
+        held = HeldInterrupts()
+        try:
+            earlier = inspect_job(planned.run_dir, manifest_hash=planned.manifest_hash, manifest=planned.manifest)
+            moved, moved_note = clear_for_run(
+                planned.run_dir, earlier, what=str(planned.run_dir), action="harness run: overwriting"
+            )
+            aside = moved or aside
+            host_memory = JobHostMemory().start()  # this job's peak RSS, even when jobs share a process
+            compile_watch = CompileWatch().start()  # what torch.compile did in this job, when a model is compiled
+        except BaseException:
+            held.release()
+            raise
 
         def announce_move() -> None:  # once the job is past its refusals, or where the files stay aside
             nonlocal moved_note
@@ -254,11 +302,10 @@ def run_job(
                 logging.getLogger("harness.jobs").warning("%s", moved_note)
                 moved_note = None
 
-        host_memory = JobHostMemory().start()  # this job's peak RSS, even when jobs share a process
-        compile_watch = CompileWatch().start()  # what torch.compile did in this job, when a model is compiled
         tracker: Tracker | NullTracker = NullTracker()  # W&B's run opens once the job is past its refusals
         stage = "load"
         try:
+            held.release()  # an interrupt held back while the files moved raises here
             loaded = load(cfg, planned)
             stage = "prepare"
             prepared = prepare_job(cfg, planned, loaded)
@@ -461,8 +508,8 @@ def verified_rows(budget) -> tuple[int, str | None]:
 
 
 def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
-    """Values, negotiation, budgets, the output folder (when one is named), the workload's prompts,
-    the context limit and the temporary-KV budget."""
+    """Values, negotiation, budgets, the output folder (when one is named), the workload's prompts
+    and chat template file, the context limit and the temporary-KV budget."""
     check_models(cfg)
     plan_ = plan(cfg)
     check_cache_layers(cfg)
@@ -495,6 +542,7 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
             f"over generation.temp_kv_budget_bytes={cfg.generation.temp_kv_budget_bytes}"
         ) from None
     prompts = load_configured(cfg.workload)
+    chat_template_of(cfg.workload.get("chat_template"))  # a file that cannot be read, before any note on the option
     batch = int(cfg.generation.batch_size)
     if batch > len(prompts):  # every batch would be partial: the record's batch axis would not be what ran
         raise ConfigError(

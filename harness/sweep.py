@@ -61,7 +61,7 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,7 @@ from hydra.experimental.callback import Callback as _Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.config import config_loader
+from harness.config import config_loader, override_key
 from harness.gates.status import GateError
 from harness.manifest import job_manifest, manifest_hash
 from harness.runner import run_job, run_notes, track
@@ -359,13 +359,21 @@ CONCURRENCY_UNKNOWN = (
 # inside one job
 
 
-def sweep_folder_problem(sweep_dir: Path | str, sweep: Any) -> str | None:
+def sweep_folder_problem(
+    sweep_dir: Path | str,
+    sweep: Any,
+    *,
+    jobs: list[list[str]] | None = None,
+    unnamed: Collection[str] = (),
+) -> str | None:
     """Why ``sweep_dir`` cannot take this launch of ``sweep`` (None when it can): no folder named, a
     single run's folder (its record would join the sweep's store and report), a datastore's or an
     artifact's, a folder holding records or a ``report/`` that no sweep launched there (the sweep's
     store would count those records, and its report replaces ``report/``), or the folder of another
     sweep's launch (its summary and launch file would be overwritten, its jobs counted with these).
-    The same sweep launched again resumes in its folder."""
+    The same sweep launched again resumes in its folder: a sweep of the same name, or a multirun
+    without a name that plans the same jobs (``jobs``, as :func:`planned_jobs` gives them), in any
+    order and whatever their keys in ``unnamed`` (launch-only keys, left out of job folder names)."""
     if not str(sweep_dir).strip():
         return (
             "hydra.sweep.dir is empty: a sweep writes its job folders, store, summary and report into it; "
@@ -412,7 +420,27 @@ def sweep_folder_problem(sweep_dir: Path | str, sweep: Any) -> str | None:
             f"{where} holds {named(before)}'s launch ({LAUNCH_FILE}): {named(now)} there would overwrite its "
             "summary and mix its jobs with these; give it a folder of its own"
         )
+    if now is None and jobs is not None:
+        ran, asked = _job_set(earlier.get("planned_jobs"), unnamed), _job_set(jobs, unnamed)
+        if ran is not None and asked is not None and ran != asked:
+            overrides = earlier.get("overrides")
+            task = overrides.get("task") if isinstance(overrides, dict) else None
+            given = " ".join(str(o) for o in task or [] if override_key(str(o)) not in unnamed)
+            return (
+                f"{where} holds the launch of another multirun without a sweep name ({LAUNCH_FILE}: "
+                f"{given or 'other jobs'}): this one plans other jobs, and would overwrite its summary and mix its "
+                "jobs with these; give it a folder of its own (the same overrides launched again resume that one)"
+            )
     return None
+
+
+def _job_set(jobs: Any, unnamed: Collection[str]) -> frozenset[frozenset[str]] | None:
+    """Jobs as a set of override sets, their launch-only keys (``unnamed``) left out: the same for a
+    launch that lists its axes' values in another order. None for no list of lists (a sweeper that
+    plans no jobs ahead, a launch file that lists none): nothing to compare."""
+    if not isinstance(jobs, list) or not all(isinstance(job, list) for job in jobs):
+        return None
+    return frozenset(frozenset(str(o) for o in job if override_key(str(o)) not in unnamed) for job in jobs)
 
 
 def _launch_id(sweep_dir: Path) -> str | None:
@@ -897,7 +925,13 @@ class SweepCallback(_Callback):
         if refusal is not None:  # before anything is submitted or written
             print(f"{launching_command()}: refused: {refusal}", file=sys.stderr)
             raise SystemExit(2)  # Hydra turns a callback's exceptions into warnings; this one stops the launch
-        problem = sweep_folder_problem(str(config.hydra.sweep.dir), config.get("sweep"))
+        jobs = planned_jobs(config.hydra)
+        problem = sweep_folder_problem(
+            str(config.hydra.sweep.dir),
+            config.get("sweep"),
+            jobs=jobs,
+            unnamed={str(k) for k in config.hydra.job.config.override_dirname.exclude_keys},
+        )
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if problem is not None:  # before anything is written into it
             print(f"{launching_command()}: refused: {problem}", file=sys.stderr)
@@ -921,7 +955,7 @@ class SweepCallback(_Callback):
                 "sweeper_params": OmegaConf.to_container(config.hydra.sweeper.params, resolve=True)
                 if config.hydra.sweeper.get("params")
                 else {},
-                "planned_jobs": planned_jobs(config.hydra),
+                "planned_jobs": jobs,
             },
         )
 

@@ -338,6 +338,10 @@ SHELL_QUOTED_HINT = "quote a value holding characters such as # = ' [ ] or space
         (["generation.max_new_tokenz=3"], ["no option 'max_new_tokenz'", "try generation.max_new_tokens=3"]),
         (["proposer=base_prompt_lookup"], ["proposer=base_prompt_lookup is no option", "prompt_lookup"]),
         (["+proposer.model.tiny.vocab_size=128", "proposer=draft_model"], ["without the leading '+'"]),
+        # a config group the defaults list already selects, added with '+': the key path's refusal
+        (["+experiment=default"], ["experiment is already in the config: set it without the leading '+' (experiment="]),
+        (["+verifier=membership"], ["verifier is already in the config: set it without the leading '+' (verifier="]),
+        (["+experiment=default", "experiment=default"], ["experiment is given more than once", "give it once"]),
         (["generation.exact=2"], ["generation.exact=2: expected true or false"]),  # OmegaConf reads 2 as true
         # a value of the wrong type: the option and what it takes, not OmegaConf's merge error
         (["workload.categories=qa"], ["workload.categories=qa: workload.categories takes a list", "try "]),
@@ -466,6 +470,21 @@ def test_harness_run_refuses_bad_values_in_one_line_and_writes_nothing(
     tmp_path, workload, capsys, no_models, overrides, fragments
 ):
     assert_refused_run(tmp_path, capsys, argv_for(tmp_path, workload, *overrides), *fragments)
+
+
+def test_a_chat_template_file_that_is_missing_is_refused_alone_not_after_a_note_calling_it_inert(
+    tmp_path, workload, capsys, no_models
+):
+    """model=tiny has no tokenizer, so a chat template changes nothing there and is noted as such;
+    a template file that does not exist is refused all the same, and that refusal is the one line."""
+    missing = tmp_path / "nonexistent.jinja"
+    line = assert_refused_run(
+        tmp_path,
+        capsys,
+        argv_for(tmp_path, workload, f"workload.chat_template={missing}"),
+        f"workload.chat_template={missing}: no such file; give vicuna or a Jinja file",
+    )
+    assert "no effect" not in line
 
 
 @pytest.mark.parametrize("given", ["proposer.datastore.path", "+proposer.datastore.path"])
@@ -1346,6 +1365,30 @@ def test_every_offered_suggestion_is_accepted(overrides, monkeypatch):
     base = [o for o in overrides if o != exc.replaces]  # a mistyped key's fix replaces it
     for fix in exc.suggestions:
         accepted(apply_overrides(base, fix))
+
+
+@pytest.mark.parametrize(
+    "overrides,corrected",
+    [
+        # the corrected temperature needs a sampling verifier: the fix is both, not the verifier alone
+        (["model=tiny", "generation.tempreature=0.5"], "generation.temperature=0.5"),
+        # the chosen verifier cannot take prompt lookup's scores: it is replaced, the temperature kept
+        (["model=tiny", "generation.temperatre=0.7", "verifier=rejection"], "generation.temperature=0.7"),
+    ],
+)
+def test_the_fix_of_a_mistyped_key_keeps_the_value_given_under_it(overrides, corrected):
+    with pytest.raises(ConfigError) as info:
+        checked_plan(overrides)
+    exc = info.value
+    offered = suggestions_in(str(exc))
+    assert offered and offered == [list(s) for s in exc.suggestions], str(exc)
+    base = [o for o in overrides if o != exc.replaces]
+    for fix in offered:
+        assert corrected in fix, str(exc)
+        accepted(apply_overrides(base, tuple(fix)))
+        cfg = compose(apply_overrides(base, tuple(fix)))
+        assert cfg.generation.temperature == float(corrected.split("=")[1])
+    assert offered[0] == [corrected, "verifier=membership"]
 
 
 def test_a_proposer_that_cannot_draft_sibling_sets_is_neither_offered_nor_planned_a_sequoia_tree():

@@ -2,6 +2,12 @@
 adaptive lookup run, and that the store accepts the record."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -537,6 +543,132 @@ def test_an_interrupted_run_puts_the_folder_s_earlier_record_back(tmp_path, monk
     with pytest.raises(KeyboardInterrupt):
         run_job(compose([*base, "seed=1"]), run_dir=out, aside=aside)
     assert load_record(out / "record.json")["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_run_ended_by_sigterm_puts_the_earlier_record_back_and_exits_143(tmp_path):
+    """A timeout, a kill or a scheduler's time limit sends SIGTERM: the run ends as on Ctrl-C, the
+    folder's earlier record back in place (not left in .previous/), exit status 128 + 15."""
+    out = tmp_path / "run"
+    env = {
+        **os.environ,
+        "HARNESS_CACHE": str(tmp_path / "cache"),
+        "PYTHONPATH": str(REPO),
+        "WANDB_MODE": "offline",
+        "CXX": "false",  # no native kernels to compile into the fresh cache: the Python search serves
+    }
+    base = ["model=tiny", "model.linear_kernel=default", "model.fused_layers=false", "gates.oracle=false"]
+    base += [f"output_dir={out}", f"hydra.run.dir={out}"]
+    harness_run = [sys.executable, "-m", "harness.cli", "run", *base]
+    first = subprocess.run(
+        [*harness_run, "workload.limit=1", "generation.max_new_tokens=4"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert first.returncode == 0, first.stderr
+    earlier = (out / "record.json").read_bytes()
+    proc = subprocess.Popen(
+        [*harness_run, "workload.limit=4", "generation.max_new_tokens=256", "seed=1"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ((out / ".previous").is_dir() and not (out / "record.json").exists()):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run never set the earlier record aside"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "harness run: terminated (SIGTERM)" in err and "Traceback" not in err
+    assert (out / "record.json").read_bytes() == earlier
+    assert not (out / ".previous").exists()
+
+
+def test_a_new_folder_of_a_run_ended_by_sigterm_is_removed_and_the_handlers_restored(tmp_path, monkeypatch, capsys):
+    """A run ended by SIGTERM (or Ctrl-C) before writing anything leaves no folder behind, as a
+    refused run does; the signal handlers the process had are back afterwards."""
+    import harness.runner as runner
+    from harness.app import run_main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    argv = ["model=tiny", "model.linear_kernel=default", "model.fused_layers=false", "workload.limit=1"]
+    argv += ["generation.max_new_tokens=4", f"output_dir={out}", f"hydra.run.dir={out}"]
+    sent = []
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), sent[-1])
+        time.sleep(2)  # the handler raises before this ends
+        raise AssertionError("the signal did not end the run")
+
+    def outside(signum, frame):  # the test process's own handler: SIGTERM outside the run changes nothing
+        pass
+
+    monkeypatch.setattr(runner, "load", signalled)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGTERM, outside)
+    try:
+        for signum, status, said in (
+            (signal.SIGTERM, 143, "terminated (SIGTERM)"),
+            (signal.SIGINT, 130, "interrupted"),
+        ):
+            sent.append(signum)
+            assert run_main(argv) == status
+            assert f"harness run: {said}" in capsys.readouterr().err
+            assert not out.exists(), sorted(p.name for p in out.iterdir())
+        assert signal.getsignal(signal.SIGTERM) is outside
+    finally:
+        signal.signal(signal.SIGTERM, before[signal.SIGTERM])
+    assert signal.getsignal(signal.SIGHUP) == before[signal.SIGHUP]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_while_the_earlier_files_move_aside_waits_for_the_move_and_they_go_back(
+    tmp_path, monkeypatch, signum
+):
+    """A signal that came after the earlier record was moved aside, before the run's clean-up could
+    see where, left it in .previous/: it is held until the move is done, then puts the files back."""
+    import harness.runner as runner
+    from harness.cli import Terminated, signals_interrupt
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "record.json").write_text('{"run_id": "earlier"}')
+    moves = []
+
+    def move_then_signal(*args, **kwargs):
+        moved = real_clear(*args, **kwargs)
+        moves.append(moved[0])
+        os.kill(os.getpid(), signum)
+        return moved
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the run went on past the signal")
+
+    real_clear = runner.clear_for_run
+    monkeypatch.setattr(runner, "clear_for_run", move_then_signal)
+    monkeypatch.setattr(runner, "load", no_model)
+    expected = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    with signals_interrupt(), pytest.raises(expected):
+        run_job(compose(["model=tiny", "workload.limit=1", f"output_dir={out}"]), run_dir=out)
+    assert moves and moves[0] is not None  # the record was moved aside before the signal
+    assert (out / "record.json").read_text() == '{"run_id": "earlier"}'
+    assert not (out / ".previous").exists()
 
 
 def test_gate_exactness_chat_topology_and_lookup_options_that_change_nothing_are_listed_as_inert():

@@ -428,6 +428,32 @@ def test_a_sweep_into_a_run_folder_or_another_sweeps_folder_is_refused_before_an
     assert rc == 0 and len(summary["skipped"]) == 1
 
 
+def test_an_unnamed_multirun_of_other_jobs_into_another_s_folder_is_refused_and_the_same_jobs_resume(env, capsys):
+    """Two multiruns without a sweep name into one hydra.sweep.dir: the second, planning other jobs,
+    overwrote the first's launch file and summary and mixed its jobs into the store. Refused, the
+    folder as it was; the same jobs launched again (their values in another order, a launch-only key
+    added) resume there."""
+    from harness.app import run_main
+
+    sweep_dir = env / "multirun" / "mine"
+    base = [*TINY_MULTIRUN[:6], "hydra.callbacks.harness_sweep.report=false", f"hydra.sweep.dir={sweep_dir}"]
+    assert run_main([*base, "seed=1,2"]) == 0
+    assert len(sweep.LAST_SUMMARY["ran"]) == 2
+    before = {p.name: p.read_bytes() for p in sweep_dir.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert run_main([*base, "seed=3,4"]) == 2
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert len(err) == 1 and err[0].startswith(
+        f"harness run: refused: hydra.sweep.dir={sweep_dir} holds the launch of another multirun without a sweep "
+        "name (launch.json: "
+    ), err
+    assert "seed=1,2): this one plans other jobs" in err[0] and "give it a folder of its own" in err[0]
+    assert {p.name: p.read_bytes() for p in sweep_dir.iterdir() if p.is_file()} == before
+    assert not [p.name for p in sweep_dir.iterdir() if "seed=3" in p.name or "seed=4" in p.name]
+    assert run_main([*base, "seed=2,1", "tracking=none"]) == 0  # the same jobs: resumed
+    assert len(sweep.LAST_SUMMARY["skipped"]) == 2 and not sweep.LAST_SUMMARY["ran"]
+
+
 def test_a_sweep_folder_that_is_a_file_is_refused_naming_the_option(env, capsys):
     """It said "cannot create the job folder <path>: File exists", naming neither the option nor the file."""
     afile = env / "afile"
