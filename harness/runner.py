@@ -635,8 +635,8 @@ def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
         manifest=manifest,
         manifest_hash=mhash,
         run_id=f"{mhash}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}",  # unique within a second too
-        round_cfg=RoundConfig(
-            max_nodes=budget.max_nodes,
+        round_cfg=RoundConfig(  # the rows a round can verify: what every request's cache reserves past its tokens
+            max_nodes=verified_rows(budget)[0],
             max_depth=budget.max_depth,
             temp_kv_budget_bytes=cfg.generation.temp_kv_budget_bytes,
         ),

@@ -1047,12 +1047,15 @@ def test_the_context_and_temporary_kv_count_the_rows_a_round_can_verify(tmp_path
     base = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4"]
     planned = plan_job(compose([*base, "topology.max_nodes=1900"]), None)
     assert planned.context.tree_rows == 8 and planned.context.max_prompt_tokens == planned.context.positions - 12
+    # and each request's cache reserves those rows past its tokens, not max_nodes (1900 rows of KV per request)
+    assert planned.round_cfg.max_nodes == 8
     assert verified_rows(planned.plan.budget) == (
         8,
         "topology=sequence drafts one chain of topology.max_depth=8",
     )
     expansion = ["proposer=draft_model", "topology=expansion", "topology.widths=[2,2,1]", "topology.max_nodes=40"]
     assert plan_job(compose([*base, *expansion]), None).context.tree_rows == 10  # 2 + 4 + 4
+    assert plan_job(compose([*base, *expansion]), None).round_cfg.max_nodes == 10
     assert plan_job(compose([*base, "topology=sequences", "topology.max_nodes=40"]), None).context.tree_rows == 40
     bpt = model_kv_bytes_per_token(compose(base).model)
     fits = plan_job(compose([*base, "topology.max_nodes=1900", f"generation.temp_kv_budget_bytes={8 * bpt}"]), None)
