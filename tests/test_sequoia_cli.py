@@ -55,6 +55,16 @@ def test_toy_command_picks_five_node_chain(capsys):
         assert g is None or 1.0 <= g <= min(n, d + 1)
 
 
+def test_a_one_node_budget_with_costs_searches_plain_decoding_without_naming_a_default(capsys):
+    """min_nodes' default of 2 was refused against max_nodes=1 as if the user had given it."""
+    args = ["acceptance=[0.82,0.0864]", "max_nodes=1", "max_depth=1", "verify_cost=[1.0]", "draft_cost=0.09"]
+    rc, out, err = _run(capsys, args)
+    assert rc == 0, err
+    assert (out["nodes"], out["candidate_rows"], out["chosen"]["n"]) == (1, 0, 1)
+    rc, _, err = _run(capsys, [*args, "min_nodes=2"])
+    assert rc == 2 and "min_nodes must be an integer in [1, 1]; got 2" in err
+
+
 def test_passing_h_as_acceptance_is_refused(capsys):
     rc, _, err = _run(capsys, ["acceptance=[0.82,0.48,0.24]", "max_nodes=8", "max_depth=4"])
     assert rc == 2

@@ -19,7 +19,7 @@ Keys (Hydra-style ``key=value``; values parsed by OmegaConf's YAML grammar, neve
                             Its draft_feed_cost (the draft's pass over k committed tokens) and
                             draft_level_cost (a masked step of r rows), where given, price each
                             tree by its shape and acceptance
-  min_nodes=2               smallest n searched with costs (1 admits plain AR: G=1, time t(1))
+  min_nodes=2               smallest n searched with costs (1 admits plain AR: G=1, time t(1); at most max_nodes)
 
 The JSON's ``run_options`` are the same bounds for a run (``topology.max_nodes`` counts candidate
 rows, the root excluded). Without costs the tree reported is the max-G tree at (N, D) (the largest feasible n <= N if N
@@ -238,7 +238,7 @@ def run_tree(args: dict) -> dict:
             draft_base_cost=costs["draft_base_cost"],
             feed_cost=costs.get("draft_feed_cost"),
             level_cost=costs.get("draft_level_cost"),
-            min_nodes=_int(args, "min_nodes", default=2),
+            min_nodes=_int(args, "min_nodes", default=min(2, max_nodes)),  # max_nodes=1: plain AR only
         )
         tree = choice.tree
         out["objective"] = "min_time_per_token"
