@@ -629,22 +629,20 @@ def read_results(source: str | Path) -> tuple[pd.DataFrame, Path | None]:
                 + " columns); give a records folder, or the store.parquet a sweep wrote"
             )
         stale = stale_rows(df, source.parent)
-        if stale:
-            record_dir, now, then = stale[0]
-            more = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
+        unstored = [] if stale else unstored_records(df, source.parent)
+        if stale or unstored:
+            if stale:
+                record_dir, now, then = stale[0]
+                what, count = f"{record_dir} {now}, the store's row is run {then}", len(stale)
+            else:
+                record_dir, run_id = unstored[0]
+                lacks = "a complete job the store lacks (written after the store was built)"
+                what = f"{record_dir} holds run {run_id}, {lacks}"
+                count = len(unstored)
+            more = f" (and {count - 1} more)" if count > 1 else ""
             raise RecordError(
-                f"{source} is stale: {record_dir} {now}, the store's row is run {then}{more}; give the folder "
-                f"instead (`{source.parent}`: its records are read now, without the store), or launch the sweep "
-                "again to rebuild the store"
-            )
-        unstored = unstored_records(df, source.parent)
-        if unstored:
-            record_dir, run_id = unstored[0]
-            more = f" (and {len(unstored) - 1} more)" if len(unstored) > 1 else ""
-            raise RecordError(
-                f"{source} is stale: {record_dir} holds run {run_id}, a complete job the store lacks (written after "
-                f"the store was built){more}; give the folder instead (`{source.parent}`: its records are read now, "
-                "without the store), or launch the sweep again to rebuild the store"
+                f"{source} is stale: {what}{more}; give the folder instead (`{source.parent}`: its records are read "
+                "now, without the store), or launch the sweep again to rebuild the store"
             )
         changed = changed_output_rows(df, source.parent)
         if changed:
