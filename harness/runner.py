@@ -70,6 +70,7 @@ from harness.manifest import (
     checkpoint_decides,
     draft_model_config,
     freeze_manifest,
+    job_manifest_hash,
     manifest_extras,
     manifest_hash,
 )
@@ -263,7 +264,12 @@ def run_job(
     t_job = time.perf_counter()
     threads = threads_in_effect(cfg.threads)
     torch.set_num_threads(threads)  # set or not: a job never runs with the count an earlier job of its process set
-    planned = plan_job(cfg, run_dir)
+    try:
+        planned = plan_job(cfg, run_dir)
+    except BaseException as exc:  # refused or interrupted before anything ran: files set aside go back
+        if aside is not None and restore_earlier:
+            put_back_unplanned(cfg, run_dir, aside, exc, restore_other_manifest=restore_other_manifest)
+        raise
     inert = inert_options(cfg)
     if inert:  # accepted (a sweep may cross them with a setting that ignores them), never silently
         print(f"harness: note: option(s) with no effect here: {'; '.join(inert)}", file=sys.stderr)
@@ -430,6 +436,28 @@ def user_output_dir_problem(path: str | os.PathLike, key: str = "output_dir") ->
             "may be given again)"
         )
     return None
+
+
+def put_back_unplanned(
+    cfg: DictConfig, run_dir: Path | None, aside: Path, exc: BaseException, *, restore_other_manifest: bool
+) -> None:
+    """The earlier files a caller (a sweep) set aside in ``aside`` put back into ``run_dir`` for a
+    job that stopped (``exc``) before its plan was made: as a job stopped later, in loading, puts
+    them back, except a record of another manifest than the job's where ``restore_other_manifest``
+    is false (the manifest computed again here; one that cannot be computed holds no record)."""
+    if run_dir is None:
+        return
+    if not restore_other_manifest:
+        held = _aside_manifest(aside)
+        if held is not None:
+            try:
+                own = job_manifest_hash(cfg)
+            except Exception:
+                return
+            if held != own:
+                return
+    why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "refused"
+    restore_aside(run_dir, aside, why=f"the job was {why}")
 
 
 def _aside_manifest(aside: Path | None) -> str | None:

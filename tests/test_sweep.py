@@ -1067,7 +1067,8 @@ def test_a_job_skipped_as_another_folder_s_twin_sets_its_own_stale_record_aside(
     assert list(pd.read_parquet(sweep_dir / STORE_FILE)["run_id"]) == [load_record(sweep_dir / job)["run_id"]]
 
 
-def test_a_rerun_refused_after_a_change_leaves_the_record_of_the_other_manifest_aside(env, monkeypatch):
+@pytest.mark.parametrize("where", ["load", "check_job"])
+def test_a_rerun_refused_after_a_change_leaves_the_record_of_the_other_manifest_aside(env, monkeypatch, where):
     """A job re-run for a changed manifest and then refused (a prompt grown past the context, an
     artifact it cannot open) put the earlier record back: the sweep's store and report then showed a
     record of another manifest than its job's. It stays in .previous/ now."""
@@ -1087,7 +1088,7 @@ def test_a_rerun_refused_after_a_change_leaves_the_record_of_the_other_manifest_
     def refused(*a, **k):
         raise ValueError("prompt 'p0' needs 900 positions (test)")
 
-    monkeypatch.setattr(runner, "load", refused)
+    monkeypatch.setattr(runner, where, refused)
     rc, again = launch(sweep_dir, *args)
     assert rc == 1 and again["failed"] == [job]
     assert not path.exists() and len(list((sweep_dir / job / ".previous").iterdir())) == 1
@@ -1984,3 +1985,70 @@ def test_a_record_timed_on_another_machine_is_timed_again_by_a_relaunch_here(env
     assert sweep.twin_job(
         sweep_dir, sweep_dir / "elsewhere", manifest_hash=record["manifest_hash"], config=record["config"]
     ) == (path.parent, load_record(path))
+
+
+@pytest.mark.parametrize("stop", ["refused", "interrupted"])
+def test_a_rerun_stopped_while_planning_puts_back_the_record_of_its_own_manifest(env, capsys, monkeypatch, stop):
+    """A job re-run for a reason its manifest does not hold (timed on another machine) and then
+    refused by a check that needs no model (a prompt past the context), or interrupted while
+    planning (a datastore building on first use): the earlier record of the same manifest went back
+    only when the job stopped later, in loading; here it stayed in .previous/ and the folder held
+    no record."""
+    import harness.runner as runner
+
+    sweep_dir = env / "multirun" / "smoke"
+    args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
+    args.append("hydra.callbacks.harness_sweep.report=false")
+    rc, first = launch(sweep_dir, *args)
+    assert rc == 0
+    (job,) = first["ran"]
+    path = sweep_dir / job / "record.json"
+    record = json.loads(path.read_text())
+    record["hardware"].update(device_name="Other CPU", cpu="Other CPU")
+    path.write_text(json.dumps(record))
+
+    def stopped(*a, **k):
+        if stop == "interrupted":
+            raise KeyboardInterrupt
+        raise ValueError("prompt 'p0' needs 900 positions (test)")
+
+    monkeypatch.setattr(runner, "check_job", stopped)
+    capsys.readouterr()
+    if stop == "interrupted":
+        with pytest.raises(KeyboardInterrupt):
+            launch(sweep_dir, *args)
+    else:
+        rc, again = launch(sweep_dir, *args)
+        assert rc == 1 and again["failed"] == [job]
+    assert json.loads(path.read_text())["run_id"] == record["run_id"]
+    assert not (sweep_dir / job / ".previous").exists()
+    assert len(pd.read_parquet(sweep_dir / STORE_FILE)) == 1
+
+
+def test_an_interrupt_while_a_sweep_job_sets_its_files_aside_puts_them_back(env, monkeypatch):
+    """Ctrl-C (or SIGTERM) landing while a re-run job's earlier files move aside waits for the move
+    to finish, then the files go back: they stayed in .previous/ with no record in the folder."""
+    import signal
+
+    sweep_dir = env / "multirun" / "smoke"
+    args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
+    args.append("hydra.callbacks.harness_sweep.report=false")
+    rc, first = launch(sweep_dir, *args)
+    assert rc == 0
+    (job,) = first["ran"]
+    path = sweep_dir / job / "record.json"
+    record = json.loads(path.read_text())
+    record["hardware"].update(device_name="Other CPU", cpu="Other CPU")
+    path.write_text(json.dumps(record))
+    real = sweep.clear_for_run
+
+    def moved_then_interrupted(*a, **k):
+        out = real(*a, **k)
+        signal.raise_signal(signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(sweep, "clear_for_run", moved_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        launch(sweep_dir, *args)
+    assert json.loads(path.read_text())["run_id"] == record["run_id"]
+    assert not (sweep_dir / job / ".previous").exists()
