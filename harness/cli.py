@@ -59,8 +59,9 @@ def signals_interrupt() -> Iterator[None]:
     """While the block runs, SIGTERM and SIGHUP raise :class:`Terminated` where the process is,
     as SIGINT raises KeyboardInterrupt; a second such signal while the first is handled ends the
     process as the handler before would have. The earlier handlers are back after the block.
-    Outside the main thread (where Python takes no handler) the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
+    Outside the main thread (where Python takes no handler), or inside another such block (every
+    command runs in one, :func:`main`), the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread() or _SIGNALS_HANDLED:
         yield
         return
     previous: dict[int, object] = {}
@@ -79,11 +80,17 @@ def signals_interrupt() -> Iterator[None]:
         if signum is not None:
             before = signal.signal(signum, handler)
             previous[signum] = signal.SIG_DFL if before is None else before
+    _SIGNALS_HANDLED.append(True)
     try:
         yield
     finally:
+        _SIGNALS_HANDLED.pop()
         for signum, before in previous.items():
             signal.signal(signum, before)
+
+
+#: non-empty while a :func:`signals_interrupt` block holds the handlers
+_SIGNALS_HANDLED: list[bool] = []
 
 
 def one_line(text: object) -> str:
@@ -150,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"harness: unknown command {name!r}; one of {sorted(SUBCOMMANDS)}", file=sys.stderr)
         return REFUSED
     module, _, func = SUBCOMMANDS[name][0].partition(":")
-    try:
-        return int(getattr(importlib.import_module(module), func or "main")(rest) or 0)
+    try:  # a temporary folder (a datastore or artifact half built) is removed on SIGTERM as on Ctrl-C
+        with signals_interrupt():
+            return int(getattr(importlib.import_module(module), func or "main")(rest) or 0)
     except BrokenPipeError:  # the reader of stdout left (``| head``): no refusal, the status a SIGPIPE gives
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
         return BROKEN_PIPE

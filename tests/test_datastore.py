@@ -1154,3 +1154,35 @@ def test_an_empty_exclusion_is_refused_naming_the_values(tmp_path, monkeypatch, 
         with pytest.raises(DatastoreError, match=r"^exclude is empty"):
             exclusions_for(spec)
     assert exclusions_for("none") == []
+
+
+def test_a_build_ended_by_sigterm_leaves_no_half_built_folder_and_exits_143(tmp_path, monkeypatch, capsys):
+    """A scheduler's time limit or ``kill`` (SIGTERM) during ``harness datastore build`` ended the
+    process where it was: the half-written ``.<name>.<id>.building`` folder stayed beside the cache's
+    datastores. Every command now ends on SIGTERM as on Ctrl-C (its clean-up runs), exit 128 + 15."""
+    import os
+    import signal
+
+    import harness.workloads.datastore as datastore_module
+    from harness.cli import main as cli_main
+
+    monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    root = _user_corpus(tmp_path)
+    real = datastore_module.write_datastore
+    seen = []
+
+    def terminated(ds, out_dir):
+        real(ds, out_dir)
+        seen.append(sorted(p.name for p in (tmp_path / "cache" / "datastores").iterdir()))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(datastore_module, "write_datastore", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    args = ["datastore", "build", "corpus=files", f"corpus_path={root}", "model=owner/toy", "progress=false"]
+    assert cli_main(args) == 128 + signal.SIGTERM
+    assert "harness datastore: terminated (SIGTERM)" in capsys.readouterr().err
+    assert any(name.endswith(".building") for name in seen[0]), seen  # the signal came while the folder was half built
+    left = sorted(p.name for p in (tmp_path / "cache" / "datastores").iterdir())
+    assert not [name for name in left if name.endswith(".building")], left
+    assert signal.getsignal(signal.SIGTERM) == before
