@@ -69,7 +69,10 @@ class ProvisionalKV:
         self.generation += 1
 
     def reusable_prefix(self, committed: Sequence[int], hashes: PrefixHashes, *, limit: int) -> int:
-        """Rows ``[0, n)`` whose tags match the committed path (``may_reuse``), ``n <= limit``."""
+        """Rows ``[0, n)`` whose tags match the committed path (``may_reuse``), ``n <= limit``: the
+        checkpoint, layer boundary, token, position, ancestry hash and dtype. A row's generation
+        says which :meth:`keep` wrote it, not whether it stands (a kept row stays valid while later
+        ``keep`` calls move the cache's generation on), so each row is asked for its own."""
         n = 0
         upto = min(len(self.tags), limit)
         while n < upto:
