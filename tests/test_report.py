@@ -907,7 +907,7 @@ def test_speedup_vs_batch_draws_no_bar_where_there_is_no_interval():
 def test_the_temp_kv_plot_sets_the_measured_peak_beside_the_budget_not_beside_a_copy_of_itself():
     """The plot's "formula" markers were the record's temp_kv_bytes_formula, a copy of the measured
     peak: they sat on the measured points whatever the run did. The markers are the budget now,
-    B x max_nodes x KV bytes per token, which the peak stays at or under."""
+    B x the rows a round can verify x KV bytes per token, which the peak stays at or under."""
     from harness.tracking.report import plot_temp_kv_vs_rows
     from harness.tracking.store import aggregate
 
@@ -921,12 +921,30 @@ def test_the_temp_kv_plot_sets_the_measured_peak_beside_the_budget_not_beside_a_
     assert (df["temp_kv_bytes_peak"] <= df["temp_kv_bytes_budget_formula"]).all()
     assert (df["temp_kv_bytes_peak"] < df["temp_kv_bytes_budget_formula"]).any()  # markers apart from the points
     labels = ax.get_legend_handles_labels()[1]
-    assert "budget: B x max_nodes x KV bytes/token" in labels
+    assert "budget: B x rows x KV bytes/token" in labels
     # ungated, heuristic and CPU-budget runs are drawn apart, with their own marker and tag
     assert {"exact", "ungated", "heuristic", "cpu_budget_artifact"} <= set(df["section"])
     assert "measured peak, B=1" in labels and "measured peak, B=1 [CPU-budget artifact]" in labels
     assert "measured peak, B=1 [heuristic, exact=false]" in labels
     assert "measured peak, B=1 [ungated: a gate was skipped]" in labels
+
+
+def test_the_temp_kv_plot_places_a_run_at_the_rows_its_rounds_can_verify_not_at_max_nodes():
+    """A chain of max_depth 8 with topology.max_nodes=1900 verifies 8 rows a round, and its budget is
+    sized from 8: the plot placed it at 1900 rows, far from its budget's own sizing."""
+    from harness.tracking.report import plot_temp_kv_vs_rows
+    from harness.tracking.store import aggregate
+
+    df = aggregate(FIXTURES)
+    chain = df.index[df["config.topology.name"] == "sequence"][0]
+    df.loc[chain, "config.topology.max_nodes"] = 1900
+    ax = plot_temp_kv_vs_rows(df, {}).figure.axes[0]
+    xs = {float(x) for c in ax.collections for x in c.get_offsets()[:, 0]}
+    assert 1900.0 not in xs and float(df.loc[chain, "context.tree_rows"]) in xs
+    assert "candidate rows a round can verify" in ax.get_xlabel()
+    older = df.drop(columns=["context.tree_rows"])  # a record that does not say: its max_nodes
+    xs = {float(x) for c in plot_temp_kv_vs_rows(older, {}).figure.axes[0].collections for x in c.get_offsets()[:, 0]}
+    assert 1900.0 in xs
 
 
 def test_plots_and_the_runs_table_name_the_machine_when_the_runs_span_machines():

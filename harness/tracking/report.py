@@ -701,13 +701,17 @@ def plot_temp_kv_vs_rows(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         return Plot(None, _no_runs(df, spec, SECTIONS))
     if "config.topology.max_nodes" not in runs.columns:
         return Plot(None, "no record carries config.topology.max_nodes")
+    # the rows a round can verify (a chain's max_depth, an expansion's widths), which the budget is
+    # sized from; topology.max_nodes for a record that does not say
+    verified = pd.to_numeric(runs.get("context.tree_rows", pd.Series(index=runs.index, dtype=float)), errors="coerce")
+    verified = verified.fillna(pd.to_numeric(runs["config.topology.max_nodes"], errors="coerce"))
     fig = _new_figure()
     ax = fig.add_subplot()
     mib = 1024.0 * 1024.0
     order = {name: k for k, name in enumerate(SECTIONS)}
     groups = sorted(runs.groupby(["section", "batch_size"], sort=False), key=lambda g: (order[g[0][0]], g[0][1]))
     for (section, bs), group in groups:
-        rows = group["config.topology.max_nodes"].to_numpy(dtype=float)
+        rows = verified.loc[group.index].to_numpy(dtype=float)
         st = SECTION_STYLE[section]  # ungated, heuristic and CPU-budget runs with their own marker and tag
         ax.scatter(
             rows,
@@ -716,7 +720,7 @@ def plot_temp_kv_vs_rows(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
             s=40,
             label=f"measured peak, B={arm_label(bs)}{st['tag']}",
         )
-        # the most the configuration lets a round append: B x max_nodes rows x KV bytes per token (the
+        # the most the configuration lets a round append: B x verified rows x KV bytes per token (the
         # measured peak is B x the widest round's padded rows; a formula copied from it would always agree)
         if "temp_kv_bytes_budget_formula" in group.columns:
             ax.scatter(
@@ -729,15 +733,13 @@ def plot_temp_kv_vs_rows(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
                 linewidths=0.8,
             )
     if "temp_kv_bytes_budget_formula" in runs.columns:
-        ax.scatter(
-            [], [], marker="s", facecolors="none", edgecolors="k", label="budget: B x max_nodes x KV bytes/token"
-        )
+        ax.scatter([], [], marker="s", facecolors="none", edgecolors="k", label="budget: B x rows x KV bytes/token")
     return _finish(
         fig,
         ax,
         spec,
         "Temporary KV bytes vs candidate rows",
-        xlabel="candidate rows per round (topology.max_nodes)",
+        xlabel="candidate rows a round can verify (topology.max_nodes, or a chain's max_depth)",
         ylabel="temporary KV (MiB)",
     )
 
