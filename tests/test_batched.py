@@ -528,7 +528,7 @@ def test_the_stage_clock_waits_for_every_accelerator_it_can_run_on(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(("cuda", str(device))))
     monkeypatch.setattr(torch.mps, "synchronize", lambda: waited.append(("mps", None)))
     monkeypatch.setattr(torch.xpu, "synchronize", lambda device=None: waited.append(("xpu", str(device))))
-    assert ledger.StageClock("cpu").sync is None  # a CPU's work is done when its calls return
+    assert ledger.StageClock("cpu").syncs == []  # a CPU's work is done when its calls return
     for device in ("cuda:1", "mps", "xpu:0"):
         clock = ledger.StageClock(device)
         with clock.stage("verify"):
@@ -537,3 +537,39 @@ def test_the_stage_clock_waits_for_every_accelerator_it_can_run_on(monkeypatch):
     assert waited == [("cuda", "cuda:1")] * 2 + [("mps", None)] * 2 + [("xpu", "xpu:0")] * 2
     with pytest.raises(ValueError, match="no way to wait for meta work"):
         ledger.StageClock("meta")
+    # a draft on another GPU than the target's: each read waits for both, each device once
+    waited.clear()
+    ledger.StageClock("cuda:0", also=["cuda:1", "cpu", "cuda:0"]).now()
+    assert waited == [("cuda", "cuda:0"), ("cuda", "cuda:1")]
+
+
+def test_the_decode_loop_s_clock_waits_for_the_devices_its_proposers_run_on(monkeypatch):
+    """A draft model on another device than the target's (proposer.model.device=cuda:1): the round
+    loop's clock waited for the target's device alone, so the draft's prompt forward, still queued
+    when the prefill time was read, was billed to the first round's proposal and to decode."""
+    import harness.engine.decode as decode
+    import harness.measure.ledger as ledger
+
+    made = []
+    real = ledger.StageClock
+
+    def recording(device="cpu", also=()):
+        made.append((torch.device(device), {torch.device(d) for d in also}))
+        return real("cpu")
+
+    monkeypatch.setattr(decode, "StageClock", recording)
+    budget = Budget(shape="sequence", max_nodes=4, max_depth=4)
+    proposers = [make("prompt_lookup", budget, None, None) for _ in range(2)]
+    monkeypatch.setattr(proposers[1], "devices", lambda: {torch.device("cuda", 1)})
+    decode_batch(
+        target=CausalLMBackend(build_tiny_model(seed=1)),
+        proposers=proposers,
+        verifier=get_verifier("greedy"),
+        policy=GREEDY,
+        prompts=[[1, 2, 3, 1, 2], [4, 5, 4, 5]],
+        max_new_tokens=3,
+        eos_token_ids=frozenset(),
+        rngs=[TorchRandomSource(k) for k in range(2)],
+        round_cfg=RoundConfig(max_nodes=4, max_depth=4),
+    )
+    assert made == [(torch.device("cpu"), {torch.device("cuda", 1)})]

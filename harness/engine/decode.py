@@ -310,7 +310,8 @@ def decode_batch(
         raise ValueError("each batch slot needs its own proposer instance (proposers keep per-request state)")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
-    clock = StageClock(target.device)
+    # the proposers' devices too (a draft on another GPU): a stage's time holds the kernels it launched
+    clock = StageClock(target.device, also=set().union(*(p.devices() for p in proposers[:b])))
     bpt = target.bytes_per_token
     t_start = clock.now()
     # the slots decoding can append: every new token, plus the last round's unaccepted rows

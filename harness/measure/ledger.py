@@ -6,6 +6,7 @@ computed in one place. ``mean_committed_per_round`` counts the bonus/correction 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -32,16 +33,19 @@ def device_synchronizer(device: torch.device):
 class StageClock:
     """Wall-clock stage timer. On an accelerator (CUDA, Apple's MPS, Intel's XPU) it synchronises
     the device at each stage boundary so a stage's time includes the kernels it launched (CUDA events
-    would need the same sync to read); on a CPU the work is done when the call returns."""
+    would need the same sync to read); on a CPU the work is done when the call returns.
+    ``also``: further devices whose work the stages launch (a draft model on another GPU than the
+    target's), each waited for at every read too."""
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: torch.device | str = "cpu", also: Iterable[torch.device | str] = ()) -> None:
         self.device = torch.device(device)
-        self.sync = device_synchronizer(self.device)
+        devices = dict.fromkeys([self.device, *(torch.device(d) for d in also)])
+        self.syncs = [f for f in map(device_synchronizer, devices) if f is not None]
         self.times: dict[str, float] = {}
 
     def now(self) -> float:
-        if self.sync is not None:
-            self.sync()
+        for sync in self.syncs:
+            sync()
         return time.perf_counter()
 
     @contextmanager
