@@ -77,6 +77,7 @@ from harness.manifest import (
 from harness.measure.hardware import hardware_card, manifest_versions, peak_rss_bytes, threads_in_effect, usable_cpus
 from harness.measure.memory import JobHostMemory
 from harness.prepare import prepare
+from harness.prepare.calibrate import CalibrationError, calibration_items, check_disjoint
 from harness.prepare.sequoia import check_calibration_config, cost_model_error, slower_than_ar_note
 from harness.proposers.base import NullProposer
 from harness.proposers.rest import datastore_sources, path_inert_options
@@ -581,6 +582,7 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
     check_profile_fits(cfg, context)
     check_training_fits(cfg, context)
     check_calibration_config(cfg)
+    check_calibration_prompts(cfg, prompts)
     if cfg.model.name != "tiny" and not cfg.workload.chat:
         multi = next((p for p in prompts if p.n_turns > 1), None)
         if multi is not None:
@@ -596,6 +598,25 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
         temp_kv_budget_formula_bytes=formula,
         run_dir=Path(run_dir or cfg.output_dir or os.getcwd()),
     )
+
+
+def check_calibration_prompts(cfg: DictConfig, prompts: list[Prompt]) -> None:
+    """``topology=sequoia`` reads the workload's calibration split (with or without
+    ``topology.calibration_artifact``) and refuses, once the models have loaded, a calibration prompt
+    that is also an evaluated one (:func:`~harness.prepare.calibrate.check_disjoint`): both refused
+    here, before any model work, the split read without a tokenizer and the prompts compared by id and
+    by content (:attr:`~harness.workloads.prompts.Prompt.fingerprint`). A file without ``"split"``
+    fields holds every line in every split."""
+    if cfg.topology.name != "sequoia":
+        return
+    w = cfg.workload
+    source = f"workload.path={w.path}" if w.name in ("jsonl", "spec_bench") else f"workload={w.name}"
+    where = f"topology=sequoia calibrates on split 'calibration' of {source}"
+    try:
+        calibration = calibration_items(cfg, None)
+        check_disjoint([(p, (p.fingerprint,)) for p, _ in calibration], [(p, (p.fingerprint,)) for p in prompts])
+    except (CalibrationError, WorkloadError) as exc:
+        raise WorkloadError(f"{where} and evaluates split {w.split!r}: {exc}") from None
 
 
 def check_profile_fits(cfg: DictConfig, context) -> None:

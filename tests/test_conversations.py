@@ -137,6 +137,36 @@ def test_a_tokenizer_without_a_chat_template_is_refused_naming_the_fix_and_vicun
     assert tok.chat_template
 
 
+def fastchat_vicuna(system: str, messages: list[tuple[str, str | None]]) -> str:
+    """FastChat's ``Conversation.get_prompt`` for ``SeparatorStyle.ADD_COLON_TWO`` (Vicuna v1.1: seps
+    " " and "</s>"): a message is ``role + ": " + message + sep``, an empty (or None) one ``role + ":"``."""
+    seps, out = (" ", "</s>"), system + " "
+    for i, (role, message) in enumerate(messages):
+        out += f"{role}: {message}{seps[i % 2]}" if message else f"{role}:"
+    return out
+
+
+@pytest.mark.parametrize("answer", ["Sure.", "", " "])
+def test_the_vicuna_template_renders_an_empty_answer_as_fastchat_does(answer):
+    """An empty earlier answer (the model stopped at once, or its text was cut at "</s>") was rendered
+    "ASSISTANT: </s>"; FastChat writes "ASSISTANT:" alone for an empty message."""
+    from jinja2 import Template
+
+    from harness.workloads.conversations import VICUNA_SYSTEM, vicuna_template
+
+    chat = [
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "Q2"},
+    ]
+    got = Template(vicuna_template(bos=False)).render(messages=chat, add_generation_prompt=True)
+    assert got == fastchat_vicuna(
+        VICUNA_SYSTEM, [("USER", "Q1"), ("ASSISTANT", answer), ("USER", "Q2"), ("ASSISTANT", None)]
+    )
+    if not answer:
+        assert got.endswith("USER: Q1 ASSISTANT:USER: Q2 ASSISTANT:")
+
+
 def im_end_tokenizer():
     """A byte-level tokenizer whose EOS is ``<|im_end|>`` (as SmolLM2's): ``</s>`` is plain text to it."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

@@ -210,6 +210,58 @@ def test_a_held_out_prompt_repeated_in_train_is_dropped(tmp_path, monkeypatch, s
     assert streams.train.meta["held_out_overlap"] == 2 and streams.train.meta["conversations_read"] == 4
 
 
+def test_a_training_conversation_opening_with_a_held_out_prompt_is_dropped_however_short(
+    tmp_path, monkeypatch, sharegpt
+):
+    """A train conversation whose first user turn is an evaluation (or calibration, dev) prompt's text was
+    kept when the text was shorter than the 32-token window: the heads trained on evaluated questions."""
+    from harness.prepare import heads_data
+
+    tok = word_chat_tokenizer()
+    sharegpt(
+        [
+            conversation("eval", 0, ("user", "hello"), ("assistant", "w1 w2")),
+            conversation("calibration", 0, ("user", "w30 w31"), ("assistant", "w3")),
+            conversation("train", 0, ("user", "hello"), ("assistant", "w4 w5")),
+            conversation("train", 1, ("user", " hello "), ("assistant", "w6 w7")),
+            conversation("train", 2, ("user", "hello again"), ("assistant", "w8 w9")),
+            conversation("train", 3, ("assistant", "w10"), ("user", "w30 w31"), ("assistant", "w11 w12")),
+            conversation("train", 4, ("user", "w13"), ("assistant", "hello")),
+            conversation("dev", 0, ("user", "w17 w18"), ("assistant", "w19 w20")),
+        ]
+    )
+    assert heads_data.held_out_prompts("train") == {"hello", "w30 w31", "w17 w18"}
+    streams = chat_streams(tmp_path, monkeypatch, tok)
+    hello, again, w13 = tok.convert_tokens_to_ids(["hello", "again", "w13"])
+    assert [[t for t in d if t in (hello, again, w13)] for d in documents_of(streams.train)] == [
+        [hello, again],
+        [w13, hello],
+    ]
+    meta = streams.train.meta
+    assert (meta["held_out_prompt"], meta["held_out_overlap"], meta["conversations_read"]) == (3, 0, 5)
+    assert "however short" in streams_record(streams)["train"]["document_rule"]
+    assert len(documents_of(streams.held)) == 1  # the held-out stream is dev's own conversation
+
+
+def test_the_streams_and_artifact_keys_name_the_held_out_prompt_rule(sharegpt, monkeypatch):
+    """Streams encoded, and heads trained, before training conversations opening with a held-out prompt
+    were dropped hold them: the document rule names that rule and the ShareGPT prompt rule inside it,
+    and a new one makes other streams and another artifact key."""
+    from harness.heads import recipes
+
+    tok = word_chat_tokenizer()
+    sharegpt([])
+    assert "however short" in recipes.DOCUMENT_RULE and "sharegpt-prompts-v3" in recipes.DOCUMENT_RULE
+    first = streams_key(tok, DataRecipe(), target_hash="t" * 16)
+    sources = recipes.data_sources_key(DataRecipe(), tok)
+    inline = streams_key(tok, DataRecipe(source="inline"), target_hash="t" * 16, documents=(DOCS, DOCS))
+    monkeypatch.setattr(recipes, "DOCUMENT_RULE", recipes.DOCUMENT_RULE + "-next")
+    assert streams_key(tok, DataRecipe(), target_hash="t" * 16) != first
+    assert recipes.data_sources_key(DataRecipe(), tok) != sources  # the artifacts' key part
+    # inline documents are keyed by their own ids
+    assert streams_key(tok, DataRecipe(source="inline"), target_hash="t" * 16, documents=(DOCS, DOCS)) == inline
+
+
 def test_the_streams_key_holds_the_sharegpt_file_and_the_chat_template_the_tokenizer_applies(sharegpt):
     """A new ShareGPT file or another chat template of the tokenizer (one the target's fingerprint
     leaves out) makes other streams; the template does not matter with chat formatting off."""

@@ -116,6 +116,25 @@ def test_jsonl_missing_fields_and_duplicates(tmp_path):
     assert [p.messages[-1]["role"] for p in load_jsonl(str(f), "eval")] == ["tool"]
 
 
+@pytest.mark.parametrize("last", ["user", "tool"])
+def test_a_messages_list_whose_last_message_is_empty_is_refused(tmp_path, last):
+    """Only a list of empty messages was refused: a system message, or an earlier exchange, before an
+    empty last one let the model answer nothing, as if asked nothing."""
+    f = tmp_path / "w.jsonl"
+    for earlier in (
+        [{"role": "system", "content": "Be nice"}],
+        [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}],
+    ):
+        f.write_text(json.dumps({"id": "a", "messages": [*earlier, {"role": last, "content": " \n "}]}) + "\n")
+        with pytest.raises(WorkloadError) as err:
+            load_jsonl(str(f), "eval")
+        assert str(err.value) == (
+            f"""{f}:1: "messages" of id 'a': the last {last} message is empty: there is nothing to answer"""
+        )
+    f.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": ""}, {"role": last, "content": "x"}]}))
+    assert [len(p.messages) for p in load_jsonl(str(f), "eval")] == [2]  # an empty earlier one is read
+
+
 def test_jsonl_messages_and_split_field(tmp_path):
     f = tmp_path / "w.jsonl"
     rows = [

@@ -53,7 +53,9 @@ DOCUMENT_RULE = (
     "user and assistant turns with text, from the first user turn, cut before the first turn repeating "
     "its predecessor's role; a conversation the chat template refuses is skipped; a training document "
     f"holding any {LEAKAGE_THRESHOLD}-token window of a held-out text (the first user and first assistant "
-    "turn of each conversation of another split, as REST datastores keep out) is dropped"
+    "turn of each conversation of another split, as REST datastores keep out) is dropped, and so is one whose "
+    "first user turn (stripped) is the text of a ShareGPT prompt of another split, however short (the prompts: "
+    f"{SHAREGPT_PROMPT_RULE})"
 )
 
 

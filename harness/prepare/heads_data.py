@@ -6,8 +6,10 @@ segment-causal by construction. The rows are then packed into one stream with th
 addresses, ``segment_ids`` naming the document and ``valid`` marking input availability.
 
 A conversation's turns take the order a run's chats take (:func:`run_order`); one the chat template
-still refuses is skipped, and a training document sharing a window with held-out text (the texts a
-REST datastore keeps out) is dropped (:data:`~harness.heads.recipes.DOCUMENT_RULE`); the stream's ``meta`` counts both.
+still refuses is skipped, a training document sharing a window with held-out text (the texts a
+REST datastore keeps out) is dropped (:data:`~harness.heads.recipes.DOCUMENT_RULE`), and so is one whose
+first user turn is a held-out prompt's text, however short (the same rule); the stream's ``meta``
+counts each.
 
 Only final-norm hidden states ``[N, d]`` are cached (float16); teacher logits are recomputed from
 them through the frozen LM head when needed, never stored for the full vocabulary.
@@ -36,8 +38,9 @@ from harness.files import artifact_lock, plain_file_mode, temporary_sibling
 from harness.heads.checkpoint import cpu_budget_label, short_hash, target_fingerprint
 from harness.heads.recipes import DataRecipe, data_sources_key
 from harness.target.loading import cache_root
-from harness.workloads.corpora import ChatTurn, sharegpt_conversations, sharegpt_split
+from harness.workloads.corpora import SPLITS, ChatTurn, sharegpt_conversations, sharegpt_split
 from harness.workloads.datastore import LEAKAGE_THRESHOLD, ExclusionIndex, sharegpt_heldout_exclusions
+from harness.workloads.prompts import sharegpt_prompt_texts
 
 
 @dataclass
@@ -85,6 +88,7 @@ class DocumentTally:
     conversations_reordered: int = 0  # turns dropped or cut by :func:`run_order`
     template_refused: int = 0  # skipped: the chat template raised on them
     held_out_overlap: int = 0  # dropped: the document holds a window of held-out text
+    held_out_prompt: int = 0  # dropped: its first user turn is a held-out prompt's text (no window of one)
     template_refusal: str | None = None  # the template's message for the first one it refused
 
     def to_meta(self) -> dict:
@@ -109,6 +113,13 @@ def held_out_index(split: str, *, tokenizer, vocab_size: int) -> ExclusionIndex:
     return ExclusionIndex([np.asarray(i, dtype=np.int64) for i in ids], LEAKAGE_THRESHOLD)
 
 
+def held_out_prompts(split: str) -> frozenset[str]:
+    """The ShareGPT prompt texts (stripped) of every split but ``split``
+    (:func:`~harness.workloads.prompts.load_sharegpt`): a training conversation of ``split`` opening
+    with one is dropped, however short (a "hi" matches no window of :func:`held_out_index`)."""
+    return frozenset(t.strip() for t in sharegpt_prompt_texts([s for s in SPLITS if s != split]))
+
+
 def sharegpt_documents(
     split: str,
     *,
@@ -117,12 +128,14 @@ def sharegpt_documents(
     max_len: int,
     chat: bool,
     exclude: ExclusionIndex | None = None,
+    exclude_prompts: frozenset[str] = frozenset(),
     tally: DocumentTally | None = None,
 ) -> Iterator[list[int]]:
     """Token ids of ShareGPT conversations of one split, in file order (each truncated), their turns
     in a run's order (:func:`run_order`). A conversation the chat template refuses is skipped, a
-    document holding a window of ``exclude`` (:func:`held_out_index`) dropped; ``tally`` counts them.
-    Raises ValueError when the template refuses every conversation."""
+    document holding a window of ``exclude`` (:func:`held_out_index`) dropped, and so is one whose
+    first user turn, stripped, is in ``exclude_prompts`` (:func:`held_out_prompts`); ``tally`` counts
+    them. Raises ValueError when the template refuses every conversation."""
 
     char_cap = max_len * 12  # a token is rarely longer than 12 characters; avoids tokenizing megabytes
     tally = DocumentTally() if tally is None else tally
@@ -164,6 +177,9 @@ def sharegpt_documents(
             continue
         if exclude is not None and exclude.first_hit(np.asarray(ids, dtype=np.int64)) is not None:
             tally.held_out_overlap += 1
+            continue
+        if turns[0].text.strip() in exclude_prompts:  # run_order opens at the first user turn with text
+            tally.held_out_prompt += 1
             continue
         given += 1
         yield ids
@@ -344,7 +360,13 @@ def _encode_streams(
         options = dict(tokenizer=tokenizer, vocab_size=vocab, max_len=recipe.max_len, chat=recipe.chat)
         exclude = held_out_index(recipe.split, tokenizer=tokenizer, vocab_size=vocab)
         train_docs = take_budget(
-            sharegpt_documents(recipe.split, **options, exclude=exclude, tally=tallies[0]),
+            sharegpt_documents(
+                recipe.split,
+                **options,
+                exclude=exclude,
+                exclude_prompts=held_out_prompts(recipe.split),
+                tally=tallies[0],
+            ),
             recipe.token_budget,
         )
         held_docs = take_budget(

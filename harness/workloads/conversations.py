@@ -138,7 +138,9 @@ def vicuna_template(*, bos: bool) -> str:
     """FastChat's Vicuna v1.1 conversation as a chat template: the literal ``</s>`` after each answer
     (an EOS where the tokenizer has that token, text elsewhere, as in Spec-Bench's prompts), and the
     tokenizer's BOS first where ``bos`` (where ``tokenizer(text)`` adds one: a chat template's text is
-    tokenized without special tokens). A leading system message replaces the system line."""
+    tokenized without special tokens). A leading system message replaces the system line. An empty
+    message is its role and a colon alone (``ASSISTANT:``, no space and no separator after it), as
+    FastChat's ``ADD_COLON_TWO`` style writes one."""
     return (
         ("{{ bos_token }}" if bos else "")
         + "{% if messages and messages[0]['role'] == 'system' %}"
@@ -148,7 +150,8 @@ def vicuna_template(*, bos: bool) -> str:
         + '" %}{% set turns = messages %}{% endif %}'
         + "{{ system }} "
         + "{% for m in turns %}"
-        + "{% if m['role'] == 'user' %}USER: {{ m['content'] }} "
+        + "{% if not m['content'] %}{{ 'USER' if m['role'] == 'user' else 'ASSISTANT' }}:"
+        + "{% elif m['role'] == 'user' %}USER: {{ m['content'] }} "
         + "{% else %}ASSISTANT: {{ m['content'] }}</s>{% endif %}"
         + "{% endfor %}"
         + "{% if add_generation_prompt %}ASSISTANT:{% endif %}"

@@ -7,9 +7,12 @@ turn of each ShareGPT conversation, from its first part only, each text once, ch
 (Spec-Bench's ``question.jsonl``: ``{"question_id", "category", "turns"[, "reference"]}``, one
 conversation per line; every turn is generated, see :mod:`harness.workloads.conversations`).
 Splits ``calibration`` / ``dev`` / ``train`` / ``eval`` are disjoint: ShareGPT by the
-conversation-id hash of ``harness.workloads.corpora``, HumanEval by the same kind of salted hash
-of the task id, jsonl files by the ``split`` field when present (otherwise every line is in every
-split the user asks for: the file is the split). ``categories`` keeps the named categories
+conversation-id hash of ``harness.workloads.corpora`` and, as ShareGPT repeats a question under
+other ids, each prompt text in one split only (:data:`SHAREGPT_TEXT_PRIORITY`), HumanEval by the
+same kind of salted hash of the task id, jsonl files by the ``split`` field when present
+(otherwise every line is in every split the user asks for: the file is the split, which
+``topology=sequoia``, calibrating on the calibration split, refuses before any model work).
+``categories`` keeps the named categories
 (``mt_bench`` names Spec-Bench's eight MT-bench categories); ``per_category`` keeps the first N
 prompts of each category (with ``workload=spec_bench``, of each Spec-Bench task: MT-bench's eight
 categories are one task, taken from in turn, as Spec-Bench's evaluation weighs them); ``limit`` the
@@ -17,10 +20,10 @@ first N prompts after both. ``workload=spec_bench`` refuses a category outside S
 
 Bad input is refused before any model work with one line naming the file, the line and what is
 wrong: a line in neither format, a key outside its format's (with the nearest one), a question with
-empty turns, a duplicate id, a question category outside Spec-Bench's (``workload=spec_bench``),
-arrays or objects nested deeper than :data:`MAX_JSON_DEPTH`; a split with no prompt is refused
-naming the splits that have some, and then a selected category the file does not have, naming the
-file.
+empty turns, a ``messages`` list whose last message is empty, a duplicate id, a question category
+outside Spec-Bench's (``workload=spec_bench``), arrays or objects nested deeper than
+:data:`MAX_JSON_DEPTH`; a split with no prompt is refused naming the splits that have some, and then
+a selected category the split does not have, naming the other splits that have it, or else the file.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,12 +113,17 @@ def load_humaneval(split: str) -> list[Prompt]:
     ]
 
 
+#: the splits in the order a ShareGPT prompt text held by several of them is kept: in the first of them
+#: that holds it, left out of the later ones (``eval`` first: the evaluated prompts are those of its
+#: conversations alone)
+SHAREGPT_TEXT_PRIORITY = ("eval", "dev", "calibration", "train")
 #: how ShareGPT conversations become prompts, and the rule's version (a new rule draws another prompt
 #: set from the same splits: the records of one rule are not paired with another's)
 SHAREGPT_PROMPT_RULE = (
-    "sharegpt-prompts-v2: one prompt per conversation (the parts <base>_k of one base id), the first user "
-    "turn of its first part where only system turns come before it; a text that an earlier prompt has is "
-    "left out"
+    "sharegpt-prompts-v3: the sharegpt-prompts-v2 rule, one prompt per conversation (the parts <base>_k of "
+    "one base id), the first user turn of its first part where only system turns come before it, a text that "
+    "an earlier prompt of the split has left out; then each text in one split only: kept in the first of "
+    f"{', '.join(SHAREGPT_TEXT_PRIORITY)} that holds it, left out of the later ones"
 )
 
 
@@ -131,7 +139,24 @@ def load_sharegpt(split: str) -> list[Prompt]:
     ``<base>_1``, ...: a later part opens mid-conversation (a follow-up such as "explain more" with
     its context in the part before), so only the first part gives a prompt, and one whose first
     turn after any system turns (a sharing site's note) is not a user's question gives none. A text
-    met before (a greeting, a question shared twice) is kept once."""
+    met before (a greeting, a question shared twice) is kept once, and in one split only: ShareGPT
+    repeats a question under other conversation ids, so a text that a split earlier in
+    :data:`SHAREGPT_TEXT_PRIORITY` has is left out (the calibration, search and training prompts
+    never hold an evaluated one)."""
+    own = _split_prompts(split)
+    ahead = SHAREGPT_TEXT_PRIORITY[: SHAREGPT_TEXT_PRIORITY.index(split)]
+    taken = {p.messages[0]["content"] for s in ahead for p in _split_prompts(s)}
+    return [p for p in own if p.messages[0]["content"] not in taken]
+
+
+def sharegpt_prompt_texts(splits: Sequence[str]) -> frozenset[str]:
+    """The texts of the ShareGPT prompts of ``splits`` (:func:`load_sharegpt`)."""
+    return frozenset(p.messages[0]["content"] for s in splits for p in load_sharegpt(s))
+
+
+def _split_prompts(split: str) -> list[Prompt]:
+    """The prompts of ``split``'s conversations alone, each text once (:func:`load_sharegpt` before
+    the texts of other splits are left out)."""
     first: dict[str, Conversation] = {}  # each base id's first part
     for conv in sharegpt_conversations(split):
         base = sharegpt_base_id(conv.conv_id)
@@ -307,6 +332,11 @@ def _harness_prompt(where: str, obj: dict) -> Prompt:
             f"asked nothing: end the list with a message from {' or '.join(ANSWERED_ROLES)}, or give the text to "
             'continue as "prompt"'
         )
+    if "messages" in obj and not obj["messages"][-1]["content"].strip():
+        raise WorkloadError(
+            f'{where}: "messages" of id {obj["id"]!r}: the last {obj["messages"][-1]["role"]} message is empty: '
+            "there is nothing to answer"
+        )
     for key in ("category", "split", "reference"):
         if obj.get(key) is not None and not isinstance(obj[key], str):
             raise WorkloadError(f'{where}: "{key}" must be a string; got {json.dumps(obj[key])[:40]}')
@@ -423,9 +453,18 @@ def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prom
     return out
 
 
-def select_categories(prompts: Sequence[Prompt], categories: Sequence[str], *, source: str) -> list[Prompt]:
+def select_categories(
+    prompts: Sequence[Prompt],
+    categories: Sequence[str],
+    *,
+    source: str,
+    split: str | None = None,
+    splits_with: Callable[[str], Sequence[str]] | None = None,
+) -> list[Prompt]:
     """The prompts of the named categories (``mt_bench`` names the eight MT-bench ones), in file
-    order; an empty list keeps every prompt. A name no prompt carries is refused."""
+    order; an empty list keeps every prompt. A name no prompt carries is refused: where
+    ``splits_with`` (a category name -> the other splits with prompts of it) names splits, as a
+    category ``split`` has no prompts of, suggesting them."""
     if not categories:
         return list(prompts)
     present = list(dict.fromkeys(p.category for p in prompts))
@@ -438,6 +477,14 @@ def select_categories(prompts: Sequence[Prompt], categories: Sequence[str], *, s
         elif group:
             wanted.update(group)
         else:
+            elsewhere = list(splits_with(name)) if splits_with is not None else []
+            if elsewhere:
+                raise WorkloadError(
+                    f"workload.categories: {source} has no prompts of category {name!r} in split {split!r} "
+                    f"(workload.split={split}); {'split' if len(elsewhere) == 1 else 'splits'} "
+                    f"{' and '.join(map(repr, elsewhere))} {'has' if len(elsewhere) == 1 else 'have'} some",
+                    suggestions=[(f"workload.split={s}",) for s in elsewhere],
+                )
             groups = [g for g, members in CATEGORY_GROUPS.items() if any(c in present for c in members)]
             raise WorkloadError(
                 f"workload.categories: {name!r} is not a category of {source}; its categories: {present}"
@@ -514,7 +561,21 @@ def load_workload(
         raise WorkloadError(f"unknown workload {name!r}; one of {', '.join(WORKLOADS)}")
     if not prompts:  # said before the categories: a category of another split is no category of none
         raise no_prompts(name, split, path)
-    prompts = select_categories(prompts, list(categories or ()), source=path or f"workload={name}")
+    splits_with = None
+    if name in ("jsonl", "spec_bench"):
+        expect = "spec_bench" if name == "spec_bench" else None
+
+        def splits_with(category: str) -> list[str]:
+            wanted = {category, *CATEGORY_GROUPS.get(category, ())}
+            return [
+                s
+                for s in SPLITS
+                if s != split and any(p.category in wanted for p in load_jsonl(path, s, expect=expect))
+            ]
+
+    prompts = select_categories(
+        prompts, list(categories or ()), source=path or f"workload={name}", split=split, splits_with=splits_with
+    )
     if per_category is not None:
         if int(per_category) < 1:
             raise WorkloadError(f"workload.per_category must be >= 1; got {per_category}")
