@@ -357,12 +357,20 @@ def run_job(
             restores = stage not in ("write", "tracking") and not failed_gate
             restores = restores and restore_earlier
             restores = restores and (restore_other_manifest or _aside_manifest(aside) in (None, planned.manifest_hash))
-            tracker.fail(
-                stage=stage,
-                error=exc,
-                refused=refused,
-                earlier_set_aside=aside is not None and stage not in ("write", "tracking") and not restores,
-            )
+            try:  # W&B failing here (its service gone) must not replace the job's error nor skip the put-back
+                tracker.fail(
+                    stage=stage,
+                    error=exc,
+                    refused=refused,
+                    earlier_set_aside=aside is not None and stage not in ("write", "tracking") and not restores,
+                )
+            except Exception as track_exc:
+                first = (str(track_exc).strip().splitlines() or [""])[0][:300]
+                print(
+                    f"harness: warning: W&B could not close the failed job's run ({type(track_exc).__name__}: "
+                    f"{first}); the job's own error follows",
+                    file=sys.stderr,
+                )
             if stage not in ("write", "tracking") and not failed_gate:
                 # refused (a prompt too long, leakage), failed (out of memory) or interrupted before this job
                 # wrote anything: that refutes nothing, and the earlier files go back. Not after a failed
@@ -1528,16 +1536,25 @@ def gate(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepared) 
     workload governance (e.g. datastore leakage) among them. Gates an override switched off are
     announced first, one line on stderr (the record says so too)."""
     announce_disabled(cfg, prepared.plan)
-    return run_gates(
-        cfg,
-        plan_=prepared.plan,
-        backend=loaded.backend,
-        proposer=prepared.proposers[0],
-        items=loaded.items,
-        model_source=loaded.target.source,
-        model_identity=gate_model_identity(planned.manifest),
-        positions=planned.context.positions,
-    )
+    proposer = prepared.proposers[0]
+    # the gates run the measured proposer on the workload's first prompts: it leaves them with what it
+    # learned, remembered and counted before, as a run whose gates come from the cache starts
+    learned = proposer.snapshot_learning()
+    try:
+        return run_gates(
+            cfg,
+            plan_=prepared.plan,
+            backend=loaded.backend,
+            proposer=proposer,
+            items=loaded.items,
+            model_source=loaded.target.source,
+            model_identity=gate_model_identity(planned.manifest),
+            positions=planned.context.positions,
+        )
+    finally:
+        proposer.forget_requests()
+        proposer.restore_learning(learned)
+        proposer.reset_counters()
 
 
 def gate_measured(cfg: DictConfig, loaded: Loaded, prepared: Prepared, gates: dict, measured: Measured) -> dict:

@@ -1124,3 +1124,64 @@ def test_unreachable_rows_and_levels_a_tiny_model_s_chat_unread_datastore_domain
         "generation.top_p=0.9: top_k=1 keeps the argmax, which every nucleus holds",
     ]
     assert inert(*sampled, "generation.top_k=2") == []
+
+
+def test_a_tracker_that_cannot_close_a_failed_run_leaves_the_job_s_own_error_and_the_earlier_record(
+    tmp_path, monkeypatch, capsys
+):
+    """W&B failing while the failed job's run was closed (its service gone, tags that cannot be set)
+    raised from the clean-up: that error replaced the job's own, and the earlier record stayed in
+    .previous/. The job's error stands, the record goes back, and a warning names W&B's."""
+    import harness.runner as runner
+    from harness.tracking.wandb_tracker import NullTracker
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    base = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4", "gates.oracle=false", f"output_dir={out}"]
+    earlier = run_job(compose(base), run_dir=out)
+
+    class Broken(NullTracker):
+        def fail(self, **kwargs):
+            raise RuntimeError("wandb service process exited")
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(runner, "start_tracker", lambda cfg, planned: Broken())
+    monkeypatch.setattr(runner, "measure", out_of_memory)
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        run_job(compose([*base, "seed=1"]), run_dir=out)
+    assert load_record(out / "record.json")["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
+    err = capsys.readouterr().err
+    assert (
+        "harness: warning: W&B could not close the failed job's run (RuntimeError: wandb service process exited)" in err
+    )
+
+
+def test_the_gates_leave_the_proposer_as_they_found_it(tmp_path, monkeypatch):
+    """The gates run the measured proposer on the workload's first prompts: what it learned there (an
+    adaptive draft threshold, an adaptive budget's acceptance) and the requests it remembered carried
+    into the measurement, which a run whose gates came from the cache started without. The proposer
+    leaves the gates with the learning, memory and counters it came with."""
+    import harness.runner as runner
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    cfg = compose(["model=tiny", "workload.limit=1", "generation.max_new_tokens=4", "proposer.budget_policy=adaptive"])
+    cfg.proposer.verify_cost = [1.0 + 0.1 * k for k in range(cfg.topology.max_nodes + 1)]
+    planned = runner.plan_job(cfg, tmp_path / "run")
+    loaded = runner.load(cfg, planned)
+    prepared = runner.prepare_job(cfg, planned, loaded)
+    proposer = prepared.proposers[0]
+    learned, forgotten = proposer.snapshot_learning(), []
+
+    def learning_gates(cfg, *, proposer, **kwargs):
+        proposer.acceptance = "learned in the gates"
+        proposer.stats.extras["rows_proposed"] = 7
+        return {}
+
+    monkeypatch.setattr(runner, "run_gates", learning_gates)
+    monkeypatch.setattr(type(proposer), "forget_requests", lambda self: forgotten.append(self))
+    runner.gate(cfg, planned, loaded, prepared)
+    assert type(proposer.acceptance) is type(learned["acceptance"])  # put back, not what the gates left
+    assert vars(proposer.acceptance).keys() == vars(learned["acceptance"]).keys()
+    assert forgotten == [proposer] and proposer.stats.extras["rows_proposed"] == 0
