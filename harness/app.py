@@ -807,18 +807,22 @@ def train(argv: list[str]) -> dict:
 
 def dashboard_groups() -> dict[str, Path]:
     """Every W&B group this installation names: each sweep (its records in ``multirun/<sweep>``),
-    each experiment (its single runs in ``outputs/<experiment>``) and ``adhoc`` (single runs outside
-    any experiment, ``outputs/adhoc``), relative to the working directory, as the default
+    each experiment (its single runs in ``outputs/<experiment>``), ``adhoc`` (single runs outside
+    any experiment, ``outputs/adhoc``) and ``adhoc/<time>`` (each launch of a multirun without a
+    sweep name, ``multirun/adhoc/<time>``), relative to the working directory, as the default
     ``hydra.sweep.dir`` and ``hydra.run.dir`` put them."""
     groups = {name: Path("multirun") / name for name in sweep.list_sweeps()}
     experiments = CONF_DIR / "experiment"
     for path in sorted(experiments.rglob("*.yaml")):
         name = path.relative_to(experiments).with_suffix("").as_posix()
         groups.setdefault(name, Path("outputs") / name)
-    # single runs outside any experiment (outputs/adhoc) and multiruns without a sweep name
-    # (multirun/adhoc/<time>): both are W&B group adhoc
-    adhoc = [p for p in (Path("outputs") / "adhoc", Path("multirun") / "adhoc") if p.is_dir()]
-    groups.setdefault("adhoc", Path(".") if len(adhoc) == 2 else adhoc[0] if adhoc else Path("outputs") / "adhoc")
+    # single runs outside any experiment (outputs/adhoc) are W&B group adhoc; each launch of a multirun
+    # without a sweep name (multirun/adhoc/<time>) is a group of its own, adhoc/<time>
+    groups.setdefault("adhoc", Path("outputs") / "adhoc")
+    launches = Path("multirun") / "adhoc"
+    if launches.is_dir():
+        for folder in sorted(p for p in launches.iterdir() if p.is_dir()):
+            groups.setdefault(f"adhoc/{folder.name}", folder)
     sweeps = Path("multirun")  # sweeps launched from a sweep file kept anywhere land here too
     if sweeps.is_dir():
         for folder in sorted(p for p in sweeps.iterdir() if p.is_dir()):

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURE_SWEEP, fixture_run, history, inspect_run
+from helpers import FIXTURE_SWEEP, fixture_run, history, inspect_run, run_info
 
 from harness.app import dashboard_groups, dashboard_main
 from harness.tracking.dashboard import build_spec, spec_metrics, validate_spec
@@ -449,11 +449,52 @@ def test_a_folder_of_records_names_its_group_and_unnamed_multiruns_are_found_as_
         f"harness dashboard: refused: {mixed} holds records of 2 W&B groups (fixture-sweep, other); name the group "
         f"and give the folder as records={mixed}"
     )
-    assert str(dashboard_groups()["adhoc"]) == "outputs/adhoc"  # where single runs will land
+    assert str(dashboard_groups()["adhoc"]) == "outputs/adhoc"  # where single runs land
+    # each launch of a multirun without a sweep name is a group of its own, named by its folder
     (tmp_path / "multirun" / "adhoc" / "2026-12-05_05-15-00").mkdir(parents=True)
-    assert str(dashboard_groups()["adhoc"]) == "multirun/adhoc"
-    (tmp_path / "outputs" / "adhoc").mkdir(parents=True)
-    assert str(dashboard_groups()["adhoc"]) == "."  # both: the records of either, by their group
+    groups = dashboard_groups()
+    assert str(groups["adhoc"]) == "outputs/adhoc"
+    assert str(groups["adhoc/2026-12-05_05-15-00"]) == "multirun/adhoc/2026-12-05_05-15-00"
+
+
+def test_the_dashboard_of_an_unnamed_multirun_s_folder_selects_that_launch_s_w_and_b_group(
+    tmp_path, monkeypatch, capsys
+):
+    """Every `harness run -m` without a sweep name logged into W&B group "adhoc": the dashboard of one
+    launch's folder took its legends from that folder's records but its filter selected every unnamed
+    launch's runs. Each launch is now its own group, ``adhoc/<its folder's name>``, and the dashboard
+    of its folder selects that group."""
+    from harness.app import run_main
+
+    for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home" / var.lower()))
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    tiny = ["model=tiny", "workload.limit=1", "generation.max_new_tokens=4", "gates.enabled=false", "tracking=wandb"]
+    assert run_main(["-m", *tiny, "seed=1,2"]) == 0
+    (launch,) = (tmp_path / "multirun" / "adhoc").iterdir()
+    group = f"adhoc/{launch.name}"
+    jobs = sorted(launch.glob("*/record.json"))
+    assert len(jobs) == 2 and {load_record(p.parent)["tracking"]["group"] for p in jobs} == {group}
+    assert {run_info(inspect_run(p.parent)[1])["run_group"] for p in jobs} == {group}  # what W&B holds
+    capsys.readouterr()
+    assert dashboard_main([f"multirun/adhoc/{launch.name}"]) == 0
+    spec = json.loads((launch / "dashboard.json").read_text())
+    assert spec["group"] == group and all(
+        section["filter"].startswith(f"Group = '{group}' and ") for section in spec["sections"]
+    )
+    assert f"panels for W&B group '{group}' (legends from 2 records)" in capsys.readouterr().out
+    # another unnamed launch beside it is another group: the folder above them holds two
+    other = tmp_path / "multirun" / "adhoc" / "2026-01-01_00-00-00"
+    shutil.copytree(FIXTURE_RUNS[0], other / "seed=3")
+    (other / "launch.json").write_text(json.dumps({"launch_id": "x", "sweep": None}))
+    record = load_record(other / "seed=3")
+    record["sweep"] = record["experiment"] = None
+    (other / "seed=3" / "record.json").write_text(json.dumps(record))
+    assert dashboard_main(["multirun/adhoc"]) == 2
+    assert f"multirun/adhoc holds records of 2 W&B groups (adhoc/2026-01-01_00-00-00, {group})" in (
+        capsys.readouterr().err
+    )
 
 
 def test_a_stale_record_a_skipped_twin_set_aside_is_tagged_superseded_when_published(tmp_path, monkeypatch, capsys):

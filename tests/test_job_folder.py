@@ -516,3 +516,33 @@ def test_a_job_whose_measured_sequoia_tree_changed_since_its_record_is_no_comple
     tree.unlink()
     assert inspect_job(job, manifest_hash="a" * 16).reason.startswith(f"its sequoia_tree artifact {tree} is gone")
     assert inspect_job(job).record is not None  # the record itself stands (the store reads it)
+
+
+def test_a_relative_measured_artifact_path_is_read_from_the_working_directory_else_the_job_folder(
+    tmp_path, monkeypatch
+):
+    """An older record holds its Sequoia tree's path as given, relative to the working directory its
+    run started in; a relaunch from another folder read it from there, called the tree gone and ran
+    the complete job again. The path is read from the working directory, then from the job folder,
+    and a tree in neither is gone, naming both places."""
+    sweep = tmp_path / "sweep"
+    (sweep / "trees").mkdir(parents=True)
+    (sweep / "trees" / "tree-x.json").write_text(json.dumps({"kind": "sequoia_tree", "hash": "h1"}))
+    job = sweep / "job"
+    record = _record()
+    record["artifacts"] = {"sequoia_tree": "trees/tree-x.json", "sequoia_tree_hash": "h1"}
+    write_job(job, record, OUTPUTS)
+    monkeypatch.chdir(sweep)  # where the run started: relative to the working directory
+    assert inspect_job(job, manifest_hash="a" * 16).record is not None
+    record["artifacts"]["sequoia_tree"] = "../trees/tree-x.json"  # relative to the job folder
+    write_job(job, record, OUTPUTS)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert inspect_job(job, manifest_hash="a" * 16).record is not None
+    (sweep / "trees" / "tree-x.json").unlink()
+    assert inspect_job(job, manifest_hash="a" * 16).reason == (
+        f"its sequoia_tree artifact ../trees/tree-x.json is gone (neither {elsewhere / '../trees/tree-x.json'} (from "
+        f"the working directory) nor {job / '../trees/tree-x.json'} (from the run folder) exists): the job would run "
+        "with another one"
+    )

@@ -430,3 +430,44 @@ def test_stale_artifacts_are_refused(first_run, monkeypatch):
     ok = run_job(compose(RUN + [f"topology.tree_artifact={arts['sequoia_tree']}"]), run_dir=tmp / "run5")
     assert ok["metrics"]["sequoia_stages"]["tree"] == "loaded (topology.tree_artifact)"
     assert not (tmp / "run3" / "record.json").exists() and not (tmp / "run4" / "record.json").exists()
+
+
+def test_relative_artifact_paths_are_recorded_absolute_and_the_tracked_job_is_logged(first_run, monkeypatch):
+    """A relative ``topology.tree_artifact`` (or ``$HARNESS_CACHE``) went into the record as given,
+    relative to the working directory, while W&B read it relative to the run folder: the file was
+    "not found", the W&B run discarded and the record left untracked on every launch; and a sweep's
+    complete job read from another folder was seen as "artifact gone" and run again."""
+    from helpers import inspect_run
+
+    from harness.runner import run_job
+    from harness.tracking.job_folder import inspect_job
+
+    tmp, record = first_run
+    for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp / "wandb-home" / var.lower()))
+    monkeypatch.chdir(tmp)
+    monkeypatch.setenv("HARNESS_CACHE", "cache")  # relative, as the tree below
+    tree = Path(record["artifacts"]["sequoia_tree"])
+    relative = tree.relative_to(tmp).as_posix()
+    runs = {
+        "given": RUN + [f"topology.tree_artifact={relative}", "tracking=wandb", "output_dir=rel-tree"],
+        "cached": RUN + ["tracking=wandb", "output_dir=rel-cache"],
+    }
+    for name, overrides in runs.items():
+        out = tmp / overrides[-1].split("=", 1)[1]
+        done = run_job(compose(overrides), run_dir=out)
+        arts = done["artifacts"]
+        assert arts["sequoia_tree"] == str(tree), name  # absolute, the file the relative path named
+        assert all(Path(arts[k]).is_absolute() and Path(arts[k]).is_file() for k in arts if not k.endswith("_hash"))
+        assert done["tracking"] is not None and done["tracking"]["run_id"] == done["run_id"], name  # logged
+        info, records = inspect_run(out, sync_dir=out / done["tracking"]["dir"])
+        assert info["state"] == "finished"
+        (artifact,) = [
+            r["artifact"] for r in records if r.get("type") == "artifact" and r["artifact"]["type"] == "run-record"
+        ]
+        assert f"artifacts/sequoia_tree/{tree.name}" in {c["path"] for c in artifact["manifest"]["contents"]}
+    # the complete jobs, inspected from another folder (a relaunch elsewhere), are complete
+    monkeypatch.chdir(tmp / "rel-tree")
+    for out in (tmp / "rel-tree", tmp / "rel-cache"):
+        state = inspect_job(out, manifest_hash=json.loads((out / "record.json").read_text())["manifest_hash"])
+        assert state.record is not None, state.reason

@@ -4,6 +4,7 @@ accepted tokens; the export keeps Spec-Bench's field names and shapes."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from helpers import fixture_run, spec_bench_questions, write_jsonl
@@ -259,7 +260,7 @@ def test_the_export_notes_an_ungated_run_and_prompts_outside_spec_bench_s_catego
     assert not (tmp_path / "c.jsonl").exists()
 
 
-def test_export_command_and_its_refusals(exported, tmp_path, capsys):
+def test_export_command_and_its_refusals(exported, tmp_path, capsys, monkeypatch):
     record, _, root = exported
     out = tmp_path / "o.jsonl"
     assert cli_main(["export", "spec-bench", str(root / "run"), str(out), f"baseline={tmp_path / 'b.jsonl'}"]) == 0
@@ -313,9 +314,20 @@ def test_export_command_and_its_refusals(exported, tmp_path, capsys):
         export_spec_bench(root / "run", tmp_path / "afile" / "a.jsonl")
     with pytest.raises(ExportError, match=r"cannot be written: .*afile is a file, not a folder$"):
         export_spec_bench(root / "run", tmp_path / "ok.jsonl", baseline=tmp_path / "afile" / "base.jsonl")
-    with pytest.raises(ExportError, match=r"^baseline .*l.jsonl.d/ names a folder; give a file path"):
+    with pytest.raises(ExportError, match=r"^baseline=.*l.jsonl.d/ names a folder; give a file path"):
         export_spec_bench(root / "run", tmp_path / "ok.jsonl", baseline=f"{tmp_path}/l.jsonl.d/")
     assert not (tmp_path / "ok.jsonl").exists() and not (tmp_path / "l.jsonl.d").exists()
+    # OUT=. (or .., or a folder) has no file name: refused as a folder, not with Path's "has an empty name"
+    monkeypatch.chdir(tmp_path)
+    for folder in (".", "..", str(tmp_path)):
+        assert cli_main(["export", "spec-bench", str(root / "run"), folder]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"harness export: refused: OUT={folder} names a folder; give a file path, e.g. "
+            f"{Path(folder) / 'answers.jsonl'}"
+        )
+    with pytest.raises(ExportError, match=r"^baseline=\. names a folder; give a file path, e.g. answers.jsonl$"):
+        export_spec_bench(root / "run", tmp_path / "ok.jsonl", baseline=".")
+    assert not (tmp_path / "ok.jsonl").exists()
     with pytest.raises(ExportError, match="no such record file"):
         export_spec_bench(tmp_path / "nowhere", out)
     # a run the runner wrote exports (the fixture sweep's prompt lookup run on the tiny model)

@@ -726,6 +726,95 @@ def test_a_sequoia_record_uploads_its_artifact_files_and_logs_their_content_hash
     assert "sequoia_tree_hash" not in info["summary"]
 
 
+def test_an_older_record_s_relative_artifact_paths_are_read_from_the_working_directory_else_the_run_folder(
+    tmp_path, wandb_home, monkeypatch
+):
+    """Sequoia's artifact paths went into records as given, relative to the working directory, and
+    W&B read them relative to the run folder: "does not exist", the W&B run discarded and the record
+    left untracked on every launch. A relative path is now read from the working directory, then from
+    the run folder; where neither holds it, the error names both places."""
+    cached = _sequoia_artifacts(tmp_path / "cache" / "sequoia")
+    wanted = "artifacts/sequoia_tree/tree-abc.json"
+
+    def relative(base):
+        return {k: os.path.relpath(v, base) if not k.endswith("_hash") else v for k, v in cached.paths().items()}
+
+    # relative to the working directory the run started in
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "job"
+    shutil.copytree(FIXTURE_RUN, run_dir)
+    record = load_record(run_dir)
+    record["artifacts"] = relative(tmp_path)
+    assert record["artifacts"]["sequoia_tree"] == "cache/sequoia/tree-abc.json"
+    with open_run(record, mode="offline", dir=run_dir) as tracker:
+        tracker.log_record(record, run_dir)
+    info, records = inspect_run(run_dir)
+    (artifact,) = [
+        r["artifact"] for r in records if r.get("type") == "artifact" and r["artifact"]["type"] == "run-record"
+    ]
+    assert info["state"] == "finished" and wanted in {c["path"] for c in artifact["manifest"]["contents"]}
+    # relative to the run folder, logged from another working directory
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    other = tmp_path / "other"
+    shutil.copytree(FIXTURE_RUN, other)
+    record["artifacts"] = relative(other)
+    assert record["artifacts"]["sequoia_tree"] == "../cache/sequoia/tree-abc.json"
+    with open_run(record, mode="offline", dir=other) as tracker:
+        tracker.log_record(record, other)
+    info, records = inspect_run(other)
+    (artifact,) = [
+        r["artifact"] for r in records if r.get("type") == "artifact" and r["artifact"]["type"] == "run-record"
+    ]
+    assert info["state"] == "finished" and wanted in {c["path"] for c in artifact["manifest"]["contents"]}
+    # in neither place: the error says where it looked
+    third = tmp_path / "third"
+    shutil.copytree(FIXTURE_RUN, third)
+    record["artifacts"] = {"sequoia_tree": "gone/tree.json", "sequoia_tree_hash": "t1"}
+    with pytest.raises(FileNotFoundError) as caught:
+        with open_run(record, mode="offline", dir=third) as tracker:
+            tracker.log_record(record, third)
+    assert str(caught.value) == (
+        "record artifact 'sequoia_tree' points to gone/tree.json, which does not exist: neither "
+        f"{elsewhere / 'gone' / 'tree.json'} (from the working directory) nor {third / 'gone' / 'tree.json'} "
+        "(from the run folder) exists"
+    )
+
+
+def test_a_multirun_without_a_sweep_name_is_one_w_and_b_group_per_launch(tmp_path, wandb_home):
+    """Every `harness run -m` without a sweep name logged into the one W&B group "adhoc", so a
+    dashboard of one launch's folder selected every unnamed launch's runs. A job below a multirun's
+    sweep folder (its launch.json) is now group ``adhoc/<that folder's name>``; a single run outside
+    any multirun stays ``adhoc``, and a named sweep or experiment keeps its name."""
+    from harness.sweep import LAUNCH_FILE as SWEEP_LAUNCH_FILE
+    from harness.tracking.wandb_tracker import LAUNCH_FILE, launch_folder, wandb_group
+
+    assert LAUNCH_FILE == SWEEP_LAUNCH_FILE
+    sweep = tmp_path / "multirun" / "adhoc" / "2026-12-07_10-00-00"
+    job = sweep / "seed=1"
+    shutil.copytree(FIXTURE_RUN, job)
+    (sweep / LAUNCH_FILE).write_text(json.dumps({"launch_id": "l1", "sweep": None}))
+    single = tmp_path / "outputs" / "adhoc" / "2026-12-07_10-05-00"
+    shutil.copytree(FIXTURE_RUN, single)
+    assert launch_folder(job) == sweep and launch_folder(single) is None
+    assert wandb_group(None, None, job) == "adhoc/2026-12-07_10-00-00"
+    assert wandb_group(None, None, single) == wandb_group(None, None) == "adhoc"
+    assert wandb_group("smoke", None, job) == "smoke" and wandb_group(None, "exp/a", job) == "exp/a"
+    groups = {}
+    for name, folder in (("multirun", job), ("single", single)):
+        record = load_record(folder)
+        record["sweep"] = record["experiment"] = None
+        # as the runner opens a job's run: the group of its sweep and experiment names, here "adhoc"
+        with open_run(record, mode="offline", dir=folder, group=wandb_group(None, None)) as tracker:
+            tracker.log_record(record, folder)
+        groups[name] = run_info(inspect_run(folder)[1])["run_group"]
+    assert groups == {"multirun": "adhoc/2026-12-07_10-00-00", "single": "adhoc"}
+    record = load_record(job)  # the fixture's named sweep, below the same folder: its own name
+    with open_run(record, mode="offline", dir=job, group=wandb_group(record["sweep"], None)) as tracker:
+        assert tracker.run.group == "fixture-sweep"
+
+
 @pytest.mark.slow
 def test_a_tracked_sequoia_job_reaches_w_and_b(tmp_path, wandb_home, monkeypatch):
     """A real Sequoia job on the tiny model, tracked: its record is logged, not left untracked."""

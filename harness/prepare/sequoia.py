@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,13 +221,14 @@ class SequoiaArtifacts:
         )
 
     def paths(self) -> dict:
-        """Where each artifact is, and the content hash of the one this run used (a later
-        `harness calibrate` rewrites the cached files in place: the hash says which was run)."""
+        """Where each artifact is (an absolute path: a record is read from other folders than the one
+        its run started in), and the content hash of the one this run used (a later `harness
+        calibrate` rewrites the cached files in place: the hash says which was run)."""
         return {
-            "sequoia_tree": str(self.tree_path),
-            "sequoia_calibration": str(self.calibration_path),
-            "sequoia_profile": str(self.profile_path),
-            "sequoia_profile_plot": str(self.plot_path),
+            "sequoia_tree": str(absolute(self.tree_path)),
+            "sequoia_calibration": str(absolute(self.calibration_path)),
+            "sequoia_profile": str(absolute(self.profile_path)),
+            "sequoia_profile_plot": str(absolute(self.plot_path)),
             "sequoia_tree_hash": self.tree.get("hash"),
             "sequoia_calibration_hash": self.calibration.get("hash"),
             "sequoia_profile_hash": self.profile.get("hash"),
@@ -276,8 +278,15 @@ class SequoiaArtifacts:
 
 
 def sequoia_dir() -> Path:
+    """The cached Sequoia artifacts' folder, absolute (a relative ``$HARNESS_CACHE`` read from the
+    working directory)."""
+    return absolute(cache_root() / "sequoia")
 
-    return cache_root() / "sequoia"
+
+def absolute(path) -> Path:
+    """``path`` made absolute against the working directory (symbolic links kept): the artifact paths a
+    record holds name the same files from any folder, the run folder included."""
+    return Path(os.path.abspath(path))
 
 
 def _match(provenance: dict, fields) -> dict:
@@ -341,9 +350,9 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
         (which writes it there), holding the artifact's lock so that concurrent jobs measure it once."""
         explicit = t.get(f"{name}_artifact")
         if explicit:
-            art = load(Path(explicit))
+            art = load(absolute(explicit))
             stages[name] = f"loaded (topology.{name}_artifact)"
-            return art, Path(explicit)
+            return art, absolute(explicit)
         path = root / f"{name}-{key}.json"
         with artifact_lock(path, purpose=purpose):
             if reuse and not fresh and path.exists():
@@ -381,10 +390,10 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
         return profile
 
     if t.get("tree_artifact"):  # explicit tree: everything it binds must match this run
-        tree_path = Path(t.tree_artifact)
+        tree_path = absolute(t.tree_artifact)
         tree = read_artifact(tree_path, kind=TREE_KIND)
-        cal_path = Path(t.get("calibration_artifact") or tree["calibration_path"])
-        prof_path = Path(t.get("profile_artifact") or tree["profile_path"])
+        cal_path = absolute(t.get("calibration_artifact") or tree["calibration_path"])
+        prof_path = absolute(t.get("profile_artifact") or tree["profile_path"])
         calibration, profile = load_calibration(cal_path), load_profile(prof_path)
         check_tree(tree, calibration=calibration, profile=profile, search=search, path=str(tree_path))
         stages = {"calibration": "loaded", "profile": "loaded", "tree": "loaded (topology.tree_artifact)"}

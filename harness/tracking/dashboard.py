@@ -8,12 +8,13 @@
 other existing file is refused (unless ``overwrite=true``), and so is a path inside a run folder.
 
 One panel specification (:func:`build_spec`, plain JSON) describes the review of one W&B group (a
-sweep, or an experiment's runs): speedup by proposer and workload, acceptance and reach by depth
-(95% Wilson bounds; depths tried by too few rounds apart), the rounds that tried each depth, the
-frontier (time per committed token against committed tokens per round), the round-cost ledger,
-speedup against batch size, the per-round series, t(n), memory, and the axes in parallel
-coordinates. Offline (the default) the specification is written to a file, with the command that
-publishes it; online it is published as a W&B report through W&B's report API
+sweep, an experiment's runs, or one launch of a multirun without a sweep name, given as its folder:
+``multirun/adhoc/<time>`` is group ``adhoc/<time>``): speedup by proposer and workload, acceptance
+and reach by depth (95% Wilson bounds; depths tried by too few rounds apart), the rounds that tried
+each depth, the frontier (time per committed token against committed tokens per round), the
+round-cost ledger, speedup against batch size, the per-round series, t(n), memory, and the axes in
+parallel coordinates. Offline (the default) the specification is written to a file, with the
+command that publishes it; online it is published as a W&B report through W&B's report API
 (``wandb-workspaces``, imported on use) and the specification is written as well.
 
 The panels read only what :mod:`harness.tracking.wandb_tracker` logs: record metrics from the run
@@ -471,9 +472,10 @@ def publish(spec: Mapping[str, Any], *, entity: str | None = None) -> str:
 
 
 def group_axes(records_root: Path, group: str) -> tuple[list[dict[str, Any]], list[str], list[str]]:
-    """The axes of the records under ``records_root`` that belong to W&B group ``group``, the
-    groups of every record there, and the config keys that tell one arm's runs of the group apart
-    (:func:`~harness.tracking.compare.arm_config_keys`)."""
+    """The axes of the records under ``records_root`` that belong to W&B group ``group`` (each
+    record's group as its job logged it: :func:`~harness.tracking.wandb_tracker.wandb_group` of its
+    folder), the groups of every record there, and the config keys that tell one arm's runs of the
+    group apart (:func:`~harness.tracking.compare.arm_config_keys`)."""
     df = aggregate(records_root)
     if df.empty:
         return [], [], []
@@ -481,7 +483,10 @@ def group_axes(records_root: Path, group: str) -> tuple[list[dict[str, Any]], li
     def none(v: Any) -> Any:
         return None if v is None or (isinstance(v, float) and v != v) else v
 
-    groups = [wandb_group(none(r["sweep"]), none(r["experiment"])) for _, r in df.iterrows()]
+    groups = [
+        wandb_group(none(r["sweep"]), none(r["experiment"]), records_root / str(r["record_dir"]))
+        for _, r in df.iterrows()
+    ]
     mine = [g == group for g in groups]
     machines = machine_values(df)
     rows = [
@@ -501,7 +506,10 @@ def group_projects(records_root: Path, group: str) -> tuple[int, set[str]]:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue  # an unreadable record is the store's to report
-        if not isinstance(record, dict) or wandb_group(record.get("sweep"), record.get("experiment")) != group:
+        if (
+            not isinstance(record, dict)
+            or wandb_group(record.get("sweep"), record.get("experiment"), path.parent) != group
+        ):
             continue
         count += 1
         if isinstance(record.get("tracking"), dict) and record["tracking"].get("project"):

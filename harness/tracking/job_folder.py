@@ -231,7 +231,7 @@ def inspect_job(
             files,
         )
     if manifest_hash is not None:
-        changed = measured_artifact_change(record) or other_machine(record)
+        changed = measured_artifact_change(record, folder) or other_machine(record)
         if changed is not None:
             return JobState(None, changed, files)
     then = (record.get("metrics") or {}).get("concurrent_jobs")
@@ -278,22 +278,49 @@ def other_machine(record: Mapping[str, Any]) -> str | None:
 MEASURED_ARTIFACTS = ("sequoia_tree", "sequoia_calibration", "sequoia_profile")
 
 
-def measured_artifact_change(record: dict) -> str | None:
+def record_artifact_path(path: str | Path, run_dir: str | Path | None = None) -> Path:
+    """The file or folder a record's artifact entry ``path`` names. A record holds absolute paths; an
+    older one may hold a path relative to the working directory its run started in, read here from
+    the working directory, else from the run folder ``run_dir``. Raises :class:`FileNotFoundError`
+    naming every place it looked when none holds it."""
+    given = Path(path)
+    if given.is_absolute():
+        if given.exists():
+            return given
+        raise FileNotFoundError(f"{given} does not exist")
+    tried = [(Path.cwd() / given, "from the working directory")]
+    if run_dir is not None:
+        tried.append((Path(run_dir) / given, "from the run folder"))
+    for candidate, _ in tried:
+        if candidate.exists():
+            return candidate
+    where = " nor ".join(f"{c} ({how})" for c, how in tried)
+    raise FileNotFoundError(f"neither {where} exists" if len(tried) > 1 else f"{where} does not exist")
+
+
+def measured_artifact_change(record: dict, folder: str | Path | None = None) -> str | None:
     """Why the job a record measured would now run with other measured artifacts (a Sequoia tree
-    re-calibrated in place, or gone: the job would measure a new one), or None."""
+    re-calibrated in place, or gone: the job would measure a new one), or None. ``folder``: the
+    record's job folder, where a relative artifact path of an older record is looked for after the
+    working directory (:func:`record_artifact_path`)."""
     artifacts = record.get("artifacts") or {}
     for key in MEASURED_ARTIFACTS:
         used, path = artifacts.get(f"{key}_hash"), artifacts.get(key)
         if used is None or not path:
             continue  # a record from before the hashes, or no such artifact
+        gone = "is gone"
         try:
-            now = json.loads(Path(path).read_text(encoding="utf-8")).get("hash")
+            now = json.loads(record_artifact_path(path, folder).read_text(encoding="utf-8")).get("hash")
+        except FileNotFoundError as exc:
+            now = None
+            if not Path(path).is_absolute():
+                gone = f"is gone ({exc})"
         except (OSError, ValueError, AttributeError):
             now = None
         if now != used:
             return (
                 f"its {key} artifact {path} "
-                + ("is gone" if now is None else f"changed since the run (hash {used} then, {now} now)")
+                + (gone if now is None else f"changed since the run (hash {used} then, {now} now)")
                 + ": the job would run with another one"
             )
     return None

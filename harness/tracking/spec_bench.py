@@ -286,8 +286,12 @@ def export_spec_bench(
     The run's ``outputs.jsonl`` must be the one its record binds; the answer files go outside
     every run folder and, unless ``overwrite``, to paths that do not exist yet."""
     for name, given in (("OUT", out), ("baseline", baseline)):
-        if given is not None and str(given).endswith(("/", "\\")):  # Path() would drop the slash
-            raise ExportError(f"{name} {given} names a folder; give a file path, e.g. {Path(given) / 'answers.jsonl'}")
+        # a path ending like a folder (Path() would drop the slash), ".", ".." or an existing folder:
+        # no file name to write (nor to derive the baseline's from)
+        if given is not None and (
+            str(given).endswith(("/", "\\")) or Path(given).name in ("", ".", "..") or Path(given).is_dir()
+        ):
+            raise ExportError(f"{name}={given} names a folder; give a file path, e.g. {Path(given) / 'answers.jsonl'}")
     run_dir, out = Path(run_dir), Path(out)
     try:
         record = load_record(run_dir)

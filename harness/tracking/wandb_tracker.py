@@ -16,8 +16,10 @@ What a run carries:
 
 * **names**: ``name`` = the arm and its workload
   (``<proposer>-<topology>-<verifier>-T<temperature>-B<batch>-<workload>``), ``id`` = the record's
-  run id (manifest hash and time), ``group`` = the sweep, else the experiment, ``job_type`` = the
-  arm without the workload (:mod:`harness.tracking.conventions`);
+  run id (manifest hash and time), ``group`` = the sweep, else the experiment, else ``adhoc``
+  (a multirun without a sweep name: ``adhoc/<its sweep folder's name>``, one group per launch:
+  :func:`wandb_group`), ``job_type`` = the arm without the workload
+  (:mod:`harness.tracking.conventions`);
 * **config**: the axes (``proposer``, ``topology``, ``verifier``, ``temperature``, ``batch_size``,
   ``workload``, ``model``), ``arm``, ``experiment`` and ``sweep`` as top-level keys (group-by and
   parallel-coordinates panels read them), the resolved run config under ``resolved``;
@@ -68,6 +70,7 @@ from omegaconf import OmegaConf
 from harness.files import output_folder_problem
 from harness.record_schema import ROUND_COST_STAGES, SHARED_ROUND_STAGES
 from harness.tracking.conventions import MIN_DEPTH_ROUNDS, arm_name, depth_rows, machine_label, name_of, run_name
+from harness.tracking.job_folder import record_artifact_path
 from harness.tracking.store import (
     AXES,
     OUTPUTS_FILENAME,
@@ -99,9 +102,31 @@ def _is_record(obj: Mapping[str, Any]) -> bool:
     return "schema_version" in obj and "metrics" in obj and "config" in obj
 
 
-def wandb_group(sweep: Any, experiment: Any) -> str:
-    """The W&B group of a job: its sweep, else its experiment, else ``adhoc``."""
-    return name_of(sweep) or name_of(experiment) or "adhoc"
+#: the group of a job that names no sweep and no experiment, outside any multirun
+ADHOC_GROUP = "adhoc"
+#: the file a multirun launch writes into its sweep folder (``harness.sweep.LAUNCH_FILE``)
+LAUNCH_FILE = "launch.json"
+
+
+def launch_folder(run_dir: str | Path) -> Path | None:
+    """The sweep folder a job folder is in (its nearest folder above holding a multirun's
+    :data:`LAUNCH_FILE`), or None."""
+    for folder in Path(os.path.abspath(run_dir)).parents:
+        if (folder / LAUNCH_FILE).is_file():
+            return folder
+    return None
+
+
+def wandb_group(sweep: Any, experiment: Any, run_dir: str | Path | None = None) -> str:
+    """The W&B group of a job: its sweep, else its experiment; else, for a job of a multirun without a
+    sweep name (``run_dir`` below a sweep folder: :func:`launch_folder`), ``adhoc/<that folder's
+    name>`` (``harness run -m`` writes ``multirun/adhoc/<time>/``: one group per launch); else
+    ``adhoc``."""
+    named = name_of(sweep) or name_of(experiment)
+    if named:
+        return named
+    folder = launch_folder(run_dir) if run_dir is not None else None
+    return f"{ADHOC_GROUP}/{folder.name}" if folder is not None else ADHOC_GROUP
 
 
 #: W&B refuses a run whose tags are longer than this (its settings' validation, at start)
@@ -176,8 +201,9 @@ HASH_SUFFIX = "_hash"
 
 
 def artifact_entries(artifacts: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
-    """``(files, values)`` of a record's ``artifacts``: the entries that name a file or folder (a path,
-    absolute or relative to the run folder), and those that name none: a content hash
+    """``(files, values)`` of a record's ``artifacts``: the entries that name a file or folder (an
+    absolute path; a relative one, as older records hold, is read by :func:`record_artifact_path`),
+    and those that name none: a content hash
     (``<key>_hash``, beside the ``<key>`` whose file it hashes; None where the artifact had none) or
     any other value that is no path string. An artifact's manifest (a mapping: trained heads) is
     neither: record.json holds it."""
@@ -477,14 +503,18 @@ class Tracker:
         for name in (RECORD_FILENAME, OUTPUTS_FILENAME, ROUNDS_FILENAME):
             if (run_dir / name).is_file():
                 artifact.add_file(str(run_dir / name), name=name)
-        for name, rel in files.items():
-            path = Path(rel) if Path(rel).is_absolute() else run_dir / rel
+        for name, given in files.items():
+            try:
+                path = record_artifact_path(given, run_dir)
+            except FileNotFoundError as exc:
+                where = "" if Path(given).is_absolute() else f": {exc}"  # a relative path: where it was looked for
+                raise FileNotFoundError(
+                    f"record artifact {name!r} points to {given}, which does not exist{where}"
+                ) from None
             if path.is_dir():
                 artifact.add_dir(str(path), name=f"artifacts/{name}")
-            elif path.is_file():
-                artifact.add_file(str(path), name=f"artifacts/{name}/{path.name}")
             else:
-                raise FileNotFoundError(f"record artifact {name!r} points to {path}, which does not exist")
+                artifact.add_file(str(path), name=f"artifacts/{name}/{path.name}")
         self.run.log_artifact(artifact)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -679,9 +709,11 @@ def open_run(
 
     ``record_or_config``: a finished record (its axes, run id, sweep and experiment are used) or
     the resolved run config (dict or OmegaConf) with ``axes`` and ``run_id`` given. ``group``
-    defaults to the sweep, else the experiment; ``name`` and ``job_type`` default to the run name
-    and the arm of the axes; ``tags`` default to ``axis=value`` per axis; ``dir`` is where
-    ``wandb/`` is written (the run folder; default: the working directory).
+    defaults to the sweep, else the experiment; ``adhoc`` for a job that names neither becomes its
+    launch's group when ``dir`` is below a multirun's sweep folder (:func:`wandb_group`); ``name``
+    and ``job_type`` default to the run name and the arm of the axes; ``tags`` default to
+    ``axis=value`` per axis; ``dir`` is where ``wandb/`` is written (the run folder; default: the
+    working directory).
 
     ``mode="online"`` first checks that the server can be reached; when it cannot, or when
     ``wandb.init`` fails online (no credentials, a timeout), the run is opened offline and one
@@ -701,12 +733,14 @@ def open_run(
         config = obj
         experiment, sweep = config.get("experiment"), config.get("sweep")
     group = group or name_of(sweep) or name_of(experiment)
+    run_dir = Path(dir) if dir is not None else Path.cwd()
+    if group == ADHOC_GROUP and not (name_of(sweep) or name_of(experiment)):  # an unnamed multirun's job:
+        group = wandb_group(sweep, experiment, run_dir)  # its launch's own group
     if axes:
         name = name or run_name(axes)
         job_type = job_type or arm_name(axes)
         tags = list(tags) if tags is not None else axis_tags(axes)
     tags = [fit_tag(str(t)) for t in tags or []]
-    run_dir = Path(dir) if dir is not None else Path.cwd()
     run_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_SILENT", "true")
 
