@@ -124,7 +124,7 @@ from harness.target.options import (
     resolved_fused_layers,
 )
 from harness.target.timing import matmul_peak, profile_roofline, read_bandwidth_gbs, weight_stream_floor_ms
-from harness.topology.budgets import cartesian_rows, unreached_level
+from harness.topology.budgets import unreached_level, verified_rows
 from harness.tracking.compare import run_speedups
 from harness.tracking.job_folder import clear_for_run, foreign_entries, inspect_job, job_lock, restore_aside, write_job
 from harness.tracking.record import write_json_atomic
@@ -530,18 +530,23 @@ def check_budget_fits_vocabulary(cfg: DictConfig, budget) -> None:
             )
 
 
-def verified_rows(budget) -> tuple[int, str | None]:
-    """The most candidate rows one round can verify under ``budget``, and what caps them below
-    ``topology.max_nodes`` (None where nothing does): a chain drafts at most ``max_depth`` rows, an
-    expansion at most the rows its widths make (``sum_i prod_{j <= i} b_j``). The context limit and
-    the temporary-KV budget are sized from them."""
-    rows = int(budget.max_nodes)
-    if budget.shape == "sequence" and int(budget.max_depth) < rows:
-        return int(budget.max_depth), f"topology=sequence drafts one chain of topology.max_depth={budget.max_depth}"
-    if budget.shape == "expansion" and budget.widths and cartesian_rows(list(budget.widths)) < rows:
-        full = cartesian_rows(list(budget.widths))
-        return full, f"topology.widths={_text(list(budget.widths))} make {full} candidate rows"
-    return rows, None
+def check_verify_cost(cfg: DictConfig, budget) -> None:
+    """A ``proposer.verify_cost`` given to prompt lookup's adaptive budget prices every row count a
+    round can verify, t(1) to t(rows + 1) (:func:`verified_rows`); the proposer refused a shorter
+    one only once the models had loaded."""
+    prop = cfg.proposer
+    if prop.name != "prompt_lookup" or prop.get("budget_policy") != "adaptive" or not prop.get("verify_cost"):
+        return
+    rows, capped_by = verified_rows(budget)
+    given = list(prop.verify_cost)
+    if len(given) < rows + 1:
+        why = f" ({capped_by})" if capped_by else ""
+        raise ConfigError(
+            f"proposer.verify_cost={_text(given)} prices {len(given)} row count(s): a round verifies up to {rows} "
+            f"candidate rows{why}, so the adaptive budget needs t(1..{rows + 1}) ({rows + 1} values), or none "
+            "(the run measures it)",
+            suggestions=[("proposer.verify_cost=null",)],
+        )
 
 
 def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
@@ -551,6 +556,7 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
     plan_ = plan(cfg)
     check_cache_layers(cfg)
     check_budget_fits_vocabulary(cfg, plan_.budget)
+    check_verify_cost(cfg, plan_.budget)
     if cfg.tracking.name == "wandb":
         problem = tracking_problem(cfg.tracking.project, cfg.tracking.get("entity"))
         if problem:

@@ -134,3 +134,56 @@ def test_the_roofline_script_sets_each_shapes_t_of_n_against_the_floors(tmp_path
     assert (tmp_path / "roofline.png").stat().st_size > 0
     with pytest.raises(SystemExit):
         script.main(["--rows", "0", "--out", str(tmp_path)])
+
+
+def test_an_adaptive_chain_prices_the_rows_its_rounds_can_verify_not_max_nodes(tmp_path, monkeypatch):
+    """topology=sequence drafts one chain of max_depth rows whatever topology.max_nodes says (a run
+    calls max_nodes inert there), but the prepare stage timed forwards of up to max_nodes + 1 rows
+    (max_nodes=4000: a 4,001-row forward past the model's positions, kept in the record's t(n)). It
+    times t(1..max_depth + 1) now; the proposer asks that many values, and a shorter verify_cost
+    given by hand is refused before any model work (it was refused once the models had loaded)."""
+    import harness.prepare.verify_cost as prepare_vc
+    from harness.config import compose
+    from harness.contracts import Budget, ConfigError
+    from harness.proposers.prompt_lookup import PromptLookupProposer
+    from harness.runner import run_job
+    from harness.topology.budgets import verified_rows
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    asked = []
+    real = prepare_vc.verify_cost_curve
+    monkeypatch.setattr(prepare_vc, "verify_cost_curve", lambda b, ids, **kw: asked.append(kw) or real(b, ids, **kw))
+    overrides = ["model=tiny", "proposer.budget_policy=adaptive", "topology=sequence", "topology.max_nodes=4000"]
+    overrides += ["topology.max_depth=4", "workload.limit=1", "generation.max_new_tokens=8", "gates.enabled=false"]
+    record = run_job(compose([*overrides, f"output_dir={tmp_path / 'run'}"]), run_dir=tmp_path / "run")
+    assert [kw["max_rows"] for kw in asked] == [4] and max(record["t_profile"]["n"]) == 5
+
+    chain = Budget(shape="sequence", max_nodes=4000, max_depth=4)
+    assert verified_rows(chain)[0] == 4
+    PromptLookupProposer(
+        budget=chain, manifest_hash="h", budget_policy="adaptive", verify_cost=[1.0, 1.1, 1.2, 1.3, 1.4]
+    )
+    with pytest.raises(ValueError, match=r"needs verify_cost t\(1\.\.5\)"):
+        PromptLookupProposer(
+            budget=chain, manifest_hash="h", budget_policy="adaptive", verify_cost=[1.0, 1.1, 1.2, 1.3]
+        )
+    from harness.runner import plan_job
+
+    short = ["model=tiny", "proposer.budget_policy=adaptive", "topology=sequences", "proposer.verify_cost=[1.0,1.1]"]
+    with pytest.raises(ConfigError) as refused:
+        plan_job(compose(short), None)
+    assert str(refused.value).startswith(
+        "proposer.verify_cost=[1.0,1.1] prices 2 row count(s): a round verifies up to 16 candidate rows, so the "
+        "adaptive budget needs t(1..17) (17 values), or none (the run measures it)"
+    )
+
+
+def test_a_dynamic_tree_verifies_at_most_the_rows_its_pool_holds():
+    """EAGLE-2's dynamic tree reranks a pool of topk rows at its first level and topk**2 at each later
+    one: topology.max_nodes above that was reserved (cache rows, temporary KV) for rows no round drafts."""
+    from harness.contracts import Budget
+    from harness.topology.budgets import verified_rows
+
+    rows, why = verified_rows(Budget(shape="dynamic", max_nodes=100, max_depth=3, topk=2))
+    assert rows == 2 + 2 * 4 and "topology=dynamic's pool holds" in why
+    assert verified_rows(Budget(shape="dynamic", max_nodes=6, max_depth=3, topk=2)) == (6, None)

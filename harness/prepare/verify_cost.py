@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from harness.prepare import Preparation
 from harness.target.timing import verify_cost_curve
+from harness.topology.budgets import budget_from_config, verified_rows
 
 
 def prepare_prompt_lookup(options: dict, context) -> Preparation:
@@ -15,7 +16,8 @@ def prepare_prompt_lookup(options: dict, context) -> Preparation:
     # one-token prompt leaves no prefix to time over), else the prompts' tokens repeated to two
     prompts = [list(ids) for _, ids in context.items] if context.items else [[1, 2, 3, 4] * 16]
     ids = next((p for p in prompts if len(p) >= 2), None) or (prompts[0] * 2 if prompts[0] else [1, 2])
-    max_rows = int(context.cfg.topology.max_nodes)
+    # the rows a round can verify (a chain's max_depth, not an unreachable topology.max_nodes): t(1..rows + 1)
+    max_rows = verified_rows(budget_from_config(context.cfg))[0]
     batch_size = int(context.cfg.generation.batch_size)
     profile = verify_cost_curve(context.target_backend, ids, max_rows=max_rows, batch_size=batch_size)
     # the curve the budget uses, and the raw t(n) the record and report show

@@ -82,6 +82,7 @@ from harness.contracts import Budget, ConfigError, ProposalNode, ProposalResult,
 from harness.proposers.base import Proposer
 from harness.proposers.rest import LOOKUP_MIN_SUFFIX, RestProposer, ranked_continuations
 from harness.random_source import RandomSource
+from harness.topology.budgets import verified_rows
 
 #: the longest context an occurrence's match is measured over (tokens)
 MAX_CONTEXT = 32
@@ -696,10 +697,12 @@ class PromptLookupProposer(Proposer):
         self.check_plan({"rejected_tails": rejected_tails, "datastore": retriever}, budget, None)
         if budget_policy not in ("fixed", "adaptive"):
             raise ValueError(f"proposer.budget_policy must be fixed or adaptive; got {budget_policy!r}")
+        #: the most candidate rows a round verifies (a chain's max_depth when that is below max_nodes)
+        self.max_rows = verified_rows(budget)[0]
         if budget_policy == "adaptive":
-            if not verify_cost or len(verify_cost) < budget.max_nodes + 1:
+            if not verify_cost or len(verify_cost) < self.max_rows + 1:
                 raise ValueError(
-                    f"budget_policy=adaptive needs verify_cost t(1..{budget.max_nodes + 1}) (normalised verify "
+                    f"budget_policy=adaptive needs verify_cost t(1..{self.max_rows + 1}) (normalised verify "
                     f"cost per row count; a run's prepare stage measures it); got {verify_cost!r}"
                 )
             if any(not np.isfinite(c) or c <= 0 for c in verify_cost):
@@ -953,7 +956,7 @@ class PromptLookupProposer(Proposer):
             reach_of.append(r if p < 0 else reach_of[p] * r)
         reach = np.asarray(reach_of, dtype=np.float64)
         order = np.argsort(-reach, kind="stable")  # a parent (earlier, reach >=) precedes its children
-        cap = min(len(order), self.budget.max_nodes)
+        cap = min(len(order), self.max_rows)
         expected = 1.0 + np.concatenate([[0.0], np.cumsum(reach[order[:cap]])])  # k = 0..cap
         cost = self.cost_model.cost(cap + 1)  # t(1 + k)
         k = int(np.argmin(cost / expected))

@@ -206,3 +206,28 @@ def budget_from_config(cfg) -> Budget:
     if name not in TOPOLOGIES:
         raise ConfigError(f"unknown topology {name!r}; one of {sorted(TOPOLOGIES)}")
     return TOPOLOGIES[name](cfg.topology)
+
+
+def verified_rows(budget: Budget) -> tuple[int, str | None]:
+    """The most candidate rows one round can verify under ``budget``, and what caps them below
+    ``topology.max_nodes`` (None where nothing does): a chain drafts at most ``max_depth`` rows, an
+    expansion at most the rows its widths make (``sum_i prod_{j <= i} b_j``), a dynamic tree at most
+    the rows its pool holds (``topk`` at the first level, ``topk**2`` at each later one). The context
+    limit, the temporary-KV budget, each request's cache reserve and the verify-cost profile of an
+    adaptive budget are sized from them."""
+    rows = int(budget.max_nodes)
+    if budget.shape == "sequence" and int(budget.max_depth) < rows:
+        return int(budget.max_depth), f"topology=sequence drafts one chain of topology.max_depth={budget.max_depth}"
+    if budget.shape == "expansion" and budget.widths and cartesian_rows(list(budget.widths)) < rows:
+        full = cartesian_rows(list(budget.widths))
+        widths = "[" + ",".join(str(int(w)) for w in budget.widths) + "]"
+        return full, f"topology.widths={widths} make {full} candidate rows"
+    if budget.shape == "dynamic" and budget.topk:
+        k, depth = int(budget.topk), int(budget.max_depth)
+        pool = k + (depth - 1) * k * k
+        if pool < rows:
+            return pool, (
+                f"topology=dynamic's pool holds topology.topk + (topology.max_depth - 1) * topology.topk^2 = {pool} "
+                f"candidate rows (topk={k}, max_depth={depth})"
+            )
+    return rows, None
