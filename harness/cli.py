@@ -58,7 +58,8 @@ class Terminated(KeyboardInterrupt):
 def signals_interrupt() -> Iterator[None]:
     """While the block runs, SIGTERM and SIGHUP raise :class:`Terminated` where the process is,
     as SIGINT raises KeyboardInterrupt; a second such signal while the first is handled ends the
-    process as the handler before would have. The earlier handlers are back after the block.
+    process as the handler before would have. The earlier handlers are back after the block. A
+    signal the process ignores (``nohup``'s SIGHUP) stays ignored.
     Outside the main thread (where Python takes no handler), or inside another such block (every
     command runs in one, :func:`main`), the block runs as it is."""
     if threading.current_thread() is not threading.main_thread() or _SIGNALS_HANDLED:
@@ -77,7 +78,7 @@ def signals_interrupt() -> Iterator[None]:
 
     for name in TERMINATING:
         signum = getattr(signal, name, None)
-        if signum is not None:
+        if signum is not None and signal.getsignal(signum) != signal.SIG_IGN:  # nohup's SIGHUP stays ignored
             before = signal.signal(signum, handler)
             previous[signum] = signal.SIG_DFL if before is None else before
     _SIGNALS_HANDLED.append(True)

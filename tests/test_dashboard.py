@@ -572,3 +572,25 @@ def test_a_stale_record_a_skipped_twin_set_aside_is_tagged_superseded_when_publi
         f"harness dashboard: note: records={tmp_path / 'elsewhere'} is not on this machine: the runs of records set "
         "aside in its .previous/ folders are not tagged superseded (publish where the records are)"
     )
+
+
+def test_a_record_s_group_is_the_one_its_run_was_logged_to(tmp_path, capsys):
+    """A record of an unnamed launch logged before each launch had a group of its own (its W&B run in
+    group "adhoc") was counted in group "adhoc/<time>" by its folder: the folder's dashboard filtered
+    on a group that held none of its runs. The group a record's run was logged to decides."""
+    from harness.tracking.dashboard import group_axes, group_projects
+
+    launch = tmp_path / "multirun" / "adhoc" / "2024-01-01_10-00-00"
+    shutil.copytree(FIXTURE_RUNS[0], launch / "one")
+    shutil.copytree(FIXTURE_RUNS[1], launch / "two")
+    (launch / "launch.json").write_text(json.dumps({"launch_id": "x", "sweep": None}))
+    for name, tracking in (("one", {"backend": "wandb", "project": "p", "group": "adhoc"}), ("two", None)):
+        record = load_record(launch / name)
+        record.update(sweep=None, experiment=None)
+        record.pop("tracking", None)
+        if tracking is not None:
+            record["tracking"] = tracking
+        (launch / name / "record.json").write_text(json.dumps(record))
+    assert group_projects(launch, "adhoc") == (1, {"p"})  # logged there
+    assert group_projects(launch, "adhoc/2024-01-01_10-00-00") == (1, set())  # untracked: its launch's group
+    assert group_axes(launch, "")[1] == ["adhoc", "adhoc/2024-01-01_10-00-00"]

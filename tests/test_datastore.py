@@ -1186,3 +1186,23 @@ def test_a_build_ended_by_sigterm_leaves_no_half_built_folder_and_exits_143(tmp_
     left = sorted(p.name for p in (tmp_path / "cache" / "datastores").iterdir())
     assert not [name for name in left if name.endswith(".building")], left
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_signal_the_process_ignores_stays_ignored_while_a_command_runs():
+    """``nohup harness datastore build ...`` ignores SIGHUP; every command's SIGTERM/SIGHUP handling
+    replaced that with its own, so closing the terminal ended the build (status 129)."""
+    import signal
+
+    from harness.cli import Terminated, signals_interrupt
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM)}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with signals_interrupt():
+            signal.raise_signal(signal.SIGHUP)  # ignored, as nohup asked
+            with pytest.raises(Terminated):
+                signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)

@@ -473,9 +473,9 @@ def publish(spec: Mapping[str, Any], *, entity: str | None = None) -> str:
 
 def group_axes(records_root: Path, group: str) -> tuple[list[dict[str, Any]], list[str], list[str]]:
     """The axes of the records under ``records_root`` that belong to W&B group ``group`` (each
-    record's group as its job logged it: :func:`~harness.tracking.wandb_tracker.wandb_group` of its
-    folder), the groups of every record there, and the config keys that tell one arm's runs of the
-    group apart (:func:`~harness.tracking.compare.arm_config_keys`)."""
+    record's group as its job logged it: :func:`record_group`), the groups of every record there, and
+    the config keys that tell one arm's runs of the group apart
+    (:func:`~harness.tracking.compare.arm_config_keys`)."""
     df = aggregate(records_root)
     if df.empty:
         return [], [], []
@@ -483,10 +483,16 @@ def group_axes(records_root: Path, group: str) -> tuple[list[dict[str, Any]], li
     def none(v: Any) -> Any:
         return None if v is None or (isinstance(v, float) and v != v) else v
 
-    groups = [
-        wandb_group(none(r["sweep"]), none(r["experiment"]), records_root / str(r["record_dir"]))
-        for _, r in df.iterrows()
-    ]
+    groups = []
+    for _, r in df.iterrows():
+        folder = records_root / str(r["record_dir"])
+        try:
+            record = json.loads((folder / "record.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = {}
+        groups.append(
+            record_group(record if isinstance(record, dict) else {}, folder, none(r["sweep"]), none(r["experiment"]))
+        )
     mine = [g == group for g in groups]
     machines = machine_values(df)
     rows = [
@@ -495,6 +501,16 @@ def group_axes(records_root: Path, group: str) -> tuple[list[dict[str, Any]], li
         if m
     ]
     return rows, sorted(set(groups)), arm_config_keys(df[mine])
+
+
+def record_group(record: Mapping[str, Any], folder: Path, sweep: Any = None, experiment: Any = None) -> str:
+    """The W&B group of the record in ``folder``: the one its run was logged to (its ``tracking``
+    entry: a record logged before unnamed launches had groups of their own, or whose folder was moved
+    since, keeps it), else the one its job would log to (:func:`wandb_group`)."""
+    tracking = record.get("tracking")
+    if isinstance(tracking, dict) and tracking.get("group"):
+        return str(tracking["group"])
+    return wandb_group(sweep or record.get("sweep"), experiment or record.get("experiment"), folder)
 
 
 def group_projects(records_root: Path, group: str) -> tuple[int, set[str]]:
@@ -506,10 +522,7 @@ def group_projects(records_root: Path, group: str) -> tuple[int, set[str]]:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue  # an unreadable record is the store's to report
-        if (
-            not isinstance(record, dict)
-            or wandb_group(record.get("sweep"), record.get("experiment"), path.parent) != group
-        ):
+        if not isinstance(record, dict) or record_group(record, path.parent) != group:
             continue
         count += 1
         if isinstance(record.get("tracking"), dict) and record["tracking"].get("project"):
