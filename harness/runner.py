@@ -78,7 +78,12 @@ from harness.measure.hardware import hardware_card, manifest_versions, peak_rss_
 from harness.measure.memory import JobHostMemory
 from harness.prepare import prepare
 from harness.prepare.calibrate import CalibrationError, calibration_items, check_disjoint
-from harness.prepare.sequoia import check_calibration_config, cost_model_error, slower_than_ar_note
+from harness.prepare.sequoia import (
+    check_calibration_config,
+    check_profile_config,
+    cost_model_error,
+    slower_than_ar_note,
+)
 from harness.proposers.base import NullProposer
 from harness.proposers.rest import datastore_sources, path_inert_options
 from harness.random_source import TorchRandomSource
@@ -255,17 +260,22 @@ def run_job(
     aside: Path | None = None,
     restore_other_manifest: bool = True,
     restore_earlier: bool = True,
+    held: HeldInterrupts | None = None,
 ) -> dict:
     """One job: everything `harness run` does. Returns the record (also written to run_dir).
     ``aside``: where the caller (a sweep) already moved the folder's earlier files; they go back
     as the job's own would (a refusal before measuring, an interrupt before the write), unless
     ``restore_other_manifest`` is false and they hold a record of another manifest (a sweep's store
     and report show no record of a manifest other than its job's), or ``restore_earlier`` is false
-    (they are not this job's for another reason: a record of its manifest checked otherwise)."""
+    (they are not this job's for another reason: a record of its manifest checked otherwise).
+    ``held``: the signals the caller held while it set the files aside, released here, where an
+    interrupt they hand on puts the files back."""
     t_job = time.perf_counter()
     threads = threads_in_effect(cfg.threads)
     torch.set_num_threads(threads)  # set or not: a job never runs with the count an earlier job of its process set
     try:
+        if held is not None:
+            held.release()
         planned = plan_job(cfg, run_dir)
     except BaseException as exc:  # refused or interrupted before anything ran: files set aside go back
         if aside is not None and restore_earlier:
@@ -596,6 +606,7 @@ def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
     check_profile_fits(cfg, context)
     check_training_fits(cfg, context)
     check_calibration_config(cfg)
+    check_profile_config(cfg)
     check_calibration_prompts(cfg, prompts)
     if cfg.model.name != "tiny" and not cfg.workload.chat:
         multi = next((p for p in prompts if p.n_turns > 1), None)

@@ -74,7 +74,7 @@ from omegaconf.errors import OmegaConfBaseException
 from harness.config import config_loader, override_key
 from harness.gates.status import GateError
 from harness.manifest import job_manifest, manifest_hash
-from harness.runner import HeldInterrupts, put_back_unplanned, run_job, run_notes, track
+from harness.runner import HeldInterrupts, run_job, run_notes, track
 from harness.target.loading import cache_root
 from harness.tracking import report as report_mod
 from harness.tracking.conventions import name_of
@@ -618,23 +618,24 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
                 print(f"harness sweep: logged {job}'s record to W&B after the fact (it ran untracked)", file=sys.stderr)
                 status["tracked_after_the_run"] = True
             return
-        held, aside = HeldInterrupts(), None  # an interrupt while the files move waits until all are aside
+        # an interrupt while the files move waits until all are aside, and until the job can put them back
+        held = HeldInterrupts()
         try:
             aside, moved = clear_for_run(run_dir, state, what=f"sweep job {job}", action="re-running")
+            if moved:
+                log.warning("%s", moved)
+            stage = "run"
+            # logs to W&B itself with tracking=wandb; a failure puts back only a record of this manifest
+            record = run_job(
+                cfg,
+                run_dir=run_dir,
+                aside=aside,
+                restore_other_manifest=False,
+                restore_earlier=not other_checks,
+                held=held,
+            )
         finally:
-            try:
-                held.release()
-            except BaseException as exc:
-                if aside is not None and not other_checks:
-                    put_back_unplanned(cfg, run_dir, aside, exc, restore_other_manifest=False)
-                raise
-        if moved:
-            log.warning("%s", moved)
-        stage = "run"
-        # logs to W&B itself with tracking=wandb; a failure puts back only a record of this manifest
-        record = run_job(
-            cfg, run_dir=run_dir, aside=aside, restore_other_manifest=False, restore_earlier=not other_checks
-        )
+            held.release()  # released by the job; here when the move itself failed
         status["manifest_hash"] = record["manifest_hash"]
         status.update(status="ran", record=str(run_dir / RECORD_FILENAME), speedup=record["metrics"].get("speedup"))
         for note in run_notes(record):  # as a single run says them, naming the job
