@@ -310,6 +310,106 @@ def test_an_explicit_calibration_of_another_configuration_is_refused_before_any_
         check_job(compose([*given, "generation.temperature=0.5"]), None)
 
 
+def _with_provenance(profile_path: Path, out: Path, **changes) -> Path:
+    """A copy of the profile at ``profile_path``, its provenance changed and re-hashed, at ``out``."""
+    from harness.prepare.profile import write_artifact
+
+    profile = json.loads(profile_path.read_text())
+    profile["provenance"].update(changes)
+    write_artifact({k: v for k, v in profile.items() if k != "hash"}, out)
+    return out
+
+
+def test_an_explicit_profile_of_another_configuration_is_refused_before_any_model(tmp_path, monkeypatch, capsys):
+    """topology.profile_artifact= measured with other threads or profile settings is refused from its
+    own file before any model work, and the refusal names the user's file as the thing to drop or
+    replace (`harness calibrate` writes to the cache: it would not repair that file)."""
+    from harness.prepare.sequoia import check_profile_config
+    from harness.runner import check_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    assert main(SMALL_TREE) == 0
+    prof = Path(json.loads(capsys.readouterr().out)["sequoia_profile"])
+    given = ["topology=sequoia", *SMALL_TREE, f"topology.profile_artifact={prof}"]
+    check_profile_config(compose(given))  # its own configuration: no refusal
+    threads = torch.get_num_threads()
+    try:  # compared at the run's threads=1, whatever the process's count at the time of the check
+        torch.set_num_threads(2)
+        check_profile_config(compose(given))
+    finally:
+        torch.set_num_threads(threads)
+    # measured by other harness code: said once, when the run loads it; nothing said here
+    other_code = _with_provenance(prof, tmp_path / "other-code.json", code="0" * 16)
+    check_profile_config(compose([*given, f"topology.profile_artifact={other_code}"]))
+    assert capsys.readouterr().err == ""
+
+    stale = _with_provenance(prof, tmp_path / "stale-threads.json", threads=2)
+    with pytest.raises(StaleArtifactError) as info:
+        check_profile_config(compose([*given, f"topology.profile_artifact={stale}"]))
+    assert str(info.value) == (
+        f"stale hardware profile {str(stale)!r}: threads differs (threads: artifact 2, this run 1); drop "
+        "topology.profile_artifact (the run measures one) or give one measured for this configuration"
+    )
+    with pytest.raises(
+        StaleArtifactError, match=r"measurement differs \(measurement.repeats: artifact 2, this run 5\)"
+    ):
+        check_profile_config(compose([*given, "topology.profile.repeats=5"]))
+    with pytest.raises(StaleArtifactError, match=r"model differs \(model.draft.num_layers: artifact 1, this run 2\)"):
+        check_profile_config(compose([*given, "proposer.model.num_layers=2"]))
+    with pytest.raises(StaleArtifactError, match="cannot read sequoia_hardware_profile artifact"):
+        check_profile_config(compose([*given, f"topology.profile_artifact={tmp_path / 'absent.json'}"]))
+    # the runner's config checks call it, and `harness calibrate` refuses before calibrating
+    with pytest.raises(StaleArtifactError, match="threads differs"):
+        check_job(compose([*given, f"topology.profile_artifact={stale}"]), None)
+    calibrations = sorted((tmp_path / "sequoia").glob("calibration-*.json"))
+    mtimes = [c.stat().st_mtime_ns for c in calibrations]
+    assert main([*SMALL_TREE, f"topology.profile_artifact={stale}"]) == 2
+    err = capsys.readouterr().err
+    assert "threads differs" in err and "drop topology.profile_artifact" in err and "re-run" not in err
+    assert [c.stat().st_mtime_ns for c in calibrations] == mtimes
+
+
+def test_an_explicit_profile_is_checked_before_the_calibration_is_measured(tmp_path, monkeypatch, capsys):
+    """Where the artifacts are resolved, a stale topology.profile_artifact is refused before the
+    calibration stage runs (minutes on a real model), not after it."""
+    from harness import runner
+    from harness.prepare import sequoia
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    assert main(SMALL_TREE) == 0
+    prof = Path(json.loads(capsys.readouterr().out)["sequoia_profile"])
+    stale = _with_provenance(prof, tmp_path / "stale-threads.json", threads=2)
+    monkeypatch.setattr(runner, "check_profile_config", lambda cfg: None)  # the load's own check, alone
+    calibrated = []
+
+    def calibration(*args, **kwargs):
+        calibrated.append(True)
+        raise RuntimeError("the calibration stage ran")
+
+    monkeypatch.setattr(sequoia, "run_calibration", calibration)
+    assert main([*SMALL_TREE, f"topology.profile_artifact={stale}"]) == 2
+    err = capsys.readouterr().err
+    assert "threads differs (threads: artifact 2, this run 1); drop topology.profile_artifact" in err
+    assert calibrated == []
+
+
+def test_a_depth_bound_past_the_rows_searches_and_profiles_as_the_rows_allow(tmp_path, monkeypatch, capsys):
+    """A tree of topology.max_nodes rows is at most that deep: topology.max_depth=30 at max_nodes=3
+    measures the draft's pass over 1 .. 4 tokens (not 31), with a prefix sized for that, and shares
+    its profile with max_depth=3."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    deep = [o for o in SMALL_TREE if not o.startswith("topology.max_depth=")] + ["topology.max_depth=30"]
+    assert "topology.profile.prefix_len=16" in deep
+    assert main(deep) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["stages"]["profile"] == "measured"
+    prof = json.loads(Path(first["sequoia_profile"]).read_text())
+    assert len(prof["draft_feed_cost"]) == 4 and prof["provenance"]["measurement"]["max_depth"] == 3
+    assert main(SMALL_TREE) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert second["stages"]["profile"] == "loaded (cache)" and second["sequoia_profile"] == first["sequoia_profile"]
+
+
 def test_harness_calibrate_refuses_a_tree_to_load(tmp_path, monkeypatch, capsys):
     """With topology.tree_artifact= it loaded that tree, measured nothing and exited 0 as if it had
     calibrated; the tree a run loads is given to `harness run`."""

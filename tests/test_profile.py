@@ -246,7 +246,7 @@ def test_run_provenance_has_every_field():
         "warmup": 2,
         "repeats": 7,
         "max_nodes": 5,
-        "max_depth": 6,
+        "max_depth": 4,  # topology.max_depth=6, but a tree of topology.max_nodes=4 rows is at most 4 deep
     }
     assert exp["checkpoints"] == {"target": None, "draft": None}  # built models: their config is their identity
     assert exp["model"]["draft_device"] == "cpu" and exp["model"]["draft_attn_implementation"] == "sdpa"
@@ -290,6 +290,38 @@ def test_the_profile_key_follows_the_checkpoint_files_the_draft_and_the_code(tmp
     assert recoded[0] != reweighted[0] and recoded[1] != reweighted[1]
 
 
+def test_configurations_that_search_the_same_trees_share_a_profile():
+    """The profile times the draft's pass over 1 .. depth + 1 tokens for the deepest tree searched,
+    min(topology.max_depth, topology.max_nodes): its key holds that depth, so max_depth=30 and
+    max_depth=4 at max_nodes=4 (the same trees) share one profile, and max_depth=3 has its own."""
+    from harness.app import with_sequoia
+    from harness.config import compose
+    from harness.prepare.profile import key_hash
+
+    def provenance(depth: int) -> dict:
+        over = ["model=tiny", "proposer=draft_model", "topology.max_nodes=4", f"topology.max_depth={depth}"]
+        return profile_provenance(compose(with_sequoia(over)))
+
+    def key(prov: dict) -> str:
+        return key_hash({k: prov.get(k) for k in PROFILE_MATCH_FIELDS})
+
+    four, thirty, three = provenance(4), provenance(30), provenance(3)
+    assert four["measurement"]["max_depth"] == thirty["measurement"]["max_depth"] == 4
+    assert key(four) == key(thirty) and four == thirty
+    assert three["measurement"]["max_depth"] == 3 and key(three) != key(four)
+
+
+def test_the_provenance_takes_the_thread_count_the_run_will_set():
+    """A check made before the run sets its thread count compares the profile with that count, not
+    with the process's count at the time of the check."""
+    from harness.app import with_sequoia
+    from harness.config import compose
+
+    cfg = compose(with_sequoia(["model=tiny", "proposer=draft_model", "topology.max_nodes=4"]))
+    assert profile_provenance(cfg, threads=3)["threads"] == 3
+    assert profile_provenance(cfg)["threads"] == torch.get_num_threads()
+
+
 @pytest.mark.parametrize(
     "field, value, message",
     [
@@ -315,6 +347,17 @@ def test_stale_library_version_names_the_library():
         StaleArtifactError, match=r"library_versions differs \(library_versions.torch: artifact '1.0.0'"
     ):
         check_profile({"verify_cost": [1.0] * 5, "provenance": old}, exp, path="p", max_nodes=5)
+
+
+def test_a_stale_profile_refusal_ends_with_the_remedy_given():
+    exp = _expected()
+    stale = {"verify_cost": [1.0] * 5, "provenance": {**exp, "threads": 2}}
+    with pytest.raises(StaleArtifactError, match=r"artifact 2, this run 1\); re-run `harness calibrate` with the run"):
+        check_profile(stale, exp, path="p", max_nodes=5)
+    with pytest.raises(StaleArtifactError, match=r"artifact 2, this run 1\); give another$"):
+        check_profile(stale, exp, path="p", max_nodes=5, remedy="give another")
+    # only the fields named are compared
+    check_profile(stale, exp, path="p", max_nodes=5, fields=[f for f in PROFILE_MATCH_FIELDS if f != "threads"])
 
 
 def test_synthetic_or_short_profiles_are_refused():

@@ -273,3 +273,33 @@ def test_topology_calibration_z_is_bounded_before_any_model_work():
     assert "topology.calibration.z=9.0" in str(info.value) and "(0, 7]" in str(info.value)
     assert "\n" not in str(info.value)
     plan(compose(with_sequoia([*base, "topology.calibration.z=7"])))
+
+
+def test_the_profile_prefix_is_sized_by_the_depth_the_search_reaches():
+    """The search builds trees at most min(topology.max_depth, topology.max_nodes) deep (a tree of
+    max_nodes rows is no deeper), and the profile times the draft's pass over that depth + 1 tokens: the
+    prefix it needs is sized by that depth, so max_nodes=4 max_depth=30 takes the prefix max_depth=4 takes."""
+    from harness.app import with_sequoia
+    from harness.config import compose
+    from harness.contracts import ConfigError
+    from harness.topology.budgets import sequoia_budget
+
+    base = ["model=tiny", "proposer=draft_model", "proposer.sampling=without_replacement", "topology=sequoia"]
+    base += ["verifier=sequoia", "generation.temperature=0.7", "topology.max_nodes=4"]
+
+    def budget(*over):
+        return sequoia_budget(compose(with_sequoia([*base, *over])).topology)
+
+    for depth in (4, 30):
+        assert budget(f"topology.max_depth={depth}", "topology.profile.prefix_len=24").max_depth == depth
+        assert budget(f"topology.max_depth={depth}", "topology.profile.prefix_len=6").max_nodes == 4
+    with pytest.raises(ConfigError) as info:  # capped by max_nodes: 4 + 1 tokens after a prefix of one
+        budget("topology.max_depth=30", "topology.profile.prefix_len=5")
+    assert str(info.value).startswith(
+        "topology.profile.prefix_len=5: the profile times the draft's pass over up to topology.max_nodes + 1 = 5 "
+        "committed tokens after a cached prefix of at least one (a tree of 4 candidate rows is at most 4 deep)"
+    )
+    assert info.value.suggestions == (("topology.profile.prefix_len=6",),)
+    with pytest.raises(ConfigError, match=r"up to topology.max_depth \+ 1 = 4 committed tokens"):
+        budget("topology.max_depth=3", "topology.profile.prefix_len=4")
+    budget("topology.max_depth=3", "topology.profile.prefix_len=5")

@@ -71,6 +71,9 @@ PROFILE_MATCH_FIELDS = (
     "measurement",
 )
 
+#: how :func:`check_provenance`'s refusal ends by default: what measures a matching artifact into the cache
+REMEASURE = "re-run `harness calibrate` with the run's overrides"
+
 
 class StaleArtifactError(ValueError):
     """An artifact's provenance differs from the run's (or its content hash does not verify)."""
@@ -146,9 +149,11 @@ def first_difference(stored: Any, expected: Any, path: str) -> tuple[str, Any, A
 NOTED_FIELDS = ("code",)
 
 
-def check_provenance(stored: dict, expected: dict, *, fields: Sequence[str], kind: str, path: str) -> None:
+def check_provenance(
+    stored: dict, expected: dict, *, fields: Sequence[str], kind: str, path: str, remedy: str = REMEASURE
+) -> None:
     """Refuse an artifact whose provenance differs from the run's in any of ``fields`` (one of
-    :data:`NOTED_FIELDS` is said, not refused)."""
+    :data:`NOTED_FIELDS` is said, not refused); the refusal ends with ``remedy``, what gives a matching one."""
     for name in fields:
         diff = first_difference(stored.get(name, "<absent>"), expected.get(name, "<absent>"), name)
         if diff and name in NOTED_FIELDS:
@@ -161,8 +166,7 @@ def check_provenance(stored: dict, expected: dict, *, fields: Sequence[str], kin
         if diff:
             where, got, want = diff
             raise StaleArtifactError(
-                f"stale {kind} {path!r}: {name} differs ({where}: artifact {got!r}, this run {want!r}); "
-                f"re-run `harness calibrate` with the run's overrides"
+                f"stale {kind} {path!r}: {name} differs ({where}: artifact {got!r}, this run {want!r}); {remedy}"
             )
 
 
@@ -197,9 +201,26 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
 
 
-def profile_provenance(cfg) -> dict:
+#: the provenance fields checked before any model work (:func:`harness.prepare.sequoia.check_profile_config`):
+#: every match field but those only said (:data:`NOTED_FIELDS`), which the load says once
+PROFILE_PLAN_FIELDS = tuple(f for f in PROFILE_MATCH_FIELDS if f not in NOTED_FIELDS)
+
+
+def searched_depth(max_nodes: int, max_depth: int) -> int:
+    """The deepest tree the Sequoia search builds under ``topology.max_nodes`` (candidate rows) and
+    ``topology.max_depth``: a tree of ``max_nodes`` rows is at most that deep, so a larger
+    ``max_depth`` searches the same trees (:func:`harness.topology.sequoia.optimize_tree`)."""
+    return min(int(max_depth), int(max_nodes))
+
+
+def profile_provenance(cfg, *, threads: int | None = None) -> dict:
     """The provenance a profile must carry to be used by a run of ``cfg`` (a composed config),
-    in this process (threads = ``torch.get_num_threads()`` now)."""
+    in this process (threads = ``torch.get_num_threads()`` now, or ``threads``: the count the run
+    will set, for a check made before it sets one).
+
+    ``measurement.max_depth`` is the searched depth (:func:`searched_depth`): the draft's passes a
+    profile times are those of the trees the search can build, so two configurations that search the
+    same trees share one profile."""
 
     c = OmegaConf.to_container(cfg, resolve=True)
     draft = c["proposer"].get("model") if isinstance(c["proposer"].get("model"), dict) else None
@@ -220,19 +241,20 @@ def profile_provenance(cfg) -> dict:
         "dtype": c["model"]["dtype"],
         "device": c["model"]["device"],
         "device_name": device_name(c["model"]["device"]),
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads() if threads is None else int(threads),
         "batch_size": int(c["generation"]["batch_size"]),
         "attn_implementation": c["model"]["attn_implementation"],
         "library_versions": library_versions(),
         # protocol 2: at batch B > 1, t(n) is one batched verify of B requests (protocol 1 timed batch 1)
-        # protocol 3: the draft's pass over 1 .. max_depth + 1 tokens and its masked levels are timed
+        # protocol 3: the draft's pass over 1 .. max_depth + 1 tokens and its masked levels are timed (max_depth:
+        # the searched depth, min(topology.max_depth, topology.max_nodes))
         "measurement": {
             "protocol": 3,
             "prefix_len": int(t["profile"]["prefix_len"]),
             "warmup": int(t["profile"]["warmup"]),
             "repeats": int(t["profile"]["repeats"]),
             "max_nodes": int(t["max_nodes"]) + 1,
-            "max_depth": int(t["max_depth"]),
+            "max_depth": searched_depth(t["max_nodes"], t["max_depth"]),
         },
     }
 
@@ -442,14 +464,23 @@ def draft_times(
     return out
 
 
-def check_profile(profile: dict, expected: dict, *, path: str, max_nodes: int) -> None:
-    """Refuse a stale profile (any provenance field differs) or one too short for the search."""
+def check_profile(
+    profile: dict,
+    expected: dict,
+    *,
+    path: str,
+    max_nodes: int,
+    fields: Sequence[str] = PROFILE_MATCH_FIELDS,
+    remedy: str = REMEASURE,
+) -> None:
+    """Refuse a stale profile (any provenance field of ``fields`` differs; the refusal ends with
+    ``remedy``) or one too short for the search."""
     if profile.get("synthetic", False):
         raise StaleArtifactError(
             f"hardware profile {path!r} is synthetic (hand-entered costs); harness run uses measured profiles only"
         )
     check_provenance(
-        profile.get("provenance", {}), expected, fields=PROFILE_MATCH_FIELDS, kind="hardware profile", path=path
+        profile.get("provenance", {}), expected, fields=fields, kind="hardware profile", path=path, remedy=remedy
     )
     if len(profile.get("verify_cost", [])) < max_nodes:
         raise StaleArtifactError(

@@ -13,7 +13,9 @@ sibling ranks, the candidate-row parents a proposer samples, the predicted time 
 token (normalised and in ms), and the verify costs t(1..N) it was priced with.
 ``harness run`` never uses synthetic (hand-entered) costs.
 
-Negotiation, before any model work, sees ``topology="tree"`` through :func:`placeholder_budget`.
+Negotiation, before any model work, sees ``topology="tree"`` through :func:`placeholder_budget`;
+an explicit ``topology.calibration_artifact`` or ``topology.profile_artifact`` is checked then too,
+in the fields the config decides (:func:`check_calibration_config`, :func:`check_profile_config`).
 After the models are loaded :func:`prepare_sequoia` resolves the artifacts:
 
 * ``topology.tree_artifact=PATH``: that tree, its calibration and profile (or the explicit
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from harness.contracts import Budget
 from harness.files import artifact_lock
+from harness.measure.hardware import threads_in_effect
 from harness.prepare.calibrate import (
     CALIBRATION_MATCH_FIELDS,
     CONFIG_MATCH_FIELDS,
@@ -50,6 +53,7 @@ from harness.prepare.calibrate import (
 )
 from harness.prepare.profile import (
     PROFILE_MATCH_FIELDS,
+    PROFILE_PLAN_FIELDS,
     StaleArtifactError,
     check_profile,
     check_provenance,
@@ -59,6 +63,7 @@ from harness.prepare.profile import (
     plot_profile,
     profile_provenance,
     read_artifact,
+    searched_depth,
     write_artifact,
 )
 from harness.target.loading import cache_root
@@ -70,6 +75,12 @@ TREE_FORMAT = 1
 TREE_KIND = "sequoia_tree"
 CALIBRATION_KIND = "sequoia_calibration"
 PROFILE_KIND = "sequoia_hardware_profile"
+
+#: how the refusal of a stale ``topology.profile_artifact`` ends: the user named that file, and
+#: `harness calibrate` writes to the cache, never to it
+NAMED_PROFILE_REMEDY = (
+    "drop topology.profile_artifact (the run measures one) or give one measured for this configuration"
+)
 
 __all__ = [
     "StaleArtifactError",
@@ -308,6 +319,28 @@ def check_calibration_config(cfg) -> None:
     )
 
 
+def check_profile_config(cfg) -> None:
+    """An explicit ``topology.profile_artifact`` measured for another configuration (other threads,
+    model, dtype, device, batch size, attention implementation, checkpoint files, library versions
+    or profile settings), or too short for the search, refused before any model work: the run's
+    provenance (:func:`~harness.prepare.profile.profile_provenance`, at the thread count the run
+    will set) compared as the load compares it, but for the source of the timed code, which the
+    load only says."""
+    t = cfg.topology
+    if t.name != "sequoia" or not t.get("profile_artifact"):
+        return
+    path = absolute(t.profile_artifact)
+    art = read_artifact(path, kind=PROFILE_KIND)
+    check_profile(
+        art,
+        profile_provenance(cfg, threads=threads_in_effect(cfg.get("threads"))),
+        path=str(path),
+        max_nodes=search_bounds(t)["max_nodes"],
+        fields=PROFILE_PLAN_FIELDS,
+        remedy=NAMED_PROFILE_REMEDY,
+    )
+
+
 def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = True) -> SequoiaArtifacts:
     """Resolve (load and check, or measure and write) the calibration, profile and tree for a run
     of ``cfg`` with loaded models (``context``: :class:`harness.engine.build.BuildContext`).
@@ -335,7 +368,9 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
 
     def load_profile(path) -> dict:
         art = read_artifact(path, kind=PROFILE_KIND)
-        check_profile(art, prof_expected, path=str(path), max_nodes=search["max_nodes"])
+        given = t.get("profile_artifact") and Path(path) == absolute(t.profile_artifact)
+        remedy = {"remedy": NAMED_PROFILE_REMEDY} if given else {}
+        check_profile(art, prof_expected, path=str(path), max_nodes=search["max_nodes"], **remedy)
         return art
 
     def plot_for(profile: dict, path: Path) -> Path:
@@ -344,13 +379,17 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
             plot_profile(profile, png)
         return png
 
+    named: dict[str, dict] = {}  # artifacts a topology.<name>_artifact names, loaded and checked
+    if t.get("profile_artifact") and not t.get("tree_artifact"):  # before the calibration is measured (minutes)
+        named["profile"] = load_profile(absolute(t.profile_artifact))
+
     def gated(name: str, key: str, load, measure, purpose: str, *, fresh: bool = False) -> tuple[dict, Path]:
         """A gated stage's artifact and its path: the one ``topology.<name>_artifact`` names, else
         the cached ``<name>-<key>.json`` (when ``reuse`` and not ``fresh``), else ``measure(path)``
         (which writes it there), holding the artifact's lock so that concurrent jobs measure it once."""
         explicit = t.get(f"{name}_artifact")
         if explicit:
-            art = load(absolute(explicit))
+            art = named[name] if name in named else load(absolute(explicit))
             stages[name] = f"loaded (topology.{name}_artifact)"
             return art, absolute(explicit)
         path = root / f"{name}-{key}.json"
@@ -382,7 +421,7 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
             provenance=prof_expected,
             progress=progress,
             batch_size=int(cfg.generation.batch_size),
-            max_depth=int(t.max_depth),
+            max_depth=searched_depth(t.max_nodes, t.max_depth),
         )
         profile = write_artifact(art, path)
         check_profile(profile, prof_expected, path=str(path), max_nodes=search["max_nodes"])

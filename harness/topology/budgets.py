@@ -86,11 +86,14 @@ def sequoia_budget(t) -> Budget:
             suggestions=[(f"topology.min_nodes={largest(depth)}",), *[(d,) for d in deeper]],
         )
     prefix = int(t.profile.prefix_len) if t.get("profile") is not None else None
-    if prefix is not None and prefix < depth + 2:  # the draft's pass over depth + 1 committed tokens is timed
+    reach = min(depth, rows)  # the deepest tree searched: one of `rows` candidate rows is at most `rows` deep
+    if prefix is not None and prefix < reach + 2:  # the draft's pass over reach + 1 committed tokens is timed
+        bound = "topology.max_depth" if reach == depth else "topology.max_nodes"
+        why = "" if reach == depth else f" (a tree of {rows} candidate rows is at most {rows} deep)"
         raise ConfigError(
             f"topology.profile.prefix_len={prefix}: the profile times the draft's pass over up to "
-            f"topology.max_depth + 1 = {depth + 1} committed tokens after a cached prefix of at least one",
-            suggestions=[(f"topology.profile.prefix_len={depth + 2}",)],
+            f"{bound} + 1 = {reach + 1} committed tokens after a cached prefix of at least one{why}",
+            suggestions=[(f"topology.profile.prefix_len={reach + 2}",)],
         )
     need = dp_table_bytes(rows + 1, depth, branches)
     if need > DP_TABLE_LIMIT_BYTES:
