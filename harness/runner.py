@@ -656,7 +656,10 @@ def check_profile_fits(cfg: DictConfig, context) -> None:
         raise ConfigError(
             f"topology.profile.prefix_len={t.profile.prefix_len} + {int(t.max_nodes) + 1} rows (topology.max_nodes "
             f"and the root) exceed the {context.positions:,} positions of {context.limited_by}",
-            suggestions=[(f"topology.profile.prefix_len={room}",)] if room >= int(t.max_depth) + 2 else [],
+            # a prefix the budget accepts: the draft's pass over the deepest searched tree fits after it
+            suggestions=[(f"topology.profile.prefix_len={room}",)]
+            if room >= min(int(t.max_depth), int(t.max_nodes)) + 2
+            else [],
         )
 
 
