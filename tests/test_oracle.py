@@ -310,6 +310,43 @@ def test_nan_acceptance_is_refused_not_silently_rejected():
         O.enumerate_marginal(lambda rng: rng.bernoulli(float("nan")))
 
 
+@pytest.mark.parametrize("name", ["rejection", "specinfer"])
+def test_a_float64_draft_s_tiny_probability_is_read_in_its_own_dtype(name):
+    """A float64 draft's q of 1e-50 for the drawn token rounds to 0 in a float32 target's dtype: the
+    ratio p / q divided by zero (ZeroDivisionError) where it is p / 1e-50, an acceptance."""
+    from harness.random_source import TorchRandomSource
+    from harness.topology.compiler import compile_tree
+
+    q = torch.tensor([[1.0 - 1e-50, 1e-50, 0.0]], dtype=torch.float64)
+    proposal = ProposalResult(
+        nodes=(ProposalNode(token_id=1, q=1e-50),),
+        probability_semantics="normalized_conditional",
+        sampling_relation="iid",
+        topology="sequence",
+        state_handle=NO_STATE,
+        manifest_hash="x",
+        q_dists=q,
+    )
+    tree = compile_tree([proposal], 1)
+    probs = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]], dtype=torch.float32)
+    marginal = O.enumerate_marginal(lambda rng: get_verifier(name).select(tree, probs, rng).accepted_rows)
+    assert marginal == {(0,): 1.0}  # accepted with probability min(1, 0.5 / 1e-50)
+    assert get_verifier(name).select(tree, probs, TorchRandomSource(0)).accepted_rows == (0,)
+
+
+def test_top_p_keeps_tied_tokens_by_index_whatever_the_rows_sorted_together():
+    """Two tokens tied at the top-p boundary: the law keeps the lower index, for one row and for a
+    verify forward's many rows alike (an unstable sort may break the tie otherwise on some devices)."""
+    from harness.verifiers.sampling import SamplingPolicy
+
+    row = torch.full((64,), -30.0)
+    row[[5, 9]] = 0.0  # tied, each about half the mass
+    policy = SamplingPolicy(temperature=1.0, top_p=0.4)
+    one = policy.probs(row[None])
+    many = policy.probs(row.repeat(33, 1))
+    assert torch.equal(one[0], many[17]) and one[0, 5] == 1.0 and one[0, 9] == 0.0
+
+
 @pytest.mark.parametrize("name", ["rejection", "specinfer", "sequoia"])
 def test_a_nan_target_row_fails_the_residual_verifiers_contract_instead_of_accepting(name):
     """min(1.0, nan) is 1.0 in Python: a NaN frontier row accepted every draft token, in runs and in

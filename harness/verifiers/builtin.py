@@ -110,11 +110,19 @@ class _ResidualVerifier(Verifier):
                     raise ValueError(f"verifier {self.name!r}: draw for row {draw.row} carries no q")
                 q = q_dists[draw.q_index].to(residual.dtype)
                 x = int(tree.token_ids[draw.row])
-                ratio = float(residual[x]) / float(q[x])
+                # the drawn token's probability in the law's own dtype: a float64 draft's tiny q
+                # rounds to 0 in a float32 target's dtype, where the ratio is still p / q
+                qx = float(q_dists[draw.q_index, x])
+                if not qx > 0.0:
+                    raise ContractError(
+                        f"verifier {self.name!r}: row {draw.row}'s token {x} was drawn from a law that gives it "
+                        f"probability {qx!r}"
+                    )
+                ratio = float(residual[x]) / qx
                 if math.isnan(ratio):  # min(1.0, nan) is 1.0: a NaN row would accept every draw
                     raise ContractError(
                         f"verifier {self.name!r}: the acceptance ratio of row {draw.row} is not a number "
-                        f"(target {float(residual[x])!r}, q {float(q[x])!r})"
+                        f"(target {float(residual[x])!r}, q {qx!r})"
                     )
                 if rng.bernoulli(min(1.0, ratio)):
                     accepted = draw.row

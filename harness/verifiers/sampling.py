@@ -69,7 +69,9 @@ class SamplingPolicy:
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
         probs = torch.softmax(scaled, dim=-1)
         if self.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+            # a stable sort: tied tokens at the boundary are kept by index, whatever the device and the
+            # number of rows sorted together (the one-row step and a verify forward's rows agree)
+            sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
             cum = torch.cumsum(sorted_p, dim=-1)
             # keep the smallest set whose mass reaches top_p (the first token is always kept)
             drop_sorted = (cum - sorted_p) >= self.top_p
