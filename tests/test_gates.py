@@ -323,6 +323,47 @@ def test_the_statistical_gate_of_a_merged_proposer_is_keyed_by_its_sources_code(
     assert "harness.prepare.sequoia" in set(keys.import_closure(["harness.prepare"]))
 
 
+def test_the_statistical_gate_is_keyed_by_the_code_that_builds_and_prepares_the_run_s_proposer(tmp_path, monkeypatch):
+    """The statistical gate runs the run's own proposer, built by harness.engine.build from options the
+    preparers resolve, with arguments harness.gates.stages decides: none of them was in its key, so a
+    build_proposer that recorded a wrong q passed from the cache (gated: true) where a fresh gate
+    failed. A change in any of them is a cache miss now."""
+    closure = set(keys.import_closure(stages.statistical_entries("prompt_lookup", "harness.verifiers.builtin")))
+    assert {"harness.engine.build", "harness.gates.stages", "harness.prepare.verify_cost"} <= closure
+    fake = tmp_path / "site"
+    shutil.copytree(Path(stages.__file__).resolve().parents[1], fake / "harness")
+
+    def module_file(name):
+        path = fake / (name.replace(".", "/") + ".py")
+        if not path.exists():
+            path = fake / name.replace(".", "/") / "__init__.py"
+        return path if path.exists() else None
+
+    monkeypatch.setattr(keys, "module_file", module_file)
+    monkeypatch.setattr(keys, "_imports", keys._imports.__wrapped__)
+    entries = stages.statistical_entries("draft_model", "harness.verifiers.builtin")
+
+    def key():
+        return keys.gate_key("statistical", entries=entries, inputs={"temperature": 1.0})
+
+    before = key()
+    build = fake / "harness/engine/build.py"
+    build.write_bytes(build.read_bytes() + b"\n# changed\n")
+    assert key() != before
+
+
+def test_an_oracle_error_that_is_not_a_number_fails_every_bound():
+    """Python's max keeps a NaN only when it comes first: a NaN marginal entry after a finite one
+    gave a finite error, and err <= bound passed."""
+    import math
+
+    from harness.gates.oracle import max_abs_error
+
+    assert math.isnan(max_abs_error({(0,): 0.5, (1,): float("nan")}, {(0,): 0.4, (1,): 0.6}))
+    assert math.isnan(max_abs_error({(1,): float("nan"), (0,): 0.5}, {(0,): 0.4, (1,): 0.6}))
+    assert max_abs_error({(0,): 0.5}, {(0,): 0.25}) == 0.25 and max_abs_error({}, {}) == 0.0
+
+
 def test_gate_keys_do_not_depend_on_the_hash_seed(tmp_path):
     """A merged proposer declares several relations (a frozenset): keys and case choice are sorted."""
     import subprocess

@@ -247,9 +247,13 @@ def target_joint(target_probs_fn: TargetFn, length: int) -> dict[tuple[int, ...]
 
 
 def max_abs_error(a: dict[Hashable, float], b: dict[Hashable, float]) -> float:
-    """``max_x |a(x) - b(x)|`` over the union of supports."""
+    """``max_x |a(x) - b(x)|`` over the union of supports; NaN where any difference is NaN (Python's
+    ``max`` keeps a NaN only when it comes first, and a NaN error must fail every ``err <= bound``)."""
     keys = set(a) | set(b)
-    return max((abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in keys), default=0.0)
+    errors = [abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in keys]
+    if any(math.isnan(e) for e in errors):
+        return math.nan
+    return max(errors, default=0.0)
 
 
 def first_token_marginal(marginal: dict[tuple[int, ...], float], vocab: int) -> torch.Tensor:

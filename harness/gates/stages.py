@@ -84,6 +84,17 @@ def _module(ref: str) -> str:
     return ref.partition(":")[0]
 
 
+#: the code the statistical gate's result depends on besides the gate's own module: what builds the
+#: run's proposer (its options, policy and budget), what prepares it (a measured cost curve, trained
+#: heads; the preparers the registry names), and the stage that decides the gate's arguments
+STATISTICAL_BUILD_MODULES = ("harness.engine.build", "harness.prepare", "harness.gates.stages")
+
+
+def statistical_entries(proposer: str, verifier_module: str) -> list[str]:
+    """The entry modules whose import closure keys the statistical gate's cached result."""
+    return ["harness.gates.statistical", _module(PROPOSERS[proposer]), verifier_module, *STATISTICAL_BUILD_MODULES]
+
+
 # --------------------------------------------------------------------------- oracle gates
 
 
@@ -443,7 +454,7 @@ def run_gates(
             "artifact": getattr(proposer, "artifact_manifest", None) or {},
             "proposer_options": plan_.extras.get("proposer_options", {}),
         }
-        entries = ["harness.gates.statistical", _module(PROPOSERS[cfg.proposer.name]), verifier_module]
+        entries = statistical_entries(cfg.proposer.name, verifier_module)
         chi2 = _statistical_options(cfg, plan_)
         gate(
             "statistical",
