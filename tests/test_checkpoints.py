@@ -77,6 +77,7 @@ def test_a_draft_given_by_path_loads_every_layer(ckpts):
         "missing_keys": [],
         "unexpected_keys": [],
         "mismatched_keys": [],
+        "stored_dtype": "float32",  # what its safetensors file holds
         **packed,
         "fused_layers": fused,
         "fused_stack": fused > 0,  # and, with every layer fused, the decoder as one native call
@@ -566,6 +567,113 @@ def test_a_checkpoint_with_a_non_finite_weight_is_refused_at_load_naming_the_ten
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=rf"^checkpoint '{path}': {name} holds 2 non-finite value\(s\)"):
         load_model(name="hf", name_or_path=str(path))
+
+
+def _checkpoint_saved_in(path, dtype):
+    from harness.target.loading import build_tiny_model
+
+    model = build_tiny_model(seed=0, vocab_size=BYTE_VOCAB)
+    with torch.no_grad():  # below float16's range: bfloat16 holds it, float16 makes it 0
+        model.model.layers[0].self_attn.q_proj.weight[0, 0] = 1e-10
+    model = model.to(dtype)
+    model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = 1, 2, 0
+    model.save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
+    return path, model
+
+
+@pytest.mark.parametrize(
+    "stored, loaded, rounds",
+    [
+        (torch.float16, "bfloat16", True),  # an fp16 checkpoint under CUDA's default dtype
+        (torch.bfloat16, "float16", True),
+        (torch.float32, "float16", True),
+        (torch.float32, "bfloat16", True),
+        (torch.float16, "float16", False),
+        (torch.float16, "float32", False),
+        (torch.bfloat16, "float32", False),
+        (torch.float32, "float32", False),
+    ],
+)
+def test_a_checkpoint_loaded_in_a_narrower_dtype_than_it_stores_is_noted_and_its_stored_dtype_recorded(
+    tmp_path, capsys, stored, loaded, rounds
+):
+    from harness.target.loading import load_model
+
+    saved = str(stored).removeprefix("torch.")
+    path, model = _checkpoint_saved_in(tmp_path / "ckpt", stored)
+    capsys.readouterr()
+    lm = load_model(name="hf", name_or_path=str(path), dtype=loaded)
+    assert lm.load_report["stored_dtype"] == saved
+    w_saved = model.model.layers[0].self_attn.q_proj.weight.float()
+    w_loaded = lm.model.model.layers[0].self_attn.q_proj.weight.float()
+    assert (not torch.equal(w_loaded, w_saved)) is rounds  # the note says what happened to the weights
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("harness: note:")]
+    if rounds:
+        keep = saved if saved == "float32" else f"{saved} or float32"
+        assert notes == [
+            f"harness: note: checkpoint {str(path)!r} stores its weights in {saved}; loaded as {loaded}, they are "
+            f"rounded (not every {saved} value is a {loaded} value): load it as {keep} to run them as stored"
+        ]
+    else:
+        assert notes == []
+
+
+def test_the_stored_dtype_is_read_from_the_weight_headers_else_the_config(tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    from harness.target.loading import stored_dtype
+
+    big = {"a": torch.zeros(64, 64, dtype=torch.float16), "b": torch.zeros(4, dtype=torch.float32)}
+    one = tmp_path / "one"
+    one.mkdir()
+    save_file(big, str(one / "model.safetensors"))
+    (one / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))  # the weights decide
+    header = 8 + int.from_bytes((one / "model.safetensors").read_bytes()[:8], "little")
+    with open(one / "model.safetensors", "r+b") as f:
+        f.truncate(header)  # the tensors' bytes gone: only the header is read
+    assert stored_dtype(one) == "float16"
+
+    sharded = tmp_path / "sharded"  # the dtype holding the most elements over every shard
+    sharded.mkdir()
+    save_file({"x": torch.zeros(8, dtype=torch.bfloat16)}, str(sharded / "model-00001-of-00002.safetensors"))
+    save_file({"y": torch.zeros(16, 16, dtype=torch.float32)}, str(sharded / "model-00002-of-00002.safetensors"))
+    index = {"weight_map": {"x": "model-00001-of-00002.safetensors", "y": "model-00002-of-00002.safetensors"}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    (sharded / "config.json").write_text("{}")
+    assert stored_dtype(sharded) == "float32"
+
+    pickled = tmp_path / "bin"  # pytorch_model.bin only: what config.json says
+    pickled.mkdir()
+    torch.save({"a": torch.zeros(2, dtype=torch.float16)}, pickled / "pytorch_model.bin")
+    (pickled / "config.json").write_text(json.dumps({"dtype": "bfloat16"}))
+    assert stored_dtype(pickled) == "bfloat16"
+    (pickled / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
+    assert stored_dtype(pickled) == "float16"
+    (pickled / "config.json").write_text(json.dumps({"torch_dtype": "auto"}))
+    assert stored_dtype(pickled) is None  # nothing says
+
+
+def test_the_stored_dtype_of_a_hub_id_is_read_from_the_cached_snapshot_of_its_revision(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    from safetensors.torch import save_file
+
+    from harness.target.loading import stored_dtype
+
+    old, new = "a" * 40, "b" * 40
+    repo = tmp_path / "hub" / "models--someone--tiny-llama"
+    for commit, dtype in ((old, torch.float16), (new, torch.bfloat16)):
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_text("{}")
+        save_file({"w": torch.zeros(4, dtype=dtype)}, str(repo / "snapshots" / commit / "model.safetensors"))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(new)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert stored_dtype("someone/tiny-llama") == "bfloat16"
+    assert stored_dtype("someone/tiny-llama", revision=old) == "float16"
+    assert stored_dtype("someone/not-cached") is None
 
 
 def test_a_config_declaring_fewer_layers_than_the_weights_hold_is_refused_at_load(tmp_path):

@@ -187,6 +187,26 @@ def test_medusa2_full_model_heads_are_read_from_the_weight_shards(tmp_path, targ
     torch.testing.assert_close(medusa_logits(art.heads, base, 1, h), medusa_reference(heads, 1, 1, h))
 
 
+def test_a_medusa2_folder_with_both_weight_files_reads_the_safetensors_one_as_by_hub_id(tmp_path, target):
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "medusa2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(medusa_config(2, 1)))
+    current = medusa_state(heads=2, layers=1, hidden=H, vocab=V, seed=1)
+    older = medusa_state(heads=2, layers=1, hidden=H, vocab=V, seed=2)
+    save_file({f"medusa_head.{k}": v.clone() for k, v in current.items()}, str(folder / "model.safetensors"))
+    torch.save({f"medusa_head.{k}": v.clone() for k, v in older.items()}, folder / "pytorch_model.bin")
+    layout = inspect(str(folder), "medusa")
+    assert [f.name for f in layout.files] == ["model.safetensors"]
+    assert layout.notes[-1] == "pytorch_model.bin left unread: model.safetensors is read first"
+    art = load_configured_heads("medusa", {"artifact": str(folder)}, model=target, tokenizer=None)
+    assert sorted(art.manifest["files"]) == ["model.safetensors"]
+    h = torch.randn(1, H)
+    torch.testing.assert_close(medusa_logits(art.heads, target, 1, h), medusa_reference(current, 1, 1, h))
+    assert not torch.equal(art.heads.blocks[0][0].linear.weight, older["0.0.linear.weight"])
+
+
 def test_medusa2_sharded_full_model_with_a_head_shard_absent_is_refused_naming_it(tmp_path, monkeypatch):
     """A sharded Medusa-2 checkpoint whose index puts the heads in a shard that is not there: a local
     directory lacking it, or a hub repository offline with that shard uncached, is refused in one line."""

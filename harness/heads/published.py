@@ -193,10 +193,13 @@ def _shards_with_prefix(index: Path, prefix: str) -> list[str]:
 
 
 def _local_shards(directory: Path) -> list[Path]:
+    """The weight files of a local Medusa-2 full model that hold its ``medusa_head.*`` tensors: the
+    shards its weight index names, else the first of :data:`FULL_MODEL_FILES` the folder holds (as
+    for a hub id; a file read after it would replace its heads)."""
     for index in FULL_MODEL_INDEXES:
         if (directory / index).is_file():
             return [directory / n for n in _shards_with_prefix(directory / index, MEDUSA_FULL_PREFIX)]
-    return [directory / n for n in FULL_MODEL_FILES if (directory / n).is_file()]
+    return [directory / n for n in FULL_MODEL_FILES if (directory / n).is_file()][:1]
 
 
 # --------------------------------------------------------------------------- reading tensors
@@ -375,8 +378,10 @@ def inspect(ref: str, kind: str) -> PublishedLayout:
         raise ArtifactError(
             f"proposer.artifact={ref!r}: not a readable {kind} checkpoint ({type(exc).__name__}: {exc})"
         ) from None
-    heads_files = MEDUSA_FILES if kind == "medusa" else HYDRA_FILES
-    unread = [n for n in heads_files if (directory / n).is_file() and directory / n not in files]
+    names = MEDUSA_FILES if kind == "medusa" else HYDRA_FILES
+    if layout == "full-model":
+        names += FULL_MODEL_FILES
+    unread = [n for n in names if (directory / n).is_file() and directory / n not in files]
     if unread:  # the first of the layout's names is read
         read["notes"] = (*read.get("notes", ()), f"{', '.join(unread)} left unread: {files[0].name} is read first")
     saved: dict[str, int] = {}

@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,12 +203,12 @@ def smollm2_package_dir() -> Path:
 def smollm2_converted_dir() -> Path:
     """Directory of the converted SmolLM2 copy, converting from GGUF on first use.
 
-    Jobs starting together convert once: the first holds its lock while it converts into a
-    temporary folder of its own and renames it into place; the others wait, then find the copy."""
+    The folder is named by the SHA-256 of the GGUF file's bytes (read once per process per file
+    version), so a package release with other weights, of any size, gets a copy of its own. Jobs
+    starting together convert once: the first holds its lock while it converts into a temporary
+    folder of its own and renames it into place; the others wait, then find the copy."""
     gguf = smollm2_package_dir() / SMOLLM2_GGUF
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{stat.st_size}:{SMOLLM2_GGUF}".encode()).hexdigest()[:16]
-    out = cache_root() / f"smollm2-{key}"
+    out = cache_root() / f"smollm2-{file_sha256(gguf)[:16]}"
     marker = out / "harness_conversion.json"
     if marker.exists():
         return out
@@ -304,7 +305,9 @@ class LoadedModel:
     source: str  # where the weights came from (path, package file, "random-init")
     #: what loading reported: ``layers`` loaded, ``unexpected_keys`` (checkpoint tensors the model
     #: has no place for: shown, not fatal), ``missing_keys`` (always empty: a load with missing
-    #: weights is refused), ``mismatched_keys``; and, once the runner applied the target options,
+    #: weights is refused), ``mismatched_keys``, ``stored_dtype`` (the floating dtype a checkpoint's
+    #: weights are stored in, :func:`stored_dtype`; None where it cannot tell; loading them in a
+    #: narrower dtype is noted on stderr); and, once the runner applied the target options,
     #: ``fused_layers`` (decoder layers running as native calls) and ``fused_stack`` (the decoder as one
     #: native call where a forward allows it)
     load_report: dict = field(default_factory=dict)
@@ -409,6 +412,10 @@ def load_model(
         report = check_loading_info(info, source=source, model=model)
         check_finite_weights(model, source=source)
         report["layers"] = _layer_count(model)
+        report["stored_dtype"] = stored = stored_dtype(path, revision=revision)
+        rounding = dtype_rounding(stored, dtype)
+        if rounding is not None:
+            print(f"harness: note: checkpoint {source!r} {rounding}", file=sys.stderr)
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -423,6 +430,98 @@ def load_model(
     for p in loaded.model.parameters():
         p.requires_grad_(False)
     return loaded
+
+
+#: safetensors' names (a header's ``dtype`` field) of the floating dtypes a checkpoint is loaded in
+SAFETENSORS_FLOATS = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+#: dtype -> the dtypes that hold every one of its values (loading into another rounds weights)
+EXACT_IN = {
+    "float64": ("float64",),
+    "float32": ("float32", "float64"),
+    "float16": ("float16", "float32", "float64"),
+    "bfloat16": ("bfloat16", "float32", "float64"),
+}
+
+
+def _safetensors_float_sizes(path: Path) -> dict[str, int]:
+    """Elements per floating dtype in a safetensors file, read from its header only (no weights);
+    empty for a file that is not safetensors."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 1 < size <= 100_000_000:
+                return {}
+            header = json.loads(f.read(size))
+    except (OSError, ValueError):
+        return {}
+    sizes: dict[str, int] = {}
+    for key, entry in header.items() if isinstance(header, dict) else ():
+        name = SAFETENSORS_FLOATS.get(entry.get("dtype")) if isinstance(entry, dict) else None
+        if key != "__metadata__" and name is not None:
+            count = 1
+            for dim in entry.get("shape") or ():
+                count *= int(dim)
+            sizes[name] = sizes.get(name, 0) + count
+    return sizes
+
+
+def _checkpoint_folder(ref: str, revision: str | None) -> Path | None:
+    """The folder holding a checkpoint's files: the folder given, or a hub id's snapshot in the
+    local Hugging Face cache (read after the model loaded from it; nothing is fetched)."""
+    local = Path(str(ref)).expanduser()
+    if local.is_dir():
+        return local
+    if not looks_like_hub_id(str(ref)):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(str(ref), "config.json", revision=revision)
+    return Path(cached).parent if isinstance(cached, str) else None
+
+
+def stored_dtype(ref: str | os.PathLike, *, revision: str | None = None) -> str | None:
+    """The floating dtype a checkpoint stores its weights in (``float16``, ``bfloat16``, ``float32``,
+    ``float64``): the one holding the most elements of its safetensors files (headers only, no
+    weights), else what ``config.json`` says (``dtype``, or ``torch_dtype``); None where neither
+    tells."""
+    folder = _checkpoint_folder(str(ref), revision)
+    if folder is None:
+        return None
+    files = [folder / "model.safetensors"]
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map") or {}
+            files = [folder / n for n in sorted(set(weight_map.values()))]
+        except (OSError, ValueError, AttributeError):
+            files = []
+    sizes: dict[str, int] = {}
+    for f in files:
+        if f.is_file():
+            for name, count in _safetensors_float_sizes(f).items():
+                sizes[name] = sizes.get(name, 0) + count
+    if sizes:
+        return max(sizes, key=sizes.__getitem__)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    said = (config.get("dtype") or config.get("torch_dtype")) if isinstance(config, dict) else None
+    said = str(said).removeprefix("torch.") if said else None
+    return said if said in EXACT_IN else None
+
+
+def dtype_rounding(stored: str | None, loaded: str) -> str | None:
+    """What loading weights stored in ``stored`` as ``loaded`` does to them when it rounds them (a
+    narrower dtype: float32 to float16 or bfloat16, float16 to bfloat16 and back); None when every
+    stored value is kept."""
+    if stored not in EXACT_IN or loaded in EXACT_IN[stored]:
+        return None
+    keep = stored if stored in ("float32", "float64") else f"{stored} or float32"
+    return (
+        f"stores its weights in {stored}; loaded as {loaded}, they are rounded (not every {stored} value is a "
+        f"{loaded} value): load it as {keep} to run them as stored"
+    )
 
 
 PARAMETER_ALIGNMENT = 64  # bytes: a cache line, so no vector load of a weight row straddles two
