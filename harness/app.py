@@ -219,6 +219,7 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
         seen[tuple(job)] = i
     holes: list[tuple[str, str]] = []  # (job, why it will be refused)
     folders: dict[str, int] = {}
+    runs: dict[str, int] = {}  # what a job runs and checks -> the first job that runs it
     for i, job in enumerate(jobs):
         told = ",".join(o for o in job if override_key(o) in swept)
         name = f"job {i + 1} of {len(jobs)}" + (f" ({told})" if told else "")
@@ -257,9 +258,19 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
                 )
         except NegotiationError as exc:
             holes.append((name, one_line(exc)))
+            continue
         except (ValueError, OSError, *REFUSALS) as exc:
             refusal = one_line(exc) or type(exc).__name__
             raise ConfigError(f"{name}: {refusal}; no job was run") from exc
+        run = run_identity(cfg)
+        if run in runs:  # both would run in one batch, or the second skip as the first's twin
+            first = jobs[runs[run]]
+            said = [",".join(o for o in j if override_key(o) in swept) or " ".join(j) for j in (first, job)]
+            raise ConfigError(
+                f"jobs {runs[run] + 1} and {i + 1} of {len(jobs)} run the same configuration ({said[0]} and "
+                f"{said[1]}): their values are written differently but compose to one job; list it once"
+            )
+        runs[run] = i
     if holes and len(holes) == len(jobs):
         raise ConfigError(f"every job would be refused, e.g. {holes[0][1]}")
     note = launcher_width_note(argv)
@@ -267,6 +278,13 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
         print(f"harness {command}: note: {note}", file=sys.stderr)
     for name, why in holes:
         print(f"harness {command}: {name} will be refused: {why}; the other jobs run", file=sys.stderr)
+
+
+def run_identity(cfg: DictConfig) -> str:
+    """What a job runs and checks, as one string: its resolved config without the launch-only keys
+    (:func:`harness.sweep._ran_and_checked`, what tells a sweep job's record from another's)."""
+    ran = sweep._ran_and_checked(OmegaConf.to_container(cfg, resolve=True))
+    return json.dumps(ran, sort_keys=True, default=str)
 
 
 def launcher_width_note(argv: list[str]) -> str | None:

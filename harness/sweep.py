@@ -32,10 +32,12 @@ and the folder naming). Everything here is wiring around Hydra's own mechanisms:
   after one is killed and writes the killed task's end status (:func:`record_lost_task`).
 * **Honest timing**: the sweeper hands the launcher batches of ``concurrent_jobs`` jobs (default
   1), and each job records, as ``concurrent_jobs``, how many jobs its launcher really runs at once
-  (:func:`launcher_concurrency`), whatever was asked. The Slurm launcher (``hydra/launcher=slurm``)
-  takes the whole sweep as one array of which ``concurrent_jobs`` tasks run at once, which may share
-  a node; a job of an array whose tasks get whole nodes (``--exclusive``) records 1
-  (:func:`machine_sharers`). A relaunch times again a record timed beside more jobs than it runs.
+  (:func:`launcher_concurrency`), whatever was asked, and no more than its batch holds (a sweep's
+  last batch, an array of fewer tasks than its parallelism: :func:`jobs_in_batch`). The Slurm
+  launcher (``hydra/launcher=slurm``) takes the whole sweep as one array of which ``concurrent_jobs``
+  tasks run at once, which may share a node; a job of an array whose tasks get whole nodes
+  (``--exclusive``) records 1 (:func:`machine_sharers`). A relaunch times again a record timed
+  beside more jobs than it runs.
 * **After the sweep** (:class:`SweepCallback`, a Hydra callback, in the launching process):
   ``failures.jsonl`` (this launch's failed and unfinished jobs, their overrides and errors, and the
   jobs a launch cut short never started, at stage ``not started``), ``summary.json`` (ran / skipped /
@@ -108,6 +110,10 @@ FAILURES_FILE = FAILURES_FILENAME
 SUMMARY_FILE = "summary.json"
 STORE_FILE = "store.parquet"
 REPORT_DIR = "report"
+#: the ``harness`` package this process imported; a launch records it and its jobs must import the same
+HARNESS_PACKAGE = Path(__file__).resolve().parent
+#: the variables :func:`import_launching_harness` sets for the job processes a launcher starts
+JOB_IMPORT_VARS = ("PYTHONPATH", "PYTHONSAFEPATH")
 
 #: ``launcher=NAME`` -> Hydra overrides; ``harness run -m ... hydra/launcher=X`` (Hydra's own switch)
 #: gives the same jobs. The sweeper hands any launcher batches of ``concurrent_jobs`` jobs (the
@@ -274,6 +280,33 @@ def sweep_argv(name: str, args: list[str], *, sweeps_dir: Path = SWEEPS_DIR) -> 
 # launchers
 
 
+def import_launching_harness(environ: dict[str, str] | None = None) -> dict[str, str | None]:
+    """Make the job processes a launcher starts from here import this process's harness: submitit
+    starts each job as ``python -u -m submitit.core._submit`` (locally or through sbatch, which
+    passes the environment on), and ``-m`` puts the working directory first on ``sys.path``, so a
+    launch from a folder holding another ``harness/`` package (another checkout) ran that code.
+    ``PYTHONSAFEPATH=1`` leaves the working directory off the path and ``PYTHONPATH`` starts with the
+    folder that holds :data:`HARNESS_PACKAGE`. Sets both in ``environ`` (``os.environ``) and returns
+    their earlier values, for :func:`restore_environ`."""
+    environ = os.environ if environ is None else environ
+    earlier = {key: environ.get(key) for key in JOB_IMPORT_VARS}
+    root = str(HARNESS_PACKAGE.parent)
+    paths = (earlier["PYTHONPATH"] or "").split(os.pathsep) if earlier["PYTHONPATH"] else []
+    environ["PYTHONPATH"] = os.pathsep.join(paths if paths[:1] == [root] else [root, *paths])
+    environ["PYTHONSAFEPATH"] = "1"
+    return earlier
+
+
+def restore_environ(earlier: dict[str, str | None], environ: dict[str, str] | None = None) -> None:
+    """Put back the variables :func:`import_launching_harness` set (unset where they were)."""
+    environ = os.environ if environ is None else environ
+    for key, value in earlier.items():
+        if value is None:
+            environ.pop(key, None)
+        else:
+            environ[key] = value
+
+
 def _joblib_workers(n_jobs: int | None) -> int:
     """joblib's reading of n_jobs: None -> 1, negative -> cpu_count + 1 + n_jobs."""
     if n_jobs is None:
@@ -312,10 +345,22 @@ def launcher_concurrency(hydra_cfg: DictConfig) -> int | None:
     return min(bounds) if bounds else None
 
 
+def jobs_in_batch(hydra_cfg: DictConfig, num: int, planned: int | None) -> int | None:
+    """How many jobs the launcher was handed with job ``num`` (0-based, across the launch) of a launch
+    that plans ``planned`` jobs: the sweeper hands them over in batches of ``hydra.sweeper.max_batch_size``
+    (all at once when unset: the Slurm launcher's one array), the last batch holding the rest. None
+    when the plan is unknown (another sweeper) or does not hold job ``num``."""
+    if planned is None or not 0 <= num < planned:
+        return None
+    batch = hydra_cfg.sweeper.get("max_batch_size")
+    size = planned if batch is None else _whole_number("hydra.sweeper.max_batch_size", batch)
+    return min(size, planned - num // size * size)
+
+
 def machine_sharers(hydra_cfg: DictConfig, width: int) -> int:
     """How many of the sweep's jobs share a job's machine, as the job records it (``concurrent_jobs``):
-    the ``width`` its launcher runs at once (a Slurm array's tasks too: sbatch puts several on one node
-    unless asked not to), or 1 for a Slurm array whose tasks get whole nodes (``--exclusive``:
+    the ``width`` its launcher runs at once, its batch's jobs at most (a Slurm array's tasks too: sbatch
+    puts several on one node unless asked not to), or 1 for a Slurm array whose tasks get whole nodes (``--exclusive``:
     :func:`~hydra_plugins.harness_launcher.slurm.exclusive_nodes`)."""
     slurm = str(hydra_cfg.launcher.get("_target_", "")).endswith("SlurmLauncher")
     return 1 if slurm and exclusive_nodes(hydra_cfg.launcher) else width
@@ -444,10 +489,37 @@ def _job_set(jobs: Any, unnamed: Collection[str]) -> frozenset[frozenset[str]] |
 
 
 def _launch_id(sweep_dir: Path) -> str | None:
+    return _launch_file(sweep_dir).get("launch_id")
+
+
+def _launch_file(sweep_dir: Path) -> dict[str, Any]:
+    """The sweep folder's launch file (``{}`` where there is none, or it cannot be read)."""
     try:
-        return json.loads((sweep_dir / LAUNCH_FILE).read_text(encoding="utf-8"))["launch_id"]
-    except (OSError, ValueError, KeyError):
+        launch = json.loads((sweep_dir / LAUNCH_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return launch if isinstance(launch, dict) else {}
+
+
+def launching_harness_refusal(launch: dict[str, Any]) -> str | None:
+    """Why this job process may not run the launch's job (None when it may): it imported another
+    ``harness`` package than the launching process recorded in the launch file (a job process finds
+    the package first on its own path: its working directory, ``PYTHONPATH``), so it would run other
+    code than the launch's. A launch file that records none is not checked."""
+    launched = launch.get("harness")
+    if not isinstance(launched, str):
         return None
+    here = HARNESS_PACKAGE
+    if Path(launched) == here:
+        return None
+    with contextlib.suppress(OSError):  # the same folder mounted under another path on a cluster's node
+        if os.path.samefile(launched, here):
+            return None
+    return (
+        f"this job's process imported the harness package {here}, not the launching process's {launched}: it "
+        "would run other code than the launch; launch from a folder that holds no other harness/ package, with "
+        "the launching checkout first on PYTHONPATH"
+    )
 
 
 def planned_jobs(hydra_cfg: DictConfig) -> list[list[str]] | None:
@@ -504,11 +576,12 @@ def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:
         job = run_dir.resolve().relative_to(sweep_dir.resolve()).as_posix()
     except ValueError:
         job = run_dir.as_posix()
+    launch = _launch_file(sweep_dir)
     status: dict[str, Any] = {
         "job": job,
         "num": int(hydra_cfg.job.num),
         "overrides": list(hydra_cfg.overrides.task),
-        "launch_id": _launch_id(sweep_dir),
+        "launch_id": launch.get("launch_id"),
         "sweep": cfg.get("sweep"),
     }
     status_file = run_dir / JOB_STATUS
@@ -517,7 +590,14 @@ def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:
             status["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             # until the job ends: a job whose process is killed is named unfinished, not left out
             write_json_atomic(status_file, {**status, "status": RUNNING})
-            _run_locked(cfg, hydra_cfg, run_dir=run_dir, job=job, status=status)
+            try:  # another harness than the launch's leaves the folder as it is
+                refusal = launching_harness_refusal(launch)
+                if refusal is not None:
+                    raise ValueError(refusal)
+            except ValueError as exc:
+                _failed(status, job, "setup", exc)
+            else:
+                _run_locked(cfg, hydra_cfg, run_dir=run_dir, job=job, status=status, launch=launch)
             _finish_status(status, t0, status_file)
     except JobFolderError as exc:
         _failed(status, job, "setup", exc)
@@ -545,8 +625,17 @@ def _failed(status: dict[str, Any], job: str, stage: str, exc: BaseException) ->
     )
 
 
-def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: str, status: dict[str, Any]) -> None:
-    """The job, its folder locked: skip, or set the earlier files aside and run."""
+def _run_locked(
+    cfg: DictConfig,
+    hydra_cfg: DictConfig,
+    *,
+    run_dir: Path,
+    job: str,
+    status: dict[str, Any],
+    launch: dict[str, Any] | None = None,
+) -> None:
+    """The job, its folder locked: skip, or set the earlier files aside and run (``launch``: the
+    sweep folder's launch file, whose planned jobs bound how many ran beside this one)."""
     stage = "setup"
     try:
         if cfg.get("output_dir"):
@@ -557,10 +646,14 @@ def _run_locked(cfg: DictConfig, hydra_cfg: DictConfig, *, run_dir: Path, job: s
         width = launcher_concurrency(hydra_cfg)
         if width is None:
             raise ValueError(CONCURRENCY_UNKNOWN)
+        planned = (launch or {}).get("planned_jobs")
+        held = jobs_in_batch(hydra_cfg, int(hydra_cfg.job.num), len(planned) if isinstance(planned, list) else None)
+        if held is not None:  # a batch (a Slurm array) of fewer jobs than the launcher's width runs them all
+            width = min(width, held)
         shared = machine_sharers(hydra_cfg, width)
         if shared != int(cfg.concurrent_jobs):
             log.info(
-                "concurrent_jobs=%s asked, the launcher runs %s at once%s: recording %s",
+                "concurrent_jobs=%s asked, the launcher runs %s of this job's batch at once%s: recording %s",
                 cfg.concurrent_jobs,
                 width,
                 ", each Slurm task on a whole node" if shared != width else "",
@@ -923,12 +1016,14 @@ class SweepCallback(_Callback):
         self.launch_id: str | None = None
         self._lock = None  # the sweep folder's, held from the launch to the summary
         self._sweep_dir: Path | None = None
+        #: the job import variables as they were before the launch set them (None: not set by this launch)
+        self._environ: dict[str, str | None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A launcher that runs jobs in other processes (submitit, joblib) pickles the Hydra
         context, this callback included: the copy leaves the launching process's lock behind (a
         held lock is a live generator, and only the launching process releases it)."""
-        return {**self.__dict__, "_lock": None}
+        return {**self.__dict__, "_lock": None, "_environ": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refusal = launcher_refusal(config.hydra)
@@ -966,8 +1061,11 @@ class SweepCallback(_Callback):
                 if config.hydra.sweeper.get("params")
                 else {},
                 "planned_jobs": jobs,
+                "harness": str(HARNESS_PACKAGE),
             },
         )
+        # from here the launcher starts the jobs: their processes import this harness (until _release)
+        self._environ = import_launching_harness()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -998,6 +1096,9 @@ class SweepCallback(_Callback):
     def _release(self) -> None:
         if self in ACTIVE_LAUNCHES:
             ACTIVE_LAUNCHES.remove(self)
+        if self._environ is not None:
+            restore_environ(self._environ)
+            self._environ = None
         if self._lock is not None:
             self._lock.__exit__(None, None, None)
             self._lock = None

@@ -553,8 +553,40 @@ def test_a_sweep_value_listed_twice_is_refused_before_any_job(env, capsys):
     ]
 
 
+def test_jobs_that_compose_to_one_configuration_are_refused_before_any_job(env, capsys):
+    """``generation.temperature=0,0.0`` are two values by their text and one job by their config: run
+    in one batch both were measured, and the store kept both records."""
+    sweep_dir = env / "multirun" / "twin"
+    rc, summary = launch(
+        sweep_dir, "launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "generation.temperature=0,0.0"
+    )
+    assert rc == 2 and not summary and not sweep_dir.exists()
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert err == [
+        "harness sweep: refused: jobs 1 and 2 of 2 run the same configuration (generation.temperature=0 and "
+        "generation.temperature=0.0): their values are written differently but compose to one job; list it once"
+    ]
+
+
 def _hydra(launcher: dict, max_batch_size=None):
     return OmegaConf.create({"launcher": launcher, "sweeper": {"max_batch_size": max_batch_size}})
+
+
+@pytest.mark.parametrize(
+    "batch, planned, expected",
+    [
+        (None, 2, [2, 2]),  # one batch (a Slurm array) of 2, whatever the launcher's width
+        (4, 2, [2, 2]),  # batches of concurrent_jobs=4 of a 2-job sweep
+        (2, 3, [2, 2, 1]),  # the last batch holds the rest
+        (1, 3, [1, 1, 1]),
+    ],
+)
+def test_jobs_in_batch_counts_the_jobs_handed_over_with_each_job(batch, planned, expected):
+    joblib = {"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 4}
+    hydra = _hydra(joblib, batch)
+    assert [sweep.jobs_in_batch(hydra, num, planned) for num in range(planned)] == expected
+    assert sweep.jobs_in_batch(hydra, planned, planned) is None  # not a job of the plan
+    assert sweep.jobs_in_batch(hydra, 0, None) is None  # no plan (another sweeper)
 
 
 @pytest.mark.parametrize(
@@ -1272,7 +1304,11 @@ def test_harness_run_multirun_with_hydras_own_basic_launcher_names_failed_jobs(e
 @pytest.mark.parametrize("launcher", ["submitit_local", "joblib"])
 def test_harness_run_multirun_with_hydras_own_launcher_switch_works_and_names_failed_jobs(env, capsys, launcher):
     """`harness run -m ... hydra/launcher=submitit_local` (jobs in other processes): every job runs
-    (no 'cannot tell how many jobs run at once'), and the failed one makes the command fail."""
+    (no 'cannot tell how many jobs run at once'), and the failed one makes the command fail. The
+    launch's folder holds another harness/ package (as another checkout does): the job processes,
+    started with ``python -m``, import the launching process's harness all the same."""
+    (env / "harness").mkdir()
+    (env / "harness" / "__init__.py").write_text("raise ImportError('the harness of the working directory')\n")
     try:
         _multirun_with_a_failure(env / f"mr-{launcher}", launcher, capsys)
     finally:
@@ -1367,6 +1403,8 @@ class _FakeExecutor:
     def map_array(self, fn, *args):
         tasks = list(zip(*args))
         self.arrays.append([list(t[0]) for t in tasks])
+        # what sbatch would pass on to the tasks (its default --export=ALL)
+        self.environ = {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH")}
         return [_FakeJob(fn, t, self.run, f"4242_{i}", self.interrupt) for i, t in enumerate(tasks)]
 
 
@@ -1744,6 +1782,102 @@ def test_slurm_array_tasks_run_jobs_that_record_the_array_parallelism(env, fake_
     assert sweep_main(exclusive) == 0 and sweep.LAST_SUMMARY["ran"] == jobs[:1]
     assert load_record(path)["metrics"]["concurrent_jobs"] == 1
     assert sweep_main(argv) == 0 and len(sweep.LAST_SUMMARY["skipped"]) == 2
+
+
+def test_a_job_records_no_more_jobs_at_once_than_its_array_or_batch_holds(env, fake_slurm, capsys):
+    """A 2-task array with array_parallelism=4 recorded concurrent_jobs=4 (as the last, smaller batch
+    of a sweep recorded the batch size), so a relaunch at concurrent_jobs=2, running the same two
+    at once, timed both complete jobs again."""
+    sweep_dir = env / "multirun" / "smoke"
+    base = ["smoke", "launcher=slurm", "hydra.launcher.partition=gpu", "proposer=prompt_lookup", "verifier=greedy"]
+    base += ["model.device=cpu", "model.dtype=float32", "gates.enabled=false", "generation.max_new_tokens=4"]
+    base += ["hydra.callbacks.harness_sweep.report=false", f"hydra.sweep.dir={sweep_dir}"]
+    assert sweep_main([*base, "seed=0,1", "concurrent_jobs=4"]) == 0
+    assert [len(a) for a in fake_slurm.made[0].arrays] == [2]
+    jobs = list(sweep.LAST_SUMMARY["ran"])
+    assert len(jobs) == 2
+    assert [load_record(sweep_dir / j)["metrics"]["concurrent_jobs"] for j in jobs] == [2, 2]
+    assert sweep_main([*base, "seed=0,1", "concurrent_jobs=2"]) == 0
+    assert sweep.LAST_SUMMARY["ran"] == [] and sorted(sweep.LAST_SUMMARY["skipped"]) == sorted(jobs)
+    # arrays of 2 (sweep_batch): the third job is alone in its array, and records 1
+    assert sweep_main([*base, "seed=0,1,2", "concurrent_jobs=2", "hydra.launcher.sweep_batch=2"]) == 0
+    assert [len(a) for a in fake_slurm.made[-1].arrays] == [1]
+    assert [len(a) for e in fake_slurm.made[-2:] for a in e.arrays] == [2, 1]
+    (third,) = sweep.LAST_SUMMARY["ran"]
+    assert "seed=2" in third.split(",") and len(sweep.LAST_SUMMARY["skipped"]) == 2
+    assert load_record(sweep_dir / third)["metrics"]["concurrent_jobs"] == 1
+
+
+def test_a_slurm_sweep_s_jobs_import_the_launching_harness_not_one_in_the_working_directory(
+    env, fake_slurm, monkeypatch
+):
+    """submitit starts each job as ``python -u -m submitit.core._submit`` (locally, or in sbatch's
+    script), and ``-m`` puts the working directory first on sys.path: launched from a folder holding
+    another checkout's harness/ package, the jobs ran that code."""
+    decoy = env / "other-checkout"
+    (decoy / "harness").mkdir(parents=True)
+    (decoy / "harness" / "__init__.py").write_text("raise ImportError('the harness of the working directory')\n")
+    monkeypatch.chdir(decoy)
+    before = {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    sweep_dir = env / "multirun" / "smoke"
+    fake_slurm.run = False  # submit only
+    try:
+        rc = sweep_main(
+            [
+                "smoke",
+                "launcher=slurm",
+                "hydra.launcher.partition=gpu",
+                "verifier=greedy",
+                f"hydra.sweep.dir={sweep_dir}",
+            ]
+        )
+    finally:
+        fake_slurm.run = True
+    assert rc == 0
+    (executor,) = fake_slurm.made
+    assert executor.environ["PYTHONSAFEPATH"] == "1"
+    assert executor.environ["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+    assert {k: os.environ.get(k) for k in before} == before  # the launching process's own, put back
+    assert json.loads((sweep_dir / "launch.json").read_text())["harness"] == str(REPO / "harness")
+    # a job's process, as submitit starts it from the launch's folder with the environment sbatch passes on
+    job_env = {**os.environ, **executor.environ}
+    done = subprocess.run(
+        [sys.executable, "-c", "import harness; print(harness.__file__)"],
+        cwd=decoy,
+        env=job_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == str(REPO / "harness" / "__init__.py")
+
+
+def test_a_job_that_imported_another_harness_than_the_launch_is_refused(env, capsys, monkeypatch):
+    """A job process that finds another harness package than the launching process's (a launch file
+    naming another checkout) runs nothing: one line names both packages, and its folder is untouched."""
+    sweep_dir = env / "multirun" / "smoke"
+    other = env / "other-checkout" / "harness"
+    real_start = sweep.SweepCallback.on_multirun_start
+
+    def launched_from_other(self, config, **kwargs):
+        real_start(self, config, **kwargs)
+        path = sweep_dir / sweep.LAUNCH_FILE
+        path.write_text(json.dumps({**json.loads(path.read_text()), "harness": str(other)}))
+
+    monkeypatch.setattr(sweep.SweepCallback, "on_multirun_start", launched_from_other)
+    rc, summary = launch(sweep_dir, "launcher=basic", "proposer=prompt_lookup", "verifier=greedy,membership")
+    assert rc == 1 and summary["ran"] == [] and len(summary["failed"]) == 2
+    err = capsys.readouterr().err
+    why = (
+        f"ValueError: this job's process imported the harness package {REPO / 'harness'}, not the launching "
+        f"process's {other}: it would run other code than the launch; launch from a folder that holds no other "
+        "harness/ package, with the launching checkout first on PYTHONPATH"
+    )
+    for job in summary["failed"]:
+        assert f"harness sweep: job {job} failed during setup: {why}" in err
+        assert not (sweep_dir / job / "record.json").exists()
+    lines = [json.loads(x) for x in (sweep_dir / FAILURES_FILE).read_text().splitlines()]
+    assert {(x["stage"], x["refused"]) for x in lines} == {("setup", True)}
 
 
 def test_a_slurm_task_killed_by_its_limit_is_a_failed_job_and_the_array_is_waited_for(env, fake_slurm, capsys):
