@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -262,7 +263,7 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
         except (ValueError, OSError, *REFUSALS) as exc:
             refusal = one_line(exc) or type(exc).__name__
             raise ConfigError(f"{name}: {refusal}; no job was run") from exc
-        run = run_identity(cfg)
+        run = run_identity(cfg, job)
         if run in runs:  # both would run in one batch, or the second skip as the first's twin
             first = jobs[runs[run]]
             said = [",".join(o for o in j if override_key(o) in swept) or " ".join(j) for j in (first, job)]
@@ -280,11 +281,14 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
         print(f"harness {command}: {name} will be refused: {why}; the other jobs run", file=sys.stderr)
 
 
-def run_identity(cfg: DictConfig) -> str:
+def run_identity(cfg: DictConfig, overrides: Sequence[str] = ()) -> str:
     """What a job runs and checks, as one string: its resolved config without the launch-only keys
-    (:func:`harness.sweep._ran_and_checked`, what tells a sweep job's record from another's)."""
+    (:func:`harness.sweep._ran_and_checked`, what tells a sweep job's record from another's), and its
+    ``hydra.*`` overrides, which the composed config does not hold (``+hydra.job.env_set.X=...`` sets
+    the job's environment)."""
     ran = sweep._ran_and_checked(OmegaConf.to_container(cfg, resolve=True))
-    return json.dumps(ran, sort_keys=True, default=str)
+    hydra = sorted(o for o in overrides if override_key(o).startswith("hydra."))
+    return json.dumps({"config": ran, "hydra": hydra}, sort_keys=True, default=str)
 
 
 def launcher_width_note(argv: list[str]) -> str | None:

@@ -566,6 +566,21 @@ def test_jobs_that_compose_to_one_configuration_are_refused_before_any_job(env, 
         "harness sweep: refused: jobs 1 and 2 of 2 run the same configuration (generation.temperature=0 and "
         "generation.temperature=0.0): their values are written differently but compose to one job; list it once"
     ]
+    # a Hydra setting is no part of the composed config, yet it changes the job (its environment)
+    from harness.app import preflight_multirun
+
+    argv = sweep.sweep_argv(
+        "smoke",
+        [
+            "launcher=basic",
+            "proposer=prompt_lookup",
+            "verifier=greedy",
+            "hydra.sweep.subdir=${hydra.job.num}",
+            "+hydra.job.env_set.OMP_NUM_THREADS=1,2",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+    )
+    preflight_multirun(argv, command="sweep")
 
 
 def _hydra(launcher: dict, max_batch_size=None):
