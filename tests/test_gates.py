@@ -216,12 +216,11 @@ def test_gate_outcomes_are_recorded_and_a_second_run_hits_the_cache(tmp_path, wo
     assert second["metrics"]["greedy_identical"] is True
 
 
-def test_changing_verifier_or_proposer_source_changes_the_gate_key(tmp_path, monkeypatch):
-    """The oracle keys hash the import closure of the code they run: a change in the verifier, or in a
-    proposer the end-to-end cases run, is a cache miss."""
+def _keys_read_a_copy(tmp_path, monkeypatch) -> Path:
+    """A copy of the harness package whose sources the gate keys read instead (its folder returned):
+    a test edits it to see which changes a key covers."""
     fake = tmp_path / "site"
     shutil.copytree(Path(stages.__file__).resolve().parents[1], fake / "harness")
-    files = {}
 
     def module_file(name):
         path = fake / (name.replace(".", "/") + ".py")
@@ -231,6 +230,14 @@ def test_changing_verifier_or_proposer_source_changes_the_gate_key(tmp_path, mon
 
     monkeypatch.setattr(keys, "module_file", module_file)
     monkeypatch.setattr(keys, "_imports", keys._imports.__wrapped__)
+    return fake
+
+
+def test_changing_verifier_or_proposer_source_changes_the_gate_key(tmp_path, monkeypatch):
+    """The oracle keys hash the import closure of the code they run: a change in the verifier, or in a
+    proposer the end-to-end cases run, is a cache miss."""
+    fake = _keys_read_a_copy(tmp_path, monkeypatch)
+    files = {}
     inputs = {"verifier": "specinfer", "relation": "iid"}
 
     def key(entries):
@@ -330,17 +337,7 @@ def test_the_statistical_gate_is_keyed_by_the_code_that_builds_and_prepares_the_
     failed. A change in any of them is a cache miss now."""
     closure = set(keys.import_closure(stages.statistical_entries("prompt_lookup", "harness.verifiers.builtin")))
     assert {"harness.engine.build", "harness.gates.stages", "harness.prepare.verify_cost"} <= closure
-    fake = tmp_path / "site"
-    shutil.copytree(Path(stages.__file__).resolve().parents[1], fake / "harness")
-
-    def module_file(name):
-        path = fake / (name.replace(".", "/") + ".py")
-        if not path.exists():
-            path = fake / name.replace(".", "/") / "__init__.py"
-        return path if path.exists() else None
-
-    monkeypatch.setattr(keys, "module_file", module_file)
-    monkeypatch.setattr(keys, "_imports", keys._imports.__wrapped__)
+    fake = _keys_read_a_copy(tmp_path, monkeypatch)
     entries = stages.statistical_entries("draft_model", "harness.verifiers.builtin")
 
     def key():

@@ -2136,15 +2136,10 @@ def test_a_record_timed_on_another_machine_is_timed_again_by_a_relaunch_here(env
     ) == (path.parent, load_record(path))
 
 
-@pytest.mark.parametrize("stop", ["refused", "interrupted"])
-def test_a_rerun_stopped_while_planning_puts_back_the_record_of_its_own_manifest(env, capsys, monkeypatch, stop):
-    """A job re-run for a reason its manifest does not hold (timed on another machine) and then
-    refused by a check that needs no model (a prompt past the context), or interrupted while
-    planning (a datastore building on first use): the earlier record of the same manifest went back
-    only when the job stopped later, in loading; here it stayed in .previous/ and the folder held
-    no record."""
-    import harness.runner as runner
-
+def _job_timed_on_another_machine(env):
+    """A one-job sweep whose record then says it was timed on another CPU (a relaunch re-runs it,
+    its manifest unchanged): the sweep folder, the launch's arguments, the job, its record's path
+    and the record."""
     sweep_dir = env / "multirun" / "smoke"
     args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
     args.append("hydra.callbacks.harness_sweep.report=false")
@@ -2155,6 +2150,19 @@ def test_a_rerun_stopped_while_planning_puts_back_the_record_of_its_own_manifest
     record = json.loads(path.read_text())
     record["hardware"].update(device_name="Other CPU", cpu="Other CPU")
     path.write_text(json.dumps(record))
+    return sweep_dir, args, job, path, record
+
+
+@pytest.mark.parametrize("stop", ["refused", "interrupted"])
+def test_a_rerun_stopped_while_planning_puts_back_the_record_of_its_own_manifest(env, capsys, monkeypatch, stop):
+    """A job re-run for a reason its manifest does not hold (timed on another machine) and then
+    refused by a check that needs no model (a prompt past the context), or interrupted while
+    planning (a datastore building on first use): the earlier record of the same manifest went back
+    only when the job stopped later, in loading; here it stayed in .previous/ and the folder held
+    no record."""
+    import harness.runner as runner
+
+    sweep_dir, args, job, path, record = _job_timed_on_another_machine(env)
 
     def stopped(*a, **k):
         if stop == "interrupted":
@@ -2179,16 +2187,7 @@ def test_an_interrupt_while_a_sweep_job_sets_its_files_aside_puts_them_back(env,
     to finish, then the files go back: they stayed in .previous/ with no record in the folder."""
     import signal
 
-    sweep_dir = env / "multirun" / "smoke"
-    args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
-    args.append("hydra.callbacks.harness_sweep.report=false")
-    rc, first = launch(sweep_dir, *args)
-    assert rc == 0
-    (job,) = first["ran"]
-    path = sweep_dir / job / "record.json"
-    record = json.loads(path.read_text())
-    record["hardware"].update(device_name="Other CPU", cpu="Other CPU")
-    path.write_text(json.dumps(record))
+    sweep_dir, args, job, path, record = _job_timed_on_another_machine(env)
     real = sweep.clear_for_run
 
     def moved_then_interrupted(*a, **k):
