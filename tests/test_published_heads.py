@@ -884,6 +884,10 @@ def test_a_cached_hub_repository_with_only_a_pt_heads_file_loads_while_the_hub_i
     monkeypatch.setattr(published, "hub_unreachable", lambda: "huggingface.co:443: Name or service not known")
     layout = inspect("someone/medusa-heads", "medusa")
     assert layout.files == (snapshot / "medusa_lm_head.pt",) and all(offline for _, offline in asked)
+    # the manifest names the snapshot read, not this machine's cache folder (one manifest everywhere)
+    provenance = layout.provenance()
+    assert provenance["hub_snapshot"] == snapshot.name and "directory" not in provenance
+    assert str(tmp_path) not in json.dumps(provenance, default=str)
     monkeypatch.setattr(
         huggingface_hub, "hf_hub_download", lambda *a, **k: (_ for _ in ()).throw(LocalEntryNotFoundError("x"))
     )

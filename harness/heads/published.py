@@ -324,12 +324,17 @@ class PublishedLayout:
         return {}
 
     def provenance(self) -> dict:
-        """Where the heads came from and what they hold: recorded in the run manifest."""
+        """Where the heads came from and what they hold: recorded in the run manifest. A local
+        folder's path; for a hub id, the snapshot read (the hub cache's ``snapshots/<commit>``
+        folder's commit), not where this machine's cache keeps it, so one checkpoint has one
+        manifest on every machine."""
+        local = Path(self.ref).expanduser().exists() or not looks_like_hub_id(self.ref)
+        where = {"directory": str(self.directory)} if local else {"hub_snapshot": self.directory.name}
         return {
             "source": "published",
             "format": self.format,
             "ref": self.ref,
-            "directory": str(self.directory),
+            **where,
             "files": {f.name: file_sha256(f) for f in self.files},
             "config_sha256": file_sha256(self.directory / "config.json"),
             **self._index_digest(),
