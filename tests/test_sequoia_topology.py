@@ -283,6 +283,23 @@ def test_search_bounds_count_the_root():
     }
 
 
+def test_search_bounds_key_the_depth_the_search_reaches():
+    from omegaconf import OmegaConf
+
+    # a tree of 7 candidate rows is at most 7 deep: max_depth=30 searches the trees max_depth=7 does
+    deep = search_bounds(OmegaConf.create({"max_nodes": 7, "max_depth": 30, "min_nodes": 2}))
+    assert deep == search_bounds(OmegaConf.create({"max_nodes": 7, "max_depth": 7, "min_nodes": 2}))
+    assert deep["max_depth"] == 7
+    calibration, profile = _toy()
+    tree = build_tree_artifact(calibration=calibration, profile=profile, search=deep)
+    check_tree(tree, calibration=calibration, profile=profile, search=deep, path="t")
+    # an artifact that recorded the raw, deeper bound still binds the same search
+    recorded_raw = {**tree, "search": {**deep, "max_depth": 30}}
+    check_tree(recorded_raw, calibration=calibration, profile=profile, search=deep, path="t")
+    with pytest.raises(StaleArtifactError, match="searched under"):
+        check_tree(recorded_raw, calibration=calibration, profile=profile, search=SEARCH, path="t")
+
+
 def test_cost_model_error_from_a_record():
     rec = {
         "metrics": {

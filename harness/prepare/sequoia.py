@@ -101,11 +101,24 @@ def placeholder_budget(t) -> Budget:
 
 
 def search_bounds(t) -> dict:
-    """The DP's search bounds from ``topology`` config (``max_nodes`` root included)."""
+    """The DP's search bounds from ``topology`` config (``max_nodes`` root included). ``max_depth`` is
+    the depth the search reaches (:func:`searched_depth`), so bounds that search the same trees
+    (``max_depth=30`` or ``4`` at ``max_nodes=4``) key one tree artifact."""
     rows, depth, min_nodes = int(t.max_nodes), int(t.max_depth), int(t.get("min_nodes", 2))
     if rows < 1 or depth < 1:
         raise ValueError(f"topology=sequoia needs max_nodes >= 1 and max_depth >= 1; got {rows}, {depth}")
-    return {"max_rows": rows, "max_nodes": rows + 1, "max_depth": depth, "min_nodes": min_nodes}
+    return {"max_rows": rows, "max_nodes": rows + 1, "max_depth": searched_depth(rows, depth), "min_nodes": min_nodes}
+
+
+def _as_searched(search) -> object:
+    """A tree artifact's recorded search bounds with ``max_depth`` read as the depth searched (an
+    artifact written before the bounds recorded it may hold a deeper, equivalent bound)."""
+    if not isinstance(search, dict) or not {"max_rows", "max_depth"} <= search.keys():
+        return search
+    try:
+        return {**search, "max_depth": searched_depth(search["max_rows"], search["max_depth"])}
+    except (TypeError, ValueError):
+        return search
 
 
 # ---------------------------------------------------------------- the tree artifact (pure)
@@ -188,7 +201,7 @@ def check_tree(tree: dict, *, calibration: dict, profile: dict, search: dict, pa
             f"stale tree artifact {path!r}: it binds profile {tree.get('profile_hash')!r}, "
             f"the run resolved profile {profile.get('hash')!r}"
         )
-    if tree.get("search") != search:
+    if _as_searched(tree.get("search")) != search:
         raise StaleArtifactError(
             f"stale tree artifact {path!r}: searched under {tree.get('search')}, this run's topology asks {search}"
         )
