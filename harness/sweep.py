@@ -99,7 +99,7 @@ from harness.tracking.store import (
     iter_record_paths,
     rebuild_store,
 )
-from hydra_plugins.harness_launcher.slurm import exclusive_nodes, slurm_missing, slurm_refusal
+from hydra_plugins.harness_launcher.slurm import exclusive_nodes, one_task_refusal, slurm_missing, slurm_refusal
 
 log = logging.getLogger("harness.sweep")
 
@@ -382,14 +382,19 @@ def launcher_refusal(hydra_cfg: DictConfig) -> str | None:
     submitted or written); None when it can. Every job records how many jobs ran at once, so a
     launcher whose concurrency nothing bounds is refused (every job would fail while it is set up).
     A Slurm launcher (submitit's or the harness's ``hydra/launcher=slurm``) needs a partition,
-    resources sbatch takes, and sbatch on this machine."""
+    resources sbatch takes, and sbatch on this machine; submitit's local launcher, one task per job
+    (its ``tasks_per_node`` starts that many copies of each job)."""
     try:
         width = launcher_concurrency(hydra_cfg)
     except (ValueError, TypeError) as exc:
         return " ".join(str(exc).split())
     if width is None:
         return CONCURRENCY_UNKNOWN
-    if not str(hydra_cfg.launcher.get("_target_", "")).endswith("SlurmLauncher"):
+    target = str(hydra_cfg.launcher.get("_target_", ""))
+    if target.endswith("submitit_launcher.LocalLauncher"):
+        # it runs on this one node whatever ``nodes`` says
+        return one_task_refusal(hydra_cfg.launcher, starter="submitit's local controller", keys=("tasks_per_node",))
+    if not target.endswith("SlurmLauncher"):
         return None
     return slurm_refusal(hydra_cfg.launcher, sweep_dir=str(hydra_cfg.sweep.dir)) or slurm_missing()
 

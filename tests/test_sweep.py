@@ -1542,6 +1542,21 @@ def test_slurm_launch_settings_a_launch_cannot_use_are_refused_before_anything_i
         assert fake_slurm.made == [] and not sweep_dir.exists(), setting
 
 
+def test_submitit_local_tasks_per_node_is_refused_before_anything_is_written(env, capsys):
+    """submitit's local controller starts ``tasks_per_node`` copies of each job, all measuring at once
+    into the job's folder on the same cores."""
+    sweep_dir = env / "multirun" / "local"
+    base = ["smoke", "launcher=submitit_local", f"hydra.sweep.dir={sweep_dir}"]
+    assert sweep_main([*base, "hydra.launcher.tasks_per_node=2"]) == 2
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert err == [
+        "harness sweep: refused: hydra.launcher.tasks_per_node=2: a harness job is one process on one node "
+        "(submitit's local controller would start 2 copies of each job, measuring at once into one folder); "
+        "set hydra.launcher.tasks_per_node=1"
+    ]
+    assert not sweep_dir.exists()
+
+
 def test_slurm_additional_parameters_that_are_no_mapping_are_refused_naming_the_option():
     """``additional_parameters=abc`` passed the preflight and failed once the sweep folder was written,
     with submitit's "dictionary update sequence element #0 has length 1"; a key that is no string

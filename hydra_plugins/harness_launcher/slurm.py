@@ -84,13 +84,9 @@ def slurm_refusal(launcher: Mapping[str, Any], *, sweep_dir: str | None = None) 
             f"{what}, but hydra.launcher.job_overrides adds {cuda[0]}: for a CPU partition set "
             "hydra.launcher.job_overrides=[] too, else ask for one (hydra.launcher.gpus_per_task=1)"
         )
-    for key in ("nodes", "tasks_per_node"):  # srun would start the job once per task, all in one folder
-        value = launcher.get(key)
-        if value is not None and value != 1:
-            return (
-                f"hydra.launcher.{key}={value!r}: a harness job is one process on one node (srun would start "
-                f"{value} copies of each job, measuring at once into one folder); set hydra.launcher.{key}=1"
-            )
+    copies = one_task_refusal(launcher, starter="srun")
+    if copies:
+        return copies
     for kind in _ONE_OF:
         given = [k for k in kind if launcher.get(k) is not None]
         if len(given) > 1:
@@ -112,6 +108,22 @@ def slurm_refusal(launcher: Mapping[str, Any], *, sweep_dir: str | None = None) 
 
 #: the patterns in a log path that submitit fills in itself, as Slurm does (the job, array and task ids)
 _SUBMITIT_PATTERNS = ("%j", "%A", "%a", "%t")
+
+
+def one_task_refusal(
+    launcher: Mapping[str, Any], *, starter: str, keys: tuple[str, ...] = ("nodes", "tasks_per_node")
+) -> str | None:
+    """Why ``launcher`` would start each job more than once (one of ``keys`` other than 1:
+    ``starter``, srun or submitit's local controller, starts one copy per task, all measuring at
+    once into the job's one folder), or None."""
+    for key in keys:
+        value = launcher.get(key)
+        if value is not None and value != 1:
+            return (
+                f"hydra.launcher.{key}={value!r}: a harness job is one process on one node ({starter} would start "
+                f"{value} copies of each job, measuring at once into one folder); set hydra.launcher.{key}=1"
+            )
+    return None
 
 
 def log_folder_refusal(folder: Any, *, sweep_dir: str | None = None) -> str | None:
