@@ -736,6 +736,24 @@ def test_the_manifest_claims_fused_layers_only_for_an_architecture_that_fuses(tm
         assert (target.load_report["fused_layers"] > 0) is fuses
 
 
+@pytest.mark.parametrize("setting", [{"hidden_act": "gelu"}, {"pretraining_tp": 2}])
+def test_the_manifest_claims_fused_layers_only_for_a_llama_config_the_native_layer_computes(tmp_path, setting):
+    """A Llama checkpoint whose config the native layer does not compute (another activation,
+    tensor-parallel slicing) fuses no layer: its manifest says so, as its load report does."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from harness.manifest import job_manifest
+    from harness.target.fused_layers import apply_fused_layers
+
+    small = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    config = LlamaConfig(**small, num_key_value_heads=2, **setting)
+    config.save_pretrained(tmp_path)
+    cfg = compose(["model=hf", f"model.name_or_path={tmp_path}", "model.linear_kernel=streaming"])
+    assert job_manifest(cfg, versions={})["backend"]["fused_layers"] is False
+    if native.native_kernels_problem() is None:  # the layers agree: none fuses
+        assert apply_fused_layers(LlamaForCausalLM(config), True) == 0
+
+
 def test_a_forward_multiplies_every_matrix_once_and_gathers_from_an_untied_embedding_table():
     from harness.target.timing import multiplied_weight_elements
 

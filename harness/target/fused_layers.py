@@ -97,6 +97,23 @@ def is_transformers_class(obj: object, names: tuple[str, ...]) -> bool:
     return any(type(obj) is _transformers_llama(n) for n in names)
 
 
+def unfusable_config(config) -> str | None:
+    """Why a Llama ``config``'s layers cannot run as native layers, judged from the config alone
+    (what :func:`fusable` checks that a config says: the activation, tensor-parallel slicing,
+    partial rotary embedding, an odd head width), or None."""
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"hidden_act={getattr(config, 'hidden_act', None)!r} (the native layer computes SiLU)"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp != 1"
+    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        return "partial rotary embedding"
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
+    if head_dim is not None and head_dim % 2:
+        return "a head layout other than num_heads x head_dim"
+    return None
+
+
 def fusable(layer: torch.nn.Module) -> str | None:
     """Why ``layer`` cannot run as a native layer (one line), or None."""
     name = type(layer).__name__
@@ -108,16 +125,13 @@ def fusable(layer: torch.nn.Module) -> str | None:
     if not (is_transformers_class(attn, ("LlamaAttention",)) and is_transformers_class(mlp, ("LlamaMLP",))):
         return "attention or MLP modules other than transformers' LlamaAttention and LlamaMLP"
     config = attn.config
-    if getattr(config, "hidden_act", None) != "silu":
-        return f"hidden_act={config.hidden_act!r} (the native layer computes SiLU)"
-    if getattr(config, "pretraining_tp", 1) != 1:
-        return "pretraining_tp != 1"
+    said = unfusable_config(config)
+    if said is not None:
+        return said
     if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
         return "q/k normalisation"
     if attn.head_dim % 2 or attn.head_dim * config.num_attention_heads != attn.q_proj.out_features:
         return "a head layout other than num_heads x head_dim"
-    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
-        return "partial rotary embedding"
     if not all(isinstance(getattr(mlp, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
         return "an MLP other than gate/up/down projections"
     return None

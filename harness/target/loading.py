@@ -870,9 +870,10 @@ def position_bias_problem(model_cfg, key: str) -> str | None:
 
 
 def unfusable_architecture(model_cfg) -> str | None:
-    """Why a configured model's decoder layers are not transformers' own Llama layers, judged from
-    its config alone (another ``model_type``, or a checkpoint's own modelling code), or None where
-    they may be (the tiny model, the embedded SmolLM2, a derived draft: the target's layers). The
+    """Why a configured model's decoder layers cannot run as native layers, judged from its config
+    alone (another ``model_type``, a checkpoint's own modelling code, or a Llama config the native
+    layer does not compute: :func:`harness.target.fused_layers.unfusable_config`), or None where
+    they may (the tiny model, the embedded SmolLM2, a derived draft: the target's layers). The
     native layer runs only transformers' own Llama classes (``fused_layers.fusable``)."""
     name = model_cfg.get("name")
     if name in ("tiny", DERIVED) or (name == "smollm2" and not model_cfg.get("name_or_path")):
@@ -883,7 +884,9 @@ def unfusable_architecture(model_cfg) -> str | None:
         return f"a {getattr(c, 'model_type', None) or type(c).__name__} model"
     if trust and "AutoModelForCausalLM" in (getattr(c, "auto_map", None) or {}):
         return "a checkpoint with its own modelling code"
-    return None
+    from harness.target.fused_layers import unfusable_config
+
+    return unfusable_config(c)
 
 
 def model_geometry(model_cfg) -> dict:
