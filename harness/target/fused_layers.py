@@ -62,6 +62,7 @@ import torch
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from harness.target.kv_cache import PreallocatedLayer
+from harness.target.loading import unfusable_config
 from harness.target.native import load_native_kernels
 from harness.target.options import FUSED_ATTENTION, LAYER_PANELS_KEY, packable, weight_panels
 
@@ -95,23 +96,6 @@ def is_transformers_class(obj: object, names: tuple[str, ...]) -> bool:
     """Whether ``obj`` is an instance of exactly one of transformers' Llama classes ``names`` (not a
     subclass, not a remote-code class that borrows the name)."""
     return any(type(obj) is _transformers_llama(n) for n in names)
-
-
-def unfusable_config(config) -> str | None:
-    """Why a Llama ``config``'s layers cannot run as native layers, judged from the config alone
-    (what :func:`fusable` checks that a config says: the activation, tensor-parallel slicing,
-    partial rotary embedding, an odd head width), or None."""
-    if getattr(config, "hidden_act", None) != "silu":
-        return f"hidden_act={getattr(config, 'hidden_act', None)!r} (the native layer computes SiLU)"
-    if getattr(config, "pretraining_tp", 1) != 1:
-        return "pretraining_tp != 1"
-    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
-        return "partial rotary embedding"
-    heads = getattr(config, "num_attention_heads", None)
-    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
-    if head_dim is not None and head_dim % 2:
-        return "a head layout other than num_heads x head_dim"
-    return None
 
 
 def fusable(layer: torch.nn.Module) -> str | None:

@@ -869,10 +869,27 @@ def position_bias_problem(model_cfg, key: str) -> str | None:
     )
 
 
+def unfusable_config(config) -> str | None:
+    """Why a Llama ``config``'s layers cannot run as native layers, judged from the config alone
+    (what :func:`harness.target.fused_layers.fusable` checks that a config says: the activation,
+    tensor-parallel slicing, partial rotary embedding, an odd head width), or None."""
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"hidden_act={getattr(config, 'hidden_act', None)!r} (the native layer computes SiLU)"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp != 1"
+    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        return "partial rotary embedding"
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
+    if head_dim is not None and head_dim % 2:
+        return "a head layout other than num_heads x head_dim"
+    return None
+
+
 def unfusable_architecture(model_cfg) -> str | None:
     """Why a configured model's decoder layers cannot run as native layers, judged from its config
     alone (another ``model_type``, a checkpoint's own modelling code, or a Llama config the native
-    layer does not compute: :func:`harness.target.fused_layers.unfusable_config`), or None where
+    layer does not compute: :func:`unfusable_config`), or None where
     they may (the tiny model, the embedded SmolLM2, a derived draft: the target's layers). The
     native layer runs only transformers' own Llama classes (``fused_layers.fusable``)."""
     name = model_cfg.get("name")
@@ -884,8 +901,6 @@ def unfusable_architecture(model_cfg) -> str | None:
         return f"a {getattr(c, 'model_type', None) or type(c).__name__} model"
     if trust and "AutoModelForCausalLM" in (getattr(c, "auto_map", None) or {}):
         return "a checkpoint with its own modelling code"
-    from harness.target.fused_layers import unfusable_config
-
     return unfusable_config(c)
 
 
