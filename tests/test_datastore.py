@@ -1206,3 +1206,123 @@ def test_a_signal_the_process_ignores_stays_ignored_while_a_command_runs():
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
+
+
+def test_a_cap_the_corpus_fits_exactly_did_not_stop_the_build():
+    """``stopped_by_max_tokens`` says the cap ended the build before the corpus did: a corpus that
+    fits the cap exactly is whole, and a document after the one that fills it was left out."""
+    tok = word_tokenizer()
+    corpus = _corpus("a b c", "d e")  # 3 tokens + separator, 2 + separator: 7 in all
+    for batch_docs in (32, 1):  # the next document in the same batch, or read from the corpus after it
+        for cap, stopped in ((7, False), (8, False), (4, True), (6, True)):
+            ds = build_datastore(
+                corpus, tokenizer=tok, target_family="toy", max_tokens=cap, batch_docs=batch_docs, progress=False
+            )
+            held = ds.manifest["corpus"]
+            assert held["stopped_by_max_tokens"] is stopped, (batch_docs, cap)
+            assert held["documents_used"] == (2 if cap >= 6 else 1) and held["documents_seen"] <= 2
+    # a document that follows but leaves nothing to index (excluded) still follows the cap
+    excluded = build_datastore(
+        _corpus("a b c", "x y z"),
+        tokenizer=tok,
+        target_family="toy",
+        max_tokens=4,
+        batch_docs=1,
+        exclude=[ExclusionItem("held-out", "x y z")],
+        exclusion_window=3,
+        progress=False,
+    )
+    assert excluded.manifest["corpus"]["stopped_by_max_tokens"] is True
+
+
+def _files_datastore(tmp_path, monkeypatch, capsys):
+    """A ``corpus=files`` datastore built by the CLI from the folder ``tmp_path/proj``: (corpus, out)."""
+    import harness.workloads.datastore as datastore_module
+
+    monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "main.txt").write_text("a b c d\n")
+    out = tmp_path / "ds"
+    args = ["build", "corpus=files", f"corpus_path={proj}", f"out={out}", "model=owner/toy", "exclude=none"]
+    assert main([*args, "progress=false"]) == 0
+    capsys.readouterr()
+    return proj, out
+
+
+def test_a_files_datastore_whose_corpus_went_opens_unverified_and_says_so(tmp_path, monkeypatch, capsys):
+    from harness.proposers.rest import open_datastore
+    from harness.workloads.datastore import corpus_check
+
+    proj, out = _files_datastore(tmp_path, monkeypatch, capsys)
+    proj.rename(tmp_path / "moved")
+    # info verifies nothing by default: it opens, and says the corpus can no longer be read
+    assert main(["info", str(out)]) == 0
+    said = json.loads(capsys.readouterr().out)["corpus_check"]
+    assert said.startswith("not verified: verify_corpus=false") and "can no longer be read" in said, said
+    assert "no such file or folder" in said
+    # verifying refuses, naming the way to open it unverified, which a run then takes
+    assert main(["info", str(out), "verify_corpus=true"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read to verify it" in err and "verify_corpus=false" in err
+    ds, info = open_datastore({"path": str(out), "verify_corpus": False}, tokenizer=word_tokenizer(), model="owner/toy")
+    assert ds.tokens.tolist() == ids("a b c d") + [SENTINEL]
+    assert "can no longer be read" in info["corpus_check"]
+    assert corpus_check(ds.manifest, False) == info["corpus_check"]
+    # a corpus still in place, unverified: said plainly
+    (tmp_path / "moved").rename(proj)
+    assert corpus_check(ds.manifest, False) == "not verified: verify_corpus=false"
+    assert corpus_check(ds.manifest, True) == "verified"
+
+
+def test_a_datastore_is_never_built_inside_the_corpus_it_reads(tmp_path, monkeypatch, capsys):
+    proj, _ = _files_datastore(tmp_path, monkeypatch, capsys)
+    for out in (proj / "datastores" / "mine", proj, proj / "sub" / ".." / "x"):
+        args = ["build", "corpus=files", f"corpus_path={proj}", f"out={out}", "model=owner/toy", "exclude=none"]
+        assert main([*args, "progress=false"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"out={out} is inside corpus_path={proj.resolve()}" in err[0], err
+    assert sorted(p.name for p in proj.iterdir()) == ["main.txt"]  # nothing was written
+    # a symlink into the corpus is the corpus too
+    (tmp_path / "link").symlink_to(proj, target_is_directory=True)
+    link_out = tmp_path / "link" / "ds"
+    args = ["build", "corpus=files", f"corpus_path={proj}", f"out={link_out}", "model=owner/toy", "exclude=none"]
+    assert main([*args, "progress=false"]) == 2
+    assert "is inside corpus_path" in capsys.readouterr().err
+    # under a hidden folder the corpus never reads, a datastore may be kept
+    hidden = proj / ".cache" / "ds"
+    args = ["build", "corpus=files", f"corpus_path={proj}", f"out={hidden}", "model=owner/toy", "exclude=none"]
+    assert main([*args, "progress=false"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(hidden), "verify_corpus=true"]) == 0
+
+
+def test_a_files_corpus_skips_a_folder_holding_a_datastore(tmp_path):
+    """A datastore written under the corpus folder (a library build, a run's cache there) is no text
+    of it: the datastore verifies, and a rebuild over it reads the same documents."""
+    tok = word_tokenizer()
+    proj = tmp_path / "proj"
+    (proj / "notes").mkdir(parents=True)
+    (proj / "main.txt").write_text("a b c d\n")
+    (proj / "notes" / "manifest.json").write_text(json.dumps({"builder_version": "mine/2", "text": "e f"}))
+    (proj / "notes" / "n.txt").write_text("g h\n")
+    corpus = corpora.FilesCorpus(path=str(proj))
+    before = [d.doc_id for d in corpus.documents()]
+    assert before == ["main.txt", "notes/manifest.json", "notes/n.txt"]  # another tool's manifest is text
+    out = proj / "stores" / "mine"
+    ds = build_datastore(corpus, tokenizer=tok, target_family="toy", out_dir=out, exclude=(), progress=False)
+    (out / "extra.txt").write_text("x y z\n")  # all a datastore's folder holds is skipped with it
+    (out / "deeper").mkdir()
+    (out / "deeper" / "more.txt").write_text("x y z\n")
+    assert [d.doc_id for d in corpus.documents()] == before
+    assert corpus.snapshot() == ds.manifest["corpus"]["snapshot"]
+    load_datastore(out, tokenizer=tok, verify_corpus=True)  # its own manifest did not change its corpus
+    again = build_datastore(
+        corpus, tokenizer=tok, target_family="toy", out_dir=out, exclude=(), progress=False, overwrite=True
+    )
+    assert again.tokens.tolist() == ds.tokens.tolist()
+    # what the datastore builder names its manifest and version by
+    import harness.workloads.datastore as datastore_module
+
+    assert datastore_module.BUILDER_VERSION.startswith(corpora.DATASTORE_BUILDER_FAMILY)
+    assert datastore_module.MANIFEST_FILE == corpora.DATASTORE_MANIFEST

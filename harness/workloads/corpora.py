@@ -367,6 +367,21 @@ FILES_LICENSE = "the user's own files (corpus=files): their licence and governan
 BINARY_PROBE_BYTES = 8192
 #: folder entries never read: version-control and cache folders, and hidden entries
 FILES_SKIP_DIRS = frozenset({"__pycache__", "node_modules"})
+#: a datastore folder's manifest and what its ``builder_version`` starts with (the datastore
+#: builder reads these names from here): a folder holding one is a datastore, never corpus text
+DATASTORE_MANIFEST = "manifest.json"
+DATASTORE_BUILDER_FAMILY = "harness-datastore/"
+
+
+def holds_datastore(folder: Path) -> bool:
+    """Whether ``folder`` holds a datastore: a ``manifest.json`` that is a JSON object whose
+    ``builder_version`` starts with :data:`DATASTORE_BUILDER_FAMILY` (one that cannot be read is none)."""
+    try:
+        manifest = json.loads((folder / DATASTORE_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    version = manifest.get("builder_version") if isinstance(manifest, dict) else None
+    return isinstance(version, str) and version.startswith(DATASTORE_BUILDER_FAMILY)
 
 
 def _turn_text(turn, line: str) -> tuple[str | None, str]:
@@ -388,6 +403,8 @@ class FilesCorpus:
     * a folder: every regular file under it matching ``glob`` (``**/*``: all), in sorted
       relative-path order, one document per file; hidden entries, ``__pycache__`` and
       ``node_modules`` are skipped, and so is a file holding a NUL byte in its first 8 KiB (binary);
+      so is every folder below ``path`` that holds a datastore (:func:`holds_datastore`: one written
+      under the corpus folder, a run's cache there included), with all it holds;
     * a ``.jsonl`` file (given, or found in the folder): one document per line, its ``text``
       string, or the turns of ``roles`` of its ``conversations`` (ShareGPT's ``from``/``value``) or
       ``messages`` (``role``/``content``);
@@ -425,9 +442,21 @@ class FilesCorpus:
         if root.is_file():
             return [root]
         keep = []
+        datastores: dict[Path, bool] = {}  # folder below root -> whether it holds a datastore
+
+        def in_datastore(rel: Path) -> bool:
+            for folder in (root / f for f in rel.parents if f.parts):
+                if folder not in datastores:
+                    datastores[folder] = holds_datastore(folder)
+                if datastores[folder]:
+                    return True
+            return False
+
         for path in root.glob(self.glob):
             rel = path.relative_to(root)
             if any(part.startswith(".") or part in FILES_SKIP_DIRS for part in rel.parts) or not path.is_file():
+                continue
+            if in_datastore(rel):
                 continue
             with path.open("rb") as fh:
                 if b"\0" in fh.read(BINARY_PROBE_BYTES):

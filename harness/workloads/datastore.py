@@ -73,6 +73,10 @@ from harness.files import (
 )
 from harness.target.loading import cache_root, checkpoint_ref_problem, load_tokenizer, tokenizer_fingerprint
 from harness.workloads.corpora import (
+    CORPORA,
+    DATASTORE_BUILDER_FAMILY,
+    DATASTORE_MANIFEST,
+    FILES_SKIP_DIRS,
     SPLITS,
     Corpus,
     corpus_cache_name,
@@ -85,12 +89,13 @@ from harness.workloads.prompts import MAX_JSON_DEPTH, WorkloadError, flat_refere
 
 BUILDER_VERSION = "harness-datastore/1"
 #: what every datastore manifest's ``builder_version`` starts with: a manifest.json without it is
-#: another tool's (a trained artifact's, the user's), never a datastore to open or to build over
-BUILDER_FAMILY = "harness-datastore/"
+#: another tool's (a trained artifact's, the user's), never a datastore to open or to build over;
+#: a ``corpus=files`` corpus skips a folder holding a datastore's manifest by the same names
+BUILDER_FAMILY = DATASTORE_BUILDER_FAMILY
 SENTINEL = -1
 TOKENS_FILE = "tokens.npy"
 SA_FILE = "sa.npy"
-MANIFEST_FILE = "manifest.json"
+MANIFEST_FILE = DATASTORE_MANIFEST
 #: the files a datastore folder holds
 DATASTORE_FILES = (TOKENS_FILE, SA_FILE, MANIFEST_FILE)
 DEFAULT_CONTEXT_LEN = 16
@@ -482,7 +487,8 @@ def build_datastore(
     total = 0
     seen = used = 0
     dropped: list[dict] = []
-    stopped = False  # the cap ended the build before the corpus did
+    stopped = False  # the cap ended the build before the corpus did: a document it held was cut or left out
+    full = False  # the cap was reached at a document's end: stopped only if another document follows
     last_doc = None
     cap = max_tokens if max_tokens is not None else MAX_TOKENS_32BIT
     bar = tqdm(
@@ -495,10 +501,10 @@ def build_datastore(
     )
 
     def flush(batch) -> bool:
-        nonlocal total, seen, used, stopped, last_doc
+        nonlocal total, seen, used, stopped, full, last_doc
         texts = [s for doc in batch for s in doc.segments]
         ids = iter(_tokenize(tokenizer, texts))
-        for doc in batch:
+        for n, doc in enumerate(batch):
             seen += 1
             segs = [np.asarray(next(ids), dtype=np.int64) for _ in doc.segments]
             hit = next((h for h in (index.first_hit(s) for s in segs) if h is not None), None)
@@ -512,7 +518,8 @@ def build_datastore(
             if not parts:
                 continue
             arr = np.concatenate(parts)
-            if total + len(arr) > cap:  # cut the crossing document; it still ends in a sentinel
+            cut = total + len(arr) > cap
+            if cut:  # cut the crossing document; it still ends in a sentinel
                 if cap - total - 1 < 1:  # no token of it fits before its sentinel: the cap ends the build here
                     stopped = True
                     return False
@@ -522,22 +529,29 @@ def build_datastore(
             used += 1
             last_doc = doc.doc_id
             bar.update(len(arr))
-            if total >= cap:
-                stopped = True
+            if total >= cap:  # the cap is reached: a cut document, or one followed by another, was left short
+                stopped = cut or n + 1 < len(batch)
+                full = not stopped
                 return False
         return True
 
     batch = []
     try:  # a corpus refused mid-read (a malformed line) ends the bar first: its line then stands alone
-        for doc in corpus.documents():
+        docs = iter(corpus.documents())
+        for doc in docs:
             batch.append(doc)
             if len(batch) >= batch_docs:
                 if not flush(batch):
-                    batch = []
                     break
                 batch = []
-        if batch:
-            flush(batch)
+        else:
+            if batch:
+                flush(batch)
+        if full:  # the cap fell at the end of a batch's last document: whether the corpus goes on decides
+            try:
+                stopped = next(docs, None) is not None
+            except ValueError:  # a line past the cap that could not be read: the corpus went on all the same
+                stopped = True
     finally:
         bar.close()
     if not used and stopped:  # the cap left no room for a token and its document's sentinel
@@ -1106,7 +1120,9 @@ def load_datastore(
 
 def corpus_check(manifest: dict, verified: bool) -> str:
     """What opening a datastore checked of the corpus it was built from (every open checks the
-    index checksum): ``verified`` (its snapshot recomputed and equal), or why not."""
+    index checksum): ``verified`` (its snapshot recomputed and equal, by :func:`load_datastore`), or
+    why not. Decided from the manifest's corpus name: nothing is re-read, and a corpus that can no
+    longer be read (a ``corpus=files`` folder moved or removed) is said to be, not refused."""
     source = (manifest.get("corpus") or {}).get("source")
     if manifest.get("tokenizer") is None:
         return "not applicable: token ids given directly, no corpus"
@@ -1114,9 +1130,15 @@ def corpus_check(manifest: dict, verified: bool) -> str:
         return "not applicable: built before datastores recorded their corpus's source"
     if source.get("name") == "rest-index":
         return "not applicable: an imported REST index (no text to re-read; the index file was hashed at import)"
-    if corpus_from_description(source) is None:
+    if source.get("name") not in CORPORA:  # no registered corpus of that name: nothing rebuilds it
         return f"not applicable: corpus {source.get('name')!r} cannot be re-read (its snapshot was recorded at build)"
-    return "verified" if verified else "not verified: verify_corpus=false"
+    if verified:
+        return "verified"
+    try:
+        corpus_from_description(source)
+    except (ValueError, OSError) as exc:  # its files moved or went
+        return f"not verified: verify_corpus=false, and the corpus it was built from can no longer be read ({exc})"
+    return "not verified: verify_corpus=false"
 
 
 # --------------------------------------------------------------------------------------------
@@ -1428,10 +1450,24 @@ def _retrieval_sizes(opts: dict[str, str]) -> dict[str, int]:
     }
 
 
-def _output_option(opts: dict[str, str], default: Path) -> str | Path:
-    """The output folder (``out=`` or ``path=``, else ``default``), refused when it cannot be one."""
+def _output_option(opts: dict[str, str], default: Path, *, corpus: Corpus | None = None) -> str | Path:
+    """The output folder (``out=`` or ``path=``, else ``default``), refused when it cannot be one, and
+    (checked first: nothing is written) when it is the folder of the ``corpus=files`` ``corpus`` or
+    lies inside it where the corpus reads (not under a hidden or skipped folder such as ``.cache``),
+    so that the datastore's own files would join the text it indexes."""
     key = "out" if "out" in opts else "path"
     out = opts.get("out") or opts.get("path") or default
+    root = Path(corpus.path) if corpus is not None and corpus.name == "files" else None
+    if root is not None and root.is_dir():
+        where = Path(out).expanduser().resolve()
+        inside = where == root or root in where.parents
+        if inside and not any(
+            part.startswith(".") or part in FILES_SKIP_DIRS for part in where.relative_to(root).parts
+        ):
+            raise DatastoreError(
+                f"{key}={out} is inside corpus_path={root}: the datastore would be read as part of the corpus it "
+                f"indexes; give {key}= a folder outside it"
+            )
     problem = output_folder_problem(key, out)
     if problem:
         raise DatastoreError(problem)
@@ -1691,7 +1727,9 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             raise DatastoreError(f"exclude={exclude_spec}: cannot read {exc.filename or ''} ({exc.strerror})") from None
         out = _output_option(
-            opts, cached_datastore_dir(cache_folder_name(corpus, exclude=exclude_spec, **sizes), model=model)
+            opts,
+            cached_datastore_dir(cache_folder_name(corpus, exclude=exclude_spec, **sizes), model=model),
+            corpus=corpus,
         )
         return _locked_write(
             opts,
