@@ -222,3 +222,22 @@ def test_negotiation_refuses_pq_verifiers_and_allows_greedy_and_membership(shape
     negotiate(caps, get_verifier("greedy"), temperature=0.0)
     negotiate(caps, get_verifier("membership"), temperature=0.0)
     negotiate(caps, get_verifier("membership"), temperature=0.7)
+
+
+def test_an_exclusion_file_named_after_another_source_is_read_again_when_edited(tmp_path, monkeypatch):
+    """The exclusion fingerprints are cached per spec and per state of the files it names; a file
+    named after a comma and a space is the same file, and an edit to it is read."""
+    import json
+
+    from harness.proposers.rest import _configured_fingerprints, _files_state
+
+    monkeypatch.chdir(tmp_path)
+    held = tmp_path / "x.jsonl"
+    held.write_text(json.dumps({"id": "a", "prompt": "alpha beta"}) + "\n")
+    spec = "none, x.jsonl"
+    state = _files_state(spec)
+    assert [part for part, *_ in state] == ["x.jsonl"] and state == _files_state("x.jsonl")
+    before = _configured_fingerprints(spec, state)
+    held.write_text(json.dumps({"id": "a", "prompt": "gamma delta, longer"}) + "\n")
+    after = _configured_fingerprints(spec, _files_state(spec))
+    assert before != after and len(after) == 1

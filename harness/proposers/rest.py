@@ -507,9 +507,10 @@ def configured_exclusions(spec, prefix: str = "proposer.datastore") -> list:
 
 
 def _files_state(spec: str) -> tuple:
-    """The exclusion files a spec names, as (path, size, mtime): a changed file is read again."""
+    """The exclusion files a spec names, as (path, size, mtime): a changed file is read again. The
+    spec's parts are read as :func:`exclusions_for` reads them (stripped, each once)."""
     out = []
-    for part in spec.split(","):
+    for part in dict.fromkeys(p.strip() for p in spec.split(",") if p.strip()):
         if part.endswith(".jsonl") and Path(part).is_file():
             st = Path(part).stat()
             out.append((part, st.st_size, st.st_mtime_ns))
