@@ -529,6 +529,7 @@ class RunFolderLock(Callback):
         self._folder: Path | None = None  # a folder this run created: removed if it writes nothing
         self._subdir: Path | None = None  # Hydra's files of this run in a folder that was there
         self._logs: tuple[Path, dict[Path, int]] | None = None  # a folder that was there, its logs' sizes
+        self._parents: list[Path] = []  # folders above a created run folder that were not there, deepest first
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         HydraConfig.instance().set_config(config)  # as Hydra does next, to resolve hydra.run.dir
@@ -539,13 +540,14 @@ class RunFolderLock(Callback):
                 print(f"harness run: refused: {problem}", file=sys.stderr)
                 raise SystemExit(2) from None
         created = not folder.exists()
+        parents = _absent_parents(folder) if created else []
         lock = job_lock(folder)
         try:
             lock.__enter__()
         except JobFolderError as exc:
             print(f"harness run: refused: {exc}", file=sys.stderr)
             raise SystemExit(2) from None  # Hydra turns a callback's exceptions into warnings
-        self._lock, self._folder = lock, folder if created else None
+        self._lock, self._folder, self._parents = lock, folder if created else None, parents
         subdir = folder / str(config.hydra.output_subdir)
         self._subdir = subdir if not created and not subdir.exists() else None
         self._logs = None if created else (folder, {p: p.stat().st_size for p in folder.glob("*.log") if p.is_file()})
@@ -553,6 +555,7 @@ class RunFolderLock(Callback):
     def on_job_end(self, config: DictConfig, job_return=None, **kwargs) -> None:
         if job_return is not None and job_return.status == JobStatus.COMPLETED and job_return.return_value:
             self._folder = self._subdir = self._logs = None  # the run finished: its Hydra files and log lines stay
+            self._parents = []
 
     def on_run_end(self, config: DictConfig, **kwargs) -> None:
         if self._folder is not None:
@@ -568,6 +571,23 @@ class RunFolderLock(Callback):
         if self._lock is not None:
             self._lock.__exit__(None, None, None)  # removes the folder when only its lock is left
             self._lock = None
+        for parent in self._parents:  # the folders above it the run created, while they stay empty
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+        self._parents = []
+
+
+def _absent_parents(folder: Path) -> list[Path]:
+    """The folders above ``folder`` that do not exist yet, deepest first (those a run into
+    ``folder`` creates)."""
+    out = []
+    for parent in folder.absolute().parents:
+        if parent.exists():
+            break
+        out.append(parent)
+    return out
 
 
 def restore_logs(folder: Path, sizes: dict[Path, int]) -> None:

@@ -1588,6 +1588,24 @@ def test_an_override_with_an_empty_value_is_refused(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache" / "artifacts").exists()
 
 
+def test_a_run_refused_while_it_plans_leaves_no_folder_above_its_run_folder(tmp_path, monkeypatch, capsys):
+    """A refusal raised inside the job (opening a named datastore, before any model work) removed the
+    run folder but left the empty folders Hydra made above it (``outputs/adhoc``, ``new/`` of
+    ``output_dir=new/sub``); a folder that was there, or one holding anything, stays."""
+    from harness.app import run_main
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    bad = ["model=tiny", "proposer=rest", f"proposer.datastore.path={tmp_path / 'none'}", "workload.limit=1"]
+    for extra, gone in (([], "outputs"), (["output_dir=new/sub"], "new")):
+        assert run_main([*bad, *extra]) == 2
+        assert "is not a datastore" in capsys.readouterr().err.strip().splitlines()[-1]
+        assert not (tmp_path / gone).exists(), extra
+    (tmp_path / "kept" / "a").mkdir(parents=True)
+    assert run_main([*bad, "output_dir=kept/a/b/c"]) == 2
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "kept").rglob("*")) == ["kept/a"]
+
+
 def test_an_empty_group_a_sweep_name_and_a_sampling_fix_are_said_plainly(tmp_path, monkeypatch, capsys):
     """`verifier=` gave Hydra's "In 'config': Could not find 'verifier/'"; `sweep=x` said the config has
     no option 'sweep' (it has: a sweep file sets it); draft_model under verifier=sequoia was offered
