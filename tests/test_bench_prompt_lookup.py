@@ -141,7 +141,8 @@ def test_an_out_path_it_cannot_write_is_refused_before_anything_loads(tmp_path, 
 
 def test_our_arms_are_timed_after_their_first_round_as_transformers_after_its_first_forward():
     """The prefill caches every prompt token but the last, so our first round is the forward that
-    gives the first token(s): its time and tokens are left out, as transformers' first forward's are."""
+    gives the first token(s): the time to its verify forward's end and its tokens are left out, as
+    transformers' first forward's are; its selection and commit are counted."""
     from harness.contracts import Budget
     from harness.engine.decode import RoundConfig, decode
     from harness.proposers.prompt_lookup import PromptLookupProposer
@@ -165,7 +166,11 @@ def test_our_arms_are_timed_after_their_first_round_as_transformers_after_its_fi
     later = bench.after_first_round(res)
     assert len(res.round_end_ms) >= 2 and sum(res.round_tokens) == len(res.tokens) == 12
     assert later["rounds"] == len(res.round_end_ms) - 1 and later["tokens"] == sum(res.round_tokens[1:])
-    assert later["decode_ms"] == pytest.approx(res.decode_ms - res.round_end_ms[0]) and 0 < later["decode_ms"]
+    # timed from the end of the first round's verify forward: that round's selection and commit are
+    # counted, as transformers' arms count their work after their first forward
+    assert 0 < res.first_forward_end_ms < res.round_end_ms[0]
+    assert later["decode_ms"] == pytest.approx(res.decode_ms - res.first_forward_end_ms)
+    assert later["decode_ms"] > res.decode_ms - res.round_end_ms[0]
 
 
 def _items(*lengths):

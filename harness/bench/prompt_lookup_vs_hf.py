@@ -32,10 +32,12 @@ prompts).
 
 Decode time only: both families are timed from the end of the forward that gave the first
 token(s) to the end, over the tokens after those that forward gave. For our arms that forward is the
-first round (the prefill caches every prompt token but the last, and the first round verifies it with
-the first candidates): its time and tokens are left out. Transformers' arms are timed within the one
-``generate`` call, from the end of its first forward (the prompt's prefill, which with prompt lookup
-also verifies the first candidates) to the return (:class:`FirstForward`). The rounds after the first
+first round's verify forward (the prefill caches every prompt token but the last, and the first round
+verifies it with the first candidates): the time to its end and its tokens are left out, that round's
+selection and commit counted, as transformers' arms count the work after their first forward.
+Transformers' arms are timed within the one ``generate`` call, from the end of its first forward
+(the prompt's prefill, which with prompt lookup also verifies the first candidates) to the return
+(:class:`FirstForward`). The rounds after the first
 are counted alike (transformers': its forwards, one per round of candidates), so ``tokens_per_round``
 and ``ms_per_round`` say whether an arm is faster because more of its candidates are accepted or
 because its forwards cost less.
@@ -487,12 +489,13 @@ def _in_flags(problem: str) -> str:
 
 def after_first_round(res) -> dict:
     """One of our arms' decode of a prompt (a :class:`~harness.engine.decode.DecodeResult`) after
-    its first round, as transformers' arms are timed after their first forward: ``decode_ms``,
-    ``tokens`` and ``rounds`` of the later rounds."""
+    its first round's verify forward, as transformers' arms are timed after their first forward:
+    ``decode_ms`` from the end of that forward (the first round's selection and commit counted, as
+    transformers' work after its first forward is), ``tokens`` and ``rounds`` of the later rounds."""
     if not res.round_end_ms:
         return {"decode_ms": 0.0, "tokens": 0, "rounds": 0}
     return {
-        "decode_ms": res.decode_ms - res.round_end_ms[0],
+        "decode_ms": res.decode_ms - res.first_forward_end_ms,
         "tokens": len(res.tokens) - res.round_tokens[0],
         "rounds": len(res.round_end_ms) - 1,
     }

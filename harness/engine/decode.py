@@ -85,6 +85,9 @@ class DecodeResult:
     round_tokens: list[int] = field(default_factory=list)  # tokens emitted by each round
     sources: dict[str, int] = field(default_factory=dict)  # accepted tokens attributed to each source
     finished_by: str = "max_new_tokens"
+    # the end of the verify forward that gave the request's first tokens, since decode start (before
+    # that round's selection and commit); None where it ran no round
+    first_forward_end_ms: float | None = None
 
 
 @dataclass
@@ -184,6 +187,7 @@ class _Live:
     sources: dict[str, int] = field(default_factory=dict)
     finished_by: str | None = None
     ttft_ms: float | None = None
+    first_forward_end_ms: float | None = None
     done_ms: float | None = None
     commit_unobserved: bool = False  # the proposer has not yet been told of the last round's commit
 
@@ -415,6 +419,7 @@ def decode_batch(
             )
             if req.ttft_ms is None:
                 req.ttft_ms = prefill_ms + now
+                req.first_forward_end_ms = (t_select - t_decode) * 1e3
             req.round_end_ms.append(now)
             req.round_tokens.append(len(emitted))
             if req.finished_by is not None:
@@ -495,6 +500,7 @@ def decode_batch(
             round_tokens=r.round_tokens,
             sources=r.sources,
             finished_by=r.finished_by,
+            first_forward_end_ms=r.first_forward_end_ms,
         )
         for r in done
     ]
