@@ -10,7 +10,8 @@
 4. ``equivalence`` — on the configured model (:mod:`harness.gates.equivalence`).
 5. ``statistical`` — at temperature > 0, a chi-square test of the first token at the first prefix
    of the workload's first prompts where the proposer proposes (:mod:`harness.gates.statistical`).
-6. ``workload_governance`` — the proposer's check of the evaluation workload (datastore leakage).
+6. ``workload_governance`` — the proposer's check of the evaluation workload (leakage into a REST
+   datastore, or into the training text of draft heads, an EAGLE draft or an early-exit adapter trained here).
 7. ``greedy_equality`` — at temperature 0, on every measured output (:mod:`harness.gates.greedy`),
    after the measurement.
 
@@ -488,7 +489,9 @@ def run_gates(
             file=sys.stderr,
         )
     gates["workload_governance"] = (
-        governance if governance is not None else not_applicable(f"proposer {caps.name!r} reads no datastore")
+        governance
+        if governance is not None
+        else not_applicable(f"proposer {caps.name!r} reads no datastore and runs no artifact trained on text here")
     )
     if policy.deterministic:  # temperature 0, or top_k = 1: one token per position, outputs compared
         gates["greedy_equality"] = (

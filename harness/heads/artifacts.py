@@ -7,15 +7,26 @@ its artifact here and never trains one: the prepare stage (:mod:`harness.prepare
 `harness train` makes it first. ``proposer.artifact`` naming a published Medusa or Hydra
 checkpoint (a directory without ``manifest.json``, or a hub id) is read in its published layout
 (:mod:`harness.heads.published`); its manifest is its provenance (files and their hashes).
+
+The training text of an artifact trained on the target streams (heads, EAGLE drafts, the early-exit
+adapter): the ShareGPT documents :data:`~harness.heads.recipes.DOCUMENT_RULE` makes
+(:func:`training_documents`; :mod:`harness.prepare.heads_data` encodes them into the cached
+streams, keyed by :func:`streams_key`), read back from the cached stream or tokenised again
+(:func:`training_text`), and the run's workload-leakage gate against it (:class:`TrainingLeakage`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+from safetensors import safe_open
 
 from harness.heads.checkpoint import (
     MANIFEST_FILE,
@@ -24,6 +35,7 @@ from harness.heads.checkpoint import (
     cpu_budget_label,
     load_artifact,
     read_config_object,
+    short_hash,
     target_fingerprint,
 )
 from harness.heads.eagle import EagleSpec, build_draft
@@ -41,8 +53,11 @@ from harness.heads.recipes import (
     recipe_key,
     training_code_key,
 )
-from harness.target.loading import chat_template_key, model_names
+from harness.target.loading import cache_root, chat_template_key, model_names
 from harness.target.timing import timed_setup
+from harness.workloads.corpora import SPLITS, ChatTurn, sharegpt_conversations, sharegpt_split
+from harness.workloads.datastore import LEAKAGE_THRESHOLD, ExclusionIndex, LeakageError, sharegpt_heldout_exclusions
+from harness.workloads.prompts import sharegpt_prompt_texts
 
 
 @dataclass(frozen=True)
@@ -350,3 +365,437 @@ def load_configured_eagle(options: dict, *, model: torch.nn.Module, tokenizer) -
     if not (path / "manifest.json").is_file():
         raise missing("eagle", path, bool(artifact))
     return load_eagle(recipe, model=model, tokenizer=tokenizer, path=path)
+
+
+# --------------------------------------------------------------------------- training text
+# What an artifact trained on the target streams (heads, EAGLE drafts, the early-exit adapter) read:
+# ShareGPT conversations made into documents by DOCUMENT_RULE, encoded once into cached streams
+# (harness.prepare.heads_data), and the workload-leakage check of a run against that text.
+
+
+def byte_ids(text: str, *, vocab_size: int, max_len: int) -> list[int]:
+    return [3 + (b % (vocab_size - 3)) for b in text.encode()[:max_len]]
+
+
+def run_order(turns: Iterable[ChatTurn]) -> list[ChatTurn]:
+    """A conversation's turns in the order a run's chats take: the user and assistant turns with text,
+    from the first user turn on (a later part of a split conversation opens with the assistant's),
+    cut before the first turn whose role repeats its predecessor's (an empty turn between them
+    dropped). Cutting, not merging, keeps every turn one somebody wrote; strict chat templates
+    refuse roles that do not alternate."""
+    kept = [t for t in turns if t.text.strip() and t.role in ("user", "assistant")]
+    first = next((i for i, t in enumerate(kept) if t.role == "user"), len(kept))
+    out: list[ChatTurn] = []
+    for t in kept[first:]:
+        if out and t.role == out[-1].role:
+            break
+        out.append(t)
+    return out
+
+
+@dataclass
+class DocumentTally:
+    """What :func:`sharegpt_documents` made of the conversations it read (kept in the stream's meta)."""
+
+    conversations_read: int = 0
+    conversations_reordered: int = 0  # turns dropped or cut by :func:`run_order`
+    template_refused: int = 0  # skipped: the chat template raised on them
+    held_out_overlap: int = 0  # dropped: the document holds a window of held-out text
+    held_out_prompt: int = 0  # dropped: its first user turn is a held-out prompt's text (no window of one)
+    template_refusal: str | None = None  # the template's message for the first one it refused
+
+    def to_meta(self) -> dict:
+        return asdict(self)
+
+
+def held_out_index(split: str, *, tokenizer, vocab_size: int) -> ExclusionIndex:
+    """The held-out ShareGPT texts a training document of ``split`` may not hold, as windows of
+    :data:`~harness.workloads.datastore.LEAKAGE_THRESHOLD` token ids (byte ids without a tokenizer):
+    the texts a REST datastore keeps out (:func:`~harness.workloads.datastore.sharegpt_heldout_exclusions`),
+    less those of ``split`` itself. A shorter text ("continue", "hi") matches no window, as in a datastore."""
+    items = [
+        it
+        for it in sharegpt_heldout_exclusions()  # ids "sharegpt/<conversation id>/<role>"
+        if sharegpt_split(it.item_id.removeprefix("sharegpt/").rsplit("/", 1)[0]) != split
+    ]
+    texts = [it.text for it in items]
+    if tokenizer is None:
+        ids = [byte_ids(t, vocab_size=vocab_size, max_len=len(t.encode())) for t in texts]
+    else:
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return ExclusionIndex([np.asarray(i, dtype=np.int64) for i in ids], LEAKAGE_THRESHOLD)
+
+
+def held_out_prompts(split: str) -> frozenset[str]:
+    """The ShareGPT prompt texts (stripped) of every split but ``split``
+    (:func:`~harness.workloads.prompts.load_sharegpt`): a training conversation of ``split`` opening
+    with one is dropped, however short (a "hi" matches no window of :func:`held_out_index`)."""
+    return frozenset(t.strip() for t in sharegpt_prompt_texts([s for s in SPLITS if s != split]))
+
+
+def sharegpt_documents(
+    split: str,
+    *,
+    tokenizer,
+    vocab_size: int,
+    max_len: int,
+    chat: bool,
+    exclude: ExclusionIndex | None = None,
+    exclude_prompts: frozenset[str] = frozenset(),
+    tally: DocumentTally | None = None,
+) -> Iterator[list[int]]:
+    """Token ids of ShareGPT conversations of one split, in file order (each truncated), their turns
+    in a run's order (:func:`run_order`). A conversation the chat template refuses is skipped, a
+    document holding a window of ``exclude`` (:func:`held_out_index`) dropped, and so is one whose
+    first user turn, stripped, is in ``exclude_prompts`` (:func:`held_out_prompts`); ``tally`` counts
+    them. Raises ValueError when the template refuses every conversation."""
+
+    char_cap = max_len * 12  # a token is rarely longer than 12 characters; avoids tokenizing megabytes
+    tally = DocumentTally() if tally is None else tally
+    templated = tokenizer is not None and chat and bool(getattr(tokenizer, "chat_template", None))
+    if templated:
+        from jinja2.exceptions import TemplateError  # what a template's raise_exception raises
+
+    given = 0  # documents yielded
+    for conv in sharegpt_conversations(split):
+        tally.conversations_read += 1
+        turns = run_order(conv.turns)
+        if len(turns) != sum(1 for t in conv.turns if t.text.strip() and t.role in ("user", "assistant")):
+            tally.conversations_reordered += 1
+        if not turns:
+            continue
+        if tokenizer is None:
+            text = "\n".join(t.text for t in turns)
+            ids = byte_ids(text, vocab_size=vocab_size, max_len=max_len)
+        elif templated:
+            msgs, used = [], 0
+            for t in turns:
+                msgs.append({"role": t.role, "content": t.text[: max(char_cap - used, 1)]})
+                used += len(t.text)
+                if used >= char_cap:
+                    break
+            try:
+                ids = tokenizer.apply_chat_template(msgs, tokenize=True)
+            except TemplateError as exc:
+                tally.template_refused += 1
+                tally.template_refusal = tally.template_refusal or " ".join(str(exc).split())
+                continue
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            ids = [int(i) for i in ids][:max_len]
+        else:
+            text = "\n".join(t.text for t in turns)[:char_cap]
+            ids = [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]][:max_len]
+        if len(ids) < 3:
+            continue
+        if exclude is not None and exclude.first_hit(np.asarray(ids, dtype=np.int64)) is not None:
+            tally.held_out_overlap += 1
+            continue
+        if turns[0].text.strip() in exclude_prompts:  # run_order opens at the first user turn with text
+            tally.held_out_prompt += 1
+            continue
+        given += 1
+        yield ids
+    if not given and tally.template_refused:
+        raise ValueError(
+            f"the tokenizer's chat template refused all {tally.template_refused} ShareGPT {split!r} "
+            f"conversation(s) given to it ({tally.template_refusal}): give workload.chat_template a template "
+            "for user/assistant turns, or train on plain text (proposer.data.chat=false)"
+        )
+
+
+#: the fewest tokens a document keeps (an anchor, its token and a label: one training row)
+MIN_DOCUMENT_TOKENS = 3
+
+
+def take_budget(documents: Iterable[list[int]], budget: int) -> list[list[int]]:
+    """Whole documents in order until ``budget`` tokens (the last one cut to fit); no document is
+    read past the one that fills the budget, nor once fewer than :data:`MIN_DOCUMENT_TOKENS` tokens
+    of it remain (every later document would be cut below that and dropped)."""
+    out, total = [], 0
+    docs = iter(documents)
+    while budget - total >= MIN_DOCUMENT_TOKENS:
+        doc = next(docs, None)
+        if doc is None:
+            break
+        doc = doc[: budget - total]
+        if len(doc) >= MIN_DOCUMENT_TOKENS:
+            out.append(doc)
+            total += len(doc)
+    return out
+
+
+def training_documents(data: DataRecipe, *, tokenizer, vocab_size: int, tally: DocumentTally | None = None):
+    """The training documents of ``data`` (``source=sharegpt``): the ``data.split`` conversations as
+    :func:`sharegpt_documents` makes them, held-out text kept out (:func:`held_out_index`,
+    :func:`held_out_prompts`), whole documents up to ``data.token_budget`` (:func:`take_budget`).
+    Tokenisation only: no model runs."""
+    documents = sharegpt_documents(
+        data.split,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        max_len=data.max_len,
+        chat=data.chat,
+        exclude=held_out_index(data.split, tokenizer=tokenizer, vocab_size=vocab_size),
+        exclude_prompts=held_out_prompts(data.split),
+        tally=tally,
+    )
+    return take_budget(documents, data.token_budget)
+
+
+def streams_key(tokenizer, recipe: DataRecipe, *, target_hash: str, documents=None, layers: Sequence[int] = ()) -> str:
+    """The cache key of the encoded streams: the target, the data recipe, the early-exit boundaries,
+    and inline documents, or else what the documents are made from (:func:`~harness.heads.recipes.data_sources_key`)."""
+    return short_hash(
+        {
+            "target": target_hash,
+            "recipe": recipe.to_dict(),
+            "layers": sorted(int(l) for l in layers),
+            "inline": None if documents is None else short_hash([list(map(list, d)) for d in documents]),
+            **(data_sources_key(recipe, tokenizer) if documents is None else {}),
+        }
+    )
+
+
+def streams_base(target_hash: str, key: str) -> Path:
+    """Where the streams of :func:`streams_key` ``key`` are cached (``<base>-train.safetensors``,
+    ``<base>-heldout.safetensors``)."""
+    return cache_root() / "heads" / "streams" / f"{target_hash[:12]}-{key}"
+
+
+def tokens_sha256(tokens) -> str:
+    """SHA-256 of token ids as little-endian int64 (a stream's tokens, or its documents one after another)."""
+    return hashlib.sha256(np.ascontiguousarray(np.asarray(tokens), dtype="<i8").tobytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class TrainingText:
+    """The documents of a trained artifact's training stream, every
+    :data:`~harness.workloads.datastore.LEAKAGE_THRESHOLD`-token window of each in a sorted hash
+    index (a window never spans two documents: each ran through the target alone)."""
+
+    index: ExclusionIndex
+    origin: str  # "cache" (its encoded stream read back) or "rebuilt" (its documents tokenised again)
+    split: str
+    documents: int
+    tokens: int
+    seconds: float  # reading or rebuilding the text, and indexing it
+
+
+#: (cache root, artifact id) -> the artifact's training text, or why there is none to check against
+_TRAINING_TEXTS: dict[tuple[str, str], TrainingText | str] = {}
+
+
+def training_text(manifest: dict, *, tokenizer, vocab_size: int) -> TrainingText | str:
+    """The text the artifact of ``manifest`` trained on, indexed once per process (:class:`TrainingText`),
+    or why the harness cannot have it (a published checkpoint's data, inline documents whose stream
+    is not cached, a rebuild that does not give what the artifact recorded)."""
+    key = (str(cache_root()), str(manifest.get("artifact_id")))
+    if key not in _TRAINING_TEXTS:
+        _TRAINING_TEXTS[key] = _read_training_text(manifest, tokenizer=tokenizer, vocab_size=vocab_size)
+    return _TRAINING_TEXTS[key]
+
+
+def _stream_documents(path: Path) -> list[np.ndarray] | None:
+    """The documents of a cached training stream (its ``tokens`` cut where ``segment_ids`` change;
+    its hidden rows are not read), or None when there is no readable stream at ``path``."""
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="np") as f:
+            tokens, segments = f.get_tensor("tokens").astype(np.int64), f.get_tensor("segment_ids")
+    except Exception:  # a truncated or foreign file: the text is rebuilt instead, where it can be
+        return None
+    cuts = np.flatnonzero(segments[1:] != segments[:-1]) + 1
+    return np.split(tokens, cuts) if len(tokens) else []
+
+
+def _read_training_text(manifest: dict, *, tokenizer, vocab_size: int) -> TrainingText | str:
+    t0 = time.perf_counter()
+    kind = manifest.get("kind", "proposal")
+    if manifest.get("published") or manifest.get("source") == "published":
+        return (
+            f"a published {kind} checkpoint: trained on data the harness cannot see, so no workload is checked "
+            "against it"
+        )
+    recipe = manifest.get("recipe") or {}
+    if "data" not in recipe or "target_hash" not in manifest:
+        return f"the {kind} artifact's manifest names no training data"
+    data = DataRecipe(**recipe["data"])
+    source = ((manifest.get("streams") or {}).get("train") or {}).get("source", data.source)
+    recorded = manifest.get("training_text") or {}
+
+    def trained_on(documents: list) -> bool:
+        """Whether ``documents`` are the text the artifact trained on: its recorded digest, or for an
+        artifact that recorded none, its token and document counts."""
+        tokens = np.concatenate(documents) if documents else np.zeros(0, dtype=np.int64)
+        if recorded.get("tokens_sha256"):
+            return tokens_sha256(tokens) == recorded["tokens_sha256"]
+        return len(tokens) == manifest.get("tokens_seen") and len(documents) == manifest.get(
+            "documents", len(documents)
+        )
+
+    def indexed(documents: list, origin: str) -> TrainingText:
+        arrays = [np.asarray(d, dtype=np.int64) for d in documents]
+        return TrainingText(
+            index=ExclusionIndex(arrays, LEAKAGE_THRESHOLD),
+            origin=origin,
+            split=data.split if source == "sharegpt" else source,
+            documents=len(arrays),
+            tokens=sum(len(a) for a in arrays),
+            seconds=time.perf_counter() - t0,
+        )
+
+    streams = cache_root() / "heads" / "streams"
+    candidates = [streams / recorded["stream"]] if recorded.get("stream") else []
+    if source == "sharegpt":
+        layers = (int(recipe["exit_layer"]),) if kind == "early_exit" else ()
+        base = streams_base(
+            manifest["target_hash"], streams_key(tokenizer, data, target_hash=manifest["target_hash"], layers=layers)
+        )
+        candidates.append(base.with_name(base.name + "-train.safetensors"))
+    for path in candidates:
+        documents = _stream_documents(path)
+        if documents is not None and trained_on(documents):
+            return indexed(documents, "cache")
+    if source != "sharegpt":
+        return (
+            f"the {kind} artifact trained on documents of source {source!r}, whose stream is not in this cache "
+            f"({streams}): there is no training text to check the workload against"
+        )
+    documents = training_documents(data, tokenizer=tokenizer, vocab_size=vocab_size)
+    if not trained_on(documents):
+        return (
+            f"its training stream is not in this cache ({streams}), and the ShareGPT {data.split!r} documents "
+            f"tokenised again for its recipe ({sum(map(len, documents))} tokens) are not the text the {kind} "
+            f"artifact recorded ({manifest.get('tokens_seen')} tokens): there is no training text to check the "
+            "workload against"
+        )
+    return indexed(documents, "rebuilt")
+
+
+def text_ids(text: str, *, tokenizer, vocab_size: int) -> list[int]:
+    """A workload text (a later user turn, a reference answer) in target token ids: the tokenizer
+    without special tokens, or for a target without one the runner's synthetic byte ids."""
+    if tokenizer is not None:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return byte_ids(text, vocab_size=vocab_size, max_len=len(text.encode()))
+
+
+class TrainingLeakage:
+    """The workload-governance gate of a proposer running an artifact trained here: every text of
+    the evaluation workload the model sees (each prompt's ids, each later user turn, the reference
+    answer where there is one) is looked up in the artifact's training text (:func:`training_text`).
+    A text leaks when it shares a :data:`~harness.workloads.datastore.LEAKAGE_THRESHOLD`-token window
+    with one training document (a hash hit confirmed token by token); a shorter text cannot, as in a
+    REST datastore's gate (the training recipe itself drops a conversation opening with any held-out
+    ShareGPT prompt, however short). A leak refuses the run
+    (:class:`~harness.workloads.datastore.LeakageError`) unless ``allow_leakage``, which the entry
+    then states (``skipped``: the run is not gated). A published checkpoint, or an artifact whose
+    training text cannot be had, is ``not_applicable`` with why."""
+
+    def __init__(self, manifest: dict, *, tokenizer, vocab_size: int) -> None:
+        self.manifest, self.tokenizer, self.vocab_size = manifest, tokenizer, int(vocab_size)
+
+    def encode(self, text: str) -> list[int]:
+        return text_ids(text, tokenizer=self.tokenizer, vocab_size=self.vocab_size)
+
+    def check(self, items: list, *, allow_leakage: bool = False) -> dict:
+        """``items``: ``[(Prompt, prompt_ids)]``. Returns the gate entry; raises
+        :class:`~harness.workloads.datastore.LeakageError` on a leak unless ``allow_leakage``."""
+        t0 = time.perf_counter()
+        kind = self.manifest.get("kind", "proposal")
+        text = training_text(self.manifest, tokenizer=self.tokenizer, vocab_size=self.vocab_size)
+        if isinstance(text, str):
+            return {
+                "status": "not_applicable",
+                "why": text,
+                "kind": "training_leakage",
+                "seconds": time.perf_counter() - t0,
+            }
+        window = text.index.window
+        records = []
+        for prompt, ids in items:
+            prompt_id = getattr(prompt, "prompt_id", str(len(records)))
+            ref = getattr(prompt, "reference", None)
+            texts = [(prompt_id, list(ids), self.encode(ref) if ref else None)]
+            # a conversation's later user turns reach the model too (after its own answers): each is checked
+            for k, turn in enumerate((getattr(prompt, "turns", None) or ())[1:], start=2):
+                texts.append((f"{prompt_id} turn {k}", self.encode(turn), None))
+            for name, prompt_ids, ref_ids in texts:
+                hit = text.index.first_hit(np.asarray(prompt_ids, dtype=np.int64))
+                ref_hit = None if ref_ids is None else text.index.first_hit(np.asarray(ref_ids, dtype=np.int64))
+                leaked = hit is not None or ref_hit is not None
+                records.append(
+                    {
+                        "prompt_id": str(name),
+                        "prompt_tokens": len(prompt_ids),
+                        "reference_tokens": None if ref_ids is None else len(ref_ids),
+                        "prompt_leaked": hit is not None,
+                        "reference_leaked": None if ref_ids is None else ref_hit is not None,
+                        # the training document (its place in the stream) holding a shared window
+                        "training_document": hit if hit is not None else ref_hit,
+                        "leaked": leaked,
+                        "allowed": bool(allow_leakage and leaked),
+                    }
+                )
+        leaked = [r for r in records if r["leaked"]]
+        artifact = f"the {kind} artifact {str(self.manifest.get('artifact_id'))[:12]}"
+        if leaked and not allow_leakage:
+            more = f" and {len(leaked) - 10} more" if len(leaked) > 10 else ""
+            named = ", ".join(
+                f"{r['prompt_id']} ({' and '.join(w for w in ('prompt', 'reference') if r[f'{w}_leaked'])})"
+                for r in leaked[:10]
+            )
+            raise LeakageError(
+                f"evaluation leakage: {len(leaked)} of {len(records)} workload text(s) share a {window}-token "
+                f"window with the text {artifact} trained on (ShareGPT {text.split!r} split, {text.tokens} tokens): "
+                f"{named}{more}; evaluate on prompts outside its training text, or set allow_leakage=true (the "
+                "record then states it)."
+            )
+        short = sum(
+            (r["prompt_tokens"] < window) + (r["reference_tokens"] is not None and r["reference_tokens"] < window)
+            for r in records
+        )
+        return {
+            # leaked prompts let through by the allow_leakage override leave the run ungated
+            "status": "skipped" if leaked else "passed",
+            **({"override": "allow_leakage=true"} if leaked else {}),
+            "kind": "training_leakage",
+            "artifact_id": self.manifest.get("artifact_id"),
+            "artifact_kind": kind,
+            "training_text": {
+                "origin": text.origin,
+                "split": text.split,
+                "documents": text.documents,
+                "tokens": text.tokens,
+                "seconds": text.seconds,
+            },
+            "threshold": window,
+            "prompts": len(items),
+            "texts_checked": len(records),  # every prompt's turns, one row each (a reference beside its prompt)
+            "shorter_than_window": int(short),  # texts that cannot share a window (as in a datastore's gate)
+            "leaked": [r["prompt_id"] for r in leaked],
+            "allow_leakage": bool(allow_leakage),
+            "evidence": (
+                f"{len(leaked)} leaked prompt(s) let through by allow_leakage=true"
+                if leaked
+                else f"no prompt, turn or reference shares a {window}-token window with {artifact}'s training text"
+            ),
+            "seconds": time.perf_counter() - t0,
+            "items": records,
+        }
+
+
+class ChecksTrainingLeakage:
+    """A proposer running an artifact trained here: its workload-governance gate
+    (:meth:`check_workload`) is :class:`TrainingLeakage`'s check, where it was given one."""
+
+    training_leakage: TrainingLeakage | None = None
+
+    def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict | None:
+        """The evaluation-leakage gate against the text the artifact trained on; None for a proposer
+        built without one."""
+        if self.training_leakage is None:
+            return None
+        return self.training_leakage.check(items, allow_leakage=allow_leakage)

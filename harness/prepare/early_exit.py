@@ -20,7 +20,7 @@ from harness.heads.checkpoint import cpu_budget_label, save_artifact
 from harness.heads.early_exit import AdapterArtifact, ExitAdapter, adapter_logits, build_adapter
 from harness.heads.recipes import AdapterRecipe
 from harness.prepare import Preparation
-from harness.prepare.heads_data import PackedStream, streams_record, training_data
+from harness.prepare.heads_data import PackedStream, streams_record, training_data, training_text_record
 from harness.prepare.heads_training import on_head, optimiser_step
 from harness.prepare.trained import Target, load_or_train, of_context, trained_summary
 
@@ -144,6 +144,7 @@ def distill_adapter_artifact(
         "token_budget": streams.data.token_budget,
         "tokens_seen": len(streams.train),
         "streams": streams_record(streams),
+        "training_text": training_text_record(streams),
         "held_out": {**after, "untrained": before, "split": streams.data.held_out_split},
         "training": {
             **log,

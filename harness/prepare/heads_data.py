@@ -24,23 +24,30 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from harness.files import artifact_lock, plain_file_mode, temporary_sibling
-from harness.heads.checkpoint import cpu_budget_label, short_hash, target_fingerprint
+from harness.heads.artifacts import (  # the documents' code, shared with the run's leakage gate
+    DocumentTally,
+    sharegpt_documents,
+    streams_base,
+    streams_key,
+    take_budget,
+    tokens_sha256,
+    training_documents,
+)
+from harness.heads.artifacts import byte_ids as byte_ids  # re-exported: the document code read from here
+from harness.heads.artifacts import held_out_prompts as held_out_prompts
+from harness.heads.artifacts import run_order as run_order
+from harness.heads.checkpoint import cpu_budget_label, target_fingerprint
 from harness.heads.recipes import DataRecipe, data_sources_key
-from harness.target.loading import cache_root
-from harness.workloads.corpora import SPLITS, ChatTurn, sharegpt_conversations, sharegpt_split
-from harness.workloads.datastore import LEAKAGE_THRESHOLD, ExclusionIndex, sharegpt_heldout_exclusions
-from harness.workloads.prompts import sharegpt_prompt_texts
 
 
 @dataclass
@@ -58,158 +65,6 @@ class PackedStream:
     @property
     def num_documents(self) -> int:
         return int(self.segment_ids.unique().numel()) if len(self) else 0
-
-
-def byte_ids(text: str, *, vocab_size: int, max_len: int) -> list[int]:
-    return [3 + (b % (vocab_size - 3)) for b in text.encode()[:max_len]]
-
-
-def run_order(turns: Iterable[ChatTurn]) -> list[ChatTurn]:
-    """A conversation's turns in the order a run's chats take: the user and assistant turns with text,
-    from the first user turn on (a later part of a split conversation opens with the assistant's),
-    cut before the first turn whose role repeats its predecessor's (an empty turn between them
-    dropped). Cutting, not merging, keeps every turn one somebody wrote; strict chat templates
-    refuse roles that do not alternate."""
-    kept = [t for t in turns if t.text.strip() and t.role in ("user", "assistant")]
-    first = next((i for i, t in enumerate(kept) if t.role == "user"), len(kept))
-    out: list[ChatTurn] = []
-    for t in kept[first:]:
-        if out and t.role == out[-1].role:
-            break
-        out.append(t)
-    return out
-
-
-@dataclass
-class DocumentTally:
-    """What :func:`sharegpt_documents` made of the conversations it read (kept in the stream's meta)."""
-
-    conversations_read: int = 0
-    conversations_reordered: int = 0  # turns dropped or cut by :func:`run_order`
-    template_refused: int = 0  # skipped: the chat template raised on them
-    held_out_overlap: int = 0  # dropped: the document holds a window of held-out text
-    held_out_prompt: int = 0  # dropped: its first user turn is a held-out prompt's text (no window of one)
-    template_refusal: str | None = None  # the template's message for the first one it refused
-
-    def to_meta(self) -> dict:
-        return asdict(self)
-
-
-def held_out_index(split: str, *, tokenizer, vocab_size: int) -> ExclusionIndex:
-    """The held-out ShareGPT texts a training document of ``split`` may not hold, as windows of
-    :data:`~harness.workloads.datastore.LEAKAGE_THRESHOLD` token ids (byte ids without a tokenizer):
-    the texts a REST datastore keeps out (:func:`~harness.workloads.datastore.sharegpt_heldout_exclusions`),
-    less those of ``split`` itself. A shorter text ("continue", "hi") matches no window, as in a datastore."""
-    items = [
-        it
-        for it in sharegpt_heldout_exclusions()  # ids "sharegpt/<conversation id>/<role>"
-        if sharegpt_split(it.item_id.removeprefix("sharegpt/").rsplit("/", 1)[0]) != split
-    ]
-    texts = [it.text for it in items]
-    if tokenizer is None:
-        ids = [byte_ids(t, vocab_size=vocab_size, max_len=len(t.encode())) for t in texts]
-    else:
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-    return ExclusionIndex([np.asarray(i, dtype=np.int64) for i in ids], LEAKAGE_THRESHOLD)
-
-
-def held_out_prompts(split: str) -> frozenset[str]:
-    """The ShareGPT prompt texts (stripped) of every split but ``split``
-    (:func:`~harness.workloads.prompts.load_sharegpt`): a training conversation of ``split`` opening
-    with one is dropped, however short (a "hi" matches no window of :func:`held_out_index`)."""
-    return frozenset(t.strip() for t in sharegpt_prompt_texts([s for s in SPLITS if s != split]))
-
-
-def sharegpt_documents(
-    split: str,
-    *,
-    tokenizer,
-    vocab_size: int,
-    max_len: int,
-    chat: bool,
-    exclude: ExclusionIndex | None = None,
-    exclude_prompts: frozenset[str] = frozenset(),
-    tally: DocumentTally | None = None,
-) -> Iterator[list[int]]:
-    """Token ids of ShareGPT conversations of one split, in file order (each truncated), their turns
-    in a run's order (:func:`run_order`). A conversation the chat template refuses is skipped, a
-    document holding a window of ``exclude`` (:func:`held_out_index`) dropped, and so is one whose
-    first user turn, stripped, is in ``exclude_prompts`` (:func:`held_out_prompts`); ``tally`` counts
-    them. Raises ValueError when the template refuses every conversation."""
-
-    char_cap = max_len * 12  # a token is rarely longer than 12 characters; avoids tokenizing megabytes
-    tally = DocumentTally() if tally is None else tally
-    templated = tokenizer is not None and chat and bool(getattr(tokenizer, "chat_template", None))
-    if templated:
-        from jinja2.exceptions import TemplateError  # what a template's raise_exception raises
-
-    given = 0  # documents yielded
-    for conv in sharegpt_conversations(split):
-        tally.conversations_read += 1
-        turns = run_order(conv.turns)
-        if len(turns) != sum(1 for t in conv.turns if t.text.strip() and t.role in ("user", "assistant")):
-            tally.conversations_reordered += 1
-        if not turns:
-            continue
-        if tokenizer is None:
-            text = "\n".join(t.text for t in turns)
-            ids = byte_ids(text, vocab_size=vocab_size, max_len=max_len)
-        elif templated:
-            msgs, used = [], 0
-            for t in turns:
-                msgs.append({"role": t.role, "content": t.text[: max(char_cap - used, 1)]})
-                used += len(t.text)
-                if used >= char_cap:
-                    break
-            try:
-                ids = tokenizer.apply_chat_template(msgs, tokenize=True)
-            except TemplateError as exc:
-                tally.template_refused += 1
-                tally.template_refusal = tally.template_refusal or " ".join(str(exc).split())
-                continue
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-            ids = [int(i) for i in ids][:max_len]
-        else:
-            text = "\n".join(t.text for t in turns)[:char_cap]
-            ids = [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]][:max_len]
-        if len(ids) < 3:
-            continue
-        if exclude is not None and exclude.first_hit(np.asarray(ids, dtype=np.int64)) is not None:
-            tally.held_out_overlap += 1
-            continue
-        if turns[0].text.strip() in exclude_prompts:  # run_order opens at the first user turn with text
-            tally.held_out_prompt += 1
-            continue
-        given += 1
-        yield ids
-    if not given and tally.template_refused:
-        raise ValueError(
-            f"the tokenizer's chat template refused all {tally.template_refused} ShareGPT {split!r} "
-            f"conversation(s) given to it ({tally.template_refusal}): give workload.chat_template a template "
-            "for user/assistant turns, or train on plain text (proposer.data.chat=false)"
-        )
-
-
-#: the fewest tokens a document keeps (an anchor, its token and a label: one training row)
-MIN_DOCUMENT_TOKENS = 3
-
-
-def take_budget(documents: Iterable[list[int]], budget: int) -> list[list[int]]:
-    """Whole documents in order until ``budget`` tokens (the last one cut to fit); no document is
-    read past the one that fills the budget, nor once fewer than :data:`MIN_DOCUMENT_TOKENS` tokens
-    of it remain (every later document would be cut below that and dropped)."""
-    out, total = [], 0
-    docs = iter(documents)
-    while budget - total >= MIN_DOCUMENT_TOKENS:
-        doc = next(docs, None)
-        if doc is None:
-            break
-        doc = doc[: budget - total]
-        if len(doc) >= MIN_DOCUMENT_TOKENS:
-            out.append(doc)
-            total += len(doc)
-    return out
 
 
 @torch.no_grad()
@@ -290,20 +145,6 @@ def load_stream(path: Path) -> PackedStream:
     )
 
 
-def streams_key(tokenizer, recipe: DataRecipe, *, target_hash: str, documents=None, layers: Sequence[int] = ()) -> str:
-    """The cache key of the encoded streams: the target, the data recipe, the early-exit boundaries,
-    and inline documents, or else what the documents are made from (:func:`~harness.heads.recipes.data_sources_key`)."""
-    return short_hash(
-        {
-            "target": target_hash,
-            "recipe": recipe.to_dict(),
-            "layers": sorted(int(l) for l in layers),
-            "inline": None if documents is None else short_hash([list(map(list, d)) for d in documents]),
-            **(data_sources_key(recipe, tokenizer) if documents is None else {}),
-        }
-    )
-
-
 def training_streams(
     model: torch.nn.Module,
     tokenizer,
@@ -314,15 +155,17 @@ def training_streams(
     cache: bool = True,
     progress: bool = True,
     layers: Sequence[int] = (),
+    key: str | None = None,
 ) -> tuple[PackedStream, PackedStream]:
     """(train, held-out) streams, cached under ``$HARNESS_CACHE/heads/streams`` by target + recipe.
 
     ``documents`` (tests, ``source=inline``) replaces the ShareGPT documents; ``layers`` adds
-    early-exit boundaries (:func:`encode_stream`).
+    early-exit boundaries (:func:`encode_stream`); ``key``: :func:`streams_key` of these, where the
+    caller has it.
     """
 
-    key = streams_key(tokenizer, recipe, target_hash=target_hash, documents=documents, layers=layers)
-    base = cache_root() / "heads" / "streams" / f"{target_hash[:12]}-{key}"
+    key = key or streams_key(tokenizer, recipe, target_hash=target_hash, documents=documents, layers=layers)
+    base = streams_base(target_hash, key)
     paths = (base.with_name(base.name + "-train.safetensors"), base.with_name(base.name + "-heldout.safetensors"))
     if cache and all(p.is_file() for p in paths):
         return load_stream(paths[0]), load_stream(paths[1])
@@ -358,17 +201,7 @@ def _encode_streams(
         if recipe.source != "sharegpt":
             raise ValueError(f"data.source must be 'sharegpt' unless documents are given; got {recipe.source!r}")
         options = dict(tokenizer=tokenizer, vocab_size=vocab, max_len=recipe.max_len, chat=recipe.chat)
-        exclude = held_out_index(recipe.split, tokenizer=tokenizer, vocab_size=vocab)
-        train_docs = take_budget(
-            sharegpt_documents(
-                recipe.split,
-                **options,
-                exclude=exclude,
-                exclude_prompts=held_out_prompts(recipe.split),
-                tally=tallies[0],
-            ),
-            recipe.token_budget,
-        )
+        train_docs = training_documents(recipe, tokenizer=tokenizer, vocab_size=vocab, tally=tallies[0])
         held_docs = take_budget(
             sharegpt_documents(recipe.held_out_split, **options, tally=tallies[1]),
             recipe.held_out_tokens,
@@ -399,6 +232,7 @@ class TrainingData:
     held: PackedStream
     started: float  # perf_counter() when the preparation began (the manifest's total_seconds)
     stream_seconds: float  # fingerprinting the target and encoding (or loading) the streams
+    stream: str | None = None  # the training stream's file name under $HARNESS_CACHE/heads/streams
 
 
 def training_data(
@@ -409,6 +243,7 @@ def training_data(
     started = time.perf_counter()
     target_hash = target_fingerprint(target.model, target.tokenizer)
     data = DataRecipe(**recipe["data"])
+    key = streams_key(target.tokenizer, data, target_hash=target_hash, documents=documents, layers=layers)
     train, held = training_streams(
         target.model,
         target.tokenizer,
@@ -417,8 +252,18 @@ def training_data(
         documents=documents,
         progress=progress,
         layers=layers,
+        key=key,
     )
-    return TrainingData(target_hash, target.source, data, train, held, started, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    stream = streams_base(target_hash, key).name + "-train.safetensors"
+    return TrainingData(target_hash, target.source, data, train, held, started, seconds, stream)
+
+
+def training_text_record(streams: TrainingData) -> dict:
+    """What an artifact's manifest keeps to find its training text again (the run's leakage gate,
+    :class:`~harness.heads.artifacts.TrainingLeakage`): the training stream's file name in the cache
+    and the SHA-256 of its token ids, which a stream read back or documents tokenised again must match."""
+    return {"stream": streams.stream, "tokens_sha256": tokens_sha256(streams.train.tokens.numpy())}
 
 
 def streams_record(streams: TrainingData) -> dict:
@@ -446,7 +291,8 @@ def trained_artifact_manifest(
     **extra,
 ) -> dict:
     """The manifest of an artifact trained on the cached target streams (heads, EAGLE drafts):
-    what it was trained for and on (:func:`streams_record`), held-out agreement before and after, the
+    what it was trained for and on (:func:`streams_record`, :func:`training_text_record`), held-out
+    agreement before and after, the
     training log, and ``cpu_budget_artifact`` from the tokens it saw (not from the device it ran on)."""
     data, train_stream = streams.data, streams.train
     manifest = {
@@ -459,6 +305,7 @@ def trained_artifact_manifest(
         "tokens_seen": int(len(train_stream)),
         "documents": int(train_stream.num_documents),
         "streams": streams_record(streams),
+        "training_text": training_text_record(streams),
         "held_out": {
             "split": data.held_out_split,
             "tokens": len(streams.held),

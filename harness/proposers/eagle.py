@@ -65,7 +65,7 @@ from harness.contracts import (
     ProposalResult,
     ProposalStateHandle,
 )
-from harness.heads.artifacts import load_configured_eagle
+from harness.heads.artifacts import ChecksTrainingLeakage, TrainingLeakage, load_configured_eagle
 from harness.heads.checkpoint import ArtifactError
 from harness.heads.eagle import DraftKV
 from harness.heads.eagle_formats import published_config_problem
@@ -93,7 +93,7 @@ def static_widths(budget: Budget) -> tuple[int, ...]:
     return tuple(budget.widths) or (1,) * budget.max_depth
 
 
-class EagleProposer(HiddenRowProposer):
+class EagleProposer(ChecksTrainingLeakage, HiddenRowProposer):
     name: ClassVar[str] = "eagle"
     shapes: ClassVar[frozenset[str]] = SHAPES
     batch_limit_reason: ClassVar[str] = (
@@ -101,9 +101,12 @@ class EagleProposer(HiddenRowProposer):
         "cache per request; in a batched forward it would find no row of its own request"
     )
 
-    def __init__(self, *, draft: torch.nn.Module, **common) -> None:
-        """``draft``: the EAGLE draft network; ``common``: the keywords of :class:`TargetBoundProposer`."""
+    def __init__(self, *, draft: torch.nn.Module, training_leakage: TrainingLeakage | None = None, **common) -> None:
+        """``draft``: the EAGLE draft network; ``training_leakage``: the workload check against the
+        text the draft trained on (:meth:`check_workload`); ``common``: the keywords of
+        :class:`TargetBoundProposer`."""
         super().__init__(**common)
+        self.training_leakage = training_leakage
         self.draft = self.run_like_target(draft.to(device=self.device, dtype=self.dtype).eval())
         self.spec = draft.spec
         own = getattr(draft, "embed_tokens", None)
@@ -153,7 +156,8 @@ class EagleProposer(HiddenRowProposer):
     @classmethod
     def load_artifact(cls, options: dict, *, model: torch.nn.Module, tokenizer) -> dict:
         artifact = load_configured_eagle(options, model=model, tokenizer=tokenizer)
-        return {"draft": artifact.draft, "artifact_manifest": artifact.manifest}
+        leakage = TrainingLeakage(artifact.manifest, tokenizer=tokenizer, vocab_size=model.config.vocab_size)
+        return {"draft": artifact.draft, "artifact_manifest": artifact.manifest, "training_leakage": leakage}
 
     # ------------------------------------------------------------------ lifecycle
     def counters(self) -> dict:

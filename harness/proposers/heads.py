@@ -61,7 +61,7 @@ from typing import ClassVar
 import torch
 
 from harness.contracts import Budget, ProposalResult, ProposalStateHandle
-from harness.heads.artifacts import load_configured_heads
+from harness.heads.artifacts import ChecksTrainingLeakage, TrainingLeakage, load_configured_heads
 from harness.heads.checkpoint import ArtifactError
 from harness.heads.models import vocab_projection
 from harness.heads.published import check_target, inspect, is_published
@@ -101,7 +101,7 @@ def draft_widths(budget: Budget, num_heads: int) -> tuple[int, ...]:
     return widths
 
 
-class HeadsProposer(HiddenRowProposer):
+class HeadsProposer(ChecksTrainingLeakage, HiddenRowProposer):
     """Shared machinery; subclasses only name the head kind."""
 
     kind: ClassVar[str] = "heads"
@@ -111,9 +111,11 @@ class HeadsProposer(HiddenRowProposer):
         "forward they would find no row of their own request and propose nothing"
     )
 
-    def __init__(self, *, heads, **common) -> None:
-        """``heads``: the head bank; ``common``: the keywords of :class:`TargetBoundProposer`."""
+    def __init__(self, *, heads, training_leakage: TrainingLeakage | None = None, **common) -> None:
+        """``heads``: the head bank; ``training_leakage``: the workload check against the text the
+        heads trained on (:meth:`check_workload`); ``common``: the keywords of :class:`TargetBoundProposer`."""
         super().__init__(**common)
+        self.training_leakage = training_leakage
         if heads.spec.kind != self.kind:
             raise ValueError(f"proposer {self.name!r} got a {heads.spec.kind!r} head bank")
         self.heads = heads.eval()
@@ -150,7 +152,8 @@ class HeadsProposer(HiddenRowProposer):
     @classmethod
     def load_artifact(cls, options: dict, *, model: torch.nn.Module, tokenizer) -> dict:
         artifact = load_configured_heads(cls.kind, options, model=model, tokenizer=tokenizer)
-        return {"heads": artifact.heads, "artifact_manifest": artifact.manifest}
+        leakage = TrainingLeakage(artifact.manifest, tokenizer=tokenizer, vocab_size=model.config.vocab_size)
+        return {"heads": artifact.heads, "artifact_manifest": artifact.manifest, "training_leakage": leakage}
 
     @classmethod
     def check_plan(cls, options: dict, budget: Budget, geometry) -> None:

@@ -28,7 +28,7 @@ from typing import ClassVar
 import torch
 
 from harness.contracts import Budget, ConfigError, ProposalNode, ProposalResult, ProposalStateHandle
-from harness.heads.artifacts import load_adapter, load_skip
+from harness.heads.artifacts import ChecksTrainingLeakage, TrainingLeakage, load_adapter, load_skip
 from harness.heads.partial import PartialPath, ProvisionalKV, causal_rows_mask
 from harness.heads.state import PrefixHashes
 from harness.proposers.memo import memo_call
@@ -165,15 +165,25 @@ class SelfSpecProposer(TargetBoundProposer):
         )
 
 
-class EarlyExitProposer(SelfSpecProposer):
+class EarlyExitProposer(ChecksTrainingLeakage, SelfSpecProposer):
     """Kangaroo: layers ``[0, l)`` + adapter + shared LM head; stop at confidence ``<= eta``."""
 
     name: ClassVar[str] = "early_exit"
 
     def __init__(
-        self, *, checkpoint: str, adapter, exit_layer: int, eta: float = 0.5, artifact_manifest=None, **common
+        self,
+        *,
+        checkpoint: str,
+        adapter,
+        exit_layer: int,
+        eta: float = 0.5,
+        artifact_manifest=None,
+        training_leakage: TrainingLeakage | None = None,
+        **common,
     ) -> None:
-        """The adapter's artifact id joins the checkpoint its draft rows are tagged with."""
+        """The adapter's artifact id joins the checkpoint its draft rows are tagged with;
+        ``training_leakage``: the workload check against the text the adapter trained on
+        (:meth:`check_workload`)."""
         if not 0.0 <= eta < 1.0:
             raise ValueError(f"proposer.eta must be in [0, 1); got {eta}")
         self.boundary = f"layers<{int(exit_layer)}+adapter"
@@ -186,6 +196,7 @@ class EarlyExitProposer(SelfSpecProposer):
         self.adapter = adapter.eval()
         self.exit_layer = int(exit_layer)
         self.eta = float(eta)
+        self.training_leakage = training_leakage
 
     @classmethod
     def check_plan(cls, options: dict, budget: Budget, geometry) -> None:
@@ -209,6 +220,7 @@ class EarlyExitProposer(SelfSpecProposer):
             "exit_layer": int(art.manifest["recipe"]["exit_layer"]),
             "eta": float(options.get("eta", 0.5)),
             "artifact_manifest": art.manifest,
+            "training_leakage": TrainingLeakage(art.manifest, tokenizer=tokenizer, vocab_size=model.config.vocab_size),
         }
 
     def threshold(self) -> float:
