@@ -474,3 +474,32 @@ def test_every_source_s_depth_cap_is_an_option():
     assert "proposer.depths.prompt_lookup=2: proposer.sources=[rest] leaves it out" in inert_options(left_out)
     with pytest.raises(Exception, match=r"proposer.depths\[rest\]=0 is out of range; each must be >= 1"):
         plan(compose_cfg(*base, "proposer.depths.rest=0"))
+
+
+class Governed(Fixed):
+    """A source whose workload-governance gate says ``status``."""
+
+    def __init__(self, status: str, *, name: str) -> None:
+        super().__init__({(): [5]}, name=name)
+        self.status = status
+
+    def check_workload(self, items, *, allow_leakage=False):
+        return {"status": self.status}
+
+
+@pytest.mark.parametrize(
+    "statuses, merged",
+    [
+        (("not_applicable", "passed"), "passed"),
+        (("not_applicable", "not_applicable"), "not_applicable"),
+        (("passed", "skipped"), "skipped"),
+        (("not_applicable", "skipped"), "skipped"),
+    ],
+)
+def test_merged_governance_is_the_worst_of_what_its_sources_checked(statuses, merged):
+    """A source with nothing to check (a published draft) is no pass: sources that all had nothing
+    to check make the merged entry not applicable, not passed."""
+    sources = [Governed(s, name=f"s{i}") for i, s in enumerate(statuses)]
+    proposer = MergedProposer(budget=Budget("merged", 3, 4), manifest_hash="h", sources=sources)
+    entry = proposer.check_workload([])
+    assert entry["status"] == merged and set(entry["sources"]) == {"s0", "s1"}

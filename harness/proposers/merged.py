@@ -276,7 +276,10 @@ class MergedProposer(Proposer):
         if not entries:
             return None
         statuses = {e["status"] for e in entries.values()}
-        worst = next(s for s in ("failed", "skipped", "passed") if s in statuses | {"passed"})
+        # a source with nothing to check (a published draft) is not a pass: the merged entry says so
+        # only when no source checked anything
+        checked = statuses - {"not_applicable"} or {"not_applicable"}
+        worst = next(s for s in ("failed", "skipped", "passed", "not_applicable") if s in checked)
         override = {"override": "allow_leakage=true"} if worst == "skipped" else {}
         return {"status": worst, **override, "kind": "merged_sources", "sources": entries}
 
