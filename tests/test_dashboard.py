@@ -165,10 +165,10 @@ def test_the_specification_becomes_w_and_b_report_objects_without_a_server():
     blocks = report_blocks(spec, wr)
     grids = [b for b in blocks if isinstance(b, wr.PanelGrid)]
     # the review's grouped bar chart has its own grid (runs grouped by workload, then proposer, then
-    # with no records known every other axis)
+    # with no records known every other axis), and so has each kept-apart section's
     grouped = [g for g in grids if g.runsets[0].groupby]
     axes = ["workload", "proposer", "topology", "verifier", "temperature", "batch_size", "model", "machine"]
-    assert len(grouped) == 2 and grouped[0].runsets[0].groupby == [f"config.{a}" for a in axes]
+    assert len(grouped) == 4 and grouped[0].runsets[0].groupby == [f"config.{a}" for a in axes]
     assert isinstance(grouped[0].panels[0], wr.BarPlot) and grouped[0].panels[0].metrics == [
         "decode_speedup",
         "speedup",
@@ -181,6 +181,83 @@ def test_the_specification_becomes_w_and_b_report_objects_without_a_server():
         expr.expr_to_filters(grid.runsets[0].filters)  # W&B's own parser reads the filter
     line = next(p for g in grids for p in g.panels if p.title.startswith("Acceptance at depth"))
     assert line.x == "depth" and line.legend_template == spec["labels"]["legend_template"]
+
+
+def _admits(expression: str, *, group: str, state: str, tags: list[str]) -> bool:
+    """Whether a run of this group, state and tags passes a W&B filter expression, as W&B's own
+    parser reads it (conditions on the group, the state and the tags, all of which must hold)."""
+    from wandb_workspaces import expr
+
+    run = {"group": group, "state": state}
+    for leaf in expr.expr_to_filters(expression).filters:
+        name, value = leaf.key.name, leaf.value
+        if name == "tags":
+            hit = any(t in tags for t in value)
+            ok = hit if leaf.op == "IN" else not hit if leaf.op == "NIN" else None
+        else:
+            ok = run[name] == value if leaf.op == "=" else run[name] != value if leaf.op == "!=" else None
+        assert ok is not None, f"unexpected condition {leaf}"
+        if not ok:
+            return False
+    return True
+
+
+def test_a_speedup_bar_never_averages_runs_of_two_sections():
+    """The kept-apart section's speedup bars grouped ungated, heuristic and CPU-budget-artifact runs
+    of one arm into one bar (one run set over all three tags). Each finished run now counts in the
+    bars of exactly one chart, and every chart's runs are of one section, the one harness compare and
+    the report put them in; a superseded run counts nowhere. The runs are told apart by their tags,
+    so runs logged before are kept apart too."""
+    wr = pytest.importorskip("wandb_workspaces.reports.v2")
+    from harness.tracking.dashboard import report_blocks
+    from harness.tracking.store import record_gated, section_of
+    from harness.tracking.wandb_tracker import status_tags
+
+    def record(*, gated: bool, exact: bool, cpu: bool) -> dict:
+        r = load_record(FIXTURE_RUNS[0])
+        r["gated"], r["exact"] = gated, exact
+        r["metrics"]["cpu_budget_artifact"] = cpu
+        if not gated:
+            r["gates"]["oracle"]["status"] = "skipped"
+        return r
+
+    runs = [record(gated=g, exact=e, cpu=c) for g in (True, False) for e in (True, False) for c in (False, True)]
+    sections = {
+        section_of(exact=r["exact"], cpu_budget_artifact=r["metrics"]["cpu_budget_artifact"], gated=record_gated(r))
+        for r in runs
+    }
+    assert sections == {"exact", "ungated", "heuristic", "cpu_budget_artifact"}
+    spec = build_spec("g", axes_rows=[])
+    bar_filters = [
+        grid.runsets[0].filters
+        for grid in report_blocks(spec, wr)
+        if isinstance(grid, wr.PanelGrid)
+        and grid.panels
+        and isinstance(grid.panels[0], wr.BarPlot)
+        and grid.runsets[0].groupby
+        and grid.panels[0].metrics[0] == "decode_speedup"
+    ]
+    charts: dict[str, set[str]] = {f: set() for f in bar_filters}
+    for r in runs:
+        section = section_of(
+            exact=r["exact"], cpu_budget_artifact=r["metrics"]["cpu_budget_artifact"], gated=record_gated(r)
+        )
+        tags = status_tags(r)
+        counted = [f for f in bar_filters if _admits(f, group="g", state="finished", tags=tags)]
+        assert len(counted) == 1, (section, tags, counted)
+        charts[counted[0]].add(section)
+        assert not any(_admits(f, group="g", state="finished", tags=[*tags, "superseded"]) for f in bar_filters)
+    assert sorted(sorted(s) for s in charts.values()) == [
+        ["cpu_budget_artifact"],
+        ["exact"],
+        ["heuristic"],
+        ["ungated"],
+    ]
+    assert len(bar_filters) == 4  # the review's, then one per kept-apart section
+    apart = {p["section"]: p for p in spec["sections"][1]["panels"] if "section" in p}
+    assert list(apart) == ["ungated", "heuristic", "cpu_budget_artifact"]
+    for name, panel in apart.items():
+        assert charts[panel["filter"]] == {name}
 
 
 def test_bad_input_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):

@@ -366,6 +366,38 @@ def test_speedup_vs_batch_draws_one_line_per_configuration_and_repeats_without_a
     assert series.get_label() == "runs (repeats)" and series.lines[0].get_linestyle() == "None"
 
 
+def test_speedup_vs_batch_never_joins_options_that_differ_only_from_one_batch_size_to_another():
+    """topology.max_nodes 8 at batch 1 and 16 at batches 2 and 4: within each batch size the option
+    is one value, yet the runs are two configurations. The batch-1 run is no point of the other
+    configuration's line, and the line is named by the option; the batch size's own option
+    (generation.batch_size) names nothing."""
+    from harness.tracking.report import plot_speedup_vs_batch
+
+    df = pd.DataFrame(
+        {
+            "section": "exact",
+            "run_id": ["r1", "r2", "r3"],
+            "proposer": "prompt_lookup",
+            "topology": "sequence",
+            "verifier": "greedy",
+            "temperature": 0.0,
+            "batch_size": [1, 2, 4],
+            "workload": "w",
+            "model": "m",
+            "decode_speedup": [1.2, 0.9, 0.8],
+            "config.topology.max_nodes": [8, 16, 16],
+            "config.generation.batch_size": [1, 2, 4],
+            "per_prompt": "[]",
+        }
+    )
+    ax = plot_speedup_vs_batch(df, {}).figure.axes[0]
+    (series,) = ax.containers
+    assert series.get_label() == "topology.max_nodes=16"
+    assert list(series.lines[0].get_xdata()) == [2, 4] and list(series.lines[0].get_ydata()) == [0.9, 0.8]
+    plot = plot_speedup_vs_batch(df[df["batch_size"] < 4], {})  # one batch size per configuration: no line
+    assert plot.figure is None and "no configuration was run at two batch sizes" in plot.note
+
+
 def test_speedup_vs_batch_draws_each_section_as_its_own_series_with_its_marker_and_tag():
     """An exact run at batch 1 and an ungated run of the same configuration at batch 4 were one
     series: a line from one to the other with the exact runs' marker and no "[ungated]" in its label.

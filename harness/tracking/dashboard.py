@@ -22,7 +22,8 @@ summary, ``depth/*``, ``round/*`` and ``t_profile/*`` from the run history, the 
 config. Legends follow the report's convention: each run by the axes that differ among the runs
 (read from the group's records when they are on disk, else every axis of a run name). Runs are
 kept apart as the report keeps them: gated exact runs in the main panels; ungated, heuristic and
-CPU-budget runs in their own section; failed, refused and interrupted runs listed with their stage and error.
+CPU-budget runs in their own section, with speedup bars of their own per kind (a bar never averages
+one kind's runs with another's); failed, refused and interrupted runs listed with their stage and error.
 """
 
 from __future__ import annotations
@@ -57,8 +58,15 @@ from harness.tracking.store import (
 from harness.tracking.wandb_tracker import DEFAULT_PROJECT, base_url, tracking_problem, unreachable, wandb_group
 
 SPEC_FORMAT = "harness-dashboard/1"
-#: tags of runs kept out of the main panels (see wandb_tracker.status_tags)
-APART_TAGS: tuple[str, ...] = ("ungated", "heuristic", "cpu-budget-artifact")
+#: the sections runs are kept apart in besides the exact one (:func:`~harness.tracking.store.section_of`),
+#: in its order, each with the tag that marks its runs (see wandb_tracker.status_tags) and its name
+APART_SECTIONS: tuple[tuple[str, str, str], ...] = (
+    ("ungated", "ungated", "ungated runs (a gate skipped)"),
+    ("heuristic", "heuristic", "heuristic runs (exact: false)"),
+    ("cpu_budget_artifact", "cpu-budget-artifact", "CPU-budget-artifact runs"),
+)
+#: tags of runs kept out of the main panels
+APART_TAGS: tuple[str, ...] = tuple(tag for _, tag, _ in APART_SECTIONS)
 #: the tag of a run whose record a later run of the same job replaced (kept out of every panel)
 SUPERSEDED_TAG = "superseded"
 PANEL_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "parallel_coordinates")
@@ -215,6 +223,33 @@ def review_panels(*, legend: str, min_rounds: int, split_by: Sequence[str] = ())
     ]
 
 
+def apart_panels(*, legend: str, min_rounds: int, split_by: Sequence[str], in_group: str) -> list[dict[str, Any]]:
+    """The panels of the kept-apart section: the speedup bars once per section of
+    :data:`APART_SECTIONS`, each over that section's runs only (its ``filter``: a run's first tag
+    among :data:`APART_TAGS` decides its section, as :func:`~harness.tracking.store.section_of`
+    does), so a bar never averages an ungated run with a CPU-budget-artifact one; then acceptance by
+    depth and the frontier, one line or point per run."""
+    panels = {p["id"]: p for p in review_panels(legend=legend, min_rounds=min_rounds, split_by=split_by)}
+    bars = panels["speedup_by_proposer_workload"]
+    out = []
+    for k, (section, tag, name) in enumerate(APART_SECTIONS):
+        earlier = [t for _, t, _ in APART_SECTIONS[:k]] + [SUPERSEDED_TAG]
+        out.append(
+            {
+                **({key: v for key, v in bars.items() if key != "note"} if k else bars),  # the note once
+                "id": f"{bars['id']}:{section}",
+                "title": f"{bars['title']}: {name}",
+                "section": section,
+                "runs": name,
+                "filter": (
+                    f"{in_group} and State = 'finished' and Tags in [{_quote(tag)}] and "
+                    f"Tags not in [{', '.join(_quote(t) for t in earlier)}]"
+                ),
+            }
+        )
+    return out + [panels["acceptance_by_depth"], panels["frontier"]]
+
+
 def build_spec(
     group: str,
     *,
@@ -273,11 +308,7 @@ def build_spec(
                 "id": "apart",
                 "title": "Kept apart: ungated, heuristic (exact: false) and CPU-budget-artifact runs",
                 "filter": f"{in_group} and State = 'finished' and Tags in {apart} and {current}",
-                "panels": [
-                    p
-                    for p in review_panels(legend=legend, min_rounds=min_rounds, split_by=split_by)
-                    if p["id"] in {"speedup_by_proposer_workload", "acceptance_by_depth", "frontier"}
-                ],
+                "panels": apart_panels(legend=legend, min_rounds=min_rounds, split_by=split_by, in_group=in_group),
             },
             {
                 "id": "failed",
@@ -354,15 +385,17 @@ def _wandb_panel(p: Mapping[str, Any], wr: Any) -> Any:
 def report_blocks(spec: Mapping[str, Any], wr: Any) -> list[Any]:
     """The W&B report blocks (``wandb_workspaces.reports.v2``) of a specification: per section a
     heading, the panels' notes and a panel grid over the section's runs; a panel that groups runs
-    (``group_by``, e.g. speedup by workload and proposer) gets its own grid whose run set is
-    grouped by those axes (W&B groups runs per run set)."""
+    (``group_by``, e.g. speedup by workload and proposer) or reads a part of the section's runs
+    (its own ``filter``: one kept-apart section's) gets its own grid whose run set is grouped by
+    those axes and filtered by that filter (W&B groups and filters runs per run set)."""
 
-    def runset(section: Mapping[str, Any], group_by: Sequence[str] = ()) -> Any:
+    def runset(section: Mapping[str, Any], group_by: Sequence[str] = (), panel: Mapping[str, Any] | None = None) -> Any:
+        panel = panel or {}
         return wr.Runset(
             entity=spec.get("entity") or "",
             project=spec["project"],
-            name=section["title"][:60],
-            filters=section["filter"],
+            name=(panel.get("runs") or section["title"])[:60],
+            filters=panel.get("filter") or section["filter"],
             groupby=[f"config.{a}" for a in group_by],
             visible_columns=list(section.get("columns", [])),
         )
@@ -374,9 +407,10 @@ def report_blocks(spec: Mapping[str, Any], wr: Any) -> list[Any]:
         if notes:
             blocks.append(wr.UnorderedList(items=notes))
         for p in section["panels"]:
-            if p.get("group_by"):
-                blocks.append(wr.PanelGrid(runsets=[runset(section, p["group_by"])], panels=[_wandb_panel(p, wr)]))
-        plain = [_wandb_panel(p, wr) for p in section["panels"] if not p.get("group_by")]
+            if p.get("group_by") or p.get("filter"):
+                grid = [runset(section, p.get("group_by", ()), p)]
+                blocks.append(wr.PanelGrid(runsets=grid, panels=[_wandb_panel(p, wr)]))
+        plain = [_wandb_panel(p, wr) for p in section["panels"] if not (p.get("group_by") or p.get("filter"))]
         blocks.append(wr.PanelGrid(runsets=[runset(section)], panels=plain))
     return blocks
 

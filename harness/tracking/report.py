@@ -781,16 +781,27 @@ def _run_speedup(row: pd.Series, prompts: list[dict[str, Any]] | None) -> tuple[
     return est.value, est.ci_low, est.ci_high
 
 
+def series_config_keys(runs: pd.DataFrame) -> list[str]:
+    """The config keys that differ among runs sharing every axis but batch size: the options
+    (:func:`~harness.tracking.compare.arm_config_keys`) that tell one arm's runs apart, and those
+    that differ only from one batch size to another (``topology.max_nodes`` 8 at B=1, 16 at B=2).
+    The batch size's own option (``generation.batch_size``) and seeds are none of them."""
+    if "batch_size" not in runs.columns:
+        return arm_config_keys(runs)
+    return arm_config_keys(runs.assign(batch_size=0))  # every batch size in one group per other axes
+
+
 def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     runs = _sections(df, spec, ["exact"])
     if runs.empty or runs["batch_size"].nunique() < 2:
         return Plot(None, "fewer than two batch sizes among the runs")
     series_axes = [a for a in AXES if a != "batch_size"]
     # a series is one configuration of one section on one machine: its axes and the options that tell
-    # one arm's runs apart (a swept topology.max_nodes), so a line never zig-zags through two
-    # configurations at one batch size, nor joins an ungated (or heuristic) run to an exact one, nor one
-    # machine's point to another's
-    options = [k for k in arm_config_keys(runs) if f"config.{k}" in runs.columns]
+    # apart runs of every axis but batch size (a swept topology.max_nodes, or one set per batch size),
+    # so a line never zig-zags through two configurations at one batch size, nor joins one
+    # configuration's point to another's at the next batch size, nor an ungated (or heuristic) run to an
+    # exact one, nor one machine's point to another's
+    options = [k for k in series_config_keys(runs) if f"config.{k}" in runs.columns]
     fig = _new_figure()
     ax = fig.add_subplot()
     order = {name: k for k, name in enumerate(SECTIONS)}
@@ -847,7 +858,8 @@ def plot_speedup_vs_batch(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
     if not drawn:
         return Plot(
             None,
-            "no configuration was run at two batch sizes (the other axes held fixed, in one section, on one machine)",
+            "no configuration was run at two batch sizes (the other axes and options held fixed, in one section, "
+            "on one machine)",
         )
     ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
     ax.set_xscale("log", base=2)
