@@ -451,7 +451,7 @@ def test_arms_whose_runs_flagged_timing_outliers_are_noted_under_their_section()
 def test_batched_arms_resample_whole_batches_and_a_single_batch_has_no_interval():
     """A batch's requests share its time, so they are one measurement: an arm of batched runs
     resamples batches (its point estimate is the same ratio of sums), one batch gives no interval,
-    and its comparison with a baseline keeps the point and drops the interval."""
+    and its comparison with a baseline resamples the same batches in both arms (one batch: none)."""
     from harness.tracking.compare import leaderboard
 
     prompts = [("p1", "c", 10, 10, 20, 10), ("p2", "c", 14, 10, 20, 10), ("p3", "c", 9, 10, 30, 10)]
@@ -479,7 +479,19 @@ def test_batched_arms_resample_whole_batches_and_a_single_batch_has_no_interval(
     )
     assert (rows["two"].speedup.ci_low, rows["two"].speedup.ci_high) == (two.ci_low, two.ci_high)  # two batches
     assert rows["one"].speedup.ci_low is not None  # four prompts at batch 1: four units
-    assert rows["two"].vs_baseline.value is not None and rows["two"].vs_baseline.ci_low is None
+    # vs the batch-1 baseline: the two batches of "two", each arm's sums over them (the same rows: 1.0)
+    same = paired_bootstrap(
+        ([24.0, 21.0], [20.0, 20.0], [24.0, 21.0], [20.0, 20.0]),
+        speedup_statistic,
+        confidence_level=0.95,
+        n_resamples=200,
+        seed=0,
+        method="percentile",
+    )
+    assert rows["two"].vs_baseline == same and (same.value, same.ci_low, same.ci_high) == (1.0, 1.0, 1.0)
+    assert rows["two"].n_pair_units == 2 and rows["two"].n_pairs_baseline == 4
+    assert rows["four"].vs_baseline.value == pytest.approx(1.0) and rows["four"].vs_baseline.ci_low is None
+    assert rows["four"].n_pair_units == 1  # one batch of four: one unit in both arms
     _, board = leaderboard(df, by="proposer", n_resamples=200)
     cells = {r.arm: r.cells["overall"] for r in board}
     assert cells["four"].speedup.ci_low is None and cells["two"].speedup.ci_low == two.ci_low
@@ -1209,3 +1221,124 @@ def test_the_json_names_the_records_left_out_for_changed_outputs(tmp_path, capsy
     shutil.rmtree(root / fixture_run(3).name)
     assert main([str(root), "resamples=50", f"json={tmp_path / 'c.json'}"]) == 0
     assert json.loads((tmp_path / "c.json").read_text())["left_out_records"] == []
+
+
+#: six prompts (id, category, spec ms, spec tokens, AR ms, AR tokens) for the batched-unit tests
+_SIX = [
+    ("p0", "c", 10, 10, 20, 10),
+    ("p1", "c", 30, 10, 30, 10),
+    ("p2", "c", 10, 5, 12, 5),
+    ("p3", "c", 100, 10, 100, 10),
+    ("p4", "c", 20, 10, 50, 10),
+    ("p5", "c", 15, 10, 15, 10),
+]
+
+
+def _batched(df: pd.DataFrame, batches: dict[str, dict[str, int]]) -> pd.DataFrame:
+    """``df`` with the runs named in ``batches`` (run id -> {prompt id: batch index}) at batch size 2."""
+    df = df.copy()
+    for run, index in batches.items():
+        entries = json.loads(df.loc[df["run_id"] == run, "per_prompt"].item())
+        df.loc[df["run_id"] == run, "per_prompt"] = json.dumps(
+            [{**e, "batch_index": index[e["prompt_id"]]} for e in entries]
+        )
+        df.loc[df["run_id"] == run, "batch_size"] = 2
+    return df
+
+
+_PAIRS = {"p0": 0, "p1": 0, "p2": 1, "p3": 1, "p4": 2, "p5": 2}  # batches {p0, p1}, {p2, p3}, {p4, p5}
+
+
+def _boot(*data):
+    return paired_bootstrap(
+        data, speedup_statistic, confidence_level=0.95, n_resamples=300, seed=0, method="percentile"
+    )
+
+
+def test_repeated_batched_runs_add_no_resampling_units():
+    """Two seeds of one batched configuration were resampled as six independent batches, not three:
+    the same data twice gave an interval about 40% narrower. Repeats now sum into the units one run
+    has, as repeats at batch 1 sum by prompt, and a batch-1 run pooled with a batched one puts each
+    prompt in one unit (the components of the batches its prompts shared)."""
+    one = _batched(_toy({"s0": {"proposer": "a", "prompts": _SIX}}), {"s0": _PAIRS})
+    two = _batched(
+        _toy({"s0": {"proposer": "a", "prompts": _SIX}, "s1": {"proposer": "a", "prompts": _SIX}}),
+        {"s0": _PAIRS, "s1": _PAIRS},
+    )
+    mixed = _batched(
+        _toy({"s0": {"proposer": "a", "prompts": _SIX}, "s1": {"proposer": "a", "prompts": _SIX}}), {"s0": _PAIRS}
+    )  # s1 at batch 1
+    # the three batches' sums: spec 40/20, 110/15, 35/20 ms/tokens; AR 50/20, 112/15, 65/20
+    expected = _boot([50.0, 112.0, 65.0], [20.0, 15.0, 20.0], [40.0, 110.0, 35.0], [20.0, 15.0, 20.0])
+    assert expected.value == pytest.approx((227 / 55) / (185 / 55))
+    assert expected.ci_low < expected.value < expected.ci_high
+    for df in (one, two, mixed):
+        row = _row(compare(df, n_resamples=300), "a")
+        assert row.n_units == 3 and row.n_prompts == 6
+        assert row.speedup == expected  # twice the sums: the same ratios, the same interval
+    # the leaderboard's cell draws the same three units
+    from harness.tracking.compare import leaderboard
+
+    for df in (one, two, mixed):
+        (cell,) = [r.cells["overall"] for r in leaderboard(df, n_resamples=300)[1]]
+        assert cell.speedup == expected
+
+
+def test_resampling_units_join_the_prompts_that_shared_a_batch_in_any_run():
+    from harness.tracking.compare import resampling_units
+
+    long = pd.DataFrame(
+        {
+            "prompt_id": ["p0", "p1", "p2", "p3", "p1", "p2", "p3", "p4", "p5", "p5"],
+            "batch_unit": ["x/batch 0", "x/batch 0", "x/batch 1", "x/batch 1"]  # run x: {p0, p1}, {p2, p3}
+            + ["y/batch 0", "y/batch 0", "y/batch 1", "y/batch 1"]  # run y: {p1, p2}, {p3, p4}
+            + ["p5", "p5"],  # p5 at batch 1 in two runs: a unit of its own
+        }
+    )
+    assert resampling_units(long) == {"p0": "p0", "p1": "p0", "p2": "p0", "p3": "p0", "p4": "p0", "p5": "p5"}
+
+
+def test_a_batched_arm_s_ratio_to_the_baseline_resamples_the_batches_of_both_arms():
+    """An arm of batched runs had a vs-baseline point and no interval. Both arms now resample the
+    components of the prompts' batches in either arm's runs, each arm's times summed over them."""
+    base = [("p0", "c", 15, 10, 20, 10), ("p1", "c", 40, 10, 30, 10), ("p2", "c", 10, 5, 12, 5)]
+    base += [("p3", "c", 90, 10, 100, 10), ("p4", "c", 30, 10, 50, 10), ("p5", "c", 30, 10, 15, 10)]
+    df = _toy({"ra": {"proposer": "a", "prompts": _SIX}, "rb": {"proposer": "b", "prompts": base}})
+    # the baseline at batch 1: the units are a's batches; b's spec 55/20, 100/15, 60/20 over them
+    rows = compare(_batched(df, {"ra": _PAIRS}), baseline="b", n_resamples=300)
+    expected = _boot([55.0, 100.0, 60.0], [20.0, 15.0, 20.0], [40.0, 110.0, 35.0], [20.0, 15.0, 20.0])
+    a = _row(rows, "a")
+    assert a.vs_baseline == expected and expected.ci_low < expected.ci_high
+    assert (a.n_pairs_baseline, a.n_pair_units) == (6, 3)
+    text = format_table(rows, by="proposer", baseline="b", level=0.95)
+    assert "fewer than 5 prompts or batches (a: 3 batches, 3 batches of 6 prompts shared with the baseline): " in text
+    # the baseline batched {p1, p2} together: with a's {p0, p1} and {p2, p3}, one unit {p0..p3}, and {p4, p5}
+    b_batches = {"p1": 0, "p2": 0, "p0": 1, "p3": 2, "p4": 3, "p5": 4}
+    rows = compare(_batched(df, {"ra": _PAIRS, "rb": b_batches}), baseline="b", n_resamples=300)
+    expected = _boot([155.0, 60.0], [35.0, 20.0], [150.0, 35.0], [35.0, 20.0])
+    a = _row(rows, "a")
+    assert a.vs_baseline == expected and a.n_pair_units == 2
+    assert _row(rows, "a").n_units == 3 and _row(rows, "b").n_units == 5  # each arm's own interval: its batches
+
+
+def test_a_category_named_all_is_its_own_row_beside_the_summary():
+    """A workload category named ``all`` was taken for the summary row: its row held every prompt
+    and each arm's summary printed twice. It is shown as ``all (category)``."""
+    prompts = [("a", "all", 10, 10, 20, 10), ("b", "all", 30, 10, 30, 10), ("c", "code", 10, 5, 10, 5)]
+    prompts.append(("d", "code", 100, 10, 100, 10))
+    rows = [r for r in compare(_toy({"r1": {"proposer": "pl", "prompts": prompts}}), n_resamples=50) if r.arm == "pl"]
+    assert [(r.category, r.n_prompts) for r in rows] == [("all (category)", 2), ("code", 2), ("all", 4)]
+    assert rows[0].speedup.value == pytest.approx((50 / 20) / (40 / 20))  # its two prompts only
+    assert rows[2].speedup.value == pytest.approx((160 / 35) / (150 / 35))
+    text = format_table(rows, by="proposer", baseline=None, level=0.95)
+    assert [line.split()[:3] for line in text.splitlines() if line.startswith("pl ")] == [
+        ["pl", "all", "(category)"],
+        ["pl", "code", "2"],
+        ["pl", "all", "4"],
+    ]
+    # no category reads as the summary, nor two as one
+    from harness.tracking.compare import category_label
+
+    assert category_label("all", "all") == "all (category)"
+    assert category_label("all (category)", "all") == "all (category) (category)"
+    assert category_label("code", "all") == "code" and category_label("overall", "all") == "overall"

@@ -269,3 +269,55 @@ def test_the_speedup_bar_plots_mark_an_arm_pooling_other_temperatures(root):
     assert labels == ["proposer: prompt_lookup*", "proposer: rest"]
     assert "(prompt_lookup*: temperature=0,0.7)" in plot.caption
     assert [t.get_text() for t in plot.figure.legends[0].get_texts()] == ["prompt_lookup*: temperature=0,0.7"]
+
+
+def _rewrite(root, name, per_prompt, run_id=None):
+    """Write run ``name`` under ``root``: lb0's record (prompt_lookup) with ``per_prompt`` (and ``run_id``)."""
+    record = json.loads((root / "lb0" / "record.json").read_text())
+    record["per_prompt"] = per_prompt
+    record["run_id"] = run_id or record["run_id"]
+    (root / name).mkdir(exist_ok=True)
+    shutil.copy(root / "lb0" / "outputs.jsonl", root / name / "outputs.jsonl")
+    (root / name / "record.json").write_text(json.dumps(record))
+
+
+def test_a_category_named_overall_is_a_column_beside_the_overall_one(root):
+    """A category named ``overall`` was no column: its prompts showed in the overall cell only. It
+    is a column of its own, ``overall (category)``, and the overall column still holds every prompt."""
+    for name in ("lb0", "lb1"):
+        record = json.loads((root / name / "record.json").read_text())
+        record["per_prompt"] = [
+            {**p, "category": "overall" if p["category"] == "qa" else p["category"]} for p in record["per_prompt"]
+        ]
+        (root / name / "record.json").write_text(json.dumps(record))
+    columns, rows = leaderboard(aggregate(root), n_resamples=100)
+    assert columns == ["mt_bench", "overall (category)", "overall"]
+    pl = rows[0].cells
+    assert pl["overall (category)"].n_prompts == 2 and pl["overall"].n_prompts == 4
+    assert pl["overall (category)"].speedup.value == pytest.approx(120 / 80)  # prompts 321 and 322 only
+    assert pl["overall"].speedup.value == pytest.approx((420 / 50) / (230 / 50))
+    text = format_leaderboard(columns, rows, by="proposer", level=0.95)
+    assert "prompts per column: mt_bench=2, overall (category)=2, overall=4" in text
+
+
+def test_the_leaderboard_refuses_a_prompt_of_two_categories_in_one_arm_as_the_table_does(root):
+    """The table refused an arm whose runs gave one prompt two categories; the leaderboard took the
+    first run's category and showed figures the table refused, beside it in the report."""
+    from harness.tracking.compare import compare
+    from harness.tracking.report import _leaderboard_section
+
+    rows = [prompt("321", "summarization", 40.0, 10, 60.0, 10, 2), prompt("322", "qa", 40.0, 10, 60.0, 10, 2)]
+    _rewrite(root, "lb-other", rows, run_id="lb-other")
+    df = aggregate(root)
+    said = (
+        "prompt '321' (one text) carries different categories in the runs one arm pools ('summarization' in run "
+        "lb-other, 'qa' in run lb0; 1 such prompt(s)): compare those runs apart"
+    )
+    with pytest.raises(ValueError, match=re.escape(said)):
+        compare(df, n_resamples=50)
+    with pytest.raises(ValueError, match=re.escape(said)):
+        leaderboard(df, n_resamples=50)
+    assert _leaderboard_section(df, {})[0].startswith(f"_leaderboard not available: {said}")
+    # apart (by= the run), each arm has one category per prompt: both figure
+    columns, board = leaderboard(df, by="run_id", n_resamples=50)
+    assert {r.arm for r in board} == {"lb0", "lb1", "lb-other"} and "summarization" in columns

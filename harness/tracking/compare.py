@@ -20,7 +20,9 @@ are arms apart, each named by what sets it apart (``draft_model (model=tiny)``,
 its table. Arms by the machine itself (``by=hardware.device_name``, ``by=hardware.device``) differ in
 it by design: they have a ratio to a baseline on another machine, as arms by model to another model.
 Its per-prompt rows are summed by prompt (its id and content fingerprint, :func:`prompt_key`) over
-its runs, so the pairing unit is always the prompt. For each arm and each workload category (and ``all``):
+its runs, so the pairing unit is always the prompt. For each arm and each workload category (and ``all``,
+the summary row; a category that is itself named ``all`` is shown as ``all (category)``, and in the
+leaderboard one named ``overall`` as ``overall (category)``, so neither reads as, nor merges with, the summary):
 
 * ``time_per_committed_token_ms`` = sum(spec_decode_ms) / sum(spec_tokens) (decode time);
 * ``speedup`` = [sum(ar_decode_ms) / sum(ar_tokens)] / [sum(spec_decode_ms) / sum(spec_tokens)],
@@ -38,7 +40,13 @@ At batch > 1 a prompt's time is its request's latency inside its batch, so an ar
 runs has per-request figures: its requests' summed latencies over their summed tokens (each request
 weighted by its tokens), not a record's per-batch ``time_per_committed_token_ms`` and
 ``decode_speedup``, nor its ``request_speedup`` (the ratio of the two arms' means of per-request ms
-per token, each request weighted alike); the table says so under its section.
+per token, each request weighted alike); the table says so under its section. A batch's requests share
+its time, so the bootstrap resamples them together: an arm's resampling unit
+(:func:`resampling_units`) is a connected component of prompts, those joined by sharing a batch in any
+of its runs (a prompt no run batched is a unit alone, as at batch 1). Repeated runs of one configuration
+add no units: two seeds of one batched sweep give the interval one gives, as repeats at batch 1 do, and a
+prompt an arm ran at batch 1 and batched is one unit. An arm's ratio to the baseline resamples the prompts
+both ran, in the components of both arms' batches, so that the two arms draw the same units.
 
 The leaderboard (:func:`leaderboard`, printed after the tables; ``leaderboard=false`` leaves it
 out) has Spec-Bench's shape: one row per arm, one column per Spec-Bench task (its eight MT-bench
@@ -47,18 +55,19 @@ cell holds the speedup above and the mean accepted tokens per round with the bon
 token counted (``sum(spec_tokens) / sum(spec_rounds)``, as Spec-Bench's "#Mean Accepted Tokens"
 and vLLM's mean acceptance length count it: 1.00 for plain decoding), each with its CI, and
 Spec-Bench's speedup statistic (a ratio of per-prompt means, wall time with prefill, the tokens generated) as a
-point value. Notes under each section's leaderboard name the arms that pool runs of other configurations
-(what the table's mixed-axes column lists, seeds aside), arms of batched runs and arms that differ in more
-than ``by``; its JSON gives each row's ``varying``, ``apart`` and ``batch_sizes``, and each section's ``notes``.
+point value. It refuses what the table refuses (a prompt of two categories in one arm's runs). Notes
+under each section's leaderboard name the arms that pool runs of other configurations (what the table's
+mixed-axes column lists, seeds aside), arms of batched runs and arms that differ in more than ``by``; its
+JSON gives each row's ``varying``, ``apart`` and ``batch_sizes``, and each section's ``notes``.
 
-Confidence intervals: ``scipy.stats.bootstrap`` with ``paired=True``, resampling prompts (every
-quantity of one prompt moves together) in the order of their ids (:func:`prompt_order`), so an
-arm's interval does not depend on the other records compared beside it. Runs whose timings are not honest
-(``cpu_budget_artifact``) and heuristic runs (``exact: false``) are labelled and reported in
-their own sections, never mixed with exact runs. Values are recomputed from ``per_prompt``, each
-request's latency inside its batch; a record's ``decode_speedup`` and ``speedup`` divide batch
-wall time instead, so at batch 1 they differ by the batch's own bookkeeping (under 1% on the test
-fixtures) and at larger batches by what batching overlaps.
+Confidence intervals: ``scipy.stats.bootstrap`` with ``paired=True``, resampling prompts (every quantity
+of one prompt moves together; at batch > 1 the prompts that shared a batch, above) in the order of their
+ids (:func:`prompt_order`), so an arm's interval does not depend on the other records compared beside it.
+Runs whose timings are not honest (``cpu_budget_artifact``) and heuristic runs (``exact: false``) are
+labelled and reported in their own sections, never mixed with exact runs. Values are recomputed from
+``per_prompt``, each request's latency inside its batch; a record's ``decode_speedup`` and ``speedup``
+divide batch wall time instead, so at batch 1 they differ by the batch's own bookkeeping (under 1% on the
+test fixtures) and at larger batches by what batching overlaps.
 """
 
 from __future__ import annotations
@@ -162,7 +171,12 @@ class ArmRow:
     baseline_other_model: list[str] = field(default_factory=list)
     #: [these runs' machines, the baseline's] when they differ: no ratio to the baseline then
     baseline_other_machine: list[str] = field(default_factory=list)
-    n_units: int = 0  # the resampling units its intervals draw from: prompts, or batches of a batched run
+    # the resampling units its intervals draw from (:func:`resampling_units`): prompts, or the groups of
+    # prompts that shared a batch in its runs
+    n_units: int = 0
+    # the units its vs-baseline interval draws from: of the prompts both arms ran, the groups that shared a
+    # batch in either arm's runs (n_pairs_baseline where neither batched)
+    n_pair_units: int = 0
     # its runs whose decode sped up with no proposed token accepted (one token per round): not speculation's
     unaccepted_runs: int = 0
 
@@ -294,12 +308,57 @@ def prompt_key(run: pd.Series, p: Mapping[str, Any], *, by_fingerprint: bool = T
 
 
 def _batch_unit(run: pd.Series, p: Mapping[str, Any], prompt: str) -> str:
-    """The unit a run's requests share time in: its batch at batch > 1; else ``prompt`` (the
-    prompt's pairing key), so that a prompt's rows from runs of one request at a time are one unit,
-    as they are where no run of the arm batched."""
+    """The batch a run's request shared its time in: ``<run id>/batch <i>`` at batch > 1; else
+    ``prompt`` (the prompt's pairing key), a batch of that prompt alone."""
     if p.get("batch_index") is not None and _run_batch_size(run) > 1:
         return f"{run['run_id']}/batch {p['batch_index']}"
     return prompt
+
+
+def resampling_units(long: pd.DataFrame) -> dict[str, str]:
+    """Each prompt of the per-prompt rows ``long`` (with ``prompt_id`` and ``batch_unit``) -> the
+    unit the bootstrap resamples it in: the connected component of prompts joined by sharing a batch
+    in any run of ``long``, named by its least prompt key. A prompt no run batched is a unit of its
+    own, whatever number of runs repeat it; one batched with others in one run, or in another
+    composition in another run, moves together with all of them."""
+    parent: dict[str, str] = {k: k for k in long["prompt_id"].unique()}
+
+    def root(k: str) -> str:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for keys in long.groupby("batch_unit", sort=False)["prompt_id"].unique():
+        first = root(keys[0])
+        for k in keys[1:]:
+            other = root(k)
+            if other != first:  # the least key roots the merged component: its name
+                first, other = min(first, other), max(first, other)
+                parent[other] = first
+    return {k: root(k) for k in parent}
+
+
+def _unit_sums(rows: pd.DataFrame, units: Mapping[str, str], summed: Any = None) -> pd.DataFrame:
+    """``rows`` (per-prompt rows) summed per resampling unit (``units``: prompt -> unit, from
+    :func:`resampling_units`), by ``summed`` (:func:`_summed` unless given), in :func:`prompt_order`."""
+    return (summed or _summed)(rows.assign(_unit=rows["prompt_id"].map(units)), "_unit")
+
+
+#: appended to a workload category whose name is (or starts as) the label of a summary row or column
+#: (``all`` in the table, ``overall`` in the leaderboard), so that it reads as a category of that name
+CATEGORY_SUFFIX = " (category)"
+
+
+def category_label(category: str, summary: str) -> str:
+    """A workload category as a table beside the summary row ``summary`` names it: itself, or with
+    :data:`CATEGORY_SUFFIX` appended where, its suffixes taken off, it is ``summary`` (``all`` ->
+    ``all (category)``, ``all (category)`` -> ``all (category) (category)``): no category reads as
+    the summary, nor two categories as one."""
+    stem = category
+    while stem.endswith(CATEGORY_SUFFIX):
+        stem = stem[: -len(CATEGORY_SUFFIX)]
+    return category + CATEGORY_SUFFIX if stem == summary else category
 
 
 def _run_batch_size(run: pd.Series) -> int:
@@ -318,8 +377,7 @@ def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
             "prompt_id": (key := prompt_key(run, p, by_fingerprint=by_fingerprint)),
             "raw_prompt_id": str(p["prompt_id"]),
             "batch_unit": _batch_unit(run, p, key),
-            "batched": _run_batch_size(run) > 1,
-            "category": str(p["category"]),
+            "category": category_label(str(p["category"]), ALL),
             "truncated": bool(p.get("cut_tokens") or p.get("ar_cut_tokens")),  # absent in older records: none
             **{c: float(p[c]) for c in _PROMPT_COLUMNS},
             **{c: float(p[c]) if p.get(c) is not None else math.nan for c in _PREFILL_COLUMNS},
@@ -333,7 +391,6 @@ def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
         "prompt_id",
         "raw_prompt_id",
         "batch_unit",
-        "batched",
         "category",
         "truncated",
         *_PROMPT_COLUMNS,
@@ -345,6 +402,16 @@ def prompt_table(df: pd.DataFrame) -> pd.DataFrame:
 def _arm_prompts(long: pd.DataFrame) -> pd.DataFrame:
     """Sum one arm's rows by prompt: [prompt_id] -> category, the four decode columns and the
     two prefill columns."""
+    refuse_mixed_categories(long)
+    summed = _summed(long, "prompt_id")
+    summed["category"] = long.groupby("prompt_id", sort=True)["category"].first()
+    return summed
+
+
+def refuse_mixed_categories(long: pd.DataFrame) -> None:
+    """Refuse one arm's per-prompt rows ``long`` (``prompt_id``, ``raw_prompt_id``, ``run_id``,
+    ``category``) where one prompt carries different categories in its runs: its category's figures
+    would hold it under one of them only. The table and the leaderboard refuse alike."""
     cats = long.groupby("prompt_id")["category"].nunique()
     if (cats > 1).any():
         key = cats[cats > 1].index[0]
@@ -355,9 +422,6 @@ def _arm_prompts(long: pd.DataFrame) -> pd.DataFrame:
             f"pools ({said}; {int((cats > 1).sum())} such prompt(s)): compare those runs apart (by= an axis they "
             "differ in, or a filter such as workload=..., seed=...), or give the prompt one category in every file"
         )
-    summed = _summed(long, "prompt_id")
-    summed["category"] = long.groupby("prompt_id", sort=True)["category"].first()
-    return summed
 
 
 def _summed(long: pd.DataFrame, unit: str) -> pd.DataFrame:
@@ -842,6 +906,8 @@ def compare(
         arm_runs[key] = group
         arm_long[key] = long[long["run_id"].isin(group["run_id"])]
         arms[key] = _arm_prompts(arm_long[key])
+    # each arm's resampling units: its prompts, joined where they shared a batch in any of its runs
+    units_of = {key: resampling_units(rows) for key, rows in arm_long.items()}
 
     base_key: dict[str, tuple[str, str] | None] = {}
     if baseline is not None:
@@ -877,15 +943,13 @@ def compare(
                 # a category's row counts the runs that hold its prompts, and their outliers only
                 cat_long = arm_long[key] if cat == ALL else arm_long[key][arm_long[key]["category"] == cat]
                 cat_runs = arm_runs[key][arm_runs[key]["run_id"].isin(cat_long["run_id"])]
-                # the resampling unit: a prompt, or for a batched run's rows a batch, whose requests share
-                # its time (a category no batched run holds is resampled by prompt alone)
-                units = p
-                cat_batched = bool(cat_long["batched"].any())
-                if cat_batched:
-                    units = _summed(cat_long, "batch_unit")
+                # the resampling unit (:func:`resampling_units`): a prompt, summed over the runs that
+                # repeat it, or the prompts that shared a batch with it (a category no batched run holds
+                # is resampled by prompt alone)
+                units = _unit_sums(cat_long, units_of[key])
                 tpt = paired_bootstrap((units["spec_decode_ms"], units["spec_tokens"]), ratio_of_sums, **boot)
                 speed = decode_speedup(units, boot)
-                vs, n_pairs, differs, other_model, other_machine = None, 0, {}, [], []
+                vs, n_pairs, n_pair_units, differs, other_model, other_machine = None, 0, 0, {}, [], []
                 bk = base_key.get(section)
                 if bk is not None and bk != key:
                     differs = _axes_apart(cat_runs, arm_runs[bk], by)
@@ -899,15 +963,19 @@ def compare(
                     common = [k for k in p.index if k in in_base]  # in this arm's order
                     n_pairs = len(common)
                     if n_pairs:
-                        b, a = b.loc[common], p.loc[common]
+                        # both arms resample the same units: the components of their prompts' batches in
+                        # either arm's runs (a prompt batched with another in either moves with it)
+                        base_long = arm_long[bk] if cat == ALL else arm_long[bk][arm_long[bk]["category"] == cat]
+                        if (key, bk) not in units_of:
+                            units_of[key, bk] = resampling_units(pd.concat([arm_long[key], arm_long[bk]]))
+                        a = _unit_sums(cat_long[cat_long["prompt_id"].isin(common)], units_of[key, bk])
+                        b = _unit_sums(base_long[base_long["prompt_id"].isin(common)], units_of[key, bk]).loc[a.index]
+                        n_pair_units = len(a)
                         vs = paired_bootstrap(
                             (b["spec_decode_ms"], b["spec_tokens"], a["spec_decode_ms"], a["spec_tokens"]),
                             speedup_statistic,
                             **boot,
                         )
-                        base_long = arm_long[bk] if cat == ALL else arm_long[bk][arm_long[bk]["category"] == cat]
-                        if cat_batched or bool(base_long["batched"].any()):  # pairs across batches: not independent
-                            vs = Estimate(vs.value)
                 out.append(
                     ArmRow(
                         section=section,
@@ -923,6 +991,7 @@ def compare(
                         speedup=speed,
                         vs_baseline=vs,
                         n_pairs_baseline=n_pairs,
+                        n_pair_units=n_pair_units,
                         labels=_labels(section),
                         end_to_end_speedup=end_to_end_speedup(units, boot),
                         batch_sizes=_batch_sizes(cat_runs),
@@ -972,7 +1041,9 @@ class LeaderRow:
 
 
 def leaderboard_prompts(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, prompt) with the leaderboard's per-prompt columns (NaN where absent)."""
+    """One row per (run, prompt) with the leaderboard's per-prompt columns (NaN where absent), its
+    category and its column (``task``: :func:`~harness.tracking.spec_bench.task_of`, or
+    ``overall (category)`` for a category named ``overall``)."""
     by_fingerprint = fingerprinted(runs)
     rows = [
         {
@@ -980,12 +1051,15 @@ def leaderboard_prompts(runs: pd.DataFrame) -> pd.DataFrame:
             "prompt_id": (key := prompt_key(run, p, by_fingerprint=by_fingerprint)),
             "raw_prompt_id": str(p["prompt_id"]),
             "batch_unit": _batch_unit(run, p, key),
-            "task": task_of(str(p["category"])),
+            "category": str(p["category"]),
+            # a category named as the overall column (``overall``) is a column of its own beside it
+            "task": category_label(task_of(str(p["category"])), OVERALL),
             **{c: float(p[c]) if p.get(c) is not None else np.nan for c in _LEADER_COLUMNS},
         }
         for run, p in run_prompts(runs)
     ]
-    return pd.DataFrame(rows, columns=["run_id", "prompt_id", "raw_prompt_id", "batch_unit", "task", *_LEADER_COLUMNS])
+    columns = ["run_id", "prompt_id", "raw_prompt_id", "batch_unit", "category", "task", *_LEADER_COLUMNS]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def _complete_sums(rows: pd.DataFrame, unit: str) -> pd.DataFrame:
@@ -1031,18 +1105,16 @@ def leaderboard(
         rows = []
         for arm, group in runs[runs["section"] == section].groupby(ARM, sort=True):
             mine = long[long["run_id"].isin(group["run_id"])]
+            refuse_mixed_categories(mine)  # as the table refuses it: no figure the table has none of
             summed = _complete_sums(mine, "prompt_id")
             summed["task"] = mine.groupby("prompt_id", sort=True)["task"].first()
-            batched = max(_batch_sizes(group) or (1,)) > 1  # then a batch is the resampling unit
+            units_of = resampling_units(mine)  # as the table's: prompts, joined where they shared a batch
             cells = {}
             for col in columns:
                 p = summed if col == OVERALL else summed[summed["task"] == col]
                 if p.empty:
                     continue
-                units = p
-                if batched:
-                    rows_ = mine if col == OVERALL else mine[mine["task"] == col]
-                    units = _complete_sums(rows_, "batch_unit")
+                units = _unit_sums(mine if col == OVERALL else mine[mine["task"] == col], units_of, _complete_sums)
                 speed = decode_speedup(units, boot)
                 accepted = Estimate(None)
                 if not units["spec_rounds"].isna().any():
@@ -1140,7 +1212,7 @@ POOLED_NOTE = (
 LEADER_BATCHED_NOTE = (
     "arms with runs at batch > 1 ({arms}): a prompt's time is its request's latency inside its batch, so their "
     "speedups are per request, the requests' summed latencies over their summed tokens, not batch throughput; "
-    "their intervals resample whole batches"
+    "their intervals resample whole batches (with every batch their prompts shared in another run)"
 )
 
 
@@ -1436,8 +1508,8 @@ FEW_UNITS_NOTE = (
 def few_units_note(sec: Sequence[ArmRow]) -> str | None:
     """:data:`FEW_UNITS_NOTE` naming the arms of ``sec`` (their ``all`` rows) whose intervals draw
     from 2 to :data:`MIN_INTERVAL_UNITS` - 1 units (one unit has no interval): their own, or the
-    prompts their vs-baseline interval pairs; and, of an arm measured on more, the categories of its
-    breakdown drawn from so few; or None."""
+    prompts (or batches of them) their vs-baseline interval pairs; and, of an arm measured on more, the
+    categories of its breakdown drawn from so few; or None."""
 
     def units(r: ArmRow, n: int) -> str:
         return f"{n} {'batches' if r.batch_sizes and max(r.batch_sizes) > 1 else 'prompts'}"
@@ -1450,8 +1522,9 @@ def few_units_note(sec: Sequence[ArmRow]) -> str | None:
         if 2 <= r.n_units < MIN_INTERVAL_UNITS:
             parts.append(units(r, r.n_units))
         interval = r.vs_baseline is not None and r.vs_baseline.ci_low is not None
-        if interval and 2 <= r.n_pairs_baseline < MIN_INTERVAL_UNITS:  # the vs-baseline interval draws these
-            parts.append(f"{r.n_pairs_baseline} prompts shared with the baseline")
+        if interval and 2 <= r.n_pair_units < MIN_INTERVAL_UNITS:  # the vs-baseline interval draws these
+            shared = f"{r.n_pairs_baseline} prompts shared with the baseline"
+            parts.append(shared if r.n_pair_units == r.n_pairs_baseline else f"{r.n_pair_units} batches of {shared}")
         if parts:
             few[r.arm] = f"{r.arm}: {', '.join(parts)}"
     categories: dict[str, list[str]] = {}
@@ -1492,8 +1565,9 @@ BATCHED_NOTE = (
     "their ms/committed token and speedups are per request, the requests' summed latencies over their summed "
     "tokens: not a record's time_per_committed_token_ms and decode_speedup (batch time per token: throughput), "
     "nor its request_speedup (a ratio of means of per-request ms per token); their intervals "
-    "resample whole batches (a batch's requests share its time; none from a single batch), and their "
-    "comparison with the baseline has no interval"
+    "resample whole batches, a batch's requests sharing its time (with every batch their prompts shared in "
+    "another run, and for the comparison with the baseline in the baseline's: runs repeated give no more "
+    "units); none from a single batch"
 )
 
 

@@ -520,8 +520,8 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
 
 def no_interval_caption(bare: int) -> str:
     """The part of a speedup plot's title that says how many of its bars have no interval (one
-    prompt measured them), where some have none."""
-    return f"; {bare} bar{'s' if bare != 1 else ''} without one: a single prompt" if bare else ""
+    resampling unit measured them: a single prompt, or prompts that shared batches), where some have none."""
+    return f"; {bare} bar{'s' if bare != 1 else ''} without one: a single prompt or batch" if bare else ""
 
 
 def _depth_metrics(runs: pd.DataFrame) -> list[dict[str, Any]]:
@@ -1135,7 +1135,8 @@ def _compare_section(df: pd.DataFrame, cfg: Mapping[str, Any]) -> list[str]:
     baseline = None if baseline is None else matching_label(str(baseline), {r.arm for r in rows})
     out = [
         f"Arms by `{by}`" + (f", filters {where}" if where else "") + "; pairing unit: prompt; "
-        "95% paired-bootstrap CIs over prompts (`harness compare`).",
+        "95% paired-bootstrap CIs over prompts, or for batched runs over the groups of prompts that shared "
+        "a batch (`harness compare`).",
         "",
     ]
     for section, sec in by_section(rows):
