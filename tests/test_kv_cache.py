@@ -249,3 +249,15 @@ def test_a_reservation_that_fits_moves_nothing_and_one_that_does_not_fit_or_matc
     assert layer.reserve_rows(7, keys, keys) == 8  # 15 slots: the buffers at least doubled, the rows kept
     assert layer.capacity >= 28 and layer._key_buffer.data_ptr() != buffer
     assert torch.equal(layer._key_buffer[:, :, :6], keys) and layer.cached_bytes() == 2 * 2 * 3 * 8 * 4 * 4
+
+
+def test_a_cache_is_made_on_a_transformers_release_without_its_stateless_layer(monkeypatch):
+    """Older transformers releases (a GPU image's) have no ``DummyLayer``: making a cache imported it
+    and every forward failed there; it is looked up only where it exists."""
+    import transformers.cache_utils as cache_utils
+
+    model = build_tiny_model()
+    monkeypatch.delattr(cache_utils, "DummyLayer", raising=False)
+    cache = kv_cache.new_cache(model.config, preallocated=True)
+    assert len(cache.layers) == model.config.num_hidden_layers
+    assert all(isinstance(layer, kv_cache.PreallocatedLayer) for layer in cache.layers)

@@ -197,9 +197,12 @@ def new_cache(config, *, preallocated: bool, reserve: int | None = None):
     forward's mask too long. :func:`cache_window` gives the window, and the backend refuses a
     forward whose rows reach positions past it (tree rows sit at their depth's position whatever
     cache slot holds them)."""
+    import transformers.cache_utils as cache_utils
     from transformers import DynamicCache
-    from transformers.cache_utils import DummyLayer, DynamicSlidingWindowLayer
+    from transformers.cache_utils import DynamicSlidingWindowLayer
 
+    # a layer that stores nothing (recent transformers releases; older ones, a GPU image's, have none)
+    stateless = tuple(t for t in (getattr(cache_utils, "DummyLayer", None),) if t is not None)
     cache = DynamicCache(config=config)
     # the plain sliding layer (transformers builds chunked attention as one); its subclasses keep other state
     windows = [int(layer.sliding_window) for layer in cache.layers if type(layer) is DynamicSlidingWindowLayer]
@@ -207,7 +210,7 @@ def new_cache(config, *, preallocated: bool, reserve: int | None = None):
         {
             type(layer).__name__
             for layer in cache.layers
-            if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer, DummyLayer)
+            if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer, *stateless)
         }
     )
     if stateful:
