@@ -46,6 +46,18 @@ def test_stream_rows_are_segment_causal(model):
     assert not torch.allclose(s.hidden[5:8].float(), packed, atol=2e-3)
 
 
+def test_a_residual_past_float16_is_refused_not_cached_as_infinity():
+    """The early-exit rows (the residual stream after the exit layer) are cached in float16; a target
+    whose residual holds a larger value cached infinity and trained on NaN."""
+    big = build_tiny_model(seed=3)
+    with torch.no_grad():
+        big.model.embed_tokens.weight.mul_(1e6)  # the residual carries the embedding: |x| ~ 1e5 and more
+    with pytest.raises(ValueError, match="residual stream after 1 decoder layers reach .*past float16"):
+        encode_stream(big, DOCS[:1], progress=False, layers=(1,))
+    fine = encode_stream(build_tiny_model(seed=3), DOCS[:1], progress=False, layers=(1,))
+    assert bool(torch.isfinite(fine.extra[1].float()).all()) and fine.extra[1].dtype == torch.float16
+
+
 def test_teacher_logits_recomputed_from_cached_rows(model):
     s = encode_stream(model, DOCS[:1], progress=False)
     with torch.no_grad():

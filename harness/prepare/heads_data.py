@@ -67,6 +67,23 @@ class PackedStream:
         return int(self.segment_ids.unique().numel()) if len(self) else 0
 
 
+#: the largest magnitude float16, the cached rows' storage, holds
+FLOAT16_MAX = float(torch.finfo(torch.float16).max)
+
+
+def _float16_rows(rows: torch.Tensor, what: str) -> torch.Tensor:
+    """``rows`` on the CPU in float16 (the streams' storage), refused where a finite value lies past
+    float16's range: it would be cached as infinity and train on NaN (a large model's residual
+    stream can reach it, with a few very large activations)."""
+    big = rows.abs().amax() if rows.numel() else rows.new_zeros(())
+    if bool(torch.isfinite(big)) and float(big) > FLOAT16_MAX:
+        raise ValueError(
+            f"{what} reach {float(big):,.0f}, past float16's {FLOAT16_MAX:,.0f}, the training streams' "
+            "storage: the rows cannot be cached for training on this target"
+        )
+    return rows.to("cpu", torch.float16)
+
+
 @torch.no_grad()
 def encode_stream(
     model: torch.nn.Module,
@@ -92,10 +109,10 @@ def encode_stream(
         out = model.base_model(input_ids=ids, use_cache=False, output_hidden_states=bool(extra))
         h = out.last_hidden_state[0]  # [L, d]
         for l, rows in extra.items():
-            rows.append(out.hidden_states[l][0].to("cpu", torch.float16))  # [L, d] after layers 0..l-1
+            rows.append(_float16_rows(out.hidden_states[l][0], f"the residual stream after {l} decoder layers"))
         tokens.append(ids[0].cpu())
         segs.append(torch.full((len(doc),), doc_id, dtype=torch.long))
-        hidden.append(h.to("cpu", torch.float16))
+        hidden.append(_float16_rows(h, "the final-norm hidden rows"))
         bar.update(len(doc))
     bar.close()
     d = int(model.config.hidden_size)
