@@ -164,11 +164,11 @@ def test_the_window_check_is_exact_at_the_threshold(env):
     assert len(doc) >= 2 * LEAKAGE_THRESHOLD
     for n, leaks in ((LEAKAGE_THRESHOLD - 1, False), (LEAKAGE_THRESHOLD, True)):
         ids = [0, 1, 2, *doc[20 : 20 + n].tolist(), 2, 1, 0]
-        entry = check(env, [(Prompt(prompt_id=f"n{n}", category="c", text="x"), ids)], allow_leakage=True)
+        entry = check(env, [(Prompt(prompt_id=f"n{n}", category="c"), ids)], allow_leakage=True)  # ids alone
         assert entry["items"][0]["prompt_leaked"] is leaks, n
         assert entry["status"] == ("skipped" if leaks else "passed")
     with pytest.raises(LeakageError, match=r"n32 \(prompt\)"):
-        check(env, [(Prompt(prompt_id="n32", category="c", text="x"), ids)])
+        check(env, [(Prompt(prompt_id="n32", category="c"), ids)])
 
 
 def test_a_later_turn_and_a_reference_answer_are_checked(env):
@@ -182,6 +182,43 @@ def test_a_later_turn_and_a_reference_answer_are_checked(env):
     assert entry["prompts"] == 2 and entry["texts_checked"] == 3
     assert entry["leaked"] == ["q turn 2", "r"]
     assert entry["shorter_than_window"] == 2  # the two [5, 6, 7] prompts
+
+
+def test_a_chat_template_s_fixed_wording_is_no_shared_text(monkeypatch):
+    """The training documents and a chat prompt's ids both open with the template's wording (a
+    system line, role markers): looked up as those ids, a prompt sharing one opening word with a
+    training conversation shared a 32-token window and was refused. Its written text is looked up."""
+    import harness.heads.artifacts as artifacts
+    from harness.target.loading import cache_root
+    from harness.workloads.datastore import ExclusionIndex
+
+    template = "A chat between a curious user and an assistant. USER: "
+
+    def ids(text: str) -> list[int]:
+        return byte_ids(text, vocab_size=VOCAB, max_len=10**6)
+
+    trained = "How do I bake sourdough bread with a starter I made last week? ASSISTANT: Feed it first."
+    text = artifacts.TrainingText(
+        index=ExclusionIndex([np.asarray(ids(template + trained))], LEAKAGE_THRESHOLD),
+        origin="cache",
+        split="train",
+        documents=1,
+        tokens=len(ids(template + trained)),
+        seconds=0.0,
+    )
+    manifest = {"artifact_id": "templated", "kind": "hydra"}
+    monkeypatch.setitem(artifacts._TRAINING_TEXTS, (str(cache_root()), "templated"), text)
+    gate = TrainingLeakage(manifest, tokenizer=None, vocab_size=VOCAB)
+    asked = "How can I improve my time management skills?"
+    for prompt in (
+        Prompt(prompt_id="m", category="c", messages=({"role": "user", "content": asked},)),
+        Prompt(prompt_id="t", category="c", turns=(asked, "And at work?")),
+    ):
+        entry = gate.check([(prompt, ids(template + asked))])  # the ids the template made: 36 shared tokens
+        assert entry["status"] == "passed" and entry["items"][0]["prompt_leaked"] is False
+    copied = Prompt(prompt_id="c", category="c", messages=({"role": "user", "content": trained},))
+    with pytest.raises(LeakageError, match=r"c \(prompt\)"):
+        gate.check([(copied, ids(template + trained))])
 
 
 def test_the_training_text_is_rebuilt_where_its_stream_is_not_cached(env, tmp_path, monkeypatch):

@@ -700,6 +700,18 @@ class TrainingLeakage:
     def encode(self, text: str) -> list[int]:
         return text_ids(text, tokenizer=self.tokenizer, vocab_size=self.vocab_size)
 
+    def written(self, prompt, ids) -> list[list[int]]:
+        """The first turn's texts as written, each encoded alone: a plain prompt's text, or each
+        message's content, or a conversation's first turn; not the ids the chat template made of them,
+        whose fixed wording (a system line, role markers: the training documents hold the same) would
+        count towards a shared window and flag any prompt opening as a training conversation does. A
+        prompt of token ids alone (no text) is looked up as its ids."""
+        messages = getattr(prompt, "messages", None)
+        if messages:
+            return [self.encode(str(m.get("content") or "")) for m in messages if str(m.get("content") or "").strip()]
+        plain = getattr(prompt, "text", None) or next(iter(getattr(prompt, "turns", None) or ()), None)
+        return [self.encode(plain)] if plain else [list(ids)]
+
     def check(self, items: list, *, allow_leakage: bool = False) -> dict:
         """``items``: ``[(Prompt, prompt_ids)]``. Returns the gate entry; raises
         :class:`~harness.workloads.datastore.LeakageError` on a leak unless ``allow_leakage``."""
@@ -718,18 +730,21 @@ class TrainingLeakage:
         for prompt, ids in items:
             prompt_id = getattr(prompt, "prompt_id", str(len(records)))
             ref = getattr(prompt, "reference", None)
-            texts = [(prompt_id, list(ids), self.encode(ref) if ref else None)]
+            texts = [(prompt_id, self.written(prompt, ids), self.encode(ref) if ref else None)]
             # a conversation's later user turns reach the model too (after its own answers): each is checked
             for k, turn in enumerate((getattr(prompt, "turns", None) or ())[1:], start=2):
-                texts.append((f"{prompt_id} turn {k}", self.encode(turn), None))
-            for name, prompt_ids, ref_ids in texts:
-                hit = text.index.first_hit(np.asarray(prompt_ids, dtype=np.int64))
+                texts.append((f"{prompt_id} turn {k}", [self.encode(turn)], None))
+            for name, pieces, ref_ids in texts:
+                hits = (text.index.first_hit(np.asarray(piece, dtype=np.int64)) for piece in pieces)
+                hit = next((h for h in hits if h is not None), None)
                 ref_hit = None if ref_ids is None else text.index.first_hit(np.asarray(ref_ids, dtype=np.int64))
                 leaked = hit is not None or ref_hit is not None
                 records.append(
                     {
                         "prompt_id": str(name),
-                        "prompt_tokens": len(prompt_ids),
+                        "prompt_tokens": sum(len(piece) for piece in pieces),
+                        # a window fits in one written text or in none: the longest decides
+                        "longest_text_tokens": max((len(piece) for piece in pieces), default=0),
                         "reference_tokens": None if ref_ids is None else len(ref_ids),
                         "prompt_leaked": hit is not None,
                         "reference_leaked": None if ref_ids is None else ref_hit is not None,
@@ -754,7 +769,7 @@ class TrainingLeakage:
                 "record then states it)."
             )
         short = sum(
-            (r["prompt_tokens"] < window) + (r["reference_tokens"] is not None and r["reference_tokens"] < window)
+            (r["longest_text_tokens"] < window) + (r["reference_tokens"] is not None and r["reference_tokens"] < window)
             for r in records
         )
         return {
