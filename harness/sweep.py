@@ -392,7 +392,12 @@ def launcher_refusal(hydra_cfg: DictConfig) -> str | None:
         return CONCURRENCY_UNKNOWN
     target = str(hydra_cfg.launcher.get("_target_", ""))
     if target.endswith("submitit_launcher.LocalLauncher"):
-        # it runs on this one node whatever ``nodes`` says
+        nodes = hydra_cfg.launcher.get("nodes")
+        if nodes is not None and nodes != 1:  # submitit's local executor refuses it once the sweep folder is written
+            return (
+                f"hydra.launcher.nodes={nodes!r}: submitit's local launcher runs on this one node; "
+                "set hydra.launcher.nodes=1"
+            )
         return one_task_refusal(hydra_cfg.launcher, starter="submitit's local controller", keys=("tasks_per_node",))
     if not target.endswith("SlurmLauncher"):
         return None

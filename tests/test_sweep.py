@@ -1555,6 +1555,14 @@ def test_submitit_local_tasks_per_node_is_refused_before_anything_is_written(env
         "set hydra.launcher.tasks_per_node=1"
     ]
     assert not sweep_dir.exists()
+    # submitit's local executor refused nodes=2 itself, once the sweep folder was written
+    assert sweep_main([*base, "hydra.launcher.nodes=2"]) == 2
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert err == [
+        "harness sweep: refused: hydra.launcher.nodes=2: submitit's local launcher runs on this one node; "
+        "set hydra.launcher.nodes=1"
+    ]
+    assert not sweep_dir.exists()
 
 
 def test_slurm_additional_parameters_that_are_no_mapping_are_refused_naming_the_option():
