@@ -54,6 +54,10 @@ def test_a_residual_past_float16_is_refused_not_cached_as_infinity():
         big.model.embed_tokens.weight.mul_(1e6)  # the residual carries the embedding: |x| ~ 1e5 and more
     with pytest.raises(ValueError, match="residual stream after 1 decoder layers reach .*past float16"):
         encode_stream(big, DOCS[:1], progress=False, layers=(1,))
+    with torch.no_grad():
+        big.model.embed_tokens.weight[DOCS[0][0]] = float("inf")  # an infinity beside the large values
+    with pytest.raises(ValueError, match="after 1 decoder layers hold NaN or infinity"):
+        encode_stream(big, DOCS[:1], progress=False, layers=(1,))
     fine = encode_stream(build_tiny_model(seed=3), DOCS[:1], progress=False, layers=(1,))
     assert bool(torch.isfinite(fine.extra[1].float()).all()) and fine.extra[1].dtype == torch.float16
 

@@ -72,11 +72,16 @@ FLOAT16_MAX = float(torch.finfo(torch.float16).max)
 
 
 def _float16_rows(rows: torch.Tensor, what: str) -> torch.Tensor:
-    """``rows`` on the CPU in float16 (the streams' storage), refused where a finite value lies past
-    float16's range: it would be cached as infinity and train on NaN (a large model's residual
-    stream can reach it, with a few very large activations)."""
+    """``rows`` on the CPU in float16 (the streams' storage), refused where a value is not finite
+    (the target's own forward overflowed) or lies past float16's range: it would be cached as
+    infinity and train on NaN (a large model's residual stream can reach it, with a few very large
+    activations)."""
+    if not bool(torch.isfinite(rows).all()):
+        raise ValueError(
+            f"{what} hold NaN or infinity: the target's forward overflowed; nothing can be trained on them"
+        )
     big = rows.abs().amax() if rows.numel() else rows.new_zeros(())
-    if bool(torch.isfinite(big)) and float(big) > FLOAT16_MAX:
+    if float(big) > FLOAT16_MAX:
         raise ValueError(
             f"{what} reach {float(big):,.0f}, past float16's {FLOAT16_MAX:,.0f}, the training streams' "
             "storage: the rows cannot be cached for training on this target"
