@@ -647,14 +647,19 @@ def _read_training_text(manifest: dict, *, tokenizer, vocab_size: int) -> Traini
         )
 
     streams = cache_root() / "heads" / "streams"
-    candidates = [streams / recorded["stream"]] if recorded.get("stream") else []
-    if source == "sharegpt":
-        layers = (int(recipe["exit_layer"]),) if kind == "early_exit" else ()
-        base = streams_base(
-            manifest["target_hash"], streams_key(tokenizer, data, target_hash=manifest["target_hash"], layers=layers)
-        )
-        candidates.append(base.with_name(base.name + "-train.safetensors"))
-    for path in candidates:
+
+    def candidates() -> Iterator[Path]:
+        """The recorded stream, then (only where that is not it: the key hashes the ShareGPT file) the
+        stream the recipe's key names."""
+        if recorded.get("stream"):
+            yield streams / recorded["stream"]
+        if source == "sharegpt":
+            layers = (int(recipe["exit_layer"]),) if kind == "early_exit" else ()
+            key = streams_key(tokenizer, data, target_hash=manifest["target_hash"], layers=layers)
+            base = streams_base(manifest["target_hash"], key)
+            yield base.with_name(base.name + "-train.safetensors")
+
+    for path in candidates():
         documents = _stream_documents(path)
         if documents is not None and trained_on(documents):
             return indexed(documents, "cache")
