@@ -56,6 +56,7 @@ from harness.prepare.trained import noting_outcomes
 from harness.runner import (
     build_context,
     check_model_options,
+    check_training_job,
     draft_model_key,
     load,
     load_models,
@@ -110,8 +111,21 @@ def is_plain_run(argv: list[str]) -> bool:
 
 def preflight(argv: list[str]) -> None:
     """Everything a plain `harness run` refuses from its config alone, before Hydra creates its run
-    folder: composition, values, negotiation, budgets, the workload and the output folder."""
-    checked_plan(argv)
+    folder: composition, values, negotiation, budgets, the workload, the output folder and a
+    multirun's launch options (:func:`check_one_job`)."""
+    cfg, _ = checked_plan(argv)
+    check_one_job(cfg)
+
+
+def check_one_job(cfg: DictConfig) -> None:
+    """A single run is one job: ``concurrent_jobs``, how many of a multirun's jobs its launcher runs
+    at once (each job's record says it, and compare reads it as the machine's sharing), is refused
+    other than 1, which a record would state while no other job ran beside it."""
+    if int(cfg.concurrent_jobs) != 1:
+        raise ConfigError(
+            f"concurrent_jobs={cfg.concurrent_jobs} is a sweep option (how many of a multirun's jobs run at once); "
+            "a single run is one job: drop it, or sweep (harness run -m ..., harness sweep NAME)"
+        )
 
 
 #: launchers that run a multirun's jobs on this machine (in this process or beside it)
@@ -413,6 +427,7 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
             return job
         run_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
         try:
+            check_one_job(cfg)  # where the preflight did not run (a command line with Hydra flags)
             record = run_job(cfg, run_dir=run_dir)  # logs to W&B itself with tracking=wandb
         except (Exception, KeyboardInterrupt) as exc:  # interrupted too: Hydra's end then cleans the folder up
             status["code"] = report_failure(command, exc, refusals=REFUSALS)
@@ -685,7 +700,13 @@ def calibrate(cfg: DictConfig, *, progress: bool = True) -> dict:
 CALIBRATE_UNREAD = (
     ("output_dir", "calibrate writes its artifacts to $HARNESS_CACHE/sequoia"),
     ("gates", "calibrate runs no gate"),
+    ("allow_leakage", "calibrate runs no gate"),
     ("tracking", "calibrate logs nothing to W&B"),
+    ("generation.max_new_tokens", "calibrate decodes topology.calibration.max_new_tokens per calibration prompt"),
+    ("generation.warmup_tokens", "calibrate runs no timed arms to warm up"),
+    ("generation.temp_kv_budget_bytes", "calibrate verifies topology.calibration.branches rows a round"),
+    ("workload.limit", "calibrate reads the calibration split, topology.calibration.prompts of it"),
+    ("concurrent_jobs", "a sweep option: calibrate is one job"),
 )
 
 
@@ -695,6 +716,18 @@ TRAIN_UNREAD = (
     ("gates", "train runs no gate"),
     ("tracking", "train logs nothing to W&B"),
     ("hydra", "train is no Hydra job: its artifact goes to the cache"),
+    ("generation", "train decodes nothing: it trains on proposer.data (a skip search on proposer.search)"),
+    ("verifier", "train verifies nothing"),
+    ("topology", "train drafts no tree"),
+    ("workload.limit", "train reads no evaluation prompts"),
+    ("workload.per_category", "train reads no evaluation prompts"),
+    ("workload.categories", "train reads no evaluation prompts"),
+    ("workload.path", "train reads no evaluation prompts"),
+    ("workload.chat", "train formats its documents by proposer.data.chat"),
+    ("workload.truncate", "train reads no evaluation prompts"),
+    ("allow_leakage", "train evaluates no prompts"),
+    ("seed", "train seeds from the recipe (proposer.train.seed, proposer.search.seed)"),
+    ("concurrent_jobs", "a sweep option: train is one job"),
 )
 
 
@@ -781,6 +814,12 @@ def train_main(argv: list[str]) -> int:
     return 0
 
 
+def training_accepts(cfg: DictConfig) -> None:
+    """What `harness train` refuses from the config alone (a fix it offers passes these)."""
+    validate_config(cfg)
+    check_training_job(cfg)
+
+
 def train(argv: list[str]) -> dict:
     """The artifact ``harness train argv`` builds (its manifest summary); refusals raise."""
     forced = [a.split("=", 1)[1].lower() for a in argv if a.startswith("force=")]
@@ -805,7 +844,6 @@ def train(argv: list[str]) -> dict:
                 suggestions=[(f"proposer={t}",) for t in sorted(TRAINERS)],
             )
         validate_config(cfg)
-        check_model_options(cfg.model, "model")  # what this machine cannot run, as harness run refuses it
     except ConfigError as exc:
         raise offer(exc, overrides) from exc
     if name == "layer_skip" and cfg.proposer.get("skip") is not None:  # before any model work
@@ -827,6 +865,10 @@ def train(argv: list[str]) -> dict:
         )
     if artifact:  # before any model work: training replaces what the path holds, so only an artifact of this kind
         refuse_foreign(name, artifact)
+    try:  # what this machine cannot run, and the training against the target's shape, as harness run refuses them
+        check_training_job(cfg)
+    except ConfigError as exc:
+        raise offer(exc, overrides, accept=training_accepts) from exc
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     target, _ = load_models(cfg)

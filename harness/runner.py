@@ -46,8 +46,8 @@ from tqdm import tqdm
 
 from harness.contracts import Budget, ConfigError, ContractError
 from harness.engine.arms import ARMS, METRIC_NOTES, Arms, ArmsResult, merged_proposer_extras
-from harness.engine.build import BuildContext, Plan, build_proposer, plan
-from harness.engine.checks import check_output_dir, models_in_use
+from harness.engine.build import BuildContext, Plan, build_proposer, plan, proposer_options
+from harness.engine.checks import check_output_dir, check_selected_names, models_in_use
 from harness.engine.decode import RoundConfig, check_temp_kv_budget
 from harness.files import artifact_lock
 from harness.gates.drift import heuristic_drift
@@ -84,7 +84,8 @@ from harness.prepare.sequoia import (
     cost_model_error,
     slower_than_ar_note,
 )
-from harness.proposers.base import NullProposer
+from harness.proposers.base import NullProposer, Proposer
+from harness.proposers.registry import PROPOSERS, proposer_class
 from harness.proposers.rest import datastore_sources, path_inert_options
 from harness.random_source import TorchRandomSource
 from harness.record_schema import is_gated
@@ -562,6 +563,7 @@ def check_verify_cost(cfg: DictConfig, budget) -> None:
 def check_job(cfg: DictConfig, run_dir: Path | None) -> Checked:
     """Values, negotiation, budgets, the output folder (when one is named), the workload's prompts
     and chat template file, the context limit and the temporary-KV budget."""
+    check_selected_names(cfg)  # before anything reads the proposer's options by its name
     check_models(cfg)
     plan_ = plan(cfg)
     check_cache_layers(cfg)
@@ -692,6 +694,27 @@ def check_training_fits(cfg: DictConfig, context) -> None:
             )
 
 
+#: the budget a proposer's ``check_plan`` is given for `harness train`, which drafts nothing: the
+#: checks that read a budget are those of a published checkpoint, which train refuses
+TRAINING_BUDGET = Budget(shape="sequence", max_nodes=1, max_depth=1)
+
+
+def check_training_job(cfg: DictConfig) -> None:
+    """What `harness train` refuses before any model work, as `harness run` refuses it for the same
+    proposer and target (after :func:`~harness.engine.checks.validate_config`): the target's options
+    (:func:`check_models`), the proposer's checks against the target's shape (``check_plan``: an
+    early-exit layer inside the target) and its training documents or search turns against the
+    target's positions (:func:`check_training_fits`). The generation, topology, verifier and
+    workload options, which training does not read, are not held to a run's checks."""
+    check_selected_names(cfg)
+    check_models(cfg)
+    check = getattr(proposer_class(cfg.proposer.name), "check_plan", None)
+    if check is not None:
+        check(proposer_options(cfg), TRAINING_BUDGET, lambda: model_geometry(cfg.model))
+    positions = context_limit(limits=position_limits(cfg), max_new_tokens=0, tree_rows=0, rule=TRUNCATE_REFUSE)
+    check_training_fits(cfg, positions)
+
+
 def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
     """:func:`check_job`, then the frozen manifest (which opens, or builds on first use, a retrieval
     proposer's datastore): every refusal that needs no model."""
@@ -734,6 +757,19 @@ LONGROPE = (
 
 def plan_context(cfg: DictConfig, tree_rows: int) -> ContextLimit:
     """The positions every turn must fit: the target's and a separate draft model's (config alone)."""
+    limit = context_limit(
+        limits=position_limits(cfg),
+        max_new_tokens=int(cfg.generation.max_new_tokens),
+        tree_rows=int(tree_rows),
+        rule=truncate_rule(cfg.workload.truncate),
+    )
+    limit.check_config()
+    return limit
+
+
+def position_limits(cfg: DictConfig) -> list[tuple[str, int | None]]:
+    """(which model, its position limit or None) of the target and a separate draft model: their
+    positions, sliding attention windows and longrope switches (config alone)."""
     limits = [(f"the target (model={cfg.model.name})", model_position_limit(cfg.model))]
     window = model_attention_window(cfg.model)
     if window is not None:
@@ -750,14 +786,7 @@ def plan_context(cfg: DictConfig, tree_rows: int) -> ContextLimit:
         switch = model_rope_switch(d)
         if switch is not None:
             limits.append((f"the draft model's longrope switch (model={d.name}){LONGROPE}", switch))
-    limit = context_limit(
-        limits=limits,
-        max_new_tokens=int(cfg.generation.max_new_tokens),
-        tree_rows=int(tree_rows),
-        rule=truncate_rule(cfg.workload.truncate),
-    )
-    limit.check_config()
-    return limit
+    return limits
 
 
 # --------------------------------------------------------------------------- load
@@ -1245,6 +1274,12 @@ def inert_options(cfg: DictConfig) -> list[str]:
                 if k in STATISTICAL_GATE_OPTIONS
             ]
     else:
+        near_tie = dict(_changed(cfg.gates)).get("near_tie_max_fraction")
+        if int(gen.top_k) != 1 and near_tie is not None and cfg.gates.get("enabled", True):
+            out.append(
+                f"gates.near_tie_max_fraction={near_tie}: the greedy-equality gate compares deterministic outputs "
+                "(temperature 0, or generation.top_k=1)"
+            )
         if int(gen.top_k) == 1:
             out.append(f"generation.temperature={gen.temperature}: top_k=1 keeps the argmax at any temperature")
             if float(gen.top_p) < 1.0:
@@ -1260,12 +1295,29 @@ def inert_options(cfg: DictConfig) -> list[str]:
         out.append(
             f"generation.exact=false: verifier={cfg.verifier.name} is exact (the option admits a heuristic verifier)"
         )
+    warmup = dict(_changed(gen)).get("warmup_tokens")
+    if warmup is not None and int(warmup) > int(gen.max_new_tokens):
+        out.append(
+            f"generation.warmup_tokens={warmup}: the warm-up generates at most generation.max_new_tokens="
+            f"{gen.max_new_tokens} tokens (a measured turn's length)"
+        )
     for key, m in models_in_use(cfg):
         out += _model_inert_options(key, m, target=None if key == "model" else cfg.model)
     if cfg.tracking.name == "none":
         out += [
             f"tracking.{k}={_text(v)}: tracking=none logs nothing" for k, v in _changed(cfg.tracking) if k != "name"
         ]
+    elif not cfg.tracking.get("system_metrics", True):
+        interval = dict(_changed(cfg.tracking)).get("system_metrics_interval_s")
+        if interval is not None:
+            out.append(
+                f"tracking.system_metrics_interval_s={interval}: tracking.system_metrics=false samples no system "
+                "metrics"
+            )
+    if cfg.get("allow_leakage"):
+        unchecked = leakage_unchecked(cfg)
+        if unchecked is not None:
+            out.append(f"allow_leakage=true: {unchecked}, so no leakage check runs")
     w = cfg.workload
     if w.get("path") is not None and w.name not in ("jsonl", "spec_bench"):
         out.append(
@@ -1386,6 +1438,45 @@ def inert_options(cfg: DictConfig) -> list[str]:
             "(proposer.budget_policy=adaptive reads it)"
         )
     return out
+
+
+def leakage_unchecked(cfg: DictConfig) -> str | None:
+    """Why no workload-leakage check (the gate ``allow_leakage=true`` lets a leak through) can run
+    for the configured proposer, known from the config: its class has none (it reads no datastore
+    and runs no artifact trained here), prompt lookup searches no datastore, or a published
+    checkpoint runs (no training text here to look prompts up in); None where a check runs, or may
+    (an artifact trained here: whether its training text can be had is known once it loads, and
+    :func:`gate_inert_options` says so then). A merged tree checks its sources."""
+
+    def why_not(name: str, node: DictConfig | None) -> str | None:
+        if node is None or name not in PROPOSERS:
+            return None
+        if proposer_class(name).check_workload is Proposer.check_workload:
+            return f"proposer={name} reads no datastore and runs no artifact trained here"
+        if name == "prompt_lookup" and node.get("datastore") is None:
+            return "proposer=prompt_lookup searches no datastore"
+        if checkpoint_decides(node):
+            return f"proposer.artifact={node.artifact} is a published checkpoint, trained on no text held here"
+        return None
+
+    prop = cfg.proposer
+    if prop.name != "merged":
+        return why_not(str(prop.name), prop)
+    sources = [str(s) for s in prop.get("sources") or []]
+    reasons = [why_not(s, prop.get(s)) for s in sources]
+    if sources and all(r is not None for r in reasons):
+        return f"no source of proposer.sources={_text(sources)} has one ({'; '.join(reasons)})"
+    return None
+
+
+def gate_inert_options(cfg: DictConfig, gates: dict) -> list[str]:
+    """The options the gates found inert that the config alone could not tell (:func:`inert_options`
+    lists the others): ``allow_leakage=true`` where the workload-governance gate did not apply (an
+    artifact whose training text cannot be had)."""
+    entry = gates.get("workload_governance") or {}
+    if not cfg.get("allow_leakage") or entry.get("status") != "not_applicable" or leakage_unchecked(cfg):
+        return []
+    return [f"allow_leakage=true: the leakage check does not apply ({entry.get('why', 'not applicable')})"]
 
 
 #: the gates' options that only the statistical gate (temperature > 0) reads
@@ -1561,7 +1652,7 @@ def gate(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepared) 
     # learned, remembered and counted before, as a run whose gates come from the cache starts
     learned = proposer.snapshot_learning()
     try:
-        return run_gates(
+        gates = run_gates(
             cfg,
             plan_=prepared.plan,
             backend=loaded.backend,
@@ -1571,6 +1662,10 @@ def gate(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepared) 
             model_identity=gate_model_identity(planned.manifest),
             positions=planned.context.positions,
         )
+        inert = gate_inert_options(cfg, gates)
+        if inert:
+            print(f"harness: note: option(s) with no effect here: {'; '.join(inert)}", file=sys.stderr)
+        return gates
     finally:
         proposer.forget_requests()
         proposer.restore_learning(learned)
@@ -1868,7 +1963,7 @@ def summarise(
         "metrics": metrics,
         "metric_notes": METRIC_NOTES,
         "per_prompt": measured.per_prompt,
-        "inert_options": inert_options(cfg),  # set, but changing nothing in this combination
+        "inert_options": inert_options(cfg) + gate_inert_options(cfg, gates),  # set, but changing nothing here
         "hardware": hardware_card(cfg.model.device),
         "model_source": loaded.target.source,
         "draft_source": loaded.draft.source if loaded.draft is not None else None,

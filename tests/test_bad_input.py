@@ -1148,6 +1148,29 @@ def test_a_hydra_group_given_no_option_lists_its_options():
             "topology=sequences",
         ),
         (["train", "proposer=prompt_lookup", "model=tiny"], "harness train: refused: ", "no trained artifact"),
+        # the run's checks that apply to training, before the target loads (it loaded, then refused; or trained)
+        (
+            ["train", "proposer=early_exit", "model=tiny"],
+            "harness train: refused: ",
+            "proposer.exit_layer must be in [1, 1] for this 2-layer target; got 2; try proposer.exit_layer=1",
+        ),
+        (
+            [
+                "train",
+                "proposer=early_exit",
+                "model=tiny",
+                "proposer.exit_layer=1",
+                "model.tiny.max_position_embeddings=64",
+            ],
+            "harness train: refused: ",
+            "proposer.data.max_len=256 tokens per training document exceed the 64 positions of the target "
+            "(model=tiny): training the artifact would run the target past them; try proposer.data.max_len=64",
+        ),
+        (
+            ["train", "proposer=medusa", "model=tiny", "proposer.name=eagle"],
+            "harness train: refused: ",
+            "proposer.name=eagle names another proposer than the options composed",
+        ),
         (["train", "proposer=hydra", "model=tiny", "proposer.num_heads=0"], "harness train: refused: ", ">= 1"),
         (
             ["train", "proposer=eagle", "model=tiny", "proposer.data.token_budget=2"],
@@ -1187,6 +1210,58 @@ def test_a_hydra_group_given_no_option_lists_its_options():
 def test_every_command_refuses_in_one_line(capsys, no_models, argv, prefix, fragment):
     assert cli.main(argv) == 2
     assert fragment in one_line(capsys, prefix)
+
+
+def test_harness_train_notes_the_run_options_it_does_not_read():
+    from harness.app import TRAIN_UNREAD, unread_options
+
+    given = [
+        "model=tiny",
+        "proposer=medusa",
+        "generation.max_new_tokens=8",
+        "verifier=membership",
+        "topology=sequences",
+        "workload.limit=3",
+        "workload.per_category=2",
+        "workload.chat_template=vicuna",  # the tokenizer's template formats the training documents
+        "proposer.data.token_budget=300",
+        "threads=1",
+    ]
+    noted = [n.split(":", 1)[0] for n in unread_options(given, TRAIN_UNREAD)]
+    assert noted == [
+        "generation.max_new_tokens=8",
+        "verifier=membership",
+        "topology=sequences",
+        "workload.limit=3",
+        "workload.per_category=2",
+    ]
+
+
+@pytest.mark.parametrize(
+    "given,fragment",
+    [
+        (["proposer.name=rest"], "proposer.name=rest names another proposer than the options composed"),
+        (["concurrent_jobs=4"], "concurrent_jobs=4 is a sweep option"),
+    ],
+)
+def test_a_plain_run_refuses_a_proposer_name_apart_from_its_options_and_a_sweep_s_concurrency(
+    tmp_path, workload, capsys, no_models, given, fragment
+):
+    """``proposer.name=rest`` over prompt lookup's options failed inside the plan with an OmegaConf
+    error; ``concurrent_jobs=4`` on one run was recorded as metrics.concurrent_jobs=4 (compare then
+    said the arm ran four at once)."""
+    assert_refused_run(tmp_path, capsys, argv_for(tmp_path, workload, *given), fragment)
+
+
+def test_a_sweep_job_still_takes_concurrent_jobs():
+    """Every job of a multirun passes the plain run's checks; concurrent_jobs is refused only on one run."""
+    from harness.app import check_one_job
+
+    cfg, _ = checked_plan(["model=tiny", "concurrent_jobs=2"])
+    assert cfg.concurrent_jobs == 2
+    check_one_job(compose(["model=tiny", "concurrent_jobs=1"]))
+    with pytest.raises(ConfigError, match="concurrent_jobs=2 is a sweep option"):
+        check_one_job(cfg)
 
 
 @pytest.mark.parametrize("proposer", ["medusa", "hydra", "clover", "eagle", "early_exit", "layer_skip"])

@@ -454,6 +454,42 @@ def test_harness_calibrate_notes_the_run_options_it_does_not_read():
         "tracking=wandb: calibrate logs nothing to W&B",
     ]
     assert unread_options(["model=tiny", "topology.calibration.parents=20"]) == []
+    # what a run decodes and times, and its evaluation prompts' number: calibrate reads its own
+    noted = unread_options(
+        [
+            "generation.max_new_tokens=8",
+            "generation.warmup_tokens=2",
+            "generation.temp_kv_budget_bytes=100000",
+            "workload.limit=3",
+            "concurrent_jobs=2",
+            "allow_leakage=true",
+            # read: the sampling law, the profile's batch, the calibration split's prompts per category
+            "generation.temperature=0.7",
+            "generation.batch_size=2",
+            "workload.per_category=2",
+        ]
+    )
+    assert [n.split(":", 1)[0] for n in noted] == [
+        "generation.max_new_tokens=8",
+        "generation.warmup_tokens=2",
+        "generation.temp_kv_budget_bytes=100000",
+        "workload.limit=3",
+        "concurrent_jobs=2",
+        "allow_leakage=true",
+    ]
+
+
+def test_more_calibration_branches_than_a_tiny_vocabulary_are_refused_before_any_model(tmp_path, monkeypatch, capsys):
+    """``topology.calibration.branches`` above ``model.tiny.vocab_size`` was refused once the models had
+    loaded, leaving a lock file in the cache: the config's vocabulary refuses it first, nothing written."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    assert main([*SMALL_TREE, "topology.calibration.branches=200"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("harness calibrate")]
+    assert len(lines) == 1 and lines[0].startswith(
+        "harness calibrate: refused: topology.calibration.branches=200 exceeds the target's vocabulary (96 tokens, "
+        "model.tiny.vocab_size)"
+    ), lines
+    assert not (tmp_path / "cache" / "sequoia").exists()  # no artifact, no lock file
 
 
 def test_calibration_that_would_decode_past_the_positions_is_refused_before_any_round(tmp_path, monkeypatch, capsys):

@@ -1,6 +1,7 @@
 """Config groups are schema-backed: mistyped keys and wrong types fail at compose time."""
 
 import dataclasses
+import re
 
 import pytest
 from hydra.errors import ConfigCompositionException
@@ -167,3 +168,151 @@ def test_a_derived_draft_of_a_tiny_target_with_its_own_rope_and_norm_is_accepted
         "model.tiny.tie_word_embeddings=true",
     )
     check_models(c)  # raises when a draft field differs from the target's
+
+
+# --------------------------------------------------------------------------- names that select code
+
+
+@pytest.mark.parametrize(
+    "overrides,fragment,fix",
+    [
+        (
+            ["proposer.name=rest"],
+            "proposer.name=rest names another proposer than the options composed (proposer=prompt_lookup, "
+            "schema PromptLookupConfig), which rest does not take",
+            "proposer=rest",
+        ),
+        (
+            ["proposer=draft_model", "proposer.name=prompt_lookup"],
+            "(proposer=draft_model, schema DraftModelConfig)",
+            "proposer=prompt_lookup",
+        ),
+        (["proposer.name=medusa"], "which medusa does not take", "proposer=medusa"),
+        (["proposer=medusa", "proposer.name=eagle"], "(proposer=clover|hydra|medusa, schema HeadsConfig)", None),
+        (
+            ["proposer=draft_model", "topology=sequoia", "topology.name=sequence"],
+            "topology.name=sequence names another topology than the options composed (topology=sequoia",
+            "topology=sequence",
+        ),
+        (
+            ["proposer.name=prompt_lookups"],
+            "proposer.name=prompt_lookups is no proposer",
+            "proposer.name=prompt_lookup",
+        ),
+    ],
+)
+def test_a_name_that_selects_other_code_than_the_composed_options_is_refused_before_model_work(
+    overrides, fragment, fix
+):
+    """``proposer.name=rest`` over prompt lookup's options passed the checks and failed once planned
+    (a bare OmegaConf error), or after the models loaded (``unexpected keyword argument 'sampling'``):
+    a name is refused unless its packaged option has the node's schema, offering ``<group>=<name>``."""
+    from harness.config import checked_plan
+    from harness.engine.checks import check_selected_names
+    from harness.runner import check_job
+
+    c = cfg("model=tiny", *overrides)
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        check_selected_names(c)
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        check_job(c, None)  # the runner's checks, before anything reads the options by the name
+    with pytest.raises(ConfigError) as info:
+        checked_plan(["model=tiny", *overrides])
+    if fix is not None:
+        assert (fix,) in info.value.suggestions, str(info.value)
+    else:  # eagle: the fix proposer=eagle is offered where the runner accepts it (the tiny target's geometry)
+        assert all(s[0].startswith("proposer=") for s in info.value.suggestions), str(info.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["proposer=medusa", "proposer.name=hydra"],  # one schema: hydra takes medusa's options
+        ["proposer=draft_model", "topology.name=set", "topology.max_depth=1"],  # topology=sequence's schema
+        ["proposer.name=prompt_lookup"],
+    ],
+)
+def test_a_name_that_shares_the_composed_options_schema_is_accepted(overrides):
+    plan(cfg("model=tiny", *overrides))
+
+
+# --------------------------------------------------------------------------- inert options
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (
+            ["tracking=wandb", "tracking.system_metrics=false", "tracking.system_metrics_interval_s=2"],
+            "tracking.system_metrics_interval_s=2.0: tracking.system_metrics=false samples no system metrics",
+        ),
+        (
+            ["gates.near_tie_max_fraction=0.5", "generation.temperature=0.7", "verifier=membership"],
+            "gates.near_tie_max_fraction=0.5: the greedy-equality gate compares deterministic outputs",
+        ),
+        (
+            ["generation.max_new_tokens=4", "generation.warmup_tokens=6"],
+            "generation.warmup_tokens=6: the warm-up generates at most generation.max_new_tokens=4 tokens",
+        ),
+        (
+            ["allow_leakage=true"],
+            "allow_leakage=true: proposer=prompt_lookup searches no datastore, so no leakage check runs",
+        ),
+        (
+            ["allow_leakage=true", "proposer=draft_model"],
+            "allow_leakage=true: proposer=draft_model reads no datastore and runs no artifact trained here",
+        ),
+        (
+            [
+                "allow_leakage=true",
+                "proposer=merged",
+                "topology=merged",
+                "proposer.sources=[draft_model,prompt_lookup]",
+            ],
+            "allow_leakage=true: no source of proposer.sources=[draft_model,prompt_lookup] has one",
+        ),
+    ],
+)
+def test_an_option_the_run_ignores_is_listed_as_inert(overrides, expected):
+    from harness.runner import inert_options
+
+    assert any(note.startswith(expected) for note in inert_options(cfg("model=tiny", *overrides))), expected
+
+
+@pytest.mark.parametrize(
+    "key,overrides",
+    [
+        ("tracking.system_metrics_interval_s", ["tracking=wandb", "tracking.system_metrics_interval_s=2"]),
+        ("gates.near_tie_max_fraction", ["gates.near_tie_max_fraction=0.5"]),  # temperature 0: the greedy gate
+        (  # top_k=1 keeps the argmax: deterministic outputs, compared by the greedy gate
+            "gates.near_tie_max_fraction",
+            ["gates.near_tie_max_fraction=0.5", "generation.temperature=0.7", "generation.top_k=1"],
+        ),
+        ("generation.warmup_tokens", ["generation.max_new_tokens=4", "generation.warmup_tokens=3"]),
+        ("allow_leakage", ["allow_leakage=true", "proposer=rest"]),  # its datastore's leakage gate
+        ("allow_leakage", ["allow_leakage=true", "proposer=medusa"]),  # heads trained here: their text's gate
+        ("allow_leakage", ["allow_leakage=true", "proposer=merged", "topology=merged"]),  # a rest source
+        ("allow_leakage", ["allow_leakage=true", "+datastore@proposer.datastore=stdlib", "topology=sequences"]),
+    ],
+)
+def test_an_option_the_run_reads_is_not_listed_as_inert(key, overrides):
+    from harness.runner import inert_options
+
+    noted = [n for n in inert_options(cfg("model=tiny", *overrides)) if n.split("=", 1)[0] == key]
+    assert noted == [], noted
+
+
+def test_allow_leakage_where_the_leakage_gate_did_not_apply_is_listed_once_the_gates_ran():
+    """An artifact trained here has a leakage gate, unless its training text cannot be had: known when
+    it loads, so the gates' entry decides (the config alone lists the proposers that have no gate)."""
+    from harness.runner import gate_inert_options
+
+    c = cfg("model=tiny", "proposer=early_exit", "proposer.exit_layer=1", "allow_leakage=true")
+    missing = {"workload_governance": {"status": "not_applicable", "why": "its training text is gone"}}
+    assert gate_inert_options(c, missing) == [
+        "allow_leakage=true: the leakage check does not apply (its training text is gone)"
+    ]
+    assert gate_inert_options(c, {"workload_governance": {"status": "passed"}}) == []
+    assert gate_inert_options(cfg("model=tiny", "proposer=early_exit", "proposer.exit_layer=1"), missing) == []
+    # listed from the config already: not twice
+    assert gate_inert_options(cfg("model=tiny", "proposer=draft_model", "allow_leakage=true"), missing) == []

@@ -1,11 +1,14 @@
 """Checks of a composed config that need no model: :func:`validate_config` runs first in
 :func:`harness.engine.build.plan`, so every command refuses bad values before any model work.
 
+* ``proposer.name`` and ``topology.name``, which select the code that runs, against the group option
+  composed (its schema: the options the named code takes);
 * every option's declared range (a :class:`~harness.contracts.Range` in its schema field's
   metadata, ``harness/config.py``) and every required (``???``) value;
 * values that constrain each other (``min_ngram <= max_ngram``, a tiny model's head geometry, a
   parametric draft's vocabulary against the target's; where the statistical gate runs, enough
-  chi-square samples for its bins, and no more binned tokens than a vocabulary known from the config);
+  chi-square samples for its bins, and no more binned tokens than a vocabulary known from the config;
+  no more Sequoia calibration siblings than that vocabulary);
 * what the machine must provide for the models the run loads: their device (no ``cuda`` on a
   torch without CUDA) and their checkpoint (an existing folder with a readable ``config.json``, or
   a well-formed hub id; ``model=hf`` needs ``model.name_or_path``).
@@ -45,10 +48,77 @@ def validate_config(cfg: DictConfig, *, devices_here: bool = True) -> None:
     """Refuse a config whose values cannot run, before any model work (see the module docstring).
     ``devices_here=False``: the jobs run on other machines (a cluster's), so a device is checked as
     a name, not for being on this one."""
+    check_selected_names(cfg)
     check_declared(cfg)
     for key, model in models_in_use(cfg):
         check_model(key, model, devices_here=devices_here)
     check_related_values(cfg)
+
+
+# --------------------------------------------------------------------------- names that select code
+
+#: the config groups whose ``name`` selects the code that runs (a proposer class, a topology's
+#: budget) while the group option composed (``proposer=<name>``) gives the node's options and schema.
+#: ``verifier.name`` selects a verifier too, but every verifier shares one schema (and an unknown
+#: name is refused when the plan looks it up); ``tracking.name`` and ``workload.name`` declare their
+#: choices, each choice on the one schema of its group; ``model.name`` is free (a hub id or a folder)
+NAMED_GROUPS = ("proposer", "topology")
+#: the folder of the config groups (``harness/conf``)
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def packaged_schema(group: str, option: str) -> type | None:
+    """The schema (a dataclass of :data:`harness.config.SCHEMAS`) that ``conf/<group>/<option>.yaml``
+    composes over (its first ``/schema/<group>/<schema>@_here_`` default), or None for no such option."""
+    from harness.config import SCHEMAS  # composes configs with these checks: imported once they run
+
+    path = CONF_DIR / group / f"{option}.yaml"
+    if not path.is_file():
+        return None
+    prefix = f"/schema/{group}/"
+    for entry in OmegaConf.load(path).get("defaults") or []:
+        if isinstance(entry, str) and entry.startswith(prefix):
+            return SCHEMAS.get(group, {}).get(entry[len(prefix) :].split("@", 1)[0])
+    return None
+
+
+def group_option_names(group: str) -> list[str]:
+    """The options of ``conf/<group>/`` (its YAML files)."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def check_selected_names(cfg: DictConfig) -> None:
+    """``proposer.name`` and ``topology.name`` (:data:`NAMED_GROUPS`) name an option of their group
+    whose packaged config has the node's schema. Set apart from the group option composed
+    (``proposer.name=rest`` over prompt lookup's options), the named code would run on options it
+    does not take and fail after the models load; options that share the node's schema (medusa,
+    hydra and clover; sequence, sequences, set, expansion, merged and dynamic) take each other's
+    options, so naming one of them is accepted."""
+    for group in NAMED_GROUPS:
+        node = cfg.get(group)
+        schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+        if not dataclasses.is_dataclass(schema) or OmegaConf.is_missing(node, "name"):
+            continue
+        name = str(node.name)
+        options = group_option_names(group)
+        if name not in options:
+            close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+            fix = [f"{group}.name={close[0]}"] if close else []
+            if close and packaged_schema(group, close[0]) is not schema:
+                fix.insert(0, f"{group}={close[0]}")
+            raise ConfigError(
+                f"{group}.name={name} is no {group}; {group}=<name> selects one of {', '.join(options)}",
+                suggestions=[tuple(fix)] if fix else [],
+            )
+        if packaged_schema(group, name) is schema:
+            continue
+        composed = [o for o in options if packaged_schema(group, o) is schema]
+        raise ConfigError(
+            f"{group}.name={name} names another {group} than the options composed ({group}="
+            f"{'|'.join(composed) or '?'}, schema {schema.__name__}), which {name} does not take: {group}=<name> "
+            f"selects a {group} with its options",
+            suggestions=[(f"{group}={name}",)],
+        )
 
 
 # --------------------------------------------------------------------------- declared ranges
@@ -240,6 +310,24 @@ def check_related_values(cfg: DictConfig) -> None:
                 suggestions=[(f"{key}.tiny.vocab_size={target_vocab}",)],
             )
     check_chi_square(cfg)
+    check_calibration_branches(cfg)
+
+
+def check_calibration_branches(cfg: DictConfig) -> None:
+    """A Sequoia calibration drafts ``topology.calibration.branches`` distinct siblings below each
+    parent: no more than a vocabulary known from the config (:func:`known_vocabulary`; a checkpoint's
+    is checked once the model has loaded, before the calibration runs)."""
+    t = cfg.topology
+    cal = t.get("calibration") if t.get("name") == "sequoia" else None
+    if cal is None:
+        return
+    vocab = known_vocabulary(cfg.model)
+    if vocab is not None and int(cal.branches) > vocab[0]:
+        raise ConfigError(
+            f"topology.calibration.branches={cal.branches} exceeds the target's vocabulary ({vocab[0]} tokens, "
+            f"{vocab[1]}): the calibration drafts that many siblings of one parent, each a token of it",
+            suggestions=[(f"topology.calibration.branches={vocab[0]}",)],
+        )
 
 
 def check_chi_square(cfg: DictConfig) -> None:
