@@ -784,6 +784,33 @@ def test_a_sequoia_search_too_large_for_memory_is_refused_before_calibration(tmp
     )
 
 
+def test_a_sequoia_shape_search_too_large_for_memory_is_refused_before_calibration(
+    tmp_path, workload, capsys, no_models
+):
+    """Bounds whose DP fits but whose search over tree shapes under the measured profile's draft
+    costs does not passed negotiation, calibrated and profiled, and were refused at the tree stage
+    (naming the DP's root-inclusive max_nodes=513)."""
+    from harness.topology.sequoia import DP_TABLE_LIMIT_BYTES, dp_table_bytes, shape_search_bytes
+
+    assert dp_table_bytes(513, 512, 8) <= DP_TABLE_LIMIT_BYTES < shape_search_bytes(513, 512)
+    argv = argv_for(
+        tmp_path,
+        workload,
+        "proposer=draft_model",
+        "topology=sequoia",
+        "topology.max_nodes=512",
+        "topology.max_depth=512",
+        "topology.profile.prefix_len=514",
+    )
+    assert_refused_run(
+        tmp_path,
+        capsys,
+        argv,
+        "topology.max_nodes=512 topology.max_depth=512: the search over tree shapes under the profile's draft "
+        "costs would hold 2.0 GiB",
+    )
+
+
 def test_a_sequoia_min_nodes_above_its_max_is_refused_before_calibration(tmp_path, workload, capsys, no_models):
     argv = argv_for(tmp_path, workload, "proposer=draft_model", "topology=sequoia", "topology.min_nodes=20")
     line = assert_refused_run(

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from harness.contracts import Budget, ConfigError
 from harness.topology.choices import ChoicesError, resolve_choices
-from harness.topology.sequoia import DP_TABLE_LIMIT_BYTES, dp_table_bytes
+from harness.topology.sequoia import DP_TABLE_LIMIT_BYTES, dp_table_bytes, shape_search_bytes
 
 
 def chain_budget(t) -> Budget:
@@ -95,14 +95,18 @@ def sequoia_budget(t) -> Budget:
             f"{bound} + 1 = {reach + 1} committed tokens after a cached prefix of at least one{why}",
             suggestions=[(f"topology.profile.prefix_len={reach + 2}",)],
         )
-    need = dp_table_bytes(rows + 1, depth, branches)
-    if need > DP_TABLE_LIMIT_BYTES:
-        capped = f"; a tree of {rows} rows is at most {rows} deep" if depth > rows else ""
-        raise ConfigError(
-            f"topology.max_nodes={rows} topology.max_depth={depth}: the Sequoia DP over {branches} ranks would hold "
-            f"{need / 2**30:.1f} GiB (limit {DP_TABLE_LIMIT_BYTES / 2**30:.0f} GiB{capped}); lower "
-            "topology.max_nodes or topology.max_depth"
-        )
+    capped = f"; a tree of {rows} rows is at most {rows} deep" if depth > rows else ""
+    for need, what in (
+        (dp_table_bytes(rows + 1, depth, branches), f"the Sequoia DP over {branches} ranks"),
+        # the tree stage's search under the measured profile's draft costs, which follows calibration
+        (shape_search_bytes(rows + 1, depth), "the search over tree shapes under the profile's draft costs"),
+    ):
+        if need > DP_TABLE_LIMIT_BYTES:
+            raise ConfigError(
+                f"topology.max_nodes={rows} topology.max_depth={depth}: {what} would hold "
+                f"{need / 2**30:.1f} GiB (limit {DP_TABLE_LIMIT_BYTES / 2**30:.0f} GiB{capped}); lower "
+                "topology.max_nodes or topology.max_depth"
+            )
     return Budget(shape="tree", max_nodes=rows, max_depth=depth)
 
 

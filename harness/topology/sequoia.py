@@ -294,6 +294,15 @@ def dp_table_bytes(max_nodes: int, max_depth: int, branches: int) -> int:
     return n * d * (int(branches) + 1) * 16 + n * d * 16 + 6 * n * n * 8
 
 
+def shape_search_bytes(max_nodes: int, max_depth: int) -> int:
+    """Bytes the search over tree shapes under a profile's varying draft costs holds at once
+    (:func:`select_hardware_aware` with ``feed_cost`` and ``level_cost``, which every measured profile
+    has), for bounds ``max_nodes`` (root included) and ``max_depth`` (capped at ``max_nodes - 1``,
+    as the DP table is)."""
+    n, d = int(max_nodes), min(int(max_depth), int(max_nodes) - 1)
+    return max(d - 1, 1) * (n + 1) * (d + 1) * 16
+
+
 def check_dp_size(max_nodes: int, max_depth: int, branches: int, *, keys: tuple[str, str] = ("max_nodes", "max_depth")):
     """Refuse bounds whose DP would not fit :data:`DP_TABLE_LIMIT_BYTES`, naming what to lower."""
     need = dp_table_bytes(max_nodes, max_depth, branches)
@@ -769,9 +778,11 @@ def select_hardware_aware(
     trees of most expected tokens go to the DP's. Where each vector is the same at every size a
     tree within the bounds uses, a tree's drafting time depends on its node count, depth and chain
     prefix alone and this is the optimum over every tree (:data:`SEARCHED_EVERY_TREE`); otherwise
-    it is the best of that family (:data:`SEARCHED_FAMILY`), and a tree outside it may be faster
-    (in small random trials by up to about 9 % where a pass or step costs less with more tokens or
-    rows, under 1 % where the costs rise with size). ``Choice.searched`` says which.
+    it is the best of that family (:data:`SEARCHED_FAMILY`), and a tree outside it may be faster.
+    In small random trials against every tree of up to 10 nodes: under 1 % where the verify costs
+    and the draft costs all rise with size and ``min_nodes=2``; up to 9 % where only the draft costs
+    rise; up to 21 % with a larger ``min_nodes``, and 27 % with draft costs that fall with more
+    tokens or rows. ``Choice.searched`` says which.
 
     ``min_nodes`` is the smallest n searched. The default 2 (at least one candidate row) searches
     n = 2..N. With ``min_nodes=1`` the root-only "tree" is plain autoregressive decoding: G = 1 and
@@ -873,7 +884,7 @@ def _select_shaped(
     per row; a tree of n nodes over B ranks has at least ceil((n - 1) / B) - 1 nodes with children
     below the root."""
     N, D, B = table.max_nodes, table.max_depth, len(table.acceptance)
-    need = max(D - 1, 1) * (N + 1) * (D + 1) * 16
+    need = shape_search_bytes(N, D)
     if need > DP_TABLE_LIMIT_BYTES:
         raise ValueError(
             f"max_nodes={N} max_depth={D}: the search over tree shapes under the profile's draft_feed_cost and "
