@@ -780,7 +780,7 @@ def select_hardware_aware(
     prefix alone and this is the optimum over every tree (:data:`SEARCHED_EVERY_TREE`); otherwise
     it is the best of that family (:data:`SEARCHED_FAMILY`), and a tree outside it may be faster.
     In small random trials against every tree of up to 10 nodes: under 1 % where the verify costs
-    and the draft costs all rise with size and ``min_nodes=2``; up to 9 % where only the draft costs
+    and the draft costs all rise with size and ``min_nodes=2``; up to 9.4 % where only the draft costs
     rise; up to 21 % with a larger ``min_nodes``, and 27 % with draft costs that fall with more
     tokens or rows. ``Choice.searched`` says which.
 
