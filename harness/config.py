@@ -32,6 +32,7 @@ from omegaconf.errors import OmegaConfBaseException
 from harness.cli import one_line
 from harness.contracts import ConfigError, Range
 from harness.engine.build import plan
+from harness.engine.checks import register_schemas
 from harness.runner import check_job
 from harness.target.loading import DTYPES
 from harness.target.options import LINEAR_KERNELS
@@ -611,6 +612,7 @@ def greedy_else(temperature: Any, at_zero: Any, above: Any, top_k: Any = 0) -> A
 
 
 def register_configs() -> None:
+    register_schemas(SCHEMAS)  # the packaged options' schemas, for the check of proposer.name and topology.name
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, schemas in SCHEMAS.items():

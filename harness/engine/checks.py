@@ -67,18 +67,28 @@ NAMED_GROUPS = ("proposer", "topology")
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
-def packaged_schema(group: str, option: str) -> type | None:
-    """The schema (a dataclass of :data:`harness.config.SCHEMAS`) that ``conf/<group>/<option>.yaml``
-    composes over (its first ``/schema/<group>/<schema>@_here_`` default), or None for no such option."""
-    from harness.config import SCHEMAS  # composes configs with these checks: imported once they run
+#: the config schemas by group and name (``harness.config.SCHEMAS``), given by the configuration
+#: layer when it registers them (:func:`register_schemas`): this layer imports none of it
+_SCHEMAS: dict[str, dict[str, type]] = {}
 
+
+def register_schemas(schemas: dict[str, dict[str, type]]) -> None:
+    """Read the schemas ``conf/<group>/<option>.yaml`` compose over from ``schemas`` (group -> schema
+    name -> dataclass), for :func:`check_selected_names`."""
+    _SCHEMAS.clear()
+    _SCHEMAS.update(schemas)
+
+
+def packaged_schema(group: str, option: str) -> type | None:
+    """The schema (a dataclass :func:`register_schemas` gave) that ``conf/<group>/<option>.yaml``
+    composes over (its first ``/schema/<group>/<schema>@_here_`` default), or None for no such option."""
     path = CONF_DIR / group / f"{option}.yaml"
     if not path.is_file():
         return None
     prefix = f"/schema/{group}/"
     for entry in OmegaConf.load(path).get("defaults") or []:
         if isinstance(entry, str) and entry.startswith(prefix):
-            return SCHEMAS.get(group, {}).get(entry[len(prefix) :].split("@", 1)[0])
+            return _SCHEMAS.get(group, {}).get(entry[len(prefix) :].split("@", 1)[0])
     return None
 
 
@@ -94,6 +104,8 @@ def check_selected_names(cfg: DictConfig) -> None:
     does not take and fail after the models load; options that share the node's schema (medusa,
     hydra and clover; sequence, sequences, set, expansion, merged and dynamic) take each other's
     options, so naming one of them is accepted."""
+    if not _SCHEMAS:  # no schemas registered: no composed config to check against them
+        return
     for group in NAMED_GROUPS:
         node = cfg.get(group)
         schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
