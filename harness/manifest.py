@@ -28,7 +28,7 @@ from harness.target.options import (
     resolve_static_cache,
     resolved_fused_layers,
 )
-from harness.tracking.job_folder import read_machines_with
+from harness.tracking.job_folder import read_cached_artifacts_with, read_machines_with
 
 COMPILER_VERSION = "compiler-1"
 RECORD_SCHEMA_VERSION = 2
@@ -36,6 +36,24 @@ RECORD_SCHEMA_VERSION = 2
 # a job folder's record of a manifest is complete only where it was timed on this machine: the manifest
 # names no machine (a sweep launched on two machines shares its manifests)
 read_machines_with(device_name)
+
+
+def cached_artifact_id(entry) -> str | None:
+    """The id of the artifact this cache holds where a record's artifact entry (its ``kind``,
+    ``target_hash`` and ``recipe``) says a job finds it (:func:`harness.heads.checkpoint.artifact_dir`),
+    or None where it holds none (or none readable)."""
+    from harness.heads.checkpoint import MANIFEST_FILE, artifact_dir
+
+    try:
+        folder = artifact_dir(str(entry["kind"]), target_hash=str(entry["target_hash"]), recipe=entry["recipe"])
+        held = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return held.get("artifact_id") if isinstance(held, dict) else None
+
+
+# a record's proposer artifact from the cache is the one this job would load only where the cache holds it
+read_cached_artifacts_with(cached_artifact_id)
 
 
 def canonical_json(obj: Any) -> str:

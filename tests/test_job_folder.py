@@ -153,6 +153,42 @@ def test_inspect_job_names_why_files_are_no_complete_job(tmp_path):
     assert inspect_job(job).reason == "its record does not bind its outputs (written by an older harness)"
 
 
+def test_a_record_whose_cached_artifact_the_cache_no_longer_holds_is_no_complete_job(tmp_path, monkeypatch):
+    """A searched layer-skip vector (chosen by timings) comes from the cache by its recipe, which the
+    manifest binds, not by its content: a relaunch on another cache, or after the search ran again,
+    would run another vector, yet the record of the first was taken as the job's."""
+    import harness.manifest  # noqa: F401  (gives the tracking room its cache reader)
+    from harness.heads.checkpoint import MANIFEST_FILE, artifact_dir
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    recipe = {"algorithm": "search", "trials": 3}
+    entry = {"kind": "layer_skip", "artifact_id": "ran", "recipe": recipe, "target_hash": "t" * 64, "skip": [0, 2]}
+    record = _record()
+    record["artifacts"] = {"proposer_artifact": entry}
+    job = tmp_path / "job"
+    write_job(job, record, OUTPUTS)
+    folder = artifact_dir("layer_skip", target_hash="t" * 64, recipe=recipe)
+
+    def held(artifact_id: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / MANIFEST_FILE).write_text(json.dumps({"artifact_id": artifact_id}))
+
+    state = inspect_job(job, manifest_hash="a" * 16)
+    assert state.record is None and state.reason == (
+        "its layer_skip artifact ran came from the cache, which now holds none for its recipe (the job would make "
+        "one again): the job would run with another one"
+    )
+    held("searched-again")
+    assert "which now holds searched-again for its recipe" in inspect_job(job, manifest_hash="a" * 16).reason
+    held("ran")
+    assert inspect_job(job, manifest_hash="a" * 16).record is not None
+    # an artifact given by proposer.artifact is bound by the manifest itself, not looked up here
+    record["config"]["proposer"]["artifact"] = "/somewhere/skip"
+    (folder / MANIFEST_FILE).unlink()
+    write_job(job, record, OUTPUTS)
+    assert inspect_job(job, manifest_hash="a" * 16).record is not None
+
+
 def test_set_aside_moves_the_job_files_where_the_store_does_not_look(tmp_path):
     job = tmp_path / "sweep" / "proposer=a"
     write_job(job, _record("old"), OUTPUTS)

@@ -231,7 +231,7 @@ def inspect_job(
             files,
         )
     if manifest_hash is not None:
-        changed = measured_artifact_change(record, folder) or other_machine(record)
+        changed = measured_artifact_change(record, folder) or cached_artifact_change(record) or other_machine(record)
         if changed is not None:
             return JobState(None, changed, files)
     then = (record.get("metrics") or {}).get("concurrent_jobs")
@@ -271,6 +271,43 @@ def other_machine(record: Mapping[str, Any]) -> str | None:
     if then == now:
         return None
     return f"its record was timed on another machine ({then}; this one is {now})"
+
+
+#: the id of the proposer artifact this machine's cache holds for a record's artifact entry (its kind,
+#: target and recipe), or None where it holds none; the application layer gives it
+#: (:func:`read_cached_artifacts_with`), as the tracking room reads no cache itself
+_cached_artifact_id: Callable[[Mapping[str, Any]], str | None] | None = None
+
+
+def read_cached_artifacts_with(reader: Callable[[Mapping[str, Any]], str | None] | None) -> None:
+    """Find the artifact a job would load from the cache with ``reader`` where :func:`inspect_job` asks
+    whether a record ran it (``harness.manifest.cached_artifact_id``); None turns the check off."""
+    global _cached_artifact_id
+    _cached_artifact_id = reader
+
+
+def cached_artifact_change(record: Mapping[str, Any]) -> str | None:
+    """Why the job a record measured would now run another proposer artifact from the cache, or None.
+    A searched layer-skip vector (chosen by timings), or heads, an EAGLE draft or an adapter trained
+    on first use, come from the cache by their recipe, which the manifest binds, not their content:
+    a relaunch on another cache, or after the cache was cleared and the artifact searched again,
+    would run another one. An artifact given by ``proposer.artifact`` is bound by the manifest itself."""
+    if _cached_artifact_id is None:
+        return None
+    entry = (record.get("artifacts") or {}).get("proposer_artifact")
+    if not isinstance(entry, Mapping) or not all(entry.get(k) for k in ("artifact_id", "recipe", "target_hash")):
+        return None  # no artifact, a published one, or a record from before artifacts were recorded
+    if ((record.get("config") or {}).get("proposer") or {}).get("artifact"):
+        return None
+    now = _cached_artifact_id(entry)
+    if now == entry["artifact_id"]:
+        return None
+    kind = entry.get("kind") or "proposer"
+    holds = "none for its recipe (the job would make one again)" if now is None else f"{now} for its recipe"
+    return (
+        f"its {kind} artifact {entry['artifact_id']} came from the cache, which now holds {holds}: the job would "
+        "run with another one"
+    )
 
 
 #: artifacts a run measures (not a function of its config, so no manifest hash binds them), by the
