@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.engine.arms import SEED_RULE
 from harness.heads.eagle_formats import resolve_source
 from harness.heads.published import inspect, is_published
-from harness.measure.hardware import device_name, manifest_versions, threads_in_effect
+from harness.measure.hardware import cpu_capability, device_name, manifest_versions, threads_in_effect
 from harness.proposers.rest import datastore_sources, manifest_datastores
 from harness.target.loading import (  # noqa: F401  (checkpoint_fingerprint: the manifest's binding, imported from here)
     checkpoint_fingerprint,
@@ -35,7 +35,7 @@ RECORD_SCHEMA_VERSION = 2
 
 # a job folder's record of a manifest is complete only where it was timed on this machine: the manifest
 # names no machine (a sweep launched on two machines shares its manifests)
-read_machines_with(device_name)
+read_machines_with(device_name, cpu_capability)
 
 
 def cached_artifact_id(entry) -> str | None:

@@ -20,7 +20,7 @@ from helpers import fixture_run
 
 import harness.tracking.job_folder as job_folder
 from harness.files import LockBusy, artifact_lock, file_lock, holds_lock
-from harness.measure.hardware import cpu_name
+from harness.measure.hardware import cpu_capability, cpu_name
 from harness.tracking.job_folder import (
     LOCK_FILENAME,
     PREVIOUS_DIR,
@@ -43,7 +43,7 @@ def _record(run_id: str = "r1", manifest_hash: str = "a" * 16, **manifest) -> di
     record["run_id"] = run_id
     record["manifest_hash"] = manifest_hash
     record["manifest"] = {"harness_code": "c0", "generation": {"max_new_tokens": 8, "temperature": 0.0}, **manifest}
-    record["hardware"].update(device="cpu", device_name=cpu_name())  # timed on this machine
+    record["hardware"].update(device="cpu", device_name=cpu_name(), cpu_capability=cpu_capability())  # timed here
     return record
 
 
@@ -187,6 +187,21 @@ def test_a_record_whose_cached_artifact_the_cache_no_longer_holds_is_no_complete
     (folder / MANIFEST_FILE).unlink()
     write_job(job, record, OUTPUTS)
     assert inspect_job(job, manifest_hash="a" * 16).record is not None
+
+
+def test_a_record_whose_cpu_kernels_ran_another_instruction_set_is_no_complete_job(tmp_path, monkeypatch):
+    """One CPU whose kernels dispatch to another instruction set (ATEN_CPU_CAPABILITY=default, a
+    hypervisor masking AVX-512) computes and times otherwise; a relaunch took its record as the job's."""
+    import harness.manifest  # noqa: F401  (gives the tracking room this machine's readers)
+
+    job = tmp_path / "job"
+    write_job(job, _record(), OUTPUTS)
+    assert inspect_job(job, manifest_hash="a" * 16).record is not None
+    monkeypatch.setattr(job_folder, "_cpu_capability", lambda: "NOT-" + cpu_capability())
+    state = inspect_job(job, manifest_hash="a" * 16)
+    assert state.record is None and state.reason == (
+        f"its record's CPU kernels ran {cpu_capability()} instructions, this process's run NOT-{cpu_capability()}"
+    )
 
 
 def test_set_aside_moves_the_job_files_where_the_store_does_not_look(tmp_path):

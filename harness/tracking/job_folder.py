@@ -248,13 +248,18 @@ def inspect_job(
 #: :func:`other_machine`; the application layer gives it (:func:`read_machines_with`), as the tracking
 #: room reads no hardware itself. None: no record is checked against this machine.
 _device_name: Callable[[str], str | None] | None = None
+#: the vector instruction set this process's CPU kernels dispatch to (``harness.measure.hardware.cpu_capability``)
+_cpu_capability: Callable[[], str] | None = None
 
 
-def read_machines_with(device_name: Callable[[str], str | None] | None) -> None:
-    """Name this machine's devices with ``device_name`` (``harness.measure.hardware.device_name``)
-    where :func:`inspect_job` asks whether a record was timed here; None turns the check off."""
-    global _device_name
-    _device_name = device_name
+def read_machines_with(
+    device_name: Callable[[str], str | None] | None, cpu_capability: Callable[[], str] | None = None
+) -> None:
+    """Name this machine's devices with ``device_name`` (``harness.measure.hardware.device_name``),
+    and its CPU kernels' instruction set with ``cpu_capability``, where :func:`inspect_job` asks
+    whether a record was timed here; None turns the check off."""
+    global _device_name, _cpu_capability
+    _device_name, _cpu_capability = device_name, cpu_capability
 
 
 def other_machine(record: Mapping[str, Any]) -> str | None:
@@ -268,9 +273,15 @@ def other_machine(record: Mapping[str, Any]) -> str | None:
     device = str(card.get("device") or "")
     then = machine_label(card)
     now = machine_label({"device": device, "device_name": _device_name(device) if device else None})
-    if then == now:
-        return None
-    return f"its record was timed on another machine ({then}; this one is {now})"
+    if then != now:
+        return f"its record was timed on another machine ({then}; this one is {now})"
+    # one machine whose CPU kernels dispatch to another instruction set (ATEN_CPU_CAPABILITY, a
+    # hypervisor masking AVX-512) computes and times otherwise
+    was = card.get("cpu_capability")
+    is_now = _cpu_capability() if _cpu_capability is not None and device.startswith("cpu") else None
+    if was and is_now and was != is_now:
+        return f"its record's CPU kernels ran {was} instructions, this process's run {is_now}"
+    return None
 
 
 #: the id of the proposer artifact this machine's cache holds for a record's artifact entry (its kind,
