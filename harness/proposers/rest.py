@@ -75,6 +75,7 @@ from harness.contracts import (
     budget_topology,
 )
 from harness.files import artifact_lock, temporary_sibling
+from harness.heads.artifacts import text_ids
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
 from harness.target.loading import load_tokenizer
@@ -333,10 +334,7 @@ class RestProposer(Proposer):
     def encode_reference(self, text: str) -> list[int]:
         """A reference answer in target token ids: the target tokenizer (no special tokens), or for
         a target without one (``model=tiny``) the runner's synthetic byte ids ``3 + b % (V - 3)``."""
-        if self.tokenizer is not None:
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        vocab = self.vocab_size or 96
-        return [3 + (b % (vocab - 3)) for b in text.encode()]
+        return text_ids(text, tokenizer=self.tokenizer, vocab_size=self.vocab_size or 96)
 
     def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict:
         """Evaluation-leakage gate: longest datastore match of every prompt (each of a conversation's
