@@ -72,6 +72,7 @@ from harness.files import (
 from harness.gates.equivalence import equivalence_gate
 from harness.gates.greedy import greedy_equality
 from harness.gates.status import GateError
+from harness.measure.hardware import cuda_card
 from harness.proposers.base import NullProposer
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
@@ -419,6 +420,7 @@ def main(argv=None) -> int:
         "device": torch.cuda.get_device_name(torch.device(device)),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        **(cuda_card(torch.device(device)) if torch.device(device).type == "cuda" else {}),
         "dtype": args.dtype,
         "runner_dtype": args.runner_dtype,
         "note": "random SmolLM2-shaped weights: speedups and acceptance describe this model, not SmolLM2",

@@ -55,3 +55,53 @@ def test_an_arm_cpu_is_named_by_its_implementer_and_part(tmp_path):
     assert name.endswith("(implementer 0x4e, part 0xd4f)")
     info.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n")
     assert hardware.cpu_name(str(info)) == "Intel(R) Xeon(R) Processor"
+
+
+def test_a_cuda_card_names_the_runtime_cudnn_driver_capability_and_nvidia_wheels(tmp_path, monkeypatch):
+    """A CUDA run's card named the device only: two machines with one torch release but other cuBLAS
+    or cuDNN wheels, or another driver, read as one. The card on a (here faked) CUDA device says them."""
+    import torch
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        '#!/bin/sh\nfor a in "$@"; do [ "$a" = "--query-gpu=driver_version" ] && echo "570.86.15"; done\nexit 0\n'
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+
+    class Dist:
+        def __init__(self, name, version):
+            self.metadata, self.version = {"Name": name}, version
+
+    dists = [Dist("nvidia-cudnn-cu12", "9.10.2.21"), Dist("numpy", "2.3.0"), Dist("nvidia-cublas-cu12", "12.8.4.1")]
+    monkeypatch.setattr(hardware.metadata, "distributions", lambda: iter(dists))
+    card = hardware.hardware_card("cuda")
+    assert card["device_name"] == "NVIDIA H200"
+    assert card["cuda_runtime"] == "12.8" and card["cudnn"] == "91002" and card["compute_capability"] == "9.0"
+    assert card["cuda_driver"] == "570.86.15"
+    assert card["cuda_wheels"] == {"nvidia-cublas-cu12": "12.8.4.1", "nvidia-cudnn-cu12": "9.10.2.21"}
+    assert "cuda_runtime" not in hardware.hardware_card("cpu")  # a CPU run has no CUDA libraries to name
+    smi.write_text("#!/bin/sh\nexit 9\n")  # a failing nvidia-smi: no driver version, not an error
+    assert hardware.cuda_driver_version() is None
+
+
+def test_the_native_kernels_code_paths_name_the_compiler_that_built_them(tmp_path, monkeypatch):
+    """The compiler's version keyed the native build but no record said it: two records whose kernels
+    another compiler built (other instruction scheduling, other rounding of contractions it may form)
+    read alike. The code paths a record keeps name it."""
+    from harness.target import native
+
+    cxx = tmp_path / "fake-c++"
+    cxx.write_text('#!/bin/sh\necho "fake-c++ (Test) 99.1.0"\necho "second line"\n')
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    assert native.compiler_version() == "fake-c++ (Test) 99.1.0"
+    assert native.code_paths()["compiler"] == "fake-c++ (Test) 99.1.0"
+    monkeypatch.setattr(native, "cpp_compiler", lambda: None)
+    assert native.compiler_version() is None

@@ -190,7 +190,59 @@ def device_name(device: str) -> str | None:
     return torch.cuda.get_device_name(dev)
 
 
+def cuda_card(dev: torch.device) -> dict:
+    """What a CUDA run's figures also depend on, beyond the device's name: the CUDA runtime torch was
+    built with, cuDNN's version, the driver's (from ``nvidia-smi``; None where it is not on PATH), the
+    device's compute capability, and every installed ``nvidia-*`` wheel (cuBLAS, cuDNN, NCCL: pip
+    installs them apart from torch, so two machines with one torch version may run other kernels)."""
+    index = dev.index or 0
+    try:  # each is None where this torch cannot say (a build without CUDA asserts)
+        capability = "{}.{}".format(*torch.cuda.get_device_capability(index))
+    except (AssertionError, RuntimeError):
+        capability = None
+    try:
+        cudnn = torch.backends.cudnn.version()
+    except (AssertionError, AttributeError, RuntimeError):
+        cudnn = None
+    return {
+        "cuda_runtime": torch.version.cuda,
+        "cudnn": None if cudnn is None else str(cudnn),
+        "cuda_driver": cuda_driver_version(index),
+        "compute_capability": capability,
+        "cuda_wheels": nvidia_wheels(),
+    }
+
+
+def cuda_driver_version(index: int = 0) -> str | None:
+    """The NVIDIA driver's version as ``nvidia-smi`` reports it for GPU ``index``, or None where
+    ``nvidia-smi`` is missing or fails."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={index}", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""
+    return first or None
+
+
+def nvidia_wheels() -> dict[str, str]:
+    """Every installed distribution named ``nvidia-*`` and its version, sorted by name."""
+    found = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("nvidia-"):
+            found[name] = dist.version
+    return dict(sorted(found.items()))
+
+
 def hardware_card(device: str) -> dict:
+    """The machine a run measured on: the device and its name, the CPU (model, vendor, the vector
+    instruction set torch dispatches to, last-level cache), torch's threads, the platform, the
+    harness's commit and the libraries' versions; on a CUDA device also :func:`cuda_card`."""
     dev = torch.device(device)
     card = {
         "device": str(dev),
@@ -205,6 +257,8 @@ def hardware_card(device: str) -> dict:
         **library_versions(),
         **package_versions(TRACKING_LIBRARIES),
     }
+    if dev.type == "cuda" and torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count():
+        card.update(cuda_card(dev))
     return card
 
 

@@ -138,7 +138,8 @@ def code_paths() -> dict:
     """Which of the native kernels' code paths this machine's build takes (``-march=native`` picks them;
     each sums in its own order, so two records with other paths may differ in their last bits): the
     float32 vector width, AVX-512, bfloat16 dot products in hardware (AVX512-BF16's pairwise sums,
-    else widened to float32 with fused multiply-adds) and AMX tiles (bfloat16 products and attention)."""
+    else widened to float32 with fused multiply-adds), AMX tiles (bfloat16 products and attention)
+    and the compiler that built them (:func:`compiler_version`)."""
     flags = cpu_flags()
     avx512 = "avx512f" in flags
     avx2 = {"avx2", "fma"} <= flags
@@ -147,12 +148,26 @@ def code_paths() -> dict:
         "avx512": avx512,
         "avx512_bf16": avx512 and "avx512_bf16" in flags,
         "amx_tiles": pairs_on_amx(),
+        "compiler": compiler_version(),
     }
 
 
+@functools.cache
 def _compiler_version(cxx: str) -> str:
-    out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
-    return (out.stdout.splitlines() or [""])[0]
+    """The first line of ``cxx --version`` (``g++ (Debian 12.2.0-14) 12.2.0``), or ``""`` where it
+    says nothing."""
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return (out.stdout.splitlines() or [""])[0].strip()
+
+
+def compiler_version() -> str | None:
+    """The version line of the compiler that builds the native kernels here (:func:`cpp_compiler`),
+    or None where there is none: part of the build's key, and of what a record says ran."""
+    cxx = cpp_compiler()
+    return (_compiler_version(cxx) or None) if cxx else None
 
 
 def build(*, namespace: str = "harness", extra_flags: tuple[str, ...] = (), out_dir: Path | None = None) -> Path:
