@@ -801,6 +801,12 @@ def test_cli_imports_a_rest_index_and_refuses_another_tokenizer_s_ids(tmp_path, 
     assert built["path"].startswith(str(tmp_path / "cache" / "datastores" / "rest-index-"))
     assert main(["info", built["path"]]) == 0
     capsys.readouterr()
+    # other retrieval sizes over the same file: a folder of their own, not "already holds a datastore"
+    assert main(["import", str(index), "model=owner/toy", "max_matches=2", "progress=false"]) == 0
+    other = json.loads(capsys.readouterr().out)
+    assert other["max_matches"] == 2 and other["path"] != built["path"]
+    assert main(["import", str(index), "model=owner/toy", "max_matches=4", "progress=false"]) == 2
+    assert "already holds a datastore" in capsys.readouterr().err
     wide = _rest_index(tmp_path / "wide.idx", [1, 2, 32000])  # a Llama-2 index for a 27-word tokenizer
     (tmp_path / "junk.idx").write_bytes(b"\x03\x00\x00\x00abc")
     for args, said in (

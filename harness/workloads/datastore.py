@@ -861,7 +861,12 @@ def cache_folder_name(corpus: Corpus, *, exclude: str | None = None, **sizes) ->
             str(Path(part).expanduser().resolve()) if part.endswith(".jsonl") else part
             for part in str(exclude).split(",")
         )
-    name = corpus_cache_name(corpus)
+    return with_build_options(corpus_cache_name(corpus), changed)
+
+
+def with_build_options(name: str, changed: dict) -> str:
+    """``name``, or where build options differ from their defaults (``changed``), ``name-build-`` and
+    a digest of them."""
     if not changed:
         return name
     return f"{name}-build-{hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:8]}"
@@ -1599,7 +1604,10 @@ def _import_main(rest: list[str]) -> int:
     overwrite = _bool(opts.get("overwrite", "false"), "overwrite")
     progress = _bool(opts.get("progress", "true"), "progress")
     read_rest_index(index_file)  # the layout, before the tokenizer loads
-    name = f"rest-index-{hashlib.sha256(str(index_file.resolve()).encode()).hexdigest()[:12]}"
+    name = with_build_options(  # each file and retrieval setting a folder of its own
+        f"rest-index-{hashlib.sha256(str(index_file.resolve()).encode()).hexdigest()[:12]}",
+        {k: sizes[k] for k, v in BUILD_OPTION_DEFAULTS.items() if k in sizes and sizes[k] != v},
+    )
     out = _output_option(opts, cached_datastore_dir(name, model=model))
     return _locked_write(
         opts,
