@@ -43,9 +43,12 @@ def test_toy_command_picks_five_node_chain(capsys):
     # the same bounds for a run, whose topology.max_nodes counts candidate rows (the root excluded)
     from harness.config import compose
 
-    assert out["run_options"] == "topology=sequoia topology.max_nodes=7 topology.max_depth=4"
+    assert out["run_options"] == (
+        "topology=sequoia topology.max_nodes=7 topology.max_depth=4 topology.calibration.branches=3"
+    )
     topology = compose(out["run_options"].split()).topology
     assert (topology.max_nodes + 1, topology.max_depth) == (out["max_nodes"], out["max_depth"])
+    assert topology.calibration.branches == len(out["acceptance"])  # the run's DP searches the same widths
     table = out["expected_tokens_table"]
     assert len(table) == 8 * 5 and table[0] == [1, 0, 1.0]
     by_nd = {(n, d): g for n, d, g in table}

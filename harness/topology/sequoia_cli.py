@@ -22,8 +22,9 @@ Keys (Hydra-style ``key=value``; values parsed by OmegaConf's YAML grammar, neve
   min_nodes=2               smallest n searched with costs (1 admits plain AR: G=1, time t(1); at most max_nodes)
 
 The JSON's ``run_options`` are the same bounds for a run (``topology.max_nodes`` counts candidate
-rows, the root excluded). Without costs the tree reported is the max-G tree at (N, D) (the largest feasible n <= N if N
-nodes do not fit depth D); with costs it is the tree minimising (t(n) + draft time) / G, the draft time
+rows, the root excluded; ``topology.calibration.branches`` the acceptance vector's length). Without
+costs the tree reported is the max-G tree at (N, D) (the largest feasible n <= N if N nodes do not
+fit depth D); with costs it is the tree minimising (t(n) + draft time) / G, the draft time
 (c0 + (d-1)*c) priced by the tree's shape where the profile gives the draft's forwards by size; the
 JSON's ``chosen.searched`` says over which trees the choice is the best (every tree, or a family
 that holds every chain and the best tree of each size, depth and branching pattern).
@@ -212,8 +213,12 @@ def run_tree(args: dict) -> dict:
         node_convention="nodes include the root: nodes = candidate_rows + 1; depth in edges",
     )
     if max_nodes >= 2:  # a run's topology.max_nodes counts candidate rows, the root excluded: the same bounds
-        out["run_options"] = f"topology=sequoia topology.max_nodes={max_nodes - 1} topology.max_depth={max_depth}" + (
-            f" topology.min_nodes={_int(args, 'min_nodes')}" if "min_nodes" in args else ""
+        out["run_options"] = (
+            f"topology=sequoia topology.max_nodes={max_nodes - 1} topology.max_depth={max_depth}"
+            # the run calibrates as many siblings per parent as the acceptance vector gives, so its DP
+            # searches trees of the same widths
+            f" topology.calibration.branches={len(table.acceptance)}"
+            + (f" topology.min_nodes={_int(args, 'min_nodes')}" if "min_nodes" in args else "")
         )
 
     costs, source = _costs(args)
