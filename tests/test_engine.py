@@ -1359,3 +1359,38 @@ def test_a_proposal_bound_to_another_manifest_is_refused_by_the_round(models):
         run(target, prop, new=8)
     ok = PromptLookupProposer(budget=Budget(shape="sequences", max_nodes=4, max_depth=4), manifest_hash="h")
     assert run(target, ok, new=8)[0].tokens == autoregressive(target, new=8)
+
+
+def test_the_first_round_s_correctness_checks_are_no_part_of_the_timed_round(models, monkeypatch):
+    """The candidate-graph and commit checks of each request's first round ran inside the packing and
+    temporary-state spans: a cost of the loop's own assertions, charged to the speculative arm (its
+    trees are larger than the baseline's empty one) as decode time. They run, untimed: here each
+    check moves the stage clock's time source on by an hour, which no timed span may show."""
+    import types
+
+    import harness.engine.decode as decode_module
+    import harness.measure.ledger as ledger_module
+
+    hour, calls, skipped = 3600.0, [], [0.0]
+    real = ledger_module.time.perf_counter
+    monkeypatch.setattr(ledger_module, "time", types.SimpleNamespace(perf_counter=lambda: real() + skipped[0]))
+
+    def slowed(check):
+        def run_check(*args, **kwargs):
+            calls.append(check.__name__)
+            skipped[0] += hour
+            return check(*args, **kwargs)
+
+        return run_check
+
+    monkeypatch.setattr(decode_module, "validate_candidate_graph", slowed(decode_module.validate_candidate_graph))
+    monkeypatch.setattr(decode_module, "validate_commit", slowed(decode_module.validate_commit))
+    target = models[0]
+    res, _ = run(
+        target, PromptLookupProposer(budget=Budget(shape="sequences", max_nodes=12, max_depth=4), manifest_hash="h")
+    )
+    assert calls == ["validate_candidate_graph", "validate_commit"]  # the first round's checks ran
+    rounds = res.ledger.rounds_table()
+    assert rounds[0]["packing_ms"] < hour * 1e3 and rounds[0]["temporary_state_ms"] < hour * 1e3
+    assert res.decode_ms < hour * 1e3 and res.ttft_ms - res.prefill_ms < hour * 1e3
+    assert res.round_end_ms[0] < hour * 1e3

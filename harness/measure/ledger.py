@@ -35,18 +35,30 @@ class StageClock:
     the device at each stage boundary so a stage's time includes the kernels it launched (CUDA events
     would need the same sync to read); on a CPU the work is done when the call returns.
     ``also``: further devices whose work the stages launch (a draft model on another GPU than the
-    target's), each waited for at every read too."""
+    target's), each waited for at every read too. Time spent inside :meth:`unclocked` is left out of
+    every later reading, so no span that encloses it counts it."""
 
     def __init__(self, device: torch.device | str = "cpu", also: Iterable[torch.device | str] = ()) -> None:
         self.device = torch.device(device)
         devices = dict.fromkeys([self.device, *(torch.device(d) for d in also)])
         self.syncs = [f for f in map(device_synchronizer, devices) if f is not None]
         self.times: dict[str, float] = {}
+        self.excluded = 0.0  # seconds spent in unclocked() so far
 
     def now(self) -> float:
         for sync in self.syncs:
             sync()
-        return time.perf_counter()
+        return time.perf_counter() - self.excluded
+
+    @contextmanager
+    def unclocked(self):
+        """Work that is no cost of the method measured (the round loop's own correctness checks):
+        its time is taken out of every span that encloses it."""
+        t0 = self.now()
+        try:
+            yield
+        finally:
+            self.excluded += self.now() - t0
 
     @contextmanager
     def stage(self, name: str):
