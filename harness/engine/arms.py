@@ -52,7 +52,11 @@ METRIC_NOTES = {
         "95% paired-bootstrap interval over prompts of the end-to-end speedup from each request's latency "
         "(as harness compare draws it; decode_speedup_ci95 likewise); None below two prompts and at batch > 1"
     ),
-    "ttft_ms": "prefill (target and proposer start) + the request's first round",
+    "ttft_ms": (
+        "prefill (target and proposer start) + the request's first round, averaged over every request (each "
+        "turn of a conversation is one); per_prompt.spec_ttft_ms is the conversation's first turn's, and "
+        "per_prompt.turns[].spec_ttft_ms each turn's"
+    ),
     "request_time_per_token_ms": "per request: its completion time since its batch's decode start / its tokens",
     "request_speedup": "AR mean request time per token / speculative mean, same batches",
     "mean_committed_per_round": "bonus/correction token included",
