@@ -851,3 +851,21 @@ def test_the_product_behind_the_arithmetic_floor_fits_a_quarter_of_a_gpus_free_m
     assert n % 256 == 0 and 3 * n * n * 4 <= 16 * 2**20 < 3 * (n + 256) ** 2 * 4
     with pytest.raises(ValueError, match="too little"):
         peak_matmul_size("cuda", 4, 2**20)
+
+
+def test_a_cuda_forward_s_setup_says_whether_cudnn_attention_may_run(monkeypatch):
+    """cuDNN's SDPA kernel (a process-wide switch) changes a CUDA decode step's time several times
+    over, but a vector chosen by timing was keyed without it: one searched with it on was reused
+    with it off. On CUDA the forward's setup names it; a CPU forward's setup is unchanged."""
+    import types
+
+    from harness.target.loading import build_tiny_model
+    from harness.target.timing import forward_setup
+
+    model = build_tiny_model(seed=1, num_layers=1)
+    assert "cudnn_attention" not in forward_setup(model)
+    fake = types.SimpleNamespace(device=torch.device("cuda", 0))
+    monkeypatch.setattr(type(model), "parameters", lambda self, recurse=True: iter([fake]))
+    for allowed in (True, False):
+        monkeypatch.setattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda allowed=allowed: allowed)
+        assert forward_setup(model)["cudnn_attention"] is allowed

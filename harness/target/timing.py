@@ -492,15 +492,19 @@ def timing_host(device: torch.device | str) -> dict:
 
 def forward_setup(model: torch.nn.Module) -> dict:
     """How ``model``'s forward runs beyond its weights and host: its linear kernels, attention
-    implementation, cache kind, fused decoder layers and compilation. Each changes which of two
-    timed choices is faster."""
-    return {
+    implementation, cache kind, fused decoder layers and compilation, and on CUDA whether SDPA may
+    take cuDNN's attention kernel (a process-wide switch, ``model.cudnn_attention``, that can change
+    a decode step's time several times over). Each changes which of two timed choices is faster."""
+    setup = {
         "linear_kernel": sorted(linear_kernel_of(model)),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
         "static_cache": static_cache_of(model),
         "fused_layers": fused_layers_of(model),
         "compiled": bool(getattr(model, "_harness_compiled", False)),
     }
+    if next(model.parameters()).device.type == "cuda":
+        setup["cudnn_attention"] = bool(torch.backends.cuda.cudnn_sdp_enabled())
+    return setup
 
 
 def timed_setup(model: torch.nn.Module) -> dict:
