@@ -267,7 +267,7 @@ def test_the_streams_and_artifact_keys_name_the_held_out_prompt_rule(sharegpt, m
 
     tok = word_chat_tokenizer()
     sharegpt([])
-    assert "however short" in recipes.DOCUMENT_RULE and "sharegpt-prompts-v3" in recipes.DOCUMENT_RULE
+    assert "however short" in recipes.DOCUMENT_RULE and "sharegpt-prompts-v4" in recipes.DOCUMENT_RULE
     first = streams_key(tok, DataRecipe(), target_hash="t" * 16)
     sources = recipes.data_sources_key(DataRecipe(), tok)
     inline = streams_key(tok, DataRecipe(source="inline"), target_hash="t" * 16, documents=(DOCS, DOCS))

@@ -205,17 +205,17 @@ def test_sharegpt_prompts_are_each_conversations_first_question_once(monkeypatch
         ("bbb_0", "How to cook?", "Like so"),
         ("eee_0", "Write a poem", "A poem"),
     ]
-    assert "sharegpt-prompts-v2" in prompts.SHAREGPT_PROMPT_RULE
+    assert "one prompt per conversation" in prompts.SHAREGPT_PROMPT_RULE
 
 
 def test_the_packaged_sharegpt_eval_prompts_hold_no_later_part_and_no_repeated_text():
-    from harness.workloads.corpora import sharegpt_base_id
+    from harness.workloads.corpora import prompt_key, sharegpt_base_id
 
     got = load_workload(name="sharegpt", split="eval")
     assert all(p.prompt_id.endswith("_0") for p in got)
     assert len({sharegpt_base_id(p.prompt_id) for p in got}) == len(got)
-    assert len({p.messages[0]["content"] for p in got}) == len(got)
-    assert len(got) == 494
+    assert len({prompt_key(p.messages[0]["content"]) for p in got}) == len(got)
+    assert len(got) == 493
 
 
 # ---------------------------------------------------------------- JSON Lines read alike

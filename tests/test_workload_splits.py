@@ -11,7 +11,7 @@ from harness.app import with_sequoia
 from harness.config import compose
 from harness.runner import check_job
 from harness.workloads import prompts
-from harness.workloads.corpora import SPLITS, ChatTurn, Conversation, sharegpt_split
+from harness.workloads.corpora import SPLITS, ChatTurn, Conversation, prompt_key, sharegpt_split
 from harness.workloads.prompts import WorkloadError, load_workload
 
 TINY_SEQUOIA = [
@@ -54,28 +54,30 @@ def test_a_sharegpt_text_held_by_several_splits_is_kept_in_the_first_of_eval_dev
         "calibration": ["calibration only"],
         "train": ["train only"],
     }
-    assert prompts.SHAREGPT_PROMPT_RULE.startswith("sharegpt-prompts-v3:")
+    assert prompts.SHAREGPT_PROMPT_RULE.startswith("sharegpt-prompts-v4:")
 
 
 def test_the_packaged_sharegpt_splits_share_no_prompt_text_and_the_eval_prompts_are_unchanged():
     """The packaged file: eval and calibration shared 3 texts, eval and train 44; the eval prompts are
-    those of the rule before (the same 494 ids and contents)."""
+    those of the rule before, less one text met twice but for case (494 then, 493: JwhRo1F_0's
+    "Hello there" after a0yA6XR_0's "hello there"). Texts are compared by prompt_key."""
     by_split = {s: load_workload(name="sharegpt", split=s) for s in SPLITS}
-    texts = {s: {p.messages[0]["content"] for p in ps} for s, ps in by_split.items()}
+    texts = {s: {prompt_key(p.messages[0]["content"]) for p in ps} for s, ps in by_split.items()}
     for i, a in enumerate(SPLITS):
         for b in SPLITS[i + 1 :]:
             assert not texts[a] & texts[b], (a, b)
     ev = by_split["eval"]
-    assert len(ev) == 494
+    assert len(ev) == len(texts["eval"]) == 493
+    assert "JwhRo1F_0" not in {p.prompt_id for p in ev} and "a0yA6XR_0" in {p.prompt_id for p in ev}
     pin = hashlib.sha256("\n".join(f"{p.prompt_id}:{p.fingerprint}" for p in ev).encode()).hexdigest()[:16]
-    assert pin == "56d901c35d7d7d05"
+    assert pin == "71f0b3a63c3dbfca"
 
 
 def test_sequoia_on_sharegpt_passes_the_check_before_model_work():
     """topology=sequoia with workload=sharegpt was refused after the models loaded: three calibration
     prompts had an eval prompt's text."""
     checked = check_job(compose(with_sequoia([*TINY_SEQUOIA, "workload=sharegpt"])), None)
-    assert len(checked.prompts) == 494
+    assert len(checked.prompts) == 493
 
 
 def test_sequoia_on_a_question_file_without_splits_is_refused_before_any_model_work(tmp_path):

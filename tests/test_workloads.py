@@ -278,7 +278,7 @@ def test_per_category_counts_spec_bench_tasks_so_mt_bench_weighs_as_one(tmp_path
     [
         ("poetry", r"question 1 has category 'poetry', not one of Spec-Bench's \[.*\] \(workload=jsonl reads"),
         ("math-reasoning", r"has category 'math-reasoning', not one of .*; did you mean 'math_reasoning'\?"),
-        (" qa ", r"has category ' qa ', not one of .*; did you mean 'qa'\?"),
+        ("QA", r"has category 'QA', not one of .*; did you mean 'qa'\?"),
         ("mt_bench", r"mt_bench names the group of MT-bench's eight; a question has one of them"),
     ],
 )
@@ -371,6 +371,68 @@ def test_a_category_named_like_the_reports_aggregate_is_refused(tmp_path, catego
     f.write_text(json.dumps({"question_id": 7, "category": category, "turns": ["x"]}) + "\n")
     with pytest.raises(WorkloadError, match=r"are reserved\): rename it"):
         load_jsonl(str(f), "eval")
+
+
+def test_categories_spelt_two_ways_are_refused_naming_their_lines(tmp_path):
+    """ "qa", "qa " and "QA" were three categories: workload.categories=[qa] dropped the other two
+    prompts without a word."""
+    rows = [
+        {"id": "q1", "prompt": "What is 2+2?", "category": "qa"},
+        {"id": "q2", "prompt": "Capital of France?", "category": "qa "},
+        {"id": "q3", "prompt": "Name a color", "category": "QA"},
+    ]
+    path = write_jsonl(tmp_path / "w.jsonl", rows)
+    with pytest.raises(WorkloadError) as err:
+        load_workload(name="jsonl", split="eval", path=path, categories=["qa"])
+    assert str(err.value) == (
+        f"{path}:2: prompt 'q2' has category 'qa ', with whitespace around it: a category is matched as written; "
+        "write 'qa'"
+    )
+    rows[1]["category"] = "qa"
+    path = write_jsonl(tmp_path / "w.jsonl", rows)
+    with pytest.raises(WorkloadError) as err:
+        load_workload(name="jsonl", split="eval", path=path, categories=["qa"])
+    assert str(err.value) == (
+        f"{path}:3: category 'QA' of id 'q3' and category 'qa' on line 1 differ only in case: a category is "
+        "matched as written, so they would be two; spell them alike or rename one"
+    )
+    # in another split, and in a Spec-Bench-shaped file read as jsonl, alike
+    rows[2].update(category="Qa", split="dev")
+    path = write_jsonl(tmp_path / "w.jsonl", rows)
+    with pytest.raises(WorkloadError, match=r"w.jsonl:3: category 'Qa' of id 'q3' and category 'qa' on line 1"):
+        load_workload(name="jsonl", split="eval", path=path)
+    questions = [
+        {"question_id": 1, "category": "Writing", "turns": ["a"]},
+        {"question_id": 2, "category": "writing", "turns": ["b"]},
+    ]
+    with pytest.raises(WorkloadError, match=r"q.jsonl:2: category 'writing' of question_id 2 and category 'Writing'"):
+        load_workload(name="jsonl", split="eval", path=write_jsonl(tmp_path / "q.jsonl", questions))
+    questions[0]["category"] = " writing"
+    for workload in ("jsonl", "spec_bench"):
+        with pytest.raises(WorkloadError, match=r"q.jsonl:1: prompt 1 has category ' writing', with whitespace around"):
+            load_workload(name=workload, split="eval", path=write_jsonl(tmp_path / "q.jsonl", questions))
+    # one spelling is read as written
+    rows[2]["category"] = "qa"
+    path = write_jsonl(tmp_path / "w.jsonl", rows)
+    assert [p.prompt_id for p in load_workload(name="jsonl", split="eval", path=path, categories=["qa"])] == [
+        "q1",
+        "q2",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("rows", "said"),
+    [
+        ([{"id": "q1", "prompt": "a"}, {"id": "q1 ", "prompt": "b"}], "w.jsonl:2: \"id\" 'q1 ' has whitespace"),
+        ([{"id": "\tq1", "prompt": "a"}], "w.jsonl:1: \"id\" '\\\\tq1' has whitespace around it"),
+        ([{"question_id": " 7", "category": "qa", "turns": ["a"]}], "w.jsonl:1: \"question_id\" ' 7' has whitespace"),
+    ],
+)
+def test_an_id_with_whitespace_around_it_is_refused(tmp_path, rows, said):
+    """ "q1" and "q1 " were two prompts, shown alike in every record and report."""
+    path = write_jsonl(tmp_path / "w.jsonl", rows)
+    with pytest.raises(WorkloadError, match=said):
+        load_jsonl(path, "eval")
 
 
 def test_a_compiled_forward_over_packed_weights_is_said_once_per_model():

@@ -55,9 +55,9 @@ from harness.heads.recipes import (
 )
 from harness.target.loading import cache_root, chat_template_key, model_names
 from harness.target.timing import timed_setup
-from harness.workloads.corpora import SPLITS, ChatTurn, sharegpt_conversations, sharegpt_split
+from harness.workloads.corpora import SPLITS, ChatTurn, prompt_key, sharegpt_conversations, sharegpt_split
 from harness.workloads.datastore import LEAKAGE_THRESHOLD, ExclusionIndex, LeakageError, sharegpt_heldout_exclusions
-from harness.workloads.prompts import sharegpt_prompt_texts
+from harness.workloads.prompts import sharegpt_prompt_keys
 
 
 @dataclass(frozen=True)
@@ -401,7 +401,7 @@ class DocumentTally:
     conversations_reordered: int = 0  # turns dropped or cut by :func:`run_order`
     template_refused: int = 0  # skipped: the chat template raised on them
     held_out_overlap: int = 0  # dropped: the document holds a window of held-out text
-    held_out_prompt: int = 0  # dropped: its first user turn is a held-out prompt's text (no window of one)
+    held_out_prompt: int = 0  # dropped: its first user turn is a held-out prompt (prompt_key; no window of one)
     template_refusal: str | None = None  # the template's message for the first one it refused
 
     def to_meta(self) -> dict:
@@ -427,10 +427,11 @@ def held_out_index(split: str, *, tokenizer, vocab_size: int) -> ExclusionIndex:
 
 
 def held_out_prompts(split: str) -> frozenset[str]:
-    """The ShareGPT prompt texts (stripped) of every split but ``split``
-    (:func:`~harness.workloads.prompts.load_sharegpt`): a training conversation of ``split`` opening
-    with one is dropped, however short (a "hi" matches no window of :func:`held_out_index`)."""
-    return frozenset(t.strip() for t in sharegpt_prompt_texts([s for s in SPLITS if s != split]))
+    """The ShareGPT prompts of every split but ``split`` (:func:`~harness.workloads.prompts.load_sharegpt`),
+    each as its :func:`~harness.workloads.corpora.prompt_key` (whitespace runs one space, the ends stripped,
+    casefolded): a training conversation of ``split`` whose first user turn has the key of one is dropped,
+    however short (a "hi" matches no window of :func:`held_out_index`), and however spelled ("Hi", "HI")."""
+    return sharegpt_prompt_keys([s for s in SPLITS if s != split])
 
 
 def sharegpt_documents(
@@ -447,7 +448,8 @@ def sharegpt_documents(
     """Token ids of ShareGPT conversations of one split, in file order (each truncated), their turns
     in a run's order (:func:`run_order`). A conversation the chat template refuses is skipped, a
     document holding a window of ``exclude`` (:func:`held_out_index`) dropped, and so is one whose
-    first user turn, stripped, is in ``exclude_prompts`` (:func:`held_out_prompts`); ``tally`` counts
+    first user turn's :func:`~harness.workloads.corpora.prompt_key` is in ``exclude_prompts``
+    (:func:`held_out_prompts`); ``tally`` counts
     them. Raises ValueError when the template refuses every conversation."""
 
     char_cap = max_len * 12  # a token is rarely longer than 12 characters; avoids tokenizing megabytes
@@ -491,7 +493,7 @@ def sharegpt_documents(
         if exclude is not None and exclude.first_hit(np.asarray(ids, dtype=np.int64)) is not None:
             tally.held_out_overlap += 1
             continue
-        if turns[0].text.strip() in exclude_prompts:  # run_order opens at the first user turn with text
+        if prompt_key(turns[0].text) in exclude_prompts:  # run_order opens at the first user turn with text
             tally.held_out_prompt += 1
             continue
         given += 1

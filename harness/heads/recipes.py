@@ -54,7 +54,8 @@ DOCUMENT_RULE = (
     "its predecessor's role; a conversation the chat template refuses is skipped; a training document "
     f"holding any {LEAKAGE_THRESHOLD}-token window of a held-out text (the first user and first assistant "
     "turn of each conversation of another split, as REST datastores keep out) is dropped, and so is one whose "
-    "first user turn (stripped) is the text of a ShareGPT prompt of another split, however short (the prompts: "
+    "first user turn is a ShareGPT prompt of another split as the prompts compare texts (whitespace runs one "
+    "space, the ends stripped, casefolded), however short (the prompts: "
     f"{SHAREGPT_PROMPT_RULE})"
 )
 

@@ -24,6 +24,11 @@ into parts ``<base>_0``, ``<base>_1``, ...; all parts of one conversation theref
 same split, so a held-out conversation cannot leak into ``train`` through its sibling parts.
 Workload loaders draw evaluation prompts from :func:`sharegpt_conversations` with ``"eval"``
 (or ``"dev"``), the Sequoia calibration stage from ``"calibration"``; datastores use ``"train"``.
+
+ShareGPT repeats a question under other conversation ids, in other splits, with other answers.
+Two prompt texts are one prompt when :func:`prompt_key` makes them equal (whitespace runs, the
+ends and case do not count), and the ``train`` corpus leaves out every conversation whose first
+user turn is a held-out prompt so (:data:`SHAREGPT_TRAIN_RULE`).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import os
 import re
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -182,6 +187,19 @@ def sharegpt_base_id(conv_id: str) -> str:
     return _PART_SUFFIX.sub("", conv_id)
 
 
+def sharegpt_part(conv_id: str) -> int:
+    """The part number of a ShareGPT id (``hRPPgZT_11``: 11; an id without one: 0)."""
+    suffix = conv_id[len(sharegpt_base_id(conv_id)) + 1 :]
+    return int(suffix) if suffix else 0
+
+
+def prompt_key(text: str) -> str:
+    """A prompt's text as prompts are compared: every run of whitespace one space, the ends stripped,
+    casefolded. ``"Hi"``, ``" hi\\n"`` and ``"HI"`` are one prompt, and so are two texts that differ only
+    by ``\\n\\n`` against ``\\n``: ShareGPT holds a question under other ids spelled so."""
+    return " ".join(text.split()).casefold()
+
+
 def sharegpt_split(conv_id: str) -> str:
     """The split (``calibration`` / ``dev`` / ``eval`` / ``train``) of a ShareGPT conversation id.
 
@@ -285,9 +303,55 @@ def sharegpt_conversations(split: str) -> list[Conversation]:
     return [c for c in load_sharegpt().conversations if c.turns and c.split == split]
 
 
+def sharegpt_openings(conversations: Iterable[Conversation]) -> list[tuple[Conversation, tuple[ChatTurn, ...]]]:
+    """The conversations a ShareGPT prompt is drawn from, each with its turns less the system ones:
+    of each base id the first part (a later part opens mid-conversation), in the order the base ids
+    first appear, where its first turn after any system turns is a user's with text."""
+    first: dict[str, Conversation] = {}  # each base id's first part
+    for conv in conversations:
+        base = sharegpt_base_id(conv.conv_id)
+        if base not in first or sharegpt_part(conv.conv_id) < sharegpt_part(first[base].conv_id):
+            first[base] = conv
+    out = []
+    for conv in first.values():
+        turns = tuple(t for t in conv.turns if t.role != "system")
+        if turns and turns[0].role == "user" and turns[0].text.strip():
+            out.append((conv, turns))
+    return out
+
+
+def first_user_turn(conv: Conversation) -> str | None:
+    """The text of a conversation's first user turn with text (None when it has none)."""
+    return next((t.text for t in conv.turns if t.role == "user" and t.text.strip()), None)
+
+
+#: the splits whose ShareGPT prompts no training text may open with
+HELD_OUT_SPLITS = tuple(s for s in SPLITS if s != "train")
+#: which conversations the ``train`` corpus leaves out, and the rule's version (in the corpus snapshot:
+#: a datastore built by another rule is refused when verified, and rebuilt)
+SHAREGPT_TRAIN_RULE = (
+    "sharegpt-train-v1: a train conversation whose first user turn with text, by prompt_key (whitespace runs "
+    "one space, the ends stripped, casefolded), is the first user turn of a prompt-giving conversation (its "
+    f"base id's first part, opening with a user turn after any system turns) of split {', '.join(HELD_OUT_SPLITS)} "
+    "is left out, whatever its answers"
+)
+
+
+def sharegpt_held_out_keys() -> frozenset[str]:
+    """The :func:`prompt_key` of every ShareGPT prompt of :data:`HELD_OUT_SPLITS` (the prompts
+    :func:`harness.workloads.prompts.load_sharegpt` draws from them, every text whichever split keeps it)."""
+    return frozenset(
+        prompt_key(turns[0].text)
+        for split in HELD_OUT_SPLITS
+        for _, turns in sharegpt_openings(sharegpt_conversations(split))
+    )
+
+
 @dataclass(frozen=True)
 class ShareGPTCorpus:
-    """ShareGPT conversations of one split; segments are the turns of ``roles``."""
+    """ShareGPT conversations of one split; segments are the turns of ``roles``. The ``train`` split
+    leaves out every conversation whose first user turn is a held-out prompt (:data:`SHAREGPT_TRAIN_RULE`):
+    ShareGPT asks one question under several ids, with other answers."""
 
     split: str = "train"
     roles: tuple[str, ...] = ("assistant",)
@@ -318,11 +382,23 @@ class ShareGPTCorpus:
             "truncated_at_char": data.truncated_at_char,
             "split": self.split,
             "split_rule": SPLIT_RULE,
+            "held_out_rule": SHAREGPT_TRAIN_RULE if self.split == "train" else None,
+            "held_out_conversations": sum(1 for _, held in self._conversations() if held),
             "roles": list(self.roles),
         }
 
-    def documents(self) -> Iterator[Document]:
+    def _conversations(self) -> Iterator[tuple[Conversation, bool]]:
+        """The split's conversations, each with whether :data:`SHAREGPT_TRAIN_RULE` leaves it out
+        (none outside ``train``)."""
+        keys = sharegpt_held_out_keys() if self.split == "train" else frozenset()
         for conv in sharegpt_conversations(self.split):
+            text = first_user_turn(conv) if keys else None
+            yield conv, text is not None and prompt_key(text) in keys
+
+    def documents(self) -> Iterator[Document]:
+        for conv, held in self._conversations():
+            if held:
+                continue
             segments = tuple(t.text for t in conv.turns if t.role in self.roles and t.text.strip())
             if segments:
                 yield Document(doc_id=conv.conv_id, segments=segments)

@@ -34,7 +34,9 @@ Evaluation exclusion (declared in the manifest): every excluded text (evaluation
 reference answers, held-out ShareGPT turns) is tokenized with the same tokenizer; a document is
 dropped whole when any of its segments contains any ``exclusion_window``-token window (default
 32, the leakage threshold) of an excluded text. Texts shorter than the window are hashed into the
-manifest but cannot reach the threshold by construction. The run-time gate :func:`check_leakage`
+manifest but cannot reach the threshold by construction (the ``sharegpt`` corpus's train split
+leaves out whole every conversation opening with a held-out prompt, spelled alike but for whitespace
+and case: :data:`~harness.workloads.corpora.SHAREGPT_TRAIN_RULE`). The run-time gate :func:`check_leakage`
 measures the longest match of every prompt/reference and refuses the run at >= 32 tokens
 (:func:`refuse_leakage`) unless ``allow=True`` (the run's top-level ``allow_leakage=true``), which
 the returned records then state.
@@ -1247,7 +1249,10 @@ def humaneval_exclusions() -> list[ExclusionItem]:
 
 
 def sharegpt_heldout_exclusions() -> list[ExclusionItem]:
-    """First user turn and first assistant turn of every non-train conversation."""
+    """First user turn and first assistant turn of every non-train conversation. A held-out question
+    asked again in a train conversation, answered otherwise, shares no window with these: the
+    ``sharegpt`` corpus's train split leaves such a conversation out whole, however short the question
+    (:data:`~harness.workloads.corpora.SHAREGPT_TRAIN_RULE`, in the corpus snapshot)."""
 
     items = []
     for split in SPLITS:

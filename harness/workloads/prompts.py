@@ -8,7 +8,8 @@ turn of each ShareGPT conversation, from its first part only, each text once, ch
 conversation per line; every turn is generated, see :mod:`harness.workloads.conversations`).
 Splits ``calibration`` / ``dev`` / ``train`` / ``eval`` are disjoint: ShareGPT by the
 conversation-id hash of ``harness.workloads.corpora`` and, as ShareGPT repeats a question under
-other ids, each prompt text in one split only (:data:`SHAREGPT_TEXT_PRIORITY`), HumanEval by the
+other ids, each prompt text in one split only (:data:`SHAREGPT_TEXT_PRIORITY`; texts equal but for
+whitespace and case are one text, :func:`~harness.workloads.corpora.prompt_key`), HumanEval by the
 same kind of salted hash of the task id, jsonl files by the ``split`` field when present
 (otherwise every line is in every split the user asks for: the file is the split, which
 ``topology=sequoia``, calibrating on the calibration split, refuses before any model work).
@@ -24,6 +25,8 @@ empty turns, a ``messages`` list whose last message is empty, a duplicate id, a 
 outside Spec-Bench's (``workload=spec_bench``), arrays or objects nested deeper than
 :data:`MAX_JSON_DEPTH`; a split with no prompt is refused naming the splits that have some, and then
 a selected category the split does not have, naming the other splits that have it, or else the file.
+A category or a string id with whitespace around it is refused (it is matched as written), and so is
+a category spelt on two lines in two cases (``qa`` and ``QA``), naming both lines.
 """
 
 from __future__ import annotations
@@ -38,11 +41,11 @@ from typing import Any
 
 from harness.contracts import ConfigError
 from harness.workloads.corpora import (
-    Conversation,
     jsonl_lines,
     jsonl_text_lines,
-    sharegpt_base_id,
+    prompt_key,
     sharegpt_conversations,
+    sharegpt_openings,
 )
 
 SPLITS = ("calibration", "dev", "train", "eval")
@@ -120,17 +123,12 @@ SHAREGPT_TEXT_PRIORITY = ("eval", "dev", "calibration", "train")
 #: how ShareGPT conversations become prompts, and the rule's version (a new rule draws another prompt
 #: set from the same splits: the records of one rule are not paired with another's)
 SHAREGPT_PROMPT_RULE = (
-    "sharegpt-prompts-v3: the sharegpt-prompts-v2 rule, one prompt per conversation (the parts <base>_k of "
+    "sharegpt-prompts-v4: the sharegpt-prompts-v3 rule with texts compared by prompt_key (every run of "
+    "whitespace one space, the ends stripped, casefolded): one prompt per conversation (the parts <base>_k of "
     "one base id), the first user turn of its first part where only system turns come before it, a text that "
     "an earlier prompt of the split has left out; then each text in one split only: kept in the first of "
     f"{', '.join(SHAREGPT_TEXT_PRIORITY)} that holds it, left out of the later ones"
 )
-
-
-def _part(conv_id: str) -> int:
-    """The part number of a ShareGPT id (``hRPPgZT_11``: 11; an id without one: 0)."""
-    suffix = conv_id[len(sharegpt_base_id(conv_id)) + 1 :]
-    return int(suffix) if suffix else 0
 
 
 def load_sharegpt(split: str) -> list[Prompt]:
@@ -142,32 +140,29 @@ def load_sharegpt(split: str) -> list[Prompt]:
     met before (a greeting, a question shared twice) is kept once, and in one split only: ShareGPT
     repeats a question under other conversation ids, so a text that a split earlier in
     :data:`SHAREGPT_TEXT_PRIORITY` has is left out (the calibration, search and training prompts
-    never hold an evaluated one)."""
+    never hold an evaluated one). Texts are compared by :func:`~harness.workloads.corpora.prompt_key`:
+    "Hi" and "hi", or one question with ``\\n\\n`` and with ``\\n`` between its lines, are one text."""
     own = _split_prompts(split)
     ahead = SHAREGPT_TEXT_PRIORITY[: SHAREGPT_TEXT_PRIORITY.index(split)]
-    taken = {p.messages[0]["content"] for s in ahead for p in _split_prompts(s)}
-    return [p for p in own if p.messages[0]["content"] not in taken]
+    taken = {prompt_key(p.messages[0]["content"]) for s in ahead for p in _split_prompts(s)}
+    return [p for p in own if prompt_key(p.messages[0]["content"]) not in taken]
 
 
-def sharegpt_prompt_texts(splits: Sequence[str]) -> frozenset[str]:
-    """The texts of the ShareGPT prompts of ``splits`` (:func:`load_sharegpt`)."""
-    return frozenset(p.messages[0]["content"] for s in splits for p in load_sharegpt(s))
+def sharegpt_prompt_keys(splits: Sequence[str]) -> frozenset[str]:
+    """The :func:`~harness.workloads.corpora.prompt_key` of each ShareGPT prompt of ``splits``
+    (:func:`load_sharegpt`): a text is one of them when its key is."""
+    return frozenset(prompt_key(p.messages[0]["content"]) for s in splits for p in load_sharegpt(s))
 
 
 def _split_prompts(split: str) -> list[Prompt]:
     """The prompts of ``split``'s conversations alone, each text once (:func:`load_sharegpt` before
     the texts of other splits are left out)."""
-    first: dict[str, Conversation] = {}  # each base id's first part
-    for conv in sharegpt_conversations(split):
-        base = sharegpt_base_id(conv.conv_id)
-        if base not in first or _part(conv.conv_id) < _part(first[base].conv_id):
-            first[base] = conv
-    out, texts = [], set()
-    for conv in first.values():
-        turns = [t for t in conv.turns if t.role != "system"]
-        if not turns or turns[0].role != "user" or not turns[0].text.strip() or turns[0].text in texts:
+    out, keys = [], set()
+    for conv, turns in sharegpt_openings(sharegpt_conversations(split)):
+        key = prompt_key(turns[0].text)
+        if key in keys:
             continue
-        texts.add(turns[0].text)
+        keys.add(key)
         reference = turns[1].text if len(turns) > 1 and turns[1].role == "assistant" else None
         out.append(
             Prompt(
@@ -219,12 +214,28 @@ def flat_reference(ref: Any, where: str = "", pid: object = None) -> str | None:
 
 
 def _check_category(where: str, pid: object, category: str) -> str:
+    """``category`` as written, refused where whitespace surrounds it (``"qa "`` and ``"qa"`` would be
+    two categories, one of them dropped by ``workload.categories=[qa]``) or it is a reserved name."""
+    if category != category.strip():
+        raise WorkloadError(
+            f"{where}: prompt {pid!r} has category {category!r}, with whitespace around it: a category is "
+            f"matched as written; write {category.strip()!r}"
+        )
     if category.strip().lower() in RESERVED_CATEGORIES:
         raise WorkloadError(
             f"{where}: prompt {pid!r} has category {category!r}, the name of the reports' aggregate over every "
             f"category ({' and '.join(RESERVED_CATEGORIES)} are reserved): rename it"
         )
     return category
+
+
+def _check_id(where: str, key: str, pid: object) -> None:
+    """Refuse a string id with whitespace around it: ``"q1 "`` and ``"q1"`` would be two prompts that
+    every record and report shows alike."""
+    if isinstance(pid, str) and pid != pid.strip():
+        raise WorkloadError(
+            f'{where}: "{key}" {pid!r} has whitespace around it: an id is matched as written; write {pid.strip()!r}'
+        )
 
 
 #: the keys a Spec-Bench question line may hold: those of its question.jsonl (``reference`` on some
@@ -250,6 +261,7 @@ def _spec_bench_prompt(where: str, obj: dict) -> Prompt:
     qid = obj["question_id"]
     if isinstance(qid, bool) or not isinstance(qid, (int, str)) or (isinstance(qid, str) and not qid.strip()):
         raise WorkloadError(f'{where}: "question_id" must be an integer or a non-empty string; got {qid!r}')
+    _check_id(where, "question_id", qid)
     category = obj.get("category")
     if not isinstance(category, str) or not category.strip():
         raise WorkloadError(f'{where}: question {qid!r} needs a non-empty "category" string; got {category!r}')
@@ -305,6 +317,7 @@ def _harness_prompt(where: str, obj: dict) -> Prompt:
     pid = obj["id"]
     if isinstance(pid, bool) or not isinstance(pid, (str, int)) or (isinstance(pid, str) and not pid.strip()):
         raise WorkloadError(f'{where}: "id" must be a non-empty string or an integer; got {json.dumps(obj["id"])}')
+    _check_id(where, "id", pid)
     if "prompt" in obj and not isinstance(obj["prompt"], str):
         raise WorkloadError(f'{where}: "prompt" must be a string; got {json.dumps(obj["prompt"])[:40]}')
     if "prompt" in obj and not obj["prompt"].strip():
@@ -405,6 +418,7 @@ def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prom
     out: list[Prompt] = []
     first: tuple[int, str] | None = None  # (line number, format) of the first prompt line
     seen: dict[str, int] = {}
+    spellings: dict[str, tuple[str, int]] = {}  # a category by prompt_key -> (as first written, its line)
     # a byte-order mark opens some files: dropped
     for lineno, where, line in jsonl_text_lines(p.read_bytes(), path, WorkloadError):
         try:
@@ -447,6 +461,13 @@ def load_jsonl(path: str, split: str, *, expect: str | None = None) -> list[Prom
             first_line = seen[prompt.prompt_id]
             raise WorkloadError(f"{where}: duplicate {key} {prompt.source_id!r} (first on line {first_line})")
         seen[prompt.prompt_id] = lineno
+        written, first_line = spellings.setdefault(prompt.category.strip().casefold(), (prompt.category, lineno))
+        if written != prompt.category:  # categories are matched as written: these would be two
+            raise WorkloadError(
+                f"{where}: category {prompt.category!r} of {key} {prompt.source_id!r} and category {written!r} on "
+                f"line {first_line} differ only in case: a category is matched as written, so they would be two; "
+                "spell them alike or rename one"
+            )
         if obj.get("split") is not None and obj["split"] != split:  # null, as absent: in every split
             continue
         out.append(prompt)
