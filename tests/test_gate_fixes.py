@@ -1,10 +1,12 @@
 """The equivalence gates' chain rounds (a verify over a chain takes the unmasked forward every
-topology=sequence run takes), the gate cache keys' machine identity, and the end-to-end gate's
-coverage wording."""
+topology=sequence run takes) and their NaN checks, the gate cache keys' machine identity, the
+end-to-end gate's coverage wording, and the statistical gate's handling of a committed token the
+target's law gives no mass."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -176,3 +178,284 @@ def test_the_fourth_tier_says_what_this_proposer_lacks_not_that_it_has_no_cases(
     covers = E.GATE_TIERS[4]
     assert "no end-to-end case of its own" not in covers
     assert "no case of this proposer has any of them at this kind of temperature" in covers
+
+
+def test_a_nan_in_the_compared_cache_fails_the_equivalence_gate(monkeypatch):
+    """A NaN in a compared cache entry fails the gate: ``max(worst, nan)`` keeps the finite value, so
+    the cache comparison carries NaN through as the logit comparison does, and the finite check sees
+    it."""
+    backend = CausalLMBackend(build_tiny_model(seed=0))
+    prompt = list(range(3, 40))
+    assert equivalence_gate(backend, prompt)["status"] == "passed"
+    real, calls = backend.prefill_one, []
+
+    def nan_in_the_reference_cache(prompt_ids):  # WRONG (test-only): the reference cache holds a NaN
+        state = real(prompt_ids)
+        calls.append(len(prompt_ids))
+        if len(calls) == 2:  # the gate's second prefill: the reference the committed cache is compared with
+            state.cache.layers[0].values[0, 0, 0, 0] = float("nan")
+        return state
+
+    monkeypatch.setattr(backend, "prefill_one", nan_in_the_reference_cache)
+    broken = equivalence_gate(backend, prompt)
+    assert len(calls) == 2
+    assert broken["status"] == "failed" and math.isnan(broken["commit_max_abs_kv_diff"])
+    assert broken["tree_max_abs_logit_diff"] <= broken["tolerance"]  # the logits alone would pass
+
+
+def test_the_oracle_gates_keys_name_the_machine(tmp_path, monkeypatch):
+    """The synthetic oracle's and the end-to-end oracle's cache keys name the machine, as the other
+    gates' do: both compute on the CPU (float32 fast-path checks, the end-to-end cases' float32
+    forwards), and a cache shared across machines must not serve a pass computed on another CPU's
+    kernels."""
+    from harness.config import compose
+    from harness.gates import stages
+    from harness.runner import load, plan_job, prepare_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    workload = tmp_path / "prompts.jsonl"
+    workload.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    overrides = ["model=tiny", "workload=jsonl", f"workload.path={workload}", "workload.chat=false", "threads=1"]
+    cfg = compose([*overrides, "tracking=none"])
+    planned = plan_job(cfg, tmp_path / "run")
+    loaded = load(cfg, planned)
+    prep = prepare_job(cfg, planned, loaded)
+    seen: dict[str, str] = {}
+
+    def record_key(name, key, enabled, compute):  # the key alone: nothing computed
+        seen[name] = key
+        return {"status": "passed", "cached": False, "key": key}
+
+    monkeypatch.setattr(stages, "_cached", record_key)
+
+    def keys_on(machine: str) -> dict[str, str]:
+        monkeypatch.setattr(
+            stages, "machine_identity", lambda devices: {"devices": [[str(d), machine] for d in devices]}
+        )
+        seen.clear()
+        stages.run_gates(
+            cfg,
+            plan_=prep.plan,
+            backend=loaded.backend,
+            proposer=prep.proposers[0],
+            items=loaded.items,
+            model_source=loaded.target.source,
+        )
+        return dict(seen)
+
+    first, again, other = keys_on("one CPU"), keys_on("one CPU"), keys_on("another CPU")
+    assert {"oracle", "end_to_end_oracle"} <= set(first)
+    for name in ("oracle", "end_to_end_oracle", "equivalence"):
+        assert first[name] == again[name] and first[name] != other[name], name
+
+
+# --------------------------------------------------------------------------- statistical: impossible tokens
+
+
+@pytest.fixture(scope="module")
+def top_k_run(tmp_path_factory):
+    """A sampled prompt-lookup run whose law is cut to its top 4 tokens of 16: every other token has
+    no mass."""
+    from harness.config import compose
+    from harness.runner import load, plan_job, prepare_job
+
+    root = tmp_path_factory.mktemp("top_k")
+    path = root / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HARNESS_CACHE", str(root / "cache"))
+    overrides = ["model=tiny", "workload=jsonl", f"workload.path={path}", "workload.chat=false", "threads=1"]
+    overrides += ["tracking=none", "proposer=prompt_lookup", "verifier=membership", "topology=sequence"]
+    overrides += ["topology.max_nodes=3", "topology.max_depth=3", "generation.temperature=1.0"]
+    overrides += ["generation.top_k=4", "model.tiny.vocab_size=16"]
+    cfg = compose(overrides)
+    planned = plan_job(cfg, root / "run")
+    loaded = load(cfg, planned)
+    prep = prepare_job(cfg, planned, loaded)
+    yield loaded, prep
+    mp.undo()
+
+
+def _gate_with(run, verifier, seed: int) -> dict:
+    from harness.gates.statistical import statistical_gate
+
+    loaded, prep = run
+    return statistical_gate(
+        backend=loaded.backend,
+        proposer=prep.proposers[0],
+        verifier=verifier,
+        policy=prep.plan.policy,
+        prompts=[list(item[1]) for item in loaded.items],
+        samples=400,
+        top_m=4,
+        alpha=1e-3,
+        seed=seed,
+        max_nodes=prep.plan.budget.max_nodes,
+        max_depth=prep.plan.budget.max_depth,
+    )
+
+
+def _assert_failed_on_an_impossible_token(entry: dict, *, test: str) -> None:
+    assert entry["status"] == "failed" and entry["impossible_samples"] >= 1
+    evidence = entry["impossible"]
+    assert evidence["test"] == test and evidence["impossible_samples"] == entry["impossible_samples"]
+    assert evidence["prefix_len"] == entry["prefix"]["prefix_len"] and evidence["samples"] == entry["samples"]
+    assert sum(n for _, n in evidence["tokens"]) == evidence["impossible_samples"]
+
+
+def test_a_verifier_that_rarely_commits_an_impossible_token_fails_the_statistical_gate(top_k_run):
+    """A token outside the target's top-k is impossible under the target's law: the first test that
+    sees one fails the gate, with no confirmation on fresh samples that may not see it (at seeds 1
+    and 2 here the first test draws one and a confirmation would draw none)."""
+    from harness.contracts import Selection
+    from harness.verifiers.builtin import MembershipVerifier
+
+    class RarelyImpossible(MembershipVerifier):
+        """WRONG (test-only): with probability 1/400 commits a token the target's top-k law gives no mass."""
+
+        def select(self, tree, target_probs, rng):
+            if rng.bernoulli(1 / 400):
+                return Selection(accepted_rows=(), next_token=int(target_probs[0].argmin()))
+            return super().select(tree, target_probs, rng)
+
+    for seed in (1, 2):
+        entry = _gate_with(top_k_run, RarelyImpossible(), seed)
+        _assert_failed_on_an_impossible_token(entry, test="first_test")
+        assert entry["decided_by"] == "first_test" and "confirmation" not in entry  # proof: no rerun
+
+
+def test_a_verifier_that_commits_an_impossible_token_once_fails_the_statistical_gate(top_k_run):
+    """One impossible token, on the very first selection the gate makes, and never again."""
+    from harness.contracts import Selection
+    from harness.verifiers.builtin import MembershipVerifier
+
+    class OnceImpossible(MembershipVerifier):
+        """WRONG (test-only): its first selection commits a token the target's top-k law gives no mass."""
+
+        calls = 0
+
+        def select(self, tree, target_probs, rng):
+            OnceImpossible.calls += 1
+            if OnceImpossible.calls == 1:
+                self.token = int(target_probs[0].argmin())
+                return Selection(accepted_rows=(), next_token=self.token)
+            return super().select(tree, target_probs, rng)
+
+    verifier = OnceImpossible()
+    entry = _gate_with(top_k_run, verifier, 0)
+    _assert_failed_on_an_impossible_token(entry, test="first_test")
+    assert entry["impossible_samples"] == 1 and entry["impossible"]["tokens"] == [[verifier.token, 1]]
+    assert _gate_with(top_k_run, MembershipVerifier(), 0)["status"] == "passed"  # the correct verifier passes
+
+
+def _scripted_test(script: dict):
+    """A chi-square test standing in for the real one: ``script[(prefix length, confirmation)]`` gives
+    its outcome (``ok``: passed; ``one_way``: passed, every sample one way; ``reject``: a chi-square
+    rejection; ``impossible``: passed the chi-square but committed an impossible token), default
+    ``ok``; records what it was asked."""
+    from harness.gates import statistical
+
+    asked = []
+
+    def test(*, prompt_ids, samples, stream, **kw):
+        confirmation = stream >= statistical.CONFIRMATION_STREAM
+        asked.append((len(prompt_ids), samples, confirmation))
+        outcome = script.get((len(prompt_ids), confirmation), "ok")
+        one_way = outcome == "one_way"
+        impossible = 2 if outcome == "impossible" else 0
+        return {
+            "status": "passed" if outcome in ("ok", "one_way") else "failed",
+            "samples": samples,
+            "impossible_samples": impossible,
+            **({"impossible_tokens": [[7, impossible]]} if impossible else {}),
+            "p_value": 1e-9 if outcome == "reject" else 0.5,
+            "prefix_len": len(prompt_ids),
+            "first_token_accepted": samples if one_way else samples // 2,
+            "proposal_seconds": 0.0,
+            **({"paths_note": statistical.paths_note(samples, samples)} if one_way else {}),
+        }
+
+    return test, asked
+
+
+def test_an_impossible_token_in_any_test_the_statistical_gate_runs_fails_it(monkeypatch):
+    """Only a chi-square rejection is confirmed; an impossible token seen by a confirmation, a pilot or
+    the test at another prefix fails the gate with that test's evidence at the top level, and a one-way
+    first prefix given up for another keeps its own outcome under ``one_way_prefix``."""
+    from harness.contracts import Budget
+    from harness.gates import statistical
+    from harness.proposers.prompt_lookup import PromptLookupProposer
+
+    backend = CausalLMBackend(build_tiny_model(seed=0))
+    lookup = PromptLookupProposer(budget=Budget("sequence", 4, 4), manifest_hash="t")
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6, 7]  # every cut from the end back proposes a copy
+    kw = dict(backend=backend, proposer=lookup, verifier=None, policy=None, top_m=8, alpha=1e-3, seed=0)
+
+    def gate(script: dict) -> tuple[dict, list]:
+        test, asked = _scripted_test(script)
+        monkeypatch.setattr(statistical, "chi_square_test", test)
+        entry = statistical.statistical_gate(prompts=[prompt], samples=500, max_nodes=4, max_depth=4, **kw)
+        if entry["status"] == "failed":
+            assert entry["impossible_samples"] > 0 or "impossible" not in entry
+        else:
+            assert entry.get("impossible_samples", 0) == 0 and "impossible" not in entry
+        return entry, asked
+
+    entry, asked = gate({(12, False): "impossible"})  # the first test: no confirmation
+    assert asked == [(12, 500, False)] and entry["impossible"]["test"] == "first_test"
+    assert entry["status"] == "failed" and entry["decided_by"] == "first_test"
+    entry, asked = gate({(12, False): "reject"})  # a chi-square rejection alone is confirmed
+    assert asked == [(12, 500, False), (12, 500, True)] and entry["status"] == "passed"
+    assert entry["decided_by"] == "confirmation" and entry["first_test"]["status"] == "failed"
+    entry, asked = gate({(12, False): "reject", (12, True): "impossible"})  # seen by the confirmation
+    assert entry["status"] == "failed" and entry["decided_by"] == "confirmation"
+    assert entry["impossible_samples"] == 2 and entry["impossible"]["test"] == "confirmation"
+    assert entry["confirmation"]["impossible_samples"] == 2 and entry["first_test"]["impossible_samples"] == 0
+    entry, asked = gate({(12, False): "one_way", (11, False): "impossible"})  # seen by a pilot
+    assert asked == [(12, 500, False), (11, 64, False)]
+    assert entry["status"] == "failed" and entry["decided_by"] == "pilot" and entry["prefix"]["prefix_len"] == 11
+    assert entry["impossible"] == {**entry["impossible"], "test": "pilot", "prefix_len": 11, "samples": 64}
+    assert entry["impossible"]["tokens"] == [[7, 2]] and entry["pilots"][-1]["impossible_samples"] == 2
+    assert entry["one_way_prefix"]["prefix_len"] == 12 and entry["one_way_prefix"]["status"] == "passed"
+    # a one-way first prefix decided by its confirmation gives way to the next: its outcome is kept
+    entry, asked = gate({(12, False): "reject", (12, True): "one_way"})
+    assert asked == [(12, 500, False), (12, 500, True), (11, 64, False), (11, 500, False)]
+    assert entry["status"] == "passed" and entry["prefix"]["prefix_len"] == 11
+    assert entry["one_way_prefix"] == {
+        **entry["one_way_prefix"],
+        "prefix_len": 12,
+        "status": "passed",
+        "decided_by": "confirmation",
+        "impossible_samples": 0,
+    }
+    # a later pilot, after one that took one way too
+    entry, asked = gate({(12, False): "one_way", (11, False): "one_way", (10, False): "impossible"})
+    assert asked == [(12, 500, False), (11, 64, False), (10, 64, False)]
+    assert entry["status"] == "failed" and entry["impossible"]["test"] == "pilot"
+
+
+def test_an_impossible_token_at_the_mixed_prefix_s_full_test_fails_the_gate(monkeypatch):
+    """The full test at the prefix the pilots chose saw an impossible token (its pilot did not):
+    the gate fails there, with no confirmation and no further prefix tried."""
+    from harness.contracts import Budget
+    from harness.gates import statistical
+    from harness.proposers.prompt_lookup import PromptLookupProposer
+
+    backend = CausalLMBackend(build_tiny_model(seed=0))
+    lookup = PromptLookupProposer(budget=Budget("sequence", 4, 4), manifest_hash="t")
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6, 7]
+    kw = dict(backend=backend, proposer=lookup, verifier=None, policy=None, top_m=8, alpha=1e-3, seed=0)
+    test, asked = _scripted_test({(12, False): "one_way"})
+
+    def pilot_clean_full_test_not(*, prompt_ids, samples, stream, **rest):
+        out = test(prompt_ids=prompt_ids, samples=samples, stream=stream, **rest)
+        if len(prompt_ids) == 11 and samples == 500:
+            out = {**out, "status": "failed", "impossible_samples": 1, "impossible_tokens": [[9, 1]]}
+        return out
+
+    monkeypatch.setattr(statistical, "chi_square_test", pilot_clean_full_test_not)
+    entry = statistical.statistical_gate(prompts=[prompt], samples=500, max_nodes=4, max_depth=4, **kw)
+    assert asked == [(12, 500, False), (11, 64, False), (11, 500, False)]
+    assert entry["status"] == "failed" and entry["impossible"]["test"] == "first_test"
+    assert entry["impossible"]["prefix_len"] == 11 and entry["impossible"]["tokens"] == [[9, 1]]
+    assert entry["one_way_prefix"]["prefix_len"] == 12 and "coverage" not in entry

@@ -42,6 +42,10 @@ where nothing is accepted. The next candidate prefixes are then
 piloted (:data:`MIXED_PREFIX_TRIES`, :data:`PILOT_SAMPLES` samples each) and the first whose
 samples take both ways is tested instead; where none does, the entry keeps the first test and
 says ``coverage: one_way``, which the run says on stderr.
+
+A committed token the target's law gives no mass (outside its top-k / top-p) is proof, not noise:
+whichever test saw it (the first, a confirmation, a pilot, a test at another prefix), the gate fails
+with it, never rerun or replaced by another test.
 """
 
 from __future__ import annotations
@@ -249,9 +253,12 @@ def statistical_gate(
     """Chi-square of the speculative first token against the exact target distribution at the prefix
     :func:`choose_prefix` finds in ``prompts``. Returns the evidence (``status`` ``passed`` or
     ``failed``, or ``not_applicable`` when the proposer proposes at no candidate prefix); a first
-    rejection is confirmed on independent samples (``confirm``), and the gate fails only when the
-    confirmation rejects too; the entry's top level is then the confirmation's (``decided_by``), with
-    both tests under ``first_test`` and ``confirmation``. ``memo=False`` shares nothing but whole
+    chi-square rejection is confirmed on independent samples (``confirm``), and the gate fails only
+    when the confirmation rejects too; the entry's top level is then the confirmation's
+    (``decided_by``), with both tests under ``first_test`` and ``confirmation``. A committed token the
+    target's law gives no mass, in any test the gate runs (the first, a confirmation, a pilot, a test
+    at another prefix), fails the gate outright, with that test at the top level and where it was seen
+    under ``impossible``. ``memo=False`` shares nothing but whole
     trees' verify forwards (``batch`` per forward) and computes every draft step of every sample
     (same result, slower: for tests)."""
     with _counters_restored(proposer):
@@ -354,13 +361,34 @@ def _statistical_gate(
         return {**result, "seconds": time.perf_counter() - t0}
     # every sample took one way to its first token: the other was not tested here. Pilot the next
     # candidate prefixes and test the first whose samples take both ways
-    one_way = {"prefix_len": prefix["prefix_len"], "source": prefix["source"], "paths_note": result["paths_note"]}
+    one_way = {
+        "prefix_len": prefix["prefix_len"],
+        "source": prefix["source"],
+        "paths_note": result["paths_note"],
+        **{k: result[k] for k in ("status", "decided_by", "p_value", "impossible_samples") if k in result},
+    }
     pilots = []
     for prompt_ids, how in itertools.islice(candidates, MIXED_PREFIX_TRIES):
         pilot = chi_square_test(prompt_ids=prompt_ids, samples=PILOT_SAMPLES, stream=seed * 7919, **kw)
         pilots.append(
-            {"prefix_len": how["prefix_len"], "source": how["source"], "accepted": pilot["first_token_accepted"]}
+            {
+                "prefix_len": how["prefix_len"],
+                "source": how["source"],
+                "accepted": pilot["first_token_accepted"],
+                "impossible_samples": pilot.get("impossible_samples", 0),
+            }
         )
+        if saw_impossible(pilot):  # a pilot's samples are real rounds: an impossible token among them is proof
+            return {
+                **pilot,
+                "status": "failed",
+                "prefix": how,
+                "decided_by": "pilot",
+                "impossible": impossible_evidence(pilot, how, test="pilot"),
+                "one_way_prefix": one_way,
+                "pilots": pilots,
+                "seconds": time.perf_counter() - t0,
+            }
         if "paths_note" not in pilot:
             mixed = _decide(prompt_ids, how, samples=samples, stream=seed * 7919, confirm=confirm, **kw)
             if "paths_note" in mixed and mixed["status"] == "passed":  # the full test took one way after all
@@ -379,9 +407,42 @@ def _statistical_gate(
     }
 
 
+def saw_impossible(test: dict) -> bool:
+    """Whether a test's samples committed a token the target's law gives no mass (outside its top-k /
+    top-p): a single such sample proves the round wrong, so the test that saw it fails the gate
+    outright; it is neither rerun nor replaced by a test at another prefix."""
+    return test.get("impossible_samples", 0) > 0
+
+
+def impossible_evidence(result: dict, prefix: dict, *, test: str) -> dict:
+    """Where ``result`` (a test that :func:`saw_impossible`) saw the impossible tokens: the test
+    (``first_test``, ``confirmation``, ``pilot``), its prefix, its samples, how many committed a
+    token of no mass, and those tokens with their counts."""
+    return {
+        "test": test,
+        "prefix_len": prefix.get("prefix_len", result.get("prefix_len")),
+        "source": prefix.get("source"),
+        "samples": result.get("samples"),
+        "impossible_samples": result["impossible_samples"],
+        "tokens": result.get("impossible_tokens", []),
+        "why": "the verifier committed a token the target's law gives no mass: one such sample is proof, and the "
+        "gate fails on it with no rerun",
+    }
+
+
 def _decide(prompt_ids, prefix, *, samples, stream, confirm, **kw) -> dict:
-    """The test at ``prompt_ids``; a first rejection confirmed on independent samples (``confirm``)."""
+    """The test at ``prompt_ids``; a first chi-square rejection confirmed on independent samples
+    (``confirm``). A test that :func:`saw_impossible` fails the gate, with its evidence under
+    ``impossible``: the first without a confirmation, the confirmation whatever the first said."""
     first = chi_square_test(prompt_ids=prompt_ids, samples=samples, stream=stream, **kw)
+    if saw_impossible(first):
+        return {
+            **first,
+            "status": "failed",
+            "prefix": prefix,
+            "decided_by": "first_test",
+            "impossible": impossible_evidence(first, prefix, test="first_test"),
+        }
     if first["status"] == "passed" or not confirm:
         return {**first, "prefix": prefix}
     second = chi_square_test(prompt_ids=prompt_ids, samples=samples, stream=stream + CONFIRMATION_STREAM, **kw)
@@ -391,13 +452,15 @@ def _decide(prompt_ids, prefix, *, samples, stream, confirm, **kw) -> dict:
         "p_value",
         "observed",
         "expected",
+        "impossible_samples",
+        "impossible_tokens",
         "distinct_trees",
         "draft_calls",
         "memo_hits",
         "first_token_accepted",
         "paths_note",
     )
-    return {  # the top level is the deciding test's, so a status never sits beside another test's p-value
+    entry = {  # the top level is the deciding test's, so a status never sits beside another test's p-value
         **{k: v for k, v in first.items() if k not in keep},
         **{k: second[k] for k in keep if k in second},
         "prefix": prefix,
@@ -406,6 +469,10 @@ def _decide(prompt_ids, prefix, *, samples, stream, confirm, **kw) -> dict:
         "confirmation": {k: second[k] for k in keep if k in second},
         "proposal_seconds": first["proposal_seconds"] + second["proposal_seconds"],
     }
+    if saw_impossible(second):
+        entry["status"] = "failed"
+        entry["impossible"] = impossible_evidence(second, prefix, test="confirmation")
+    return entry
 
 
 class RowPending(Exception):
@@ -641,7 +708,8 @@ def chi_square_test(
     t_verify = time.perf_counter() - t0 - t_propose
     # a committed token the target's law gives no mass (outside top-k / top-p) fails outright: no
     # bin may hide it
-    impossible = sum(n for t, n in counts.items() if float(p_exact[t]) <= 0.0)
+    impossible_tokens = sorted([t, n] for t, n in counts.items() if float(p_exact[t]) <= 0.0)
+    impossible = sum(n for _, n in impossible_tokens)
     top = torch.topk(p_exact, min(top_m, int((p_exact > 0).sum()))).indices.tolist()
     bin_tokens, expected, observed = chi2_bins(top, p_exact, counts, samples)
     if len(observed) > 1:
@@ -664,6 +732,7 @@ def chi_square_test(
         **({"paths_note": note} if note else {}),
         "bins": len(observed),
         "impossible_samples": impossible,
+        **({"impossible_tokens": impossible_tokens} if impossible else {}),  # [token, samples] each
         **test,
         "alpha": alpha,
         "observed": observed,
