@@ -38,6 +38,12 @@ def tolerance(dtype: torch.dtype, scale: float) -> float:
     return ulps * ulp
 
 
+def nan_max(*values: float) -> float:
+    """The largest of ``values``, or NaN where any is NaN (``max`` keeps whichever comes first where a
+    NaN compares false, so a NaN difference would vanish behind a finite one and no check see it)."""
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
+
+
 def _rows_bar(desc: str) -> tqdm:
     """A progress bar over the rows checked against a sequential forward each (minutes on a large
     model on a CPU)."""
@@ -180,8 +186,8 @@ def equivalence_gate(
         nonlocal worst_tree, tree_scale
         ref = backend.forward_rows(backend.new_state(), sequence, list(range(len(sequence))), None).logits[-1]
         diff = float((got.float() - ref.float()).abs().max())
-        worst_tree = diff if math.isnan(diff) else max(worst_tree, diff)  # NaN stays: max() would drop it
-        tree_scale = max(tree_scale, float(ref.float().abs().max()))
+        worst_tree = nan_max(worst_tree, diff)
+        tree_scale = nan_max(tree_scale, float(ref.float().abs().max()))
         bar.update()
 
     for r in range(rounds):
@@ -207,8 +213,10 @@ def equivalence_gate(
     chained = chain_round(backend, [ids], compare)[0]  # its forwards reach no further than the first round's
     ref_seq = backend.prefill_one(committed)
     for a, b in zip(seq.cache.layers, ref_seq.cache.layers):
-        worst_cache = max(worst_cache, float((a.keys - b.keys).abs().max()), float((a.values - b.values).abs().max()))
-        cache_scale = max(cache_scale, float(b.keys.abs().max()), float(b.values.abs().max()))
+        worst_cache = nan_max(
+            worst_cache, float((a.keys - b.keys).abs().max()), float((a.values - b.values).abs().max())
+        )
+        cache_scale = nan_max(cache_scale, float(b.keys.abs().max()), float(b.values.abs().max()))
     cached = list(seq.cached_tokens)
     # the forward after the last commit: the pending token's row over the committed cache
     compare(backend.verify(seq, [committed[-1]], [None]).logits[0][0], committed)
@@ -283,8 +291,8 @@ def batched_equivalence_gate(
     def compare(got: torch.Tensor, ref: torch.Tensor) -> None:
         nonlocal worst, scale
         diff = float((got.float() - ref.float()).abs().max())
-        worst = diff if math.isnan(diff) else max(worst, diff)
-        scale = max(scale, float(ref.float().abs().max()))
+        worst = nan_max(worst, diff)
+        scale = nan_max(scale, float(ref.float().abs().max()))
         bar.update()
 
     shortest = min(len(c) for c in committed)  # its forwards reach no further than the first round's

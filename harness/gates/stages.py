@@ -280,8 +280,9 @@ def announce_disabled(cfg: DictConfig, plan_) -> None:
 
 def machine_identity(devices: Sequence[str | None]) -> dict:
     """The hardware whose kernels compute the gates' forwards on ``devices`` (the target's, a draft
-    model's; None: none), part of every cached gate's key, so that a cache shared across machines
-    never serves a pass computed on other kernels: each device's model (a CUDA device's name and
+    model's; None: none; ``["cpu"]`` for the oracle gates, which compute on the CPU whatever the
+    run's device), part of every cached gate's key, so that a cache shared across machines never
+    serves a pass computed on other kernels: each device's model (a CUDA device's name and
     compute capability, else the CPU's), the instruction set torch's CPU kernels dispatch to where a
     model runs on the CPU, and the native kernels' code paths where they are loaded."""
     models = []
@@ -357,7 +358,10 @@ def run_gates(
         gates["oracle"] = not_applicable(why_heuristic)
         gates["end_to_end_oracle"] = not_applicable(why_heuristic)
     else:
-        oracle_inputs = {"verifier": verifier.name, "relations": relations}
+        # both oracle gates compute on the CPU whatever the run's device (the synthetic cases' float32
+        # fast-path checks, the end-to-end cases' CPU forwards): keyed by the CPU's kernels
+        cpu = machine_identity(["cpu"])
+        oracle_inputs = {"verifier": verifier.name, "relations": relations, **cpu}
         gate(
             "oracle",
             lambda: _cached(
@@ -375,6 +379,7 @@ def run_gates(
             "shape": plan_.budget.shape,
             "truncated": policy.truncated,
             "max_depth": budget_depth(plan_.budget),
+            **cpu,
         }
         e2e_entries = ["harness.gates.e2e", "harness.gates.stages", verifier_module]
         gate(
