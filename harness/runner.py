@@ -1981,6 +1981,7 @@ def summarise(
             ),
         },
     }
+    # write_job binds the file by its SHA-256 as it writes it
     record["round_series"] = {"file": ROUNDS_FILENAME, "rows": len(measured.rounds), "arm": "spec"}
     t_profile = plan_.extras.get("t_profile")
     if t_profile:
@@ -2142,8 +2143,8 @@ def context_metrics(limit: ContextLimit, per_prompt: list[dict]) -> dict:
 
 
 def write(record: dict, measured: Measured, run_dir: Path) -> dict:
-    """``rounds.jsonl`` and ``outputs.jsonl``, then ``record.json`` binding the outputs by hash (one
-    unit: a failed record write removes the others). Returns the record as written."""
+    """``rounds.jsonl`` and ``outputs.jsonl``, then ``record.json`` binding both by row count and hash
+    (one unit: a failed record write removes the others). Returns the record as written."""
     return write_job(run_dir, record, measured.outputs, extra={ROUNDS_FILENAME: measured.rounds})
 
 

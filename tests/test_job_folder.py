@@ -35,11 +35,13 @@ from harness.tracking.store import RecordError, aggregate, load_record, outputs_
 FIXTURE = fixture_run(3) / "record.json"  # a record the runner wrote
 REPO = Path(__file__).resolve().parents[1]
 OUTPUTS = [{"prompt_id": "p0", "ar_token_ids": [1, 2, 3], "spec_token_ids": [1, 2, 3]}]
+ROUNDS = [{"prompt_id": "p0", "round": i, "accepted": i % 2} for i in range(3)]
 
 
 def _record(run_id: str = "r1", manifest_hash: str = "a" * 16, **manifest) -> dict:
     record = json.loads(FIXTURE.read_text())
     record.pop("outputs", None)
+    record.pop("round_series", None)  # written with its rounds.jsonl where a test needs one (ROUNDS)
     record["run_id"] = run_id
     record["manifest_hash"] = manifest_hash
     record["manifest"] = {"harness_code": "c0", "generation": {"max_new_tokens": 8, "temperature": 0.0}, **manifest}
@@ -151,6 +153,57 @@ def test_inspect_job_names_why_files_are_no_complete_job(tmp_path):
     old = _record()
     (job / "record.json").write_text(json.dumps(old))
     assert inspect_job(job).reason == "its record does not bind its outputs (written by an older harness)"
+
+
+def _with_rounds(job: Path, **series) -> dict:
+    """A job written as the runner writes one: its record names its round series, written beside it."""
+    record = {**_record(), "round_series": {"file": "rounds.jsonl", "rows": len(ROUNDS), "arm": "spec", **series}}
+    return write_job(job, record, OUTPUTS, extra={"rounds.jsonl": ROUNDS})
+
+
+def test_a_job_whose_round_series_is_missing_or_changed_is_no_complete_job(tmp_path):
+    """The record names its round series (rounds.jsonl), which W&B logs after the fact; a job whose
+    series was gone, cut short or edited was complete to a relaunch, skipped, and its record could
+    never be logged (the file it names is missing)."""
+    import hashlib
+
+    job = tmp_path / "job"
+    written = _with_rounds(job)
+    rounds = job / "rounds.jsonl"
+    assert written["round_series"]["sha256"] == hashlib.sha256(rounds.read_bytes()).hexdigest()
+    assert written["round_series"]["rows"] == 3 and load_record(job) == written
+    assert inspect_job(job, manifest_hash="a" * 16).record == written
+
+    rounds.unlink()
+    state = inspect_job(job, manifest_hash="a" * 16)
+    assert state.record is None and state.reason == "its rounds.jsonl is missing"
+    assert state.files == ("record.json", "outputs.jsonl")  # what a re-run moves aside
+
+    _with_rounds(job)
+    rounds.write_text(rounds.read_text().replace('"accepted": 1', '"accepted": 0'))  # edited, same rows
+    assert inspect_job(job).reason.startswith("its rounds.jsonl is not the one the record binds (sha256 ")
+
+    _with_rounds(job)
+    rounds.write_text("".join(rounds.read_text().splitlines(keepends=True)[:2]))  # cut short at a row's end
+    assert inspect_job(job).reason.startswith("its rounds.jsonl is not the one the record binds")
+
+    # a record written before the series was bound by hash: the file, its rows, each row JSON
+    _with_rounds(job)
+    old = json.loads((job / "record.json").read_text())
+    del old["round_series"]["sha256"]
+    (job / "record.json").write_text(json.dumps(old))
+    assert inspect_job(job, manifest_hash="a" * 16).record is not None
+    text = rounds.read_text()
+    rounds.write_text("".join(text.splitlines(keepends=True)[:2]))
+    assert inspect_job(job).reason == "its rounds.jsonl holds 2 rows, its record 3"
+    rounds.write_text(text[:-10])  # cut mid-row
+    assert inspect_job(job).reason == "its rounds.jsonl is cut short or edited (row 3 is not JSON)"
+    rounds.unlink()
+    assert inspect_job(job).reason == "its rounds.jsonl is missing"
+
+    # a record that names no round series is not asked for one
+    write_job(job, _record(), OUTPUTS)
+    assert inspect_job(job, manifest_hash="a" * 16).record is not None
 
 
 def test_a_record_whose_cached_artifact_the_cache_no_longer_holds_is_no_complete_job(tmp_path, monkeypatch):

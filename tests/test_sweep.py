@@ -8,6 +8,7 @@ joblib with two workers start processes (slow tests).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -725,6 +726,27 @@ def test_a_changed_manifest_reruns_the_job(env, tmp_path):
     rc, summary = launch(sweep_dir, *args)
     assert rc == 0 and len(summary["ran"]) == 1 and summary["skipped"] == []
     assert json.loads(path.read_text())["manifest_hash"] == job_manifest_hash(cfg)
+
+
+def test_a_job_whose_round_series_is_gone_is_run_again(env, capsys):
+    """The record names its rounds.jsonl, which a relaunch with tracking=wandb logs after the fact: a
+    job whose series was removed was skipped as complete, and its record never logged."""
+    sweep_dir = env / "multirun" / "smoke"
+    args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
+    args.append("hydra.callbacks.harness_sweep.report=false")
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 0 and len(summary["ran"]) == 1
+    job = sweep_dir / summary["ran"][0]
+    series = load_record(job / "record.json")["round_series"]
+    assert series["rows"] == len((job / "rounds.jsonl").read_text().splitlines()) > 0 and series["sha256"]
+    (job / "rounds.jsonl").unlink()
+    capsys.readouterr()
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 0 and summary["ran"] == [job.name] and summary["skipped"] == []
+    assert "its rounds.jsonl is missing" in capsys.readouterr().err  # the reason its files went aside
+    again = load_record(job / "record.json")["round_series"]
+    assert again["sha256"] == hashlib.sha256((job / "rounds.jsonl").read_bytes()).hexdigest()
+    assert again["rows"] == series["rows"]  # the same rounds again (their timings are the run's own)
 
 
 def test_a_job_that_fails_before_its_manifest_keeps_a_record_of_its_own_config(env, monkeypatch):
@@ -1681,6 +1703,74 @@ def test_a_slurm_sweep_is_one_array_with_the_resources_and_gpu_overrides_of_the_
     for overrides in array:
         assert "model.device=cuda" in overrides  # added: the jobs run on the GPU...
         assert "model.dtype=float32" in overrides and "model.dtype=bfloat16" not in overrides  # ...in the user's dtype
+
+
+CPU_SWEEP_FILE = """# @package _global_
+defaults:
+  - _common
+  - override /model: tiny
+
+sweep: on_cpu
+model:
+  device: cpu
+workload:
+  limit: 1
+threads: 1
+
+hydra:
+  sweeper:
+    params:
+      proposer: prompt_lookup
+      verifier: greedy,membership
+"""
+
+
+def test_a_slurm_launch_keeps_the_device_a_sweep_file_sets(env, capsys, fake_slurm):
+    """The launcher's model.device=cuda, a command-line override, was added to every job that did not
+    name model.device on its command line: it replaced the device a sweep file (or an experiment, a
+    model option) sets, with no word. It is now added only where no config of the job sets the key."""
+    from hydra_plugins.harness_launcher.slurm import with_job_overrides
+
+    path = env / "on_cpu.yaml"
+    path.write_text(CPU_SWEEP_FILE)
+    sweep_dir = env / "multirun" / "on_cpu"
+    argv = [str(path), "launcher=slurm", "hydra.launcher.partition=gpu", f"hydra.sweep.dir={sweep_dir}"]
+    fake_slurm.run = False  # submit only: there is no cluster here
+    try:
+        assert sweep_main(argv) == 0
+    finally:
+        fake_slurm.run = True
+    (executor,) = fake_slurm.made
+    (array,) = executor.arrays
+    assert len(array) == 2
+    for overrides in array:
+        assert not any(o.startswith("model.device=") for o in overrides), overrides
+    err = capsys.readouterr().err
+    assert (
+        "harness: note: hydra.launcher.job_overrides: model.device=cuda is not added to 2 of 2 jobs, whose configs "
+        "set model.device (a sweep file, an experiment, a config group's option)"
+    ) in err
+
+    # a job's own command line, its configs, or neither (the packaged smoke sweep sets no device)
+    search = sweep_argv(str(path), [])[1]  # hydra.searchpath=[...] that finds the sweep file
+    gpu = ["model.device=cuda"]
+    assert with_job_overrides([search, "+sweep=on_cpu", "proposer=rest"], gpu) == [
+        search,
+        "+sweep=on_cpu",
+        "proposer=rest",
+    ]
+    assert with_job_overrides(["+sweep=smoke", "proposer=rest"], gpu) == ["+sweep=smoke", "proposer=rest", *gpu]
+    assert with_job_overrides(["+sweep=smoke", "model.device=cpu"], gpu) == ["+sweep=smoke", "model.device=cpu"]
+    assert with_job_overrides(["model=tiny"], [*gpu, "workload.limit=3"]) == ["model=tiny", *gpu, "workload.limit=3"]
+    assert with_job_overrides(["+sweep=smoke"], [*gpu, "workload.limit=3"]) == ["+sweep=smoke", *gpu]  # it sets 1
+    # a key a config leaves null (model=hf's name_or_path, required) is the launcher's to give
+    assert with_job_overrides(["model=hf"], ["model.name_or_path=/ckpt"]) == ["model=hf", "model.name_or_path=/ckpt"]
+    # jobs that select the same configs are answered once a launch (a value never changes the configs)
+    cache: dict = {}
+    for n in (4, 5):
+        job = [search, "+sweep=on_cpu", f"generation.max_new_tokens={n}"]
+        assert with_job_overrides(job, gpu, cache=cache) == job
+    assert len(cache) == 1
 
 
 def test_slurm_memory_and_cpus_per_gpu_replace_the_defaults_in_the_sbatch_script(tmp_path, monkeypatch):

@@ -1,10 +1,11 @@
 """A job's folder: its files written as one unit, one run at a time, and earlier files moved aside.
 
 * **One unit** (:func:`write_job`): ``outputs.jsonl`` is written first, then ``record.json``,
-  which binds the outputs by file name, row count and SHA-256 (``record["outputs"]``). Each file
-  is written atomically; when the record cannot be written, the outputs are removed. A folder
-  therefore holds a complete job (a valid record whose bound outputs are there, unchanged) or
-  nothing the store, ``harness compare`` or a resumed sweep reads as one (:func:`inspect_job`).
+  which binds the outputs by file name, row count and SHA-256 (``record["outputs"]``), and the
+  round series (``rounds.jsonl``) the same way (``record["round_series"]``). Each file is written
+  atomically; when the record cannot be written, the others are removed. A folder therefore holds
+  a complete job (a valid record whose bound files are there, unchanged) or nothing the store,
+  ``harness compare`` or a resumed sweep reads as one (:func:`inspect_job`).
 * **One run per folder** (:func:`job_lock`): a run holds ``<folder>/.harness.lock`` for its whole
   life; a second run pointed at the same folder is refused at once, naming the holder.
 * **Earlier files moved aside** (:func:`set_aside`): a job that runs again in a folder holding
@@ -133,7 +134,8 @@ def write_job(
     folder: str | Path, record: dict, outputs: list[dict], *, extra: Mapping[str, list[dict]] | None = None
 ) -> dict:
     """Write the ``extra`` JSONL files (e.g. ``rounds.jsonl``) and ``outputs.jsonl``, then
-    ``record.json`` binding the outputs; returns the record as written.
+    ``record.json`` binding the outputs, and the extra file its ``round_series`` names (row count and
+    SHA-256); returns the record as written.
 
     The record is validated first (a record the store would refuse is never written). If writing
     the record fails (a full disk), the other files are removed and the error raised: the folder
@@ -146,13 +148,21 @@ def write_job(
         **record,
         "outputs": {"file": OUTPUTS_FILENAME, "rows": len(outputs), "sha256": hashlib.sha256(data).hexdigest()},
     }
+    extra_texts = {name: jsonl_text(rows) for name, rows in (extra or {}).items()}
+    series = record.get("round_series")
+    if isinstance(series, Mapping) and series.get("file") in extra_texts:  # bound as the outputs are
+        series_text = extra_texts[series["file"]]
+        record["round_series"] = {
+            **series,
+            "rows": len(extra[series["file"]]),
+            "sha256": hashlib.sha256(series_text.encode("utf-8")).hexdigest(),
+        }
     validate_record(record, path=folder / RECORD_FILENAME)
     out_path = folder / OUTPUTS_FILENAME
-    extra = extra or {}
-    written = [folder / name for name in extra] + [out_path]
+    written = [folder / name for name in extra_texts] + [out_path]
     try:
-        for name, rows in extra.items():
-            atomic_write_text(folder / name, jsonl_text(rows))
+        for name, extra_text in extra_texts.items():
+            atomic_write_text(folder / name, extra_text)
         atomic_write_text(out_path, text)
         atomic_write_text(folder / RECORD_FILENAME, json_text(record))
     except BaseException:
@@ -165,8 +175,8 @@ def write_job(
 @dataclass(frozen=True)
 class JobState:
     """What a job folder holds. ``record`` is set only for a complete job (valid record, bound
-    outputs present and unchanged, and, when asked, the expected manifest hash); ``reason`` says
-    why files that are there do not make one (None when the folder holds no job files)."""
+    outputs and round series present and unchanged, and, when asked, the expected manifest hash);
+    ``reason`` says why files that are there do not make one (None when the folder holds no job files)."""
 
     record: dict | None
     reason: str | None
@@ -192,6 +202,41 @@ def mapping_difference(old: Mapping[str, Any] | None, new: Mapping[str, Any] | N
         return ""
     shown = ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
     return f" (changed: {shown})"
+
+
+def round_series_problem(record: Mapping[str, Any], folder: str | Path) -> str | None:
+    """Why the round series a record names (``record["round_series"]``: file name, row count and
+    SHA-256) is not the one in ``folder``; None when it is, or when the record names none. A record
+    written before the series was bound by hash is checked for the file, its row count and that each
+    row is JSON (a file cut short mid-row)."""
+    series = record.get("round_series")
+    if series is None:
+        return None
+    name = series["file"]
+    if Path(name).name != name or name.startswith("."):
+        return f"its record names its round series {name!r}, which is no file of its folder"
+    path = Path(folder) / name
+    if not path.is_file():
+        return f"its {name} is missing"
+    try:
+        data = path.read_bytes()
+        lines = [line for line in data.decode("utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"its {name} cannot be read ({getattr(exc, 'strerror', None) or exc})"
+    bound = series.get("sha256")
+    if bound is not None:
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != bound:
+            return f"its {name} is not the one the record binds (sha256 {digest[:12]}..., record {str(bound)[:12]}...)"
+    else:
+        for number, line in enumerate(lines, 1):
+            try:
+                json.loads(line)
+            except ValueError:
+                return f"its {name} is cut short or edited (row {number} is not JSON)"
+    if len(lines) != series["rows"]:
+        return f"its {name} holds {len(lines)} rows, its record {series['rows']}"
+    return None
 
 
 def inspect_job(
@@ -220,7 +265,7 @@ def inspect_job(
         return JobState(None, f"its record is not valid ({exc})", files)
     if record.get("outputs") is None:
         return JobState(None, "its record does not bind its outputs (written by an older harness)", files)
-    problem = outputs_problem(record, folder)
+    problem = outputs_problem(record, folder) or round_series_problem(record, folder)
     if problem is not None:
         return JobState(None, problem, files)
     if manifest_hash is not None and record.get("manifest_hash") != manifest_hash:

@@ -5,7 +5,9 @@ with two additions, for the harness's sweeps on a GPU cluster.
   :class:`harness.sweep.SweepCallback` runs before Hydra builds any launcher, for submitit's own
   ``submitit_slurm`` too).
 * ``job_overrides`` (default ``model.device=cuda``: its default dtype is bfloat16) are added to every
-  job that does not set those keys itself, so the jobs run on the GPU Slurm gives them.
+  job that does not set those keys itself, so the jobs run on the GPU Slurm gives them. A job sets a
+  key on its command line or in a config it composes (its sweep file, an experiment, a model option:
+  ``model: {device: cpu}`` stays, with a note on stderr).
 
 * Ctrl-C while the sweep waits on its array cancels the array (``scancel``), so no task goes on
   measuring and writing records after the sweep has stopped.
@@ -217,15 +219,108 @@ def slurm_missing() -> str | None:
     return None
 
 
-def with_job_overrides(overrides: Sequence[str], defaults: Sequence[str]) -> list[str]:
-    """A job's overrides followed by each of ``defaults`` whose key the job does not set itself
-    (``model.device=cuda`` is added unless the job says ``model.device=...``)."""
+def _override_key(override: str) -> str:
+    return str(override).split("=", 1)[0].lstrip("+~")
 
-    def key(override: str) -> str:
-        return str(override).split("=", 1)[0].lstrip("+~")
 
-    given = {key(o) for o in overrides}
-    return [*overrides, *(str(d) for d in defaults if key(d) not in given)]
+def with_job_overrides(
+    overrides: Sequence[str],
+    defaults: Sequence[str],
+    *,
+    hydra_overrides: Sequence[str] = (),
+    config_loader: Any = None,
+    config_name: str = "config",
+    cache: dict | None = None,
+) -> list[str]:
+    """A job's overrides followed by each of ``defaults`` whose key the job does not set itself, on
+    its command line or in a config it composes (:func:`keys_set_by_configs`): ``model.device=cuda``
+    is added unless the job says ``model.device=...`` or its sweep file, experiment or model option
+    sets ``model.device``. ``hydra_overrides`` are the launch's overrides of Hydra's own keys
+    (``hydra.searchpath``, which finds a sweep file) where ``overrides`` holds the job's only;
+    ``cache`` keeps the configs' answers for the jobs of one launch."""
+    given = {_override_key(o) for o in overrides}
+    left = [str(d) for d in defaults if _override_key(d) not in given]
+    if left:
+        configured = keys_set_by_configs(
+            [*hydra_overrides, *overrides],
+            [_override_key(d) for d in left],
+            config_loader=config_loader,
+            config_name=config_name,
+            cache=cache,
+        )
+        left = [d for d in left if _override_key(d) not in configured]
+    return [*overrides, *left]
+
+
+def _is_baseline(default: Any, config_name: str) -> bool:
+    """Whether a config of a job's defaults list is one every job starts from, whose values a launcher's
+    job override may replace: a schema (``base_config``, ``schema/...``), the root config, Hydra's own."""
+    path = str(default.config_path or "")
+    return default.primary or path in (config_name, "base_config") or path.startswith(("schema/", "hydra/"))
+
+
+def keys_set_by_configs(
+    overrides: Sequence[str],
+    keys: Sequence[str],
+    *,
+    config_loader: Any = None,
+    config_name: str = "config",
+    cache: dict | None = None,
+) -> set[str]:
+    """Which of ``keys`` (dotted, ``model.device``) a config composed by a job of ``overrides`` sets to a
+    value (not null, not ``???``): its sweep file, an experiment, a config group's option (none but
+    the baseline, :func:`_is_baseline`). ``config_loader`` is Hydra's (the harness's own where None). A job whose
+    configs cannot be listed sets none of them (its composition is refused where it runs). With
+    ``cache``, jobs that select the same configs are answered once: the configs a job composes follow
+    from its selections and Hydra's keys, never from a value it sets (``a.b=c``)."""
+    selections = tuple(o for o in overrides if "." not in _override_key(o).split("@")[0] or o.startswith("hydra."))
+    memo = (config_name, selections, tuple(keys))
+    if cache is not None and memo in cache:
+        return set(cache[memo])
+    found = _keys_set_by_configs(overrides, keys, config_loader=config_loader, config_name=config_name)
+    if cache is not None:
+        cache[memo] = frozenset(found)
+    return found
+
+
+def _keys_set_by_configs(
+    overrides: Sequence[str], keys: Sequence[str], *, config_loader: Any, config_name: str
+) -> set[str]:
+    from hydra._internal.defaults_list import create_defaults_list
+
+    if config_loader is None:
+        from harness.config import config_loader as harness_config_loader  # a launch needs the harness anyway
+
+        config_loader = harness_config_loader()
+    found: set[str] = set()
+    try:
+        parsed, repo = config_loader._parse_overrides_and_create_caching_repo(config_name, list(overrides))
+        defaults = create_defaults_list(
+            repo=repo, config_name=config_name, overrides_list=parsed, prepend_hydra=True, skip_missing=True
+        ).defaults
+        for default in defaults:
+            if default.config_path is None or _is_baseline(default, config_name):
+                continue
+            loaded = repo.load_config(config_path=default.config_path)
+            if loaded is None or not OmegaConf.is_dict(loaded.config):
+                continue
+            package = default.package if default.package is not None else loaded.header.get("package") or ""
+            body = OmegaConf.to_container(loaded.config, resolve=False)  # its values as written
+            for key in keys:
+                if package and not key.startswith(f"{package}."):
+                    continue
+                node: Any = body
+                for part in (key[len(package) + 1 :] if package else key).split("."):
+                    node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+                if node is not _ABSENT and node is not None and node != "???":  # null, ???: left for the job to set
+                    found.add(key)
+    except Exception:  # a job that does not compose is refused by its own composition
+        return set()
+    return found
+
+
+#: a key :func:`keys_set_by_configs` finds in no config
+_ABSENT = object()
 
 
 def executor_settings(params: Mapping[str, Any], *, cluster: str = "slurm") -> tuple[dict, dict]:
@@ -247,6 +342,10 @@ class SlurmLauncher(_SubmititSlurmLauncher):
         if OmegaConf.is_config(job_overrides):
             job_overrides = OmegaConf.to_container(job_overrides, resolve=True)
         self.job_overrides = [str(o) for o in (job_overrides or ())]
+        #: a job override -> how many jobs it was not added to, as their configs set its key (said once a launch)
+        self._kept: dict[str, int] = {}
+        #: the keys the jobs' configs set, by the configs they select (:func:`keys_set_by_configs`), for one launch
+        self._configured: dict = {}
         super().__init__(**params)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
@@ -267,15 +366,17 @@ class SlurmLauncher(_SubmititSlurmLauncher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if "mode" in self.config.hydra.sweep:
             os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
+        launched = [self._with_job_overrides(list(overrides)) for overrides in job_overrides]
+        self._say_kept(len(launched))
         tasks = [
             (
-                with_job_overrides(list(overrides), self.job_overrides),
+                overrides,
                 "hydra.sweep.dir",
                 initial_job_idx + i,
                 f"job_id_for_{initial_job_idx + i}",
                 Singleton.get_state(),
             )
-            for i, overrides in enumerate(job_overrides)
+            for i, overrides in enumerate(launched)
         ]
         jobs = executor.map_array(self, *zip(*tasks, strict=True))
         try:
@@ -283,6 +384,36 @@ class SlurmLauncher(_SubmititSlurmLauncher):
         except KeyboardInterrupt:
             cancel_arrays(jobs)
             raise
+
+    def _with_job_overrides(self, overrides: list[str]) -> list[str]:
+        """A job's overrides with the launcher's ``job_overrides`` (:func:`with_job_overrides`), its configs
+        composed as the task composes them (this launch's overrides of Hydra's keys first); a job override
+        left out as the job's configs set its key is said on stderr, once a launch."""
+        assert self.config is not None and self.hydra_context is not None
+        hydra_overrides = OmegaConf.to_container(self.config.hydra.overrides.hydra, resolve=False) or []
+        out = with_job_overrides(
+            overrides,
+            self.job_overrides,
+            hydra_overrides=[str(o) for o in hydra_overrides],
+            config_loader=self.hydra_context.config_loader,
+            config_name=str(self.config.hydra.job.config_name or "config"),
+            cache=self._configured,
+        )
+        given = {_override_key(o) for o in overrides}
+        for default in self.job_overrides:
+            if _override_key(default) not in given and default not in out:
+                self._kept[default] = self._kept.get(default, 0) + 1
+        return out
+
+    def _say_kept(self, jobs: int) -> None:
+        for default, kept in self._kept.items():
+            print(
+                f"harness: note: hydra.launcher.job_overrides: {default} is not added to {kept} of {jobs} jobs, "
+                f"whose configs set {_override_key(default)} (a sweep file, an experiment, a config group's option)",
+                file=sys.stderr,
+            )
+        self._kept.clear()
+        self._configured.clear()
 
     @staticmethod
     def _result(job: Any, overrides: list[str], num: int, sweep_dir: Path) -> JobReturn:
