@@ -26,7 +26,10 @@ A profile carries its provenance (model, the checkpoint files of a model loaded 
 the source of the code it timed, dtype, device, device name, threads, batch size, attention
 implementation — the draft's too —, library versions, measurement settings). :func:`check_provenance`
 refuses a profile whose provenance differs from the run's in any of those fields and names the
-field (:class:`StaleArtifactError`).
+field (:class:`StaleArtifactError`). It also records how many sweep jobs shared the machine while it
+was timed (``concurrent_jobs``), which is no match field: a profile timed alone serves a run beside
+other jobs, and a run beside fewer jobs than a profile was timed under measures it again
+(:func:`contention_problem`).
 
 The artifact helpers here (:func:`artifact_hash`, :func:`write_artifact`, :func:`read_artifact`,
 :func:`check_provenance`) serve the calibration and tree artifacts as well.
@@ -70,6 +73,10 @@ PROFILE_MATCH_FIELDS = (
     "library_versions",
     "measurement",
 )
+
+#: the provenance field of a timed artifact saying how many sweep jobs shared the machine while it was
+#: measured (the job config's ``concurrent_jobs``, which the sweep sets to what its launcher runs at once)
+CONCURRENCY_FIELD = "concurrent_jobs"
 
 #: how :func:`check_provenance`'s refusal ends by default: what measures a matching artifact into the cache
 REMEASURE = "re-run `harness calibrate` with the run's overrides"
@@ -170,6 +177,40 @@ def check_provenance(
             )
 
 
+# ---------------------------------------------------------------- how many jobs shared the machine
+
+
+def run_concurrency(cfg) -> int:
+    """How many jobs share the machine with a run of ``cfg``: its ``concurrent_jobs`` (1 where the
+    config has none, as a single run or `harness calibrate` and `harness train`, which run alone)."""
+    value = cfg.get(CONCURRENCY_FIELD) if cfg is not None else None
+    return 1 if value is None else int(value)
+
+
+def contention_problem(measured: Any, now: int) -> str | None:
+    """Why an artifact timed while ``measured`` jobs shared the machine may not price a run that
+    ``now`` jobs share, or None where it may. The rule mirrors the one for run records (a sweep times
+    a record again where the launch runs fewer jobs at once than it was timed beside):
+
+    * timed beside more jobs than the run shares the machine with: measured again, never reused;
+    * timed beside as many or fewer (alone, ``1``, above all): reused, by any run;
+    * no recorded count (an artifact written before artifacts recorded one): its contention is
+      unknown, so a run alone (``now == 1``) measures it again, and a run beside other jobs, itself
+      timed under contention, may use it.
+
+    So a measurement taken under contention never prices a run that had the machine to itself."""
+    now = int(now)
+    if isinstance(measured, int) and not isinstance(measured, bool):
+        if measured > now:
+            return f"it was timed while {measured} jobs ran at once, and this run is " + (
+                "alone" if now == 1 else f"one of {now}"
+            )
+        return None
+    if now == 1:
+        return "it records no count of the jobs that shared the machine while it was timed, and this run is alone"
+    return None
+
+
 # ---------------------------------------------------------------- provenance of a run
 
 
@@ -220,7 +261,11 @@ def profile_provenance(cfg, *, threads: int | None = None) -> dict:
 
     ``measurement.max_depth`` is the searched depth (:func:`searched_depth`): the draft's passes a
     profile times are those of the trees the search can build, so two configurations that search the
-    same trees share one profile."""
+    same trees share one profile.
+
+    ``concurrent_jobs`` (:data:`CONCURRENCY_FIELD`) is how many jobs share the machine with the run;
+    it is no match field (:data:`PROFILE_MATCH_FIELDS`, the cache key): :func:`contention_problem`
+    decides whether a profile timed under one count serves a run under another."""
 
     c = OmegaConf.to_container(cfg, resolve=True)
     draft = c["proposer"].get("model") if isinstance(c["proposer"].get("model"), dict) else None
@@ -245,6 +290,7 @@ def profile_provenance(cfg, *, threads: int | None = None) -> dict:
         "batch_size": int(c["generation"]["batch_size"]),
         "attn_implementation": c["model"]["attn_implementation"],
         "library_versions": library_versions(),
+        CONCURRENCY_FIELD: run_concurrency(c),
         # protocol 2: at batch B > 1, t(n) is one batched verify of B requests (protocol 1 timed batch 1)
         # protocol 3: the draft's pass over 1 .. max_depth + 1 tokens and its masked levels are timed (max_depth:
         # the searched depth, min(topology.max_depth, topology.max_nodes))
@@ -473,8 +519,9 @@ def check_profile(
     fields: Sequence[str] = PROFILE_MATCH_FIELDS,
     remedy: str = REMEASURE,
 ) -> None:
-    """Refuse a stale profile (any provenance field of ``fields`` differs; the refusal ends with
-    ``remedy``) or one too short for the search."""
+    """Refuse a stale profile (any provenance field of ``fields`` differs, or it was timed beside more
+    jobs than the run of ``expected`` shares the machine with: :func:`contention_problem`; the refusal
+    ends with ``remedy``) or one too short for the search."""
     if profile.get("synthetic", False):
         raise StaleArtifactError(
             f"hardware profile {path!r} is synthetic (hand-entered costs); harness run uses measured profiles only"
@@ -482,6 +529,12 @@ def check_profile(
     check_provenance(
         profile.get("provenance", {}), expected, fields=fields, kind="hardware profile", path=path, remedy=remedy
     )
+    if CONCURRENCY_FIELD in expected:
+        contended = contention_problem(
+            profile.get("provenance", {}).get(CONCURRENCY_FIELD), expected[CONCURRENCY_FIELD]
+        )
+        if contended:
+            raise StaleArtifactError(f"stale hardware profile {path!r}: {contended}; {remedy}")
     if len(profile.get("verify_cost", [])) < max_nodes:
         raise StaleArtifactError(
             f"hardware profile {path!r} gives t(1..{len(profile.get('verify_cost', []))}); "

@@ -23,7 +23,10 @@ After the models are loaded :func:`prepare_sequoia` resolves the artifacts:
   checked against the run and a stale artifact is refused (:class:`StaleArtifactError`).
 * otherwise artifacts under ``$HARNESS_CACHE/sequoia`` keyed by the run's provenance
   (``topology.reuse=true``), provenance re-checked on load; missing ones are measured first, as
-  gated stages (calibration on the calibration split, then the profile), with progress bars.
+  gated stages (calibration on the calibration split, then the profile), with progress bars. A
+  cached profile timed beside more sweep jobs than the run shares the machine with (its
+  ``concurrent_jobs``), or one that records no count where the run is alone, is measured again in
+  its place (:func:`~harness.prepare.profile.contention_problem`); a named one is refused.
 
 Conventions: ``topology.max_nodes`` counts candidate rows, the DP's ``n`` counts the root
 (``n = rows + 1``); depth counts edges in both.
@@ -52,11 +55,13 @@ from harness.prepare.calibrate import (
     run_calibration,
 )
 from harness.prepare.profile import (
+    CONCURRENCY_FIELD,
     PROFILE_MATCH_FIELDS,
     PROFILE_PLAN_FIELDS,
     StaleArtifactError,
     check_profile,
     check_provenance,
+    contention_problem,
     cycle_prefix,
     key_hash,
     measure_profile,
@@ -271,13 +276,21 @@ class SequoiaArtifacts:
             "sequoia_calibration_parents": self.calibration["parents"],
             "sequoia_acceptance": list(self.calibration["acceptance"]),
             "sequoia_stages": dict(self.stages),
+            # how many jobs shared the machine while the profile that chose the tree was timed (None: not recorded)
+            "sequoia_profile_concurrent_jobs": self.profile_concurrency(),
         }
+
+    def profile_concurrency(self) -> int | None:
+        """How many jobs shared the machine while the profile was timed (its provenance's
+        ``concurrent_jobs``), or None where the profile does not say."""
+        return (self.profile.get("provenance") or {}).get(CONCURRENCY_FIELD)
 
     def summary(self) -> dict:
         c = self.tree["chosen"]
         return {
             **self.paths(),
             "stages": dict(self.stages),
+            "profile_concurrent_jobs": self.profile_concurrency(),
             "acceptance": list(self.calibration["acceptance"]),
             "h": list(self.calibration["h"]),
             "parents_measured": self.calibration["parents"],
@@ -359,7 +372,9 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
     of ``cfg`` with loaded models (``context``: :class:`harness.engine.build.BuildContext`).
     ``force`` re-measures the calibration even where a matching cached one exists (`harness
     calibrate`); the hardware profile, which other configurations' trees bind, is measured again
-    only where none matches or ``topology.reuse=false``."""
+    only where none matches, ``topology.reuse=false``, or the cached one was timed beside more jobs
+    than this run shares the machine with (``concurrent_jobs``:
+    :func:`~harness.prepare.profile.contention_problem`)."""
 
     t = cfg.topology
     search = search_bounds(t)
@@ -386,6 +401,18 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
         check_profile(art, prof_expected, path=str(path), max_nodes=search["max_nodes"], **remedy)
         return art
 
+    def contended_profile(path: Path) -> str | None:
+        """Why the cached profile at ``path`` does not price this run: it was timed beside more jobs than
+        this run shares the machine with (:func:`~harness.prepare.profile.contention_problem`); None
+        where it may (an unreadable one is refused by the load)."""
+        try:
+            art = read_artifact(path, kind=PROFILE_KIND)
+        except StaleArtifactError:
+            return None
+        return contention_problem(
+            (art.get("provenance") or {}).get(CONCURRENCY_FIELD), prof_expected[CONCURRENCY_FIELD]
+        )
+
     def plot_for(profile: dict, path: Path) -> Path:
         png = Path(path).with_suffix(".png")
         if not png.exists():
@@ -396,9 +423,12 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
     if t.get("profile_artifact") and not t.get("tree_artifact"):  # before the calibration is measured (minutes)
         named["profile"] = load_profile(absolute(t.profile_artifact))
 
-    def gated(name: str, key: str, load, measure, purpose: str, *, fresh: bool = False) -> tuple[dict, Path]:
+    def gated(
+        name: str, key: str, load, measure, purpose: str, *, fresh: bool = False, outdated=None
+    ) -> tuple[dict, Path]:
         """A gated stage's artifact and its path: the one ``topology.<name>_artifact`` names, else
-        the cached ``<name>-<key>.json`` (when ``reuse`` and not ``fresh``), else ``measure(path)``
+        the cached ``<name>-<key>.json`` (when ``reuse``, not ``fresh`` and not ``outdated(path)``: a
+        reason to measure it again, such as timings taken beside more jobs), else ``measure(path)``
         (which writes it there), holding the artifact's lock so that concurrent jobs measure it once."""
         explicit = t.get(f"{name}_artifact")
         if explicit:
@@ -407,7 +437,10 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
             return art, absolute(explicit)
         path = root / f"{name}-{key}.json"
         with artifact_lock(path, purpose=purpose):
-            if reuse and not fresh and path.exists():
+            why = outdated(path) if reuse and not fresh and path.exists() and outdated is not None else None
+            if why:
+                print(f"harness: note: measuring the cached {purpose} {str(path)!r} again: {why}", file=sys.stderr)
+            if reuse and not fresh and path.exists() and not why:
                 art = load(path)
                 stages[name] = "loaded (cache)"
             else:
@@ -456,7 +489,14 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
                 "calibration", cal_key, load_calibration, calibrate, "Sequoia calibration", fresh=force
             )
             # one job profiles at a time: the others wait (their timing would disturb it), then load it
-            profile, prof_path = gated("profile", prof_key, load_profile, profile_hardware, "Sequoia hardware profile")
+            profile, prof_path = gated(
+                "profile",
+                prof_key,
+                load_profile,
+                profile_hardware,
+                "Sequoia hardware profile",
+                outdated=contended_profile,
+            )
             plot_path = plot_for(profile, prof_path)
 
             # 3. the tree

@@ -15,11 +15,15 @@ than the gaps between candidates. The seed fixes the warm start and TPE's first 
 later proposals follow the measured times, so the search is reproducible only as far as the
 timings are. The result is an artifact versioned against the target (``kind = "layer_skip"``):
 the skip vector, its objective, the AR reference time per token, every trial and the finalists'
-timings.
+timings. Its ``search`` section records how many sweep jobs shared the machine while it was timed
+(``concurrent_jobs``); a run beside fewer jobs than that (or alone, where the artifact records no
+count) searches the cached vector again rather than reuse it
+(:func:`~harness.prepare.profile.contention_problem`, the rule Sequoia's hardware profile follows).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 import sys
@@ -32,11 +36,13 @@ from tqdm import tqdm
 
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
+from harness.files import artifact_lock
 from harness.heads.artifacts import load_skip, missing, refuse_foreign, skip_artifact_path
-from harness.heads.checkpoint import cpu_budget_label, save_artifact, target_fingerprint
+from harness.heads.checkpoint import ArtifactError, cpu_budget_label, save_artifact, target_fingerprint
 from harness.heads.recipes import SearchRecipe
 from harness.prepare import Preparation
 from harness.prepare.heads_data import byte_ids
+from harness.prepare.profile import CONCURRENCY_FIELD, contention_problem, run_concurrency
 from harness.prepare.trained import load_or_train, why_trained
 from harness.proposers.base import NullProposer
 from harness.proposers.selfspec import LayerSkipProposer
@@ -214,33 +220,77 @@ def ensure_skip(
     progress: bool = True,
     force: bool = False,
     prompts: list[list[int]] | None = None,
+    concurrent_jobs: int = 1,
 ) -> tuple[list[int], dict]:
     """The skip vector to draft with: ``proposer.skip`` when given, else the search artifact (run
     the search when absent and ``auto_train``). ``proposer.artifact`` naming anything but an absent
-    path or a layer-skip artifact is refused before anything is searched or written."""
+    path or a layer-skip artifact is refused before anything is searched or written.
+
+    ``concurrent_jobs``: how many jobs share the machine with this run. The cache's vector, chosen
+    by timings, is searched again in its place when it was timed beside more jobs than that, or
+    records no count and this run is alone (:func:`~harness.prepare.profile.contention_problem`);
+    where ``proposer.auto_train=false`` forbids the search, the run is refused. A vector
+    ``proposer.artifact`` names is used as given, with a note, as one searched on another host is."""
     if options.get("skip") is not None and not force:
         return load_skip(options, model=backend.model, tokenizer=tokenizer)
     if options.get("artifact"):
         refuse_foreign("layer_skip", options["artifact"], extra=SKIP_INSTEAD)
     model = backend.model
     rd, path = skip_artifact_path(options, model=model, tokenizer=tokenizer)
-    return load_or_train(
-        path,
-        load=lambda: load_skip({**options, "artifact": str(path)}, model=model, tokenizer=tokenizer),
-        train=lambda: _search_absent(
-            options,
-            rd,
+    purpose = "searching the layer-skip vector"
+
+    def resolve(replacing: str | None) -> tuple[list[int], dict]:
+        return load_or_train(
             path,
-            backend=backend,
-            tokenizer=tokenizer,
-            target_source=target_source,
-            progress=progress,
-            force=force,
-            prompts=prompts,
-        ),
-        purpose="searching the layer-skip vector",
-        force=force,
-    )
+            load=lambda: load_skip({**options, "artifact": str(path)}, model=model, tokenizer=tokenizer),
+            train=lambda: _search_absent(
+                options,
+                rd,
+                path,
+                backend=backend,
+                tokenizer=tokenizer,
+                target_source=target_source,
+                progress=progress,
+                force=force,
+                prompts=prompts,
+                concurrent_jobs=concurrent_jobs,
+                replacing=replacing,
+            ),
+            purpose=purpose,
+            force=force or replacing is not None,
+        )
+
+    if options.get("artifact") or force:
+        if options.get("artifact") and not force:
+            _note_contention(path, concurrent_jobs)
+        return resolve(None)
+    if skip_contention(path, concurrent_jobs) is None:
+        return resolve(None)
+    with artifact_lock(path, purpose=purpose):  # another job may have searched it again meanwhile
+        return resolve(skip_contention(path, concurrent_jobs))
+
+
+def skip_contention(path: Path, concurrent_jobs: int) -> str | None:
+    """Why the layer-skip vector at ``path`` was not timed for a run beside ``concurrent_jobs`` jobs
+    (:func:`~harness.prepare.profile.contention_problem` on its ``search.concurrent_jobs``), or None: it
+    may be used, or there is none (or none readable: the load says why)."""
+    try:
+        manifest = json.loads((Path(path) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("kind") != "layer_skip":
+        return None
+    return contention_problem((manifest.get("search") or {}).get(CONCURRENCY_FIELD), concurrent_jobs)
+
+
+def _note_contention(path: Path, concurrent_jobs: int) -> None:
+    why = skip_contention(path, concurrent_jobs)
+    if why:
+        print(
+            f"harness: note: the layer-skip vector in {str(path)!r} is used as proposer.artifact gives it, but {why}: "
+            "the fastest vector then may not be now (leave proposer.artifact unset to search it again)",
+            file=sys.stderr,
+        )
 
 
 def _search_absent(
@@ -254,14 +304,25 @@ def _search_absent(
     progress: bool,
     force: bool,
     prompts: list[list[int]] | None,
+    concurrent_jobs: int = 1,
+    replacing: str | None = None,
 ) -> tuple[list[int], dict]:
+    """Search the vector into ``path`` (``replacing``: why the one there is searched again)."""
     model = backend.model
     target_hash = target_fingerprint(model, tokenizer)
     recipe = SearchRecipe(**dict(options.get("search") or {}))
     explicit = options.get("artifact")
+    if not force and replacing is not None and not options.get("auto_train", True):
+        raise ArtifactError(
+            f"the layer-skip vector in {str(path)!r} does not serve this run: {replacing}; proposer.auto_train=false "
+            "forbids searching it again (`harness train proposer=layer_skip` searches it alone, or let the run "
+            f"search it: proposer.auto_train=true){SKIP_INSTEAD}"
+        )
     if not force and (explicit or not options.get("auto_train", True)):
         raise missing("layer_skip", path, bool(explicit), extra=SKIP_INSTEAD)
-    log.warning("searching the layer-skip vector (%s)", why_trained(Path(path)))
+    log.warning(
+        "searching the layer-skip vector (%s)", why_trained(Path(path)) + (f": {replacing}" if replacing else "")
+    )
     t0 = time.perf_counter()
     if prompts is None:
         prompts = dev_prompts(recipe, tokenizer, int(model.config.vocab_size))
@@ -285,6 +346,7 @@ def _search_absent(
             "device": device,
             "device_name": timing_host(device)["device_name"],
             "threads": torch.get_num_threads(),
+            CONCURRENCY_FIELD: int(concurrent_jobs),  # jobs sharing the machine while the vectors were timed
             **forward_setup(model),
             "sampler": "optuna TPESampler",
             "objective": "decode ms per committed token (greedy); finalists and AR reference: median of their timings",
@@ -314,6 +376,7 @@ def train_from_config(cfg, *, target, force: bool = False, progress: bool = True
         target_source=target.source,
         progress=progress,
         force=force,
+        concurrent_jobs=run_concurrency(cfg),
     )
     _, path = skip_artifact_path(options, model=target.model, tokenizer=target.tokenizer)
     return {  # the fields every kind's summary has (path, kind, target_hash), then the search's own
@@ -334,7 +397,11 @@ def prepare_layer_skip(options: dict, context) -> Preparation:
     if options.get("skip") is not None:
         return Preparation()
     ensure_skip(
-        options, backend=context.target_backend, tokenizer=context.tokenizer, target_source=context.model_source
+        options,
+        backend=context.target_backend,
+        tokenizer=context.tokenizer,
+        target_source=context.model_source,
+        concurrent_jobs=run_concurrency(getattr(context, "cfg", None)),
     )
     _, path = skip_artifact_path(options, model=context.target_backend.model, tokenizer=context.tokenizer)
     return Preparation(options={"artifact": str(path)})

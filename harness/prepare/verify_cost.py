@@ -1,6 +1,8 @@
 """Prompt lookup's adaptive budget needs the target's measured verify cost t(n): measured here
 once per run (not once per batch slot) over the workload's first prompt, at the run's batch size
-(a batched run verifies every request's rows in one forward)."""
+(a batched run verifies every request's rows in one forward). It is never cached: each run times it
+beside the jobs it shares the machine with (its record's ``concurrent_jobs``), so no timing taken
+under other contention prices its budget."""
 
 from __future__ import annotations
 

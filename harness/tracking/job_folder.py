@@ -347,7 +347,9 @@ def cached_artifact_change(record: Mapping[str, Any]) -> str | None:
     A searched layer-skip vector (chosen by timings), or heads, an EAGLE draft or an adapter trained
     on first use, come from the cache by their recipe, which the manifest binds, not their content:
     a relaunch on another cache, or after the cache was cleared and the artifact searched again,
-    would run another one. An artifact given by ``proposer.artifact`` is bound by the manifest itself."""
+    would run another one. An artifact given by ``proposer.artifact`` is bound by the manifest itself.
+    Nor does a record stand whose cached artifact was chosen by timings taken beside more jobs than the
+    record's job ran with (:func:`timed_beside_more_jobs`): the job would search it again."""
     if _cached_artifact_id is None:
         return None
     entry = (record.get("artifacts") or {}).get("proposer_artifact")
@@ -355,6 +357,10 @@ def cached_artifact_change(record: Mapping[str, Any]) -> str | None:
         return None  # no artifact, a published one, or a record from before artifacts were recorded
     if ((record.get("config") or {}).get("proposer") or {}).get("artifact"):
         return None
+    if entry.get("kind") in TIMED_PROPOSER_ARTIFACTS:  # a vector chosen by timings: how many jobs it was timed beside
+        contended = timed_beside_more_jobs(record, (entry.get("search") or {}).get("concurrent_jobs"))
+        if contended is not None:
+            return f"its {entry['kind']} artifact {entry['artifact_id']} {contended}: the job would search it again"
     now = _cached_artifact_id(entry)
     if now == entry["artifact_id"]:
         return None
@@ -369,6 +375,29 @@ def cached_artifact_change(record: Mapping[str, Any]) -> str | None:
 #: artifacts a run measures (not a function of its config, so no manifest hash binds them), by the
 #: record's ``artifacts`` key; the record holds each one's content hash as ``<key>_hash``
 MEASURED_ARTIFACTS = ("sequoia_tree", "sequoia_calibration", "sequoia_profile")
+#: the measured artifacts made of timings: the file's ``provenance.concurrent_jobs`` says how many jobs
+#: shared the machine while it was timed (the tree is chosen from the profile, whose hash it binds)
+TIMED_MEASURED_ARTIFACTS = ("sequoia_profile",)
+#: the kinds of cached proposer artifact chosen by timings: ``search.concurrent_jobs`` of the manifest
+TIMED_PROPOSER_ARTIFACTS = ("layer_skip",)
+
+
+def timed_beside_more_jobs(record: Mapping[str, Any], measured: Any) -> str | None:
+    """Why an artifact timed while ``measured`` jobs shared the machine could not have served the job
+    of ``record`` (its ``metrics.concurrent_jobs``), or None: timed beside more jobs than the job ran
+    with, it is an artifact a run measures again before it uses it
+    (``harness.prepare.profile.contention_problem``), so the record stands on timings its job would
+    not take. An artifact that records no count was made before artifacts recorded one, as were the
+    records that used it while their job ran alone (a run alone now measures such an artifact again):
+    like a record from before records counted the jobs, such a record stands."""
+    ran = (record.get("metrics") or {}).get("concurrent_jobs")
+    if not isinstance(ran, int) or isinstance(ran, bool):
+        return None
+    if isinstance(measured, int) and not isinstance(measured, bool) and measured > ran:
+        return f"was timed while {measured} jobs ran at once, and its job ran " + (
+            "alone" if ran == 1 else f"as one of {ran}"
+        )
+    return None
 
 
 def record_artifact_path(path: str | Path, run_dir: str | Path | None = None) -> Path:
@@ -393,7 +422,8 @@ def record_artifact_path(path: str | Path, run_dir: str | Path | None = None) ->
 
 def measured_artifact_change(record: dict, folder: str | Path | None = None) -> str | None:
     """Why the job a record measured would now run with other measured artifacts (a Sequoia tree
-    re-calibrated in place, or gone: the job would measure a new one), or None. ``folder``: the
+    re-calibrated in place, or gone: the job would measure a new one; a hardware profile timed beside
+    more jobs than the job ran with: :func:`timed_beside_more_jobs`), or None. ``folder``: the
     record's job folder, where a relative artifact path of an older record is looked for after the
     working directory (:func:`record_artifact_path`)."""
     artifacts = record.get("artifacts") or {}
@@ -401,9 +431,10 @@ def measured_artifact_change(record: dict, folder: str | Path | None = None) -> 
         used, path = artifacts.get(f"{key}_hash"), artifacts.get(key)
         if used is None or not path:
             continue  # a record from before the hashes, or no such artifact
-        gone = "is gone"
+        gone, held = "is gone", {}
         try:
-            now = json.loads(record_artifact_path(path, folder).read_text(encoding="utf-8")).get("hash")
+            held = json.loads(record_artifact_path(path, folder).read_text(encoding="utf-8"))
+            now = held.get("hash")
         except FileNotFoundError as exc:
             now = None
             if not Path(path).is_absolute():
@@ -416,6 +447,10 @@ def measured_artifact_change(record: dict, folder: str | Path | None = None) -> 
                 + (gone if now is None else f"changed since the run (hash {used} then, {now} now)")
                 + ": the job would run with another one"
             )
+        if key in TIMED_MEASURED_ARTIFACTS:
+            contended = timed_beside_more_jobs(record, (held.get("provenance") or {}).get("concurrent_jobs"))
+            if contended is not None:
+                return f"its {key} artifact {path} {contended}: the job would measure it again"
     return None
 
 
