@@ -408,7 +408,9 @@ class SequoiaCalibrationConfig:
 @dataclass
 class HardwareProfileConfig:
     prefix_len: int = ranged(256, ge=2)  # cached prefix the timed forwards attend to (>= max_depth + 2 for Sequoia)
-    warmup: int = ranged(2, ge=0)  # untimed forwards per size
+    # untimed forwards per size; at least one, so that no first call's costs (kernel builds, compilation,
+    # the allocator's growth) are timed
+    warmup: int = ranged(2, ge=1)
     repeats: int = ranged(7, **POSITIVE_INT)  # timed forwards per size (median and IQR recorded)
 
 

@@ -53,7 +53,7 @@ SMALL_TREE = [
     "topology.max_nodes=3",
     "topology.max_depth=3",
     "topology.profile.repeats=2",
-    "topology.profile.warmup=0",
+    "topology.profile.warmup=1",
     "topology.profile.prefix_len=16",
 ]
 

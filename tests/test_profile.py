@@ -177,7 +177,7 @@ def test_profile_at_batch_two_times_one_batched_verify_per_size(measured):
             draft_backend=draft,
             prefix_ids=prefix,
             max_nodes=2,
-            warmup=0,
+            warmup=1,
             repeats=1,
             provenance={},
             progress=False,
@@ -193,7 +193,7 @@ def test_profile_needs_a_draft_model_and_sane_settings(measured):
             draft_backend=None,
             prefix_ids=prefix,
             max_nodes=2,
-            warmup=0,
+            warmup=1,
             repeats=1,
             provenance={},
             progress=False,
@@ -204,7 +204,7 @@ def test_profile_needs_a_draft_model_and_sane_settings(measured):
             draft_backend=target,
             prefix_ids=prefix,
             max_nodes=2,
-            warmup=0,
+            warmup=1,
             repeats=0,
             provenance={},
             progress=False,
@@ -334,7 +334,7 @@ def test_the_provenance_takes_the_thread_count_the_run_will_set():
 )
 def test_stale_profile_is_refused_naming_the_field(field, value, message):
     exp = _expected()
-    profile = {"verify_cost": [1.0] * 5, "provenance": {**exp, field: value}}
+    profile = {"verify_cost": [1.0] * 5, "synthetic": False, "provenance": {**exp, field: value}}
     check_profile({**profile, "provenance": exp}, exp, path="p", max_nodes=5)
     with pytest.raises(StaleArtifactError, match=message):
         check_profile(profile, exp, path="p", max_nodes=5)
@@ -346,12 +346,12 @@ def test_stale_library_version_names_the_library():
     with pytest.raises(
         StaleArtifactError, match=r"library_versions differs \(library_versions.torch: artifact '1.0.0'"
     ):
-        check_profile({"verify_cost": [1.0] * 5, "provenance": old}, exp, path="p", max_nodes=5)
+        check_profile({"verify_cost": [1.0] * 5, "synthetic": False, "provenance": old}, exp, path="p", max_nodes=5)
 
 
 def test_a_stale_profile_refusal_ends_with_the_remedy_given():
     exp = _expected()
-    stale = {"verify_cost": [1.0] * 5, "provenance": {**exp, "threads": 2}}
+    stale = {"verify_cost": [1.0] * 5, "synthetic": False, "provenance": {**exp, "threads": 2}}
     with pytest.raises(StaleArtifactError, match=r"artifact 2, this run 1\); re-run `harness calibrate` with the run"):
         check_profile(stale, exp, path="p", max_nodes=5)
     with pytest.raises(StaleArtifactError, match=r"artifact 2, this run 1\); give another$"):
@@ -365,7 +365,7 @@ def test_synthetic_or_short_profiles_are_refused():
     with pytest.raises(StaleArtifactError, match="synthetic"):
         check_profile({"verify_cost": [1.0] * 5, "synthetic": True, "provenance": exp}, exp, path="p", max_nodes=5)
     with pytest.raises(StaleArtifactError, match=r"gives t\(1..3\); the search needs t\(1..5\)"):
-        check_profile({"verify_cost": [1.0] * 3, "provenance": exp}, exp, path="p", max_nodes=5)
+        check_profile({"verify_cost": [1.0] * 3, "synthetic": False, "provenance": exp}, exp, path="p", max_nodes=5)
 
 
 def test_plot_writes_a_png(measured, tmp_path):
@@ -377,7 +377,7 @@ def test_a_profile_named_by_path_measured_by_other_code_is_used_and_said(capsys)
     """The cache keys profiles by the timed code's source, so another build measures again; a profile a
     run names by path (topology.profile_artifact) is the user's choice: used, with a note, not refused."""
     exp = _expected()
-    profile = {"verify_cost": [1.0] * 5, "provenance": {**exp, "code": "0" * 16}}
+    profile = {"verify_cost": [1.0] * 5, "synthetic": False, "provenance": {**exp, "code": "0" * 16}}
     check_profile(profile, exp, path="p.json", max_nodes=5)
     assert "hardware profile 'p.json' was measured by other harness code (code '0000000000000000'" in (
         capsys.readouterr().err

@@ -462,6 +462,34 @@ def test_the_search_never_measures_a_vector_that_bypasses_every_layer():
     assert all(len(t["skip"]) < 2 for t in result["trials"]) and len(result["skip"]) < 2
 
 
+def test_the_skip_search_times_no_first_decode(monkeypatch):
+    """The AR reference was the first decode after the model loaded: with confirm=0 its one timing held
+    the first call's costs (kernel builds, compilation, the allocator's growth), which inflated the
+    reference and flattered every vector against it (``beats_ar``). Each kind is decoded once, untimed,
+    before the first timed decode: a first decode made a million times slower leaves no timing."""
+    import dataclasses
+
+    from harness.prepare import skip_search
+
+    real = skip_search.decode
+    calls = []
+
+    def recording(**kwargs):
+        res = real(**kwargs)
+        kind = "ar" if isinstance(kwargs["proposer"], NullProposer) else "skip"
+        first = kind not in calls
+        calls.append(kind)
+        return dataclasses.replace(res, decode_ms=res.decode_ms * 1e6 + 1e6) if first else res
+
+    monkeypatch.setattr(skip_search, "decode", recording)
+    model = build_tiny_model(seed=1, num_layers=4)
+    recipe = SearchRecipe(trials=2, prompts=1, max_new_tokens=4, depth=2, gamma=0.0, confirm=0, seed=3)
+    result = search_skip(CausalLMBackend(model), [[5, 6, 7, 8]], recipe=recipe, progress=False)
+    assert calls[:2] == ["ar", "skip"] and calls[2] == "ar"  # the warm-ups, then the timed AR reference
+    assert result["ar"]["ms_per_token"] < 1e5  # no first call's timing in the reference
+    assert all(t["ms_per_token"] < 1e5 for t in result["trials"])  # nor in the first trial's
+
+
 def test_a_skip_vector_searched_with_another_forward_setup_is_searched_again_or_noted(env, capsys):
     """The fastest vector depends on how the target's forward runs as much as on the host: another
     attention implementation (or linear kernel, cache kind, fused layers, compilation) keys another

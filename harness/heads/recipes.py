@@ -180,7 +180,7 @@ class SearchRecipe:
         return asdict(self)
 
 
-SEARCH_ALGORITHM = "optuna-tpe+influence-warm-start+median-confirmed-finalists-v2"
+SEARCH_ALGORITHM = "optuna-tpe+influence-warm-start+median-confirmed-finalists+untimed-warm-up-v3"
 
 #: the version of the code that trains draft heads (Medusa, Hydra, Clover): the losses, schedule and
 #: batching of harness/prepare/heads_training.py and the evaluation the manifest records. Part of

@@ -73,6 +73,7 @@ CALIBRATION_MATCH_FIELDS = (
     "calibration_data",
     "settings",
     "library_versions",
+    "seed",
 )
 
 
@@ -186,7 +187,7 @@ def data_hash(items: list) -> str:
 CALIBRATION_CODE = (("harness.engine.decode", "harness.verifiers"), ("harness.prepare.calibrate",))
 
 #: the provenance fields the config alone decides (checked before any model work)
-CONFIG_MATCH_FIELDS = ("target", "proposer", "sampling_policy", "verifier", "settings")
+CONFIG_MATCH_FIELDS = ("target", "proposer", "sampling_policy", "verifier", "settings", "seed")
 
 
 def config_provenance(cfg) -> dict:
@@ -207,6 +208,9 @@ def config_provenance(cfg) -> dict:
             "max_new_tokens": int(cal["max_new_tokens"]),
             "wilson_z": float(cal["z"]),
         },
+        # the calibration rounds draw from generators seeded by it (:func:`measure_ranks`): each seed
+        # measures its own acceptance vector, so a seed sweep sees the spread the calibration adds
+        "seed": int(c["seed"]),
     }
 
 
@@ -240,6 +244,7 @@ def calibration_provenance(cfg, *, tokenizer, items: list) -> dict:
         },
         "settings": known["settings"],
         "library_versions": library_versions(),
+        "seed": known["seed"],
     }
 
 

