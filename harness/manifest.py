@@ -20,6 +20,7 @@ from harness.target.loading import (  # noqa: F401  (checkpoint_fingerprint: the
     checkpoint_fingerprint,
     checkpoint_ref,
     looks_like_hub_id,
+    pin_hub_snapshot,
     resolve_dtype,
 )
 from harness.target.options import (
@@ -188,7 +189,8 @@ def manifest_extras(cfg: DictConfig) -> dict:
     retrieval proposer or of prompt lookup's datastore, a merged tree's sources' included
     (:func:`~harness.proposers.rest.datastore_sources`; opened, or built on first use, before any
     model is loaded), the provenance of a published head checkpoint (path or hub id, layout, SHA-256
-    of every file read),
+    of every file read; a hub id's snapshot, which its load in this process then reads:
+    :func:`~harness.target.loading.pin_hub_snapshot`),
     the files of any other artifact directory given by path (EAGLE's, trained heads') and of a
     target or draft loaded by path (:func:`checkpoint_fingerprint`), and the SHA-256 of a prompt
     file (``workload.path``: its content is the prompts) and of a choice-list file
@@ -198,7 +200,9 @@ def manifest_extras(cfg: DictConfig) -> dict:
     if datastore_sources(cfg):  # every datastore a source searches, a merged tree's prompt lookup's too
         extras.update(manifest_datastores(cfg))
     elif p.name in ("medusa", "hydra") and is_published(p.get("artifact")):
-        extras["proposer_artifact"] = inspect(str(p.artifact), p.name).provenance()
+        layout = inspect(str(p.artifact), p.name)
+        extras["proposer_artifact"] = layout.provenance()
+        pin_hub_snapshot(str(p.artifact), layout.directory)  # a hub id: its load reads the snapshot recorded
     elif p.get("artifact") and Path(str(p.artifact)).expanduser().is_dir():
         extras["proposer_artifact"] = checkpoint_fingerprint(str(p.artifact))
     elif p.name == "eagle" and p.get("artifact") and looks_like_hub_id(str(p.artifact)):
@@ -207,6 +211,7 @@ def manifest_extras(cfg: DictConfig) -> dict:
         local = resolve_source(str(p.artifact))  # the hub cache's snapshots/<revision>
         files = checkpoint_fingerprint(str(local))["files"]  # not the folder: another cache holds the same draft
         extras["proposer_artifact"] = {"ref": str(p.artifact), "revision": local.name, "files": files}
+        pin_hub_snapshot(str(p.artifact), local)  # the load reads this snapshot, not one the id moves to later
     target = checkpoint_ref(cfg.model)
     if target is not None:
         extras["target_checkpoint"] = checkpoint_fingerprint(target)

@@ -1169,3 +1169,45 @@ def test_generation_stops_at_the_end_of_turn_ids_the_generation_config_lists(tmp
     assert eos_ids(model) == {2, 4}
     model.generation_config = GenerationConfig(eos_token_id=7)
     assert eos_ids(model) == {2, 7}
+
+
+def custom_code_checkpoint(path):
+    """A tiny checkpoint whose config.json names modelling code of its own (``auto_map``)."""
+    import json
+
+    tiny_checkpoint(path)
+    config = json.loads((path / "config.json").read_text())
+    config["model_type"] = "mytiny"
+    config["auto_map"] = {"AutoConfig": "conf_my.MyConfig", "AutoModelForCausalLM": "mod_my.MyModel"}
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "conf_my.py").write_text(
+        "from transformers import LlamaConfig\nclass MyConfig(LlamaConfig):\n    model_type='mytiny'\n"
+    )
+    (path / "mod_my.py").write_text(
+        "from transformers import LlamaForCausalLM\nfrom .conf_my import MyConfig\n"
+        "class MyModel(LlamaForCausalLM):\n    config_class=MyConfig\n"
+    )
+    return path
+
+
+def test_a_checkpoint_with_its_own_code_is_refused_naming_the_override_that_runs_it(tmp_path):
+    """transformers' refusal was cut at 300 characters, before its hint, and the line never named the
+    harness option that allows the code to run."""
+    from omegaconf import OmegaConf
+
+    from harness.target.loading import load_model, model_geometry, remote_code_option
+
+    path = custom_code_checkpoint(tmp_path / "custom")
+    hint = "Please pass the argument `trust_remote_code=True` to allow custom code to be run."
+    model_cfg = OmegaConf.create({"name": "hf", "name_or_path": str(path), "trust_remote_code": False, "tiny": None})
+    with pytest.raises(CheckpointError) as planned:
+        model_geometry(model_cfg)
+    with pytest.raises(CheckpointError) as loaded:
+        load_model(name="hf", name_or_path=str(path), trust_remote_code=False)
+    for err, option in ((planned, "set model.trust_remote_code=true to run it"), (loaded, "model.trust_remote_code")):
+        message = str(err.value)
+        assert option in message and message.rstrip(")").endswith(hint) and "\n" not in message
+    assert "proposer.model.trust_remote_code=true" in str(loaded.value)  # a draft's, where the option is not known
+    assert remote_code_option("proposer.draft_model.model.name_or_path") == (
+        "proposer.draft_model.model.trust_remote_code=true"
+    )

@@ -53,7 +53,7 @@ from harness.heads.recipes import (
     recipe_key,
     training_code_key,
 )
-from harness.target.loading import cache_root, chat_template_key, model_names
+from harness.target.loading import cache_root, chat_template_key, model_names, pinned_hub_revision
 from harness.target.timing import timed_setup
 from harness.workloads.corpora import SPLITS, ChatTurn, prompt_key, sharegpt_conversations, sharegpt_split
 from harness.workloads.datastore import LEAKAGE_THRESHOLD, ExclusionIndex, LeakageError, sharegpt_heldout_exclusions
@@ -161,17 +161,19 @@ def refuse_foreign(kind: str, path: str | Path, *, extra: str = "") -> None:
         )
 
 
-def load_published(kind: str, ref: str, *, model: torch.nn.Module) -> HeadsArtifact:
-    """A published head bank (key for key, its published forward) with its provenance."""
-    layout = inspect(ref, kind)
+def load_published(kind: str, ref: str, *, model: torch.nn.Module, revision: str | None = None) -> HeadsArtifact:
+    """A published head bank (key for key, its published forward) with its provenance. A hub id is
+    read at commit ``revision``; by default at the one this process's run manifest bound it to
+    (:func:`~harness.target.loading.pinned_hub_revision`), else its current one."""
+    layout = inspect(ref, kind, revision=revision or pinned_hub_revision(ref))
     heads = load_published_heads(layout, model=model)
     base = layout.config.get("base_model_name_or_path")
-    targets = model_names(model)  # by path or hub id alike: the last component is compared
     if heads.embed_matches_target is False:
         warn_base(kind, ref, "their saved input embedding differs from the target's (input_embed_matches_target)")
-    elif base and targets and Path(str(base)).name.lower() not in {Path(t).name.lower() for t in targets}:
-        named = targets[0] if len(targets) == 1 else f"{targets[0]} (converted from {targets[1]})"
-        warn_base(kind, ref, f"they name {base} as their base model; the target is {named}")
+    else:
+        other = other_base(base, model)
+        if other is not None:
+            warn_base(kind, ref, f"they name {base} as their base model; the target is {other}")
     for note in layout.notes:  # how the files were read where they leave a choice: said, not only recorded
         print(f"harness: note: the published {kind} at {ref}: {note}", file=sys.stderr)
     manifest = {
@@ -184,6 +186,18 @@ def load_published(kind: str, ref: str, *, model: torch.nn.Module) -> HeadsArtif
     return HeadsArtifact(heads=heads, manifest=manifest, path=layout.directory)
 
 
+def other_base(base, model: torch.nn.Module) -> str | None:
+    """The target's name where a published draft names another base model ``base`` (its folder or hub
+    id: the last components are compared, so a local copy of the same model matches); None where it
+    names the target, names none, or the target has no name to compare."""
+    targets = model_names(model)  # by path or hub id alike: the last component is compared
+    if not base or not isinstance(base, str) or not targets:
+        return None
+    if Path(base).name.lower() in {Path(t).name.lower() for t in targets}:
+        return None
+    return targets[0] if len(targets) == 1 else f"{targets[0]} (converted from {targets[1]})"
+
+
 def warn_base(kind: str, ref: str, why: str) -> None:
     """One stderr line: a published draft that looks made for another base model (its acceptance
     will be low; the outputs stay exact, and the record keeps the evidence)."""
@@ -194,9 +208,13 @@ def warn_base(kind: str, ref: str, why: str) -> None:
     )
 
 
-def load_configured_heads(kind: str, options: dict, *, model: torch.nn.Module, tokenizer) -> HeadsArtifact:
+def load_configured_heads(
+    kind: str, options: dict, *, model: torch.nn.Module, tokenizer, revision: str | None = None
+) -> HeadsArtifact:
+    """``proposer.artifact``: a published bank (a hub id at ``revision``, see :func:`load_published`) or
+    an artifact trained here; unset: the trained artifact of the configured recipe in the cache."""
     if is_published(options.get("artifact")):
-        return load_published(kind, str(options["artifact"]), model=model)
+        return load_published(kind, str(options["artifact"]), model=model, revision=revision)
     recipe, path = heads_artifact_path(kind, options, model=model, tokenizer=tokenizer)
     if not (path / "manifest.json").is_file():
         raise missing(kind, path, bool(options.get("artifact")))
@@ -295,12 +313,14 @@ def eagle_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> 
     return _located("eagle", eagle_recipe(options, model), options, model=model, tokenizer=tokenizer)
 
 
-def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifact:
+def load_published_eagle(source: str, *, model: torch.nn.Module, revision: str | None = None) -> EagleArtifact:
     """A published EAGLE / EAGLE-2 / EAGLE-3 checkpoint (local directory or hub id), checked
-    against the target's hidden size, vocabulary and layers."""
-    path = resolve_source(source)
+    against the target's hidden size, vocabulary and layers. A hub id is read at commit ``revision``;
+    by default at the one this process's run manifest bound it to
+    (:func:`~harness.target.loading.pinned_hub_revision`), else its current one."""
+    path = resolve_source(source, revision=revision or pinned_hub_revision(source))
     cfg = read_config_object(path / "config.json")
-    raw, digests = read_weights(path)
+    raw, digests, unread = read_weights(path)
     try:
         fmt, spec, state, unused = parse_published(cfg, raw, target_config=model.config)
     except ArtifactError as exc:
@@ -328,6 +348,12 @@ def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifac
                     f"its embedding is {embedding['max_abs_diff_vs_target']:.3g} away from the target's "
                     "(embedding.max_abs_diff_vs_target)",
                 )
+    speculators = cfg.get("speculators_config")
+    verifier = speculators.get("verifier") if isinstance(speculators, dict) else None
+    said = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    other = other_base(said, model)
+    if other is not None:
+        warn_base("EAGLE draft", str(source), f"it names {said} as its verifier; the target is {other}")
     manifest = {
         "kind": "eagle",
         "published": True,
@@ -337,9 +363,9 @@ def load_published_eagle(source: str, *, model: torch.nn.Module) -> EagleArtifac
         "files_sha256": digests,
         "spec": spec.to_dict(),
         "config": {k: cfg[k] for k in sorted(cfg) if not isinstance(cfg[k], (dict, list)) or k == "architectures"},
-        "verifier": (cfg.get("speculators_config") or {}).get("verifier"),
+        "verifier": verifier,
         "embedding": embedding,
-        "notes": [*unused, *config_notes(cfg, spec)],
+        "notes": [*unread, *unused, *config_notes(cfg, spec)],
         "parameters": sum(p.numel() for p in draft.parameters()),
         "cpu_budget_artifact": False,
     }
@@ -355,12 +381,15 @@ def load_eagle(recipe: dict, *, model: torch.nn.Module, tokenizer, path: Path) -
     return EagleArtifact(draft=build_eagle(recipe["spec"], state), manifest=manifest, path=Path(path))
 
 
-def load_configured_eagle(options: dict, *, model: torch.nn.Module, tokenizer) -> EagleArtifact:
-    """``proposer.artifact``: a published checkpoint (directory or hub id) or an artifact trained
-    here; unset: the trained artifact of the configured recipe in the cache."""
+def load_configured_eagle(
+    options: dict, *, model: torch.nn.Module, tokenizer, revision: str | None = None
+) -> EagleArtifact:
+    """``proposer.artifact``: a published checkpoint (directory, or hub id at ``revision``: see
+    :func:`load_published_eagle`) or an artifact trained here; unset: the trained artifact of the
+    configured recipe in the cache."""
     artifact = options.get("artifact")
     if is_published(artifact):
-        return load_published_eagle(str(artifact), model=model)
+        return load_published_eagle(str(artifact), model=model, revision=revision)
     recipe, path = eagle_artifact_path(options, model=model, tokenizer=tokenizer)
     if not (path / "manifest.json").is_file():
         raise missing("eagle", path, bool(artifact))

@@ -15,9 +15,10 @@ no file of theirs is used):
   ``draft_vocab_size`` (optionally ``target_hidden_size``), weights ``fc.weight [H, 3 H_t]``,
   ``midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight``,
   ``midlayer.self_attn.{q,k,v}_proj.weight [*, 2H]``, ``o_proj``, ``midlayer.mlp.*``,
-  ``norm.weight``, ``lm_head.weight [Vd, H]``, ``d2t [Vd]`` and ``t2d [V]`` (unused when
-  ``Vd == V``, as EAGLE's code drops them), optionally ``embed_tokens.weight``; q/k/v biases only
-  where the config says ``attention_bias`` (EAGLE's code builds none).
+  ``norm.weight``, ``lm_head.weight [Vd, H]``, ``d2t [Vd]`` (unused when ``Vd == V``, as EAGLE's
+  code drops it) and ``t2d [V]`` (not read by the draft, but checked: true exactly at the ids ``d2t``
+  maps the draft vocabulary to), optionally ``embed_tokens.weight``; q/k/v biases only where the
+  config says ``attention_bias`` (EAGLE's code builds none).
 - ``speculators-eagle3`` — vLLM's ``speculators`` format (``speculators_model_type: eagle3``;
   ``transformer_layer_config`` holds the decoder layer's config): the EAGLE-3 keys with
   ``midlayer.`` spelled ``layers.0.``.
@@ -32,6 +33,10 @@ names them; EAGLE's code places pair ``j`` at position ``j`` while speculators t
 ``j + 1`` (RoPE sees only offsets within one call of the draft, so outputs agree either way);
 whether every hub checkpoint carries ``embed_tokens.weight`` was not verified (when present it is
 used, as EAGLE does; otherwise the target's embedding is).
+
+Weights are read from ``model.safetensors`` or else ``pytorch_model.bin`` (the other, where both are
+present, is noted as left unread), or from the shards a shard index names, each tensor from the shard
+the index assigns it to (:func:`read_weights`).
 
 Every check against the target (hidden size, vocabulary, fused layers, ``d2t`` range) refuses with
 the expected and the actual value before anything runs. ``config.json``'s settings are read as their
@@ -58,9 +63,10 @@ from harness.target.loading import hub_unreachable, looks_like_hub_id
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-#: keys a published file may carry that the draft does not need: EAGLE-3's target-to-draft mask
-#: (``t2d``; the draft reads ``d2t``) and a decoder layer's rotary frequencies (computed from the config)
-IGNORED_KEYS = re.compile(r"t2d|(?:layers\.\d+|midlayer)\.self_attn\.rotary_emb\.inv_freq")
+#: keys a published file may carry that the draft does not need: a decoder layer's rotary frequencies
+#: (computed from the config). EAGLE-3's target-to-draft mask ``t2d`` is not one: it is checked against
+#: ``d2t`` (:func:`_check_t2d`), and noted as unread beside an EAGLE-1/2 draft
+IGNORED_KEYS = re.compile(r"(?:layers\.\d+|midlayer)\.self_attn\.rotary_emb\.inv_freq")
 _QKV_BIAS = re.compile(r"(?:layers\.\d+|midlayer)\.self_attn\.[qkv]_proj\.bias")
 
 
@@ -167,8 +173,11 @@ def not_an_eagle_draft(source: str) -> str:
     )
 
 
-def resolve_source(source: str) -> Path:
-    """A local directory, or a hub id downloaded to the hub cache (config and weights only)."""
+def resolve_source(source: str, *, revision: str | None = None) -> Path:
+    """A local directory, or a hub id downloaded to the hub cache (config and weights only; at commit
+    ``revision`` where given, else the id's current one). A snapshot that holds no complete published
+    checkpoint (an interrupted download, one that fetched ``config.json`` only) is refused: while the
+    hub cannot be reached as not in the local hub cache, else as not an EAGLE draft."""
     path = Path(source).expanduser()
     if path.exists():
         if not is_published_dir(path):
@@ -177,57 +186,136 @@ def resolve_source(source: str) -> Path:
     if not looks_like_hub_id(source):
         raise ArtifactError(f"proposer.artifact={source!r} does not exist (and is not a hub id owner/name)")
     offline = hub_unreachable()  # then the cache only, at once, not after the client's retries
+    at = f" at revision {revision}" if revision else ""
+    not_cached = (
+        f"proposer.artifact={source!r} is not a local directory, not in the local hub cache{at}, and the hub "
+        f"cannot be reached ({offline}): download the repository first or give its directory"
+    )
     try:
         # huggingface_hub imports in ~0.3 s; only a hub id pays for it
         from huggingface_hub import snapshot_download
 
         local = snapshot_download(
-            repo_id=source, allow_patterns=["*.json", "*.safetensors", "*.bin"], local_files_only=offline is not None
+            repo_id=source,
+            allow_patterns=["*.json", "*.safetensors", "*.bin"],
+            local_files_only=offline is not None,
+            **({"revision": revision} if revision else {}),
         )
     except Exception as exc:  # network, authentication, missing repository
         if offline is not None:
-            raise ArtifactError(
-                f"proposer.artifact={source!r} is not a local directory, not in the local hub cache, and the hub "
-                f"cannot be reached ({offline}): download the repository first or give its directory"
-            ) from None
+            raise ArtifactError(not_cached) from None
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ArtifactError(
-            f"cannot download the EAGLE checkpoint {source!r} from the hub: {type(exc).__name__}: {first}"
+            f"cannot download the EAGLE checkpoint {source!r}{at} from the hub: {type(exc).__name__}: {first}"
         ) from None
-    return Path(local)
+    local = Path(local)
+    if not complete_checkpoint(local):
+        if offline is not None:  # the cache holds part of it (config.json only, some shards)
+            raise ArtifactError(not_cached)
+        raise ArtifactError(not_an_eagle_draft(source) + f" (hub snapshot {local.name})")
+    return local
 
 
-def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """All tensors of a published directory (single file or sharded) and each file's SHA-256."""
-    from safetensors.torch import load_file
-
-    files: list[Path] = []
+def complete_checkpoint(path: Path) -> bool:
+    """Whether ``path`` holds a whole published checkpoint: ``config.json`` and a weight file, or a
+    shard index (a JSON object with a ``weight_map``) and every shard it names."""
+    if not is_published_dir(path):
+        return False
     for name in INDEX_FILES:
         if (path / name).is_file():
-            index = read_config_object(path / name)
-            files = [path / f for f in sorted(set((index.get("weight_map") or {}).values()))]
+            try:
+                weight_map = json.loads((path / name).read_text(encoding="utf-8")).get("weight_map")
+            except (OSError, ValueError, AttributeError):
+                return True  # present but unreadable: the load says why
+            if not isinstance(weight_map, dict):
+                return True
+            return all(isinstance(f, str) and (path / f).is_file() for f in weight_map.values())
+    return True
+
+
+def _shard_map(path: Path, index: Path) -> dict[str, list[str]]:
+    """shard file -> the tensor names the index ``index`` assigns to it, in the index's order."""
+    weight_map = read_config_object(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise ArtifactError(
+            f"published checkpoint {str(path)!r}: {index.name}'s weight_map is not an object mapping each tensor "
+            "name to its shard file"
+        )
+    shards: dict[str, list[str]] = {}
+    for key, shard in weight_map.items():
+        shards.setdefault(shard, []).append(key)
+    return dict(sorted(shards.items()))
+
+
+def _read_file(f: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        if f.suffix == ".safetensors":
+            part = load_file(str(f))
+        else:
+            part = torch.load(str(f), map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated or empty file, a pickle of something else
+        raise unreadable_tensor_file(f, exc) from None
+    if not isinstance(part, dict) or not all(isinstance(t, torch.Tensor) for t in part.values()):
+        raise ArtifactError(f"{str(f)!r} holds a {type(part).__name__}, not a state dict of tensors")
+    return part
+
+
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str], list[str]]:
+    """The tensors of a published directory, each file's SHA-256, and notes on what was left unread.
+
+    A shard index (``model.safetensors.index.json`` first, then ``pytorch_model.bin.index.json``)
+    decides, as transformers reads it: from each shard only the tensors its ``weight_map`` assigns to
+    that shard are taken; a tensor the index assigns to a shard that lacks it is refused (naming both);
+    a tensor a shard holds that the index assigns elsewhere, or to no shard, is ignored (noted). Without
+    an index the first of ``model.safetensors`` and ``pytorch_model.bin`` is read. Any of those files the
+    folder holds that is not read (the other single file, a single file beside an index, the second
+    index) is noted as left unread."""
+    shards: dict[str, list[str]] | None = None
+    read_first = None
+    for name in INDEX_FILES:
+        if (path / name).is_file():
+            shards, read_first = _shard_map(path, path / name), name
             break
-    if not files:
-        files = [path / f for f in WEIGHT_FILES if (path / f).is_file()][:1]
+    if shards is None:
+        files = [f for f in WEIGHT_FILES if (path / f).is_file()][:1]
+        read_first = files[0] if files else None
+        shards = {f: None for f in files}
     state: dict[str, torch.Tensor] = {}
     digests: dict[str, str] = {}
-    for f in files:
+    notes: list[str] = []
+    ignored: list[str] = []
+    for name, keys in shards.items():
+        f = path / name
         if not f.is_file():
-            raise ArtifactError(f"published checkpoint {str(path)!r}: shard {f.name!r} missing")
-        digests[f.name] = hashlib.sha256(f.read_bytes()).hexdigest()
-        try:
-            if f.suffix == ".safetensors":
-                part = load_file(str(f))
-            else:
-                part = torch.load(str(f), map_location="cpu", weights_only=True)
-        except Exception as exc:  # a truncated or empty file, a pickle of something else
-            raise unreadable_tensor_file(f, exc) from None
-        if not isinstance(part, dict) or not all(isinstance(t, torch.Tensor) for t in part.values()):
-            raise ArtifactError(f"{str(f)!r} holds a {type(part).__name__}, not a state dict of tensors")
-        state.update(part)
+            raise ArtifactError(f"published checkpoint {str(path)!r}: shard {name!r} missing")
+        digests[name] = hashlib.sha256(f.read_bytes()).hexdigest()
+        part = _read_file(f)
+        if keys is None:
+            state.update(part)
+            continue
+        lacking = [k for k in keys if k not in part]
+        if lacking:
+            raise ArtifactError(
+                f"published checkpoint {str(path)!r}: {read_first} assigns {lacking[0]} to {name}, which does not "
+                f"hold it{f' ({len(lacking) - 1} more such tensor(s))' if len(lacking) > 1 else ''}"
+            )
+        assigned = set(keys)
+        ignored += [f"{k} in {name}" for k in part if k not in assigned]
+        state.update({k: part[k] for k in keys})
+    if ignored:
+        more = f" and {len(ignored) - 3} more" if len(ignored) > 3 else ""
+        notes.append(
+            f"{', '.join(ignored[:3])}{more} not read: {read_first} assigns those tensors to another shard or none "
+            "(the index decides, as transformers reads it)"
+        )
+    unread = [n for n in (*INDEX_FILES, *WEIGHT_FILES) if (path / n).is_file() and n != read_first and n not in shards]
+    if unread and read_first is not None:
+        notes.append(f"{', '.join(unread)} left unread: {read_first} is read first")
     if not state:
         raise ArtifactError(f"published checkpoint {str(path)!r}: its weight files hold no tensors")
-    return state, digests
+    return state, digests, notes
 
 
 def _shape(state: dict, key: str) -> tuple[int, ...] | None:
@@ -542,6 +630,8 @@ def _eagle12(fmt: str, cfg: dict, state: dict, target_h: int, target_v: int) -> 
         raise ArtifactError(
             f"{fmt} draft has vocab_size {v}; the target's vocabulary is {target_v} (expected {target_v})"
         )
+    stray_t2d = "t2d" in state
+    state = {k: v for k, v in state.items() if k != "t2d"}
     layers = sorted({int(k.split(".")[1]) for k in state if k.startswith("layers.")})
     n = len(layers)
     if layers != list(range(n)) or n < 1:
@@ -551,6 +641,11 @@ def _eagle12(fmt: str, cfg: dict, state: dict, target_h: int, target_v: int) -> 
     else:  # speculators: the layer's config and the weights, as vLLM reads them
         fc_bias, qkv_bias, notes = "fc.bias" in state, "layers.0.self_attn.q_proj.bias" in state, []
         _require_said_biases(fmt, cfg, state, fc=True, qkv="layers.0.")
+    if stray_t2d:
+        notes.append(
+            "t2d (EAGLE-3's target-to-draft vocabulary mask) in the weights is not read: an EAGLE-1/2 draft "
+            "drafts over the target's whole vocabulary"
+        )
     spec = EagleSpec(version="eagle", vocab_size=target_v, num_layers=n, fc_bias=fc_bias, qkv_bias=qkv_bias, **fields)
     hd, nh, nkv, inter = spec.head_dim, spec.num_attention_heads, spec.num_key_value_heads, spec.intermediate_size
     expected = {"fc.weight": (h, 2 * h)}
@@ -606,6 +701,8 @@ def _eagle3(fmt: str, cfg: dict, state: dict, target_config) -> tuple[str, Eagle
             f"{fmt} draft has vocab_size {v}; the target's vocabulary is {target_v} (expected {target_v})"
         )
     aux = fused_layers(fmt, cfg, target_layers)
+    t2d = state.get("t2d")
+    state = {k: v for k, v in state.items() if k != "t2d"}
     if fmt == "eagle3":
         state, _, qkv_bias, notes = _unused_biases(fmt, cfg, state, eagle3=True)
     else:  # speculators: the layer's config and the weights, as vLLM reads them
@@ -688,4 +785,34 @@ def _eagle3(fmt: str, cfg: dict, state: dict, target_config) -> tuple[str, Eagle
         state["d2t"] = d2t
     else:  # the draft's vocabulary is the target's: the identity map (what the draft's buffer holds unset)
         state["d2t"] = torch.zeros(vd, dtype=torch.long)
+    if t2d is not None:
+        _check_t2d(fmt, t2d, torch.arange(vd) + state["d2t"], target_v=target_v)
     return fmt, spec, state, notes
+
+
+def _check_t2d(fmt: str, t2d: torch.Tensor, ids: torch.Tensor, *, target_v: int) -> None:
+    """EAGLE-3's ``t2d``, the mask over the target's vocabulary of the ids the draft proposes, against
+    the ids ``d2t`` maps the draft vocabulary to (``ids``): of shape ``[target vocabulary]``, booleans
+    or 0/1, true exactly at ``ids``. The draft reads ``d2t`` only, so a mask that disagrees says the
+    two maps come from different vocabularies: refused."""
+    if tuple(t2d.shape) != (target_v,):
+        raise ArtifactError(
+            f"{fmt} checkpoint: t2d has shape {list(t2d.shape)}; expected [{target_v}] (one entry per target token id)"
+        )
+    if t2d.dtype != torch.bool and bool(((t2d != 0) & (t2d != 1)).any()):
+        raise ArtifactError(f"{fmt} checkpoint: t2d holds values other than 0 and 1; it is a mask over the target ids")
+    marked = t2d.bool()
+    expected = torch.zeros(target_v, dtype=torch.bool)
+    expected[ids] = True
+    if not torch.equal(marked, expected):
+        extra = torch.nonzero(marked & ~expected).flatten()
+        absent = torch.nonzero(expected & ~marked).flatten()
+        first = (
+            f"marks id {int(extra[0])}, which d2t maps no draft token to"
+            if len(extra)
+            else f"leaves out id {int(absent[0])}, which d2t maps a draft token to"
+        )
+        raise ArtifactError(
+            f"{fmt} checkpoint: t2d disagrees with d2t: it {first} ({len(extra)} id(s) marked beyond d2t's, "
+            f"{len(absent)} of d2t's unmarked); the two maps come from different vocabularies"
+        )

@@ -93,15 +93,16 @@ def is_published(ref: str | None) -> bool:
     return not path.exists() and looks_like_hub_id(str(ref))
 
 
-def _hub_file(repo: str, filename: str) -> Path | None:
-    """A file of a hub repository (downloaded once into the Hugging Face cache), or None when the
-    repository has no such file."""
+def _hub_file(repo: str, filename: str, revision: str | None = None) -> Path | None:
+    """A file of a hub repository (downloaded once into the Hugging Face cache; at commit ``revision``
+    where given), or None when the repository has no such file."""
     from huggingface_hub import hf_hub_download  # imported on use: only hub ids need it
     from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
 
     offline = hub_unreachable()  # then the cache only, at once, not after the client's retries
+    pinned = {"revision": revision} if revision else {}
     try:
-        return Path(hf_hub_download(repo, filename, local_files_only=offline is not None))
+        return Path(hf_hub_download(repo, filename, local_files_only=offline is not None, **pinned))
     except RemoteEntryNotFoundError:
         return None
     except LocalEntryNotFoundError:
@@ -119,9 +120,10 @@ def _hub_file(repo: str, filename: str) -> Path | None:
         ) from None
 
 
-def locate(ref: str, kind: str) -> tuple[Path, str, list[Path]]:
-    """(directory, layout, weight files) of a published ``kind`` checkpoint; a hub id is fetched.
-    Layouts: ``heads`` (the heads-only file) or ``full-model`` (Medusa-2 weight shards)."""
+def locate(ref: str, kind: str, *, revision: str | None = None) -> tuple[Path, str, list[Path]]:
+    """(directory, layout, weight files) of a published ``kind`` checkpoint; a hub id is fetched (at
+    commit ``revision`` where given, else its current one). Layouts: ``heads`` (the heads-only file)
+    or ``full-model`` (Medusa-2 weight shards)."""
     heads_files = MEDUSA_FILES if kind == "medusa" else HYDRA_FILES
     local = Path(str(ref)).expanduser()
     if local.is_dir():
@@ -149,24 +151,25 @@ def locate(ref: str, kind: str) -> tuple[Path, str, list[Path]]:
     if not looks_like_hub_id(str(ref)):
         raise ArtifactError(f"proposer.artifact={ref!r}: no such directory (and not a hub id of the form owner/name)")
     offline = hub_unreachable()
-    config = _hub_file(str(ref), "config.json")
+    config = _hub_file(str(ref), "config.json", revision)
     if config is None:
+        at = f" at revision {revision}" if revision else ""
         if offline is not None:
             raise ArtifactError(
-                f"proposer.artifact={ref!r} is not a local directory and not in the local hub cache, and the hub "
+                f"proposer.artifact={ref!r} is not a local directory and not in the local hub cache{at}, and the hub "
                 f"cannot be reached ({offline}): download the repository first or give its directory"
             )
         raise ArtifactError(f"hub repository {ref!r} has no config.json: not a published {kind} checkpoint")
     for name in heads_files:
-        got = _hub_file(str(ref), name)
+        got = _hub_file(str(ref), name, revision)
         if got is not None:
             return config.parent, "heads", [got]
     if kind == "medusa":
         for index in FULL_MODEL_INDEXES:
-            got = _hub_file(str(ref), index)
+            got = _hub_file(str(ref), index, revision)
             if got is not None:
                 wanted = _shards_with_prefix(got, MEDUSA_FULL_PREFIX)
-                shards = {n: _hub_file(str(ref), n) for n in wanted}
+                shards = {n: _hub_file(str(ref), n, revision) for n in wanted}
                 missing = [n for n, f in shards.items() if f is None]
                 if missing:
                     why = (
@@ -180,7 +183,7 @@ def locate(ref: str, kind: str) -> tuple[Path, str, list[Path]]:
                     )
                 return config.parent, "full-model", list(shards.values())
         for name in FULL_MODEL_FILES:
-            got = _hub_file(str(ref), name)
+            got = _hub_file(str(ref), name, revision)
             if got is not None:
                 return config.parent, "full-model", [got]
     where = f" in the local hub cache (the hub cannot be reached: {offline})" if offline is not None else ""
@@ -364,11 +367,12 @@ def _head_blocks(ref, shapes, kind: str, prefix: str = "") -> tuple[int, int]:
     return max(k for k, _ in blocks) + 1, max(j for k, j in blocks if k == k0)
 
 
-def inspect(ref: str, kind: str) -> PublishedLayout:
-    """Read a published checkpoint's config and tensor shapes; refuse what is not its layout."""
+def inspect(ref: str, kind: str, *, revision: str | None = None) -> PublishedLayout:
+    """Read a published checkpoint's config and tensor shapes (a hub id at commit ``revision`` where
+    given); refuse what is not its layout."""
     if kind not in ("medusa", "hydra"):
         raise ArtifactError(f"proposer={kind} reads artifacts trained here only; published heads: medusa, hydra")
-    directory, layout, files = locate(str(ref), kind)
+    directory, layout, files = locate(str(ref), kind, revision=revision)
     config = read_config_object(directory / "config.json")
     prefix = MEDUSA_FULL_PREFIX if layout == "full-model" else ""
     tensors = _read_tensors(files, prefix=prefix, data=False)

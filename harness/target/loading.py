@@ -162,8 +162,23 @@ def from_pretrained(loader, source, *, key: str | None = None, **kwargs):
                     "tokenizer it was trained with (save it with tokenizer.save_pretrained)"
                 ) from exc
         text = " ".join(str(exc).split())  # the whole message on one line, however many it had
+        if "trust_remote_code" in text and not kwargs.get("trust_remote_code"):
+            raise CheckpointError(
+                f"{where}: cannot load its {what}: it comes with code of its own, run only where the config says "
+                f"so: set {remote_code_option(key)} to run it ({type(exc).__name__}: {text})"
+            ) from exc
         text = text if len(text) <= 300 else text[:297] + "..."
         raise CheckpointError(f"{where}: cannot load its {what} ({type(exc).__name__}: {text})") from exc
+
+
+def remote_code_option(key: str | None) -> str:
+    """The override that lets the checkpoint the option ``key`` names (``model.name_or_path``, a draft's
+    ``proposer.model.name``, ...) run its own code; for a checkpoint not named by its option, the
+    target's and a draft model's."""
+    if key:
+        node = key.rsplit(".", 1)[0] if key.endswith((".name_or_path", ".name")) else key
+        return f"{node}.trust_remote_code=true"
+    return "model.trust_remote_code=true (the target's) or proposer.model.trust_remote_code=true (a draft model's)"
 
 
 def cache_root() -> Path:
@@ -961,6 +976,36 @@ def checkpoint_ref_problem(ref: str | None, key: str) -> str | None:
     if not looks_like_hub_id(str(ref)):
         return f"{key}={ref!r}: no such directory (and not a hub id of the form owner/name)"
     return None
+
+
+#: (hub cache folder, hub id) -> the commit this process's run manifest bound a published draft's
+#: hub id to (:func:`pin_hub_snapshot`): its load reads that commit, not the id's newer one
+_PINNED_SNAPSHOTS: dict[tuple[str, str], str] = {}
+
+
+def _hub_cache() -> str:
+    from huggingface_hub import constants  # read at call time: the cache folder in effect
+
+    return str(constants.HF_HUB_CACHE)
+
+
+def pin_hub_snapshot(ref: str, snapshot: Path) -> str | None:
+    """Bind hub id ``ref`` to the commit of ``snapshot`` (a hub cache's ``snapshots/<commit>`` folder it
+    resolved to when a run manifest recorded it): a later load of ``ref`` in this process reads that
+    commit (:func:`pinned_hub_revision`). Returns the commit; None (nothing bound) for a folder that
+    is no hub cache snapshot."""
+    snapshot = Path(snapshot)
+    if snapshot.parent.name != "snapshots" or not looks_like_hub_id(str(ref)) or Path(str(ref)).expanduser().exists():
+        return None
+    _PINNED_SNAPSHOTS[(_hub_cache(), str(ref))] = snapshot.name
+    return snapshot.name
+
+
+def pinned_hub_revision(ref: str) -> str | None:
+    """The commit :func:`pin_hub_snapshot` bound hub id ``ref`` to in this hub cache, or None."""
+    if not _PINNED_SNAPSHOTS or not looks_like_hub_id(str(ref)) or Path(str(ref)).expanduser().exists():
+        return None
+    return _PINNED_SNAPSHOTS.get((_hub_cache(), str(ref)))
 
 
 def hub_revision(repo_id: str) -> str | None:
