@@ -884,6 +884,7 @@ def test_two_dtypes_of_one_model_are_two_arms_with_no_ratio_between_them(tmp_pat
         folder = tmp_path / "runs" / name
         folder.mkdir(parents=True)
         shutil.copy(fixture_run(1) / "outputs.jsonl", folder / "outputs.jsonl")
+        shutil.copy(fixture_run(1) / "rounds.jsonl", folder / "rounds.jsonl")  # the round series it names
         (folder / "record.json").write_text(json.dumps(record))
     df = aggregate(tmp_path / "runs")
     rows = compare(df, n_resamples=50)

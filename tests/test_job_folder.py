@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -159,6 +160,39 @@ def _with_rounds(job: Path, **series) -> dict:
     """A job written as the runner writes one: its record names its round series, written beside it."""
     record = {**_record(), "round_series": {"file": "rounds.jsonl", "rows": len(ROUNDS), "arm": "spec", **series}}
     return write_job(job, record, OUTPUTS, extra={"rounds.jsonl": ROUNDS})
+
+
+@pytest.mark.parametrize(
+    "where, key, value, message",
+    [
+        ("outputs", "sha256", None, "outputs.sha256 must be a SHA-256 digest (64 lowercase hex digits); got NoneType"),
+        (
+            "round_series",
+            "sha256",
+            5,
+            "round_series.sha256 must be a SHA-256 digest (64 lowercase hex digits); got int",
+        ),
+        ("round_series", "rows", True, "round_series.rows must be a whole number >= 0; got bool True"),
+        ("round_series", "file", "../rounds.jsonl", "round_series.file must be a file name in the record's folder"),
+    ],
+)
+def test_a_record_binding_its_files_by_no_digest_count_or_file_name_is_no_complete_job(
+    tmp_path, where, key, value, message
+):
+    """A record whose bound digest was null (or a number, its row count a bool) was read as valid: a
+    relaunch planning its jobs raised a bare TypeError before any job ran. Its record is not valid: the
+    job runs again, its files moved aside, and the store refuses it naming the file and the field."""
+    job = tmp_path / "job"
+    _with_rounds(job)
+    record = json.loads((job / "record.json").read_text())
+    record[where][key] = value
+    (job / "record.json").write_text(json.dumps(record))
+    state = inspect_job(job, manifest_hash="a" * 16)
+    assert state.record is None and state.reason.startswith(f"its record is not valid ({job / 'record.json'}: ")
+    assert message in state.reason
+    assert state.files == ("record.json", "outputs.jsonl", "rounds.jsonl")
+    with pytest.raises(RecordError, match=re.escape(message)):
+        aggregate(tmp_path)
 
 
 def test_a_job_whose_round_series_is_missing_or_changed_is_no_complete_job(tmp_path):

@@ -18,7 +18,9 @@ from harness.tracking.store import (
     aggregate,
     flatten_record,
     json_column,
+    left_out_records,
     load_record,
+    no_records_message,
     read_results,
     rebuild_store,
     validate_record,
@@ -116,6 +118,28 @@ def test_load_record_reads_a_run_folder_or_its_file():
             lambda r: r["gates"]["equivalence"].update(status="failed"),
             "gates.equivalence failed: a failed gate stops its run before a record is written",
         ),
+        # the files a record binds: a digest, a row count and a file name of its folder, each checked
+        # before the store, a relaunch's plan or a report computes with them
+        (
+            lambda r: r["outputs"].update(sha256=None),
+            "outputs.sha256 must be a SHA-256 digest (64 lowercase hex digits); got NoneType None",
+        ),
+        (lambda r: r["outputs"].update(sha256="AB" * 32), "outputs.sha256 must be a SHA-256 digest"),
+        (lambda r: r["outputs"].update(sha256="ab" * 31), "outputs.sha256 must be a SHA-256 digest"),
+        (lambda r: r["outputs"].update(rows=True), "outputs.rows must be a whole number >= 0; got bool True"),
+        (lambda r: r["outputs"].update(rows=-1), "outputs.rows must be a whole number >= 0; got int -1"),
+        (lambda r: r["outputs"].update(file="sub/outputs.jsonl"), "outputs.file must be a file name in the record's"),
+        (lambda r: r["outputs"].update(file=""), "outputs.file must be a file name in the record's folder; got str ''"),
+        (
+            lambda r: r["round_series"].update(sha256=5),
+            "round_series.sha256 must be a SHA-256 digest (64 lowercase hex digits); got int 5",
+        ),
+        (lambda r: r["round_series"].update(sha256=None), "round_series.sha256 must be a SHA-256 digest"),
+        (lambda r: r["round_series"].update(rows=True), "round_series.rows must be a whole number >= 0; got bool"),
+        (lambda r: r["round_series"].update(rows=2.0), "round_series.rows must be a whole number >= 0; got float"),
+        (lambda r: r["round_series"].update(file="../rounds.jsonl"), "round_series.file must be a file name in the"),
+        (lambda r: r["round_series"].update(file=".rounds.jsonl"), "round_series.file must be a file name in the"),
+        (lambda r: r["round_series"].update(file=["rounds.jsonl"]), "round_series.file must be a file name in the"),
     ],
 )
 def test_load_record_refuses_bad_records_with_the_key_and_values(tmp_path, mutate, message):
@@ -126,6 +150,15 @@ def test_load_record_refuses_bad_records_with_the_key_and_values(tmp_path, mutat
         load_record(path)
     assert message in str(info.value)
     assert str(path) in str(info.value)
+
+
+def test_a_round_series_bound_by_a_digest_or_by_none_is_a_valid_record(tmp_path):
+    """Records written before the round series was bound by its SHA-256 name none; a record naming one
+    names a 64-digit lowercase hex digest."""
+    rec = load_record(DRAFT)
+    assert "sha256" not in rec["round_series"]
+    rec["round_series"]["sha256"] = "0123456789abcdef" * 4
+    assert load_record(_write(tmp_path / "run", rec)) == rec
 
 
 def test_load_record_refuses_missing_and_broken_files(tmp_path):
@@ -491,3 +524,84 @@ def test_a_record_that_is_not_utf8_or_cannot_be_read_is_refused_naming_its_file(
     monkeypatch.setattr(Path, "read_text", unreadable)
     with pytest.raises(RecordError, match=r"record.json: cannot be read \(Permission denied\)$"):
         load_record(path)
+
+
+def test_a_record_binding_its_outputs_by_no_digest_is_refused_naming_its_file_and_field(tmp_path):
+    """A record whose outputs.sha256 was null passed as valid: the store, a relaunch's plan and the
+    sweep's store step then raised a bare TypeError naming no file. It is refused as an invalid record,
+    by the folder and by a store built before it changed."""
+    root = _copy_sweep(tmp_path)
+    rebuild_store(root)
+    path = root / "fixture-sweep" / fixture_run(3).name / "record.json"
+    record = json.loads(path.read_text())
+    record["outputs"]["sha256"] = None
+    path.write_text(json.dumps(record))
+    for read in (aggregate, rebuild_store, read_results):
+        with pytest.raises(RecordError) as info:
+            read(root)
+        assert str(info.value).startswith(f"{path}: outputs.sha256 must be a SHA-256 digest")
+    assert left_out_records(root) == []  # refused outright, not left out
+    with pytest.raises(RecordError) as info:
+        read_results(root / "store.parquet")
+    message = str(info.value)
+    assert (
+        f"counts a run that is no complete job now: fixture-sweep/{fixture_run(3).name}: its record is no " in message
+    )
+    assert "outputs.sha256 must be a SHA-256 digest" in message
+
+
+def test_a_job_whose_round_series_is_missing_or_cut_short_is_left_out_as_a_relaunch_leaves_it(tmp_path):
+    """A relaunch runs again a job whose rounds.jsonl is gone or changed (no complete job), while the
+    store, compare and report still counted it. The folder now leaves it out, naming why; a store
+    built before it changed is refused; a store missing it is not stale for it."""
+    root = _copy_sweep(tmp_path)
+    rebuild_store(root)
+    job = root / "fixture-sweep" / fixture_run(3).name
+    rounds = job / "rounds.jsonl"
+    text = rounds.read_text()
+    rounds.write_text("".join(text.splitlines(keepends=True)[:5]))
+    why = "its rounds.jsonl holds 5 rows, its record 25"
+    assert fixture_run_id(3) not in set(aggregate(root)["run_id"]) and len(aggregate(root)) == 10
+    assert left_out_records(root) == [(f"fixture-sweep/{job.name}", why)]
+    with pytest.raises(RecordError, match=f"no complete job now: fixture-sweep/{job.name}: {why}"):
+        read_results(root / "store.parquet")
+    rounds.unlink()
+    assert left_out_records(root) == [(f"fixture-sweep/{job.name}", "its rounds.jsonl is missing")]
+    with pytest.raises(RecordError, match=f"fixture-sweep/{job.name}: its rounds.jsonl is missing"):
+        read_results(root / "store.parquet")
+    rebuild_store(root)  # without the job: a store that lacks it is no stale one
+    assert len(read_results(root / "store.parquet")[0]) == 10
+    rounds.write_text(text)  # complete again: the store lacks a complete job now
+    with pytest.raises(RecordError, match=f"is stale: fixture-sweep/{job.name} holds run {fixture_run_id(3)}"):
+        read_results(root / "store.parquet")
+
+    only = tmp_path / "only"
+    shutil.copytree(fixture_run(3), only / "one")
+    (only / "one" / "rounds.jsonl").unlink()
+    assert aggregate(only, warn_if_none_left=False).empty
+    assert no_records_message(only, only) == (
+        f"no complete run records under {only}: 1 record(s) left out because their outputs or round series are "
+        "not the ones they bind (one: its rounds.jsonl is missing)"
+    )
+
+
+def test_a_store_of_a_config_key_of_mixed_types_reads_a_run_lacking_it_as_null(tmp_path):
+    """A config key that is a number in one run, a string in another and absent in a third: the store
+    wrote the third's NaN as the JSON text "NaN", so it read back as a value where the folder gave
+    none (compare's option text "NaN", not "null")."""
+    root = tmp_path / "records"
+    for i, value in enumerate([8, "auto", None]):
+        job = root / f"j{i}"
+        shutil.copytree(DRAFT, job)
+        rec = load_record(job)
+        rec["run_id"] = f"run-{i}"
+        if value is None:
+            rec["config"]["topology"].pop("budget", None)
+        else:
+            rec["config"]["topology"]["budget"] = value
+        _write(job, rec)
+    rebuild_store(root)
+    folder = read_results(root)[0].set_index("run_id")["config.topology.budget"]
+    stored = read_results(root / "store.parquet")[0].set_index("run_id")["config.topology.budget"]
+    assert folder.isna().tolist() == stored.isna().tolist() == [False, False, True]
+    assert [json.loads(stored[f"run-{i}"]) for i in (0, 1)] == [folder["run-0"], folder["run-1"]] == [8, "auto"]

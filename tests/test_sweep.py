@@ -749,6 +749,31 @@ def test_a_job_whose_round_series_is_gone_is_run_again(env, capsys):
     assert again["rows"] == series["rows"]  # the same rounds again (their timings are the run's own)
 
 
+def test_a_job_whose_record_binds_its_outputs_by_no_digest_is_run_again(env, capsys):
+    """A record whose outputs.sha256 was null read as valid: the relaunch planning its jobs ended with
+    "error: TypeError" naming no file, before any job ran. Its record is not valid: the job runs again
+    (its files moved aside, saying why) and the store is built."""
+    sweep_dir = env / "multirun" / "smoke"
+    args = ["launcher=basic", "proposer=prompt_lookup", "verifier=greedy", "gates.enabled=false"]
+    args.append("hydra.callbacks.harness_sweep.report=false")
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 0 and len(summary["ran"]) == 1
+    job = sweep_dir / summary["ran"][0]
+    record = json.loads((job / "record.json").read_text())
+    record["outputs"]["sha256"] = None
+    (job / "record.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    rc, summary = launch(sweep_dir, *args)
+    assert rc == 0 and summary["ran"] == [job.name] and summary["skipped"] == []
+    assert "outputs.sha256 must be a SHA-256 digest" in capsys.readouterr().err  # the reason its files went aside
+    assert (
+        load_record(job / "record.json")["outputs"]["sha256"]
+        == hashlib.sha256((job / "outputs.jsonl").read_bytes()).hexdigest()
+    )
+    written = json.loads((sweep_dir / "summary.json").read_text())
+    assert written["store_error"] is None and written["records"] == 1
+
+
 def test_a_job_that_fails_before_its_manifest_keeps_a_record_of_its_own_config(env, monkeypatch):
     """A job that fails while it is set up (a launcher setting, an artifact it cannot open) moved its
     folder's complete record aside: one bad relaunch emptied the store of every finished job. A record

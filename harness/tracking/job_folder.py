@@ -38,8 +38,8 @@ from harness.tracking.store import (
     RECORD_FILENAME,
     ROUNDS_FILENAME,
     RecordError,
+    job_files_problem,
     load_record,
-    outputs_problem,
     validate_record,
 )
 
@@ -204,41 +204,6 @@ def mapping_difference(old: Mapping[str, Any] | None, new: Mapping[str, Any] | N
     return f" (changed: {shown})"
 
 
-def round_series_problem(record: Mapping[str, Any], folder: str | Path) -> str | None:
-    """Why the round series a record names (``record["round_series"]``: file name, row count and
-    SHA-256) is not the one in ``folder``; None when it is, or when the record names none. A record
-    written before the series was bound by hash is checked for the file, its row count and that each
-    row is JSON (a file cut short mid-row)."""
-    series = record.get("round_series")
-    if series is None:
-        return None
-    name = series["file"]
-    if Path(name).name != name or name.startswith("."):
-        return f"its record names its round series {name!r}, which is no file of its folder"
-    path = Path(folder) / name
-    if not path.is_file():
-        return f"its {name} is missing"
-    try:
-        data = path.read_bytes()
-        lines = [line for line in data.decode("utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as exc:
-        return f"its {name} cannot be read ({getattr(exc, 'strerror', None) or exc})"
-    bound = series.get("sha256")
-    if bound is not None:
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != bound:
-            return f"its {name} is not the one the record binds (sha256 {digest[:12]}..., record {str(bound)[:12]}...)"
-    else:
-        for number, line in enumerate(lines, 1):
-            try:
-                json.loads(line)
-            except ValueError:
-                return f"its {name} is cut short or edited (row {number} is not JSON)"
-    if len(lines) != series["rows"]:
-        return f"its {name} holds {len(lines)} rows, its record {series['rows']}"
-    return None
-
-
 def inspect_job(
     folder: str | Path,
     *,
@@ -265,7 +230,7 @@ def inspect_job(
         return JobState(None, f"its record is not valid ({exc})", files)
     if record.get("outputs") is None:
         return JobState(None, "its record does not bind its outputs (written by an older harness)", files)
-    problem = outputs_problem(record, folder) or round_series_problem(record, folder)
+    problem = job_files_problem(record, folder)
     if problem is not None:
         return JobState(None, problem, files)
     if manifest_hash is not None and record.get("manifest_hash") != manifest_hash:

@@ -9,8 +9,8 @@ the record last, binding the outputs by their SHA-256 under ``outputs``:
   raises :class:`RecordError` naming the file, the key, the expected and the actual value; a
   record with a failed gate is refused (a failed gate stops its run before any record is written).
 * :func:`aggregate` flattens every complete job's ``record.json`` under a folder (a sweep folder)
-  into one pandas row per run: a record whose bound ``outputs.jsonl`` is missing or differs
-  (:func:`outputs_problem`) is left out with a warning, and so is everything under a hidden
+  into one pandas row per run: a record whose bound ``outputs.jsonl`` or ``rounds.jsonl`` is missing
+  or differs (:func:`job_files_problem`) is left out with a warning, and so is everything under a hidden
   folder (``.previous/``, where a re-run job's earlier files were moved); :func:`write_store`
   writes that frame to Parquet (pyarrow);
   :func:`rebuild_store` does both. The store holds nothing the records do not: delete it and
@@ -38,6 +38,7 @@ Column layout of the store (one row per run):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -207,6 +208,30 @@ def _require_items(path: Path, where: str, items: list, check: Any, expected: st
             )
 
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _require_bound_file(path: Path, where: str, bound: Mapping[str, Any], *, hashed: bool) -> None:
+    """A file a record binds (``outputs``, ``round_series``): ``file`` a plain file name in the record's
+    folder (no path separator, not hidden), ``rows`` a whole number >= 0 and, where ``hashed``,
+    ``sha256`` 64 lowercase hex digits."""
+    name = bound["file"]
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith("."):
+        raise RecordError(
+            f"{path}: {where}.file must be a file name in the record's folder; got {type(name).__name__} {name!r}"
+        )
+    if not _is_count(bound["rows"]):
+        raise RecordError(
+            f"{path}: {where}.rows must be a whole number >= 0; got {type(bound['rows']).__name__} {bound['rows']!r}"
+        )
+    digest = bound.get("sha256")
+    if hashed and not (isinstance(digest, str) and _SHA256_HEX.fullmatch(digest)):
+        raise RecordError(
+            f"{path}: {where}.sha256 must be a SHA-256 digest (64 lowercase hex digits); "
+            f"got {type(digest).__name__} {digest!r}"
+        )
+
+
 def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, Any]:
     """Check a record dict in memory; returns it unchanged or raises :class:`RecordError`."""
     path = Path(path)
@@ -288,8 +313,7 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
     if series is not None:
         _require_type(path, "round_series", series, dict)
         _require_keys(path, "round_series", series, ("file", "rows"))
-        _require_type(path, "round_series.file", series["file"], str)
-        _require_type(path, "round_series.rows", series["rows"], int)
+        _require_bound_file(path, "round_series", series, hashed="sha256" in series)  # older records hash none
     tracking = record.get("tracking")
     if tracking is not None:
         _require_type(path, "tracking", tracking, dict)
@@ -323,11 +347,7 @@ def validate_record(record: Any, *, path: Path | str = "<record>") -> dict[str, 
     if outputs is not None:
         _require_type(path, "outputs", outputs, dict)
         _require_keys(path, "outputs", outputs, ("file", "sha256", "rows"))
-        _require_type(path, "outputs.file", outputs["file"], str)
-        if Path(outputs["file"]).name != outputs["file"] or outputs["file"].startswith("."):
-            raise RecordError(
-                f"{path}: outputs.file must be a file name in the record's folder; got {outputs['file']!r}"
-            )
+        _require_bound_file(path, "outputs", outputs, hashed=True)
     return record
 
 
@@ -348,6 +368,46 @@ def outputs_problem(record: Mapping[str, Any], folder: str | Path) -> str | None
             f"(sha256 {digest[:12]}..., record {bound['sha256'][:12]}...)"
         )
     return None
+
+
+def round_series_problem(record: Mapping[str, Any], folder: str | Path) -> str | None:
+    """Why the round series a validated record names (``record["round_series"]``: file name, row count
+    and SHA-256) is not the one in ``folder``; None when it is, or when the record names none. A record
+    written before the series was bound by hash is checked for the file, its row count and that each
+    row is JSON (a file cut short mid-row)."""
+    series = record.get("round_series")
+    if series is None:
+        return None
+    name = series["file"]
+    path = Path(folder) / name
+    if not path.is_file():
+        return f"its {name} is missing"
+    try:
+        data = path.read_bytes()
+        lines = [line for line in data.decode("utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"its {name} cannot be read ({getattr(exc, 'strerror', None) or exc})"
+    bound = series.get("sha256")
+    if bound is not None:
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != bound:
+            return f"its {name} is not the one the record binds (sha256 {digest[:12]}..., record {bound[:12]}...)"
+    else:
+        for number, line in enumerate(lines, 1):
+            try:
+                json.loads(line)
+            except ValueError:
+                return f"its {name} is cut short or edited (row {number} is not JSON)"
+    if len(lines) != series["rows"]:
+        return f"its {name} holds {len(lines)} rows, its record {series['rows']}"
+    return None
+
+
+def job_files_problem(record: Mapping[str, Any], folder: str | Path) -> str | None:
+    """Why the files a validated record binds (its outputs, :func:`outputs_problem`, and its round
+    series, :func:`round_series_problem`) are not the ones in ``folder``: a record with such a problem
+    is no complete job. None when they are."""
+    return outputs_problem(record, folder) or round_series_problem(record, folder)
 
 
 def load_record(path: str | Path) -> dict[str, Any]:
@@ -514,7 +574,8 @@ def aggregate(records_root: str | Path, *, warn_if_none_left: bool = True) -> pd
 
     Raises :class:`RecordError` on an invalid record (naming its file) or on two records with
     the same ``run_id``; an empty folder gives an empty frame with the fixed columns. A record
-    whose bound outputs are missing or changed is no complete job: it is left out, with a warning
+    whose bound outputs or round series are missing or changed (:func:`job_files_problem`) is no
+    complete job: it is left out, with a warning
     (unless every record is left out and ``warn_if_none_left`` is false: a caller that refuses an
     empty frame with :func:`no_records_message` names them in its one line).
     """
@@ -524,7 +585,7 @@ def aggregate(records_root: str | Path, *, warn_if_none_left: bool = True) -> pd
     left_out: list[tuple[Path, str]] = []
     for path in iter_record_paths(root):
         record = load_record(path)
-        problem = outputs_problem(record, path.parent)
+        problem = job_files_problem(record, path.parent)
         if problem is not None:
             left_out.append((path, problem))
             continue
@@ -543,7 +604,8 @@ def aggregate(records_root: str | Path, *, warn_if_none_left: bool = True) -> pd
 
 def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
     """Object columns mixing value types (a config key that is a string in one run and a
-    number in another) cannot become one Arrow type: store those columns as JSON strings."""
+    number in another) cannot become one Arrow type: store those columns as JSON strings. A run
+    lacking the key (None, or NaN in the frame) stays null there, as reading the folder gives it."""
     out = df.copy()
     for name in out.columns:
         if out[name].dtype != object:
@@ -551,7 +613,7 @@ def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
         kinds = {type(v) for v in out[name] if v is not None and not (isinstance(v, float) and v != v)}
         if {int, float} >= kinds or len(kinds) <= 1:
             continue
-        out[name] = out[name].map(lambda v: None if v is None else json.dumps(v))
+        out[name] = out[name].map(lambda v: None if v is None or (isinstance(v, float) and v != v) else json.dumps(v))
     return out
 
 
@@ -572,13 +634,13 @@ def write_store(df: pd.DataFrame, path: str | Path) -> Path:
 
 
 def left_out_records(records_root: str | Path) -> list[tuple[str, str]]:
-    """The records under ``records_root`` that :func:`aggregate` leaves out (their bound outputs
-    are missing or changed): ``(folder relative to the root, why)``."""
+    """The records under ``records_root`` that :func:`aggregate` leaves out (their bound outputs or
+    round series are missing or changed): ``(folder relative to the root, why)``."""
     root = Path(records_root)
     out = []
     for path in iter_record_paths(root):
         try:
-            problem = outputs_problem(load_record(path), path.parent)
+            problem = job_files_problem(load_record(path), path.parent)
         except RecordError:
             continue  # aggregate refuses it outright, naming it
         if problem is not None:
@@ -593,8 +655,8 @@ def no_records_message(source: str | Path, root: Path | None) -> str:
         return f"no run records under {source} (a record.json in a run folder, hidden ones aside)"
     named = "; ".join(f"{folder}: {why}" for folder, why in left[:3]) + ("; ..." if len(left) > 3 else "")
     return (
-        f"no complete run records under {source}: {len(left)} record(s) left out because their outputs are not "
-        f"the ones they bind ({named})"
+        f"no complete run records under {source}: {len(left)} record(s) left out because their outputs or round "
+        f"series are not the ones they bind ({named})"
     )
 
 
@@ -671,8 +733,8 @@ def unstored_records(df: pd.DataFrame, root: Path) -> list[tuple[str, str]]:
     """The complete jobs under ``root`` (the store's folder) in folders no row of the store names:
     ``(record_dir, run id)``, jobs that finished after the store was built. Only those folders'
     records are read; a store copied away from its records (none of its rows' folders there), or
-    an empty one, has none, and a record that is no complete job (invalid, or its outputs not the
-    ones it binds) is left to reading the folder, which names it."""
+    an empty one, has none, and a record that is no complete job (invalid, or its outputs or round
+    series not the ones it binds) is left to reading the folder, which names it."""
     root = Path(root)
     stored = {str(record_dir) for record_dir in df["record_dir"]}
     if not any(_row_folder_there(root / record_dir, root) for record_dir in stored):
@@ -686,7 +748,7 @@ def unstored_records(df: pd.DataFrame, root: Path) -> list[tuple[str, str]]:
             record = load_record(path)
         except RecordError:
             continue
-        if outputs_problem(record, path.parent) is None:
+        if job_files_problem(record, path.parent) is None:
             out.append((record_dir, str(record["run_id"])))
     return out
 
@@ -741,9 +803,10 @@ def stale_rows(df: pd.DataFrame, root: Path) -> list[tuple[str, str, str]]:
 
 
 def changed_output_rows(df: pd.DataFrame, root: Path) -> list[tuple[str, str]]:
-    """The rows of a store whose job folder still holds their run's record but not the outputs it
-    binds (changed or gone since the store was built): ``(record_dir, why)``. A folder that is gone,
-    or holds another run (:func:`stale_rows`), is passed over."""
+    """The rows of a store whose job folder still holds their run's record but not the outputs or
+    round series it binds (changed or gone since the store was built), or whose record is no valid
+    record now: ``(record_dir, why)``. A folder that is gone, or holds another run
+    (:func:`stale_rows`), is passed over."""
     out = []
     for record_dir, run_id in zip(df["record_dir"], df["run_id"], strict=True):
         folder = Path(root) / str(record_dir)
@@ -753,7 +816,10 @@ def changed_output_rows(df: pd.DataFrame, root: Path) -> list[tuple[str, str]]:
             continue
         if not isinstance(record, dict) or str(record.get("run_id")) != str(run_id):
             continue
-        problem = outputs_problem(record, folder)
+        try:
+            problem = job_files_problem(validate_record(record, path=folder / RECORD_FILENAME), folder)
+        except RecordError as exc:  # reading the folder refuses it, naming it
+            problem = f"its record is no valid record now ({exc})"
         if problem is not None:
             out.append((str(record_dir), problem))
     return out
