@@ -489,7 +489,7 @@ def test_a_run_records_its_fused_layers_and_both_arms_agree(tmp_path, monkeypatc
     assert record["load_report"]["target"]["fused_stack"] is True
     # which of the build's code paths summed the bits: two machines' records differ where these do
     assert record["load_report"]["target"]["native_code_paths"] == native.code_paths()
-    assert set(native.code_paths()) == {"float32_width", "avx512", "avx512_bf16", "amx_tiles"}
+    assert set(native.code_paths()) == {"float32_width", "avx512", "avx512_bf16", "amx_tiles", "compiler"}
     assert record["metrics"]["greedy_identical"] is True
     assert record["gates"]["equivalence"]["status"] == "passed"
 
