@@ -572,7 +572,7 @@ def test_a_build_is_reused_until_its_inputs_change(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(native.subprocess, "run", lambda *a, **k: calls.append(a[0]) or version)
     assert native.build(out_dir=tmp_path) == first
-    assert [c[-1] for c in calls] == ["--version"]  # the compiler was asked its version, never to build
+    assert all(c[-1] == "--version" for c in calls)  # the compiler was at most asked its version, never to build
     monkeypatch.setattr(native, "_cpu_fingerprint", lambda: "another CPU")  # what -march=native builds for
     assert native.build(out_dir=tmp_path) != first
     assert calls[-1][0] == native.cpp_compiler() and "-march=native" in calls[-1]  # a new key: a build

@@ -1,6 +1,7 @@
 """What `harness run` writes: the record's required fields, outputs.jsonl, the t(n) profile of an
 adaptive lookup run, and that the store accepts the record."""
 
+import hashlib
 import json
 import os
 import signal
@@ -92,7 +93,13 @@ def test_adaptive_lookup_run_writes_a_complete_record(tmp_path, monkeypatch):
     assert [a / n if n else None for a, n in zip(accepted, tried)] == m["acceptance_by_depth"]
     # the per-round series beside the record: one row per speculative round
     rounds = [json.loads(x) for x in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
-    assert record["round_series"] == {"file": "rounds.jsonl", "rows": len(rounds), "arm": "spec"}
+    series_bytes = (tmp_path / "run" / "rounds.jsonl").read_bytes()
+    assert record["round_series"] == {
+        "file": "rounds.jsonl",
+        "rows": len(rounds),
+        "arm": "spec",
+        "sha256": hashlib.sha256(series_bytes).hexdigest(),  # bound as the outputs are
+    }
     assert len(rounds) == m["rounds"] and sum(r["committed"] for r in rounds) == m["committed_tokens"]
     assert sum(r["accepted"] for r in rounds) == sum(k * n for k, n in enumerate(m["accepted_length_hist"]))
     assert {r["prompt_id"] for r in rounds} == {"HumanEval/0", "HumanEval/1"}
