@@ -29,13 +29,14 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -155,6 +156,52 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_texts(files: Sequence[tuple[str | Path, str]]) -> None:
+    """Write several text files as one unit: each through a unique temporary file beside it, flushed
+    to disk, then all renamed into place. When a write or a rename fails (a full disk, an interrupt),
+    no file is changed: one already renamed into place gets its earlier content back (or, where it
+    did not exist, is removed), and the temporaries go. Each file switches from old to new by one
+    rename, so a reader never sees a part of one."""
+    staged: list[tuple[Path, Path]] = []
+    earlier: dict[Path, Path] = {}  # a file's earlier content, under a second name until all are in place
+    try:
+        for path, text in files:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            staged.append((path, Path(tmp)))
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), plain_file_mode())  # mkstemp makes 0600
+                f.write(text.encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+        for path, tmp in staged:
+            if path.exists():  # the earlier file stays at its own name until the new one replaces it
+                earlier[path] = temporary_sibling(path, "earlier")
+                try:
+                    os.link(path, earlier[path])
+                except OSError:  # a file system without hard links
+                    shutil.copy2(path, earlier[path])
+            os.replace(tmp, path)
+    except BaseException:
+        for path, tmp in reversed(staged):
+            kept = earlier.get(path)
+            try:
+                if tmp.exists():  # not renamed into place: the file is as it was
+                    tmp.unlink()
+                elif kept is None:  # it was not there before
+                    path.unlink(missing_ok=True)
+                elif kept.exists():
+                    os.replace(kept, path)
+            except OSError:  # the others go back all the same
+                continue
+            if kept is not None:
+                kept.unlink(missing_ok=True)  # (a rename onto its own hard link leaves both names)
+        raise
+    for kept in earlier.values():
+        kept.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------------------------

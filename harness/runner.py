@@ -132,7 +132,15 @@ from harness.target.options import (
 from harness.target.timing import matmul_peak, profile_roofline, read_bandwidth_gbs, weight_stream_floor_ms
 from harness.topology.budgets import unreached_level, verified_rows
 from harness.tracking.compare import run_speedups
-from harness.tracking.job_folder import clear_for_run, foreign_entries, inspect_job, job_lock, restore_aside, write_job
+from harness.tracking.job_folder import (
+    JobWriteError,
+    clear_for_run,
+    foreign_entries,
+    inspect_job,
+    job_lock,
+    restore_aside,
+    write_job,
+)
 from harness.tracking.record import write_json_atomic
 from harness.tracking.run_notes import (
     TIMING_OUTLIER_FACTOR,
@@ -349,8 +357,12 @@ def run_job(
                 compile_report=compile_watch.stop(),
             )
             stage = "write"
-            record = write(record, measured, planned.run_dir)
-            stage = "tracking"
+            writing = HeldInterrupts()  # the job's files are written whole, or not at all, before an interrupt
+            try:
+                record = write(record, measured, planned.run_dir)
+                stage = "tracking"
+            finally:
+                writing.release()
             try:  # the record names its W&B run once the run holds it (tracked)
                 tracker.log_record(record, planned.run_dir)
                 record = tracked(record, tracker, planned.run_dir)
@@ -360,43 +372,74 @@ def run_job(
                 untracked(record, tracker, exc, planned.run_dir)
                 raise
         except BaseException as exc:
-            host_memory.stop()  # a sampling thread, where there is one, ends with the job
-            compile_watch.stop()
-            refused = isinstance(exc, (ValueError, OSError, *REFUSALS))
-            # measure: greedy equality; gate_measured: the statistical gate at the measured run's prefixes
-            failed_gate = isinstance(exc, GateError) and stage in ("gate", "measure", "gate_measured")
-            restores = stage not in ("write", "tracking") and not failed_gate
-            restores = restores and restore_earlier
-            restores = restores and (restore_other_manifest or _aside_manifest(aside) in (None, planned.manifest_hash))
-            try:  # W&B failing here (its service gone) must not replace the job's error nor skip the put-back
-                tracker.fail(
-                    stage=stage,
-                    error=exc,
-                    refused=refused,
-                    earlier_set_aside=aside is not None and stage not in ("write", "tracking") and not restores,
+            # a second signal while W&B closes the run and the files go back waits until they are back
+            cleanup = HeldInterrupts()
+            try:
+                host_memory.stop()  # a sampling thread, where there is one, ends with the job
+                compile_watch.stop()
+                # a failed write is the machine's (a full disk), never a refusal of the job's input
+                refused = stage != "write" and isinstance(exc, (ValueError, OSError, *REFUSALS))
+                # measure: greedy equality; gate_measured: the statistical gate at the measured run's prefixes
+                failed_gate = isinstance(exc, GateError) and stage in ("gate", "measure", "gate_measured")
+                # until its record is written, the folder holds none of this job's files (write_job removes
+                # its own when the record's write fails), and the earlier files may go back
+                restores = stage != "tracking" and not failed_gate
+                restores = restores and restore_earlier
+                restores = restores and (
+                    restore_other_manifest or _aside_manifest(aside) in (None, planned.manifest_hash)
                 )
-            except Exception as track_exc:
-                first = (str(track_exc).strip().splitlines() or [""])[0][:300]
-                print(
-                    f"harness: warning: W&B could not close the failed job's run ({type(track_exc).__name__}: "
-                    f"{first}); the job's own error follows",
-                    file=sys.stderr,
-                )
-            if stage not in ("write", "tracking") and not failed_gate:
-                # refused (a prompt too long, leakage), failed (out of memory) or interrupted before this job
-                # wrote anything: that refutes nothing, and the earlier files go back. Not after a failed
-                # gate (before measuring, or greedy equality over the measured outputs), whose evidence
-                # refutes an earlier record of the round
-                interrupted = isinstance(exc, KeyboardInterrupt)
-                if interrupted and aside is not None and (aside / RECORD_FILENAME).is_file():
-                    discard_offline_run(tracker)  # the earlier record's W&B run is the arm's
-                why = "interrupted" if interrupted else "refused" if refused else "failed before its record was written"
-                if restores:
-                    restore_aside(planned.run_dir, aside, why=f"the job was {why}", quiet=moved_note is not None)
+                try:  # W&B failing here (its service gone) must not replace the job's error nor skip the put-back
+                    tracker.fail(
+                        stage=stage,
+                        error=exc,
+                        refused=refused,
+                        earlier_set_aside=aside is not None and stage != "tracking" and not restores,
+                    )
+                except Exception as track_exc:
+                    first = (str(track_exc).strip().splitlines() or [""])[0][:300]
+                    print(
+                        f"harness: warning: W&B could not close the failed job's run ({type(track_exc).__name__}: "
+                        f"{first}); the job's own error follows",
+                        file=sys.stderr,
+                    )
+                if stage == "tracking_start" and isinstance(tracker, NullTracker) and cfg.tracking.name == "wandb":
+                    try:  # stopped while W&B's run opened: the half-made offline run is no run of the arm's
+                        discard_offline_runs(planned.run_dir, planned.run_id)
+                    except OSError:
+                        pass
+                if stage != "tracking" and not failed_gate:
+                    # refused (a prompt too long, leakage), failed (out of memory, a full disk as the record
+                    # was written) or interrupted before this job's record was written: that refutes nothing,
+                    # and the earlier files go back. Not after a failed gate (before measuring, or greedy
+                    # equality over the measured outputs), whose evidence refutes an earlier record of the round
+                    interrupted = isinstance(exc, KeyboardInterrupt)
+                    if interrupted and aside is not None and (aside / RECORD_FILENAME).is_file():
+                        discard_offline_run(tracker)  # the earlier record's W&B run is the arm's
+                    if interrupted:
+                        why = "interrupted"
+                    elif refused:
+                        why = "refused"
+                    elif stage == "write":
+                        why = "unable to write its record"
+                    else:
+                        why = "failed before its record was written"
+                    if restores:
+                        restore_aside(planned.run_dir, aside, why=f"the job was {why}", quiet=moved_note is not None)
+                    else:
+                        announce_move()  # a record of another manifest stays in .previous/
                 else:
-                    announce_move()  # a record of another manifest stays in .previous/
-            else:
-                announce_move()  # the earlier files stay in .previous/
+                    announce_move()  # the earlier files stay in .previous/
+            finally:
+                cleanup.release()  # a signal held meanwhile ends the run now
+            if stage == "write" and isinstance(exc, OSError):  # reported as an error, not as a refused input
+                back = ""
+                if aside is not None:
+                    kept = (aside / RECORD_FILENAME).exists() or not restores
+                    back = f"; {aside} keeps the earlier files" if kept else "; the folder's earlier files are back"
+                raise JobWriteError(
+                    f"the job ran, but its files could not be written in {planned.run_dir} ({exc}): no record of "
+                    f"it is kept{back}"
+                ) from exc
             raise
     return record
 

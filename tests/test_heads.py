@@ -512,6 +512,36 @@ def test_saving_never_replaces_a_folder_that_is_no_artifact_of_the_kind(tmp_path
     assert json.loads((other / "manifest.json").read_text())["n"] == 2
 
 
+@pytest.mark.parametrize("failure", [OSError, KeyboardInterrupt])
+def test_saving_over_an_artifact_keeps_the_earlier_one_when_the_new_one_cannot_take_its_place(
+    tmp_path, monkeypatch, failure
+):
+    """The earlier artifact was removed before the new one was renamed in: a failed rename, or an
+    interrupt between the two, left neither. It is moved aside instead, and goes back."""
+    from pathlib import Path
+
+    from harness.heads.checkpoint import save_artifact
+
+    out = save_artifact(tmp_path / "art", manifest={"kind": "medusa", "n": 1}, state={"w": torch.zeros(2)})
+    earlier = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_rename = Path.rename
+
+    def failing_rename(self, target):
+        if Path(target) == out and self.name.endswith(".tmp"):  # the new artifact into place
+            raise failure(28, "No space left on device") if failure is OSError else failure()
+        return real_rename(self, target)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "rename", failing_rename)
+        with pytest.raises(failure):
+            save_artifact(out, manifest={"kind": "medusa", "n": 2}, state={"w": torch.ones(2)})
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == earlier
+    assert [p.name for p in tmp_path.iterdir()] == ["art"]  # no temporary or set-aside folder left
+    save_artifact(out, manifest={"kind": "medusa", "n": 2}, state={"w": torch.ones(2)})
+    assert json.loads((out / "manifest.json").read_text())["n"] == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["art"]
+
+
 def test_the_training_code_version_and_the_sharegpt_split_rule_are_in_the_artifact_key(env, monkeypatch):
     """A change to the heads' training code, or to the rule that splits ShareGPT, loaded the artifact
     the earlier code or split trained: both are in the recipe now, so a bumped version trains anew

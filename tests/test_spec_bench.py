@@ -592,3 +592,43 @@ def test_a_checkpoint_without_a_chat_template_runs_spec_bench_in_vicunas_format(
     assert tok.decode(turns[-1]["spec_prompt_token_ids"]).endswith(" ASSISTANT:")
     record = load_record(tmp_path / "run")
     assert record["config"]["workload"]["chat_template"] == "vicuna"
+
+
+@pytest.mark.parametrize("fails", ["write", "rename"])
+def test_a_failed_baseline_write_leaves_both_answer_files_as_they_were(tmp_path, monkeypatch, fails):
+    """The answers and their baseline are one pair: the answers were written, then the baseline's write
+    failed (a full disk), leaving answers without a baseline (a retry was then refused: the answers
+    file exists) or, over an earlier export, answers beside another export's baseline."""
+    import errno
+    import os
+    import tempfile
+
+    fixture = fixture_run(1)
+    out, base = tmp_path / "answers.jsonl", tmp_path / "answers-baseline.jsonl"
+    real_mkstemp, real_replace = tempfile.mkstemp, os.replace
+
+    def mkstemp(*args, **kwargs):  # the baseline's temporary file cannot be written
+        if fails == "write" and str(kwargs.get("prefix", "")).startswith(f".{base.name}."):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_mkstemp(*args, **kwargs)
+
+    def replace(src, dst, *args, **kwargs):  # nor renamed into place
+        if fails == "rename" and Path(dst) == base:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst, *args, **kwargs)
+
+    def export_failing(**kwargs):
+        with monkeypatch.context() as patch:
+            patch.setattr(tempfile, "mkstemp", mkstemp)
+            patch.setattr(os, "replace", replace)
+            with pytest.raises(OSError, match="No space left"):
+                export_spec_bench(fixture, out, **kwargs)
+
+    export_failing()
+    assert list(tmp_path.iterdir()) == []  # neither file, no temporary
+    export_spec_bench(fixture, out)  # a retry is not refused
+    written = {p.name: p.read_bytes() for p in (out, base)}
+    export_failing(model_id="another", overwrite=True)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == written
+    export_spec_bench(fixture, out, model_id="another", overwrite=True)
+    assert all(json.loads(line)["model_id"] == "another" for line in out.read_text().splitlines())

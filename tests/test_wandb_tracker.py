@@ -539,6 +539,77 @@ def test_an_interrupted_run_is_tagged_interrupted_not_failed(tmp_path, wandb_hom
     assert info["summary"]["outcome"] == "interrupted" and info["summary"]["failure_stage"] == "measure"
 
 
+@pytest.mark.parametrize("earlier", [False, True])
+def test_a_run_stopped_while_w_and_b_opens_it_leaves_no_offline_run(tmp_path, wandb_home, monkeypatch, earlier):
+    """Ctrl-C inside wandb.init left its half-made offline run (W&B ends it "finished" at exit, with the
+    arm's name and tags and none of its data: a ``wandb sync`` would upload it), and W&B's links
+    pointing at it. Another run's folder there stays."""
+    import wandb
+
+    run_dir = tmp_path / "job"
+    other = run_dir / "wandb" / "offline-run-20260101_000000-other"
+    if earlier:
+        other.mkdir(parents=True)
+
+    def interrupted_init(**kwargs):
+        sync = Path(kwargs["dir"]) / "wandb" / f"offline-run-20260102_000000-{kwargs['id']}"
+        (sync / "logs").mkdir(parents=True)
+        (sync / "logs" / "debug.log").write_text("")
+        (sync / f"run-{kwargs['id']}.wandb").write_bytes(b":W&B")
+        (sync.parent / "latest-run").symlink_to(sync.name)
+        (sync.parent / "debug.log").symlink_to(f"{sync.name}/logs/debug.log")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(wandb, "init", interrupted_init)
+    with pytest.raises(KeyboardInterrupt):
+        open_run({"experiment": "e"}, mode="offline", dir=run_dir, run_id="m1-20260102T000000-abc")
+    if earlier:
+        assert [p.name for p in (run_dir / "wandb").iterdir()] == [other.name]
+    else:
+        assert not (run_dir / "wandb").exists() and run_dir.is_dir()
+
+
+@pytest.mark.parametrize("where", ["inside_init", "before_the_runner_holds_it"])
+def test_an_interrupt_while_the_w_and_b_run_opens_leaves_the_earlier_record_s_run_the_only_one(
+    tmp_path, wandb_home, monkeypatch, where
+):
+    """A Ctrl-C as W&B opened the run left the runner without its tracker: nothing closed or removed
+    the new offline run, and W&B's latest-run link pointed at it, not at the record's run."""
+    import wandb
+
+    import harness.runner as runner
+    from harness.config import compose
+
+    out, earlier, runs = _earlier_tracked_run(tmp_path, monkeypatch)
+    opened = []
+    if where == "inside_init":
+        real_init = wandb.init
+
+        def init(**kwargs):
+            opened.append(real_init(**kwargs))  # W&B made the run (its folder, its stream) ...
+            raise KeyboardInterrupt  # ... and the interrupt came before wandb.init returned
+
+        monkeypatch.setattr(wandb, "init", init)
+    else:
+        real_open = runner.open_run
+
+        def open_run(*args, **kwargs):
+            opened.append(real_open(*args, **kwargs).run)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(runner, "open_run", open_run)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.run_job(compose([*JOB, f"output_dir={out}", "seed=1"]), run_dir=out)
+    finally:
+        for run in opened:
+            run.finish()
+    assert len(opened) == 1
+    assert load_record(out)["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
+    assert {p.name for p in (out / "wandb").iterdir()} == runs  # no offline run of the attempt
+    assert (out / "wandb" / "latest-run").resolve() == (out / earlier["tracking"]["dir"]).resolve()
+
+
 def test_a_refusal_while_loading_puts_the_earlier_w_and_b_runs_back_beside_its_own(tmp_path, wandb_home, monkeypatch):
     import harness.runner as runner
     from harness.config import compose

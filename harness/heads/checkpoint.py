@@ -195,9 +195,10 @@ def _check_replaceable(out_dir: Path, kind: Any) -> None:
 
 def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch.Tensor] | None = None) -> Path:
     """Write atomically: a temporary directory no other process names, renamed into place (an
-    earlier artifact of the same kind there is replaced; anything else there is refused, left as it
-    is). Builders hold :func:`harness.files.artifact_lock` on ``out_dir`` around the check, the
-    training and this write, so concurrent jobs train once."""
+    earlier artifact of the same kind there is replaced: moved aside first, removed once the new one
+    is in place, and put back where it cannot be; anything else there is refused, left as it is).
+    Builders hold :func:`harness.files.artifact_lock` on ``out_dir`` around the check, the training
+    and this write, so concurrent jobs train once."""
 
     out_dir = Path(out_dir)
     _check_replaceable(out_dir, manifest.get("kind"))
@@ -213,6 +214,7 @@ def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch
             )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(out_dir)
+    replaced = None  # where an earlier artifact waits while the new one is renamed in
     try:
         tmp.mkdir()
         manifest = dict(manifest)
@@ -226,9 +228,15 @@ def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
         if out_dir.exists():
             _check_replaceable(out_dir, manifest.get("kind"))
-            shutil.rmtree(out_dir)
+            replaced = temporary_sibling(out_dir, "replaced")
+            out_dir.rename(replaced)  # moved aside, not removed: it goes back if the new one cannot take its place
         tmp.rename(out_dir)
     finally:
+        if replaced is not None and replaced.exists():
+            if not tmp.exists():  # the new artifact is in place
+                shutil.rmtree(replaced, ignore_errors=True)
+            elif not out_dir.exists():  # it is not: the earlier one goes back
+                replaced.rename(out_dir)
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir

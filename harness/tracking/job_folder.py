@@ -89,6 +89,11 @@ class FolderBusy(JobFolderError):
     """Another live run holds the job folder's lock."""
 
 
+class JobWriteError(RuntimeError):
+    """A job's files could not be written once it had run (a full disk, a folder it may no longer
+    write): an error of the machine, not a refusal of the job's input."""
+
+
 @contextmanager
 def job_lock(
     folder: str | Path, *, purpose: str = "harness run", elsewhere: str = "output_dir=... or hydra.run.dir=..."
@@ -443,10 +448,23 @@ def restore_aside(
     before it measured anything leaves the folder as it was). Where the refused job wrote a
     folder of the same name itself (its W&B run's ``wandb/``), the earlier folder's entries go back
     into it beside the new ones (W&B keeps one folder per run there), unless a name is taken.
-    ``quiet``: the move was never announced (a job refused before it said so), so neither is this."""
+    ``quiet``: the move was never announced (a job refused before it said so), so neither is this.
+    Where a name the earlier files need is taken otherwise (a folder made at ``record.json``'s path),
+    none goes back, as a record goes with the files it binds: they stay in ``aside``, and a warning
+    says so."""
     if aside is None or not aside.is_dir():
         return
     folder = Path(folder)
+    taken = [
+        name
+        for name in JOB_FILES
+        if (aside / name).exists()
+        and ((folder / name).exists() or (folder / name).is_symlink())
+        and not ((aside / name).is_dir() and (folder / name).is_dir())
+    ]
+    if taken:
+        log.warning("%s, but %s in %s is taken: the earlier files stay in %s", why, " and ".join(taken), folder, aside)
+        return
     for name in JOB_FILES:
         if not (aside / name).exists():
             continue

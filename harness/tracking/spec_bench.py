@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.files import atomic_write_text, output_folder_problem, print_traceback_if_asked
+from harness.files import atomic_write_texts, output_folder_problem, print_traceback_if_asked
 from harness.tracking.command_line import boolean_option, run_folder_of, split_arguments, usage_status
 from harness.tracking.run_notes import past_rounds_speedup_note, timing_outlier_note
 from harness.tracking.store import (
@@ -314,8 +314,7 @@ def export_spec_bench(
     texts = [(path, _jsonl(lines)) for path, lines in ((out, spec_lines), (base, ar_lines))]
     for path, _ in texts:
         path.parent.mkdir(parents=True, exist_ok=True)
-    for path, text in texts:
-        atomic_write_text(path, text)
+    atomic_write_texts(texts)  # both or neither: a failed second write leaves no answers without their baseline
     m = record["metrics"]
     return {
         "speculative": str(out),

@@ -618,6 +618,25 @@ def environment_notes(mode: str, environ: Mapping[str, str] | None = None) -> li
     return notes
 
 
+#: the links W&B keeps in a ``wandb/`` folder to its newest run's folder and that run's logs
+WANDB_LINKS = ("latest-run", "debug.log", "debug-internal.log")
+
+
+def drop_dangling_links(wandb_dir: str | Path) -> None:
+    """Remove W&B's links in ``wandb_dir`` (:data:`WANDB_LINKS`) whose run folder is gone, and the
+    folder itself once nothing is left in it."""
+    wandb_dir = Path(wandb_dir)
+    for name in WANDB_LINKS:
+        link = wandb_dir / name
+        if link.is_symlink() and not link.exists():
+            link.unlink(missing_ok=True)
+    try:
+        if wandb_dir.is_dir() and not wandb_dir.is_symlink() and not any(wandb_dir.iterdir()):
+            wandb_dir.rmdir()
+    except OSError:  # filled meanwhile, or not ours to remove
+        pass
+
+
 def discard_offline_run(tracker: Tracker) -> None:
     """Remove an offline run's folder after its logging failed, so a later log of the same record
     (same run id) is the only one a ``wandb sync`` uploads."""
@@ -625,9 +644,7 @@ def discard_offline_run(tracker: Tracker) -> None:
         if tracker.run.settings._offline:
             sync_dir = Path(tracker.run.settings.sync_dir)
             shutil.rmtree(sync_dir, ignore_errors=True)
-            latest = sync_dir.parent / "latest-run"  # W&B's link to its newest run folder, now gone
-            if latest.is_symlink() and not latest.exists():
-                latest.unlink()
+            drop_dangling_links(sync_dir.parent)  # W&B's links to its newest run folder, now gone
     except Exception:  # the run may be half made; nothing to remove then
         pass
 
@@ -653,9 +670,8 @@ def discard_offline_runs(run_dir: str | Path, run_id: str, *, keep: str | Path |
         if folder.name.split("-", 3)[3:] == [wanted]:  # offline-run-<YYYYMMDD_HHMMSS>-<run id>
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
-    latest = wandb_dir / "latest-run"
-    if removed and latest.is_symlink() and not latest.exists():
-        latest.unlink()
+    if removed:
+        drop_dangling_links(wandb_dir)
     return removed
 
 
@@ -772,24 +788,38 @@ def open_run(
             ),
         )
 
-    fallback = None
+    wandb_dir = run_dir / "wandb"
+    offline_before = set(wandb_dir.glob("offline-run-*"))
+
+    def opened(run_mode: str, fallback: str | None = None) -> Tracker:
+        """The run, opened; where opening it stopped part way (Ctrl-C while W&B starts, an error), no
+        offline run of it is left: W&B would end it "finished" at exit, with the arm's name and tags
+        and none of its data, and a ``wandb sync`` of the folder would upload it."""
+        try:
+            run = init(run_mode)
+            if fallback:
+                rel = Path(run.settings.sync_dir)
+                print(
+                    f"harness: {fallback}; this run logs offline to {rel}; upload it later with `{sync_command(rel)}`",
+                    file=sys.stderr,
+                )
+            return Tracker(run, run_dir=run_dir, requested_mode=mode, fallback=fallback)
+        except BaseException:
+            for folder in set(wandb_dir.glob("offline-run-*")) - offline_before:
+                shutil.rmtree(folder, ignore_errors=True)
+            drop_dangling_links(wandb_dir)
+            raise
+
     if mode == "online":
         url = base_url()
         problem = unreachable(url)
         if problem is None:
             try:
-                return Tracker(init("online"), run_dir=run_dir, requested_mode=mode)
+                return opened("online")
             except Exception as exc:  # no credentials, a refused key, a timeout: keep the run offline
                 problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
-        fallback = f"W&B server {url} not usable ({problem})"
-        run = init("offline")
-        rel = Path(run.settings.sync_dir)
-        print(
-            f"harness: {fallback}; this run logs offline to {rel}; upload it later with `{sync_command(rel)}`",
-            file=sys.stderr,
-        )
-        return Tracker(run, run_dir=run_dir, requested_mode=mode, fallback=fallback)
-    return Tracker(init(mode), run_dir=run_dir, requested_mode=mode)
+        return opened("offline", fallback=f"W&B server {url} not usable ({problem})")
+    return opened(mode)
 
 
 def tracker_from_config(
