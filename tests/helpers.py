@@ -188,3 +188,29 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+#: a tiny target with a one-layer parametric draft, sampled at T = 0.7 and verified by Sequoia's
+#: verifier, over a small calibration: the Sequoia preparation tests' base
+SEQUOIA_TINY = [
+    "model=tiny",
+    "proposer=draft_model",
+    "proposer.sampling=without_replacement",
+    "verifier=sequoia",
+    "generation.temperature=0.7",
+    "threads=1",
+    "topology.calibration.parents=20",
+    "topology.calibration.branches=3",
+    "topology.calibration.max_new_tokens=10",
+]
+
+#: a one-layer draft, a 3-row tree and a quick profile: `harness calibrate` in seconds
+SEQUOIA_SMALL_TREE = [
+    *SEQUOIA_TINY,
+    "proposer.model.num_layers=1",
+    "topology.max_nodes=3",
+    "topology.max_depth=3",
+    "topology.profile.repeats=2",
+    "topology.profile.warmup=1",
+    "topology.profile.prefix_len=16",
+]

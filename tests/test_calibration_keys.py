@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import SEQUOIA_SMALL_TREE, SEQUOIA_TINY
 
 from harness.app import calibrate_main as main
 from harness.app import with_sequoia
@@ -33,27 +34,9 @@ def compose(overrides):
     return compose_config(with_sequoia(overrides))
 
 
-TINY = [
-    "model=tiny",
-    "proposer=draft_model",
-    "proposer.sampling=without_replacement",
-    "verifier=sequoia",
-    "generation.temperature=0.7",
-    "threads=1",
-    "topology.calibration.parents=20",
-    "topology.calibration.branches=3",
-    "topology.calibration.max_new_tokens=10",
-]
+TINY = SEQUOIA_TINY
 
-SMALL_TREE = [
-    *TINY,
-    "proposer.model.num_layers=1",
-    "topology.max_nodes=3",
-    "topology.max_depth=3",
-    "topology.profile.repeats=2",
-    "topology.profile.warmup=1",
-    "topology.profile.prefix_len=16",
-]
+SMALL_TREE = SEQUOIA_SMALL_TREE
 
 
 def _calibration_key(cfg, items) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import SEQUOIA_SMALL_TREE
 
 from harness.app import calibrate_main, with_sequoia
 from harness.config import compose as compose_config
@@ -24,24 +25,7 @@ from harness.target.backend import CausalLMBackend
 from harness.target.loading import build_tiny_model
 from harness.tracking import job_folder
 
-#: a one-layer draft, a 3-row tree and a quick profile: `harness calibrate` in seconds
-SMALL_TREE = [
-    "model=tiny",
-    "proposer=draft_model",
-    "proposer.sampling=without_replacement",
-    "verifier=sequoia",
-    "generation.temperature=0.7",
-    "threads=1",
-    "topology.calibration.parents=20",
-    "topology.calibration.branches=3",
-    "topology.calibration.max_new_tokens=10",
-    "proposer.model.num_layers=1",
-    "topology.max_nodes=3",
-    "topology.max_depth=3",
-    "topology.profile.repeats=2",
-    "topology.profile.warmup=1",
-    "topology.profile.prefix_len=16",
-]
+SMALL_TREE = SEQUOIA_SMALL_TREE
 
 
 def test_the_rule_never_lets_a_contended_timing_price_a_run_alone():
