@@ -253,7 +253,8 @@ class HeldInterrupts:
         previous, self.previous = self.previous, {}
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        for signum in dict.fromkeys(self.pending):
+        # a Ctrl-C's handler raises, which ends the loop: a termination held beside it is handed on first
+        for signum in sorted(dict.fromkeys(self.pending), key=lambda held: held == signal.SIGINT):
             handler = previous.get(signum)
             if callable(handler):
                 handler(signum, None)
@@ -372,36 +373,38 @@ def run_job(
                 untracked(record, tracker, exc, planned.run_dir)
                 raise
         except BaseException as exc:
-            # a second signal while W&B closes the run and the files go back waits until they are back
+            # a failed write is the machine's (a full disk), never a refusal of the job's input
+            refused = stage != "write" and isinstance(exc, (ValueError, OSError, *REFUSALS))
+            # measure: greedy equality; gate_measured: the statistical gate at the measured run's prefixes
+            failed_gate = isinstance(exc, GateError) and stage in ("gate", "measure", "gate_measured")
+            # until its record is written, the folder holds none of this job's files (write_job removes
+            # its own when the record's write fails), and the earlier files may go back
+            restores = stage != "tracking" and not failed_gate
+            restores = restores and restore_earlier
+            restores = restores and (restore_other_manifest or _aside_manifest(aside) in (None, planned.manifest_hash))
+            stopped = None  # a signal that cut W&B's close short
+            try:  # W&B failing here (its service gone) must not replace the job's error nor skip the put-back
+                tracker.fail(
+                    stage=stage,
+                    error=exc,
+                    refused=refused,
+                    earlier_set_aside=aside is not None and stage != "tracking" and not restores,
+                )
+            except Exception as track_exc:
+                first = (str(track_exc).strip().splitlines() or [""])[0][:300]
+                print(
+                    f"harness: warning: W&B could not close the failed job's run ({type(track_exc).__name__}: "
+                    f"{first}); the job's own error follows",
+                    file=sys.stderr,
+                )
+            except BaseException as stop:  # a Ctrl-C while an online close waits on the network: the close
+                stopped = stop  # is abandoned, never the put-back below
+                print("harness: W&B's close of the failed job's run was interrupted", file=sys.stderr)
+            # a signal while the files go back waits until they are back (file work only: no network call)
             cleanup = HeldInterrupts()
             try:
                 host_memory.stop()  # a sampling thread, where there is one, ends with the job
                 compile_watch.stop()
-                # a failed write is the machine's (a full disk), never a refusal of the job's input
-                refused = stage != "write" and isinstance(exc, (ValueError, OSError, *REFUSALS))
-                # measure: greedy equality; gate_measured: the statistical gate at the measured run's prefixes
-                failed_gate = isinstance(exc, GateError) and stage in ("gate", "measure", "gate_measured")
-                # until its record is written, the folder holds none of this job's files (write_job removes
-                # its own when the record's write fails), and the earlier files may go back
-                restores = stage != "tracking" and not failed_gate
-                restores = restores and restore_earlier
-                restores = restores and (
-                    restore_other_manifest or _aside_manifest(aside) in (None, planned.manifest_hash)
-                )
-                try:  # W&B failing here (its service gone) must not replace the job's error nor skip the put-back
-                    tracker.fail(
-                        stage=stage,
-                        error=exc,
-                        refused=refused,
-                        earlier_set_aside=aside is not None and stage != "tracking" and not restores,
-                    )
-                except Exception as track_exc:
-                    first = (str(track_exc).strip().splitlines() or [""])[0][:300]
-                    print(
-                        f"harness: warning: W&B could not close the failed job's run ({type(track_exc).__name__}: "
-                        f"{first}); the job's own error follows",
-                        file=sys.stderr,
-                    )
                 if stage == "tracking_start" and isinstance(tracker, NullTracker) and cfg.tracking.name == "wandb":
                     try:  # stopped while W&B's run opened: the half-made offline run is no run of the arm's
                         discard_offline_runs(planned.run_dir, planned.run_id)
@@ -431,6 +434,8 @@ def run_job(
                     announce_move()  # the earlier files stay in .previous/
             finally:
                 cleanup.release()  # a signal held meanwhile ends the run now
+            if stopped is not None and not isinstance(exc, KeyboardInterrupt):
+                raise stopped from exc  # asked to stop: the job's own error is its cause
             if stage == "write" and isinstance(exc, OSError):  # reported as an error, not as a refused input
                 back = ""
                 if aside is not None:

@@ -140,3 +140,43 @@ def test_a_second_interrupt_during_a_failed_run_s_clean_up_waits_until_the_earli
     assert load_record(out)["run_id"] == record["run_id"] and _files(out) == files
     assert not (out / ".previous").exists()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are back
+
+
+def test_a_close_of_w_and_b_that_waits_on_the_network_can_still_be_interrupted(earlier, monkeypatch):
+    """Signals were held through W&B's close of a failed run: an online ``finish`` waiting on a stalled
+    network could then be stopped by nothing but SIGKILL. The close is not held: a Ctrl-C abandons it,
+    the earlier files still go back, and the interrupt ends the run with the job's error as its cause."""
+    out, record, files = earlier
+    closes = []
+
+    class StalledClose(NullTracker):
+        def fail(self, **kwargs) -> None:
+            closes.append("started")
+            os.kill(os.getpid(), signal.SIGINT)  # the Ctrl-C, while the close waits
+            closes.append("finished")  # a held signal would let the close run to its end
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(runner, "measure", failing)
+    monkeypatch.setattr(runner, "start_tracker", lambda cfg, planned: StalledClose())
+    with pytest.raises(KeyboardInterrupt) as info:
+        runner.run_job(compose([*BASE, f"output_dir={out}", "seed=1"]), run_dir=out)
+    assert closes == ["started"] and isinstance(info.value.__cause__, RuntimeError)
+    assert load_record(out)["run_id"] == record["run_id"] and _files(out) == files
+
+
+def test_a_termination_held_beside_a_ctrl_c_is_handed_on_first():
+    """Held together, a Ctrl-C's handler raised first and the termination held beside it was dropped:
+    a scheduler's SIGTERM then ended nothing. The termination's handler runs first."""
+    seen = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        held = runner.HeldInterrupts()
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(KeyboardInterrupt):
+            held.release()
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, before)
