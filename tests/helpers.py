@@ -214,3 +214,22 @@ SEQUOIA_SMALL_TREE = [
     "topology.profile.warmup=1",
     "topology.profile.prefix_len=16",
 ]
+
+
+def build_context_of(cfg):
+    """The models of ``cfg`` loaded (the target and its separate draft model) and its workload encoded:
+    the :class:`~harness.engine.build.BuildContext` a preparer or proposer is built from."""
+    from harness.engine.build import BuildContext
+    from harness.runner import load_models
+    from harness.target.backend import CausalLMBackend
+    from harness.workloads.conversations import encode_workload
+
+    target, draft = load_models(cfg)
+    return BuildContext(
+        cfg=cfg,
+        target_backend=CausalLMBackend(target.model),
+        tokenizer=target.tokenizer,
+        draft_backend=CausalLMBackend(draft.model),
+        items=encode_workload(cfg, None),
+        model_source=target.source,
+    )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SEQUOIA_SMALL_TREE, SEQUOIA_TINY
+from helpers import SEQUOIA_SMALL_TREE, SEQUOIA_TINY, build_context_of
 
 from harness.app import calibrate_main as main
 from harness.app import with_sequoia
@@ -133,27 +133,10 @@ def test_jsonl_workload_without_splits_is_refused(tmp_path):
 # ---------------------------------------------------------------- the stage on tiny models
 
 
-def _context(cfg):
-    from harness.engine.build import BuildContext
-    from harness.runner import load_models
-    from harness.target.backend import CausalLMBackend
-    from harness.workloads.conversations import encode_workload
-
-    target, draft = load_models(cfg)
-    return BuildContext(
-        cfg=cfg,
-        target_backend=CausalLMBackend(target.model),
-        tokenizer=target.tokenizer,
-        draft_backend=CausalLMBackend(draft.model),
-        items=encode_workload(cfg, None),
-        model_source=target.source,
-    )
-
-
 @pytest.fixture(scope="module")
 def identical_draft():
     cfg = compose(TINY)  # model=tiny has 2 layers: the draft's "first 6 layers" is the whole target
-    return cfg, _context(cfg)
+    return cfg, build_context_of(cfg)
 
 
 def test_calibration_with_an_identical_draft_accepts_the_first_sibling(identical_draft):
@@ -192,7 +175,7 @@ def test_a_prompts_last_round_drafts_nothing_and_is_no_parent_node(identical_dra
 
 def test_weak_draft_gives_a_valid_acceptance_vector():
     cfg = compose(TINY + ["proposer.model.num_layers=1", "topology.calibration.parents=40"])
-    ctx = _context(cfg)
+    ctx = build_context_of(cfg)
     items = calibration_items(cfg, None)
     art = run_calibration(
         cfg, ctx, items=items, provenance=calibration_provenance(cfg, tokenizer=None, items=items), progress=False

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SEQUOIA_SMALL_TREE
+from helpers import SEQUOIA_SMALL_TREE, build_context_of
 
 from harness.app import calibrate_main, with_sequoia
 from harness.config import compose as compose_config
@@ -49,22 +49,6 @@ def _rewrite_profile(path: Path, out: Path | None = None, **concurrency) -> Path
     return out
 
 
-def _context(cfg):
-    from harness.engine.build import BuildContext
-    from harness.runner import load_models
-    from harness.workloads.conversations import encode_workload
-
-    target, draft = load_models(cfg)
-    return BuildContext(
-        cfg=cfg,
-        target_backend=CausalLMBackend(target.model),
-        tokenizer=target.tokenizer,
-        draft_backend=CausalLMBackend(draft.model),
-        items=encode_workload(cfg, None),
-        model_source=target.source,
-    )
-
-
 def test_a_cached_profile_timed_beside_more_jobs_is_measured_again_for_a_run_beside_fewer(
     tmp_path, monkeypatch, capsys
 ):
@@ -86,7 +70,7 @@ def test_a_cached_profile_timed_beside_more_jobs_is_measured_again_for_a_run_bes
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)  # the runs' threads=1, as the provenance compares it
-        context = _context(shared)
+        context = build_context_of(shared)
         arts = ensure_tree_artifact(shared, context, progress=False)  # as many at once: reused
         assert arts.stages["profile"] == "loaded (cache)" and arts.profile["hash"] == contended
         assert arts.metrics()["sequoia_profile_concurrent_jobs"] == 2  # the record says it
