@@ -70,7 +70,7 @@ from harness.tracking import dashboard
 from harness.tracking.job_folder import LOCK_FILENAME, JobFolderError, job_lock
 from harness.verifiers.base import NegotiationError
 
-#: what a command reports as a refusal besides ValueError and OSError: a failed gate, and a config
+#: what a command reports as a refusal besides ValueError and an OSError about a path: a failed gate, and a config
 #: Hydra or OmegaConf could not compose (a mistyped key or group option, a wrong type)
 REFUSALS = (GateError, HydraException, OmegaConfBaseException)
 

@@ -13,6 +13,7 @@ The traceback is shown only when asked: ``HARNESS_TRACEBACK=1`` or ``harness --t
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import os
 import signal
@@ -94,6 +95,14 @@ def signals_interrupt() -> Iterator[None]:
 _SIGNALS_HANDLED: list[bool] = []
 
 
+#: OSError numbers that say the machine failed, not that a given path was wrong: reported as errors
+MACHINE_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in ("ENOSPC", "EDQUOT", "EIO", "EROFS", "ENOMEM", "EMFILE", "ENFILE", "ESTALE")
+    if hasattr(errno, name)
+)
+
+
 def one_line(text: object) -> str:
     """``text`` on one line: blank lines and the context lines Hydra and OmegaConf add (full_key,
     object_type, the config search path, a link to the override grammar) dropped, the rest joined."""
@@ -108,12 +117,21 @@ def one_line(text: object) -> str:
     return " ".join(keep)
 
 
+def is_refusal(exc: BaseException, refusals: tuple[type, ...] = ()) -> bool:
+    """Whether ``exc`` refuses an input: a ValueError, one of ``refusals``, or an OSError other than
+    one of the machine's (:data:`MACHINE_ERRNOS`)."""
+    if isinstance(exc, OSError) and not isinstance(exc, refusals):
+        return exc.errno not in MACHINE_ERRNOS
+    return isinstance(exc, (ValueError, *refusals))
+
+
 def report_failure(command: str, exc: BaseException, *, refusals: tuple[type, ...] = ()) -> int:
     """Print ``exc`` as one line (its traceback too when asked); return the exit code.
 
     A refusal is a ValueError (config, negotiation, contract, workload, checkpoint errors), an
-    OSError (a path that is missing or not writable) or one of ``refusals``; anything else is an
-    error, reported with its type.
+    OSError about a path the user gave (missing, the wrong kind, not permitted) or one of
+    ``refusals``; anything else is an error, reported with its type, including an OSError of the
+    machine (a full disk, a read-only file system, an I/O error), which no other input would avoid.
     """
     if isinstance(exc, Terminated):
         print(f"harness {command}: terminated ({signal.Signals(exc.signum).name})", file=sys.stderr)
@@ -121,7 +139,7 @@ def report_failure(command: str, exc: BaseException, *, refusals: tuple[type, ..
     if isinstance(exc, KeyboardInterrupt):
         print(f"harness {command}: interrupted", file=sys.stderr)
         return INTERRUPTED
-    refused = isinstance(exc, (ValueError, OSError, *refusals))
+    refused = is_refusal(exc, refusals)
     message = one_line(exc) or type(exc).__name__
     if refused:
         line, code = f"harness {command}: refused: {message}", REFUSED

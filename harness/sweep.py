@@ -73,6 +73,7 @@ from hydra.experimental.callback import Callback as _Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from harness.cli import is_refusal
 from harness.config import config_loader, override_key
 from harness.gates.status import GateError
 from harness.manifest import job_manifest, manifest_hash
@@ -564,8 +565,9 @@ def _launch_plan(sweep_dir: Path, launch_id: str | None) -> list[list[str]] | No
 
 def _is_refusal(exc: BaseException) -> bool:
     """A job refused rather than failed, by the rule `harness run` reports with (a config, workload,
-    datastore, checkpoint or folder refusal is a ValueError or OSError; a gate's is a GateError)."""
-    return isinstance(exc, (ValueError, OSError, GateError, HydraException, OmegaConfBaseException))
+    datastore, checkpoint or folder refusal is a ValueError or an OSError about a path; a gate's is a
+    GateError; a full disk or an I/O error is a failure)."""
+    return is_refusal(exc, (GateError, HydraException, OmegaConfBaseException))
 
 
 def run_sweep_job(cfg: DictConfig, *, hydra_cfg: DictConfig) -> dict[str, Any]:

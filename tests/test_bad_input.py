@@ -10,6 +10,7 @@ tests/README.md tables each refused input, its message and the test that covers 
 """
 
 import dataclasses
+import errno
 import json
 import math
 import re
@@ -1817,3 +1818,20 @@ def test_a_given_skip_vector_runs_no_search_and_is_not_held_to_the_searchs_posit
     with pytest.raises(ConfigError, match="the skip search would run the target past them"):
         runner.check_job(compose(small), None)
     runner.check_job(compose([*small, "proposer.skip=[1]"]), None)
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "word"),
+    [
+        (FileNotFoundError(errno.ENOENT, "No such file or directory", "runs/x"), 2, "refused"),
+        (IsADirectoryError(errno.EISDIR, "Is a directory", "record.json"), 2, "refused"),
+        (PermissionError(errno.EACCES, "Permission denied", "/root/x"), 2, "refused"),
+        (OSError(errno.ENOSPC, "No space left on device"), 1, "error: OSError"),
+        (OSError(errno.EIO, "Input/output error"), 1, "error: OSError"),
+        (OSError(errno.EROFS, "Read-only file system"), 1, "error: OSError"),
+    ],
+)
+def test_a_path_the_user_gave_is_refused_but_a_failing_machine_is_an_error(exc, code, word, capsys):
+    assert cli.report_failure("report", exc) == code
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"harness report: {word}") and len(err.splitlines()) == 1, err

@@ -8,6 +8,7 @@ joblib with two workers start processes (slow tests).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -2338,3 +2339,13 @@ def test_an_interrupt_while_a_sweep_job_sets_its_files_aside_puts_them_back(env,
         launch(sweep_dir, *args)
     assert json.loads(path.read_text())["run_id"] == record["run_id"]
     assert not (sweep_dir / job / ".previous").exists()
+
+
+def test_a_job_failing_on_a_full_disk_is_a_failure_not_a_refusal():
+    from harness.gates.status import GateError
+
+    assert sweep._is_refusal(FileNotFoundError(errno.ENOENT, "No such file or directory", "data/prompts.jsonl"))
+    assert sweep._is_refusal(GateError("statistical gate failed"))
+    assert not sweep._is_refusal(OSError(errno.ENOSPC, "No space left on device"))
+    assert not sweep._is_refusal(OSError(errno.EIO, "Input/output error"))
+    assert not sweep._is_refusal(RuntimeError("a kernel failed"))
