@@ -764,6 +764,7 @@ def test_published_eagle12_checkpoint_loads_key_for_key_and_decodes_exactly(
     art = load_configured_eagle({"artifact": str(path)}, model=model, tokenizer=None)
     assert art.published and art.manifest["format"] == "eagle" and not art.cpu_budget_artifact
     assert art.manifest["embedding"] == {"in_checkpoint": True, "max_abs_diff_vs_target": 0.0, "saved_dtype": "float32"}
+    assert art.manifest["saved_dtypes"] == {"float32": len(state)}
     loaded = art.draft.state_dict()
     assert sorted(loaded) == sorted(state)
     assert all(torch.equal(loaded[k], state[k].float()) for k in state)
@@ -796,6 +797,7 @@ def test_published_eagle12_checkpoint_loads_key_for_key_and_decodes_exactly(
             with torch.no_grad():
                 model.get_input_embeddings().weight.copy_(kept)
         assert art.manifest["embedding"]["saved_dtype"] == "bfloat16"
+        assert art.manifest["saved_dtypes"] == {"bfloat16": len(scaled)}
         assert art.manifest["embedding"]["max_abs_diff_vs_target"] > 1e-3  # beyond the old absolute tolerance
         assert capsys.readouterr().err == ""
 

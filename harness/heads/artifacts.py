@@ -365,6 +365,7 @@ def load_published_eagle(source: str, *, model: torch.nn.Module, revision: str |
         "config": {k: cfg[k] for k in sorted(cfg) if not isinstance(cfg[k], (dict, list)) or k == "architectures"},
         "verifier": verifier,
         "embedding": embedding,
+        "saved_dtypes": saved_dtypes(state),  # the draft runs in the target's dtype
         "notes": [*unread, *unused, *config_notes(cfg, spec)],
         "parameters": sum(p.numel() for p in draft.parameters()),
         "cpu_budget_artifact": False,
@@ -372,6 +373,15 @@ def load_published_eagle(source: str, *, model: torch.nn.Module, revision: str |
     for note in manifest["notes"]:  # said as the published heads' are, not only recorded
         print(f"harness: note: the published EAGLE draft at {source}: {note}", file=sys.stderr)
     return EagleArtifact(draft=draft, manifest=manifest, path=path)
+
+
+def saved_dtypes(state: dict[str, torch.Tensor]) -> dict[str, int]:
+    """How many of a checkpoint's tensors each dtype stores (``{"bfloat16": 12, "int64": 1}``)."""
+    out: dict[str, int] = {}
+    for tensor in state.values():
+        name = str(tensor.dtype).removeprefix("torch.")
+        out[name] = out.get(name, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def load_eagle(recipe: dict, *, model: torch.nn.Module, tokenizer, path: Path) -> EagleArtifact:
