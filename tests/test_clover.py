@@ -232,9 +232,12 @@ def test_the_augmenting_block_fed_incrementally_equals_one_causal_pass():
     torch.testing.assert_close(head, whole[:4], rtol=1e-5, atol=1e-6)
 
 
-def test_each_rounds_context_is_the_augmenting_block_over_every_committed_row(env):
+@pytest.mark.parametrize("prompt_len", [6, 1])
+def test_each_rounds_context_is_the_augmenting_block_over_every_committed_row(env, prompt_len):
     """In a decode, each round's s0 equals one causal pass of the augmenting block over the target's
-    rows of every committed token before the pending one, each with the token after it."""
+    rows of every committed token before the pending one, each with the token after it. A one-token
+    prompt (no prefill forward) has no such row in its first round only: h_0 comes from that round's
+    verify forward, and every later round reads the block from position 0."""
     model, bank = env["model"], env["art"].heads
     p = proposer(env, bank, Budget(shape="sequence", max_nodes=3, max_depth=3))
     seen, now = [], {}
@@ -249,7 +252,8 @@ def test_each_rounds_context_is_the_augmenting_block_over_every_committed_row(en
         return seen[-1][2]
 
     p.propose, p._round_context = spy_propose, spy_context
-    prompt = env["docs"][34][:6]
+    prompt = env["docs"][34][:prompt_len]
+    rounds = []
     decode(
         target=env["backend"],
         proposer=p,
@@ -260,9 +264,16 @@ def test_each_rounds_context_is_the_augmenting_block_over_every_committed_row(en
         eos_token_ids=frozenset(),
         rng=TorchRandomSource(0),
         round_cfg=RoundConfig(max_nodes=3, max_depth=3),
+        on_round=lambda **kw: rounds.append(round_of_one(kw)),
     )
-    assert len(seen) >= 3 and p.stats.extras["hidden_misses"] == 0
-    assert p.stats.extras["augment_passes"] == len(seen) - 1  # every round but the first (fed at start)
+    ex = p.stats.extras
+    if prompt_len > 1:
+        assert len(seen) >= 3 and ex["hidden_misses"] == 0
+        assert ex["augment_passes"] == len(seen) - 1  # every round but the first (fed at start)
+    else:  # the first round reads no context; each later round feeds the rows it committed
+        assert len(seen) >= 3 and ex["hidden_misses"] == 1 and ex["augment_passes"] == len(seen)
+        room = sum(left > 1 for left in tokens_left(rounds, 16))  # a round with one token left runs no head
+        assert seen[0][0] == 0 and len(seen) == room - 1
     for pos, ids, ctx in seen:
         with torch.inference_mode():
             rows = model.model(input_ids=torch.tensor([ids])).last_hidden_state[:, : pos + 1]  # h_0 .. h_{t-1}

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers import round_of_one, tokens_left
+from helpers import round_of_one, rounds_with_room, tokens_left
 
 from harness.contracts import Budget
 from harness.engine.decode import RoundConfig, decode
@@ -282,6 +282,101 @@ def test_unexpected_forward_is_a_miss_not_a_wrong_hidden_state(env):
     res, _ = run(env, p, prompt=prompt)
     assert res.tokens == expected
     assert p.stats.extras["hidden_misses"] == 1
+
+
+def one_token_requests(env, p, prompt, *, new=24):
+    """A longer request, then a one-token prompt (no prefill forward) on the same proposer: the
+    second request's outputs, rounds and misses, and autoregressive decoding's tokens."""
+    run(env, p, prompt=env["docs"][32][:6], new=8)
+    misses = p.stats.extras["hidden_misses"]
+    res, rounds = run(env, p, prompt=prompt, new=new)
+    return res, rounds, p.stats.extras["hidden_misses"] - misses, autoregressive(env, prompt, new=new)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "hydra", "clover"])
+def test_a_one_token_prompt_misses_its_first_round_only(env, kind):
+    """A one-token prompt runs no prefill forward: the first round has no row before its pending
+    token and proposes nothing, and its verify forward (the pending token alone, on an empty cache,
+    shaped like a prefill) supplies h_0, so every later round proposes (Clover's augmenting block
+    reads every committed row from position 0)."""
+    p = make(env, kind, Budget(shape="sequence", max_nodes=3, max_depth=3))
+    res, rounds, misses, expected = one_token_requests(env, p, env["docs"][33][:1])
+    assert res.tokens == expected
+    assert misses == 1
+    assert [r["tree"].num_rows > 0 for r in rounds_with_room(rounds, 24)] == [False] + [True] * (
+        len(rounds_with_room(rounds, 24)) - 1
+    )
+    assert len(rounds) < len(expected)  # some later round committed more than one token
+
+
+@pytest.mark.parametrize("kind", ["hydra", "clover"])
+def test_a_one_token_prompts_rows_come_from_its_own_forwards_only(env, kind):
+    """A one-token prompt runs no prefill forward, so the tap's last forward at ``start`` (here
+    another caller's plain forward from position 0 over the same first token) is not taken as its
+    prefill: the first round admits no row, and h_0 comes from the request's own verify forward."""
+    p = make(env, kind, Budget(shape="sequence", max_nodes=3, max_depth=3))
+    prompt = env["docs"][33][:1]
+    with torch.inference_mode():
+        env["model"](input_ids=torch.tensor([env["docs"][33][:4]]))  # shaped like a prefill: no cache, no mask
+    state = env["backend"].prefill_one(prompt)
+    p.start(prompt)
+    assert p.propose(prompt, TorchRandomSource(0)).nodes == ()
+    assert p.store.rows == {} and p.stats.extras["hidden_misses"] == 1
+    env["backend"].verify_one(state, prompt[-1], None)  # the pending token alone, on the empty cache
+    env["backend"].commit_one(state, [])
+    nxt = prompt + [env["docs"][33][1]]
+    assert p.propose(nxt, TorchRandomSource(0)).nodes != ()
+    assert p.stats.extras["hidden_misses"] == 1
+
+
+def test_a_published_prefix_mlp_hydra_misses_a_one_token_prompts_first_round_only(env, tmp_path):
+    """Hydra's published prefix layer reads every committed row from position 0: on a one-token
+    prompt h_0 comes from the first verify forward, and the prefix layer has read every committed
+    row before the pending token each round after the first."""
+    from checkpoint_fixtures import hydra_config, hydra_prefix_state, hydra_state, write_hydra
+
+    from harness.heads.artifacts import load_configured_heads
+
+    model = env["model"]
+    cfg = model.config
+    state = hydra_state(
+        heads=3,
+        layers=2,
+        hidden=cfg.hidden_size,
+        vocab=cfg.vocab_size,
+        arch="prefix-mlp",
+        embed=model.get_input_embeddings().weight,
+        prefix=hydra_prefix_state(model, seed=5),
+        seed=6,
+    )
+    path = write_hydra(tmp_path / "hydra-prefix", state, config=hydra_config(3, 2, arch="prefix-mlp"))
+    art = load_configured_heads("hydra", {"artifact": str(path)}, model=model, tokenizer=None)
+    p = HydraProposer(
+        budget=Budget(shape="sequence", max_nodes=3, max_depth=3),
+        manifest_hash="h",
+        policy=GREEDY,
+        model=model,
+        heads=art.heads,
+        checkpoint=target_fingerprint(model),
+        artifact_manifest=art.manifest,
+    )
+    assert p.prefix_feed
+    fed = []
+    propose = p.propose
+
+    def spy(committed, rng):
+        out = propose(committed, rng)
+        fed.append((len(committed), p._prefix_fed, out.nodes != ()))
+        return out
+
+    p.propose = spy
+    res, rounds, misses, expected = one_token_requests(env, p, env["docs"][34][:1], new=16)
+    assert res.tokens == expected
+    assert misses == 1
+    fed = fed[-len(rounds) :]
+    assert fed[0] == (1, 0, False)
+    with_room = [f for f, left in zip(fed, tokens_left(rounds, 16)) if left > 1]
+    assert len(with_room) >= 3 and all(rows == n - 1 and proposed for n, rows, proposed in with_room[1:])
 
 
 # ---------------------------------------------------------------------------------------------- sampled trees

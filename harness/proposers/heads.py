@@ -9,12 +9,14 @@ pending token. It comes from the target's own forwards (the prompt prefill, then
 forward's pending row and accepted path), observed through :class:`~harness.heads.state.HiddenTap`
 and admitted into a proposal-side store only through the ``may_reuse`` state check against the
 committed path (checkpoint, layer boundary, token, position, ancestry hash, dtype, forward
-generation). No extra target forward runs; if the row is missing (a one-token prompt, a forward the
-proposer did not expect) the round proposes nothing and ``hidden_misses`` counts it. Hydra++'s
-prefix layer and Clover-2's augmenting block read every committed row once, in order, through
-their own cache: after a missing row they propose nothing for the rest of the request, each such
-round counted in ``hidden_misses`` (the output stays exact; the round loop makes no forward the
-tap does not see).
+generation). No extra target forward runs; if the row is missing (a forward the proposer did not
+expect, or the first round of a one-token prompt, which has no row before its pending token) the
+round proposes nothing and ``hidden_misses`` counts it. A one-token prompt runs no prefill forward,
+and its first verify forward (the pending token alone, on an empty cache) is admitted as a verify
+forward: it supplies ``h_0``, so only that first round misses. Hydra++'s prefix layer and
+Clover-2's augmenting block read every committed row once, in order, through their own cache: after
+a missing row they propose nothing for the rest of the request, each such round counted in
+``hidden_misses`` (the output stays exact; the round loop makes no forward the tap does not see).
 
 Proposed engine change (not made here): ``decode()`` could ask ``target.verify(...,
 output_hidden=True)`` when ``proposer.needs_target_hidden`` and pass the accepted rows' hidden
@@ -184,7 +186,9 @@ class HeadsProposer(ChecksTrainingLeakage, HiddenRowProposer):
         """Forget the last request; a bank with a prefix layer feeds it the prompt's rows now (prefill
         work, as a draft model's prompt forward is: the first round's proposal then feeds one row)."""
         self.store.reset()
-        self._start_serial = self.tap.serial  # the prefill forward (if any) ran just before
+        # the prefill forward ran just before; a one-token prompt runs none, and the tap's last forward
+        # (another request's, or any other caller's) is then no prefill of this request
+        self._start_serial = self.tap.serial if len(prompt_ids) >= 2 else -1
         self._ingested = -1
         self._expect = None
         self._reset_prefix()
@@ -237,8 +241,11 @@ class HeadsProposer(ChecksTrainingLeakage, HiddenRowProposer):
         self._ingested = cap.serial
         lo = len(committed) - 1 - self.window  # only rows lo .. len - 2 (the newest `window`) matter
         before = store.refused
-        if self.is_prefill(cap):
-            if cap.serial != self._start_serial:
+        # the prefill is the forward that ran just before ``start``; any later forward, even one shaped
+        # like a prefill (a one-token prompt's first verify forward: the pending token alone, on an
+        # empty cache), is admitted only as the verify forward of the last proposal
+        if cap.serial == self._start_serial:
+            if not self.is_prefill(cap):
                 return
             for j, h in self.prefill_hashes(cap):
                 if j >= lo:
