@@ -1500,3 +1500,17 @@ def test_a_beam_draft_refused_by_a_q_verifier_is_offered_sampling_that_records_q
     )
     assert run_main(["model=tiny", "proposer=prompt_lookup", "verifier=specinfer", "generation.temperature=0.7"]) == 2
     assert capsys.readouterr().err.strip().endswith("try verifier=membership")
+
+
+def test_a_one_token_prompt_keeps_no_earlier_forward_as_its_prefill(env):
+    backend = env["backend"]
+    p = make(env, DYNAMIC)
+    run(backend, p, prompt=env["docs"][33][:6], new=4)
+    with torch.inference_mode():  # a forward shaped like a one-token prompt's prefill, not this request's
+        env["model"](input_ids=torch.tensor([env["docs"][33][:1]]))
+    p.start(env["docs"][33][:1])
+    assert p._start_capture is None
+    p.finish()
+    res, _ = run(backend, p, prompt=env["docs"][33][:1], new=8)
+    assert res.tokens == autoregressive(backend, env["docs"][33][:1], new=8)
+    assert p.stats.extras["hidden_misses"] == 1

@@ -183,8 +183,9 @@ class EagleProposer(ChecksTrainingLeakage, HiddenRowProposer):
         work, as a draft model's prompt forward is (the first round's proposal then drafts only)."""
         self._reset()
         last = self.tap.last
-        self._start_capture = last if last is not None and last.serial == self.tap.serial else None
-        if self._start_capture is not None and len(prompt_ids) >= 2:
+        # a one-token prompt runs no prefill: the tap's last forward is then another request's
+        self._start_capture = last if last is not None and len(prompt_ids) >= 2 else None
+        if self._start_capture is not None:
             self._ingest(prompt_ids)
             stages = self.stats.extras["draft_stages"]
             self._catch_up(prompt_ids)
