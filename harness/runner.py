@@ -2056,10 +2056,10 @@ def profile_with_floors(backend, t_profile: dict, bandwidth_gbs: float) -> dict:
 
 
 def speedup_intervals(per_prompt: list[dict], *, batch_size: int = 1) -> dict:
-    """95% paired-bootstrap intervals over prompts (as ``harness compare`` draws them, from each
-    request's latency) of the decode and end-to-end speedups: how far another draw of prompts
-    could move them. None with fewer than two prompts, and at batch > 1, where requests share
-    their batch's time and the record's speedups divide batch wall time instead."""
+    """95% paired-bootstrap intervals over prompts of the decode and end-to-end speedups: how far
+    another draw of prompts could move them, resampling the per-prompt times the record's own
+    speedups divide (each prompt's batch of one), so each point lies in its interval. None with
+    fewer than two prompts, and at batch > 1, where requests share their batch's time."""
     if batch_size > 1:
         return {"decode_speedup_ci95": None, "speedup_ci95": None}
     decode, e2e = run_speedups(per_prompt)

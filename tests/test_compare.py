@@ -1343,3 +1343,107 @@ def test_a_category_named_all_is_its_own_row_beside_the_summary():
     assert category_label("all", "all") == "all (category)"
     assert category_label("all (category)", "all") == "all (category) (category)"
     assert category_label("code", "all") == "code" and category_label("overall", "all") == "overall"
+
+
+def test_the_leaderboard_says_when_rows_of_equal_counts_ran_different_prompts():
+    """Arms of as many prompts, some of them other prompts (other ids, or one id with other text): the
+    leaderboard gives each row's count and notes that the arms ran different prompts, as the comparison
+    table does; arms of the same prompts, or arms by workload, get one count per column and no note."""
+    from harness.tracking.compare import format_leaderboard, leaderboard, leaderboard_json
+
+    pa = [("p1", "qa", 10, 10, 20, 10), ("p2", "qa", 12, 10, 20, 10), ("p3", "code", 9, 10, 20, 10)]
+    pb = [("p1", "qa", 11, 10, 20, 10), ("p4", "qa", 14, 10, 20, 10), ("p5", "code", 8, 10, 20, 10)]
+    df = _toy({"r1": {"proposer": "a", "prompts": pa}, "r2": {"proposer": "b", "prompts": pb}})
+    columns, rows = leaderboard(df, n_resamples=50)
+    assert {r.arm: r.prompts["overall"] for r in rows} == {"a": {"p1", "p2", "p3"}, "b": {"p1", "p4", "p5"}}
+    text = format_leaderboard(columns, rows, by="proposer", level=0.95)
+    order = ", ".join(r.arm for r in rows)
+    assert f"prompts per column: qa=2/2, code=1/1, overall=3/3 (rows {order} in order: the rows ran different" in text
+    arms = ", ".join(f"{r.arm}: 3" for r in rows)
+    assert f"note: the arms ran different prompts ({arms}; 1 common to all)" in text
+    assert any(
+        "the arms ran different prompts" in n for n in leaderboard_json(columns, rows, by="proposer")["notes"]["exact"]
+    )
+    # the same ids with other content (fingerprints) are other prompts too
+    df = _toy({"r1": {"proposer": "a", "prompts": pa}, "r2": {"proposer": "b", "prompts": pa}})
+    df["per_prompt"] = [
+        json.dumps(
+            [
+                {**q, "prompt_sha256": f"{run}{q['prompt_id']}" if q["category"] == "code" else "s"}
+                for q in json.loads(pp)
+            ]
+        )
+        for run, pp in zip(("x", "y"), df["per_prompt"], strict=True)
+    ]
+    text = format_leaderboard(*leaderboard(df, n_resamples=50), by="proposer", level=0.95)
+    assert "qa=2/2, code=1/1, overall=3/3" in text and "; 2 common to all)" in text
+    # the same prompts: one count per column and no note; arms by workload run other prompts by design
+    df = _toy({"r1": {"proposer": "a", "prompts": pa}, "r2": {"proposer": "b", "prompts": pa}})
+    text = format_leaderboard(*leaderboard(df, n_resamples=50), by="proposer", level=0.95)
+    assert "prompts per column: qa=2, code=1, overall=3\n" in text and "different prompts" not in text
+    df = _toy({"r1": {"proposer": "a", "prompts": pa}, "r2": {"proposer": "a", "prompts": pb}})
+    df["workload"] = ["w1", "w2"]
+    text = format_leaderboard(*leaderboard(df, by="workload", n_resamples=50), by="workload", level=0.95)
+    assert "note: the arms ran different prompts" not in text
+
+
+def _batch_one_prompts(k: int = 8) -> list[dict]:
+    """Prompts of a run at batch 1, each with its request's latency and its batch's decode time (the
+    request's plus the loop's time around it, more for the speculative arm): every request's own
+    speedup exactly 2, the batches' a little less."""
+    return [
+        {
+            "prompt_id": f"p{i}",
+            "prompt_sha256": f"{i:064d}",
+            "category": "code",
+            "spec_decode_ms": 10.0 + i,
+            "spec_tokens": 10,
+            "ar_decode_ms": 2 * (10.0 + i),
+            "ar_tokens": 10,
+            "spec_prefill_ms": 3.0,
+            "ar_prefill_ms": 2.0,
+            "spec_batch_decode_ms": 10.0 + i + 0.4 + 0.1 * (i % 3),
+            "ar_batch_decode_ms": 2 * (10.0 + i) + 0.1,
+            "batch_requests": 1,
+            "batch_index": i,
+        }
+        for i in range(k)
+    ]
+
+
+def test_a_run_s_decode_speedup_lies_in_its_own_interval_at_batch_1():
+    """At batch 1 a record's decode speedup divides its batches' decode times (a little over the
+    requests' latencies): a run's interval is drawn from those same columns, so its point is the
+    record's and lies inside it, even where the requests' own speedup lies outside."""
+    from harness.tracking.compare import run_speedups
+
+    prompts = _batch_one_prompts()
+
+    def ratio(spec: str, ar: str, extra: str | None = None) -> float:
+        add = (lambda q: q[extra]) if extra else (lambda q: 0.0)
+        s = sum(q[spec] + add(q) for q in prompts) / sum(q["spec_tokens"] for q in prompts)
+        a = sum(q[ar] + add(q) for q in prompts) / sum(q["ar_tokens"] for q in prompts)
+        return a / s
+
+    point = ratio("spec_batch_decode_ms", "ar_batch_decode_ms")  # the record's decode_speedup (Arms.metrics)
+    decode, e2e = run_speedups(prompts)
+    assert decode.value == pytest.approx(point, rel=1e-12) and point < 2.0
+    assert decode.ci_low <= point <= decode.ci_high and decode.ci_high < 2.0  # the requests' 2.0 lies outside
+    wall_spec = sum(q["spec_batch_decode_ms"] + q["spec_prefill_ms"] for q in prompts)
+    wall_ar = sum(q["ar_batch_decode_ms"] + q["ar_prefill_ms"] for q in prompts)
+    assert e2e.value == pytest.approx(wall_ar / wall_spec, rel=1e-12) and e2e.ci_low <= e2e.value <= e2e.ci_high
+    # the fixture sweep's batch-1 records: each decode and end-to-end speedup is its interval's point
+    for number in range(1, 12):
+        record = fixture_record(number)
+        if record["axes"]["batch_size"] != 1:
+            continue
+        decode, e2e = run_speedups(record["per_prompt"])
+        m = record["metrics"]
+        assert decode.value == pytest.approx(m["decode_speedup"], rel=1e-12), number
+        assert e2e.value == pytest.approx(m["speedup"], rel=1e-12), number
+        assert decode.ci_low <= m["decode_speedup"] <= decode.ci_high, number
+    # requests that shared a batch (or a record without batch times): each request's latency, as compare reads it
+    shared = [{**q, "batch_requests": 2} for q in prompts]
+    older = [{k: v for k, v in q.items() if "batch" not in k} for q in prompts]
+    for rows in (shared, older):
+        assert run_speedups(rows)[0].value == pytest.approx(2.0, rel=1e-12)

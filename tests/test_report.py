@@ -649,9 +649,10 @@ def test_the_round_cost_bar_reaches_the_batch_round_time_and_ends_before_its_mar
 
 
 def test_speedup_vs_batch_draws_the_decode_speedup_with_its_own_interval():
-    """The points are the records' decode speedups; at batch 1 the interval is the one harness
-    compare draws for that run (the same statistic), never the end-to-end speedup's."""
-    from harness.tracking.compare import ALL, compare
+    """The points are the records' decode speedups; at batch 1 the interval is the bootstrap of that
+    statistic over the run's prompts (their batches' decode times, the times the record's point
+    divides: the point lies inside), never the end-to-end speedup's nor one of the requests' latencies."""
+    from harness.tracking.compare import run_speedups
 
     df = _store_frame()
     runs = df[(df["proposer"] == "draft_model") & (df["verifier"] == "greedy")]
@@ -660,15 +661,14 @@ def test_speedup_vs_batch_draws_the_decode_speedup_with_its_own_interval():
     by_batch = dict(zip(line.get_xdata(), line.get_ydata(), strict=True))
     for _, run in runs.iterrows():
         assert by_batch[run["batch_size"]] == pytest.approx(run["decode_speedup"])
-    one = runs[runs["batch_size"] == 1]
-    (row,) = [r for r in compare(one) if r.category == ALL]
+    (one,) = [r for _, r in runs.iterrows() if r["batch_size"] == 1]
+    est, _ = run_speedups(json.loads(one["per_prompt"]), one)
+    assert est.value == pytest.approx(one["decode_speedup"], rel=1e-12)  # the record's point, the same columns
     drawn = [seg for coll in ax.collections for seg in coll.get_segments() if len(seg)]
     assert all(abs(seg[0][0] - 1.0) < 1e-9 for seg in drawn)  # a bar at batch size 1 only
-    segs = drawn
-    assert any(
-        seg[0][1] == pytest.approx(row.speedup.ci_low) and seg[1][1] == pytest.approx(row.speedup.ci_high)
-        for seg in segs
-    )
+    (seg,) = drawn
+    assert (seg[0][1], seg[1][1]) == (pytest.approx(est.ci_low), pytest.approx(est.ci_high))
+    assert seg[0][1] < one["decode_speedup"] < seg[1][1]
     assert "decode speedup" in ax.get_ylabel()
 
 
@@ -1176,3 +1176,50 @@ def test_the_bar_plots_draw_every_section_the_recipe_names_each_arm_tagged_with_
         f"proposer: {marked[('heuristic', r.arm)]}{tag}" for r in board if r.section == "heuristic"
     ]
     assert any(tag in label for label in labels) and "(exact, heuristic runs;" in ax.get_title()
+
+
+def _other_code_prompts(df: pd.DataFrame, run_id: str) -> pd.DataFrame:
+    """``df`` with the code prompts of run ``run_id`` replaced by other texts of the same ids."""
+
+    def other(text: str) -> str:
+        prompts = json.loads(text)
+        return json.dumps(
+            [
+                {**p, "prompt_sha256": "deadbeef" + p["prompt_sha256"][8:]} if p["category"] == "code" else p
+                for p in prompts
+            ]
+        )
+
+    out = df.copy()
+    hit = out["run_id"] == run_id
+    out.loc[hit, "per_prompt"] = out.loc[hit, "per_prompt"].map(other)
+    return out
+
+
+def test_the_report_s_leaderboard_and_category_plot_say_when_arms_of_equal_counts_ran_other_prompts():
+    """Two arms of as many prompts, two of one arm's other texts: the report's leaderboard and the
+    category plot's caption note that the arms ran different prompts, as the comparison table does."""
+    from harness.tracking.report import _compare_section, _leaderboard_section
+
+    df = _store_frame()
+    runs = df[df["run_id"].isin([fixture_run_id(1), fixture_run_id(3)])]
+    same = "\n".join(_leaderboard_section(runs, {"by": "proposer"}))
+    assert "ran different prompts" not in same and "Prompts: chat 2, code 2, Overall 4." in same
+    assert "different prompts" not in PLOTS["speedup_by_category"](runs, {}).caption
+    apart = _other_code_prompts(runs, fixture_run_id(3))
+    assert "Note: the arms ran different prompts (" in "\n".join(_compare_section(apart, {"by": "proposer"}))
+    board = "\n".join(_leaderboard_section(apart, {"by": "proposer"}))
+    assert "Note: the arms ran different prompts (" in board and "; 2 common to all)" in board
+    assert "Prompts: chat 2/2, code 2/2, Overall 4/4 (" in board and "the rows ran different prompts" in board
+    caption = PLOTS["speedup_by_category"](apart, {}).caption
+    assert caption.startswith("the arms ran different prompts (") and "; 2 common to all)" in caption
+
+
+def test_the_speedup_by_proposer_plot_slants_its_arm_labels():
+    """The arm labels are slanted and right-aligned, so long ones ("prompt_lookup (machine=cpu: AMD
+    EPYC)") do not run into each other."""
+    df = _store_frame()
+    runs = df[df["section"] == "exact"]
+    ax = PLOTS["speedup_by_proposer_workload"](runs, {}).figure.axes[0]
+    ticks = ax.get_xticklabels()
+    assert len(ticks) > 1 and all(t.get_rotation() == 20 and t.get_horizontalalignment() == "right" for t in ticks)

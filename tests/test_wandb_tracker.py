@@ -975,3 +975,40 @@ def test_the_upload_command_said_is_quoted_for_a_shell(tmp_path, wandb_home, mon
     assert shlex.split(command) == ["wandb", "sync", str(sync_dir)]
     assert shlex.split(described["sync"]) == ["wandb", "sync", described["dir"]]
     assert (run_dir / described["dir"]).resolve() == sync_dir.resolve()
+
+
+def test_round_ms_is_the_round_s_wall_time_at_every_batch_size():
+    """``round/ms`` is the round's wall time from the rows' ``ms`` at every batch size (a batch round's
+    shared stages counted once), also where the rows list fewer stages than their ``ms`` covers; the
+    stages' own figures stand beside it."""
+    from harness.tracking.wandb_tracker import round_steps
+
+    def row(prompt: int, batch: int, own: float) -> dict:
+        stages = {"proposal_ms": own, "selection_ms": 0.2, "target_verify_ms": 5.0, "temporary_state_ms": 0.5}
+        untimed = 0.3  # the row's time in stages its series does not list
+        return {
+            "prompt_index": prompt,
+            "batch_index": batch,
+            "turn": 1,
+            "round": 0,
+            "accepted": 1,
+            "committed": 2,
+            "candidate_rows": 4,
+            "ms": sum(stages.values()) + untimed,
+            **stages,
+        }
+
+    alone = [row(0, 0, 1.0), row(1, 1, 2.0)]
+    steps = round_steps(alone)
+    assert [s["round/ms"] for s in steps] == [r["ms"] for r in alone]
+    batched = [row(0, 0, 1.0), row(1, 0, 2.0)]
+    (step,) = round_steps(batched)
+    shared = 5.0 + 0.5
+    assert step["round/live_requests"] == 2
+    assert step["round/ms"] == pytest.approx(sum(r["ms"] for r in batched) - shared)  # each row's untimed part too
+    assert step["round/proposal_ms"] == pytest.approx(3.0) and step["round/target_verify_ms"] == pytest.approx(5.0)
+    assert step["round/ms"] > sum(v for k, v in step.items() if k.endswith("_ms") and k != "round/ms")
+    # a batch round's rows without the shared stages' times: no wall time rather than another figure
+    bare = [{k: v for k, v in r.items() if k != "target_verify_ms"} for r in batched]
+    (step,) = round_steps(bare)
+    assert "round/ms" not in step and "round/target_verify_ms" not in step

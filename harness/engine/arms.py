@@ -49,8 +49,8 @@ METRIC_NOTES = {
     ),
     "speedup": "AR end-to-end time per token / speculative end-to-end time per token, same prompts and batches",
     "speedup_ci95": (
-        "95% paired-bootstrap interval over prompts of the end-to-end speedup from each request's latency "
-        "(as harness compare draws it; decode_speedup_ci95 likewise); None below two prompts and at batch > 1"
+        "95% paired-bootstrap interval over prompts of the end-to-end speedup, resampling the per-prompt times "
+        "the speedup divides (decode_speedup_ci95 likewise); None below two prompts and at batch > 1"
     ),
     "ttft_ms": (
         "prefill (target and proposer start) + the request's first round, averaged over every request (each "

@@ -531,17 +531,40 @@ def decode_speedup(p: pd.DataFrame, boot: Mapping[str, Any]) -> Estimate:
 DEFAULT_BOOTSTRAP = {"confidence_level": 0.95, "n_resamples": 2000, "seed": 0, "method": "percentile"}
 
 
+#: per-prompt decode times -> the same arm's time of the batch the prompt ran in (summed over its turns)
+_BATCH_DECODE_COLUMNS = {"spec_decode_ms": "spec_batch_decode_ms", "ar_decode_ms": "ar_batch_decode_ms"}
+
+
+def _alone_in_batches(per_prompt: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether every prompt (each of its turns) ran in a batch of its own and carries its batches'
+    decode times (:data:`_BATCH_DECODE_COLUMNS`): then those times are what the record's decode and
+    end-to-end speedups divide, a little over the request's own latency (the loop around it)."""
+    return bool(per_prompt) and all(
+        q.get("batch_requests") == 1
+        and all(t.get("batch_requests", 1) == 1 for t in q.get("turns") or [])
+        and all(q.get(c) is not None for c in _BATCH_DECODE_COLUMNS.values())
+        for q in per_prompt
+    )
+
+
 def run_speedups(per_prompt: Sequence[Mapping[str, Any]], run: pd.Series | None = None) -> tuple[Estimate, Estimate]:
-    """One run's decode and end-to-end speedups with the intervals ``harness compare`` draws for
-    that run alone: its prompts in compare's order (:func:`prompt_order`: by id, then by
-    :func:`prompt_key`; ``run``, the store row, names the workload of prompts without a fingerprint),
-    compare's default resamples and seed."""
+    """One run's decode and end-to-end speedups with the intervals of compare's bootstrap for that run
+    alone: its prompts in compare's order (:func:`prompt_order`: by id, then by :func:`prompt_key`;
+    ``run``, the store row, names the workload of prompts without a fingerprint), compare's default
+    resamples and seed. Where every prompt ran in a batch of its own (batch size 1), each prompt's
+    decode time is its batch's (``spec_batch_decode_ms``, ``ar_batch_decode_ms``): the times the
+    record's own ``decode_speedup`` and ``speedup`` divide, so each point lies in its interval; else
+    (older records, batches of several requests) each request's latency, as ``harness compare``
+    reads it."""
     run = pd.Series(dtype=object) if run is None else run
     fingerprints = all(q.get("prompt_sha256") for q in per_prompt)
     rows = sorted(per_prompt, key=lambda q: (str(q["prompt_id"]), prompt_key(run, q, by_fingerprint=fingerprints)))
-    columns = (*_PROMPT_COLUMNS, *_PREFILL_COLUMNS)
+    source = {c: c for c in (*_PROMPT_COLUMNS, *_PREFILL_COLUMNS)}
+    if _alone_in_batches(rows):
+        source.update(_BATCH_DECODE_COLUMNS)
     p = pd.DataFrame(
-        [{c: math.nan if q.get(c) is None else float(q[c]) for c in columns} for q in rows], columns=columns
+        [{c: math.nan if q.get(k) is None else float(q[k]) for c, k in source.items()} for q in rows],
+        columns=list(source),
     )
     return decode_speedup(p, DEFAULT_BOOTSTRAP), end_to_end_speedup(p, DEFAULT_BOOTSTRAP)
 
@@ -1038,6 +1061,9 @@ class LeaderRow:
     varying: dict[str, list[str]] = field(default_factory=dict)
     apart: dict[str, str] = field(default_factory=dict)
     batch_sizes: tuple[int, ...] = field(default=())
+    # column -> the pairing keys (:func:`prompt_key`) of the prompts behind its cell: rows of one count
+    # may still have run different prompts
+    prompts: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 def leaderboard_prompts(runs: pd.DataFrame) -> pd.DataFrame:
@@ -1109,11 +1135,12 @@ def leaderboard(
             summed = _complete_sums(mine, "prompt_id")
             summed["task"] = mine.groupby("prompt_id", sort=True)["task"].first()
             units_of = resampling_units(mine)  # as the table's: prompts, joined where they shared a batch
-            cells = {}
+            cells, prompts = {}, {}
             for col in columns:
                 p = summed if col == OVERALL else summed[summed["task"] == col]
                 if p.empty:
                     continue
+                prompts[col] = frozenset(p.index)
                 units = _unit_sums(mine if col == OVERALL else mine[mine["task"] == col], units_of, _complete_sums)
                 speed = decode_speedup(units, boot)
                 accepted = Estimate(None)
@@ -1129,6 +1156,7 @@ def leaderboard(
                     varying=_varying(group, by),
                     apart=apart.get(str(arm), {}),
                     batch_sizes=_batch_sizes(group),
+                    prompts=prompts,
                 )
             )
         rows.sort(key=lambda r: -(r.cells[OVERALL].speedup.value or -math.inf) if OVERALL in r.cells else math.inf)
@@ -1216,10 +1244,22 @@ LEADER_BATCHED_NOTE = (
 )
 
 
+def leader_prompts_note(sec: Sequence[LeaderRow], by: str) -> str | None:
+    """:data:`PROMPTS_APART_NOTE` when the rows of one section's leaderboard ran different prompts
+    (their overall columns' prompt keys differ, whatever their counts), as the comparison table says
+    it; None when they ran the same, or the arms are workloads (other prompts by design)."""
+    rows = [r for r in sec if OVERALL in r.cells and OVERALL in r.prompts]
+    sets = [r.prompts[OVERALL] for r in rows]
+    if len(rows) < 2 or by == "workload" or len(set(sets)) == 1:
+        return None
+    arms = ", ".join(f"{r.arm}: {r.cells[OVERALL].n_prompts}" for r in rows)
+    return PROMPTS_APART_NOTE.format(arms=arms, common=len(frozenset.intersection(*sets)))
+
+
 def leaderboard_notes(sec: Sequence[LeaderRow], by: str) -> list[str]:
     """The notes under one section's leaderboard: arms pooling runs of other configurations
-    (:data:`POOLED_NOTE`), arms of batched runs, and arms that differ in more than ``by``
-    (:data:`APART_NOTE`); the rows' prompt counts already say when they ran other prompts."""
+    (:data:`POOLED_NOTE`), arms of batched runs, arms that differ in more than ``by``
+    (:data:`APART_NOTE`) and arms that ran different prompts (:func:`leader_prompts_note`)."""
     notes = []
     mixed = sorted(f"{r.arm}: {varying_text(pooled(r.varying))}" for r in sec if pooled(r.varying))
     if mixed:
@@ -1230,7 +1270,8 @@ def leaderboard_notes(sec: Sequence[LeaderRow], by: str) -> list[str]:
     if batched:
         notes.append(LEADER_BATCHED_NOTE.format(arms="; ".join(batched)))
     apart = apart_note(sec, by)
-    return [*notes, *([apart] if apart else [])]
+    prompts = leader_prompts_note(sec, by)
+    return [*notes, *(note for note in (apart, prompts) if note)]
 
 
 def section_columns(columns: Sequence[str], sec: Sequence[LeaderRow]) -> list[str]:
@@ -1242,12 +1283,14 @@ def section_columns(columns: Sequence[str], sec: Sequence[LeaderRow]) -> list[st
 def leader_counts(
     sec: Sequence[LeaderRow], columns: Sequence[str], titles: Mapping[str, str] | None = None, sep: str = "="
 ) -> str:
-    """The prompts behind each column: ``code=2, overall=9`` when every row has the same, else each
-    row's count in row order (``overall=9/6``, ``-`` where a row has no such prompt) and a note."""
+    """The prompts behind each column: ``code=2, overall=9`` when every row ran the same prompts
+    (the same count and the same prompt keys), else each row's count in row order (``overall=9/6``,
+    or ``overall=9/9`` for as many other prompts; ``-`` where a row has no such prompt) and a note."""
     name = (lambda c: titles.get(c, c)) if titles else (lambda c: c)
     counts = {c: [r.cells[c].n_prompts if c in r.cells else None for r in sec] for c in columns}
     counts = {c: n for c, n in counts.items() if any(v is not None for v in n)}
-    if all(len(set(n)) == 1 for n in counts.values()):
+    same_prompts = all(len({r.prompts.get(c) for r in sec}) == 1 for c in counts)
+    if same_prompts and all(len(set(n)) == 1 for n in counts.values()):
         return ", ".join(f"{name(c)}{sep}{n[0]}" for c, n in counts.items())
     per_row = ", ".join(
         f"{name(c)}{sep}" + "/".join("-" if v is None else str(v) for v in n) for c, n in counts.items()

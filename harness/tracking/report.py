@@ -50,6 +50,7 @@ from harness.tracking.compare import (
     filter_runs,
     leader_cell,
     leader_counts,
+    leader_prompts_note,
     leaderboard,
     leaderboard_notes,
     machine_values,
@@ -501,7 +502,8 @@ def plot_speedup_by_proposer_workload(df: pd.DataFrame, spec: Mapping[str, Any])
             ax.errorbar(ex, ey, yerr=[below, above], fmt="none", ecolor="k", elinewidth=1, capsize=3)
     ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
     ax.text(0.99, 1.0, "AR = 1", va="bottom", ha="right", fontsize=8, transform=ax.get_yaxis_transform())
-    ax.set_xticks(range(len(arms)), arms)
+    # long labels (an arm split by machine or model, a section's tag) overlap unless slanted
+    ax.set_xticks(range(len(arms)), arms, rotation=20, ha="right", fontsize=8)
     ax.set_xlabel(by)
     ax.set_ylabel(SPEEDUP_LABEL)
     _headroom(ax)
@@ -1030,7 +1032,9 @@ def plot_speedup_by_category(df: pd.DataFrame, spec: Mapping[str, Any]) -> Plot:
         fontsize=10,
     )
     draw_key(fig, marks.footnote, _pooled_title(by))
-    return Plot(fig, caption=marks.caption)
+    # as under the leaderboard's tables: bars side by side over different prompts say so
+    apart = [note for _, sec in by_section(rows) if (note := leader_prompts_note(sec, by))]
+    return Plot(fig, caption=". ".join(c for c in (marks.caption, *apart) if c))
 
 
 HEADINGS: dict[str, str] = {

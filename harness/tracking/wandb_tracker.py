@@ -224,8 +224,11 @@ def round_steps(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
     (the round series holds one row per request, the shared stages in full in each), so a step is the
     batch round: ``round/batch`` and ``round/turn`` say which, ``round/live_requests`` how many
     requests it served; committed tokens and candidate rows are summed over them, the accepted length
-    is their mean, a request's own stages are summed and the shared ones counted once, and
-    ``round/ms`` is their sum."""
+    is their mean, and each ``round/<stage>_ms`` (the stages every row times) sums the requests' own
+    stage and counts a shared one once. ``round/ms`` is the round's wall time from the rows' ``ms``
+    whatever stages they time: a request's row's at batch 1 (or a batch round left one live request),
+    at B > 1 the rows' summed with the shared stages each row holds in full counted once (absent
+    where the rows lack those shared stages' times)."""
     groups: dict[tuple, list[Mapping[str, Any]]] = {}
     for row in rows:
         key = (row.get("batch_index", row["prompt_index"]), row.get("turn", 1), row["round"])
@@ -250,12 +253,26 @@ def round_steps(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
                 "round/committed_tokens": sum(r["committed"] for r in group),
                 "round/accepted_length": sum(r["accepted"] for r in group) / len(group),
                 "round/candidate_rows": sum(r["candidate_rows"] for r in group),
-                "round/ms": sum(stages.values()) if len(group) > 1 else group[0]["ms"],
             }
         )
+        wall = _round_wall_ms(group)
+        if wall is not None:
+            step["round/ms"] = wall
         step.update({f"round/{stage}_ms": ms for stage, ms in stages.items()})
         steps.append(step)
     return steps
+
+
+def _round_wall_ms(group: Sequence[Mapping[str, Any]]) -> float | None:
+    """One round's wall time from its rows' ``ms``: the one row's, or the rows' summed less the
+    shared stages (:data:`SHARED_ROUND_STAGES`, held in full in every row) counted once; None where
+    the rows of a batch round lack a shared stage's time."""
+    if len(group) == 1:
+        return group[0]["ms"]
+    if not all(f"{stage}_ms" in r for r in group for stage in SHARED_ROUND_STAGES):
+        return None
+    shared = sum(group[0][f"{stage}_ms"] for stage in SHARED_ROUND_STAGES)
+    return sum(r["ms"] for r in group) - (len(group) - 1) * shared
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
