@@ -1332,3 +1332,27 @@ def test_a_files_corpus_skips_a_folder_holding_a_datastore(tmp_path):
 
     assert datastore_module.BUILDER_VERSION.startswith(corpora.DATASTORE_BUILDER_FAMILY)
     assert datastore_module.MANIFEST_FILE == corpora.DATASTORE_MANIFEST
+
+
+def test_a_refused_build_or_import_leaves_no_folder_and_no_lock_file(tmp_path, monkeypatch, capsys):
+    """A build or import refused for its model's tokenizer leaves neither the folders above ``out``
+    nor a ``.<name>.lock`` file: the tokenizer is refused before the folder's lock is taken."""
+    import harness.workloads.datastore as datastore_module
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("a b c d\n")
+    index = _rest_index(tmp_path / "ds.idx", ids("a b c a b d"))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    out = tmp_path / "new" / "deep" / "ds"
+    build = ["build", "corpus=files", f"corpus_path={text}", f"out={out}", "model=owner/toy", "progress=false"]
+    imports = ["import", str(index), f"out={out}", "model=owner/toy", "progress=false"]
+    monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: None)
+    for command in (build, imports):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "model 'owner/toy' has no tokenizer" in err[0], err
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+    monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
+    assert main(build) == 0  # a build that succeeds keeps its lock file beside the datastore
+    capsys.readouterr()
+    assert sorted(p.name for p in (tmp_path / "new" / "deep").iterdir()) == [".ds.lock", "ds"]

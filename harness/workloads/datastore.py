@@ -1509,8 +1509,8 @@ def _refuse_other_files(key: str, out: str | Path) -> None:
 def _refuse_held(key: str, out: str | Path, overwrite: bool) -> None:
     """Refuse to build into ``out`` (option ``key``) what it holds: anything but a datastore
     (:func:`_refuse_other_files`), a datastore unless ``overwrite``, and one with other files beside
-    it (a build replaces the folder whole). Checked under the folder's lock, before the tokenizer
-    loads: said as what is there."""
+    it (a build replaces the folder whole). Checked before the tokenizer loads, and again under the
+    folder's lock: said as what is there."""
     _refuse_other_files(key, out)
     folder = Path(out).expanduser()
     held = folder / MANIFEST_FILE
@@ -1628,10 +1628,13 @@ def _import_main(rest: list[str]) -> int:
 def _locked_write(opts: dict, out: Path, *, overwrite: bool, model: str, make: Callable[..., Datastore]) -> int:
     """The datastore ``make(tokenizer, tmp)`` writes, put in place at ``out`` under the folder's lock,
     from the check of what the folder holds (:func:`_refuse_held`) to the rename
-    (:func:`_write_in_place`); prints its summary and returns 0."""
+    (:func:`_write_in_place`); prints its summary and returns 0. What the folder holds and the model's
+    tokenizer are refused before the lock is taken, so such a refusal leaves nothing behind."""
+    key = "out" if "out" in opts else "path"
+    _refuse_held(key, out, overwrite)  # what the folder holds, said before the tokenizer loads
+    tokenizer = _tokenizer_of(model)  # a refusal here creates no folder and no lock file
     with _output_lock(out):
-        _refuse_held("out" if "out" in opts else "path", out, overwrite)
-        tokenizer = _tokenizer_of(model)
+        _refuse_held(key, out, overwrite)  # again under the lock: another build may have written it meanwhile
         t0 = time.perf_counter()
         ds = _write_in_place(out, lambda tmp: make(tokenizer, tmp))
     return _print_summary(ds, t0)
