@@ -48,7 +48,7 @@ from harness.engine.build import plan, sampling_policy, sibling_sampling
 from harness.engine.checks import validate_config
 from harness.gates.stages import GateError
 from harness.heads.artifacts import refuse_foreign
-from harness.heads.published import is_published
+from harness.heads.published import is_published_checkpoint
 from harness.manifest import draft_model_config
 from harness.prepare import TRAINERS
 from harness.prepare.sequoia import ensure_tree_artifact, idle_nodes_note, slower_than_ar_note
@@ -681,14 +681,16 @@ def require_sequoia(cfg: DictConfig) -> None:
         )
 
 
-def calibrate(cfg: DictConfig, *, progress: bool = True) -> dict:
+def calibrate(cfg: DictConfig, *, progress: bool = True, unread: Sequence[str] = ()) -> dict:
     """Load the models of ``cfg``, write fresh calibration, profile and tree artifacts; return paths
-    (the summary, with ``notes``: what the choice says that its figures do not show)."""
+    (the summary, with ``notes``: what the choice says that its figures do not show). ``unread``,
+    the options given that calibrate does not read, are said once the models load (nothing refused)."""
 
     require_sequoia(cfg)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     loaded = load(cfg, plan_job(cfg, None))  # every refusal the run would make comes first, before model work
+    note_unread("calibrate", unread)
     arts = ensure_tree_artifact(cfg, build_context(cfg, loaded), force=True, progress=progress)
     out = arts.summary()
     out["notes"] = [n for n in (slower_than_ar_note(out["chosen"]), idle_nodes_note(arts.tree)) if n]
@@ -731,6 +733,13 @@ TRAIN_UNREAD = (
 )
 
 
+def note_unread(command: str, unread: Sequence[str]) -> None:
+    """Say on stderr the options given to ``harness <command>`` that it does not read (from
+    :func:`unread_options`); called once the command proceeds, so a refusal stays its only line."""
+    if unread:
+        print(f"harness {command}: note: option(s) with no effect here: {'; '.join(unread)}", file=sys.stderr)
+
+
 def unread_options(argv: list[str], unread=CALIBRATE_UNREAD) -> list[str]:
     """The overrides given to `harness calibrate` (or, with ``unread=TRAIN_UNREAD``, `harness train`)
     that it does not read, each as ``key=value: why``."""
@@ -762,10 +771,7 @@ def calibrate_main(argv: list[str]) -> int:
                     f"topology.tree_artifact={cfg.topology.tree_artifact} names a tree to load: harness calibrate "
                     "measures and writes one (a run loads a given tree: harness run topology.tree_artifact=...)"
                 )
-            unread = unread_options(argv)
-            if unread:
-                print(f"harness calibrate: note: option(s) with no effect here: {'; '.join(unread)}", file=sys.stderr)
-            out = calibrate(cfg)
+            out = calibrate(cfg, unread=unread_options(argv))
         except ConfigError as exc:  # offer only fixes calibrate accepts (a Sequoia tree, a sampling draft)
             if "cannot build topology=sequoia" in exc.reason:
                 sampling = sibling_sampling(sampling_policy(compose_checked(overrides)))
@@ -833,9 +839,6 @@ def train(argv: list[str]) -> dict:
     force = any(f in {"true", "1", "yes"} for f in forced)
     overrides = [a for a in argv if not a.startswith("force=")]
     cfg = compose_checked(overrides)
-    unread = unread_options(overrides, TRAIN_UNREAD)
-    if unread:
-        print(f"harness train: note: option(s) with no effect here: {'; '.join(unread)}", file=sys.stderr)
     name = cfg.proposer.name
     try:
         if name not in TRAINERS:
@@ -852,7 +855,7 @@ def train(argv: list[str]) -> dict:
             "nothing to search; drop proposer.skip to search one, or use it in harness run"
         )
     artifact = cfg.proposer.get("artifact")
-    if name in ("medusa", "hydra", "eagle") and is_published(artifact):  # before any model work
+    if name in ("medusa", "hydra", "eagle") and is_published_checkpoint(artifact, name):  # before any model work
         raise ConfigError(
             f"proposer.artifact={artifact!r} is a published {name} checkpoint: a run loads it as it is, "
             "nothing is trained here; drop proposer.artifact to train one for this target"
@@ -872,6 +875,7 @@ def train(argv: list[str]) -> dict:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     target, _ = load_models(cfg)
+    note_unread("train", unread_options(overrides, TRAIN_UNREAD))  # said once nothing was refused
     with noting_outcomes() as outcomes:
         summary = resolve_ref(TRAINERS[name])(cfg, target=target, force=force)
     if outcomes:  # a published artifact goes through no training at all

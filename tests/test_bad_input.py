@@ -1308,9 +1308,8 @@ def test_harness_train_into_a_folder_that_is_no_artifact_of_its_kind_is_refused_
     other.mkdir()
     other_kind = "medusa" if proposer == "eagle" else "eagle"
     (other / "manifest.json").write_text(json.dumps({"kind": other_kind}))
-    published = proposer in ("medusa", "hydra", "eagle")  # a folder without manifest.json is read as a published one
-    cases = [
-        (mine, "is a published" if published else "holds no manifest.json (not an artifact); leave proposer.artifact"),
+    cases = [  # a folder without manifest.json, config.json and weights is no published checkpoint either
+        (mine, "holds no manifest.json (not an artifact); leave proposer.artifact"),
         (tmp_path / "notes.txt", "is a file, not an artifact folder; leave proposer.artifact unset to use the cache"),
         (other, f"holds an artifact of kind {other_kind!r}, not {proposer!r}; name one of kind {proposer!r}, or leave"),
     ]
@@ -1835,3 +1834,119 @@ def test_a_path_the_user_gave_is_refused_but_a_failing_machine_is_an_error(exc, 
     assert cli.report_failure("report", exc) == code
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"harness report: {word}") and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("proposer", ["medusa", "hydra", "eagle"])
+def test_harness_train_calls_a_folder_published_only_when_it_holds_a_published_checkpoint(
+    tmp_path, capsys, no_models, proposer
+):
+    """`harness train proposer.artifact=DIR` said of an empty folder (any folder without manifest.json)
+    that it "is a published checkpoint: a run loads it as it is", where a run refuses it as no
+    published checkpoint. A folder is said to be published only when it holds config.json and the
+    layout's weights; any other folder is refused as no artifact."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    config_only = tmp_path / "config_only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text("{}")
+    weights = {"medusa": "medusa_lm_head.safetensors", "hydra": "hydra_lm_head.pt", "eagle": "pytorch_model.bin"}
+    published = tmp_path / "published"
+    published.mkdir()
+    (published / "config.json").write_text("{}")
+    (published / weights[proposer]).write_bytes(b"weights")
+    for path in (empty, config_only):
+        argv = ["train", "model=tiny", f"proposer={proposer}", f"proposer.artifact={path}"]
+        assert cli.main(argv) == 2
+        line = one_line(capsys, f"harness train: refused: proposer.artifact={str(path)!r} ")
+        assert "holds no manifest.json (not an artifact)" in line and "published" not in line, line
+    assert cli.main(["train", "model=tiny", f"proposer={proposer}", f"proposer.artifact={published}"]) == 2
+    line = one_line(capsys, f"harness train: refused: proposer.artifact={str(published)!r} ")
+    assert f"is a published {proposer} checkpoint: a run loads it as it is, nothing is trained here" in line
+    if proposer == "medusa":  # a Medusa-2 full model's weights are a published layout too
+        (published / weights[proposer]).unlink()
+        (published / "model.safetensors").write_bytes(b"weights")
+        assert cli.main(["train", "model=tiny", "proposer=medusa", f"proposer.artifact={published}"]) == 2
+        assert "is a published medusa checkpoint" in one_line(capsys, "harness train: refused: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config_only", "empty", "published"]
+    assert [p.name for p in empty.iterdir()] == []
+
+
+@pytest.mark.parametrize(
+    "argv, refusal",
+    [
+        (
+            ["train", "model=tiny", "proposer=medusa", "generation.max_new_tokens=0"],
+            "generation.max_new_tokens=0 is out of range",
+        ),
+        (
+            ["train", "model=tiny", "proposer=medusa", "output_dir=/nowhere", "proposer.data.token_budget=2"],
+            "proposer.data.token_budget=2 is out of range",
+        ),
+        (["calibrate", "model=tiny", "topology=sequence", "output_dir=/nowhere"], "needs topology=sequoia"),
+        (["calibrate", "model=tiny", "output_dir=/nowhere", "topology.max_nodes=0"], "max_nodes=0"),
+    ],
+)
+def test_a_refused_train_or_calibrate_prints_no_note_of_its_unread_options(capsys, no_models, argv, refusal):
+    """`harness train ... generation.max_new_tokens=0` printed a note that the option has no effect,
+    then refused it; `harness calibrate ... output_dir=X` likewise noted output_dir before refusing
+    the topology. A refused command prints its refusal alone."""
+    assert cli.main(argv) == 2
+    line = one_line(capsys, f"harness {argv[0]}: refused: ")
+    assert refusal in line and "no effect here" not in line
+
+
+def test_harness_train_and_calibrate_note_their_unread_options_once_they_proceed(tmp_path, capsys, monkeypatch):
+    """The note of the options a command does not read comes once nothing was refused: before the
+    training or the measurement, after the models load."""
+    import harness.app as app
+
+    said = []
+
+    def trainer(cfg, *, target, force):
+        said.append(capsys.readouterr().err)
+        return {"kind": "medusa", "path": "p"}
+
+    monkeypatch.setattr(app, "load_models", lambda cfg: ("target", None))
+    monkeypatch.setattr(app, "resolve_ref", lambda ref: trainer)
+    assert cli.main(["train", "model=tiny", "proposer=medusa", "generation.max_new_tokens=8"]) == 0
+    assert said[0].strip() == (
+        "harness train: note: option(s) with no effect here: generation.max_new_tokens=8: train decodes nothing: "
+        "it trains on proposer.data (a skip search on proposer.search)"
+    )
+    assert json.loads(capsys.readouterr().out) == {"kind": "medusa", "path": "p"}
+
+    class Artifacts:
+        tree = None
+
+        def summary(self):
+            return {"chosen": None}
+
+    def measure(cfg, context, *, force, progress):
+        said.append(capsys.readouterr().err)
+        return Artifacts()
+
+    monkeypatch.setattr(app, "load", lambda cfg, planned: "loaded")
+    monkeypatch.setattr(app, "build_context", lambda cfg, loaded: None)
+    monkeypatch.setattr(app, "ensure_tree_artifact", measure)
+    monkeypatch.setattr(app, "slower_than_ar_note", lambda chosen: None)
+    monkeypatch.setattr(app, "idle_nodes_note", lambda tree: None)
+    argv = [
+        "calibrate",
+        "model=tiny",
+        "proposer=draft_model",
+        "proposer.sampling=without_replacement",
+        "verifier=sequoia",
+        "generation.temperature=0.7",
+        f"output_dir={tmp_path / 'unread'}",
+    ]
+    assert cli.main(argv) == 0
+    assert (
+        said[1]
+        .strip()
+        .endswith(
+            f"harness calibrate: note: option(s) with no effect here: output_dir={tmp_path / 'unread'}: calibrate "
+            "writes its artifacts to $HARNESS_CACHE/sequoia"
+        )
+    ), said[1]
+    assert json.loads(capsys.readouterr().out) == {"chosen": None, "notes": []}
+    assert not (tmp_path / "unread").exists()

@@ -1016,3 +1016,27 @@ def test_a_head_bank_runs_the_targets_linear_kernel():
             checkpoint=target_fingerprint(model),
         )
         assert linear_kernel_of(p.heads) == expected
+
+
+def test_a_published_checkpoint_is_a_folder_with_config_and_the_layout_s_weights(tmp_path):
+    """Any folder without manifest.json is read by the published loader (which says what it lacks);
+    only one with config.json and the layout's weights is a published checkpoint."""
+    from harness.heads.published import is_published, is_published_checkpoint
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert is_published(str(empty))  # routed to the published loader, which refuses it
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    for kind in ("medusa", "hydra", "eagle"):
+        assert not is_published_checkpoint(str(empty), kind)
+        assert not is_published_checkpoint(str(folder), kind)  # config.json alone
+        assert not is_published_checkpoint(None, kind)
+        assert is_published_checkpoint("owner/published-heads", kind)  # a hub id no local path shadows
+    (folder / "hydra_lm_head.safetensors").write_bytes(b"w")
+    assert is_published_checkpoint(str(folder), "hydra") and not is_published_checkpoint(str(folder), "medusa")
+    (folder / "model.safetensors").write_bytes(b"w")
+    assert is_published_checkpoint(str(folder), "medusa") and is_published_checkpoint(str(folder), "eagle")
+    (folder / "manifest.json").write_text("{}")  # an artifact trained here
+    assert not any(is_published_checkpoint(str(folder), kind) for kind in ("medusa", "hydra", "eagle"))

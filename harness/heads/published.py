@@ -67,6 +67,7 @@ from harness.heads.checkpoint import (
     read_config_object,
     unreadable_tensor_file,
 )
+from harness.heads.eagle_formats import is_published_dir
 from harness.heads.models import vocab_projection
 from harness.target.loading import hub_unreachable, looks_like_hub_id
 
@@ -91,6 +92,25 @@ def is_published(ref: str | None) -> bool:
     if path.is_dir():
         return not (path / MANIFEST_FILE).is_file()
     return not path.exists() and looks_like_hub_id(str(ref))
+
+
+def is_published_checkpoint(ref: str | None, kind: str) -> bool:
+    """Whether ``proposer.artifact`` names a published ``kind`` checkpoint: a local directory with
+    ``config.json`` and that layout's weights (a heads file; for Medusa also Medusa-2 model weights;
+    an EAGLE draft's model weights) and no ``manifest.json``, or a hub id no local path shadows.
+    Narrower than :func:`is_published`, which takes every folder without a manifest for the
+    published loader to read (and refuse, saying what it lacks)."""
+    if not ref:
+        return False
+    path = Path(str(ref)).expanduser()
+    if not path.is_dir():
+        return is_published(ref)
+    if kind == "eagle":
+        return is_published_dir(path)
+    if (path / MANIFEST_FILE).is_file() or not (path / "config.json").is_file():
+        return False
+    weights = MEDUSA_FILES + FULL_MODEL_INDEXES + FULL_MODEL_FILES if kind == "medusa" else HYDRA_FILES
+    return any((path / name).is_file() for name in weights)
 
 
 def _hub_file(repo: str, filename: str, revision: str | None = None) -> Path | None:
