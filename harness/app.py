@@ -10,6 +10,7 @@ and turns the outcome into an exit code and a one-line refusal.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -415,7 +416,12 @@ def run_main(argv: list[str] | None = None, *, command: str = "run") -> int:
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _entry(cfg: DictConfig) -> dict | None:
-        with job_log_tee():
+        # every file a job writes goes to its folder by an absolute path, so ``hydra.job.chdir=true``
+        # changes nothing there; the paths it reads (prompts, checkpoints, corpora) are the ones given
+        # on the command line, relative to where the command ran
+        hydra_cfg = HydraConfig.get()
+        back = contextlib.chdir(hydra_cfg.runtime.cwd) if hydra_cfg.job.chdir else contextlib.nullcontext()
+        with back, job_log_tee():
             return _job(cfg)
 
     def _job(cfg: DictConfig) -> dict | None:

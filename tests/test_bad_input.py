@@ -1950,3 +1950,20 @@ def test_harness_train_and_calibrate_note_their_unread_options_once_they_proceed
     ), said[1]
     assert json.loads(capsys.readouterr().out) == {"chosen": None, "notes": []}
     assert not (tmp_path / "unread").exists()
+
+
+def test_a_job_run_with_hydra_job_chdir_reads_paths_relative_to_where_the_command_ran(
+    tmp_path, workload, capsys, monkeypatch
+):
+    """``hydra.job.chdir=true`` moves a job into its folder; a relative ``workload.path`` still names
+    the file beside the command, and the run writes its record to its folder."""
+    monkeypatch.chdir(tmp_path)
+    argv = [
+        a if not a.startswith("workload.path=") else f"workload.path={workload.name}"
+        for a in argv_for(tmp_path, workload, "gates.enabled=false", "hydra.job.chdir=true")
+        if not a.startswith("output_dir=")
+    ]
+    assert run_main(argv) == 0, capsys.readouterr().err
+    record = json.loads((tmp_path / "hydra" / "record.json").read_text())
+    assert record["config"]["workload"]["path"] == workload.name
+    assert Path.cwd() == tmp_path
