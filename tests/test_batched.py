@@ -1,16 +1,19 @@
 """Batched rounds on tiny models: per-request exactness at batch 1/2/4, early finish, one target
 forward per round, padded rows masked, the oracle on a batch of 2 at T > 0, the batched profile."""
 
+import random
+from typing import ClassVar
+
 import pytest
 import torch
 
-from harness.contracts import Budget
+from harness.contracts import Budget, ProposalResult
 from harness.engine.arms import merged_proposer_extras
 from harness.engine.decode import BatchLedger, RoundConfig, batches, decode, decode_batch
-from harness.gates.greedy import NEAR_TIE_LOGIT_TOL, check_prompt
+from harness.gates.greedy import NEAR_TIE_LOGIT_TOL, check_prompt, near_tie_tolerance, teacher_forced_logits
 from harness.gates.oracle import complete_to_length, enumerate_marginal, max_abs_error, target_joint
 from harness.measure.ledger import StageClock
-from harness.proposers.base import NullProposer
+from harness.proposers.base import NullProposer, Proposer
 from harness.proposers.draft_model import DraftModelProposer
 from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.random_source import TorchRandomSource
@@ -573,3 +576,278 @@ def test_the_decode_loop_s_clock_waits_for_the_devices_its_proposers_run_on(monk
         round_cfg=RoundConfig(max_nodes=4, max_depth=4),
     )
     assert made == [(torch.device("cpu"), {torch.device("cuda", 1)})]
+
+
+# --------------------------------------------------------------------------- trees from the target's own
+# continuation, batch 3 ragged, every attention path and dtype the CPU decodes with
+
+
+class _ContinuationTrees(Proposer):
+    """Trees built from a request's known greedy continuation ``ref`` (prompt + target tokens): one to
+    six paths, each the continuation's first L tokens (L random) then random tokens, shuffled, so
+    siblings part at random depths and the correct child is often not the first. Under the token
+    budget's depth cap one path follows the continuation all the way to the cap, so the budget lands
+    inside an accepted run."""
+
+    name: ClassVar[str] = "continuation_trees"
+    probability_semantics: ClassVar[str] = "score_only"
+    sampling_relation: ClassVar[str] = "deterministic_lookup"
+    shapes: ClassVar[frozenset[str]] = frozenset({"tree"})
+
+    def __init__(self, ref, seed, **kw):
+        super().__init__(**kw)
+        self.ref = list(ref)
+        self.draws = random.Random(seed)
+        self.caps: list[int | None] = []  # each round's depth cap, in order
+
+    def propose(self, committed, rng):
+        d = self.round_max_depth()
+        self.caps.append(self.depth_cap)
+        n = len(committed)
+        truth = self.ref[n : n + d] if self.ref[:n] == list(committed) else []
+        paths = [list(truth)] if self.depth_cap is not None and truth else []
+        for _ in range(self.draws.randint(1, 6)):
+            keep = self.draws.randint(0, len(truth))
+            path = truth[:keep] + [self.draws.randrange(96) for _ in range(self.draws.randint(0, d - keep))]
+            if path:
+                paths.append(path)
+        self.draws.shuffle(paths)
+        if not paths or d < 1:
+            return self.empty_proposal()
+        return ProposalResult.from_paths(paths, source=self.name, manifest_hash=self.manifest_hash)
+
+
+TREE_BUDGET = Budget(shape="tree", max_nodes=30, max_depth=5)  # six paths of five: nothing truncated
+
+
+def _has_siblings(tree) -> bool:
+    parents = tree.parents.tolist()
+    return len(set(parents)) < len(parents)
+
+
+def _decode_trees(model, prompts, refs, new, eos=frozenset(), seed=0):
+    """The batch decoded with :class:`_ContinuationTrees` (or AR where ``refs`` is None): the result,
+    each round's ``on_round`` arguments, the proposers."""
+    if refs is None:
+        proposers = [make("null", None, None, None) for _ in prompts]
+        cfg = RoundConfig(max_nodes=1, max_depth=1)
+    else:
+        proposers = [
+            _ContinuationTrees(ref, 1000 * seed + k, budget=TREE_BUDGET, manifest_hash="h")
+            for k, ref in enumerate(refs)
+        ]
+        cfg = RoundConfig(max_nodes=TREE_BUDGET.max_nodes, max_depth=TREE_BUDGET.max_depth)
+    rounds = []
+    res = decode_batch(
+        target=CausalLMBackend(model),
+        proposers=proposers,
+        verifier=get_verifier("greedy"),
+        policy=GREEDY,
+        prompts=prompts,
+        max_new_tokens=new,
+        eos_token_ids=eos,
+        rngs=[TorchRandomSource(k) for k in range(len(prompts))],
+        round_cfg=cfg,
+        on_round=lambda **kw: rounds.append(kw),
+    )
+    return res, rounds, proposers
+
+
+def _request_rounds(rounds, k):
+    """Request k's rounds: (tree, selection, emitted) in order."""
+    out = []
+    for r in rounds:
+        if k in r["live"]:
+            i = r["live"].index(k)
+            out.append((r["trees"][i], r["selections"][i], r["emitted"][i]))
+    return out
+
+
+def _hf_greedy(model, prompt, new):
+    """transformers' own greedy ``generate`` at batch 1 (no EOS), on the cache layout the backend uses."""
+    from harness.target import kv_cache
+    from harness.target.options import static_cache_of
+
+    model.generation_config.eos_token_id = None
+    ids = torch.tensor([prompt])
+    cache = kv_cache.new_cache(model.config, preallocated=static_cache_of(model), reserve=len(prompt) + new + 1)
+    with torch.inference_mode():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, cache=cache, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def _assert_no_near_tie(model, prompt, tokens):
+    """Every generated position's top logit clears the runner-up by more than the greedy gate's near-tie
+    tolerance: speculation and AR may then not part (a tie could part them legitimately)."""
+    dtype = next(model.parameters()).dtype
+    logits = teacher_forced_logits(model, prompt, tokens)
+    for t, row in enumerate(logits):
+        top2 = row.topk(2).values
+        tol = near_tie_tolerance(dtype, NEAR_TIE_LOGIT_TOL[dtype], float(top2[0]))
+        assert int(row.argmax()) == tokens[t], f"position {t}: AR token {tokens[t]} is not the argmax"
+        assert float(top2[0] - top2[1]) > tol, f"near-tie at position {t}: gap {float(top2[0] - top2[1])}, tol {tol}"
+
+
+TREE_NEW = 20
+#: the tiny model's LM head scaled by this: its logits spread over tens rather than tenths, so a greedy step's
+#: top two tokens can clear the near-tie tolerance (two units in the last place of the top logit in bfloat16)
+HEAD_SCALE = 48.0
+
+
+def _spread_model(seed, dtype):
+    model = build_tiny_model(seed=seed)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(HEAD_SCALE)
+    return model.to(dtype)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "seed"),
+    [(torch.float32, 0), (torch.float32, 11), (torch.bfloat16, 26), (torch.bfloat16, 384)],
+    ids=["fp32-0", "fp32-11", "bf16-26", "bf16-384"],
+)
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_trees_from_the_target_s_continuation_decode_its_greedy_tokens_at_batch_3(
+    monkeypatch, attn, fused, dtype, seed
+):
+    """Batch 3, prompts of ragged lengths (one of a single token), trees whose paths follow the target's
+    greedy continuation to random depths among siblings: every request's speculative tokens are the AR
+    arm's on the same batch (and in float32 transformers' greedy ``generate`` at batch 1), with SDPA's
+    boolean masks or eager attention's additive ones, transformers' layers or the native ones (which
+    eager attention keeps on transformers' layers), in float32 and bfloat16. An EOS accepted inside a run
+    of several tokens of a tree with siblings ends its request there, mid-round, as AR ends it; the token
+    budget caps a request's last round to the tokens left, inside its accepted run. The seeds are ones
+    whose greedy steps have no near-tie (asserted), so the two arms may not part."""
+    from harness.target import native, options
+    from harness.target.fused_layers import apply_fused_layers, fused_stack_of
+
+    if fused and native.native_kernels_problem() is not None:
+        pytest.skip(f"no native kernels here: {native.native_kernels_problem()}")
+    draws = random.Random(seed)
+    prompts = [
+        [draws.randrange(3, 96) for _ in range(draws.randint(6, 14))],
+        [draws.randrange(3, 96)],
+        [draws.randrange(3, 96) for _ in range(draws.randint(2, 5))],
+    ]
+    model = _spread_model(seed, dtype)
+    if fused:
+        options.apply_linear_kernel(model, "auto")
+        assert apply_fused_layers(model, True) == 2 and fused_stack_of(model)
+    if attn == "eager":
+        model.set_attn_implementation("eager")
+    depth = TREE_BUDGET.max_depth
+    # the continuation past the budget too: the last round's trees offer what the budget cuts
+    ar_long = _decode_trees(model, prompts, None, TREE_NEW + depth)[0]
+    refs = [p + r.tokens for p, r in zip(prompts, ar_long.requests)]
+    ar = _decode_trees(model, prompts, None, TREE_NEW)[0]
+    for k, p in enumerate(prompts):
+        assert ar.requests[k].tokens == ar_long.requests[k].tokens[:TREE_NEW]
+        _assert_no_near_tie(model, p, ar.requests[k].tokens)
+        if dtype == torch.float32:
+            assert ar.requests[k].tokens == _hf_greedy(model, p, TREE_NEW), f"request {k}"
+
+    native_calls, masks = [], []
+    for op in ("llama_stack", "llama_layer") if fused else ():
+        real = getattr(torch.ops.harness, op)
+        monkeypatch.setattr(torch.ops.harness, op, lambda *a, _op=real, _n=op: native_calls.append(_n) or _op(*a))
+    # the masks transformers' attention gets (a hook on the attention module, not the decoder layer: the
+    # fused decoder runs natively while no decoder layer is hooked)
+    seen = model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda mod, args, kwargs: masks.append(kwargs.get("attention_mask")), with_kwargs=True
+    )
+    try:
+        spec, rounds, proposers = _decode_trees(model, prompts, refs, TREE_NEW, seed=seed)
+    finally:
+        seen.remove()
+        monkeypatch.undo()
+    for k in range(3):
+        assert spec.requests[k].tokens == ar.requests[k].tokens, f"request {k}"
+    if fused and attn == "sdpa":  # each forward (prefill, every round's verify) ran the decoder as one native call
+        assert native_calls == ["llama_stack"] * (1 + len(rounds)) and masks == []
+    else:  # transformers' attention on the batch's tree masks: boolean for SDPA, additive for eager
+        assert native_calls == []
+        tree_masks = [m for m in masks if m is not None and m.shape[0] == 3 and m.shape[2] > 1]
+        assert tree_masks and {m.dtype for m in tree_masks} == {torch.bool if attn == "sdpa" else dtype}
+    per_request = [_request_rounds(rounds, k) for k in range(3)]
+    assert sum(len(sel.accepted_rows) >= 2 and _has_siblings(tree) for rr in per_request for tree, sel, _ in rr) > 0
+    assert any(  # the accepted child was not its parent's first child somewhere
+        row != tree.children(parent)[0]
+        for rr in per_request
+        for tree, sel, _ in rr
+        for parent, row in zip([-1, *sel.accepted_rows], sel.accepted_rows)
+    )
+
+    # the token budget inside an accepted run: a request whose last round was cut to the tokens left
+    # (less the bonus token), offered its continuation that deep among siblings, and accepted all of it
+    budget_cut = []
+    for k, rr in enumerate(per_request):
+        tree, sel, emitted = rr[-1]
+        cap = proposers[k].caps[-1]
+        assert spec.requests[k].finished_by == "max_new_tokens" and len(spec.requests[k].tokens) == TREE_NEW
+        if cap is not None and 2 <= len(emitted) and _has_siblings(tree):
+            assert cap < depth and len(sel.accepted_rows) == cap == len(emitted) - 1
+            assert len(refs[k]) > len(prompts[k]) + TREE_NEW  # the run went on past the budget
+            budget_cut.append(k)
+    assert budget_cut, "no request's last round was a multi-token run cut by the token budget"
+
+    # EOS inside an accepted run: a token accepted second or later in a round with siblings, the first
+    # time that request emits it; the run again with it as EOS stops there, mid-round
+    choice = None
+    for k, rr in enumerate(per_request):
+        done = 0
+        for tree, sel, emitted in rr:
+            for i in range(1, len(sel.accepted_rows)):
+                tok = emitted[i]
+                if choice is None and _has_siblings(tree) and tok not in spec.requests[k].tokens[: done + i]:
+                    choice = (k, tok, done + i)
+            done += len(emitted)
+    assert choice is not None, "no accepted run of two or more tokens in a tree with siblings"
+    k, tok, pos = choice
+    eos = frozenset({tok})
+    ar_eos = _decode_trees(model, prompts, None, TREE_NEW, eos=eos)[0]
+    spec_eos, rounds_eos, _ = _decode_trees(model, prompts, refs, TREE_NEW, eos=eos, seed=seed)
+    for j in range(3):
+        assert spec_eos.requests[j].tokens == ar_eos.requests[j].tokens, f"request {j} with EOS {tok}"
+        assert spec_eos.requests[j].finished_by == ar_eos.requests[j].finished_by
+    assert spec_eos.requests[k].tokens == ar.requests[k].tokens[: pos + 1]
+    assert spec_eos.requests[k].finished_by == "eos"
+    tree, sel, emitted = _request_rounds(rounds_eos, k)[-1]
+    assert _has_siblings(tree) and 2 <= len(emitted) < len(sel.accepted_rows) + 1  # cut mid-run
+    assert spec_eos.requests[k].ledger.committed_tokens == pos + 1
+
+
+def test_a_fused_layer_given_a_mask_broadcast_over_the_batch_runs_transformers_layer(monkeypatch):
+    """A boolean mask ``[1, 1, R, K]`` at batch 2 (one mask for every request, as a caller may pass it)
+    is not the per-request ``[B, 1, R, K]`` the native layer reads: the layer falls back to transformers'
+    forward, which broadcasts it, where it would reshape it to ``[B, R, K]`` and fail; layer by layer as
+    in one call, the logits are the unfused model's. The per-request mask runs natively."""
+    from harness.target import kv_cache, native
+    from harness.target.fused_layers import apply_fused_layers
+
+    if native.native_kernels_problem() is not None:
+        pytest.skip(f"no native kernels here: {native.native_kernels_problem()}")
+    calls = []
+    for op in ("llama_stack", "llama_layer"):
+        real = getattr(torch.ops.harness, op)
+        monkeypatch.setattr(torch.ops.harness, op, lambda *a, _op=real, _n=op: calls.append(_n) or _op(*a))
+    plain, fused = build_tiny_model(seed=2), build_tiny_model(seed=2)
+    assert apply_fused_layers(fused, True) == 2
+    ids = torch.tensor([PROMPTS[0][:6], PROMPTS[1][:6]])
+    causal = torch.tril(torch.ones(6, 6, dtype=torch.bool))
+    cases = [  # the mask, whether it is read by the layers one call each (hidden states asked for), their native calls
+        (causal[None, None], True, []),
+        (causal[None, None], False, []),
+        (causal.expand(2, 1, 6, 6), True, ["llama_layer"] * 2),
+        (causal.expand(2, 1, 6, 6), False, ["llama_stack"]),
+    ]
+    with torch.inference_mode():
+        want = plain(input_ids=ids).logits
+        for mask, hidden, native_calls in cases:
+            calls.clear()
+            cache = kv_cache.new_cache(fused.config, preallocated=True)
+            got = fused(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, output_hidden_states=hidden)
+            torch.testing.assert_close(got.logits, want, atol=2e-5, rtol=1e-5)
+            assert calls == native_calls and cache.get_seq_length() == 6

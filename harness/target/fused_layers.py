@@ -213,7 +213,8 @@ def _fused_forward(layer, original, hidden_states, attention_mask=None, position
     weights, biases = _parameters(layer)
     like = hidden_states.new_empty((b, attn.config.num_key_value_heads, r, attn.head_dim))
     start = layer_cache.reserve_rows(r, like, like)
-    if mask is not None and mask.shape[-1] != start + r:  # a mask over other slots than the cache's
+    if mask is not None and (mask.shape[0] != b or mask.shape[-2] != r or mask.shape[-1] != start + r):
+        # a mask over other slots than the cache's, or one broadcast over the batch or the rows
         return original(hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache, **kwargs)
     cos, sin = (t.expand(b, -1, -1) for t in position_embeddings)  # [1, R, dh] where no position ids were given
     out = torch.ops.harness.llama_layer(
