@@ -37,7 +37,7 @@ from harness.runner import check_job
 from harness.target.loading import DTYPES
 from harness.target.options import LINEAR_KERNELS
 from harness.topology.budgets import cartesian_rows, choices_size
-from harness.workloads.datastore import DEFAULT_MAX_TOKENS
+from harness.workloads.datastore import DEFAULT_MAX_TOKENS, LEAKAGE_THRESHOLD
 from harness.workloads.prompts import SPLITS
 
 #: the config groups (schema-backed YAML) that `harness run` composes
@@ -200,7 +200,9 @@ class DatastoreConfig:
     continuation_len: int = ranged(8, **POSITIVE_INT)
     max_matches: int = ranged(64, **POSITIVE_INT)
     exclude: str = "humaneval"  # humaneval | sharegpt_heldout | none | F.jsonl (comma-separated)
-    leakage_threshold: int = ranged(32, **POSITIVE_INT)  # run-time refusal at a longest match >= this many tokens
+    # run-time refusal at a longest match >= this many tokens: lowered, stricter; never above the standard 32
+    # (a prompt held whole would pass as gated: allow_leakage=true runs a leaked workload, ungated)
+    leakage_threshold: int = ranged(LEAKAGE_THRESHOLD, ge=1, le=LEAKAGE_THRESHOLD)
     verify_corpus: bool = True  # recompute the corpus snapshot on load
 
 

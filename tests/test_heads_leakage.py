@@ -247,3 +247,66 @@ def test_inline_documents_whose_stream_is_not_cached_are_not_applicable(env, tmp
     inline = {**env["manifest"], "artifact_id": "inline", "streams": {"train": {"source": "inline"}}}
     entry = TrainingLeakage(inline, tokenizer=None, vocab_size=VOCAB).check([])
     assert entry["status"] == "not_applicable" and "source 'inline'" in entry["why"]
+
+
+def boundary_tokenizer():
+    """A tiny byte-level BPE tokenizer whose only merges join a space to the letter after it, as
+    SmolLM2's do: a text's first word is coded apart from what precedes it (``P`` alone, ``ĠP`` after
+    a space)."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    merges = [("Ġ", c) for c in string.ascii_letters]
+    vocab.update({a + b: len(vocab) + i for i, (a, b) in enumerate(merges)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def test_a_text_held_mid_document_shares_its_window_whatever_precedes_it(monkeypatch):
+    """A byte-level BPE tokenizer codes a text's first word alone otherwise than after a space: a
+    32-token turn, prompt or reference held word for word in a training document shared no 32-token
+    window encoded alone, and passed. Each text is looked up after a space and after a newline too."""
+    import harness.heads.artifacts as artifacts
+    from harness.target.loading import cache_root
+    from harness.workloads.datastore import ExclusionIndex
+
+    tok = boundary_tokenizer()
+
+    def ids(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    held = "Please sort them by key, then by value."
+    assert len(ids(held)) == LEAKAGE_THRESHOLD
+    document = ids("Then the user said: " + held + " and left.")
+    text = artifacts.TrainingText(
+        index=ExclusionIndex([np.asarray(document)], LEAKAGE_THRESHOLD),
+        origin="cache",
+        split="train",
+        documents=1,
+        tokens=len(document),
+        seconds=0.0,
+    )
+    monkeypatch.setitem(artifacts._TRAINING_TEXTS, (str(cache_root()), "boundary"), text)
+    gate = TrainingLeakage({"artifact_id": "boundary", "kind": "hydra"}, tokenizer=tok, vocab_size=len(tok))
+    items = [
+        (Prompt(prompt_id="q", category="c", turns=("Write a poem.", held)), ids("Write a poem.")),
+        (Prompt(prompt_id="m", category="c", messages=({"role": "user", "content": held},)), ids(held)),
+        (Prompt(prompt_id="r", category="c", text="x", reference=held), ids("x")),
+    ]
+    with pytest.raises(LeakageError, match=r"3 of 4 .*: q turn 2 \(prompt\), m \(prompt\), r \(reference\)"):
+        gate.check(items)
+    entry = gate.check(items, allow_leakage=True)
+    assert entry["status"] == "skipped" and entry["leaked"] == ["q turn 2", "m", "r"]
+    rows = {r["prompt_id"]: r for r in entry["items"]}
+    assert rows["m"]["prompt_tokens"] == rows["m"]["longest_text_tokens"] == LEAKAGE_THRESHOLD
+    # one token shorter: no 32-token window wherever it starts
+    short = held.removesuffix(".")
+    clean = [(Prompt(prompt_id="s", category="c", turns=("Hi.", short)), ids("Hi."))]
+    assert gate.check(clean)["status"] == "passed"

@@ -23,6 +23,7 @@ from harness.verifiers.base import NegotiationError
 from harness.verifiers.sampling import SamplingPolicy
 from harness.workloads.corpora import make_corpus
 from harness.workloads.datastore import (
+    LEAKAGE_THRESHOLD,
     DatastoreError,
     LeakageError,
     build_datastore,
@@ -280,6 +281,124 @@ def test_a_leaked_reference_answer_is_refused():
     assert entry["items"][0]["prompt_longest_match"] == 3 and entry["items"][0]["reference_longest_match"] == 40
     short = [(Prompt(prompt_id="q", category="code", text="x", reference=reference[:20]), [5, 6, 7])]
     assert prop.check_workload(short)["max_longest_match"] == 20
+
+
+def boundary_tokenizer():
+    """A tiny byte-level BPE tokenizer whose only merges join a space to the letter after it, as
+    SmolLM2's do: a text's first word is coded apart from what precedes it (``P`` alone, ``ĠP`` after
+    a space)."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    merges = [("Ġ", c) for c in string.ascii_letters]
+    vocab.update({a + b: len(vocab) + i for i, (a, b) in enumerate(merges)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+#: 32 tokens encoded alone (:func:`boundary_tokenizer`); its first word codes otherwise mid-text
+HELD = "Please sort them by key, then by value."
+
+
+def boundary_proposer(held: str):
+    """A REST proposer over a datastore built with :func:`boundary_tokenizer` from one document that
+    holds ``held`` word for word mid-line."""
+    from harness.workloads.corpora import Document, InlineCorpus
+
+    tok = boundary_tokenizer()
+    corpus = InlineCorpus((Document("d", ("Then the user said: " + held + " and left.",)),))
+    ds = build_datastore(corpus, tokenizer=tok, target_family="boundary", progress=False)
+    prop = RestProposer(budget=Budget(shape="tree", max_nodes=8, max_depth=4), manifest_hash="h", datastore=ds)
+    prop.tokenizer, prop.vocab_size = tok, len(tok)
+    return prop, tok
+
+
+def test_a_text_held_mid_document_is_matched_whatever_precedes_it():
+    """A byte-level BPE tokenizer codes a text's first word alone otherwise than after a space: a
+    32-token turn, prompt or reference held word for word in the datastore matched 31 tokens encoded
+    alone, and passed. Each text is looked up after a space and after a newline too."""
+    from harness.heads.artifacts import text_encodings
+
+    prop, tok = boundary_proposer(HELD)
+    alone = tok(HELD, add_special_tokens=False)["input_ids"]
+    assert len(alone) == LEAKAGE_THRESHOLD
+    # the lead's own token dropped: after a newline it is the lone encoding again (one kept)
+    assert text_encodings(HELD, tokenizer=tok, vocab_size=len(tok)) == [
+        alone,
+        tok(" " + HELD, add_special_tokens=False)["input_ids"],
+    ]
+    assert text_encodings(HELD, tokenizer=None, vocab_size=96) == [tiny_ids(HELD)]
+    turn = Prompt(prompt_id="q", category="writing", turns=("Write a poem.", HELD))
+    plain = Prompt(prompt_id="p", category="writing", text=HELD)  # its ids: the text alone, as the model sees it
+    answered = Prompt(prompt_id="r", category="code", text="x", reference=HELD)
+    items = [(turn, tok("Write a poem.")["input_ids"]), (plain, alone), (answered, tok("x")["input_ids"])]
+    with pytest.raises(LeakageError, match=r"q turn 2 \(32 tokens\), p \(32 tokens\), r \(32 tokens\)"):
+        prop.check_workload(items)
+    entry = prop.check_workload(items, allow_leakage=True)
+    assert entry["status"] == "skipped" and entry["leaked"] == ["q turn 2", "p", "r"]
+    rows = {r["prompt_id"]: r for r in entry["items"]}
+    assert rows["p"]["prompt_longest_match"] == 32 and rows["r"]["reference_longest_match"] == 32
+    # one token shorter held whole: 31 wherever it starts, below the threshold
+    short = HELD.removesuffix(".")
+    prop, tok = boundary_proposer(short)
+    entry = prop.check_workload([(Prompt(prompt_id="q", category="c", turns=("Hi.", short)), [5])])
+    assert entry["status"] == "passed" and entry["max_longest_match"] == LEAKAGE_THRESHOLD - 1
+
+
+def test_leakage_threshold_is_never_raised_above_the_standard(env, tmp_path):
+    """A leakage_threshold above 32 let a prompt held whole in the datastore pass the gate with the
+    run gated. The option goes from 1 (strictest) to 32: a higher one is refused before model work,
+    and a proposer given one refuses to check; allow_leakage=true is how a leaked workload runs."""
+    from harness.contracts import ConfigError
+    from harness.runner import run_job
+
+    store, _ = write_store(env, "ds_leaked", leak="p1")
+    for high in (33, 100000):
+        with pytest.raises(ConfigError, match=rf"leakage_threshold={high} is out of range: it must be in \[1, 32\]"):
+            plan(compose_cfg(*run_overrides(env, store, f"proposer.datastore.leakage_threshold={high}")))
+    with pytest.raises(LeakageError, match=r"p1 \(\d+ tokens\)"):  # lower: stricter, and still refuses
+        run_job(compose_cfg(*run_overrides(env, store, "proposer.datastore.leakage_threshold=8")), run_dir=tmp_path)
+    ds = datastore_from_token_ids([[5, 6, 7] + tiny_ids(PROMPTS[0]["prompt"]) + [8, 9]])
+    prop = RestProposer(budget=Budget(shape="tree", max_nodes=8, max_depth=4), manifest_hash="h", datastore=ds)
+    prop.leakage_threshold = 100000
+    items = [(Prompt(prompt_id="p1", category="c", text=PROMPTS[0]["prompt"]), tiny_ids(PROMPTS[0]["prompt"]))]
+    with pytest.raises(ValueError, match=r"leakage_threshold=100000 is out of range: .* from 1 to 32"):
+        prop.check_workload(items, allow_leakage=True)
+
+
+def test_the_refusal_never_advises_a_threshold_above_the_standard():
+    """A leaked match shorter than the datastore's exclusion window is advised to be let through by
+    raising leakage_threshold to the window; a window wider than 32 (a build through the Python API)
+    made that advice a threshold the option refuses. Past 32 tokens a rebuild is advised instead."""
+    import string
+
+    from harness.workloads.corpora import Document, InlineCorpus
+
+    tok = boundary_tokenizer()
+    held = string.ascii_letters + string.digits  # 62 distinct characters, one token each
+    text = tok(held, add_special_tokens=False)["input_ids"]
+    corpus = InlineCorpus((Document("d", (held,)),))
+    ds = build_datastore(corpus, tokenizer=tok, target_family="boundary", exclusion_window=64, progress=False)
+    assert ds.manifest["exclusion"]["window_tokens"] == 64
+    prop = RestProposer(budget=Budget(shape="tree", max_nodes=8, max_depth=4), manifest_hash="h", datastore=ds)
+    prop.tokenizer, prop.vocab_size, prop.leakage_threshold = tok, len(tok), 20
+    items = [
+        (Prompt(prompt_id="short", category="c", text="!"), [0] + text[:25] + [0]),
+        (Prompt(prompt_id="long", category="c", text="?"), [0] + text[:40] + [0]),
+    ]
+    with pytest.raises(LeakageError) as e:
+        prop.check_workload(items)
+    said = str(e.value)
+    assert "long (40 tokens): rebuild the datastore excluding them" in said
+    assert "short (25 tokens): a build keeps out only matches of 32 tokens or more" in said
+    assert "raise leakage_threshold to 32;" in said and "to 64" not in said
 
 
 def test_check_workload_restarts_the_retrieval_counters():

@@ -728,10 +728,48 @@ def text_ids(text: str, *, tokenizer, vocab_size: int) -> list[int]:
     return byte_ids(text, vocab_size=vocab_size, max_len=len(text.encode()))
 
 
+#: what may stand before a workload text where a corpus or a training document holds it: a space
+#: (mid-line) or a newline (a line's start), besides nothing (:func:`text_encodings`)
+TEXT_LEADS = (" ", "\n")
+
+
+def text_encodings(text: str, *, tokenizer, vocab_size: int) -> list[list[int]]:
+    """A workload text's token ids as a document may hold them: encoded alone (:func:`text_ids`),
+    then after a space and after a newline (:data:`TEXT_LEADS`), the lead's own ids dropped where
+    they come first. A byte-level BPE tokenizer codes a text's first word apart from what precedes
+    it (SmolLM2: ``Please`` alone, ``ĠPlease`` after a space), so a text held word for word
+    mid-document shares one token fewer with its lone encoding; a leakage gate takes the longest
+    match of any of these. Distinct encodings only, the lone one first; byte ids (no tokenizer) do
+    not depend on what precedes them: that one alone."""
+    alone = text_ids(text, tokenizer=tokenizer, vocab_size=vocab_size)
+    out = [alone]
+    if tokenizer is None:
+        return out
+    for lead in TEXT_LEADS:
+        ids = text_ids(lead + text, tokenizer=tokenizer, vocab_size=vocab_size)
+        head = text_ids(lead, tokenizer=tokenizer, vocab_size=vocab_size)
+        if head and ids[: len(head)] == head:  # the lead a token of its own: not the text's
+            ids = ids[len(head) :]
+        if ids and ids not in out:
+            out.append(ids)
+    return out
+
+
+def written_texts(prompt) -> list[str] | None:
+    """The first turn's texts as written: a plain prompt's text, or each message's content (blank
+    ones left out), or a conversation's first turn; None for a prompt of token ids alone (no text)."""
+    messages = getattr(prompt, "messages", None)
+    if messages:
+        return [str(m.get("content") or "") for m in messages if str(m.get("content") or "").strip()]
+    plain = getattr(prompt, "text", None) or next(iter(getattr(prompt, "turns", None) or ()), None)
+    return [plain] if plain else None
+
+
 class TrainingLeakage:
     """The workload-governance gate of a proposer running an artifact trained here: every text of
     the evaluation workload the model sees (each prompt's ids, each later user turn, the reference
-    answer where there is one) is looked up in the artifact's training text (:func:`training_text`).
+    answer where there is one) is looked up in the artifact's training text (:func:`training_text`),
+    in each of its encodings (:func:`text_encodings`: alone, after a space, after a newline).
     A text leaks when it shares a :data:`~harness.workloads.datastore.LEAKAGE_THRESHOLD`-token window
     with one training document (a hash hit confirmed token by token); a shorter text cannot, as in a
     REST datastore's gate (the training recipe itself drops a conversation opening with any held-out
@@ -743,20 +781,18 @@ class TrainingLeakage:
     def __init__(self, manifest: dict, *, tokenizer, vocab_size: int) -> None:
         self.manifest, self.tokenizer, self.vocab_size = manifest, tokenizer, int(vocab_size)
 
-    def encode(self, text: str) -> list[int]:
-        return text_ids(text, tokenizer=self.tokenizer, vocab_size=self.vocab_size)
+    def encode(self, text: str) -> list[list[int]]:
+        """``text``'s encodings as a training document may hold it (:func:`text_encodings`)."""
+        return text_encodings(text, tokenizer=self.tokenizer, vocab_size=self.vocab_size)
 
-    def written(self, prompt, ids) -> list[list[int]]:
-        """The first turn's texts as written, each encoded alone: a plain prompt's text, or each
-        message's content, or a conversation's first turn; not the ids the chat template made of them,
-        whose fixed wording (a system line, role markers: the training documents hold the same) would
-        count towards a shared window and flag any prompt opening as a training conversation does. A
-        prompt of token ids alone (no text) is looked up as its ids."""
-        messages = getattr(prompt, "messages", None)
-        if messages:
-            return [self.encode(str(m.get("content") or "")) for m in messages if str(m.get("content") or "").strip()]
-        plain = getattr(prompt, "text", None) or next(iter(getattr(prompt, "turns", None) or ()), None)
-        return [self.encode(plain)] if plain else [list(ids)]
+    def written(self, prompt, ids) -> list[list[list[int]]]:
+        """The first turn's texts as written (:func:`written_texts`), each as its encodings
+        (:meth:`encode`); not the ids the chat template made of them, whose fixed wording (a system
+        line, role markers: the training documents hold the same) would count towards a shared window
+        and flag any prompt opening as a training conversation does. A prompt of token ids alone (no
+        text) is looked up as its ids."""
+        texts = written_texts(prompt)
+        return [[list(ids)]] if texts is None else [self.encode(t) for t in texts]
 
     def check(self, items: list, *, allow_leakage: bool = False) -> dict:
         """``items``: ``[(Prompt, prompt_ids)]``. Returns the gate entry; raises
@@ -781,17 +817,21 @@ class TrainingLeakage:
             for k, turn in enumerate((getattr(prompt, "turns", None) or ())[1:], start=2):
                 texts.append((f"{prompt_id} turn {k}", [self.encode(turn)], None))
             for name, pieces, ref_ids in texts:
-                hits = (text.index.first_hit(np.asarray(piece, dtype=np.int64)) for piece in pieces)
+                # each piece: one text's encodings (alone, after a space, after a newline); any may hit
+                hits = (text.index.first_hit(np.asarray(e, dtype=np.int64)) for piece in pieces for e in piece)
                 hit = next((h for h in hits if h is not None), None)
-                ref_hit = None if ref_ids is None else text.index.first_hit(np.asarray(ref_ids, dtype=np.int64))
+                ref_hits = (
+                    () if ref_ids is None else (text.index.first_hit(np.asarray(e, dtype=np.int64)) for e in ref_ids)
+                )
+                ref_hit = next((h for h in ref_hits if h is not None), None)
                 leaked = hit is not None or ref_hit is not None
                 records.append(
                     {
                         "prompt_id": str(name),
-                        "prompt_tokens": sum(len(piece) for piece in pieces),
+                        "prompt_tokens": sum(len(piece[0]) for piece in pieces),
                         # a window fits in one written text or in none: the longest decides
-                        "longest_text_tokens": max((len(piece) for piece in pieces), default=0),
-                        "reference_tokens": None if ref_ids is None else len(ref_ids),
+                        "longest_text_tokens": max((len(e) for piece in pieces for e in piece), default=0),
+                        "reference_tokens": None if ref_ids is None else max(map(len, ref_ids)),
                         "prompt_leaked": hit is not None,
                         "reference_leaked": None if ref_ids is None else ref_hit is not None,
                         # the training document (its place in the stream) holding a shared window

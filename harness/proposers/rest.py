@@ -47,7 +47,13 @@ Run-time leakage control (:meth:`RestProposer.check_workload`): the longest data
 every evaluation prompt and its tokenized reference answer is measured and recorded; a match of
 ``leakage_threshold`` (32) tokens or more refuses the run
 (:class:`~harness.workloads.datastore.LeakageError`, a ``ValueError``: ``harness run`` reports a
-refusal and writes no record) unless ``allow_leakage=true``, which the record then states. The
+refusal and writes no record) unless ``allow_leakage=true``, which the record then states (the run
+is then not gated). ``leakage_threshold`` may be lowered (stricter), never raised above
+:data:`~harness.workloads.datastore.LEAKAGE_THRESHOLD`: a longer threshold would pass as gated a
+prompt the datastore holds whole. A workload text is looked up as encoded alone and as encoded
+after a space and after a newline (:func:`~harness.heads.artifacts.text_encodings`), the longest
+match counting: a byte-level BPE tokenizer codes a text's first word apart from what precedes it in
+the corpus. The
 retrieval counters in ``stats.extras`` (the record's ``metrics.retrieval``: rounds, miss rate,
 mean match length, retrieval latency, datastore bytes and release id) restart there and again
 after the warm-up request (``Arms.warmup``), so they cover the measured rounds only.
@@ -75,7 +81,7 @@ from harness.contracts import (
     budget_topology,
 )
 from harness.files import artifact_lock, temporary_sibling
-from harness.heads.artifacts import text_ids
+from harness.heads.artifacts import text_encodings, written_texts
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
 from harness.target.loading import load_tokenizer
@@ -93,14 +99,15 @@ from harness.workloads.datastore import (
     built_exclusion,
     cache_folder_name,
     cached_datastore_dir,
-    check_leakage,
     check_release_manifest,
     corpus_check,
     default_exclusion,
     exclusion_fingerprints,
     exclusions_for,
     foreign_manifest,
+    leakage_record,
     load_datastore,
+    longest_match,
     match_selection_of,
     read_manifest,
     refuse_leakage,
@@ -306,7 +313,7 @@ class RestProposer(Proposer):
             **opts,
         )
         prop.tokenizer, prop.vocab_size = tokenizer, vocab
-        prop.leakage_threshold = int(ds_cfg.get("leakage_threshold", LEAKAGE_THRESHOLD))
+        prop.leakage_threshold = checked_threshold(ds_cfg.get("leakage_threshold", LEAKAGE_THRESHOLD))
         prop.stats.extras.update(
             {
                 "run_manifest_hash": manifest_hash,
@@ -331,40 +338,54 @@ class RestProposer(Proposer):
             }
         }
 
-    def encode_reference(self, text: str) -> list[int]:
-        """A reference answer in target token ids: the target tokenizer (no special tokens), or for
-        a target without one (``model=tiny``) the runner's synthetic byte ids ``3 + b % (V - 3)``."""
-        return text_ids(text, tokenizer=self.tokenizer, vocab_size=self.vocab_size or 96)
+    def encodings(self, text: str) -> list[list[int]]:
+        """A workload text (a user turn, a reference answer) in target token ids as the corpus may
+        hold it: the target tokenizer's (no special tokens) alone, after a space and after a newline
+        (:func:`~harness.heads.artifacts.text_encodings`), or for a target without one
+        (``model=tiny``) the runner's synthetic byte ids ``3 + b % (V - 3)``."""
+        return text_encodings(text, tokenizer=self.tokenizer, vocab_size=self.vocab_size or 96)
+
+    def longest_of(self, encodings: Sequence[Sequence[int]]) -> int:
+        """The longest datastore match of any of ``encodings`` (each distinct one looked up once)."""
+        distinct = {tuple(int(t) for t in ids) for ids in encodings}
+        return max((longest_match(self.datastore, ids) for ids in distinct), default=0)
 
     def check_workload(self, items: list, *, allow_leakage: bool = False) -> dict:
         """Evaluation-leakage gate: longest datastore match of every prompt (each of a conversation's
         user turns) and reference answer.
 
-        ``items``: ``[(Prompt, prompt_ids)]``. Raises
+        ``items``: ``[(Prompt, prompt_ids)]``. A prompt's match is the longest of its ids (what the
+        model sees) and of its first turn's texts as written; every text (those, a later user turn,
+        the reference answer) is looked up in each of its :meth:`encodings`. Raises
         :class:`~harness.workloads.datastore.LeakageError` (:func:`refuse_leakage`) when one reaches
         ``leakage_threshold`` tokens unless ``allow_leakage``; returns the gate entry (every
         item's match lengths; ``leaked`` and ``allow_leakage`` state what was let through).
+        A ``leakage_threshold`` outside ``[1, LEAKAGE_THRESHOLD]`` is refused (``ValueError``).
         Restarts the retrieval counters: everything measured after the gates starts from zero.
         """
-        triples = []
+        threshold = checked_threshold(self.leakage_threshold)
+        texts = []  # (row id, the prompt's encodings, the reference's or None)
         for prompt, ids in items:
             ref = getattr(prompt, "reference", None)
-            prompt_id = getattr(prompt, "prompt_id", str(len(triples)))
-            triples.append((prompt_id, list(ids), self.encode_reference(ref) if ref else None))
+            prompt_id = getattr(prompt, "prompt_id", str(len(texts)))
+            first = [list(ids)] + [e for t in written_texts(prompt) or () for e in self.encodings(t)]
+            texts.append((prompt_id, first, self.encodings(ref) if ref else None))
             # a conversation's later user turns reach the model too (after its own answers): each is checked
             for k, turn in enumerate((getattr(prompt, "turns", None) or ())[1:], start=2):
-                triples.append((f"{prompt_id} turn {k}", self.encode_reference(turn), None))
+                texts.append((f"{prompt_id} turn {k}", self.encodings(turn), None))
         t0 = time.perf_counter()
-        records = check_leakage(self.datastore, triples, threshold=self.leakage_threshold, allow=True)
+        records = []
+        for prompt_id, prompt_encodings, reference_encodings in texts:
+            p = self.longest_of(prompt_encodings)
+            r = None if reference_encodings is None else self.longest_of(reference_encodings)
+            records.append(leakage_record(self.datastore, prompt_id, p, r, threshold=threshold, allow=allow_leakage))
         seconds = time.perf_counter() - t0
-        for r in records:
-            r["allowed"] = bool(allow_leakage and r["leaked"])
         if not allow_leakage:
             refuse_leakage(
                 records,
-                threshold=self.leakage_threshold,
+                threshold=threshold,
                 release_id=self.datastore.release_id,
-                manifest=self.datastore.manifest,
+                manifest=_advised_window(self.datastore.manifest),
             )
         leaked = [r for r in records if r["leaked"]]
         longest = max((r["longest_match"] for r in records), default=0)
@@ -950,6 +971,32 @@ def open_datastore(
 #: the shortest committed suffix prompt lookup searches its datastore with (``proposer.datastore``
 #: of ``proposer=prompt_lookup``; not an option)
 LOOKUP_MIN_SUFFIX = 2
+
+
+def checked_threshold(value) -> int:
+    """``leakage_threshold`` as an int in ``[1, LEAKAGE_THRESHOLD]``: it may be lowered (a shorter
+    match refuses: stricter), never raised, which would let a prompt the datastore holds whole pass
+    as gated (``allow_leakage=true`` is how a leaked workload runs, ungated). Anything else raises
+    ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LEAKAGE_THRESHOLD:
+        raise ValueError(
+            f"leakage_threshold={value!r} is out of range: it must be a whole number from 1 to "
+            f"{LEAKAGE_THRESHOLD} (a match that long refuses the run; allow_leakage=true runs a leaked "
+            "workload, ungated)"
+        )
+    return value
+
+
+def _advised_window(manifest: dict) -> dict:
+    """``manifest`` as :func:`refuse_leakage` reads it for its advice, its exclusion window capped at
+    :data:`LEAKAGE_THRESHOLD`: a leaked match shorter than the window is advised to be let through by
+    raising ``leakage_threshold`` to it, and the threshold goes no higher; a longer match is advised
+    a rebuild (a build's standard window keeps it out)."""
+    exclusion = manifest.get("exclusion") or {}
+    window = exclusion.get("window_tokens")
+    if not isinstance(window, int) or window <= LEAKAGE_THRESHOLD:
+        return manifest
+    return {**manifest, "exclusion": {**exclusion, "window_tokens": LEAKAGE_THRESHOLD}}
 
 
 def release_limits(manifest: dict) -> dict[str, int]:

@@ -1163,6 +1163,25 @@ def longest_match(datastore: Datastore, token_ids: Sequence[int]) -> int:
     return best
 
 
+def leakage_record(
+    datastore: Datastore, prompt_id: str, prompt_match: int, reference_match: int | None, *, threshold: int, allow: bool
+) -> dict:
+    """One evaluation item's leakage record: its prompt's and reference's longest datastore matches
+    (None: no reference), the longer of the two, whether it reaches ``threshold`` (``leaked``) and
+    whether such a leak was let through (``allowed``: ``allow`` and leaked)."""
+    worst = max(prompt_match, reference_match or 0)
+    return {
+        "prompt_id": str(prompt_id),
+        "prompt_longest_match": prompt_match,
+        "reference_longest_match": reference_match,
+        "longest_match": worst,
+        "threshold": threshold,
+        "leaked": worst >= threshold,
+        "allowed": bool(allow and worst >= threshold),
+        "datastore_release_id": datastore.release_id,
+    }
+
+
 def check_leakage(
     datastore: Datastore,
     items: Iterable[tuple[str, Sequence[int], Sequence[int] | None]],
@@ -1182,19 +1201,7 @@ def check_leakage(
     for prompt_id, prompt_ids, reference_ids in items:
         p = longest_match(datastore, prompt_ids)
         r = None if reference_ids is None else longest_match(datastore, reference_ids)
-        worst = max(p, r or 0)
-        records.append(
-            {
-                "prompt_id": str(prompt_id),
-                "prompt_longest_match": p,
-                "reference_longest_match": r,
-                "longest_match": worst,
-                "threshold": threshold,
-                "leaked": worst >= threshold,
-                "allowed": bool(allow),
-                "datastore_release_id": datastore.release_id,
-            }
-        )
+        records.append(leakage_record(datastore, prompt_id, p, r, threshold=threshold, allow=allow))
     if not allow:
         refuse_leakage(records, threshold=threshold, release_id=datastore.release_id, manifest=datastore.manifest)
     return records
