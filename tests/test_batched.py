@@ -851,3 +851,87 @@ def test_a_fused_layer_given_a_mask_broadcast_over_the_batch_runs_transformers_l
             got = fused(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, output_hidden_states=hidden)
             torch.testing.assert_close(got.logits, want, atol=2e-5, rtol=1e-5)
             assert calls == native_calls and cache.get_seq_length() == 6
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+def test_requests_leaving_the_batch_leave_the_cache_in_buffers_the_next_verify_appends_to(monkeypatch, fused):
+    """Batch 3, requests finishing at different rounds (one at an EOS, the others as their trees' runs
+    reach the budget): each drop compacts the preallocated layers into buffers of the kept batch size
+    and the same capacity, so no verify forward reallocates a layer (every forward appends in place,
+    transformers' layers or the native stack), and every request's tokens are still the AR arm's."""
+    from harness.target import kv_cache, native, options
+    from harness.target.backend import _preallocated_buffers, cache_layers
+    from harness.target.fused_layers import apply_fused_layers, fused_stack_of
+
+    if fused and native.native_kernels_problem() is not None:
+        pytest.skip(f"no native kernels here: {native.native_kernels_problem()}")
+    draws = random.Random(0)
+    prompts = [
+        [draws.randrange(3, 96) for _ in range(draws.randint(6, 14))],
+        [draws.randrange(3, 96)],
+        [draws.randrange(3, 96) for _ in range(draws.randint(2, 5))],
+    ]
+    model = _spread_model(0, torch.float32)
+    if fused:
+        options.apply_linear_kernel(model, "auto")
+        assert apply_fused_layers(model, True) == 2 and fused_stack_of(model)
+    ar_long = _decode_trees(model, prompts, None, TREE_NEW + TREE_BUDGET.max_depth)[0]
+    refs = [p + r.tokens for p, r in zip(prompts, ar_long.requests)]
+    free = [r.tokens[:TREE_NEW] for r in ar_long.requests]
+    eos_tok = next(t for t in free[0][2:8] if t not in free[1] and t not in free[2])  # request 0 stops early
+    eos = frozenset({eos_tok})
+
+    verifies, drops, native_calls = [], [], []
+    reallocated = [0]
+    real_realloc = kv_cache.PreallocatedLayer._reallocate
+
+    def counting_realloc(self, *args):
+        reallocated[0] += 1
+        return real_realloc(self, *args)
+
+    real_verify, real_drop = CausalLMBackend.verify, CausalLMBackend.drop
+
+    def verify(self, state, pending, trees):
+        layers = [layer for layer in state.cache.layers if isinstance(layer, kv_cache.PreallocatedLayer)]
+        before, count = [(layer._key_buffer, layer._value_buffer) for layer in layers], reallocated[0]
+        out = real_verify(self, state, pending, trees)
+        after = [(layer._key_buffer, layer._value_buffer) for layer in layers]
+        verifies.append(
+            (state.batch_size, reallocated[0] - count, all(a is b for a, b in zip(sum(before, ()), sum(after, ()))))
+        )
+        return out
+
+    def drop(self, state, rows):
+        capacities = [layer.capacity for layer in state.cache.layers]
+        real_drop(self, state, rows)
+        if rows and state.batch_size:
+            layers = cache_layers(state.cache)
+            assert layers and all(isinstance(layer, kv_cache.PreallocatedLayer) for layer in layers)
+            assert [layer.capacity for layer in state.cache.layers] == capacities  # the capacity kept
+            assert all(layer._key_buffer.shape[0] == state.batch_size for layer in layers)
+            assert all(layer.get_seq_length() == state.phys_len == max(state.lengths) for layer in layers)
+            assert _preallocated_buffers(state.cache) is not None  # what the native commit moves slots in
+            drops.append(state.batch_size)
+
+    monkeypatch.setattr(kv_cache.PreallocatedLayer, "_reallocate", counting_realloc)
+    monkeypatch.setattr(CausalLMBackend, "verify", verify)
+    monkeypatch.setattr(CausalLMBackend, "drop", drop)
+    if fused:
+        real_stack = torch.ops.harness.llama_stack
+        monkeypatch.setattr(torch.ops.harness, "llama_stack", lambda *a: native_calls.append(1) or real_stack(*a))
+    ar, ar_rounds, _ = _decode_trees(model, prompts, None, TREE_NEW, eos=eos)
+    spec, spec_rounds, _ = _decode_trees(model, prompts, refs, TREE_NEW, eos=eos)
+    monkeypatch.undo()
+
+    for k in range(3):
+        assert spec.requests[k].tokens == ar.requests[k].tokens, f"request {k}"
+        assert ar.requests[k].tokens == (free[k][: free[k].index(eos_tok) + 1] if k == 0 else free[k])
+    for rounds in (ar_rounds, spec_rounds):
+        finishing = [i for i, r in enumerate(rounds) if r["finished"]]
+        assert len(finishing) >= 2 and finishing[0] < len(rounds) - 1  # requests left at different rounds
+    assert len(drops) >= 2 and min(drops) >= 1  # the batch shrank while requests stayed (both arms)
+    assert len(verifies) == len(ar_rounds) + len(spec_rounds)
+    assert any(b < 3 for b, _, _ in verifies)  # forwards after a drop
+    assert all(n == 0 and same for _, n, same in verifies), verifies  # no verify forward reallocated
+    if fused:  # every forward after the prefill ran the decoder natively, on the compacted buffers
+        assert len(native_calls) == 2 + len(verifies)

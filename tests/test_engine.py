@@ -1394,3 +1394,61 @@ def test_the_first_round_s_correctness_checks_are_no_part_of_the_timed_round(mod
     assert rounds[0]["packing_ms"] < hour * 1e3 and rounds[0]["temporary_state_ms"] < hour * 1e3
     assert res.decode_ms < hour * 1e3 and res.ttft_ms - res.prefill_ms < hour * 1e3
     assert res.round_end_ms[0] < hour * 1e3
+
+
+def test_a_batch_s_rounds_add_up_to_its_decode_time_exactly(models, monkeypatch):
+    """Batch 3, requests leaving at different rounds, both arms: the batch rounds' times (the batch
+    ledger's, and as the record rebuilds them from the requests' rows: their own stages summed over the
+    live requests plus the shared ones) add up to the batch's decode time to float precision. The
+    ledgers' record of a round is off the clock (here each record takes a millisecond): neither the
+    next round's proposal nor the decode time after the last round holds it."""
+    import time
+
+    from harness.engine.decode import BatchLedger, decode_batch
+    from harness.measure.ledger import SHARED_ROUND_STAGES, STAGES
+
+    target, _, _ = models
+    prompts = [PROMPT, PROMPT[::-1], [9, 9, 10, 11, 12, 13, 14, 15, 3, 4, 9, 9, 10]]
+    free = [autoregressive(target, prompt=p, new=16) for p in prompts]
+    eos_tok = next(t for t in free[0][1:6] if t not in free[1] and t not in free[2])  # request 0 stops early
+    real_observe = BatchLedger.observe_round
+
+    def slow_observe(self, **kwargs):
+        time.sleep(0.001)
+        real_observe(self, **kwargs)
+
+    monkeypatch.setattr(BatchLedger, "observe_round", slow_observe)
+    budget = Budget(shape="sequences", max_nodes=8, max_depth=4)
+    for arm in ("ar", "spec"):
+        if arm == "ar":
+            props = [NullProposer(budget=Budget(shape="sequence", max_nodes=1, max_depth=1), manifest_hash="h")]
+        else:
+            props = [PromptLookupProposer(budget=budget, manifest_hash="h")]
+        props += [type(props[0])(budget=props[0].budget, manifest_hash="h") for _ in prompts[1:]]
+        cfg = props[0].budget
+        res = decode_batch(
+            target=target,
+            proposers=props,
+            verifier=get_verifier("greedy"),
+            policy=GREEDY,
+            prompts=prompts,
+            max_new_tokens=16,
+            eos_token_ids=frozenset({eos_tok}),
+            rngs=[TorchRandomSource(k) for k in range(3)],
+            round_cfg=RoundConfig(max_nodes=cfg.max_nodes, max_depth=cfg.max_depth),
+        )
+        rounds = [req.ledger.rounds for req in res.requests]
+        assert res.requests[0].finished_by == "eos" and rounds[0] < max(rounds), (arm, rounds)
+        assert [req.tokens for req in res.requests][1:] == free[1:]
+        assert res.ledger.rounds == max(rounds)
+        assert sum(res.ledger.round_ms) == pytest.approx(res.decode_ms, rel=1e-12, abs=1e-9), arm
+        rebuilt = []
+        for j in range(res.ledger.rounds):
+            rows = [req.ledger.round_stage_ms[j] for req in res.requests if req.ledger.rounds > j]
+            own = sum(row[s] for row in rows for s in STAGES if s not in SHARED_ROUND_STAGES)
+            rebuilt.append(own + sum(rows[0][s] for s in SHARED_ROUND_STAGES))
+            assert rebuilt[-1] == pytest.approx(res.ledger.round_ms[j], rel=1e-12, abs=1e-9)
+        assert sum(rebuilt) == pytest.approx(res.decode_ms, rel=1e-12, abs=1e-9), arm
+        for req, n in zip(res.requests, rounds):  # a request ends where its last round ends
+            assert req.decode_ms == pytest.approx(sum(rebuilt[:n]), rel=1e-12, abs=1e-9)
+        assert max(req.decode_ms for req in res.requests) == res.decode_ms

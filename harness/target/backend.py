@@ -492,7 +492,9 @@ class CausalLMBackend:
 
     @torch.inference_mode()
     def drop(self, state: CacheState, batch_rows: Sequence[int]) -> None:
-        """Remove finished requests' batch rows; the others are untouched (cropped to their max)."""
+        """Remove finished requests' batch rows; the others are untouched (cropped to their max). A
+        preallocated layer's kept rows move into buffers of the new batch size and the same capacity,
+        so the next forward appends in place."""
         gone = {int(r) for r in batch_rows}
         if not gone:
             return
@@ -500,13 +502,17 @@ class CausalLMBackend:
             raise ValueError("drop between verify and commit")
         keep = [i for i in range(state.batch_size) if i not in gone]
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-        for layer in cache_layers(state.cache):
-            layer.keys = layer.keys.index_select(0, idx)
-            layer.values = layer.values.index_select(0, idx)
         state.lengths = [state.lengths[i] for i in keep]
+        end = max(state.lengths, default=0)
+        for layer in cache_layers(state.cache):
+            if isinstance(layer, PreallocatedLayer):  # compacted into buffers of the kept batch: no reallocation
+                layer.keep_batch_rows(idx, end)
+            else:
+                layer.keys = layer.keys.index_select(0, idx)
+                layer.values = layer.values.index_select(0, idx)
         state.tokens = [state.tokens[i] for i in keep]
         state.request_ids = [state.request_ids[i] for i in keep]
-        self._crop(state, max(state.lengths, default=0))
+        self._crop(state, end)
 
     # ------------------------------------------------------------------ batch of one
     def prefill_one(self, prompt_ids: Sequence[int]) -> CacheState:

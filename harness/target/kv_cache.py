@@ -12,8 +12,11 @@ buffer holds reallocates it with at least twice the capacity (amortised O(1) per
 
 Anything that replaces ``keys`` / ``values`` with a tensor that is not a prefix view of the buffers
 (a batch-row selection, a reorder) is taken as the new content: the next update copies it into
-fresh buffers. The views hold the same values a concatenating cache would, so a forward reads the
-same keys and values either way (a test checks logits bit for bit against ``DynamicLayer``).
+fresh buffers. Requests leaving a batch go through :meth:`PreallocatedLayer.keep_batch_rows`
+instead, which copies the kept rows once into buffers of the new batch size and the same capacity,
+so the next forward appends in place. The views hold the same values a concatenating cache would,
+so a forward reads the same keys and values either way (a test checks logits bit for bit against
+``DynamicLayer``).
 
 Bytes: :func:`harness.target.backend.cache_bytes` counts the views (the rows a request holds, as
 for a dynamic cache); :func:`reserved_bytes` counts the buffers.
@@ -150,6 +153,23 @@ class PreallocatedLayer(DynamicLayer):
             self.mark_filled(end)
         else:
             self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+
+    def keep_batch_rows(self, index: torch.Tensor, end: int) -> None:
+        """Keep the batch rows ``index`` (a long tensor on the cache's device) and their first ``end``
+        slots, in fresh buffers of the kept batch size and the old capacity whose first ``end`` slots
+        are the cache: the next forward appends in place, nothing reallocated (requests leaving a batch)."""
+        keys, values = self.keys, self.values
+        end = min(end, keys.shape[-2])
+        capacity = self.capacity if end <= self.capacity else end + self.reserve
+        b = index.numel()
+        key_buffer = keys.new_empty((b, keys.shape[1], capacity, keys.shape[3]))
+        value_buffer = values.new_empty((b, values.shape[1], capacity, values.shape[3]))
+        torch.index_select(keys.narrow(2, 0, end), 0, index, out=key_buffer.narrow(2, 0, end))
+        torch.index_select(values.narrow(2, 0, end), 0, index, out=value_buffer.narrow(2, 0, end))
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer
+        self._keys, self._values = key_buffer.narrow(2, 0, end), value_buffer.narrow(2, 0, end)
+        self._set_layout()
+        self.mark_filled(end)
 
     @torch._dynamo.disable  # appending into a buffer the graph does not own: eager (a compiled forward breaks here)
     def update(
