@@ -412,3 +412,40 @@ def test_training_reads_each_anchors_state_from_its_own_documents_rows():
                 nxt = embed(stream.tokens[start + 1 : t + 1])[None]
                 want = bank.augment_rows(rows, nxt, torch.arange(t - start)[None])[0, -1]
                 torch.testing.assert_close(got[row], want, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- state bytes
+
+
+def test_state_bytes_report_the_augmenting_blocks_peak_cache_after_the_requests_finish(env):
+    """The augmenting block's KV cache grows with every committed row and is dropped when a request
+    finishes: ``state_bytes`` (read after the run) is the most it held during any round, over
+    requests of different lengths, not the one hidden row left after the last request."""
+    p = proposer(env, env["art"].heads, Budget(shape="sequence", max_nodes=3, max_depth=3))
+    row = p.spec.hidden_size * torch.tensor([], dtype=p.dtype).element_size()
+    held, propose = [], p.propose
+
+    def spy(committed, rng):
+        out = propose(committed, rng)
+        held.append(p._prefix_cache.nbytes() + row if p._prefix_cache is not None else row)
+        return out
+
+    p.propose = spy
+    peaks = []
+    for prompt, new in ((env["docs"][33][:6], 24), (env["docs"][34][:4], 6)):
+        decode(
+            target=env["backend"],
+            proposer=p,
+            verifier=get_verifier("greedy"),
+            policy=GREEDY,
+            prompt_ids=prompt,
+            max_new_tokens=new,
+            eos_token_ids=frozenset(),
+            rng=TorchRandomSource(0),
+            round_cfg=RoundConfig(max_nodes=3, max_depth=3),
+        )
+        assert p._prefix_cache is None  # finish dropped the cache
+        peaks.append(max(held))
+    assert peaks[0] == peaks[1]  # the shorter second request does not lower the peak
+    assert p.state_bytes() == max(held) > row
+    assert max(held) > 20 * row  # the cache held a key and a value per layer for each committed row

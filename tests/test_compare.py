@@ -699,11 +699,12 @@ def test_an_arm_that_sped_up_with_nothing_accepted_is_noted():
     df["mean_committed_per_round"] = [1.0, 2.4]  # a accepted nothing; b did
     text = format_table(compare(df, n_resamples=50), by="proposer", baseline=None, level=0.95)
     assert (
-        "note: arms with runs that sped up more than their tokens committed per round allow (a (1 of 1 runs); at "
-        "one token per round no proposed token was accepted): each round runs at least one verify forward"
+        "note: arms with runs that sped up more than their rounds allow (a (1 of 1 runs); at batch 1 their tokens "
+        "committed per round, at one token per round no proposed token accepted; above, the baseline's batch steps "
+        "over their batch rounds): each round runs at least one verify forward"
     ) in text
     df["decode_speedup"] = [1.01, 1.3]  # within noise of no speedup: nothing to say
-    assert "more than their tokens" not in format_table(
+    assert "more than their rounds" not in format_table(
         compare(df, n_resamples=50), by="proposer", baseline=None, level=0.95
     )
     df["decode_speedup"], df["mean_committed_per_round"] = [1.01, 2.9], [1.0, 2.4]  # b: past its 2.4 per round
@@ -1066,6 +1067,31 @@ def test_runs_past_their_tokens_per_round_are_counted_on_decode_or_end_to_end():
     )
     assert _unaccepted_runs(runs) == 2  # the first (end to end) and the second (decode)
     assert _unaccepted_runs(runs.drop(columns=["speedup"])) == 1
+
+
+def test_a_batched_run_is_held_to_its_arms_batch_rounds_not_a_requests_tokens_per_round():
+    """At batch 4 one verify forward serves every live request: 32 baseline batch steps against 4
+    speculative batch rounds allow 8x, though a request commits 7.36 tokens per round; at batch 3 with
+    the bound 1.28x (below its 1.40 tokens per round) a 1.5x run is past it."""
+    import pandas as pd
+
+    from harness.tracking.compare import _unaccepted_runs
+
+    runs = pd.DataFrame(
+        {
+            "decode_speedup": [7.9, 8.5, 1.5],
+            "speedup": [7.0, 7.5, 1.2],
+            "mean_committed_per_round": [7.36, 7.36, 1.40],
+            "batch_requests": [json.dumps([4]), json.dumps([4]), json.dumps([3])],
+            "ar_batch_rounds": [32, 32, 32],
+            "ar_tokens": [128, 128, 96],
+            "batch_rounds": [4, 4, 25],
+            "committed_tokens": [128, 128, 96],
+        }
+    )
+    assert _unaccepted_runs(runs) == 2  # the second and the third
+    # read as batch 1 (no batch sizes stored): each past 1.05x its tokens per round
+    assert _unaccepted_runs(runs.drop(columns=["batch_requests"])) == 3
 
 
 def test_compare_names_the_jobs_that_wrote_no_record(tmp_path, capsys):

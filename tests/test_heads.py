@@ -1040,3 +1040,59 @@ def test_a_published_checkpoint_is_a_folder_with_config_and_the_layout_s_weights
     assert is_published_checkpoint(str(folder), "medusa") and is_published_checkpoint(str(folder), "eagle")
     (folder / "manifest.json").write_text("{}")  # an artifact trained here
     assert not any(is_published_checkpoint(str(folder), kind) for kind in ("medusa", "hydra", "eagle"))
+
+
+# ---------------------------------------------------------------------------------------------- state bytes
+
+
+def test_a_prefix_layer_hydras_state_bytes_are_its_peak_cache_after_the_requests_finish(env, tmp_path):
+    """Hydra's published prefix layer keeps a KV cache of every committed row, dropped when a request
+    finishes: ``state_bytes`` (read after the run) is the most it held during any round, over requests
+    of different lengths, not the one hidden row left after the last request."""
+    from checkpoint_fixtures import hydra_config, hydra_prefix_state, hydra_state, write_hydra
+
+    from harness.heads.artifacts import load_configured_heads
+    from harness.target.backend import cache_bytes
+
+    model = env["model"]
+    cfg = model.config
+    state = hydra_state(
+        heads=3,
+        layers=2,
+        hidden=cfg.hidden_size,
+        vocab=cfg.vocab_size,
+        arch="prefix-mlp",
+        embed=model.get_input_embeddings().weight,
+        prefix=hydra_prefix_state(model, seed=5),
+        seed=6,
+    )
+    path = write_hydra(tmp_path / "hydra-prefix", state, config=hydra_config(3, 2, arch="prefix-mlp"))
+    art = load_configured_heads("hydra", {"artifact": str(path)}, model=model, tokenizer=None)
+    p = HydraProposer(
+        budget=Budget(shape="sequence", max_nodes=3, max_depth=3),
+        manifest_hash="h",
+        policy=GREEDY,
+        model=model,
+        heads=art.heads,
+        checkpoint=target_fingerprint(model),
+        artifact_manifest=art.manifest,
+    )
+    assert p.prefix_feed
+    row = p.spec.hidden_size * torch.tensor([], dtype=p.dtype).element_size()
+    held, propose = [], p.propose
+
+    def spy(committed, rng):
+        out = propose(committed, rng)
+        held.append((cache_bytes(p._prefix_cache) if p._prefix_cache is not None else 0) + row)
+        return out
+
+    p.propose = spy
+    peaks = []
+    for prompt, new in ((env["docs"][33][:6], 24), (env["docs"][34][:4], 6)):
+        res, _ = run(env, p, prompt=prompt, new=new)
+        assert res.tokens == autoregressive(env, prompt, new=new)
+        assert p._prefix_cache is None  # finish dropped the cache
+        peaks.append(max(held))
+    assert peaks[0] == peaks[1]  # the shorter second request does not lower the peak
+    assert p.state_bytes() == max(held) > row
+    assert max(held) > 20 * row  # the cache held a key and a value for each committed row

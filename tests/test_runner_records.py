@@ -1192,3 +1192,55 @@ def test_the_gates_leave_the_proposer_as_they_found_it(tmp_path, monkeypatch):
     assert type(proposer.acceptance) is type(learned["acceptance"])  # put back, not what the gates left
     assert vars(proposer.acceptance).keys() == vars(learned["acceptance"]).keys()
     assert forgotten == [proposer] and proposer.stats.extras["rows_proposed"] == 0
+
+
+def test_a_batched_speedup_is_bounded_by_the_arms_batch_rounds_not_a_requests_tokens_per_round():
+    """At batch size B > 1 one verify forward serves a batch round's live requests: the decode speedup
+    speculation gives is bounded by the baseline's batch steps per token over the speculative arm's
+    batch rounds per token, which a request's tokens per round can fall below (a B=4 run: 32 baseline
+    steps against 4 batch rounds, 8.00x, from 7.36 tokens per request round) or rise above."""
+    from harness.runner import past_rounds_speedup_note, run_notes
+
+    def metrics(decode, *, per_round, rounds, ar_rounds, sizes=(4, 2), tokens=81, **more):
+        return {
+            "decode_speedup": decode,
+            "mean_committed_per_round": per_round,
+            "batch_rounds": rounds,
+            "ar_batch_rounds": ar_rounds,
+            "committed_tokens": tokens,
+            "ar_tokens": tokens,
+            "batch_requests": list(sizes),
+            **more,
+        }
+
+    # 7.9x from 7.36 tokens per request round: within the 8.00x the batch rounds allow, no note
+    real = metrics(7.9, per_round=81 / 11, rounds=4, ar_rounds=32)
+    assert past_rounds_speedup_note(real) is None
+    assert run_notes({"metrics": real, "per_prompt": [{}]}) == []
+    # past the batch rounds' 8.00x: noted, naming that bound
+    past = past_rounds_speedup_note(metrics(8.5, per_round=81 / 11, rounds=4, ar_rounds=32))
+    assert past.startswith(
+        "decode speedup 8.50x, past the 8.00x its batch rounds allow (the baseline's 32 batch steps for 81 tokens, "
+        "the speculative arm's 4 batch rounds for 81): each batch round runs at least one verify forward"
+    )
+    # the batch rounds' bound below the tokens per request round (32 / 25 = 1.28 against 1.40): noted
+    low = past_rounds_speedup_note(metrics(1.36, per_round=81 / 58, rounds=25, ar_rounds=32, sizes=(3, 3)))
+    assert low is not None and "past the 1.28x its batch rounds allow" in low
+    # arms committing different tokens: the bound is in steps per token
+    uneven = metrics(2.2, per_round=2.5, rounds=25, ar_rounds=60, tokens=100, ar_tokens=120)
+    assert "past the 2.00x its batch rounds allow" in past_rounds_speedup_note(uneven)  # not 60 / 25 = 2.40x
+    assert past_rounds_speedup_note({**uneven, "decode_speedup": 2.05}) is None
+    # nothing accepted at B > 1: every batch round as long as a baseline step
+    none = metrics(1.3, per_round=1.0, rounds=32, ar_rounds=32, sizes=(3, 3))
+    assert past_rounds_speedup_note(none).startswith("decode speedup 1.30x with no proposed token accepted")
+    # end to end likewise
+    e2e = metrics(7.0, per_round=81 / 11, rounds=4, ar_rounds=32, speedup=7.9)
+    assert past_rounds_speedup_note(e2e) is None
+    e2e_past = past_rounds_speedup_note({**e2e, "speedup": 9.0, "prefill_ms_total": 1.0, "ar_prefill_ms_total": 9.0})
+    assert e2e_past.startswith("end-to-end speedup 9.00x, past the 8.00x its batch rounds allow")
+    # a batched record without its batch figures is not judged by the requests' tokens per round
+    bare = {"decode_speedup": 7.9, "mean_committed_per_round": 7.36, "batch_requests": [4, 2]}
+    assert past_rounds_speedup_note(bare) is None
+    # batch 1 is judged by the tokens per round as before, whatever the batch figures say
+    one = metrics(2.14, per_round=1.043, rounds=76, ar_rounds=200, sizes=(1, 1, 1))
+    assert past_rounds_speedup_note(one).startswith("decode speedup 2.14x from 1.04 tokens committed per round")

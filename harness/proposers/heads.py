@@ -143,6 +143,8 @@ class HeadsProposer(ChecksTrainingLeakage, HiddenRowProposer):
         self._prefix_fed = 0  # committed positions the prefix layer has seen
         self._prefix_out: torch.Tensor | None = None
         self._tokens: list[int] = []  # the committed tokens of the proposal under way (or the prompt at start)
+        #: the most state bytes held at once (:meth:`held_state_bytes`, after each start and proposal)
+        self.peak_state_bytes = 0
         self.stats.extras.update(self.counters())
 
     # ------------------------------------------------------------------ config
@@ -196,6 +198,7 @@ class HeadsProposer(ChecksTrainingLeakage, HiddenRowProposer):
             self._ingest(prompt_ids)
             self._tokens = prompt_ids
             self._prefix_context(len(prompt_ids) - 2)
+        self._note_state()
 
     def counters(self) -> dict:
         fed = {"prefix_rows_fed": 0} if "prefix_rows_fed" in self.stats.extras else {}
@@ -218,6 +221,16 @@ class HeadsProposer(ChecksTrainingLeakage, HiddenRowProposer):
             self.stats.extras["critical_path_stages_per_round"] = self.stats.extras["head_stages"] / rounds
 
     def state_bytes(self) -> int:
+        """The peak of :meth:`held_state_bytes` over the requests so far (as a draft model reports its
+        KV cache's peak): the prefix layer's cache is dropped when a request finishes."""
+        return self.peak_state_bytes
+
+    def _note_state(self) -> None:
+        self.peak_state_bytes = max(self.peak_state_bytes, self.held_state_bytes())
+
+    def held_state_bytes(self) -> int:
+        """The state held now: the committed rows the heads read (their window), or a prefix layer's
+        KV cache (every committed row fed so far) and the newest row."""
         d = self.spec.hidden_size
         if self.prefix_feed:  # the prefix layer's KV cache (every committed row) and the newest row
             kv = cache_bytes(self._prefix_cache) if self._prefix_cache is not None else 0
@@ -284,6 +297,7 @@ class HeadsProposer(ChecksTrainingLeakage, HiddenRowProposer):
         else:
             result = self._fixed_tree(self._q_level(ctx, committed[-1]), self.widths, rng, handle)
         self._expect = (self.tap.serial, tuple(committed), result, self.round_max_depth())
+        self._note_state()
         return result
 
     def _round_context(self, pos: int) -> torch.Tensor | None:
@@ -409,8 +423,8 @@ class CloverProposer(HeadsProposer):
         super().start(prompt_ids)
         self.stats.extras["augment_passes"] = passes
 
-    def state_bytes(self) -> int:
-        """The augmenting block's KV cache (every committed row) and the newest row."""
+    def held_state_bytes(self) -> int:
+        """The augmenting block's KV cache (every committed row fed so far) and the newest row."""
         kv = self._prefix_cache.nbytes() if self._prefix_cache is not None else 0
         return kv + self.spec.hidden_size * torch.tensor([], dtype=self.dtype).element_size()
 

@@ -96,7 +96,7 @@ from harness.tracking.command_line import (
 )
 from harness.tracking.conventions import machine_label
 from harness.tracking.record import write_json_atomic
-from harness.tracking.run_notes import sped_up_past_rounds
+from harness.tracking.run_notes import rounds_bound, sped_up_past_rounds
 from harness.tracking.spec_bench import OVERALL, task_of, task_order
 from harness.tracking.store import (
     AXES,
@@ -1449,25 +1449,53 @@ def outlier_note(sec: Sequence[ArmRow]) -> str | None:
 #: what an arm's speedup means when runs of it sped up past their tokens per round (with one token per
 #: round: no proposed token accepted)
 UNACCEPTED_NOTE = (
-    "arms with runs that sped up more than their tokens committed per round allow ({arms}; at one token per "
-    "round no proposed token was accepted): each round runs at least one verify forward, about the baseline's "
-    "step, so that speedup is not speculation's: the machine's load while the arms were timed, or a verify "
-    "forward of several rows running faster than the baseline's one-row step"
+    "arms with runs that sped up more than their rounds allow ({arms}; at batch 1 their tokens committed per "
+    "round, at one token per round no proposed token accepted; above, the baseline's batch steps over their "
+    "batch rounds): each round runs at least one verify forward, about the baseline's step, so that speedup "
+    "is not speculation's: the machine's load while the arms were timed, or a verify forward of several rows "
+    "running faster than the baseline's step"
 )
 
 
+#: the store columns :func:`~harness.tracking.run_notes.rounds_bound` reads
+_ROUNDS_BOUND_COLUMNS = (
+    "mean_committed_per_round",
+    "batch_requests",
+    "ar_batch_rounds",
+    "ar_tokens",
+    "batch_rounds",
+    "committed_tokens",
+)
+
+
+def _row_bound_metrics(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A store row's figures as :func:`~harness.tracking.run_notes.rounds_bound` reads a record's
+    metrics (``batch_requests`` is stored as JSON text)."""
+    out = {k: row.get(k) for k in _ROUNDS_BOUND_COLUMNS}
+    out = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}
+    batches = out["batch_requests"]
+    if isinstance(batches, str):
+        try:
+            batches = json.loads(batches)
+        except ValueError:
+            batches = None
+    out["batch_requests"] = list(batches) if isinstance(batches, list) else None
+    return out
+
+
 def _unaccepted_runs(runs: pd.DataFrame) -> int:
-    """Runs of ``runs`` whose decode or end-to-end speedup is more than their tokens committed per round
-    allow (:func:`~harness.tracking.run_notes.sped_up_past_rounds` of records' ``metrics.decode_speedup``
-    or ``metrics.speedup``, and ``metrics.mean_committed_per_round``)."""
+    """Runs of ``runs`` whose decode or end-to-end speedup is more than their rounds allow
+    (:func:`~harness.tracking.run_notes.sped_up_past_rounds` of records' ``metrics.decode_speedup``
+    or ``metrics.speedup`` against :func:`~harness.tracking.run_notes.rounds_bound`: the tokens
+    committed per round at batch 1, the arms' batch rounds above)."""
     if "mean_committed_per_round" not in runs.columns:
         return 0
-    per_round = pd.to_numeric(runs["mean_committed_per_round"], errors="coerce")
+    bounds = [rounds_bound(_row_bound_metrics(row))[0] for row in runs.to_dict("records")]
     past = [False] * len(runs)
     for column in ("decode_speedup", "speedup"):  # decode, or end to end with the prefills
         if column in runs.columns:
             speedup = pd.to_numeric(runs[column], errors="coerce")
-            past = [a or sped_up_past_rounds(s, r) for a, s, r in zip(past, speedup, per_round, strict=True)]
+            past = [a or sped_up_past_rounds(s, b) for a, s, b in zip(past, speedup, bounds, strict=True)]
     return sum(past)
 
 
