@@ -456,3 +456,71 @@ def test_the_oracle_gate_runs_every_sampling_relation_the_proposer_declares(monk
     membership = oracle_gate("membership", ["iid", "without_replacement"])
     assert membership["status"] == "passed"
     assert {"iid", "without_replacement"} <= {c.split("/")[1] for c in membership["cases"] if "/" in c}
+
+
+# --------------------------------------------------------------------------- random-case coverage
+
+#: the probability semantics a proposal of each sampling relation can carry
+_RELATION_SEMANTICS = {
+    "iid": ("normalized_conditional",),
+    "without_replacement": ("normalized_conditional",),
+    "beam": ("score_only",),
+    "deterministic_lookup": ("absent", "frequency"),
+}
+
+
+def _negotiable_pairs(verifier) -> set[tuple[str, str]]:
+    """``(sampling relation, target kind)`` for every proposal relation and temperature negotiation
+    admits for ``verifier``: a one-hot target at temperature 0, a dense one above."""
+    from harness.contracts import Capabilities
+    from harness.verifiers.base import refusal
+
+    pairs = set()
+    for relation, semantics in _RELATION_SEMANTICS.items():
+        for temperature, kind in ((0.0, "one_hot"), (0.8, "dense")):
+            for sem in semantics:
+                caps = Capabilities(
+                    name="probe",
+                    probability_semantics=frozenset({sem}),
+                    sampling_relations=frozenset({relation}),
+                    topology="sequence",
+                )
+                if refusal(caps, verifier, temperature=temperature) is None:
+                    pairs.add((relation, kind))
+    return pairs
+
+
+@pytest.mark.parametrize("name", O.exact_verifier_names())
+def test_run_gate_random_cases_cover_every_relation_and_target_kind(name, monkeypatch):
+    """The oracle gate of a run with one sampling relation keeps only that relation's cases: at the
+    gate's own random count, those still hold a random case for each temperature regime the relation
+    can be negotiated at, and a branching tree where the verifier takes trees."""
+    from harness.gates import stages
+
+    seen: list = []
+
+    def record(verifier, case, **_):
+        seen.append(case)
+        return {"case": case.name, "kind": "marginal", "passed": True, "max_abs_error": 0.0}
+
+    monkeypatch.setattr(stages, "check_case", record)
+    monkeypatch.setattr(stages, "check_fast_path", lambda v, case, **_: record(v, case))
+    monkeypatch.setattr(stages, "check_transport", lambda v, **kw: {"case": kw["name"], "kind": "transport"})
+    verifier = VERIFIERS[name]()
+    pairs = _negotiable_pairs(verifier)
+    assert pairs, name
+    for relation in sorted({r for r, _ in pairs}):
+        seen.clear()
+        list(stages._synthetic_rows(name, [relation]))
+        random = [c for c in seen if c.name.startswith("random/") and c.tags["relation"] == relation]
+        kinds = {c.tags["target_kind"] for c in random}
+        assert kinds == {k for r, k in pairs if r == relation}, (name, relation, [c.name for c in random])
+        if "tree" in verifier.topologies:
+            assert any(len(c.tags["widths"]) >= 2 and max(c.tags["widths"]) >= 2 for c in random), (
+                name,
+                relation,
+                [c.name for c in random],
+            )
+    # the quick suite's count (2) covers every pair too
+    quick = O.random_cases(verifier, count=2)
+    assert {(c.tags["relation"], c.tags["target_kind"]) for c in quick} == pairs

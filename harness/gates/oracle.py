@@ -23,6 +23,7 @@ new exact verifier is covered without new oracle code. Every case stays under ``
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -570,7 +571,13 @@ def _make_case(
         proposal_builder=builder,
         target=target,
         length=len(widths) + 1,
-        tags={"relation": relation, "semantics": semantics, "widths": tuple(widths), "vocab": vocab},
+        tags={
+            "relation": relation,
+            "semantics": semantics,
+            "widths": tuple(widths),
+            "vocab": vocab,
+            "target_kind": target_kind,
+        },
     )
 
 
@@ -591,7 +598,8 @@ def verifier_cases(
     sampled (``iid``/``without_replacement`` with ``normalized_conditional``, with a zero in
     ``q`` on even seeds), a beam (``score_only``) or fixed candidates (``deterministic_lookup``).
     Relations whose semantics the verifier does not accept are skipped. Then ``random_count``
-    random instances (:func:`random_cases`) and the named fixed cases (:func:`_fixed_cases`).
+    random instances (:func:`random_cases`; at least one per sampling relation and target kind) and
+    the named fixed cases (:func:`_fixed_cases`).
     """
     cases: list[OracleCase] = []
     for kind in _target_kinds(verifier):
@@ -646,15 +654,25 @@ def proposal_leaf_bound(widths: Sequence[int], *, relation: str, vocab: int, sup
 def random_cases(
     verifier: Verifier, *, count: int, seed: int = 0, max_vocab: int = 6, max_proposal_leaves: int = 1500
 ) -> list[OracleCase]:
-    """``count`` random small instances within the verifier's declarations: vocabulary 2 to
-    ``max_vocab``, one to four first-level candidates, depth 1 to 3, child laws conditional on
-    their own prefix, zeros in targets and drafts. Shapes whose proposal enumeration could
-    exceed ``max_proposal_leaves`` are redrawn (smaller), so the suite stays fast."""
+    """Random small instances within the verifier's declarations: vocabulary 2 to ``max_vocab``,
+    one to four first-level candidates, depth 1 to 3, child laws conditional on their own prefix,
+    zeros in targets and drafts. Shapes whose proposal enumeration could exceed
+    ``max_proposal_leaves`` are redrawn (smaller), so the suite stays fast.
+
+    The cases cycle over every ``(sampling relation, target kind)`` pair the verifier accepts, so
+    a caller that keeps only one relation's cases still gets both temperature regimes; ``count``
+    (when nonzero) is raised to the number of pairs, so every pair has a case. Where the verifier
+    takes trees (else sets), the first case of each relation has a branching shape (a node with
+    two or more children; a tree at least two deep)."""
+    if count <= 0:
+        return []
     relations = _relations(verifier)
     kinds = _target_kinds(verifier)
     topologies = [t for t in ("sequence", "set", "tree") if t in verifier.topologies]
     if not relations or not kinds or not topologies:
         return []
+    pairs = list(itertools.product(relations, kinds))
+    branching = "tree" if "tree" in topologies else ("set" if "set" in topologies else None)
     gen = torch.Generator().manual_seed(7919 + seed)
 
     def pick(options: Sequence[Any]) -> Any:
@@ -664,12 +682,14 @@ def random_cases(
         return int(torch.randint(lo, hi + 1, (1,), generator=gen))
 
     cases: list[OracleCase] = []
-    for i in range(count):
-        relation, semantics = relations[i % len(relations)]
-        kind = kinds[i % len(kinds)]
+    seen: set[str] = set()
+    for i in range(max(count, len(pairs))):
+        (relation, semantics), kind = pairs[i % len(pairs)]
+        forced = branching if relation not in seen else None
+        seen.add(relation)
         for _attempt in range(1000):
             vocab = randint(2, max_vocab)
-            t = pick(topologies)
+            t = forced or pick(topologies)
             if t == "sequence":
                 widths: tuple[int, ...] = (1,) * randint(1, 3)
             elif t == "set":
