@@ -316,3 +316,48 @@ def test_allow_leakage_where_the_leakage_gate_did_not_apply_is_listed_once_the_g
     assert gate_inert_options(cfg("model=tiny", "proposer=early_exit", "proposer.exit_layer=1"), missing) == []
     # listed from the config already: not twice
     assert gate_inert_options(cfg("model=tiny", "proposer=draft_model", "allow_leakage=true"), missing) == []
+
+
+def test_compile_tree_refuses_a_proposal_outside_the_negotiated_capabilities():
+    """Given the negotiated capabilities, the compiler refuses a proposal whose sampling relation or
+    probability semantics the proposer did not declare; an empty proposal carries neither."""
+    import torch
+
+    from harness.contracts import Capabilities, ProposalResult
+    from harness.proposers.sampling import sample_tree_proposal
+    from harness.random_source import TorchRandomSource
+    from harness.topology.compiler import compile_tree
+
+    def laws(prefixes):
+        return torch.full((len(prefixes), 4), 0.25, dtype=torch.float64)
+
+    def sampled(relation):
+        return sample_tree_proposal(
+            laws, widths=(2, 1), relation=relation, rng=TorchRandomSource(0), source="d", manifest_hash="m"
+        )
+
+    iid_caps = Capabilities(
+        name="draft",
+        probability_semantics=frozenset({"normalized_conditional"}),
+        sampling_relations=frozenset({"iid"}),
+        topology="tree",
+    )
+    tree = compile_tree([sampled("iid")], 1, capabilities=iid_caps)
+    assert tree.sampling_relations == frozenset({"iid"}) and tree.num_rows >= 2
+    with pytest.raises(ContractError, match=r"sampling_relation='without_replacement'.*'draft'"):
+        compile_tree([sampled("without_replacement")], 1, capabilities=iid_caps)
+    with pytest.raises(ContractError, match=r"probability_semantics='score_only'.*sampling_relation='beam'"):
+        compile_tree([sampled("beam")], 1, capabilities=iid_caps)
+    lookup = ProposalResult.from_paths([[1, 2]], probability_semantics="frequency")
+    lookup_caps = Capabilities(
+        name="rest",
+        probability_semantics=frozenset({"absent"}),
+        sampling_relations=frozenset({"deterministic_lookup"}),
+        topology="tree",
+    )
+    with pytest.raises(ContractError, match=r"probability_semantics='frequency'") as err:
+        compile_tree([lookup], 1, capabilities=lookup_caps)
+    assert "sampling_relation" not in str(err.value)
+    empty = ProposalResult.empty_result(source="d", manifest_hash="m")  # absent / deterministic_lookup
+    assert compile_tree([empty], 1, capabilities=iid_caps).num_rows == 0
+    assert compile_tree([sampled("without_replacement")], 1).num_rows >= 2  # no capabilities: unchecked

@@ -1452,3 +1452,21 @@ def test_a_batch_s_rounds_add_up_to_its_decode_time_exactly(models, monkeypatch)
         for req, n in zip(res.requests, rounds):  # a request ends where its last round ends
             assert req.decode_ms == pytest.approx(sum(rebuilt[:n]), rel=1e-12, abs=1e-9)
         assert max(req.decode_ms for req in res.requests) == res.decode_ms
+
+
+def test_a_proposal_outside_what_its_proposer_declared_is_refused_by_the_round(models):
+    """The verifier is negotiated for the semantics and sampling relations a proposer declares; a
+    proposal of another relation (here i.i.d. draws from a proposer declaring lookup paths) stops the
+    round instead of reaching a verifier whose exactness assumed the declared ones."""
+    from harness.contracts import ContractError, ProposalResult
+
+    target = models[0]
+
+    class Mislabelled(PromptLookupProposer):
+        def propose(self, committed, rng):
+            return ProposalResult.from_paths([[5, 6]], source="mislabelled", manifest_hash="h", sampling_relation="iid")
+
+    proposer = Mislabelled(budget=Budget("sequences", 4, 3), manifest_hash="h")
+    assert "iid" not in proposer.capabilities().sampling_relations
+    with pytest.raises(ContractError, match=r"sampling_relation='iid' \(declared .*\).*'prompt_lookup'"):
+        run(target, proposer, new=4)

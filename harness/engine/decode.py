@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.contracts import ContractError, ProposalResult, Selection
+from harness.contracts import Capabilities, ContractError, ProposalResult, Selection
 from harness.measure.ledger import SHARED_ROUND_STAGES, STAGES, RoundLedger, StageClock
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
@@ -192,6 +192,12 @@ class _Live:
     first_forward_end_ms: float | None = None
     done_ms: float | None = None
     commit_unobserved: bool = False  # the proposer has not yet been told of the last round's commit
+    # what the proposer declared (its probability semantics and sampling relations): every proposal is held to it
+    capabilities: Capabilities | None = None
+
+    def __post_init__(self) -> None:
+        if self.capabilities is None:
+            self.capabilities = self.proposer.capabilities()
 
     def emit(self, tree: CompiledTree, sel: Selection, *, max_new_tokens: int, eos):
         """The round's tokens (:func:`round_tokens`), cut at EOS or the token budget (what follows is
@@ -253,10 +259,21 @@ def propose_round(
     return proposal, depth
 
 
-def compile_round(proposal: ProposalResult, committed: list[int], *, max_nodes: int | None, depth: int | None):
+def compile_round(
+    proposal: ProposalResult,
+    committed: list[int],
+    *,
+    max_nodes: int | None,
+    depth: int | None,
+    capabilities: Capabilities | None = None,
+):
     """The round's candidate tree: ``proposal`` compiled after ``committed``, at most ``max_nodes``
-    rows, no deeper than ``depth`` (what :func:`propose_round` returned)."""
-    return compile_tree([proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=depth)
+    rows, no deeper than ``depth`` (what :func:`propose_round` returned); given the proposer's
+    ``capabilities``, a proposal of other probability semantics or sampling relation is refused (the
+    verifier was negotiated for the declared ones)."""
+    return compile_tree(
+        [proposal], prefix_len=len(committed), max_nodes=max_nodes, max_depth=depth, capabilities=capabilities
+    )
 
 
 def select_round(
@@ -357,7 +374,9 @@ def decode_batch(
             )
             retrieval = req.proposer.stats.retrieval_ms - retrieval_before
             t1 = clock.now()
-            tree = compile_round(proposal, req.committed, max_nodes=round_cfg.max_nodes, depth=depth)
+            tree = compile_round(
+                proposal, req.committed, max_nodes=round_cfg.max_nodes, depth=depth, capabilities=req.capabilities
+            )
             if req.ledger.rounds < round_cfg.validate_rounds:  # a check of the loop, not a cost of the method
                 with clock.unclocked():
                     validate_candidate_graph(tree)

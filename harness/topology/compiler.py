@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.contracts import PREFIX_FRONTIER, ContractError, ProposalResult
+from harness.contracts import PREFIX_FRONTIER, Capabilities, ContractError, ProposalResult
 
 
 @dataclass(frozen=True)
@@ -117,14 +117,39 @@ def _check_sampled_budget(proposal: ProposalResult, *, rows_before: int, max_nod
         )
 
 
+def _check_declared(proposal: ProposalResult, capabilities: Capabilities) -> None:
+    """Refuse a proposal whose probability semantics or sampling relation its proposer did not declare."""
+    bad = []
+    if proposal.probability_semantics not in capabilities.probability_semantics:
+        bad.append(
+            f"probability_semantics={proposal.probability_semantics!r} "
+            f"(declared {sorted(capabilities.probability_semantics)})"
+        )
+    if proposal.sampling_relation not in capabilities.sampling_relations:
+        bad.append(
+            f"sampling_relation={proposal.sampling_relation!r} (declared {sorted(capabilities.sampling_relations)})"
+        )
+    if bad:
+        raise ContractError(
+            f"proposal from {proposal.source!r} carries {' and '.join(bad)}, outside what proposer "
+            f"{capabilities.name!r} declared and negotiation admitted the verifier for"
+        )
+
+
 def compile_tree(
     proposals: Sequence[ProposalResult],
     prefix_len: int,
     *,
     max_nodes: int | None = None,
     max_depth: int | None = None,
+    capabilities: Capabilities | None = None,
 ) -> CompiledTree:
-    """Merge proposals by full token prefix into parent-unique rows with target coordinates."""
+    """Merge proposals by full token prefix into parent-unique rows with target coordinates.
+
+    ``capabilities``: what negotiation admitted for the proposer (its ``declare()``). Given, a
+    non-empty proposal whose ``probability_semantics`` or ``sampling_relation`` is not among them is
+    refused (a :class:`~harness.contracts.ContractError`): the verifier was chosen for the declared
+    semantics and relations, and its exactness holds for those only."""
     if prefix_len < 1:
         raise ContractError(f"prefix_len counts the pending token and must be >= 1; got {prefix_len}")
     rows_by_prefix: dict[tuple[int, ...], int] = {}
@@ -142,6 +167,8 @@ def compile_tree(
     for proposal in proposals:
         if proposal.empty:
             continue
+        if capabilities is not None:
+            _check_declared(proposal, capabilities)
         semantics.add(proposal.probability_semantics)
         relations.add(proposal.sampling_relation)
         node_row: list[int | None] = []  # proposal node index -> row (None: dropped by budget)
