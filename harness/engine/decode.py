@@ -39,10 +39,10 @@ waited for them). The stages cover the whole round, each round starting where th
 the batch rounds' stages add up to the batch's decode time: proposal includes what a proposer learns
 from the last commit and from the verify forward's time, and a finishing request's ``finish`` (an
 index of its output); temporary state is the commit, the requests' tokens and counters, and the
-cache's compaction when requests leave. The ledgers' record of each round (and the loop's lists of
-live and finished requests) is off the clock (:meth:`StageClock.unclocked`), and the batch's decode
-time ends at its last round's end, so the identity is exact. A request's ``decode_ms`` is its
-completion time since the batch's decode start.
+cache's compaction when requests leave. The loop's own record of a round (the ledgers, the lists of
+live and finished requests) falls in the next round's proposal stage, which starts at the round's
+end, and the batch's decode time ends at its last round's end, so the identity is exact. A request's
+``decode_ms`` is its completion time since the batch's decode start.
 Temporary KV bytes per batch round: ``real`` = the candidate rows the requests proposed
 (``sum_b N_b``), ``padded`` = what the forward appended for candidate slots (``B (R - 1)`` rows,
 pending rows excluded; asserted against the measured cache growth); ``hole_bytes`` = masked stale
@@ -483,36 +483,35 @@ def decode_batch(
             for o in own:
                 o[stage] += share
         shared = {"target_verify": verify_ms, "temporary_state": commit_ms}  # SHARED_ROUND_STAGES
-        # the ledgers' records of the round and the lists of requests are the harness's bookkeeping, off
-        # the clock: the next round starts at this round's end, and the batch's decode time ends at the last's
-        with clock.unclocked():
-            batch_ledger.observe_round(
-                live=len(live),
-                real_rows=out.real_candidate_rows,
-                padded_rows=out.padded_candidate_rows,
-                stage_ms={
-                    "proposal": proposal_ms,
-                    "retrieval": retrieval_ms,
-                    "packing": packing_ms,
-                    "selection": selection_ms,
-                    **shared,
-                },
-                temp_kv_real_bytes=out.real_candidate_rows * bpt,
-                temp_kv_padded_bytes=out.padded_candidate_rows * bpt,
-                hole_bytes=holes,
-                temp_kv_measured_bytes=out.kv_bytes_added - len(live) * bpt,  # the cache's growth, pending rows aside
-            )
-            for k, req in enumerate(live):
-                req.ledger.observe_round(stage_ms={**own[k], **shared}, **observations[k])
-            if finished_rows:  # a request's time includes its proposer's finish and its drop
-                for k in finished_rows:
-                    live[k].done_ms = (t_round_end - t_decode) * 1e3
-                    live[k].round_end_ms[-1] = live[k].done_ms  # its last round ends there too: the ITLs sum to it
-                    done.append(live[k])
-            gone = set(finished_rows)
-            live = [req for k, req in enumerate(live) if k not in gone]
-            for req in live:
-                req.commit_unobserved = True
+        # the ledgers' records and the lists of requests are timed with the next round's proposal (its
+        # stage starts at this round's end); the batch's decode time ends at the last round's end
+        batch_ledger.observe_round(
+            live=len(live),
+            real_rows=out.real_candidate_rows,
+            padded_rows=out.padded_candidate_rows,
+            stage_ms={
+                "proposal": proposal_ms,
+                "retrieval": retrieval_ms,
+                "packing": packing_ms,
+                "selection": selection_ms,
+                **shared,
+            },
+            temp_kv_real_bytes=out.real_candidate_rows * bpt,
+            temp_kv_padded_bytes=out.padded_candidate_rows * bpt,
+            hole_bytes=holes,
+            temp_kv_measured_bytes=out.kv_bytes_added - len(live) * bpt,  # the cache's growth, pending rows aside
+        )
+        for k, req in enumerate(live):
+            req.ledger.observe_round(stage_ms={**own[k], **shared}, **observations[k])
+        if finished_rows:  # a request's time includes its proposer's finish and its drop
+            for k in finished_rows:
+                live[k].done_ms = (t_round_end - t_decode) * 1e3
+                live[k].round_end_ms[-1] = live[k].done_ms  # its last round ends there too: the ITLs sum to it
+                done.append(live[k])
+        gone = set(finished_rows)
+        live = [req for k, req in enumerate(live) if k not in gone]
+        for req in live:
+            req.commit_unobserved = True
         t_prop = t_round_end  # the next round starts where this one ends: the stages add up to the wall
     decode_ms = (t_prop - t_decode) * 1e3  # the last round's end: the batch rounds add up to it
     done.sort(key=lambda r: r.index)
