@@ -9,17 +9,23 @@
 # section's figures or error are written to the JSON as soon as it ends, so a failure late in the
 # check keeps the earlier sections.
 # Usage: bash scripts/gpu_check.sh [OUT_DIR] [gpu_check options]   (figures: OUT_DIR/gpu_check.json;
-# without OUT_DIR, or with an empty one ("$OUT" with OUT unset): $OUT, else results/gpu)
+# without OUT_DIR, or with an empty one ("$OUT" with OUT unset): $OUT, else results/gpu). A relative
+# OUT_DIR or $OUT is the caller's, under the folder the script is run from; results/gpu is the repository's.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 # OUT_DIR is the first argument unless that is an option (--dtype ...) or empty: then $OUT, else results/gpu
-out="${OUT:-results/gpu}"
+out="${OUT:-}"
 if [ $# -gt 0 ] && [ -z "$1" ]; then
   shift
 elif [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
   out="$1"
   shift
 fi
+case "$out" in
+  "") out=results/gpu ;;
+  /*) ;;
+  *) out="$PWD/$out" ;;  # resolved before the cd below
+esac
+cd "$(dirname "$0")/.."
 mkdir -p -- "$out"
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && .venv/bin/python -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && PY=.venv/bin/python

@@ -695,3 +695,39 @@ def test_transformers_arms_config_stands_in_for_the_models_and_the_models_comes_
             assert given is gen and model.generation_config is gen
             raise RuntimeError("inside")
     assert model.generation_config is own
+
+
+@pytest.mark.parametrize(
+    ("fused", "attention", "note"),
+    [
+        ("auto", {"transformers": bench.NATIVE_STACK_ATTENTION, "ours": bench.NATIVE_STACK_ATTENTION}, True),
+        ("false", {"transformers": "sdpa", "ours": "harness_sdpa"}, False),
+    ],
+)
+def test_the_result_names_the_attention_each_family_ran(fused, attention, note, tmp_path, capsys, monkeypatch):
+    """The result recorded --attn as our arms' attention, and the docstring transformers' stock sdpa for
+    theirs, where the fused layers' native stack served every forward of both and --attn changed nothing."""
+    import json
+
+    from harness.target.options import native_kernels_problem
+
+    if fused == "auto" and native_kernels_problem() is not None:
+        pytest.skip(f"the native kernels do not build here: {native_kernels_problem()}")
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa(*args, **kwargs):  # torch's attention, which sdpa and harness_sdpa both call
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    _small_tiny_model(monkeypatch)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    out = tmp_path / "attn.json"
+    arms = ["ours_ar", "ours_sequence", "hf_ar", "hf_pld"]
+    argv = ["--model", "tiny", "--limit", "1", "--max-new-tokens", "6", "--arms", *arms, "--attn", "harness_sdpa"]
+    assert bench.main([*argv, "--fused-layers", fused, "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert (result["attention"], result["attn_implementation"]) == (attention, "harness_sdpa")
+    assert bool(calls) is (fused == "false")  # fused: no forward of either family ran torch's attention
+    notes = [line for line in capsys.readouterr().err.splitlines() if "--attn harness_sdpa has no effect" in line]
+    assert len(notes) == int(note)

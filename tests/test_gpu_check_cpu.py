@@ -577,3 +577,62 @@ def test_a_report_it_cannot_write_part_way_ends_in_one_line(tmp_path, capsys, mo
     assert not any("Traceback" in line for line in err)
     assert json.loads(captured.out)["equivalence_fp32"] == {"status": "passed"}
     assert built == [4]  # the first section only: nothing ran after the failed write
+
+
+@pytest.mark.parametrize(
+    ("out_env", "args", "out"),
+    [
+        (None, ["relout"], "caller/in/relout"),
+        ("from-env", ["--dtype", "float32"], "caller/in/from-env"),
+        (None, ["../up"], "caller/up"),
+        (None, [""], "repo/results/gpu"),  # no folder given: the repository's
+    ],
+)
+def test_a_relative_output_folder_is_the_callers(tmp_path, out_env, args, out):
+    """The script moved to its repository before reading its folder: `cd /tmp/x && bash
+    <repo>/scripts/gpu_check.sh relout` wrote to <repo>/relout, not /tmp/x/relout."""
+    import shlex
+    import subprocess
+
+    repo, script = _script_copy(tmp_path, "gpu_check.sh")
+    caller = tmp_path / "caller" / "in"
+    caller.mkdir(parents=True)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(_recording_python(tmp_path)), "ARGS_FILE": str(tmp_path / "a")}
+    if out_env:
+        env["OUT"] = out_env
+    done = subprocess.run(["bash", str(script), *args], cwd=caller, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    passed = shlex.split((tmp_path / "a").read_text())
+    given = passed[passed.index("--out") + 1]
+    assert (repo / given).resolve() == (tmp_path / out / "gpu_check.json").resolve()  # an absolute one stays itself
+    assert (tmp_path / out).is_dir()
+    assert not any((where / name).exists() for where in (repo, tmp_path) for name in ("relout", "from-env", "up"))
+
+
+def test_the_round_loop_alternates_its_arms_over_repeats_and_reports_a_ratio_of_sums(monkeypatch):
+    """The AR arm decoded (warm-up, then timed) before prompt lookup did, in that order always, and
+    the speedup was that one pair's ratio."""
+    from types import SimpleNamespace
+
+    from harness import gpu_check
+    from harness.target.loading import build_tiny_model
+
+    times = {"ar": iter([10.0, 20.0, 30.0, 40.0]), "pl": iter([5.0, 2.5, 5.0, 20.0])}  # warm-up first
+    calls = []
+
+    def decode(backend, prop, prompt, new):
+        arm = "ar" if prop.budget.max_nodes == 1 else "pl"
+        calls.append((arm, new))
+        ledger = SimpleNamespace(rounds=new if arm == "ar" else 2, stage_ms={"verify": 1.0})
+        return SimpleNamespace(decode_ms=next(times[arm]), tokens=list(range(new)), ledger=ledger)
+
+    monkeypatch.setattr(gpu_check, "greedy_decode", decode)
+    out = gpu_check.round_loop(build_tiny_model(seed=0), "cpu", new_tokens=5, repeats=3)
+    assert calls == [("ar", 8), ("pl", 8)] + [("ar", 5), ("pl", 5), ("pl", 5), ("ar", 5), ("ar", 5), ("pl", 5)]
+    assert out["repeats"] == 3 and out["greedy"]["passed"] is True
+    ar, pl = out["ar"], out["prompt_lookup_sequences"]
+    assert ar["samples_ms_per_token"] == [4.0, 6.0, 8.0] and pl["samples_ms_per_token"] == [0.5, 1.0, 4.0]
+    assert ar["time_per_committed_token_ms"] == pytest.approx(90.0 / 15) and ar["rounds"] == 15
+    assert out["speedup"] == pytest.approx(90.0 / 27.5)  # the summed times' ratio, not a mean of the ratios
+    assert out["speedups"] == pytest.approx([8.0, 6.0, 2.0])
+    assert pl["round_cost_ms"] == {"verify": pytest.approx(3.0 / 6)}

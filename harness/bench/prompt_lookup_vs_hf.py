@@ -44,9 +44,13 @@ because its forwards cost less.
 Subtracting a separate 1-token generation instead left two prefills' noise in every HF figure,
 larger than the whole decode on a long prompt (an 8,047-token chat prompt measured a negative decode
 time that way). Both families run the same model in the same dtype on ``--device`` (``cpu``, or
-``cuda``, where the dtype defaults to bfloat16 and every timed region synchronises the device);
-transformers' arms use
-its stock ``sdpa`` attention, ours the configured one (``--attn``). Workloads (``--workload``):
+``cuda``, where the dtype defaults to bfloat16 and every timed region synchronises the device).
+Transformers' arms set its stock ``sdpa`` attention, ours the configured one (``--attn``), but where
+the decoder layers are fused (``--fused-layers``; on by default on an x86 CPU where the native
+kernels build) both families' forwards run the native layers' own attention, which stands in for
+either, and ``--attn`` changes nothing (a note says so). The result's ``attention`` names what each
+family ran (:func:`attention_ran`: ``native (fused stack)`` there), ``attn_implementation`` the one
+``--attn`` set. Workloads (``--workload``):
 ``humaneval`` (code, plain prompts), ``chat`` (ShareGPT first turns through the chat template) and
 ``copy`` (copy-heavy: the chat model is asked to repeat a ShareGPT answer of at least 400 characters
 verbatim, the case where long verbatim continuations dominate). Writes JSON to ``--out`` after every
@@ -132,7 +136,7 @@ from harness.proposers.prompt_lookup import PromptLookupProposer
 from harness.proposers.rest import RestProposer, open_datastore
 from harness.random_source import TorchRandomSource
 from harness.target.backend import CausalLMBackend
-from harness.target.fused_layers import apply_fused_layers, fused_layers_of
+from harness.target.fused_layers import apply_fused_layers, decoder_layers, fused_layers_of, fused_stack_of
 from harness.target.kv_cache import new_cache
 from harness.target.loading import (
     CheckpointError,
@@ -143,6 +147,7 @@ from harness.target.loading import (
     rope_switch_position,
 )
 from harness.target.options import (
+    FUSED_ATTENTION,
     LINEAR_KERNELS,
     apply_cudnn_attention,
     apply_linear_kernel,
@@ -487,6 +492,27 @@ def _in_flags(problem: str) -> str:
     return problem
 
 
+#: the attention of a family whose forwards run the fused layers: the native stack's, or each native layer's
+NATIVE_STACK_ATTENTION = "native (fused stack)"
+NATIVE_LAYERS_ATTENTION = "native (fused layers)"
+#: the attention transformers' arms set on the model (its stock one)
+TRANSFORMERS_ATTENTION = "sdpa"
+
+
+def attention_ran(model: torch.nn.Module, attn: str) -> str:
+    """The attention a family's forwards compute on ``model`` with ``attn`` set: ``attn`` itself, or
+    where the decoder layers are fused (and ``attn`` is one the native attention stands in for,
+    :data:`FUSED_ATTENTION`) the native layers' own: :data:`NATIVE_STACK_ATTENTION` where the whole
+    decoder is one native call, :data:`NATIVE_LAYERS_ATTENTION` where each layer is one, and where only
+    some layers are fused, how many run which."""
+    fused = fused_layers_of(model)
+    if not fused or attn not in FUSED_ATTENTION:
+        return attn
+    native = NATIVE_STACK_ATTENTION if fused_stack_of(model) else NATIVE_LAYERS_ATTENTION
+    layers = len(decoder_layers(model))
+    return native if fused == layers else f"{native} in {fused} of {layers} layers, {attn} in the rest"
+
+
 def after_first_round(res) -> dict:
     """One of our arms' decode of a prompt (a :class:`~harness.engine.decode.DecodeResult`) after
     its first round's verify forward, as transformers' arms are timed after their first forward:
@@ -594,7 +620,13 @@ def build_parser() -> OneLineParser:
         choices=["float32", "bfloat16"],
         help="default: float32 on CPU, bfloat16 on CUDA; float32 for --model tiny (random weights tie under bf16)",
     )
-    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "harness_sdpa"], help="our arms' attention")
+    ap.add_argument(
+        "--attn",
+        default=None,
+        choices=["sdpa", "harness_sdpa"],
+        help="our arms' attention (default sdpa); none where the layers are fused: every arm then runs the native "
+        "layers' attention",
+    )
     ap.add_argument(
         "--linear-kernel", default="auto", choices=LINEAR_KERNELS, help="every arm's linear layers (one model)"
     )
@@ -647,6 +679,7 @@ def build_parser() -> OneLineParser:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    attn_given, args.attn = args.attn is not None, args.attn or "sdpa"
     if args.arms is None:
         args.arms = [a for a in ARMS if a != DATASTORE_ARM or args.datastore != "none"]
     known = ("none", "auto", *sorted(set(AUTO_DATASTORES.values())))
@@ -737,6 +770,13 @@ def main(argv=None) -> int:
     apply_linear_kernel(model, args.linear_kernel, compiled=args.compile)  # the one model every arm runs
     apply_static_cache(model, static_cache)
     apply_fused_layers(model, fused)
+    attention = {"transformers": attention_ran(model, TRANSFORMERS_ATTENTION), "ours": attention_ran(model, args.attn)}
+    if attn_given and attention["ours"] != args.attn:
+        print(
+            f"prompt_lookup_vs_hf: note: --attn {args.attn} has no effect: the fused layers' attention serves "
+            f"every arm ({attention['ours']}); --fused-layers false applies it",
+            file=sys.stderr,
+        )
     cudnn_attention = resolve_cudnn_attention(args.cudnn_attention == "true", str(device))
     apply_cudnn_attention(cudnn_attention)  # process-wide: transformers' generate runs under it too
     if args.compile:
@@ -809,7 +849,7 @@ def main(argv=None) -> int:
         forward's); greedy with our arms' end tokens and nothing else (:func:`greedy_generation_config`)."""
         inp = torch.tensor([ids], device=backend.device)
         mask = torch.ones_like(inp)
-        model.set_attn_implementation("sdpa")  # transformers' arms: its own attention
+        model.set_attn_implementation(TRANSFORMERS_ATTENTION)  # transformers' arms: its own attention
         cache = new_cache(model.config, preallocated=static_cache, reserve=new + args.num_tokens + 1)
         first = FirstForward(backend.device)
         hook = model.register_forward_hook(first.hook)
@@ -905,7 +945,8 @@ def main(argv=None) -> int:
             "workload": workload,
             "device": str(device),
             "dtype": args.dtype,
-            "attention": args.attn,
+            "attention": attention,  # what each family's forwards ran
+            "attn_implementation": args.attn,  # what --attn set for our arms
             "linear_kernel": sorted(linear_kernel_of(model)),
             "compile": args.compile,
             "static_cache": static_cache,
