@@ -13,6 +13,26 @@ import torch
 BYTE_VOCAB = 259
 
 
+def boundary_tokenizer():
+    """A tiny byte-level BPE tokenizer whose only merges join a space to the letter after it, as
+    SmolLM2's do: a text's first word is coded apart from what precedes it (``P`` alone, ``ĠP`` after
+    a space)."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    merges = [("Ġ", c) for c in string.ascii_letters]
+    vocab.update({a + b: len(vocab) + i for i, (a, b) in enumerate(merges)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
 def byte_tokenizer(*, rename: dict[int, str] | None = None, lowercase: bool = False):
     """A byte-level BPE tokenizer without merges (259 ids). ``rename`` replaces the token string of
     some ids (a tokenizer that differs from the default one at those ids); ``lowercase`` adds a

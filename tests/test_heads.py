@@ -329,10 +329,9 @@ def test_a_one_token_prompts_rows_come_from_its_own_forwards_only(env, kind):
     assert p.stats.extras["hidden_misses"] == 1
 
 
-def test_a_published_prefix_mlp_hydra_misses_a_one_token_prompts_first_round_only(env, tmp_path):
-    """Hydra's published prefix layer reads every committed row from position 0: on a one-token
-    prompt h_0 comes from the first verify forward, and the prefix layer has read every committed
-    row before the pending token each round after the first."""
+def prefix_mlp_hydra(env, tmp_path) -> HydraProposer:
+    """A greedy Hydra proposer over a published-layout bank with the prefix-mlp layer (random
+    weights, written to ``tmp_path``), three heads deep."""
     from checkpoint_fixtures import hydra_config, hydra_prefix_state, hydra_state, write_hydra
 
     from harness.heads.artifacts import load_configured_heads
@@ -361,6 +360,14 @@ def test_a_published_prefix_mlp_hydra_misses_a_one_token_prompts_first_round_onl
         artifact_manifest=art.manifest,
     )
     assert p.prefix_feed
+    return p
+
+
+def test_a_published_prefix_mlp_hydra_misses_a_one_token_prompts_first_round_only(env, tmp_path):
+    """Hydra's published prefix layer reads every committed row from position 0: on a one-token
+    prompt h_0 comes from the first verify forward, and the prefix layer has read every committed
+    row before the pending token each round after the first."""
+    p = prefix_mlp_hydra(env, tmp_path)
     fed = []
     propose = p.propose
 
@@ -1049,35 +1056,9 @@ def test_a_prefix_layer_hydras_state_bytes_are_its_peak_cache_after_the_requests
     """Hydra's published prefix layer keeps a KV cache of every committed row, dropped when a request
     finishes: ``state_bytes`` (read after the run) is the most it held during any round, over requests
     of different lengths, not the one hidden row left after the last request."""
-    from checkpoint_fixtures import hydra_config, hydra_prefix_state, hydra_state, write_hydra
-
-    from harness.heads.artifacts import load_configured_heads
     from harness.target.backend import cache_bytes
 
-    model = env["model"]
-    cfg = model.config
-    state = hydra_state(
-        heads=3,
-        layers=2,
-        hidden=cfg.hidden_size,
-        vocab=cfg.vocab_size,
-        arch="prefix-mlp",
-        embed=model.get_input_embeddings().weight,
-        prefix=hydra_prefix_state(model, seed=5),
-        seed=6,
-    )
-    path = write_hydra(tmp_path / "hydra-prefix", state, config=hydra_config(3, 2, arch="prefix-mlp"))
-    art = load_configured_heads("hydra", {"artifact": str(path)}, model=model, tokenizer=None)
-    p = HydraProposer(
-        budget=Budget(shape="sequence", max_nodes=3, max_depth=3),
-        manifest_hash="h",
-        policy=GREEDY,
-        model=model,
-        heads=art.heads,
-        checkpoint=target_fingerprint(model),
-        artifact_manifest=art.manifest,
-    )
-    assert p.prefix_feed
+    p = prefix_mlp_hydra(env, tmp_path)
     row = p.spec.hidden_size * torch.tensor([], dtype=p.dtype).element_size()
     held, propose = [], p.propose
 

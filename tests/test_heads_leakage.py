@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from checkpoint_fixtures import boundary_tokenizer
 
 from harness.heads.artifacts import TrainingLeakage, training_text
 from harness.heads.checkpoint import read_config_object
@@ -247,26 +248,6 @@ def test_inline_documents_whose_stream_is_not_cached_are_not_applicable(env, tmp
     inline = {**env["manifest"], "artifact_id": "inline", "streams": {"train": {"source": "inline"}}}
     entry = TrainingLeakage(inline, tokenizer=None, vocab_size=VOCAB).check([])
     assert entry["status"] == "not_applicable" and "source 'inline'" in entry["why"]
-
-
-def boundary_tokenizer():
-    """A tiny byte-level BPE tokenizer whose only merges join a space to the letter after it, as
-    SmolLM2's do: a text's first word is coded apart from what precedes it (``P`` alone, ``ĠP`` after
-    a space)."""
-    import string
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
-    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab[ch] = len(vocab)
-    merges = [("Ġ", c) for c in string.ascii_letters]
-    vocab.update({a + b: len(vocab) + i for i, (a, b) in enumerate(merges)})
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 
 def test_a_text_held_mid_document_shares_its_window_whatever_precedes_it(monkeypatch):

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from checkpoint_fixtures import boundary_tokenizer
 
 from harness.config import compose
 from harness.contracts import Budget
@@ -281,26 +282,6 @@ def test_a_leaked_reference_answer_is_refused():
     assert entry["items"][0]["prompt_longest_match"] == 3 and entry["items"][0]["reference_longest_match"] == 40
     short = [(Prompt(prompt_id="q", category="code", text="x", reference=reference[:20]), [5, 6, 7])]
     assert prop.check_workload(short)["max_longest_match"] == 20
-
-
-def boundary_tokenizer():
-    """A tiny byte-level BPE tokenizer whose only merges join a space to the letter after it, as
-    SmolLM2's do: a text's first word is coded apart from what precedes it (``P`` alone, ``ĠP`` after
-    a space)."""
-    import string
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
-    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab[ch] = len(vocab)
-    merges = [("Ġ", c) for c in string.ascii_letters]
-    vocab.update({a + b: len(vocab) + i for i, (a, b) in enumerate(merges)})
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 
 #: 32 tokens encoded alone (:func:`boundary_tokenizer`); its first word codes otherwise mid-text
