@@ -632,3 +632,12 @@ def test_a_failed_baseline_write_leaves_both_answer_files_as_they_were(tmp_path,
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == written
     export_spec_bench(fixture, out, model_id="another", overwrite=True)
     assert all(json.loads(line)["model_id"] == "another" for line in out.read_text().splitlines())
+
+
+def test_a_prompt_id_becomes_an_int_question_id_only_when_written_as_one():
+    from harness.tracking.spec_bench import _question_id
+
+    assert _question_id({}, "81") == 81
+    assert _question_id({"question_id": "q7"}, "81") == "q7"
+    for kept in ("007", "²", "8_1", "HumanEval/3", "٣"):  # int() would drop, refuse or rewrite these
+        assert _question_id({}, kept) == kept

@@ -100,7 +100,9 @@ def _question_id(output: dict, prompt_id: str) -> Any:
     qid = output.get("question_id")
     if qid is not None:
         return qid
-    return int(prompt_id) if prompt_id.isdigit() else prompt_id
+    # a whole number written plainly ("81") as Spec-Bench's int ids; "007", "²" or "8_1" stay as written
+    plain = prompt_id.isascii() and prompt_id.isdigit() and str(int(prompt_id)) == prompt_id
+    return int(prompt_id) if plain else prompt_id
 
 
 def _created_epoch(record: dict) -> float | None:
