@@ -261,6 +261,18 @@ def test_critical_path_stages(env):
     assert left[-1] == 1 and min(per_round[:-1]) < 3  # the run had such rounds
 
 
+def test_medusa_runs_only_the_heads_of_the_levels_a_capped_round_verifies(env):
+    """Medusa's heads are independent, so one stage runs them all; in a request's last rounds the tree
+    is compiled to fewer levels, and only those levels' heads run (every head ran, and the deeper
+    heads' rows were thrown away, charged to the speculative arm)."""
+    prompt = env["docs"][34][:6]
+    p = make(env, "medusa", Budget(shape="sequence", max_nodes=3, max_depth=3))
+    res, rounds = run(env, p, prompt=prompt)
+    left = tokens_left(rounds, 24)
+    assert min(left) == 1 and any(1 < n < 4 for n in left)  # the run had capped rounds
+    assert p.stats.extras["lm_head_rows"] == sum(min(3, n - 1) for n in left)
+
+
 def test_unexpected_forward_is_a_miss_not_a_wrong_hidden_state(env):
     """A target forward the proposer did not expect (here: an extra one) fails the cache-generation
     field of the may_reuse check; the round proposes nothing instead of reusing a row of unknown

@@ -202,3 +202,24 @@ def test_greedy_output_with_datastore_rows_equals_the_target_s(budget_policy):
     for p, want in zip(prompts, ar, strict=True):
         assert greedy_tokens(target, p, 40, prop) == want
     assert prop.stats.extras["rows_kept_from_datastore"] > 0
+
+
+def test_a_capped_round_reads_the_datastore_only_as_deep_as_the_round_verifies():
+    """A request's last rounds verify fewer levels: the datastore's continuations are read to that
+    depth (they were read to the retriever's full depth and the deeper tokens then cut), and the cap
+    is the round's only."""
+    retriever = _retriever([[40, 41, 42, 43, 44, 45], [60, 61, 62, 63]])
+    prop = _proposer(retriever)
+    prompt = [10, 11, 12, 13, 40, 41]
+    prop.start(prompt)
+    read = []
+    retrieve = retriever.retrieve
+    retriever.retrieve = lambda committed: read.append(retrieve(committed)) or read[-1]
+    assert [n.token_id for n in prop.propose(list(prompt), TorchRandomSource(0)).nodes] == [42, 43, 44, 45]
+    prop.depth_cap = 2
+    assert [n.token_id for n in prop.propose(list(prompt), TorchRandomSource(0)).nodes] == [42, 43]
+    assert [c for _, conts in read for c in conts] == [[42, 43, 44, 45], [42, 43]]
+    assert retriever.depth_cap is None
+    prop.depth_cap = 0  # one token left: the target's own
+    assert prop.propose(list(prompt), TorchRandomSource(0)).nodes == ()
+    assert read[-1][1] and all(c == [] for c in read[-1][1])  # found, but no token the round could verify

@@ -364,7 +364,7 @@ class HeadsProposer(ChecksTrainingLeakage, HiddenRowProposer):
 
         def independent_stage() -> dict[int, torch.Tensor]:
             emb = embed(torch.tensor([[pending]], device=device)).float()  # [1, 1, d_e]
-            k = len(self.widths)
+            k = min(len(self.widths), self.round_max_depth())  # the levels the round's tree is compiled to
             out = torch.cat([heads.depth(i, ctx, emb) for i in range(1, k + 1)])  # [K, d]
             logits = heads.vocab_logits(list(range(1, k + 1)), out, lm_head)  # [K, V]
             extras["head_stages"] += 1

@@ -879,6 +879,9 @@ class PromptLookupProposer(Proposer):
             if self.budget.shape != "sequence"
             else min(self.budget.max_depth, self.budget.max_nodes)
         )
+        # a request's last rounds verify fewer levels: the matches and the datastore's continuations are
+        # read only as deep as those levels (at least one token, which the statistics of a match need)
+        depth = max(1, min(depth, self.round_max_depth()))
         matches = find_continuations(
             tokens,
             max_ngram=self.max_ngram,
@@ -891,7 +894,11 @@ class PromptLookupProposer(Proposer):
         retrieved = ()
         if self.retriever is not None:
             t0 = time.perf_counter()
-            suffix, continuations = self.retriever.retrieve(committed)
+            self.retriever.depth_cap = self.depth_cap  # the round's cap, for this retrieval only
+            try:
+                suffix, continuations = self.retriever.retrieve(committed)
+            finally:
+                self.retriever.depth_cap = None
             ms = (time.perf_counter() - t0) * 1e3
             self.stats.retrieval_ms += ms  # the round loop reports it as the round's retrieval stage
             self.retriever.note_retrieval(suffix, len(continuations), ms)
