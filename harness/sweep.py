@@ -258,6 +258,8 @@ def sweep_argv(name: str, args: list[str], *, sweeps_dir: Path = SWEEPS_DIR) -> 
     if name not in known and Path(name).suffix in {".yaml", ".yml"}:
         name, root = sweep_file_search_path(Path(name), sweeps_dir=sweeps_dir)
         search = [f"hydra.searchpath=['file://{root.as_posix()}']"]
+    elif name not in known and Path(name).is_file():
+        raise ValueError(f"{name} is no sweep file: a sweep file's name ends in .yaml or .yml")
     elif name not in known:
         raise ValueError(
             f"unknown sweep {name!r}; expected one of {known} (files in {sweeps_dir}) or the path of a sweep file"

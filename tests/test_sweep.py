@@ -277,6 +277,8 @@ def test_sweep_argv_maps_launchers_and_keeps_user_overrides_last():
     ]
     with pytest.raises(ValueError, match=r"unknown sweep 'nope'; expected one of \["):
         sweep_argv("nope", [])
+    with pytest.raises(ValueError, match=r"is no sweep file: a sweep file's name ends in \.yaml or \.yml"):
+        sweep_argv(__file__, [])  # a file that exists, not a sweep file: not called an unknown sweep
     with pytest.raises(ValueError, match=r"launcher must be one of .*; got 'ray'"):
         sweep_argv("smoke", ["launcher=ray"])
     assert sweep_argv("smoke", ["launcher=slurm"])[2:] == ["hydra/launcher=slurm"]
