@@ -758,11 +758,16 @@ def test_options_a_published_checkpoint_decides_are_inert_and_out_of_the_manifes
 @pytest.mark.parametrize("proposer", ["medusa", "hydra", "clover", "eagle", "early_exit", "layer_skip"])
 def test_a_file_given_as_the_artifact_is_refused_naming_its_folder(tmp_path, proposer):
     """A published checkpoint's weight file given as ``proposer.artifact`` was refused as a folder
-    that "does not exist"."""
+    that "does not exist"; its folder is suggested where it holds a checkpoint's config or an
+    artifact's manifest."""
     from harness.engine.build import plan
 
     weights = tmp_path / "medusa_lm_head.pt"
     weights.write_bytes(b"not read")
+    # a folder with nothing of a checkpoint is not suggested
+    with pytest.raises(ValueError, match=rf"^proposer.artifact={weights} is a file; .* \({tmp_path}\) is no artifact"):
+        plan(compose(["model=tiny", f"proposer={proposer}", f"proposer.artifact={weights}"]))
+    (tmp_path / "config.json").write_text("{}")
     with pytest.raises(
         ValueError, match=rf"^proposer.artifact={weights} is a file; .* \(proposer.artifact={tmp_path}\)$"
     ):

@@ -97,9 +97,15 @@ class TargetBoundProposer(Proposer):
             check_ranked_shape(budget.parents, budget.ranks, sampling)
         artifact = options.get("artifact")
         if artifact and Path(str(artifact)).expanduser().is_file():  # read as a missing folder before
+            folder = Path(str(artifact)).expanduser().parent
+            # the folder is suggested only where it looks like one (an artifact's manifest, a checkpoint's config)
+            hint = (
+                f"give the one that holds it (proposer.artifact={folder})"
+                if any((folder / name).is_file() for name in ("manifest.json", "config.json"))
+                else f"the folder holding it ({folder}) is no artifact or checkpoint either"
+            )
             raise ValueError(
-                f"proposer.artifact={artifact} is a file; an artifact or a published checkpoint is a folder: "
-                f"give the one that holds it (proposer.artifact={Path(str(artifact)).expanduser().parent})"
+                f"proposer.artifact={artifact} is a file; an artifact or a published checkpoint is a folder: {hint}"
             )
         cls.check_options(options, budget)
         return cls.capabilities_on(budget, {semantics}, {sampling})
