@@ -240,6 +240,9 @@ def test_bad_tracking_settings_are_refused(tmp_path):
         tracker_from_config({"tracking": {"name": "mlflow"}}, run_dir=tmp_path)
     with pytest.raises(ValueError, match="mode must be one of"):
         open_run({"experiment": "x"}, mode="cloud", dir=tmp_path)  # type: ignore[arg-type]
+    # W&B's "disabled" logs nothing, and a record naming its run would claim a log that does not exist
+    with pytest.raises(ValueError, match=r"mode must be one of \['offline', 'online'\]; got 'disabled'"):
+        open_run({"experiment": "x"}, mode="disabled", dir=tmp_path)  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
 
 

@@ -81,8 +81,9 @@ from harness.tracking.store import (
     validate_record,
 )
 
-Mode = Literal["offline", "online", "disabled"]
-MODES: tuple[str, ...] = ("offline", "online", "disabled")
+#: a W&B run that logs nothing (W&B's "disabled") is no tracker here: a record names where its log is
+Mode = Literal["offline", "online"]
+MODES: tuple[str, ...] = ("offline", "online")
 DEFAULT_PROJECT = "spec-harness"  # as in conf/tracking (harness/config.py TrackingConfig)
 DEFAULT_BASE_URL = "https://api.wandb.ai"
 #: W&B run ids: letters, digits, dashes and underscores
@@ -850,7 +851,7 @@ def tracker_from_config(
     """The tracker a run config asks for.
 
     ``tracking`` may be ``None`` / ``"none"`` / ``{name: none}`` (no tracker), ``"wandb"`` or
-    ``{name: wandb, mode: offline|online|disabled, project, entity, system_metrics,
+    ``{name: wandb, mode: offline|online, project, entity, system_metrics,
     system_metrics_interval_s, init_timeout_s}``. ``group`` (the sweep name, which the runner knows
     before the record exists) wins over the config's ``sweep``, then its ``experiment``.
     """
