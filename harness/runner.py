@@ -1809,75 +1809,75 @@ def measure(cfg: DictConfig, planned: Planned, loaded: Loaded, prepared: Prepare
     tokenizer = loaded.target.tokenizer
     per_prompt, outputs = [], []
     n_turns = sum(p.n_turns for p in prompts)
-    bar = tqdm(total=n_turns, desc="turns" if n_turns > len(prompts) else "prompts", file=sys.stderr)
-    for i in arms.run():
-        prompt = prompts[i]
-        bar.update(prompt.n_turns)
-        fields = arms.result.prompt_fields(i)
-        turns_out = []
-        for t, tf in enumerate(fields["turns"]):
-            ar, spec = arms.result.request("ar", i, t), arms.result.request("spec", i, t)
-            ar_prompt, spec_prompt = turn_prompts[("ar", i, t)], turn_prompts[("spec", i, t)]
-            ar_answer, ar_answer_cut = encoder.answer(ar.tokens)
-            spec_answer, spec_answer_cut = encoder.answer(spec.tokens)
-            tf.update(
+    # closed on every way out: a run stopped here reports why on a line of its own, after the bar
+    with tqdm(total=n_turns, desc="turns" if n_turns > len(prompts) else "prompts", file=sys.stderr) as bar:
+        for i in arms.run():
+            prompt = prompts[i]
+            bar.update(prompt.n_turns)
+            fields = arms.result.prompt_fields(i)
+            turns_out = []
+            for t, tf in enumerate(fields["turns"]):
+                ar, spec = arms.result.request("ar", i, t), arms.result.request("spec", i, t)
+                ar_prompt, spec_prompt = turn_prompts[("ar", i, t)], turn_prompts[("spec", i, t)]
+                ar_answer, ar_answer_cut = encoder.answer(ar.tokens)
+                spec_answer, spec_answer_cut = encoder.answer(spec.tokens)
+                tf.update(
+                    {
+                        "spec_prompt_tokens": len(spec_prompt.ids),
+                        "ar_prompt_tokens": len(ar_prompt.ids),
+                        "spec_cut_tokens": spec_prompt.cut_tokens,
+                        "ar_cut_tokens": ar_prompt.cut_tokens,
+                        # the baseline's tokens as Spec-Bench's speed.py recounts them from the exported text
+                        "ar_speed_py_tokens": speed_py_tokens(tokenizer, ar_answer),
+                    }
+                )
+                turns_out.append(
+                    {
+                        "turn": t + 1,
+                        "spec_prompt_token_ids": spec_prompt.ids,
+                        "ar_prompt_token_ids": ar_prompt.ids,
+                        "ar_token_ids": ar.tokens,
+                        "spec_token_ids": spec.tokens,
+                        "ar_text": tokenizer.decode(ar.tokens) if tokenizer else None,
+                        "spec_text": tokenizer.decode(spec.tokens) if tokenizer else None,
+                        "ar_answer": ar_answer,
+                        "spec_answer": spec_answer,
+                        # whether the chat template's stop string cut the answer (vicuna's "</s>", as Spec-Bench)
+                        "ar_answer_cut": ar_answer_cut,
+                        "spec_answer_cut": spec_answer_cut,
+                        "ar_round_tokens": ar.round_tokens,
+                        "spec_round_tokens": spec.round_tokens,
+                        "spec_cut_tokens": spec_prompt.cut_tokens,
+                        "ar_cut_tokens": ar_prompt.cut_tokens,
+                    }
+                )
+            per_prompt.append(
                 {
-                    "spec_prompt_tokens": len(spec_prompt.ids),
-                    "ar_prompt_tokens": len(ar_prompt.ids),
-                    "spec_cut_tokens": spec_prompt.cut_tokens,
-                    "ar_cut_tokens": ar_prompt.cut_tokens,
-                    # the baseline's tokens as Spec-Bench's speed.py recounts them from the exported text
-                    "ar_speed_py_tokens": speed_py_tokens(tokenizer, ar_answer),
+                    "prompt_id": prompt.prompt_id,
+                    "prompt_sha256": prompt.fingerprint,
+                    "category": prompt.category,
+                    # each arm's (a later turn's prompt holds that arm's own answers): counted once, not summed
+                    "cut_tokens": sum(tf["spec_cut_tokens"] for tf in fields["turns"]),
+                    "ar_cut_tokens": sum(tf["ar_cut_tokens"] for tf in fields["turns"]),
+                    **fields,
                 }
             )
-            turns_out.append(
+            first = turns_out[0]
+            outputs.append(
                 {
-                    "turn": t + 1,
-                    "spec_prompt_token_ids": spec_prompt.ids,
-                    "ar_prompt_token_ids": ar_prompt.ids,
-                    "ar_token_ids": ar.tokens,
-                    "spec_token_ids": spec.tokens,
-                    "ar_text": tokenizer.decode(ar.tokens) if tokenizer else None,
-                    "spec_text": tokenizer.decode(spec.tokens) if tokenizer else None,
-                    "ar_answer": ar_answer,
-                    "spec_answer": spec_answer,
-                    # whether the chat template's stop string cut the answer (vicuna's "</s>", as Spec-Bench)
-                    "ar_answer_cut": ar_answer_cut,
-                    "spec_answer_cut": spec_answer_cut,
-                    "ar_round_tokens": ar.round_tokens,
-                    "spec_round_tokens": spec.round_tokens,
-                    "spec_cut_tokens": spec_prompt.cut_tokens,
-                    "ar_cut_tokens": ar_prompt.cut_tokens,
+                    "prompt_id": prompt.prompt_id,
+                    "question_id": prompt.source_id,
+                    "category": prompt.category,
+                    # the first turn's (every turn under "turns"; n_turns says how many there are)
+                    "n_turns": len(turns_out),
+                    "prompt_token_ids": first["spec_prompt_token_ids"],
+                    "ar_token_ids": first["ar_token_ids"],
+                    "spec_token_ids": first["spec_token_ids"],
+                    "ar_text": first["ar_text"],
+                    "spec_text": first["spec_text"],
+                    "turns": turns_out,
                 }
             )
-        per_prompt.append(
-            {
-                "prompt_id": prompt.prompt_id,
-                "prompt_sha256": prompt.fingerprint,
-                "category": prompt.category,
-                # each arm's (a later turn's prompt holds that arm's own answers): counted once, not summed
-                "cut_tokens": sum(tf["spec_cut_tokens"] for tf in fields["turns"]),
-                "ar_cut_tokens": sum(tf["ar_cut_tokens"] for tf in fields["turns"]),
-                **fields,
-            }
-        )
-        first = turns_out[0]
-        outputs.append(
-            {
-                "prompt_id": prompt.prompt_id,
-                "question_id": prompt.source_id,
-                "category": prompt.category,
-                # the first turn's (every turn under "turns"; n_turns says how many there are)
-                "n_turns": len(turns_out),
-                "prompt_token_ids": first["spec_prompt_token_ids"],
-                "ar_token_ids": first["ar_token_ids"],
-                "spec_token_ids": first["spec_token_ids"],
-                "ar_text": first["ar_text"],
-                "spec_text": first["spec_text"],
-                "turns": turns_out,
-            }
-        )
-    bar.close()
     greedy = None
     if plan_.policy.deterministic and "greedy_equality" not in disabled_gates(cfg):
         greedy = greedy_equality(loaded.backend.model, outputs, max_fraction=float(cfg.gates.near_tie_max_fraction))

@@ -1075,6 +1075,48 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_only_when_asked(tmp_p
     assert "Traceback (most recent call last)" in err and err.rstrip().endswith("boom second line")
 
 
+@pytest.mark.parametrize(
+    "proposer, module, loss",
+    [("hydra", "harness.prepare.heads_training", "head_loss"), ("eagle", "harness.prepare.eagle", "eagle_loss")],
+)
+@pytest.mark.parametrize(
+    "failure, said",
+    [(KeyboardInterrupt, "harness train: interrupted"), (RuntimeError("boom"), "harness train: error: RuntimeError")],
+    ids=["interrupted", "error"],
+)
+def test_training_stopped_midway_clears_its_progress_bar_before_the_one_line(
+    tmp_path, capsys, monkeypatch, proposer, module, loss, failure, said
+):
+    """A training run stopped after its first step wipes its progress bar's line before saying why:
+    the one line stands alone on the terminal, no bar text before it on its line nor after it."""
+    import gc
+    import importlib
+
+    trainer = importlib.import_module(module)
+    real_loss, calls = getattr(trainer, loss), []
+
+    def stops_at_the_second_step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise failure
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HARNESS_TRACEBACK", "0")
+    monkeypatch.setattr(trainer, loss, stops_at_the_second_step)
+    argv = ["train", f"proposer={proposer}", "model=tiny", "model.linear_kernel=default", "threads=1"]
+    argv += ["proposer.data.token_budget=300", "proposer.data.held_out_tokens=100", "proposer.data.max_len=50"]
+    assert cli.main(argv) in (1, 130)
+    gc.collect()  # a bar left open would draw itself again when collected
+    assert len(calls) == 2
+    err = capsys.readouterr().err
+    assert f"train {proposer}" in err, err  # the bar was drawn
+    before, _, after = err.rpartition(said)
+    shown = before.rpartition("\n")[2].rpartition("\r")[2]  # what the terminal shows before it on its line
+    assert before and shown == "", err
+    assert after.endswith("\n") and "\r" not in after and "\n" not in after[:-1], err
+
+
 def test_the_traceback_flag_shows_a_refusals_traceback(tmp_path, workload, capsys, monkeypatch):
     monkeypatch.setenv("HARNESS_TRACEBACK", "0")  # restored after the test; the flag sets it to 1
     assert cli.main(["--traceback", "run", *argv_for(tmp_path, workload, "workload.limit=0")]) == 2

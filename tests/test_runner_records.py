@@ -552,6 +552,49 @@ def test_an_interrupted_run_puts_the_folder_s_earlier_record_back(tmp_path, monk
     assert load_record(out / "record.json")["run_id"] == earlier["run_id"] and not (out / ".previous").exists()
 
 
+def _terminal_lines(err: str) -> list[str]:
+    """What a terminal shows of ``err``, line by line: a carriage return starts its line again, so
+    each line is its text after the last one (blank lines dropped)."""
+    return [line.split("\r")[-1].strip() for line in err.split("\n") if line.split("\r")[-1].strip()]
+
+
+@pytest.mark.parametrize(
+    "failure, said",
+    [(KeyboardInterrupt, "harness run: interrupted"), (RuntimeError("boom"), "harness run: error: RuntimeError: boom")],
+)
+def test_a_run_stopped_while_measuring_ends_on_its_one_line_not_on_the_progress_bar(
+    tmp_path, monkeypatch, capsys, failure, said
+):
+    """The progress bar of the timed prompts is closed before the one line that says why the run
+    stopped: that line starts a line of its own, and no redraw of the bar follows it."""
+    import gc
+
+    from harness.app import run_main
+    from harness.engine.arms import Arms
+
+    def stopped(*args, **kwargs):
+        raise failure
+
+    def timed(self):  # the warm-up runs; the timed arms stop at their first batch
+        self._run = stopped
+        yield from real_run(self)
+
+    real_run = Arms.run
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", "false")  # no native kernels to compile into the fresh cache
+    monkeypatch.setattr(Arms, "run", timed)
+    out = tmp_path / "run"
+    argv = ["model=tiny", "model.linear_kernel=default", "model.fused_layers=false", "workload.limit=2"]
+    argv += ["generation.max_new_tokens=4", "gates.oracle=false", f"output_dir={out}", f"hydra.run.dir={out}"]
+    assert run_main(argv) in (1, 130)
+    gc.collect()  # a bar left open would redraw itself when collected
+    err = capsys.readouterr().err
+    assert "prompts:" in err, err  # the bar was drawn
+    assert said in err and err.split(said)[0].endswith("\n"), err  # on a line of its own
+    assert _terminal_lines(err)[-1].startswith(said), err
+    assert "prompts:" not in err.split(said)[-1], err
+
+
 REPO = Path(__file__).resolve().parents[1]
 
 

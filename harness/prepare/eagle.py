@@ -194,15 +194,17 @@ def train_eagle(draft, train: PackedStream, *, recipe: EagleTrainRecipe, embed, 
     draft.train()
     t0 = time.perf_counter()
     step, last = 0, None
-    bar = tqdm(total=total, desc="train eagle draft", unit="step", file=sys.stderr, disable=not progress, leave=False)
-    for _ in range(recipe.epochs):
-        order = torch.randperm(len(docs), generator=gen).tolist()
-        for s in range(0, len(order), recipe.batch_size):
-            batch = pair_batch([docs[i] for i in order[s : s + recipe.batch_size]], device=device)
-            loss = eagle_loss(draft, embed, lm_head, batch, recipe, noise_gen=noise_gen)
-            last = optimiser_step(loss, opt, sched, params, bar)
-            step += 1
-    bar.close()
+    # closed on every way out: a failure's one line is printed on the line the bar cleared
+    with tqdm(
+        total=total, desc="train eagle draft", unit="step", file=sys.stderr, disable=not progress, leave=False
+    ) as bar:
+        for _ in range(recipe.epochs):
+            order = torch.randperm(len(docs), generator=gen).tolist()
+            for s in range(0, len(order), recipe.batch_size):
+                batch = pair_batch([docs[i] for i in order[s : s + recipe.batch_size]], device=device)
+                loss = eagle_loss(draft, embed, lm_head, batch, recipe, noise_gen=noise_gen)
+                last = optimiser_step(loss, opt, sched, params, bar)
+                step += 1
     draft.eval()
     return {
         "steps": step,

@@ -312,27 +312,27 @@ def train_heads(
     heads.train()
     t0 = time.perf_counter()
     step, last_loss, stopped = 0, None, False
-    bar = tqdm(
+    # closed on every way out: a failure's one line is printed on the line the bar cleared
+    with tqdm(
         total=total,
         desc=f"train {heads.spec.kind} heads",
         unit="step",
         file=sys.stderr,
         disable=not progress,
         leave=False,
-    )
-    for epoch in range(recipe.epochs):
-        for batch in epoch_batches(epoch):
-            batch = batch.to(lm_head.weight.device)
-            logits = head_logits(heads, batch, embed=embed, lm_head=lm_head)
-            loss = head_loss(logits, batch, recipe=recipe, lm_head=lm_head)
-            last_loss = optimiser_step(loss, opt, sched, heads.parameters(), bar)
-            step += 1
-            if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
-                stopped = True
+    ) as bar:
+        for epoch in range(recipe.epochs):
+            for batch in epoch_batches(epoch):
+                batch = batch.to(lm_head.weight.device)
+                logits = head_logits(heads, batch, embed=embed, lm_head=lm_head)
+                loss = head_loss(logits, batch, recipe=recipe, lm_head=lm_head)
+                last_loss = optimiser_step(loss, opt, sched, heads.parameters(), bar)
+                step += 1
+                if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+                    stopped = True
+                    break
+            if stopped:
                 break
-        if stopped:
-            break
-    bar.close()
     heads.eval()
     return {
         "steps": step,
