@@ -1356,3 +1356,44 @@ def test_a_refused_build_or_import_leaves_no_folder_and_no_lock_file(tmp_path, m
     assert main(build) == 0  # a build that succeeds keeps its lock file beside the datastore
     capsys.readouterr()
     assert sorted(p.name for p in (tmp_path / "new" / "deep").iterdir()) == [".ds.lock", "ds"]
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_between_the_renames_of_an_overwrite_puts_the_earlier_datastore_back(
+    tmp_path, monkeypatch, capsys, interrupt
+):
+    """overwrite=true moves the datastore there aside, then renames the new one in: an interrupt
+    between the two renames puts the earlier datastore back at its path, whole, and leaves no hidden
+    folder beside it."""
+    import pathlib
+
+    import harness.workloads.datastore as datastore_module
+
+    monkeypatch.setattr(datastore_module, "load_tokenizer", lambda name: word_tokenizer())
+    first = _rest_index(tmp_path / "first.idx", ids("a b c a b d"))
+    second = _rest_index(tmp_path / "second.idx", ids("e f g e f"))
+    ds = tmp_path / "ds"
+    assert main(["import", str(first), "model=owner/toy", f"out={ds}", "progress=false"]) == 0
+    release = json.loads(capsys.readouterr().out)["release_id"]
+    before = {p.name: p.read_bytes() for p in ds.iterdir()}
+    rename = pathlib.Path.rename
+    moved = []
+
+    def interrupted(self, target):
+        if self.name.endswith(".building"):  # the new datastore's rename into place
+            raise interrupt()
+        moved.append(self.name)
+        return rename(self, target)
+
+    monkeypatch.setattr(pathlib.Path, "rename", interrupted)
+    overwrite = ["import", str(second), "model=owner/toy", f"out={ds}", "overwrite=true", "progress=false"]
+    with pytest.raises(interrupt):
+        main(overwrite)
+    assert moved[0] == "ds"  # the earlier datastore was moved aside before the interrupt
+    assert {p.name: p.read_bytes() for p in ds.iterdir()} == before
+    assert load_datastore(ds, tokenizer=None).release_id == release
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ds.lock", "ds", "first.idx", "second.idx"]
+    monkeypatch.setattr(pathlib.Path, "rename", rename)
+    assert main(overwrite) == 0  # uninterrupted, the new datastore takes its place and the earlier one goes
+    assert load_datastore(ds, tokenizer=None).release_id == json.loads(capsys.readouterr().out)["release_id"] != release
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ds.lock", "ds", "first.idx", "second.idx"]

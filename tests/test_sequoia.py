@@ -489,3 +489,70 @@ def test_a_depth_past_the_node_count_is_capped_and_a_table_past_the_memory_limit
     assert dp_table_bytes(20_000, 20, 2) > DP_TABLE_LIMIT_BYTES
     with pytest.raises(ValueError, match=r"max_nodes=20000 max_depth=20 over 2 ranks: the Sequoia DP would hold"):
         optimize_tree(acceptance=[0.5, 0.2], max_nodes=20_000, max_depth=20)
+
+
+# ---------------------------------------------------------------- the preparation's put-back
+
+
+class _CutShort:
+    """A file opened for writing whose write of ``data`` stops halfway with an interrupt, as a
+    Ctrl-C in the middle of the write would; other writes go through."""
+
+    def __init__(self, f, data: bytes):
+        self._f, self._data = f, data
+
+    def write(self, b):
+        if bytes(b) != self._data:
+            return self._f.write(b)
+        self._f.write(bytes(b)[: len(b) // 2])
+        self._f.flush()
+        raise KeyboardInterrupt
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+def test_an_interrupt_while_a_re_measured_file_is_put_back_leaves_it_whole(tmp_path, monkeypatch, capsys):
+    """`harness calibrate` re-measures the calibration; when the tree search then refuses, the earlier
+    file is put back. An interrupt in the middle of that write leaves the file whole (the earlier
+    bytes or the re-measured ones, which load), never a part that later runs refuse, and no temporary
+    file beside it."""
+    import io
+    import json
+    from pathlib import Path
+
+    from helpers import SEQUOIA_SMALL_TREE
+
+    from harness.app import calibrate_main
+    from harness.prepare import sequoia
+    from harness.prepare.profile import read_artifact
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    assert calibrate_main(SEQUOIA_SMALL_TREE) == 0
+    cal = Path(json.loads(capsys.readouterr().out)["sequoia_calibration"])
+    earlier = cal.read_bytes()
+    measured = {}
+    real_open = io.open
+
+    def opening(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return _CutShort(f, earlier) if "w" in mode and measured else f
+
+    def refuse(**_):
+        measured["bytes"] = cal.read_bytes()  # the re-measured calibration, in place until the put-back
+        raise ValueError("the hardware-aware choice is plain autoregressive decoding (n = 1)")
+
+    monkeypatch.setattr(sequoia, "build_tree_artifact", refuse)
+    monkeypatch.setattr(io, "open", opening)
+    with pytest.raises(KeyboardInterrupt):
+        calibrate_main(SEQUOIA_SMALL_TREE)
+    monkeypatch.setattr(io, "open", real_open)
+    assert measured and cal.read_bytes() in (earlier, measured["bytes"])
+    read_artifact(cal, kind=sequoia.CALIBRATION_KIND)  # it loads
+    assert [p.name for p in cal.parent.iterdir() if p.name.endswith(".tmp")] == []  # the put-back's temporary

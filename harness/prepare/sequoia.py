@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.contracts import Budget
-from harness.files import artifact_lock
+from harness.files import artifact_lock, atomic_write_bytes
 from harness.measure.hardware import threads_in_effect
 from harness.prepare.calibrate import (
     CALIBRATION_MATCH_FIELDS,
@@ -533,7 +533,7 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
         except BaseException:  # a refused tree (speculation does not pay), an interrupt: none replaced
             for path, earlier in replaced.items():  # (a first measurement stays: it is valid, and costly)
                 if earlier is not None:
-                    path.write_bytes(earlier)
+                    atomic_write_bytes(path, earlier)  # the earlier file whole or the new one, never a part
             raise
     return SequoiaArtifacts(
         tree=tree,

@@ -203,29 +203,31 @@ def build(*, namespace: str = "harness", extra_flags: tuple[str, ...] = (), out_
         raise NativeBuildError(
             f"cannot write the native kernels into {out_dir} (the harness cache: $HARNESS_CACHE): {exc.strerror or exc}"
         ) from exc
-    os.close(fd)
-    print(f"harness: compiling the native decode kernels for this CPU ({Path(cxx).name}, once)", file=sys.stderr)
-    cmd = [
-        cxx,
-        *flags,
-        f"-I{torch_dir / 'include'}",
-        str(SOURCE),
-        f"-L{torch_dir / 'lib'}",
-        "-lc10",
-        "-ltorch_cpu",
-        "-o",
-        tmp,
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
+    try:  # the partial file goes on every exit but the rename into place (a failed build, an interrupt)
+        os.close(fd)
+        print(f"harness: compiling the native decode kernels for this CPU ({Path(cxx).name}, once)", file=sys.stderr)
+        cmd = [
+            cxx,
+            *flags,
+            f"-I{torch_dir / 'include'}",
+            str(SOURCE),
+            f"-L{torch_dir / 'lib'}",
+            "-lc10",
+            "-ltorch_cpu",
+            "-o",
+            tmp,
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            errors = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines() or [""]
+            raise NativeBuildError(f"{Path(cxx).name} could not build {SOURCE.name}: {errors[0].strip()[:200]}")
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise NativeBuildError(f"cannot write the native kernels into {out_dir}: {exc.strerror or exc}") from exc
+    except BaseException:
         Path(tmp).unlink(missing_ok=True)
-        errors = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines() or [""]
-        raise NativeBuildError(f"{Path(cxx).name} could not build {SOURCE.name}: {errors[0].strip()[:200]}")
-    try:
-        os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise NativeBuildError(f"cannot write the native kernels into {out_dir}: {exc.strerror or exc}") from exc
+        raise
     return target
 
 

@@ -1563,26 +1563,26 @@ def _output_lock(out: str | Path) -> Iterator[None]:
 
 def _write_in_place(out: str | Path, make: Callable[[Path], Datastore]) -> Datastore:
     """``make(tmp)`` writes a datastore into ``tmp``, a temporary folder beside ``out`` that no other
-    process names; it is renamed into place (a datastore there moved aside first, removed after), so
-    no reader sees a half-written folder and a build that fails leaves nothing. The caller holds
+    process names; it is renamed into place (a datastore there moved aside first, removed after, put
+    back on any exit that leaves the new one out of place: an error, an interrupt), so no reader sees
+    a half-written folder and a build that fails leaves nothing. The caller holds
     :func:`_output_lock`."""
     given = Path(out).expanduser()
     folder = given.resolve() if given.is_symlink() else given.absolute()
     tmp = temporary_sibling(folder, "building")
+    old = None  # where a datastore already there waits while the new one is renamed in
     try:
         ds = make(tmp)
         if folder.exists():
             old = temporary_sibling(folder, "replaced")
-            folder.rename(old)
-            try:
-                tmp.rename(folder)
-            except OSError:
+            folder.rename(old)  # moved aside, not removed: it goes back if the new one does not take its place
+        tmp.rename(folder)
+    finally:  # on any exit (an error, an interrupt): the new datastore is in place, else the earlier one is
+        if old is not None and old.exists():
+            if folder.exists():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
                 old.rename(folder)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(folder)
-    finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     ds.path = given
