@@ -917,8 +917,6 @@ def load_models_of(
     if d is not None and d.name != DERIVED:
         draft_tokenizer = load_tokenizer_of(d, revision=revisions.get("draft"))
         tokenizer_note = check_same_tokenizer(target_tokenizer, draft_tokenizer, draft_ref=d.name_or_path or d.name)
-        if tokenizer_note is not None:
-            print(f"harness: note: {tokenizer_note}", file=sys.stderr)
     if before_weights is not None:
         before_weights(target_tokenizer)
     target = _load(cfg.model, tokenizer=target_tokenizer, revision=revisions.get("target"))
@@ -943,6 +941,8 @@ def load_models_of(
         check_reads_the_vocabulary(
             draft, target_tokenizer, what=f"the draft {d.name_or_path or d.name!r}", shared=" it shares with the target"
         )
+        if tokenizer_note is not None:  # once the draft is taken: a refusal of it is the only line
+            print(f"harness: note: {tokenizer_note}", file=sys.stderr)
     return target, draft
 
 

@@ -292,6 +292,14 @@ def test_a_draft_that_embeds_fewer_ids_than_the_tokenizer_is_refused_at_load_nam
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("harness")]
     assert len(said) == 1 and said[0].startswith(f"harness run: refused: the draft '{short}' embeds 200 token ids")
     # a target that embeds fewer ids than its own tokenizer: refused at load too (it failed in its first forward)
+    # a draft whose tokenizer differs (a note when it runs) and that is refused: the refusal alone is said
+    lower_short = tiny_checkpoint(
+        tmp_path / "lower_short", seed=3, pad_to=200, tokenizer=byte_tokenizer(lowercase=True)
+    )
+    args = [*cfg_for_overrides(ckpts, "target"), f"proposer.model.name_or_path={lower_short}", f"output_dir={out}"]
+    assert run_main(args) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("harness")]
+    assert len(said) == 1 and said[0].startswith(f"harness run: refused: the draft '{lower_short}' embeds 200")
     with pytest.raises(
         CheckpointError, match=f"^the target '{short}' embeds 200 token ids but the tokenizer has {BYTE_VOCAB}: "
     ):
