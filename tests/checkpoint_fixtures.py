@@ -65,13 +65,15 @@ def tiny_checkpoint(
     pad_to: int | None = None,
     pad_scale: float = 10.0,
     hidden_size: int = 32,
+    max_shard_size: str | None = None,
 ) -> Path:
     """A tiny Llama (vocabulary: the byte tokenizer's 259 ids) saved with ``save_pretrained`` plus
     its tokenizer: a checkpoint a user would give by path. ``pad_to`` pads the embedding matrix
     and the LM head to that many rows (``resize_token_embeddings``, as families pad to a multiple),
     the same weights otherwise; padding row ``i`` of the LM head is ``pad_scale`` times real row
     ``i mod 259``, so with ``pad_to >= 518`` the padding wins every unrestricted argmax and a draft
-    that proposed outside the tokenizer's range would show."""
+    that proposed outside the tokenizer's range would show. ``max_shard_size`` (``"20KB"``) saves the
+    weights in shards of at most that size, with a ``model.safetensors.index.json``."""
     from harness.target.loading import build_tiny_model
 
     model = build_tiny_model(seed=seed, vocab_size=BYTE_VOCAB, num_layers=num_layers, hidden_size=hidden_size)
@@ -83,7 +85,7 @@ def tiny_checkpoint(
                 w[i] = pad_scale * w[i % BYTE_VOCAB]
     model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = 1, 2, 0
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
+    model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     (tokenizer or byte_tokenizer()).save_pretrained(path)
     return path
 

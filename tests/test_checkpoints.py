@@ -78,6 +78,7 @@ def test_a_draft_given_by_path_loads_every_layer(ckpts):
         "unexpected_keys": [],
         "mismatched_keys": [],
         "stored_dtype": "float32",  # what its safetensors file holds
+        "weights_read": ["model.safetensors"],
         **packed,
         "fused_layers": fused,
         "fused_stack": fused > 0,  # and, with every layer fused, the decoder as one native call
@@ -291,7 +292,6 @@ def test_a_draft_that_embeds_fewer_ids_than_the_tokenizer_is_refused_at_load_nam
     assert run_main(args) == 2
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("harness")]
     assert len(said) == 1 and said[0].startswith(f"harness run: refused: the draft '{short}' embeds 200 token ids")
-    # a target that embeds fewer ids than its own tokenizer: refused at load too (it failed in its first forward)
     # a draft whose tokenizer differs (a note when it runs) and that is refused: the refusal alone is said
     lower_short = tiny_checkpoint(
         tmp_path / "lower_short", seed=3, pad_to=200, tokenizer=byte_tokenizer(lowercase=True)
@@ -300,6 +300,7 @@ def test_a_draft_that_embeds_fewer_ids_than_the_tokenizer_is_refused_at_load_nam
     assert run_main(args) == 2
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("harness")]
     assert len(said) == 1 and said[0].startswith(f"harness run: refused: the draft '{lower_short}' embeds 200")
+    # a target that embeds fewer ids than its own tokenizer: refused at load too (it failed in its first forward)
     with pytest.raises(
         CheckpointError, match=f"^the target '{short}' embeds 200 token ids but the tokenizer has {BYTE_VOCAB}: "
     ):
@@ -682,6 +683,125 @@ def test_the_stored_dtype_of_a_hub_id_is_read_from_the_cached_snapshot_of_its_re
     assert stored_dtype("someone/tiny-llama") == "bfloat16"
     assert stored_dtype("someone/tiny-llama", revision=old) == "float16"
     assert stored_dtype("someone/not-cached") is None
+
+
+def _partial_hub_cache(tmp_path, monkeypatch, source):
+    """A local hub cache whose snapshot of ``someone/partdraft`` holds ``config.json`` alone (what an
+    interrupted online run leaves: the harness binds a hub id by fetching that file only), read offline."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    import harness.target.loading as loading
+
+    commit = "c" * 40
+    repo = tmp_path / "hub" / "models--someone--partdraft"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    shutil.copy(source / "config.json", snapshot / "config.json")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the harness's check, and the hub client's (read at its import)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    loading.hub_unreachable.cache_clear()
+    return snapshot
+
+
+NOT_CACHED = (
+    "cannot load its Tokenizer: not in the local Hugging Face cache, and the hub cannot be reached "
+    "(HF_HUB_OFFLINE is set); give a checkpoint folder, or fetch it where the hub is reachable"
+)
+
+
+def test_a_hub_id_whose_cached_snapshot_lacks_its_tokenizer_is_refused_offline_as_not_cached(
+    ckpts, tmp_path, monkeypatch
+):
+    """A snapshot holding config.json alone was refused quoting transformers' advice to install
+    sentencepiece or tiktoken, for the target and a draft alike; a cached tokenizer that is broken still
+    says what is wrong with it."""
+    import harness.target.loading as loading
+    from harness.runner import load_models
+
+    snapshot = _partial_hub_cache(tmp_path, monkeypatch, ckpts["target"])
+    try:
+        target = ["model=hf", "model.name_or_path=someone/partdraft"]
+        with pytest.raises(CheckpointError) as info:
+            load_models(compose(target))
+        assert str(info.value) == f"model.name_or_path=someone/partdraft: {NOT_CACHED}"
+        draft = [*cfg_for_overrides(ckpts, None), "proposer=draft_model", "proposer.model.name=hf"]
+        with pytest.raises(CheckpointError) as info:
+            load_models(compose([*draft, "proposer.model.name_or_path=someone/partdraft"]))
+        assert str(info.value) == f"proposer.model.name_or_path=someone/partdraft: {NOT_CACHED}"
+        (snapshot / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Nope"}}')
+        with pytest.raises(CheckpointError) as info:
+            load_models(compose(target))
+        assert "cannot load its Tokenizer (" in str(info.value) and "local Hugging Face cache" not in str(info.value)
+    finally:
+        loading.hub_unreachable.cache_clear()
+
+
+def test_a_snapshot_lacks_the_files_a_load_reads_until_they_are_cached(ckpts, tmp_path, monkeypatch):
+    """Tokenizer files, weight files, and every shard a cached shard index names; a file the hub cache
+    records as absent from the repository is not missing from the snapshot."""
+    import json
+    import shutil
+
+    import harness.target.loading as loading
+
+    snapshot = _partial_hub_cache(tmp_path, monkeypatch, ckpts["target"])
+    try:
+        lacks = {w: loading._snapshot_lacks("someone/partdraft", w, {}) for w in ("Tokenizer", "ModelForCausalLM")}
+        assert lacks == {"Tokenizer": True, "ModelForCausalLM": True}
+        absent = snapshot.parent.parent / ".no_exist" / snapshot.name
+        absent.mkdir(parents=True)
+        for name in loading.TOKENIZER_FILES:  # the repository has none: nothing is missing from the cache
+            (absent / name).touch()
+        assert not loading._snapshot_lacks("someone/partdraft", "Tokenizer", {})
+        shutil.copy(ckpts["target"] / "model.safetensors", snapshot / "model-00001-of-00002.safetensors")
+        index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+        (snapshot / "model.safetensors.index.json").write_text(json.dumps(index))
+        assert loading._snapshot_lacks("someone/partdraft", "ModelForCausalLM", {})  # one shard of two
+        shutil.copy(ckpts["target"] / "model.safetensors", snapshot / "model-00002-of-00002.safetensors")
+        assert not loading._snapshot_lacks("someone/partdraft", "ModelForCausalLM", {})
+        assert loading._snapshot_lacks("someone/partdraft", "ModelForCausalLM", {"revision": "d" * 40})
+    finally:
+        loading.hub_unreachable.cache_clear()
+
+
+def test_a_checkpoint_with_two_weight_files_notes_the_one_left_unread_and_records_the_one_read(ckpts, tmp_path, capsys):
+    """A folder holding model.safetensors and pytorch_model.bin was bound by both, with no word of
+    which one transformers read (model.safetensors); a sharded checkpoint names its index and shards."""
+    import shutil
+
+    from harness.runner import load_models
+    from harness.target.loading import build_tiny_model, load_model
+
+    both = tmp_path / "both"
+    shutil.copytree(ckpts["other"], both)
+    other = build_tiny_model(seed=11, vocab_size=BYTE_VOCAB, num_layers=3).state_dict()
+    torch.save(other, both / "pytorch_model.bin")  # other weights: the ones read show
+    capsys.readouterr()
+    _, draft = load_models(cfg_for({**ckpts, "both": both}, "both"))
+    assert draft.load_report["weights_read"] == ["model.safetensors"]
+    notes = [line for line in capsys.readouterr().err.splitlines() if "left unread" in line]
+    assert notes == [
+        f"harness: note: checkpoint {str(both)!r}: pytorch_model.bin left unread: model.safetensors is read first"
+    ]
+    weight = "model.layers.0.mlp.down_proj.weight"
+    assert not torch.equal(draft.model.state_dict()[weight].float(), other[weight].float())
+    assert torch.equal(draft.model.state_dict()[weight].float(), load_model_weights(both)[weight].float())
+
+    sharded = tiny_checkpoint(tmp_path / "sharded", max_shard_size="40KB")
+    shards = sorted(p.name for p in sharded.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1
+    lm = load_model(name="hf", name_or_path=str(sharded))
+    assert lm.load_report["weights_read"] == ["model.safetensors.index.json", *shards]
+    assert "left unread" not in capsys.readouterr().err
+    (sharded / "pytorch_model.bin").write_bytes((both / "pytorch_model.bin").read_bytes())
+    lm = load_model(name="hf", name_or_path=str(sharded))
+    assert lm.load_report["weights_read"] == ["model.safetensors.index.json", *shards]
+    assert "pytorch_model.bin left unread: model.safetensors.index.json is read first" in capsys.readouterr().err
 
 
 def test_a_config_declaring_fewer_layers_than_the_weights_hold_is_refused_at_load(tmp_path):

@@ -62,6 +62,14 @@ class CheckpointError(ValueError):
 
 #: the files a Hugging Face tokenizer is read from (any one of them)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json", "vocab.txt")
+#: the files a checkpoint's weights are read from, in the order transformers looks for them: the first
+#: one present is read (a shard index with the shards its ``weight_map`` names), the others are not
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 class _LoadReportCapture(logging.Filter):
@@ -149,7 +157,7 @@ def from_pretrained(loader, source, *, key: str | None = None, **kwargs):
                 + (f" and {len(report.rows) - 6} more" if len(report.rows) > 6 else "")
                 + ("; check config.json against the weights" if mismatched else "")
             ) from exc
-        if offline is not None and isinstance(exc, OSError):
+        if offline is not None and (isinstance(exc, OSError) or _snapshot_lacks(str(source), what, kwargs)):
             raise CheckpointError(
                 f"{where}: cannot load its {what}: not in the local Hugging Face cache, and the hub cannot be "
                 f"reached ({offline}); give a checkpoint folder, or fetch it where the hub is reachable"
@@ -169,6 +177,41 @@ def from_pretrained(loader, source, *, key: str | None = None, **kwargs):
             ) from exc
         text = text if len(text) <= 300 else text[:297] + "..."
         raise CheckpointError(f"{where}: cannot load its {what} ({type(exc).__name__}: {text})") from exc
+
+
+def _snapshot_lacks(repo_id: str, what: str, kwargs: dict) -> bool:
+    """Whether the local hub cache's snapshot of ``repo_id`` (at ``kwargs``' ``revision``, else the one
+    its ref names) lacks the files a ``what`` (``Tokenizer``, ``ModelForCausalLM``, ``Config``) is read
+    from: an interrupted download, or one of ``config.json`` alone, as :func:`hub_revision` fetches. For
+    a tokenizer or a config, none of its files is cached and one at least is not known to be absent from
+    the repository; for weights, no weight file is cached, or the shard index read first names a shard
+    that is not. A snapshot that holds them is not lacking: a load that fails on it says why itself."""
+    from huggingface_hub import try_to_load_from_cache
+
+    revision = kwargs.get("revision")
+    if what == "Tokenizer":
+        names: tuple[str, ...] = TOKENIZER_FILES
+    elif what.startswith("Model"):
+        names = WEIGHT_FILES
+    else:
+        names = ("config.json",)
+    try:
+        found = {n: try_to_load_from_cache(repo_id, n, revision=revision) for n in names}
+    except ValueError:  # not a valid repository id or revision: the load's own error says so
+        return False
+    cached = [n for n in names if isinstance(found[n], str)]
+    if not cached:
+        return any(f is None for f in found.values())  # None: neither cached nor recorded as absent
+    if not cached[0].endswith(".index.json"):
+        return False
+    try:
+        weight_map = json.loads(Path(found[cached[0]]).read_text()).get("weight_map")
+        shards = sorted(set(weight_map.values()))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False  # an unreadable index: the load says why
+    return not all(
+        isinstance(s, str) and isinstance(try_to_load_from_cache(repo_id, s, revision=revision), str) for s in shards
+    )
 
 
 def remote_code_option(key: str | None) -> str:
@@ -322,7 +365,9 @@ class LoadedModel:
     #: has no place for: shown, not fatal), ``missing_keys`` (always empty: a load with missing
     #: weights is refused), ``mismatched_keys``, ``stored_dtype`` (the floating dtype a checkpoint's
     #: weights are stored in, :func:`stored_dtype`; None where it cannot tell; loading them in a
-    #: narrower dtype is noted on stderr); and, once the runner applied the target options,
+    #: narrower dtype is noted on stderr), ``weights_read`` (the weight files read, :func:`weights_read`:
+    #: ``model.safetensors``, or a shard index and its shards; another weight file the checkpoint holds
+    #: beside them is noted on stderr as left unread); and, once the runner applied the target options,
     #: ``fused_layers`` (decoder layers running as native calls) and ``fused_stack`` (the decoder as one
     #: native call where a forward allows it)
     load_report: dict = field(default_factory=dict)
@@ -428,6 +473,14 @@ def load_model(
         check_finite_weights(model, source=source)
         report["layers"] = _layer_count(model)
         report["stored_dtype"] = stored = stored_dtype(path, revision=revision)
+        read, unread = weights_read(path, revision=revision)
+        if read:
+            report["weights_read"] = read
+        if read and unread:
+            print(
+                f"harness: note: checkpoint {source!r}: {', '.join(unread)} left unread: {read[0]} is read first",
+                file=sys.stderr,
+            )
         rounding = dtype_rounding(stored, dtype)
         if rounding is not None:
             print(f"harness: note: checkpoint {source!r} {rounding}", file=sys.stderr)
@@ -445,6 +498,27 @@ def load_model(
     for p in loaded.model.parameters():
         p.requires_grad_(False)
     return loaded
+
+
+def weights_read(ref: str | os.PathLike, *, revision: str | None = None) -> tuple[list[str], list[str]]:
+    """The weight files transformers reads from a checkpoint (a folder, or a hub id's snapshot in the
+    local Hugging Face cache at ``revision``), and the ones of :data:`WEIGHT_FILES` it holds but leaves
+    unread. The first of :data:`WEIGHT_FILES` present is read: a single file by its name, a shard index
+    as the index followed by the shards its ``weight_map`` names (the index alone where it cannot be
+    read). Two empty lists where no folder or no weight file is found."""
+    folder = _checkpoint_folder(str(ref), revision)
+    present = [n for n in WEIGHT_FILES if folder is not None and (folder / n).is_file()]
+    if not present:
+        return [], []
+    first = present[0]
+    read = [first]
+    if first.endswith(".index.json"):
+        try:
+            weight_map = json.loads((folder / first).read_text()).get("weight_map") or {}
+            read += sorted({str(s) for s in weight_map.values()})
+        except (OSError, ValueError, AttributeError):
+            pass
+    return read, [n for n in present[1:] if n not in read]
 
 
 #: safetensors' names (a header's ``dtype`` field) of the floating dtypes a checkpoint is loaded in
