@@ -2009,3 +2009,95 @@ def test_a_job_run_with_hydra_job_chdir_reads_paths_relative_to_where_the_comman
     record = json.loads((tmp_path / "hydra" / "record.json").read_text())
     assert record["config"]["workload"]["path"] == workload.name
     assert Path.cwd() == tmp_path
+
+
+def _ends_on_its_one_line(err: str, said: str) -> None:
+    """``said`` starts a line of its own on the terminal (nothing shown before it on its line) and is
+    the last thing written: no bar text nor carriage return after it."""
+    before, _, after = err.rpartition(said)
+    shown = before.rpartition("\n")[2].rpartition("\r")[2]  # what the terminal shows before it on its line
+    assert before and shown == "", err
+    assert after.endswith("\n") and "\r" not in after and "\n" not in after[:-1], err
+
+
+@pytest.mark.parametrize(
+    "batch, patched",
+    [(1, "validate_commit"), (2, "batched_commit_kind")],
+    ids=["one request", "batched"],
+)
+@pytest.mark.parametrize(
+    "failure, said",
+    [(KeyboardInterrupt, "harness run: interrupted"), (RuntimeError("boom"), "harness run: error: RuntimeError: boom")],
+    ids=["interrupted", "error"],
+)
+def test_a_run_stopped_in_the_path_equivalence_gate_clears_its_progress_bar_before_the_one_line(
+    tmp_path, workload, capsys, monkeypatch, batch, patched, failure, said
+):
+    """A run stopped inside the path-equivalence gate (after its first rows were compared) wipes the
+    gate's progress bar before saying why: the one line stands alone, and is the last one."""
+    import gc
+
+    import harness.gates.equivalence as equivalence
+
+    calls = []
+
+    def stops(*args, **kwargs):
+        calls.append(1)
+        raise failure
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))  # no cached gate verdict to reuse
+    monkeypatch.setenv("HARNESS_TRACEBACK", "0")
+    monkeypatch.setenv("CXX", "false")  # no native kernels to compile into the fresh cache
+    monkeypatch.setattr(equivalence, patched, stops)
+    argv = argv_for(tmp_path, workload, "model.linear_kernel=default", "model.fused_layers=false", "gates.oracle=false")
+    assert run_main([*argv, f"generation.batch_size={batch}"]) in (1, 130)
+    gc.collect()  # a bar left open would draw itself again when collected
+    assert calls, "the gate was not reached"
+    err = capsys.readouterr().err
+    assert "gate: path equivalence" in err, err  # the bar was drawn
+    _ends_on_its_one_line(err, said)
+
+
+@pytest.mark.parametrize(
+    "module, stage, desc",
+    [
+        ("harness.prepare.heads_data", "_float16_rows", "target hidden states"),
+        ("harness.prepare.early_exit", "optimiser_step", "train early-exit adapter"),
+    ],
+    ids=["hidden states", "adapter training"],
+)
+@pytest.mark.parametrize(
+    "failure, said",
+    [(KeyboardInterrupt, "harness train: interrupted"), (RuntimeError("boom"), "harness train: error: RuntimeError")],
+    ids=["interrupted", "error"],
+)
+def test_early_exit_training_stopped_midway_clears_its_progress_bar_before_the_one_line(
+    tmp_path, capsys, monkeypatch, module, stage, desc, failure, said
+):
+    """`harness train proposer=early_exit` stopped while encoding the target's hidden states or while
+    distilling the adapter wipes that progress bar before saying why: the one line stands alone, and
+    is the last one."""
+    import gc
+    import importlib
+
+    where = importlib.import_module(module)
+    real, calls = getattr(where, stage), []
+
+    def stops_at_the_second_call(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise failure
+        return real(*args, **kwargs)
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HARNESS_TRACEBACK", "0")
+    monkeypatch.setattr(where, stage, stops_at_the_second_call)
+    argv = ["train", "proposer=early_exit", "proposer.exit_layer=1", "model=tiny", "model.linear_kernel=default"]
+    argv += ["threads=1", "proposer.data.token_budget=300", "proposer.data.held_out_tokens=100"]
+    argv += ["proposer.data.max_len=50"]
+    assert cli.main(argv) in (1, 130)
+    gc.collect()  # a bar left open would draw itself again when collected
+    assert len(calls) == 2
+    err = capsys.readouterr().err
+    assert desc in err, err  # the bar was drawn
+    _ends_on_its_one_line(err, said)

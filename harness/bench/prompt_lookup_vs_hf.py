@@ -1007,33 +1007,35 @@ def main(argv=None) -> int:
         return result
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    for i, (p, ids) in enumerate(tqdm(items, desc="prompts", file=sys.stderr)):
-        order = list(arms) if i % 2 == 0 else list(reversed(arms))
-        outs, this = {}, {}
-        for a in order:
-            if a.startswith("hf"):
-                outs[a], this[a] = arms[a](ids, args.max_new_tokens)
-            else:
-                res = arms[a](ids, args.max_new_tokens)
-                outs[a] = res.tokens
-                this[a] = after_first_round(res)
-            for k, v in this[a].items():
-                totals[a][k] += v
-        per_prompt.append({"prompt_id": p.prompt_id, "arms": {a: this[a] for a in arms}})
-        ref = outs["ours_ar"]
-        for a, toks in outs.items():
-            if toks != ref:
-                mismatches.append(
-                    {
-                        "prompt_id": p.prompt_id,
-                        "arm": a,
-                        "first_diff": next(
-                            (k for k, (x, y) in enumerate(zip(toks, ref)) if x != y), min(len(toks), len(ref))
-                        ),
-                    }
-                )
-        write(complete=False)
-        bandwidths.append(read_bandwidth_gbs(backend.device))
+    # closed on every way out: a failure's one line is printed on the line the bar cleared
+    with tqdm(items, desc="prompts", file=sys.stderr) as bar:
+        for i, (p, ids) in enumerate(bar):
+            order = list(arms) if i % 2 == 0 else list(reversed(arms))
+            outs, this = {}, {}
+            for a in order:
+                if a.startswith("hf"):
+                    outs[a], this[a] = arms[a](ids, args.max_new_tokens)
+                else:
+                    res = arms[a](ids, args.max_new_tokens)
+                    outs[a] = res.tokens
+                    this[a] = after_first_round(res)
+                for k, v in this[a].items():
+                    totals[a][k] += v
+            per_prompt.append({"prompt_id": p.prompt_id, "arms": {a: this[a] for a in arms}})
+            ref = outs["ours_ar"]
+            for a, toks in outs.items():
+                if toks != ref:
+                    mismatches.append(
+                        {
+                            "prompt_id": p.prompt_id,
+                            "arm": a,
+                            "first_diff": next(
+                                (k for k, (x, y) in enumerate(zip(toks, ref)) if x != y), min(len(toks), len(ref))
+                            ),
+                        }
+                    )
+            write(complete=False)
+            bandwidths.append(read_bandwidth_gbs(backend.device))
     result = write(complete=True)
     intervals, parts, by_bandwidth = result["ratio_ci95"], result["ratio_parts"], result["ratio_by_bandwidth"]
     per_tok, floor_ms, roofline = (

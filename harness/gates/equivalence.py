@@ -180,47 +180,47 @@ def equivalence_gate(
     worst_tree, worst_cache = 0.0, 0.0
     tree_scale, cache_scale = 0.0, 0.0
     commits: list[str] = []
-    bar = _rows_bar("gate: path equivalence")
+    # closed on every way out: a failure's one line is printed on the line the bar cleared
+    with _rows_bar("gate: path equivalence") as bar:
 
-    def compare(got: torch.Tensor, sequence: list[int]) -> None:
-        nonlocal worst_tree, tree_scale
-        ref = backend.forward_rows(backend.new_state(), sequence, list(range(len(sequence))), None).logits[-1]
-        diff = float((got.float() - ref.float()).abs().max())
-        worst_tree = nan_max(worst_tree, diff)
-        tree_scale = nan_max(tree_scale, float(ref.float().abs().max()))
-        bar.update()
+        def compare(got: torch.Tensor, sequence: list[int]) -> None:
+            nonlocal worst_tree, tree_scale
+            ref = backend.forward_rows(backend.new_state(), sequence, list(range(len(sequence))), None).logits[-1]
+            diff = float((got.float() - ref.float()).abs().max())
+            worst_tree = nan_max(worst_tree, diff)
+            tree_scale = nan_max(tree_scale, float(ref.float().abs().max()))
+            bar.update()
 
-    for r in range(rounds):
-        paths = _paths_from(committed[-(7 + r) :], vocab)
-        tree = compile_tree(
-            [ProposalResult.from_paths(paths, source="gate", manifest_hash="gate")], prefix_len=len(committed)
-        )
-        validate_candidate_graph(tree)
-        out = backend.verify_one(seq, committed[-1], tree)
-        # each row equals its root-to-node path decoded sequentially: one causal forward over the
-        # whole sequence, on a fresh cache of the kind the runs use (so the forward is the one the
-        # runs compute, native layers included, and only the tree attention differs)
-        for row in range(-1, tree.num_rows):
-            path = [] if row < 0 else [int(tree.token_ids[x]) for x in tree.path_to(row)]
-            compare(out.logits[row + 1], committed + path)
-        kind = COMMIT_KINDS[r] if r < len(COMMIT_KINDS) else "deep"
-        path_rows = commit_rows(tree, kind)
-        validate_commit(tree, path_rows)
-        backend.commit_one(seq, path_rows)
-        commits.append(kind)
-        bonus = int(out.logits[1 + path_rows[-1] if path_rows else 0].argmax())
-        committed += [int(tree.token_ids[x]) for x in path_rows] + [bonus]
-    chained = chain_round(backend, [ids], compare)[0]  # its forwards reach no further than the first round's
-    ref_seq = backend.prefill_one(committed)
-    for a, b in zip(seq.cache.layers, ref_seq.cache.layers):
-        worst_cache = nan_max(
-            worst_cache, float((a.keys - b.keys).abs().max()), float((a.values - b.values).abs().max())
-        )
-        cache_scale = nan_max(cache_scale, float(b.keys.abs().max()), float(b.values.abs().max()))
-    cached = list(seq.cached_tokens)
-    # the forward after the last commit: the pending token's row over the committed cache
-    compare(backend.verify(seq, [committed[-1]], [None]).logits[0][0], committed)
-    bar.close()
+        for r in range(rounds):
+            paths = _paths_from(committed[-(7 + r) :], vocab)
+            tree = compile_tree(
+                [ProposalResult.from_paths(paths, source="gate", manifest_hash="gate")], prefix_len=len(committed)
+            )
+            validate_candidate_graph(tree)
+            out = backend.verify_one(seq, committed[-1], tree)
+            # each row equals its root-to-node path decoded sequentially: one causal forward over the
+            # whole sequence, on a fresh cache of the kind the runs use (so the forward is the one the
+            # runs compute, native layers included, and only the tree attention differs)
+            for row in range(-1, tree.num_rows):
+                path = [] if row < 0 else [int(tree.token_ids[x]) for x in tree.path_to(row)]
+                compare(out.logits[row + 1], committed + path)
+            kind = COMMIT_KINDS[r] if r < len(COMMIT_KINDS) else "deep"
+            path_rows = commit_rows(tree, kind)
+            validate_commit(tree, path_rows)
+            backend.commit_one(seq, path_rows)
+            commits.append(kind)
+            bonus = int(out.logits[1 + path_rows[-1] if path_rows else 0].argmax())
+            committed += [int(tree.token_ids[x]) for x in path_rows] + [bonus]
+        chained = chain_round(backend, [ids], compare)[0]  # its forwards reach no further than the first round's
+        ref_seq = backend.prefill_one(committed)
+        for a, b in zip(seq.cache.layers, ref_seq.cache.layers):
+            worst_cache = nan_max(
+                worst_cache, float((a.keys - b.keys).abs().max()), float((a.values - b.values).abs().max())
+            )
+            cache_scale = nan_max(cache_scale, float(b.keys.abs().max()), float(b.values.abs().max()))
+        cached = list(seq.cached_tokens)
+        # the forward after the last commit: the pending token's row over the committed cache
+        compare(backend.verify(seq, [committed[-1]], [None]).logits[0][0], committed)
     # a NaN or inf anywhere (an overflowing half-precision model) fails the gate: nothing compares to it
     finite = all(math.isfinite(x) for x in (worst_tree, worst_cache, tree_scale, cache_scale))
     atol = tolerance(backend.dtype, tree_scale if finite else 0.0)
@@ -286,49 +286,50 @@ def batched_equivalence_gate(
     def alone(sequence: list[int]) -> torch.Tensor:
         return backend.forward_rows(backend.new_state(), sequence, list(range(len(sequence))), None).logits[-1]
 
-    bar = _rows_bar(f"gate: path equivalence, batch of {b}")
+    # closed on every way out: a failure's one line is printed on the line the bar cleared
+    with _rows_bar(f"gate: path equivalence, batch of {b}") as bar:
 
-    def compare(got: torch.Tensor, ref: torch.Tensor) -> None:
-        nonlocal worst, scale
-        diff = float((got.float() - ref.float()).abs().max())
-        worst = nan_max(worst, diff)
-        scale = nan_max(scale, float(ref.float().abs().max()))
-        bar.update()
+        def compare(got: torch.Tensor, ref: torch.Tensor) -> None:
+            nonlocal worst, scale
+            diff = float((got.float() - ref.float()).abs().max())
+            worst = nan_max(worst, diff)
+            scale = nan_max(scale, float(ref.float().abs().max()))
+            bar.update()
 
-    shortest = min(len(c) for c in committed)  # its forwards reach no further than the first round's
-    chained = chain_round(backend, [c[:shortest] for c in committed], lambda got, s: compare(got, alone(s)))
-    for r in range(rounds):
-        trees = []
+        shortest = min(len(c) for c in committed)  # its forwards reach no further than the first round's
+        chained = chain_round(backend, [c[:shortest] for c in committed], lambda got, s: compare(got, alone(s)))
+        for r in range(rounds):
+            trees = []
+            for k in range(b):
+                paths = _paths_from(committed[k][-(7 + r + k) :], vocab)
+                paths = paths[: 1 + (r + k) % len(paths)]  # another row count per request and round
+                tree = compile_tree(
+                    [ProposalResult.from_paths(paths, source="gate", manifest_hash="gate")],
+                    prefix_len=len(committed[k]),
+                )
+                validate_candidate_graph(tree)
+                trees.append(tree)
+            out = backend.verify(state, [c[-1] for c in committed], trees)
+            for k, tree in enumerate(trees):
+                for row in range(-1, tree.num_rows):
+                    path = [] if row < 0 else [int(tree.token_ids[x]) for x in tree.path_to(row)]
+                    compare(out.logits[k][row + 1], alone(committed[k] + path))
+            accepted = []
+            for k, tree in enumerate(trees):
+                rows = commit_rows(tree, batched_commit_kind(r, k))
+                validate_commit(tree, rows)
+                accepted.append(rows)
+            commits.append([batched_commit_kind(r, k) for k in range(b)])
+            backend.commit(state, accepted)
+            for k, rows in enumerate(accepted):
+                bonus = int(out.logits[k][1 + rows[-1] if rows else 0].argmax())
+                committed[k] += [int(trees[k].token_ids[x]) for x in rows] + [bonus]
+            if r == 0 and b > 1:  # a request finishes: it leaves the batch, the cache compacts around the others
+                backend.drop(state, [0])
+                committed, b, dropped = committed[1:], b - 1, True
+        out = backend.verify(state, [c[-1] for c in committed], [None] * b)
         for k in range(b):
-            paths = _paths_from(committed[k][-(7 + r + k) :], vocab)
-            paths = paths[: 1 + (r + k) % len(paths)]  # another row count per request and round
-            tree = compile_tree(
-                [ProposalResult.from_paths(paths, source="gate", manifest_hash="gate")], prefix_len=len(committed[k])
-            )
-            validate_candidate_graph(tree)
-            trees.append(tree)
-        out = backend.verify(state, [c[-1] for c in committed], trees)
-        for k, tree in enumerate(trees):
-            for row in range(-1, tree.num_rows):
-                path = [] if row < 0 else [int(tree.token_ids[x]) for x in tree.path_to(row)]
-                compare(out.logits[k][row + 1], alone(committed[k] + path))
-        accepted = []
-        for k, tree in enumerate(trees):
-            rows = commit_rows(tree, batched_commit_kind(r, k))
-            validate_commit(tree, rows)
-            accepted.append(rows)
-        commits.append([batched_commit_kind(r, k) for k in range(b)])
-        backend.commit(state, accepted)
-        for k, rows in enumerate(accepted):
-            bonus = int(out.logits[k][1 + rows[-1] if rows else 0].argmax())
-            committed[k] += [int(trees[k].token_ids[x]) for x in rows] + [bonus]
-        if r == 0 and b > 1:  # a request finishes: it leaves the batch, the cache compacts around the others
-            backend.drop(state, [0])
-            committed, b, dropped = committed[1:], b - 1, True
-    out = backend.verify(state, [c[-1] for c in committed], [None] * b)
-    for k in range(b):
-        compare(out.logits[k][0], alone(committed[k]))
-    bar.close()
+            compare(out.logits[k][0], alone(committed[k]))
     finite = math.isfinite(worst) and math.isfinite(scale)
     atol = tolerance(backend.dtype, scale if finite else 0.0)
     return {

@@ -85,18 +85,18 @@ def train_adapter(
     adapter.train()
     t0 = time.perf_counter()
     last = None
-    bar = tqdm(
+    # closed on every way out: a failure's one line is printed on the line the bar cleared
+    with tqdm(
         total=total, desc="train early-exit adapter", unit="doc", file=sys.stderr, disable=not progress, leave=False
-    )
-    for _ in range(recipe.epochs):
-        for k in torch.randperm(len(docs), generator=gen).tolist():
-            sl = docs[k]
-            student = adapter_logits(adapter, model, stream.extra[layer][sl].float())  # [L, V]
-            with torch.no_grad():
-                teacher = torch.softmax(on_head(lm, stream.hidden[sl]) / tau, -1)  # [L, V]
-            loss = -(tau**2) * (teacher * torch.log_softmax(student / tau, -1)).sum(-1).mean()
-            last = optimiser_step(loss, opt, sched, adapter.parameters(), bar)
-    bar.close()
+    ) as bar:
+        for _ in range(recipe.epochs):
+            for k in torch.randperm(len(docs), generator=gen).tolist():
+                sl = docs[k]
+                student = adapter_logits(adapter, model, stream.extra[layer][sl].float())  # [L, V]
+                with torch.no_grad():
+                    teacher = torch.softmax(on_head(lm, stream.hidden[sl]) / tau, -1)  # [L, V]
+                loss = -(tau**2) * (teacher * torch.log_softmax(student / tau, -1)).sum(-1).mean()
+                last = optimiser_step(loss, opt, sched, adapter.parameters(), bar)
     adapter.eval()
     return {"steps": total, "final_loss": last, "train_seconds": time.perf_counter() - t0, "stream_tokens": len(stream)}
 

@@ -108,18 +108,18 @@ def encode_stream(
     tokens, segs, hidden = [], [], []
     extra: dict[int, list[torch.Tensor]] = {int(l): [] for l in layers}
     total = sum(len(d) for d in documents)
-    bar = tqdm(total=total, desc=desc, unit="tok", file=sys.stderr, disable=not progress, leave=False)
-    for doc_id, doc in enumerate(documents):
-        ids = torch.tensor([list(doc)], dtype=torch.long, device=device)
-        out = model.base_model(input_ids=ids, use_cache=False, output_hidden_states=bool(extra))
-        h = out.last_hidden_state[0]  # [L, d]
-        for l, rows in extra.items():
-            rows.append(_float16_rows(out.hidden_states[l][0], f"the residual stream after {l} decoder layers"))
-        tokens.append(ids[0].cpu())
-        segs.append(torch.full((len(doc),), doc_id, dtype=torch.long))
-        hidden.append(_float16_rows(h, "the final-norm hidden rows"))
-        bar.update(len(doc))
-    bar.close()
+    # closed on every way out: a failure's one line is printed on the line the bar cleared
+    with tqdm(total=total, desc=desc, unit="tok", file=sys.stderr, disable=not progress, leave=False) as bar:
+        for doc_id, doc in enumerate(documents):
+            ids = torch.tensor([list(doc)], dtype=torch.long, device=device)
+            out = model.base_model(input_ids=ids, use_cache=False, output_hidden_states=bool(extra))
+            h = out.last_hidden_state[0]  # [L, d]
+            for l, rows in extra.items():
+                rows.append(_float16_rows(out.hidden_states[l][0], f"the residual stream after {l} decoder layers"))
+            tokens.append(ids[0].cpu())
+            segs.append(torch.full((len(doc),), doc_id, dtype=torch.long))
+            hidden.append(_float16_rows(h, "the final-norm hidden rows"))
+            bar.update(len(doc))
     d = int(model.config.hidden_size)
     empty = torch.zeros(0, d, dtype=torch.float16)
     return PackedStream(

@@ -504,27 +504,29 @@ def draft_times(
         + [(("level", r), lambda r=r: level(r)) for r in range(1, level_rows + 1)]
     )
     out: dict = {"feed": {}, "chain": [], "level": {}}
-    for rnd in tqdm(
+    # closed on every way out: a failure's one line is printed on the line the bar cleared
+    with tqdm(
         range(warmup + repeats),
         desc="profile: draft timing rounds",
         unit="round",
         file=sys.stderr,
         disable=not progress,
         leave=False,
-    ):
-        shift = rnd % len(kinds)
-        for (kind, size), run in kinds[shift:] + kinds[:shift]:
-            elapsed = 0.0
-            for _ in range(batch_size):  # the round loop drafts one request at a time
-                t0 = clock.now()
-                run()
-                elapsed += (clock.now() - t0) * 1e3
-            if rnd < warmup:
-                continue
-            if kind == "chain":
-                out["chain"].append(elapsed)
-            else:
-                out[kind].setdefault(size, []).append(elapsed)
+    ) as rounds:
+        for rnd in rounds:
+            shift = rnd % len(kinds)
+            for (kind, size), run in kinds[shift:] + kinds[:shift]:
+                elapsed = 0.0
+                for _ in range(batch_size):  # the round loop drafts one request at a time
+                    t0 = clock.now()
+                    run()
+                    elapsed += (clock.now() - t0) * 1e3
+                if rnd < warmup:
+                    continue
+                if kind == "chain":
+                    out["chain"].append(elapsed)
+                else:
+                    out[kind].setdefault(size, []).append(elapsed)
     return out
 
 

@@ -168,31 +168,31 @@ def search_skip(backend, prompts: list[list[int]], *, recipe: SearchRecipe, prog
     warm_up(backend, prompts, recipe=recipe)
     ar = measure(backend, None, prompts, recipe=recipe)
     seen: dict[tuple[int, ...], dict] = {}
-    bar = tqdm(
+    # closed on every way out: a failure's one line is printed on the line the bar cleared
+    with tqdm(
         total=recipe.trials, desc="layer-skip search", unit="trial", file=sys.stderr, disable=not progress, leave=False
-    )
+    ) as bar:
 
-    def objective(trial) -> float:
-        skip = tuple(i for i in range(layers) if trial.suggest_int(f"skip_{i}", 0, 1))
-        if len(skip) == layers:  # a draft of no decoder layer: not a vector a run accepts
+        def objective(trial) -> float:
+            skip = tuple(i for i in range(layers) if trial.suggest_int(f"skip_{i}", 0, 1))
+            if len(skip) == layers:  # a draft of no decoder layer: not a vector a run accepts
+                bar.update(1)
+                raise optuna.TrialPruned("the vector bypasses every layer")
+            if skip not in seen:
+                seen[skip] = measure(backend, list(skip), prompts, recipe=recipe)
             bar.update(1)
-            raise optuna.TrialPruned("the vector bypasses every layer")
-        if skip not in seen:
-            seen[skip] = measure(backend, list(skip), prompts, recipe=recipe)
-        bar.update(1)
-        bar.set_postfix(best_ms=f"{min(v['ms_per_token'] for v in seen.values()):.2f}")
-        return seen[skip]["ms_per_token"]
+            bar.set_postfix(best_ms=f"{min(v['ms_per_token'] for v in seen.values()):.2f}")
+            return seen[skip]["ms_per_token"]
 
-    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=recipe.seed))
-    influence = layer_influence(backend.model, prompts)
-    order = sorted(range(layers), key=lambda i: influence[i])  # least influential first
-    for k in WARM_SKIP_COUNTS:
-        if k < layers:
-            chosen = set(order[:k])
-            study.enqueue_trial({f"skip_{i}": int(i in chosen) for i in range(layers)})
-    study.enqueue_trial({f"skip_{i}": i % 2 for i in range(layers)})  # every other layer: a common start
-    study.optimize(objective, n_trials=recipe.trials)
-    bar.close()
+        study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=recipe.seed))
+        influence = layer_influence(backend.model, prompts)
+        order = sorted(range(layers), key=lambda i: influence[i])  # least influential first
+        for k in WARM_SKIP_COUNTS:
+            if k < layers:
+                chosen = set(order[:k])
+                study.enqueue_trial({f"skip_{i}": int(i in chosen) for i in range(layers)})
+        study.enqueue_trial({f"skip_{i}": i % 2 for i in range(layers)})  # every other layer: a common start
+        study.optimize(objective, n_trials=recipe.trials)
     if not seen:
         raise ValueError(f"every one of the {recipe.trials} trial(s) drew a vector bypassing every layer")
     finalists = sorted(seen, key=lambda k: seen[k]["ms_per_token"])[: recipe.finalists]
