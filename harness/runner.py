@@ -85,6 +85,7 @@ from harness.prepare.sequoia import (
     slower_than_ar_note,
 )
 from harness.proposers.base import NullProposer, Proposer
+from harness.proposers.merged import MergedProposer
 from harness.proposers.registry import PROPOSERS, proposer_class
 from harness.proposers.rest import datastore_sources, path_inert_options
 from harness.random_source import TorchRandomSource
@@ -592,19 +593,28 @@ def check_budget_fits_vocabulary(cfg: DictConfig, budget) -> None:
 def check_verify_cost(cfg: DictConfig, budget) -> None:
     """A ``proposer.verify_cost`` given to prompt lookup's adaptive budget prices every row count a
     round can verify, t(1) to t(rows + 1) (:func:`verified_rows`); the proposer refused a shorter
-    one only once the models had loaded."""
+    one only once the models had loaded. Prompt lookup as a ``proposer=merged`` source
+    (``proposer.prompt_lookup.verify_cost``) is held to its sub-budget's rows alike."""
     prop = cfg.proposer
-    if prop.name != "prompt_lookup" or prop.get("budget_policy") != "adaptive" or not prop.get("verify_cost"):
+    if prop.name == "merged" and "prompt_lookup" in (prop.get("sources") or []):
+        entries = MergedProposer._source_entries(proposer_options(cfg), budget)
+        options, budget = next((sub, sub_b) for name, _, sub, sub_b in entries if name == "prompt_lookup")
+        key = "proposer.prompt_lookup.verify_cost"
+    elif prop.name == "prompt_lookup":
+        options, key = prop, "proposer.verify_cost"
+    else:
+        return
+    if options.get("budget_policy") != "adaptive" or not options.get("verify_cost"):
         return
     rows, capped_by = verified_rows(budget)
-    given = list(prop.verify_cost)
+    given = list(options["verify_cost"])
     if len(given) < rows + 1:
         why = f" ({capped_by})" if capped_by else ""
         raise ConfigError(
-            f"proposer.verify_cost={_text(given)} prices {len(given)} row count(s): a round verifies up to {rows} "
+            f"{key}={_text(given)} prices {len(given)} row count(s): a round verifies up to {rows} "
             f"candidate rows{why}, so the adaptive budget needs t(1..{rows + 1}) ({rows + 1} values), or none "
             "(the run measures it)",
-            suggestions=[("proposer.verify_cost=null",)],
+            suggestions=[(f"{key}=null",)],
         )
 
 
@@ -1480,11 +1490,15 @@ def inert_options(cfg: DictConfig) -> list[str]:
                 depth = prop.depths.get(src)
                 if depth is not None and depth != OmegaConf.get_type(prop)().depths.get(src):
                     out.append(f"proposer.depths.{src}={depth}: {left_out}")
-    if prop.get("verify_cost") and prop.get("budget_policy", "fixed") != "adaptive":
-        out.append(
-            f"proposer.verify_cost={_text(prop.verify_cost)}: the fixed budget prices no rows "
-            "(proposer.budget_policy=adaptive reads it)"
-        )
+    lookups = [(prop, "proposer.")] if prop.name == "prompt_lookup" else []
+    if prop.name == "merged" and "prompt_lookup" in (prop.get("sources") or []):
+        lookups.append((prop.prompt_lookup, "proposer.prompt_lookup."))
+    for lookup, at in lookups:
+        if lookup.get("verify_cost") and lookup.get("budget_policy", "fixed") != "adaptive":
+            out.append(
+                f"{at}verify_cost={_text(lookup.verify_cost)}: the fixed budget prices no rows "
+                f"({at}budget_policy=adaptive reads it)"
+            )
     return out
 
 

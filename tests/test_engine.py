@@ -327,6 +327,35 @@ def test_adaptive_prompt_lookup_is_exact_and_uses_the_cost_curve(models):
         PromptLookupProposer(budget=budget, manifest_hash="h", budget_policy="adaptive")
 
 
+def test_adaptive_rows_are_priced_after_the_rows_other_sources_put_in_the_forward():
+    """Inside proposer=merged the verify forward carries the other sources' m rows too: k rows of the
+    lookup cost t(1 + m + k), not t(1 + k); a row another source already proposed costs no row, and
+    the forward never holds more than max_rows rows."""
+    budget = Budget(shape="sequences", max_nodes=8, max_depth=4)
+    step = [1.0] + [2.0] * 8  # a step at 2 rows: the first candidate row doubles the forward, later ones are free
+    prop = PromptLookupProposer(budget=budget, manifest_hash="h", budget_policy="adaptive", verify_cost=step)
+    parents = np.array([-1, 0, -1])
+    prefixes = ((5,), (5, 6), (7,))
+    rate = np.array([0.3, 0.3, 0.3])  # reach 0.3, 0.09, 0.3: 0.69 tokens in all, below the step's price
+    assert prop._choose_rows(parents, rate, prefixes) == []  # alone: the step is not worth paying
+    prop.rows_before = frozenset({(40,), (40, 41), (40, 41, 42), (43,)})  # m = 4: the step is paid already
+    assert prop._choose_rows(parents, rate, prefixes) == [0, 1, 2]
+    # a row equal to another source's is verified once: free, where a new row costs ten steps
+    knee = [1.0, 1.0] + [10.0] * 7
+    prop = PromptLookupProposer(budget=budget, manifest_hash="h", budget_policy="adaptive", verify_cost=knee)
+    assert prop._choose_rows(parents, rate, prefixes) == [0]  # alone: one row is free, a second costs ten
+    prop.rows_before = frozenset({(5,)})
+    assert prop._choose_rows(parents, rate, prefixes) == [0]  # (5,) is the other source's row: still free
+    prop.rows_before = frozenset({(40,)})
+    assert prop._choose_rows(parents, rate, prefixes) == []  # (40,) took the free row
+    # a forward the others already fill to max_rows grows no more: the lookup's rows share it
+    steep = [1.0 + 2.0 * k for k in range(9)]
+    prop = PromptLookupProposer(budget=budget, manifest_hash="h", budget_policy="adaptive", verify_cost=steep)
+    assert prop._choose_rows(parents, rate, prefixes) == []
+    prop.rows_before = frozenset((40 + i,) for i in range(8))
+    assert prop._choose_rows(parents, rate, prefixes) == [0, 1, 2]
+
+
 def test_the_candidate_tree_counts_how_many_matches_agree_on_each_row():
     from harness.proposers.prompt_lookup import candidate_tree
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
+import numpy as np
 import pytest
 
 import harness.config  # noqa: F401  (registers the config schemas)
@@ -217,6 +218,81 @@ def test_merged_with_a_pq_verifier_is_refused_from_the_config_before_model_work(
     assert p.budget == Budget(shape="merged", max_nodes=16, max_depth=8)
 
 
+STEP = [1.0] + [2.0] * 16  # a verify-cost step at 2 rows: the first candidate row doubles the forward
+#: a request whose suffix "1 2 3" occurred three times before, followed by other continuations
+REPEATS = [1, 2, 3, 10, 11, 12, 50, 1, 2, 3, 20, 21, 22, 51, 1, 2, 3, 10, 11, 30, 52, 1, 2, 3]
+SHALLOW = Budget(shape="merged", max_nodes=16, max_depth=3)
+
+
+def adaptive_lookup(rate: float) -> PromptLookupProposer:
+    lookup = PromptLookupProposer(
+        budget=Budget("sequences", 16, 3), manifest_hash="h", budget_policy="adaptive", verify_cost=STEP
+    )
+    lookup.acceptance.predict = lambda x: np.full(len(x), rate)
+    seen = []
+    choose = lookup._choose_rows
+    lookup._choose_rows = lambda *a: (seen.append(getattr(lookup, "rows_before", None)), choose(*a))[1]
+    lookup.seen_rows_before = seen
+    return lookup
+
+
+@pytest.mark.parametrize("lookup_first", [False, True])
+def test_an_adaptive_lookup_prices_its_rows_after_the_other_sources_rows(lookup_first):
+    """The merged forward carries the other sources' rows: an adaptive prompt lookup is told them
+    (rows_before, only for its proposal) and prices its own rows after them. Under a cost step at 2
+    rows it keeps none alone, and all of them once another source has paid the step."""
+    alone = adaptive_lookup(0.1)
+    res = MergedProposer(budget=SHALLOW, manifest_hash="h", sources=[alone]).propose(REPEATS, TorchRandomSource(0))
+    assert alone.seen_rows_before == [frozenset()] and res.nodes == () and len(alone.last_candidates) > 1
+    lookup = adaptive_lookup(0.1)
+    other = Fixed({(): [90, 91], (90,): [92], (90, 92): [93], (91,): [3]}, name="rest")
+    sources = [lookup, other] if lookup_first else [other, lookup]
+    merged = MergedProposer(budget=SHALLOW, manifest_hash="h", sources=sources)
+    res = merged.propose(REPEATS, TorchRandomSource(0))
+    # the other source's rows were counted before the lookup chose, whatever the sources' order
+    assert lookup.seen_rows_before == [frozenset({(90,), (91,), (90, 92), (90, 92, 93), (91, 3)})]
+    assert lookup.rows_before == frozenset()  # for that proposal only
+    kept = res.extras["sources"]["prompt_lookup"]["nodes"]
+    assert kept == len(lookup.last_candidates) > 0  # the step is paid: every candidate row is kept
+    # the merge interleaves the proposals in the sources' list order
+    assert res.nodes[0].source == ("prompt_lookup" if lookup_first else "rest")
+    assert [n.source for n in res.nodes].count("rest") == 5 and len(res.nodes) == 5 + kept
+    # a depth cap bounds the rows counted: only the other source's first level remains
+    merged.depth_cap = 1
+    merged.propose(REPEATS, TorchRandomSource(0))
+    assert lookup.seen_rows_before[-1] == frozenset({(90,), (91,)})
+
+
+@pytest.mark.parametrize("sampling", ["iid", "without_replacement"])
+def test_a_merged_draft_source_samples_a_chain_at_temperature_0(sampling):
+    """Inside proposer=merged a draft source's sub-budget has one child per level: at temperature 0
+    its sampled chain is the argmax chain beam drafts, so proposer.draft_model.sampling=iid (or
+    without_replacement) is no tree collapsing into a chain and is planned; outside merged a
+    branching draft's sampling is still refused under the key that sets it."""
+    from harness.proposers.merged import sub_budget
+    from harness.proposers.registry import proposer_class
+
+    base = ["model=tiny", "proposer=merged", "topology=merged", "proposer.sources=[draft_model,prompt_lookup]"]
+    cfg = compose_cfg(*base, f"proposer.draft_model.sampling={sampling}")
+    assert cfg.generation.temperature == 0
+    p = plan(cfg)
+    assert sampling in p.capabilities.sampling_relations  # the source's relation is still declared
+    from harness.engine.build import branching_samplings
+
+    assert branching_samplings(cfg, p.budget, p.capabilities) == []
+    draft = proposer_class("draft_model")(
+        budget=sub_budget(proposer_class("draft_model"), p.budget),
+        manifest_hash="h",
+        policy=SamplingPolicy(),
+        backend=CausalLMBackend(build_tiny_model(seed=3)),
+        sampling=sampling,
+    )
+    assert draft.widths == (1,) * p.budget.max_depth  # one child per level: a chain
+    single = compose_cfg("model=tiny", "proposer=draft_model", "topology=set", f"proposer.sampling={sampling}")
+    with pytest.raises(Exception, match=rf"proposer.sampling={sampling} at temperature 0 draws the draft's argmax"):
+        plan(single)
+
+
 # ------------------------------------------------------------------------------ oracles
 
 
@@ -332,7 +408,8 @@ def test_accepted_tokens_are_attributed_to_every_source_that_proposed_them(tiny)
     assert per["A"]["new_rows"] == 12 and per["B"]["shared"] == 8 and per["B"]["new_rows"] == 4
 
 
-def test_merged_rest_and_prompt_lookup_keep_greedy_equality(tiny):
+@pytest.mark.parametrize("policy", ["fixed", "adaptive"])
+def test_merged_rest_and_prompt_lookup_keep_greedy_equality(tiny, policy):
     backend, ar = tiny
     ds = datastore_from_token_ids([PROMPT[-4:] + ar[:12], [1, 2, 3, 4, 5, 6], PROMPT[-3:] + [9, 9, 9]])
     rest = RestProposer(
@@ -342,8 +419,16 @@ def test_merged_rest_and_prompt_lookup_keep_greedy_equality(tiny):
         max_suffix=8,
         min_suffix=1,
     )
-    lookup = PromptLookupProposer(budget=Budget(shape="sequences", max_nodes=16, max_depth=8), manifest_hash="h")
-    merged = MergedProposer(budget=MERGED, manifest_hash="h", sources=[rest, lookup])
+    adaptive = {"budget_policy": "adaptive", "verify_cost": [1.0 + 0.02 * k for k in range(17)]}
+    lookup = PromptLookupProposer(
+        budget=Budget(shape="sequences", max_nodes=16, max_depth=8),
+        manifest_hash="h",
+        **(adaptive if policy == "adaptive" else {}),
+    )
+    # listed first, an adaptive lookup still proposes after REST (pricing its rows after REST's)
+    merged = MergedProposer(
+        budget=MERGED, manifest_hash="h", sources=[lookup, rest] if lookup.prices_rows else [rest, lookup]
+    )
     res = greedy_decode(backend, merged, 40)
     assert res.tokens == ar
     src = f"rest:{ds.release_id[:12]}"
@@ -352,6 +437,7 @@ def test_merged_rest_and_prompt_lookup_keep_greedy_equality(tiny):
     assert res.ledger.summary()["round_cost_ms"]["retrieval"] > 0  # REST's search, split out of proposal
     assert merged.stats.retrieval_ms == pytest.approx(rest.stats.retrieval_ms)
     assert merged.manifest_hash == "h"  # directly built sources share the run hash
+    assert lookup.rows_before == frozenset()  # set for each proposal only
 
 
 def test_a_merged_round_s_verify_time_reaches_its_sources(tiny):

@@ -392,6 +392,12 @@ def test_options_that_change_nothing_here_are_noted_at_start_and_listed_in_the_r
     # where they apply they are no note: top-p when sampling, widths on an expansion tree
     sampled = compose(["model=tiny", "generation.temperature=0.7", "generation.top_p=0.5", "verifier=membership"])
     assert inert_options(sampled) == [] and inert_options(compose(["model=tiny", "topology=expansion"])) == []
+    # prompt lookup's verify cost under proposer=merged, with its fixed budget: noted by its own key
+    merged = ["model=tiny", "proposer=merged", "topology=merged", "proposer.prompt_lookup.verify_cost=[1.0,1.1]"]
+    assert inert_options(compose(merged)) == [
+        "proposer.prompt_lookup.verify_cost=[1.0,1.1]: the fixed budget prices no rows "
+        "(proposer.prompt_lookup.budget_policy=adaptive reads it)"
+    ]
 
 
 def test_model_options_a_model_ignores_are_listed_as_inert():

@@ -176,6 +176,14 @@ def test_an_adaptive_chain_prices_the_rows_its_rounds_can_verify_not_max_nodes(t
         "proposer.verify_cost=[1.0,1.1] prices 2 row count(s): a round verifies up to 16 candidate rows, so the "
         "adaptive budget needs t(1..17) (17 values), or none (the run measures it)"
     )
+    # prompt lookup as a merged source: its own key, refused before model work as alone
+    merged = ["model=tiny", "proposer=merged", "topology=merged", "proposer.sources=[prompt_lookup]"]
+    merged += ["proposer.prompt_lookup.budget_policy=adaptive"]
+    with pytest.raises(ConfigError) as refused:
+        plan_job(compose([*merged, "proposer.prompt_lookup.verify_cost=[1.0,1.1]"]), None)
+    assert str(refused.value).startswith("proposer.prompt_lookup.verify_cost=[1.0,1.1] prices 2 row count(s)")
+    assert refused.value.suggestions == (("proposer.prompt_lookup.verify_cost=null",),)
+    plan_job(compose([*merged, f"proposer.prompt_lookup.verify_cost={[1.0] * 40}"]), None)
 
 
 def test_a_dynamic_tree_verifies_at_most_the_rows_its_pool_holds():

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.contracts import Budget, Capabilities, ConfigError, budget_topology
 from harness.engine.checks import validate_config
+from harness.proposers.merged import MergedProposer
 from harness.proposers.registry import proposer_class
 from harness.target.loading import model_geometry
 from harness.topology.budgets import TOPOLOGY_SHAPES, budget_from_config
@@ -70,6 +71,24 @@ def sibling_sampling(policy) -> str:
     return "beam" if policy.deterministic else "without_replacement"
 
 
+def branching_samplings(cfg: DictConfig, budget: Budget, caps: Capabilities) -> list[tuple[str, frozenset[str]]]:
+    """The sampling relations of the drafts that draw several children below a parent under
+    ``budget`` (a shape other than ``sequence``), each with the option that sets it: the proposer's
+    own (``proposer.sampling``), or, under ``proposer=merged``, those of its sources that branch
+    (``proposer.<source>.sampling``). A sampled draft given neither widths nor a tree shape draws
+    one child per level (a draft model's width-less ``tree``, a head or EAGLE draft's ``sequence``),
+    and a merged source's sub-budget (:func:`~harness.proposers.merged.sub_budget`) holds neither:
+    at temperature 0 its ``iid`` chain is the argmax chain ``beam`` drafts, so it is not listed."""
+    if cfg.proposer.name != "merged":
+        return [("proposer.sampling", caps.sampling_relations)]
+    out = []
+    for name, sub_cls, sub, sub_b in MergedProposer._source_entries(proposer_options(cfg), budget):
+        if not sub_b.widths and not sub_b.parents:
+            continue  # a sampled draft draws one chain here
+        out.append((f"proposer.{name}.sampling", sub_cls.declare(sub, sub_b).sampling_relations))
+    return out
+
+
 def plan(cfg: DictConfig) -> Plan:
     """Check every value (:func:`~harness.engine.checks.validate_config`), then negotiate proposer x
     topology x verifier x temperature; raise before any model work.
@@ -111,20 +130,21 @@ def plan(cfg: DictConfig) -> Plan:
     negotiate(caps, verifier, temperature=policy.temperature, exact_mode=bool(cfg.generation.exact))
     if policy.deterministic and budget.shape != "sequence":
         when = "at temperature 0" if policy.greedy else "with generation.top_k=1"
-        if "iid" in caps.sampling_relations:
-            raise ConfigError(
-                f"proposer.sampling=iid {when} draws the draft's argmax for every child: a "
-                f"topology={cfg.topology.name} tree would collapse into one chain while its records named the tree",
-                suggestions=[("proposer.sampling=beam",)],
-            )
-        if "without_replacement" in caps.sampling_relations:
-            raise ConfigError(
-                f"proposer.sampling=without_replacement {when} draws the draft's argmax first and then, its law "
-                f"holding no other mass, tokens uniformly from the vocabulary: a topology={cfg.topology.name} "
-                "tree's siblings would be random tokens while its records named the tree (the draft's ranked "
-                "top tokens are proposer.sampling=beam)",
-                suggestions=[("proposer.sampling=beam",)],
-            )
+        for key, relations in branching_samplings(cfg, budget, caps):
+            if "iid" in relations:
+                raise ConfigError(
+                    f"{key}=iid {when} draws the draft's argmax for every child: a "
+                    f"topology={cfg.topology.name} tree would collapse into one chain while its records named the tree",
+                    suggestions=[(f"{key}=beam",)],
+                )
+            if "without_replacement" in relations:
+                raise ConfigError(
+                    f"{key}=without_replacement {when} draws the draft's argmax first and then, its law "
+                    f"holding no other mass, tokens uniformly from the vocabulary: a topology={cfg.topology.name} "
+                    "tree's siblings would be random tokens while its records named the tree (the draft's ranked "
+                    f"top tokens are {key}=beam)",
+                    suggestions=[(f"{key}=beam",)],
+                )
     batch = int(cfg.generation.batch_size)
     check = getattr(cls, "check_plan", None)
     if check is not None:  # e.g. a published head checkpoint against the target's geometry

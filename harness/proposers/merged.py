@@ -13,7 +13,12 @@ Config shape (conf/proposer/merged.yaml, schema ``MergedConfig``)::
 Per round (:meth:`MergedProposer.propose`):
 
 1. every source proposes with the round's full budget, in its tree-capable shape (``tree``, else
-   ``sequences``, else ``sequence``);
+   ``sequences``, else ``sequence``). A source that prices its rows by the verify cost (prompt
+   lookup's adaptive budget, ``prices_rows``) proposes after the others, being told the rows they
+   offer that the merge keeps (``rows_before``, by token path, for that proposal only): the forward
+   carries those rows too, so the lookup prices its own as ``t(1 + m + k)`` and a row another
+   source already proposed as free. Such a source draws nothing from the round's random source,
+   so the other sources draw what they drew in list order;
 2. their nodes are interleaved round-robin (node ``i`` of source 0, node ``i`` of source 1, ...),
    which keeps each source's own order (parents before children) and shares the budget evenly;
 3. nodes are keyed by their full token prefix (SpecInfer's merge): a new prefix becomes a new row
@@ -342,17 +347,36 @@ class MergedProposer(Proposer):
             sync()
         return time.perf_counter()
 
+    def _rows_before(self, proposals: list[ProposalResult]) -> frozenset[tuple[int, ...]]:
+        """The distinct rows (token paths from the frontier) that ``proposals`` put in this round's
+        merged tree: those the merge keeps within ``max_nodes`` and the round's depth."""
+        if not proposals:
+            return frozenset()
+        nodes, _ = merge_proposals(proposals, max_nodes=self.budget.max_nodes, max_depth=self.round_max_depth())
+        paths: list[tuple[int, ...]] = []
+        for node in nodes:
+            paths.append((() if node.parent == PREFIX_FRONTIER else paths[node.parent]) + (node.token_id,))
+        return frozenset(paths)
+
     def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
-        results, retrieval = [], 0.0
+        results: list[ProposalResult | None] = [None] * len(self.sources)
+        retrieval = 0.0
         per = self.stats.extras["per_source"]
-        for s in self.sources:
+        pricing = [bool(getattr(s, "prices_rows", False)) for s in self.sources]
+        # sources that price their rows propose last (they draw nothing from rng: the others draw as in list order)
+        for i in [i for i, p in enumerate(pricing) if not p] + [i for i, p in enumerate(pricing) if p]:
+            s = self.sources[i]
             before = s.stats.retrieval_ms
             t0 = self._now()
             s.depth_cap = self.depth_cap
+            if pricing[i]:
+                s.rows_before = self._rows_before([r for r in results if r is not None])
             try:
-                results.append(s.propose(committed, rng))
+                results[i] = s.propose(committed, rng)
             finally:
                 s.depth_cap = None
+                if pricing[i]:
+                    s.rows_before = frozenset()
             per[s.name]["proposal_ms"] += (self._now() - t0) * 1e3
             retrieval += s.stats.retrieval_ms - before
         nodes, counts = merge_proposals(

@@ -17,7 +17,9 @@ count: every candidate row gets an estimated reach probability (the product, alo
 the probability that a row is the target's next token given that its parent was, from
 :class:`AcceptanceModel`), rows are taken in descending reach order (a prefix-closed set, since a
 child never out-reaches its parent), and the round keeps the ``k`` rows that minimise
-``t(1 + k) / (1 + sum of their reach)``, the predicted time per committed token. t comes from
+``t(1 + k) / (1 + sum of their reach)``, the predicted time per committed token (as a source of
+``proposer=merged``, ``t(1 + m + k)``: the forward also carries the ``m`` rows the other sources
+put in it, :attr:`PromptLookupProposer.rows_before`). t comes from
 :class:`VerifyCostModel`: the verify-cost profile the run measured at its start, corrected by the
 verify times of the rounds whose forward the run's full batch shared (at batch 1, every round of
 the request), never decreasing in the row count.
@@ -712,6 +714,10 @@ class PromptLookupProposer(Proposer):
         self.max_matches = 1 if budget.shape == "sequence" else max_matches
         self.budget_policy = budget_policy
         self.cost_model = VerifyCostModel(np.asarray(verify_cost)) if budget_policy == "adaptive" else None
+        #: the rows (their token paths from the committed frontier) that other sources already put in this
+        #: round's verify forward: ``proposer=merged`` sets them for one proposal, and the adaptive budget
+        #: prices its own rows after them (:meth:`_choose_rows`); empty otherwise
+        self.rows_before: frozenset[tuple[int, ...]] = frozenset()
         self.acceptance = AcceptanceModel()
         #: (committed length, tree, its rows' features under the adaptive budget) of the last proposal
         self._last: tuple[int, CandidateTree, np.ndarray | None] | None = None
@@ -919,7 +925,7 @@ class PromptLookupProposer(Proposer):
         x = AcceptanceModel.features(tree) if self.budget_policy == "adaptive" else None
         keep = list(range(len(tree)))
         if x is not None and keep:
-            keep = self._choose_rows(tree.parents, self.acceptance.predict(x))
+            keep = self._choose_rows(tree.parents, self.acceptance.predict(x), tree.prefixes)
         remap = {old: new for new, old in enumerate(keep)}
         nodes = tuple(
             ProposalNode(
@@ -956,8 +962,26 @@ class PromptLookupProposer(Proposer):
         commit is observed; None under the fixed budget without rejected tails (nothing keeps it)."""
         return self._last[1] if self._last is not None else None
 
-    def _choose_rows(self, parents: np.ndarray, rate: np.ndarray) -> list[int]:
-        """Rows in descending reach order; the count minimising predicted time per token."""
+    @property
+    def prices_rows(self) -> bool:
+        """Whether a proposal chooses its rows by their verify cost (the adaptive budget): a
+        ``proposer=merged`` round then proposes it after its other sources and sets :attr:`rows_before`."""
+        return self.cost_model is not None
+
+    def _choose_rows(
+        self, parents: np.ndarray, rate: np.ndarray, prefixes: Sequence[tuple[int, ...]] = ()
+    ) -> list[int]:
+        """Rows in descending reach order; the count minimising predicted time per token.
+
+        The forward also carries the pending row and :attr:`rows_before` (``m`` rows of other
+        sources), so ``k`` rows cost ``t(1 + m + k')``, ``k'`` counting only those of the ``k`` whose
+        prefix (``prefixes``, by row) is not already among them (a row another source proposed is
+        verified once, for both); the forward holds at most ``max_rows`` rows (a merged round keeps
+        no more, sharing them among its sources), so ``1 + m + k'`` is capped at ``1 + max_rows``.
+        The other rows' expected accepted tokens are unknown here and taken as none: the predicted
+        tokens are ``1 +`` the kept rows' own reach, as alone. Where the others' rows are often
+        accepted, that values this proposer's rows above their share of the round's tokens and keeps
+        somewhat more of them than the best count would."""
         reach_of: list[float] = []  # in Python floats: a loop over NumPy scalars costs more
         for p, r in zip(parents.tolist(), rate.tolist(), strict=True):
             reach_of.append(r if p < 0 else reach_of[p] * r)
@@ -965,7 +989,14 @@ class PromptLookupProposer(Proposer):
         order = np.argsort(-reach, kind="stable")  # a parent (earlier, reach >=) precedes its children
         cap = min(len(order), self.max_rows)
         expected = 1.0 + np.concatenate([[0.0], np.cumsum(reach[order[:cap]])])  # k = 0..cap
-        cost = self.cost_model.cost(cap + 1)  # t(1 + k)
+        before = self.rows_before
+        if before:
+            new = [prefixes[i] not in before for i in order[:cap].tolist()]
+            added = np.concatenate([[0], np.cumsum(new, dtype=np.int64)])  # k' for k = 0..cap
+            rows = np.minimum(len(before) + added, self.max_rows)
+        else:
+            rows = np.arange(cap + 1)
+        cost = self.cost_model.cost(self.max_rows + 1)[rows]  # t(1 + m + k')
         k = int(np.argmin(cost / expected))
         return sorted(order[:k].tolist())
 
