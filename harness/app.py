@@ -141,7 +141,8 @@ def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str, set[str], bool
     config's ``hydra.sweep.subdir``), and the overrides the launcher adds to every job that does
     not set their keys (``hydra.launcher.job_overrides``, the Slurm launcher's ``model.device=cuda``).
     ``argv`` holds no flag but ``-m``/``--multirun``. A ``glob(...)`` sweep lists its group's
-    options through Hydra's config loader, as the sweeper does."""
+    options through Hydra's config loader, as the sweeper does. An axis that lists no value (no job
+    at all) is a :class:`ConfigError` naming it (:func:`empty_axis`)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -153,6 +154,8 @@ def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str, set[str], bool
     from_config = [f"{k}={v}" for k, v in params.items()]
     parsed = parser.parse_overrides([*from_config, *overrides])
     jobs = [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    if not jobs:
+        raise ConfigError(f"{empty_axis(parsed)}: the multirun would run no job; give the axis at least one value")
     unnamed = {str(k) for k in cfg.hydra.job.config.override_dirname.exclude_keys}
     subdir = OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir")
     by_overrides = subdir == "${hydra.job.override_dirname}"
@@ -161,19 +164,20 @@ def multirun_jobs(argv: list[str]) -> tuple[list[list[str]], str, set[str], bool
     return jobs, str(cfg.hydra.launcher.get("_target_", "")), unnamed, by_overrides, added
 
 
+def empty_axis(parsed: list) -> str:
+    """The sweep override (``seed=range(0,0)``, ``verifier=glob(zzz*)``) among Hydra's ``parsed``
+    overrides of a multirun that lists no value, named as given (as a sweep file's
+    ``hydra.sweeper.params`` entry, or on the command line); the last override of a key is the one
+    the sweeper reads, as Hydra's basic sweeper does."""
+    last = {o.get_key_element(): o for o in parsed}
+    for o in last.values():
+        if o.is_sweep_override() and o.is_discrete_sweep() and not list(o.sweep_string_iterator()):
+            return f"{o.input_line} lists no value"
+    return "no sweep axis lists a value"
+
+
 #: the longest file name most file systems take, in bytes
 NAME_MAX = 255
-
-
-def job_folder_name(job: list[str], unnamed: set[str]) -> str:
-    """A job's folder below the sweep folder as the root config names it (``hydra.sweep.subdir``:
-    Hydra's ``override_dirname``, its task overrides sorted and comma-joined, the launch-only keys
-    left out); a value holding ``/`` makes folders below."""
-    from hydra._internal.config_loader_impl import get_overrides_dirname
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    task = [o for o in OverridesParser.create().parse_overrides(job) if not o.key_or_group.startswith("hydra")]
-    return get_overrides_dirname(task, sorted(unnamed), ",", "=")
 
 
 def fixed_overrides(argv: list[str]) -> list[str]:
@@ -241,7 +245,7 @@ def preflight_multirun(argv: list[str], *, command: str = "run") -> None:
         name = f"job {i + 1} of {len(jobs)}" + (f" ({told})" if told else "")
         # named as the job's own Hydra names it: a remote launcher's job overrides are among its task's
         launched = job if here or not added else remote_job_overrides(job, added)
-        folder = job_folder_name(launched, unnamed) if by_overrides else ""
+        folder = sweep.job_folder_name(launched, unnamed) if by_overrides else ""
         if by_overrides and folder in folders:  # the second would skip as the first's, or find it busy
             only = sorted({override_key(o) for o in job if override_key(o) in swept and override_key(o) in unnamed})
             raise ConfigError(

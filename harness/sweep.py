@@ -52,6 +52,7 @@ and the folder naming). Everything here is wiring around Hydra's own mechanisms:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -88,6 +89,7 @@ from harness.tracking.job_folder import (
     inspect_job,
     job_lock,
     mapping_difference,
+    read_cuda_cards_with,
     set_aside,
 )
 from harness.tracking.record import write_json_atomic, write_jsonl_atomic
@@ -103,6 +105,28 @@ from harness.tracking.store import (
 from hydra_plugins.harness_launcher.slurm import exclusive_nodes, one_task_refusal, slurm_missing, slurm_refusal
 
 log = logging.getLogger("harness.sweep")
+
+
+@functools.cache
+def this_cuda_card(device: str) -> dict[str, Any] | None:
+    """This process's CUDA card (:func:`harness.measure.hardware.cuda_card`) for ``device`` (``"cuda:0"``),
+    read once per device; None where ``device`` is no CUDA device this machine has."""
+    import torch
+
+    from harness.measure.hardware import cuda_card
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        return None
+    if dev.type != "cuda" or not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count():
+        return None
+    return cuda_card(dev)
+
+
+# a record of a CUDA device stands for a relaunch (of a sweep's job, or of a run in its own folder) only
+# where it was timed under this machine's driver, CUDA runtime, cuDNN and nvidia-* wheels
+read_cuda_cards_with(this_cuda_card)
 
 SWEEPS_DIR = Path(__file__).resolve().parent / "conf" / "sweep"
 JOB_STATUS = "job_status.json"
@@ -222,7 +246,8 @@ def sweep_file_search_path(path: Path, *, sweeps_dir: Path = SWEEPS_DIR) -> tupl
     ``$HARNESS_CACHE/sweep-files/<hash of its path>/`` (a stable place, so jobs that compose again
     in other processes, as submitit's do, find it). Its defaults resolve as those of a packaged
     sweep (``_common`` is the packaged one). A stem that names a packaged sweep is refused: the
-    packaged file would win."""
+    packaged file would win; so is one holding other characters than a sweep name's (letters,
+    digits, ``_``, ``-``, ``.``): Hydra reads the option ``+sweep=<stem>`` by its override grammar."""
     path = path.resolve()
     if not path.is_file():
         raise ValueError(f"sweep file {path} does not exist")
@@ -230,6 +255,12 @@ def sweep_file_search_path(path: Path, *, sweeps_dir: Path = SWEEPS_DIR) -> tupl
     if path.stem in list_sweeps(sweeps_dir) or path.stem.startswith("_"):
         raise ValueError(
             f"sweep file {path}: its name {path.stem!r} is taken by a packaged sweep or a shared part; rename it"
+        )
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", path.stem):
+        raise ValueError(
+            f"sweep file {path}: its name {path.stem!r} is passed to Hydra as +sweep={path.stem}, which reads other "
+            "characters than letters, digits, '_', '-' and '.' as its own syntax (a ',' as a sweep over the sweep "
+            "group); rename the file"
         )
     if path.parent.name == "sweep":
         return path.stem, path.parent.parent
@@ -425,13 +456,15 @@ def sweep_folder_problem(
     unnamed: Collection[str] = (),
 ) -> str | None:
     """Why ``sweep_dir`` cannot take this launch of ``sweep`` (None when it can): no folder named, a
-    single run's folder (its record would join the sweep's store and report), a datastore's or an
-    artifact's, a folder holding records or a ``report/`` that no sweep launched there (the sweep's
-    store would count those records, and its report replaces ``report/``), or the folder of another
-    sweep's launch (its summary and launch file would be overwritten, its jobs counted with these).
-    The same sweep launched again resumes in its folder: a sweep of the same name, or a multirun
-    without a name that plans the same jobs (``jobs``, as :func:`planned_jobs` gives them), in any
-    order and whatever their keys in ``unnamed`` (launch-only keys, left out of job folder names)."""
+    folder inside another sweep's folder (:func:`enclosing_sweep_folder`: that sweep's store and
+    report would count this one's jobs), a single run's folder (its record would join the sweep's
+    store and report), a datastore's or an artifact's, a folder holding records or a ``report/`` that
+    no sweep launched there (the sweep's store would count those records, and its report replaces
+    ``report/``), or the folder of another sweep's launch (its summary and launch file would be
+    overwritten, its jobs counted with these). The same sweep launched again resumes in its folder: a
+    sweep of the same name, or a multirun without a name that plans the same jobs (``jobs``, as
+    :func:`planned_jobs` gives them), in any order and whatever their keys in ``unnamed`` (launch-only
+    keys, left out of job folder names)."""
     if not str(sweep_dir).strip():
         return (
             "hydra.sweep.dir is empty: a sweep writes its job folders, store, summary and report into it; "
@@ -439,6 +472,12 @@ def sweep_folder_problem(
         )
     sweep_dir = Path(sweep_dir)
     where = f"hydra.sweep.dir={sweep_dir}"
+    outer = enclosing_sweep_folder(sweep_dir)
+    if outer is not None:
+        return (
+            f"{where} is inside the sweep folder {outer} (it holds {', '.join(sweep_folder_markers(outer))}): that "
+            "sweep's store and report would count this sweep's jobs with its own; give the sweep a folder outside it"
+        )
     if (sweep_dir / RECORD_FILENAME).is_file():
         return (
             f"{where} is a single run's folder (it holds {RECORD_FILENAME}): the sweep's store and report would "
@@ -490,6 +529,37 @@ def sweep_folder_problem(
                 "jobs with these; give it a folder of its own (the same overrides launched again resume that one)"
             )
     return None
+
+
+#: the files a sweep's launch leaves in its folder (Hydra's ``multirun.yaml``, the harness's launch file,
+#: summary and store): a folder holding any of them is a sweep's
+SWEEP_FOLDER_MARKERS = ("multirun.yaml", LAUNCH_FILE, SUMMARY_FILE, STORE_FILE)
+
+
+def sweep_folder_markers(folder: Path) -> list[str]:
+    """The files of :data:`SWEEP_FOLDER_MARKERS` that ``folder`` holds."""
+    return [name for name in SWEEP_FOLDER_MARKERS if (folder / name).is_file()]
+
+
+def enclosing_sweep_folder(sweep_dir: Path) -> Path | None:
+    """The nearest folder above ``sweep_dir`` (its absolute path) that is a sweep's
+    (:func:`sweep_folder_markers`), or None: the records a sweep writes there would be under that
+    sweep's folder, which its store and report read whole."""
+    for above in Path(sweep_dir).resolve().parents:
+        if sweep_folder_markers(above):
+            return above
+    return None
+
+
+def job_folder_name(job: list[str], unnamed: Collection[str]) -> str:
+    """A job's folder below the sweep folder as the root config names it (``hydra.sweep.subdir``:
+    Hydra's ``override_dirname``, its task overrides sorted and comma-joined, the launch-only keys
+    ``unnamed`` left out); a value holding ``/`` makes folders below."""
+    from hydra._internal.config_loader_impl import get_overrides_dirname
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    task = [o for o in OverridesParser.create().parse_overrides(job) if not o.key_or_group.startswith("hydra")]
+    return get_overrides_dirname(task, sorted(unnamed), ",", "=")
 
 
 def _job_set(jobs: Any, unnamed: Collection[str]) -> frozenset[frozenset[str]] | None:
@@ -825,8 +895,8 @@ class SweepSummary:
     failed: list[str] = field(default_factory=list)
     #: jobs that started and wrote no end status (killed, or a scheduler still runs them)
     unfinished: list[str] = field(default_factory=list)
-    #: jobs the launch planned (Hydra's basic sweeper) that never started: it stopped first (their
-    #: overrides, comma-joined)
+    #: jobs the launch planned (Hydra's basic sweeper) that never started: it stopped first (named as
+    #: their folders would be: :func:`job_folder_name`)
     not_started: list[str] = field(default_factory=list)
     #: a skipped job -> the other job folder that holds the same job (same manifest hash)
     same_as: dict[str, str] = field(default_factory=dict)
@@ -894,10 +964,17 @@ def record_lost_task(sweep_dir: Path, *, num: int, overrides: list[str], stage: 
 
 
 def finish_sweep(
-    sweep_dir: str | Path, *, launch_id: str | None = None, report: bool = True, stopped_by: str | None = None
+    sweep_dir: str | Path,
+    *,
+    launch_id: str | None = None,
+    report: bool = True,
+    stopped_by: str | None = None,
+    unnamed: Collection[str] = (),
 ) -> SweepSummary:
     """Failure file, summary, Parquet store and report for a sweep folder (no report for a launch
-    ``stopped_by`` an interrupt or an error: its store and summary say what the folder holds then)."""
+    ``stopped_by`` an interrupt or an error: its store and summary say what the folder holds then).
+    A planned job the launch never started is named as its folder would be (:func:`job_folder_name`,
+    its keys in ``unnamed`` left out), as the jobs that started are."""
 
     sweep_dir = Path(sweep_dir)
     statuses = collect_statuses(sweep_dir, launch_id=launch_id)
@@ -909,7 +986,7 @@ def finish_sweep(
     started = [set(map(str, s.get("overrides") or [])) for s in statuses]
     # a Slurm task's overrides carry the launcher's additions: a superset of its job's
     never = [job for job in plan or [] if not any(set(job) <= seen for seen in started)]
-    summary.not_started = [",".join(job) for job in never]
+    summary.not_started = [_planned_job_name(job, unnamed) for job in never]
     for s in statuses:
         kind = s.get("status")
         getattr(summary, "unfinished" if kind == RUNNING else kind if kind in ("ran", "skipped") else "failed").append(
@@ -937,7 +1014,7 @@ def finish_sweep(
         ]
         + [  # the jobs a launch cut short never started: no record either, and compare and report say so
             {
-                "job": ",".join(job),
+                "job": name,
                 "overrides": list(job),
                 "stage": NOT_STARTED,
                 "refused": False,
@@ -946,7 +1023,7 @@ def finish_sweep(
                 "started_at": None,
                 "finished_at": None,
             }
-            for job in never
+            for job, name in zip(never, summary.not_started, strict=True)
         ],
     )
     store_path = sweep_dir / STORE_FILE
@@ -972,6 +1049,15 @@ def finish_sweep(
             summary.report_error = f"harness report exited with {code}"
     write_json_atomic(sweep_dir / SUMMARY_FILE, {**asdict(summary), "jobs": statuses})
     return summary
+
+
+def _planned_job_name(job: Any, unnamed: Collection[str]) -> str:
+    """A planned job's name as its folder would be named (:func:`job_folder_name`); its overrides
+    comma-joined where Hydra's grammar cannot read them (a launch file edited by hand)."""
+    try:
+        return job_folder_name([str(o) for o in job], unnamed)
+    except Exception:  # noqa: BLE001 - a name for the summary, never a reason to leave it unwritten
+        return ",".join(map(str, job))
 
 
 def format_summary(summary: SweepSummary) -> str:
@@ -1030,6 +1116,8 @@ class SweepCallback(_Callback):
         self.launch_id: str | None = None
         self._lock = None  # the sweep folder's, held from the launch to the summary
         self._sweep_dir: Path | None = None
+        #: the override keys job folder names leave out (``hydra.job.config.override_dirname.exclude_keys``)
+        self._unnamed: frozenset[str] = frozenset()
         #: the job import variables as they were before the launch set them (None: not set by this launch)
         self._environ: dict[str, str | None] | None = None
 
@@ -1045,11 +1133,9 @@ class SweepCallback(_Callback):
             print(f"{launching_command()}: refused: {refusal}", file=sys.stderr)
             raise SystemExit(2)  # Hydra turns a callback's exceptions into warnings; this one stops the launch
         jobs = planned_jobs(config.hydra)
+        self._unnamed = frozenset(str(k) for k in config.hydra.job.config.override_dirname.exclude_keys)
         problem = sweep_folder_problem(
-            str(config.hydra.sweep.dir),
-            config.get("sweep"),
-            jobs=jobs,
-            unnamed={str(k) for k in config.hydra.job.config.override_dirname.exclude_keys},
+            str(config.hydra.sweep.dir), config.get("sweep"), jobs=jobs, unnamed=self._unnamed
         )
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if problem is not None:  # before anything is written into it
@@ -1094,7 +1180,9 @@ class SweepCallback(_Callback):
 
     def _finish(self, *, report: bool, stopped_by: str | None = None) -> None:
         try:
-            summary = finish_sweep(self._sweep_dir, launch_id=self.launch_id, report=report, stopped_by=stopped_by)
+            summary = finish_sweep(
+                self._sweep_dir, launch_id=self.launch_id, report=report, stopped_by=stopped_by, unnamed=self._unnamed
+            )
         except KeyboardInterrupt:  # during the report, say: close_unfinished_launches finishes the launch again
             if stopped_by is not None:  # that was the second try: the folder stays as it is, unlocked
                 self._release()

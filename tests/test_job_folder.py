@@ -291,6 +291,71 @@ def test_a_record_whose_cpu_kernels_ran_another_instruction_set_is_no_complete_j
     )
 
 
+CUDA_CARD = {
+    "cuda_runtime": "12.4",
+    "cudnn": "90100",
+    "cuda_driver": "550.54.15",
+    "compute_capability": "9.0",
+    "cuda_wheels": {"nvidia-cublas-cu12": "12.4.5.8", "nvidia-cudnn-cu12": "9.1.0.70"},
+}
+
+
+@pytest.mark.parametrize(
+    ("changed", "why"),
+    [
+        ({"cuda_driver": "535.104.05"}, "cuda_driver 550.54.15 vs 535.104.05"),
+        ({"cuda_runtime": "12.1"}, "cuda_runtime 12.4 vs 12.1"),
+        ({"cudnn": "8902"}, "cudnn 90100 vs 8902"),
+        ({"compute_capability": "8.0"}, "compute_capability 9.0 vs 8.0"),
+        (
+            {"cuda_wheels": {"nvidia-cublas-cu12": "12.1.3.1", "nvidia-cudnn-cu12": "9.1.0.70"}},
+            "nvidia-cublas-cu12 12.4.5.8 vs 12.1.3.1",
+        ),
+        ({"cuda_wheels": {"nvidia-cublas-cu12": "12.4.5.8"}}, "nvidia-cudnn-cu12 9.1.0.70 vs not installed"),
+    ],
+)
+def test_a_cuda_record_timed_under_another_driver_runtime_or_wheels_is_no_complete_job(
+    tmp_path, monkeypatch, changed, why
+):
+    """A relaunch on a GPU of the same name took a record timed under another driver, CUDA runtime,
+    cuDNN, compute capability or cuBLAS wheel as the job's, though the record's hardware card holds
+    them as what its figures depend on."""
+    import harness.sweep  # noqa: F401  (gives the tracking room this machine's CUDA card)
+
+    assert job_folder._cuda_card is harness.sweep.this_cuda_card
+    job = tmp_path / "job"
+    record = _record()
+    record["hardware"].update(device="cuda:0", device_name="NVIDIA H100 80GB HBM3", **CUDA_CARD)
+    write_job(job, record, OUTPUTS)
+    monkeypatch.setattr(job_folder, "_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(job_folder, "_cuda_card", lambda device: dict(CUDA_CARD) if device == "cuda:0" else None)
+    assert inspect_job(job, manifest_hash="a" * 16).record is not None  # timed here
+    monkeypatch.setattr(job_folder, "_cuda_card", lambda device: {**CUDA_CARD, **changed})
+    state = inspect_job(job, manifest_hash="a" * 16)
+    assert state.record is None and state.reason == (
+        f"its record was timed under another CUDA setup ({why}, the record's vs this machine's)"
+    )
+    assert inspect_job(job).record is not None  # the record itself stands (the store reads it)
+    # a key the record's card leaves unknown (nvidia-smi missing where it ran) is not compared
+    record["hardware"]["cuda_driver"] = None
+    write_job(job, record, OUTPUTS)
+    if "cuda_driver" in changed:
+        assert inspect_job(job, manifest_hash="a" * 16).record is not None
+
+
+def test_this_machine_has_no_cuda_card_for_a_device_it_lacks(monkeypatch):
+    import torch
+
+    from harness.sweep import this_cuda_card
+
+    this_cuda_card.cache_clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    try:
+        assert this_cuda_card("cpu") is None and this_cuda_card("cuda:0") is None and this_cuda_card("nope") is None
+    finally:
+        this_cuda_card.cache_clear()
+
+
 def test_set_aside_moves_the_job_files_where_the_store_does_not_look(tmp_path):
     job = tmp_path / "sweep" / "proposer=a"
     write_job(job, _record("old"), OUTPUTS)

@@ -458,6 +458,88 @@ def test_an_unnamed_multirun_of_other_jobs_into_another_s_folder_is_refused_and_
     assert len(sweep.LAST_SUMMARY["skipped"]) == 2 and not sweep.LAST_SUMMARY["ran"]
 
 
+def test_a_sweep_inside_another_sweep_s_folder_is_refused_before_anything_is_written(env, capsys):
+    """A sweep launched into a folder below another sweep's was accepted: the outer sweep's store and
+    report then counted the inner sweep's records with its own. Refused, naming the outer folder, at
+    any depth and whichever of the outer sweep's files marks it; nothing written."""
+    outer = env / "multirun" / "smoke"
+    outer.mkdir(parents=True)
+    (outer / "launch.json").write_text(json.dumps({"launch_id": "L1", "sweep": "smoke"}))
+    inner = outer / "inner"
+    rc, summary = launch(inner, "launcher=basic", "proposer=prompt_lookup", "verifier=greedy")
+    assert rc == 2 and not summary
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert err == [
+        f"harness sweep: refused: hydra.sweep.dir={inner} is inside the sweep folder {outer} (it holds launch.json): "
+        "that sweep's store and report would count this sweep's jobs with its own; give the sweep a folder outside it"
+    ]
+    assert not inner.exists() and sorted(p.name for p in outer.iterdir()) == ["launch.json"]
+    (outer / "launch.json").unlink()
+    for marker in ("multirun.yaml", "summary.json", "store.parquet"):
+        (outer / marker).write_text("{}")
+        problem = sweep.sweep_folder_problem(outer / "proposer=a" / "deeper", "glob")
+        assert problem is not None and problem.startswith(
+            f"hydra.sweep.dir={outer / 'proposer=a' / 'deeper'} is inside the sweep folder {outer} (it holds {marker})"
+        )
+        (outer / marker).unlink()
+    assert sweep.sweep_folder_problem(inner, "glob") is None  # no sweep above it now
+    (outer / "summary.json").write_text("{}")
+    assert sweep.sweep_folder_problem(outer, "smoke") is None  # the outer sweep itself still resumes
+
+
+def test_a_multirun_axis_that_lists_no_value_is_refused_naming_it(env, capsys):
+    """``seed=range(0,0)`` (or a ``glob(...)`` no option matches, or a sweep file's axis of no value)
+    planned no job, and the check of the jobs failed with ``error: IndexError: list index out of range``."""
+    from harness.app import run_main
+
+    base = ["-m", "model=tiny", "workload.limit=1", "proposer=prompt_lookup"]
+    for axis in ("seed=range(0,0)", "verifier=glob(zzz*)"):
+        sweep_dir = env / "never"
+        assert run_main([*base, "verifier=greedy,membership", axis, f"hydra.sweep.dir={sweep_dir}"]) == 2
+        err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+        assert err == [
+            f"harness run: refused: {axis} lists no value: the multirun would run no job; give the axis at least "
+            "one value"
+        ]
+        assert not sweep_dir.exists()
+    mine = env / "empty_axis.yaml"
+    mine.write_text(
+        "# @package _global_\ndefaults:\n  - _common\n  - override /model: tiny\nsweep: empty_axis\n"
+        "hydra:\n  sweeper:\n    params:\n      verifier: greedy,membership\n      seed: range(0,0)\n"
+    )
+    assert sweep_main([str(mine), f"hydra.sweep.dir={env / 'never'}"]) == 2
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("harness: compiling")]
+    assert err == [
+        "harness sweep: refused: seed=range(0,0) lists no value: the multirun would run no job; give the axis at "
+        "least one value"
+    ]
+    assert not (env / "never").exists()
+    # the command line's value of a key replaces the sweep file's, as Hydra's sweeper reads them
+    from harness.app import multirun_jobs
+
+    jobs = multirun_jobs(sweep_argv(str(mine), ["seed=1,2"]))[0]
+    assert sorted(o for job in jobs for o in job if o.startswith("seed=")) == ["seed=1", "seed=1", "seed=2", "seed=2"]
+
+
+def test_a_sweep_file_whose_name_hydra_reads_as_its_syntax_is_refused(env, capsys):
+    """``harness sweep a,b.yaml`` became ``+sweep=a,b``, which Hydra reads as a sweep over the sweep
+    group (a refusal naming neither the file nor its name)."""
+    text = (REPO / "harness" / "conf" / "sweep" / "smoke.yaml").read_text().replace("sweep: smoke", "sweep: ab")
+    for stem in ("a,b", "a b", "a=b", "(ab)"):
+        path = env / f"{stem}.yaml"
+        path.write_text(text)
+        assert sweep_main([str(path), f"hydra.sweep.dir={env / 'never'}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(
+            f"harness sweep: refused: sweep file {path}: its name {stem!r} is passed to Hydra as +sweep={stem}, "
+            "which reads other characters than letters, digits, '_', '-' and '.' as its own syntax"
+        ), err
+        assert "rename the file" in err[0] and not (env / "never").exists()
+    fine = env / "a-b.2.yaml"
+    fine.write_text(text)
+    assert sweep_argv(str(fine), [])[2] == "+sweep=a-b.2"
+
+
 def test_a_sweep_folder_that_is_a_file_is_refused_naming_the_option(env, capsys):
     """It said "cannot create the job folder <path>: File exists", naming neither the option nor the file."""
     afile = env / "afile"
@@ -1086,6 +1168,41 @@ def test_an_interrupted_launch_leaves_a_store_and_summary_of_what_the_folder_hol
     assert sweep.ACTIVE_LAUNCHES == []
     rc, last = launch(sweep_dir, *common, "generation.max_new_tokens=6")  # the folder was let go
     assert rc == 0 and len(last["skipped"]) == 2 and (sweep_dir / "report" / "report.md").is_file()
+
+
+def test_jobs_a_launch_never_started_are_named_as_their_folders_would_be(env, capsys, monkeypatch):
+    """A launch cut short named the jobs it never started by their planned overrides, launch-only keys
+    (+sweep, tracking, concurrent_jobs) and Hydra's order included, where the jobs that ran are named by
+    their folders: one job had two names. Both are the folder's name now."""
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # Hydra's plugin scan runs the launcher's module again: the class patched is the one after
+    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+
+    def died(*args, **kwargs):
+        raise RuntimeError("A worker process managed by the executor was unexpectedly terminated")
+
+    sweep_dir = env / "multirun" / "smoke"
+    common = ["launcher=basic", "verifier=greedy", "seed=1,0", "tracking=none", "proposer=prompt_lookup"]
+    common.append("hydra.callbacks.harness_sweep.report=false")
+    with monkeypatch.context() as patch:
+        patch.setattr(BasicLauncher, "launch", died)
+        rc, stopped = launch(sweep_dir, *common)
+    assert rc == 1 and stopped["stopped_by"].startswith("RuntimeError: A worker process")
+    planned = json.loads((sweep_dir / "launch.json").read_text())["planned_jobs"]
+    assert all("+sweep=smoke" in job and "tracking=none" in job for job in planned)  # keys the folders leave out
+    named = [
+        "proposer=prompt_lookup,seed=1,topology=sequence,verifier=greedy",
+        "proposer=prompt_lookup,seed=0,topology=sequence,verifier=greedy",
+    ]
+    assert stopped["not_started"] == named
+    failures = [json.loads(line) for line in (sweep_dir / FAILURES_FILE).read_text().splitlines()]
+    assert [(f["job"], f["stage"]) for f in failures] == [(name, "not started") for name in named]
+    assert [f["overrides"] for f in failures] == planned  # the overrides a relaunch runs them by, as planned
+    capsys.readouterr()
+    rc, again = launch(sweep_dir, *common)  # the jobs that run are named by the same folders
+    assert rc == 0 and sorted(again["ran"]) == sorted(named)
+    assert sorted(p.parent.name for p in sweep_dir.glob("*/record.json")) == sorted(named)
 
 
 def test_the_same_job_under_restated_overrides_is_skipped_naming_the_folder_that_holds_it(env, capsys):

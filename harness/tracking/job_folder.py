@@ -277,11 +277,47 @@ def read_machines_with(
     _device_name, _cpu_capability = device_name, cpu_capability
 
 
+#: this process's CUDA card for a device (``"cuda:0"``: ``harness.measure.hardware.cuda_card``'s keys), or
+#: None where it has no such device; given by the application layer (:func:`read_cuda_cards_with`)
+_cuda_card: Callable[[str], Mapping[str, Any] | None] | None = None
+#: the keys of a CUDA device's hardware card a run's figures depend on beyond the device's name
+CUDA_CARD_KEYS = ("cuda_driver", "cuda_runtime", "cudnn", "compute_capability", "cuda_wheels")
+
+
+def read_cuda_cards_with(reader: Callable[[str], Mapping[str, Any] | None] | None) -> None:
+    """Read this process's CUDA card for a device with ``reader`` where :func:`inspect_job` asks whether
+    a record of a CUDA device was timed here (driver, CUDA runtime, cuDNN, compute capability, the
+    ``nvidia-*`` wheels); None turns the check off."""
+    global _cuda_card
+    _cuda_card = reader
+
+
+def cuda_card_difference(then: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
+    """The first of :data:`CUDA_CARD_KEYS` where a record's hardware card ``then`` and this process's
+    CUDA card ``now`` both say something and differ, as ``key: record's value vs this machine's`` (a
+    wheel by its name, one installed on one side only as ``not installed``), or None. A key either
+    card leaves unknown (None, or a record written before it was recorded) is not compared."""
+    for key in CUDA_CARD_KEYS:
+        was, is_now = then.get(key), now.get(key)
+        if was is None or is_now is None:
+            continue
+        if key == "cuda_wheels" and isinstance(was, Mapping) and isinstance(is_now, Mapping):
+            for name in sorted(set(was) | set(is_now)):
+                if was.get(name) != is_now.get(name):
+                    return f"{name} {was.get(name) or 'not installed'} vs {is_now.get(name) or 'not installed'}"
+        elif str(was) != str(is_now):
+            return f"{key} {was} vs {is_now}"
+    return None
+
+
 def other_machine(record: Mapping[str, Any]) -> str | None:
     """Why ``record`` was timed on another machine than this one, or None (timed here, or no
     :func:`read_machines_with` reader to tell). A machine is named as ``harness compare`` splits arms
     by it (:func:`~harness.tracking.conventions.machine_label`: device kind and name), from the
-    record's hardware card and from this machine's name for the record's device."""
+    record's hardware card and from this machine's name for the record's device; a CUDA device's
+    record also by what its figures depend on beyond that (:func:`cuda_card_difference`: driver,
+    CUDA runtime, cuDNN, compute capability, ``nvidia-*`` wheels), where :func:`read_cuda_cards_with`
+    gave a reader."""
     if _device_name is None:
         return None
     card = record.get("hardware") or {}
@@ -296,6 +332,10 @@ def other_machine(record: Mapping[str, Any]) -> str | None:
     is_now = _cpu_capability() if _cpu_capability is not None and device.startswith("cpu") else None
     if was and is_now and was != is_now:
         return f"its record's CPU kernels ran {was} instructions, this process's run {is_now}"
+    here = _cuda_card(device) if _cuda_card is not None and device.startswith("cuda") else None
+    differs = cuda_card_difference(card, here) if here is not None else None
+    if differs is not None:
+        return f"its record was timed under another CUDA setup ({differs}, the record's vs this machine's)"
     return None
 
 
