@@ -59,6 +59,57 @@ def test_device_peak_measures_nothing_off_cuda():
     assert peak.read() == (None, None) and peak.allocated_now() is None
 
 
+def test_the_arms_peak_counts_every_cuda_device_their_work_runs_on(monkeypatch):
+    """A draft on another GPU than the target's: its weights, cache and activations were left out of
+    the arms' peak (only the target's device was reset and read), and with the target on the CPU the
+    peak was None though the draft ran on CUDA."""
+    import types
+
+    from harness.contracts import Budget
+    from harness.engine.arms import Arms
+    from harness.engine.decode import RoundConfig
+    from harness.proposers.base import NullProposer
+    from harness.random_source import TorchRandomSource
+    from harness.verifiers import get_verifier
+    from harness.verifiers.sampling import SamplingPolicy
+
+    calls = []
+    peaks = {"cuda:0": (100, 150), "cuda:1": (20, 30)}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: calls.append(("sync", str(d))))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: calls.append(("reset", str(d))))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: peaks[str(d)][0])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: peaks[str(d)][1])
+
+    class DraftOn(NullProposer):
+        def devices(self):
+            return {torch.device("cuda:1")}
+
+    def arms(target_device):
+        budget = Budget("sequence", 1, 1)
+        return Arms(
+            target=types.SimpleNamespace(device=torch.device(target_device)),
+            spec_proposers=[DraftOn(budget=budget, manifest_hash="x")],
+            null_proposers=[NullProposer(budget=budget, manifest_hash="x")],
+            spec_verifier=get_verifier("greedy"),
+            ar_verifier=get_verifier("greedy"),
+            policy=SamplingPolicy(),
+            prompts=[[1, 2, 3]],
+            seed=0,
+            batch_size=1,
+            max_new_tokens=4,
+            eos_token_ids=frozenset(),
+            round_cfg=RoundConfig(max_nodes=1, max_depth=1),
+            rng_factory=TorchRandomSource,
+        )
+
+    peak = arms("cuda:0").device_peak
+    peak.measure()
+    assert sorted(calls) == [("reset", "cuda:0"), ("reset", "cuda:1"), ("sync", "cuda:0"), ("sync", "cuda:1")]
+    assert peak.read() == (120, 180)  # each device's own peak, summed
+    peak = arms("cpu").device_peak  # the target on the CPU, the draft on a GPU
+    assert peak.read() == (20, 30)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_device_peak_on_cuda_sees_a_stretch_and_forgets_the_previous_one():
     dev = torch.device("cuda")

@@ -108,7 +108,9 @@ METRIC_NOTES = {
         "peak CUDA bytes allocated over the speculative arm's measured batches, counters reset before each batch; "
         "reserved: the caching allocator's pool at its peak over them, which keeps what the job's earlier work "
         "(the other arm, the gates) reserved (no cache is emptied inside a timed job), so it tells the arms apart "
-        "only where one outgrows that pool; ar_cuda_peak_*: the AR arm's; None off CUDA"
+        "only where one outgrows that pool; ar_cuda_peak_*: the AR arm's; each the sum of the peaks of every CUDA "
+        "device the arms run on (the target's and a draft's on another GPU, the same devices for both arms); None "
+        "where none is CUDA"
     ),
     "peak_rss_bytes": "this job's peak host resident set (peak_rss_method says how it was measured)",
     "context": (
@@ -470,7 +472,9 @@ class Arms:
         self.max_new_tokens, self.eos = max_new_tokens, eos_token_ids
         self.rng_factory = rng_factory
         self.result = ArmsResult(batch_size=batch_size)
-        self.device_peak = DevicePeak(target.device)
+        # every device the arms' work runs on (a draft on another GPU): both arms read the same devices
+        others = {d for arm in ARMS for p in self.slots[arm][0] for d in p.devices()}
+        self.device_peak = DevicePeak(target.device, also=tuple(sorted(others, key=str)))
 
     def seed_of(self, i: int, turn: int) -> int:
         """The seed of prompt ``i``'s request at ``turn`` (0-based), in both arms: :data:`SEED_RULE`."""

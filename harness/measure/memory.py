@@ -104,28 +104,49 @@ class JobHostMemory:
 
 @dataclass
 class DevicePeak:
-    """Peak CUDA memory over stretches of work (a no-op on other devices).
+    """Peak CUDA memory over stretches of work (a no-op where no device is CUDA).
 
-    ``measure()`` opens a stretch (resets the peak counters); ``read()`` closes it and returns
-    ``(peak allocated, peak reserved)`` in bytes, or ``(None, None)`` off CUDA.
+    ``device`` is the target's; ``also`` the other devices the work runs on (a draft model on
+    another GPU). ``measure()`` opens a stretch (resets the peak counters of every CUDA device among
+    them); ``read()`` closes it and returns ``(peak allocated, peak reserved)`` in bytes, each the sum
+    of the devices' own peaks (the memory the work needs across its GPUs), or ``(None, None)`` where
+    none is CUDA.
     """
 
     device: torch.device
+    also: tuple = ()
+
+    @property
+    def cuda_devices(self) -> list[torch.device]:
+        """The CUDA devices among :attr:`device` and :attr:`also`, each once (``cuda`` read as the
+        current device's index)."""
+        out: list[torch.device] = []
+        for d in (self.device, *self.also):
+            d = torch.device(d)
+            if d.type != "cuda":
+                continue
+            d = d if d.index is not None else torch.device("cuda", torch.cuda.current_device())
+            if d not in out:
+                out.append(d)
+        return out
 
     @property
     def cuda(self) -> bool:
-        return torch.device(self.device).type == "cuda"
+        return any(torch.device(d).type == "cuda" for d in (self.device, *self.also))
 
     def allocated_now(self) -> int | None:
-        return int(torch.cuda.memory_allocated(self.device)) if self.cuda else None
+        return sum(int(torch.cuda.memory_allocated(d)) for d in self.cuda_devices) if self.cuda else None
 
     def measure(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+        for d in self.cuda_devices:
+            torch.cuda.synchronize(d)
+            torch.cuda.reset_peak_memory_stats(d)
 
     def read(self) -> tuple[int | None, int | None]:
         if not self.cuda:
             return None, None
-        torch.cuda.synchronize(self.device)
-        return int(torch.cuda.max_memory_allocated(self.device)), int(torch.cuda.max_memory_reserved(self.device))
+        devices = self.cuda_devices
+        for d in devices:
+            torch.cuda.synchronize(d)
+        allocated = sum(int(torch.cuda.max_memory_allocated(d)) for d in devices)
+        return allocated, sum(int(torch.cuda.max_memory_reserved(d)) for d in devices)
