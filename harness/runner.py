@@ -2026,7 +2026,9 @@ def summarise(
         "metric_notes": METRIC_NOTES,
         "per_prompt": measured.per_prompt,
         "inert_options": inert_options(cfg) + gate_inert_options(cfg, gates),  # set, but changing nothing here
-        "hardware": hardware_card(cfg.model.device),
+        "hardware": hardware_card(
+            cfg.model.device, draft_device=str(loaded.draft.model.device) if loaded.draft is not None else None
+        ),
         "model_source": loaded.target.source,
         "draft_source": loaded.draft.source if loaded.draft is not None else None,
         "load_report": {

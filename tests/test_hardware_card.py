@@ -91,6 +91,33 @@ def test_a_cuda_card_names_the_runtime_cudnn_driver_capability_and_nvidia_wheels
     assert hardware.cuda_driver_version() is None
 
 
+def test_a_draft_on_another_device_than_the_target_s_is_named_in_the_card(monkeypatch):
+    """A draft model on another GPU (``proposer.model.device=cuda:1``) left no trace in the card: a
+    run whose draft ran on another GPU model read as one run on the target's GPU alone."""
+    import torch
+
+    names = {0: "NVIDIA H200", 1: "NVIDIA L4"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: names[torch.device(device).index or 0])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: {0: (9, 0), 1: (8, 9)}[device])
+    monkeypatch.setattr(hardware, "cuda_card", lambda dev: {})
+    card = hardware.hardware_card("cuda:0", draft_device="cuda:1")
+    assert (card["device_name"], card["draft_device"], card["draft_device_name"]) == (
+        "NVIDIA H200",
+        "cuda:1",
+        "NVIDIA L4",
+    )
+    assert card["draft_compute_capability"] == "8.9"
+    for same in ("cuda:0", "cuda"):  # the target's device ("cuda" is the current one's): nothing added
+        assert not any(k.startswith("draft_") for k in hardware.hardware_card("cuda", draft_device=same))
+    on_cpu = hardware.hardware_card("cuda:0", draft_device="cpu")
+    assert on_cpu["draft_device"] == "cpu" and on_cpu["draft_device_name"] == hardware.cpu_name()
+    assert "draft_compute_capability" not in on_cpu
+    assert not any(k.startswith("draft_") for k in hardware.hardware_card("cpu", draft_device="cpu"))
+
+
 def test_the_native_kernels_code_paths_name_the_compiler_that_built_them(tmp_path, monkeypatch):
     """The compiler's version keyed the native build but no record said it: two records whose kernels
     another compiler built (other instruction scheduling, other rounding of contractions it may form)

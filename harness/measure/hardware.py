@@ -195,11 +195,8 @@ def cuda_card(dev: torch.device) -> dict:
     built with, cuDNN's version, the driver's (from ``nvidia-smi``; None where it is not on PATH), the
     device's compute capability, and every installed ``nvidia-*`` wheel (cuBLAS, cuDNN, NCCL: pip
     installs them apart from torch, so two machines with one torch version may run other kernels)."""
-    index = dev.index or 0
-    try:  # each is None where this torch cannot say (a build without CUDA asserts)
-        capability = "{}.{}".format(*torch.cuda.get_device_capability(index))
-    except (AssertionError, RuntimeError):
-        capability = None
+    index = _cuda_index(dev)
+    capability = _compute_capability(dev)  # each is None where this torch cannot say (a build without CUDA)
     try:
         cudnn = torch.backends.cudnn.version()
     except (AssertionError, AttributeError, RuntimeError):
@@ -239,10 +236,12 @@ def nvidia_wheels() -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
-def hardware_card(device: str) -> dict:
+def hardware_card(device: str, *, draft_device: str | None = None) -> dict:
     """The machine a run measured on: the device and its name, the CPU (model, vendor, the vector
     instruction set torch dispatches to, last-level cache), torch's threads, the platform, the
-    harness's commit and the libraries' versions; on a CUDA device also :func:`cuda_card`."""
+    harness's commit and the libraries' versions; on a CUDA device also :func:`cuda_card`. A draft
+    model on another device than the target's (``draft_device``) adds ``draft_device``,
+    ``draft_device_name`` and, on CUDA, ``draft_compute_capability``."""
     dev = torch.device(device)
     card = {
         "device": str(dev),
@@ -259,7 +258,42 @@ def hardware_card(device: str) -> dict:
     }
     if dev.type == "cuda" and torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count():
         card.update(cuda_card(dev))
+    if draft_device is not None and _same_device(draft_device, device) is False:
+        other = torch.device(draft_device)
+        card["draft_device"] = str(other)
+        card["draft_device_name"] = device_name(draft_device)
+        if other.type == "cuda":
+            card["draft_compute_capability"] = _compute_capability(other)
     return card
+
+
+def _cuda_index(dev: torch.device) -> int:
+    """A CUDA device's index: its own, or the current device's for a bare ``cuda``."""
+    if dev.index is not None:
+        return dev.index
+    try:
+        return torch.cuda.current_device()
+    except (AssertionError, RuntimeError):  # a build without CUDA
+        return 0
+
+
+def _same_device(a: str, b: str) -> bool | None:
+    """Whether two device strings name one device (``cuda`` and ``cuda:<current>`` do); None where
+    either is no device string."""
+    try:
+        x, y = torch.device(a), torch.device(b)
+    except (RuntimeError, ValueError):
+        return None
+    if x.type != y.type:
+        return False
+    return x.type != "cuda" or _cuda_index(x) == _cuda_index(y)
+
+
+def _compute_capability(dev: torch.device) -> str | None:
+    try:
+        return "{}.{}".format(*torch.cuda.get_device_capability(_cuda_index(dev)))
+    except (AssertionError, RuntimeError):
+        return None
 
 
 def peak_rss_bytes() -> int:
