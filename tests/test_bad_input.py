@@ -1075,6 +1075,24 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_only_when_asked(tmp_p
     assert "Traceback (most recent call last)" in err and err.rstrip().endswith("boom second line")
 
 
+def _fails_at_its_second_call(monkeypatch, module: str, name: str, failure: BaseException) -> list:
+    """Patch ``module.name`` to run as before once, then raise ``failure``; returns the list its calls
+    are counted in."""
+    import importlib
+
+    where = importlib.import_module(module)
+    real, calls = getattr(where, name), []
+
+    def fails_at_the_second_call(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise failure
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(where, name, fails_at_the_second_call)
+    return calls
+
+
 @pytest.mark.parametrize(
     "proposer, module, loss",
     [("hydra", "harness.prepare.heads_training", "head_loss"), ("eagle", "harness.prepare.eagle", "eagle_loss")],
@@ -1090,20 +1108,10 @@ def test_training_stopped_midway_clears_its_progress_bar_before_the_one_line(
     """A training run stopped after its first step wipes its progress bar's line before saying why:
     the one line stands alone on the terminal, no bar text before it on its line nor after it."""
     import gc
-    import importlib
 
-    trainer = importlib.import_module(module)
-    real_loss, calls = getattr(trainer, loss), []
-
-    def stops_at_the_second_step(*args, **kwargs):
-        calls.append(1)
-        if len(calls) > 1:
-            raise failure
-        return real_loss(*args, **kwargs)
-
+    calls = _fails_at_its_second_call(monkeypatch, module, loss, failure)
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HARNESS_TRACEBACK", "0")
-    monkeypatch.setattr(trainer, loss, stops_at_the_second_step)
     argv = ["train", f"proposer={proposer}", "model=tiny", "model.linear_kernel=default", "threads=1"]
     argv += ["proposer.data.token_budget=300", "proposer.data.held_out_tokens=100", "proposer.data.max_len=50"]
     assert cli.main(argv) in (1, 130)
@@ -2078,20 +2086,10 @@ def test_early_exit_training_stopped_midway_clears_its_progress_bar_before_the_o
     distilling the adapter wipes that progress bar before saying why: the one line stands alone, and
     is the last one."""
     import gc
-    import importlib
 
-    where = importlib.import_module(module)
-    real, calls = getattr(where, stage), []
-
-    def stops_at_the_second_call(*args, **kwargs):
-        calls.append(1)
-        if len(calls) > 1:
-            raise failure
-        return real(*args, **kwargs)
-
+    calls = _fails_at_its_second_call(monkeypatch, module, stage, failure)
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HARNESS_TRACEBACK", "0")
-    monkeypatch.setattr(where, stage, stops_at_the_second_call)
     argv = ["train", "proposer=early_exit", "proposer.exit_layer=1", "model=tiny", "model.linear_kernel=default"]
     argv += ["threads=1", "proposer.data.token_budget=300", "proposer.data.held_out_tokens=100"]
     argv += ["proposer.data.max_len=50"]
