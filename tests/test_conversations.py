@@ -116,6 +116,12 @@ def test_a_tokenizer_without_a_chat_template_is_refused_naming_the_fix_and_vicun
     answer = tok.encode(" fine, thanks", add_special_tokens=False) + [2]
     second_text = f"{VICUNA_SYSTEM} USER: hello world ASSISTANT: fine, thanks</s>USER: say more ASSISTANT:"
     assert enc.raw(CONV, [answer]) == tok(second_text)["input_ids"]  # "</s>": the EOS here, as in Vicuna's
+    # the up-front bound of the second turn counts the separators Vicuna writes around a real answer
+    # (" " and "</s>", left out of an empty answer's "ASSISTANT:"): an answer of max_new_tokens fits it
+    limit = ContextLimit(positions=10_000, limited_by="the target", max_new_tokens=12, tree_rows=0)
+    bounded = PromptEncoder(tok, chat=True, eos=frozenset({2}), limit=limit)
+    longest = tok.encode("b" * 12, add_special_tokens=False)
+    assert len(longest) == 12 and len(bounded.raw(CONV, [longest])) == bounded.worst_case_tokens(CONV)
     with_bos = byte_tokenizer()
     from tokenizers import processors
 

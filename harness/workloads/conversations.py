@@ -364,12 +364,19 @@ class PromptEncoder:
         return self.answer(ids)[0]
 
     def worst_case_tokens(self, prompt: Prompt) -> int:
-        """The last turn's prompt length with every earlier answer at ``max_new_tokens`` tokens."""
+        """The last turn's prompt length with every earlier answer at ``max_new_tokens`` tokens.
+
+        Under a chat template each earlier answer is rendered as a one-word placeholder and its
+        remaining tokens added: a template may write an answer with separators it leaves out of an
+        empty one (Vicuna's ``ASSISTANT: <answer></s>`` against ``ASSISTANT:``)."""
         k = prompt.n_turns - 1
         if k == 0:
             return len(self.raw(prompt))
         answer = self.limit.max_new_tokens if self.limit is not None else 0
-        return len(self.raw(prompt, [[] for _ in range(k)])) + k * answer
+        if self.tokenizer is None or answer == 0:
+            return len(self.raw(prompt, [[] for _ in range(k)])) + k * answer
+        word = self.tokenizer.encode("a", add_special_tokens=False)
+        return len(self.raw(prompt, [word for _ in range(k)])) + k * max(0, answer - len(word))
 
     # ----------------------------------------------------------------- under the limit
 
