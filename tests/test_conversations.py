@@ -80,6 +80,16 @@ def test_a_prompt_the_chat_template_refuses_is_refused_before_the_models_load_na
         WorkloadError, match=r"^prompt 'sys': the chat template refuses it \(System role not supported\)"
     ):
         PromptEncoder(tok, chat=True).check([fine, system])
+    # a template that takes no assistant message: a conversation's later turns would fail mid-run
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ raise_exception('no assistant turns') }}"
+        "{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+    PromptEncoder(tok, chat=True).check([fine])
+    with pytest.raises(
+        WorkloadError, match=r"^prompt '81': the chat template refuses its turn 2 \(.*no assistant turns\); give"
+    ):
+        PromptEncoder(tok, chat=True).check([fine, CONV])
 
 
 def test_a_tokenizer_without_a_chat_template_is_refused_naming_the_fix_and_vicuna_is_spec_benchs_format(tmp_path):

@@ -414,10 +414,11 @@ class PromptEncoder:
 
     def check_template(self, prompts: Sequence[Prompt]) -> None:
         """Refuse, naming the prompt, one whose first turn the chat template refuses (a template may
-        raise on a role it does not take, a system message for one): the run stopped on the template's
-        bare error after the models had loaded. So is one the template renders as no token at all (a
-        template that writes only some roles' messages): the run stopped after the weights loaded,
-        naming the prompt by its place in the batch."""
+        raise on a role it does not take, a system message for one), or, for a conversation, its last
+        turn (earlier answers in place: a template may refuse an assistant message): the run stopped on
+        the template's bare error after the models had loaded, a later turn's mid-run. So is one the
+        template renders as no token at all (a template that writes only some roles' messages): the
+        run stopped after the weights loaded, naming the prompt by its place in the batch."""
         from jinja2.exceptions import TemplateError  # what a template's raise_exception raises
 
         for p in prompts:
@@ -431,6 +432,16 @@ class PromptEncoder:
                     f"prompt {p.prompt_id!r}: the chat template refuses it ({' '.join(str(exc).split())}); "
                     "give workload.chat_template a template that takes its messages"
                 ) from None
+            if p.n_turns > 1:  # its last turn, earlier answers as a placeholder word: the shape later turns take
+                word = self.tokenizer.encode("a", add_special_tokens=False)
+                try:
+                    chat_ids(self.tokenizer, self.messages(p, [word] * (p.n_turns - 1)))
+                except TemplateError as exc:
+                    raise WorkloadError(
+                        f"prompt {p.prompt_id!r}: the chat template refuses its turn {p.n_turns} (the user's and the "
+                        f"assistant's earlier messages before it: {' '.join(str(exc).split())}); give "
+                        "workload.chat_template a template that takes a conversation"
+                    ) from None
             if not ids:
                 roles = ", ".join(dict.fromkeys(m.get("role") for m in messages))
                 raise WorkloadError(
