@@ -98,7 +98,10 @@ METRIC_NOTES = {
         "candidate rows per request per round, mean over the requests' rounds (at batch size B one verify "
         "forward carries the rows of up to B requests)"
     ),
-    "proposal_state_bytes": "the proposers' state in bytes as each reports it (a draft's KV cache, head state)",
+    "proposal_state_bytes": (
+        "the proposers' state in bytes as each reports it (a draft's KV cache, head state: its peak), summed over "
+        "the batch's slots: above batch 1 the sum of each slot's own peak, an upper bound on their simultaneous peak"
+    ),
     "per_turn": "the decode metrics of the requests of each turn (1 = the first user turn)",
     "rounds_tried_by_depth": (
         "rounds that tried depth d (the walk reached depth d-1 and the tree had a row at d): the trials behind "
