@@ -339,14 +339,20 @@ class EarlyExitConfig(ProposerConfig):
 
 @dataclass
 class SkipThresholdConfig:
-    """Draft & Verify's dynamic draft length: stop below gamma; gamma follows an acceptance EMA."""
+    """Draft & Verify's dynamic draft length: stop when the top-1 probability is <= gamma; gamma
+    follows an acceptance EMA (``LayerSkipProposer.observe_round``): each round moves it by
+    ``(1 - beta2) * epsilon``, up while the EMA is <= target_acceptance and down above it. The
+    bounds keep that loop able to move both ways and drafting possible: gamma=1 stops every draft
+    (a top-1 probability is never above 1), beta2=1 or epsilon=0 never moves gamma, beta1=1 freezes
+    the EMA at the first round's rate, target_acceptance=1 lets gamma only rise and target_acceptance=0
+    (once any draft is accepted) only fall."""
 
-    gamma: float = ranged(0.4, **PROBABILITY)
+    gamma: float = ranged(0.4, ge=0.0, lt=1.0)
     adaptive: bool = True
-    beta1: float = ranged(0.5, **PROBABILITY)
-    beta2: float = ranged(0.9, **PROBABILITY)
-    epsilon: float = ranged(0.05, **PROBABILITY)
-    target_acceptance: float = ranged(0.7, **PROBABILITY)
+    beta1: float = ranged(0.5, ge=0.0, lt=1.0)
+    beta2: float = ranged(0.9, ge=0.0, lt=1.0)
+    epsilon: float = ranged(0.05, gt=0.0, le=1.0)
+    target_acceptance: float = ranged(0.7, gt=0.0, lt=1.0)
 
 
 @dataclass
@@ -362,7 +368,7 @@ class SkipSearchConfig:
     max_prompt_tokens: int = ranged(96, **POSITIVE_INT)
     max_new_tokens: int = ranged(32, **POSITIVE_INT)
     depth: int = ranged(4, **POSITIVE_INT)
-    gamma: float = ranged(0.4, **PROBABILITY)
+    gamma: float = ranged(0.4, ge=0.0, lt=1.0)  # the trials' starting threshold (proposer.threshold.gamma's rule)
     chat: bool = True
     seed: int = ranged(0, **SEED)
     # the `finalists` fastest vectors of the trials are timed `confirm` more times each, interleaved

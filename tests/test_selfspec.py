@@ -214,6 +214,64 @@ def test_a_round_with_one_token_left_runs_no_draft_layer(env):
 
 
 @pytest.mark.parametrize(
+    "make",
+    [lambda e: early_exit(e, eta=0.0), lambda e: layer_skip(e, [1], gamma=0.0, adaptive=False)],
+    ids=["early_exit", "layer_skip"],
+)
+def test_the_lm_head_runs_only_on_the_rows_whose_logits_are_read(env, make):
+    """The prompt's rows at start() are only cached (no LM head); each draft forward of a round
+    (the feed of the committed tokens, then one per drafted token) reads the last row's logits
+    only, so the LM head runs on that one row, however many rows the forward appends."""
+    prompt = env["docs"][33][:12]
+    p = make(env)
+    head = p.lm_head
+    assert head is env["model"].lm_head  # the target's own LM head: count only inside the proposer
+    calls: dict[str, list[int]] = {"start": [], "propose": []}
+    fed: list[int] = []  # rows each draft forward of a round appends
+    phase = [None]
+    start, propose, extend, forward = p.start, p.propose, p._extend, head.forward
+
+    def counted(x):
+        if phase[0] is not None:
+            calls[phase[0]].append(x.shape[:-1].numel())
+        return forward(x)
+
+    def in_phase(name, fn):
+        def call(*args):
+            phase[0] = name
+            try:
+                return fn(*args)
+            finally:
+                phase[0] = None
+
+        return call
+
+    def counted_extend(ids, at, **kw):
+        if phase[0] == "propose":
+            fed.append(len(ids))
+        return extend(ids, at, **kw)
+
+    head.forward = counted
+    p.start, p.propose, p._extend = in_phase("start", start), in_phase("propose", propose), counted_extend
+    try:
+        res, rounds = run(env, p, prompt=prompt, new=20)
+        assert res.tokens == autoregressive(env, prompt, new=20)
+        assert calls["start"] == []  # 11 prompt rows cached, no logits computed
+        extras = p.stats.extras
+        assert extras["drafted"] > 0 and len(fed) == extras["draft_forwards"] - 1  # all but start()'s
+        assert calls["propose"] == [1] * len(fed)  # one row of logits per forward, read by the round
+        # a round whose committed tokens are 7 past the cached rows feeds them in one forward: one row of logits
+        fed.clear()
+        calls["propose"].clear()
+        p.start(prompt[:6])
+        result = p.propose(prompt, TorchRandomSource(0))
+        assert calls["start"] == [] and fed == [7, 1, 1, 1] and len(result.nodes) == 4
+        assert calls["propose"] == [1, 1, 1, 1]
+    finally:
+        del head.forward
+
+
+@pytest.mark.parametrize(
     "make,verifier",
     [
         (lambda e, pol: early_exit(e, eta=0.0, sampling="iid", policy=pol), "rejection"),
@@ -281,6 +339,83 @@ def test_threshold_loop_toy_numbers():
     g = p.gamma
     p.observe_round(0, 0)  # nothing drafted: nothing rejected, counts as acceptance 1 (lowers gamma)
     assert p.gamma < g
+
+
+@pytest.mark.parametrize(
+    "overrides,line",
+    [
+        # a top-1 probability is never above 1: every round would pay a draft forward and draft nothing
+        (
+            ["proposer.threshold.gamma=1.0", "proposer.threshold.adaptive=false"],
+            "proposer.threshold.gamma=1.0 is out of range: it must be in [0, 1)",
+        ),
+        (["proposer.search.gamma=1.0"], "proposer.search.gamma=1.0 is out of range: it must be in [0, 1)"),
+        # the EMA is never above 1 (gamma only rises) nor, once a draft is accepted, at or below 0 (only falls)
+        (
+            ["proposer.threshold.target_acceptance=1.0"],
+            "proposer.threshold.target_acceptance=1.0 is out of range: it must be in (0, 1)",
+        ),
+        (
+            ["proposer.threshold.target_acceptance=0"],
+            "proposer.threshold.target_acceptance=0.0 is out of range: it must be in (0, 1)",
+        ),
+        # each round moves gamma by (1 - beta2) * epsilon: 0 with beta2=1 or epsilon=0
+        (["proposer.threshold.beta2=1.0"], "proposer.threshold.beta2=1.0 is out of range: it must be in [0, 1)"),
+        (["proposer.threshold.epsilon=0"], "proposer.threshold.epsilon=0.0 is out of range: it must be in (0, 1]"),
+        # beta1=1 keeps the EMA at the first round's rate: gamma moves one way for good
+        (["proposer.threshold.beta1=1.0"], "proposer.threshold.beta1=1.0 is out of range: it must be in [0, 1)"),
+    ],
+    ids=["gamma", "search_gamma", "target_acceptance_1", "target_acceptance_0", "beta2", "epsilon", "beta1"],
+)
+def test_a_threshold_that_stops_drafting_or_freezes_the_loop_is_refused_in_one_line(overrides, line):
+    """Refused by the config's declared ranges, before any model work; the proposer refuses the
+    same values when built directly (an artifact's threshold options reach it past the schema)."""
+    from harness.config import compose
+    from harness.contracts import ConfigError
+    from harness.engine.build import plan
+
+    with pytest.raises(ConfigError) as info:
+        plan(compose(["model=tiny", "proposer=layer_skip", "topology=sequence", *overrides]))
+    assert str(info.value) == line
+    key, value = overrides[0].split("=")
+    if key.startswith("proposer.threshold."):
+        name = key.rsplit(".", 1)[1]
+        with pytest.raises(ValueError, match=rf"^proposer\.threshold\.{name} must be in .*; got {float(value)}$"):
+            LayerSkipProposer(
+                budget=CHAIN,
+                manifest_hash="h",
+                policy=GREEDY,
+                model=build_tiny_model(seed=0),
+                checkpoint="c",
+                skip=[1],
+                **{name: float(value)},
+            )
+
+
+def test_threshold_values_at_the_edge_of_their_ranges_are_accepted_and_the_loop_moves_both_ways():
+    from harness.config import compose
+    from harness.engine.build import plan
+
+    edges = {"gamma": 0.0, "beta1": 0.0, "beta2": 0.0, "epsilon": 1.0, "target_acceptance": 0.999}
+    plan(
+        compose(
+            ["model=tiny", "proposer=layer_skip", "topology=sequence", "proposer.search.gamma=0.999"]
+            + [f"proposer.threshold.{k}={v}" for k, v in edges.items()]
+        )
+    )
+    p = LayerSkipProposer(
+        budget=CHAIN,
+        manifest_hash="h",
+        policy=GREEDY,
+        model=build_tiny_model(seed=0),
+        checkpoint="c",
+        skip=[1],
+        **edges,
+    )
+    p.observe_round(4, 0)  # ema 0 <= 0.999: gamma rises (by (1 - beta2) * epsilon, clamped to 1)
+    assert p.gamma == 1.0
+    p.observe_round(0, 0)  # nothing drafted counts as acceptance 1 > 0.999: gamma falls
+    assert p.gamma == 0.0
 
 
 # ------------------------------------------------------------------------ self-draft state contract

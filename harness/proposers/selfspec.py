@@ -67,8 +67,12 @@ class SelfSpecProposer(TargetBoundProposer):
         }
 
     # ------------------------------------------------------------------ subclass hooks
-    def _forward(self, ids: list[int], positions: list[int], mask: torch.Tensor) -> torch.Tensor:
-        """Run the draft path over new rows (appending to ``self.kv``); logits ``[R, V]``."""
+    def _forward(
+        self, ids: list[int], positions: list[int], mask: torch.Tensor, *, logits: bool = True
+    ) -> torch.Tensor | None:
+        """Run the draft path over new rows (appending their rows to ``self.kv``); the logits
+        ``[1, V]`` of the last row, the only one a round reads (the LM head runs on that row alone),
+        or None with ``logits=False`` (no LM head: the rows are only cached)."""
         raise NotImplementedError
 
     def threshold(self) -> float:
@@ -87,7 +91,7 @@ class SelfSpecProposer(TargetBoundProposer):
         self._last = None
         if len(prompt_ids) > 1:  # like a draft model: the prompt is processed with the prefill
             self.hashes.sync(prompt_ids)
-            self._extend(list(prompt_ids[:-1]), 0)
+            self._extend(list(prompt_ids[:-1]), 0, logits=False)  # its rows only: nothing reads their logits
 
     def finish(self) -> None:
         self.kv = self._new_kv()
@@ -96,14 +100,17 @@ class SelfSpecProposer(TargetBoundProposer):
     def state_bytes(self) -> int:
         return self.peak_state_bytes
 
-    def _extend(self, ids: list[int], start: int) -> torch.Tensor:
+    def _extend(self, ids: list[int], start: int, *, logits: bool = True) -> torch.Tensor | None:
+        """Append the draft path's rows of ``ids`` (at positions from ``start``); the last row's
+        logits ``[1, V]``, or None with ``logits=False``."""
         positions = list(range(start, start + len(ids)))
+        key = (start, tuple(ids)) if logits else (start, tuple(ids), "rows only")
         with torch.inference_mode():
             mask = causal_rows_mask(len(self.kv), len(ids))
-            logits = memo_call(self, (start, tuple(ids)), lambda: self._forward(ids, positions, mask), self.kv)
+            out = memo_call(self, key, lambda: self._forward(ids, positions, mask, logits=logits), self.kv)
         self.kv.tag_rows(ids, positions, [self.hashes.at(p) for p in positions])
         self.stats.extras["draft_forwards"] += 1
-        return logits
+        return out
 
     # ------------------------------------------------------------------ proposing
     def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
@@ -226,12 +233,13 @@ class EarlyExitProposer(ChecksTrainingLeakage, SelfSpecProposer):
     def threshold(self) -> float:
         return self.eta
 
-    def _forward(self, ids, positions, mask):
+    def _forward(self, ids, positions, mask, *, logits=True):
         h = self.path.run(self.path.embed(ids), positions, mask, self.kv)  # [1, R, d] shallow features F_l
         pos = torch.as_tensor(positions, dtype=torch.long, device=h.device)[None]
         rope = self.path.base.rotary_emb(h, position_ids=pos)
-        y = self.adapter(h, rope=rope, mask=self.path.additive_mask(mask), cache=self.kv)
-        return self.lm_head(y)[0]
+        # the adapter's attention runs over every row: it appends each row's keys and values to the cache
+        y = self.adapter(h, rope=rope, mask=self.path.additive_mask(mask), cache=self.kv)  # [1, R, d]
+        return self.lm_head(y[:, -1:])[0] if logits else None  # [1, V]
 
 
 class LayerSkipProposer(SelfSpecProposer):
@@ -265,9 +273,16 @@ class LayerSkipProposer(SelfSpecProposer):
         super().__init__(model=model, **common)
         self.path = PartialPath(model, [i for i in range(layers) if i not in set(skip)])
         self.norm = model.base_model.norm
-        for name, v in (("gamma", gamma), ("target_acceptance", target_acceptance), ("beta1", beta1), ("beta2", beta2)):
-            if not 0.0 <= v <= 1.0:
-                raise ValueError(f"proposer.threshold.{name} must be in [0, 1]; got {v}")
+        # the bounds of SkipThresholdConfig: drafting stays possible and observe_round can move gamma both ways
+        for name, v, ok, bounds in (
+            ("gamma", gamma, 0.0 <= gamma < 1.0, "in [0, 1)"),
+            ("target_acceptance", target_acceptance, 0.0 < target_acceptance < 1.0, "in (0, 1)"),
+            ("beta1", beta1, 0.0 <= beta1 < 1.0, "in [0, 1)"),
+            ("beta2", beta2, 0.0 <= beta2 < 1.0, "in [0, 1)"),
+            ("epsilon", epsilon, 0.0 < epsilon <= 1.0, "in (0, 1]"),
+        ):
+            if not ok:
+                raise ValueError(f"proposer.threshold.{name} must be {bounds}; got {v}")
         self.gamma = float(gamma)
         self.adaptive = bool(adaptive)
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
@@ -337,6 +352,6 @@ class LayerSkipProposer(SelfSpecProposer):
         self.gamma = min(max(self.beta2 * self.gamma + (1 - self.beta2) * candidate, 0.0), 1.0)
         self.stats.extras["final_gamma"] = self.gamma
 
-    def _forward(self, ids, positions, mask):
+    def _forward(self, ids, positions, mask, *, logits=True):
         h = self.path.run(self.path.embed(ids), positions, mask, self.kv)  # [1, R, d]
-        return self.lm_head(self.norm(h))[0]
+        return self.lm_head(self.norm(h[:, -1:]))[0] if logits else None  # [1, V]: final norm + LM head, last row
