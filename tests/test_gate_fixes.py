@@ -459,3 +459,103 @@ def test_an_impossible_token_at_the_mixed_prefix_s_full_test_fails_the_gate(monk
     assert entry["status"] == "failed" and entry["impossible"]["test"] == "first_test"
     assert entry["impossible"]["prefix_len"] == 11 and entry["impossible"]["tokens"] == [[9, 1]]
     assert entry["one_way_prefix"]["prefix_len"] == 12 and "coverage" not in entry
+
+
+# --------------------------------------------------------------------------- gate cache: entries that are no verdict
+
+#: cache files that hold no passed verdict: a JSON list, an empty object, a failed verdict, a
+#: truncated file
+NOT_A_VERDICT = {
+    "list": "[]",
+    "empty_object": "{}",
+    "failed": json.dumps({"status": "failed", "max_abs_error": 3.0, "key": "k1"}),
+    "truncated": '{"status": "passed", "max_abs_err',
+}
+
+
+@pytest.mark.parametrize("content", list(NOT_A_VERDICT.values()), ids=list(NOT_A_VERDICT))
+def test_a_cached_gate_file_that_holds_no_passed_verdict_is_recomputed_and_replaced(tmp_path, monkeypatch, content):
+    from harness.gates.stages import _cached
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"status": "passed", "max_abs_error": 0.0}
+
+    path = tmp_path / "cache" / "gates" / "equivalence-k1.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    entry = _cached("equivalence", "k1", True, compute)
+    assert calls == [1]
+    assert entry == {"status": "passed", "max_abs_error": 0.0, "cached": False, "key": "k1"}
+    assert json.loads(path.read_text()) == {"status": "passed", "max_abs_error": 0.0, "cached": False, "key": "k1"}
+    assert _cached("equivalence", "k1", True, compute)["cached"] and calls == [1]  # the replacement is served
+
+
+def test_a_cached_gate_entry_recorded_under_another_key_is_recomputed(tmp_path, monkeypatch):
+    from harness.gates.stages import _cached
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"status": "passed"}
+
+    path = tmp_path / "cache" / "gates" / "oracle-k1.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"status": "passed", "cached": False, "key": "k0"}))
+    assert _cached("oracle", "k1", True, compute) == {"status": "passed", "cached": False, "key": "k1"}
+    assert calls == [1] and json.loads(path.read_text())["key"] == "k1"
+    path.write_text(json.dumps({"status": "passed"}))  # an entry that records no key is served
+    assert _cached("oracle", "k1", True, compute) == {"status": "passed", "cached": True} and calls == [1]
+
+
+def test_the_gates_recompute_a_cached_equivalence_file_that_holds_no_verdict_and_the_run_goes_on(tmp_path, monkeypatch):
+    """The equivalence gate's cache file, replaced by each of NOT_A_VERDICT, is recomputed by the
+    gates of a run (which go on to the later gates), and the recomputed verdict is cached again."""
+    from harness.config import compose
+    from harness.gates import stages
+    from harness.runner import load, plan_job, prepare_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    workload = tmp_path / "prompts.jsonl"
+    workload.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    overrides = ["model=tiny", "workload=jsonl", f"workload.path={workload}", "workload.chat=false", "threads=1"]
+    cfg = compose([*overrides, "tracking=none", "gates.oracle=false"])
+    planned = plan_job(cfg, tmp_path / "run")
+    loaded = load(cfg, planned)
+    prep = prepare_job(cfg, planned, loaded)
+    calls = []
+    real = stages.equivalence_gate
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stages, "equivalence_gate", counted)
+
+    def gates() -> dict:
+        return stages.run_gates(
+            cfg,
+            plan_=prep.plan,
+            backend=loaded.backend,
+            proposer=prep.proposers[0],
+            items=loaded.items,
+            model_source=loaded.target.source,
+        )
+
+    first = gates()
+    assert first["equivalence"]["status"] == "passed" and not first["equivalence"]["cached"] and len(calls) == 1
+    (path,) = (tmp_path / "cache" / "gates").glob("equivalence-*.json")
+    for n, (name, content) in enumerate(NOT_A_VERDICT.items(), start=2):
+        path.write_text(content)
+        out = gates()
+        assert len(calls) == n, name
+        assert out["equivalence"]["status"] == "passed" and not out["equivalence"]["cached"], name
+        assert out["equivalence"]["key"] == first["equivalence"]["key"], name
+        assert "workload_governance" in out and "greedy_equality" in out, name  # the later gates ran
+        assert json.loads(path.read_text())["status"] == "passed", name
+    assert gates()["equivalence"]["cached"] and len(calls) == 1 + len(NOT_A_VERDICT)

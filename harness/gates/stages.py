@@ -67,13 +67,17 @@ from harness.verifiers.base import VERIFIERS
 
 def _cached(name: str, key: str, enabled: bool, compute) -> dict:
     """A passed gate's result under its key, computed on a miss. The file is written atomically
-    (jobs of a sweep share the cache), and one that cannot be read is recomputed."""
+    (jobs of a sweep share the cache). Only a passed entry is ever written, so a file that cannot be
+    read, or holds anything but a JSON object with status ``passed`` (and the same key, where it
+    records one), is not a verdict: the gate is computed again, and the file replaced where it passes."""
     path = cache_root() / "gates" / f"{name}-{key}.json"
     if enabled and path.exists():
         try:
-            return {**json.loads(path.read_text()), "cached": True}
+            entry = json.loads(path.read_text())
         except (OSError, ValueError):
-            pass  # unreadable: computed again and replaced
+            entry = None  # unreadable
+        if isinstance(entry, dict) and entry.get("status") == "passed" and entry.get("key", key) == key:
+            return {**entry, "cached": True}
     result = {**compute(), "cached": False, "key": key}
     if enabled and result["status"] == "passed":
         path.parent.mkdir(parents=True, exist_ok=True)
