@@ -928,10 +928,9 @@ def dashboard_groups() -> dict[str, Path]:
     return groups
 
 
-#: sweep parameters that are record axes (or name an experiment, which sets them), and the seed (a
-#: repeat): a sweep's other parameters make arms that share a name
+#: sweep parameters that are record axes, and the seed (a repeat): a sweep's other parameters make
+#: arms that share a name (``experiment`` among them: experiments may set the same axes)
 AXIS_PARAMETERS = (
-    "experiment",
     "proposer",
     "topology",
     "verifier",
@@ -944,8 +943,9 @@ AXIS_PARAMETERS = (
 
 
 def swept_options() -> dict[str, list[str]]:
-    """Per sweep of ``sweeps/``, the parameters it crosses that are no axis (``topology.max_nodes``):
-    what a dashboard built before its runs land (no records to read them from) splits its bars by."""
+    """Per sweep of ``sweeps/``, the parameters it crosses that are no axis (``topology.max_nodes``,
+    ``experiment``): what a dashboard splits its bars by and names runs by in its legends (the options
+    where no records are found to read them from; the experiment always)."""
     out = {}
     for name in sweep.list_sweeps():
         try:

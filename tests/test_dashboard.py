@@ -14,6 +14,7 @@ import pytest
 from helpers import FIXTURE_SWEEP, fixture_run, history, inspect_run, run_info
 
 from harness.app import dashboard_groups, dashboard_main
+from harness.tracking.conventions import LABEL_AXES
 from harness.tracking.dashboard import build_spec, spec_metrics, validate_spec
 from harness.tracking.store import load_record
 from harness.tracking.wandb_tracker import open_run
@@ -70,14 +71,17 @@ def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_pat
     )
     assert failed["filter"] == "Group = 'fixture-sweep' and State != 'finished'"
     assert "summary:failure_stage" in failed["columns"]
-    # legends: the axes that differ among the fixture runs (workload and model do not), as in the report
-    assert spec["labels"]["axes"] == ["proposer", "topology", "verifier", "temperature", "batch_size"]
+    # legends name every label axis and the machine, even those one value among the records on disk
+    # (workload, model): the W&B group may hold runs that are not on disk
+    assert spec["labels"]["axes"] == [*LABEL_AXES, "machine"]
     panels = {p["id"]: p for p in review["panels"]}
     assert panels["frontier"]["legend"] == spec["labels"]["legend_template"]
-    assert "${config:workload}" not in spec["labels"]["legend_template"]
-    assert "T=${config:temperature}" in spec["labels"]["legend_template"]
-    # a bar never averages different arms: the axes that differ split it further, and the machine
-    # (a sweep run on each machine to compare logs into one group)
+    assert spec["labels"]["legend_template"] == (
+        "${config:proposer}/${config:topology}/${config:verifier}/T=${config:temperature}/B=${config:batch_size}/"
+        "${config:workload}/${config:model}/${config:machine}"
+    )
+    # a bar never averages different arms: the same keys split it (a sweep run on each machine to
+    # compare logs into one group)
     assert panels["speedup_by_proposer_workload"]["group_by"] == [
         "workload",
         "proposer",
@@ -85,6 +89,7 @@ def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_pat
         "verifier",
         "temperature",
         "batch_size",
+        "model",
         "machine",
     ]
     assert spec["labels"]["config_keys"] == []
@@ -420,11 +425,13 @@ def test_a_known_sweep_not_yet_run_gets_its_dashboard_in_its_own_folder(tmp_path
     assert (tmp_path / "multirun" / "batch_scaling" / "dashboard.json").is_file()
     assert not list(tmp_path.glob("dashboard-*.json"))
     # no records known yet: the speedup bars are split by every axis (they averaged batch sizes,
-    # temperatures and models into one bar per proposer while the legend named every axis)
+    # temperatures and models into one bar per proposer while the legend named every axis), and by
+    # the experiment the sweep crosses
     spec = json.loads((tmp_path / "multirun" / "batch_scaling" / "dashboard.json").read_text())
     bars = next(p for p in spec["sections"][0]["panels"] if p["id"] == "speedup_by_proposer_workload")
     assert bars["group_by"] == [
-        *("workload", "proposer", "topology", "verifier", "temperature", "batch_size", "model", "machine")
+        *("workload", "proposer", "topology", "verifier", "temperature", "batch_size", "model", "experiment"),
+        "machine",
     ]
     assert f"wrote {Path('multirun') / 'batch_scaling' / 'dashboard.json'}: " in capsys.readouterr().out
 
@@ -445,17 +452,104 @@ def test_a_sweep_not_yet_run_splits_its_bars_by_what_its_file_crosses(tmp_path, 
     capsys.readouterr()
 
 
-def test_runs_of_one_group_timed_on_several_machines_are_named_and_split_by_machine():
-    from harness.tracking.dashboard import build_spec
+def _bars_and_legend(spec: dict) -> tuple[list[str], str]:
+    panels = {p["id"]: p for p in spec["sections"][0]["panels"]}
+    return panels["speedup_by_proposer_workload"]["group_by"], panels["t_profile"]["legend"]
 
+
+def test_runs_of_one_group_timed_on_several_machines_are_named_and_split_by_machine():
+    """A sweep run on each machine logs into one group, and the records on disk may be one machine's:
+    the line panels (t(n), frontier, acceptance by depth), which group nothing, named both machines'
+    runs alike unless the local records showed two machines, and named no model or machine with no
+    records. The legend names runs by the keys the bars split by, the machine and model always."""
     rows = [
         {"proposer": "prompt_lookup", "topology": "sequence", "machine": machine}
         for machine in ("cpu: AMD EPYC 9R14", "cuda: NVIDIA H100 80GB HBM3")
     ]
-    spec = build_spec("tree_vs_hardware", axes_rows=rows)
-    assert spec["labels"]["axes"][-1] == "machine" and spec["labels"]["legend_template"].endswith("${config:machine}")
-    one = build_spec("tree_vs_hardware", axes_rows=rows[:1])
-    assert "machine" not in one["labels"]["axes"]  # one machine: the legend does not name it
+    for spec in (
+        build_spec("tree_vs_hardware", axes_rows=rows),
+        build_spec("tree_vs_hardware", axes_rows=rows[:1]),  # one machine's records on disk
+        build_spec("tree_vs_hardware", config_keys=["topology.max_nodes"]),  # no records
+    ):
+        bars, legend = _bars_and_legend(spec)
+        assert bars[-1] == "machine" and "model" in bars
+        assert spec["labels"]["axes"] == [*LABEL_AXES, "machine"]
+        assert legend == spec["labels"]["legend_template"]
+        assert "/${config:model}/${config:machine}" in legend
+        # every key the bars split by is named in the legend (the workload and proposer too)
+        named = {a: f"${{config:{a}}}" for a in bars}
+        named.update(temperature="T=${config:temperature}", batch_size="B=${config:batch_size}")
+        named.update({k: f"max_nodes=${{config:{k}}}" for k in bars if k.startswith("resolved.")})
+        assert legend.split("/") == [named[a] for a in spec["labels"]["axes"]] + [
+            named[k] for k in bars if k.startswith("resolved.")
+        ]
+        assert sorted(legend.split("/")) == sorted(named[a] for a in bars)
+
+
+def test_a_run_folder_s_dashboard_splits_bars_by_every_axis(tmp_path, capsys):
+    """Group adhoc holds every single `harness run`: the dashboard of one run's folder split its bars
+    by workload, proposer and machine only (the axes that differ among the one local record), so the
+    group's runs of other topologies, models or temperatures were averaged into the same bar."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE_RUNS[0], run)
+    record = load_record(run)
+    record.update(sweep=None, experiment=None)
+    record.pop("tracking", None)
+    (run / "record.json").write_text(json.dumps(record))
+    out = tmp_path / "d.json"
+    assert dashboard_main([str(run), f"out={out}"]) == 0
+    assert "panels for W&B group 'adhoc' (legends from 1 records)" in capsys.readouterr().out
+    spec = json.loads(out.read_text())
+    bars, legend = _bars_and_legend(spec)
+    assert bars == ["workload", "proposer", "topology", "verifier", "temperature", "batch_size", "model", "machine"]
+    assert "experiment" not in bars and "${config:experiment}" not in legend  # one experiment (none) in adhoc
+    # two records that differ in topology only: still every axis
+    rows = [{**{a: "x" for a in LABEL_AXES}, "topology": t, "machine": "m"} for t in ("sequence", "sequoia")]
+    assert _bars_and_legend(build_spec("adhoc", axes_rows=rows))[0] == bars
+    # every apart section's bars too
+    for panel in spec["sections"][1]["panels"]:
+        if panel["kind"] == "bar":
+            assert panel["group_by"] == bars
+
+
+def test_a_sweep_over_experiments_splits_bars_and_legends_by_experiment(tmp_path, capsys, monkeypatch):
+    """Experiments that set the same axes (heads: hydra, hydra_mlp4, hydra_distill, hydra_prefix;
+    source_selection: merged_T0, merged3_T0) shared one bar and one legend label: the sweep file's
+    `experiment` parameter was dropped as an axis parameter. The run config's top-level `experiment`
+    key splits the bars and names the runs."""
+    from harness.app import swept_options
+
+    swept = swept_options()
+    assert {"heads", "source_selection", "batch_scaling", "temperature"} <= {
+        name for name, keys in swept.items() if "experiment" in keys
+    }
+    assert "experiment" not in swept["tree_vs_hardware"]
+    monkeypatch.chdir(tmp_path)
+    for name in ("heads", "source_selection"):
+        assert dashboard_main([name]) == 0  # no records yet
+        spec = json.loads((tmp_path / "multirun" / name / "dashboard.json").read_text())
+        bars, legend = _bars_and_legend(spec)
+        assert bars[-2:] == ["experiment", "machine"] and "model" in bars
+        assert legend.endswith("/${config:model}/${config:experiment}/${config:machine}")
+        assert spec["labels"]["config_keys"] == []  # the experiment is a top-level key, no resolved option
+        assert all(p["group_by"] == bars for p in spec["sections"][1]["panels"] if p["kind"] == "bar")
+    # records of the sweep on disk (one experiment's): the sweep file still says it crosses experiments
+    job = tmp_path / "multirun" / "heads" / "job0"
+    shutil.copytree(FIXTURE_RUNS[0], job)
+    record = load_record(job)
+    record.update(sweep="heads", experiment="heads/hydra")
+    record.pop("tracking", None)
+    (job / "record.json").write_text(json.dumps(record))
+    assert dashboard_main(["heads", "overwrite=true"]) == 0
+    assert "(legends from 1 records)" in capsys.readouterr().out
+    bars, legend = _bars_and_legend(json.loads((tmp_path / "multirun" / "heads" / "dashboard.json").read_text()))
+    assert "experiment" in bars and "${config:experiment}" in legend
+    # a group whose records name several experiments (an unnamed multirun over experiments)
+    rows = [{"proposer": "hydra", "experiment": e, "machine": "m"} for e in ("heads/hydra", "heads/hydra_mlp4")]
+    bars, legend = _bars_and_legend(build_spec("adhoc/2024-01-01_10-00-00", axes_rows=rows))
+    assert "experiment" in bars and "${config:experiment}" in legend
+    bars, legend = _bars_and_legend(build_spec("adhoc/2024-01-01_10-00-00", axes_rows=rows[:1]))
+    assert "experiment" not in bars and "${config:experiment}" not in legend
 
 
 class FakeRun:

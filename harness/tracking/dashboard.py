@@ -19,8 +19,10 @@ command that publishes it; online it is published as a W&B report through W&B's 
 
 The panels read only what :mod:`harness.tracking.wandb_tracker` logs: record metrics from the run
 summary, ``depth/*``, ``round/*`` and ``t_profile/*`` from the run history, the axes from the run
-config. Legends follow the report's convention: each run by the axes that differ among the runs
-(read from the group's records when they are on disk, else every axis of a run name). Runs are
+config. The speedup bars split, and legends name each run, by the same keys: every label axis, the
+experiment where the group crosses experiments (its sweep file or its records say so), the options
+(no axes) that tell one arm's runs apart, and the machine; the records on disk need not be all the
+group's runs, so no key is left out for having one value among them. Runs are
 kept apart as the report keeps them: gated exact runs in the main panels; ungated, heuristic and
 CPU-budget runs in their own section, with speedup bars of their own per kind (a bar never averages
 one kind's runs with another's); failed, refused and interrupted runs listed with their stage and error.
@@ -44,7 +46,7 @@ from harness.tracking.command_line import (
     whole_number_option,
 )
 from harness.tracking.compare import MACHINE, arm_config_keys, machine_values
-from harness.tracking.conventions import LABEL_AXES, MIN_DEPTH_ROUNDS, NAME_AXES, varying_axes
+from harness.tracking.conventions import LABEL_AXES, MIN_DEPTH_ROUNDS, NAME_AXES
 from harness.tracking.record import write_json_atomic
 from harness.tracking.store import (
     AXES,
@@ -70,6 +72,8 @@ APART_TAGS: tuple[str, ...] = tuple(tag for _, tag, _ in APART_SECTIONS)
 #: the tag of a run whose record a later run of the same job replaced (kept out of every panel)
 SUPERSEDED_TAG = "superseded"
 PANEL_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "parallel_coordinates")
+#: the top-level run config key of a run's experiment (a sweep over experiments crosses it)
+EXPERIMENT = "experiment"
 
 USAGE = (
     "usage: harness dashboard SWEEP_OR_EXPERIMENT [mode=offline|online] [project=NAME] [entity=NAME]\n"
@@ -259,23 +263,23 @@ def build_spec(
     min_rounds: int = MIN_DEPTH_ROUNDS,
     config_keys: Sequence[str] = (),
     records: str | Path | None = None,
+    experiments: bool = False,
 ) -> dict[str, Any]:
     """The panel specification of the review of W&B group ``group``.
 
-    ``axes_rows``: the axes of the group's records, when known; the legend names runs by the
-    axes that differ among them (every axis of a run name when none is known), then by
+    The speedup bars split, and the legends of the panels that draw one line or point per run name
+    runs, by the same keys: every label axis and the machine (the records on disk may be a part of
+    the group: group ``adhoc`` holds every single run, and a sweep run on each machine logs into
+    one group; a key with one value in the group costs a W&B bar or legend nothing), the run's
+    ``experiment`` where the group crosses experiments (``experiments``, or ``axes_rows``, the axes
+    and experiments of the group's records, naming several: experiments may share every axis), then
     ``config_keys``, the options (no axes) that differ among one arm's runs. ``records``: the
     folder of the group's records, where known (publishing tags the runs of the records set aside
     there superseded: :func:`set_aside_runs`)."""
-    vary = varying_axes(axes_rows) if axes_rows else list(NAME_AXES)
-    if len({row.get(MACHINE) for row in axes_rows}) > 1:  # the group's runs were timed on several machines
-        vary.append(MACHINE)
-    legend = legend_template(vary or list(NAME_AXES), config_keys)
-    # with no records known (a group whose runs are yet to land, or ran elsewhere) every axis splits
-    # the bars: an axis left out would be averaged over (batch sizes, temperatures, models in one bar);
-    # and the machine always (a sweep run on each machine to compare logs into one group)
-    split_by = [*(vary if axes_rows else LABEL_AXES), *(f"resolved.{k}" for k in config_keys)]
-    split_by += [MACHINE] if MACHINE not in split_by else []
+    experiments = experiments or len({row.get(EXPERIMENT) for row in axes_rows}) > 1
+    keys = [*LABEL_AXES, *([EXPERIMENT] if experiments else []), MACHINE]
+    legend = legend_template(keys, config_keys)
+    split_by = [*keys[:-1], *(f"resolved.{k}" for k in config_keys), MACHINE]
     in_group = f"Group = {_quote(group)}"
     apart = "[" + ", ".join(_quote(t) for t in APART_TAGS) + "]"
     out = "[" + ", ".join(_quote(t) for t in (*APART_TAGS, SUPERSEDED_TAG)) + "]"
@@ -295,7 +299,7 @@ def build_spec(
         "entity": entity,
         "group": group,
         "records": str(Path(records).resolve()) if records is not None else None,
-        "labels": {"axes": vary, "config_keys": list(config_keys), "legend_template": legend},
+        "labels": {"axes": keys, "config_keys": list(config_keys), "legend_template": legend},
         "min_depth_rounds": min_rounds,
         "sections": [
             {
@@ -506,9 +510,9 @@ def publish(spec: Mapping[str, Any], *, entity: str | None = None) -> str:
 
 
 def group_axes(records_root: Path, group: str) -> tuple[list[dict[str, Any]], list[str], list[str]]:
-    """The axes of the records under ``records_root`` that belong to W&B group ``group`` (each
-    record's group as its job logged it: :func:`record_group`), the groups of every record there, and
-    the config keys that tell one arm's runs of the group apart
+    """The axes, experiment and machine of the records under ``records_root`` that belong to W&B
+    group ``group`` (each record's group as its job logged it: :func:`record_group`), the groups of
+    every record there, and the config keys that tell one arm's runs of the group apart
     (:func:`~harness.tracking.compare.arm_config_keys`)."""
     df = aggregate(records_root)
     if df.empty:
@@ -530,7 +534,7 @@ def group_axes(records_root: Path, group: str) -> tuple[list[dict[str, Any]], li
     mine = [g == group for g in groups]
     machines = machine_values(df)
     rows = [
-        {**{a: r[a] for a in AXES if a in df.columns}, MACHINE: machine}
+        {**{a: r[a] for a in AXES if a in df.columns}, EXPERIMENT: none(r[EXPERIMENT]), MACHINE: machine}
         for (_, r), m, machine in zip(df.iterrows(), mine, machines)
         if m
     ]
@@ -604,7 +608,8 @@ def main(
 ) -> int:
     """``known``: the sweep and experiment names this installation has, each with the folder its
     records land in by default (or None); ``swept``: per sweep, the parameters it crosses that are
-    no axis (its panels split by them where no record is found to read them from); the caller
+    no axis (its panels split by them where no record is found to read them from), ``experiment``
+    among them for a sweep over experiments (its panels always split by it); the caller
     (``harness.app``) knows them."""
     argv = list(sys.argv[1:] if argv is None else argv)
     known = dict(known or {})
@@ -665,8 +670,10 @@ def main(
         axes_rows, groups, config_keys = (
             group_axes(records, group) if records is not None and records.is_dir() else ([], [], [])
         )
+        crossed = list((swept or {}).get(group, ()))
+        experiments = EXPERIMENT in crossed  # the sweep file says so whether or not its records are here
         if not axes_rows:  # no records yet (or elsewhere): the sweep file says what else it crosses
-            config_keys = list((swept or {}).get(group, ()))
+            config_keys = [k for k in crossed if k != EXPERIMENT]
         count, projects = group_projects(records, group) if records is not None and records.is_dir() else (0, set())
         project, note = dashboard_project(group, opts.get("project"), count, projects, records=records)
         if opts.get("entity") is not None and tracking_problem(DEFAULT_PROJECT, opts["entity"], environ={}):
@@ -683,6 +690,7 @@ def main(
         min_rounds=min_rounds,
         config_keys=config_keys,
         records=records if records is not None and records.is_dir() else None,
+        experiments=experiments,
     )
     if "out" in opts:
         out = Path(opts["out"])
