@@ -665,9 +665,19 @@ def test_the_eagle_training_code_version_is_in_the_drafts_key(env, monkeypatch):
     art, version = env["art"], recipes.EAGLE_TRAINING
     assert art.manifest["recipe"]["training_code"] == version
     monkeypatch.setattr(recipes, "HEADS_TRAINING", "heads-training-next")
-    assert eagle_artifact_path(OPTIONS, model=env["model"], tokenizer=None)[1] == art.path
+    assert (
+        eagle_artifact_path(
+            OPTIONS, model=env["model"], tokenizer=None, documents=(env["docs"][:30], env["docs"][30:])
+        )[1]
+        == art.path
+    )
     monkeypatch.setattr(recipes, "EAGLE_TRAINING", "eagle-training-next")
-    assert eagle_artifact_path(OPTIONS, model=env["model"], tokenizer=None)[1] != art.path
+    assert (
+        eagle_artifact_path(
+            OPTIONS, model=env["model"], tokenizer=None, documents=(env["docs"][:30], env["docs"][30:])
+        )[1]
+        != art.path
+    )
     with pytest.raises(
         ArtifactError, match=rf"another recipe: \(training_code\): artifact {version}, configured eagle-training-next"
     ):

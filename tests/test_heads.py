@@ -80,6 +80,11 @@ def env(tmp_path_factory):
         os.environ["HARNESS_CACHE"] = old
 
 
+def trained_on(env):
+    """The inline (train, held-out) documents the fixture's artifacts were trained on (their key holds them)."""
+    return env["docs"][:30], env["docs"][30:]
+
+
 def make(env, kind, budget, sampling="beam", policy=GREEDY):
     art = env["arts"][kind]
     return CLASSES[kind](
@@ -667,10 +672,13 @@ def test_the_training_code_version_and_the_sharegpt_split_rule_are_in_the_artifa
 
     art, version = env["arts"]["medusa"], recipes.HEADS_TRAINING
     assert art.manifest["recipe"]["training_code"] == version
-    recipe, path = heads_artifact_path("medusa", OPTIONS, model=env["model"], tokenizer=None)
+    recipe, path = heads_artifact_path("medusa", OPTIONS, model=env["model"], tokenizer=None, documents=trained_on(env))
     assert path == art.path and recipe == art.manifest["recipe"]
     monkeypatch.setattr(recipes, "HEADS_TRAINING", "heads-training-next")
-    assert heads_artifact_path("medusa", OPTIONS, model=env["model"], tokenizer=None)[1] != art.path
+    assert (
+        heads_artifact_path("medusa", OPTIONS, model=env["model"], tokenizer=None, documents=trained_on(env))[1]
+        != art.path
+    )
     with pytest.raises(
         ArtifactError,
         match=rf"another recipe: \(training_code\): artifact {version}, configured heads-training-next "
@@ -681,7 +689,10 @@ def test_the_training_code_version_and_the_sharegpt_split_rule_are_in_the_artifa
     # the EAGLE draft's and the adapter's versions leave the heads' key alone
     monkeypatch.setattr(recipes, "EAGLE_TRAINING", "eagle-training-next")
     monkeypatch.setattr(recipes, "EXIT_TRAINING", "exit-training-next")
-    assert heads_artifact_path("medusa", OPTIONS, model=env["model"], tokenizer=None)[1] == art.path
+    assert (
+        heads_artifact_path("medusa", OPTIONS, model=env["model"], tokenizer=None, documents=trained_on(env))[1]
+        == art.path
+    )
 
     monkeypatch.setattr(recipes, "file_sha256", lambda path: "a" * 64)  # the packaged ShareGPT file, read as
     sharegpt = recipes.DataRecipe()
@@ -1089,3 +1100,49 @@ def test_a_prefix_layer_hydras_state_bytes_are_its_peak_cache_after_the_requests
     assert peaks[0] == peaks[1]  # the shorter second request does not lower the peak
     assert p.state_bytes() == max(held) > row
     assert max(held) > 20 * row  # the cache held a key and a value for each committed row
+
+
+# ---------------------------------------------------------------------------------------------- inline documents
+
+
+def test_inline_documents_key_the_artifact_and_are_refused_for_another_data_source():
+    """The artifact's key held the recipe but not the inline documents (the streams' key did): other
+    documents found the artifact trained on the first ones, and documents given with the default
+    data.source (sharegpt) trained an artifact where the ShareGPT recipe's is looked for."""
+    from harness.heads.artifacts import adapter_artifact_path, eagle_artifact_path, heads_artifact_path
+
+    model = build_tiny_model(seed=1)
+    gen = torch.Generator().manual_seed(0)
+    docs_a, docs_b = (torch.randint(3, 96, (4, 12), generator=gen).tolist() for _ in range(2))
+    a, b = (docs_a[:3], docs_a[3:]), (docs_b[:3], docs_b[3:])
+    options = {**OPTIONS, "exit_layer": 1}
+    for where in (
+        lambda **k: heads_artifact_path("medusa", options, **k),
+        lambda **k: eagle_artifact_path(options, **k),
+        lambda **k: adapter_artifact_path({"exit_layer": 1, "data": OPTIONS["data"]}, **k),
+    ):
+        recipe_a, path_a = where(model=model, tokenizer=None, documents=a)
+        recipe_b, path_b = where(model=model, tokenizer=None, documents=b)
+        recipe, path = where(model=model, tokenizer=None)
+        assert len({path_a, path_b, path}) == 3
+        assert recipe_a == recipe_b == recipe  # what the manifest records and a load compares
+        assert where(model=model, tokenizer=None, documents=a)[1] == path_a
+    explicit = {**options, "artifact": "/somewhere"}
+    assert heads_artifact_path("medusa", explicit, model=model, tokenizer=None, documents=a)[1].name == "somewhere"
+    sharegpt = {**OPTIONS, "data": {k: v for k, v in OPTIONS["data"].items() if k != "source"}}
+    with pytest.raises(ArtifactError, match="documents are given but data.source is 'sharegpt'"):
+        heads_artifact_path("medusa", sharegpt, model=model, tokenizer=None, documents=a)
+    assert heads_artifact_path("medusa", sharegpt, model=model, tokenizer=None)[1] != path
+
+
+def test_training_on_documents_with_the_sharegpt_source_is_refused_and_writes_nothing(tmp_path, monkeypatch):
+    """ensure_heads trained the documents into the ShareGPT recipe's artifact folder, which a later
+    run configured for ShareGPT then loaded as its own."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    model = build_tiny_model(seed=1)
+    docs = torch.randint(3, 96, (12, 40), generator=torch.Generator().manual_seed(0)).tolist()
+    sharegpt = {**OPTIONS, "data": {k: v for k, v in OPTIONS["data"].items() if k != "source"}}
+    with pytest.raises(ArtifactError, match="set data.source=inline to train on given documents"):
+        ensure_heads("medusa", sharegpt, Target(model, None, "tiny"), documents=(docs[:8], docs[8:]), progress=False)
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.startswith(".")]
+    assert written == []

@@ -2,6 +2,7 @@
 teacher logits recomputed from a cached row through the frozen LM head; the ShareGPT documents they
 are made from (a run's turn order, strict chat templates, held-out text kept out, the streams' key)."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -95,6 +96,89 @@ def test_training_streams_budget_and_cache(tmp_path, monkeypatch, model):
         model, None, recipe, target_hash="abc" * 8, documents=(DOCS, DOCS[::-1]), progress=False
     )
     assert torch.equal(again.hidden, train.hidden)
+
+
+def cached_streams(tmp_path, monkeypatch, model):
+    """The inline recipe, its documents, the streams :func:`training_streams` encoded and cached, and
+    the training stream's file."""
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    recipe = DataRecipe(source="inline", token_budget=9, held_out_tokens=4, max_len=16)
+    documents = (DOCS, DOCS[::-1])
+    train, held = training_streams(model, None, recipe, target_hash="abc" * 8, documents=documents, progress=False)
+    (path,) = (tmp_path / "heads" / "streams").glob("*-train.safetensors")
+    return recipe, documents, train, path
+
+
+def test_a_stream_edited_in_place_is_encoded_again_not_trained_on(tmp_path, monkeypatch, model, capsys):
+    """A cached stream was read with no check: one whose tokens and rows were edited (its metadata
+    kept) was trained on. It records a digest of its contents now; one that does not verify is
+    encoded again under the streams' lock, with a warning naming it."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    recipe, documents, train, path = cached_streams(tmp_path, monkeypatch, model)
+    tensors = load_file(str(path))
+    with safe_open(str(path), framework="pt") as f:
+        header = f.metadata()
+    assert set(header) == {"meta", "sha256"}
+    save_file({**tensors, "tokens": torch.full_like(tensors["tokens"], 5)}, str(path), metadata=header)
+    with pytest.raises(ValueError, match="changed since it was saved"):
+        load_stream(path)
+    capsys.readouterr()
+    again, _ = training_streams(model, None, recipe, target_hash="abc" * 8, documents=documents, progress=False)
+    assert again.tokens.tolist() == train.tokens.tolist() == DOCS[0] + DOCS[1]
+    assert torch.equal(again.hidden, train.hidden)
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("harness: warning: the cached training stream ") and str(path) in line
+    assert "encoding it again" in line
+    assert load_stream(path).tokens.tolist() == DOCS[0] + DOCS[1]  # the cache holds the encoded stream again
+
+
+def test_a_truncated_stream_is_encoded_again_not_a_raw_safetensors_error(tmp_path, monkeypatch, model, capsys):
+    """A stream cut short raised safetensors' own error, naming no file, on every later run."""
+    recipe, documents, train, path = cached_streams(tmp_path, monkeypatch, model)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=f"{path.name}.* is not a readable stream file"):
+        load_stream(path)
+    capsys.readouterr()
+    again, _ = training_streams(model, None, recipe, target_hash="abc" * 8, documents=documents, progress=False)
+    assert torch.equal(again.tokens, train.tokens) and torch.equal(again.hidden, train.hidden)
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert str(path) in line and "not a readable stream file" in line
+    assert path.read_bytes() != data[: len(data) // 2] and torch.equal(load_stream(path).hidden, train.hidden)
+
+
+def test_a_stream_saved_without_a_digest_is_encoded_again(tmp_path, monkeypatch, model, capsys):
+    """A stream written before streams recorded a digest has nothing to verify it by: it is encoded
+    again (once; the new one verifies), never trained on as it is."""
+    from safetensors.torch import load_file, save_file
+
+    recipe, documents, train, path = cached_streams(tmp_path, monkeypatch, model)
+    old = load_file(str(path))
+    old["hidden"] = torch.zeros_like(old["hidden"])
+    save_file(old, str(path), metadata={"meta": json.dumps(train.meta, sort_keys=True)})  # the older layout
+    with pytest.raises(ValueError, match="saved before streams recorded a digest"):
+        load_stream(path)
+    capsys.readouterr()
+    again, _ = training_streams(model, None, recipe, target_hash="abc" * 8, documents=documents, progress=False)
+    assert torch.equal(again.hidden, train.hidden)
+    assert "saved before streams recorded a digest" in capsys.readouterr().err
+    training_streams(model, None, recipe, target_hash="abc" * 8, documents=documents, progress=False)
+    assert capsys.readouterr().err == ""  # read back, verified: not encoded a second time
+
+
+def test_documents_are_refused_for_a_recipe_of_another_source(tmp_path, monkeypatch, model):
+    """Documents given with the default data.source (sharegpt) were encoded and recorded as inline,
+    and the artifact trained on them took the place of the ShareGPT recipe's."""
+    from harness.heads.artifacts import refuse_documents
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    with pytest.raises(ValueError, match="documents are given but data.source is 'sharegpt'"):
+        training_streams(model, None, DataRecipe(), target_hash="abc" * 8, documents=(DOCS, DOCS), progress=False)
+    assert not (tmp_path / "heads").exists()
+    refuse_documents("inline", (DOCS, DOCS))
+    refuse_documents("sharegpt", None)
 
 
 def test_take_budget_and_byte_ids():

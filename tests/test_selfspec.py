@@ -506,7 +506,7 @@ def test_skip_search_artifact(env):
         opts, backend=env["backend"], tokenizer=None, target_source="tiny4", prompts=[prompt], progress=False
     )
     assert again == skip  # loaded, not searched again
-    _, path = skip_artifact_path(opts, model=env["model"], tokenizer=None)
+    _, path = skip_artifact_path(opts, model=env["model"], tokenizer=None, prompts=[prompt])
     assert (path / "manifest.json").is_file() and m["search"]["device_name"]
     other = CausalLMBackend(build_tiny_model(seed=2, num_layers=4))
     with pytest.raises(ArtifactError, match="only valid for the target"):
@@ -551,10 +551,10 @@ def test_a_skip_vector_searched_with_other_threads_is_searched_again_or_noted(en
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        _, one = skip_artifact_path(opts, model=env["model"], tokenizer=None)
+        _, one = skip_artifact_path(opts, model=env["model"], tokenizer=None, prompts=[prompt])
         ensure_skip(opts, backend=env["backend"], tokenizer=None, target_source="t", prompts=[prompt], progress=False)
         torch.set_num_threads(2)
-        _, two = skip_artifact_path(opts, model=env["model"], tokenizer=None)
+        _, two = skip_artifact_path(opts, model=env["model"], tokenizer=None, prompts=[prompt])
         assert two != one and not (two / "manifest.json").exists()  # a search of its own, not the 1-thread one
         capsys.readouterr()
         _, m = ensure_skip(
@@ -637,14 +637,14 @@ def test_a_skip_vector_searched_with_another_forward_setup_is_searched_again_or_
     before = config._attn_implementation
     try:
         config._attn_implementation = "sdpa"
-        _, sdpa = skip_artifact_path(opts, model=env["model"], tokenizer=None)
+        _, sdpa = skip_artifact_path(opts, model=env["model"], tokenizer=None, prompts=[prompt])
         _, m = ensure_skip(
             opts, backend=env["backend"], tokenizer=None, target_source="t", prompts=[prompt], progress=False
         )
         assert m["search"]["attn_implementation"] == "sdpa" and m["search"]["linear_kernel"] == ["default"]
         assert {k: m["search"][k] for k in forward_setup(env["model"])} == forward_setup(env["model"])
         config._attn_implementation = "eager"
-        _, eager = skip_artifact_path(opts, model=env["model"], tokenizer=None)
+        _, eager = skip_artifact_path(opts, model=env["model"], tokenizer=None, prompts=[prompt])
         assert eager != sdpa and not (eager / "manifest.json").exists()
         capsys.readouterr()
         ensure_skip({**opts, "artifact": str(sdpa)}, backend=env["backend"], tokenizer=None, target_source="t")
@@ -705,9 +705,19 @@ def test_the_adapter_training_code_version_is_in_the_adapter_s_key(env, monkeypa
 
     art, version = env["adapter"], recipes.EXIT_TRAINING
     assert art.manifest["recipe"]["training_code"] == version
-    assert adapter_artifact_path(EXIT_OPTS, model=env["model"], tokenizer=None)[1] == art.path
+    assert (
+        adapter_artifact_path(
+            EXIT_OPTS, model=env["model"], tokenizer=None, documents=(env["docs"][:30], env["docs"][30:])
+        )[1]
+        == art.path
+    )
     monkeypatch.setattr(recipes, "EXIT_TRAINING", "exit-training-next")
-    assert adapter_artifact_path(EXIT_OPTS, model=env["model"], tokenizer=None)[1] != art.path
+    assert (
+        adapter_artifact_path(
+            EXIT_OPTS, model=env["model"], tokenizer=None, documents=(env["docs"][:30], env["docs"][30:])
+        )[1]
+        != art.path
+    )
     with pytest.raises(
         ArtifactError, match=rf"another recipe: \(training_code\): artifact {version}, configured exit-training-next"
     ):
@@ -802,3 +812,41 @@ def test_a_search_workload_with_no_prompts_of_its_own_is_refused_before_any_mode
         "['humaneval', 'sharegpt']"
     ]
     assert not (tmp_path / "artifacts").exists()
+
+
+def test_the_skip_vector_is_keyed_by_the_chat_template_its_prompts_are_put_through():
+    """The search times prompts put through the tokenizer's own chat template, but its key named a
+    template only where workload.chat_template replaced it: a checkpoint whose template alone changed
+    (the tokenizer's fingerprint leaves it out) reused the vector searched on other prompts. With
+    search.chat off the template shapes no prompt and keys nothing."""
+    from checkpoint_fixtures import byte_tokenizer
+
+    from harness.target.loading import chat_template_hash
+
+    model = build_tiny_model(vocab_size=259, num_layers=4)
+    one, other = byte_tokenizer(), byte_tokenizer()
+    one.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    other.chat_template = "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}{% endfor %}"
+    recipe_one, path_one = skip_artifact_path({}, model=model, tokenizer=one)
+    recipe_other, path_other = skip_artifact_path({}, model=model, tokenizer=other)
+    assert recipe_one["chat_template"] == chat_template_hash(one) != recipe_other["chat_template"]
+    assert path_one != path_other
+    plain = {"search": {"chat": False}}
+    recipe_plain, path_plain = skip_artifact_path(plain, model=model, tokenizer=one)
+    assert "chat_template" not in recipe_plain
+    assert skip_artifact_path(plain, model=model, tokenizer=other)[1] == path_plain
+    # the tiny model's byte ids go through no template: its key holds none
+    assert "chat_template" not in skip_artifact_path({}, model=model, tokenizer=None)[0]
+
+
+def test_prompts_given_to_the_search_key_the_skip_vector():
+    """Prompts given in place of the recipe's workload are hashed into the cache's key, so other
+    prompts search a vector of their own; the recipe a manifest records stays the configured one."""
+    model = build_tiny_model(seed=1, num_layers=4)
+    opts = {"search": {"trials": 2, "prompts": 1}}
+    one, two = [5, 6, 7, 8, 9, 10], [5, 6, 7, 8, 9, 11]
+    recipe, path = skip_artifact_path(opts, model=model, tokenizer=None)
+    recipe_one, path_one = skip_artifact_path(opts, model=model, tokenizer=None, prompts=[one])
+    recipe_two, path_two = skip_artifact_path(opts, model=model, tokenizer=None, prompts=[two])
+    assert len({path, path_one, path_two}) == 3 and recipe == recipe_one == recipe_two
+    assert skip_artifact_path(opts, model=model, tokenizer=None, prompts=[one])[1] == path_one

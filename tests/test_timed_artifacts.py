@@ -131,7 +131,7 @@ def test_a_cached_skip_vector_timed_beside_more_jobs_is_searched_again_for_a_run
     assert again["artifact_id"] != first["artifact_id"]
     assert run(2)[0] == ["loaded"]  # timed alone: serves a run beside other jobs
     # a vector that records no count: a run beside other jobs uses it, a run alone searches it again
-    _, path = skip_artifact_path(opts, model=backend.model, tokenizer=None)
+    _, path = skip_artifact_path(opts, model=backend.model, tokenizer=None, prompts=[[5, 9, 13, 7, 22, 31]])
     manifest = json.loads((path / "manifest.json").read_text())
     del manifest["search"]["concurrent_jobs"]
     save_artifact(path, manifest={k: v for k, v in manifest.items() if k != "artifact_id"})

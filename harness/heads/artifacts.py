@@ -53,7 +53,13 @@ from harness.heads.recipes import (
     recipe_key,
     training_code_key,
 )
-from harness.target.loading import cache_root, chat_template_key, model_names, pinned_hub_revision
+from harness.target.loading import (
+    cache_root,
+    chat_template_hash,
+    chat_template_key,
+    model_names,
+    pinned_hub_revision,
+)
 from harness.target.timing import timed_setup
 from harness.workloads.corpora import SPLITS, ChatTurn, prompt_key, sharegpt_conversations, sharegpt_split
 from harness.workloads.datastore import LEAKAGE_THRESHOLD, ExclusionIndex, LeakageError, sharegpt_heldout_exclusions
@@ -100,23 +106,52 @@ def load_heads(kind: str, recipe: dict, *, model: torch.nn.Module, tokenizer, pa
     return HeadsArtifact(heads=build_heads(recipe, state), manifest=manifest, path=Path(path))
 
 
-def _located(kind: str, recipe: dict, options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
+def refuse_documents(source: str, documents) -> None:
+    """Refuse (:class:`ArtifactError`) training ``documents`` given for a recipe whose ``data.source``
+    is not ``inline``: what is trained on them would stand, and be recorded, as that source's."""
+    if documents is not None and source != "inline":
+        raise ArtifactError(
+            f"training documents are given but data.source is {source!r}: set data.source=inline to train on "
+            f"given documents (an artifact trained on them would be taken for the {source!r} recipe's)"
+        )
+
+
+def documents_hash(documents) -> str:
+    """The hash of inline training documents (a ``(train, held-out)`` pair of document lists) that
+    keys their streams (:func:`streams_key`) and the artifacts trained on them (:func:`_located`)."""
+    return short_hash([list(map(list, d)) for d in documents])
+
+
+def _located(
+    kind: str, recipe: dict, options: dict, *, model: torch.nn.Module, tokenizer, documents=None
+) -> tuple[dict, Path]:
     """``recipe`` and its artifact's directory: ``proposer.artifact`` when given, else the one
     :func:`artifact_dir` names for ``kind``, the target's fingerprint and ``recipe``. A recipe trained
-    on the target streams also holds what their text is made from and the training code's version."""
+    on the target streams also holds what their text is made from and the training code's version.
+
+    ``documents``: the inline training documents that replace ShareGPT's (``data.source=inline``
+    only, :func:`refuse_documents`); their :func:`documents_hash` keys the cache's directory too, as it
+    keys their streams, so other documents train an artifact of their own. The recipe returned (the
+    one a manifest records and a load compares) is the configured one."""
     if "data" in recipe:  # trained on streams (heads, EAGLE, early exit)
+        refuse_documents(DataRecipe(**recipe["data"]).source, documents)
         recipe = {**recipe, **data_sources_key(DataRecipe(**recipe["data"]), tokenizer), **training_code_key(kind)}
     else:  # the chat format the search's text was put in
         recipe = {**recipe, **chat_template_key(tokenizer)}
     explicit = options.get("artifact")
     if explicit:
         return recipe, Path(str(explicit)).expanduser()
-    return recipe, artifact_dir(kind, target_hash=target_fingerprint(model, tokenizer), recipe=recipe)
+    keyed = recipe if documents is None else {**recipe, "inline_documents": documents_hash(documents)}
+    return recipe, artifact_dir(kind, target_hash=target_fingerprint(model, tokenizer), recipe=keyed)
 
 
-def heads_artifact_path(kind: str, options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
-    """The recipe of the configured heads and the directory of their artifact."""
-    return _located(kind, heads_recipe(kind, options, model), options, model=model, tokenizer=tokenizer)
+def heads_artifact_path(
+    kind: str, options: dict, *, model: torch.nn.Module, tokenizer, documents=None
+) -> tuple[dict, Path]:
+    """The recipe of the configured heads and the directory of their artifact (``documents``: the
+    inline documents they train on, :func:`_located`)."""
+    recipe = heads_recipe(kind, options, model)
+    return _located(kind, recipe, options, model=model, tokenizer=tokenizer, documents=documents)
 
 
 def missing(kind: str, path: Path, explicit: bool, *, extra: str = "") -> ArtifactError:
@@ -221,8 +256,11 @@ def load_configured_heads(
     return load_heads(kind, recipe, model=model, tokenizer=tokenizer, path=path)
 
 
-def adapter_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
-    return _located("early_exit", exit_recipe(options, model), options, model=model, tokenizer=tokenizer)
+def adapter_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer, documents=None) -> tuple[dict, Path]:
+    """The recipe of the configured early-exit adapter and the directory of its artifact
+    (``documents``: the inline documents it is distilled on, :func:`_located`)."""
+    recipe = exit_recipe(options, model)
+    return _located("early_exit", recipe, options, model=model, tokenizer=tokenizer, documents=documents)
 
 
 def load_adapter(options: dict, *, model: torch.nn.Module, tokenizer, path: Path | None = None) -> AdapterArtifact:
@@ -234,18 +272,29 @@ def load_adapter(options: dict, *, model: torch.nn.Module, tokenizer, path: Path
     return AdapterArtifact(build_adapter(model, state), manifest, path)
 
 
-def skip_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
+def skip_artifact_path(
+    options: dict, *, model: torch.nn.Module, tokenizer, prompts: Sequence[Sequence[int]] | None = None
+) -> tuple[dict, Path]:
     """The search recipe and the layer-skip artifact's directory: ``proposer.artifact``, else the
     cache's, named by the target, the recipe, the host the search times on and how the target's
     forward runs there (:func:`~harness.target.timing.timed_setup`): the vector is the fastest one
     there, so one searched on another device or thread count, or with other kernels, attention,
-    cache kind, fused layers or compilation, is searched again, not reused."""
-    rd = {**recipe_key(SearchRecipe(**dict(options.get("search") or {}))), **chat_template_key(tokenizer)}
+    cache kind, fused layers or compilation, is searched again, not reused.
+
+    The recipe holds the hash of the chat template the tokenizer applies where the search puts its
+    prompts through it (``search.chat``, the default): the tokenizer's fingerprint leaves the template
+    out, and a new one gives other prompts to time. ``prompts``: the token ids searched on in place of
+    the recipe's workload; their hash keys the cache's directory too (the recipe returned, the one the
+    manifest records and a load compares, is the configured one)."""
+    search = SearchRecipe(**dict(options.get("search") or {}))
+    template = chat_template_hash(tokenizer) if search.chat else None
+    rd = {**recipe_key(search), **({"chat_template": template} if template else {})}
     if options.get("artifact"):
         return rd, Path(str(options["artifact"])).expanduser()
-    return rd, artifact_dir(
-        "layer_skip", target_hash=target_fingerprint(model, tokenizer), recipe={**rd, "timed_on": timed_setup(model)}
-    )
+    keyed = {**rd, "timed_on": timed_setup(model)}
+    if prompts is not None:
+        keyed["inline_prompts"] = short_hash([[int(i) for i in p] for p in prompts])
+    return rd, artifact_dir("layer_skip", target_hash=target_fingerprint(model, tokenizer), recipe=keyed)
 
 
 def load_skip(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[list[int], dict]:
@@ -308,9 +357,11 @@ def build_eagle(spec: dict | EagleSpec, state: dict[str, torch.Tensor] | None = 
     return draft.eval()
 
 
-def eagle_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer) -> tuple[dict, Path]:
-    """The recipe of the configured (trained) EAGLE draft and the directory of its artifact."""
-    return _located("eagle", eagle_recipe(options, model), options, model=model, tokenizer=tokenizer)
+def eagle_artifact_path(options: dict, *, model: torch.nn.Module, tokenizer, documents=None) -> tuple[dict, Path]:
+    """The recipe of the configured (trained) EAGLE draft and the directory of its artifact
+    (``documents``: the inline documents it trains on, :func:`_located`)."""
+    recipe = eagle_recipe(options, model)
+    return _located("eagle", recipe, options, model=model, tokenizer=tokenizer, documents=documents)
 
 
 def load_published_eagle(source: str, *, model: torch.nn.Module, revision: str | None = None) -> EagleArtifact:
@@ -592,7 +643,7 @@ def streams_key(tokenizer, recipe: DataRecipe, *, target_hash: str, documents=No
             "target": target_hash,
             "recipe": recipe.to_dict(),
             "layers": sorted(int(l) for l in layers),
-            "inline": None if documents is None else short_hash([list(map(list, d)) for d in documents]),
+            "inline": None if documents is None else documents_hash(documents),
             **(data_sources_key(recipe, tokenizer) if documents is None else {}),
         }
     )

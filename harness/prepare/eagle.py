@@ -260,7 +260,7 @@ def ensure_eagle(
         return load_published_eagle(str(explicit), model=target.model)
     if explicit:  # never trained into, nor locked, unless it is absent or an EAGLE artifact
         refuse_foreign("eagle", explicit)
-    recipe, path = eagle_artifact_path(options, model=target.model, tokenizer=target.tokenizer)
+    recipe, path = eagle_artifact_path(options, model=target.model, tokenizer=target.tokenizer, documents=documents)
 
     def train() -> EagleArtifact:
         refuse_untrained("eagle", options, path, force=force)

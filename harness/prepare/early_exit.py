@@ -109,7 +109,7 @@ def ensure_adapter(
     before anything is trained or written."""
     if options.get("artifact"):
         refuse_foreign("early_exit", options["artifact"])
-    recipe, path = adapter_artifact_path(options, model=target.model, tokenizer=target.tokenizer)
+    recipe, path = adapter_artifact_path(options, model=target.model, tokenizer=target.tokenizer, documents=documents)
 
     def train() -> AdapterArtifact:
         if not force and (options.get("artifact") or not options.get("auto_train", True)):

@@ -71,7 +71,9 @@ def ensure_heads(
         )
     if explicit:  # never trained into, nor locked, unless it is absent or a heads artifact of this kind
         refuse_foreign(kind, explicit)
-    recipe, path = heads_artifact_path(kind, options, model=target.model, tokenizer=target.tokenizer)
+    recipe, path = heads_artifact_path(
+        kind, options, model=target.model, tokenizer=target.tokenizer, documents=documents
+    )
 
     def train() -> HeadsArtifact:
         refuse_untrained(kind, options, path, force=force)

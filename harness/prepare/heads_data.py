@@ -20,6 +20,7 @@ With ``model=tiny`` (no tokenizer) a document's ids are its UTF-8 bytes mapped t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -36,6 +37,7 @@ from tqdm import tqdm
 from harness.files import artifact_lock, plain_file_mode, temporary_sibling
 from harness.heads.artifacts import (  # the documents' code, shared with the run's leakage gate
     DocumentTally,
+    refuse_documents,
     sharegpt_documents,
     streams_base,
     streams_key,
@@ -46,7 +48,7 @@ from harness.heads.artifacts import (  # the documents' code, shared with the ru
 from harness.heads.artifacts import byte_ids as byte_ids  # re-exported: the document code read from here
 from harness.heads.artifacts import held_out_prompts as held_out_prompts
 from harness.heads.artifacts import run_order as run_order
-from harness.heads.checkpoint import cpu_budget_label, target_fingerprint
+from harness.heads.checkpoint import cpu_budget_label, target_fingerprint, weights_hash
 from harness.heads.recipes import DataRecipe, data_sources_key
 
 
@@ -132,8 +134,24 @@ def encode_stream(
     )
 
 
-def save_stream(stream: PackedStream, path: Path) -> None:
+#: the stream's metadata field holding :func:`stream_digest` of what it was saved with
+DIGEST_FIELD = "sha256"
 
+
+class UnverifiedStream(ValueError):
+    """A cached stream that cannot be read, or whose contents are not what was saved (edited, cut
+    short, or written before streams recorded a digest): encoded again, never trained on."""
+
+
+def stream_digest(tensors: dict[str, torch.Tensor], meta: str) -> str:
+    """SHA-256 of a stream's ``meta`` text and its tensors (each one's name, shape, dtype and bytes,
+    :func:`~harness.heads.checkpoint.weights_hash`)."""
+    return hashlib.sha256(f"{meta}\n{weights_hash(tensors)}".encode()).hexdigest()
+
+
+def save_stream(stream: PackedStream, path: Path) -> None:
+    """Write ``stream`` to ``path`` (written beside it, then renamed into place), its metadata holding
+    its ``meta`` and :func:`stream_digest`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(path)
     tensors = {
@@ -143,8 +161,9 @@ def save_stream(stream: PackedStream, path: Path) -> None:
         "hidden": stream.hidden,
         **{f"layer_{l}": t for l, t in stream.extra.items()},
     }
+    meta = json.dumps(stream.meta, sort_keys=True)
     try:
-        save_file(tensors, str(tmp), metadata={"meta": json.dumps(stream.meta, sort_keys=True)})
+        save_file(tensors, str(tmp), metadata={"meta": meta, DIGEST_FIELD: stream_digest(tensors, meta)})
         os.chmod(tmp, plain_file_mode())  # safetensors writes 0600
         tmp.replace(path)
     finally:
@@ -152,10 +171,24 @@ def save_stream(stream: PackedStream, path: Path) -> None:
 
 
 def load_stream(path: Path) -> PackedStream:
-
-    t = load_file(str(path))
-    with safe_open(str(path), framework="pt") as f:
-        meta = json.loads(f.metadata()["meta"])
+    """The stream saved at ``path``, its digest checked: :class:`UnverifiedStream` (naming the file) for
+    one that cannot be read, records no digest, or holds other contents than it recorded."""
+    try:
+        t = load_file(str(path))
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+        meta = json.loads(header["meta"])
+    except Exception as exc:  # a truncated or foreign file: safetensors' own error names no file
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
+        raise UnverifiedStream(f"{str(path)!r} is not a readable stream file ({why})") from None
+    recorded = header.get(DIGEST_FIELD)
+    if not recorded:
+        raise UnverifiedStream(f"{str(path)!r} was saved before streams recorded a digest of their contents")
+    got = stream_digest(t, header["meta"])
+    if got != recorded:
+        raise UnverifiedStream(
+            f"{str(path)!r} changed since it was saved (recorded sha256 {recorded[:16]}..., contents {got[:16]}...)"
+        )
     extra = {int(k.split("_", 1)[1]): v for k, v in t.items() if k.startswith("layer_")}
     return PackedStream(
         tokens=t["tokens"],
@@ -165,6 +198,17 @@ def load_stream(path: Path) -> PackedStream:
         meta=meta,
         extra=extra,
     )
+
+
+def _cached_streams(paths: tuple[Path, Path]) -> tuple[tuple[PackedStream, PackedStream] | None, str | None]:
+    """The (train, held-out) streams at ``paths``, each verified (:func:`load_stream`), or None; and
+    why not where one is there but unverified (None where one is absent)."""
+    if not all(p.is_file() for p in paths):
+        return None, None
+    try:
+        return (load_stream(paths[0]), load_stream(paths[1])), None
+    except UnverifiedStream as exc:
+        return None, str(exc)
 
 
 def training_streams(
@@ -183,21 +227,29 @@ def training_streams(
 
     ``documents`` (tests, ``source=inline``) replaces the ShareGPT documents; ``layers`` adds
     early-exit boundaries (:func:`encode_stream`); ``key``: :func:`streams_key` of these, where the
-    caller has it.
+    caller has it. A cached stream is read only where its digest verifies (:func:`load_stream`); one
+    that does not (edited, cut short, unreadable, or saved without a digest) is encoded again under
+    the lock the encoding takes, with a warning naming it. ``documents`` need ``recipe.source``
+    ``inline`` (:func:`~harness.heads.artifacts.refuse_documents`).
     """
 
+    refuse_documents(recipe.source, documents)
     key = key or streams_key(tokenizer, recipe, target_hash=target_hash, documents=documents, layers=layers)
     base = streams_base(target_hash, key)
     paths = (base.with_name(base.name + "-train.safetensors"), base.with_name(base.name + "-heldout.safetensors"))
-    if cache and all(p.is_file() for p in paths):
-        return load_stream(paths[0]), load_stream(paths[1])
     if not cache:
         return _encode_streams(
             model, tokenizer, recipe, target_hash=target_hash, documents=documents, progress=progress, layers=layers
         )
+    found, _ = _cached_streams(paths)
+    if found is not None:
+        return found
     with artifact_lock(base, purpose="encoding head-training streams"):  # concurrent jobs encode once
-        if all(p.is_file() for p in paths):  # encoded by the job that held the lock
-            return load_stream(paths[0]), load_stream(paths[1])
+        found, unverified = _cached_streams(paths)  # encoded (or encoded again) by the job that held the lock
+        if found is not None:
+            return found
+        if unverified:  # never trained on: encoded again in its place
+            print(f"harness: warning: the cached training stream {unverified}; encoding it again", file=sys.stderr)
         train, held = _encode_streams(
             model, tokenizer, recipe, target_hash=target_hash, documents=documents, progress=progress, layers=layers
         )

@@ -249,7 +249,7 @@ def ensure_skip(
     if options.get("artifact"):
         refuse_foreign("layer_skip", options["artifact"], extra=SKIP_INSTEAD)
     model = backend.model
-    rd, path = skip_artifact_path(options, model=model, tokenizer=tokenizer)
+    rd, path = skip_artifact_path(options, model=model, tokenizer=tokenizer, prompts=prompts)
     purpose = "searching the layer-skip vector"
 
     def resolve(replacing: str | None) -> tuple[list[int], dict]:
