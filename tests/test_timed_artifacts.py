@@ -101,6 +101,64 @@ def test_a_cached_profile_timed_beside_more_jobs_is_measured_again_for_a_run_bes
     check_profile_config(compose_config([*given, "concurrent_jobs=2"]))
 
 
+def test_a_cached_calibration_or_profile_cut_short_or_edited_is_measured_again(tmp_path, monkeypatch, capsys):
+    """A cached Sequoia calibration or profile that does not read (cut short by a full disk, edited by
+    hand) was refused on every later run, naming a file in the cache the user never chose; it is
+    measured again in its place, with a note, and the broken file is not put back when a later stage
+    refuses. One that ``topology.<name>_artifact`` names is still refused."""
+    from harness.prepare import sequoia
+    from harness.prepare.profile import read_artifact
+    from harness.prepare.sequoia import ensure_tree_artifact
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    assert calibrate_main(SMALL_TREE) == 0
+    out = json.loads(capsys.readouterr().out)
+    cal, prof = Path(out["sequoia_calibration"]), Path(out["sequoia_profile"])
+    cfg = compose_config(with_sequoia(SMALL_TREE))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        context = build_context_of(cfg)
+        cal.write_bytes(cal.read_bytes()[:100])  # cut short
+        edited = json.loads(prof.read_text())
+        edited["note"] = "edited by hand"
+        prof.write_text(json.dumps(edited))  # the hash no longer verifies
+        arts = ensure_tree_artifact(cfg, context, progress=False)
+        assert arts.stages == {"calibration": "measured", "profile": "measured", "tree": "built"}
+        err = capsys.readouterr().err
+        assert f"measuring the cached Sequoia calibration {str(cal)!r} again: cannot read" in err
+        assert f"measuring the cached Sequoia hardware profile {str(prof)!r} again" in err and "does not verify" in err
+        read_artifact(cal, kind=sequoia.CALIBRATION_KIND)
+        read_artifact(prof, kind=sequoia.PROFILE_KIND)
+        assert ensure_tree_artifact(cfg, context, progress=False).stages == {
+            "calibration": "loaded (cache)",
+            "profile": "loaded (cache)",
+            "tree": "loaded (cache)",
+        }
+        # cut short again, and the tree search then refuses: the new measurement stays, not the broken file
+        cal.write_bytes(cal.read_bytes()[:100])
+
+        def refuse(**_):
+            raise ValueError("the hardware-aware choice is plain autoregressive decoding (n = 1)")
+
+        monkeypatch.setattr(sequoia, "build_tree_artifact", refuse)
+        with pytest.raises(ValueError, match="plain autoregressive"):
+            ensure_tree_artifact(cfg, context, progress=False)
+        read_artifact(cal, kind=sequoia.CALIBRATION_KIND)
+        # a named calibration that does not read is refused, not replaced
+        named = tmp_path / "named.json"
+        named.write_bytes(cal.read_bytes()[:100])
+        with pytest.raises(StaleArtifactError, match="cannot read sequoia_calibration artifact"):
+            ensure_tree_artifact(
+                compose_config(with_sequoia([*SMALL_TREE, f"topology.calibration_artifact={named}"])),
+                context,
+                progress=False,
+            )
+        assert len(named.read_bytes()) == 100
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_cached_skip_vector_timed_beside_more_jobs_is_searched_again_for_a_run_beside_fewer(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
     backend = CausalLMBackend(build_tiny_model(seed=1, num_layers=4))

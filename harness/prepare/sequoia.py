@@ -406,7 +406,7 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
     def contended_profile(path: Path) -> str | None:
         """Why the cached profile at ``path`` does not price this run: it was timed beside more jobs than
         this run shares the machine with (:func:`~harness.prepare.profile.contention_problem`); None
-        where it may (an unreadable one is refused by the load)."""
+        where it may, or where it does not read (measured again for that reason)."""
         try:
             art = read_artifact(path, kind=PROFILE_KIND)
         except StaleArtifactError:
@@ -425,13 +425,24 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
     if t.get("profile_artifact") and not t.get("tree_artifact"):  # before the calibration is measured (minutes)
         named["profile"] = load_profile(absolute(t.profile_artifact))
 
+    def unreadable(path: Path, kind: str) -> str | None:
+        """Why the cached file at ``path`` cannot be used at all (it does not parse, is not a ``kind``
+        artifact, or its content hash does not verify: cut short or edited), else None."""
+        try:
+            read_artifact(path, kind=kind)
+        except StaleArtifactError as exc:
+            return str(exc)
+        return None
+
     def gated(
-        name: str, key: str, load, measure, purpose: str, *, fresh: bool = False, outdated=None
+        name: str, key: str, kind: str, load, measure, purpose: str, *, fresh: bool = False, outdated=None
     ) -> tuple[dict, Path]:
         """A gated stage's artifact and its path: the one ``topology.<name>_artifact`` names, else
-        the cached ``<name>-<key>.json`` (when ``reuse``, not ``fresh`` and not ``outdated(path)``: a
-        reason to measure it again, such as timings taken beside more jobs), else ``measure(path)``
-        (which writes it there), holding the artifact's lock so that concurrent jobs measure it once."""
+        the cached ``<name>-<key>.json`` (when ``reuse``, not ``fresh``, the file reads as a ``kind``
+        artifact whose hash verifies, and not ``outdated(path)``: a reason to measure it again, such as
+        timings taken beside more jobs), else ``measure(path)`` (which writes it there), holding the
+        artifact's lock so that concurrent jobs measure it once. A named artifact that does not read
+        is refused: the user chose that file."""
         explicit = t.get(f"{name}_artifact")
         if explicit:
             art = named[name] if name in named else load(absolute(explicit))
@@ -439,7 +450,10 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
             return art, absolute(explicit)
         path = root / f"{name}-{key}.json"
         with artifact_lock(path, purpose=purpose):
-            why = outdated(path) if reuse and not fresh and path.exists() and outdated is not None else None
+            broken = why = None
+            if reuse and not fresh and path.exists():
+                broken = unreadable(path, kind)
+                why = broken or (outdated(path) if outdated is not None else None)
             if why:
                 print(f"harness: note: measuring the cached {purpose} {str(path)!r} again: {why}", file=sys.stderr)
             if reuse and not fresh and path.exists() and not why:
@@ -448,6 +462,8 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
             else:
                 for earlier in (path, path.with_suffix(".png")):  # put back if a later stage refuses
                     replaced[earlier] = earlier.read_bytes() if earlier.is_file() else None
+                if broken:  # a file that does not read is never put back: the new measurement stays
+                    replaced[path] = None
                 art = measure(path)
                 stages[name] = "measured"
         return art, path
@@ -488,12 +504,19 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
     else:  # each stage loaded from the cache when it matches, else measured (or built) and written
         try:
             calibration, cal_path = gated(
-                "calibration", cal_key, load_calibration, calibrate, "Sequoia calibration", fresh=force
+                "calibration",
+                cal_key,
+                CALIBRATION_KIND,
+                load_calibration,
+                calibrate,
+                "Sequoia calibration",
+                fresh=force,
             )
             # one job profiles at a time: the others wait (their timing would disturb it), then load it
             profile, prof_path = gated(
                 "profile",
                 prof_key,
+                PROFILE_KIND,
                 load_profile,
                 profile_hardware,
                 "Sequoia hardware profile",
