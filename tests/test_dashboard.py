@@ -56,7 +56,7 @@ def test_offline_writes_the_review_specification_and_says_how_to_publish(tmp_pat
     rc, spec, out, err = _spec_from_cli(tmp_path, capsys)
     assert rc == 0 and err == f"harness dashboard: note: {UNTRACKED_NOTE}\n"
     assert validate_spec(spec) is spec
-    assert "wrote" in out and "legends from 11 records" in out
+    assert "wrote" in out and "the options that tell runs apart in 11 records" in out
     assert f"harness dashboard --publish {tmp_path / 'dashboard.json'} entity=<your W&B entity>" in out
     assert spec["group"] == "fixture-sweep" and spec["project"] == "spec-harness"
     review, apart, failed = spec["sections"]
@@ -125,7 +125,7 @@ def test_a_dashboard_for_one_run_s_records_is_not_written_into_that_run_s_folder
     # the run is of another group than the one asked: the output says so, not "no records found"
     assert f"no record under {run} is of group 'adhoc' (their groups: fixture-sweep)" in capsys.readouterr().out
     assert dashboard_main(["fixture-sweep", f"records={run}", "out=d.json"]) == 0
-    assert "legends from 1 records" in capsys.readouterr().out
+    assert "the options that tell runs apart in 1 record" in capsys.readouterr().out
 
 
 def test_every_key_the_panels_read_is_logged_by_a_tracked_run(tmp_path, monkeypatch):
@@ -413,7 +413,7 @@ def test_a_sweep_launched_from_a_sweep_file_is_found_under_multirun(tmp_path, ca
     monkeypatch.chdir(tmp_path)
     shutil.copytree(FIXTURE_RUNS[0], tmp_path / "multirun" / "fixture-sweep" / "job0")
     assert dashboard_main(["fixture-sweep"]) == 0
-    assert "legends from 1 records" in capsys.readouterr().out
+    assert "the options that tell runs apart in 1 record" in capsys.readouterr().out
     assert (tmp_path / "multirun" / "fixture-sweep" / "dashboard.json").is_file()
 
 
@@ -498,7 +498,10 @@ def test_a_run_folder_s_dashboard_splits_bars_by_every_axis(tmp_path, capsys):
     (run / "record.json").write_text(json.dumps(record))
     out = tmp_path / "d.json"
     assert dashboard_main([str(run), f"out={out}"]) == 0
-    assert "panels for W&B group 'adhoc' (legends from 1 records)" in capsys.readouterr().out
+    assert (
+        "panels for W&B group 'adhoc' (legends name every axis, and the options that tell runs apart in 1 record)"
+        in capsys.readouterr().out
+    )
     spec = json.loads(out.read_text())
     bars, legend = _bars_and_legend(spec)
     assert bars == ["workload", "proposer", "topology", "verifier", "temperature", "batch_size", "model", "machine"]
@@ -541,7 +544,7 @@ def test_a_sweep_over_experiments_splits_bars_and_legends_by_experiment(tmp_path
     record.pop("tracking", None)
     (job / "record.json").write_text(json.dumps(record))
     assert dashboard_main(["heads", "overwrite=true"]) == 0
-    assert "(legends from 1 records)" in capsys.readouterr().out
+    assert "(legends name every axis, and the options that tell runs apart in 1 record)" in capsys.readouterr().out
     bars, legend = _bars_and_legend(json.loads((tmp_path / "multirun" / "heads" / "dashboard.json").read_text()))
     assert "experiment" in bars and "${config:experiment}" in legend
     # a group whose records name several experiments (an unnamed multirun over experiments)
@@ -608,7 +611,7 @@ def test_a_folder_of_records_names_its_group_and_unnamed_multiruns_are_found_as_
     shutil.copytree(FIXTURES, folder)
     assert dashboard_main([str(folder), "out=a.json"]) == 0
     assert json.loads((tmp_path / "a.json").read_text())["group"] == "fixture-sweep"
-    assert "legends from 11 records" in capsys.readouterr().out
+    assert "the options that tell runs apart in 11 records" in capsys.readouterr().out
     mixed = tmp_path / "mixed"
     shutil.copytree(FIXTURE_RUNS[0], mixed / "one")
     record = load_record(mixed / "one")
@@ -654,7 +657,10 @@ def test_the_dashboard_of_an_unnamed_multirun_s_folder_selects_that_launch_s_w_a
     assert spec["group"] == group and all(
         section["filter"].startswith(f"Group = '{group}' and ") for section in spec["sections"]
     )
-    assert f"panels for W&B group '{group}' (legends from 2 records)" in capsys.readouterr().out
+    assert (
+        f"panels for W&B group '{group}' (legends name every axis, and the options that tell runs apart in 2 records)"
+        in capsys.readouterr().out
+    )
     # another unnamed launch beside it is another group: the folder above them holds two
     other = tmp_path / "multirun" / "adhoc" / "2026-01-01_00-00-00"
     shutil.copytree(FIXTURE_RUNS[0], other / "seed=3")
@@ -765,3 +771,17 @@ def test_a_record_s_group_is_the_one_its_run_was_logged_to(tmp_path, capsys):
     assert group_projects(launch, "adhoc") == (1, {"p"})  # logged there
     assert group_projects(launch, "adhoc/2024-01-01_10-00-00") == (1, set())  # untracked: its launch's group
     assert group_axes(launch, "")[1] == ["adhoc", "adhoc/2024-01-01_10-00-00"]
+
+
+def test_the_parallel_coordinates_panel_has_a_column_for_every_key_the_bars_split_by():
+    """The axes panel listed the six name axes only: runs of two models, machines, experiments or
+    max_nodes values were lines the panel could not tell apart."""
+    rows = [{"proposer": "hydra", "experiment": e, "machine": "m"} for e in ("heads/hydra", "heads/hydra_mlp4")]
+    spec = build_spec("adhoc/2024-01-01_10-00-00", axes_rows=rows, config_keys=["topology.max_nodes"])
+    bars, _ = _bars_and_legend(spec)
+    (axes,) = [p for p in spec["sections"][0]["panels"] if p["kind"] == "parallel_coordinates"]
+    assert axes["columns"][: len(bars)] == [f"config:{k}" for k in bars]
+    assert {"config:model", "config:machine", "config:experiment", "config:resolved.topology.max_nodes"} <= set(
+        axes["columns"]
+    )
+    assert axes["columns"][len(bars) :] == ["decode_speedup", "speedup", "time_per_committed_token_ms"]

@@ -46,7 +46,7 @@ from harness.tracking.command_line import (
     whole_number_option,
 )
 from harness.tracking.compare import MACHINE, arm_config_keys, machine_values
-from harness.tracking.conventions import LABEL_AXES, MIN_DEPTH_ROUNDS, NAME_AXES
+from harness.tracking.conventions import LABEL_AXES, MIN_DEPTH_ROUNDS
 from harness.tracking.record import write_json_atomic
 from harness.tracking.store import (
     AXES,
@@ -104,18 +104,19 @@ def _panel(pid: str, title: str, kind: str, **fields: Any) -> dict[str, Any]:
     return {"id": pid, "title": title, "kind": kind, **fields}
 
 
-def review_panels(*, legend: str, min_rounds: int, split_by: Sequence[str] = ()) -> list[dict[str, Any]]:
+def review_panels(*, legend: str, min_rounds: int, split_by: Sequence[str]) -> list[dict[str, Any]]:
     """The panels of the main section (gated exact runs), in review order. ``split_by``: the axes
     and config keys (``resolved.<key>``) that tell the runs of one proposer and workload apart, so
-    a bar never averages different arms."""
+    a bar never averages different arms; the parallel-coordinates panel has a column for each."""
     wilson = "95% Wilson bounds from the rounds that tried each depth"
+    arm_keys = ["workload", "proposer", *[k for k in split_by if k not in ("workload", "proposer")]]
     return [
         _panel(
             "speedup_by_proposer_workload",
             "Decode speedup over AR by proposer and workload (end to end beside it)",
             "bar",
             y=["decode_speedup", "speedup"],
-            group_by=["workload", "proposer", *[k for k in split_by if k not in ("workload", "proposer")]],
+            group_by=arm_keys,
             aggregate="mean",
             note=(
                 "decode_speedup: the round loop's, the statistic of harness compare and the report; speedup: end "
@@ -222,7 +223,7 @@ def review_panels(*, legend: str, min_rounds: int, split_by: Sequence[str] = ())
             "axes",
             "Axes and speedup",
             "parallel_coordinates",
-            columns=[f"config:{a}" for a in NAME_AXES] + ["decode_speedup", "speedup", "time_per_committed_token_ms"],
+            columns=[f"config:{a}" for a in arm_keys] + ["decode_speedup", "speedup", "time_per_committed_token_ms"],
         ),
     ]
 
@@ -724,7 +725,8 @@ def main(
         print(f"harness dashboard: note: {note}", file=sys.stderr)
     n_panels = sum(len(s["panels"]) for s in spec["sections"])
     if axes_rows:
-        source = f"legends from {len(axes_rows)} records"
+        n = len(axes_rows)
+        source = f"legends name every axis, and the options that tell runs apart in {n} record{'s' * (n != 1)}"
     elif groups:
         source = (
             f"no record under {records} is of group {group!r} (their groups: {', '.join(groups)}): "
