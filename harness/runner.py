@@ -173,7 +173,13 @@ from harness.workloads.conversations import (
     truncate_rule,
 )
 from harness.workloads.datastore import MANIFEST_FILE, SA_FILE, TOKENS_FILE
-from harness.workloads.prompts import Prompt, WorkloadError, load_configured
+from harness.workloads.prompts import (
+    Prompt,
+    WorkloadError,
+    load_configured,
+    per_category_shortfall,
+    per_category_task,
+)
 
 
 @dataclass(frozen=True)
@@ -785,6 +791,17 @@ def plan_job(cfg: DictConfig, run_dir: Path | None) -> Planned:
                 f"({len(checked.prompts)}): all {len(checked.prompts)} run",
                 file=sys.stderr,
             )
+        per_category = cfg.workload.get("per_category")
+        if per_category is not None and (limit is None or len(checked.prompts) < int(limit)):
+            task_of = per_category_task(cfg.workload.name, list(cfg.workload.get("categories") or ()))
+            short = per_category_shortfall(checked.prompts, int(per_category), task_of=task_of)
+            if short:  # an unbalanced sample, said rather than implied
+                print(
+                    f"harness: note: workload.per_category={per_category} asks for more prompts than "
+                    + ", ".join(f"{t!r} gives ({k})" for t, k in sorted(short.items()))
+                    + ": all of those run",
+                    file=sys.stderr,
+                )
         manifest = freeze_manifest(cfg, versions=manifest_versions(), extra=manifest_extras(cfg))
     mhash = manifest_hash(manifest)
     budget = checked.plan.budget

@@ -965,6 +965,34 @@ def test_a_limit_above_the_workloads_prompts_is_said_at_plan(tmp_path, monkeypat
     assert "workload.limit" not in capsys.readouterr().err
 
 
+def test_a_per_category_above_what_a_task_holds_is_said_at_plan(tmp_path, monkeypatch, capsys):
+    """workload.per_category=5 over a question file holding 2 writing questions and 1 summarization ran
+    an unbalanced sample with nothing said (workload.limit is said)."""
+    from helpers import write_jsonl
+
+    from harness.runner import plan_job
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    path = write_jsonl(
+        tmp_path / "q.jsonl",
+        [
+            {"question_id": 1, "category": "writing", "turns": ["Write a poem."]},
+            {"question_id": 2, "category": "writing", "turns": ["Write a story."]},
+            {"question_id": 3, "category": "summarization", "turns": ["Summarise this text."]},
+            {"question_id": 4, "category": "qa", "turns": ["What is two plus two?"]},
+        ],
+    )
+    base = ["model=tiny", "workload=spec_bench", f"workload.path={path}"]
+    plan_job(compose([*base, "workload.per_category=2"]), run_dir=tmp_path / "run")
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "harness: note: workload.per_category=2 asks for more prompts than 'qa' gives (1), 'summarization' "
+        "gives (1): all of those run"
+    )
+    plan_job(compose([*base, "workload.per_category=1"]), run_dir=tmp_path / "run2")
+    plan_job(compose([*base, "workload.per_category=2", "workload.limit=2"]), run_dir=tmp_path / "run3")
+    assert "workload.per_category" not in capsys.readouterr().err  # met, or cut by the limit anyway
+
+
 def test_the_recorded_seed_rule_reproduces_a_sampled_runs_autoregressive_tokens(tmp_path, monkeypatch):
     """The manifest said each arm drew from TorchRandomSource(seed + prompt index): at seed 1 that
     reproduced none of a sampled run's tokens. It states the engine's rule now, and a plain sampling

@@ -266,6 +266,13 @@ def test_per_category_counts_spec_bench_tasks_so_mt_bench_weighs_as_one(tmp_path
     assert {c: taken.count(c) for c in SB_MT_BENCH} == {
         c: 2 if c in ("writing", "roleplay") else 1 for c in SB_MT_BENCH
     }
+    # MT-bench categories named themselves count on their own: none named is left out for another
+    named = load_workload(
+        name="spec_bench", split="eval", path=path, categories=["writing", "roleplay", "stem"], per_category=2
+    )
+    assert [p.category for p in named] == ["writing"] * 2 + ["roleplay"] * 2 + ["stem"] * 2
+    mixed = load_workload(name="spec_bench", split="eval", path=path, categories=["mt_bench", "stem"], per_category=3)
+    assert sum(p.category == "stem" for p in mixed) == 3 and sum(p.category != "stem" for p in mixed) == 3
     # workload=jsonl counts each category (a file of the user's own categories)
     assert (
         sum(p.category in SB_MT_BENCH for p in load_workload(name="jsonl", split="eval", path=path, per_category=3))

@@ -16,7 +16,8 @@ same kind of salted hash of the task id, jsonl files by the ``split`` field when
 ``categories`` keeps the named categories
 (``mt_bench`` names Spec-Bench's eight MT-bench categories); ``per_category`` keeps the first N
 prompts of each category (with ``workload=spec_bench``, of each Spec-Bench task: MT-bench's eight
-categories are one task, taken from in turn, as Spec-Bench's evaluation weighs them); ``limit`` the
+categories are one task, taken from in turn, as Spec-Bench's evaluation weighs them, unless
+``categories`` names one of them itself); ``limit`` the
 first N prompts after both. ``workload=spec_bench`` refuses a category outside Spec-Bench's thirteen.
 
 Bad input is refused before any model work with one line naming the file, the line and what is
@@ -520,6 +521,27 @@ def spec_bench_task(category: str) -> str:
     return "mt_bench" if category in MT_BENCH_CATEGORIES else category
 
 
+def per_category_task(name: str, categories: Sequence[str] = ()):
+    """What ``workload.per_category`` counts a prompt of category ``c`` under: with
+    ``workload=spec_bench``, its Spec-Bench task (:func:`spec_bench_task`), except that an MT-bench
+    category named itself in ``workload.categories`` counts on its own (``[writing,stem]`` keeps N of
+    each: asked for by name, neither is left out for the other); every other workload counts each
+    category."""
+    if name != "spec_bench":
+        return lambda c: c
+    named = set(categories or ())
+    return lambda c: c if c in named else spec_bench_task(c)
+
+
+def per_category_shortfall(prompts: Sequence[Prompt], n: int, *, task_of) -> dict[str, int]:
+    """The categories (tasks, under ``task_of``) of ``prompts`` holding fewer than ``n`` of them: name
+    -> count."""
+    counts: dict[str, int] = {}
+    for p in prompts:
+        counts[task_of(p.category)] = counts.get(task_of(p.category), 0) + 1
+    return {t: k for t, k in counts.items() if k < n}
+
+
 def first_per_category(prompts: Sequence[Prompt], n: int, *, task_of=None) -> list[Prompt]:
     """``n`` prompts of each category, in file order. With ``task_of`` (a category -> task map,
     :func:`spec_bench_task`), ``n`` of each task instead, taken from its categories in turn (the
@@ -600,9 +622,7 @@ def load_workload(
     if per_category is not None:
         if int(per_category) < 1:
             raise WorkloadError(f"workload.per_category must be >= 1; got {per_category}")
-        prompts = first_per_category(
-            prompts, int(per_category), task_of=spec_bench_task if name == "spec_bench" else None
-        )
+        prompts = first_per_category(prompts, int(per_category), task_of=per_category_task(name, categories))
     if limit is not None:
         if int(limit) < 1:
             raise WorkloadError(f"workload.limit={limit} is out of range: it must be >= 1 (or null: every prompt)")
