@@ -1723,6 +1723,28 @@ def test_a_temperature_too_small_for_float32_is_refused_before_model_work():
     checked_plan(["model=tiny", "workload.limit=1", "verifier=membership", "generation.temperature=1e-6"])
 
 
+def test_a_temperature_so_large_that_top_k_and_top_p_stop_selecting_is_refused():
+    """generation.temperature=1e39 with top_k=1 ran as argmax decoding by the record (greedy gates
+    passed) while both arms sampled uniformly over the vocabulary: float32 logits over the temperature
+    were all 0, so top_k and top_p kept every token."""
+    import torch
+
+    from harness.config import checked_plan
+    from harness.contracts import ConfigError
+    from harness.verifiers.sampling import SamplingPolicy
+
+    logits = torch.tensor([[3.0, 1.0, -2.0, 0.5, 2.0]])
+    assert (SamplingPolicy(temperature=1e39, top_k=2).probs(logits) > 0).all()  # what it ran: no token masked
+    assert SamplingPolicy(temperature=1e4, top_k=2).probs(logits)[0, [1, 2, 3]].tolist() == [0.0] * 3
+    for value in ("1e39", "1e5"):
+        with pytest.raises(ConfigError) as err:
+            checked_plan(["model=tiny", "workload.limit=1", f"generation.temperature={value}", "generation.top_k=1"])
+        assert str(err.value).startswith("generation.temperature=") and (
+            ": a temperature must be at most 10000, a conservative ceiling (far above it" in str(err.value)
+        )
+    checked_plan(["model=tiny", "workload.limit=1", "verifier=membership", "generation.temperature=1e4"])
+
+
 def test_an_override_with_an_empty_value_is_refused(tmp_path, monkeypatch, capsys):
     """proposer.artifact= (an unset shell variable) read as "no artifact": the run trained CPU-budget
     heads in the cache instead of the published ones meant; output_dir= wrote to a timestamped folder."""

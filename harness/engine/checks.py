@@ -274,6 +274,10 @@ def check_tiny(key: str, tiny: DictConfig) -> None:
 #: the smallest temperature above 0 a run takes, a conservative floor: far below it, logits over the
 #: temperature overflow float32 (1e-40 is subnormal: inf, then NaN) and the sampling has no mass
 MIN_TEMPERATURE = 1e-6
+#: the largest temperature a run takes, a conservative ceiling: far above it, float32 logits over the
+#: temperature round to one value (above float32's largest, to 0): top_k and top_p keep every token,
+#: ranked by index, and the law the runs sample differs from the one a float64 oracle computes
+MAX_TEMPERATURE = 1e4
 
 
 def check_related_values(cfg: DictConfig) -> None:
@@ -284,6 +288,13 @@ def check_related_values(cfg: DictConfig) -> None:
             f"{MIN_TEMPERATURE:g}, a conservative floor (far below it the target's law overflows in float32); "
             "0 decodes greedily",
             suggestions=[("generation.temperature=0",), (f"generation.temperature={MIN_TEMPERATURE:g}",)],
+        )
+    if temperature > MAX_TEMPERATURE:
+        raise ConfigError(
+            f"generation.temperature={cfg.generation.temperature}: a temperature must be at most "
+            f"{MAX_TEMPERATURE:g}, a conservative ceiling (far above it the target's logits over the temperature "
+            "round to one value in float32, and top_k and top_p no longer select)",
+            suggestions=[(f"generation.temperature={MAX_TEMPERATURE:g}",)],
         )
     for key, node in proposer_nodes(cfg.proposer, "proposer"):
         if "min_ngram" in node and int(node.min_ngram) > int(node.max_ngram):
