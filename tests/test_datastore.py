@@ -386,6 +386,44 @@ def test_exclusion_drops_documents_sharing_a_window():
     assert longest_match(ds, ids(prompt)) == 3  # < window: the exclusion's guarantee
 
 
+def test_the_build_keeps_out_an_excluded_text_held_mid_document_as_the_leakage_gate_reads_it():
+    """A byte-level BPE tokenizer codes a text's first word alone otherwise than after a space: the
+    build's exclusion looked up the lone encoding only, so a document holding the text mid-line was
+    kept, and the run-time gate (which looks up the text after a space too) refused it. The build
+    indexes every encoding the gate reads (:func:`~harness.heads.artifacts.text_encodings`)."""
+    from checkpoint_fixtures import boundary_tokenizer
+
+    from harness.heads.artifacts import text_encodings
+    from harness.workloads.datastore import LEAKAGE_THRESHOLD
+
+    tok = boundary_tokenizer()
+    held = "Please sort them by key, then by value."
+    other = "Quietly count the apples, then the pears."  # listed first: its encodings come before held's
+    alone = tok(held, add_special_tokens=False)["input_ids"]
+    forms = text_encodings(held, tokenizer=tok, vocab_size=len(tok))
+    assert len(alone) == LEAKAGE_THRESHOLD and len(forms) == 2 and forms[1][0] != alone[0]
+    corpus = InlineCorpus(
+        (
+            Document("mid", ("Then the user said: " + held + " and left.",)),
+            Document("line", ("A first line.\n" + held + "\n",)),
+            Document("clean", ("Nothing here is held out at all.",)),
+        )
+    )
+    exclude = [ExclusionItem("q/other", other), ExclusionItem("q/held", held)]
+    ds = build_datastore(corpus, tokenizer=tok, target_family="boundary", exclude=exclude, progress=False)
+    m = ds.manifest
+    assert m["exclusion"]["dropped_documents"] == [
+        {"doc_id": "mid", "item_id": "q/held"},
+        {"doc_id": "line", "item_id": "q/held"},
+    ]
+    assert m["corpus"]["documents_used"] == 1 and m["corpus"]["documents_excluded"] == 2
+    assert [it["n_tokens"] for it in m["exclusion"]["items"]] == [
+        len(tok(t, add_special_tokens=False)["input_ids"]) for t in (other, held)
+    ]
+    # what the build kept, the gate passes: every encoding it reads stays below the threshold
+    assert max(longest_match(ds, ids) for ids in forms) < LEAKAGE_THRESHOLD
+
+
 # ---------------------------------------------------------------------------- leakage gate
 
 
@@ -1136,6 +1174,51 @@ def test_a_cap_leaves_no_document_as_a_lone_separator(tmp_path):
         assert ds.tokens.tolist() == held, cap
         assert ds.manifest["corpus"]["documents_used"] == held.count(SENTINEL)
         assert ds.manifest["corpus"]["stopped_by_max_tokens"]
+
+
+def test_cli_builds_and_imports_for_a_tokenizer_with_its_own_code_only_with_trust_remote_code(
+    tmp_path, monkeypatch, capsys
+):
+    """A target whose tokenizer runs code of its own (``model.trust_remote_code=true`` in a run) could
+    not be built for: ``trust_remote_code=true`` lets ``build`` and ``import`` load it; without it the
+    tokenizer is refused naming that option, before any folder is written; another value, and the
+    option beside a built-in model (whose tokenizer runs no checkpoint code), are refused in one line."""
+    from test_rest_run import remote_code_checkpoint
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    checkpoint = remote_code_checkpoint(tmp_path / "letters")
+    capsys.readouterr()  # what saving the checkpoint printed
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("a b c d e f\n")
+    out = tmp_path / "ds"
+    build = ["build", "corpus=files", f"corpus_path={corpus}", f"model={checkpoint}", "exclude=none", f"out={out}"]
+    assert main([*build, "progress=false"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "set trust_remote_code=true to run it" in err[0], err
+    assert not out.exists()
+    assert main([*build, "progress=false", "trust_remote_code=true"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    ds = load_datastore(out, tokenizer=None)
+    assert built["release_id"] == ds.release_id and ds.tokens.tolist() == [1, 2, 3, 4, 5, 6, SENTINEL]
+    assert ds.manifest["tokenizer"]["class"] == "LetterTokenizer"
+    index = _rest_index(tmp_path / "ds.idx", [1, 2, 3, 1, 2, 4])
+    imported = ["import", str(index), f"model={checkpoint}", f"out={tmp_path / 'imported'}", "progress=false"]
+    assert main([*imported, "trust_remote_code=true"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_tokens"] == 7
+    for args, said in (
+        ([*build, "trust_remote_code=maybe"], "trust_remote_code='maybe': expected true or false"),
+        ([*imported, "trust_remote_code=maybe"], "trust_remote_code='maybe': expected true or false"),
+        (
+            ["build", "corpus=stdlib", "model=smollm2", f"out={tmp_path / 'x'}", "trust_remote_code=true"],
+            "trust_remote_code=true: model=smollm2 runs no code from a checkpoint; drop it",
+        ),
+    ):
+        assert main(args) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [f"harness datastore: refused: {said}"]
+    assert not (tmp_path / "x").exists()
+    assert main(["build", "--help"]) == 0
+    assert capsys.readouterr().out.count("[trust_remote_code=false]") == 2  # build's and import's
 
 
 def test_an_empty_exclusion_is_refused_naming_the_values(tmp_path, monkeypatch, capsys):

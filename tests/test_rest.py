@@ -189,15 +189,36 @@ def test_the_node_budget_goes_to_the_levels_the_round_can_commit():
     assert tree.token_ids.tolist() == [10, 20, 30, 40]
     prop.depth_cap = 2
     assert paths(prop.propose([7, 1, 2], rng())) == [(10,), (20,), (10, 11), (20, 21)]
-    # one token left: the round commits the target's own token only, so no row is proposed; the
-    # retrieval still found continuations (not a miss)
+    # one token left: the round commits the target's own token only, so no row is proposed
     prop.depth_cap = 0
-    capped = prop.propose([7, 1, 2], rng())
-    assert capped.empty and capped.extras["miss"] is False and capped.extras["n_matches"] == 13
-    assert prop.stats.extras["misses"] == 0
+    assert prop.propose([7, 1, 2], rng()).empty
     seq = rest(DEEP_AND_WIDE, budget=Budget(shape="sequence", max_nodes=4, max_depth=4))
     seq.depth_cap = 2
     assert paths(seq.propose([7, 1, 2], rng())) == [(10,), (10, 11)]
+
+
+def test_a_round_that_commits_only_the_target_s_token_searches_nothing_and_counts_no_retrieval(monkeypatch):
+    """With one token left in the request the round loop sets ``depth_cap=0``: no row can be verified,
+    so the datastore is not searched and the round is no retrieval (it was counted as a hit, in the
+    record's rounds, miss rate and mean match length)."""
+    prop = rest(DEEP_AND_WIDE, budget=Budget(shape="tree", max_nodes=4, max_depth=4))
+    assert not prop.propose([7, 1, 2], rng()).empty  # one retrieval counted
+    counted, retrieval_ms = dict(prop.stats.extras), prop.stats.retrieval_ms
+    assert counted["rounds"] == 1 and counted["mean_match_len"] == 2
+
+    def searched(*args, **kwargs):
+        raise AssertionError("the datastore was searched in a round that can verify no row")
+
+    for method in ("longest_suffix", "occurrences", "continuations"):
+        monkeypatch.setattr(prop.datastore, method, searched)
+    prop.depth_cap = 0
+    capped = prop.propose([7, 1, 2], rng())
+    assert capped.empty and capped.manifest_hash == prop.manifest_hash and capped.source == prop.name
+    assert capped.probability_semantics == "frequency" and capped.sampling_relation == "deterministic_lookup"
+    assert prop.stats.extras == counted and prop.stats.retrieval_ms == retrieval_ms
+    prop.depth_cap = 1  # a round that can verify a row searches again
+    with pytest.raises(AssertionError, match="was searched"):
+        prop.propose([7, 1, 2], rng())
 
 
 def test_release_limits_are_enforced():

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from checkpoint_fixtures import boundary_tokenizer
+from checkpoint_fixtures import boundary_tokenizer, tiny_checkpoint
 
 from harness.config import compose
 from harness.contracts import Budget
@@ -25,10 +25,12 @@ from harness.verifiers.sampling import SamplingPolicy
 from harness.workloads.corpora import make_corpus
 from harness.workloads.datastore import (
     LEAKAGE_THRESHOLD,
+    SENTINEL,
     DatastoreError,
     LeakageError,
     build_datastore,
     datastore_from_token_ids,
+    load_datastore,
     write_datastore,
 )
 from harness.workloads.prompts import Prompt
@@ -984,7 +986,7 @@ def test_prompt_lookup_refuses_a_datastore_too_short_for_its_suffixes_before_mod
     assert "was released with context_len=1" in line and "min_suffix" not in line
     # a target with a tokenizer: a cached datastore configured so is refused before it is built, and
     # one at a path is told how to rebuild it
-    monkeypatch.setattr(rest_module, "load_tokenizer", lambda name: word_tokenizer(WORDS))
+    monkeypatch.setattr(rest_module, "load_tokenizer_of", lambda model, revision=None: word_tokenizer(WORDS))
     with pytest.raises(
         DatastoreError,
         match=r"^proposer.datastore is configured with context_len=1: .*; set proposer.datastore.context_len=2 or "
@@ -992,3 +994,138 @@ def test_prompt_lookup_refuses_a_datastore_too_short_for_its_suffixes_before_mod
     ):
         manifest_datastores(compose_cfg(*lookup, "proposer.datastore.context_len=1"))
     assert not (tmp_path / "cache").exists()
+
+
+# ------------------------------------------------------------------------------ the target's tokenizer
+
+#: a tokenizer class of a checkpoint's own: whitespace-split letters a..z, one id each ([UNK] = 0)
+LETTER_TOKENIZER = """
+from transformers import PreTrainedTokenizer
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+class LetterTokenizer(PreTrainedTokenizer):
+    vocab_files_names = {}
+
+    def __init__(self, **kwargs):
+        self._ids = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate(LETTERS)}}
+        self._tokens = {i: t for t, i in self._ids.items()}
+        kwargs.setdefault("unk_token", "[UNK]")
+        super().__init__(**kwargs)
+
+    @property
+    def vocab_size(self):
+        return len(self._ids)
+
+    def get_vocab(self):
+        return dict(self._ids)
+
+    def _tokenize(self, text):
+        return text.split()
+
+    def _convert_token_to_id(self, token):
+        return self._ids.get(token, 0)
+
+    def _convert_id_to_token(self, index):
+        return self._tokens.get(index, "[UNK]")
+
+    def convert_tokens_to_string(self, tokens):
+        return " ".join(tokens)
+
+    def save_vocabulary(self, save_directory, filename_prefix=None):
+        return ()
+"""
+
+
+def remote_code_checkpoint(path: Path) -> Path:
+    """A tiny checkpoint (:func:`tiny_checkpoint`'s weights) whose tokenizer is a class of its own in a
+    file beside its config (``auto_map``): transformers loads it only with ``trust_remote_code``."""
+    tiny_checkpoint(path)
+    for f in list(path.iterdir()):
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            f.unlink()
+    (path / "letter_tokenizer.py").write_text(LETTER_TOKENIZER)
+    config = {
+        "tokenizer_class": "LetterTokenizer",
+        "unk_token": "[UNK]",
+        "auto_map": {"AutoTokenizer": [None, "letter_tokenizer.LetterTokenizer"]},
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_a_target_whose_tokenizer_runs_its_own_code_plans_a_rest_run_with_trust_remote_code(tmp_path, monkeypatch):
+    """``model.trust_remote_code=true`` lets the target's tokenizer run its own code; the datastore's
+    tokenizer was loaded without it, so such a target was refused once ``proposer=rest`` opened a
+    datastore. The plan freezes the datastore's release (built from that tokenizer) into the
+    manifest; without the option the target is refused naming it, and nothing is built."""
+    from harness.runner import plan_job
+    from harness.target.loading import CheckpointError
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    checkpoint = remote_code_checkpoint(tmp_path / "letters")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("a b c d e f g h i j k l m n o p q r s t u v w x y z\n" * 3)
+    workload = tmp_path / "wl.jsonl"
+    workload.write_text(json.dumps({"id": "p1", "prompt": "q r s t"}) + "\n")
+    overrides = [
+        "model=hf",
+        f"model.name_or_path={checkpoint}",
+        "proposer=rest",
+        "topology=sequences",
+        "proposer.datastore.corpus=files",
+        f"proposer.datastore.corpus_path={corpus}",
+        "proposer.datastore.exclude=none",
+        "workload=jsonl",
+        f"workload.path={workload}",
+        "workload.chat=false",
+        "gates.oracle=false",
+        "threads=1",
+    ]
+    with pytest.raises(CheckpointError, match=re.escape("set model.trust_remote_code=true")):
+        plan_job(compose_cfg(*overrides, "model.trust_remote_code=false"), None)
+    assert not (tmp_path / "cache" / "datastores").exists()
+    planned = plan_job(compose_cfg(*overrides, "model.trust_remote_code=true"), None)
+    entry = planned.manifest["datastores"]["rest"]
+    ds = load_datastore(entry["path"], tokenizer=None)
+    assert entry["release_id"] == ds.release_id and entry["corpus"] == "files"
+    assert ds.manifest["tokenizer"]["class"] == "LetterTokenizer"
+    assert [t for t in ds.tokens.tolist() if t != SENTINEL] == list(range(1, 27)) * 3  # the letters' own ids
+
+
+def test_the_datastore_tokenizer_is_read_at_the_revision_the_manifest_binds(env, tmp_path, monkeypatch):
+    """A hub id resolves to a commit the manifest records (``target_checkpoint.revision``) and the
+    run reads its tokenizer at; the datastore's tokenizer is read at the same commit, with the
+    target's ``trust_remote_code``."""
+    import harness.proposers.rest as rest_module
+    from harness.proposers.rest import manifest_datastores
+
+    seen = []
+
+    def tokenizer_of(model_cfg, revision=None):
+        seen.append((str(model_cfg.name_or_path), bool(model_cfg.trust_remote_code), revision))
+        return word_tokenizer(WORDS)
+
+    monkeypatch.setattr(rest_module, "load_tokenizer_of", tokenizer_of)
+    monkeypatch.setattr(
+        rest_module, "checkpoint_fingerprint", lambda ref: {"ref": ref, "revision": "c0ffee", "bound_by": "revision"}
+    )
+    from harness.workloads.corpora import Document, InlineCorpus
+
+    store = tmp_path / "ds"
+    corpus = InlineCorpus((Document("d", ("def return self import class if else for in None",)),))
+    write_datastore(
+        build_datastore(corpus, tokenizer=word_tokenizer(WORDS), target_family="owner/model", progress=False), store
+    )
+    cfg = compose_cfg(
+        "model=hf",
+        "model.name_or_path=owner/model",
+        "model.trust_remote_code=true",
+        "proposer=rest",
+        "topology=sequences",
+        f"proposer.datastore.path={store}",
+    )
+    assert manifest_datastores(cfg)["datastores"]["rest"]["path"] == str(store)
+    assert seen == [("owner/model", True, "c0ffee")]

@@ -84,7 +84,7 @@ from harness.files import artifact_lock, temporary_sibling
 from harness.heads.artifacts import text_encodings, written_texts
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
-from harness.target.loading import load_tokenizer
+from harness.target.loading import checkpoint_fingerprint, checkpoint_ref, load_tokenizer_of
 from harness.workloads.corpora import Corpus, FilesCorpus, make_corpus
 from harness.workloads.datastore import (
     DEFAULT_CONTEXT_LEN,
@@ -456,16 +456,17 @@ class RestProposer(Proposer):
         return 0, []
 
     def propose(self, committed: list[int], rng: RandomSource) -> ProposalResult:
+        handle = ProposalStateHandle(owner=self.name, committed_len=len(committed))
+        # a request's last rounds are compiled to fewer levels (depth_cap): the node budget goes to
+        # the rows those levels hold
+        depth = self.round_max_depth()
+        if depth < 1:  # the round commits the target's own token only: no search, no retrieval counted
+            return self.empty_proposal(handle)
         t0 = time.perf_counter()
         match_len, conts = self.retrieve(committed)
         t1 = time.perf_counter()
         root = build_trie(conts)
-        # a request's last rounds are compiled to fewer levels (depth_cap): the node budget goes to
-        # the rows those levels hold
-        depth = self.round_max_depth()
-        if depth < 1:  # the round commits the target's own token only: no row can be verified
-            rows = []
-        elif self.budget.shape == "sequence":
+        if self.budget.shape == "sequence":
             rows = best_path(root, max_len=min(self.budget.max_nodes, depth))
         else:
             rows = linearize_trie(root, max_nodes=self.budget.max_nodes, max_depth=depth)
@@ -486,7 +487,6 @@ class RestProposer(Proposer):
             "miss": not conts,
             "datastore_release_id": self.datastore.release_id,
         }
-        handle = ProposalStateHandle(owner=self.name, committed_len=len(committed))
         return ProposalResult(
             nodes=nodes,
             probability_semantics="frequency",
@@ -1085,6 +1085,14 @@ def _plain_resolved(node) -> dict:
     return OmegaConf.to_container(node, resolve=True)
 
 
+def target_revision(cfg) -> str | None:
+    """The hub commit the run manifest binds the target to (``target_checkpoint.revision``, from
+    :func:`~harness.target.loading.checkpoint_fingerprint`), whose files the run's tokenizer is read
+    at; None for a built-in model, a checkpoint folder, or a hub id no commit was found for."""
+    ref = checkpoint_ref(cfg.model)
+    return None if ref is None else checkpoint_fingerprint(ref).get("revision")
+
+
 def manifest_datastores(cfg) -> dict:
     """The datastore releases a composed config's proposer uses, for the run manifest.
 
@@ -1094,14 +1102,16 @@ def manifest_datastores(cfg) -> dict:
     :func:`check_lookup_release`), and returns
     ``{"datastores": {source: {release_id, corpus, n_tokens, path}}}`` (``{}`` when the proposer
     uses none). Passed as ``freeze_manifest(cfg, versions=..., extra=manifest_datastores(cfg))``
-    it puts each release id into the manifest hash; call it after negotiation (``plan``).
+    it puts each release id into the manifest hash; call it after negotiation (``plan``). The
+    tokenizer is the one the run loads: ``model.trust_remote_code`` honoured, a hub id read at the
+    commit the manifest binds (:func:`target_revision`).
     """
     nodes = datastore_sources(cfg)
     if not nodes:
         return {}
 
     model = target_reference(cfg)
-    tokenizer = load_tokenizer(str(cfg.model.name_or_path or model))
+    tokenizer = load_tokenizer_of(cfg.model, revision=target_revision(cfg))
     out = {}
     for source, (node, opts, prefix) in nodes.items():
         ds_cfg = _plain_resolved(node)

@@ -31,9 +31,10 @@ that lowest-offsets rule (:data:`LOWEST_OFFSETS_MATCH_RULE`) keeps it: a release
 for the same retrieval.
 
 Evaluation exclusion (declared in the manifest): every excluded text (evaluation prompts and
-reference answers, held-out ShareGPT turns) is tokenized with the same tokenizer; a document is
-dropped whole when any of its segments contains any ``exclusion_window``-token window (default
-32, the leakage threshold) of an excluded text. Texts shorter than the window are hashed into the
+reference answers, held-out ShareGPT turns) is tokenized with the same tokenizer, alone, after a
+space and after a newline (the encodings the run-time gate looks up); a document is dropped whole
+when any of its segments contains any ``exclusion_window``-token window (default 32, the leakage
+threshold) of any of them. Texts shorter than the window are hashed into the
 manifest but cannot reach the threshold by construction (the ``sharegpt`` corpus's train split
 leaves out whole every conversation opening with a held-out prompt, spelled alike but for whitespace
 and case: :data:`~harness.workloads.corpora.SHAREGPT_TRAIN_RULE`). The run-time gate :func:`check_leakage`
@@ -73,7 +74,15 @@ from harness.files import (
     print_traceback_if_asked,
     temporary_sibling,
 )
-from harness.target.loading import cache_root, checkpoint_ref_problem, load_tokenizer, tokenizer_fingerprint
+from harness.target.loading import (
+    CheckpointError,
+    cache_root,
+    checkpoint_ref_problem,
+    from_pretrained,
+    load_tokenizer,
+    remote_code_option,
+    tokenizer_fingerprint,
+)
 from harness.workloads.corpora import (
     CORPORA,
     DATASTORE_BUILDER_FAMILY,
@@ -138,7 +147,8 @@ PRUNING_POLICY = (
 SIBLING_ORDER = "descending prefix count, then ascending token id"
 EXCLUSION_POLICY = (
     "drop a document when any segment contains any exclusion_window-token window "
-    "of an excluded text (same tokenizer, add_special_tokens=False); texts shorter "
+    "of an excluded text (same tokenizer, add_special_tokens=False), encoded alone, after a space "
+    "and after a newline (the encodings the run-time leakage check looks up); texts shorter "
     "than the window are recorded but cannot reach the leakage threshold"
 )
 
@@ -482,8 +492,13 @@ def build_datastore(
 
     t0 = time.perf_counter()
     snapshot = corpus.snapshot()
-    excluded_ids = [np.asarray(ids, dtype=np.int64) for ids in _tokenize(tokenizer, [item.text for item in exclude])]
-    index = ExclusionIndex(excluded_ids, exclusion_window)
+    # every encoding the run-time leakage gate looks up (alone, after a space, after a newline): a text
+    # held mid-document codes its first word apart from its lone encoding under a byte-level BPE
+    from harness.heads.artifacts import text_encodings  # imports this module: read at call time
+
+    encodings = [text_encodings(item.text, tokenizer=tokenizer, vocab_size=len(tokenizer)) for item in exclude]
+    owners = [i for i, forms in enumerate(encodings) for _ in forms]  # encoding -> its item in ``exclude``
+    index = ExclusionIndex([np.asarray(ids, dtype=np.int64) for forms in encodings for ids in forms], exclusion_window)
 
     chunks: list[np.ndarray] = []
     total = 0
@@ -511,7 +526,7 @@ def build_datastore(
             segs = [np.asarray(next(ids), dtype=np.int64) for _ in doc.segments]
             hit = next((h for h in (index.first_hit(s) for s in segs) if h is not None), None)
             if hit is not None:
-                dropped.append({"doc_id": doc.doc_id, "item_id": exclude[hit].item_id})
+                dropped.append({"doc_id": doc.doc_id, "item_id": exclude[owners[hit]].item_id})
                 continue
             parts = []
             for seg in segs:
@@ -597,8 +612,8 @@ def build_datastore(
             "policy": EXCLUSION_POLICY,
             "window_tokens": exclusion_window,
             "items": [
-                {"id": it.item_id, "sha256": _sha256(it.text.encode()), "n_tokens": len(ids)}
-                for it, ids in zip(exclude, excluded_ids)
+                {"id": it.item_id, "sha256": _sha256(it.text.encode()), "n_tokens": len(forms[0])}
+                for it, forms in zip(exclude, encodings)
             ],
             "dropped_documents": dropped,
         },
@@ -1365,13 +1380,15 @@ def exclusions_for(spec: str) -> list[ExclusionItem]:
 USAGE = """usage:
   harness datastore build corpus=stdlib|sharegpt|files [out=DIR | path=DIR] [model=smollm2] [max_tokens=N]
         [context_len=16] [continuation_len=8] [max_matches=64] [exclude=humaneval|sharegpt_heldout|none|F.jsonl]
-        [roles=assistant] [overwrite=false] [progress=true]
+        [roles=assistant] [overwrite=false] [progress=true] [trust_remote_code=false]
         corpus=files: corpus_path=DIR|FILE|F.jsonl [glob=**/*] (your own text: a folder's files matching glob,
         one text file, or a .jsonl of {"text": ...} or conversations/messages lines)
   harness datastore import FILE.idx model=MODEL [out=DIR] [context_len=16] [continuation_len=8] [max_matches=64]
-        [overwrite=false] [progress=true]
+        [overwrite=false] [progress=true] [trust_remote_code=false]
         (an index file REST publishes or draftretriever.Writer writes, for the target whose tokenizer built it)
-  harness datastore info DIR [verify_corpus=false]"""
+  harness datastore info DIR [verify_corpus=false]
+  trust_remote_code=true lets a checkpoint's tokenizer run code of its own (as model.trust_remote_code=true
+  does in a run); without it such a tokenizer is refused"""
 
 _DEFAULT_EXCLUDE = {"stdlib": "humaneval", "sharegpt": "sharegpt_heldout", "files": "humaneval"}
 
@@ -1589,8 +1606,21 @@ def _write_in_place(out: str | Path, make: Callable[[Path], Datastore]) -> Datas
     return ds
 
 
-def _tokenizer_of(model: str):
-    tokenizer = load_tokenizer(model)
+def _tokenizer_of(model: str, *, trust_remote_code: bool = False):
+    """The tokenizer of ``model=`` (a built-in name, a checkpoint folder or a hub id); with
+    ``trust_remote_code`` a checkpoint's tokenizer may run code of its own. A tokenizer that needs
+    its own code is refused without it, naming ``trust_remote_code=true``."""
+    if trust_remote_code and model in ("smollm2", "tiny"):
+        raise DatastoreError(f"trust_remote_code=true: model={model} runs no code from a checkpoint; drop it")
+    try:
+        if trust_remote_code:
+            from transformers import AutoTokenizer
+
+            tokenizer = from_pretrained(AutoTokenizer, model, key="model", trust_remote_code=True)
+        else:
+            tokenizer = load_tokenizer(model)
+    except CheckpointError as err:  # the run's option named in the refusal: this command's is its own
+        raise DatastoreError(str(err).replace(remote_code_option("model"), "trust_remote_code=true")) from err
     if tokenizer is None:
         raise DatastoreError(f"model {model!r} has no tokenizer; a datastore needs the target's tokenizer")
     return tokenizer
@@ -1607,7 +1637,17 @@ def _import_main(rest: list[str]) -> int:
     if not index_file.is_file():
         raise DatastoreError(f"{str(index_file)!r}: no such index file")
     opts = _parse_overrides(rest[1:])
-    known = {"model", "out", "path", "context_len", "continuation_len", "max_matches", "overwrite", "progress"}
+    known = {
+        "model",
+        "out",
+        "path",
+        "context_len",
+        "continuation_len",
+        "max_matches",
+        "overwrite",
+        "progress",
+        "trust_remote_code",
+    }
     unknown = sorted(set(opts) - known)
     if unknown:
         raise DatastoreError(f"import: unknown option(s) {unknown}; known: {sorted(known)}")
@@ -1615,6 +1655,7 @@ def _import_main(rest: list[str]) -> int:
     sizes = _retrieval_sizes(opts)
     overwrite = _bool(opts.get("overwrite", "false"), "overwrite")
     progress = _bool(opts.get("progress", "true"), "progress")
+    trust_remote_code = _bool(opts.get("trust_remote_code", "false"), "trust_remote_code")
     read_rest_index(index_file)  # the layout, before the tokenizer loads
     name = with_build_options(  # each file and retrieval setting a folder of its own
         f"rest-index-{hashlib.sha256(str(index_file.resolve()).encode()).hexdigest()[:12]}",
@@ -1626,20 +1667,31 @@ def _import_main(rest: list[str]) -> int:
         out,
         overwrite=overwrite,
         model=model,
+        trust_remote_code=trust_remote_code,
         make=lambda tokenizer, tmp: import_rest_index(
             index_file, tokenizer=tokenizer, target_family=model, out_dir=tmp, progress=progress, **sizes
         ),
     )
 
 
-def _locked_write(opts: dict, out: Path, *, overwrite: bool, model: str, make: Callable[..., Datastore]) -> int:
+def _locked_write(
+    opts: dict,
+    out: Path,
+    *,
+    overwrite: bool,
+    model: str,
+    make: Callable[..., Datastore],
+    trust_remote_code: bool = False,
+) -> int:
     """The datastore ``make(tokenizer, tmp)`` writes, put in place at ``out`` under the folder's lock,
     from the check of what the folder holds (:func:`_refuse_held`) to the rename
     (:func:`_write_in_place`); prints its summary and returns 0. What the folder holds and the model's
-    tokenizer are refused before the lock is taken, so such a refusal leaves nothing behind."""
+    tokenizer (loaded with ``trust_remote_code``: :func:`_tokenizer_of`) are refused before the lock
+    is taken, so such a refusal leaves nothing behind."""
     key = "out" if "out" in opts else "path"
     _refuse_held(key, out, overwrite)  # what the folder holds, said before the tokenizer loads
-    tokenizer = _tokenizer_of(model)  # a refusal here creates no folder and no lock file
+    # a refusal here creates no folder and no lock file
+    tokenizer = _tokenizer_of(model, trust_remote_code=trust_remote_code)
     with _output_lock(out):
         _refuse_held(key, out, overwrite)  # again under the lock: another build may have written it meanwhile
         t0 = time.perf_counter()
@@ -1701,6 +1753,7 @@ def main(argv: list[str]) -> int:
             "glob",
             "overwrite",
             "progress",
+            "trust_remote_code",
         }
         unknown = sorted(set(opts) - known)
         if unknown:
@@ -1744,6 +1797,7 @@ def main(argv: list[str]) -> int:
         sizes = {"max_tokens": _count(opts, "max_tokens", DEFAULT_MAX_TOKENS), **_retrieval_sizes(opts)}
         overwrite = _bool(opts.get("overwrite", "false"), "overwrite")
         progress = _bool(opts.get("progress", "true"), "progress")
+        trust_remote_code = _bool(opts.get("trust_remote_code", "false"), "trust_remote_code")
         exclude_spec = opts.get("exclude", default_exclusion(name))
         try:
             exclude = exclusions_for(exclude_spec)
@@ -1759,6 +1813,7 @@ def main(argv: list[str]) -> int:
             out,
             overwrite=overwrite,
             model=model,
+            trust_remote_code=trust_remote_code,
             make=lambda tokenizer, tmp: build_datastore(
                 corpus,
                 tokenizer=tokenizer,
