@@ -87,7 +87,7 @@ from harness.prepare.sequoia import (
 from harness.proposers.base import NullProposer, Proposer
 from harness.proposers.merged import MergedProposer
 from harness.proposers.registry import PROPOSERS, proposer_class
-from harness.proposers.rest import datastore_sources, path_inert_options
+from harness.proposers.rest import datastore_sources, forget_datastore_builds, path_inert_options
 from harness.random_source import TorchRandomSource
 from harness.record_schema import is_gated
 from harness.target.backend import CausalLMBackend
@@ -295,6 +295,7 @@ def run_job(
             held.release()
         planned = plan_job(cfg, run_dir)
     except BaseException as exc:  # refused or interrupted before anything ran: files set aside go back
+        forget_datastore_builds()
         if aside is not None and restore_earlier:
             put_back_unplanned(cfg, run_dir, aside, exc, restore_other_manifest=restore_other_manifest)
         raise
@@ -380,6 +381,7 @@ def run_job(
                 untracked(record, tracker, exc, planned.run_dir)
                 raise
         except BaseException as exc:
+            forget_datastore_builds()
             # a failed write is the machine's (a full disk), never a refusal of the job's input
             refused = stage != "write" and isinstance(exc, (ValueError, OSError, *REFUSALS))
             # measure: greedy equality; gate_measured: the statistical gate at the measured run's prefixes

@@ -567,6 +567,35 @@ def test_tiny_without_a_datastore_path_gets_a_clear_error(tmp_path, monkeypatch)
         open_datastore({"corpus": "stdlib", "path": None}, tokenizer=None, model="tiny")
 
 
+def test_a_job_that_fails_before_its_proposer_opens_its_datastore_leaves_no_build_to_the_next(tmp_path, monkeypatch):
+    """A job built its datastore when its manifest was frozen, then failed before its proposer opened
+    it (a model that would not load): the next job of the process (a sweep's) using that datastore
+    recorded datastore_built_now with the first job's build time."""
+    from harness import runner
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    tok = word_tokenizer(WORDS)
+    cfg = {
+        "corpus": "stdlib",
+        "path": None,
+        "max_tokens": 3000,
+        "context_len": 8,
+        "continuation_len": 4,
+        "max_matches": 16,
+        "exclude": "none",
+        "verify_corpus": False,
+    }
+    assert open_datastore(cfg, tokenizer=tok, model="toy")[1]["built_now"] is True  # as a manifest's freeze
+
+    def fail(*_a, **_k):
+        raise ValueError("the model would not load")
+
+    monkeypatch.setattr(runner, "load", fail)
+    with pytest.raises(ValueError, match="would not load"):
+        runner.run_job(compose(["model=tiny", "workload.limit=1"]), run_dir=tmp_path / "run")
+    assert open_datastore(cfg, tokenizer=tok, model="toy")[1]["built_now"] is False
+
+
 def test_cache_datastore_is_built_on_first_use_then_checked_against_the_config(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
     tok = word_tokenizer(WORDS)

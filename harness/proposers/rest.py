@@ -796,6 +796,13 @@ def _build_into(path: Path, cfg: dict, *, tokenizer, model: str, prefix: str = "
 _BUILT_BY_THIS_JOB: dict[str, float] = {}
 
 
+def forget_datastore_builds() -> None:
+    """Forget the builds no proposer opened: a job that fails between its manifest's freeze (which
+    built a datastore) and its proposer's open leaves none for the next job of its process to report
+    as built by it."""
+    _BUILT_BY_THIS_JOB.clear()
+
+
 def open_datastore(
     cfg: dict,
     *,
