@@ -54,7 +54,15 @@ from harness.gates.oracle import (
     overrides_select_logits,
     verifier_cases,
 )
-from harness.gates.statistical import CONTINUATION_TOKENS, GATE_PROMPTS, prefix_rule, statistical_gate
+from harness.gates.statistical import (
+    CONTINUATION_TOKENS,
+    GATE_PROMPTS,
+    MIN_WAY_SHARE,
+    PILOT_SAMPLES,
+    prefix_rule,
+    statistical_gate,
+    way_taken,
+)
 from harness.gates.status import GateError, not_applicable, passed, skipped
 from harness.gates.transport import check_transport, transport_applies, transport_instances
 from harness.measure import hardware
@@ -479,16 +487,7 @@ def run_gates(
         )
         entry = gates.get("statistical") or {}
         if entry.get("coverage") == "one_way":
-            pilots = entry.get("pilots", [])
-            tried = 1 + len(pilots)
-            first_all = entry["first_token_accepted"] == entry["samples"]
-            alike = all((p["accepted"] > 0) == first_all for p in pilots)
-            way = entry["paths_note"].split(":")[0] if alike else "every sample took one way (not the same everywhere)"
-            print(
-                f"harness: note: statistical gate passed, but at each of the {tried} prefixes it tried {way}: no "
-                "test exercised both ways to a first token (the oracle gates test the verifier's rule on every path)",
-                file=sys.stderr,
-            )
+            print(one_way_note(entry), file=sys.stderr)
     governance = proposer.check_workload(items, allow_leakage=bool(cfg.get("allow_leakage", False)))
     if governance is not None and governance.get("leaked"):
         print(
@@ -511,6 +510,49 @@ def run_gates(
             f"temperature {policy.temperature}: outputs are sampled (the statistical gate tests sampled rounds)"
         )
     return gates
+
+
+def _prefix_way(test: dict, accepted_key: str) -> tuple[str | None, bool]:
+    """The way to a first token a test took (:func:`~harness.gates.statistical.way_taken`, by the same
+    threshold as its ``paths_note``) and whether every sample took it (not all but a few)."""
+    accepted, samples = int(test[accepted_key]), int(test["samples"])
+    way = test.get("way") or way_taken(accepted, samples, proposed=test.get("proposed"))
+    return way, (accepted == samples if way == "accepted" else accepted == 0)
+
+
+def one_way_note(entry: dict) -> str:
+    """The stderr line of a statistical gate entry with ``coverage: one_way``: the first test and, at
+    each piloted prefix, the test that decided there (the full test where the pilot took both ways,
+    else the pilot) each took one way to a first token. Said as the first test's ``paths_note`` where
+    every sample of every test took the same way, as the way most samples took where they agree on it
+    (the first test's note quoted), and as not the same everywhere otherwise."""
+    pilots = entry.get("pilots", [])
+    ways = [_prefix_way(entry, "first_token_accepted")]
+    ways += [_prefix_way(p.get("full_test", p), "accepted") for p in pilots]
+    sides = [w for w, _ in ways]
+    first = entry["paths_note"].split(":")[0]
+    both = sum("full_test" in p for p in pilots)
+    if len(set(sides)) == 1 and all(exact for _, exact in ways):
+        way, tail = first, "no test exercised both ways to a first token"
+    else:
+        if set(sides) == {"accepted"}:
+            way = "every sample's first token, or all but a few, was an accepted proposed token"
+        elif set(sides) == {"rejected"}:
+            way = "no sample, or only a few, accepted a proposed token"
+        else:
+            way = (
+                f"every sample, or all but a few, took one way (not the same everywhere: mostly accepted at "
+                f"{sides.count('accepted')}, mostly rejected at {sides.count('rejected')})"
+            )
+        way += f" (the first test: {first})"
+        tail = f"no test took each way to a first token in {MIN_WAY_SHARE:.0%} of its samples with a proposal"
+    if both:
+        way += f" (at {both} of them a {PILOT_SAMPLES}-sample pilot took both ways, the full test there one way)"
+        tail = tail.replace("no test", "no full test", 1)
+    return (
+        f"harness: note: statistical gate passed, but at each of the {len(ways)} prefixes it tried {way}: {tail} "
+        "(the oracle gates test the verifier's rule on every path)"
+    )
 
 
 def _statistical_options(cfg: DictConfig, plan_) -> dict:

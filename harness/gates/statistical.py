@@ -43,6 +43,11 @@ piloted (:data:`MIXED_PREFIX_TRIES`, :data:`PILOT_SAMPLES` samples each) and the
 samples take both ways is tested instead; where none does, the entry keeps the first test and
 says ``coverage: one_way``, which the run says on stderr.
 
+Every test draws from random streams of its own (:func:`gate_stream`): the first test, each pilot
+and each full test at a piloted prefix (and each one's confirmation) on ranges no other test of the
+gate draws from, so a pilot adds samples the first test did not take, and the full test at the prefix
+a pilot chose is independent of the samples that chose it.
+
 A committed token the target's law gives no mass (outside its top-k / top-p) is proof, not noise:
 whichever test saw it (the first, a confirmation, a pilot, a test at another prefix), the gate fails
 with it, never rerun or replaced by another test.
@@ -99,9 +104,11 @@ def verify_distinct(
 
 
 #: offset of the confirmation test's random streams: torch's CPU generator keeps only a seed's low
-#: 32 bits, so the offset stays below 2**32 and the two tests' streams are disjoint for any
-#: ``samples`` below 2**31
+#: 32 bits, so the offset stays below 2**32, and a confirmation's streams are disjoint from every
+#: test's of the gate while all of them (:func:`gate_stream`) span fewer than 2**31
 CONFIRMATION_STREAM = 1 << 31
+#: the first random stream of a seed's gate (its probes and its first test)
+SEED_STREAMS = 7919
 
 #: the prefix scan: prompts scanned, cut points per prompt, shortest prefix probed
 GATE_PROMPTS = 4
@@ -116,6 +123,29 @@ CONTINUATION_TOKENS = 32
 #: first whose pilot takes both ways is tested instead
 MIXED_PREFIX_TRIES = 8
 PILOT_SAMPLES = 64
+
+
+def gate_stream(seed: int, samples: int, *, pilot: int | None = None, full: int | None = None) -> int:
+    """The first random stream of one of the gate's tests (its sample ``s`` draws from this plus ``s``, its
+    confirmation's from :data:`CONFIRMATION_STREAM` further on). From ``seed * SEED_STREAMS``: the first
+    test's ``samples`` streams, then :data:`MIXED_PREFIX_TRIES` ranges of :data:`PILOT_SAMPLES`, the
+    ``pilot``-th pilot's (from 0), then as many of ``samples``, the full test's at the prefix the
+    ``full``-th pilot chose. No two tests draw from one stream."""
+    if pilot is not None and full is not None:
+        raise ValueError("a test is a pilot or a full test at a piloted prefix, not both")
+    span = (MIXED_PREFIX_TRIES + 1) * samples + MIXED_PREFIX_TRIES * PILOT_SAMPLES
+    if span > CONFIRMATION_STREAM:
+        raise ValueError(f"statistical gate: {samples} samples per test do not fit its random streams")
+    base = seed * SEED_STREAMS
+    if pilot is not None:
+        if not 0 <= pilot < MIXED_PREFIX_TRIES:
+            raise ValueError(f"pilot {pilot} out of range")
+        return base + samples + pilot * PILOT_SAMPLES
+    if full is not None:
+        if not 0 <= full < MIXED_PREFIX_TRIES:
+            raise ValueError(f"full test {full} out of range")
+        return base + samples + MIXED_PREFIX_TRIES * PILOT_SAMPLES + full * samples
+    return base
 
 
 def prefix_rule() -> dict:
@@ -323,7 +353,7 @@ def _statistical_gate(
         backend,
         proposer,
         prompts,
-        stream=seed * 7919,
+        stream=gate_stream(seed, samples),
         max_nodes=max_nodes,
         max_depth=max_depth,
         continuation=continuation,
@@ -356,7 +386,7 @@ def _statistical_gate(
     )
     prompt_ids, prefix = first
     prefix["seconds"] = round(time.perf_counter() - t0, 3)
-    result = _decide(prompt_ids, prefix, samples=samples, stream=seed * 7919, confirm=confirm, **kw)
+    result = _decide(prompt_ids, prefix, samples=samples, stream=gate_stream(seed, samples), confirm=confirm, **kw)
     if result["status"] != "passed" or "paths_note" not in result:
         return {**result, "seconds": time.perf_counter() - t0}
     # every sample took one way to its first token: the other was not tested here. Pilot the next
@@ -365,16 +395,21 @@ def _statistical_gate(
         "prefix_len": prefix["prefix_len"],
         "source": prefix["source"],
         "paths_note": result["paths_note"],
+        "way": way_of(result),
         **{k: result[k] for k in ("status", "decided_by", "p_value", "impossible_samples") if k in result},
     }
     pilots = []
-    for prompt_ids, how in itertools.islice(candidates, MIXED_PREFIX_TRIES):
-        pilot = chi_square_test(prompt_ids=prompt_ids, samples=PILOT_SAMPLES, stream=seed * 7919, **kw)
+    for k, (prompt_ids, how) in enumerate(itertools.islice(candidates, MIXED_PREFIX_TRIES)):
+        stream = gate_stream(seed, samples, pilot=k)
+        pilot = chi_square_test(prompt_ids=prompt_ids, samples=PILOT_SAMPLES, stream=stream, **kw)
         pilots.append(
             {
                 "prefix_len": how["prefix_len"],
                 "source": how["source"],
+                "stream": stream,
+                "samples": pilot["samples"],
                 "accepted": pilot["first_token_accepted"],
+                "way": way_of(pilot),
                 "impossible_samples": pilot.get("impossible_samples", 0),
             }
         )
@@ -389,9 +424,18 @@ def _statistical_gate(
                 "pilots": pilots,
                 "seconds": time.perf_counter() - t0,
             }
-        if "paths_note" not in pilot:
-            mixed = _decide(prompt_ids, how, samples=samples, stream=seed * 7919, confirm=confirm, **kw)
+        if "paths_note" not in pilot:  # on streams of its own: the pilot's samples chose the prefix
+            stream = gate_stream(seed, samples, full=k)
+            mixed = _decide(prompt_ids, how, samples=samples, stream=stream, confirm=confirm, **kw)
             if "paths_note" in mixed and mixed["status"] == "passed":  # the full test took one way after all
+                pilots[-1]["full_test"] = {
+                    "stream": stream,
+                    "samples": mixed["samples"],
+                    "accepted": mixed["first_token_accepted"],
+                    "way": way_of(mixed),
+                    "paths_note": mixed["paths_note"],
+                    **{key: mixed[key] for key in ("decided_by", "p_value") if key in mixed},
+                }
                 continue
             return {
                 **mixed,
@@ -402,6 +446,7 @@ def _statistical_gate(
     return {
         **result,
         "coverage": "one_way",
+        "way": one_way["way"],
         "pilots": pilots,
         "seconds": time.perf_counter() - t0,
     }
@@ -448,6 +493,7 @@ def _decide(prompt_ids, prefix, *, samples, stream, confirm, **kw) -> dict:
     second = chi_square_test(prompt_ids=prompt_ids, samples=samples, stream=stream + CONFIRMATION_STREAM, **kw)
     keep = (
         "status",
+        "stream",
         "statistic",
         "p_value",
         "observed",
@@ -458,6 +504,7 @@ def _decide(prompt_ids, prefix, *, samples, stream, confirm, **kw) -> dict:
         "draft_calls",
         "memo_hits",
         "first_token_accepted",
+        "proposed",
         "paths_note",
     )
     entry = {  # the top level is the deciding test's, so a status never sits beside another test's p-value
@@ -729,6 +776,8 @@ def chi_square_test(
     return {
         "status": "passed" if passed else "failed",
         "samples": samples,
+        "stream": stream,
+        "proposed": proposed,
         **({"paths_note": note} if note else {}),
         "bins": len(observed),
         "impossible_samples": impossible,
@@ -755,28 +804,53 @@ def chi_square_test(
 MIN_WAY_SHARE = 0.02
 
 
-def paths_note(accepted: int, samples: int, *, proposed: int | None = None) -> str | None:
-    """What the test did not exercise, when its samples (all, or all but :data:`MIN_WAY_SHARE` of
-    those with a proposal) took one of the verifier's two ways to a first token (a proposed token
-    accepted, or the target's correction after the proposals were rejected), or None. ``proposed``:
-    the samples whose tree had a candidate (default: all); one without is neither. The evidence stays
-    valid for the proposer as configured (a draft that proposes what the target samples is never
-    rejected in the run either), but says less."""
+def way_taken(accepted: int, samples: int, *, proposed: int | None = None) -> str | None:
+    """The one way to a first token that a test's samples took, all of them or all but fewer than
+    :data:`MIN_WAY_SHARE` of those with a proposal: ``"accepted"`` (a proposed token accepted) or
+    ``"rejected"`` (every proposed token rejected, the target's correction drawn); None when both were
+    exercised, or no sample had a proposal. ``proposed``: the samples whose tree had a candidate
+    (default: all)."""
     proposed = samples if proposed is None else proposed
     if samples and accepted == samples:
+        return "accepted"
+    if not proposed:
+        return None
+    if accepted == 0:
+        return "rejected"
+    least = max(1, math.ceil(MIN_WAY_SHARE * proposed))
+    if proposed - accepted < least:
+        return "accepted"
+    if accepted < least:
+        return "rejected"
+    return None
+
+
+def way_of(test: dict) -> str | None:
+    """:func:`way_taken` of a test's entry (its ``first_token_accepted``, ``samples`` and ``proposed``)."""
+    return way_taken(int(test["first_token_accepted"]), int(test["samples"]), proposed=test.get("proposed"))
+
+
+def paths_note(accepted: int, samples: int, *, proposed: int | None = None) -> str | None:
+    """What the test did not exercise, when its samples took one of the verifier's two ways to a
+    first token (:func:`way_taken`), or None. ``proposed``: the samples whose tree had a candidate
+    (default: all); one without is neither. The evidence stays valid for the proposer as configured
+    (a draft that proposes what the target samples is never rejected in the run either), but says
+    less."""
+    way = way_taken(accepted, samples, proposed=proposed)
+    proposed = samples if proposed is None else proposed
+    if way == "accepted" and accepted == samples:
         return (
             "every sample's first token was an accepted proposed token: the correction after a rejection "
             "was not exercised at this prefix"
         )
-    if proposed and accepted == 0:
-        return "no sample accepted a proposed token: only the correction after a rejection was exercised at this prefix"
-    least = max(1, math.ceil(MIN_WAY_SHARE * proposed))
-    if proposed and proposed - accepted < least:
+    if way == "accepted":
         return (
             f"only {proposed - accepted} of the {proposed} samples with a proposal rejected every proposed token "
             f"(fewer than {MIN_WAY_SHARE:.0%}): the correction after a rejection was barely exercised at this prefix"
         )
-    if proposed and accepted < least:
+    if way == "rejected" and accepted == 0:
+        return "no sample accepted a proposed token: only the correction after a rejection was exercised at this prefix"
+    if way == "rejected":
         return (
             f"only {accepted} of the {proposed} samples with a proposal accepted a proposed token (fewer than "
             f"{MIN_WAY_SHARE:.0%}): acceptance was barely exercised at this prefix"
