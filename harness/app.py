@@ -49,6 +49,7 @@ from harness.engine.build import plan, sampling_policy, sibling_sampling
 from harness.engine.checks import validate_config
 from harness.gates.stages import GateError
 from harness.heads.artifacts import refuse_foreign
+from harness.heads.checkpoint import ArtifactError
 from harness.heads.published import is_published_checkpoint
 from harness.manifest import draft_model_config
 from harness.prepare import TRAINERS
@@ -126,6 +127,17 @@ def check_one_job(cfg: DictConfig) -> None:
         raise ConfigError(
             f"concurrent_jobs={cfg.concurrent_jobs} is a sweep option (how many of a multirun's jobs run at once); "
             "a single run is one job: drop it, or sweep (harness run -m ..., harness sweep NAME)"
+        )
+
+
+def check_alone(cfg: DictConfig, command: str) -> None:
+    """`harness calibrate` and `harness train` are one job each, timed alone: ``concurrent_jobs``, which
+    the artifacts they time record as the jobs that shared the machine (a run alone would measure such
+    an artifact again), is refused other than 1."""
+    if int(cfg.concurrent_jobs) != 1:
+        raise ConfigError(
+            f"concurrent_jobs={cfg.concurrent_jobs} is a sweep option (how many of a multirun's jobs run at once); "
+            f"harness {command} is one job, timed alone: drop it"
         )
 
 
@@ -670,9 +682,11 @@ CALIBRATE_USAGE = """usage: harness calibrate [hydra overrides, as for `harness 
 Writes fresh Sequoia artifacts for the composed config (topology=sequoia is implied; another
 topology is refused, since only Sequoia's trees are calibrated): the positional-acceptance
 calibration, measured again, and the chosen tree, under $HARNESS_CACHE/sequoia (a run with the
-same overrides then loads them). The hardware profile t(n), c0, c is measured where none matches
-this target, draft, batch size and machine; a matching one is reused (other configurations' trees
-bind it), unless topology.reuse=false measures it again."""
+same overrides and topology=sequoia then loads them). The hardware profile t(n), c0, c is measured
+where none matches this target, draft, batch size and machine; a matching one is reused (other
+configurations' trees bind it), unless topology.reuse=false measures it again. A calibration or
+profile measured again replaces the cached file; the one it replaces is kept beside it, named by its
+content hash, for the trees that bind it (topology.tree_artifact=...)."""
 
 
 def with_sequoia(overrides: list[str]) -> list[str]:
@@ -718,7 +732,7 @@ CALIBRATE_UNREAD = (
     ("generation.warmup_tokens", "calibrate runs no timed arms to warm up"),
     ("generation.temp_kv_budget_bytes", "calibrate verifies topology.calibration.branches rows a round"),
     ("workload.limit", "calibrate reads the calibration split, topology.calibration.prompts of it"),
-    ("concurrent_jobs", "a sweep option: calibrate is one job"),
+    ("hydra", "calibrate is no Hydra job: its artifacts go to $HARNESS_CACHE/sequoia"),
 )
 
 
@@ -739,7 +753,6 @@ TRAIN_UNREAD = (
     ("workload.truncate", "train reads no evaluation prompts"),
     ("allow_leakage", "train evaluates no prompts"),
     ("seed", "train seeds from the recipe (proposer.train.seed, proposer.search.seed)"),
-    ("concurrent_jobs", "a sweep option: train is one job"),
 )
 
 
@@ -762,6 +775,23 @@ def unread_options(argv: list[str], unread=CALIBRATE_UNREAD) -> list[str]:
     return out
 
 
+def check_calibrate_options(cfg: DictConfig) -> None:
+    """Refuse the run options that would make `harness calibrate` measure less than it says: a tree or
+    a calibration to load (it measures and writes them), and ``concurrent_jobs`` (:func:`check_alone`)."""
+    if cfg.topology.get("tree_artifact"):
+        raise ConfigError(
+            f"topology.tree_artifact={cfg.topology.tree_artifact} names a tree to load: harness calibrate "
+            "measures and writes one (a run loads a given tree: harness run topology.tree_artifact=...)"
+        )
+    if cfg.topology.get("calibration_artifact"):
+        raise ConfigError(
+            f"topology.calibration_artifact={cfg.topology.calibration_artifact} names a calibration to load: "
+            "harness calibrate measures one again (a run loads a given calibration: harness run "
+            "topology.calibration_artifact=...)"
+        )
+    check_alone(cfg, "calibrate")
+
+
 def calibrate_main(argv: list[str]) -> int:
     if any(a in {"-h", "--help"} for a in argv):
         print(CALIBRATE_USAGE)
@@ -775,12 +805,8 @@ def calibrate_main(argv: list[str]) -> int:
     overrides = with_sequoia(argv)
     try:
         try:
+            check_calibrate_options(compose_checked(overrides))  # before the run's checks read a named file
             cfg, _ = checked_plan(overrides)
-            if cfg.topology.get("tree_artifact"):
-                raise ConfigError(
-                    f"topology.tree_artifact={cfg.topology.tree_artifact} names a tree to load: harness calibrate "
-                    "measures and writes one (a run loads a given tree: harness run topology.tree_artifact=...)"
-                )
             out = calibrate(cfg, unread=unread_options(argv))
         except ConfigError as exc:  # offer only fixes calibrate accepts (a Sequoia tree, a sampling draft)
             if "cannot build topology=sequoia" in exc.reason:
@@ -814,7 +840,7 @@ that exists is printed as it is ("reused": true), force=true retrains it."""
 
 
 def train_main(argv: list[str]) -> int:
-    if not argv or argv[0] in {"-h", "--help"}:
+    if not argv or any(a in {"-h", "--help"} for a in argv):
         return print_usage(TRAIN_USAGE, bool(argv))
     flags = [a for a in argv if a.startswith("-")]
     if flags:
@@ -859,6 +885,9 @@ def train(argv: list[str]) -> dict:
         validate_config(cfg)
     except ConfigError as exc:
         raise offer(exc, overrides) from exc
+    check_alone(cfg, "train")
+    if "auto_train" in cfg.proposer:  # whether a run may train an absent artifact: train trains it (no recipe key)
+        cfg.proposer.auto_train = True
     if name == "layer_skip" and cfg.proposer.get("skip") is not None:  # before any model work
         raise ConfigError(
             f"proposer.skip={list(cfg.proposer.skip)} is given: harness train searches a skip vector, there is "
@@ -887,7 +916,12 @@ def train(argv: list[str]) -> dict:
     target, _ = load_models(cfg)
     note_unread("train", unread_options(overrides, TRAIN_UNREAD))  # said once nothing was refused
     with noting_outcomes() as outcomes:
-        summary = resolve_ref(TRAINERS[name])(cfg, target=target, force=force)
+        try:
+            summary = resolve_ref(TRAINERS[name])(cfg, target=target, force=force)
+        except ArtifactError as exc:  # the artifact there was refused as it loaded: train can replace it
+            if force or not outcomes or outcomes[-1][0] != "loaded":
+                raise
+            raise ArtifactError(f"{exc}; or force=true retrains it there for the configured target and recipe") from exc
     if outcomes:  # a published artifact goes through no training at all
         (outcome, path) = outcomes[-1]
         summary = {"reused": outcome == "loaded", **summary}

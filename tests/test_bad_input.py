@@ -1283,6 +1283,18 @@ def test_a_hydra_group_given_no_option_lists_its_options():
             "try topology=sequoia",
         ),
         (["calibrate", "model=tiny", "topology.max_nodes=0"], "harness calibrate: refused: ", "max_nodes=0"),
+        (
+            ["calibrate", "model=tiny", "concurrent_jobs=2"],
+            "harness calibrate: refused: ",
+            "concurrent_jobs=2 is a sweep option (how many of a multirun's jobs run at once); harness calibrate is "
+            "one job, timed alone: drop it",
+        ),
+        (
+            ["train", "model=tiny", "proposer=layer_skip", "concurrent_jobs=2"],
+            "harness train: refused: ",
+            "concurrent_jobs=2 is a sweep option (how many of a multirun's jobs run at once); harness train is one "
+            "job, timed alone: drop it",
+        ),
     ],
 )
 def test_every_command_refuses_in_one_line(capsys, no_models, argv, prefix, fragment):

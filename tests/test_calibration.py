@@ -388,6 +388,36 @@ def test_harness_calibrate_refuses_a_tree_to_load(tmp_path, monkeypatch, capsys)
     assert not (tmp_path / "sequoia").exists()
 
 
+def test_harness_calibrate_refuses_a_calibration_to_load_and_jobs_beside_it(tmp_path, monkeypatch, capsys):
+    """topology.calibration_artifact= loaded that calibration, measured nothing and exited 0, though
+    calibrate says it measures the calibration again; concurrent_jobs=2 was said to have no effect, yet
+    the profile recorded it, and a run alone then measured that profile again. Both are refused in one
+    line before any model work, nothing written."""
+    from harness import app
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    monkeypatch.setattr(app, "load", lambda *a, **k: pytest.fail("calibrate loaded the models"))
+    named = tmp_path / "mine.json"  # refused whether or not the file is there: calibrate never reads it
+    assert main([*SMALL_TREE, f"topology.calibration_artifact={named}"]) == 2
+    assert capsys.readouterr().err == (
+        f"harness calibrate: refused: topology.calibration_artifact={named} names a calibration to load: harness "
+        "calibrate measures one again (a run loads a given calibration: harness run "
+        "topology.calibration_artifact=...)\n"
+    )
+    assert main([*SMALL_TREE, "concurrent_jobs=2"]) == 2
+    assert capsys.readouterr().err == (
+        "harness calibrate: refused: concurrent_jobs=2 is a sweep option (how many of a multirun's jobs run at "
+        "once); harness calibrate is one job, timed alone: drop it\n"
+    )
+    assert not (tmp_path / "sequoia").exists()
+
+
+def test_harness_calibrate_usage_names_the_topology_a_run_needs_to_load_its_artifacts(capsys):
+    """calibrate implies topology=sequoia, a run does not: "a run with the same overrides" loaded nothing."""
+    assert main(["--help"]) == 0
+    assert "a run with the\nsame overrides and topology=sequoia then loads them" in capsys.readouterr().out
+
+
 def test_harness_calibrate_refuses_other_topologies(capsys):
     assert main(["model=tiny", "topology=sequence"]) == 2
     assert "needs topology=sequoia" in capsys.readouterr().err
@@ -426,8 +456,8 @@ def test_harness_calibrate_notes_the_run_options_it_does_not_read():
             "generation.warmup_tokens=2",
             "generation.temp_kv_budget_bytes=100000",
             "workload.limit=3",
-            "concurrent_jobs=2",
             "allow_leakage=true",
+            "hydra.run.dir=/tmp/x",
             # read: the sampling law, the profile's batch, the calibration split's prompts per category
             "generation.temperature=0.7",
             "generation.batch_size=2",
@@ -439,9 +469,11 @@ def test_harness_calibrate_notes_the_run_options_it_does_not_read():
         "generation.warmup_tokens=2",
         "generation.temp_kv_budget_bytes=100000",
         "workload.limit=3",
-        "concurrent_jobs=2",
         "allow_leakage=true",
+        "hydra.run.dir=/tmp/x",
     ]
+    # a sweep option calibrate refuses (it is one job, timed alone): never noted as without effect
+    assert unread_options(["concurrent_jobs=2"]) == []
 
 
 def test_more_calibration_branches_than_a_tiny_vocabulary_are_refused_before_any_model(tmp_path, monkeypatch, capsys):
@@ -492,6 +524,88 @@ def test_calibrating_another_configuration_keeps_the_hardware_profile_other_tree
     assert json.loads(capsys.readouterr().out)["stages"]["calibration"] == "measured"
     assert main([*SMALL_TREE, "topology.reuse=false"]) == 0
     assert json.loads(capsys.readouterr().out)["stages"]["profile"] == "measured"
+
+
+def test_calibrating_again_keeps_the_calibration_a_pinned_tree_binds(tmp_path, monkeypatch, capsys):
+    """`harness calibrate` measures the calibration again in place: a tree pinned from the earlier one
+    (topology.tree_artifact=) was then refused as stale, with no remedy. The replaced calibration is
+    kept beside the new one under its content hash, with a note naming both files, and the pinned tree
+    loads it; a tree whose calibration is gone is refused with the remedy, and a kept file that is not
+    the calibration the tree binds is refused as before."""
+    from harness.prepare.sequoia import ensure_tree_artifact
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    assert main(SMALL_TREE) == 0
+    first = json.loads(capsys.readouterr().out)
+    cal = Path(first["sequoia_calibration"])
+    earlier = cal.read_bytes()
+    pinned = tmp_path / "pinned.json"
+    pinned.write_bytes(Path(first["sequoia_tree"]).read_bytes())
+    assert main(SMALL_TREE) == 0
+    captured = capsys.readouterr()
+    second = json.loads(captured.out)
+    assert second["stages"]["calibration"] == "measured" and second["sequoia_calibration"] == str(cal)
+    assert second["sequoia_calibration_hash"] != first["sequoia_calibration_hash"]
+    kept = cal.with_name(f"{cal.stem}.{first['sequoia_calibration_hash']}.json")
+    assert kept.read_bytes() == earlier
+    assert (
+        f"harness: note: the Sequoia calibration {str(cal)!r} was measured again; the one it replaced, which trees "
+        f"given by topology.tree_artifact may bind, is kept as {str(kept)!r}"
+    ) in captured.err
+    assert not list(cal.parent.glob("profile-*.*.json"))  # the profile was reused, not replaced
+
+    cfg = compose([*SMALL_TREE, f"topology.tree_artifact={pinned}"])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # the run's threads=1, as the provenance compares it
+        context = build_context_of(cfg)
+        arts = ensure_tree_artifact(cfg, context, progress=False)
+        assert arts.calibration_path == kept and arts.calibration["hash"] == first["sequoia_calibration_hash"]
+        assert arts.stages["tree"] == "loaded (topology.tree_artifact)"
+        assert arts.tree["chosen"]["parents"] == first["chosen"]["parents"]
+        kept.write_bytes(cal.read_bytes())  # another calibration under that name: the tree's hash refuses it
+        with pytest.raises(StaleArtifactError, match=r"it binds calibration '[0-9a-f]{16}', the run resolved"):
+            ensure_tree_artifact(cfg, context, progress=False)
+        kept.unlink()
+        with pytest.raises(StaleArtifactError) as info:
+            ensure_tree_artifact(cfg, context, progress=False)
+        assert str(info.value) == (
+            f"stale tree artifact {str(pinned)!r}: it binds calibration {first['sequoia_calibration_hash']!r}, "
+            f"the run resolved calibration {second['sequoia_calibration_hash']!r}; drop topology.tree_artifact (the "
+            "run builds a tree from the current calibration and profile), or run `harness calibrate` with the run's "
+            "overrides and pin the tree it writes"
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_plot_of_a_profile_outside_the_cache_is_drawn_in_the_cache(tmp_path, monkeypatch, capsys):
+    """The plot of a topology.profile_artifact the user named was written beside it as <name>.png: into
+    the user's folder, and an unrelated PNG of that name there was reported as the plot. It is drawn in
+    the cache folder, named by the profile's content hash."""
+    from harness.prepare.sequoia import ensure_tree_artifact
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    assert main(SMALL_TREE) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sequoia_profile_plot"] == str(Path(out["sequoia_profile"]).with_suffix(".png"))  # a cached one
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    named = mine / "profile.json"
+    named.write_bytes(Path(out["sequoia_profile"]).read_bytes())
+    (mine / "profile.png").write_bytes(b"not a plot")
+    cfg = compose([*SMALL_TREE, f"topology.profile_artifact={named}"])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        arts = ensure_tree_artifact(cfg, build_context_of(cfg), progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert arts.stages["profile"] == "loaded (topology.profile_artifact)" and arts.profile_path == named
+    assert arts.plot_path == tmp_path / "cache" / "sequoia" / f"profile-plot-{out['sequoia_profile_hash']}.png"
+    assert arts.plot_path.read_bytes().startswith(b"\x89PNG")
+    assert sorted(p.name for p in mine.iterdir()) == ["profile.json", "profile.png"]
+    assert (mine / "profile.png").read_bytes() == b"not a plot"
 
 
 def test_a_refused_calibrate_puts_back_the_artifacts_it_re_measured(tmp_path, monkeypatch, capsys):

@@ -184,7 +184,8 @@ def check_provenance(
 
 def run_concurrency(cfg) -> int:
     """How many jobs share the machine with a run of ``cfg``: its ``concurrent_jobs`` (1 where the
-    config has none, as a single run or `harness calibrate` and `harness train`, which run alone)."""
+    config has none; a single run, `harness calibrate` and `harness train` run alone and refuse any
+    other count)."""
     value = cfg.get(CONCURRENCY_FIELD) if cfg is not None else None
     return 1 if value is None else int(value)
 

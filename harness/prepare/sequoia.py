@@ -20,13 +20,18 @@ After the models are loaded :func:`prepare_sequoia` resolves the artifacts:
 
 * ``topology.tree_artifact=PATH``: that tree, its calibration and profile (or the explicit
   ``topology.calibration_artifact`` / ``topology.profile_artifact``); every provenance field is
-  checked against the run and a stale artifact is refused (:class:`StaleArtifactError`).
+  checked against the run and a stale artifact is refused (:class:`StaleArtifactError`). A cached
+  calibration or profile measured again since the tree was built is read from the copy kept beside
+  it under the content hash the tree binds (:func:`bound_file`), when that copy is there.
 * otherwise artifacts under ``$HARNESS_CACHE/sequoia`` keyed by the run's provenance
   (``topology.reuse=true``), provenance re-checked on load; missing ones are measured first, as
   gated stages (calibration on the calibration split, then the profile), with progress bars. A
   cached profile timed beside more sweep jobs than the run shares the machine with (its
   ``concurrent_jobs``), or one that records no count where the run is alone, is measured again in
-  its place (:func:`~harness.prepare.profile.contention_problem`); a named one is refused.
+  its place (:func:`~harness.prepare.profile.contention_problem`); a named one is refused. A
+  cached calibration or profile that reads and is measured again (`harness calibrate`,
+  ``topology.reuse=false``, a contended profile) is kept beside the new one, named by its content
+  hash, with a note: trees pinned for other configurations bind it.
 
 Conventions: ``topology.max_nodes`` counts candidate rows, the DP's ``n`` counts the root
 (``n = rows + 1``); depth counts edges in both.
@@ -37,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +92,12 @@ PROFILE_KIND = "sequoia_hardware_profile"
 #: `harness calibrate` writes to the cache, never to it
 NAMED_PROFILE_REMEDY = (
     "drop topology.profile_artifact (the run measures one) or give one measured for this configuration"
+)
+
+#: how the refusal of a tree that no longer matches what the run resolved ends
+STALE_TREE_REMEDY = (
+    "drop topology.tree_artifact (the run builds a tree from the current calibration and profile), or run "
+    "`harness calibrate` with the run's overrides and pin the tree it writes"
 )
 
 __all__ = [
@@ -201,31 +213,50 @@ def check_tree(tree: dict, *, calibration: dict, profile: dict, search: dict, pa
     if tree.get("calibration_hash") != calibration.get("hash"):
         raise StaleArtifactError(
             f"stale tree artifact {path!r}: it binds calibration {tree.get('calibration_hash')!r}, "
-            f"the run resolved calibration {calibration.get('hash')!r}"
+            f"the run resolved calibration {calibration.get('hash')!r}; {STALE_TREE_REMEDY}"
         )
     if tree.get("profile_hash") != profile.get("hash"):
         raise StaleArtifactError(
             f"stale tree artifact {path!r}: it binds profile {tree.get('profile_hash')!r}, "
-            f"the run resolved profile {profile.get('hash')!r}"
+            f"the run resolved profile {profile.get('hash')!r}; {STALE_TREE_REMEDY}"
         )
     if _as_searched(tree.get("search")) != search:
         raise StaleArtifactError(
-            f"stale tree artifact {path!r}: searched under {tree.get('search')}, this run's topology asks {search}"
+            f"stale tree artifact {path!r}: searched under {tree.get('search')}, this run's topology asks {search}; "
+            f"{STALE_TREE_REMEDY}"
         )
     again = build_tree_artifact(calibration=calibration, profile=profile, search=search)
     if again["chosen"]["parents"] != tree.get("chosen", {}).get("parents"):
         raise StaleArtifactError(
             f"stale tree artifact {path!r}: the optimiser now chooses "
             f"{again['chosen']['parents']} from the same inputs, the artifact holds "
-            f"{tree.get('chosen', {}).get('parents')}"
+            f"{tree.get('chosen', {}).get('parents')}; {STALE_TREE_REMEDY}"
         )
     # every figure of the choice, the budget a run builds from it included (budget_parents, ranks)
     differs = sorted(k for k, v in again["chosen"].items() if json.loads(json.dumps(v)) != tree["chosen"].get(k))
     if differs:
         raise StaleArtifactError(
             f"stale tree artifact {path!r}: its chosen {differs[0]} is {tree['chosen'].get(differs[0])}, the tree "
-            f"{again['chosen']['parents']} gives {again['chosen'][differs[0]]}"
+            f"{again['chosen']['parents']} gives {again['chosen'][differs[0]]}; {STALE_TREE_REMEDY}"
         )
+
+
+def kept_path(path, digest) -> Path | None:
+    """Where the cached calibration or profile at ``path`` whose content hash is ``digest`` is kept once a
+    new measurement replaces it: beside it, ``<name>-<key>.<digest>.json``; None where ``digest`` is no
+    content hash."""
+    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{16}", digest):
+        return None
+    path = Path(path)
+    return path.with_name(f"{path.stem}.{digest}{path.suffix}")
+
+
+def bound_file(path, digest) -> Path:
+    """The file holding the calibration or profile a tree binds, by its recorded ``path`` and content hash
+    ``digest``: the copy kept beside ``path`` under that hash where the file there was measured again
+    since, else ``path`` (loaded and checked against the run and the tree as any other)."""
+    kept = kept_path(path, digest)
+    return kept if kept is not None and kept.is_file() else Path(path)
 
 
 # ---------------------------------------------------------------- resolution for a run
@@ -390,6 +421,7 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
     root = sequoia_dir()
     stages: dict[str, str] = {}
     replaced: dict[Path, bytes | None] = {}  # files a stage re-measured: their earlier bytes (None: absent)
+    superseded: dict[Path, tuple[str, bytes]] = {}  # readable artifacts a stage re-measured: (purpose, bytes)
 
     def load_calibration(path) -> dict:
         art = read_artifact(path, kind=CALIBRATION_KIND)
@@ -416,7 +448,11 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
         )
 
     def plot_for(profile: dict, path: Path) -> Path:
-        png = Path(path).with_suffix(".png")
+        """The plot of ``profile`` (read from ``path``), drawn where absent: beside a cached profile, and in
+        the cache folder under its content hash for one kept elsewhere (nothing is written beside a file
+        the user named)."""
+        path = absolute(path)
+        png = path.with_suffix(".png") if path.parent == root else root / f"profile-plot-{profile['hash']}.png"
         if not png.exists():
             plot_profile(profile, png)
         return png
@@ -464,7 +500,10 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
                     replaced[earlier] = earlier.read_bytes() if earlier.is_file() else None
                 if broken:  # a file that does not read is never put back: the new measurement stays
                     replaced[path] = None
+                readable = replaced[path] is not None and not unreadable(path, kind)
                 art = measure(path)
+                if readable and json.loads(replaced[path])["hash"] != art["hash"]:
+                    superseded[path] = (purpose, replaced[path])
                 stages[name] = "measured"
         return art, path
 
@@ -492,11 +531,28 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
         plot_profile(profile, path.with_suffix(".png"))
         return profile
 
+    def keep_superseded() -> None:
+        """Keep each artifact a stage measured again beside its replacement, under its content hash
+        (:func:`kept_path`): trees pinned for other configurations bind it (:func:`bound_file`)."""
+        for path, (purpose, earlier) in superseded.items():
+            kept = kept_path(path, json.loads(earlier)["hash"])
+            if kept is None:
+                continue
+            if not kept.exists():
+                atomic_write_bytes(kept, earlier)
+            print(
+                f"harness: note: the {purpose} {str(path)!r} was measured again; the one it replaced, which trees "
+                f"given by topology.tree_artifact may bind, is kept as {str(kept)!r}",
+                file=sys.stderr,
+            )
+
     if t.get("tree_artifact"):  # explicit tree: everything it binds must match this run
         tree_path = absolute(t.tree_artifact)
         tree = read_artifact(tree_path, kind=TREE_KIND)
-        cal_path = absolute(t.get("calibration_artifact") or tree["calibration_path"])
-        prof_path = absolute(t.get("profile_artifact") or tree["profile_path"])
+        cal_path = absolute(
+            t.get("calibration_artifact") or bound_file(tree["calibration_path"], tree.get("calibration_hash"))
+        )
+        prof_path = absolute(t.get("profile_artifact") or bound_file(tree["profile_path"], tree.get("profile_hash")))
         calibration, profile = load_calibration(cal_path), load_profile(prof_path)
         check_tree(tree, calibration=calibration, profile=profile, search=search, path=str(tree_path))
         stages = {"calibration": "loaded", "profile": "loaded", "tree": "loaded (topology.tree_artifact)"}
@@ -558,6 +614,7 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
                 if earlier is not None:
                     atomic_write_bytes(path, earlier)  # the earlier file whole or the new one, never a part
             raise
+        keep_superseded()
     return SequoiaArtifacts(
         tree=tree,
         tree_path=tree_path,
