@@ -159,6 +159,40 @@ def test_a_cached_calibration_or_profile_cut_short_or_edited_is_measured_again(t
         torch.set_num_threads(threads)
 
 
+def test_a_named_calibration_builds_a_tree_of_its_own_and_leaves_the_cached_one(tmp_path, monkeypatch, capsys):
+    """The cached tree was keyed by the configuration, not by the calibration and profile it was built
+    from: a run naming another calibration rebuilt the default configuration's tree file in place (its
+    records then pointed at a tree that binds another calibration), and the next default run rebuilt it
+    back."""
+    from harness.prepare.sequoia import ensure_tree_artifact
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    assert calibrate_main(SMALL_TREE) == 0
+    out = json.loads(capsys.readouterr().out)
+    cal, tree = Path(out["sequoia_calibration"]), Path(out["sequoia_tree"])
+    tree_bytes = tree.read_bytes()
+    named = json.loads(cal.read_text())
+    named["note"] = "another calibration of the same configuration"
+    write_artifact({k: v for k, v in named.items() if k != "hash"}, tmp_path / "named.json")
+    cfg = compose_config(with_sequoia(SMALL_TREE))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        context = build_context_of(cfg)
+        other = ensure_tree_artifact(
+            compose_config(with_sequoia([*SMALL_TREE, f"topology.calibration_artifact={tmp_path / 'named.json'}"])),
+            context,
+            progress=False,
+        )
+        assert other.stages["tree"] == "built" and other.tree_path != tree
+        assert other.tree["calibration_hash"] == json.loads((tmp_path / "named.json").read_text())["hash"]
+        assert tree.read_bytes() == tree_bytes  # the default configuration's tree, untouched
+        again = ensure_tree_artifact(cfg, context, progress=False)
+        assert again.stages["tree"] == "loaded (cache)" and again.tree_path == tree
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_cached_skip_vector_timed_beside_more_jobs_is_searched_again_for_a_run_beside_fewer(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
     backend = CausalLMBackend(build_tiny_model(seed=1, num_layers=4))

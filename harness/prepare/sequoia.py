@@ -581,7 +581,9 @@ def ensure_tree_artifact(cfg, context, *, force: bool = False, progress: bool = 
             plot_path = plot_for(profile, prof_path)
 
             # 3. the tree
-            tree_path = root / f"tree-{key_hash([cal_key, prof_key, search])}.json"
+            # keyed by the contents it is built from: a named calibration or profile, or one measured
+            # again, gets a tree file of its own, and never replaces the tree other runs (and records) bind
+            tree_path = root / f"tree-{key_hash([calibration['hash'], profile['hash'], search])}.json"
             tree = None
             with artifact_lock(tree_path, purpose="Sequoia tree"):
                 if (
