@@ -252,10 +252,10 @@ class HeadsDataConfig:
 @dataclass
 class HeadsTrainConfig:
     epochs: int = ranged(1, **POSITIVE_INT)
-    lr: float = ranged(1e-3, gt=0.0)
+    lr: float = ranged(1e-3, gt=0.0, le=10.0)  # above it Adam's first step overflows float32 or diverges
     batch_size: int = ranged(32, **POSITIVE_INT)
     weight_decay: float = ranged(0.0, ge=0.0)
-    distill_temperature: float = ranged(1.0, gt=0.0)
+    distill_temperature: float = ranged(1.0, ge=1e-3)  # far below, the teacher's softmax overflows: NaN weights
     head_decay: float = ranged(0.8, gt=0.0, le=1.0)  # lambda_i = head_decay ** (i - 1)
     warmup_steps: int = ranged(10, ge=0)
     seed: int = ranged(0, **SEED)
@@ -285,7 +285,7 @@ class EagleTrainConfig:
     """EAGLE's objective on cached target features (harness/prepare/eagle.py)."""
 
     epochs: int = ranged(1, **POSITIVE_INT)
-    lr: float = ranged(1e-3, gt=0.0)
+    lr: float = ranged(1e-3, gt=0.0, le=10.0)  # above it Adam's first step overflows float32 or diverges
     batch_size: int = ranged(2, **POSITIVE_INT)  # documents per step (each up to data.max_len pairs)
     weight_decay: float = ranged(0.0, ge=0.0)
     warmup_steps: int = ranged(10, ge=0)
@@ -318,8 +318,8 @@ class EagleConfig(ProposerConfig):
 @dataclass
 class AdapterTrainConfig:
     epochs: int = ranged(1, **POSITIVE_INT)
-    lr: float = ranged(1e-3, gt=0.0)
-    distill_temperature: float = ranged(1.0, gt=0.0)  # tau of Kangaroo's adapter distillation loss (soft-target CE)
+    lr: float = ranged(1e-3, gt=0.0, le=10.0)  # above it Adam's first step overflows float32 or diverges
+    distill_temperature: float = ranged(1.0, ge=1e-3)  # tau of Kangaroo's adapter distillation loss (soft-target CE)
     seed: int = ranged(0, **SEED)
 
 

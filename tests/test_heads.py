@@ -876,16 +876,41 @@ def test_a_saved_artifact_s_weights_are_readable_as_its_manifest_is(tmp_path):
 
 def test_a_training_that_diverges_saves_nothing_and_says_to_lower_the_learning_rate(tmp_path, monkeypatch, capsys):
     """lr=1e30 drove every weight to NaN and the artifact was saved (exit 0, final_loss NaN): a run
-    then loaded it and failed in a gate naming no artifact. Nothing is saved now, in one line."""
+    then loaded it and failed in a gate naming no artifact. Such a learning rate is refused before any
+    model work now (above 10, and past about 3.4e37 Adam's first step overflowed float32 with a bare
+    RuntimeError); a training that still diverges saves nothing, in one line naming what to change (a
+    distillation's temperature too, which divides the teacher's logits)."""
     from harness.cli import main
+    from harness.heads.checkpoint import ArtifactError, save_artifact
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
-    argv = ["train", "model=tiny", "proposer=hydra", "proposer.train.lr=1e30", "proposer.data.token_budget=300"]
-    assert main([*argv, "proposer.data.held_out_tokens=100"]) == 2
+    for lr in ("1e30", "1e38", "11"):
+        argv = ["train", "model=tiny", "proposer=hydra", f"proposer.train.lr={lr}", "proposer.data.token_budget=300"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("harness train: refused: proposer.train.lr=")
+        assert err.endswith("is out of range: it must be in (0, 10]")
+    tiny_tau = ["proposer.distill=true", "proposer.train.distill_temperature=1e-40"]
+    assert main(["train", "model=tiny", "proposer=hydra", *tiny_tau]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "harness train: refused: the training diverged: 12 of 12 weight tensors hold NaN or inf" in err
-    assert err.endswith("lower proposer.train.lr (now 1e+30)")
-    assert not [p for p in (tmp_path / "artifacts").glob("hydra-*") if p.is_dir()]
+    assert err.startswith("harness train: refused: proposer.train.distill_temperature=") and "out of range" in err
+    assert not (tmp_path / "artifacts").exists()
+    nan = {"w": torch.full((2, 2), float("nan")), "b": torch.zeros(2)}
+    hard = {"kind": "hydra", "recipe": {"train": {"lr": 0.5, "loss": "hard", "distill_temperature": 1.0}}}
+    with pytest.raises(ArtifactError) as err:
+        save_artifact(tmp_path / "hard", manifest=hard, state=nan)
+    assert str(err.value).startswith("the training diverged: 1 of 2 weight tensors hold NaN or inf (w)")
+    assert str(err.value).endswith("lower proposer.train.lr (now 0.5)")
+    distilled = {"kind": "hydra", "recipe": {"train": {"lr": 0.001, "loss": "distill", "distill_temperature": 0.001}}}
+    with pytest.raises(ArtifactError) as err:
+        save_artifact(tmp_path / "distilled", manifest=distilled, state=nan)
+    assert str(err.value).endswith(
+        "lower proposer.train.lr (now 0.001), or raise proposer.train.distill_temperature (now 0.001)"
+    )
+    adapter = {"kind": "early_exit", "recipe": {"train": {"lr": 0.001, "distill_temperature": 1.0}}}
+    with pytest.raises(ArtifactError, match=r"or raise proposer.train.distill_temperature \(now 1.0\)$"):
+        save_artifact(tmp_path / "adapter", manifest=adapter, state=nan)
+    assert not [p for p in tmp_path.iterdir() if p.name in ("hard", "distilled", "adapter")]
 
 
 def test_an_early_exit_layer_mismatch_names_the_override_that_matches():

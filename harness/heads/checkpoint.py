@@ -205,12 +205,17 @@ def save_artifact(out_dir: str | Path, *, manifest: dict, state: dict[str, torch
     if state is not None:  # a diverged training is no artifact: nothing is written (a run would load it)
         bad = sorted(k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
         if bad:
-            lr = ((manifest.get("recipe") or {}).get("train") or {}).get("lr")
+            recipe = manifest.get("recipe") or {}
+            train = recipe.get("train") or {}
+            lr, tau = train.get("lr"), train.get("distill_temperature")
+            # a distillation loss's temperature divides the teacher's logits: a small one overflows too
+            distills = tau is not None and (train.get("loss") == "distill" or manifest.get("kind") == "early_exit")
             raise ArtifactError(
                 f"the training diverged: {len(bad)} of {len(state)} weight tensors hold NaN or inf ({bad[0]}"
                 + (", ..." if len(bad) > 1 else "")
                 + f"); nothing was saved to {str(out_dir)!r}: lower proposer.train.lr"
                 + (f" (now {lr})" if lr is not None else "")
+                + (f", or raise proposer.train.distill_temperature (now {tau})" if distills else "")
             )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(out_dir)
