@@ -247,6 +247,10 @@ class HeadsDataConfig:
     held_out_tokens: int = ranged(2000, ge=3)
     max_len: int = ranged(256, ge=3)
     chat: bool = True
+    # the loss positions: assistant (the tokens of assistant turns, where a chat template renders the
+    # conversation; plain-text documents have no turns and label every token) or all (every token);
+    # the token budget counts every token either way
+    loss_tokens: str = ranged("assistant", choices=("assistant", "all"))
 
 
 @dataclass

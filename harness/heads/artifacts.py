@@ -498,6 +498,60 @@ class DocumentTally:
         return asdict(self)
 
 
+class LabelledDocument(list):
+    """A document's token ids (a list, as every other document) with ``labels``: for each token, whether
+    it is a loss position (a token of an assistant turn, :func:`assistant_labels`). A slice keeps the
+    labels of its tokens."""
+
+    def __init__(self, ids: Iterable[int], labels: Iterable[bool]) -> None:
+        super().__init__(ids)
+        self.labels = [bool(x) for x in labels]
+        if len(self.labels) != len(self):
+            raise ValueError(f"a document of {len(self)} tokens given {len(self.labels)} labels")
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return LabelledDocument(list.__getitem__(self, index), self.labels[index])
+        return list.__getitem__(self, index)
+
+
+def _template_ids(tokenizer, messages: list[dict], **options) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, **options)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def assistant_labels(tokenizer, messages: list[dict], ids: Sequence[int]) -> list[bool]:
+    """Which of ``ids`` (``messages`` rendered through the tokenizer's chat template) are the tokens of
+    an assistant turn, by :data:`~harness.heads.recipes.ASSISTANT_SPAN_RULE`: the turn's span runs from
+    the end of the rendering of the turns before it with the generation prompt added (what a run's
+    prompt ends with) to the end of the rendering through the turn, cut after the first EOS token
+    (SmolLM2: ``content<|im_end|>`` marked, the newline the template writes after it not). A turn
+    whose prefix renderings are not prefixes of ``ids`` (a template that renders earlier turns
+    otherwise once later ones follow), or which the template refuses to render alone, marks nothing."""
+    from jinja2.exceptions import TemplateError  # what a template's raise_exception raises
+
+    ids = list(ids)
+    labels = [False] * len(ids)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        try:
+            before = _template_ids(tokenizer, messages[:i], add_generation_prompt=True)
+            through = _template_ids(tokenizer, messages[: i + 1])
+        except TemplateError:
+            continue
+        if through[: len(before)] != before or ids[: len(through)] != through:
+            continue
+        for j in range(len(before), len(through)):
+            labels[j] = True
+            if ids[j] == eos:
+                break
+    return labels
+
+
 def held_out_index(split: str, *, tokenizer, vocab_size: int) -> ExclusionIndex:
     """The held-out ShareGPT texts a training document of ``split`` may not hold, as windows of
     :data:`~harness.workloads.datastore.LEAKAGE_THRESHOLD` token ids (byte ids without a tokenizer):
@@ -534,13 +588,17 @@ def sharegpt_documents(
     exclude: ExclusionIndex | None = None,
     exclude_prompts: frozenset[str] = frozenset(),
     tally: DocumentTally | None = None,
+    labels: bool = False,
 ) -> Iterator[list[int]]:
     """Token ids of ShareGPT conversations of one split, in file order (each truncated), their turns
     in a run's order (:func:`run_order`). A conversation the chat template refuses is skipped, a
     document holding a window of ``exclude`` (:func:`held_out_index`) dropped, and so is one whose
     first user turn's :func:`~harness.workloads.corpora.prompt_key` is in ``exclude_prompts``
     (:func:`held_out_prompts`); ``tally`` counts
-    them. Raises ValueError when the template refuses every conversation."""
+    them. Raises ValueError when the template refuses every conversation.
+
+    ``labels``: a document rendered through the chat template is a :class:`LabelledDocument`, its
+    assistant tokens marked (:func:`assistant_labels`); a plain-text one stays a list."""
 
     char_cap = max_len * 12  # a token is rarely longer than 12 characters; avoids tokenizing megabytes
     tally = DocumentTally() if tally is None else tally
@@ -574,7 +632,10 @@ def sharegpt_documents(
                 continue
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
-            ids = [int(i) for i in ids][:max_len]
+            ids = [int(i) for i in ids]
+            if labels:
+                ids = LabelledDocument(ids, assistant_labels(tokenizer, msgs, ids))
+            ids = ids[:max_len]
         else:
             text = "\n".join(t.text for t in turns)[:char_cap]
             ids = [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]][:max_len]
@@ -617,10 +678,13 @@ def take_budget(documents: Iterable[list[int]], budget: int) -> list[list[int]]:
     return out
 
 
-def training_documents(data: DataRecipe, *, tokenizer, vocab_size: int, tally: DocumentTally | None = None):
+def training_documents(
+    data: DataRecipe, *, tokenizer, vocab_size: int, tally: DocumentTally | None = None, labels: bool = False
+):
     """The training documents of ``data`` (``source=sharegpt``): the ``data.split`` conversations as
-    :func:`sharegpt_documents` makes them, held-out text kept out (:func:`held_out_index`,
-    :func:`held_out_prompts`), whole documents up to ``data.token_budget`` (:func:`take_budget`).
+    :func:`sharegpt_documents` makes them (``labels``: templated ones with their assistant tokens
+    marked), held-out text kept out (:func:`held_out_index`, :func:`held_out_prompts`), whole
+    documents up to ``data.token_budget`` tokens, every token counted (:func:`take_budget`).
     Tokenisation only: no model runs."""
     documents = sharegpt_documents(
         data.split,
@@ -631,6 +695,7 @@ def training_documents(data: DataRecipe, *, tokenizer, vocab_size: int, tally: D
         exclude=held_out_index(data.split, tokenizer=tokenizer, vocab_size=vocab_size),
         exclude_prompts=held_out_prompts(data.split),
         tally=tally,
+        labels=labels,
     )
     return take_budget(documents, data.token_budget)
 

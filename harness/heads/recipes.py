@@ -27,6 +27,20 @@ ARCH_KEYS = ("num_heads", "mlp_layers", "prefix_attention", "prefix_window", "at
 #: where a training stream's documents come from: ShareGPT's conversations, or documents the caller gives
 DATA_SOURCES = ("sharegpt", "inline")
 
+#: which tokens of a training document are labels (the positions a loss counts): ``assistant`` the
+#: tokens of its assistant turns (:data:`ASSISTANT_SPAN_RULE`), ``all`` every token. Every token feeds
+#: the target's forward and the drafts' context either way.
+LOSS_TOKENS = ("assistant", "all")
+
+#: how the assistant tokens of a templated document are found (part of the streams' and the artifacts'
+#: keys where ``loss_tokens=assistant`` applies)
+ASSISTANT_SPAN_RULE = (
+    "each assistant turn's tokens: the conversation's rendering through the chat template up to and "
+    "including the turn, less its rendering up to the turn before with the generation prompt added, "
+    "cut after the first EOS token (the end-of-turn marker the model emits; template text after it is "
+    "not the model's); a turn whose prefix renderings are not prefixes of the document marks nothing"
+)
+
 
 @dataclass(frozen=True)
 class DataRecipe:
@@ -37,10 +51,13 @@ class DataRecipe:
     held_out_tokens: int = 800
     max_len: int = 256  # tokens per document (longer ones are truncated)
     chat: bool = True  # wrap conversations in the tokenizer's chat template when it has one
+    loss_tokens: str = "assistant"  # assistant | all: the labels (LOSS_TOKENS)
 
     def __post_init__(self) -> None:
         if self.source not in DATA_SOURCES:
             raise ValueError(f"data.source must be one of {list(DATA_SOURCES)}; got {self.source!r}")
+        if self.loss_tokens not in LOSS_TOKENS:
+            raise ValueError(f"data.loss_tokens must be one of {list(LOSS_TOKENS)}; got {self.loss_tokens!r}")
         if self.token_budget < 1 or self.held_out_tokens < 0 or self.max_len < 2:
             raise ValueError(f"need token_budget >= 1, held_out_tokens >= 0, max_len >= 2; got {self}")
 
@@ -71,9 +88,10 @@ def sharegpt_split_rule() -> str:
 def data_sources_key(data: DataRecipe, tokenizer) -> dict:
     """What the training text of ``data`` is made from besides its options, in the keys of its
     encoded streams and of the artifacts trained on them: :data:`DOCUMENT_RULE`, the ShareGPT file's
-    SHA-256 and its split rule (``source=sharegpt``: :func:`sharegpt_split_rule`) and the chat
+    SHA-256 and its split rule (``source=sharegpt``: :func:`sharegpt_split_rule`), the chat
     template the tokenizer applies (``chat`` on and the tokenizer has one; the tokenizer's
-    fingerprint leaves it out)."""
+    fingerprint leaves it out) and, where ``loss_tokens=assistant`` marks its turns, how
+    (:data:`ASSISTANT_SPAN_RULE`)."""
     key: dict = {"document_rule": DOCUMENT_RULE}
     if data.source == "sharegpt":
         key["sharegpt_sha256"] = file_sha256(sharegpt_path())  # what load_sharegpt records, without parsing it
@@ -81,6 +99,8 @@ def data_sources_key(data: DataRecipe, tokenizer) -> dict:
     template = chat_template_hash(tokenizer) if data.chat else None
     if template:
         key["chat_template"] = template  # as chat_template_key names a replaced one
+        if data.loss_tokens == "assistant" and data.source == "sharegpt":
+            key["assistant_spans"] = ASSISTANT_SPAN_RULE
     return key
 
 

@@ -12,6 +12,12 @@ own attention over the document's earlier pairs) and regresses ``f_{j+1}``:
 with ``p_T = softmax(lm_head(f_{j+1}))`` recomputed through the frozen LM head batch by batch.
 The target (embedding, LM head) is frozen; AdamW with warm-up and a cosine schedule.
 
+Loss positions: with a stream ``loss_mask`` (assistant tokens, :mod:`harness.prepare.heads_data`) pair
+``j`` counts only where the token it drafts, ``x_{j+2}`` (the one ``lm_head(g_j)`` predicts, as
+``p_T`` from ``f_{j+1}`` does), lies in the document and is a label; every pair still feeds the draft's
+attention. A document with no such pair is not trained on, and held-out agreement at depth ``d`` counts
+an anchor only where the token drafted at that depth is a label. Without a mask every pair counts.
+
 Held-out quality by draft depth ``d``: the draft runs ``d`` steps from each anchor, its own
 predicted feature feeding the next step and the text's tokens feeding the embeddings (teacher
 forcing on tokens, as the heads are measured), and its top-1 is compared with the target's top-1
@@ -63,35 +69,55 @@ from harness.prepare.trained import (
 log = logging.getLogger("harness.eagle")
 
 
-def documents_of(stream: PackedStream) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(tokens ``[L]``, features ``[L, d]``) per document of a packed stream (contiguous segments)."""
+def documents_of(stream: PackedStream) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """(tokens ``[L]``, features ``[L, d]``, labels ``[L]`` bool or None without a ``loss_mask``) per
+    document of a packed stream (contiguous segments)."""
     if len(stream) == 0:
         return []
     seg = stream.segment_ids
     cuts = torch.nonzero(seg[1:] != seg[:-1]).flatten() + 1
     bounds = [0, *cuts.tolist(), len(stream)]
-    return [(stream.tokens[a:b], stream.hidden[a:b]) for a, b in zip(bounds[:-1], bounds[1:]) if b - a >= 2]
+    mask = stream.loss_mask
+    return [
+        (stream.tokens[a:b], stream.hidden[a:b], None if mask is None else mask[a:b])
+        for a, b in zip(bounds[:-1], bounds[1:])
+        if b - a >= 2
+    ]
 
 
-def pair_batch(docs: list[tuple[torch.Tensor, torch.Tensor]], *, device=None):
+def pair_labels(doc: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+    """``[L - 1]`` bool: whether each pair ``j`` of a document counts in the loss: every pair without
+    labels, else those whose drafted token ``x_{j+2}`` is in the document and a label."""
+    tok, _, labels = doc
+    if labels is None:
+        return torch.ones(len(tok) - 1, dtype=torch.bool)
+    return torch.cat([labels[2:], torch.zeros(1, dtype=torch.bool)])
+
+
+def pair_batch(docs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], *, device=None):
     """Right-padded pairs of a few documents: features ``f_0..f_{L-2}`` ``[B, n, d]``, next tokens
-    ``x_1..x_{L-1}`` ``[B, n]``, target features ``f_1..f_{L-1}`` ``[B, n, d]``, positions and the
-    validity mask ``[B, n]`` (``n`` = longest document minus one)."""
-    n = max(len(t) for t, _ in docs) - 1
+    ``x_1..x_{L-1}`` ``[B, n]``, target features ``f_1..f_{L-1}`` ``[B, n, d]``, positions, the
+    validity mask (the pairs the draft attends to) and the pairs the loss counts (:func:`pair_labels`)
+    ``[B, n]`` (``n`` = longest document minus one)."""
+    n = max(len(doc[0]) for doc in docs) - 1
     d = docs[0][1].shape[-1]
     b = len(docs)
     feats = torch.zeros(b, n, d)
     targets = torch.zeros(b, n, d)
     tokens = torch.zeros(b, n, dtype=torch.long)
     valid = torch.zeros(b, n, dtype=torch.bool)
-    for i, (tok, h) in enumerate(docs):
+    labelled = torch.zeros(b, n, dtype=torch.bool)
+    for i, doc in enumerate(docs):
+        tok, h = doc[0], doc[1]
         m = len(tok) - 1
         feats[i, :m] = h[:-1].float()
         targets[i, :m] = h[1:].float()
         tokens[i, :m] = tok[1:]
         valid[i, :m] = True
+        labelled[i, :m] = pair_labels(doc)
     positions = torch.arange(n).repeat(b, 1)
-    return feats.to(device), tokens.to(device), targets.to(device), positions.to(device), valid.to(device)
+    moved = (feats, tokens, targets, positions, valid, labelled)
+    return tuple(t.to(device) for t in moved)
 
 
 def target_logits(lm_head: nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -100,14 +126,15 @@ def target_logits(lm_head: nn.Module, h: torch.Tensor) -> torch.Tensor:
 
 
 def eagle_loss(draft, embed, lm_head, batch, recipe: EagleTrainRecipe, *, noise_gen=None) -> torch.Tensor:
-    feats, tokens, targets, positions, valid = batch
+    """The weighted feature and token losses, averaged over the pairs the loss counts (:func:`pair_batch`)."""
+    feats, tokens, targets, positions, valid, labelled = batch
     if recipe.feature_noise > 0:
         u = torch.rand(feats.shape, generator=noise_gen).to(feats.device)
         feats = feats + (2 * u - 1) * recipe.feature_noise
     emb = embed(tokens).float()
     mask = causal_mask(feats.shape[0], feats.shape[1], 0, device=feats.device, valid=valid)
     g = draft(feats, emb, positions, mask=mask)  # [B, n, d]
-    rows = valid.float()
+    rows = labelled.float()
     count = rows.sum().clamp(min=1.0)
     loss = torch.zeros((), device=feats.device)
     if recipe.feature_weight > 0:
@@ -134,12 +161,17 @@ def evaluate_depths(draft, stream: PackedStream, *, embed, lm_head, depths: int,
     dev = lm_head.weight.device
     for s in range(0, len(docs), batch_size):
         chunk = docs[s : s + batch_size]
-        feats, tokens, targets, positions, valid = pair_batch(chunk, device=dev)
+        feats, tokens, targets, positions, valid, _ = pair_batch(chunk, device=dev)
         b, n, _ = feats.shape
         full = torch.zeros(b, n + 1, dtype=torch.long)  # x_0 .. x_{L-1} (+ padding)
-        for i, (tok, _) in enumerate(chunk):
+        drafted = torch.ones(b, n + 1, dtype=torch.bool)  # whether x_p may be a counted draft (labels)
+        for i, (tok, _, labels) in enumerate(chunk):
             full[i, : len(tok)] = tok
-        full = full.to(dev)
+            if labels is not None:
+                drafted[i] = False
+                drafted[i, : len(tok)] = labels
+        full, drafted = full.to(dev), drafted.to(dev)
+        has_labels = torch.tensor([doc[2] is not None for doc in chunk], device=dev)
         lengths = valid.sum(1)  # pairs per document (L - 1)
         target_top = target_logits(lm_head, targets).argmax(-1)  # [B, n]: the target's top-1 after f_{j+1}
         cache = draft.new_cache()
@@ -161,6 +193,8 @@ def evaluate_depths(draft, stream: PackedStream, *, embed, lm_head, depths: int,
                 m[:, :, past:] = eye
                 g = draft(g, embed(step_tokens).float(), positions + d - 1, cache=cache, mask=m, real=False)
             ok = (anchors[None, :] + d - 1) < lengths[:, None]  # f_{j+d} exists
+            at = anchors + d + 1  # the drafted token x_{j+d+1}; past the document only without labels
+            ok = ok & ((drafted[:, at.clamp(max=n)] & (at <= n)[None, :]) | ~has_labels[:, None])
             if not bool(ok.any()):
                 continue
             top = draft.logits(g, lm_head).argmax(-1)  # [B, n]
@@ -180,9 +214,10 @@ def train_eagle(draft, train: PackedStream, *, recipe: EagleTrainRecipe, embed, 
     """Train in place on every document pair of the stream. Returns a log: steps, final loss, seconds."""
     for p in list(embed.parameters()) + list(lm_head.parameters()):
         p.requires_grad_(False)
-    docs = documents_of(train)
+    docs = [doc for doc in documents_of(train) if bool(pair_labels(doc).any())]
     if not docs:
-        raise ValueError(f"the training stream has no document of >= 2 tokens ({len(train)} tokens)")
+        labels = "" if train.loss_mask is None else " with a pair whose drafted token is an assistant token"
+        raise ValueError(f"the training stream has no document of >= 2 tokens{labels} ({len(train)} tokens)")
     gen = torch.Generator().manual_seed(recipe.seed)
     noise_gen = torch.Generator().manual_seed(recipe.seed + 1)
     steps_per_epoch = math.ceil(len(docs) / recipe.batch_size)
@@ -210,7 +245,7 @@ def train_eagle(draft, train: PackedStream, *, recipe: EagleTrainRecipe, embed, 
         "steps": step,
         "planned_steps": total,
         "documents": len(docs),
-        "pairs_per_epoch": sum(len(t) - 1 for t, _ in docs),
+        "pairs_per_epoch": sum(int(pair_labels(doc).sum()) for doc in docs),
         "final_loss": last,
         "train_seconds": time.perf_counter() - t0,
     }

@@ -1,7 +1,10 @@
 """Distilling the Kangaroo early-exit adapter (Liu et al., 2024) for the configured target, and its
-preparer. Kangaroo's adapter loss: ``L_KD = -tau^2 sum_i sum_v p_t^tau log p_s^tau`` over every
-position of every document, teacher logits recomputed from the cached final-norm rows through the
-frozen LM head; only adapter parameters receive gradients.
+preparer. Kangaroo's adapter loss: ``L_KD = -tau^2 sum_i sum_v p_t^tau log p_s^tau`` over the
+positions of each document whose next token is a label of the stream (:func:`row_labels`: an
+assistant token where the stream has a ``loss_mask``, every position without one), teacher logits
+recomputed from the cached final-norm rows through the frozen LM head; only adapter parameters
+receive gradients. Every position still runs through the adapter's attention; a document with no
+such position is not trained on, and held-out agreement counts the same positions.
 """
 
 from __future__ import annotations
@@ -36,6 +39,15 @@ def documents_of(stream: PackedStream) -> list[slice]:
     return out
 
 
+def row_labels(stream: PackedStream, sl: slice) -> torch.Tensor:
+    """``[L]`` bool: the rows of document ``sl`` the loss counts: row ``j`` predicts token ``j + 1``, a
+    label of the stream inside the document (every row without a ``loss_mask``)."""
+    n = sl.stop - sl.start
+    if stream.loss_mask is None:
+        return torch.ones(n, dtype=torch.bool)
+    return torch.cat([stream.loss_mask[sl][1:], torch.zeros(1, dtype=torch.bool)])
+
+
 @torch.no_grad()
 def evaluate_adapter(
     adapter: ExitAdapter, model: torch.nn.Module, stream: PackedStream, *, layer: int, eta: float = 0.5
@@ -43,8 +55,12 @@ def evaluate_adapter(
     lm = model.get_output_embeddings()
     agree = conf_n = conf_agree = rows = 0
     for sl in documents_of(stream):
+        counted = row_labels(stream, sl)
+        if not bool(counted.any()):
+            continue
         s = adapter_logits(adapter, model, stream.extra[layer][sl].float())  # [L, V]
         t = on_head(lm, stream.hidden[sl])  # [L, V]
+        s, t = s[counted.to(s.device)], t[counted.to(t.device)]  # [L', V]
         top_s, top_t = s.argmax(-1), t.argmax(-1)
         conf = torch.softmax(s, -1).max(-1).values
         agree += int((top_s == top_t).sum())
@@ -73,9 +89,10 @@ def train_adapter(
 
     for p in model.parameters():
         p.requires_grad_(False)
-    docs = documents_of(stream)
+    docs = [sl for sl in documents_of(stream) if bool(row_labels(stream, sl).any())]
     if not docs:
-        raise ValueError("the training stream has no documents")
+        labels = "" if stream.loss_mask is None else " with a position before an assistant token"
+        raise ValueError(f"the training stream has no documents{labels}")
     gen = torch.Generator().manual_seed(recipe.seed)
     opt = torch.optim.AdamW(adapter.parameters(), lr=recipe.lr)
     lm = model.get_output_embeddings()
@@ -93,8 +110,10 @@ def train_adapter(
             for k in torch.randperm(len(docs), generator=gen).tolist():
                 sl = docs[k]
                 student = adapter_logits(adapter, model, stream.extra[layer][sl].float())  # [L, V]
+                counted = row_labels(stream, sl).to(student.device)
+                student = student[counted]  # [L', V]
                 with torch.no_grad():
-                    teacher = torch.softmax(on_head(lm, stream.hidden[sl]) / tau, -1)  # [L, V]
+                    teacher = torch.softmax(on_head(lm, stream.hidden[sl])[counted] / tau, -1)  # [L', V]
                 loss = -(tau**2) * (teacher * torch.log_softmax(student / tau, -1)).sum(-1).mean()
                 last = optimiser_step(loss, opt, sched, adapter.parameters(), bar)
     adapter.eval()

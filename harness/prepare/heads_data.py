@@ -16,6 +16,16 @@ them through the frozen LM head when needed, never stored for the full vocabular
 
 With ``model=tiny`` (no tokenizer) a document's ids are its UTF-8 bytes mapped to
 ``3 + byte % (V - 3)``, the same synthetic ids the runner gives tiny-model prompts.
+
+Loss positions (``data.loss_tokens``, :func:`loss_tokens_applied`): with ``assistant`` (the default) a
+document rendered through the chat template carries ``loss_mask``, its assistant turns' tokens
+(:func:`~harness.heads.artifacts.assistant_labels`): the trainers count a label only there, while every
+token still runs through the target and feeds the drafts' context. A document without a chat template
+(byte ids, ``data.chat=false``, a tokenizer without one, inline documents) has no turns in its text:
+every token is a label, as with ``all``, and the stream's meta says why (so does stderr, where a
+tokenizer's text had no template). The token budget counts every
+token of the documents either way; a document with no assistant token is kept in the stream (the same
+text as ``all``) and gives no loss row.
 """
 
 from __future__ import annotations
@@ -27,7 +37,9 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -60,9 +72,14 @@ class PackedStream:
     hidden: torch.Tensor  # [N, d] final-norm target hidden rows (float16 storage)
     meta: dict
     extra: dict[int, torch.Tensor] = field(default_factory=dict)  # layer l -> [N, d] output of layers < l
+    loss_mask: torch.Tensor | None = None  # [N] bool: the tokens a loss may take as labels; None: every one
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
+
+    def labels(self) -> torch.Tensor:
+        """``[N]`` bool: whether each token may be a label (:attr:`loss_mask`, or every token)."""
+        return self.loss_mask if self.loss_mask is not None else torch.ones(len(self), dtype=torch.bool)
 
     @property
     def num_documents(self) -> int:
@@ -103,13 +120,17 @@ def encode_stream(
     """Run each document through the frozen target alone and pack the final-norm rows.
 
     ``layers``: also keep the residual stream after the first ``l`` decoder layers (an early-exit
-    boundary) for each ``l``, as ``stream.extra[l]`` ``[N, d]``.
+    boundary) for each ``l``, as ``stream.extra[l]`` ``[N, d]``. Documents that carry labels
+    (:class:`~harness.heads.artifacts.LabelledDocument`) give the stream its ``loss_mask``.
     """
 
     device = next(model.parameters()).device
     tokens, segs, hidden = [], [], []
     extra: dict[int, list[torch.Tensor]] = {int(l): [] for l in layers}
     total = sum(len(d) for d in documents)
+    labelled = [hasattr(d, "labels") for d in documents]
+    if any(labelled) and not all(labelled):
+        raise ValueError("some documents carry loss labels and some do not: a stream takes labels for all or none")
     # closed on every way out: a failure's one line is printed on the line the bar cleared
     with tqdm(total=total, desc=desc, unit="tok", file=sys.stderr, disable=not progress, leave=False) as bar:
         for doc_id, doc in enumerate(documents):
@@ -124,6 +145,9 @@ def encode_stream(
             bar.update(len(doc))
     d = int(model.config.hidden_size)
     empty = torch.zeros(0, d, dtype=torch.float16)
+    mask = None
+    if documents and all(labelled):
+        mask = torch.tensor([bool(x) for doc in documents for x in doc.labels], dtype=torch.bool)
     return PackedStream(
         tokens=torch.cat(tokens) if tokens else torch.zeros(0, dtype=torch.long),
         segment_ids=torch.cat(segs) if segs else torch.zeros(0, dtype=torch.long),
@@ -131,6 +155,7 @@ def encode_stream(
         hidden=torch.cat(hidden) if hidden else empty,
         meta={"documents": len(documents), "tokens": total},
         extra={l: (torch.cat(rows) if rows else empty) for l, rows in extra.items()},
+        loss_mask=mask,
     )
 
 
@@ -160,6 +185,7 @@ def save_stream(stream: PackedStream, path: Path) -> None:
         "valid": stream.valid.to(torch.uint8),
         "hidden": stream.hidden,
         **{f"layer_{l}": t for l, t in stream.extra.items()},
+        **({} if stream.loss_mask is None else {"loss_mask": stream.loss_mask.to(torch.uint8)}),
     }
     meta = json.dumps(stream.meta, sort_keys=True)
     try:
@@ -197,7 +223,47 @@ def load_stream(path: Path) -> PackedStream:
         hidden=t["hidden"],
         meta=meta,
         extra=extra,
+        loss_mask=t["loss_mask"].bool() if "loss_mask" in t else None,
     )
+
+
+class LossTokens(NamedTuple):
+    """The loss positions a stream is encoded with: ``mode`` ``assistant`` (its ``loss_mask`` marks the
+    assistant tokens) or ``all`` (no mask), and ``note``: why ``data.loss_tokens=assistant`` labels
+    every token (the documents have no turns), or None."""
+
+    mode: str
+    note: str | None = None
+
+
+def loss_tokens_applied(recipe: DataRecipe, tokenizer, documents=None) -> LossTokens:
+    """What ``recipe.loss_tokens`` comes to for these documents: ``assistant`` needs conversations
+    rendered through a chat template (the turns the mask is found from); documents without one have
+    no turns in their text, a run's prompts for such a target are plain text too, and every token is
+    a label, with a note saying why."""
+    if recipe.loss_tokens == "all":
+        return LossTokens("all")
+    if documents is not None:
+        why = "inline documents carry no roles"
+    elif tokenizer is None:
+        why = "the tiny model's documents are byte ids of the turns' plain text"
+    elif not recipe.chat:
+        why = "data.chat=false joins the turns as plain text"
+    elif not getattr(tokenizer, "chat_template", None):
+        why = "the tokenizer has no chat template, so the turns are joined as plain text"
+    else:
+        return LossTokens("assistant")
+    return LossTokens("all", f"data.loss_tokens=assistant: {why}; every token is a label")
+
+
+def _loss_meta(stream: PackedStream, applied: LossTokens) -> dict:
+    """What a stream's meta keeps of its loss positions (:func:`loss_tokens_applied`)."""
+    labels = int(stream.labels().sum())
+    return {
+        "loss_tokens": applied.mode,
+        "loss_positions": labels,
+        **({"loss_note": applied.note} if applied.note else {}),
+    }
 
 
 def _cached_streams(paths: tuple[Path, Path]) -> tuple[tuple[PackedStream, PackedStream] | None, str | None]:
@@ -237,10 +303,20 @@ def training_streams(
     key = key or streams_key(tokenizer, recipe, target_hash=target_hash, documents=documents, layers=layers)
     base = streams_base(target_hash, key)
     paths = (base.with_name(base.name + "-train.safetensors"), base.with_name(base.name + "-heldout.safetensors"))
+    applied = loss_tokens_applied(recipe, tokenizer, documents)
+    encode = partial(
+        _encode_streams,
+        model,
+        tokenizer,
+        recipe,
+        target_hash=target_hash,
+        documents=documents,
+        progress=progress,
+        layers=layers,
+        applied=applied,
+    )
     if not cache:
-        return _encode_streams(
-            model, tokenizer, recipe, target_hash=target_hash, documents=documents, progress=progress, layers=layers
-        )
+        return encode()
     found, _ = _cached_streams(paths)
     if found is not None:
         return found
@@ -250,9 +326,7 @@ def training_streams(
             return found
         if unverified:  # never trained on: encoded again in its place
             print(f"harness: warning: the cached training stream {unverified}; encoding it again", file=sys.stderr)
-        train, held = _encode_streams(
-            model, tokenizer, recipe, target_hash=target_hash, documents=documents, progress=progress, layers=layers
-        )
+        train, held = encode()
         save_stream(train, paths[0])
         save_stream(held, paths[1])
     return train, held
@@ -267,15 +341,19 @@ def _encode_streams(
     documents,
     progress: bool,
     layers: Sequence[int],
+    applied: LossTokens,
 ) -> tuple[PackedStream, PackedStream]:
+    if applied.note and tokenizer is not None and documents is None:  # text that a template could have had
+        print(f"harness: note: {applied.note}", file=sys.stderr)
+    labels = applied.mode == "assistant"
     vocab = int(model.config.vocab_size)
     made: dict = {}  # what the ShareGPT documents were made from
     tallies = (DocumentTally(), DocumentTally())  # (train, held-out)
     if documents is None:
         if recipe.source != "sharegpt":
             raise ValueError(f"data.source must be 'sharegpt' unless documents are given; got {recipe.source!r}")
-        options = dict(tokenizer=tokenizer, vocab_size=vocab, max_len=recipe.max_len, chat=recipe.chat)
-        train_docs = training_documents(recipe, tokenizer=tokenizer, vocab_size=vocab, tally=tallies[0])
+        options = dict(tokenizer=tokenizer, vocab_size=vocab, max_len=recipe.max_len, chat=recipe.chat, labels=labels)
+        train_docs = training_documents(recipe, tokenizer=tokenizer, vocab_size=vocab, tally=tallies[0], labels=labels)
         held_docs = take_budget(
             sharegpt_documents(recipe.held_out_split, **options, tally=tallies[1]),
             recipe.held_out_tokens,
@@ -290,6 +368,7 @@ def _encode_streams(
         s.meta.update(
             {"split": split, "source": recipe.source if documents is None else "inline", "target_hash": target_hash}
         )
+        s.meta.update(_loss_meta(s, applied))
         if documents is None:
             s.meta.update({**made, **tally.to_meta()})
     return train, held

@@ -16,6 +16,11 @@ previous token. A clover step therefore trains consecutive anchors of one run (a
 ``batch_size`` of them; short pieces of several runs share a step), its augmenting pass covering
 each run's rows from the run's start to the piece's last anchor; the pieces are shuffled each epoch.
 
+Loss positions: head ``i``'s row at anchor ``t`` counts only where its label ``tokens[t + i]`` is a
+label of the stream (``loss_mask``: an assistant token, :mod:`harness.prepare.heads_data`); its inputs
+and context are every token as before. An anchor none of whose heads has such a label is not trained
+on (:func:`labelled_anchors`), and the held-out agreement counts the same rows.
+
 The target (embeddings, LM head) is frozen; only head parameters receive gradients. AdamW with a
 cosine schedule (the source-reported recipe; not a universal setting). Held-out quality is the
 top-1 agreement of each head with the target's own top-1 at the label position.
@@ -46,7 +51,7 @@ class Batch:
     path: torch.Tensor  # [B, K] tokens t .. t+K-1 (clamped at the stream end; masked by head_mask)
     labels: torch.Tensor  # [B, K] tokens t+1 .. t+K
     teacher_rows: torch.Tensor  # [B, K, d] hidden rows t .. t+K-1 (predict the labels)
-    head_mask: torch.Tensor  # [B, K] bool: head i has a row at this anchor
+    head_mask: torch.Tensor  # [B, K] bool: head i has a row at this anchor and its label is a loss position
     # clover: the augmenting block's input, R runs from their starts (zeros past each run's rows)
     run_rows: torch.Tensor | None = None  # [R, L, d] hidden rows h_p
     run_next: torch.Tensor | None = None  # [R, L] tokens x_{p+1}
@@ -64,7 +69,8 @@ def _moved(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
 def gather_batch(
     stream: PackedStream, anchors: torch.Tensor, *, heads: torch.Tensor, run: torch.Tensor, num_heads: int, window: int
 ) -> Batch:
-    """Index a packed stream at anchors ``[B]`` (``heads``: ``max_head`` ``[N]``; ``run``: run lengths ``[N]``)."""
+    """Index a packed stream at anchors ``[B]`` (``heads``: ``max_head`` ``[N]``; ``run``: run lengths ``[N]``).
+    A head's row is masked out where its label is not one of the stream's labels (``loss_mask``)."""
     n = len(stream)
     k_idx = torch.arange(num_heads)  # [K]
     pos = (anchors[:, None] + k_idx[None, :]).clamp(max=n - 1)  # [B, K] t + j
@@ -82,8 +88,22 @@ def gather_batch(
         path=stream.tokens[pos],
         labels=stream.tokens[lab],
         teacher_rows=hidden[pos].float(),
-        head_mask=k_idx[None, :] < heads[anchors][:, None],
+        head_mask=(k_idx[None, :] < heads[anchors][:, None]) & stream.labels()[lab],
     )
+
+
+def labelled_anchors(stream: PackedStream, heads: torch.Tensor, *, num_heads: int) -> torch.Tensor:
+    """``[A]`` ascending: the anchors ``t`` with a row of some head ``i <= heads[t]`` (``max_head``)
+    whose label ``tokens[t + i]`` is one of the stream's labels (every anchor with a row, without a
+    ``loss_mask``)."""
+    if stream.loss_mask is None:
+        return torch.nonzero(heads >= 1).flatten()
+    n = heads.numel()
+    ok = torch.zeros(n, dtype=torch.bool)
+    for i in range(1, min(num_heads, n - 1) + 1):
+        t = torch.arange(n - i)
+        ok[t] |= (heads[t] >= i) & stream.loss_mask[t + i]
+    return torch.nonzero(ok).flatten()
 
 
 def clover_pieces(anchors: torch.Tensor, run: torch.Tensor, size: int) -> list[tuple[int, torch.Tensor]]:
@@ -195,7 +215,7 @@ def evaluate(
         return {"rows": [0] * k, "top1_agreement": [None] * k, "label_accuracy": [None] * k}
     heads_max = max_head(stream.segment_ids, stream.valid, max_future=k)
     run = run_lengths(stream.segment_ids, stream.valid)
-    anchors = torch.nonzero(heads_max >= 1).flatten()
+    anchors = labelled_anchors(stream, heads_max, num_heads=k)
     agree = torch.zeros(k)
     label = torch.zeros(k)
     rows = torch.zeros(k)
@@ -271,10 +291,13 @@ def train_heads(
     k = heads.spec.num_heads
     heads_max = max_head(train.segment_ids, train.valid, max_future=k)  # [N]
     run = run_lengths(train.segment_ids, train.valid)  # [N]
-    anchors = torch.nonzero(heads_max >= 1).flatten()  # [A]
+    anchors = labelled_anchors(train, heads_max, num_heads=k)  # [A]
     if anchors.numel() == 0:
+        labels = (
+            "" if train.loss_mask is None else " with an assistant-token label (proposer.data.loss_tokens=all: any)"
+        )
         raise ValueError(
-            f"the training stream has no teacher rows ({len(train)} tokens, {train.num_documents} documents)"
+            f"the training stream has no teacher rows{labels} ({len(train)} tokens, {train.num_documents} documents)"
         )
     gen = torch.Generator().manual_seed(recipe.seed)
     if heads.spec.kind == "clover":  # every epoch's steps, planned now: their count sets the schedule
