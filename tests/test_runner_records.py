@@ -73,6 +73,12 @@ def test_adaptive_lookup_run_writes_a_complete_record(tmp_path, monkeypatch):
     assert m["decode_speedup"] == m["ar_time_per_token_ms"] / m["time_per_committed_token_ms"]
     assert m["speedup"] == m["ar_end_to_end_time_per_token_ms"] / m["end_to_end_time_per_token_ms"]
     assert record["metric_notes"]["speedup"].startswith("AR end-to-end time per token")
+    # at batch 1 a batch's decode time is its request's latency (the note said "a little over" it)
+    assert all(
+        q["spec_decode_ms"] == q["spec_batch_decode_ms"] and q["ar_decode_ms"] == q["ar_batch_decode_ms"]
+        for q in record["per_prompt"]
+    )
+    assert "its wall time that request's latency" in record["metric_notes"]["time_per_committed_token_ms"]
     assert record["gated"] is False and record["gates"]["oracle"]["status"] == "skipped"  # gates.oracle=false
     prof = record["t_profile"]
     assert prof["n"][0] == 1 and len(prof["n"]) == len(prof["t"]) and all(t > 0 for t in prof["t"])

@@ -39,8 +39,8 @@ ARMS = ("ar", "spec")
 METRIC_NOTES = {
     "time_per_committed_token_ms": (
         "batch wall decode time / committed tokens, summed over batches (prefill excluded; at batch 1 the batch "
-        "is its one request, and its wall time a little over that request's latency, per_prompt.spec_decode_ms, "
-        "which harness compare reads): the round loop's cost per token; decode_speedup = the AR arm's / this"
+        "is its one request, and its wall time that request's latency, per_prompt.spec_decode_ms, which harness "
+        "compare reads): the round loop's cost per token; decode_speedup = the AR arm's / this"
     ),
     "end_to_end_time_per_token_ms": (
         "(prefill + decode) / committed tokens: prefill is the target's prompt forward plus every proposer's "
@@ -111,7 +111,9 @@ METRIC_NOTES = {
         "peak CUDA bytes allocated over the speculative arm's measured batches, counters reset before each batch; "
         "reserved: the caching allocator's pool at its peak over them, which keeps what the job's earlier work "
         "(the other arm, the gates) reserved (no cache is emptied inside a timed job), so it tells the arms apart "
-        "only where one outgrows that pool; ar_cuda_peak_*: the AR arm's; each the sum of the peaks of every CUDA "
+        "only where one outgrows that pool; ar_cuda_peak_*: the AR arm's, whose allocated peak counts what stays "
+        "resident while it runs (a draft's or heads' weights, which an AR deployment would not hold); each the sum "
+        "of the peaks of every CUDA "
         "device the arms run on (the target's and a draft's on another GPU, the same devices for both arms); None "
         "where none is CUDA"
     ),

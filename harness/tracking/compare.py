@@ -538,7 +538,7 @@ _BATCH_DECODE_COLUMNS = {"spec_decode_ms": "spec_batch_decode_ms", "ar_decode_ms
 def _alone_in_batches(per_prompt: Sequence[Mapping[str, Any]]) -> bool:
     """Whether every prompt (each of its turns) ran in a batch of its own and carries its batches'
     decode times (:data:`_BATCH_DECODE_COLUMNS`): then those times are what the record's decode and
-    end-to-end speedups divide, a little over the request's own latency (the loop around it)."""
+    end-to-end speedups divide, the request's own latency (its batch holds it alone)."""
     return bool(per_prompt) and all(
         q.get("batch_requests") == 1
         and all(t.get("batch_requests", 1) == 1 for t in q.get("turns") or [])
