@@ -188,3 +188,149 @@ def test_chain_is_a_sequence():
     prop = sample_tree_proposal(_table(laws), widths=(1, 1), relation="iid", rng=TorchRandomSource(1))
     assert prop.topology == "sequence"
     assert [n.parent for n in prop.nodes] == [-1, 0]
+
+
+def _depths(nodes):
+    depths = []
+    for node in nodes:
+        depths.append(1 if node.parent == -1 else depths[node.parent] + 1)
+    return depths
+
+
+def _counting_draft(monkeypatch, seed=1, **model_kw):
+    from harness.target.backend import CausalLMBackend
+    from harness.target.loading import build_tiny_model
+
+    backend = CausalLMBackend(build_tiny_model(seed=seed, **model_kw))
+    rows: list[int] = []
+    forward = backend.forward_rows
+
+    def counted(state, ids, pos, mask, **kw):
+        rows.append(len(ids))
+        return forward(state, ids, pos, mask, **kw)
+
+    monkeypatch.setattr(backend, "forward_rows", counted)
+    return backend, rows
+
+
+def test_a_draft_model_runs_no_forward_for_levels_max_nodes_drops(monkeypatch):
+    """widths (2,2,1) under max_nodes=4 keeps depths 1-2 only: the draft feeds the prefix and
+    forwards the one depth-1 row that has kept children, never a depth-2 or depth-3 level; the
+    kept tree is the first max_nodes nodes of the full tree (same tokens and scores at T=0)."""
+    from harness.contracts import Budget
+    from harness.proposers.draft_model import DraftModelProposer
+    from harness.topology.choices import choice_tree
+    from harness.verifiers.sampling import SamplingPolicy
+
+    backend, rows = _counting_draft(monkeypatch)
+    prompt = [5, 17, 33, 8, 5]
+    tree = choice_tree([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+
+    def budgets(n):
+        return [
+            Budget(shape="expansion", max_nodes=n, max_depth=3, widths=(2, 2, 1)),
+            Budget(shape="choices", max_nodes=min(n, 5), max_depth=3, parents=tree.parents, ranks=tree.ranks),
+        ]
+
+    def propose(budget):
+        proposer = DraftModelProposer(
+            budget=budget, manifest_hash="h", policy=SamplingPolicy(), backend=backend, sampling="beam"
+        )
+        rows.clear()
+        result = proposer.propose(prompt, TorchRandomSource(0))
+        return result, list(rows)
+
+    (cut, cut_rows), (cut_ch, cut_ch_rows) = (propose(b) for b in budgets(4))
+    (full, full_rows), (full_ch, full_ch_rows) = (propose(b) for b in budgets(10))
+    assert full_rows == [1, 2, 4]  # feed, depth-1 rows, depth-2 rows: the full tree's forwards
+    assert cut_rows == [1, 1]  # feed, node 0 (the only kept node with kept children)
+    assert _depths(cut.nodes) == [1, 1, 2, 2]
+    assert cut.nodes == full.nodes[:4]
+    assert full_ch_rows == [1, 1, 1]  # feed, [0], [0, 0]: the nodes with children
+    assert cut_ch_rows == [1, 1]  # [0, 0, 0] is cut, so [0, 0] is never forwarded
+    assert cut_ch.nodes == full_ch.nodes[:4]
+
+
+def test_a_shape_is_cut_to_max_nodes_before_anything_is_drawn():
+    """sample_tree_proposal(max_nodes=...) asks q_level only for levels its kept nodes reach, and
+    draws the same first nodes as the full tree (the draws past the cut come later in the stream)."""
+    vocab = 6
+    asked: list[int] = []
+
+    def q_level(prefixes):
+        asked.append(len(prefixes))
+        out = []
+        for p in prefixes:
+            g = torch.Generator().manual_seed(hash(p) % 1000)
+            q = torch.rand(vocab, generator=g, dtype=torch.float64)
+            out.append(q / q.sum())
+        return torch.stack(out)
+
+    for relation in ("without_replacement", "beam"):
+        asked.clear()
+        full = sample_tree_proposal(q_level, widths=(2, 2, 1), relation=relation, rng=TorchRandomSource(3))
+        assert asked == [1, 2, 4]
+        asked.clear()
+        cut = sample_tree_proposal(q_level, widths=(2, 2, 1), relation=relation, rng=TorchRandomSource(3), max_nodes=5)
+        assert asked == [1, 2]  # depth 3 has no kept node: no law asked for it
+        assert cut.nodes == full.nodes[:5]
+        if relation != "beam":
+            assert torch.equal(cut.q_dists, full.q_dists[:5])
+
+
+def test_hidden_row_proposers_cut_the_shape_before_drawing():
+    """EAGLE / heads (HiddenRowProposer._fixed_tree) draw no level max_nodes drops."""
+    from types import SimpleNamespace
+
+    from harness.contracts import NO_STATE, Budget
+    from harness.proposers.target_bound import HiddenRowProposer
+
+    asked: list[int] = []
+
+    def q_level(prefixes):
+        asked.append(len(prefixes))
+        return torch.full((len(prefixes), 8), 1 / 8, dtype=torch.float64)
+
+    stub = SimpleNamespace(
+        budget=Budget(shape="expansion", max_nodes=3, max_depth=3, widths=(2, 2, 1)),
+        sampling="beam",
+        name="eagle",
+        manifest_hash="h",
+        depth_cap=None,
+    )
+    result = HiddenRowProposer._fixed_tree(stub, q_level, (2, 2, 1), TorchRandomSource(0), NO_STATE)
+    assert asked == [1, 1]
+    assert _depths(result.nodes) == [1, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("shape", "sampling", "fragment"),
+    [
+        ("widths", "beam", "width 10"),
+        ("widths", "without_replacement", "width 10"),
+        ("choices", "beam", "choice rank 9"),
+    ],
+)
+def test_a_draft_with_fewer_shared_ids_than_a_width_or_rank_is_refused(shape, sampling, fragment):
+    from harness.contracts import Budget, ConfigError
+    from harness.proposers.draft_model import DraftModelProposer
+    from harness.target.backend import CausalLMBackend
+    from harness.target.loading import build_tiny_model
+    from harness.topology.choices import choice_tree
+    from harness.verifiers.sampling import SamplingPolicy
+
+    draft = CausalLMBackend(build_tiny_model(seed=1, vocab_size=8))
+    if shape == "widths":
+        budget = Budget(shape="expansion", max_nodes=20, max_depth=2, widths=(10, 1))
+    else:
+        tree = choice_tree([[0], [9], [9, 0]])
+        budget = Budget(shape="choices", max_nodes=3, max_depth=2, parents=tree.parents, ranks=tree.ranks)
+    common = dict(manifest_hash="h", policy=SamplingPolicy(), backend=draft, vocab_range=8, target_vocab=96)
+    with pytest.raises(ConfigError, match=f"{fragment}.*only 8 ids"):
+        DraftModelProposer(budget=budget, sampling=sampling, **common)
+    # within the shared ids (or i.i.d., which may repeat a token) it draws only ids the draft can read
+    fits = Budget(shape="expansion", max_nodes=20, max_depth=2, widths=(8, 1))
+    for ok_budget, ok_sampling in ((fits, sampling), (budget, "iid") if shape == "widths" else (fits, "beam")):
+        proposer = DraftModelProposer(budget=ok_budget, sampling=ok_sampling, **common)
+        result = proposer.propose([1, 2, 3], TorchRandomSource(0))
+        assert result.nodes and all(n.token_id < 8 for n in result.nodes)

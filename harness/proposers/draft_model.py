@@ -37,12 +37,11 @@ from __future__ import annotations
 
 import sys
 import weakref
-from dataclasses import replace
 from typing import ClassVar
 
 import torch
 
-from harness.contracts import Budget, ProposalResult, ProposalStateHandle
+from harness.contracts import Budget, ConfigError, ProposalResult, ProposalStateHandle
 from harness.proposers.base import Proposer
 from harness.proposers.memo import LawTable, memo_call
 from harness.proposers.sampling import (
@@ -51,6 +50,7 @@ from harness.proposers.sampling import (
     sample_ranked_tree_proposal,
     sample_shaped_tree_proposal,
     sample_tree_proposal,
+    widths_parents,
 )
 from harness.random_source import RandomSource
 from harness.target.backend import CacheState, CausalLMBackend, cache_bytes
@@ -121,10 +121,34 @@ class DraftModelProposer(Proposer):
                 f"vocab_range={self.vocab_range} must be in [1, min(draft vocabulary {backend.vocab_size}, "
                 f"target vocabulary {self.target_vocab})]"
             )
+        self._check_ranks_fit()
         self.target_device = torch.device(target_device) if target_device is not None else None
         self.stand_in = stand_in_id(backend)
         self.seq: CacheState | None = None
         self.peak_state_bytes = 0
+
+    def _check_ranks_fit(self) -> None:
+        """Refuse a shape that ranks or draws without replacement more children below one node than
+        the draft has ids in :attr:`vocab_range` (only those are ids it can propose and expand)."""
+        if self.sampling == "iid":  # i.i.d. draws may repeat: any width fits
+            return
+        n = self.budget.max_nodes
+        if self.budget.shape == "choices":
+            parents, ranks = list(self.budget.parents)[:n], [int(r) for r in list(self.budget.ranks)[:n]]
+        else:
+            parents = list(self.shape_parents[:n]) if self.shape_parents else widths_parents(self.widths, n)
+            ranks = []
+            seen: dict[int, int] = {}
+            for p in parents:
+                ranks.append(seen.get(p, 0))
+                seen[p] = ranks[-1] + 1
+        if ranks and max(ranks) >= self.vocab_range:
+            top = max(ranks)
+            what = f"choice rank {top}" if self.budget.shape == "choices" else f"width {top + 1}"
+            raise ConfigError(
+                f"sampling={self.sampling} needs {top + 1} distinct ids below one node ({what}), but the draft "
+                f"proposes from only {self.vocab_range} ids (the vocabulary it shares with the target)"
+            )
 
     def devices(self) -> set:
         return {torch.device(self.backend.device), *([self.target_device] if self.target_device is not None else [])}
@@ -276,11 +300,9 @@ class DraftModelProposer(Proposer):
 
     def _sample(self, q_level, rng: RandomSource, handle: ProposalStateHandle) -> ProposalResult:
         """Draw the proposal of the configured shape, ``q_level(prefixes)`` giving each level's
-        laws, cut to the budget's ``max_nodes``."""
-        result = self._draw(q_level, rng, handle)
-        return _trim(result, self.budget.max_nodes) if self.budget.max_nodes < len(result.nodes) else result
-
-    def _draw(self, q_level, rng: RandomSource, handle: ProposalStateHandle) -> ProposalResult:
+        laws: the shape is cut to its first ``max_nodes`` nodes (breadth first for ``widths``,
+        list order for a tree shape or choice list) before anything is drawn, so no draft forward
+        is spent on a level the round cannot keep."""
         if self.budget.shape == "choices":
             return sample_ranked_tree_proposal(
                 q_level,
@@ -292,6 +314,7 @@ class DraftModelProposer(Proposer):
                 manifest_hash=self.manifest_hash,
                 state_handle=handle,
                 max_depth=self.depth_cap,
+                max_nodes=self.budget.max_nodes,
                 domain=self.vocab_range,
             )
         if self.shape_parents:
@@ -304,6 +327,7 @@ class DraftModelProposer(Proposer):
                 manifest_hash=self.manifest_hash,
                 state_handle=handle,
                 max_depth=self.depth_cap,
+                max_nodes=self.budget.max_nodes,
                 domain=self.vocab_range,
             )
         return sample_tree_proposal(
@@ -315,12 +339,6 @@ class DraftModelProposer(Proposer):
             manifest_hash=self.manifest_hash,
             state_handle=handle,
             max_depth=self.depth_cap,
+            max_nodes=self.budget.max_nodes,
             domain=self.vocab_range,
         )
-
-
-def _trim(result: ProposalResult, max_nodes: int) -> ProposalResult:
-    """Keep the first ``max_nodes`` nodes (parents precede children, so still a tree)."""
-
-    q = result.q_dists[:max_nodes] if result.q_dists is not None else None
-    return replace(result, nodes=result.nodes[:max_nodes], q_dists=q)

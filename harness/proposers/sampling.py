@@ -151,7 +151,13 @@ def sample_children(
 
 
 def sample_tree_proposal(
-    q_level: QLevelFn, *, widths: Sequence[int], relation: str, rng: RandomSource, **evidence
+    q_level: QLevelFn,
+    *,
+    widths: Sequence[int],
+    relation: str,
+    rng: RandomSource,
+    max_nodes: int | None = None,
+    **evidence,
 ) -> ProposalResult:
     """Expand a proposal tree level by level, ``widths[d]`` draws below each node of depth ``d``.
 
@@ -165,22 +171,27 @@ def sample_tree_proposal(
     ``[N, V]`` = the law of each draw; ``beam`` gives ``score_only`` evidence (score = ``q`` of
     the token) and no ``q``. ``evidence``: ``source``, ``manifest_hash`` and ``state_handle``, as
     for :func:`sample_shaped_tree_proposal`, which draws the tree (the full ``widths`` tree in
-    breadth-first order is its shape).
+    breadth-first order is its shape). ``max_nodes``: draw only the first ``max_nodes`` nodes of
+    that breadth-first shape, so a level whose nodes all lie past them costs no ``q_level`` call.
     """
     if not widths or any(int(w) < 1 for w in widths):
         raise ValueError(f"widths must be a non-empty sequence of ints >= 1; got {list(widths)}")
-    return sample_shaped_tree_proposal(q_level, parents=widths_parents(widths), relation=relation, rng=rng, **evidence)
+    parents = widths_parents(widths, max_nodes)
+    return sample_shaped_tree_proposal(q_level, parents=parents, relation=relation, rng=rng, **evidence)
 
 
-def widths_parents(widths: Sequence[int]) -> list[int]:
+def widths_parents(widths: Sequence[int], max_nodes: int | None = None) -> list[int]:
     """The parents of the full tree with ``widths[d]`` children below every node of depth ``d``,
-    breadth first (``-1``: the prefix frontier)."""
+    breadth first (``-1``: the prefix frontier); its first ``max_nodes`` nodes when given."""
     parents: list[int] = []
     level = [PREFIX_FRONTIER]
+    limit = None if max_nodes is None else int(max_nodes)
     for width in widths:
         next_level: list[int] = []
         for parent in level:
             for _ in range(int(width)):
+                if limit is not None and len(parents) >= limit:
+                    return parents
                 next_level.append(len(parents))
                 parents.append(parent)
         level = next_level
@@ -207,6 +218,7 @@ def sample_shaped_tree_proposal(
     rng: RandomSource,
     ranks: Sequence[int] | None = None,
     max_depth: int | None = None,
+    max_nodes: int | None = None,
     domain: int | None = None,
     source: str = "sampled",
     manifest_hash: str = "unhashed",
@@ -233,9 +245,18 @@ def sample_shaped_tree_proposal(
     ``max_depth`` (default: the whole shape): draw no deeper; the shape's deeper nodes are absent
     (the round cannot commit them). ``0`` draws nothing.
 
+    ``max_nodes`` (default: the whole shape): draw only shape nodes ``0 .. max_nodes - 1`` (parents
+    precede children, so they are a tree); a depth none of them reaches is never asked of
+    ``q_level``.
+
     ``domain``: the ids ``0 .. domain - 1`` the proposer can expand (default: all); a draw without
     replacement that has used up ``q``'s mass falls back to the unsampled ids inside it.
     """
+    if max_nodes is not None:
+        if int(max_nodes) < 1:
+            raise ValueError(f"max_nodes must be >= 1; got {max_nodes}")
+        parents = list(parents)[: int(max_nodes)]
+        ranks = None if ranks is None else list(ranks)[: int(max_nodes)]
     if ranks is None:
         par, gap = check_shape_parents(parents), None
     else:

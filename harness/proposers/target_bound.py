@@ -10,7 +10,6 @@ fingerprint, then the subclass's :meth:`~TargetBoundProposer.load_artifact`).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -168,24 +167,21 @@ class HiddenRowProposer(TargetBoundProposer):
         self, q_level: QLevelFn, widths: tuple[int, ...], rng: RandomSource, handle: ProposalStateHandle
     ) -> ProposalResult:
         """A fixed-shape tree (``widths`` per depth, or the budget's choice list) drawn level by
-        level from ``q_level``, cut to the budget's ``max_nodes``."""
+        level from ``q_level``: the shape is cut to its first ``max_nodes`` nodes before anything
+        is drawn, so no draft stage runs for a level the round cannot keep."""
         common = dict(
             relation=self.sampling,
             rng=rng,
             source=self.name,
             manifest_hash=self.manifest_hash,
             max_depth=self.depth_cap,
+            max_nodes=self.budget.max_nodes,
         )
         if self.budget.shape == "choices":
-            result = sample_ranked_tree_proposal(
+            return sample_ranked_tree_proposal(
                 q_level, parents=self.budget.parents, ranks=self.budget.ranks, state_handle=handle, **common
             )
-        else:
-            result = sample_tree_proposal(q_level, widths=widths, state_handle=handle, **common)
-        if len(result.nodes) > self.budget.max_nodes:
-            q = result.q_dists[: self.budget.max_nodes] if result.q_dists is not None else None
-            result = replace(result, nodes=result.nodes[: self.budget.max_nodes], q_dists=q)
-        return result
+        return sample_tree_proposal(q_level, widths=widths, state_handle=handle, **common)
 
     # ------------------------------------------------------------------ target rows
     @staticmethod
