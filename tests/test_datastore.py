@@ -390,7 +390,7 @@ def test_the_build_keeps_out_an_excluded_text_held_mid_document_as_the_leakage_g
     """A byte-level BPE tokenizer codes a text's first word alone otherwise than after a space: the
     build's exclusion looked up the lone encoding only, so a document holding the text mid-line was
     kept, and the run-time gate (which looks up the text after a space too) refused it. The build
-    indexes every encoding the gate reads (:func:`~harness.heads.artifacts.text_encodings`)."""
+    indexes every encoding the gate reads (:func:`~harness.workloads.corpora.text_encodings`)."""
     from checkpoint_fixtures import boundary_tokenizer
 
     from harness.heads.artifacts import text_encodings

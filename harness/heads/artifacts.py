@@ -61,7 +61,15 @@ from harness.target.loading import (
     pinned_hub_revision,
 )
 from harness.target.timing import timed_setup
-from harness.workloads.corpora import SPLITS, ChatTurn, prompt_key, sharegpt_conversations, sharegpt_split
+from harness.workloads.corpora import (
+    SPLITS,
+    ChatTurn,
+    byte_ids,
+    prompt_key,
+    sharegpt_conversations,
+    sharegpt_split,
+    text_encodings,
+)
 from harness.workloads.datastore import LEAKAGE_THRESHOLD, ExclusionIndex, LeakageError, sharegpt_heldout_exclusions
 from harness.workloads.prompts import sharegpt_prompt_keys
 
@@ -463,10 +471,6 @@ def load_configured_eagle(
 # (harness.prepare.heads_data), and the workload-leakage check of a run against that text.
 
 
-def byte_ids(text: str, *, vocab_size: int, max_len: int) -> list[int]:
-    return [3 + (b % (vocab_size - 3)) for b in text.encode()[:max_len]]
-
-
 def run_order(turns: Iterable[ChatTurn]) -> list[ChatTurn]:
     """A conversation's turns in the order a run's chats take: the user and assistant turns with text,
     from the first user turn on (a later part of a split conversation opens with the assistant's),
@@ -834,41 +838,6 @@ def _read_training_text(manifest: dict, *, tokenizer, vocab_size: int) -> Traini
             "workload against"
         )
     return indexed(documents, "rebuilt")
-
-
-def text_ids(text: str, *, tokenizer, vocab_size: int) -> list[int]:
-    """A workload text (a later user turn, a reference answer) in target token ids: the tokenizer
-    without special tokens, or for a target without one the runner's synthetic byte ids."""
-    if tokenizer is not None:
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return byte_ids(text, vocab_size=vocab_size, max_len=len(text.encode()))
-
-
-#: what may stand before a workload text where a corpus or a training document holds it: a space
-#: (mid-line) or a newline (a line's start), besides nothing (:func:`text_encodings`)
-TEXT_LEADS = (" ", "\n")
-
-
-def text_encodings(text: str, *, tokenizer, vocab_size: int) -> list[list[int]]:
-    """A workload text's token ids as a document may hold them: encoded alone (:func:`text_ids`),
-    then after a space and after a newline (:data:`TEXT_LEADS`), the lead's own ids dropped where
-    they come first. A byte-level BPE tokenizer codes a text's first word apart from what precedes
-    it (SmolLM2: ``Please`` alone, ``ĠPlease`` after a space), so a text held word for word
-    mid-document shares one token fewer with its lone encoding; a leakage gate takes the longest
-    match of any of these. Distinct encodings only, the lone one first; byte ids (no tokenizer) do
-    not depend on what precedes them: that one alone."""
-    alone = text_ids(text, tokenizer=tokenizer, vocab_size=vocab_size)
-    out = [alone]
-    if tokenizer is None:
-        return out
-    for lead in TEXT_LEADS:
-        ids = text_ids(lead + text, tokenizer=tokenizer, vocab_size=vocab_size)
-        head = text_ids(lead, tokenizer=tokenizer, vocab_size=vocab_size)
-        if head and ids[: len(head)] == head:  # the lead a token of its own: not the text's
-            ids = ids[len(head) :]
-        if ids and ids not in out:
-            out.append(ids)
-    return out
 
 
 def written_texts(prompt) -> list[str] | None:

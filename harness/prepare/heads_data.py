@@ -57,11 +57,11 @@ from harness.heads.artifacts import (  # the documents' code, shared with the ru
     tokens_sha256,
     training_documents,
 )
-from harness.heads.artifacts import byte_ids as byte_ids  # re-exported: the document code read from here
 from harness.heads.artifacts import held_out_prompts as held_out_prompts
 from harness.heads.artifacts import run_order as run_order
 from harness.heads.checkpoint import cpu_budget_label, target_fingerprint, weights_hash
 from harness.heads.recipes import DataRecipe, data_sources_key
+from harness.workloads.corpora import byte_ids as byte_ids  # re-exported: the document code read from here
 
 
 @dataclass

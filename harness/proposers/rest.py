@@ -51,7 +51,7 @@ refusal and writes no record) unless ``allow_leakage=true``, which the record th
 is then not gated). ``leakage_threshold`` may be lowered (stricter), never raised above
 :data:`~harness.workloads.datastore.LEAKAGE_THRESHOLD`: a longer threshold would pass as gated a
 prompt the datastore holds whole. A workload text is looked up as encoded alone and as encoded
-after a space and after a newline (:func:`~harness.heads.artifacts.text_encodings`), the longest
+after a space and after a newline (:func:`~harness.workloads.corpora.text_encodings`), the longest
 match counting: a byte-level BPE tokenizer codes a text's first word apart from what precedes it in
 the corpus. The
 retrieval counters in ``stats.extras`` (the record's ``metrics.retrieval``: rounds, miss rate,
@@ -81,11 +81,11 @@ from harness.contracts import (
     budget_topology,
 )
 from harness.files import artifact_lock, temporary_sibling
-from harness.heads.artifacts import text_encodings, written_texts
+from harness.heads.artifacts import written_texts
 from harness.proposers.base import Proposer
 from harness.random_source import RandomSource
 from harness.target.loading import checkpoint_fingerprint, checkpoint_ref, load_tokenizer_of
-from harness.workloads.corpora import Corpus, FilesCorpus, make_corpus
+from harness.workloads.corpora import Corpus, FilesCorpus, make_corpus, text_encodings
 from harness.workloads.datastore import (
     DEFAULT_CONTEXT_LEN,
     DEFAULT_CONTINUATION_LEN,
@@ -341,7 +341,7 @@ class RestProposer(Proposer):
     def encodings(self, text: str) -> list[list[int]]:
         """A workload text (a user turn, a reference answer) in target token ids as the corpus may
         hold it: the target tokenizer's (no special tokens) alone, after a space and after a newline
-        (:func:`~harness.heads.artifacts.text_encodings`), or for a target without one
+        (:func:`~harness.workloads.corpora.text_encodings`), or for a target without one
         (``model=tiny``) the runner's synthetic byte ids ``3 + b % (V - 3)``."""
         return text_encodings(text, tokenizer=self.tokenizer, vocab_size=self.vocab_size or 96)
 

@@ -95,6 +95,7 @@ from harness.workloads.corpora import (
     jsonl_text_lines,
     make_corpus,
     sharegpt_conversations,
+    text_encodings,
 )
 from harness.workloads.prompts import MAX_JSON_DEPTH, WorkloadError, flat_reference, json_depth, too_deep
 
@@ -494,8 +495,6 @@ def build_datastore(
     snapshot = corpus.snapshot()
     # every encoding the run-time leakage gate looks up (alone, after a space, after a newline): a text
     # held mid-document codes its first word apart from its lone encoding under a byte-level BPE
-    from harness.heads.artifacts import text_encodings  # imports this module: read at call time
-
     encodings = [text_encodings(item.text, tokenizer=tokenizer, vocab_size=len(tokenizer)) for item in exclude]
     owners = [i for i, forms in enumerate(encodings) for _ in forms]  # encoding -> its item in ``exclude``
     index = ExclusionIndex([np.asarray(ids, dtype=np.int64) for forms in encodings for ids in forms], exclusion_window)
