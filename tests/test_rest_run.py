@@ -567,6 +567,19 @@ def test_tiny_without_a_datastore_path_gets_a_clear_error(tmp_path, monkeypatch)
         open_datastore({"corpus": "stdlib", "path": None}, tokenizer=None, model="tiny")
 
 
+#: a small stdlib datastore built into the cache on first use (a word tokenizer, no exclusion)
+SMALL_STDLIB_DATASTORE = {
+    "corpus": "stdlib",
+    "path": None,
+    "max_tokens": 3000,
+    "context_len": 8,
+    "continuation_len": 4,
+    "max_matches": 16,
+    "exclude": "none",
+    "verify_corpus": False,
+}
+
+
 def test_a_job_that_fails_before_its_proposer_opens_its_datastore_leaves_no_build_to_the_next(tmp_path, monkeypatch):
     """A job built its datastore when its manifest was frozen, then failed before its proposer opened
     it (a model that would not load): the next job of the process (a sweep's) using that datastore
@@ -575,16 +588,7 @@ def test_a_job_that_fails_before_its_proposer_opens_its_datastore_leaves_no_buil
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
     tok = word_tokenizer(WORDS)
-    cfg = {
-        "corpus": "stdlib",
-        "path": None,
-        "max_tokens": 3000,
-        "context_len": 8,
-        "continuation_len": 4,
-        "max_matches": 16,
-        "exclude": "none",
-        "verify_corpus": False,
-    }
+    cfg = dict(SMALL_STDLIB_DATASTORE)
     assert open_datastore(cfg, tokenizer=tok, model="toy")[1]["built_now"] is True  # as a manifest's freeze
 
     def fail(*_a, **_k):
@@ -599,16 +603,7 @@ def test_a_job_that_fails_before_its_proposer_opens_its_datastore_leaves_no_buil
 def test_cache_datastore_is_built_on_first_use_then_checked_against_the_config(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
     tok = word_tokenizer(WORDS)
-    cfg = {
-        "corpus": "stdlib",
-        "path": None,
-        "max_tokens": 3000,
-        "context_len": 8,
-        "continuation_len": 4,
-        "max_matches": 16,
-        "exclude": "none",
-        "verify_corpus": False,
-    }
+    cfg = dict(SMALL_STDLIB_DATASTORE)
     ds, info = open_datastore(cfg, tokenizer=tok, model="toy")
     # build options other than the defaults name the folder: each setting has its own
     where = cache_datastore_path(cfg, make_corpus("stdlib"), "toy")
